@@ -1,0 +1,139 @@
+//! The `clowder-vmm` command line: `--config FILE` first, then flags that override it. Parsed by
+//! hand so that flag errors look exactly like file errors (`--mem: "6x" is not a size ...`).
+
+use std::path::{Path, PathBuf};
+
+use crate::draft::{Draft, Setting};
+use crate::file::read_file;
+use crate::values::{
+    parse_backing, parse_cpu_list, parse_protocol, parse_serial_output, parse_size, parse_smp,
+    parse_watchdog,
+};
+use crate::ConfigError;
+
+/// The `--help` text of `clowder-vmm`.
+pub const USAGE: &str = "\
+Usage: clowder-vmm [--config FILE] [FLAG VALUE]...
+
+Runs one KVM virtual machine. Flags override the values in --config FILE.
+
+  --config FILE      TOML configuration, loaded first wherever it appears
+  --kernel PATH      kernel image: ELF64 x86-64 (PVH or 64-bit entry) or bzImage
+  --mem SIZE         guest RAM, e.g. 64M or 4G (default 128M)
+  --backing 4k|2m    pages backing guest RAM; 2m needs free hugepages (vm.nr_hugepages)
+  --cpus N           number of vCPUs, 1 to 255 (default 1)
+  --cores LIST       host core of each vCPU in order, e.g. 0,1 or 2-5 (default: unpinned)
+  --cmdline TEXT     kernel command line (the VMM appends clowder.* keys)
+  --module PATH      boot module, the initrd for a bzImage; repeatable, replaces the file's list
+  --protocol P       auto, pvh, direct64 or linux (default auto)
+  --smp S            direct (every vCPU starts at the entry) or sipi (default direct)
+  --serial OUT       output of the first serial port: stdout, null, file:PATH or unix:PATH
+  --watchdog T       stop the VM after T without an exit, e.g. 500ms or 5s, or off
+  --control PATH     Unix socket for control requests (pause, resume, stop, stats, channel)
+  -h, --help         print this help
+
+Every flag also accepts --flag=VALUE.
+";
+
+/// Flags taking a value, each with an example for the \"needs a value\" error.
+const FLAGS: &[(&str, &str)] = &[
+    ("--config", "vm.toml"),
+    ("--kernel", "kernel.elf"),
+    ("--mem", "64M"),
+    ("--backing", "2m"),
+    ("--cpus", "2"),
+    ("--cores", "0,1"),
+    ("--cmdline", "\"console=ttyS0\""),
+    ("--module", "initrd.img"),
+    ("--protocol", "pvh"),
+    ("--smp", "sipi"),
+    ("--serial", "file:vm.log"),
+    ("--watchdog", "5s"),
+    ("--control", "/run/clowder/vm0.sock"),
+];
+
+pub(crate) fn draft_from_args(args: &[String]) -> Result<Draft, ConfigError> {
+    // Help wins over every other problem on the line, as users expect of --help.
+    if args.iter().any(|arg| arg == "--help" || arg == "-h") {
+        return Err(ConfigError::help_request());
+    }
+    let given = collect_flags(args)?;
+    let mut draft = match given.iter().find(|(flag, _)| *flag == "--config") {
+        Some((_, path)) => read_file(Path::new(path))?,
+        None => Draft::default(),
+    };
+
+    let mut modules_replaced = false;
+    for (flag, value) in &given {
+        let flag = *flag;
+        let invalid = |reason: String| ConfigError::new(flag, reason);
+        match flag {
+            "--config" => {}
+            "--kernel" => draft.kernel = Some(Setting::new(PathBuf::from(value), flag)),
+            "--mem" => draft.memory_size = Setting::new(parse_size(value).map_err(invalid)?, flag),
+            "--backing" => draft.backing = Setting::new(parse_backing(value).map_err(invalid)?, flag),
+            "--cpus" => {
+                let count = value
+                    .parse()
+                    .map_err(|_| invalid(format!("\"{value}\" is not a vCPU count")))?;
+                draft.cpu_count = Setting::new(count, flag);
+            }
+            "--cores" => draft.cores = Some(Setting::new(parse_cpu_list(value).map_err(invalid)?, flag)),
+            "--cmdline" => draft.cmdline = Setting::new(value.clone(), flag),
+            "--module" => {
+                // The first --module replaces the file's list; the later ones add to it.
+                if !modules_replaced {
+                    draft.modules.clear();
+                    modules_replaced = true;
+                }
+                draft.modules.push(Setting::new(PathBuf::from(value), flag));
+            }
+            "--protocol" => draft.protocol = Setting::new(parse_protocol(value).map_err(invalid)?, flag),
+            "--smp" => draft.smp = parse_smp(value).map_err(invalid)?,
+            "--serial" => {
+                // Relative paths stay relative to the working directory.
+                let output = parse_serial_output(value, Path::new("")).map_err(invalid)?;
+                draft.serial_output_override = Some(Setting::new(output, flag));
+            }
+            "--watchdog" => draft.watchdog_ms = parse_watchdog(value).map_err(invalid)?,
+            "--control" => draft.control_socket = Some(Setting::new(PathBuf::from(value), flag)),
+            _ => unreachable!("collect_flags only returns flags from FLAGS"),
+        }
+    }
+    Ok(draft)
+}
+
+/// Splits the arguments into (flag, value) pairs, refusing unknown flags, missing values and
+/// repeated flags (only `--module` repeats).
+fn collect_flags(args: &[String]) -> Result<Vec<(&'static str, String)>, ConfigError> {
+    let mut given: Vec<(&'static str, String)> = Vec::new();
+    let mut remaining = args.iter();
+    while let Some(arg) = remaining.next() {
+        let (name, inline_value) = match arg.split_once('=') {
+            Some((name, value)) if name.starts_with("--") => (name, Some(value)),
+            _ => (arg.as_str(), None),
+        };
+        let Some(&(flag, example)) = FLAGS.iter().find(|(flag, _)| *flag == name) else {
+            let reason = if name.starts_with('-') {
+                "unknown flag (clowder-vmm --help lists them)"
+            } else {
+                "unexpected argument: every value follows its flag (clowder-vmm --help lists them)"
+            };
+            return Err(ConfigError::new(name, reason));
+        };
+        let value = match inline_value {
+            Some(value) => value.to_string(),
+            // A following flag means the value was forgotten; only a command line may start with
+            // dashes.
+            None => match remaining.next() {
+                Some(value) if flag == "--cmdline" || !value.starts_with("--") => value.clone(),
+                _ => return Err(ConfigError::new(flag, format!("needs a value, e.g. {flag} {example}"))),
+            },
+        };
+        if flag != "--module" && given.iter().any(|(earlier, _)| *earlier == flag) {
+            return Err(ConfigError::new(flag, "is given more than once"));
+        }
+        given.push((flag, value));
+    }
+    Ok(given)
+}
