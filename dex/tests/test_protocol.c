@@ -1,0 +1,385 @@
+/* Unit and property tests of the pure protocol (src/protocol.c).
+ *
+ * The property test simulates an origin and several nodes exchanging real
+ * protocol decisions over FIFO channels in random interleavings, and checks
+ * after every step that (a) at most one node may write a page and never
+ * while another can read it, (b) every node allowed to read sees the value
+ * of the latest write (sequential consistency at page granularity), and
+ * (c) once traffic stops every fault has been answered. */
+#include "../src/protocol.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures;
+static int checks;
+
+#define CHECK(cond, ...)                                                                                   \
+	do {                                                                                               \
+		checks++;                                                                                  \
+		if (!(cond)) {                                                                             \
+			failures++;                                                                        \
+			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                    \
+			fprintf(stderr, __VA_ARGS__);                                                      \
+			fputc('\n', stderr);                                                               \
+		}                                                                                          \
+	} while (0)
+
+/* ------------------------------------------------------------ simulation */
+
+#define SIM_NODES 4
+#define SIM_PAGES 3
+#define SIM_CHANNEL 256
+
+struct sim_msg {
+	int type; /* DEX_MSG_PAGE_REQUEST, _GRANT, _INVALIDATE, _INVALIDATE_ACK */
+	uint32_t page;
+	int access;
+	int flag; /* write / with_data / want_data */
+	long value;
+};
+
+struct sim_channel {
+	struct sim_msg msgs[SIM_CHANNEL];
+	int head, count;
+};
+
+struct sim {
+	unsigned nodes;
+	struct dsm_dir dir;
+	struct dsm_dir_page pages[SIM_PAGES];
+	struct dsm_queued_request pool[64];
+	uint8_t state[SIM_NODES][SIM_PAGES];
+	uint8_t inflight[SIM_NODES][SIM_PAGES];
+	long value[SIM_NODES][SIM_PAGES]; /* node 0's value is its backing memory */
+	long latest[SIM_PAGES];
+	struct sim_channel to_node[SIM_NODES];
+	struct sim_channel to_origin[SIM_NODES];
+	long short_grants, data_grants, accesses;
+	int broken;
+};
+
+static void push(struct sim_channel *c, struct sim_msg m)
+{
+	if (c->count == SIM_CHANNEL) {
+		fprintf(stderr, "simulation channel overflow\n");
+		exit(2);
+	}
+	c->msgs[(c->head + c->count++) % SIM_CHANNEL] = m;
+}
+
+static struct sim_msg pop(struct sim_channel *c)
+{
+	struct sim_msg m = c->msgs[c->head];
+	c->head = (c->head + 1) % SIM_CHANNEL;
+	c->count--;
+	return m;
+}
+
+static void sim_emit(void *ctx, const struct dsm_action *a)
+{
+	struct sim *s = ctx;
+	switch (a->kind) {
+	case DSM_ACT_INVALIDATE:
+		push(&s->to_node[a->node], (struct sim_msg){ DEX_MSG_INVALIDATE, a->page, a->access, a->with_data, 0 });
+		break;
+	case DSM_ACT_GRANT:
+		if (a->node == 0) {
+			if (dsm_node_grant(&s->state[0][a->page], &s->inflight[0][a->page], a->access) != DSM_OK)
+				s->broken = 1;
+		} else {
+			if (a->with_data)
+				s->data_grants++;
+			else
+				s->short_grants++;
+			push(&s->to_node[a->node], (struct sim_msg){ DEX_MSG_PAGE_GRANT, a->page, a->access,
+								   a->with_data, s->value[0][a->page] });
+		}
+		break;
+	case DSM_ACT_SET_ORIGIN_ACCESS:
+		s->state[0][a->page] = a->access;
+		break;
+	}
+}
+
+static void sim_init(struct sim *s, unsigned nodes)
+{
+	memset(s, 0, sizeof(*s));
+	s->nodes = nodes;
+	dsm_dir_init(&s->dir, s->pages, SIM_PAGES, nodes, s->pool, 64);
+	for (int p = 0; p < SIM_PAGES; p++)
+		s->state[0][p] = DSM_WRITE;
+}
+
+static void sim_access(struct sim *s, unsigned node, uint32_t page, bool write)
+{
+	switch (dsm_node_fault(&s->state[node][page], &s->inflight[node][page], write)) {
+	case DSM_FAULT_RETRY:
+		s->accesses++;
+		if (write) {
+			s->value[node][page]++;
+			s->latest[page] = s->value[node][page];
+		} else {
+			CHECK(s->value[node][page] == s->latest[page], "node %u page %u read %ld, latest %ld", node,
+			      page, s->value[node][page], s->latest[page]);
+		}
+		break;
+	case DSM_FAULT_FOLLOW:
+		break;
+	case DSM_FAULT_LEAD:
+		if (node == 0) {
+			int rc = dsm_dir_request(&s->dir, page, 0, write, sim_emit, s);
+			CHECK(rc == DSM_OK, "origin request rc %d", rc);
+		} else {
+			push(&s->to_origin[node], (struct sim_msg){ DEX_MSG_PAGE_REQUEST, page, 0, write, 0 });
+		}
+		break;
+	}
+}
+
+static void sim_deliver_to_origin(struct sim *s, unsigned from)
+{
+	struct sim_msg m = pop(&s->to_origin[from]);
+	int rc;
+	if (m.type == DEX_MSG_PAGE_REQUEST) {
+		rc = dsm_dir_request(&s->dir, m.page, from, m.flag, sim_emit, s);
+	} else {
+		if (m.flag)
+			s->value[0][m.page] = m.value;
+		rc = dsm_dir_ack(&s->dir, m.page, from, m.flag, sim_emit, s);
+	}
+	CHECK(rc == DSM_OK, "origin rejected %d from node %u page %u rc %d", m.type, from, m.page, rc);
+}
+
+static void sim_deliver_to_node(struct sim *s, unsigned node)
+{
+	struct sim_msg m = pop(&s->to_node[node]);
+	int rc;
+	if (m.type == DEX_MSG_PAGE_GRANT) {
+		if (m.flag)
+			s->value[node][m.page] = m.value;
+		rc = dsm_node_grant(&s->state[node][m.page], &s->inflight[node][m.page], m.access);
+	} else {
+		rc = dsm_node_invalidate(&s->state[node][m.page], m.access);
+		push(&s->to_origin[node], (struct sim_msg){ DEX_MSG_INVALIDATE_ACK, m.page, 0, m.flag,
+							    s->value[node][m.page] });
+	}
+	CHECK(rc == DSM_OK, "node %u rejected %d page %u rc %d", node, m.type, m.page, rc);
+}
+
+static void sim_check_invariants(struct sim *s)
+{
+	CHECK(!s->broken, "origin grant rejected");
+	for (int p = 0; p < SIM_PAGES; p++) {
+		int writers = 0, readers = 0;
+		for (unsigned n = 0; n < s->nodes; n++) {
+			if (s->state[n][p] == DSM_WRITE)
+				writers++;
+			else if (s->state[n][p] == DSM_READ)
+				readers++;
+			if (s->state[n][p] >= DSM_READ)
+				CHECK(s->value[n][p] == s->latest[p], "node %u page %d holds %ld, latest %ld", n, p,
+				      s->value[n][p], s->latest[p]);
+		}
+		CHECK(writers <= 1 && !(writers && readers), "page %d: %d writers, %d readers", p, writers, readers);
+	}
+}
+
+static bool sim_step(struct sim *s, bool allow_access)
+{
+	int choice = rand() % 3;
+	if (allow_access && choice == 0) {
+		sim_access(s, (unsigned)rand() % s->nodes, (uint32_t)rand() % SIM_PAGES, rand() % 2);
+		return true;
+	}
+	/* Deliver from a random non-empty channel; FIFO order within each. */
+	int candidates[2 * SIM_NODES], n = 0;
+	for (unsigned i = 1; i < s->nodes; i++) {
+		if (s->to_origin[i].count)
+			candidates[n++] = (int)i;
+		if (s->to_node[i].count)
+			candidates[n++] = -(int)i;
+	}
+	if (!n)
+		return false;
+	int pick = candidates[rand() % n];
+	if (pick > 0)
+		sim_deliver_to_origin(s, (unsigned)pick);
+	else
+		sim_deliver_to_node(s, (unsigned)-pick);
+	return true;
+}
+
+static void test_random_interleavings(void)
+{
+	long total_short = 0, total_data = 0, total_access = 0;
+	for (unsigned seed = 1; seed <= 400; seed++) {
+		srand(seed);
+		struct sim *s = calloc(1, sizeof(*s));
+		sim_init(s, 2 + seed % (SIM_NODES - 1));
+		for (int step = 0; step < 3000; step++) {
+			sim_step(s, true);
+			sim_check_invariants(s);
+		}
+		while (sim_step(s, false))
+			sim_check_invariants(s);
+		for (unsigned n = 0; n < s->nodes; n++)
+			for (int p = 0; p < SIM_PAGES; p++)
+				CHECK(!s->inflight[n][p], "seed %u: node %u page %d fault never answered", seed, n, p);
+		total_short += s->short_grants;
+		total_data += s->data_grants;
+		total_access += s->accesses;
+		free(s);
+		if (failures)
+			break;
+	}
+	/* The run must have exercised both grant kinds, or it proved little. */
+	CHECK(total_short > 0 && total_data > 0, "short %ld data %ld", total_short, total_data);
+	printf("  simulated %ld accesses, %ld data grants, %ld short grants\n", total_access, total_data,
+	       total_short);
+}
+
+/* -------------------------------------------------------------- unit tests */
+
+struct recorder {
+	struct dsm_action actions[16];
+	int count;
+};
+
+static void record(void *ctx, const struct dsm_action *a)
+{
+	struct recorder *r = ctx;
+	if (r->count < 16)
+		r->actions[r->count++] = *a;
+}
+
+static void test_directory_basics(void)
+{
+	struct dsm_dir dir;
+	struct dsm_dir_page pages[2];
+	struct dsm_queued_request pool[4];
+	struct recorder r = { 0 };
+	dsm_dir_init(&dir, pages, 2, 3, pool, 4);
+
+	/* Read by node 1 from the origin's exclusive page: origin downgrades,
+	 * node 1 gets data. */
+	CHECK(dsm_dir_request(&dir, 0, 1, false, record, &r) == DSM_OK, "read");
+	CHECK(r.count == 2 && r.actions[0].kind == DSM_ACT_SET_ORIGIN_ACCESS && r.actions[0].access == DSM_READ,
+	      "origin downgrade first");
+	CHECK(r.actions[1].kind == DSM_ACT_GRANT && r.actions[1].node == 1 && r.actions[1].with_data, "data grant");
+
+	/* Upgrade by the reader: origin drops, grant carries no data (DEX's
+	 * short response). */
+	r.count = 0;
+	CHECK(dsm_dir_request(&dir, 0, 1, true, record, &r) == DSM_OK, "upgrade");
+	CHECK(r.count == 2 && r.actions[1].kind == DSM_ACT_GRANT && !r.actions[1].with_data, "short grant");
+	CHECK(dsm_dir_access(&dir, 0, 1) == DSM_WRITE && dsm_dir_access(&dir, 0, 0) == DSM_NONE, "exclusive");
+
+	/* Node 2 reads: page fetched from node 1, busy until the ack; a
+	 * request meanwhile queues. */
+	r.count = 0;
+	CHECK(dsm_dir_request(&dir, 0, 2, false, record, &r) == DSM_OK, "read remote-owned");
+	CHECK(r.count == 1 && r.actions[0].kind == DSM_ACT_INVALIDATE && r.actions[0].node == 1 &&
+		      r.actions[0].access == DSM_READ && r.actions[0].with_data,
+	      "fetch from writer");
+	r.count = 0;
+	CHECK(dsm_dir_request(&dir, 0, 0, true, record, &r) == DSM_OK && r.count == 0, "queued while busy");
+	CHECK(dsm_dir_ack(&dir, 0, 2, true, record, &r) == DSM_E_UNEXPECTED, "ack from wrong node rejected");
+	CHECK(dsm_dir_ack(&dir, 0, 1, false, record, &r) == DSM_E_UNEXPECTED, "ack without data rejected");
+	CHECK(dsm_dir_ack(&dir, 0, 1, true, record, &r) == DSM_OK, "ack");
+	/* Completion grants node 2, then the queued origin write invalidates
+	 * both readers. */
+	int grants = 0, invalidations = 0;
+	for (int i = 0; i < r.count; i++) {
+		grants += r.actions[i].kind == DSM_ACT_GRANT;
+		invalidations += r.actions[i].kind == DSM_ACT_INVALIDATE;
+	}
+	CHECK(grants == 1 && invalidations == 2, "grants %d invalidations %d", grants, invalidations);
+
+	/* Nonsense requests are refused. */
+	CHECK(dsm_dir_request(&dir, 5, 1, false, record, &r) == DSM_E_RANGE, "page range");
+	CHECK(dsm_dir_request(&dir, 1, 7, false, record, &r) == DSM_E_RANGE, "node range");
+	r.count = 0;
+	CHECK(dsm_dir_request(&dir, 1, 0, true, record, &r) == DSM_E_UNEXPECTED, "writer asking to write");
+}
+
+static void test_node_faults(void)
+{
+	uint8_t state = DSM_NONE, inflight = 0;
+	CHECK(dsm_node_fault(&state, &inflight, false) == DSM_FAULT_LEAD, "first fault leads");
+	CHECK(dsm_node_fault(&state, &inflight, true) == DSM_FAULT_FOLLOW, "second follows");
+	CHECK(dsm_node_grant(&state, &inflight, DSM_READ) == DSM_OK && state == DSM_READ && !inflight, "grant");
+	CHECK(dsm_node_grant(&state, &inflight, DSM_READ) == DSM_E_UNEXPECTED, "unrequested grant rejected");
+	CHECK(dsm_node_fault(&state, &inflight, false) == DSM_FAULT_RETRY, "read satisfied");
+	CHECK(dsm_node_invalidate(&state, DSM_READ) == DSM_E_UNEXPECTED, "non-lowering invalidate rejected");
+	CHECK(dsm_node_invalidate(&state, DSM_NONE) == DSM_OK && state == DSM_NONE, "invalidate");
+}
+
+static void test_codec(void)
+{
+	struct dex_region_bounds region = { 0x600000000000, 0x600000100000 };
+	struct dex_validation_limits lim = { .nodes = 3, .max_threads = 64, .max_workers = 64, .regions = &region,
+					     .nregions = 1 };
+	struct dex_msg_header h;
+	struct dex_msg_page_request req = { .address = 0x600000001000, .write = 1 };
+
+	dex_msg_fill_header(&h, DEX_MSG_PAGE_REQUEST, 1, sizeof(req), 1);
+	CHECK(dex_msg_check(&h, &req, &lim) == NULL, "valid request");
+	req.address += 8;
+	CHECK(dex_msg_check(&h, &req, &lim) != NULL, "unaligned address");
+	req.address = 0x500000000000;
+	CHECK(dex_msg_check(&h, &req, &lim) != NULL, "address outside regions");
+	req.address = 0x600000001000;
+	req.write = 2;
+	CHECK(dex_msg_check(&h, &req, &lim) != NULL, "bad flag");
+
+	h.magic = 0x1234;
+	CHECK(dex_msg_check_header(&h, &lim) != NULL, "bad magic");
+	dex_msg_fill_header(&h, 99, 1, 0, 1);
+	CHECK(dex_msg_check_header(&h, &lim) != NULL, "unknown type");
+	dex_msg_fill_header(&h, DEX_MSG_PAGE_REQUEST, 5, sizeof(req), 1);
+	CHECK(dex_msg_check_header(&h, &lim) != NULL, "sender out of range");
+	dex_msg_fill_header(&h, DEX_MSG_PAGE_REQUEST, 1, 4, 1);
+	CHECK(dex_msg_check_header(&h, &lim) != NULL, "short payload");
+	dex_msg_fill_header(&h, DEX_MSG_SYSCALL, 1, DEX_MAX_PAYLOAD + 1, 1);
+	CHECK(dex_msg_check_header(&h, &lim) != NULL, "oversized payload");
+
+	struct {
+		struct dex_msg_page_grant g;
+		char data[DEX_PAGE_SIZE];
+	} grant = { { .address = 0x600000002000, .access = DSM_READ, .with_data = 1 }, { 0 } };
+	dex_msg_fill_header(&h, DEX_MSG_PAGE_GRANT, 0, sizeof(grant), 2);
+	CHECK(dex_msg_check(&h, &grant, &lim) == NULL, "grant with data");
+	grant.g.with_data = 0;
+	CHECK(dex_msg_check(&h, &grant, &lim) != NULL, "grant length mismatch");
+
+	struct dex_msg_syscall sc = { .thread = 1, .worker = 2, .number = 1, .data_length = 10 };
+	dex_msg_fill_header(&h, DEX_MSG_SYSCALL, 2, sizeof(sc) + 9, 3);
+	CHECK(dex_msg_check(&h, &sc, &lim) != NULL, "syscall data length mismatch");
+	sc.thread = 1000;
+	dex_msg_fill_header(&h, DEX_MSG_SYSCALL, 2, sizeof(sc) + 10, 3);
+	CHECK(dex_msg_check(&h, &sc, &lim) != NULL, "thread id out of range");
+
+	struct dex_msg_hello hello = { .version = DEX_PROTOCOL_VERSION, .node = 2, .nodes = 3 };
+	dex_msg_fill_header(&h, DEX_MSG_HELLO, 2, sizeof(hello), 0);
+	CHECK(dex_msg_check(&h, &hello, &lim) == NULL, "hello");
+	hello.nodes = 4;
+	CHECK(dex_msg_check(&h, &hello, &lim) != NULL, "hello with wrong cluster size");
+
+	struct dex_msg_migrate mig = { .thread = 3, .target = 1, .context = { .rsp = 0x7000, .rip = 0x401000 } };
+	dex_msg_fill_header(&h, DEX_MSG_MIGRATE, 0, sizeof(mig), 4);
+	CHECK(dex_msg_check(&h, &mig, &lim) == NULL, "migrate");
+	mig.target = 3;
+	CHECK(dex_msg_check(&h, &mig, &lim) != NULL, "migrate target out of range");
+}
+
+int main(void)
+{
+	test_directory_basics();
+	test_node_faults();
+	test_codec();
+	test_random_interleavings();
+	printf("test_protocol: %d checks, %d failures\n", checks, failures);
+	return failures ? 1 : 0;
+}
