@@ -1,0 +1,84 @@
+//! `clowder-vmm`: runs one virtual machine (one process per VM). Configured by a TOML file and/or
+//! flags (`--help`); the exit status is the guest's own, or a fixed code per failure kind
+//! (README, "Exit status"). SIGTERM and SIGINT tear the VM down cleanly.
+
+use std::process::ExitCode;
+
+use vmm::{StopReason, Vm, VmConfig};
+
+/// Status for a configuration or setup error, before the guest ran.
+const EXIT_SETUP: u8 = 2;
+
+fn block_termination_signals() -> libc::sigset_t {
+    // SAFETY: plain signal-mask manipulation on a zeroed set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let config = match VmConfig::from_args(&args) {
+        Ok(c) => c,
+        Err(e) if e.is_help_request() => {
+            print!("{}", vmm_config::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("clowder-vmm: {e}");
+            return ExitCode::from(EXIT_SETUP);
+        }
+    };
+    // Every thread inherits the mask, so only the waiter below ever sees these signals.
+    let termination = block_termination_signals();
+    let control_socket = config.control_socket.clone();
+    let mut vm = match Vm::new(config) {
+        Ok(vm) => vm,
+        Err(e) => {
+            eprintln!("clowder-vmm: cannot create the VM: {e}");
+            return ExitCode::from(EXIT_SETUP);
+        }
+    };
+    let handle = vm.handle();
+    if let Some(path) = &control_socket {
+        if let Err(e) = vmm::control::serve(handle.clone(), path) {
+            eprintln!("clowder-vmm: control socket {}: {e}", path.display());
+            return ExitCode::from(EXIT_SETUP);
+        }
+    }
+    let signalled = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
+    {
+        let handle = handle.clone();
+        let signalled = signalled.clone();
+        std::thread::spawn(move || {
+            let mut signal = 0;
+            // SAFETY: waits on the set blocked above.
+            if unsafe { libc::sigwait(&termination, &mut signal) } == 0 {
+                signalled.store(signal, std::sync::atomic::Ordering::SeqCst);
+                handle.stop();
+            }
+        });
+    }
+    if let Err(e) = vm.start() {
+        eprintln!("clowder-vmm: cannot start the VM: {e}");
+        return ExitCode::from(EXIT_SETUP);
+    }
+    let reason = vm.wait();
+    if let Some(path) = &control_socket {
+        let _ = std::fs::remove_file(path);
+    }
+    let signal = signalled.load(std::sync::atomic::Ordering::SeqCst);
+    if signal != 0 && reason == StopReason::Requested {
+        eprintln!("clowder-vmm: stopped by signal {signal}; VM torn down");
+        return ExitCode::from(128 + signal as u8);
+    }
+    if reason.is_failure() {
+        eprintln!("clowder-vmm: {reason}");
+    }
+    ExitCode::from(reason.exit_code() as u8)
+}

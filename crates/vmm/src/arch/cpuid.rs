@@ -1,0 +1,45 @@
+//! CPUID as the guest sees it: what KVM supports, with each vCPU's APIC id filled in.
+
+use kvm_bindings::kvm_cpuid_entry2;
+
+const LEAF_FEATURES: u32 = 0x1;
+const LEAF_EXTENDED_TOPOLOGY: u32 = 0xb;
+const LEAF_V2_EXTENDED_TOPOLOGY: u32 = 0x1f;
+/// CPUID.1:ECX bit 31: running under a hypervisor.
+const ECX_HYPERVISOR: u32 = 1 << 31;
+
+/// Patches `entries` (KVM's supported set) for vCPU `index` of a VM with `count` vCPUs: the
+/// initial APIC id is the vCPU index, the logical processor count is the VM's.
+pub fn patch_for_vcpu(entries: &mut [kvm_cpuid_entry2], index: u32, count: u32) {
+    for entry in entries.iter_mut() {
+        match entry.function {
+            LEAF_FEATURES => {
+                entry.ebx = (entry.ebx & 0x0000_ffff) | (index << 24) | ((count.min(255)) << 16);
+                entry.ecx |= ECX_HYPERVISOR;
+            }
+            LEAF_EXTENDED_TOPOLOGY | LEAF_V2_EXTENDED_TOPOLOGY => entry.edx = index,
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn apic_id_and_count_are_set() {
+        let mut entries = vec![
+            kvm_cpuid_entry2 { function: 1, ebx: 0xdead_0800, ..Default::default() },
+            kvm_cpuid_entry2 { function: 0xb, index: 0, edx: 7, ..Default::default() },
+            kvm_cpuid_entry2 { function: 0x4, eax: 42, ..Default::default() },
+        ];
+        patch_for_vcpu(&mut entries, 3, 4);
+        assert_eq!(entries[0].ebx >> 24, 3);
+        assert_eq!((entries[0].ebx >> 16) & 0xff, 4);
+        assert_eq!(entries[0].ebx & 0xffff, 0x0800, "CLFLUSH size and brand kept");
+        assert_ne!(entries[0].ecx & ECX_HYPERVISOR, 0);
+        assert_eq!(entries[1].edx, 3);
+        assert_eq!(entries[2].eax, 42);
+    }
+}

@@ -1,0 +1,371 @@
+//! One registry for every kind of exit a device can claim: port-I/O ranges, MMIO ranges, MSRs and
+//! hypercall numbers. Devices register keys by name from the configuration; the vCPU loop looks
+//! each exit up here and hands it to the owner as a `Request`. An exit nobody claimed is reported
+//! to the caller, never silently ignored.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::stop::StopReason;
+
+/// What a device can claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookKey {
+    Port { base: u16, len: u16 },
+    Mmio { base: u64, len: u64 },
+    Msr(u32),
+    Hypercall(u32),
+}
+
+impl fmt::Display for HookKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HookKey::Port { base, len } => write!(f, "port {base:#x}+{len}"),
+            HookKey::Mmio { base, len } => write!(f, "mmio {base:#x}+{len:#x}"),
+            HookKey::Msr(i) => write!(f, "msr {i:#x}"),
+            HookKey::Hypercall(nr) => write!(f, "hypercall {nr}"),
+        }
+    }
+}
+
+/// One guest access, as the owning device sees it. Offsets are relative to the hooked range.
+#[derive(Debug)]
+pub enum Request<'a> {
+    PortRead { offset: u16, data: &'a mut [u8] },
+    PortWrite { offset: u16, data: &'a [u8] },
+    MmioRead { offset: u64, data: &'a mut [u8] },
+    MmioWrite { offset: u64, data: &'a [u8] },
+    MsrRead { index: u32, value: &'a mut u64 },
+    MsrWrite { index: u32, value: u64 },
+    Hypercall { nr: u32, args: [u64; 4], result: &'a mut i64 },
+}
+
+/// Who is asking: the vCPU and the host core its thread runs on.
+#[derive(Debug, Clone, Copy)]
+pub struct ExitContext {
+    pub vcpu: usize,
+    pub host_core: Option<usize>,
+}
+
+/// What the vCPU does after a device handled a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Continue,
+    Stop(StopReason),
+}
+
+/// A guest did something the device cannot accept (nonsense values, wrong width...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceError(pub String);
+
+impl fmt::Display for DeviceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A device model. `handle` is called from the vCPU thread that took the exit.
+pub trait Device: Send {
+    fn handle(&mut self, ctx: &ExitContext, request: Request<'_>) -> Result<Outcome, DeviceError>;
+}
+
+pub type DeviceHandle = Arc<Mutex<dyn Device>>;
+
+#[derive(Clone)]
+struct Owner {
+    name: Arc<str>,
+    key: HookKey,
+    device: DeviceHandle,
+}
+
+/// A registered owner, as found by a lookup.
+pub struct Claim<'r> {
+    pub name: &'r str,
+    pub key: HookKey,
+    pub device: &'r DeviceHandle,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookConflict {
+    pub key: HookKey,
+    pub new_owner: String,
+    pub existing_owner: String,
+}
+
+impl fmt::Display for HookConflict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "device {:?} cannot hook {}: already hooked by {:?}",
+            self.new_owner, self.key, self.existing_owner
+        )
+    }
+}
+
+/// The registry. Ranges are kept sorted by base so lookups are a binary search.
+#[derive(Default, Clone)]
+pub struct HookRegistry {
+    ports: BTreeMap<u16, Owner>,
+    mmio: BTreeMap<u64, Owner>,
+    msrs: BTreeMap<u32, Owner>,
+    hypercalls: BTreeMap<u32, Owner>,
+    hypercall_port: Option<u16>,
+}
+
+fn range_lookup<K: Ord + Copy>(
+    map: &BTreeMap<K, Owner>,
+    addr: K,
+    end_of: impl Fn(&HookKey) -> bool,
+) -> Option<&Owner> {
+    map.range(..=addr).next_back().map(|(_, o)| o).filter(|o| end_of(&o.key))
+}
+
+impl HookRegistry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Claims `key` for `device`. Overlapping claims are refused, naming both devices.
+    pub fn hook(&mut self, name: &str, key: HookKey, device: DeviceHandle) -> Result<(), HookConflict> {
+        let conflict = |existing: &Owner| HookConflict {
+            key,
+            new_owner: name.to_string(),
+            existing_owner: existing.name.to_string(),
+        };
+        let owner = Owner { name: name.into(), key, device };
+        match key {
+            HookKey::Port { base, len } => {
+                let (start, end) = (base as u32, base as u32 + len.max(1) as u32);
+                if let Some(o) = self.ports.values().find(|o| match o.key {
+                    HookKey::Port { base: b, len: l } => {
+                        (b as u32) < end && start < b as u32 + l.max(1) as u32
+                    }
+                    _ => false,
+                }) {
+                    return Err(conflict(o));
+                }
+                self.ports.insert(base, owner);
+            }
+            HookKey::Mmio { base, len } => {
+                let end = base.saturating_add(len.max(1));
+                if let Some(o) = self.mmio.values().find(|o| match o.key {
+                    HookKey::Mmio { base: b, len: l } => b < end && base < b.saturating_add(l.max(1)),
+                    _ => false,
+                }) {
+                    return Err(conflict(o));
+                }
+                self.mmio.insert(base, owner);
+            }
+            HookKey::Msr(index) => {
+                if let Some(o) = self.msrs.get(&index) {
+                    return Err(conflict(o));
+                }
+                self.msrs.insert(index, owner);
+            }
+            HookKey::Hypercall(nr) => {
+                if let Some(o) = self.hypercalls.get(&nr) {
+                    return Err(conflict(o));
+                }
+                self.hypercalls.insert(nr, owner);
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks `port` as the hypercall port: a write there is decoded from the vCPU's registers.
+    pub fn set_hypercall_port(&mut self, port: u16) {
+        self.hypercall_port = Some(port);
+    }
+
+    pub fn hypercall_port(&self) -> Option<u16> {
+        self.hypercall_port
+    }
+
+    fn claim(o: &Owner) -> Claim<'_> {
+        Claim { name: &o.name, key: o.key, device: &o.device }
+    }
+
+    pub fn port(&self, port: u16) -> Option<Claim<'_>> {
+        range_lookup(&self.ports, port, |k| match *k {
+            HookKey::Port { base, len } => (port as u32) < base as u32 + len as u32,
+            _ => false,
+        })
+        .map(Self::claim)
+    }
+
+    pub fn mmio(&self, addr: u64) -> Option<Claim<'_>> {
+        range_lookup(&self.mmio, addr, |k| match *k {
+            HookKey::Mmio { base, len } => addr - base < len,
+            _ => false,
+        })
+        .map(Self::claim)
+    }
+
+    pub fn msr(&self, index: u32) -> Option<Claim<'_>> {
+        self.msrs.get(&index).map(Self::claim)
+    }
+
+    pub fn hypercall(&self, nr: u32) -> Option<Claim<'_>> {
+        self.hypercalls.get(&nr).map(Self::claim)
+    }
+
+    /// Every MSR some device claimed: the VMM asks KVM to exit to user space for these.
+    pub fn hooked_msrs(&self) -> Vec<u32> {
+        self.msrs.keys().copied().collect()
+    }
+
+    /// Every hook, for listings and tests.
+    pub fn all(&self) -> Vec<(String, HookKey)> {
+        [&self.ports as &dyn HookMap, &self.mmio, &self.msrs, &self.hypercalls]
+            .iter()
+            .flat_map(|m| m.owners())
+            .map(|o| (o.name.to_string(), o.key))
+            .collect()
+    }
+}
+
+trait HookMap {
+    fn owners(&self) -> Vec<&Owner>;
+}
+impl<K> HookMap for BTreeMap<K, Owner> {
+    fn owners(&self) -> Vec<&Owner> {
+        self.values().collect()
+    }
+}
+
+/// Kinds of exit counted separately.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitKind {
+    PortIn,
+    PortOut,
+    MmioRead,
+    MmioWrite,
+    MsrRead,
+    MsrWrite,
+    Hypercall,
+    Halt,
+    Interrupted,
+    Shutdown,
+    Other,
+}
+
+impl ExitKind {
+    pub const ALL: [ExitKind; 11] = [
+        ExitKind::PortIn,
+        ExitKind::PortOut,
+        ExitKind::MmioRead,
+        ExitKind::MmioWrite,
+        ExitKind::MsrRead,
+        ExitKind::MsrWrite,
+        ExitKind::Hypercall,
+        ExitKind::Halt,
+        ExitKind::Interrupted,
+        ExitKind::Shutdown,
+        ExitKind::Other,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ExitKind::PortIn => "port_in",
+            ExitKind::PortOut => "port_out",
+            ExitKind::MmioRead => "mmio_read",
+            ExitKind::MmioWrite => "mmio_write",
+            ExitKind::MsrRead => "msr_read",
+            ExitKind::MsrWrite => "msr_write",
+            ExitKind::Hypercall => "hypercall",
+            ExitKind::Halt => "halt",
+            ExitKind::Interrupted => "interrupted",
+            ExitKind::Shutdown => "shutdown",
+            ExitKind::Other => "other",
+        }
+    }
+}
+
+/// Per-kind exit counters, readable at any time from any thread.
+#[derive(Debug, Default)]
+pub struct ExitCounters {
+    counts: [AtomicU64; 11],
+}
+
+impl ExitCounters {
+    pub fn count(&self, kind: ExitKind) {
+        self.counts[kind as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn get(&self, kind: ExitKind) -> u64 {
+        self.counts[kind as usize].load(Ordering::Relaxed)
+    }
+
+    /// (name, count) for every kind.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        ExitKind::ALL.iter().map(|k| (k.name(), self.get(*k))).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Nothing;
+    impl Device for Nothing {
+        fn handle(&mut self, _: &ExitContext, _: Request<'_>) -> Result<Outcome, DeviceError> {
+            Ok(Outcome::Continue)
+        }
+    }
+
+    fn dev() -> DeviceHandle {
+        Arc::new(Mutex::new(Nothing))
+    }
+
+    #[test]
+    fn lookups_find_the_owner_of_a_range() {
+        let mut r = HookRegistry::new();
+        r.hook("com1", HookKey::Port { base: 0x3f8, len: 8 }, dev()).unwrap();
+        r.hook("exit", HookKey::Port { base: 0xf4, len: 4 }, dev()).unwrap();
+        r.hook("scratch", HookKey::Mmio { base: 0xd000_0000, len: 0x1000 }, dev()).unwrap();
+        r.hook("msr", HookKey::Msr(0x4c00_0000), dev()).unwrap();
+        r.hook("hc", HookKey::Hypercall(2), dev()).unwrap();
+        assert_eq!(r.port(0x3f8).unwrap().name, "com1");
+        assert_eq!(r.port(0x3ff).unwrap().name, "com1");
+        assert!(r.port(0x400).is_none());
+        assert!(r.port(0x3f7).is_none());
+        assert_eq!(r.port(0xf7).unwrap().name, "exit");
+        assert_eq!(r.mmio(0xd000_0fff).unwrap().name, "scratch");
+        assert!(r.mmio(0xd000_1000).is_none());
+        assert!(r.mmio(0).is_none());
+        assert_eq!(r.msr(0x4c00_0000).unwrap().name, "msr");
+        assert!(r.msr(0x10).is_none());
+        assert_eq!(r.hypercall(2).unwrap().name, "hc");
+        assert_eq!(r.all().len(), 5);
+        assert_eq!(r.hooked_msrs(), vec![0x4c00_0000]);
+    }
+
+    #[test]
+    fn overlapping_claims_are_refused_with_both_names() {
+        let mut r = HookRegistry::new();
+        r.hook("com1", HookKey::Port { base: 0x3f8, len: 8 }, dev()).unwrap();
+        let err = r.hook("other", HookKey::Port { base: 0x3fc, len: 1 }, dev()).unwrap_err();
+        assert_eq!(err.existing_owner, "com1");
+        assert!(err.to_string().contains("other"));
+        r.hook("below", HookKey::Port { base: 0x3f0, len: 8 }, dev()).unwrap();
+        r.hook("m", HookKey::Mmio { base: 0x1000, len: 0x1000 }, dev()).unwrap();
+        assert!(r.hook("m2", HookKey::Mmio { base: 0x1fff, len: 1 }, dev()).is_err());
+        r.hook("m3", HookKey::Mmio { base: 0x2000, len: 1 }, dev()).unwrap();
+        r.hook("h", HookKey::Hypercall(1), dev()).unwrap();
+        assert!(r.hook("h2", HookKey::Hypercall(1), dev()).is_err());
+    }
+
+    #[test]
+    fn counters_count_by_kind() {
+        let c = ExitCounters::default();
+        c.count(ExitKind::PortOut);
+        c.count(ExitKind::PortOut);
+        c.count(ExitKind::Hypercall);
+        assert_eq!(c.get(ExitKind::PortOut), 2);
+        let snap = c.snapshot();
+        assert!(snap.contains(&("hypercall", 1)));
+        assert!(snap.contains(&("mmio_read", 0)));
+    }
+}

@@ -1,0 +1,336 @@
+//! Guest memory: one memfd per VM, preallocated, mapped once and registered as contiguous
+//! guest-physical RAM; plus regions added and removed while the guest runs (new memory slots over
+//! any file descriptor), and translation of guest-physical ranges into (file, offset) runs.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::sync::Arc;
+
+use kvm_bindings::kvm_userspace_memory_region;
+use kvm_ioctls::VmFd;
+use vm_memory::mmap::MmapRegionBuilder;
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap};
+use vmm_config::Backing;
+
+use crate::arch::layout::PAGE_SIZE;
+use crate::arch::memmap::GuestLayout;
+
+#[derive(Debug)]
+pub enum MemoryError {
+    Memfd(io::Error),
+    Map(String),
+    Kvm(kvm_ioctls::Error),
+    /// A region request that does not fit (alignment, overlap, unknown slot...).
+    BadRegion(String),
+}
+
+impl std::fmt::Display for MemoryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MemoryError::Memfd(e) => write!(f, "creating guest memory: {e}"),
+            MemoryError::Map(e) => write!(f, "mapping guest memory: {e}"),
+            MemoryError::Kvm(e) => write!(f, "registering guest memory with KVM: {e}"),
+            MemoryError::BadRegion(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for MemoryError {}
+
+/// A piece of a guest-physical range, named by a file descriptor the VMM holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileRun {
+    pub fd: RawFd,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// A region added at run time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionInfo {
+    pub slot: u32,
+    pub gpa: u64,
+    pub len: u64,
+}
+
+struct RuntimeRegion {
+    info: RegionInfo,
+    file: File,
+    file_offset: u64,
+    host_addr: *mut u8,
+}
+
+// The raw pointer is a private mapping owned by this struct; nothing else aliases it mutably.
+unsafe impl Send for RuntimeRegion {}
+
+impl Drop for RuntimeRegion {
+    fn drop(&mut self) {
+        // SAFETY: host_addr/len is the mapping this region created; KVM no longer uses it.
+        unsafe { libc::munmap(self.host_addr.cast(), self.info.len as usize) };
+    }
+}
+
+/// The highest guest-physical address a run-time region may reach (46 bits: what every x86-64
+/// with EPT/NPT supports; KVM rejects slots beyond the CPU's own limit anyway).
+const MAX_GPA: u64 = 1 << 46;
+
+pub struct GuestMemory {
+    memfd: Arc<File>,
+    layout: GuestLayout,
+    mmap: GuestMemoryMmap,
+    ram_slots: u32,
+    regions: Vec<RuntimeRegion>,
+    next_slot: u32,
+}
+
+fn memfd_create(name: &str, backing: Backing) -> io::Result<File> {
+    let cname = std::ffi::CString::new(name).expect("no NUL in memfd name");
+    let mut flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    if backing == Backing::Huge2M {
+        flags |= libc::MFD_HUGETLB | libc::MFD_HUGE_2MB;
+    }
+    // SAFETY: plain syscall with a valid C string.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just created and is owned by nobody else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+impl GuestMemory {
+    /// Creates the memfd, sizes and seals it, maps and populates it, and registers the RAM with KVM.
+    pub fn new(vm: &VmFd, layout: GuestLayout, backing: Backing) -> Result<Self, MemoryError> {
+        let memfd = memfd_create("clowder-guest-ram", backing).map_err(MemoryError::Memfd)?;
+        memfd.set_len(layout.ram_size()).map_err(MemoryError::Memfd)?;
+        // A client holding the memfd must not be able to shrink it under the VMM (SIGBUS here).
+        // SAFETY: fcntl on a descriptor we own.
+        let sealed = unsafe {
+            libc::fcntl(memfd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW)
+        };
+        if sealed < 0 {
+            return Err(MemoryError::Memfd(io::Error::last_os_error()));
+        }
+        let memfd = Arc::new(memfd);
+        let mut regions = Vec::new();
+        for range in layout.ram_ranges() {
+            let file_offset = FileOffset::from_arc(memfd.clone(), range.file_offset);
+            let mapping = MmapRegionBuilder::new(range.size as usize)
+                .with_file_offset(file_offset)
+                .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+                .with_mmap_flags(libc::MAP_SHARED | libc::MAP_POPULATE)
+                .with_hugetlbfs(backing == Backing::Huge2M)
+                .build()
+                .map_err(|e| MemoryError::Map(e.to_string()))?;
+            let region = GuestRegionMmap::new(mapping, GuestAddress(range.gpa))
+                .ok_or_else(|| MemoryError::Map("region wraps the address space".into()))?;
+            regions.push(region);
+        }
+        let mmap = GuestMemoryMmap::from_regions(regions).map_err(|e| MemoryError::Map(e.to_string()))?;
+        let mut memory = GuestMemory {
+            memfd,
+            ram_slots: 0,
+            layout,
+            mmap,
+            regions: Vec::new(),
+            next_slot: 0,
+        };
+        for range in memory.layout.ram_ranges().collect::<Vec<_>>() {
+            let host = memory.host_address(range.gpa, range.size).expect("RAM is mapped");
+            memory.register_slot(vm, memory.next_slot, range.gpa, range.size, host)?;
+            memory.next_slot += 1;
+            memory.ram_slots += 1;
+        }
+        Ok(memory)
+    }
+
+    fn register_slot(&self, vm: &VmFd, slot: u32, gpa: u64, len: u64, host: *mut u8) -> Result<(), MemoryError> {
+        let region = kvm_userspace_memory_region {
+            slot,
+            flags: 0,
+            guest_phys_addr: gpa,
+            memory_size: len,
+            userspace_addr: host as u64,
+        };
+        // SAFETY: `host..host+len` is a live mapping owned by this GuestMemory for as long as the
+        // slot exists (RAM lives as long as the VM; run-time regions are unregistered before
+        // their mapping is dropped).
+        unsafe { vm.set_user_memory_region(region) }.map_err(MemoryError::Kvm)
+    }
+
+    pub fn layout(&self) -> &GuestLayout {
+        &self.layout
+    }
+
+    /// For loaders and devices that use vm-memory's `Bytes` interface.
+    pub fn guest_memory(&self) -> &GuestMemoryMmap {
+        &self.mmap
+    }
+
+    /// The VM's RAM memfd (shared with the channel client and the XEMEM broker).
+    pub fn memfd(&self) -> &File {
+        &self.memfd
+    }
+
+    /// Host address of `[gpa, gpa+len)` if it lies inside one RAM range.
+    pub fn host_address(&self, gpa: u64, len: u64) -> Option<*mut u8> {
+        let range = self.layout.ram_ranges().find(|r| gpa >= r.gpa && gpa - r.gpa < r.size)?;
+        if len > range.size - (gpa - range.gpa) {
+            return None;
+        }
+        use vm_memory::GuestMemoryBackend;
+        self.mmap.get_host_address(GuestAddress(gpa)).ok()
+    }
+
+    /// Maps `len` bytes of `fd` from `file_offset` at guest-physical `gpa` (or the lowest free
+    /// page-aligned address above RAM and other regions when `gpa` is `None`) as a new memory slot.
+    pub fn add_region(
+        &mut self,
+        vm: &VmFd,
+        fd: RawFd,
+        file_offset: u64,
+        len: u64,
+        gpa: Option<u64>,
+    ) -> Result<RegionInfo, MemoryError> {
+        let bad = |m: String| Err(MemoryError::BadRegion(m));
+        if len == 0 || len % PAGE_SIZE != 0 || file_offset % PAGE_SIZE != 0 {
+            return bad(format!(
+                "region length {len:#x} and file offset {file_offset:#x} must be non-zero multiples of 4 KiB"
+            ));
+        }
+        let gpa = match gpa {
+            Some(g) => g,
+            None => self.free_gpa(),
+        };
+        if gpa % PAGE_SIZE != 0 {
+            return bad(format!("region address {gpa:#x} is not 4 KiB aligned"));
+        }
+        let end = gpa.checked_add(len).filter(|e| *e <= MAX_GPA);
+        let Some(end) = end else {
+            return bad(format!("region {gpa:#x}+{len:#x} ends beyond guest-physical address space"));
+        };
+        if gpa < self.regions_floor() {
+            return bad(format!(
+                "region {gpa:#x}..{end:#x} overlaps guest RAM or the MMIO hole (regions start at {:#x})",
+                self.regions_floor()
+            ));
+        }
+        if let Some(r) = self.regions.iter().find(|r| gpa < r.info.gpa + r.info.len && r.info.gpa < end) {
+            return bad(format!("region {gpa:#x}..{end:#x} overlaps region slot {}", r.info.slot));
+        }
+        // SAFETY: dup of a caller-provided descriptor; the VMM keeps its own copy.
+        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            return bad(format!("region file descriptor {fd}: {}", io::Error::last_os_error()));
+        }
+        // SAFETY: dup is a fresh descriptor owned by this File.
+        let file = unsafe { File::from_raw_fd(dup) };
+        // SAFETY: a fresh shared mapping of the file; checked for failure below.
+        let host = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                file.as_raw_fd(),
+                file_offset as libc::off_t,
+            )
+        };
+        if host == libc::MAP_FAILED {
+            return bad(format!("mapping region file at {file_offset:#x}+{len:#x}: {}", io::Error::last_os_error()));
+        }
+        let slot = self.next_slot;
+        let region = RuntimeRegion {
+            info: RegionInfo { slot, gpa, len },
+            file,
+            file_offset,
+            host_addr: host.cast(),
+        };
+        self.register_slot(vm, slot, gpa, len, region.host_addr)?;
+        self.next_slot += 1;
+        let info = region.info.clone();
+        self.regions.push(region);
+        Ok(info)
+    }
+
+    /// Run-time regions live above all RAM and above the MMIO hole.
+    fn regions_floor(&self) -> u64 {
+        self.layout.ram_end().max(crate::arch::layout::MMIO_HOLE_END)
+    }
+
+    /// The lowest address above every region, aligned to 2 MiB so the guest can map the new
+    /// region with large pages.
+    fn free_gpa(&self) -> u64 {
+        const ALIGN: u64 = 2 << 20;
+        let top = self.regions.iter().map(|r| r.info.gpa + r.info.len).fold(self.regions_floor(), u64::max);
+        top.div_ceil(ALIGN) * ALIGN
+    }
+
+    /// Removes a region added with `add_region`; the guest loses access at once.
+    pub fn remove_region(&mut self, vm: &VmFd, slot: u32) -> Result<RegionInfo, MemoryError> {
+        let Some(index) = self.regions.iter().position(|r| r.info.slot == slot) else {
+            return Err(MemoryError::BadRegion(format!("no run-time region in slot {slot}")));
+        };
+        let region = &self.regions[index];
+        let remove = kvm_userspace_memory_region {
+            slot,
+            flags: 0,
+            guest_phys_addr: region.info.gpa,
+            memory_size: 0,
+            userspace_addr: region.host_addr as u64,
+        };
+        // SAFETY: size 0 deletes the slot; the mapping is dropped only after KVM let go of it.
+        unsafe { vm.set_user_memory_region(remove) }.map_err(MemoryError::Kvm)?;
+        Ok(self.regions.remove(index).info.clone())
+    }
+
+    pub fn regions(&self) -> Vec<RegionInfo> {
+        self.regions.iter().map(|r| r.info.clone()).collect()
+    }
+
+    /// Host address of a run-time region's mapping (for tests and the XEMEM broker).
+    pub fn region_host_address(&self, slot: u32) -> Option<*mut u8> {
+        self.regions.iter().find(|r| r.info.slot == slot).map(|r| r.host_addr)
+    }
+
+    /// Splits `[gpa, gpa+len)` into runs of (file, offset, length). Fails if any byte of the range
+    /// is not backed by RAM or a run-time region.
+    pub fn translate(&self, gpa: u64, len: u64) -> Result<Vec<FileRun>, MemoryError> {
+        let mut runs: Vec<FileRun> = Vec::new();
+        let mut cursor = gpa;
+        let end = gpa
+            .checked_add(len)
+            .ok_or_else(|| MemoryError::BadRegion(format!("range {gpa:#x}+{len:#x} wraps")))?;
+        while cursor < end {
+            let ram = self
+                .layout
+                .ram_ranges()
+                .find(|r| cursor >= r.gpa && cursor < r.gpa + r.size)
+                .map(|r| (self.memfd.as_raw_fd(), r.gpa, r.size, r.file_offset));
+            let piece = ram.or_else(|| {
+                self.regions
+                    .iter()
+                    .find(|r| cursor >= r.info.gpa && cursor < r.info.gpa + r.info.len)
+                    .map(|r| (r.file.as_raw_fd(), r.info.gpa, r.info.len, r.file_offset))
+            });
+            let Some((fd, base, size, file_offset)) = piece else {
+                return Err(MemoryError::BadRegion(format!(
+                    "guest-physical address {cursor:#x} is not backed by memory"
+                )));
+            };
+            let take = (base + size).min(end) - cursor;
+            let offset = file_offset + (cursor - base);
+            match runs.last_mut() {
+                Some(last) if last.fd == fd && last.offset + last.len == offset => last.len += take,
+                _ => runs.push(FileRun { fd, offset, len: take }),
+            }
+            cursor += take;
+        }
+        Ok(runs)
+    }
+
+    pub fn ram_slots(&self) -> u32 {
+        self.ram_slots
+    }
+}

@@ -1,0 +1,387 @@
+//! vCPU setup and the per-vCPU thread: pinned to its host core, it runs KVM_RUN and hands every
+//! exit to the hook registry. Pause, resume and stop interrupt KVM_RUN with `immediate_exit` and a
+//! signal.
+
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::Arc;
+
+use kvm_bindings::{kvm_fpu, kvm_mp_state, CpuId, Msrs, kvm_msr_entry, KVM_MP_STATE_RUNNABLE};
+use kvm_ioctls::{VcpuExit, VcpuFd};
+
+use crate::arch::{cpuid, regs};
+use crate::hooks::{ExitContext, ExitKind, HookRegistry, Outcome, Request};
+use crate::stop::{RegisterDump, StopReason};
+use crate::vm::{RunState, VmShared};
+use crate::VmError;
+
+const MSR_IA32_MISC_ENABLE: u32 = 0x1a0;
+const MISC_ENABLE_FAST_STRING: u64 = 1;
+const MSR_MTRR_DEF_TYPE: u32 = 0x2ff;
+/// MTRRs enabled, default type write-back: without it a Linux guest runs uncached.
+const MTRR_ENABLE_WRITE_BACK: u64 = (1 << 11) | 6;
+const APIC_LVT_LINT0: usize = 0x350;
+const APIC_LVT_LINT1: usize = 0x360;
+const APIC_MODE_EXTINT: u32 = 0x7 << 8;
+const APIC_MODE_NMI: u32 = 0x4 << 8;
+/// Legacy POST-code port: Linux writes it for I/O delays; always ignored.
+pub const POST_CODE_PORT: u16 = 0x80;
+
+/// Sets up CPUID, MSRs, FPU, LAPIC and, for vCPUs that start at once, their registers.
+pub fn configure(
+    vcpu: &VcpuFd,
+    index: usize,
+    count: usize,
+    supported_cpuid: &CpuId,
+    start: Option<regs::StartMode>,
+) -> Result<(), VmError> {
+    let err = |what: &str, e: kvm_ioctls::Error| VmError::Kvm(format!("vCPU {index}: {what}: {e}"));
+    let mut cpuid = supported_cpuid.clone();
+    cpuid::patch_for_vcpu(cpuid.as_mut_slice(), index as u32, count as u32);
+    vcpu.set_cpuid2(&cpuid).map_err(|e| err("set CPUID", e))?;
+
+    let msrs = Msrs::from_entries(&[
+        kvm_msr_entry { index: MSR_IA32_MISC_ENABLE, data: MISC_ENABLE_FAST_STRING, ..Default::default() },
+        kvm_msr_entry { index: MSR_MTRR_DEF_TYPE, data: MTRR_ENABLE_WRITE_BACK, ..Default::default() },
+    ])
+    .expect("two MSRs fit");
+    vcpu.set_msrs(&msrs).map_err(|e| err("set MSRs", e))?;
+    let fpu = kvm_fpu { fcw: 0x37f, mxcsr: 0x1f80, ..Default::default() };
+    vcpu.set_fpu(&fpu).map_err(|e| err("set FPU", e))?;
+
+    let mut lapic = vcpu.get_lapic().map_err(|e| err("get LAPIC", e))?;
+    let mut set_lvt = |offset: usize, mode: u32| {
+        let bytes: &mut [u8] = unsafe { &mut *(&mut lapic.regs[offset..offset + 4] as *mut [i8] as *mut [u8]) };
+        let value = (u32::from_le_bytes(bytes.try_into().unwrap()) & !0x700) | mode;
+        bytes.copy_from_slice(&value.to_le_bytes());
+    };
+    set_lvt(APIC_LVT_LINT0, APIC_MODE_EXTINT);
+    set_lvt(APIC_LVT_LINT1, APIC_MODE_NMI);
+    vcpu.set_lapic(&lapic).map_err(|e| err("set LAPIC", e))?;
+
+    if let Some(mode) = start {
+        let sregs = vcpu.get_sregs().map_err(|e| err("get sregs", e))?;
+        vcpu.set_sregs(&regs::special_registers(sregs, mode)).map_err(|e| err("set sregs", e))?;
+        vcpu.set_regs(&regs::general_registers(mode)).map_err(|e| err("set regs", e))?;
+        if index != 0 {
+            // Application processors start waiting for SIPI; these ones start at once.
+            vcpu.set_mp_state(kvm_mp_state { mp_state: KVM_MP_STATE_RUNNABLE })
+                .map_err(|e| err("set MP state", e))?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads the registers for a failure report (best effort: a dump must never fail the report).
+pub fn register_dump(vcpu: &VcpuFd) -> Box<RegisterDump> {
+    let mut dump = RegisterDump::default();
+    if let Ok(r) = vcpu.get_regs() {
+        dump.rip = r.rip;
+        dump.rsp = r.rsp;
+        dump.rflags = r.rflags;
+        dump.rax = r.rax;
+        dump.rbx = r.rbx;
+        dump.rcx = r.rcx;
+        dump.rdx = r.rdx;
+        dump.rsi = r.rsi;
+        dump.rdi = r.rdi;
+        dump.rbp = r.rbp;
+    }
+    if let Ok(s) = vcpu.get_sregs() {
+        dump.cr0 = s.cr0;
+        dump.cr2 = s.cr2;
+        dump.cr3 = s.cr3;
+        dump.cr4 = s.cr4;
+        dump.efer = s.efer;
+        dump.cs = s.cs.selector;
+        dump.cpl = s.cs.dpl;
+    }
+    Box::new(dump)
+}
+
+/// What the kicker needs to interrupt a vCPU thread.
+pub struct VcpuKick {
+    pub thread: libc::pthread_t,
+    /// `kvm_run.immediate_exit` of this vCPU (the kvm_run page is shared with the kernel).
+    pub immediate_exit: AtomicPtr<u8>,
+}
+
+impl VcpuKick {
+    pub fn kick(&self) {
+        let flag = self.immediate_exit.load(Ordering::Acquire);
+        if !flag.is_null() {
+            // SAFETY: points into the vCPU's kvm_run mapping, which outlives the thread's loop.
+            unsafe { std::ptr::write_volatile(flag, 1) };
+        }
+        // SAFETY: the thread id belongs to a vCPU thread that is joined only after stop.
+        unsafe { libc::pthread_kill(self.thread, kick_signal()) };
+    }
+}
+
+pub fn kick_signal() -> i32 {
+    libc::SIGRTMIN()
+}
+
+extern "C" fn ignore_signal(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+
+/// Installs the do-nothing handler that makes the kick signal interrupt KVM_RUN with EINTR.
+pub fn install_kick_handler() -> Result<(), VmError> {
+    vmm_sys_util::signal::register_signal_handler(kick_signal(), ignore_signal)
+        .map_err(|e| VmError::Kvm(format!("installing the vCPU kick signal handler: {e}")))
+}
+
+pub fn pin_to_core(core: usize) -> std::io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays in bounds for core < 1024.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(core, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+fn current_core() -> Option<usize> {
+    // SAFETY: no arguments; returns -1 on failure.
+    let c = unsafe { libc::sched_getcpu() };
+    (c >= 0).then_some(c as usize)
+}
+
+/// What the loop does after one exit.
+enum ExitAction {
+    Continue,
+    Stop(StopReason),
+    /// The guest is at fault; the loop adds its registers to the report.
+    Fault(Fault),
+    /// A write to the hypercall port: the arguments are in the registers.
+    Hypercall { width: usize },
+}
+
+enum Fault {
+    TripleFault,
+    Unhandled(String),
+    Device { device: String, reason: String },
+}
+
+/// The vCPU thread body: runs until the VM stops, then returns.
+pub fn run_loop(mut vcpu: VcpuFd, index: usize, registry: Arc<HookRegistry>, shared: Arc<VmShared>, policy: UnhandledPorts) {
+    let mut reported_ports = std::collections::BTreeSet::new();
+    while shared.wait_runnable() == RunState::Running {
+        let ctx = ExitContext { vcpu: index, host_core: current_core() };
+        let action = match vcpu.run() {
+            Ok(exit) => {
+                shared.note_activity();
+                dispatch(exit, &ctx, &registry, &shared, policy, &mut reported_ports)
+            }
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                vcpu.set_kvm_immediate_exit(0);
+                shared.counters.count(ExitKind::Interrupted);
+                ExitAction::Continue
+            }
+            Err(e) => ExitAction::Stop(StopReason::Internal { vcpu: Some(index), what: format!("KVM_RUN failed: {e}") }),
+        };
+        let action = match action {
+            ExitAction::Hypercall { width } => hypercall(&vcpu, &ctx, &registry, width),
+            other => other,
+        };
+        let reason = match action {
+            ExitAction::Continue | ExitAction::Hypercall { .. } => continue,
+            ExitAction::Stop(reason) => reason,
+            ExitAction::Fault(fault) => {
+                let regs = register_dump(&vcpu);
+                match fault {
+                    Fault::TripleFault => StopReason::TripleFault { vcpu: index, regs },
+                    Fault::Unhandled(what) => StopReason::UnhandledExit { vcpu: index, what, regs },
+                    Fault::Device { device, reason } => StopReason::DeviceError { vcpu: index, device, reason, regs },
+                }
+            }
+        };
+        shared.stop(reason);
+    }
+}
+
+/// What to do with port I/O nobody claimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnhandledPorts {
+    /// Stop the VM and report it (our own kernels: an unclaimed port is a bug).
+    Fail,
+    /// Reads return all ones, writes are dropped; each port is logged once (Linux probes
+    /// legacy ports that are not there).
+    LogOnce,
+}
+
+fn run_device(
+    claim: crate::hooks::Claim<'_>,
+    ctx: &ExitContext,
+    request: Request<'_>,
+) -> ExitAction {
+    let result = claim.device.lock().unwrap().handle(ctx, request);
+    match result {
+        Ok(Outcome::Continue) => ExitAction::Continue,
+        Ok(Outcome::Stop(reason)) => ExitAction::Stop(reason),
+        Err(e) => ExitAction::Fault(Fault::Device { device: claim.name.to_string(), reason: e.0 }),
+    }
+}
+
+fn dispatch(
+    exit: VcpuExit<'_>,
+    ctx: &ExitContext,
+    registry: &HookRegistry,
+    shared: &VmShared,
+    policy: UnhandledPorts,
+    reported_ports: &mut std::collections::BTreeSet<u16>,
+) -> ExitAction {
+    let counters = &shared.counters;
+    let mut unclaimed_port = |port: u16, write: bool| {
+        if policy == UnhandledPorts::Fail {
+            let dir = if write { "write to" } else { "read from" };
+            return ExitAction::Fault(Fault::Unhandled(format!("{dir} port {port:#x}, which no device claims")));
+        }
+        if reported_ports.insert(port) {
+            eprintln!("clowder-vmm: vCPU {}: ignoring accesses to unclaimed port {port:#x}", ctx.vcpu);
+        }
+        ExitAction::Continue
+    };
+    match exit {
+        VcpuExit::IoOut(port, data) => {
+            counters.count(ExitKind::PortOut);
+            if Some(port) == registry.hypercall_port() {
+                counters.count(ExitKind::Hypercall);
+                return ExitAction::Hypercall { width: data.len() };
+            }
+            if port == POST_CODE_PORT {
+                return ExitAction::Continue;
+            }
+            match registry.port(port) {
+                Some(claim) => {
+                    let offset = port - base_port(claim.key);
+                    run_device(claim, ctx, Request::PortWrite { offset, data })
+                }
+                None => unclaimed_port(port, true),
+            }
+        }
+        VcpuExit::IoIn(port, data) => {
+            counters.count(ExitKind::PortIn);
+            match registry.port(port) {
+                Some(claim) => {
+                    let offset = port - base_port(claim.key);
+                    run_device(claim, ctx, Request::PortRead { offset, data })
+                }
+                None => {
+                    data.fill(0xff);
+                    if port == POST_CODE_PORT { ExitAction::Continue } else { unclaimed_port(port, false) }
+                }
+            }
+        }
+        VcpuExit::MmioRead(addr, data) => {
+            counters.count(ExitKind::MmioRead);
+            match registry.mmio(addr) {
+                Some(claim) => {
+                    let offset = addr - base_mmio(claim.key);
+                    run_device(claim, ctx, Request::MmioRead { offset, data })
+                }
+                None => ExitAction::Fault(Fault::Unhandled(format!(
+                    "{}-byte MMIO read at {addr:#x}, which no device claims", data.len()
+                ))),
+            }
+        }
+        VcpuExit::MmioWrite(addr, data) => {
+            counters.count(ExitKind::MmioWrite);
+            match registry.mmio(addr) {
+                Some(claim) => {
+                    let offset = addr - base_mmio(claim.key);
+                    run_device(claim, ctx, Request::MmioWrite { offset, data })
+                }
+                None => ExitAction::Fault(Fault::Unhandled(format!(
+                    "{}-byte MMIO write at {addr:#x}, which no device claims", data.len()
+                ))),
+            }
+        }
+        VcpuExit::X86Rdmsr(msr) => {
+            counters.count(ExitKind::MsrRead);
+            match registry.msr(msr.index) {
+                Some(claim) => run_device(claim, ctx, Request::MsrRead { index: msr.index, value: msr.data }),
+                None => {
+                    // Only hooked MSRs are filtered to user space; anything else is the guest
+                    // touching an MSR that does not exist: #GP, as on hardware.
+                    *msr.error = 1;
+                    ExitAction::Continue
+                }
+            }
+        }
+        VcpuExit::X86Wrmsr(msr) => {
+            counters.count(ExitKind::MsrWrite);
+            match registry.msr(msr.index) {
+                Some(claim) => run_device(claim, ctx, Request::MsrWrite { index: msr.index, value: msr.data }),
+                None => {
+                    *msr.error = 1;
+                    ExitAction::Continue
+                }
+            }
+        }
+        VcpuExit::Hlt => {
+            // With the in-kernel LAPIC, HLT only reaches user space if the kernel gave up on it.
+            counters.count(ExitKind::Halt);
+            ExitAction::Continue
+        }
+        VcpuExit::Shutdown => {
+            counters.count(ExitKind::Shutdown);
+            ExitAction::Fault(Fault::TripleFault)
+        }
+        VcpuExit::FailEntry(reason, cpu) => {
+            counters.count(ExitKind::Other);
+            ExitAction::Stop(StopReason::Internal {
+                vcpu: Some(ctx.vcpu),
+                what: format!("KVM could not enter the guest (hardware reason {reason:#x}, cpu {cpu})"),
+            })
+        }
+        VcpuExit::InternalError => {
+            counters.count(ExitKind::Other);
+            ExitAction::Fault(Fault::Unhandled("KVM internal error (an instruction KVM could not emulate)".into()))
+        }
+        other => {
+            counters.count(ExitKind::Other);
+            ExitAction::Fault(Fault::Unhandled(format!("exit {other:?}, which the VMM does not implement")))
+        }
+    }
+}
+
+fn base_port(key: crate::hooks::HookKey) -> u16 {
+    match key {
+        crate::hooks::HookKey::Port { base, .. } => base,
+        _ => unreachable!("port lookups return port hooks"),
+    }
+}
+
+fn base_mmio(key: crate::hooks::HookKey) -> u64 {
+    match key {
+        crate::hooks::HookKey::Mmio { base, .. } => base,
+        _ => unreachable!("MMIO lookups return MMIO hooks"),
+    }
+}
+
+/// Decodes a hypercall from the registers, runs its owner and returns the result in RAX.
+fn hypercall(vcpu: &VcpuFd, ctx: &ExitContext, registry: &HookRegistry, width: usize) -> ExitAction {
+    if width != 4 {
+        return ExitAction::Fault(Fault::Device {
+            device: "hypercall".into(),
+            reason: format!("the hypercall port takes a 4-byte write (out %eax), got {width} bytes"),
+        });
+    }
+    let mut regs = match vcpu.get_regs() {
+        Ok(r) => r,
+        Err(e) => return ExitAction::Stop(StopReason::Internal { vcpu: Some(ctx.vcpu), what: format!("get regs: {e}") }),
+    };
+    let nr = regs.rax as u32;
+    let args = [regs.rdi, regs.rsi, regs.r8, regs.r9];
+    let mut result: i64 = -(libc::ENOSYS as i64);
+    let action = match registry.hypercall(nr) {
+        Some(claim) => run_device(claim, ctx, Request::Hypercall { nr, args, result: &mut result }),
+        None => ExitAction::Continue,
+    };
+    regs.rax = result as u64;
+    if let Err(e) = vcpu.set_regs(&regs) {
+        return ExitAction::Stop(StopReason::Internal { vcpu: Some(ctx.vcpu), what: format!("set regs: {e}") });
+    }
+    action
+}

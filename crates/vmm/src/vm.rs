@@ -1,0 +1,478 @@
+//! A virtual machine: KVM objects, memory, devices, vCPU threads, and the lifecycle API an
+//! embedding program (clowder-vmm, the node daemon) drives: start, pause, resume, stop, wait.
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kvm_bindings::{kvm_enable_cap, KVM_CAP_X86_USER_SPACE_MSR, KVM_MAX_CPUID_ENTRIES, KVM_MSR_EXIT_REASON_FILTER};
+use kvm_ioctls::{Kvm, MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VcpuFd, VmFd};
+use vmm_config::{BootProtocol, SmpStart, VmConfig};
+
+use crate::arch::memmap::GuestLayout;
+use crate::boot::{self, BootPlan};
+use crate::devices::{self, ChannelEndpoint, DeviceEnv, Report};
+use crate::hooks::{DeviceHandle, HookKey, HookRegistry, ExitCounters};
+use crate::interrupts::InterruptRouter;
+use crate::memory::{FileRun, GuestMemory, RegionInfo};
+use crate::stop::StopReason;
+use crate::vcpu::{self, UnhandledPorts, VcpuKick};
+use crate::VmError;
+
+/// The TSS KVM needs on Intel hosts, placed in the MMIO hole out of the guest's way.
+const KVM_TSS_ADDRESS: usize = 0xfffb_d000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunState {
+    Created,
+    Running,
+    Paused,
+    Stopping,
+}
+
+/// Timestamps and reports the guest produced, for tests and benchmarks.
+#[derive(Debug, Default)]
+pub struct GuestEvents {
+    pub ready_at: Option<Instant>,
+    pub first_exit_at: Option<Instant>,
+    pub reports: Vec<Report>,
+}
+
+/// State the vCPU threads, devices, the watchdog and the owner share.
+pub struct VmShared {
+    pub counters: ExitCounters,
+    pub events: Mutex<GuestEvents>,
+    pub created_at: Instant,
+    state: Mutex<(RunState, usize)>,
+    state_changed: Condvar,
+    stop_reason: Mutex<Option<StopReason>>,
+    /// Milliseconds since `created_at` of the last exit any vCPU took.
+    last_activity_ms: AtomicU64,
+    kicks: Mutex<Vec<VcpuKick>>,
+}
+
+impl VmShared {
+    fn new() -> Self {
+        VmShared {
+            counters: ExitCounters::default(),
+            events: Mutex::new(GuestEvents::default()),
+            created_at: Instant::now(),
+            state: Mutex::new((RunState::Created, 0)),
+            state_changed: Condvar::new(),
+            stop_reason: Mutex::new(None),
+            last_activity_ms: AtomicU64::new(0),
+            kicks: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn note_activity(&self) {
+        let now = self.created_at.elapsed().as_millis() as u64;
+        if self.last_activity_ms.swap(now, Ordering::Relaxed) == 0 {
+            self.events.lock().unwrap().first_exit_at.get_or_insert_with(Instant::now);
+        }
+    }
+
+    /// Blocks a vCPU thread while the VM is paused; returns the state that let it go.
+    pub fn wait_runnable(&self) -> RunState {
+        let mut guard = self.state.lock().unwrap();
+        loop {
+            match guard.0 {
+                RunState::Paused | RunState::Created => {
+                    guard.1 += 1; // one more vCPU parked
+                    self.state_changed.notify_all();
+                    guard = self.state_changed.wait(guard).unwrap();
+                    guard.1 -= 1;
+                }
+                state => return state,
+            }
+        }
+    }
+
+    fn kick_all(&self) {
+        for kick in self.kicks.lock().unwrap().iter() {
+            kick.kick();
+        }
+    }
+
+    /// Records the first reason given and stops every vCPU.
+    pub fn stop(&self, reason: StopReason) {
+        {
+            let mut stop = self.stop_reason.lock().unwrap();
+            if stop.is_none() {
+                *stop = Some(reason);
+            }
+        }
+        let mut guard = self.state.lock().unwrap();
+        guard.0 = RunState::Stopping;
+        self.state_changed.notify_all();
+        drop(guard);
+        self.kick_all();
+    }
+
+    pub fn state(&self) -> RunState {
+        self.state.lock().unwrap().0
+    }
+
+    pub fn stop_reason(&self) -> Option<StopReason> {
+        self.stop_reason.lock().unwrap().clone()
+    }
+}
+
+/// A device an embedding program adds beside the configured ones.
+pub struct ExtraDevice {
+    pub name: String,
+    pub keys: Vec<HookKey>,
+    pub device: DeviceHandle,
+}
+
+/// The parts of a VM that can be shared with other threads (control socket, tests).
+pub struct VmHandle {
+    pub shared: Arc<VmShared>,
+    vm_fd: Arc<VmFd>,
+    memory: Mutex<GuestMemory>,
+    channel: Option<ChannelEndpoint>,
+    registry: Arc<HookRegistry>,
+    vcpu_count: usize,
+}
+
+impl VmHandle {
+    /// Parks every vCPU outside KVM_RUN; returns when all are parked.
+    pub fn pause(&self) -> Result<(), VmError> {
+        let mut guard = self.shared.state.lock().unwrap();
+        match guard.0 {
+            RunState::Running => {}
+            RunState::Paused => return Ok(()),
+            other => return Err(VmError::State(format!("cannot pause a VM that is {other:?}"))),
+        }
+        guard.0 = RunState::Paused;
+        drop(guard);
+        self.shared.kick_all();
+        let mut guard = self.shared.state.lock().unwrap();
+        while guard.0 == RunState::Paused && guard.1 < self.vcpu_count {
+            guard = self.shared.state_changed.wait(guard).unwrap();
+        }
+        Ok(())
+    }
+
+    pub fn resume(&self) -> Result<(), VmError> {
+        let mut guard = self.shared.state.lock().unwrap();
+        match guard.0 {
+            RunState::Paused => {
+                guard.0 = RunState::Running;
+                self.shared.state_changed.notify_all();
+                Ok(())
+            }
+            RunState::Running => Ok(()),
+            other => Err(VmError::State(format!("cannot resume a VM that is {other:?}"))),
+        }
+    }
+
+    pub fn stop(&self) {
+        self.shared.stop(StopReason::Requested);
+    }
+
+    pub fn state(&self) -> RunState {
+        self.shared.state()
+    }
+
+    /// The RAM memfd: clients map guest memory from it (offset = guest-physical address for low
+    /// RAM; see `translate`).
+    pub fn memfd(&self) -> RawFd {
+        self.memory.lock().unwrap().memfd().as_raw_fd()
+    }
+
+    pub fn layout(&self) -> GuestLayout {
+        self.memory.lock().unwrap().layout().clone()
+    }
+
+    pub fn channel(&self) -> Option<&ChannelEndpoint> {
+        self.channel.as_ref()
+    }
+
+    pub fn add_region(&self, fd: RawFd, offset: u64, len: u64, gpa: Option<u64>) -> Result<RegionInfo, VmError> {
+        Ok(self.memory.lock().unwrap().add_region(&self.vm_fd, fd, offset, len, gpa)?)
+    }
+
+    pub fn remove_region(&self, slot: u32) -> Result<RegionInfo, VmError> {
+        Ok(self.memory.lock().unwrap().remove_region(&self.vm_fd, slot)?)
+    }
+
+    pub fn regions(&self) -> Vec<RegionInfo> {
+        self.memory.lock().unwrap().regions()
+    }
+
+    /// Host address of a run-time region's mapping in this process.
+    pub fn region_host_address(&self, slot: u32) -> Option<*mut u8> {
+        self.memory.lock().unwrap().region_host_address(slot)
+    }
+
+    /// Runs of (fd, offset, len) behind `[gpa, gpa+len)`. The descriptors belong to the VM and
+    /// stay valid while the backing memory does.
+    pub fn translate(&self, gpa: u64, len: u64) -> Result<Vec<FileRun>, VmError> {
+        Ok(self.memory.lock().unwrap().translate(gpa, len)?)
+    }
+
+    /// Copies guest memory out (tests, diagnostics).
+    pub fn read_guest(&self, gpa: u64, buf: &mut [u8]) -> Result<(), VmError> {
+        use vm_memory::{Bytes, GuestAddress};
+        let memory = self.memory.lock().unwrap();
+        memory
+            .guest_memory()
+            .read_slice(buf, GuestAddress(gpa))
+            .map_err(|e| VmError::State(format!("reading guest memory at {gpa:#x}: {e}")))
+    }
+
+    pub fn exit_counters(&self) -> Vec<(&'static str, u64)> {
+        self.shared.counters.snapshot()
+    }
+
+    pub fn reports(&self) -> Vec<Report> {
+        self.shared.events.lock().unwrap().reports.clone()
+    }
+
+    /// Every device hook, as (device name, key).
+    pub fn hooks(&self) -> Vec<(String, HookKey)> {
+        self.registry.all()
+    }
+}
+
+pub struct Vm {
+    handle: Arc<VmHandle>,
+    _kvm: Kvm,
+    config: VmConfig,
+    plan: BootPlan,
+    pending_vcpus: Vec<VcpuFd>,
+    threads: Vec<JoinHandle<()>>,
+    watchdog: Option<JoinHandle<()>>,
+}
+
+fn kvm_err(what: &str) -> impl Fn(kvm_ioctls::Error) -> VmError + '_ {
+    move |e| VmError::Kvm(format!("{what}: {e}"))
+}
+
+impl Vm {
+    /// Builds a VM from a validated configuration: KVM objects, memory, devices, kernel, vCPUs.
+    /// Nothing runs until `start`.
+    pub fn new(config: VmConfig) -> Result<Vm, VmError> {
+        Self::with_devices(config, Vec::new())
+    }
+
+    /// Like `new`, with devices the embedding program provides beside the configured ones.
+    pub fn with_devices(config: VmConfig, extra: Vec<ExtraDevice>) -> Result<Vm, VmError> {
+        let kvm = Kvm::new().map_err(kvm_err("opening /dev/kvm"))?;
+        let vm_fd = kvm.create_vm().map_err(kvm_err("creating the VM"))?;
+        vm_fd.set_tss_address(KVM_TSS_ADDRESS).map_err(kvm_err("setting the TSS address"))?;
+        vm_fd.create_irq_chip().map_err(kvm_err("creating the in-kernel irqchip"))?;
+        vm_fd
+            .create_pit2(kvm_bindings::kvm_pit_config { flags: kvm_bindings::KVM_PIT_SPEAKER_DUMMY, ..Default::default() })
+            .map_err(kvm_err("creating the PIT"))?;
+
+        let channel_size = config
+            .devices
+            .iter()
+            .find_map(|d| match d.kind {
+                vmm_config::DeviceKind::Channel { size, .. } => Some(size),
+                _ => None,
+            })
+            .unwrap_or(0);
+        let layout = GuestLayout::new(config.memory.size, channel_size)
+            .map_err(|e| VmError::Config(format!("memory.size: {e}")))?;
+        let memory = GuestMemory::new(&vm_fd, layout, config.memory.backing)?;
+
+        let shared = Arc::new(VmShared::new());
+        let mut registry = HookRegistry::new();
+        let mut interrupts = InterruptRouter::default();
+        let mut cmdline_extra = Vec::new();
+        let mut channel = None;
+        {
+            let mut env = DeviceEnv {
+                vm: &vm_fd,
+                memory: &memory,
+                shared: &shared,
+                registry: &mut registry,
+                interrupts: &mut interrupts,
+                cmdline_extra: &mut cmdline_extra,
+                channel: &mut channel,
+            };
+            for device in &config.devices {
+                devices::create(device, &mut env)?;
+            }
+        }
+        for extra in extra {
+            for key in &extra.keys {
+                registry
+                    .hook(&extra.name, *key, extra.device.clone())
+                    .map_err(|e| VmError::Config(format!("device.{}: {e}", extra.name)))?;
+            }
+        }
+        interrupts.commit(&vm_fd).map_err(kvm_err("setting interrupt routes"))?;
+        enable_msr_hooks(&vm_fd, &registry.hooked_msrs())?;
+        cmdline_extra.push(format!("clowder.cpus={}", config.vcpus.len()));
+
+        let plan = boot::load(&memory, &config.boot, &cmdline_extra)?;
+        if config.boot.smp == SmpStart::Sipi && plan.protocol != BootProtocol::Direct64 && config.vcpus.len() > 1 {
+            // PVH and Linux always bring up their application processors with INIT/SIPI.
+        }
+        let supported = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm_err("reading supported CPUID"))?;
+        let sipi = config.boot.smp == SmpStart::Sipi;
+        let mut vcpus = Vec::with_capacity(config.vcpus.len());
+        for index in 0..config.vcpus.len() {
+            let vcpu = vm_fd.create_vcpu(index as u64).map_err(|e| VmError::Kvm(format!("creating vCPU {index}: {e}")))?;
+            vcpu::configure(&vcpu, index, config.vcpus.len(), &supported, plan.start_mode(index, sipi))?;
+            vcpus.push(vcpu);
+        }
+        vcpu::install_kick_handler()?;
+
+        let handle = Arc::new(VmHandle {
+            shared,
+            vm_fd: Arc::new(vm_fd),
+            memory: Mutex::new(memory),
+            channel,
+            registry: Arc::new(registry),
+            vcpu_count: config.vcpus.len(),
+        });
+        Ok(Vm { handle, _kvm: kvm, config, plan, pending_vcpus: vcpus, threads: Vec::new(), watchdog: None })
+    }
+
+    pub fn handle(&self) -> Arc<VmHandle> {
+        self.handle.clone()
+    }
+
+    pub fn boot_plan(&self) -> BootPlan {
+        self.plan
+    }
+
+    /// Starts one pinned thread per vCPU (and the watchdog, if configured).
+    pub fn start(&mut self) -> Result<(), VmError> {
+        if self.pending_vcpus.is_empty() {
+            return Err(VmError::State("the VM was already started".into()));
+        }
+        let policy = if self.plan.protocol == BootProtocol::Linux { UnhandledPorts::LogOnce } else { UnhandledPorts::Fail };
+        let shared = self.handle.shared.clone();
+        for (index, mut vcpu) in self.pending_vcpus.drain(..).enumerate() {
+            let core = self.config.vcpus[index].host_core;
+            let registry = self.handle.registry.clone();
+            let thread_shared = shared.clone();
+            let immediate_exit = &mut vcpu.get_kvm_run().immediate_exit as *mut u8;
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+            let thread = std::thread::Builder::new()
+                .name(format!("vcpu{index}"))
+                .spawn(move || {
+                    let pinned = core.map(vcpu::pin_to_core).transpose();
+                    let _ = ready_tx.send(pinned.map(|_| ()));
+                    vcpu::run_loop(vcpu, index, registry, thread_shared, policy);
+                })
+                .map_err(|e| VmError::State(format!("spawning vCPU thread {index}: {e}")))?;
+            if let Ok(Err(e)) = ready_rx.recv() {
+                shared.stop(StopReason::Internal { vcpu: Some(index), what: format!("pinning to core {core:?}: {e}") });
+            }
+            shared.kicks.lock().unwrap().push(VcpuKick {
+                thread: std::os::unix::thread::JoinHandleExt::as_pthread_t(&thread),
+                immediate_exit: AtomicPtr::new(immediate_exit),
+            });
+            self.threads.push(thread);
+        }
+        if let Some(timeout_ms) = self.config.watchdog_ms {
+            let shared = shared.clone();
+            self.watchdog = Some(std::thread::Builder::new().name("watchdog".into()).spawn(move || {
+                watchdog(&shared, timeout_ms)
+            }).map_err(|e| VmError::State(format!("spawning the watchdog: {e}")))?);
+        }
+        let mut guard = shared.state.lock().unwrap();
+        if guard.0 == RunState::Created {
+            guard.0 = RunState::Running;
+        }
+        shared.state_changed.notify_all();
+        shared.last_activity_ms.store(shared.created_at.elapsed().as_millis().max(1) as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Waits for the VM to stop and returns why. vCPU threads are joined.
+    pub fn wait(&mut self) -> StopReason {
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        if let Some(w) = self.watchdog.take() {
+            let _ = w.join();
+        }
+        self.handle.shared.stop_reason().unwrap_or(StopReason::Requested)
+    }
+
+    /// Waits at most `timeout`; `None` if the VM is still running then.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<StopReason> {
+        let deadline = Instant::now() + timeout;
+        while self.handle.shared.state() != RunState::Stopping {
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Some(self.wait())
+    }
+
+    pub fn pause(&self) -> Result<(), VmError> {
+        self.handle.pause()
+    }
+    pub fn resume(&self) -> Result<(), VmError> {
+        self.handle.resume()
+    }
+    pub fn stop(&self) {
+        self.handle.stop()
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            self.handle.shared.stop(StopReason::Requested);
+            self.wait();
+        }
+    }
+}
+
+fn watchdog(shared: &VmShared, timeout_ms: u64) {
+    let tick = Duration::from_millis((timeout_ms / 4).clamp(1, 100));
+    loop {
+        std::thread::sleep(tick);
+        match shared.state() {
+            RunState::Stopping => return,
+            RunState::Paused | RunState::Created => {
+                // Time spent paused does not count against the guest.
+                shared.last_activity_ms.store(shared.created_at.elapsed().as_millis() as u64, Ordering::Relaxed);
+                continue;
+            }
+            RunState::Running => {}
+        }
+        let now = shared.created_at.elapsed().as_millis() as u64;
+        let silent = now.saturating_sub(shared.last_activity_ms.load(Ordering::Relaxed));
+        if silent >= timeout_ms {
+            shared.stop(StopReason::Watchdog { silent_ms: silent });
+            return;
+        }
+    }
+}
+
+/// Asks KVM to send accesses to the hooked MSRs to user space (KVM_X86_SET_MSR_FILTER denies them
+/// in the kernel, and KVM_CAP_X86_USER_SPACE_MSR turns "denied" into a user-space exit).
+fn enable_msr_hooks(vm: &VmFd, msrs: &[u32]) -> Result<(), VmError> {
+    if msrs.is_empty() {
+        return Ok(());
+    }
+    let cap = kvm_enable_cap { cap: KVM_CAP_X86_USER_SPACE_MSR, args: [KVM_MSR_EXIT_REASON_FILTER as u64, 0, 0, 0], ..Default::default() };
+    vm.enable_cap(&cap).map_err(kvm_err("enabling user-space MSR exits"))?;
+    let deny = [0u8; 1];
+    let ranges: Vec<MsrFilterRange> = msrs
+        .iter()
+        .map(|&base| MsrFilterRange { flags: MsrFilterRangeFlags::READ | MsrFilterRangeFlags::WRITE, base, msr_count: 1, bitmap: &deny })
+        .collect();
+    if ranges.len() > kvm_bindings::KVM_MSR_FILTER_MAX_RANGES as usize {
+        return Err(VmError::Config(format!(
+            "device: {} hooked MSRs, KVM filters at most {}",
+            ranges.len(),
+            kvm_bindings::KVM_MSR_FILTER_MAX_RANGES
+        )));
+    }
+    vm.set_msr_filter(MsrFilterDefaultAction::ALLOW, &ranges).map_err(kvm_err("setting the MSR filter"))
+}
