@@ -71,14 +71,18 @@ pub(crate) fn draft_from_args(args: &[String]) -> Result<Draft, ConfigError> {
             "--config" => {}
             "--kernel" => draft.kernel = Some(Setting::new(PathBuf::from(value), flag)),
             "--mem" => draft.memory_size = Setting::new(parse_size(value).map_err(invalid)?, flag),
-            "--backing" => draft.backing = Setting::new(parse_backing(value).map_err(invalid)?, flag),
+            "--backing" => {
+                draft.backing = Setting::new(parse_backing(value).map_err(invalid)?, flag)
+            }
             "--cpus" => {
                 let count = value
                     .parse()
                     .map_err(|_| invalid(format!("\"{value}\" is not a vCPU count")))?;
                 draft.cpu_count = Setting::new(count, flag);
             }
-            "--cores" => draft.cores = Some(Setting::new(parse_cpu_list(value).map_err(invalid)?, flag)),
+            "--cores" => {
+                draft.cores = Some(Setting::new(parse_cpu_list(value).map_err(invalid)?, flag))
+            }
             "--cmdline" => draft.cmdline = Setting::new(value.clone(), flag),
             "--module" => {
                 // The first --module replaces the file's list; the later ones add to it.
@@ -88,7 +92,9 @@ pub(crate) fn draft_from_args(args: &[String]) -> Result<Draft, ConfigError> {
                 }
                 draft.modules.push(Setting::new(PathBuf::from(value), flag));
             }
-            "--protocol" => draft.protocol = Setting::new(parse_protocol(value).map_err(invalid)?, flag),
+            "--protocol" => {
+                draft.protocol = Setting::new(parse_protocol(value).map_err(invalid)?, flag)
+            }
             "--smp" => draft.smp = parse_smp(value).map_err(invalid)?,
             "--serial" => {
                 // Relative paths stay relative to the working directory.
@@ -127,7 +133,12 @@ fn collect_flags(args: &[String]) -> Result<Vec<(&'static str, String)>, ConfigE
             // dashes.
             None => match remaining.next() {
                 Some(value) if flag == "--cmdline" || !value.starts_with("--") => value.clone(),
-                _ => return Err(ConfigError::new(flag, format!("needs a value, e.g. {flag} {example}"))),
+                _ => {
+                    return Err(ConfigError::new(
+                        flag,
+                        format!("needs a value, e.g. {flag} {example}"),
+                    ))
+                }
             },
         };
         if flag != "--module" && given.iter().any(|(earlier, _)| *earlier == flag) {

@@ -16,6 +16,9 @@ use crate::{ConfigError, DeviceConfig, DeviceKind, SerialOutput};
 
 /// The smallest channel: a header page and one page for each ring.
 const MIN_CHANNEL_SIZE: u64 = 3 * 4096;
+/// x86-64 physical addresses have at most 52 bits (MAXPHYADDR); TOML integers stop at 2^63, so
+/// base + size cannot overflow before this check.
+const MAX_GUEST_PHYSICAL_END: u64 = 1 << 52;
 /// The IOAPIC KVM emulates has 24 pins.
 const IOAPIC_PINS: i64 = 24;
 /// Vectors 0..31 are CPU exceptions.
@@ -26,17 +29,26 @@ const DEVICE_KINDS: &str = "serial, exit, hypercall, channel, mmio-scratch, msr-
 /// Reads and parses a configuration file; relative paths in it resolve against its directory.
 pub(crate) fn read_file(path: &Path) -> Result<Draft, ConfigError> {
     let origin = path.display().to_string();
-    let text = std::fs::read_to_string(path)
-        .map_err(|error| ConfigError::new(&origin, format!("cannot read the configuration: {error}")))?;
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        ConfigError::new(&origin, format!("cannot read the configuration: {error}"))
+    })?;
     // `Path::new("vm.toml").parent()` is "", which keeps paths relative to the working directory.
     let base_dir = path.parent().unwrap_or(Path::new(""));
     parse_document(&text, base_dir, &origin)
 }
 
 /// Parses a whole document; `origin` names it in syntax errors (a path, or "config").
-pub(crate) fn parse_document(text: &str, base_dir: &Path, origin: &str) -> Result<Draft, ConfigError> {
+pub(crate) fn parse_document(
+    text: &str,
+    base_dir: &Path,
+    origin: &str,
+) -> Result<Draft, ConfigError> {
     let root: Table = toml::from_str(text).map_err(|error| syntax_error(text, origin, &error))?;
-    reject_unknown_keys(&root, "", &["memory", "cpus", "boot", "watchdog", "control", "device"])?;
+    reject_unknown_keys(
+        &root,
+        "",
+        &["memory", "cpus", "boot", "watchdog", "control", "device"],
+    )?;
     let mut draft = Draft::default();
 
     if let Some(memory) = optional_table(&root, "memory")? {
@@ -69,13 +81,20 @@ pub(crate) fn parse_document(text: &str, base_dir: &Path, origin: &str) -> Resul
     }
 
     if let Some(boot) = optional_table(&root, "boot")? {
-        reject_unknown_keys(boot, "boot", &["kernel", "cmdline", "modules", "protocol", "smp"])?;
+        reject_unknown_keys(
+            boot,
+            "boot",
+            &["kernel", "cmdline", "modules", "protocol", "smp"],
+        )?;
         if let Some(value) = boot.get("kernel") {
             let kernel = base_dir.join(string_value(value, "boot.kernel")?);
             draft.kernel = Some(Setting::new(kernel, "boot.kernel"));
         }
         if let Some(value) = boot.get("cmdline") {
-            draft.cmdline = Setting::new(string_value(value, "boot.cmdline")?.to_string(), "boot.cmdline");
+            draft.cmdline = Setting::new(
+                string_value(value, "boot.cmdline")?.to_string(),
+                "boot.cmdline",
+            );
         }
         if let Some(value) = boot.get("modules") {
             for (index, module) in array_value(value, "boot.modules")?.iter().enumerate() {
@@ -127,7 +146,7 @@ pub(crate) fn parse_document(text: &str, base_dir: &Path, origin: &str) -> Resul
     Ok(draft)
 }
 
-/// Parses one `[[device]]`; `earlier` (the devices before it) numbers unnamed devices per kind.
+/// Parses one `[[device]]`; an unnamed device gets the first free `<kind><n>` after `earlier`.
 fn parse_device(
     table: &Table,
     index: usize,
@@ -138,7 +157,8 @@ fn parse_device(
     let explicit_name = match table.get("name") {
         Some(value) => {
             let name = string_value(value, &format!("{position_key}.name"))?;
-            check_device_name(name).map_err(|reason| ConfigError::new(format!("{position_key}.name"), reason))?;
+            check_device_name(name)
+                .map_err(|reason| ConfigError::new(format!("{position_key}.name"), reason))?;
             Some(name.to_string())
         }
         None => None,
@@ -153,7 +173,10 @@ fn parse_device(
     let kind_name = match table.get("kind") {
         Some(value) => string_value(value, &key("kind"))?,
         None => {
-            return Err(ConfigError::new(key("kind"), format!("missing; every device needs a kind ({DEVICE_KINDS})")))
+            return Err(ConfigError::new(
+                key("kind"),
+                format!("missing; every device needs a kind ({DEVICE_KINDS})"),
+            ))
         }
     };
     let allowed_keys: &[&str] = match kind_name {
@@ -169,10 +192,16 @@ fn parse_device(
             ))
         }
     };
-    if let Some(unknown) = table.keys().find(|name| !allowed_keys.contains(&name.as_str())) {
+    if let Some(unknown) = table
+        .keys()
+        .find(|name| !allowed_keys.contains(&name.as_str()))
+    {
         return Err(ConfigError::new(
             key(unknown),
-            format!("unknown key for a {kind_name} device (it takes: {})", allowed_keys.join(", ")),
+            format!(
+                "unknown key for a {kind_name} device (it takes: {})",
+                allowed_keys.join(", ")
+            ),
         ));
     }
 
@@ -195,13 +224,18 @@ fn parse_device(
                 None => SerialOutput::Stdout,
             },
         },
-        "exit" => DeviceKind::Exit { port: port(DEFAULT_EXIT_PORT)? },
-        "hypercall" => DeviceKind::Hypercall { port: port(DEFAULT_HYPERCALL_PORT)? },
+        "exit" => DeviceKind::Exit {
+            port: port(DEFAULT_EXIT_PORT)?,
+        },
+        "hypercall" => DeviceKind::Hypercall {
+            port: port(DEFAULT_HYPERCALL_PORT)?,
+        },
         "channel" => DeviceKind::Channel {
             size: match table.get("size") {
                 Some(value) => {
                     let size = size_value(value, &key("size"))?;
-                    check_channel_size(size).map_err(|reason| ConfigError::new(key("size"), reason))?;
+                    check_channel_size(size)
+                        .map_err(|reason| ConfigError::new(key("size"), reason))?;
                     size
                 }
                 None => DEFAULT_CHANNEL_SIZE,
@@ -224,7 +258,12 @@ fn parse_device(
         "mmio-scratch" => {
             let base = match table.get("base") {
                 Some(value) => unsigned_value(value, &key("base"))?,
-                None => return Err(ConfigError::new(key("base"), "missing; an mmio-scratch device needs a guest-physical base address")),
+                None => {
+                    return Err(ConfigError::new(
+                        key("base"),
+                        "missing; an mmio-scratch device needs a guest-physical base address",
+                    ))
+                }
             };
             let size = match table.get("size") {
                 Some(value) => size_value(value, &key("size"))?,
@@ -233,24 +272,45 @@ fn parse_device(
             if size == 0 {
                 return Err(ConfigError::new(key("size"), "must be more than 0"));
             }
-            if base.checked_add(size).is_none() {
-                return Err(ConfigError::new(key("size"), format!("window at {base:#x} of {size:#x} bytes runs past the end of the address space")));
+            if base + size > MAX_GUEST_PHYSICAL_END {
+                return Err(ConfigError::new(
+                    key("size"),
+                    format!(
+                        "window {base:#x}..{:#x} ends past the 52-bit guest-physical address space",
+                        base + size
+                    ),
+                ));
             }
             DeviceKind::MmioScratch { base, size }
         }
         "msr-scratch" => {
-            let values = match table.get("msrs") {
-                Some(value) => array_value(value, &key("msrs"))?,
-                None => return Err(ConfigError::new(key("msrs"), "missing; an msr-scratch device needs the list of MSR indices it handles")),
-            };
+            let values =
+                match table.get("msrs") {
+                    Some(value) => array_value(value, &key("msrs"))?,
+                    None => return Err(ConfigError::new(
+                        key("msrs"),
+                        "missing; an msr-scratch device needs the list of MSR indices it handles",
+                    )),
+                };
             if values.is_empty() {
-                return Err(ConfigError::new(key("msrs"), "is empty; list at least one MSR index"));
+                return Err(ConfigError::new(
+                    key("msrs"),
+                    "is empty; list at least one MSR index",
+                ));
             }
             let mut msrs: Vec<u32> = Vec::with_capacity(values.len());
             for (position, value) in values.iter().enumerate() {
-                let msr = ranged_value(value, &format!("{}[{position}]", key("msrs")), 0, u32::MAX as i64)? as u32;
+                let msr = ranged_value(
+                    value,
+                    &format!("{}[{position}]", key("msrs")),
+                    0,
+                    u32::MAX as i64,
+                )? as u32;
                 if msrs.contains(&msr) {
-                    return Err(ConfigError::new(key("msrs"), format!("lists MSR {msr:#x} twice")));
+                    return Err(ConfigError::new(
+                        key("msrs"),
+                        format!("lists MSR {msr:#x} twice"),
+                    ));
                 }
                 msrs.push(msr);
             }
@@ -260,8 +320,15 @@ fn parse_device(
     };
 
     let name = explicit_name.unwrap_or_else(|| {
-        let same_kind = earlier.iter().filter(|device| device.kind.kind_name() == kind_name).count();
-        format!("{kind_name}{same_kind}")
+        let taken = |name: &str| earlier.iter().any(|device| device.name == name);
+        let mut number = earlier
+            .iter()
+            .filter(|device| device.kind.kind_name() == kind_name)
+            .count();
+        while taken(&format!("{kind_name}{number}")) {
+            number += 1;
+        }
+        format!("{kind_name}{number}")
     });
     Ok(DeviceConfig { name, kind })
 }
@@ -271,8 +338,13 @@ fn check_device_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("is empty".to_string());
     }
-    if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-        return Err(format!("\"{name}\" may only contain letters, digits, '-' and '_'"));
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(format!(
+            "\"{name}\" may only contain letters, digits, '-' and '_'"
+        ));
     }
     Ok(())
 }
@@ -282,7 +354,9 @@ fn check_channel_size(size: u64) -> Result<(), String> {
         return Err(format!("{size:#x} is not a multiple of 4 KiB"));
     }
     if size < MIN_CHANNEL_SIZE {
-        return Err(format!("{size:#x} is too small: a header page and a page per ring need at least 12 KiB"));
+        return Err(format!(
+            "{size:#x} is too small: a header page and a page per ring need at least 12 KiB"
+        ));
     }
     Ok(())
 }
@@ -313,7 +387,11 @@ fn join_key(prefix: &str, name: &str) -> String {
 fn reject_unknown_keys(table: &Table, prefix: &str, allowed: &[&str]) -> Result<(), ConfigError> {
     match table.keys().find(|name| !allowed.contains(&name.as_str())) {
         Some(unknown) => {
-            let scope = if prefix.is_empty() { "the file".to_string() } else { format!("[{prefix}]") };
+            let scope = if prefix.is_empty() {
+                "the file".to_string()
+            } else {
+                format!("[{prefix}]")
+            };
             Err(ConfigError::new(
                 join_key(prefix, unknown),
                 format!("unknown key ({scope} takes: {})", allowed.join(", ")),
@@ -343,17 +421,26 @@ fn type_error(key: &str, expected: &str, found: &Value) -> ConfigError {
 }
 
 fn string_value<'a>(value: &'a Value, key: &str) -> Result<&'a str, ConfigError> {
-    value.as_str().ok_or_else(|| type_error(key, "a string", value))
+    value
+        .as_str()
+        .ok_or_else(|| type_error(key, "a string", value))
 }
 
 fn array_value<'a>(value: &'a Value, key: &str) -> Result<&'a Vec<Value>, ConfigError> {
-    value.as_array().ok_or_else(|| type_error(key, "an array", value))
+    value
+        .as_array()
+        .ok_or_else(|| type_error(key, "an array", value))
 }
 
 fn ranged_value(value: &Value, key: &str, min: i64, max: i64) -> Result<i64, ConfigError> {
-    let number = value.as_integer().ok_or_else(|| type_error(key, "an integer", value))?;
+    let number = value
+        .as_integer()
+        .ok_or_else(|| type_error(key, "an integer", value))?;
     if number < min || number > max {
-        return Err(ConfigError::new(key, format!("{number} is out of range {min:#x}..={max:#x}")));
+        return Err(ConfigError::new(
+            key,
+            format!("{number} is out of range {min:#x}..={max:#x}"),
+        ));
     }
     Ok(number)
 }
@@ -367,6 +454,10 @@ fn size_value(value: &Value, key: &str) -> Result<u64, ConfigError> {
     match value {
         Value::String(text) => parse_size(text).map_err(|reason| ConfigError::new(key, reason)),
         Value::Integer(_) => unsigned_value(value, key),
-        other => Err(type_error(key, "a size (bytes, or a string such as \"64M\")", other)),
+        other => Err(type_error(
+            key,
+            "a size (bytes, or a string such as \"64M\")",
+            other,
+        )),
     }
 }

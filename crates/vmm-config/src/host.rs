@@ -32,11 +32,17 @@ impl HostFacts {
             .ok()
             .and_then(|text| parse_cpu_list(&text).ok());
         let usable_cpus = match online {
-            Some(online) => allowed.into_iter().filter(|cpu| online.contains(cpu)).collect(),
+            Some(online) => allowed
+                .into_iter()
+                .filter(|cpu| online.contains(cpu))
+                .collect(),
             // Without sysfs the affinity mask is the best information there is.
             None => allowed,
         };
-        HostFacts { usable_cpus, hugepages_2m: probe_hugepages_2m() }
+        HostFacts {
+            usable_cpus,
+            hugepages_2m: probe_hugepages_2m(),
+        }
     }
 }
 
@@ -48,15 +54,24 @@ fn allowed_cpus() -> Vec<usize> {
         if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
             return Vec::new();
         }
-        (0..libc::CPU_SETSIZE as usize).filter(|&cpu| libc::CPU_ISSET(cpu, &set)).collect()
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&cpu| libc::CPU_ISSET(cpu, &set))
+            .collect()
     }
 }
 
 fn probe_hugepages_2m() -> Option<HugePagePool> {
     let read_count = |name: &str| -> Option<u64> {
-        std::fs::read_to_string(format!("{HUGEPAGES_2M_DIR}/{name}")).ok()?.trim().parse().ok()
+        std::fs::read_to_string(format!("{HUGEPAGES_2M_DIR}/{name}"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
     };
-    Some(HugePagePool { total: read_count("nr_hugepages")?, free: read_count("free_hugepages")? })
+    Some(HugePagePool {
+        total: read_count("nr_hugepages")?,
+        free: read_count("free_hugepages")?,
+    })
 }
 
 /// What kind of kernel image a file is, as far as choosing a boot protocol needs.
@@ -100,7 +115,8 @@ fn u64_at(bytes: &[u8], offset: usize) -> u64 {
 
 /// Opens `path` and checks it is a file we can read; the reason names the path.
 pub(crate) fn open_readable(path: &Path) -> Result<File, String> {
-    let file = File::open(path).map_err(|error| format!("cannot open {}: {error}", path.display()))?;
+    let file =
+        File::open(path).map_err(|error| format!("cannot open {}: {error}", path.display()))?;
     match file.metadata() {
         Ok(metadata) if metadata.is_dir() => Err(format!("{} is a directory", path.display())),
         Ok(_) => Ok(file),
@@ -124,14 +140,18 @@ pub(crate) fn inspect_kernel(path: &Path) -> Result<KernelImage, String> {
             return Err(format!("{shown} is a truncated ELF file"));
         }
         if header[4] != ELF_CLASS_64 {
-            return Err(format!("{shown} is a 32-bit ELF; the kernel must be an ELF64 for x86-64 or a bzImage"));
+            return Err(format!(
+                "{shown} is a 32-bit ELF; the kernel must be an ELF64 for x86-64 or a bzImage"
+            ));
         }
         if header[5] != ELF_LITTLE_ENDIAN {
             return Err(format!("{shown} is a big-endian ELF, not an x86-64 kernel"));
         }
         let machine = u16_at(&header, 0x12);
         if machine != ELF_MACHINE_X86_64 {
-            return Err(format!("{shown} is an ELF64 for machine {machine}, not x86-64 ({ELF_MACHINE_X86_64})"));
+            return Err(format!(
+                "{shown} is an ELF64 for machine {machine}, not x86-64 ({ELF_MACHINE_X86_64})"
+            ));
         }
         let has_pvh_note = has_pvh_note(&mut file, &header)
             .map_err(|error| format!("cannot read the program headers of {shown}: {error}"))?;
@@ -152,7 +172,9 @@ pub(crate) fn inspect_kernel(path: &Path) -> Result<KernelImage, String> {
             ));
         }
         if u16_at(&header, BZIMAGE_XLOADFLAGS_OFFSET) & XLF_KERNEL_64 == 0 {
-            return Err(format!("{shown} is a bzImage without a 64-bit entry point (xloadflags bit 0 is clear)"));
+            return Err(format!(
+                "{shown} is a bzImage without a 64-bit entry point (xloadflags bit 0 is clear)"
+            ));
         }
         return Ok(KernelImage::BzImage);
     }
@@ -172,7 +194,9 @@ fn has_pvh_note(file: &mut File, elf_header: &[u8]) -> std::io::Result<bool> {
     }
     let mut entry = vec![0u8; entry_size];
     for index in 0..entry_count {
-        file.seek(SeekFrom::Start(program_headers_offset + index * entry_size as u64))?;
+        file.seek(SeekFrom::Start(
+            program_headers_offset + index * entry_size as u64,
+        ))?;
         file.read_exact(&mut entry)?;
         if u32_at(&entry, 0) != ELF_PROGRAM_HEADER_NOTE {
             continue;
@@ -180,7 +204,9 @@ fn has_pvh_note(file: &mut File, elf_header: &[u8]) -> std::io::Result<bool> {
         let (offset, size) = (u64_at(&entry, 8), u64_at(&entry, 32));
         let mut notes = Vec::new();
         file.seek(SeekFrom::Start(offset))?;
-        (&mut *file).take(size.min(MAX_NOTE_SEGMENT)).read_to_end(&mut notes)?;
+        (&mut *file)
+            .take(size.min(MAX_NOTE_SEGMENT))
+            .read_to_end(&mut notes)?;
         if notes_contain_pvh_entry(&notes) {
             return Ok(true);
         }
@@ -266,13 +292,23 @@ mod tests {
 
     #[test]
     fn recognises_elf64_with_and_without_pvh_note() {
-        assert_eq!(inspect(&elf64(62, true)), Ok(KernelImage::Elf64 { has_pvh_note: true }));
-        assert_eq!(inspect(&elf64(62, false)), Ok(KernelImage::Elf64 { has_pvh_note: false }));
+        assert_eq!(
+            inspect(&elf64(62, true)),
+            Ok(KernelImage::Elf64 { has_pvh_note: true })
+        );
+        assert_eq!(
+            inspect(&elf64(62, false)),
+            Ok(KernelImage::Elf64 {
+                has_pvh_note: false
+            })
+        );
     }
 
     #[test]
     fn refuses_other_elves() {
-        assert!(inspect(&elf64(183, false)).unwrap_err().contains("machine 183, not x86-64"));
+        assert!(inspect(&elf64(183, false))
+            .unwrap_err()
+            .contains("machine 183, not x86-64"));
         let mut elf32 = elf64(62, false);
         elf32[4] = 1;
         assert!(inspect(&elf32).unwrap_err().contains("32-bit ELF"));
@@ -282,17 +318,29 @@ mod tests {
     #[test]
     fn recognises_64_bit_bzimages_only() {
         assert_eq!(inspect(&bzimage(0x020f, 1)), Ok(KernelImage::BzImage));
-        assert!(inspect(&bzimage(0x020f, 0)).unwrap_err().contains("without a 64-bit entry point"));
-        assert!(inspect(&bzimage(0x0208, 1)).unwrap_err().contains("predates the 64-bit entry flag"));
-        assert!(inspect(&bzimage(0x0204, 1)).unwrap_err().contains("at least 2.06"));
+        assert!(inspect(&bzimage(0x020f, 0))
+            .unwrap_err()
+            .contains("without a 64-bit entry point"));
+        assert!(inspect(&bzimage(0x0208, 1))
+            .unwrap_err()
+            .contains("predates the 64-bit entry flag"));
+        assert!(inspect(&bzimage(0x0204, 1))
+            .unwrap_err()
+            .contains("at least 2.06"));
     }
 
     #[test]
     fn refuses_unknown_and_unreadable_files() {
-        assert!(inspect(b"#!/bin/sh\n").unwrap_err().contains("neither an ELF64 x86-64 kernel nor a bzImage"));
-        assert!(inspect_kernel(Path::new("/nonexistent/kernel")).unwrap_err().contains("cannot open"));
+        assert!(inspect(b"#!/bin/sh\n")
+            .unwrap_err()
+            .contains("neither an ELF64 x86-64 kernel nor a bzImage"));
+        assert!(inspect_kernel(Path::new("/nonexistent/kernel"))
+            .unwrap_err()
+            .contains("cannot open"));
         let dir = TempDir::new();
-        assert!(inspect_kernel(dir.path()).unwrap_err().contains("is a directory"));
+        assert!(inspect_kernel(dir.path())
+            .unwrap_err()
+            .contains("is a directory"));
     }
 
     #[test]

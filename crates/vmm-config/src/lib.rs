@@ -17,6 +17,9 @@ mod validate;
 mod values;
 mod write;
 
+#[cfg(test)]
+mod tests;
+
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -98,11 +101,16 @@ pub const HIGH_RAM_START: u64 = 4 << 30;
 impl MemoryConfig {
     /// Guest-physical ranges of RAM: `[0, size)`, or `[0, 3 GiB)` and `[4 GiB, ...)` for more than
     /// 3 GiB (docs/guest-abi.md).
+    // A list holding one range is meant here, not the list of that range's addresses.
+    #[allow(clippy::single_range_in_vec_init)]
     pub fn ram_ranges(&self) -> Vec<Range<u64>> {
         if self.size <= LOW_RAM_LIMIT {
             vec![0..self.size]
         } else {
-            vec![0..LOW_RAM_LIMIT, HIGH_RAM_START..HIGH_RAM_START + (self.size - LOW_RAM_LIMIT)]
+            vec![
+                0..LOW_RAM_LIMIT,
+                HIGH_RAM_START..HIGH_RAM_START + (self.size - LOW_RAM_LIMIT),
+            ]
         }
     }
 }
@@ -163,13 +171,21 @@ pub struct DeviceConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub enum DeviceKind {
     /// 16550 UART.
-    Serial { port: u16, irq: u32, output: SerialOutput },
+    Serial {
+        port: u16,
+        irq: u32,
+        output: SerialOutput,
+    },
     /// Power-off port: the value written becomes the exit status.
     Exit { port: u16 },
     /// Hypercall port (number in EAX, arguments in RDI, RSI, R8, R9, result in RAX).
     Hypercall { port: u16 },
     /// Enclave channel: ring pair in reserved RAM, doorbell port (ioeventfd), vector (irqfd).
-    Channel { size: u64, doorbell_port: u16, vector: u8 },
+    Channel {
+        size: u64,
+        doorbell_port: u16,
+        vector: u8,
+    },
     /// A page of guest-visible registers behind MMIO exits (probing and tests).
     MmioScratch { base: u64, size: u64 },
     /// Model-specific registers handled in user space (probing and tests).
@@ -223,7 +239,10 @@ const HELP_KEY: &str = "--help";
 
 impl ConfigError {
     pub fn new(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
-        ConfigError { key: key.into(), reason: reason.into() }
+        ConfigError {
+            key: key.into(),
+            reason: reason.into(),
+        }
     }
 
     fn help_request() -> ConfigError {
@@ -255,7 +274,11 @@ mod test_support {
     impl TempDir {
         pub fn new() -> TempDir {
             static NEXT: AtomicUsize = AtomicUsize::new(0);
-            let name = format!("vmm-config-test-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+            let name = format!(
+                "vmm-config-test-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            );
             let path = std::env::temp_dir().join(name);
             std::fs::create_dir_all(&path).expect("create temp dir");
             TempDir(path)

@@ -35,12 +35,20 @@ pub(crate) fn finish(draft: Draft, host: &HostFacts) -> Result<VmConfig, ConfigE
     let devices = check_devices(&draft, &memory)?;
     let control_socket = match &draft.control_socket {
         Some(socket) => {
-            check_socket_path(&socket.value).map_err(|reason| ConfigError::new(&socket.key, reason))?;
+            check_socket_path(&socket.value)
+                .map_err(|reason| ConfigError::new(&socket.key, reason))?;
             Some(socket.value.clone())
         }
         None => None,
     };
-    Ok(VmConfig { memory, vcpus, boot, devices, watchdog_ms: draft.watchdog_ms, control_socket })
+    Ok(VmConfig {
+        memory,
+        vcpus,
+        boot,
+        devices,
+        watchdog_ms: draft.watchdog_ms,
+        control_socket,
+    })
 }
 
 /// How a setting reads where the user wrote it: `--backing 2m` or `memory.backing = "2m"`.
@@ -53,14 +61,26 @@ fn as_written(key: &str, value: &str) -> String {
 }
 
 fn check_memory(draft: &Draft, host: &HostFacts) -> Result<MemoryConfig, ConfigError> {
-    let Setting { value: size, key: size_key } = &draft.memory_size;
-    let Setting { value: backing, key: backing_key } = &draft.backing;
+    let Setting {
+        value: size,
+        key: size_key,
+    } = &draft.memory_size;
+    let Setting {
+        value: backing,
+        key: backing_key,
+    } = &draft.backing;
     let error = |reason: String| Err(ConfigError::new(size_key, reason));
     if *size < MIN_MEMORY {
-        return error(format!("{} is too small: at least 2 MiB (the kernel loads at 1 MiB)", describe_size(*size)));
+        return error(format!(
+            "{} is too small: at least 2 MiB (the kernel loads at 1 MiB)",
+            describe_size(*size)
+        ));
     }
     if *size > MAX_MEMORY {
-        return error(format!("{} is more than the 1 TiB limit", describe_size(*size)));
+        return error(format!(
+            "{} is more than the 1 TiB limit",
+            describe_size(*size)
+        ));
     }
     let page_size = backing.page_size();
     if size % page_size != 0 {
@@ -90,21 +110,33 @@ fn check_memory(draft: &Draft, host: &HostFacts) -> Result<MemoryConfig, ConfigE
             ));
         }
     }
-    Ok(MemoryConfig { size: *size, backing: *backing })
+    Ok(MemoryConfig {
+        size: *size,
+        backing: *backing,
+    })
 }
 
 fn check_vcpus(draft: &Draft, host: &HostFacts) -> Result<Vec<VcpuConfig>, ConfigError> {
-    let Setting { value: count, key: count_key } = &draft.cpu_count;
+    let Setting {
+        value: count,
+        key: count_key,
+    } = &draft.cpu_count;
     if *count == 0 {
         return Err(ConfigError::new(count_key, "must be at least 1"));
     }
     if *count > MAX_VCPUS {
         return Err(ConfigError::new(
             count_key,
-            format!("{count} is more than {MAX_VCPUS} vCPUs (APIC ID 255 is the broadcast address)"),
+            format!(
+                "{count} is more than {MAX_VCPUS} vCPUs (APIC ID 255 is the broadcast address)"
+            ),
         ));
     }
-    let Some(Setting { value: cores, key: cores_key }) = &draft.cores else {
+    let Some(Setting {
+        value: cores,
+        key: cores_key,
+    }) = &draft.cores
+    else {
         return Ok(vec![VcpuConfig { host_core: None }; *count as usize]);
     };
     if cores.len() as u64 != *count {
@@ -128,31 +160,51 @@ fn check_vcpus(draft: &Draft, host: &HostFacts) -> Result<Vec<VcpuConfig>, Confi
             ));
         }
     }
-    Ok(cores.iter().map(|&core| VcpuConfig { host_core: Some(core) }).collect())
+    Ok(cores
+        .iter()
+        .map(|&core| VcpuConfig {
+            host_core: Some(core),
+        })
+        .collect())
 }
 
 fn check_boot(draft: &Draft) -> Result<BootConfig, ConfigError> {
     let kernel = draft.kernel.as_ref().ok_or_else(|| {
-        ConfigError::new("boot.kernel", "missing: give the kernel image (boot.kernel in the file, or --kernel)")
+        ConfigError::new(
+            "boot.kernel",
+            "missing: give the kernel image (boot.kernel in the file, or --kernel)",
+        )
     })?;
-    let image = inspect_kernel(&kernel.value).map_err(|reason| ConfigError::new(&kernel.key, reason))?;
+    let image =
+        inspect_kernel(&kernel.value).map_err(|reason| ConfigError::new(&kernel.key, reason))?;
 
-    let Setting { value: protocol, key: protocol_key } = &draft.protocol;
+    let Setting {
+        value: protocol,
+        key: protocol_key,
+    } = &draft.protocol;
     let kernel_shown = kernel.value.display();
     let mismatch = match (protocol, image) {
-        (BootProtocol::Pvh, KernelImage::Elf64 { has_pvh_note: false }) => Some(format!(
+        (
+            BootProtocol::Pvh,
+            KernelImage::Elf64 {
+                has_pvh_note: false,
+            },
+        ) => Some(format!(
             "{kernel_shown} has no PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY); use direct64 or auto"
         )),
-        (BootProtocol::Pvh | BootProtocol::Direct64, KernelImage::BzImage) => {
-            Some(format!("{kernel_shown} is a bzImage, not an ELF64; use linux or auto"))
-        }
-        (BootProtocol::Linux, KernelImage::Elf64 { .. }) => {
-            Some(format!("{kernel_shown} is an ELF64, not a bzImage; use pvh, direct64 or auto"))
-        }
+        (BootProtocol::Pvh | BootProtocol::Direct64, KernelImage::BzImage) => Some(format!(
+            "{kernel_shown} is a bzImage, not an ELF64; use linux or auto"
+        )),
+        (BootProtocol::Linux, KernelImage::Elf64 { .. }) => Some(format!(
+            "{kernel_shown} is an ELF64, not a bzImage; use pvh, direct64 or auto"
+        )),
         _ => None,
     };
     if let Some(reason) = mismatch {
-        return Err(ConfigError::new(protocol_key, format!("{} cannot boot it: {reason}", protocol_name(*protocol))));
+        return Err(ConfigError::new(
+            protocol_key,
+            format!("{} cannot boot it: {reason}", protocol_name(*protocol)),
+        ));
     }
 
     for module in &draft.modules {
@@ -165,11 +217,17 @@ fn check_boot(draft: &Draft) -> Result<BootConfig, ConfigError> {
     if boots_linux && draft.modules.len() > 1 {
         return Err(ConfigError::new(
             &draft.modules[1].key,
-            format!("a Linux boot takes one module (the initrd), {} are given", draft.modules.len()),
+            format!(
+                "a Linux boot takes one module (the initrd), {} are given",
+                draft.modules.len()
+            ),
         ));
     }
 
-    let Setting { value: cmdline, key: cmdline_key } = &draft.cmdline;
+    let Setting {
+        value: cmdline,
+        key: cmdline_key,
+    } = &draft.cmdline;
     if cmdline.contains('\0') {
         return Err(ConfigError::new(cmdline_key, "contains a NUL byte"));
     }
@@ -187,7 +245,11 @@ fn check_boot(draft: &Draft) -> Result<BootConfig, ConfigError> {
     Ok(BootConfig {
         kernel: kernel.value.clone(),
         cmdline: cmdline.clone(),
-        modules: draft.modules.iter().map(|module| module.value.clone()).collect(),
+        modules: draft
+            .modules
+            .iter()
+            .map(|module| module.value.clone())
+            .collect(),
         protocol: *protocol,
         smp: draft.smp,
     })
@@ -196,13 +258,21 @@ fn check_boot(draft: &Draft) -> Result<BootConfig, ConfigError> {
 fn check_devices(draft: &Draft, memory: &MemoryConfig) -> Result<Vec<DeviceConfig>, ConfigError> {
     let mut devices = draft.devices.clone();
     // Key under which each device's serial output is reported: `--serial` for the one it replaced.
-    let mut output_keys: Vec<String> =
-        devices.iter().map(|device| format!("device.{}.output", device.name)).collect();
-    if let Some(Setting { value: new_output, key }) = &draft.serial_output_override {
+    let mut output_keys: Vec<String> = devices
+        .iter()
+        .map(|device| format!("device.{}.output", device.name))
+        .collect();
+    if let Some(Setting {
+        value: new_output,
+        key,
+    }) = &draft.serial_output_override
+    {
         let position = devices
             .iter()
             .position(|device| matches!(device.kind, DeviceKind::Serial { .. }))
-            .ok_or_else(|| ConfigError::new(key, "the configuration has no serial device to redirect"))?;
+            .ok_or_else(|| {
+                ConfigError::new(key, "the configuration has no serial device to redirect")
+            })?;
         if let DeviceKind::Serial { output, .. } = &mut devices[position].kind {
             *output = new_output.clone();
         }
@@ -214,14 +284,30 @@ fn check_devices(draft: &Draft, memory: &MemoryConfig) -> Result<Vec<DeviceConfi
         let earlier = &devices[..index];
 
         if earlier.iter().any(|other| other.name == device.name) {
-            return Err(ConfigError::new(key("name"), format!("two devices are named \"{}\"; names must be unique", device.name)));
+            return Err(ConfigError::new(
+                key("name"),
+                format!(
+                    "two devices are named \"{}\"; names must be unique",
+                    device.name
+                ),
+            ));
         }
         // The guest learns these ports from single command-line keys (clowder.exit_port, ...).
-        if matches!(device.kind, DeviceKind::Exit { .. } | DeviceKind::Hypercall { .. } | DeviceKind::Channel { .. }) {
-            if let Some(other) = earlier.iter().find(|other| other.kind.kind_name() == device.kind.kind_name()) {
+        if matches!(
+            device.kind,
+            DeviceKind::Exit { .. } | DeviceKind::Hypercall { .. } | DeviceKind::Channel { .. }
+        ) {
+            if let Some(other) = earlier
+                .iter()
+                .find(|other| other.kind.kind_name() == device.kind.kind_name())
+            {
                 return Err(ConfigError::new(
                     key("kind"),
-                    format!("a VM has at most one {} device, and \"{}\" is one already", device.kind.kind_name(), other.name),
+                    format!(
+                        "a VM has at most one {} device, and \"{}\" is one already",
+                        device.kind.kind_name(),
+                        other.name
+                    ),
                 ));
             }
         }
@@ -229,7 +315,10 @@ fn check_devices(draft: &Draft, memory: &MemoryConfig) -> Result<Vec<DeviceConfi
         if let Some((first, count)) = device.kind.port_window() {
             let end = first as u32 + count as u32;
             if end > 0x1_0000 {
-                return Err(ConfigError::new(key("port"), format!("ports {first:#x}..={:#x} run past 0xffff", end - 1)));
+                return Err(ConfigError::new(
+                    key("port"),
+                    format!("ports {first:#x}..={:#x} run past 0xffff", end - 1),
+                ));
             }
             for other in earlier {
                 if let Some((other_first, other_count)) = other.kind.port_window() {
@@ -255,17 +344,41 @@ fn check_devices(draft: &Draft, memory: &MemoryConfig) -> Result<Vec<DeviceConfi
             let mut taken: Vec<(u64, u64, String)> = memory
                 .ram_ranges()
                 .into_iter()
-                .map(|ram| (ram.start, ram.end, format!("guest RAM {:#x}..{:#x}", ram.start, ram.end)))
+                .map(|ram| {
+                    (
+                        ram.start,
+                        ram.end,
+                        format!("guest RAM {:#x}..{:#x}", ram.start, ram.end),
+                    )
+                })
                 .collect();
-            taken.push((LAPIC_BASE, LAPIC_BASE + APIC_WINDOW_SIZE, format!("the LAPIC at {LAPIC_BASE:#x}")));
-            taken.push((IOAPIC_BASE, IOAPIC_BASE + APIC_WINDOW_SIZE, format!("the IOAPIC at {IOAPIC_BASE:#x}")));
+            taken.push((
+                LAPIC_BASE,
+                LAPIC_BASE + APIC_WINDOW_SIZE,
+                format!("the LAPIC at {LAPIC_BASE:#x}"),
+            ));
+            taken.push((
+                IOAPIC_BASE,
+                IOAPIC_BASE + APIC_WINDOW_SIZE,
+                format!("the IOAPIC at {IOAPIC_BASE:#x}"),
+            ));
             for other in earlier {
                 if let Some((other_base, other_size)) = other.kind.mmio_window() {
-                    taken.push((other_base, other_base + other_size, format!("the MMIO window of \"{}\"", other.name)));
+                    taken.push((
+                        other_base,
+                        other_base + other_size,
+                        format!("the MMIO window of \"{}\"", other.name),
+                    ));
                 }
             }
-            if let Some((_, _, what)) = taken.iter().find(|(start, stop, _)| base < *stop && *start < end) {
-                return Err(ConfigError::new(key("base"), format!("{window} overlaps {what}")));
+            if let Some((_, _, what)) = taken
+                .iter()
+                .find(|(start, stop, _)| base < *stop && *start < end)
+            {
+                return Err(ConfigError::new(
+                    key("base"),
+                    format!("{window} overlaps {what}"),
+                ));
             }
         }
 
@@ -274,7 +387,10 @@ fn check_devices(draft: &Draft, memory: &MemoryConfig) -> Result<Vec<DeviceConfi
                 for other in earlier {
                     if let DeviceKind::MsrScratch { msrs: other_msrs } = &other.kind {
                         if let Some(msr) = msrs.iter().find(|msr| other_msrs.contains(msr)) {
-                            return Err(ConfigError::new(key("msrs"), format!("MSR {msr:#x} is handled by \"{}\" already", other.name)));
+                            return Err(ConfigError::new(
+                                key("msrs"),
+                                format!("MSR {msr:#x} is handled by \"{}\" already", other.name),
+                            ));
                         }
                     }
                 }
@@ -302,7 +418,9 @@ fn check_devices(draft: &Draft, memory: &MemoryConfig) -> Result<Vec<DeviceConfi
                 }
                 .map_err(|reason| ConfigError::new(output_key, reason))?;
             }
-            DeviceKind::Exit { .. } | DeviceKind::Hypercall { .. } | DeviceKind::MmioScratch { .. } => {}
+            DeviceKind::Exit { .. }
+            | DeviceKind::Hypercall { .. }
+            | DeviceKind::MmioScratch { .. } => {}
         }
     }
     Ok(devices)

@@ -17,7 +17,9 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
     let not_a_size = || {
         format!("\"{text}\" is not a size (expected bytes or a number with a K, M, G or T suffix, e.g. \"64M\")")
     };
-    let digits_end = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let digits_end = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (digits, suffix) = text.split_at(digits_end);
     let multiplier = match suffix.to_ascii_lowercase().as_str() {
         "" => 1,
@@ -28,7 +30,9 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
         _ => return Err(not_a_size()),
     };
     let number: u64 = digits.parse().map_err(|_| not_a_size())?;
-    number.checked_mul(multiplier).ok_or_else(|| format!("\"{text}\" is too large"))
+    number
+        .checked_mul(multiplier)
+        .ok_or_else(|| format!("\"{text}\" is too large"))
 }
 
 /// Renders a byte count the way a user would write it ("64 MiB", "12345 bytes").
@@ -61,7 +65,9 @@ pub(crate) fn parse_watchdog(text: &str) -> Result<Option<u64>, String> {
     } else if let Some(digits) = text.strip_suffix('s') {
         (digits, 1000)
     } else {
-        return Err(format!("\"{text}\" needs a unit: ms or s (e.g. \"5s\"), or \"off\""));
+        return Err(format!(
+            "\"{text}\" needs a unit: ms or s (e.g. \"5s\"), or \"off\""
+        ));
     };
     let number: u64 = digits
         .parse()
@@ -77,7 +83,9 @@ pub(crate) fn parse_backing(text: &str) -> Result<Backing, String> {
     match text.to_ascii_lowercase().as_str() {
         "4k" => Ok(Backing::Page4K),
         "2m" => Ok(Backing::Huge2M),
-        _ => Err(format!("\"{text}\" is not a backing (expected \"4k\" or \"2m\")")),
+        _ => Err(format!(
+            "\"{text}\" is not a backing (expected \"4k\" or \"2m\")"
+        )),
     }
 }
 
@@ -113,7 +121,9 @@ pub(crate) fn parse_smp(text: &str) -> Result<SmpStart, String> {
     match text {
         "direct" => Ok(SmpStart::Direct),
         "sipi" => Ok(SmpStart::Sipi),
-        _ => Err(format!("\"{text}\" is not an SMP start (expected direct or sipi)")),
+        _ => Err(format!(
+            "\"{text}\" is not an SMP start (expected direct or sipi)"
+        )),
     }
 }
 
@@ -156,7 +166,8 @@ pub(crate) fn parse_serial_output(text: &str, base_dir: &Path) -> Result<SerialO
 pub(crate) fn parse_cpu_list(text: &str) -> Result<Vec<usize>, String> {
     let mut cpus = Vec::new();
     for item in text.trim().split(',') {
-        let bad_item = || format!("\"{item}\" is not a core number or range (e.g. \"0,1\" or \"0-3\")");
+        let bad_item =
+            || format!("\"{item}\" is not a core number or range (e.g. \"0,1\" or \"0-3\")");
         match item.split_once('-') {
             Some((first, last)) => {
                 let first: usize = first.parse().map_err(|_| bad_item())?;
@@ -183,7 +194,11 @@ pub(crate) fn describe_cpu_list(sorted_cpus: &[usize]) -> String {
             index += 1;
             last = sorted_cpus[index];
         }
-        parts.push(if first == last { first.to_string() } else { format!("{first}-{last}") });
+        parts.push(if first == last {
+            first.to_string()
+        } else {
+            format!("{first}-{last}")
+        });
         index += 1;
     }
     if parts.is_empty() {
@@ -207,7 +222,9 @@ mod tests {
         assert!(parse_size("64MB").unwrap_err().contains("not a size"));
         assert!(parse_size("M").unwrap_err().contains("not a size"));
         assert!(parse_size("-1").unwrap_err().contains("not a size"));
-        assert!(parse_size("99999999999T").unwrap_err().contains("too large"));
+        assert!(parse_size("99999999999T")
+            .unwrap_err()
+            .contains("too large"));
     }
 
     #[test]
@@ -234,7 +251,10 @@ mod tests {
     #[test]
     fn serial_outputs_resolve_relative_paths() {
         let base = Path::new("/etc/vms");
-        assert_eq!(parse_serial_output("stdout", base), Ok(SerialOutput::Stdout));
+        assert_eq!(
+            parse_serial_output("stdout", base),
+            Ok(SerialOutput::Stdout)
+        );
         assert_eq!(parse_serial_output("null", base), Ok(SerialOutput::Null));
         assert_eq!(
             parse_serial_output("file:log/com1.txt", base),
@@ -244,8 +264,12 @@ mod tests {
             parse_serial_output("unix:/run/s.sock", base),
             Ok(SerialOutput::UnixSocket("/run/s.sock".into()))
         );
-        assert!(parse_serial_output("file:", base).unwrap_err().contains("no path"));
-        assert!(parse_serial_output("tcp:1", base).unwrap_err().contains("not a serial output"));
+        assert!(parse_serial_output("file:", base)
+            .unwrap_err()
+            .contains("no path"));
+        assert!(parse_serial_output("tcp:1", base)
+            .unwrap_err()
+            .contains("not a serial output"));
     }
 
     #[test]

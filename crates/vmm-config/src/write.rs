@@ -27,12 +27,19 @@ impl VmConfig {
         if self.devices.is_empty() {
             out.push_str("device = []\n\n");
         }
-        let _ = writeln!(out, "[memory]\nsize = \"{}\"", size_literal(self.memory.size));
+        let _ = writeln!(
+            out,
+            "[memory]\nsize = \"{}\"",
+            size_literal(self.memory.size)
+        );
         let _ = writeln!(out, "backing = \"{}\"\n", backing_name(self.memory.backing));
 
         let _ = writeln!(out, "[cpus]\ncount = {}", self.vcpus.len());
-        let cores: Option<Vec<String>> =
-            self.vcpus.iter().map(|vcpu| vcpu.host_core.map(|core| core.to_string())).collect();
+        let cores: Option<Vec<String>> = self
+            .vcpus
+            .iter()
+            .map(|vcpu| vcpu.host_core.map(|core| core.to_string()))
+            .collect();
         if let Some(cores) = cores {
             let _ = writeln!(out, "cores = [{}]", cores.join(", "));
         }
@@ -40,14 +47,21 @@ impl VmConfig {
         let boot = &self.boot;
         let _ = writeln!(out, "\n[boot]\nkernel = {}", quoted_path(&boot.kernel));
         let _ = writeln!(out, "cmdline = {}", quoted(&boot.cmdline));
-        let modules: Vec<String> = boot.modules.iter().map(|module| quoted_path(module)).collect();
+        let modules: Vec<String> = boot
+            .modules
+            .iter()
+            .map(|module| quoted_path(module))
+            .collect();
         let _ = writeln!(out, "modules = [{}]", modules.join(", "));
         let _ = writeln!(out, "protocol = \"{}\"", protocol_name(boot.protocol));
         let _ = writeln!(out, "smp = \"{}\"", smp_name(boot.smp));
 
         if let Some(millis) = self.watchdog_ms {
-            let timeout =
-                if millis % 1000 == 0 { format!("{}s", millis / 1000) } else { format!("{millis}ms") };
+            let timeout = if millis % 1000 == 0 {
+                format!("{}s", millis / 1000)
+            } else {
+                format!("{millis}ms")
+            };
             let _ = writeln!(out, "\n[watchdog]\ntimeout = \"{timeout}\"");
         }
         if let Some(socket) = &self.control_socket {
@@ -63,14 +77,24 @@ impl VmConfig {
                         SerialOutput::Stdout => "stdout".to_string(),
                         SerialOutput::Null => "null".to_string(),
                         SerialOutput::File(path) => format!("file:{}", path.to_string_lossy()),
-                        SerialOutput::UnixSocket(path) => format!("unix:{}", path.to_string_lossy()),
+                        SerialOutput::UnixSocket(path) => {
+                            format!("unix:{}", path.to_string_lossy())
+                        }
                     };
-                    let _ = writeln!(out, "port = {port:#x}\nirq = {irq}\noutput = {}", quoted(&output));
+                    let _ = writeln!(
+                        out,
+                        "port = {port:#x}\nirq = {irq}\noutput = {}",
+                        quoted(&output)
+                    );
                 }
                 DeviceKind::Exit { port } | DeviceKind::Hypercall { port } => {
                     let _ = writeln!(out, "port = {port:#x}");
                 }
-                DeviceKind::Channel { size, doorbell_port, vector } => {
+                DeviceKind::Channel {
+                    size,
+                    doorbell_port,
+                    vector,
+                } => {
                     let _ = writeln!(
                         out,
                         "size = \"{}\"\nport = {doorbell_port:#x}\nvector = {vector:#x}",
