@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what clowder's build, tests and demo need and is missing; silent when all is present.
+# Idempotent: safe to run before every `make` target.
+set -euo pipefail
+
+say() { echo "bootstrap: $*" >&2; }
+
+# Rust target for the lightweight kernel and the VMM test guests.
+if ! rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-none; then
+    say "adding Rust target x86_64-unknown-none"
+    rustup target add x86_64-unknown-none >/dev/null
+fi
+
+# Debian packages: QEMU (differential tests of the kernel under TCG), musl (static test
+# programs), busybox-static (the LWK's compatibility tests), gdb-less build tools are present.
+need=()
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+command -v musl-gcc >/dev/null || need+=(musl-tools)
+[ -x /bin/busybox ] || need+=(busybox-static)
+if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" -ne 0 ]; then
+        say "missing packages: ${need[*]}; run as root or: sudo apt-get install -y ${need[*]}"
+        exit 1
+    fi
+    say "installing ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q >/dev/null
+    apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null
+fi
