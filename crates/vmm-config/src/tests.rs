@@ -766,6 +766,12 @@ fn modules_must_exist_and_a_linux_boot_takes_one() {
             .len(),
         2
     );
+    let modules = vec!["\"extra.mod\""; 63].join(", ");
+    assert_error(
+        fixture.load_with_kernel(&format!("modules = [{modules}]\n")),
+        "boot.modules[62]",
+        "63 modules given, the PVH module list holds at most 62",
+    );
 }
 
 #[test]
@@ -825,6 +831,34 @@ fn device_port_ranges_must_not_overlap() {
     assert!(fixture
         .load_with_kernel("[[device]]\nkind = \"exit\"\nport = 0x500\n[[device]]\nkind = \"hypercall\"\nport = 0x504\n")
         .is_ok());
+}
+
+#[test]
+fn device_ports_must_avoid_ports_kvm_or_the_vmm_handle() {
+    let fixture = Fixture::new();
+    let exit_at = |port: &str| {
+        fixture.load_with_kernel(&format!(
+            "[[device]]\nname = \"e\"\nkind = \"exit\"\nport = {port}\n"
+        ))
+    };
+    assert_error(
+        exit_at("0x40"),
+        "device.e.port",
+        "ports 0x40..=0x43 overlap the in-kernel PIT",
+    );
+    assert_error(
+        exit_at("0x1e"),
+        "device.e.port",
+        "overlap the in-kernel PIC (0x20..=0x21)",
+    );
+    assert_error(
+        exit_at("0x7e"),
+        "device.e.port",
+        "overlap the POST-code port the VMM ignores",
+    );
+    assert_error(exit_at("0x4cf"), "device.e.port", "ELCR");
+    assert_error(exit_at("0x60"), "device.e.port", "speaker");
+    assert!(exit_at("0x44").is_ok());
 }
 
 #[test]

@@ -25,6 +25,18 @@ const CMDLINE_HEADROOM: usize = 256;
 const LAPIC_BASE: u64 = 0xfee0_0000;
 const IOAPIC_BASE: u64 = 0xfec0_0000;
 const APIC_WINDOW_SIZE: u64 = 0x1000;
+/// Ports a device would never see: KVM's in-kernel PIC, PIT and speaker stub (the VMM creates
+/// them) and the POST-code port the VMM ignores. Half-open ranges.
+const PORTS_HANDLED_ELSEWHERE: &[(u32, u32, &str)] = &[
+    (0x20, 0x22, "the in-kernel PIC (0x20..=0x21)"),
+    (0x40, 0x44, "the in-kernel PIT (0x40..=0x43)"),
+    (0x61, 0x62, "the in-kernel PC speaker stub (0x61)"),
+    (0x80, 0x81, "the POST-code port the VMM ignores (0x80)"),
+    (0xa0, 0xa2, "the in-kernel PIC (0xa0..=0xa1)"),
+    (0x4d0, 0x4d2, "the in-kernel PIC's ELCR (0x4d0..=0x4d1)"),
+];
+/// The PVH module list (0x6040..0x6800, 32 bytes an entry) holds at most this many modules.
+const MAX_MODULES: usize = 62;
 /// `sockaddr_un.sun_path` holds 108 bytes including the terminating NUL.
 const MAX_SOCKET_PATH: usize = 107;
 
@@ -51,12 +63,13 @@ pub(crate) fn finish(draft: Draft, host: &HostFacts) -> Result<VmConfig, ConfigE
     })
 }
 
-/// How a setting reads where the user wrote it: `--backing 2m` or `memory.backing = "2m"`.
-fn as_written(key: &str, value: &str) -> String {
+/// How a setting reads where the user wrote it: `--backing 2m` or `memory.backing = "2m"`;
+/// `file_literal` is the value as TOML writes it (quoted or not).
+fn as_written(key: &str, value: &str, file_literal: &str) -> String {
     if key.starts_with("--") {
         format!("{key} {value}")
     } else {
-        format!("{key} = \"{value}\"")
+        format!("{key} = {file_literal}")
     }
 }
 
@@ -88,7 +101,11 @@ fn check_memory(draft: &Draft, host: &HostFacts) -> Result<MemoryConfig, ConfigE
             "{} is not a multiple of the {} page size ({})",
             describe_size(*size),
             describe_size(page_size),
-            as_written(backing_key, backing_name(*backing))
+            as_written(
+                backing_key,
+                backing_name(*backing),
+                &format!("\"{}\"", backing_name(*backing))
+            )
         ));
     }
     if *backing == Backing::Huge2M {
@@ -145,7 +162,7 @@ fn check_vcpus(draft: &Draft, host: &HostFacts) -> Result<Vec<VcpuConfig>, Confi
             format!(
                 "lists {} cores for {count} vCPUs ({}); give one core per vCPU",
                 cores.len(),
-                as_written(count_key, &count.to_string()).replace('"', "")
+                as_written(count_key, &count.to_string(), &count.to_string())
             ),
         ));
     }
@@ -209,6 +226,15 @@ fn check_boot(draft: &Draft) -> Result<BootConfig, ConfigError> {
 
     for module in &draft.modules {
         open_readable(&module.value).map_err(|reason| ConfigError::new(&module.key, reason))?;
+    }
+    if let Some(extra) = draft.modules.get(MAX_MODULES) {
+        return Err(ConfigError::new(
+            &extra.key,
+            format!(
+                "{} modules given, the PVH module list holds at most {MAX_MODULES}",
+                draft.modules.len()
+            ),
+        ));
     }
     let boots_linux = matches!(
         (protocol, image),
@@ -313,28 +339,38 @@ fn check_devices(draft: &Draft, memory: &MemoryConfig) -> Result<Vec<DeviceConfi
         }
 
         if let Some((first, count)) = device.kind.port_window() {
-            let end = first as u32 + count as u32;
+            let (first, end) = (first as u32, first as u32 + count as u32);
+            let ports = format!("ports {first:#x}..={:#x}", end - 1);
             if end > 0x1_0000 {
                 return Err(ConfigError::new(
                     key("port"),
-                    format!("ports {first:#x}..={:#x} run past 0xffff", end - 1),
+                    format!("{ports} run past 0xffff"),
                 ));
             }
+            let mut taken: Vec<(u32, u32, String)> = PORTS_HANDLED_ELSEWHERE
+                .iter()
+                .map(|&(start, stop, what)| (start, stop, what.to_string()))
+                .collect();
             for other in earlier {
                 if let Some((other_first, other_count)) = other.kind.port_window() {
-                    let other_end = other_first as u32 + other_count as u32;
-                    if (first as u32) < other_end && (other_first as u32) < end {
-                        return Err(ConfigError::new(
-                            key("port"),
-                            format!(
-                                "ports {first:#x}..={:#x} overlap ports {other_first:#x}..={:#x} of \"{}\"",
-                                end - 1,
-                                other_end - 1,
-                                other.name
-                            ),
-                        ));
-                    }
+                    let (other_first, other_end) =
+                        (other_first as u32, other_first as u32 + other_count as u32);
+                    let what = format!(
+                        "ports {other_first:#x}..={:#x} of \"{}\"",
+                        other_end - 1,
+                        other.name
+                    );
+                    taken.push((other_first, other_end, what));
                 }
+            }
+            if let Some((_, _, what)) = taken
+                .iter()
+                .find(|(start, stop, _)| first < *stop && *start < end)
+            {
+                return Err(ConfigError::new(
+                    key("port"),
+                    format!("{ports} overlap {what}"),
+                ));
             }
         }
 
