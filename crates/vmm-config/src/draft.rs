@@ -17,7 +17,7 @@ pub const DEFAULT_CHANNEL_VECTOR: u8 = 0x40;
 
 /// A value with the key (`memory.size`) or flag (`--mem`) that set it, so that an error found
 /// after file and flags are merged names what the user actually wrote.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub(crate) struct Setting<T> {
     pub value: T,
     pub key: String,
@@ -32,7 +32,7 @@ impl<T> Setting<T> {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub(crate) struct Draft {
     pub memory_size: Setting<u64>,
     pub backing: Setting<Backing>,

@@ -10,7 +10,7 @@ use crate::values::parse_cpu_list;
 const HUGEPAGES_2M_DIR: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB";
 
 /// Host facts validation depends on; tests build their own instead of probing.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) struct HostFacts {
     /// CPUs that are online and in this process's affinity mask, sorted.
     pub usable_cpus: Vec<usize>,

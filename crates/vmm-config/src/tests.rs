@@ -331,6 +331,22 @@ fn from_toml_str_validates_against_this_host() {
 }
 
 #[test]
+fn from_args_validates_against_this_host() {
+    let fixture = Fixture::new();
+    let args = vec![
+        "--kernel".to_string(),
+        fixture.kernel_arg(),
+        "--mem=16M".to_string(),
+    ];
+    let config = VmConfig::from_args(&args).unwrap();
+    assert_eq!(config.memory.size, 16 << 20);
+    assert_eq!(config.boot.kernel, fixture.path("kernel.elf"));
+    assert!(VmConfig::from_args(&["--help".to_string()])
+        .unwrap_err()
+        .is_help_request());
+}
+
+#[test]
 fn from_file_reports_an_unreadable_file_under_its_path() {
     let fixture = Fixture::new();
     let missing = fixture.path("missing.toml");
