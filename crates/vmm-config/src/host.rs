@@ -189,14 +189,15 @@ fn has_pvh_note(file: &mut File, elf_header: &[u8]) -> std::io::Result<bool> {
     let program_headers_offset = u64_at(elf_header, 0x20);
     let entry_size = u16_at(elf_header, 0x36) as usize;
     let entry_count = u16_at(elf_header, 0x38) as u64;
+    // An ELF64 program header is 56 bytes; anything smaller is not one we can read.
     if entry_size < 56 {
         return Ok(false);
     }
     let mut entry = vec![0u8; entry_size];
     for index in 0..entry_count {
-        file.seek(SeekFrom::Start(
-            program_headers_offset + index * entry_size as u64,
-        ))?;
+        // Saturating: a corrupt offset must fail the read below, not overflow.
+        let entry_offset = program_headers_offset.saturating_add(index * entry_size as u64);
+        file.seek(SeekFrom::Start(entry_offset))?;
         file.read_exact(&mut entry)?;
         if u32_at(&entry, 0) != ELF_PROGRAM_HEADER_NOTE {
             continue;

@@ -732,6 +732,14 @@ fn kernel_must_be_an_x86_64_elf64_or_a_64_bit_bzimage() {
         "boot.kernel",
         "without a 64-bit entry point",
     );
+    let mut corrupt = elf64(62, true);
+    corrupt[0x20..0x28].copy_from_slice(&u64::MAX.to_le_bytes());
+    fixture.dir.write("corrupt.elf", &corrupt);
+    assert_error(
+        fixture.load("[boot]\nkernel = \"corrupt.elf\"\n"),
+        "boot.kernel",
+        "cannot read the program headers",
+    );
 }
 
 #[test]
