@@ -69,6 +69,9 @@ fn main() -> ExitCode {
         return ExitCode::from(EXIT_SETUP);
     }
     let reason = vm.wait();
+    if std::env::var_os("CLOWDER_VMM_TIMING").is_some() {
+        print_timing(&handle);
+    }
     if let Some(path) = &control_socket {
         let _ = std::fs::remove_file(path);
     }
@@ -81,4 +84,23 @@ fn main() -> ExitCode {
         eprintln!("clowder-vmm: {reason}");
     }
     ExitCode::from(reason.exit_code() as u8)
+}
+
+/// Prints when the guest first exited and when it signalled "ready", as CLOCK_MONOTONIC
+/// nanoseconds, so a benchmark that timed the process start can subtract.
+fn print_timing(handle: &vmm::VmHandle) {
+    let now_instant = std::time::Instant::now();
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: writes into the timespec above.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    let now_ns = now.tv_sec as u128 * 1_000_000_000 + now.tv_nsec as u128;
+    let monotonic = |at: Option<std::time::Instant>| {
+        at.map(|t| (now_ns - now_instant.duration_since(t).as_nanos()).to_string()).unwrap_or_else(|| "none".into())
+    };
+    let events = handle.shared.events.lock().unwrap();
+    eprintln!(
+        "clowder-vmm timing: first_exit_ns={} ready_ns={}",
+        monotonic(events.first_exit_at),
+        monotonic(events.ready_at)
+    );
 }

@@ -42,11 +42,20 @@ pub enum Request<'a> {
     Hypercall { nr: u32, args: [u64; 4], result: &'a mut i64 },
 }
 
-/// Who is asking: the vCPU and the host core its thread runs on.
+/// Who is asking: the vCPU whose exit this is.
 #[derive(Debug, Clone, Copy)]
 pub struct ExitContext {
     pub vcpu: usize,
-    pub host_core: Option<usize>,
+}
+
+impl ExitContext {
+    /// The host core the vCPU thread runs on now (asked only when a device needs it: it is not
+    /// free on the exit path).
+    pub fn host_core(&self) -> Option<usize> {
+        // SAFETY: no arguments; returns -1 on failure.
+        let core = unsafe { libc::sched_getcpu() };
+        (core >= 0).then_some(core as usize)
+    }
 }
 
 /// What the vCPU does after a device handled a request.
@@ -296,6 +305,11 @@ impl ExitCounters {
 
     pub fn get(&self, kind: ExitKind) -> u64 {
         self.counts[kind as usize].load(Ordering::Relaxed)
+    }
+
+    /// Exits of every kind so far.
+    pub fn total(&self) -> u64 {
+        self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
     }
 
     /// (name, count) for every kind.

@@ -141,12 +141,6 @@ pub fn pin_to_core(core: usize) -> std::io::Result<()> {
     Ok(())
 }
 
-fn current_core() -> Option<usize> {
-    // SAFETY: no arguments; returns -1 on failure.
-    let c = unsafe { libc::sched_getcpu() };
-    (c >= 0).then_some(c as usize)
-}
-
 /// What the loop does after one exit.
 enum ExitAction {
     Continue,
@@ -159,6 +153,8 @@ enum ExitAction {
 
 enum Fault {
     TripleFault,
+    /// KVM_EXIT_INTERNAL_ERROR: the details are in kvm_run, read once the exit is released.
+    KvmInternal,
     Unhandled(String),
     Device { device: String, reason: String },
 }
@@ -167,10 +163,10 @@ enum Fault {
 pub fn run_loop(mut vcpu: VcpuFd, index: usize, registry: Arc<HookRegistry>, shared: Arc<VmShared>, policy: UnhandledPorts) {
     let mut reported_ports = std::collections::BTreeSet::new();
     while shared.wait_runnable() == RunState::Running {
-        let ctx = ExitContext { vcpu: index, host_core: current_core() };
+        let ctx = ExitContext { vcpu: index };
         let action = match vcpu.run() {
             Ok(exit) => {
-                shared.note_activity();
+                shared.note_first_exit();
                 dispatch(exit, &ctx, &registry, &shared, policy, &mut reported_ports)
             }
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
@@ -191,6 +187,7 @@ pub fn run_loop(mut vcpu: VcpuFd, index: usize, registry: Arc<HookRegistry>, sha
                 let regs = register_dump(&vcpu);
                 match fault {
                     Fault::TripleFault => StopReason::TripleFault { vcpu: index, regs },
+                    Fault::KvmInternal => internal_error(&mut vcpu, index, regs),
                     Fault::Unhandled(what) => StopReason::UnhandledExit { vcpu: index, what, regs },
                     Fault::Device { device, reason } => StopReason::DeviceError { vcpu: index, device, reason, regs },
                 }
@@ -337,13 +334,33 @@ fn dispatch(
         }
         VcpuExit::InternalError => {
             counters.count(ExitKind::Other);
-            ExitAction::Fault(Fault::Unhandled("KVM internal error (an instruction KVM could not emulate)".into()))
+            ExitAction::Fault(Fault::KvmInternal)
         }
         other => {
             counters.count(ExitKind::Other);
             ExitAction::Fault(Fault::Unhandled(format!("exit {other:?}, which the VMM does not implement")))
         }
     }
+}
+
+/// KVM_INTERNAL_ERROR_DELIVERY_EV: an exception occurred while delivering another one.
+const INTERNAL_ERROR_DELIVERY: u32 = 3;
+
+/// Classifies KVM_EXIT_INTERNAL_ERROR. A fault while delivering an exception is what a triple
+/// fault is on hardware; PVM (where guest kernel code is emulated) reports it this way instead
+/// of KVM_EXIT_SHUTDOWN, so both end up as `TripleFault`.
+fn internal_error(vcpu: &mut VcpuFd, index: usize, regs: Box<RegisterDump>) -> StopReason {
+    // SAFETY: the last exit was KVM_EXIT_INTERNAL_ERROR, so `internal` is the live union member.
+    let suberror = unsafe { vcpu.get_kvm_run().__bindgen_anon_1.internal.suberror };
+    if suberror == INTERNAL_ERROR_DELIVERY {
+        return StopReason::TripleFault { vcpu: index, regs };
+    }
+    let what = match suberror {
+        1 => "KVM could not emulate an instruction".to_string(),
+        2 => "KVM met a simultaneous exception".to_string(),
+        n => format!("KVM internal error (suberror {n})"),
+    };
+    StopReason::UnhandledExit { vcpu: index, what, regs }
 }
 
 fn base_port(key: crate::hooks::HookKey) -> u16 {

@@ -2,7 +2,7 @@
 //! embedding program (clowder-vmm, the node daemon) drives: start, pause, resume, stop, wait.
 
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -45,11 +45,13 @@ pub struct VmShared {
     pub counters: ExitCounters,
     pub events: Mutex<GuestEvents>,
     pub created_at: Instant,
+    /// The run state and how many vCPUs are parked in `wait_runnable`.
     state: Mutex<(RunState, usize)>,
+    /// Mirrors `state == Running` for the lock-free fast path.
+    running: AtomicBool,
     state_changed: Condvar,
     stop_reason: Mutex<Option<StopReason>>,
-    /// Milliseconds since `created_at` of the last exit any vCPU took.
-    last_activity_ms: AtomicU64,
+    first_exit_seen: AtomicBool,
     kicks: Mutex<Vec<VcpuKick>>,
 }
 
@@ -60,22 +62,28 @@ impl VmShared {
             events: Mutex::new(GuestEvents::default()),
             created_at: Instant::now(),
             state: Mutex::new((RunState::Created, 0)),
+            running: AtomicBool::new(false),
             state_changed: Condvar::new(),
             stop_reason: Mutex::new(None),
-            last_activity_ms: AtomicU64::new(0),
+            first_exit_seen: AtomicBool::new(false),
             kicks: Mutex::new(Vec::new()),
         }
     }
 
-    pub fn note_activity(&self) {
-        let now = self.created_at.elapsed().as_millis() as u64;
-        if self.last_activity_ms.swap(now, Ordering::Relaxed) == 0 {
+    /// Called on every exit; the watchdog reads liveness from the exit counters instead of a
+    /// clock here, so this stays a single load once the first exit is recorded.
+    pub fn note_first_exit(&self) {
+        if !self.first_exit_seen.load(Ordering::Relaxed) && !self.first_exit_seen.swap(true, Ordering::Relaxed) {
             self.events.lock().unwrap().first_exit_at.get_or_insert_with(Instant::now);
         }
     }
 
     /// Blocks a vCPU thread while the VM is paused; returns the state that let it go.
     pub fn wait_runnable(&self) -> RunState {
+        // Fast path, taken on every exit: no lock while the VM simply runs.
+        if self.running.load(Ordering::Acquire) {
+            return RunState::Running;
+        }
         let mut guard = self.state.lock().unwrap();
         loop {
             match guard.0 {
@@ -105,7 +113,7 @@ impl VmShared {
             }
         }
         let mut guard = self.state.lock().unwrap();
-        guard.0 = RunState::Stopping;
+        self.set_state(&mut guard, RunState::Stopping);
         self.state_changed.notify_all();
         drop(guard);
         self.kick_all();
@@ -113,6 +121,12 @@ impl VmShared {
 
     pub fn state(&self) -> RunState {
         self.state.lock().unwrap().0
+    }
+
+    /// Changes the state under its lock and keeps the lock-free mirror in step.
+    fn set_state(&self, guard: &mut std::sync::MutexGuard<'_, (RunState, usize)>, state: RunState) {
+        guard.0 = state;
+        self.running.store(state == RunState::Running, Ordering::Release);
     }
 
     pub fn stop_reason(&self) -> Option<StopReason> {
@@ -146,7 +160,7 @@ impl VmHandle {
             RunState::Paused => return Ok(()),
             other => return Err(VmError::State(format!("cannot pause a VM that is {other:?}"))),
         }
-        guard.0 = RunState::Paused;
+        self.shared.set_state(&mut guard, RunState::Paused);
         drop(guard);
         self.shared.kick_all();
         let mut guard = self.shared.state.lock().unwrap();
@@ -160,7 +174,7 @@ impl VmHandle {
         let mut guard = self.shared.state.lock().unwrap();
         match guard.0 {
             RunState::Paused => {
-                guard.0 = RunState::Running;
+                self.shared.set_state(&mut guard, RunState::Running);
                 self.shared.state_changed.notify_all();
                 Ok(())
             }
@@ -382,10 +396,9 @@ impl Vm {
         }
         let mut guard = shared.state.lock().unwrap();
         if guard.0 == RunState::Created {
-            guard.0 = RunState::Running;
+            shared.set_state(&mut guard, RunState::Running);
         }
         shared.state_changed.notify_all();
-        shared.last_activity_ms.store(shared.created_at.elapsed().as_millis().max(1) as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -432,21 +445,26 @@ impl Drop for Vm {
     }
 }
 
+/// Ends the VM when no vCPU has taken an exit for `timeout_ms` while it runs. Liveness is the
+/// total of the exit counters, so the exit path pays nothing for the watchdog.
 fn watchdog(shared: &VmShared, timeout_ms: u64) {
     let tick = Duration::from_millis((timeout_ms / 4).clamp(1, 100));
+    let mut last_total = shared.counters.total();
+    let mut last_change = Instant::now();
     loop {
         std::thread::sleep(tick);
-        match shared.state() {
-            RunState::Stopping => return,
-            RunState::Paused | RunState::Created => {
-                // Time spent paused does not count against the guest.
-                shared.last_activity_ms.store(shared.created_at.elapsed().as_millis() as u64, Ordering::Relaxed);
-                continue;
-            }
-            RunState::Running => {}
+        let total = shared.counters.total();
+        let state = shared.state();
+        if state == RunState::Stopping {
+            return;
         }
-        let now = shared.created_at.elapsed().as_millis() as u64;
-        let silent = now.saturating_sub(shared.last_activity_ms.load(Ordering::Relaxed));
+        // Time spent paused does not count against the guest.
+        if total != last_total || state != RunState::Running {
+            last_total = total;
+            last_change = Instant::now();
+            continue;
+        }
+        let silent = last_change.elapsed().as_millis() as u64;
         if silent >= timeout_ms {
             shared.stop(StopReason::Watchdog { silent_ms: silent });
             return;

@@ -42,7 +42,7 @@ impl Device for BuiltinHypercalls {
                     }
                     HC_REPORT => events.reports.push(Report {
                         vcpu: ctx.vcpu,
-                        host_core: ctx.host_core,
+                        host_core: ctx.host_core(),
                         key: args[0],
                         value: args[1],
                     }),

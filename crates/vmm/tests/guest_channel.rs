@@ -1,0 +1,206 @@
+//! The enclave channel end to end: the test guest's echo server in polling and doorbell mode
+//! (ioeventfd towards the host, irqfd + LAPIC interrupt towards the guest), and memory regions
+//! added at run time that the guest maps with its own page tables.
+
+#[macro_use]
+mod guest_support;
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use clowder_channel::{Endpoint, SendError};
+use guest_support::{Guest, GuestSpec, GUEST_TIMEOUT};
+use vmm::devices::ChannelEndpoint;
+
+const HOST_PATTERN: u64 = 0x1111_1111_0000_0000;
+const GUEST_PATTERN: u64 = 0x2222_2222_0000_0000;
+
+/// The host side of the conversation, in polling or sleeping style.
+struct HostSide<'a> {
+    endpoint: Endpoint,
+    device: &'a ChannelEndpoint,
+    /// Sleep on the doorbell eventfd (announcing it with `waiting`) instead of spinning.
+    sleep: bool,
+    doorbells_seen: u64,
+}
+
+impl<'a> HostSide<'a> {
+    fn new(guest: &'a Guest, sleep: bool) -> HostSide<'a> {
+        let device = guest.handle.channel().expect("the VM has a channel");
+        let endpoint = device.channel().host_end().expect("consistent channel counters");
+        HostSide { endpoint, device, sleep, doorbells_seen: 0 }
+    }
+
+    fn send(&mut self, message: &[u8]) {
+        let deadline = Instant::now() + GUEST_TIMEOUT;
+        loop {
+            match self.endpoint.send(message) {
+                Ok(()) => break,
+                Err(SendError::Full) => {
+                    assert!(Instant::now() < deadline, "the guest stopped draining its ring");
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                Err(e) => panic!("send: {e}"),
+            }
+        }
+        if self.endpoint.peer_waiting() {
+            self.device.ring_guest().expect("raising the channel interrupt");
+        }
+    }
+
+    /// Blocks until the doorbell eventfd fires or `timeout` passes; consumes the count.
+    fn sleep_on_doorbell(&mut self, timeout: Duration) {
+        let mut poll_fd = libc::pollfd { fd: self.device.doorbell.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        let ready = unsafe { libc::poll(&mut poll_fd, 1, timeout.as_millis() as i32) };
+        if ready > 0 {
+            if let Ok(count) = self.device.doorbell.read() {
+                self.doorbells_seen += count;
+            }
+        }
+    }
+
+    fn recv(&mut self) -> Vec<u8> {
+        let deadline = Instant::now() + GUEST_TIMEOUT;
+        let mut buffer = [0u8; 256];
+        loop {
+            if let Some(length) = self.endpoint.recv(&mut buffer).expect("a well-formed ring") {
+                return buffer[..length].to_vec();
+            }
+            assert!(Instant::now() < deadline, "no reply from the guest within {GUEST_TIMEOUT:?}");
+            if self.sleep {
+                // Poll, then sleep: announce, re-check, and only then block on the eventfd.
+                self.endpoint.set_waiting(true);
+                if !self.endpoint.has_message().unwrap() {
+                    self.sleep_on_doorbell(Duration::from_secs(5));
+                }
+                self.endpoint.set_waiting(false);
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+fn message(index: usize) -> Vec<u8> {
+    let length = 1 + (index * 53) % 248;
+    (0..length).map(|i| (i + index) as u8).collect()
+}
+
+fn echo_session(mode: &str, sleep: bool) -> (guest_support::Finished, u64) {
+    let guest = Guest::start(GuestSpec::new(&format!("test=channel mode={mode}")));
+    let mut host = HostSide::new(&guest, sleep);
+    const MESSAGES: usize = 40;
+    // One at a time, then a burst larger than... well within the ring, to cover queued replies.
+    for index in 0..MESSAGES / 2 {
+        host.send(&message(index));
+        assert_eq!(host.recv(), message(index));
+    }
+    for index in MESSAGES / 2..MESSAGES {
+        host.send(&message(index));
+    }
+    for index in MESSAGES / 2..MESSAGES {
+        assert_eq!(host.recv(), message(index), "echo {index}");
+    }
+    host.send(b"quit");
+    assert_eq!(host.recv(), b"bye");
+    let doorbells = host.doorbells_seen;
+    let done = guest.finish();
+    done.assert_exit(0);
+    assert_eq!(done.value("echoed"), MESSAGES as u64, "{done}");
+    (done, doorbells)
+}
+
+#[test]
+fn channel_echo_in_polling_mode() {
+    require_kvm!();
+    let (done, _) = echo_session("poll", false);
+    assert_eq!(done.value("wakeups"), 0, "a polling guest takes no channel interrupts\n{done}");
+    assert!(done.serial.contains("polling mode"), "{done}");
+}
+
+#[test]
+fn channel_echo_in_doorbell_mode_sleeps_and_wakes_both_sides() {
+    require_kvm!();
+    let (done, doorbells) = echo_session("doorbell", true);
+    // The guest slept on hlt and our irqfd woke it; we slept on the eventfd and its port write
+    // woke us.
+    assert!(done.value("wakeups") >= 1, "the guest was never woken by the channel vector\n{done}");
+    assert!(doorbells >= 1, "the guest never rang the doorbell while we slept");
+    assert!(done.serial.contains("doorbell mode"), "{done}");
+    // The doorbell is an ioeventfd: its writes never reach the VMM's port handlers.
+    eprintln!("doorbell mode: {} guest wakeups, {doorbells} doorbells, exits {:?}", done.value("wakeups"), done.exit_counters);
+}
+
+/// A memfd of `len` bytes filled with the host pattern.
+fn patterned_memfd(len: usize) -> (OwnedFd, *mut u64) {
+    // SAFETY: plain syscalls; results checked.
+    unsafe {
+        let fd = libc::memfd_create(c"clowder-test-region".as_ptr(), libc::MFD_CLOEXEC);
+        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+        let fd = OwnedFd::from_raw_fd(fd);
+        assert_eq!(libc::ftruncate(fd.as_raw_fd(), len as libc::off_t), 0);
+        let map = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0);
+        assert_ne!(map, libc::MAP_FAILED);
+        let words = map as *mut u64;
+        for index in 0..len / 8 {
+            words.add(index).write_volatile(HOST_PATTERN | index as u64);
+        }
+        (fd, words)
+    }
+}
+
+fn count_guest_pattern_mismatches(words: *mut u64, len: usize) -> usize {
+    // SAFETY: `words` maps `len` bytes (see `patterned_memfd`).
+    (0..len / 8).filter(|&index| unsafe { words.add(index).read_volatile() } != GUEST_PATTERN | index as u64).count()
+}
+
+#[test]
+fn region_added_at_run_time_is_mapped_read_and_written_by_the_guest() {
+    require_kvm!();
+    let guest = Guest::start(GuestSpec::new("test=region"));
+    let mut host = HostSide::new(&guest, false);
+    guest.wait_for_report("chready");
+
+    // Wherever the VMM puts it (just above RAM) ...
+    const FIRST_LEN: usize = 64 * 1024;
+    let (first_fd, first_words) = patterned_memfd(FIRST_LEN);
+    let first = guest.handle.add_region(first_fd.as_raw_fd(), 0, FIRST_LEN as u64, None).expect("add_region");
+    host.send(format!("map {:x} {:x}", first.gpa, first.len).as_bytes());
+    let reply = String::from_utf8(host.recv()).unwrap();
+    assert_eq!(reply, format!("mapped {:x} {:x} bad 0", first.gpa, first.len));
+    assert_eq!(count_guest_pattern_mismatches(first_words, FIRST_LEN), 0, "the guest's writes reached the memfd");
+
+    // ... and above the 4 GiB the boot page tables identity-map.
+    const SECOND_GPA: u64 = 0x2_0000_0000;
+    const SECOND_LEN: usize = 2 * 1024 * 1024 + 8192;
+    let (second_fd, second_words) = patterned_memfd(SECOND_LEN);
+    let second = guest
+        .handle
+        .add_region(second_fd.as_raw_fd(), 0, SECOND_LEN as u64, Some(SECOND_GPA))
+        .expect("add_region above 4 GiB");
+    assert_eq!(second.gpa, SECOND_GPA);
+    host.send(format!("map {SECOND_GPA:x} {SECOND_LEN:x}").as_bytes());
+    assert_eq!(String::from_utf8(host.recv()).unwrap(), format!("mapped {SECOND_GPA:x} {SECOND_LEN:x} bad 0"));
+    assert_eq!(count_guest_pattern_mismatches(second_words, SECOND_LEN), 0);
+
+    // Requests the guest must refuse without falling over.
+    host.send(b"map 1001 1000");
+    assert_eq!(host.recv(), b"error Unaligned");
+    host.send(b"map 200000000 1000000");
+    assert_eq!(host.recv(), b"error TooLarge");
+    host.send(b"map nonsense");
+    assert_eq!(host.recv(), b"error bad map request");
+
+    host.send(b"quit");
+    assert_eq!(host.recv(), b"bye");
+    let done = guest.finish();
+    done.assert_exit(0);
+    assert_eq!(done.values("rgn_gpa"), vec![first.gpa, SECOND_GPA], "{done}");
+    assert_eq!(done.values("rgn_bad"), vec![0, 0]);
+    // SAFETY: unmapping the test's own mappings.
+    unsafe {
+        libc::munmap(first_words.cast(), FIRST_LEN);
+        libc::munmap(second_words.cast(), SECOND_LEN);
+    }
+}
