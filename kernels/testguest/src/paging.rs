@@ -4,6 +4,8 @@
 //! tables identity-map, so the guest maps them itself: PML4 slot 1 (virtual 512 GiB) points at a
 //! static PDPT -> page directory -> four page tables of 4 KiB pages, 8 MiB in all.
 
+use core::sync::atomic::{AtomicUsize, Ordering};
+
 use crate::arch;
 use crate::boot::{self, REGION_PAGE_TABLES};
 
@@ -13,6 +15,8 @@ const PAGE_SIZE: u64 = 4096;
 const PRESENT_WRITABLE: u64 = 0x3;
 /// Physical addresses have at most 52 bits on x86-64.
 const PHYSICAL_ADDRESS_LIMIT: u64 = 1 << 52;
+/// Pages the current mapping uses, so a new one clears only what an old one set.
+static MAPPED_PAGES: AtomicUsize = AtomicUsize::new(0);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MapError {
@@ -25,7 +29,7 @@ pub enum MapError {
 /// Maps `[gpa, gpa + size)` at `REGION_WINDOW`, replacing any earlier mapping; returns the
 /// window's address. One vCPU at a time.
 pub fn map_region(gpa: u64, size: u64) -> Result<*mut u64, MapError> {
-    if gpa % PAGE_SIZE != 0 || size % PAGE_SIZE != 0 {
+    if !gpa.is_multiple_of(PAGE_SIZE) || !size.is_multiple_of(PAGE_SIZE) {
         return Err(MapError::Unaligned);
     }
     if size == 0 {
@@ -39,22 +43,20 @@ pub fn map_region(gpa: u64, size: u64) -> Result<*mut u64, MapError> {
     }
     let (pdpt, page_directory, page_tables) = boot::region_tables();
     let pages = (size / PAGE_SIZE) as usize;
+    let touched = pages.max(MAPPED_PAGES.load(Ordering::Relaxed));
     // SAFETY: the tables are static, used by no one else, and only reachable through the window,
     // which nothing uses while we rewrite it.
     unsafe {
+        for page in 0..touched {
+            (*page_tables)[page / 512][page % 512] =
+                if page < pages { (gpa + page as u64 * PAGE_SIZE) | PRESENT_WRITABLE } else { 0 };
+        }
         for table in 0..REGION_PAGE_TABLES {
-            for entry in 0..512 {
-                let page = table * 512 + entry;
-                (*page_tables)[table][entry] = if page < pages {
-                    (gpa + page as u64 * PAGE_SIZE) | PRESENT_WRITABLE
-                } else {
-                    0
-                };
-            }
             (*page_directory)[table] = (&raw const (*page_tables)[table]) as u64 | PRESENT_WRITABLE;
         }
         (*pdpt)[0] = page_directory as u64 | PRESENT_WRITABLE;
     }
+    MAPPED_PAGES.store(pages, Ordering::Relaxed);
     arch::flush_tlb();
     Ok(REGION_WINDOW as *mut u64)
 }
