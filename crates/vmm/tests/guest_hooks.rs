@@ -128,3 +128,14 @@ fn hooks_test_without_devices_only_makes_hypercalls() {
     let done = guest_support::run(GuestSpec::new("test=hooks hc=0x1234"));
     assert_eq!(done.value("hcres") as i64, -38);
 }
+
+#[test]
+fn msr_nobody_handles_raises_general_protection_in_the_guest() {
+    require_kvm!();
+    // Neither KVM nor a device knows this MSR: the guest gets #GP (vector 13), which its IDT
+    // reports before exiting with 0xee.
+    let done = guest_support::run(GuestSpec::new("test=hooks msr=0xdeadbeef"));
+    done.assert_exit(0xee);
+    assert!(done.serial.contains("testguest: exception 13 "), "{done}");
+    assert!(done.values("msr").is_empty());
+}
