@@ -1,0 +1,125 @@
+//! First instructions: the PVH 32-bit entry and the 64-bit direct entry both end up on the
+//! boot stack in the higher half, calling `kernel_main(start_info_phys)`.
+//!
+//! The boot page tables are static data: they identity-map the low 1 GiB (so the stub keeps
+//! running when paging turns on), map the same 1 GiB at the physical-memory window
+//! (`PHYSMAP_BASE`) and at the kernel image window (`KERNEL_VMA`). `mm` replaces them with
+//! tables covering all memory as soon as it can allocate.
+
+core::arch::global_asm!(
+    r#"
+    /* XEN_ELFNOTE_PHYS32_ENTRY: the 32-bit physical entry, as 8 bytes (upper half zero) in a
+       4-aligned note, the form both QEMU and rust-vmm's linux-loader accept. */
+    .section .note.Xen, "a", @note
+    .balign 4
+    .long 4
+    .long 8
+    .long 18
+    .asciz "Xen"
+    .balign 4
+    .quad pvh_entry32
+    .balign 4
+
+    .section .boot.text, "ax"
+    .code32
+    .global pvh_entry32
+pvh_entry32:
+    /* Protected mode, paging off, EBX = hvm_start_info, ESP undefined: use no stack here. */
+    cli
+    cld
+    mov %ebx, %esi
+    xor %edi, %edi                     /* this is vCPU 0 */
+    mov %cr4, %eax
+    or $0x20, %eax                     /* PAE */
+    mov %eax, %cr4
+    mov $boot_pml4, %eax
+    mov %eax, %cr3
+    mov $0xc0000080, %ecx              /* EFER */
+    rdmsr
+    or $0x901, %eax                    /* SCE | LME | NXE */
+    wrmsr
+    mov %cr0, %eax
+    or $0x80010001, %eax               /* PG | WP | PE */
+    mov %eax, %cr0
+    lgdt boot_gdt_pointer
+    ljmp $0x08, $boot_entry64
+
+    .code64
+    .global boot_entry64
+boot_entry64:
+    /* Reached from the stub above, or directly as the ELF entry in a 64-bit start
+       (RDI = vCPU index, RSI = hvm_start_info, RSP = 0). Only vCPU 0 boots the kernel; the
+       others park until SMP support brings them in. */
+    cli
+    test %rdi, %rdi
+    jnz 3f
+    mov $boot_pml4, %eax
+    mov %rax, %cr3
+    mov %rsi, %r12                     /* EFER: make sure NXE and SCE are on in both paths */
+    mov $0xc0000080, %ecx
+    rdmsr
+    or $0x901, %eax
+    wrmsr
+    mov %cr0, %rax
+    or $0x10000, %eax                  /* WP */
+    mov %rax, %cr0
+    lgdt boot_gdt_pointer
+    mov $0x10, %eax
+    mov %eax, %ds
+    mov %eax, %es
+    mov %eax, %ss
+    xor %eax, %eax
+    mov %eax, %fs
+    mov %eax, %gs
+    movabs $boot_stack_top, %rsp
+    pushq $0x08
+    movabs $1f, %rax
+    push %rax
+    lretq                              /* reload CS and jump to the higher half at once */
+1:
+    mov %r12, %rdi
+    xor %ebp, %ebp
+    call kernel_main
+2:  hlt
+    jmp 2b
+3:  hlt
+    jmp 3b
+
+    .section .boot.data, "aw"
+    .balign 4096
+boot_pml4:
+    .quad boot_pdpt_low + 3
+    .fill 255, 8, 0
+    .quad boot_pdpt_low + 3            /* PHYSMAP_BASE */
+    .fill 254, 8, 0
+    .quad boot_pdpt_high + 3           /* KERNEL_VMA */
+boot_pdpt_low:
+    .quad boot_pd + 3
+    .fill 511, 8, 0
+boot_pdpt_high:
+    .fill 510, 8, 0
+    .quad boot_pd + 3
+    .quad 0
+boot_pd:
+    .set boot_pd_index, 0
+    .rept 512
+    .quad (boot_pd_index << 21) + 0x83 /* present, writable, 2 MiB */
+    .set boot_pd_index, boot_pd_index + 1
+    .endr
+boot_gdt:
+    .quad 0
+    .quad 0x00af9a000000ffff           /* 0x08: 64-bit code */
+    .quad 0x00cf92000000ffff           /* 0x10: data */
+boot_gdt_pointer:
+    .word boot_gdt_pointer - boot_gdt - 1
+    .quad boot_gdt
+
+    /* Large enough for unoptimised builds, whose frames hold every temporary. */
+    .section .bss.boot_stack, "aw", @nobits
+    .balign 16
+    .space 262144
+boot_stack_top:
+    .text
+"#,
+    options(att_syntax)
+);

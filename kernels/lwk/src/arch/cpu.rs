@@ -1,0 +1,132 @@
+//! Single privileged instructions wrapped as safe functions.
+
+use core::arch::asm;
+
+pub fn outb(port: u16, value: u8) {
+    // SAFETY: port I/O has no memory effects; the ports we use are our own devices.
+    unsafe { asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack, preserves_flags)) }
+}
+
+pub fn outl(port: u16, value: u32) {
+    // SAFETY: as `outb`.
+    unsafe { asm!("out dx, eax", in("dx") port, in("eax") value, options(nomem, nostack, preserves_flags)) }
+}
+
+pub fn inb(port: u16) -> u8 {
+    let value: u8;
+    // SAFETY: as `outb`.
+    unsafe { asm!("in al, dx", out("al") value, in("dx") port, options(nomem, nostack, preserves_flags)) }
+    value
+}
+
+pub fn read_msr(msr: u32) -> u64 {
+    let (low, high): (u32, u32);
+    // SAFETY: callers name architectural MSRs that exist on every x86-64 CPU.
+    unsafe { asm!("rdmsr", in("ecx") msr, out("eax") low, out("edx") high, options(nomem, nostack, preserves_flags)) }
+    (high as u64) << 32 | low as u64
+}
+
+pub fn write_msr(msr: u32, value: u64) {
+    // SAFETY: as `read_msr`; the values written are checked by the callers' invariants.
+    unsafe {
+        asm!("wrmsr", in("ecx") msr, in("eax") value as u32, in("edx") (value >> 32) as u32,
+             options(nostack, preserves_flags))
+    }
+}
+
+pub const MSR_STAR: u32 = 0xc000_0081;
+pub const MSR_LSTAR: u32 = 0xc000_0082;
+pub const MSR_SFMASK: u32 = 0xc000_0084;
+pub const MSR_FS_BASE: u32 = 0xc000_0100;
+pub const MSR_GS_BASE: u32 = 0xc000_0101;
+pub const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;
+
+pub struct CpuidResult {
+    pub eax: u32,
+    pub ebx: u32,
+    pub ecx: u32,
+    pub edx: u32,
+}
+
+pub fn cpuid(leaf: u32, subleaf: u32) -> CpuidResult {
+    let r = core::arch::x86_64::__cpuid_count(leaf, subleaf);
+    CpuidResult { eax: r.eax, ebx: r.ebx, ecx: r.ecx, edx: r.edx }
+}
+
+pub fn read_cr2() -> u64 {
+    let value: u64;
+    // SAFETY: reading CR2 has no side effect.
+    unsafe { asm!("mov {}, cr2", out(reg) value, options(nomem, nostack, preserves_flags)) }
+    value
+}
+
+pub fn read_cr3() -> u64 {
+    let value: u64;
+    // SAFETY: reading CR3 has no side effect.
+    unsafe { asm!("mov {}, cr3", out(reg) value, options(nomem, nostack, preserves_flags)) }
+    value
+}
+
+pub fn read_tsc() -> u64 {
+    // SAFETY: RDTSC is unprivileged and side-effect free.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+/// A 64-bit hardware random number, if the CPU has RDRAND and it delivers.
+pub fn rdrand() -> Option<u64> {
+    if cpuid(1, 0).ecx & (1 << 30) == 0 {
+        return None;
+    }
+    for _ in 0..10 {
+        let value: u64;
+        let ok: u8;
+        // SAFETY: RDRAND only writes its register operand and CF (checked by CPUID above).
+        unsafe { asm!("rdrand {}", "setc {}", out(reg) value, out(reg_byte) ok, options(nomem, nostack)) }
+        if ok != 0 {
+            return Some(value);
+        }
+    }
+    None
+}
+
+/// Turns on what user code expects of the FPU: SSE (OSFXSR, OSXMMEXCPT) and, when the CPU has
+/// XSAVE, every user state component it offers (AVX, AVX-512) so libc picks its fast paths.
+/// The kernel itself is built soft-float and never touches these registers.
+pub fn enable_user_fpu() {
+    // SAFETY: sets architectural control bits; only user code uses the FPU state.
+    unsafe {
+        let mut cr0: u64;
+        asm!("mov {}, cr0", out(reg) cr0, options(nomem, nostack));
+        cr0 = (cr0 & !(1 << 2)) | (1 << 1); // clear EM, set MP
+        asm!("mov cr0, {}", in(reg) cr0, options(nostack));
+        let mut cr4: u64;
+        asm!("mov {}, cr4", out(reg) cr4, options(nomem, nostack));
+        cr4 |= (1 << 9) | (1 << 10); // OSFXSR, OSXMMEXCPT
+        let has_xsave = cpuid(1, 0).ecx & (1 << 26) != 0;
+        if has_xsave {
+            cr4 |= 1 << 18;
+        }
+        asm!("mov cr4, {}", in(reg) cr4, options(nostack));
+        if has_xsave {
+            let user_components: u64 = 0b1110_0111; // x87, SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM
+            let supported = cpuid(0xd, 0);
+            let xcr0 = ((supported.edx as u64) << 32 | supported.eax as u64) & user_components;
+            asm!("xsetbv", in("ecx") 0, in("eax") xcr0 as u32, in("edx") (xcr0 >> 32) as u32, options(nomem, nostack));
+        }
+        asm!("fninit", options(nomem, nostack));
+    }
+}
+
+/// Masks every line of both legacy 8259 PICs: firmware leaves them mapped over the exception
+/// vectors, and this kernel takes no device interrupts through them.
+pub fn mask_legacy_pics() {
+    outb(0x21, 0xff);
+    outb(0xa1, 0xff);
+}
+
+pub fn halt_forever() -> ! {
+    loop {
+        // SAFETY: interrupts are off; HLT just stops this vCPU.
+        unsafe { asm!("cli", "hlt", options(nomem, nostack)) }
+    }
+}

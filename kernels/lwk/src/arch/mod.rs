@@ -1,0 +1,12 @@
+//! Everything that needs `unsafe`: boot code, CPU tables, traps, page tables, physical memory
+//! access, the kernel heap and the serial port. The rest of the kernel is safe Rust.
+
+mod boot;
+pub mod cpu;
+pub mod heap;
+pub mod paging;
+pub mod phys;
+pub mod serial;
+pub mod sync;
+pub mod tables;
+pub mod trap;

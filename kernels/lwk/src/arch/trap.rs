@@ -1,0 +1,242 @@
+//! Kernel entry and exit: exception stubs, the SYSCALL entry, the first entry to user mode and
+//! the fault-tolerant user copy. Every entry builds one `TrapFrame` and calls
+//! `crate::trap::handle`; every exit restores it with IRETQ.
+
+use super::tables::{USER_CODE, USER_DATA};
+use core::arch::global_asm;
+
+/// Registers as the entry code saves them (lowest address first).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct TrapFrame {
+    pub r15: u64,
+    pub r14: u64,
+    pub r13: u64,
+    pub r12: u64,
+    pub r11: u64,
+    pub r10: u64,
+    pub r9: u64,
+    pub r8: u64,
+    pub rbp: u64,
+    pub rdi: u64,
+    pub rsi: u64,
+    pub rdx: u64,
+    pub rcx: u64,
+    pub rbx: u64,
+    pub rax: u64,
+    /// The exception vector, or `SYSCALL_VECTOR` for the SYSCALL instruction.
+    pub vector: u64,
+    pub error_code: u64,
+    pub rip: u64,
+    pub cs: u64,
+    pub rflags: u64,
+    pub rsp: u64,
+    pub ss: u64,
+}
+
+/// Not a hardware vector: marks frames built by the SYSCALL entry.
+pub const SYSCALL_VECTOR: u64 = 256;
+pub const EXCEPTION_STUB_SIZE: u64 = 16;
+
+impl TrapFrame {
+    pub fn from_user(&self) -> bool {
+        self.cs & 3 == 3
+    }
+
+    /// A fresh user context starting at `entry` with stack `stack`, interrupts enabled.
+    pub fn new_user(entry: u64, stack: u64) -> TrapFrame {
+        TrapFrame { rip: entry, cs: USER_CODE as u64, rflags: 0x202, rsp: stack, ss: USER_DATA as u64, ..Default::default() }
+    }
+
+    /// On this host SYSCALL may leave the CPU in ring 3 (shared/notes/pvm.md): it then jumps
+    /// to LSTAR, whose page is supervisor-only, and faults there from user mode. Such a fault
+    /// is a system call: the user's return address is in RCX and its flags in R11.
+    pub fn is_syscall_left_in_ring3(&self) -> bool {
+        self.from_user() && self.vector == 14 && self.rip == syscall_entry_address()
+    }
+
+    /// Makes the frame return where a SYSCALL instruction returns: to RCX with the flags in R11
+    /// (IF forced on, privileged flags off, as SYSRET would).
+    pub fn return_as_syscall(&mut self) {
+        self.rip = self.rcx;
+        self.rflags = (self.r11 & 0x3c_0cd5) | 0x202;
+    }
+}
+
+global_asm!(
+    r#"
+    .text
+    .global exception_stubs, syscall_entry, enter_user_frame, user_copy, user_copy_access, user_copy_failed
+    .balign 16
+exception_stubs:
+    .irp vector, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
+    .balign 16
+    .if \vector == 8 || \vector == 10 || \vector == 11 || \vector == 12 || \vector == 13 || \vector == 14 || \vector == 17 || \vector == 21 || \vector == 29 || \vector == 30
+    .else
+    pushq $0                           /* no error code from the CPU: keep the frame uniform */
+    .endif
+    pushq $\vector
+    jmp trap_common
+    .endr
+
+trap_common:
+    testb $3, 24(%rsp)                 /* CS of the interrupted context */
+    jz trap_save_registers
+    swapgs
+trap_save_registers:
+    push %rax
+    push %rbx
+    push %rcx
+    push %rdx
+    push %rsi
+    push %rdi
+    push %rbp
+    push %r8
+    push %r9
+    push %r10
+    push %r11
+    push %r12
+    push %r13
+    push %r14
+    push %r15
+    cld
+    mov %rsp, %rdi
+    call lwk_trap_entry
+trap_return:
+    pop %r15
+    pop %r14
+    pop %r13
+    pop %r12
+    pop %r11
+    pop %r10
+    pop %r9
+    pop %r8
+    pop %rbp
+    pop %rdi
+    pop %rsi
+    pop %rdx
+    pop %rcx
+    pop %rbx
+    pop %rax
+    testb $3, 24(%rsp)
+    jz 2f
+    swapgs
+2:  add $16, %rsp                      /* vector and error code */
+    iretq
+
+    /* SYSCALL when it arrives in ring 0 (hardware, QEMU): user RSP is still live, so switch
+       to the per-CPU trap stack and build the same frame an exception would. */
+    .balign 16
+syscall_entry:
+    swapgs
+    mov %rsp, %gs:16
+    mov %gs:8, %rsp
+    pushq ${user_data}
+    pushq %gs:16
+    push %r11
+    pushq ${user_code}
+    push %rcx
+    pushq $0
+    pushq ${syscall_vector}
+    jmp trap_save_registers
+
+    /* enter_user_frame(frame in RDI): the frame already sits at the top of the trap stack. */
+enter_user_frame:
+    mov %rdi, %rsp
+    jmp trap_return
+
+    /* user_copy(dst, src, len) -> 0, or 1 if a user page faulted: the page-fault handler
+       moves RIP from user_copy_access to user_copy_failed. */
+user_copy:
+    mov %rdx, %rcx
+user_copy_access:
+    rep movsb
+    xor %eax, %eax
+    ret
+user_copy_failed:
+    mov $1, %eax
+    ret
+"#,
+    user_data = const USER_DATA as u64,
+    user_code = const USER_CODE as u64,
+    syscall_vector = const SYSCALL_VECTOR,
+    options(att_syntax)
+);
+
+extern "C" {
+    static exception_stubs: u8;
+    static syscall_entry: u8;
+    static user_copy_access: u8;
+    static user_copy_failed: u8;
+    fn enter_user_frame(frame: *const TrapFrame) -> !;
+    fn user_copy(dst: u64, src: u64, len: u64) -> u64;
+}
+
+pub fn exception_stubs_start() -> u64 {
+    &raw const exception_stubs as u64
+}
+
+pub fn syscall_entry_address() -> u64 {
+    &raw const syscall_entry as u64
+}
+
+#[no_mangle]
+extern "C" fn lwk_trap_entry(frame: &mut TrapFrame) {
+    crate::trap::handle(frame);
+}
+
+/// Leaves the kernel for good on this stack: starts `frame` in user mode.
+pub fn enter_user(frame: &TrapFrame) -> ! {
+    let slot = (super::tables::trap_stack_top() - core::mem::size_of::<TrapFrame>() as u64) as *mut TrapFrame;
+    // SAFETY: the top of the trap stack is free (we are on the boot stack), and the frame is
+    // a user context (CS/SS user selectors set by `TrapFrame::new_user`).
+    unsafe {
+        slot.write(*frame);
+        enter_user_frame(slot)
+    }
+}
+
+/// If `frame` is a page fault inside `user_copy`, makes the copy return failure.
+pub fn recover_user_copy_fault(frame: &mut TrapFrame) -> bool {
+    let (access, failed) = (&raw const user_copy_access as u64, &raw const user_copy_failed as u64);
+    if frame.vector == 14 && frame.rip == access {
+        frame.rip = failed;
+        true
+    } else {
+        false
+    }
+}
+
+/// The lowest address that is not user space.
+pub const USER_END: u64 = 0x0000_8000_0000_0000;
+
+#[derive(Debug)]
+pub struct UserFault;
+
+fn check_user_range(address: u64, len: usize) -> Result<(), UserFault> {
+    match address.checked_add(len as u64) {
+        Some(end) if end <= USER_END => Ok(()),
+        _ => Err(UserFault),
+    }
+}
+
+/// Copies from user memory; a bad pointer yields `UserFault` instead of a kernel fault.
+pub fn copy_from_user(destination: &mut [u8], user_source: u64) -> Result<(), UserFault> {
+    check_user_range(user_source, destination.len())?;
+    // SAFETY: the source range is user space (checked above) and faults are recovered; the
+    // destination is a kernel slice of the same length.
+    match unsafe { user_copy(destination.as_mut_ptr() as u64, user_source, destination.len() as u64) } {
+        0 => Ok(()),
+        _ => Err(UserFault),
+    }
+}
+
+/// Copies into user memory; write-protected or unmapped pages yield `UserFault`.
+pub fn copy_to_user(user_destination: u64, source: &[u8]) -> Result<(), UserFault> {
+    check_user_range(user_destination, source.len())?;
+    // SAFETY: as `copy_from_user`, the other way round (CR0.WP makes read-only pages fault).
+    match unsafe { user_copy(user_destination, source.as_ptr() as u64, source.len() as u64) } {
+        0 => Ok(()),
+        _ => Err(UserFault),
+    }
+}

@@ -1,0 +1,103 @@
+//! The PVH `hvm_start_info` the boot loader leaves in memory: memory map, command line and
+//! modules, copied out before the memory they sit in can be reused.
+
+use crate::arch::phys;
+
+const START_INFO_MAGIC: u32 = 0x336e_c578;
+const MAX_MEMORY_RANGES: usize = 64;
+const MAX_MODULES: usize = 8;
+const MAX_COMMAND_LINE: usize = 4096;
+pub const E820_RAM: u32 = 1;
+
+#[derive(Clone, Copy, Default, Debug)]
+pub struct MemoryRange {
+    pub start: u64,
+    pub size: u64,
+    pub kind: u32,
+}
+
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Module {
+    pub start: u64,
+    pub size: u64,
+}
+
+pub struct BootInfo {
+    memory_map: [MemoryRange; MAX_MEMORY_RANGES],
+    memory_map_len: usize,
+    modules: [Module; MAX_MODULES],
+    modules_len: usize,
+    command_line: [u8; MAX_COMMAND_LINE],
+    command_line_len: usize,
+}
+
+#[derive(Debug)]
+#[allow(dead_code)] // the fields are read through `Debug` in the panic message
+pub enum BootInfoError {
+    BadMagic(u32),
+    NoMemoryMap,
+}
+
+impl BootInfo {
+    pub fn parse(start_info: u64) -> Result<BootInfo, BootInfoError> {
+        let magic: u32 = phys::read(start_info);
+        if magic != START_INFO_MAGIC {
+            return Err(BootInfoError::BadMagic(magic));
+        }
+        let version: u32 = phys::read(start_info + 4);
+        let module_count: u32 = phys::read(start_info + 12);
+        let module_list: u64 = phys::read(start_info + 16);
+        let command_line_address: u64 = phys::read(start_info + 24);
+        let (memory_map_address, memory_map_entries) = if version >= 1 {
+            (phys::read::<u64>(start_info + 40), phys::read::<u32>(start_info + 48))
+        } else {
+            (0, 0)
+        };
+        if memory_map_entries == 0 {
+            return Err(BootInfoError::NoMemoryMap);
+        }
+
+        let mut info = BootInfo {
+            memory_map: [MemoryRange::default(); MAX_MEMORY_RANGES],
+            memory_map_len: 0,
+            modules: [Module::default(); MAX_MODULES],
+            modules_len: 0,
+            command_line: [0; MAX_COMMAND_LINE],
+            command_line_len: 0,
+        };
+        for i in 0..(memory_map_entries as usize).min(MAX_MEMORY_RANGES) {
+            let entry = memory_map_address + i as u64 * 24;
+            info.memory_map[i] = MemoryRange { start: phys::read(entry), size: phys::read(entry + 8), kind: phys::read(entry + 16) };
+            info.memory_map_len += 1;
+        }
+        for i in 0..(module_count as usize).min(MAX_MODULES) {
+            let entry = module_list + i as u64 * 32;
+            info.modules[i] = Module { start: phys::read(entry), size: phys::read(entry + 8) };
+            info.modules_len += 1;
+        }
+        if command_line_address != 0 {
+            while info.command_line_len < MAX_COMMAND_LINE - 1 {
+                let byte: u8 = phys::read(command_line_address + info.command_line_len as u64);
+                if byte == 0 {
+                    break;
+                }
+                info.command_line[info.command_line_len] = byte;
+                info.command_line_len += 1;
+            }
+        }
+        Ok(info)
+    }
+
+    pub fn memory_map(&self) -> &[MemoryRange] {
+        &self.memory_map[..self.memory_map_len]
+    }
+
+    pub fn modules(&self) -> &[Module] {
+        &self.modules[..self.modules_len]
+    }
+
+    /// The command line as text (bytes that are not UTF-8 make it empty: we only parse ASCII).
+    pub fn command_line(&self) -> &str {
+        core::str::from_utf8(&self.command_line[..self.command_line_len]).unwrap_or("")
+    }
+}

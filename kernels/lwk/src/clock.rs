@@ -1,0 +1,122 @@
+//! Time without timer interrupts: the TSC counts, its frequency is learnt once at boot, and
+//! the wall clock is read once from the CMOS RTC.
+
+use crate::arch::cpu;
+use crate::console::log;
+use core::sync::atomic::{AtomicU64, Ordering};
+
+static TSC_HZ: AtomicU64 = AtomicU64::new(1_000_000_000);
+static BOOT_TSC: AtomicU64 = AtomicU64::new(0);
+static BOOT_REALTIME_NS: AtomicU64 = AtomicU64::new(0);
+
+const PIT_HZ: u64 = 1_193_182;
+const NANOS_PER_SECOND: u64 = 1_000_000_000;
+
+/// TSC frequency from CPUID: leaf 0x15 (crystal ratio), then 0x16 (base MHz), then the
+/// hypervisor timing leaf 0x40000010 (kHz) that KVM-based VMMs may fill in.
+fn tsc_hz_from_cpuid() -> Option<u64> {
+    let max_leaf = cpu::cpuid(0, 0).eax;
+    if max_leaf >= 0x15 {
+        let leaf = cpu::cpuid(0x15, 0);
+        if leaf.eax != 0 && leaf.ebx != 0 && leaf.ecx != 0 {
+            return Some(leaf.ecx as u64 * leaf.ebx as u64 / leaf.eax as u64);
+        }
+    }
+    if max_leaf >= 0x16 && cpu::cpuid(0x16, 0).eax != 0 {
+        return Some(cpu::cpuid(0x16, 0).eax as u64 * 1_000_000);
+    }
+    if cpu::cpuid(0x4000_0000, 0).eax >= 0x4000_0010 {
+        let khz = cpu::cpuid(0x4000_0010, 0).eax as u64;
+        if khz != 0 {
+            return Some(khz * 1000);
+        }
+    }
+    None
+}
+
+/// Counts TSC ticks over 10 ms of PIT channel 2; `None` if there is no PIT.
+fn tsc_hz_from_pit() -> Option<u64> {
+    let count = PIT_HZ / 100;
+    cpu::outb(0x61, (cpu::inb(0x61) & !0x02) | 0x01); // gate on, speaker off
+    cpu::outb(0x43, 0xb0); // channel 2, low then high byte, mode 0
+    cpu::outb(0x42, count as u8);
+    cpu::outb(0x42, (count >> 8) as u8);
+    let start = cpu::read_tsc();
+    let mut polls = 0u64;
+    while cpu::inb(0x61) & 0x20 == 0 {
+        polls += 1;
+        if polls > 10_000_000 {
+            return None;
+        }
+    }
+    let hz = (cpu::read_tsc() - start) * PIT_HZ / count;
+    // An absent PIT reads as all ones: the "done" bit is set at once.
+    (hz > 100_000_000).then_some(hz)
+}
+
+fn from_bcd(value: u8) -> u64 {
+    ((value >> 4) * 10 + (value & 0x0f)) as u64
+}
+
+/// Days from 1970-01-01 to the given civil date (proleptic Gregorian).
+fn days_from_civil(year: u64, month: u64, day: u64) -> u64 {
+    let (year, month) = if month <= 2 { (year - 1, month + 9) } else { (year, month - 3) };
+    let era = year / 400;
+    let year_of_era = year % 400;
+    let day_of_year = (153 * month + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
+}
+
+/// Seconds since the epoch from the CMOS RTC, if one answers with a plausible date.
+fn rtc_seconds() -> Option<u64> {
+    let read = |register: u8| {
+        cpu::outb(0x70, register);
+        cpu::inb(0x71)
+    };
+    let mut polls = 0;
+    while read(0x0a) & 0x80 != 0 {
+        polls += 1;
+        if polls > 100_000 {
+            return None;
+        }
+    }
+    let status_b = read(0x0b);
+    let binary = status_b & 0x04 != 0;
+    let decode = |value: u8| if binary { value as u64 } else { from_bcd(value) };
+    let (second, minute, hour_raw) = (decode(read(0x00)), decode(read(0x02)), read(0x04));
+    let (day, month, year) = (decode(read(0x07)), decode(read(0x08)), decode(read(0x09)));
+    let mut hour = decode(hour_raw & 0x7f);
+    if status_b & 0x02 == 0 && hour_raw & 0x80 != 0 {
+        hour = (hour % 12) + 12; // 12-hour mode, PM
+    }
+    if second > 59 || minute > 59 || hour > 23 || !(1..=31).contains(&day) || !(1..=12).contains(&month) || year > 99 {
+        return None;
+    }
+    Some(days_from_civil(2000 + year, month, day) * 86_400 + hour * 3600 + minute * 60 + second)
+}
+
+pub fn init() {
+    BOOT_TSC.store(cpu::read_tsc(), Ordering::Relaxed);
+    match tsc_hz_from_cpuid().or_else(tsc_hz_from_pit) {
+        Some(hz) => TSC_HZ.store(hz, Ordering::Relaxed),
+        None => log!("no TSC frequency source: assuming 1 GHz"),
+    }
+    match rtc_seconds() {
+        Some(seconds) => BOOT_REALTIME_NS.store(seconds * NANOS_PER_SECOND, Ordering::Relaxed),
+        None => log!("no real-time clock: wall time starts at the epoch"),
+    }
+}
+
+pub fn tsc_hz() -> u64 {
+    TSC_HZ.load(Ordering::Relaxed)
+}
+
+pub fn monotonic_ns() -> u64 {
+    let ticks = cpu::read_tsc().wrapping_sub(BOOT_TSC.load(Ordering::Relaxed));
+    (ticks as u128 * NANOS_PER_SECOND as u128 / tsc_hz() as u128) as u64
+}
+
+pub fn realtime_ns() -> u64 {
+    BOOT_REALTIME_NS.load(Ordering::Relaxed) + monotonic_ns()
+}

@@ -1,0 +1,128 @@
+//! The kernel command line.
+//!
+//! ```text
+//! [lwk.heap=SIZE] [lwk.stack=SIZE] [lwk.env=NAME=VALUE]... [clowder.*=...] -- ARGV0 ARG1 ...
+//! ```
+//! Everything after ` -- ` is the job's argv, split at spaces; double quotes group words with
+//! spaces (`"a b"`). Without ` -- ` the job's argv is `[/job]`. SIZE is bytes with an optional
+//! K, M or G suffix. The `clowder.*` keys are the ones clowder-vmm appends (docs/guest-abi.md).
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
+pub const DEFAULT_EXIT_PORT: u16 = 0xf4;
+pub const DEFAULT_STACK_SIZE: u64 = 8 << 20;
+pub const DEFAULT_ARGV0: &str = "/job";
+
+/// Splits the command line at the first `--` word: the kernel's part and the job's argv.
+fn split_at_separator(command_line: &str) -> (&str, Option<&str>) {
+    let is_separator_at = |start: usize| {
+        let before_ok = start == 0 || command_line.as_bytes()[start - 1] == b' ';
+        let rest = &command_line[start + 2..];
+        before_ok && (rest.is_empty() || rest.starts_with(' '))
+    };
+    match command_line.match_indices("--").map(|(start, _)| start).find(|&start| is_separator_at(start)) {
+        Some(start) => (&command_line[..start], Some(&command_line[start + 2..])),
+        None => (command_line, None),
+    }
+}
+
+/// The kernel's own words: those before `--`.
+fn kernel_words(command_line: &str) -> impl Iterator<Item = &str> {
+    split_at_separator(command_line).0.split_ascii_whitespace()
+}
+
+/// The value of the last `key=value` word for `key`.
+pub fn value_of<'a>(command_line: &'a str, key: &str) -> Option<&'a str> {
+    kernel_words(command_line)
+        .filter_map(|word| word.strip_prefix(key).and_then(|rest| rest.strip_prefix('=')))
+        .last()
+}
+
+pub fn parse_number(text: &str) -> Option<u64> {
+    match text.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => text.parse().ok(),
+    }
+}
+
+pub fn parse_size(text: &str) -> Option<u64> {
+    let (digits, shift) = match text.as_bytes().last()? {
+        b'K' | b'k' => (&text[..text.len() - 1], 10),
+        b'M' | b'm' => (&text[..text.len() - 1], 20),
+        b'G' | b'g' => (&text[..text.len() - 1], 30),
+        _ => (text, 0),
+    };
+    parse_number(digits)?.checked_mul(1 << shift)
+}
+
+/// The port whose write ends the VM (usable before the heap exists).
+pub fn exit_port(command_line: &str) -> u16 {
+    value_of(command_line, "clowder.exit_port").and_then(parse_number).map_or(DEFAULT_EXIT_PORT, |port| port as u16)
+}
+
+pub struct JobOptions {
+    /// `None`: the loader picks (all memory it can spare).
+    pub heap_size: Option<u64>,
+    pub stack_size: u64,
+    pub argv: Vec<String>,
+    pub env: Vec<String>,
+}
+
+#[derive(Debug)]
+pub struct BadOption(pub String);
+
+impl JobOptions {
+    pub fn parse(command_line: &str) -> Result<JobOptions, BadOption> {
+        let size_option = |key: &str| -> Result<Option<u64>, BadOption> {
+            match value_of(command_line, key) {
+                None => Ok(None),
+                Some(text) => parse_size(text).map(Some).ok_or_else(|| BadOption(alloc::format!("{key}={text}"))),
+            }
+        };
+        let env = kernel_words(command_line)
+            .filter_map(|word| word.strip_prefix("lwk.env="))
+            .map(String::from)
+            .collect();
+        let mut argv = split_at_separator(command_line).1.map(split_quoted).unwrap_or_default();
+        if argv.is_empty() {
+            argv.push(String::from(DEFAULT_ARGV0));
+        }
+        Ok(JobOptions {
+            heap_size: size_option("lwk.heap")?,
+            stack_size: size_option("lwk.stack")?.unwrap_or(DEFAULT_STACK_SIZE),
+            argv,
+            env,
+        })
+    }
+}
+
+/// Splits at spaces; double quotes group (and are removed).
+fn split_quoted(text: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut in_word = false;
+    let mut quoted = false;
+    for character in text.chars() {
+        match character {
+            '"' => {
+                quoted = !quoted;
+                in_word = true;
+            }
+            ' ' | '\t' if !quoted => {
+                if in_word {
+                    words.push(core::mem::take(&mut word));
+                    in_word = false;
+                }
+            }
+            _ => {
+                word.push(character);
+                in_word = true;
+            }
+        }
+    }
+    if in_word {
+        words.push(word);
+    }
+    words
+}

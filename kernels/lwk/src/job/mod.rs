@@ -1,0 +1,160 @@
+//! The job: one static Linux executable, loaded from PVH module 0 with all of its memory
+//! reserved and mapped up front, then run in user mode until it exits or faults.
+
+pub mod elf;
+pub mod memory;
+mod stack;
+
+pub use stack::random_bytes;
+
+use crate::arch::paging::{Protection, HUGE_PAGE_SIZE, PAGE_SIZE};
+use crate::arch::phys;
+use crate::arch::sync::SpinLock;
+use crate::arch::trap::TrapFrame;
+use crate::bootinfo::Module;
+use crate::cmdline::JobOptions;
+use crate::console::log;
+use crate::machine;
+use crate::mm::aspace::AddressSpace;
+use crate::mm::pmem;
+use alloc::string::String;
+use alloc::vec;
+use elf::{Executable, PF_W, PF_X};
+use memory::{JobMemory, Region, READ_WRITE};
+
+/// The stack ends here, 2 MiB aligned, a little below the top of user space as on Linux.
+pub const STACK_TOP: u64 = 0x0000_7fff_ffe0_0000;
+/// What the default heap leaves to the kernel (page tables, its own heap).
+const KERNEL_RESERVE: u64 = 16 << 20;
+
+pub struct Process {
+    pub memory: JobMemory,
+    pub pid: u64,
+    /// `set_tid_address`: cleared (and woken) when the thread exits.
+    pub clear_child_tid: u64,
+    /// argv[0], what `/proc/self/exe` resolves to.
+    pub executable_path: String,
+}
+
+static PROCESS: SpinLock<Option<Process>> = SpinLock::new(None);
+
+/// Runs `f` on the job's process (system calls and faults only happen once it exists).
+pub fn with_process<R>(f: impl FnOnce(&mut Process) -> R) -> R {
+    let mut process = PROCESS.lock();
+    f(process.as_mut().expect("no job loaded"))
+}
+
+#[derive(Debug)]
+#[allow(dead_code)] // the fields are read through `Debug` in the panic message
+pub enum LoadError {
+    NoModule,
+    Elf(elf::ElfError),
+    NoMemory(&'static str),
+    OverlapsStack,
+    StackSetup,
+}
+
+fn allocate_region(start: u64, size: u64, what: &'static str) -> Result<Region, LoadError> {
+    let physical_start = pmem::allocate(size, HUGE_PAGE_SIZE).ok_or(LoadError::NoMemory(what))?;
+    Ok(Region { start, end: start + size, physical_start })
+}
+
+fn protection_of(flags: u32) -> Protection {
+    Protection { write: flags & PF_W != 0, execute: flags & PF_X != 0 }
+}
+
+/// Copies the PT_LOAD segments into one contiguous block and maps it page by page with
+/// each page's rights (the union of the segments touching it).
+fn load_image(executable: &Executable, file: &[u8], aspace: &mut AddressSpace) -> Result<Region, LoadError> {
+    let start = executable.segments.iter().map(|s| s.address).min().unwrap_or(0) / PAGE_SIZE * PAGE_SIZE;
+    let end = executable.segments.iter().map(|s| s.address + s.memory_size).max().unwrap_or(0).next_multiple_of(PAGE_SIZE);
+    let region = allocate_region(start, end - start, "executable image")?;
+    let pages = ((end - start) / PAGE_SIZE) as usize;
+    // Segment flags per page; 0 means no segment touches the page and it stays unmapped.
+    let mut page_flags = vec![0u32; pages];
+    for segment in &executable.segments {
+        let destination = region.physical_start + (segment.address - start);
+        phys::bytes_mut(destination, segment.file_size as usize)
+            .copy_from_slice(&file[segment.file_offset as usize..(segment.file_offset + segment.file_size) as usize]);
+        let first = ((segment.address - start) / PAGE_SIZE) as usize;
+        let last = ((segment.address + segment.memory_size - start).div_ceil(PAGE_SIZE)) as usize;
+        for flags in &mut page_flags[first..last] {
+            *flags |= segment.flags | elf::PF_R;
+        }
+    }
+    let mut page = 0;
+    while page < pages {
+        let run_end = (page..pages).find(|&p| page_flags[p] != page_flags[page]).unwrap_or(pages);
+        if page_flags[page] != 0 {
+            let address = start + page as u64 * PAGE_SIZE;
+            let len = (run_end - page) as u64 * PAGE_SIZE;
+            aspace
+                .map(address, region.physical_start + (address - start), len, protection_of(page_flags[page]))
+                .map_err(|_| LoadError::NoMemory("page tables"))?;
+        }
+        page = run_end;
+    }
+    Ok(region)
+}
+
+/// Loads the job and returns the user context to start it with.
+pub fn load(module: Option<&Module>, options: &JobOptions) -> Result<TrapFrame, LoadError> {
+    let module = module.ok_or(LoadError::NoModule)?;
+    let file = phys::bytes(module.start, module.size as usize);
+    let executable = Executable::parse(file).map_err(LoadError::Elf)?;
+    let mut aspace = AddressSpace::new().map_err(|_| LoadError::NoMemory("page tables"))?;
+
+    let image = load_image(&executable, file, &mut aspace)?;
+    let stack_size = options.stack_size.next_multiple_of(HUGE_PAGE_SIZE);
+    let stack = allocate_region(STACK_TOP - stack_size, stack_size, "stack")?;
+    aspace.map(stack.start, stack.physical_start, stack_size, READ_WRITE).map_err(|_| LoadError::NoMemory("page tables"))?;
+
+    let heap_start = image.end.next_multiple_of(HUGE_PAGE_SIZE);
+    let heap_size = match options.heap_size {
+        Some(size) => size.next_multiple_of(HUGE_PAGE_SIZE),
+        None => {
+            let spare = pmem::total_free().saturating_sub(KERNEL_RESERVE);
+            spare.min(pmem::largest_free().len()) / HUGE_PAGE_SIZE * HUGE_PAGE_SIZE
+        }
+    };
+    if heap_start + heap_size > stack.start {
+        return Err(LoadError::OverlapsStack);
+    }
+    let heap = allocate_region(heap_start, heap_size, "heap")?;
+    log!(
+        "job: image {:#x}..{:#x}, heap {:#x}..{:#x} ({} MiB), stack {} MiB, entry {:#x}",
+        image.start, image.end, heap.start, heap.end, heap_size >> 20, stack_size >> 20, executable.entry
+    );
+
+    aspace.activate();
+    let stack_pointer = stack::build(STACK_TOP, &executable, &options.argv, &options.env).map_err(|_| LoadError::StackSetup)?;
+    *PROCESS.lock() = Some(Process {
+        memory: JobMemory::new(aspace, image, stack, heap),
+        pid: 1,
+        clear_child_tid: 0,
+        // libc insists on an absolute path (glibc asserts it): the job lives at the root.
+        executable_path: if options.argv[0].starts_with('/') { options.argv[0].clone() } else { alloc::format!("/{}", options.argv[0]) },
+    });
+    Ok(TrapFrame::new_user(executable.entry, stack_pointer))
+}
+
+/// The job is over: its status becomes the VM's exit status.
+pub fn exit(status: u8) -> ! {
+    log!("job exited with status {status}");
+    machine::exit(status)
+}
+
+/// The job faulted: it dies of `signal`, with the status a Linux shell reports (128 + signal).
+pub fn kill_for_fault(signal: u8, name: &str, frame: &TrapFrame) -> ! {
+    log!(
+        "job killed by {name}: vector {} error {:#x} at rip {:#x} (address {:#x}), rsp {:#x}",
+        frame.vector, frame.error_code, frame.rip, crate::arch::cpu::read_cr2(), frame.rsp
+    );
+    exit(128 + signal)
+}
+
+/// The job sent itself a terminating signal (abort's SIGABRT, for one).
+pub fn exit_by_signal(signal: u8) -> ! {
+    log!("job killed by signal {signal}");
+    exit(128 + signal)
+}

@@ -1,0 +1,27 @@
+//! A user address space: page tables whose kernel half is shared, with new table pages taken
+//! from `pmem`.
+
+use super::PmemTables;
+use crate::arch::paging::{OutOfMemory, PageTables, Protection};
+
+pub struct AddressSpace {
+    tables: PageTables,
+}
+
+impl AddressSpace {
+    pub fn new() -> Result<AddressSpace, OutOfMemory> {
+        Ok(AddressSpace { tables: super::new_user_tables().ok_or(OutOfMemory)? })
+    }
+
+    pub fn activate(&self) {
+        self.tables.activate();
+    }
+
+    pub fn map(&mut self, virtual_address: u64, physical: u64, len: u64, protection: Protection) -> Result<(), OutOfMemory> {
+        self.tables.map(virtual_address, physical, len, protection, &mut PmemTables)
+    }
+
+    pub fn unmap(&mut self, virtual_address: u64, len: u64) -> Result<(), OutOfMemory> {
+        self.tables.unmap(virtual_address, len, &mut PmemTables)
+    }
+}

@@ -1,0 +1,55 @@
+//! Physical memory manager: the free RAM of the memory map as contiguous ranges (Kitten's
+//! pmem). Allocation is first-fit and physically contiguous.
+//!
+//! Invariant: free memory is zero. RAM is zero when the VM starts (clowder-vmm backs it with a
+//! fresh memfd, QEMU with anonymous memory), and `free` zeroes what it takes back, so
+//! allocations, which may be gigabytes for a job, never need to be cleared.
+
+use super::ranges::{Range, RangeSet};
+use crate::arch::paging::PAGE_SIZE;
+use crate::arch::phys;
+use crate::arch::sync::SpinLock;
+
+static FREE: SpinLock<RangeSet<256>> = SpinLock::new(RangeSet::new());
+
+pub fn add_free(start: u64, end: u64) {
+    FREE.lock().insert(start, end).expect("memory map too fragmented");
+}
+
+pub fn reserve(start: u64, end: u64) {
+    FREE.lock().remove(start, end).expect("memory map too fragmented");
+}
+
+/// `size` bytes (a page multiple) aligned to `align`, zeroed, from the lowest memory that fits.
+pub fn allocate(size: u64, align: u64) -> Option<u64> {
+    FREE.lock().take_lowest(size, align)
+}
+
+pub fn allocate_pages(pages: u64) -> Option<u64> {
+    allocate(pages * PAGE_SIZE, PAGE_SIZE)
+}
+
+pub fn free(start: u64, size: u64) {
+    phys::zero(start, size as usize);
+    // Freed ranges were allocated from the set, so re-inserting them cannot overlap; running
+    // out of slots would need more than 256 holes and only loses the memory.
+    let _ = FREE.lock().insert(start, start + size);
+}
+
+pub fn free_pages(start: u64, pages: u64) {
+    free(start, pages * PAGE_SIZE);
+}
+
+pub fn total_free() -> u64 {
+    FREE.lock().total()
+}
+
+/// The largest free contiguous range.
+pub fn largest_free() -> Range {
+    FREE.lock().ranges().iter().copied().max_by_key(Range::len).unwrap_or_default()
+}
+
+/// Runs `f` on each free range (for the boot report).
+pub fn for_each_free(mut f: impl FnMut(Range)) {
+    FREE.lock().ranges().iter().copied().for_each(&mut f);
+}

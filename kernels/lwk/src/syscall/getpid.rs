@@ -1,0 +1,8 @@
+//! getpid(): the job is process 1 of its enclave.
+
+use super::{Call, SyscallResult};
+use crate::job;
+
+pub fn call(_call: &mut Call) -> SyscallResult {
+    Ok(job::with_process(|process| process.pid))
+}

@@ -1,0 +1,7 @@
+//! getppid(): the job has no parent inside the enclave.
+
+use super::{Call, SyscallResult};
+
+pub fn call(_call: &mut Call) -> SyscallResult {
+    Ok(0)
+}

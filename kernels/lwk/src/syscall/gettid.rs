@@ -1,0 +1,8 @@
+//! gettid(): the main thread's id is the process id.
+
+use super::{Call, SyscallResult};
+use crate::job;
+
+pub fn call(_call: &mut Call) -> SyscallResult {
+    Ok(job::with_process(|process| process.pid))
+}

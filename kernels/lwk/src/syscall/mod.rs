@@ -1,0 +1,120 @@
+//! Linux system calls. The table below is the whole dispatch: one line per call, one module
+//! per call (`syscall/<name>.rs`, each exporting `call`). A number without a line returns
+//! ENOSYS and is logged once, by name.
+
+mod names;
+mod user;
+
+use crate::arch::trap::TrapFrame;
+use crate::console::log;
+use core::sync::atomic::{AtomicU64, Ordering};
+
+/// A Linux errno (positive); the caller sees `-errno` in RAX.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Errno(pub u64);
+
+impl Errno {
+    pub const EPERM: Errno = Errno(1);
+    pub const ENOENT: Errno = Errno(2);
+    pub const EBADF: Errno = Errno(9);
+    pub const ENOMEM: Errno = Errno(12);
+    pub const EFAULT: Errno = Errno(14);
+    pub const ENODEV: Errno = Errno(19);
+    pub const EINVAL: Errno = Errno(22);
+    pub const ENOTTY: Errno = Errno(25);
+    pub const ESPIPE: Errno = Errno(29);
+    pub const ERANGE: Errno = Errno(34);
+    pub const ENOSYS: Errno = Errno(38);
+}
+
+pub type SyscallResult = Result<u64, Errno>;
+
+/// One system call in progress: its six arguments.
+pub struct Call {
+    pub args: [u64; 6],
+}
+
+macro_rules! syscall_table {
+    ($($number:literal => $name:ident),* $(,)?) => {
+        $(mod $name;)*
+
+        fn handler(number: u64) -> Option<fn(&mut Call) -> SyscallResult> {
+            match number {
+                $($number => Some($name::call),)*
+                _ => None,
+            }
+        }
+    };
+}
+
+syscall_table! {
+    0 => read,
+    1 => write,
+    3 => close,
+    5 => fstat,
+    8 => lseek,
+    9 => mmap,
+    10 => mprotect,
+    11 => munmap,
+    12 => brk,
+    13 => rt_sigaction,
+    14 => rt_sigprocmask,
+    16 => ioctl,
+    20 => writev,
+    24 => sched_yield,
+    25 => mremap,
+    28 => madvise,
+    39 => getpid,
+    60 => exit,
+    62 => kill,
+    63 => uname,
+    79 => getcwd,
+    89 => readlink,
+    96 => gettimeofday,
+    97 => getrlimit,
+    102 => getuid,
+    104 => getgid,
+    107 => geteuid,
+    108 => getegid,
+    110 => getppid,
+    158 => arch_prctl,
+    186 => gettid,
+    200 => tkill,
+    201 => time,
+    218 => set_tid_address,
+    228 => clock_gettime,
+    229 => clock_getres,
+    231 => exit_group,
+    234 => tgkill,
+    262 => newfstatat,
+    267 => readlinkat,
+    273 => set_robust_list,
+    302 => prlimit64,
+    318 => getrandom,
+}
+
+/// Which unimplemented numbers were already reported (numbers up to 511).
+static REPORTED: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+
+fn report_unimplemented_once(number: u64) {
+    let (word, bit) = ((number / 64) as usize % REPORTED.len(), number % 64);
+    if REPORTED[word].fetch_or(1 << bit, Ordering::Relaxed) & (1 << bit) == 0 {
+        log!("unimplemented system call {} ({}): returning ENOSYS", number, names::name_of(number));
+    }
+}
+
+pub fn dispatch(frame: &mut TrapFrame) {
+    let number = frame.rax;
+    let args = [frame.rdi, frame.rsi, frame.rdx, frame.r10, frame.r8, frame.r9];
+    let result = match handler(number) {
+        Some(handler) => handler(&mut Call { args }),
+        None => {
+            report_unimplemented_once(number);
+            Err(Errno::ENOSYS)
+        }
+    };
+    frame.rax = match result {
+        Ok(value) => value,
+        Err(Errno(errno)) => errno.wrapping_neg(),
+    };
+}

@@ -1,0 +1,8 @@
+//! tkill(tid, sig): as `tgkill`.
+
+use super::kill::signal_job;
+use super::{Call, SyscallResult};
+
+pub fn call(call: &mut Call) -> SyscallResult {
+    signal_job(call.args[0], call.args[1])
+}

@@ -1,0 +1,50 @@
+//! Moving data between system calls and user memory, turning bad pointers into EFAULT.
+
+use super::Errno;
+use crate::arch::trap::{copy_from_user, copy_to_user};
+use alloc::string::String;
+use alloc::vec;
+use alloc::vec::Vec;
+
+pub fn read_bytes(address: u64, len: usize) -> Result<Vec<u8>, Errno> {
+    let mut bytes = vec![0; len];
+    copy_from_user(&mut bytes, address).map_err(|_| Errno::EFAULT)?;
+    Ok(bytes)
+}
+
+pub fn write_bytes(address: u64, bytes: &[u8]) -> Result<(), Errno> {
+    copy_to_user(address, bytes).map_err(|_| Errno::EFAULT)
+}
+
+/// Writes 64-bit words (the layout of most Linux structures on x86-64).
+pub fn write_words(address: u64, words: &[u64]) -> Result<(), Errno> {
+    let bytes: Vec<u8> = words.iter().flat_map(|word| word.to_le_bytes()).collect();
+    write_bytes(address, &bytes)
+}
+
+pub fn read_words<const N: usize>(address: u64) -> Result<[u64; N], Errno> {
+    let bytes = read_bytes(address, N * 8)?;
+    let mut words = [0u64; N];
+    for (word, chunk) in words.iter_mut().zip(bytes.chunks_exact(8)) {
+        *word = u64::from_le_bytes(chunk.try_into().unwrap());
+    }
+    Ok(words)
+}
+
+/// A NUL-terminated path, at most PATH_MAX bytes.
+pub fn read_path(address: u64) -> Result<String, Errno> {
+    const PATH_MAX: usize = 4096;
+    let mut path = Vec::new();
+    let mut byte = [0u8];
+    loop {
+        copy_from_user(&mut byte, address + path.len() as u64).map_err(|_| Errno::EFAULT)?;
+        if byte[0] == 0 {
+            break;
+        }
+        path.push(byte[0]);
+        if path.len() >= PATH_MAX {
+            return Err(Errno(36)); // ENAMETOOLONG
+        }
+    }
+    String::from_utf8(path).map_err(|_| Errno::ENOENT)
+}

@@ -1,0 +1,28 @@
+//! write(fd, buf, count) to standard output or standard error: the console.
+
+use super::{user, Call, Errno, SyscallResult};
+use crate::console;
+
+/// Copies through a bounded kernel buffer, so a huge write needs no huge allocation.
+const CHUNK: usize = 4096;
+
+pub fn write_to_descriptor(descriptor: u64, address: u64, len: u64) -> SyscallResult {
+    if !matches!(descriptor, 1 | 2) {
+        return Err(Errno::EBADF);
+    }
+    let mut written = 0;
+    while written < len {
+        let chunk = (len - written).min(CHUNK as u64);
+        match user::read_bytes(address + written, chunk as usize) {
+            Ok(bytes) => console::write_job_output(&bytes),
+            Err(errno) if written == 0 => return Err(errno),
+            Err(_) => break,
+        }
+        written += chunk;
+    }
+    Ok(written)
+}
+
+pub fn call(call: &mut Call) -> SyscallResult {
+    write_to_descriptor(call.args[0], call.args[1], call.args[2])
+}

@@ -1,0 +1,58 @@
+//! What happens on a trap: system calls go to the table, a fault in the job ends the job with
+//! Linux's status for the signal it would have received, a fault in the kernel is a panic.
+
+use crate::arch::cpu;
+use crate::arch::trap::{self, TrapFrame, SYSCALL_VECTOR};
+use crate::console::log;
+use crate::{job, syscall};
+use core::sync::atomic::{AtomicBool, Ordering};
+
+static RING3_SYSCALL_REPORTED: AtomicBool = AtomicBool::new(false);
+
+const EXCEPTION_NAMES: [&str; 32] = [
+    "divide error", "debug", "NMI", "breakpoint", "overflow", "bound range", "invalid opcode",
+    "device not available", "double fault", "coprocessor segment overrun", "invalid TSS",
+    "segment not present", "stack fault", "general protection", "page fault", "reserved",
+    "x87 floating point", "alignment check", "machine check", "SIMD floating point",
+    "virtualization", "control protection", "reserved", "reserved", "reserved", "reserved",
+    "reserved", "reserved", "hypervisor injection", "VMM communication", "security", "reserved",
+];
+
+/// The signal Linux sends for a user-mode exception, and its name.
+fn signal_for(vector: u64) -> (u8, &'static str) {
+    match vector {
+        0 | 16 | 19 => (8, "SIGFPE"),
+        6 => (4, "SIGILL"),
+        1 | 3 => (5, "SIGTRAP"),
+        17 => (7, "SIGBUS"),
+        _ => (11, "SIGSEGV"),
+    }
+}
+
+pub fn handle(frame: &mut TrapFrame) {
+    if frame.vector == SYSCALL_VECTOR {
+        syscall::dispatch(frame);
+    } else if frame.is_syscall_left_in_ring3() {
+        if !RING3_SYSCALL_REPORTED.swap(true, Ordering::Relaxed) {
+            log!("SYSCALL stays in ring 3 on this host: system calls arrive through the page-fault path");
+        }
+        frame.return_as_syscall();
+        syscall::dispatch(frame);
+    } else if frame.from_user() {
+        let (signal, name) = signal_for(frame.vector);
+        job::kill_for_fault(signal, name, frame);
+    } else if !trap::recover_user_copy_fault(frame) {
+        kernel_fault(frame);
+    }
+}
+
+fn kernel_fault(frame: &TrapFrame) -> ! {
+    let name = EXCEPTION_NAMES.get(frame.vector as usize).copied().unwrap_or("unknown");
+    log!("kernel fault: {} (vector {}, error {:#x}) at rip {:#x}", name, frame.vector, frame.error_code, frame.rip);
+    log!("  cr2 {:#018x} cr3 {:#018x} rsp {:#018x} rflags {:#x}", cpu::read_cr2(), cpu::read_cr3(), frame.rsp, frame.rflags);
+    log!("  rax {:#018x} rbx {:#018x} rcx {:#018x} rdx {:#018x}", frame.rax, frame.rbx, frame.rcx, frame.rdx);
+    log!("  rsi {:#018x} rdi {:#018x} rbp {:#018x} r8  {:#018x}", frame.rsi, frame.rdi, frame.rbp, frame.r8);
+    log!("  r9  {:#018x} r10 {:#018x} r11 {:#018x} r12 {:#018x}", frame.r9, frame.r10, frame.r11, frame.r12);
+    log!("  r13 {:#018x} r14 {:#018x} r15 {:#018x}", frame.r13, frame.r14, frame.r15);
+    panic!("unhandled {} in the kernel", name);
+}
