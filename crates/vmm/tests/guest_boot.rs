@@ -106,14 +106,29 @@ fn unknown_test_exits_with_bad_cmdline_status() {
     run(GuestSpec::new("nothing=here")).assert_exit(2);
 }
 
-/// (cpu number, LAPIC id) pairs the guest reported, checked to come from distinct vCPUs.
+/// (cpu number, LAPIC id) pairs the guest reported, one per vCPU. Reports of different vCPUs
+/// interleave, so they are grouped by the vCPU the VMM saw each one come from.
 fn processors(done: &guest_support::Finished) -> BTreeSet<(u64, u64)> {
-    let cpus = done.values("cpu");
-    let apic_ids = done.values("apicid");
-    let cpuid_ids = done.values("cpuidapc");
-    assert_eq!(cpus.len(), apic_ids.len(), "{done}");
-    assert_eq!(cpuid_ids, apic_ids, "LAPIC and CPUID agree on each APIC id\n{done}");
-    cpus.into_iter().zip(apic_ids).collect()
+    let vcpus: BTreeSet<usize> = done.reports.iter().map(|r| r.vcpu).collect();
+    vcpus
+        .into_iter()
+        .filter_map(|vcpu| {
+            let value_of = |key: &str| {
+                let values: Vec<u64> = done
+                    .reports
+                    .iter()
+                    .filter(|r| r.vcpu == vcpu && r.key == guest_support::pack_key(key))
+                    .map(|r| r.value)
+                    .collect();
+                assert!(values.len() <= 1, "vCPU {vcpu} reported {key} {} times\n{done}", values.len());
+                values.first().copied()
+            };
+            let cpu = value_of("cpu")?;
+            let apic_id = value_of("apicid").expect("apicid with cpu");
+            assert_eq!(value_of("cpuidapc"), Some(apic_id), "LAPIC and CPUID agree on vCPU {vcpu}\n{done}");
+            Some((cpu, apic_id))
+        })
+        .collect()
 }
 
 #[test]
