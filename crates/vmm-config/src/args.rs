@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::draft::{Draft, Setting};
 use crate::file::read_file;
 use crate::values::{
-    parse_backing, parse_cpu_list, parse_protocol, parse_serial_output, parse_size, parse_smp,
+    parse_backing, parse_cpu_list, parse_protocol, parse_serial_output, parse_size, parse_smp, parse_unclaimed_ports,
     parse_watchdog,
 };
 use crate::ConfigError;
@@ -27,6 +27,8 @@ Runs one KVM virtual machine. Flags override the values in --config FILE.
   --module PATH      boot module, the initrd for a bzImage; repeatable, replaces the file's list
   --protocol P       auto, pvh, direct64 or linux (default auto)
   --smp S            direct (every vCPU starts at the entry) or sipi (default direct)
+  --unclaimed-ports P  port I/O no device claims: fail, log (once per port) or auto
+                     (default: log for the Linux boot protocol, fail otherwise)
   --serial OUT       output of the first serial port: stdout, null, file:PATH or unix:PATH
   --watchdog T       stop the VM after T without an exit, e.g. 500ms or 5s, or off
   --control PATH     Unix socket for control requests (pause, resume, stop, stats, channel)
@@ -47,6 +49,7 @@ const FLAGS: &[(&str, &str)] = &[
     ("--module", "initrd.img"),
     ("--protocol", "pvh"),
     ("--smp", "sipi"),
+    ("--unclaimed-ports", "log"),
     ("--serial", "file:vm.log"),
     ("--watchdog", "5s"),
     ("--control", "/run/clowder/vm0.sock"),
@@ -96,6 +99,7 @@ pub(crate) fn draft_from_args(args: &[String]) -> Result<Draft, ConfigError> {
                 draft.protocol = Setting::new(parse_protocol(value).map_err(invalid)?, flag)
             }
             "--smp" => draft.smp = parse_smp(value).map_err(invalid)?,
+            "--unclaimed-ports" => draft.unclaimed_ports = parse_unclaimed_ports(value).map_err(invalid)?,
             "--serial" => {
                 // Relative paths stay relative to the working directory.
                 let output = parse_serial_output(value, Path::new("")).map_err(invalid)?;

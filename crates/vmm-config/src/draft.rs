@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use crate::{Backing, BootProtocol, DeviceConfig, DeviceKind, SerialOutput, SmpStart};
+use crate::{Backing, BootProtocol, DeviceConfig, DeviceKind, SerialOutput, SmpStart, UnclaimedPorts};
 
 /// Guest RAM when neither the file nor `--mem` gives a size.
 pub const DEFAULT_MEMORY_SIZE: u64 = 128 << 20;
@@ -43,6 +43,7 @@ pub(crate) struct Draft {
     pub modules: Vec<Setting<PathBuf>>,
     pub protocol: Setting<BootProtocol>,
     pub smp: SmpStart,
+    pub unclaimed_ports: UnclaimedPorts,
     pub watchdog_ms: Option<u64>,
     pub control_socket: Option<Setting<PathBuf>>,
     pub devices: Vec<DeviceConfig>,
@@ -62,6 +63,7 @@ impl Default for Draft {
             modules: Vec::new(),
             protocol: Setting::new(BootProtocol::Auto, "boot.protocol"),
             smp: SmpStart::Direct,
+            unclaimed_ports: UnclaimedPorts::Auto,
             watchdog_ms: None,
             control_socket: None,
             devices: default_devices(),

@@ -10,7 +10,7 @@ use crate::draft::{
     DEFAULT_EXIT_PORT, DEFAULT_HYPERCALL_PORT, DEFAULT_SERIAL_IRQ, DEFAULT_SERIAL_PORT,
 };
 use crate::values::{
-    parse_backing, parse_protocol, parse_serial_output, parse_size, parse_smp, parse_watchdog,
+    parse_backing, parse_protocol, parse_serial_output, parse_size, parse_smp, parse_unclaimed_ports, parse_watchdog,
 };
 use crate::{ConfigError, DeviceConfig, DeviceKind, SerialOutput};
 
@@ -84,7 +84,7 @@ pub(crate) fn parse_document(
         reject_unknown_keys(
             boot,
             "boot",
-            &["kernel", "cmdline", "modules", "protocol", "smp"],
+            &["kernel", "cmdline", "modules", "protocol", "smp", "unclaimed_ports"],
         )?;
         if let Some(value) = boot.get("kernel") {
             let kernel = base_dir.join(string_value(value, "boot.kernel")?);
@@ -111,6 +111,10 @@ pub(crate) fn parse_document(
         if let Some(value) = boot.get("smp") {
             draft.smp = parse_smp(string_value(value, "boot.smp")?)
                 .map_err(|reason| ConfigError::new("boot.smp", reason))?;
+        }
+        if let Some(value) = boot.get("unclaimed_ports") {
+            draft.unclaimed_ports = parse_unclaimed_ports(string_value(value, "boot.unclaimed_ports")?)
+                .map_err(|reason| ConfigError::new("boot.unclaimed_ports", reason))?;
         }
     }
 

@@ -150,6 +150,19 @@ pub struct BootConfig {
     pub modules: Vec<PathBuf>,
     pub protocol: BootProtocol,
     pub smp: SmpStart,
+    pub unclaimed_ports: UnclaimedPorts,
+}
+
+/// What the VMM does with port I/O no device claims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnclaimedPorts {
+    /// `log` for the Linux boot protocol, `fail` otherwise.
+    Auto,
+    /// Stop the VM and report the access: for clowder's own kernels an unclaimed port is a bug.
+    Fail,
+    /// Reads return all ones, writes are dropped, each port is logged once: Linux probes legacy
+    /// hardware that is not there.
+    Log,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -124,6 +124,7 @@ fn minimal_file_gets_the_documented_defaults() {
                 modules: vec![],
                 protocol: BootProtocol::Auto,
                 smp: SmpStart::Direct,
+                unclaimed_ports: UnclaimedPorts::Auto,
             },
             devices: vec![
                 serial("serial0", 0x3f8, SerialOutput::Stdout),
@@ -163,6 +164,7 @@ cmdline = "console=ttyS0"
 modules = ["initrd.img"]
 protocol = "auto"
 smp = "sipi"
+unclaimed_ports = "log"
 [watchdog]
 timeout = "5s"
 [control]
@@ -221,6 +223,7 @@ fn full_example_file_is_read_as_written() {
             modules: vec![fixture.path("initrd.img")],
             protocol: BootProtocol::Auto,
             smp: SmpStart::Sipi,
+            unclaimed_ports: UnclaimedPorts::Log,
         }
     );
     assert_eq!(config.watchdog_ms, Some(5000));
@@ -1329,6 +1332,7 @@ fn flag_values_are_checked_like_file_values() {
         "auto, pvh, direct64 or linux",
     );
     assert_error(with_kernel("--smp", "x"), "--smp", "direct or sipi");
+    assert_error(with_kernel("--unclaimed-ports", "ignore"), "--unclaimed-ports", "auto, fail or log");
     assert_error(
         with_kernel("--serial", "tcp:80"),
         "--serial",

@@ -278,6 +278,7 @@ fn check_boot(draft: &Draft) -> Result<BootConfig, ConfigError> {
             .collect(),
         protocol: *protocol,
         smp: draft.smp,
+        unclaimed_ports: draft.unclaimed_ports,
     })
 }
 

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::{Backing, BootProtocol, SerialOutput, SmpStart};
+use crate::{Backing, BootProtocol, SerialOutput, SmpStart, UnclaimedPorts};
 
 pub(crate) const KIB: u64 = 1 << 10;
 pub(crate) const MIB: u64 = 1 << 20;
@@ -124,6 +124,23 @@ pub(crate) fn parse_smp(text: &str) -> Result<SmpStart, String> {
         _ => Err(format!(
             "\"{text}\" is not an SMP start (expected direct or sipi)"
         )),
+    }
+}
+
+pub(crate) fn parse_unclaimed_ports(text: &str) -> Result<UnclaimedPorts, String> {
+    match text {
+        "auto" => Ok(UnclaimedPorts::Auto),
+        "fail" => Ok(UnclaimedPorts::Fail),
+        "log" => Ok(UnclaimedPorts::Log),
+        _ => Err(format!("\"{text}\" is not a policy for unclaimed ports (expected auto, fail or log)")),
+    }
+}
+
+pub(crate) fn unclaimed_ports_name(policy: UnclaimedPorts) -> &'static str {
+    match policy {
+        UnclaimedPorts::Auto => "auto",
+        UnclaimedPorts::Fail => "fail",
+        UnclaimedPorts::Log => "log",
     }
 }
 

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 use std::path::Path;
 
-use crate::values::{backing_name, protocol_name, size_literal, smp_name};
+use crate::values::{backing_name, protocol_name, size_literal, smp_name, unclaimed_ports_name};
 use crate::{DeviceKind, SerialOutput, VmConfig};
 
 /// A TOML string literal, escaped.
@@ -55,6 +55,7 @@ impl VmConfig {
         let _ = writeln!(out, "modules = [{}]", modules.join(", "));
         let _ = writeln!(out, "protocol = \"{}\"", protocol_name(boot.protocol));
         let _ = writeln!(out, "smp = \"{}\"", smp_name(boot.smp));
+        let _ = writeln!(out, "unclaimed_ports = \"{}\"", unclaimed_ports_name(boot.unclaimed_ports));
 
         if let Some(millis) = self.watchdog_ms {
             let timeout = if millis % 1000 == 0 {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use kvm_bindings::{kvm_enable_cap, KVM_CAP_X86_USER_SPACE_MSR, KVM_MAX_CPUID_ENTRIES, KVM_MSR_EXIT_REASON_FILTER};
 use kvm_ioctls::{Kvm, MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VcpuFd, VmFd};
-use vmm_config::{BootProtocol, SmpStart, VmConfig};
+use vmm_config::{BootProtocol, SmpStart, UnclaimedPorts, VmConfig};
 
 use crate::arch::memmap::GuestLayout;
 use crate::boot::{self, BootPlan};
@@ -326,9 +326,6 @@ impl Vm {
         cmdline_extra.push(format!("clowder.cpus={}", config.vcpus.len()));
 
         let plan = boot::load(&memory, &config.boot, &cmdline_extra)?;
-        if config.boot.smp == SmpStart::Sipi && plan.protocol != BootProtocol::Direct64 && config.vcpus.len() > 1 {
-            // PVH and Linux always bring up their application processors with INIT/SIPI.
-        }
         let supported = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm_err("reading supported CPUID"))?;
         let sipi = config.boot.smp == SmpStart::Sipi;
         let mut vcpus = Vec::with_capacity(config.vcpus.len());
@@ -363,7 +360,10 @@ impl Vm {
         if self.pending_vcpus.is_empty() {
             return Err(VmError::State("the VM was already started".into()));
         }
-        let policy = if self.plan.protocol == BootProtocol::Linux { UnhandledPorts::LogOnce } else { UnhandledPorts::Fail };
+        let policy = match (self.config.boot.unclaimed_ports, self.plan.protocol) {
+            (UnclaimedPorts::Log, _) | (UnclaimedPorts::Auto, BootProtocol::Linux) => UnhandledPorts::LogOnce,
+            (UnclaimedPorts::Fail, _) | (UnclaimedPorts::Auto, _) => UnhandledPorts::Fail,
+        };
         let shared = self.handle.shared.clone();
         for (index, mut vcpu) in self.pending_vcpus.drain(..).enumerate() {
             let core = self.config.vcpus[index].host_core;
