@@ -7,6 +7,7 @@
 #   kernels/lwk/test.sh hello memory        # some programs
 #   LIBCS=musl kernels/lwk/test.sh          # one libc
 #   RUNNER=vmm kernels/lwk/test.sh          # under clowder-vmm on /dev/kvm instead of QEMU
+#   CLOWDER_VMM=path/to/clowder-vmm RUNNER=vmm kernels/lwk/test.sh   # a prebuilt VMM
 #
 # The job gets the command line `lwk.env=GREETING=hello -- NAME one "two words"`; the host
 # run gets the same argv and environment.
@@ -23,8 +24,11 @@ mkdir -p "$work"
 (cd "$kernels" && cargo build --release -p lwk --quiet) || exit 1
 kernel="$kernels/target/x86_64-unknown-none/release/lwk"
 if [ "$runner" = vmm ]; then
-    (cd "$repo" && cargo build --release -p clowder-vmm --quiet) || exit 1
-    vmm="$repo/target/release/clowder-vmm"
+    vmm=${CLOWDER_VMM:-}
+    if [ -z "$vmm" ]; then
+        (cd "$repo" && cargo build --release -p clowder-vmm --quiet) || exit 1
+        vmm="$repo/target/release/clowder-vmm"
+    fi
 fi
 
 # run_in_lwk BINARY NAME OUTPUT: runs the job, writes its output to OUTPUT, the kernel's

@@ -1,8 +1,10 @@
-//! Time without timer interrupts: the TSC counts, its frequency is learnt once at boot, and
-//! the wall clock is read once from the CMOS RTC.
+//! Time without timer interrupts: the TSC counts, its frequency and the wall clock are
+//! learnt once at boot: from kvmclock under KVM (no exits after boot), else from CPUID or the
+//! PIT, and the CMOS RTC.
 
-use crate::arch::cpu;
+use crate::arch::{cpu, phys};
 use crate::console::log;
+use crate::mm::pmem;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 static TSC_HZ: AtomicU64 = AtomicU64::new(1_000_000_000);
@@ -96,13 +98,70 @@ fn rtc_seconds() -> Option<u64> {
     Some(days_from_civil(2000 + year, month, day) * 86_400 + hour * 3600 + minute * 60 + second)
 }
 
-pub fn init() {
-    BOOT_TSC.store(cpu::read_tsc(), Ordering::Relaxed);
-    match tsc_hz_from_cpuid().or_else(tsc_hz_from_pit) {
+const MSR_KVM_WALL_CLOCK_NEW: u32 = 0x4b56_4d00;
+const MSR_KVM_SYSTEM_TIME_NEW: u32 = 0x4b56_4d01;
+const KVM_FEATURE_CLOCKSOURCE2: u32 = 1 << 3;
+
+/// What kvmclock tells: the TSC frequency and the wall time at `tsc`.
+struct KvmClock {
+    tsc_hz: u64,
+    tsc: u64,
+    realtime_ns: u64,
+}
+
+fn is_kvm() -> bool {
+    let signature = cpu::cpuid(0x4000_0000, 0);
+    [signature.ebx, signature.ecx, signature.edx] == [0x4b4d_564b, 0x564b_4d56, 0x4d] // "KVMKVMKVM"
+}
+
+/// Registers a kvmclock page and a wall-clock page (one page each, kept for the kernel's
+/// life because KVM may update them) and reads both once.
+fn kvm_clock() -> Option<KvmClock> {
+    if !is_kvm() || cpu::cpuid(0x4000_0001, 0).eax & KVM_FEATURE_CLOCKSOURCE2 == 0 {
+        return None;
+    }
+    let time_page = pmem::allocate_pages(1)?;
+    let wall_page = pmem::allocate_pages(1)?;
+    cpu::write_msr(MSR_KVM_SYSTEM_TIME_NEW, time_page | 1);
+    cpu::write_msr(MSR_KVM_WALL_CLOCK_NEW, wall_page);
+    // struct pvclock_vcpu_time_info: version, pad, tsc_timestamp, system_time,
+    // tsc_to_system_mul, tsc_shift; struct pvclock_wall_clock: version, sec, nsec.
+    loop {
+        let version: u32 = phys::read_volatile(time_page);
+        let tsc_timestamp: u64 = phys::read_volatile(time_page + 8);
+        let system_time: u64 = phys::read_volatile(time_page + 16);
+        let multiplier: u32 = phys::read_volatile(time_page + 24);
+        let shift: i8 = phys::read_volatile(time_page + 28);
+        let wall_seconds: u32 = phys::read_volatile(wall_page + 4);
+        let wall_nanoseconds: u32 = phys::read_volatile(wall_page + 8);
+        if version % 2 == 1 || version != phys::read_volatile::<u32>(time_page) || multiplier == 0 {
+            continue;
+        }
+        // ns = ((ticks << shift) * multiplier) >> 32, so ticks per second follow by inversion.
+        let mut tsc_hz = (NANOS_PER_SECOND << 32) / multiplier as u64;
+        tsc_hz = if shift >= 0 { tsc_hz >> shift } else { tsc_hz << -shift };
+        let realtime_ns = wall_seconds as u64 * NANOS_PER_SECOND + wall_nanoseconds as u64 + system_time;
+        return Some(KvmClock { tsc_hz, tsc: tsc_timestamp, realtime_ns });
+    }
+}
+
+/// `may_probe_ports`: false under clowder-vmm, where an access to a port no device claims
+/// stops the VM (and there is no RTC).
+pub fn init(may_probe_ports: bool) {
+    let boot_tsc = cpu::read_tsc();
+    BOOT_TSC.store(boot_tsc, Ordering::Relaxed);
+    if let Some(kvm) = kvm_clock() {
+        TSC_HZ.store(kvm.tsc_hz, Ordering::Relaxed);
+        let since_reading = (boot_tsc.wrapping_sub(kvm.tsc) as i64 as i128 * NANOS_PER_SECOND as i128 / kvm.tsc_hz as i128) as i64;
+        BOOT_REALTIME_NS.store(kvm.realtime_ns.wrapping_add_signed(since_reading), Ordering::Relaxed);
+        return;
+    }
+    let pit = || if may_probe_ports { tsc_hz_from_pit() } else { None };
+    match tsc_hz_from_cpuid().or_else(pit) {
         Some(hz) => TSC_HZ.store(hz, Ordering::Relaxed),
         None => log!("no TSC frequency source: assuming 1 GHz"),
     }
-    match rtc_seconds() {
+    match if may_probe_ports { rtc_seconds() } else { None } {
         Some(seconds) => BOOT_REALTIME_NS.store(seconds * NANOS_PER_SECOND, Ordering::Relaxed),
         None => log!("no real-time clock: wall time starts at the epoch"),
     }

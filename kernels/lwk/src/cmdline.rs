@@ -3,8 +3,9 @@
 //! ```text
 //! [lwk.heap=SIZE] [lwk.stack=SIZE] [lwk.env=NAME=VALUE]... [clowder.*=...] -- ARGV0 ARG1 ...
 //! ```
-//! Everything after ` -- ` is the job's argv, split at spaces; double quotes group words with
-//! spaces (`"a b"`). Without ` -- ` the job's argv is `[/job]`. SIZE is bytes with an optional
+//! Everything after the first `--` word is the job's argv, split at spaces; double quotes
+//! group words with spaces (`"a b"`). Without `--` the job's argv is `[/job]`. clowder-vmm
+//! appends its `clowder.*` keys after everything, so trailing `clowder.*` words are not argv. SIZE is bytes with an optional
 //! K, M or G suffix. The `clowder.*` keys are the ones clowder-vmm appends (docs/guest-abi.md).
 
 use alloc::string::String;
@@ -32,9 +33,15 @@ fn kernel_words(command_line: &str) -> impl Iterator<Item = &str> {
     split_at_separator(command_line).0.split_ascii_whitespace()
 }
 
-/// The value of the last `key=value` word for `key`.
+/// The value of the last `key=value` word for `key` (`clowder.*` keys may also follow the
+/// job's words, where clowder-vmm appends them).
 pub fn value_of<'a>(command_line: &'a str, key: &str) -> Option<&'a str> {
-    kernel_words(command_line)
+    let words: &mut dyn Iterator<Item = &'a str> = if key.starts_with("clowder.") {
+        &mut command_line.split_ascii_whitespace()
+    } else {
+        &mut kernel_words(command_line)
+    };
+    words
         .filter_map(|word| word.strip_prefix(key).and_then(|rest| rest.strip_prefix('=')))
         .last()
 }
@@ -54,6 +61,11 @@ pub fn parse_size(text: &str) -> Option<u64> {
         _ => (text, 0),
     };
     parse_number(digits)?.checked_mul(1 << shift)
+}
+
+/// True when clowder-vmm started us: it appends `clowder.*` keys.
+pub fn started_by_clowder_vmm(command_line: &str) -> bool {
+    command_line.split_ascii_whitespace().any(|word| word.starts_with("clowder."))
 }
 
 /// The port whose write ends the VM (usable before the heap exists).
@@ -85,6 +97,10 @@ impl JobOptions {
             .map(String::from)
             .collect();
         let mut argv = split_at_separator(command_line).1.map(split_quoted).unwrap_or_default();
+        // clowder-vmm appends its keys at the very end, after the job's words.
+        while argv.last().is_some_and(|word| word.starts_with("clowder.")) {
+            argv.pop();
+        }
         if argv.is_empty() {
             argv.push(String::from(DEFAULT_ARGV0));
         }

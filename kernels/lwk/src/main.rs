@@ -41,7 +41,7 @@ extern "C" fn kernel_main(start_info: u64) -> ! {
     log!("memory: {} MiB free", mm::pmem::total_free() >> 20);
     mm::pmem::for_each_free(|range| log!("  free {:#x}..{:#x}", range.start, range.end));
     arch::cpu::enable_user_fpu();
-    clock::init();
+    clock::init(!cmdline::started_by_clowder_vmm(boot.command_line()));
 
     let options = JobOptions::parse(boot.command_line()).unwrap_or_else(|error| panic!("bad option {}", error.0));
     match job::load(boot.modules().first(), &options) {

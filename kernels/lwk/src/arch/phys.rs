@@ -25,6 +25,12 @@ pub fn read<T: Copy>(physical: u64) -> T {
     unsafe { core::ptr::read_unaligned(to_virtual(physical) as *const T) }
 }
 
+/// Reads a value another agent (the hypervisor) may be writing: never cached or merged.
+pub fn read_volatile<T: Copy>(physical: u64) -> T {
+    // SAFETY: as `read`, and the caller names a naturally aligned field.
+    unsafe { core::ptr::read_volatile(to_virtual(physical) as *const T) }
+}
+
 /// A byte view of physical memory that the kernel owns for the lifetime `'a` (a boot module,
 /// a region it allocated).
 pub fn bytes<'a>(physical: u64, len: usize) -> &'a [u8] {
