@@ -1,7 +1,7 @@
 //! x86-64 primitives: port I/O, MSRs, the local APIC, the IDT and its entry stubs.
 
 use core::arch::{asm, global_asm};
-use core::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
 pub fn outb(port: u16, value: u8) {
     // SAFETY: port I/O has no memory effects visible to Rust.
@@ -202,8 +202,6 @@ static IDT_STATE: AtomicU8 = AtomicU8::new(IDT_UNBUILT);
 static DEVICE_VECTOR: AtomicU8 = AtomicU8::new(0x40);
 /// Interrupts taken on the device vector.
 pub static DEVICE_INTERRUPTS: AtomicU32 = AtomicU32::new(0);
-/// Exception vector and RIP of the last unexpected exception (for the report).
-static LAST_EXCEPTION: AtomicU64 = AtomicU64::new(0);
 
 extern "C" {
     static exception_stubs: [u8; 32 * EXCEPTION_STUB_SIZE];
@@ -275,7 +273,6 @@ struct ExceptionFrame {
 
 #[no_mangle]
 extern "C" fn unexpected_exception(frame: &ExceptionFrame) -> ! {
-    LAST_EXCEPTION.store(frame.rip, Ordering::Relaxed);
     crate::println!(
         "testguest: exception {} error {:#x} at rip {:#x} (rsp {:#x})",
         frame.vector,
