@@ -1,0 +1,242 @@
+/* dexrun: start a DEX program on N local processes ("nodes").
+ *
+ *   dexrun -n N [--transport tcp] [--timeout SEC] ./app args...
+ *
+ * Node 0 (the origin) runs main(); nodes 1..N-1 run the same binary, which
+ * libdex turns into workers that serve migrated threads. All of them start
+ * with address-space randomisation off, an environment of identical size
+ * and the same arguments, so code, globals, the shared heap and the vDSO sit
+ * at the same addresses everywhere. The origin's exit status is dexrun's;
+ * any node failing, a timeout, or Ctrl-C ends every process. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/personality.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_NODES 32
+#define GRACE_SECONDS 3
+
+static pid_t children[MAX_NODES];
+static int nchildren;
+static volatile sig_atomic_t interrupted;
+
+static void on_signal(int sig)
+{
+	interrupted = sig;
+}
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: dexrun -n N [--transport tcp] [--timeout SECONDS] program [args...]\n");
+	exit(2);
+}
+
+static double now_seconds(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int index_of(pid_t pid)
+{
+	for (int i = 0; i < nchildren; i++)
+		if (children[i] == pid)
+			return i;
+	return -1;
+}
+
+static int alive_count(void)
+{
+	int n = 0;
+	for (int i = 0; i < nchildren; i++)
+		n += children[i] > 0;
+	return n;
+}
+
+static void signal_all(int sig)
+{
+	for (int i = 0; i < nchildren; i++)
+		if (children[i] > 0)
+			kill(children[i], sig);
+}
+
+static void describe(int node, int status, char *out, size_t len)
+{
+	if (WIFEXITED(status))
+		snprintf(out, len, "node %d exited with status %d", node, WEXITSTATUS(status));
+	else
+		snprintf(out, len, "node %d was killed by signal %d (%s)", node, WTERMSIG(status),
+			 strsignal(WTERMSIG(status)));
+}
+
+/* Reaps children until all are gone or `deadline` passes. Records the
+ * origin's status. Returns the number still alive. */
+static int reap_until(double deadline, int *origin_status)
+{
+	while (alive_count()) {
+		int status;
+		pid_t pid = waitpid(-1, &status, WNOHANG);
+		if (pid > 0) {
+			int i = index_of(pid);
+			if (i >= 0) {
+				children[i] = -1;
+				if (i == 0)
+					*origin_status = status;
+			}
+			continue;
+		}
+		if (now_seconds() >= deadline)
+			break;
+		usleep(10000);
+	}
+	return alive_count();
+}
+
+static void end_everyone(int *origin_status)
+{
+	signal_all(SIGTERM);
+	if (reap_until(now_seconds() + GRACE_SECONDS, origin_status)) {
+		signal_all(SIGKILL);
+		reap_until(now_seconds() + 10, origin_status);
+	}
+}
+
+static int exit_code_of(int status)
+{
+	if (WIFEXITED(status))
+		return WEXITSTATUS(status);
+	return 128 + WTERMSIG(status);
+}
+
+int main(int argc, char **argv)
+{
+	int nodes = 0;
+	double timeout = 0;
+	int i = 1;
+	for (; i < argc && argv[i][0] == '-'; i++) {
+		if (!strcmp(argv[i], "-n") && i + 1 < argc)
+			nodes = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--transport") && i + 1 < argc) {
+			if (strcmp(argv[++i], "tcp") != 0) {
+				fprintf(stderr, "dexrun: transport '%s' is not available (only tcp)\n", argv[i]);
+				return 2;
+			}
+		} else if (!strcmp(argv[i], "--timeout") && i + 1 < argc)
+			timeout = atof(argv[++i]);
+		else
+			usage();
+	}
+	if (i >= argc || nodes < 1 || nodes > MAX_NODES)
+		usage();
+
+	int listener = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	socklen_t salen = sizeof(sa);
+	if (listener < 0 || bind(listener, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(listener, 64) != 0 ||
+	    getsockname(listener, (struct sockaddr *)&sa, &salen) != 0) {
+		perror("dexrun: listen");
+		return 1;
+	}
+
+	/* Fixed-width values keep every process's environment the same size,
+	 * and so its initial stack and everything laid out after it. rseq is
+	 * off because the kernel would write the rseq area, which is inside
+	 * the thread descriptor in shared memory, from kernel mode. */
+	char boot[96];
+	setenv("GLIBC_TUNABLES", "glibc.pthread.rseq=0", 1);
+	struct sigaction sact = { .sa_handler = on_signal };
+	sigaction(SIGINT, &sact, NULL);
+	sigaction(SIGTERM, &sact, NULL);
+	sigaction(SIGHUP, &sact, NULL);
+
+	for (int n = 0; n < nodes; n++) {
+		snprintf(boot, sizeof(boot), "node=%03d,nodes=%03d,port=%05d,fd=%04d", n, nodes, ntohs(sa.sin_port),
+			 listener);
+		setenv("DEX_BOOT", boot, 1);
+		pid_t pid = fork();
+		if (pid < 0) {
+			perror("dexrun: fork");
+			end_everyone(&(int){ 0 });
+			return 1;
+		}
+		if (pid == 0) {
+			prctl(PR_SET_PDEATHSIG, SIGKILL);
+			if (getppid() == 1)
+				_exit(1);
+			signal(SIGINT, SIG_DFL);
+			signal(SIGTERM, SIG_DFL);
+			signal(SIGHUP, SIG_DFL);
+			if (personality(ADDR_NO_RANDOMIZE) < 0) {
+				perror("dexrun: personality");
+				_exit(127);
+			}
+			execvp(argv[i], argv + i);
+			fprintf(stderr, "dexrun: cannot run %s: %s\n", argv[i], strerror(errno));
+			_exit(127);
+		}
+		children[nchildren++] = pid;
+	}
+	close(listener);
+
+	double deadline = timeout > 0 ? now_seconds() + timeout : 0;
+	int origin_status = 0;
+	int failed_node = -1;
+	char why[160] = "";
+	while (alive_count()) {
+		if (interrupted) {
+			fprintf(stderr, "dexrun: interrupted (signal %d); stopping all %d nodes\n", (int)interrupted,
+				nodes);
+			end_everyone(&origin_status);
+			return 130;
+		}
+		if (deadline && now_seconds() > deadline) {
+			fprintf(stderr, "dexrun: timeout after %.0f s; stopping all nodes\n", timeout);
+			end_everyone(&origin_status);
+			return 124;
+		}
+		int status;
+		pid_t pid = waitpid(-1, &status, WNOHANG);
+		if (pid <= 0) {
+			usleep(5000);
+			continue;
+		}
+		int n = index_of(pid);
+		if (n < 0)
+			continue;
+		children[n] = -1;
+		if (n == 0) {
+			origin_status = status;
+			/* Nodes leave on the origin's SHUTDOWN or when its socket
+			 * closes; anything still running after the grace is killed. */
+			if (reap_until(now_seconds() + GRACE_SECONDS, &origin_status)) {
+				signal_all(SIGKILL);
+				reap_until(now_seconds() + 10, &origin_status);
+			}
+			break;
+		}
+		if (failed_node < 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+			failed_node = n;
+			describe(n, status, why, sizeof(why));
+			fprintf(stderr, "dexrun: %s; stopping all nodes\n", why);
+			/* Let the origin report the broken connection itself first. */
+			if (reap_until(now_seconds() + GRACE_SECONDS, &origin_status))
+				end_everyone(&origin_status);
+			break;
+		}
+	}
+	int code = exit_code_of(origin_status);
+	if (failed_node >= 0 && code == 0)
+		code = 1;
+	return code;
+}

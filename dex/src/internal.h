@@ -1,0 +1,156 @@
+/* Shared declarations of the libdex runtime (not installed). */
+#ifndef DEX_INTERNAL_H
+#define DEX_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "protocol.h"
+#include "rawsys.h"
+
+/* The kernel's layout for rt_sigaction (glibc's struct differs). */
+#ifndef SA_RESTORER
+#define SA_RESTORER 0x04000000
+#endif
+struct kernel_sigaction {
+	void *handler;
+	unsigned long flags;
+	void *restorer;
+	uint64_t mask;
+};
+
+#define DEX_MAX_THREADS 1024  /* app threads, numbered by the origin */
+#define DEX_MAX_WORKERS 256   /* pooled worker threads per node */
+#define DEX_HEAP_BASE 0x600000000000ull
+
+/* Every OS thread the runtime knows gets one 256 KiB-aligned block of local
+ * (never shared) memory: this header, a runtime stack used while the app
+ * stack belongs to another node, and the signal stack. Signal handlers find
+ * the header by masking their stack pointer, so they never touch TLS. */
+#define DEX_THREAD_BLOCK (256u * 1024u)
+#define DEX_RUNTIME_STACK_OFFSET (4u * 1024u)
+#define DEX_SIGNAL_STACK_OFFSET (128u * 1024u)
+
+enum dex_thread_role {
+	DEX_ROLE_APP_ORIGIN = 1, /* an application thread's home OS thread */
+	DEX_ROLE_WORKER,         /* node thread that runs migrated contexts */
+	DEX_ROLE_SERVICE,        /* receivers and other runtime threads */
+};
+
+enum { DEX_DEPARTED = 2 }; /* pool context resumed because the app left */
+
+struct dex_mailbox {
+	uint32_t ready; /* futex word: 1 when a message waits */
+	uint16_t type;
+	uint16_t from;
+	uint32_t length;
+	char *payload; /* DEX_MAX_PAYLOAD bytes of local memory */
+};
+
+struct dex_thread {
+	uint32_t role;
+	uint32_t thread_id;   /* app thread currently running here */
+	uint32_t worker;      /* node-local worker index */
+	uint32_t migrate_target;
+	/* Syscall User Dispatch selector: the kernel reads it on every system
+	 * call, so it must live in local memory, not in the app's TLS. */
+	volatile char sud_selector;
+	uint64_t own_fs_base;
+	uint64_t tid_address; /* glibc's pd->tid of the app thread (origin) */
+	uint64_t departed_ns;
+	struct dex_context app_context;
+	struct dex_context pool_context;
+	struct dex_mailbox mail;
+	char *scratch; /* DEX_MAX_PAYLOAD bytes for building messages */
+};
+
+struct dsm_region {
+	uintptr_t start, end; /* app view, page aligned */
+	char *alias;          /* always-writable view of the same memory */
+	uint32_t first_page;  /* global page index of start */
+};
+
+struct dex_peer {
+	int fd;
+	struct dex_lock send_lock;
+	uint32_t sequence;
+};
+
+struct dex_runtime {
+	bool active;   /* running under dexrun with more than one node */
+	unsigned node; /* this process */
+	unsigned nodes;
+	struct dex_peer peers[DEX_MAX_NODES]; /* origin: all nodes; node: [0] */
+	struct dsm_region regions[2];
+	unsigned nregions;
+	struct dex_region_bounds bounds[2];
+	uint32_t total_pages;
+	uint8_t *page_state;
+	uint8_t *page_inflight;
+	uint32_t dsm_epoch; /* futex word bumped by every grant */
+	struct dex_lock dsm_lock;
+	struct dsm_dir dir; /* origin only */
+	uintptr_t text_start, text_end; /* libdex code: exempt from dispatch */
+	struct dex_thread *threads[DEX_MAX_THREADS];  /* origin: by thread id */
+	uint8_t thread_location[DEX_MAX_THREADS];      /* origin: node running it */
+	uint32_t next_thread_id;
+	struct dex_thread *workers[DEX_MAX_WORKERS];   /* node: by index */
+	uint32_t worker_idle[DEX_MAX_WORKERS];
+	uint32_t nworkers;
+	struct dex_lock workers_lock;
+	int shutting_down;
+	unsigned spin_iterations;
+	long tid_offset; /* offset of tid in glibc's struct pthread */
+	/* statistics, printed by dex_stats */
+	uint64_t faults_read, faults_write, pages_received, invalidations_served, syscalls_delegated;
+	uint64_t migrations_in, workers_created;
+};
+
+extern struct dex_runtime dex_rt;
+extern __thread int dex_tls_runtime_thread;
+
+/* runtime.c */
+void dex_fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+void dex_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+uint64_t dex_now_ns(void);
+int dex_send(unsigned peer, enum dex_msg_type type, const void *fixed, size_t fixed_len, const void *data,
+	     size_t data_len);
+bool dex_in_shared(uintptr_t addr);
+struct dex_thread *dex_thread_block_alloc(enum dex_thread_role role);
+struct dex_thread *dex_thread_create_block(enum dex_thread_role role);
+struct dex_thread *dex_self(void);
+void dex_mail_wait(struct dex_thread *t);
+void dex_mail_post(struct dex_thread *t, const struct dex_msg_header *h, const void *payload);
+void dex_install_signal_handlers(void);
+void dex_start_service_thread(void *(*fn)(void *), void *arg);
+void dex_origin_shutdown_nodes(int status);
+void dex_prefault(uintptr_t addr, size_t len, bool write);
+
+/* migrate.c */
+int dex_context_save(struct dex_context *c) __attribute__((returns_twice));
+void dex_context_resume(const struct dex_context *c, int value) __attribute__((noreturn));
+void dex_call_on_stack(void *stack_top, void (*fn)(void *), void *arg) __attribute__((noreturn));
+void dex_sigreturn_trampoline(void);
+uint64_t dex_get_fs_base(void);
+void dex_set_fs_base(uint64_t fs);
+void dex_node_handle_migrate(const struct dex_msg_header *h, const struct dex_msg_migrate *m);
+void dex_origin_handle_migrate(const struct dex_msg_header *h, const struct dex_msg_migrate *m);
+
+/* syscall.c */
+void dex_arm_dispatch(struct dex_thread *t);
+void dex_sigsys_handler(int sig, void *info, void *ucontext);
+void dex_origin_run_delegated(struct dex_thread *t, unsigned from, const struct dex_msg_syscall *m);
+void dex_thread_exit_here(long code) __attribute__((noreturn));
+void dex_process_exit_here(long code) __attribute__((noreturn));
+
+/* alloc.c */
+void dex_heap_init_origin(void);
+void *dex_heap_alloc_pages(size_t bytes);
+void dex_heap_free_pages(void *p, size_t bytes);
+
+/* threads.c */
+void dex_threads_init(void);
+int dex_real_pthread_create(void *thread, const void *attr, void *(*fn)(void *), void *arg);
+
+#endif

@@ -1,0 +1,256 @@
+/* Thread migration.
+ *
+ * A migrating thread saves its callee-saved registers inside dex_migrate()
+ * (its stack and TLS are shared memory), leaves that stack, and ships the
+ * registers. On a node a pooled worker adopts them: it switches its thread
+ * pointer to the app thread's TLS and jumps; the stack pages follow through
+ * the DSM on demand. At the origin the thread's own OS thread parks on a
+ * private stack and serves the thread's delegated system calls until the
+ * thread comes back, so the kernel's view of the thread (tid, futex waits,
+ * file descriptors) stays at home. */
+#include "internal.h"
+
+#include <asm/prctl.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include "../include/dex.h"
+
+__asm__(".text\n"
+	".globl dex_context_save\n"
+	".hidden dex_context_save\n"
+	".type dex_context_save,@function\n"
+	"dex_context_save:\n"
+	"	movq %rbx, 0(%rdi)\n"
+	"	movq %rbp, 8(%rdi)\n"
+	"	movq %r12, 16(%rdi)\n"
+	"	movq %r13, 24(%rdi)\n"
+	"	movq %r14, 32(%rdi)\n"
+	"	movq %r15, 40(%rdi)\n"
+	"	leaq 8(%rsp), %rax\n"
+	"	movq %rax, 48(%rdi)\n"
+	"	movq (%rsp), %rax\n"
+	"	movq %rax, 56(%rdi)\n"
+	"	stmxcsr 72(%rdi)\n"
+	"	fnstcw 76(%rdi)\n"
+	"	xorl %eax, %eax\n"
+	"	ret\n"
+	".size dex_context_save, .-dex_context_save\n"
+
+	".globl dex_context_resume\n"
+	".hidden dex_context_resume\n"
+	".type dex_context_resume,@function\n"
+	"dex_context_resume:\n"
+	"	movq 0(%rdi), %rbx\n"
+	"	movq 8(%rdi), %rbp\n"
+	"	movq 16(%rdi), %r12\n"
+	"	movq 24(%rdi), %r13\n"
+	"	movq 32(%rdi), %r14\n"
+	"	movq 40(%rdi), %r15\n"
+	"	ldmxcsr 72(%rdi)\n"
+	"	fldcw 76(%rdi)\n"
+	"	movq 48(%rdi), %rsp\n"
+	"	movl %esi, %eax\n"
+	"	jmpq *56(%rdi)\n"
+	".size dex_context_resume, .-dex_context_resume\n"
+
+	".globl dex_call_on_stack\n"
+	".hidden dex_call_on_stack\n"
+	".type dex_call_on_stack,@function\n"
+	"dex_call_on_stack:\n"
+	"	movq %rdi, %rsp\n"
+	"	movq %rdx, %rdi\n"
+	"	callq *%rsi\n"
+	"	ud2\n"
+	".size dex_call_on_stack, .-dex_call_on_stack\n"
+
+	".globl dex_sigreturn_trampoline\n"
+	".hidden dex_sigreturn_trampoline\n"
+	".type dex_sigreturn_trampoline,@function\n"
+	"dex_sigreturn_trampoline:\n"
+	"	movq $15, %rax\n"
+	"	syscall\n"
+	"	ud2\n"
+	".size dex_sigreturn_trampoline, .-dex_sigreturn_trampoline\n");
+
+uint64_t dex_get_fs_base(void)
+{
+	uint64_t fs = 0;
+	raw_syscall(SYS_arch_prctl, ARCH_GET_FS, &fs, 0);
+	return fs;
+}
+
+void dex_set_fs_base(uint64_t fs)
+{
+	raw_syscall(SYS_arch_prctl, ARCH_SET_FS, fs, 0);
+}
+
+static void send_migrate(unsigned peer, const struct dex_thread *t)
+{
+	struct dex_msg_migrate m = { .thread = t->thread_id, .target = t->migrate_target, .sent_ns = t->departed_ns,
+				     .context = t->app_context };
+	dex_send(peer, DEX_MSG_MIGRATE, &m, sizeof(m), NULL, 0);
+}
+
+/* Origin side, on the thread's private runtime stack: hand the context to
+ * the target and serve the thread until it returns home. */
+static void origin_depart_and_park(void *arg)
+{
+	struct dex_thread *t = arg;
+	__atomic_store_n(&dex_rt.thread_location[t->thread_id], (uint8_t)t->migrate_target, __ATOMIC_RELEASE);
+	send_migrate(t->migrate_target, t);
+	for (;;) {
+		dex_mail_wait(t);
+		if (t->mail.type == DEX_MSG_MIGRATE) {
+			const struct dex_msg_migrate *m = (const void *)t->mail.payload;
+			t->app_context = m->context;
+			__atomic_store_n(&t->mail.ready, 0, __ATOMIC_RELEASE);
+			dex_rt.thread_location[t->thread_id] = 0;
+			dex_context_resume(&t->app_context, 1);
+		}
+		dex_origin_run_delegated(t, t->mail.from, (const void *)t->mail.payload);
+	}
+}
+
+int dex_migrate(int target)
+{
+	if (target < 0 || (unsigned)target >= dex_rt.nodes)
+		return EINVAL;
+	if ((unsigned)target == dex_rt.node)
+		return EBUSY;
+	struct dex_thread *t = dex_self();
+	if (!t || (t->role != DEX_ROLE_APP_ORIGIN && t->role != DEX_ROLE_WORKER))
+		return EPERM; /* not a thread started through pthread_create under dexrun */
+	t->migrate_target = (uint32_t)target;
+	if (dex_context_save(&t->app_context) != 0)
+		return 0; /* resumed on the target node; `t` belongs to the old one */
+	t->app_context.fs_base = dex_get_fs_base();
+	t->departed_ns = dex_now_ns();
+	if (t->role == DEX_ROLE_APP_ORIGIN)
+		dex_call_on_stack((char *)t + DEX_SIGNAL_STACK_OFFSET, origin_depart_and_park, t);
+	t->sud_selector = 0;
+	dex_set_fs_base(t->own_fs_base);
+	dex_context_resume(&t->pool_context, DEX_DEPARTED);
+}
+
+/* A pooled worker on a node: adopt contexts until the process ends. */
+static void *worker_main(void *arg)
+{
+	struct dex_thread *t = arg;
+	dex_tls_runtime_thread = 1;
+	t->own_fs_base = dex_get_fs_base();
+	stack_t ss = { .ss_sp = (char *)t + DEX_SIGNAL_STACK_OFFSET,
+		       .ss_size = DEX_THREAD_BLOCK - DEX_SIGNAL_STACK_OFFSET };
+	if (raw_syscall(SYS_sigaltstack, &ss, 0, 0) != 0)
+		dex_fatal("sigaltstack failed in worker");
+	dex_arm_dispatch(t);
+	for (;;) {
+		dex_mail_wait(t);
+		if (t->mail.type != DEX_MSG_MIGRATE)
+			dex_fatal("worker %u got unexpected %s", t->worker, dex_msg_type_name(t->mail.type));
+		const struct dex_msg_migrate *m = (const void *)t->mail.payload;
+		t->thread_id = m->thread;
+		t->app_context = m->context;
+		__atomic_store_n(&t->mail.ready, 0, __ATOMIC_RELEASE);
+		__atomic_add_fetch(&dex_rt.migrations_in, 1, __ATOMIC_RELAXED);
+		if (dex_context_save(&t->pool_context) == 0) {
+			dex_set_fs_base(t->app_context.fs_base);
+			t->sud_selector = 1;
+			dex_context_resume(&t->app_context, 1);
+		}
+		/* The thread left this node from dex_migrate: we are back on the
+		 * worker's own stack and TLS with dispatch allowed. */
+		dex_lock_acquire(&dex_rt.workers_lock);
+		dex_rt.worker_idle[t->worker] = 1;
+		dex_lock_release(&dex_rt.workers_lock);
+		send_migrate(0, t);
+	}
+	return NULL;
+}
+
+void dex_node_handle_migrate(const struct dex_msg_header *h, const struct dex_msg_migrate *m)
+{
+	if (m->target != dex_rt.node)
+		dex_fatal("rejected MIGRATE for node %u", m->target);
+	struct dex_thread *t = NULL;
+	bool fresh = false;
+	dex_lock_acquire(&dex_rt.workers_lock);
+	for (uint32_t i = 0; i < dex_rt.nworkers; i++) {
+		if (dex_rt.worker_idle[i]) {
+			dex_rt.worker_idle[i] = 0;
+			t = dex_rt.workers[i];
+			break;
+		}
+	}
+	if (!t) {
+		if (dex_rt.nworkers == DEX_MAX_WORKERS)
+			dex_fatal("more than %d threads on this node", DEX_MAX_WORKERS);
+		/* First arrival (or all workers busy): set up a new remote worker.
+		 * It owns a block like any runtime thread; its stack is local. */
+		t = dex_thread_block_alloc(DEX_ROLE_WORKER);
+		t->worker = dex_rt.nworkers;
+		dex_rt.workers[t->worker] = t;
+		dex_rt.nworkers++;
+		fresh = true;
+		dex_rt.workers_created++;
+	}
+	dex_lock_release(&dex_rt.workers_lock);
+	dex_mail_post(t, h, m);
+	if (fresh)
+		dex_start_service_thread(worker_main, t);
+}
+
+void dex_origin_handle_migrate(const struct dex_msg_header *h, const struct dex_msg_migrate *m)
+{
+	struct dex_thread *t = dex_rt.threads[m->thread];
+	if (!t || dex_rt.thread_location[m->thread] != h->from)
+		dex_fatal("rejected MIGRATE from node %u for thread %u that is not there", h->from, m->thread);
+	if (m->target == 0) {
+		dex_mail_post(t, h, m);
+		return;
+	}
+	/* Node-to-node: the origin relays and records where the thread is. */
+	__atomic_store_n(&dex_rt.thread_location[m->thread], (uint8_t)m->target, __ATOMIC_RELEASE);
+	dex_send(m->target, DEX_MSG_MIGRATE, m, sizeof(*m), NULL, 0);
+}
+
+/* ---------------------------------------------------------- public API */
+
+int dex_node(void)
+{
+	return (int)dex_rt.node;
+}
+
+int dex_nodes(void)
+{
+	return (int)dex_rt.nodes;
+}
+
+int migrate(int nid, void (*callback)(void *), void *arg)
+{
+	int rc = dex_migrate(nid);
+	if (rc == 0 && callback)
+		callback(arg);
+	return rc;
+}
+
+int popcorn_get_node_info(int *current, struct popcorn_node_info *info)
+{
+	*current = dex_node();
+	for (int i = 0; i < POPCORN_MAX_NODES; i++) {
+		info[i].status = (unsigned)i < dex_rt.nodes ? 1 : 0;
+		info[i].arch = 0; /* all nodes run x86-64 */
+		info[i].distance = i == *current ? 0 : 1;
+	}
+	return 0;
+}
+
+int popcorn_gettid(void)
+{
+	/* The home thread id, kept in glibc's descriptor in shared memory, so
+	 * the answer does not change when the thread migrates. */
+	if (!dex_rt.active)
+		return (int)raw_syscall(SYS_gettid, 0, 0, 0);
+	return *(const int *)(dex_get_fs_base() + (uint64_t)dex_rt.tid_offset);
+}

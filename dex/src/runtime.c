@@ -1,0 +1,878 @@
+/* libdex runtime: start-up, transport, and the DSM fault path.
+ *
+ * This is the thin shell around protocol.c: it maps the shared regions,
+ * turns SIGSEGV into protocol requests, applies the directory's actions
+ * (send a message, change a page protection) and moves page bytes through
+ * an always-writable alias of each region. */
+#include "internal.h"
+
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <link.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/auxv.h>
+#include <sys/mman.h>
+#include <sys/personality.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+struct dex_runtime dex_rt = { .nodes = 1 };
+__thread int dex_tls_runtime_thread;
+
+#define DEX_THREAD_MAGIC 0xde7ull
+
+/* ------------------------------------------------------------ diagnostics */
+
+static void write_all_raw(int fd, const char *buf, size_t len)
+{
+	while (len) {
+		long n = raw_syscall(SYS_write, fd, buf, len);
+		if (n <= 0)
+			return;
+		buf += n;
+		len -= (size_t)n;
+	}
+}
+
+static void vlog(const char *level, const char *fmt, va_list ap)
+{
+	char line[512];
+	int n = snprintf(line, sizeof(line), "dex[node %u]: %s", dex_rt.node, level);
+	n += vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
+	if (n > (int)sizeof(line) - 2)
+		n = (int)sizeof(line) - 2;
+	line[n++] = '\n';
+	write_all_raw(2, line, (size_t)n);
+}
+
+void dex_log(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vlog("", fmt, ap);
+	va_end(ap);
+}
+
+void dex_fatal(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vlog("error: ", fmt, ap);
+	va_end(ap);
+	raw_syscall(SYS_exit_group, 70, 0, 0);
+	__builtin_unreachable();
+}
+
+uint64_t dex_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* -------------------------------------------------------------- transport */
+
+int dex_send(unsigned peer, enum dex_msg_type type, const void *fixed, size_t fixed_len, const void *data,
+	     size_t data_len)
+{
+	struct dex_peer *p = &dex_rt.peers[peer];
+	struct dex_msg_header h;
+	dex_lock_acquire(&p->send_lock);
+	dex_msg_fill_header(&h, type, dex_rt.node, (uint32_t)(fixed_len + data_len), ++p->sequence);
+	struct iovec iov[3] = { { &h, sizeof(h) }, { (void *)fixed, fixed_len }, { (void *)data, data_len } };
+	int iovcnt = data_len ? 3 : 2;
+	size_t left = sizeof(h) + fixed_len + data_len;
+	int rc = 0;
+	while (left) {
+		long n = raw_syscall(SYS_writev, p->fd, iov, iovcnt);
+		if (n == -EINTR)
+			continue;
+		if (n <= 0) {
+			rc = -1;
+			break;
+		}
+		left -= (size_t)n;
+		for (int i = 0; i < iovcnt && n; i++) {
+			size_t take = (size_t)n < iov[i].iov_len ? (size_t)n : iov[i].iov_len;
+			iov[i].iov_base = (char *)iov[i].iov_base + take;
+			iov[i].iov_len -= take;
+			n -= (long)take;
+		}
+	}
+	dex_lock_release(&p->send_lock);
+	if (rc && !dex_rt.shutting_down)
+		dex_fatal("connection to node %u broken while sending %s", peer, dex_msg_type_name(type));
+	return rc;
+}
+
+/* Returns 1 on success, 0 on orderly EOF, -1 on error. */
+static int read_full(int fd, void *buf, size_t len)
+{
+	char *p = buf;
+	size_t got = 0;
+	while (got < len) {
+		long n = raw_syscall(SYS_read, fd, p + got, len - got);
+		if (n == -EINTR)
+			continue;
+		if (n == 0)
+			return got ? -1 : 0;
+		if (n < 0)
+			return -1;
+		got += (size_t)n;
+	}
+	return 1;
+}
+
+static struct dex_validation_limits limits(void)
+{
+	return (struct dex_validation_limits){ .nodes = dex_rt.nodes, .max_threads = DEX_MAX_THREADS,
+					       .max_workers = DEX_MAX_WORKERS, .regions = dex_rt.bounds,
+					       .nregions = dex_rt.nregions };
+}
+
+/* Reads one validated message. Returns 1, 0 on EOF; malformed input is fatal:
+ * after a corrupt message neither side can trust the shared state. */
+static int receive_message(unsigned peer, struct dex_msg_header *h, char *payload)
+{
+	int fd = dex_rt.peers[peer].fd;
+	int rc = read_full(fd, h, sizeof(*h));
+	if (rc <= 0)
+		return rc;
+	struct dex_validation_limits lim = limits();
+	const char *why = dex_msg_check_header(h, &lim);
+	if (why)
+		dex_fatal("rejected malformed message from node %u: %s", peer, why);
+	if (read_full(fd, payload, h->length) != 1)
+		return -1;
+	why = dex_msg_check(h, payload, &lim);
+	if (why)
+		dex_fatal("rejected %s from node %u: %s", dex_msg_type_name(h->type), peer, why);
+	if (h->from != peer)
+		dex_fatal("message from node %u arrived on node %u's connection", h->from, peer);
+	return 1;
+}
+
+/* ---------------------------------------------------------------- threads */
+
+struct dex_thread *dex_thread_block_alloc(enum dex_thread_role role)
+{
+	size_t span = 2 * DEX_THREAD_BLOCK;
+	char *raw = (char *)raw_syscall6(SYS_mmap, 0, (long)span, PROT_READ | PROT_WRITE,
+					 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if ((long)raw < 0 && (long)raw > -4096)
+		dex_fatal("cannot map thread block");
+	uintptr_t base = ((uintptr_t)raw + DEX_THREAD_BLOCK - 1) & ~(uintptr_t)(DEX_THREAD_BLOCK - 1);
+	if (base > (uintptr_t)raw)
+		raw_syscall(SYS_munmap, raw, base - (uintptr_t)raw, 0);
+	uintptr_t tail = base + DEX_THREAD_BLOCK;
+	if ((uintptr_t)raw + span > tail)
+		raw_syscall(SYS_munmap, tail, (uintptr_t)raw + span - tail, 0);
+
+	struct dex_thread *t = (struct dex_thread *)base;
+	t->role = role;
+	t->sud_selector = 0;
+	char *buffers = (char *)raw_syscall6(SYS_mmap, 0, 2 * DEX_MAX_PAYLOAD, PROT_READ | PROT_WRITE,
+					     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if ((long)buffers < 0 && (long)buffers > -4096)
+		dex_fatal("cannot map thread buffers");
+	t->mail.payload = buffers;
+	t->scratch = buffers + DEX_MAX_PAYLOAD;
+	return t;
+}
+
+/* Allocates a block and makes it the calling thread's signal stack. */
+struct dex_thread *dex_thread_create_block(enum dex_thread_role role)
+{
+	struct dex_thread *t = dex_thread_block_alloc(role);
+	uintptr_t base = (uintptr_t)t;
+	stack_t ss = { .ss_sp = (void *)(base + DEX_SIGNAL_STACK_OFFSET),
+		       .ss_size = DEX_THREAD_BLOCK - DEX_SIGNAL_STACK_OFFSET };
+	if (raw_syscall(SYS_sigaltstack, &ss, 0, 0) != 0)
+		dex_fatal("sigaltstack failed");
+	t->own_fs_base = dex_get_fs_base();
+	return t;
+}
+
+struct dex_thread *dex_self(void)
+{
+	stack_t ss;
+	if (raw_syscall(SYS_sigaltstack, 0, &ss, 0) != 0 || (ss.ss_flags & SS_DISABLE))
+		return NULL;
+	uintptr_t base = (uintptr_t)ss.ss_sp - DEX_SIGNAL_STACK_OFFSET;
+	if (base & (DEX_THREAD_BLOCK - 1))
+		return NULL;
+	return (struct dex_thread *)base;
+}
+
+void dex_mail_wait(struct dex_thread *t)
+{
+	for (unsigned i = 0; i < dex_rt.spin_iterations; i++) {
+		if (__atomic_load_n(&t->mail.ready, __ATOMIC_ACQUIRE))
+			return;
+		cpu_relax();
+	}
+	while (!__atomic_load_n(&t->mail.ready, __ATOMIC_ACQUIRE))
+		futex_wait_while(&t->mail.ready, 0);
+}
+
+void dex_mail_post(struct dex_thread *t, const struct dex_msg_header *h, const void *payload)
+{
+	if (__atomic_load_n(&t->mail.ready, __ATOMIC_ACQUIRE))
+		dex_fatal("unexpected %s from node %u: thread busy", dex_msg_type_name(h->type), h->from);
+	memcpy(t->mail.payload, payload, h->length);
+	t->mail.type = h->type;
+	t->mail.from = h->from;
+	t->mail.length = h->length;
+	__atomic_store_n(&t->mail.ready, 1, __ATOMIC_RELEASE);
+	raw_futex(&t->mail.ready, FUTEX_WAKE, 1);
+}
+
+void dex_start_service_thread(void *(*fn)(void *), void *arg)
+{
+	unsigned long thread;
+	if (dex_real_pthread_create(&thread, NULL, fn, arg) != 0)
+		dex_fatal("cannot start runtime thread");
+}
+
+/* ------------------------------------------------------------------- DSM */
+
+bool dex_in_shared(uintptr_t addr)
+{
+	for (unsigned i = 0; i < dex_rt.nregions; i++)
+		if (addr >= dex_rt.regions[i].start && addr < dex_rt.regions[i].end)
+			return true;
+	return false;
+}
+
+static int64_t page_index(uintptr_t addr)
+{
+	for (unsigned i = 0; i < dex_rt.nregions; i++) {
+		const struct dsm_region *r = &dex_rt.regions[i];
+		if (addr >= r->start && addr < r->end)
+			return r->first_page + (int64_t)((addr - r->start) / DEX_PAGE_SIZE);
+	}
+	return -1;
+}
+
+static const struct dsm_region *region_of_page(uint32_t page)
+{
+	for (unsigned i = dex_rt.nregions; i-- > 0;)
+		if (page >= dex_rt.regions[i].first_page)
+			return &dex_rt.regions[i];
+	return &dex_rt.regions[0];
+}
+
+static uintptr_t page_address(uint32_t page)
+{
+	const struct dsm_region *r = region_of_page(page);
+	return r->start + (uintptr_t)(page - r->first_page) * DEX_PAGE_SIZE;
+}
+
+static char *page_alias(uint32_t page)
+{
+	const struct dsm_region *r = region_of_page(page);
+	return r->alias + (size_t)(page - r->first_page) * DEX_PAGE_SIZE;
+}
+
+static void protect_page(uint32_t page, enum dsm_access access)
+{
+	static const int prot[] = { PROT_NONE, PROT_READ, PROT_READ | PROT_WRITE };
+	if (raw_syscall(SYS_mprotect, page_address(page), DEX_PAGE_SIZE, prot[access]) != 0)
+		dex_fatal("mprotect of shared page failed (vm.max_map_count too low?)");
+}
+
+static void bump_epoch(void)
+{
+	__atomic_add_fetch(&dex_rt.dsm_epoch, 1, __ATOMIC_RELEASE);
+	futex_wake_all(&dex_rt.dsm_epoch);
+}
+
+/* Executes one directory decision at the origin; called with dsm_lock held
+ * so that messages to a node leave in the order they were decided. */
+static void origin_apply(void *ctx, const struct dsm_action *a)
+{
+	(void)ctx;
+	uintptr_t addr = page_address(a->page);
+	switch (a->kind) {
+	case DSM_ACT_INVALIDATE: {
+		struct dex_msg_invalidate m = { .address = addr, .access = a->access, .want_data = a->with_data };
+		dex_send(a->node, DEX_MSG_INVALIDATE, &m, sizeof(m), NULL, 0);
+		break;
+	}
+	case DSM_ACT_GRANT:
+		if (a->node == 0) {
+			/* The directory is the truth for the origin's access: a
+			 * queued request may be answered with more than it asked. */
+			enum dsm_access access = dsm_dir_access(&dex_rt.dir, a->page, 0);
+			protect_page(a->page, access);
+			dex_rt.page_state[a->page] = (uint8_t)access;
+			dex_rt.page_inflight[a->page] = 0;
+			bump_epoch();
+		} else {
+			struct dex_msg_page_grant m = { .address = addr, .access = a->access,
+							.with_data = a->with_data };
+			dex_send(a->node, DEX_MSG_PAGE_GRANT, &m, sizeof(m), a->with_data ? page_alias(a->page) : NULL,
+				 a->with_data ? DEX_PAGE_SIZE : 0);
+		}
+		break;
+	case DSM_ACT_SET_ORIGIN_ACCESS:
+		protect_page(a->page, a->access);
+		dex_rt.page_state[a->page] = a->access;
+		break;
+	}
+}
+
+static void wait_for_epoch_change(uint32_t seen)
+{
+	for (unsigned i = 0; i < dex_rt.spin_iterations; i++) {
+		if (__atomic_load_n(&dex_rt.dsm_epoch, __ATOMIC_ACQUIRE) != seen)
+			return;
+		cpu_relax();
+	}
+	while (__atomic_load_n(&dex_rt.dsm_epoch, __ATOMIC_ACQUIRE) == seen)
+		futex_wait_while(&dex_rt.dsm_epoch, seen);
+}
+
+/* Leader/follower: the first thread faulting on a page sends the request,
+ * later ones wait for the grant and re-run their access. */
+static void dsm_fault(uint32_t page, bool write)
+{
+	for (;;) {
+		dex_lock_acquire(&dex_rt.dsm_lock);
+		uint32_t seen = dex_rt.dsm_epoch;
+		enum dsm_fault_decision d = dsm_node_fault(&dex_rt.page_state[page], &dex_rt.page_inflight[page], write);
+		if (d == DSM_FAULT_LEAD) {
+			if (write)
+				dex_rt.faults_write++;
+			else
+				dex_rt.faults_read++;
+			if (dex_rt.node == 0) {
+				int rc = dsm_dir_request(&dex_rt.dir, page, 0, write, origin_apply, NULL);
+				if (rc)
+					dex_fatal("directory refused the origin's own fault (%d)", rc);
+			} else {
+				struct dex_msg_page_request m = { .address = page_address(page), .write = write };
+				dex_send(0, DEX_MSG_PAGE_REQUEST, &m, sizeof(m), NULL, 0);
+			}
+		}
+		dex_lock_release(&dex_rt.dsm_lock);
+		if (d == DSM_FAULT_RETRY)
+			return;
+		wait_for_epoch_change(seen);
+	}
+}
+
+void dex_prefault(uintptr_t addr, size_t len, bool write)
+{
+	if (!dex_rt.active || !len)
+		return;
+	uintptr_t first = addr & ~(uintptr_t)(DEX_PAGE_SIZE - 1);
+	for (uintptr_t p = first; p < addr + len; p += DEX_PAGE_SIZE) {
+		uintptr_t touch = p < addr ? addr : p;
+		if (!dex_in_shared(touch))
+			continue;
+		if (write)
+			__atomic_fetch_or((volatile char *)touch, 0, __ATOMIC_RELAXED);
+		else
+			(void)*(volatile const char *)touch;
+	}
+}
+
+static void restore_default_and_return(int sig)
+{
+	struct kernel_sigaction act = { SIG_DFL, 0, 0, 0 };
+	raw_syscall6(SYS_rt_sigaction, sig, (long)&act, 0, 8, 0, 0);
+}
+
+static void on_sigsegv(int sig, siginfo_t *si, void *ucontext)
+{
+	ucontext_t *uc = ucontext;
+	uintptr_t addr = (uintptr_t)si->si_addr;
+	int64_t page = dex_rt.active ? page_index(addr) : -1;
+	if (page < 0 || si->si_code != SEGV_ACCERR) {
+		dex_log("segmentation fault at address %#lx (instruction %#llx)", (unsigned long)addr,
+			(unsigned long long)uc->uc_mcontext.gregs[REG_RIP]);
+		restore_default_and_return(sig);
+		return;
+	}
+	struct dex_thread *self = dex_self();
+	if (self && self->role == DEX_ROLE_SERVICE)
+		dex_fatal("runtime thread touched shared page %#lx", (unsigned long)addr);
+	bool write = (uc->uc_mcontext.gregs[REG_ERR] & 2) != 0;
+	dsm_fault((uint32_t)page, write);
+}
+
+/* Installed with our own restorer so that returning from the handler does
+ * not issue rt_sigreturn from libc's text, which would itself trap under
+ * Syscall User Dispatch. */
+static void install_handler(int sig, void *handler)
+{
+	struct kernel_sigaction act = { .handler = handler,
+					.flags = SA_SIGINFO | SA_ONSTACK | SA_RESTORER,
+					.restorer = (void *)dex_sigreturn_trampoline,
+					.mask = 0 };
+	if (raw_syscall6(SYS_rt_sigaction, sig, (long)&act, 0, 8, 0, 0) != 0)
+		dex_fatal("cannot install handler for signal %d", sig);
+}
+
+void dex_install_signal_handlers(void)
+{
+	install_handler(SIGSEGV, (void *)on_sigsegv);
+	install_handler(SIGSYS, (void *)dex_sigsys_handler);
+}
+
+/* ------------------------------------------------------------- receivers */
+
+static void node_handle_grant(const struct dex_msg_page_grant *m, const char *data)
+{
+	uint32_t page = (uint32_t)page_index(m->address);
+	dex_lock_acquire(&dex_rt.dsm_lock);
+	if (dsm_node_grant(&dex_rt.page_state[page], &dex_rt.page_inflight[page], m->access) != DSM_OK)
+		dex_fatal("rejected PAGE_GRANT for %#llx: no request in flight", (unsigned long long)m->address);
+	if (m->with_data) {
+		memcpy(page_alias(page), data, DEX_PAGE_SIZE);
+		dex_rt.pages_received++;
+	}
+	protect_page(page, m->access);
+	dex_lock_release(&dex_rt.dsm_lock);
+	bump_epoch();
+}
+
+static void node_handle_invalidate(const struct dex_msg_invalidate *m)
+{
+	uint32_t page = (uint32_t)page_index(m->address);
+	dex_lock_acquire(&dex_rt.dsm_lock);
+	uint8_t held = dex_rt.page_state[page];
+	if (dsm_node_invalidate(&dex_rt.page_state[page], m->access) != DSM_OK)
+		dex_fatal("rejected INVALIDATE for %#llx: holding access %u", (unsigned long long)m->address, held);
+	/* Protect first, then read: no local thread can change the bytes after
+	 * the mprotect returns. */
+	protect_page(page, m->access);
+	struct dex_msg_invalidate_ack ack = { .address = m->address, .with_data = m->want_data };
+	dex_send(0, DEX_MSG_INVALIDATE_ACK, &ack, sizeof(ack), m->want_data ? page_alias(page) : NULL,
+		 m->want_data ? DEX_PAGE_SIZE : 0);
+	dex_rt.invalidations_served++;
+	dex_lock_release(&dex_rt.dsm_lock);
+}
+
+static void node_receive_loop(void)
+{
+	char *payload = malloc(DEX_MAX_PAYLOAD);
+	struct dex_msg_header h;
+	for (;;) {
+		int rc = receive_message(0, &h, payload);
+		if (rc <= 0) {
+			if (dex_rt.shutting_down)
+				raw_syscall(SYS_exit_group, 0, 0, 0);
+			dex_fatal("lost connection to the origin (origin exited or was killed); stopping");
+		}
+		switch (h.type) {
+		case DEX_MSG_PAGE_GRANT: {
+			const struct dex_msg_page_grant *m = (const void *)payload;
+			node_handle_grant(m, payload + sizeof(*m));
+			break;
+		}
+		case DEX_MSG_INVALIDATE:
+			node_handle_invalidate((const void *)payload);
+			break;
+		case DEX_MSG_MIGRATE:
+			dex_node_handle_migrate(&h, (const void *)payload);
+			break;
+		case DEX_MSG_SYSCALL_REPLY: {
+			const struct dex_msg_syscall_reply *m = (const void *)payload;
+			if (m->worker >= dex_rt.nworkers)
+				dex_fatal("rejected SYSCALL_REPLY for unknown worker %u", m->worker);
+			dex_mail_post(dex_rt.workers[m->worker], &h, payload);
+			break;
+		}
+		case DEX_MSG_SHUTDOWN:
+			/* The origin is finishing but may still read pages we
+			 * hold (exit handlers, stdio): keep serving until its
+			 * connection closes, then leave quietly. */
+			dex_rt.shutting_down = 1;
+			break;
+		default:
+			dex_fatal("rejected unexpected %s from the origin", dex_msg_type_name(h.type));
+		}
+	}
+}
+
+static void *origin_receive_loop(void *arg)
+{
+	unsigned peer = (unsigned)(uintptr_t)arg;
+	dex_tls_runtime_thread = 1;
+	dex_thread_create_block(DEX_ROLE_SERVICE);
+	char *payload = malloc(DEX_MAX_PAYLOAD);
+	struct dex_msg_header h;
+	for (;;) {
+		int rc = receive_message(peer, &h, payload);
+		if (rc <= 0) {
+			if (dex_rt.shutting_down)
+				return NULL;
+			dex_fatal("node %u disconnected (%s); stopping all nodes", peer,
+				  rc == 0 ? "connection closed: node exited or was killed" : "connection error");
+		}
+		switch (h.type) {
+		case DEX_MSG_PAGE_REQUEST: {
+			const struct dex_msg_page_request *m = (const void *)payload;
+			uint32_t page = (uint32_t)page_index(m->address);
+			dex_lock_acquire(&dex_rt.dsm_lock);
+			int err = dsm_dir_request(&dex_rt.dir, page, peer, m->write, origin_apply, NULL);
+			dex_lock_release(&dex_rt.dsm_lock);
+			if (err)
+				dex_fatal("rejected PAGE_REQUEST from node %u for %#llx (%d)", peer,
+					  (unsigned long long)m->address, err);
+			break;
+		}
+		case DEX_MSG_INVALIDATE_ACK: {
+			const struct dex_msg_invalidate_ack *m = (const void *)payload;
+			uint32_t page = (uint32_t)page_index(m->address);
+			dex_lock_acquire(&dex_rt.dsm_lock);
+			if (m->with_data)
+				memcpy(page_alias(page), payload + sizeof(*m), DEX_PAGE_SIZE);
+			int err = dsm_dir_ack(&dex_rt.dir, page, peer, m->with_data, origin_apply, NULL);
+			dex_lock_release(&dex_rt.dsm_lock);
+			if (err)
+				dex_fatal("rejected INVALIDATE_ACK from node %u for %#llx (%d)", peer,
+					  (unsigned long long)m->address, err);
+			break;
+		}
+		case DEX_MSG_MIGRATE:
+			dex_origin_handle_migrate(&h, (const void *)payload);
+			break;
+		case DEX_MSG_SYSCALL: {
+			const struct dex_msg_syscall *m = (const void *)payload;
+			struct dex_thread *t = dex_rt.threads[m->thread];
+			if (!t || dex_rt.thread_location[m->thread] != peer)
+				dex_fatal("rejected SYSCALL from node %u for thread %u that is not there", peer,
+					  m->thread);
+			dex_mail_post(t, &h, payload);
+			break;
+		}
+		default:
+			dex_fatal("rejected unexpected %s from node %u", dex_msg_type_name(h.type), peer);
+		}
+	}
+}
+
+void dex_origin_shutdown_nodes(int status)
+{
+	if (!dex_rt.active || dex_rt.node != 0)
+		return;
+	if (__atomic_exchange_n(&dex_rt.shutting_down, 1, __ATOMIC_ACQ_REL))
+		return;
+	struct dex_msg_shutdown m = { .status = status };
+	for (unsigned n = 1; n < dex_rt.nodes; n++)
+		dex_send(n, DEX_MSG_SHUTDOWN, &m, sizeof(m), NULL, 0);
+}
+
+/* --------------------------------------------------------------- regions */
+
+struct exe_writable {
+	uintptr_t start, end, relro_end;
+};
+
+static int find_exe_writable(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	(void)size;
+	struct exe_writable *w = arg;
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+		if (ph->p_type == PT_LOAD && (ph->p_flags & PF_W)) {
+			w->start = lo;
+			w->end = lo + ph->p_memsz;
+		} else if (ph->p_type == PT_GNU_RELRO) {
+			w->relro_end = lo + ph->p_memsz;
+		}
+	}
+	return 1; /* the first object is the executable */
+}
+
+static uintptr_t page_up(uintptr_t x)
+{
+	return (x + DEX_PAGE_SIZE - 1) & ~(uintptr_t)(DEX_PAGE_SIZE - 1);
+}
+
+/* Backs [start, end) with a memfd mapped twice: the application's view at
+ * the same address (protected per page by the protocol) and a private alias
+ * the runtime reads and writes page bytes through. */
+static void add_region(uintptr_t start, uintptr_t end, bool replace_existing, const char *name)
+{
+	size_t len = end - start;
+	int fd = memfd_create(name, MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, (off_t)len) != 0)
+		dex_fatal("memfd for %s failed", name);
+	if (replace_existing && pwrite(fd, (void *)start, len, 0) != (ssize_t)len)
+		dex_fatal("copying %s into its memfd failed", name);
+	int flags = MAP_SHARED | (replace_existing ? MAP_FIXED : MAP_FIXED_NOREPLACE);
+	void *view = mmap((void *)start, len, PROT_READ | PROT_WRITE, flags, fd, 0);
+	if (view != (void *)start)
+		dex_fatal("cannot map %s at %#lx (address in use?)", name, (unsigned long)start);
+	void *alias = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (alias == MAP_FAILED)
+		dex_fatal("cannot map alias of %s", name);
+	close(fd);
+	struct dsm_region *r = &dex_rt.regions[dex_rt.nregions];
+	r->start = start;
+	r->end = end;
+	r->alias = alias;
+	r->first_page = dex_rt.total_pages;
+	dex_rt.bounds[dex_rt.nregions] = (struct dex_region_bounds){ start, end };
+	dex_rt.total_pages += (uint32_t)(len / DEX_PAGE_SIZE);
+	dex_rt.nregions++;
+}
+
+static size_t heap_bytes(void)
+{
+	const char *mb = getenv("DEX_HEAP_MB");
+	size_t v = mb ? strtoul(mb, NULL, 10) : 1024;
+	return (v ? v : 1024) << 20;
+}
+
+static void setup_regions(void)
+{
+	struct exe_writable w = { 0 };
+	dl_iterate_phdr(find_exe_writable, &w);
+	uintptr_t start = page_up(w.relro_end > w.start ? w.relro_end : w.start);
+	uintptr_t end = page_up(w.end);
+	if (end > start)
+		add_region(start, end, true, "dex-globals");
+	add_region(DEX_HEAP_BASE, DEX_HEAP_BASE + heap_bytes(), false, "dex-heap");
+
+	dex_rt.page_state = calloc(dex_rt.total_pages, 1);
+	dex_rt.page_inflight = calloc(dex_rt.total_pages, 1);
+	if (!dex_rt.page_state || !dex_rt.page_inflight)
+		dex_fatal("out of memory for page tables");
+	enum dsm_access initial = dex_rt.node == 0 ? DSM_WRITE : DSM_NONE;
+	memset(dex_rt.page_state, initial, dex_rt.total_pages);
+	if (dex_rt.node != 0)
+		for (unsigned i = 0; i < dex_rt.nregions; i++)
+			mprotect((void *)dex_rt.regions[i].start, dex_rt.regions[i].end - dex_rt.regions[i].start,
+				 PROT_NONE);
+}
+
+static int find_own_text(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	(void)size;
+	uintptr_t self = (uintptr_t)arg;
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+		if (ph->p_type == PT_LOAD && (ph->p_flags & PF_X) && self >= lo && self < lo + ph->p_memsz) {
+			dex_rt.text_start = lo;
+			dex_rt.text_end = lo + ph->p_memsz;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------- start-up */
+
+static void fingerprint(uint64_t out[DEX_FINGERPRINT_WORDS])
+{
+	out[0] = dex_rt.nregions ? dex_rt.regions[0].start : 0;
+	out[1] = dex_rt.nregions ? dex_rt.regions[0].end : 0;
+	out[2] = dex_rt.text_start;
+	out[3] = (uintptr_t)&memcpy;
+	out[4] = getauxval(AT_SYSINFO_EHDR);
+	out[5] = getauxval(AT_BASE);
+	out[6] = dex_rt.regions[dex_rt.nregions - 1].end;
+	out[7] = dex_rt.total_pages;
+}
+
+static void tune_socket(int fd)
+{
+	int one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+static int read_with_timeout(int fd, void *buf, size_t len, int timeout_ms)
+{
+	char *p = buf;
+	size_t got = 0;
+	while (got < len) {
+		struct pollfd pfd = { .fd = fd, .events = POLLIN };
+		if (poll(&pfd, 1, timeout_ms) != 1)
+			return -1;
+		ssize_t n = read(fd, p + got, len - got);
+		if (n <= 0)
+			return -1;
+		got += (size_t)n;
+	}
+	return 0;
+}
+
+static void origin_accept_nodes(int listen_fd)
+{
+	uint64_t mine[DEX_FINGERPRINT_WORDS];
+	fingerprint(mine);
+	unsigned joined = 0;
+	uint64_t deadline = dex_now_ns() + 20ull * 1000000000ull;
+	struct dex_validation_limits lim = limits();
+	while (joined < dex_rt.nodes - 1) {
+		int64_t left_ms = (int64_t)(deadline - dex_now_ns()) / 1000000;
+		struct pollfd pfd = { .fd = listen_fd, .events = POLLIN };
+		if (left_ms <= 0 || poll(&pfd, 1, (int)left_ms) != 1)
+			dex_fatal("only %u of %u nodes joined within 20 s", joined, dex_rt.nodes - 1);
+		int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
+		if (fd < 0)
+			continue;
+		tune_socket(fd);
+		struct {
+			struct dex_msg_header h;
+			struct dex_msg_hello hello;
+		} in;
+		const char *why = NULL;
+		if (read_with_timeout(fd, &in.h, sizeof(in.h), 5000) != 0)
+			why = "no HELLO within 5 s";
+		else if ((why = dex_msg_check_header(&in.h, &lim)) == NULL) {
+			if (in.h.type != DEX_MSG_HELLO || in.h.length != sizeof(in.hello))
+				why = "first message is not HELLO";
+			else if (read_with_timeout(fd, &in.hello, sizeof(in.hello), 5000) != 0)
+				why = "truncated HELLO";
+			else if ((why = dex_msg_check(&in.h, &in.hello, &lim)) == NULL) {
+				if (dex_rt.peers[in.hello.node].fd > 0)
+					why = "node number already joined";
+				else if (memcmp(in.hello.fingerprint, mine, sizeof(mine)) != 0)
+					why = "address-space layout differs (same binary and ASLR off required)";
+			}
+		}
+		struct dex_msg_welcome welcome = { .status = why ? 1 : 0 };
+		struct dex_msg_header wh;
+		dex_msg_fill_header(&wh, DEX_MSG_WELCOME, 0, sizeof(welcome), 0);
+		if (why) {
+			dex_log("rejected a joining connection: %s", why);
+			if (in.h.magic == DEX_MSG_MAGIC) {
+				struct iovec iov[2] = { { &wh, sizeof(wh) }, { &welcome, sizeof(welcome) } };
+				(void)!writev(fd, iov, 2);
+			}
+			close(fd);
+			continue;
+		}
+		struct iovec iov[2] = { { &wh, sizeof(wh) }, { &welcome, sizeof(welcome) } };
+		if (writev(fd, iov, 2) != (ssize_t)(sizeof(wh) + sizeof(welcome)))
+			dex_fatal("cannot welcome node %u", in.hello.node);
+		dex_rt.peers[in.hello.node].fd = fd;
+		joined++;
+	}
+	close(listen_fd);
+	for (unsigned n = 1; n < dex_rt.nodes; n++)
+		dex_start_service_thread(origin_receive_loop, (void *)(uintptr_t)n);
+}
+
+static void node_join_origin(int port)
+{
+	int fd = -1;
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	const char *host = getenv("DEX_ORIGIN_HOST");
+	if (host && inet_pton(AF_INET, host, &sa.sin_addr) != 1)
+		dex_fatal("bad DEX_ORIGIN_HOST %s", host);
+	for (int attempt = 0; attempt < 100; attempt++) {
+		fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+			break;
+		close(fd);
+		fd = -1;
+		usleep(50000);
+	}
+	if (fd < 0)
+		dex_fatal("cannot connect to the origin on port %d", port);
+	tune_socket(fd);
+	dex_rt.peers[0].fd = fd;
+	struct dex_msg_hello hello = { .version = DEX_PROTOCOL_VERSION, .node = dex_rt.node, .nodes = dex_rt.nodes };
+	fingerprint(hello.fingerprint);
+	dex_send(0, DEX_MSG_HELLO, &hello, sizeof(hello), NULL, 0);
+	struct {
+		struct dex_msg_header h;
+		struct dex_msg_welcome w;
+	} reply;
+	if (read_with_timeout(fd, &reply, sizeof(reply), 20000) != 0 || reply.h.type != DEX_MSG_WELCOME)
+		dex_fatal("the origin did not answer HELLO");
+	if (reply.w.status != 0)
+		dex_fatal("the origin rejected this node (see its log)");
+}
+
+static long find_tid_offset(void)
+{
+	/* glibc keeps the kernel thread id in struct pthread, which starts at
+	 * the thread pointer; it must be cleared by hand when a thread exits
+	 * (see syscall.c), so locate the field once. */
+	const pid_t *self = (const pid_t *)dex_get_fs_base();
+	pid_t tid = (pid_t)raw_syscall(SYS_gettid, 0, 0, 0);
+	for (long i = 4; i < 2048 / (long)sizeof(pid_t); i++)
+		if (self[i] == tid)
+			return i * (long)sizeof(pid_t);
+	return -1;
+}
+
+__attribute__((constructor(101))) static void dex_init(void)
+{
+	const char *boot = getenv("DEX_BOOT");
+	/* The process's main thread never runs application code under DEX
+	 * (main runs on a migratable thread), so its allocations stay local. */
+	dex_tls_runtime_thread = 1;
+	dex_rt.spin_iterations = getenv("DEX_SPIN") ? (unsigned)strtoul(getenv("DEX_SPIN"), NULL, 10) : 20000;
+	dex_threads_init();
+	if (!boot)
+		return;
+	unsigned node, nodes, port;
+	int listen_fd;
+	if (sscanf(boot, "node=%u,nodes=%u,port=%u,fd=%d", &node, &nodes, &port, &listen_fd) != 4 || nodes == 0 ||
+	    nodes > DEX_MAX_NODES || node >= nodes)
+		dex_fatal("malformed DEX_BOOT=%s", boot);
+	dex_rt.node = node;
+	dex_rt.nodes = nodes;
+	if (nodes == 1) {
+		close(listen_fd);
+		return;
+	}
+	if (!(personality(0xffffffff) & ADDR_NO_RANDOMIZE))
+		dex_fatal("address-space randomisation is on; start programs with dexrun");
+	dex_rt.active = true;
+	Dl_info info;
+	if (!dladdr((void *)dex_init, &info))
+		dex_fatal("cannot locate libdex");
+	dl_iterate_phdr(find_own_text, (void *)(uintptr_t)dex_init);
+	dex_rt.tid_offset = find_tid_offset();
+	if (dex_rt.tid_offset < 0)
+		dex_fatal("cannot find the thread id in glibc's thread descriptor");
+
+	/* Node stdio is private to each process: keep it unbuffered so output
+	 * written on a node reaches the origin's descriptors at once. */
+	if (node == 0)
+		setvbuf(stdout, NULL, _IOLBF, BUFSIZ);
+	else
+		setvbuf(stdout, NULL, _IONBF, 0);
+
+	setup_regions();
+	dex_install_signal_handlers();
+	if (node == 0) {
+		size_t pool = 16384;
+		struct dsm_dir_page *pages = calloc(dex_rt.total_pages, sizeof(*pages));
+		struct dsm_queued_request *queue = calloc(pool, sizeof(*queue));
+		if (!pages || !queue)
+			dex_fatal("out of memory for the directory");
+		dsm_dir_init(&dex_rt.dir, pages, dex_rt.total_pages, nodes, queue, (uint32_t)pool);
+		dex_heap_init_origin();
+		origin_accept_nodes(listen_fd);
+		return;
+	}
+	close(listen_fd);
+	dex_thread_create_block(DEX_ROLE_SERVICE);
+	node_join_origin((int)port);
+	node_receive_loop();
+}
