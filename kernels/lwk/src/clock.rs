@@ -147,8 +147,8 @@ fn kvm_clock() -> Option<KvmClock> {
 
 /// `may_probe_ports`: false under clowder-vmm, where an access to a port no device claims
 /// stops the VM (and there is no RTC).
-pub fn init(may_probe_ports: bool) {
-    let boot_tsc = cpu::read_tsc();
+/// `boot_tsc`: the TSC when the kernel started, the zero of the monotonic clocks.
+pub fn init(boot_tsc: u64, may_probe_ports: bool) {
     BOOT_TSC.store(boot_tsc, Ordering::Relaxed);
     if let Some(kvm) = kvm_clock() {
         TSC_HZ.store(kvm.tsc_hz, Ordering::Relaxed);

@@ -1,7 +1,7 @@
 //! The kernel command line.
 //!
 //! ```text
-//! [lwk.heap=SIZE] [lwk.stack=SIZE] [lwk.env=NAME=VALUE]... [clowder.*=...] -- ARGV0 ARG1 ...
+//! [lwk.heap=SIZE] [lwk.stack=SIZE] [lwk.env=NAME=VALUE]... [lwk.verbose] [clowder.*=...] -- ARGV0 ARG1 ...
 //! ```
 //! Everything after the first `--` word is the job's argv, split at spaces; double quotes
 //! group words with spaces (`"a b"`). Without `--` the job's argv is `[/job]`. clowder-vmm
@@ -61,6 +61,11 @@ pub fn parse_size(text: &str) -> Option<u64> {
         _ => (text, 0),
     };
     parse_number(digits)?.checked_mul(1 << shift)
+}
+
+/// True if the kernel's part of the command line has the word `flag`.
+pub fn has_flag(command_line: &str, flag: &str) -> bool {
+    kernel_words(command_line).any(|word| word == flag)
 }
 
 /// True when clowder-vmm started us: it appends `clowder.*` keys.

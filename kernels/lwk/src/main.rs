@@ -27,6 +27,7 @@ use console::log;
 /// Called by the boot code on the boot stack, with paging on and interrupts off.
 #[no_mangle]
 extern "C" fn kernel_main(start_info: u64) -> ! {
+    let boot_tsc = arch::cpu::read_tsc();
     arch::serial::init();
     arch::tables::init_boot_cpu();
     arch::cpu::mask_legacy_pics();
@@ -35,13 +36,19 @@ extern "C" fn kernel_main(start_info: u64) -> ! {
         Err(error) => panic!("no usable PVH start info at {start_info:#x}: {error:?}"),
     };
     machine::set_exit_port(cmdline::exit_port(boot.command_line()));
-    log!("lightweight kernel starting; command line: {}", boot.command_line());
+    // Every console byte is a VM exit (~9 us on PVM): boot details only when asked for.
+    let verbose = cmdline::has_flag(boot.command_line(), "lwk.verbose");
+    if verbose {
+        log!("lightweight kernel starting; command line: {}", boot.command_line());
+    }
 
     mm::init(&boot);
-    log!("memory: {} MiB free", mm::pmem::total_free() >> 20);
-    mm::pmem::for_each_free(|range| log!("  free {:#x}..{:#x}", range.start, range.end));
+    if verbose {
+        log!("memory: {} MiB free", mm::pmem::total_free() >> 20);
+        mm::pmem::for_each_free(|range| log!("  free {:#x}..{:#x}", range.start, range.end));
+    }
     arch::cpu::enable_user_fpu();
-    clock::init(!cmdline::started_by_clowder_vmm(boot.command_line()));
+    clock::init(boot_tsc, !cmdline::started_by_clowder_vmm(boot.command_line()));
 
     let options = JobOptions::parse(boot.command_line()).unwrap_or_else(|error| panic!("bad option {}", error.0));
     match job::load(boot.modules().first(), &options) {

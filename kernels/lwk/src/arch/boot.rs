@@ -3,8 +3,10 @@
 //!
 //! The boot page tables are static data: they identity-map the low 1 GiB (so the stub keeps
 //! running when paging turns on), map the same 1 GiB at the physical-memory window
-//! (`PHYSMAP_BASE`) and at the kernel image window (`KERNEL_VMA`). `mm` replaces them with
-//! tables covering all memory as soon as it can allocate.
+//! (`PHYSMAP_BASE`) and at the kernel image window (`KERNEL_VMA`). They stay the kernel's
+//! page tables: `mm` only extends the window when there is memory above 1 GiB, because every
+//! kernel instruction spent rebuilding them is emulated on PVM. User address spaces share
+//! entries 256..512 and never see the identity map.
 
 core::arch::global_asm!(
     r#"
@@ -87,6 +89,7 @@ boot_entry64:
 
     .section .boot.data, "aw"
     .balign 4096
+    .global boot_pml4
 boot_pml4:
     .quad boot_pdpt_low + 3
     .fill 255, 8, 0
@@ -103,7 +106,7 @@ boot_pdpt_high:
 boot_pd:
     .set boot_pd_index, 0
     .rept 512
-    .quad (boot_pd_index << 21) + 0x83 /* present, writable, 2 MiB */
+    .quad (boot_pd_index << 21) + 0x183 /* present, writable, 2 MiB, global */
     .set boot_pd_index, boot_pd_index + 1
     .endr
 boot_gdt:

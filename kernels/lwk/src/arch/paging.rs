@@ -69,15 +69,50 @@ fn table_bits(address: u64) -> u64 {
     }
 }
 
+extern "C" {
+    static boot_pml4: u8;
+}
+
+fn has_1g_pages() -> bool {
+    super::cpu::cpuid(0x8000_0001, 0).edx & (1 << 26) != 0
+}
+
 impl PageTables {
-    pub fn new(tables: &mut dyn TableSource) -> Result<PageTables, OutOfMemory> {
-        Ok(PageTables { root: tables.allocate_table().ok_or(OutOfMemory)? })
+    /// The boot page tables (`boot.rs`), which become the kernel's.
+    pub fn boot() -> PageTables {
+        // The boot tables sit at low addresses linked at their physical address.
+        PageTables { root: &raw const boot_pml4 as u64 }
+    }
+
+    /// Maps a kernel window (`[virtual_address, +len)` to `physical`) with 1 GiB pages where
+    /// the CPU has them and alignment allows, else 2 MiB pages. Kernel-half only: 1 GiB leaves
+    /// are never split or unmapped.
+    pub fn map_kernel_window(&mut self, mut virtual_address: u64, mut physical: u64, len: u64, tables: &mut dyn TableSource) -> Result<(), OutOfMemory> {
+        const GIB: u64 = 1 << 30;
+        let end = virtual_address + len;
+        let data = Protection { write: true, execute: false };
+        while virtual_address < end {
+            let gigabyte_fits = has_1g_pages() && virtual_address % GIB == 0 && physical % GIB == 0 && end - virtual_address >= GIB;
+            let step = if gigabyte_fits { GIB } else { (end - virtual_address).min(GIB - virtual_address % GIB) };
+            if gigabyte_fits {
+                let pointer = &mut entries(self.root)[index(virtual_address, 3)];
+                if *pointer & PRESENT == 0 {
+                    *pointer = tables.allocate_table().ok_or(OutOfMemory)? | table_bits(virtual_address);
+                }
+                entries(*pointer & ADDRESS_MASK)[index(virtual_address, 2)] = physical | leaf_bits(virtual_address, data) | HUGE;
+            } else {
+                self.map(virtual_address, physical, step, data, tables)?;
+            }
+            virtual_address += step;
+            physical += step;
+        }
+        Ok(())
     }
 
     /// A user address space sharing `kernel`'s upper half (whose top-level entries are fixed
     /// after boot, so sharing them is enough).
     pub fn new_user(kernel: &PageTables, tables: &mut dyn TableSource) -> Result<PageTables, OutOfMemory> {
-        let user = PageTables::new(tables)?;
+        let user = PageTables { root: tables.allocate_table().ok_or(OutOfMemory)? };
         entries(user.root)[256..].copy_from_slice(&entries(kernel.root)[256..]);
         Ok(user)
     }

@@ -12,6 +12,7 @@ use crate::arch::phys;
 use crate::arch::sync::SpinLock;
 use crate::arch::trap::TrapFrame;
 use crate::bootinfo::Module;
+use crate::clock;
 use crate::cmdline::JobOptions;
 use crate::console::log;
 use crate::machine;
@@ -19,6 +20,7 @@ use crate::mm::aspace::AddressSpace;
 use crate::mm::pmem;
 use alloc::string::String;
 use alloc::vec;
+use core::sync::atomic::{AtomicU64, Ordering};
 use elf::{Executable, PF_W, PF_X};
 use memory::{JobMemory, Region, READ_WRITE};
 
@@ -37,6 +39,7 @@ pub struct Process {
 }
 
 static PROCESS: SpinLock<Option<Process>> = SpinLock::new(None);
+static JOB_START_NS: AtomicU64 = AtomicU64::new(0);
 
 /// Runs `f` on the job's process (system calls and faults only happen once it exists).
 pub fn with_process<R>(f: impl FnOnce(&mut Process) -> R) -> R {
@@ -135,11 +138,15 @@ pub fn load(module: Option<&Module>, options: &JobOptions) -> Result<TrapFrame, 
         // libc insists on an absolute path (glibc asserts it): the job lives at the root.
         executable_path: if options.argv[0].starts_with('/') { options.argv[0].clone() } else { alloc::format!("/{}", options.argv[0]) },
     });
+    let now = clock::monotonic_ns();
+    JOB_START_NS.store(now, Ordering::Relaxed);
+    log!("job starts {} us after kernel entry", now / 1000);
     Ok(TrapFrame::new_user(executable.entry, stack_pointer))
 }
 
 /// The job is over: its status becomes the VM's exit status.
 pub fn exit(status: u8) -> ! {
+    log!("job ran {} us", (clock::monotonic_ns() - JOB_START_NS.load(Ordering::Relaxed)) / 1000);
     log!("job exited with status {status}");
     machine::exit(status)
 }
