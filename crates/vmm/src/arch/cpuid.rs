@@ -7,15 +7,34 @@ const LEAF_EXTENDED_TOPOLOGY: u32 = 0xb;
 const LEAF_V2_EXTENDED_TOPOLOGY: u32 = 0x1f;
 /// CPUID.1:ECX bit 31: running under a hypervisor.
 const ECX_HYPERVISOR: u32 = 1 << 31;
+/// CPUID.1:ECX bit 13: CMPXCHG16B.
+const ECX_CX16: u32 = 1 << 13;
+
+/// Host facts that change what the guest may be told.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HostQuirks {
+    /// PVM emulates guest kernel-mode code and its emulator cannot execute CMPXCHG16B (a Linux
+    /// guest's SLUB allocator dies on it), so the feature is hidden from the guest.
+    pub no_cmpxchg16b: bool,
+}
+
+impl HostQuirks {
+    pub fn probe() -> Self {
+        HostQuirks { no_cmpxchg16b: std::path::Path::new("/sys/module/kvm_pvm").exists() }
+    }
+}
 
 /// Patches `entries` (KVM's supported set) for vCPU `index` of a VM with `count` vCPUs: the
 /// initial APIC id is the vCPU index, the logical processor count is the VM's.
-pub fn patch_for_vcpu(entries: &mut [kvm_cpuid_entry2], index: u32, count: u32) {
+pub fn patch_for_vcpu(entries: &mut [kvm_cpuid_entry2], index: u32, count: u32, quirks: HostQuirks) {
     for entry in entries.iter_mut() {
         match entry.function {
             LEAF_FEATURES => {
                 entry.ebx = (entry.ebx & 0x0000_ffff) | (index << 24) | ((count.min(255)) << 16);
                 entry.ecx |= ECX_HYPERVISOR;
+                if quirks.no_cmpxchg16b {
+                    entry.ecx &= !ECX_CX16;
+                }
             }
             LEAF_EXTENDED_TOPOLOGY | LEAF_V2_EXTENDED_TOPOLOGY => entry.edx = index,
             _ => {}
@@ -30,16 +49,19 @@ mod tests {
     #[test]
     fn apic_id_and_count_are_set() {
         let mut entries = vec![
-            kvm_cpuid_entry2 { function: 1, ebx: 0xdead_0800, ..Default::default() },
+            kvm_cpuid_entry2 { function: 1, ebx: 0xdead_0800, ecx: ECX_CX16, ..Default::default() },
             kvm_cpuid_entry2 { function: 0xb, index: 0, edx: 7, ..Default::default() },
             kvm_cpuid_entry2 { function: 0x4, eax: 42, ..Default::default() },
         ];
-        patch_for_vcpu(&mut entries, 3, 4);
+        patch_for_vcpu(&mut entries, 3, 4, HostQuirks::default());
         assert_eq!(entries[0].ebx >> 24, 3);
         assert_eq!((entries[0].ebx >> 16) & 0xff, 4);
         assert_eq!(entries[0].ebx & 0xffff, 0x0800, "CLFLUSH size and brand kept");
         assert_ne!(entries[0].ecx & ECX_HYPERVISOR, 0);
         assert_eq!(entries[1].edx, 3);
         assert_eq!(entries[2].eax, 42);
+        assert_ne!(entries[0].ecx & ECX_CX16, 0, "kept where the host can run it");
+        patch_for_vcpu(&mut entries, 3, 4, HostQuirks { no_cmpxchg16b: true });
+        assert_eq!(entries[0].ecx & ECX_CX16, 0);
     }
 }
