@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 KERNELS_OUT := kernels/target/x86_64-unknown-none/release
 
-.PHONY: all bootstrap build kernels test test-host test-kernels test-dex demo bench clean
+.PHONY: all bootstrap build kernels test test-host test-kernels test-dex test-linux demo bench clean
 
 all: build
 
@@ -20,13 +20,21 @@ build: bootstrap kernels
 test-host: build
 	@$(CARGO) test --release --workspace
 
+# The same kernel images under QEMU TCG (differential) and, for the LWK, under clowder-vmm.
 test-kernels: build
-	@if [ -x kernels/lwk/tests/run.sh ]; then kernels/lwk/tests/run.sh; fi
+	@kernels/testguest/qemu-test.sh
+	@RUNNER=qemu kernels/lwk/test.sh
+	@if [ -e /dev/kvm ]; then RUNNER=vmm CLOWDER_VMM=target/release/clowder-vmm kernels/lwk/test.sh; \
+	 else echo "test-kernels: skipping the LWK under clowder-vmm: /dev/kvm is absent"; fi
 
 test-dex: bootstrap
 	@if [ -x dex/test.sh ]; then dex/test.sh; fi
 
 test: test-host test-kernels test-dex
+
+# Opt-in, slow on PVM hosts: a stock Debian kernel boots to its banner (docs/linux-guest.md).
+test-linux: build
+	@$(CARGO) test --release -p clowder-vmm --test linux_boot -- --ignored --nocapture
 
 demo: build
 	@./scripts/demo.sh

@@ -174,6 +174,84 @@ fn exit_raw_kvm_loop() -> f64 {
     elapsed.as_nanos() as f64 / EXITLOOP_EXITS as f64
 }
 
+/// The test guest image (`make kernels` builds it).
+fn testguest() -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/target/x86_64-unknown-none/release/testguest");
+    assert!(path.exists(), "{} is missing: run make kernels", path.display());
+    path
+}
+
+fn report_key(name: &str) -> u64 {
+    let mut bytes = [0u8; 8];
+    bytes[..name.len()].copy_from_slice(name.as_bytes());
+    u64::from_le_bytes(bytes)
+}
+
+/// Round trips through the enclave channel to the test guest's echo server, in nanoseconds each.
+/// `sleeping`: both sides sleep between messages (guest: `hlt` until the channel vector;
+/// host: poll() on the doorbell eventfd), so every message costs a doorbell each way.
+fn channel_round_trips(sleeping: bool, messages: usize) -> Vec<f64> {
+    let mode = if sleeping { "doorbell" } else { "poll" };
+    let guest = testguest();
+    let args: Vec<String> = ["--mem", "64M", "--cpus", "1", "--serial", "null", "--cmdline"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([format!("test=channel mode={mode}"), "--kernel".into(), guest.display().to_string()])
+        .collect();
+    let mut vm = Vm::new(VmConfig::from_args(&args).expect("valid config")).expect("VM builds");
+    vm.start().unwrap();
+    let handle = vm.handle();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !handle.reports().iter().any(|r| r.key == report_key("chready")) {
+        assert!(Instant::now() < deadline, "the guest's echo server did not come up");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let device = handle.channel().expect("channel device");
+    let mut host = device.channel().host_end().expect("channel counters");
+    let mut reply = [0u8; 256];
+    let mut samples = Vec::with_capacity(messages);
+    let mut exchange = |message: &[u8], samples: Option<&mut Vec<f64>>| {
+        let t0 = Instant::now();
+        host.send(message).expect("ring has room");
+        if host.peer_waiting() {
+            device.ring_guest().unwrap();
+        }
+        loop {
+            if let Some(n) = host.recv(&mut reply).expect("well-formed ring") {
+                assert_eq!(&reply[..n], if message == b"quit" { &b"bye"[..] } else { message });
+                break;
+            }
+            if sleeping {
+                host.set_waiting(true);
+                if !host.has_message().unwrap() {
+                    let mut fd = libc::pollfd { fd: std::os::fd::AsRawFd::as_raw_fd(&device.doorbell), events: libc::POLLIN, revents: 0 };
+                    // SAFETY: one valid pollfd.
+                    unsafe { libc::poll(&mut fd, 1, 1000) };
+                    let _ = device.doorbell.read();
+                }
+                host.set_waiting(false);
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        if let Some(samples) = samples {
+            samples.push(t0.elapsed().as_nanos() as f64);
+        }
+    };
+    for i in 0..messages {
+        let message = format!("message {i:08}");
+        exchange(message.as_bytes(), Some(&mut samples));
+    }
+    exchange(b"quit", None);
+    assert_eq!(vm.wait(), vmm::StopReason::GuestExit(0));
+    samples
+}
+
+fn percentile(values: &mut [f64], p: f64) -> f64 {
+    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    values[((values.len() - 1) as f64 * p).round() as usize]
+}
+
 fn machine_description() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -194,6 +272,11 @@ fn main() {
     let vmm = vmm_binary();
     let date = Command::new("date").arg("-u").arg("+%Y-%m-%d %H:%M UTC").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
 
+    if std::env::var_os("CHANNEL_ONLY").is_some() {
+        let (mut polled, mut doorbell) = (channel_round_trips(false, 2000), channel_round_trips(true, 500));
+        println!("polled {:.2} us, doorbell {:.2} us", median(&mut polled) / 1000.0, median(&mut doorbell) / 1000.0);
+        return;
+    }
     if std::env::var_os("EXITS_ONLY").is_some() {
         let (mut raw, mut hooked) = (Vec::new(), Vec::new());
         for _ in 0..runs {
@@ -227,6 +310,9 @@ fn main() {
     }
     let overhead = median(&mut overhead);
     let (raw, hooked) = (median(&mut raw), median(&mut hooked));
+    eprintln!("channel round trips (polled, then doorbell)...");
+    let mut polled = channel_round_trips(false, 2000);
+    let mut doorbell = channel_round_trips(true, 500);
     let added = (hooked / raw - 1.0) * 100.0;
 
     let mut rows = Vec::new();
@@ -239,6 +325,16 @@ fn main() {
         ("VMM resident memory beyond guest RAM".to_string(), format!("{overhead:.2} MiB (guest RAM resident: {guest_mib:.0} MiB)"), "≤ 5 MiB (Firecracker)".to_string()),
         ("port exit, raw KVM_RUN loop".to_string(), format!("{:.2} µs", raw / 1000.0), "baseline".to_string()),
         ("port exit through the hook registry".to_string(), format!("{:.2} µs ({added:+.1}%)", hooked / 1000.0), "≤ 5% added".to_string()),
+        (
+            "channel round trip, both sides polling (2000 messages)".to_string(),
+            format!("median {:.2} µs, p99 {:.2} µs", median(&mut polled) / 1000.0, percentile(&mut polled, 0.99) / 1000.0),
+            "≤ 2 µs".to_string(),
+        ),
+        (
+            "channel round trip, both sides sleeping: doorbell each way (500 messages)".to_string(),
+            format!("median {:.2} µs, p99 {:.2} µs", median(&mut doorbell) / 1000.0, percentile(&mut doorbell, 0.99) / 1000.0),
+            "-".to_string(),
+        ),
     ]);
     let mut table = String::from("| measurement | clowder | anchor |\n|---|---|---|\n");
     for (what, ours, anchor) in &rows {
