@@ -257,9 +257,13 @@ void *calloc(size_t n, size_t size)
 		errno = ENOMEM;
 		return NULL;
 	}
-	void *p = malloc(n * size);
+	/* heap_malloc, not malloc: GCC would fuse malloc+memset into a call
+	 * to calloc, i.e. back into this function. */
+	void *p = heap_malloc(n * size);
 	if (p)
 		memset(p, 0, n * size);
+	else
+		errno = ENOMEM;
 	return p;
 }
 
