@@ -1,9 +1,11 @@
 //! Entry points, descriptor tables, boot page tables and stacks.
 //!
-//! Three ways in, all ending in `crate::guest_main(cpu, start_info, how)` on a stack of the
+//! Four ways in, all ending in `crate::guest_main(cpu, start_info, how)` on a stack of the
 //! vCPU's own:
 //! - `start64`, the ELF entry: a 64-bit direct start (`boot.start = "direct64"`); every vCPU may
 //!   enter here at once, `RDI` = vCPU index, `RSI` = `hvm_start_info`.
+//! - `linux_start64`, at image start + 0x200: the Linux boot protocol's 64-bit entry, taken when
+//!   the image's loadable bytes are wrapped in a bzImage; `RSI` = the zero page.
 //! - `pvh_start32`, the Xen PVH note's entry: 32-bit protected mode, paging off, `EBX` =
 //!   `hvm_start_info`; the boot processor only.
 //! - `ap_trampoline_*`, copied below 1 MiB by the `sipi` test: an application processor woken by
@@ -26,6 +28,7 @@ pub enum BootPath {
     Direct64 = 0,
     Pvh = 1,
     Sipi = 2,
+    Linux = 3,
 }
 
 impl BootPath {
@@ -33,6 +36,7 @@ impl BootPath {
         match raw {
             1 => BootPath::Pvh,
             2 => BootPath::Sipi,
+            3 => BootPath::Linux,
             _ => BootPath::Direct64,
         }
     }
@@ -42,6 +46,7 @@ impl BootPath {
             BootPath::Direct64 => "direct64",
             BootPath::Pvh => "pvh",
             BootPath::Sipi => "sipi",
+            BootPath::Linux => "linux",
         }
     }
 }
@@ -95,11 +100,24 @@ global_asm!(
     .long pvh_start32
 
     .section .text.boot, "ax"
+    .code64
+
+    /* Linux boot protocol 64-bit entry (a bzImage wrapping this image): the protocol puts it
+       0x200 bytes into the protected-mode image, which is loaded at 1 MiB; RSI = zero page.
+       The bytes before it are never executed. */
+    .org 0x200, 0xcc
+    .global linux_start64
+linux_start64:
+    xor %edi, %edi
+    mov $3, %edx
+    jmp boot64
 
     /* 64-bit direct start: RDI = vCPU index, RSI = start_info. */
-    .code64
     .global start64
 start64:
+    xor %edx, %edx
+    /* Our own GDT and page tables; RDI, RSI, RDX are kept for enter_rust. */
+boot64:
     cli
     lgdt gdt_descriptor(%rip)
     mov $SELECTOR_DATA, %eax
@@ -108,7 +126,6 @@ start64:
     mov %eax, %ss
     lea boot_pml4(%rip), %rax
     mov %rax, %cr3
-    xor %edx, %edx
     jmp enter_rust
 
     /* Common tail: RDI = CPU number, RSI = start_info, RDX = boot path. */

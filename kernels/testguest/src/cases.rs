@@ -5,7 +5,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use clowder_channel::{Channel, Endpoint, SendError};
 
 use crate::hypercall::{self, exit, report};
-use crate::{arch, boot, paging, println, start_info, Boot};
+use crate::{arch, boot, paging, println, start_info, zero_page, Boot};
 use crate::{EXIT_BAD_CMDLINE, EXIT_FAIL, EXIT_NO_CHANNEL, EXIT_PASS};
 
 pub fn run(boot: &Boot) -> ! {
@@ -24,6 +24,7 @@ pub fn run(boot: &Boot) -> ! {
     arch::load_idt(channel_vector(boot));
     match test {
         "pvh" => pvh(boot),
+        "zeropage" => zero_page(boot),
         "smp" => smp(boot),
         "sipi" => sipi(boot),
         "hooks" => hooks(boot),
@@ -98,13 +99,61 @@ fn pvh(boot: &Boot) -> ! {
 
 /// The module's first 8 bytes as a little-endian u64 (zero-padded if it is shorter).
 fn module_head(module: &start_info::Module) -> u64 {
+    first_bytes(module.paddr, module.size)
+}
+
+/// The first 8 bytes at `address` (of `size` bytes) as a little-endian u64, zero-padded.
+fn first_bytes(address: u64, size: u64) -> u64 {
     let mut bytes = [0u8; 8];
-    let length = module.size.min(8) as usize;
+    let length = size.min(8) as usize;
     for (offset, byte) in bytes.iter_mut().take(length).enumerate() {
-        // SAFETY: modules are in low RAM, identity mapped.
-        *byte = unsafe { core::ptr::read_volatile((module.paddr as *const u8).add(offset)) };
+        // SAFETY: modules and the initrd are in low RAM, identity mapped.
+        *byte = unsafe { core::ptr::read_volatile((address as *const u8).add(offset)) };
     }
     u64::from_le_bytes(bytes)
+}
+
+/// The Linux boot protocol: what the loader put in the zero page.
+fn zero_page(boot: &Boot) -> ! {
+    report(b"bootpath", boot.path as u64);
+    let Some(page) = boot.zero_page else {
+        println!("zeropage: not entered through the Linux boot protocol (boot={})", boot.path.name());
+        exit(EXIT_FAIL)
+    };
+    report(b"hdrmagic", u64::from(page.header_magic()));
+    if page.header_magic() != zero_page::HDRS_MAGIC {
+        println!("zeropage: no HdrS in the zero page at {:#x} (found {:#x})", page.address, page.header_magic());
+        exit(EXIT_FAIL)
+    }
+    let cmdline = start_info::cmdline_at(page.cmdline_address());
+    let (initrd_address, initrd_size) = page.initrd();
+    let initrd_head = first_bytes(initrd_address, initrd_size);
+    report(b"version", u64::from(page.version()));
+    report(b"loader", u64::from(page.type_of_loader()));
+    report(b"loadflg", u64::from(page.loadflags()));
+    report(b"xloadflg", u64::from(page.xloadflags()));
+    report(b"cmdptr", page.cmdline_address());
+    report(b"cmdlen", cmdline.len() as u64);
+    report(b"rd_addr", initrd_address);
+    report(b"rd_size", initrd_size);
+    report(b"rd_head", initrd_head);
+    println!(
+        "zeropage: at {:#x} header {:#x} version {:#x} loader {:#x} loadflags {:#x} xloadflags {:#x}",
+        page.address, page.header_magic(), page.version(), page.type_of_loader(), page.loadflags(), page.xloadflags()
+    );
+    println!("zeropage: cmdline at {:#x} '{}'", page.cmdline_address(), cmdline);
+    println!("zeropage: initrd addr={:#x} size={:#x} head={:#018x}", initrd_address, initrd_size, initrd_head);
+    let mut entries = 0;
+    for (index, entry) in page.e820().enumerate() {
+        report(b"e8_addr", entry.addr);
+        report(b"e8_size", entry.size);
+        report(b"e8_type", u64::from(entry.kind));
+        println!("zeropage: e820[{}] addr={:#x} size={:#x} type={}", index, entry.addr, entry.size, entry.kind);
+        entries += 1;
+    }
+    report(b"e820", entries);
+    println!("zeropage: {} e820 entries", entries);
+    exit(EXIT_PASS)
 }
 
 // ---------------------------------------------------------------------------------------------

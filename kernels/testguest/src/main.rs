@@ -17,6 +17,7 @@ mod hypercall;
 mod paging;
 mod serial;
 mod start_info;
+mod zero_page;
 
 use boot::BootPath;
 use cmdline::Cmdline;
@@ -38,6 +39,8 @@ pub struct Boot {
     pub path: BootPath,
     pub start_info_address: u64,
     pub start_info: Option<start_info::StartInfo>,
+    /// The Linux entry's zero page (`RSI` there), instead of a start info.
+    pub zero_page: Option<zero_page::ZeroPage>,
     pub cmdline: Cmdline,
 }
 
@@ -55,13 +58,19 @@ pub extern "C" fn guest_main(cpu: u64, start_info_address: u64, path: u64) -> ! 
         // An application processor woken by the `sipi` test; it has no start info.
         cases::sipi_application_processor(cpu)
     }
-    let start_info = start_info::read(start_info_address);
-    let cmdline_address = start_info.map_or(DEFAULT_CMDLINE_ADDRESS, |info| info.cmdline_paddr);
+    // The Linux entry passes the zero page where the others pass the hvm_start_info.
+    let zero_page = (path == BootPath::Linux).then(|| zero_page::ZeroPage::at(start_info_address));
+    let start_info = if zero_page.is_some() { None } else { start_info::read(start_info_address) };
+    let cmdline_address = match (zero_page, start_info) {
+        (Some(page), _) => page.cmdline_address(),
+        (None, Some(info)) => info.cmdline_paddr,
+        (None, None) => DEFAULT_CMDLINE_ADDRESS,
+    };
     let cmdline = Cmdline(start_info::cmdline_at(cmdline_address));
     let hypercall_port = cmdline.hex("clowder.hypercall_port").unwrap_or(0x510) as u16;
     let exit_port = cmdline.hex("clowder.exit_port").unwrap_or(0xf4) as u16;
     hypercall::set_ports(hypercall_port, exit_port);
-    let boot = Boot { cpu, path, start_info_address, start_info, cmdline };
+    let boot = Boot { cpu, path, start_info_address, start_info, zero_page, cmdline };
     cases::run(&boot)
 }
 
