@@ -9,18 +9,22 @@ const LEAF_V2_EXTENDED_TOPOLOGY: u32 = 0x1f;
 const ECX_HYPERVISOR: u32 = 1 << 31;
 /// CPUID.1:ECX bit 13: CMPXCHG16B.
 const ECX_CX16: u32 = 1 << 13;
+/// CPUID.1:ECX bits 26-28: XSAVE, OSXSAVE, AVX (AVX state needs XSAVE).
+const ECX_XSAVE_AND_AVX: u32 = (1 << 26) | (1 << 27) | (1 << 28);
+const LEAF_XSAVE_STATE: u32 = 0xd;
 
 /// Host facts that change what the guest may be told.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HostQuirks {
-    /// PVM emulates guest kernel-mode code and its emulator cannot execute CMPXCHG16B (a Linux
-    /// guest's SLUB allocator dies on it), so the feature is hidden from the guest.
-    pub no_cmpxchg16b: bool,
+    /// PVM emulates guest kernel-mode code, and its instruction emulator executes neither
+    /// CMPXCHG16B nor XSAVE/XRSTOR (a Linux guest dies on each: in SLUB, and in FPU setup). Those
+    /// features are hidden from the guest, which then uses CMPXCHG8B-free paths and FXSAVE.
+    pub kernel_emulated: bool,
 }
 
 impl HostQuirks {
     pub fn probe() -> Self {
-        HostQuirks { no_cmpxchg16b: std::path::Path::new("/sys/module/kvm_pvm").exists() }
+        HostQuirks { kernel_emulated: std::path::Path::new("/sys/module/kvm_pvm").exists() }
     }
 }
 
@@ -32,9 +36,12 @@ pub fn patch_for_vcpu(entries: &mut [kvm_cpuid_entry2], index: u32, count: u32, 
             LEAF_FEATURES => {
                 entry.ebx = (entry.ebx & 0x0000_ffff) | (index << 24) | ((count.min(255)) << 16);
                 entry.ecx |= ECX_HYPERVISOR;
-                if quirks.no_cmpxchg16b {
-                    entry.ecx &= !ECX_CX16;
+                if quirks.kernel_emulated {
+                    entry.ecx &= !(ECX_CX16 | ECX_XSAVE_AND_AVX);
                 }
+            }
+            LEAF_XSAVE_STATE if quirks.kernel_emulated => {
+                (entry.eax, entry.ebx, entry.ecx, entry.edx) = (0, 0, 0, 0);
             }
             LEAF_EXTENDED_TOPOLOGY | LEAF_V2_EXTENDED_TOPOLOGY => entry.edx = index,
             _ => {}
@@ -61,7 +68,8 @@ mod tests {
         assert_eq!(entries[1].edx, 3);
         assert_eq!(entries[2].eax, 42);
         assert_ne!(entries[0].ecx & ECX_CX16, 0, "kept where the host can run it");
-        patch_for_vcpu(&mut entries, 3, 4, HostQuirks { no_cmpxchg16b: true });
+        patch_for_vcpu(&mut entries, 3, 4, HostQuirks { kernel_emulated: true });
         assert_eq!(entries[0].ecx & ECX_CX16, 0);
+        assert_eq!(entries[0].ecx & ECX_XSAVE_AND_AVX, 0);
     }
 }
