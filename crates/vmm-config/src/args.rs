@@ -28,7 +28,7 @@ Runs one KVM virtual machine. Flags override the values in --config FILE.
   --protocol P       auto, pvh, direct64 or linux (default auto)
   --smp S            direct (every vCPU starts at the entry) or sipi (default direct)
   --unclaimed-ports P  port I/O no device claims: fail, log (once per port) or auto
-                     (default: log for the Linux boot protocol, fail otherwise)
+                     (default auto: log for Linux guests, fail for others)
   --serial OUT       output of the first serial port: stdout, null, file:PATH or unix:PATH
   --watchdog T       stop the VM after T without an exit, e.g. 500ms or 5s, or off
   --control PATH     Unix socket for control requests (pause, resume, stop, stats, channel)

@@ -156,7 +156,8 @@ pub struct BootConfig {
 /// What the VMM does with port I/O no device claims.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UnclaimedPorts {
-    /// `log` for the Linux boot protocol, `fail` otherwise.
+    /// `log` for Linux guests (a bzImage, or an ELF whose Xen guest-OS note says "linux"),
+    /// `fail` otherwise.
     Auto,
     /// Stop the VM and report the access: for clowder's own kernels an unclaimed port is a bug.
     Fail,

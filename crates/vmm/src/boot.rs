@@ -21,6 +21,9 @@ pub struct BootPlan {
     pub protocol: BootProtocol,
     pub entry: u64,
     pub modules_loaded: usize,
+    /// The kernel is Linux: a bzImage, or an ELF whose Xen guest-OS note says "linux". Linux
+    /// probes legacy ports and uses every CPU feature it is shown.
+    pub linux_guest: bool,
 }
 
 impl BootPlan {
@@ -56,6 +59,45 @@ fn image_kind(path: &Path) -> Result<ImageKind, VmError> {
     Err(VmError::Config(format!("boot.kernel: {} is neither an x86-64 ELF64 image nor a bzImage", path.display())))
 }
 
+const PT_NOTE: u32 = 4;
+const XEN_ELFNOTE_GUEST_OS: u32 = 6;
+
+/// The guest OS an ELF kernel names in its Xen `GUEST_OS` note ("linux" for vmlinux), if any.
+/// Reads only within `image`; a malformed header or note yields `None`.
+pub fn elf_guest_os(image: &[u8]) -> Option<String> {
+    let u16_at = |o: usize| image.get(o..o + 2).map(|b| u16::from_le_bytes(b.try_into().unwrap()));
+    let u32_at = |o: usize| image.get(o..o + 4).map(|b| u32::from_le_bytes(b.try_into().unwrap()));
+    let u64_at = |o: usize| image.get(o..o + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap()));
+    let phoff = usize::try_from(u64_at(0x20)?).ok()?;
+    let phentsize = u16_at(0x36)? as usize;
+    let phnum = u16_at(0x38)? as usize;
+    for i in 0..phnum {
+        let ph = phoff.checked_add(i.checked_mul(phentsize)?)?;
+        if u32_at(ph)? != PT_NOTE {
+            continue;
+        }
+        let start = usize::try_from(u64_at(ph + 8)?).ok()?;
+        let end = start.checked_add(usize::try_from(u64_at(ph + 32)?).ok()?)?;
+        let mut note = start;
+        while note.checked_add(12)? <= end {
+            let (namesz, descsz, kind) = (u32_at(note)? as usize, u32_at(note + 4)? as usize, u32_at(note + 8)?);
+            let name_at = note + 12;
+            let desc_at = name_at.checked_add(namesz.div_ceil(4) * 4)?;
+            let next = desc_at.checked_add(descsz.div_ceil(4) * 4)?;
+            if next > end {
+                return None;
+            }
+            if image.get(name_at..name_at + namesz)? == b"Xen\0" && kind == XEN_ELFNOTE_GUEST_OS {
+                let desc = image.get(desc_at..desc_at + descsz)?;
+                let text = desc.split(|b| *b == 0).next()?;
+                return Some(String::from_utf8_lossy(text).into_owned());
+            }
+            note = next;
+        }
+    }
+    None
+}
+
 fn read_file(key: &str, path: &Path) -> Result<Vec<u8>, VmError> {
     std::fs::read(path).map_err(|e| VmError::Config(format!("{key}: {}: {e}", path.display())))
 }
@@ -71,6 +113,10 @@ pub fn load(memory: &GuestMemory, boot: &BootConfig, cmdline_extra: &[String]) -
     let kind = image_kind(&boot.kernel)?;
     let mut image = File::open(&boot.kernel).map_err(|e| VmError::Config(format!("boot.kernel: {e}")))?;
     let highmem = Some(GuestAddress(HIGH_MEMORY_START));
+    let linux_guest = match kind {
+        ImageKind::BzImage => true,
+        ImageKind::Elf64 => elf_guest_os(&read_file("boot.kernel", &boot.kernel)?).as_deref() == Some("linux"),
+    };
     let (protocol, entry, kernel_end, setup_header) = match kind {
         ImageKind::Elf64 => {
             let loaded = Elf::load(mem, None, &mut image, highmem)
@@ -171,5 +217,55 @@ pub fn load(memory: &GuestMemory, boot: &BootConfig, cmdline_extra: &[String]) -
             write(gpa, &page, "page tables")?;
         }
     }
-    Ok(BootPlan { protocol, entry, modules_loaded: modules.len() })
+    Ok(BootPlan { protocol, entry, modules_loaded: modules.len(), linux_guest })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A minimal ELF64 header with one PT_NOTE segment holding `notes`.
+    fn elf_with_notes(notes: &[(&[u8], u32, &[u8])]) -> Vec<u8> {
+        let mut note_bytes = Vec::new();
+        for (name, kind, desc) in notes {
+            note_bytes.extend_from_slice(&(name.len() as u32).to_le_bytes());
+            note_bytes.extend_from_slice(&(desc.len() as u32).to_le_bytes());
+            note_bytes.extend_from_slice(&kind.to_le_bytes());
+            note_bytes.extend_from_slice(name);
+            note_bytes.resize(note_bytes.len().div_ceil(4) * 4, 0);
+            note_bytes.extend_from_slice(desc);
+            note_bytes.resize(note_bytes.len().div_ceil(4) * 4, 0);
+        }
+        let mut image = vec![0u8; 0x40 + 56];
+        image[..4].copy_from_slice(b"\x7fELF");
+        image[0x20..0x28].copy_from_slice(&0x40u64.to_le_bytes());
+        image[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+        image[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());
+        let ph = 0x40;
+        image[ph..ph + 4].copy_from_slice(&PT_NOTE.to_le_bytes());
+        image[ph + 8..ph + 16].copy_from_slice(&((0x40 + 56) as u64).to_le_bytes());
+        image[ph + 32..ph + 40].copy_from_slice(&(note_bytes.len() as u64).to_le_bytes());
+        image.extend_from_slice(&note_bytes);
+        image
+    }
+
+    #[test]
+    fn finds_the_guest_os_note_among_others() {
+        let image = elf_with_notes(&[(b"Xen\0", 18, &[0, 0, 0, 1]), (b"Xen\0", 6, b"linux\0")]);
+        assert_eq!(elf_guest_os(&image).as_deref(), Some("linux"));
+        let other = elf_with_notes(&[(b"GNU\0", 6, b"linux\0")]);
+        assert_eq!(elf_guest_os(&other), None);
+    }
+
+    #[test]
+    fn malformed_notes_are_not_read_out_of_bounds() {
+        let mut image = elf_with_notes(&[(b"Xen\0", 6, b"linux\0")]);
+        let note = 0x40 + 56;
+        image[note + 4..note + 8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(elf_guest_os(&image), None);
+        assert_eq!(elf_guest_os(&image[..0x30]), None);
+        let mut huge_phnum = elf_with_notes(&[]);
+        huge_phnum[0x38..0x3a].copy_from_slice(&u16::MAX.to_le_bytes());
+        assert_eq!(elf_guest_os(&huge_phnum), None);
+    }
 }

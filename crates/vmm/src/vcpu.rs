@@ -33,10 +33,11 @@ pub fn configure(
     count: usize,
     supported_cpuid: &CpuId,
     start: Option<regs::StartMode>,
+    quirks: cpuid::HostQuirks,
 ) -> Result<(), VmError> {
     let err = |what: &str, e: kvm_ioctls::Error| VmError::Kvm(format!("vCPU {index}: {what}: {e}"));
     let mut cpuid = supported_cpuid.clone();
-    cpuid::patch_for_vcpu(cpuid.as_mut_slice(), index as u32, count as u32, cpuid::HostQuirks::probe());
+    cpuid::patch_for_vcpu(cpuid.as_mut_slice(), index as u32, count as u32, quirks);
     vcpu.set_cpuid2(&cpuid).map_err(|e| err("set CPUID", e))?;
 
     let msrs = Msrs::from_entries(&[

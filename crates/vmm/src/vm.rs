@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use kvm_bindings::{kvm_enable_cap, KVM_CAP_X86_USER_SPACE_MSR, KVM_MAX_CPUID_ENTRIES, KVM_MSR_EXIT_REASON_FILTER};
 use kvm_ioctls::{Kvm, MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VcpuFd, VmFd};
-use vmm_config::{BootProtocol, SmpStart, UnclaimedPorts, VmConfig};
+use vmm_config::{SmpStart, UnclaimedPorts, VmConfig};
 
 use crate::arch::memmap::GuestLayout;
 use crate::boot::{self, BootPlan};
@@ -328,10 +328,11 @@ impl Vm {
         let plan = boot::load(&memory, &config.boot, &cmdline_extra)?;
         let supported = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm_err("reading supported CPUID"))?;
         let sipi = config.boot.smp == SmpStart::Sipi;
+        let quirks = crate::arch::cpuid::HostQuirks::for_guest(plan.linux_guest);
         let mut vcpus = Vec::with_capacity(config.vcpus.len());
         for index in 0..config.vcpus.len() {
             let vcpu = vm_fd.create_vcpu(index as u64).map_err(|e| VmError::Kvm(format!("creating vCPU {index}: {e}")))?;
-            vcpu::configure(&vcpu, index, config.vcpus.len(), &supported, plan.start_mode(index, sipi))?;
+            vcpu::configure(&vcpu, index, config.vcpus.len(), &supported, plan.start_mode(index, sipi), quirks)?;
             vcpus.push(vcpu);
         }
         vcpu::install_kick_handler()?;
@@ -361,7 +362,8 @@ impl Vm {
             return Err(VmError::State("the VM was already started".into()));
         }
         let policy = match (self.config.boot.unclaimed_ports, self.plan.protocol) {
-            (UnclaimedPorts::Log, _) | (UnclaimedPorts::Auto, BootProtocol::Linux) => UnhandledPorts::LogOnce,
+            (UnclaimedPorts::Log, _) => UnhandledPorts::LogOnce,
+            (UnclaimedPorts::Auto, _) if self.plan.linux_guest => UnhandledPorts::LogOnce,
             (UnclaimedPorts::Fail, _) | (UnclaimedPorts::Auto, _) => UnhandledPorts::Fail,
         };
         let shared = self.handle.shared.clone();

@@ -13,18 +13,20 @@ const ECX_CX16: u32 = 1 << 13;
 const ECX_XSAVE_AND_AVX: u32 = (1 << 26) | (1 << 27) | (1 << 28);
 const LEAF_XSAVE_STATE: u32 = 0xd;
 
-/// Host facts that change what the guest may be told.
+/// Host and guest facts that change what the guest may be told.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HostQuirks {
     /// PVM emulates guest kernel-mode code, and its instruction emulator executes neither
-    /// CMPXCHG16B nor XSAVE/XRSTOR (a Linux guest dies on each: in SLUB, and in FPU setup). Those
-    /// features are hidden from the guest, which then uses CMPXCHG8B-free paths and FXSAVE.
-    pub kernel_emulated: bool,
+    /// CMPXCHG16B nor XSAVE/XRSTOR. A Linux guest uses both in its kernel (SLUB, FPU setup) and
+    /// dies, so for Linux guests on PVM these features are hidden (Linux falls back to FXSAVE).
+    /// clowder's LWK only enables AVX state with XSETBV, which works, so it keeps them.
+    pub hide_unemulated_features: bool,
 }
 
 impl HostQuirks {
-    pub fn probe() -> Self {
-        HostQuirks { kernel_emulated: std::path::Path::new("/sys/module/kvm_pvm").exists() }
+    pub fn for_guest(linux_guest: bool) -> Self {
+        let pvm = std::path::Path::new("/sys/module/kvm_pvm").exists();
+        HostQuirks { hide_unemulated_features: pvm && linux_guest }
     }
 }
 
@@ -36,11 +38,11 @@ pub fn patch_for_vcpu(entries: &mut [kvm_cpuid_entry2], index: u32, count: u32, 
             LEAF_FEATURES => {
                 entry.ebx = (entry.ebx & 0x0000_ffff) | (index << 24) | ((count.min(255)) << 16);
                 entry.ecx |= ECX_HYPERVISOR;
-                if quirks.kernel_emulated {
+                if quirks.hide_unemulated_features {
                     entry.ecx &= !(ECX_CX16 | ECX_XSAVE_AND_AVX);
                 }
             }
-            LEAF_XSAVE_STATE if quirks.kernel_emulated => {
+            LEAF_XSAVE_STATE if quirks.hide_unemulated_features => {
                 (entry.eax, entry.ebx, entry.ecx, entry.edx) = (0, 0, 0, 0);
             }
             LEAF_EXTENDED_TOPOLOGY | LEAF_V2_EXTENDED_TOPOLOGY => entry.edx = index,
@@ -68,7 +70,7 @@ mod tests {
         assert_eq!(entries[1].edx, 3);
         assert_eq!(entries[2].eax, 42);
         assert_ne!(entries[0].ecx & ECX_CX16, 0, "kept where the host can run it");
-        patch_for_vcpu(&mut entries, 3, 4, HostQuirks { kernel_emulated: true });
+        patch_for_vcpu(&mut entries, 3, 4, HostQuirks { hide_unemulated_features: true });
         assert_eq!(entries[0].ecx & ECX_CX16, 0);
         assert_eq!(entries[0].ecx & ECX_XSAVE_AND_AVX, 0);
     }
