@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs every benchmark; each prints its table (our figure beside the paper's) and writes its
+# results file under docs/results/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Rows backed by 2 MiB pages need free hugepages; reserve a few if we may.
+free_huge=$(cat /sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages 2>/dev/null || echo 0)
+if [ "$free_huge" -lt 64 ] && [ "$(id -u)" -eq 0 ]; then
+    echo $(( $(cat /proc/sys/vm/nr_hugepages) + 64 - free_huge )) > /proc/sys/vm/nr_hugepages
+fi
+
+echo "== clowder-vmm =="
+target/release/vmm-bench
+for script in bench/*/run.sh; do
+    [ -x "$script" ] || continue
+    echo "== ${script%/run.sh} =="
+    "$script"
+done
