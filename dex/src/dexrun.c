@@ -79,6 +79,23 @@ static void describe(int node, int status, char *out, size_t len)
 			 strsignal(WTERMSIG(status)));
 }
 
+static int signalled; /* set once dexrun itself starts ending nodes */
+static int failed_node = -1;
+
+/* Reports a node that ended abnormally by itself (not by our signals). */
+static void note_exit(int node, int status)
+{
+	if (signalled || (WIFEXITED(status) && WEXITSTATUS(status) == 0))
+		return;
+	if (node > 0 && failed_node < 0)
+		failed_node = node;
+	if (node > 0 || !WIFEXITED(status)) {
+		char why[160];
+		describe(node, status, why, sizeof(why));
+		fprintf(stderr, "dexrun: %s\n", why);
+	}
+}
+
 /* Reaps children until all are gone or `deadline` passes. Records the
  * origin's status. Returns the number still alive. */
 static int reap_until(double deadline, int *origin_status)
@@ -90,6 +107,7 @@ static int reap_until(double deadline, int *origin_status)
 			int i = index_of(pid);
 			if (i >= 0) {
 				children[i] = -1;
+				note_exit(i, status);
 				if (i == 0)
 					*origin_status = status;
 			}
@@ -104,6 +122,7 @@ static int reap_until(double deadline, int *origin_status)
 
 static void end_everyone(int *origin_status)
 {
+	signalled = 1;
 	signal_all(SIGTERM);
 	if (reap_until(now_seconds() + GRACE_SECONDS, origin_status)) {
 		signal_all(SIGKILL);
@@ -191,8 +210,6 @@ int main(int argc, char **argv)
 
 	double deadline = timeout > 0 ? now_seconds() + timeout : 0;
 	int origin_status = 0;
-	int failed_node = -1;
-	char why[160] = "";
 	while (alive_count()) {
 		if (interrupted) {
 			fprintf(stderr, "dexrun: interrupted (signal %d); stopping all %d nodes\n", (int)interrupted,
@@ -219,16 +236,16 @@ int main(int argc, char **argv)
 			origin_status = status;
 			/* Nodes leave on the origin's SHUTDOWN or when its socket
 			 * closes; anything still running after the grace is killed. */
+			note_exit(0, status);
 			if (reap_until(now_seconds() + GRACE_SECONDS, &origin_status)) {
+				signalled = 1;
 				signal_all(SIGKILL);
 				reap_until(now_seconds() + 10, &origin_status);
 			}
 			break;
 		}
-		if (failed_node < 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-			failed_node = n;
-			describe(n, status, why, sizeof(why));
-			fprintf(stderr, "dexrun: %s; stopping all nodes\n", why);
+		note_exit(n, status);
+		if (failed_node >= 0) {
 			/* Let the origin report the broken connection itself first. */
 			if (reap_until(now_seconds() + GRACE_SECONDS, &origin_status))
 				end_everyone(&origin_status);

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Builds and runs every DEX test. Exit status is non-zero if any fails; the
+# last line is "N passed, N failed". Set DEX_SOAK=N to repeat the
+# application runs N times each (the issue's soak test uses 50).
+set -u
+cd "$(dirname "$0")"
+BUILD=build
+passed=0
+failed=0
+LOG=$(mktemp -d)
+trap 'rm -rf "$LOG"' EXIT
+
+pass() { passed=$((passed + 1)); echo "PASS $1"; }
+fail() { failed=$((failed + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/    /' "$2" | tail -20; }
+
+# Runs a command with a deadline; records output in $LOG/out.
+run() { timeout 120 "$@" >"$LOG/out" 2>&1; }
+
+check_output() { # name expected-pattern command...
+	local name=$1 pattern=$2
+	shift 2
+	if run "$@" && grep -q -- "$pattern" "$LOG/out"; then pass "$name"; else fail "$name" "$LOG/out"; fi
+}
+
+leftovers() { # processes still running the given marker argument
+	pgrep -f -- "$1" | grep -v "^$$\$" || true
+}
+
+echo "building..."
+if ! make -s >"$LOG/build" 2>&1; then
+	fail "build" "$LOG/build"
+	echo "$passed passed, $failed failed"
+	exit 1
+fi
+DEXRUN="$BUILD/dexrun --timeout 100"
+
+# 1. pure protocol: unit tests and random interleavings
+check_output "protocol: directory, fault coalescing, wire validation" "0 failures" "$BUILD/test_protocol"
+
+# 2. launcher + DSM + migration: a thread visits every node
+for n in 1 2 3 4; do
+	check_output "hello_nodes on $n node(s): globals, heap and stack follow the thread" "back on node 0" \
+		$DEXRUN -n $n "$BUILD/hello_nodes"
+done
+
+# 3. exit status and output come from the origin, even when exit() runs on a node
+run $DEXRUN -n 3 "$BUILD/exit_status" 7
+rc=$?
+if [ $rc -eq 7 ] && grep -q "origin line before" "$LOG/out" && grep -q "exiting with 7 from node 2" "$LOG/out"; then
+	pass "exit status 7 from exit() on node 2, output of both nodes kept"
+else
+	fail "exit status from a node (rc $rc)" "$LOG/out"
+fi
+
+# 4. coherence across nodes
+for n in 2 3; do
+	check_output "mutex counter, 6 threads on $n nodes" "PASS mutex" $DEXRUN -n $n "$BUILD/coherence" mutex 6 1000
+	check_output "barrier phases, 4 threads on $n nodes" "PASS barrier" $DEXRUN -n $n "$BUILD/coherence" barrier 4 200
+	check_output "condition variable queue on $n nodes" "PASS condvar" $DEXRUN -n $n "$BUILD/coherence" condvar 2 2000
+	check_output "one page written alternately from 2 nodes ($n nodes)" "PASS pingpong" \
+		$DEXRUN -n $n "$BUILD/coherence" pingpong 2 2000
+	check_output "stack read by others while its thread migrates ($n nodes)" "PASS stackread" \
+		$DEXRUN -n $n "$BUILD/coherence" stackread 4 300
+done
+
+# 5. applications: same answer without DEX and on 1, 2, 3 nodes
+soak=${DEX_SOAK:-1}
+app_runs() { # name args...
+	local name=$1
+	shift
+	local reference
+	reference=$("$BUILD/$name" "$@" 2>&1)
+	local ok=1 n i
+	for i in $(seq "$soak"); do
+		for n in 1 2 3; do
+			if ! run $DEXRUN -n $n "$BUILD/$name" "$@" || [ "$(cat "$LOG/out")" != "$reference" ]; then
+				ok=0
+				echo "    run $i on $n nodes differs: $(head -c 300 "$LOG/out")"
+				echo "    reference: $reference"
+				break 2
+			fi
+		done
+	done
+	if [ $ok = 1 ]; then pass "$name $* : same result as plain run on 1/2/3 nodes (x$soak)"; else fail "$name $*"; fi
+}
+app_runs ep 4 20
+app_runs ep --naive 4 18
+app_runs kmeans 4 60000 8 6
+app_runs kmeans --naive 4 20000 8 4
+
+# 6. failure: kill a node mid-run
+MARK=424242421
+$DEXRUN -n 3 "$BUILD/coherence" pingpong 2 $MARK >"$LOG/out" 2>&1 &
+runner=$!
+sleep 1.5
+victim=""
+for p in $(pgrep -f -- "$MARK"); do
+	if tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -q "DEX_BOOT=node=002"; then victim=$p; fi
+done
+start=$(date +%s.%N)
+[ -n "$victim" ] && kill -KILL "$victim"
+wait $runner
+rc=$?
+elapsed=$(echo "$(date +%s.%N) - $start" | bc)
+sleep 0.2
+left=$(leftovers "$MARK")
+if [ -n "$victim" ] && [ $rc -ne 0 ] && grep -q "node 2 disconnected" "$LOG/out" &&
+	grep -q "node 2 was killed by signal 9" "$LOG/out" && grep -q "dex\[node 1\]: error: lost connection" "$LOG/out" &&
+	[ -z "$left" ] && [ "$(echo "$elapsed < 5" | bc)" = 1 ]; then
+	pass "killed node: every node reports it, all gone in ${elapsed%??????} s (rc $rc)"
+else
+	fail "killed node (victim '$victim', rc $rc, ${elapsed} s, leftover '$left')" "$LOG/out"
+	[ -n "$left" ] && kill -KILL $left
+fi
+
+# 7. Ctrl-C on dexrun ends every node
+MARK=424242422
+$DEXRUN -n 3 "$BUILD/coherence" pingpong 2 $MARK >"$LOG/out" 2>&1 &
+runner=$!
+sleep 1.5
+kill -INT $runner
+wait $runner
+rc=$?
+sleep 0.2
+left=$(leftovers "$MARK")
+if [ $rc -eq 130 ] && [ -z "$left" ]; then
+	pass "Ctrl-C ends all nodes (rc 130, no process left)"
+else
+	fail "Ctrl-C (rc $rc, leftover '$left')" "$LOG/out"
+	[ -n "$left" ] && kill -KILL $left
+fi
+
+# 8. malformed and unexpected messages are rejected
+if timeout 60 python3 tests/malformed_peer.py "$BUILD/coherence" >"$LOG/out" 2>&1; then
+	pass "malformed HELLO and out-of-range PAGE_REQUEST rejected, all processes stop"
+else
+	fail "malformed messages" "$LOG/out"
+fi
+
+echo "$passed passed, $failed failed"
+[ $failed -eq 0 ]
