@@ -82,6 +82,9 @@ fn main() -> ExitCode {
     }
     if reason.is_failure() {
         eprintln!("clowder-vmm: {reason}");
+        for (vcpu, registers) in handle.shared.watchdog_registers() {
+            eprintln!("  vCPU {vcpu}: {registers}");
+        }
     }
     ExitCode::from(reason.exit_code() as u8)
 }

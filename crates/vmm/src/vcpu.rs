@@ -200,6 +200,9 @@ pub fn run_loop(mut vcpu: VcpuFd, index: usize, registry: Arc<HookRegistry>, sha
         };
         shared.stop(reason);
     }
+    if matches!(shared.stop_reason(), Some(StopReason::Watchdog { .. })) {
+        shared.record_watchdog_registers(index, register_dump(&vcpu));
+    }
 }
 
 /// What to do with port I/O nobody claimed.

@@ -17,7 +17,7 @@ use crate::devices::{self, ChannelEndpoint, DeviceEnv, Report};
 use crate::hooks::{DeviceHandle, HookKey, HookRegistry, ExitCounters};
 use crate::interrupts::InterruptRouter;
 use crate::memory::{FileRun, GuestMemory, RegionInfo};
-use crate::stop::StopReason;
+use crate::stop::{RegisterDump, StopReason};
 use crate::vcpu::{self, UnhandledPorts, VcpuKick};
 use crate::VmError;
 
@@ -53,6 +53,9 @@ pub struct VmShared {
     stop_reason: Mutex<Option<StopReason>>,
     first_exit_seen: AtomicBool,
     kicks: Mutex<Vec<VcpuKick>>,
+    /// Where each vCPU was when the watchdog stopped it: a hung guest makes no exit whose
+    /// report could carry its registers.
+    watchdog_registers: Mutex<Vec<(usize, Box<RegisterDump>)>>,
 }
 
 impl VmShared {
@@ -67,6 +70,7 @@ impl VmShared {
             stop_reason: Mutex::new(None),
             first_exit_seen: AtomicBool::new(false),
             kicks: Mutex::new(Vec::new()),
+            watchdog_registers: Mutex::new(Vec::new()),
         }
     }
 
@@ -131,6 +135,19 @@ impl VmShared {
 
     pub fn stop_reason(&self) -> Option<StopReason> {
         self.stop_reason.lock().unwrap().clone()
+    }
+
+    /// Called by each vCPU thread as it leaves its loop after a watchdog stop.
+    pub fn record_watchdog_registers(&self, vcpu: usize, registers: Box<RegisterDump>) {
+        self.watchdog_registers.lock().unwrap().push((vcpu, registers));
+    }
+
+    /// The registers of every vCPU the watchdog stopped, by vCPU index (complete once `wait`
+    /// has returned).
+    pub fn watchdog_registers(&self) -> Vec<(usize, Box<RegisterDump>)> {
+        let mut registers = self.watchdog_registers.lock().unwrap().clone();
+        registers.sort_by_key(|(vcpu, _)| *vcpu);
+        registers
     }
 }
 
