@@ -14,11 +14,8 @@ use std::time::{Duration, Instant};
 
 use clowder_channel::{Channel, Endpoint, SendError};
 use serde_json::{json, Value};
-use support::{file_identity, memfd, wait_until, Control, Launch, SharedMapping, DEADLINE, GUEST_MEMORY_BYTES};
+use support::{file_identity, memfd, wait_until, Control, Launch, SharedMapping, DEADLINE, ENDLESS_NOPS, GUEST_MEMORY_BYTES};
 use vmm::arch::layout::CMDLINE_ADDR;
-
-/// A guest that makes nop hypercalls until it is stopped (each one is an exit the counters see).
-const ENDLESS_NOPS: &str = "test=nop-loop count=100000000000";
 
 #[test]
 fn stats_pause_resume_and_stop_from_another_process() {

@@ -32,6 +32,10 @@ pub const GUEST_MEMORY_BYTES: u64 = 16 << 20;
 /// The channel device's default size (vmm-config README).
 pub const CHANNEL_SIZE: u64 = 64 << 10;
 
+/// A test-guest command line that makes nop hypercalls until the VM is stopped: each one is an
+/// exit the counters see, so progress is observable from outside.
+pub const ENDLESS_NOPS: &str = "test=nop-loop count=100000000000";
+
 /// How long a VMM process may take to do what a test waits for before the test gives up (the
 /// guests here finish in milliseconds; this only bounds a broken run).
 pub const DEADLINE: Duration = Duration::from_secs(30);
