@@ -2,7 +2,7 @@
 //! Linux's status for the signal it would have received, a fault in the kernel is a panic.
 
 use crate::arch::cpu;
-use crate::arch::trap::{self, TrapFrame, SYSCALL_VECTOR};
+use crate::arch::trap::{self, TrapFrame};
 use crate::console::log;
 use crate::{job, syscall};
 use core::sync::atomic::{AtomicBool, Ordering};
@@ -30,14 +30,15 @@ fn signal_for(vector: u64) -> (u8, &'static str) {
 }
 
 pub fn handle(frame: &mut TrapFrame) {
-    if frame.vector == SYSCALL_VECTOR {
-        syscall::dispatch(frame);
-    } else if frame.is_syscall_left_in_ring3() {
+    if frame.is_syscall_left_in_ring3() {
         if !RING3_SYSCALL_REPORTED.swap(true, Ordering::Relaxed) {
-            log!("SYSCALL stays in ring 3 on this host: system calls arrive through the page-fault path");
+            log!("SYSCALL stays in ring 3 on this host: system calls arrive as ud2 faults");
+            job::map_ring3_syscall_page();
+            trap::redirect_syscall_to_ring3_page();
         }
         frame.return_as_syscall();
-        syscall::dispatch(frame);
+        let mut call = syscall::Call { args: [frame.rdi, frame.rsi, frame.rdx, frame.r10, frame.r8, frame.r9] };
+        frame.rax = syscall::dispatch(frame.rax, &mut call);
     } else if frame.from_user() {
         let (signal, name) = signal_for(frame.vector);
         job::kill_for_fault(signal, name, frame);

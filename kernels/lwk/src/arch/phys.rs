@@ -2,6 +2,8 @@
 //! mapped at `PHYSMAP_BASE` by the kernel page tables; the first GiB by the boot tables).
 
 pub const PHYSMAP_BASE: u64 = 0xffff_8000_0000_0000;
+/// The kernel image runs at this address plus its physical address.
+pub const KERNEL_VMA: u64 = 0xffff_ffff_8000_0000;
 
 pub fn to_virtual(physical: u64) -> u64 {
     PHYSMAP_BASE + physical

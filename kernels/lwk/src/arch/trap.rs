@@ -1,9 +1,32 @@
-//! Kernel entry and exit: exception stubs, the SYSCALL entry, the first entry to user mode and
-//! the fault-tolerant user copy. Every entry builds one `TrapFrame` and calls
-//! `crate::trap::handle`; every exit restores it with IRETQ.
+//! Kernel entry and exit: exception stubs, the SYSCALL entries, the first entry to user mode
+//! and the fault-tolerant user copy. Exceptions build one `TrapFrame` and call
+//! `crate::trap::handle`; system calls take a shorter path that saves only the registers the
+//! Rust code may clobber and calls `crate::syscall::dispatch` with the arguments in registers.
+//! Both return with IRETQ.
+//!
+//! Why the short path: on PVM every kernel memory access is emulated (a push or pop costs
+//! about 3 us), so the 30 pushes and pops of a full frame alone cost more than the exception
+//! that delivers the call (about 20 us).
 
+use super::cpu::{self, MSR_LSTAR};
 use super::tables::{USER_CODE, USER_DATA};
 use core::arch::global_asm;
+
+/// Where SYSCALL goes once it is known to stay in ring 3: a user-executable page (mapped at
+/// this address in every job) whose first instruction is `ud2`. An invalid-opcode exception
+/// reaches the kernel several times faster on PVM than the page fault a supervisor-only
+/// LSTAR raises, and needs no privilege check in user-visible code.
+pub const RING3_SYSCALL_PAGE: u64 = 0x0000_7fff_ffff_f000;
+
+/// Points LSTAR at `RING3_SYSCALL_PAGE` (which the caller has mapped).
+pub fn redirect_syscall_to_ring3_page() {
+    cpu::write_msr(MSR_LSTAR, RING3_SYSCALL_PAGE);
+}
+
+/// The physical page holding the `ud2` to map at `RING3_SYSCALL_PAGE`.
+pub fn ring3_syscall_page_physical() -> u64 {
+    &raw const ring3_syscall_page as u64 - super::phys::KERNEL_VMA
+}
 
 /// Registers as the entry code saves them (lowest address first).
 #[repr(C)]
@@ -34,8 +57,8 @@ pub struct TrapFrame {
     pub ss: u64,
 }
 
-/// Not a hardware vector: marks frames built by the SYSCALL entry.
-pub const SYSCALL_VECTOR: u64 = 256;
+/// The RFLAGS bits user code may set: CF, PF, AF, ZF, SF, TF, DF, OF, AC, ID.
+const USER_FLAGS: u64 = 0x24_0dd5;
 pub const EXCEPTION_STUB_SIZE: u64 = 16;
 
 impl TrapFrame {
@@ -49,8 +72,10 @@ impl TrapFrame {
     }
 
     /// On this host SYSCALL may leave the CPU in ring 3 (shared/notes/pvm.md): it then jumps
-    /// to LSTAR, whose page is supervisor-only, and faults there from user mode. Such a fault
-    /// is a system call: the user's return address is in RCX and its flags in R11.
+    /// to LSTAR and faults there from user mode. The first time, LSTAR is the supervisor-only
+    /// kernel entry and the fault is a page fault; after `redirect_syscall_to_ring3_page` it
+    /// is the `ud2` of that page, which the entry code sends straight to the system-call path.
+    /// The user's return address is in RCX and its flags in R11.
     pub fn is_syscall_left_in_ring3(&self) -> bool {
         self.from_user() && self.vector == 14 && self.rip == syscall_entry_address()
     }
@@ -59,18 +84,21 @@ impl TrapFrame {
     /// (IF forced on, privileged flags off, as SYSRET would).
     pub fn return_as_syscall(&mut self) {
         self.rip = self.rcx;
-        self.rflags = (self.r11 & 0x3c_0cd5) | 0x202;
+        self.rflags = (self.r11 & USER_FLAGS) | 0x202;
     }
 }
 
 global_asm!(
     r#"
     .text
-    .global exception_stubs, syscall_entry, enter_user_frame, user_copy, user_copy_access, user_copy_failed
+    .global exception_stubs, syscall_entry, ring3_syscall_page, enter_user_frame, user_copy, user_copy_access, user_copy_failed
     .balign 16
 exception_stubs:
     .irp vector, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
     .balign 16
+    .if \vector == 6
+    jmp invalid_opcode
+    .endif
     .if \vector == 8 || \vector == 10 || \vector == 11 || \vector == 12 || \vector == 13 || \vector == 14 || \vector == 17 || \vector == 21 || \vector == 29 || \vector == 30
     .else
     pushq $0                           /* no error code from the CPU: keep the frame uniform */
@@ -124,8 +152,25 @@ trap_return:
 2:  add $16, %rsp                      /* vector and error code */
     iretq
 
+    /* Invalid opcode: the ud2 of the ring-3 system-call page is a system call (the CPU
+       pushed RIP, CS, RFLAGS, RSP, SS; RCX and R11 hold the user's RIP and RFLAGS).
+       RIP is compared half by half to keep every register intact for a real #UD. */
+invalid_opcode:
+    cmpl ${page_low}, (%rsp)
+    jne 1f
+    cmpl ${page_high}, 4(%rsp)
+    jne 1f
+    mov %rcx, (%rsp)                   /* return after the SYSCALL instruction */
+    and ${user_flags}, %r11
+    or $0x202, %r11
+    mov %r11, 16(%rsp)                 /* with its flags (IF on), as SYSRET would */
+    jmp syscall_common
+1:  pushq $0
+    pushq $6
+    jmp trap_common
+
     /* SYSCALL when it arrives in ring 0 (hardware, QEMU): user RSP is still live, so switch
-       to the per-CPU trap stack and build the same frame an exception would. */
+       to the per-CPU trap stack and build the frame an exception from user mode would. */
     .balign 16
 syscall_entry:
     swapgs
@@ -136,14 +181,44 @@ syscall_entry:
     push %r11
     pushq ${user_code}
     push %rcx
-    pushq $0
-    pushq ${syscall_vector}
-    jmp trap_save_registers
+    swapgs                             /* the system-call code does not use GS */
+
+    /* Above an IRETQ frame to user mode: save what a C call may clobber and the user must
+       keep (RCX and R11 are the SYSCALL return RIP and RFLAGS, restored from the frame). */
+syscall_common:
+    push %rdi
+    push %rsi
+    push %rdx
+    push %r8
+    push %r9
+    push %r10
+    cld
+    mov %r10, %rcx                     /* fourth argument */
+    push %rax                          /* the number, seventh C argument; keeps RSP aligned */
+    call lwk_syscall
+    add $8, %rsp
+    pop %r10
+    pop %r9
+    pop %r8
+    pop %rdx
+    pop %rsi
+    pop %rdi
+    mov (%rsp), %rcx
+    mov 16(%rsp), %r11
+    iretq
 
     /* enter_user_frame(frame in RDI): the frame already sits at the top of the trap stack. */
 enter_user_frame:
     mov %rdi, %rsp
     jmp trap_return
+
+    /* The page SYSCALL jumps to when it stays in ring 3: nothing but ud2. */
+    .section .text.ring3_syscall_page, "ax"
+    .balign 4096
+ring3_syscall_page:
+    ud2
+    .balign 4096
+    .text
 
     /* user_copy(dst, src, len) -> 0, or 1 if a user page faulted: the page-fault handler
        moves RIP from user_copy_access to user_copy_failed. */
@@ -159,13 +234,16 @@ user_copy_failed:
 "#,
     user_data = const USER_DATA as u64,
     user_code = const USER_CODE as u64,
-    syscall_vector = const SYSCALL_VECTOR,
+    page_low = const RING3_SYSCALL_PAGE as u32,
+    page_high = const (RING3_SYSCALL_PAGE >> 32) as u32,
+    user_flags = const USER_FLAGS,
     options(att_syntax)
 );
 
 extern "C" {
     static exception_stubs: u8;
     static syscall_entry: u8;
+    static ring3_syscall_page: u8;
     static user_copy_access: u8;
     static user_copy_failed: u8;
     fn enter_user_frame(frame: *const TrapFrame) -> !;
@@ -183,6 +261,11 @@ pub fn syscall_entry_address() -> u64 {
 #[no_mangle]
 extern "C" fn lwk_trap_entry(frame: &mut TrapFrame) {
     crate::trap::handle(frame);
+}
+
+#[no_mangle]
+extern "C" fn lwk_syscall(arg0: u64, arg1: u64, arg2: u64, arg3: u64, arg4: u64, arg5: u64, number: u64) -> u64 {
+    crate::syscall::dispatch(number, &mut crate::syscall::Call { args: [arg0, arg1, arg2, arg3, arg4, arg5] })
 }
 
 /// Leaves the kernel for good on this stack: starts `frame` in user mode.

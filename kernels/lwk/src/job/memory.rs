@@ -2,11 +2,17 @@
 //! stack, heap), each at a fixed virtual-to-physical offset. `brk` grows up from the bottom
 //! of the heap region and anonymous `mmap` carves from its top; page tables are filled when
 //! memory is handed out and cleared when it is given back, never on demand.
+//!
+//! Heap memory given back is not cleared at once but marked dirty, and `mmap` prefers clean
+//! memory: clearing is kernel work (about 40 ms per MiB when kernel code is emulated, as on
+//! PVM), and with a heap of most of the machine a job rarely needs to reuse anything.
 
 use crate::arch::paging::{OutOfMemory, Protection, HUGE_PAGE_SIZE, PAGE_SIZE};
 use crate::arch::phys;
 use crate::mm::aspace::AddressSpace;
-use crate::mm::ranges::RangeSet;
+use crate::mm::ranges::{Range, RangeSet};
+use alloc::boxed::Box;
+use alloc::vec::Vec;
 
 #[derive(Clone, Copy, Debug)]
 pub struct Region {
@@ -49,7 +55,9 @@ pub struct JobMemory {
     pub stack: Region,
     pub heap: Region,
     /// Parts of the heap region neither in the brk area nor mapped by `mmap`.
-    heap_free: RangeSet<1024>,
+    heap_free: Box<RangeSet<1024>>,
+    /// The parts of `heap_free` that were used and are not yet cleared.
+    heap_dirty: Box<RangeSet<1024>>,
     brk_start: u64,
     brk: u64,
 }
@@ -60,10 +68,11 @@ fn page_up(value: u64) -> u64 {
 
 impl JobMemory {
     pub fn new(aspace: AddressSpace, image: Region, stack: Region, heap: Region) -> JobMemory {
-        let mut heap_free = RangeSet::new();
+        let mut heap_free = Box::new(RangeSet::new());
         // A fresh set has room for one range.
         let _ = heap_free.insert(heap.start, heap.end);
-        JobMemory { aspace, image, stack, heap, heap_free, brk_start: heap.start, brk: heap.start }
+        let heap_dirty = Box::new(RangeSet::new());
+        JobMemory { aspace, image, stack, heap, heap_free, heap_dirty, brk_start: heap.start, brk: heap.start }
     }
 
     fn map_heap(&mut self, start: u64, end: u64, access: Access) -> Result<(), MemoryError> {
@@ -74,14 +83,38 @@ impl JobMemory {
         Ok(())
     }
 
-    /// Unmaps heap pages in use and clears them, keeping free memory zero.
+    /// Unmaps heap pages and gives them back; the ones that were in use become dirty.
     fn release_heap(&mut self, start: u64, end: u64) -> Result<(), MemoryError> {
         self.aspace.unmap(start, end - start)?;
-        let used: alloc::vec::Vec<_> = self.heap_free.gaps(start, end).collect();
+        let used: Vec<Range> = self.heap_free.gaps(start, end).collect();
         for range in used {
-            phys::zero(self.heap.physical(range.start), range.len() as usize);
+            self.heap_dirty.insert(range.start, range.end).map_err(|_| MemoryError::NoMemory)?;
         }
         self.heap_free.insert(start, end).map_err(|_| MemoryError::NoMemory)
+    }
+
+    /// Takes `[start, end)` (free) out of the heap's free memory, clearing its dirty parts.
+    fn claim(&mut self, start: u64, end: u64) -> Result<(), MemoryError> {
+        self.heap_free.remove(start, end).map_err(|_| MemoryError::NoMemory)?;
+        let dirty: Vec<Range> = self.heap_dirty.ranges().iter().copied().filter(|r| r.start < end && r.end > start).collect();
+        for range in dirty {
+            let (from, to) = (range.start.max(start), range.end.min(end));
+            phys::zero(self.heap.physical(from), (to - from) as usize);
+        }
+        self.heap_dirty.remove(start, end).map_err(|_| MemoryError::NoMemory)
+    }
+
+    /// The highest `len` bytes of free heap aligned to `align`, clean ones if possible.
+    fn find_free(&self, len: u64, align: u64) -> Option<u64> {
+        let fit = |range: &Range| {
+            let start = range.end.checked_sub(len)? / align * align;
+            (start >= range.start).then_some(start)
+        };
+        let clean = self.heap_free.ranges().iter().rev().find_map(|free| {
+            let clean_parts: Vec<Range> = self.heap_dirty.gaps(free.start, free.end).collect();
+            clean_parts.iter().rev().find_map(fit)
+        });
+        clean.or_else(|| self.heap_free.ranges().iter().rev().find_map(fit))
     }
 
     /// Linux `brk`: returns the (possibly unchanged) break.
@@ -92,7 +125,7 @@ impl JobMemory {
         let (old_end, new_end) = (page_up(self.brk), page_up(requested));
         let changed = if new_end > old_end {
             self.heap_free.contains(old_end, new_end)
-                && self.heap_free.remove(old_end, new_end).is_ok()
+                && self.claim(old_end, new_end).is_ok()
                 && self.map_heap(old_end, new_end, Some(READ_WRITE)).is_ok()
         } else {
             new_end == old_end || self.release_heap(new_end, old_end).is_ok()
@@ -121,12 +154,14 @@ impl JobMemory {
                     return Err(MemoryError::NoMemory);
                 }
                 self.release_heap(address, end)?;
-                self.heap_free.remove(address, end).map_err(|_| MemoryError::NoMemory)?;
+                self.claim(address, end)?;
                 address
             }
             None => {
                 let align = if len >= HUGE_PAGE_SIZE { HUGE_PAGE_SIZE } else { PAGE_SIZE };
-                self.heap_free.take_highest(len, align).ok_or(MemoryError::NoMemory)?
+                let start = self.find_free(len, align).ok_or(MemoryError::NoMemory)?;
+                self.claim(start, start + len)?;
+                start
             }
         };
         self.map_heap(start, start + len, access)?;
@@ -178,10 +213,10 @@ impl JobMemory {
         for region in [self.stack, self.heap] {
             let (from, to) = (start.clamp(region.start, region.end), end.clamp(region.start, region.end));
             if from < to {
-                let in_use: alloc::vec::Vec<_> = if region.start == self.heap.start {
+                let in_use: Vec<Range> = if region.start == self.heap.start {
                     self.heap_free.gaps(from, to).collect()
                 } else {
-                    alloc::vec![crate::mm::ranges::Range { start: from, end: to }]
+                    alloc::vec![Range { start: from, end: to }]
                 };
                 for range in in_use {
                     phys::zero(region.physical(range.start), range.len() as usize);
@@ -209,7 +244,7 @@ impl JobMemory {
         }
         let new_end = start + new_len;
         if self.heap.contains(start, new_end) && self.heap_free.contains(old_end, new_end) {
-            self.heap_free.remove(old_end, new_end).map_err(|_| MemoryError::NoMemory)?;
+            self.claim(old_end, new_end)?;
             self.map_heap(old_end, new_end, Some(READ_WRITE))?;
             return Ok(start);
         }

@@ -26,12 +26,13 @@ use memory::{JobMemory, Region, READ_WRITE};
 
 /// The stack ends here, 2 MiB aligned, a little below the top of user space as on Linux.
 pub const STACK_TOP: u64 = 0x0000_7fff_ffe0_0000;
+/// The job's process id (and its main thread's id): the only process of its enclave.
+pub const PID: u64 = 1;
 /// What the default heap leaves to the kernel (page tables, its own heap).
 const KERNEL_RESERVE: u64 = 16 << 20;
 
 pub struct Process {
     pub memory: JobMemory,
-    pub pid: u64,
     /// `set_tid_address`: cleared (and woken) when the thread exits.
     pub clear_child_tid: u64,
     /// argv[0], what `/proc/self/exe` resolves to.
@@ -133,7 +134,6 @@ pub fn load(module: Option<&Module>, options: &JobOptions) -> Result<TrapFrame, 
     let stack_pointer = stack::build(STACK_TOP, &executable, &options.argv, &options.env).map_err(|_| LoadError::StackSetup)?;
     *PROCESS.lock() = Some(Process {
         memory: JobMemory::new(aspace, image, stack, heap),
-        pid: 1,
         clear_child_tid: 0,
         // libc insists on an absolute path (glibc asserts it): the job lives at the root.
         executable_path: if options.argv[0].starts_with('/') { options.argv[0].clone() } else { alloc::format!("/{}", options.argv[0]) },
@@ -142,6 +142,15 @@ pub fn load(module: Option<&Module>, options: &JobOptions) -> Result<TrapFrame, 
     JOB_START_NS.store(now, Ordering::Relaxed);
     log!("job starts {} us after kernel entry", now / 1000);
     Ok(TrapFrame::new_user(executable.entry, stack_pointer))
+}
+
+/// Maps the page SYSCALL lands on when it stays in ring 3 (see `arch::trap`): read-only,
+/// executable, at the top of the job's address space.
+pub fn map_ring3_syscall_page() {
+    use crate::arch::trap::{ring3_syscall_page_physical, RING3_SYSCALL_PAGE};
+    let executable = Protection { write: false, execute: true };
+    with_process(|process| process.memory.aspace.map(RING3_SYSCALL_PAGE, ring3_syscall_page_physical(), PAGE_SIZE, executable))
+        .expect("no memory to map the system-call page");
 }
 
 /// The job is over: its status becomes the VM's exit status.

@@ -120,17 +120,6 @@ impl<const N: usize> RangeSet<N> {
         Some(start)
     }
 
-    /// Takes `size` bytes aligned to `align` from the highest range that fits, as high as it
-    /// can be placed.
-    pub fn take_highest(&mut self, size: u64, align: u64) -> Option<u64> {
-        let start = self.ranges().iter().rev().find_map(|range| {
-            let start = range.end.checked_sub(size)? / align * align;
-            (start >= range.start).then_some(start)
-        })?;
-        self.remove(start, start + size).ok()?;
-        Some(start)
-    }
-
     /// The parts of `[start, end)` that are *not* in the set, in order.
     pub fn gaps(&self, start: u64, end: u64) -> impl Iterator<Item = Range> + '_ {
         let mut cursor = start;

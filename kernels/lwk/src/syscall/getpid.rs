@@ -4,5 +4,5 @@ use super::{Call, SyscallResult};
 use crate::job;
 
 pub fn call(_call: &mut Call) -> SyscallResult {
-    Ok(job::with_process(|process| process.pid))
+    Ok(job::PID)
 }

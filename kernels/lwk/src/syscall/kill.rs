@@ -12,7 +12,7 @@ const SIGWINCH: u64 = 28;
 
 /// Sends `signal` to the job (`0` only checks that the job exists).
 pub fn signal_job(target: u64, signal: u64) -> SyscallResult {
-    if target != job::with_process(|process| process.pid) {
+    if target != job::PID {
         return Err(Errno(3)); // ESRCH
     }
     match signal {
@@ -25,6 +25,6 @@ pub fn signal_job(target: u64, signal: u64) -> SyscallResult {
 pub fn call(call: &mut Call) -> SyscallResult {
     let pid = call.args[0] as i64;
     // 0 and -1 address the caller's group, which is the job.
-    let target = if pid == 0 || pid == -1 { job::with_process(|process| process.pid) } else { pid as u64 };
+    let target = if pid == 0 || pid == -1 { job::PID } else { pid as u64 };
     signal_job(target, call.args[1])
 }

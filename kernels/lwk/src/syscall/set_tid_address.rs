@@ -6,6 +6,6 @@ use crate::job;
 pub fn call(call: &mut Call) -> SyscallResult {
     Ok(job::with_process(|process| {
         process.clear_child_tid = call.args[0];
-        process.pid
+        job::PID
     }))
 }
