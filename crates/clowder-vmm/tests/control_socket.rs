@@ -237,6 +237,8 @@ fn malformed_requests_are_answered_with_errors_while_the_vm_keeps_running() {
     require_kvm!();
     let mut vmm = Launch::testguest(ENDLESS_NOPS).start();
     let mut control = vmm.control();
+    // The socket serves before the vCPUs start (state "Created"): wait until the guest runs.
+    wait_until("the guest runs", || control.exits("hypercall") > 0);
     let stream = UnixStream::connect(vmm.control_path()).unwrap();
     let mut pending = Vec::new();
     let extra_fd = memfd(c"clowder-extra", 4096);
