@@ -121,7 +121,9 @@ fn hugepages_beyond_the_reserved_pool_are_a_configuration_error() {
     // another process frees some meanwhile.
     const MARGIN_PAGES: u64 = 64;
     let free_path = "/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages";
-    let free: u64 = std::fs::read_to_string(free_path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
+    // None: this kernel has no 2 MiB pool at all, which the VMM refuses just the same.
+    let pool_free: Option<u64> = std::fs::read_to_string(free_path).ok().and_then(|s| s.trim().parse().ok());
+    let free = pool_free.unwrap_or(0);
     let pages = free + MARGIN_PAGES;
     if pages * 2 > 1 << 20 {
         eprintln!("skipped: {free} free 2 MiB hugepages; more than that is beyond the 1 TiB memory limit");
@@ -130,7 +132,9 @@ fn hugepages_beyond_the_reserved_pool_are_a_configuration_error() {
     let memory = format!("{}M", pages * 2);
     let ended = run_with_args(&["--kernel", &testguest().display().to_string(), "--backing", "2m", "--mem", &memory]);
     assert_configuration_error(&ended, "--backing");
-    assert!(ended.stderr.contains("vm.nr_hugepages"), "the line says how to reserve them\n{ended}");
+    if pool_free.is_some() {
+        assert!(ended.stderr.contains("vm.nr_hugepages"), "the line says how to reserve them\n{ended}");
+    }
 }
 
 /// A failure: the documented status, the reason, the vCPU's registers, no panic.
