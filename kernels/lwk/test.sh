@@ -74,7 +74,7 @@ for program in "${programs[@]}"; do
             musl) compiler=musl-gcc ;;
             glibc) compiler=gcc ;;
         esac
-        if ! $compiler -static -O2 -o "$binary" "$here/tests/programs/$program.c" 2>"$binary.build-log"; then
+        if ! $compiler -static -O2 -pthread -o "$binary" "$here/tests/programs/$program.c" 2>"$binary.build-log"; then
             echo "FAIL $program ($libc): does not build"; cat "$binary.build-log"
             failures=$((failures + 1)); continue
         fi

@@ -17,6 +17,7 @@ mod console;
 mod job;
 mod machine;
 mod mm;
+mod sched;
 mod syscall;
 mod trap;
 

@@ -2,7 +2,7 @@
 //! Linux's status for the signal it would have received, a fault in the kernel is a panic.
 
 use crate::arch::cpu;
-use crate::arch::trap::{self, TrapFrame};
+use crate::arch::trap::{self, TrapFrame, SYSCALL_VECTOR};
 use crate::console::log;
 use crate::{job, syscall};
 use core::sync::atomic::{AtomicBool, Ordering};
@@ -30,21 +30,28 @@ fn signal_for(vector: u64) -> (u8, &'static str) {
 }
 
 pub fn handle(frame: &mut TrapFrame) {
-    if frame.is_syscall_left_in_ring3() {
+    if frame.vector == SYSCALL_VECTOR {
+        frame.rax = dispatch_with_frame(frame);
+    } else if frame.is_syscall_left_in_ring3() {
         if !RING3_SYSCALL_REPORTED.swap(true, Ordering::Relaxed) {
             log!("SYSCALL stays in ring 3 on this host: system calls arrive as ud2 faults");
             job::map_ring3_syscall_page();
             trap::redirect_syscall_to_ring3_page();
         }
         frame.return_as_syscall();
-        let mut call = syscall::Call { args: [frame.rdi, frame.rsi, frame.rdx, frame.r10, frame.r8, frame.r9] };
-        frame.rax = syscall::dispatch(frame.rax, &mut call);
+        frame.rax = dispatch_with_frame(frame);
     } else if frame.from_user() {
         let (signal, name) = signal_for(frame.vector);
         job::kill_for_fault(signal, name, frame);
     } else if !trap::recover_user_copy_fault(frame) {
         kernel_fault(frame);
     }
+}
+
+/// A system call that sees the caller's registers (RIP is already the return address).
+fn dispatch_with_frame(frame: &TrapFrame) -> u64 {
+    let args = [frame.rdi, frame.rsi, frame.rdx, frame.r10, frame.r8, frame.r9];
+    syscall::dispatch(frame.rax, &mut syscall::Call { args, frame: Some(frame) })
 }
 
 fn kernel_fault(frame: &TrapFrame) -> ! {

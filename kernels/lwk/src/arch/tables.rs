@@ -93,6 +93,15 @@ pub fn trap_stack_top() -> u64 {
     (&raw const TRAP_STACK) as u64 + TRAP_STACK_SIZE as u64
 }
 
+/// The stack traps from user mode land on while the current thread runs.
+pub fn set_kernel_stack(top: u64) {
+    // SAFETY: one CPU, interrupts off: nothing reads these fields while they change.
+    unsafe {
+        TSS.rsp[0] = top;
+        PER_CPU.trap_stack_top = top;
+    }
+}
+
 pub fn init_boot_cpu() {
     let trap_stack_top = trap_stack_top();
     // SAFETY: runs once on the boot CPU before any trap or user entry, so nothing else reads
@@ -151,9 +160,10 @@ pub fn init_boot_cpu() {
         PER_CPU.trap_stack_top = trap_stack_top;
         PER_CPU.cpu_index = 0;
     }
-    // Kernel GS while in the kernel; the first return to user swaps in the user's (zero).
-    cpu::write_msr(MSR_GS_BASE, (&raw const PER_CPU) as u64);
-    cpu::write_msr(MSR_KERNEL_GS_BASE, 0);
+    // GS holds the user's base (zero at first) everywhere; the ring-0 SYSCALL entry swaps in
+    // the per-CPU block only to find its stack.
+    cpu::write_msr(MSR_GS_BASE, 0);
+    cpu::write_msr(MSR_KERNEL_GS_BASE, (&raw const PER_CPU) as u64);
 
     cpu::write_msr(MSR_STAR, (KERNEL_DATA as u64) << 48 | (KERNEL_CODE as u64) << 32);
     cpu::write_msr(MSR_LSTAR, super::trap::syscall_entry_address());

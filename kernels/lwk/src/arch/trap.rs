@@ -57,6 +57,11 @@ pub struct TrapFrame {
     pub ss: u64,
 }
 
+/// Not a hardware vector: marks full frames built for system calls that need them.
+pub const SYSCALL_VECTOR: u64 = 256;
+/// `clone` needs the caller's registers, so it gets a full frame.
+const CLONE_NUMBER: u64 = 56;
+
 /// The RFLAGS bits user code may set: CF, PF, AF, ZF, SF, TF, DF, OF, AC, ID.
 const USER_FLAGS: u64 = 0x24_0dd5;
 pub const EXCEPTION_STUB_SIZE: u64 = 16;
@@ -91,7 +96,7 @@ impl TrapFrame {
 global_asm!(
     r#"
     .text
-    .global exception_stubs, syscall_entry, ring3_syscall_page, enter_user_frame, user_copy, user_copy_access, user_copy_failed
+    .global exception_stubs, syscall_entry, ring3_syscall_page, switch_kernel_stacks, trap_return, enter_user_frame, user_copy, user_copy_access, user_copy_failed
     .balign 16
 exception_stubs:
     .irp vector, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
@@ -107,11 +112,9 @@ exception_stubs:
     jmp trap_common
     .endr
 
+    /* GS always holds the user's base in the kernel (nothing here uses GS), so exceptions
+       need no SWAPGS; only the ring-0 SYSCALL entry borrows the kernel's for its stack. */
 trap_common:
-    testb $3, 24(%rsp)                 /* CS of the interrupted context */
-    jz trap_save_registers
-    swapgs
-trap_save_registers:
     push %rax
     push %rbx
     push %rcx
@@ -146,10 +149,7 @@ trap_return:
     pop %rcx
     pop %rbx
     pop %rax
-    testb $3, 24(%rsp)
-    jz 2f
-    swapgs
-2:  add $16, %rsp                      /* vector and error code */
+    add $16, %rsp                      /* vector and error code */
     iretq
 
     /* Invalid opcode: the ud2 of the ring-3 system-call page is a system call (the CPU
@@ -181,12 +181,19 @@ syscall_entry:
     push %r11
     pushq ${user_code}
     push %rcx
-    swapgs                             /* the system-call code does not use GS */
+    swapgs                             /* back to the user's GS */
 
     /* Above an IRETQ frame to user mode: save what a C call may clobber and the user must
-       keep (RCX and R11 are the SYSCALL return RIP and RFLAGS, restored from the frame). */
+       keep (RCX and R11 are the SYSCALL return RIP and RFLAGS, restored from the frame).
+       The calls that need every user register (clone copies them) take the exception path
+       with a full frame instead. */
 syscall_common:
-    push %rdi
+    cmp ${clone}, %rax
+    jne 3f
+    pushq $0
+    pushq ${syscall_vector}
+    jmp trap_common
+3:  push %rdi
     push %rsi
     push %rdx
     push %r8
@@ -211,6 +218,26 @@ syscall_common:
 enter_user_frame:
     mov %rdi, %rsp
     jmp trap_return
+
+    /* switch_kernel_stacks(save RSP to [RDI], load RSP from RSI): callee-saved registers go
+       on the old stack, come back from the new one; a new thread's stack is prepared so that
+       this `ret` lands on trap_return with its user frame above. */
+switch_kernel_stacks:
+    push %rbp
+    push %rbx
+    push %r12
+    push %r13
+    push %r14
+    push %r15
+    mov %rsp, (%rdi)
+    mov %rsi, %rsp
+    pop %r15
+    pop %r14
+    pop %r13
+    pop %r12
+    pop %rbx
+    pop %rbp
+    ret
 
     /* The page SYSCALL jumps to when it stays in ring 3: nothing but ud2. */
     .section .text.ring3_syscall_page, "ax"
@@ -237,6 +264,8 @@ user_copy_failed:
     page_low = const RING3_SYSCALL_PAGE as u32,
     page_high = const (RING3_SYSCALL_PAGE >> 32) as u32,
     user_flags = const USER_FLAGS,
+    clone = const CLONE_NUMBER,
+    syscall_vector = const SYSCALL_VECTOR,
     options(att_syntax)
 );
 
@@ -247,6 +276,8 @@ extern "C" {
     static user_copy_access: u8;
     static user_copy_failed: u8;
     fn enter_user_frame(frame: *const TrapFrame) -> !;
+    fn switch_kernel_stacks(save_rsp_to: *mut u64, load_rsp: u64);
+    static trap_return: u8;
     fn user_copy(dst: u64, src: u64, len: u64) -> u64;
 }
 
@@ -258,6 +289,38 @@ pub fn syscall_entry_address() -> u64 {
     &raw const syscall_entry as u64
 }
 
+/// Thread contexts: each job thread has a kernel stack, and a thread that is not running keeps
+/// its kernel RSP in its slot here (the thread's other kernel registers are on that stack).
+pub const MAX_THREADS: usize = 256;
+static SAVED_RSP: [core::sync::atomic::AtomicU64; MAX_THREADS] = [const { core::sync::atomic::AtomicU64::new(0) }; MAX_THREADS];
+pub const KERNEL_STACK_SIZE: u64 = 32 * 1024;
+
+/// Prepares the kernel stack ending at `stack_top` (a fresh allocation of
+/// `KERNEL_STACK_SIZE`) so that the first switch to `slot` starts `frame` in user mode.
+pub fn prepare_thread(slot: usize, stack_top: u64, frame: &TrapFrame) {
+    let frame_address = stack_top - core::mem::size_of::<TrapFrame>() as u64;
+    // Below the frame: `switch_kernel_stacks`' return address, then its six saved registers.
+    let return_slot = frame_address - 8;
+    let saved_rsp = return_slot - 6 * 8;
+    // SAFETY: the stack is fresh memory of KERNEL_STACK_SIZE bytes that only this thread will
+    // use; the writes stay in its top few hundred bytes.
+    unsafe {
+        (frame_address as *mut TrapFrame).write(*frame);
+        (return_slot as *mut u64).write(&raw const trap_return as u64);
+        core::ptr::write_bytes(saved_rsp as *mut u64, 0, 6);
+    }
+    SAVED_RSP[slot].store(saved_rsp, core::sync::atomic::Ordering::Relaxed);
+}
+
+/// Suspends the running thread (slot `from`) and resumes the thread of slot `to`, whose
+/// kernel stack ends at `to_stack_top`. Returns when some thread switches back to `from`.
+pub fn switch_thread(from: usize, to: usize, to_stack_top: u64) {
+    super::tables::set_kernel_stack(to_stack_top);
+    // SAFETY: `to` was saved by an earlier switch or prepared by `prepare_thread`, so its RSP
+    // points at callee-saved registers and a return address; interrupts are off.
+    unsafe { switch_kernel_stacks(SAVED_RSP[from].as_ptr(), SAVED_RSP[to].load(core::sync::atomic::Ordering::Relaxed)) }
+}
+
 #[no_mangle]
 extern "C" fn lwk_trap_entry(frame: &mut TrapFrame) {
     crate::trap::handle(frame);
@@ -265,7 +328,7 @@ extern "C" fn lwk_trap_entry(frame: &mut TrapFrame) {
 
 #[no_mangle]
 extern "C" fn lwk_syscall(arg0: u64, arg1: u64, arg2: u64, arg3: u64, arg4: u64, arg5: u64, number: u64) -> u64 {
-    crate::syscall::dispatch(number, &mut crate::syscall::Call { args: [arg0, arg1, arg2, arg3, arg4, arg5] })
+    crate::syscall::dispatch(number, &mut crate::syscall::Call { args: [arg0, arg1, arg2, arg3, arg4, arg5], frame: None })
 }
 
 /// Leaves the kernel for good on this stack: starts `frame` in user mode.

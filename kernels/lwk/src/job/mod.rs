@@ -33,8 +33,6 @@ const KERNEL_RESERVE: u64 = 16 << 20;
 
 pub struct Process {
     pub memory: JobMemory,
-    /// `set_tid_address`: cleared (and woken) when the thread exits.
-    pub clear_child_tid: u64,
     /// argv[0], what `/proc/self/exe` resolves to.
     pub executable_path: String,
 }
@@ -134,10 +132,10 @@ pub fn load(module: Option<&Module>, options: &JobOptions) -> Result<TrapFrame, 
     let stack_pointer = stack::build(STACK_TOP, &executable, &options.argv, &options.env).map_err(|_| LoadError::StackSetup)?;
     *PROCESS.lock() = Some(Process {
         memory: JobMemory::new(aspace, image, stack, heap),
-        clear_child_tid: 0,
         // libc insists on an absolute path (glibc asserts it): the job lives at the root.
         executable_path: if options.argv[0].starts_with('/') { options.argv[0].clone() } else { alloc::format!("/{}", options.argv[0]) },
     });
+    crate::sched::init_main_thread();
     let now = clock::monotonic_ns();
     JOB_START_NS.store(now, Ordering::Relaxed);
     log!("job starts {} us after kernel entry", now / 1000);

@@ -4,6 +4,6 @@
 use super::{Call, SyscallResult};
 use crate::job;
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     Ok(job::with_process(|process| process.memory.set_brk(call.args[0])))
 }

@@ -17,7 +17,7 @@ pub fn nanoseconds_of(clock_id: u64) -> Result<u64, Errno> {
     }
 }
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let nanoseconds = nanoseconds_of(call.args[0])?;
     user::write_words(call.args[1], &[nanoseconds / 1_000_000_000, nanoseconds % 1_000_000_000])?;
     Ok(0)

@@ -1,9 +1,9 @@
-//! The job ends; with a single thread `exit` and `exit_group` are the same. The status's low
-//! eight bits become the VM's exit status.
+//! exit(status): ends the calling thread; the last thread's exit ends the job with the
+//! status's low eight bits as the VM's exit status.
 
 use super::{Call, SyscallResult};
-use crate::job;
+use crate::sched;
 
-pub fn call(call: &mut Call) -> SyscallResult {
-    job::exit(call.args[0] as u8)
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
+    sched::exit_current(call.args[0] as u8)
 }

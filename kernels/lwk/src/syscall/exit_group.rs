@@ -1,9 +1,9 @@
-//! The job ends; with a single thread `exit` and `exit_group` are the same. The status's low
-//! eight bits become the VM's exit status.
+//! exit_group(status): ends the job, all threads; the status's low eight bits become the VM's
+//! exit status.
 
 use super::{Call, SyscallResult};
 use crate::job;
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     job::exit(call.args[0] as u8)
 }

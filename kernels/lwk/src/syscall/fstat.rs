@@ -20,6 +20,6 @@ pub fn stat_descriptor(descriptor: u64, address: u64) -> SyscallResult {
     Ok(0)
 }
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     stat_descriptor(call.args[0], call.args[1])
 }

@@ -2,7 +2,7 @@
 
 use super::{user, Call, Errno, SyscallResult};
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [buffer, size, ..] = call.args;
     if size < 2 {
         return Err(Errno::ERANGE);

@@ -3,6 +3,6 @@
 use super::{Call, SyscallResult};
 use crate::job;
 
-pub fn call(_call: &mut Call) -> SyscallResult {
+pub fn call(_call: &mut Call<'_>) -> SyscallResult {
     Ok(job::PID)
 }

@@ -9,7 +9,7 @@ const GRND_RANDOM: u64 = 2;
 const GRND_INSECURE: u64 = 4;
 const MAX_BYTES: u64 = 32 << 20;
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [buffer, len, flags, ..] = call.args;
     if flags & !(GRND_NONBLOCK | GRND_RANDOM | GRND_INSECURE) != 0 {
         return Err(Errno::EINVAL);

@@ -3,7 +3,7 @@
 use super::prlimit64::limits_of;
 use super::{user, Call, SyscallResult};
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [resource, limit, ..] = call.args;
     let (current, maximum) = limits_of(resource)?;
     user::write_words(limit, &[current, maximum])?;

@@ -1,8 +1,8 @@
-//! gettid(): the main thread's id is the process id.
+//! gettid(): the calling thread's id (the main thread's is the process id).
 
 use super::{Call, SyscallResult};
-use crate::job;
+use crate::sched;
 
-pub fn call(_call: &mut Call) -> SyscallResult {
-    Ok(job::PID)
+pub fn call(_call: &mut Call<'_>) -> SyscallResult {
+    Ok(sched::current_tid())
 }

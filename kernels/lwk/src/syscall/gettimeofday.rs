@@ -3,7 +3,7 @@
 use super::{user, Call, SyscallResult};
 use crate::clock;
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [time, zone, ..] = call.args;
     let nanoseconds = clock::realtime_ns();
     if time != 0 {

@@ -2,6 +2,6 @@
 
 use super::{Call, SyscallResult};
 
-pub fn call(_call: &mut Call) -> SyscallResult {
+pub fn call(_call: &mut Call<'_>) -> SyscallResult {
     Ok(0)
 }

@@ -22,7 +22,7 @@ pub fn signal_job(target: u64, signal: u64) -> SyscallResult {
     }
 }
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let pid = call.args[0] as i64;
     // 0 and -1 address the caller's group, which is the job.
     let target = if pid == 0 || pid == -1 { job::PID } else { pid as u64 };

@@ -6,7 +6,7 @@ use crate::job;
 
 const MADV_DONTNEED: u64 = 4;
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [address, len, advice, ..] = call.args;
     if address % 4096 != 0 {
         return Err(Errno::EINVAL);

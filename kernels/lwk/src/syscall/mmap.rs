@@ -10,7 +10,7 @@ const MAP_FIXED: u64 = 0x10;
 const MAP_ANONYMOUS: u64 = 0x20;
 const MAP_FIXED_NOREPLACE: u64 = 0x10_0000;
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [address, len, protection, flags, _descriptor, offset] = call.args;
     if flags & MAP_ANONYMOUS == 0 {
         return Err(Errno::ENODEV);

@@ -2,6 +2,8 @@
 //! per call (`syscall/<name>.rs`, each exporting `call`). A number without a line returns
 //! ENOSYS and is logged once, by name.
 
+use crate::arch::trap::TrapFrame;
+
 mod names;
 mod user;
 
@@ -19,7 +21,9 @@ impl Errno {
     pub const ENOMEM: Errno = Errno(12);
     pub const EFAULT: Errno = Errno(14);
     pub const ENODEV: Errno = Errno(19);
+    pub const EAGAIN: Errno = Errno(11);
     pub const EINVAL: Errno = Errno(22);
+    pub const ETIMEDOUT: Errno = Errno(110);
     pub const ENOTTY: Errno = Errno(25);
     pub const ESPIPE: Errno = Errno(29);
     pub const ERANGE: Errno = Errno(34);
@@ -28,16 +32,18 @@ impl Errno {
 
 pub type SyscallResult = Result<u64, Errno>;
 
-/// One system call in progress: its six arguments.
-pub struct Call {
+/// One system call in progress: its six arguments and, for the calls the entry code gives a
+/// full frame (`clone`), every register of the caller.
+pub struct Call<'a> {
     pub args: [u64; 6],
+    pub frame: Option<&'a TrapFrame>,
 }
 
 macro_rules! syscall_table {
     ($($number:literal => $name:ident),* $(,)?) => {
         $(mod $name;)*
 
-        fn handler(number: u64) -> Option<fn(&mut Call) -> SyscallResult> {
+        fn handler(number: u64) -> Option<fn(&mut Call<'_>) -> SyscallResult> {
             match number {
                 $($number => Some($name::call),)*
                 _ => None,
@@ -62,6 +68,7 @@ syscall_table! {
     20 => writev,
     24 => sched_yield,
     25 => mremap,
+    56 => clone,
     28 => madvise,
     39 => getpid,
     60 => exit,
@@ -80,6 +87,7 @@ syscall_table! {
     186 => gettid,
     200 => tkill,
     201 => time,
+    202 => futex,
     218 => set_tid_address,
     228 => clock_gettime,
     229 => clock_getres,
@@ -108,7 +116,7 @@ fn unimplemented(number: u64) -> SyscallResult {
 }
 
 /// Runs system call `number`; returns what the caller finds in RAX.
-pub fn dispatch(number: u64, call: &mut Call) -> u64 {
+pub fn dispatch(number: u64, call: &mut Call<'_>) -> u64 {
     let result = match handler(number) {
         Some(handler) => handler(call),
         None => unimplemented(number),

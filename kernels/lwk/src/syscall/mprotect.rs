@@ -17,7 +17,7 @@ pub fn access_of(protection: u64) -> Result<Access, Errno> {
     Ok((protection != 0).then_some(Protection { write: protection & PROT_WRITE != 0, execute: protection & PROT_EXEC != 0 }))
 }
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [address, len, protection, ..] = call.args;
     let access = access_of(protection)?;
     job::with_process(|process| process.memory.protect(address, len, access))

@@ -7,7 +7,7 @@ use crate::job::memory::MemoryError;
 
 const MREMAP_MAYMOVE: u64 = 1;
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [address, old_len, new_len, flags, ..] = call.args;
     if flags & !MREMAP_MAYMOVE != 0 {
         return Err(Errno::EINVAL);

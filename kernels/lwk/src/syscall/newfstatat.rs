@@ -6,7 +6,7 @@ use super::{user, Call, Errno, SyscallResult};
 
 const AT_EMPTY_PATH: u64 = 0x1000;
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [directory, path, stat, flags, ..] = call.args;
     let path = user::read_path(path)?;
     if path.is_empty() && flags & AT_EMPTY_PATH != 0 {

@@ -25,7 +25,7 @@ pub fn limits_of(resource: u64) -> Result<(u64, u64), Errno> {
     }
 }
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [pid, resource, _new, old, ..] = call.args;
     if pid != 0 && pid != job::PID {
         return Err(Errno(3)); // ESRCH

@@ -3,7 +3,7 @@
 
 use super::{Call, Errno, SyscallResult};
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     match call.args[0] {
         0 => Ok(0),
         _ => Err(Errno::EBADF),

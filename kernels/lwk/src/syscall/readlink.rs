@@ -17,6 +17,6 @@ pub fn read_link(path: u64, buffer: u64, size: u64) -> SyscallResult {
     Ok(len as u64)
 }
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     read_link(call.args[0], call.args[1], call.args[2])
 }

@@ -7,7 +7,7 @@ use super::{user, Call, Errno, SyscallResult};
 const SIGKILL: u64 = 9;
 const SIGSTOP: u64 = 19;
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [signal, _action, old_action, set_size, ..] = call.args;
     if !(1..=64).contains(&signal) || set_size != 8 || (signal == SIGKILL || signal == SIGSTOP) && call.args[1] != 0 {
         return Err(Errno::EINVAL);

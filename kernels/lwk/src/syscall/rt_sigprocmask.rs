@@ -11,7 +11,7 @@ const SIG_SETMASK: u64 = 2;
 /// SIGKILL and SIGSTOP cannot be blocked.
 const UNBLOCKABLE: u64 = 1 << 8 | 1 << 18;
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [how, set, old_set, set_size, ..] = call.args;
     if set_size != 8 {
         return Err(Errno::EINVAL);

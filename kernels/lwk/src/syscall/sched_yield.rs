@@ -1,7 +1,9 @@
-//! sched_yield(): the job's only thread owns the CPU, so there is nobody to yield to.
+//! sched_yield(): the next runnable thread of the job runs, if there is one.
 
 use super::{Call, SyscallResult};
+use crate::sched;
 
-pub fn call(_call: &mut Call) -> SyscallResult {
+pub fn call(_call: &mut Call<'_>) -> SyscallResult {
+    sched::yield_now();
     Ok(0)
 }

@@ -6,7 +6,7 @@ use super::{Call, Errno, SyscallResult};
 /// sizeof(struct robust_list_head) on x86-64.
 const ROBUST_LIST_HEAD_SIZE: u64 = 24;
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     if call.args[1] != ROBUST_LIST_HEAD_SIZE {
         return Err(Errno::EINVAL);
     }

@@ -1,11 +1,10 @@
-//! set_tid_address(tidptr): remembered for thread exit; returns the caller's thread id.
+//! set_tid_address(tidptr): the word zeroed and woken when the calling thread exits; returns
+//! the caller's thread id.
 
 use super::{Call, SyscallResult};
-use crate::job;
+use crate::sched;
 
-pub fn call(call: &mut Call) -> SyscallResult {
-    Ok(job::with_process(|process| {
-        process.clear_child_tid = call.args[0];
-        job::PID
-    }))
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
+    sched::set_clear_child_tid(call.args[0]);
+    Ok(sched::current_tid())
 }

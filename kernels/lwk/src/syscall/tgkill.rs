@@ -3,6 +3,6 @@
 use super::kill::signal_job;
 use super::{Call, SyscallResult};
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     signal_job(call.args[1], call.args[2])
 }

@@ -3,7 +3,7 @@
 use super::{user, Call, SyscallResult};
 use crate::clock;
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let seconds = clock::realtime_ns() / 1_000_000_000;
     if call.args[0] != 0 {
         user::write_words(call.args[0], &[seconds])?;

@@ -5,7 +5,7 @@ use super::{user, Call, SyscallResult};
 
 const FIELD: usize = 65;
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let fields = ["Linux", "lwk", "6.1.0-lwk", "#1 clowder lightweight kernel", "x86_64", "(none)"];
     let mut buffer = [0u8; FIELD * 6];
     for (slot, text) in buffer.chunks_mut(FIELD).zip(fields) {

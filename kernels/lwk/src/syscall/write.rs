@@ -23,6 +23,6 @@ pub fn write_to_descriptor(descriptor: u64, address: u64, len: u64) -> SyscallRe
     Ok(written)
 }
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     write_to_descriptor(call.args[0], call.args[1], call.args[2])
 }

@@ -5,7 +5,7 @@ use super::{user, Call, Errno, SyscallResult};
 
 const IOV_MAX: u64 = 1024;
 
-pub fn call(call: &mut Call) -> SyscallResult {
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [descriptor, vector, count, ..] = call.args;
     if count > IOV_MAX {
         return Err(Errno::EINVAL);
