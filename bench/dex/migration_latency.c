@@ -1,0 +1,61 @@
+/* Migration latency between the origin and node 1, DEX Table II style.
+ * Prints one line per kind: first forward (creates the remote worker),
+ * later forward (pooled worker), backward. Times are taken before the call
+ * on the source and after the return on the destination (CLOCK_MONOTONIC is
+ * machine-wide, and all nodes run on this machine).
+ * usage: migration_latency [repetitions] */
+#include <dex.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static double median_us(uint64_t *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(*v), cmp);
+	return v[n / 2] / 1000.0;
+}
+
+int main(int argc, char **argv)
+{
+	int reps = argc > 1 ? atoi(argv[1]) : 200;
+	if (dex_nodes() < 2) {
+		fprintf(stderr, "run with dexrun -n 2\n");
+		return 2;
+	}
+	uint64_t *forward = calloc((size_t)reps, sizeof(uint64_t));
+	uint64_t *backward = calloc((size_t)reps, sizeof(uint64_t));
+	uint64_t t0 = now_ns();
+	dex_migrate(1);
+	uint64_t first_forward = now_ns() - t0;
+	t0 = now_ns();
+	dex_migrate(0);
+	uint64_t first_backward = now_ns() - t0;
+	for (int i = 0; i < reps; i++) {
+		t0 = now_ns();
+		dex_migrate(1);
+		forward[i] = now_ns() - t0;
+		t0 = now_ns();
+		dex_migrate(0);
+		backward[i] = now_ns() - t0;
+	}
+	printf("first_forward_us %.1f\n", first_forward / 1000.0);
+	printf("first_backward_us %.1f\n", first_backward / 1000.0);
+	printf("later_forward_us %.1f\n", median_us(forward, reps));
+	printf("later_backward_us %.1f\n", median_us(backward, reps));
+	return 0;
+}
