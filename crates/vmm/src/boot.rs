@@ -200,8 +200,16 @@ pub fn load(memory: &GuestMemory, boot: &BootConfig, cmdline_extra: &[String]) -
     match protocol {
         BootProtocol::Linux => {
             let header = setup_header.expect("bzImage loader returns its header");
+            // The kernel states its own command-line limit (boot protocol 2.06+).
+            let limit = header.cmdline_size as usize;
+            if limit != 0 && cmdline_bytes.len() - 1 > limit {
+                return Err(VmError::Config(format!(
+                    "boot.cmdline: {} bytes with the VMM's clowder.* keys, this kernel accepts at most {limit}",
+                    cmdline_bytes.len() - 1
+                )));
+            }
             let initrd = modules.first().map(|m| zero_page::Initrd { gpa: m.gpa, size: m.size });
-            let params = zero_page::build(header, &memory_map, cmdline_bytes.len() - 1, initrd);
+            let params = zero_page::build(header, &memory_map, initrd);
             mem.write_obj(params, GuestAddress(ZERO_PAGE_ADDR))
                 .map_err(|e| VmError::Config(format!("zero page: {e}")))?;
         }

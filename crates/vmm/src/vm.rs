@@ -175,7 +175,13 @@ impl VmHandle {
         match guard.0 {
             RunState::Running => {}
             RunState::Paused => return Ok(()),
-            other => return Err(VmError::State(format!("cannot pause a VM that is {other:?}"))),
+            // Not started yet: no vCPU runs guest code, so there is nothing to wait for; `start`
+            // then leaves the VM paused until `resume`.
+            RunState::Created => {
+                self.shared.set_state(&mut guard, RunState::Paused);
+                return Ok(());
+            }
+            RunState::Stopping => return Err(VmError::State("cannot pause a VM that is stopping".into())),
         }
         self.shared.set_state(&mut guard, RunState::Paused);
         drop(guard);

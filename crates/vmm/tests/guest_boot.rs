@@ -100,6 +100,21 @@ fn exit_port_status_becomes_the_stop_reason() {
 }
 
 #[test]
+fn a_vm_paused_before_start_runs_nothing_until_resumed() {
+    require_kvm!();
+    let scratch = guest_support::Scratch::new("paused");
+    let mut vm = vmm::Vm::new(GuestSpec::new("test=exit status=7").config(&scratch)).unwrap();
+    let handle = vm.handle();
+    handle.pause().expect("a created VM can be paused");
+    vm.start().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(handle.state(), vmm::RunState::Paused);
+    assert!(handle.exit_counters().iter().all(|(_, n)| *n == 0), "no guest code ran while paused");
+    handle.resume().unwrap();
+    assert_eq!(vm.wait_timeout(guest_support::GUEST_TIMEOUT), Some(vmm::StopReason::GuestExit(7)));
+}
+
+#[test]
 fn unknown_test_exits_with_bad_cmdline_status() {
     require_kvm!();
     run(GuestSpec::new("test=no-such-test")).assert_exit(2);

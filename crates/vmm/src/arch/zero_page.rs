@@ -23,7 +23,6 @@ pub struct Initrd {
 pub fn build(
     header: setup_header,
     memory_map: &[MemoryMapEntry],
-    cmdline_len: usize,
     initrd: Option<Initrd>,
 ) -> boot_params {
     let mut params = boot_params { hdr: header, ..Default::default() };
@@ -31,7 +30,6 @@ pub fn build(
     params.hdr.loadflags |= LOADED_HIGH | CAN_USE_HEAP;
     params.hdr.heap_end_ptr = 0xfe00;
     params.hdr.cmd_line_ptr = CMDLINE_ADDR as u32;
-    params.hdr.cmdline_size = cmdline_len as u32;
     if let Some(rd) = initrd {
         params.hdr.ramdisk_image = rd.gpa as u32;
         params.hdr.ramdisk_size = rd.size as u32;
@@ -58,7 +56,9 @@ mod tests {
         let layout = GuestLayout::new(256 * MIB, 65536).unwrap();
         let header = setup_header { header: HDRS_MAGIC, version: 0x20f, ..Default::default() };
         let rd = Initrd { gpa: 0x0f00_0000, size: 4096 };
-        let p = build(header, &layout.memory_map(), 20, Some(rd));
+        let header = setup_header { cmdline_size: 2047, ..header };
+        let p = build(header, &layout.memory_map(), Some(rd));
+        assert_eq!({ p.hdr.cmdline_size }, 2047, "the kernel's own limit is kept");
         assert_eq!({ p.e820_entries }, 4);
         assert_eq!({ p.e820_table[2].addr }, MIB);
         assert_eq!({ p.e820_table[3].r#type }, 2);

@@ -134,7 +134,7 @@ impl GuestSpec {
         self
     }
 
-    fn config(&self, scratch: &Scratch) -> VmConfig {
+    pub fn config(&self, scratch: &Scratch) -> VmConfig {
         let modules: Vec<String> = self.modules.iter().map(|m| format!("{:?}", m.display().to_string())).collect();
         let text = format!(
             r#"
