@@ -1,0 +1,316 @@
+//! `clowder`: the command line for clowder enclaves and jobs. It talks to `clowderd` over its
+//! socket (`CLOWDER_SOCKET` or /run/clowder/clowderd.sock).
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::process::ExitCode;
+
+use clowderd::client::Client;
+use serde_json::{json, Value};
+
+const USAGE: &str = "usage: clowder [--json] COMMAND
+  enclave create --name NAME [--kind lwk] [--cores N|LIST] --mem SIZE [--hugepages]
+  enclave ls
+  enclave rm NAME
+  run [--enclave NAME] [--cores N] [--heap SIZE] [--mem SIZE] [--env NAME=VALUE]... [--file PATH]... [-v]
+      PROGRAM [ARGS...]      (without --enclave: a one-shot enclave made for the job)
+  logs NAME
+  xemem ls
+--json prints the daemon's replies (and job events) as JSON lines.";
+
+/// A mistake in the command line: print it with the usage, exit 2.
+struct Usage(String);
+
+enum Failure {
+    Usage(String),
+    Error(String),
+}
+
+impl From<Usage> for Failure {
+    fn from(usage: Usage) -> Failure {
+        Failure::Usage(usage.0)
+    }
+}
+
+struct Arguments {
+    words: std::vec::IntoIter<String>,
+}
+
+impl Arguments {
+    fn next(&mut self) -> Option<String> {
+        self.words.next()
+    }
+
+    fn value(&mut self, flag: &str) -> Result<String, Usage> {
+        self.next().ok_or_else(|| Usage(format!("{flag} needs a value")))
+    }
+
+    fn rest(&mut self) -> Vec<String> {
+        self.words.by_ref().collect()
+    }
+}
+
+fn reply_or_error(reply: Value) -> Result<Value, Failure> {
+    if reply["ok"] == json!(true) {
+        Ok(reply)
+    } else {
+        Err(Failure::Error(reply["error"].as_str().unwrap_or("clowderd gave no reason").to_string()))
+    }
+}
+
+fn print_json(value: &Value) {
+    println!("{value}");
+}
+
+/// Prints rows as aligned columns.
+fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let padded: Vec<String> = cells.iter().zip(&widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
+        println!("{}", padded.join("  ").trim_end());
+    };
+    line(header.iter().map(|h| h.to_string()).collect());
+    for row in rows {
+        line(row.clone());
+    }
+}
+
+fn text(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        Value::Bool(true) => "yes".into(),
+        Value::Bool(false) => "no".into(),
+        other => other.to_string(),
+    }
+}
+
+fn enclave_row(enclave: &Value) -> Vec<String> {
+    ["name", "kind", "mode", "state", "cores", "mem", "hugepages", "pid", "jobs"].iter().map(|key| text(&enclave[key])).collect()
+}
+
+const ENCLAVE_HEADER: [&str; 9] = ["NAME", "KIND", "MODE", "STATE", "CORES", "MEM", "HUGEPAGES", "PID", "JOBS"];
+
+fn enclave_command(args: &mut Arguments, json_output: bool) -> Result<u8, Failure> {
+    let mut client = Client::connect().map_err(Failure::Error)?;
+    match args.next().as_deref() {
+        Some("create") => {
+            let mut request = json!({"op": "create", "kind": "lwk"});
+            while let Some(flag) = args.next() {
+                match flag.as_str() {
+                    "--name" => request["name"] = json!(args.value(&flag)?),
+                    "--kind" => request["kind"] = json!(args.value(&flag)?),
+                    "--cores" => {
+                        let cores = args.value(&flag)?;
+                        // A bare number is a count; anything else (2-3, 1,3) names cores.
+                        request["cores"] = cores.parse::<u64>().map_or_else(|_| json!(cores), |count| json!(count));
+                    }
+                    "--mem" => request["mem"] = json!(args.value(&flag)?),
+                    "--hugepages" => request["hugepages"] = json!(true),
+                    other => return Err(Usage(format!("enclave create: unknown option {other:?}")).into()),
+                }
+            }
+            if request.get("name").is_none() {
+                return Err(Usage("enclave create needs --name NAME".into()).into());
+            }
+            if request.get("mem").is_none() {
+                return Err(Usage("enclave create needs --mem SIZE (for example --mem 1G)".into()).into());
+            }
+            let reply = reply_or_error(client.call(&request).map_err(Failure::Error)?)?;
+            if json_output {
+                print_json(&reply);
+            } else {
+                println!("created enclave {}", text(&reply["enclave"]["name"]));
+                print_table(&ENCLAVE_HEADER, &[enclave_row(&reply["enclave"])]);
+                for note in reply["notes"].as_array().into_iter().flatten() {
+                    println!("note: {}", text(note));
+                }
+            }
+            Ok(0)
+        }
+        Some("ls") => {
+            let reply = reply_or_error(client.call(&json!({"op": "ls"})).map_err(Failure::Error)?)?;
+            if json_output {
+                print_json(&reply);
+                return Ok(0);
+            }
+            let enclaves = reply["enclaves"].as_array().cloned().unwrap_or_default();
+            if enclaves.is_empty() {
+                println!("no enclaves (create one with: clowder enclave create --name NAME --cores 1 --mem 1G)");
+            } else {
+                print_table(&ENCLAVE_HEADER, &enclaves.iter().map(enclave_row).collect::<Vec<_>>());
+            }
+            println!("free cores: {}", text(&reply["free_cores"]));
+            let removed = reply["removed"].as_array().cloned().unwrap_or_default();
+            if !removed.is_empty() {
+                println!("recently removed:");
+                for entry in removed {
+                    println!("  {}: {}", text(&entry["name"]), text(&entry["reason"]).lines().next().unwrap_or(""));
+                }
+            }
+            Ok(0)
+        }
+        Some("rm") => {
+            let name = args.next().ok_or_else(|| Usage("enclave rm needs the enclave's NAME".into()))?;
+            let reply = reply_or_error(client.call(&json!({"op": "rm", "name": name})).map_err(Failure::Error)?)?;
+            if json_output {
+                print_json(&reply);
+            } else {
+                println!("removed enclave {name} ({})", text(&reply["how"]));
+            }
+            Ok(0)
+        }
+        Some(other) => Err(Usage(format!("unknown enclave command {other:?} (create, ls, rm)")).into()),
+        None => Err(Usage("enclave needs a command: create, ls or rm".into()).into()),
+    }
+}
+
+fn run_command(args: &mut Arguments, json_output: bool) -> Result<u8, Failure> {
+    let mut request = json!({"op": "run"});
+    let mut env = Vec::new();
+    let mut input_paths = Vec::new();
+    let mut verbose = false;
+    let program = loop {
+        let word = args.next().ok_or_else(|| Usage("run needs a PROGRAM".into()))?;
+        match word.as_str() {
+            "--enclave" => request["enclave"] = json!(args.value(&word)?),
+            "--cores" => {
+                let cores = args.value(&word)?;
+                request["cores"] = cores.parse::<u64>().map_or_else(|_| json!(cores), |count| json!(count));
+            }
+            "--heap" => request["heap"] = json!(args.value(&word)?),
+            "--mem" => request["mem"] = json!(args.value(&word)?),
+            "--env" => env.push(args.value(&word)?),
+            "--file" => input_paths.push(args.value(&word)?),
+            "-v" | "--verbose" => verbose = true,
+            "--" => break args.next().ok_or_else(|| Usage("run needs a PROGRAM after --".into()))?,
+            flag if flag.starts_with('-') => return Err(Usage(format!("run: unknown option {flag:?}")).into()),
+            _ => break word,
+        }
+    };
+    let binary = File::open(&program).map_err(|e| Failure::Error(format!("cannot open {program}: {e}")))?;
+    let cwd = std::env::current_dir().map_err(|e| Failure::Error(format!("cannot find the working directory: {e}")))?;
+    let cwd_dir = File::open(&cwd).map_err(|e| Failure::Error(format!("cannot open {}: {e}", cwd.display())))?;
+    let mut inputs = Vec::new();
+    let mut names = Vec::new();
+    for path in &input_paths {
+        let file = File::open(path).map_err(|e| Failure::Error(format!("cannot open input file {path}: {e}")))?;
+        let name = std::path::Path::new(path)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| Failure::Error(format!("input file {path} has no usable name")))?;
+        names.push(name.to_string());
+        inputs.push(file);
+    }
+    let mut argv = vec![program.clone()];
+    argv.extend(args.rest());
+    request["argv"] = json!(argv);
+    request["env"] = json!(env);
+    request["cwd"] = json!(cwd.to_string_lossy());
+    request["files"] = json!(names);
+    let mut fds = vec![binary.as_raw_fd(), cwd_dir.as_raw_fd()];
+    fds.extend(inputs.iter().map(|f| f.as_raw_fd()));
+
+    let mut client = Client::connect().map_err(Failure::Error)?;
+    let mut on_event = |event: &Value| {
+        if json_output {
+            print_json(event);
+            return;
+        }
+        match event["event"].as_str() {
+            Some("output") => {
+                let bytes = match (&event["text"], &event["bytes"]) {
+                    (Value::String(text), _) => text.as_bytes().to_vec(),
+                    (_, Value::Array(bytes)) => bytes.iter().filter_map(|b| b.as_u64()).map(|b| b as u8).collect(),
+                    _ => Vec::new(),
+                };
+                if event["stream"] == "stderr" {
+                    let _ = std::io::stderr().write_all(&bytes);
+                } else {
+                    let mut stdout = std::io::stdout();
+                    let _ = stdout.write_all(&bytes);
+                    let _ = stdout.flush();
+                }
+            }
+            Some("log") if verbose => eprintln!("[lwk] {}", text(&event["text"])),
+            Some("started") if verbose => eprintln!("clowder: job started in enclave {}", text(&event["enclave"])),
+            _ => {}
+        }
+    };
+    let reply = client.call_streaming(&request, &fds, &mut on_event).map_err(Failure::Error)?;
+    if json_output {
+        print_json(&reply);
+    }
+    let reply = reply_or_error(reply)?;
+    // The job's status becomes ours, as a shell would report it.
+    Ok(reply["status"].as_u64().map_or(1, |status| status.min(255) as u8))
+}
+
+fn simple_command(request: Value, json_output: bool, show: impl Fn(&Value)) -> Result<u8, Failure> {
+    let mut client = Client::connect().map_err(Failure::Error)?;
+    let reply = reply_or_error(client.call(&request).map_err(Failure::Error)?)?;
+    if json_output {
+        print_json(&reply);
+    } else {
+        show(&reply);
+    }
+    Ok(0)
+}
+
+fn run(arguments: Vec<String>) -> Result<u8, Failure> {
+    let mut json_output = false;
+    let mut words = Vec::new();
+    for word in arguments {
+        if word == "--json" && words.len() < 2 {
+            json_output = true;
+        } else {
+            words.push(word);
+        }
+    }
+    let mut args = Arguments { words: words.into_iter() };
+    match args.next().as_deref() {
+        Some("enclave") => enclave_command(&mut args, json_output),
+        Some("run") => run_command(&mut args, json_output),
+        Some("logs") => {
+            let name = args.next().ok_or_else(|| Usage("logs needs the enclave's NAME".into()))?;
+            simple_command(json!({"op": "logs", "name": name}), json_output, |reply| {
+                if let Some(reason) = reply["removed"].as_str() {
+                    println!("(enclave {} was removed: {reason})", text(&reply["name"]));
+                }
+                for line in reply["lines"].as_array().into_iter().flatten() {
+                    println!("{}", text(line));
+                }
+            })
+        }
+        Some("xemem") => match args.next().as_deref() {
+            Some("ls") => simple_command(json!({"op": "xemem_ls"}), json_output, |_| {}),
+            _ => Err(Usage("xemem takes: ls".into()).into()),
+        },
+        Some("help" | "--help" | "-h") => {
+            println!("{USAGE}");
+            Ok(0)
+        }
+        Some(other) => Err(Usage(format!("unknown command {other:?}")).into()),
+        None => Err(Usage("no command given".into()).into()),
+    }
+}
+
+fn main() -> ExitCode {
+    match run(std::env::args().skip(1).collect()) {
+        Ok(status) => ExitCode::from(status),
+        Err(Failure::Usage(message)) => {
+            eprintln!("clowder: {message}\n{USAGE}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Error(message)) => {
+            eprintln!("clowder: {message}");
+            ExitCode::from(1)
+        }
+    }
+}

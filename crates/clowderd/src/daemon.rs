@@ -1,0 +1,482 @@
+//! The daemon's state (enclaves, their cores, recently removed ones) and the handling of each
+//! API request. Socket plumbing is in `server`.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+
+use crate::api::{error_reply, ok_reply, output_event, CreateRequest, Request, RunRequest, RUN_FIXED_FDS};
+use crate::console::LogBook;
+use crate::cores::{choose_cores, format_cpu_list, usable_cores, CoreRequest};
+use crate::cpuset::Cpusets;
+use crate::enclave::{Enclave, JobEvent, JobFile, JobSpec, Liveness};
+use crate::machine::{Launcher, MachineSpec};
+use crate::memory::{check_request, format_size, HostMemory};
+use crate::oneshot::{kernel_command_line, OneShot, RunEvent};
+use crate::peer::{may_create_enclaves, Peer};
+use crate::sys;
+
+/// How many removed enclaves `ls` and `logs` remember.
+const REMEMBERED_REMOVALS: usize = 16;
+
+pub struct DaemonConfig {
+    /// `clowder-vmm` and the LWK image for one-shot enclaves.
+    pub vmm: PathBuf,
+    pub kernel: PathBuf,
+    /// Memory of a one-shot enclave when the request names none.
+    pub oneshot_memory: u64,
+    /// Move host tasks off enclave cores with cpusets.
+    pub isolate_cores: bool,
+    pub liveness: Liveness,
+    /// The `clowder` group's id, if the group exists.
+    pub admin_group: Option<u32>,
+}
+
+enum Occupant {
+    /// Cores and memory are reserved; the machine is booting.
+    Starting,
+    Persistent(Arc<Enclave>),
+    OneShot { pid: u32, log: Arc<LogBook>, job: String },
+}
+
+struct Entry {
+    cores: Vec<usize>,
+    memory: u64,
+    hugepages: bool,
+    created: SystemTime,
+    occupant: Occupant,
+}
+
+struct Removed {
+    name: String,
+    reason: String,
+    at: SystemTime,
+    log: Arc<LogBook>,
+}
+
+#[derive(Default)]
+struct State {
+    enclaves: BTreeMap<String, Entry>,
+    removed: VecDeque<Removed>,
+    next_job: u32,
+    next_oneshot: u64,
+}
+
+pub struct Daemon {
+    config: DaemonConfig,
+    launcher: Box<dyn Launcher>,
+    cpusets: Result<Cpusets, String>,
+    state: Mutex<State>,
+}
+
+fn unix_seconds(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn report(message: &str) {
+    eprintln!("clowderd: {message}");
+}
+
+impl State {
+    fn taken_cores(&self) -> BTreeMap<usize, String> {
+        self.enclaves.iter().flat_map(|(name, entry)| entry.cores.iter().map(move |core| (*core, name.clone()))).collect()
+    }
+
+    fn known_names(&self) -> String {
+        if self.enclaves.is_empty() {
+            "there are no enclaves; create one with: clowder enclave create --name NAME --cores 1 --mem 1G".into()
+        } else {
+            format!("known enclaves: {}", self.enclaves.keys().cloned().collect::<Vec<_>>().join(", "))
+        }
+    }
+
+    fn remember_removal(&mut self, name: &str, reason: String, log: Arc<LogBook>) {
+        if self.removed.len() == REMEMBERED_REMOVALS {
+            self.removed.pop_front();
+        }
+        self.removed.push_back(Removed { name: name.to_string(), reason, at: SystemTime::now(), log });
+    }
+}
+
+/// A JSON line a request handler sends before its final reply (job events).
+pub type EventSink<'a> = dyn FnMut(&Value) -> std::io::Result<()> + 'a;
+
+impl Daemon {
+    pub fn new(config: DaemonConfig, launcher: Box<dyn Launcher>) -> Arc<Daemon> {
+        let cpusets = if config.isolate_cores {
+            Cpusets::detect()
+        } else {
+            Err("clowderd runs without --isolate-cores".into())
+        };
+        if let Err(why) = &cpusets {
+            if config.isolate_cores {
+                report(&format!("cannot isolate cores: {why}"));
+            }
+        }
+        Arc::new(Daemon { config, launcher, cpusets, state: Mutex::new(State::default()) })
+    }
+
+    /// Answers one request; `events` receives the lines that come before the final reply.
+    pub fn handle(self: &Arc<Self>, request: Request, files: Vec<File>, peer: &Peer, events: &mut EventSink<'_>) -> Value {
+        let needs_privilege = matches!(request, Request::Create(_) | Request::Remove { .. } | Request::Run(_));
+        if needs_privilege && !may_create_enclaves(peer, self.config.admin_group) {
+            return error_reply(format!(
+                "permission denied: creating enclaves and running jobs needs root or membership in the `{}` group \
+                 (you are uid {}); ask an administrator to run: usermod -aG {} $USER",
+                crate::peer::ADMIN_GROUP,
+                peer.uid,
+                crate::peer::ADMIN_GROUP
+            ));
+        }
+        if !matches!(request, Request::Run(_)) && !files.is_empty() {
+            return error_reply("only `run` takes file descriptors");
+        }
+        match request {
+            Request::Create(create) => self.create(create),
+            Request::List => self.list(),
+            Request::Remove { name } => self.remove(&name),
+            Request::Logs { name } => self.logs(&name),
+            Request::Run(run) => self.run(run, files, events),
+            Request::XememList => error_reply(
+                "xemem is not implemented yet: the XEMEM name server is not part of clowderd so far, so there are no segments to list",
+            ),
+        }
+    }
+
+    /// Reserves cores and memory under a new name, or says why not.
+    fn reserve(&self, name: &str, cores: &CoreRequest, memory: u64, hugepages: bool, occupant: Occupant) -> Result<Vec<usize>, String> {
+        let usable = usable_cores()?;
+        check_request(memory, hugepages, HostMemory::read())?;
+        let mut state = self.state.lock().unwrap();
+        if state.enclaves.contains_key(name) {
+            return Err(format!("an enclave named {name} already exists (remove it with: clowder enclave rm {name})"));
+        }
+        let cores = choose_cores(cores, &usable, &state.taken_cores())?;
+        let entry = Entry { cores: cores.clone(), memory, hugepages, created: SystemTime::now(), occupant };
+        state.enclaves.insert(name.to_string(), entry);
+        Ok(cores)
+    }
+
+    fn host_cores(&self) -> BTreeSet<usize> {
+        let taken = self.state.lock().unwrap().taken_cores();
+        usable_cores().unwrap_or_default().into_iter().filter(|core| !taken.contains_key(core)).collect()
+    }
+
+    fn create(self: &Arc<Self>, request: CreateRequest) -> Value {
+        let name = request.name.clone();
+        let cores = match self.reserve(&name, &request.cores, request.memory, request.hugepages, Occupant::Starting) {
+            Ok(cores) => cores,
+            Err(e) => return error_reply(e),
+        };
+        let spec = MachineSpec { name: name.clone(), cores: cores.clone(), memory: request.memory, hugepages: request.hugepages };
+        let log = Arc::new(LogBook::new(2000));
+        let (enclave, receiver) = match Enclave::start(spec, self.launcher.as_ref(), self.config.liveness, log.clone()) {
+            Ok(started) => started,
+            Err(e) => {
+                let mut state = self.state.lock().unwrap();
+                state.enclaves.remove(&name);
+                // Keep its log: `clowder logs NAME` shows what went wrong.
+                state.remember_removal(&name, format!("did not start: {}", e.lines().next().unwrap_or("")), log);
+                return error_reply(format!("enclave {name} did not start: {e}"));
+            }
+        };
+        let mut notes = Vec::new();
+        match (&self.cpusets, enclave.pid) {
+            (Ok(cpusets), Some(pid)) => match cpusets.isolate(&name, &cores, &self.host_cores(), pid) {
+                Ok(done) => notes.push(done),
+                Err(e) => notes.push(format!("host tasks were not moved off cores {}: {e}", format_cpu_list(cores.iter().copied()))),
+            },
+            (Err(why), _) => notes.push(format!(
+                "host tasks were not moved off cores {} ({why}); the enclave's vCPUs are pinned to them",
+                format_cpu_list(cores.iter().copied())
+            )),
+            (Ok(_), None) => {}
+        }
+        for note in &notes {
+            enclave.log.push(format!("clowderd: {note}"));
+        }
+        {
+            let mut state = self.state.lock().unwrap();
+            if let Some(entry) = state.enclaves.get_mut(&name) {
+                entry.occupant = Occupant::Persistent(enclave.clone());
+            }
+        }
+        let daemon = self.clone();
+        let pumped = enclave.clone();
+        let liveness = self.config.liveness;
+        std::thread::Builder::new()
+            .name(format!("enclave-{name}"))
+            .spawn(move || {
+                if let Some(reason) = pumped.pump(receiver, liveness) {
+                    daemon.enclave_failed(&pumped, reason);
+                }
+            })
+            .expect("spawning an enclave thread");
+        report(&format!("created enclave {name} on cores {}", format_cpu_list(cores.iter().copied())));
+        let description = self.describe(&name);
+        ok_reply(json!({"enclave": description, "notes": notes}))
+    }
+
+    /// Removes a failed enclave, if it is still the one registered under its name.
+    fn enclave_failed(&self, enclave: &Arc<Enclave>, reason: String) {
+        let mut state = self.state.lock().unwrap();
+        let current = matches!(state.enclaves.get(&enclave.name), Some(Entry { occupant: Occupant::Persistent(e), .. }) if Arc::ptr_eq(e, enclave));
+        if !current {
+            return;
+        }
+        state.enclaves.remove(&enclave.name);
+        state.remember_removal(&enclave.name, reason.clone(), enclave.log.clone());
+        drop(state);
+        self.release_cpuset(&enclave.name);
+        report(&format!("enclave {} failed and was removed: {reason}", enclave.name));
+    }
+
+    fn release_cpuset(&self, name: &str) {
+        if let Ok(cpusets) = &self.cpusets {
+            if let Err(e) = cpusets.release(name, &self.host_cores()) {
+                report(&format!("giving enclave {name}'s cores back to the host: {e}"));
+            }
+        }
+    }
+
+    fn describe_entry(name: &str, entry: &Entry) -> Value {
+        let (mode, state, pid, jobs) = match &entry.occupant {
+            Occupant::Starting => ("persistent", "starting".to_string(), None, 0),
+            Occupant::Persistent(enclave) => ("persistent", "ready".to_string(), enclave.pid, enclave.running_jobs()),
+            Occupant::OneShot { pid, job, .. } => ("one-shot", format!("running {job}"), Some(*pid), 1),
+        };
+        json!({
+            "name": name,
+            "kind": "lwk",
+            "mode": mode,
+            "state": state,
+            "cores": format_cpu_list(entry.cores.iter().copied()),
+            "mem": format_size(entry.memory),
+            "hugepages": entry.hugepages,
+            "pid": pid,
+            "jobs": jobs,
+            "created": unix_seconds(entry.created),
+        })
+    }
+
+    fn describe(&self, name: &str) -> Value {
+        let state = self.state.lock().unwrap();
+        state.enclaves.get(name).map_or(Value::Null, |entry| Self::describe_entry(name, entry))
+    }
+
+    fn list(&self) -> Value {
+        let state = self.state.lock().unwrap();
+        let enclaves: Vec<Value> = state.enclaves.iter().map(|(name, entry)| Self::describe_entry(name, entry)).collect();
+        let removed: Vec<Value> = state
+            .removed
+            .iter()
+            .map(|r| json!({"name": r.name, "reason": r.reason, "at": unix_seconds(r.at)}))
+            .collect();
+        let free = usable_cores()
+            .map(|usable| {
+                let taken = state.taken_cores();
+                format_cpu_list(usable.into_iter().filter(|c| !taken.contains_key(c)))
+            })
+            .unwrap_or_default();
+        ok_reply(json!({"enclaves": enclaves, "removed": removed, "free_cores": free}))
+    }
+
+    fn remove(&self, name: &str) -> Value {
+        let mut state = self.state.lock().unwrap();
+        let Some(entry) = state.enclaves.get(name) else {
+            return error_reply(format!("no enclave named {name}; {}", state.known_names()));
+        };
+        match &entry.occupant {
+            Occupant::Starting => error_reply(format!("enclave {name} is still starting; try again in a moment")),
+            Occupant::OneShot { pid, .. } => {
+                // The job's client hears that its enclave went away; the run cleans up.
+                let _ = sys::send_signal(*pid, libc::SIGKILL);
+                ok_reply(json!({"removed": name, "how": "one-shot enclave stopped; its job ends"}))
+            }
+            Occupant::Persistent(enclave) => {
+                let enclave = enclave.clone();
+                state.enclaves.remove(name);
+                state.remember_removal(name, "removed on request".into(), enclave.log.clone());
+                drop(state);
+                let ended = enclave.stop();
+                self.release_cpuset(name);
+                report(&format!("removed enclave {name}: {ended}"));
+                ok_reply(json!({"removed": name, "how": ended}))
+            }
+        }
+    }
+
+    fn logs(&self, name: &str) -> Value {
+        let state = self.state.lock().unwrap();
+        match state.enclaves.get(name) {
+            Some(Entry { occupant: Occupant::Persistent(enclave), .. }) => ok_reply(json!({"name": name, "lines": enclave.log.lines()})),
+            Some(Entry { occupant: Occupant::OneShot { log, .. }, .. }) => ok_reply(json!({"name": name, "lines": log.lines()})),
+            Some(Entry { occupant: Occupant::Starting, .. }) => ok_reply(json!({"name": name, "lines": []})),
+            None => match state.removed.iter().rev().find(|r| r.name == name) {
+                Some(removed) => ok_reply(json!({"name": name, "lines": removed.log.lines(), "removed": removed.reason})),
+                None => error_reply(format!("no enclave named {name}; {}", state.known_names())),
+            },
+        }
+    }
+
+    fn run(self: &Arc<Self>, request: RunRequest, files: Vec<File>, events: &mut EventSink<'_>) -> Value {
+        if files.len() != RUN_FIXED_FDS + request.files.len() {
+            return error_reply(format!(
+                "`run` carries {} file descriptors; it needs {} (the binary, the working directory, then one per input file)",
+                files.len(),
+                RUN_FIXED_FDS + request.files.len()
+            ));
+        }
+        let mut files = files.into_iter();
+        let binary = files.next().expect("counted above");
+        let cwd_dir = files.next().expect("counted above");
+        let inputs: Vec<JobFile> =
+            request.files.iter().cloned().zip(files).map(|(name, file)| JobFile { name, file }).collect();
+        match request.enclave.clone() {
+            Some(name) => self.run_in_enclave(&name, request, binary, cwd_dir, inputs, events),
+            None if !inputs.is_empty() => error_reply(
+                "input files need a persistent enclave (clowder run --enclave NAME): a one-shot enclave only receives the binary",
+            ),
+            None => self.run_one_shot(request, binary, events),
+        }
+    }
+
+    fn run_in_enclave(
+        &self,
+        name: &str,
+        request: RunRequest,
+        binary: File,
+        cwd_dir: File,
+        inputs: Vec<JobFile>,
+        events: &mut EventSink<'_>,
+    ) -> Value {
+        let (enclave, job) = {
+            let mut state = self.state.lock().unwrap();
+            let enclave = match state.enclaves.get(name) {
+                Some(Entry { occupant: Occupant::Persistent(enclave), .. }) => enclave.clone(),
+                Some(_) => return error_reply(format!("enclave {name} is not ready for jobs (it is starting, or a one-shot enclave)")),
+                None => return error_reply(format!("no enclave named {name}; {}", state.known_names())),
+            };
+            state.next_job = state.next_job.wrapping_add(1);
+            (enclave, state.next_job)
+        };
+        let cores = match request.cores {
+            None => 0,
+            Some(CoreRequest::Count(count)) if count <= enclave.cores.len() && count < 64 => (1u64 << count) - 1,
+            Some(CoreRequest::Count(count)) => {
+                return error_reply(format!("asked for {count} cores; enclave {name} has {}", enclave.cores.len()))
+            }
+            Some(CoreRequest::Exactly(_)) => {
+                return error_reply(format!("in enclave {name}, give --cores as a count (it has {})", enclave.cores.len()))
+            }
+        };
+        let binary_name = request.argv[0].rsplit('/').next().unwrap_or("job").to_string();
+        let spec = JobSpec {
+            argv: request.argv.clone(),
+            env: request.env,
+            cwd: request.cwd,
+            cwd_dir,
+            cores,
+            heap: request.heap.unwrap_or(0),
+            binary: JobFile { name: if binary_name.is_empty() { "job".into() } else { binary_name }, file: binary },
+            inputs,
+        };
+        let (sender, receiver) = mpsc::channel();
+        if let Err(e) = enclave.launch(job, spec, sender) {
+            return error_reply(format!("cannot launch the job in enclave {name}: {e}"));
+        }
+        if events(&json!({"event": "started", "enclave": name, "job": job})).is_err() {
+            enclave.kill_job(job);
+        }
+        loop {
+            let event = match receiver.recv_timeout(Duration::from_secs(1)) {
+                Ok(event) => event,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return error_reply(format!("enclave {name} dropped job {job} without a word"))
+                }
+            };
+            let line = match event {
+                JobEvent::Started => continue,
+                JobEvent::Output { stream, data } => {
+                    output_event(if stream == enclave_proto::Stream::Stderr { "stderr" } else { "stdout" }, &data)
+                }
+                JobEvent::Exited { status } => return ok_reply(json!({"event": "exited", "status": status, "job": job})),
+                JobEvent::Failed { reason } => return error_reply(reason),
+            };
+            if events(&line).is_err() {
+                // The client went away: end its job rather than run it for nobody.
+                enclave.kill_job(job);
+            }
+        }
+    }
+
+    fn run_one_shot(&self, request: RunRequest, binary: File, events: &mut EventSink<'_>) -> Value {
+        let command_line = match kernel_command_line(&request.argv, &request.env, request.heap) {
+            Ok(line) => line,
+            Err(e) => return error_reply(e),
+        };
+        let name = {
+            let mut state = self.state.lock().unwrap();
+            state.next_oneshot += 1;
+            format!("run-{}", state.next_oneshot)
+        };
+        let memory = request.memory.unwrap_or(self.config.oneshot_memory);
+        let core_request = request.cores.clone().unwrap_or(CoreRequest::Count(1));
+        let cores = match self.reserve(&name, &core_request, memory, false, Occupant::Starting) {
+            Ok(cores) => cores,
+            Err(e) => return error_reply(e),
+        };
+        let log = Arc::new(LogBook::new(2000));
+        let spec = MachineSpec { name: name.clone(), cores: cores.clone(), memory, hugepages: false };
+        let mut machine = match OneShot::start(&self.config.vmm, &self.config.kernel, &spec, binary, &command_line, log.clone()) {
+            Ok(machine) => machine,
+            Err(e) => {
+                self.state.lock().unwrap().enclaves.remove(&name);
+                return error_reply(e);
+            }
+        };
+        let pid = machine.pid();
+        log.push(format!("clowderd: one-shot enclave {name}: clowder-vmm pid {pid}, cores {}", format_cpu_list(cores.iter().copied())));
+        if let Some(entry) = self.state.lock().unwrap().enclaves.get_mut(&name) {
+            entry.occupant = Occupant::OneShot { pid, log: log.clone(), job: request.argv[0].clone() };
+        }
+        let mut client_gone = events(&json!({
+            "event": "started", "enclave": name, "pid": pid, "cores": format_cpu_list(cores.iter().copied()),
+        }))
+        .is_err();
+        while let Some(event) = machine.next_event() {
+            let line = match event {
+                RunEvent::Output(bytes) => {
+                    log.push(format!("console: {}", String::from_utf8_lossy(&bytes).trim_end()));
+                    output_event("stdout", &bytes)
+                }
+                RunEvent::KernelLine(text) => {
+                    log.push(format!("[lwk] {text}"));
+                    json!({"event": "log", "text": text})
+                }
+            };
+            if !client_gone && events(&line).is_err() {
+                client_gone = true;
+                machine.kill();
+            }
+        }
+        let outcome = machine.finish();
+        let mut state = self.state.lock().unwrap();
+        state.enclaves.remove(&name);
+        match outcome {
+            Ok(status) => ok_reply(json!({"event": "exited", "status": status, "enclave": name})),
+            Err(reason) => {
+                log.push(format!("clowderd: {reason}"));
+                state.remember_removal(&name, reason.clone(), log);
+                drop(state);
+                report(&format!("one-shot enclave {name} failed: {reason}"));
+                error_reply(format!("one-shot enclave {name} failed: {reason}"))
+            }
+        }
+    }
+}

@@ -1,0 +1,385 @@
+//! A persistent enclave: a machine running the LWK, the host end of its channel, and the jobs
+//! running in it. One pump thread per enclave receives everything the kernel sends, serves
+//! forwarded file calls, pings the kernel, and notices when the machine ends.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{Seek, SeekFrom};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use enclave_proto::{EnclaveMessage, FileImage, HostMessage, LaunchJob, List, Stream, PROTOCOL_VERSION};
+
+use crate::console::LogBook;
+use crate::guest_ram::GuestRam;
+use crate::hio::JobFiles;
+use crate::link::{self, Received, Receiver, Sender};
+use crate::machine::{Launcher, Machine, MachineSpec, SharedRegion};
+use crate::sys;
+
+/// Timing of the liveness checks.
+#[derive(Clone, Copy, Debug)]
+pub struct Liveness {
+    /// How long a new kernel may take to say `Hello`.
+    pub hello_timeout: Duration,
+    pub ping_interval: Duration,
+    /// A `Ping` unanswered this long means the enclave hangs.
+    pub ping_timeout: Duration,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Liveness { hello_timeout: Duration::from_secs(10), ping_interval: Duration::from_secs(1), ping_timeout: Duration::from_secs(5) }
+    }
+}
+
+/// What a job's client hears.
+#[derive(Debug, PartialEq, Eq)]
+pub enum JobEvent {
+    Started,
+    Output { stream: Stream, data: Vec<u8> },
+    Exited { status: u32 },
+    /// The job could not start, or its enclave went away under it.
+    Failed { reason: String },
+}
+
+/// A file for the job: its name in the enclave and its contents on the host.
+pub struct JobFile {
+    pub name: String,
+    pub file: File,
+}
+
+pub struct JobSpec {
+    pub argv: Vec<String>,
+    pub env: Vec<String>,
+    /// The working directory as a host path, and a descriptor of it.
+    pub cwd: String,
+    pub cwd_dir: File,
+    /// Mask of the enclave's vCPUs the job may use (0: all).
+    pub cores: u64,
+    pub heap: u64,
+    pub binary: JobFile,
+    pub inputs: Vec<JobFile>,
+}
+
+struct JobSlot {
+    events: mpsc::Sender<JobEvent>,
+    files: JobFiles,
+    regions: Vec<SharedRegion>,
+}
+
+pub struct Enclave {
+    pub name: String,
+    pub cores: Vec<usize>,
+    pub memory: u64,
+    pub hugepages: bool,
+    pub created: SystemTime,
+    pub pid: Option<u32>,
+    pub log: Arc<LogBook>,
+    pub kernel_vcpus: u16,
+    machine: Mutex<Box<dyn Machine>>,
+    sender: Mutex<Sender>,
+    ram: Arc<GuestRam>,
+    jobs: Mutex<HashMap<u32, JobSlot>>,
+    stopping: AtomicBool,
+}
+
+/// Turns the tail of an enclave's log into an indented block for error messages.
+pub fn log_excerpt(log: &LogBook) -> String {
+    let tail = log.tail(8);
+    if tail.is_empty() {
+        return String::new();
+    }
+    format!("\nlast log lines:\n  {}", tail.join("\n  "))
+}
+
+fn page_align(length: u64) -> u64 {
+    length.div_ceil(4096).max(1) * 4096
+}
+
+impl Enclave {
+    /// Starts the machine, attaches to its channel and waits for the kernel's `Hello`. Returns
+    /// the enclave and the receiving end, which [`Enclave::pump`] consumes.
+    pub fn start(
+        spec: MachineSpec,
+        launcher: &dyn Launcher,
+        liveness: Liveness,
+        log: Arc<LogBook>,
+    ) -> Result<(Arc<Enclave>, Receiver), String> {
+        let mut machine = launcher.launch(&spec, log.clone())?;
+        let fail = |machine: &mut Box<dyn Machine>, why: String| {
+            let ended = machine.shut_down(Duration::from_secs(1));
+            format!("{why} ({ended}){}", log_excerpt(&log))
+        };
+        let parts = match machine.channel() {
+            Ok(parts) => parts,
+            Err(e) => return Err(fail(&mut machine, format!("cannot reach the enclave channel: {e}"))),
+        };
+        let (sender, mut receiver, ram) = match link::attach(parts) {
+            Ok(ends) => ends,
+            Err(e) => return Err(fail(&mut machine, e)),
+        };
+        let deadline = Instant::now() + liveness.hello_timeout;
+        let vcpus = loop {
+            if let Some(ended) = machine.ended() {
+                return Err(format!(
+                    "the enclave ended before its kernel answered on the channel: {ended}; a kernel that does not speak \
+                     the enclave protocol yet can still run jobs one-shot (clowder run without --enclave){}",
+                    log_excerpt(&log)
+                ));
+            }
+            if Instant::now() > deadline {
+                return Err(fail(
+                    &mut machine,
+                    format!("the kernel did not say Hello on the channel within {} ms", liveness.hello_timeout.as_millis()),
+                ));
+            }
+            match receiver.receive(Duration::from_millis(20)) {
+                Ok(Received::Message(bytes)) => match EnclaveMessage::decode(&bytes) {
+                    Ok(EnclaveMessage::Hello { version, vcpus, .. }) if version == PROTOCOL_VERSION => break vcpus,
+                    Ok(EnclaveMessage::Hello { version, .. }) => {
+                        return Err(fail(
+                            &mut machine,
+                            format!("the kernel speaks enclave protocol version {version}, clowderd speaks {PROTOCOL_VERSION}"),
+                        ))
+                    }
+                    Ok(EnclaveMessage::Log { text }) => log.push(format!("[lwk] {}", String::from_utf8_lossy(text))),
+                    Ok(other) => log.push(format!("clowderd: {other:?} before Hello; ignored")),
+                    Err(e) => log.push(format!("clowderd: malformed message from the enclave ({e}); ignored")),
+                },
+                Ok(Received::Nothing) => {}
+                Ok(Received::BadFrame(e)) => log.push(format!("clowderd: malformed frame from the enclave ({e}); ignored")),
+                Err(e) => return Err(fail(&mut machine, e)),
+            }
+        };
+        log.push(format!("clowderd: enclave {} is ready ({vcpus} vCPUs)", spec.name));
+        let enclave = Enclave {
+            name: spec.name,
+            cores: spec.cores,
+            memory: spec.memory,
+            hugepages: spec.hugepages,
+            created: SystemTime::now(),
+            pid: machine.pid(),
+            log,
+            kernel_vcpus: vcpus,
+            machine: Mutex::new(machine),
+            sender: Mutex::new(sender),
+            ram,
+            jobs: Mutex::new(HashMap::new()),
+            stopping: AtomicBool::new(false),
+        };
+        Ok((Arc::new(enclave), receiver))
+    }
+
+    pub fn running_jobs(&self) -> usize {
+        self.jobs.lock().unwrap().len()
+    }
+
+    fn send(&self, message: &HostMessage<'_>) -> Result<(), String> {
+        self.sender.lock().unwrap().send(message)
+    }
+
+    /// Copies a file into a fresh memfd and shares it into the enclave.
+    fn share_file(&self, file: &JobFile) -> Result<(SharedRegion, u64), String> {
+        let mut source = &file.file;
+        source.seek(SeekFrom::Start(0)).map_err(|e| format!("reading {}: {e}", file.name))?;
+        let mut copy = sys::memfd(&format!("clowder-{}", file.name)).map_err(|e| format!("memfd: {e}"))?;
+        let length = std::io::copy(&mut source, &mut copy).map_err(|e| format!("copying {}: {e}", file.name))?;
+        let region_len = page_align(length);
+        copy.set_len(region_len).map_err(|e| format!("sizing the copy of {}: {e}", file.name))?;
+        let region = self.machine.lock().unwrap().add_region(&copy, region_len)?;
+        Ok((region, length))
+    }
+
+    fn release_regions(&self, regions: &[SharedRegion]) {
+        let mut machine = self.machine.lock().unwrap();
+        for region in regions {
+            if let Err(e) = machine.remove_region(region.slot) {
+                self.log.push(format!("clowderd: removing region {} from the enclave: {e}", region.slot));
+            }
+        }
+    }
+
+    /// Shares the job's files with the enclave and sends `LaunchJob`; events arrive on `events`.
+    pub fn launch(&self, job: u32, spec: JobSpec, events: mpsc::Sender<JobEvent>) -> Result<(), String> {
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err(format!("enclave {} is shutting down", self.name));
+        }
+        let mut regions = Vec::new();
+        let mut images = Vec::new();
+        for file in std::iter::once(&spec.binary).chain(&spec.inputs) {
+            match self.share_file(file) {
+                Ok((region, len)) => {
+                    regions.push(region);
+                    images.push((file.name.as_bytes(), region.gpa, len));
+                }
+                Err(e) => {
+                    self.release_regions(&regions);
+                    return Err(e);
+                }
+            }
+        }
+        let images: Vec<FileImage> = images.iter().map(|&(name, gpa, len)| FileImage { name, gpa, len }).collect();
+        let argv: Vec<&[u8]> = spec.argv.iter().map(|a| a.as_bytes()).collect();
+        let env: Vec<&[u8]> = spec.env.iter().map(|e| e.as_bytes()).collect();
+        let message = HostMessage::LaunchJob(LaunchJob {
+            job,
+            argv: List::new(&argv),
+            env: List::new(&env),
+            cwd: spec.cwd.as_bytes(),
+            cores: spec.cores,
+            heap_size: spec.heap,
+            stack_size: 0,
+            binary: images[0],
+            files: List::new(&images[1..]),
+        });
+        let files = JobFiles::new(spec.cwd_dir, spec.cwd.clone());
+        self.jobs.lock().unwrap().insert(job, JobSlot { events, files, regions: regions.clone() });
+        if let Err(e) = self.send(&message) {
+            self.jobs.lock().unwrap().remove(&job);
+            self.release_regions(&regions);
+            return Err(e);
+        }
+        self.log.push(format!("clowderd: launched job {job}: {}", spec.argv.join(" ")));
+        Ok(())
+    }
+
+    pub fn kill_job(&self, job: u32) {
+        if self.jobs.lock().unwrap().contains_key(&job) {
+            if let Err(e) = self.send(&HostMessage::KillJob { job }) {
+                self.log.push(format!("clowderd: could not send KillJob {job}: {e}"));
+            }
+        }
+    }
+
+    /// Ends a job's slot: its files close and its shared regions go.
+    fn finish_job(&self, job: u32, event: JobEvent) {
+        let slot = self.jobs.lock().unwrap().remove(&job);
+        if let Some(slot) = slot {
+            let _ = slot.events.send(event);
+            self.release_regions(&slot.regions);
+        }
+    }
+
+    fn forward(&self, job: u32, event: JobEvent) {
+        match self.jobs.lock().unwrap().get(&job) {
+            Some(slot) => {
+                let _ = slot.events.send(event);
+            }
+            None => self.log.push(format!("clowderd: the enclave reported {event:?} for unknown job {job}; ignored")),
+        }
+    }
+
+    /// Handles one message; an error means the enclave is finished.
+    fn handle(&self, bytes: &[u8], outstanding_ping: &mut Option<(u64, Instant)>) -> Result<(), String> {
+        let message = match EnclaveMessage::decode(bytes) {
+            Ok(message) => message,
+            Err(e) => {
+                self.log.push(format!("clowderd: malformed message from the enclave ({e}); ignored"));
+                return Ok(());
+            }
+        };
+        match message {
+            EnclaveMessage::Hello { .. } => self.log.push("clowderd: a second Hello from the enclave; ignored"),
+            EnclaveMessage::Pong { nonce } => {
+                if outstanding_ping.is_some_and(|(expected, _)| expected == nonce) {
+                    *outstanding_ping = None;
+                }
+            }
+            EnclaveMessage::JobStarted { job } => self.forward(job, JobEvent::Started),
+            EnclaveMessage::JobOutput { job, stream, data } => self.forward(job, JobEvent::Output { stream, data: data.to_vec() }),
+            EnclaveMessage::JobExited { job, status } => {
+                self.log.push(format!("clowderd: job {job} exited with status {status}"));
+                self.finish_job(job, JobEvent::Exited { status });
+            }
+            EnclaveMessage::LaunchFailed { job, errno, reason } => {
+                let reason = format!("the enclave could not start the job: {} (errno {errno})", String::from_utf8_lossy(reason));
+                self.log.push(format!("clowderd: job {job}: {reason}"));
+                self.finish_job(job, JobEvent::Failed { reason });
+            }
+            EnclaveMessage::Log { text } => self.log.push(format!("[lwk] {}", String::from_utf8_lossy(text))),
+            EnclaveMessage::Panic { text } => return Err(format!("the LWK panicked: {}", String::from_utf8_lossy(text))),
+            EnclaveMessage::FileRequest { job, request, op } => {
+                let reply = {
+                    let mut jobs = self.jobs.lock().unwrap();
+                    match jobs.get_mut(&job) {
+                        Some(slot) => {
+                            let served = slot.files.serve(&op, &self.ram);
+                            if let Some(refusal) = &served.refusal {
+                                self.log.push(format!("clowderd: job {job}: refused {op:?}: {refusal}"));
+                            }
+                            served.reply(job, request)
+                        }
+                        None => HostMessage::FileResult { job, request, result: -(libc::ESRCH as i64) },
+                    }
+                };
+                self.send(&reply)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs until the enclave is stopped ([`Enclave::stop`], returns `None`) or fails (returns
+    /// why): its machine ended, it stopped answering pings, it corrupted the channel or it
+    /// panicked. On failure every job hears why and the machine is shut down.
+    pub fn pump(&self, mut receiver: Receiver, liveness: Liveness) -> Option<String> {
+        let mut outstanding_ping: Option<(u64, Instant)> = None;
+        let mut next_ping = Instant::now() + liveness.ping_interval;
+        let mut nonce = 0u64;
+        let failure = loop {
+            if self.stopping.load(Ordering::SeqCst) {
+                return None;
+            }
+            if let Some(ended) = self.machine.lock().unwrap().ended() {
+                break format!("its machine ended: {ended}");
+            }
+            let now = Instant::now();
+            if let Some((_, sent)) = outstanding_ping {
+                if now.duration_since(sent) > liveness.ping_timeout {
+                    break format!("it stopped answering Ping (no Pong for {} ms)", now.duration_since(sent).as_millis());
+                }
+            } else if now >= next_ping {
+                nonce += 1;
+                if let Err(e) = self.send(&HostMessage::Ping { nonce }) {
+                    break format!("it stopped draining its channel: {e}");
+                }
+                outstanding_ping = Some((nonce, now));
+                next_ping = now + liveness.ping_interval;
+            }
+            match receiver.receive(Duration::from_millis(20)) {
+                Ok(Received::Message(bytes)) => {
+                    if let Err(e) = self.handle(&bytes, &mut outstanding_ping) {
+                        break e;
+                    }
+                }
+                Ok(Received::Nothing) => {}
+                Ok(Received::BadFrame(e)) => self.log.push(format!("clowderd: malformed frame from the enclave ({e}); ignored")),
+                Err(e) => break e,
+            }
+        };
+        self.log.push(format!("clowderd: enclave {} failed: {failure}", self.name));
+        let ended = self.machine.lock().unwrap().shut_down(Duration::from_secs(1));
+        self.log.push(format!("clowderd: {ended}"));
+        self.abandon_jobs(&format!("enclave {} failed: {failure}", self.name));
+        Some(failure)
+    }
+
+    fn abandon_jobs(&self, reason: &str) {
+        let slots: Vec<JobSlot> = self.jobs.lock().unwrap().drain().map(|(_, slot)| slot).collect();
+        for slot in slots {
+            let _ = slot.events.send(JobEvent::Failed { reason: reason.to_string() });
+        }
+    }
+
+    /// Asks the kernel to shut down, then stops the machine. The pump returns `None` after this.
+    pub fn stop(&self) -> String {
+        self.stopping.store(true, Ordering::SeqCst);
+        let _ = self.send(&HostMessage::Shutdown);
+        self.abandon_jobs(&format!("enclave {} was removed", self.name));
+        let ended = self.machine.lock().unwrap().shut_down(Duration::from_secs(2));
+        self.log.push(format!("clowderd: enclave {} removed: {ended}", self.name));
+        ended
+    }
+}

@@ -1,0 +1,151 @@
+//! The daemon's mapping of an enclave's RAM (the VMM's memfd), with every access checked against
+//! the enclave's RAM ranges: guest-physical addresses come from the enclave and are not trusted.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
+
+/// One run of guest RAM and where it lives in the memfd.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RamRange {
+    pub gpa: u64,
+    pub size: u64,
+    pub file_offset: u64,
+}
+
+/// A guest-physical range the enclave named is not plain RAM it may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BadAddress {
+    pub gpa: u64,
+    pub len: u64,
+}
+
+impl std::fmt::Display for BadAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "guest range {:#x}+{:#x} is not enclave RAM", self.gpa, self.len)
+    }
+}
+
+pub struct GuestRam {
+    base: NonNull<u8>,
+    mapped_len: usize,
+    ranges: Vec<RamRange>,
+    /// The channel region: RAM, but never a buffer for file data.
+    reserved: (u64, u64),
+}
+
+// SAFETY: the mapping is plain shared memory; `GuestRam` hands out copies, never references,
+// so moving or sharing it between threads is sound.
+unsafe impl Send for GuestRam {}
+unsafe impl Sync for GuestRam {}
+
+impl GuestRam {
+    /// Maps the whole memfd shared. `reserved` is the channel's guest range.
+    pub fn map(memfd: &File, ranges: Vec<RamRange>, reserved: (u64, u64)) -> io::Result<GuestRam> {
+        let mapped_len = usize::try_from(memfd.metadata()?.len())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "memfd larger than the address space"))?;
+        for range in &ranges {
+            let end = range.file_offset.checked_add(range.size);
+            if end.is_none_or(|end| end > mapped_len as u64) {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("RAM range {range:?} lies outside the memfd")));
+            }
+        }
+        // SAFETY: a fresh shared mapping of a file we hold; the kernel picks the address.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapped_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                memfd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = NonNull::new(base.cast()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        Ok(GuestRam { base, mapped_len, ranges, reserved })
+    }
+
+    /// Host address of `[file_offset, file_offset + len)` in the mapping, for the channel.
+    pub fn host_address(&self, file_offset: u64, len: u64) -> Option<*mut u8> {
+        let end = file_offset.checked_add(len)?;
+        if end > self.mapped_len as u64 {
+            return None;
+        }
+        // SAFETY: in bounds of the mapping, checked above.
+        Some(unsafe { self.base.as_ptr().add(file_offset as usize) })
+    }
+
+    /// The memfd offset of a guest range that lies in one RAM run and outside the channel.
+    fn locate(&self, gpa: u64, len: u64) -> Result<usize, BadAddress> {
+        let bad = BadAddress { gpa, len };
+        let end = gpa.checked_add(len).ok_or(bad)?;
+        let (reserved_start, reserved_len) = self.reserved;
+        if gpa < reserved_start + reserved_len && reserved_start < end {
+            return Err(bad);
+        }
+        let range = self.ranges.iter().find(|r| gpa >= r.gpa && end <= r.gpa + r.size).ok_or(bad)?;
+        Ok((range.file_offset + (gpa - range.gpa)) as usize)
+    }
+
+    pub fn read(&self, gpa: u64, buffer: &mut [u8]) -> Result<(), BadAddress> {
+        let offset = self.locate(gpa, buffer.len() as u64)?;
+        // SAFETY: `locate` keeps the range inside the mapping. The guest may write the same bytes
+        // concurrently; that is its own race, and we only copy bytes out.
+        unsafe { std::ptr::copy_nonoverlapping(self.base.as_ptr().add(offset), buffer.as_mut_ptr(), buffer.len()) };
+        Ok(())
+    }
+
+    pub fn write(&self, gpa: u64, data: &[u8]) -> Result<(), BadAddress> {
+        let offset = self.locate(gpa, data.len() as u64)?;
+        // SAFETY: as in `read`; we only copy bytes in.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.as_ptr().add(offset), data.len()) };
+        Ok(())
+    }
+
+    /// Checks a range without touching it (to refuse a call before it has effects).
+    pub fn check(&self, gpa: u64, len: u64) -> Result<(), BadAddress> {
+        self.locate(gpa, len).map(|_| ())
+    }
+}
+
+impl Drop for GuestRam {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `map`; no references into it exist.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.mapped_len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn accesses_stay_inside_ram_and_outside_the_channel() {
+        let mut file = crate::sys::memfd("guest-ram-test").unwrap();
+        file.write_all(&vec![0u8; 64 * 1024]).unwrap();
+        let ranges = vec![
+            RamRange { gpa: 0, size: 16 * 1024, file_offset: 0 },
+            RamRange { gpa: 1 << 32, size: 16 * 1024, file_offset: 32 * 1024 },
+        ];
+        let ram = GuestRam::map(&file, ranges, (12 * 1024, 4096)).unwrap();
+        ram.write(100, b"hello").unwrap();
+        let mut back = [0u8; 5];
+        ram.read(100, &mut back).unwrap();
+        assert_eq!(&back, b"hello");
+        ram.write((1 << 32) + 8, b"high").unwrap();
+        let mut high = [0u8; 4];
+        ram.read((1 << 32) + 8, &mut high).unwrap();
+        assert_eq!(&high, b"high");
+        assert!(ram.write(16 * 1024 - 2, b"abc").is_err(), "crosses the end of a run");
+        assert!(ram.write(12 * 1024 + 10, b"x").is_err(), "inside the channel");
+        assert!(ram.read(u64::MAX - 1, &mut back).is_err(), "wraps around");
+        assert!(ram.check(20 * 1024, 1).is_err(), "in the hole between runs");
+        let bad = vec![RamRange { gpa: 0, size: 1 << 20, file_offset: 0 }];
+        assert!(GuestRam::map(&file, bad, (0, 0)).is_err());
+    }
+}

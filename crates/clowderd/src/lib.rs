@@ -1,0 +1,26 @@
+//! `clowderd`, the clowder node daemon: it partitions the host into enclaves (cores, memory, one
+//! `clowder-vmm` process each), owns the host end of every enclave channel, launches jobs and
+//! streams their output, serves their forwarded file calls, and removes enclaves that fail
+//! without disturbing the others. The API is JSON lines on a Unix socket
+//! (`docs/clowderd-api.md`); [`client::Client`] is its client side.
+
+// `u64::is_multiple_of` is newer than the workspace's minimum Rust version (1.85).
+#![allow(clippy::manual_is_multiple_of)]
+
+pub mod api;
+pub mod client;
+pub mod console;
+pub mod cores;
+pub mod cpuset;
+pub mod daemon;
+pub mod enclave;
+pub mod guest_ram;
+pub mod hio;
+pub mod jsonl;
+pub mod link;
+pub mod machine;
+pub mod memory;
+pub mod oneshot;
+pub mod peer;
+pub mod server;
+pub mod sys;

@@ -1,0 +1,267 @@
+//! The machine behind an enclave. The daemon talks to it through [`Machine`]: get the channel,
+//! share memory regions, notice that it ended, shut it down. [`VmmLauncher`] starts one
+//! `clowder-vmm` process per enclave and drives it through its control socket; tests plug in an
+//! in-process fake.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use vmm::control::ControlClient;
+
+use crate::console::{ConsoleSplitter, LogBook, Piece};
+use crate::guest_ram::RamRange;
+use crate::memory::format_size;
+use crate::sys;
+
+/// Everything the host end of the channel needs.
+pub struct ChannelParts {
+    pub memfd: File,
+    pub ram: Vec<RamRange>,
+    pub channel_gpa: u64,
+    pub channel_size: u64,
+    /// Where the channel lives in the memfd.
+    pub channel_offset: u64,
+    /// Signalled by the guest's doorbell (guest → host).
+    pub doorbell: File,
+    /// Raises the channel interrupt in the guest (host → guest).
+    pub interrupt: File,
+}
+
+/// A memory region shared into the enclave.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedRegion {
+    pub slot: u32,
+    pub gpa: u64,
+}
+
+pub struct MachineSpec {
+    pub name: String,
+    pub cores: Vec<usize>,
+    pub memory: u64,
+    pub hugepages: bool,
+}
+
+pub trait Machine: Send {
+    /// The host process that runs the enclave, when there is one.
+    fn pid(&self) -> Option<u32>;
+    fn channel(&mut self) -> Result<ChannelParts, String>;
+    /// Makes the first `len` bytes of `file` (a memfd, page-multiple length) visible to the
+    /// enclave as a new guest-physical region.
+    fn add_region(&mut self, file: &File, len: u64) -> Result<SharedRegion, String>;
+    fn remove_region(&mut self, slot: u32) -> Result<(), String>;
+    /// Without blocking: how the machine ended, once it has.
+    fn ended(&mut self) -> Option<String>;
+    /// Stops the machine (politely, then by force after `grace`) and says how it ended.
+    fn shut_down(&mut self, grace: Duration) -> String;
+}
+
+pub trait Launcher: Send + Sync {
+    /// Starts a machine; its console and diagnostics go to `log`.
+    fn launch(&self, spec: &MachineSpec, log: Arc<LogBook>) -> Result<Box<dyn Machine>, String>;
+}
+
+/// What a `clowder-vmm` exit status means (its README's table, plus the LWK's panic status).
+pub fn describe_vmm_exit(status: ExitStatus) -> String {
+    if let Some(signal) = status.signal() {
+        return format!("clowder-vmm was killed by signal {signal} ({})", signal_name(signal));
+    }
+    match status.code().unwrap_or(-1) {
+        0 => "clowder-vmm exited normally".into(),
+        2 => "clowder-vmm could not set up the VM (status 2)".into(),
+        124 => "the guest stopped responding (VMM watchdog, status 124)".into(),
+        125 => "the guest triple-faulted (status 125)".into(),
+        126 => "the guest did something the VMM does not handle (status 126)".into(),
+        127 => "KVM failed inside the VMM (status 127)".into(),
+        254 => "the LWK panicked (status 254)".into(),
+        code => format!("clowder-vmm exited with status {code}"),
+    }
+}
+
+pub fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGINT => "SIGINT",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        _ => "signal",
+    }
+}
+
+/// The `clowder-vmm` command line for an LWK enclave.
+pub fn vmm_command(vmm: &Path, kernel: &Path, spec: &MachineSpec) -> Command {
+    let mut command = Command::new(vmm);
+    command
+        .arg("--kernel")
+        .arg(kernel)
+        .arg("--mem")
+        .arg(format_size(spec.memory))
+        .arg("--cpus")
+        .arg(spec.cores.len().to_string())
+        .arg("--cores")
+        .arg(spec.cores.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(","));
+    if spec.hugepages {
+        command.arg("--backing").arg("2m");
+    }
+    command
+}
+
+/// Starts persistent LWK enclaves as `clowder-vmm` processes with a control socket.
+pub struct VmmLauncher {
+    pub vmm: PathBuf,
+    pub kernel: PathBuf,
+    /// Where control sockets go.
+    pub runtime_dir: PathBuf,
+}
+
+struct VmmMachine {
+    child: Child,
+    control: ControlClient,
+    control_path: PathBuf,
+    ended: Option<String>,
+}
+
+/// Copies a process's console into the log book, kernel lines and job output alike.
+fn follow_console(source: impl std::io::Read + Send + 'static, log: Arc<LogBook>, label: &'static str) {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(source);
+        let mut splitter = ConsoleSplitter::default();
+        let mut line = Vec::new();
+        while reader.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+            for piece in splitter.push(&line) {
+                match piece {
+                    Piece::KernelLine(text) => log.push(format!("[lwk] {text}")),
+                    Piece::Output(bytes) => log.push(format!("{label}{}", String::from_utf8_lossy(&bytes).trim_end())),
+                }
+            }
+            line.clear();
+        }
+    });
+}
+
+impl Launcher for VmmLauncher {
+    fn launch(&self, spec: &MachineSpec, log: Arc<LogBook>) -> Result<Box<dyn Machine>, String> {
+        let control_path = self.runtime_dir.join(format!("{}.vmm.sock", spec.name));
+        let _ = std::fs::remove_file(&control_path);
+        let mut command = vmm_command(&self.vmm, &self.kernel, spec);
+        command.arg("--control").arg(&control_path).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = command.spawn().map_err(|e| format!("cannot start {}: {e}", self.vmm.display()))?;
+        log.push(format!("clowderd: started clowder-vmm pid {} for enclave {}", child.id(), spec.name));
+        follow_console(child.stdout.take().expect("piped stdout"), log.clone(), "console: ");
+        follow_console(child.stderr.take().expect("piped stderr"), log.clone(), "vmm: ");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let control = loop {
+            if let Ok(client) = ControlClient::connect(&control_path) {
+                break client;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!("{} before its control socket was up", describe_vmm_exit(status)));
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("clowder-vmm did not open its control socket {} within 10 s", control_path.display()));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        Ok(Box::new(VmmMachine { child, control, control_path, ended: None }))
+    }
+}
+
+fn control_error(reply: &Value) -> Option<String> {
+    (reply["ok"] != json!(true)).then(|| reply["error"].as_str().unwrap_or("control socket error").to_string())
+}
+
+fn field(reply: &Value, key: &str) -> Result<u64, String> {
+    reply[key].as_u64().ok_or_else(|| format!("control reply lacks `{key}`: {reply}"))
+}
+
+impl VmmMachine {
+    fn call(&mut self, request: Value, fds: &[std::os::fd::RawFd]) -> Result<(Value, Vec<File>), String> {
+        let (reply, files) = self.control.call(&request, fds).map_err(|e| format!("control socket: {e}"))?;
+        match control_error(&reply) {
+            Some(error) => Err(error),
+            None => Ok((reply, files)),
+        }
+    }
+}
+
+impl Machine for VmmMachine {
+    fn pid(&self) -> Option<u32> {
+        Some(self.child.id())
+    }
+
+    fn channel(&mut self) -> Result<ChannelParts, String> {
+        let (memory, _) = self.call(json!({"op": "memory"}), &[])?;
+        let ram = memory["ranges"]
+            .as_array()
+            .ok_or("control reply lacks RAM ranges")?
+            .iter()
+            .map(|r| Ok(RamRange { gpa: field(r, "gpa")?, size: field(r, "size")?, file_offset: field(r, "file_offset")? }))
+            .collect::<Result<Vec<_>, String>>()?;
+        let (channel, files) = self.call(json!({"op": "channel"}), &[])?;
+        let [memfd, doorbell, interrupt]: [File; 3] =
+            files.try_into().map_err(|_| "the channel reply did not carry three descriptors".to_string())?;
+        Ok(ChannelParts {
+            memfd,
+            ram,
+            channel_gpa: field(&channel, "gpa")?,
+            channel_size: field(&channel, "size")?,
+            channel_offset: field(&channel, "memfd_offset")?,
+            doorbell,
+            interrupt,
+        })
+    }
+
+    fn add_region(&mut self, file: &File, len: u64) -> Result<SharedRegion, String> {
+        let (reply, _) = self.call(json!({"op": "add_region", "offset": 0, "len": len}), &[file.as_raw_fd()])?;
+        Ok(SharedRegion { slot: field(&reply, "slot")? as u32, gpa: field(&reply, "gpa")? })
+    }
+
+    fn remove_region(&mut self, slot: u32) -> Result<(), String> {
+        self.call(json!({"op": "remove_region", "slot": slot}), &[]).map(drop)
+    }
+
+    fn ended(&mut self) -> Option<String> {
+        if self.ended.is_none() {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                self.ended = Some(describe_vmm_exit(status));
+            }
+        }
+        self.ended.clone()
+    }
+
+    fn shut_down(&mut self, grace: Duration) -> String {
+        if let Some(ended) = self.ended() {
+            return ended;
+        }
+        // SIGTERM makes clowder-vmm tear the VM down cleanly; SIGKILL if it does not in time.
+        let _ = sys::send_signal(self.child.id(), libc::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if let Some(ended) = self.ended() {
+                return ended;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = self.child.kill();
+        let status = self.child.wait().map(describe_vmm_exit).unwrap_or_else(|e| format!("waiting for clowder-vmm: {e}"));
+        self.ended = Some(status.clone());
+        status
+    }
+}
+
+impl Drop for VmmMachine {
+    fn drop(&mut self) {
+        self.shut_down(Duration::from_secs(1));
+        let _ = std::fs::remove_file(&self.control_path);
+    }
+}

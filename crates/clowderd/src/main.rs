@@ -1,0 +1,118 @@
+//! `clowderd`: the clowder node daemon (run as root). See `docs/clowderd-api.md`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clowderd::api::socket_path;
+use clowderd::daemon::{Daemon, DaemonConfig};
+use clowderd::enclave::Liveness;
+use clowderd::machine::VmmLauncher;
+use clowderd::memory::parse_size;
+use clowderd::{peer, server};
+
+const USAGE: &str = "usage: clowderd [options]
+  --socket PATH        API socket (default: $CLOWDER_SOCKET or /run/clowder/clowderd.sock)
+  --vmm PATH           clowder-vmm binary (default: $CLOWDER_VMM, else next to clowderd, else $PATH)
+  --kernel PATH        LWK image (default: $CLOWDER_KERNEL, else kernels/target/x86_64-unknown-none/release/lwk
+                       found above clowderd's directory)
+  --isolate-cores      move host tasks off enclave cores with cpusets
+  --oneshot-mem SIZE   memory of a one-shot enclave (default 256M)
+  --hello-timeout MS   how long a new enclave's kernel may take to answer (default 10000)
+  --ping-interval MS   liveness ping period (default 1000)
+  --ping-timeout MS    an enclave silent this long is removed (default 5000)
+";
+
+/// The LWK image next to a checkout: walk up from clowderd's directory.
+fn find_kernel(exe: &Path) -> Option<PathBuf> {
+    exe.ancestors().map(|dir| dir.join("kernels/target/x86_64-unknown-none/release/lwk")).find(|p| p.is_file())
+}
+
+struct Options {
+    socket: PathBuf,
+    vmm: PathBuf,
+    kernel: PathBuf,
+    isolate_cores: bool,
+    oneshot_memory: u64,
+    liveness: Liveness,
+}
+
+fn parse_options(args: &[String]) -> Result<Options, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("finding clowderd's own path: {e}"))?;
+    let sibling_vmm = exe.with_file_name("clowder-vmm");
+    let mut options = Options {
+        socket: socket_path(),
+        vmm: std::env::var_os("CLOWDER_VMM").map(PathBuf::from).unwrap_or_else(|| {
+            if sibling_vmm.is_file() { sibling_vmm } else { PathBuf::from("clowder-vmm") }
+        }),
+        kernel: std::env::var_os("CLOWDER_KERNEL").map(PathBuf::from).or_else(|| find_kernel(&exe)).unwrap_or_default(),
+        isolate_cores: false,
+        oneshot_memory: 256 << 20,
+        liveness: Liveness::default(),
+    };
+    let mut args = args.iter();
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().cloned().ok_or_else(|| format!("{flag} needs a value"));
+        let millis = |text: String| {
+            text.parse::<u64>().map(Duration::from_millis).map_err(|_| format!("{flag}: {text:?} is not a number of milliseconds"))
+        };
+        match flag.as_str() {
+            "--socket" => options.socket = value()?.into(),
+            "--vmm" => options.vmm = value()?.into(),
+            "--kernel" => options.kernel = value()?.into(),
+            "--isolate-cores" => options.isolate_cores = true,
+            "--oneshot-mem" => options.oneshot_memory = parse_size(&value()?).map_err(|e| format!("--oneshot-mem: {e}"))?,
+            "--hello-timeout" => options.liveness.hello_timeout = millis(value()?)?,
+            "--ping-interval" => options.liveness.ping_interval = millis(value()?)?,
+            "--ping-timeout" => options.liveness.ping_timeout = millis(value()?)?,
+            "--help" | "-h" => return Err(String::new()),
+            other => return Err(format!("unknown option {other:?}")),
+        }
+    }
+    if !options.kernel.is_file() {
+        return Err(format!(
+            "no LWK image at {:?}: build it with `cd kernels && cargo build --release -p lwk`, or pass --kernel PATH",
+            options.kernel
+        ));
+    }
+    Ok(options)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let options = match parse_options(&args) {
+        Ok(options) => options,
+        Err(e) if e.is_empty() => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("clowderd: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime_dir = options.socket.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    let launcher = VmmLauncher { vmm: options.vmm.clone(), kernel: options.kernel.clone(), runtime_dir };
+    let config = DaemonConfig {
+        vmm: options.vmm,
+        kernel: options.kernel,
+        oneshot_memory: options.oneshot_memory,
+        isolate_cores: options.isolate_cores,
+        liveness: options.liveness,
+        admin_group: peer::admin_group_id(),
+    };
+    let listener = match server::bind(&options.socket) {
+        Ok(listener) => listener,
+        Err(e) => {
+            eprintln!("clowderd: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    eprintln!("clowderd: listening on {}", options.socket.display());
+    let daemon = Daemon::new(config, Box::new(launcher));
+    if let Err(e) = server::serve(daemon, listener) {
+        eprintln!("clowderd: accepting clients: {e}");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,118 @@
+//! Enclave memory sizes: parsing and checking them against what the host can give.
+
+/// Smallest enclave: the LWK needs room for itself, the channel and a job.
+pub const MIN_ENCLAVE_MEMORY: u64 = 16 << 20;
+/// clowder-vmm's own limit.
+pub const MAX_ENCLAVE_MEMORY: u64 = 1 << 40;
+const HUGEPAGE: u64 = 2 << 20;
+
+/// Parses `512M`, `1G`, `65536`, `64K` (binary suffixes, as clowder-vmm takes them).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (digits, shift) = match text.char_indices().last() {
+        Some((index, 'K' | 'k')) => (&text[..index], 10),
+        Some((index, 'M' | 'm')) => (&text[..index], 20),
+        Some((index, 'G' | 'g')) => (&text[..index], 30),
+        Some((index, 'T' | 't')) => (&text[..index], 40),
+        _ => (text, 0),
+    };
+    let number: u64 = digits.parse().map_err(|_| format!("{text:?} is not a size (examples: 512M, 1G, 65536)"))?;
+    number.checked_mul(1 << shift).ok_or_else(|| format!("{text:?} is too large"))
+}
+
+/// Formats bytes the way people write them (`1G`, `512M`, `12345`).
+pub fn format_size(bytes: u64) -> String {
+    for (shift, suffix) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+            return format!("{}{suffix}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
+/// What the host has: free 2 MiB hugepages and available memory, from /sys and /proc.
+#[derive(Clone, Copy, Debug)]
+pub struct HostMemory {
+    pub free_hugepages: u64,
+    pub available: u64,
+}
+
+impl HostMemory {
+    pub fn read() -> HostMemory {
+        let free_hugepages = std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages")
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(0);
+        let available = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|text| {
+                text.lines()
+                    .find_map(|line| line.strip_prefix("MemAvailable:"))
+                    .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            })
+            .map_or(u64::MAX, |kib| kib * 1024);
+        HostMemory { free_hugepages, available }
+    }
+}
+
+/// Checks a request for `bytes` of enclave memory (hugepage-backed or not) against the host.
+pub fn check_request(bytes: u64, hugepages: bool, host: HostMemory) -> Result<(), String> {
+    if !(MIN_ENCLAVE_MEMORY..=MAX_ENCLAVE_MEMORY).contains(&bytes) {
+        return Err(format!(
+            "memory {} is outside {}..={}",
+            format_size(bytes),
+            format_size(MIN_ENCLAVE_MEMORY),
+            format_size(MAX_ENCLAVE_MEMORY)
+        ));
+    }
+    if hugepages {
+        if bytes % HUGEPAGE != 0 {
+            return Err(format!("memory {} is not a multiple of 2M, as hugepages need", format_size(bytes)));
+        }
+        let needed = bytes / HUGEPAGE;
+        if needed > host.free_hugepages {
+            return Err(format!(
+                "{} of hugepages needs {needed} free 2 MiB hugepages, the host has {} (reserve more with: sysctl vm.nr_hugepages={}, or drop --hugepages)",
+                format_size(bytes),
+                host.free_hugepages,
+                needed
+            ));
+        }
+    } else if bytes > host.available {
+        return Err(format!(
+            "memory {} is more than the host has available ({})",
+            format_size(bytes),
+            format_size(host.available / (1 << 20) * (1 << 20))
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_and_format() {
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_size("64k").unwrap(), 64 << 10);
+        assert_eq!(parse_size("12345").unwrap(), 12345);
+        assert!(parse_size("1.5G").is_err());
+        assert!(parse_size("G").is_err());
+        assert!(parse_size("99999999999T").is_err());
+        assert_eq!(format_size(1 << 30), "1G");
+        assert_eq!(format_size(3 << 20), "3M");
+        assert_eq!(format_size(1000), "1000");
+    }
+
+    #[test]
+    fn requests_are_checked_against_the_host() {
+        let host = HostMemory { free_hugepages: 16, available: 1 << 30 };
+        assert!(check_request(32 << 20, true, host).is_ok());
+        let error = check_request(64 << 20, true, host).unwrap_err();
+        assert!(error.contains("needs 32 free") && error.contains("sysctl vm.nr_hugepages"), "{error}");
+        assert!(check_request((32 << 20) + 4096, true, host).unwrap_err().contains("multiple of 2M"));
+        assert!(check_request(2 << 30, false, host).unwrap_err().contains("available"));
+        assert!(check_request(1 << 20, false, host).unwrap_err().contains("outside"));
+    }
+}

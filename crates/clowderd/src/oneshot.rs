@@ -1,0 +1,203 @@
+//! One-shot enclaves: boot `clowder-vmm` with the LWK and the job's binary as PVH module 0
+//! (argv and environment on the kernel command line), stream the console, and take the job's
+//! status from the kernel's `[lwk] job exited with status N` line. This works with a kernel
+//! that does not speak the enclave protocol yet.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use crate::console::{ConsoleSplitter, LogBook, Piece};
+use crate::machine::{describe_vmm_exit, vmm_command, MachineSpec};
+use crate::memory::format_size;
+
+/// The longest command line clowder-vmm takes from us (it keeps the rest for `clowder.*` keys).
+const MAX_COMMAND_LINE: usize = 3839;
+
+/// Builds the LWK command line: `[lwk.heap=H] [lwk.env=N=V]... -- "argv0" "argv1" ...`.
+/// The kernel splits at spaces with `"` grouping and cannot escape, so what it cannot carry
+/// is refused here with the reason.
+pub fn kernel_command_line(argv: &[String], env: &[String], heap: Option<u64>) -> Result<String, String> {
+    let mut words = Vec::new();
+    if let Some(heap) = heap {
+        words.push(format!("lwk.heap={}", format_size(heap)));
+    }
+    for entry in env {
+        if entry.contains(|c: char| c.is_ascii_whitespace() || c == '"') {
+            return Err(format!(
+                "environment entry {entry:?} holds a space or a quote, which a one-shot enclave's command line cannot carry"
+            ));
+        }
+        words.push(format!("lwk.env={entry}"));
+    }
+    words.push("--".into());
+    for (index, arg) in argv.iter().enumerate() {
+        if arg.contains(['"', '\n', '\r']) {
+            return Err(format!("argument {index} ({arg:?}) holds a quote or a newline, which a one-shot enclave's command line cannot carry"));
+        }
+        words.push(format!("\"{arg}\""));
+    }
+    let line = words.join(" ");
+    if line.len() > MAX_COMMAND_LINE {
+        return Err(format!("argv and environment take {} bytes on the kernel command line, at most {MAX_COMMAND_LINE} fit", line.len()));
+    }
+    Ok(line)
+}
+
+/// What the console says about the end of the job.
+#[derive(Default)]
+struct Ending {
+    status: Option<u32>,
+    panic: Option<String>,
+}
+
+impl Ending {
+    fn note(&mut self, kernel_line: &str) {
+        if let Some(status) = kernel_line.strip_prefix("job exited with status ") {
+            self.status = status.trim().parse().ok();
+        } else if let Some(panic) = kernel_line.strip_prefix("panic: ") {
+            self.panic = Some(panic.to_string());
+        }
+    }
+}
+
+/// Something the one-shot run reports as it goes.
+pub enum RunEvent {
+    Output(Vec<u8>),
+    KernelLine(String),
+}
+
+/// A one-shot enclave whose machine is running.
+pub struct OneShot {
+    child: Child,
+    console: mpsc::Receiver<RunEvent>,
+    ending_rx: mpsc::Receiver<Ending>,
+    stderr: Arc<LogBook>,
+    /// Keeps the binary open while the VMM reads it through /proc.
+    _binary: File,
+}
+
+impl OneShot {
+    /// Starts clowder-vmm for the job. `log` receives the VMM's own diagnostics.
+    pub fn start(
+        vmm: &Path,
+        kernel: &Path,
+        spec: &MachineSpec,
+        binary: File,
+        command_line: &str,
+        log: Arc<LogBook>,
+    ) -> Result<OneShot, String> {
+        // The VMM opens the module by path; /proc names our descriptor, so the client's file
+        // is used as it was opened, without the daemon resolving the client's path itself.
+        let module = format!("/proc/{}/fd/{}", std::process::id(), binary.as_raw_fd());
+        let mut command = vmm_command(vmm, kernel, spec);
+        command
+            .arg("--module")
+            .arg(&module)
+            .arg("--cmdline")
+            .arg(command_line)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().map_err(|e| format!("cannot start {}: {e}", vmm.display()))?;
+        let mut stdout = child.stdout.take().expect("piped stdout");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (console_tx, console) = mpsc::channel();
+        let (ending_tx, ending_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut splitter = ConsoleSplitter::default();
+            let mut ending = Ending::default();
+            let mut buffer = [0u8; 4096];
+            let deliver = |pieces: Vec<Piece>, ending: &mut Ending| {
+                for piece in pieces {
+                    let event = match piece {
+                        Piece::Output(bytes) => RunEvent::Output(bytes),
+                        Piece::KernelLine(line) => {
+                            ending.note(&line);
+                            RunEvent::KernelLine(line)
+                        }
+                    };
+                    let _ = console_tx.send(event);
+                }
+            };
+            while let Ok(count) = stdout.read(&mut buffer) {
+                if count == 0 {
+                    break;
+                }
+                deliver(splitter.push(&buffer[..count]), &mut ending);
+            }
+            deliver(splitter.finish(), &mut ending);
+            let _ = ending_tx.send(ending);
+        });
+        let stderr_log = Arc::new(LogBook::new(50));
+        {
+            let stderr_log = stderr_log.clone();
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                let mut stderr = stderr;
+                let _ = stderr.read_to_string(&mut text);
+                for line in text.lines() {
+                    log.push(format!("vmm: {line}"));
+                    stderr_log.push(line);
+                }
+            });
+        }
+        Ok(OneShot { child, console, ending_rx, stderr: stderr_log, _binary: binary })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The next console event; `None` once the console has closed (the machine ended).
+    pub fn next_event(&self) -> Option<RunEvent> {
+        self.console.recv().ok()
+    }
+
+    /// Stops the machine early (the client went away).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+    }
+
+    /// Waits for the machine and says how the job ended: its status, or why there is none.
+    pub fn finish(mut self) -> Result<u32, String> {
+        let status = self.child.wait().map_err(|e| format!("waiting for clowder-vmm: {e}"))?;
+        let ending = self.ending_rx.recv().unwrap_or_default();
+        // The stderr reader finishes once the process is gone; give it a moment to catch up.
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        let diagnostics = self.stderr.lines();
+        let diagnostics =
+            if diagnostics.is_empty() { String::new() } else { format!("\nclowder-vmm said:\n  {}", diagnostics.join("\n  ")) };
+        match (ending.status, ending.panic) {
+            (Some(job_status), _) => Ok(job_status),
+            (None, Some(panic)) => Err(format!("the LWK panicked: {panic}")),
+            (None, None) => Err(format!(
+                "the enclave ended before the job finished: {} (pid {}){diagnostics}",
+                describe_vmm_exit(status),
+                self.child.id()
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_lines_quote_argv_and_refuse_what_cannot_be_carried() {
+        let argv = vec!["hello".to_string(), "two words".to_string(), String::new()];
+        let env = vec!["GREETING=hi".to_string()];
+        assert_eq!(
+            kernel_command_line(&argv, &env, Some(64 << 20)).unwrap(),
+            "lwk.heap=64M lwk.env=GREETING=hi -- \"hello\" \"two words\" \"\""
+        );
+        assert!(kernel_command_line(&["a\"b".into()], &[], None).unwrap_err().contains("quote"));
+        assert!(kernel_command_line(&["a".into()], &["X=a b".into()], None).unwrap_err().contains("space"));
+        assert!(kernel_command_line(&["x".repeat(5000)], &[], None).unwrap_err().contains("at most"));
+    }
+}
