@@ -778,9 +778,6 @@ static void node_join_origin(int port)
 	int fd = -1;
 	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
 	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	const char *host = getenv("DEX_ORIGIN_HOST");
-	if (host && inet_pton(AF_INET, host, &sa.sin_addr) != 1)
-		dex_fatal("bad DEX_ORIGIN_HOST %s", host);
 	for (int attempt = 0; attempt < 100; attempt++) {
 		fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
