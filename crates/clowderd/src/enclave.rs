@@ -378,6 +378,11 @@ impl Enclave {
         self.stopping.store(true, Ordering::SeqCst);
         let _ = self.send(&HostMessage::Shutdown);
         self.abandon_jobs(&format!("enclave {} was removed", self.name));
+        // Give the kernel a moment to end its jobs and stop the machine itself.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < deadline && self.machine.lock().unwrap().ended().is_none() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let ended = self.machine.lock().unwrap().shut_down(Duration::from_secs(2));
         self.log.push(format!("clowderd: enclave {} removed: {ended}", self.name));
         ended

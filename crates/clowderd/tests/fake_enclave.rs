@@ -1,0 +1,580 @@
+//! The persistent-enclave path end to end, against an in-process fake enclave: a thread that
+//! plays the LWK's side of `enclave-proto` over a real `clowder-channel` ring pair in an
+//! ordinary memfd. The daemon runs in this process with a launcher that makes fakes; clients
+//! talk to it over its real socket.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clowder_channel::{Channel, Endpoint};
+use clowderd::client::Client;
+use clowderd::console::LogBook;
+use clowderd::daemon::{Daemon, DaemonConfig};
+use clowderd::enclave::Liveness;
+use clowderd::guest_ram::{GuestRam, RamRange};
+use clowderd::machine::{ChannelParts, Launcher, Machine, MachineSpec, SharedRegion};
+use clowderd::{server, sys};
+use enclave_proto::{
+    EnclaveMessage, FileOp, Fragmenter, HostMessage, Reassembler, Stream, FRAME_CONTINUATION, MAX_MESSAGE_LEN,
+    PROTOCOL_VERSION,
+};
+use serde_json::{json, Value};
+
+const RAM_SIZE: u64 = 4 << 20;
+const CHANNEL_SIZE: u64 = 64 << 10;
+const CHANNEL_GPA: u64 = RAM_SIZE - CHANNEL_SIZE;
+/// Where the fake job keeps its I/O buffers.
+const SCRATCH_GPA: u64 = 0x10000;
+const REGION_BASE: u64 = 1 << 32;
+
+/// What the fake machine shares between its "hardware" (this struct) and its kernel thread.
+struct FakeHardware {
+    ram: GuestRam,
+    /// Regions the daemon shared, by guest-physical base.
+    regions: Mutex<HashMap<u64, File>>,
+    ended: Mutex<Option<String>>,
+    /// Set by the job `hang`: the kernel stops answering pings.
+    hung: AtomicBool,
+    doorbell: File,
+}
+
+struct FakeMachine {
+    hardware: Arc<FakeHardware>,
+    memfd: File,
+    interrupt: File,
+    next_slot: u32,
+    slots: HashMap<u32, u64>,
+}
+
+struct FakeLauncher;
+
+impl Launcher for FakeLauncher {
+    fn launch(&self, spec: &MachineSpec, log: Arc<LogBook>) -> Result<Box<dyn Machine>, String> {
+        let memfd = sys::memfd("fake-enclave").map_err(|e| e.to_string())?;
+        memfd.set_len(RAM_SIZE).map_err(|e| e.to_string())?;
+        let ranges = vec![RamRange { gpa: 0, size: RAM_SIZE, file_offset: 0 }];
+        // The fake's own view of its RAM; the channel is not reserved from the kernel's side.
+        let ram = GuestRam::map(&memfd, ranges, (0, 0)).map_err(|e| e.to_string())?;
+        let base = ram.host_address(CHANNEL_GPA, CHANNEL_SIZE).unwrap();
+        // SAFETY: the region lies inside `ram`'s mapping, which the hardware keeps alive as long
+        // as the kernel thread runs; nobody else touches it during init (the VMM's role).
+        let channel = unsafe { Channel::init(base, CHANNEL_SIZE as usize) }.unwrap();
+        let hardware = Arc::new(FakeHardware {
+            ram,
+            regions: Mutex::new(HashMap::new()),
+            ended: Mutex::new(None),
+            hung: AtomicBool::new(false),
+            doorbell: sys::eventfd().unwrap(),
+        });
+        let kernel = FakeKernel::new(hardware.clone(), channel.guest_end().unwrap(), spec.cores.len() as u16);
+        std::thread::spawn(move || kernel.run());
+        log.push(format!("fake machine for {} started", spec.name));
+        Ok(Box::new(FakeMachine { hardware, memfd, interrupt: sys::eventfd().unwrap(), next_slot: 10, slots: HashMap::new() }))
+    }
+}
+
+impl Machine for FakeMachine {
+    fn pid(&self) -> Option<u32> {
+        None
+    }
+
+    fn channel(&mut self) -> Result<ChannelParts, String> {
+        Ok(ChannelParts {
+            memfd: self.memfd.try_clone().unwrap(),
+            ram: vec![RamRange { gpa: 0, size: RAM_SIZE, file_offset: 0 }],
+            channel_gpa: CHANNEL_GPA,
+            channel_size: CHANNEL_SIZE,
+            channel_offset: CHANNEL_GPA,
+            doorbell: self.hardware.doorbell.try_clone().unwrap(),
+            interrupt: self.interrupt.try_clone().unwrap(),
+        })
+    }
+
+    fn add_region(&mut self, file: &File, len: u64) -> Result<SharedRegion, String> {
+        assert_eq!(len % 4096, 0, "regions are page multiples");
+        let slot = self.next_slot;
+        self.next_slot += 1;
+        let gpa = REGION_BASE + slot as u64 * (1 << 30);
+        self.hardware.regions.lock().unwrap().insert(gpa, file.try_clone().unwrap());
+        self.slots.insert(slot, gpa);
+        Ok(SharedRegion { slot, gpa })
+    }
+
+    fn remove_region(&mut self, slot: u32) -> Result<(), String> {
+        let gpa = self.slots.remove(&slot).ok_or("no such slot")?;
+        self.hardware.regions.lock().unwrap().remove(&gpa);
+        Ok(())
+    }
+
+    fn ended(&mut self) -> Option<String> {
+        self.hardware.ended.lock().unwrap().clone()
+    }
+
+    fn shut_down(&mut self, _grace: Duration) -> String {
+        self.hardware.ended.lock().unwrap().get_or_insert_with(|| "fake machine powered off".into()).clone()
+    }
+}
+
+/// The guest side: a tiny kernel that runs scripted "jobs" chosen by argv[1].
+struct FakeKernel {
+    hardware: Arc<FakeHardware>,
+    endpoint: Endpoint,
+    vcpus: u16,
+    frame: Vec<u8>,
+    assembly: Vec<u8>,
+    next_request: u32,
+}
+
+/// A decoded host message, owned (the fake keeps messages past the receive buffer).
+enum Incoming {
+    Launch { job: u32, argv: Vec<String>, cwd: String, binary: (String, u64, u64), files: Vec<(String, u64, u64)> },
+    Ping(u64),
+    Kill,
+    Shutdown,
+    Reply { request: u32, result: i64, size: Option<u64> },
+}
+
+impl FakeKernel {
+    fn new(hardware: Arc<FakeHardware>, endpoint: Endpoint, vcpus: u16) -> FakeKernel {
+        let frame = vec![0; endpoint.max_message_len()];
+        FakeKernel { hardware, endpoint, vcpus, frame, assembly: vec![0; MAX_MESSAGE_LEN], next_request: 1 }
+    }
+
+    fn send_frame(&mut self, frame: &[u8]) {
+        while self.endpoint.send(frame).is_err() {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        if self.endpoint.peer_waiting() {
+            sys::signal_eventfd(&self.hardware.doorbell).unwrap();
+        }
+    }
+
+    fn send(&mut self, message: EnclaveMessage) {
+        let mut bytes = vec![0u8; MAX_MESSAGE_LEN];
+        let length = message.encode(&mut bytes).unwrap();
+        let max = self.endpoint.max_message_len();
+        let mut fragmenter = Fragmenter::new(&bytes[..length], max).unwrap();
+        let mut frame = vec![0u8; max];
+        while let Some(frame_len) = fragmenter.next_frame(&mut frame) {
+            self.send_frame(&frame[..frame_len]);
+        }
+    }
+
+    fn receive(&mut self) -> Option<Incoming> {
+        let mut reassembler = Reassembler::new(&mut self.assembly);
+        loop {
+            if self.hardware.ended.lock().unwrap().is_some() {
+                return None;
+            }
+            let Some(length) = self.endpoint.recv(&mut self.frame).unwrap() else {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            };
+            let Some(message) = reassembler.push(&self.frame[..length]).unwrap() else { continue };
+            let owned = |bytes: &[u8]| String::from_utf8(bytes.to_vec()).unwrap();
+            return Some(match HostMessage::decode(message).expect("the daemon sends valid messages") {
+                HostMessage::LaunchJob(launch) => Incoming::Launch {
+                    job: launch.job,
+                    argv: launch.argv.iter().map(owned).collect(),
+                    cwd: owned(launch.cwd),
+                    binary: (owned(launch.binary.name), launch.binary.gpa, launch.binary.len),
+                    files: launch.files.iter().map(|f| (owned(f.name), f.gpa, f.len)).collect(),
+                },
+                HostMessage::Ping { nonce } => Incoming::Ping(nonce),
+                HostMessage::KillJob { .. } | HostMessage::SignalJob { .. } => Incoming::Kill,
+                HostMessage::Shutdown => Incoming::Shutdown,
+                HostMessage::FileResult { request, result, .. } => Incoming::Reply { request, result, size: None },
+                HostMessage::FileAttributes { request, attributes, .. } => {
+                    Incoming::Reply { request, result: 0, size: Some(attributes.size) }
+                }
+            });
+        }
+    }
+
+    fn run(mut self) {
+        self.send(EnclaveMessage::Hello { version: PROTOCOL_VERSION, vcpus: self.vcpus, memory: RAM_SIZE });
+        while let Some(incoming) = self.receive() {
+            match incoming {
+                Incoming::Ping(nonce) => self.pong(nonce),
+                Incoming::Launch { job, argv, cwd, binary, files } => self.run_job(job, &argv, &cwd, binary, &files),
+                Incoming::Shutdown => {
+                    *self.hardware.ended.lock().unwrap() = Some("the fake kernel shut down".into());
+                    return;
+                }
+                Incoming::Kill | Incoming::Reply { .. } => {}
+            }
+        }
+    }
+
+    fn pong(&mut self, nonce: u64) {
+        if !self.hardware.hung.load(Ordering::SeqCst) {
+            self.send(EnclaveMessage::Pong { nonce });
+        }
+    }
+
+    fn print(&mut self, job: u32, stream: Stream, text: &str) {
+        let chunk = enclave_proto::max_output_chunk(self.endpoint.max_message_len());
+        for piece in text.as_bytes().chunks(chunk) {
+            self.send(EnclaveMessage::JobOutput { job, stream, data: piece });
+        }
+    }
+
+    /// A forwarded file call: send it, answer pings until its reply arrives.
+    fn call(&mut self, job: u32, op: FileOp) -> (i64, Option<u64>) {
+        let request = self.next_request;
+        self.next_request += 1;
+        self.send(EnclaveMessage::FileRequest { job, request, op });
+        loop {
+            match self.receive() {
+                Some(Incoming::Reply { request: answered, result, size }) if answered == request => return (result, size),
+                Some(Incoming::Ping(nonce)) => self.pong(nonce),
+                Some(_) => {}
+                None => return (-1, None),
+            }
+        }
+    }
+
+    fn region_bytes(&self, gpa: u64, len: u64) -> Vec<u8> {
+        let regions = self.hardware.regions.lock().unwrap();
+        let file = regions.get(&gpa).expect("the daemon shared this region");
+        let mut bytes = vec![0u8; len as usize];
+        file.read_exact_at(&mut bytes, 0).unwrap();
+        bytes
+    }
+
+    fn run_job(&mut self, job: u32, argv: &[String], cwd: &str, binary: (String, u64, u64), files: &[(String, u64, u64)]) {
+        self.send(EnclaveMessage::JobStarted { job });
+        let script = argv.get(1).map(String::as_str).unwrap_or("");
+        let status = match script {
+            "echo" => {
+                let text = format!("{}\n", argv[2..].join(" "));
+                self.print(job, Stream::Stdout, &text);
+                0
+            }
+            "exit" => argv[2].parse().unwrap(),
+            "big" => {
+                let text: String = (0..2000).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+                self.print(job, Stream::Stdout, &text);
+                self.print(job, Stream::Stderr, "to stderr\n");
+                0
+            }
+            "inputs" => {
+                let contents = self.region_bytes(binary.1, binary.2);
+                let mut report = format!("binary {} {} bytes, starts {:?}\n", binary.0, contents.len(), &contents[..4]);
+                for (name, gpa, len) in files {
+                    let text = String::from_utf8(self.region_bytes(*gpa, *len)).unwrap();
+                    report.push_str(&format!("input {name}: {text}\n"));
+                }
+                report.push_str(&format!("cwd {cwd}\n"));
+                self.print(job, Stream::Stdout, &report);
+                0
+            }
+            "files" => self.file_script(job, cwd),
+            "launch-fails" => {
+                self.send(EnclaveMessage::LaunchFailed { job, errno: libc::ENOEXEC, reason: b"not an ELF executable" });
+                return;
+            }
+            "garbage" => {
+                // A message of an unknown kind, a truncated one, and a continuation out of nowhere:
+                // each must be reported and skipped, and the channel must keep working.
+                self.send_frame(&[1, 0x77, 0x77]);
+                self.send_frame(&[1, 0x04, 0x80, 1]);
+                self.send_frame(&[FRAME_CONTINUATION, 1, 2, 3]);
+                self.print(job, Stream::Stdout, "still here\n");
+                0
+            }
+            "crash" => {
+                *self.hardware.ended.lock().unwrap() = Some("the fake machine triple-faulted".into());
+                return;
+            }
+            "hang" => {
+                self.hardware.hung.store(true, Ordering::SeqCst);
+                return;
+            }
+            "panic" => {
+                self.send(EnclaveMessage::Panic { text: b"fake kernel gave up" });
+                return;
+            }
+            other => {
+                self.print(job, Stream::Stderr, &format!("unknown script {other:?}\n"));
+                127
+            }
+        };
+        self.send(EnclaveMessage::JobExited { job, status });
+    }
+
+    /// Exercises the forwarded file calls; prints one line per check and fails on a mismatch.
+    fn file_script(&mut self, job: u32, cwd: &str) -> u32 {
+        let mut failures = 0;
+        let mut check = |this: &mut FakeKernel, what: &str, ok: bool| {
+            this.print(job, Stream::Stdout, &format!("{} {what}\n", if ok { "ok" } else { "FAIL" }));
+            if !ok {
+                failures += 1;
+            }
+        };
+        let ram = &self.hardware.ram;
+        ram.write(SCRATCH_GPA, b"written from the enclave\n").unwrap();
+        let (handle, _) = self.call(job, FileOp::Open { path: b"out.txt", flags: (libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC) as u32, mode: 0o644 });
+        check(self, "open out.txt for writing", handle > 0);
+        let (written, _) = self.call(job, FileOp::Write { handle: handle as u32, gpa: SCRATCH_GPA, len: 25 });
+        check(self, "write 25 bytes", written == 25);
+        let (closed, _) = self.call(job, FileOp::Close { handle: handle as u32 });
+        check(self, "close", closed == 0);
+        let (_, size) = self.call(job, FileOp::Stat { path: b"out.txt" });
+        check(self, "stat size 25", size == Some(25));
+        let absolute = format!("{cwd}/input.txt");
+        let (input, _) = self.call(job, FileOp::Open { path: absolute.as_bytes(), flags: libc::O_RDONLY as u32, mode: 0 });
+        check(self, "open input by absolute path inside cwd", input > 0);
+        let (count, _) = self.call(job, FileOp::Read { handle: input as u32, gpa: SCRATCH_GPA + 4096, len: 100 });
+        let mut read_back = vec![0u8; count.max(0) as usize];
+        self.hardware.ram.read(SCRATCH_GPA + 4096, &mut read_back).unwrap();
+        check(self, "read the input's contents", read_back == b"input data");
+        let (_, size) = self.call(job, FileOp::Fstat { handle: input as u32 });
+        check(self, "fstat", size == Some(10));
+        let (position, _) = self.call(job, FileOp::Lseek { handle: input as u32, offset: 2, whence: 0 });
+        check(self, "lseek", position == 2);
+        let (count, _) = self.call(job, FileOp::Pread { handle: input as u32, gpa: SCRATCH_GPA, len: 4, offset: 6 });
+        check(self, "pread", count == 4);
+        let (escape, _) = self.call(job, FileOp::Open { path: b"../outside.txt", flags: (libc::O_CREAT | libc::O_WRONLY) as u32, mode: 0o644 });
+        check(self, "open ../outside.txt refused with EACCES", escape == -(libc::EACCES as i64));
+        let (absolute_escape, _) = self.call(job, FileOp::Stat { path: b"/etc/passwd" });
+        check(self, "stat /etc/passwd refused", absolute_escape == -(libc::EACCES as i64));
+        let (link_escape, _) = self.call(job, FileOp::Open { path: b"link-out/passwd", flags: libc::O_RDONLY as u32, mode: 0 });
+        check(self, "a symbolic link out of the directory is refused", link_escape < 0);
+        let (bad_buffer, _) = self.call(job, FileOp::Read { handle: input as u32, gpa: CHANNEL_GPA, len: 16 });
+        check(self, "a buffer inside the channel is EFAULT", bad_buffer == -(libc::EFAULT as i64));
+        let (outside_ram, _) = self.call(job, FileOp::Write { handle: input as u32, gpa: RAM_SIZE * 4, len: 16 });
+        check(self, "a buffer outside RAM is EFAULT", outside_ram == -(libc::EFAULT as i64));
+        let (bad_handle, _) = self.call(job, FileOp::Close { handle: 9999 });
+        check(self, "an unknown handle is EBADF", bad_handle == -(libc::EBADF as i64));
+        let (made, _) = self.call(job, FileOp::Mkdir { path: b"results", mode: 0o755 });
+        check(self, "mkdir results", made == 0);
+        let (unlinked, _) = self.call(job, FileOp::Unlink { path: b"out.txt" });
+        check(self, "unlink out.txt", unlinked == 0);
+        failures
+    }
+}
+
+struct TestDaemon {
+    socket: PathBuf,
+    _dir: TempDir,
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(label: &str) -> TempDir {
+        let path = std::env::temp_dir().join(format!("clowderd-{label}-{}-{:?}", std::process::id(), std::thread::current().id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn start_daemon(label: &str, liveness: Liveness) -> TestDaemon {
+    let dir = TempDir::new(label);
+    let socket = dir.0.join("clowderd.sock");
+    let config = DaemonConfig {
+        vmm: PathBuf::from("/nonexistent/clowder-vmm"),
+        kernel: PathBuf::from("/nonexistent/lwk"),
+        oneshot_memory: 64 << 20,
+        isolate_cores: false,
+        liveness,
+        admin_group: None,
+    };
+    let daemon = Daemon::new(config, Box::new(FakeLauncher));
+    let listener = server::bind(&socket).unwrap();
+    std::thread::spawn(move || server::serve(daemon, listener));
+    TestDaemon { socket, _dir: dir }
+}
+
+fn quick_liveness() -> Liveness {
+    Liveness { hello_timeout: Duration::from_secs(5), ping_interval: Duration::from_millis(50), ping_timeout: Duration::from_millis(400) }
+}
+
+impl TestDaemon {
+    fn client(&self) -> Client {
+        Client::connect_to(&self.socket).unwrap()
+    }
+
+    fn call(&self, request: Value) -> Value {
+        self.client().call(&request).unwrap()
+    }
+
+    fn create(&self, name: &str) {
+        let reply = self.call(json!({"op": "create", "name": name, "cores": 1, "mem": "16M"}));
+        assert_eq!(reply["ok"], true, "{reply}");
+    }
+
+    /// Runs a job in `enclave` from directory `cwd`; returns (final reply, stdout, stderr).
+    fn run(&self, enclave: &str, argv: &[&str], cwd: &Path, inputs: &[(&str, &Path)]) -> (Value, String, String) {
+        let binary = File::open(std::env::current_exe().unwrap()).unwrap();
+        let dir = File::open(cwd).unwrap();
+        let input_files: Vec<File> = inputs.iter().map(|(_, path)| File::open(path).unwrap()).collect();
+        let mut fds = vec![binary.as_raw_fd(), dir.as_raw_fd()];
+        fds.extend(input_files.iter().map(|f| f.as_raw_fd()));
+        let request = json!({
+            "op": "run", "enclave": enclave, "argv": argv, "cwd": cwd.to_str().unwrap(),
+            "files": inputs.iter().map(|(name, _)| *name).collect::<Vec<_>>(),
+        });
+        let (mut stdout, mut stderr) = (String::new(), String::new());
+        let reply = self
+            .client()
+            .call_streaming(&request, &fds, &mut |event| {
+                if event["event"] == "output" {
+                    let text = event["text"].as_str().unwrap();
+                    if event["stream"] == "stderr" { stderr.push_str(text) } else { stdout.push_str(text) }
+                }
+            })
+            .unwrap();
+        (reply, stdout, stderr)
+    }
+
+    fn wait_until_removed(&self, name: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let list = self.call(json!({"op": "ls"}));
+            let removed = list["removed"].as_array().unwrap().iter().find(|r| r["name"] == name).cloned();
+            let present = list["enclaves"].as_array().unwrap().iter().any(|e| e["name"] == name);
+            if let (Some(removed), false) = (removed, present) {
+                return removed["reason"].as_str().unwrap().to_string();
+            }
+            assert!(Instant::now() < deadline, "enclave {name} was not removed: {list}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[test]
+fn jobs_stream_output_and_return_their_status() {
+    let daemon = start_daemon("jobs", Liveness::default());
+    daemon.create("sim");
+    let work = TempDir::new("jobs-work");
+    let (reply, stdout, _) = daemon.run("sim", &["prog", "echo", "hello", "enclave"], &work.0, &[]);
+    assert_eq!(reply["ok"], true, "{reply}");
+    assert_eq!(reply["status"], 0);
+    assert_eq!(stdout, "hello enclave\n");
+
+    let (reply, _, _) = daemon.run("sim", &["prog", "exit", "42"], &work.0, &[]);
+    assert_eq!(reply["status"], 42);
+
+    // Output longer than a ring message arrives in order, on the right stream.
+    let (reply, stdout, stderr) = daemon.run("sim", &["prog", "big"], &work.0, &[]);
+    assert_eq!(reply["status"], 0);
+    assert_eq!(stdout.len(), 2000);
+    assert!(stdout.starts_with("abcdefghijklmnopqrstuvwxyzabc"));
+    assert_eq!(stderr, "to stderr\n");
+
+    let list = daemon.call(json!({"op": "ls"}));
+    assert_eq!(list["enclaves"][0]["name"], "sim");
+    assert_eq!(list["enclaves"][0]["state"], "ready");
+    assert_eq!(list["enclaves"][0]["jobs"], 0);
+}
+
+#[test]
+fn the_binary_and_input_files_are_shared_into_the_enclave() {
+    let daemon = start_daemon("inputs", Liveness::default());
+    daemon.create("sim");
+    let work = TempDir::new("inputs-work");
+    let input = work.0.join("params.txt");
+    std::fs::write(&input, "nx=64").unwrap();
+    let (reply, stdout, _) = daemon.run("sim", &["/path/to/prog", "inputs"], &work.0, &[("params.txt", &input)]);
+    assert_eq!(reply["ok"], true, "{reply}");
+    let binary_len = std::fs::metadata(std::env::current_exe().unwrap()).unwrap().len();
+    assert!(stdout.contains(&format!("binary prog {binary_len} bytes, starts [127, 69, 76, 70]")), "{stdout}");
+    assert!(stdout.contains("input params.txt: nx=64"), "{stdout}");
+    assert!(stdout.contains(&format!("cwd {}", work.0.display())), "{stdout}");
+}
+
+#[test]
+fn forwarded_file_calls_stay_inside_the_working_directory() {
+    let daemon = start_daemon("files", Liveness::default());
+    daemon.create("sim");
+    let outer = TempDir::new("files-outer");
+    let work = outer.0.join("work");
+    std::fs::create_dir(&work).unwrap();
+    std::fs::write(work.join("input.txt"), "input data").unwrap();
+    std::os::unix::fs::symlink("/etc", work.join("link-out")).unwrap();
+    let (reply, stdout, _) = daemon.run("sim", &["prog", "files"], &work, &[]);
+    assert!(!stdout.contains("FAIL"), "{stdout}");
+    assert_eq!(reply["status"], 0, "{reply}\n{stdout}");
+    assert!(!outer.0.join("outside.txt").exists(), "a file was created outside the job's directory");
+    assert!(work.join("results").is_dir());
+    assert!(!work.join("out.txt").exists(), "unlink reached the host");
+    let logs = daemon.call(json!({"op": "logs", "name": "sim"}));
+    let logs = logs["lines"].to_string();
+    assert!(logs.contains("leaves the job's directory"), "refusals are logged: {logs}");
+}
+
+#[test]
+fn launch_failures_and_malformed_messages_get_clear_errors() {
+    let daemon = start_daemon("malformed", Liveness::default());
+    daemon.create("sim");
+    let work = TempDir::new("malformed-work");
+    let (reply, _, _) = daemon.run("sim", &["prog", "launch-fails"], &work.0, &[]);
+    assert_eq!(reply["ok"], false);
+    assert!(reply["error"].as_str().unwrap().contains("not an ELF executable"), "{reply}");
+
+    let (reply, stdout, _) = daemon.run("sim", &["prog", "garbage"], &work.0, &[]);
+    assert_eq!(reply["status"], 0, "{reply}");
+    assert_eq!(stdout, "still here\n");
+    let logs = daemon.call(json!({"op": "logs", "name": "sim"}))["lines"].to_string();
+    assert!(logs.contains("unknown message kind 0x7777"), "{logs}");
+    assert!(logs.contains("message truncated"), "{logs}");
+    assert!(logs.contains("continuation frame without a start frame"), "{logs}");
+}
+
+#[test]
+fn a_failed_enclave_is_removed_and_the_others_keep_working() {
+    let daemon = start_daemon("containment", quick_liveness());
+    daemon.create("survivor");
+    let work = TempDir::new("containment-work");
+    // Each failure in turn, in an enclave beside the survivor (the host may have two cores).
+    let failures = [
+        ("crashes", "crash", "triple-faulted", "its machine ended"),
+        ("hangs", "hang", "stopped answering Ping", "Ping"),
+        ("panics", "panic", "fake kernel gave up", "panicked"),
+    ];
+    for (name, script, job_error, removal) in failures {
+        daemon.create(name);
+        let (reply, _, _) = daemon.run(name, &["prog", script], &work.0, &[]);
+        assert_eq!(reply["ok"], false);
+        assert!(reply["error"].as_str().unwrap().contains(job_error), "{reply}");
+        assert!(daemon.wait_until_removed(name).contains(removal));
+        let (reply, stdout, _) = daemon.run("survivor", &["prog", "echo", "fine"], &work.0, &[]);
+        assert_eq!(reply["status"], 0, "{reply}");
+        assert_eq!(stdout, "fine\n");
+    }
+    let logs = daemon.call(json!({"op": "logs", "name": "hangs"}));
+    assert!(logs["removed"].as_str().unwrap().contains("Ping"), "{logs}");
+}
+
+#[test]
+fn removing_an_enclave_frees_its_cores_and_ends_its_jobs() {
+    let daemon = start_daemon("remove", Liveness::default());
+    daemon.create("a");
+    let reply = daemon.call(json!({"op": "rm", "name": "a"}));
+    assert_eq!(reply["ok"], true, "{reply}");
+    assert!(reply["how"].as_str().unwrap().contains("the fake kernel shut down"), "Shutdown reaches the kernel: {reply}");
+    let reply = daemon.call(json!({"op": "rm", "name": "a"}));
+    assert!(reply["error"].as_str().unwrap().contains("no enclave named a"), "{reply}");
+    // Its core is free again: as many one-core enclaves as usable cores fit.
+    let usable = clowderd::cores::usable_cores().unwrap().len();
+    for index in 0..usable {
+        daemon.create(&format!("e{index}"));
+    }
+    let reply = daemon.call(json!({"op": "create", "name": "one-too-many", "cores": 1, "mem": "16M"}));
+    assert!(reply["error"].as_str().unwrap().contains("only 0 free"), "{reply}");
+}
