@@ -63,6 +63,32 @@ for n in 2 3; do
 		$DEXRUN -n $n "$BUILD/coherence" stackread 4 300
 done
 
+# concurrent faults on one page are coalesced (leader/follower): 4 threads on
+# node 1 read the same 256 pages together; at most one request per page
+rm -f "$LOG"/coalesce.*
+if DEX_TRACE="$LOG/coalesce" run $DEXRUN -n 2 "$BUILD/coherence" coalesce 4 && grep -q "PASS coalesce" "$LOG/out"; then
+	leaders=$(grep -c ' R ' "$LOG/coalesce.1")
+	followers=$(grep -c ' r ' "$LOG/coalesce.1")
+	if [ "$leaders" -le 280 ] && [ "$followers" -gt 0 ]; then
+		pass "concurrent faults coalesced: $leaders requests, $followers faults served by them (256 pages x 4 threads)"
+	else
+		fail "coalescing: $leaders requests, $followers coalesced" "$LOG/out"
+	fi
+else
+	fail "coalesce run" "$LOG/out"
+fi
+
+# profiler: the naive k-means trace names its source lines and the false
+# sharing between its global flag and the barrier
+rm -f "$LOG"/trace.*
+if DEX_TRACE="$LOG/trace" run $DEXRUN -n 2 "$BUILD/kmeans" --naive 2 20000 8 4 &&
+	tools/dex-prof report "$LOG/trace" >"$LOG/report" 2>&1 &&
+	grep -q "kmeans.c:" "$LOG/report" && sed -n '/false sharing/,$p' "$LOG/report" | grep -q "changed_flag"; then
+	pass "DEX_TRACE + dex-prof report: source lines and false sharing (changed_flag) in naive k-means"
+else
+	fail "profiler" "$LOG/report"
+fi
+
 # 5. applications: same answer without DEX and on 1, 2, 3 nodes
 soak=${DEX_SOAK:-1}
 app_runs() { # name args...

@@ -31,6 +31,11 @@ int dex_nodes(void);
  * with free(). */
 void *dex_malloc_aligned(size_t size);
 
+/* Profiler: label the calling thread's subsequent faults with `tag` in the
+ * DEX_TRACE record (e.g. a phase or loop number); the tag moves with the
+ * thread. */
+void dex_trace_tag(unsigned long tag);
+
 /* Popcorn Linux compatibility (popcorn-kernel-lib's migrate.h). */
 #define POPCORN_MAX_NODES 32
 struct popcorn_node_info {

@@ -59,6 +59,7 @@ struct dex_thread {
 	uint64_t own_fs_base;
 	uint64_t tid_address; /* glibc's pd->tid of the app thread (origin) */
 	uint64_t departed_ns;
+	uint64_t trace_tag;   /* of the app thread running here */
 	struct dex_context app_context;
 	struct dex_context pool_context;
 	struct dex_mailbox mail;
@@ -143,6 +144,20 @@ void dex_sigsys_handler(int sig, void *info, void *ucontext);
 void dex_origin_run_delegated(struct dex_thread *t, unsigned from, const struct dex_msg_syscall *m);
 void dex_thread_exit_here(long code) __attribute__((noreturn));
 void dex_process_exit_here(long code) __attribute__((noreturn));
+
+/* trace.c: the fault profiler (DEX_TRACE=file) */
+enum dex_trace_kind {
+	DEX_TRACE_READ = 'R',            /* this fault sent the request */
+	DEX_TRACE_WRITE = 'W',
+	DEX_TRACE_READ_COALESCED = 'r',  /* resolved by another thread's request */
+	DEX_TRACE_WRITE_COALESCED = 'w',
+	DEX_TRACE_INVALIDATE = 'I',      /* an invalidation served for the origin */
+};
+void dex_trace_init(void);
+void dex_trace_record(enum dex_trace_kind kind, uint32_t thread, uint64_t tag, uint64_t ip, uint64_t addr,
+		      uint64_t start_ns, uint64_t end_ns);
+void dex_trace_flush(void);
+extern bool dex_tracing;
 
 /* alloc.c */
 void dex_heap_init_origin(void);

@@ -89,7 +89,7 @@ void dex_set_fs_base(uint64_t fs)
 static void send_migrate(unsigned peer, const struct dex_thread *t)
 {
 	struct dex_msg_migrate m = { .thread = t->thread_id, .target = t->migrate_target, .sent_ns = t->departed_ns,
-				     .context = t->app_context };
+				     .trace_tag = t->trace_tag, .context = t->app_context };
 	dex_send(peer, DEX_MSG_MIGRATE, &m, sizeof(m), NULL, 0);
 }
 
@@ -105,6 +105,7 @@ static void origin_depart_and_park(void *arg)
 		if (t->mail.type == DEX_MSG_MIGRATE) {
 			const struct dex_msg_migrate *m = (const void *)t->mail.payload;
 			t->app_context = m->context;
+			t->trace_tag = m->trace_tag;
 			__atomic_store_n(&t->mail.ready, 0, __ATOMIC_RELEASE);
 			dex_rt.thread_location[t->thread_id] = 0;
 			dex_context_resume(&t->app_context, 1);
@@ -151,6 +152,7 @@ static void *worker_main(void *arg)
 			dex_fatal("worker %u got unexpected %s", t->worker, dex_msg_type_name(t->mail.type));
 		const struct dex_msg_migrate *m = (const void *)t->mail.payload;
 		t->thread_id = m->thread;
+		t->trace_tag = m->trace_tag;
 		t->app_context = m->context;
 		__atomic_store_n(&t->mail.ready, 0, __ATOMIC_RELEASE);
 		__atomic_add_fetch(&dex_rt.migrations_in, 1, __ATOMIC_RELAXED);
@@ -216,6 +218,13 @@ void dex_origin_handle_migrate(const struct dex_msg_header *h, const struct dex_
 }
 
 /* ---------------------------------------------------------- public API */
+
+void dex_trace_tag(unsigned long tag)
+{
+	struct dex_thread *t = dex_self();
+	if (t)
+		t->trace_tag = tag;
+}
 
 int dex_node(void)
 {

@@ -204,6 +204,7 @@ struct dex_msg_migrate {
 	uint32_t thread;  /* dex thread id, issued by the origin */
 	uint32_t target;  /* node that must run the context */
 	uint64_t sent_ns; /* for latency accounting */
+	uint64_t trace_tag; /* the thread's profiler tag (dex_trace_tag) */
 	struct dex_context context;
 };
 

@@ -346,13 +346,16 @@ static void wait_for_epoch_change(uint32_t seen)
 
 /* Leader/follower: the first thread faulting on a page sends the request,
  * later ones wait for the grant and re-run their access. */
-static void dsm_fault(uint32_t page, bool write)
+static void dsm_fault(uint32_t page, bool write, uintptr_t addr, uint64_t ip)
 {
+	uint64_t start = dex_tracing ? dex_now_ns() : 0;
+	bool led = false;
 	for (;;) {
 		dex_lock_acquire(&dex_rt.dsm_lock);
 		uint32_t seen = dex_rt.dsm_epoch;
 		enum dsm_fault_decision d = dsm_node_fault(&dex_rt.page_state[page], &dex_rt.page_inflight[page], write);
 		if (d == DSM_FAULT_LEAD) {
+			led = true;
 			if (write)
 				dex_rt.faults_write++;
 			else
@@ -368,8 +371,15 @@ static void dsm_fault(uint32_t page, bool write)
 		}
 		dex_lock_release(&dex_rt.dsm_lock);
 		if (d == DSM_FAULT_RETRY)
-			return;
+			break;
 		wait_for_epoch_change(seen);
+	}
+	if (dex_tracing) {
+		struct dex_thread *self = dex_self();
+		enum dex_trace_kind kind = write ? (led ? DEX_TRACE_WRITE : DEX_TRACE_WRITE_COALESCED)
+						 : (led ? DEX_TRACE_READ : DEX_TRACE_READ_COALESCED);
+		dex_trace_record(kind, self ? self->thread_id : UINT32_MAX,
+				 self ? self->trace_tag : 0, ip, addr, start, dex_now_ns());
 	}
 }
 
@@ -410,7 +420,7 @@ static void on_sigsegv(int sig, siginfo_t *si, void *ucontext)
 	if (self && self->role == DEX_ROLE_SERVICE)
 		dex_fatal("runtime thread touched shared page %#lx", (unsigned long)addr);
 	bool write = (uc->uc_mcontext.gregs[REG_ERR] & 2) != 0;
-	dsm_fault((uint32_t)page, write);
+	dsm_fault((uint32_t)page, write, addr, (uint64_t)uc->uc_mcontext.gregs[REG_RIP]);
 }
 
 /* Installed with our own restorer so that returning from the handler does
@@ -452,6 +462,7 @@ static void node_handle_grant(const struct dex_msg_page_grant *m, const char *da
 static void node_handle_invalidate(const struct dex_msg_invalidate *m)
 {
 	uint32_t page = (uint32_t)page_index(m->address);
+	uint64_t start = dex_tracing ? dex_now_ns() : 0;
 	dex_lock_acquire(&dex_rt.dsm_lock);
 	uint8_t held = dex_rt.page_state[page];
 	if (dsm_node_invalidate(&dex_rt.page_state[page], m->access) != DSM_OK)
@@ -464,6 +475,8 @@ static void node_handle_invalidate(const struct dex_msg_invalidate *m)
 		 m->want_data ? DEX_PAGE_SIZE : 0);
 	dex_rt.invalidations_served++;
 	dex_lock_release(&dex_rt.dsm_lock);
+	if (dex_tracing)
+		dex_trace_record(DEX_TRACE_INVALIDATE, UINT32_MAX, 0, 0, m->address, start, dex_now_ns());
 }
 
 static void node_receive_loop(void)
@@ -473,8 +486,10 @@ static void node_receive_loop(void)
 	for (;;) {
 		int rc = receive_message(0, &h, payload);
 		if (rc <= 0) {
-			if (dex_rt.shutting_down)
+			if (dex_rt.shutting_down) {
+				dex_trace_flush();
 				raw_syscall(SYS_exit_group, 0, 0, 0);
+			}
 			dex_fatal("lost connection to the origin (origin exited or was killed); stopping");
 		}
 		switch (h.type) {
@@ -575,6 +590,7 @@ void dex_origin_shutdown_nodes(int status)
 	struct dex_msg_shutdown m = { .status = status };
 	for (unsigned n = 1; n < dex_rt.nodes; n++)
 		dex_send(n, DEX_MSG_SHUTDOWN, &m, sizeof(m), NULL, 0);
+	dex_trace_flush();
 }
 
 /* --------------------------------------------------------------- regions */
@@ -860,6 +876,7 @@ __attribute__((constructor(101))) static void dex_init(void)
 		setvbuf(stdout, NULL, _IONBF, 0);
 
 	setup_regions();
+	dex_trace_init();
 	dex_install_signal_handlers();
 	if (node == 0) {
 		size_t pool = 16384;

@@ -4,6 +4,7 @@
  *   condvar   - a producer/consumer queue with a condition variable
  *   pingpong  - two threads on two nodes writing one page alternately
  *   stackread - a thread migrates many times; others read its stack data
+ *   coalesce  - threads on one node fault on the same pages together
  * usage: coherence TEST [threads] [iterations] */
 #include <dex.h>
 #include <pthread.h>
@@ -158,6 +159,25 @@ static void *stack_reader(void *arg)
 	return (void *)regressions;
 }
 
+/* Several threads on the last node read the same pages at the same time;
+ * with DEX_TRACE the trace shows one request per page and the other
+ * threads' faults coalesced onto it. */
+#define COALESCE_PAGES 256
+static char *fresh_pages;
+static pthread_barrier_t start_line;
+
+static void *same_pages_reader(void *arg)
+{
+	(void)arg;
+	go(dex_nodes() - 1);
+	pthread_barrier_wait(&start_line);
+	long sum = 0;
+	for (long p = 0; p < COALESCE_PAGES; p++)
+		sum += fresh_pages[p * 4096];
+	go(0);
+	return (void *)sum;
+}
+
 static pthread_t spawn(void *(*fn)(void *), long arg)
 {
 	pthread_t t;
@@ -235,6 +255,20 @@ int main(int argc, char **argv)
 		printf("%s stackread: %ld regressions while the owner migrated %ld times\n",
 		       regressions ? "FAIL" : "PASS", regressions, iterations);
 		return regressions != 0;
+	}
+	if (!strcmp(test, "coalesce")) {
+		fresh_pages = dex_malloc_aligned(COALESCE_PAGES * 4096);
+		for (long p = 0; p < COALESCE_PAGES; p++)
+			fresh_pages[p * 4096] = 1;
+		pthread_barrier_init(&start_line, NULL, (unsigned)threads);
+		long total = 0;
+		for (int i = 0; i < threads; i++)
+			tid[i] = spawn(same_pages_reader, i);
+		for (int i = 0; i < threads; i++)
+			total += join(tid[i]);
+		long want = (long)threads * COALESCE_PAGES;
+		printf("%s coalesce: sum %ld, expected %ld\n", total == want ? "PASS" : "FAIL", total, want);
+		return total != want;
 	}
 	fprintf(stderr, "unknown test %s\n", test);
 	return 2;
