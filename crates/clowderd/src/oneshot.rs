@@ -10,11 +10,16 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::console::{ConsoleSplitter, LogBook, Piece};
 use crate::machine::{describe_vmm_exit, vmm_command, MachineSpec};
 use crate::memory::format_size;
+use crate::sys;
 
+/// Console output is gathered for at most this long, or this many bytes, per event.
+const BATCH_WAIT: Duration = Duration::from_millis(5);
+const OUTPUT_BATCH: usize = 16 * 1024;
 /// The longest command line clowder-vmm takes from us (it keeps the rest for `clowder.*` keys).
 const MAX_COMMAND_LINE: usize = 3839;
 
@@ -124,11 +129,22 @@ impl OneShot {
                     let _ = console_tx.send(event);
                 }
             };
+            let mut batch = Vec::new();
             while let Ok(count) = stdout.read(&mut buffer) {
                 if count == 0 {
                     break;
                 }
-                deliver(splitter.push(&buffer[..count]), &mut ending);
+                // The serial device writes a byte at a time: gather what follows within a few
+                // milliseconds so a line becomes one event, without holding output back longer.
+                batch.extend_from_slice(&buffer[..count]);
+                while batch.len() < OUTPUT_BATCH && sys::wait_readable(stdout.as_raw_fd(), BATCH_WAIT).unwrap_or(false) {
+                    match stdout.read(&mut buffer) {
+                        Ok(0) | Err(_) => break,
+                        Ok(count) => batch.extend_from_slice(&buffer[..count]),
+                    }
+                }
+                deliver(splitter.push(&batch), &mut ending);
+                batch.clear();
             }
             deliver(splitter.finish(), &mut ending);
             let _ = ending_tx.send(ending);
@@ -168,7 +184,7 @@ impl OneShot {
         let status = self.child.wait().map_err(|e| format!("waiting for clowder-vmm: {e}"))?;
         let ending = self.ending_rx.recv().unwrap_or_default();
         // The stderr reader finishes once the process is gone; give it a moment to catch up.
-        std::thread::sleep(std::time::Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(10));
         let diagnostics = self.stderr.lines();
         let diagnostics =
             if diagnostics.is_empty() { String::new() } else { format!("\nclowder-vmm said:\n  {}", diagnostics.join("\n  ")) };

@@ -1,0 +1,335 @@
+//! The `clowder` CLI against a daemon this test starts (in-process, on a socket in a temp
+//! directory named by CLOWDER_SOCKET): bad input to the CLI and to the raw API, and, where
+//! /dev/kvm, the LWK image, clowder-vmm and musl-gcc exist, one-shot runs of a static musl
+//! program and containment of a clowder-vmm killed from outside.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use clowderd::client::Client;
+use clowderd::daemon::{Daemon, DaemonConfig};
+use clowderd::enclave::Liveness;
+use clowderd::machine::VmmLauncher;
+use clowderd::server;
+use serde_json::{json, Value};
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf()
+}
+
+fn kernel_image() -> PathBuf {
+    workspace_root().join("kernels/target/x86_64-unknown-none/release/lwk")
+}
+
+/// clowder-vmm from this build, or a release build of the workspace.
+fn vmm_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("CLOWDER_VMM") {
+        return path.into();
+    }
+    let beside_cli = Path::new(env!("CARGO_BIN_EXE_clowder")).with_file_name("clowder-vmm");
+    if beside_cli.is_file() {
+        return beside_cli;
+    }
+    workspace_root().join("target/release/clowder-vmm")
+}
+
+/// Why the tests that boot something cannot run here, if they cannot.
+fn kvm_missing() -> Option<String> {
+    if File::options().read(true).write(true).open("/dev/kvm").is_err() {
+        return Some("/dev/kvm is not available".into());
+    }
+    if !kernel_image().is_file() {
+        return Some(format!("no LWK image at {} (cd kernels && cargo build --release -p lwk)", kernel_image().display()));
+    }
+    if !vmm_binary().is_file() {
+        return Some(format!("no clowder-vmm at {} (cargo build --release -p clowder-vmm)", vmm_binary().display()));
+    }
+    if Command::new("musl-gcc").arg("--version").output().is_err() {
+        return Some("musl-gcc is not installed".into());
+    }
+    None
+}
+
+macro_rules! require_kvm {
+    () => {
+        if let Some(why) = kvm_missing() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(label: &str) -> TempDir {
+        let path = std::env::temp_dir().join(format!("clowder-cli-{label}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+struct TestDaemon {
+    dir: TempDir,
+}
+
+impl TestDaemon {
+    fn start(label: &str) -> TestDaemon {
+        let dir = TempDir::new(label);
+        let socket = dir.0.join("clowderd.sock");
+        let launcher = VmmLauncher { vmm: vmm_binary(), kernel: kernel_image(), runtime_dir: dir.0.clone() };
+        let config = DaemonConfig {
+            vmm: vmm_binary(),
+            kernel: kernel_image(),
+            oneshot_memory: 64 << 20,
+            isolate_cores: false,
+            liveness: Liveness { hello_timeout: Duration::from_secs(5), ..Liveness::default() },
+            admin_group: None,
+        };
+        let daemon = Daemon::new(config, Box::new(launcher));
+        let listener = server::bind(&socket).unwrap();
+        std::thread::spawn(move || server::serve(daemon, listener));
+        TestDaemon { dir }
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.0.join("clowderd.sock")
+    }
+
+    fn clowder(&self, args: &[&str], cwd: &Path) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_clowder")).args(args).current_dir(cwd).env("CLOWDER_SOCKET", self.socket()).output().unwrap()
+    }
+
+    fn call(&self, request: Value) -> Value {
+        Client::connect_to(&self.socket()).unwrap().call(&request).unwrap()
+    }
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Builds a static musl program from C source in `dir`.
+fn build_program(dir: &Path, name: &str, source: &str) -> PathBuf {
+    let source_path = dir.join(format!("{name}.c"));
+    std::fs::write(&source_path, source).unwrap();
+    let binary = dir.join(name);
+    let status = Command::new("musl-gcc").args(["-static", "-O2", "-o"]).arg(&binary).arg(&source_path).status().unwrap();
+    assert!(status.success(), "musl-gcc failed for {name}");
+    binary
+}
+
+const HELLO: &str = r#"#include <stdio.h>
+int main(int argc, char **argv) {
+    printf("hello %s from %s\n", argc > 1 ? argv[1] : "nobody", argv[0]);
+    return 7;
+}
+"#;
+
+const SPIN: &str = r#"#include <stdio.h>
+int main(void) {
+    printf("spinning\n");
+    fflush(stdout);
+    for (volatile unsigned long i = 0;; i++) {}
+}
+"#;
+
+#[test]
+fn a_missing_daemon_says_how_to_start_it() {
+    let dir = TempDir::new("no-daemon");
+    let output = Command::new(env!("CARGO_BIN_EXE_clowder"))
+        .args(["enclave", "ls"])
+        .env("CLOWDER_SOCKET", dir.0.join("nobody.sock"))
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let message = stderr(&output);
+    assert!(message.contains("clowderd is not running") && message.contains("Start it as root with: clowderd &"), "{message}");
+    assert!(message.contains("CLOWDER_SOCKET"), "{message}");
+}
+
+#[test]
+fn cli_mistakes_and_bad_requests_get_errors_that_say_what_to_do() {
+    let daemon = TestDaemon::start("bad-input");
+    let here = daemon.dir.0.clone();
+    let usage = daemon.clowder(&["enclave", "create", "--mem", "1G"], &here);
+    assert_eq!(usage.status.code(), Some(2));
+    assert!(stderr(&usage).contains("needs --name NAME"), "{}", stderr(&usage));
+
+    let unknown = daemon.clowder(&["enclave", "rm", "nope"], &here);
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(stderr(&unknown).contains("no enclave named nope; there are no enclaves; create one with"), "{}", stderr(&unknown));
+
+    let too_many = daemon.clowder(&["enclave", "create", "--name", "big", "--cores", "200", "--mem", "64M"], &here);
+    assert_eq!(too_many.status.code(), Some(1));
+    let message = stderr(&too_many);
+    assert!(message.contains("asked for 200 cores, only") && message.contains("free:"), "{message}");
+
+    let not_a_count = daemon.clowder(&["enclave", "create", "--name", "x", "--cores", "4000", "--mem", "64M"], &here);
+    assert!(stderr(&not_a_count).contains("count from 1 to 255"), "{}", stderr(&not_a_count));
+    let offline = daemon.clowder(&["enclave", "create", "--name", "x", "--cores", "4000-4001", "--mem", "64M"], &here);
+    assert!(stderr(&offline).contains("core 4000 is not online"), "{}", stderr(&offline));
+
+    let hugepages = daemon.clowder(&["enclave", "create", "--name", "h", "--mem", "1T", "--hugepages"], &here);
+    assert!(stderr(&hugepages).contains("hugepages"), "{}", stderr(&hugepages));
+
+    let run_unknown = daemon.clowder(&["run", "--enclave", "ghost", env!("CARGO_BIN_EXE_clowder")], &here);
+    assert!(stderr(&run_unknown).contains("no enclave named ghost"), "{}", stderr(&run_unknown));
+
+    let xemem = daemon.clowder(&["xemem", "ls"], &here);
+    assert_eq!(xemem.status.code(), Some(1));
+    assert!(stderr(&xemem).contains("xemem is not implemented yet"), "{}", stderr(&xemem));
+
+    let listing = daemon.clowder(&["--json", "enclave", "ls"], &here);
+    let listing: Value = serde_json::from_str(&stdout(&listing)).unwrap();
+    assert_eq!(listing["ok"], true);
+    assert_eq!(listing["enclaves"], json!([]));
+}
+
+#[test]
+fn malformed_api_requests_get_errors_and_the_connection_survives() {
+    let daemon = TestDaemon::start("raw-api");
+    let stream = UnixStream::connect(daemon.socket()).unwrap();
+    let mut writer = stream.try_clone().unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut ask = |line: &[u8]| -> Value {
+        writer.write_all(line).unwrap();
+        writer.write_all(b"\n").unwrap();
+        let mut reply = String::new();
+        reader.read_line(&mut reply).unwrap();
+        serde_json::from_str(&reply).unwrap()
+    };
+    let error = |reply: Value| reply["error"].as_str().unwrap().to_string();
+    assert!(error(ask(b"this is not json")).contains("malformed request"));
+    assert!(error(ask(b"[]")).contains("JSON object"));
+    assert!(error(ask(br#"{"op":"fly"}"#)).contains("unknown op"));
+    assert!(error(ask(br#"{"op":"create","name":"../etc","mem":"1G"}"#)).contains("enclave name"));
+    assert!(error(ask(br#"{"op":"create","name":"a","mem":"1G","cores":"x"}"#)).contains("`cores`"));
+    assert!(error(ask(br#"{"op":"run","argv":["a"],"cwd":"/"}"#)).contains("file descriptors"));
+    assert!(error(ask(&vec![b'x'; 300 * 1024])).contains("longer than"));
+    assert_eq!(ask(br#"{"op":"ls"}"#)["ok"], true);
+}
+
+#[test]
+fn a_one_shot_run_streams_output_and_returns_the_status() {
+    require_kvm!();
+    let daemon = TestDaemon::start("one-shot");
+    let hello = build_program(&daemon.dir.0, "hello", HELLO);
+    let output = daemon.clowder(&["run", "./hello", "world"], &daemon.dir.0);
+    assert_eq!(stdout(&output), "hello world from ./hello\n", "stderr: {}", stderr(&output));
+    assert_eq!(output.status.code(), Some(7), "the job's status is the CLI's");
+
+    let json_run = daemon.clowder(&["--json", "run", hello.to_str().unwrap()], &daemon.dir.0);
+    let lines: Vec<Value> = stdout(&json_run).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.first().unwrap()["event"], "started");
+    let output: String = lines.iter().filter(|l| l["event"] == "output").filter_map(|l| l["text"].as_str()).collect();
+    assert_eq!(output, format!("hello nobody from {}\n", hello.display()));
+    assert!(lines.iter().any(|l| l["event"] == "log" && l["text"] == "job exited with status 7"));
+    assert_eq!(lines.last().unwrap()["status"], 7);
+
+    // One-shot enclaves disappear with their job, and their cores with them.
+    assert_eq!(daemon.call(json!({"op": "ls"}))["enclaves"], json!([]));
+}
+
+/// Waits until a one-shot enclave runs and returns its clowder-vmm pid.
+fn one_shot_pid(daemon: &TestDaemon) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let list = daemon.call(json!({"op": "ls"}));
+        if let Some(pid) = list["enclaves"].as_array().unwrap().iter().find_map(|e| e["pid"].as_u64()) {
+            return pid as u32;
+        }
+        assert!(Instant::now() < deadline, "the one-shot enclave never showed up: {list}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_vmm_killed_from_outside_is_reported_and_the_daemon_keeps_serving() {
+    require_kvm!();
+    let daemon = TestDaemon::start("containment");
+    build_program(&daemon.dir.0, "spin", SPIN);
+    build_program(&daemon.dir.0, "hello", HELLO);
+    let socket = daemon.socket();
+    let work = daemon.dir.0.clone();
+    let (spinning_tx, spinning) = std::sync::mpsc::channel();
+    let spinner = std::thread::spawn(move || {
+        let binary = File::open(work.join("spin")).unwrap();
+        let dir = File::open(&work).unwrap();
+        let request = json!({"op": "run", "argv": ["spin"], "cwd": work.to_str().unwrap()});
+        let mut output = String::new();
+        let reply = Client::connect_to(&socket)
+            .unwrap()
+            .call_streaming(&request, &[binary.as_raw_fd(), dir.as_raw_fd()], &mut |event| {
+                if let (Some("output"), Some(text)) = (event["event"].as_str(), event["text"].as_str()) {
+                    output.push_str(text);
+                    if output.contains("spinning") {
+                        let _ = spinning_tx.send(());
+                    }
+                }
+            })
+            .unwrap();
+        (reply, output)
+    });
+    let pid = one_shot_pid(&daemon);
+    spinning.recv_timeout(Duration::from_secs(30)).expect("the spinning job printed");
+
+    // While one enclave spins, another job runs beside it (the host has at least two cores).
+    if clowderd::cores::usable_cores().unwrap().len() >= 2 {
+        let beside = daemon.clowder(&["run", "./hello", "beside"], &daemon.dir.0);
+        assert_eq!(stdout(&beside), "hello beside from ./hello\n", "{}", stderr(&beside));
+    }
+
+    clowderd::sys::send_signal(pid, libc::SIGKILL).unwrap();
+    let (reply, output) = spinner.join().unwrap();
+    assert_eq!(reply["ok"], false);
+    let error = reply["error"].as_str().unwrap();
+    assert!(error.contains("clowder-vmm was killed by signal 9 (SIGKILL)") && error.contains(&pid.to_string()), "{error}");
+    assert_eq!(output, "spinning\n");
+
+    let list = daemon.call(json!({"op": "ls"}));
+    assert_eq!(list["enclaves"], json!([]), "the dead enclave is gone: {list}");
+    let removed = &list["removed"][0];
+    assert!(removed["reason"].as_str().unwrap().contains("killed by signal 9"), "{list}");
+    let name = removed["name"].as_str().unwrap();
+    let logs = daemon.clowder(&["logs", name], &daemon.dir.0);
+    assert!(stdout(&logs).contains("killed by signal 9"), "{}", stdout(&logs));
+
+    let after = daemon.clowder(&["run", "./hello", "after"], &daemon.dir.0);
+    assert_eq!(stdout(&after), "hello after from ./hello\n", "{}", stderr(&after));
+    assert_eq!(after.status.code(), Some(7));
+}
+
+#[test]
+fn a_kernel_without_the_channel_protocol_cannot_back_a_persistent_enclave_yet() {
+    require_kvm!();
+    let daemon = TestDaemon::start("persistent-lwk");
+    let output = daemon.clowder(&["enclave", "create", "--name", "sim", "--cores", "1", "--mem", "64M"], &daemon.dir.0);
+    if output.status.success() {
+        // The LWK speaks the protocol now: the enclave must be listed and removable.
+        let listing = daemon.clowder(&["enclave", "ls"], &daemon.dir.0);
+        assert!(stdout(&listing).contains("sim"), "{}", stdout(&listing));
+        assert!(daemon.clowder(&["enclave", "rm", "sim"], &daemon.dir.0).status.success());
+        return;
+    }
+    let message = stderr(&output);
+    assert!(message.contains("enclave sim did not start") && message.contains("clowder run without --enclave"), "{message}");
+    let logs = daemon.clowder(&["logs", "sim"], &daemon.dir.0);
+    assert!(stdout(&logs).contains("did not start"), "{}", stdout(&logs));
+}
