@@ -8,6 +8,8 @@
 #   LIBCS=musl kernels/lwk/test.sh          # one libc
 #   RUNNER=vmm kernels/lwk/test.sh          # under clowder-vmm on /dev/kvm instead of QEMU
 #   CLOWDER_VMM=path/to/clowder-vmm RUNNER=vmm kernels/lwk/test.sh   # a prebuilt VMM
+#   VMM_ARGS="--protocol direct64 --cpus 2" RUNNER=vmm kernels/lwk/test.sh   # SMP: every vCPU
+#                                           # starts at the entry (PVH would need INIT/SIPI)
 #
 # The job gets the command line `lwk.env=GREETING=hello -- NAME one "two words"`; the host
 # run gets the same argv and environment.
@@ -37,7 +39,7 @@ run_in_lwk() {
     local binary=$1 name=$2 output=$3 console="$3.console" machine_status
     local command_line="lwk.env=GREETING=hello -- $name one \"two words\""
     if [ "$runner" = vmm ]; then
-        timeout 120 "$vmm" --kernel "$kernel" --module "$binary" --mem 256M --cmdline "$command_line" \
+        timeout 120 "$vmm" --kernel "$kernel" --module "$binary" --mem 256M ${VMM_ARGS:-} --cmdline "$command_line" \
             >"$console" 2>"$output.vmm-stderr"
         machine_status=$?
     else

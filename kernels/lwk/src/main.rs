@@ -31,6 +31,7 @@ extern "C" fn kernel_main(start_info: u64) -> ! {
     let boot_tsc = arch::cpu::read_tsc();
     arch::serial::init();
     arch::tables::init_boot_cpu();
+    sched::mark_cpu_tables_ready();
     arch::cpu::mask_legacy_pics();
     let boot = match BootInfo::parse(start_info) {
         Ok(boot) => boot,
@@ -56,6 +57,23 @@ extern "C" fn kernel_main(start_info: u64) -> ! {
         Ok(frame) => arch::trap::enter_user(&frame),
         Err(error) => panic!("cannot load the job: {error:?}"),
     }
+}
+
+/// Every other vCPU of a 64-bit direct start arrives here (RDI = its index) on its own stack,
+/// while CPU 0 boots; it loads its tables and joins the scheduler once the job is loaded.
+#[no_mangle]
+extern "C" fn ap_main(cpu: u64) -> ! {
+    // Whether RDTSCP exists is learnt by CPU 0; wait until it has set up the shared tables.
+    while !sched::cpu_tables_ready() {
+        core::hint::spin_loop();
+    }
+    if !arch::tables::can_run_smp() {
+        arch::cpu::halt_forever();
+    }
+    arch::tables::init_cpu(cpu as usize, 0);
+    arch::cpu::enable_user_fpu();
+    arch::paging::enable_global_pages();
+    sched::join_cpu(cpu as usize)
 }
 
 #[panic_handler]

@@ -1,12 +1,16 @@
-//! Threads of the job and their scheduling: one run queue, round-robin, switching only when
-//! the running thread blocks (futex), yields or exits. No timer ticks: a thread that owns its
-//! CPU is never interrupted.
+//! Threads of the job and their scheduling, Kitten-style: every CPU has its own run queue,
+//! round-robin; a CPU switches only when its running thread blocks (futex), yields or exits.
+//! No timer ticks: a thread that owns its CPU is never interrupted. A CPU with nothing to
+//! run polls its queue in its idle loop.
+//!
+//! Placement: a new thread goes to the online CPU with the fewest threads (the lowest index
+//! on ties) and stays there.
 
 use crate::arch::cpu::{self, MSR_FS_BASE, MSR_GS_BASE};
 use crate::arch::paging::PAGE_SIZE;
 use crate::arch::phys;
 use crate::arch::sync::SpinLock;
-use crate::arch::tables;
+use crate::arch::tables::{self, MAX_CPUS};
 use crate::arch::trap::{self, TrapFrame, KERNEL_STACK_SIZE, MAX_THREADS};
 use crate::clock;
 use crate::console::log;
@@ -14,6 +18,7 @@ use crate::job;
 use crate::mm::pmem;
 use alloc::collections::{BTreeMap, VecDeque};
 use alloc::vec::Vec;
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum State {
@@ -31,6 +36,8 @@ pub enum WaitResult {
 }
 
 struct Thread {
+    /// The CPU the thread runs on.
+    cpu: usize,
     /// Kernel context slot (`arch::trap`).
     slot: usize,
     stack_top: u64,
@@ -44,25 +51,71 @@ struct Thread {
     clear_child_tid: u64,
 }
 
-struct Scheduler {
-    threads: BTreeMap<u64, Thread>,
+#[derive(Default)]
+struct Cpu {
+    online: bool,
+    /// The running thread; `None` while the idle loop runs.
+    current: Option<u64>,
     run_queue: VecDeque<u64>,
-    current: u64,
-    next_tid: u64,
-    free_slots: Vec<usize>,
-    /// Kernel stacks of exited threads, freed once another thread runs.
+    /// Kernel stacks of threads that exited here, freed once this CPU has left them.
     exited_stacks: Vec<u64>,
 }
 
+struct Scheduler {
+    threads: BTreeMap<u64, Thread>,
+    cpus: Vec<Cpu>,
+    next_tid: u64,
+    free_slots: Vec<usize>,
+}
+
 static SCHEDULER: SpinLock<Option<Scheduler>> = SpinLock::new(None);
+/// Each CPU's run-queue length, for its idle loop to poll without taking the lock.
+static QUEUED: [AtomicUsize; MAX_CPUS] = [const { AtomicUsize::new(0) }; MAX_CPUS];
+/// Set once the main thread exists: the other CPUs may join.
+static CPUS_RELEASED: AtomicBool = AtomicBool::new(false);
+/// Set once CPU 0 has filled the shared IDT: the other CPUs may load their tables.
+static CPU_TABLES_READY: AtomicBool = AtomicBool::new(false);
+
+pub fn mark_cpu_tables_ready() {
+    CPU_TABLES_READY.store(true, Ordering::Release);
+}
+
+pub fn cpu_tables_ready() -> bool {
+    CPU_TABLES_READY.load(Ordering::Acquire)
+}
 
 fn with_scheduler<R>(f: impl FnOnce(&mut Scheduler) -> R) -> R {
     f(SCHEDULER.lock().as_mut().expect("no job threads yet"))
 }
 
-/// Records the job's main thread (tid = pid), running on the boot trap stack.
+impl Scheduler {
+    fn current(&self, cpu: usize) -> u64 {
+        self.cpus[cpu].current.expect("a thread runs on this CPU")
+    }
+
+    fn current_thread(&mut self, cpu: usize) -> &mut Thread {
+        let tid = self.current(cpu);
+        self.threads.get_mut(&tid).expect("current thread")
+    }
+
+    fn enqueue(&mut self, tid: u64) {
+        let cpu = self.threads[&tid].cpu;
+        self.cpus[cpu].run_queue.push_back(tid);
+        QUEUED[cpu].store(self.cpus[cpu].run_queue.len(), Ordering::Release);
+    }
+
+    fn dequeue(&mut self, cpu: usize) -> Option<u64> {
+        let next = self.cpus[cpu].run_queue.pop_front();
+        QUEUED[cpu].store(self.cpus[cpu].run_queue.len(), Ordering::Release);
+        next
+    }
+}
+
+/// Records the job's main thread (tid = pid), running on CPU 0 on the boot trap stack, and
+/// lets the other CPUs join.
 pub fn init_main_thread() {
     let main = Thread {
+        cpu: 0,
         slot: 0,
         stack_top: tables::trap_stack_top(),
         stack_physical: None,
@@ -72,47 +125,147 @@ pub fn init_main_thread() {
         gs_base: 0,
         clear_child_tid: 0,
     };
+    // CPU 0 booted on a stack it has left; its idle loop gets a stack of its own.
+    let idle_stack = pmem::allocate(KERNEL_STACK_SIZE, PAGE_SIZE).expect("no memory for the idle stack");
+    trap::prepare_kernel_context(trap::idle_slot(0), phys::to_virtual(idle_stack) + KERNEL_STACK_SIZE, idle_entry);
     let mut threads = BTreeMap::new();
     threads.insert(job::PID, main);
-    *SCHEDULER.lock() = Some(Scheduler {
-        threads,
-        run_queue: VecDeque::new(),
-        current: job::PID,
-        next_tid: job::PID + 1,
-        free_slots: (1..MAX_THREADS).rev().collect(),
-        exited_stacks: Vec::new(),
+    let mut cpus: Vec<Cpu> = (0..MAX_CPUS).map(|_| Cpu::default()).collect();
+    cpus[0].online = true;
+    cpus[0].current = Some(job::PID);
+    *SCHEDULER.lock() = Some(Scheduler { threads, cpus, next_tid: job::PID + 1, free_slots: (1..MAX_THREADS).rev().collect() });
+    CPUS_RELEASED.store(true, Ordering::Release);
+}
+
+/// Called by each other CPU once its own tables are loaded: waits for the job, joins the
+/// scheduler and runs its idle loop.
+pub fn join_cpu(cpu: usize) -> ! {
+    while !CPUS_RELEASED.load(Ordering::Acquire) {
+        core::hint::spin_loop();
+    }
+    // Threads run in the job's address space, which CPU 0 switched to when it loaded the job.
+    job::with_process(|process| process.memory.aspace.activate());
+    with_scheduler(|scheduler| scheduler.cpus[cpu].online = true);
+    idle_loop(cpu)
+}
+
+/// Bit n set for each online CPU n.
+pub fn online_cpu_mask() -> u64 {
+    with_scheduler(|scheduler| scheduler.cpus.iter().enumerate().filter(|(_, cpu)| cpu.online).map(|(index, _)| 1u64 << index).sum())
+}
+
+extern "C" fn idle_entry() -> ! {
+    idle_loop(tables::current_cpu())
+}
+
+/// How many idle polls pass between checks for expired timed waits and dead-lock.
+const IDLE_CHECK_INTERVAL: u32 = 1024;
+
+fn idle_loop(cpu: usize) -> ! {
+    let mut polls = 0u32;
+    loop {
+        polls = polls.wrapping_add(1);
+        if QUEUED[cpu].load(Ordering::Acquire) == 0 && polls % IDLE_CHECK_INTERVAL != 0 {
+            core::hint::spin_loop();
+            continue;
+        }
+        let next = with_scheduler(|scheduler| {
+            expire_timed_waits(scheduler, cpu);
+            if cpu == 0 && scheduler.threads.values().all(|thread| matches!(thread.state, State::Waiting { deadline: None, .. })) {
+                log!("every thread of the job waits on a futex that nobody can wake: dead-lock");
+                job::exit(128 + 9);
+            }
+            let next = scheduler.dequeue(cpu)?;
+            Some(enter_thread(scheduler, cpu, next))
+        });
+        if let Some((slot, stack_top)) = next {
+            trap::switch_context(cpu, trap::idle_slot(cpu), slot, stack_top);
+            free_exited_stacks(cpu);
+        }
+    }
+}
+
+/// Makes `next` the running thread of `cpu`; returns its context slot and stack.
+fn enter_thread(scheduler: &mut Scheduler, cpu: usize, next: u64) -> (usize, u64) {
+    scheduler.cpus[cpu].current = Some(next);
+    let thread = &scheduler.threads[&next];
+    cpu::write_msr(MSR_FS_BASE, thread.fs_base);
+    cpu::write_msr(MSR_GS_BASE, thread.gs_base);
+    (thread.slot, thread.stack_top)
+}
+
+/// Wakes this CPU's threads whose timed wait has expired.
+fn expire_timed_waits(scheduler: &mut Scheduler, cpu: usize) {
+    let now = clock::monotonic_ns();
+    let expired: Vec<u64> = scheduler
+        .threads
+        .iter()
+        .filter(|(_, thread)| thread.cpu == cpu && matches!(thread.state, State::Waiting { deadline: Some(deadline), .. } if deadline <= now))
+        .map(|(&tid, _)| tid)
+        .collect();
+    for tid in expired {
+        let thread = scheduler.threads.get_mut(&tid).expect("waiting thread");
+        thread.state = State::Runnable;
+        thread.wait_result = WaitResult::TimedOut;
+        scheduler.enqueue(tid);
+    }
+}
+
+/// Leaves `cpu` to its next runnable thread, or to its idle loop, after `prepare` has said
+/// why (changing the current thread's state, under the lock) and returned the current
+/// thread's context slot. Returns when the current thread runs again.
+fn leave_cpu(prepare: impl FnOnce(&mut Scheduler) -> usize, cpu: usize) {
+    let (from, to, stack_top) = with_scheduler(|scheduler| {
+        let from = prepare(scheduler);
+        match scheduler.dequeue(cpu) {
+            Some(next) => {
+                let (to, stack_top) = enter_thread(scheduler, cpu, next);
+                (from, to, stack_top)
+            }
+            None => {
+                scheduler.cpus[cpu].current = None;
+                (from, trap::idle_slot(cpu), 0)
+            }
+        }
     });
+    if from != to {
+        trap::switch_context(cpu, from, to, stack_top);
+    }
+    free_exited_stacks(cpu);
+}
+
+fn free_exited_stacks(cpu: usize) {
+    let stacks = with_scheduler(|scheduler| core::mem::take(&mut scheduler.cpus[cpu].exited_stacks));
+    for stack in stacks {
+        pmem::free(stack, KERNEL_STACK_SIZE);
+    }
 }
 
 pub fn current_tid() -> u64 {
-    with_scheduler(|scheduler| scheduler.current)
+    let cpu = tables::current_cpu();
+    with_scheduler(|scheduler| scheduler.current(cpu))
 }
 
 pub fn set_clear_child_tid(address: u64) {
-    with_scheduler(|scheduler| {
-        let current = scheduler.current;
-        scheduler.threads.get_mut(&current).expect("current thread").clear_child_tid = address;
-    });
+    let cpu = tables::current_cpu();
+    with_scheduler(|scheduler| scheduler.current_thread(cpu).clear_child_tid = address);
 }
 
 /// The current thread's FS base (its TLS pointer).
 pub fn current_fs_base() -> u64 {
-    with_scheduler(|scheduler| scheduler.threads[&scheduler.current].fs_base)
+    let cpu = tables::current_cpu();
+    with_scheduler(|scheduler| scheduler.current_thread(cpu).fs_base)
 }
 
 pub fn set_fs_base(base: u64) {
-    with_scheduler(|scheduler| {
-        let current = scheduler.current;
-        scheduler.threads.get_mut(&current).expect("current thread").fs_base = base;
-    });
+    let cpu = tables::current_cpu();
+    with_scheduler(|scheduler| scheduler.current_thread(cpu).fs_base = base);
     cpu::write_msr(MSR_FS_BASE, base);
 }
 
 pub fn set_gs_base(base: u64) {
-    with_scheduler(|scheduler| {
-        let current = scheduler.current;
-        scheduler.threads.get_mut(&current).expect("current thread").gs_base = base;
-    });
+    let cpu = tables::current_cpu();
+    with_scheduler(|scheduler| scheduler.current_thread(cpu).gs_base = base);
     cpu::write_msr(MSR_GS_BASE, base);
 }
 
@@ -122,18 +275,24 @@ pub enum SpawnError {
     NoMemory,
 }
 
-/// A new thread that starts in user mode with `frame`; it runs when the current one blocks,
-/// yields or exits.
+/// A new thread that starts in user mode with `frame`, on the least loaded CPU.
 pub fn spawn(frame: &TrapFrame, fs_base: u64, clear_child_tid: u64) -> Result<u64, SpawnError> {
     let stack_physical = pmem::allocate(KERNEL_STACK_SIZE, PAGE_SIZE).ok_or(SpawnError::NoMemory)?;
     let stack_top = phys::to_virtual(stack_physical) + KERNEL_STACK_SIZE;
+    let caller_cpu = tables::current_cpu();
     let result = with_scheduler(|scheduler| {
         let slot = scheduler.free_slots.pop().ok_or(SpawnError::TooManyThreads)?;
         let tid = scheduler.next_tid;
         scheduler.next_tid += 1;
-        let gs_base = scheduler.threads[&scheduler.current].gs_base;
+        let mut load = [0usize; MAX_CPUS];
+        for thread in scheduler.threads.values() {
+            load[thread.cpu] += 1;
+        }
+        let cpu = (0..MAX_CPUS).filter(|&cpu| scheduler.cpus[cpu].online).min_by_key(|&cpu| (load[cpu], cpu)).unwrap_or(0);
+        let gs_base = scheduler.current_thread(caller_cpu).gs_base;
         trap::prepare_thread(slot, stack_top, frame);
         let thread = Thread {
+            cpu,
             slot,
             stack_top,
             stack_physical: Some(stack_physical),
@@ -144,7 +303,7 @@ pub fn spawn(frame: &TrapFrame, fs_base: u64, clear_child_tid: u64) -> Result<u6
             clear_child_tid,
         };
         scheduler.threads.insert(tid, thread);
-        scheduler.run_queue.push_back(tid);
+        scheduler.enqueue(tid);
         Ok(tid)
     });
     if result.is_err() {
@@ -153,93 +312,46 @@ pub fn spawn(frame: &TrapFrame, fs_base: u64, clear_child_tid: u64) -> Result<u6
     result
 }
 
-/// Picks the next thread to run. With nothing runnable but timed waits, waits (spinning on
-/// the clock: there is no timer interrupt) for the earliest deadline. With every thread
-/// waiting for ever, the job is dead-locked and ends as if killed (SIGKILL).
-fn pick_next(scheduler: &mut Scheduler) -> u64 {
-    loop {
-        if let Some(next) = scheduler.run_queue.pop_front() {
-            return next;
-        }
-        let earliest = scheduler
-            .threads
-            .iter()
-            .filter_map(|(&tid, thread)| match thread.state {
-                State::Waiting { deadline: Some(deadline), .. } => Some((deadline, tid)),
-                _ => None,
-            })
-            .min();
-        let Some((deadline, tid)) = earliest else {
-            log!("every thread of the job waits on a futex that nobody can wake: dead-lock");
-            job::exit(128 + 9)
-        };
-        while clock::monotonic_ns() < deadline {
-            core::hint::spin_loop();
-        }
-        let thread = scheduler.threads.get_mut(&tid).expect("waiting thread");
-        thread.state = State::Runnable;
-        thread.wait_result = WaitResult::TimedOut;
-        scheduler.run_queue.push_back(tid);
-    }
-}
-
-/// Leaves the CPU to `next` (the current thread's state already says why) and returns when
-/// the current thread runs again. `exited_slot` is the slot of a current thread that has
-/// just been removed.
-fn switch_to(next: u64, exited_slot: Option<usize>) {
-    let switch = with_scheduler(|scheduler| {
-        let previous = scheduler.current;
-        if next == previous {
-            return None;
-        }
-        scheduler.current = next;
-        let to = &scheduler.threads[&next];
-        cpu::write_msr(MSR_FS_BASE, to.fs_base);
-        cpu::write_msr(MSR_GS_BASE, to.gs_base);
-        let from_slot = exited_slot.unwrap_or_else(|| scheduler.threads[&previous].slot);
-        Some((from_slot, to.slot, to.stack_top))
-    });
-    if let Some((from, to, stack_top)) = switch {
-        trap::switch_thread(from, to, stack_top);
-    }
-    free_exited_stacks();
-}
-
-fn free_exited_stacks() {
-    let stacks = with_scheduler(|scheduler| core::mem::take(&mut scheduler.exited_stacks));
-    for stack in stacks {
-        pmem::free(stack, KERNEL_STACK_SIZE);
-    }
-}
-
-/// sched_yield: the next runnable thread runs; the current one goes to the back of the queue.
+/// sched_yield: the next runnable thread of this CPU runs; the current one goes to the back
+/// of the queue.
 pub fn yield_now() {
-    let next = with_scheduler(|scheduler| {
-        let next = scheduler.run_queue.pop_front()?;
-        let current = scheduler.current;
-        scheduler.run_queue.push_back(current);
-        Some(next)
-    });
-    if let Some(next) = next {
-        switch_to(next, None);
+    let cpu = tables::current_cpu();
+    if QUEUED[cpu].load(Ordering::Acquire) == 0 {
+        return;
     }
+    leave_cpu(
+        |scheduler| {
+            let current = scheduler.current(cpu);
+            scheduler.enqueue(current);
+            scheduler.threads[&current].slot
+        },
+        cpu,
+    );
 }
 
 /// Blocks the current thread on the futex word at `address` if `still_expected()` holds
 /// (checked with the scheduler locked, so no wake is lost in between).
 pub fn wait(address: u64, bitset: u32, deadline: Option<u64>, still_expected: impl FnOnce() -> bool) -> Option<WaitResult> {
-    let next = with_scheduler(|scheduler| {
-        if !still_expected() {
-            return None;
-        }
-        let current = scheduler.current;
-        let thread = scheduler.threads.get_mut(&current).expect("current thread");
-        thread.state = State::Waiting { address, bitset, deadline };
-        thread.wait_result = WaitResult::Woken;
-        Some(pick_next(scheduler))
-    })?;
-    switch_to(next, None);
-    Some(with_scheduler(|scheduler| scheduler.threads[&scheduler.current].wait_result))
+    let cpu = tables::current_cpu();
+    let mut expected = false;
+    leave_cpu(
+        |scheduler| {
+            let thread = scheduler.current_thread(cpu);
+            let slot = thread.slot;
+            expected = still_expected();
+            if expected {
+                thread.state = State::Waiting { address, bitset, deadline };
+                thread.wait_result = WaitResult::Woken;
+            } else {
+                // Not blocking after all: stay, by running ourselves next.
+                let current = scheduler.current(cpu);
+                scheduler.cpus[cpu].run_queue.push_front(current);
+            }
+            slot
+        },
+        cpu,
+    );
+    expected.then(|| with_scheduler(|scheduler| scheduler.current_thread(cpu).wait_result))
 }
 
 /// Wakes up to `count` threads waiting on `address` whose bitset meets `bitset`.
@@ -248,20 +360,18 @@ pub fn wake(address: u64, count: u64, bitset: u32) -> u64 {
 }
 
 fn wake_locked(scheduler: &mut Scheduler, address: u64, count: u64, bitset: u32) -> u64 {
-    let mut woken = 0;
-    for (&tid, thread) in scheduler.threads.iter_mut() {
-        if woken == count {
-            break;
-        }
-        if let State::Waiting { address: waiting_on, bitset: wanted, .. } = thread.state {
-            if waiting_on == address && wanted & bitset != 0 {
-                thread.state = State::Runnable;
-                scheduler.run_queue.push_back(tid);
-                woken += 1;
-            }
-        }
+    let waiting: Vec<u64> = scheduler
+        .threads
+        .iter()
+        .filter(|(_, thread)| matches!(thread.state, State::Waiting { address: on, bitset: wanted, .. } if on == address && wanted & bitset != 0))
+        .map(|(&tid, _)| tid)
+        .take(count as usize)
+        .collect();
+    for &tid in &waiting {
+        scheduler.threads.get_mut(&tid).expect("waiting thread").state = State::Runnable;
+        scheduler.enqueue(tid);
     }
-    woken
+    waiting.len() as u64
 }
 
 /// FUTEX_REQUEUE: wakes up to `wake_count` waiters of `from` and moves up to `move_count`
@@ -287,25 +397,25 @@ pub fn requeue(from: u64, to: u64, wake_count: u64, move_count: u64) -> u64 {
 
 /// Ends the current thread. The last thread's exit ends the job with `status`.
 pub fn exit_current(status: u8) -> ! {
-    let (clear_child_tid, last) = with_scheduler(|scheduler| {
-        let thread = &scheduler.threads[&scheduler.current];
-        (thread.clear_child_tid, scheduler.threads.len() == 1)
-    });
-    if last {
-        job::exit(status);
-    }
+    let cpu = tables::current_cpu();
+    let clear_child_tid = with_scheduler(|scheduler| scheduler.current_thread(cpu).clear_child_tid);
     if clear_child_tid != 0 {
         // pthread_join waits for this word to become zero.
         let _ = trap::copy_to_user(clear_child_tid, &0u32.to_le_bytes());
         wake(clear_child_tid, 1, u32::MAX);
     }
-    let (next, slot) = with_scheduler(|scheduler| {
-        let current = scheduler.current;
-        let thread = scheduler.threads.remove(&current).expect("current thread");
-        scheduler.free_slots.push(thread.slot);
-        scheduler.exited_stacks.extend(thread.stack_physical);
-        (pick_next(scheduler), thread.slot)
-    });
-    switch_to(next, Some(slot));
+    leave_cpu(
+        |scheduler| {
+            let current = scheduler.current(cpu);
+            let thread = scheduler.threads.remove(&current).expect("current thread");
+            if scheduler.threads.is_empty() {
+                job::exit(status);
+            }
+            scheduler.free_slots.push(thread.slot);
+            scheduler.cpus[cpu].exited_stacks.extend(thread.stack_physical);
+            thread.slot
+        },
+        cpu,
+    );
     unreachable!("an exited thread was resumed")
 }

@@ -36,8 +36,9 @@ pub fn handle(frame: &mut TrapFrame) {
         if !RING3_SYSCALL_REPORTED.swap(true, Ordering::Relaxed) {
             log!("SYSCALL stays in ring 3 on this host: system calls arrive as ud2 faults");
             job::map_ring3_syscall_page();
-            trap::redirect_syscall_to_ring3_page();
         }
+        // Each CPU learns it from its own first system call: LSTAR is per CPU.
+        trap::redirect_syscall_to_ring3_page();
         frame.return_as_syscall();
         frame.rax = dispatch_with_frame(frame);
     } else if frame.from_user() {

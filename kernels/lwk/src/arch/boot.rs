@@ -1,5 +1,7 @@
 //! First instructions: the PVH 32-bit entry and the 64-bit direct entry both end up on the
-//! boot stack in the higher half, calling `kernel_main(start_info_phys)`.
+//! boot stack in the higher half, calling `kernel_main(start_info_phys)`. In a 64-bit direct
+//! start every vCPU enters at once with its index in RDI: vCPU 0 boots, the others run
+//! `ap_main(index)` on their own stacks.
 //!
 //! The boot page tables are static data: they identity-map the low 1 GiB (so the stub keeps
 //! running when paging turns on), map the same 1 GiB at the physical-memory window
@@ -53,11 +55,12 @@ boot_entry64:
        (RDI = vCPU index, RSI = hvm_start_info, RSP = 0). Only vCPU 0 boots the kernel; the
        others park until SMP support brings them in. */
     cli
-    test %rdi, %rdi
-    jnz 3f
+    cmp ${max_cpus}, %rdi
+    jae 3f                             /* more vCPUs than the kernel handles: park */
     mov $boot_pml4, %eax
     mov %rax, %cr3
-    mov %rsi, %r12                     /* EFER: make sure NXE and SCE are on in both paths */
+    mov %rsi, %r12
+    mov %rdi, %r13                     /* EFER: make sure NXE and SCE are on in both paths */
     mov $0xc0000080, %ecx
     rdmsr
     or $0x901, %eax
@@ -74,14 +77,24 @@ boot_entry64:
     mov %eax, %fs
     mov %eax, %gs
     movabs $boot_stack_top, %rsp
-    pushq $0x08
+    test %r13, %r13
+    jz 4f
+    movabs $ap_stacks, %rsp            /* vCPU n > 0: the n-th AP stack */
+    mov %r13, %rax
+    shl ${ap_stack_shift}, %rax
+    add %rax, %rsp
+4:  pushq $0x08
     movabs $1f, %rax
     push %rax
     lretq                              /* reload CS and jump to the higher half at once */
 1:
-    mov %r12, %rdi
     xor %ebp, %ebp
+    test %r13, %r13
+    jnz 5f
+    mov %r12, %rdi
     call kernel_main
+5:  mov %r13, %rdi
+    call ap_main
 2:  hlt
     jmp 2b
 3:  hlt
@@ -122,7 +135,20 @@ boot_gdt_pointer:
     .balign 16
     .space 262144
 boot_stack_top:
+
+    /* The other CPUs' first stacks, which become their idle loops' stacks; stack n ends at
+       ap_stacks + n * size (n >= 1). */
+    .section .bss.ap_stacks, "aw", @nobits
+    .balign 16
+ap_stacks:
+    .space {ap_stack_size} * ({max_cpus} - 1)
     .text
 "#,
+    max_cpus = const super::tables::MAX_CPUS,
+    ap_stack_shift = const AP_STACK_SHIFT,
+    ap_stack_size = const 1u64 << AP_STACK_SHIFT,
     options(att_syntax)
 );
+
+/// Each AP's boot (and idle) stack is 32 KiB.
+const AP_STACK_SHIFT: u32 = 15;

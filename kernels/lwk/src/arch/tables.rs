@@ -1,4 +1,4 @@
-//! GDT, TSS, IDT and the per-CPU block reached through GS: loaded once on the boot CPU.
+//! GDT, TSS, IDT and the per-CPU block reached through GS: one of each per CPU, the IDT shared.
 
 use super::cpu::{self, MSR_GS_BASE, MSR_KERNEL_GS_BASE, MSR_LSTAR, MSR_SFMASK, MSR_STAR};
 use core::arch::asm;
@@ -13,11 +13,14 @@ const TSS_SELECTOR: u16 = 0x28;
 
 const TRAP_STACK_SIZE: usize = 64 * 1024;
 const DOUBLE_FAULT_STACK_SIZE: usize = 16 * 1024;
+/// The most CPUs the kernel brings up.
+pub const MAX_CPUS: usize = 16;
 
 #[repr(C, align(16))]
 struct Stack<const N: usize>([u8; N]);
 
 #[repr(C, packed)]
+#[derive(Clone, Copy)]
 struct TaskStateSegment {
     reserved0: u32,
     rsp: [u64; 3],
@@ -40,8 +43,9 @@ struct IdtEntry {
     reserved: u32,
 }
 
-/// What the entry code finds at `%gs:offset`; the offsets are used by `trap.rs`.
+/// What the entry code finds at `%gs:offset` after SWAPGS; the offsets are used by `trap.rs`.
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct PerCpu {
     self_pointer: u64,
     /// Offset 8: the stack the SYSCALL path switches to (the same as TSS.RSP0).
@@ -51,9 +55,10 @@ pub struct PerCpu {
     cpu_index: u64,
 }
 
+/// The main thread's kernel stack (it starts on CPU 0).
 static mut TRAP_STACK: Stack<TRAP_STACK_SIZE> = Stack([0; TRAP_STACK_SIZE]);
-static mut DOUBLE_FAULT_STACK: Stack<DOUBLE_FAULT_STACK_SIZE> = Stack([0; DOUBLE_FAULT_STACK_SIZE]);
-static mut TSS: TaskStateSegment = TaskStateSegment {
+static mut DOUBLE_FAULT_STACKS: [Stack<DOUBLE_FAULT_STACK_SIZE>; MAX_CPUS] = [const { Stack([0; DOUBLE_FAULT_STACK_SIZE]) }; MAX_CPUS];
+static mut TSS: [TaskStateSegment; MAX_CPUS] = [TaskStateSegment {
     reserved0: 0,
     rsp: [0; 3],
     reserved1: 0,
@@ -61,8 +66,8 @@ static mut TSS: TaskStateSegment = TaskStateSegment {
     reserved2: 0,
     reserved3: 0,
     io_map_base: size_of::<TaskStateSegment>() as u16, // no I/O bitmap: user port I/O faults
-};
-static mut GDT: [u64; 7] = [
+}; MAX_CPUS];
+static mut GDT: [[u64; 7]; MAX_CPUS] = [[
     0,
     0x00af_9a00_0000_ffff, // kernel code, 64-bit
     0x00cf_9200_0000_ffff, // kernel data
@@ -70,7 +75,7 @@ static mut GDT: [u64; 7] = [
     0x00af_fa00_0000_ffff, // user code, 64-bit
     0,                     // TSS, low half (filled in at init)
     0,                     // TSS, high half
-];
+]; MAX_CPUS];
 static mut IDT: [IdtEntry; 32] = [IdtEntry {
     offset_low: 0,
     selector: 0,
@@ -80,7 +85,7 @@ static mut IDT: [IdtEntry; 32] = [IdtEntry {
     offset_high: 0,
     reserved: 0,
 }; 32];
-static mut PER_CPU: PerCpu = PerCpu { self_pointer: 0, trap_stack_top: 0, user_rsp_scratch: 0, cpu_index: 0 };
+static mut PER_CPU: [PerCpu; MAX_CPUS] = [PerCpu { self_pointer: 0, trap_stack_top: 0, user_rsp_scratch: 0, cpu_index: 0 }; MAX_CPUS];
 
 #[repr(C, packed)]
 struct DescriptorPointer {
@@ -88,37 +93,83 @@ struct DescriptorPointer {
     base: u64,
 }
 
-/// The top of the stack traps from user mode run on; `enter_user` builds its frame there.
+/// The top of the main thread's kernel stack; `enter_user` builds its frame there.
 pub fn trap_stack_top() -> u64 {
     (&raw const TRAP_STACK) as u64 + TRAP_STACK_SIZE as u64
 }
 
-/// The stack traps from user mode land on while the current thread runs.
-pub fn set_kernel_stack(top: u64) {
-    // SAFETY: one CPU, interrupts off: nothing reads these fields while they change.
+/// The stack traps from user mode land on while the current thread of `cpu` runs.
+pub fn set_kernel_stack(cpu: usize, top: u64) {
+    // SAFETY: only `cpu` itself changes its own entries, with interrupts off.
     unsafe {
-        TSS.rsp[0] = top;
-        PER_CPU.trap_stack_top = top;
+        TSS[cpu].rsp[0] = top;
+        PER_CPU[cpu].trap_stack_top = top;
     }
 }
 
-pub fn init_boot_cpu() {
-    let trap_stack_top = trap_stack_top();
-    // SAFETY: runs once on the boot CPU before any trap or user entry, so nothing else reads
-    // these tables while they are written; their addresses stay valid for the kernel's life.
-    unsafe {
-        let double_fault_top = (&raw const DOUBLE_FAULT_STACK) as u64 + DOUBLE_FAULT_STACK_SIZE as u64;
-        TSS.rsp[0] = trap_stack_top;
-        TSS.ist[0] = double_fault_top;
+const MSR_TSC_AUX: u32 = 0xc000_0103;
 
-        let tss_base = (&raw const TSS) as u64;
+static HAS_RDTSCP: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// True if the CPU can tell its index (RDTSCP), which the kernel needs to use more than one.
+pub fn can_run_smp() -> bool {
+    HAS_RDTSCP.load(core::sync::atomic::Ordering::Relaxed)
+}
+
+/// The index of the CPU running this code (kept in TSC_AUX, read with RDTSCP; 0 without it).
+pub fn current_cpu() -> usize {
+    if !can_run_smp() {
+        return 0;
+    }
+    let index: u32;
+    // SAFETY: RDTSCP only writes EAX, EDX and ECX.
+    unsafe { asm!("rdtscp", out("ecx") index, out("eax") _, out("edx") _, options(nomem, nostack, preserves_flags)) }
+    index as usize
+}
+
+/// Fills the IDT (shared by all CPUs) and loads CPU 0's tables.
+pub fn init_boot_cpu() {
+    let has_rdtscp = cpu::cpuid(0x8000_0001, 0).edx & (1 << 27) != 0;
+    HAS_RDTSCP.store(has_rdtscp, core::sync::atomic::Ordering::Relaxed);
+    let stubs = super::trap::exception_stubs_start();
+    // SAFETY: runs once on the boot CPU before any other CPU runs kernel code.
+    unsafe {
+        for vector in 0..32 {
+            let handler = stubs + vector as u64 * super::trap::EXCEPTION_STUB_SIZE;
+            // Breakpoint may be raised by user `int3` (DPL 3); the double fault gets its own
+            // stack so a kernel stack overflow still produces a report.
+            let dpl = if vector == 3 { 3 } else { 0 };
+            IDT[vector] = IdtEntry {
+                offset_low: handler as u16,
+                selector: KERNEL_CODE,
+                ist: if vector == 8 { 1 } else { 0 },
+                attributes: 0x8e | dpl << 5,
+                offset_mid: (handler >> 16) as u16,
+                offset_high: (handler >> 32) as u32,
+                reserved: 0,
+            };
+        }
+    }
+    init_cpu(0, trap_stack_top());
+}
+
+/// Loads `cpu`'s GDT, TSS and per-CPU block, the shared IDT and the SYSCALL MSRs.
+pub fn init_cpu(cpu: usize, trap_stack_top: u64) {
+    // SAFETY: each CPU writes only its own entries, once, before it takes any trap; the
+    // tables' addresses stay valid for the kernel's life.
+    unsafe {
+        let double_fault_top = (&raw const DOUBLE_FAULT_STACKS[cpu]) as u64 + DOUBLE_FAULT_STACK_SIZE as u64;
+        TSS[cpu].rsp[0] = trap_stack_top;
+        TSS[cpu].ist[0] = double_fault_top;
+
+        let tss_base = (&raw const TSS[cpu]) as u64;
         let tss_limit = size_of::<TaskStateSegment>() as u64 - 1;
-        GDT[5] = tss_limit
+        GDT[cpu][5] = tss_limit
             | (tss_base & 0xff_ffff) << 16
             | 0x89 << 40 // present, 64-bit available TSS
             | ((tss_base >> 24) & 0xff) << 56;
-        GDT[6] = tss_base >> 32;
-        let gdt_pointer = DescriptorPointer { limit: size_of::<[u64; 7]>() as u16 - 1, base: (&raw const GDT) as u64 };
+        GDT[cpu][6] = tss_base >> 32;
+        let gdt_pointer = DescriptorPointer { limit: size_of::<[u64; 7]>() as u16 - 1, base: (&raw const GDT[cpu]) as u64 };
         asm!(
             "lgdt [{gdt}]",
             "mov ss, {data:x}",
@@ -136,35 +187,23 @@ pub fn init_boot_cpu() {
             tss = in(reg) TSS_SELECTOR as u64,
             scratch = out(reg) _,
         );
-
-        let stubs = super::trap::exception_stubs_start();
-        for vector in 0..32 {
-            let handler = stubs + vector as u64 * super::trap::EXCEPTION_STUB_SIZE;
-            // Breakpoint may be raised by user `int3` (DPL 3); the double fault gets its own
-            // stack so a kernel stack overflow still produces a report.
-            let dpl = if vector == 3 { 3 } else { 0 };
-            IDT[vector] = IdtEntry {
-                offset_low: handler as u16,
-                selector: KERNEL_CODE,
-                ist: if vector == 8 { 1 } else { 0 },
-                attributes: 0x8e | dpl << 5,
-                offset_mid: (handler >> 16) as u16,
-                offset_high: (handler >> 32) as u32,
-                reserved: 0,
-            };
-        }
         let idt_pointer = DescriptorPointer { limit: size_of::<[IdtEntry; 32]>() as u16 - 1, base: (&raw const IDT) as u64 };
         asm!("lidt [{}]", in(reg) &idt_pointer, options(nostack));
 
-        PER_CPU.self_pointer = (&raw const PER_CPU) as u64;
-        PER_CPU.trap_stack_top = trap_stack_top;
-        PER_CPU.cpu_index = 0;
+        PER_CPU[cpu].self_pointer = (&raw const PER_CPU[cpu]) as u64;
+        PER_CPU[cpu].trap_stack_top = trap_stack_top;
+        PER_CPU[cpu].cpu_index = cpu as u64;
     }
     // GS holds the user's base (zero at first) everywhere; the ring-0 SYSCALL entry swaps in
     // the per-CPU block only to find its stack.
     cpu::write_msr(MSR_GS_BASE, 0);
-    cpu::write_msr(MSR_KERNEL_GS_BASE, (&raw const PER_CPU) as u64);
+    // SAFETY: only the address is taken.
+    cpu::write_msr(MSR_KERNEL_GS_BASE, unsafe { (&raw const PER_CPU[cpu]) as u64 });
+    if can_run_smp() {
+        cpu::write_msr(MSR_TSC_AUX, cpu as u64);
+    }
 
+    // SYSRET would take user SS from STAR[63:48] + 8 and CS from + 16 (0x18, 0x20).
     cpu::write_msr(MSR_STAR, (KERNEL_DATA as u64) << 48 | (KERNEL_CODE as u64) << 32);
     cpu::write_msr(MSR_LSTAR, super::trap::syscall_entry_address());
     // Cleared on entry: IF, TF, DF, AC, NT.

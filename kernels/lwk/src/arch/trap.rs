@@ -289,10 +289,17 @@ pub fn syscall_entry_address() -> u64 {
     &raw const syscall_entry as u64
 }
 
-/// Thread contexts: each job thread has a kernel stack, and a thread that is not running keeps
-/// its kernel RSP in its slot here (the thread's other kernel registers are on that stack).
+/// Kernel contexts: each job thread, and each CPU's idle loop, has a kernel stack; a context
+/// that is not running keeps its kernel RSP in its slot here (its other kernel registers are
+/// on that stack). Slots below `MAX_THREADS` are threads', the others CPUs' idle loops.
 pub const MAX_THREADS: usize = 256;
-static SAVED_RSP: [core::sync::atomic::AtomicU64; MAX_THREADS] = [const { core::sync::atomic::AtomicU64::new(0) }; MAX_THREADS];
+const CONTEXT_SLOTS: usize = MAX_THREADS + super::tables::MAX_CPUS;
+static SAVED_RSP: [core::sync::atomic::AtomicU64; CONTEXT_SLOTS] = [const { core::sync::atomic::AtomicU64::new(0) }; CONTEXT_SLOTS];
+
+/// The context slot of `cpu`'s idle loop.
+pub fn idle_slot(cpu: usize) -> usize {
+    MAX_THREADS + cpu
+}
 pub const KERNEL_STACK_SIZE: u64 = 32 * 1024;
 
 /// Prepares the kernel stack ending at `stack_top` (a fresh allocation of
@@ -312,10 +319,30 @@ pub fn prepare_thread(slot: usize, stack_top: u64, frame: &TrapFrame) {
     SAVED_RSP[slot].store(saved_rsp, core::sync::atomic::Ordering::Relaxed);
 }
 
-/// Suspends the running thread (slot `from`) and resumes the thread of slot `to`, whose
-/// kernel stack ends at `to_stack_top`. Returns when some thread switches back to `from`.
-pub fn switch_thread(from: usize, to: usize, to_stack_top: u64) {
-    super::tables::set_kernel_stack(to_stack_top);
+/// Prepares a kernel-only context (a CPU's idle loop) on the stack ending at `stack_top`:
+/// the first switch to `slot` calls `entry`.
+pub fn prepare_kernel_context(slot: usize, stack_top: u64, entry: extern "C" fn() -> !) {
+    // Below a zero word (keeping `entry`'s stack aligned as after a call): the return address
+    // `switch_kernel_stacks` takes, then its six saved registers.
+    let return_slot = stack_top - 16;
+    let saved_rsp = return_slot - 6 * 8;
+    // SAFETY: the stack is memory reserved for this context; the writes stay in its top 64
+    // bytes.
+    unsafe {
+        ((stack_top - 8) as *mut u64).write(0);
+        (return_slot as *mut u64).write(entry as usize as u64);
+        core::ptr::write_bytes(saved_rsp as *mut u64, 0, 6);
+    }
+    SAVED_RSP[slot].store(saved_rsp, core::sync::atomic::Ordering::Relaxed);
+}
+
+/// Suspends the running context (slot `from`) of this CPU and resumes slot `to`, whose kernel
+/// stack ends at `to_stack_top` (0 for an idle loop, which takes no user traps). Returns when
+/// something switches back to `from`.
+pub fn switch_context(cpu: usize, from: usize, to: usize, to_stack_top: u64) {
+    if to_stack_top != 0 {
+        super::tables::set_kernel_stack(cpu, to_stack_top);
+    }
     // SAFETY: `to` was saved by an earlier switch or prepared by `prepare_thread`, so its RSP
     // points at callee-saved registers and a return address; interrupts are off.
     unsafe { switch_kernel_stacks(SAVED_RSP[from].as_ptr(), SAVED_RSP[to].load(core::sync::atomic::Ordering::Relaxed)) }

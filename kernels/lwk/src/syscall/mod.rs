@@ -88,6 +88,7 @@ syscall_table! {
     200 => tkill,
     201 => time,
     202 => futex,
+    204 => sched_getaffinity,
     218 => set_tid_address,
     228 => clock_gettime,
     229 => clock_getres,
