@@ -61,7 +61,11 @@ for n in 2 3; do
 		$DEXRUN -n $n "$BUILD/coherence" pingpong 2 2000
 	check_output "stack read by others while its thread migrates ($n nodes)" "PASS stackread" \
 		$DEXRUN -n $n "$BUILD/coherence" stackread 4 300
+	check_output "file I/O from a node; read() at the origin into a page a node holds ($n nodes)" "PASS fileio" \
+		$DEXRUN -n $n "$BUILD/coherence" fileio
 done
+check_output "Popcorn API: migrate() with callback, node info, error codes, tid" "PASS popcorn" \
+	$DEXRUN -n 2 "$BUILD/popcorn_compat"
 
 # concurrent faults on one page are coalesced (leader/follower): 4 threads on
 # node 1 read the same 256 pages together; at most one request per page
