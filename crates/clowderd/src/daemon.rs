@@ -244,10 +244,17 @@ impl Daemon {
     }
 
     fn describe_entry(name: &str, entry: &Entry) -> Value {
-        let (mode, state, pid, jobs) = match &entry.occupant {
-            Occupant::Starting => ("persistent", "starting".to_string(), None, 0),
-            Occupant::Persistent(enclave) => ("persistent", "ready".to_string(), enclave.pid, enclave.running_jobs()),
-            Occupant::OneShot { pid, job, .. } => ("one-shot", format!("running {job}"), Some(*pid), 1),
+        let (mode, state, pid, jobs, protocol) = match &entry.occupant {
+            Occupant::Starting => ("persistent", "starting".to_string(), None, 0, Value::Null),
+            Occupant::Persistent(enclave) => (
+                "persistent",
+                "ready".to_string(),
+                enclave.pid,
+                enclave.running_jobs(),
+                json!({"version": enclave_proto::PROTOCOL_VERSION, "vcpus": enclave.kernel_vcpus}),
+            ),
+            // A one-shot enclave's kernel takes its job from the command line, not the channel.
+            Occupant::OneShot { pid, job, .. } => ("one-shot", format!("running {job}"), Some(*pid), 1, Value::Null),
         };
         json!({
             "name": name,
@@ -260,6 +267,7 @@ impl Daemon {
             "pid": pid,
             "jobs": jobs,
             "created": unix_seconds(entry.created),
+            "channel": protocol,
         })
     }
 

@@ -121,10 +121,6 @@ impl JobFiles {
         JobFiles { root, root_path, handles: HashMap::new(), next_handle: 1 }
     }
 
-    pub fn open_handles(&self) -> usize {
-        self.handles.len()
-    }
-
     /// Serves one request. `ram` is the enclave's memory, where read and write buffers live.
     pub fn serve(&mut self, op: &FileOp<'_>, ram: &GuestRam) -> Served {
         let mut refusal = None;

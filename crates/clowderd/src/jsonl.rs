@@ -26,10 +26,6 @@ impl LineSocket {
         LineSocket { stream, pending: Vec::new(), discarding: false }
     }
 
-    pub fn stream(&self) -> &UnixStream {
-        &self.stream
-    }
-
     /// The next line and the descriptors that came with it; `None` at end of stream. A line
     /// longer than the limit is an `InvalidData` error, after which reading resumes at the
     /// next line.
