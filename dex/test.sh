@@ -117,6 +117,10 @@ app_runs ep 4 20
 app_runs ep --naive 4 18
 app_runs kmeans 4 60000 8 6
 app_runs kmeans --naive 4 20000 8 4
+app_runs grp 4 4
+app_runs grp --naive 4 1
+app_runs blk 4 65536 2
+app_runs blk --naive 4 16384 1
 
 # 6. failure: kill a node mid-run
 MARK=424242421

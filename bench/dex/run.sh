@@ -76,5 +76,11 @@ scale_row() { # label plain-1-thread plain-2-threads dex-args
 		"$build/kmeans 2 2000000 16 10" "$build/kmeans 2 2000000 16 10"
 	scale_row "KMN naive (400k points)" "$build/kmeans 1 400000 16 10" "$build/kmeans --naive 2 400000 16 10" \
 		"$build/kmeans --naive 2 400000 16 10"
+	scale_row "GRP optimised (64 MiB text)" "$build/grp 1 64" "$build/grp 2 64" "$build/grp 2 64"
+	scale_row "GRP naive (16 MiB text)" "$build/grp 1 16" "$build/grp --naive 2 16" "$build/grp --naive 2 16"
+	scale_row "BLK optimised (1M options, 4 rounds)" "$build/blk 1 1048576 4" "$build/blk 2 1048576 4" \
+		"$build/blk 2 1048576 4"
+	scale_row "BLK naive (256k options, 1 round)" "$build/blk 1 262144 1" "$build/blk --naive 2 262144 1" \
+		"$build/blk --naive 2 262144 1"
 } | tee "$root/docs/results/dex-bench.md"
 rm -f "$out.mig" "$out.fault"

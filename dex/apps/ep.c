@@ -60,8 +60,7 @@ static void add_pair(struct tally *t, double x, double y)
 static void *run(void *arg)
 {
 	struct job *job = arg;
-	if (dex_nodes() > 1)
-		dex_migrate(job->index % dex_nodes());
+	dex_migrate(job->index % dex_nodes()); /* DEX port: go to this thread's node */
 	struct tally local;
 	memset(&local, 0, sizeof(local));
 	struct tally *target = job->naive ? job->slot : &local;
@@ -75,8 +74,7 @@ static void *run(void *arg)
 	}
 	if (!job->naive)
 		*job->slot = local;
-	if (dex_node() != 0)
-		dex_migrate(0);
+	dex_migrate(0); /* DEX port: back to the origin */
 	return NULL;
 }
 

@@ -61,8 +61,7 @@ static int nearest(int32_t x, int32_t y)
 static void *worker(void *arg)
 {
 	int index = (int)(long)arg;
-	if (dex_nodes() > 1)
-		dex_migrate(index % dex_nodes());
+	dex_migrate(index % dex_nodes()); /* DEX port: go to this thread's node */
 	long first = npoints * index / threads, last = npoints * (index + 1) / threads;
 	struct partial *mine = naive ? &naive_partials[index] : partials[index];
 	struct partial local;
@@ -104,8 +103,7 @@ static void *worker(void *arg)
 		}
 		pthread_barrier_wait(&barrier);
 	}
-	if (dex_node() != 0)
-		dex_migrate(0);
+	dex_migrate(0); /* DEX port: back to the origin */
 	return NULL;
 }
 
