@@ -5,7 +5,8 @@
 //! Requests (`op`): `stats`, `pause`, `resume`, `stop`, `memory` (→ RAM memfd), `channel`
 //! (→ RAM memfd, doorbell eventfd, interrupt eventfd), `add_region` (with one fd: `offset`, `len`,
 //! optional `gpa`), `remove_region` (`slot`), `translate` (`gpa`, `len` → runs naming the fds
-//! sent with the reply). Replies have `"ok": true` or `"ok": false, "error": "..."`; a malformed
+//! sent with the reply), `profile` (`vcpu`, `steps`: single-step that many instructions and
+//! count kernel/user instructions and kernel entries). Replies have `"ok": true` or `"ok": false, "error": "..."`; a malformed
 //! request gets an error reply and the connection stays usable.
 
 use std::fs::File;
@@ -173,7 +174,25 @@ pub fn handle_request(vm: &VmHandle, line: &[u8], files: &[File]) -> (Value, Vec
                 Err(e) => error(e.to_string()),
             }
         }
-        other => error(format!("unknown op {other:?} (stats, pause, resume, stop, memory, channel, add_region, remove_region, translate)")),
+        "profile" => {
+            let (vcpu, steps) = match (field_u64(&request, "vcpu"), field_u64(&request, "steps")) {
+                (Ok(v), Ok(s)) => (v as usize, s),
+                (Err(e), _) | (_, Err(e)) => return error(e),
+            };
+            match vm.profile_instructions(vcpu, steps, std::time::Duration::from_secs(60)) {
+                Ok(p) => (
+                    ok(json!({
+                        "steps": p.steps, "kernel": p.kernel, "user": p.user,
+                        "kernel_entries": p.kernel_entries, "kernel_per_entry": p.kernel_per_entry(),
+                    })),
+                    vec![],
+                ),
+                Err(e) => error(e.to_string()),
+            }
+        }
+        other => error(format!(
+            "unknown op {other:?} (stats, pause, resume, stop, memory, channel, add_region, remove_region, translate, profile)"
+        )),
     }
 }
 

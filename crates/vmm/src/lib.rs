@@ -12,6 +12,7 @@ pub mod devices;
 pub mod hooks;
 pub mod interrupts;
 pub mod memory;
+pub mod profile;
 pub mod stop;
 pub mod vcpu;
 pub mod vm;

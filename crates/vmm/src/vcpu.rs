@@ -9,6 +9,7 @@ use kvm_bindings::{kvm_fpu, kvm_mp_state, CpuId, Msrs, kvm_msr_entry, KVM_MP_STA
 use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd};
 
 use crate::arch::{cpuid, regs};
+use crate::profile;
 use crate::hooks::{ExitContext, ExitKind, HookRegistry, Outcome, Request};
 use crate::stop::{RegisterDump, StopReason};
 use crate::vm::{RunState, VmShared};
@@ -150,6 +151,8 @@ enum ExitAction {
     Fault(Fault),
     /// A write to the hypercall port: the arguments are in the registers.
     Hypercall { width: usize },
+    /// One instruction of an instruction-profile window.
+    SingleStep,
 }
 
 enum Fault {
@@ -161,13 +164,24 @@ enum Fault {
 }
 
 /// The vCPU thread body: runs until the VM stops, then returns.
-pub fn run_loop(mut vcpu: VcpuFd, index: usize, registry: Arc<HookRegistry>, shared: Arc<VmShared>, policy: UnhandledPorts) {
+pub fn run_loop(
+    mut vcpu: VcpuFd,
+    index: usize,
+    registry: Arc<HookRegistry>,
+    shared: Arc<VmShared>,
+    policy: UnhandledPorts,
+    memory: vm_memory::GuestMemoryMmap,
+) {
     let mut reported_ports = std::collections::BTreeSet::new();
     // Have KVM copy the general registers into kvm_run on every exit: a hypercall then reads its
     // arguments and writes its result without KVM_GET_REGS/KVM_SET_REGS, which cost ~20 µs each
     // on PVM (the copy itself is ~150 bytes).
     vcpu.set_sync_valid_reg(SyncReg::Register);
+    let mut stepping: Option<profile::Stepping> = None;
     while shared.wait_runnable() == RunState::Running {
+        if stepping.is_none() {
+            stepping = profile::start_if_requested(&shared.profile_requests, index, &mut vcpu);
+        }
         let ctx = ExitContext { vcpu: index };
         let action = match vcpu.run() {
             Ok(exit) => {
@@ -183,10 +197,19 @@ pub fn run_loop(mut vcpu: VcpuFd, index: usize, registry: Arc<HookRegistry>, sha
         };
         let action = match action {
             ExitAction::Hypercall { width } => hypercall(&mut vcpu, &ctx, &registry, width),
+            ExitAction::SingleStep => match stepping.as_mut() {
+                Some(window) => {
+                    if window.step(&mut vcpu, &memory) {
+                        stepping = None;
+                    }
+                    ExitAction::Continue
+                }
+                None => ExitAction::Fault(Fault::Unhandled("a debug exit with no instruction profile running".into())),
+            },
             other => other,
         };
         let reason = match action {
-            ExitAction::Continue | ExitAction::Hypercall { .. } => continue,
+            ExitAction::Continue | ExitAction::Hypercall { .. } | ExitAction::SingleStep => continue,
             ExitAction::Stop(reason) => reason,
             ExitAction::Fault(fault) => {
                 let regs = register_dump(&vcpu);
@@ -199,6 +222,9 @@ pub fn run_loop(mut vcpu: VcpuFd, index: usize, registry: Arc<HookRegistry>, sha
             }
         };
         shared.stop(reason);
+    }
+    if let Some(window) = stepping {
+        window.abandon(&mut vcpu);
     }
     if matches!(shared.stop_reason(), Some(StopReason::Watchdog { .. })) {
         shared.record_watchdog_registers(index, register_dump(&vcpu));
@@ -329,6 +355,7 @@ fn dispatch(
             counters.count(ExitKind::Halt);
             ExitAction::Continue
         }
+        VcpuExit::Debug(_) => ExitAction::SingleStep,
         VcpuExit::Shutdown => {
             counters.count(ExitKind::Shutdown);
             ExitAction::Fault(Fault::TripleFault)

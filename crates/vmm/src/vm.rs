@@ -17,6 +17,7 @@ use crate::devices::{self, ChannelEndpoint, DeviceEnv, Report};
 use crate::hooks::{DeviceHandle, HookKey, HookRegistry, ExitCounters};
 use crate::interrupts::InterruptRouter;
 use crate::memory::{FileRun, GuestMemory, RegionInfo};
+use crate::profile::{InstructionProfile, ProfileRequests};
 use crate::stop::{RegisterDump, StopReason};
 use crate::vcpu::{self, UnhandledPorts, VcpuKick};
 use crate::VmError;
@@ -56,6 +57,7 @@ pub struct VmShared {
     /// Where each vCPU was when the watchdog stopped it: a hung guest makes no exit whose
     /// report could carry its registers.
     watchdog_registers: Mutex<Vec<(usize, Box<RegisterDump>)>>,
+    pub profile_requests: ProfileRequests,
 }
 
 impl VmShared {
@@ -71,6 +73,7 @@ impl VmShared {
             first_exit_seen: AtomicBool::new(false),
             kicks: Mutex::new(Vec::new()),
             watchdog_registers: Mutex::new(Vec::new()),
+            profile_requests: ProfileRequests::default(),
         }
     }
 
@@ -99,6 +102,12 @@ impl VmShared {
                 }
                 state => return state,
             }
+        }
+    }
+
+    fn kick(&self, vcpu: usize) {
+        if let Some(kick) = self.kicks.lock().unwrap().get(vcpu) {
+            kick.kick();
         }
     }
 
@@ -269,6 +278,26 @@ impl VmHandle {
         self.shared.events.lock().unwrap().reports.clone()
     }
 
+    /// Single-steps `steps` instructions of `vcpu` while the guest runs and classifies them
+    /// (see `profile`). Waits at most `timeout`.
+    pub fn profile_instructions(&self, vcpu: usize, steps: u64, timeout: Duration) -> Result<InstructionProfile, VmError> {
+        if vcpu >= self.vcpu_count {
+            return Err(VmError::State(format!("no vCPU {vcpu}: the VM has {}", self.vcpu_count)));
+        }
+        if steps == 0 || steps > crate::profile::MAX_STEPS {
+            return Err(VmError::State(format!("steps must be 1 to {}", crate::profile::MAX_STEPS)));
+        }
+        if self.state() != RunState::Running {
+            return Err(VmError::State(format!("cannot profile a VM that is {:?}", self.state())));
+        }
+        let reply = self.shared.profile_requests.submit(vcpu, steps).map_err(VmError::State)?;
+        self.shared.kick(vcpu);
+        reply.recv_timeout(timeout).map_err(|_| {
+            self.shared.profile_requests.cancel();
+            VmError::State(format!("vCPU {vcpu} did not finish {steps} steps within {timeout:?}"))
+        })
+    }
+
     /// Every device hook, as (device name, key).
     pub fn hooks(&self) -> Vec<(String, HookKey)> {
         self.registry.all()
@@ -393,6 +422,7 @@ impl Vm {
         for (index, mut vcpu) in self.pending_vcpus.drain(..).enumerate() {
             let core = self.config.vcpus[index].host_core;
             let registry = self.handle.registry.clone();
+            let memory = self.handle.memory.lock().unwrap().guest_memory().clone();
             let thread_shared = shared.clone();
             let immediate_exit = &mut vcpu.get_kvm_run().immediate_exit as *mut u8;
             let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -401,7 +431,7 @@ impl Vm {
                 .spawn(move || {
                     let pinned = core.map(vcpu::pin_to_core).transpose();
                     let _ = ready_tx.send(pinned.map(|_| ()));
-                    vcpu::run_loop(vcpu, index, registry, thread_shared, policy);
+                    vcpu::run_loop(vcpu, index, registry, thread_shared, policy, memory);
                 })
                 .map_err(|e| VmError::State(format!("spawning vCPU thread {index}: {e}")))?;
             if let Ok(Err(e)) = ready_rx.recv() {

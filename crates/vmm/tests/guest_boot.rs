@@ -7,7 +7,7 @@ mod guest_support;
 
 use std::collections::BTreeSet;
 
-use guest_support::{run, Guest, GuestSpec, Scratch};
+use guest_support::{run, Guest, GuestSpec, Scratch, GUEST_TIMEOUT};
 use vmm::arch::memmap::GuestLayout;
 use vmm::StopReason;
 
@@ -102,7 +102,7 @@ fn exit_port_status_becomes_the_stop_reason() {
 #[test]
 fn a_vm_paused_before_start_runs_nothing_until_resumed() {
     require_kvm!();
-    let scratch = guest_support::Scratch::new("paused");
+    let scratch = Scratch::new("paused");
     let mut vm = vmm::Vm::new(GuestSpec::new("test=exit status=7").config(&scratch)).unwrap();
     let handle = vm.handle();
     handle.pause().expect("a created VM can be paused");
@@ -111,7 +111,21 @@ fn a_vm_paused_before_start_runs_nothing_until_resumed() {
     assert_eq!(handle.state(), vmm::RunState::Paused);
     assert!(handle.exit_counters().iter().all(|(_, n)| *n == 0), "no guest code ran while paused");
     handle.resume().unwrap();
-    assert_eq!(vm.wait_timeout(guest_support::GUEST_TIMEOUT), Some(vmm::StopReason::GuestExit(7)));
+    assert_eq!(vm.wait_timeout(GUEST_TIMEOUT), Some(vmm::StopReason::GuestExit(7)));
+}
+
+#[test]
+fn instruction_profile_single_steps_a_running_guest() {
+    require_kvm!();
+    let guest = Guest::start(GuestSpec::new("test=nop-loop count=100000"));
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let profile = guest.handle.profile_instructions(0, 3000, GUEST_TIMEOUT).expect("profile completes");
+    // The test guest runs only in ring 0 and never returns to user mode.
+    assert_eq!((profile.steps, profile.kernel, profile.user, profile.kernel_entries), (3000, 3000, 0, 0));
+    assert!(guest.handle.profile_instructions(5, 10, GUEST_TIMEOUT).is_err(), "no vCPU 5");
+    assert!(guest.handle.profile_instructions(0, 0, GUEST_TIMEOUT).is_err(), "zero steps");
+    guest.handle.stop();
+    guest.finish();
 }
 
 #[test]
