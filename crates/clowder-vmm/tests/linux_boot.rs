@@ -9,6 +9,7 @@
 //! The kernel is fetched with apt-get (the Debian package registry), its compressed payload is
 //! unpacked to the uncompressed `vmlinux`, which carries a PVH entry note, so the guest skips the
 //! decompressor (most of a bzImage boot here). Files are cached in target/linux-guest.
+//! `noxsave`: PVM cannot emulate the kernel's XRSTOR and shows XSAVE regardless of CPUID.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -126,7 +127,7 @@ fn debian_kernel_prints_its_banner() {
         .arg(&kernel)
         .arg("--module")
         .arg(&initrd)
-        .args(["--mem", "512M", "--cpus", "1", "--unclaimed-ports", "log", "--cmdline", "console=ttyS0 panic=-1"])
+        .args(["--mem", "512M", "--cpus", "1", "--unclaimed-ports", "log", "--cmdline", "console=ttyS0 panic=-1 noxsave"])
         .stdout(Stdio::piped())
         .spawn()
         .expect("clowder-vmm starts");

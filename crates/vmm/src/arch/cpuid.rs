@@ -9,17 +9,14 @@ const LEAF_V2_EXTENDED_TOPOLOGY: u32 = 0x1f;
 const ECX_HYPERVISOR: u32 = 1 << 31;
 /// CPUID.1:ECX bit 13: CMPXCHG16B.
 const ECX_CX16: u32 = 1 << 13;
-/// CPUID.1:ECX bits 26-28: XSAVE, OSXSAVE, AVX (AVX state needs XSAVE).
-const ECX_XSAVE_AND_AVX: u32 = (1 << 26) | (1 << 27) | (1 << 28);
-const LEAF_XSAVE_STATE: u32 = 0xd;
 
 /// Host and guest facts that change what the guest may be told.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HostQuirks {
-    /// PVM emulates guest kernel-mode code, and its instruction emulator executes neither
-    /// CMPXCHG16B nor XSAVE/XRSTOR. A Linux guest uses both in its kernel (SLUB, FPU setup) and
-    /// dies, so for Linux guests on PVM these features are hidden (Linux falls back to FXSAVE).
-    /// clowder's LWK only enables AVX state with XSETBV, which works, so it keeps them.
+    /// PVM emulates guest kernel-mode code, and its instruction emulator cannot execute
+    /// CMPXCHG16B, which a Linux kernel uses in SLUB when CPUID offers it; so it is hidden from
+    /// Linux guests on PVM. (XSAVE/XRSTOR are not emulated either, but PVM reports XSAVE whatever
+    /// the CPUID table says: a Linux guest needs `noxsave` on its command line there.)
     pub hide_unemulated_features: bool,
 }
 
@@ -39,11 +36,8 @@ pub fn patch_for_vcpu(entries: &mut [kvm_cpuid_entry2], index: u32, count: u32, 
                 entry.ebx = (entry.ebx & 0x0000_ffff) | (index << 24) | ((count.min(255)) << 16);
                 entry.ecx |= ECX_HYPERVISOR;
                 if quirks.hide_unemulated_features {
-                    entry.ecx &= !(ECX_CX16 | ECX_XSAVE_AND_AVX);
+                    entry.ecx &= !ECX_CX16;
                 }
-            }
-            LEAF_XSAVE_STATE if quirks.hide_unemulated_features => {
-                (entry.eax, entry.ebx, entry.ecx, entry.edx) = (0, 0, 0, 0);
             }
             LEAF_EXTENDED_TOPOLOGY | LEAF_V2_EXTENDED_TOPOLOGY => entry.edx = index,
             _ => {}
@@ -72,6 +66,5 @@ mod tests {
         assert_ne!(entries[0].ecx & ECX_CX16, 0, "kept where the host can run it");
         patch_for_vcpu(&mut entries, 3, 4, HostQuirks { hide_unemulated_features: true });
         assert_eq!(entries[0].ecx & ECX_CX16, 0);
-        assert_eq!(entries[0].ecx & ECX_XSAVE_AND_AVX, 0);
     }
 }
