@@ -15,6 +15,7 @@ const USAGE: &str = "usage: clowder [--json] COMMAND
   enclave rm NAME
   run [--enclave NAME] [--cores N] [--heap SIZE] [--mem SIZE] [--env NAME=VALUE]... [--file PATH]... [-v]
       PROGRAM [ARGS...]      (without --enclave: a one-shot enclave made for the job)
+  run NAME PROGRAM [ARGS...] (the same as --enclave NAME)
   logs NAME
   xemem ls
 --json prints the daemon's replies (and job events) as JSON lines.";
@@ -176,7 +177,7 @@ fn run_command(args: &mut Arguments, json_output: bool) -> Result<u8, Failure> {
     let mut env = Vec::new();
     let mut input_paths = Vec::new();
     let mut verbose = false;
-    let program = loop {
+    let mut program = loop {
         let word = args.next().ok_or_else(|| Usage("run needs a PROGRAM".into()))?;
         match word.as_str() {
             "--enclave" => request["enclave"] = json!(args.value(&word)?),
@@ -194,6 +195,16 @@ fn run_command(args: &mut Arguments, json_output: bool) -> Result<u8, Failure> {
             _ => break word,
         }
     };
+    let mut rest = args.rest();
+    // `clowder run sim ./hpccg ...`: a first word that is no file, followed by one that is,
+    // names the enclave.
+    let names_enclave = request.get("enclave").is_none()
+        && !std::path::Path::new(&program).exists()
+        && rest.first().is_some_and(|next| std::path::Path::new(next).is_file());
+    if names_enclave {
+        request["enclave"] = json!(program);
+        program = rest.remove(0);
+    }
     let binary = File::open(&program).map_err(|e| Failure::Error(format!("cannot open {program}: {e}")))?;
     let cwd = std::env::current_dir().map_err(|e| Failure::Error(format!("cannot find the working directory: {e}")))?;
     let cwd_dir = File::open(&cwd).map_err(|e| Failure::Error(format!("cannot open {}: {e}", cwd.display())))?;
@@ -209,7 +220,7 @@ fn run_command(args: &mut Arguments, json_output: bool) -> Result<u8, Failure> {
         inputs.push(file);
     }
     let mut argv = vec![program.clone()];
-    argv.extend(args.rest());
+    argv.extend(rest);
     request["argv"] = json!(argv);
     request["env"] = json!(env);
     request["cwd"] = json!(cwd.to_string_lossy());

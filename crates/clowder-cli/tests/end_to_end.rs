@@ -191,6 +191,10 @@ fn cli_mistakes_and_bad_requests_get_errors_that_say_what_to_do() {
 
     let run_unknown = daemon.clowder(&["run", "--enclave", "ghost", env!("CARGO_BIN_EXE_clowder")], &here);
     assert!(stderr(&run_unknown).contains("no enclave named ghost"), "{}", stderr(&run_unknown));
+    let positional = daemon.clowder(&["run", "ghost", env!("CARGO_BIN_EXE_clowder"), "arg"], &here);
+    assert!(stderr(&positional).contains("no enclave named ghost"), "{}", stderr(&positional));
+    let no_program = daemon.clowder(&["run", "./does-not-exist"], &here);
+    assert!(stderr(&no_program).contains("cannot open ./does-not-exist"), "{}", stderr(&no_program));
 
     let xemem = daemon.clowder(&["xemem", "ls"], &here);
     assert_eq!(xemem.status.code(), Some(1));

@@ -27,14 +27,18 @@ fn read(path: &Path) -> Result<String, String> {
 impl Cpusets {
     /// Finds a writable cgroup-v1 cpuset hierarchy, or says why isolation is not possible here.
     pub fn detect() -> Result<Cpusets, String> {
-        let root = PathBuf::from(V1_ROOT);
+        Cpusets::at(PathBuf::from(V1_ROOT))
+    }
+
+    /// A cpuset hierarchy mounted at `root`.
+    pub fn at(root: PathBuf) -> Result<Cpusets, String> {
         if !root.join("cpuset.cpus").exists() {
-            return Err(format!("no cgroup-v1 cpuset hierarchy at {V1_ROOT}"));
+            return Err(format!("no cgroup-v1 cpuset hierarchy at {}", root.display()));
         }
         let probe = root.join(HOST_GROUP);
         if let Err(e) = std::fs::create_dir(&probe) {
             if e.kind() != std::io::ErrorKind::AlreadyExists {
-                return Err(format!("cannot create cpusets under {V1_ROOT}: {e}"));
+                return Err(format!("cannot create cpusets under {}: {e}", root.display()));
             }
         }
         Ok(Cpusets { root })
@@ -96,5 +100,31 @@ impl Cpusets {
             std::fs::remove_dir(&enclave_group).map_err(|e| format!("removing {}: {e}", enclave_group.display()))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory standing in for cgroupfs: its control files are plain files here.
+    #[test]
+    fn isolation_moves_host_processes_and_confines_the_vmm() {
+        let root = std::env::temp_dir().join(format!("clowder-cpuset-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(root.join("cpuset.cpus"), "0-3\n").unwrap();
+        std::fs::write(root.join("cpuset.mems"), "0\n").unwrap();
+        std::fs::write(root.join("cgroup.procs"), "1\n77\n300\n").unwrap();
+        let cpusets = Cpusets::at(root.clone()).unwrap();
+        let done = cpusets.isolate("sim", &[2, 3], &[0, 1].into(), 77).unwrap();
+        assert!(done.contains("moved 2 host processes to cores 0-1"), "{done}");
+        assert_eq!(read(&root.join("clowder-sim/cpuset.cpus")).unwrap(), "2-3");
+        assert_eq!(read(&root.join("clowder-sim/cpuset.mems")).unwrap(), "0");
+        assert_eq!(read(&root.join("clowder-sim/cgroup.procs")).unwrap(), "77");
+        assert_eq!(read(&root.join("clowder-host/cpuset.cpus")).unwrap(), "0-1");
+        assert!(cpusets.isolate("x", &[0], &BTreeSet::new(), 5).unwrap_err().contains("no cores"));
+        assert!(Cpusets::at(root.join("missing")).is_err());
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }

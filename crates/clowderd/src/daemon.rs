@@ -331,6 +331,27 @@ impl Daemon {
         }
     }
 
+    /// Tears every enclave down (the daemon is exiting): persistent ones are stopped, one-shot
+    /// machines killed; the clients of their jobs get errors.
+    pub fn shut_down_all(&self) {
+        let entries: Vec<(String, Entry)> = std::mem::take(&mut self.state.lock().unwrap().enclaves).into_iter().collect();
+        for (name, entry) in entries {
+            match entry.occupant {
+                Occupant::Persistent(enclave) => {
+                    let ended = enclave.stop();
+                    self.release_cpuset(&name);
+                    report(&format!("removed enclave {name}: {ended}"));
+                }
+                Occupant::OneShot { pid, .. } => {
+                    let _ = sys::send_signal(pid, libc::SIGKILL);
+                    report(&format!("stopped one-shot enclave {name} (clowder-vmm pid {pid})"));
+                }
+                // Its creator finds the name gone and stops the machine it is starting.
+                Occupant::Starting => {}
+            }
+        }
+    }
+
     fn run(self: &Arc<Self>, request: RunRequest, files: Vec<File>, events: &mut EventSink<'_>) -> Value {
         if files.len() != RUN_FIXED_FDS + request.files.len() {
             return error_reply(format!(

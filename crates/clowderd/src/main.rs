@@ -78,7 +78,37 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
     Ok(options)
 }
 
+/// Blocks SIGTERM and SIGINT in this thread and every thread started after it, so only the
+/// waiter started by `on_termination` receives them.
+fn block_termination_signals() -> libc::sigset_t {
+    // SAFETY: plain signal-mask manipulation on a zeroed set we own.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+/// On SIGTERM or SIGINT: tear the enclaves down (their VMMs would otherwise outlive the daemon),
+/// remove the socket, exit.
+fn on_termination(signals: libc::sigset_t, daemon: std::sync::Arc<Daemon>, socket: PathBuf) {
+    std::thread::spawn(move || {
+        let mut signal = 0;
+        // SAFETY: waits on the set blocked in every thread.
+        if unsafe { libc::sigwait(&signals, &mut signal) } == 0 {
+            eprintln!("clowderd: signal {signal}: removing all enclaves");
+            daemon.shut_down_all();
+            let _ = std::fs::remove_file(&socket);
+            std::process::exit(0);
+        }
+    });
+}
+
 fn main() -> ExitCode {
+    let signals = block_termination_signals();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let options = match parse_options(&args) {
         Ok(options) => options,
@@ -110,6 +140,7 @@ fn main() -> ExitCode {
     };
     eprintln!("clowderd: listening on {}", options.socket.display());
     let daemon = Daemon::new(config, Box::new(launcher));
+    on_termination(signals, daemon.clone(), options.socket.clone());
     if let Err(e) = server::serve(daemon, listener) {
         eprintln!("clowderd: accepting clients: {e}");
         return ExitCode::FAILURE;

@@ -81,7 +81,7 @@ pub struct OneShot {
     child: Child,
     console: mpsc::Receiver<RunEvent>,
     ending_rx: mpsc::Receiver<Ending>,
-    stderr: Arc<LogBook>,
+    diagnostics: std::thread::JoinHandle<Vec<String>>,
     /// Keeps the binary open while the VMM reads it through /proc.
     _binary: File,
 }
@@ -149,20 +149,18 @@ impl OneShot {
             deliver(splitter.finish(), &mut ending);
             let _ = ending_tx.send(ending);
         });
-        let stderr_log = Arc::new(LogBook::new(50));
-        {
-            let stderr_log = stderr_log.clone();
-            std::thread::spawn(move || {
-                let mut text = String::new();
-                let mut stderr = stderr;
-                let _ = stderr.read_to_string(&mut text);
-                for line in text.lines() {
-                    log.push(format!("vmm: {line}"));
-                    stderr_log.push(line);
-                }
-            });
-        }
-        Ok(OneShot { child, console, ending_rx, stderr: stderr_log, _binary: binary })
+        // The VMM's own diagnostics: into the enclave's log, and back to `finish` for errors.
+        let diagnostics = std::thread::spawn(move || {
+            let mut text = String::new();
+            let mut stderr = stderr;
+            let _ = stderr.read_to_string(&mut text);
+            let lines: Vec<String> = text.lines().map(String::from).collect();
+            for line in &lines {
+                log.push(format!("vmm: {line}"));
+            }
+            lines
+        });
+        Ok(OneShot { child, console, ending_rx, diagnostics, _binary: binary })
     }
 
     pub fn pid(&self) -> u32 {
@@ -183,9 +181,8 @@ impl OneShot {
     pub fn finish(mut self) -> Result<u32, String> {
         let status = self.child.wait().map_err(|e| format!("waiting for clowder-vmm: {e}"))?;
         let ending = self.ending_rx.recv().unwrap_or_default();
-        // The stderr reader finishes once the process is gone; give it a moment to catch up.
-        std::thread::sleep(Duration::from_millis(10));
-        let diagnostics = self.stderr.lines();
+        // Both readers end when the process is gone and its pipes close.
+        let diagnostics = self.diagnostics.join().unwrap_or_default();
         let diagnostics =
             if diagnostics.is_empty() { String::new() } else { format!("\nclowder-vmm said:\n  {}", diagnostics.join("\n  ")) };
         match (ending.status, ending.panic) {
