@@ -147,6 +147,48 @@ else
 	[ -n "$left" ] && kill -KILL $left
 fi
 
+# a killed origin: every node reports it and leaves
+MARK=424242424
+$DEXRUN -n 3 "$BUILD/coherence" pingpong 2 $MARK >"$LOG/out" 2>&1 &
+runner=$!
+sleep 1.5
+victim=""
+for p in $(pgrep -f -- "$MARK"); do
+	if tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -q "DEX_BOOT=node=000"; then victim=$p; fi
+done
+[ -n "$victim" ] && kill -KILL "$victim"
+wait $runner
+rc=$?
+sleep 0.2
+left=$(leftovers "$MARK")
+if [ -n "$victim" ] && [ $rc -eq 137 ] && [ "$(grep -c 'lost connection to the origin' "$LOG/out")" -eq 2 ] && [ -z "$left" ]; then
+	pass "killed origin: both nodes report the lost origin, status 137, no process left"
+else
+	fail "killed origin (rc $rc, leftover '$left')" "$LOG/out"
+	[ -n "$left" ] && kill -KILL $left
+fi
+
+# a node that stops answering (SIGSTOP) is detected by the fault timeout
+MARK=424242425
+DEX_FAULT_TIMEOUT=3 $DEXRUN -n 2 "$BUILD/coherence" pingpong 2 $MARK >"$LOG/out" 2>&1 &
+runner=$!
+sleep 1.5
+victim=""
+for p in $(pgrep -f -- "$MARK"); do
+	if tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -q "DEX_BOOT=node=001"; then victim=$p; fi
+done
+[ -n "$victim" ] && kill -STOP "$victim"
+wait $runner
+rc=$?
+sleep 0.2
+left=$(leftovers "$MARK")
+if [ -n "$victim" ] && [ $rc -ne 0 ] && grep -q "not granted within 3 s: a node is not responding" "$LOG/out" && [ -z "$left" ]; then
+	pass "stopped node: origin reports it after the fault timeout, no process left"
+else
+	fail "stopped node (rc $rc, leftover '$left')" "$LOG/out"
+	[ -n "$left" ] && kill -KILL $left
+fi
+
 # 7. Ctrl-C on dexrun ends every node
 MARK=424242422
 $DEXRUN -n 3 "$BUILD/coherence" pingpong 2 $MARK >"$LOG/out" 2>&1 &

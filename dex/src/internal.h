@@ -102,6 +102,7 @@ struct dex_runtime {
 	struct dex_lock workers_lock;
 	int shutting_down;
 	unsigned spin_iterations;
+	uint64_t fault_timeout_ns; /* DEX_FAULT_TIMEOUT seconds, default 10 */
 	long tid_offset; /* offset of tid in glibc's struct pthread */
 	/* statistics, printed by dex_stats */
 	uint64_t faults_read, faults_write, pages_received, invalidations_served, syscalls_delegated;

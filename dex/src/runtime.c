@@ -333,22 +333,32 @@ static void origin_apply(void *ctx, const struct dsm_action *a)
 	}
 }
 
-static void wait_for_epoch_change(uint32_t seen)
+/* Waits for any grant. A page that does not arrive within the fault
+ * timeout means a peer is alive but not answering (stopped, livelocked):
+ * stop with a message rather than hang; a dead peer is caught sooner by
+ * its closed connection. */
+static void wait_for_epoch_change(uint32_t seen, uintptr_t addr, uint64_t since_ns)
 {
 	for (unsigned i = 0; i < dex_rt.spin_iterations; i++) {
 		if (__atomic_load_n(&dex_rt.dsm_epoch, __ATOMIC_ACQUIRE) != seen)
 			return;
 		cpu_relax();
 	}
-	while (__atomic_load_n(&dex_rt.dsm_epoch, __ATOMIC_ACQUIRE) == seen)
-		futex_wait_while(&dex_rt.dsm_epoch, seen);
+	struct timespec tick = { .tv_sec = 1 };
+	while (__atomic_load_n(&dex_rt.dsm_epoch, __ATOMIC_ACQUIRE) == seen) {
+		raw_syscall6(SYS_futex, (long)&dex_rt.dsm_epoch, FUTEX_WAIT | FUTEX_PRIVATE_FLAG, seen, (long)&tick, 0,
+			     0);
+		if (dex_now_ns() - since_ns > dex_rt.fault_timeout_ns)
+			dex_fatal("page %#lx not granted within %llu s: a node is not responding; stopping",
+				  (unsigned long)addr, (unsigned long long)(dex_rt.fault_timeout_ns / 1000000000ull));
+	}
 }
 
 /* Leader/follower: the first thread faulting on a page sends the request,
  * later ones wait for the grant and re-run their access. */
 static void dsm_fault(uint32_t page, bool write, uintptr_t addr, uint64_t ip)
 {
-	uint64_t start = dex_tracing ? dex_now_ns() : 0;
+	uint64_t start = dex_now_ns();
 	bool led = false;
 	for (;;) {
 		dex_lock_acquire(&dex_rt.dsm_lock);
@@ -372,7 +382,7 @@ static void dsm_fault(uint32_t page, bool write, uintptr_t addr, uint64_t ip)
 		dex_lock_release(&dex_rt.dsm_lock);
 		if (d == DSM_FAULT_RETRY)
 			break;
-		wait_for_epoch_change(seen);
+		wait_for_epoch_change(seen, addr, start);
 	}
 	if (dex_tracing) {
 		struct dex_thread *self = dex_self();
@@ -843,6 +853,8 @@ __attribute__((constructor(101))) static void dex_init(void)
 	 * being waited for (measured: 25 us vs 120 us per migration on 2
 	 * vCPUs). DEX_SPIN=N polls N times first, for dedicated cores. */
 	dex_rt.spin_iterations = getenv("DEX_SPIN") ? (unsigned)strtoul(getenv("DEX_SPIN"), NULL, 10) : 0;
+	const char *timeout = getenv("DEX_FAULT_TIMEOUT");
+	dex_rt.fault_timeout_ns = (timeout ? strtoull(timeout, NULL, 10) : 10) * 1000000000ull;
 	dex_threads_init();
 	if (!boot)
 		return;
