@@ -1,0 +1,572 @@
+//! One enclave's XEMEM engine (paper section 3.2): it finds the name server by broadcasting on
+//! every link, asks for an enclave id through the link the first answer came on, learns which
+//! link leads to every enclave id handed out through it, forwards what it does not know towards
+//! the name server, runs the name server if it is the name-server enclave, serves attaches of
+//! the segments its processes own, and retries its own requests.
+//!
+//! Sans I/O: feed it received bytes with [`Node::receive`] and the time with [`Node::tick`];
+//! take what it wants sent from [`Node::outbox`] and finished requests from
+//! [`Node::completions`]. Links are small numbers the caller chooses; a link is assumed to
+//! connect exactly two enclaves, and it may lose or reorder messages.
+//!
+//! Every answer is matched to its request by request id *and* kind *and* (for attach) the
+//! segment the permit was granted on and the owner that must answer, so a late, duplicated or
+//! misrouted answer is dropped instead of completing the wrong request. Requests are retried
+//! with the same id; the name server keeps its recent answers per (origin, request id) and
+//! repeats them, so a retried make or get is not done twice.
+
+use crate::ids::{AccessId, EnclaveId, SegmentId, NAME_SERVER_ENCLAVE};
+use crate::nameserver::{self, NameServer, Principal};
+use crate::perm::{Credentials, Owner};
+use crate::wire::{self, Body, FrameRun, Header, ListEntry, Message, Name, RunAssembler, HEADER_LEN};
+use crate::Error;
+use alloc::collections::{BTreeMap, VecDeque};
+use alloc::vec::Vec;
+
+pub type LinkId = u32;
+
+/// What a node needs from its kernel to serve attaches and deliver signals.
+pub trait LocalMemory {
+    /// Frames backing `[vaddr, vaddr + size)` of `process`, as runs; holes where nothing is
+    /// mapped. The pages must add up to `size`.
+    fn resolve(&mut self, process: u64, vaddr: u64, size: u64) -> Result<Vec<FrameRun>, Error>;
+    /// An attacher signalled `segment`, owned by `process`.
+    fn notify(&mut self, process: u64, segment: SegmentId);
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    Make { process: u64, vaddr: u64, size: u64, owner: Owner, name: Option<Name> },
+    Remove { process: u64, segment: SegmentId },
+    Get { process: u64, segment: SegmentId, access: u32, credentials: Credentials },
+    Release { process: u64, access: AccessId },
+    Attach { process: u64, access: AccessId, offset: u64, size: u64 },
+    Detach { process: u64, access: AccessId },
+    Lookup { name: Name },
+    List { after: i64 },
+    Signal { process: u64, access: AccessId },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    Made(SegmentId),
+    Done,
+    Granted { access: AccessId, size: u64 },
+    Attached { segment: SegmentId, runs: Vec<FrameRun> },
+    Found(SegmentId),
+    Listed { more: bool, entries: Vec<ListEntry> },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Completion {
+    pub request: u64,
+    pub result: Result<Reply, Error>,
+}
+
+struct Pending {
+    body: Body,
+    sent_at: u64,
+    attempts: u32,
+    assembler: RunAssembler,
+}
+
+/// Retry policy, in the caller's time units.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    pub retry_after: u64,
+    pub attempts: u32,
+}
+
+impl Default for Timing {
+    fn default() -> Timing {
+        Timing { retry_after: 100, attempts: 5 }
+    }
+}
+
+const REPLY_CACHE: usize = 4096;
+
+pub struct Node {
+    id: EnclaveId,
+    links: u32,
+    timing: Timing,
+    name_server: Option<NameServer>,
+    /// Answers the name server gave, so a retried request gets the same answer.
+    replies: BTreeMap<(EnclaveId, u64), Vec<Message>>,
+    reply_order: VecDeque<(EnclaveId, u64)>,
+    towards_name_server: Option<LinkId>,
+    routes: BTreeMap<EnclaveId, LinkId>,
+    /// Enclave-id requests passed upstream: our token -> (link it came from, its token).
+    forwarded: BTreeMap<u64, (LinkId, u64)>,
+    own_token: Option<u64>,
+    next_token: u64,
+    last_discovery: Option<u64>,
+    next_request: u64,
+    pending: BTreeMap<u64, Pending>,
+    /// Which segment each permit we were granted is on (to check attach answers).
+    granted: BTreeMap<AccessId, SegmentId>,
+    /// Segments our processes own: id -> (process, vaddr, size).
+    owned: BTreeMap<SegmentId, (u64, u64, u64)>,
+    now: u64,
+    outbox: Vec<(LinkId, Message)>,
+    local: VecDeque<Message>,
+    completions: Vec<Completion>,
+}
+
+impl Node {
+    /// An enclave with `links` links (numbered `0..links`); `name_server` makes it enclave 1.
+    pub fn new(links: u32, name_server: bool, timing: Timing) -> Node {
+        Node {
+            id: if name_server { NAME_SERVER_ENCLAVE } else { 0 },
+            links,
+            timing,
+            name_server: if name_server { Some(NameServer::new()) } else { None },
+            replies: BTreeMap::new(),
+            reply_order: VecDeque::new(),
+            towards_name_server: None,
+            routes: BTreeMap::new(),
+            forwarded: BTreeMap::new(),
+            own_token: None,
+            next_token: 1,
+            last_discovery: None,
+            next_request: 1,
+            pending: BTreeMap::new(),
+            granted: BTreeMap::new(),
+            owned: BTreeMap::new(),
+            now: 0,
+            outbox: Vec::new(),
+            local: VecDeque::new(),
+            completions: Vec::new(),
+        }
+    }
+
+    /// This enclave's id, once the name server has handed one out.
+    pub fn id(&self) -> Option<EnclaveId> {
+        (self.id != 0).then_some(self.id)
+    }
+    pub fn link_towards_name_server(&self) -> Option<LinkId> {
+        self.towards_name_server
+    }
+    pub fn route(&self, enclave: EnclaveId) -> Option<LinkId> {
+        self.routes.get(&enclave).copied()
+    }
+    pub fn name_server(&self) -> Option<&NameServer> {
+        self.name_server.as_ref()
+    }
+    pub fn outbox(&mut self) -> Vec<(LinkId, Message)> {
+        core::mem::take(&mut self.outbox)
+    }
+    pub fn completions(&mut self) -> Vec<Completion> {
+        core::mem::take(&mut self.completions)
+    }
+    pub fn pending_requests(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Advances time: rediscovers the name server or re-asks for an id while we have none,
+    /// and retries (or gives up on) our requests.
+    pub fn tick(&mut self, now: u64, memory: &mut dyn LocalMemory) {
+        self.now = now;
+        if self.id == 0 {
+            let due = self.last_discovery.is_none_or(|t| now.saturating_sub(t) >= self.timing.retry_after);
+            if due {
+                self.last_discovery = Some(now);
+                match self.towards_name_server {
+                    None => {
+                        for link in 0..self.links {
+                            self.outbox.push((link, Message::new(0, 0, 0, Body::PingNameServer)));
+                        }
+                    }
+                    Some(link) => self.ask_for_id(link),
+                }
+            }
+        }
+        let due: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| now.saturating_sub(p.sent_at) >= self.timing.retry_after)
+            .map(|(r, _)| *r)
+            .collect();
+        for request in due {
+            let Some(p) = self.pending.get_mut(&request) else { continue };
+            if p.attempts >= self.timing.attempts {
+                self.pending.remove(&request);
+                self.completions.push(Completion { request, result: Err(Error::Unreachable) });
+                continue;
+            }
+            p.attempts += 1;
+            p.sent_at = now;
+            p.assembler = RunAssembler::default();
+            let body = p.body.clone();
+            self.send(Message::new(request, self.id, NAME_SERVER_ENCLAVE, body));
+        }
+        self.run_local(memory);
+    }
+
+    fn ask_for_id(&mut self, link: LinkId) {
+        let token = self.fresh_token();
+        self.own_token = Some(token);
+        self.outbox.push((link, Message::new(0, 0, 0, Body::EnclaveIdRequest { token })));
+    }
+
+    fn fresh_token(&mut self) -> u64 {
+        let token = self.next_token;
+        self.next_token += 1;
+        token
+    }
+
+    /// Starts a request; its answer arrives as a [`Completion`] with the returned id.
+    pub fn request(&mut self, request: Request, memory: &mut dyn LocalMemory) -> Result<u64, Error> {
+        if self.id == 0 {
+            return Err(Error::Unreachable);
+        }
+        let body = match request {
+            Request::Make { process, vaddr, size, owner, name } => {
+                nameserver::validate_range(vaddr, size)?;
+                Body::Make { process, vaddr, size, uid: owner.uid, gid: owner.gid, mode: owner.mode, name }
+            }
+            Request::Remove { process, segment } => Body::Remove { process, segment },
+            Request::Get { process, segment, access, credentials } => {
+                crate::validate_access_flags(access)?;
+                if credentials.groups.len() > crate::perm::MAX_GROUPS {
+                    return Err(Error::Invalid);
+                }
+                Body::Get { process, segment, access, uid: credentials.uid, groups: credentials.groups }
+            }
+            Request::Release { process, access } => Body::Release { process, access },
+            Request::Attach { process, access, offset, size } => {
+                if offset % crate::PAGE_SIZE != 0 || size == 0 || size % crate::PAGE_SIZE != 0 {
+                    return Err(Error::Invalid);
+                }
+                Body::Attach { process, access, offset, size }
+            }
+            Request::Detach { process, access } => Body::Detach { process, access },
+            Request::Lookup { name } => Body::Lookup { name },
+            Request::List { after } => Body::List { after },
+            Request::Signal { process, access } => Body::Signal { process, access },
+        };
+        let request = self.next_request;
+        self.next_request += 1;
+        self.pending.insert(
+            request,
+            Pending { body: body.clone(), sent_at: self.now, attempts: 1, assembler: RunAssembler::default() },
+        );
+        self.send(Message::new(request, self.id, NAME_SERVER_ENCLAVE, body));
+        self.run_local(memory);
+        Ok(request)
+    }
+
+    /// Handles bytes received on `link`. A malformed request is answered with `Failed`.
+    pub fn receive(&mut self, link: LinkId, bytes: &[u8], memory: &mut dyn LocalMemory) {
+        if link >= self.links {
+            return;
+        }
+        match Message::decode(bytes) {
+            Ok(message) => self.handle(link, message),
+            Err(_) => self.answer_malformed(bytes),
+        }
+        self.run_local(memory);
+    }
+
+    /// If the header of a malformed message is readable and it was a request from a known
+    /// enclave, tell the origin; never answer a malformed answer (no error ping-pong).
+    fn answer_malformed(&mut self, bytes: &[u8]) {
+        if bytes.len() < HEADER_LEN || bytes[0] != wire::VERSION || bytes[1] >= 48 || self.id == 0 {
+            return;
+        }
+        let request = u64::from_le_bytes(bytes[8..16].try_into().unwrap_or([0; 8]));
+        let origin = u32::from_le_bytes(bytes[16..20].try_into().unwrap_or([0; 4]));
+        if origin == 0 || origin > crate::ids::MAX_ENCLAVE_ID || origin == self.id {
+            return;
+        }
+        self.send(Message::new(request, self.id, origin, Body::Failed { error: Error::Malformed }));
+    }
+
+    fn handle(&mut self, link: LinkId, message: Message) {
+        match message.body {
+            Body::PingNameServer => {
+                if self.id != 0 {
+                    self.outbox.push((link, Message::new(0, 0, 0, Body::PongNameServer)));
+                }
+            }
+            Body::PongNameServer => {
+                if self.name_server.is_none() && self.towards_name_server.is_none() {
+                    self.towards_name_server = Some(link);
+                    if self.id == 0 {
+                        self.last_discovery = Some(self.now);
+                        self.ask_for_id(link);
+                    }
+                }
+            }
+            Body::EnclaveIdRequest { token } => {
+                if Some(link) == self.towards_name_server {
+                    return; // upstream never asks us: a loop or a confused peer
+                }
+                if let Some(ns) = self.name_server.as_mut() {
+                    if let Ok(enclave) = ns.allocate_enclave() {
+                        self.routes.insert(enclave, link);
+                        self.outbox.push((link, Message::new(0, 0, 0, Body::EnclaveIdResponse { token, enclave })));
+                    }
+                } else if let (Some(up), true) = (self.towards_name_server, self.id != 0) {
+                    let ours = self.fresh_token();
+                    self.forwarded.insert(ours, (link, token));
+                    self.outbox.push((up, Message::new(0, 0, 0, Body::EnclaveIdRequest { token: ours })));
+                }
+            }
+            Body::EnclaveIdResponse { token, enclave } => {
+                if Some(link) != self.towards_name_server {
+                    return;
+                }
+                if self.id == 0 && self.own_token == Some(token) {
+                    self.id = enclave;
+                    self.own_token = None;
+                } else if let Some((down, theirs)) = self.forwarded.remove(&token) {
+                    self.routes.insert(enclave, down);
+                    self.outbox
+                        .push((down, Message::new(0, 0, 0, Body::EnclaveIdResponse { token: theirs, enclave })));
+                }
+            }
+            _ => {
+                if self.id == 0 {
+                    return;
+                }
+                if message.header.destination == self.id {
+                    self.local.push_back(message);
+                    return;
+                }
+                let next = self.routes.get(&message.header.destination).copied().or(self.towards_name_server);
+                match next {
+                    // Sending it back where it came from would loop: the destination is unknown.
+                    Some(next) if next != link => self.outbox.push((next, message)),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn send(&mut self, message: Message) {
+        if message.header.destination == self.id {
+            self.local.push_back(message);
+            return;
+        }
+        let next = self.routes.get(&message.header.destination).copied().or(self.towards_name_server);
+        if let Some(link) = next {
+            self.outbox.push((link, message));
+        }
+    }
+
+    fn run_local(&mut self, memory: &mut dyn LocalMemory) {
+        // Bounded: local messages beget at most a few more (name server -> owner -> requester).
+        let mut budget = 64 + 4 * self.local.len();
+        while let Some(message) = self.local.pop_front() {
+            if budget == 0 {
+                break;
+            }
+            budget -= 1;
+            self.deliver(message, memory);
+        }
+    }
+
+    fn deliver(&mut self, message: Message, memory: &mut dyn LocalMemory) {
+        let Header { request, origin, .. } = message.header;
+        if message.body.is_answer() {
+            self.complete(origin, request, message.body);
+            return;
+        }
+        match message.body {
+            Body::Serve { requester, owner_process, segment, vaddr, size } => {
+                if origin != NAME_SERVER_ENCLAVE {
+                    return;
+                }
+                let answer = self.serve(owner_process, segment, vaddr, size, memory);
+                match answer {
+                    Ok(parts) => {
+                        for body in parts {
+                            self.send(Message::new(request, self.id, requester, body));
+                        }
+                    }
+                    Err(error) => self.send(Message::new(request, self.id, requester, Body::Failed { error })),
+                }
+            }
+            Body::Notify { owner_process, segment } => {
+                if origin == NAME_SERVER_ENCLAVE && self.owned.get(&segment).is_some_and(|o| o.0 == owner_process) {
+                    memory.notify(owner_process, segment);
+                }
+            }
+            Body::EnclaveGone { enclave } => {
+                if let Some(ns) = self.name_server.as_mut() {
+                    ns.forget_enclave(enclave);
+                }
+            }
+            body => {
+                if self.name_server.is_none() {
+                    self.send(Message::new(request, self.id, origin, Body::Failed { error: Error::Invalid }));
+                    return;
+                }
+                for answer in self.name_server_answer(origin, request, body) {
+                    self.send(answer);
+                }
+            }
+        }
+    }
+
+    fn serve(
+        &mut self,
+        process: u64,
+        segment: SegmentId,
+        vaddr: u64,
+        size: u64,
+        memory: &mut dyn LocalMemory,
+    ) -> Result<Vec<Body>, Error> {
+        let &(owner, start, length) = self.owned.get(&segment).ok_or(Error::NotFound)?;
+        let end = vaddr.checked_add(size).ok_or(Error::Invalid)?;
+        if owner != process || vaddr < start || end > start + length {
+            return Err(Error::Invalid);
+        }
+        let runs = memory.resolve(process, vaddr, size)?;
+        let pages: u64 = runs.iter().map(|r| r.frames).sum();
+        if pages != size / crate::PAGE_SIZE || !runs.iter().all(FrameRun::valid) {
+            return Err(Error::Invalid);
+        }
+        wire::attached_parts(segment, size, &runs)
+    }
+
+    /// The name server's answer to a request from `origin`, repeated verbatim for a retry.
+    fn name_server_answer(&mut self, origin: EnclaveId, request: u64, body: Body) -> Vec<Message> {
+        if let Some(cached) = self.replies.get(&(origin, request)) {
+            return cached.clone();
+        }
+        let Some(ns) = self.name_server.as_mut() else { return Vec::new() };
+        let me = self.id;
+        let reply = |body: Body| Message::new(request, me, origin, body);
+        let fail = |error: Error| Message::new(request, me, origin, Body::Failed { error });
+        let caller = |process: u64| Principal { enclave: origin, process };
+        let answers = match body {
+            Body::Make { process, vaddr, size, uid, gid, mode, name } => {
+                match ns.make(caller(process), vaddr, size, Owner { uid, gid, mode }, name) {
+                    Ok(segment) => alloc::vec![reply(Body::Made { segment })],
+                    Err(e) => alloc::vec![fail(e)],
+                }
+            }
+            Body::Remove { process, segment } => match ns.remove(caller(process), segment) {
+                Ok(_) => alloc::vec![reply(Body::Done)],
+                Err(e) => alloc::vec![fail(e)],
+            },
+            Body::Get { process, segment, access, uid, groups } => {
+                match ns.get(caller(process), &Credentials { uid, groups }, segment, access) {
+                    Ok((access, size)) => alloc::vec![reply(Body::Granted { access, size })],
+                    Err(e) => alloc::vec![fail(e)],
+                }
+            }
+            Body::Release { process, access } => match ns.release(caller(process), access) {
+                Ok(()) => alloc::vec![reply(Body::Done)],
+                Err(e) => alloc::vec![fail(e)],
+            },
+            Body::Attach { process, access, offset, size } => match ns.attach(caller(process), access, offset, size) {
+                Ok(plan) => alloc::vec![Message::new(
+                    request,
+                    me,
+                    plan.owner.enclave,
+                    Body::Serve {
+                        requester: origin,
+                        owner_process: plan.owner.process,
+                        segment: plan.segment,
+                        vaddr: plan.vaddr,
+                        size: plan.size,
+                    },
+                )],
+                Err(e) => alloc::vec![fail(e)],
+            },
+            Body::Detach { process, access } => match ns.detach(caller(process), access) {
+                Ok(()) => alloc::vec![reply(Body::Done)],
+                Err(e) => alloc::vec![fail(e)],
+            },
+            Body::Lookup { name } => match ns.lookup(&name) {
+                Ok(segment) => alloc::vec![reply(Body::Found { segment })],
+                Err(e) => alloc::vec![fail(e)],
+            },
+            Body::List { after } => {
+                let mut listing = ns.list(after, wire::MAX_LIST_ENTRIES + 1);
+                let more = listing.len() > wire::MAX_LIST_ENTRIES;
+                listing.truncate(wire::MAX_LIST_ENTRIES);
+                let entries = listing
+                    .into_iter()
+                    .map(|l| ListEntry { segment: l.segment, owner: l.owner, size: l.size, name: l.name })
+                    .collect();
+                alloc::vec![reply(Body::Listed { more, entries })]
+            }
+            Body::Signal { process, access } => match ns.signal(caller(process), access) {
+                Ok((owner, segment)) => alloc::vec![
+                    Message::new(request, me, owner.enclave, Body::Notify { owner_process: owner.process, segment }),
+                    reply(Body::Done),
+                ],
+                Err(e) => alloc::vec![fail(e)],
+            },
+            _ => alloc::vec![fail(Error::Invalid)],
+        };
+        if self.reply_order.len() >= REPLY_CACHE {
+            if let Some(old) = self.reply_order.pop_front() {
+                self.replies.remove(&old);
+            }
+        }
+        self.reply_order.push_back((origin, request));
+        self.replies.insert((origin, request), answers.clone());
+        answers
+    }
+
+    fn complete(&mut self, from: EnclaveId, request: u64, body: Body) {
+        let Some(pending) = self.pending.get_mut(&request) else { return };
+        // Which enclave may answer: the name server, or for an attach the segment's owner.
+        let attach_segment = match &pending.body {
+            Body::Attach { access, .. } => Some(self.granted.get(access).copied()),
+            _ => None,
+        };
+        let expected_from = match attach_segment {
+            Some(Some(segment)) => segment.enclave(),
+            _ => NAME_SERVER_ENCLAVE,
+        };
+        let result = match (&pending.body, body) {
+            (_, Body::Failed { error }) if from == NAME_SERVER_ENCLAVE || from == expected_from => Err(error),
+            (_, _) if from != expected_from => return,
+            (Body::Make { process, vaddr, size, .. }, Body::Made { segment }) => {
+                if segment.enclave() != self.id {
+                    return;
+                }
+                let length = nameserver::validate_range(*vaddr, *size).unwrap_or(0);
+                self.owned.insert(segment, (*process, *vaddr, length));
+                Ok(Reply::Made(segment))
+            }
+            (Body::Remove { segment, .. }, Body::Done) => {
+                self.owned.remove(segment);
+                Ok(Reply::Done)
+            }
+            (Body::Release { access, .. }, Body::Done) => {
+                self.granted.remove(access);
+                Ok(Reply::Done)
+            }
+            (Body::Detach { .. } | Body::Signal { .. }, Body::Done) => Ok(Reply::Done),
+            (Body::Get { segment, .. }, Body::Granted { access, size }) => {
+                self.granted.insert(access, *segment);
+                Ok(Reply::Granted { access, size })
+            }
+            (Body::Attach { size: asked, .. }, Body::Attached { segment, size, first_run, total_runs, runs }) => {
+                if attach_segment != Some(Some(segment)) || size != *asked {
+                    return;
+                }
+                match pending.assembler.push(segment, size, first_run, total_runs, &runs) {
+                    Ok(None) => return,
+                    Ok(Some(runs)) => Ok(Reply::Attached { segment, runs }),
+                    // A part went missing or came twice: start over on the next retry.
+                    Err(_) => {
+                        pending.assembler = RunAssembler::default();
+                        return;
+                    }
+                }
+            }
+            (Body::Lookup { .. }, Body::Found { segment }) => Ok(Reply::Found(segment)),
+            (Body::List { .. }, Body::Listed { more, entries }) => Ok(Reply::Listed { more, entries }),
+            _ => return,
+        };
+        self.pending.remove(&request);
+        self.completions.push(Completion { request, result });
+    }
+}

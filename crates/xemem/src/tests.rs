@@ -1,0 +1,761 @@
+use crate::ids::*;
+use crate::nameserver::*;
+use crate::node::*;
+use crate::perm::*;
+use crate::wire::*;
+use crate::*;
+use std::collections::VecDeque;
+use std::vec;
+use std::vec::Vec;
+
+/// A small deterministic generator (xorshift64*): no extra crate, and every failure reproduces
+/// from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, bound: u64) -> u64 {
+        self.next() % bound
+    }
+    fn chance(&mut self, per_thousand: u64) -> bool {
+        self.below(1000) < per_thousand
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// ids
+
+#[test]
+fn ids_are_positive_distinct_and_round_trip() {
+    let mut rng = Rng(7);
+    for _ in 0..10_000 {
+        let enclave = 1 + rng.below(MAX_ENCLAVE_ID as u64) as u32;
+        let local = 1 + rng.below(MAX_LOCAL_ID as u64) as u32;
+        let s = SegmentId::new(enclave, local).unwrap();
+        let a = AccessId::new(enclave, local).unwrap();
+        assert!(s.raw() > 0 && a.raw() > 0);
+        assert_ne!(s.raw(), a.raw());
+        assert_eq!((s.enclave(), s.local()), (enclave, local));
+        assert_eq!((a.enclave(), a.local()), (enclave, local));
+        assert_eq!(SegmentId::from_raw(s.raw()), Some(s));
+        assert_eq!(AccessId::from_raw(a.raw()), Some(a));
+        // One kind of id is never accepted as the other.
+        assert_eq!(SegmentId::from_raw(a.raw()), None);
+        assert_eq!(AccessId::from_raw(s.raw()), None);
+    }
+    for bad in [0i64, -1, i64::MIN, 12345, 1 << 32] {
+        assert_eq!(SegmentId::from_raw(bad), None, "{bad}");
+    }
+    assert_eq!(SegmentId::new(0, 1), None);
+    assert_eq!(SegmentId::new(1, 0), None);
+    assert_eq!(SegmentId::new(MAX_ENCLAVE_ID + 1, 1), None);
+}
+
+// ---------------------------------------------------------------------------------------------
+// permissions
+
+#[test]
+fn permission_matrix_matches_sysv_ipc() {
+    let owner = |mode| Owner { uid: 1000, gid: 100, mode };
+    let user = Credentials { uid: 1000, groups: vec![100] };
+    let group_member = Credentials { uid: 2000, groups: vec![5, 100] };
+    let other = Credentials { uid: 3000, groups: vec![300] };
+    let root = Credentials { uid: 0, groups: vec![0] };
+    // (mode, read-only allowed, read-write allowed) for the owner: the openucx gtest matrix.
+    for (mode, ro, rw) in [(0o600, true, true), (0o400, true, false), (0o200, false, false), (0o000, false, false)] {
+        assert_eq!(check(&owner(mode), &user, ACCESS_READ_ONLY).is_ok(), ro, "{mode:o} ro");
+        assert_eq!(check(&owner(mode), &user, ACCESS_READ_WRITE).is_ok(), rw, "{mode:o} rw");
+        assert!(check(&owner(mode), &root, ACCESS_READ_WRITE).is_ok());
+        assert!(check(&owner(mode), &other, ACCESS_READ_ONLY).is_err());
+    }
+    assert!(check(&owner(0o640), &group_member, ACCESS_READ_ONLY).is_ok());
+    assert_eq!(check(&owner(0o640), &group_member, ACCESS_READ_WRITE), Err(Error::Denied));
+    assert!(check(&owner(0o604), &other, ACCESS_READ_ONLY).is_ok());
+    // The owner's own bits win even when group or other bits would allow more.
+    assert_eq!(check(&owner(0o066), &user, ACCESS_READ_ONLY), Err(Error::Denied));
+    assert_eq!(check(&owner(0o600), &user, 3), Err(Error::Invalid));
+    assert_eq!(check(&owner(0o600), &user, 9999), Err(Error::Invalid));
+}
+
+// ---------------------------------------------------------------------------------------------
+// name server
+
+fn me(process: u64) -> Principal {
+    Principal { enclave: NAME_SERVER_ENCLAVE, process }
+}
+fn rooted() -> Credentials {
+    Credentials { uid: 0, groups: vec![0] }
+}
+fn mode(mode: u32) -> Owner {
+    Owner { uid: 1000, gid: 100, mode }
+}
+
+#[test]
+fn make_validates_like_xpmem() {
+    let mut ns = NameServer::new();
+    assert_eq!(ns.make(me(1), 12, 4096, mode(0o600), None), Err(Error::Invalid));
+    assert_eq!(ns.make(me(1), 4096, 0, mode(0o600), None), Err(Error::Invalid));
+    assert_eq!(ns.make(me(1), 4096, 100, mode(0o600), None), Err(Error::Invalid));
+    assert_eq!(ns.make(me(1), 4096, 4096, mode(0o1000), None), Err(Error::Invalid));
+    assert_eq!(ns.make(me(1), u64::MAX - 4095, 8192, mode(0o600), None), Err(Error::Invalid));
+    let whole = ns.make(me(1), 0, MAXADDR_SIZE, mode(0o600), None).unwrap();
+    assert_eq!(ns.segment(whole).unwrap().size, USER_ADDRESS_LIMIT);
+    // Overlapping segments are fine.
+    let a = ns.make(me(1), 0x10000, 0x4000, mode(0o600), None).unwrap();
+    let b = ns.make(me(1), 0x10000, 0x4000, mode(0o600), None).unwrap();
+    assert_ne!(a, b);
+    assert_eq!(a.enclave(), NAME_SERVER_ENCLAVE);
+}
+
+#[test]
+fn remove_get_release_attach_errors() {
+    let mut ns = NameServer::new();
+    let seg = ns.make(me(1), 0x10000, 0x10000, mode(0o600), None).unwrap();
+    assert_eq!(ns.remove(me(2), seg), Err(Error::Denied));
+    let unknown = SegmentId::new(1, 12345).unwrap();
+    assert_eq!(ns.remove(me(1), unknown), Err(Error::NotFound));
+    assert_eq!(ns.get(me(2), &rooted(), unknown, ACCESS_READ_WRITE), Err(Error::NotFound));
+    assert_eq!(ns.get(me(2), &rooted(), seg, 9999), Err(Error::Invalid));
+    assert_eq!(ns.get(me(2), &rooted(), seg, 3), Err(Error::Invalid));
+    let (ro, size) = ns.get(me(2), &rooted(), seg, ACCESS_READ_ONLY).unwrap();
+    assert_eq!(size, 0x10000);
+    // RDONLY permits cannot attach (XPMEM: EACCES).
+    assert_eq!(ns.attach(me(2), ro, 0, 4096), Err(Error::Denied));
+    let (rw, _) = ns.get(me(2), &rooted(), seg, ACCESS_READ_WRITE).unwrap();
+    assert_eq!(ns.attach(me(3), rw, 0, 4096), Err(Error::Denied), "someone else's apid");
+    assert_eq!(ns.attach(me(2), rw, 100, 4096), Err(Error::Invalid), "unaligned offset");
+    assert_eq!(ns.attach(me(2), rw, 0, 0x10001), Err(Error::Invalid), "rounded up past the end");
+    assert_eq!(ns.attach(me(2), rw, 0x10000, 4096), Err(Error::Invalid), "past the end");
+    assert_eq!(ns.attach(me(2), rw, u64::MAX & !4095, 4096), Err(Error::Invalid), "overflow");
+    let plan = ns.attach(me(2), rw, 0x4000, 100).unwrap();
+    assert_eq!(plan, AttachPlan { segment: seg, owner: me(1), vaddr: 0x14000, size: 4096 });
+    assert_eq!(ns.release(me(3), rw), Err(Error::Denied));
+    ns.release(me(2), rw).unwrap();
+    assert_eq!(ns.release(me(2), rw), Err(Error::NotFound));
+    // Remove drops the remaining permits; a second remove fails.
+    assert_eq!(ns.remove(me(1), seg).unwrap(), vec![ro]);
+    assert_eq!(ns.remove(me(1), seg), Err(Error::NotFound));
+    assert_eq!(ns.attach(me(2), ro, 0, 4096), Err(Error::NotFound));
+    assert_eq!(ns.permit_count(), 0);
+}
+
+#[test]
+fn whole_address_space_attach_offset_is_the_owner_address() {
+    let mut ns = NameServer::new();
+    let seg = ns.make(me(1), 0, MAXADDR_SIZE, mode(0o600), None).unwrap();
+    let (apid, _) = ns.get(me(2), &rooted(), seg, ACCESS_READ_WRITE).unwrap();
+    let plan = ns.attach(me(2), apid, 0x7f00_1234_5000, 8192).unwrap();
+    assert_eq!(plan.vaddr, 0x7f00_1234_5000);
+}
+
+#[test]
+fn names_lookup_listing_and_signals() {
+    let mut ns = NameServer::new();
+    let name = Name::new(b"cg-solution").unwrap();
+    let seg = ns.make(me(1), 0x10000, 0x1000, mode(0o600), Some(name.clone())).unwrap();
+    assert_eq!(ns.make(me(1), 0x20000, 0x1000, mode(0o600), Some(name.clone())), Err(Error::NameTaken));
+    assert_eq!(ns.lookup(&name), Ok(seg));
+    assert_eq!(ns.lookup(&Name::new(b"nope").unwrap()), Err(Error::NotFound));
+    let other = ns.make(me(1), 0x20000, 0x1000, mode(0o600), None).unwrap();
+    let listing = ns.list(0, 10);
+    assert_eq!(listing.len(), 2);
+    assert_eq!(listing[0].name.as_ref(), Some(&name));
+    assert_eq!(ns.list(seg.raw(), 10)[0].segment, other);
+    let (apid, _) = ns.get(me(2), &rooted(), seg, ACCESS_READ_WRITE).unwrap();
+    assert_eq!(ns.signal(me(2), apid), Ok((me(1), seg)));
+    assert_eq!(ns.signal(me(3), apid), Err(Error::Denied));
+    ns.remove(me(1), seg).unwrap();
+    assert_eq!(ns.lookup(&name), Err(Error::NotFound), "the name goes with the segment");
+    assert!(Name::new(b"").is_err() && Name::new(b"a b").is_err() && Name::new(&[b'x'; 64]).is_err());
+}
+
+#[test]
+fn a_gone_process_takes_its_segments_and_permits() {
+    let mut ns = NameServer::new();
+    let seg = ns.make(me(1), 0x10000, 0x1000, mode(0o600), None).unwrap();
+    let (apid, _) = ns.get(me(2), &rooted(), seg, ACCESS_READ_WRITE).unwrap();
+    let other = ns.make(me(2), 0x10000, 0x1000, mode(0o600), None).unwrap();
+    let (mine, _) = ns.get(me(1), &rooted(), other, ACCESS_READ_WRITE).unwrap();
+    let gone = ns.forget(|p| *p == me(1));
+    assert_eq!(gone.len(), 1);
+    assert_eq!(ns.attach(me(2), apid, 0, 4096), Err(Error::NotFound));
+    assert_eq!(ns.release(me(1), mine), Err(Error::NotFound));
+    assert!(ns.segment(other).is_some());
+}
+
+#[test]
+fn enclave_ids_are_unique_and_reused_only_after_release() {
+    let mut ns = NameServer::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..1000 {
+        let id = ns.allocate_enclave().unwrap();
+        assert!(id > NAME_SERVER_ENCLAVE);
+        assert!(seen.insert(id));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// wire
+
+fn random_name(rng: &mut Rng) -> Name {
+    let len = 1 + rng.below(MAX_NAME_LEN as u64) as usize;
+    Name::new(&(0..len).map(|_| 0x21 + rng.below(94) as u8).collect::<Vec<_>>()).unwrap()
+}
+
+fn random_body(rng: &mut Rng) -> Body {
+    let seg = SegmentId::new(1 + rng.below(1000) as u32, 1 + rng.below(1 << 20) as u32).unwrap();
+    let apid = AccessId::new(1, 1 + rng.below(1 << 20) as u32).unwrap();
+    let page = |rng: &mut Rng| rng.below(1 << 30) * PAGE_SIZE;
+    match rng.below(23) {
+        0 => Body::PingNameServer,
+        1 => Body::PongNameServer,
+        2 => Body::EnclaveIdRequest { token: rng.next() },
+        3 => Body::EnclaveIdResponse { token: rng.next(), enclave: 1 + rng.below(1000) as u32 },
+        4 => Body::EnclaveGone { enclave: 2 },
+        5 => Body::Make {
+            process: rng.next(),
+            vaddr: page(rng),
+            size: if rng.chance(200) { MAXADDR_SIZE } else { page(rng) + PAGE_SIZE },
+            uid: rng.next() as u32,
+            gid: rng.next() as u32,
+            mode: rng.below(0o1000) as u32,
+            name: if rng.chance(500) { Some(random_name(rng)) } else { None },
+        },
+        6 => Body::Remove { process: rng.next(), segment: seg },
+        7 => Body::Get {
+            process: rng.next(),
+            segment: seg,
+            access: 1 + rng.below(2) as u32,
+            uid: rng.next() as u32,
+            groups: (0..rng.below(MAX_GROUPS as u64 + 1)).map(|_| rng.next() as u32).collect(),
+        },
+        8 => Body::Release { process: rng.next(), access: apid },
+        9 => Body::Attach { process: rng.next(), access: apid, offset: page(rng), size: page(rng) + PAGE_SIZE },
+        10 => Body::Detach { process: rng.next(), access: apid },
+        11 => Body::Lookup { name: random_name(rng) },
+        12 => Body::List { after: rng.next() as i64 },
+        13 => Body::Signal { process: rng.next(), access: apid },
+        14 => Body::Serve {
+            requester: 1 + rng.below(100) as u32,
+            owner_process: rng.next(),
+            segment: seg,
+            vaddr: page(rng),
+            size: page(rng) + PAGE_SIZE,
+        },
+        15 => Body::Notify { owner_process: rng.next(), segment: seg },
+        16 => Body::Made { segment: seg },
+        17 => Body::Done,
+        18 => Body::Granted { access: apid, size: page(rng) },
+        19 => {
+            let count = 1 + rng.below(MAX_RUNS_PER_MESSAGE as u64) as usize;
+            let runs: Vec<FrameRun> = (0..count)
+                .map(|_| FrameRun {
+                    first: if rng.chance(100) { None } else { Some(rng.below(1 << 30)) },
+                    frames: 1 + rng.below(1000),
+                })
+                .collect();
+            let size = runs.iter().map(|r| r.frames).sum::<u64>() * PAGE_SIZE;
+            Body::Attached { segment: seg, size, first_run: 0, total_runs: count as u32, runs }
+        }
+        20 => Body::Found { segment: seg },
+        21 => Body::Listed {
+            more: rng.chance(500),
+            entries: (0..rng.below(MAX_LIST_ENTRIES as u64 + 1))
+                .map(|_| ListEntry {
+                    segment: seg,
+                    owner: 1 + rng.below(100) as u32,
+                    size: page(rng),
+                    name: if rng.chance(500) { Some(random_name(rng)) } else { None },
+                })
+                .collect(),
+        },
+        _ => Body::Failed { error: Error::from_code(1 + rng.below(7) as u16).unwrap() },
+    }
+}
+
+#[test]
+fn every_message_round_trips_and_every_truncation_or_extension_fails() {
+    let mut rng = Rng(0x5eed);
+    for _ in 0..3000 {
+        let message = Message::new(rng.next(), rng.below(100) as u32, rng.below(100) as u32, random_body(&mut rng));
+        let bytes = message.to_bytes().unwrap();
+        assert_eq!(Message::decode(&bytes), Ok(message.clone()));
+        // Cut anywhere, or one byte more: malformed.
+        let cut = rng.below(bytes.len() as u64) as usize;
+        assert_eq!(Message::decode(&bytes[..cut]), Err(Error::Malformed));
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert_eq!(Message::decode(&longer), Err(Error::Malformed));
+        // A fixed body length, but a byte of it lost and another one appended.
+        let mut shifted = bytes.clone();
+        if shifted.len() > HEADER_LEN {
+            shifted.remove(HEADER_LEN);
+            shifted.push(0);
+            let _ = Message::decode(&shifted); // must not panic; may decode to something valid
+        }
+        // Random corruption never panics, and whatever decodes re-encodes to the same bytes.
+        let mut corrupt = bytes.clone();
+        for _ in 0..1 + rng.below(4) {
+            let i = rng.below(corrupt.len() as u64) as usize;
+            corrupt[i] = rng.next() as u8;
+        }
+        if let Ok(decoded) = Message::decode(&corrupt) {
+            assert_eq!(decoded.to_bytes().unwrap(), corrupt);
+        }
+    }
+}
+
+#[test]
+fn decoder_rejects_out_of_range_fields() {
+    let encode = |body: Body| Message::new(1, 2, 1, body).to_bytes().unwrap();
+    let seg = SegmentId::new(2, 1).unwrap();
+    let apid = AccessId::new(1, 1).unwrap();
+    let mut bytes = encode(Body::Make { process: 1, vaddr: 4096, size: 4096, uid: 0, gid: 0, mode: 0o600, name: None });
+    bytes[HEADER_LEN + 8] = 1; // vaddr 4097
+    assert_eq!(Message::decode(&bytes), Err(Error::Malformed));
+    let mut bytes = encode(Body::Make { process: 1, vaddr: 4096, size: 4096, uid: 0, gid: 0, mode: 0o600, name: None });
+    bytes[HEADER_LEN + 32..HEADER_LEN + 36].copy_from_slice(&0o1000u32.to_le_bytes());
+    assert_eq!(Message::decode(&bytes), Err(Error::Malformed), "mode beyond 0777");
+    let mut bytes = encode(Body::Get { process: 1, segment: seg, access: 1, uid: 0, groups: vec![] });
+    bytes[HEADER_LEN + 16] = 3; // RDONLY|RDWR
+    assert_eq!(Message::decode(&bytes), Err(Error::Malformed));
+    let mut bytes = encode(Body::Remove { process: 1, segment: seg });
+    bytes[HEADER_LEN + 8..HEADER_LEN + 16].copy_from_slice(&apid.raw().to_le_bytes());
+    assert_eq!(Message::decode(&bytes), Err(Error::Malformed), "an apid where a segid belongs");
+    let mut bytes = encode(Body::Remove { process: 1, segment: seg });
+    bytes[HEADER_LEN + 8..HEADER_LEN + 16].copy_from_slice(&(-1i64).to_le_bytes());
+    assert_eq!(Message::decode(&bytes), Err(Error::Malformed));
+    // Frame runs: zero-length runs, overflowing runs, counts beyond the bytes present.
+    let run_body = |runs: Vec<FrameRun>, size: u64, total: u32| {
+        encode(Body::Attached { segment: seg, size, first_run: 0, total_runs: total, runs })
+    };
+    let mut bytes = run_body(vec![FrameRun { first: Some(5), frames: 1 }], 4096, 1);
+    let at = bytes.len() - 8;
+    bytes[at..].copy_from_slice(&0u64.to_le_bytes());
+    assert_eq!(Message::decode(&bytes), Err(Error::Malformed), "empty run");
+    let mut bytes = run_body(vec![FrameRun { first: Some(5), frames: 1 }], 4096, 1);
+    let at = bytes.len() - 16;
+    bytes[at..at + 8].copy_from_slice(&(MAX_FRAME - 1).to_le_bytes());
+    bytes[at + 8..].copy_from_slice(&2u64.to_le_bytes());
+    assert_eq!(Message::decode(&bytes), Err(Error::Malformed), "run beyond the frame space");
+    let mut bytes = run_body(vec![FrameRun { first: Some(5), frames: 1 }], 4096, 1);
+    let count_at = bytes.len() - 20;
+    bytes[count_at..count_at + 4].copy_from_slice(&1000u32.to_le_bytes());
+    assert_eq!(Message::decode(&bytes), Err(Error::Malformed), "count beyond the bytes");
+    let bytes = run_body(vec![FrameRun { first: Some(5), frames: 1 }], 4096, 0);
+    assert_eq!(Message::decode(&bytes), Err(Error::Malformed), "zero total");
+    // Header: wrong version, nonzero reserved bits, a length that disagrees.
+    for (at, value) in [(0usize, 2u8), (2, 1), (4, 9)] {
+        let mut bytes = encode(Body::Done);
+        bytes[at] = value;
+        assert_eq!(Message::decode(&bytes), Err(Error::Malformed), "header byte {at}");
+    }
+    let mut bytes = encode(Body::Done);
+    bytes[1] = 99;
+    assert_eq!(Message::decode(&bytes), Err(Error::Malformed), "unknown kind");
+}
+
+#[test]
+fn run_assembler_needs_every_part_in_order_and_the_right_total() {
+    let seg = SegmentId::new(2, 1).unwrap();
+    let runs: Vec<FrameRun> = (0..9000u64).map(|i| FrameRun { first: Some(i * 10), frames: 1 }).collect();
+    let size = 9000 * PAGE_SIZE;
+    let parts = attached_parts(seg, size, &runs).unwrap();
+    assert_eq!(parts.len(), 3);
+    let push = |asm: &mut RunAssembler, body: &Body| match body {
+        Body::Attached { segment, size, first_run, total_runs, runs } => {
+            asm.push(*segment, *size, *first_run, *total_runs, runs)
+        }
+        _ => unreachable!(),
+    };
+    let mut asm = RunAssembler::default();
+    assert_eq!(push(&mut asm, &parts[0]), Ok(None));
+    assert_eq!(push(&mut asm, &parts[2]), Err(Error::Malformed), "gap");
+    let mut asm = RunAssembler::default();
+    assert_eq!(push(&mut asm, &parts[0]), Ok(None));
+    assert_eq!(push(&mut asm, &parts[0]), Err(Error::Malformed), "repeat");
+    let mut asm = RunAssembler::default();
+    assert_eq!(push(&mut asm, &parts[0]), Ok(None));
+    assert_eq!(push(&mut asm, &parts[1]), Ok(None));
+    assert_eq!(push(&mut asm, &parts[2]), Ok(Some(runs.clone())));
+    // Pages that do not add up to the size: refused.
+    let mut asm = RunAssembler::default();
+    assert_eq!(asm.push(seg, 3 * PAGE_SIZE, 0, 1, &[FrameRun { first: Some(1), frames: 2 }]), Err(Error::Malformed));
+}
+
+// ---------------------------------------------------------------------------------------------
+// A network of nodes: random trees, lossy and reordering links.
+
+/// Each enclave's memory: process p's page v is frame `enclave << 28 | p << 20 | v` (mod the
+/// frame space), contiguous in runs of `run` pages; pages at or above `hole_from` are holes.
+/// Any mix-up between enclaves, processes or offsets shows in the frame numbers.
+struct ModelMemory {
+    enclave: EnclaveId,
+    run: u64,
+    notified: Vec<(u64, SegmentId)>,
+}
+
+const HOLE_FROM: u64 = 0x4000_0000;
+
+fn expected_frame(enclave: EnclaveId, process: u64, page: u64) -> u64 {
+    ((enclave as u64) << 28 | (process & 0xff) << 20 | (page & 0xfffff)) % MAX_FRAME
+}
+
+impl ModelMemory {
+    fn expected(enclave: EnclaveId, run: u64, process: u64, vaddr: u64, size: u64) -> Vec<FrameRun> {
+        let mut runs: Vec<FrameRun> = Vec::new();
+        for page in vaddr / PAGE_SIZE..(vaddr + size) / PAGE_SIZE {
+            let hole = page * PAGE_SIZE >= HOLE_FROM;
+            let frame = expected_frame(enclave, process, page);
+            let contiguous = page % run != 0;
+            match runs.last_mut() {
+                Some(last) if hole && last.first.is_none() => last.frames += 1,
+                Some(last) if !hole && contiguous && last.first.is_some_and(|f| f + last.frames == frame) => {
+                    last.frames += 1
+                }
+                _ => runs.push(FrameRun { first: if hole { None } else { Some(frame) }, frames: 1 }),
+            }
+        }
+        runs
+    }
+}
+
+impl LocalMemory for ModelMemory {
+    fn resolve(&mut self, process: u64, vaddr: u64, size: u64) -> Result<Vec<FrameRun>, Error> {
+        Ok(Self::expected(self.enclave, self.run, process, vaddr, size))
+    }
+    fn notify(&mut self, process: u64, segment: SegmentId) {
+        self.notified.push((process, segment));
+    }
+}
+
+struct Net {
+    nodes: Vec<Node>,
+    memory: Vec<ModelMemory>,
+    /// link endpoints: for node n, link l leads to (node, link at that node).
+    peers: Vec<Vec<(usize, LinkId)>>,
+    in_flight: VecDeque<(usize, LinkId, Vec<u8>)>,
+    rng: Rng,
+    drop_per_thousand: u64,
+    reorder: bool,
+    now: u64,
+}
+
+impl Net {
+    /// A random tree of `n` enclaves; the name server sits at a random one of them.
+    fn tree(n: usize, seed: u64, drop_per_thousand: u64, reorder: bool) -> Net {
+        let mut rng = Rng(seed | 1);
+        let ns_at = rng.below(n as u64) as usize;
+        let mut peers: Vec<Vec<(usize, LinkId)>> = vec![Vec::new(); n];
+        for child in 1..n {
+            let parent = rng.below(child as u64) as usize;
+            let child_link = peers[child].len() as LinkId;
+            let parent_link = peers[parent].len() as LinkId;
+            peers[child].push((parent, parent_link));
+            peers[parent].push((child, child_link));
+        }
+        let timing = Timing { retry_after: 200, attempts: 8 };
+        let nodes = (0..n).map(|i| Node::new(peers[i].len() as u32, i == ns_at, timing)).collect();
+        let memory = (0..n).map(|_| ModelMemory { enclave: 0, run: 1 + rng.below(64), notified: Vec::new() }).collect();
+        Net { nodes, memory, peers, in_flight: VecDeque::new(), rng, drop_per_thousand, reorder, now: 0 }
+    }
+
+    fn collect(&mut self, node: usize) {
+        for (link, message) in self.nodes[node].outbox() {
+            let bytes = message.to_bytes().expect("a node only sends encodable messages");
+            let (peer, peer_link) = self.peers[node][link as usize];
+            self.in_flight.push_back((peer, peer_link, bytes));
+        }
+    }
+
+    /// Delivers (dropping and reordering as configured) until quiet, then advances time.
+    fn step(&mut self) {
+        let mut budget = 200_000;
+        while let Some(item) = if self.reorder && !self.in_flight.is_empty() {
+            let i = self.rng.below(self.in_flight.len() as u64) as usize;
+            self.in_flight.swap_remove_back(i)
+        } else {
+            self.in_flight.pop_front()
+        } {
+            budget -= 1;
+            assert!(budget > 0, "message storm");
+            let (node, link, bytes) = item;
+            if self.rng.chance(self.drop_per_thousand) {
+                continue;
+            }
+            self.nodes[node].receive(link, &bytes, &mut self.memory[node]);
+            self.memory[node].enclave = self.nodes[node].id().unwrap_or(0);
+            self.collect(node);
+        }
+        self.now += 50;
+        for node in 0..self.nodes.len() {
+            self.nodes[node].tick(self.now, &mut self.memory[node]);
+            self.collect(node);
+        }
+    }
+
+    fn settle_ids(&mut self) {
+        for _ in 0..2000 {
+            if self.nodes.iter().all(|n| n.id().is_some()) {
+                for (memory, node) in self.memory.iter_mut().zip(&self.nodes) {
+                    memory.enclave = node.id().unwrap_or(0);
+                }
+                return;
+            }
+            self.step();
+        }
+        panic!("not every enclave got an id");
+    }
+
+    /// Runs one request at `node` to completion (or to its give-up).
+    fn call(&mut self, node: usize, request: Request) -> Result<Reply, Error> {
+        let id = self.nodes[node].request(request, &mut self.memory[node])?;
+        self.collect(node);
+        for _ in 0..5000 {
+            // Completions of earlier, abandoned requests are dropped here.
+            if let Some(c) = self.nodes[node].completions().into_iter().find(|c| c.request == id) {
+                return c.result;
+            }
+            self.step();
+        }
+        panic!("request {id} at node {node} never completed nor gave up");
+    }
+}
+
+fn check_tree(n: usize, seed: u64, drop_per_thousand: u64, reorder: bool, pairs: usize) {
+    let mut net = Net::tree(n, seed, drop_per_thousand, reorder);
+    net.settle_ids();
+    let ids: Vec<EnclaveId> = net.nodes.iter().map(|n| n.id().unwrap()).collect();
+    let mut unique = ids.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), n, "enclave ids are unique: {ids:?}");
+    let lossless = drop_per_thousand == 0;
+    let mut rng = Rng(seed ^ 0xabcdef);
+    let mut completed = 0;
+    for round in 0..pairs {
+        let owner = rng.below(n as u64) as usize;
+        let attacher = rng.below(n as u64) as usize;
+        let process = 1 + rng.below(200);
+        let vaddr = rng.below(0x1000) * PAGE_SIZE;
+        let pages = 1 + rng.below(300);
+        let name = Name::new(std::format!("seg-{seed:x}-{round}").as_bytes()).unwrap();
+        let made = net.call(
+            owner,
+            Request::Make {
+                process,
+                vaddr,
+                size: pages * PAGE_SIZE,
+                owner: Owner { uid: 1000, gid: 100, mode: 0o600 },
+                name: Some(name.clone()),
+            },
+        );
+        let segment = match made {
+            Ok(Reply::Made(s)) => s,
+            Err(Error::Unreachable) if !lossless => continue,
+            other => panic!("make: {other:?}"),
+        };
+        assert_eq!(segment.enclave(), ids[owner], "a segid names its owner enclave");
+        match net.call(attacher, Request::Lookup { name: name.clone() }) {
+            Ok(Reply::Found(s)) => assert_eq!(s, segment),
+            Err(Error::Unreachable) if !lossless => {}
+            other => panic!("lookup: {other:?}"),
+        }
+        let who = Credentials { uid: 1000, groups: vec![100] };
+        let access = match net.call(
+            attacher,
+            Request::Get { process: 7, segment, access: ACCESS_READ_WRITE, credentials: who.clone() },
+        ) {
+            Ok(Reply::Granted { access, size }) => {
+                assert_eq!(size, pages * PAGE_SIZE);
+                access
+            }
+            Err(Error::Unreachable) if !lossless => continue,
+            other => panic!("get: {other:?}"),
+        };
+        // Someone else's credentials are refused.
+        if lossless {
+            let stranger = Credentials { uid: 4242, groups: vec![4242] };
+            assert_eq!(
+                net.call(attacher, Request::Get { process: 7, segment, access: ACCESS_READ_ONLY, credentials: stranger }),
+                Err(Error::Denied)
+            );
+        }
+        let offset_pages = rng.below(pages);
+        let attach_pages = 1 + rng.below(pages - offset_pages);
+        match net.call(
+            attacher,
+            Request::Attach { process: 7, access, offset: offset_pages * PAGE_SIZE, size: attach_pages * PAGE_SIZE },
+        ) {
+            Ok(Reply::Attached { segment: s, runs }) => {
+                assert_eq!(s, segment);
+                let expected = ModelMemory::expected(
+                    ids[owner],
+                    net.memory[owner].run,
+                    process,
+                    vaddr + offset_pages * PAGE_SIZE,
+                    attach_pages * PAGE_SIZE,
+                );
+                assert_eq!(runs, expected, "the attach maps exactly the owner's frames");
+                completed += 1;
+            }
+            Err(Error::Unreachable) if !lossless => {}
+            other => panic!("attach: {other:?}"),
+        }
+        // Attaching beyond the segment is an argument error, not a mapping.
+        if lossless {
+            assert_eq!(
+                net.call(attacher, Request::Attach { process: 7, access, offset: pages * PAGE_SIZE, size: PAGE_SIZE }),
+                Err(Error::Invalid)
+            );
+            assert_eq!(net.call(attacher, Request::Signal { process: 7, access }), Ok(Reply::Done));
+            net.step();
+            assert!(net.memory[owner].notified.contains(&(process, segment)), "the owner got the signal");
+        }
+        for request in [Request::Detach { process: 7, access }, Request::Release { process: 7, access }] {
+            match net.call(attacher, request) {
+                Ok(Reply::Done) => {}
+                Err(Error::Unreachable) if !lossless => {}
+                // A retried release whose first answer was lost is answered from the cache.
+                other => panic!("detach/release: {other:?}"),
+            }
+        }
+        if lossless {
+            // Only the owner process may remove.
+            assert_eq!(net.call(owner, Request::Remove { process: process + 1, segment }), Err(Error::Denied));
+        }
+        match net.call(owner, Request::Remove { process, segment }) {
+            Ok(Reply::Done) => {
+                if lossless {
+                    assert_eq!(net.call(owner, Request::Remove { process, segment }), Err(Error::NotFound));
+                    assert_eq!(
+                        net.call(attacher, Request::Attach { process: 7, access, offset: 0, size: PAGE_SIZE }),
+                        Err(Error::NotFound)
+                    );
+                }
+            }
+            Err(Error::Unreachable) if !lossless => {}
+            other => panic!("remove: {other:?}"),
+        }
+    }
+    assert!(completed > 0, "some attaches went through");
+    if lossless {
+        assert_eq!(completed, pairs);
+        let ns = net.nodes.iter().find_map(|n| n.name_server()).unwrap();
+        assert_eq!(ns.segment_count(), 0);
+        assert_eq!(ns.permit_count(), 0);
+    }
+}
+
+#[test]
+fn random_trees_every_pair_makes_gets_attaches_detaches_removes() {
+    for (i, n) in [1usize, 2, 3, 5, 8, 17, 33, 64].into_iter().enumerate() {
+        check_tree(n, 0x1000 + i as u64, 0, false, 24);
+    }
+}
+
+#[test]
+fn random_trees_with_reordering_links() {
+    for (i, n) in [4usize, 16, 64].into_iter().enumerate() {
+        check_tree(n, 0x2000 + i as u64, 0, true, 24);
+    }
+}
+
+#[test]
+fn random_trees_with_lossy_reordering_links_never_map_wrong_frames() {
+    for (i, n) in [6usize, 24, 64].into_iter().enumerate() {
+        check_tree(n, 0x3000 + i as u64, 30, true, 24);
+    }
+}
+
+#[test]
+fn every_pair_in_a_deep_chain() {
+    // A path of 12 enclaves: the longest route in a tree of this size; all 144 ordered pairs.
+    let n = 12;
+    let mut net = Net::tree(2, 1, 0, false);
+    let mut peers: Vec<Vec<(usize, LinkId)>> = vec![Vec::new(); n];
+    for i in 1..n {
+        let a = peers[i - 1].len() as LinkId;
+        let b = peers[i].len() as LinkId;
+        peers[i - 1].push((i, b));
+        peers[i].push((i - 1, a));
+    }
+    let timing = Timing { retry_after: 200, attempts: 8 };
+    net.nodes = (0..n).map(|i| Node::new(peers[i].len() as u32, i == n / 2, timing)).collect();
+    net.memory = (0..n).map(|i| ModelMemory { enclave: 0, run: 1 + i as u64, notified: Vec::new() }).collect();
+    net.peers = peers;
+    net.settle_ids();
+    let ids: Vec<EnclaveId> = net.nodes.iter().map(|n| n.id().unwrap()).collect();
+    for owner in 0..n {
+        let Ok(Reply::Made(segment)) = net.call(
+            owner,
+            Request::Make { process: 1, vaddr: 0, size: MAXADDR_SIZE, owner: Owner { uid: 0, gid: 0, mode: 0o600 }, name: None },
+        ) else {
+            panic!("make")
+        };
+        for attacher in 0..n {
+            let Ok(Reply::Granted { access, .. }) = net.call(
+                attacher,
+                Request::Get { process: 2, segment, access: ACCESS_READ_WRITE, credentials: rooted() },
+            ) else {
+                panic!("get")
+            };
+            // Whole-address-space segment: the offset is the owner's virtual address, and
+            // a range reaching past HOLE_FROM comes back with a hole.
+            let offset = HOLE_FROM - 4 * PAGE_SIZE;
+            let Ok(Reply::Attached { runs, .. }) =
+                net.call(attacher, Request::Attach { process: 2, access, offset, size: 8 * PAGE_SIZE })
+            else {
+                panic!("attach")
+            };
+            assert_eq!(runs, ModelMemory::expected(ids[owner], net.memory[owner].run, 1, offset, 8 * PAGE_SIZE));
+            assert_eq!(runs.last().unwrap().first, None);
+            assert_eq!(net.call(attacher, Request::Release { process: 2, access }), Ok(Reply::Done));
+        }
+        assert_eq!(net.call(owner, Request::Remove { process: 1, segment }), Ok(Reply::Done));
+    }
+}
+
+#[test]
+fn a_malformed_request_is_answered_with_an_error_and_the_node_keeps_working() {
+    let mut net = Net::tree(3, 99, 0, false);
+    net.settle_ids();
+    let ns_node = (0..3).find(|&i| net.nodes[i].name_server().is_some()).unwrap();
+    let client = (0..3).find(|&i| i != ns_node).unwrap();
+    let client_id = net.nodes[client].id().unwrap();
+    let mut bytes = Message::new(77, client_id, NAME_SERVER_ENCLAVE, Body::List { after: 0 }).to_bytes().unwrap();
+    bytes.push(0xee); // trailing garbage, body length now wrong
+    let link = net.nodes[ns_node].route(client_id).unwrap();
+    net.nodes[ns_node].receive(link, &bytes, &mut net.memory[ns_node]);
+    let out = net.nodes[ns_node].outbox();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].1.body, Body::Failed { error: Error::Malformed });
+    assert_eq!(out[0].1.header.request, 77);
+    assert_eq!(net.call(client, Request::List { after: 0 }), Ok(Reply::Listed { more: false, entries: vec![] }));
+}
+
+#[test]
+fn answers_from_the_wrong_enclave_or_of_the_wrong_kind_are_ignored() {
+    let mut net = Net::tree(3, 5, 0, false);
+    net.settle_ids();
+    let client = (0..3).find(|&i| net.nodes[i].name_server().is_none()).unwrap();
+    let id = net.nodes[client].id().unwrap();
+    let request = net.nodes[client].request(Request::List { after: 0 }, &mut net.memory[client]).unwrap();
+    let _ = net.nodes[client].outbox(); // lose the request
+    let link = net.nodes[client].link_towards_name_server().unwrap();
+    let seg = SegmentId::new(1, 1).unwrap();
+    for forged in [
+        Message::new(request, 9, id, Body::Listed { more: false, entries: vec![] }), // not the name server
+        Message::new(request, 1, id, Body::Found { segment: seg }),                  // wrong kind
+        Message::new(request + 1, 1, id, Body::Listed { more: false, entries: vec![] }), // unknown request
+    ] {
+        net.nodes[client].receive(link, &forged.to_bytes().unwrap(), &mut net.memory[client]);
+        assert!(net.nodes[client].completions().is_empty(), "{forged:?}");
+    }
+    assert_eq!(net.nodes[client].pending_requests(), 1);
+}
