@@ -207,6 +207,31 @@ fn cli_mistakes_and_bad_requests_get_errors_that_say_what_to_do() {
 }
 
 #[test]
+fn only_root_or_the_clowder_group_may_create_enclaves() {
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 || Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!("skipped: needs root and setpriv to act as an unprivileged user");
+        return;
+    }
+    let daemon = TestDaemon::start("permissions");
+    let as_nobody = |args: &[&str]| {
+        Command::new("setpriv")
+            .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", env!("CARGO_BIN_EXE_clowder")])
+            .args(args)
+            .env("CLOWDER_SOCKET", daemon.socket())
+            .current_dir("/")
+            .output()
+            .unwrap()
+    };
+    let create = as_nobody(&["enclave", "create", "--name", "x", "--mem", "64M"]);
+    assert_eq!(create.status.code(), Some(1));
+    let message = stderr(&create);
+    assert!(message.contains("permission denied") && message.contains("`clowder` group") && message.contains("uid 65534"), "{message}");
+    let listing = as_nobody(&["enclave", "ls"]);
+    assert!(listing.status.success(), "anyone may list: {}", stderr(&listing));
+}
+
+#[test]
 fn malformed_api_requests_get_errors_and_the_connection_survives() {
     let daemon = TestDaemon::start("raw-api");
     let stream = UnixStream::connect(daemon.socket()).unwrap();

@@ -89,6 +89,28 @@
 //! but starts pinging; a kernel that does not answer `Ping` in time is declared hung and its
 //! enclave is torn down. `LaunchJob` → `JobStarted` (or `LaunchFailed`) → any number of
 //! `JobOutput` and `FileRequest`/reply pairs → `JobExited`.
+//!
+//! # The guest side, step by step
+//!
+//! 1. Find the channel on the command line (`clowder.channel=<gpa>,<size>`,
+//!    `clowder.channel_vector=<v>`, `clowder.channel_port=<p>`; `docs/guest-abi.md`), map it,
+//!    `clowder_channel::Channel::attach` it and take `guest_end()`. Keep one frame buffer of
+//!    `max_message_len()` bytes and one [`Reassembler`] over a [`MAX_MESSAGE_LEN`] buffer.
+//! 2. Enable the LAPIC and route `channel_vector` to a handler on vCPU 0.
+//! 3. Send `Hello { version: PROTOCOL_VERSION, vcpus, memory }`.
+//! 4. Receive: `recv` frames, push them through the reassembler, [`HostMessage::decode`] the
+//!    result. Send: [`EnclaveMessage::encode`], cut with [`Fragmenter`], `send` each frame
+//!    (retry while the ring is full), then write the doorbell port if `peer_waiting()`.
+//! 5. **Keep `waiting` set whenever the kernel is not polling the ring, including while a job
+//!    runs**, so each host message raises the channel interrupt. A tickless kernel whose job
+//!    spins in user space never looks at the ring otherwise, and an unanswered `Ping` (5 s by
+//!    default) gets the enclave removed. Answering `Ping` from the interrupt handler is enough.
+//! 6. On `LaunchJob`: map the `binary` and `files` runs (they are memory regions the host added
+//!    above RAM, not in the boot memory map), load the binary, give the job `argv`, `env` and
+//!    `cwd`, send `JobStarted`; stream writes to fds 1 and 2 as `JobOutput` (chunks of
+//!    [`max_output_chunk`]); forward file calls on other paths as `FileRequest` and block the
+//!    calling thread until the reply with the same `request` arrives; send `JobExited` last.
+//! 7. On `Shutdown`: end the jobs, then stop the machine (write the exit port).
 
 pub mod frame;
 mod wire;
