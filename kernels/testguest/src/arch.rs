@@ -3,6 +3,8 @@
 use core::arch::{asm, global_asm};
 use core::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
+pub mod user_mode;
+
 pub fn outb(port: u16, value: u8) {
     // SAFETY: port I/O has no memory effects visible to Rust.
     unsafe { asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack, preserves_flags)) }
@@ -13,6 +15,8 @@ pub fn outw(port: u16, value: u16) {
     unsafe { asm!("out dx, ax", in("dx") port, in("ax") value, options(nomem, nostack, preserves_flags)) }
 }
 
+/// Always inlined: ring-3 code rings the channel doorbell with it and must not call kernel text.
+#[inline(always)]
 pub fn outl(port: u16, value: u32) {
     // SAFETY: as for `outb`.
     unsafe { asm!("out dx, eax", in("dx") port, in("eax") value, options(nomem, nostack, preserves_flags)) }
@@ -216,7 +220,9 @@ fn set_gate(vector: u8, handler: u64) {
         | (0x8e00 << 32) // present, DPL 0, 64-bit interrupt gate
         | ((handler >> 16) & 0xffff) << 48;
     let high = handler >> 32;
-    // SAFETY: only the CPU that won the IDT_BUILDING race writes, before IDT_READY is published.
+    // SAFETY: only the CPU that won the IDT_BUILDING race writes, before IDT_READY is published;
+    // afterwards only `user_mode` replaces two exception gates, on vCPU 0 while the others are
+    // halted, with handlers that fall back to the same stubs.
     unsafe {
         let idt = &raw mut IDT;
         (*idt).0[vector as usize * 2] = low;

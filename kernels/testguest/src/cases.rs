@@ -8,6 +8,8 @@ use crate::hypercall::{self, exit, report};
 use crate::{arch, boot, paging, println, start_info, zero_page, Boot};
 use crate::{EXIT_BAD_CMDLINE, EXIT_FAIL, EXIT_NO_CHANNEL, EXIT_PASS};
 
+mod user_echo;
+
 pub fn run(boot: &Boot) -> ! {
     let Some(test) = boot.cmdline.get("test") else {
         println!("testguest: no test= on the command line '{}'", boot.cmdline.0);
@@ -315,7 +317,9 @@ fn channel_server(boot: &Boot) -> ! {
         println!("channel: no clowder.channel=<gpa>,<size> on the command line");
         exit(EXIT_NO_CHANNEL)
     };
-    let doorbell = boot.cmdline.get("mode") == Some("doorbell");
+    let mode = boot.cmdline.get("mode");
+    let doorbell = mode == Some("doorbell");
+    let poll_in_ring3 = mode == Some("poll-user");
     // SAFETY: the VMM reserved [gpa, gpa + size) for the channel; it is in low RAM, identity
     // mapped, and only accessed through the channel crate.
     let channel = match unsafe { Channel::attach(gpa as *mut u8, size as usize) } {
@@ -336,8 +340,22 @@ fn channel_server(boot: &Boot) -> ! {
     if doorbell {
         arch::lapic_enable();
     }
-    println!("channel: attached at {:#x} size {:#x}, {} mode", gpa, size, if doorbell { "doorbell" } else { "polling" });
+    let mode_name = match (doorbell, poll_in_ring3) {
+        (true, _) => "doorbell",
+        (false, true) => "ring-3 polling",
+        (false, false) => "polling",
+    };
+    println!("channel: attached at {:#x} size {:#x}, {} mode", gpa, size, mode_name);
     report(b"chready", gpa);
+    if poll_in_ring3 {
+        match user_echo::serve(endpoint, gpa, size, doorbell_port) {
+            Ok(echoed) => report_quit(echoed),
+            Err(failure) => {
+                println!("channel: {}", failure);
+                exit(EXIT_FAIL)
+            }
+        }
+    }
     let mut server = ChannelServer { endpoint, doorbell_port, echoed: 0 };
     let mut buffer = [0u8; 256];
     loop {
@@ -359,11 +377,7 @@ fn channel_server(boot: &Boot) -> ! {
         let message = &buffer[..length];
         if message == b"quit" {
             server.send(b"bye");
-            let wakeups = u64::from(arch::DEVICE_INTERRUPTS.load(Ordering::Relaxed));
-            report(b"echoed", server.echoed);
-            report(b"wakeups", wakeups);
-            println!("channel: quit after {} echoes, {} wakeups", server.echoed, wakeups);
-            exit(EXIT_PASS)
+            report_quit(server.echoed)
         } else if let Some(arguments) = message.strip_prefix(b"map ") {
             let reply = map_and_check_region(arguments);
             server.send(reply.as_bytes());
@@ -372,6 +386,15 @@ fn channel_server(boot: &Boot) -> ! {
             server.echoed += 1;
         }
     }
+}
+
+/// After `bye`: the reports every channel mode ends with.
+fn report_quit(echoed: u64) -> ! {
+    let wakeups = u64::from(arch::DEVICE_INTERRUPTS.load(Ordering::Relaxed));
+    report(b"echoed", echoed);
+    report(b"wakeups", wakeups);
+    println!("channel: quit after {} echoes, {} wakeups", echoed, wakeups);
+    exit(EXIT_PASS)
 }
 
 /// Poll-then-sleep: announce we wait, look once more, and only then halt until the channel's

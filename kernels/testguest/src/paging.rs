@@ -60,3 +60,110 @@ pub fn map_region(gpa: u64, size: u64) -> Result<*mut u64, MapError> {
     arch::flush_tlb();
     Ok(REGION_WINDOW as *mut u64)
 }
+
+// ---------------------------------------------------------------------------------------------
+// User access: the U bit on exactly the pages ring-3 code touches.
+
+const USER: u64 = 0x4;
+const PRESENT: u64 = 0x1;
+const WRITABLE: u64 = 0x2;
+const LARGE_PAGE: u64 = 0x80;
+const LARGE_PAGE_SIZE: u64 = 2 * 1024 * 1024;
+/// Bits of an entry that hold the physical address.
+const ADDRESS_MASK: u64 = 0x000f_ffff_ffff_f000;
+/// Flags a 4 KiB entry inherits from the 2 MiB page it replaces: present, writable, PWT, PCD
+/// (not U, which only `allow_user_access` sets, nor PS, which means PAT in a 4 KiB entry).
+const INHERITED_FLAGS: u64 = 0x1b;
+/// 2 MiB pages that can be split into 4 KiB pages for user access: the image's and the
+/// channel's (two, in case it straddles a 2 MiB boundary), and one spare.
+const SPLIT_TABLES: usize = 4;
+
+#[repr(C, align(4096))]
+struct PageTable([u64; 512]);
+
+static mut SPLIT_PAGE_TABLES: [PageTable; SPLIT_TABLES] = [const { PageTable([0; 512]) }; SPLIT_TABLES];
+static SPLIT_TABLES_USED: AtomicUsize = AtomicUsize::new(0);
+
+/// What ring 3 may do with the pages (the kernel never writes user code, so read-only pages
+/// cost it nothing even with CR0.WP set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UserAccess {
+    ReadOnly,
+    ReadWrite,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UserMapError {
+    Empty,
+    /// The address is not mapped by the current page tables.
+    NotMapped(u64),
+    /// More 2 MiB pages would need splitting than there are spare tables.
+    NoSplitTableLeft,
+}
+
+/// Makes the 4 KiB pages covering `[start, end)` of the current (identity or window) mapping
+/// accessible from ring 3 (and read-only for everyone with `UserAccess::ReadOnly`). A 2 MiB page they fall in is first split into 4 KiB pages with the
+/// same frames and flags, so its other pages stay supervisor-only; the U bit on the upper levels
+/// only lets the leaves decide. One vCPU at a time; other vCPUs' TLBs are not flushed.
+pub fn allow_user_access(start: u64, end: u64, access: UserAccess) -> Result<(), UserMapError> {
+    if start >= end {
+        return Err(UserMapError::Empty);
+    }
+    let mut page = start & !(PAGE_SIZE - 1);
+    while page < end {
+        set_user_bit(page, access)?;
+        page += PAGE_SIZE;
+    }
+    arch::flush_tlb();
+    Ok(())
+}
+
+/// Sets U on every level of the walk for `address`, splitting a 2 MiB leaf on the way.
+fn set_user_bit(address: u64, access: UserAccess) -> Result<(), UserMapError> {
+    let index = |level_shift: u32| ((address >> level_shift) & 511) as usize;
+    let pml4 = (arch::read_cr3() & ADDRESS_MASK) as *mut u64;
+    // SAFETY: the page tables are identity mapped (they live in the image, below 4 GiB), and
+    // only this vCPU changes them. Each step checks the present bit before following an entry;
+    // a split fills the new table completely before the directory entry points at it, and it
+    // maps the same frames with the same permissions, so nothing running changes meaning.
+    unsafe {
+        let pml4_entry = pml4.add(index(39));
+        if *pml4_entry & PRESENT == 0 {
+            return Err(UserMapError::NotMapped(address));
+        }
+        *pml4_entry |= USER;
+        let pdpt_entry = ((*pml4_entry & ADDRESS_MASK) as *mut u64).add(index(30));
+        if *pdpt_entry & PRESENT == 0 || *pdpt_entry & LARGE_PAGE != 0 {
+            return Err(UserMapError::NotMapped(address));
+        }
+        *pdpt_entry |= USER;
+        let directory_entry = ((*pdpt_entry & ADDRESS_MASK) as *mut u64).add(index(21));
+        if *directory_entry & PRESENT == 0 {
+            return Err(UserMapError::NotMapped(address));
+        }
+        if *directory_entry & LARGE_PAGE != 0 {
+            let table_index = SPLIT_TABLES_USED.fetch_add(1, Ordering::Relaxed);
+            if table_index >= SPLIT_TABLES {
+                return Err(UserMapError::NoSplitTableLeft);
+            }
+            let table = &raw mut SPLIT_PAGE_TABLES[table_index];
+            let frame = *directory_entry & ADDRESS_MASK & !(LARGE_PAGE_SIZE - 1);
+            let flags = *directory_entry & INHERITED_FLAGS;
+            for (slot, entry) in (*table).0.iter_mut().enumerate() {
+                *entry = (frame + slot as u64 * PAGE_SIZE) | flags;
+            }
+            *directory_entry = table as u64 | PRESENT_WRITABLE | USER;
+        } else {
+            *directory_entry |= USER;
+        }
+        let table_entry = ((*directory_entry & ADDRESS_MASK) as *mut u64).add(index(12));
+        if *table_entry & PRESENT == 0 {
+            return Err(UserMapError::NotMapped(address));
+        }
+        *table_entry |= USER;
+        if access == UserAccess::ReadOnly {
+            *table_entry &= !WRITABLE;
+        }
+    }
+    Ok(())
+}
