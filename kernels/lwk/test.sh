@@ -108,5 +108,18 @@ if [ "$runner" = qemu ] && [ $# -eq 0 ]; then
     fi
 fi
 
+# A job whose threads all wait for each other (Linux would hang): the kernel reports the
+# dead-lock and ends the job with status 137.
+if [ $# -eq 0 ]; then
+    musl-gcc -static -O2 -pthread -o "$work/deadlock" "$here/tests/lwk-only/deadlock.c"
+    status=$(run_in_lwk "$work/deadlock" deadlock "$work/deadlock.lwk")
+    if [ "$status" = 137 ] && grep -q 'dead-lock' "$work/deadlock.lwk.kernel"; then
+        echo "ok   dead-lock reported: status 137"
+    else
+        echo "FAIL dead-lock: status $status"; cat "$work/deadlock.lwk.console"
+        failures=$((failures + 1))
+    fi
+fi
+
 [ $failures -eq 0 ] && echo "all passed" || echo "$failures failed"
 [ $failures -eq 0 ]

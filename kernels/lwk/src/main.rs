@@ -31,6 +31,7 @@ extern "C" fn kernel_main(start_info: u64) -> ! {
     let boot_tsc = arch::cpu::read_tsc();
     arch::serial::init();
     arch::tables::init_boot_cpu();
+    sched::set_apic_id(0, arch::apic::init_local_apic());
     sched::mark_cpu_tables_ready();
     arch::cpu::mask_legacy_pics();
     let boot = match BootInfo::parse(start_info) {
@@ -71,6 +72,7 @@ extern "C" fn ap_main(cpu: u64) -> ! {
         arch::cpu::halt_forever();
     }
     arch::tables::init_cpu(cpu as usize, 0);
+    sched::set_apic_id(cpu as usize, arch::apic::init_local_apic());
     arch::cpu::enable_user_fpu();
     arch::paging::enable_global_pages();
     sched::join_cpu(cpu as usize)

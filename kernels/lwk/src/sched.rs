@@ -6,6 +6,7 @@
 //! Placement: a new thread goes to the online CPU with the fewest threads (the lowest index
 //! on ties) and stays there.
 
+use crate::arch::apic;
 use crate::arch::cpu::{self, MSR_FS_BASE, MSR_GS_BASE};
 use crate::arch::paging::PAGE_SIZE;
 use crate::arch::phys;
@@ -18,7 +19,7 @@ use crate::job;
 use crate::mm::pmem;
 use alloc::collections::{BTreeMap, VecDeque};
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum State {
@@ -71,6 +72,19 @@ struct Scheduler {
 static SCHEDULER: SpinLock<Option<Scheduler>> = SpinLock::new(None);
 /// Each CPU's run-queue length, for its idle loop to poll without taking the lock.
 static QUEUED: [AtomicUsize; MAX_CPUS] = [const { AtomicUsize::new(0) }; MAX_CPUS];
+/// Each CPU's local APIC id (`NO_APIC` without x2APIC): the address of its wake-up IPI.
+static APIC_IDS: [AtomicU32; MAX_CPUS] = [const { AtomicU32::new(NO_APIC) }; MAX_CPUS];
+const NO_APIC: u32 = u32::MAX;
+
+/// Records how to wake `cpu` when it sleeps (its x2APIC id), or that it cannot sleep.
+pub fn set_apic_id(cpu: usize, apic_id: Option<u32>) {
+    APIC_IDS[cpu].store(apic_id.unwrap_or(NO_APIC), Ordering::Relaxed);
+}
+
+fn apic_id(cpu: usize) -> Option<u32> {
+    Some(APIC_IDS[cpu].load(Ordering::Relaxed)).filter(|&id| id != NO_APIC)
+}
+
 /// Set once the main thread exists: the other CPUs may join.
 static CPUS_RELEASED: AtomicBool = AtomicBool::new(false);
 /// Set once CPU 0 has filled the shared IDT: the other CPUs may load their tables.
@@ -102,6 +116,12 @@ impl Scheduler {
         let cpu = self.threads[&tid].cpu;
         self.cpus[cpu].run_queue.push_back(tid);
         QUEUED[cpu].store(self.cpus[cpu].run_queue.len(), Ordering::Release);
+        // An idle CPU may be asleep in HLT.
+        if self.cpus[cpu].current.is_none() && cpu != tables::current_cpu() {
+            if let Some(apic_id) = apic_id(cpu) {
+                apic::send_wake(apic_id);
+            }
+        }
     }
 
     fn dequeue(&mut self, cpu: usize) -> Option<u64> {
@@ -158,29 +178,52 @@ extern "C" fn idle_entry() -> ! {
     idle_loop(tables::current_cpu())
 }
 
-/// How many idle polls pass between checks for expired timed waits and dead-lock.
+/// How many idle polls pass between checks for expired timed waits and dead-lock, on a
+/// CPU that cannot sleep.
 const IDLE_CHECK_INTERVAL: u32 = 1024;
 
+enum IdleStep {
+    Run(usize, u64),
+    /// Nothing to do until another CPU queues a thread here and sends the wake-up IPI.
+    Sleep,
+    /// A timed wait may expire (or the CPU has no x2APIC): look again soon.
+    Poll,
+}
+
+/// A CPU with no thread to run: sleeps in HLT when only a wake-up IPI can give it work, else
+/// polls its queue and the clock.
 fn idle_loop(cpu: usize) -> ! {
-    let mut polls = 0u32;
     loop {
-        polls = polls.wrapping_add(1);
-        if QUEUED[cpu].load(Ordering::Acquire) == 0 && polls % IDLE_CHECK_INTERVAL != 0 {
-            core::hint::spin_loop();
-            continue;
-        }
-        let next = with_scheduler(|scheduler| {
+        let step = with_scheduler(|scheduler| {
             expire_timed_waits(scheduler, cpu);
-            if cpu == 0 && scheduler.threads.values().all(|thread| matches!(thread.state, State::Waiting { deadline: None, .. })) {
-                log!("every thread of the job waits on a futex that nobody can wake: dead-lock");
-                job::exit(128 + 9);
+            if let Some(next) = scheduler.dequeue(cpu) {
+                let (slot, stack_top) = enter_thread(scheduler, cpu, next);
+                return IdleStep::Run(slot, stack_top);
             }
-            let next = scheduler.dequeue(cpu)?;
-            Some(enter_thread(scheduler, cpu, next))
+            let timed_wait_here = scheduler
+                .threads
+                .values()
+                .any(|thread| thread.cpu == cpu && matches!(thread.state, State::Waiting { deadline: Some(_), .. }));
+            if timed_wait_here || apic_id(cpu).is_none() {
+                IdleStep::Poll
+            } else {
+                IdleStep::Sleep
+            }
         });
-        if let Some((slot, stack_top)) = next {
-            trap::switch_context(cpu, trap::idle_slot(cpu), slot, stack_top);
-            free_exited_stacks(cpu);
+        match step {
+            IdleStep::Run(slot, stack_top) => {
+                trap::switch_context(cpu, trap::idle_slot(cpu), slot, stack_top);
+                free_exited_stacks(cpu);
+            }
+            IdleStep::Sleep => apic::sleep_until_interrupt(),
+            IdleStep::Poll => {
+                for _ in 0..IDLE_CHECK_INTERVAL {
+                    if QUEUED[cpu].load(Ordering::Acquire) != 0 {
+                        break;
+                    }
+                    core::hint::spin_loop();
+                }
+            }
         }
     }
 }
@@ -342,6 +385,10 @@ pub fn wait(address: u64, bitset: u32, deadline: Option<u64>, still_expected: im
             if expected {
                 thread.state = State::Waiting { address, bitset, deadline };
                 thread.wait_result = WaitResult::Woken;
+                if scheduler.threads.values().all(|thread| matches!(thread.state, State::Waiting { deadline: None, .. })) {
+                    log!("every thread of the job waits on a futex that nobody can wake: dead-lock");
+                    job::exit(128 + 9);
+                }
             } else {
                 // Not blocking after all: stay, by running ourselves next.
                 let current = scheduler.current(cpu);
@@ -352,6 +399,12 @@ pub fn wait(address: u64, bitset: u32, deadline: Option<u64>, still_expected: im
         cpu,
     );
     expected.then(|| with_scheduler(|scheduler| scheduler.current_thread(cpu).wait_result))
+}
+
+/// Blocks the current thread until the monotonic clock reaches `deadline` (ns).
+pub fn sleep_until(deadline: u64) {
+    // A wait no wake can end: bitset 0 meets no wake's bitset.
+    wait(0, 0, Some(deadline), || clock::monotonic_ns() < deadline);
 }
 
 /// Wakes up to `count` threads waiting on `address` whose bitset meets `bitset`.

@@ -1,6 +1,7 @@
 //! Everything that needs `unsafe`: boot code, CPU tables, traps, page tables, physical memory
 //! access, the kernel heap and the serial port. The rest of the kernel is safe Rust.
 
+pub mod apic;
 mod boot;
 pub mod cpu;
 pub mod heap;

@@ -76,7 +76,7 @@ static mut GDT: [[u64; 7]; MAX_CPUS] = [[
     0,                     // TSS, low half (filled in at init)
     0,                     // TSS, high half
 ]; MAX_CPUS];
-static mut IDT: [IdtEntry; 32] = [IdtEntry {
+static mut IDT: [IdtEntry; 256] = [IdtEntry {
     offset_low: 0,
     selector: 0,
     ist: 0,
@@ -84,7 +84,7 @@ static mut IDT: [IdtEntry; 32] = [IdtEntry {
     offset_mid: 0,
     offset_high: 0,
     reserved: 0,
-}; 32];
+}; 256];
 static mut PER_CPU: [PerCpu; MAX_CPUS] = [PerCpu { self_pointer: 0, trap_stack_top: 0, user_rsp_scratch: 0, cpu_index: 0 }; MAX_CPUS];
 
 #[repr(C, packed)]
@@ -132,23 +132,25 @@ pub fn init_boot_cpu() {
     let has_rdtscp = cpu::cpuid(0x8000_0001, 0).edx & (1 << 27) != 0;
     HAS_RDTSCP.store(has_rdtscp, core::sync::atomic::Ordering::Relaxed);
     let stubs = super::trap::exception_stubs_start();
+    let gate = |handler: u64, dpl: u8, ist: u8| IdtEntry {
+        offset_low: handler as u16,
+        selector: KERNEL_CODE,
+        ist,
+        attributes: 0x8e | dpl << 5, // present interrupt gate
+        offset_mid: (handler >> 16) as u16,
+        offset_high: (handler >> 32) as u32,
+        reserved: 0,
+    };
     // SAFETY: runs once on the boot CPU before any other CPU runs kernel code.
     unsafe {
         for vector in 0..32 {
             let handler = stubs + vector as u64 * super::trap::EXCEPTION_STUB_SIZE;
             // Breakpoint may be raised by user `int3` (DPL 3); the double fault gets its own
             // stack so a kernel stack overflow still produces a report.
-            let dpl = if vector == 3 { 3 } else { 0 };
-            IDT[vector] = IdtEntry {
-                offset_low: handler as u16,
-                selector: KERNEL_CODE,
-                ist: if vector == 8 { 1 } else { 0 },
-                attributes: 0x8e | dpl << 5,
-                offset_mid: (handler >> 16) as u16,
-                offset_high: (handler >> 32) as u32,
-                reserved: 0,
-            };
+            IDT[vector] = gate(handler, if vector == 3 { 3 } else { 0 }, if vector == 8 { 1 } else { 0 });
         }
+        IDT[super::apic::WAKE_VECTOR] = gate(super::apic::wake_handler(), 0, 0);
+        IDT[super::apic::SPURIOUS_VECTOR] = gate(super::apic::spurious_handler(), 0, 0);
     }
     init_cpu(0, trap_stack_top());
 }
@@ -187,7 +189,7 @@ pub fn init_cpu(cpu: usize, trap_stack_top: u64) {
             tss = in(reg) TSS_SELECTOR as u64,
             scratch = out(reg) _,
         );
-        let idt_pointer = DescriptorPointer { limit: size_of::<[IdtEntry; 32]>() as u16 - 1, base: (&raw const IDT) as u64 };
+        let idt_pointer = DescriptorPointer { limit: size_of::<[IdtEntry; 256]>() as u16 - 1, base: (&raw const IDT) as u64 };
         asm!("lidt [{}]", in(reg) &idt_pointer, options(nostack));
 
         PER_CPU[cpu].self_pointer = (&raw const PER_CPU[cpu]) as u64;
