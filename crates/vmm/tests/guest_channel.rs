@@ -93,8 +93,8 @@ impl<'a> HostSide<'a> {
 
 impl HostSide<'_> {
     /// Like `recv`, but busy-polls without giving up the CPU: the setting in which a round
-    /// trip is measured (both sides spin).
-    fn recv_spinning(&mut self) -> Vec<u8> {
+    /// trip is measured (both sides spin). `guest` is for the failure message.
+    fn recv_spinning(&mut self, guest: &Guest) -> Vec<u8> {
         let deadline = Instant::now() + GUEST_TIMEOUT;
         let mut buffer = [0u8; 256];
         let mut polls = 0u64;
@@ -105,7 +105,11 @@ impl HostSide<'_> {
             polls += 1;
             // Reading the clock costs more than a poll; look only now and then.
             if polls % 65536 == 0 {
-                assert!(Instant::now() < deadline, "no reply from the guest within {GUEST_TIMEOUT:?}");
+                assert!(
+                    Instant::now() < deadline,
+                    "no reply from the guest within {GUEST_TIMEOUT:?}; serial:\n{}",
+                    guest.serial()
+                );
             }
             std::hint::spin_loop();
         }
@@ -196,7 +200,7 @@ fn channel_echo_with_a_ring3_poller() {
         let sent = message(index);
         let start = Instant::now();
         host.send(&sent);
-        let reply = host.recv_spinning();
+        let reply = host.recv_spinning(&guest);
         round_trips.push(start.elapsed());
         assert_eq!(reply, sent, "echo {index}");
     }
