@@ -112,7 +112,7 @@ impl Sender {
 impl Receiver {
     /// Takes the next complete message, waiting up to `timeout` for one to start (poll first,
     /// then sleep on the doorbell). The frames of a message follow each other, so once one has
-    /// started this waits for the rest, up to [`SEND_TIMEOUT`]. Ring corruption is an error:
+    /// started this waits for the rest, up to 5 s. Ring corruption is an error:
     /// nothing more from this channel can be trusted.
     pub fn receive(&mut self, timeout: Duration) -> Result<Received, String> {
         let mut reassembler = Reassembler::new(&mut self.assembly);

@@ -25,7 +25,7 @@
 //! | kind | message | fields |
 //! |------|---------|--------|
 //! | `0x0001` | `Ping` | u64 nonce: answer `Pong` with the same nonce |
-//! | `0x0002` | `LaunchJob` | u32 job, list<cstr> argv, list<cstr> env, cstr cwd, u64 cores, u64 heap_size, u64 stack_size, file binary, list<file> files |
+//! | `0x0002` | `LaunchJob` | u32 job, `list<cstr>` argv, `list<cstr>` env, cstr cwd, u64 cores, u64 heap_size, u64 stack_size, `file` binary, `list<file>` files |
 //! | `0x0003` | `SignalJob` | u32 job, u32 signal (Linux numbers) |
 //! | `0x0004` | `KillJob` | u32 job |
 //! | `0x0005` | `Shutdown` | (none): end every job, then stop the machine |
