@@ -64,6 +64,8 @@ for n in 2 3; do
 	check_output "file I/O from a node; read() at the origin into a page a node holds ($n nodes)" "PASS fileio" \
 		$DEXRUN -n $n "$BUILD/coherence" fileio
 done
+check_output "OpenMP parallel region spread over 3 nodes (libgomp threads migrate)" "PASS openmp" \
+	$DEXRUN -n 3 "$BUILD/openmp_region"
 check_output "Popcorn API: migrate() with callback, node info, error codes, tid" "PASS popcorn" \
 	$DEXRUN -n 2 "$BUILD/popcorn_compat"
 
