@@ -12,10 +12,13 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use clowderd::client::Client;
+use clowderd::console::LogBook;
 use clowderd::daemon::{Daemon, DaemonConfig};
 use clowderd::enclave::Liveness;
-use clowderd::machine::VmmLauncher;
-use clowderd::server;
+use clowderd::link::{self, Received};
+use clowderd::machine::{start_vmm, vmm_command, MachineSpec, VmmLauncher};
+use clowderd::{server, sys};
+use enclave_proto::HostMessage;
 use serde_json::{json, Value};
 
 fn workspace_root() -> PathBuf {
@@ -361,4 +364,42 @@ fn a_kernel_without_the_channel_protocol_cannot_back_a_persistent_enclave_yet() 
     assert!(message.contains("enclave sim did not start") && message.contains("clowder run without --enclave"), "{message}");
     let logs = daemon.clowder(&["logs", "sim"], &daemon.dir.0);
     assert!(stdout(&logs).contains("did not start"), "{}", stdout(&logs));
+}
+
+#[test]
+fn the_host_end_attaches_to_a_running_vmm() {
+    require_kvm!();
+    let dir = TempDir::new("vmm-channel");
+    let spin = build_program(&dir.0, "spin", SPIN);
+    let core = *clowderd::cores::usable_cores().unwrap().iter().last().unwrap();
+    let spec = MachineSpec { name: "probe".into(), cores: vec![core], memory: 64 << 20, hugepages: false };
+    let mut command = vmm_command(&vmm_binary(), &kernel_image(), &spec);
+    command.arg("--module").arg(&spin).arg("--cmdline").arg("-- spin");
+    let log = std::sync::Arc::new(LogBook::new(100));
+    let mut machine = start_vmm(command, dir.0.join("probe.vmm.sock"), log.clone()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !log.lines().iter().any(|line| line == "console: spinning") {
+        assert!(Instant::now() < deadline, "the job never ran: {:?}", log.lines());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    let parts = machine.channel().unwrap();
+    assert!(parts.channel_gpa + parts.channel_size <= 64 << 20, "the channel sits in low RAM");
+    let (mut sender, mut receiver, ram) = link::attach(parts).unwrap();
+    sender.send(&HostMessage::Ping { nonce: 1 }).unwrap();
+    // The job spins and the kernel does not read its ring yet: nothing comes back, and
+    // nothing breaks.
+    assert!(matches!(receiver.receive(Duration::from_millis(50)).unwrap(), Received::Nothing));
+    assert!(ram.check(0x100000, 4096).is_ok());
+    assert!(ram.check(64 << 20, 1).is_err(), "beyond RAM");
+
+    let shared = sys::memfd("probe-file").unwrap();
+    shared.set_len(8192).unwrap();
+    let region = machine.add_region(&shared, 8192).unwrap();
+    assert!(region.gpa >= 64 << 20, "shared files go above RAM: {region:?}");
+    machine.remove_region(region.slot).unwrap();
+
+    assert_eq!(machine.ended(), None);
+    let ended = machine.shut_down(Duration::from_secs(5));
+    assert_eq!(ended, "clowder-vmm stopped on signal 15 (SIGTERM)");
 }

@@ -80,6 +80,8 @@ pub fn describe_vmm_exit(status: ExitStatus) -> String {
         126 => "the guest did something the VMM does not handle (status 126)".into(),
         127 => "KVM failed inside the VMM (status 127)".into(),
         254 => "the LWK panicked (status 254)".into(),
+        // clowder-vmm's own convention for a VM it tore down on a signal.
+        code @ 129..=159 => format!("clowder-vmm stopped on signal {} ({})", code - 128, signal_name(code - 128)),
         code => format!("clowder-vmm exited with status {code}"),
     }
 }
@@ -150,30 +152,36 @@ fn follow_console(source: impl std::io::Read + Send + 'static, log: Arc<LogBook>
 impl Launcher for VmmLauncher {
     fn launch(&self, spec: &MachineSpec, log: Arc<LogBook>) -> Result<Box<dyn Machine>, String> {
         let control_path = self.runtime_dir.join(format!("{}.vmm.sock", spec.name));
-        let _ = std::fs::remove_file(&control_path);
-        let mut command = vmm_command(&self.vmm, &self.kernel, spec);
-        command.arg("--control").arg(&control_path).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child = command.spawn().map_err(|e| format!("cannot start {}: {e}", self.vmm.display()))?;
-        log.push(format!("clowderd: started clowder-vmm pid {} for enclave {}", child.id(), spec.name));
-        follow_console(child.stdout.take().expect("piped stdout"), log.clone(), "console: ");
-        follow_console(child.stderr.take().expect("piped stderr"), log.clone(), "vmm: ");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let control = loop {
-            if let Ok(client) = ControlClient::connect(&control_path) {
-                break client;
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!("{} before its control socket was up", describe_vmm_exit(status)));
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("clowder-vmm did not open its control socket {} within 10 s", control_path.display()));
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        Ok(Box::new(VmmMachine { child, control, control_path, ended: None }))
+        log.push(format!("clowderd: starting clowder-vmm for enclave {}", spec.name));
+        start_vmm(vmm_command(&self.vmm, &self.kernel, spec), control_path, log)
     }
+}
+
+/// Starts a `clowder-vmm` command line with its control socket at `control_path`, follows its
+/// console into `log`, and connects to the control socket.
+pub fn start_vmm(mut command: Command, control_path: PathBuf, log: Arc<LogBook>) -> Result<Box<dyn Machine>, String> {
+    let _ = std::fs::remove_file(&control_path);
+    command.arg("--control").arg(&control_path).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = command.spawn().map_err(|e| format!("cannot start {:?}: {e}", command.get_program()))?;
+    log.push(format!("clowderd: clowder-vmm pid {}", child.id()));
+    follow_console(child.stdout.take().expect("piped stdout"), log.clone(), "console: ");
+    follow_console(child.stderr.take().expect("piped stderr"), log.clone(), "vmm: ");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let control = loop {
+        if let Ok(client) = ControlClient::connect(&control_path) {
+            break client;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("{} before its control socket was up", describe_vmm_exit(status)));
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("clowder-vmm did not open its control socket {} within 10 s", control_path.display()));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Ok(Box::new(VmmMachine { child, control, control_path, ended: None }))
 }
 
 fn control_error(reply: &Value) -> Option<String> {
