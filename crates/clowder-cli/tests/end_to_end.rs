@@ -374,7 +374,9 @@ fn the_host_end_attaches_to_a_running_vmm() {
     let core = *clowderd::cores::usable_cores().unwrap().iter().last().unwrap();
     let spec = MachineSpec { name: "probe".into(), cores: vec![core], memory: 64 << 20, hugepages: false };
     let mut command = vmm_command(&vmm_binary(), &kernel_image(), &spec);
-    command.arg("--module").arg(&spin).arg("--cmdline").arg("-- spin");
+    // One argument: the kernel's whole command line.
+    let kernel_command_line = "-- spin";
+    command.arg("--module").arg(&spin).arg("--cmdline").arg(kernel_command_line);
     let log = std::sync::Arc::new(LogBook::new(100));
     let mut machine = start_vmm(command, dir.0.join("probe.vmm.sock"), log.clone()).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
