@@ -86,12 +86,10 @@ struct UserStack([u8; USER_STACK_SIZE]);
 static mut USER_STACK: UserStack = UserStack([0; USER_STACK_SIZE]);
 
 /// The kernel stack pointer of the `run_in_user_mode` in progress, for the way back.
-#[no_mangle]
 static KERNEL_RSP_IN_USER_MODE: AtomicU64 = AtomicU64::new(0);
 static DESCRIPTORS_LOADED: AtomicBool = AtomicBool::new(false);
 /// The port ring 3 may write when the host does not honour IOPL (0: none). Kernel data, so user
 /// code cannot change it.
-#[no_mangle]
 static PORT_WRITABLE_FROM_USER: AtomicU16 = AtomicU16::new(0);
 const INVALID_OPCODE_VECTOR: u8 = 6;
 const GENERAL_PROTECTION_VECTOR: u8 = 13;
@@ -174,7 +172,7 @@ pub fn run_in_user_mode<T>(entry: extern "C" fn(&mut T) -> !, state: T) -> T {
     // SAFETY: the state goes to the top of our own static user stack, inside its bounds and
     // aligned for T; nothing else uses that stack. `enter_user_mode` saves the callee-saved
     // registers and the stack pointer, points TSS.RSP0 below them, and `iretq`s to `entry` in
-    // ring 3; `user_mode_done_stub` restores them and returns here. Everything user code can
+    // ring 3; `user_mode_done` (reached from the #UD handler) restores them and returns here. Everything user code can
     // write is the user stack and what the caller made user-accessible.
     unsafe {
         let state_pointer = state_address as *mut T;
