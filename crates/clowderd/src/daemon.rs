@@ -140,7 +140,7 @@ impl Daemon {
             Request::List => self.list(),
             Request::Remove { name } => self.remove(&name),
             Request::Logs { name } => self.logs(&name),
-            Request::Run(run) => self.run(run, files, events),
+            Request::Run(run) => self.run(run, files, peer, events),
             Request::XememList => error_reply(
                 "xemem is not implemented yet: the XEMEM name server is not part of clowderd so far, so there are no segments to list",
             ),
@@ -352,7 +352,7 @@ impl Daemon {
         }
     }
 
-    fn run(self: &Arc<Self>, request: RunRequest, files: Vec<File>, events: &mut EventSink<'_>) -> Value {
+    fn run(self: &Arc<Self>, request: RunRequest, files: Vec<File>, peer: &Peer, events: &mut EventSink<'_>) -> Value {
         if files.len() != RUN_FIXED_FDS + request.files.len() {
             return error_reply(format!(
                 "`run` carries {} file descriptors; it needs {} (the binary, the working directory, then one per input file)",
@@ -366,7 +366,7 @@ impl Daemon {
         let inputs: Vec<JobFile> =
             request.files.iter().cloned().zip(files).map(|(name, file)| JobFile { name, file }).collect();
         match request.enclave.clone() {
-            Some(name) => self.run_in_enclave(&name, request, binary, cwd_dir, inputs, events),
+            Some(name) => self.run_in_enclave(&name, request, binary, cwd_dir, inputs, peer, events),
             None if !inputs.is_empty() => error_reply(
                 "input files need a persistent enclave (clowder run --enclave NAME): a one-shot enclave only receives the binary",
             ),
@@ -381,6 +381,7 @@ impl Daemon {
         binary: File,
         cwd_dir: File,
         inputs: Vec<JobFile>,
+        peer: &Peer,
         events: &mut EventSink<'_>,
     ) -> Value {
         let (enclave, job) = {
@@ -409,6 +410,7 @@ impl Daemon {
             env: request.env,
             cwd: request.cwd,
             cwd_dir,
+            owner: (peer.uid, peer.gid),
             cores,
             heap: request.heap.unwrap_or(0),
             binary: JobFile { name: if binary_name.is_empty() { "job".into() } else { binary_name }, file: binary },

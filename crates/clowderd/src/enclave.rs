@@ -57,6 +57,8 @@ pub struct JobSpec {
     /// The working directory as a host path, and a descriptor of it.
     pub cwd: String,
     pub cwd_dir: File,
+    /// The launching user's (uid, gid): forwarded file calls run with their rights.
+    pub owner: (u32, u32),
     /// Mask of the enclave's vCPUs the job may use (0: all).
     pub cores: u64,
     pub heap: u64,
@@ -235,7 +237,7 @@ impl Enclave {
             binary: images[0],
             files: List::new(&images[1..]),
         });
-        let files = JobFiles::new(spec.cwd_dir, spec.cwd.clone());
+        let files = JobFiles::new(spec.cwd_dir, spec.cwd.clone(), spec.owner);
         self.jobs.lock().unwrap().insert(job, JobSlot { events, files, regions: regions.clone() });
         if let Err(e) = self.send(&message) {
             self.jobs.lock().unwrap().remove(&job);

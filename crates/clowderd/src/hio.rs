@@ -4,7 +4,8 @@
 //! Confinement has two layers: paths are checked by hand first, so a `..` that leaves the
 //! directory or an absolute path elsewhere gets a clear refusal (EACCES) and a log line; then
 //! every open goes through `openat2(RESOLVE_BENEATH)` on the directory's descriptor, so the
-//! kernel also refuses symbolic links that lead out.
+//! kernel also refuses symbolic links that lead out. Every call runs with the file-system
+//! identity of the user who launched the job, so the daemon's root rights do not leak to it.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -26,6 +27,8 @@ pub struct JobFiles {
     root: File,
     /// The directory's absolute host path, as the job sees it (its `cwd`).
     root_path: String,
+    /// The (uid, gid) of the user who launched the job: file calls run with their rights.
+    owner: (u32, u32),
     handles: HashMap<u32, File>,
     next_handle: u32,
 }
@@ -117,13 +120,14 @@ fn split_parent(relative: &str) -> (&str, &str) {
 }
 
 impl JobFiles {
-    pub fn new(root: File, root_path: String) -> JobFiles {
-        JobFiles { root, root_path, handles: HashMap::new(), next_handle: 1 }
+    pub fn new(root: File, root_path: String, owner: (u32, u32)) -> JobFiles {
+        JobFiles { root, root_path, owner, handles: HashMap::new(), next_handle: 1 }
     }
 
     /// Serves one request. `ram` is the enclave's memory, where read and write buffers live.
     pub fn serve(&mut self, op: &FileOp<'_>, ram: &GuestRam) -> Served {
         let mut refusal = None;
+        let _identity = sys::FsIdentity::assume(self.owner.0, self.owner.1);
         let result = self.dispatch(op, ram, &mut refusal);
         Served { result, refusal }
     }
@@ -237,6 +241,8 @@ impl JobFiles {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::guest_ram::RamRange;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn paths_are_confined_to_the_directory() {
@@ -251,5 +257,35 @@ mod tests {
         assert!(confine(root, b"/home/u/runner/x").is_err(), "a sibling with the same prefix");
         assert!(confine(root, &[0xff]).is_err());
         assert_eq!(confine("/", b"/etc/hosts").unwrap(), "etc/hosts");
+    }
+
+    #[test]
+    fn file_calls_run_with_the_launching_users_rights() {
+        // SAFETY: getuid has no preconditions.
+        if unsafe { libc::getuid() } != 0 {
+            eprintln!("skipped: needs root to act as another user");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("clowder-hio-owner-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("theirs")).unwrap();
+        std::fs::create_dir_all(dir.join("roots")).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::chown(dir.join("theirs"), Some(65534), Some(65534)).unwrap();
+        let memfd = sys::memfd("hio-owner").unwrap();
+        memfd.set_len(1 << 20).unwrap();
+        let ram = GuestRam::map(&memfd, vec![RamRange { gpa: 0, size: 1 << 20, file_offset: 0 }], (0, 0)).unwrap();
+        let root = File::open(&dir).unwrap();
+        let mut files = JobFiles::new(root, dir.to_str().unwrap().to_string(), (65534, 65534));
+        let create = |path: &'static [u8]| FileOp::Open { path, flags: (libc::O_CREAT | libc::O_WRONLY) as u32, mode: 0o644 };
+        let served = files.serve(&create(b"theirs/out"), &ram);
+        assert!(matches!(served.result, Ok(Answer::Value(handle)) if handle > 0));
+        let metadata = std::fs::metadata(dir.join("theirs/out")).unwrap();
+        assert_eq!((metadata.uid(), metadata.gid()), (65534, 65534), "created as the user");
+        let served = files.serve(&create(b"roots/out"), &ram);
+        assert!(matches!(served.result, Err(libc::EACCES)), "root's directory stays closed to the user");
+        // The thread is root again afterwards.
+        std::fs::write(dir.join("roots/by-root"), "x").unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -11,6 +11,8 @@ pub const ADMIN_GROUP: &str = "clowder";
 pub struct Peer {
     pub pid: i32,
     pub uid: u32,
+    /// The primary group.
+    pub gid: u32,
     /// Primary and supplementary groups.
     pub groups: Vec<u32>,
 }
@@ -41,7 +43,7 @@ pub fn peer_of(stream: &UnixStream) -> io::Result<Peer> {
             groups.extend(line.split_whitespace().filter_map(|g| g.parse::<u32>().ok()));
         }
     }
-    Ok(Peer { pid: credentials.pid, uid: credentials.uid, groups })
+    Ok(Peer { pid: credentials.pid, uid: credentials.uid, gid: credentials.gid, groups })
 }
 
 /// The id of the `clowder` group from /etc/group, if it exists.
@@ -65,7 +67,7 @@ mod tests {
 
     #[test]
     fn root_and_the_group_may_create() {
-        let user = |uid, groups: &[u32]| Peer { pid: 1, uid, groups: groups.to_vec() };
+        let user = |uid, groups: &[u32]| Peer { pid: 1, uid, gid: groups[0], groups: groups.to_vec() };
         assert!(may_create_enclaves(&user(0, &[0]), None));
         assert!(may_create_enclaves(&user(1000, &[1000, 977]), Some(977)));
         assert!(!may_create_enclaves(&user(1000, &[1000]), Some(977)));
