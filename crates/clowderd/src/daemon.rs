@@ -102,6 +102,13 @@ impl State {
     }
 }
 
+/// What a `run` request carried: the binary, the working directory, the input files.
+struct RunFiles {
+    binary: File,
+    cwd_dir: File,
+    inputs: Vec<JobFile>,
+}
+
 /// A JSON line a request handler sends before its final reply (job events).
 pub type EventSink<'a> = dyn FnMut(&Value) -> std::io::Result<()> + 'a;
 
@@ -366,7 +373,10 @@ impl Daemon {
         let inputs: Vec<JobFile> =
             request.files.iter().cloned().zip(files).map(|(name, file)| JobFile { name, file }).collect();
         match request.enclave.clone() {
-            Some(name) => self.run_in_enclave(&name, request, binary, cwd_dir, inputs, peer, events),
+            Some(name) => {
+                let files = RunFiles { binary, cwd_dir, inputs };
+                self.run_in_enclave(&name, request, files, (peer.uid, peer.gid), events)
+            }
             None if !inputs.is_empty() => error_reply(
                 "input files need a persistent enclave (clowder run --enclave NAME): a one-shot enclave only receives the binary",
             ),
@@ -378,10 +388,8 @@ impl Daemon {
         &self,
         name: &str,
         request: RunRequest,
-        binary: File,
-        cwd_dir: File,
-        inputs: Vec<JobFile>,
-        peer: &Peer,
+        files: RunFiles,
+        owner: (u32, u32),
         events: &mut EventSink<'_>,
     ) -> Value {
         let (enclave, job) = {
@@ -409,12 +417,12 @@ impl Daemon {
             argv: request.argv.clone(),
             env: request.env,
             cwd: request.cwd,
-            cwd_dir,
-            owner: (peer.uid, peer.gid),
+            cwd_dir: files.cwd_dir,
+            owner,
             cores,
             heap: request.heap.unwrap_or(0),
-            binary: JobFile { name: if binary_name.is_empty() { "job".into() } else { binary_name }, file: binary },
-            inputs,
+            binary: JobFile { name: if binary_name.is_empty() { "job".into() } else { binary_name }, file: files.binary },
+            inputs: files.inputs,
         };
         let (sender, receiver) = mpsc::channel();
         if let Err(e) = enclave.launch(job, spec, sender) {
