@@ -1,0 +1,347 @@
+//! XEMEM on the host, with no kernel module: the segment broker.
+//!
+//! `libxpmem` (xemem/src/libxpmem.c) in every process talks to the broker over a Unix socket
+//! ([`wire`] describes the packets). The broker is the name server for the host enclave (it
+//! embeds [`xemem::NameServer`]; a process is the principal `(enclave 1, pid)`, its credentials
+//! come from SO_PEERCRED) and brokers memory by file descriptor:
+//!
+//! * an owner's library opens a second connection and sends `SERVE` on it; the broker then asks
+//!   that connection to `FETCH` a range when someone attaches. The owner answers with runs of
+//!   `(memfd, offset, length)` and holes, passing the memfds with SCM_RIGHTS; private memory is
+//!   converted to memfd-backed memory in place by the owner's library, so no page is copied
+//!   at attach time and the attacher maps the owner's very pages;
+//! * the broker checks the answer (lengths add up, runs inside their files, descriptors are
+//!   regular files) and hands runs and descriptors to the attacher, which maps them.
+//!
+//! Revocation: when an owner's last connection closes (exit, crash, kill), its segments and
+//! permits are dropped and every memfd its library converted (flag [`wire::RUN_REVOCABLE`]) is
+//! truncated to zero, so its attachers get SIGBUS as with XPMEM. On `xpmem_remove` the owner's
+//! library does the same itself after moving its own pages to a fresh memfd (see the library).
+//! Memfds the application made itself are never truncated: they may be shared by other means
+//! (a VMM's guest memory, say), so attachments to them outlive remove (documented deviation).
+//!
+//! `clowderd` embeds [`Broker`] and hands it accepted connections
+//! ([`Broker::serve_connection`]); `xemem-broker` is the standalone binary for tests.
+
+pub mod sys;
+pub mod wire;
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use wire::{Answer, Request, Run};
+use xemem::nameserver::Listing;
+use xemem::wire::Name;
+use xemem::{AccessId, Credentials, Error, NameServer, Owner, Principal, SegmentId, NAME_SERVER_ENCLAVE};
+
+/// How long an owner may take to answer a FETCH (it may be converting a large range).
+const OWNER_TIMEOUT: Duration = Duration::from_secs(30);
+
+type Server = Arc<Mutex<OwnedFd>>;
+
+#[derive(Default)]
+struct State {
+    ns: NameServer,
+    /// pid -> its library's serving connection.
+    servers: HashMap<u32, Server>,
+    /// pid -> memfds its library converted, by (device, inode): truncated when it is gone.
+    revocable: HashMap<u32, HashMap<(u64, u64), OwnedFd>>,
+    /// pid -> open call connections.
+    connections: HashMap<u32, usize>,
+}
+
+#[derive(Clone, Default)]
+pub struct Broker {
+    state: Arc<Mutex<State>>,
+}
+
+fn principal(pid: u32) -> Principal {
+    Principal { enclave: NAME_SERVER_ENCLAVE, process: pid as u64 }
+}
+
+/// Effective uid, effective gid and supplementary groups of `pid` (from /proc, since
+/// SO_PEERCRED has no groups).
+fn credentials(peer: &sys::Peer) -> Credentials {
+    let mut groups = vec![peer.gid];
+    if let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", peer.pid)) {
+        if let Some(line) = status.lines().find(|l| l.starts_with("Groups:")) {
+            groups.extend(line[7..].split_whitespace().filter_map(|g| g.parse::<u32>().ok()));
+        }
+    }
+    groups.truncate(xemem::perm::MAX_GROUPS);
+    Credentials { uid: peer.uid, groups }
+}
+
+impl Broker {
+    pub fn new() -> Broker {
+        Broker::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panicking connection thread must not take the broker down with it.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Listens on `path` and serves every connection on its own thread, forever.
+    pub fn listen_and_serve(&self, path: &Path) -> io::Result<()> {
+        let listener = sys::listen(path)?;
+        loop {
+            let connection = sys::accept(&listener)?;
+            let broker = self.clone();
+            std::thread::spawn(move || broker.serve_connection(connection));
+        }
+    }
+
+    /// Segments known to the name server, for `clowder xemem ls`.
+    pub fn list(&self) -> Vec<Listing> {
+        self.lock().ns.list(0, usize::MAX)
+    }
+
+    /// Serves one library connection until it closes (or, after SERVE, keeps it for FETCH).
+    pub fn serve_connection(&self, connection: OwnedFd) {
+        let Ok(peer) = sys::peer(&connection) else { return };
+        *self.lock().connections.entry(peer.pid).or_default() += 1;
+        let mut buffer = vec![0u8; wire::HEADER_LEN + xemem::wire::MAX_NAME_LEN];
+        let mut kept_for_serving = false;
+        loop {
+            let (length, fds) = match sys::receive(&connection, &mut buffer) {
+                Ok((0, _)) => break,
+                Ok(packet) => packet,
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                    let _ = sys::send(&connection, &Answer::error(0, libc::EPROTO).encode(), &[]);
+                    continue;
+                }
+                Err(_) => break,
+            };
+            drop(fds); // requests carry no descriptors
+            let request = match Request::decode(&buffer[..length]) {
+                Ok(request) => request,
+                Err(_) => {
+                    let op = if length >= 8 { u16::from_le_bytes([buffer[6], buffer[7]]) } else { 0 };
+                    let _ = sys::send(&connection, &Answer::error(op, libc::EPROTO).encode(), &[]);
+                    continue;
+                }
+            };
+            if request.op == wire::OP_SERVE {
+                if sys::set_receive_timeout(&connection, OWNER_TIMEOUT).is_err()
+                    || sys::send(&connection, &Answer::ok(wire::OP_SERVE, &[]).encode(), &[]).is_err()
+                {
+                    break;
+                }
+                kept_for_serving = true;
+                break;
+            }
+            let (answer, fds) = self.handle(&peer, &request);
+            let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+            if sys::send(&connection, &answer.encode(), &raw).is_err() {
+                break;
+            }
+        }
+        if kept_for_serving {
+            let mut state = self.lock();
+            if let Some(count) = state.connections.get_mut(&peer.pid) {
+                *count -= 1;
+            }
+            state.servers.insert(peer.pid, Arc::new(Mutex::new(connection)));
+        } else {
+            self.connection_closed(peer.pid);
+        }
+    }
+
+    /// The last call connection of `pid` closed: the process is gone (or forked children
+    /// closed their copies, which the library does without telling us, so count).
+    fn connection_closed(&self, pid: u32) {
+        let mut state = self.lock();
+        let remaining = {
+            let count = state.connections.entry(pid).or_default();
+            *count = count.saturating_sub(1);
+            *count
+        };
+        if remaining > 0 {
+            return;
+        }
+        state.connections.remove(&pid);
+        self.forget_locked(&mut state, pid);
+    }
+
+    /// Drops everything `pid` owned or held and revokes its converted memory.
+    pub fn forget_process(&self, pid: u32) {
+        let mut state = self.lock();
+        self.forget_locked(&mut state, pid);
+    }
+
+    fn forget_locked(&self, state: &mut State, pid: u32) {
+        let me = principal(pid);
+        state.ns.forget(|p| *p == me);
+        state.servers.remove(&pid);
+        if let Some(memfds) = state.revocable.remove(&pid) {
+            for fd in memfds.values() {
+                let _ = sys::truncate_to_zero(fd);
+            }
+        }
+    }
+
+    fn handle(&self, peer: &sys::Peer, request: &Request) -> (Answer, Vec<OwnedFd>) {
+        let op = request.op;
+        let me = principal(peer.pid);
+        let a = request.args;
+        let result: Result<Answer, Error> = (|| match op {
+            wire::OP_HELLO => Ok(Answer::ok(op, &[wire::VERSION as u64])),
+            wire::OP_MAKE => {
+                let name = if request.name.is_empty() { None } else { Some(Name::new(&request.name)?) };
+                if a[2] > 0o777 {
+                    return Err(Error::Invalid);
+                }
+                let owner = Owner { uid: peer.uid, gid: peer.gid, mode: a[2] as u32 };
+                let mut state = self.lock();
+                if !state.servers.contains_key(&peer.pid) {
+                    return Err(Error::Invalid); // the library registers SERVE before making
+                }
+                let segment = state.ns.make(me, a[0], a[1], owner, name)?;
+                Ok(Answer::ok(op, &[segment.raw() as u64]))
+            }
+            wire::OP_REMOVE => {
+                let segment = SegmentId::from_raw(a[0] as i64).ok_or(Error::Invalid)?;
+                self.lock().ns.remove(me, segment)?;
+                Ok(Answer::ok(op, &[]))
+            }
+            wire::OP_GET => {
+                let segment = SegmentId::from_raw(a[0] as i64).ok_or(Error::Invalid)?;
+                let flags = u32::try_from(a[1]).map_err(|_| Error::Invalid)?;
+                xemem::validate_access_flags(flags)?;
+                let who = credentials(peer);
+                let (access, size) = self.lock().ns.get(me, &who, segment, flags)?;
+                Ok(Answer::ok(op, &[access.raw() as u64, size]))
+            }
+            wire::OP_RELEASE => {
+                let access = AccessId::from_raw(a[0] as i64).ok_or(Error::Invalid)?;
+                self.lock().ns.release(me, access)?;
+                Ok(Answer::ok(op, &[]))
+            }
+            wire::OP_DETACH => {
+                let access = AccessId::from_raw(a[0] as i64).ok_or(Error::Invalid)?;
+                self.lock().ns.detach(me, access)?;
+                Ok(Answer::ok(op, &[]))
+            }
+            wire::OP_LOOKUP => {
+                let segment = self.lock().ns.lookup(&Name::new(&request.name)?)?;
+                Ok(Answer::ok(op, &[segment.raw() as u64]))
+            }
+            wire::OP_SIGNAL => {
+                let access = AccessId::from_raw(a[0] as i64).ok_or(Error::Invalid)?;
+                let (owner, segment, server) = {
+                    let mut state = self.lock();
+                    let (owner, segment) = state.ns.signal(me, access)?;
+                    let server = state.servers.get(&(owner.process as u32)).cloned().ok_or(Error::NotFound)?;
+                    (owner, segment, server)
+                };
+                let _ = owner;
+                ask_owner(&server, &Request::new(wire::OP_NOTIFY, &[segment.raw() as u64]))?;
+                Ok(Answer::ok(op, &[]))
+            }
+            _ => Err(Error::Invalid),
+        })();
+        if op == wire::OP_ATTACH {
+            return match self.attach(me, a[0], a[1], a[2]) {
+                Ok(pair) => pair,
+                Err(e) => (Answer::error(op, e.errno()), Vec::new()),
+            };
+        }
+        match result {
+            Ok(answer) => (answer, Vec::new()),
+            Err(e) => (Answer::error(op, e.errno()), Vec::new()),
+        }
+    }
+
+    fn attach(&self, me: Principal, apid: u64, offset: u64, size: u64) -> Result<(Answer, Vec<OwnedFd>), Error> {
+        let access = AccessId::from_raw(apid as i64).ok_or(Error::Invalid)?;
+        let (plan, server) = {
+            let mut state = self.lock();
+            let plan = state.ns.attach(me, access, offset, size)?;
+            match state.servers.get(&(plan.owner.process as u32)).cloned() {
+                Some(server) => (plan, server),
+                None => {
+                    let _ = state.ns.detach(me, access);
+                    return Err(Error::NotFound);
+                }
+            }
+        };
+        let fetched = ask_owner(&server, &Request::new(wire::OP_FETCH, &[plan.vaddr, plan.size]))
+            .and_then(|(answer, fds)| check_fetched(answer, fds, plan.size));
+        let (runs, fds) = match fetched {
+            Ok(pair) => pair,
+            Err(e) => {
+                let _ = self.lock().ns.detach(me, access);
+                return Err(e);
+            }
+        };
+        // Remember converted memfds, so they can be revoked when the owner goes.
+        {
+            let mut state = self.lock();
+            let owner = plan.owner.process as u32;
+            if state.servers.contains_key(&owner) {
+                for run in runs.iter().filter(|r| r.flags & wire::RUN_REVOCABLE != 0 && r.fd_index != wire::HOLE) {
+                    let fd = &fds[run.fd_index as usize];
+                    if let (Ok(info), Ok(copy)) = (sys::file_info(fd), fd.try_clone()) {
+                        state.revocable.entry(owner).or_default().entry((info.device, info.inode)).or_insert(copy);
+                    }
+                }
+            }
+        }
+        let mut answer = Answer::ok(wire::OP_ATTACH, &[plan.segment.raw() as u64]);
+        answer.runs = runs;
+        Ok((answer, fds))
+    }
+}
+
+/// One request to an owner's serving connection and its answer (with descriptors).
+fn ask_owner(server: &Server, request: &Request) -> Result<(Answer, Vec<OwnedFd>), Error> {
+    let connection = server.lock().unwrap_or_else(|p| p.into_inner());
+    sys::send(&connection, &request.encode(), &[]).map_err(|_| Error::NotFound)?;
+    let mut buffer = vec![0u8; wire::MAX_PACKET];
+    let (length, fds) = match sys::receive(&connection, &mut buffer) {
+        Ok((0, _)) => return Err(Error::NotFound), // the owner is gone
+        Ok(packet) => packet,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(Error::Unreachable),
+        Err(_) => return Err(Error::Malformed),
+    };
+    let answer = Answer::decode(&buffer[..length], fds.len())?;
+    if answer.op != request.op {
+        return Err(Error::Malformed);
+    }
+    if answer.errno != 0 {
+        return Err(match answer.errno {
+            libc::EINVAL => Error::Invalid,
+            libc::EACCES => Error::Denied,
+            _ => Error::NotFound,
+        });
+    }
+    Ok((answer, fds))
+}
+
+/// The owner's runs must cover exactly the range asked for, each inside its file; the files
+/// must be regular files (memfds), never sockets or devices.
+fn check_fetched(answer: Answer, fds: Vec<OwnedFd>, size: u64) -> Result<(Vec<Run>, Vec<OwnedFd>), Error> {
+    let mut total: u64 = 0;
+    let infos: Vec<sys::FileInfo> = fds.iter().map(sys::file_info).collect::<Result<_, _>>().map_err(|_| Error::Malformed)?;
+    for run in &answer.runs {
+        total = total.checked_add(run.length).ok_or(Error::Malformed)?;
+        if run.fd_index != wire::HOLE {
+            let info = &infos[run.fd_index as usize];
+            if !info.regular || run.offset + run.length > info.size {
+                return Err(Error::Malformed);
+            }
+        }
+    }
+    if total != size || answer.runs.is_empty() {
+        return Err(Error::Malformed);
+    }
+    Ok((answer.runs, fds))
+}
+
+#[cfg(test)]
+mod tests;
