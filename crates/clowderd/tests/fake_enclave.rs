@@ -293,6 +293,11 @@ impl FakeKernel {
                 *self.hardware.ended.lock().unwrap() = Some("the fake machine triple-faulted".into());
                 return;
             }
+            "corrupt" => {
+                // Moves the guest→host producer counter far beyond what the ring can hold.
+                self.hardware.ram.write(CHANNEL_GPA + 0x40, &(u64::MAX / 2).to_le_bytes()).unwrap();
+                return;
+            }
             "hang" => {
                 self.hardware.hung.store(true, Ordering::SeqCst);
                 return;
@@ -546,6 +551,7 @@ fn a_failed_enclave_is_removed_and_the_others_keep_working() {
         ("crashes", "crash", "triple-faulted", "its machine ended"),
         ("hangs", "hang", "stopped answering Ping", "Ping"),
         ("panics", "panic", "fake kernel gave up", "panicked"),
+        ("corrupts", "corrupt", "channel corrupted by the enclave", "channel corrupted"),
     ];
     for (name, script, job_error, removal) in failures {
         daemon.create(name);
