@@ -68,15 +68,24 @@ run_in_lwk() {
 
 failures=0
 programs=("$@")
-[ ${#programs[@]} -eq 0 ] && programs=($(cd "$here/tests/programs" && ls *.c | sed 's/\.c$//'))
+[ ${#programs[@]} -eq 0 ] && programs=($(cd "$here/tests/programs" && ls *.c *.cpp | sed 's/\.c\(pp\)\?$//'))
 for program in "${programs[@]}"; do
+    source_file=$(ls "$here/tests/programs/$program".c* | head -1)
+    # A source may narrow its libcs and add flags: "lwk-test: libcs=glibc flags=-fopenmp".
+    options=$(sed -n 's/.*lwk-test: \(.*\)$/\1/p' "$source_file" | sed 's|\*/||')
+    program_libcs=$(echo "$options" | sed -n 's/.*libcs=\([a-z,]*\).*/\1/p' | tr , ' ')
+    extra_flags=$(echo "$options" | sed -n 's/.*flags=\([^ ]*\).*/\1/p')
     for libc in $libcs; do
+        if [ -n "$program_libcs" ] && ! echo " $program_libcs " | grep -q " $libc "; then
+            continue
+        fi
         binary="$work/$program-$libc"
         case $libc in
             musl) compiler=musl-gcc ;;
             glibc) compiler=gcc ;;
         esac
-        if ! $compiler -static -O2 -pthread -o "$binary" "$here/tests/programs/$program.c" 2>"$binary.build-log"; then
+        case $source_file in *.cpp) compiler=g++ ;; esac
+        if ! $compiler -static -O2 -pthread $extra_flags -o "$binary" "$source_file" 2>"$binary.build-log"; then
             echo "FAIL $program ($libc): does not build"; cat "$binary.build-log"
             failures=$((failures + 1)); continue
         fi

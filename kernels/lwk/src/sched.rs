@@ -169,6 +169,51 @@ pub fn join_cpu(cpu: usize) -> ! {
     idle_loop(cpu)
 }
 
+#[derive(Debug)]
+pub enum AffinityError {
+    NoSuchThread,
+    NoOnlineCpu,
+}
+
+/// Moves thread `tid` to the lowest online CPU in `mask` unless its CPU is in the mask. A
+/// thread moved off the calling CPU while running leaves it at once and continues there.
+pub fn set_affinity(tid: u64, mask: u64) -> Result<(), AffinityError> {
+    let cpu = tables::current_cpu();
+    let moving_self = with_scheduler(|scheduler| {
+        let online = scheduler.cpus.iter().enumerate().filter(|(_, cpu)| cpu.online).fold(0u64, |bits, (index, _)| bits | 1 << index);
+        let allowed = mask & online;
+        let target = (allowed != 0).then(|| allowed.trailing_zeros() as usize).ok_or(AffinityError::NoOnlineCpu)?;
+        let thread = scheduler.threads.get_mut(&tid).ok_or(AffinityError::NoSuchThread)?;
+        if allowed & (1 << thread.cpu) != 0 {
+            return Ok(false);
+        }
+        let home = thread.cpu;
+        thread.cpu = target;
+        if scheduler.cpus[home].current == Some(tid) {
+            return Ok(true);
+        }
+        // Queued or waiting elsewhere: it runs on the new CPU from its next wake-up.
+        if let Some(position) = scheduler.cpus[home].run_queue.iter().position(|&queued| queued == tid) {
+            scheduler.cpus[home].run_queue.remove(position);
+            QUEUED[home].store(scheduler.cpus[home].run_queue.len(), Ordering::Release);
+            scheduler.enqueue(tid);
+        }
+        Ok(false)
+    })?;
+    if moving_self {
+        // Queue ourselves on the new CPU and give this one up; we resume over there.
+        leave_cpu(
+            |scheduler| {
+                let current = scheduler.current(cpu);
+                scheduler.enqueue(current);
+                scheduler.threads[&current].slot
+            },
+            cpu,
+        );
+    }
+    Ok(())
+}
+
 /// Bit n set for each online CPU n.
 pub fn online_cpu_mask() -> u64 {
     with_scheduler(|scheduler| scheduler.cpus.iter().enumerate().filter(|(_, cpu)| cpu.online).map(|(index, _)| 1u64 << index).sum())
@@ -260,6 +305,7 @@ fn expire_timed_waits(scheduler: &mut Scheduler, cpu: usize) {
 fn leave_cpu(prepare: impl FnOnce(&mut Scheduler) -> usize, cpu: usize) {
     let (from, to, stack_top) = with_scheduler(|scheduler| {
         let from = prepare(scheduler);
+        trap::mark_leaving(from);
         match scheduler.dequeue(cpu) {
             Some(next) => {
                 let (to, stack_top) = enter_thread(scheduler, cpu, next);
@@ -466,7 +512,7 @@ pub fn exit_current(status: u8) -> ! {
             }
             scheduler.free_slots.push(thread.slot);
             scheduler.cpus[cpu].exited_stacks.extend(thread.stack_physical);
-            thread.slot
+            trap::exit_slot(cpu)
         },
         cpu,
     );

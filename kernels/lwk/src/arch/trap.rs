@@ -291,14 +291,29 @@ pub fn syscall_entry_address() -> u64 {
 
 /// Kernel contexts: each job thread, and each CPU's idle loop, has a kernel stack; a context
 /// that is not running keeps its kernel RSP in its slot here (its other kernel registers are
-/// on that stack). Slots below `MAX_THREADS` are threads', the others CPUs' idle loops.
+/// on that stack). Slots below `MAX_THREADS` are threads', then come the CPUs' idle loops,
+/// then one slot per CPU where exiting threads leave their last (never resumed) context.
+/// A slot reads 0 while its context is being saved: see `mark_leaving`.
 pub const MAX_THREADS: usize = 256;
-const CONTEXT_SLOTS: usize = MAX_THREADS + super::tables::MAX_CPUS;
+const CONTEXT_SLOTS: usize = MAX_THREADS + 2 * super::tables::MAX_CPUS;
 static SAVED_RSP: [core::sync::atomic::AtomicU64; CONTEXT_SLOTS] = [const { core::sync::atomic::AtomicU64::new(0) }; CONTEXT_SLOTS];
 
 /// The context slot of `cpu`'s idle loop.
 pub fn idle_slot(cpu: usize) -> usize {
     MAX_THREADS + cpu
+}
+
+/// Where a thread exiting on `cpu` saves a context nobody resumes (its own slot may already
+/// belong to a new thread).
+pub fn exit_slot(cpu: usize) -> usize {
+    MAX_THREADS + super::tables::MAX_CPUS + cpu
+}
+
+/// Called, under the scheduler lock, before a context that another CPU may resume (a thread
+/// moving to another CPU) is switched away from: until the switch has saved it, the slot
+/// reads 0 and `switch_context` waits.
+pub fn mark_leaving(slot: usize) {
+    SAVED_RSP[slot].store(0, core::sync::atomic::Ordering::Release);
 }
 pub const KERNEL_STACK_SIZE: u64 = 32 * 1024;
 
@@ -343,9 +358,16 @@ pub fn switch_context(cpu: usize, from: usize, to: usize, to_stack_top: u64) {
     if to_stack_top != 0 {
         super::tables::set_kernel_stack(cpu, to_stack_top);
     }
-    // SAFETY: `to` was saved by an earlier switch or prepared by `prepare_thread`, so its RSP
-    // points at callee-saved registers and a return address; interrupts are off.
-    unsafe { switch_kernel_stacks(SAVED_RSP[from].as_ptr(), SAVED_RSP[to].load(core::sync::atomic::Ordering::Relaxed)) }
+    let to_rsp = loop {
+        match SAVED_RSP[to].load(core::sync::atomic::Ordering::Acquire) {
+            0 => core::hint::spin_loop(),
+            rsp => break rsp,
+        }
+    };
+    // SAFETY: `to` was saved by an earlier switch (completely: see `mark_leaving`) or
+    // prepared by `prepare_thread`, so its RSP points at callee-saved registers and a return
+    // address; interrupts are off.
+    unsafe { switch_kernel_stacks(SAVED_RSP[from].as_ptr(), to_rsp) }
 }
 
 #[no_mangle]

@@ -55,6 +55,7 @@ macro_rules! syscall_table {
 syscall_table! {
     0 => read,
     1 => write,
+    2 => open,
     3 => close,
     5 => fstat,
     8 => lseek,
@@ -89,6 +90,7 @@ syscall_table! {
     200 => tkill,
     201 => time,
     202 => futex,
+    203 => sched_setaffinity,
     204 => sched_getaffinity,
     218 => set_tid_address,
     228 => clock_gettime,
@@ -96,10 +98,12 @@ syscall_table! {
     230 => clock_nanosleep,
     231 => exit_group,
     234 => tgkill,
+    257 => openat,
     262 => newfstatat,
     267 => readlinkat,
     273 => set_robust_list,
     302 => prlimit64,
+    309 => getcpu,
     318 => getrandom,
 }
 
