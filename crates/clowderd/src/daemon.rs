@@ -155,7 +155,7 @@ impl Daemon {
     }
 
     /// Reserves cores and memory under a new name, or says why not.
-    fn reserve(&self, name: &str, cores: &CoreRequest, memory: u64, hugepages: bool, occupant: Occupant) -> Result<Vec<usize>, String> {
+    fn reserve(&self, name: &str, cores: &CoreRequest, memory: u64, hugepages: bool) -> Result<Vec<usize>, String> {
         let usable = usable_cores()?;
         check_request(memory, hugepages, HostMemory::read())?;
         let mut state = self.state.lock().unwrap();
@@ -163,7 +163,7 @@ impl Daemon {
             return Err(format!("an enclave named {name} already exists (remove it with: clowder enclave rm {name})"));
         }
         let cores = choose_cores(cores, &usable, &state.taken_cores())?;
-        let entry = Entry { cores: cores.clone(), memory, hugepages, created: SystemTime::now(), occupant };
+        let entry = Entry { cores: cores.clone(), memory, hugepages, created: SystemTime::now(), occupant: Occupant::Starting };
         state.enclaves.insert(name.to_string(), entry);
         Ok(cores)
     }
@@ -175,7 +175,7 @@ impl Daemon {
 
     fn create(self: &Arc<Self>, request: CreateRequest) -> Value {
         let name = request.name.clone();
-        let cores = match self.reserve(&name, &request.cores, request.memory, request.hugepages, Occupant::Starting) {
+        let cores = match self.reserve(&name, &request.cores, request.memory, request.hugepages) {
             Ok(cores) => cores,
             Err(e) => return error_reply(e),
         };
@@ -206,11 +206,17 @@ impl Daemon {
         for note in &notes {
             enclave.log.push(format!("clowderd: {note}"));
         }
-        {
-            let mut state = self.state.lock().unwrap();
-            if let Some(entry) = state.enclaves.get_mut(&name) {
+        let registered = match self.state.lock().unwrap().enclaves.get_mut(&name) {
+            Some(entry) => {
                 entry.occupant = Occupant::Persistent(enclave.clone());
+                true
             }
+            None => false,
+        };
+        if !registered {
+            // The daemon tore everything down while this enclave was booting.
+            enclave.stop();
+            return error_reply(format!("enclave {name} was removed while it started (clowderd is shutting down)"));
         }
         let daemon = self.clone();
         let pumped = enclave.clone();
@@ -353,7 +359,7 @@ impl Daemon {
                     let _ = sys::send_signal(pid, libc::SIGKILL);
                     report(&format!("stopped one-shot enclave {name} (clowder-vmm pid {pid})"));
                 }
-                // Its creator finds the name gone and stops the machine it is starting.
+                // Its creator finds the name gone and stops the machine it was starting.
                 Occupant::Starting => {}
             }
         }
@@ -466,7 +472,7 @@ impl Daemon {
         };
         let memory = request.memory.unwrap_or(self.config.oneshot_memory);
         let core_request = request.cores.clone().unwrap_or(CoreRequest::Count(1));
-        let cores = match self.reserve(&name, &core_request, memory, false, Occupant::Starting) {
+        let cores = match self.reserve(&name, &core_request, memory, false) {
             Ok(cores) => cores,
             Err(e) => return error_reply(e),
         };
@@ -481,8 +487,16 @@ impl Daemon {
         };
         let pid = machine.pid();
         log.push(format!("clowderd: one-shot enclave {name}: clowder-vmm pid {pid}, cores {}", format_cpu_list(cores.iter().copied())));
-        if let Some(entry) = self.state.lock().unwrap().enclaves.get_mut(&name) {
-            entry.occupant = Occupant::OneShot { pid, log: log.clone(), job: request.argv[0].clone() };
+        let registered = match self.state.lock().unwrap().enclaves.get_mut(&name) {
+            Some(entry) => {
+                entry.occupant = Occupant::OneShot { pid, log: log.clone(), job: request.argv[0].clone() };
+                true
+            }
+            None => false,
+        };
+        if !registered {
+            // The daemon tore everything down while this machine was starting.
+            machine.kill();
         }
         let mut client_gone = events(&json!({
             "event": "started", "enclave": name, "pid": pid, "cores": format_cpu_list(cores.iter().copied()),
