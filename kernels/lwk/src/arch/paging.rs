@@ -167,10 +167,21 @@ impl PageTables {
                 replaced |= *entry & PRESENT != 0;
                 *entry = physical | leaf_bits(virtual_address, protection) | HUGE;
                 HUGE_PAGE_SIZE
+            } else if *entry & PRESENT == 0 {
+                // A new table is filled before it is linked: on a shadow-paging host (PVM)
+                // writes to a table in use trap, writes to one not yet reachable do not.
+                let table = tables.allocate_table().ok_or(OutOfMemory)?;
+                let block_end = end.min((virtual_address | (HUGE_PAGE_SIZE - 1)) + 1);
+                let leaves = entries(table);
+                let mut address = virtual_address;
+                while address < block_end {
+                    leaves[index(address, 0)] = (physical + (address - virtual_address)) | leaf_bits(address, protection);
+                    address += PAGE_SIZE;
+                }
+                *entry = table | table_bits(virtual_address);
+                block_end - virtual_address
             } else {
-                if *entry & PRESENT == 0 {
-                    *entry = tables.allocate_table().ok_or(OutOfMemory)? | table_bits(virtual_address);
-                } else if *entry & HUGE != 0 {
+                if *entry & HUGE != 0 {
                     Self::split(entry, virtual_address, tables)?;
                 }
                 let leaf = &mut entries(*entry & ADDRESS_MASK)[index(virtual_address, 0)];
