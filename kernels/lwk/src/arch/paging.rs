@@ -23,9 +23,11 @@ pub struct Protection {
     pub execute: bool,
 }
 
-/// Hands out zeroed 4 KiB pages for page tables.
+/// Hands out zeroed 4 KiB pages for page tables, and takes back tables no longer linked.
 pub trait TableSource {
     fn allocate_table(&mut self) -> Option<u64>;
+    /// `table` is unlinked, but may still be walked by another CPU until its next TLB flush.
+    fn retire_table(&mut self, table: u64);
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -138,96 +140,113 @@ impl PageTables {
         Ok(Some(table))
     }
 
-    /// Replaces a 2 MiB leaf by a table of 512 4 KiB leaves with the same rights.
-    fn split(directory_entry: &mut u64, address: u64, tables: &mut dyn TableSource) -> Result<(), OutOfMemory> {
+    /// Rebuilds the 4 KiB table under `directory_entry` off-line (from the old table, the 2 MiB
+    /// leaf it splits, or nothing) with the leaves of `[from, to)` set by `leaf`, then links
+    /// it with one write. On a shadow-paging host (PVM) every write to a live page table
+    /// traps, so changing more than a few leaves this way is much cheaper. The old table is
+    /// retired: another CPU may still walk it until its next TLB flush.
+    fn rebuild(directory_entry: &mut u64, from: u64, to: u64, leaf: impl Fn(u64) -> u64, tables: &mut dyn TableSource) -> Result<(), OutOfMemory> {
         let table = tables.allocate_table().ok_or(OutOfMemory)?;
-        let base = *directory_entry & ADDRESS_MASK & !(HUGE_PAGE_SIZE - 1);
-        let rights = *directory_entry & !(ADDRESS_MASK | HUGE);
-        for (i, entry) in entries(table).iter_mut().enumerate() {
-            *entry = (base + i as u64 * PAGE_SIZE) | rights;
+        let fresh = entries(table);
+        if *directory_entry & PRESENT != 0 {
+            if *directory_entry & HUGE != 0 {
+                let base = *directory_entry & ADDRESS_MASK & !(HUGE_PAGE_SIZE - 1);
+                let rights = *directory_entry & !(ADDRESS_MASK | HUGE);
+                for (i, entry) in fresh.iter_mut().enumerate() {
+                    *entry = (base + i as u64 * PAGE_SIZE) | rights;
+                }
+            } else {
+                let old = *directory_entry & ADDRESS_MASK;
+                fresh.copy_from_slice(entries(old));
+                tables.retire_table(old);
+            }
         }
-        *directory_entry = table | table_bits(address);
+        let mut address = from;
+        while address < to {
+            fresh[index(address, 0)] = leaf(address);
+            address += PAGE_SIZE;
+        }
+        *directory_entry = table | table_bits(from);
+        Ok(())
+    }
+
+    /// Sets the leaves of `[from, to)`, inside one 2 MiB block, in place when they are few,
+    /// else by rebuilding the table.
+    fn set_leaves(directory_entry: &mut u64, from: u64, to: u64, leaf: impl Fn(u64) -> u64, tables: &mut dyn TableSource) -> Result<(), OutOfMemory> {
+        let in_place = *directory_entry & PRESENT != 0 && *directory_entry & HUGE == 0 && (to - from) / PAGE_SIZE < REBUILD_THRESHOLD;
+        if !in_place {
+            return Self::rebuild(directory_entry, from, to, leaf, tables);
+        }
+        let leaves = entries(*directory_entry & ADDRESS_MASK);
+        let mut address = from;
+        while address < to {
+            leaves[index(address, 0)] = leaf(address);
+            address += PAGE_SIZE;
+        }
         Ok(())
     }
 
     /// Maps `[virtual, virtual + len)` to `[physical, ...)`, with 2 MiB pages wherever both
     /// sides are aligned. Both addresses and `len` are page multiples.
-    pub fn map(&mut self, mut virtual_address: u64, mut physical: u64, len: u64, protection: Protection, tables: &mut dyn TableSource) -> Result<(), OutOfMemory> {
-        let (start, end) = (virtual_address, virtual_address + len);
+    pub fn map(&mut self, virtual_address: u64, physical: u64, len: u64, protection: Protection, tables: &mut dyn TableSource) -> Result<(), OutOfMemory> {
+        let end = virtual_address + len;
+        let offset = physical.wrapping_sub(virtual_address);
         // Only replaced translations can be stale in the TLB; fresh ones need no flush.
         let mut replaced = false;
-        while virtual_address < end {
-            let directory = self.directory(virtual_address, Some(&mut *tables))?.ok_or(OutOfMemory)?;
-            let entry = &mut entries(directory)[index(virtual_address, 1)];
-            let huge_fits = virtual_address % HUGE_PAGE_SIZE == 0
-                && physical % HUGE_PAGE_SIZE == 0
-                && end - virtual_address >= HUGE_PAGE_SIZE
-                && (*entry & PRESENT == 0 || *entry & HUGE != 0);
-            let step = if huge_fits {
-                replaced |= *entry & PRESENT != 0;
-                *entry = physical | leaf_bits(virtual_address, protection) | HUGE;
-                HUGE_PAGE_SIZE
-            } else if *entry & PRESENT == 0 {
-                // A new table is filled before it is linked: on a shadow-paging host (PVM)
-                // writes to a table in use trap, writes to one not yet reachable do not.
-                let table = tables.allocate_table().ok_or(OutOfMemory)?;
-                let block_end = end.min((virtual_address | (HUGE_PAGE_SIZE - 1)) + 1);
-                let leaves = entries(table);
-                let mut address = virtual_address;
-                while address < block_end {
-                    leaves[index(address, 0)] = (physical + (address - virtual_address)) | leaf_bits(address, protection);
-                    address += PAGE_SIZE;
+        let mut address = virtual_address;
+        while address < end {
+            let block_end = end.min((address | (HUGE_PAGE_SIZE - 1)) + 1);
+            let directory = self.directory(address, Some(&mut *tables))?.ok_or(OutOfMemory)?;
+            let entry = &mut entries(directory)[index(address, 1)];
+            replaced |= *entry & PRESENT != 0;
+            let target = address.wrapping_add(offset);
+            let whole_block = address % HUGE_PAGE_SIZE == 0 && block_end - address == HUGE_PAGE_SIZE;
+            if whole_block && target % HUGE_PAGE_SIZE == 0 {
+                if *entry & PRESENT != 0 && *entry & HUGE == 0 {
+                    tables.retire_table(*entry & ADDRESS_MASK);
                 }
-                *entry = table | table_bits(virtual_address);
-                block_end - virtual_address
+                *entry = target | leaf_bits(address, protection) | HUGE;
             } else {
-                if *entry & HUGE != 0 {
-                    Self::split(entry, virtual_address, tables)?;
-                }
-                let leaf = &mut entries(*entry & ADDRESS_MASK)[index(virtual_address, 0)];
-                replaced |= *leaf & PRESENT != 0;
-                *leaf = physical | leaf_bits(virtual_address, protection);
-                PAGE_SIZE
-            };
-            virtual_address += step;
-            physical += step;
+                Self::set_leaves(entry, address, block_end, |page| page.wrapping_add(offset) | leaf_bits(page, protection), tables)?;
+            }
+            address = block_end;
         }
         if replaced {
-            flush_tlb(start, end - start);
+            flush_tlb(virtual_address, len);
         }
         Ok(())
     }
 
     /// Removes the mappings of the range (2 MiB pages partly covered are split first).
-    pub fn unmap(&mut self, mut virtual_address: u64, len: u64, tables: &mut dyn TableSource) -> Result<(), OutOfMemory> {
-        let start = virtual_address;
+    pub fn unmap(&mut self, virtual_address: u64, len: u64, tables: &mut dyn TableSource) -> Result<(), OutOfMemory> {
         let end = virtual_address + len;
-        while virtual_address < end {
-            let next_huge = (virtual_address | (HUGE_PAGE_SIZE - 1)) + 1;
-            let Some(directory) = self.directory(virtual_address, None)? else {
-                virtual_address = next_huge;
+        let mut address = virtual_address;
+        while address < end {
+            let block_end = end.min((address | (HUGE_PAGE_SIZE - 1)) + 1);
+            let Some(directory) = self.directory(address, None)? else {
+                address = block_end;
                 continue;
             };
-            let entry = &mut entries(directory)[index(virtual_address, 1)];
-            if *entry & PRESENT == 0 {
-                virtual_address = next_huge;
-                continue;
-            }
-            if *entry & HUGE != 0 {
-                if virtual_address % HUGE_PAGE_SIZE == 0 && end >= next_huge {
+            let entry = &mut entries(directory)[index(address, 1)];
+            if *entry & PRESENT != 0 {
+                if address % HUGE_PAGE_SIZE == 0 && block_end - address == HUGE_PAGE_SIZE {
+                    if *entry & HUGE == 0 {
+                        tables.retire_table(*entry & ADDRESS_MASK);
+                    }
                     *entry = 0;
-                    virtual_address = next_huge;
-                    continue;
+                } else {
+                    Self::set_leaves(entry, address, block_end, |_| 0, tables)?;
                 }
-                Self::split(entry, virtual_address, tables)?;
             }
-            entries(*entry & ADDRESS_MASK)[index(virtual_address, 0)] = 0;
-            virtual_address += PAGE_SIZE;
+            address = block_end;
         }
-        flush_tlb(start, end - start);
+        flush_tlb(virtual_address, len);
         Ok(())
     }
 }
+
+/// Below this many leaves a live table is edited in place rather than rebuilt.
+const REBUILD_THRESHOLD: u64 = 16;
 
 /// Drops stale translations of a range of the current address space: page by page for small
 /// ranges, the whole (non-global) TLB for large ones.

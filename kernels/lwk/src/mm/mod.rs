@@ -9,18 +9,35 @@ use crate::arch::phys::{self, PHYSMAP_BASE};
 use crate::arch::sync::SpinLock;
 use crate::arch::{heap, paging};
 use crate::bootinfo::{BootInfo, E820_RAM};
+use alloc::vec::Vec;
 
 /// The first MiB holds firmware and boot structures; the kernel never allocates from it.
 const LOW_MEMORY_END: u64 = 1 << 20;
 /// What the boot page tables map at the physical-memory window.
 const BOOT_WINDOW: u64 = 1 << 30;
 
-/// Page-table pages straight from `pmem` (zeroed by its invariant).
+/// Page-table pages: retired tables first, else fresh pages from `pmem` (zeroed by its
+/// invariant).
 pub struct PmemTables;
+
+/// Unlinked page tables. Without TLB shoot-downs another CPU may still walk one, so they are
+/// only ever reused as page tables of the job (a stale walk then finds the job's own
+/// mappings), never returned to `pmem`.
+static RETIRED_TABLES: SpinLock<Vec<u64>> = SpinLock::new(Vec::new());
 
 impl TableSource for PmemTables {
     fn allocate_table(&mut self) -> Option<u64> {
-        pmem::allocate_pages(1)
+        match RETIRED_TABLES.lock().pop() {
+            Some(table) => {
+                phys::zero(table, PAGE_SIZE as usize);
+                Some(table)
+            }
+            None => pmem::allocate_pages(1),
+        }
+    }
+
+    fn retire_table(&mut self, table: u64) {
+        RETIRED_TABLES.lock().push(table);
     }
 }
 
