@@ -2,7 +2,6 @@
 //! exit to the hook registry. Pause, resume and stop interrupt KVM_RUN with `immediate_exit` and a
 //! signal.
 
-use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::Arc;
 
 use kvm_bindings::{kvm_fpu, kvm_mp_state, CpuId, Msrs, kvm_msr_entry, KVM_MP_STATE_RUNNABLE};
@@ -102,20 +101,30 @@ pub fn register_dump(vcpu: &VcpuFd) -> Box<RegisterDump> {
 
 /// What the kicker needs to interrupt a vCPU thread.
 pub struct VcpuKick {
-    pub thread: libc::pthread_t,
+    thread: libc::pthread_t,
     /// `kvm_run.immediate_exit` of this vCPU (the kvm_run page is shared with the kernel).
-    pub immediate_exit: AtomicPtr<u8>,
+    immediate_exit: *mut u8,
 }
 
+// Used only under the VM's kick-table lock, while the owning vCPU thread is alive.
+unsafe impl Send for VcpuKick {}
+
 impl VcpuKick {
+    /// The kick for the calling thread, which runs `vcpu`.
+    pub fn for_current_thread(vcpu: &mut VcpuFd) -> Self {
+        // SAFETY: pthread_self has no preconditions.
+        let thread = unsafe { libc::pthread_self() };
+        VcpuKick { thread, immediate_exit: &mut vcpu.get_kvm_run().immediate_exit as *mut u8 }
+    }
+
+    /// Makes the vCPU leave KVM_RUN (or not enter it) and look at the VM state.
     pub fn kick(&self) {
-        let flag = self.immediate_exit.load(Ordering::Acquire);
-        if !flag.is_null() {
-            // SAFETY: points into the vCPU's kvm_run mapping, which outlives the thread's loop.
-            unsafe { std::ptr::write_volatile(flag, 1) };
+        // SAFETY: the entry is retired (under the same lock the caller holds) before the vCPU
+        // thread drops its VcpuFd, so the kvm_run page and the thread are both alive here.
+        unsafe {
+            std::ptr::write_volatile(self.immediate_exit, 1);
+            libc::pthread_kill(self.thread, kick_signal());
         }
-        // SAFETY: the thread id belongs to a vCPU thread that is joined only after stop.
-        unsafe { libc::pthread_kill(self.thread, kick_signal()) };
     }
 }
 
@@ -223,6 +232,7 @@ pub fn run_loop(
         };
         shared.stop(reason);
     }
+    shared.retire_kick(index);
     if let Some(window) = stepping {
         window.abandon(&mut vcpu);
     }

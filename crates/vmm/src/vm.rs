@@ -2,7 +2,7 @@
 //! embedding program (clowder-vmm, the node daemon) drives: start, pause, resume, stop, wait.
 
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -53,7 +53,9 @@ pub struct VmShared {
     state_changed: Condvar,
     stop_reason: Mutex<Option<StopReason>>,
     first_exit_seen: AtomicBool,
-    kicks: Mutex<Vec<VcpuKick>>,
+    /// One slot per vCPU, filled while its thread runs: kicking a thread after it ended would
+    /// signal a dead thread and write into an unmapped kvm_run page.
+    kicks: Mutex<Vec<Option<VcpuKick>>>,
     /// Where each vCPU was when the watchdog stopped it: a hung guest makes no exit whose
     /// report could carry its registers.
     watchdog_registers: Mutex<Vec<(usize, Box<RegisterDump>)>>,
@@ -106,14 +108,29 @@ impl VmShared {
     }
 
     fn kick(&self, vcpu: usize) {
-        if let Some(kick) = self.kicks.lock().unwrap().get(vcpu) {
+        if let Some(Some(kick)) = self.kicks.lock().unwrap().get(vcpu) {
             kick.kick();
         }
     }
 
     fn kick_all(&self) {
-        for kick in self.kicks.lock().unwrap().iter() {
+        for kick in self.kicks.lock().unwrap().iter().flatten() {
             kick.kick();
+        }
+    }
+
+    pub fn register_kick(&self, vcpu: usize, kick: VcpuKick) {
+        let mut kicks = self.kicks.lock().unwrap();
+        if kicks.len() <= vcpu {
+            kicks.resize_with(vcpu + 1, || None);
+        }
+        kicks[vcpu] = Some(kick);
+    }
+
+    /// Called by a vCPU thread as it leaves its loop: nobody may kick it after this returns.
+    pub fn retire_kick(&self, vcpu: usize) {
+        if let Some(slot) = self.kicks.lock().unwrap().get_mut(vcpu) {
+            *slot = None;
         }
     }
 
@@ -424,12 +441,14 @@ impl Vm {
             let registry = self.handle.registry.clone();
             let memory = self.handle.memory.lock().unwrap().guest_memory().clone();
             let thread_shared = shared.clone();
-            let immediate_exit = &mut vcpu.get_kvm_run().immediate_exit as *mut u8;
             let (ready_tx, ready_rx) = std::sync::mpsc::channel();
             let thread = std::thread::Builder::new()
                 .name(format!("vcpu{index}"))
                 .spawn(move || {
                     let pinned = core.map(vcpu::pin_to_core).transpose();
+                    // Kickable from here until run_loop retires the entry, just before the vCPU
+                    // (and its kvm_run page) goes away.
+                    thread_shared.register_kick(index, VcpuKick::for_current_thread(&mut vcpu));
                     let _ = ready_tx.send(pinned.map(|_| ()));
                     vcpu::run_loop(vcpu, index, registry, thread_shared, policy, memory);
                 })
@@ -437,10 +456,6 @@ impl Vm {
             if let Ok(Err(e)) = ready_rx.recv() {
                 shared.stop(StopReason::Internal { vcpu: Some(index), what: format!("pinning to core {core:?}: {e}") });
             }
-            shared.kicks.lock().unwrap().push(VcpuKick {
-                thread: std::os::unix::thread::JoinHandleExt::as_pthread_t(&thread),
-                immediate_exit: AtomicPtr::new(immediate_exit),
-            });
             self.threads.push(thread);
         }
         if let Some(timeout_ms) = self.config.watchdog_ms {

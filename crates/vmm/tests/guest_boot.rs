@@ -115,6 +115,24 @@ fn a_vm_paused_before_start_runs_nothing_until_resumed() {
 }
 
 #[test]
+fn a_finished_vm_can_be_stopped_and_dropped_again() {
+    require_kvm!();
+    // Kicking vCPU threads that have ended used to signal dead threads and write into their
+    // unmapped kvm_run pages.
+    let scratch = Scratch::new("finished");
+    let mut vm = vmm::Vm::new(GuestSpec::new("test=exit status=3").cpus(2).config(&scratch)).unwrap();
+    let handle = vm.handle();
+    vm.start().unwrap();
+    assert_eq!(vm.wait_timeout(GUEST_TIMEOUT), Some(StopReason::GuestExit(3)));
+    for _ in 0..100 {
+        handle.stop();
+        assert!(handle.pause().is_err());
+    }
+    drop(vm);
+    handle.stop();
+}
+
+#[test]
 fn instruction_profile_single_steps_a_running_guest() {
     require_kvm!();
     let guest = Guest::start(GuestSpec::new("test=nop-loop count=100000"));
