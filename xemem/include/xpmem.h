@@ -1,0 +1,81 @@
+/*
+ * xpmem.h: the XPMEM user API (SGI/Cray/LANL XPMEM, as used by UCX, Open MPI, MPICH, GASNet)
+ * implemented by clowder's libxpmem, plus XEMEM's extensions (named segments, signals).
+ *
+ * Source- and binary-compatible with the Linux XPMEM user library (libxpmem.so.0): the same
+ * types, constants, functions and struct layout. Programs built against XPMEM's header link
+ * against this library unchanged, and the reverse.
+ *
+ * Semantics worth knowing (they follow XPMEM's):
+ *  - xpmem_make's permission travels in the pointer value: (void *)0600. xpmem_get ignores
+ *    its permit value (Open MPI passes 0666), and access is checked like SysV IPC.
+ *  - xpmem_make(0, XPMEM_MAXADDR_SIZE, ...) exports the whole address space; attach offsets
+ *    into it are the owner's virtual addresses.
+ *  - Every function returns -1 with errno set on failure, except xpmem_attach, which returns
+ *    (void *)-1. EINVAL: alignment, range, flags; ENOENT: unknown ids; EACCES: permissions.
+ *  - After xpmem_remove or the owner's exit, touching an attachment raises SIGBUS; so does
+ *    touching a part of it whose source has no memory. Attachments are not inherited by fork.
+ */
+#ifndef _XPMEM_H
+#define _XPMEM_H
+
+#include <linux/types.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef __s64 xpmem_segid_t; /* segment id: > 0 when valid */
+typedef __s64 xpmem_apid_t;  /* access permit id: > 0 when valid */
+
+/* What xpmem_attach maps: a permit and an offset into its segment. */
+struct xpmem_addr {
+	xpmem_apid_t apid;
+	off_t offset;
+};
+
+/* As a make size: everything from vaddr to the end of the address space. */
+#define XPMEM_MAXADDR_SIZE (size_t)(-1L)
+
+/* xpmem_get flags. */
+#define XPMEM_RDONLY 0x1
+#define XPMEM_RDWR 0x2
+
+/* Permit types: the only one is a SysV-style octal mode carried as the permit value. */
+#define XPMEM_PERMIT_MODE 0x1
+
+/* errno a forked child sees with XPMEM's kernel module on its inherited descriptor. */
+#define XPMEM_ERRNO_NOPROC 2004
+
+/* The version this library reports: the XPMEM 2.6 user ABI. */
+#define XPMEM_CURRENT_VERSION 0x00026005
+
+int xpmem_version(void);
+xpmem_segid_t xpmem_make(void *vaddr, size_t size, int permit_type, void *permit_value);
+int xpmem_remove(xpmem_segid_t segid);
+xpmem_apid_t xpmem_get(xpmem_segid_t segid, int flags, int permit_type, void *permit_value);
+int xpmem_release(xpmem_apid_t apid);
+void *xpmem_attach(struct xpmem_addr addr, size_t size, void *vaddr);
+int xpmem_detach(void *vaddr);
+
+/*
+ * XEMEM extensions (clowder). Named segments are made with mode 0666 (XEMEM's global mode);
+ * names are 1..63 printable ASCII characters without spaces, unique system-wide.
+ */
+#define XEMEM_NAME_MAX 63
+xpmem_segid_t xemem_make(void *vaddr, size_t size, const char *name);
+/* The segid made under name, or -1 (errno ENOENT) if there is none (yet). */
+xpmem_segid_t xemem_lookup_segid(const char *name);
+/* An attacher holding apid wakes the segment's owner. */
+int xemem_signal(xpmem_apid_t apid);
+/* The owner's side: a descriptor (eventfd) that becomes readable when attachers signal the
+ * segment; read(2) an 8-byte count of signals since the last read. Owned by the library. */
+int xemem_notify_fd(xpmem_segid_t segid);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* _XPMEM_H */

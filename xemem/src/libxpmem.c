@@ -1,0 +1,1245 @@
+/*
+ * libxpmem for host processes, with no kernel module (clowder XEMEM).
+ *
+ * The library talks to the segment broker (crates/xemem-host: standalone `xemem-broker`, or
+ * embedded in clowderd) over a SOCK_SEQPACKET Unix socket: $CLOWDER_XEMEM_SOCKET, else
+ * /run/clowder/xemem.sock. The packet layout is crates/xemem-host/src/wire.rs.
+ *
+ * Sharing works by file descriptor. An owner's memory must be nameable by a file, so:
+ *  - memfd-backed (and other MAP_SHARED file) mappings are handed out as they are;
+ *  - private writable memory (heap, anonymous mmap, .data/.bss) is converted in place into
+ *    memfd-backed shared memory: copy it into a fresh memfd, then mmap(MAP_FIXED|MAP_SHARED)
+ *    the memfd over the same addresses. Contents and addresses stay; only the backing changes.
+ *    Explicit ranges are converted by xpmem_make; a whole-address-space segment converts each
+ *    range lazily, when somebody attaches it.
+ *  - everything else (the main stack, read-only or PROT_NONE mappings, gaps) is a hole: an
+ *    attacher touching it gets SIGBUS, as XPMEM gives for unmapped source pages.
+ * A per-process service thread answers the broker's FETCH requests with runs of
+ * (memfd, offset, length) and passes the memfds with SCM_RIGHTS; the attacher mmaps them into
+ * one reserved range. No page is copied at attach time, and the cost grows with the number of
+ * mappings in the range, not the number of pages.
+ *
+ * Revocation (SIGBUS after remove or owner exit): an attacher's mapping of a converted memfd
+ * dies when that memfd is truncated. On xpmem_remove the owner first moves its own pages to a
+ * new memfd (one copy of the pages it handed out), then truncates the old one; when the owner
+ * exits, the broker truncates the converted memfds it saw. See docs/xemem.md for the caveats
+ * (memfds the application made itself are not revoked; overlapping segments share backing).
+ *
+ * Conversions are safe against concurrent writers in the owner: the range is made read-only
+ * while it is copied, and a temporary SIGSEGV handler parks any thread that writes to it until
+ * the shared mapping is in place, then lets the write happen there. fork() children get their
+ * converted memory back as private copy-on-write-like memory (pthread_atfork), so a child
+ * cannot scribble on its parent's exported pages.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "xpmem.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+#define PAGE 4096UL
+#define HUGE_PAGE (2UL << 20)
+#define USER_LIMIT 0x7ffffffff000UL
+
+/* ---- the broker protocol (crates/xemem-host/src/wire.rs) ------------------------------- */
+
+#define WIRE_MAGIC 0x4d4d4558u
+#define WIRE_VERSION 1
+#define WIRE_HOLE 0xffffffffu
+#define WIRE_REVOCABLE 1u
+#define WIRE_MAX_RUNS 4096
+#define WIRE_MAX_FDS 250
+
+enum {
+	OP_HELLO = 1, OP_SERVE = 2, OP_MAKE = 3, OP_REMOVE = 4, OP_GET = 5, OP_RELEASE = 6,
+	OP_ATTACH = 7, OP_DETACH = 8, OP_LOOKUP = 9, OP_SIGNAL = 10, OP_FETCH = 16, OP_NOTIFY = 17,
+};
+
+struct wire_request {
+	uint32_t magic;
+	uint16_t version, op;
+	uint64_t args[7];
+	char name[XEMEM_NAME_MAX];
+};
+
+struct wire_answer {
+	uint32_t magic;
+	uint16_t version, op;
+	int32_t error;
+	uint32_t runs;
+	uint64_t results[6];
+};
+
+struct wire_run {
+	uint32_t fd_index, flags;
+	uint64_t offset, length, zero;
+};
+
+_Static_assert(sizeof(struct wire_answer) == 64, "answer header is 64 bytes");
+_Static_assert(sizeof(struct wire_run) == 32, "a run is 32 bytes");
+_Static_assert(offsetof(struct wire_request, name) == 64, "request header is 64 bytes");
+
+/* ---- process state --------------------------------------------------------------------- */
+
+/* call_lock serialises requests on call_fd; table_lock guards the tables below. Lock order:
+ * call_lock before table_lock; the service thread takes only table_lock. */
+static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+static int call_fd = -1;
+static int serve_fd = -1;
+
+/* Memory this library converted to memfd backing. */
+struct backing {
+	uintptr_t addr;
+	size_t len;
+	int fd, prot;
+	dev_t dev;
+	ino_t ino;
+	int handed_out; /* given to an attacher: revoke on remove */
+};
+
+/* Segments this process made. */
+struct segment {
+	xpmem_segid_t segid;
+	uintptr_t vaddr;
+	size_t size;
+	int notify_fd;
+};
+
+/* Attachments this process holds. */
+struct attachment {
+	uintptr_t base;
+	size_t size;
+	xpmem_apid_t apid;
+};
+
+static struct backing *backings;
+static size_t backing_count, backing_capacity;
+static struct segment *segments;
+static size_t segment_count, segment_capacity;
+static struct attachment *attachments;
+static size_t attachment_count, attachment_capacity;
+static int hole_fd = -1;
+
+static int grow(void **array, size_t *capacity, size_t count, size_t item)
+{
+	if (count < *capacity)
+		return 0;
+	size_t wanted = *capacity ? *capacity * 2 : 16;
+	void *bigger = realloc(*array, wanted * item);
+	if (!bigger)
+		return -1;
+	*array = bigger;
+	*capacity = wanted;
+	return 0;
+}
+
+/* ---- the broker connection ------------------------------------------------------------ */
+
+static const char *socket_path(void)
+{
+	const char *path = getenv("CLOWDER_XEMEM_SOCKET");
+	return path && *path ? path : "/run/clowder/xemem.sock";
+}
+
+static int connect_broker(void)
+{
+	struct sockaddr_un addr = { .sun_family = AF_UNIX };
+	const char *path = socket_path();
+	if (strlen(path) >= sizeof addr.sun_path) {
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	strcpy(addr.sun_path, path);
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	if (connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0) {
+		int saved = errno;
+		close(fd);
+		errno = saved;
+		return -1;
+	}
+	return fd;
+}
+
+static int send_packet(int fd, const void *bytes, size_t len, const int *fds, int nfds)
+{
+	struct iovec iov = { .iov_base = (void *)bytes, .iov_len = len };
+	union {
+		char buf[CMSG_SPACE(WIRE_MAX_FDS * sizeof(int))];
+		struct cmsghdr align;
+	} control;
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+	if (nfds > 0) {
+		msg.msg_control = control.buf;
+		msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+		struct cmsghdr *header = CMSG_FIRSTHDR(&msg);
+		header->cmsg_level = SOL_SOCKET;
+		header->cmsg_type = SCM_RIGHTS;
+		header->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+		memcpy(CMSG_DATA(header), fds, nfds * sizeof(int));
+	}
+	ssize_t sent;
+	do
+		sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
+	while (sent < 0 && errno == EINTR);
+	return sent < 0 ? -1 : 0;
+}
+
+/* Receives one packet; descriptors land in fds (up to WIRE_MAX_FDS). Returns its length,
+ * 0 when the peer closed, -1 on error. */
+static ssize_t receive_packet(int fd, void *bytes, size_t len, int *fds, int *nfds)
+{
+	struct iovec iov = { .iov_base = bytes, .iov_len = len };
+	union {
+		char buf[CMSG_SPACE(WIRE_MAX_FDS * sizeof(int))];
+		struct cmsghdr align;
+	} control;
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+			      .msg_controllen = sizeof control.buf };
+	ssize_t got;
+	do
+		got = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+	while (got < 0 && errno == EINTR);
+	*nfds = 0;
+	if (got < 0)
+		return -1;
+	for (struct cmsghdr *h = CMSG_FIRSTHDR(&msg); h; h = CMSG_NXTHDR(&msg, h)) {
+		if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS)
+			continue;
+		int n = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (int i = 0; i < n; i++) {
+			int received;
+			memcpy(&received, CMSG_DATA(h) + i * sizeof(int), sizeof(int));
+			if (*nfds < WIRE_MAX_FDS)
+				fds[(*nfds)++] = received;
+			else
+				close(received);
+		}
+	}
+	if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+		for (int i = 0; i < *nfds; i++)
+			close(fds[i]);
+		*nfds = 0;
+		errno = EPROTO;
+		return -1;
+	}
+	return got;
+}
+
+static void close_all(int *fds, int nfds)
+{
+	for (int i = 0; i < nfds; i++)
+		close(fds[i]);
+}
+
+static void atfork_prepare(void);
+static void atfork_parent(void);
+static void atfork_child(void);
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void register_atfork(void)
+{
+	pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+/* One request and its answer. With runs != NULL the answer's runs and descriptors are
+ * returned (the caller closes the descriptors); otherwise any are closed. Returns 0, or -1
+ * with errno (the broker's errno, or a connection error). Call with call_lock held. */
+static int call_locked(struct wire_request *request, size_t name_len, struct wire_answer *answer,
+		       struct wire_run *runs, int *fds, int *nfds)
+{
+	static char buffer[sizeof(struct wire_answer) + WIRE_MAX_RUNS * sizeof(struct wire_run)];
+	int local_nfds = 0;
+	int received_fds[WIRE_MAX_FDS];
+	for (int attempt = 0; attempt < 2; attempt++) {
+		if (call_fd < 0) {
+			call_fd = connect_broker();
+			if (call_fd < 0)
+				return -1;
+		}
+		request->magic = WIRE_MAGIC;
+		request->version = WIRE_VERSION;
+		if (send_packet(call_fd, request, 64 + name_len, NULL, 0) < 0) {
+			/* A broker restart leaves a dead connection: reconnect once. */
+			close(call_fd);
+			call_fd = -1;
+			continue;
+		}
+		ssize_t got = receive_packet(call_fd, buffer, sizeof buffer, received_fds, &local_nfds);
+		if (got <= 0) {
+			int saved = got == 0 ? ECONNRESET : errno;
+			close(call_fd);
+			call_fd = -1;
+			errno = saved;
+			return -1;
+		}
+		memcpy(answer, buffer, sizeof *answer);
+		size_t expected = sizeof *answer + (size_t)answer->runs * sizeof(struct wire_run);
+		if ((size_t)got < sizeof *answer || answer->magic != WIRE_MAGIC || answer->op != request->op ||
+		    answer->runs > WIRE_MAX_RUNS || (size_t)got != expected) {
+			close_all(received_fds, local_nfds);
+			errno = EPROTO;
+			return -1;
+		}
+		if (answer->error) {
+			close_all(received_fds, local_nfds);
+			errno = answer->error;
+			return -1;
+		}
+		if (runs) {
+			memcpy(runs, buffer + sizeof *answer, answer->runs * sizeof(struct wire_run));
+			memcpy(fds, received_fds, local_nfds * sizeof(int));
+			*nfds = local_nfds;
+		} else {
+			close_all(received_fds, local_nfds);
+		}
+		return 0;
+	}
+	errno = ECONNRESET;
+	return -1;
+}
+
+static int call(uint16_t op, const uint64_t *args, int nargs, const char *name, struct wire_answer *answer)
+{
+	struct wire_request request = { .op = op };
+	for (int i = 0; i < nargs; i++)
+		request.args[i] = args[i];
+	size_t name_len = name ? strlen(name) : 0;
+	if (name_len > XEMEM_NAME_MAX) {
+		errno = EINVAL;
+		return -1;
+	}
+	if (name_len)
+		memcpy(request.name, name, name_len);
+	pthread_once(&atfork_once, register_atfork);
+	pthread_mutex_lock(&call_lock);
+	int result = call_locked(&request, name_len, answer, NULL, NULL, NULL);
+	int saved = errno;
+	pthread_mutex_unlock(&call_lock);
+	errno = saved;
+	return result;
+}
+
+/* ---- /proc/self/maps ------------------------------------------------------------------- */
+
+struct mapping {
+	uintptr_t start, end;
+	char perms[5];
+	uint64_t offset;
+	unsigned major, minor;
+	unsigned long inode;
+	char path[64];
+	int after_guard; /* directly above a PROT_NONE mapping: how glibc lays out thread stacks */
+};
+
+/* Reads the mappings overlapping [lo, hi). Returns a malloc'd array (count in *count). */
+static struct mapping *read_maps(uintptr_t lo, uintptr_t hi, size_t *count)
+{
+	*count = 0;
+	FILE *maps = fopen("/proc/self/maps", "re");
+	if (!maps)
+		return NULL;
+	struct mapping *list = NULL;
+	size_t capacity = 0;
+	char line[512];
+	uintptr_t guard_end = 0;
+	while (fgets(line, sizeof line, maps)) {
+		struct mapping m = { 0 };
+		int path_at = 0;
+		if (sscanf(line, "%lx-%lx %4s %lx %x:%x %lu %n", &m.start, &m.end, m.perms, &m.offset, &m.major,
+			   &m.minor, &m.inode, &path_at) < 7)
+			continue;
+		m.after_guard = guard_end != 0 && guard_end == m.start;
+		guard_end = !strcmp(m.perms, "---p") ? m.end : 0;
+		if (m.end <= lo || m.start >= hi)
+			continue;
+		if (path_at > 0) {
+			size_t n = strcspn(line + path_at, "\n");
+			if (n >= sizeof m.path)
+				n = sizeof m.path - 1;
+			memcpy(m.path, line + path_at, n);
+		}
+		if (grow((void **)&list, &capacity, *count, sizeof *list) < 0)
+			break;
+		list[(*count)++] = m;
+	}
+	fclose(maps);
+	return list;
+}
+
+static int special_mapping(const struct mapping *m)
+{
+	/* The main stack, and pages the kernel provides, are never converted. */
+	return !strncmp(m->path, "[stack", 6) || !strcmp(m->path, "[vvar]") || !strcmp(m->path, "[vdso]") ||
+	       !strcmp(m->path, "[vsyscall]") || !strncmp(m->path, "[vvar_vclock", 12);
+}
+
+static int convertible(const struct mapping *m)
+{
+	return m->perms[0] == 'r' && m->perms[1] == 'w' && m->perms[3] == 'p' && !special_mapping(m);
+}
+
+static int prot_of(const struct mapping *m)
+{
+	return (m->perms[0] == 'r' ? PROT_READ : 0) | (m->perms[1] == 'w' ? PROT_WRITE : 0) |
+	       (m->perms[2] == 'x' ? PROT_EXEC : 0);
+}
+
+/* Thread stacks must never be frozen: a thread whose stack is read-only cannot take the very
+ * signal that would park it. glibc maps a thread stack as a PROT_NONE guard with the stack
+ * right above; the kernel may merge the stack with a neighbouring anonymous mapping, so the
+ * stack's end is not visible. We keep the first thread_stack_span bytes above a guard out of
+ * every conversion (the default stack size, at least 8 MiB), and the service thread's own
+ * stack wherever it is. Such memory reads as a hole to attachers (documented). */
+static size_t thread_stack_span;
+static uintptr_t service_stack_lo, service_stack_hi;
+
+static size_t stack_span(void)
+{
+	if (!thread_stack_span) {
+		pthread_attr_t attr;
+		size_t size = 0;
+		if (pthread_getattr_default_np(&attr) == 0) {
+			pthread_attr_getstacksize(&attr, &size);
+			pthread_attr_destroy(&attr);
+		}
+		thread_stack_span = size > (8UL << 20) ? size : (8UL << 20);
+	}
+	return thread_stack_span;
+}
+
+/* The part of [start, end) (inside mapping m) that may be converted: trims a possible thread
+ * stack at the bottom of m and the service thread's stack. Returns 0 if nothing is left. */
+static int convertible_part(const struct mapping *m, uintptr_t *start, uintptr_t *end)
+{
+	if (m->after_guard) {
+		uintptr_t stack_end = m->start + stack_span();
+		if (*start < stack_end)
+			*start = stack_end;
+	}
+	if (*start < service_stack_hi && service_stack_lo < *end) {
+		if (service_stack_lo > *start)
+			*end = service_stack_lo; /* keep what lies below it */
+		else
+			*start = service_stack_hi;
+	}
+	return *start < *end;
+}
+
+/* ---- in-place conversion --------------------------------------------------------------- */
+
+/* The range being converted: writers fault (it is read-only meanwhile) and wait here. */
+static _Atomic uintptr_t converting_lo, converting_hi;
+/* Set while a fork's child copies the converted memory: every backing is read-only then. */
+static _Atomic int frozen_for_fork;
+static struct sigaction previous_segv;
+
+static int in_backing(uintptr_t addr);
+
+static void wait_for_conversion(int sig, siginfo_t *info, void *context)
+{
+	uintptr_t addr = (uintptr_t)info->si_addr;
+	if (addr >= atomic_load(&converting_lo) && addr < atomic_load(&converting_hi)) {
+		while (addr >= atomic_load(&converting_lo) && addr < atomic_load(&converting_hi))
+			sched_yield();
+		return; /* the write is retried, now on the shared mapping */
+	}
+	if (atomic_load(&frozen_for_fork) && in_backing(addr)) {
+		while (atomic_load(&frozen_for_fork))
+			sched_yield();
+		return; /* retried once the parent's memory is writable again */
+	}
+	/* Not ours: behave as the disposition we displaced would. */
+	if ((previous_segv.sa_flags & SA_SIGINFO) && previous_segv.sa_sigaction) {
+		previous_segv.sa_sigaction(sig, info, context);
+	} else if (previous_segv.sa_handler != SIG_DFL && previous_segv.sa_handler != SIG_IGN) {
+		previous_segv.sa_handler(sig);
+	} else {
+		signal(SIGSEGV, SIG_DFL); /* the fault repeats and takes the default action */
+	}
+}
+
+static void install_parking(void)
+{
+	struct sigaction action = { .sa_sigaction = wait_for_conversion, .sa_flags = SA_SIGINFO | SA_RESTART };
+	sigemptyset(&action.sa_mask);
+	sigaction(SIGSEGV, &action, &previous_segv);
+}
+
+static void guard_begin(uintptr_t lo, uintptr_t hi)
+{
+	atomic_store(&converting_lo, lo);
+	atomic_store(&converting_hi, hi);
+	install_parking();
+}
+
+static void guard_end(void)
+{
+	atomic_store(&converting_hi, 0);
+	atomic_store(&converting_lo, 0);
+	sigaction(SIGSEGV, &previous_segv, NULL);
+}
+
+static int page_is_zero(const void *page)
+{
+	const uint64_t *word = page;
+	for (size_t i = 0; i < PAGE / sizeof *word; i++)
+		if (word[i])
+			return 0;
+	return 1;
+}
+
+/* Copies [src, src+len) to dst, skipping zero pages (dst is fresh zeroed memory): untouched
+ * memory stays unallocated in the copy. */
+static void copy_nonzero_pages(char *dst, const char *src, size_t len)
+{
+	for (size_t at = 0; at < len; at += PAGE)
+		if (!page_is_zero(src + at))
+			memcpy(dst + at, src + at, PAGE);
+}
+
+static int new_memfd(size_t len)
+{
+	int fd = memfd_create("xemem", MFD_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	if (ftruncate(fd, len) < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* Moves [addr, addr+len) onto a fresh memfd at the same addresses, keeping contents and
+ * protection. Returns the memfd, or -1 (the memory is then untouched). table_lock held. */
+static int move_to_memfd(uintptr_t addr, size_t len, int prot)
+{
+	int fd = new_memfd(len);
+	if (fd < 0)
+		return -1;
+	char *shadow = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (shadow == MAP_FAILED) {
+		close(fd);
+		return -1;
+	}
+	guard_begin(addr, addr + len);
+	int frozen = (prot & PROT_WRITE) ? mprotect((void *)addr, len, prot & ~PROT_WRITE) : 0;
+	int moved = -1;
+	if (frozen == 0) {
+		copy_nonzero_pages(shadow, (const char *)addr, len);
+		/* MAP_FIXED replaces the old mapping atomically: no window without memory. */
+		moved = mmap((void *)addr, len, prot, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED ? -1 : 0;
+		if (moved < 0)
+			mprotect((void *)addr, len, prot);
+	}
+	guard_end();
+	munmap(shadow, len);
+	if (moved < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static int add_backing(uintptr_t addr, size_t len, int fd, int prot)
+{
+	struct stat st;
+	if (fstat(fd, &st) < 0 || grow((void **)&backings, &backing_capacity, backing_count, sizeof *backings) < 0)
+		return -1;
+	backings[backing_count++] =
+		(struct backing){ .addr = addr, .len = len, .fd = fd, .prot = prot, .dev = st.st_dev, .ino = st.st_ino };
+	return 0;
+}
+
+/* Converts the private writable memory in [lo, hi) to memfd backing. table_lock held. */
+static void convert_range(uintptr_t lo, uintptr_t hi)
+{
+	size_t count;
+	struct mapping *maps = read_maps(lo, hi, &count);
+	for (size_t i = 0; i < count; i++) {
+		if (!convertible(&maps[i]))
+			continue;
+		uintptr_t start = maps[i].start > lo ? maps[i].start : lo;
+		uintptr_t end = maps[i].end < hi ? maps[i].end : hi;
+		if (!convertible_part(&maps[i], &start, &end))
+			continue;
+		int prot = prot_of(&maps[i]);
+		int fd = move_to_memfd(start, end - start, prot);
+		if (fd >= 0 && add_backing(start, end - start, fd, prot) < 0)
+			close(fd); /* the mapping stays shared; it just cannot be revoked */
+	}
+	free(maps);
+}
+
+/* From the signal handler too, while the table is stable (table_lock held by the forking
+ * thread). */
+static int in_backing(uintptr_t addr)
+{
+	for (size_t i = 0; i < backing_count; i++)
+		if (addr >= backings[i].addr && addr < backings[i].addr + backings[i].len)
+			return 1;
+	return 0;
+}
+
+static struct backing *backing_for(unsigned major, unsigned minor, unsigned long inode)
+{
+	for (size_t i = 0; i < backing_count; i++)
+		if (backings[i].ino == inode && major(backings[i].dev) == major && minor(backings[i].dev) == minor)
+			return &backings[i];
+	return NULL;
+}
+
+/* An open descriptor of this process for the file (major:minor, inode), or -1. */
+static int find_open_fd(unsigned major, unsigned minor, unsigned long inode)
+{
+	DIR *dir = opendir("/proc/self/fd");
+	if (!dir)
+		return -1;
+	int found = -1;
+	for (struct dirent *entry; (entry = readdir(dir));) {
+		char *end;
+		long fd = strtol(entry->d_name, &end, 10);
+		struct stat st;
+		if (*end || fd == dirfd(dir) || fstat(fd, &st) < 0)
+			continue;
+		if (S_ISREG(st.st_mode) && st.st_ino == inode && major(st.st_dev) == major && minor(st.st_dev) == minor) {
+			found = fd;
+			break;
+		}
+	}
+	closedir(dir);
+	return found;
+}
+
+/* ---- the owner's service thread -------------------------------------------------------- */
+
+struct fetch {
+	struct wire_run runs[WIRE_MAX_RUNS];
+	int nruns;
+	int fds[WIRE_MAX_FDS];
+	int nfds;
+	int close_after[WIRE_MAX_FDS]; /* opened just for this answer */
+};
+
+static int fetch_fd_index(struct fetch *f, int fd, int close_after)
+{
+	for (int i = 0; i < f->nfds; i++)
+		if (f->fds[i] == fd) {
+			if (close_after)
+				close(fd);
+			return i;
+		}
+	if (f->nfds == WIRE_MAX_FDS)
+		return -1;
+	f->fds[f->nfds] = fd;
+	f->close_after[f->nfds] = close_after;
+	return f->nfds++;
+}
+
+/* Appends a run, merging it with the previous one when they are contiguous. */
+static int fetch_add(struct fetch *f, uint32_t fd_index, uint32_t flags, uint64_t offset, uint64_t length)
+{
+	if (fd_index == WIRE_HOLE)
+		offset = 0;
+	if (f->nruns > 0) {
+		struct wire_run *last = &f->runs[f->nruns - 1];
+		if (last->fd_index == fd_index && last->flags == flags &&
+		    (fd_index == WIRE_HOLE || last->offset + last->length == offset)) {
+			last->length += length;
+			return 0;
+		}
+	}
+	if (f->nruns == WIRE_MAX_RUNS)
+		return -1;
+	f->runs[f->nruns++] = (struct wire_run){ .fd_index = fd_index, .flags = flags, .offset = offset, .length = length };
+	return 0;
+}
+
+/* Resolves [lo, hi) of this process to runs, converting private memory on the way. */
+static int resolve(uintptr_t lo, uintptr_t hi, struct fetch *f)
+{
+	pthread_mutex_lock(&table_lock);
+	convert_range(lo, hi);
+	size_t count;
+	struct mapping *maps = read_maps(lo, hi, &count);
+	uintptr_t cursor = lo;
+	int failed = 0;
+	for (size_t i = 0; i < count && !failed; i++) {
+		struct mapping *m = &maps[i];
+		uintptr_t start = m->start > lo ? m->start : lo;
+		uintptr_t end = m->end < hi ? m->end : hi;
+		if (start > cursor)
+			failed |= fetch_add(f, WIRE_HOLE, 0, 0, start - cursor);
+		cursor = end;
+		int index = -1;
+		uint32_t flags = 0;
+		if (m->perms[3] == 's' && m->inode != 0 && m->perms[0] == 'r') {
+			struct backing *b = backing_for(m->major, m->minor, m->inode);
+			if (b) {
+				index = fetch_fd_index(f, b->fd, 0);
+				flags = WIRE_REVOCABLE;
+				b->handed_out = 1;
+			} else {
+				int fd = find_open_fd(m->major, m->minor, m->inode);
+				int opened = 0;
+				if (fd < 0) {
+					/* A shared mapping whose descriptor was closed: map_files names it
+					 * (needs CAP_SYS_ADMIN on most kernels). */
+					char path[96];
+					snprintf(path, sizeof path, "/proc/self/map_files/%lx-%lx", m->start, m->end);
+					fd = open(path, O_RDWR | O_CLOEXEC);
+					opened = fd >= 0;
+				}
+				if (fd >= 0)
+					index = fetch_fd_index(f, fd, opened);
+			}
+		}
+		if (index < 0)
+			failed |= fetch_add(f, WIRE_HOLE, 0, 0, end - start);
+		else
+			failed |= fetch_add(f, index, flags, m->offset + (start - m->start), end - start);
+	}
+	if (cursor < hi && !failed)
+		failed |= fetch_add(f, WIRE_HOLE, 0, 0, hi - cursor);
+	free(maps);
+	pthread_mutex_unlock(&table_lock);
+	return failed ? -1 : 0;
+}
+
+static void serve_answer(int fd, uint16_t op, int error, struct fetch *f)
+{
+	static char buffer[sizeof(struct wire_answer) + WIRE_MAX_RUNS * sizeof(struct wire_run)];
+	struct wire_answer answer = { .magic = WIRE_MAGIC, .version = WIRE_VERSION, .op = op, .error = error };
+	size_t len = sizeof answer;
+	int with_runs = f && !error;
+	if (with_runs) {
+		answer.runs = f->nruns;
+		memcpy(buffer + sizeof answer, f->runs, f->nruns * sizeof(struct wire_run));
+		len += f->nruns * sizeof(struct wire_run);
+	}
+	memcpy(buffer, &answer, sizeof answer);
+	send_packet(fd, buffer, len, with_runs ? f->fds : NULL, with_runs ? f->nfds : 0);
+}
+
+static void notify_segment(xpmem_segid_t segid)
+{
+	pthread_mutex_lock(&table_lock);
+	for (size_t i = 0; i < segment_count; i++) {
+		if (segments[i].segid != segid)
+			continue;
+		if (segments[i].notify_fd < 0)
+			segments[i].notify_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		uint64_t one = 1;
+		if (segments[i].notify_fd >= 0 && write(segments[i].notify_fd, &one, sizeof one) < 0) {
+			/* the counter is saturated: the owner has plenty to read already */
+		}
+	}
+	pthread_mutex_unlock(&table_lock);
+}
+
+static void *serve(void *arg)
+{
+	int fd = (int)(intptr_t)arg;
+	static struct fetch fetch;
+	pthread_attr_t attr;
+	if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+		void *stack;
+		size_t size;
+		if (pthread_attr_getstack(&attr, &stack, &size) == 0) {
+			pthread_mutex_lock(&table_lock);
+			service_stack_lo = (uintptr_t)stack;
+			service_stack_hi = (uintptr_t)stack + size;
+			pthread_mutex_unlock(&table_lock);
+		}
+		pthread_attr_destroy(&attr);
+	}
+	for (;;) {
+		struct wire_request request;
+		int fds[WIRE_MAX_FDS], nfds;
+		ssize_t got = receive_packet(fd, &request, sizeof request, fds, &nfds);
+		close_all(fds, nfds);
+		if (got <= 0)
+			break;
+		if ((size_t)got < 64 || request.magic != WIRE_MAGIC || request.version != WIRE_VERSION) {
+			serve_answer(fd, 0, EPROTO, NULL);
+			continue;
+		}
+		if (request.op == OP_FETCH) {
+			uint64_t lo = request.args[0], len = request.args[1];
+			if (lo % PAGE || len % PAGE || len == 0 || lo + len < lo || lo + len > USER_LIMIT) {
+				serve_answer(fd, request.op, EINVAL, NULL);
+				continue;
+			}
+			fetch.nruns = fetch.nfds = 0;
+			int failed = resolve(lo, lo + len, &fetch);
+			serve_answer(fd, request.op, failed ? ENOMEM : 0, &fetch);
+			for (int i = 0; i < fetch.nfds; i++)
+				if (fetch.close_after[i])
+					close(fetch.fds[i]);
+		} else if (request.op == OP_NOTIFY) {
+			notify_segment((xpmem_segid_t)request.args[0]);
+			serve_answer(fd, request.op, 0, NULL);
+		} else {
+			serve_answer(fd, request.op, EINVAL, NULL);
+		}
+	}
+	return NULL;
+}
+
+/* Opens the serving connection and starts the service thread (once per process). */
+static int ensure_serving(void)
+{
+	pthread_once(&atfork_once, register_atfork);
+	pthread_mutex_lock(&call_lock);
+	int result = 0;
+	if (serve_fd < 0) {
+		int fd = connect_broker();
+		struct wire_request request = { .magic = WIRE_MAGIC, .version = WIRE_VERSION, .op = OP_SERVE };
+		struct wire_answer answer;
+		int fds[WIRE_MAX_FDS], nfds = 0;
+		if (fd < 0 || send_packet(fd, &request, 64, NULL, 0) < 0 ||
+		    receive_packet(fd, &answer, sizeof answer, fds, &nfds) != sizeof answer || answer.error) {
+			int saved = errno ? errno : ECONNREFUSED;
+			close_all(fds, nfds);
+			if (fd >= 0)
+				close(fd);
+			result = -1;
+			errno = saved;
+		} else {
+			pthread_t thread;
+			pthread_attr_t attr;
+			sigset_t all, old;
+			pthread_attr_init(&attr);
+			pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+			/* Signals are the application's business: the service thread takes none. */
+			sigfillset(&all);
+			pthread_sigmask(SIG_SETMASK, &all, &old);
+			if (pthread_create(&thread, &attr, serve, (void *)(intptr_t)fd) != 0) {
+				close(fd);
+				result = -1;
+				errno = EAGAIN;
+			} else {
+				serve_fd = fd;
+			}
+			pthread_sigmask(SIG_SETMASK, &old, NULL);
+			pthread_attr_destroy(&attr);
+		}
+	}
+	pthread_mutex_unlock(&call_lock);
+	return result;
+}
+
+/* ---- fork ------------------------------------------------------------------------------ */
+
+
+/* fork() must give the child the converted memory as it was at the fork, privately. The
+ * child copies it (below); until it has, the parent's backings are read-only, writers park in
+ * the SIGSEGV handler, and the forking thread waits for the child's word. */
+static int fork_sync[2] = { -1, -1 };
+static struct sigaction segv_before_fork;
+
+static void atfork_prepare(void)
+{
+	pthread_mutex_lock(&call_lock);
+	pthread_mutex_lock(&table_lock);
+	if (backing_count == 0 || pipe2(fork_sync, O_CLOEXEC) < 0) {
+		fork_sync[0] = fork_sync[1] = -1;
+		return;
+	}
+	install_parking();
+	segv_before_fork = previous_segv;
+	atomic_store(&frozen_for_fork, 1);
+	for (size_t i = 0; i < backing_count; i++)
+		if (backings[i].prot & PROT_WRITE)
+			mprotect((void *)backings[i].addr, backings[i].len, backings[i].prot & ~PROT_WRITE);
+}
+
+static void atfork_parent(void)
+{
+	if (fork_sync[0] >= 0) {
+		close(fork_sync[1]);
+		char done;
+		while (read(fork_sync[0], &done, 1) < 0 && errno == EINTR)
+			; /* 1 byte: copied; 0: the child died first. Either way the child is done. */
+		close(fork_sync[0]);
+		fork_sync[0] = fork_sync[1] = -1;
+		for (size_t i = 0; i < backing_count; i++)
+			if (backings[i].prot & PROT_WRITE)
+				mprotect((void *)backings[i].addr, backings[i].len, backings[i].prot);
+		atomic_store(&frozen_for_fork, 0);
+		sigaction(SIGSEGV, &segv_before_fork, NULL);
+	}
+	pthread_mutex_unlock(&table_lock);
+	pthread_mutex_unlock(&call_lock);
+}
+
+/* In the child: converted memory becomes private again (a copy, as fork would have given it),
+ * segments and permits stay the parent's, attachments are gone (MADV_DONTFORK), and the
+ * broker connections are the parent's, so the child drops its copies. */
+static void atfork_child(void)
+{
+	for (size_t i = 0; i < backing_count; i++) {
+		struct backing *b = &backings[i];
+		char *copy = mmap(NULL, b->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (copy != MAP_FAILED) {
+			copy_nonzero_pages(copy, (const char *)b->addr, b->len);
+			mprotect(copy, b->len, b->prot);
+			if (mremap(copy, b->len, b->len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)b->addr) == MAP_FAILED)
+				munmap(copy, b->len);
+		}
+		close(b->fd);
+	}
+	backing_count = 0;
+	if (fork_sync[1] >= 0) {
+		atomic_store(&frozen_for_fork, 0);
+		sigaction(SIGSEGV, &segv_before_fork, NULL);
+		if (write(fork_sync[1], "x", 1) < 0) {
+			/* the parent sees EOF when we exit; nothing else to do */
+		}
+		close(fork_sync[0]);
+		close(fork_sync[1]);
+		fork_sync[0] = fork_sync[1] = -1;
+	}
+	for (size_t i = 0; i < segment_count; i++)
+		if (segments[i].notify_fd >= 0)
+			close(segments[i].notify_fd);
+	segment_count = 0;
+	attachment_count = 0;
+	if (call_fd >= 0)
+		close(call_fd);
+	if (serve_fd >= 0)
+		close(serve_fd);
+	call_fd = serve_fd = -1;
+	pthread_mutex_unlock(&table_lock);
+	pthread_mutex_unlock(&call_lock);
+}
+
+/* ---- the API --------------------------------------------------------------------------- */
+
+EXPORT int xpmem_version(void)
+{
+	struct wire_answer answer;
+	if (call(OP_HELLO, NULL, 0, NULL, &answer) < 0)
+		return -1;
+	return XPMEM_CURRENT_VERSION;
+}
+
+static xpmem_segid_t make(void *vaddr, size_t size, int permit_type, void *permit_value, const char *name)
+{
+	uintptr_t addr = (uintptr_t)vaddr;
+	uintptr_t mode = (uintptr_t)permit_value;
+	if (permit_type != XPMEM_PERMIT_MODE || mode & ~0777UL || size == 0 || addr % PAGE ||
+	    (size != XPMEM_MAXADDR_SIZE && (size % PAGE || addr + size < addr || addr + size > USER_LIMIT))) {
+		errno = EINVAL;
+		return -1;
+	}
+	if (name && (!*name || strlen(name) > XEMEM_NAME_MAX)) {
+		errno = EINVAL;
+		return -1;
+	}
+	if (ensure_serving() < 0)
+		return -1;
+	size_t effective = size == XPMEM_MAXADDR_SIZE ? (addr < USER_LIMIT ? USER_LIMIT - addr : 0) : size;
+	if (size != XPMEM_MAXADDR_SIZE) {
+		/* An explicit range is converted now; the whole address space lazily, per attach. */
+		pthread_mutex_lock(&table_lock);
+		convert_range(addr, addr + size);
+		pthread_mutex_unlock(&table_lock);
+	}
+	struct wire_answer answer;
+	uint64_t args[] = { addr, size, mode };
+	if (call(OP_MAKE, args, 3, name, &answer) < 0)
+		return -1;
+	xpmem_segid_t segid = (xpmem_segid_t)answer.results[0];
+	pthread_mutex_lock(&table_lock);
+	if (grow((void **)&segments, &segment_capacity, segment_count, sizeof *segments) == 0)
+		segments[segment_count++] = (struct segment){ .segid = segid, .vaddr = addr, .size = effective, .notify_fd = -1 };
+	pthread_mutex_unlock(&table_lock);
+	return segid;
+}
+
+EXPORT xpmem_segid_t xpmem_make(void *vaddr, size_t size, int permit_type, void *permit_value)
+{
+	return make(vaddr, size, permit_type, permit_value, NULL);
+}
+
+EXPORT xpmem_segid_t xemem_make(void *vaddr, size_t size, const char *name)
+{
+	if (!name) {
+		errno = EINVAL;
+		return -1;
+	}
+	return make(vaddr, size, XPMEM_PERMIT_MODE, (void *)0666, name);
+}
+
+/* Revokes what attachers of [lo, hi) map: our pages move to a fresh memfd, the old one is cut
+ * to zero length. table_lock held. */
+static void revoke_range(uintptr_t lo, uintptr_t hi)
+{
+	for (size_t i = 0; i < backing_count; i++) {
+		struct backing *b = &backings[i];
+		if (!b->handed_out || b->addr + b->len <= lo || b->addr >= hi)
+			continue;
+		int fd = move_to_memfd(b->addr, b->len, b->prot);
+		if (fd < 0)
+			continue; /* out of memory: attachers keep access rather than we lose data */
+		if (ftruncate(b->fd, 0) < 0) {
+			/* a memfd can always be truncated unless sealed, and ours are not */
+		}
+		close(b->fd);
+		struct stat st;
+		fstat(fd, &st);
+		b->fd = fd;
+		b->dev = st.st_dev;
+		b->ino = st.st_ino;
+		b->handed_out = 0;
+	}
+}
+
+EXPORT int xpmem_remove(xpmem_segid_t segid)
+{
+	struct wire_answer answer;
+	uint64_t args[] = { (uint64_t)segid };
+	if (segid <= 0) {
+		errno = EINVAL;
+		return -1;
+	}
+	if (call(OP_REMOVE, args, 1, NULL, &answer) < 0)
+		return -1;
+	pthread_mutex_lock(&table_lock);
+	for (size_t i = 0; i < segment_count; i++) {
+		if (segments[i].segid != segid)
+			continue;
+		revoke_range(segments[i].vaddr, segments[i].vaddr + segments[i].size);
+		if (segments[i].notify_fd >= 0)
+			close(segments[i].notify_fd);
+		segments[i] = segments[--segment_count];
+		break;
+	}
+	pthread_mutex_unlock(&table_lock);
+	return 0;
+}
+
+EXPORT xpmem_apid_t xpmem_get(xpmem_segid_t segid, int flags, int permit_type, void *permit_value)
+{
+	(void)permit_value; /* ignored, as XPMEM's library does (Open MPI passes 0666) */
+	if (permit_type != XPMEM_PERMIT_MODE || (flags != XPMEM_RDONLY && flags != XPMEM_RDWR) || segid <= 0) {
+		errno = EINVAL;
+		return -1;
+	}
+	struct wire_answer answer;
+	uint64_t args[] = { (uint64_t)segid, (uint64_t)flags };
+	if (call(OP_GET, args, 2, NULL, &answer) < 0)
+		return -1;
+	return (xpmem_apid_t)answer.results[0];
+}
+
+EXPORT int xpmem_release(xpmem_apid_t apid)
+{
+	if (apid <= 0) {
+		errno = EINVAL;
+		return -1;
+	}
+	struct wire_answer answer;
+	uint64_t args[] = { (uint64_t)apid };
+	return call(OP_RELEASE, args, 1, NULL, &answer);
+}
+
+static int hole_descriptor(void)
+{
+	/* An empty memfd: any page mapped from it lies beyond its end, so touching it is SIGBUS. */
+	if (hole_fd < 0)
+		hole_fd = memfd_create("xemem-hole", MFD_CLOEXEC);
+	return hole_fd;
+}
+
+static int overlaps_attachment(uintptr_t lo, uintptr_t hi)
+{
+	for (size_t i = 0; i < attachment_count; i++)
+		if (attachments[i].base < hi && lo < attachments[i].base + attachments[i].size)
+			return 1;
+	return 0;
+}
+
+/* Reserves len bytes of address space, 2 MiB-aligned when len allows, so hugetlb runs map. */
+static void *reserve(size_t len)
+{
+	size_t align = len >= HUGE_PAGE ? HUGE_PAGE : PAGE;
+	size_t padded = len + align - PAGE;
+	char *raw = mmap(NULL, padded, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (raw == MAP_FAILED)
+		return MAP_FAILED;
+	uintptr_t base = ((uintptr_t)raw + align - 1) & ~(align - 1);
+	if (base > (uintptr_t)raw)
+		munmap(raw, base - (uintptr_t)raw);
+	uintptr_t end = (uintptr_t)raw + padded;
+	if (end > base + len)
+		munmap((void *)(base + len), end - (base + len));
+	return (void *)base;
+}
+
+EXPORT void *xpmem_attach(struct xpmem_addr addr, size_t size, void *vaddr)
+{
+	uintptr_t fixed = (uintptr_t)vaddr;
+	if (addr.offset < 0 || addr.offset % PAGE || fixed % PAGE || size == 0 || size > USER_LIMIT || addr.apid <= 0) {
+		errno = EINVAL;
+		return (void *)-1;
+	}
+	size_t len = (size + PAGE - 1) & ~(PAGE - 1);
+	if (fixed && (fixed + len < fixed || fixed + len > USER_LIMIT)) {
+		errno = EINVAL;
+		return (void *)-1;
+	}
+	static struct wire_run runs[WIRE_MAX_RUNS];
+	int fds[WIRE_MAX_FDS], nfds = 0;
+	struct wire_request request = { .op = OP_ATTACH, .args = { (uint64_t)addr.apid, (uint64_t)addr.offset, len } };
+	struct wire_answer answer;
+	pthread_once(&atfork_once, register_atfork);
+	pthread_mutex_lock(&call_lock);
+	if (call_locked(&request, 0, &answer, runs, fds, &nfds) < 0) {
+		int saved = errno;
+		pthread_mutex_unlock(&call_lock);
+		errno = saved;
+		return (void *)-1;
+	}
+	/* runs is static: keep call_lock until they are mapped. */
+	int error = 0;
+	uint64_t total = 0;
+	for (uint32_t i = 0; i < answer.runs; i++) {
+		total += runs[i].length;
+		if (runs[i].fd_index != WIRE_HOLE && runs[i].fd_index >= (uint32_t)nfds)
+			error = EPROTO;
+	}
+	if (total != len)
+		error = EPROTO;
+	pthread_mutex_lock(&table_lock);
+	if (!error && fixed && overlaps_attachment(fixed, fixed + len))
+		error = EINVAL;
+	char *base = MAP_FAILED;
+	if (!error) {
+		base = fixed ? (char *)fixed : reserve(len);
+		if (base == MAP_FAILED)
+			error = ENOMEM;
+	}
+	uint64_t at = 0;
+	for (uint32_t i = 0; i < answer.runs && !error; i++) {
+		int fd = runs[i].fd_index == WIRE_HOLE ? hole_descriptor() : fds[runs[i].fd_index];
+		off_t offset = runs[i].fd_index == WIRE_HOLE ? 0 : (off_t)runs[i].offset;
+		if (fd < 0 || mmap(base + at, runs[i].length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, offset) ==
+				      MAP_FAILED)
+			error = errno ? errno : ENOMEM;
+		at += runs[i].length;
+	}
+	if (!error) {
+		/* XPMEM attachments are VM_DONTCOPY: a forked child does not have them. */
+		madvise(base, len, MADV_DONTFORK);
+		if (grow((void **)&attachments, &attachment_capacity, attachment_count, sizeof *attachments) < 0)
+			error = ENOMEM;
+		else
+			attachments[attachment_count++] =
+				(struct attachment){ .base = (uintptr_t)base, .size = len, .apid = addr.apid };
+	}
+	if (error && base != MAP_FAILED) {
+		if (fixed)
+			mmap(base, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+		else
+			munmap(base, len);
+	}
+	pthread_mutex_unlock(&table_lock);
+	close_all(fds, nfds);
+	if (error) {
+		/* The broker counted the attachment; take it back. */
+		struct wire_request undo = { .op = OP_DETACH, .args = { (uint64_t)addr.apid } };
+		call_locked(&undo, 0, &answer, NULL, NULL, NULL);
+	}
+	pthread_mutex_unlock(&call_lock);
+	if (error) {
+		errno = error;
+		return (void *)-1;
+	}
+	return base;
+}
+
+EXPORT int xpmem_detach(void *vaddr)
+{
+	uintptr_t addr = (uintptr_t)vaddr;
+	pthread_mutex_lock(&table_lock);
+	for (size_t i = 0; i < attachment_count; i++) {
+		struct attachment a = attachments[i];
+		if (addr < a.base || addr >= a.base + a.size)
+			continue;
+		munmap((void *)a.base, a.size);
+		attachments[i] = attachments[--attachment_count];
+		pthread_mutex_unlock(&table_lock);
+		struct wire_answer answer;
+		uint64_t args[] = { (uint64_t)a.apid };
+		call(OP_DETACH, args, 1, NULL, &answer); /* bookkeeping only: the mapping is gone */
+		return 0;
+	}
+	pthread_mutex_unlock(&table_lock);
+	/* Not an attachment: nothing mapped there is fine, anything else is EINVAL (as XPMEM). */
+	if (msync((void *)(addr & ~(PAGE - 1)), PAGE, MS_ASYNC) < 0 && errno == ENOMEM)
+		return 0;
+	errno = EINVAL;
+	return -1;
+}
+
+EXPORT xpmem_segid_t xemem_lookup_segid(const char *name)
+{
+	if (!name || !*name || strlen(name) > XEMEM_NAME_MAX) {
+		errno = EINVAL;
+		return -1;
+	}
+	struct wire_answer answer;
+	if (call(OP_LOOKUP, NULL, 0, name, &answer) < 0)
+		return -1;
+	return (xpmem_segid_t)answer.results[0];
+}
+
+EXPORT int xemem_signal(xpmem_apid_t apid)
+{
+	if (apid <= 0) {
+		errno = EINVAL;
+		return -1;
+	}
+	struct wire_answer answer;
+	uint64_t args[] = { (uint64_t)apid };
+	return call(OP_SIGNAL, args, 1, NULL, &answer);
+}
+
+EXPORT int xemem_notify_fd(xpmem_segid_t segid)
+{
+	int fd = -1;
+	pthread_mutex_lock(&table_lock);
+	for (size_t i = 0; i < segment_count; i++) {
+		if (segments[i].segid != segid)
+			continue;
+		if (segments[i].notify_fd < 0)
+			segments[i].notify_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		fd = segments[i].notify_fd;
+	}
+	pthread_mutex_unlock(&table_lock);
+	if (fd < 0)
+		errno = ENOENT;
+	return fd;
+}
