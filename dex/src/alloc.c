@@ -46,6 +46,10 @@ struct heap_state {
 	uintptr_t bump, limit;
 	uintptr_t small_free[SMALL_CLASSES];
 	uintptr_t spans;
+	/* The top quarter of the window serves anonymous mmap() calls of
+	 * application threads, bump-allocated with atomics because it runs
+	 * inside the SIGSYS handler, where the heap mutex cannot be taken. */
+	uintptr_t mmap_next, mmap_end;
 };
 
 static bool heap_in_use(void)
@@ -63,8 +67,11 @@ void dex_heap_init_origin(void)
 {
 	struct heap_state *h = (struct heap_state *)DEX_HEAP_BASE;
 	pthread_mutex_init(&h->lock, NULL);
+	uintptr_t end = dex_rt.regions[dex_rt.nregions - 1].end;
 	h->bump = DEX_HEAP_BASE + STATE_BYTES;
-	h->limit = dex_rt.regions[dex_rt.nregions - 1].end;
+	h->limit = end - (end - DEX_HEAP_BASE) / 4;
+	h->mmap_next = h->limit;
+	h->mmap_end = end;
 }
 
 static struct heap_state *state(void)
@@ -225,6 +232,19 @@ static void *heap_memalign(size_t alignment, size_t size)
 	b->kind = BLOCK_ALIGNED;
 	b->value = (uint64_t)(uintptr_t)under;
 	return (void *)p;
+}
+
+uintptr_t dex_heap_map_anonymous(size_t bytes)
+{
+	struct heap_state *h = state();
+	size_t size = (bytes + DEX_PAGE_SIZE - 1) & ~(size_t)(DEX_PAGE_SIZE - 1);
+	uintptr_t start = __atomic_load_n(&h->mmap_next, __ATOMIC_RELAXED);
+	do {
+		if (!size || size > h->mmap_end - start)
+			return 0;
+	} while (!__atomic_compare_exchange_n(&h->mmap_next, &start, start + size, false, __ATOMIC_ACQ_REL,
+					      __ATOMIC_RELAXED));
+	return start; /* never handed out before, so still zero */
 }
 
 /* ------------------------------------------------ interposed allocator */

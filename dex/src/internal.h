@@ -102,7 +102,8 @@ struct dex_runtime {
 	struct dex_lock workers_lock;
 	int shutting_down;
 	unsigned spin_iterations;
-	uint64_t fault_timeout_ns; /* DEX_FAULT_TIMEOUT seconds, default 10 */
+	uint64_t fault_timeout_ns; /* DEX_FAULT_TIMEOUT seconds, default 30 */
+	unsigned peer_timeout_s;   /* DEX_PEER_TIMEOUT: silence that means a peer is gone */
 	long tid_offset; /* offset of tid in glibc's struct pthread */
 	/* statistics, printed by dex_stats */
 	uint64_t faults_read, faults_write, pages_received, invalidations_served, syscalls_delegated;
@@ -164,6 +165,7 @@ extern bool dex_tracing;
 void dex_heap_init_origin(void);
 void *dex_heap_alloc_pages(size_t bytes);
 void dex_heap_free_pages(void *p, size_t bytes);
+uintptr_t dex_heap_map_anonymous(size_t bytes);
 
 /* threads.c */
 void dex_threads_init(void);

@@ -281,6 +281,8 @@ static const char *const type_names[DEX_MSG_TYPE_END] = {
 	[DEX_MSG_SYSCALL] = "SYSCALL",
 	[DEX_MSG_SYSCALL_REPLY] = "SYSCALL_REPLY",
 	[DEX_MSG_SHUTDOWN] = "SHUTDOWN",
+	[DEX_MSG_PING] = "PING",
+	[DEX_MSG_PONG] = "PONG",
 };
 
 const char *dex_msg_type_name(unsigned type)
@@ -365,6 +367,8 @@ const char *dex_msg_check(const struct dex_msg_header *h, const void *payload, c
 	}
 	case DEX_MSG_WELCOME:
 	case DEX_MSG_SHUTDOWN:
+	case DEX_MSG_PING:
+	case DEX_MSG_PONG:
 		return h->length == fixed ? NULL : "trailing bytes";
 	case DEX_MSG_PAGE_REQUEST: {
 		const struct dex_msg_page_request *m = payload;

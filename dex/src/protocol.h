@@ -138,6 +138,8 @@ enum dex_msg_type {
 	DEX_MSG_SYSCALL,           /* node -> origin: delegated system call */
 	DEX_MSG_SYSCALL_REPLY,     /* origin -> node */
 	DEX_MSG_SHUTDOWN,          /* origin -> node: program finished */
+	DEX_MSG_PING,              /* origin -> node, periodically: are you there? */
+	DEX_MSG_PONG,              /* node -> origin */
 	DEX_MSG_TYPE_END
 };
 

@@ -116,7 +116,8 @@ int dex_send(unsigned peer, enum dex_msg_type type, const void *fixed, size_t fi
 	return rc;
 }
 
-/* Returns 1 on success, 0 on orderly EOF, -1 on error. */
+/* Returns 1 on success, 0 on orderly EOF, -1 on error, -2 when the peer
+ * sent nothing for the peer timeout (SO_RCVTIMEO). */
 static int read_full(int fd, void *buf, size_t len)
 {
 	char *p = buf;
@@ -127,6 +128,8 @@ static int read_full(int fd, void *buf, size_t len)
 			continue;
 		if (n == 0)
 			return got ? -1 : 0;
+		if (n == -EAGAIN)
+			return -2;
 		if (n < 0)
 			return -1;
 		got += (size_t)n;
@@ -153,8 +156,9 @@ static int receive_message(unsigned peer, struct dex_msg_header *h, char *payloa
 	const char *why = dex_msg_check_header(h, &lim);
 	if (why)
 		dex_fatal("rejected malformed message from node %u: %s", peer, why);
-	if (read_full(fd, payload, h->length) != 1)
-		return -1;
+	rc = read_full(fd, payload, h->length);
+	if (rc != 1)
+		return rc == 0 ? -1 : rc;
 	why = dex_msg_check(h, payload, &lim);
 	if (why)
 		dex_fatal("rejected %s from node %u: %s", dex_msg_type_name(h->type), peer, why);
@@ -500,6 +504,9 @@ static void node_receive_loop(void)
 				dex_trace_flush();
 				raw_syscall(SYS_exit_group, 0, 0, 0);
 			}
+			if (rc == -2)
+				dex_fatal("the origin sent nothing for %u s (stopped or unreachable); stopping",
+					  dex_rt.peer_timeout_s);
 			dex_fatal("lost connection to the origin (origin exited or was killed); stopping");
 		}
 		switch (h.type) {
@@ -521,6 +528,9 @@ static void node_receive_loop(void)
 			dex_mail_post(dex_rt.workers[m->worker], &h, payload);
 			break;
 		}
+		case DEX_MSG_PING:
+			dex_send(0, DEX_MSG_PONG, NULL, 0, NULL, 0);
+			break;
 		case DEX_MSG_SHUTDOWN:
 			/* The origin is finishing but may still read pages we
 			 * hold (exit handlers, stdio): keep serving until its
@@ -545,10 +555,15 @@ static void *origin_receive_loop(void *arg)
 		if (rc <= 0) {
 			if (dex_rt.shutting_down)
 				return NULL;
+			if (rc == -2)
+				dex_fatal("node %u sent nothing for %u s (stopped or unreachable); stopping all nodes",
+					  peer, dex_rt.peer_timeout_s);
 			dex_fatal("node %u disconnected (%s); stopping all nodes", peer,
 				  rc == 0 ? "connection closed: node exited or was killed" : "connection error");
 		}
 		switch (h.type) {
+		case DEX_MSG_PONG:
+			break;
 		case DEX_MSG_PAGE_REQUEST: {
 			const struct dex_msg_page_request *m = (const void *)payload;
 			uint32_t page = (uint32_t)page_index(m->address);
@@ -589,6 +604,29 @@ static void *origin_receive_loop(void *arg)
 			dex_fatal("rejected unexpected %s from node %u", dex_msg_type_name(h.type), peer);
 		}
 	}
+}
+
+/* Keeps every connection busy so that silence means trouble: each side's
+ * socket has a receive timeout of peer_timeout_s, and pings go out several
+ * times per timeout. */
+static void *origin_pinger(void *arg)
+{
+	(void)arg;
+	dex_tls_runtime_thread = 1;
+	dex_thread_create_block(DEX_ROLE_SERVICE);
+	struct timespec period = { .tv_sec = 0, .tv_nsec = 250000000 };
+	while (!dex_rt.shutting_down) {
+		for (unsigned n = 1; n < dex_rt.nodes && !dex_rt.shutting_down; n++)
+			dex_send(n, DEX_MSG_PING, NULL, 0, NULL, 0);
+		nanosleep(&period, NULL);
+	}
+	return NULL;
+}
+
+static void set_receive_timeout(int fd)
+{
+	struct timeval tv = { .tv_sec = dex_rt.peer_timeout_s };
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 }
 
 void dex_origin_shutdown_nodes(int status)
@@ -795,8 +833,11 @@ static void origin_accept_nodes(int listen_fd)
 		joined++;
 	}
 	close(listen_fd);
-	for (unsigned n = 1; n < dex_rt.nodes; n++)
+	for (unsigned n = 1; n < dex_rt.nodes; n++) {
+		set_receive_timeout(dex_rt.peers[n].fd);
 		dex_start_service_thread(origin_receive_loop, (void *)(uintptr_t)n);
+	}
+	dex_start_service_thread(origin_pinger, NULL);
 }
 
 static void node_join_origin(int port)
@@ -827,6 +868,7 @@ static void node_join_origin(int port)
 		dex_fatal("the origin did not answer HELLO");
 	if (reply.w.status != 0)
 		dex_fatal("the origin rejected this node (see its log)");
+	set_receive_timeout(fd);
 }
 
 static long find_tid_offset(void)
@@ -854,7 +896,11 @@ __attribute__((constructor(101))) static void dex_init(void)
 	 * vCPUs). DEX_SPIN=N polls N times first, for dedicated cores. */
 	dex_rt.spin_iterations = getenv("DEX_SPIN") ? (unsigned)strtoul(getenv("DEX_SPIN"), NULL, 10) : 0;
 	const char *timeout = getenv("DEX_FAULT_TIMEOUT");
-	dex_rt.fault_timeout_ns = (timeout ? strtoull(timeout, NULL, 10) : 10) * 1000000000ull;
+	dex_rt.fault_timeout_ns = (timeout ? strtoull(timeout, NULL, 10) : 30) * 1000000000ull;
+	timeout = getenv("DEX_PEER_TIMEOUT");
+	dex_rt.peer_timeout_s = timeout ? (unsigned)strtoul(timeout, NULL, 10) : 5;
+	if (!dex_rt.peer_timeout_s)
+		dex_rt.peer_timeout_s = 5;
 	dex_threads_init();
 	if (!boot)
 		return;

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -380,6 +381,40 @@ static void redirect(ucontext_t *uc, void (*fn)(long), long arg)
 	g[REG_RDI] = arg;
 }
 
+/* Anonymous private mappings of application threads come from the shared
+ * window, so they are valid and coherent on every node. Inside the shared
+ * regions the DSM owns page protections, and the window is never given
+ * back to the kernel: munmap and mprotect there succeed without effect. */
+static bool memory_call(long nr, const long a[6], long *ret)
+{
+	switch (nr) {
+	case SYS_mmap: {
+		int flags = (int)a[3];
+		if (a[0] != 0 || (flags & (MAP_ANONYMOUS | MAP_PRIVATE | MAP_SHARED | MAP_FIXED)) !=
+					 (MAP_ANONYMOUS | MAP_PRIVATE))
+			return false;
+		if (a[2] != (PROT_READ | PROT_WRITE))
+			return false;
+		uintptr_t p = dex_heap_map_anonymous((size_t)a[1]);
+		*ret = p ? (long)p : -ENOMEM;
+		return true;
+	}
+	case SYS_munmap:
+	case SYS_mprotect:
+		if (!dex_in_shared((uintptr_t)a[0]))
+			return false;
+		*ret = 0;
+		return true;
+	case SYS_mremap:
+		if (!dex_in_shared((uintptr_t)a[0]))
+			return false;
+		*ret = -ENOMEM; /* callers fall back to map + copy */
+		return true;
+	default:
+		return false;
+	}
+}
+
 void dex_sigsys_handler(int sig, void *info, void *ucontext)
 {
 	(void)sig;
@@ -403,6 +438,8 @@ void dex_sigsys_handler(int sig, void *info, void *ucontext)
 		redirect(uc, dex_process_exit_here, a[0]);
 		return;
 	default:
+		if (memory_call(nr, a, &ret))
+			break;
 		if (dex_rt.node == 0)
 			ret = origin_syscall(nr, a);
 		else if (node_delegates(nr, a))

@@ -5,6 +5,7 @@
  *   pingpong  - two threads on two nodes writing one page alternately
  *   stackread - a thread migrates many times; others read its stack data
  *   coalesce  - threads on one node fault on the same pages together
+ *   mmap      - an anonymous mapping made on a node is usable at the origin
  *   fileio    - open/write/read/fstat/close on a node; read() at the origin
  *               into a page the node holds
  * usage: coherence TEST [threads] [iterations] */
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -211,6 +213,24 @@ static void *file_worker(void *arg)
 	return (void *)bad;
 }
 
+/* mmap() on a node returns memory every node can use. */
+static unsigned char *mapped;
+#define MAPPED_BYTES (1 << 20)
+
+static void *mapper(void *arg)
+{
+	(void)arg;
+	go(dex_nodes() - 1);
+	mapped = mmap(NULL, MAPPED_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	long bad = mapped == MAP_FAILED;
+	for (long i = 0; !bad && i < MAPPED_BYTES; i++) {
+		bad += mapped[i] != 0; /* fresh mappings are zero */
+		mapped[i] = (unsigned char)(i * 7);
+	}
+	go(0);
+	return (void *)bad;
+}
+
 static pthread_t spawn(void *(*fn)(void *), long arg)
 {
 	pthread_t t;
@@ -301,6 +321,15 @@ int main(int argc, char **argv)
 		close(fd);
 		unlink(file_path);
 		printf("%s fileio: %ld problems (read returned %zd)\n", bad ? "FAIL" : "PASS", bad, got);
+		return bad != 0;
+	}
+	if (!strcmp(test, "mmap")) {
+		long bad = join(spawn(mapper, 0));
+		for (long i = 0; !bad && i < MAPPED_BYTES; i++)
+			bad += mapped[i] != (unsigned char)(i * 7);
+		bad += munmap(mapped, MAPPED_BYTES) != 0;
+		printf("%s mmap: %ld problems with 1 MiB mapped and written on node %d\n", bad ? "FAIL" : "PASS", bad,
+		       dex_nodes() - 1);
 		return bad != 0;
 	}
 	if (!strcmp(test, "coalesce")) {

@@ -367,6 +367,11 @@ static void test_codec(void)
 	hello.nodes = 4;
 	CHECK(dex_msg_check(&h, &hello, &lim) != NULL, "hello with wrong cluster size");
 
+	dex_msg_fill_header(&h, DEX_MSG_PING, 0, 0, 5);
+	CHECK(dex_msg_check(&h, &region, &lim) == NULL, "ping");
+	dex_msg_fill_header(&h, DEX_MSG_PONG, 1, 8, 5);
+	CHECK(dex_msg_check(&h, &region, &lim) != NULL, "pong with a payload");
+
 	struct dex_msg_migrate mig = { .thread = 3, .target = 1, .context = { .rsp = 0x7000, .rip = 0x401000 } };
 	dex_msg_fill_header(&h, DEX_MSG_MIGRATE, 0, sizeof(mig), 4);
 	CHECK(dex_msg_check(&h, &mig, &lim) == NULL, "migrate");
