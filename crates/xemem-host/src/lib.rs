@@ -127,12 +127,7 @@ impl Broker {
                 }
             };
             if request.op == wire::OP_SERVE {
-                if sys::set_receive_timeout(&connection, OWNER_TIMEOUT).is_err()
-                    || sys::send(&connection, &Answer::ok(wire::OP_SERVE, &[]).encode(), &[]).is_err()
-                {
-                    break;
-                }
-                kept_for_serving = true;
+                kept_for_serving = sys::set_receive_timeout(&connection, OWNER_TIMEOUT).is_ok();
                 break;
             }
             let (answer, fds) = self.handle(&peer, &request);
@@ -142,11 +137,17 @@ impl Broker {
             }
         }
         if kept_for_serving {
-            let mut state = self.lock();
-            if let Some(count) = state.connections.get_mut(&peer.pid) {
-                *count -= 1;
+            // Registered before the answer goes out, so the MAKE that follows finds it.
+            let server = Arc::new(Mutex::new(connection));
+            {
+                let mut state = self.lock();
+                if let Some(count) = state.connections.get_mut(&peer.pid) {
+                    *count -= 1;
+                }
+                state.servers.insert(peer.pid, server.clone());
             }
-            state.servers.insert(peer.pid, Arc::new(Mutex::new(connection)));
+            let connection = server.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = sys::send(&connection, &Answer::ok(wire::OP_SERVE, &[]).encode(), &[]);
         } else {
             self.connection_closed(peer.pid);
         }

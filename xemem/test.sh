@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# XEMEM conformance suite between host processes: builds libxpmem (shared and static), the
+# standalone segment broker and the conformance program, starts a private broker, and runs
+# every case twice (program linked against libxpmem.so.0, and statically against libxpmem.a),
+# plus the broker's robustness against malformed packets. Prints "N passed, N failed" and
+# exits non-zero if anything failed. Root is needed for the permission matrix (setuid).
+set -u
+cd "$(dirname "$0")"
+here=$(pwd)
+
+make -s all >/dev/null && make -s -C tests all >/dev/null || { echo "build failed"; exit 1; }
+(cd .. && cargo build -q -p xemem-host --bin xemem-broker) || { echo "broker build failed"; exit 1; }
+target=$(cd .. && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+broker=$target/debug/xemem-broker
+
+scratch=$(mktemp -d)
+chmod 0755 "$scratch" # unprivileged test processes must reach the socket
+export CLOWDER_XEMEM_SOCKET=$scratch/xemem.sock
+"$broker" 2>"$scratch/broker.log" &
+broker_pid=$!
+trap 'kill $broker_pid 2>/dev/null; wait $broker_pid 2>/dev/null; rm -rf "$scratch"' EXIT
+for _ in $(seq 100); do [ -S "$CLOWDER_XEMEM_SOCKET" ] && break; sleep 0.05; done
+
+passed=0
+failed=0
+report() { # name status log
+    if [ "$2" -eq 0 ]; then
+        passed=$((passed + 1)); echo "ok    $1"
+    else
+        failed=$((failed + 1)); echo "FAIL  $1 (status $2)"; sed 's/^/      /' "$3" | tail -5
+    fi
+}
+
+for program in conformance conformance-static; do
+    for name in $("$here/build/tests/$program" --list); do
+        timeout 300 "$here/build/tests/$program" "$name" >"$scratch/log" 2>&1
+        report "$program $name" $? "$scratch/log"
+    done
+done
+
+# The broker answers malformed packets with an error and keeps serving everyone else.
+python3 - "$CLOWDER_XEMEM_SOCKET" >"$scratch/log" 2>&1 <<'PY'
+import socket, struct, sys
+path = sys.argv[1]
+def ask(packet):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(path)
+    s.send(packet)
+    answer = s.recv(65536)
+    s.close()
+    return answer
+magic, version = 0x4d4d4558, 1
+for bad in [b"", b"x", b"\0" * 63, struct.pack("<IHH", magic, 2, 1) + b"\0" * 56,
+            struct.pack("<IHH", magic, version, 99) + b"\0" * 56,
+            struct.pack("<IHH", magic, version, 5) + b"\0" * 56 + b"trailing",
+            struct.pack("<IHH", magic, version, 9) + b"\0" * 56 + b"x" * 64,
+            struct.pack("<IHH", magic, version, 3) + struct.pack("<7Q", 4096, 4096, 0o600, 0, 0, 0, 0)]:
+    if not bad:
+        continue
+    answer = ask(bad)
+    _, _, _, errno = struct.unpack("<IHHi", answer[:12])
+    assert errno != 0, (bad, answer)
+hello = ask(struct.pack("<IHH", magic, version, 1) + b"\0" * 56)
+assert struct.unpack("<IHHi", hello[:12])[3] == 0
+print("broker answered every malformed packet with an error and still serves")
+PY
+report "broker malformed packets" $? "$scratch/log"
+if ! kill -0 $broker_pid 2>/dev/null; then
+    failed=$((failed + 1)); echo "FAIL  broker died"; tail -5 "$scratch/broker.log"
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
