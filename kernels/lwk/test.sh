@@ -33,10 +33,41 @@ if [ "$runner" = vmm ]; then
     fi
 fi
 
-# run_in_lwk BINARY NAME OUTPUT: runs the job, writes its output to OUTPUT, the kernel's
-# lines to OUTPUT.kernel, and prints the job's exit status as the kernel reported it.
+# make_archive OUTPUT NAME=PATH...: a newc cpio archive (the job's file system), each PATH
+# stored as NAME.
+make_archive() {
+    python3 - "$@" <<'PYTHON'
+import os, sys
+output, members = sys.argv[1], sys.argv[2:]
+with open(output, "wb") as archive:
+    def entry(name, mode, data, inode):
+        header = "070701" + "".join("%08x" % field for field in
+            (inode, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(name) + 1, 0))
+        archive.write(header.encode() + name.encode() + b"\0")
+        archive.write(b"\0" * (-(110 + len(name) + 1) % 4) + data + b"\0" * (-len(data) % 4))
+    for inode, member in enumerate(members, 1):
+        name, path = member.split("=", 1)
+        mode = 0o100755 if os.access(path, os.X_OK) else 0o100644
+        entry(name, mode, open(path, "rb").read(), inode)
+    entry("TRAILER!!!", 0, b"", 0)
+PYTHON
+}
+
+# Every job's archive: the program, and tests/programs/files as files/ (the host runs each
+# program in a directory holding the same files/).
+rm -rf "$work/files" && cp -r "$here/tests/programs/files" "$work/files"
+input_members=$(cd "$work" && find files -type f | sort | sed "s|.*|&=$work/&|")
+
+# run_in_lwk BINARY NAME OUTPUT [raw]: runs the job (from an archive with the input files,
+# or with `raw` the bare executable as the module), writes its output to OUTPUT, the
+# kernel's lines to OUTPUT.kernel, and prints the job's exit status as the kernel reported.
 run_in_lwk() {
     local binary=$1 name=$2 output=$3 console="$3.console" machine_status
+    if [ "${4:-}" != raw ]; then
+        local archive="$output.cpio"
+        make_archive "$archive" "$name=$binary" $input_members
+        binary=$archive
+    fi
     local command_line="lwk.env=GREETING=hello -- $name one \"two words\""
     if [ "$runner" = vmm ]; then
         timeout 120 "$vmm" --kernel "$kernel" --module "$binary" --mem 256M ${VMM_ARGS:-} --cmdline "$command_line" \
@@ -113,6 +144,18 @@ if [ "$runner" = qemu ] && [ $# -eq 0 ]; then
         echo "ok   kernel panic without a job: status 254"
     else
         echo "FAIL kernel panic without a job: machine status $panic_status"; cat "$work/panic.console"
+        failures=$((failures + 1))
+    fi
+fi
+
+# The executable itself as module 0, without an archive.
+if [ $# -eq 0 ] && [ -f "$work/hello-musl.host" ]; then
+    musl-gcc -static -O2 -o "$work/hello-raw" "$here/tests/programs/hello.c"
+    status=$(run_in_lwk "$work/hello-raw" hello "$work/hello-raw.lwk" raw)
+    if [ "$status" = 3 ] && cmp -s "$work/hello-raw.lwk" "$work/hello-musl.host"; then
+        echo "ok   bare executable as the module: status 3"
+    else
+        echo "FAIL bare executable as the module: status $status"; cat "$work/hello-raw.lwk.console"
         failures=$((failures + 1))
     fi
 fi

@@ -14,6 +14,7 @@ mod bootinfo;
 mod clock;
 mod cmdline;
 mod console;
+mod fs;
 mod job;
 mod machine;
 mod mm;

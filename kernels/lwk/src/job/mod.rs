@@ -1,6 +1,7 @@
 //! The job: one static Linux executable, loaded from PVH module 0 with all of its memory
 //! reserved and mapped up front, then run in user mode until it exits or faults.
 
+pub mod descriptors;
 pub mod elf;
 pub mod memory;
 mod stack;
@@ -15,6 +16,7 @@ use crate::bootinfo::Module;
 use crate::clock;
 use crate::cmdline::JobOptions;
 use crate::console::log;
+use crate::fs;
 use crate::machine;
 use crate::mm::aspace::AddressSpace;
 use crate::mm::pmem;
@@ -33,6 +35,7 @@ const KERNEL_RESERVE: u64 = 16 << 20;
 
 pub struct Process {
     pub memory: JobMemory,
+    pub descriptors: descriptors::Descriptors,
     /// argv[0], what `/proc/self/exe` resolves to.
     pub executable_path: String,
 }
@@ -50,6 +53,8 @@ pub fn with_process<R>(f: impl FnOnce(&mut Process) -> R) -> R {
 #[allow(dead_code)] // the fields are read through `Debug` in the panic message
 pub enum LoadError {
     NoModule,
+    BadArchive,
+    NotInArchive(String),
     Elf(elf::ElfError),
     NoMemory(&'static str),
     OverlapsStack,
@@ -102,7 +107,18 @@ fn load_image(executable: &Executable, file: &[u8], aspace: &mut AddressSpace) -
 /// Loads the job and returns the user context to start it with.
 pub fn load(module: Option<&Module>, options: &JobOptions) -> Result<TrapFrame, LoadError> {
     let module = module.ok_or(LoadError::NoModule)?;
-    let file = phys::bytes(module.start, module.size as usize);
+    let module_bytes = phys::bytes(module.start, module.size as usize);
+    // An archive is the job's file system, holding the executable named by argv[0]; anything
+    // else is the executable itself.
+    let file = if fs::is_archive(module_bytes) {
+        let count = fs::load_archive(module).map_err(|_| LoadError::BadArchive)?;
+        let path = fs::normalize("/", &options.argv[0]).unwrap_or_default();
+        let node = fs::lookup(&path).filter(|node| !node.is_directory()).ok_or(LoadError::NotInArchive(path))?;
+        log!("job: {count} files from the archive");
+        node.contents()
+    } else {
+        module_bytes
+    };
     let executable = Executable::parse(file).map_err(LoadError::Elf)?;
     let mut aspace = AddressSpace::new().map_err(|_| LoadError::NoMemory("page tables"))?;
 
@@ -132,6 +148,7 @@ pub fn load(module: Option<&Module>, options: &JobOptions) -> Result<TrapFrame, 
     let stack_pointer = stack::build(STACK_TOP, &executable, &options.argv, &options.env).map_err(|_| LoadError::StackSetup)?;
     *PROCESS.lock() = Some(Process {
         memory: JobMemory::new(aspace, image, stack, heap),
+        descriptors: descriptors::Descriptors::new(),
         // libc insists on an absolute path (glibc asserts it): the job lives at the root.
         executable_path: if options.argv[0].starts_with('/') { options.argv[0].clone() } else { alloc::format!("/{}", options.argv[0]) },
     });

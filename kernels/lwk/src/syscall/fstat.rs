@@ -1,23 +1,48 @@
-//! fstat(fd, statbuf): the standard descriptors describe themselves as a pipe, which is what
-//! they are to the job (a stream with no terminal behind it).
+//! fstat(fd, statbuf): files and directories as the file system describes them; the console
+//! streams as a pipe (a stream with no terminal behind it).
 
 use super::{user, Call, Errno, SyscallResult};
+use crate::fs::Node;
+use crate::job::{self, descriptors::Descriptor};
 
 const S_IFIFO: u64 = 0o010000;
+/// st_dev of the job's file system and of the console "pipe".
+const FILE_SYSTEM_DEVICE: u64 = 0x2a;
+const PIPE_DEVICE: u64 = 0xc;
 
-/// Fills a `struct stat` (144 bytes on x86-64) for a standard descriptor.
-pub fn stat_descriptor(descriptor: u64, address: u64) -> SyscallResult {
-    if descriptor > 2 {
-        return Err(Errno::EBADF);
-    }
+/// Writes a `struct stat` (144 bytes on x86-64) for `node`.
+pub fn write_stat(address: u64, node: &Node) -> SyscallResult {
     let mut stat = [0u64; 18];
-    stat[0] = 0xc; // st_dev: a pipe filesystem
-    stat[1] = descriptor + 1; // st_ino
-    stat[2] = 1; // st_nlink
-    stat[3] = S_IFIFO | 0o600; // st_mode (32 bits) and st_uid (0)
+    stat[0] = FILE_SYSTEM_DEVICE;
+    stat[1] = node.inode;
+    stat[2] = if node.is_directory() { 2 } else { 1 }; // st_nlink
+    stat[3] = node.mode as u64; // st_mode (32 bits), st_uid 0
+    stat[6] = node.len; // st_size
     stat[7] = 4096; // st_blksize
+    stat[8] = node.len.div_ceil(512); // st_blocks
     user::write_words(address, &stat)?;
     Ok(0)
+}
+
+pub fn stat_descriptor(descriptor: u64, address: u64) -> SyscallResult {
+    let node = job::with_process(|process| match process.descriptors.get(descriptor) {
+        None => Err(Errno::EBADF),
+        Some(Descriptor::Console) => Ok(None),
+        Some(Descriptor::File { node, .. } | Descriptor::Directory { node, .. }) => Ok(Some(*node)),
+    })?;
+    match node {
+        Some(node) => write_stat(address, &node),
+        None => {
+            let mut stat = [0u64; 18];
+            stat[0] = PIPE_DEVICE;
+            stat[1] = descriptor + 1; // st_ino
+            stat[2] = 1; // st_nlink
+            stat[3] = S_IFIFO | 0o600; // st_mode, st_uid 0
+            stat[7] = 4096; // st_blksize
+            user::write_words(address, &stat)?;
+            Ok(0)
+        }
+    }
 }
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {

@@ -1,10 +1,29 @@
-//! lseek(fd, offset, whence): the console cannot seek.
+//! lseek(fd, offset, whence): SEEK_SET, SEEK_CUR and SEEK_END on files (past the end is
+//! allowed, reads there return 0); the console cannot seek (ESPIPE).
 
 use super::{Call, Errno, SyscallResult};
+use crate::job::{self, descriptors::Descriptor};
+
+const SEEK_SET: u64 = 0;
+const SEEK_CUR: u64 = 1;
+const SEEK_END: u64 = 2;
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    match call.args[0] {
-        0..=2 => Err(Errno::ESPIPE),
-        _ => Err(Errno::EBADF),
-    }
+    let [descriptor, offset, whence, ..] = call.args;
+    job::with_process(|process| match process.descriptors.get(descriptor) {
+        None => Err(Errno::EBADF),
+        Some(Descriptor::Console) => Err(Errno::ESPIPE),
+        Some(Descriptor::Directory { .. }) => Err(Errno::EINVAL),
+        Some(Descriptor::File { node, offset: current }) => {
+            let base = match whence {
+                SEEK_SET => 0,
+                SEEK_CUR => *current as i64,
+                SEEK_END => node.len as i64,
+                _ => return Err(Errno::EINVAL),
+            };
+            let position = base.checked_add(offset as i64).filter(|&position| position >= 0).ok_or(Errno::EINVAL)?;
+            *current = position as u64;
+            Ok(position as u64)
+        }
+    })
 }

@@ -5,6 +5,7 @@
 use crate::arch::trap::TrapFrame;
 
 mod names;
+mod path;
 mod user;
 
 use crate::console::log;
@@ -24,6 +25,8 @@ impl Errno {
     pub const EAGAIN: Errno = Errno(11);
     pub const EINVAL: Errno = Errno(22);
     pub const ETIMEDOUT: Errno = Errno(110);
+    pub const ENOTDIR: Errno = Errno(20);
+    pub const EISDIR: Errno = Errno(21);
     pub const ENOTTY: Errno = Errno(25);
     pub const ESPIPE: Errno = Errno(29);
     pub const ERANGE: Errno = Errno(34);
@@ -57,7 +60,9 @@ syscall_table! {
     1 => write,
     2 => open,
     3 => close,
+    4 => stat,
     5 => fstat,
+    6 => lstat,
     8 => lseek,
     9 => mmap,
     10 => mprotect,
@@ -66,7 +71,10 @@ syscall_table! {
     13 => rt_sigaction,
     14 => rt_sigprocmask,
     16 => ioctl,
+    17 => pread64,
+    19 => readv,
     20 => writev,
+    21 => access,
     24 => sched_yield,
     25 => mremap,
     56 => clone,
@@ -92,6 +100,7 @@ syscall_table! {
     202 => futex,
     203 => sched_setaffinity,
     204 => sched_getaffinity,
+    217 => getdents64,
     218 => set_tid_address,
     228 => clock_gettime,
     229 => clock_getres,
@@ -101,6 +110,7 @@ syscall_table! {
     257 => openat,
     262 => newfstatat,
     267 => readlinkat,
+    269 => faccessat,
     273 => set_robust_list,
     302 => prlimit64,
     309 => getcpu,

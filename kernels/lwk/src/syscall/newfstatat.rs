@@ -1,17 +1,17 @@
-//! newfstatat(dirfd, path, statbuf, flags): only `fstat` through AT_EMPTY_PATH (glibc's way of
-//! calling fstat); there are no files yet.
+//! newfstatat(dirfd, path, statbuf, flags): a path of the job's file system, or with
+//! AT_EMPTY_PATH and an empty path the descriptor itself (glibc's fstat). There are no
+//! symbolic links, so AT_SYMLINK_NOFOLLOW changes nothing.
 
-use super::fstat::stat_descriptor;
-use super::{user, Call, Errno, SyscallResult};
+use super::fstat::{stat_descriptor, write_stat};
+use super::{path, user, Call, SyscallResult};
 
 const AT_EMPTY_PATH: u64 = 0x1000;
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    let [directory, path, stat, flags, ..] = call.args;
-    let path = user::read_path(path)?;
-    if path.is_empty() && flags & AT_EMPTY_PATH != 0 {
-        stat_descriptor(directory, stat)
-    } else {
-        Err(Errno::ENOENT)
+    let [directory, address, stat, flags, ..] = call.args;
+    if flags & AT_EMPTY_PATH != 0 && user::read_path(address)?.is_empty() {
+        return stat_descriptor(directory, stat);
     }
+    let node = path::lookup(&path::resolve(directory, address)?)?;
+    write_stat(stat, &node)
 }

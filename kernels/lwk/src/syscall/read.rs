@@ -1,11 +1,27 @@
-//! read(fd, buf, count): standard input is empty (the job has no terminal); other
-//! descriptors do not exist yet.
+//! read(fd, buf, count): files read from their offset; standard input is always at end of
+//! file (the job has no terminal); directories are EISDIR.
 
-use super::{Call, Errno, SyscallResult};
+use super::{user, Call, Errno, SyscallResult};
+use crate::job::{self, descriptors::Descriptor};
+
+/// Reads from descriptor `descriptor` at `at` (its own offset, advanced, when `None`).
+pub fn read_at(descriptor: u64, buffer: u64, len: u64, at: Option<u64>) -> SyscallResult {
+    job::with_process(|process| match process.descriptors.get(descriptor) {
+        None => Err(Errno::EBADF),
+        Some(Descriptor::Console) => Ok(0),
+        Some(Descriptor::Directory { .. }) => Err(Errno::EISDIR),
+        Some(Descriptor::File { node, offset }) => {
+            let start = at.unwrap_or(*offset).min(node.len);
+            let count = len.min(node.len - start);
+            user::write_bytes(buffer, &node.contents()[start as usize..(start + count) as usize])?;
+            if at.is_none() {
+                *offset = start + count;
+            }
+            Ok(count)
+        }
+    })
+}
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    match call.args[0] {
-        0 => Ok(0),
-        _ => Err(Errno::EBADF),
-    }
+    read_at(call.args[0], call.args[1], call.args[2], None)
 }

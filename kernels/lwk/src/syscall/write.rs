@@ -1,13 +1,15 @@
-//! write(fd, buf, count) to standard output or standard error: the console.
+//! write(fd, buf, count) to the console streams (0, 1, 2 unless closed); files are read-only
+//! (EBADF).
 
 use super::{user, Call, Errno, SyscallResult};
 use crate::console;
+use crate::job::{self, descriptors::Descriptor};
 
 /// Copies through a bounded kernel buffer, so a huge write needs no huge allocation.
 const CHUNK: usize = 4096;
 
 pub fn write_to_descriptor(descriptor: u64, address: u64, len: u64) -> SyscallResult {
-    if !matches!(descriptor, 1 | 2) {
+    if !job::with_process(|process| matches!(process.descriptors.get(descriptor), Some(Descriptor::Console))) {
         return Err(Errno::EBADF);
     }
     let mut written = 0;

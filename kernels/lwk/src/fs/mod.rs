@@ -1,0 +1,108 @@
+//! The job's files: a read-only in-memory file system built from a cpio archive given as
+//! PVH module 0 (the job's binary and its inputs), Kitten's kfs in spirit. File contents
+//! stay where the boot loader put them; nothing is copied.
+
+mod cpio;
+
+use crate::arch::phys;
+use crate::arch::sync::SpinLock;
+use crate::bootinfo::Module;
+use alloc::collections::BTreeMap;
+use alloc::string::String;
+use alloc::vec::Vec;
+
+pub const S_IFMT: u32 = 0o170000;
+pub const S_IFDIR: u32 = 0o040000;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Node {
+    pub mode: u32,
+    /// Physical address and length of the contents (regular files).
+    pub physical: u64,
+    pub len: u64,
+    /// A number unique in the file system (st_ino).
+    pub inode: u64,
+}
+
+impl Node {
+    pub fn is_directory(&self) -> bool {
+        self.mode & S_IFMT == S_IFDIR
+    }
+
+    pub fn contents<'a>(&self) -> &'a [u8] {
+        phys::bytes(self.physical, self.len as usize)
+    }
+}
+
+static FILES: SpinLock<BTreeMap<String, Node>> = SpinLock::new(BTreeMap::new());
+
+pub use cpio::is_archive;
+
+#[derive(Debug)]
+pub struct BadArchive;
+
+/// Fills the file system from the archive in `module`: every entry under `/`, with the
+/// directories its paths imply.
+pub fn load_archive(module: &Module) -> Result<usize, BadArchive> {
+    let archive = phys::bytes(module.start, module.size as usize);
+    let entries = cpio::entries(archive).map_err(|_| BadArchive)?;
+    let mut files = FILES.lock();
+    let root = Node { mode: S_IFDIR | 0o755, physical: 0, len: 0, inode: 1 };
+    files.insert(String::from("/"), root);
+    for entry in &entries {
+        let path = normalize("/", &entry.name).ok_or(BadArchive)?;
+        // Parent directories first, whether or not the archive lists them.
+        for (position, _) in path.match_indices('/').filter(|&(position, _)| position > 0) {
+            let inode = files.len() as u64 + 1;
+            files.entry(String::from(&path[..position])).or_insert(Node { mode: S_IFDIR | 0o755, physical: 0, len: 0, inode });
+        }
+        let inode = files.len() as u64 + 1;
+        let node = Node { mode: entry.mode, physical: module.start + entry.data_offset as u64, len: entry.data_len as u64, inode };
+        files.insert(path, node);
+    }
+    Ok(entries.len())
+}
+
+/// `path` made absolute against `directory`, with `.`, `..` and repeated slashes resolved;
+/// `None` for an empty path.
+pub fn normalize(directory: &str, path: &str) -> Option<String> {
+    if path.is_empty() {
+        return None;
+    }
+    let mut components: Vec<&str> = Vec::new();
+    let base = if path.starts_with('/') { "" } else { directory };
+    for component in base.split('/').chain(path.split('/')) {
+        match component {
+            "" | "." => {}
+            ".." => {
+                components.pop();
+            }
+            name => components.push(name),
+        }
+    }
+    let mut normalized = String::new();
+    for component in &components {
+        normalized.push('/');
+        normalized.push_str(component);
+    }
+    if normalized.is_empty() {
+        normalized.push('/');
+    }
+    Some(normalized)
+}
+
+pub fn lookup(path: &str) -> Option<Node> {
+    FILES.lock().get(path).copied()
+}
+
+/// The names directly inside `directory`, in order, with their nodes.
+pub fn list(directory: &str) -> Vec<(String, Node)> {
+    let prefix = if directory == "/" { String::from("/") } else { alloc::format!("{directory}/") };
+    FILES
+        .lock()
+        .range(prefix.clone()..)
+        .take_while(|(path, _)| path.starts_with(&prefix))
+        .filter(|(path, _)| path.len() > prefix.len() && !path[prefix.len()..].contains('/'))
+        .map(|(path, node)| (String::from(&path[prefix.len()..]), *node))
+        .collect()
+}
