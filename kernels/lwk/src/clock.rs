@@ -176,6 +176,14 @@ pub fn monotonic_ns() -> u64 {
     (ticks as u128 * NANOS_PER_SECOND as u128 / tsc_hz() as u128) as u64
 }
 
+/// Spins for `microseconds` (no timer to sleep on).
+pub fn delay_us(microseconds: u64) {
+    let until = monotonic_ns() + microseconds * 1000;
+    while monotonic_ns() < until {
+        core::hint::spin_loop();
+    }
+}
+
 pub fn realtime_ns() -> u64 {
     BOOT_REALTIME_NS.load(Ordering::Relaxed) + monotonic_ns()
 }

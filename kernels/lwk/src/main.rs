@@ -26,13 +26,17 @@ use bootinfo::BootInfo;
 use cmdline::JobOptions;
 use console::log;
 
+/// How long CPU 0 waits for the others before starting the job without them.
+const CPU_START_TIMEOUT_NS: u64 = 2_000_000_000;
+
 /// Called by the boot code on the boot stack, with paging on and interrupts off.
 #[no_mangle]
 extern "C" fn kernel_main(start_info: u64) -> ! {
     let boot_tsc = arch::cpu::read_tsc();
     arch::serial::init();
     arch::tables::init_boot_cpu();
-    sched::set_apic_id(0, arch::apic::init_local_apic());
+    let boot_cpu_apic = arch::apic::init_local_apic();
+    sched::set_apic_id(0, boot_cpu_apic);
     sched::mark_cpu_tables_ready();
     arch::cpu::mask_legacy_pics();
     let boot = match BootInfo::parse(start_info) {
@@ -54,9 +58,29 @@ extern "C" fn kernel_main(start_info: u64) -> ! {
     arch::cpu::enable_user_fpu();
     clock::init(boot_tsc, !cmdline::started_by_clowder_vmm(boot.command_line()));
 
+    // After a PVH boot the other vCPUs wait for INIT/SIPI; they start now and join the
+    // scheduler once the job is loaded. (Without x2APIC, as under QEMU TCG, only CPU 0 runs.)
+    let cpus = cmdline::value_of(boot.command_line(), "clowder.cpus").and_then(cmdline::parse_number).unwrap_or(1);
+    if arch::boot::other_cpus_wait_for_sipi() && boot_cpu_apic.is_some() && cpus > 1 {
+        arch::boot::install_ap_trampoline();
+        arch::apic::start_other_cpus(arch::boot::AP_TRAMPOLINE >> 12, clock::delay_us);
+    }
+
     let options = JobOptions::parse(boot.command_line()).unwrap_or_else(|error| panic!("bad option {}", error.0));
     match job::load(boot.modules().first(), &options) {
-        Ok(frame) => arch::trap::enter_user(&frame),
+        Ok(frame) => {
+            // The job starts with every CPU it will get (threads are placed on online CPUs).
+            let expected = cpus.min(arch::tables::MAX_CPUS as u64);
+            let deadline = clock::monotonic_ns() + CPU_START_TIMEOUT_NS;
+            while sched::online_cpu_mask().count_ones() < expected as u32 && clock::monotonic_ns() < deadline {
+                core::hint::spin_loop();
+            }
+            let online = sched::online_cpu_mask().count_ones();
+            if online < expected as u32 {
+                log!("only {online} of {expected} CPUs started");
+            }
+            arch::trap::enter_user(&frame)
+        }
         Err(error) => panic!("cannot load the job: {error:?}"),
     }
 }
@@ -65,12 +89,9 @@ extern "C" fn kernel_main(start_info: u64) -> ! {
 /// while CPU 0 boots; it loads its tables and joins the scheduler once the job is loaded.
 #[no_mangle]
 extern "C" fn ap_main(cpu: u64) -> ! {
-    // Whether RDTSCP exists is learnt by CPU 0; wait until it has set up the shared tables.
+    // The IDT is CPU 0's to fill; wait for it.
     while !sched::cpu_tables_ready() {
         core::hint::spin_loop();
-    }
-    if !arch::tables::can_run_smp() {
-        arch::cpu::halt_forever();
     }
     arch::tables::init_cpu(cpu as usize, 0);
     sched::set_apic_id(cpu as usize, arch::apic::init_local_apic());

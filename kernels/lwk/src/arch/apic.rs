@@ -66,6 +66,19 @@ pub fn send_wake(apic_id: u32) {
     cpu::write_msr(MSR_X2APIC_ICR, (apic_id as u64) << 32 | WAKE_VECTOR as u64);
 }
 
+/// Starts every other CPU at the real-mode page `start_page` (INIT, then two STARTUPs, as
+/// the MP specification asks), with `wait_us` sleeping between the steps.
+pub fn start_other_cpus(start_page: u64, wait_us: impl Fn(u64)) {
+    const ALL_BUT_SELF: u64 = 0b11 << 18;
+    const ASSERT: u64 = 1 << 14;
+    cpu::write_msr(MSR_X2APIC_ICR, ALL_BUT_SELF | ASSERT | 0x500); // INIT
+    wait_us(10_000);
+    for _ in 0..2 {
+        cpu::write_msr(MSR_X2APIC_ICR, ALL_BUT_SELF | ASSERT | 0x600 | start_page); // STARTUP
+        wait_us(200);
+    }
+}
+
 /// Sleeps until an interrupt arrives. Interrupts are off in the kernel, and STI takes effect
 /// only after the next instruction, so a wake-up sent after the caller last looked at its
 /// queue is still pending at the HLT and ends it at once.

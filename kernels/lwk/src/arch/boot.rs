@@ -31,6 +31,7 @@ pvh_entry32:
     /* Protected mode, paging off, EBX = hvm_start_info, ESP undefined: use no stack here. */
     cli
     cld
+    movl $1, booted_via_pvh
     mov %ebx, %esi
     xor %edi, %edi                     /* this is vCPU 0 */
     mov %cr4, %eax
@@ -100,7 +101,65 @@ boot_entry64:
 3:  hlt
     jmp 3b
 
+    /* The other CPUs of a PVH boot start here after INIT/SIPI (copied to AP_TRAMPOLINE, real
+       mode, CS = AP_TRAMPOLINE >> 4): protected mode, long mode on the boot page tables,
+       then boot_entry64 with the next CPU index in RDI. Addresses are computed for the copy. */
+    .code16
+    .balign 16
+    .global ap_trampoline_start, ap_trampoline_end
+ap_trampoline_start:
+    cli
+    cld
+    xor %ax, %ax
+    mov %ax, %ds
+    lgdtl {trampoline} + ap_trampoline_gdt_pointer - ap_trampoline_start
+    mov %cr0, %eax
+    or $1, %eax
+    mov %eax, %cr0
+    ljmpl $0x18, ${trampoline} + ap_trampoline_32 - ap_trampoline_start
+    .code32
+ap_trampoline_32:
+    mov $0x10, %ax
+    mov %ax, %ds
+    mov %ax, %es
+    mov %ax, %ss
+    mov %cr4, %eax
+    or $0x20, %eax                     /* PAE */
+    mov %eax, %cr4
+    mov $boot_pml4, %eax
+    mov %eax, %cr3
+    mov $0xc0000080, %ecx              /* EFER: SCE | LME | NXE */
+    rdmsr
+    or $0x901, %eax
+    wrmsr
+    mov %cr0, %eax
+    or $0x80010001, %eax               /* PG | WP | PE */
+    mov %eax, %cr0
+    ljmp $0x08, ${trampoline} + ap_trampoline_64 - ap_trampoline_start
+    .code64
+ap_trampoline_64:
+    mov $1, %edi
+    lock xadd %edi, {trampoline} + ap_next_index - ap_trampoline_start
+    xor %esi, %esi
+    mov $boot_entry64, %eax
+    jmp *%rax
+    .balign 8
+ap_trampoline_gdt:
+    .quad 0
+    .quad 0x00af9a000000ffff           /* 0x08: 64-bit code */
+    .quad 0x00cf92000000ffff           /* 0x10: data */
+    .quad 0x00cf9a000000ffff           /* 0x18: 32-bit code */
+ap_trampoline_gdt_pointer:
+    .word 31
+    .long {trampoline} + ap_trampoline_gdt - ap_trampoline_start
+ap_next_index:
+    .long 1                            /* CPU 0 is the boot CPU */
+ap_trampoline_end:
+
     .section .boot.data, "aw"
+    .global booted_via_pvh
+booted_via_pvh:
+    .long 0
     .balign 4096
     .global boot_pml4
 boot_pml4:
@@ -145,6 +204,7 @@ ap_stacks:
     .text
 "#,
     max_cpus = const super::tables::MAX_CPUS,
+    trampoline = const AP_TRAMPOLINE,
     ap_stack_shift = const AP_STACK_SHIFT,
     ap_stack_size = const 1u64 << AP_STACK_SHIFT,
     options(att_syntax)
@@ -152,3 +212,28 @@ ap_stacks:
 
 /// Each AP's boot (and idle) stack is 32 KiB.
 const AP_STACK_SHIFT: u32 = 15;
+
+/// Where the AP start-up code is copied: a free page below 1 MiB (the guest ABI leaves
+/// 0x8000 unused) whose page number is the SIPI vector.
+pub const AP_TRAMPOLINE: u64 = 0x8000;
+
+extern "C" {
+    static ap_trampoline_start: u8;
+    static ap_trampoline_end: u8;
+    static booted_via_pvh: u32;
+}
+
+/// True if the boot came through the PVH entry, whose other CPUs wait for INIT/SIPI (in a
+/// 64-bit direct start they are running already).
+pub fn other_cpus_wait_for_sipi() -> bool {
+    // SAFETY: written once by the boot stub before any Rust code runs.
+    unsafe { core::ptr::read_volatile(&raw const booted_via_pvh) != 0 }
+}
+
+/// Copies the AP start-up code to `AP_TRAMPOLINE`.
+pub fn install_ap_trampoline() {
+    let start = &raw const ap_trampoline_start as u64;
+    let len = (&raw const ap_trampoline_end as u64 - start) as usize;
+    // The boot text sits at its physical address, which the physical window also maps.
+    super::phys::bytes_mut(AP_TRAMPOLINE, len).copy_from_slice(super::phys::bytes(start, len));
+}

@@ -2,7 +2,7 @@
 //! access, the kernel heap and the serial port. The rest of the kernel is safe Rust.
 
 pub mod apic;
-mod boot;
+pub mod boot;
 pub mod cpu;
 pub mod heap;
 pub mod paging;

@@ -107,30 +107,19 @@ pub fn set_kernel_stack(cpu: usize, top: u64) {
     }
 }
 
-const MSR_TSC_AUX: u32 = 0xc000_0103;
-
-static HAS_RDTSCP: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
-
-/// True if the CPU can tell its index (RDTSCP), which the kernel needs to use more than one.
-pub fn can_run_smp() -> bool {
-    HAS_RDTSCP.load(core::sync::atomic::Ordering::Relaxed)
-}
-
-/// The index of the CPU running this code (kept in TSC_AUX, read with RDTSCP; 0 without it).
+/// The index of the CPU running this code: each CPU has its own GDT, and SGDT tells which
+/// (RDTSCP's TSC_AUX would need a CPUID bit that PVM does not show the kernel).
 pub fn current_cpu() -> usize {
-    if !can_run_smp() {
-        return 0;
-    }
-    let index: u32;
-    // SAFETY: RDTSCP only writes EAX, EDX and ECX.
-    unsafe { asm!("rdtscp", out("ecx") index, out("eax") _, out("edx") _, options(nomem, nostack, preserves_flags)) }
-    index as usize
+    let mut pointer = DescriptorPointer { limit: 0, base: 0 };
+    // SAFETY: SGDT only stores the GDT register into `pointer`.
+    unsafe { asm!("sgdt [{}]", in(reg) &raw mut pointer, options(nostack, preserves_flags)) }
+    let base = pointer.base;
+    let first = (&raw const GDT) as u64;
+    ((base - first) / size_of::<[u64; 7]>() as u64) as usize
 }
 
 /// Fills the IDT (shared by all CPUs) and loads CPU 0's tables.
 pub fn init_boot_cpu() {
-    let has_rdtscp = cpu::cpuid(0x8000_0001, 0).edx & (1 << 27) != 0;
-    HAS_RDTSCP.store(has_rdtscp, core::sync::atomic::Ordering::Relaxed);
     let stubs = super::trap::exception_stubs_start();
     let gate = |handler: u64, dpl: u8, ist: u8| IdtEntry {
         offset_low: handler as u16,
@@ -201,9 +190,6 @@ pub fn init_cpu(cpu: usize, trap_stack_top: u64) {
     cpu::write_msr(MSR_GS_BASE, 0);
     // SAFETY: only the address is taken.
     cpu::write_msr(MSR_KERNEL_GS_BASE, unsafe { (&raw const PER_CPU[cpu]) as u64 });
-    if can_run_smp() {
-        cpu::write_msr(MSR_TSC_AUX, cpu as u64);
-    }
 
     // SYSRET would take user SS from STAR[63:48] + 8 and CS from + 16 (0x18, 0x20).
     cpu::write_msr(MSR_STAR, (KERNEL_DATA as u64) << 48 | (KERNEL_CODE as u64) << 32);
