@@ -726,10 +726,13 @@ static int resolve(uintptr_t lo, uintptr_t hi, struct fetch *f)
 	return failed ? -1 : 0;
 }
 
-static void serve_answer(int fd, uint16_t op, int error, struct fetch *f)
+/* Answers the broker; sequence echoes the request's (args[6] -> results[5]) so the broker can
+ * tell a late answer from the one it waits for. */
+static void serve_answer(int fd, uint16_t op, uint64_t sequence, int error, struct fetch *f)
 {
 	static char buffer[sizeof(struct wire_answer) + WIRE_MAX_RUNS * sizeof(struct wire_run)];
 	struct wire_answer answer = { .magic = WIRE_MAGIC, .version = WIRE_VERSION, .op = op, .error = error };
+	answer.results[5] = sequence;
 	size_t len = sizeof answer;
 	int with_runs = f && !error;
 	if (with_runs) {
@@ -781,26 +784,26 @@ static void *serve(void *arg)
 		if (got <= 0)
 			break;
 		if ((size_t)got < 64 || request.magic != WIRE_MAGIC || request.version != WIRE_VERSION) {
-			serve_answer(fd, 0, EPROTO, NULL);
+			serve_answer(fd, 0, 0, EPROTO, NULL);
 			continue;
 		}
 		if (request.op == OP_FETCH) {
 			uint64_t lo = request.args[0], len = request.args[1];
 			if (lo % PAGE || len % PAGE || len == 0 || lo + len < lo || lo + len > USER_LIMIT) {
-				serve_answer(fd, request.op, EINVAL, NULL);
+				serve_answer(fd, request.op, request.args[6], EINVAL, NULL);
 				continue;
 			}
 			fetch.nruns = fetch.nfds = 0;
 			int failed = resolve(lo, lo + len, &fetch);
-			serve_answer(fd, request.op, failed ? ENOMEM : 0, &fetch);
+			serve_answer(fd, request.op, request.args[6], failed ? ENOMEM : 0, &fetch);
 			for (int i = 0; i < fetch.nfds; i++)
 				if (fetch.close_after[i])
 					close(fetch.fds[i]);
 		} else if (request.op == OP_NOTIFY) {
 			notify_segment((xpmem_segid_t)request.args[0]);
-			serve_answer(fd, request.op, 0, NULL);
+			serve_answer(fd, request.op, request.args[6], 0, NULL);
 		} else {
-			serve_answer(fd, request.op, EINVAL, NULL);
+			serve_answer(fd, request.op, request.args[6], EINVAL, NULL);
 		}
 	}
 	return NULL;

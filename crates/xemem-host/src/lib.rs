@@ -54,9 +54,16 @@ struct State {
     connections: HashMap<u32, usize>,
 }
 
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Broker {
     state: Arc<Mutex<State>>,
+    owner_timeout: Duration,
+}
+
+impl Default for Broker {
+    fn default() -> Broker {
+        Broker { state: Arc::default(), owner_timeout: OWNER_TIMEOUT }
+    }
 }
 
 fn principal(pid: u32) -> Principal {
@@ -79,6 +86,12 @@ fn credentials(peer: &sys::Peer) -> Credentials {
 impl Broker {
     pub fn new() -> Broker {
         Broker::default()
+    }
+
+    /// How long an owner may take to answer a FETCH before the attach fails (default 30 s).
+    pub fn with_owner_timeout(mut self, timeout: Duration) -> Broker {
+        self.owner_timeout = timeout;
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -127,7 +140,7 @@ impl Broker {
                 }
             };
             if request.op == wire::OP_SERVE {
-                kept_for_serving = sys::set_receive_timeout(&connection, OWNER_TIMEOUT).is_ok();
+                kept_for_serving = sys::set_receive_timeout(&connection, self.owner_timeout).is_ok();
                 break;
             }
             let (answer, fds) = self.handle(&peer, &request);
@@ -299,18 +312,32 @@ impl Broker {
     }
 }
 
-/// One request to an owner's serving connection and its answer (with descriptors).
+static NEXT_SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// One request to an owner's serving connection and its answer (with descriptors). Each request
+/// carries a fresh sequence number in its last argument, echoed in the answer's last result:
+/// a late answer to a request that timed out is read and dropped, never taken for the answer
+/// to a later request (which could be for another range).
 fn ask_owner(server: &Server, request: &Request) -> Result<(Answer, Vec<OwnedFd>), Error> {
     let connection = server.lock().unwrap_or_else(|p| p.into_inner());
+    let sequence = NEXT_SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut request = request.clone();
+    request.args[wire::SEQUENCE_ARG] = sequence;
     sys::send(&connection, &request.encode(), &[]).map_err(|_| Error::NotFound)?;
     let mut buffer = vec![0u8; wire::MAX_PACKET];
-    let (length, fds) = match sys::receive(&connection, &mut buffer) {
-        Ok((0, _)) => return Err(Error::NotFound), // the owner is gone
-        Ok(packet) => packet,
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(Error::Unreachable),
-        Err(_) => return Err(Error::Malformed),
+    let (answer, fds) = loop {
+        let (length, fds) = match sys::receive(&connection, &mut buffer) {
+            Ok((0, _)) => return Err(Error::NotFound), // the owner is gone
+            Ok(packet) => packet,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(Error::Unreachable),
+            Err(_) => return Err(Error::Malformed),
+        };
+        let answer = Answer::decode(&buffer[..length], fds.len())?;
+        if answer.results[wire::SEQUENCE_RESULT] == sequence {
+            break (answer, fds);
+        }
+        // A stale answer: its descriptors are closed as `fds` drops.
     };
-    let answer = Answer::decode(&buffer[..length], fds.len())?;
     if answer.op != request.op {
         return Err(Error::Malformed);
     }

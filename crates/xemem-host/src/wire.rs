@@ -22,6 +22,9 @@
 //! | SIGNAL 10 | library → broker | apid | |
 //! | FETCH 16 | broker → owner | vaddr, size | runs + fds |
 //! | NOTIFY 17 | broker → owner | segid | |
+//!
+//! Broker → owner requests carry a sequence number in `args[6]`; the owner echoes it in
+//! `results[5]`, so an answer that comes after its request timed out is recognised as stale.
 
 use xemem::Error;
 
@@ -36,6 +39,9 @@ pub const HOLE: u32 = u32::MAX;
 /// The run's descriptor is a memfd the owner's library made from private memory, which the
 /// broker may truncate when the owner is gone (its attachers then see SIGBUS).
 pub const RUN_REVOCABLE: u32 = 1;
+
+pub const SEQUENCE_ARG: usize = 6;
+pub const SEQUENCE_RESULT: usize = 5;
 
 pub const OP_HELLO: u16 = 1;
 pub const OP_SERVE: u16 = 2;
