@@ -57,7 +57,6 @@ struct dex_thread {
 	 * call, so it must live in local memory, not in the app's TLS. */
 	volatile char sud_selector;
 	uint64_t own_fs_base;
-	uint64_t tid_address; /* glibc's pd->tid of the app thread (origin) */
 	uint64_t departed_ns;
 	uint64_t trace_tag;   /* of the app thread running here */
 	struct dex_context app_context;
@@ -105,9 +104,9 @@ struct dex_runtime {
 	uint64_t fault_timeout_ns; /* DEX_FAULT_TIMEOUT seconds, default 30 */
 	unsigned peer_timeout_s;   /* DEX_PEER_TIMEOUT: silence that means a peer is gone */
 	long tid_offset; /* offset of tid in glibc's struct pthread */
-	/* statistics, printed by dex_stats */
+	/* counters, printed at exit with DEX_STATS=1 */
 	uint64_t faults_read, faults_write, pages_received, invalidations_served, syscalls_delegated;
-	uint64_t migrations_in, workers_created;
+	uint64_t migrations_in, migration_ns_total, workers_created;
 };
 
 extern struct dex_runtime dex_rt;
@@ -129,6 +128,8 @@ void dex_install_signal_handlers(void);
 void dex_start_service_thread(void *(*fn)(void *), void *arg);
 void dex_origin_shutdown_nodes(int status);
 void dex_prefault(uintptr_t addr, size_t len, bool write);
+void dex_note_arrival(uint64_t sent_ns);
+void dex_print_stats(void);
 
 /* migrate.c */
 int dex_context_save(struct dex_context *c) __attribute__((returns_twice));

@@ -106,6 +106,7 @@ static void origin_depart_and_park(void *arg)
 			const struct dex_msg_migrate *m = (const void *)t->mail.payload;
 			t->app_context = m->context;
 			t->trace_tag = m->trace_tag;
+			dex_note_arrival(m->sent_ns);
 			__atomic_store_n(&t->mail.ready, 0, __ATOMIC_RELEASE);
 			dex_rt.thread_location[t->thread_id] = 0;
 			dex_context_resume(&t->app_context, 1);
@@ -155,7 +156,7 @@ static void *worker_main(void *arg)
 		t->trace_tag = m->trace_tag;
 		t->app_context = m->context;
 		__atomic_store_n(&t->mail.ready, 0, __ATOMIC_RELEASE);
-		__atomic_add_fetch(&dex_rt.migrations_in, 1, __ATOMIC_RELAXED);
+		dex_note_arrival(m->sent_ns);
 		if (dex_context_save(&t->pool_context) == 0) {
 			dex_set_fs_base(t->app_context.fs_base);
 			t->sud_selector = 1;

@@ -7,7 +7,6 @@
 #include "internal.h"
 
 #include <arpa/inet.h>
-#include <dlfcn.h>
 #include <errno.h>
 #include <link.h>
 #include <netinet/in.h>
@@ -217,6 +216,27 @@ struct dex_thread *dex_self(void)
 	if (base & (DEX_THREAD_BLOCK - 1))
 		return NULL;
 	return (struct dex_thread *)base;
+}
+
+/* A migrated context arrived here; sent_ns is the sender's clock, which is
+ * this machine's CLOCK_MONOTONIC as long as all nodes share a host. */
+void dex_note_arrival(uint64_t sent_ns)
+{
+	__atomic_add_fetch(&dex_rt.migrations_in, 1, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&dex_rt.migration_ns_total, dex_now_ns() - sent_ns, __ATOMIC_RELAXED);
+}
+
+void dex_print_stats(void)
+{
+	if (!getenv("DEX_STATS"))
+		return;
+	uint64_t in = dex_rt.migrations_in;
+	dex_log("stats: faults %llu read %llu write, %llu pages received, %llu invalidations served, "
+		"%llu syscalls delegated, %llu arrivals (mean %.1f us in flight), %llu workers created",
+		(unsigned long long)dex_rt.faults_read, (unsigned long long)dex_rt.faults_write,
+		(unsigned long long)dex_rt.pages_received, (unsigned long long)dex_rt.invalidations_served,
+		(unsigned long long)dex_rt.syscalls_delegated, (unsigned long long)in,
+		in ? dex_rt.migration_ns_total / 1e3 / (double)in : 0.0, (unsigned long long)dex_rt.workers_created);
 }
 
 void dex_mail_wait(struct dex_thread *t)
@@ -502,6 +522,7 @@ static void node_receive_loop(void)
 		if (rc <= 0) {
 			if (dex_rt.shutting_down) {
 				dex_trace_flush();
+				dex_print_stats();
 				raw_syscall(SYS_exit_group, 0, 0, 0);
 			}
 			if (rc == -2)
@@ -579,8 +600,10 @@ static void *origin_receive_loop(void *arg)
 			const struct dex_msg_invalidate_ack *m = (const void *)payload;
 			uint32_t page = (uint32_t)page_index(m->address);
 			dex_lock_acquire(&dex_rt.dsm_lock);
-			if (m->with_data)
+			if (m->with_data) {
 				memcpy(page_alias(page), payload + sizeof(*m), DEX_PAGE_SIZE);
+				dex_rt.pages_received++;
+			}
 			int err = dsm_dir_ack(&dex_rt.dir, page, peer, m->with_data, origin_apply, NULL);
 			dex_lock_release(&dex_rt.dsm_lock);
 			if (err)
@@ -639,6 +662,7 @@ void dex_origin_shutdown_nodes(int status)
 	for (unsigned n = 1; n < dex_rt.nodes; n++)
 		dex_send(n, DEX_MSG_SHUTDOWN, &m, sizeof(m), NULL, 0);
 	dex_trace_flush();
+	dex_print_stats();
 }
 
 /* --------------------------------------------------------------- regions */
@@ -918,10 +942,9 @@ __attribute__((constructor(101))) static void dex_init(void)
 	if (!(personality(0xffffffff) & ADDR_NO_RANDOMIZE))
 		dex_fatal("address-space randomisation is on; start programs with dexrun");
 	dex_rt.active = true;
-	Dl_info info;
-	if (!dladdr((void *)dex_init, &info))
-		dex_fatal("cannot locate libdex");
 	dl_iterate_phdr(find_own_text, (void *)(uintptr_t)dex_init);
+	if (!dex_rt.text_start)
+		dex_fatal("cannot locate libdex's code");
 	dex_rt.tid_offset = find_tid_offset();
 	if (dex_rt.tid_offset < 0)
 		dex_fatal("cannot find the thread id in glibc's thread descriptor");

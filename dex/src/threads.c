@@ -61,7 +61,6 @@ static void *start_app_thread(void *p)
 	if (id >= DEX_MAX_THREADS)
 		dex_fatal("more than %d threads created", DEX_MAX_THREADS);
 	t->thread_id = id;
-	t->tid_address = dex_get_fs_base() + (uint64_t)dex_rt.tid_offset;
 	dex_rt.thread_location[id] = 0;
 	__atomic_store_n(&dex_rt.threads[id], t, __ATOMIC_RELEASE);
 	t->sud_selector = 1;
