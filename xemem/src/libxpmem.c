@@ -107,14 +107,23 @@ static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static int call_fd = -1;
 static int serve_fd = -1;
 
-/* Memory this library converted to memfd backing. */
+/* A memfd this library made by converting private memory. Where it is mapped is read from
+ * /proc/self/maps whenever needed, never remembered: the application may munmap, mremap
+ * (realloc does) or mprotect it at will. */
 struct backing {
-	uintptr_t addr;
+	int fd;
 	size_t len;
-	int fd, prot;
 	dev_t dev;
 	ino_t ino;
 	int handed_out; /* given to an attacher: revoke on remove */
+};
+
+/* One current mapping of a backing (from /proc/self/maps). */
+struct placement {
+	uintptr_t start, end;
+	uint64_t offset;
+	int prot;
+	size_t backing;
 };
 
 /* Segments this process made. */
@@ -561,13 +570,12 @@ static int move_to_memfd(uintptr_t addr, size_t len, int prot)
 	return fd;
 }
 
-static int add_backing(uintptr_t addr, size_t len, int fd, int prot)
+static int add_backing(int fd, size_t len)
 {
 	struct stat st;
 	if (fstat(fd, &st) < 0 || grow((void **)&backings, &backing_capacity, backing_count, sizeof *backings) < 0)
 		return -1;
-	backings[backing_count++] =
-		(struct backing){ .addr = addr, .len = len, .fd = fd, .prot = prot, .dev = st.st_dev, .ino = st.st_ino };
+	backings[backing_count++] = (struct backing){ .fd = fd, .len = len, .dev = st.st_dev, .ino = st.st_ino };
 	return 0;
 }
 
@@ -585,21 +593,13 @@ static void convert_range(uintptr_t lo, uintptr_t hi)
 			continue;
 		int prot = prot_of(&maps[i]);
 		int fd = move_to_memfd(start, end - start, prot);
-		if (fd >= 0 && add_backing(start, end - start, fd, prot) < 0)
+		if (fd >= 0 && add_backing(fd, end - start) < 0)
 			close(fd); /* the mapping stays shared; it just cannot be revoked */
 	}
 	free(maps);
 }
 
-/* From the signal handler too, while the table is stable (table_lock held by the forking
- * thread). */
-static int in_backing(uintptr_t addr)
-{
-	for (size_t i = 0; i < backing_count; i++)
-		if (addr >= backings[i].addr && addr < backings[i].addr + backings[i].len)
-			return 1;
-	return 0;
-}
+static int overlaps_attachment(uintptr_t lo, uintptr_t hi);
 
 static struct backing *backing_for(unsigned major, unsigned minor, unsigned long inode)
 {
@@ -607,6 +607,84 @@ static struct backing *backing_for(unsigned major, unsigned minor, unsigned long
 		if (backings[i].ino == inode && major(backings[i].dev) == major && minor(backings[i].dev) == minor)
 			return &backings[i];
 	return NULL;
+}
+
+/* Where the backings are mapped now, within [lo, hi). Returns a malloc'd array. */
+static struct placement *placements(uintptr_t lo, uintptr_t hi, size_t *count)
+{
+	size_t nmaps;
+	struct mapping *maps = read_maps(lo, hi, &nmaps);
+	struct placement *list = malloc((nmaps ? nmaps : 1) * sizeof *list);
+	*count = 0;
+	for (size_t i = 0; list && i < nmaps; i++) {
+		struct backing *b = maps[i].perms[3] == 's' ? backing_for(maps[i].major, maps[i].minor, maps[i].inode) : NULL;
+		/* Our own attachments of our own segments map backings too: they are not the
+		 * owner's memory, and must not be moved, copied into fork children or counted. */
+		if (b && !overlaps_attachment(maps[i].start, maps[i].end))
+			list[(*count)++] = (struct placement){ .start = maps[i].start, .end = maps[i].end,
+							       .offset = maps[i].offset, .prot = prot_of(&maps[i]),
+							       .backing = (size_t)(b - backings) };
+	}
+	free(maps);
+	return list;
+}
+
+static void drop_backing(size_t index)
+{
+	close(backings[index].fd);
+	backings[index] = backings[--backing_count];
+}
+
+static int by_offset(const void *a, const void *b)
+{
+	const struct placement *x = a, *y = b;
+	return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Frees converted memory the application has unmapped since it was converted: a backing no
+ * longer mapped anywhere is truncated (its attachers see SIGBUS, as XPMEM gives after the
+ * owner's munmap) and closed; parts of a backing no longer mapped are punched out (attachers
+ * read zeros there). Run before every make, attach service and remove. table_lock held. */
+static void prune_backings(void)
+{
+	if (backing_count == 0)
+		return;
+	size_t count;
+	struct placement *all = placements(0, UINTPTR_MAX, &count);
+	if (!all)
+		return;
+	struct placement *mine = malloc((count ? count : 1) * sizeof *mine);
+	for (size_t b = backing_count; mine && b-- > 0;) {
+		size_t n = 0;
+		for (size_t i = 0; i < count; i++)
+			if (all[i].backing == b)
+				mine[n++] = all[i];
+		if (n == 0) {
+			if (ftruncate(backings[b].fd, 0) < 0) {
+				/* cannot happen for our unsealed memfds; closing still drops our reference */
+			}
+			/* Indices in `all` above b would shift with the swap in drop_backing: fix them. */
+			for (size_t i = 0; i < count; i++)
+				if (all[i].backing == backing_count - 1)
+					all[i].backing = b;
+			drop_backing(b);
+			continue;
+		}
+		qsort(mine, n, sizeof *mine, by_offset);
+		uint64_t covered = 0;
+		for (size_t i = 0; i <= n; i++) {
+			uint64_t next = i < n ? mine[i].offset : backings[b].len;
+			if (next > covered)
+				fallocate(backings[b].fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, covered, next - covered);
+			if (i < n) {
+				uint64_t end = mine[i].offset + (mine[i].end - mine[i].start);
+				if (end > covered)
+					covered = end;
+			}
+		}
+	}
+	free(mine);
+	free(all);
 }
 
 /* An open descriptor of this process for the file (major:minor, inode), or -1. */
@@ -679,6 +757,7 @@ static int fetch_add(struct fetch *f, uint32_t fd_index, uint32_t flags, uint64_
 static int resolve(uintptr_t lo, uintptr_t hi, struct fetch *f)
 {
 	pthread_mutex_lock(&table_lock);
+	prune_backings();
 	convert_range(lo, hi);
 	size_t count;
 	struct mapping *maps = read_maps(lo, hi, &count);
@@ -860,21 +939,37 @@ static int ensure_serving(void)
  * the SIGSEGV handler, and the forking thread waits for the child's word. */
 static int fork_sync[2] = { -1, -1 };
 static struct sigaction segv_before_fork;
+static struct placement *frozen;
+static size_t frozen_count;
+
+/* From the signal handler, while a fork is in progress (the list does not change then). */
+static int in_backing(uintptr_t addr)
+{
+	for (size_t i = 0; i < frozen_count; i++)
+		if (addr >= frozen[i].start && addr < frozen[i].end)
+			return 1;
+	return 0;
+}
 
 static void atfork_prepare(void)
 {
 	pthread_mutex_lock(&call_lock);
 	pthread_mutex_lock(&table_lock);
+	frozen_count = 0;
 	if (backing_count == 0 || pipe2(fork_sync, O_CLOEXEC) < 0) {
 		fork_sync[0] = fork_sync[1] = -1;
 		return;
 	}
+	free(frozen);
+	frozen = placements(0, UINTPTR_MAX, &frozen_count);
+	if (!frozen)
+		frozen_count = 0;
 	install_parking();
 	segv_before_fork = previous_segv;
 	atomic_store(&frozen_for_fork, 1);
-	for (size_t i = 0; i < backing_count; i++)
-		if (backings[i].prot & PROT_WRITE)
-			mprotect((void *)backings[i].addr, backings[i].len, backings[i].prot & ~PROT_WRITE);
+	for (size_t i = 0; i < frozen_count; i++)
+		if (frozen[i].prot & PROT_WRITE)
+			mprotect((void *)frozen[i].start, frozen[i].end - frozen[i].start, frozen[i].prot & ~PROT_WRITE);
 }
 
 static void atfork_parent(void)
@@ -886,9 +981,9 @@ static void atfork_parent(void)
 			; /* 1 byte: copied; 0: the child died first. Either way the child is done. */
 		close(fork_sync[0]);
 		fork_sync[0] = fork_sync[1] = -1;
-		for (size_t i = 0; i < backing_count; i++)
-			if (backings[i].prot & PROT_WRITE)
-				mprotect((void *)backings[i].addr, backings[i].len, backings[i].prot);
+		for (size_t i = 0; i < frozen_count; i++)
+			if (frozen[i].prot & PROT_WRITE)
+				mprotect((void *)frozen[i].start, frozen[i].end - frozen[i].start, frozen[i].prot);
 		atomic_store(&frozen_for_fork, 0);
 		sigaction(SIGSEGV, &segv_before_fork, NULL);
 	}
@@ -901,17 +996,19 @@ static void atfork_parent(void)
  * broker connections are the parent's, so the child drops its copies. */
 static void atfork_child(void)
 {
-	for (size_t i = 0; i < backing_count; i++) {
-		struct backing *b = &backings[i];
-		char *copy = mmap(NULL, b->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	for (size_t i = 0; i < frozen_count; i++) {
+		size_t len = frozen[i].end - frozen[i].start;
+		char *copy = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		if (copy != MAP_FAILED) {
-			copy_nonzero_pages(copy, (const char *)b->addr, b->len);
-			mprotect(copy, b->len, b->prot);
-			if (mremap(copy, b->len, b->len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)b->addr) == MAP_FAILED)
-				munmap(copy, b->len);
+			copy_nonzero_pages(copy, (const char *)frozen[i].start, len);
+			mprotect(copy, len, frozen[i].prot);
+			if (mremap(copy, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)frozen[i].start) == MAP_FAILED)
+				munmap(copy, len);
 		}
-		close(b->fd);
 	}
+	frozen_count = 0;
+	for (size_t i = 0; i < backing_count; i++)
+		close(backings[i].fd);
 	backing_count = 0;
 	if (fork_sync[1] >= 0) {
 		atomic_store(&frozen_for_fork, 0);
@@ -966,6 +1063,7 @@ static xpmem_segid_t make(void *vaddr, size_t size, int permit_type, void *permi
 	if (size != XPMEM_MAXADDR_SIZE) {
 		/* An explicit range is converted now; the whole address space lazily, per attach. */
 		pthread_mutex_lock(&table_lock);
+		prune_backings();
 		convert_range(addr, addr + size);
 		pthread_mutex_unlock(&table_lock);
 	}
@@ -995,28 +1093,58 @@ EXPORT xpmem_segid_t xemem_make(void *vaddr, size_t size, const char *name)
 	return make(vaddr, size, XPMEM_PERMIT_MODE, (void *)0666, name);
 }
 
-/* Revokes what attachers of [lo, hi) map: our pages move to a fresh memfd, the old one is cut
- * to zero length. table_lock held. */
+/* Revokes what attachers of [lo, hi) map: every backing mapped there that was handed out is
+ * left by all our mappings of it (their pages move to fresh memfds), then cut to zero length,
+ * so its attachers see SIGBUS. table_lock held. */
 static void revoke_range(uintptr_t lo, uintptr_t hi)
 {
-	for (size_t i = 0; i < backing_count; i++) {
-		struct backing *b = &backings[i];
-		if (!b->handed_out || b->addr + b->len <= lo || b->addr >= hi)
+	size_t count;
+	struct placement *inside = placements(lo, hi, &count);
+	if (!inside)
+		return;
+	/* The backings to revoke, by inode (indices shift as backings are added and dropped). */
+	ino_t *victims = malloc((count ? count : 1) * sizeof *victims);
+	size_t nvictims = 0;
+	for (size_t i = 0; victims && i < count; i++)
+		if (backings[inside[i].backing].handed_out)
+			victims[nvictims++] = backings[inside[i].backing].ino;
+	free(inside);
+	for (size_t v = 0; v < nvictims; v++) {
+		size_t n;
+		struct placement *where = placements(0, UINTPTR_MAX, &n);
+		size_t index = SIZE_MAX;
+		for (size_t b = 0; b < backing_count; b++)
+			if (backings[b].ino == victims[v])
+				index = b;
+		if (!where || index == SIZE_MAX) {
+			free(where);
 			continue;
-		int fd = move_to_memfd(b->addr, b->len, b->prot);
-		if (fd < 0)
-			continue; /* out of memory: attachers keep access rather than we lose data */
-		if (ftruncate(b->fd, 0) < 0) {
-			/* a memfd can always be truncated unless sealed, and ours are not */
 		}
-		close(b->fd);
-		struct stat st;
-		fstat(fd, &st);
-		b->fd = fd;
-		b->dev = st.st_dev;
-		b->ino = st.st_ino;
-		b->handed_out = 0;
+		int kept_all = 1;
+		for (size_t i = 0; i < n; i++) {
+			if (where[i].backing != index)
+				continue;
+			int fd = move_to_memfd(where[i].start, where[i].end - where[i].start, where[i].prot);
+			if (fd < 0 || add_backing(fd, where[i].end - where[i].start) < 0) {
+				kept_all = fd >= 0; /* out of memory: attachers keep access rather than we lose data */
+				if (fd >= 0)
+					close(fd);
+			}
+		}
+		free(where);
+		if (!kept_all)
+			continue;
+		for (size_t b = 0; b < backing_count; b++) {
+			if (backings[b].ino != victims[v])
+				continue;
+			if (ftruncate(backings[b].fd, 0) < 0) {
+				/* a memfd can always be truncated unless sealed, and ours are not */
+			}
+			drop_backing(b);
+			break;
+		}
 	}
+	free(victims);
 }
 
 EXPORT int xpmem_remove(xpmem_segid_t segid)
@@ -1033,6 +1161,7 @@ EXPORT int xpmem_remove(xpmem_segid_t segid)
 	for (size_t i = 0; i < segment_count; i++) {
 		if (segments[i].segid != segid)
 			continue;
+		prune_backings();
 		revoke_range(segments[i].vaddr, segments[i].vaddr + segments[i].size);
 		if (segments[i].notify_fd >= 0)
 			close(segments[i].notify_fd);

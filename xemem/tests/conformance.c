@@ -912,6 +912,84 @@ static int case_names_and_signals(void)
 	return 0;
 }
 
+/* The owner unmaps exported memory: once the library next runs (here: another make), the
+ * attachers of the unmapped part see SIGBUS and its memory is freed; a range mremap'd
+ * elsewhere (as realloc does) stays exported at its new address and survives fork. */
+static int munmap_owner(int fd, long unused)
+{
+	(void)unused;
+	xpmem_segid_t whole = xpmem_make(0, XPMEM_MAXADDR_SIZE, XPMEM_PERMIT_MODE, (void *)0600);
+	CHECK(whole > 0, "make whole");
+	int *gone = anonymous(8), *moving = anonymous(8);
+	fill(gone, 8, 0);
+	fill(moving, 8, 100);
+	put(fd, whole);
+	put(fd, (uintptr_t)gone);
+	put(fd, (uintptr_t)moving);
+	take(fd); /* attached both */
+	munmap(gone, 8 * PAGE);
+	char *spot = mmap(NULL, 64 * PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	int *moved = mremap(moving, 8 * PAGE, 8 * PAGE, MREMAP_MAYMOVE | MREMAP_FIXED, spot + 16 * PAGE);
+	CHECK(moved != MAP_FAILED, "mremap");
+	int *other = anonymous(1);
+	xpmem_segid_t poke = xpmem_make(other, PAGE, XPMEM_PERMIT_MODE, (void *)0600); /* runs the pruning */
+	CHECK(poke > 0, "make");
+	pid_t child = fork();
+	if (child == 0) {
+		moved[0] = -1; /* private to the child */
+		_exit(moved[1] == 101 ? 0 : 1);
+	}
+	int status;
+	CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0, "child");
+	CHECK(moved[0] == 100, "the child's write stayed in the child");
+	put(fd, (uintptr_t)moved);
+	take(fd);
+	expect_filled(moved, 8, 101, "moved region after the attacher's +1 at its new address");
+	put(fd, 1);
+	return 0;
+}
+
+static int case_owner_munmap(void)
+{
+	struct peer owner = spawn(munmap_owner, 0);
+	xpmem_segid_t segid = take(owner.fd);
+	uintptr_t gone_at = take(owner.fd), moving_at = take(owner.fd);
+	int *gone = attach_rw(segid, (off_t)gone_at, 8 * PAGE, NULL);
+	int *moving = attach_rw(segid, (off_t)moving_at, 8 * PAGE, NULL);
+	expect_filled(gone, 8, 0, "before munmap");
+	put(owner.fd, 1);
+	uintptr_t moved_at = take(owner.fd);
+	CHECK(touch(gone, 0) == SIGBUS, "attachment of unmapped memory");
+	/* The old attachment of the moved range still shows the same pages. */
+	expect_filled(moving, 8, 100, "attachment of the moved range");
+	int *moved = attach_rw(segid, (off_t)moved_at, 8 * PAGE, NULL);
+	for (size_t i = 0; i < 8 * INTS_PER_PAGE; i++)
+		moved[i] += 1;
+	CHECK(moving[5] == 106, "both attachments see one memory");
+	put(owner.fd, 1);
+	take(owner.fd);
+	reap(owner);
+	return 0;
+}
+
+/* A self attachment of a whole-address-space segment raises SIGBUS after remove, and the
+ * source keeps its data (the attachment is not mistaken for the owner's memory). */
+static int case_self_attach_remove(void)
+{
+	xpmem_segid_t segid = xpmem_make(0, XPMEM_MAXADDR_SIZE, XPMEM_PERMIT_MODE, (void *)0600);
+	CHECK(segid > 0, "make");
+	int *mine = anonymous(16);
+	fill(mine, 16, 3);
+	int *view = attach_rw(segid, (off_t)(uintptr_t)mine, 16 * PAGE, NULL);
+	expect_filled(view, 16, 3, "self attachment");
+	CHECK(xpmem_remove(segid) == 0, "remove");
+	CHECK(touch(view, 0) == SIGBUS, "self attachment after remove");
+	expect_filled(mine, 16, 3, "source after remove");
+	mine[0] = 9;
+	CHECK(mine[0] == 9, "source writable after remove");
+	return 0;
+}
+
 struct test_case {
 	const char *name;
 	int (*run)(void);
@@ -938,6 +1016,8 @@ static const struct test_case cases[] = {
 	{ "memfd_and_fixed", case_memfd_and_fixed },
 	{ "concurrent_conversion", case_concurrent_conversion },
 	{ "names_and_signals", case_names_and_signals },
+	{ "owner_munmap", case_owner_munmap },
+	{ "self_attach_remove", case_self_attach_remove },
 };
 
 int main(int argc, char **argv)
