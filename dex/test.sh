@@ -65,6 +65,8 @@ for n in 2 3; do
 		$DEXRUN -n $n "$BUILD/coherence" fileio
 	check_output "anonymous mmap on a node is shared memory ($n nodes)" "PASS mmap" $DEXRUN -n $n "$BUILD/coherence" mmap
 done
+check_output "3000 short-lived migrating threads (ids, runtime blocks, stacks recycled)" "PASS churn" \
+	$DEXRUN -n 3 "$BUILD/thread_churn" 3000 8
 check_output "OpenMP parallel region spread over 3 nodes (libgomp threads migrate)" "PASS openmp" \
 	$DEXRUN -n 3 "$BUILD/openmp_region"
 check_output "Popcorn API: migrate() with callback, node info, error codes, tid" "PASS popcorn" \

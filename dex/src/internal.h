@@ -63,6 +63,11 @@ struct dex_thread {
 	struct dex_context pool_context;
 	struct dex_mailbox mail;
 	char *scratch; /* DEX_MAX_PAYLOAD bytes for building messages */
+	/* Retired blocks are reused only after their OS thread is gone: the
+	 * kernel clears exit_word (CLONE_CHILD_CLEARTID-style, through
+	 * set_tid_address) when that thread has exited. */
+	uint32_t exit_word;
+	struct dex_thread *next_retired;
 };
 
 struct dsm_region {
@@ -95,6 +100,11 @@ struct dex_runtime {
 	struct dex_thread *threads[DEX_MAX_THREADS];  /* origin: by thread id */
 	uint8_t thread_location[DEX_MAX_THREADS];      /* origin: node running it */
 	uint32_t next_thread_id;
+	uint32_t free_thread_ids[DEX_MAX_THREADS];
+	uint32_t nfree_thread_ids;
+	struct dex_lock thread_ids_lock;
+	struct dex_thread *retired_blocks;
+	struct dex_lock blocks_lock;
 	struct dex_thread *workers[DEX_MAX_WORKERS];   /* node: by index */
 	uint32_t worker_idle[DEX_MAX_WORKERS];
 	uint32_t nworkers;
@@ -121,6 +131,7 @@ int dex_send(unsigned peer, enum dex_msg_type type, const void *fixed, size_t fi
 bool dex_in_shared(uintptr_t addr);
 struct dex_thread *dex_thread_block_alloc(enum dex_thread_role role);
 struct dex_thread *dex_thread_create_block(enum dex_thread_role role);
+void dex_thread_retire_block(struct dex_thread *t);
 struct dex_thread *dex_self(void);
 void dex_mail_wait(struct dex_thread *t);
 void dex_mail_post(struct dex_thread *t, const struct dex_msg_header *h, const void *payload);
@@ -169,6 +180,8 @@ void dex_heap_free_pages(void *p, size_t bytes);
 uintptr_t dex_heap_map_anonymous(size_t bytes);
 
 /* threads.c */
+uint32_t dex_thread_id_alloc(void);
+void dex_thread_id_free(uint32_t id);
 void dex_threads_init(void);
 int dex_real_pthread_create(void *thread, const void *attr, void *(*fn)(void *), void *arg);
 

@@ -168,8 +168,40 @@ static int receive_message(unsigned peer, struct dex_msg_header *h, char *payloa
 
 /* ---------------------------------------------------------------- threads */
 
+static struct dex_thread *reuse_retired_block(void)
+{
+	struct dex_thread *found = NULL;
+	dex_lock_acquire(&dex_rt.blocks_lock);
+	for (struct dex_thread **link = &dex_rt.retired_blocks; *link; link = &(*link)->next_retired) {
+		if (__atomic_load_n(&(*link)->exit_word, __ATOMIC_ACQUIRE) == 0) {
+			found = *link;
+			*link = found->next_retired;
+			break;
+		}
+	}
+	dex_lock_release(&dex_rt.blocks_lock);
+	return found;
+}
+
+void dex_thread_retire_block(struct dex_thread *t)
+{
+	dex_lock_acquire(&dex_rt.blocks_lock);
+	t->next_retired = dex_rt.retired_blocks;
+	dex_rt.retired_blocks = t;
+	dex_lock_release(&dex_rt.blocks_lock);
+}
+
 struct dex_thread *dex_thread_block_alloc(enum dex_thread_role role)
 {
+	struct dex_thread *old = reuse_retired_block();
+	if (old) {
+		char *payload = old->mail.payload, *scratch = old->scratch;
+		memset(old, 0, sizeof(*old));
+		old->role = role;
+		old->mail.payload = payload;
+		old->scratch = scratch;
+		return old;
+	}
 	size_t span = 2 * DEX_THREAD_BLOCK;
 	char *raw = (char *)raw_syscall6(SYS_mmap, 0, (long)span, PROT_READ | PROT_WRITE,
 					 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

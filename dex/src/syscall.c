@@ -451,24 +451,41 @@ void dex_sigsys_handler(int sig, void *info, void *ucontext)
 	g[REG_RAX] = ret;
 }
 
-/* A thread ends at home: the kernel's "clear tid and wake the joiner" at
- * exit would write a shared page from kernel mode, which fails silently if
- * the page is elsewhere, so do it by hand and tell the kernel not to. */
-void dex_thread_exit_here(long code)
+/* Last steps of an exiting thread, on its block's private stack: the
+ * joiner may free the shared stack as soon as it sees the tid cleared. */
+static void finish_thread_exit(void *tid_word)
 {
-	if (dex_rt.node != 0)
-		dex_migrate(0);
-	struct dex_thread *t = dex_self();
-	int *tid = (int *)(dex_get_fs_base() + (uint64_t)dex_rt.tid_offset);
-	raw_syscall(SYS_set_tid_address, 0, 0, 0);
+	int *tid = tid_word;
 	__atomic_store_n(tid, 0, __ATOMIC_RELEASE);
 	/* glibc's pthread_join waits on this word as a shared futex. */
 	raw_syscall6(SYS_futex, (long)tid, FUTEX_WAKE, INT32_MAX, 0, 0, 0);
 	raw_syscall6(SYS_futex, (long)tid, FUTEX_WAKE | FUTEX_PRIVATE_FLAG, INT32_MAX, 0, 0, 0);
-	if (t && t->role == DEX_ROLE_APP_ORIGIN)
-		dex_rt.threads[t->thread_id] = NULL;
 	for (;;)
-		raw_syscall(SYS_exit, code, 0, 0);
+		raw_syscall(SYS_exit, 0, 0, 0);
+}
+
+/* A thread ends at home. The kernel's own "clear tid and wake the joiner"
+ * at exit would write a shared page from kernel mode, which fails silently
+ * if the page is elsewhere, so it is done by hand in user mode; the kernel
+ * instead clears the block's exit_word, which tells the block allocator
+ * when this OS thread is really gone. The thread id is free at once. */
+void dex_thread_exit_here(long code)
+{
+	(void)code; /* a thread's exit code is not observable under pthreads */
+	if (dex_rt.node != 0)
+		dex_migrate(0);
+	struct dex_thread *t = dex_self();
+	int *tid = (int *)(dex_get_fs_base() + (uint64_t)dex_rt.tid_offset);
+	if (!t || t->role != DEX_ROLE_APP_ORIGIN) {
+		raw_syscall(SYS_set_tid_address, 0, 0, 0);
+		finish_thread_exit(tid);
+	}
+	t->exit_word = (uint32_t)raw_syscall(SYS_gettid, 0, 0, 0);
+	raw_syscall(SYS_set_tid_address, &t->exit_word, 0, 0);
+	dex_rt.threads[t->thread_id] = NULL;
+	dex_thread_id_free(t->thread_id);
+	dex_thread_retire_block(t);
+	dex_call_on_stack((char *)t + DEX_SIGNAL_STACK_OFFSET, finish_thread_exit, tid);
 }
 
 void dex_process_exit_here(long code)

@@ -57,9 +57,7 @@ static void *start_app_thread(void *p)
 	struct start_info start = *(struct start_info *)p;
 	free(p);
 	struct dex_thread *t = dex_thread_create_block(DEX_ROLE_APP_ORIGIN);
-	uint32_t id = __atomic_fetch_add(&dex_rt.next_thread_id, 1, __ATOMIC_RELAXED);
-	if (id >= DEX_MAX_THREADS)
-		dex_fatal("more than %d threads created", DEX_MAX_THREADS);
+	uint32_t id = dex_thread_id_alloc();
 	t->thread_id = id;
 	dex_rt.thread_location[id] = 0;
 	__atomic_store_n(&dex_rt.threads[id], t, __ATOMIC_RELEASE);
@@ -69,6 +67,28 @@ static void *start_app_thread(void *p)
 	if (dex_rt.node != 0)
 		dex_migrate(0);
 	return result;
+}
+
+/* Thread ids name a thread in messages; ids of exited threads are reused. */
+uint32_t dex_thread_id_alloc(void)
+{
+	uint32_t id;
+	dex_lock_acquire(&dex_rt.thread_ids_lock);
+	if (dex_rt.nfree_thread_ids)
+		id = dex_rt.free_thread_ids[--dex_rt.nfree_thread_ids];
+	else
+		id = dex_rt.next_thread_id++;
+	dex_lock_release(&dex_rt.thread_ids_lock);
+	if (id >= DEX_MAX_THREADS)
+		dex_fatal("more than %d threads alive", DEX_MAX_THREADS);
+	return id;
+}
+
+void dex_thread_id_free(uint32_t id)
+{
+	dex_lock_acquire(&dex_rt.thread_ids_lock);
+	dex_rt.free_thread_ids[dex_rt.nfree_thread_ids++] = id;
+	dex_lock_release(&dex_rt.thread_ids_lock);
 }
 
 static void remember_stack(uintptr_t base, size_t size)
