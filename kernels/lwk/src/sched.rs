@@ -214,6 +214,10 @@ pub fn set_affinity(tid: u64, mask: u64) -> Result<(), AffinityError> {
     Ok(())
 }
 
+pub fn thread_count() -> usize {
+    with_scheduler(|scheduler| scheduler.threads.len())
+}
+
 /// Bit n set for each online CPU n.
 pub fn online_cpu_mask() -> u64 {
     with_scheduler(|scheduler| scheduler.cpus.iter().enumerate().filter(|(_, cpu)| cpu.online).map(|(index, _)| 1u64 << index).sum())

@@ -168,6 +168,12 @@ impl JobMemory {
         Ok(start)
     }
 
+    /// Copies `bytes` into heap memory at `start` (mapped by this job: a file mapping being
+    /// filled).
+    pub fn fill_heap(&mut self, start: u64, bytes: &[u8]) {
+        phys::bytes_mut(self.heap.physical(start), bytes.len()).copy_from_slice(bytes);
+    }
+
     /// `munmap`: heap memory goes back to the heap; in the image and stack only the pages
     /// disappear (their memory stays reserved to the job).
     pub fn unmap(&mut self, start: u64, len: u64) -> Result<(), MemoryError> {

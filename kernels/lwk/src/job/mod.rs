@@ -168,9 +168,14 @@ pub fn map_ring3_syscall_page() {
         .expect("no memory to map the system-call page");
 }
 
+/// How long the job has run.
+pub fn run_time_ns() -> u64 {
+    clock::monotonic_ns() - JOB_START_NS.load(Ordering::Relaxed)
+}
+
 /// The job is over: its status becomes the VM's exit status.
 pub fn exit(status: u8) -> ! {
-    log!("job ran {} us", (clock::monotonic_ns() - JOB_START_NS.load(Ordering::Relaxed)) / 1000);
+    log!("job ran {} us", run_time_ns() / 1000);
     log!("job exited with status {status}");
     machine::exit(status)
 }

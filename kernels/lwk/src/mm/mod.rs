@@ -60,6 +60,7 @@ pub fn init(boot: &BootInfo) {
     for module in boot.modules() {
         pmem::reserve(module.start / PAGE_SIZE * PAGE_SIZE, (module.start + module.size).next_multiple_of(PAGE_SIZE));
     }
+    pmem::note_managed();
     heap::init(heap::PageSupply { allocate: pmem::allocate_pages, free: pmem::free_pages });
 
     // The boot tables map the first GiB at the window already; extend it to all RAM. Table

@@ -40,6 +40,18 @@ pub fn free_pages(start: u64, pages: u64) {
     free(start, pages * PAGE_SIZE);
 }
 
+/// All the RAM the kernel was given to manage (free at boot, after the kernel and modules).
+static MANAGED: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+pub fn total_managed() -> u64 {
+    MANAGED.load(core::sync::atomic::Ordering::Relaxed)
+}
+
+/// Records the current free memory as the total managed (called once the memory map is in).
+pub fn note_managed() {
+    MANAGED.store(total_free(), core::sync::atomic::Ordering::Relaxed);
+}
+
 pub fn total_free() -> u64 {
     FREE.lock().total()
 }

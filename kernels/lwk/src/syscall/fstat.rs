@@ -25,7 +25,7 @@ pub fn write_stat(address: u64, node: &Node) -> SyscallResult {
 }
 
 pub fn stat_descriptor(descriptor: u64, address: u64) -> SyscallResult {
-    let node = job::with_process(|process| match process.descriptors.get(descriptor) {
+    let node = job::with_process(|process| match process.descriptors.get(descriptor).as_deref_mut() {
         None => Err(Errno::EBADF),
         Some(Descriptor::Console) => Ok(None),
         Some(Descriptor::File { node, .. } | Descriptor::Directory { node, .. }) => Ok(Some(*node)),

@@ -12,7 +12,7 @@ const DT_REG: u8 = 8;
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [descriptor, buffer, capacity, ..] = call.args;
-    let (path, node, position) = job::with_process(|process| match process.descriptors.get(descriptor) {
+    let (path, node, position) = job::with_process(|process| match process.descriptors.get(descriptor).as_deref_mut() {
         Some(Descriptor::Directory { path, node, position }) => Ok((path.clone(), *node, *position)),
         Some(_) => Err(Errno::ENOTDIR),
         None => Err(Errno::EBADF),
@@ -42,7 +42,7 @@ pub fn call(call: &mut Call<'_>) -> SyscallResult {
     }
     user::write_bytes(buffer, &records)?;
     job::with_process(|process| {
-        if let Some(Descriptor::Directory { position, .. }) = process.descriptors.get(descriptor) {
+        if let Some(Descriptor::Directory { position, .. }) = process.descriptors.get(descriptor).as_deref_mut() {
             *position = next;
         }
     });

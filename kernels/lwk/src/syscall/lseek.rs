@@ -10,7 +10,7 @@ const SEEK_END: u64 = 2;
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [descriptor, offset, whence, ..] = call.args;
-    job::with_process(|process| match process.descriptors.get(descriptor) {
+    job::with_process(|process| match process.descriptors.get(descriptor).as_deref_mut() {
         None => Err(Errno::EBADF),
         Some(Descriptor::Console) => Err(Errno::ESPIPE),
         Some(Descriptor::Directory { .. }) => Err(Errno::EINVAL),

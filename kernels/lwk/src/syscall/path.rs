@@ -18,7 +18,7 @@ pub fn resolve(directory_descriptor: u64, address: u64) -> Result<String, Errno>
     let base = if path.starts_with('/') || directory_descriptor as u32 as i32 == AT_FDCWD {
         String::from(WORKING_DIRECTORY)
     } else {
-        job::with_process(|process| match process.descriptors.get(directory_descriptor) {
+        job::with_process(|process| match process.descriptors.get(directory_descriptor).as_deref() {
             Some(Descriptor::Directory { path, .. }) => Ok(path.clone()),
             Some(_) => Err(Errno::ENOTDIR),
             None => Err(Errno::EBADF),

@@ -6,7 +6,7 @@ use crate::job::{self, descriptors::Descriptor};
 
 /// Reads from descriptor `descriptor` at `at` (its own offset, advanced, when `None`).
 pub fn read_at(descriptor: u64, buffer: u64, len: u64, at: Option<u64>) -> SyscallResult {
-    job::with_process(|process| match process.descriptors.get(descriptor) {
+    job::with_process(|process| match process.descriptors.get(descriptor).as_deref_mut() {
         None => Err(Errno::EBADF),
         Some(Descriptor::Console) => Ok(0),
         Some(Descriptor::Directory { .. }) => Err(Errno::EISDIR),

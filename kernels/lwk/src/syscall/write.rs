@@ -9,7 +9,7 @@ use crate::job::{self, descriptors::Descriptor};
 const CHUNK: usize = 4096;
 
 pub fn write_to_descriptor(descriptor: u64, address: u64, len: u64) -> SyscallResult {
-    if !job::with_process(|process| matches!(process.descriptors.get(descriptor), Some(Descriptor::Console))) {
+    if !job::with_process(|process| matches!(process.descriptors.get(descriptor).as_deref_mut(), Some(Descriptor::Console))) {
         return Err(Errno::EBADF);
     }
     let mut written = 0;

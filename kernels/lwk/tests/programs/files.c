@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -55,5 +56,16 @@ int main(void) {
     result = access("files/nothing", R_OK);
     printf("access missing %d %s\n", result, strerror(errno));
     printf("access input %d\n", access("files/input.txt", R_OK));
+
+    /* A private mapping of the file, and descriptors sharing an offset. */
+    descriptor = open("files/input.txt", O_RDONLY);
+    char *mapped = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE, descriptor, 0);
+    printf("mapped: %.10s, zero past the end %d\n", mapped, mapped[status.st_size] == 0);
+    int copy = dup(descriptor);
+    read(descriptor, word, 6);
+    printf("dup %d shares the offset: %ld\n", copy > descriptor, (long)lseek(copy, 0, SEEK_CUR));
+    printf("fcntl getfl read-only %d, stdout write-only %d\n", (fcntl(descriptor, F_GETFL) & O_ACCMODE) == O_RDONLY, (fcntl(1, F_GETFL) & O_ACCMODE) == O_WRONLY);
+    int moved = dup2(copy, 42);
+    printf("dup2 %d, closing both %d %d\n", moved, close(copy), close(42));
     return 0;
 }

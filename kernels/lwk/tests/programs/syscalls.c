@@ -5,6 +5,9 @@
 #include <sys/ioctl.h>
 #include <sys/random.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/sysinfo.h>
+#include <sys/times.h>
 #include <sys/syscall.h>
 #include <sys/utsname.h>
 #include <time.h>
@@ -35,6 +38,16 @@ int main(void) {
     struct rlimit stack;
     result = getrlimit(RLIMIT_STACK, &stack);
     printf("getrlimit %d stack limit set %d\n", result, stack.rlim_cur > 0);
+
+    mode_t old_mask = umask(077);
+    printf("umask old %o, now %o\n", (unsigned)old_mask, (unsigned)umask(old_mask));
+    struct rusage usage;
+    printf("getrusage %d\n", getrusage(RUSAGE_SELF, &usage));
+    struct tms tms;
+    printf("times ok %d\n", times(&tms) != (clock_t)-1);
+    struct sysinfo info;
+    result = sysinfo(&info);
+    printf("sysinfo %d, some ram %d\n", result, info.totalram * info.mem_unit > 0);
 
     errno = 0;
     long unknown = syscall(1000);

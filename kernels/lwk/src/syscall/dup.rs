@@ -1,0 +1,15 @@
+//! dup(oldfd): the lowest free descriptor, naming the same open file (offset shared).
+
+use super::{Call, Errno, SyscallResult};
+use crate::job::{self, descriptors::DuplicateError};
+
+pub fn duplicate_error(error: DuplicateError) -> Errno {
+    match error {
+        DuplicateError::NotOpen => Errno::EBADF,
+        DuplicateError::TableFull => Errno(24), // EMFILE
+    }
+}
+
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
+    job::with_process(|process| process.descriptors.duplicate(call.args[0], 0)).map_err(duplicate_error)
+}
