@@ -98,6 +98,26 @@ run_in_lwk() {
 }
 
 failures=0
+
+# docs/lwk-syscalls.md must list exactly the system calls of the table.
+table=$(sed -n 's/^    \([0-9]*\) => \([a-z0-9_]*\),$/\1 \2/p' "$here/src/syscall/mod.rs" | sort)
+documented=$(python3 - "$repo/docs/lwk-syscalls.md" <<'PYTHON'
+import re, sys
+for line in open(sys.argv[1]):
+    match = re.match(r"\| ([0-9, ]+) \| ([a-z0-9_, ]+) \|", line)
+    if match:
+        for number, name in zip(match.group(1).split(","), match.group(2).split(",")):
+            print(number.strip(), name.strip())
+PYTHON
+)
+if [ "$table" = "$(echo "$documented" | sort)" ]; then
+    echo "ok   docs/lwk-syscalls.md lists the $(echo "$table" | wc -l) system calls of the table"
+else
+    echo "FAIL docs/lwk-syscalls.md and src/syscall/mod.rs differ:"
+    diff <(echo "$table") <(echo "$documented" | sort)
+    failures=$((failures + 1))
+fi
+
 programs=("$@")
 [ ${#programs[@]} -eq 0 ] && programs=($(cd "$here/tests/programs" && ls *.c *.cpp | sed 's/\.c\(pp\)\?$//'))
 for program in "${programs[@]}"; do
