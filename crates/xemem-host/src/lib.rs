@@ -298,11 +298,17 @@ impl Broker {
             let mut state = self.lock();
             let owner = plan.owner.process as u32;
             if state.servers.contains_key(&owner) {
+                let memfds = state.revocable.entry(owner).or_default();
                 for run in runs.iter().filter(|r| r.flags & wire::RUN_REVOCABLE != 0 && r.fd_index != wire::HOLE) {
                     let fd = &fds[run.fd_index as usize];
                     if let (Ok(info), Ok(copy)) = (sys::file_info(fd), fd.try_clone()) {
-                        state.revocable.entry(owner).or_default().entry((info.device, info.inode)).or_insert(copy);
+                        memfds.entry((info.device, info.inode)).or_insert(copy);
                     }
+                }
+                // The owner's library truncates memfds it revokes or frees itself: those hold no
+                // memory any more, only one of our descriptors, so let them go.
+                if memfds.len() > 64 {
+                    memfds.retain(|_, fd| sys::file_info(fd).map(|i| i.size > 0).unwrap_or(false));
                 }
             }
         }

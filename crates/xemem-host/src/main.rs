@@ -13,6 +13,8 @@ fn main() {
     if let Some(parent) = path.parent() {
         let _ = std::fs::create_dir_all(parent);
     }
+    // Every owner's converted memfds are held until it goes: allow as many as the system does.
+    xemem_host::sys::raise_descriptor_limit();
     let broker = xemem_host::Broker::new();
     if let Err(error) = broker.listen_and_serve(&path) {
         eprintln!("xemem-broker: {}: {error}", path.display());

@@ -230,3 +230,15 @@ pub fn truncate_to_zero(fd: &OwnedFd) -> io::Result<()> {
     check(unsafe { libc::ftruncate(fd.as_raw_fd(), 0) })?;
     Ok(())
 }
+
+/// Raises the soft limit on open descriptors to the hard limit.
+pub fn raise_descriptor_limit() {
+    // SAFETY: rlimit is plain data; getrlimit/setrlimit read and write it.
+    unsafe {
+        let mut limit: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
