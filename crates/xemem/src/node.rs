@@ -202,6 +202,26 @@ impl Node {
         self.run_local(memory);
     }
 
+    /// A link is gone (the enclave behind it crashed or was torn down): forget every enclave
+    /// reached through it and tell the name server, which drops their segments and permits.
+    pub fn link_down(&mut self, link: LinkId, memory: &mut dyn LocalMemory) {
+        let gone: Vec<EnclaveId> = self.routes.iter().filter(|(_, l)| **l == link).map(|(e, _)| *e).collect();
+        self.forwarded.retain(|_, (l, _)| *l != link);
+        if self.towards_name_server == Some(link) {
+            // Cut off from the name server: rediscover it (our id stays ours).
+            self.towards_name_server = None;
+        }
+        for enclave in gone {
+            self.routes.remove(&enclave);
+            if let Some(ns) = self.name_server.as_mut() {
+                ns.forget_enclave(enclave);
+            } else {
+                self.send(Message::new(0, self.id, NAME_SERVER_ENCLAVE, Body::EnclaveGone { enclave }));
+            }
+        }
+        self.run_local(memory);
+    }
+
     fn ask_for_id(&mut self, link: LinkId) {
         let token = self.fresh_token();
         self.own_token = Some(token);
@@ -325,6 +345,19 @@ impl Node {
                         .push((down, Message::new(0, 0, 0, Body::EnclaveIdResponse { token: theirs, enclave })));
                 }
             }
+            Body::EnclaveGone { enclave } => {
+                // Only a hop on the path to that enclave may declare it gone: the notice must
+                // arrive on the link our route to it uses.
+                if self.id == 0 || self.routes.get(&enclave) != Some(&link) {
+                    return;
+                }
+                self.routes.remove(&enclave);
+                if let Some(ns) = self.name_server.as_mut() {
+                    ns.forget_enclave(enclave);
+                } else if let Some(up) = self.towards_name_server {
+                    self.outbox.push((up, message));
+                }
+            }
             _ => {
                 if self.id == 0 {
                     return;
@@ -390,11 +423,6 @@ impl Node {
             Body::Notify { owner_process, segment } => {
                 if origin == NAME_SERVER_ENCLAVE && self.owned.get(&segment).is_some_and(|o| o.0 == owner_process) {
                     memory.notify(owner_process, segment);
-                }
-            }
-            Body::EnclaveGone { enclave } => {
-                if let Some(ns) = self.name_server.as_mut() {
-                    ns.forget_enclave(enclave);
                 }
             }
             body => {

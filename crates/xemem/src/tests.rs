@@ -759,3 +759,61 @@ fn answers_from_the_wrong_enclave_or_of_the_wrong_kind_are_ignored() {
     }
     assert_eq!(net.nodes[client].pending_requests(), 1);
 }
+
+#[test]
+fn a_lost_enclave_takes_its_segments_and_permits_and_a_stranger_cannot_declare_it_gone() {
+    // A chain 0 - 1 - 2 - 3 with the name server at 0; enclave 3 owns a segment, 1 holds a permit.
+    let n = 4;
+    let mut net = Net::tree(2, 1, 0, false);
+    let mut peers: Vec<Vec<(usize, LinkId)>> = vec![Vec::new(); n];
+    for i in 1..n {
+        let a = peers[i - 1].len() as LinkId;
+        let b = peers[i].len() as LinkId;
+        peers[i - 1].push((i, b));
+        peers[i].push((i - 1, a));
+    }
+    let timing = Timing { retry_after: 200, attempts: 4 };
+    net.nodes = (0..n).map(|i| Node::new(peers[i].len() as u32, i == 0, timing)).collect();
+    net.memory = (0..n).map(|_| ModelMemory { enclave: 0, run: 4, notified: Vec::new() }).collect();
+    net.peers = peers;
+    net.settle_ids();
+    let gone_id = net.nodes[3].id().unwrap();
+    let Ok(Reply::Made(segment)) = net.call(
+        3,
+        Request::Make {
+            process: 1,
+            vaddr: 0,
+            size: 16 * PAGE_SIZE,
+            owner: Owner { uid: 0, gid: 0, mode: 0o600 },
+            name: Some(Name::new(b"leaf").unwrap()),
+        },
+    ) else {
+        panic!("make")
+    };
+    let Ok(Reply::Granted { access, .. }) =
+        net.call(1, Request::Get { process: 5, segment, access: ACCESS_READ_WRITE, credentials: rooted() })
+    else {
+        panic!("get")
+    };
+    // A forged notice: enclave 3 claims that enclave 1 is gone. Enclave 2 does not reach 1
+    // through its link to 3, so it drops the notice.
+    let forged = Message::new(0, 3, NAME_SERVER_ENCLAVE, Body::EnclaveGone { enclave: net.nodes[1].id().unwrap() });
+    let link_to_3 = net.nodes[2].route(gone_id).unwrap();
+    net.nodes[2].receive(link_to_3, &forged.to_bytes().unwrap(), &mut net.memory[2]);
+    net.collect(2);
+    net.step();
+    assert_eq!(net.nodes[0].name_server().unwrap().permit_count(), 1, "the forged notice changed nothing");
+    // Enclave 2 loses its link to 3.
+    net.nodes[2].link_down(link_to_3, &mut net.memory[2]);
+    net.collect(2);
+    net.step();
+    let ns = net.nodes[0].name_server().unwrap();
+    assert_eq!(ns.segment_count(), 0, "the lost enclave's segments are gone");
+    assert_eq!(ns.permit_count(), 0, "and so are the permits on them");
+    assert_eq!(net.call(1, Request::Lookup { name: Name::new(b"leaf").unwrap() }), Err(Error::NotFound));
+    assert_eq!(
+        net.call(1, Request::Attach { process: 5, access, offset: 0, size: PAGE_SIZE }),
+        Err(Error::NotFound)
+    );
+    assert_eq!(net.nodes[2].route(gone_id), None);
+}
