@@ -43,6 +43,12 @@ for n in 1 2 3 4; do
 		$DEXRUN -n $n "$BUILD/hello_nodes"
 done
 
+if timeout 60 python3 tests/manual_launch.py "$BUILD/hello_nodes" >"$LOG/out" 2>&1; then
+	pass "nodes launched by hand with ASLR on re-execute with it off and run"
+else
+	fail "manual launch with ASLR on" "$LOG/out"
+fi
+
 # 3. exit status and output come from the origin, even when exit() runs on a node
 run $DEXRUN -n 3 "$BUILD/exit_status" 7
 rc=$?

@@ -940,7 +940,8 @@ static long find_tid_offset(void)
 	return -1;
 }
 
-__attribute__((constructor(101))) static void dex_init(void)
+/* glibc passes argc, argv and envp to ELF constructors. */
+__attribute__((constructor(101))) static void dex_init(int argc, char **argv, char **envp)
 {
 	const char *boot = getenv("DEX_BOOT");
 	/* The process's main thread never runs application code under DEX
@@ -971,8 +972,15 @@ __attribute__((constructor(101))) static void dex_init(void)
 		close(listen_fd);
 		return;
 	}
-	if (!(personality(0xffffffff) & ADDR_NO_RANDOMIZE))
-		dex_fatal("address-space randomisation is on; start programs with dexrun");
+	if (!(personality(0xffffffff) & ADDR_NO_RANDOMIZE)) {
+		/* Started by hand with randomisation on: turn it off and run the
+		 * same program again, so its layout matches the other nodes'. */
+		(void)argc;
+		if (personality(ADDR_NO_RANDOMIZE) == -1)
+			dex_fatal("cannot turn off address-space randomisation");
+		execve("/proc/self/exe", argv, envp);
+		dex_fatal("re-executing with randomisation off failed");
+	}
 	dex_rt.active = true;
 	dl_iterate_phdr(find_own_text, (void *)(uintptr_t)dex_init);
 	if (!dex_rt.text_start)
