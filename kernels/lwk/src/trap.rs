@@ -41,7 +41,7 @@ pub fn handle(frame: &mut TrapFrame) {
         trap::redirect_syscall_to_ring3_page();
         frame.return_as_syscall();
         frame.rax = dispatch_with_frame(frame);
-    } else if frame.from_user() {
+    } else if frame.is_from_user() {
         let (signal, name) = signal_for(frame.vector);
         job::kill_for_fault(signal, name, frame);
     } else if !trap::recover_user_copy_fault(frame) {

@@ -94,7 +94,7 @@ impl PageTables {
         let end = virtual_address + len;
         let data = Protection { write: true, execute: false };
         while virtual_address < end {
-            let gigabyte_fits = has_1g_pages() && virtual_address % GIB == 0 && physical % GIB == 0 && end - virtual_address >= GIB;
+            let gigabyte_fits = has_1g_pages() && virtual_address.is_multiple_of(GIB) && physical.is_multiple_of(GIB) && end - virtual_address >= GIB;
             let step = if gigabyte_fits { GIB } else { (end - virtual_address).min(GIB - virtual_address % GIB) };
             if gigabyte_fits {
                 let pointer = &mut entries(self.root)[index(virtual_address, 3)];
@@ -200,8 +200,8 @@ impl PageTables {
             let entry = &mut entries(directory)[index(address, 1)];
             replaced |= *entry & PRESENT != 0;
             let target = address.wrapping_add(offset);
-            let whole_block = address % HUGE_PAGE_SIZE == 0 && block_end - address == HUGE_PAGE_SIZE;
-            if whole_block && target % HUGE_PAGE_SIZE == 0 {
+            let whole_block = address.is_multiple_of(HUGE_PAGE_SIZE) && block_end - address == HUGE_PAGE_SIZE;
+            if whole_block && target.is_multiple_of(HUGE_PAGE_SIZE) {
                 if *entry & PRESENT != 0 && *entry & HUGE == 0 {
                     tables.retire_table(*entry & ADDRESS_MASK);
                 }
@@ -229,7 +229,7 @@ impl PageTables {
             };
             let entry = &mut entries(directory)[index(address, 1)];
             if *entry & PRESENT != 0 {
-                if address % HUGE_PAGE_SIZE == 0 && block_end - address == HUGE_PAGE_SIZE {
+                if address.is_multiple_of(HUGE_PAGE_SIZE) && block_end - address == HUGE_PAGE_SIZE {
                     if *entry & HUGE == 0 {
                         tables.retire_table(*entry & ADDRESS_MASK);
                     }

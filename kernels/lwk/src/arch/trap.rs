@@ -67,7 +67,7 @@ const USER_FLAGS: u64 = 0x24_0dd5;
 pub const EXCEPTION_STUB_SIZE: u64 = 16;
 
 impl TrapFrame {
-    pub fn from_user(&self) -> bool {
+    pub fn is_from_user(&self) -> bool {
         self.cs & 3 == 3
     }
 
@@ -82,7 +82,7 @@ impl TrapFrame {
     /// is the `ud2` of that page, which the entry code sends straight to the system-call path.
     /// The user's return address is in RCX and its flags in R11.
     pub fn is_syscall_left_in_ring3(&self) -> bool {
-        self.from_user() && self.vector == 14 && self.rip == syscall_entry_address()
+        self.is_from_user() && self.vector == 14 && self.rip == syscall_entry_address()
     }
 
     /// Makes the frame return where a SYSCALL instruction returns: to RCX with the flags in R11

@@ -177,7 +177,7 @@ impl JobMemory {
     /// `munmap`: heap memory goes back to the heap; in the image and stack only the pages
     /// disappear (their memory stays reserved to the job).
     pub fn unmap(&mut self, start: u64, len: u64) -> Result<(), MemoryError> {
-        if start % PAGE_SIZE != 0 || len == 0 {
+        if !start.is_multiple_of(PAGE_SIZE) || len == 0 {
             return Err(MemoryError::InvalidArgument);
         }
         let end = start.checked_add(page_up(len)).ok_or(MemoryError::InvalidArgument)?;
@@ -192,7 +192,7 @@ impl JobMemory {
 
     /// `mprotect`: every page of the range must be in use.
     pub fn protect(&mut self, start: u64, len: u64, access: Access) -> Result<(), MemoryError> {
-        if start % PAGE_SIZE != 0 {
+        if !start.is_multiple_of(PAGE_SIZE) {
             return Err(MemoryError::InvalidArgument);
         }
         let end = start.checked_add(page_up(len)).ok_or(MemoryError::NoMemory)?;
@@ -235,7 +235,7 @@ impl JobMemory {
     /// free, otherwise moves (copying) if allowed.
     pub fn remap(&mut self, start: u64, old_len: u64, new_len: u64, may_move: bool) -> Result<u64, MemoryError> {
         let (old_len, new_len) = (page_up(old_len), page_up(new_len));
-        if start % PAGE_SIZE != 0 || new_len == 0 {
+        if !start.is_multiple_of(PAGE_SIZE) || new_len == 0 {
             return Err(MemoryError::InvalidArgument);
         }
         let old_end = start.checked_add(old_len).ok_or(MemoryError::NoMemory)?;
