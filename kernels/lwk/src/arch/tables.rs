@@ -132,15 +132,15 @@ pub fn init_boot_cpu() {
     };
     // SAFETY: runs once on the boot CPU before any other CPU runs kernel code.
     unsafe {
-        let idt = &mut *(&raw mut IDT);
-        for (vector, entry) in idt[..32].iter_mut().enumerate() {
+        let idt = (&raw mut IDT).cast::<IdtEntry>();
+        for vector in 0..32 {
             let handler = stubs + vector as u64 * super::trap::EXCEPTION_STUB_SIZE;
             // Breakpoint may be raised by user `int3` (DPL 3); the double fault gets its own
             // stack so a kernel stack overflow still produces a report.
-            *entry = gate(handler, if vector == 3 { 3 } else { 0 }, if vector == 8 { 1 } else { 0 });
+            idt.add(vector).write(gate(handler, if vector == 3 { 3 } else { 0 }, if vector == 8 { 1 } else { 0 }));
         }
-        idt[super::apic::WAKE_VECTOR] = gate(super::apic::wake_handler(), 0, 0);
-        idt[super::apic::SPURIOUS_VECTOR] = gate(super::apic::spurious_handler(), 0, 0);
+        idt.add(super::apic::WAKE_VECTOR).write(gate(super::apic::wake_handler(), 0, 0));
+        idt.add(super::apic::SPURIOUS_VECTOR).write(gate(super::apic::spurious_handler(), 0, 0));
     }
     init_cpu(0, trap_stack_top());
 }
