@@ -149,7 +149,7 @@ rc=$?
 elapsed=$(echo "$(date +%s.%N) - $start" | bc)
 sleep 0.2
 left=$(leftovers "$MARK")
-if [ -n "$victim" ] && [ $rc -ne 0 ] && grep -q "node 2 disconnected" "$LOG/out" &&
+if [ -n "$victim" ] && [ $rc -ne 0 ] && grep -Eq "node 2 disconnected|connection to node 2 broken" "$LOG/out" &&
 	grep -q "node 2 was killed by signal 9" "$LOG/out" && grep -q "dex\[node 1\]: error: lost connection" "$LOG/out" &&
 	[ -z "$left" ] && [ "$(echo "$elapsed < 5" | bc)" = 1 ]; then
 	pass "killed node: every node reports it, all gone in ${elapsed%??????} s (rc $rc)"

@@ -53,6 +53,10 @@ scale_row() { # label plain-1-thread plain-2-threads dex-args
 	echo "| first backward | 24.7 | $(metric first_backward_us mig) | ≤ 40 |"
 	echo "| later backward | 25.8 | $(metric later_backward_us mig) | ≤ 40 |"
 	echo
+	echo "First forward/backward are one sample per process run (a process migrates to a node for"
+	echo "the first time once), so they carry the machine's noise: creating the worker thread and"
+	echo "waking it on the other vCPU ranged from about 80 µs on an idle machine to 3 ms under load."
+	echo
 	echo "## Remote page fault, 4 KiB (µs)"
 	echo
 	echo "| | DEX | clowder dex | issue target |"

@@ -94,7 +94,10 @@ int dex_send(unsigned peer, enum dex_msg_type type, const void *fixed, size_t fi
 	size_t left = sizeof(h) + fixed_len + data_len;
 	int rc = 0;
 	while (left) {
-		long n = raw_syscall(SYS_writev, p->fd, iov, iovcnt);
+		/* sendmsg with MSG_NOSIGNAL: a dead peer must produce our error
+		 * message, not a silent SIGPIPE death. */
+		struct msghdr msg = { .msg_iov = iov, .msg_iovlen = (size_t)iovcnt };
+		long n = raw_syscall(SYS_sendmsg, p->fd, &msg, MSG_NOSIGNAL);
 		if (n == -EINTR)
 			continue;
 		if (n <= 0) {
