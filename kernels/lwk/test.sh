@@ -58,9 +58,10 @@ PYTHON
 rm -rf "$work/files" && cp -r "$here/tests/programs/files" "$work/files"
 input_members=$(cd "$work" && find files -type f | sort | sed "s|.*|&=$work/&|")
 
-# run_in_lwk BINARY NAME OUTPUT [raw]: runs the job (from an archive with the input files,
-# or with `raw` the bare executable as the module), writes its output to OUTPUT, the
-# kernel's lines to OUTPUT.kernel, and prints the job's exit status as the kernel reported.
+# run_in_lwk BINARY NAME OUTPUT [raw [ARGV]]: runs the job (from an archive with the input
+# files, or with `raw` BINARY itself as the module) with argv `NAME one "two words"` (or
+# ARGV), writes its output to OUTPUT, the kernel's lines to OUTPUT.kernel, and prints the
+# job's exit status as the kernel reported it.
 run_in_lwk() {
     local binary=$1 name=$2 output=$3 console="$3.console" machine_status
     if [ "${4:-}" != raw ]; then
@@ -68,15 +69,15 @@ run_in_lwk() {
         make_archive "$archive" "$name=$binary" $input_members
         binary=$archive
     fi
-    local command_line="lwk.env=GREETING=hello -- $name one \"two words\""
+    local command_line="lwk.env=GREETING=hello -- ${5:-$name one \"two words\"}"
     if [ "$runner" = vmm ]; then
         timeout 120 "$vmm" --kernel "$kernel" --module "$binary" --mem 256M ${VMM_ARGS:-} --cmdline "$command_line" \
-            >"$console" 2>"$output.vmm-stderr"
+            </dev/null >"$console" 2>"$output.vmm-stderr"
         machine_status=$?
     else
         timeout 120 qemu-system-x86_64 -nodefaults -accel tcg -cpu max -m 256M -display none \
             -serial stdio -no-reboot -device isa-debug-exit,iobase=0xf4,iosize=4 \
-            -kernel "$kernel" -initrd "$binary" -append "$command_line" >"$console" 2>&1
+            -kernel "$kernel" -initrd "$binary" -append "$command_line" </dev/null >"$console" 2>&1
         machine_status=$?
     fi
     grep -v '^\[lwk\] ' "$console" >"$output"
@@ -142,7 +143,7 @@ for program in "${programs[@]}"; do
         fi
         # (The group's stderr hides the shell's own "Segmentation fault" report.)
         host_status=$( { cd "$work" && env -i GREETING=hello bash -c 'exec -a "$0" "$@"' "$program" "$binary" \
-            one "two words" >"$binary.host" 2>&1; echo $?; } 2>/dev/null)
+            one "two words" </dev/null >"$binary.host" 2>&1; echo $?; } 2>/dev/null)
         lwk_status=$(run_in_lwk "$binary" "$program" "$binary.lwk")
         if [ "$lwk_status" = "$host_status" ] && cmp -s "$binary.host" "$binary.lwk"; then
             echo "ok   $program ($libc): status $host_status"
@@ -154,6 +155,28 @@ for program in "${programs[@]}"; do
         fi
     done
 done
+# Debian's busybox-static: each line of tests/busybox-commands.txt is one command, run as
+# `busybox COMMAND...` on the host and in the LWK (shell built-ins only: there is no fork).
+if [ $# -eq 0 ] && file -L /bin/busybox 2>/dev/null | grep -q 'statically linked'; then
+    index=0
+    while IFS= read -r command; do
+        index=$((index + 1))
+        eval "set -- $command"
+        output="$work/busybox-$index"
+        host_status=$( { cd "$work" && env -i GREETING=hello /bin/busybox "$@" </dev/null >"$output.host" 2>&1; echo $?; } 2>/dev/null)
+        make_archive "$output.cpio" "bin/busybox=/bin/busybox" $input_members
+        lwk_status=$(run_in_lwk "$output.cpio" busybox "$output.lwk" raw "/bin/busybox $command")
+        if [ "$lwk_status" = "$host_status" ] && cmp -s "$output.host" "$output.lwk"; then
+            echo "ok   busybox $command: status $host_status"
+        else
+            echo "FAIL busybox $command: host status $host_status, lwk status $lwk_status"
+            diff "$output.host" "$output.lwk" | head -10
+            failures=$((failures + 1))
+        fi
+    done <"$here/tests/busybox-commands.txt"
+    set --
+fi
+
 # A kernel panic (here: no job module) is reported on the console and ends the VM with the
 # panic status 254 (QEMU shows 253, that is (254 << 1 | 1) & 255).
 if [ "$runner" = qemu ] && [ $# -eq 0 ]; then
