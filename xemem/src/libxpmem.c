@@ -45,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -1034,10 +1035,123 @@ static void atfork_child(void)
 	pthread_mutex_unlock(&call_lock);
 }
 
+/* ---- the /dev/xpmem backend ------------------------------------------------------------- */
+
+/* Where /dev/xpmem exists (the XPMEM kernel module on Linux, the lightweight kernel's device),
+ * the library speaks its ioctls instead of the broker, so one statically linked program runs
+ * on the host and in an enclave. CLOWDER_XEMEM_BACKEND=broker or =device forces the choice.
+ * Commands are _IO('x', n) with XPMEM's x86-64 struct layouts (shared/notes/xpmem-reference.md). */
+#define XPMEM_CMD_VERSION 0x7800
+#define XPMEM_CMD_MAKE 0x7801
+#define XPMEM_CMD_REMOVE 0x7802
+#define XPMEM_CMD_GET 0x7803
+#define XPMEM_CMD_RELEASE 0x7804
+#define XPMEM_CMD_ATTACH 0x7805
+#define XPMEM_CMD_DETACH 0x7806
+
+struct device_make {
+	uint64_t vaddr;
+	size_t size;
+	int permit_type;
+	uint64_t permit_value;
+	int64_t segid;
+};
+struct device_get {
+	int64_t segid;
+	int flags, permit_type;
+	uint64_t permit_value;
+	int64_t apid;
+};
+struct device_attach {
+	int64_t apid;
+	off_t offset;
+	size_t size;
+	uint64_t vaddr;
+	int fd, flags;
+};
+_Static_assert(sizeof(struct device_make) == 40 && offsetof(struct device_make, segid) == 32, "XPMEM make layout");
+_Static_assert(sizeof(struct device_get) == 32 && offsetof(struct device_get, apid) == 24, "XPMEM get layout");
+_Static_assert(sizeof(struct device_attach) == 40 && offsetof(struct device_attach, fd) == 32, "XPMEM attach layout");
+
+static int device = -1;
+static int device_chosen; /* 0 undecided, 1 device, 2 broker */
+static pthread_mutex_t device_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int use_device(void)
+{
+	pthread_mutex_lock(&device_lock);
+	if (!device_chosen) {
+		const char *forced = getenv("CLOWDER_XEMEM_BACKEND");
+		if (forced && !strcmp(forced, "broker")) {
+			device_chosen = 2;
+		} else {
+			device = open("/dev/xpmem", O_RDWR | O_CLOEXEC);
+			device_chosen = device >= 0 || (forced && !strcmp(forced, "device")) ? 1 : 2;
+		}
+	}
+	int chosen = device_chosen == 1;
+	pthread_mutex_unlock(&device_lock);
+	return chosen;
+}
+
+/* One ioctl; a child that inherited the descriptor gets XPMEM_ERRNO_NOPROC and retries on a
+ * fresh one, as XPMEM's library does. */
+static long device_call(unsigned long command, void *argument)
+{
+	for (int attempt = 0; attempt < 2; attempt++) {
+		pthread_mutex_lock(&device_lock);
+		if (device < 0)
+			device = open("/dev/xpmem", O_RDWR | O_CLOEXEC);
+		int fd = device;
+		pthread_mutex_unlock(&device_lock);
+		if (fd < 0)
+			return -1;
+		long result = ioctl(fd, command, argument);
+		if (result >= 0 || errno != XPMEM_ERRNO_NOPROC)
+			return result;
+		pthread_mutex_lock(&device_lock);
+		if (device == fd) {
+			close(device);
+			device = -1;
+		}
+		pthread_mutex_unlock(&device_lock);
+	}
+	return -1;
+}
+
+static xpmem_segid_t device_make_segment(void *vaddr, size_t size, int permit_type, void *permit_value)
+{
+	struct device_make make = { .vaddr = (uintptr_t)vaddr, .size = size, .permit_type = permit_type,
+				    .permit_value = (uintptr_t)permit_value };
+	if (device_call(XPMEM_CMD_MAKE, &make) < 0)
+		return -1;
+	return make.segid;
+}
+
+static xpmem_apid_t device_get_access(xpmem_segid_t segid, int flags, int permit_type)
+{
+	/* NULL permit value, as XPMEM's library sends: the kernel refuses anything else. */
+	struct device_get get = { .segid = segid, .flags = flags, .permit_type = permit_type };
+	if (device_call(XPMEM_CMD_GET, &get) < 0)
+		return -1;
+	return get.apid;
+}
+
+static void *device_attach_segment(struct xpmem_addr addr, size_t size, void *vaddr)
+{
+	struct device_attach attach = { .apid = addr.apid, .offset = addr.offset, .size = size,
+					.vaddr = (uintptr_t)vaddr };
+	if (device_call(XPMEM_CMD_ATTACH, &attach) < 0)
+		return (void *)-1;
+	return (void *)(uintptr_t)attach.vaddr;
+}
+
 /* ---- the API --------------------------------------------------------------------------- */
 
 EXPORT int xpmem_version(void)
 {
+	if (use_device())
+		return (int)device_call(XPMEM_CMD_VERSION, NULL);
 	struct wire_answer answer;
 	if (call(OP_HELLO, NULL, 0, NULL, &answer) < 0)
 		return -1;
@@ -1081,11 +1195,17 @@ static xpmem_segid_t make(void *vaddr, size_t size, int permit_type, void *permi
 
 EXPORT xpmem_segid_t xpmem_make(void *vaddr, size_t size, int permit_type, void *permit_value)
 {
+	if (use_device())
+		return device_make_segment(vaddr, size, permit_type, permit_value);
 	return make(vaddr, size, permit_type, permit_value, NULL);
 }
 
 EXPORT xpmem_segid_t xemem_make(void *vaddr, size_t size, const char *name)
 {
+	if (use_device()) {
+		errno = ENOSYS; /* names live in the broker (and, later, the enclave name server) */
+		return -1;
+	}
 	if (!name) {
 		errno = EINVAL;
 		return -1;
@@ -1149,6 +1269,8 @@ static void revoke_range(uintptr_t lo, uintptr_t hi)
 
 EXPORT int xpmem_remove(xpmem_segid_t segid)
 {
+	if (use_device())
+		return (int)device_call(XPMEM_CMD_REMOVE, &segid);
 	struct wire_answer answer;
 	uint64_t args[] = { (uint64_t)segid };
 	if (segid <= 0) {
@@ -1175,6 +1297,8 @@ EXPORT int xpmem_remove(xpmem_segid_t segid)
 EXPORT xpmem_apid_t xpmem_get(xpmem_segid_t segid, int flags, int permit_type, void *permit_value)
 {
 	(void)permit_value; /* ignored, as XPMEM's library does (Open MPI passes 0666) */
+	if (use_device())
+		return device_get_access(segid, flags, permit_type);
 	if (permit_type != XPMEM_PERMIT_MODE || (flags != XPMEM_RDONLY && flags != XPMEM_RDWR) || segid <= 0) {
 		errno = EINVAL;
 		return -1;
@@ -1188,6 +1312,8 @@ EXPORT xpmem_apid_t xpmem_get(xpmem_segid_t segid, int flags, int permit_type, v
 
 EXPORT int xpmem_release(xpmem_apid_t apid)
 {
+	if (use_device())
+		return (int)device_call(XPMEM_CMD_RELEASE, &apid);
 	if (apid <= 0) {
 		errno = EINVAL;
 		return -1;
@@ -1244,6 +1370,8 @@ static int prefault_requested(void)
 
 EXPORT void *xpmem_attach(struct xpmem_addr addr, size_t size, void *vaddr)
 {
+	if (use_device())
+		return device_attach_segment(addr, size, vaddr);
 	uintptr_t fixed = (uintptr_t)vaddr;
 	if (addr.offset < 0 || addr.offset % PAGE || fixed % PAGE || size == 0 || size > USER_LIMIT || addr.apid <= 0) {
 		errno = EINVAL;
@@ -1336,6 +1464,10 @@ EXPORT void *xpmem_attach(struct xpmem_addr addr, size_t size, void *vaddr)
 
 EXPORT int xpmem_detach(void *vaddr)
 {
+	if (use_device()) {
+		uint64_t address = (uintptr_t)vaddr;
+		return (int)device_call(XPMEM_CMD_DETACH, &address);
+	}
 	uintptr_t addr = (uintptr_t)vaddr;
 	pthread_mutex_lock(&table_lock);
 	for (size_t i = 0; i < attachment_count; i++) {
@@ -1360,6 +1492,10 @@ EXPORT int xpmem_detach(void *vaddr)
 
 EXPORT xpmem_segid_t xemem_lookup_segid(const char *name)
 {
+	if (use_device()) {
+		errno = ENOSYS;
+		return -1;
+	}
 	if (!name || !*name || strlen(name) > XEMEM_NAME_MAX) {
 		errno = EINVAL;
 		return -1;
@@ -1372,6 +1508,10 @@ EXPORT xpmem_segid_t xemem_lookup_segid(const char *name)
 
 EXPORT int xemem_signal(xpmem_apid_t apid)
 {
+	if (use_device()) {
+		errno = ENOSYS;
+		return -1;
+	}
 	if (apid <= 0) {
 		errno = EINVAL;
 		return -1;
@@ -1383,6 +1523,10 @@ EXPORT int xemem_signal(xpmem_apid_t apid)
 
 EXPORT int xemem_notify_fd(xpmem_segid_t segid)
 {
+	if (use_device()) {
+		errno = ENOSYS;
+		return -1;
+	}
 	int fd = -1;
 	pthread_mutex_lock(&table_lock);
 	for (size_t i = 0; i < segment_count; i++) {
