@@ -49,6 +49,27 @@ else
 	fail "manual launch with ASLR on" "$LOG/out"
 fi
 
+# nodes in their own network namespaces, joined by veth pairs (root only)
+if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v nsenter >/dev/null; then
+	$DEXRUN -n 3 --netns "$BUILD/coherence" mutex 6 500 >"$LOG/out" 2>&1 &
+	runner=$!
+	wait $runner
+	rc=$?
+	gone=0
+	for _ in $(seq 50); do
+		ip -o link | grep -q "dx${runner}[hn]" || { gone=1; break; }
+		sleep 0.1
+	done
+	if [ $rc = 0 ] && grep -q "PASS mutex" "$LOG/out" && [ $gone = 1 ] &&
+		$DEXRUN -n 3 --netns "$BUILD/netns_probe" 2>&1 | grep -q "3 distinct for 3 nodes"; then
+		pass "--netns: 3 nodes in 3 network namespaces over veth, mutex counter right, veths gone after"
+	else
+		fail "--netns (rc $rc, veths gone $gone)" "$LOG/out"
+	fi
+else
+	echo "SKIP --netns (needs root, ip and nsenter)"
+fi
+
 # 3. exit status and output come from the origin, even when exit() runs on a node
 run $DEXRUN -n 3 "$BUILD/exit_status" 7
 rc=$?

@@ -1,20 +1,28 @@
 /* dexrun: start a DEX program on N local processes ("nodes").
  *
- *   dexrun -n N [--transport tcp] [--timeout SEC] ./app args...
+ *   dexrun -n N [--transport tcp] [--netns] [--timeout SEC] ./app args...
  *
  * Node 0 (the origin) runs main(); nodes 1..N-1 run the same binary, which
  * libdex turns into workers that serve migrated threads. All of them start
  * with address-space randomisation off, an environment of identical size
  * and the same arguments, so code, globals, the shared heap and the vDSO sit
  * at the same addresses everywhere. The origin's exit status is dexrun's;
- * any node failing, a timeout, or Ctrl-C ends every process. */
+ * any node failing, a timeout, or Ctrl-C ends every process.
+ *
+ * --netns puts every node other than the origin in its own network
+ * namespace, joined to dexrun's by a veth pair (10.S.N.1 on dexrun's side,
+ * 10.S.N.2 in the node's), so node traffic crosses a network interface
+ * instead of loopback. The namespace and its veth pair vanish with the
+ * node process. Needs root (CAP_NET_ADMIN) and iproute2. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/personality.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -36,8 +44,23 @@ static void on_signal(int sig)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: dexrun -n N [--transport tcp] [--timeout SECONDS] program [args...]\n");
+	fprintf(stderr, "usage: dexrun -n N [--transport tcp] [--netns] [--timeout SECONDS] program [args...]\n");
 	exit(2);
+}
+
+/* Wires a node's fresh network namespace to ours with a veth pair. */
+static int connect_namespace(pid_t pid, int node, unsigned subnet)
+{
+	char cmd[768];
+	int id = (int)getpid();
+	snprintf(cmd, sizeof(cmd),
+		 "ip link add dx%dh%d type veth peer name dx%dn%d netns %d && "
+		 "ip addr add 10.%u.%d.1/24 dev dx%dh%d && ip link set dx%dh%d up && "
+		 "nsenter -t %d -n sh -c 'ip addr add 10.%u.%d.2/24 dev dx%dn%d && ip link set dx%dn%d up && "
+		 "ip link set lo up'",
+		 id, node, id, node, (int)pid, subnet, node, id, node, id, node, (int)pid, subnet, node, id, node, id,
+		 node);
+	return system(cmd);
 }
 
 static double now_seconds(void)
@@ -139,7 +162,7 @@ static int exit_code_of(int status)
 
 int main(int argc, char **argv)
 {
-	int nodes = 0;
+	int nodes = 0, use_netns = 0;
 	double timeout = 0;
 	int i = 1;
 	for (; i < argc && argv[i][0] == '-'; i++) {
@@ -150,7 +173,9 @@ int main(int argc, char **argv)
 				fprintf(stderr, "dexrun: transport '%s' is not available (only tcp)\n", argv[i]);
 				return 2;
 			}
-		} else if (!strcmp(argv[i], "--timeout") && i + 1 < argc)
+		} else if (!strcmp(argv[i], "--netns"))
+			use_netns = 1;
+		else if (!strcmp(argv[i], "--timeout") && i + 1 < argc)
 			timeout = atof(argv[++i]);
 		else
 			usage();
@@ -160,7 +185,8 @@ int main(int argc, char **argv)
 
 	int listener = socket(AF_INET, SOCK_STREAM, 0);
 	struct sockaddr_in sa = { .sin_family = AF_INET };
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	/* with namespaces the nodes arrive over their veth interfaces */
+	sa.sin_addr.s_addr = htonl(use_netns ? INADDR_ANY : INADDR_LOOPBACK);
 	socklen_t salen = sizeof(sa);
 	if (listener < 0 || bind(listener, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(listener, 64) != 0 ||
 	    getsockname(listener, (struct sockaddr *)&sa, &salen) != 0) {
@@ -179,10 +205,21 @@ int main(int argc, char **argv)
 	sigaction(SIGTERM, &sact, NULL);
 	sigaction(SIGHUP, &sact, NULL);
 
+	unsigned subnet = 100 + (unsigned)getpid() % 100;
 	for (int n = 0; n < nodes; n++) {
-		snprintf(boot, sizeof(boot), "node=%03d,nodes=%03d,port=%05d,fd=%04d", n, nodes, ntohs(sa.sin_port),
-			 listener);
+		bool own_namespace = use_netns && n > 0;
+		char host[16] = "127.000.000.001";
+		if (own_namespace)
+			snprintf(host, sizeof(host), "010.%03u.%03d.001", subnet, n);
+		snprintf(boot, sizeof(boot), "node=%03d,nodes=%03d,port=%05d,fd=%04d,host=%s", n, nodes,
+			 ntohs(sa.sin_port), listener, host);
 		setenv("DEX_BOOT", boot, 1);
+		int ready[2] = { -1, -1 }, go[2] = { -1, -1 };
+		if (own_namespace && (pipe(ready) != 0 || pipe(go) != 0)) {
+			perror("dexrun: pipe");
+			end_everyone(&(int){ 0 });
+			return 1;
+		}
 		pid_t pid = fork();
 		if (pid < 0) {
 			perror("dexrun: fork");
@@ -200,11 +237,35 @@ int main(int argc, char **argv)
 				perror("dexrun: personality");
 				_exit(127);
 			}
+			if (own_namespace) {
+				char c = 0;
+				if (unshare(CLONE_NEWNET) != 0) {
+					perror("dexrun: unshare(CLONE_NEWNET)");
+					_exit(127);
+				}
+				/* wait until dexrun has plugged in the veth pair */
+				if (write(ready[1], "r", 1) != 1 || read(go[0], &c, 1) != 1)
+					_exit(127);
+				close(ready[1]);
+				close(go[0]);
+			}
 			execvp(argv[i], argv + i);
 			fprintf(stderr, "dexrun: cannot run %s: %s\n", argv[i], strerror(errno));
 			_exit(127);
 		}
 		children[nchildren++] = pid;
+		if (own_namespace) {
+			char c;
+			close(ready[1]);
+			close(go[0]);
+			if (read(ready[0], &c, 1) != 1 || connect_namespace(pid, n, subnet) != 0 || write(go[1], "g", 1) != 1) {
+				fprintf(stderr, "dexrun: cannot connect node %d's network namespace\n", n);
+				end_everyone(&(int){ 0 });
+				return 1;
+			}
+			close(ready[0]);
+			close(go[1]);
+		}
 	}
 	close(listener);
 

@@ -899,11 +899,11 @@ static void origin_accept_nodes(int listen_fd)
 	dex_start_service_thread(origin_pinger, NULL);
 }
 
-static void node_join_origin(int port)
+static void node_join_origin(uint32_t ip, int port)
 {
 	int fd = -1;
 	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	sa.sin_addr.s_addr = htonl(ip);
 	for (int attempt = 0; attempt < 100; attempt++) {
 		fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
@@ -964,11 +964,14 @@ __attribute__((constructor(101))) static void dex_init(int argc, char **argv, ch
 	dex_threads_init();
 	if (!boot)
 		return;
-	unsigned node, nodes, port;
+	unsigned node, nodes, port, ip[4];
 	int listen_fd;
-	if (sscanf(boot, "node=%u,nodes=%u,port=%u,fd=%d", &node, &nodes, &port, &listen_fd) != 4 || nodes == 0 ||
-	    nodes > DEX_MAX_NODES || node >= nodes)
+	if (sscanf(boot, "node=%u,nodes=%u,port=%u,fd=%d,host=%u.%u.%u.%u", &node, &nodes, &port, &listen_fd, &ip[0],
+		   &ip[1], &ip[2], &ip[3]) != 8 ||
+	    nodes == 0 || nodes > DEX_MAX_NODES || node >= nodes || ip[0] > 255 || ip[1] > 255 || ip[2] > 255 ||
+	    ip[3] > 255)
 		dex_fatal("malformed DEX_BOOT=%s", boot);
+	uint32_t origin_ip = ip[0] << 24 | ip[1] << 16 | ip[2] << 8 | ip[3];
 	dex_rt.node = node;
 	dex_rt.nodes = nodes;
 	if (nodes == 1) {
@@ -1015,6 +1018,6 @@ __attribute__((constructor(101))) static void dex_init(int argc, char **argv, ch
 	}
 	close(listen_fd);
 	dex_thread_create_block(DEX_ROLE_SERVICE);
-	node_join_origin((int)port);
+	node_join_origin(origin_ip, (int)port);
 	node_receive_loop();
 }

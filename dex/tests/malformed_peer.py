@@ -31,7 +31,7 @@ def start(node, port, fd):
     env = {
         "PATH": "/usr/bin:/bin",
         "GLIBC_TUNABLES": "glibc.pthread.rseq=0",
-        "DEX_BOOT": "node=%03d,nodes=002,port=%05d,fd=%04d" % (node, port, fd),
+        "DEX_BOOT": "node=%03d,nodes=002,port=%05d,fd=%04d,host=127.000.000.001" % (node, port, fd),
     }
     return subprocess.Popen(["setarch", "x86_64", "-R", APP, "pingpong", "2", "100000000"], env=env,
                             pass_fds=(fd,), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)

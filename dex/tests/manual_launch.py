@@ -13,7 +13,7 @@ port, fd = listener.getsockname()[1], listener.fileno()
 procs = []
 for node in range(2):
     env = {"PATH": "/usr/bin:/bin", "GLIBC_TUNABLES": "glibc.pthread.rseq=0",
-           "DEX_BOOT": "node=%03d,nodes=002,port=%05d,fd=%04d" % (node, port, fd)}
+           "DEX_BOOT": "node=%03d,nodes=002,port=%05d,fd=%04d,host=127.000.000.001" % (node, port, fd)}
     procs.append(subprocess.Popen([app], env=env, pass_fds=(fd,), stdout=subprocess.PIPE, text=True))
 listener.close()
 try:
