@@ -1,5 +1,6 @@
-//! The PVH `hvm_start_info` the boot loader leaves in memory: memory map, command line and
-//! modules, copied out before the memory they sit in can be reused.
+//! The PVH `hvm_start_info` the boot loader leaves in memory: memory map and modules, copied
+//! out before the memory they sit in can be reused, and the command line, read in place (its
+//! range is kept out of the free memory; copying 4 KiB is emulated work on PVM).
 
 use crate::arch::phys;
 
@@ -27,8 +28,9 @@ pub struct BootInfo {
     memory_map_len: usize,
     modules: [Module; MAX_MODULES],
     modules_len: usize,
-    command_line: [u8; MAX_COMMAND_LINE],
-    command_line_len: usize,
+    command_line: &'static str,
+    /// Physical range of the command line, to keep while it is in use.
+    pub command_line_range: (u64, u64),
 }
 
 #[derive(Debug)]
@@ -62,8 +64,8 @@ impl BootInfo {
             memory_map_len: 0,
             modules: [Module::default(); MAX_MODULES],
             modules_len: 0,
-            command_line: [0; MAX_COMMAND_LINE],
-            command_line_len: 0,
+            command_line: "",
+            command_line_range: (0, 0),
         };
         for i in 0..(memory_map_entries as usize).min(MAX_MEMORY_RANGES) {
             let entry = memory_map_address + i as u64 * 24;
@@ -76,14 +78,11 @@ impl BootInfo {
             info.modules_len += 1;
         }
         if command_line_address != 0 {
-            while info.command_line_len < MAX_COMMAND_LINE - 1 {
-                let byte: u8 = phys::read(command_line_address + info.command_line_len as u64);
-                if byte == 0 {
-                    break;
-                }
-                info.command_line[info.command_line_len] = byte;
-                info.command_line_len += 1;
-            }
+            let window = phys::bytes(command_line_address, MAX_COMMAND_LINE);
+            let len = window.iter().position(|&byte| byte == 0).unwrap_or(MAX_COMMAND_LINE);
+            // Not UTF-8 makes it empty: the kernel only parses ASCII.
+            info.command_line = core::str::from_utf8(&window[..len]).unwrap_or("");
+            info.command_line_range = (command_line_address, command_line_address + len as u64 + 1);
         }
         Ok(info)
     }
@@ -96,8 +95,7 @@ impl BootInfo {
         &self.modules[..self.modules_len]
     }
 
-    /// The command line as text (bytes that are not UTF-8 make it empty: we only parse ASCII).
-    pub fn command_line(&self) -> &str {
-        core::str::from_utf8(&self.command_line[..self.command_line_len]).unwrap_or("")
+    pub fn command_line(&self) -> &'static str {
+        self.command_line
     }
 }

@@ -101,11 +101,12 @@ impl JobOptions {
             .filter_map(|word| word.strip_prefix("lwk.env="))
             .map(String::from)
             .collect();
-        let mut argv = split_at_separator(command_line).1.map(split_quoted).unwrap_or_default();
+        let mut words = split_at_separator(command_line).1.map(split_quoted).unwrap_or_default();
         // clowder-vmm appends its keys at the very end, after the job's words.
-        while argv.last().is_some_and(|word| word.starts_with("clowder.")) {
-            argv.pop();
+        while words.last().is_some_and(|word| word.starts_with("clowder.")) {
+            words.pop();
         }
+        let mut argv: Vec<String> = words.iter().map(|word| if word.contains('"') { word.replace('"', "") } else { String::from(*word) }).collect();
         if argv.is_empty() {
             argv.push(String::from(DEFAULT_ARGV0));
         }
@@ -118,32 +119,26 @@ impl JobOptions {
     }
 }
 
-/// Splits at spaces; double quotes group (and are removed).
-fn split_quoted(text: &str) -> Vec<String> {
+/// Splits at spaces and tabs; double quotes group words with spaces (the caller removes
+/// them). Byte by byte and without allocating per character: every kernel instruction is
+/// emulated on PVM.
+fn split_quoted(text: &str) -> Vec<&str> {
+    let bytes = text.as_bytes();
+    let is_space = |byte: u8| byte == b' ' || byte == b'\t';
     let mut words = Vec::new();
-    let mut word = String::new();
-    let mut in_word = false;
-    let mut quoted = false;
-    for character in text.chars() {
-        match character {
-            '"' => {
-                quoted = !quoted;
-                in_word = true;
-            }
-            ' ' | '\t' if !quoted => {
-                if in_word {
-                    words.push(core::mem::take(&mut word));
-                    in_word = false;
-                }
-            }
-            _ => {
-                word.push(character);
-                in_word = true;
-            }
+    let mut position = 0;
+    while position < bytes.len() {
+        if is_space(bytes[position]) {
+            position += 1;
+            continue;
         }
-    }
-    if in_word {
-        words.push(word);
+        let start = position;
+        let mut quoted = false;
+        while position < bytes.len() && (quoted || !is_space(bytes[position])) {
+            quoted ^= bytes[position] == b'"';
+            position += 1;
+        }
+        words.push(&text[start..position]);
     }
     words
 }

@@ -57,6 +57,8 @@ pub fn init(boot: &BootInfo) {
     }
     let (kernel_start, kernel_end) = phys::kernel_image();
     pmem::reserve(kernel_start, kernel_end);
+    let (line_start, line_end) = boot.command_line_range;
+    pmem::reserve(line_start / PAGE_SIZE * PAGE_SIZE, line_end.next_multiple_of(PAGE_SIZE));
     for module in boot.modules() {
         pmem::reserve(module.start / PAGE_SIZE * PAGE_SIZE, (module.start + module.size).next_multiple_of(PAGE_SIZE));
     }
