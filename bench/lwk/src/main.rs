@@ -1,0 +1,204 @@
+//! `lwk-bench`: issue 3's measurements. Each program (apps/, built static with musl) runs on the
+//! host pinned to a core and in a lightweight-kernel enclave whose vCPU is pinned to the same
+//! core, alternating, in one run. Prints a table beside the papers' figures and writes
+//! docs/results/lwk-bench.md. RUNS (default 5) repetitions of each; OUT sets the file.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use vmm::control::ControlClient;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = values.len();
+    if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 }
+}
+
+struct Setup {
+    vmm: PathBuf,
+    lwk: PathBuf,
+    apps: PathBuf,
+    core: usize,
+}
+
+impl Setup {
+    fn app(&self, name: &str) -> PathBuf {
+        let path = self.apps.join(name);
+        assert!(path.exists(), "{} is missing: run make -C apps", path.display());
+        path
+    }
+
+    fn host(&self, app: &str, args: &[&str]) -> String {
+        let out = Command::new("taskset")
+            .arg("-c")
+            .arg(self.core.to_string())
+            .arg(self.app(app))
+            .args(args)
+            .output()
+            .expect("taskset runs");
+        assert!(out.status.success(), "{app} on the host failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn enclave_command(&self, app: &str, args: &[&str], mem: &str) -> Command {
+        let mut command = Command::new(&self.vmm);
+        command
+            .arg("--kernel")
+            .arg(&self.lwk)
+            .arg("--module")
+            .arg(self.app(app))
+            .args(["--mem", mem, "--cpus", "1", "--cores", &self.core.to_string(), "--serial", "stdout"])
+            .arg("--cmdline")
+            .arg(format!("-- {app} {}", args.join(" ")));
+        command
+    }
+
+    /// The job's output (the kernel's own `[lwk]` lines removed).
+    fn enclave(&self, app: &str, args: &[&str]) -> String {
+        let out = self.enclave_command(app, args, "1G").output().expect("clowder-vmm runs");
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(out.status.success(), "{app} in the enclave failed ({}): {text}{}", out.status, String::from_utf8_lossy(&out.stderr));
+        text.lines().filter(|l| !l.starts_with("[lwk]")).map(|l| format!("{l}\n")).collect()
+    }
+}
+
+/// The first number after `label` on the line that starts with `prefix`.
+fn number_after(text: &str, prefix: &str, label: &str) -> f64 {
+    let line = text.lines().find(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("no line {prefix:?} in:\n{text}"));
+    let rest = &line[line.find(label).unwrap_or_else(|| panic!("no {label:?} in {line:?}")) + label.len()..];
+    rest.trim_start().split(|c: char| !(c.is_ascii_digit() || c == '.')).next().unwrap().parse().unwrap()
+}
+
+fn stream_best(text: &str, kernel: &str) -> f64 {
+    number_after(text, kernel, kernel)
+}
+
+fn main() {
+    let runs: usize = std::env::var("RUNS").ok().and_then(|r| r.parse().ok()).unwrap_or(5);
+    let repo = repo();
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let setup = Setup {
+        vmm: repo.join("target/release/clowder-vmm"),
+        lwk: repo.join("kernels/target/x86_64-unknown-none/release/lwk"),
+        apps: repo.join("build/apps"),
+        core: cores - 1,
+    };
+    assert!(setup.vmm.exists() && setup.lwk.exists(), "build first: make build");
+    let mut rows: Vec<(String, String, String)> = Vec::new();
+
+    eprintln!("STREAM ({runs} runs each, alternating host and enclave)...");
+    let stream_args = ["20000000", "10"];
+    let kernels = ["copy", "scale", "add", "triad"];
+    let mut host_bw = vec![Vec::new(); 4];
+    let mut lwk_bw = vec![Vec::new(); 4];
+    for _ in 0..runs {
+        let host = setup.host("stream", &stream_args);
+        let lwk = setup.enclave("stream", &stream_args);
+        for (k, name) in kernels.iter().enumerate() {
+            host_bw[k].push(stream_best(&host, name));
+            lwk_bw[k].push(stream_best(&lwk, name));
+        }
+    }
+    for (k, name) in kernels.iter().enumerate() {
+        let (h, l) = (median(&mut host_bw[k]), median(&mut lwk_bw[k]));
+        rows.push((
+            format!("STREAM {name} (best of 10, MB/s)"),
+            format!("host {h:.0}, enclave {l:.0}: {:.1}%", 100.0 * l / h),
+            "≥ 98% of host (Palacios/Kitten: within 5% of native)".into(),
+        ));
+    }
+
+    eprintln!("hpccg ({runs} runs each)...");
+    let cg_args = ["48", "48", "48"];
+    let (mut host_cg, mut lwk_cg) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        host_cg.push(number_after(&setup.host("hpccg", &cg_args), "hpccg: setup", "solve"));
+        lwk_cg.push(number_after(&setup.enclave("hpccg", &cg_args), "hpccg: setup", "solve"));
+    }
+    let (h, l) = (median(&mut host_cg), median(&mut lwk_cg));
+    rows.push((
+        "hpccg 48³ solve time".into(),
+        format!("host {h:.3} s, enclave {l:.3} s: {:.1}% of host speed", 100.0 * h / l),
+        "≥ 98% of host".into(),
+    ));
+
+    eprintln!("selfish detour (5 s each)...");
+    let host = setup.host("selfish", &["5"]);
+    let lwk = setup.enclave("selfish", &["5"]);
+    let detours = |t: &str| number_after(t, "selfish: ", "selfish:");
+    let lost = |t: &str| number_after(t, "selfish: ", "lost (");
+    let detour_line = |t: &str| t.lines().find(|l| l.contains("detours")).unwrap_or("").trim_start_matches("selfish: ").to_string();
+    rows.push(("selfish detour, host".into(), detour_line(&host), "-".into()));
+    rows.push((
+        "selfish detour, enclave".into(),
+        detour_line(&lwk),
+        format!("no detours of its own: {}", if detours(&lwk) <= detours(&host) { "yes" } else { "no" }),
+    ));
+    let _ = lost;
+
+    eprintln!("enclave create → hello → teardown (20 runs)...");
+    let mut lifecycle = Vec::new();
+    for _ in 0..20 {
+        let t0 = Instant::now();
+        let status = setup.enclave_command("syscall-loop", &["1"], "64M").stdout(Stdio::null()).status().unwrap();
+        assert!(status.success());
+        lifecycle.push(t0.elapsed().as_secs_f64() * 1000.0);
+    }
+    rows.push((
+        "enclave create → job exit → teardown (64 MiB, one process)".into(),
+        format!("{:.1} ms", median(&mut lifecycle)),
+        "≤ 150 ms (a Pisces enclave boots in about 1.5 s)".into(),
+    ));
+
+    eprintln!("getpid round trip and its kernel instructions...");
+    let syscall_ns = number_after(&setup.enclave("syscall-loop", &["20000"]), "syscall-loop", "calls,");
+    let host_ns = number_after(&setup.host("syscall-loop", &["1000000"]), "syscall-loop", "calls,");
+    let socket = std::env::temp_dir().join(format!("lwk-bench-{}.sock", std::process::id()));
+    let mut job = setup.enclave_command("syscall-loop", &["100000000"], "256M").arg("--control").arg(&socket).stdout(Stdio::null()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut client = loop {
+        if let Ok(c) = ControlClient::connect(&socket) {
+            break c;
+        }
+        assert!(Instant::now() < deadline, "no control socket");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::thread::sleep(Duration::from_millis(800)); // let the job reach its loop
+    let (profile, _) = client.call(&json!({"op": "profile", "vcpu": 0, "steps": 20000}), &[]).unwrap();
+    let _ = client.call(&json!({"op": "stop"}), &[]);
+    let _ = job.wait();
+    let per_entry = profile["kernel_per_entry"].as_f64().unwrap_or(f64::NAN);
+    rows.push((
+        "getpid round trip".into(),
+        format!("enclave {:.2} µs (host {:.2} µs)", syscall_ns / 1000.0, host_ns / 1000.0),
+        "-".into(),
+    ));
+    rows.push((
+        "kernel-mode instructions per getpid (single-stepped)".into(),
+        format!("{per_entry:.0} ({} kernel steps over {} entries)", profile["kernel"], profile["kernel_entries"]),
+        "≤ 200".into(),
+    ));
+
+    let mut table = String::from("| measurement | clowder | target / anchor |\n|---|---|---|\n");
+    for (what, ours, anchor) in &rows {
+        table.push_str(&format!("| {what} | {ours} | {anchor} |\n"));
+    }
+    println!("{table}");
+    let date = Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]).output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    let report = format!(
+        "# Lightweight-kernel enclave benchmarks\n\n{date}; {cores} CPUs, host core {} for both sides; \
+         medians of {runs} runs measured side by side in one run of `make bench` (`target/release/lwk-bench`).\n\n{table}\n",
+        setup.core
+    );
+    let out = std::env::var("OUT").unwrap_or_else(|_| repo.join("docs/results/lwk-bench.md").display().to_string());
+    match std::fs::write(&out, report) {
+        Ok(()) => eprintln!("wrote {out}"),
+        Err(e) => eprintln!("lwk-bench: cannot write {out}: {e}"),
+    }
+}
