@@ -170,7 +170,7 @@ impl Answer {
         let op = u16_at(bytes, 6);
         let errno = u32_at(bytes, 8) as i32;
         let count = u32_at(bytes, 12) as usize;
-        if count > MAX_RUNS || bytes.len() != HEADER_LEN + count * RUN_LEN || errno < 0 || errno > 4095 {
+        if count > MAX_RUNS || bytes.len() != HEADER_LEN + count * RUN_LEN || !(0..=4095).contains(&errno) {
             return Err(Error::Malformed);
         }
         let mut results = [0u64; 6];

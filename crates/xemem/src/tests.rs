@@ -131,7 +131,7 @@ fn remove_get_release_attach_errors() {
     assert_eq!(ns.attach(me(2), rw, 100, 4096), Err(Error::Invalid), "unaligned offset");
     assert_eq!(ns.attach(me(2), rw, 0, 0x10001), Err(Error::Invalid), "rounded up past the end");
     assert_eq!(ns.attach(me(2), rw, 0x10000, 4096), Err(Error::Invalid), "past the end");
-    assert_eq!(ns.attach(me(2), rw, u64::MAX & !4095, 4096), Err(Error::Invalid), "overflow");
+    assert_eq!(ns.attach(me(2), rw, !4095, 4096), Err(Error::Invalid), "overflow");
     let plan = ns.attach(me(2), rw, 0x4000, 100).unwrap();
     assert_eq!(plan, AttachPlan { segment: seg, owner: me(1), vaddr: 0x14000, size: 4096 });
     assert_eq!(ns.release(me(3), rw), Err(Error::Denied));
@@ -674,6 +674,7 @@ fn random_trees_with_lossy_reordering_links_never_map_wrong_frames() {
 }
 
 #[test]
+#[allow(clippy::needless_range_loop)] // owner indexes nodes, memory and ids alike
 fn every_pair_in_a_deep_chain() {
     // A path of 12 enclaves: the longest route in a tree of this size; all 144 ordered pairs.
     let n = 12;
