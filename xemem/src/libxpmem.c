@@ -1407,6 +1407,15 @@ EXPORT void *xpmem_attach(struct xpmem_addr addr, size_t size, void *vaddr)
 	pthread_mutex_lock(&table_lock);
 	if (!error && fixed && overlaps_attachment(fixed, fixed + len))
 		error = EINVAL;
+	if (!error && fixed) {
+		/* Nor over exported memory of our own (XPMEM refuses a self attach over its source):
+		 * MAP_FIXED would silently replace the very pages being attached. */
+		size_t mine;
+		struct placement *own = placements(fixed, fixed + len, &mine);
+		if (mine > 0)
+			error = EINVAL;
+		free(own);
+	}
 	char *base = MAP_FAILED;
 	if (!error) {
 		base = fixed ? (char *)fixed : reserve(len);

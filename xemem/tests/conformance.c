@@ -544,6 +544,10 @@ static int case_self_attach(void)
 	CHECK(mine[3] == -1, "write through the attachment reaches the source");
 	mine[4] = -2;
 	CHECK(view[4] == -2, "write to the source shows in the attachment");
+	errno = 0;
+	CHECK(xpmem_attach((struct xpmem_addr){ apid, (off_t)(uintptr_t)mine }, PAGE, mine) == (void *)-1 && errno == EINVAL,
+	      "a fixed self attach over its own source");
+	CHECK(mine[0] == 5, "the source survived the refused attach");
 	CHECK(xpmem_detach(view) == 0 && xpmem_release(apid) == 0 && xpmem_remove(segid) == 0, "teardown");
 	CHECK(mine[3] == -1 && mine[5] == 10, "source intact after remove");
 	return 0;
