@@ -818,3 +818,43 @@ fn a_lost_enclave_takes_its_segments_and_permits_and_a_stranger_cannot_declare_i
     );
     assert_eq!(net.nodes[2].route(gone_id), None);
 }
+
+#[test]
+fn every_ordered_pair_of_a_random_64_enclave_tree() {
+    let n = 64;
+    let mut net = Net::tree(n, 0x64_64, 0, false);
+    net.settle_ids();
+    let ids: Vec<EnclaveId> = net.nodes.iter().map(|n| n.id().unwrap()).collect();
+    let mut segments = Vec::new();
+    for owner in 0..n {
+        let Ok(Reply::Made(segment)) = net.call(
+            owner,
+            Request::Make { process: 3, vaddr: 0, size: MAXADDR_SIZE, owner: Owner { uid: 0, gid: 0, mode: 0o600 }, name: None },
+        ) else {
+            panic!("make at {owner}")
+        };
+        segments.push(segment);
+    }
+    for (owner, &segment) in segments.iter().enumerate() {
+        for attacher in 0..n {
+            let Ok(Reply::Granted { access, .. }) = net.call(
+                attacher,
+                Request::Get { process: 4, segment, access: ACCESS_READ_WRITE, credentials: rooted() },
+            ) else {
+                panic!("get {owner} -> {attacher}")
+            };
+            let offset = (attacher as u64 + 1) * 64 * PAGE_SIZE;
+            let Ok(Reply::Attached { runs, .. }) =
+                net.call(attacher, Request::Attach { process: 4, access, offset, size: 16 * PAGE_SIZE })
+            else {
+                panic!("attach {owner} -> {attacher}")
+            };
+            assert_eq!(runs, ModelMemory::expected(ids[owner], net.memory[owner].run, 3, offset, 16 * PAGE_SIZE));
+            assert_eq!(net.call(attacher, Request::Detach { process: 4, access }), Ok(Reply::Done));
+            assert_eq!(net.call(attacher, Request::Release { process: 4, access }), Ok(Reply::Done));
+        }
+        assert_eq!(net.call(owner, Request::Remove { process: 3, segment }), Ok(Reply::Done));
+    }
+    let ns = net.nodes.iter().find_map(|n| n.name_server()).unwrap();
+    assert_eq!((ns.segment_count(), ns.permit_count()), (0, 0));
+}
