@@ -150,6 +150,7 @@ void dex_sigreturn_trampoline(void);
 uint64_t dex_get_fs_base(void);
 void dex_set_fs_base(uint64_t fs);
 void dex_node_handle_migrate(const struct dex_msg_header *h, const struct dex_msg_migrate *m);
+void dex_node_start_spare_worker(void);
 void dex_origin_handle_migrate(const struct dex_msg_header *h, const struct dex_msg_migrate *m);
 
 /* syscall.c */

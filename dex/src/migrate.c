@@ -86,6 +86,14 @@ void dex_set_fs_base(uint64_t fs)
 	raw_syscall(SYS_arch_prctl, ARCH_SET_FS, fs, 0);
 }
 
+/* The first thing a resumed thread does is read and then write its stack
+ * (return address, locals): taking the page for writing up front costs one
+ * fault instead of a read fault followed by an upgrade. */
+static void claim_stack_top(const struct dex_context *c)
+{
+	dex_prefault(c->rsp - 256, 256 + 64, true);
+}
+
 static void send_migrate(unsigned peer, const struct dex_thread *t)
 {
 	struct dex_msg_migrate m = { .thread = t->thread_id, .target = t->migrate_target, .sent_ns = t->departed_ns,
@@ -109,6 +117,7 @@ static void origin_depart_and_park(void *arg)
 			dex_note_arrival(m->sent_ns);
 			__atomic_store_n(&t->mail.ready, 0, __ATOMIC_RELEASE);
 			dex_rt.thread_location[t->thread_id] = 0;
+			claim_stack_top(&t->app_context);
 			dex_context_resume(&t->app_context, 1);
 		}
 		dex_origin_run_delegated(t, t->mail.from, (const void *)t->mail.payload);
@@ -158,6 +167,7 @@ static void *worker_main(void *arg)
 		__atomic_store_n(&t->mail.ready, 0, __ATOMIC_RELEASE);
 		dex_note_arrival(m->sent_ns);
 		if (dex_context_save(&t->pool_context) == 0) {
+			claim_stack_top(&t->app_context);
 			dex_set_fs_base(t->app_context.fs_base);
 			t->sud_selector = 1;
 			dex_context_resume(&t->app_context, 1);
@@ -172,36 +182,59 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
+/* With workers_lock held: a new pooled worker, started by the caller. */
+static struct dex_thread *new_worker(bool idle)
+{
+	if (dex_rt.nworkers == DEX_MAX_WORKERS)
+		dex_fatal("more than %d threads on this node", DEX_MAX_WORKERS);
+	struct dex_thread *t = dex_thread_block_alloc(DEX_ROLE_WORKER);
+	t->worker = dex_rt.nworkers;
+	dex_rt.workers[t->worker] = t;
+	dex_rt.worker_idle[t->worker] = idle;
+	dex_rt.nworkers++;
+	dex_rt.workers_created++;
+	return t;
+}
+
+/* A node keeps one idle worker ready, so an arriving thread never waits
+ * for a thread to be created (about 80 us idle, milliseconds on a loaded
+ * machine); the replacement is created after the arrival is handed over. */
+void dex_node_start_spare_worker(void)
+{
+	dex_lock_acquire(&dex_rt.workers_lock);
+	struct dex_thread *spare = new_worker(true);
+	dex_lock_release(&dex_rt.workers_lock);
+	dex_start_service_thread(worker_main, spare);
+}
+
 void dex_node_handle_migrate(const struct dex_msg_header *h, const struct dex_msg_migrate *m)
 {
 	if (m->target != dex_rt.node)
 		dex_fatal("rejected MIGRATE for node %u", m->target);
 	struct dex_thread *t = NULL;
-	bool fresh = false;
+	bool fresh = false, spare_left = false;
 	dex_lock_acquire(&dex_rt.workers_lock);
 	for (uint32_t i = 0; i < dex_rt.nworkers; i++) {
-		if (dex_rt.worker_idle[i]) {
+		if (!dex_rt.worker_idle[i])
+			continue;
+		if (!t) {
 			dex_rt.worker_idle[i] = 0;
 			t = dex_rt.workers[i];
+		} else {
+			spare_left = true;
 			break;
 		}
 	}
 	if (!t) {
-		if (dex_rt.nworkers == DEX_MAX_WORKERS)
-			dex_fatal("more than %d threads on this node", DEX_MAX_WORKERS);
-		/* First arrival (or all workers busy): set up a new remote worker.
-		 * It owns a block like any runtime thread; its stack is local. */
-		t = dex_thread_block_alloc(DEX_ROLE_WORKER);
-		t->worker = dex_rt.nworkers;
-		dex_rt.workers[t->worker] = t;
-		dex_rt.nworkers++;
+		t = new_worker(false);
 		fresh = true;
-		dex_rt.workers_created++;
 	}
 	dex_lock_release(&dex_rt.workers_lock);
 	dex_mail_post(t, h, m);
 	if (fresh)
 		dex_start_service_thread(worker_main, t);
+	if (!spare_left)
+		dex_node_start_spare_worker();
 }
 
 void dex_origin_handle_migrate(const struct dex_msg_header *h, const struct dex_msg_migrate *m)

@@ -1019,5 +1019,6 @@ __attribute__((constructor(101))) static void dex_init(int argc, char **argv, ch
 	close(listen_fd);
 	dex_thread_create_block(DEX_ROLE_SERVICE);
 	node_join_origin(origin_ip, (int)port);
+	dex_node_start_spare_worker();
 	node_receive_loop();
 }
