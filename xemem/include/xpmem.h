@@ -19,6 +19,7 @@
 #ifndef _XPMEM_H
 #define _XPMEM_H
 
+#include <asm/ioctl.h>
 #include <linux/types.h>
 #include <stddef.h>
 #include <sys/types.h>
@@ -50,7 +51,63 @@ struct xpmem_addr {
 #define XPMEM_ERRNO_NOPROC 2004
 
 /* The version this library reports: the XPMEM 2.6 user ABI. */
+#ifndef XPMEM_CURRENT_VERSION
 #define XPMEM_CURRENT_VERSION 0x00026005
+#endif
+
+/*
+ * The kernel interface, as XPMEM's header publishes it: the device, its ioctl commands and
+ * their argument structs (x86-64 layouts). The library uses them when /dev/xpmem exists (the
+ * XPMEM module, or the lightweight kernel's device); applications normally need none of this.
+ */
+#define XPMEM_DEV_PATH "/dev/xpmem"
+#define XPMEM_IOC_MAGIC 'x'
+#define XPMEM_CMD_VERSION _IO(XPMEM_IOC_MAGIC, 0)
+#define XPMEM_CMD_MAKE _IO(XPMEM_IOC_MAGIC, 1)
+#define XPMEM_CMD_REMOVE _IO(XPMEM_IOC_MAGIC, 2)
+#define XPMEM_CMD_GET _IO(XPMEM_IOC_MAGIC, 3)
+#define XPMEM_CMD_RELEASE _IO(XPMEM_IOC_MAGIC, 4)
+#define XPMEM_CMD_ATTACH _IO(XPMEM_IOC_MAGIC, 5)
+#define XPMEM_CMD_DETACH _IO(XPMEM_IOC_MAGIC, 6)
+#define XPMEM_CMD_FORK_BEGIN _IO(XPMEM_IOC_MAGIC, 7)
+#define XPMEM_CMD_FORK_END _IO(XPMEM_IOC_MAGIC, 8)
+
+struct xpmem_cmd_make {
+	__u64 vaddr;
+	size_t size;
+	int permit_type;
+	__u64 permit_value;
+	xpmem_segid_t segid; /* out */
+};
+
+struct xpmem_cmd_remove {
+	xpmem_segid_t segid;
+};
+
+struct xpmem_cmd_get {
+	xpmem_segid_t segid;
+	int flags;
+	int permit_type;
+	__u64 permit_value; /* must be 0: the permit value of xpmem_get is never sent */
+	xpmem_apid_t apid;  /* out */
+};
+
+struct xpmem_cmd_release {
+	xpmem_apid_t apid;
+};
+
+struct xpmem_cmd_attach {
+	xpmem_apid_t apid;
+	off_t offset;
+	size_t size;
+	__u64 vaddr; /* in: fixed address or 0; out: where it was mapped */
+	int fd;      /* unused */
+	int flags;   /* unused */
+};
+
+struct xpmem_cmd_detach {
+	__u64 vaddr;
+};
 
 int xpmem_version(void);
 xpmem_segid_t xpmem_make(void *vaddr, size_t size, int permit_type, void *permit_value);

@@ -1041,37 +1041,11 @@ static void atfork_child(void)
  * the library speaks its ioctls instead of the broker, so one statically linked program runs
  * on the host and in an enclave. CLOWDER_XEMEM_BACKEND=broker or =device forces the choice.
  * Commands are _IO('x', n) with XPMEM's x86-64 struct layouts (shared/notes/xpmem-reference.md). */
-#define XPMEM_CMD_VERSION 0x7800
-#define XPMEM_CMD_MAKE 0x7801
-#define XPMEM_CMD_REMOVE 0x7802
-#define XPMEM_CMD_GET 0x7803
-#define XPMEM_CMD_RELEASE 0x7804
-#define XPMEM_CMD_ATTACH 0x7805
-#define XPMEM_CMD_DETACH 0x7806
-
-struct device_make {
-	uint64_t vaddr;
-	size_t size;
-	int permit_type;
-	uint64_t permit_value;
-	int64_t segid;
-};
-struct device_get {
-	int64_t segid;
-	int flags, permit_type;
-	uint64_t permit_value;
-	int64_t apid;
-};
-struct device_attach {
-	int64_t apid;
-	off_t offset;
-	size_t size;
-	uint64_t vaddr;
-	int fd, flags;
-};
-_Static_assert(sizeof(struct device_make) == 40 && offsetof(struct device_make, segid) == 32, "XPMEM make layout");
-_Static_assert(sizeof(struct device_get) == 32 && offsetof(struct device_get, apid) == 24, "XPMEM get layout");
-_Static_assert(sizeof(struct device_attach) == 40 && offsetof(struct device_attach, fd) == 32, "XPMEM attach layout");
+/* The commands and structs are the public ones in xpmem.h; their layouts must be XPMEM's. */
+_Static_assert(XPMEM_CMD_VERSION == 0x7800 && XPMEM_CMD_DETACH == 0x7806, "XPMEM ioctl numbers");
+_Static_assert(sizeof(struct xpmem_cmd_make) == 40 && offsetof(struct xpmem_cmd_make, segid) == 32, "make layout");
+_Static_assert(sizeof(struct xpmem_cmd_get) == 32 && offsetof(struct xpmem_cmd_get, apid) == 24, "get layout");
+_Static_assert(sizeof(struct xpmem_cmd_attach) == 40 && offsetof(struct xpmem_cmd_attach, fd) == 32, "attach layout");
 
 static int device = -1;
 static int device_chosen; /* 0 undecided, 1 device, 2 broker */
@@ -1085,7 +1059,7 @@ static int use_device(void)
 		if (forced && !strcmp(forced, "broker")) {
 			device_chosen = 2;
 		} else {
-			device = open("/dev/xpmem", O_RDWR | O_CLOEXEC);
+			device = open(XPMEM_DEV_PATH, O_RDWR | O_CLOEXEC);
 			device_chosen = device >= 0 || (forced && !strcmp(forced, "device")) ? 1 : 2;
 		}
 	}
@@ -1101,7 +1075,7 @@ static long device_call(unsigned long command, void *argument)
 	for (int attempt = 0; attempt < 2; attempt++) {
 		pthread_mutex_lock(&device_lock);
 		if (device < 0)
-			device = open("/dev/xpmem", O_RDWR | O_CLOEXEC);
+			device = open(XPMEM_DEV_PATH, O_RDWR | O_CLOEXEC);
 		int fd = device;
 		pthread_mutex_unlock(&device_lock);
 		if (fd < 0)
@@ -1121,7 +1095,7 @@ static long device_call(unsigned long command, void *argument)
 
 static xpmem_segid_t device_make_segment(void *vaddr, size_t size, int permit_type, void *permit_value)
 {
-	struct device_make make = { .vaddr = (uintptr_t)vaddr, .size = size, .permit_type = permit_type,
+	struct xpmem_cmd_make make = { .vaddr = (uintptr_t)vaddr, .size = size, .permit_type = permit_type,
 				    .permit_value = (uintptr_t)permit_value };
 	if (device_call(XPMEM_CMD_MAKE, &make) < 0)
 		return -1;
@@ -1131,7 +1105,7 @@ static xpmem_segid_t device_make_segment(void *vaddr, size_t size, int permit_ty
 static xpmem_apid_t device_get_access(xpmem_segid_t segid, int flags, int permit_type)
 {
 	/* NULL permit value, as XPMEM's library sends: the kernel refuses anything else. */
-	struct device_get get = { .segid = segid, .flags = flags, .permit_type = permit_type };
+	struct xpmem_cmd_get get = { .segid = segid, .flags = flags, .permit_type = permit_type };
 	if (device_call(XPMEM_CMD_GET, &get) < 0)
 		return -1;
 	return get.apid;
@@ -1139,7 +1113,7 @@ static xpmem_apid_t device_get_access(xpmem_segid_t segid, int flags, int permit
 
 static void *device_attach_segment(struct xpmem_addr addr, size_t size, void *vaddr)
 {
-	struct device_attach attach = { .apid = addr.apid, .offset = addr.offset, .size = size,
+	struct xpmem_cmd_attach attach = { .apid = addr.apid, .offset = addr.offset, .size = size,
 					.vaddr = (uintptr_t)vaddr };
 	if (device_call(XPMEM_CMD_ATTACH, &attach) < 0)
 		return (void *)-1;
