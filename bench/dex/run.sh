@@ -48,12 +48,15 @@ scale_row() { # label plain-1-thread plain-2-threads dex-args
 	echo
 	echo "| | DEX (Popcorn kernel, IB) | clowder dex (user space, TCP loopback) | issue target |"
 	echo "|---|---|---|---|"
-	echo "| first forward (sets up the remote worker) | 812.1 | $(metric first_forward_us mig) | ≤ 400 |"
+	echo "| first forward (thread's first visit to the node) | 812.1 | $(metric first_forward_us mig) | ≤ 400 |"
 	echo "| later forward (pooled worker) | 236.6 | $(metric later_forward_us mig) | ≤ 120 |"
 	echo "| first backward | 24.7 | $(metric first_backward_us mig) | ≤ 40 |"
 	echo "| later backward | 25.8 | $(metric later_backward_us mig) | ≤ 40 |"
 	echo
-	echo "First forward/backward are one sample per process run (a process migrates to a node for"
+	echo "DEX's first forward includes creating the remote worker (620 µs). Here node processes are set
+up at launch and each keeps a spare worker thread ready, so a first visit costs the thread's
+first page faults on that node and waking a long-idle thread; a new spare is created off the
+critical path. First forward/backward are one sample per process run (a process migrates to a node for"
 	echo "the first time once), so they carry the machine's noise: creating the worker thread and"
 	echo "waking it on the other vCPU ranged from about 80 µs on an idle machine to 3 ms under load."
 	echo
