@@ -34,17 +34,21 @@ if [ "$runner" = vmm ]; then
 fi
 
 # make_archive OUTPUT NAME=PATH...: a newc cpio archive (the job's file system), each PATH
-# stored as NAME.
+# stored as NAME, its data page aligned (the name padded with NULs) so that the kernel maps
+# read-only segments of executables from the archive without copying them.
 make_archive() {
     python3 - "$@" <<'PYTHON'
 import os, sys
 output, members = sys.argv[1], sys.argv[2:]
 with open(output, "wb") as archive:
     def entry(name, mode, data, inode):
+        name_field = name.encode() + b"\0"
+        if data:
+            name_field += b"\0" * (-(archive.tell() + 110 + len(name_field)) % 4096)
         header = "070701" + "".join("%08x" % field for field in
-            (inode, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(name) + 1, 0))
-        archive.write(header.encode() + name.encode() + b"\0")
-        archive.write(b"\0" * (-(110 + len(name) + 1) % 4) + data + b"\0" * (-len(data) % 4))
+            (inode, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(name_field), 0))
+        archive.write(header.encode() + name_field)
+        archive.write(b"\0" * (-(110 + len(name_field)) % 4) + data + b"\0" * (-len(data) % 4))
     for inode, member in enumerate(members, 1):
         name, path = member.split("=", 1)
         mode = 0o100755 if os.access(path, os.X_OK) else 0o100644

@@ -79,6 +79,8 @@ pub fn exit_port(command_line: &str) -> u16 {
 }
 
 pub struct JobOptions {
+    /// `lwk.verbose`: the kernel reports the job's layout and timing.
+    pub verbose: bool,
     /// `None`: the loader picks (all memory it can spare).
     pub heap_size: Option<u64>,
     pub stack_size: u64,
@@ -111,6 +113,7 @@ impl JobOptions {
             argv.push(String::from(DEFAULT_ARGV0));
         }
         Ok(JobOptions {
+            verbose: has_flag(command_line, "lwk.verbose"),
             heap_size: size_option("lwk.heap")?,
             stack_size: size_option("lwk.stack")?.unwrap_or(DEFAULT_STACK_SIZE),
             argv,

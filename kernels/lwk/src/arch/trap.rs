@@ -426,6 +426,14 @@ pub fn copy_from_user(destination: &mut [u8], user_source: u64) -> Result<(), Us
     }
 }
 
+/// Copies 64-bit words into user memory (little-endian, as x86 stores them), without
+/// converting them byte by byte first.
+pub fn copy_words_to_user(user_destination: u64, words: &[u64]) -> Result<(), UserFault> {
+    // SAFETY: a `u64` slice is readable as bytes of eight times its length.
+    let bytes = unsafe { core::slice::from_raw_parts(words.as_ptr().cast::<u8>(), core::mem::size_of_val(words)) };
+    copy_to_user(user_destination, bytes)
+}
+
 /// Copies into user memory; write-protected or unmapped pages yield `UserFault`.
 pub fn copy_to_user(user_destination: u64, source: &[u8]) -> Result<(), UserFault> {
     check_user_range(user_destination, source.len())?;

@@ -40,7 +40,9 @@ pub fn entries(archive: &[u8]) -> Result<Vec<Entry>, BadArchive> {
         let data_len = hex_field(header, 6)?;
         let name_len = hex_field(header, 11)?;
         let name_start = offset + HEADER_SIZE;
-        let name_bytes = archive.get(name_start..name_start + name_len.saturating_sub(1)).ok_or(BadArchive)?;
+        let name_field = archive.get(name_start..name_start + name_len).ok_or(BadArchive)?;
+        // The name ends at its first NUL; writers may pad it with more to align the data.
+        let name_bytes = &name_field[..name_field.iter().position(|&byte| byte == 0).unwrap_or(name_field.len())];
         let name = String::from(core::str::from_utf8(name_bytes).map_err(|_| BadArchive)?);
         let data_offset = (name_start + name_len).next_multiple_of(4);
         if data_offset + data_len > archive.len() {

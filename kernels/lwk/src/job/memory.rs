@@ -47,17 +47,24 @@ impl From<OutOfMemory> for MemoryError {
 /// `None` is PROT_NONE: reserved but inaccessible.
 pub type Access = Option<Protection>;
 
+/// How many separate free (and dirty) pieces the heap can be in; a `munmap` that would make
+/// more fails with EINVAL (ENOMEM for `mmap`).
+const HEAP_RANGES: usize = 256;
+
 pub const READ_WRITE: Protection = Protection { write: true, execute: false };
 
 pub struct JobMemory {
     pub aspace: AddressSpace,
     pub image: Region,
+    /// The physical page behind each page of the image: its block (`image.physical`), or, for
+    /// read-only segments, the page of the executable file itself (not copied).
+    image_pages: Vec<u64>,
     pub stack: Region,
     pub heap: Region,
     /// Parts of the heap region neither in the brk area nor mapped by `mmap`.
-    heap_free: Box<RangeSet<1024>>,
+    heap_free: Box<RangeSet<HEAP_RANGES>>,
     /// The parts of `heap_free` that were used and are not yet cleared.
-    heap_dirty: Box<RangeSet<1024>>,
+    heap_dirty: Box<RangeSet<HEAP_RANGES>>,
     brk_start: u64,
     brk: u64,
 }
@@ -67,12 +74,12 @@ fn page_up(value: u64) -> u64 {
 }
 
 impl JobMemory {
-    pub fn new(aspace: AddressSpace, image: Region, stack: Region, heap: Region) -> JobMemory {
+    pub fn new(aspace: AddressSpace, image: Region, image_pages: Vec<u64>, stack: Region, heap: Region) -> JobMemory {
         let mut heap_free = Box::new(RangeSet::new());
         // A fresh set has room for one range.
         let _ = heap_free.insert(heap.start, heap.end);
         let heap_dirty = Box::new(RangeSet::new());
-        JobMemory { aspace, image, stack, heap, heap_free, heap_dirty, brk_start: heap.start, brk: heap.start }
+        JobMemory { aspace, image, image_pages, stack, heap, heap_free, heap_dirty, brk_start: heap.start, brk: heap.start }
     }
 
     fn map_heap(&mut self, start: u64, end: u64, access: Access) -> Result<(), MemoryError> {
@@ -207,6 +214,20 @@ impl JobMemory {
             return Err(MemoryError::NoMemory);
         }
         match access {
+            Some(protection) if region.start == self.image.start => {
+                // Runs of pages that are physically contiguous keep their backing.
+                let mut address = start;
+                while address < end {
+                    let page = ((address - self.image.start) / PAGE_SIZE) as usize;
+                    let physical = self.image_pages[page];
+                    let mut run_end = address + PAGE_SIZE;
+                    while run_end < end && self.image_pages[((run_end - self.image.start) / PAGE_SIZE) as usize] == physical + (run_end - address) {
+                        run_end += PAGE_SIZE;
+                    }
+                    self.aspace.map(address, physical, run_end - address, protection)?;
+                    address = run_end;
+                }
+            }
             Some(protection) => self.aspace.map(start, region.physical(start), end - start, protection)?,
             None => self.aspace.unmap(start, end - start)?,
         }

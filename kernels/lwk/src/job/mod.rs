@@ -22,7 +22,8 @@ use crate::mm::aspace::AddressSpace;
 use crate::mm::pmem;
 use alloc::string::String;
 use alloc::vec;
-use core::sync::atomic::{AtomicU64, Ordering};
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use elf::{Executable, PF_W, PF_X};
 use memory::{JobMemory, Region, READ_WRITE};
 
@@ -42,6 +43,7 @@ pub struct Process {
 
 static PROCESS: SpinLock<Option<Process>> = SpinLock::new(None);
 static JOB_START_NS: AtomicU64 = AtomicU64::new(0);
+static VERBOSE: AtomicBool = AtomicBool::new(false);
 
 /// Runs `f` on the job's process (system calls and faults only happen once it exists).
 pub fn with_process<R>(f: impl FnOnce(&mut Process) -> R) -> R {
@@ -70,38 +72,69 @@ fn protection_of(flags: u32) -> Protection {
     Protection { write: flags & PF_W != 0, execute: flags & PF_X != 0 }
 }
 
-/// Copies the PT_LOAD segments into one contiguous block and maps it page by page with
-/// each page's rights (the union of the segments touching it).
-fn load_image(executable: &Executable, file: &[u8], aspace: &mut AddressSpace) -> Result<Region, LoadError> {
+/// Maps the PT_LOAD segments, each page with its rights (the union of the segments touching
+/// it). Pages of read-only segments map the executable's own pages when the file sits at a
+/// page-compatible physical address (a bare executable module does; Kitten does the same):
+/// copying is emulated kernel work on PVM, a few ms per 100 KiB. Other pages are copies in
+/// one contiguous block. Returns the image region and the physical page behind each page.
+fn load_image(executable: &Executable, file: &[u8], file_physical: u64, aspace: &mut AddressSpace) -> Result<(Region, Vec<u64>), LoadError> {
     let start = executable.segments.iter().map(|s| s.address).min().unwrap_or(0) / PAGE_SIZE * PAGE_SIZE;
     let end = executable.segments.iter().map(|s| s.address + s.memory_size).max().unwrap_or(0).next_multiple_of(PAGE_SIZE);
     let region = allocate_region(start, end - start, "executable image")?;
     let pages = ((end - start) / PAGE_SIZE) as usize;
-    // Segment flags per page; 0 means no segment touches the page and it stays unmapped.
+    let block_page = |page: usize| region.physical_start + page as u64 * PAGE_SIZE;
+    // Per page: segment flags (0: no segment, unmapped) and the file page it can share, if any.
     let mut page_flags = vec![0u32; pages];
+    let mut shared_file_page: Vec<Option<u64>> = vec![None; pages];
     for segment in &executable.segments {
-        let destination = region.physical_start + (segment.address - start);
-        phys::bytes_mut(destination, segment.file_size as usize)
-            .copy_from_slice(&file[segment.file_offset as usize..(segment.file_offset + segment.file_size) as usize]);
         let first = ((segment.address - start) / PAGE_SIZE) as usize;
         let last = ((segment.address + segment.memory_size - start).div_ceil(PAGE_SIZE)) as usize;
-        for flags in &mut page_flags[first..last] {
-            *flags |= segment.flags | elf::PF_R;
+        let file_start = file_physical + segment.file_offset;
+        let shareable = segment.flags & PF_W == 0 && segment.memory_size == segment.file_size && file_start % PAGE_SIZE == segment.address % PAGE_SIZE;
+        for page in first..last {
+            let page_address = start + page as u64 * PAGE_SIZE;
+            // The file page holding this page's bytes (congruent, so page aligned).
+            let candidate = shareable.then(|| (file_start + page_address).wrapping_sub(segment.address));
+            let first_touch = page_flags[page] == 0;
+            page_flags[page] |= segment.flags | elf::PF_R;
+            match candidate {
+                Some(file_page) if first_touch || shared_file_page[page] == Some(file_page) => shared_file_page[page] = Some(file_page),
+                _ => shared_file_page[page] = None,
+            }
         }
     }
+    // Fill the pages that are not shared, from every segment touching them.
+    for segment in &executable.segments {
+        let mut address = segment.address;
+        let file_end = segment.address + segment.file_size;
+        while address < file_end {
+            let page = ((address - start) / PAGE_SIZE) as usize;
+            let chunk_end = file_end.min((address / PAGE_SIZE + 1) * PAGE_SIZE);
+            if shared_file_page[page].is_none() {
+                let offset = (segment.file_offset + (address - segment.address)) as usize;
+                phys::bytes_mut(region.physical_start + (address - start), (chunk_end - address) as usize)
+                    .copy_from_slice(&file[offset..offset + (chunk_end - address) as usize]);
+            }
+            address = chunk_end;
+        }
+    }
+    let physical_pages: Vec<u64> = (0..pages).map(|page| shared_file_page[page].unwrap_or_else(|| block_page(page))).collect();
     let mut page = 0;
     while page < pages {
-        let run_end = (page..pages).find(|&p| page_flags[p] != page_flags[page]).unwrap_or(pages);
-        if page_flags[page] != 0 {
+        let flags = page_flags[page];
+        let mut run_end = page + 1;
+        while run_end < pages && page_flags[run_end] == flags && physical_pages[run_end] == physical_pages[page] + (run_end - page) as u64 * PAGE_SIZE {
+            run_end += 1;
+        }
+        if flags != 0 {
             let address = start + page as u64 * PAGE_SIZE;
-            let len = (run_end - page) as u64 * PAGE_SIZE;
             aspace
-                .map(address, region.physical_start + (address - start), len, protection_of(page_flags[page]))
+                .map(address, physical_pages[page], (run_end - page) as u64 * PAGE_SIZE, protection_of(flags))
                 .map_err(|_| LoadError::NoMemory("page tables"))?;
         }
         page = run_end;
     }
-    Ok(region)
+    Ok((region, physical_pages))
 }
 
 /// Loads the job and returns the user context to start it with.
@@ -110,19 +143,21 @@ pub fn load(module: Option<&Module>, options: &JobOptions) -> Result<TrapFrame, 
     let module_bytes = phys::bytes(module.start, module.size as usize);
     // An archive is the job's file system, holding the executable named by argv[0]; anything
     // else is the executable itself.
-    let file = if fs::is_archive(module_bytes) {
+    let (file, file_physical) = if fs::is_archive(module_bytes) {
         let count = fs::load_archive(module).map_err(|_| LoadError::BadArchive)?;
         let path = fs::normalize("/", &options.argv[0]).unwrap_or_default();
         let node = fs::lookup(&path).filter(|node| !node.is_directory()).ok_or(LoadError::NotInArchive(path))?;
-        log!("job: {count} files from the archive");
-        node.contents()
+        if options.verbose {
+            log!("job: {count} files from the archive");
+        }
+        (node.contents(), node.physical)
     } else {
-        module_bytes
+        (module_bytes, module.start)
     };
     let executable = Executable::parse(file).map_err(LoadError::Elf)?;
     let mut aspace = AddressSpace::new().map_err(|_| LoadError::NoMemory("page tables"))?;
 
-    let image = load_image(&executable, file, &mut aspace)?;
+    let (image, image_pages) = load_image(&executable, file, file_physical, &mut aspace)?;
     let stack_size = options.stack_size.next_multiple_of(HUGE_PAGE_SIZE);
     let stack = allocate_region(STACK_TOP - stack_size, stack_size, "stack")?;
     aspace.map(stack.start, stack.physical_start, stack_size, READ_WRITE).map_err(|_| LoadError::NoMemory("page tables"))?;
@@ -139,15 +174,17 @@ pub fn load(module: Option<&Module>, options: &JobOptions) -> Result<TrapFrame, 
         return Err(LoadError::OverlapsStack);
     }
     let heap = allocate_region(heap_start, heap_size, "heap")?;
-    log!(
-        "job: image {:#x}..{:#x}, heap {:#x}..{:#x} ({} MiB), stack {} MiB, entry {:#x}",
-        image.start, image.end, heap.start, heap.end, heap_size >> 20, stack_size >> 20, executable.entry
-    );
+    if options.verbose {
+        log!(
+            "job: image {:#x}..{:#x}, heap {:#x}..{:#x} ({} MiB), stack {} MiB, entry {:#x}",
+            image.start, image.end, heap.start, heap.end, heap_size >> 20, stack_size >> 20, executable.entry
+        );
+    }
 
     aspace.activate();
     let stack_pointer = stack::build(STACK_TOP, &executable, &options.argv, &options.env).map_err(|_| LoadError::StackSetup)?;
     *PROCESS.lock() = Some(Process {
-        memory: JobMemory::new(aspace, image, stack, heap),
+        memory: JobMemory::new(aspace, image, image_pages, stack, heap),
         descriptors: descriptors::Descriptors::new(),
         // libc insists on an absolute path (glibc asserts it): the job lives at the root.
         executable_path: if options.argv[0].starts_with('/') { options.argv[0].clone() } else { alloc::format!("/{}", options.argv[0]) },
@@ -155,7 +192,10 @@ pub fn load(module: Option<&Module>, options: &JobOptions) -> Result<TrapFrame, 
     crate::sched::init_main_thread();
     let now = clock::monotonic_ns();
     JOB_START_NS.store(now, Ordering::Relaxed);
-    log!("job starts {} us after kernel entry", now / 1000);
+    VERBOSE.store(options.verbose, Ordering::Relaxed);
+    if options.verbose {
+        log!("job starts {} us after kernel entry", now / 1000);
+    }
     Ok(TrapFrame::new_user(executable.entry, stack_pointer))
 }
 
@@ -175,7 +215,9 @@ pub fn run_time_ns() -> u64 {
 
 /// The job is over: its status becomes the VM's exit status.
 pub fn exit(status: u8) -> ! {
-    log!("job ran {} us", run_time_ns() / 1000);
+    if VERBOSE.load(Ordering::Relaxed) {
+        log!("job ran {} us", run_time_ns() / 1000);
+    }
     log!("job exited with status {status}");
     machine::exit(status)
 }

@@ -4,7 +4,7 @@
 use super::elf::{Executable, PROGRAM_HEADER_SIZE};
 use crate::arch::cpu;
 use crate::arch::paging::PAGE_SIZE;
-use crate::arch::trap::{copy_to_user, UserFault};
+use crate::arch::trap::{copy_to_user, copy_words_to_user, UserFault};
 use alloc::string::String;
 use alloc::vec::Vec;
 
@@ -97,7 +97,6 @@ pub fn build(top: u64, executable: &Executable, argv: &[String], env: &[String])
     // argc must sit at a 16-byte boundary.
     let size = words.len() as u64 * 8;
     stack.pointer = (stack.pointer - size) & !15;
-    let bytes: Vec<u8> = words.iter().flat_map(|word| word.to_le_bytes()).collect();
-    copy_to_user(stack.pointer, &bytes)?;
+    copy_words_to_user(stack.pointer, &words)?;
     Ok(stack.pointer)
 }

@@ -1,7 +1,7 @@
 //! Moving data between system calls and user memory, turning bad pointers into EFAULT.
 
 use super::Errno;
-use crate::arch::trap::{copy_from_user, copy_to_user};
+use crate::arch::trap::{copy_from_user, copy_to_user, copy_words_to_user};
 use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
@@ -18,8 +18,7 @@ pub fn write_bytes(address: u64, bytes: &[u8]) -> Result<(), Errno> {
 
 /// Writes 64-bit words (the layout of most Linux structures on x86-64).
 pub fn write_words(address: u64, words: &[u64]) -> Result<(), Errno> {
-    let bytes: Vec<u8> = words.iter().flat_map(|word| word.to_le_bytes()).collect();
-    write_bytes(address, &bytes)
+    copy_words_to_user(address, words).map_err(|_| Errno::EFAULT)
 }
 
 pub fn read_words<const N: usize>(address: u64) -> Result<[u64; N], Errno> {
