@@ -127,7 +127,7 @@ fn debian_kernel_prints_its_banner() {
         .arg(&kernel)
         .arg("--module")
         .arg(&initrd)
-        .args(["--mem", "512M", "--cpus", "1", "--unclaimed-ports", "log", "--cmdline", "console=ttyS0 panic=-1 noxsave"])
+        .args(["--mem", "512M", "--cpus", "1", "--unclaimed-ports", "log", "--cmdline", "console=ttyS0 earlyprintk=ttyS0 panic=-1 noxsave"])
         .stdout(Stdio::piped())
         .spawn()
         .expect("clowder-vmm starts");
