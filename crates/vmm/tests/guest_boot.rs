@@ -181,12 +181,17 @@ fn processors(done: &guest_support::Finished) -> BTreeSet<(u64, u64)> {
 #[test]
 fn smp_direct_start_enters_every_vcpu_with_its_index() {
     require_kvm!();
-    let done = run(GuestSpec::new("test=smp").protocol("direct64").cpus(2));
+    let online = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    // vCPU i pinned to the last core minus i (reversed, so an identity mapping cannot pass by luck).
+    let cores: Vec<usize> = (0..2).map(|i| online.saturating_sub(1 + i)).collect();
+    let done = run(GuestSpec::new("test=smp").protocol("direct64").cpus(2).cores(&cores));
     done.assert_exit(0);
     assert_eq!(done.value("arrived"), 2, "{done}");
     // Each vCPU reported its own RDI index, from its own vCPU thread, with APIC id = index.
+    // and from the host core its thread is pinned to.
     for report in done.reports.iter().filter(|r| r.key == guest_support::pack_key("cpu")) {
         assert_eq!(report.value, report.vcpu as u64, "{done}");
+        assert_eq!(report.host_core, Some(cores[report.vcpu]), "vCPU {} on its core: {done}", report.vcpu);
     }
     assert_eq!(processors(&done), BTreeSet::from([(0, 0), (1, 1)]), "{done}");
 }

@@ -88,6 +88,8 @@ pub struct GuestSpec {
     pub watchdog: &'static str,
     pub modules: Vec<PathBuf>,
     pub extra_devices_toml: String,
+    /// Host core of each vCPU; empty: unpinned.
+    pub cores: Vec<usize>,
 }
 
 impl GuestSpec {
@@ -101,6 +103,7 @@ impl GuestSpec {
             watchdog: "30s",
             modules: Vec::new(),
             extra_devices_toml: String::new(),
+            cores: Vec::new(),
         }
     }
 
@@ -116,6 +119,11 @@ impl GuestSpec {
 
     pub fn cpus(mut self, cpus: usize) -> Self {
         self.cpus = cpus;
+        self
+    }
+
+    pub fn cores(mut self, cores: &[usize]) -> Self {
+        self.cores = cores.to_vec();
         self
     }
 
@@ -142,6 +150,7 @@ impl GuestSpec {
 size = "{memory}"
 [cpus]
 count = {cpus}
+{cores}
 [boot]
 kernel = {kernel:?}
 cmdline = {cmdline:?}
@@ -165,6 +174,7 @@ kind = "channel"
 "#,
             memory = self.memory,
             cpus = self.cpus,
+            cores = if self.cores.is_empty() { String::new() } else { format!("cores = {:?}", self.cores) },
             kernel = testguest().display().to_string(),
             cmdline = self.cmdline,
             modules = modules.join(", "),
