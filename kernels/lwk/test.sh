@@ -195,6 +195,35 @@ if [ "$runner" = qemu ] && [ $# -eq 0 ]; then
     fi
 fi
 
+# The test hook lwk.crash: a kernel panic and a kernel page fault are reported on the console
+# and end the VM with status 254, whatever the runner.
+if [ $# -eq 0 ]; then
+    for crash in panic fault; do
+        musl-gcc -static -O2 -o "$work/crash" "$here/tests/programs/hello.c"
+        output="$work/crash-$crash.lwk"
+        if [ "$runner" = vmm ]; then
+            timeout 60 "$vmm" --kernel "$kernel" --module "$work/crash" --mem 64M ${VMM_ARGS:-} \
+                --cmdline "lwk.crash=$crash -- crash" </dev/null >"$output" 2>/dev/null
+            machine_status=$?
+            expected=254
+        else
+            timeout 60 qemu-system-x86_64 -nodefaults -accel tcg -cpu max -m 64M -display none -serial stdio \
+                -no-reboot -device isa-debug-exit,iobase=0xf4,iosize=4 -kernel "$kernel" -initrd "$work/crash" \
+                -append "lwk.crash=$crash -- crash" </dev/null >"$output" 2>&1
+            machine_status=$?
+            expected=253
+        fi
+        report='^\[lwk\] panic: '
+        [ $crash = fault ] && report='^\[lwk\] kernel fault: page fault'
+        if [ $machine_status = $expected ] && grep -q "$report" "$output"; then
+            echo "ok   lwk.crash=$crash reported: status 254"
+        else
+            echo "FAIL lwk.crash=$crash: machine status $machine_status"; cat "$output"
+            failures=$((failures + 1))
+        fi
+    done
+fi
+
 # The executable itself as module 0, without an archive.
 if [ $# -eq 0 ] && [ -f "$work/hello-musl.host" ]; then
     musl-gcc -static -O2 -o "$work/hello-raw" "$here/tests/programs/hello.c"

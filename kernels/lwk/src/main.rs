@@ -66,6 +66,13 @@ extern "C" fn kernel_main(start_info: u64) -> ! {
         arch::apic::start_other_cpus(arch::boot::AP_TRAMPOLINE >> 12, clock::delay_us);
     }
 
+    // Test hook for containment tests: the kernel fails on purpose, the way asked.
+    match cmdline::value_of(boot.command_line(), "lwk.crash") {
+        Some("panic") => panic!("lwk.crash=panic asked for a kernel panic"),
+        Some("fault") => arch::cpu::fault_on_purpose(),
+        _ => {}
+    }
+
     let options = JobOptions::parse(boot.command_line()).unwrap_or_else(|error| panic!("bad option {}", error.0));
     match job::load(boot.modules().first(), &options) {
         Ok(frame) => {

@@ -124,6 +124,16 @@ pub fn mask_legacy_pics() {
     outb(0xa1, 0xff);
 }
 
+/// Reads a kernel address nothing maps: a deliberate kernel page fault, for the test hook
+/// that checks the fault report (`lwk.crash=fault`).
+pub fn fault_on_purpose() -> ! {
+    const UNMAPPED: u64 = 0xffff_c000_0000_0000;
+    // SAFETY: the read faults, and the page-fault handler reports and panics; it never
+    // returns here.
+    unsafe { core::ptr::read_volatile(UNMAPPED as *const u64) };
+    unreachable!("an unmapped kernel address was readable")
+}
+
 pub fn halt_forever() -> ! {
     loop {
         // SAFETY: interrupts are off; HLT just stops this vCPU.
