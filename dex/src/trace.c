@@ -58,6 +58,27 @@ static int executable_base(struct dl_phdr_info *info, size_t size, void *arg)
 	return 1;
 }
 
+/* One "# object" line per loaded object with code, so the report can name
+ * source lines in shared libraries too. */
+static int describe_object(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	(void)size;
+	FILE *f = arg;
+	uintptr_t lo = UINTPTR_MAX, hi = 0;
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		if (ph->p_type == PT_LOAD && (ph->p_flags & PF_X)) {
+			uintptr_t start = info->dlpi_addr + ph->p_vaddr;
+			lo = start < lo ? start : lo;
+			hi = start + ph->p_memsz > hi ? start + ph->p_memsz : hi;
+		}
+	}
+	if (hi && info->dlpi_name && info->dlpi_name[0] == '/')
+		fprintf(f, "# object %#lx %#lx %#lx %s\n", (unsigned long)info->dlpi_addr, (unsigned long)lo,
+			(unsigned long)hi, info->dlpi_name);
+	return 0;
+}
+
 void dex_trace_flush(void)
 {
 	if (!dex_tracing || __atomic_exchange_n(&flushed, 1, __ATOMIC_ACQ_REL))
@@ -81,6 +102,7 @@ void dex_trace_flush(void)
 	for (unsigned i = 0; i < dex_rt.nregions; i++)
 		fprintf(f, "# region %#lx %#lx\n", (unsigned long)dex_rt.regions[i].start,
 			(unsigned long)dex_rt.regions[i].end);
+	dl_iterate_phdr(describe_object, f);
 	fprintf(f, "# start_ns node thread kind ip addr duration_ns tag\n");
 	for (uint64_t i = 0; i < kept; i++) {
 		const struct trace_record *r = &records[i];
