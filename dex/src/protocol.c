@@ -139,9 +139,10 @@ static int enqueue(struct dsm_dir *dir, struct dsm_dir_page *p, unsigned node, b
 	return DSM_OK;
 }
 
-/* A queued request may have become unnecessary (e.g. a read queued behind
- * a read from the same node cannot happen because nodes coalesce, but an
- * origin read queued behind a grant that left the origin a reader can). */
+/* True if `node` already holds what it asks for. New requests like that
+ * are protocol errors (a node never faults on access it has); a queued one
+ * can become satisfied while it waits, e.g. an origin read queued behind a
+ * grant that left the origin a reader. */
 static bool request_already_satisfied(const struct dsm_dir_page *p, unsigned node, bool write)
 {
 	if (!(p->owners & BIT(node)))
@@ -167,8 +168,9 @@ static void drain_queue(struct dsm_dir *dir, struct dsm_dir_page *p, uint32_t pa
 		dir->queue_pool[slot].next = dir->queue_free;
 		dir->queue_free = slot;
 		if (request_already_satisfied(p, q.node, q.write)) {
-			/* Still answer so the requester's in-flight fault ends. */
-			emit_action(emit, ctx, DSM_ACT_GRANT, q.node, page, q.write ? DSM_WRITE : DSM_READ, false);
+			/* Still answer so the requester's in-flight fault ends,
+			 * with the access it actually holds. */
+			emit_action(emit, ctx, DSM_ACT_GRANT, q.node, page, p->exclusive ? DSM_WRITE : DSM_READ, false);
 			continue;
 		}
 		start_request(p, page, q.node, q.write, emit, ctx);
