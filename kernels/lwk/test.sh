@@ -8,8 +8,10 @@
 #   LIBCS=musl kernels/lwk/test.sh          # one libc
 #   RUNNER=vmm kernels/lwk/test.sh          # under clowder-vmm on /dev/kvm instead of QEMU
 #   CLOWDER_VMM=path/to/clowder-vmm RUNNER=vmm kernels/lwk/test.sh   # a prebuilt VMM
-#   VMM_ARGS="--protocol direct64 --cpus 2" RUNNER=vmm kernels/lwk/test.sh   # SMP: every vCPU
-#                                           # starts at the entry (PVH would need INIT/SIPI)
+#   QEMU_CPUS=2 kernels/lwk/test.sh         # two CPUs under QEMU (xAPIC, INIT/SIPI)
+#   VMM_ARGS="--cpus 2" RUNNER=vmm kernels/lwk/test.sh   # two vCPUs (PVH: x2APIC, INIT/SIPI)
+#   VMM_ARGS="--protocol direct64 --cpus 2" RUNNER=vmm kernels/lwk/test.sh   # every vCPU
+#                                           # starts at the entry
 #
 # The job gets the command line `lwk.env=GREETING=hello -- NAME one "two words"`; the host
 # run gets the same argv and environment.
@@ -20,6 +22,7 @@ kernels=$(dirname "$here")
 repo=$(dirname "$kernels")
 work="$kernels/target/lwk-tests"
 runner=${RUNNER:-qemu}
+qemu_cpus=${QEMU_CPUS:-1}
 libcs=${LIBCS:-musl glibc}
 mkdir -p "$work"
 
@@ -79,9 +82,9 @@ run_in_lwk() {
             </dev/null >"$console" 2>"$output.vmm-stderr"
         machine_status=$?
     else
-        timeout 120 qemu-system-x86_64 -nodefaults -accel tcg -cpu max -m 256M -display none \
+        timeout 120 qemu-system-x86_64 -nodefaults -accel tcg -cpu max -smp "$qemu_cpus" -m 256M -display none \
             -serial stdio -no-reboot -device isa-debug-exit,iobase=0xf4,iosize=4 \
-            -kernel "$kernel" -initrd "$binary" -append "$command_line" </dev/null >"$console" 2>&1
+            -kernel "$kernel" -initrd "$binary" -append "lwk.cpus=$qemu_cpus $command_line" </dev/null >"$console" 2>&1
         machine_status=$?
     fi
     grep -v '^\[lwk\] ' "$console" >"$output"

@@ -8,6 +8,11 @@ use crate::mm::pmem;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 static TSC_HZ: AtomicU64 = AtomicU64::new(1_000_000_000);
+/// nanoseconds = (ticks * TSC_MULTIPLIER) >> TSC_SHIFT: a multiplication instead of a 128-bit
+/// division on every clock read, and the arithmetic the vDSO repeats in user mode (the two
+/// must agree to the nanosecond, or a job mixing both would see time go backwards).
+static TSC_MULTIPLIER: AtomicU64 = AtomicU64::new(1 << 32);
+static TSC_SHIFT: AtomicU64 = AtomicU64::new(32);
 static BOOT_TSC: AtomicU64 = AtomicU64::new(0);
 static BOOT_REALTIME_NS: AtomicU64 = AtomicU64::new(0);
 
@@ -145,20 +150,50 @@ fn kvm_clock() -> Option<KvmClock> {
     }
 }
 
+/// Records the TSC frequency and the scale derived from it: the largest shift (at most 63)
+/// whose multiplier still fits 62 bits, for sub-nanosecond error over days.
+fn set_tsc_hz(hz: u64) {
+    let hz = hz.max(1);
+    let mut shift = 32;
+    while shift < 63 && ((NANOS_PER_SECOND as u128) << (shift + 1)) / (hz as u128) < 1 << 62 {
+        shift += 1;
+    }
+    TSC_HZ.store(hz, Ordering::Relaxed);
+    TSC_MULTIPLIER.store((((NANOS_PER_SECOND as u128) << shift) / (hz as u128)) as u64, Ordering::Relaxed);
+    TSC_SHIFT.store(shift, Ordering::Relaxed);
+}
+
+/// What the vDSO needs to compute the clocks in user mode.
+pub struct TscScale {
+    pub boot_tsc: u64,
+    pub multiplier: u64,
+    pub shift: u32,
+    pub boot_realtime_ns: u64,
+}
+
+pub fn tsc_scale() -> TscScale {
+    TscScale {
+        boot_tsc: BOOT_TSC.load(Ordering::Relaxed),
+        multiplier: TSC_MULTIPLIER.load(Ordering::Relaxed),
+        shift: TSC_SHIFT.load(Ordering::Relaxed) as u32,
+        boot_realtime_ns: BOOT_REALTIME_NS.load(Ordering::Relaxed),
+    }
+}
+
 /// `may_probe_ports`: false under clowder-vmm, where an access to a port no device claims
 /// stops the VM (and there is no RTC).
 /// `boot_tsc`: the TSC when the kernel started, the zero of the monotonic clocks.
 pub fn init(boot_tsc: u64, may_probe_ports: bool) {
     BOOT_TSC.store(boot_tsc, Ordering::Relaxed);
     if let Some(kvm) = kvm_clock() {
-        TSC_HZ.store(kvm.tsc_hz, Ordering::Relaxed);
+        set_tsc_hz(kvm.tsc_hz);
         let since_reading = (boot_tsc.wrapping_sub(kvm.tsc) as i64 as i128 * NANOS_PER_SECOND as i128 / kvm.tsc_hz as i128) as i64;
         BOOT_REALTIME_NS.store(kvm.realtime_ns.wrapping_add_signed(since_reading), Ordering::Relaxed);
         return;
     }
     let pit = || if may_probe_ports { tsc_hz_from_pit() } else { None };
     match tsc_hz_from_cpuid().or_else(pit) {
-        Some(hz) => TSC_HZ.store(hz, Ordering::Relaxed),
+        Some(hz) => set_tsc_hz(hz),
         None => log!("no TSC frequency source: assuming 1 GHz"),
     }
     match if may_probe_ports { rtc_seconds() } else { None } {
@@ -173,7 +208,7 @@ pub fn tsc_hz() -> u64 {
 
 pub fn monotonic_ns() -> u64 {
     let ticks = cpu::read_tsc().wrapping_sub(BOOT_TSC.load(Ordering::Relaxed));
-    (ticks as u128 * NANOS_PER_SECOND as u128 / tsc_hz() as u128) as u64
+    ((ticks as u128 * TSC_MULTIPLIER.load(Ordering::Relaxed) as u128) >> TSC_SHIFT.load(Ordering::Relaxed)) as u64
 }
 
 /// Spins for `microseconds` (no timer to sleep on).

@@ -21,6 +21,7 @@ mod mm;
 mod sched;
 mod syscall;
 mod trap;
+mod vdso;
 
 use bootinfo::BootInfo;
 use cmdline::JobOptions;
@@ -35,9 +36,6 @@ extern "C" fn kernel_main(start_info: u64) -> ! {
     let boot_tsc = arch::cpu::read_tsc();
     arch::serial::init();
     arch::tables::init_boot_cpu();
-    let boot_cpu_apic = arch::apic::init_local_apic();
-    sched::set_apic_id(0, boot_cpu_apic);
-    sched::mark_cpu_tables_ready();
     arch::cpu::mask_legacy_pics();
     let boot = match BootInfo::parse(start_info) {
         Ok(boot) => boot,
@@ -51,16 +49,27 @@ extern "C" fn kernel_main(start_info: u64) -> ! {
     }
 
     mm::init(&boot);
+    // xAPIC registers (no x2APIC, as under QEMU TCG) are memory above RAM: map them first.
+    if let Some(page) = arch::apic::xapic_page_needing_a_mapping() {
+        mm::map_device_page(page);
+    }
+    let boot_cpu_apic = arch::apic::init_local_apic();
+    sched::set_apic_id(0, boot_cpu_apic);
+    sched::mark_cpu_tables_ready();
     if verbose {
         log!("memory: {} MiB free", mm::pmem::total_free() >> 20);
         mm::pmem::for_each_free(|range| log!("  free {:#x}..{:#x}", range.start, range.end));
     }
     arch::cpu::enable_user_fpu();
+    arch::cpu::allow_user_time_stamp_counter();
     clock::init(boot_tsc, !cmdline::started_by_clowder_vmm(boot.command_line()));
 
     // After a PVH boot the other vCPUs wait for INIT/SIPI; they start now and join the
-    // scheduler once the job is loaded. (Without x2APIC, as under QEMU TCG, only CPU 0 runs.)
-    let cpus = cmdline::value_of(boot.command_line(), "clowder.cpus").and_then(cmdline::parse_number).unwrap_or(1);
+    // scheduler once the job is loaded.
+    let cpus = cmdline::value_of(boot.command_line(), "clowder.cpus")
+        .or_else(|| cmdline::value_of(boot.command_line(), "lwk.cpus"))
+        .and_then(cmdline::parse_number)
+        .unwrap_or(1);
     if arch::boot::other_cpus_wait_for_sipi() && boot_cpu_apic.is_some() && cpus > 1 {
         arch::boot::install_ap_trampoline();
         arch::apic::start_other_cpus(arch::boot::AP_TRAMPOLINE >> 12, clock::delay_us);
@@ -103,6 +112,7 @@ extern "C" fn ap_main(cpu: u64) -> ! {
     arch::tables::init_cpu(cpu as usize, 0);
     sched::set_apic_id(cpu as usize, arch::apic::init_local_apic());
     arch::cpu::enable_user_fpu();
+    arch::cpu::allow_user_time_stamp_counter();
     arch::paging::enable_global_pages();
     sched::join_cpu(cpu as usize)
 }

@@ -1,17 +1,29 @@
-//! The local APIC in x2APIC mode (MSR access, no MMIO mapping): only what idle CPUs need,
-//! sleeping in HLT until another CPU queues a thread for them and sends a wake-up IPI.
+//! The local APIC: only what the kernel needs to start CPUs and to wake an idle one sleeping
+//! in HLT. x2APIC mode (MSR access, handled inside KVM) when the CPU has it, else xAPIC
+//! through its MMIO page (QEMU TCG), which the caller maps into the physical-memory window.
 
 use super::cpu;
+use super::phys;
 use core::arch::{asm, global_asm};
+use core::sync::atomic::{AtomicU64, Ordering};
 
 pub const WAKE_VECTOR: usize = 0xf0;
 pub const SPURIOUS_VECTOR: usize = 0xff;
 
 const MSR_APIC_BASE: u32 = 0x1b;
-const MSR_X2APIC_ID: u32 = 0x802;
-const MSR_X2APIC_TPR: u32 = 0x808;
-const MSR_X2APIC_SPURIOUS: u32 = 0x80f;
-const MSR_X2APIC_ICR: u32 = 0x830;
+const X2APIC_MSR_BASE: u32 = 0x800;
+/// Register offsets in the xAPIC page; the x2APIC MSR is 0x800 + offset / 16.
+const ID: u32 = 0x20;
+const TPR: u32 = 0x80;
+const EOI: u32 = 0xb0;
+const SPURIOUS: u32 = 0xf0;
+const ICR_LOW: u32 = 0x300;
+const ICR_HIGH: u32 = 0x310;
+
+/// 0 in x2APIC mode; else the virtual address of the xAPIC page. Also read by the wake-up
+/// handler to acknowledge the interrupt.
+#[no_mangle]
+static XAPIC_PAGE: AtomicU64 = AtomicU64::new(0);
 
 global_asm!(
     r#"
@@ -22,17 +34,24 @@ wake_interrupt:
     push %rax
     push %rcx
     push %rdx
-    mov $0x80b, %ecx                   /* x2APIC EOI */
+    mov XAPIC_PAGE(%rip), %rax
+    test %rax, %rax
+    jz 1f
+    movl $0, {eoi}(%rax)               /* xAPIC EOI */
+    jmp 2f
+1:  mov ${eoi_msr}, %ecx              /* x2APIC EOI */
     xor %eax, %eax
     xor %edx, %edx
     wrmsr
-    pop %rdx
+2:  pop %rdx
     pop %rcx
     pop %rax
     iretq
 spurious_interrupt:
     iretq
 "#,
+    eoi = const EOI,
+    eoi_msr = const X2APIC_MSR_BASE + EOI / 16,
     options(att_syntax)
 );
 
@@ -49,32 +68,71 @@ pub fn spurious_handler() -> u64 {
     &raw const spurious_interrupt as u64
 }
 
-/// Enables this CPU's local APIC in x2APIC mode; returns its APIC id, or `None` without
-/// x2APIC (then idle CPUs poll instead of sleeping).
+fn write(register: u32, value: u32) {
+    match XAPIC_PAGE.load(Ordering::Relaxed) {
+        0 => cpu::write_msr(X2APIC_MSR_BASE + register / 16, value as u64),
+        // SAFETY: the xAPIC page is mapped (see `init_local_apic`); its registers take 32-bit
+        // stores.
+        page => unsafe { ((page + register as u64) as *mut u32).write_volatile(value) },
+    }
+}
+
+fn read(register: u32) -> u32 {
+    match XAPIC_PAGE.load(Ordering::Relaxed) {
+        0 => cpu::read_msr(X2APIC_MSR_BASE + register / 16) as u32,
+        // SAFETY: as `write`.
+        page => unsafe { ((page + register as u64) as *const u32).read_volatile() },
+    }
+}
+
+fn send_ipi(destination: u32, command: u32) {
+    match XAPIC_PAGE.load(Ordering::Relaxed) {
+        0 => cpu::write_msr(X2APIC_MSR_BASE + ICR_LOW / 16, (destination as u64) << 32 | command as u64),
+        _ => {
+            write(ICR_HIGH, destination << 24);
+            write(ICR_LOW, command);
+        }
+    }
+}
+
+/// Where the xAPIC page is (physical), if this CPU has an APIC but no x2APIC: the caller
+/// maps it into the physical-memory window before `init_local_apic`.
+pub fn xapic_page_needing_a_mapping() -> Option<u64> {
+    let features = cpu::cpuid(1, 0);
+    (features.ecx & (1 << 21) == 0 && features.edx & (1 << 9) != 0).then(|| cpu::read_msr(MSR_APIC_BASE) & 0xf_ffff_f000)
+}
+
+/// Enables this CPU's local APIC (x2APIC mode if it has it); returns its APIC id, or `None`
+/// without an APIC (then idle CPUs poll instead of sleeping, and no other CPU starts).
 pub fn init_local_apic() -> Option<u32> {
-    if cpu::cpuid(1, 0).ecx & (1 << 21) == 0 {
+    let features = cpu::cpuid(1, 0);
+    if features.ecx & (1 << 21) != 0 {
+        cpu::write_msr(MSR_APIC_BASE, cpu::read_msr(MSR_APIC_BASE) | 1 << 11 | 1 << 10); // enable, x2APIC
+    } else if features.edx & (1 << 9) != 0 {
+        XAPIC_PAGE.store(phys::to_virtual(cpu::read_msr(MSR_APIC_BASE) & 0xf_ffff_f000), Ordering::Relaxed);
+    } else {
         return None;
     }
-    cpu::write_msr(MSR_APIC_BASE, cpu::read_msr(MSR_APIC_BASE) | 1 << 11 | 1 << 10); // enable, x2APIC
-    cpu::write_msr(MSR_X2APIC_SPURIOUS, 0x100 | SPURIOUS_VECTOR as u64); // software enable
-    cpu::write_msr(MSR_X2APIC_TPR, 0);
-    Some(cpu::read_msr(MSR_X2APIC_ID) as u32)
+    write(SPURIOUS, 0x100 | SPURIOUS_VECTOR as u32); // software enable
+    write(TPR, 0);
+    let id = read(ID);
+    Some(if XAPIC_PAGE.load(Ordering::Relaxed) == 0 { id } else { id >> 24 })
 }
 
 /// Sends the wake-up IPI to the CPU with local APIC id `apic_id`.
 pub fn send_wake(apic_id: u32) {
-    cpu::write_msr(MSR_X2APIC_ICR, (apic_id as u64) << 32 | WAKE_VECTOR as u64);
+    send_ipi(apic_id, WAKE_VECTOR as u32);
 }
 
 /// Starts every other CPU at the real-mode page `start_page` (INIT, then two STARTUPs, as
 /// the MP specification asks), with `wait_us` sleeping between the steps.
 pub fn start_other_cpus(start_page: u64, wait_us: impl Fn(u64)) {
-    const ALL_BUT_SELF: u64 = 0b11 << 18;
-    const ASSERT: u64 = 1 << 14;
-    cpu::write_msr(MSR_X2APIC_ICR, ALL_BUT_SELF | ASSERT | 0x500); // INIT
+    const ALL_BUT_SELF: u32 = 0b11 << 18;
+    const ASSERT: u32 = 1 << 14;
+    send_ipi(0, ALL_BUT_SELF | ASSERT | 0x500); // INIT
     wait_us(10_000);
     for _ in 0..2 {
-        cpu::write_msr(MSR_X2APIC_ICR, ALL_BUT_SELF | ASSERT | 0x600 | start_page); // STARTUP
+        send_ipi(0, ALL_BUT_SELF | ASSERT | 0x600 | start_page as u32); // STARTUP
         wait_us(200);
     }
 }

@@ -117,6 +117,20 @@ pub fn enable_user_fpu() {
     }
 }
 
+/// Makes sure RDTSC works in user mode (CR4.TSD clear): the vDSO's clocks read the TSC there.
+/// Firmware and boot loaders leave TSD clear; a kernel before us might not have.
+pub fn allow_user_time_stamp_counter() {
+    const TIME_STAMP_DISABLE: u64 = 1 << 2;
+    // SAFETY: clearing CR4.TSD only lets user code read the TSC.
+    unsafe {
+        let cr4: u64;
+        asm!("mov {}, cr4", out(reg) cr4, options(nomem, nostack));
+        if cr4 & TIME_STAMP_DISABLE != 0 {
+            asm!("mov cr4, {}", in(reg) cr4 & !TIME_STAMP_DISABLE, options(nostack));
+        }
+    }
+}
+
 /// Masks every line of both legacy 8259 PICs: firmware leaves them mapped over the exception
 /// vectors, and this kernel takes no device interrupts through them.
 pub fn mask_legacy_pics() {

@@ -181,8 +181,10 @@ pub fn load(module: Option<&Module>, options: &JobOptions) -> Result<TrapFrame, 
         );
     }
 
+    // Without a vDSO libc falls back to system calls: slower, still correct.
+    let vdso = crate::vdso::map_into(&mut aspace);
     aspace.activate();
-    let stack_pointer = stack::build(STACK_TOP, &executable, &options.argv, &options.env).map_err(|_| LoadError::StackSetup)?;
+    let stack_pointer = stack::build(STACK_TOP, &executable, &options.argv, &options.env, vdso).map_err(|_| LoadError::StackSetup)?;
     *PROCESS.lock() = Some(Process {
         memory: JobMemory::new(aspace, image, image_pages, stack, heap),
         descriptors: descriptors::Descriptors::new(),

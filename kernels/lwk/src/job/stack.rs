@@ -27,6 +27,7 @@ const AT_SECURE: u64 = 23;
 const AT_RANDOM: u64 = 25;
 const AT_HWCAP2: u64 = 26;
 const AT_EXECFN: u64 = 31;
+const AT_SYSINFO_EHDR: u64 = 33;
 
 /// Sixteen bytes for AT_RANDOM (libc's stack protector and pointer guard seeds).
 pub fn random_bytes() -> [u8; 16] {
@@ -56,8 +57,8 @@ impl StackWriter {
 }
 
 /// Writes the initial stack below `top` (in the active address space) and returns the
-/// stack pointer to start with.
-pub fn build(top: u64, executable: &Executable, argv: &[String], env: &[String]) -> Result<u64, UserFault> {
+/// stack pointer to start with. `vdso`: the vDSO's ELF header in the job, if it has one.
+pub fn build(top: u64, executable: &Executable, argv: &[String], env: &[String], vdso: Option<u64>) -> Result<u64, UserFault> {
     let mut stack = StackWriter { pointer: top };
     let random = stack.push_bytes(&random_bytes())?;
     let platform = stack.push_string("x86_64")?;
@@ -65,6 +66,8 @@ pub fn build(top: u64, executable: &Executable, argv: &[String], env: &[String])
     let argv_pointers = argv.iter().map(|text| stack.push_string(text)).collect::<Result<Vec<_>, _>>()?;
 
     let auxv = [
+        // AT_IGNORE (1) when there is no vDSO, so that the vector keeps its length.
+        vdso.map_or((1, 0), |address| (AT_SYSINFO_EHDR, address)),
         (AT_PHDR, executable.program_headers_address),
         (AT_PHENT, PROGRAM_HEADER_SIZE),
         (AT_PHNUM, executable.program_header_count),

@@ -42,6 +42,8 @@ impl TableSource for PmemTables {
 }
 
 static KERNEL_TABLES: SpinLock<Option<PageTables>> = SpinLock::new(None);
+/// The end of what the physical-memory window maps (RAM, at least the boot tables' GiB).
+static WINDOW_END: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(BOOT_WINDOW);
 
 /// Builds the free-memory set from the memory map, starts the heap and makes the physical
 /// memory window cover all RAM.
@@ -68,6 +70,7 @@ pub fn init(boot: &BootInfo) {
     // The boot tables map the first GiB at the window already; extend it to all RAM. Table
     // pages come from the lowest free memory, inside that first GiB, so they are reachable.
     let mut tables = PageTables::boot();
+    WINDOW_END.store(top_of_ram.max(BOOT_WINDOW), core::sync::atomic::Ordering::Relaxed);
     if top_of_ram > BOOT_WINDOW {
         tables
             .map_kernel_window(PHYSMAP_BASE + BOOT_WINDOW, BOOT_WINDOW, top_of_ram - BOOT_WINDOW, &mut PmemTables)
@@ -75,6 +78,18 @@ pub fn init(boot: &BootInfo) {
     }
     paging::enable_global_pages();
     *KERNEL_TABLES.lock() = Some(tables);
+}
+
+/// Maps one page of device registers (the xAPIC) into the physical-memory window, if RAM's
+/// mapping does not cover it already.
+pub fn map_device_page(physical: u64) {
+    if physical < WINDOW_END.load(core::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    let mut tables = PageTables::boot();
+    tables
+        .map(PHYSMAP_BASE + physical, physical, PAGE_SIZE, crate::arch::paging::Protection { write: true, execute: false }, &mut PmemTables)
+        .expect("no memory for page tables");
 }
 
 /// A new user address-space root that shares the kernel half.
