@@ -33,6 +33,7 @@
  */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <link.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -438,22 +439,84 @@ static size_t stack_span(void)
 	return thread_stack_span;
 }
 
-/* The part of [start, end) (inside mapping m) that may be converted: trims a possible thread
- * stack at the bottom of m and the service thread's stack. Returns 0 if nothing is left. */
-static int convertible_part(const struct mapping *m, uintptr_t *start, uintptr_t *end)
+/* Thread control blocks and static TLS must not be frozen either: every thread writes its
+ * own (errno, cancellation state) all the time, and the thread converting would park on its
+ * own. In a static binary the main thread's TLS lies in the brk heap; elsewhere it lies in
+ * ld.so's memory or, for other threads, at the top of their stacks. On x86-64 the static TLS
+ * blocks lie below the thread pointer and the thread control block above it, so we keep
+ * the pages of [pointer - (static TLS + surplus), pointer + TCB) out of conversions, for the main
+ * thread's pointer (recorded when the library is loaded) and the converting thread's own. */
+/* Below the pointer: the modules' static TLS plus glibc's surplus for later dlopens (1664
+ * bytes by default); above it: glibc's struct pthread (about 2.3 KiB). Kept tight: the kernel
+ * often places an application's next mapping right below the main thread's TLS page. */
+#define TLS_SURPLUS 1664UL
+#define TCB_SIZE 2560UL
+static uintptr_t main_thread_pointer;
+static size_t static_tls_size;
+
+static int add_tls_segment(struct dl_phdr_info *info, size_t size, void *total)
 {
-	if (m->after_guard) {
-		uintptr_t stack_end = m->start + stack_span();
-		if (*start < stack_end)
-			*start = stack_end;
+	(void)size;
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		if (ph->p_type == PT_TLS) {
+			size_t align = ph->p_align ? ph->p_align : 1;
+			*(size_t *)total += (ph->p_memsz + align - 1) / align * align;
+		}
 	}
-	if (*start < service_stack_hi && service_stack_lo < *end) {
-		if (service_stack_lo > *start)
-			*end = service_stack_lo; /* keep what lies below it */
-		else
-			*start = service_stack_hi;
+	return 0;
+}
+
+__attribute__((constructor)) static void record_main_thread(void)
+{
+	main_thread_pointer = (uintptr_t)pthread_self(); /* on x86-64, the thread pointer */
+	dl_iterate_phdr(add_tls_segment, &static_tls_size);
+}
+
+/* Subtracts [lo, hi) from the ranges in list (at most `max`); returns the new count. */
+static int subtract(uintptr_t list[][2], int n, int max, uintptr_t lo, uintptr_t hi)
+{
+	for (int i = 0; i < n; i++) {
+		uintptr_t a = list[i][0], b = list[i][1];
+		if (hi <= a || lo >= b)
+			continue;
+		if (lo > a && hi < b && n < max) { /* splits in two */
+			list[n][0] = hi;
+			list[n][1] = b;
+			n++;
+			list[i][1] = lo;
+		} else if (lo > a) {
+			list[i][1] = lo;
+		} else if (hi < b) {
+			list[i][0] = hi;
+		} else {
+			list[i][0] = list[i][1] = 0; /* nothing left */
+		}
 	}
-	return *start < *end;
+	return n;
+}
+
+/* The parts of [start, end) (inside mapping m) that may be converted, into parts (at most 8):
+ * without a possible thread stack at the bottom of m, the service thread's stack, and the TLS
+ * around the main thread's and this thread's thread pointers. Returns how many. */
+static int convertible_parts(const struct mapping *m, uintptr_t start, uintptr_t end, uintptr_t parts[8][2])
+{
+	int n = 1;
+	parts[0][0] = start;
+	parts[0][1] = end;
+	if (m->after_guard)
+		n = subtract(parts, n, 8, m->start, m->start + stack_span());
+	n = subtract(parts, n, 8, service_stack_lo, service_stack_hi);
+	uintptr_t pointers[2] = { main_thread_pointer, (uintptr_t)pthread_self() };
+	for (int i = 0; i < 2; i++) {
+		if (!pointers[i])
+			continue;
+		size_t below = static_tls_size + TLS_SURPLUS;
+		uintptr_t lo = (pointers[i] > below ? pointers[i] - below : 0) & ~(PAGE - 1);
+		uintptr_t hi = (pointers[i] + TCB_SIZE + PAGE - 1) & ~(PAGE - 1);
+		n = subtract(parts, n, 8, lo, hi);
+	}
+	return n;
 }
 
 /* ---- in-place conversion --------------------------------------------------------------- */
@@ -462,13 +525,25 @@ static int convertible_part(const struct mapping *m, uintptr_t *start, uintptr_t
 static _Atomic uintptr_t converting_lo, converting_hi;
 /* Set while a fork's child copies the converted memory: every backing is read-only then. */
 static _Atomic int frozen_for_fork;
-static struct sigaction previous_segv;
+/* The application's SIGSEGV disposition, which faults that are not ours go to. Our handler,
+ * once installed, stays: removing it after a freeze could let a thread that faulted during the
+ * freeze, but was delivered the signal only later, die of the restored default action. */
+static struct sigaction application_segv;
+/* Bumped when a freeze (conversion or fork) starts and when it ends. A thread may fault on
+ * frozen memory yet run its handler only after the freeze ended (it was preempted in
+ * between), when nothing says the fault was ours. So a fault that looks foreign is retried
+ * once; only a fault that repeats at the same address with no freeze in between is real and
+ * goes to the application's disposition. */
+static _Atomic uint64_t protection_epoch;
+static __thread uintptr_t foreign_fault_at __attribute__((tls_model("initial-exec")));
+static __thread uint64_t foreign_fault_epoch __attribute__((tls_model("initial-exec")));
 
 static int in_backing(uintptr_t addr);
 
 static void wait_for_conversion(int sig, siginfo_t *info, void *context)
 {
 	uintptr_t addr = (uintptr_t)info->si_addr;
+	uint64_t epoch = atomic_load(&protection_epoch);
 	if (addr >= atomic_load(&converting_lo) && addr < atomic_load(&converting_hi)) {
 		while (addr >= atomic_load(&converting_lo) && addr < atomic_load(&converting_hi))
 			sched_yield();
@@ -479,35 +554,50 @@ static void wait_for_conversion(int sig, siginfo_t *info, void *context)
 			sched_yield();
 		return; /* retried once the parent's memory is writable again */
 	}
-	/* Not ours: behave as the disposition we displaced would. */
-	if ((previous_segv.sa_flags & SA_SIGINFO) && previous_segv.sa_sigaction) {
-		previous_segv.sa_sigaction(sig, info, context);
-	} else if (previous_segv.sa_handler != SIG_DFL && previous_segv.sa_handler != SIG_IGN) {
-		previous_segv.sa_handler(sig);
+	if (info->si_code == SEGV_ACCERR && (foreign_fault_at != addr || foreign_fault_epoch != epoch)) {
+		foreign_fault_at = addr;
+		foreign_fault_epoch = epoch;
+		return; /* once more: it may be a write that raced with the end of a freeze */
+	}
+	foreign_fault_at = 0;
+	/* Not ours: behave as the application's disposition would. */
+	if ((application_segv.sa_flags & SA_SIGINFO) && application_segv.sa_sigaction) {
+		application_segv.sa_sigaction(sig, info, context);
+	} else if (!(application_segv.sa_flags & SA_SIGINFO) && application_segv.sa_handler != SIG_DFL &&
+		   application_segv.sa_handler != SIG_IGN) {
+		application_segv.sa_handler(sig);
 	} else {
 		signal(SIGSEGV, SIG_DFL); /* the fault repeats and takes the default action */
 	}
 }
 
+/* Installs the parking handler unless it is in place (the application may have replaced it
+ * since: its handler becomes the one we chain to). */
 static void install_parking(void)
 {
+	struct sigaction current;
+	sigaction(SIGSEGV, NULL, &current);
+	if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == wait_for_conversion)
+		return;
+	application_segv = current;
 	struct sigaction action = { .sa_sigaction = wait_for_conversion, .sa_flags = SA_SIGINFO | SA_RESTART };
 	sigemptyset(&action.sa_mask);
-	sigaction(SIGSEGV, &action, &previous_segv);
+	sigaction(SIGSEGV, &action, NULL);
 }
 
 static void guard_begin(uintptr_t lo, uintptr_t hi)
 {
+	install_parking();
+	atomic_fetch_add(&protection_epoch, 1);
 	atomic_store(&converting_lo, lo);
 	atomic_store(&converting_hi, hi);
-	install_parking();
 }
 
 static void guard_end(void)
 {
 	atomic_store(&converting_hi, 0);
 	atomic_store(&converting_lo, 0);
-	sigaction(SIGSEGV, &previous_segv, NULL);
+	atomic_fetch_add(&protection_epoch, 1);
 }
 
 static int page_is_zero(const void *page)
@@ -590,12 +680,17 @@ static void convert_range(uintptr_t lo, uintptr_t hi)
 			continue;
 		uintptr_t start = maps[i].start > lo ? maps[i].start : lo;
 		uintptr_t end = maps[i].end < hi ? maps[i].end : hi;
-		if (!convertible_part(&maps[i], &start, &end))
-			continue;
+		uintptr_t parts[8][2];
+		int n = convertible_parts(&maps[i], start, end, parts);
 		int prot = prot_of(&maps[i]);
-		int fd = move_to_memfd(start, end - start, prot);
-		if (fd >= 0 && add_backing(fd, end - start) < 0)
-			close(fd); /* the mapping stays shared; it just cannot be revoked */
+		for (int k = 0; k < n; k++) {
+			if (parts[k][0] >= parts[k][1])
+				continue;
+			size_t len = parts[k][1] - parts[k][0];
+			int fd = move_to_memfd(parts[k][0], len, prot);
+			if (fd >= 0 && add_backing(fd, len) < 0)
+				close(fd); /* the mapping stays shared; it just cannot be revoked */
+		}
 	}
 	free(maps);
 }
@@ -914,8 +1009,14 @@ static int ensure_serving(void)
 			sigset_t all, old;
 			pthread_attr_init(&attr);
 			pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-			/* Signals are the application's business: the service thread takes none. */
+			/* Signals are the application's business: the service thread takes none, except
+			 * the faults it may raise itself: it must be able to park on memory another
+			 * thread is converting (a blocked SIGSEGV would kill the process instead). */
 			sigfillset(&all);
+			sigdelset(&all, SIGSEGV);
+			sigdelset(&all, SIGBUS);
+			sigdelset(&all, SIGILL);
+			sigdelset(&all, SIGFPE);
 			pthread_sigmask(SIG_SETMASK, &all, &old);
 			if (pthread_create(&thread, &attr, serve, (void *)(intptr_t)fd) != 0) {
 				close(fd);
@@ -936,10 +1037,13 @@ static int ensure_serving(void)
 
 
 /* fork() must give the child the converted memory as it was at the fork, privately. The
- * child copies it (below); until it has, the parent's backings are read-only, writers park in
- * the SIGSEGV handler, and the forking thread waits for the child's word. */
+ * child copies it (below); until it has, the forking thread waits for the child's word and the
+ * parent's backings are read-only, so its other threads' writes park in the SIGSEGV handler.
+ * The freeze starts in the parent handler, after fork: freezing before it could deadlock, as a
+ * thread parked while holding a malloc lock would stop glibc's fork from taking that lock. A
+ * write by another parent thread in the moment between fork and freeze may reach the child
+ * (single-threaded parents have no such moment). */
 static int fork_sync[2] = { -1, -1 };
-static struct sigaction segv_before_fork;
 static struct placement *frozen;
 static size_t frozen_count;
 
@@ -965,17 +1069,18 @@ static void atfork_prepare(void)
 	frozen = placements(0, UINTPTR_MAX, &frozen_count);
 	if (!frozen)
 		frozen_count = 0;
-	install_parking();
-	segv_before_fork = previous_segv;
-	atomic_store(&frozen_for_fork, 1);
-	for (size_t i = 0; i < frozen_count; i++)
-		if (frozen[i].prot & PROT_WRITE)
-			mprotect((void *)frozen[i].start, frozen[i].end - frozen[i].start, frozen[i].prot & ~PROT_WRITE);
 }
 
 static void atfork_parent(void)
 {
 	if (fork_sync[0] >= 0) {
+		install_parking();
+		atomic_fetch_add(&protection_epoch, 1);
+		atomic_store(&frozen_for_fork, 1);
+		for (size_t i = 0; i < frozen_count; i++)
+			if (frozen[i].prot & PROT_WRITE)
+				mprotect((void *)frozen[i].start, frozen[i].end - frozen[i].start,
+					 frozen[i].prot & ~PROT_WRITE);
 		close(fork_sync[1]);
 		char done;
 		while (read(fork_sync[0], &done, 1) < 0 && errno == EINTR)
@@ -986,7 +1091,7 @@ static void atfork_parent(void)
 			if (frozen[i].prot & PROT_WRITE)
 				mprotect((void *)frozen[i].start, frozen[i].end - frozen[i].start, frozen[i].prot);
 		atomic_store(&frozen_for_fork, 0);
-		sigaction(SIGSEGV, &segv_before_fork, NULL);
+		atomic_fetch_add(&protection_epoch, 1);
 	}
 	pthread_mutex_unlock(&table_lock);
 	pthread_mutex_unlock(&call_lock);
@@ -1012,8 +1117,6 @@ static void atfork_child(void)
 		close(backings[i].fd);
 	backing_count = 0;
 	if (fork_sync[1] >= 0) {
-		atomic_store(&frozen_for_fork, 0);
-		sigaction(SIGSEGV, &segv_before_fork, NULL);
 		if (write(fork_sync[1], "x", 1) < 0) {
 			/* the parent sees EOF when we exit; nothing else to do */
 		}

@@ -11,6 +11,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <malloc.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -1008,6 +1009,65 @@ static int case_device_backend(void)
 	return 0;
 }
 
+/* fork while another thread allocates from a converted malloc heap: fork must not deadlock
+ * (a thread parked on frozen memory while holding the malloc lock glibc's fork needs), and
+ * each child gets a usable heap of its own. */
+static volatile int stop_allocator;
+static void *allocator(void *arg)
+{
+	(void)arg;
+	while (!stop_allocator) {
+		char *p = malloc(64 + (rand() & 1023));
+		if (p) {
+			p[0] = 1;
+			free(p);
+		}
+	}
+	return NULL;
+}
+
+static int case_fork_with_threads(void)
+{
+	/* Every thread allocates from the main (brk) heap, which never shrinks, and the heap is
+	 * exported whole: the allocator's malloc metadata lives in converted memory. */
+	mallopt(M_ARENA_MAX, 1);
+	mallopt(M_MMAP_THRESHOLD, 64 << 20);
+	mallopt(M_TRIM_THRESHOLD, 256 << 20);
+	char *chunk = malloc(4 << 20);
+	memset(chunk, 7, 4 << 20);
+	uintptr_t lo = 0, hi = 0;
+	FILE *maps = fopen("/proc/self/maps", "r");
+	char line[256];
+	while (maps && fgets(line, sizeof line, maps))
+		if (strstr(line, "[heap]"))
+			sscanf(line, "%lx-%lx", &lo, &hi);
+	if (maps)
+		fclose(maps);
+	CHECK(lo && (uintptr_t)chunk >= lo && (uintptr_t)chunk < hi, "the chunk is on the brk heap");
+	xpmem_segid_t segid = xpmem_make((void *)lo, hi - lo, XPMEM_PERMIT_MODE, (void *)0600);
+	CHECK(segid > 0, "make over the heap");
+	pthread_t thread;
+	stop_allocator = 0;
+	CHECK(pthread_create(&thread, NULL, allocator, NULL) == 0, "thread");
+	for (int i = 0; i < 100; i++) {
+		pid_t child = fork();
+		CHECK(child >= 0, "fork");
+		if (child == 0) {
+			char *mine = malloc(4096);
+			mine[0] = 2;
+			chunk[5] = 9; /* the child's heap is private */
+			_exit(mine[0] == 2 && chunk[6] == 7 ? 0 : 1);
+		}
+		int status;
+		CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0, "child %d", i);
+		CHECK(chunk[5] == 7, "a child's write reached the parent");
+	}
+	stop_allocator = 1;
+	pthread_join(thread, NULL);
+	CHECK(xpmem_remove(segid) == 0, "remove");
+	return 0;
+}
+
 struct test_case {
 	const char *name;
 	int (*run)(void);
@@ -1037,6 +1097,7 @@ static const struct test_case cases[] = {
 	{ "owner_munmap", case_owner_munmap },
 	{ "self_attach_remove", case_self_attach_remove },
 	{ "device_backend", case_device_backend },
+	{ "fork_with_threads", case_fork_with_threads },
 };
 
 int main(int argc, char **argv)
