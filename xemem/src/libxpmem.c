@@ -467,10 +467,42 @@ static int add_tls_segment(struct dl_phdr_info *info, size_t size, void *total)
 	return 0;
 }
 
+/* This library's own writable data (its tables, the freeze state, the fork pipe) is written
+ * while memory is frozen, so it is never converted either. In a static program that is the
+ * executable's data and bss. */
+static uintptr_t own_data_lo, own_data_hi;
+
+static int find_own_data(struct dl_phdr_info *info, size_t size, void *unused)
+{
+	(void)size;
+	(void)unused;
+	uintptr_t probe = (uintptr_t)&own_data_lo;
+	int ours = 0;
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+		if (ph->p_type == PT_LOAD && probe >= lo && probe < lo + ph->p_memsz)
+			ours = 1;
+	}
+	if (!ours)
+		return 0; /* keep looking */
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_W))
+			continue;
+		uintptr_t lo = (info->dlpi_addr + ph->p_vaddr) & ~(PAGE - 1);
+		uintptr_t hi = (info->dlpi_addr + ph->p_vaddr + ph->p_memsz + PAGE - 1) & ~(PAGE - 1);
+		own_data_lo = own_data_lo && own_data_lo < lo ? own_data_lo : lo;
+		own_data_hi = own_data_hi > hi ? own_data_hi : hi;
+	}
+	return 1; /* found: stop */
+}
+
 __attribute__((constructor)) static void record_main_thread(void)
 {
 	main_thread_pointer = (uintptr_t)pthread_self(); /* on x86-64, the thread pointer */
 	dl_iterate_phdr(add_tls_segment, &static_tls_size);
+	dl_iterate_phdr(find_own_data, NULL);
 }
 
 /* Subtracts [lo, hi) from the ranges in list (at most `max`); returns the new count. */
@@ -507,6 +539,7 @@ static int convertible_parts(const struct mapping *m, uintptr_t start, uintptr_t
 	if (m->after_guard)
 		n = subtract(parts, n, 8, m->start, m->start + stack_span());
 	n = subtract(parts, n, 8, service_stack_lo, service_stack_hi);
+	n = subtract(parts, n, 8, own_data_lo, own_data_hi);
 	uintptr_t pointers[2] = { main_thread_pointer, (uintptr_t)pthread_self() };
 	for (int i = 0; i < 2; i++) {
 		if (!pointers[i])

@@ -10,7 +10,9 @@
  * answers when done. SIGBUS/SIGSEGV are caught with sigsetjmp so a case can expect them.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <malloc.h>
 #include <poll.h>
 #include <pthread.h>
@@ -1068,6 +1070,46 @@ static int case_fork_with_threads(void)
 	return 0;
 }
 
+/* The library's own data (its tables and freeze state, written while memory is frozen) is
+ * never converted: attaching it through a whole-address-space segment gives holes, and the
+ * library keeps working. */
+static int case_library_data(void)
+{
+	/* The file the library was loaded from (in a static program, the program itself). */
+	Dl_info info;
+	char library[PATH_MAX];
+	const char *where = dladdr((void *)xpmem_make, &info) && info.dli_fname && strchr(info.dli_fname, '/')
+				    ? info.dli_fname
+				    : "/proc/self/exe";
+	CHECK(realpath(where, library) != NULL, "realpath %s", where);
+	uintptr_t lo = 0, hi = 0;
+	FILE *maps = fopen("/proc/self/maps", "r");
+	char line[512];
+	while (maps && fgets(line, sizeof line, maps)) {
+		uintptr_t a, b;
+		char perms[5], path[400] = "";
+		if (sscanf(line, "%lx-%lx %4s %*x %*x:%*x %*u %399s", &a, &b, perms, path) >= 3 && !strcmp(perms, "rw-p") &&
+		    !strcmp(path, library) && !lo) {
+			lo = a;
+			hi = b;
+		}
+	}
+	if (maps)
+		fclose(maps);
+	CHECK(lo != 0, "the library's data mapping (%s)", library);
+	xpmem_segid_t whole = xpmem_make(0, XPMEM_MAXADDR_SIZE, XPMEM_PERMIT_MODE, (void *)0600);
+	CHECK(whole > 0, "make");
+	xpmem_apid_t apid;
+	int *view = attach_rw(whole, (off_t)lo, hi - lo, &apid);
+	CHECK(touch(view, 0) == SIGBUS, "the library's data is a hole");
+	int *p = anonymous(4);
+	fill(p, 4, 1);
+	xpmem_segid_t other = xpmem_make(p, 4 * PAGE, XPMEM_PERMIT_MODE, (void *)0600);
+	CHECK(other > 0 && xpmem_remove(other) == 0, "the library still works");
+	CHECK(xpmem_detach(view) == 0 && xpmem_release(apid) == 0 && xpmem_remove(whole) == 0, "teardown");
+	return 0;
+}
+
 struct test_case {
 	const char *name;
 	int (*run)(void);
@@ -1098,6 +1140,7 @@ static const struct test_case cases[] = {
 	{ "self_attach_remove", case_self_attach_remove },
 	{ "device_backend", case_device_backend },
 	{ "fork_with_threads", case_fork_with_threads },
+	{ "library_data", case_library_data },
 };
 
 int main(int argc, char **argv)
