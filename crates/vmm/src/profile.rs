@@ -80,10 +80,13 @@ impl ProfileRequests {
         self.pending.store(false, Ordering::Release);
     }
 
+    /// One load: checked by every vCPU on every exit.
+    #[inline]
+    pub fn is_pending(&self) -> bool {
+        self.pending.load(Ordering::Acquire)
+    }
+
     fn take_for(&self, vcpu: usize) -> Option<Request> {
-        if !self.pending.load(Ordering::Acquire) {
-            return None;
-        }
         let mut slot = self.request.lock().unwrap();
         if slot.as_ref().is_some_and(|r| r.vcpu == vcpu) {
             self.pending.store(false, Ordering::Release);

@@ -9,7 +9,7 @@ use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd};
 
 use crate::arch::{cpuid, regs};
 use crate::profile;
-use crate::hooks::{ExitContext, ExitKind, HookRegistry, Outcome, Request};
+use crate::hooks::{Claim, ExitContext, ExitKind, HookRegistry, Outcome, Request};
 use crate::stop::{RegisterDump, StopReason};
 use crate::vm::{RunState, VmShared};
 use crate::VmError;
@@ -187,19 +187,22 @@ pub fn run_loop(
     // on PVM (the copy itself is ~150 bytes).
     vcpu.set_sync_valid_reg(SyncReg::Register);
     let mut stepping: Option<profile::Stepping> = None;
+    // The last port looked up and its owner: a guest usually hits the same port again (a polled
+    // status register, a data port), and the registry does not change once the VM runs.
+    let mut last_port: Option<(u16, Claim<'_>)> = None;
     while shared.wait_runnable() == RunState::Running {
-        if stepping.is_none() {
+        if stepping.is_none() && shared.profile_requests.is_pending() {
             stepping = profile::start_if_requested(&shared.profile_requests, index, &mut vcpu);
         }
         let ctx = ExitContext { vcpu: index };
         let action = match vcpu.run() {
             Ok(exit) => {
                 shared.note_first_exit();
-                dispatch(exit, &ctx, &registry, &shared, policy, &mut reported_ports)
+                dispatch(exit, &ctx, &registry, &shared, policy, &mut reported_ports, &mut last_port)
             }
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                 vcpu.set_kvm_immediate_exit(0);
-                shared.counters.count(ExitKind::Interrupted);
+                shared.counters.count(index, ExitKind::Interrupted);
                 ExitAction::Continue
             }
             Err(e) => ExitAction::Stop(StopReason::Internal { vcpu: Some(index), what: format!("KVM_RUN failed: {e}") }),
@@ -264,13 +267,27 @@ fn run_device(
     }
 }
 
-fn dispatch(
+/// The owner of `port`, through the one-entry cache.
+#[inline]
+fn port_owner<'r>(registry: &'r HookRegistry, port: u16, last: &mut Option<(u16, Claim<'r>)>) -> Option<Claim<'r>> {
+    match *last {
+        Some((cached, claim)) if cached == port => Some(claim),
+        _ => {
+            let claim = registry.port(port)?;
+            *last = Some((port, claim));
+            Some(claim)
+        }
+    }
+}
+
+fn dispatch<'r>(
     exit: VcpuExit<'_>,
     ctx: &ExitContext,
-    registry: &HookRegistry,
+    registry: &'r HookRegistry,
     shared: &VmShared,
     policy: UnhandledPorts,
     reported_ports: &mut std::collections::BTreeSet<u16>,
+    last_port: &mut Option<(u16, Claim<'r>)>,
 ) -> ExitAction {
     let counters = &shared.counters;
     let mut unclaimed_port = |port: u16, write: bool| {
@@ -285,15 +302,15 @@ fn dispatch(
     };
     match exit {
         VcpuExit::IoOut(port, data) => {
-            counters.count(ExitKind::PortOut);
+            counters.count(ctx.vcpu, ExitKind::PortOut);
             if Some(port) == registry.hypercall_port() {
-                counters.count(ExitKind::Hypercall);
+                counters.count(ctx.vcpu, ExitKind::Hypercall);
                 return ExitAction::Hypercall { width: data.len() };
             }
             if port == POST_CODE_PORT {
                 return ExitAction::Continue;
             }
-            match registry.port(port) {
+            match port_owner(registry, port, last_port) {
                 Some(claim) => {
                     let offset = port - base_port(claim.key);
                     run_device(claim, ctx, Request::PortWrite { offset, data })
@@ -302,8 +319,8 @@ fn dispatch(
             }
         }
         VcpuExit::IoIn(port, data) => {
-            counters.count(ExitKind::PortIn);
-            match registry.port(port) {
+            counters.count(ctx.vcpu, ExitKind::PortIn);
+            match port_owner(registry, port, last_port) {
                 Some(claim) => {
                     let offset = port - base_port(claim.key);
                     run_device(claim, ctx, Request::PortRead { offset, data })
@@ -315,7 +332,7 @@ fn dispatch(
             }
         }
         VcpuExit::MmioRead(addr, data) => {
-            counters.count(ExitKind::MmioRead);
+            counters.count(ctx.vcpu, ExitKind::MmioRead);
             match registry.mmio(addr) {
                 Some(claim) => {
                     let offset = addr - base_mmio(claim.key);
@@ -327,7 +344,7 @@ fn dispatch(
             }
         }
         VcpuExit::MmioWrite(addr, data) => {
-            counters.count(ExitKind::MmioWrite);
+            counters.count(ctx.vcpu, ExitKind::MmioWrite);
             match registry.mmio(addr) {
                 Some(claim) => {
                     let offset = addr - base_mmio(claim.key);
@@ -339,7 +356,7 @@ fn dispatch(
             }
         }
         VcpuExit::X86Rdmsr(msr) => {
-            counters.count(ExitKind::MsrRead);
+            counters.count(ctx.vcpu, ExitKind::MsrRead);
             match registry.msr(msr.index) {
                 Some(claim) => run_device(claim, ctx, Request::MsrRead { index: msr.index, value: msr.data }),
                 None => {
@@ -351,7 +368,7 @@ fn dispatch(
             }
         }
         VcpuExit::X86Wrmsr(msr) => {
-            counters.count(ExitKind::MsrWrite);
+            counters.count(ctx.vcpu, ExitKind::MsrWrite);
             match registry.msr(msr.index) {
                 Some(claim) => run_device(claim, ctx, Request::MsrWrite { index: msr.index, value: msr.data }),
                 None => {
@@ -362,27 +379,27 @@ fn dispatch(
         }
         VcpuExit::Hlt => {
             // With the in-kernel LAPIC, HLT only reaches user space if the kernel gave up on it.
-            counters.count(ExitKind::Halt);
+            counters.count(ctx.vcpu, ExitKind::Halt);
             ExitAction::Continue
         }
         VcpuExit::Debug(_) => ExitAction::SingleStep,
         VcpuExit::Shutdown => {
-            counters.count(ExitKind::Shutdown);
+            counters.count(ctx.vcpu, ExitKind::Shutdown);
             ExitAction::Fault(Fault::TripleFault)
         }
         VcpuExit::FailEntry(reason, cpu) => {
-            counters.count(ExitKind::Other);
+            counters.count(ctx.vcpu, ExitKind::Other);
             ExitAction::Stop(StopReason::Internal {
                 vcpu: Some(ctx.vcpu),
                 what: format!("KVM could not enter the guest (hardware reason {reason:#x}, cpu {cpu})"),
             })
         }
         VcpuExit::InternalError => {
-            counters.count(ExitKind::Other);
+            counters.count(ctx.vcpu, ExitKind::Other);
             ExitAction::Fault(Fault::KvmInternal)
         }
         other => {
-            counters.count(ExitKind::Other);
+            counters.count(ctx.vcpu, ExitKind::Other);
             ExitAction::Fault(Fault::Unhandled(format!("exit {other:?}, which the VMM does not implement")))
         }
     }

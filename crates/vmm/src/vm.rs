@@ -63,9 +63,9 @@ pub struct VmShared {
 }
 
 impl VmShared {
-    fn new() -> Self {
+    fn new(vcpus: usize) -> Self {
         VmShared {
-            counters: ExitCounters::default(),
+            counters: ExitCounters::new(vcpus),
             events: Mutex::new(GuestEvents::default()),
             created_at: Instant::now(),
             state: Mutex::new((RunState::Created, 0)),
@@ -81,18 +81,32 @@ impl VmShared {
 
     /// Called on every exit; the watchdog reads liveness from the exit counters instead of a
     /// clock here, so this stays a single load once the first exit is recorded.
+    #[inline]
     pub fn note_first_exit(&self) {
-        if !self.first_exit_seen.load(Ordering::Relaxed) && !self.first_exit_seen.swap(true, Ordering::Relaxed) {
+        if !self.first_exit_seen.load(Ordering::Relaxed) {
+            self.record_first_exit();
+        }
+    }
+
+    #[cold]
+    fn record_first_exit(&self) {
+        if !self.first_exit_seen.swap(true, Ordering::Relaxed) {
             self.events.lock().unwrap().first_exit_at.get_or_insert_with(Instant::now);
         }
     }
 
     /// Blocks a vCPU thread while the VM is paused; returns the state that let it go.
+    #[inline]
     pub fn wait_runnable(&self) -> RunState {
         // Fast path, taken on every exit: no lock while the VM simply runs.
         if self.running.load(Ordering::Acquire) {
             return RunState::Running;
         }
+        self.wait_runnable_slow()
+    }
+
+    #[cold]
+    fn wait_runnable_slow(&self) -> RunState {
         let mut guard = self.state.lock().unwrap();
         loop {
             match guard.0 {
@@ -364,7 +378,7 @@ impl Vm {
             .map_err(|e| VmError::Config(format!("memory.size: {e}")))?;
         let memory = GuestMemory::new(&vm_fd, layout, config.memory.backing)?;
 
-        let shared = Arc::new(VmShared::new());
+        let shared = Arc::new(VmShared::new(config.vcpus.len()));
         let mut registry = HookRegistry::new();
         let mut interrupts = InterruptRouter::default();
         let mut cmdline_extra = Vec::new();
