@@ -215,11 +215,22 @@ impl Node {
             self.routes.remove(&enclave);
             if let Some(ns) = self.name_server.as_mut() {
                 ns.forget_enclave(enclave);
+                self.forget_replies(enclave);
             } else {
                 self.send(Message::new(0, self.id, NAME_SERVER_ENCLAVE, Body::EnclaveGone { enclave }));
             }
         }
         self.run_local(memory);
+    }
+
+    /// How many answers the name server keeps for retries of `enclave`'s requests.
+    pub fn cached_answers_for(&self, enclave: EnclaveId) -> usize {
+        self.replies.keys().filter(|(origin, _)| *origin == enclave).count()
+    }
+
+    fn forget_replies(&mut self, enclave: EnclaveId) {
+        self.replies.retain(|(origin, _), _| *origin != enclave);
+        self.reply_order.retain(|(origin, _)| *origin != enclave);
     }
 
     fn ask_for_id(&mut self, link: LinkId) {
@@ -323,6 +334,9 @@ impl Node {
                 }
                 if let Some(ns) = self.name_server.as_mut() {
                     if let Ok(enclave) = ns.allocate_enclave() {
+                        // A reused id starts its request ids afresh: answers cached for the
+                        // enclave that had it before must not answer the new one.
+                        self.forget_replies(enclave);
                         self.routes.insert(enclave, link);
                         self.outbox.push((link, Message::new(0, 0, 0, Body::EnclaveIdResponse { token, enclave })));
                     }
@@ -354,6 +368,7 @@ impl Node {
                 self.routes.remove(&enclave);
                 if let Some(ns) = self.name_server.as_mut() {
                     ns.forget_enclave(enclave);
+                    self.forget_replies(enclave);
                 } else if let Some(up) = self.towards_name_server {
                     self.outbox.push((up, message));
                 }

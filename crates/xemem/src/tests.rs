@@ -822,7 +822,7 @@ fn a_lost_enclave_takes_its_segments_and_permits_and_a_stranger_cannot_declare_i
 #[test]
 fn every_ordered_pair_of_a_random_64_enclave_tree() {
     let n = 64;
-    let mut net = Net::tree(n, 0x64_64, 0, false);
+    let mut net = Net::tree(n, 0x6464, 0, false);
     net.settle_ids();
     let ids: Vec<EnclaveId> = net.nodes.iter().map(|n| n.id().unwrap()).collect();
     let mut segments = Vec::new();
@@ -857,4 +857,26 @@ fn every_ordered_pair_of_a_random_64_enclave_tree() {
     }
     let ns = net.nodes.iter().find_map(|n| n.name_server()).unwrap();
     assert_eq!((ns.segment_count(), ns.permit_count()), (0, 0));
+}
+
+#[test]
+fn a_gone_enclave_s_cached_answers_are_dropped_so_a_reused_id_starts_clean() {
+    // The name server keeps answers per (origin, request id) for retries. An enclave id is
+    // reused once freed (after the allocator wraps), and its new holder numbers its requests
+    // from 1 again: the old holder's cached answers must go when it does.
+    let mut net = Net::tree(2, 3, 0, false);
+    let ns_node = (0..2).find(|&i| net.nodes[i].name_server().is_some()).unwrap();
+    let other = 1 - ns_node;
+    net.settle_ids();
+    let id = net.nodes[other].id().unwrap();
+    let owner = Owner { uid: 0, gid: 0, mode: 0o600 };
+    assert!(matches!(
+        net.call(other, Request::Make { process: 1, vaddr: 0, size: PAGE_SIZE, owner, name: None }),
+        Ok(Reply::Made(_))
+    ));
+    assert_eq!(net.nodes[ns_node].cached_answers_for(id), 1);
+    let link = net.nodes[ns_node].route(id).unwrap();
+    net.nodes[ns_node].link_down(link, &mut net.memory[ns_node]);
+    assert_eq!(net.nodes[ns_node].cached_answers_for(id), 0);
+    assert_eq!(net.nodes[ns_node].name_server().unwrap().segment_count(), 0);
 }
