@@ -1,25 +1,39 @@
 #!/usr/bin/env bash
-# The main demo: a CG simulation (apps/hpccg) in a lightweight-kernel enclave on a dedicated
-# core, next to the same binary on the host for comparison.
+# The main demo: the node daemon partitions the machine, and a CG simulation (apps/hpccg) runs
+# in a lightweight-kernel enclave on a dedicated core; the same binary then runs on the host, on
+# the same core, for comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-make -s -C apps >/dev/null
-vmm=target/release/clowder-vmm
-lwk=kernels/target/x86_64-unknown-none/release/lwk
-app=build/apps/hpccg
-grid=(48 48 48)
-
 if [ ! -e /dev/kvm ]; then
-    echo "demo: /dev/kvm is missing: the enclave needs KVM" >&2
+    echo "demo: /dev/kvm is missing: enclaves need KVM" >&2
     exit 1
 fi
-last_core=$(( $(nproc) - 1 ))
-echo "== hpccg ${grid[*]} in an LWK enclave (1 vCPU pinned to core $last_core, 512 MiB) =="
-start=$(date +%s%N)
-"$vmm" --kernel "$lwk" --module "$app" --mem 512M --cpus 1 --cores "$last_core" \
-    --cmdline "-- hpccg ${grid[*]}"
-echo "   enclave created, ran the job and was torn down in $(( ($(date +%s%N) - start) / 1000000 )) ms"
+make -s -C apps >/dev/null
+bin=target/release
+app=build/apps/hpccg
+grid=(48 48 48)
+core=$(( $(nproc) - 1 ))
+
+state=$(mktemp -d /tmp/clowder-demo.XXXXXX)
+export CLOWDER_SOCKET="$state/clowderd.sock"
+"$bin/clowderd" --vmm "$bin/clowder-vmm" >"$state/clowderd.log" 2>&1 &
+daemon=$!
+cleanup() {
+    kill "$daemon" 2>/dev/null || true
+    wait "$daemon" 2>/dev/null || true
+    rm -rf "$state"
+}
+trap cleanup EXIT
+for _ in $(seq 100); do [ -S "$CLOWDER_SOCKET" ] && break; sleep 0.05; done
+
+echo "== clowderd is up; the node: =="
+"$bin/clowder" enclave ls
 echo
-echo "== the same binary on the host, same core =="
-taskset -c "$last_core" "$app" "${grid[@]}"
+echo "== clowder run --cores $core --mem 512M hpccg ${grid[*]}  (a one-shot LWK enclave) =="
+start=$(date +%s%N)
+"$bin/clowder" run --cores "$core" --mem 512M "$app" "${grid[@]}"
+echo "   enclave created, job run, enclave torn down: $(( ($(date +%s%N) - start) / 1000000 )) ms"
+echo
+echo "== the same binary on the host, core $core =="
+taskset -c "$core" "$app" "${grid[@]}"
