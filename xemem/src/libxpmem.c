@@ -3,7 +3,8 @@
  *
  * The library talks to the segment broker (crates/xemem-host: standalone `xemem-broker`, or
  * embedded in clowderd) over a SOCK_SEQPACKET Unix socket: $CLOWDER_XEMEM_SOCKET, else
- * /run/clowder/xemem.sock. The packet layout is crates/xemem-host/src/wire.rs.
+ * xemem.sock beside $CLOWDER_SOCKET, else /run/clowder/xemem.sock. The packet layout is
+ * crates/xemem-host/src/wire.rs.
  *
  * Sharing works by file descriptor. An owner's memory must be nameable by a file, so:
  *  - memfd-backed (and other MAP_SHARED file) mappings are handed out as they are;
@@ -166,10 +167,22 @@ static int grow(void **array, size_t *capacity, size_t count, size_t item)
 
 /* ---- the broker connection ------------------------------------------------------------ */
 
+/* $CLOWDER_XEMEM_SOCKET; else xemem.sock beside the daemon's socket ($CLOWDER_SOCKET, which
+ * moves the daemon and every client); else /run/clowder/xemem.sock. */
 static const char *socket_path(void)
 {
+	static char beside_daemon[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	const char *path = getenv("CLOWDER_XEMEM_SOCKET");
-	return path && *path ? path : "/run/clowder/xemem.sock";
+	if (path && *path)
+		return path;
+	const char *daemon = getenv("CLOWDER_SOCKET");
+	const char *slash = daemon ? strrchr(daemon, '/') : NULL;
+	if (slash && (size_t)(slash - daemon) + sizeof "/xemem.sock" <= sizeof beside_daemon) {
+		memcpy(beside_daemon, daemon, slash - daemon);
+		strcpy(beside_daemon + (slash - daemon), "/xemem.sock");
+		return beside_daemon;
+	}
+	return "/run/clowder/xemem.sock";
 }
 
 static int connect_broker(void)

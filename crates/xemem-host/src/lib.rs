@@ -377,5 +377,19 @@ fn check_fetched(answer: Answer, fds: Vec<OwnedFd>, size: u64) -> Result<(Vec<Ru
     Ok((answer.runs, fds))
 }
 
+/// Where the broker listens and libxpmem connects: `$CLOWDER_XEMEM_SOCKET`; else `xemem.sock`
+/// beside the daemon's socket (`$CLOWDER_SOCKET`); else `/run/clowder/xemem.sock`.
+pub fn default_socket_path() -> std::path::PathBuf {
+    if let Some(path) = std::env::var_os("CLOWDER_XEMEM_SOCKET").filter(|p| !p.is_empty()) {
+        return path.into();
+    }
+    if let Some(daemon) = std::env::var_os("CLOWDER_SOCKET") {
+        if let Some(dir) = Path::new(&daemon).parent().filter(|d| !d.as_os_str().is_empty()) {
+            return dir.join("xemem.sock");
+        }
+    }
+    "/run/clowder/xemem.sock".into()
+}
+
 #[cfg(test)]
 mod tests;

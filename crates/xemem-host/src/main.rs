@@ -1,15 +1,11 @@
 //! `xemem-broker [SOCKET]`: the XEMEM segment broker on its own, for tests and for hosts
-//! without clowderd. The socket is SOCKET, else $CLOWDER_XEMEM_SOCKET, else
-//! /run/clowder/xemem.sock.
+//! without clowderd. The socket is SOCKET, else $CLOWDER_XEMEM_SOCKET, else xemem.sock beside
+//! $CLOWDER_SOCKET, else /run/clowder/xemem.sock (what libxpmem looks for).
 
 use std::path::PathBuf;
 
 fn main() {
-    let path = std::env::args_os()
-        .nth(1)
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("CLOWDER_XEMEM_SOCKET").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("/run/clowder/xemem.sock"));
+    let path = std::env::args_os().nth(1).map(PathBuf::from).unwrap_or_else(xemem_host::default_socket_path);
     if let Some(parent) = path.parent() {
         let _ = std::fs::create_dir_all(parent);
     }
