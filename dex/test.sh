@@ -70,6 +70,12 @@ else
 	echo "SKIP --netns (needs root, ip and nsenter)"
 fi
 
+if timeout 60 python3 tests/layout_mismatch.py "$BUILD/hello_nodes" "$BUILD/coherence" >"$LOG/out" 2>&1; then
+	pass "a node with a different address-space layout is refused at HELLO; both sides say why"
+else
+	fail "layout mismatch" "$LOG/out"
+fi
+
 # 3. exit status and output come from the origin, even when exit() runs on a node
 run $DEXRUN -n 3 "$BUILD/exit_status" 7
 rc=$?

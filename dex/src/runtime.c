@@ -843,13 +843,15 @@ static void origin_accept_nodes(int listen_fd)
 	uint64_t mine[DEX_FINGERPRINT_WORDS];
 	fingerprint(mine);
 	unsigned joined = 0;
-	uint64_t deadline = dex_now_ns() + 20ull * 1000000000ull;
+	const char *wait = getenv("DEX_JOIN_TIMEOUT");
+	unsigned wait_s = wait && atoi(wait) > 0 ? (unsigned)atoi(wait) : 20;
+	uint64_t deadline = dex_now_ns() + wait_s * 1000000000ull;
 	struct dex_validation_limits lim = limits();
 	while (joined < dex_rt.nodes - 1) {
 		int64_t left_ms = (int64_t)(deadline - dex_now_ns()) / 1000000;
 		struct pollfd pfd = { .fd = listen_fd, .events = POLLIN };
 		if (left_ms <= 0 || poll(&pfd, 1, (int)left_ms) != 1)
-			dex_fatal("only %u of %u nodes joined within 20 s", joined, dex_rt.nodes - 1);
+			dex_fatal("only %u of %u nodes joined within %u s", joined, dex_rt.nodes - 1, wait_s);
 		int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
 		if (fd < 0)
 			continue;
