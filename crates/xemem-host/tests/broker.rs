@@ -48,7 +48,7 @@ struct Harness {
 
 fn harness(name: &str) -> Harness {
     let socket = std::env::temp_dir().join(format!("xemem-broker-test-{name}-{}.sock", std::process::id()));
-    let broker = Broker::new().with_owner_timeout(Duration::from_millis(300));
+    let broker = Broker::new().with_owner_timeout(Duration::from_millis(1000));
     let path = socket.clone();
     std::thread::spawn(move || broker.listen_and_serve(&path));
     for _ in 0..200 {
@@ -78,7 +78,7 @@ fn harness(name: &str) -> Harness {
                 Ok(Script::Answer(answer, fds)) => sys::send(&serving, &echo(answer), &fds).unwrap(),
                 Ok(Script::Silence) => {}
                 Ok(Script::Late(answer, fds)) => {
-                    std::thread::sleep(Duration::from_millis(500));
+                    std::thread::sleep(Duration::from_millis(1500));
                     sys::send(&serving, &echo(answer), &fds).unwrap();
                 }
                 Err(_) => break,
@@ -130,7 +130,7 @@ fn dishonest_owner_answers_fail_the_attach_and_the_broker_survives() {
     h.script.send(Script::Late(fetch_answer(vec![run(0, 0, 0, 4 * 4096)]), vec![decoy.as_raw_fd()])).unwrap();
     let (answer, _) = call(&h.attacher, &attach);
     assert_ne!(answer.errno, 0, "timed out");
-    std::thread::sleep(Duration::from_millis(300)); // the late answer is now waiting in the socket
+    std::thread::sleep(Duration::from_millis(800)); // the late answer is now waiting in the socket
     // An honest answer after all that: one memfd run and a hole.
     h.script
         .send(Script::Answer(
