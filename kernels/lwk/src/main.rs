@@ -14,6 +14,7 @@ mod bootinfo;
 mod clock;
 mod cmdline;
 mod console;
+mod enclave;
 mod fs;
 mod job;
 mod machine;
@@ -82,6 +83,12 @@ extern "C" fn kernel_main(start_info: u64) -> ! {
         _ => {}
     }
 
+    // No job module but a channel: a persistent enclave, whose jobs come from clowderd.
+    if boot.modules().is_empty() {
+        if let Some(channel) = enclave::ChannelConfig::from_command_line(boot.command_line()) {
+            enclave::run(channel, cpus.min(arch::tables::MAX_CPUS as u64) as u16)
+        }
+    }
     let options = JobOptions::parse(boot.command_line()).unwrap_or_else(|error| panic!("bad option {}", error.0));
     match job::load(boot.modules().first(), &options) {
         Ok(frame) => {

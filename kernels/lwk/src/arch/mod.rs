@@ -3,6 +3,7 @@
 
 pub mod apic;
 pub mod boot;
+pub mod channel;
 pub mod cpu;
 pub mod heap;
 pub mod paging;

@@ -106,3 +106,23 @@ pub fn list(directory: &str) -> Vec<(String, Node)> {
         .map(|(path, node)| (String::from(&path[prefix.len()..]), *node))
         .collect()
 }
+
+/// Empties the file system (a persistent enclave's job ended; the next brings its own files).
+pub fn clear() {
+    FILES.lock().clear();
+}
+
+/// Adds one read-only file at `/name` (an enclave job's input, placed in memory by the host),
+/// with the directories its path implies.
+pub fn add_file(name: &str, physical: u64, len: u64) -> Option<()> {
+    let path = normalize("/", name)?;
+    let mut files = FILES.lock();
+    files.entry(String::from("/")).or_insert(Node { mode: S_IFDIR | 0o755, physical: 0, len: 0, inode: 1 });
+    for (position, _) in path.match_indices('/').filter(|&(position, _)| position > 0) {
+        let inode = files.len() as u64 + 1;
+        files.entry(String::from(&path[..position])).or_insert(Node { mode: S_IFDIR | 0o755, physical: 0, len: 0, inode });
+    }
+    let inode = files.len() as u64 + 1;
+    files.insert(path, Node { mode: 0o100444, physical, len, inode });
+    Some(())
+}

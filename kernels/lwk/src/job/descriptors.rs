@@ -13,6 +13,8 @@ pub enum Descriptor {
     Console,
     File { node: Node, offset: u64 },
     Directory { path: String, node: Node, position: usize },
+    /// A file on the host (a persistent enclave's job): `handle` is the host's number for it.
+    Remote { handle: u32 },
 }
 
 /// Linux's default RLIMIT_NOFILE.

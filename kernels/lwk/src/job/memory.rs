@@ -124,6 +124,20 @@ impl JobMemory {
         clean.or_else(|| self.heap_free.ranges().iter().rev().find_map(fit))
     }
 
+    /// Clears the heap's used memory (in use, or given back dirty) and returns the heap's
+    /// physical range, now all zero: a persistent enclave gives it back after the job.
+    pub fn clear_heap(&mut self) -> (u64, u64) {
+        let clean: Vec<Range> = self.heap_free.ranges().iter().flat_map(|free| self.heap_dirty.gaps(free.start, free.end).collect::<Vec<_>>()).collect();
+        let mut position = self.heap.start;
+        for range in clean.iter().chain(core::iter::once(&Range { start: self.heap.end, end: self.heap.end })) {
+            if range.start > position {
+                phys::zero(self.heap.physical(position), (range.start - position) as usize);
+            }
+            position = position.max(range.end);
+        }
+        (self.heap.physical_start, self.heap.end - self.heap.start)
+    }
+
     /// Linux `brk`: returns the (possibly unchanged) break.
     pub fn set_brk(&mut self, requested: u64) -> u64 {
         if requested < self.brk_start {

@@ -215,13 +215,29 @@ pub fn run_time_ns() -> u64 {
     clock::monotonic_ns() - JOB_START_NS.load(Ordering::Relaxed)
 }
 
-/// The job is over: its status becomes the VM's exit status.
+/// The job is over: its status becomes the VM's exit status, or, in a persistent enclave,
+/// goes to the host, and the kernel waits for the next job.
 pub fn exit(status: u8) -> ! {
     if VERBOSE.load(Ordering::Relaxed) {
         log!("job ran {} us", run_time_ns() / 1000);
     }
+    if crate::enclave::is_active() {
+        crate::enclave::end_job(status)
+    }
     log!("job exited with status {status}");
     machine::exit(status)
+}
+
+/// Gives the job's memory back (a persistent enclave's job ended): the image block and the
+/// stack are cleared whole, the heap only where it was used. Page-table pages are not
+/// reclaimed (a few per job).
+pub fn release() {
+    let Some(mut process) = PROCESS.lock().take() else { return };
+    let memory = &mut process.memory;
+    let (heap_physical, heap_size) = memory.clear_heap();
+    pmem::free_clean(heap_physical, heap_size);
+    pmem::free(memory.stack.physical_start, memory.stack.end - memory.stack.start);
+    pmem::free(memory.image.physical_start, memory.image.end - memory.image.start);
 }
 
 /// The job faulted: it dies of `signal`, with the status a Linux shell reports (128 + signal).

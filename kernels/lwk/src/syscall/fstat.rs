@@ -3,6 +3,7 @@
 
 use super::{user, Call, Errno, SyscallResult};
 use crate::fs::Node;
+use crate::enclave::files;
 use crate::job::{self, descriptors::Descriptor};
 
 const S_IFIFO: u64 = 0o010000;
@@ -25,9 +26,15 @@ pub fn write_stat(address: u64, node: &Node) -> SyscallResult {
 }
 
 pub fn stat_descriptor(descriptor: u64, address: u64) -> SyscallResult {
+    if let Some(handle) = files::remote_handle(descriptor) {
+        let attributes = files::attributes(handle).map_err(|error| Errno(error.unsigned_abs()))?;
+        user::write_words(address, &files::stat_words(&attributes))?;
+        return Ok(0);
+    }
     let node = job::with_process(|process| match process.descriptors.get(descriptor).as_deref_mut() {
         None => Err(Errno::EBADF),
         Some(Descriptor::Console) => Ok(None),
+        Some(Descriptor::Remote { .. }) => Err(Errno::EBADF),
         Some(Descriptor::File { node, .. } | Descriptor::Directory { node, .. }) => Ok(Some(*node)),
     })?;
     match node {

@@ -2,6 +2,7 @@
 //! allowed, reads there return 0); the console cannot seek (ESPIPE).
 
 use super::{Call, Errno, SyscallResult};
+use crate::enclave::files;
 use crate::job::{self, descriptors::Descriptor};
 
 const SEEK_SET: u64 = 0;
@@ -10,10 +11,14 @@ const SEEK_END: u64 = 2;
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [descriptor, offset, whence, ..] = call.args;
+    if let Some(handle) = files::remote_handle(descriptor) {
+        return files::to_syscall_result(files::seek(handle, offset as i64, whence as u32));
+    }
     job::with_process(|process| match process.descriptors.get(descriptor).as_deref_mut() {
         None => Err(Errno::EBADF),
         Some(Descriptor::Console) => Err(Errno::ESPIPE),
         Some(Descriptor::Directory { .. }) => Err(Errno::EINVAL),
+        Some(Descriptor::Remote { .. }) => Err(Errno::EBADF),
         Some(Descriptor::File { node, offset: current }) => {
             let base = match whence {
                 SEEK_SET => 0,

@@ -2,14 +2,19 @@
 //! file (the job has no terminal); directories are EISDIR.
 
 use super::{user, Call, Errno, SyscallResult};
+use crate::enclave::files;
 use crate::job::{self, descriptors::Descriptor};
 
 /// Reads from descriptor `descriptor` at `at` (its own offset, advanced, when `None`).
 pub fn read_at(descriptor: u64, buffer: u64, len: u64, at: Option<u64>) -> SyscallResult {
+    if let Some(handle) = files::remote_handle(descriptor) {
+        return files::to_syscall_result(files::read(handle, buffer, len, at));
+    }
     job::with_process(|process| match process.descriptors.get(descriptor).as_deref_mut() {
         None => Err(Errno::EBADF),
         Some(Descriptor::Console) => Ok(0),
         Some(Descriptor::Directory { .. }) => Err(Errno::EISDIR),
+        Some(Descriptor::Remote { .. }) => Err(Errno::EBADF),
         Some(Descriptor::File { node, offset }) => {
             let start = at.unwrap_or(*offset).min(node.len);
             let count = len.min(node.len - start);

@@ -3,12 +3,16 @@
 
 use super::{user, Call, Errno, SyscallResult};
 use crate::console;
+use crate::enclave;
 use crate::job::{self, descriptors::Descriptor};
 
 /// Copies through a bounded kernel buffer, so a huge write needs no huge allocation.
 const CHUNK: usize = 4096;
 
 pub fn write_to_descriptor(descriptor: u64, address: u64, len: u64) -> SyscallResult {
+    if let Some(handle) = enclave::files::remote_handle(descriptor) {
+        return enclave::files::to_syscall_result(enclave::files::write(handle, address, len));
+    }
     if !job::with_process(|process| matches!(process.descriptors.get(descriptor).as_deref_mut(), Some(Descriptor::Console))) {
         return Err(Errno::EBADF);
     }
@@ -16,6 +20,8 @@ pub fn write_to_descriptor(descriptor: u64, address: u64, len: u64) -> SyscallRe
     while written < len {
         let chunk = (len - written).min(CHUNK as u64);
         match user::read_bytes(address + written, chunk as usize) {
+            // A persistent enclave's job writes to the user's terminal, through the host.
+            Ok(bytes) if enclave::is_active() => enclave::job_output(descriptor, &bytes),
             Ok(bytes) => console::write_job_output(&bytes),
             Err(errno) if written == 0 => return Err(errno),
             Err(_) => break,

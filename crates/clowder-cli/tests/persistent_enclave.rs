@@ -1,0 +1,175 @@
+//! A persistent LWK enclave end to end: the daemon (in this process, on a socket in a temp
+//! directory named by CLOWDER_SOCKET, as `end_to_end.rs` starts it) boots the LWK without a
+//! job, the kernel speaks `enclave-proto` on its channel, and the `clowder` CLI creates the
+//! enclave, runs jobs in it (output streamed, exit status returned, files written in the
+//! working directory appearing on the host, input files read), keeps it alive through a job
+//! that spins past the ping timeout, and removes it. Needs /dev/kvm, the LWK image,
+//! clowder-vmm and musl-gcc; skipped (with the reason) otherwise.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use clowderd::daemon::{Daemon, DaemonConfig};
+use clowderd::enclave::Liveness;
+use clowderd::machine::VmmLauncher;
+use clowderd::server;
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf()
+}
+
+fn kernel_image() -> PathBuf {
+    workspace_root().join("kernels/target/x86_64-unknown-none/release/lwk")
+}
+
+fn vmm_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("CLOWDER_VMM") {
+        return path.into();
+    }
+    let beside_cli = Path::new(env!("CARGO_BIN_EXE_clowder")).with_file_name("clowder-vmm");
+    if beside_cli.is_file() {
+        return beside_cli;
+    }
+    workspace_root().join("target/release/clowder-vmm")
+}
+
+fn missing_requirement() -> Option<String> {
+    if File::options().read(true).write(true).open("/dev/kvm").is_err() {
+        return Some("/dev/kvm is not available".into());
+    }
+    if !kernel_image().is_file() {
+        return Some(format!("no LWK image at {} (cd kernels && cargo build --release -p lwk)", kernel_image().display()));
+    }
+    if !vmm_binary().is_file() {
+        return Some(format!("no clowder-vmm at {} (cargo build --release -p clowder-vmm)", vmm_binary().display()));
+    }
+    if Command::new("musl-gcc").arg("--version").output().is_err() {
+        return Some("musl-gcc is not installed".into());
+    }
+    None
+}
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn start_daemon(dir: &Path) -> PathBuf {
+    let socket = dir.join("clowderd.sock");
+    let launcher = VmmLauncher { vmm: vmm_binary(), kernel: kernel_image(), runtime_dir: dir.to_path_buf() };
+    let config = DaemonConfig {
+        vmm: vmm_binary(),
+        kernel: kernel_image(),
+        oneshot_memory: 64 << 20,
+        isolate_cores: false,
+        // The defaults: ping every second, give up after 5 s without an answer.
+        liveness: Liveness::default(),
+        admin_group: None,
+    };
+    let daemon = Daemon::new(config, Box::new(launcher));
+    let listener = server::bind(&socket).unwrap();
+    std::thread::spawn(move || server::serve(daemon, listener));
+    socket
+}
+
+fn clowder(socket: &Path, args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_clowder")).args(args).current_dir(cwd).env("CLOWDER_SOCKET", socket).output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn build_program(dir: &Path, name: &str, source: &str) {
+    let source_path = dir.join(format!("{name}.c"));
+    std::fs::write(&source_path, source).unwrap();
+    let status = Command::new("musl-gcc").args(["-static", "-O2", "-o"]).arg(dir.join(name)).arg(&source_path).status().unwrap();
+    assert!(status.success(), "musl-gcc failed for {name}");
+}
+
+/// Writes to stdout and stderr, copies an input file into a new file of the working
+/// directory (open, fstat, read, write, lseek, close on host files), and exits with 3.
+const FILES_JOB: &str = r#"#include <stdio.h>
+#include <string.h>
+int main(int argc, char **argv) {
+    printf("hello %s\n", argc > 1 ? argv[1] : "nobody");
+    fprintf(stderr, "to stderr\n");
+    char line[100] = "";
+    FILE *input = fopen("input.txt", "r");
+    if (!input || !fgets(line, sizeof line, input)) return 10;
+    fclose(input);
+    FILE *output = fopen("result.txt", "w");
+    if (!output) return 11;
+    fprintf(output, "copied: %s", line);
+    for (int i = 0; i < 3000; i++) fprintf(output, "%04d\n", i);
+    if (fclose(output) != 0) return 12;
+    FILE *again = fopen("result.txt", "r");
+    if (!again || fseek(again, 0, SEEK_END) != 0) return 13;
+    printf("result.txt has %ld bytes\n", ftell(again));
+    fclose(again);
+    return 3;
+}
+"#;
+
+/// Spins in user mode for `argv[1]` seconds without a system call (the clock is the vDSO's).
+const SPIN_JOB: &str = r#"#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+int main(int argc, char **argv) {
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    int seconds = argc > 1 ? atoi(argv[1]) : 1;
+    do clock_gettime(CLOCK_MONOTONIC, &now); while (now.tv_sec - start.tv_sec < seconds);
+    printf("spun %d s\n", seconds);
+    return 0;
+}
+"#;
+
+#[test]
+fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
+    if let Some(why) = missing_requirement() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = TempDir(std::env::temp_dir().join(format!("clowder-persistent-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let socket = start_daemon(&dir.0);
+    build_program(&dir.0, "files", FILES_JOB);
+    build_program(&dir.0, "spin", SPIN_JOB);
+    std::fs::write(dir.0.join("input.txt"), "the input\n").unwrap();
+
+    let created = clowder(&socket, &["enclave", "create", "--name", "e", "--cores", "1", "--mem", "256M"], &dir.0);
+    assert!(created.status.success(), "create: {}{}", text(&created.stdout), text(&created.stderr));
+
+    let run = clowder(&socket, &["run", "--enclave", "e", "--file", "input.txt", "./files", "world"], &dir.0);
+    assert_eq!(text(&run.stdout), "hello world\nresult.txt has 15018 bytes\n", "stderr: {}", text(&run.stderr));
+    assert!(text(&run.stderr).contains("to stderr"), "stderr: {}", text(&run.stderr));
+    assert_eq!(run.status.code(), Some(3), "the job's status is the CLI's");
+    let result = std::fs::read_to_string(dir.0.join("result.txt")).expect("the job's output file is on the host");
+    assert!(result.starts_with("copied: the input\n0000\n0001\n"), "{}", &result[..40.min(result.len())]);
+    assert!(result.ends_with("2999\n"));
+
+    // The same enclave runs the next job: the first one's memory came back.
+    let again = clowder(&socket, &["run", "--enclave", "e", "--file", "input.txt", "./files", "again"], &dir.0);
+    assert_eq!(text(&again.stdout), "hello again\nresult.txt has 15018 bytes\n", "stderr: {}", text(&again.stderr));
+    assert_eq!(again.status.code(), Some(3));
+
+    // A job spinning longer than the ping timeout (5 s) in user mode: the kernel answers the
+    // daemon's pings from the channel interrupt, so the enclave is not declared hung.
+    let spin = clowder(&socket, &["run", "--enclave", "e", "./spin", "7"], &dir.0);
+    assert_eq!(text(&spin.stdout), "spun 7 s\n", "stderr: {}", text(&spin.stderr));
+    assert_eq!(spin.status.code(), Some(0));
+    let listing = clowder(&socket, &["enclave", "ls"], &dir.0);
+    assert!(text(&listing.stdout).contains('e'), "{}", text(&listing.stdout));
+
+    let removed = clowder(&socket, &["enclave", "rm", "e"], &dir.0);
+    assert!(removed.status.success(), "rm: {}{}", text(&removed.stdout), text(&removed.stderr));
+    let listing = clowder(&socket, &["--json", "enclave", "ls"], &dir.0);
+    let listing: serde_json::Value = serde_json::from_slice(&listing.stdout).unwrap();
+    assert_eq!(listing["enclaves"], serde_json::json!([]), "{listing}");
+}

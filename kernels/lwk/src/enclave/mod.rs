@@ -1,0 +1,369 @@
+//! Persistent enclaves: the guest side of `enclave-proto` (see that crate's docs for the
+//! protocol and `docs/lwk-syscalls.md` for what a job sees).
+//!
+//! Booted without a job module but with a channel on its command line (`clowder.channel=`,
+//! as `clowderd` starts it), the kernel attaches the channel, says `Hello`, and serves the
+//! host from a loop on CPU 0: `Ping` gets `Pong`, `LaunchJob` loads and runs a job, `KillJob`
+//! ends it, `Shutdown` stops the machine. While a job runs its stdout and stderr writes go to
+//! the host as `JobOutput`, its file calls under the working directory as `FileRequest`s
+//! (`files`), and its end as `JobExited`, after which the kernel frees the job's memory and
+//! returns to the loop.
+//!
+//! **Staying responsive without timer ticks.** The kernel keeps the channel's `waiting` flag
+//! set from attach on, so every host message raises the channel interrupt on vCPU 0 (the
+//! VMM's MSI route targets APIC ID 0). The job runs in user mode with interrupts enabled, so
+//! a job spinning on CPU 0 is interrupted, the handler drains the ring and answers `Ping`
+//! (and records file answers, launches and kills), and the job resumes: a few microseconds
+//! of kernel work per second. When CPU 0 has nothing to run it halts with interrupts on
+//! (the scheduler's idle loop, or the service loop here), and the interrupt wakes it. The
+//! kernel never holds the channel lock with interrupts on, so the handler cannot deadlock
+//! with the code it interrupts. A dedicated service CPU was the alternative; it would take a
+//! core from every multi-vCPU job and still leave one-vCPU enclaves needing the interrupt.
+
+pub mod files;
+
+use crate::arch::channel as machine_channel;
+use crate::arch::sync::SpinLock;
+use crate::bootinfo::Module;
+use crate::cmdline::{self, JobOptions};
+use crate::console::log;
+use crate::{arch, fs, job, machine, mm};
+use alloc::boxed::Box;
+use alloc::collections::BTreeMap;
+use alloc::string::String;
+use alloc::vec;
+use alloc::vec::Vec;
+use clowder_channel::{Endpoint, SendError};
+use core::sync::atomic::{AtomicBool, Ordering};
+use enclave_proto::{EnclaveMessage, FileAttributes, Fragmenter, HostMessage, Reassembler, Stream, MAX_MESSAGE_LEN, PROTOCOL_VERSION};
+
+/// The VMM's defaults (docs/guest-abi.md) when the command line names only the region.
+const DEFAULT_VECTOR: u8 = 0x40;
+const DEFAULT_DOORBELL_PORT: u16 = 0x520;
+/// The service loop's own stack: it outlives every job, whose stacks it abandons.
+const SERVICE_STACK_SIZE: u64 = 64 * 1024;
+const ENOEXEC: i32 = 8;
+const EBUSY: i32 = 16;
+const SIGKILL: u32 = 9;
+
+/// Where the channel is, from `clowder.channel=<gpa>,<size>` and its companions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChannelConfig {
+    pub physical: u64,
+    pub size: u64,
+    pub vector: u8,
+    pub doorbell_port: u16,
+}
+
+fn parse_hex(text: &str) -> Option<u64> {
+    u64::from_str_radix(text.trim_start_matches("0x"), 16).ok()
+}
+
+impl ChannelConfig {
+    pub fn from_command_line(command_line: &str) -> Option<ChannelConfig> {
+        let (physical, size) = cmdline::value_of(command_line, "clowder.channel")?.split_once(',')?;
+        let hex_value = |key| cmdline::value_of(command_line, key).and_then(parse_hex);
+        Some(ChannelConfig {
+            physical: parse_hex(physical)?,
+            size: parse_hex(size)?,
+            vector: hex_value("clowder.channel_vector").map_or(DEFAULT_VECTOR, |vector| vector as u8),
+            doorbell_port: hex_value("clowder.channel_port").map_or(DEFAULT_DOORBELL_PORT, |port| port as u16),
+        })
+    }
+}
+
+/// The answer to one forwarded file call.
+#[derive(Clone, Copy, Debug)]
+pub enum FileAnswer {
+    Result(i64),
+    Attributes(FileAttributes),
+}
+
+struct RunningJob {
+    id: u32,
+    /// The job's working directory on the host: paths under it are forwarded.
+    cwd: String,
+}
+
+/// One end of the channel with its framing buffers.
+struct Link {
+    endpoint: Endpoint,
+    doorbell_port: u16,
+    frame: Vec<u8>,
+    reassembler: Reassembler<'static>,
+    encoded: Vec<u8>,
+}
+
+impl Link {
+    fn send(&mut self, message: &EnclaveMessage<'_>) {
+        let length = match message.encode(&mut self.encoded) {
+            Ok(length) => length,
+            Err(error) => {
+                log!("enclave: cannot encode {message:?}: {error:?}");
+                return;
+            }
+        };
+        let Ok(mut fragments) = Fragmenter::new(&self.encoded[..length], self.endpoint.max_message_len()) else {
+            return;
+        };
+        while let Some(frame_length) = fragments.next_frame(&mut self.frame) {
+            loop {
+                match self.endpoint.send(&self.frame[..frame_length]) {
+                    Ok(()) => break,
+                    // The host drains the ring continuously; wait for room.
+                    Err(SendError::Full) => {
+                        self.ring_doorbell_if_needed();
+                        core::hint::spin_loop();
+                    }
+                    Err(error) => panic!("enclave channel broken while sending: {error}"),
+                }
+            }
+        }
+        self.ring_doorbell_if_needed();
+    }
+
+    fn ring_doorbell_if_needed(&self) {
+        if self.endpoint.peer_waiting() {
+            machine_channel::ring_doorbell(self.doorbell_port);
+        }
+    }
+}
+
+struct State {
+    link: Link,
+    job: Option<RunningJob>,
+    next_request: u32,
+    answers: BTreeMap<u32, FileAnswer>,
+    /// A `LaunchJob` that arrived (in the interrupt handler, say): the service loop starts it.
+    pending_launch: Option<Vec<u8>>,
+    /// The host asked for the running job to end, with this status.
+    kill_status: Option<u32>,
+}
+
+static STATE: SpinLock<Option<State>> = SpinLock::new(None);
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+static SERVICE_STACK_TOP: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+/// Whether the kernel runs as a persistent enclave (jobs come from the channel).
+pub fn is_active() -> bool {
+    ACTIVE.load(Ordering::Relaxed)
+}
+
+fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
+    let mut state = STATE.lock();
+    f(state.as_mut().expect("enclave channel not attached"))
+}
+
+/// What handling the received messages asks of the caller once the channel lock is released.
+enum Followup {
+    Nothing,
+    EndJob(u32),
+    Shutdown,
+}
+
+impl State {
+    /// Takes every message off the ring and handles those that need no more than the lock.
+    fn drain(&mut self) -> Followup {
+        let mut followup = Followup::Nothing;
+        loop {
+            let length = match self.link.endpoint.recv(&mut self.link.frame) {
+                Ok(Some(length)) => length,
+                Ok(None) => break,
+                Err(error) => panic!("enclave channel broken while receiving: {error}"),
+            };
+            let frame = self.link.frame[..length].to_vec();
+            let message = match self.link.reassembler.push(&frame) {
+                Ok(Some(message)) => message.to_vec(),
+                Ok(None) => continue,
+                Err(error) => {
+                    log!("enclave: bad frame from the host ({error:?}); ignored");
+                    continue;
+                }
+            };
+            match self.handle(&message) {
+                Followup::Nothing => {}
+                other => followup = other,
+            }
+        }
+        if let (Some(status), Followup::Nothing) = (self.kill_status, &followup) {
+            followup = Followup::EndJob(status);
+        }
+        followup
+    }
+
+    fn handle(&mut self, bytes: &[u8]) -> Followup {
+        let message = match HostMessage::decode(bytes) {
+            Ok(message) => message,
+            Err(error) => {
+                log!("enclave: malformed message from the host ({error:?}); ignored");
+                return Followup::Nothing;
+            }
+        };
+        let running = self.job.as_ref().map(|job| job.id);
+        match message {
+            HostMessage::Ping { nonce } => self.link.send(&EnclaveMessage::Pong { nonce }),
+            HostMessage::LaunchJob(launch) => {
+                if running.is_some() || self.pending_launch.is_some() {
+                    let reason = b"the enclave runs one job at a time and is busy";
+                    self.link.send(&EnclaveMessage::LaunchFailed { job: launch.job, errno: EBUSY, reason });
+                } else {
+                    self.pending_launch = Some(bytes.to_vec());
+                }
+            }
+            HostMessage::KillJob { job } if running == Some(job) => self.kill_status = Some(128 + SIGKILL),
+            // No signal handlers run in this kernel: a signal the host sends ends the job, as
+            // its default action would for the terminating signals clowder sends.
+            HostMessage::SignalJob { job, signal } if running == Some(job) => self.kill_status = Some(128 + signal),
+            HostMessage::KillJob { .. } | HostMessage::SignalJob { .. } => {}
+            HostMessage::Shutdown => return Followup::Shutdown,
+            HostMessage::FileResult { request, result, .. } => {
+                self.answers.insert(request, FileAnswer::Result(result));
+            }
+            HostMessage::FileAttributes { request, attributes, .. } => {
+                self.answers.insert(request, FileAnswer::Attributes(attributes));
+            }
+        }
+        Followup::Nothing
+    }
+}
+
+/// Acts on what `drain` asked for; ending the job or the machine does not return.
+fn follow_up(followup: Followup) {
+    match followup {
+        Followup::Nothing => {}
+        Followup::EndJob(status) => end_job(status as u8),
+        Followup::Shutdown => {
+            log!("enclave: shutting down at the host's request");
+            machine::exit(0)
+        }
+    }
+}
+
+/// The channel interrupt: the host wrote while the kernel was not looking.
+pub fn on_channel_interrupt() {
+    if !is_active() {
+        return;
+    }
+    let followup = with_state(State::drain);
+    follow_up(followup);
+}
+
+/// Attaches the channel, says `Hello` and serves the host for ever.
+pub fn run(config: ChannelConfig, vcpus: u16) -> ! {
+    let channel = machine_channel::attach(config.physical, config.size as usize)
+        .unwrap_or_else(|error| panic!("cannot attach the enclave channel at {:#x}: {error}", config.physical));
+    let endpoint = channel.guest_end().unwrap_or_else(|error| panic!("enclave channel corrupt: {error}"));
+    let frame = vec![0u8; endpoint.max_message_len()];
+    let reassembly: &'static mut [u8] = Box::leak(vec![0u8; MAX_MESSAGE_LEN].into_boxed_slice());
+    let link = Link { endpoint, doorbell_port: config.doorbell_port, frame, reassembler: Reassembler::new(reassembly), encoded: vec![0u8; MAX_MESSAGE_LEN] };
+    // Interrupts from here on: every host message raises the channel vector.
+    link.endpoint.set_waiting(true);
+    machine_channel::install_interrupt_handler(config.vector);
+    *STATE.lock() = Some(State { link, job: None, next_request: 1, answers: BTreeMap::new(), pending_launch: None, kill_status: None });
+    let stack = mm::pmem::allocate(SERVICE_STACK_SIZE, 4096).expect("no memory for the service stack");
+    SERVICE_STACK_TOP.store(arch::phys::to_virtual(stack) + SERVICE_STACK_SIZE, Ordering::Relaxed);
+    ACTIVE.store(true, Ordering::Release);
+    let memory = mm::pmem::total_managed();
+    with_state(|state| state.link.send(&EnclaveMessage::Hello { version: PROTOCOL_VERSION, vcpus, memory }));
+    machine_channel::run_on_stack(SERVICE_STACK_TOP.load(Ordering::Relaxed), service_loop)
+}
+
+/// Waits for messages with the CPU halted, and starts the jobs the host sends.
+extern "C" fn service_loop() -> ! {
+    loop {
+        let (followup, launch) = with_state(|state| (state.drain(), state.pending_launch.take()));
+        follow_up(followup);
+        match launch {
+            Some(bytes) => launch_job(&bytes),
+            // The flag is set, so a message that arrived since `drain` has raised the
+            // interrupt, which is pending and ends the HLT at once.
+            None => arch::apic::sleep_until_interrupt(),
+        }
+    }
+}
+
+/// Makes guest-physical `[start, start + len)` (a region the host added above RAM) readable
+/// through the kernel's physical-memory window.
+fn map_host_region(start: u64, len: u64) {
+    let first = start / 4096 * 4096;
+    let mut page = first;
+    while page < start + len {
+        mm::map_device_page(page);
+        page += 4096;
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Loads the job `bytes` (a `LaunchJob`) describes and enters it; returns only if it failed.
+fn launch_job(bytes: &[u8]) {
+    let Ok(HostMessage::LaunchJob(launch)) = HostMessage::decode(bytes) else { return };
+    map_host_region(launch.binary.gpa, launch.binary.len);
+    fs::clear();
+    for file in launch.files.iter() {
+        map_host_region(file.gpa, file.len);
+        fs::add_file(&text(file.name), file.gpa, file.len);
+    }
+    let options = JobOptions {
+        verbose: false,
+        heap_size: (launch.heap_size != 0).then_some(launch.heap_size),
+        stack_size: if launch.stack_size != 0 { launch.stack_size } else { cmdline::DEFAULT_STACK_SIZE },
+        argv: launch.argv.iter().map(text).collect(),
+        env: launch.env.iter().map(text).collect(),
+    };
+    if options.argv.is_empty() {
+        with_state(|state| state.link.send(&EnclaveMessage::LaunchFailed { job: launch.job, errno: 22, reason: b"empty argv" }));
+        return;
+    }
+    let module = Module { start: launch.binary.gpa, size: launch.binary.len };
+    match job::load(Some(&module), &options) {
+        Ok(frame) => {
+            // On PVM the first job's first system call moved LSTAR to the ring-3 SYSCALL page
+            // for good; later jobs need that page in their address spaces from the start.
+            job::map_ring3_syscall_page();
+            with_state(|state| {
+                state.job = Some(RunningJob { id: launch.job, cwd: text(launch.cwd) });
+                state.kill_status = None;
+                state.answers.clear();
+                state.link.send(&EnclaveMessage::JobStarted { job: launch.job });
+            });
+            arch::trap::enter_user(&frame)
+        }
+        Err(error) => {
+            let reason = alloc::format!("{error:?}");
+            log!("enclave: job {} failed to load: {reason}", launch.job);
+            with_state(|state| state.link.send(&EnclaveMessage::LaunchFailed { job: launch.job, errno: ENOEXEC, reason: reason.as_bytes() }));
+        }
+    }
+}
+
+/// The job is over (it exited, faulted or was killed): report it, free its memory and go
+/// back to the service loop on the service stack.
+pub fn end_job(status: u8) -> ! {
+    let id = with_state(|state| {
+        let id = state.job.take().map(|job| job.id);
+        state.kill_status = None;
+        state.answers.clear();
+        id
+    });
+    job::release();
+    fs::clear();
+    if let Some(id) = id {
+        with_state(|state| state.link.send(&EnclaveMessage::JobExited { job: id, status: status as u32 }));
+    }
+    machine_channel::run_on_stack(SERVICE_STACK_TOP.load(Ordering::Relaxed), service_loop)
+}
+
+/// Streams a write to the console descriptors to the host (descriptor 2 is stderr).
+pub fn job_output(descriptor: u64, bytes: &[u8]) {
+    let stream = if descriptor == 2 { Stream::Stderr } else { Stream::Stdout };
+    with_state(|state| {
+        let Some(job) = state.job.as_ref().map(|job| job.id) else { return };
+        let chunk = enclave_proto::max_output_chunk(state.link.endpoint.max_message_len()).max(1);
+        for data in bytes.chunks(chunk) {
+            state.link.send(&EnclaveMessage::JobOutput { job, stream, data });
+        }
+    });
+}
