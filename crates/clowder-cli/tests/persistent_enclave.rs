@@ -8,7 +8,9 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use clowderd::daemon::{Daemon, DaemonConfig};
 use clowderd::enclave::Liveness;
@@ -129,6 +131,21 @@ int main(int argc, char **argv) {
 }
 "#;
 
+/// Prints a line every 100 ms for ever (spinning on the vDSO clock between lines).
+const TICK_JOB: &str = r#"#include <stdio.h>
+#include <time.h>
+int main(void) {
+    for (;;) {
+        struct timespec start, now;
+        clock_gettime(CLOCK_MONOTONIC, &start);
+        do clock_gettime(CLOCK_MONOTONIC, &now);
+        while ((now.tv_sec - start.tv_sec) * 1000000000L + now.tv_nsec - start.tv_nsec < 100000000L);
+        printf("tick\n");
+        fflush(stdout);
+    }
+}
+"#;
+
 #[test]
 fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
     if let Some(why) = missing_requirement() {
@@ -141,6 +158,7 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
     let socket = start_daemon(&dir.0);
     build_program(&dir.0, "files", FILES_JOB);
     build_program(&dir.0, "spin", SPIN_JOB);
+    build_program(&dir.0, "tick", TICK_JOB);
     std::fs::write(dir.0.join("input.txt"), "the input\n").unwrap();
 
     let created = clowder(&socket, &["enclave", "create", "--name", "e", "--cores", "1", "--mem", "256M"], &dir.0);
@@ -166,6 +184,32 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
     assert_eq!(spin.status.code(), Some(0));
     let listing = clowder(&socket, &["enclave", "ls"], &dir.0);
     assert!(text(&listing.stdout).contains('e'), "{}", text(&listing.stdout));
+
+    // A client that goes away gets its job killed (KillJob); the enclave takes the next job.
+    let mut ticking = Command::new(env!("CARGO_BIN_EXE_clowder"))
+        .args(["run", "--enclave", "e", "./tick"])
+        .current_dir(&dir.0)
+        .env("CLOWDER_SOCKET", &socket)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first_line = String::new();
+    BufReader::new(ticking.stdout.take().unwrap()).read_line(&mut first_line).unwrap();
+    assert_eq!(first_line, "tick\n");
+    ticking.kill().unwrap();
+    ticking.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let after_kill = loop {
+        let run = clowder(&socket, &["run", "--enclave", "e", "--file", "input.txt", "./files", "after-kill"], &dir.0);
+        if run.status.code() == Some(3) || Instant::now() > deadline {
+            break run;
+        }
+        // Until the daemon notices the client is gone the enclave is busy with the old job.
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(text(&after_kill.stdout), "hello after-kill\nresult.txt has 15018 bytes\n", "stderr: {}", text(&after_kill.stderr));
+    let logs = clowder(&socket, &["logs", "e"], &dir.0);
+    assert!(text(&logs.stdout).contains("exited with status 137"), "{}", text(&logs.stdout));
 
     let removed = clowder(&socket, &["enclave", "rm", "e"], &dir.0);
     assert!(removed.status.success(), "rm: {}{}", text(&removed.stdout), text(&removed.stderr));

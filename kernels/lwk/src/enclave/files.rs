@@ -6,6 +6,7 @@
 //! there): the job's own buffer may span physically separate pages (read-only image pages
 //! are the executable's), and copying through the kernel turns bad pointers into EFAULT.
 
+use super::rules::is_forwarded;
 use super::{follow_up, with_state, FileAnswer};
 use crate::arch::trap::{copy_from_user, copy_to_user};
 use crate::arch::tables::{self, MAX_CPUS};
@@ -26,19 +27,6 @@ const EMFILE: i64 = 24;
 /// a thread waiting for the host keeps its CPU (it halts, it does not yield), and a lock
 /// would stay held if the host killed the job during the wait.
 static BOUNCE: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
-
-/// Which paths go to the host: relative ones, and absolute ones under `cwd`. Pure, so that
-/// the rule is testable on its own (see the tests below and `test.sh`).
-pub fn is_forwarded(path: &str, cwd: &str) -> bool {
-    if path.is_empty() {
-        return false;
-    }
-    if !path.starts_with('/') {
-        return true;
-    }
-    let cwd = cwd.trim_end_matches('/');
-    path.strip_prefix(cwd).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-}
 
 /// The running job's working directory, if the kernel runs enclave jobs.
 fn job_cwd() -> Option<String> {

@@ -21,6 +21,7 @@
 //! core from every multi-vCPU job and still leave one-vCPU enclaves needing the interrupt.
 
 pub mod files;
+pub mod rules;
 
 use crate::arch::channel as machine_channel;
 use crate::arch::sync::SpinLock;
@@ -55,17 +56,13 @@ pub struct ChannelConfig {
     pub doorbell_port: u16,
 }
 
-fn parse_hex(text: &str) -> Option<u64> {
-    u64::from_str_radix(text.trim_start_matches("0x"), 16).ok()
-}
-
 impl ChannelConfig {
     pub fn from_command_line(command_line: &str) -> Option<ChannelConfig> {
-        let (physical, size) = cmdline::value_of(command_line, "clowder.channel")?.split_once(',')?;
-        let hex_value = |key| cmdline::value_of(command_line, key).and_then(parse_hex);
+        let (physical, size) = rules::parse_channel_region(cmdline::value_of(command_line, "clowder.channel")?)?;
+        let hex_value = |key| cmdline::value_of(command_line, key).and_then(rules::parse_hex);
         Some(ChannelConfig {
-            physical: parse_hex(physical)?,
-            size: parse_hex(size)?,
+            physical,
+            size,
             vector: hex_value("clowder.channel_vector").map_or(DEFAULT_VECTOR, |vector| vector as u8),
             doorbell_port: hex_value("clowder.channel_port").map_or(DEFAULT_DOORBELL_PORT, |port| port as u16),
         })
@@ -210,10 +207,10 @@ impl State {
                     self.pending_launch = Some(bytes.to_vec());
                 }
             }
-            HostMessage::KillJob { job } if running == Some(job) => self.kill_status = Some(128 + SIGKILL),
+            HostMessage::KillJob { job } if running == Some(job) => self.kill_status = Some(rules::status_for_signal(SIGKILL)),
             // No signal handlers run in this kernel: a signal the host sends ends the job, as
             // its default action would for the terminating signals clowder sends.
-            HostMessage::SignalJob { job, signal } if running == Some(job) => self.kill_status = Some(128 + signal),
+            HostMessage::SignalJob { job, signal } if running == Some(job) => self.kill_status = Some(rules::status_for_signal(signal)),
             HostMessage::KillJob { .. } | HostMessage::SignalJob { .. } => {}
             HostMessage::Shutdown => return Followup::Shutdown,
             HostMessage::FileResult { request, result, .. } => {
@@ -358,7 +355,7 @@ pub fn end_job(status: u8) -> ! {
 
 /// Streams a write to the console descriptors to the host (descriptor 2 is stderr).
 pub fn job_output(descriptor: u64, bytes: &[u8]) {
-    let stream = if descriptor == 2 { Stream::Stderr } else { Stream::Stdout };
+    let stream = if rules::is_stderr(descriptor) { Stream::Stderr } else { Stream::Stdout };
     with_state(|state| {
         let Some(job) = state.job.as_ref().map(|job| job.id) else { return };
         let chunk = enclave_proto::max_output_chunk(state.link.endpoint.max_message_len()).max(1);
