@@ -522,3 +522,10 @@ pub fn exit_current(status: u8) -> ! {
     );
     unreachable!("an exited thread was resumed")
 }
+
+/// The number of the job's threads, or `None` when the scheduler is locked: by this CPU
+/// itself when the last thread's `exit` ends the job from inside the scheduler (a persistent
+/// enclave then cannot reuse the scheduler for another job).
+pub fn try_thread_count() -> Option<usize> {
+    SCHEDULER.try_lock().map(|scheduler| scheduler.as_ref().map_or(0, |scheduler| scheduler.threads.len()))
+}

@@ -135,6 +135,7 @@ struct State {
     pending_launch: Option<Vec<u8>>,
     /// The host asked for the running job to end, with this status.
     kill_status: Option<u32>,
+    vcpus: u16,
 }
 
 static STATE: SpinLock<Option<State>> = SpinLock::new(None);
@@ -256,7 +257,7 @@ pub fn run(config: ChannelConfig, vcpus: u16) -> ! {
     // Interrupts from here on: every host message raises the channel vector.
     link.endpoint.set_waiting(true);
     machine_channel::install_interrupt_handler(config.vector);
-    *STATE.lock() = Some(State { link, job: None, next_request: 1, answers: BTreeMap::new(), pending_launch: None, kill_status: None });
+    *STATE.lock() = Some(State { link, job: None, next_request: 1, answers: BTreeMap::new(), pending_launch: None, kill_status: None, vcpus });
     let stack = mm::pmem::allocate(SERVICE_STACK_SIZE, 4096).expect("no memory for the service stack");
     SERVICE_STACK_TOP.store(arch::phys::to_virtual(stack) + SERVICE_STACK_SIZE, Ordering::Relaxed);
     ACTIVE.store(true, Ordering::Release);
@@ -339,12 +340,27 @@ fn launch_job(bytes: &[u8]) {
 /// The job is over (it exited, faulted or was killed): report it, free its memory and go
 /// back to the service loop on the service stack.
 pub fn end_job(status: u8) -> ! {
-    let id = with_state(|state| {
+    let (id, vcpus) = with_state(|state| {
         let id = state.job.take().map(|job| job.id);
         state.kill_status = None;
         state.answers.clear();
-        id
+        (id, state.vcpus)
     });
+    // Reusing the machine is safe only if no thread of this job can run again: with one vCPU
+    // the others sit in CPU 0's queue, which the next job replaces; with more, a thread may be
+    // running on another CPU (nothing stops it yet), and when the last thread's `exit` ends
+    // the job the scheduler stays locked. Then the enclave ends after reporting the job.
+    let reusable = match crate::sched::try_thread_count() {
+        None => false,
+        Some(threads) => vcpus <= 1 || threads <= 1,
+    };
+    if !reusable {
+        if let Some(id) = id {
+            with_state(|state| state.link.send(&EnclaveMessage::JobExited { job: id, status: status as u32 }));
+        }
+        log!("enclave: job threads may still be live on other CPUs; stopping rather than reusing their memory");
+        machine::exit(status)
+    }
     job::release();
     fs::clear();
     if let Some(id) = id {
