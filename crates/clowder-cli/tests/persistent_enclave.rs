@@ -94,9 +94,12 @@ fn build_program(dir: &Path, name: &str, source: &str) {
 }
 
 /// Writes to stdout and stderr, copies an input file into a new file of the working
-/// directory (open, fstat, read, write, lseek, close on host files), and exits with 3.
+/// directory (open, fstat, read, write, lseek, close, stat, access on host files), reports
+/// getcwd, and exits with 3.
 const FILES_JOB: &str = r#"#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 int main(int argc, char **argv) {
     printf("hello %s\n", argc > 1 ? argv[1] : "nobody");
     fprintf(stderr, "to stderr\n");
@@ -113,6 +116,12 @@ int main(int argc, char **argv) {
     if (!again || fseek(again, 0, SEEK_END) != 0) return 13;
     printf("result.txt has %ld bytes\n", ftell(again));
     fclose(again);
+    struct stat status;
+    if (stat("result.txt", &status) != 0 || access("result.txt", W_OK) != 0) return 14;
+    printf("stat: %ld bytes\n", (long)status.st_size);
+    char cwd[4096];
+    if (!getcwd(cwd, sizeof cwd)) return 15;
+    fprintf(stderr, "cwd %s\n", cwd);
     return 3;
 }
 "#;
@@ -165,8 +174,10 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
     assert!(created.status.success(), "create: {}{}", text(&created.stdout), text(&created.stderr));
 
     let run = clowder(&socket, &["run", "--enclave", "e", "--file", "input.txt", "./files", "world"], &dir.0);
-    assert_eq!(text(&run.stdout), "hello world\nresult.txt has 15018 bytes\n", "stderr: {}", text(&run.stderr));
+    assert_eq!(text(&run.stdout), "hello world\nresult.txt has 15018 bytes\nstat: 15018 bytes\n", "stderr: {}", text(&run.stderr));
     assert!(text(&run.stderr).contains("to stderr"), "stderr: {}", text(&run.stderr));
+    // getcwd is the host directory the job was launched from.
+    assert!(text(&run.stderr).contains(&format!("cwd {}\n", dir.0.display())), "stderr: {}", text(&run.stderr));
     assert_eq!(run.status.code(), Some(3), "the job's status is the CLI's");
     let result = std::fs::read_to_string(dir.0.join("result.txt")).expect("the job's output file is on the host");
     assert!(result.starts_with("copied: the input\n0000\n0001\n"), "{}", &result[..40.min(result.len())]);
@@ -174,7 +185,7 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
 
     // The same enclave runs the next job: the first one's memory came back.
     let again = clowder(&socket, &["run", "--enclave", "e", "--file", "input.txt", "./files", "again"], &dir.0);
-    assert_eq!(text(&again.stdout), "hello again\nresult.txt has 15018 bytes\n", "stderr: {}", text(&again.stderr));
+    assert_eq!(text(&again.stdout), "hello again\nresult.txt has 15018 bytes\nstat: 15018 bytes\n", "stderr: {}", text(&again.stderr));
     assert_eq!(again.status.code(), Some(3));
 
     // A job spinning longer than the ping timeout (5 s) in user mode: the kernel answers the
@@ -207,7 +218,7 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
         // Until the daemon notices the client is gone the enclave is busy with the old job.
         std::thread::sleep(Duration::from_millis(200));
     };
-    assert_eq!(text(&after_kill.stdout), "hello after-kill\nresult.txt has 15018 bytes\n", "stderr: {}", text(&after_kill.stderr));
+    assert_eq!(text(&after_kill.stdout), "hello after-kill\nresult.txt has 15018 bytes\nstat: 15018 bytes\n", "stderr: {}", text(&after_kill.stderr));
     let logs = clowder(&socket, &["logs", "e"], &dir.0);
     assert!(text(&logs.stdout).contains("exited with status 137"), "{}", text(&logs.stdout));
 

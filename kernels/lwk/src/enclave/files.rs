@@ -28,8 +28,8 @@ const EMFILE: i64 = 24;
 /// would stay held if the host killed the job during the wait.
 static BOUNCE: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 
-/// The running job's working directory, if the kernel runs enclave jobs.
-fn job_cwd() -> Option<String> {
+/// The running job's working directory on the host, if the kernel runs enclave jobs.
+pub fn job_cwd() -> Option<String> {
     if !super::is_active() {
         return None;
     }
@@ -79,25 +79,33 @@ fn bounce() -> Option<u64> {
     Some(slot.load(Ordering::Relaxed))
 }
 
-/// `open`/`openat` of a path the in-memory file system lacks: `None` if it is not the
-/// host's to open, else the new descriptor or a negated errno.
-pub fn open(path: &str, flags: u32, mode: u32) -> Option<i64> {
-    let cwd = job_cwd()?;
-    if !is_forwarded(path, &cwd) {
-        return None;
-    }
+/// Whether the running job's `path` (not in its in-memory file system) is the host's.
+pub fn is_host_path(path: &str) -> bool {
+    job_cwd().is_some_and(|cwd| is_forwarded(path, &cwd))
+}
+
+/// Opens a host path (`is_host_path`): the new descriptor, or a negated errno.
+pub fn open(path: &str, flags: u32, mode: u32) -> i64 {
     let handle = result_of(request(FileOp::Open { path: path.as_bytes(), flags, mode }));
     if handle < 0 {
-        return Some(handle);
+        return handle;
     }
     let descriptor = job::with_process(|process| process.descriptors.insert(Descriptor::Remote { handle: handle as u32 }));
-    Some(match descriptor {
+    match descriptor {
         Some(descriptor) => descriptor as i64,
         None => {
             request(FileOp::Close { handle: handle as u32 });
             -EMFILE
         }
-    })
+    }
+}
+
+/// `stat` of a host path, or a negated errno.
+pub fn stat_path(path: &str) -> Result<FileAttributes, i64> {
+    match request(FileOp::Stat { path: path.as_bytes() }) {
+        FileAnswer::Attributes(attributes) => Ok(attributes),
+        FileAnswer::Result(error) => Err(if error < 0 { error } else { -5 }),
+    }
 }
 
 /// The host's handle behind `descriptor`, if it names a host file.

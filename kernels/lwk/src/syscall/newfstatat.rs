@@ -12,6 +12,9 @@ pub fn call(call: &mut Call<'_>) -> SyscallResult {
     if flags & AT_EMPTY_PATH != 0 && user::read_path(address)?.is_empty() {
         return stat_descriptor(directory, stat);
     }
+    if let Some(result) = super::openat::stat_on_host(directory, address, stat) {
+        return result;
+    }
     let node = path::lookup(&path::resolve(directory, address)?)?;
     write_stat(stat, &node)
 }

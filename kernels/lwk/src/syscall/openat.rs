@@ -3,6 +3,7 @@
 //! file ENOTDIR; directories open read-only for `getdents64`.
 
 use super::{path, user, Call, Errno, SyscallResult};
+use alloc::string::String;
 use crate::enclave::files;
 use crate::job::{self, descriptors::Descriptor};
 
@@ -34,8 +35,9 @@ pub fn open(directory: u64, address: u64, flags: u64) -> SyscallResult {
 }
 
 /// In a persistent enclave, a path the job's file system lacks, relative to the working
-/// directory or absolute under it, is opened on the host; `None` when it is not the host's.
-pub fn open_on_host(directory: u64, address: u64, flags: u64, mode: u64) -> Option<SyscallResult> {
+/// directory or absolute under it, is the host's: returns it as the job wrote it (the host
+/// resolves it in the job's working directory), `None` when the path is the enclave's own.
+pub fn host_path(directory: u64, address: u64) -> Option<Result<String, Errno>> {
     if !crate::enclave::is_active() || path::resolve(directory, address).and_then(|path| path::lookup(&path)).is_ok() {
         return None;
     }
@@ -47,7 +49,27 @@ pub fn open_on_host(directory: u64, address: u64, flags: u64, mode: u64) -> Opti
     if !raw.starts_with('/') && directory as u32 as i32 != AT_FDCWD {
         return None;
     }
-    files::open(&raw, flags as u32, mode as u32).map(files::to_syscall_result)
+    files::is_host_path(&raw).then_some(Ok(raw))
+}
+
+/// `open`/`openat` of a host path: the call goes to the host.
+pub fn open_on_host(directory: u64, address: u64, flags: u64, mode: u64) -> Option<SyscallResult> {
+    Some(match host_path(directory, address)? {
+        Ok(path) => files::to_syscall_result(files::open(&path, flags as u32, mode as u32)),
+        Err(errno) => Err(errno),
+    })
+}
+
+/// `stat` and friends of a host path: the host's attributes written as a `struct stat`.
+pub fn stat_on_host(directory: u64, address: u64, stat: u64) -> Option<SyscallResult> {
+    let path = match host_path(directory, address)? {
+        Ok(path) => path,
+        Err(errno) => return Some(Err(errno)),
+    };
+    Some(match files::stat_path(&path) {
+        Ok(attributes) => user::write_words(stat, &files::stat_words(&attributes)).map(|_| 0),
+        Err(error) => files::to_syscall_result(error),
+    })
 }
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
