@@ -140,6 +140,16 @@ int main(int argc, char **argv) {
 }
 "#;
 
+/// Sleeps 6 s (a timed wait: the kernel's idle loop polls the clock with interrupts off).
+const SLEEP_JOB: &str = r#"#include <stdio.h>
+#include <unistd.h>
+int main(void) {
+    sleep(6);
+    printf("slept\n");
+    return 0;
+}
+"#;
+
 /// Prints a line every 100 ms for ever (spinning on the vDSO clock between lines).
 const TICK_JOB: &str = r#"#include <stdio.h>
 #include <time.h>
@@ -168,6 +178,7 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
     build_program(&dir.0, "files", FILES_JOB);
     build_program(&dir.0, "spin", SPIN_JOB);
     build_program(&dir.0, "tick", TICK_JOB);
+    build_program(&dir.0, "sleep", SLEEP_JOB);
     std::fs::write(dir.0.join("input.txt"), "the input\n").unwrap();
 
     let created = clowder(&socket, &["enclave", "create", "--name", "e", "--cores", "1", "--mem", "256M"], &dir.0);
@@ -193,6 +204,9 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
     let spin = clowder(&socket, &["run", "--enclave", "e", "./spin", "7"], &dir.0);
     assert_eq!(text(&spin.stdout), "spun 7 s\n", "stderr: {}", text(&spin.stderr));
     assert_eq!(spin.status.code(), Some(0));
+    // The same while the job sleeps: the idle loop serves the channel as it polls.
+    let sleep = clowder(&socket, &["run", "--enclave", "e", "./sleep"], &dir.0);
+    assert_eq!(text(&sleep.stdout), "slept\n", "stderr: {}", text(&sleep.stderr));
     let listing = clowder(&socket, &["enclave", "ls"], &dir.0);
     assert!(text(&listing.stdout).contains('e'), "{}", text(&listing.stdout));
 

@@ -266,6 +266,9 @@ fn idle_loop(cpu: usize) -> ! {
             }
             IdleStep::Sleep => apic::sleep_until_interrupt(),
             IdleStep::Poll => {
+                // Interrupts stay off while this CPU polls: a persistent enclave's host, which
+                // pings every second, is served from here meanwhile.
+                crate::enclave::serve_host_while_polling(cpu);
                 for _ in 0..IDLE_CHECK_INTERVAL {
                     if QUEUED[cpu].load(Ordering::Acquire) != 0 {
                         break;
