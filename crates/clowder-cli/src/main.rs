@@ -263,6 +263,29 @@ fn run_command(args: &mut Arguments, json_output: bool) -> Result<u8, Failure> {
     Ok(reply["status"].as_u64().map_or(1, |status| status.min(255) as u8))
 }
 
+/// `xemem ls`: one row per segment the host's XEMEM name server knows.
+fn print_segments(reply: &Value) {
+    let segments = reply["segments"].as_array().cloned().unwrap_or_default();
+    if segments.is_empty() {
+        println!("no XEMEM segments (broker on {})", text(&reply["socket"]));
+        return;
+    }
+    let rows: Vec<Vec<String>> = segments
+        .iter()
+        .map(|segment| {
+            // Enclave 1 is the host's own name server: its segments belong to host processes.
+            let owner = match segment["owner_enclave"].as_u64() {
+                Some(1) => "host".to_string(),
+                Some(enclave) => format!("enclave {enclave}"),
+                None => "-".to_string(),
+            };
+            let size = segment["size"].as_u64().map_or_else(|| "-".to_string(), clowderd::memory::format_size);
+            vec![text(&segment["segid_hex"]), owner, size, text(&segment["name"])]
+        })
+        .collect();
+    print_table(&["SEGID", "OWNER", "SIZE", "NAME"], &rows);
+}
+
 fn simple_command(request: Value, json_output: bool, show: impl Fn(&Value)) -> Result<u8, Failure> {
     let mut client = Client::connect().map_err(Failure::Error)?;
     let reply = reply_or_error(client.call(&request).map_err(Failure::Error)?)?;
@@ -300,7 +323,7 @@ fn run(arguments: Vec<String>) -> Result<u8, Failure> {
             })
         }
         Some("xemem") => match args.next().as_deref() {
-            Some("ls") => simple_command(json!({"op": "xemem_ls"}), json_output, |_| {}),
+            Some("ls") => simple_command(json!({"op": "xemem_ls"}), json_output, print_segments),
             _ => Err(Usage("xemem takes: ls".into()).into()),
         },
         Some("help" | "--help" | "-h") => {

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
@@ -19,6 +19,7 @@ use crate::memory::{check_request, format_size, HostMemory};
 use crate::oneshot::{kernel_command_line, OneShot, RunEvent};
 use crate::peer::{may_create_enclaves, Peer};
 use crate::sys;
+use crate::xemem_service::XememService;
 
 /// How many removed enclaves `ls` and `logs` remember.
 const REMEMBERED_REMOVALS: usize = 16;
@@ -71,6 +72,8 @@ pub struct Daemon {
     launcher: Box<dyn Launcher>,
     cpusets: Result<Cpusets, String>,
     state: Mutex<State>,
+    /// The host's XEMEM broker, once `host_xemem` gave it one (tests may run without).
+    xemem: OnceLock<XememService>,
 }
 
 fn unix_seconds(time: SystemTime) -> u64 {
@@ -124,7 +127,7 @@ impl Daemon {
                 report(&format!("cannot isolate cores: {why}"));
             }
         }
-        Arc::new(Daemon { config, launcher, cpusets, state: Mutex::new(State::default()) })
+        Arc::new(Daemon { config, launcher, cpusets, state: Mutex::new(State::default()), xemem: OnceLock::new() })
     }
 
     /// Answers one request; `events` receives the lines that come before the final reply.
@@ -148,10 +151,16 @@ impl Daemon {
             Request::Remove { name } => self.remove(&name),
             Request::Logs { name } => self.logs(&name),
             Request::Run(run) => self.run(run, files, peer, events),
-            Request::XememList => error_reply(
-                "xemem is not implemented yet: the XEMEM name server is not part of clowderd so far, so there are no segments to list",
-            ),
+            Request::XememList => match self.xemem.get() {
+                Some(xemem) => xemem.list_reply(),
+                None => error_reply("this clowderd runs without an XEMEM broker, so there are no segments to list"),
+            },
         }
+    }
+
+    /// Makes `xemem` the daemon's XEMEM broker (once; a second one is handed back).
+    pub fn host_xemem(&self, xemem: XememService) -> Result<(), XememService> {
+        self.xemem.set(xemem)
     }
 
     /// Reserves cores and memory under a new name, or says why not.

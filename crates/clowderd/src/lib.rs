@@ -24,3 +24,4 @@ pub mod oneshot;
 pub mod peer;
 pub mod server;
 pub mod sys;
+pub mod xemem_service;

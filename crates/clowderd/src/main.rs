@@ -9,7 +9,7 @@ use clowderd::daemon::{Daemon, DaemonConfig};
 use clowderd::enclave::Liveness;
 use clowderd::machine::VmmLauncher;
 use clowderd::memory::parse_size;
-use clowderd::{peer, server};
+use clowderd::{peer, server, xemem_service};
 
 const USAGE: &str = "usage: clowderd [options]
   --socket PATH        API socket (default: $CLOWDER_SOCKET or /run/clowder/clowderd.sock)
@@ -21,6 +21,8 @@ const USAGE: &str = "usage: clowderd [options]
   --hello-timeout MS   how long a new enclave's kernel may take to answer (default 10000)
   --ping-interval MS   liveness ping period (default 1000)
   --ping-timeout MS    an enclave silent this long is removed (default 5000)
+  --xemem-socket PATH  the XEMEM broker's socket for libxpmem (default: $CLOWDER_XEMEM_SOCKET,
+                       else xemem.sock beside the API socket)
 ";
 
 /// The LWK image next to a checkout: walk up from clowderd's directory.
@@ -30,6 +32,8 @@ fn find_kernel(exe: &Path) -> Option<PathBuf> {
 
 struct Options {
     socket: PathBuf,
+    /// None: beside the API socket, decided once `--socket` is known.
+    xemem_socket: Option<PathBuf>,
     vmm: PathBuf,
     kernel: PathBuf,
     isolate_cores: bool,
@@ -42,6 +46,7 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
     let sibling_vmm = exe.with_file_name("clowder-vmm");
     let mut options = Options {
         socket: socket_path(),
+        xemem_socket: None,
         vmm: std::env::var_os("CLOWDER_VMM").map(PathBuf::from).unwrap_or_else(|| {
             if sibling_vmm.is_file() { sibling_vmm } else { PathBuf::from("clowder-vmm") }
         }),
@@ -58,6 +63,7 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
         };
         match flag.as_str() {
             "--socket" => options.socket = value()?.into(),
+            "--xemem-socket" => options.xemem_socket = Some(value()?.into()),
             "--vmm" => options.vmm = value()?.into(),
             "--kernel" => options.kernel = value()?.into(),
             "--isolate-cores" => options.isolate_cores = true,
@@ -94,14 +100,16 @@ fn block_termination_signals() -> libc::sigset_t {
 
 /// On SIGTERM or SIGINT: tear the enclaves down (their VMMs would otherwise outlive the daemon),
 /// remove the socket, exit.
-fn on_termination(signals: libc::sigset_t, daemon: std::sync::Arc<Daemon>, socket: PathBuf) {
+fn on_termination(signals: libc::sigset_t, daemon: std::sync::Arc<Daemon>, sockets: Vec<PathBuf>) {
     std::thread::spawn(move || {
         let mut signal = 0;
         // SAFETY: waits on the set blocked in every thread.
         if unsafe { libc::sigwait(&signals, &mut signal) } == 0 {
             eprintln!("clowderd: signal {signal}: removing all enclaves");
             daemon.shut_down_all();
-            let _ = std::fs::remove_file(&socket);
+            for socket in &sockets {
+                let _ = std::fs::remove_file(socket);
+            }
             std::process::exit(0);
         }
     });
@@ -138,9 +146,21 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    eprintln!("clowderd: listening on {}", options.socket.display());
+    let xemem_socket = options.xemem_socket.clone().unwrap_or_else(|| xemem_service::socket_beside(&options.socket));
+    let xemem = match xemem_service::start(&xemem_socket) {
+        Ok(xemem) => xemem,
+        Err(e) => {
+            eprintln!("clowderd: {e}");
+            let _ = std::fs::remove_file(&options.socket);
+            return ExitCode::FAILURE;
+        }
+    };
+    eprintln!("clowderd: listening on {} (XEMEM on {})", options.socket.display(), xemem_socket.display());
     let daemon = Daemon::new(config, Box::new(launcher));
-    on_termination(signals, daemon.clone(), options.socket.clone());
+    if daemon.host_xemem(xemem).is_err() {
+        unreachable!("a new daemon has no XEMEM broker yet");
+    }
+    on_termination(signals, daemon.clone(), vec![options.socket.clone(), xemem_socket]);
     if let Err(e) = server::serve(daemon, listener) {
         eprintln!("clowderd: accepting clients: {e}");
         return ExitCode::FAILURE;

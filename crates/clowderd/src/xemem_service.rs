@@ -1,0 +1,133 @@
+//! The host's XEMEM segment broker inside the daemon: `libxpmem` in every host process connects
+//! to it (see `docs/xemem.md`), and `xemem_ls` lists its segments.
+//!
+//! The broker itself is `xemem_host::Broker`; this module only gives it a socket, a thread per
+//! connection, and turns its listing into the API's JSON.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use xemem_host::Broker;
+
+/// The daemon's running broker and where applications reach it.
+pub struct XememService {
+    pub broker: Broker,
+    pub socket: PathBuf,
+}
+
+/// Where the broker listens when the daemon's API socket is `api_socket`:
+/// `$CLOWDER_XEMEM_SOCKET`, else `xemem.sock` beside the API socket. Whenever the API socket
+/// itself came from `$CLOWDER_SOCKET` or the default, this is exactly
+/// `xemem_host::default_socket_path()`, which is where libxpmem looks. With `--socket` the
+/// broker still follows the daemon, so a daemon on a private socket never collides with the
+/// system's broker; applications then set `CLOWDER_SOCKET` as every other client does.
+pub fn socket_beside(api_socket: &Path) -> PathBuf {
+    if let Some(path) = std::env::var_os("CLOWDER_XEMEM_SOCKET").filter(|p| !p.is_empty()) {
+        return path.into();
+    }
+    match api_socket.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+        Some(dir) => dir.join("xemem.sock"),
+        None => xemem_host::default_socket_path(),
+    }
+}
+
+/// Binds the broker's socket (SOCK_SEQPACKET, mode 0666: any local user may use the XPMEM API;
+/// each request is checked against the caller's credentials) and serves it on a thread.
+/// Binding happens before this returns, so the socket exists once the daemon says it listens.
+pub fn start(socket: &Path) -> Result<XememService, String> {
+    if let Some(parent) = socket.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| format!("creating {}: {e}", parent.display()))?;
+    }
+    // Two brokers would split the host's name space: applications would see one or the other
+    // depending on when they connected.
+    if xemem_host::sys::connect(socket).is_ok() {
+        return Err(format!(
+            "an XEMEM broker (another clowderd or xemem-broker) is already listening on {}; stop it, \
+             or give this daemon another socket with --xemem-socket PATH",
+            socket.display()
+        ));
+    }
+    let listener = xemem_host::sys::listen(socket).map_err(|e| format!("binding the XEMEM socket {}: {e}", socket.display()))?;
+    // Every owner's converted memfds are held until the owner goes: allow as many descriptors
+    // as the system does.
+    xemem_host::sys::raise_descriptor_limit();
+    let broker = Broker::new();
+    let serving = broker.clone();
+    std::thread::Builder::new()
+        .name("xemem-accept".into())
+        .spawn(move || accept_forever(&serving, &listener))
+        .map_err(|e| format!("starting the XEMEM thread: {e}"))?;
+    Ok(XememService { broker, socket: socket.to_path_buf() })
+}
+
+fn accept_forever(broker: &Broker, listener: &OwnedFd) {
+    loop {
+        match xemem_host::sys::accept(listener) {
+            Ok(connection) => {
+                let broker = broker.clone();
+                let spawned = std::thread::Builder::new().name("xemem".into()).spawn(move || broker.serve_connection(connection));
+                if let Err(e) = spawned {
+                    eprintln!("clowderd: xemem: cannot start a connection thread: {e}");
+                }
+            }
+            // Out of descriptors or memory for a moment: the API and the connections already
+            // served must keep working, so wait and accept again rather than give up.
+            Err(e) => {
+                eprintln!("clowderd: xemem: accepting a connection: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+impl XememService {
+    /// The `xemem_ls` reply: every segment the host's name server knows.
+    pub fn list_reply(&self) -> Value {
+        let segments: Vec<Value> = self
+            .broker
+            .list()
+            .iter()
+            .map(|listing| {
+                json!({
+                    "segid": listing.segment.raw(),
+                    "segid_hex": format!("{:#x}", listing.segment.raw()),
+                    "owner_enclave": listing.owner,
+                    "size": listing.size,
+                    "name": listing.name.as_ref().map(|name| String::from_utf8_lossy(name.as_bytes()).into_owned()),
+                })
+            })
+            .collect();
+        json!({"ok": true, "socket": self.socket.display().to_string(), "segments": segments})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broker_socket_follows_the_api_socket() {
+        // Only meaningful without an override in the environment running the tests.
+        if std::env::var_os("CLOWDER_XEMEM_SOCKET").is_some() {
+            return;
+        }
+        assert_eq!(socket_beside(Path::new("/tmp/x/c.sock")), PathBuf::from("/tmp/x/xemem.sock"));
+        assert_eq!(socket_beside(Path::new("/run/clowder/clowderd.sock")), PathBuf::from("/run/clowder/xemem.sock"));
+    }
+
+    #[test]
+    fn an_empty_broker_lists_nothing() {
+        let dir = std::env::temp_dir().join(format!("clowderd-xemem-unit-{}", std::process::id()));
+        let socket = dir.join("xemem.sock");
+        let service = start(&socket).unwrap();
+        let reply = service.list_reply();
+        assert_eq!(reply["ok"], json!(true));
+        assert_eq!(reply["segments"], json!([]));
+        // A second broker on the same socket is refused rather than splitting the name space.
+        let Err(second) = start(&socket) else { panic!("a second broker started on {}", socket.display()) };
+        assert!(second.contains("already listening"), "{second}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
