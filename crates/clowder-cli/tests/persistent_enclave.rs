@@ -94,10 +94,13 @@ fn build_program(dir: &Path, name: &str, source: &str) {
 }
 
 /// Writes to stdout and stderr, copies an input file into a new file of the working
-/// directory (open, fstat, read, write, lseek, close, stat, access on host files), reports
-/// getcwd, and exits with 3.
+/// directory (open, fstat, read, write, lseek, close, stat, access on host files), makes a
+/// directory and a scratch file in it (mkdir, pwrite, ftruncate, unlink), reports getcwd, and
+/// exits with 3.
 const FILES_JOB: &str = r#"#include <stdio.h>
 #include <string.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 int main(int argc, char **argv) {
@@ -122,6 +125,11 @@ int main(int argc, char **argv) {
     char cwd[4096];
     if (!getcwd(cwd, sizeof cwd)) return 15;
     fprintf(stderr, "cwd %s\n", cwd);
+    if (mkdir("made", 0755) != 0 && errno != EEXIST) return 16;
+    int fd = open("made/scratch", O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    if (fd < 0 || pwrite(fd, "abc", 3, 10) != 3 || ftruncate(fd, 5) != 0 || fstat(fd, &status) != 0) return 17;
+    printf("scratch: %ld bytes\n", (long)status.st_size);
+    if (close(fd) != 0 || unlink("made/scratch") != 0 || access("made/scratch", F_OK) == 0) return 18;
     return 3;
 }
 "#;
@@ -185,7 +193,7 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
     assert!(created.status.success(), "create: {}{}", text(&created.stdout), text(&created.stderr));
 
     let run = clowder(&socket, &["run", "--enclave", "e", "--file", "input.txt", "./files", "world"], &dir.0);
-    assert_eq!(text(&run.stdout), "hello world\nresult.txt has 15018 bytes\nstat: 15018 bytes\n", "stderr: {}", text(&run.stderr));
+    assert_eq!(text(&run.stdout), "hello world\nresult.txt has 15018 bytes\nstat: 15018 bytes\nscratch: 5 bytes\n", "stderr: {}", text(&run.stderr));
     assert!(text(&run.stderr).contains("to stderr"), "stderr: {}", text(&run.stderr));
     // getcwd is the host directory the job was launched from.
     assert!(text(&run.stderr).contains(&format!("cwd {}\n", dir.0.display())), "stderr: {}", text(&run.stderr));
@@ -193,10 +201,11 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
     let result = std::fs::read_to_string(dir.0.join("result.txt")).expect("the job's output file is on the host");
     assert!(result.starts_with("copied: the input\n0000\n0001\n"), "{}", &result[..40.min(result.len())]);
     assert!(result.ends_with("2999\n"));
+    assert!(dir.0.join("made").is_dir() && !dir.0.join("made/scratch").exists(), "mkdir and unlink reach the host");
 
     // The same enclave runs the next job: the first one's memory came back.
     let again = clowder(&socket, &["run", "--enclave", "e", "--file", "input.txt", "./files", "again"], &dir.0);
-    assert_eq!(text(&again.stdout), "hello again\nresult.txt has 15018 bytes\nstat: 15018 bytes\n", "stderr: {}", text(&again.stderr));
+    assert_eq!(text(&again.stdout), "hello again\nresult.txt has 15018 bytes\nstat: 15018 bytes\nscratch: 5 bytes\n", "stderr: {}", text(&again.stderr));
     assert_eq!(again.status.code(), Some(3));
 
     // A job spinning longer than the ping timeout (5 s) in user mode: the kernel answers the
@@ -232,7 +241,7 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
         // Until the daemon notices the client is gone the enclave is busy with the old job.
         std::thread::sleep(Duration::from_millis(200));
     };
-    assert_eq!(text(&after_kill.stdout), "hello after-kill\nresult.txt has 15018 bytes\nstat: 15018 bytes\n", "stderr: {}", text(&after_kill.stderr));
+    assert_eq!(text(&after_kill.stdout), "hello after-kill\nresult.txt has 15018 bytes\nstat: 15018 bytes\nscratch: 5 bytes\n", "stderr: {}", text(&after_kill.stderr));
     let logs = clowder(&socket, &["logs", "e"], &dir.0);
     assert!(text(&logs.stdout).contains("exited with status 137"), "{}", text(&logs.stdout));
 

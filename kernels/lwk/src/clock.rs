@@ -202,6 +202,11 @@ pub fn init(boot_tsc: u64, may_probe_ports: bool) {
     }
 }
 
+/// TSC ticks per second (the scheduler sizes time slices with it).
+pub fn tsc_hz() -> u64 {
+    TSC_HZ.load(Ordering::Relaxed)
+}
+
 pub fn monotonic_ns() -> u64 {
     let ticks = cpu::read_tsc().wrapping_sub(BOOT_TSC.load(Ordering::Relaxed));
     ((ticks as u128 * TSC_MULTIPLIER.load(Ordering::Relaxed) as u128) >> TSC_SHIFT.load(Ordering::Relaxed)) as u64

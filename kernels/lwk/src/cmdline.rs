@@ -1,8 +1,8 @@
 //! The kernel command line.
 //!
 //! ```text
-//! [lwk.heap=SIZE] [lwk.stack=SIZE] [lwk.env=NAME=VALUE]... [lwk.cpus=N] [lwk.verbose]
-//!     [lwk.crash=panic|fault] [clowder.*=...] -- ARGV0 ARG1 ...
+//! [lwk.heap=SIZE] [lwk.stack=SIZE] [lwk.env=NAME=VALUE]... [lwk.cpus=N] [lwk.fpu=xsave|fxsave]
+//!     [lwk.verbose] [lwk.crash=panic|fault] [clowder.*=...] -- ARGV0 ARG1 ...
 //! ```
 //! Everything after the first `--` word is the job's argv, split at spaces; double quotes
 //! group words with spaces (`"a b"`). Without `--` the job's argv is `[/job]`. clowder-vmm

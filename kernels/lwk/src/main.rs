@@ -61,7 +61,9 @@ extern "C" fn kernel_main(start_info: u64) -> ! {
         log!("memory: {} MiB free", mm::pmem::total_free() >> 20);
         mm::pmem::for_each_free(|range| log!("  free {:#x}..{:#x}", range.start, range.end));
     }
-    arch::cpu::enable_user_fpu();
+    let use_xsave = arch::fpu::xsave_wanted(cmdline::value_of(boot.command_line(), "lwk.fpu"), cmdline::started_by_clowder_vmm(boot.command_line()));
+    arch::cpu::enable_user_fpu(use_xsave);
+    arch::fpu::init(use_xsave);
     arch::cpu::allow_user_time_stamp_counter();
     clock::init(boot_tsc, !cmdline::started_by_clowder_vmm(boot.command_line()));
 
@@ -118,7 +120,7 @@ extern "C" fn ap_main(cpu: u64) -> ! {
     }
     arch::tables::init_cpu(cpu as usize, 0);
     sched::set_apic_id(cpu as usize, arch::apic::init_local_apic());
-    arch::cpu::enable_user_fpu();
+    arch::cpu::enable_user_fpu(arch::fpu::uses_xsave());
     arch::cpu::allow_user_time_stamp_counter();
     arch::paging::enable_global_pages();
     sched::join_cpu(cpu as usize)

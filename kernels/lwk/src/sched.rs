@@ -7,6 +7,7 @@
 //! on ties) and stays there.
 
 use crate::arch::apic;
+use crate::arch::fpu;
 use crate::arch::cpu::{self, MSR_FS_BASE, MSR_GS_BASE};
 use crate::arch::paging::PAGE_SIZE;
 use crate::arch::phys;
@@ -114,13 +115,25 @@ impl Scheduler {
 
     fn enqueue(&mut self, tid: u64) {
         let cpu = self.threads[&tid].cpu;
+        let first_waiting = self.cpus[cpu].run_queue.is_empty();
         self.cpus[cpu].run_queue.push_back(tid);
         QUEUED[cpu].store(self.cpus[cpu].run_queue.len(), Ordering::Release);
-        // An idle CPU may be asleep in HLT.
-        if self.cpus[cpu].current.is_none() && cpu != tables::current_cpu() {
-            if let Some(apic_id) = apic_id(cpu) {
-                apic::send_wake(apic_id);
+        let here = cpu == tables::current_cpu();
+        match (self.cpus[cpu].current, here) {
+            // An idle CPU may be asleep in HLT.
+            (None, false) => {
+                if let Some(apic_id) = apic_id(cpu) {
+                    apic::send_wake(apic_id);
+                }
             }
+            // A busy CPU that had nobody waiting starts time-slicing.
+            (Some(_), false) if first_waiting => {
+                if let Some(apic_id) = apic_id(cpu) {
+                    apic::send_tick(apic_id);
+                }
+            }
+            (Some(_), true) if first_waiting => apic::arm_timer(QUANTUM_END[cpu].load(Ordering::Relaxed)),
+            _ => {}
         }
     }
 
@@ -280,9 +293,18 @@ fn idle_loop(cpu: usize) -> ! {
     }
 }
 
-/// Makes `next` the running thread of `cpu`; returns its context slot and stack.
+/// Makes `next` the running thread of `cpu`; returns its context slot and stack. The thread
+/// gets a time slice, enforced by the timer only if others wait for this CPU (tickless
+/// otherwise).
 fn enter_thread(scheduler: &mut Scheduler, cpu: usize, next: u64) -> (usize, u64) {
     scheduler.cpus[cpu].current = Some(next);
+    let quantum_end = cpu::read_tsc() + clock::tsc_hz() * QUANTUM_MS / 1000;
+    QUANTUM_END[cpu].store(quantum_end, Ordering::Relaxed);
+    if scheduler.cpus[cpu].run_queue.is_empty() {
+        apic::disarm_timer();
+    } else {
+        apic::arm_timer(quantum_end);
+    }
     let thread = &scheduler.threads[&next];
     cpu::write_msr(MSR_FS_BASE, thread.fs_base);
     cpu::write_msr(MSR_GS_BASE, thread.gs_base);
@@ -387,6 +409,8 @@ pub fn spawn(frame: &TrapFrame, fs_base: u64, clear_child_tid: u64) -> Result<u6
         let cpu = (0..MAX_CPUS).filter(|&cpu| scheduler.cpus[cpu].online).min_by_key(|&cpu| (load[cpu], cpu)).unwrap_or(0);
         let gs_base = scheduler.current_thread(caller_cpu).gs_base;
         trap::prepare_thread(slot, stack_top, frame);
+        // The new thread starts with its creator's vector registers, as on Linux.
+        fpu::save(slot);
         let thread = Thread {
             cpu,
             slot,
@@ -406,6 +430,28 @@ pub fn spawn(frame: &TrapFrame, fs_base: u64, clear_child_tid: u64) -> Result<u6
         pmem::free(stack_physical, KERNEL_STACK_SIZE);
     }
     result
+}
+
+/// How long a thread runs before another thread waiting for its CPU gets it.
+const QUANTUM_MS: u64 = 10;
+/// When the running thread's time slice ends, per CPU (TSC).
+static QUANTUM_END: [core::sync::atomic::AtomicU64; MAX_CPUS] = [const { core::sync::atomic::AtomicU64::new(0) }; MAX_CPUS];
+
+/// The tick interrupted a thread in user mode: if its time slice is over and another thread
+/// waits for this CPU, it goes to the back of the queue; else the timer is set for the end
+/// of the slice (or stopped when nobody waits).
+pub fn tick() {
+    let cpu = tables::current_cpu();
+    if QUEUED[cpu].load(Ordering::Acquire) == 0 {
+        apic::disarm_timer();
+        return;
+    }
+    let quantum_end = QUANTUM_END[cpu].load(Ordering::Relaxed);
+    if cpu::read_tsc() >= quantum_end {
+        yield_now();
+    } else {
+        apic::arm_timer(quantum_end);
+    }
 }
 
 /// sched_yield: the next runnable thread of this CPU runs; the current one goes to the back

@@ -4,7 +4,8 @@
 use crate::arch::cpu;
 use crate::arch::trap::{self, TrapFrame, SYSCALL_VECTOR};
 use crate::console::log;
-use crate::{job, syscall};
+use crate::arch::apic;
+use crate::{job, sched, syscall};
 use core::sync::atomic::{AtomicBool, Ordering};
 
 static RING3_SYSCALL_REPORTED: AtomicBool = AtomicBool::new(false);
@@ -30,7 +31,12 @@ fn signal_for(vector: u64) -> (u8, &'static str) {
 }
 
 pub fn handle(frame: &mut TrapFrame) {
-    if frame.vector == SYSCALL_VECTOR {
+    if frame.vector == apic::TICK_VECTOR as u64 {
+        apic::end_of_interrupt();
+        if frame.is_from_user() {
+            sched::tick();
+        }
+    } else if frame.vector == SYSCALL_VECTOR {
         frame.rax = dispatch_with_frame(frame);
     } else if frame.is_syscall_left_in_ring3() {
         if !RING3_SYSCALL_REPORTED.swap(true, Ordering::Relaxed) {

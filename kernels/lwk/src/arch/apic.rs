@@ -8,6 +8,8 @@ use core::arch::{asm, global_asm};
 use core::sync::atomic::{AtomicU64, Ordering};
 
 pub const WAKE_VECTOR: usize = 0xf0;
+/// The scheduler's tick: the TSC-deadline timer, or an IPI from a CPU that queued a thread here.
+pub const TICK_VECTOR: usize = 0xf1;
 pub const SPURIOUS_VECTOR: usize = 0xff;
 
 const MSR_APIC_BASE: u32 = 0x1b;
@@ -19,6 +21,33 @@ const EOI: u32 = 0xb0;
 const SPURIOUS: u32 = 0xf0;
 const ICR_LOW: u32 = 0x300;
 const ICR_HIGH: u32 = 0x310;
+const LVT_TIMER: u32 = 0x320;
+const TIMER_INITIAL_COUNT: u32 = 0x380;
+const TIMER_CURRENT_COUNT: u32 = 0x390;
+const TIMER_DIVIDE: u32 = 0x3e0;
+const MSR_TSC_DEADLINE: u32 = 0x6e0;
+
+/// Whether the local APIC timer runs in TSC-deadline mode (set once, by CPU 0 first).
+static HAS_TSC_DEADLINE: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+/// Without TSC-deadline mode (QEMU TCG): APIC timer ticks per TSC tick, times 2^32, measured
+/// at start-up, to turn deadlines into one-shot counts. 0: no timer.
+static APIC_TICKS_PER_TSC: AtomicU64 = AtomicU64::new(0);
+
+/// Measures the APIC timer (divide by 1) against the TSC over 2^20 APIC ticks.
+fn calibrate_one_shot_timer() {
+    const SPAN: u32 = 1 << 20;
+    write(TIMER_DIVIDE, 0b1011);
+    write(LVT_TIMER, TICK_VECTOR as u32 | 1 << 16); // one-shot, masked while measuring
+    write(TIMER_INITIAL_COUNT, u32::MAX);
+    let start = cpu::read_tsc();
+    while u32::MAX - read(TIMER_CURRENT_COUNT) < SPAN {
+        core::hint::spin_loop();
+    }
+    let elapsed = (cpu::read_tsc() - start).max(1);
+    write(TIMER_INITIAL_COUNT, 0);
+    APIC_TICKS_PER_TSC.store(((SPAN as u64) << 32) / elapsed, Ordering::Relaxed);
+    write(LVT_TIMER, TICK_VECTOR as u32); // one-shot, unmasked
+}
 
 /// 0 in x2APIC mode; else the virtual address of the xAPIC page. Also read by the wake-up
 /// handler to acknowledge the interrupt.
@@ -115,8 +144,43 @@ pub fn init_local_apic() -> Option<u32> {
     }
     write(SPURIOUS, 0x100 | SPURIOUS_VECTOR as u32); // software enable
     write(TPR, 0);
+    if features.ecx & (1 << 24) != 0 {
+        write(LVT_TIMER, TICK_VECTOR as u32 | 0b10 << 17); // TSC-deadline mode, disarmed
+        HAS_TSC_DEADLINE.store(true, Ordering::Relaxed);
+    } else {
+        calibrate_one_shot_timer();
+    }
     let id = read(ID);
     Some(if XAPIC_PAGE.load(Ordering::Relaxed) == 0 { id } else { id >> 24 })
+}
+
+/// Arms this CPU's timer to raise the tick when the TSC reaches `deadline`: TSC-deadline mode
+/// when the APIC has it, else a one-shot count converted from TSC ticks.
+pub fn arm_timer(deadline: u64) {
+    if HAS_TSC_DEADLINE.load(Ordering::Relaxed) {
+        cpu::write_msr(MSR_TSC_DEADLINE, deadline.max(1));
+    } else {
+        let tsc_ticks = deadline.saturating_sub(cpu::read_tsc()) as u128;
+        let count = (tsc_ticks * APIC_TICKS_PER_TSC.load(Ordering::Relaxed) as u128) >> 32;
+        write(TIMER_INITIAL_COUNT, count.clamp(1, u32::MAX as u128) as u32);
+    }
+}
+
+pub fn disarm_timer() {
+    if HAS_TSC_DEADLINE.load(Ordering::Relaxed) {
+        cpu::write_msr(MSR_TSC_DEADLINE, 0);
+    } else {
+        write(TIMER_INITIAL_COUNT, 0);
+    }
+}
+
+pub fn end_of_interrupt() {
+    write(EOI, 0);
+}
+
+/// Sends the tick to the CPU with local APIC id `apic_id`.
+pub fn send_tick(apic_id: u32) {
+    send_ipi(apic_id, TICK_VECTOR as u32);
 }
 
 /// Sends the wake-up IPI to the CPU with local APIC id `apic_id`.

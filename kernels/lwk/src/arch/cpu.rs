@@ -90,9 +90,11 @@ pub fn rdrand() -> Option<u64> {
 }
 
 /// Turns on what user code expects of the FPU: SSE (OSFXSR, OSXMMEXCPT) and, when the CPU has
-/// XSAVE, every user state component it offers (AVX, AVX-512) so libc picks its fast paths.
-/// The kernel itself is built soft-float and never touches these registers.
-pub fn enable_user_fpu() {
+/// XSAVE, the user state components in XCR0: all it offers (AVX, AVX-512, so libc picks its
+/// fast paths) if `all_components`, else only x87 and SSE, the state FXSAVE can switch between
+/// threads (libc then sees AVX as unavailable). The kernel itself is built soft-float and never
+/// touches these registers.
+pub fn enable_user_fpu(all_components: bool) {
     // SAFETY: sets architectural control bits; only user code uses the FPU state.
     unsafe {
         let mut cr0: u64;
@@ -108,7 +110,8 @@ pub fn enable_user_fpu() {
         }
         asm!("mov cr4, {}", in(reg) cr4, options(nostack));
         if has_xsave {
-            let user_components: u64 = 0b1110_0111; // x87, SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM
+            // x87, SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM; or x87 and SSE.
+            let user_components: u64 = if all_components { 0b1110_0111 } else { 0b11 };
             let supported = cpuid(0xd, 0);
             let xcr0 = ((supported.edx as u64) << 32 | supported.eax as u64) & user_components;
             asm!("xsetbv", in("ecx") 0, in("eax") xcr0 as u32, in("edx") (xcr0 >> 32) as u32, options(nomem, nostack));

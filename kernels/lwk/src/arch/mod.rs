@@ -5,6 +5,7 @@ pub mod apic;
 pub mod boot;
 pub mod channel;
 pub mod cpu;
+pub mod fpu;
 pub mod heap;
 pub mod paging;
 pub mod phys;

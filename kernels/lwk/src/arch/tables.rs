@@ -140,6 +140,7 @@ pub fn init_boot_cpu() {
             idt.add(vector).write(gate(handler, if vector == 3 { 3 } else { 0 }, if vector == 8 { 1 } else { 0 }));
         }
         idt.add(super::apic::WAKE_VECTOR).write(gate(super::apic::wake_handler(), 0, 0));
+        idt.add(super::apic::TICK_VECTOR).write(gate(super::trap::tick_handler(), 0, 0));
         idt.add(super::apic::SPURIOUS_VECTOR).write(gate(super::apic::spurious_handler(), 0, 0));
     }
     init_cpu(0, trap_stack_top());

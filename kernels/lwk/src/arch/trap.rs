@@ -112,6 +112,13 @@ exception_stubs:
     jmp trap_common
     .endr
 
+    /* The scheduler's tick (an interrupt): the same frame as an exception. */
+    .global tick_interrupt
+tick_interrupt:
+    pushq $0
+    pushq ${tick_vector}
+    jmp trap_common
+
     /* GS always holds the user's base in the kernel (nothing here uses GS), so exceptions
        need no SWAPGS; only the ring-0 SYSCALL entry borrows the kernel's for its stack. */
 trap_common:
@@ -265,6 +272,7 @@ user_copy_failed:
     page_high = const (RING3_SYSCALL_PAGE >> 32) as u32,
     user_flags = const USER_FLAGS,
     clone = const CLONE_NUMBER,
+    tick_vector = const super::apic::TICK_VECTOR,
     syscall_vector = const SYSCALL_VECTOR,
     options(att_syntax)
 );
@@ -272,6 +280,7 @@ user_copy_failed:
 extern "C" {
     static exception_stubs: u8;
     static syscall_entry: u8;
+    static tick_interrupt: u8;
     static ring3_syscall_page: u8;
     static user_copy_access: u8;
     static user_copy_failed: u8;
@@ -283,6 +292,10 @@ extern "C" {
 
 pub fn exception_stubs_start() -> u64 {
     &raw const exception_stubs as u64
+}
+
+pub fn tick_handler() -> u64 {
+    &raw const tick_interrupt as u64
 }
 
 pub fn syscall_entry_address() -> u64 {
@@ -358,12 +371,19 @@ pub fn switch_context(cpu: usize, from: usize, to: usize, to_stack_top: u64) {
     if to_stack_top != 0 {
         super::tables::set_kernel_stack(cpu, to_stack_top);
     }
+    if from < MAX_THREADS {
+        super::fpu::save(from);
+    }
     let to_rsp = loop {
         match SAVED_RSP[to].load(core::sync::atomic::Ordering::Acquire) {
             0 => core::hint::spin_loop(),
             rsp => break rsp,
         }
     };
+    // Saved completely, vector registers included, once its RSP is there.
+    if to < MAX_THREADS {
+        super::fpu::restore(to);
+    }
     // SAFETY: `to` was saved by an earlier switch (completely: see `mark_leaving`) or
     // prepared by `prepare_thread`, so its RSP points at callee-saved registers and a return
     // address; interrupts are off.

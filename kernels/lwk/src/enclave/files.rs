@@ -161,6 +161,40 @@ pub fn write(handle: u32, buffer: u64, len: u64) -> i64 {
     written as i64
 }
 
+/// `pwrite64`: like `write`, at `offset` (the file's own offset stays).
+pub fn write_at(handle: u32, buffer: u64, len: u64, offset: u64) -> i64 {
+    let Some(bounce) = bounce() else { return -ENOMEM };
+    let mut written = 0u64;
+    while written < len {
+        let chunk = (len - written).min(BOUNCE_SIZE);
+        if copy_from_user(phys::bytes_mut(bounce, chunk as usize), buffer + written).is_err() {
+            return if written == 0 { -EFAULT } else { written as i64 };
+        }
+        let op = FileOp::Pwrite { handle, gpa: bounce, len: chunk as u32, offset: offset + written };
+        let count = result_of(request(op));
+        if count < 0 {
+            return if written == 0 { count } else { written as i64 };
+        }
+        written += count as u64;
+        if (count as u64) < chunk {
+            break;
+        }
+    }
+    written as i64
+}
+
+pub fn truncate(handle: u32, length: u64) -> i64 {
+    result_of(request(FileOp::Ftruncate { handle, length }))
+}
+
+pub fn unlink(path: &str) -> i64 {
+    result_of(request(FileOp::Unlink { path: path.as_bytes() }))
+}
+
+pub fn make_directory(path: &str, mode: u32) -> i64 {
+    result_of(request(FileOp::Mkdir { path: path.as_bytes(), mode }))
+}
+
 pub fn seek(handle: u32, offset: i64, whence: u32) -> i64 {
     result_of(request(FileOp::Lseek { handle, offset, whence }))
 }

@@ -1,0 +1,20 @@
+//! ftruncate(fd, length): host files of a persistent enclave; nothing else is open for
+//! writing (EINVAL), unknown descriptors EBADF.
+
+use super::{Call, Errno, SyscallResult};
+use crate::enclave::files;
+use crate::job;
+
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
+    let [descriptor, length, ..] = call.args;
+    if (length as i64) < 0 {
+        return Err(Errno::EINVAL);
+    }
+    if let Some(handle) = files::remote_handle(descriptor) {
+        return files::to_syscall_result(files::truncate(handle, length));
+    }
+    match job::with_process(|process| process.descriptors.get(descriptor).is_some()) {
+        true => Err(Errno::EINVAL),
+        false => Err(Errno::EBADF),
+    }
+}
