@@ -370,11 +370,13 @@ pub fn end_job(status: u8) -> ! {
         log!("enclave: job threads may still be live on other CPUs; stopping rather than reusing their memory");
         machine::exit(status)
     }
-    job::release();
-    fs::clear();
+    // Report first: the user need not wait while the memory is cleared (a `LaunchJob` that
+    // comes meanwhile waits in the ring until the service loop runs).
     if let Some(id) = id {
         with_state(|state| state.link.send(&EnclaveMessage::JobExited { job: id, status: status as u32 }));
     }
+    job::release();
+    fs::clear();
     machine_channel::run_on_stack(SERVICE_STACK_TOP.load(Ordering::Relaxed), service_loop)
 }
 
