@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "protocol.h"
 #include "rawsys.h"
@@ -82,6 +83,47 @@ struct dex_peer {
 	uint32_t sequence;
 };
 
+/* The seam between the runtime and a wire. The runtime frames, validates
+ * and orders messages itself; a transport only moves bytes between the
+ * origin and a node, reliably and in order. Contract (see README):
+ *   connect  once, on the process's main thread, after the TCP bootstrap
+ *            (HELLO/WELCOME) has filled dex_rt.peers[].fd; 0 or -1;
+ *   send     any thread, also inside SIGSEGV/SIGSYS handlers on threads
+ *            whose TLS may be a missing shared page, with the peer's
+ *            send_lock held: only raw system calls, no malloc, no TLS;
+ *            the whole message (iov) or -1 if the peer is gone;
+ *   receive  the peer's receiver thread only: len bytes, returning 1, 0 at
+ *            orderly end, -1 on error, -2 after peer_timeout_s of silence;
+ *   flush    returns when every message sent so far has left this process
+ *            (called before the origin exits). */
+struct dex_transport {
+	const char *name;
+	int (*connect)(void);
+	int (*send)(unsigned peer, struct iovec *iov, int iovcnt);
+	int (*receive)(unsigned peer, void *buf, size_t len);
+	void (*flush)(void);
+};
+extern const struct dex_transport *dex_transport;
+/* Entry point of build/libdex-ucx.so, loaded with dlopen when
+ * DEX_TRANSPORT=ucx so that TCP runs never load UCX. */
+typedef const struct dex_transport *(*dex_transport_open_fn)(void);
+
+/* transport_queue.c: rings between the runtime's threads and a transport's
+ * single pump thread (used by the UCX transport). */
+int dex_queue_send(unsigned peer, struct iovec *iov, int iovcnt);
+int dex_queue_receive(unsigned peer, void *buf, size_t len);
+void dex_queue_flush(void);
+void dex_queue_init(void);
+bool dex_queue_is_peer(unsigned n);
+int dex_queue_wake_fd(void);
+void dex_queue_peer_gone(unsigned peer);
+bool dex_queue_peer_is_gone(unsigned peer);
+const void *dex_queue_next_outbound(unsigned *peer, size_t *length);
+void dex_queue_pop_outbound(void);
+bool dex_queue_deliver(unsigned from, const void *data, size_t length);
+bool dex_queue_pump_may_sleep(void);
+void dex_queue_pump_awake(void);
+
 struct dex_runtime {
 	bool active;   /* running under dexrun with more than one node */
 	unsigned node; /* this process */
@@ -120,7 +162,11 @@ struct dex_runtime {
 };
 
 extern struct dex_runtime dex_rt;
+/* 0 on application threads; 1 on runtime threads (malloc stays local);
+ * DEX_TRANSPORT_THREAD while a transport's library runs (connect, the UCX
+ * pump): threads it creates become runtime threads too. */
 extern __thread int dex_tls_runtime_thread;
+#define DEX_TRANSPORT_THREAD 2
 
 /* runtime.c */
 void dex_fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));

@@ -7,6 +7,7 @@
 #include "internal.h"
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <link.h>
 #include <netinet/in.h>
@@ -82,28 +83,24 @@ uint64_t dex_now_ns(void)
 
 /* -------------------------------------------------------------- transport */
 
-int dex_send(unsigned peer, enum dex_msg_type type, const void *fixed, size_t fixed_len, const void *data,
-	     size_t data_len)
+/* The TCP transport: one connected socket per peer (the bootstrap socket
+ * itself), written with sendmsg and read with read. Both are plain system
+ * calls, so they are safe from signal handlers and any thread. */
+static int tcp_send(unsigned peer, struct iovec *iov, int iovcnt)
 {
-	struct dex_peer *p = &dex_rt.peers[peer];
-	struct dex_msg_header h;
-	dex_lock_acquire(&p->send_lock);
-	dex_msg_fill_header(&h, type, dex_rt.node, (uint32_t)(fixed_len + data_len), ++p->sequence);
-	struct iovec iov[3] = { { &h, sizeof(h) }, { (void *)fixed, fixed_len }, { (void *)data, data_len } };
-	int iovcnt = data_len ? 3 : 2;
-	size_t left = sizeof(h) + fixed_len + data_len;
-	int rc = 0;
+	int fd = dex_rt.peers[peer].fd;
+	size_t left = 0;
+	for (int i = 0; i < iovcnt; i++)
+		left += iov[i].iov_len;
 	while (left) {
 		/* sendmsg with MSG_NOSIGNAL: a dead peer must produce our error
 		 * message, not a silent SIGPIPE death. */
 		struct msghdr msg = { .msg_iov = iov, .msg_iovlen = (size_t)iovcnt };
-		long n = raw_syscall(SYS_sendmsg, p->fd, &msg, MSG_NOSIGNAL);
+		long n = raw_syscall(SYS_sendmsg, fd, &msg, MSG_NOSIGNAL);
 		if (n == -EINTR)
 			continue;
-		if (n <= 0) {
-			rc = -1;
-			break;
-		}
+		if (n <= 0)
+			return -1;
 		left -= (size_t)n;
 		for (int i = 0; i < iovcnt && n; i++) {
 			size_t take = (size_t)n < iov[i].iov_len ? (size_t)n : iov[i].iov_len;
@@ -112,16 +109,14 @@ int dex_send(unsigned peer, enum dex_msg_type type, const void *fixed, size_t fi
 			n -= (long)take;
 		}
 	}
-	dex_lock_release(&p->send_lock);
-	if (rc && !dex_rt.shutting_down)
-		dex_fatal("connection to node %u broken while sending %s", peer, dex_msg_type_name(type));
-	return rc;
+	return 0;
 }
 
 /* Returns 1 on success, 0 on orderly EOF, -1 on error, -2 when the peer
  * sent nothing for the peer timeout (SO_RCVTIMEO). */
-static int read_full(int fd, void *buf, size_t len)
+static int tcp_receive(unsigned peer, void *buf, size_t len)
 {
+	int fd = dex_rt.peers[peer].fd;
 	char *p = buf;
 	size_t got = 0;
 	while (got < len) {
@@ -139,6 +134,51 @@ static int read_full(int fd, void *buf, size_t len)
 	return 1;
 }
 
+static int tcp_connect(void)
+{
+	return 0; /* the bootstrap sockets are the data path */
+}
+
+static void tcp_flush(void)
+{
+}
+
+static const struct dex_transport tcp_transport = {
+	.name = "tcp", .connect = tcp_connect, .send = tcp_send, .receive = tcp_receive, .flush = tcp_flush,
+};
+
+/* HELLO/WELCOME always travel over TCP (the bootstrap); dex_transport
+ * switches to the selected transport once it has connected. */
+const struct dex_transport *dex_transport = &tcp_transport;
+static const struct dex_transport *selected_transport = &tcp_transport;
+
+static void connect_selected_transport(void)
+{
+	int was_runtime = dex_tls_runtime_thread;
+	dex_tls_runtime_thread = DEX_TRANSPORT_THREAD;
+	int rc = selected_transport->connect();
+	dex_tls_runtime_thread = was_runtime;
+	if (rc != 0)
+		dex_fatal("the %s transport could not connect %s", selected_transport->name,
+			  dex_rt.node == 0 ? "the nodes" : "to the origin");
+	dex_transport = selected_transport;
+}
+
+int dex_send(unsigned peer, enum dex_msg_type type, const void *fixed, size_t fixed_len, const void *data,
+	     size_t data_len)
+{
+	struct dex_peer *p = &dex_rt.peers[peer];
+	struct dex_msg_header h;
+	dex_lock_acquire(&p->send_lock);
+	dex_msg_fill_header(&h, type, dex_rt.node, (uint32_t)(fixed_len + data_len), ++p->sequence);
+	struct iovec iov[3] = { { &h, sizeof(h) }, { (void *)fixed, fixed_len }, { (void *)data, data_len } };
+	int rc = dex_transport->send(peer, iov, data_len ? 3 : 2);
+	dex_lock_release(&p->send_lock);
+	if (rc && !dex_rt.shutting_down)
+		dex_fatal("connection to node %u broken while sending %s", peer, dex_msg_type_name(type));
+	return rc;
+}
+
 static struct dex_validation_limits limits(void)
 {
 	return (struct dex_validation_limits){ .nodes = dex_rt.nodes, .max_threads = DEX_MAX_THREADS,
@@ -150,15 +190,14 @@ static struct dex_validation_limits limits(void)
  * after a corrupt message neither side can trust the shared state. */
 static int receive_message(unsigned peer, struct dex_msg_header *h, char *payload)
 {
-	int fd = dex_rt.peers[peer].fd;
-	int rc = read_full(fd, h, sizeof(*h));
+	int rc = dex_transport->receive(peer, h, sizeof(*h));
 	if (rc <= 0)
 		return rc;
 	struct dex_validation_limits lim = limits();
 	const char *why = dex_msg_check_header(h, &lim);
 	if (why)
 		dex_fatal("rejected malformed message from node %u: %s", peer, why);
-	rc = read_full(fd, payload, h->length);
+	rc = dex_transport->receive(peer, payload, h->length);
 	if (rc != 1)
 		return rc == 0 ? -1 : rc;
 	why = dex_msg_check(h, payload, &lim);
@@ -696,6 +735,7 @@ void dex_origin_shutdown_nodes(int status)
 	struct dex_msg_shutdown m = { .status = status };
 	for (unsigned n = 1; n < dex_rt.nodes; n++)
 		dex_send(n, DEX_MSG_SHUTDOWN, &m, sizeof(m), NULL, 0);
+	dex_transport->flush();
 	dex_trace_flush();
 	dex_print_stats();
 }
@@ -896,8 +936,10 @@ static void origin_accept_nodes(int listen_fd)
 	close(listen_fd);
 	for (unsigned n = 1; n < dex_rt.nodes; n++) {
 		set_receive_timeout(dex_rt.peers[n].fd);
-		dex_start_service_thread(origin_receive_loop, (void *)(uintptr_t)n);
 	}
+	connect_selected_transport();
+	for (unsigned n = 1; n < dex_rt.nodes; n++)
+		dex_start_service_thread(origin_receive_loop, (void *)(uintptr_t)n);
 	dex_start_service_thread(origin_pinger, NULL);
 }
 
@@ -930,6 +972,43 @@ static void node_join_origin(uint32_t ip, int port)
 	if (reply.w.status != 0)
 		dex_fatal("the origin rejected this node (see its log)");
 	set_receive_timeout(fd);
+}
+
+/* DEX_TRANSPORT=tcp (default) or ucx. UCX lives in libdex-ucx.so beside
+ * libdex.so; every node loads it at the same point of start-up, before the
+ * layout fingerprint, so the address spaces stay identical. */
+static void select_transport(void)
+{
+	const char *name = getenv("DEX_TRANSPORT");
+	if (!name || !*name || !strcmp(name, "tcp"))
+		return;
+	if (strcmp(name, "ucx") != 0)
+		dex_fatal("unknown DEX_TRANSPORT=%s (tcp or ucx)", name);
+	Dl_info self;
+	char path[4096];
+	if (!dladdr((void *)select_transport, &self) || !self.dli_fname ||
+	    strlen(self.dli_fname) + sizeof("libdex-ucx.so") >= sizeof(path))
+		dex_fatal("cannot locate libdex.so to find libdex-ucx.so");
+	strcpy(path, self.dli_fname);
+	char *slash = strrchr(path, '/');
+	strcpy(slash ? slash + 1 : path, "libdex-ucx.so");
+	/* UCX's own SIGSEGV/SIGBUS handlers would replace the runtime's fault
+	 * handler, and its malloc/mmap hooks would patch the calls the runtime
+	 * makes on signal stacks: both off. libucs reads these when loaded. */
+	setenv("UCX_ERROR_SIGNALS", "", 1);
+	setenv("UCX_HANDLE_ERRORS", "none", 1);
+	setenv("UCX_MEM_MALLOC_HOOKS", "no", 1);
+	setenv("UCX_MEM_MMAP_HOOK_MODE", "none", 1);
+	void *module = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!module)
+		dex_fatal("UCX transport unavailable: %s (build dex with libucx-dev installed)", dlerror());
+	dex_transport_open_fn open_ucx = (dex_transport_open_fn)dlsym(module, "dex_ucx_transport_open");
+	int was_runtime = dex_tls_runtime_thread;
+	dex_tls_runtime_thread = DEX_TRANSPORT_THREAD;
+	selected_transport = open_ucx ? open_ucx() : NULL;
+	dex_tls_runtime_thread = was_runtime;
+	if (!selected_transport)
+		dex_fatal("UCX transport failed to initialise");
 }
 
 static long find_tid_offset(void)
@@ -990,6 +1069,7 @@ __attribute__((constructor(101))) static void dex_init(int argc, char **argv, ch
 		dex_fatal("re-executing with randomisation off failed");
 	}
 	dex_rt.active = true;
+	select_transport();
 	dl_iterate_phdr(find_own_text, (void *)(uintptr_t)dex_init);
 	if (!dex_rt.text_start)
 		dex_fatal("cannot locate libdex's code");
@@ -1021,6 +1101,7 @@ __attribute__((constructor(101))) static void dex_init(int argc, char **argv, ch
 	close(listen_fd);
 	dex_thread_create_block(DEX_ROLE_SERVICE);
 	node_join_origin(origin_ip, (int)port);
+	connect_selected_transport();
 	dex_node_start_spare_worker();
 	node_receive_loop();
 }
