@@ -1,6 +1,6 @@
 /* dexrun: start a DEX program on N local processes ("nodes").
  *
- *   dexrun -n N [--transport tcp] [--netns] [--timeout SEC] ./app args...
+ *   dexrun -n N [--transport tcp|ucx] [--netns] [--timeout SEC] ./app args...
  *
  * Node 0 (the origin) runs main(); nodes 1..N-1 run the same binary, which
  * libdex turns into workers that serve migrated threads. All of them start
@@ -44,7 +44,7 @@ static void on_signal(int sig)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: dexrun -n N [--transport tcp] [--netns] [--timeout SECONDS] program [args...]\n");
+	fprintf(stderr, "usage: dexrun -n N [--transport tcp|ucx] [--netns] [--timeout SECONDS] program [args...]\n");
 	exit(2);
 }
 
@@ -169,10 +169,12 @@ int main(int argc, char **argv)
 		if (!strcmp(argv[i], "-n") && i + 1 < argc)
 			nodes = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--transport") && i + 1 < argc) {
-			if (strcmp(argv[++i], "tcp") != 0) {
-				fprintf(stderr, "dexrun: transport '%s' is not available (only tcp)\n", argv[i]);
+			/* every node reads DEX_TRANSPORT; ucx needs build/libdex-ucx.so */
+			if (strcmp(argv[++i], "tcp") != 0 && strcmp(argv[i], "ucx") != 0) {
+				fprintf(stderr, "dexrun: unknown transport '%s' (tcp or ucx)\n", argv[i]);
 				return 2;
 			}
+			setenv("DEX_TRANSPORT", argv[i], 1);
 		} else if (!strcmp(argv[i], "--netns"))
 			use_netns = 1;
 		else if (!strcmp(argv[i], "--timeout") && i + 1 < argc)

@@ -184,10 +184,30 @@ static int create_with_shared_stack(pthread_t *thread, const pthread_attr_t *att
 	return 0;
 }
 
+/* Threads a transport library (UCX) creates for itself are runtime
+ * threads: local stack and local malloc, never migrated. */
+static void *start_transport_thread(void *p)
+{
+	struct start_info start = *(struct start_info *)p;
+	free(p);
+	dex_tls_runtime_thread = 1;
+	return start.fn(start.arg);
+}
+
 int pthread_create(pthread_t *thread, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
 {
 	if (!dex_rt.active)
 		return real_pthread_create(thread, attr, fn, arg);
+	if (dex_tls_runtime_thread == DEX_TRANSPORT_THREAD) {
+		struct start_info *start = malloc(sizeof(*start));
+		if (!start)
+			return EAGAIN;
+		*start = (struct start_info){ fn, arg };
+		int rc = real_pthread_create(thread, attr, start_transport_thread, start);
+		if (rc)
+			free(start);
+		return rc;
+	}
 	int rc;
 	AT_ORIGIN(rc = create_with_shared_stack(thread, attr, fn, arg, DEFAULT_STACK_BYTES));
 	return rc;

@@ -1,0 +1,317 @@
+/* The UCX transport (DEX_TRANSPORT=ucx, dexrun --transport ucx), built as
+ * libdex-ucx.so and loaded by libdex only when selected.
+ *
+ * UCX's worker/endpoint API (ucp) with tagged messages: one message of the
+ * runtime (header + payload, at most DEX_MAX_PAYLOAD bytes) is one tagged
+ * send whose tag is the sender's node number; UCX keeps messages between
+ * two endpoints in order. Workers' addresses travel over the TCP bootstrap
+ * socket that carried HELLO/WELCOME; that socket then stays open only to
+ * notice a peer's death at once (its EOF), since UCX's shared-memory
+ * transports give no such signal. UCX picks its transports from UCX_TLS as
+ * usual (shared memory and TCP on loopback; InfiniBand or RoCE where
+ * present); this file names none.
+ *
+ * Threads. UCX may allocate, take locks and use TLS, and the runtime sends
+ * from SIGSEGV/SIGSYS handlers on threads whose TLS may be a missing shared
+ * page, so UCX is called from exactly two places:
+ *   - the process's main thread while libdex starts (open: ucp_config_read,
+ *     ucp_init, ucp_worker_create, ucp_worker_get_efd) and inside connect()
+ *     before any application thread runs (ucp_worker_get_address,
+ *     ucp_ep_create, ucp_worker_release_address);
+ *   - afterwards only the "pump" service thread this file starts:
+ *     ucp_worker_progress, ucp_worker_arm, ucp_tag_send_nbx,
+ *     ucp_tag_recv_nbx, ucp_tag_recv_request_test, ucp_request_check_status,
+ *     ucp_request_free.
+ * The worker is UCS_THREAD_MODE_SERIALIZED for that hand-over. send() and
+ * receive() are libdex's queued transport (transport_queue.c): rings
+ * between the runtime's threads and the pump, raw system calls only. */
+#include "internal.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------ state */
+
+static struct {
+	ucp_context_h context;
+	ucp_worker_h worker;
+	ucp_ep_h endpoints[DEX_MAX_NODES];
+	int worker_fd;   /* UCX's wake-up descriptor */
+	/* the one posted receive */
+	char *receive_buffer;
+	void *receive_request;
+	bool receive_done;
+	ucp_tag_recv_info_t receive_info;
+} ucx;
+
+#define RECEIVE_CAPACITY (sizeof(struct dex_msg_header) + DEX_MAX_PAYLOAD)
+
+/* ------------------------------------------------------------- the pump */
+
+static void post_receive(void)
+{
+	/* Always a request: UCX 1.13 leaves recv_info stale when a receive
+	 * completes immediately, so the length is read with the test call. */
+	ucp_request_param_t param = { .op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL };
+	ucs_status_ptr_t req = ucp_tag_recv_nbx(ucx.worker, ucx.receive_buffer, RECEIVE_CAPACITY, 0, 0, &param);
+	if (UCS_PTR_IS_ERR(req))
+		dex_fatal("UCX receive failed: %s", ucs_status_string(UCS_PTR_STATUS(req)));
+	ucx.receive_request = req;
+	ucx.receive_done = false;
+}
+
+/* Moves completed receives into their peers' inbound rings. Returns true
+ * if it moved any; a message whose ring is full stays in the receive
+ * buffer (no new receive is posted, so UCX keeps later ones queued in
+ * order) until the receiver thread makes room. */
+static bool deliver_received(void)
+{
+	bool moved = false;
+	for (;;) {
+		if (!ucx.receive_done) {
+			if (ucp_tag_recv_request_test(ucx.receive_request, &ucx.receive_info) == UCS_INPROGRESS)
+				return moved;
+			ucp_request_free(ucx.receive_request);
+			ucx.receive_request = NULL;
+			ucx.receive_done = true;
+		}
+		unsigned from = (unsigned)ucx.receive_info.sender_tag;
+		size_t length = ucx.receive_info.length;
+		if (ucx.receive_info.sender_tag >= DEX_MAX_NODES || !dex_queue_is_peer(from))
+			dex_fatal("UCX transport: rejected a message tagged %#llx, not from a peer",
+				  (unsigned long long)ucx.receive_info.sender_tag);
+		if (!dex_queue_deliver(from, ucx.receive_buffer, length))
+			return moved;
+		moved = true;
+		post_receive();
+	}
+}
+
+static void progress_all(void)
+{
+	while (ucp_worker_progress(ucx.worker))
+		;
+	deliver_received();
+}
+
+/* EOF or an error on a bootstrap socket means that process is gone: take
+ * what UCX already holds from it, then close its inbound ring so its
+ * receiver reports the loss like the TCP transport would. */
+static void check_bootstrap_sockets(int timeout_ms)
+{
+	struct pollfd fds[DEX_MAX_NODES + 2];
+	unsigned peer_of[DEX_MAX_NODES + 2];
+	nfds_t n = 0;
+	fds[n++] = (struct pollfd){ .fd = dex_queue_wake_fd(), .events = POLLIN };
+	if (ucx.worker_fd >= 0)
+		fds[n++] = (struct pollfd){ .fd = ucx.worker_fd, .events = POLLIN };
+	nfds_t first_peer = n;
+	for (unsigned p = 0; p < dex_rt.nodes; p++) {
+		if (!dex_queue_is_peer(p) || dex_queue_peer_is_gone(p))
+			continue;
+		peer_of[n] = p;
+		fds[n++] = (struct pollfd){ .fd = dex_rt.peers[p].fd, .events = POLLIN };
+	}
+	if (raw_syscall(SYS_poll, fds, n, timeout_ms) <= 0)
+		return;
+	for (nfds_t i = first_peer; i < n; i++) {
+		if (!fds[i].revents)
+			continue;
+		char byte;
+		long got = raw_syscall6(SYS_recvfrom, fds[i].fd, (long)&byte, 1, MSG_DONTWAIT, 0, 0);
+		if (got == -EAGAIN || got == -EINTR)
+			continue;
+		for (int round = 0; round < 100; round++)
+			progress_all();
+		dex_queue_peer_gone(peer_of[i]);
+	}
+}
+
+static void send_outbound(void)
+{
+	const void *message;
+	unsigned peer;
+	size_t length;
+	while ((message = dex_queue_next_outbound(&peer, &length))) {
+		if (!dex_queue_peer_is_gone(peer)) {
+			ucp_request_param_t param = { .op_attr_mask = 0 };
+			ucs_status_ptr_t req = ucp_tag_send_nbx(ucx.endpoints[peer], message, length, dex_rt.node, &param);
+			if (UCS_PTR_IS_ERR(req)) {
+				dex_queue_peer_gone(peer);
+			} else if (req) {
+				/* The ring record is the send buffer: keep it until UCX is
+				 * done with it, receiving meanwhile so that two pumps sending
+				 * to each other cannot wait on each other. */
+				unsigned spins = 0;
+				while (ucp_request_check_status(req) == UCS_INPROGRESS && !dex_queue_peer_is_gone(peer)) {
+					progress_all();
+					if (++spins % 1024 == 0)
+						check_bootstrap_sockets(0);
+				}
+				ucp_request_free(req);
+			}
+		}
+		dex_queue_pop_outbound();
+	}
+}
+
+static void *pump_thread(void *arg)
+{
+	(void)arg;
+	dex_tls_runtime_thread = DEX_TRANSPORT_THREAD;
+	dex_thread_create_block(DEX_ROLE_SERVICE);
+	post_receive();
+	for (;;) {
+		bool busy = false;
+		while (ucp_worker_progress(ucx.worker))
+			busy = true;
+		busy |= deliver_received();
+		unsigned peer;
+		size_t length;
+		if (dex_queue_next_outbound(&peer, &length)) {
+			send_outbound();
+			busy = true;
+		}
+		if (busy || !dex_queue_pump_may_sleep())
+			continue;
+		if (ucx.worker_fd >= 0 && ucp_worker_arm(ucx.worker) == UCS_ERR_BUSY) {
+			dex_queue_pump_awake();
+			continue;
+		}
+		/* A message held for a full inbound ring, or no UCX wake-up
+		 * descriptor: look again in a millisecond. */
+		check_bootstrap_sockets(ucx.receive_done || ucx.worker_fd < 0 ? 1 : 1000);
+		dex_queue_pump_awake();
+	}
+	return NULL;
+}
+
+/* ------------------------------------------------- start-up (main thread) */
+
+static int write_blob(int fd, const void *data, uint32_t length)
+{
+	/* MSG_NOSIGNAL: a node that died meanwhile is an error, not SIGPIPE */
+	if (send(fd, &length, sizeof(length), MSG_NOSIGNAL) != (ssize_t)sizeof(length))
+		return -1;
+	return send(fd, data, length, MSG_NOSIGNAL) == (ssize_t)length ? 0 : -1;
+}
+
+/* The bootstrap sockets carry a receive timeout (the peer timeout); the
+ * origin sends its address only once every node joined, so keep waiting. */
+static int read_exact(int fd, void *buf, size_t len)
+{
+	uint64_t deadline = dex_now_ns() + 60000000000ull;
+	size_t got = 0;
+	while (got < len) {
+		ssize_t n = read(fd, (char *)buf + got, len - got);
+		if (n > 0) {
+			got += (size_t)n;
+			continue;
+		}
+		if (n < 0 && (errno == EAGAIN || errno == EINTR) && dex_now_ns() < deadline)
+			continue;
+		return -1;
+	}
+	return 0;
+}
+
+static void *read_blob(int fd)
+{
+	uint32_t length;
+	if (read_exact(fd, &length, sizeof(length)) != 0 || length == 0 || length > (1u << 20))
+		return NULL;
+	void *data = malloc(length);
+	if (data && read_exact(fd, data, length) != 0) {
+		free(data);
+		return NULL;
+	}
+	return data;
+}
+
+static int connect_endpoint(unsigned peer, void *address)
+{
+	ucp_ep_params_t params = { .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS,
+				   .address = address };
+	ucs_status_t st = ucp_ep_create(ucx.worker, &params, &ucx.endpoints[peer]);
+	if (st != UCS_OK) {
+		dex_log("UCX endpoint to node %u: %s", peer, ucs_status_string(st));
+		return -1;
+	}
+	return 0;
+}
+
+static int ucx_connect(void)
+{
+	ucp_address_t *mine;
+	size_t mine_length;
+	if (ucp_worker_get_address(ucx.worker, &mine, &mine_length) != UCS_OK)
+		return -1;
+
+	/* Origin: send its address to every node, then read theirs. Node:
+	 * the reverse. All on the bootstrap sockets, before any data flows. */
+	for (unsigned p = 0; p < dex_rt.nodes; p++)
+		if (dex_queue_is_peer(p) && dex_rt.node == 0 && write_blob(dex_rt.peers[p].fd, mine, (uint32_t)mine_length) != 0)
+			return -1;
+	for (unsigned p = 0; p < dex_rt.nodes; p++) {
+		if (!dex_queue_is_peer(p))
+			continue;
+		void *theirs = read_blob(dex_rt.peers[p].fd);
+		if (!theirs) {
+			dex_log("no UCX address from node %u", p);
+			return -1;
+		}
+		if (connect_endpoint(p, theirs) != 0)
+			return -1;
+		free(theirs);
+	}
+	if (dex_rt.node != 0 && write_blob(dex_rt.peers[0].fd, mine, (uint32_t)mine_length) != 0)
+		return -1;
+	ucp_worker_release_address(ucx.worker, mine);
+
+	dex_queue_init();
+	ucx.receive_buffer = malloc(RECEIVE_CAPACITY);
+	if (!ucx.receive_buffer)
+		return -1;
+	dex_start_service_thread(pump_thread, NULL);
+	return 0;
+}
+
+static const struct dex_transport ucx_transport = {
+	.name = "ucx", .connect = ucx_connect, .send = dex_queue_send, .receive = dex_queue_receive,
+	.flush = dex_queue_flush,
+};
+
+/* Called while libdex starts, before the shared regions exist: ucp_init
+ * loads UCX's transport modules (and their libraries, whose constructors
+ * may read copy-relocated globals such as stderr in the executable's data,
+ * which on a node is not yet protected then), and every node loads them at
+ * the same point, keeping the address spaces identical. */
+const struct dex_transport *dex_ucx_transport_open(void)
+{
+	ucp_config_t *config;
+	if (ucp_config_read(NULL, NULL, &config) != UCS_OK)
+		return NULL;
+	ucp_params_t params = { .field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP };
+	ucs_status_t st = ucp_init(&params, config, &ucx.context);
+	ucp_config_release(config);
+	if (st != UCS_OK) {
+		dex_log("ucp_init: %s", ucs_status_string(st));
+		return NULL;
+	}
+	ucp_worker_params_t wparams = { .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+					.thread_mode = UCS_THREAD_MODE_SERIALIZED };
+	st = ucp_worker_create(ucx.context, &wparams, &ucx.worker);
+	if (st != UCS_OK) {
+		dex_log("ucp_worker_create: %s", ucs_status_string(st));
+		return NULL;
+	}
+	if (ucp_worker_get_efd(ucx.worker, &ucx.worker_fd) != UCS_OK)
+		ucx.worker_fd = -1;
+	return &ucx_transport;
+}
