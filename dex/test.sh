@@ -85,19 +85,23 @@ else
 	fail "exit status from a node (rc $rc)" "$LOG/out"
 fi
 
-# 4. coherence across nodes
+# 4. coherence across nodes ($via names the transport in the test names)
+via=""
+coherence_tests() {
 for n in 2 3; do
-	check_output "mutex counter, 6 threads on $n nodes" "PASS mutex" $DEXRUN -n $n "$BUILD/coherence" mutex 6 1000
-	check_output "barrier phases, 4 threads on $n nodes" "PASS barrier" $DEXRUN -n $n "$BUILD/coherence" barrier 4 200
-	check_output "condition variable queue on $n nodes" "PASS condvar" $DEXRUN -n $n "$BUILD/coherence" condvar 2 2000
-	check_output "one page written alternately from 2 nodes ($n nodes)" "PASS pingpong" \
+	check_output "mutex counter, 6 threads on $n nodes$via" "PASS mutex" $DEXRUN -n $n "$BUILD/coherence" mutex 6 1000
+	check_output "barrier phases, 4 threads on $n nodes$via" "PASS barrier" $DEXRUN -n $n "$BUILD/coherence" barrier 4 200
+	check_output "condition variable queue on $n nodes$via" "PASS condvar" $DEXRUN -n $n "$BUILD/coherence" condvar 2 2000
+	check_output "one page written alternately from 2 nodes ($n nodes)$via" "PASS pingpong" \
 		$DEXRUN -n $n "$BUILD/coherence" pingpong 2 2000
-	check_output "stack read by others while its thread migrates ($n nodes)" "PASS stackread" \
+	check_output "stack read by others while its thread migrates ($n nodes)$via" "PASS stackread" \
 		$DEXRUN -n $n "$BUILD/coherence" stackread 4 300
-	check_output "file I/O from a node; read() at the origin into a page a node holds ($n nodes)" "PASS fileio" \
+	check_output "file I/O from a node; read() at the origin into a page a node holds ($n nodes)$via" "PASS fileio" \
 		$DEXRUN -n $n "$BUILD/coherence" fileio
-	check_output "anonymous mmap on a node is shared memory ($n nodes)" "PASS mmap" $DEXRUN -n $n "$BUILD/coherence" mmap
+	check_output "anonymous mmap on a node is shared memory ($n nodes)$via" "PASS mmap" $DEXRUN -n $n "$BUILD/coherence" mmap
 done
+}
+coherence_tests
 check_output "3000 short-lived migrating threads (ids, runtime blocks, stacks recycled)" "PASS churn" \
 	$DEXRUN -n 3 "$BUILD/thread_churn" 3000 8
 check_output "OpenMP parallel region spread over 3 nodes (libgomp threads migrate)" "PASS openmp" \
@@ -149,16 +153,19 @@ app_runs() { # name args...
 			fi
 		done
 	done
-	if [ $ok = 1 ]; then pass "$name $* : same result as plain run on 1/2/3 nodes (x$soak)"; else fail "$name $*"; fi
+	if [ $ok = 1 ]; then pass "$name $* : same result as plain run on 1/2/3 nodes (x$soak)$via"; else fail "$name $*"; fi
 }
-app_runs ep 4 20
-app_runs ep --naive 4 18
-app_runs kmeans 4 60000 8 6
-app_runs kmeans --naive 4 20000 8 4
-app_runs grp 4 4
-app_runs grp --naive 4 1
-app_runs blk 4 65536 2
-app_runs blk --naive 4 16384 1
+all_app_runs() {
+	app_runs ep 4 20
+	app_runs ep --naive 4 18
+	app_runs kmeans 4 60000 8 6
+	app_runs kmeans --naive 4 20000 8 4
+	app_runs grp 4 4
+	app_runs grp --naive 4 1
+	app_runs blk 4 65536 2
+	app_runs blk --naive 4 16384 1
+}
+all_app_runs
 
 # 6. failure: kill a node mid-run
 MARK=424242421
@@ -253,6 +260,42 @@ if timeout 60 python3 tests/malformed_peer.py "$BUILD/coherence" >"$LOG/out" 2>&
 	pass "malformed HELLO and out-of-range PAGE_REQUEST rejected, all processes stop"
 else
 	fail "malformed messages" "$LOG/out"
+fi
+
+# 9. the UCX transport (UCX's shared-memory/TCP transports on loopback):
+# the same launcher, coherence and application tests, and a killed node
+if [ -f "$BUILD/libdex-ucx.so" ]; then
+	DEXRUN="$BUILD/dexrun --timeout 100 --transport ucx"
+	via=" [ucx]"
+	for n in 1 2 3; do
+		check_output "hello_nodes on $n node(s)$via" "back on node 0" $DEXRUN -n $n "$BUILD/hello_nodes"
+	done
+	coherence_tests
+	all_app_runs
+	MARK=424242431
+	$DEXRUN -n 3 "$BUILD/coherence" pingpong 2 $MARK >"$LOG/out" 2>&1 &
+	runner=$!
+	sleep 1.5
+	victim=""
+	for p in $(pgrep -f -- "$MARK"); do
+		if tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -q "DEX_BOOT=node=002"; then victim=$p; fi
+	done
+	start=$(date +%s.%N)
+	[ -n "$victim" ] && kill -KILL "$victim"
+	wait $runner
+	rc=$?
+	elapsed=$(echo "$(date +%s.%N) - $start" | bc)
+	sleep 0.2
+	left=$(leftovers "$MARK")
+	if [ -n "$victim" ] && [ $rc -ne 0 ] && grep -Eq "node 2 disconnected|connection to node 2 broken" "$LOG/out" &&
+		[ -z "$left" ] && [ "$(echo "$elapsed < 5" | bc)" = 1 ]; then
+		pass "killed node$via: reported, all gone in ${elapsed%??????} s (rc $rc)"
+	else
+		fail "killed node$via (victim '$victim', rc $rc, ${elapsed} s, leftover '$left')" "$LOG/out"
+		[ -n "$left" ] && kill -KILL $left
+	fi
+else
+	echo "SKIP UCX transport: $BUILD/libdex-ucx.so not built (install libucx-dev: scripts/bootstrap.sh)"
 fi
 
 echo "$passed passed, $failed failed"
