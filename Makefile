@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 KERNELS_OUT := kernels/target/x86_64-unknown-none/release
 
-.PHONY: all bootstrap build kernels test test-host test-kernels test-dex test-linux demo bench clean
+.PHONY: all bootstrap build kernels test test-host test-kernels test-dex test-xemem test-linux demo bench clean
 
 all: build
 
@@ -30,7 +30,11 @@ test-kernels: build
 test-dex: bootstrap
 	@if [ -x dex/test.sh ]; then dex/test.sh; fi
 
-test: test-host test-kernels test-dex
+# The XPMEM conformance suite over the host backend (libxpmem + the segment broker).
+test-xemem: build
+	@xemem/test.sh
+
+test: test-host test-kernels test-dex test-xemem
 
 # Opt-in, slow on PVM hosts: a stock Debian kernel boots to its banner (docs/linux-guest.md).
 test-linux: build
