@@ -263,6 +263,17 @@ fn run_command(args: &mut Arguments, json_output: bool) -> Result<u8, Failure> {
     Ok(reply["status"].as_u64().map_or(1, |status| status.min(255) as u8))
 }
 
+/// Exact sizes as people write them (`64K`, `1G`); others, such as a whole-address-space
+/// segment (128 TiB minus a page), rounded to one decimal so the table stays readable.
+fn readable_size(bytes: u64) -> String {
+    let exact = clowderd::memory::format_size(bytes);
+    if exact.ends_with(|c: char| c.is_ascii_alphabetic()) || bytes < 1 << 10 {
+        return exact;
+    }
+    let (shift, suffix) = [(40, "T"), (30, "G"), (20, "M"), (10, "K")].into_iter().find(|(shift, _)| bytes >= 1u64 << shift).unwrap();
+    format!("{:.1}{suffix}", bytes as f64 / (1u64 << shift) as f64)
+}
+
 /// `xemem ls`: one row per segment the host's XEMEM name server knows.
 fn print_segments(reply: &Value) {
     let segments = reply["segments"].as_array().cloned().unwrap_or_default();
@@ -279,7 +290,7 @@ fn print_segments(reply: &Value) {
                 Some(enclave) => format!("enclave {enclave}"),
                 None => "-".to_string(),
             };
-            let size = segment["size"].as_u64().map_or_else(|| "-".to_string(), clowderd::memory::format_size);
+            let size = segment["size"].as_u64().map_or_else(|| "-".to_string(), readable_size);
             vec![text(&segment["segid_hex"]), owner, size, text(&segment["name"])]
         })
         .collect();
