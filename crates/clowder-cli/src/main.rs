@@ -266,12 +266,15 @@ fn run_command(args: &mut Arguments, json_output: bool) -> Result<u8, Failure> {
 /// Exact sizes as people write them (`64K`, `1G`); others, such as a whole-address-space
 /// segment (128 TiB minus a page), rounded to one decimal so the table stays readable.
 fn readable_size(bytes: u64) -> String {
-    let exact = clowderd::memory::format_size(bytes);
-    if exact.ends_with(|c: char| c.is_ascii_alphabetic()) || bytes < 1 << 10 {
-        return exact;
+    let Some((shift, suffix)) = [(40, "T"), (30, "G"), (20, "M"), (10, "K")].into_iter().find(|(shift, _)| bytes >= 1u64 << shift)
+    else {
+        return bytes.to_string();
+    };
+    if bytes % (1u64 << shift) == 0 {
+        clowderd::memory::format_size(bytes)
+    } else {
+        format!("{:.1}{suffix}", bytes as f64 / (1u64 << shift) as f64)
     }
-    let (shift, suffix) = [(40, "T"), (30, "G"), (20, "M"), (10, "K")].into_iter().find(|(shift, _)| bytes >= 1u64 << shift).unwrap();
-    format!("{:.1}{suffix}", bytes as f64 / (1u64 << shift) as f64)
 }
 
 /// `xemem ls`: one row per segment the host's XEMEM name server knows.
