@@ -3,8 +3,10 @@
 # UCX's xpmem transport (uct_xpmem) can be tested unmodified against our library.
 #
 # Idempotent: every step leaves a stamp or an artefact under build/ucx/ and is skipped when it
-# is there. Only what ucx_perftest needs is built (ucs, ucm, uct with sm/xpmem, ucp, perftest);
-# no verbs, rdmacm, CUDA, ROCm, Java, Go or docs.
+# is there. Only host transports are configured (UCT's sm family: posix, sysv, cma, xpmem;
+# self, tcp) with ucs, ucm, ucp and the tools (ucx_perftest, ucx_info); no verbs, rdmacm,
+# CUDA, ROCm, Java, Go or docs. About 6 minutes on two cores, then a no-op.
+# Needs root (a deb-src entry and, when missing, autoconf/automake/libtool from apt).
 #
 # Output: build/ucx/install/{bin/ucx_perftest,bin/ucx_info,lib/...}
 set -euo pipefail
