@@ -98,6 +98,19 @@ pub fn elf_guest_os(image: &[u8]) -> Option<String> {
     None
 }
 
+/// The user's command line with the VMM's `clowder.*` words added before a `--` word, if any:
+/// what follows `--` belongs to the kernel's init (Linux) or job (the LWK), not to the kernel.
+pub fn kernel_command_line(user: &str, extra: &[String]) -> String {
+    let words = extra.join(" ");
+    let separator = if user.starts_with("-- ") || user == "--" { Some(0) } else { user.find(" -- ").map(|i| i + 1).or_else(|| user.strip_suffix(" --").map(|rest| rest.len() + 1)) };
+    match (separator, words.is_empty()) {
+        (_, true) => user.to_string(),
+        (Some(at), false) => format!("{}{words} {}", &user[..at], &user[at..]),
+        (None, false) if user.is_empty() => words,
+        (None, false) => format!("{user} {words}"),
+    }
+}
+
 fn read_file(key: &str, path: &Path) -> Result<Vec<u8>, VmError> {
     std::fs::read(path).map_err(|e| VmError::Config(format!("{key}: {}: {e}", path.display())))
 }
@@ -176,13 +189,7 @@ pub fn load(memory: &GuestMemory, boot: &BootConfig, cmdline_extra: &[String]) -
     }
     // PVH wants modules in the order given; they were placed top-down, which keeps that order.
 
-    let mut cmdline = boot.cmdline.clone();
-    for word in cmdline_extra {
-        if !cmdline.is_empty() {
-            cmdline.push(' ');
-        }
-        cmdline.push_str(word);
-    }
+    let cmdline = kernel_command_line(&boot.cmdline, cmdline_extra);
     if cmdline.len() >= CMDLINE_MAX {
         return Err(VmError::Config(format!(
             "boot.cmdline: {} bytes with the VMM's clowder.* keys, at most {} fit",
@@ -255,6 +262,19 @@ mod tests {
         image[ph + 32..ph + 40].copy_from_slice(&(note_bytes.len() as u64).to_le_bytes());
         image.extend_from_slice(&note_bytes);
         image
+    }
+
+    #[test]
+    fn vmm_words_go_before_the_init_arguments() {
+        let extra = ["clowder.cpus=1".to_string(), "clowder.exit_port=0xf4".to_string()];
+        let line = |user: &str| kernel_command_line(user, &extra);
+        assert_eq!(line(""), "clowder.cpus=1 clowder.exit_port=0xf4");
+        assert_eq!(line("console=ttyS0"), "console=ttyS0 clowder.cpus=1 clowder.exit_port=0xf4");
+        assert_eq!(line("-- hpccg 8 8 8"), "clowder.cpus=1 clowder.exit_port=0xf4 -- hpccg 8 8 8");
+        assert_eq!(line("lwk.heap=1G -- a -- b"), "lwk.heap=1G clowder.cpus=1 clowder.exit_port=0xf4 -- a -- b");
+        assert_eq!(line("quiet --"), "quiet clowder.cpus=1 clowder.exit_port=0xf4 --");
+        assert_eq!(line("a--b"), "a--b clowder.cpus=1 clowder.exit_port=0xf4");
+        assert_eq!(kernel_command_line("x -- y", &[]), "x -- y");
     }
 
     #[test]

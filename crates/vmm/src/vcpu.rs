@@ -190,6 +190,7 @@ pub fn run_loop(
     // The last port looked up and its owner: a guest usually hits the same port again (a polled
     // status register, a data port), and the registry does not change once the VM runs.
     let mut last_port: Option<(u16, Claim<'_>)> = None;
+    let kvm_run = vcpu.get_kvm_run() as *const kvm_bindings::kvm_run;
     while shared.wait_runnable() == RunState::Running {
         if stepping.is_none() && shared.profile_requests.is_pending() {
             stepping = profile::start_if_requested(&shared.profile_requests, index, &mut vcpu);
@@ -198,7 +199,11 @@ pub fn run_loop(
         let action = match vcpu.run() {
             Ok(exit) => {
                 shared.note_first_exit();
-                dispatch(exit, &ctx, &registry, &shared, policy, &mut reported_ports, &mut last_port)
+                // The width of one port access (kvm-ioctls gives only the bytes of all of them).
+                // SAFETY: kvm_run is the vCPU's mapped run page; for port exits the io member is
+                // the live one, and it is only read here, not aliased by the exit's data slice.
+                let io_size = unsafe { (*kvm_run).__bindgen_anon_1.io.size } as usize;
+                dispatch(exit, &ctx, &registry, &shared, policy, &mut reported_ports, &mut last_port, io_size)
             }
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                 vcpu.set_kvm_immediate_exit(0);
@@ -288,6 +293,7 @@ fn dispatch<'r>(
     policy: UnhandledPorts,
     reported_ports: &mut std::collections::BTreeSet<u16>,
     last_port: &mut Option<(u16, Claim<'r>)>,
+    io_size: usize,
 ) -> ExitAction {
     let counters = &shared.counters;
     let mut unclaimed_port = |port: u16, write: bool| {
@@ -313,7 +319,14 @@ fn dispatch<'r>(
             match port_owner(registry, port, last_port) {
                 Some(claim) => {
                     let offset = port - base_port(claim.key);
-                    run_device(claim, ctx, Request::PortWrite { offset, data })
+                    // A string instruction (`rep outsb`) carries several accesses in one exit.
+                    for element in data.chunks(io_size.min(data.len()).max(1)) {
+                        let action = run_device(claim, ctx, Request::PortWrite { offset, data: element });
+                        if !matches!(action, ExitAction::Continue) {
+                            return action;
+                        }
+                    }
+                    ExitAction::Continue
                 }
                 None => unclaimed_port(port, true),
             }
@@ -323,7 +336,14 @@ fn dispatch<'r>(
             match port_owner(registry, port, last_port) {
                 Some(claim) => {
                     let offset = port - base_port(claim.key);
-                    run_device(claim, ctx, Request::PortRead { offset, data })
+                    let size = io_size.min(data.len()).max(1);
+                    for element in data.chunks_mut(size) {
+                        let action = run_device(claim, ctx, Request::PortRead { offset, data: element });
+                        if !matches!(action, ExitAction::Continue) {
+                            return action;
+                        }
+                    }
+                    ExitAction::Continue
                 }
                 None => {
                     data.fill(0xff);
