@@ -128,6 +128,7 @@ int main(int argc, char **argv) {
     if (mkdir("made", 0755) != 0 && errno != EEXIST) return 16;
     int fd = open("made/scratch", O_CREAT | O_WRONLY | O_TRUNC, 0644);
     if (fd < 0 || pwrite(fd, "abc", 3, 10) != 3 || ftruncate(fd, 5) != 0 || fstat(fd, &status) != 0) return 17;
+    if ((fcntl(fd, F_GETFL) & O_ACCMODE) != O_WRONLY) return 19;
     printf("scratch: %ld bytes\n", (long)status.st_size);
     if (close(fd) != 0 || unlink("made/scratch") != 0 || access("made/scratch", F_OK) == 0) return 18;
     return 3;

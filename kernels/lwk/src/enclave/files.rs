@@ -90,7 +90,11 @@ pub fn open(path: &str, flags: u32, mode: u32) -> i64 {
     if handle < 0 {
         return handle;
     }
-    let descriptor = job::with_process(|process| process.descriptors.insert(Descriptor::Remote { handle: handle as u32 }));
+    // What F_GETFL reports: the access mode and the status flags Linux keeps (O_APPEND,
+    // O_NONBLOCK, O_DSYNC, O_DIRECT, O_NOATIME, O_SYNC's high bit), not the creation flags.
+    const KEPT_FLAGS: u32 = 0o3 | 0o2000 | 0o4000 | 0o10000 | 0o40000 | 0o1000000 | 0o4000000;
+    let status_flags = flags & KEPT_FLAGS;
+    let descriptor = job::with_process(|process| process.descriptors.insert(Descriptor::Remote { handle: handle as u32, status_flags }));
     match descriptor {
         Some(descriptor) => descriptor as i64,
         None => {
@@ -114,7 +118,7 @@ pub fn remote_handle(descriptor: u64) -> Option<u32> {
         return None;
     }
     job::with_process(|process| match process.descriptors.get(descriptor).as_deref() {
-        Some(Descriptor::Remote { handle }) => Some(*handle),
+        Some(Descriptor::Remote { handle, .. }) => Some(*handle),
         _ => None,
     })
 }

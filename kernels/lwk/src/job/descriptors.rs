@@ -13,8 +13,9 @@ pub enum Descriptor {
     Console,
     File { node: Node, offset: u64 },
     Directory { path: String, node: Node, position: usize },
-    /// A file on the host (a persistent enclave's job): `handle` is the host's number for it.
-    Remote { handle: u32 },
+    /// A file on the host (a persistent enclave's job): `handle` is the host's number for it,
+    /// `status_flags` the access mode and status flags it was opened with (`F_GETFL`).
+    Remote { handle: u32, status_flags: u32 },
 }
 
 /// Linux's default RLIMIT_NOFILE.

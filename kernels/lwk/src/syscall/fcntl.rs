@@ -24,6 +24,7 @@ pub fn call(call: &mut Call<'_>) -> SyscallResult {
                 None => return Err(Errno::EBADF),
                 Some(Descriptor::Console) if descriptor as u32 != 0 => O_WRONLY,
                 Some(Descriptor::Directory { .. }) => O_DIRECTORY,
+                Some(Descriptor::Remote { status_flags, .. }) => *status_flags as u64,
                 Some(_) => 0,
             };
             Ok(if command == F_GETFL { flags } else { 0 })
