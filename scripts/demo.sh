@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The main demo: the node daemon partitions the machine, and a CG simulation (apps/hpccg) runs
-# in a lightweight-kernel enclave on a dedicated core; the same binary then runs on the host, on
-# the same core, for comparison.
+# The main demo: the node daemon partitions the machine, creates a lightweight-kernel enclave on
+# a dedicated core and runs a CG simulation (apps/hpccg) in it; the same binary then runs on the
+# host, on the same core, for comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,10 +30,15 @@ for _ in $(seq 100); do [ -S "$CLOWDER_SOCKET" ] && break; sleep 0.05; done
 echo "== clowderd is up; the node: =="
 "$bin/clowder" enclave ls
 echo
-echo "== clowder run --cores $core --mem 512M hpccg ${grid[*]}  (a one-shot LWK enclave) =="
+echo "== clowder enclave create --name sim --kind lwk --cores $core --mem 512M =="
 start=$(date +%s%N)
-"$bin/clowder" run --cores "$core" --mem 512M "$app" "${grid[@]}"
-echo "   enclave created, job run, enclave torn down: $(( ($(date +%s%N) - start) / 1000000 )) ms"
+"$bin/clowder" enclave create --name sim --kind lwk --cores "$core" --mem 512M
+echo "   created in $(( ($(date +%s%N) - start) / 1000000 )) ms"
+"$bin/clowder" enclave ls
+echo
+echo "== clowder run sim hpccg ${grid[*]}  (the unmodified static binary, output streamed back) =="
+"$bin/clowder" run sim "$app" "${grid[@]}"
+"$bin/clowder" enclave rm sim
 echo
 echo "== the same binary on the host, core $core =="
 taskset -c "$core" "$app" "${grid[@]}"
