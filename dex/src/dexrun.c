@@ -13,9 +13,25 @@
  * namespace, joined to dexrun's by a veth pair (10.S.N.1 on dexrun's side,
  * 10.S.N.2 in the node's), so node traffic crosses a network interface
  * instead of loopback. The namespace and its veth pair vanish with the
- * node process. Needs root (CAP_NET_ADMIN) and iproute2. */
+ * node process. Needs root (CAP_NET_ADMIN) and iproute2.
+ *
+ * --hosts FILE runs nodes 1..N-1 on other hosts, one per line of FILE in
+ * order ("ADDRESS[:PORT]", IPv4, port 7450 by default; blank lines and
+ * '#' comments ignored); -n defaults to 1 + the number of hosts. Each host
+ * runs a dexnode agent (src/dexnode.c). For each remote node dexrun forks
+ * a local proxy process that connects to the agent, sends the working
+ * directory, arguments and environment (DEX_BOOT naming the origin by the
+ * address this host used to reach the agent), relays the node's output and
+ * ends with the node's status; so killing the proxy (a failing node, Ctrl-C,
+ * timeout) closes the connection and the agent kills the node. The binary,
+ * its libraries and the working directory must exist at the same paths on
+ * every host; a host whose binary or libraries differ is refused by the
+ * origin's layout check at HELLO. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <netdb.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <stdbool.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -30,6 +46,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "node_agent_wire.h"
+
 #define MAX_NODES 32
 #define GRACE_SECONDS 3
 
@@ -42,9 +60,137 @@ static void on_signal(int sig)
 	interrupted = sig;
 }
 
+struct remote_host {
+	char address[128];
+	int port;
+};
+static struct remote_host hosts[MAX_NODES];
+static int nhosts;
+
+static int read_hosts_file(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	if (!f) {
+		fprintf(stderr, "dexrun: cannot read hosts file %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	char line[256];
+	while (fgets(line, sizeof(line), f)) {
+		char *hash = strchr(line, '#');
+		if (hash)
+			*hash = 0;
+		char word[128];
+		if (sscanf(line, "%127s", word) != 1)
+			continue;
+		if (nhosts == MAX_NODES - 1) {
+			fprintf(stderr, "dexrun: more than %d hosts in %s\n", MAX_NODES - 1, path);
+			fclose(f);
+			return -1;
+		}
+		struct remote_host *h = &hosts[nhosts++];
+		h->port = AGENT_DEFAULT_PORT;
+		char *colon = strchr(word, ':');
+		if (colon) {
+			*colon = 0;
+			h->port = atoi(colon + 1);
+		}
+		snprintf(h->address, sizeof(h->address), "%s", word);
+	}
+	fclose(f);
+	if (!nhosts) {
+		fprintf(stderr, "dexrun: no hosts in %s\n", path);
+		return -1;
+	}
+	return 0;
+}
+
+/* Runs in the forked proxy of a remote node: connect to the host's agent,
+ * start the node there, relay its output, and end the way it ended. */
+static void run_on_host(const struct remote_host *h, const char *boot_format, char **args)
+{
+	struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM }, *found;
+	char port[16];
+	snprintf(port, sizeof(port), "%d", h->port);
+	if (getaddrinfo(h->address, port, &hints, &found) != 0) {
+		fprintf(stderr, "dexrun: cannot resolve host %s\n", h->address);
+		_exit(127);
+	}
+	int conn = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (conn < 0 || connect(conn, found->ai_addr, found->ai_addrlen) != 0) {
+		fprintf(stderr, "dexrun: no dexnode agent at %s:%d: %s\n", h->address, h->port, strerror(errno));
+		_exit(127);
+	}
+	int one = 1;
+	setsockopt(conn, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	/* the node reaches the origin at the address this host used */
+	struct sockaddr_in local;
+	socklen_t len = sizeof(local);
+	getsockname(conn, (struct sockaddr *)&local, &len);
+	uint32_t ip = ntohl(local.sin_addr.s_addr);
+	char origin[16], boot[96];
+	snprintf(origin, sizeof(origin), "%03u.%03u.%03u.%03u", ip >> 24, (ip >> 16) & 255, (ip >> 8) & 255, ip & 255);
+	snprintf(boot, sizeof(boot), boot_format, origin);
+	setenv("DEX_BOOT", boot, 1);
+
+	extern char **environ;
+	char cwd[4096];
+	if (!getcwd(cwd, sizeof(cwd))) {
+		perror("dexrun: getcwd");
+		_exit(127);
+	}
+	uint32_t nargs = 0, nenv = 0;
+	while (args[nargs])
+		nargs++;
+	while (environ[nenv])
+		nenv++;
+	uint32_t count = 2 + nargs + nenv;
+	char nargs_text[16];
+	snprintf(nargs_text, sizeof(nargs_text), "%u", nargs);
+	int bad = agent_write_all(conn, AGENT_MAGIC, 8) || agent_write_all(conn, &count, sizeof(count)) ||
+		  agent_put_string(conn, cwd) || agent_put_string(conn, nargs_text);
+	for (uint32_t i = 0; i < nargs && !bad; i++)
+		bad = agent_put_string(conn, args[i]);
+	for (uint32_t i = 0; i < nenv && !bad; i++)
+		bad = agent_put_string(conn, environ[i]);
+	if (bad) {
+		fprintf(stderr, "dexrun: the agent at %s:%d hung up\n", h->address, h->port);
+		_exit(127);
+	}
+	for (;;) {
+		char head[5];
+		uint32_t length;
+		if (agent_read_all(conn, head, sizeof(head)))
+			break;
+		memcpy(&length, head + 1, sizeof(length));
+		char *data = length <= AGENT_MAX_STRING ? malloc(length + 1) : NULL;
+		if (!data || agent_read_all(conn, data, length))
+			break;
+		data[length] = 0;
+		if (head[0] == 'o')
+			agent_write_all(1, data, length);
+		else if (head[0] == 'e' || head[0] == 'x')
+			agent_write_all(2, data, length);
+		if (head[0] == 'x')
+			_exit(127);
+		if (head[0] == 's') {
+			int status = atoi(data);
+			if (WIFSIGNALED(status)) {
+				/* die the same way, so dexrun names the signal */
+				signal(WTERMSIG(status), SIG_DFL);
+				raise(WTERMSIG(status));
+			}
+			_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+		}
+		free(data);
+	}
+	fprintf(stderr, "dexrun: lost the dexnode agent at %s:%d\n", h->address, h->port);
+	_exit(1);
+}
+
 static void usage(void)
 {
-	fprintf(stderr, "usage: dexrun -n N [--transport tcp|ucx] [--netns] [--timeout SECONDS] program [args...]\n");
+	fprintf(stderr, "usage: dexrun [-n N] [--transport tcp|ucx] [--netns | --hosts FILE] [--timeout SECONDS] program "
+			"[args...]\n");
 	exit(2);
 }
 
@@ -175,6 +321,9 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			setenv("DEX_TRANSPORT", argv[i], 1);
+		} else if (!strcmp(argv[i], "--hosts") && i + 1 < argc) {
+			if (read_hosts_file(argv[++i]) != 0)
+				return 2;
 		} else if (!strcmp(argv[i], "--netns"))
 			use_netns = 1;
 		else if (!strcmp(argv[i], "--timeout") && i + 1 < argc)
@@ -182,13 +331,20 @@ int main(int argc, char **argv)
 		else
 			usage();
 	}
+	if (nhosts && !nodes)
+		nodes = 1 + nhosts;
 	if (i >= argc || nodes < 1 || nodes > MAX_NODES)
 		usage();
+	if (nhosts && (use_netns || nodes > 1 + nhosts)) {
+		fprintf(stderr, "dexrun: %s\n", use_netns ? "--hosts and --netns exclude each other"
+							  : "more nodes than hosts in the hosts file");
+		return 2;
+	}
 
 	int listener = socket(AF_INET, SOCK_STREAM, 0);
 	struct sockaddr_in sa = { .sin_family = AF_INET };
 	/* with namespaces the nodes arrive over their veth interfaces */
-	sa.sin_addr.s_addr = htonl(use_netns ? INADDR_ANY : INADDR_LOOPBACK);
+	sa.sin_addr.s_addr = htonl(use_netns || nhosts ? INADDR_ANY : INADDR_LOOPBACK);
 	socklen_t salen = sizeof(sa);
 	if (listener < 0 || bind(listener, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(listener, 64) != 0 ||
 	    getsockname(listener, (struct sockaddr *)&sa, &salen) != 0) {
@@ -238,6 +394,13 @@ int main(int argc, char **argv)
 			if (personality(ADDR_NO_RANDOMIZE) < 0) {
 				perror("dexrun: personality");
 				_exit(127);
+			}
+			if (nhosts && n > 0) {
+				char boot_format[96];
+				/* fd -001: the listener is not inherited over there (same width) */
+				snprintf(boot_format, sizeof(boot_format), "node=%03d,nodes=%03d,port=%05d,fd=%04d,host=%%s", n,
+					 nodes, ntohs(sa.sin_port), -1);
+				run_on_host(&hosts[n - 1], boot_format, argv + i);
 			}
 			if (own_namespace) {
 				char c = 0;
