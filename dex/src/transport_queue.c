@@ -133,8 +133,13 @@ int dex_queue_send(unsigned peer, struct iovec *iov, int iovcnt)
 	for (int i = 0; i < iovcnt; i++)
 		length += iov[i].iov_len;
 	for (;;) {
-		if (__atomic_load_n(&queue.peer_gone[peer], __ATOMIC_ACQUIRE))
-			return -1;
+		if (__atomic_load_n(&queue.peer_gone[peer], __ATOMIC_ACQUIRE)) {
+			/* Like a TCP socket whose peer closed: the sender learns of it
+			 * only after its receiver has read everything the peer sent
+			 * (a SHUTDOWN may still be queued there); until then the
+			 * message is silently dropped. */
+			return ring_peek(&queue.inbound[peer]) ? 0 : -1;
+		}
 		dex_lock_acquire(&queue.outbound_lock);
 		bool queued = ring_put(&queue.outbound, peer, iov, iovcnt, (uint32_t)length);
 		dex_lock_release(&queue.outbound_lock);
