@@ -70,6 +70,17 @@ else
 	echo "SKIP --netns (needs root, ip and nsenter)"
 fi
 
+# --hosts: nodes on two namespaced "hosts" through dexnode agents (root only)
+if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v unshare >/dev/null; then
+	if timeout 150 bash tests/hosts_netns.sh "$BUILD" >"$LOG/out" 2>&1; then
+		pass "--hosts: 2 namespaced hosts via dexnode agents (tcp, ucx), differing binary refused, Ctrl-C reaches them"
+	else
+		fail "--hosts" "$LOG/out"
+	fi
+else
+	echo "SKIP --hosts (needs root, ip and unshare)"
+fi
+
 if timeout 60 python3 tests/layout_mismatch.py "$BUILD/hello_nodes" "$BUILD/coherence" >"$LOG/out" 2>&1; then
 	pass "a node with a different address-space layout is refused at HELLO; both sides say why"
 else

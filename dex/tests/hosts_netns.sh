@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# dexrun --hosts with two "hosts": network namespaces joined to this one by
+# veth pairs, each running a dexnode agent on its own address. Checks:
+#   1. a 3-node run (origin here, a node in each namespace) is correct, over
+#      TCP and, if built, over UCX;
+#   2. a host whose binary differs (another program bind-mounted over the
+#      path in the agent's mount namespace) is refused by the layout check;
+#   3. killing dexrun kills the remote nodes (the agents see the hang-up).
+# Needs root and iproute2. Usage: tests/hosts_netns.sh BUILD_DIR
+set -u
+BUILD=${1:-build}
+tag=$$
+subnet=$((200 + tag % 50))
+namespaces=() links=() agents=()
+cleanup() {
+	for a in "${agents[@]}"; do kill "$a" 2>/dev/null; done
+	wait 2>/dev/null
+	for l in "${links[@]}"; do ip link del "$l" 2>/dev/null; done
+	for ns in "${namespaces[@]}"; do ip netns del "$ns" 2>/dev/null; done
+	rm -f "$hosts" "$bad_hosts" "$out"
+}
+trap cleanup EXIT
+hosts=$(mktemp) bad_hosts=$(mktemp) out=$(mktemp)
+failures=0
+check() { # description command...
+	local what=$1
+	shift
+	if "$@"; then echo "ok: $what"; else echo "FAILED: $what"; sed 's/^/    /' "$out" | tail -15; failures=$((failures + 1)); fi
+}
+
+# host k: namespace dexh<tag>k, 10.<subnet>.k.2 inside, .1 on our side
+make_host() { # k [command prefix for the agent]
+	local k=$1 ns=dexh${tag}$1 outside=dxh${tag}o$1 inside=dxh${tag}i$1
+	shift
+	ip netns add "$ns" || return 1
+	namespaces+=("$ns")
+	ip link add "$outside" type veth peer name "$inside" netns "$ns" || return 1
+	links+=("$outside")
+	ip addr add "10.$subnet.$k.1/24" dev "$outside"
+	ip link set "$outside" up
+	ip -n "$ns" addr add "10.$subnet.$k.2/24" dev "$inside"
+	ip -n "$ns" link set "$inside" up
+	ip -n "$ns" link set lo up
+	# as on a real network, every host reaches all of the origin's addresses
+	ip -n "$ns" route add default via "10.$subnet.$k.1"
+	ip netns exec "$ns" "$@" "$BUILD/dexnode" --listen "10.$subnet.$k.2:7450" 2>/dev/null &
+	agents+=($!)
+}
+make_host 1 || exit 1
+make_host 2 || exit 1
+# host 3 has "another binary" at the same path: its own mount namespace
+# with hello_nodes mounted over coherence
+make_host 3 unshare -m sh -c "mount --bind $BUILD/hello_nodes $BUILD/coherence && exec \"\$0\" \"\$@\"" || exit 1
+for k in 1 2 3; do # wait for the agents to listen
+	for _ in $(seq 50); do
+		ip netns exec "dexh${tag}$k" ss -ltn 2>/dev/null | grep -q ":7450 " && break
+		sleep 0.1
+	done
+done
+printf '# two hosts\n10.%s.1.2\n10.%s.2.2:7450\n' "$subnet" "$subnet" >"$hosts"
+printf '10.%s.1.2\n10.%s.3.2\n' "$subnet" "$subnet" >"$bad_hosts"
+
+run_ok() { # transport
+	# UCX would see one machine and pick shared memory, whose wake-up
+	# socket (abstract unix) does not cross network namespaces: make the
+	# namespaced hosts talk UCX over TCP, as separate machines would.
+	UCX_TLS=tcp,self timeout 60 "$BUILD/dexrun" --timeout 50 --transport "$1" --hosts "$hosts" "$BUILD/coherence" mutex 6 500 >"$out" 2>&1 &&
+		grep -q "PASS mutex: counter 3000, expected 3000 on 3 nodes" "$out" &&
+		UCX_TLS=tcp,self timeout 60 "$BUILD/dexrun" --timeout 50 --transport "$1" --hosts "$hosts" "$BUILD/netns_probe" >"$out" 2>&1 &&
+		grep -q "3 distinct for 3 nodes" "$out"
+}
+check "--hosts: 3 nodes, 2 on namespaced hosts through dexnode agents (tcp): mutex counter and 3 network namespaces" run_ok tcp
+if [ -f "$BUILD/libdex-ucx.so" ]; then
+	check "--hosts over UCX (UCX_TLS=tcp,self)" run_ok ucx
+fi
+
+refused() {
+	DEX_JOIN_TIMEOUT=3 timeout 60 "$BUILD/dexrun" --timeout 50 --hosts "$bad_hosts" "$BUILD/coherence" mutex 2 10 \
+		>"$out" 2>&1
+	local rc=$?
+	[ $rc -ne 0 ] && grep -q "address-space layout differs" "$out" && grep -q "only 1 of 2 nodes joined" "$out"
+}
+check "a host whose binary differs is refused by the layout check" refused
+
+killed() {
+	"$BUILD/dexrun" --hosts "$hosts" "$BUILD/coherence" pingpong 2 424242441 >"$out" 2>&1 &
+	local runner=$!
+	sleep 1.5
+	local before
+	before=$(pgrep -f -- 424242441 | wc -l)
+	kill -INT "$runner"
+	wait "$runner"
+	local rc=$?
+	for _ in $(seq 30); do
+		[ -z "$(pgrep -f -- 424242441)" ] && break
+		sleep 0.1
+	done
+	[ "$before" -ge 3 ] && [ $rc -eq 130 ] && [ -z "$(pgrep -f -- 424242441)" ]
+}
+check "Ctrl-C on dexrun ends the remote nodes too (agents kill them)" killed
+
+[ $failures -eq 0 ]
