@@ -157,14 +157,14 @@ enum ExitAction {
     Continue,
     Stop(StopReason),
     /// The guest is at fault; the loop adds its registers to the report.
-    Fault(Fault),
+    Fault(Failure),
     /// A write to the hypercall port: the arguments are in the registers.
     Hypercall { width: usize },
     /// One instruction of an instruction-profile window.
     SingleStep,
 }
 
-enum Fault {
+enum Failure {
     TripleFault,
     /// KVM_EXIT_INTERNAL_ERROR: the details are in kvm_run, read once the exit is released.
     KvmInternal,
@@ -181,15 +181,12 @@ pub fn run_loop(
     policy: UnhandledPorts,
     memory: vm_memory::GuestMemoryMmap,
 ) {
-    let mut reported_ports = std::collections::BTreeSet::new();
+    let mut ports = PortState::default();
     // Have KVM copy the general registers into kvm_run on every exit: a hypercall then reads its
     // arguments and writes its result without KVM_GET_REGS/KVM_SET_REGS, which cost ~20 µs each
     // on PVM (the copy itself is ~150 bytes).
     vcpu.set_sync_valid_reg(SyncReg::Register);
     let mut stepping: Option<profile::Stepping> = None;
-    // The last port looked up and its owner: a guest usually hits the same port again (a polled
-    // status register, a data port), and the registry does not change once the VM runs.
-    let mut last_port: Option<(u16, Claim<'_>)> = None;
     let kvm_run = vcpu.get_kvm_run() as *const kvm_bindings::kvm_run;
     while shared.wait_runnable() == RunState::Running {
         if stepping.is_none() && shared.profile_requests.is_pending() {
@@ -203,7 +200,7 @@ pub fn run_loop(
                 // SAFETY: kvm_run is the vCPU's mapped run page; for port exits the io member is
                 // the live one, and it is only read here, not aliased by the exit's data slice.
                 let io_size = unsafe { (*kvm_run).__bindgen_anon_1.io.size } as usize;
-                dispatch(exit, &ctx, &registry, &shared, policy, &mut reported_ports, &mut last_port, io_size)
+                dispatch(exit, &ctx, &registry, &shared, policy, &mut ports, io_size)
             }
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                 vcpu.set_kvm_immediate_exit(0);
@@ -221,7 +218,7 @@ pub fn run_loop(
                     }
                     ExitAction::Continue
                 }
-                None => ExitAction::Fault(Fault::Unhandled("a debug exit with no instruction profile running".into())),
+                None => ExitAction::Fault(Failure::Unhandled("a debug exit with no instruction profile running".into())),
             },
             other => other,
         };
@@ -231,10 +228,10 @@ pub fn run_loop(
             ExitAction::Fault(fault) => {
                 let regs = register_dump(&vcpu);
                 match fault {
-                    Fault::TripleFault => StopReason::TripleFault { vcpu: index, regs },
-                    Fault::KvmInternal => internal_error(&mut vcpu, index, regs),
-                    Fault::Unhandled(what) => StopReason::UnhandledExit { vcpu: index, what, regs },
-                    Fault::Device { device, reason } => StopReason::DeviceError { vcpu: index, device, reason, regs },
+                    Failure::TripleFault => StopReason::TripleFault { vcpu: index, regs },
+                    Failure::KvmInternal => internal_error(&mut vcpu, index, regs),
+                    Failure::Unhandled(what) => StopReason::UnhandledExit { vcpu: index, what, regs },
+                    Failure::Device { device, reason } => StopReason::DeviceError { vcpu: index, device, reason, regs },
                 }
             }
         };
@@ -268,19 +265,44 @@ fn run_device(
     match result {
         Ok(Outcome::Continue) => ExitAction::Continue,
         Ok(Outcome::Stop(reason)) => ExitAction::Stop(reason),
-        Err(e) => ExitAction::Fault(Fault::Device { device: claim.name.to_string(), reason: e.0 }),
+        Err(e) => ExitAction::Fault(Failure::Device { device: claim.name.to_string(), reason: e.0 }),
     }
 }
 
-/// The owner of `port`, through the one-entry cache.
-#[inline]
-fn port_owner<'r>(registry: &'r HookRegistry, port: u16, last: &mut Option<(u16, Claim<'r>)>) -> Option<Claim<'r>> {
-    match *last {
-        Some((cached, claim)) if cached == port => Some(claim),
-        _ => {
-            let claim = registry.port(port)?;
-            *last = Some((port, claim));
-            Some(claim)
+/// A vCPU's memory of the ports it used.
+#[derive(Default)]
+struct PortState<'r> {
+    /// Unclaimed ports already logged (each is logged once).
+    reported: std::collections::BTreeSet<u16>,
+    /// The last port looked up and its owner: a guest usually hits the same port again (a polled
+    /// status register, a data port), and the registry does not change once the VM runs.
+    last: Option<(u16, Claim<'r>)>,
+}
+
+impl<'r> PortState<'r> {
+    /// What an access to a port nobody claims does, under `policy`.
+    #[cold]
+    fn unclaimed(&mut self, port: u16, write: bool, policy: UnhandledPorts, ctx: &ExitContext) -> ExitAction {
+        if policy == UnhandledPorts::Fail {
+            let dir = if write { "write to" } else { "read from" };
+            return ExitAction::Fault(Failure::Unhandled(format!("{dir} port {port:#x}, which no device claims")));
+        }
+        if self.reported.insert(port) {
+            eprintln!("clowder-vmm: vCPU {}: ignoring accesses to unclaimed port {port:#x}", ctx.vcpu);
+        }
+        ExitAction::Continue
+    }
+
+    /// The owner of `port`, through the one-entry cache.
+    #[inline]
+    fn owner(&mut self, registry: &'r HookRegistry, port: u16) -> Option<Claim<'r>> {
+        match self.last {
+            Some((cached, claim)) if cached == port => Some(claim),
+            _ => {
+                let claim = registry.port(port)?;
+                self.last = Some((port, claim));
+                Some(claim)
+            }
         }
     }
 }
@@ -291,21 +313,10 @@ fn dispatch<'r>(
     registry: &'r HookRegistry,
     shared: &VmShared,
     policy: UnhandledPorts,
-    reported_ports: &mut std::collections::BTreeSet<u16>,
-    last_port: &mut Option<(u16, Claim<'r>)>,
+    ports: &mut PortState<'r>,
     io_size: usize,
 ) -> ExitAction {
     let counters = &shared.counters;
-    let mut unclaimed_port = |port: u16, write: bool| {
-        if policy == UnhandledPorts::Fail {
-            let dir = if write { "write to" } else { "read from" };
-            return ExitAction::Fault(Fault::Unhandled(format!("{dir} port {port:#x}, which no device claims")));
-        }
-        if reported_ports.insert(port) {
-            eprintln!("clowder-vmm: vCPU {}: ignoring accesses to unclaimed port {port:#x}", ctx.vcpu);
-        }
-        ExitAction::Continue
-    };
     match exit {
         VcpuExit::IoOut(port, data) => {
             counters.count(ctx.vcpu, ExitKind::PortOut);
@@ -316,7 +327,7 @@ fn dispatch<'r>(
             if port == POST_CODE_PORT {
                 return ExitAction::Continue;
             }
-            match port_owner(registry, port, last_port) {
+            match ports.owner(registry, port) {
                 Some(claim) => {
                     let offset = port - base_port(claim.key);
                     // A string instruction (`rep outsb`) carries several accesses in one exit.
@@ -328,12 +339,12 @@ fn dispatch<'r>(
                     }
                     ExitAction::Continue
                 }
-                None => unclaimed_port(port, true),
+                None => ports.unclaimed(port, true, policy, ctx),
             }
         }
         VcpuExit::IoIn(port, data) => {
             counters.count(ctx.vcpu, ExitKind::PortIn);
-            match port_owner(registry, port, last_port) {
+            match ports.owner(registry, port) {
                 Some(claim) => {
                     let offset = port - base_port(claim.key);
                     let size = io_size.min(data.len()).max(1);
@@ -347,7 +358,7 @@ fn dispatch<'r>(
                 }
                 None => {
                     data.fill(0xff);
-                    if port == POST_CODE_PORT { ExitAction::Continue } else { unclaimed_port(port, false) }
+                    if port == POST_CODE_PORT { ExitAction::Continue } else { ports.unclaimed(port, false, policy, ctx) }
                 }
             }
         }
@@ -358,7 +369,7 @@ fn dispatch<'r>(
                     let offset = addr - base_mmio(claim.key);
                     run_device(claim, ctx, Request::MmioRead { offset, data })
                 }
-                None => ExitAction::Fault(Fault::Unhandled(format!(
+                None => ExitAction::Fault(Failure::Unhandled(format!(
                     "{}-byte MMIO read at {addr:#x}, which no device claims", data.len()
                 ))),
             }
@@ -370,7 +381,7 @@ fn dispatch<'r>(
                     let offset = addr - base_mmio(claim.key);
                     run_device(claim, ctx, Request::MmioWrite { offset, data })
                 }
-                None => ExitAction::Fault(Fault::Unhandled(format!(
+                None => ExitAction::Fault(Failure::Unhandled(format!(
                     "{}-byte MMIO write at {addr:#x}, which no device claims", data.len()
                 ))),
             }
@@ -405,7 +416,7 @@ fn dispatch<'r>(
         VcpuExit::Debug(_) => ExitAction::SingleStep,
         VcpuExit::Shutdown => {
             counters.count(ctx.vcpu, ExitKind::Shutdown);
-            ExitAction::Fault(Fault::TripleFault)
+            ExitAction::Fault(Failure::TripleFault)
         }
         VcpuExit::FailEntry(reason, cpu) => {
             counters.count(ctx.vcpu, ExitKind::Other);
@@ -416,11 +427,11 @@ fn dispatch<'r>(
         }
         VcpuExit::InternalError => {
             counters.count(ctx.vcpu, ExitKind::Other);
-            ExitAction::Fault(Fault::KvmInternal)
+            ExitAction::Fault(Failure::KvmInternal)
         }
         other => {
             counters.count(ctx.vcpu, ExitKind::Other);
-            ExitAction::Fault(Fault::Unhandled(format!("exit {other:?}, which the VMM does not implement")))
+            ExitAction::Fault(Failure::Unhandled(format!("exit {other:?}, which the VMM does not implement")))
         }
     }
 }
@@ -463,7 +474,7 @@ fn base_mmio(key: crate::hooks::HookKey) -> u64 {
 /// returns the result in RAX.
 fn hypercall(vcpu: &mut VcpuFd, ctx: &ExitContext, registry: &HookRegistry, width: usize) -> ExitAction {
     if width != 4 {
-        return ExitAction::Fault(Fault::Device {
+        return ExitAction::Fault(Failure::Device {
             device: "hypercall".into(),
             reason: format!("the hypercall port takes a 4-byte write (out %eax), got {width} bytes"),
         });
