@@ -5,14 +5,14 @@
 # Idempotent: every step leaves a stamp or an artefact under build/ucx/ and is skipped when it
 # is there. Only host transports are configured (UCT's sm family: posix, sysv, cma, xpmem;
 # self, tcp) with ucs, ucm, ucp and the tools (ucx_perftest, ucx_info); no verbs, rdmacm,
-# CUDA, ROCm, Java, Go or docs. About 6 minutes on two cores, then a no-op.
+# CUDA, ROCm, Java, Go or docs. 2.5-6 minutes on two shared cores, then a no-op.
 # Needs root (a deb-src entry and, when missing, autoconf/automake/libtool from apt).
 #
 # Output: build/ucx/install/{bin/ucx_perftest,bin/ucx_info,lib/...}
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-cache="$repo/build/ucx"
+cache="${UCX_BUILD_DIR:-$repo/build/ucx}"   # another directory: a clean build beside the cache
 src_dir="$cache/source"      # the unpacked Debian source package
 obj_dir="$cache/obj"         # out-of-tree configure/build directory
 install_dir="$cache/install"

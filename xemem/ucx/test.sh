@@ -5,8 +5,8 @@
 # when the xpmem component or the broker is absent, and a run under clowderd whose
 # `clowder xemem ls` lists UCX's segments.
 #
-# Builds UCX first if build/ucx has no cached build (xemem/ucx/build.sh; about 6 minutes on
-# two cores). Prints "N passed, N failed"; exits non-zero if anything failed.
+# Builds UCX first if build/ucx has no cached build (xemem/ucx/build.sh; 2.5-6 minutes
+# on two cores). Prints "N passed, N failed"; exits non-zero if anything failed.
 #
 #   XEMEM_LIB_DIR=DIR   use the libxpmem.so.0 in DIR instead of xemem/build/lib
 #   UCX_TEST_QUICK=1    fewer iterations
