@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 KERNELS_OUT := kernels/target/x86_64-unknown-none/release
 
-.PHONY: all bootstrap build kernels test test-host test-kernels test-dex test-xemem test-linux demo bench clean
+.PHONY: all bootstrap build kernels test test-host test-kernels test-dex test-xemem test-ucx test-linux demo bench clean
 
 all: build
 
@@ -33,6 +33,13 @@ test-dex: bootstrap
 # The XPMEM conformance suite over the host backend (libxpmem + the segment broker).
 test-xemem: build
 	@xemem/test.sh
+	@if [ -x build/ucx/install/bin/ucx_perftest ]; then xemem/ucx/test.sh; \
+	 else echo "test-xemem: UCX's xpmem transport not tested: UCX is not built here (make test-ucx builds it, ~3 min)"; fi
+
+# UCX (Debian's source package) built against our xpmem.h/libxpmem, then ucx_perftest over it.
+test-ucx: build
+	@xemem/ucx/build.sh
+	@xemem/ucx/test.sh
 
 test: test-host test-kernels test-dex test-xemem
 

@@ -544,6 +544,25 @@ static int subtract(uintptr_t list[][2], int n, int max, uintptr_t lo, uintptr_t
 /* The parts of [start, end) (inside mapping m) that may be converted, into parts (at most 8):
  * without a possible thread stack at the bottom of m, the service thread's stack, and the TLS
  * around the main thread's and this thread's thread pointers. Returns how many. */
+/* glibc puts a thread's control block at the top of its stack, and the next mapping up may be
+ * the application's data: TCB_SIZE rounded up to a page must not reach past the stack's top, or
+ * the first page of that data is never converted and reads as a hole (SIGBUS for attachers). */
+static uintptr_t clip_to_own_stack_top(uintptr_t thread_pointer, uintptr_t hi)
+{
+	pthread_attr_t attr;
+	void *stack;
+	size_t stack_size;
+	if (pthread_getattr_np(pthread_self(), &attr) != 0)
+		return hi;
+	if (pthread_attr_getstack(&attr, &stack, &stack_size) == 0) {
+		uintptr_t top = (uintptr_t)stack + stack_size;
+		if (thread_pointer < top && hi > top)
+			hi = top;
+	}
+	pthread_attr_destroy(&attr);
+	return hi;
+}
+
 static int convertible_parts(const struct mapping *m, uintptr_t start, uintptr_t end, uintptr_t parts[8][2])
 {
 	int n = 1;
@@ -560,6 +579,8 @@ static int convertible_parts(const struct mapping *m, uintptr_t start, uintptr_t
 		size_t below = static_tls_size + TLS_SURPLUS;
 		uintptr_t lo = (pointers[i] > below ? pointers[i] - below : 0) & ~(PAGE - 1);
 		uintptr_t hi = (pointers[i] + TCB_SIZE + PAGE - 1) & ~(PAGE - 1);
+		if (i == 1)
+			hi = clip_to_own_stack_top(pointers[i], hi);
 		n = subtract(parts, n, 8, lo, hi);
 	}
 	return n;

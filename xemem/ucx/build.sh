@@ -37,6 +37,10 @@ make -s -C "$repo/xemem" >/dev/null
 if [ ! -e "$cache/source.stamp" ]; then
     if ! apt-cache showsrc ucx >/dev/null 2>&1 || [ -z "$(apt-cache showsrc ucx 2>/dev/null)" ]; then
         suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
+        # The same archive the machine's binary packages come from.
+        mirror=$(grep -h '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}' | grep -v security | head -1)
+        [ -n "$mirror" ] || mirror=$(awk '$1 == "deb" && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null)
+        [ -n "$mirror" ] || { log "no Debian archive configured in apt's sources"; exit 1; }
         log "adding a deb-src entry for $suite"
         cat >/etc/apt/sources.list.d/clowder-deb-src.sources <<SRC
 Types: deb-src
