@@ -23,6 +23,7 @@ mod sched;
 mod syscall;
 mod trap;
 mod vdso;
+mod xpmem;
 
 use bootinfo::BootInfo;
 use cmdline::JobOptions;

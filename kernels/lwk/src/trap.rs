@@ -48,7 +48,8 @@ pub fn handle(frame: &mut TrapFrame) {
         frame.return_as_syscall();
         frame.rax = dispatch_with_frame(frame);
     } else if frame.is_from_user() {
-        let (signal, name) = signal_for(frame.vector);
+        // A page fault inside an XPMEM attachment (a hole, a removed segment) is SIGBUS.
+        let (signal, name) = if frame.vector == 14 && crate::xpmem::is_attachment_fault(cpu::read_cr2()) { (7, "SIGBUS") } else { signal_for(frame.vector) };
         job::kill_for_fault(signal, name, frame);
     } else if !trap::recover_user_copy_fault(frame) {
         kernel_fault(frame);

@@ -33,6 +33,14 @@ pub trait TableSource {
 #[derive(Debug, PartialEq, Eq)]
 pub struct OutOfMemory;
 
+/// One user address looked up in the page tables (`PageTables::translate`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Translation {
+    pub physical: u64,
+    pub writable: bool,
+    pub bytes_left_in_leaf: u64,
+}
+
 pub struct PageTables {
     root: u64,
 }
@@ -215,6 +223,28 @@ impl PageTables {
             flush_tlb(virtual_address, len);
         }
         Ok(())
+    }
+
+    /// What `address` maps to: the physical address, whether the page is writable, and how
+    /// many bytes of the same leaf (4 KiB or 2 MiB) follow from `address`. `None` when
+    /// nothing is mapped there. Only reads the tables (XPMEM resolves segments with it).
+    pub fn translate(&mut self, address: u64) -> Option<Translation> {
+        let directory = self.directory(address, None).ok()??;
+        let entry = entries(directory)[index(address, 1)];
+        if entry & PRESENT == 0 {
+            return None;
+        }
+        let (leaf, leaf_size) = if entry & HUGE != 0 {
+            (entry, HUGE_PAGE_SIZE)
+        } else {
+            (entries(entry & ADDRESS_MASK)[index(address, 0)], PAGE_SIZE)
+        };
+        if leaf & PRESENT == 0 {
+            return None;
+        }
+        let offset = address & (leaf_size - 1);
+        let frame = leaf & ADDRESS_MASK & !(leaf_size - 1);
+        Some(Translation { physical: frame + offset, writable: leaf & WRITABLE != 0, bytes_left_in_leaf: leaf_size - offset })
     }
 
     /// Removes the mappings of the range (2 MiB pages partly covered are split first).

@@ -16,6 +16,8 @@ pub enum Descriptor {
     /// A file on the host (a persistent enclave's job): `handle` is the host's number for it,
     /// `status_flags` the access mode and status flags it was opened with (`F_GETFL`).
     Remote { handle: u32, status_flags: u32 },
+    /// `/dev/xpmem` (`crate::xpmem`): only ioctl does anything.
+    Xpmem,
 }
 
 /// Linux's default RLIMIT_NOFILE.

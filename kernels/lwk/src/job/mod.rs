@@ -233,6 +233,7 @@ pub fn exit(status: u8) -> ! {
 /// reclaimed (a few per job).
 pub fn release() {
     let Some(mut process) = PROCESS.lock().take() else { return };
+    crate::xpmem::forget_job();
     let memory = &mut process.memory;
     let (heap_physical, heap_size) = memory.clear_heap();
     pmem::free_clean(heap_physical, heap_size);

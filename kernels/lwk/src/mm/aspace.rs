@@ -2,7 +2,7 @@
 //! from `pmem`.
 
 use super::PmemTables;
-use crate::arch::paging::{OutOfMemory, PageTables, Protection};
+use crate::arch::paging::{OutOfMemory, PageTables, Protection, Translation};
 
 pub struct AddressSpace {
     tables: PageTables,
@@ -23,5 +23,9 @@ impl AddressSpace {
 
     pub fn unmap(&mut self, virtual_address: u64, len: u64) -> Result<(), OutOfMemory> {
         self.tables.unmap(virtual_address, len, &mut PmemTables)
+    }
+
+    pub fn translate(&mut self, virtual_address: u64) -> Option<Translation> {
+        self.tables.translate(virtual_address)
     }
 }

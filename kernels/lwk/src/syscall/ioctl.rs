@@ -1,12 +1,16 @@
-//! ioctl(fd, request, arg): no descriptor is a terminal or a device, so every request fails
-//! with ENOTTY, as on a pipe or a file (libc then chooses full buffering for the console).
+//! ioctl(fd, request, arg): `/dev/xpmem` takes XPMEM's commands (`crate::xpmem`); no other
+//! descriptor is a terminal or a device, so every other request fails with ENOTTY, as on a
+//! pipe or a file (libc then chooses full buffering for the console).
 
 use super::{Call, Errno, SyscallResult};
 use crate::job;
+use crate::job::descriptors::Descriptor;
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    match job::with_process(|process| process.descriptors.get(call.args[0]).is_some()) {
-        true => Err(Errno::ENOTTY),
-        false => Err(Errno::EBADF),
+    let is_xpmem = job::with_process(|process| process.descriptors.get(call.args[0]).map(|open| matches!(*open, Descriptor::Xpmem)));
+    match is_xpmem {
+        Some(true) => crate::xpmem::ioctl(call.args[1], call.args[2]),
+        Some(false) => Err(Errno::ENOTTY),
+        None => Err(Errno::EBADF),
     }
 }

@@ -6,7 +6,8 @@ use crate::arch::trap::TrapFrame;
 
 mod names;
 mod path;
-mod user;
+/// Also used by `/dev/xpmem` (`crate::xpmem`) for its ioctl arguments.
+pub(crate) mod user;
 
 use crate::console::log;
 use core::sync::atomic::{AtomicU64, Ordering};

@@ -16,6 +16,9 @@ const AT_FDCWD: i32 = -100;
 
 pub fn open(directory: u64, address: u64, flags: u64) -> SyscallResult {
     let path = path::resolve(directory, address)?;
+    if path == crate::xpmem::DEVICE_PATH {
+        return job::with_process(|process| process.descriptors.insert(Descriptor::Xpmem)).ok_or(EMFILE);
+    }
     let node = match path::lookup(&path) {
         Ok(node) => node,
         Err(_) if flags & O_CREAT != 0 => return Err(EROFS),
@@ -38,6 +41,10 @@ pub fn open(directory: u64, address: u64, flags: u64) -> SyscallResult {
 /// directory or absolute under it, is the host's: returns it as the job wrote it (the host
 /// resolves it in the job's working directory), `None` when the path is the enclave's own.
 pub fn host_path(directory: u64, address: u64) -> Option<Result<String, Errno>> {
+    // The kernel's own device, never the host's.
+    if path::resolve(directory, address).is_ok_and(|path| path == crate::xpmem::DEVICE_PATH) {
+        return None;
+    }
     if !crate::enclave::is_active() || path::resolve(directory, address).and_then(|path| path::lookup(&path)).is_ok() {
         return None;
     }

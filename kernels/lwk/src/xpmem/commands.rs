@@ -1,0 +1,73 @@
+//! The ioctl side of `/dev/xpmem`: XPMEM's command numbers and x86-64 argument layouts (as
+//! `xemem/include/xpmem.h` declares them, checked there by static asserts), read from and
+//! written back to the job's memory.
+
+use super::Detached;
+use crate::syscall::user;
+use crate::syscall::{Errno, SyscallResult};
+use xemem::Error;
+
+/// `_IO('x', n)`: XPMEM's commands are numbered from 0x7800.
+const VERSION: u32 = 0x7800;
+const MAKE: u32 = 0x7801;
+const REMOVE: u32 = 0x7802;
+const GET: u32 = 0x7803;
+const RELEASE: u32 = 0x7804;
+const ATTACH: u32 = 0x7805;
+const DETACH: u32 = 0x7806;
+
+/// `XPMEM_PERMIT_MODE`, the only permit type.
+pub const PERMIT_MODE: u32 = 0x1;
+/// `XPMEM_CURRENT_VERSION`: the XPMEM 2.6 user ABI, what the host library reports too.
+const CURRENT_VERSION: u64 = 0x0002_6005;
+
+fn errno(error: Error) -> Errno {
+    Errno(error.errno() as u64)
+}
+
+/// The low and high `int` of a word holding two of them.
+fn ints(word: u64) -> (u32, u32) {
+    (word as u32, (word >> 32) as u32)
+}
+
+pub fn ioctl(request: u64, argument: u64) -> SyscallResult {
+    match request as u32 {
+        VERSION => Ok(CURRENT_VERSION),
+        MAKE => {
+            // struct xpmem_cmd_make { u64 vaddr; size_t size; int permit_type; u64 permit_value; s64 segid; }
+            let [vaddr, size, permit_type, permit_value, _] = user::read_words::<5>(argument)?;
+            let segid = super::make(vaddr, size, ints(permit_type).0, permit_value).map_err(errno)?;
+            user::write_words(argument + 32, &[segid as u64]).map(|_| 0)
+        }
+        REMOVE => {
+            let [segid] = user::read_words::<1>(argument)?;
+            super::remove(segid as i64).map(|_| 0).map_err(errno)
+        }
+        GET => {
+            // struct xpmem_cmd_get { s64 segid; int flags; int permit_type; u64 permit_value; s64 apid; }
+            let [segid, flags_and_type, permit_value, _] = user::read_words::<4>(argument)?;
+            let (flags, permit_type) = ints(flags_and_type);
+            let apid = super::get(segid as i64, flags, permit_type, permit_value).map_err(errno)?;
+            user::write_words(argument + 24, &[apid as u64]).map(|_| 0)
+        }
+        RELEASE => {
+            let [apid] = user::read_words::<1>(argument)?;
+            super::release(apid as i64).map(|_| 0).map_err(errno)
+        }
+        ATTACH => {
+            // struct xpmem_cmd_attach { s64 apid; off_t offset; size_t size; u64 vaddr; int fd; int flags; }
+            let [apid, offset, size, vaddr, _] = user::read_words::<5>(argument)?;
+            let address = super::attach(apid as i64, offset, size, vaddr).map_err(errno)?;
+            user::write_words(argument + 24, &[address]).map(|_| 0)
+        }
+        DETACH => {
+            let [vaddr] = user::read_words::<1>(argument)?;
+            match super::detach(vaddr) {
+                Detached::Attachment | Detached::Nothing => Ok(0),
+                Detached::NotAnAttachment => Err(Errno::EINVAL),
+            }
+        }
+        // FORK_BEGIN/FORK_END and anything else: the enclave has no fork, nothing to track.
+        _ => Err(Errno::ENOTTY),
+    }
+}

@@ -1,0 +1,295 @@
+//! `/dev/xpmem`: XPMEM's kernel interface inside the lightweight kernel, so the same statically
+//! linked program (built against `xemem/include/xpmem.h` and `libxpmem.a`) shares memory here
+//! as it does on the host through clowderd's broker.
+//!
+//! This first step serves segments *within the enclave*: the job is the only process, so an
+//! owner and its attachers are the job's threads (or the same thread). The rules (ids, checks,
+//! errnos) are the `xemem` crate's name server, the very code the host broker runs, so both
+//! backends answer alike. What the kernel adds is memory:
+//! - a segment range resolves to runs of frames read from the job's page tables (`resolve`),
+//!   with holes where nothing is mapped;
+//! - an attachment maps those runs into a window of the job's address space that the job's
+//!   own memory (image, heap, stack) never uses; holes stay unmapped;
+//! - every page fault inside an attachment (a hole, a removed segment, a write to a read-only
+//!   source page) is SIGBUS, as XPMEM gives.
+//!
+//! Ioctl numbers and argument layouts are XPMEM's (x86-64), as `xpmem.h` publishes them.
+
+mod commands;
+
+use crate::arch::paging::{Protection, HUGE_PAGE_SIZE, PAGE_SIZE};
+use crate::arch::sync::SpinLock;
+use crate::job;
+use alloc::vec::Vec;
+use xemem::ids::{AccessId, SegmentId};
+use xemem::{Credentials, Error, NameServer, Owner, Principal};
+
+pub use commands::ioctl;
+
+/// The path the job opens; `libxpmem` switches to its ioctl backend when it opens.
+pub const DEVICE_PATH: &str = "/dev/xpmem";
+
+/// Attachments live here: above any heap the loader can place (the heap starts just above the
+/// image, below 0x5600_0000_0000 for any RAM size an enclave gets) and below the stack
+/// (which ends at 0x7fff_ffe0_0000 and is at most a few GiB).
+const ATTACH_WINDOW_START: u64 = 0x7000_0000_0000;
+const ATTACH_WINDOW_END: u64 = 0x7f00_0000_0000;
+
+/// This enclave as the name server knows it. Alone, the enclave is its own name server
+/// (enclave 1, as in XEMEM); connected to the host it will take the id the host hands out.
+const LOCAL_ENCLAVE: xemem::ids::EnclaveId = xemem::ids::NAME_SERVER_ENCLAVE;
+
+/// The job runs as root inside its enclave (see `syscall/getuid.rs`): segments are owned by
+/// uid 0 and every request carries uid 0, so the mode never refuses (SysV's rule for root).
+const JOB_UID: u32 = 0;
+const JOB_GID: u32 = 0;
+
+/// A piece of a resolved range: `first` physical frame (None: a hole) and whether the
+/// source maps it writable. Consecutive pages share a run while they are physically
+/// contiguous and equally writable, so the cost follows the number of runs, not pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SourceRun {
+    pub first: Option<u64>,
+    pub frames: u64,
+    pub writable: bool,
+}
+
+struct Attachment {
+    start: u64,
+    end: u64,
+    access: AccessId,
+    /// The segment was removed: the pages are gone, the range stays reserved (and faults
+    /// SIGBUS) until the job detaches it.
+    revoked: bool,
+}
+
+struct Device {
+    names: NameServer,
+    /// Sorted by `start`, never overlapping.
+    attachments: Vec<Attachment>,
+}
+
+static DEVICE: SpinLock<Option<Device>> = SpinLock::new(None);
+
+fn job_principal() -> Principal {
+    Principal { enclave: LOCAL_ENCLAVE, process: job::PID }
+}
+
+fn job_credentials() -> Credentials {
+    Credentials { uid: JOB_UID, groups: alloc::vec![JOB_GID] }
+}
+
+fn with_device<R>(f: impl FnOnce(&mut Device) -> R) -> R {
+    let mut device = DEVICE.lock();
+    f(device.get_or_insert_with(|| Device { names: NameServer::new(), attachments: Vec::new() }))
+}
+
+/// The job ended: its segments, permits and attachments go with its address space.
+pub fn forget_job() {
+    *DEVICE.lock() = None;
+}
+
+/// Does a user fault at `address` hit an attachment? Then the job gets SIGBUS, not SIGSEGV.
+pub fn is_attachment_fault(address: u64) -> bool {
+    // A fault can arrive while a system call on this CPU holds the lock only if the kernel
+    // touched user memory under it, which this module never does; `try_lock` keeps a bug
+    // there from becoming a dead-lock.
+    match DEVICE.try_lock() {
+        Some(device) => device.as_ref().is_some_and(|device| device.attachments.iter().any(|a| a.start <= address && address < a.end)),
+        None => false,
+    }
+}
+
+/// Frames behind `[vaddr, vaddr + size)` of the job, as runs (holes where nothing is mapped).
+/// Reads the page tables leaf by leaf: a 2 MiB page costs one step.
+pub fn resolve(vaddr: u64, size: u64) -> Vec<SourceRun> {
+    let end = vaddr + size;
+    let mut runs: Vec<SourceRun> = Vec::new();
+    job::with_process(|process| {
+        let mut address = vaddr;
+        while address < end {
+            let (first, writable, step) = match process.memory.aspace.translate(address) {
+                Some(found) => (Some(found.physical / PAGE_SIZE), found.writable, found.bytes_left_in_leaf),
+                // Skip unmapped space quickly: a whole-address-space segment is 128 TiB, but
+                // nothing is mapped below a missing 2 MiB block.
+                None => (None, false, (address | (HUGE_PAGE_SIZE - 1)) + 1 - address),
+            };
+            let step = step.min(end - address);
+            let frames = step / PAGE_SIZE;
+            match runs.last_mut() {
+                Some(last)
+                    if last.writable == writable
+                        && match (last.first, first) {
+                            (None, None) => true,
+                            (Some(previous), Some(next)) => previous + last.frames == next,
+                            _ => false,
+                        } =>
+                {
+                    last.frames += frames
+                }
+                _ => runs.push(SourceRun { first, frames, writable }),
+            }
+            address += step;
+        }
+    });
+    runs
+}
+
+/// Where an attachment of `size` bytes whose first frame is `first_physical` goes: the lowest
+/// gap of the window, placed so that virtual and physical addresses agree modulo 2 MiB (the
+/// attachment then gets 2 MiB pages wherever the source has contiguous 2 MiB blocks).
+fn place(attachments: &[Attachment], size: u64, first_physical: u64) -> Option<u64> {
+    let phase = if size >= HUGE_PAGE_SIZE { first_physical % HUGE_PAGE_SIZE } else { 0 };
+    let fit_from = |from: u64| if size >= HUGE_PAGE_SIZE { from.next_multiple_of(HUGE_PAGE_SIZE) + phase } else { from };
+    let mut candidate = fit_from(ATTACH_WINDOW_START);
+    for attachment in attachments {
+        if candidate.checked_add(size)? <= attachment.start {
+            break;
+        }
+        candidate = candidate.max(fit_from(attachment.end));
+    }
+    (candidate.checked_add(size)? <= ATTACH_WINDOW_END).then_some(candidate)
+}
+
+fn segment_id(raw: i64) -> Result<SegmentId, Error> {
+    if raw <= 0 {
+        return Err(Error::Invalid);
+    }
+    // Positive but not a well-formed id (enclave part 0, say): EINVAL, as the host's broker.
+    SegmentId::from_raw(raw).ok_or(Error::Invalid)
+}
+
+fn access_id(raw: i64) -> Result<AccessId, Error> {
+    if raw <= 0 {
+        return Err(Error::Invalid);
+    }
+    AccessId::from_raw(raw).ok_or(Error::Invalid)
+}
+
+pub fn make(vaddr: u64, size: u64, permit_type: u32, mode: u64) -> Result<i64, Error> {
+    if permit_type != commands::PERMIT_MODE || mode > xemem::perm::MAX_MODE as u64 {
+        return Err(Error::Invalid);
+    }
+    let owner = Owner { uid: JOB_UID, gid: JOB_GID, mode: mode as u32 };
+    with_device(|device| device.names.make(job_principal(), vaddr, size, owner, None)).map(SegmentId::raw)
+}
+
+/// Removes a segment; attachments made through it lose their pages (SIGBUS from now on).
+pub fn remove(raw: i64) -> Result<(), Error> {
+    let id = segment_id(raw)?;
+    let mut to_unmap = Vec::new();
+    with_device(|device| {
+        let dropped = device.names.remove(job_principal(), id)?;
+        for attachment in device.attachments.iter_mut().filter(|a| !a.revoked && dropped.contains(&a.access)) {
+            attachment.revoked = true;
+            to_unmap.push((attachment.start, attachment.end));
+        }
+        // Unmapped under the device lock, so no attach can take the range in between.
+        job::with_process(|process| {
+            for (start, end) in &to_unmap {
+                let _ = process.memory.aspace.unmap(*start, end - start);
+            }
+        });
+        Ok(())
+    })
+}
+
+pub fn get(raw: i64, flags: u32, permit_type: u32, permit_value: u64) -> Result<i64, Error> {
+    // XPMEM's kernel takes only PERMIT_MODE and a NULL permit value here (the library never
+    // sends the value it was given).
+    if permit_type != commands::PERMIT_MODE || permit_value != 0 {
+        return Err(Error::Invalid);
+    }
+    xemem::validate_access_flags(flags)?;
+    let id = segment_id(raw)?;
+    with_device(|device| device.names.get(job_principal(), &job_credentials(), id, flags)).map(|(apid, _)| apid.raw())
+}
+
+pub fn release(raw: i64) -> Result<(), Error> {
+    let apid = access_id(raw)?;
+    with_device(|device| device.names.release(job_principal(), apid))
+}
+
+/// Attaches `[offset, offset + size)` of the permit's segment at `fixed` (0: anywhere in the
+/// window); returns the address.
+pub fn attach(raw: i64, offset: u64, size: u64, fixed: u64) -> Result<u64, Error> {
+    let apid = access_id(raw)?;
+    if fixed % PAGE_SIZE != 0 {
+        return Err(Error::Invalid);
+    }
+    with_device(|device| {
+        let plan = device.names.attach(job_principal(), apid, offset, size)?;
+        let runs = resolve(plan.vaddr, plan.size);
+        let first_physical = runs.iter().find_map(|run| run.first).unwrap_or(0) * PAGE_SIZE;
+        let start = if fixed != 0 {
+            let end = fixed.checked_add(plan.size).ok_or(Error::Invalid)?;
+            // Only where nothing of the job is, or could be: not over its memory regions,
+            // not over another attachment (XPMEM refuses a fixed attach over a mapping).
+            let taken = job::with_process(|process| {
+                let memory = &process.memory;
+                [memory.image, memory.heap, memory.stack].iter().any(|region| region.start < end && fixed < region.end)
+            }) || device.attachments.iter().any(|a| a.start < end && fixed < a.end);
+            if taken || end > xemem::USER_ADDRESS_LIMIT {
+                let _ = device.names.detach(job_principal(), apid);
+                return Err(Error::Invalid);
+            }
+            fixed
+        } else {
+            match place(&device.attachments, plan.size, first_physical) {
+                Some(start) => start,
+                None => {
+                    let _ = device.names.detach(job_principal(), apid);
+                    return Err(Error::Exhausted);
+                }
+            }
+        };
+        let mapped = job::with_process(|process| {
+            let mut address = start;
+            for run in &runs {
+                let len = run.frames * PAGE_SIZE;
+                if let Some(frame) = run.first {
+                    // Read-only source pages stay read-only: a write through the attachment
+                    // faults (SIGBUS) instead of changing, say, the executable's text.
+                    let protection = Protection { write: run.writable, execute: false };
+                    process.memory.aspace.map(address, frame * PAGE_SIZE, len, protection)?;
+                }
+                address += len;
+            }
+            Ok::<(), crate::arch::paging::OutOfMemory>(())
+        });
+        if mapped.is_err() {
+            job::with_process(|process| process.memory.aspace.unmap(start, plan.size)).ok();
+            let _ = device.names.detach(job_principal(), apid);
+            return Err(Error::Exhausted);
+        }
+        let at = device.attachments.partition_point(|a| a.start < start);
+        device.attachments.insert(at, Attachment { start, end: start + plan.size, access: apid, revoked: false });
+        Ok(start)
+    })
+}
+
+/// What a detach found at the address.
+pub enum Detached {
+    /// An attachment, now unmapped whole (XPMEM detaches by any address inside it).
+    Attachment,
+    /// Nothing mapped there: fine, as XPMEM says.
+    Nothing,
+    /// The job's own memory: EINVAL.
+    NotAnAttachment,
+}
+
+pub fn detach(address: u64) -> Detached {
+    with_device(|device| {
+        let Some(index) = device.attachments.iter().position(|a| a.start <= address && address < a.end) else {
+            let mapped = job::with_process(|process| process.memory.aspace.translate(address & !(PAGE_SIZE - 1)).is_some());
+            return if mapped { Detached::NotAnAttachment } else { Detached::Nothing };
+        };
+        let attachment = device.attachments.remove(index);
+        if !attachment.revoked {
+            job::with_process(|process| process.memory.aspace.unmap(attachment.start, attachment.end - attachment.start)).ok();
+            // Bookkeeping only (the permit may be gone already: released or removed).
+            let _ = device.names.detach(job_principal(), attachment.access);
+        }
+        Detached::Attachment
+    })
+}

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The same statically linked XPMEM program on the host and in the lightweight kernel.
+#
+# xemem/tests/same_binary.c is built once with musl-gcc against xemem/include/xpmem.h and a
+# musl build of libxpmem.a. On the host the library finds no /dev/xpmem and talks to a
+# private xemem-broker (the broker clowderd embeds); in the LWK it opens the kernel's
+# /dev/xpmem and speaks XPMEM's ioctls. Output and exit status must be identical (the program
+# ends by touching a removed segment's attachment: SIGBUS, status 135, on both).
+#
+#   xemem/lwk-test.sh                  # under QEMU TCG
+#   RUNNER=vmm xemem/lwk-test.sh       # under clowder-vmm on /dev/kvm
+#   QEMU_CPUS=2 xemem/lwk-test.sh      # the threads on two CPUs
+#
+# Prints "N passed, N failed"; exits non-zero on any failure.
+set -uo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(dirname "$here")
+work="$here/build/lwk-test"
+runner=${RUNNER:-qemu}
+qemu_cpus=${QEMU_CPUS:-1}
+mkdir -p "$work"
+passed=0
+failed=0
+pass() { echo "PASS $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL $1"; failed=$((failed + 1)); }
+
+# musl has no kernel headers of its own; xpmem.h needs <asm/ioctl.h> and <linux/types.h>.
+headers="$here/build/musl/kernel-headers"
+mkdir -p "$headers"
+ln -sfn /usr/include/linux "$headers/linux"
+ln -sfn "/usr/include/$(gcc -print-multiarch)/asm" "$headers/asm"
+ln -sfn /usr/include/asm-generic "$headers/asm-generic"
+make -s -C "$here" CC="musl-gcc -isystem $headers" BUILD=build/musl build/musl/lib/libxpmem.a || exit 1
+binary="$work/same_binary"
+musl-gcc -isystem "$headers" -static -O2 -Wall -I"$here/include" -o "$binary" "$here/tests/same_binary.c" \
+    "$here/build/musl/lib/libxpmem.a" -lpthread || exit 1
+
+(cd "$repo/kernels" && cargo build --release -p lwk --quiet) || exit 1
+kernel="$repo/kernels/target/x86_64-unknown-none/release/lwk"
+(cd "$repo" && cargo build -p xemem-host --bin xemem-broker --quiet) || exit 1
+
+# --- the host, through a private broker
+socket="$work/broker.sock"
+rm -f "$socket"
+"$repo/target/debug/xemem-broker" "$socket" >"$work/broker.log" 2>&1 &
+broker=$!
+trap 'kill $broker 2>/dev/null' EXIT
+for _ in $(seq 50); do [ -S "$socket" ] && break; sleep 0.1; done
+(cd "$work" && CLOWDER_XEMEM_SOCKET="$socket" CLOWDER_XEMEM_BACKEND=broker timeout 60 "$binary") >"$work/host.out" 2>&1
+host_status=$?
+
+# --- the LWK, the binary itself as the job's module
+console="$work/lwk.console"
+if [ "$runner" = vmm ]; then
+    vmm=${CLOWDER_VMM:-$repo/target/release/clowder-vmm}
+    [ -x "$vmm" ] || (cd "$repo" && cargo build --release -p clowder-vmm --quiet) || exit 1
+    timeout 120 "$vmm" --kernel "$kernel" --module "$binary" --mem 256M ${VMM_ARGS:-} --cmdline "-- same_binary" \
+        </dev/null >"$console" 2>"$work/vmm-stderr"
+else
+    timeout 120 qemu-system-x86_64 -nodefaults -accel tcg -cpu max -smp "$qemu_cpus" -m 256M -display none \
+        -serial stdio -no-reboot -device isa-debug-exit,iobase=0xf4,iosize=4 \
+        -kernel "$kernel" -initrd "$binary" -append "lwk.cpus=$qemu_cpus -- same_binary" </dev/null >"$console" 2>&1
+fi
+grep -v '^\[lwk\] ' "$console" | tr -d '\r' >"$work/lwk.out"
+lwk_status=$(sed -n 's/^\[lwk\] job exited with status \([0-9]*\).*/\1/p' "$console" | tr -d '\r')
+
+# --- compare
+if [ "$host_status" = 135 ]; then pass "host: dies of SIGBUS at the end (135)"; else fail "host: status $host_status, not 135"; fi
+if [ "${lwk_status:-none}" = 135 ]; then pass "lwk: dies of SIGBUS at the end (135)"; else fail "lwk: status ${lwk_status:-none}, not 135"; fi
+if grep -q 'job killed by SIGBUS' "$console"; then pass "lwk: the kernel reports SIGBUS"; else fail "lwk: no SIGBUS report"; fi
+if ! grep -q '^FAIL' "$work/host.out" && grep -q '^version 0x26005' "$work/host.out"; then
+    pass "host: every check ($(grep -c '^ok' "$work/host.out") ok lines)"
+else
+    fail "host: $(grep -c '^FAIL' "$work/host.out") failed checks (see $work/host.out)"
+fi
+# The LWK has no broker: only its /dev/xpmem can have answered the version and every call.
+if grep -q '^version 0x26005' "$work/lwk.out"; then pass "lwk: /dev/xpmem answers XPMEM_CMD_VERSION"; else fail "lwk: no XPMEM version (device not found?)"; fi
+if grep -q 'unimplemented system call' "$console"; then fail "lwk: $(grep -m1 'unimplemented system call' "$console")"; else pass "lwk: no unimplemented system call"; fi
+if diff -u "$work/host.out" "$work/lwk.out" >"$work/diff"; then
+    pass "same output on the host and in the LWK ($(wc -l <"$work/host.out") lines)"
+else
+    fail "outputs differ:"; cat "$work/diff"
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
