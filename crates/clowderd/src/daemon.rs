@@ -19,6 +19,7 @@ use crate::memory::{check_request, format_size, HostMemory};
 use crate::oneshot::{kernel_command_line, OneShot, RunEvent};
 use crate::peer::{may_create_enclaves, Peer};
 use crate::sys;
+use crate::xemem_links::XememLinks;
 use crate::xemem_service::XememService;
 
 /// How many removed enclaves `ls` and `logs` remember.
@@ -74,6 +75,8 @@ pub struct Daemon {
     state: Mutex<State>,
     /// The host's XEMEM broker, once `host_xemem` gave it one (tests may run without).
     xemem: OnceLock<XememService>,
+    /// XEMEM's name-server node, with a link to each persistent enclave.
+    xemem_links: Arc<XememLinks>,
 }
 
 fn unix_seconds(time: SystemTime) -> u64 {
@@ -127,7 +130,7 @@ impl Daemon {
                 report(&format!("cannot isolate cores: {why}"));
             }
         }
-        Arc::new(Daemon { config, launcher, cpusets, state: Mutex::new(State::default()), xemem: OnceLock::new() })
+        Arc::new(Daemon { config, launcher, cpusets, state: Mutex::new(State::default()), xemem: OnceLock::new(), xemem_links: XememLinks::new() })
     }
 
     /// Answers one request; `events` receives the lines that come before the final reply.
@@ -230,10 +233,11 @@ impl Daemon {
         let daemon = self.clone();
         let pumped = enclave.clone();
         let liveness = self.config.liveness;
+        let xemem_links = self.xemem_links.clone();
         std::thread::Builder::new()
             .name(format!("enclave-{name}"))
             .spawn(move || {
-                if let Some(reason) = pumped.pump(receiver, liveness) {
+                if let Some(reason) = pumped.pump(receiver, liveness, &xemem_links) {
                     daemon.enclave_failed(&pumped, reason);
                 }
             })

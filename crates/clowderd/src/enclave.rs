@@ -18,6 +18,7 @@ use crate::hio::JobFiles;
 use crate::link::{self, Received, Receiver, Sender};
 use crate::machine::{Launcher, Machine, MachineSpec, SharedRegion};
 use crate::sys;
+use crate::xemem_links::{XememLinks, XememPort};
 
 /// Timing of the liveness checks.
 #[derive(Clone, Copy, Debug)]
@@ -275,7 +276,7 @@ impl Enclave {
     }
 
     /// Handles one message; an error means the enclave is finished.
-    fn handle(&self, bytes: &[u8], outstanding_ping: &mut Option<(u64, Instant)>) -> Result<(), String> {
+    fn handle(&self, bytes: &[u8], outstanding_ping: &mut Option<(u64, Instant)>, xemem: Option<&XememPort>) -> Result<(), String> {
         let message = match EnclaveMessage::decode(bytes) {
             Ok(message) => message,
             Err(e) => {
@@ -319,6 +320,10 @@ impl Enclave {
                 };
                 self.send(&reply)?;
             }
+            EnclaveMessage::Xemem { message } => match xemem {
+                Some(port) => port.from_enclave(message),
+                None => self.log.push("clowderd: an XEMEM message from the enclave, but XEMEM has no link to it; ignored"),
+            },
         }
         Ok(())
     }
@@ -326,7 +331,12 @@ impl Enclave {
     /// Runs until the enclave is stopped ([`Enclave::stop`], returns `None`) or fails (returns
     /// why): its machine ended, it stopped answering pings, it corrupted the channel or it
     /// panicked. On failure every job hears why and the machine is shut down.
-    pub fn pump(&self, mut receiver: Receiver, liveness: Liveness) -> Option<String> {
+    pub fn pump(&self, mut receiver: Receiver, liveness: Liveness, xemem: &Arc<XememLinks>) -> Option<String> {
+        // The enclave's XEMEM link lives as long as this pump: dropping it takes the link down.
+        let xemem = xemem.join();
+        if xemem.is_none() {
+            self.log.push("clowderd: no XEMEM link left for this enclave");
+        }
         let mut outstanding_ping: Option<(u64, Instant)> = None;
         let mut next_ping = Instant::now() + liveness.ping_interval;
         let mut nonce = 0u64;
@@ -352,13 +362,26 @@ impl Enclave {
             }
             match receiver.receive(Duration::from_millis(20)) {
                 Ok(Received::Message(bytes)) => {
-                    if let Err(e) = self.handle(&bytes, &mut outstanding_ping) {
+                    if let Err(e) = self.handle(&bytes, &mut outstanding_ping, xemem.as_ref()) {
                         break e;
                     }
                 }
                 Ok(Received::Nothing) => {}
                 Ok(Received::BadFrame(e)) => self.log.push(format!("clowderd: malformed frame from the enclave ({e}); ignored")),
                 Err(e) => break e,
+            }
+            if let Some(port) = &xemem {
+                port.tick();
+                let mut failed = None;
+                for message in port.to_enclave() {
+                    if let Err(e) = self.send(&HostMessage::Xemem { message: &message }) {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+                if let Some(e) = failed {
+                    break format!("it stopped draining its channel: {e}");
+                }
             }
         };
         self.log.push(format!("clowderd: enclave {} failed: {failure}", self.name));

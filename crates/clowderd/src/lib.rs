@@ -24,4 +24,5 @@ pub mod oneshot;
 pub mod peer;
 pub mod server;
 pub mod sys;
+pub mod xemem_links;
 pub mod xemem_service;

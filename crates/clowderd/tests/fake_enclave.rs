@@ -33,6 +33,9 @@ const CHANNEL_GPA: u64 = RAM_SIZE - CHANNEL_SIZE;
 const SCRATCH_GPA: u64 = 0x10000;
 const REGION_BASE: u64 = 1 << 32;
 
+/// The fake kernels' clock origin (their XEMEM nodes count milliseconds from it).
+static START: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+
 /// What the fake machine shares between its "hardware" (this struct) and its kernel thread.
 struct FakeHardware {
     ram: GuestRam,
@@ -129,6 +132,20 @@ struct FakeKernel {
     frame: Vec<u8>,
     assembly: Vec<u8>,
     next_request: u32,
+    /// The enclave's XEMEM node (not the name server), linked to the daemon's over the channel.
+    xemem: xemem::node::Node,
+    /// Raw XEMEM messages from the daemon, kept for the `xemem-*` jobs to look at.
+    xemem_seen: Vec<Vec<u8>>,
+}
+
+/// The fake enclave owns no memory XEMEM could resolve.
+struct NoMemory;
+
+impl xemem::node::LocalMemory for NoMemory {
+    fn resolve(&mut self, _: u64, _: u64, _: u64) -> Result<Vec<xemem::wire::FrameRun>, xemem::Error> {
+        Err(xemem::Error::NotFound)
+    }
+    fn notify(&mut self, _: u64, _: xemem::ids::SegmentId) {}
 }
 
 /// A decoded host message, owned (the fake keeps messages past the receive buffer).
@@ -138,12 +155,14 @@ enum Incoming {
     Kill,
     Shutdown,
     Reply { request: u32, result: i64, size: Option<u64> },
+    Xemem(Vec<u8>),
 }
 
 impl FakeKernel {
     fn new(hardware: Arc<FakeHardware>, endpoint: Endpoint, vcpus: u16) -> FakeKernel {
         let frame = vec![0; endpoint.max_message_len()];
-        FakeKernel { hardware, endpoint, vcpus, frame, assembly: vec![0; MAX_MESSAGE_LEN], next_request: 1 }
+        let xemem = xemem::node::Node::new(1, false, xemem::node::Timing { retry_after: 200, attempts: 5 });
+        FakeKernel { hardware, endpoint, vcpus, frame, assembly: vec![0; MAX_MESSAGE_LEN], next_request: 1, xemem, xemem_seen: Vec::new() }
     }
 
     fn send_frame(&mut self, frame: &[u8]) {
@@ -193,15 +212,18 @@ impl FakeKernel {
                 HostMessage::FileAttributes { request, attributes, .. } => {
                     Incoming::Reply { request, result: 0, size: Some(attributes.size) }
                 }
+                HostMessage::Xemem { message } => Incoming::Xemem(message.to_vec()),
             });
         }
     }
 
     fn run(mut self) {
         self.send(EnclaveMessage::Hello { version: PROTOCOL_VERSION, vcpus: self.vcpus, memory: RAM_SIZE });
+        self.xemem_step(None);
         while let Some(incoming) = self.receive() {
             match incoming {
                 Incoming::Ping(nonce) => self.pong(nonce),
+                Incoming::Xemem(bytes) => self.xemem_step(Some(&bytes)),
                 Incoming::Launch { job, argv, cwd, binary, files } => self.run_job(job, &argv, &cwd, binary, &files),
                 Incoming::Shutdown => {
                     *self.hardware.ended.lock().unwrap() = Some("the fake kernel shut down".into());
@@ -210,6 +232,41 @@ impl FakeKernel {
                 Incoming::Kill | Incoming::Reply { .. } => {}
             }
         }
+    }
+
+    /// Feeds the XEMEM node (a message from the daemon, or only the time) and sends its outbox.
+    fn xemem_step(&mut self, bytes: Option<&[u8]>) {
+        let now = Instant::now().duration_since(*START).as_millis() as u64;
+        self.xemem.tick(now, &mut NoMemory);
+        if let Some(bytes) = bytes {
+            self.xemem_seen.push(bytes.to_vec());
+            self.xemem.receive(0, bytes, &mut NoMemory);
+        }
+        for (_, message) in self.xemem.outbox() {
+            let mut encoded = Vec::new();
+            message.encode(&mut encoded).unwrap();
+            self.send(EnclaveMessage::Xemem { message: &encoded });
+        }
+    }
+
+    /// Serves the channel until `done` says so (or 5 s pass: false).
+    fn xemem_wait(&mut self, done: impl Fn(&FakeKernel) -> bool) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !done(self) {
+            if Instant::now() > deadline {
+                return false;
+            }
+            match self.receive() {
+                Some(Incoming::Xemem(bytes)) => self.xemem_step(Some(&bytes)),
+                Some(Incoming::Ping(nonce)) => {
+                    self.pong(nonce);
+                    self.xemem_step(None);
+                }
+                Some(_) => {}
+                None => return false,
+            }
+        }
+        true
     }
 
     fn pong(&mut self, nonce: u64) {
@@ -279,6 +336,41 @@ impl FakeKernel {
             "launch-fails" => {
                 self.send(EnclaveMessage::LaunchFailed { job, errno: libc::ENOEXEC, reason: b"not an ELF executable" });
                 return;
+            }
+            "xemem-id" => {
+                // The daemon's name server hands this enclave its XEMEM id.
+                let found = self.xemem_wait(|kernel| kernel.xemem.id().is_some());
+                let text = match self.xemem.id() {
+                    Some(id) if found => format!("xemem enclave id {id}\n"),
+                    _ => "no xemem id\n".to_string(),
+                };
+                self.print(job, Stream::Stdout, &text);
+                0
+            }
+            "xemem-malformed" => {
+                // A message whose body length is wrong, sent as this enclave to the name server:
+                // the daemon's node must answer it with Failed(Malformed) for the same request.
+                if !self.xemem_wait(|kernel| kernel.xemem.id().is_some()) {
+                    self.print(job, Stream::Stdout, "no xemem id\n");
+                    return self.send(EnclaveMessage::JobExited { job, status: 1 });
+                }
+                let id = self.xemem.id().unwrap();
+                let segment = xemem::ids::SegmentId::new(id, 5).unwrap();
+                let remove = xemem::wire::Message::new(77, id, 1, xemem::wire::Body::Remove { process: 1, segment });
+                let mut bytes = Vec::new();
+                remove.encode(&mut bytes).unwrap();
+                bytes.push(0);
+                self.send(EnclaveMessage::Xemem { message: &bytes });
+                self.xemem_seen.clear();
+                let answered = |kernel: &FakeKernel| {
+                    kernel.xemem_seen.iter().any(|seen| {
+                        matches!(xemem::wire::Message::decode(seen), Ok(m) if m.header.request == 77
+                            && m.body == xemem::wire::Body::Failed { error: xemem::Error::Malformed })
+                    })
+                };
+                let text = if self.xemem_wait(answered) { "malformed: answered Failed(Malformed)\n" } else { "malformed: no answer\n" };
+                self.print(job, Stream::Stdout, text);
+                0
             }
             "garbage" => {
                 // A message of an unknown kind, a truncated one, and a continuation out of nowhere:
@@ -583,4 +675,28 @@ fn removing_an_enclave_frees_its_cores_and_ends_its_jobs() {
     }
     let reply = daemon.call(json!({"op": "create", "name": "one-too-many", "cores": 1, "mem": "16M"}));
     assert!(reply["error"].as_str().unwrap().contains("only 0 free"), "{reply}");
+}
+
+#[test]
+fn enclaves_get_xemem_ids_from_the_daemons_name_server() {
+    let daemon = start_daemon("xemem", Liveness::default());
+    daemon.create("first");
+    daemon.create("second");
+    let work = TempDir::new("xemem-work");
+    let mut ids = Vec::new();
+    for enclave in ["first", "second"] {
+        let (reply, stdout, _) = daemon.run(enclave, &["prog", "xemem-id"], &work.0, &[]);
+        assert_eq!(reply["status"], 0, "{reply}");
+        let id: u32 = stdout.trim().strip_prefix("xemem enclave id ").unwrap_or_else(|| panic!("{enclave}: {stdout}")).parse().unwrap();
+        ids.push(id);
+    }
+    // Enclave 1 is the name server itself; every enclave gets an id of its own.
+    assert!(ids.iter().all(|&id| id >= 2), "{ids:?}");
+    assert_ne!(ids[0], ids[1]);
+    // A malformed XEMEM message is answered with an error, and the link keeps working.
+    let (reply, stdout, _) = daemon.run("first", &["prog", "xemem-malformed"], &work.0, &[]);
+    assert_eq!(reply["status"], 0, "{reply}");
+    assert_eq!(stdout, "malformed: answered Failed(Malformed)\n");
+    let (_, stdout, _) = daemon.run("first", &["prog", "xemem-id"], &work.0, &[]);
+    assert_eq!(stdout, format!("xemem enclave id {}\n", ids[0]));
 }

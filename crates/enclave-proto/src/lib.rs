@@ -31,6 +31,7 @@
 //! | `0x0005` | `Shutdown` | (none): end every job, then stop the machine |
 //! | `0x0006` | `FileResult` | u32 job, u32 request, i64 result (≥ 0 as the call returns, < 0 a negated Linux errno) |
 //! | `0x0007` | `FileAttributes` | u32 job, u32 request, [`FileAttributes`]: the successful answer to `Fstat`/`Stat` |
+//! | `0x0008` | `Xemem` | bytes message: one XEMEM protocol message (below) |
 //!
 //! `file` is `cstr name, u64 gpa, u64 len`: a file the host placed in enclave memory at
 //! guest-physical `[gpa, gpa + len)`, to appear read-only under `name` in the kernel's in-memory
@@ -52,6 +53,7 @@
 //! | `0x8007` | `Log` | bytes text: a kernel log line |
 //! | `0x8008` | `Panic` | bytes text: the kernel is going down |
 //! | `0x8009` | `FileRequest` | u32 job, u32 request, u8 op, op fields (below) |
+//! | `0x800a` | `Xemem` | bytes message: one XEMEM protocol message (below) |
 //!
 //! `JobOutput` data should fit one ring message (see [`max_output_chunk`]) so output streams
 //! as it is written; it is not an error to send more.
@@ -82,6 +84,17 @@
 //! Paths are relative to the job's working directory or absolute under it; the host refuses
 //! anything else (`..` leaving it, other absolute paths, symbolic links out of it) with
 //! `-EACCES`, and unknown handles with `-EBADF`.
+//!
+//! # XEMEM on the channel (`Xemem`)
+//!
+//! The channel is one XEMEM link between the enclave's `xemem::node::Node` and the host's (the
+//! name server lives in `clowderd`). `Xemem` carries one encoded `xemem::wire::Message` as it
+//! is, in either direction: this crate only checks that it is non-empty (the frame layer
+//! bounds it by [`MAX_MESSAGE_LEN`]); the receiver decodes it with `xemem`'s strict decoder
+//! and drops (and logs) what does not decode. Carried opaquely rather than as messages of
+//! this protocol, so the routing engine, its retries and its validation stay in one crate,
+//! shared with every other kind of link (a second daemon, another enclave), and this crate
+//! needs no knowledge of XEMEM.
 //!
 //! # Session
 //!
@@ -145,6 +158,7 @@ pub mod kind {
     pub const SHUTDOWN: u16 = 0x0005;
     pub const FILE_RESULT: u16 = 0x0006;
     pub const FILE_ATTRIBUTES: u16 = 0x0007;
+    pub const XEMEM_TO_ENCLAVE: u16 = 0x0008;
 
     pub const HELLO: u16 = 0x8001;
     pub const PONG: u16 = 0x8002;
@@ -155,6 +169,7 @@ pub mod kind {
     pub const LOG: u16 = 0x8007;
     pub const PANIC: u16 = 0x8008;
     pub const FILE_REQUEST: u16 = 0x8009;
+    pub const XEMEM_TO_HOST: u16 = 0x800a;
 }
 
 /// A file the host placed in enclave memory.
@@ -220,6 +235,8 @@ pub enum HostMessage<'a> {
     Shutdown,
     FileResult { job: u32, request: u32, result: i64 },
     FileAttributes { job: u32, request: u32, attributes: FileAttributes },
+    /// One XEMEM message (an encoded `xemem::wire::Message`) for the enclave's node.
+    Xemem { message: &'a [u8] },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -255,6 +272,8 @@ pub enum EnclaveMessage<'a> {
     Log { text: &'a [u8] },
     Panic { text: &'a [u8] },
     FileRequest { job: u32, request: u32, op: FileOp<'a> },
+    /// One XEMEM message (an encoded `xemem::wire::Message`) for the host's node.
+    Xemem { message: &'a [u8] },
 }
 
 fn write_timestamp(writer: &mut Writer<'_>, time: Timestamp) -> Result<(), EncodeError> {
@@ -341,6 +360,10 @@ impl<'a> HostMessage<'a> {
                 w.u32(*request)?;
                 attributes.write(&mut w)?;
             }
+            HostMessage::Xemem { message } => {
+                w.u16(kind::XEMEM_TO_ENCLAVE)?;
+                write_xemem(&mut w, message)?;
+            }
         }
         Ok(w.written())
     }
@@ -374,11 +397,28 @@ impl<'a> HostMessage<'a> {
                 request: r.u32("request")?,
                 attributes: FileAttributes::read(&mut r)?,
             },
+            kind::XEMEM_TO_ENCLAVE => HostMessage::Xemem { message: read_xemem(&mut r)? },
             other => return Err(DecodeError::UnknownKind(other)),
         };
         r.finish()?;
         Ok(message)
     }
+}
+
+/// An XEMEM message must hold something (its own decoder checks the rest).
+fn write_xemem(writer: &mut Writer<'_>, message: &[u8]) -> Result<(), EncodeError> {
+    if message.is_empty() {
+        return Err(EncodeError::Empty { field: "xemem" });
+    }
+    writer.bytes(message, "xemem")
+}
+
+fn read_xemem<'a>(reader: &mut Reader<'a>) -> Result<&'a [u8], DecodeError> {
+    let message = reader.bytes("xemem")?;
+    if message.is_empty() {
+        return Err(DecodeError::Empty { field: "xemem" });
+    }
+    Ok(message)
 }
 
 impl<'a> FileOp<'a> {
@@ -515,6 +555,10 @@ impl<'a> EnclaveMessage<'a> {
                 w.u32(request)?;
                 op.write(&mut w)?;
             }
+            EnclaveMessage::Xemem { message } => {
+                w.u16(kind::XEMEM_TO_HOST)?;
+                write_xemem(&mut w, message)?;
+            }
         }
         Ok(w.written())
     }
@@ -552,6 +596,7 @@ impl<'a> EnclaveMessage<'a> {
                 request: r.u32("request")?,
                 op: FileOp::read(&mut r)?,
             },
+            kind::XEMEM_TO_HOST => EnclaveMessage::Xemem { message: read_xemem(&mut r)? },
             other => return Err(DecodeError::UnknownKind(other)),
         };
         r.finish()?;

@@ -222,7 +222,8 @@ fn random_host_message<'a>(
     files: &'a [FileImage<'a>],
 ) -> HostMessage<'a> {
     let n = m.numbers;
-    match choice % 7 {
+    match choice % 8 {
+        7 if !m.data.is_empty() => HostMessage::Xemem { message: &m.data },
         0 => HostMessage::Ping { nonce: n[0] },
         1 => HostMessage::LaunchJob(LaunchJob {
             job: n[0] as u32,
@@ -277,7 +278,7 @@ fn random_enclave_message<'a>(choice: u64, m: &'a Material) -> EnclaveMessage<'a
         10 => FileOp::Mkdir { path, mode: 0o755 },
         _ => FileOp::Ftruncate { handle, length: n[6] },
     };
-    match choice % 9 {
+    match choice % 10 {
         0 => EnclaveMessage::Hello { version: n[0] as u16, vcpus: n[1] as u16, memory: n[2] },
         1 => EnclaveMessage::Pong { nonce: n[0] },
         2 => EnclaveMessage::JobStarted { job },
@@ -286,6 +287,7 @@ fn random_enclave_message<'a>(choice: u64, m: &'a Material) -> EnclaveMessage<'a
         5 => EnclaveMessage::LaunchFailed { job, errno: n[1] as i32, reason: &m.data },
         6 => EnclaveMessage::Log { text: &m.data },
         7 => EnclaveMessage::Panic { text: &m.data },
+        8 if !m.data.is_empty() => EnclaveMessage::Xemem { message: &m.data },
         _ => EnclaveMessage::FileRequest { job, request, op },
     }
 }
@@ -354,4 +356,30 @@ fn mutated_bytes_never_panic() {
             let _ = reassembler.push(frame);
         }
     }
+}
+
+#[test]
+fn xemem_messages_are_carried_as_they_are_and_never_empty() {
+    let message = [1u8, 2, 3, 4, 5];
+    let to_host = encode_enclave(&EnclaveMessage::Xemem { message: &message });
+    assert_eq!(EnclaveMessage::decode(&to_host), Ok(EnclaveMessage::Xemem { message: &message }));
+    let to_enclave = encode_host(&HostMessage::Xemem { message: &message });
+    assert_eq!(HostMessage::decode(&to_enclave), Ok(HostMessage::Xemem { message: &message }));
+    // Each direction's kind is unknown to the other side.
+    assert_eq!(HostMessage::decode(&to_host), Err(DecodeError::UnknownKind(kind::XEMEM_TO_HOST)));
+    assert_eq!(EnclaveMessage::decode(&to_enclave), Err(DecodeError::UnknownKind(kind::XEMEM_TO_ENCLAVE)));
+    // Empty: refused both ways.
+    let mut out = [0u8; 16];
+    assert_eq!(EnclaveMessage::Xemem { message: &[] }.encode(&mut out), Err(EncodeError::Empty { field: "xemem" }));
+    let mut empty = kind::XEMEM_TO_HOST.to_le_bytes().to_vec();
+    empty.extend_from_slice(&0u32.to_le_bytes());
+    assert_eq!(EnclaveMessage::decode(&empty), Err(DecodeError::Empty { field: "xemem" }));
+    // A length beyond the bytes present, and trailing bytes.
+    let mut short = kind::XEMEM_TO_ENCLAVE.to_le_bytes().to_vec();
+    short.extend_from_slice(&100u32.to_le_bytes());
+    short.extend_from_slice(&[9; 10]);
+    assert_eq!(HostMessage::decode(&short), Err(DecodeError::Truncated { field: "xemem" }));
+    let mut longer = to_enclave.clone();
+    longer.push(0);
+    assert_eq!(HostMessage::decode(&longer), Err(DecodeError::TrailingBytes { count: 1 }));
 }

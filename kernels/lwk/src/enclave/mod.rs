@@ -199,7 +199,13 @@ impl State {
         };
         let running = self.job.as_ref().map(|job| job.id);
         match message {
-            HostMessage::Ping { nonce } => self.link.send(&EnclaveMessage::Pong { nonce }),
+            HostMessage::Ping { nonce } => {
+                self.link.send(&EnclaveMessage::Pong { nonce });
+                // The host's pings are the XEMEM node's clock (retries).
+                for message in crate::xpmem::host_link::tick() {
+                    self.link.send(&EnclaveMessage::Xemem { message: &message });
+                }
+            }
             HostMessage::LaunchJob(launch) => {
                 if running.is_some() || self.pending_launch.is_some() {
                     let reason = b"the enclave runs one job at a time and is busy";
@@ -219,6 +225,11 @@ impl State {
             }
             HostMessage::FileAttributes { request, attributes, .. } => {
                 self.answers.insert(request, FileAnswer::Attributes(attributes));
+            }
+            HostMessage::Xemem { message } => {
+                for answer in crate::xpmem::host_link::from_host(message) {
+                    self.link.send(&EnclaveMessage::Xemem { message: &answer });
+                }
             }
         }
         Followup::Nothing
@@ -272,6 +283,12 @@ pub fn run(config: ChannelConfig, vcpus: u16) -> ! {
     ACTIVE.store(true, Ordering::Release);
     let memory = mm::pmem::total_managed();
     with_state(|state| state.link.send(&EnclaveMessage::Hello { version: PROTOCOL_VERSION, vcpus, memory }));
+    // XEMEM: look for the name server (clowderd) on the channel.
+    with_state(|state| {
+        for message in crate::xpmem::host_link::link_up() {
+            state.link.send(&EnclaveMessage::Xemem { message: &message });
+        }
+    });
     machine_channel::run_on_stack(SERVICE_STACK_TOP.load(Ordering::Relaxed), service_loop)
 }
 

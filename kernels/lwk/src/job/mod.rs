@@ -45,6 +45,11 @@ static PROCESS: SpinLock<Option<Process>> = SpinLock::new(None);
 static JOB_START_NS: AtomicU64 = AtomicU64::new(0);
 static VERBOSE: AtomicBool = AtomicBool::new(false);
 
+/// Is there a job (for code that runs between jobs too, like the enclave's XEMEM node)?
+pub fn is_loaded() -> bool {
+    PROCESS.lock().is_some()
+}
+
 /// Runs `f` on the job's process (system calls and faults only happen once it exists).
 pub fn with_process<R>(f: impl FnOnce(&mut Process) -> R) -> R {
     let mut process = PROCESS.lock();

@@ -16,6 +16,7 @@
 //! Ioctl numbers and argument layouts are XPMEM's (x86-64), as `xpmem.h` publishes them.
 
 mod commands;
+pub mod host_link;
 
 use crate::arch::paging::{Protection, HUGE_PAGE_SIZE, PAGE_SIZE};
 use crate::arch::sync::SpinLock;

@@ -1,0 +1,95 @@
+//! The enclave's XEMEM node (`xemem::node::Node`, not the name server) on its one link: the
+//! channel to clowderd, whose node is the name server (enclave 1). Messages travel as
+//! `enclave_proto` `Xemem` messages, one encoded `xemem::wire::Message` each
+//! (docs/xemem.md).
+//!
+//! The node is sans I/O: the enclave's channel code hands it what the host sent
+//! ([`from_host`]) and sends what it returns. There is no timer here, so the node's clock
+//! advances when the host writes (it pings every second), which paces discovery retries.
+//!
+//! So far the node finds the name server and gets this enclave's id; `/dev/xpmem` still keeps
+//! the job's segments in the enclave's own name server (`super`), until its requests go
+//! through this node.
+
+use super::SourceRun;
+use crate::arch::sync::SpinLock;
+use crate::clock;
+use crate::console::log;
+use alloc::vec::Vec;
+use xemem::ids::{EnclaveId, SegmentId};
+use xemem::node::{LocalMemory, Node, Timing};
+use xemem::wire::FrameRun;
+use xemem::Error;
+
+/// The channel is the node's only link.
+const CHANNEL_LINK: u32 = 0;
+
+static NODE: SpinLock<Option<Node>> = SpinLock::new(None);
+
+/// The job's memory, for attaches of its segments that arrive from elsewhere: guest-physical
+/// frame runs from its page tables (the host bounds-checks them against this enclave's RAM).
+struct JobMemory;
+
+impl LocalMemory for JobMemory {
+    fn resolve(&mut self, process: u64, vaddr: u64, size: u64) -> Result<Vec<FrameRun>, Error> {
+        if process != crate::job::PID || !crate::job::is_loaded() {
+            return Err(Error::NotFound);
+        }
+        let runs: Vec<SourceRun> = super::resolve(vaddr, size);
+        Ok(runs.iter().map(|run| FrameRun { first: run.first, frames: run.frames }).collect())
+    }
+    fn notify(&mut self, _process: u64, _segment: SegmentId) {}
+}
+
+fn now_ms() -> u64 {
+    clock::monotonic_ns() / 1_000_000
+}
+
+/// Encodes what the node wants sent (everything goes out on the channel).
+fn take_outbox(node: &mut Node) -> Vec<Vec<u8>> {
+    node.outbox()
+        .into_iter()
+        .filter(|(link, _)| *link == CHANNEL_LINK)
+        .filter_map(|(_, message)| {
+            let mut bytes = Vec::new();
+            message.encode(&mut bytes).ok().map(|_| bytes)
+        })
+        .collect()
+}
+
+/// The channel is up: start looking for the name server. Returns messages for the host.
+pub fn link_up() -> Vec<Vec<u8>> {
+    let mut node = Node::new(1, false, Timing { retry_after: 500, attempts: 5 });
+    node.tick(now_ms(), &mut JobMemory);
+    let messages = take_outbox(&mut node);
+    *NODE.lock() = Some(node);
+    messages
+}
+
+/// One XEMEM message from the host (decoded and validated by the node, which answers a
+/// malformed one with an error). Returns messages for the host.
+pub fn from_host(bytes: &[u8]) -> Vec<Vec<u8>> {
+    let mut guard = NODE.lock();
+    let Some(node) = guard.as_mut() else { return Vec::new() };
+    let had_id = node.id().is_some();
+    node.tick(now_ms(), &mut JobMemory);
+    node.receive(CHANNEL_LINK, bytes, &mut JobMemory);
+    if let (false, Some(id)) = (had_id, node.id()) {
+        log!("xemem: the name server gave this enclave id {id}");
+    }
+    take_outbox(node)
+}
+
+/// Time passes (the host pinged): retries. Returns messages for the host.
+pub fn tick() -> Vec<Vec<u8>> {
+    let mut guard = NODE.lock();
+    let Some(node) = guard.as_mut() else { return Vec::new() };
+    node.tick(now_ms(), &mut JobMemory);
+    take_outbox(node)
+}
+
+/// This enclave's XEMEM id, once the name server gave one.
+#[allow(dead_code)] // for /dev/xpmem's routed requests (next step)
+pub fn enclave_id() -> Option<EnclaveId> {
+    NODE.lock().as_ref().and_then(Node::id)
+}
