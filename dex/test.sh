@@ -240,9 +240,9 @@ stop_test() { # node-to-stop expected-message
 	sleep 0.2
 	left=$(leftovers "$MARK")
 	if [ -n "$victim" ] && [ $rc -ne 0 ] && grep -q "$expect" "$LOG/out" && [ -z "$left" ]; then
-		pass "stopped node $which: '$expect' reported, all ended (rc $rc), no process left"
+		pass "stopped node $which$via: '$expect' reported, all ended (rc $rc), no process left"
 	else
-		fail "stopped node $which (rc $rc, leftover '$left')" "$LOG/out"
+		fail "stopped node $which$via (rc $rc, leftover '$left')" "$LOG/out"
 		[ -n "$left" ] && kill -KILL $left
 	fi
 }
@@ -305,6 +305,8 @@ if [ -f "$BUILD/libdex-ucx.so" ]; then
 		fail "killed node$via (victim '$victim', rc $rc, ${elapsed} s, leftover '$left')" "$LOG/out"
 		[ -n "$left" ] && kill -KILL $left
 	fi
+	# silence is noticed by the heartbeat over UCX too
+	stop_test 0 "the origin sent nothing for 3 s"
 else
 	echo "SKIP UCX transport: $BUILD/libdex-ucx.so not built (install libucx-dev: scripts/bootstrap.sh)"
 fi

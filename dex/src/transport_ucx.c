@@ -178,6 +178,14 @@ static void *pump_thread(void *arg)
 			send_outbound();
 			busy = true;
 		}
+		if (busy)
+			continue;
+		/* DEX_SPIN=N: poll N more times before sleeping, as the runtime's
+		 * own waits do (only worth it with cores to spare). */
+		for (unsigned i = 0; i < dex_rt.spin_iterations && !busy; i++) {
+			busy = ucp_worker_progress(ucx.worker) != 0 || dex_queue_next_outbound(&peer, &length);
+			cpu_relax();
+		}
 		if (busy || !dex_queue_pump_may_sleep())
 			continue;
 		if (ucx.worker_fd >= 0 && ucp_worker_arm(ucx.worker) == UCS_ERR_BUSY) {
