@@ -161,6 +161,11 @@ impl Daemon {
         }
     }
 
+    /// XEMEM's name-server node and its links to the enclaves.
+    pub fn xemem_links(&self) -> &Arc<XememLinks> {
+        &self.xemem_links
+    }
+
     /// Makes `xemem` the daemon's XEMEM broker (once; a second one is handed back).
     pub fn host_xemem(&self, xemem: XememService) -> Result<(), XememService> {
         self.xemem.set(xemem)

@@ -33,6 +33,8 @@ pub struct GuestRam {
     ranges: Vec<RamRange>,
     /// The channel region: RAM, but never a buffer for file data.
     reserved: (u64, u64),
+    /// The memfd itself, to hand runs of RAM to other processes (XEMEM attaches).
+    file: File,
 }
 
 // SAFETY: the mapping is plain shared memory; `GuestRam` hands out copies, never references,
@@ -51,6 +53,7 @@ impl GuestRam {
                 return Err(io::Error::new(io::ErrorKind::InvalidData, format!("RAM range {range:?} lies outside the memfd")));
             }
         }
+        let file = memfd.try_clone()?;
         // SAFETY: a fresh shared mapping of a file we hold; the kernel picks the address.
         let base = unsafe {
             libc::mmap(
@@ -66,7 +69,7 @@ impl GuestRam {
             return Err(io::Error::last_os_error());
         }
         let base = NonNull::new(base.cast()).ok_or_else(|| io::Error::other("mmap returned null"))?;
-        Ok(GuestRam { base, mapped_len, ranges, reserved })
+        Ok(GuestRam { base, mapped_len, ranges, reserved, file })
     }
 
     /// Host address of `[file_offset, file_offset + len)` in the mapping, for the channel.
@@ -104,6 +107,12 @@ impl GuestRam {
         // SAFETY: as in `read`; we only copy bytes in.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.as_ptr().add(offset), data.len()) };
         Ok(())
+    }
+
+    /// The memfd and offset holding a guest range that lies in one RAM run and outside the
+    /// channel: how an enclave's frames are shared with a host process without copying.
+    pub fn file_range(&self, gpa: u64, len: u64) -> Result<(&File, u64), BadAddress> {
+        self.locate(gpa, len).map(|offset| (&self.file, offset as u64))
     }
 
     /// Checks a range without touching it (to refuse a call before it has effects).

@@ -136,14 +136,48 @@ struct FakeKernel {
     xemem: xemem::node::Node,
     /// Raw XEMEM messages from the daemon, kept for the `xemem-*` jobs to look at.
     xemem_seen: Vec<Vec<u8>>,
+    /// Finished XEMEM requests of the fake job.
+    xemem_done: Vec<xemem::node::Completion>,
+    /// Where the fake job's segment claims to live (`xemem-owner MODE`).
+    xemem_backing: Backing,
+    /// How many attaches of its segments the node resolved.
+    xemem_resolves: u32,
 }
 
-/// The fake enclave owns no memory XEMEM could resolve.
-struct NoMemory;
+/// The fake job's exported memory: virtual `SEGMENT_VADDR..` is RAM at `SEGMENT_GPA..`, unless
+/// the fake kernel lies about its frames.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Backing {
+    Ram,
+    OutsideRam,
+    Channel,
+}
 
-impl xemem::node::LocalMemory for NoMemory {
-    fn resolve(&mut self, _: u64, _: u64, _: u64) -> Result<Vec<xemem::wire::FrameRun>, xemem::Error> {
-        Err(xemem::Error::NotFound)
+const SEGMENT_VADDR: u64 = 0x4000_0000;
+const SEGMENT_GPA: u64 = 2 << 20;
+const SEGMENT_PAGES: u64 = 16;
+
+struct FakeMemory {
+    backing: Backing,
+    resolves: u32,
+}
+
+impl xemem::node::LocalMemory for FakeMemory {
+    fn resolve(&mut self, process: u64, vaddr: u64, size: u64) -> Result<Vec<xemem::wire::FrameRun>, xemem::Error> {
+        let end = SEGMENT_VADDR + SEGMENT_PAGES * 4096;
+        if process != 1 || vaddr < SEGMENT_VADDR || vaddr + size > end {
+            return Err(xemem::Error::NotFound);
+        }
+        self.resolves += 1;
+        let gpa = match self.backing {
+            Backing::Ram => SEGMENT_GPA + (vaddr - SEGMENT_VADDR),
+            Backing::OutsideRam => RAM_SIZE * 4,
+            Backing::Channel => CHANNEL_GPA,
+        };
+        // Two runs, to show the daemon handles each: the first page, then the rest.
+        let first = xemem::wire::FrameRun { first: Some(gpa / 4096), frames: 1 };
+        let rest = xemem::wire::FrameRun { first: Some(gpa / 4096 + 1), frames: size / 4096 - 1 };
+        Ok(if size > 4096 { vec![first, rest] } else { vec![first] })
     }
     fn notify(&mut self, _: u64, _: xemem::ids::SegmentId) {}
 }
@@ -162,7 +196,19 @@ impl FakeKernel {
     fn new(hardware: Arc<FakeHardware>, endpoint: Endpoint, vcpus: u16) -> FakeKernel {
         let frame = vec![0; endpoint.max_message_len()];
         let xemem = xemem::node::Node::new(1, false, xemem::node::Timing { retry_after: 200, attempts: 5 });
-        FakeKernel { hardware, endpoint, vcpus, frame, assembly: vec![0; MAX_MESSAGE_LEN], next_request: 1, xemem, xemem_seen: Vec::new() }
+        FakeKernel {
+            hardware,
+            endpoint,
+            vcpus,
+            frame,
+            assembly: vec![0; MAX_MESSAGE_LEN],
+            next_request: 1,
+            xemem,
+            xemem_seen: Vec::new(),
+            xemem_done: Vec::new(),
+            xemem_backing: Backing::Ram,
+            xemem_resolves: 0,
+        }
     }
 
     fn send_frame(&mut self, frame: &[u8]) {
@@ -237,11 +283,14 @@ impl FakeKernel {
     /// Feeds the XEMEM node (a message from the daemon, or only the time) and sends its outbox.
     fn xemem_step(&mut self, bytes: Option<&[u8]>) {
         let now = Instant::now().duration_since(*START).as_millis() as u64;
-        self.xemem.tick(now, &mut NoMemory);
+        let mut memory = FakeMemory { backing: self.xemem_backing, resolves: 0 };
+        self.xemem.tick(now, &mut memory);
         if let Some(bytes) = bytes {
             self.xemem_seen.push(bytes.to_vec());
-            self.xemem.receive(0, bytes, &mut NoMemory);
+            self.xemem.receive(0, bytes, &mut memory);
         }
+        self.xemem_resolves += memory.resolves;
+        self.xemem_done.extend(self.xemem.completions());
         for (_, message) in self.xemem.outbox() {
             let mut encoded = Vec::new();
             message.encode(&mut encoded).unwrap();
@@ -345,6 +394,32 @@ impl FakeKernel {
                     _ => "no xemem id\n".to_string(),
                 };
                 self.print(job, Stream::Stdout, &text);
+                0
+            }
+            "xemem-owner" => {
+                // Makes a named 16-page segment of "job memory" (RAM at SEGMENT_GPA, or lies
+                // about its frames), then serves attaches until one was resolved.
+                self.xemem_backing = match argv[2].as_str() {
+                    "outside" => Backing::OutsideRam,
+                    "channel" => Backing::Channel,
+                    _ => Backing::Ram,
+                };
+                for page in 0..SEGMENT_PAGES {
+                    self.hardware.ram.write(SEGMENT_GPA + page * 4096, &(1000 + page).to_le_bytes()).unwrap();
+                }
+                if !self.xemem_wait(|kernel| kernel.xemem.id().is_some()) {
+                    self.print(job, Stream::Stdout, "no xemem id\n");
+                    return self.send(EnclaveMessage::JobExited { job, status: 1 });
+                }
+                let name = xemem::wire::Name::new(format!("fake-seg-{}", argv[2]).as_bytes()).unwrap();
+                let owner = xemem::Owner { uid: 0, gid: 0, mode: 0o600 };
+                let make = xemem::node::Request::Make { process: 1, vaddr: SEGMENT_VADDR, size: SEGMENT_PAGES * 4096, owner, name: Some(name) };
+                let mut memory = FakeMemory { backing: self.xemem_backing, resolves: 0 };
+                let request = self.xemem.request(make, &mut memory).unwrap();
+                self.xemem_step(None);
+                let made = self.xemem_wait(|kernel| kernel.xemem_done.iter().any(|done| done.request == request));
+                let served = made && self.xemem_wait(|kernel| kernel.xemem_resolves > 0);
+                self.print(job, Stream::Stdout, if served { "made and served\n" } else { "not served\n" });
                 0
             }
             "xemem-malformed" => {
@@ -460,6 +535,7 @@ impl FakeKernel {
 
 struct TestDaemon {
     socket: PathBuf,
+    daemon: Arc<Daemon>,
     _dir: TempDir,
 }
 
@@ -493,8 +569,9 @@ fn start_daemon(label: &str, liveness: Liveness) -> TestDaemon {
     };
     let daemon = Daemon::new(config, Box::new(FakeLauncher));
     let listener = server::bind(&socket).unwrap();
-    std::thread::spawn(move || server::serve(daemon, listener));
-    TestDaemon { socket, _dir: dir }
+    let served = daemon.clone();
+    std::thread::spawn(move || server::serve(served, listener));
+    TestDaemon { socket, daemon, _dir: dir }
 }
 
 fn quick_liveness() -> Liveness {
@@ -699,4 +776,66 @@ fn enclaves_get_xemem_ids_from_the_daemons_name_server() {
     assert_eq!(stdout, "malformed: answered Failed(Malformed)\n");
     let (_, stdout, _) = daemon.run("first", &["prog", "xemem-id"], &work.0, &[]);
     assert_eq!(stdout, format!("xemem enclave id {}\n", ids[0]));
+}
+
+/// An enclave's segment attached for a host process: the owner answers with guest-physical
+/// frame runs, the daemon checks each against the enclave's RAM and hands out ranges of the
+/// RAM memfd, which map the enclave's very pages (no copy). Runs outside RAM or over the
+/// channel fail the attach with EINVAL.
+#[test]
+fn a_host_process_maps_an_enclave_segment_through_the_ram_memfd() {
+    let daemon = start_daemon("xemem-attach", Liveness::default());
+    daemon.create("owner");
+    let work = TempDir::new("xemem-attach-work");
+    let links = daemon.daemon.xemem_links().clone();
+    let root = || xemem::Credentials { uid: 0, groups: vec![0] };
+    let lookup = |name: &str| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match links.lookup(name) {
+                Ok(segment) => return segment,
+                Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                Err(e) => panic!("{name}: {e:?}"),
+            }
+        }
+    };
+    std::thread::scope(|scope| {
+        let owner = scope.spawn(|| daemon.run("owner", &["prog", "xemem-owner", "honest"], &work.0, &[]));
+        let segment = lookup("fake-seg-honest");
+        assert!(segment.enclave() >= 2, "an enclave's segment names its enclave: {segment:?}");
+        let (access, runs) = links.attach_enclave_segment(4242, root(), segment, 0, 16 * 4096).expect("attach");
+        assert_eq!(runs.len(), 2, "one file range per frame run: {runs:?}");
+        let mut page = 0u64;
+        for run in &runs {
+            let clowderd::xemem_links::FileRun::Memory { file, offset, len } = run else { panic!("a hole: {run:?}") };
+            // SAFETY: a fresh shared mapping of the memfd range the daemon handed out.
+            let view = unsafe { libc::mmap(std::ptr::null_mut(), *len as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), *offset as i64) };
+            assert_ne!(view, libc::MAP_FAILED);
+            for index in 0..len / 4096 {
+                // SAFETY: inside the mapping just made.
+                let value = unsafe { std::ptr::read_volatile((view as *const u8).add((index * 4096) as usize) as *const u64) };
+                assert_eq!(value, 1000 + page, "page {page} reads the enclave's frame");
+                page += 1;
+            }
+            unsafe { libc::munmap(view, *len as usize) };
+        }
+        assert_eq!(page, 16);
+        links.release(4242, access).unwrap();
+        let (reply, stdout, _) = owner.join().unwrap();
+        assert_eq!(reply["status"], 0, "{reply}");
+        assert_eq!(stdout, "made and served\n");
+    });
+    for lie in ["outside", "channel"] {
+        std::thread::scope(|scope| {
+            let owner = scope.spawn(|| daemon.run("owner", &["prog", "xemem-owner", lie], &work.0, &[]));
+            let segment = lookup(&format!("fake-seg-{lie}"));
+            let refused = links.attach_enclave_segment(4242, root(), segment, 0, 16 * 4096);
+            assert_eq!(refused.err(), Some(xemem::Error::Invalid), "{lie}: frames that are not the enclave's RAM");
+            owner.join().unwrap();
+        });
+    }
+    // The daemon survived all of it.
+    let (reply, stdout, _) = daemon.run("owner", &["prog", "echo", "still", "here"], &work.0, &[]);
+    assert_eq!(reply["status"], 0);
+    assert_eq!(stdout, "still here\n");
 }
