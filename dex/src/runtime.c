@@ -284,7 +284,14 @@ struct dex_thread *dex_thread_create_block(enum dex_thread_role role)
 struct dex_thread *dex_self(void)
 {
 	stack_t ss;
-	if (raw_syscall(SYS_sigaltstack, 0, &ss, 0) != 0 || (ss.ss_flags & SS_DISABLE))
+	long rc;
+	/* On an application thread `ss` is on the shared stack, whose page
+	 * another node may have just taken: the kernel cannot fault it in and
+	 * returns EFAULT (dex_migrate then failed with EPERM now and then in
+	 * the stackread test). Take the page from user mode and ask again. */
+	while ((rc = raw_syscall(SYS_sigaltstack, 0, &ss, 0)) == -EFAULT)
+		dex_prefault((uintptr_t)&ss, sizeof(ss), true);
+	if (rc != 0 || (ss.ss_flags & SS_DISABLE))
 		return NULL;
 	uintptr_t base = (uintptr_t)ss.ss_sp - DEX_SIGNAL_STACK_OFFSET;
 	if (base & (DEX_THREAD_BLOCK - 1))
