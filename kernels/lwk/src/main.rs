@@ -20,6 +20,7 @@ mod job;
 mod machine;
 mod mm;
 mod sched;
+mod signal;
 mod syscall;
 mod trap;
 mod vdso;

@@ -2,10 +2,10 @@
 //! Linux's status for the signal it would have received, a fault in the kernel is a panic.
 
 use crate::arch::cpu;
-use crate::arch::trap::{self, TrapFrame, SYSCALL_VECTOR};
+use crate::arch::trap::{self, TrapFrame, SIGNAL_CHECK_VECTOR, SYSCALL_VECTOR};
 use crate::console::log;
 use crate::arch::apic;
-use crate::{job, sched, syscall};
+use crate::{job, sched, signal, syscall};
 use core::sync::atomic::{AtomicBool, Ordering};
 
 static RING3_SYSCALL_REPORTED: AtomicBool = AtomicBool::new(false);
@@ -36,6 +36,8 @@ pub fn handle(frame: &mut TrapFrame) {
         if frame.is_from_user() {
             sched::tick();
         }
+    } else if frame.vector == SIGNAL_CHECK_VECTOR {
+        // The short system-call path saw a signal due; the delivery below takes it.
     } else if frame.vector == SYSCALL_VECTOR {
         frame.rax = dispatch_with_frame(frame);
     } else if frame.is_syscall_left_in_ring3() {
@@ -49,15 +51,20 @@ pub fn handle(frame: &mut TrapFrame) {
         frame.rax = dispatch_with_frame(frame);
     } else if frame.is_from_user() {
         // A page fault inside an XPMEM attachment (a hole, a removed segment) is SIGBUS.
-        let (signal, name) = if frame.vector == 14 && crate::xpmem::is_attachment_fault(cpu::read_cr2()) { (7, "SIGBUS") } else { signal_for(frame.vector) };
-        job::kill_for_fault(signal, name, frame);
+        let (fault_signal, name) = if frame.vector == 14 && crate::xpmem::is_attachment_fault(cpu::read_cr2()) { (7, "SIGBUS") } else { signal_for(frame.vector) };
+        if !signal::deliver_fault(frame, fault_signal, cpu::read_cr2()) {
+            job::kill_for_fault(fault_signal, name, frame);
+        }
     } else if !trap::recover_user_copy_fault(frame) {
         kernel_fault(frame);
+    }
+    if frame.is_from_user() && trap::signal_check_requested() {
+        signal::deliver_pending(frame);
     }
 }
 
 /// A system call that sees the caller's registers (RIP is already the return address).
-fn dispatch_with_frame(frame: &TrapFrame) -> u64 {
+fn dispatch_with_frame(frame: &mut TrapFrame) -> u64 {
     let args = [frame.rdi, frame.rsi, frame.rdx, frame.r10, frame.r8, frame.r9];
     syscall::dispatch(frame.rax, &mut syscall::Call { args, frame: Some(frame) })
 }

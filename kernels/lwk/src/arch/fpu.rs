@@ -78,3 +78,36 @@ pub fn restore(slot: usize) {
         }
     }
 }
+
+/// The legacy (FXSAVE) image of the x87 and SSE registers: what a signal frame holds as its
+/// `fpstate` (Linux's layout without the XSAVE extension).
+#[repr(C, align(16))]
+pub struct LegacyArea(pub [u8; 512]);
+
+/// The running thread's x87 and SSE registers (the kernel never touches them).
+pub fn save_legacy() -> LegacyArea {
+    let mut area = LegacyArea([0; 512]);
+    // SAFETY: the area is 16-byte aligned and 512 bytes long, what FXSAVE writes.
+    unsafe { asm!("fxsave64 [{}]", in(reg) area.0.as_mut_ptr(), options(nostack)) };
+    area
+}
+
+/// Loads x87 and SSE registers from a legacy image the user may have changed: reserved
+/// MXCSR bits, which would fault, are cleared first.
+pub fn restore_legacy(mut area: LegacyArea) {
+    let mxcsr = u32::from_le_bytes(area.0[24..28].try_into().unwrap()) & supported_mxcsr_bits();
+    area.0[24..28].copy_from_slice(&mxcsr.to_le_bytes());
+    // SAFETY: a 16-byte aligned 512-byte image with only supported MXCSR bits set; the
+    // other fields cannot fault on FXRSTOR.
+    unsafe { asm!("fxrstor64 [{}]", in(reg) area.0.as_ptr(), options(nostack)) };
+}
+
+/// The MXCSR bits this CPU supports, as FXSAVE reports them (the image's own field may be
+/// anything the user wrote).
+fn supported_mxcsr_bits() -> u32 {
+    let area = save_legacy();
+    match u32::from_le_bytes(area.0[28..32].try_into().unwrap()) {
+        0 => 0xffbf, // the architectural default when the CPU reports none
+        mask => mask,
+    }
+}

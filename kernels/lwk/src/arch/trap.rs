@@ -59,11 +59,31 @@ pub struct TrapFrame {
 
 /// Not a hardware vector: marks full frames built for system calls that need them.
 pub const SYSCALL_VECTOR: u64 = 256;
-/// `clone` needs the caller's registers, so it gets a full frame.
-const CLONE_NUMBER: u64 = 56;
+/// Not a hardware vector: a system call's short path found a signal to deliver and rebuilt
+/// the caller's full frame (RAX holds the call's result) so that a handler frame can be built.
+pub const SIGNAL_CHECK_VECTOR: u64 = 257;
+/// The calls below 64 that need every register of the caller, as a bit mask: `rt_sigreturn`
+/// (15) replaces them, `clone` (56) copies them.
+const FULL_FRAME_CALLS_BELOW_64: u64 = 1 << 15 | 1 << 56;
+/// `sigaltstack` reads the caller's stack pointer (is it on its alternate stack?).
+const SIGALTSTACK_NUMBER: u64 = 131;
+
+/// Non-zero when some thread may have a signal to take: the system-call path then leaves
+/// through the full trap path (`SIGNAL_CHECK_VECTOR`), which delivers it. One compare on the
+/// way out of every call; set and cleared by `crate::signal`.
+#[no_mangle]
+static SIGNAL_CHECK_REQUESTED: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(0);
+
+pub fn request_signal_check(requested: bool) {
+    SIGNAL_CHECK_REQUESTED.store(requested as u32, core::sync::atomic::Ordering::Release);
+}
+
+pub fn signal_check_requested() -> bool {
+    SIGNAL_CHECK_REQUESTED.load(core::sync::atomic::Ordering::Acquire) != 0
+}
 
 /// The RFLAGS bits user code may set: CF, PF, AF, ZF, SF, TF, DF, OF, AC, ID.
-const USER_FLAGS: u64 = 0x24_0dd5;
+pub const USER_FLAGS: u64 = 0x24_0dd5;
 pub const EXCEPTION_STUB_SIZE: u64 = 16;
 
 impl TrapFrame {
@@ -192,11 +212,19 @@ syscall_entry:
 
     /* Above an IRETQ frame to user mode: save what a C call may clobber and the user must
        keep (RCX and R11 are the SYSCALL return RIP and RFLAGS, restored from the frame).
-       The calls that need every user register (clone copies them) take the exception path
-       with a full frame instead. */
+       The calls that need every user register (clone copies them, rt_sigreturn replaces
+       them, sigaltstack reads RSP) take the exception path with a full frame instead, and
+       so does the way out when a signal may be due (SIGNAL_CHECK_REQUESTED). */
 syscall_common:
-    cmp ${clone}, %rax
+    cmp $63, %rax
+    ja 4f
+    mov ${full_frame_calls}, %r11
+    bt %rax, %r11
+    jc 5f
+    jmp 3f
+4:  cmp ${sigaltstack}, %rax
     jne 3f
+5:  mov 16(%rsp), %r11                 /* the user's flags again, as SYSCALL left them */
     pushq $0
     pushq ${syscall_vector}
     jmp trap_common
@@ -219,7 +247,12 @@ syscall_common:
     pop %rdi
     mov (%rsp), %rcx
     mov 16(%rsp), %r11
+    cmpl $0, SIGNAL_CHECK_REQUESTED(%rip)
+    jne 6f
     iretq
+6:  pushq $0                           /* a signal may be due: take the full trap path */
+    pushq ${signal_check_vector}
+    jmp trap_common
 
     /* enter_user_frame(frame in RDI): the frame already sits at the top of the trap stack. */
 enter_user_frame:
@@ -271,7 +304,9 @@ user_copy_failed:
     page_low = const RING3_SYSCALL_PAGE as u32,
     page_high = const (RING3_SYSCALL_PAGE >> 32) as u32,
     user_flags = const USER_FLAGS,
-    clone = const CLONE_NUMBER,
+    full_frame_calls = const FULL_FRAME_CALLS_BELOW_64,
+    sigaltstack = const SIGALTSTACK_NUMBER,
+    signal_check_vector = const SIGNAL_CHECK_VECTOR,
     tick_vector = const super::apic::TICK_VECTOR,
     syscall_vector = const SYSCALL_VECTOR,
     options(att_syntax)

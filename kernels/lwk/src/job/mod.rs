@@ -196,6 +196,7 @@ pub fn load(module: Option<&Module>, options: &JobOptions) -> Result<TrapFrame, 
         // libc insists on an absolute path (glibc asserts it): the job lives at the root.
         executable_path: if options.argv[0].starts_with('/') { options.argv[0].clone() } else { alloc::format!("/{}", options.argv[0]) },
     });
+    crate::signal::reset(PID);
     crate::sched::init_main_thread();
     let now = clock::monotonic_ns();
     JOB_START_NS.store(now, Ordering::Relaxed);

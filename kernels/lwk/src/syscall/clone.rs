@@ -16,7 +16,7 @@ const CLONE_THREAD: u64 = 0x1_0000;
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [flags, stack, parent_tid, child_tid, tls, _] = call.args;
-    let frame = call.frame.ok_or(Errno::ENOSYS)?;
+    let frame = call.frame.as_deref().ok_or(Errno::ENOSYS)?;
     if flags & (CLONE_VM | CLONE_THREAD) != CLONE_VM | CLONE_THREAD {
         log!("clone without CLONE_VM | CLONE_THREAD (a new process, flags {flags:#x}) is not supported");
         return Err(Errno::ENOSYS);
@@ -33,6 +33,7 @@ pub fn call(call: &mut Call<'_>) -> SyscallResult {
         SpawnError::TooManyThreads => Errno::EAGAIN,
         SpawnError::NoMemory => Errno::ENOMEM,
     })?;
+    crate::signal::thread_created(sched::current_tid(), tid);
     let tid_bytes = (tid as u32).to_le_bytes();
     if flags & CLONE_PARENT_SETTID != 0 {
         user::write_bytes(parent_tid, &tid_bytes)?;

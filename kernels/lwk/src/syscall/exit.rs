@@ -5,5 +5,6 @@ use super::{Call, SyscallResult};
 use crate::sched;
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
+    crate::signal::thread_exited(sched::current_tid());
     sched::exit_current(call.args[0] as u8)
 }

@@ -1,30 +1,38 @@
-//! kill(pid, sig) to the job itself: the default action of the signal (no handler is ever
-//! run: signal delivery does not exist yet). Terminating signals end the job with status
-//! 128 + sig; the ones Linux ignores by default are ignored.
+//! kill(pid, sig) to the job itself (pid 1, 0 or -1): `crate::signal` delivers it to a thread
+//! that does not block it, running its handler or its default action (128 + sig for the
+//! terminating ones). 0 only checks that the job exists; other pids are ESRCH.
 
 use super::{Call, Errno, SyscallResult};
 use crate::job;
+use crate::signal::{self, SI_TKILL, SI_USER};
 
-const SIGCHLD: u64 = 17;
-const SIGCONT: u64 = 18;
-const SIGURG: u64 = 23;
-const SIGWINCH: u64 = 28;
+const ESRCH: Errno = Errno(3);
 
-/// Sends `signal` to the job (`0` only checks that the job exists).
-pub fn signal_job(target: u64, signal: u64) -> SyscallResult {
-    if target != job::PID {
-        return Err(Errno(3)); // ESRCH
-    }
+/// Sends `signal` to the whole job (`thread` None) or to one of its threads.
+pub fn send(thread: Option<u64>, signal: u64, code: i32) -> SyscallResult {
     match signal {
-        0 | SIGCHLD | SIGCONT | SIGURG | SIGWINCH => Ok(0),
-        1..=64 => job::exit_by_signal(signal as u8),
+        0 => Ok(0),
+        1..=64 => signal::send(thread, signal as u8, code).map(|()| 0).map_err(|_| ESRCH),
         _ => Err(Errno::EINVAL),
     }
+}
+
+/// `tkill` and `tgkill`: to thread `tid` of the job.
+pub fn send_to_thread(tid: u64, signal: u64) -> SyscallResult {
+    if !(1..=64).contains(&signal) && signal != 0 {
+        return Err(Errno::EINVAL);
+    }
+    if (tid as i64) <= 0 {
+        return Err(Errno::EINVAL);
+    }
+    send(Some(tid), signal, SI_TKILL)
 }
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let pid = call.args[0] as i64;
     // 0 and -1 address the caller's group, which is the job.
-    let target = if pid == 0 || pid == -1 { job::PID } else { pid as u64 };
-    signal_job(target, call.args[1])
+    if pid != 0 && pid != -1 && pid as u64 != job::PID {
+        return Err(ESRCH);
+    }
+    send(None, call.args[1], SI_USER)
 }

@@ -37,10 +37,10 @@ impl Errno {
 pub type SyscallResult = Result<u64, Errno>;
 
 /// One system call in progress: its six arguments and, for the calls the entry code gives a
-/// full frame (`clone`), every register of the caller.
+/// full frame (`clone`, `rt_sigreturn`, `sigaltstack`), every register of the caller.
 pub struct Call<'a> {
     pub args: [u64; 6],
-    pub frame: Option<&'a TrapFrame>,
+    pub frame: Option<&'a mut TrapFrame>,
 }
 
 macro_rules! syscall_table {
@@ -71,6 +71,7 @@ syscall_table! {
     12 => brk,
     13 => rt_sigaction,
     14 => rt_sigprocmask,
+    15 => rt_sigreturn,
     16 => ioctl,
     17 => pread64,
     18 => pwrite64,
@@ -105,6 +106,8 @@ syscall_table! {
     107 => geteuid,
     108 => getegid,
     110 => getppid,
+    127 => rt_sigpending,
+    131 => sigaltstack,
     158 => arch_prctl,
     186 => gettid,
     200 => tkill,

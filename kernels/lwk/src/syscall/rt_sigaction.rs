@@ -1,19 +1,31 @@
-//! rt_sigaction(sig, act, oldact, sigsetsize): handlers are recorded nowhere because no signal
-//! is ever delivered to the job (faults end it, as with the default action); the old action
-//! reads as SIG_DFL.
+//! rt_sigaction(sig, act, oldact, sigsetsize): records the action (handler, flags, restorer,
+//! mask) that `crate::signal` uses to deliver `sig`; SIGKILL and SIGSTOP cannot be caught.
 
 use super::{user, Call, Errno, SyscallResult};
-
-const SIGKILL: u64 = 9;
-const SIGSTOP: u64 = 19;
+use crate::signal::{self, Action, SIGKILL, SIGSTOP};
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    let [signal, _action, old_action, set_size, ..] = call.args;
-    if !(1..=64).contains(&signal) || set_size != 8 || (signal == SIGKILL || signal == SIGSTOP) && call.args[1] != 0 {
+    let [signal, new_action, old_action, set_size, ..] = call.args;
+    if !(1..=64).contains(&signal) || set_size != 8 {
         return Err(Errno::EINVAL);
     }
+    let signal = signal as u8;
+    let requested = match new_action {
+        0 => None,
+        address => {
+            let [handler, flags, restorer, mask] = user::read_words::<4>(address)?;
+            if signal == SIGKILL || signal == SIGSTOP {
+                return Err(Errno::EINVAL);
+            }
+            Some(Action { handler, flags, restorer, mask })
+        }
+    };
+    let old = match requested {
+        Some(action) => signal::set_action(signal, action),
+        None => signal::action(signal),
+    };
     if old_action != 0 {
-        user::write_words(old_action, &[0; 4])?; // handler, flags, restorer, mask
+        user::write_words(old_action, &[old.handler, old.flags, old.restorer, old.mask])?;
     }
     Ok(0)
 }

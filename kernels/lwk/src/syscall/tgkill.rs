@@ -1,8 +1,16 @@
-//! tgkill(tgid, tid, sig): a signal to one of the job's threads acts on the whole job.
+//! tgkill(tgid, tid, sig): a signal to one of the job's threads (the job is the only group).
 
-use super::kill::signal_job;
-use super::{Call, SyscallResult};
+use super::kill::send_to_thread;
+use super::{Call, Errno, SyscallResult};
+use crate::job;
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    signal_job(call.args[1], call.args[2])
+    let [group, tid, signal, ..] = call.args;
+    if (group as i64) <= 0 {
+        return Err(Errno::EINVAL);
+    }
+    if group != job::PID {
+        return Err(Errno(3)); // ESRCH
+    }
+    send_to_thread(tid, signal)
 }

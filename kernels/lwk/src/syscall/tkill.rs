@@ -1,8 +1,8 @@
-//! tkill(tid, sig): as `tgkill`.
+//! tkill(tid, sig): a signal to one of the job's threads.
 
-use super::kill::signal_job;
+use super::kill::send_to_thread;
 use super::{Call, SyscallResult};
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    signal_job(call.args[0], call.args[1])
+    send_to_thread(call.args[0], call.args[1])
 }

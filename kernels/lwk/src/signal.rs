@@ -1,0 +1,526 @@
+//! Signals of the job: actions (`rt_sigaction`), per-thread masks, pending sets and alternate
+//! stacks, and delivery: a handler runs on the thread's stack (or its alternate stack) above
+//! an `rt_sigframe` laid out as Linux's (return address = the restorer, `ucontext` with the
+//! saved registers, the FXSAVE image as `fpstate`, then `siginfo`), and `rt_sigreturn` puts
+//! everything back.
+//!
+//! When delivery happens: a fault is delivered at once; a signal sent with `kill`, `tkill` or
+//! `tgkill`, or one that becomes unblocked, is pending until its thread next leaves the
+//! kernel (any system call's return, a tick, a fault). A thread blocked in the kernel (futex,
+//! sleep) or computing without system calls takes it when it next returns from the kernel:
+//! there are no interrupted system calls (EINTR) and no IPI to a computing thread.
+
+use crate::arch::fpu;
+use crate::arch::sync::SpinLock;
+use crate::arch::trap::{self, copy_from_user, copy_to_user, copy_words_to_user, TrapFrame, USER_FLAGS};
+use crate::{job, sched};
+use alloc::collections::BTreeMap;
+
+pub const SIGKILL: u8 = 9;
+pub const SIGSEGV: u8 = 11;
+pub const SIGSTOP: u8 = 19;
+/// Neither blocked, caught nor ignored.
+pub const UNCATCHABLE: u64 = bit(SIGKILL) | bit(SIGSTOP);
+
+/// The `sa_flags` that change delivery. The handler always gets (signal, siginfo, ucontext),
+/// with or without SA_SIGINFO, and always returns through `sa_restorer` (both libcs pass
+/// SA_RESTORER); SA_RESTART needs nothing since no call is ever interrupted.
+pub const SIG_DFL: u64 = 0;
+pub const SIG_IGN: u64 = 1;
+pub const SA_ONSTACK: u64 = 0x0800_0000;
+pub const SA_NODEFER: u64 = 0x4000_0000;
+pub const SA_RESETHAND: u64 = 0x8000_0000;
+pub const SS_ONSTACK: u64 = 1;
+pub const SS_DISABLE: u64 = 2;
+
+/// `si_code` values.
+pub const SI_USER: i32 = 0;
+pub const SI_TKILL: i32 = -6;
+const SI_KERNEL: i32 = 0x80;
+const SEGV_MAPERR: i32 = 1;
+const SEGV_ACCERR: i32 = 2;
+const FPE_INTDIV: i32 = 1;
+const ILL_ILLOPN: i32 = 2;
+const BUS_ADRALN: i32 = 1;
+const TRAP_BRKPT: i32 = 1;
+
+pub const fn bit(signal: u8) -> u64 {
+    1 << (signal - 1)
+}
+
+/// What `rt_sigaction` sets, in the kernel's `struct sigaction` order.
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+pub struct Action {
+    pub handler: u64,
+    pub flags: u64,
+    pub restorer: u64,
+    pub mask: u64,
+}
+
+/// The default action Linux takes for a signal nobody catches.
+#[derive(PartialEq, Eq)]
+enum DefaultAction {
+    Ignore,
+    /// The stop signals: there is no job control (nobody could continue the job), so they
+    /// are ignored.
+    Stop,
+    /// Terminate (with a core dump on Linux for some; the status is 128 + signal either way).
+    Terminate,
+}
+
+fn default_action(signal: u8) -> DefaultAction {
+    match signal {
+        17 | 18 | 23 | 28 => DefaultAction::Ignore, // SIGCHLD, SIGCONT, SIGURG, SIGWINCH
+        19..=22 => DefaultAction::Stop,             // SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU
+        _ => DefaultAction::Terminate,
+    }
+}
+
+/// What the handler finds in `siginfo`.
+#[derive(Clone, Copy)]
+struct Info {
+    code: i32,
+    /// `si_addr` for faults; for sent signals the sender's pid and uid words.
+    address: u64,
+}
+
+impl Info {
+    fn sent(code: i32) -> Info {
+        Info { code, address: job::PID } // si_pid = the job, si_uid = 0 (root in the enclave)
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+struct AltStack {
+    base: u64,
+    size: u64,
+    enabled: bool,
+}
+
+impl AltStack {
+    fn contains(&self, stack_pointer: u64) -> bool {
+        self.enabled && stack_pointer.wrapping_sub(self.base) < self.size
+    }
+}
+
+/// Pending signals, and which of them came from `tkill`/`tgkill` rather than `kill` (the
+/// only difference in their `siginfo`: every sender is the job, as root). Kept small: the
+/// scheduler's threads each have one.
+#[derive(Clone, Copy, Default)]
+struct PendingSet {
+    signals: u64,
+    sent_to_thread: u64,
+}
+
+impl PendingSet {
+    fn add(&mut self, signal: u8, code: i32) {
+        self.signals |= bit(signal);
+        if code == SI_TKILL {
+            self.sent_to_thread |= bit(signal);
+        } else {
+            self.sent_to_thread &= !bit(signal);
+        }
+    }
+
+    fn take(&mut self, signal: u8) -> Info {
+        self.signals &= !bit(signal);
+        Info::sent(if self.sent_to_thread & bit(signal) != 0 { SI_TKILL } else { SI_USER })
+    }
+
+    fn drop_signal(&mut self, signal: u8) {
+        self.signals &= !bit(signal);
+    }
+}
+
+#[derive(Clone, Copy)]
+struct ThreadSignals {
+    blocked: u64,
+    pending: PendingSet,
+    alt_stack: AltStack,
+}
+
+impl ThreadSignals {
+    fn with_mask(blocked: u64) -> ThreadSignals {
+        ThreadSignals { blocked, pending: PendingSet::default(), alt_stack: AltStack::default() }
+    }
+}
+
+struct Signals {
+    actions: [Action; 64],
+    /// Live threads by tid (entries come with `clone` and go with `exit`).
+    threads: BTreeMap<u64, ThreadSignals>,
+    /// Sent to the process while every thread blocked them: the first thread to unblock one
+    /// takes it.
+    process_pending: PendingSet,
+}
+
+static SIGNALS: SpinLock<Signals> = SpinLock::new(Signals {
+    actions: [Action { handler: 0, flags: 0, restorer: 0, mask: 0 }; 64],
+    threads: BTreeMap::new(),
+    process_pending: PendingSet { signals: 0, sent_to_thread: 0 },
+});
+
+impl Signals {
+    fn thread(&mut self, tid: u64) -> &mut ThreadSignals {
+        self.threads.entry(tid).or_insert_with(|| ThreadSignals::with_mask(0))
+    }
+
+    /// Whether the signal would be thrown away if it arrived now (ignored, not blocked).
+    fn discards(&self, signal: u8) -> bool {
+        match self.actions[signal as usize - 1].handler {
+            SIG_IGN => true,
+            SIG_DFL => default_action(signal) != DefaultAction::Terminate,
+            _ => false,
+        }
+    }
+
+    /// Tells the system-call exit path whether any thread has a signal it can take.
+    fn update_check_request(&self) {
+        let due = self.threads.values().any(|thread| (thread.pending.signals | self.process_pending.signals) & !thread.blocked != 0);
+        trap::request_signal_check(due);
+    }
+
+    /// Takes the lowest deliverable signal of thread `tid`, with its info.
+    fn take_deliverable(&mut self, tid: u64) -> Option<(u8, Info)> {
+        let process_pending = self.process_pending.signals;
+        let thread = self.thread(tid);
+        let own = thread.pending.signals & !thread.blocked;
+        let shared = process_pending & !thread.blocked;
+        let taken = if own != 0 {
+            let signal = own.trailing_zeros() as u8 + 1;
+            (signal, thread.pending.take(signal))
+        } else if shared != 0 {
+            let signal = shared.trailing_zeros() as u8 + 1;
+            (signal, self.process_pending.take(signal))
+        } else {
+            return None;
+        };
+        self.update_check_request();
+        Some(taken)
+    }
+}
+
+/// A new job: default actions, nothing blocked or pending, the main thread only.
+pub fn reset(main_tid: u64) {
+    let mut signals = SIGNALS.lock();
+    signals.actions = [Action::default(); 64];
+    signals.threads.clear();
+    signals.threads.insert(main_tid, ThreadSignals::with_mask(0));
+    signals.process_pending = PendingSet::default();
+    trap::request_signal_check(false);
+}
+
+/// A thread created by `parent`: it inherits the mask, not the pending signals nor the
+/// alternate stack. (The child may already have set its own mask if it ran first.)
+pub fn thread_created(parent: u64, child: u64) {
+    let mut signals = SIGNALS.lock();
+    let blocked = signals.thread(parent).blocked;
+    signals.threads.entry(child).or_insert_with(|| ThreadSignals::with_mask(blocked));
+}
+
+/// Thread `tid` ended: its pending signals die with it.
+pub fn thread_exited(tid: u64) {
+    let mut signals = SIGNALS.lock();
+    signals.threads.remove(&tid);
+    signals.update_check_request();
+}
+
+pub fn action(signal: u8) -> Action {
+    SIGNALS.lock().actions[signal as usize - 1]
+}
+
+/// Installs `action` for `signal` (a valid, catchable signal); returns the old one. Setting
+/// an ignoring action drops that signal where it is pending, as Linux does.
+pub fn set_action(signal: u8, action: Action) -> Action {
+    let mut signals = SIGNALS.lock();
+    let old = core::mem::replace(&mut signals.actions[signal as usize - 1], Action { mask: action.mask & !UNCATCHABLE, ..action });
+    if signals.discards(signal) {
+        signals.process_pending.drop_signal(signal);
+        for thread in signals.threads.values_mut() {
+            thread.pending.drop_signal(signal);
+        }
+        signals.update_check_request();
+    }
+    old
+}
+
+/// The calling thread's mask, changed by `change` (given the old mask); returns the old mask.
+pub fn change_mask(change: impl FnOnce(u64) -> u64) -> u64 {
+    let tid = sched::current_tid();
+    let mut signals = SIGNALS.lock();
+    let thread = signals.thread(tid);
+    let old = thread.blocked;
+    thread.blocked = change(old) & !UNCATCHABLE;
+    signals.update_check_request();
+    old
+}
+
+/// Signals pending for the calling thread (its own and the process's).
+pub fn pending() -> u64 {
+    let tid = sched::current_tid();
+    let mut signals = SIGNALS.lock();
+    let process_pending = signals.process_pending.signals;
+    signals.thread(tid).pending.signals | process_pending
+}
+
+#[derive(Debug)]
+pub enum SendError {
+    NoSuchThread,
+}
+
+/// Sends `signal` (1..=64) to thread `tid`, or to the process when `tid` is `None` (a thread
+/// that does not block it takes it, the caller first). A terminating default action ends the
+/// job at once unless every candidate blocks the signal.
+pub fn send(tid: Option<u64>, signal: u8, code: i32) -> Result<(), SendError> {
+    let caller = sched::current_tid();
+    let mut signals = SIGNALS.lock();
+    if let Some(tid) = tid {
+        if !signals.threads.contains_key(&tid) {
+            return Err(SendError::NoSuchThread);
+        }
+    }
+    if signal == SIGKILL {
+        drop(signals);
+        job::exit_by_signal(signal);
+    }
+    if signals.discards(signal) {
+        return Ok(());
+    }
+    let target = match tid {
+        Some(tid) => Some(tid),
+        None if signals.thread(caller).blocked & bit(signal) == 0 => Some(caller),
+        None => signals.threads.iter().find(|(_, thread)| thread.blocked & bit(signal) == 0).map(|(&tid, _)| tid),
+    };
+    let blocked_by_target = target.map_or(true, |tid| signals.thread(tid).blocked & bit(signal) != 0);
+    if signals.actions[signal as usize - 1].handler == SIG_DFL && !blocked_by_target {
+        drop(signals);
+        job::exit_by_signal(signal);
+    }
+    match target {
+        Some(tid) => signals.thread(tid).pending.add(signal, code),
+        None => signals.process_pending.add(signal, code),
+    }
+    signals.update_check_request();
+    Ok(())
+}
+
+/// Delivers the calling thread's deliverable signals into `frame`, its user context: each
+/// handler gets a frame (a later one runs first, as on Linux), and a signal whose default
+/// action terminates ends the job.
+pub fn deliver_pending(frame: &mut TrapFrame) {
+    let tid = sched::current_tid();
+    loop {
+        let mut signals = SIGNALS.lock();
+        let Some((signal, info)) = signals.take_deliverable(tid) else { return };
+        let action = signals.actions[signal as usize - 1];
+        match action.handler {
+            SIG_IGN => continue,
+            SIG_DFL => {
+                if default_action(signal) != DefaultAction::Terminate {
+                    continue;
+                }
+                drop(signals);
+                job::exit_by_signal(signal);
+            }
+            _ => {
+                if enter_handler(&mut signals, tid, frame, signal, info, action, (0, 0)).is_err() {
+                    drop(signals);
+                    job::exit_by_signal(SIGSEGV);
+                }
+            }
+        }
+    }
+}
+
+/// A user-mode fault that raises `signal`: returns true when a handler now takes it in
+/// `frame`, false when it ends the job (no handler, or the signal is blocked or ignored,
+/// which Linux overrides for faults).
+pub fn deliver_fault(frame: &mut TrapFrame, signal: u8, fault_address: u64) -> bool {
+    let (code, address) = match frame.vector {
+        14 if frame.error_code & 1 == 0 => (SEGV_MAPERR, fault_address),
+        14 => (SEGV_ACCERR, fault_address),
+        0 => (FPE_INTDIV, frame.rip),
+        6 => (ILL_ILLOPN, frame.rip),
+        17 => (BUS_ADRALN, fault_address),
+        1 | 3 => (TRAP_BRKPT, 0),
+        16 | 19 => (0, frame.rip),
+        _ => (SI_KERNEL, 0),
+    };
+    let tid = sched::current_tid();
+    let mut signals = SIGNALS.lock();
+    let action = signals.actions[signal as usize - 1];
+    if action.handler == SIG_DFL || action.handler == SIG_IGN || signals.thread(tid).blocked & bit(signal) != 0 {
+        return false;
+    }
+    let fault = (frame.error_code, if frame.vector == 14 { fault_address } else { 0 });
+    enter_handler(&mut signals, tid, frame, signal, Info { code, address }, action, fault).is_ok()
+}
+
+/// Byte offsets in the `rt_sigframe` (Linux x86-64): the return address, `ucontext` (flags,
+/// link, `stack_t`, `sigcontext`, the 64-bit mask), then `siginfo`.
+const UCONTEXT: usize = 8;
+const UC_STACK: usize = UCONTEXT + 16;
+const MCONTEXT: usize = UCONTEXT + 40;
+const UC_SIGMASK: usize = MCONTEXT + 256;
+const UCONTEXT_SIZE: usize = UC_SIGMASK + 8 - UCONTEXT;
+const SIGINFO: usize = UCONTEXT + UCONTEXT_SIZE;
+const FRAME_SIZE: usize = SIGINFO + 128;
+/// Words of `sigcontext`: the general registers in this order, then RIP, RFLAGS, the segment
+/// word, error code, trap number, old mask, CR2, the `fpstate` pointer.
+const REGISTER_WORDS: usize = 16;
+const FPSTATE_WORD: usize = 23;
+/// Below the interrupted stack pointer: the red zone user code may be using.
+const RED_ZONE: u64 = 128;
+
+fn registers_of(frame: &TrapFrame) -> [u64; REGISTER_WORDS] {
+    [
+        frame.r8, frame.r9, frame.r10, frame.r11, frame.r12, frame.r13, frame.r14, frame.r15, frame.rdi, frame.rsi,
+        frame.rbp, frame.rbx, frame.rdx, frame.rax, frame.rcx, frame.rsp,
+    ]
+}
+
+fn set_registers(frame: &mut TrapFrame, words: &[u64]) {
+    let registers = [
+        &mut frame.r8, &mut frame.r9, &mut frame.r10, &mut frame.r11, &mut frame.r12, &mut frame.r13, &mut frame.r14,
+        &mut frame.r15, &mut frame.rdi, &mut frame.rsi, &mut frame.rbp, &mut frame.rbx, &mut frame.rdx, &mut frame.rax,
+        &mut frame.rcx, &mut frame.rsp,
+    ];
+    for (register, &value) in registers.into_iter().zip(words) {
+        *register = value;
+    }
+}
+
+struct FrameFault;
+
+/// Builds the handler's frame on the thread's stack and points `frame` at the handler, with
+/// its mask in force. `fault` is the error code and CR2 for the `sigcontext` of a fault.
+fn enter_handler(
+    signals: &mut Signals,
+    tid: u64,
+    frame: &mut TrapFrame,
+    signal: u8,
+    info: Info,
+    action: Action,
+    fault: (u64, u64),
+) -> Result<(), FrameFault> {
+    let thread = signals.thread(tid);
+    let alt_stack = thread.alt_stack;
+    let on_alt_stack = alt_stack.contains(frame.rsp);
+    let mut stack_pointer = frame.rsp - RED_ZONE;
+    if action.flags & SA_ONSTACK != 0 && alt_stack.enabled && !on_alt_stack {
+        stack_pointer = alt_stack.base + alt_stack.size;
+    }
+    let fpstate = (stack_pointer - 512) & !63;
+    let frame_address = ((fpstate - FRAME_SIZE as u64) & !15) - 8;
+
+    let mut words = [0u64; FRAME_SIZE / 8];
+    words[0] = action.restorer;
+    let stack_flags = if !alt_stack.enabled { SS_DISABLE } else if on_alt_stack { SS_ONSTACK } else { 0 };
+    words[UC_STACK / 8..UC_STACK / 8 + 3].copy_from_slice(&[alt_stack.base, stack_flags, alt_stack.size]);
+    let context = MCONTEXT / 8;
+    words[context..context + REGISTER_WORDS].copy_from_slice(&registers_of(frame));
+    let segments = (frame.cs & 0xffff) | (frame.ss & 0xffff) << 48;
+    words[context + REGISTER_WORDS..context + FPSTATE_WORD + 1]
+        .copy_from_slice(&[frame.rip, frame.rflags, segments, fault.0, frame.vector.min(255), thread.blocked, fault.1, fpstate]);
+    words[UC_SIGMASK / 8] = thread.blocked;
+    let info_word = SIGINFO / 8;
+    words[info_word] = signal as u64;
+    words[info_word + 1] = info.code as u32 as u64;
+    words[info_word + 2] = info.address;
+
+    copy_to_user(fpstate, &fpu::save_legacy().0).map_err(|_| FrameFault)?;
+    copy_words_to_user(frame_address, &words).map_err(|_| FrameFault)?;
+
+    if action.flags & SA_NODEFER == 0 {
+        thread.blocked |= bit(signal);
+    }
+    thread.blocked = (thread.blocked | action.mask) & !UNCATCHABLE;
+    if action.flags & SA_RESETHAND != 0 {
+        signals.actions[signal as usize - 1] = Action::default();
+    }
+    signals.update_check_request();
+
+    frame.rdi = signal as u64;
+    frame.rsi = frame_address + SIGINFO as u64;
+    frame.rdx = frame_address + UCONTEXT as u64;
+    frame.rax = 0;
+    frame.rip = action.handler;
+    frame.rsp = frame_address;
+    // The handler starts with DF and TF clear, as after a call from compiled code.
+    frame.rflags &= !(1 << 10 | 1 << 8);
+    Ok(())
+}
+
+/// `rt_sigreturn`: the handler returned (its `ret` popped the return address, so RSP points
+/// at the `ucontext`). Restores the registers, the vector registers, the mask and the
+/// alternate stack; returns RAX as it was. A frame that cannot be read kills the job with
+/// SIGSEGV, as on Linux.
+pub fn return_from_handler(frame: &mut TrapFrame) -> u64 {
+    let context_address = frame.rsp;
+    let mut bytes = [0u8; UCONTEXT_SIZE];
+    if copy_from_user(&mut bytes, context_address).is_err() {
+        job::exit_by_signal(SIGSEGV);
+    }
+    let word = |offset: usize| u64::from_le_bytes(bytes[offset - UCONTEXT..offset - UCONTEXT + 8].try_into().unwrap());
+    let context = MCONTEXT;
+    let registers: [u64; REGISTER_WORDS] = core::array::from_fn(|index| word(context + 8 * index));
+    set_registers(frame, &registers);
+    frame.rip = word(context + 8 * REGISTER_WORDS);
+    frame.rflags = (word(context + 8 * (REGISTER_WORDS + 1)) & USER_FLAGS) | 0x202;
+    let fpstate = word(context + 8 * FPSTATE_WORD);
+    if fpstate != 0 {
+        let mut area = fpu::LegacyArea([0; 512]);
+        if copy_from_user(&mut area.0, fpstate).is_err() {
+            job::exit_by_signal(SIGSEGV);
+        }
+        fpu::restore_legacy(area);
+    }
+    let (stack_base, stack_flags, stack_size) = (word(UC_STACK), word(UC_STACK + 8), word(UC_STACK + 16));
+    let mask = word(UC_SIGMASK);
+    let tid = sched::current_tid();
+    let mut signals = SIGNALS.lock();
+    let thread = signals.thread(tid);
+    thread.blocked = mask & !UNCATCHABLE;
+    // As Linux's restore_altstack: the handler may have changed `uc_stack`; errors are
+    // ignored (the interrupted code may still be on the stack it names).
+    if !thread.alt_stack.contains(frame.rsp) {
+        thread.alt_stack = AltStack { base: stack_base, size: stack_size, enabled: stack_flags & SS_DISABLE == 0 && stack_size != 0 };
+    }
+    signals.update_check_request();
+    frame.rax
+}
+
+pub enum AltStackError {
+    /// Changing the stack the thread is running on (EPERM).
+    OnStack,
+    /// Smaller than MINSIGSTKSZ (ENOMEM).
+    TooSmall,
+    /// Unknown flags (EINVAL).
+    BadFlags,
+}
+
+/// `sigaltstack`: the calling thread's alternate stack as (base, flags, size), replaced by
+/// `new` when given; `stack_pointer` is the caller's.
+pub fn alt_stack(new: Option<(u64, u64, u64)>, stack_pointer: u64) -> Result<(u64, u64, u64), AltStackError> {
+    const MINSIGSTKSZ: u64 = 2048;
+    const SS_AUTODISARM: u64 = 1 << 31;
+    let tid = sched::current_tid();
+    let mut signals = SIGNALS.lock();
+    let thread = signals.thread(tid);
+    let current = thread.alt_stack;
+    let on_stack = current.contains(stack_pointer);
+    let flags = if on_stack { SS_ONSTACK } else if !current.enabled { SS_DISABLE } else { 0 };
+    let old = (if current.enabled { current.base } else { 0 }, flags, if current.enabled { current.size } else { 0 });
+    if let Some((base, flags, size)) = new {
+        if on_stack {
+            return Err(AltStackError::OnStack);
+        }
+        match flags & !SS_AUTODISARM {
+            SS_DISABLE => thread.alt_stack = AltStack::default(),
+            0 if size < MINSIGSTKSZ => return Err(AltStackError::TooSmall),
+            0 => thread.alt_stack = AltStack { base, size, enabled: true },
+            _ => return Err(AltStackError::BadFlags),
+        }
+    }
+    Ok(old)
+}
