@@ -52,6 +52,9 @@ extern "C" fn kernel_main(start_info: u64) -> ! {
     }
 
     mm::init(&boot);
+    if !cmdline::started_by_clowder_vmm(boot.command_line()) {
+        mm::clear_free_memory();
+    }
     // xAPIC registers (no x2APIC, as under QEMU TCG) are memory above RAM: map them first.
     if let Some(page) = arch::apic::xapic_page_needing_a_mapping() {
         mm::map_device_page(page);

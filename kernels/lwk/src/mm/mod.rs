@@ -45,6 +45,14 @@ static KERNEL_TABLES: SpinLock<Option<PageTables>> = SpinLock::new(None);
 /// The end of what the physical-memory window maps (RAM, at least the boot tables' GiB).
 static WINDOW_END: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(BOOT_WINDOW);
 
+/// Clears every free page, for boot loaders other than clowder-vmm: QEMU's firmware leaves
+/// data in RAM the memory map calls usable (seen at the top of a 256 MiB machine), and the
+/// kernel hands free memory out as zero. clowder-vmm's RAM is a fresh memfd, zero already, and
+/// clearing there would be emulated kernel work (about 40 ms per MiB on PVM).
+pub fn clear_free_memory() {
+    pmem::for_each_free(|range| phys::zero(range.start, range.len() as usize));
+}
+
 /// Builds the free-memory set from the memory map, starts the heap and makes the physical
 /// memory window cover all RAM.
 pub fn init(boot: &BootInfo) {
