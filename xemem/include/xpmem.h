@@ -131,6 +131,19 @@ int xemem_signal(xpmem_apid_t apid);
  * segment; read(2) an 8-byte count of signals since the last read. Owned by the library. */
 int xemem_notify_fd(xpmem_segid_t segid);
 
+/*
+ * XEMEM's extensions on a device (the lightweight kernel's /dev/xpmem), numbered above XPMEM's
+ * own commands. MAKE_NAMED: a segment with mode 0666 and a name, known to the name server of
+ * the whole machine when the enclave is connected to clowderd.
+ */
+#define XEMEM_CMD_MAKE_NAMED _IO(XPMEM_IOC_MAGIC, 0x10)
+struct xemem_cmd_make_named {
+	__u64 vaddr;
+	__u64 size;
+	char name[XEMEM_NAME_MAX + 1]; /* NUL-terminated */
+	xpmem_segid_t segid;           /* out */
+};
+
 #ifdef __cplusplus
 }
 #endif

@@ -1213,6 +1213,8 @@ static void atfork_child(void)
  * Commands are _IO('x', n) with XPMEM's x86-64 struct layouts (shared/notes/xpmem-reference.md). */
 /* The commands and structs are the public ones in xpmem.h; their layouts must be XPMEM's. */
 _Static_assert(XPMEM_CMD_VERSION == 0x7800 && XPMEM_CMD_DETACH == 0x7806, "XPMEM ioctl numbers");
+_Static_assert(XEMEM_CMD_MAKE_NAMED == 0x7810 && offsetof(struct xemem_cmd_make_named, segid) == 80,
+	       "XEMEM's named make, as the LWK reads it");
 _Static_assert(sizeof(struct xpmem_cmd_make) == 40 && offsetof(struct xpmem_cmd_make, segid) == 32, "make layout");
 _Static_assert(sizeof(struct xpmem_cmd_get) == 32 && offsetof(struct xpmem_cmd_get, apid) == 24, "get layout");
 _Static_assert(sizeof(struct xpmem_cmd_attach) == 40 && offsetof(struct xpmem_cmd_attach, fd) == 32, "attach layout");
@@ -1346,13 +1348,22 @@ EXPORT xpmem_segid_t xpmem_make(void *vaddr, size_t size, int permit_type, void 
 
 EXPORT xpmem_segid_t xemem_make(void *vaddr, size_t size, const char *name)
 {
-	if (use_device()) {
-		errno = ENOSYS; /* names live in the broker (and, later, the enclave name server) */
-		return -1;
-	}
 	if (!name) {
 		errno = EINVAL;
 		return -1;
+	}
+	if (use_device()) {
+		/* The LWK's device: XEMEM's own command (the XPMEM module has none: ENOTTY). */
+		struct xemem_cmd_make_named named = { .vaddr = (uintptr_t)vaddr, .size = size };
+		size_t length = strlen(name);
+		if (length == 0 || length > XEMEM_NAME_MAX) {
+			errno = EINVAL;
+			return -1;
+		}
+		memcpy(named.name, name, length + 1);
+		if (device_call(XEMEM_CMD_MAKE_NAMED, &named) < 0)
+			return -1;
+		return named.segid;
 	}
 	return make(vaddr, size, XPMEM_PERMIT_MODE, (void *)0666, name);
 }

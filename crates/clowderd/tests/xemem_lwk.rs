@@ -1,11 +1,16 @@
 //! XEMEM between the daemon and a real persistent LWK enclave: clowderd (in this process, with
 //! the real `clowder-vmm` launcher) boots the LWK, whose XEMEM node finds the daemon's name
 //! server over the enclave channel and gets an enclave id of its own; a second enclave gets
-//! another. Needs /dev/kvm, the LWK image (cd kernels && cargo build --release -p lwk) and
+//! another. A job in an enclave exports memory with `xemem_make` (the LWK's /dev/xpmem, through
+//! its node to the daemon's name server), and the daemon attaches it for a host process: the
+//! enclave's own pages, through its RAM memfd, written by the host and seen by the job.
+//! Needs /dev/kvm, musl-gcc, the LWK image (cd kernels && cargo build --release -p lwk) and
 //! clowder-vmm (cargo build --release -p clowder-vmm); skipped, with the reason, otherwise.
 
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use clowderd::client::Client;
@@ -13,6 +18,7 @@ use clowderd::daemon::{Daemon, DaemonConfig};
 use clowderd::enclave::Liveness;
 use clowderd::machine::VmmLauncher;
 use clowderd::server;
+use clowderd::xemem_links::FileRun;
 use serde_json::{json, Value};
 
 fn workspace_root() -> PathBuf {
@@ -102,4 +108,119 @@ fn lwk_enclaves_get_xemem_ids_from_the_daemon() {
         let removed = call(&socket, json!({"op": "rm", "name": name}));
         assert_eq!(removed["ok"], true, "{removed}");
     }
+}
+
+/// Builds xemem/tests/lwk_named_owner.c statically with musl against our header and a musl
+/// libxpmem.a (as xemem/lwk-test.sh does).
+fn build_owner_job(out: &Path) -> Result<(), String> {
+    let xemem = workspace_root().join("xemem");
+    let headers = xemem.join("build/musl/kernel-headers");
+    std::fs::create_dir_all(&headers).map_err(|e| e.to_string())?;
+    let multiarch = Command::new("gcc").arg("-print-multiarch").output().map_err(|e| e.to_string())?;
+    let multiarch = String::from_utf8_lossy(&multiarch.stdout).trim().to_string();
+    for (link, target) in [("linux", "/usr/include/linux".to_string()), ("asm", format!("/usr/include/{multiarch}/asm")), ("asm-generic", "/usr/include/asm-generic".to_string())] {
+        let _ = std::fs::remove_file(headers.join(link));
+        std::os::unix::fs::symlink(target, headers.join(link)).map_err(|e| e.to_string())?;
+    }
+    let cc = format!("musl-gcc -isystem {}", headers.display());
+    let made = Command::new("make").arg("-s").arg("-C").arg(&xemem).arg(format!("CC={cc}")).args(["BUILD=build/musl", "build/musl/lib/libxpmem.a"]).status().map_err(|e| e.to_string())?;
+    if !made.success() {
+        return Err("building the musl libxpmem.a failed".into());
+    }
+    let built = Command::new("musl-gcc")
+        .arg("-isystem").arg(&headers).args(["-static", "-O2"]).arg("-I").arg(xemem.join("include"))
+        .arg("-o").arg(out).arg(xemem.join("tests/lwk_named_owner.c")).arg(xemem.join("build/musl/lib/libxpmem.a"))
+        .status().map_err(|e| e.to_string())?;
+    if built.success() { Ok(()) } else { Err("musl-gcc failed".into()) }
+}
+
+#[test]
+fn a_host_process_writes_into_an_lwk_jobs_segment() {
+    if let Some(why) = missing_requirement() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    if Command::new("musl-gcc").arg("--version").output().is_err() {
+        eprintln!("skipped: musl-gcc is not installed");
+        return;
+    }
+    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-owner-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let job = dir.0.join("lwk_named_owner");
+    build_owner_job(&job).unwrap();
+    let socket = dir.0.join("clowderd.sock");
+    let launcher = VmmLauncher { vmm: vmm_binary(), kernel: kernel_image(), runtime_dir: dir.0.clone() };
+    let config = DaemonConfig {
+        vmm: vmm_binary(),
+        kernel: kernel_image(),
+        oneshot_memory: 64 << 20,
+        isolate_cores: false,
+        liveness: Liveness::default(),
+        admin_group: None,
+    };
+    let daemon = Daemon::new(config, Box::new(launcher));
+    let links = daemon.xemem_links().clone();
+    let listener = server::bind(&socket).unwrap();
+    std::thread::spawn(move || server::serve(daemon, listener));
+    let created = call(&socket, json!({"op": "create", "name": "owner", "cores": 1, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    let enclave_id = xemem_id(&socket, "owner").expect("the enclave got no XEMEM id");
+
+    std::thread::scope(|scope| {
+        let runner = scope.spawn(|| {
+            let binary = File::open(&job).unwrap();
+            let cwd = File::open(&dir.0).unwrap();
+            let request = json!({"op": "run", "enclave": "owner", "argv": ["lwk_named_owner"], "cwd": dir.0.to_str().unwrap(), "files": []});
+            let mut stdout = String::new();
+            let reply = Client::connect_to(&socket)
+                .unwrap()
+                .call_streaming(&request, &[binary.as_raw_fd(), cwd.as_raw_fd()], &mut |event| {
+                    if event["event"] == "output" && event["stream"] == "stdout" {
+                        stdout.push_str(event["text"].as_str().unwrap());
+                    }
+                })
+                .unwrap();
+            (reply, stdout)
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let segment = loop {
+            match links.lookup("lwk-owner-seg") {
+                Ok(segment) => break segment,
+                Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                Err(e) => panic!("the job's segment never appeared: {e:?}"),
+            }
+        };
+        assert_eq!(segment.enclave(), enclave_id, "the segment names its enclave");
+        let root = xemem::Credentials { uid: 0, groups: vec![0] };
+        let (access, runs) = links.attach_enclave_segment(4242, root, segment, 0, 16 * 4096).expect("attach the LWK job's segment");
+        let mut page = 0u64;
+        let mut first_view = None;
+        for run in &runs {
+            let FileRun::Memory { file, offset, len } = run else { panic!("a hole in the job's memory: {run:?}") };
+            // SAFETY: a fresh shared mapping of the memfd range the daemon handed out.
+            let view = unsafe { libc::mmap(std::ptr::null_mut(), *len as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), *offset as i64) };
+            assert_ne!(view, libc::MAP_FAILED);
+            for index in 0..len / 4096 {
+                // SAFETY: inside the mapping just made.
+                let value = unsafe { std::ptr::read_volatile((view as *const u8).add((index * 4096) as usize) as *const u64) };
+                assert_eq!(value, 1000 + page, "page {page} holds what the job wrote");
+                page += 1;
+            }
+            first_view.get_or_insert(view as *mut u64);
+        }
+        assert_eq!(page, 16);
+        // The host writes into the job's memory: the job, spinning on it, sees the value.
+        // SAFETY: word 1 of the first page, inside the first mapping.
+        unsafe { std::ptr::write_volatile(first_view.unwrap().add(1), 42) };
+        links.release(4242, access).unwrap();
+        let (reply, stdout) = runner.join().unwrap();
+        assert_eq!(reply["status"], 0, "{reply} {stdout}");
+        assert!(stdout.contains(&format!("made a segment of enclave {enclave_id}")), "{stdout}");
+        assert!(stdout.contains("the host wrote 42"), "{stdout}");
+        assert!(stdout.contains("remove: 0"), "{stdout}");
+    });
+    // After the job's remove the name is gone.
+    assert_eq!(links.lookup("lwk-owner-seg"), Err(xemem::Error::NotFound));
+    let removed = call(&socket, json!({"op": "rm", "name": "owner"}));
+    assert_eq!(removed["ok"], true, "{removed}");
 }

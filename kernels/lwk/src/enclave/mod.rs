@@ -248,6 +248,36 @@ fn follow_up(followup: Followup) {
     }
 }
 
+/// Sends XEMEM messages (encoded by `crate::xpmem::host_link`) to the host.
+pub fn send_xemem(messages: Vec<Vec<u8>>) {
+    if messages.is_empty() || !is_active() {
+        return;
+    }
+    with_state(|state| {
+        for message in &messages {
+            state.link.send(&EnclaveMessage::Xemem { message });
+        }
+    });
+}
+
+/// Serves the host until `done()` (a job thread waiting for an XEMEM answer), as a forwarded
+/// file call waits: CPU 0 sleeps until the channel interrupt, other CPUs poll the ring.
+pub fn serve_host_until(done: impl Fn() -> bool) {
+    loop {
+        let followup = with_state(State::drain);
+        if done() {
+            follow_up(followup);
+            return;
+        }
+        follow_up(followup);
+        if crate::arch::tables::current_cpu() == 0 {
+            crate::arch::apic::sleep_until_interrupt();
+        } else {
+            core::hint::spin_loop();
+        }
+    }
+}
+
 /// The channel interrupt: the host wrote while the kernel was not looking.
 pub fn on_channel_interrupt() {
     if !is_active() {

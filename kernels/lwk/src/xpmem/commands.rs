@@ -15,6 +15,10 @@ const GET: u32 = 0x7803;
 const RELEASE: u32 = 0x7804;
 const ATTACH: u32 = 0x7805;
 const DETACH: u32 = 0x7806;
+/// XEMEM's extension: `_IO('x', 0x10)`, `struct xemem_cmd_make_named` in xpmem.h.
+const MAKE_NAMED: u32 = 0x7810;
+/// `XEMEM_NAME_MAX + 1`: the name field, NUL-terminated.
+const NAME_FIELD: usize = 64;
 
 /// `XPMEM_PERMIT_MODE`, the only permit type.
 pub const PERMIT_MODE: u32 = 0x1;
@@ -66,6 +70,15 @@ pub fn ioctl(request: u64, argument: u64) -> SyscallResult {
                 Detached::Attachment | Detached::Nothing => Ok(0),
                 Detached::NotAnAttachment => Err(Errno::EINVAL),
             }
+        }
+        MAKE_NAMED => {
+            // struct xemem_cmd_make_named { u64 vaddr; u64 size; char name[64]; s64 segid; }
+            let [vaddr, size] = user::read_words::<2>(argument)?;
+            let field = user::read_bytes(argument + 16, NAME_FIELD)?;
+            let length = field.iter().position(|&byte| byte == 0).ok_or(Errno::EINVAL)?;
+            let name = xemem::wire::Name::new(&field[..length]).map_err(errno)?;
+            let segid = super::make_named(vaddr, size, name).map_err(errno)?;
+            user::write_words(argument + 16 + NAME_FIELD as u64, &[segid as u64]).map(|_| 0)
         }
         // FORK_BEGIN/FORK_END and anything else: the enclave has no fork, nothing to track.
         _ => Err(Errno::ENOTTY),

@@ -7,17 +7,18 @@
 //! ([`from_host`]) and sends what it returns. There is no timer here, so the node's clock
 //! advances when the host writes (it pings every second), which paces discovery retries.
 //!
-//! So far the node finds the name server and gets this enclave's id; `/dev/xpmem` still keeps
-//! the job's segments in the enclave's own name server (`super`), until its requests go
-//! through this node.
+//! The node finds the name server and gets this enclave's id. `/dev/xpmem` sends XEMEM's named
+//! makes (and removes of the segments they made) through it, so host processes can find and
+//! attach them; XPMEM's anonymous segments stay in the enclave's own name server (`super`).
 
 use super::SourceRun;
 use crate::arch::sync::SpinLock;
 use crate::clock;
 use crate::console::log;
+use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 use xemem::ids::{EnclaveId, SegmentId};
-use xemem::node::{LocalMemory, Node, Timing};
+use xemem::node::{Completion, LocalMemory, Node, Reply, Request, Timing};
 use xemem::wire::FrameRun;
 use xemem::Error;
 
@@ -25,6 +26,34 @@ use xemem::Error;
 const CHANNEL_LINK: u32 = 0;
 
 static NODE: SpinLock<Option<Node>> = SpinLock::new(None);
+/// Finished requests of the job's threads, until they collect them.
+static FINISHED: SpinLock<BTreeMap<u64, Result<Reply, Error>>> = SpinLock::new(BTreeMap::new());
+
+fn keep_completions(completions: Vec<Completion>) {
+    if completions.is_empty() {
+        return;
+    }
+    let mut finished = FINISHED.lock();
+    for completion in completions {
+        finished.insert(completion.request, completion.result);
+    }
+}
+
+/// Sends `request` to the name server through the node and waits for its answer (the node
+/// gives up after its retries: `Unreachable`). Called by a job thread in a system call.
+pub fn request(request: Request) -> Result<Reply, Error> {
+    let (id, messages) = {
+        let mut guard = NODE.lock();
+        let node = guard.as_mut().ok_or(Error::Unreachable)?;
+        node.tick(now_ms(), &mut JobMemory);
+        let id = node.request(request, &mut JobMemory)?;
+        keep_completions(node.completions());
+        (id, take_outbox(node))
+    };
+    crate::enclave::send_xemem(messages);
+    crate::enclave::serve_host_until(|| FINISHED.lock().contains_key(&id));
+    FINISHED.lock().remove(&id).unwrap_or(Err(Error::Unreachable))
+}
 
 /// The job's memory, for attaches of its segments that arrive from elsewhere: guest-physical
 /// frame runs from its page tables (the host bounds-checks them against this enclave's RAM).
@@ -74,6 +103,7 @@ pub fn from_host(bytes: &[u8]) -> Vec<Vec<u8>> {
     let had_id = node.id().is_some();
     node.tick(now_ms(), &mut JobMemory);
     node.receive(CHANNEL_LINK, bytes, &mut JobMemory);
+    keep_completions(node.completions());
     if let (false, Some(id)) = (had_id, node.id()) {
         log!("xemem: the name server gave this enclave id {id}");
     }
@@ -85,11 +115,11 @@ pub fn tick() -> Vec<Vec<u8>> {
     let mut guard = NODE.lock();
     let Some(node) = guard.as_mut() else { return Vec::new() };
     node.tick(now_ms(), &mut JobMemory);
+    keep_completions(node.completions());
     take_outbox(node)
 }
 
 /// This enclave's XEMEM id, once the name server gave one.
-#[allow(dead_code)] // for /dev/xpmem's routed requests (next step)
 pub fn enclave_id() -> Option<EnclaveId> {
     NODE.lock().as_ref().and_then(Node::id)
 }

@@ -167,6 +167,21 @@ fn access_id(raw: i64) -> Result<AccessId, Error> {
     AccessId::from_raw(raw).ok_or(Error::Invalid)
 }
 
+/// XEMEM's named make (mode 0666, as XEMEM's global segments): through the host's name
+/// server when the enclave is connected to it, so the whole machine can find the segment;
+/// in the enclave's own name server otherwise.
+pub fn make_named(vaddr: u64, size: u64, name: xemem::wire::Name) -> Result<i64, Error> {
+    let owner = Owner { uid: JOB_UID, gid: JOB_GID, mode: 0o666 };
+    if host_link::enclave_id().is_none() {
+        return with_device(|device| device.names.make(job_principal(), vaddr, size, owner, Some(name))).map(SegmentId::raw);
+    }
+    xemem::nameserver::validate_range(vaddr, size)?;
+    match host_link::request(xemem::node::Request::Make { process: job::PID, vaddr, size, owner, name: Some(name) })? {
+        xemem::node::Reply::Made(segment) => Ok(segment.raw()),
+        _ => Err(Error::Malformed),
+    }
+}
+
 pub fn make(vaddr: u64, size: u64, permit_type: u32, mode: u64) -> Result<i64, Error> {
     if permit_type != commands::PERMIT_MODE || mode > xemem::perm::MAX_MODE as u64 {
         return Err(Error::Invalid);
@@ -178,6 +193,10 @@ pub fn make(vaddr: u64, size: u64, permit_type: u32, mode: u64) -> Result<i64, E
 /// Removes a segment; attachments made through it lose their pages (SIGBUS from now on).
 pub fn remove(raw: i64) -> Result<(), Error> {
     let id = segment_id(raw)?;
+    // A segment this enclave registered with the host's name server (it carries our id).
+    if host_link::enclave_id().is_some_and(|enclave| enclave == id.enclave()) {
+        return host_link::request(xemem::node::Request::Remove { process: job::PID, segment: id }).map(|_| ());
+    }
     let mut to_unmap = Vec::new();
     with_device(|device| {
         let dropped = device.names.remove(job_principal(), id)?;
