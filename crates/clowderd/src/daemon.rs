@@ -168,6 +168,8 @@ impl Daemon {
 
     /// Makes `xemem` the daemon's XEMEM broker (once; a second one is handed back).
     pub fn host_xemem(&self, xemem: XememService) -> Result<(), XememService> {
+        // Host processes reach the enclaves' segments through the daemon's name-server node.
+        xemem.broker.set_enclaves(self.xemem_links.clone());
         self.xemem.set(xemem)
     }
 

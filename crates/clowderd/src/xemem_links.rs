@@ -174,6 +174,61 @@ impl XememLinks {
         self.call(Request::Release { process, access }).map(|_| ())
     }
 
+    /// The RAM of the enclave that owns `segment`, while it is linked.
+    fn owner_ram(&self, segment: SegmentId) -> Option<Arc<GuestRam>> {
+        let links = self.links.lock().unwrap();
+        links.node.route(segment.enclave()).and_then(|link| links.ram.get(&link).cloned())
+    }
+}
+
+/// The broker's way to other enclaves: a host process's requests about their segments.
+impl xemem_host::Enclaves for XememLinks {
+    fn lookup(&self, name: &Name) -> Result<SegmentId, Error> {
+        match self.call(Request::Lookup { name: name.clone() })? {
+            Reply::Found(segment) => Ok(segment),
+            _ => Err(Error::Malformed),
+        }
+    }
+
+    fn get(&self, process: u64, credentials: Credentials, segment: SegmentId, access: u32) -> Result<(AccessId, u64), Error> {
+        match self.call(Request::Get { process, segment, access, credentials })? {
+            Reply::Granted { access, size } => Ok((access, size)),
+            _ => Err(Error::Malformed),
+        }
+    }
+
+    fn attach(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Result<Vec<xemem_host::EnclaveRun>, Error> {
+        let (segment, runs) = match self.call(Request::Attach { process, access, offset, size })? {
+            Reply::Attached { segment, runs } => (segment, runs),
+            _ => return Err(Error::Malformed),
+        };
+        let checked = self.owner_ram(segment).ok_or(Error::Unreachable).and_then(|ram| file_runs(&ram, &runs));
+        let runs = match checked {
+            Ok(runs) => runs,
+            Err(error) => {
+                let _ = self.call(Request::Detach { process, access });
+                return Err(error);
+            }
+        };
+        Ok(runs
+            .into_iter()
+            .map(|run| match run {
+                FileRun::Memory { file, offset, len } => xemem_host::EnclaveRun::Memory { file: file.into(), offset, length: len },
+                FileRun::Hole { len } => xemem_host::EnclaveRun::Hole { length: len },
+            })
+            .collect())
+    }
+
+    fn detach(&self, process: u64, access: AccessId) -> Result<(), Error> {
+        self.call(Request::Detach { process, access }).map(|_| ())
+    }
+
+    fn release(&self, process: u64, access: AccessId) -> Result<(), Error> {
+        XememLinks::release(self, process, access)
+    }
+}
+
+impl XememLinks {
     fn now(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
     }

@@ -4,7 +4,8 @@
 //! another. A job in an enclave exports memory with `xemem_make` (the LWK's /dev/xpmem, through
 //! its node to the daemon's name server), and the daemon attaches it for a host process: the
 //! enclave's own pages, through its RAM memfd, written by the host and seen by the job.
-//! Needs /dev/kvm, musl-gcc, the LWK image (cd kernels && cargo build --release -p lwk) and
+//! The same job's segment is then attached by an ordinary host process through libxpmem and
+//! the daemon's broker. Needs /dev/kvm, musl-gcc, the LWK image (cd kernels && cargo build --release -p lwk) and
 //! clowder-vmm (cargo build --release -p clowder-vmm); skipped, with the reason, otherwise.
 
 use std::fs::File;
@@ -221,6 +222,79 @@ fn a_host_process_writes_into_an_lwk_jobs_segment() {
     });
     // After the job's remove the name is gone.
     assert_eq!(links.lookup("lwk-owner-seg"), Err(xemem::Error::NotFound));
+    let removed = call(&socket, json!({"op": "rm", "name": "owner"}));
+    assert_eq!(removed["ok"], true, "{removed}");
+}
+
+/// A host process attaches the LWK job's segment with the XPMEM API: libxpmem, the daemon's
+/// broker, the daemon's name-server node, the owner enclave's frame runs, the RAM memfd.
+#[test]
+fn a_libxpmem_process_attaches_an_lwk_jobs_segment_through_the_broker() {
+    if let Some(why) = missing_requirement() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    if Command::new("musl-gcc").arg("--version").output().is_err() {
+        eprintln!("skipped: musl-gcc is not installed");
+        return;
+    }
+    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-libxpmem-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let job = dir.0.join("lwk_named_owner");
+    build_owner_job(&job).unwrap();
+    let xemem = workspace_root().join("xemem");
+    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
+    let attacher = dir.0.join("host_attacher");
+    let built = Command::new("cc")
+        .args(["-O2", "-I"]).arg(xemem.join("include")).arg("-o").arg(&attacher).arg(xemem.join("tests/host_attacher.c"))
+        .arg(xemem.join("build/lib/libxpmem.a")).arg("-lpthread")
+        .status().unwrap();
+    assert!(built.success(), "building host_attacher");
+
+    let socket = dir.0.join("clowderd.sock");
+    let xemem_socket = dir.0.join("xemem.sock");
+    let launcher = VmmLauncher { vmm: vmm_binary(), kernel: kernel_image(), runtime_dir: dir.0.clone() };
+    let config = DaemonConfig {
+        vmm: vmm_binary(),
+        kernel: kernel_image(),
+        oneshot_memory: 64 << 20,
+        isolate_cores: false,
+        liveness: Liveness::default(),
+        admin_group: None,
+    };
+    let daemon = Daemon::new(config, Box::new(launcher));
+    assert!(daemon.host_xemem(clowderd::xemem_service::start(&xemem_socket).unwrap()).is_ok());
+    let listener = server::bind(&socket).unwrap();
+    std::thread::spawn(move || server::serve(daemon, listener));
+    let created = call(&socket, json!({"op": "create", "name": "owner", "cores": 1, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    let enclave_id = xemem_id(&socket, "owner").expect("the enclave got no XEMEM id");
+
+    std::thread::scope(|scope| {
+        let runner = scope.spawn(|| {
+            let binary = File::open(&job).unwrap();
+            let cwd = File::open(&dir.0).unwrap();
+            let request = json!({"op": "run", "enclave": "owner", "argv": ["lwk_named_owner"], "cwd": dir.0.to_str().unwrap(), "files": []});
+            let mut stdout = String::new();
+            let reply = Client::connect_to(&socket)
+                .unwrap()
+                .call_streaming(&request, &[binary.as_raw_fd(), cwd.as_raw_fd()], &mut |event| {
+                    if event["event"] == "output" && event["stream"] == "stdout" {
+                        stdout.push_str(event["text"].as_str().unwrap());
+                    }
+                })
+                .unwrap();
+            (reply, stdout)
+        });
+        let host = Command::new(&attacher).env("CLOWDER_XEMEM_SOCKET", &xemem_socket).output().unwrap();
+        let host_out = String::from_utf8_lossy(&host.stdout).into_owned();
+        assert!(host.status.success(), "host_attacher: {:?}\n{host_out}{}", host.status, String::from_utf8_lossy(&host.stderr));
+        assert!(host_out.contains(&format!("found a segment of enclave {enclave_id}")), "{host_out}");
+        assert!(host_out.contains("16 of 16 pages hold what the job wrote"), "{host_out}");
+        let (reply, stdout) = runner.join().unwrap();
+        assert_eq!(reply["status"], 0, "{reply} {stdout}");
+        assert!(stdout.contains("the host wrote 42"), "{stdout}");
+    });
     let removed = call(&socket, json!({"op": "rm", "name": "owner"}));
     assert_eq!(removed["ok"], true, "{removed}");
 }

@@ -22,6 +22,14 @@
 //!
 //! `clowderd` embeds [`Broker`] and hands it accepted connections
 //! ([`Broker::serve_connection`]); `xemem-broker` is the standalone binary for tests.
+//!
+//! Other enclaves: `clowderd` also gives the broker its XEMEM name-server node as
+//! [`Enclaves`]. A host process's `get` of a segment of another enclave, its `lookup` of a name
+//! the host does not know, and everything done with the permits those gets return go there.
+//! An attach then answers with ranges of the owner enclave's RAM memfd (checked against that
+//! enclave's RAM by the daemon), which the library maps like any owner's runs. Such permits
+//! reach the library under surrogate ids from the broker (see `State::remote_permits`), since
+//! both name servers number their permits in enclave 1.
 
 pub mod sys;
 pub mod wire;
@@ -30,7 +38,7 @@ use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use wire::{Answer, Request, Run};
@@ -43,6 +51,28 @@ const OWNER_TIMEOUT: Duration = Duration::from_secs(30);
 
 type Server = Arc<Mutex<OwnedFd>>;
 
+/// The name server of the other enclaves (clowderd's XEMEM node), for host processes'
+/// requests about segments that are not the host's. Calls block until the answer comes.
+pub trait Enclaves: Send + Sync {
+    fn lookup(&self, name: &Name) -> Result<SegmentId, Error>;
+    /// A permit for host process `process`; returns it and the segment size.
+    fn get(&self, process: u64, credentials: Credentials, segment: SegmentId, access: u32) -> Result<(AccessId, u64), Error>;
+    /// The owner's memory for `[offset, offset + size)`, run by run (already bounds-checked).
+    fn attach(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Result<Vec<EnclaveRun>, Error>;
+    fn detach(&self, process: u64, access: AccessId) -> Result<(), Error>;
+    fn release(&self, process: u64, access: AccessId) -> Result<(), Error>;
+}
+
+/// A piece of an enclave's segment: a range of a file (the enclave's RAM memfd), or a hole.
+pub enum EnclaveRun {
+    Memory { file: OwnedFd, offset: u64, length: u64 },
+    Hole { length: u64 },
+}
+
+/// Surrogate permit ids for other enclaves' permits start here: the broker's own name server
+/// counts up from 1 and would need about 1.9e9 permits to get here.
+const FIRST_SURROGATE: u32 = 0x7000_0000;
+
 #[derive(Default)]
 struct State {
     ns: NameServer,
@@ -52,17 +82,22 @@ struct State {
     revocable: HashMap<u32, HashMap<(u64, u64), OwnedFd>>,
     /// pid -> open call connections.
     connections: HashMap<u32, usize>,
+    /// Permits on other enclaves' segments, by the surrogate id the holder knows them by:
+    /// (the enclave name server's id, the holder's pid).
+    remote_permits: HashMap<AccessId, (AccessId, u32)>,
+    next_surrogate: u32,
 }
 
 #[derive(Clone)]
 pub struct Broker {
     state: Arc<Mutex<State>>,
     owner_timeout: Duration,
+    enclaves: Arc<OnceLock<Arc<dyn Enclaves>>>,
 }
 
 impl Default for Broker {
     fn default() -> Broker {
-        Broker { state: Arc::default(), owner_timeout: OWNER_TIMEOUT }
+        Broker { state: Arc::default(), owner_timeout: OWNER_TIMEOUT, enclaves: Arc::default() }
     }
 }
 
@@ -92,6 +127,25 @@ impl Broker {
     pub fn with_owner_timeout(mut self, timeout: Duration) -> Broker {
         self.owner_timeout = timeout;
         self
+    }
+
+    /// Where requests about other enclaves' segments go (once; false if already set).
+    pub fn set_enclaves(&self, enclaves: Arc<dyn Enclaves>) -> bool {
+        self.enclaves.set(enclaves).is_ok()
+    }
+
+    fn remote(&self) -> Result<&Arc<dyn Enclaves>, Error> {
+        self.enclaves.get().ok_or(Error::NotFound)
+    }
+
+    /// The enclave permit behind a surrogate `access`, if it is one; EACCES if `pid` does not
+    /// hold it.
+    fn remote_permit(&self, pid: u32, access: AccessId) -> Result<Option<AccessId>, Error> {
+        match self.lock().remote_permits.get(&access) {
+            Some(&(real, holder)) if holder == pid => Ok(Some(real)),
+            Some(_) => Err(Error::Denied),
+            None => Ok(None),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -190,6 +244,19 @@ impl Broker {
 
     fn forget_locked(&self, state: &mut State, pid: u32) {
         let me = principal(pid);
+        let held: Vec<AccessId> = state.remote_permits.iter().filter(|(_, (_, holder))| *holder == pid).map(|(s, _)| *s).collect();
+        if !held.is_empty() {
+            let permits: Vec<AccessId> = held.iter().filter_map(|s| state.remote_permits.remove(s)).map(|(real, _)| real).collect();
+            if let Some(enclaves) = self.enclaves.get().cloned() {
+                // Off this thread: the broker's lock is held here, and the call waits for the
+                // name server.
+                std::thread::spawn(move || {
+                    for permit in permits {
+                        let _ = enclaves.release(pid as u64, permit);
+                    }
+                });
+            }
+        }
         state.ns.forget(|p| *p == me);
         state.servers.remove(&pid);
         if let Some(memfds) = state.revocable.remove(&pid) {
@@ -228,21 +295,49 @@ impl Broker {
                 let flags = u32::try_from(a[1]).map_err(|_| Error::Invalid)?;
                 xemem::validate_access_flags(flags)?;
                 let who = credentials(peer);
+                if segment.enclave() != NAME_SERVER_ENCLAVE {
+                    let (real, size) = self.remote()?.get(peer.pid as u64, who, segment, flags)?;
+                    let mut state = self.lock();
+                    let surrogate = loop {
+                        let local = state.next_surrogate.max(FIRST_SURROGATE);
+                        state.next_surrogate = if local >= xemem::ids::MAX_LOCAL_ID { FIRST_SURROGATE } else { local + 1 };
+                        let candidate = AccessId::new(NAME_SERVER_ENCLAVE, local).ok_or(Error::Exhausted)?;
+                        if !state.remote_permits.contains_key(&candidate) {
+                            break candidate;
+                        }
+                    };
+                    state.remote_permits.insert(surrogate, (real, peer.pid));
+                    return Ok(Answer::ok(op, &[surrogate.raw() as u64, size]));
+                }
                 let (access, size) = self.lock().ns.get(me, &who, segment, flags)?;
                 Ok(Answer::ok(op, &[access.raw() as u64, size]))
             }
             wire::OP_RELEASE => {
                 let access = AccessId::from_raw(a[0] as i64).ok_or(Error::Invalid)?;
+                if let Some(real) = self.remote_permit(peer.pid, access)? {
+                    self.lock().remote_permits.remove(&access);
+                    self.remote()?.release(peer.pid as u64, real)?;
+                    return Ok(Answer::ok(op, &[]));
+                }
                 self.lock().ns.release(me, access)?;
                 Ok(Answer::ok(op, &[]))
             }
             wire::OP_DETACH => {
                 let access = AccessId::from_raw(a[0] as i64).ok_or(Error::Invalid)?;
+                if let Some(real) = self.remote_permit(peer.pid, access)? {
+                    self.remote()?.detach(peer.pid as u64, real)?;
+                    return Ok(Answer::ok(op, &[]));
+                }
                 self.lock().ns.detach(me, access)?;
                 Ok(Answer::ok(op, &[]))
             }
             wire::OP_LOOKUP => {
-                let segment = self.lock().ns.lookup(&Name::new(&request.name)?)?;
+                let name = Name::new(&request.name)?;
+                let local = self.lock().ns.lookup(&name);
+                let segment = match (local, self.enclaves.get()) {
+                    (Err(Error::NotFound), Some(enclaves)) => enclaves.lookup(&name)?,
+                    (result, _) => result?,
+                };
                 Ok(Answer::ok(op, &[segment.raw() as u64]))
             }
             wire::OP_SIGNAL => {
@@ -260,6 +355,19 @@ impl Broker {
             _ => Err(Error::Invalid),
         })();
         if op == wire::OP_ATTACH {
+            let remote = AccessId::from_raw(a[0] as i64).map(|access| self.remote_permit(peer.pid, access));
+            if let Some(remote) = remote {
+                match remote {
+                    Ok(Some(real)) => {
+                        return match self.attach_remote(peer.pid, real, a[1], a[2]) {
+                            Ok(pair) => pair,
+                            Err(e) => (Answer::error(op, e.errno()), Vec::new()),
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => return (Answer::error(op, e.errno()), Vec::new()),
+                }
+            }
             return match self.attach(me, a[0], a[1], a[2]) {
                 Ok(pair) => pair,
                 Err(e) => (Answer::error(op, e.errno()), Vec::new()),
@@ -269,6 +377,33 @@ impl Broker {
             Ok(answer) => (answer, Vec::new()),
             Err(e) => (Answer::error(op, e.errno()), Vec::new()),
         }
+    }
+
+    /// An attach through a permit on another enclave's segment: the enclave's runs, as the
+    /// library receives any owner's (never revocable: enclave RAM cannot be truncated).
+    fn attach_remote(&self, pid: u32, access: AccessId, offset: u64, size: u64) -> Result<(Answer, Vec<OwnedFd>), Error> {
+        if offset % xemem::PAGE_SIZE != 0 || size == 0 {
+            return Err(Error::Invalid);
+        }
+        let size = size.checked_add(xemem::PAGE_SIZE - 1).ok_or(Error::Invalid)? & !(xemem::PAGE_SIZE - 1);
+        let pieces = self.remote()?.attach(pid as u64, access, offset, size)?;
+        let mut runs = Vec::with_capacity(pieces.len());
+        let mut fds = Vec::new();
+        for piece in pieces {
+            match piece {
+                EnclaveRun::Memory { file, offset, length } => {
+                    runs.push(Run { fd_index: fds.len() as u32, flags: 0, offset, length });
+                    fds.push(file);
+                }
+                EnclaveRun::Hole { length } => runs.push(Run { fd_index: wire::HOLE, flags: 0, offset: 0, length }),
+            }
+        }
+        // The same checks as an owner's answer: the runs add up, each lies inside its file.
+        let answer = Answer { runs, ..Answer::ok(wire::OP_ATTACH, &[]) };
+        let (runs, fds) = check_fetched(answer, fds, size)?;
+        let mut answer = Answer::ok(wire::OP_ATTACH, &[0]);
+        answer.runs = runs;
+        Ok((answer, fds))
     }
 
     fn attach(&self, me: Principal, apid: u64, offset: u64, size: u64) -> Result<(Answer, Vec<OwnedFd>), Error> {
