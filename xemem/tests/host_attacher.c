@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <xpmem.h>
 
@@ -31,6 +32,19 @@ int main(void)
 		printf("get failed: errno %d\n", errno);
 		return 2;
 	}
+	/* The permit is this process's: another process (a fork child) may neither attach through
+	 * it nor release it (EACCES, as for a host segment). */
+	pid_t child = fork();
+	if (child == 0) {
+		struct xpmem_addr stolen = { .apid = apid, .offset = 0 };
+		int attach_refused = xpmem_attach(stolen, PAGE, NULL) == (void *)-1 && errno == EACCES;
+		int release_refused = xpmem_release(apid) == -1 && errno == EACCES;
+		_exit(attach_refused && release_refused ? 0 : 1);
+	}
+	int status = -1;
+	waitpid(child, &status, 0);
+	printf(WIFEXITED(status) && WEXITSTATUS(status) == 0 ? "another process is refused the permit\n"
+							     : "another process used the permit\n");
 	struct xpmem_addr address = { .apid = apid, .offset = 0 };
 	volatile uint64_t *view = xpmem_attach(address, PAGES * PAGE, NULL);
 	if (view == (void *)-1) {

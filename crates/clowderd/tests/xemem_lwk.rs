@@ -291,6 +291,7 @@ fn a_libxpmem_process_attaches_an_lwk_jobs_segment_through_the_broker() {
         assert!(host.status.success(), "host_attacher: {:?}\n{host_out}{}", host.status, String::from_utf8_lossy(&host.stderr));
         assert!(host_out.contains(&format!("found a segment of enclave {enclave_id}")), "{host_out}");
         assert!(host_out.contains("16 of 16 pages hold what the job wrote"), "{host_out}");
+        assert!(host_out.contains("another process is refused the permit"), "{host_out}");
         let (reply, stdout) = runner.join().unwrap();
         assert_eq!(reply["status"], 0, "{reply} {stdout}");
         assert!(stdout.contains("the host wrote 42"), "{stdout}");
