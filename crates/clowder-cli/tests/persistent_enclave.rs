@@ -252,3 +252,56 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
     let listing: serde_json::Value = serde_json::from_slice(&listing.stdout).unwrap();
     assert_eq!(listing["enclaves"], serde_json::json!([]), "{listing}");
 }
+
+/// Two threads, each reporting the CPU it runs on (`sched_getcpu`); the worker then spins in
+/// user mode for ever, so it is still running on its CPU when `main` returns and the job
+/// ends (the kernel must stop it there before the next job).
+const CPUS_JOB: &str = r#"#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+static volatile int worker_cpu = -1;
+static void *worker(void *arg) {
+    (void)arg;
+    worker_cpu = sched_getcpu();
+    for (;;) __asm__ volatile("pause");
+    return NULL;
+}
+int main(void) {
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, worker, NULL) != 0) return 10;
+    while (worker_cpu < 0) sched_yield();
+    printf("main on cpu %d, worker on cpu %d\n", sched_getcpu(), worker_cpu);
+    return 0;
+}
+"#;
+
+#[test]
+fn a_two_vcpu_persistent_enclave_runs_threaded_jobs_on_both_cpus_one_after_another() {
+    if let Some(why) = missing_requirement() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = TempDir(std::env::temp_dir().join(format!("clowder-persistent-cpus-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let socket = start_daemon(&dir.0);
+    let source_path = dir.0.join("cpus.c");
+    std::fs::write(&source_path, CPUS_JOB).unwrap();
+    let built = Command::new("musl-gcc").args(["-static", "-O2", "-pthread", "-o"]).arg(dir.0.join("cpus")).arg(&source_path).status().unwrap();
+    assert!(built.success(), "musl-gcc failed for cpus");
+
+    let created = clowder(&socket, &["enclave", "create", "--name", "pair", "--cores", "0,1", "--mem", "256M"], &dir.0);
+    assert!(created.status.success(), "create: {}{}", text(&created.stdout), text(&created.stderr));
+    // Each job leaves its worker spinning on CPU 1 when it ends: the kernel parks that CPU
+    // and brings it back for the next job, which uses both CPUs again.
+    for round in 1..=3 {
+        let run = clowder(&socket, &["run", "--enclave", "pair", "./cpus"], &dir.0);
+        assert_eq!(text(&run.stdout), "main on cpu 0, worker on cpu 1\n", "round {round}, stderr: {}", text(&run.stderr));
+        assert_eq!(run.status.code(), Some(0), "round {round}");
+    }
+    let listing = clowder(&socket, &["enclave", "ls"], &dir.0);
+    assert!(text(&listing.stdout).contains("pair"), "the enclave is still up: {}", text(&listing.stdout));
+    let removed = clowder(&socket, &["enclave", "rm", "pair"], &dir.0);
+    assert!(removed.status.success(), "rm: {}{}", text(&removed.stdout), text(&removed.stderr));
+}

@@ -20,7 +20,7 @@ use crate::job;
 use crate::mm::pmem;
 use alloc::collections::{BTreeMap, VecDeque};
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum State {
@@ -167,7 +167,112 @@ pub fn init_main_thread() {
     cpus[0].online = true;
     cpus[0].current = Some(job::PID);
     *SCHEDULER.lock() = Some(Scheduler { threads, cpus, next_tid: job::PID + 1, free_slots: (1..MAX_THREADS).rev().collect() });
+    for queued in &QUEUED {
+        queued.store(0, Ordering::Release);
+    }
     CPUS_RELEASED.store(true, Ordering::Release);
+    bring_back_parked_cpus();
+}
+
+/// Persistent enclaves, between jobs: the CPUs other than the one ending a job drop its
+/// threads and park (`park_other_cpus`), each on a stack of its own with the kernel's page
+/// tables, until the next job's scheduler exists and brings them back.
+static PARK_REQUESTED: AtomicBool = AtomicBool::new(false);
+/// Bit n set while CPU n is parked.
+static PARKED: AtomicU64 = AtomicU64::new(0);
+/// Bumped when a new job's scheduler is ready: parked CPUs then rejoin.
+static JOB_GENERATION: AtomicU64 = AtomicU64::new(0);
+static PARK_STACKS: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+/// How long the CPU ending a job waits for the others to park, and a new job for them to
+/// come back (emulated kernel code on PVM: a few ms each).
+const PARK_TIMEOUT_NS: u64 = 2_000_000_000;
+
+/// Asks every other online CPU to drop the job's threads and park (a tick IPI reaches a
+/// thread in user mode and wakes an idle CPU). Returns false if one cannot be reached (no
+/// x2APIC id) or has not parked in time: it may still run the job's code.
+pub fn park_other_cpus() -> bool {
+    let cpu = tables::current_cpu();
+    let Some(others) = SCHEDULER.try_lock().and_then(|scheduler| {
+        scheduler.as_ref().map(|scheduler| {
+            scheduler.cpus.iter().enumerate().filter(|&(index, state)| state.online && index != cpu).fold(0u64, |bits, (index, _)| bits | 1 << index)
+        })
+    }) else {
+        return false; // the scheduler is held (a thread's `exit` ended the job inside it)
+    };
+    if (0..MAX_CPUS).any(|index| others & (1 << index) != 0 && apic_id(index).is_none()) {
+        return false;
+    }
+    PARK_REQUESTED.store(true, Ordering::Release);
+    for index in (0..MAX_CPUS).filter(|&index| others & (1 << index) != 0) {
+        apic::send_tick(apic_id(index).expect("checked above"));
+    }
+    let deadline = clock::monotonic_ns() + PARK_TIMEOUT_NS;
+    while PARKED.load(Ordering::Acquire) & others != others {
+        if clock::monotonic_ns() > deadline {
+            return false;
+        }
+        core::hint::spin_loop();
+    }
+    PARK_REQUESTED.store(false, Ordering::Release);
+    true
+}
+
+/// Called where another CPU may be asked to park: a tick that interrupted a job thread, and
+/// each round of the idle loop. Neither holds a lock.
+fn park_if_requested(cpu: usize) {
+    if cpu != 0 && PARK_REQUESTED.load(Ordering::Acquire) {
+        park(cpu)
+    }
+}
+
+fn park(cpu: usize) -> ! {
+    crate::mm::activate_kernel_tables();
+    apic::disarm_timer();
+    let mut stack = PARK_STACKS[cpu].load(Ordering::Relaxed);
+    if stack == 0 {
+        let physical = pmem::allocate(KERNEL_STACK_SIZE, PAGE_SIZE).expect("no memory for a parking stack");
+        stack = phys::to_virtual(physical) + KERNEL_STACK_SIZE;
+        PARK_STACKS[cpu].store(stack, Ordering::Relaxed);
+    }
+    PARKED_GENERATION[cpu].store(JOB_GENERATION.load(Ordering::Acquire), Ordering::Relaxed);
+    PARKED.fetch_or(1 << cpu, Ordering::AcqRel);
+    // The thread's kernel stack (and the idle loop's) are left behind for good.
+    crate::arch::channel::run_on_stack(stack, parked_loop)
+}
+
+static PARKED_GENERATION: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+
+/// A parked CPU: halts until the next job's scheduler exists, then joins it.
+extern "C" fn parked_loop() -> ! {
+    let cpu = tables::current_cpu();
+    while JOB_GENERATION.load(Ordering::Acquire) == PARKED_GENERATION[cpu].load(Ordering::Relaxed) {
+        if apic_id(cpu).is_some() {
+            apic::sleep_until_interrupt();
+        } else {
+            core::hint::spin_loop();
+        }
+    }
+    PARKED.fetch_and(!(1 << cpu), Ordering::AcqRel);
+    join_cpu(cpu)
+}
+
+/// A new job's scheduler exists: parked CPUs rejoin, and the job starts once they are online
+/// (its first threads are placed over them).
+fn bring_back_parked_cpus() {
+    let parked = PARKED.load(Ordering::Acquire);
+    JOB_GENERATION.fetch_add(1, Ordering::AcqRel);
+    if parked == 0 {
+        return;
+    }
+    for cpu in (0..MAX_CPUS).filter(|&cpu| parked & (1 << cpu) != 0) {
+        if let Some(apic_id) = apic_id(cpu) {
+            apic::send_wake(apic_id);
+        }
+    }
+    let deadline = clock::monotonic_ns() + PARK_TIMEOUT_NS;
+    while online_cpu_mask() & parked != parked && clock::monotonic_ns() < deadline {
+        core::hint::spin_loop();
+    }
 }
 
 /// Called by each other CPU once its own tables are loaded: waits for the job, joins the
@@ -256,6 +361,7 @@ enum IdleStep {
 /// polls its queue and the clock.
 fn idle_loop(cpu: usize) -> ! {
     loop {
+        park_if_requested(cpu);
         let step = with_scheduler(|scheduler| {
             expire_timed_waits(scheduler, cpu);
             if let Some(next) = scheduler.dequeue(cpu) {
@@ -442,6 +548,7 @@ static QUANTUM_END: [core::sync::atomic::AtomicU64; MAX_CPUS] = [const { core::s
 /// of the slice (or stopped when nobody waits).
 pub fn tick() {
     let cpu = tables::current_cpu();
+    park_if_requested(cpu);
     if QUEUED[cpu].load(Ordering::Acquire) == 0 {
         apic::disarm_timer();
         return;

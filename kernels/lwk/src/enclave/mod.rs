@@ -403,12 +403,15 @@ pub fn end_job(status: u8) -> ! {
         (id, state.vcpus)
     });
     // Reusing the machine is safe only if no thread of this job can run again: with one vCPU
-    // the others sit in CPU 0's queue, which the next job replaces; with more, a thread may be
-    // running on another CPU (nothing stops it yet), and when the last thread's `exit` ends
-    // the job the scheduler stays locked. Then the enclave ends after reporting the job.
+    // the others sit in CPU 0's queue, which the next job replaces; with more, the other CPUs
+    // drop the job's threads and park until the next job (the service loop itself needs CPU
+    // 0, where the channel interrupt arrives). When the last thread's `exit` ends the job the
+    // scheduler stays locked, and a CPU that does not park may still run the job's code: then
+    // the enclave ends after reporting the job.
     let reusable = match crate::sched::try_thread_count() {
         None => false,
-        Some(threads) => vcpus <= 1 || threads <= 1,
+        Some(_) if vcpus <= 1 => true,
+        Some(_) => arch::tables::current_cpu() == 0 && crate::sched::park_other_cpus(),
     };
     if !reusable {
         if let Some(id) = id {

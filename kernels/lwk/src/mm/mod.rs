@@ -100,6 +100,12 @@ pub fn map_device_page(physical: u64) {
         .expect("no memory for page tables");
 }
 
+/// Runs on the kernel's own tables (no job's user half): a CPU parked between jobs, whose
+/// last job's page tables may be reused.
+pub fn activate_kernel_tables() {
+    KERNEL_TABLES.lock().as_ref().expect("kernel tables").activate();
+}
+
 /// A new user address-space root that shares the kernel half.
 pub fn new_user_tables() -> Option<PageTables> {
     let kernel = KERNEL_TABLES.lock();
