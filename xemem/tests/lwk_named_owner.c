@@ -4,6 +4,8 @@
  * up to 20 s for a host process to write 42 into it through its attachment (zero-copy: the
  * host maps the enclave's own pages). crates/clowderd/tests/xemem_lwk.rs drives it.
  * Page i holds 1000 + i in its first word; the host writes word 1 of page 0.
+ * With the argument "keep" it exits right after making the segment, without removing it: the
+ * kernel must remove it from the name server when the job ends.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -23,7 +25,7 @@ static double now(void)
 	return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
 	volatile uint64_t *memory = mmap(NULL, PAGES * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (memory == MAP_FAILED)
@@ -37,6 +39,8 @@ int main(void)
 	}
 	printf("made a segment of enclave %lld\n", (long long)(segid >> 32));
 	fflush(stdout);
+	if (argc > 1 && !strcmp(argv[1], "keep"))
+		return 0;
 	double deadline = now() + 20;
 	while (memory[1] != 42 && now() < deadline)
 		;

@@ -114,6 +114,9 @@ fn lwk_enclaves_get_xemem_ids_from_the_daemon() {
 /// Builds xemem/tests/lwk_named_owner.c statically with musl against our header and a musl
 /// libxpmem.a (as xemem/lwk-test.sh does).
 fn build_owner_job(out: &Path) -> Result<(), String> {
+    // The tests run in parallel and share xemem/build/musl: one build at a time.
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = BUILDING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let xemem = workspace_root().join("xemem");
     let headers = xemem.join("build/musl/kernel-headers");
     std::fs::create_dir_all(&headers).map_err(|e| e.to_string())?;
@@ -222,6 +225,17 @@ fn a_host_process_writes_into_an_lwk_jobs_segment() {
     });
     // After the job's remove the name is gone.
     assert_eq!(links.lookup("lwk-owner-seg"), Err(xemem::Error::NotFound));
+    // A job that ends without removing its segment: the kernel removes it for the job.
+    let binary = File::open(&job).unwrap();
+    let cwd = File::open(&dir.0).unwrap();
+    let request = json!({"op": "run", "enclave": "owner", "argv": ["lwk_named_owner", "keep"], "cwd": dir.0.to_str().unwrap(), "files": []});
+    let reply = Client::connect_to(&socket).unwrap().call_streaming(&request, &[binary.as_raw_fd(), cwd.as_raw_fd()], &mut |_| {}).unwrap();
+    assert_eq!(reply["status"], 0, "{reply}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while links.lookup("lwk-owner-seg").is_ok() {
+        assert!(Instant::now() < deadline, "the ended job's segment is still named");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let removed = call(&socket, json!({"op": "rm", "name": "owner"}));
     assert_eq!(removed["ok"], true, "{removed}");
 }

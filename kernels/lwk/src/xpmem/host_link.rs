@@ -26,6 +26,36 @@ use xemem::Error;
 const CHANNEL_LINK: u32 = 0;
 
 static NODE: SpinLock<Option<Node>> = SpinLock::new(None);
+/// Segments the running job made through the name server: removed when the job ends.
+static JOB_SEGMENTS: SpinLock<Vec<SegmentId>> = SpinLock::new(Vec::new());
+
+/// Notes a segment the job made through the name server.
+pub fn job_made(segment: SegmentId) {
+    JOB_SEGMENTS.lock().push(segment);
+}
+
+/// The job removed `segment` itself.
+pub fn job_removed(segment: SegmentId) {
+    JOB_SEGMENTS.lock().retain(|made| *made != segment);
+}
+
+/// The job ended: its segments go from the name server too. The removes are only queued in
+/// the node (this runs where the channel may be in use); they leave with the next message
+/// the node sends, at the latest after the host's next ping. Nobody waits for the answers.
+pub fn job_ended() {
+    let segments = core::mem::take(&mut *JOB_SEGMENTS.lock());
+    let mut guard = NODE.lock();
+    let Some(node) = guard.as_mut() else { return };
+    for segment in segments {
+        if let Ok(request) = node.request(Request::Remove { process: crate::job::PID, segment }, &mut JobMemory) {
+            ABANDONED.lock().push(request);
+        }
+    }
+}
+
+/// Requests whose answers nobody waits for (dropped when they come).
+static ABANDONED: SpinLock<Vec<u64>> = SpinLock::new(Vec::new());
+
 /// Finished requests of the job's threads, until they collect them.
 static FINISHED: SpinLock<BTreeMap<u64, Result<Reply, Error>>> = SpinLock::new(BTreeMap::new());
 
@@ -34,8 +64,16 @@ fn keep_completions(completions: Vec<Completion>) {
         return;
     }
     let mut finished = FINISHED.lock();
+    let mut abandoned = ABANDONED.lock();
     for completion in completions {
-        finished.insert(completion.request, completion.result);
+        match abandoned.iter().position(|request| *request == completion.request) {
+            Some(index) => {
+                abandoned.swap_remove(index);
+            }
+            None => {
+                finished.insert(completion.request, completion.result);
+            }
+        }
     }
 }
 

@@ -88,6 +88,7 @@ fn with_device<R>(f: impl FnOnce(&mut Device) -> R) -> R {
 /// The job ended: its segments, permits and attachments go with its address space.
 pub fn forget_job() {
     *DEVICE.lock() = None;
+    host_link::job_ended();
 }
 
 /// Does a user fault at `address` hit an attachment? Then the job gets SIGBUS, not SIGSEGV.
@@ -177,7 +178,10 @@ pub fn make_named(vaddr: u64, size: u64, name: xemem::wire::Name) -> Result<i64,
     }
     xemem::nameserver::validate_range(vaddr, size)?;
     match host_link::request(xemem::node::Request::Make { process: job::PID, vaddr, size, owner, name: Some(name) })? {
-        xemem::node::Reply::Made(segment) => Ok(segment.raw()),
+        xemem::node::Reply::Made(segment) => {
+            host_link::job_made(segment);
+            Ok(segment.raw())
+        }
         _ => Err(Error::Malformed),
     }
 }
@@ -195,7 +199,9 @@ pub fn remove(raw: i64) -> Result<(), Error> {
     let id = segment_id(raw)?;
     // A segment this enclave registered with the host's name server (it carries our id).
     if host_link::enclave_id().is_some_and(|enclave| enclave == id.enclave()) {
-        return host_link::request(xemem::node::Request::Remove { process: job::PID, segment: id }).map(|_| ());
+        host_link::request(xemem::node::Request::Remove { process: job::PID, segment: id })?;
+        host_link::job_removed(id);
+        return Ok(());
     }
     let mut to_unmap = Vec::new();
     with_device(|device| {
