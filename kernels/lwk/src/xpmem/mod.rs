@@ -240,7 +240,7 @@ pub fn release(raw: i64) -> Result<(), Error> {
 /// window); returns the address.
 pub fn attach(raw: i64, offset: u64, size: u64, fixed: u64) -> Result<u64, Error> {
     let apid = access_id(raw)?;
-    if fixed % PAGE_SIZE != 0 {
+    if !fixed.is_multiple_of(PAGE_SIZE) {
         return Err(Error::Invalid);
     }
     with_device(|device| {
