@@ -155,7 +155,7 @@ impl Daemon {
             Request::Logs { name } => self.logs(&name),
             Request::Run(run) => self.run(run, files, peer, events),
             Request::XememList => match self.xemem.get() {
-                Some(xemem) => xemem.list_reply(),
+                Some(xemem) => xemem.list_reply(&self.xemem_links.list()),
                 None => error_reply("this clowderd runs without an XEMEM broker, so there are no segments to list"),
             },
         }

@@ -117,6 +117,13 @@ impl XememLinks {
         }
     }
 
+    /// The segments of the enclaves (the name server's own listing; host processes' segments
+    /// are the broker's).
+    pub fn list(&self) -> Vec<xemem::nameserver::Listing> {
+        let links = self.links.lock().unwrap();
+        links.node.name_server().map(|ns| ns.list(0, usize::MAX)).unwrap_or_default()
+    }
+
     /// A named segment's id (enclave segments are made with names by XEMEM's `xemem_make`).
     pub fn lookup(&self, name: &str) -> Result<SegmentId, Error> {
         let name = Name::new(name.as_bytes())?;

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use xemem::nameserver::Listing;
 use xemem_host::Broker;
 
 /// The daemon's running broker and where applications reach it.
@@ -83,12 +84,14 @@ fn accept_forever(broker: &Broker, listener: &OwnedFd) {
 }
 
 impl XememService {
-    /// The `xemem_ls` reply: every segment the host's name server knows.
-    pub fn list_reply(&self) -> Value {
+    /// The `xemem_ls` reply: every segment the host's name server knows, then the enclaves'
+    /// (`enclave_segments`, from the daemon's XEMEM node).
+    pub fn list_reply(&self, enclave_segments: &[Listing]) -> Value {
         let segments: Vec<Value> = self
             .broker
             .list()
             .iter()
+            .chain(enclave_segments)
             .map(|listing| {
                 json!({
                     "segid": listing.segment.raw(),
@@ -122,7 +125,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("clowderd-xemem-unit-{}", std::process::id()));
         let socket = dir.join("xemem.sock");
         let service = start(&socket).unwrap();
-        let reply = service.list_reply();
+        let reply = service.list_reply(&[]);
         assert_eq!(reply["ok"], json!(true));
         assert_eq!(reply["segments"], json!([]));
         // A second broker on the same socket is refused rather than splitting the name space.

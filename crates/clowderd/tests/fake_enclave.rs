@@ -803,6 +803,15 @@ fn a_host_process_maps_an_enclave_segment_through_the_ram_memfd() {
         let owner = scope.spawn(|| daemon.run("owner", &["prog", "xemem-owner", "honest"], &work.0, &[]));
         let segment = lookup("fake-seg-honest");
         assert!(segment.enclave() >= 2, "an enclave's segment names its enclave: {segment:?}");
+        // `clowder xemem ls` lists the enclave's segment beside the host's.
+        let broker_socket = work.0.join("xemem.sock");
+        assert!(daemon.daemon.host_xemem(clowderd::xemem_service::start(&broker_socket).unwrap()).is_ok());
+        let listing = daemon.call(json!({"op": "xemem_ls"}));
+        let listed = listing["segments"].as_array().unwrap_or_else(|| panic!("{listing}"));
+        assert!(
+            listed.iter().any(|s| s["name"] == "fake-seg-honest" && s["owner_enclave"] == segment.enclave() && s["size"] == 16 * 4096),
+            "{listing}"
+        );
         let (access, runs) = links.attach_enclave_segment(4242, root(), segment, 0, 16 * 4096).expect("attach");
         assert_eq!(runs.len(), 2, "one file range per frame run: {runs:?}");
         let mut page = 0u64;
