@@ -336,6 +336,20 @@ pub fn thread_count() -> usize {
     with_scheduler(|scheduler| scheduler.threads.len())
 }
 
+/// Sends a tick IPI to the CPU running thread `tid` in user mode, if that is another CPU:
+/// the thread then passes through the kernel (and takes a signal just sent to it) without
+/// waiting for its next system call.
+pub fn interrupt_if_running_elsewhere(tid: u64) {
+    let cpu = tables::current_cpu();
+    let target_cpu = with_scheduler(|scheduler| {
+        let thread = scheduler.threads.get(&tid)?;
+        (thread.cpu != cpu && scheduler.cpus[thread.cpu].current == Some(tid)).then_some(thread.cpu)
+    });
+    if let Some(apic_id) = target_cpu.and_then(apic_id) {
+        apic::send_tick(apic_id);
+    }
+}
+
 /// Bit n set for each online CPU n.
 pub fn online_cpu_mask() -> u64 {
     with_scheduler(|scheduler| scheduler.cpus.iter().enumerate().filter(|(_, cpu)| cpu.online).map(|(index, _)| 1u64 << index).sum())

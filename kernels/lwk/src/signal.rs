@@ -6,9 +6,10 @@
 //!
 //! When delivery happens: a fault is delivered at once; a signal sent with `kill`, `tkill` or
 //! `tgkill`, or one that becomes unblocked, is pending until its thread next leaves the
-//! kernel (any system call's return, a tick, a fault). A thread blocked in the kernel (futex,
-//! sleep) or computing without system calls takes it when it next returns from the kernel:
-//! there are no interrupted system calls (EINTR) and no IPI to a computing thread.
+//! kernel (any system call's return, a tick, a fault). A thread running in user mode on
+//! another CPU is sent a tick IPI for it; a thread blocked in the kernel (futex, sleep) takes
+//! it when it next returns from the kernel: there are no interrupted system calls (EINTR).
+//! A thread that has not run yet takes it at its first entry to the kernel.
 
 use crate::arch::fpu;
 use crate::arch::sync::SpinLock;
@@ -301,6 +302,10 @@ pub fn send(tid: Option<u64>, signal: u8, code: i32) -> Result<(), SendError> {
         None => signals.process_pending.add(signal, code),
     }
     signals.update_check_request();
+    drop(signals);
+    if let Some(tid) = target {
+        sched::interrupt_if_running_elsewhere(tid);
+    }
     Ok(())
 }
 
