@@ -292,7 +292,7 @@ pub fn send(tid: Option<u64>, signal: u8, code: i32) -> Result<(), SendError> {
         None if signals.thread(caller).blocked & bit(signal) == 0 => Some(caller),
         None => signals.threads.iter().find(|(_, thread)| thread.blocked & bit(signal) == 0).map(|(&tid, _)| tid),
     };
-    let blocked_by_target = target.map_or(true, |tid| signals.thread(tid).blocked & bit(signal) != 0);
+    let blocked_by_target = target.is_none_or(|tid| signals.thread(tid).blocked & bit(signal) != 0);
     if signals.actions[signal as usize - 1].handler == SIG_DFL && !blocked_by_target {
         drop(signals);
         job::exit_by_signal(signal);
