@@ -18,7 +18,7 @@ use crate::hio::JobFiles;
 use crate::link::{self, Received, Receiver, Sender};
 use crate::machine::{Launcher, Machine, MachineSpec, SharedRegion};
 use crate::sys;
-use crate::xemem_links::{XememLinks, XememPort};
+use crate::xemem_links::{GuestRegions, XememLinks, XememPort};
 
 /// Timing of the liveness checks.
 #[derive(Clone, Copy, Debug)]
@@ -321,7 +321,7 @@ impl Enclave {
                 self.send(&reply)?;
             }
             EnclaveMessage::Xemem { message } => match xemem {
-                Some(port) => port.from_enclave(message),
+                Some(port) => port.from_enclave(message, self),
                 None => self.log.push("clowderd: an XEMEM message from the enclave, but XEMEM has no link to it; ignored"),
             },
         }
@@ -411,5 +411,15 @@ impl Enclave {
         let ended = self.machine.lock().unwrap().shut_down(Duration::from_secs(2));
         self.log.push(format!("clowderd: enclave {} removed: {ended}", self.name));
         ended
+    }
+}
+
+/// XEMEM attaches of host memory become regions of this enclave's machine.
+impl GuestRegions for Enclave {
+    fn add(&self, file: &std::fs::File, offset: u64, len: u64) -> Result<SharedRegion, String> {
+        self.machine.lock().unwrap().add_region_range(file, offset, len)
+    }
+    fn remove(&self, slot: u32) -> Result<(), String> {
+        self.machine.lock().unwrap().remove_region(slot)
     }
 }

@@ -56,6 +56,11 @@ pub trait Machine: Send {
     /// enclave as a new guest-physical region.
     fn add_region(&mut self, file: &File, len: u64) -> Result<SharedRegion, String>;
     fn remove_region(&mut self, slot: u32) -> Result<(), String>;
+    /// Makes `[offset, offset + len)` of `file` a new guest-physical region (XEMEM attaches of
+    /// host memory: a range of the owner's memfd). Machines without run-time regions refuse.
+    fn add_region_range(&mut self, _file: &File, _offset: u64, _len: u64) -> Result<SharedRegion, String> {
+        Err("this machine cannot add memory regions at run time".into())
+    }
     /// Without blocking: how the machine ended, once it has.
     fn ended(&mut self) -> Option<String>;
     /// Stops the machine (politely, then by force after `grace`) and says how it ended.
@@ -231,6 +236,11 @@ impl Machine for VmmMachine {
 
     fn add_region(&mut self, file: &File, len: u64) -> Result<SharedRegion, String> {
         let (reply, _) = self.call(json!({"op": "add_region", "offset": 0, "len": len}), &[file.as_raw_fd()])?;
+        Ok(SharedRegion { slot: field(&reply, "slot")? as u32, gpa: field(&reply, "gpa")? })
+    }
+
+    fn add_region_range(&mut self, file: &File, offset: u64, len: u64) -> Result<SharedRegion, String> {
+        let (reply, _) = self.call(json!({"op": "add_region", "offset": offset, "len": len}), &[file.as_raw_fd()])?;
         Ok(SharedRegion { slot: field(&reply, "slot")? as u32, gpa: field(&reply, "gpa")? })
     }
 

@@ -18,18 +18,19 @@
 //! the broker's name server (`xemem-host`), not this node's, so libxpmem does not reach
 //! enclave segments yet, and an enclave cannot attach host memory.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use xemem::ids::{AccessId, SegmentId};
+use xemem::ids::{AccessId, EnclaveId, SegmentId, NAME_SERVER_ENCLAVE};
 use xemem::node::{Completion, LinkId, LocalMemory, Node, Reply, Request, Timing};
-use xemem::wire::{FrameRun, Name};
-use xemem::{Credentials, Error};
+use xemem::wire::{Body, FrameRun, Message, Name};
+use xemem::{Credentials, Error, Principal};
 
 use crate::guest_ram::GuestRam;
+use crate::machine::SharedRegion;
 
 /// How long a host-side request may wait for the enclaves' answers.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -59,6 +60,9 @@ struct Links {
 
 pub struct XememLinks {
     links: Mutex<Links>,
+    /// The host's broker, where host processes' segments live: enclaves' requests about them
+    /// go there (set once the daemon has a broker).
+    broker: std::sync::OnceLock<xemem_host::Broker>,
     /// Signalled whenever requests finish.
     finished: Condvar,
     started: Instant,
@@ -83,6 +87,7 @@ impl Default for XememLinks {
                 finished: HashMap::new(),
             }),
             finished: Condvar::new(),
+            broker: std::sync::OnceLock::new(),
             started: Instant::now(),
         }
     }
@@ -91,6 +96,11 @@ impl Default for XememLinks {
 impl XememLinks {
     pub fn new() -> Arc<XememLinks> {
         Arc::new(XememLinks::default())
+    }
+
+    /// Gives enclaves a way to host processes' segments (the daemon's broker).
+    pub fn set_broker(&self, broker: xemem_host::Broker) {
+        let _ = self.broker.set(broker);
     }
 
     /// Starts `request` for host process `process` and waits for its answer.
@@ -247,7 +257,7 @@ impl XememLinks {
         let (sender, receiver) = mpsc::channel();
         links.outgoing.insert(link, sender);
         links.ram.insert(link, ram);
-        Some(XememPort { links: self.clone(), link, outgoing: receiver })
+        Some(XememPort { links: self.clone(), link, outgoing: receiver, bridge: Mutex::new(HostBridge::default()) })
     }
 
     /// The node's messages go to their links' queues; finished requests to their callers.
@@ -295,6 +305,256 @@ pub struct XememPort {
     links: Arc<XememLinks>,
     link: LinkId,
     outgoing: mpsc::Receiver<Vec<u8>>,
+    bridge: Mutex<HostBridge>,
+}
+
+/// What an enclave's machine must do for an attach of host memory: make a range of a memfd a
+/// new guest-physical region, and take it away again.
+pub trait GuestRegions {
+    fn add(&self, file: &File, offset: u64, len: u64) -> Result<SharedRegion, String>;
+    fn remove(&self, slot: u32) -> Result<(), String>;
+}
+
+/// Enclave processes get host segments as "others": the uid and groups an enclave claims are
+/// its own business and mean nothing on the host (LWK jobs all run as root), so only segments
+/// whose mode lets everyone in (XEMEM's named segments are 0666) can be had.
+const ENCLAVE_PROCESS_CREDENTIALS_UID: u32 = 65534;
+
+/// Permits on host segments reach the enclave under ids of their own, far above what the
+/// daemon's name server hands out (it counts up from 1), so the enclave's node never confuses
+/// them with permits on enclave segments, which also carry enclave 1.
+const FIRST_HOST_PERMIT: u32 = 0x6000_0000;
+
+/// How many answers to enclaves' host-segment requests are kept for their retries.
+const BRIDGE_ANSWERS_KEPT: usize = 256;
+
+/// A permit an enclave process holds on a host segment.
+struct HostPermit {
+    /// The broker's id for it.
+    broker_access: AccessId,
+    segment: SegmentId,
+    /// Guest-physical regions of the current attachment (one per memory run), in the order
+    /// they were added.
+    regions: Option<Vec<SharedRegion>>,
+}
+
+/// The enclave side's requests about host processes' segments, served by the broker.
+#[derive(Default)]
+struct HostBridge {
+    /// By (the holder's enclave and process, the id the enclave knows).
+    permits: HashMap<(EnclaveId, u64, AccessId), HostPermit>,
+    next_permit: u32,
+    /// Answers already sent, by (origin, request id): a retry gets the same answer instead of
+    /// a second attach (the node retries when the broker is slow).
+    answered: HashMap<(EnclaveId, u64), Vec<Vec<u8>>>,
+    answer_order: VecDeque<(EnclaveId, u64)>,
+}
+
+/// Turns the owner's memfd runs into new guest-physical regions of the attaching enclave; on
+/// any failure the regions added so far are removed again. Every run is checked first: a
+/// memory run must be page-aligned in its file and a non-empty multiple of pages long, and
+/// the region the VMM answers with must be page-aligned.
+fn runs_into_regions(runs: &[xemem_host::EnclaveRun], regions: &dyn GuestRegions) -> Result<(Vec<FrameRun>, Vec<SharedRegion>), Error> {
+    let page = xemem::PAGE_SIZE;
+    if runs.is_empty() || runs.len() > xemem::wire::MAX_RUNS_PER_ATTACH as usize {
+        return Err(Error::Invalid);
+    }
+    let mut frames = Vec::with_capacity(runs.len());
+    let mut added: Vec<SharedRegion> = Vec::new();
+    let undo = |added: &[SharedRegion]| {
+        for region in added {
+            let _ = regions.remove(region.slot);
+        }
+    };
+    for run in runs {
+        let (length, first) = match run {
+            xemem_host::EnclaveRun::Hole { length } => (*length, None),
+            xemem_host::EnclaveRun::Memory { file, offset, length } => {
+                if offset % page != 0 || length % page != 0 || *length == 0 {
+                    undo(&added);
+                    return Err(Error::Invalid);
+                }
+                let file = File::from(match file.try_clone() {
+                    Ok(file) => file,
+                    Err(_) => {
+                        undo(&added);
+                        return Err(Error::Exhausted);
+                    }
+                });
+                let region = match regions.add(&file, *offset, *length) {
+                    Ok(region) => region,
+                    Err(_) => {
+                        undo(&added);
+                        return Err(Error::Exhausted);
+                    }
+                };
+                added.push(region);
+                if region.gpa % page != 0 {
+                    undo(&added);
+                    return Err(Error::Invalid);
+                }
+                (*length, Some(region.gpa / page))
+            }
+        };
+        let run = FrameRun { first, frames: length / page };
+        if length % page != 0 || !run.valid() {
+            undo(&added);
+            return Err(Error::Invalid);
+        }
+        frames.push(run);
+    }
+    Ok((frames, added))
+}
+
+impl XememPort {
+    /// Serves `message` here if it is an enclave process's request about a host process's
+    /// segment (those live in the broker, not in the node's name server). Returns the
+    /// encoded answers, or `None` when the node should handle the message.
+    fn bridge(&self, message: &Message, regions: &dyn GuestRegions) -> Option<Vec<Vec<u8>>> {
+        let broker = self.links.broker.get()?;
+        let header = message.header;
+        if header.destination != NAME_SERVER_ENCLAVE || header.origin == NAME_SERVER_ENCLAVE {
+            return None;
+        }
+        // Only an enclave this link leads to may speak for its processes.
+        {
+            let links = self.links.links.lock().unwrap();
+            if links.node.route(header.origin) != Some(self.link) {
+                return None;
+            }
+        }
+        let origin = header.origin;
+        let mut bridge = self.bridge.lock().unwrap();
+        let ours = |bridge: &HostBridge, process: u64, access: AccessId| bridge.permits.contains_key(&(origin, process, access));
+        let is_ours = match &message.body {
+            Body::Get { segment, .. } => segment.enclave() == NAME_SERVER_ENCLAVE,
+            Body::Lookup { name } => {
+                let links = self.links.links.lock().unwrap();
+                let known_here = links.node.name_server().is_some_and(|ns| ns.lookup(name).is_ok());
+                !known_here && broker.lookup_host_segment(name).is_ok()
+            }
+            Body::Attach { process, access, .. } | Body::Detach { process, access } | Body::Release { process, access } => {
+                ours(&bridge, *process, *access)
+            }
+            _ => false,
+        };
+        if !is_ours {
+            return None;
+        }
+        if let Some(answers) = bridge.answered.get(&(origin, header.request)) {
+            return Some(answers.clone());
+        }
+        let bodies = match self.serve_host_request(&mut bridge, broker, origin, &message.body, regions) {
+            Ok(bodies) => bodies,
+            Err(error) => vec![Body::Failed { error }],
+        };
+        let answers: Vec<Vec<u8>> = bodies
+            .into_iter()
+            .filter_map(|body| {
+                let mut bytes = Vec::new();
+                Message::new(header.request, NAME_SERVER_ENCLAVE, origin, body).encode(&mut bytes).ok().map(|_| bytes)
+            })
+            .collect();
+        if bridge.answer_order.len() >= BRIDGE_ANSWERS_KEPT {
+            if let Some(old) = bridge.answer_order.pop_front() {
+                bridge.answered.remove(&old);
+            }
+        }
+        bridge.answer_order.push_back((origin, header.request));
+        bridge.answered.insert((origin, header.request), answers.clone());
+        Some(answers)
+    }
+
+    fn serve_host_request(
+        &self,
+        bridge: &mut HostBridge,
+        broker: &xemem_host::Broker,
+        origin: EnclaveId,
+        body: &Body,
+        regions: &dyn GuestRegions,
+    ) -> Result<Vec<Body>, Error> {
+        let caller = |process: u64| Principal { enclave: origin, process };
+        match body {
+            Body::Lookup { name } => Ok(vec![Body::Found { segment: broker.lookup_host_segment(name)? }]),
+            Body::Get { process, segment, access, .. } => {
+                let credentials = Credentials { uid: ENCLAVE_PROCESS_CREDENTIALS_UID, groups: vec![ENCLAVE_PROCESS_CREDENTIALS_UID] };
+                let (broker_access, size) = broker.get_for_enclave(caller(*process), &credentials, *segment, *access)?;
+                let permit = loop {
+                    let local = bridge.next_permit.max(FIRST_HOST_PERMIT);
+                    bridge.next_permit = if local >= xemem::ids::MAX_LOCAL_ID { FIRST_HOST_PERMIT } else { local + 1 };
+                    let candidate = AccessId::new(NAME_SERVER_ENCLAVE, local).ok_or(Error::Exhausted)?;
+                    if !bridge.permits.contains_key(&(origin, *process, candidate)) {
+                        break candidate;
+                    }
+                };
+                bridge.permits.insert((origin, *process, permit), HostPermit { broker_access, segment: *segment, regions: None });
+                Ok(vec![Body::Granted { access: permit, size }])
+            }
+            Body::Attach { process, access, offset, size } => {
+                let permit = bridge.permits.get_mut(&(origin, *process, *access)).ok_or(Error::NotFound)?;
+                // One attachment per permit at a time: a detach names only the permit, so a
+                // second one could not be told apart (a second permit gives a second one).
+                if permit.regions.is_some() {
+                    return Err(Error::Exhausted);
+                }
+                if offset % xemem::PAGE_SIZE != 0 || *size == 0 || size % xemem::PAGE_SIZE != 0 {
+                    return Err(Error::Invalid);
+                }
+                let (segment, runs) = broker.attach_for_enclave(caller(*process), permit.broker_access, *offset, *size)?;
+                let total: Option<u64> = runs.iter().try_fold(0u64, |sum, run| {
+                    sum.checked_add(match run {
+                        xemem_host::EnclaveRun::Hole { length } | xemem_host::EnclaveRun::Memory { length, .. } => *length,
+                    })
+                });
+                let checked = if segment != permit.segment || total != Some(*size) { Err(Error::Malformed) } else { runs_into_regions(&runs, regions) };
+                let (frames, added) = match checked {
+                    Ok(pair) => pair,
+                    Err(error) => {
+                        let _ = broker.detach_for_enclave(caller(*process), permit.broker_access);
+                        return Err(error);
+                    }
+                };
+                match xemem::wire::attached_parts(segment, *size, &frames) {
+                    Ok(parts) => {
+                        permit.regions = Some(added);
+                        Ok(parts)
+                    }
+                    Err(error) => {
+                        for region in &added {
+                            let _ = regions.remove(region.slot);
+                        }
+                        let _ = broker.detach_for_enclave(caller(*process), permit.broker_access);
+                        Err(error)
+                    }
+                }
+            }
+            // The enclave unmaps the attachment before it detaches or releases (the guest must
+            // not keep a mapping of a region that is gone).
+            Body::Detach { process, access } => {
+                let permit = bridge.permits.get_mut(&(origin, *process, *access)).ok_or(Error::NotFound)?;
+                if let Some(added) = permit.regions.take() {
+                    for region in &added {
+                        let _ = regions.remove(region.slot);
+                    }
+                    let _ = broker.detach_for_enclave(caller(*process), permit.broker_access);
+                }
+                Ok(vec![Body::Done])
+            }
+            Body::Release { process, access } => {
+                let permit = bridge.permits.remove(&(origin, *process, *access)).ok_or(Error::NotFound)?;
+                if let Some(added) = permit.regions {
+                    for region in &added {
+                        let _ = regions.remove(region.slot);
+                    }
+                    let _ = broker.detach_for_enclave(caller(*process), permit.broker_access);
+                }
+                // The owner may have removed the segment already: the permit is gone then too.
+                let _ = broker.release_for_enclave(caller(*process), permit.broker_access);
+                Ok(vec![Body::Done])
+            }
+            _ => Err(Error::Invalid),
+        }
+    }
 }
 
 impl XememPort {
@@ -302,8 +562,20 @@ impl XememPort {
         self.link
     }
 
-    /// One message the enclave sent (not yet decoded: the node validates it).
-    pub fn from_enclave(&self, bytes: &[u8]) {
+    /// One message the enclave sent (not yet decoded: the node validates it). Requests about
+    /// host processes' segments are served by the broker, with `regions` (the enclave's
+    /// machine) adding the owner's memory as guest-physical regions.
+    pub fn from_enclave(&self, bytes: &[u8], regions: &dyn GuestRegions) {
+        if let Ok(message) = Message::decode(bytes) {
+            if let Some(answers) = self.bridge(&message, regions) {
+                if let Some(queue) = self.links.links.lock().unwrap().outgoing.get(&self.link) {
+                    for answer in answers {
+                        let _ = queue.send(answer);
+                    }
+                }
+                return;
+            }
+        }
         let mut links = self.links.links.lock().unwrap();
         let now = self.links.now();
         links.node.tick(now, &mut NoHostMemory);
@@ -326,6 +598,25 @@ impl XememPort {
 
 impl Drop for XememPort {
     fn drop(&mut self) {
+        // The enclave's machine is going: its regions go with it; its permits on host
+        // segments are given back.
+        if let Some(broker) = self.links.broker.get() {
+            let bridge = std::mem::take(&mut *self.bridge.lock().unwrap());
+            let mut enclaves: Vec<EnclaveId> = Vec::new();
+            for ((enclave, process, _), permit) in bridge.permits {
+                let caller = Principal { enclave, process };
+                if permit.regions.is_some() {
+                    let _ = broker.detach_for_enclave(caller, permit.broker_access);
+                }
+                let _ = broker.release_for_enclave(caller, permit.broker_access);
+                enclaves.push(enclave);
+            }
+            enclaves.sort_unstable();
+            enclaves.dedup();
+            for enclave in enclaves {
+                broker.forget_enclave(enclave);
+            }
+        }
         let mut links = self.links.links.lock().unwrap();
         links.outgoing.remove(&self.link);
         links.ram.remove(&self.link);

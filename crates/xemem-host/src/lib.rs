@@ -453,6 +453,59 @@ impl Broker {
     }
 }
 
+/// Processes of other enclaves on host segments: clowderd's name-server node hands the broker
+/// their requests about segments of enclave 1 (host processes'), since those live here. The
+/// caller is `(its enclave, its process)`; permits it gets are this name server's ids.
+impl Broker {
+    pub fn lookup_host_segment(&self, name: &Name) -> Result<SegmentId, Error> {
+        self.lock().ns.lookup(name)
+    }
+
+    pub fn get_for_enclave(&self, caller: Principal, credentials: &Credentials, segment: SegmentId, flags: u32) -> Result<(AccessId, u64), Error> {
+        // Host processes come through their own connections, never here.
+        if caller.enclave == NAME_SERVER_ENCLAVE {
+            return Err(Error::Invalid);
+        }
+        xemem::validate_access_flags(flags)?;
+        self.lock().ns.get(caller, credentials, segment, flags)
+    }
+
+    /// The owner's memory for `[offset, offset + size)` as the owner's library hands it over
+    /// (memfd ranges and holes, checked like a host attacher's), with the segment's id.
+    pub fn attach_for_enclave(&self, caller: Principal, access: AccessId, offset: u64, size: u64) -> Result<(SegmentId, Vec<EnclaveRun>), Error> {
+        if caller.enclave == NAME_SERVER_ENCLAVE {
+            return Err(Error::Invalid);
+        }
+        let (answer, fds) = self.attach(caller, access.raw() as u64, offset, size)?;
+        let segment = SegmentId::from_raw(answer.results[0] as i64).ok_or(Error::Malformed)?;
+        let mut runs = Vec::with_capacity(answer.runs.len());
+        for run in &answer.runs {
+            if run.fd_index == wire::HOLE {
+                runs.push(EnclaveRun::Hole { length: run.length });
+            } else {
+                let file = fds.get(run.fd_index as usize).ok_or(Error::Malformed)?.try_clone().map_err(|_| Error::Exhausted)?;
+                runs.push(EnclaveRun::Memory { file, offset: run.offset, length: run.length });
+            }
+        }
+        Ok((segment, runs))
+    }
+
+    pub fn detach_for_enclave(&self, caller: Principal, access: AccessId) -> Result<(), Error> {
+        self.lock().ns.detach(caller, access)
+    }
+
+    pub fn release_for_enclave(&self, caller: Principal, access: AccessId) -> Result<(), Error> {
+        self.lock().ns.release(caller, access)
+    }
+
+    /// An enclave is gone: its permits on host segments go too.
+    pub fn forget_enclave(&self, enclave: xemem::ids::EnclaveId) {
+        if enclave != NAME_SERVER_ENCLAVE {
+            self.lock().ns.forget(|p| p.enclave == enclave);
+        }
+    }
+}
+
 static NEXT_SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// One request to an owner's serving connection and its answer (with descriptors). Each request
