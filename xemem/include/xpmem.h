@@ -144,6 +144,14 @@ struct xemem_cmd_make_named {
 	xpmem_segid_t segid;           /* out */
 };
 
+/* LOOKUP: the segid of a named segment, from the enclave's own names or, when the enclave is
+ * connected to clowderd, the whole machine's (host processes' xemem_make segments included). */
+#define XEMEM_CMD_LOOKUP _IO(XPMEM_IOC_MAGIC, 0x11)
+struct xemem_cmd_lookup {
+	char name[XEMEM_NAME_MAX + 1]; /* NUL-terminated */
+	xpmem_segid_t segid;           /* out */
+};
+
 #ifdef __cplusplus
 }
 #endif

@@ -1215,6 +1215,8 @@ static void atfork_child(void)
 _Static_assert(XPMEM_CMD_VERSION == 0x7800 && XPMEM_CMD_DETACH == 0x7806, "XPMEM ioctl numbers");
 _Static_assert(XEMEM_CMD_MAKE_NAMED == 0x7810 && offsetof(struct xemem_cmd_make_named, segid) == 80,
 	       "XEMEM's named make, as the LWK reads it");
+_Static_assert(XEMEM_CMD_LOOKUP == 0x7811 && offsetof(struct xemem_cmd_lookup, segid) == 64,
+	       "XEMEM's lookup, as the LWK reads it");
 _Static_assert(sizeof(struct xpmem_cmd_make) == 40 && offsetof(struct xpmem_cmd_make, segid) == 32, "make layout");
 _Static_assert(sizeof(struct xpmem_cmd_get) == 32 && offsetof(struct xpmem_cmd_get, apid) == 24, "get layout");
 _Static_assert(sizeof(struct xpmem_cmd_attach) == 40 && offsetof(struct xpmem_cmd_attach, fd) == 32, "attach layout");
@@ -1656,13 +1658,17 @@ EXPORT int xpmem_detach(void *vaddr)
 
 EXPORT xpmem_segid_t xemem_lookup_segid(const char *name)
 {
-	if (use_device()) {
-		errno = ENOSYS;
-		return -1;
-	}
 	if (!name || !*name || strlen(name) > XEMEM_NAME_MAX) {
 		errno = EINVAL;
 		return -1;
+	}
+	if (use_device()) {
+		/* The LWK's device (the XPMEM module has no names: ENOTTY). */
+		struct xemem_cmd_lookup lookup = { .segid = -1 };
+		memcpy(lookup.name, name, strlen(name) + 1);
+		if (device_call(XEMEM_CMD_LOOKUP, &lookup) < 0)
+			return -1;
+		return lookup.segid;
 	}
 	struct wire_answer answer;
 	if (call(OP_LOOKUP, NULL, 0, name, &answer) < 0)
