@@ -45,6 +45,14 @@ static KERNEL_TABLES: SpinLock<Option<PageTables>> = SpinLock::new(None);
 /// The end of what the physical-memory window maps (RAM, at least the boot tables' GiB).
 static WINDOW_END: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(BOOT_WINDOW);
 
+/// The end of the highest RAM range: memory the host adds at run time (XEMEM attaches of host
+/// memory) must lie above it.
+static RAM_END: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+pub fn ram_end() -> u64 {
+    RAM_END.load(core::sync::atomic::Ordering::Relaxed)
+}
+
 /// Clears every free page, for boot loaders other than clowder-vmm: QEMU's firmware leaves
 /// data in RAM the memory map calls usable (seen at the top of a 256 MiB machine), and the
 /// kernel hands free memory out as zero. clowder-vmm's RAM is a fresh memfd, zero already, and
@@ -79,6 +87,7 @@ pub fn init(boot: &BootInfo) {
     // pages come from the lowest free memory, inside that first GiB, so they are reachable.
     let mut tables = PageTables::boot();
     WINDOW_END.store(top_of_ram.max(BOOT_WINDOW), core::sync::atomic::Ordering::Relaxed);
+    RAM_END.store(top_of_ram, core::sync::atomic::Ordering::Relaxed);
     if top_of_ram > BOOT_WINDOW {
         tables
             .map_kernel_window(PHYSMAP_BASE + BOOT_WINDOW, BOOT_WINDOW, top_of_ram - BOOT_WINDOW, &mut PmemTables)

@@ -17,6 +17,8 @@ const ATTACH: u32 = 0x7805;
 const DETACH: u32 = 0x7806;
 /// XEMEM's extension: `_IO('x', 0x10)`, `struct xemem_cmd_make_named` in xpmem.h.
 const MAKE_NAMED: u32 = 0x7810;
+/// XEMEM's lookup: `_IO('x', 0x11)`, `struct xemem_cmd_lookup` in xpmem.h.
+const LOOKUP: u32 = 0x7811;
 /// `XEMEM_NAME_MAX + 1`: the name field, NUL-terminated.
 const NAME_FIELD: usize = 64;
 
@@ -79,6 +81,14 @@ pub fn ioctl(request: u64, argument: u64) -> SyscallResult {
             let name = xemem::wire::Name::new(&field[..length]).map_err(errno)?;
             let segid = super::make_named(vaddr, size, name).map_err(errno)?;
             user::write_words(argument + 16 + NAME_FIELD as u64, &[segid as u64]).map(|_| 0)
+        }
+        LOOKUP => {
+            // struct xemem_cmd_lookup { char name[64]; s64 segid; }
+            let field = user::read_bytes(argument, NAME_FIELD)?;
+            let length = field.iter().position(|&byte| byte == 0).ok_or(Errno::EINVAL)?;
+            let name = xemem::wire::Name::new(&field[..length]).map_err(errno)?;
+            let segid = super::lookup(name).map_err(errno)?;
+            user::write_words(argument + NAME_FIELD as u64, &[segid as u64]).map(|_| 0)
         }
         // FORK_BEGIN/FORK_END and anything else: the enclave has no fork, nothing to track.
         _ => Err(Errno::ENOTTY),

@@ -17,7 +17,7 @@ use crate::clock;
 use crate::console::log;
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
-use xemem::ids::{EnclaveId, SegmentId};
+use xemem::ids::{AccessId, EnclaveId, SegmentId};
 use xemem::node::{Completion, LocalMemory, Node, Reply, Request, Timing};
 use xemem::wire::FrameRun;
 use xemem::Error;
@@ -42,12 +42,16 @@ pub fn job_removed(segment: SegmentId) {
 /// The job ended: its segments go from the name server too. The removes are only queued in
 /// the node (this runs where the channel may be in use); they leave with the next message
 /// the node sends, at the latest after the host's next ping. Nobody waits for the answers.
-pub fn job_ended() {
+/// Its permits on host memory (`host_permits`) are released the same way, which makes the
+/// host remove the regions behind their attachments (the job's address space is gone).
+pub fn job_ended(host_permits: Vec<AccessId>) {
     let segments = core::mem::take(&mut *JOB_SEGMENTS.lock());
     let mut guard = NODE.lock();
     let Some(node) = guard.as_mut() else { return };
-    for segment in segments {
-        if let Ok(request) = node.request(Request::Remove { process: crate::job::PID, segment }, &mut JobMemory) {
+    let removes = segments.into_iter().map(|segment| Request::Remove { process: crate::job::PID, segment });
+    let releases = host_permits.into_iter().map(|access| Request::Release { process: crate::job::PID, access });
+    for request in removes.chain(releases) {
+        if let Ok(request) = node.request(request, &mut JobMemory) {
             ABANDONED.lock().push(request);
         }
     }

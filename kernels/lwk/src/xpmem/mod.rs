@@ -62,10 +62,15 @@ struct Attachment {
     /// The segment was removed: the pages are gone, the range stays reserved (and faults
     /// SIGBUS) until the job detaches it.
     revoked: bool,
+    /// Host memory the VMM added as guest-physical regions: detaching it tells the host,
+    /// which removes the regions (after the mapping here is gone).
+    from_host: bool,
 }
 
 struct Device {
     names: NameServer,
+    /// Permits on host processes' segments, granted by clowderd: id -> access flags.
+    host_permits: alloc::collections::BTreeMap<i64, u32>,
     /// Sorted by `start`, never overlapping.
     attachments: Vec<Attachment>,
 }
@@ -82,13 +87,14 @@ fn job_credentials() -> Credentials {
 
 fn with_device<R>(f: impl FnOnce(&mut Device) -> R) -> R {
     let mut device = DEVICE.lock();
-    f(device.get_or_insert_with(|| Device { names: NameServer::new(), attachments: Vec::new() }))
+    f(device.get_or_insert_with(|| Device { names: NameServer::new(), host_permits: Default::default(), attachments: Vec::new() }))
 }
 
 /// The job ended: its segments, permits and attachments go with its address space.
 pub fn forget_job() {
-    *DEVICE.lock() = None;
-    host_link::job_ended();
+    let device = DEVICE.lock().take();
+    let host_permits = device.map(|device| device.host_permits.keys().filter_map(|raw| AccessId::from_raw(*raw)).collect()).unwrap_or_default();
+    host_link::job_ended(host_permits);
 }
 
 /// Does a user fault at `address` hit an attachment? Then the job gets SIGBUS, not SIGSEGV.
@@ -228,12 +234,150 @@ pub fn get(raw: i64, flags: u32, permit_type: u32, permit_value: u64) -> Result<
     }
     xemem::validate_access_flags(flags)?;
     let id = segment_id(raw)?;
-    with_device(|device| device.names.get(job_principal(), &job_credentials(), id, flags)).map(|(apid, _)| apid.raw())
+    let local = with_device(|device| device.names.get(job_principal(), &job_credentials(), id, flags));
+    match local {
+        // Not the enclave's own: a host process's segment (enclave 1), from clowderd.
+        Err(Error::NotFound) if id.enclave() == xemem::ids::NAME_SERVER_ENCLAVE && host_link::enclave_id().is_some() => {
+            let request = xemem::node::Request::Get { process: job::PID, segment: id, access: flags, credentials: job_credentials() };
+            match host_link::request(request)? {
+                xemem::node::Reply::Granted { access, .. } => {
+                    with_device(|device| device.host_permits.insert(access.raw(), flags));
+                    Ok(access.raw())
+                }
+                _ => Err(Error::Malformed),
+            }
+        }
+        result => result.map(|(apid, _)| apid.raw()),
+    }
 }
 
 pub fn release(raw: i64) -> Result<(), Error> {
     let apid = access_id(raw)?;
-    with_device(|device| device.names.release(job_principal(), apid))
+    let host_permit = with_device(|device| {
+        if device.host_permits.remove(&apid.raw()).is_none() {
+            return Err(device.names.release(job_principal(), apid));
+        }
+        // The host removes the regions behind the permit's attachment: unmap it here first.
+        // Touching it afterwards faults (SIGBUS), as after a remove.
+        unmap_host_attachments(device, apid);
+        Ok(())
+    });
+    match host_permit {
+        Err(local) => local,
+        Ok(()) => host_link::request(xemem::node::Request::Release { process: job::PID, access: apid }).map(drop),
+    }
+}
+
+/// Unmaps and forgets the attachments made through `apid`, a permit on host memory.
+fn unmap_host_attachments(device: &mut Device, apid: AccessId) {
+    job::with_process(|process| {
+        for attachment in device.attachments.iter().filter(|a| a.from_host && a.access == apid) {
+            let _ = process.memory.aspace.unmap(attachment.start, attachment.end - attachment.start);
+        }
+    });
+    device.attachments.retain(|a| !(a.from_host && a.access == apid));
+}
+
+/// XEMEM's lookup: the enclave's own names first, then (connected) the whole machine's.
+pub fn lookup(name: xemem::wire::Name) -> Result<i64, Error> {
+    let local = with_device(|device| device.names.lookup(&name));
+    match local {
+        Err(Error::NotFound) if host_link::enclave_id().is_some() => match host_link::request(xemem::node::Request::Lookup { name })? {
+            xemem::node::Reply::Found(segment) => Ok(segment.raw()),
+            _ => Err(Error::Malformed),
+        },
+        result => result.map(SegmentId::raw),
+    }
+}
+
+/// Guest-physical addresses the host may hand out for its memory end here (46 bits, what
+/// the page tables and every x86-64 CPU clowder runs on can address).
+const HOST_MEMORY_LIMIT: u64 = 1 << 46;
+
+/// The host's frame runs for an attach of host memory must cover exactly `size` bytes and lie
+/// above the enclave's RAM (in regions the VMM added), below the physical limit.
+fn host_runs_valid(runs: &[xemem::wire::FrameRun], size: u64) -> bool {
+    let ram_end = crate::mm::ram_end();
+    let mut pages: u64 = 0;
+    for run in runs {
+        if !run.valid() {
+            return false;
+        }
+        let Some(total) = pages.checked_add(run.frames) else { return false };
+        pages = total;
+        if let Some(first) = run.first {
+            let start = first.checked_mul(PAGE_SIZE);
+            let end = start.and_then(|start| start.checked_add(run.frames.checked_mul(PAGE_SIZE)?));
+            match (start, end) {
+                (Some(start), Some(end)) if start >= ram_end && end <= HOST_MEMORY_LIMIT => {}
+                _ => return false,
+            }
+        }
+    }
+    !runs.is_empty() && pages.checked_mul(PAGE_SIZE) == Some(size)
+}
+
+/// Attaches host memory through `apid` (a permit from clowderd): the daemon adds the owner's
+/// memory as guest-physical regions and answers with their frames, which are mapped here.
+fn attach_host(apid: AccessId, flags: u32, offset: u64, size: u64, fixed: u64) -> Result<u64, Error> {
+    if !offset.is_multiple_of(PAGE_SIZE) || size == 0 {
+        return Err(Error::Invalid);
+    }
+    let size = size.checked_next_multiple_of(PAGE_SIZE).ok_or(Error::Invalid)?;
+    let reply = host_link::request(xemem::node::Request::Attach { process: job::PID, access: apid, offset, size })?;
+    let detach_at_host = || {
+        let _ = host_link::request(xemem::node::Request::Detach { process: job::PID, access: apid });
+    };
+    let runs = match reply {
+        xemem::node::Reply::Attached { runs, .. } if host_runs_valid(&runs, size) => runs,
+        _ => {
+            detach_at_host();
+            return Err(Error::Invalid);
+        }
+    };
+    let first_physical = runs.iter().find_map(|run| run.first).unwrap_or(0) * PAGE_SIZE;
+    let writable = flags == xemem::ACCESS_READ_WRITE;
+    let placed = with_device(|device| {
+        // The permit may have been released while the daemon worked.
+        if !device.host_permits.contains_key(&apid.raw()) {
+            return Err(Error::NotFound);
+        }
+        let start = if fixed != 0 {
+            let end = fixed.checked_add(size).ok_or(Error::Invalid)?;
+            let taken = job::with_process(|process| {
+                let memory = &process.memory;
+                [memory.image, memory.heap, memory.stack].iter().any(|region| region.start < end && fixed < region.end)
+            }) || device.attachments.iter().any(|a| a.start < end && fixed < a.end);
+            if taken || end > xemem::USER_ADDRESS_LIMIT {
+                return Err(Error::Invalid);
+            }
+            fixed
+        } else {
+            place(&device.attachments, size, first_physical).ok_or(Error::Exhausted)?
+        };
+        let mapped = job::with_process(|process| {
+            let mut address = start;
+            for run in &runs {
+                let len = run.frames * PAGE_SIZE;
+                if let Some(frame) = run.first {
+                    process.memory.aspace.map(address, frame * PAGE_SIZE, len, Protection { write: writable, execute: false })?;
+                }
+                address += len;
+            }
+            Ok::<(), crate::arch::paging::OutOfMemory>(())
+        });
+        if mapped.is_err() {
+            job::with_process(|process| process.memory.aspace.unmap(start, size)).ok();
+            return Err(Error::Exhausted);
+        }
+        let at = device.attachments.partition_point(|a| a.start < start);
+        device.attachments.insert(at, Attachment { start, end: start + size, access: apid, revoked: false, from_host: true });
+        Ok(start)
+    });
+    if placed.is_err() {
+        detach_at_host();
+    }
+    placed
 }
 
 /// Attaches `[offset, offset + size)` of the permit's segment at `fixed` (0: anywhere in the
@@ -242,6 +386,9 @@ pub fn attach(raw: i64, offset: u64, size: u64, fixed: u64) -> Result<u64, Error
     let apid = access_id(raw)?;
     if !fixed.is_multiple_of(PAGE_SIZE) {
         return Err(Error::Invalid);
+    }
+    if let Some(flags) = with_device(|device| device.host_permits.get(&apid.raw()).copied()) {
+        return attach_host(apid, flags, offset, size, fixed);
     }
     with_device(|device| {
         let plan = device.names.attach(job_principal(), apid, offset, size)?;
@@ -289,7 +436,7 @@ pub fn attach(raw: i64, offset: u64, size: u64, fixed: u64) -> Result<u64, Error
             return Err(Error::Exhausted);
         }
         let at = device.attachments.partition_point(|a| a.start < start);
-        device.attachments.insert(at, Attachment { start, end: start + plan.size, access: apid, revoked: false });
+        device.attachments.insert(at, Attachment { start, end: start + plan.size, access: apid, revoked: false, from_host: false });
         Ok(start)
     })
 }
@@ -305,17 +452,26 @@ pub enum Detached {
 }
 
 pub fn detach(address: u64) -> Detached {
-    with_device(|device| {
+    let (detached, host_permit) = with_device(|device| {
         let Some(index) = device.attachments.iter().position(|a| a.start <= address && address < a.end) else {
             let mapped = job::with_process(|process| process.memory.aspace.translate(address & !(PAGE_SIZE - 1)).is_some());
-            return if mapped { Detached::NotAnAttachment } else { Detached::Nothing };
+            return (if mapped { Detached::NotAnAttachment } else { Detached::Nothing }, None);
         };
         let attachment = device.attachments.remove(index);
-        if !attachment.revoked {
-            job::with_process(|process| process.memory.aspace.unmap(attachment.start, attachment.end - attachment.start)).ok();
-            // Bookkeeping only (the permit may be gone already: released or removed).
-            let _ = device.names.detach(job_principal(), attachment.access);
+        if attachment.revoked {
+            return (Detached::Attachment, None);
         }
-        Detached::Attachment
-    })
+        job::with_process(|process| process.memory.aspace.unmap(attachment.start, attachment.end - attachment.start)).ok();
+        if attachment.from_host {
+            return (Detached::Attachment, Some(attachment.access));
+        }
+        // Bookkeeping only (the permit may be gone already: released or removed).
+        let _ = device.names.detach(job_principal(), attachment.access);
+        (Detached::Attachment, None)
+    });
+    // Host memory: unmapped above, so the host may now remove its regions.
+    if let Some(access) = host_permit {
+        let _ = host_link::request(xemem::node::Request::Detach { process: job::PID, access });
+    }
+    detached
 }
