@@ -114,6 +114,11 @@ fn lwk_enclaves_get_xemem_ids_from_the_daemon() {
 /// Builds xemem/tests/lwk_named_owner.c statically with musl against our header and a musl
 /// libxpmem.a (as xemem/lwk-test.sh does).
 fn build_owner_job(out: &Path) -> Result<(), String> {
+    build_musl_job("lwk_named_owner.c", out)
+}
+
+/// Builds the LWK job `xemem/tests/<source>` statically with musl.
+fn build_musl_job(source: &str, out: &Path) -> Result<(), String> {
     // The tests run in parallel and share xemem/build/musl: one build at a time.
     static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_at_a_time = BUILDING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -133,7 +138,7 @@ fn build_owner_job(out: &Path) -> Result<(), String> {
     }
     let built = Command::new("musl-gcc")
         .arg("-isystem").arg(&headers).args(["-static", "-O2"]).arg("-I").arg(xemem.join("include"))
-        .arg("-o").arg(out).arg(xemem.join("tests/lwk_named_owner.c")).arg(xemem.join("build/musl/lib/libxpmem.a"))
+        .arg("-o").arg(out).arg(xemem.join("tests").join(source)).arg(xemem.join("build/musl/lib/libxpmem.a"))
         .status().map_err(|e| e.to_string())?;
     if built.success() { Ok(()) } else { Err("musl-gcc failed".into()) }
 }
@@ -311,5 +316,96 @@ fn a_libxpmem_process_attaches_an_lwk_jobs_segment_through_the_broker() {
         assert!(stdout.contains("the host wrote 42"), "{stdout}");
     });
     let removed = call(&socket, json!({"op": "rm", "name": "owner"}));
+    assert_eq!(removed["ok"], true, "{removed}");
+}
+
+/// The other direction: an LWK job attaches a host process's memory. The host program exports
+/// a named segment with libxpmem; the job looks it up, gets and attaches it through the LWK's
+/// /dev/xpmem; the daemon serves the enclave's requests from the broker and adds the owner's
+/// memfd runs to the enclave as guest-physical regions (the VMM's add_region), which the LWK
+/// maps. The job sees the owner's pattern and writes a reply the host program sees: the same
+/// pages, no copy. Detach removes the regions again (a second attach works after it).
+#[test]
+fn an_lwk_job_attaches_a_host_processs_segment() {
+    if let Some(why) = missing_requirement() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    if Command::new("musl-gcc").arg("--version").output().is_err() {
+        eprintln!("skipped: musl-gcc is not installed");
+        return;
+    }
+    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-host-owner-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let job = dir.0.join("lwk_host_attacher");
+    build_musl_job("lwk_host_attacher.c", &job).unwrap();
+    let xemem = workspace_root().join("xemem");
+    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
+    let owner = dir.0.join("host_named_owner");
+    let built = Command::new("cc")
+        .args(["-O2", "-I"]).arg(xemem.join("include")).arg("-o").arg(&owner).arg(xemem.join("tests/host_named_owner.c"))
+        .arg(xemem.join("build/lib/libxpmem.a")).arg("-lpthread")
+        .status().unwrap();
+    assert!(built.success(), "building host_named_owner");
+
+    let socket = dir.0.join("clowderd.sock");
+    let xemem_socket = dir.0.join("xemem.sock");
+    let launcher = VmmLauncher { vmm: vmm_binary(), kernel: kernel_image(), runtime_dir: dir.0.clone() };
+    let config = DaemonConfig {
+        vmm: vmm_binary(),
+        kernel: kernel_image(),
+        oneshot_memory: 64 << 20,
+        isolate_cores: false,
+        liveness: Liveness::default(),
+        admin_group: None,
+    };
+    let daemon = Daemon::new(config, Box::new(launcher));
+    let links = daemon.xemem_links().clone();
+    assert!(daemon.host_xemem(clowderd::xemem_service::start(&xemem_socket).unwrap()).is_ok());
+    let listener = server::bind(&socket).unwrap();
+    std::thread::spawn(move || server::serve(daemon, listener));
+    let created = call(&socket, json!({"op": "create", "name": "attacher", "cores": 1, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    xemem_id(&socket, "attacher").expect("the enclave got no XEMEM id");
+
+    let mut host = Command::new(&owner)
+        .env("CLOWDER_XEMEM_SOCKET", &xemem_socket)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut host_stdout = std::io::BufReader::new(host.stdout.take().unwrap());
+    let mut first_line = String::new();
+    std::io::BufRead::read_line(&mut host_stdout, &mut first_line).unwrap();
+    assert_eq!(first_line.trim(), "made host-owner-seg");
+
+    let binary = File::open(&job).unwrap();
+    let cwd = File::open(&dir.0).unwrap();
+    let request = json!({"op": "run", "enclave": "attacher", "argv": ["lwk_host_attacher"], "cwd": dir.0.to_str().unwrap(), "files": []});
+    let mut stdout = String::new();
+    let reply = Client::connect_to(&socket)
+        .unwrap()
+        .call_streaming(&request, &[binary.as_raw_fd(), cwd.as_raw_fd()], &mut |event| {
+            if event["event"] == "output" && event["stream"] == "stdout" {
+                stdout.push_str(event["text"].as_str().unwrap());
+            }
+        })
+        .unwrap();
+    let host_status = host.wait().unwrap();
+    let mut host_rest = String::new();
+    std::io::Read::read_to_string(&mut host_stdout, &mut host_rest).unwrap();
+    let logs = call(&socket, json!({"op": "logs", "name": "attacher"}));
+    assert_eq!(reply["status"], 0, "{reply}\n{stdout}\n{logs}");
+    assert!(stdout.contains("found a segment of enclave 1"), "{stdout}");
+    assert!(stdout.contains("misaligned attach refused: 1, attach beyond the segment refused: 1"), "{stdout}");
+    assert!(stdout.contains("16 of 16 pages hold what the host wrote"), "{stdout}");
+    assert!(stdout.contains("second attach: 16 of 16 pages"), "{stdout}");
+    assert!(!stdout.contains("detach: -1") && stdout.contains("release: 0"), "{stdout}");
+    assert!(host_status.success(), "host_named_owner: {host_status:?}\n{host_rest}");
+    assert!(host_rest.contains("the LWK wrote 43"), "{host_rest}");
+    assert!(host_rest.contains("remove: 0"), "{host_rest}");
+    // Nothing of the host segment is left in the enclave's name: the permit went with release.
+    assert!(links.list().is_empty(), "{:?}", links.list());
+    let removed = call(&socket, json!({"op": "rm", "name": "attacher"}));
     assert_eq!(removed["ok"], true, "{removed}");
 }
