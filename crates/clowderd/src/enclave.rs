@@ -417,9 +417,19 @@ impl Enclave {
 /// XEMEM attaches of host memory become regions of this enclave's machine.
 impl GuestRegions for Enclave {
     fn add(&self, file: &std::fs::File, offset: u64, len: u64) -> Result<SharedRegion, String> {
-        self.machine.lock().unwrap().add_region_range(file, offset, len)
+        let added = self.machine.lock().unwrap().add_region_range(file, offset, len);
+        match &added {
+            Ok(region) => self.log.push(format!("clowderd: xemem: host memory ({len:#x} bytes) is region {} at {:#x}", region.slot, region.gpa)),
+            Err(e) => self.log.push(format!("clowderd: xemem: adding host memory ({len:#x} bytes) as a region: {e}")),
+        }
+        added
     }
     fn remove(&self, slot: u32) -> Result<(), String> {
-        self.machine.lock().unwrap().remove_region(slot)
+        let removed = self.machine.lock().unwrap().remove_region(slot);
+        match &removed {
+            Ok(()) => self.log.push(format!("clowderd: xemem: host memory region {slot} removed")),
+            Err(e) => self.log.push(format!("clowderd: xemem: removing host memory region {slot}: {e}")),
+        }
+        removed
     }
 }

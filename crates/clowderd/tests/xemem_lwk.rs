@@ -404,6 +404,11 @@ fn an_lwk_job_attaches_a_host_processs_segment() {
     assert!(host_status.success(), "host_named_owner: {host_status:?}\n{host_rest}");
     assert!(host_rest.contains("the LWK wrote 43"), "{host_rest}");
     assert!(host_rest.contains("remove: 0"), "{host_rest}");
+    // Every region the attaches added is gone again (the detaches removed them).
+    let lines: Vec<String> = logs["lines"].as_array().unwrap().iter().filter_map(|l| l.as_str().map(String::from)).collect();
+    let added = lines.iter().filter(|l| l.contains("xemem: host memory (")).count();
+    let removed = lines.iter().filter(|l| l.contains("xemem: host memory region") && l.ends_with("removed")).count();
+    assert!(added >= 2 && added == removed, "regions added {added}, removed {removed}: {lines:?}");
     // Nothing of the host segment is left in the enclave's name: the permit went with release.
     assert!(links.list().is_empty(), "{:?}", links.list());
     let removed = call(&socket, json!({"op": "rm", "name": "attacher"}));
