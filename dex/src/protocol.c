@@ -285,6 +285,8 @@ static const char *const type_names[DEX_MSG_TYPE_END] = {
 	[DEX_MSG_SHUTDOWN] = "SHUTDOWN",
 	[DEX_MSG_PING] = "PING",
 	[DEX_MSG_PONG] = "PONG",
+	[DEX_MSG_VMA_REVOKE] = "VMA_REVOKE",
+	[DEX_MSG_VMA_REVOKE_ACK] = "VMA_REVOKE_ACK",
 };
 
 const char *dex_msg_type_name(unsigned type)
@@ -315,6 +317,8 @@ static size_t fixed_size(unsigned type)
 	case DEX_MSG_SYSCALL: return sizeof(struct dex_msg_syscall);
 	case DEX_MSG_SYSCALL_REPLY: return sizeof(struct dex_msg_syscall_reply);
 	case DEX_MSG_SHUTDOWN: return sizeof(struct dex_msg_shutdown);
+	case DEX_MSG_VMA_REVOKE: return sizeof(struct dex_msg_vma_revoke);
+	case DEX_MSG_VMA_REVOKE_ACK: return sizeof(struct dex_msg_vma_revoke_ack);
 	default: return 0;
 	}
 }
@@ -436,6 +440,18 @@ const char *dex_msg_check(const struct dex_msg_header *h, const void *payload, c
 			return "SYSCALL_REPLY data length inconsistent";
 		return NULL;
 	}
+	case DEX_MSG_VMA_REVOKE: {
+		const struct dex_msg_vma_revoke *m = payload;
+		if (h->length != fixed)
+			return "VMA_REVOKE has trailing bytes";
+		if (m->rights > 7 || !m->length || (m->start | m->length) % DEX_PAGE_SIZE)
+			return "VMA_REVOKE fields invalid";
+		if (!page_address_valid(m->start, lim) || !page_address_valid(m->start + m->length - DEX_PAGE_SIZE, lim))
+			return "VMA_REVOKE range outside shared regions";
+		return NULL;
+	}
+	case DEX_MSG_VMA_REVOKE_ACK:
+		return h->length == fixed ? NULL : "VMA_REVOKE_ACK has trailing bytes";
 	default:
 		return "unknown message type";
 	}

@@ -140,6 +140,8 @@ enum dex_msg_type {
 	DEX_MSG_SHUTDOWN,          /* origin -> node: program finished */
 	DEX_MSG_PING,              /* origin -> node, periodically: are you there? */
 	DEX_MSG_PONG,              /* node -> origin */
+	DEX_MSG_VMA_REVOKE,        /* origin -> node: a range lost rights (munmap, mprotect down) */
+	DEX_MSG_VMA_REVOKE_ACK,    /* node -> origin: applied */
 	DEX_MSG_TYPE_END
 };
 
@@ -225,6 +227,21 @@ struct dex_msg_syscall_reply {
 	uint32_t worker;
 	uint32_t data_length;
 	int64_t result;
+};
+
+/* The origin lowered the rights of [start, start + length) to `rights`
+ * (0 for munmap, else 4 | the dsm_access left); nodes cap what they cache and their
+ * page protections, then acknowledge with the same generation. */
+struct dex_msg_vma_revoke {
+	uint64_t start;
+	uint64_t length;
+	uint32_t rights;
+	uint32_t generation;
+};
+
+struct dex_msg_vma_revoke_ack {
+	uint32_t generation;
+	uint32_t reserved;
 };
 
 struct dex_msg_shutdown {
