@@ -111,6 +111,12 @@ for n in 2 3; do
 		$DEXRUN -n $n "$BUILD/coherence" fileio
 	check_output "anonymous mmap on a node is shared memory ($n nodes)$via" "PASS mmap" $DEXRUN -n $n "$BUILD/coherence" mmap
 done
+# layout changes run at the origin; shrinking is broadcast, growth learnt on demand
+check_output "mmap on node 1, read on node 2, mremap there$via" "PASS mapmove" $DEXRUN -n 3 "$BUILD/coherence" mapmove
+check_output "munmap on node 2: SIGSEGV on node 1 and the origin$via" "PASS unmap" $DEXRUN -n 3 "$BUILD/coherence" unmap
+check_output "mprotect read-only at the origin: a write on node 1 faults$via" "PASS protect" \
+	$DEXRUN -n 3 "$BUILD/coherence" protect
+check_output "brk grown on node 1, shrunk on node 2, regrown zeroed$via" "PASS brk" $DEXRUN -n 3 "$BUILD/coherence" brk
 }
 coherence_tests
 check_output "3000 short-lived migrating threads (ids, runtime blocks, stacks recycled)" "PASS churn" \

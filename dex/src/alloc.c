@@ -46,10 +46,9 @@ struct heap_state {
 	uintptr_t bump, limit;
 	uintptr_t small_free[SMALL_CLASSES];
 	uintptr_t spans;
-	/* The top quarter of the window serves anonymous mmap() calls of
-	 * application threads, bump-allocated with atomics because it runs
-	 * inside the SIGSYS handler, where the heap mutex cannot be taken. */
-	uintptr_t mmap_next, mmap_end;
+	/* The application's SIGSEGV action, here so that every node sees the
+	 * one set on any node (the runtime owns the real handler). */
+	struct dex_app_segv_action app_segv;
 };
 
 static bool heap_in_use(void)
@@ -67,11 +66,8 @@ void dex_heap_init_origin(void)
 {
 	struct heap_state *h = (struct heap_state *)DEX_HEAP_BASE;
 	pthread_mutex_init(&h->lock, NULL);
-	uintptr_t end = dex_rt.regions[dex_rt.nregions - 1].end;
 	h->bump = DEX_HEAP_BASE + STATE_BYTES;
-	h->limit = end - (end - DEX_HEAP_BASE) / 4;
-	h->mmap_next = h->limit;
-	h->mmap_end = end;
+	h->limit = dex_vma_area_start(); /* above it: vma.c's mapped area */
 }
 
 static struct heap_state *state(void)
@@ -234,17 +230,9 @@ static void *heap_memalign(size_t alignment, size_t size)
 	return (void *)p;
 }
 
-uintptr_t dex_heap_map_anonymous(size_t bytes)
+struct dex_app_segv_action *dex_heap_app_segv_action(void)
 {
-	struct heap_state *h = state();
-	size_t size = (bytes + DEX_PAGE_SIZE - 1) & ~(size_t)(DEX_PAGE_SIZE - 1);
-	uintptr_t start = __atomic_load_n(&h->mmap_next, __ATOMIC_RELAXED);
-	do {
-		if (!size || size > h->mmap_end - start)
-			return 0;
-	} while (!__atomic_compare_exchange_n(&h->mmap_next, &start, start + size, false, __ATOMIC_ACQ_REL,
-					      __ATOMIC_RELAXED));
-	return start; /* never handed out before, so still zero */
+	return &state()->app_segv;
 }
 
 /* ------------------------------------------------ interposed allocator */
@@ -359,4 +347,41 @@ void *pvalloc(size_t size)
 void *dex_malloc_aligned(size_t size)
 {
 	return memalign(DEX_PAGE_SIZE, (size + DEX_PAGE_SIZE - 1) & ~(size_t)(DEX_PAGE_SIZE - 1));
+}
+
+/* glibc's sbrk keeps its own copy of the break, which on the origin is the
+ * kernel's (glibc's malloc of runtime threads uses it). Application threads
+ * get the shared break of the mapped area (vma.c) instead. */
+int brk(void *addr)
+{
+	if (!heap_in_use()) {
+		static int (*libc_brk)(void *);
+		if (!libc_brk)
+			libc_brk = (int (*)(void *))dlsym(RTLD_NEXT, "brk");
+		return libc_brk(addr);
+	}
+	if (dex_vma_brk((uintptr_t)addr) != (long)(uintptr_t)addr) {
+		errno = ENOMEM;
+		return -1;
+	}
+	return 0;
+}
+
+void *sbrk(intptr_t increment)
+{
+	if (!heap_in_use()) {
+		static void *(*libc_sbrk)(intptr_t);
+		if (!libc_sbrk)
+			libc_sbrk = (void *(*)(intptr_t))dlsym(RTLD_NEXT, "sbrk");
+		return libc_sbrk(increment);
+	}
+	long current = dex_vma_brk(0);
+	if (!increment)
+		return (void *)current;
+	uintptr_t wanted = (uintptr_t)current + (uintptr_t)increment;
+	if (dex_vma_brk(wanted) != (long)wanted) {
+		errno = ENOMEM;
+		return (void *)-1;
+	}
+	return (void *)current;
 }

@@ -187,6 +187,8 @@ void dex_origin_shutdown_nodes(int status);
 void dex_prefault(uintptr_t addr, size_t len, bool write);
 void dex_note_arrival(uint64_t sent_ns);
 void dex_print_stats(void);
+void dex_dsm_reprotect(uintptr_t page_addr);
+char *dex_dsm_alias_of(uintptr_t addr);
 
 /* migrate.c */
 int dex_context_save(struct dex_context *c) __attribute__((returns_twice));
@@ -202,9 +204,12 @@ void dex_origin_handle_migrate(const struct dex_msg_header *h, const struct dex_
 /* syscall.c */
 void dex_arm_dispatch(struct dex_thread *t);
 void dex_sigsys_handler(int sig, void *info, void *ucontext);
+void dex_deliver_app_sigsegv(void *siginfo, void *ucontext, int code);
 void dex_origin_run_delegated(struct dex_thread *t, unsigned from, const struct dex_msg_syscall *m);
 void dex_thread_exit_here(long code) __attribute__((noreturn));
 void dex_process_exit_here(long code) __attribute__((noreturn));
+long dex_delegate_call(long nr, long a[6]);
+long dex_ask_origin_rights(uintptr_t page);
 
 /* trace.c: the fault profiler (DEX_TRACE=file) */
 enum dex_trace_kind {
@@ -224,7 +229,25 @@ extern bool dex_tracing;
 void dex_heap_init_origin(void);
 void *dex_heap_alloc_pages(size_t bytes);
 void dex_heap_free_pages(void *p, size_t bytes);
-uintptr_t dex_heap_map_anonymous(size_t bytes);
+struct dex_app_segv_action {
+	void *handler;
+	unsigned long flags;
+};
+struct dex_app_segv_action *dex_heap_app_segv_action(void);
+
+/* vma.c: the layout of the mapped area (mmap, munmap, mprotect, mremap, brk) */
+#define DEX_VMA_QUERY_CALL 0x7fff0001L /* pseudo system call: a node asks the origin for rights */
+void dex_vma_init(void);
+uintptr_t dex_vma_area_start(void);
+enum dsm_access dex_vma_cap(uintptr_t page_addr);
+bool dex_vma_allows(uintptr_t addr, bool write);
+bool dex_vma_is_mapped(uintptr_t addr);
+bool dex_vma_allows_range(uintptr_t addr, size_t len, bool write);
+bool dex_vma_is_layout_call(long nr, const long a[6]);
+bool dex_vma_origin_call(long nr, const long a[6], long *ret);
+long dex_vma_brk(uintptr_t wanted);
+void dex_vma_node_revoke(const struct dex_msg_vma_revoke *m);
+void dex_vma_origin_revoke_ack(unsigned from, const struct dex_msg_vma_revoke_ack *m);
 
 /* threads.c */
 uint32_t dex_thread_id_alloc(void);

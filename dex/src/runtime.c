@@ -390,11 +390,32 @@ static char *page_alias(uint32_t page)
 	return r->alias + (size_t)(page - r->first_page) * DEX_PAGE_SIZE;
 }
 
+/* The DSM's access, capped by the page's mapping rights (vma.c): a page
+ * unmapped or made read-only stays so whatever copy the DSM holds. */
 static void protect_page(uint32_t page, enum dsm_access access)
 {
 	static const int prot[] = { PROT_NONE, PROT_READ, PROT_READ | PROT_WRITE };
+	enum dsm_access cap = dex_vma_cap(page_address(page));
+	if (access > cap)
+		access = cap;
 	if (raw_syscall(SYS_mprotect, page_address(page), DEX_PAGE_SIZE, prot[access]) != 0)
 		dex_fatal("mprotect of shared page failed (vm.max_map_count too low?)");
+}
+
+void dex_dsm_reprotect(uintptr_t page_addr)
+{
+	int64_t page = page_index(page_addr);
+	if (page < 0)
+		return;
+	dex_lock_acquire(&dex_rt.dsm_lock);
+	protect_page((uint32_t)page, (enum dsm_access)dex_rt.page_state[page]);
+	dex_lock_release(&dex_rt.dsm_lock);
+}
+
+char *dex_dsm_alias_of(uintptr_t addr)
+{
+	int64_t page = page_index(addr);
+	return page < 0 ? NULL : page_alias((uint32_t)page) + addr % DEX_PAGE_SIZE;
 }
 
 static void bump_epoch(void)
@@ -505,8 +526,8 @@ void dex_prefault(uintptr_t addr, size_t len, bool write)
 	uintptr_t first = addr & ~(uintptr_t)(DEX_PAGE_SIZE - 1);
 	for (uintptr_t p = first; p < addr + len; p += DEX_PAGE_SIZE) {
 		uintptr_t touch = p < addr ? addr : p;
-		if (!dex_in_shared(touch))
-			continue;
+		if (!dex_in_shared(touch) || !dex_vma_allows(touch, write))
+			continue; /* unmapped: the kernel reports EFAULT, as on Linux */
 		if (write)
 			__atomic_fetch_or((volatile char *)touch, 0, __ATOMIC_RELAXED);
 		else
@@ -535,6 +556,10 @@ static void on_sigsegv(int sig, siginfo_t *si, void *ucontext)
 	if (self && self->role == DEX_ROLE_SERVICE)
 		dex_fatal("runtime thread touched shared page %#lx", (unsigned long)addr);
 	bool write = (uc->uc_mcontext.gregs[REG_ERR] & 2) != 0;
+	if (!dex_vma_allows(addr, write)) {
+		dex_deliver_app_sigsegv(si, uc, dex_vma_is_mapped(addr) ? SEGV_ACCERR : SEGV_MAPERR);
+		return;
+	}
 	dsm_fault((uint32_t)page, write, addr, (uint64_t)uc->uc_mcontext.gregs[REG_RIP]);
 }
 
@@ -633,6 +658,9 @@ static void node_receive_loop(void)
 		case DEX_MSG_PING:
 			dex_send(0, DEX_MSG_PONG, NULL, 0, NULL, 0);
 			break;
+		case DEX_MSG_VMA_REVOKE:
+			dex_vma_node_revoke((const void *)payload);
+			break;
 		case DEX_MSG_SHUTDOWN:
 			/* The origin is finishing but may still read pages we
 			 * hold (exit handlers, stdio): keep serving until its
@@ -665,6 +693,9 @@ static void *origin_receive_loop(void *arg)
 		}
 		switch (h.type) {
 		case DEX_MSG_PONG:
+			break;
+		case DEX_MSG_VMA_REVOKE_ACK:
+			dex_vma_origin_revoke_ack(peer, (const void *)payload);
 			break;
 		case DEX_MSG_PAGE_REQUEST: {
 			const struct dex_msg_page_request *m = (const void *)payload;
@@ -1092,6 +1123,7 @@ __attribute__((constructor(101))) static void dex_init(int argc, char **argv, ch
 		setvbuf(stdout, NULL, _IONBF, 0);
 
 	setup_regions();
+	dex_vma_init();
 	dex_trace_init();
 	dex_install_signal_handlers();
 	if (node == 0) {

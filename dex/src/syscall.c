@@ -150,9 +150,10 @@ static bool node_delegates(long nr, const long a[6])
 	case SYS_getppid:
 	case SYS_unlink:
 	case SYS_unlinkat:
+	case DEX_VMA_QUERY_CALL:
 		return true;
 	default:
-		return false;
+		return dex_vma_is_layout_call(nr, a); /* the origin owns the layout */
 	}
 }
 
@@ -222,6 +223,14 @@ static long node_delegate(struct dex_thread *self, long nr, long a[6])
 	default:
 		break;
 	}
+	/* Results are copied into the caller's memory below, while this
+	 * thread's mailbox still holds the reply: learn the buffer's mapping
+	 * rights first, since asking the origin uses the same mailbox. */
+	uintptr_t result_buffer = number == SYS_newfstatat ? (uintptr_t)a[2] : (uintptr_t)a[1];
+	size_t result_length = number == SYS_fstat || number == SYS_newfstatat ? sizeof(struct stat)
+			       : number == SYS_read || number == SYS_pread64 ? bounded(a[2]) : 0;
+	if (result_length && !dex_vma_allows_range(result_buffer, result_length, true))
+		return -EFAULT;
 	m->number = (uint64_t)number;
 	m->data_length = (uint32_t)length;
 	dex_send(0, DEX_MSG_SYSCALL, m, sizeof(*m) + length, NULL, 0);
@@ -247,6 +256,27 @@ static long node_delegate(struct dex_thread *self, long nr, long a[6])
 	}
 	__atomic_store_n(&self->mail.ready, 0, __ATOMIC_RELEASE);
 	__atomic_add_fetch(&dex_rt.syscalls_delegated, 1, __ATOMIC_RELAXED);
+	return result;
+}
+
+long dex_delegate_call(long nr, long a[6])
+{
+	return node_delegate(dex_self(), nr, a);
+}
+
+/* A node's mapping question. The fault that asks may come from inside
+ * node_delegate while it fills the thread's scratch buffer (copying a
+ * write() buffer in the mapped area), so the message is built here, not
+ * in scratch; the mailbox is free then, as the call is not sent yet. */
+long dex_ask_origin_rights(uintptr_t page)
+{
+	struct dex_thread *self = dex_self();
+	struct dex_msg_syscall m = { .thread = self->thread_id, .worker = self->worker,
+				     .number = (uint64_t)DEX_VMA_QUERY_CALL, .args = { page } };
+	dex_send(0, DEX_MSG_SYSCALL, &m, sizeof(m), NULL, 0);
+	dex_mail_wait(self);
+	long result = ((const struct dex_msg_syscall_reply *)self->mail.payload)->result;
+	__atomic_store_n(&self->mail.ready, 0, __ATOMIC_RELEASE);
 	return result;
 }
 
@@ -319,7 +349,8 @@ void dex_origin_run_delegated(struct dex_thread *t, unsigned from, const struct 
 		ret = raw_syscall6(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
 		break;
 	default:
-		ret = -ENOSYS; /* nodes only ship the calls listed above */
+		if (!dex_vma_origin_call(nr, a, &ret))
+			ret = -ENOSYS; /* nodes only ship the calls listed above */
 		break;
 	}
 	r->worker = m->worker;
@@ -361,6 +392,20 @@ static long guarded_sigaction(const long a[6])
 {
 	int sig = (int)a[0];
 	const struct kernel_sigaction *act = (const void *)a[1];
+	if (sig == SIGSEGV && dex_rt.active) {
+		/* Kept in shared memory: a genuine fault (an unmapped or
+		 * read-only page) on any node runs it (dex_deliver_app_sigsegv). */
+		struct dex_app_segv_action *saved = dex_heap_app_segv_action();
+		if (a[2]) {
+			struct kernel_sigaction *old = (void *)a[2];
+			*old = (struct kernel_sigaction){ .handler = saved->handler, .flags = saved->flags };
+		}
+		if (act) {
+			saved->handler = act->handler;
+			saved->flags = act->flags;
+		}
+		return 0;
+	}
 	if (act && (sig == SIGSEGV || sig == SIGSYS))
 		return a[2] ? raw_syscall6(SYS_rt_sigaction, sig, 0, a[2], a[3], 0, 0) : 0;
 	if (!act)
@@ -381,38 +426,27 @@ static void redirect(ucontext_t *uc, void (*fn)(long), long arg)
 	g[REG_RDI] = arg;
 }
 
-/* Anonymous private mappings of application threads come from the shared
- * window, so they are valid and coherent on every node. Inside the shared
- * regions the DSM owns page protections, and the window is never given
- * back to the kernel: munmap and mprotect there succeed without effect. */
-static bool memory_call(long nr, const long a[6], long *ret)
+/* A fault the mapping rights refuse is the application's own: run its
+ * SIGSEGV handler as the kernel would, or die of SIGSEGV without one.
+ * Called from the runtime's handler, where SIGSEGV is blocked; it is
+ * unblocked first because reading the action, and the application's
+ * handler itself, may take DSM faults. */
+void dex_deliver_app_sigsegv(void *siginfo, void *ucontext, int code)
 {
-	switch (nr) {
-	case SYS_mmap: {
-		int flags = (int)a[3];
-		if (a[0] != 0 || (flags & (MAP_ANONYMOUS | MAP_PRIVATE | MAP_SHARED | MAP_FIXED)) !=
-					 (MAP_ANONYMOUS | MAP_PRIVATE))
-			return false;
-		if (a[2] != (PROT_READ | PROT_WRITE))
-			return false;
-		uintptr_t p = dex_heap_map_anonymous((size_t)a[1]);
-		*ret = p ? (long)p : -ENOMEM;
-		return true;
+	siginfo_t *si = siginfo;
+	uint64_t unblock = SIGBIT(SIGSEGV);
+	raw_syscall6(SYS_rt_sigprocmask, SIG_UNBLOCK, (long)&unblock, 0, 8, 0, 0);
+	struct dex_app_segv_action action = *dex_heap_app_segv_action();
+	if (action.handler == SIG_DFL || action.handler == SIG_IGN) {
+		struct kernel_sigaction dfl = { SIG_DFL, 0, 0, 0 };
+		raw_syscall6(SYS_rt_sigaction, SIGSEGV, (long)&dfl, 0, 8, 0, 0);
+		return; /* the access runs again and the kernel ends the process */
 	}
-	case SYS_munmap:
-	case SYS_mprotect:
-		if (!dex_in_shared((uintptr_t)a[0]))
-			return false;
-		*ret = 0;
-		return true;
-	case SYS_mremap:
-		if (!dex_in_shared((uintptr_t)a[0]))
-			return false;
-		*ret = -ENOMEM; /* callers fall back to map + copy */
-		return true;
-	default:
-		return false;
-	}
+	si->si_code = code;
+	if (action.flags & SA_SIGINFO)
+		((void (*)(int, siginfo_t *, void *))action.handler)(SIGSEGV, si, ucontext);
+	else
+		((void (*)(int))action.handler)(SIGSEGV);
 }
 
 void dex_sigsys_handler(int sig, void *info, void *ucontext)
@@ -438,7 +472,7 @@ void dex_sigsys_handler(int sig, void *info, void *ucontext)
 		redirect(uc, dex_process_exit_here, a[0]);
 		return;
 	default:
-		if (memory_call(nr, a, &ret))
+		if (dex_rt.node == 0 && dex_vma_origin_call(nr, a, &ret))
 			break;
 		if (dex_rt.node == 0)
 			ret = origin_syscall(nr, a);

@@ -8,6 +8,11 @@
  *   mmap      - an anonymous mapping made on a node is usable at the origin
  *   fileio    - open/write/read/fstat/close on a node; read() at the origin
  *               into a page the node holds
+ *   mapmove   - mmap and write on node 1, read on the last node; mremap there
+ *   unmap     - munmap on the last node; node 1 and the origin then fault
+ *   protect   - mprotect(PROT_READ) at the origin; a write on node 1 faults
+ *   brk       - brk grown on node 1, used everywhere, shrunk, grown again
+ * (the last four want 3 nodes; SIGSEGV is caught with sigaction+siglongjmp)
  * usage: coherence TEST [threads] [iterations] */
 #include <dex.h>
 #include <pthread.h>
@@ -15,6 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <sys/syscall.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -231,6 +239,193 @@ static void *mapper(void *arg)
 	return (void *)bad;
 }
 
+/* --- layout changes (mmap/munmap/mprotect/mremap/brk run at the origin) */
+
+#define PAGE 4096
+static sigjmp_buf fault_jump;
+static void *volatile fault_address;
+static volatile int fault_code;
+static long layout_problems;
+
+static void on_segv(int sig, siginfo_t *si, void *uc)
+{
+	(void)sig;
+	(void)uc;
+	fault_address = si->si_addr;
+	fault_code = si->si_code;
+	siglongjmp(fault_jump, 1);
+}
+
+static void catch_segv(void)
+{
+	struct sigaction sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_sigaction = on_segv;
+	sa.sa_flags = SA_SIGINFO;
+	sigaction(SIGSEGV, &sa, NULL);
+}
+
+/* 0: the access went through; else the si_code of the SIGSEGV it raised. */
+static int access_faults(volatile char *p, int write)
+{
+	fault_address = NULL;
+	if (sigsetjmp(fault_jump, 1) == 0) {
+		if (write)
+			*p = 42;
+		else
+			(void)*p;
+		return 0;
+	}
+	if (fault_address != (void *)p) {
+		printf("FAIL fault reported at %p for an access to %p\n", fault_address, (void *)p);
+		layout_problems++;
+	}
+	return fault_code;
+}
+
+static void expect(int ok, const char *what)
+{
+	if (!ok) {
+		printf("FAIL on node %d: %s\n", dex_node(), what);
+		layout_problems++;
+	}
+}
+
+static int last_node(void)
+{
+	return dex_nodes() - 1;
+}
+
+static void *mapmove_worker(void *arg)
+{
+	(void)arg;
+	go(1);
+	unsigned char *m = mmap(NULL, MAPPED_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	expect(m != MAP_FAILED, "mmap on node 1");
+	for (long i = 0; i < MAPPED_BYTES; i++)
+		m[i] = (unsigned char)(i * 13);
+	go(last_node());
+	long wrong = 0;
+	for (long i = 0; i < MAPPED_BYTES; i++)
+		wrong += m[i] != (unsigned char)(i * 13);
+	expect(wrong == 0, "node 1's writes read back on the last node");
+	/* Grown with a move on the last node: the bytes follow, the old range is gone. */
+	unsigned char *grown = mremap(m, MAPPED_BYTES, 2 * MAPPED_BYTES, MREMAP_MAYMOVE);
+	expect(grown != MAP_FAILED, "mremap grows");
+	for (long i = 0; grown != MAP_FAILED && i < MAPPED_BYTES; i++)
+		wrong += grown[i] != (unsigned char)(i * 13);
+	expect(wrong == 0, "mremap kept the bytes");
+	if (grown != MAP_FAILED && grown != m)
+		expect(access_faults((volatile char *)m, 0) == SEGV_MAPERR, "the old range faults after mremap");
+	go(1);
+	if (grown != MAP_FAILED) {
+		/* write() from a buffer node 1 has not seen: the runtime learns
+		 * its mapping while copying it into the delegated call */
+		int null_fd = open("/dev/null", O_WRONLY);
+		expect(write(null_fd, grown + MAPPED_BYTES / 2, 3 * PAGE) == 3 * PAGE, "write() from the moved mapping");
+		close(null_fd);
+		grown[2 * MAPPED_BYTES - 1] = 7; /* growth learnt on demand */
+		expect(munmap(grown, 2 * MAPPED_BYTES) == 0, "munmap");
+	}
+	go(0);
+	return NULL;
+}
+
+static void *unmap_worker(void *arg)
+{
+	(void)arg;
+	go(1);
+	char *m = mmap(NULL, 16 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	expect(m != MAP_FAILED, "mmap on node 1");
+	memset(m, 1, 16 * PAGE); /* node 1 now holds every page, writable */
+	go(last_node());
+	expect(munmap(m + 4 * PAGE, 8 * PAGE) == 0, "munmap of the middle on the last node");
+	expect(access_faults(m + 5 * PAGE, 0) == SEGV_MAPERR, "read after munmap faults on the last node");
+	go(1);
+	expect(access_faults(m + 4 * PAGE, 0) == SEGV_MAPERR, "read after munmap faults on node 1");
+	expect(access_faults(m + 11 * PAGE + 5, 1) == SEGV_MAPERR, "write after munmap faults on node 1");
+	expect(access_faults(m + 3 * PAGE, 1) == 0 && access_faults(m + 12 * PAGE, 1) == 0,
+	       "the pages around the hole stay mapped on node 1");
+	go(0);
+	expect(access_faults(m + 7 * PAGE, 0) == SEGV_MAPERR, "read after munmap faults at the origin");
+	expect(m[3 * PAGE] == 42 && m[12 * PAGE] == 42, "the rest of the mapping is intact at the origin");
+	munmap(m, 16 * PAGE);
+	expect(access_faults(m, 0) == SEGV_MAPERR, "whole mapping gone");
+	/* The address range is handed out again, zeroed, on every node. */
+	char *again = mmap(NULL, 8 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	expect(again >= m && again < m + 16 * PAGE, "an unmapped range is reused");
+	go(1);
+	long nonzero = 0;
+	for (long i = 0; i < 8 * PAGE; i++)
+		nonzero += again[i] != 0;
+	expect(nonzero == 0, "a reused range reads as zeroes on node 1");
+	go(0);
+	munmap(again, 8 * PAGE);
+	return NULL;
+}
+
+static void *protect_worker(void *arg)
+{
+	(void)arg;
+	go(1);
+	char *m = mmap(NULL, 4 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	expect(m != MAP_FAILED, "mmap on node 1");
+	memset(m, 3, 4 * PAGE); /* node 1 holds the pages writable */
+	go(0);
+	expect(mprotect(m, 4 * PAGE, PROT_READ) == 0, "mprotect read-only at the origin");
+	expect(access_faults(m, 1) == SEGV_ACCERR, "write faults at the origin");
+	go(1);
+	expect(access_faults(m + PAGE, 0) == 0 && m[PAGE] == 3, "read still works on node 1");
+	expect(access_faults(m + 2 * PAGE, 1) == SEGV_ACCERR, "write faults on node 1");
+	expect(m[2 * PAGE] == 3, "the refused write left the byte alone");
+	/* Upgrading again (from a node) is growth: node 1 learns it on demand. */
+	expect(mprotect(m, 4 * PAGE, PROT_READ | PROT_WRITE) == 0, "mprotect back to read-write on node 1");
+	expect(access_faults(m + 2 * PAGE, 1) == 0, "write works again on node 1");
+	go(last_node());
+	expect(access_faults(m + 3 * PAGE, 1) == 0 && m[2 * PAGE] == 42, "and on the last node");
+	expect(mprotect(m, 4 * PAGE, PROT_NONE) == 0, "mprotect PROT_NONE on the last node");
+	go(1);
+	expect(access_faults(m, 0) == SEGV_ACCERR, "PROT_NONE: read faults on node 1");
+	go(0);
+	munmap(m, 4 * PAGE);
+	return NULL;
+}
+
+static void *brk_worker(void *arg)
+{
+	(void)arg;
+	go(1);
+	char *base = (char *)syscall(SYS_brk, 0);
+	char *top = (char *)syscall(SYS_brk, base + 3 * PAGE + 100);
+	expect(top == base + 3 * PAGE + 100, "brk grows on node 1");
+	for (long i = 0; i < 3 * PAGE + 100; i++)
+		expect(base[i] == 0 || (printf("byte %ld\n", i), 0), "fresh brk memory is zero");
+	memset(base, 9, 3 * PAGE + 100);
+	go(last_node());
+	expect((char *)syscall(SYS_brk, 0) == top, "the break is the same on the last node");
+	expect(base[3 * PAGE + 99] == 9 && base[0] == 9, "node 1's writes seen on the last node");
+	expect((char *)syscall(SYS_brk, base + PAGE) == base + PAGE, "brk shrinks on the last node");
+	go(1);
+	expect(access_faults(base + 2 * PAGE, 0) == SEGV_MAPERR, "shrunk brk faults on node 1");
+	expect(base[PAGE - 1] == 9, "below the break stays");
+	go(0);
+	expect(access_faults(base + 3 * PAGE, 1) == SEGV_MAPERR, "shrunk brk faults at the origin");
+	expect((char *)syscall(SYS_brk, base + 4 * PAGE) == base + 4 * PAGE, "brk grows again at the origin");
+	expect(base[2 * PAGE] == 0 && base[3 * PAGE + 50] == 0, "regrown brk memory is zero");
+	go(1);
+	expect(base[2 * PAGE + 1] == 0 && access_faults(base + 4 * PAGE - 1, 1) == 0, "node 1 learns the regrowth");
+	syscall(SYS_brk, base);
+	go(last_node());
+	/* glibc's sbrk() moves the same shared break (libdex interposes it) */
+	char *old_break = sbrk(2 * PAGE);
+	expect(old_break == base && sbrk(0) == base + 2 * PAGE, "sbrk on the last node");
+	memset(old_break, 5, 2 * PAGE);
+	go(0);
+	expect(base[2 * PAGE - 1] == 5, "sbrk memory seen at the origin");
+	expect(sbrk(-2 * PAGE) == base + 2 * PAGE, "sbrk shrinks at the origin");
+	return NULL;
+}
+
 static pthread_t spawn(void *(*fn)(void *), long arg)
 {
 	pthread_t t;
@@ -331,6 +526,15 @@ int main(int argc, char **argv)
 		printf("%s mmap: %ld problems with 1 MiB mapped and written on node %d\n", bad ? "FAIL" : "PASS", bad,
 		       dex_nodes() - 1);
 		return bad != 0;
+	}
+	if (!strcmp(test, "mapmove") || !strcmp(test, "unmap") || !strcmp(test, "protect") || !strcmp(test, "brk")) {
+		void *(*worker)(void *) = !strcmp(test, "mapmove") ? mapmove_worker
+					  : !strcmp(test, "unmap") ? unmap_worker
+					  : !strcmp(test, "protect") ? protect_worker : brk_worker;
+		catch_segv();
+		join(spawn(worker, 0));
+		printf("%s %s: %ld problems\n", layout_problems ? "FAIL" : "PASS", test, layout_problems);
+		return layout_problems != 0;
 	}
 	if (!strcmp(test, "coalesce")) {
 		fresh_pages = dex_malloc_aligned(COALESCE_PAGES * 4096);
