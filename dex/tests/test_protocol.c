@@ -377,6 +377,21 @@ static void test_codec(void)
 	CHECK(dex_msg_check(&h, &mig, &lim) == NULL, "migrate");
 	mig.target = 3;
 	CHECK(dex_msg_check(&h, &mig, &lim) != NULL, "migrate target out of range");
+
+	struct dex_msg_vma_revoke revoke = { .start = 0x600000010000, .length = 3 * DEX_PAGE_SIZE, .rights = 4 | DSM_READ,
+					     .generation = 7 };
+	dex_msg_fill_header(&h, DEX_MSG_VMA_REVOKE, 0, sizeof(revoke), 6);
+	CHECK(dex_msg_check(&h, &revoke, &lim) == NULL, "vma revoke");
+	revoke.length = 100;
+	CHECK(dex_msg_check(&h, &revoke, &lim) != NULL, "vma revoke of a partial page");
+	revoke.length = 0x100000;
+	CHECK(dex_msg_check(&h, &revoke, &lim) != NULL, "vma revoke past the shared region");
+	revoke.length = DEX_PAGE_SIZE;
+	revoke.rights = 9;
+	CHECK(dex_msg_check(&h, &revoke, &lim) != NULL, "vma revoke with unknown rights");
+	struct dex_msg_vma_revoke_ack revoke_ack = { .generation = 7 };
+	dex_msg_fill_header(&h, DEX_MSG_VMA_REVOKE_ACK, 2, sizeof(revoke_ack), 6);
+	CHECK(dex_msg_check(&h, &revoke_ack, &lim) == NULL, "vma revoke ack");
 }
 
 int main(void)
