@@ -318,6 +318,8 @@ void dex_print_stats(void)
 		(unsigned long long)dex_rt.pages_received, (unsigned long long)dex_rt.invalidations_served,
 		(unsigned long long)dex_rt.syscalls_delegated, (unsigned long long)in,
 		in ? dex_rt.migration_ns_total / 1e3 / (double)in : 0.0, (unsigned long long)dex_rt.workers_created);
+	dex_log("stats: layout: %llu rights queries, %llu revokes broadcast (origin) or applied (node)",
+		(unsigned long long)dex_rt.layout_queries, (unsigned long long)dex_rt.layout_revokes);
 }
 
 void dex_mail_wait(struct dex_thread *t)

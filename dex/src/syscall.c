@@ -271,6 +271,11 @@ long dex_delegate_call(long nr, long a[6])
 long dex_ask_origin_rights(uintptr_t page)
 {
 	struct dex_thread *self = dex_self();
+	/* A reply still in the mailbox: the fault is node_delegate copying
+	 * results into a buffer whose rights it checked before sending, so it
+	 * was unmapped meanwhile. Asking would clobber the reply; refuse. */
+	if (__atomic_load_n(&self->mail.ready, __ATOMIC_ACQUIRE))
+		return -EBUSY;
 	struct dex_msg_syscall m = { .thread = self->thread_id, .worker = self->worker,
 				     .number = (uint64_t)DEX_VMA_QUERY_CALL, .args = { page } };
 	dex_send(0, DEX_MSG_SYSCALL, &m, sizeof(m), NULL, 0);

@@ -128,6 +128,7 @@ static void release_memory(uintptr_t start, uintptr_t end)
 static void broadcast_revoke(uintptr_t start, uintptr_t end, uint8_t value)
 {
 	uint32_t generation = __atomic_add_fetch(&revoke_generation, 1, __ATOMIC_SEQ_CST);
+	dex_rt.layout_revokes++;
 	struct dex_msg_vma_revoke m = { .start = start, .length = end - start, .rights = value,
 					.generation = generation };
 	__atomic_store_n(&revoke_acks_pending, dex_rt.nodes - 1, __ATOMIC_SEQ_CST);
@@ -171,6 +172,7 @@ void dex_vma_node_revoke(const struct dex_msg_vma_revoke *m)
 	reprotect_range(start, end);
 	if (!(m->rights & MAPPED))
 		release_memory(start, end);
+	dex_rt.layout_revokes++; /* only the receiver thread applies revokes */
 	struct dex_msg_vma_revoke_ack ack = { .generation = m->generation };
 	dex_send(0, DEX_MSG_VMA_REVOKE_ACK, &ack, sizeof(ack), NULL, 0);
 }
@@ -197,6 +199,9 @@ static void node_learn(uintptr_t addr)
 	uintptr_t page = addr & ~(uintptr_t)(DEX_PAGE_SIZE - 1);
 	for (;;) {
 		long answer = dex_ask_origin_rights(page);
+		__atomic_add_fetch(&dex_rt.layout_queries, 1, __ATOMIC_RELAXED);
+		if (answer == -EBUSY)
+			return; /* cannot ask now: the access is refused */
 		if (answer < 0)
 			dex_fatal("the origin refused a mapping query for %#lx (%ld)", (unsigned long)addr, answer);
 		uint32_t generation = (uint32_t)((uint64_t)answer >> 32);
