@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main demo: the node daemon partitions the machine, creates a lightweight-kernel enclave on
 # a dedicated core and runs a CG simulation (apps/hpccg) in it; the same binary then runs on the
-# host, on the same core, for comparison.
+# host, on the same core, for comparison. Then scripts/insitu.sh couples a CG simulation in an
+# enclave to analytics on the host, through files and through XEMEM, under the same daemon.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,3 +43,7 @@ echo "== clowder run sim hpccg ${grid[*]}  (the unmodified static binary, output
 echo
 echo "== the same binary on the host, core $core =="
 taskset -c "$core" "$app" "${grid[@]}"
+echo
+echo "== the in-situ composition (XEMEM paper, section 6): the CG simulation in an LWK enclave, =="
+echo "== STREAM analytics on the host, coupled through files, then through a named XEMEM segment =="
+scripts/insitu.sh
