@@ -157,8 +157,8 @@ if [ "$write_results" = 1 ] && [ "$failures" = 0 ] && [ -z "${INSITU_MODES:-}" ]
     {
         echo "# In-situ composition: CG simulation in an LWK enclave, STREAM analytics on the host"
         echo
-        echo "$(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) CPUs; \`scripts/insitu.sh --repeat $repeats ${grid[*]} $iterations $interval $rounds\`; load average before: $load_before" \
-             "(what \`make demo\` runs after hpccg)."
+        echo "$(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) CPUs; \`scripts/insitu.sh --repeat $repeats ${grid[*]} $iterations $interval $rounds\`; load average before: $load_before." \
+             "(\`make demo\` runs it once, after hpccg.)"
         echo "CG ${grid[0]}x${grid[1]}x${grid[2]} ($(( length * 8 / 1024 )) KiB solution vector), $iterations iterations," \
              "$intervals intervals of $interval (the paper: 600 and 15 of 40); analytics per interval: STREAM copy from the" \
              "simulation's data, then $rounds rounds of scale/add/triad over private arrays (the paper: STREAM over 512 MB)."
@@ -176,8 +176,8 @@ if [ "$write_results" = 1 ] && [ "$failures" = 0 ] && [ -z "${INSITU_MODES:-}" ]
         echo "  the two sides signal through words in the header page (spinning, with timeouts). Synchronous: the"
         echo "  simulation waits for each interval's analysis; asynchronous: only for the analytics' copy, then the"
         echo "  kernels overlap the next iterations."
-        echo "- \"per interval: compute\" is the CG time of one interval's iterations, \"wait\" the time the simulation"
-        echo "  spent publishing and waiting. Totals include the matrix setup."
+        echo "- \"per interval: compute\" is the CG time of one interval's iterations, \"publish\" the time to hand the"
+        echo "  vector over, \"wait\" the time then spent waiting for the analytics' answer. Totals include the setup."
         echo "- \"analytics saw\": the simulation prints each interval's checksum (FNV-1a over the vector's bits), the"
         echo "  analytics computes it over what it read; \`scripts/insitu.sh --check\` fails unless all are equal."
         echo "- Why files cost so much more here than on the slides (7.5%): the vector is small, so the CG"
