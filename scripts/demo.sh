@@ -46,4 +46,4 @@ taskset -c "$core" "$app" "${grid[@]}"
 echo
 echo "== the in-situ composition (XEMEM paper, section 6): the CG simulation in an LWK enclave, =="
 echo "== STREAM analytics on the host, coupled through files, then through a named XEMEM segment =="
-scripts/insitu.sh
+scripts/insitu.sh --no-results   # docs/results/insitu.md comes from scripts/insitu.sh --repeat 3
