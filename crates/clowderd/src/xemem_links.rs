@@ -14,9 +14,14 @@
 //! Enclave memory for host processes ([`XememLinks::attach_enclave_segment`]): the owner
 //! enclave answers an attach with guest-physical frame runs; every run is checked against
 //! that enclave's RAM (outside its channel) and becomes a range of the enclave's RAM memfd,
-//! which a host process can map: no copy. Not yet done: host processes' own segments live in
-//! the broker's name server (`xemem-host`), not this node's, so libxpmem does not reach
-//! enclave segments yet, and an enclave cannot attach host memory.
+//! which a host process can map: no copy.
+//!
+//! Host memory for enclaves ([`XememPort`]'s bridge): host processes' segments live in the
+//! broker's name server (`xemem-host`), not this node's, so an enclave's lookup, get, attach,
+//! detach and release about them are served here from the broker; an attach adds the owner's
+//! memfd runs to the enclave as guest-physical regions (its VMM's `add_region`) and answers
+//! with their frames. Not yet done: revoking those regions when the owner removes the segment
+//! or exits (docs/xemem.md).
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
