@@ -9,7 +9,9 @@
 //!
 //! The node finds the name server and gets this enclave's id. `/dev/xpmem` sends XEMEM's named
 //! makes (and removes of the segments they made) through it, so host processes can find and
-//! attach them; XPMEM's anonymous segments stay in the enclave's own name server (`super`).
+//! attach them, and the job's lookups, gets and attaches of host processes' segments (the
+//! daemon adds their memory as guest-physical regions); XPMEM's anonymous segments stay in the
+//! enclave's own name server (`super`).
 
 use super::SourceRun;
 use crate::arch::sync::SpinLock;
