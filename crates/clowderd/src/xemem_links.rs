@@ -629,3 +629,76 @@ impl Drop for XememPort {
         self.links.deliver(&mut links);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::os::fd::OwnedFd;
+    use xemem_host::EnclaveRun;
+
+    /// A machine that places regions one after another from 4 GiB (or at `gpa_skew` past it,
+    /// to play a VMM that answers with a misaligned address) and remembers what is live.
+    #[derive(Default)]
+    struct FakeRegions {
+        live: RefCell<Vec<u32>>,
+        next: RefCell<u32>,
+        gpa_skew: u64,
+    }
+
+    impl GuestRegions for FakeRegions {
+        fn add(&self, _file: &File, _offset: u64, len: u64) -> Result<SharedRegion, String> {
+            let slot = *self.next.borrow();
+            *self.next.borrow_mut() += 1;
+            self.live.borrow_mut().push(slot);
+            Ok(SharedRegion { slot, gpa: (4 << 30) + slot as u64 * len + self.gpa_skew })
+        }
+        fn remove(&self, slot: u32) -> Result<(), String> {
+            self.live.borrow_mut().retain(|live| *live != slot);
+            Ok(())
+        }
+    }
+
+    fn memfd() -> OwnedFd {
+        crate::sys::memfd("xemem-bridge-test").unwrap().into()
+    }
+
+    fn memory(offset: u64, length: u64) -> EnclaveRun {
+        EnclaveRun::Memory { file: memfd(), offset, length }
+    }
+
+    #[test]
+    fn owner_runs_become_regions_frame_for_frame() {
+        let regions = FakeRegions::default();
+        let runs = [memory(0, 2 * 4096), EnclaveRun::Hole { length: 4096 }, memory(8192, 4096)];
+        let (frames, added) = runs_into_regions(&runs, &regions).unwrap();
+        assert_eq!(added.len(), 2);
+        assert_eq!(frames.len(), 3);
+        assert_eq!(frames[0], FrameRun { first: Some(added[0].gpa / 4096), frames: 2 });
+        assert_eq!(frames[1], FrameRun { first: None, frames: 1 });
+        assert_eq!(frames[2], FrameRun { first: Some(added[1].gpa / 4096), frames: 1 });
+        assert_eq!(regions.live.borrow().len(), 2);
+    }
+
+    #[test]
+    fn malformed_runs_are_refused_and_leave_no_region() {
+        for runs in [
+            vec![memory(0, 4096), memory(100, 4096)],        // misaligned offset, after a good run
+            vec![memory(0, 4096), memory(4096, 4096 + 1)],   // length not a page multiple
+            vec![memory(0, 4096), memory(4096, 0)],          // empty run
+            vec![EnclaveRun::Hole { length: 10 }],           // hole not a page multiple
+            vec![],                                          // nothing at all
+        ] {
+            let regions = FakeRegions::default();
+            assert_eq!(runs_into_regions(&runs, &regions).err(), Some(Error::Invalid));
+            assert!(regions.live.borrow().is_empty(), "a region stayed after a refused attach");
+        }
+        // Too many runs for one attach.
+        let many: Vec<EnclaveRun> = (0..=xemem::wire::MAX_RUNS_PER_ATTACH).map(|_| EnclaveRun::Hole { length: 4096 }).collect();
+        assert_eq!(runs_into_regions(&many, &FakeRegions::default()).err(), Some(Error::Invalid));
+        // A VMM answering with a misaligned guest-physical address.
+        let skewed = FakeRegions { gpa_skew: 8, ..FakeRegions::default() };
+        assert_eq!(runs_into_regions(&[memory(0, 4096)], &skewed).err(), Some(Error::Invalid));
+        assert!(skewed.live.borrow().is_empty());
+    }
+}
