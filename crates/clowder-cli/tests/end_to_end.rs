@@ -20,47 +20,13 @@ use clowderd::machine::{start_vmm, vmm_command, MachineSpec, VmmLauncher};
 use clowderd::{server, sys};
 use enclave_proto::HostMessage;
 use serde_json::{json, Value};
+use support::{kernel_image, missing_requirement, vmm_binary};
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf()
-}
-
-fn kernel_image() -> PathBuf {
-    workspace_root().join("kernels/target/x86_64-unknown-none/release/lwk")
-}
-
-/// clowder-vmm from this build, or a release build of the workspace.
-fn vmm_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("CLOWDER_VMM") {
-        return path.into();
-    }
-    let beside_cli = Path::new(env!("CARGO_BIN_EXE_clowder")).with_file_name("clowder-vmm");
-    if beside_cli.is_file() {
-        return beside_cli;
-    }
-    workspace_root().join("target/release/clowder-vmm")
-}
-
-/// Why the tests that boot something cannot run here, if they cannot.
-fn kvm_missing() -> Option<String> {
-    if File::options().read(true).write(true).open("/dev/kvm").is_err() {
-        return Some("/dev/kvm is not available".into());
-    }
-    if !kernel_image().is_file() {
-        return Some(format!("no LWK image at {} (cd kernels && cargo build --release -p lwk)", kernel_image().display()));
-    }
-    if !vmm_binary().is_file() {
-        return Some(format!("no clowder-vmm at {} (cargo build --release -p clowder-vmm)", vmm_binary().display()));
-    }
-    if Command::new("musl-gcc").arg("--version").output().is_err() {
-        return Some("musl-gcc is not installed".into());
-    }
-    None
-}
+mod support;
 
 macro_rules! require_kvm {
     () => {
-        if let Some(why) = kvm_missing() {
+        if let Some(why) = missing_requirement() {
             eprintln!("skipped: {why}");
             return;
         }
