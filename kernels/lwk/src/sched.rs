@@ -30,11 +30,13 @@ enum State {
     Waiting { address: u64, bitset: u32, deadline: Option<u64> },
 }
 
-/// How a futex wait ended.
+/// How a wait ended.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum WaitResult {
     Woken,
     TimedOut,
+    /// A signal the thread takes (or waits for) arrived (`crate::signal`).
+    Interrupted,
 }
 
 struct Thread {
@@ -336,13 +338,20 @@ pub fn thread_count() -> usize {
     with_scheduler(|scheduler| scheduler.threads.len())
 }
 
-/// Sends a tick IPI to the CPU running thread `tid` in user mode, if that is another CPU:
-/// the thread then passes through the kernel (and takes a signal just sent to it) without
-/// waiting for its next system call.
-pub fn interrupt_if_running_elsewhere(tid: u64) {
+/// A signal for thread `tid` arrived: a thread in a wait is woken with
+/// `WaitResult::Interrupted`; one running in user mode on another CPU is sent a tick IPI, so
+/// that it passes through the kernel (and takes the signal) without waiting for its next
+/// system call.
+pub fn interrupt(tid: u64) {
     let cpu = tables::current_cpu();
     let target_cpu = with_scheduler(|scheduler| {
-        let thread = scheduler.threads.get(&tid)?;
+        let thread = scheduler.threads.get_mut(&tid)?;
+        if let State::Waiting { .. } = thread.state {
+            thread.state = State::Runnable;
+            thread.wait_result = WaitResult::Interrupted;
+            scheduler.enqueue(tid);
+            return None;
+        }
         (thread.cpu != cpu && scheduler.cpus[thread.cpu].current == Some(tid)).then_some(thread.cpu)
     });
     if let Some(apic_id) = target_cpu.and_then(apic_id) {
@@ -593,38 +602,65 @@ pub fn yield_now() {
 }
 
 /// Blocks the current thread on the futex word at `address` if `still_expected()` holds
-/// (checked with the scheduler locked, so no wake is lost in between).
+/// (checked with the scheduler locked, so no wake is lost in between). Returns `None` if it
+/// did not hold; `Interrupted` at once if a signal the thread takes is already pending
+/// (checked after `still_expected`, as Linux's futex wait checks the word first).
 pub fn wait(address: u64, bitset: u32, deadline: Option<u64>, still_expected: impl FnOnce() -> bool) -> Option<WaitResult> {
     let cpu = tables::current_cpu();
-    let mut expected = false;
+    let mut outcome = None;
     leave_cpu(
         |scheduler| {
-            let thread = scheduler.current_thread(cpu);
+            let current = scheduler.current(cpu);
+            let thread = scheduler.threads.get_mut(&current).expect("current thread");
             let slot = thread.slot;
-            expected = still_expected();
-            if expected {
+            if !still_expected() {
+                outcome = None;
+            } else if crate::signal::interrupts_wait(current) {
+                outcome = Some(WaitResult::Interrupted);
+            } else {
                 thread.state = State::Waiting { address, bitset, deadline };
                 thread.wait_result = WaitResult::Woken;
+                outcome = Some(WaitResult::Woken);
                 if scheduler.threads.values().all(|thread| matches!(thread.state, State::Waiting { deadline: None, .. })) {
                     log!("every thread of the job waits on a futex that nobody can wake: dead-lock");
                     job::exit(128 + 9);
                 }
-            } else {
-                // Not blocking after all: stay, by running ourselves next.
-                let current = scheduler.current(cpu);
-                scheduler.cpus[cpu].run_queue.push_front(current);
+                return slot;
             }
+            // Not blocking after all: stay, by running ourselves next.
+            scheduler.cpus[cpu].run_queue.push_front(current);
             slot
         },
         cpu,
     );
-    expected.then(|| with_scheduler(|scheduler| scheduler.current_thread(cpu).wait_result))
+    match outcome {
+        Some(WaitResult::Woken) => Some(with_scheduler(|scheduler| scheduler.current_thread(cpu).wait_result)),
+        other => other,
+    }
 }
 
-/// Blocks the current thread until the monotonic clock reaches `deadline` (ns).
-pub fn sleep_until(deadline: u64) {
-    // A wait no wake can end: bitset 0 meets no wake's bitset.
-    wait(0, 0, Some(deadline), || clock::monotonic_ns() < deadline);
+/// Blocks the current thread until a signal it takes or waits for arrives (`Interrupted`),
+/// or until `deadline` (monotonic ns) if given (`TimedOut`). No futex wake ends this wait:
+/// bitset 0 meets no wake's bitset.
+pub fn wait_interruptibly(deadline: Option<u64>) -> WaitResult {
+    loop {
+        match wait(0, 0, deadline, || deadline.is_none_or(|deadline| clock::monotonic_ns() < deadline)) {
+            None => return WaitResult::TimedOut,
+            Some(WaitResult::Woken) => continue,
+            Some(result) => return result,
+        }
+    }
+}
+
+/// Blocks the current thread until a signal it takes arrives (`pause`, `rt_sigsuspend`).
+pub fn wait_for_signal() {
+    wait_interruptibly(None);
+}
+
+/// Blocks the current thread until the monotonic clock reaches `deadline` (ns); false if a
+/// signal interrupted the sleep first.
+pub fn sleep_until(deadline: u64) -> bool {
+    wait_interruptibly(Some(deadline)) != WaitResult::Interrupted
 }
 
 /// Wakes up to `count` threads waiting on `address` whose bitset meets `bitset`.

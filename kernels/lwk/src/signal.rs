@@ -7,9 +7,11 @@
 //! When delivery happens: a fault is delivered at once; a signal sent with `kill`, `tkill` or
 //! `tgkill`, or one that becomes unblocked, is pending until its thread next leaves the
 //! kernel (any system call's return, a tick, a fault). A thread running in user mode on
-//! another CPU is sent a tick IPI for it; a thread blocked in the kernel (futex, sleep) takes
-//! it when it next returns from the kernel: there are no interrupted system calls (EINTR).
-//! A thread that has not run yet takes it at its first entry to the kernel.
+//! another CPU is sent a tick IPI for it; a thread blocked in an interruptible wait (futex,
+//! sleeps, `pause`, `rt_sigsuspend`, `rt_sigtimedwait`) is woken, and its call returns one
+//! of Linux's restart codes, which delivery turns into EINTR or a restart of the call (as
+//! Linux's `handle_signal` does). A thread that has not run yet takes it at its first entry
+//! to the kernel.
 
 use crate::arch::fpu;
 use crate::arch::sync::SpinLock;
@@ -25,9 +27,10 @@ pub const UNCATCHABLE: u64 = bit(SIGKILL) | bit(SIGSTOP);
 
 /// The `sa_flags` that change delivery. The handler always gets (signal, siginfo, ucontext),
 /// with or without SA_SIGINFO, and always returns through `sa_restorer` (both libcs pass
-/// SA_RESTORER); SA_RESTART needs nothing since no call is ever interrupted.
+/// SA_RESTORER).
 pub const SIG_DFL: u64 = 0;
 pub const SIG_IGN: u64 = 1;
+pub const SA_RESTART: u64 = 0x1000_0000;
 pub const SA_ONSTACK: u64 = 0x0800_0000;
 pub const SA_NODEFER: u64 = 0x4000_0000;
 pub const SA_RESETHAND: u64 = 0x8000_0000;
@@ -89,6 +92,12 @@ impl Info {
     fn sent(code: i32) -> Info {
         Info { code, address: job::PID } // si_pid = the job, si_uid = 0 (root in the enclave)
     }
+
+    /// The first three words of `siginfo` (si_signo, si_errno = 0, si_code, then si_addr or
+    /// si_pid and si_uid); the rest of its 128 bytes is zero.
+    fn head_words(&self, signal: u8) -> [u64; 3] {
+        [signal as u64, self.code as u32 as u64, self.address]
+    }
 }
 
 #[derive(Clone, Copy, Default)]
@@ -138,12 +147,66 @@ struct ThreadSignals {
     blocked: u64,
     pending: PendingSet,
     alt_stack: AltStack,
+    /// `rt_sigsuspend`'s caller: the mask its handler's frame records (and sigreturn puts
+    /// back), or that comes back at once when no handler runs.
+    saved_mask: Option<u64>,
+    /// `rt_sigtimedwait`'s caller: the signals it waits for, which wake it though blocked.
+    awaited: u64,
+    /// A system call of this thread returned a restart code (`Restart`): its number, until
+    /// the delivery on its way out decides between EINTR and running it again.
+    interrupted_call: Option<u64>,
 }
 
 impl ThreadSignals {
     fn with_mask(blocked: u64) -> ThreadSignals {
-        ThreadSignals { blocked, pending: PendingSet::default(), alt_stack: AltStack::default() }
+        ThreadSignals {
+            blocked,
+            pending: PendingSet::default(),
+            alt_stack: AltStack::default(),
+            saved_mask: None,
+            awaited: 0,
+            interrupted_call: None,
+        }
     }
+
+    /// The signals a thread waits for or would take, among `pending`: they end its
+    /// interruptible waits.
+    fn wanted(&self, pending: u64) -> u64 {
+        pending & (!self.blocked | self.awaited)
+    }
+}
+
+/// Linux's internal results of an interrupted system call (never seen by user code): the
+/// delivery on the way out turns each into EINTR or a restart, by Linux's rules.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Restart {
+    /// Restarted if the handler has SA_RESTART (or no handler runs), else EINTR.
+    Always = 512,
+    /// EINTR when a handler runs, else restarted.
+    NoHandler = 514,
+    /// As `NoHandler`; Linux continues such calls (timed sleeps and waits) with their remaining
+    /// time, this kernel runs them again from the start.
+    Block = 516,
+}
+
+impl Restart {
+    pub fn errno(self) -> crate::syscall::Errno {
+        crate::syscall::Errno(self as u64)
+    }
+
+    fn of_result(result: u64) -> Option<Restart> {
+        match result.wrapping_neg() {
+            512 => Some(Restart::Always),
+            514 => Some(Restart::NoHandler),
+            516 => Some(Restart::Block),
+            _ => None,
+        }
+    }
+}
+
+/// Whether `errno` is one of the restart codes (`dispatch` then calls `call_interrupted`).
+pub fn is_restart_code(errno: u64) -> bool {
+    Restart::of_result(errno.wrapping_neg()).is_some()
 }
 
 struct Signals {
@@ -175,29 +238,53 @@ impl Signals {
         }
     }
 
-    /// Tells the system-call exit path whether any thread has a signal it can take.
+    /// Tells the system-call exit path whether any thread has a signal it can take or wait
+    /// for, or a call to restart or end with EINTR.
     fn update_check_request(&self) {
-        let due = self.threads.values().any(|thread| (thread.pending.signals | self.process_pending.signals) & !thread.blocked != 0);
+        let due = self
+            .threads
+            .values()
+            .any(|thread| thread.wanted(thread.pending.signals | self.process_pending.signals) != 0 || thread.interrupted_call.is_some());
         trap::request_signal_check(due);
     }
 
-    /// Takes the lowest deliverable signal of thread `tid`, with its info.
-    fn take_deliverable(&mut self, tid: u64) -> Option<(u8, Info)> {
-        let process_pending = self.process_pending.signals;
+    /// The thread the kernel gives a signal sent to the process, as Linux's
+    /// `complete_signal`: the main thread if it does not block it, else the first thread (in
+    /// creation order) that does not; a thread waiting for it in `rt_sigtimedwait` counts as
+    /// not blocking it.
+    fn process_signal_target(&self, signal: u8) -> Option<u64> {
+        self.threads.iter().find(|(_, thread)| thread.wanted(bit(signal)) != 0).map(|(&tid, _)| tid)
+    }
+
+    /// Takes the lowest pending signal of `set` for thread `tid` (its own first, then the
+    /// process's), with its info.
+    fn take_pending(&mut self, tid: u64, set: u64) -> Option<(u8, Info)> {
         let thread = self.thread(tid);
-        let own = thread.pending.signals & !thread.blocked;
-        let shared = process_pending & !thread.blocked;
+        let own = thread.pending.signals & set;
         let taken = if own != 0 {
             let signal = own.trailing_zeros() as u8 + 1;
             (signal, thread.pending.take(signal))
-        } else if shared != 0 {
+        } else {
+            let shared = self.process_pending.signals & set;
+            if shared == 0 {
+                return None;
+            }
             let signal = shared.trailing_zeros() as u8 + 1;
             (signal, self.process_pending.take(signal))
-        } else {
-            return None;
         };
         self.update_check_request();
         Some(taken)
+    }
+
+    /// Takes the lowest deliverable (unblocked) signal of thread `tid`, with its info.
+    fn take_deliverable(&mut self, tid: u64) -> Option<(u8, Info)> {
+        let blocked = self.thread(tid).blocked;
+        self.take_pending(tid, !blocked)
+    }
+
+    /// As `take_pending`, with the first words of the signal's `siginfo`.
+    fn take_from(&mut self, tid: u64, set: u64) -> Option<[u64; 3]> {
+        self.take_pending(tid, set).map(|(signal, info)| info.head_words(signal))
     }
 }
 
@@ -256,12 +343,68 @@ pub fn change_mask(change: impl FnOnce(u64) -> u64) -> u64 {
     old
 }
 
-/// Signals pending for the calling thread (its own and the process's).
+/// Signals pending for the calling thread (its own and the process's) that it blocks, as
+/// Linux's `sigpending` reports them (an unblocked one is delivered before the call returns).
 pub fn pending() -> u64 {
     let tid = sched::current_tid();
     let mut signals = SIGNALS.lock();
     let process_pending = signals.process_pending.signals;
-    signals.thread(tid).pending.signals | process_pending
+    let thread = signals.thread(tid);
+    (thread.pending.signals | process_pending) & thread.blocked
+}
+
+/// `rt_sigsuspend`: replaces the calling thread's mask with `mask` until a signal it then
+/// takes arrives; the old mask comes back when the handler returns (or at once if no handler
+/// runs). Returns the restart code the call ends with.
+pub fn suspend(mask: u64) -> Restart {
+    let tid = sched::current_tid();
+    {
+        let mut signals = SIGNALS.lock();
+        let thread = signals.thread(tid);
+        thread.saved_mask.get_or_insert(thread.blocked);
+        thread.blocked = mask & !UNCATCHABLE;
+        signals.update_check_request();
+    }
+    sched::wait_for_signal();
+    Restart::NoHandler
+}
+
+/// How `rt_sigtimedwait` ended without one of the signals it waits for.
+pub enum AwaitError {
+    /// The timeout passed (EAGAIN).
+    TimedOut,
+    /// Another signal, which the thread takes, came first (EINTR).
+    Interrupted,
+}
+
+/// `rt_sigtimedwait`: takes a pending signal of `set` (the thread's own first, then the
+/// process's, lowest first), waiting for one until `deadline` (monotonic ns; `None`: no
+/// limit). Returns it with the first words of its `siginfo`.
+pub fn await_signal(set: u64, deadline: Option<u64>) -> Result<[u64; 3], AwaitError> {
+    let set = set & !UNCATCHABLE;
+    let tid = sched::current_tid();
+    if let Some(taken) = SIGNALS.lock().take_from(tid, set) {
+        return Ok(taken);
+    }
+    if deadline.is_some_and(|deadline| deadline <= crate::clock::monotonic_ns()) {
+        return Err(AwaitError::TimedOut);
+    }
+    {
+        let mut signals = SIGNALS.lock();
+        signals.thread(tid).awaited = set;
+        signals.update_check_request();
+    }
+    let result = sched::wait_interruptibly(deadline);
+    let mut signals = SIGNALS.lock();
+    signals.thread(tid).awaited = 0;
+    if let Some(taken) = signals.take_from(tid, set) {
+        return Ok(taken);
+    }
+    signals.update_check_request();
+    match result {
+        sched::WaitResult::TimedOut => Err(AwaitError::TimedOut),
+        _ => Err(AwaitError::Interrupted),
+    }
 }
 
 #[derive(Debug)]
@@ -269,11 +412,12 @@ pub enum SendError {
     NoSuchThread,
 }
 
-/// Sends `signal` (1..=64) to thread `tid`, or to the process when `tid` is `None` (a thread
-/// that does not block it takes it, the caller first). A terminating default action ends the
-/// job at once unless every candidate blocks the signal.
+/// Sends `signal` (1..=64) to thread `tid`, or to the process when `tid` is `None`
+/// (`process_signal_target` picks the thread). A terminating default action ends the job at
+/// once unless the target blocks the signal (or there is none); a target that can take the
+/// signal is interrupted: woken from an interruptible wait, or sent a tick IPI if it runs on
+/// another CPU.
 pub fn send(tid: Option<u64>, signal: u8, code: i32) -> Result<(), SendError> {
-    let caller = sched::current_tid();
     let mut signals = SIGNALS.lock();
     if let Some(tid) = tid {
         if !signals.threads.contains_key(&tid) {
@@ -287,11 +431,9 @@ pub fn send(tid: Option<u64>, signal: u8, code: i32) -> Result<(), SendError> {
     if signals.discards(signal) {
         return Ok(());
     }
-    let target = match tid {
-        Some(tid) => Some(tid),
-        None if signals.thread(caller).blocked & bit(signal) == 0 => Some(caller),
-        None => signals.threads.iter().find(|(_, thread)| thread.blocked & bit(signal) == 0).map(|(&tid, _)| tid),
-    };
+    let target = tid.or_else(|| signals.process_signal_target(signal));
+    let taken_by_target = target.is_some_and(|tid| signals.thread(tid).wanted(bit(signal)) != 0);
+    // A thread waiting for a blocked signal in rt_sigtimedwait takes it there, handler or not.
     let blocked_by_target = target.is_none_or(|tid| signals.thread(tid).blocked & bit(signal) != 0);
     if signals.actions[signal as usize - 1].handler == SIG_DFL && !blocked_by_target {
         drop(signals);
@@ -303,20 +445,78 @@ pub fn send(tid: Option<u64>, signal: u8, code: i32) -> Result<(), SendError> {
     }
     signals.update_check_request();
     drop(signals);
-    if let Some(tid) = target {
-        sched::interrupt_if_running_elsewhere(tid);
+    if let (Some(tid), true) = (target, taken_by_target) {
+        // After the lock: a thread about to wait checks for signals under the scheduler's
+        // lock (`interrupts_wait`), so it either sees this one or is waiting when woken here.
+        sched::interrupt(tid);
     }
     Ok(())
 }
 
+/// Called by the scheduler, under its lock, before thread `tid` blocks in an interruptible
+/// wait: whether a signal it would take (or waits for) is already pending. Without any
+/// pending signal anywhere this is one load.
+pub fn interrupts_wait(tid: u64) -> bool {
+    if !trap::signal_check_requested() {
+        return false;
+    }
+    let mut signals = SIGNALS.lock();
+    let process_pending = signals.process_pending.signals;
+    let thread = signals.thread(tid);
+    thread.wanted(thread.pending.signals | process_pending) != 0
+}
+
+/// A system call (`number`) of the calling thread returned a restart code: keeps the exit
+/// path checking until this thread's delivery has settled it.
+#[cold]
+pub fn call_interrupted(number: u64) {
+    let tid = sched::current_tid();
+    let mut signals = SIGNALS.lock();
+    signals.thread(tid).interrupted_call = Some(number);
+    signals.update_check_request();
+}
+
+/// Size of a system call instruction (`syscall`, 0f 05): a restarted call returns before it.
+const SYSCALL_INSTRUCTION_SIZE: u64 = 2;
+
+/// Settles an interrupted call (`frame` is its caller's context, RAX its result) as Linux's
+/// `handle_signal` does: `handler` is the action of the signal whose handler runs now, if one
+/// does.
+fn settle_interrupted_call(frame: &mut TrapFrame, number: u64, handler: Option<&Action>) {
+    let Some(restart) = Restart::of_result(frame.rax) else { return };
+    let restarts = match handler {
+        None => true,
+        Some(action) => restart == Restart::Always && action.flags & SA_RESTART != 0,
+    };
+    if restarts {
+        frame.rax = number;
+        frame.rip -= SYSCALL_INSTRUCTION_SIZE;
+    } else {
+        frame.rax = crate::syscall::Errno::EINTR.0.wrapping_neg();
+    }
+}
+
 /// Delivers the calling thread's deliverable signals into `frame`, its user context: each
 /// handler gets a frame (a later one runs first, as on Linux), and a signal whose default
-/// action terminates ends the job.
+/// action terminates ends the job. An interrupted system call is settled by the first
+/// handler (EINTR or restart) or, when none runs, restarted with the mask `rt_sigsuspend`
+/// replaced put back.
 pub fn deliver_pending(frame: &mut TrapFrame) {
     let tid = sched::current_tid();
+    let mut interrupted_call = SIGNALS.lock().thread(tid).interrupted_call.take();
     loop {
         let mut signals = SIGNALS.lock();
-        let Some((signal, info)) = signals.take_deliverable(tid) else { return };
+        let Some((signal, info)) = signals.take_deliverable(tid) else {
+            if let Some(number) = interrupted_call {
+                settle_interrupted_call(frame, number, None);
+                let thread = signals.thread(tid);
+                if let Some(mask) = thread.saved_mask.take() {
+                    thread.blocked = mask;
+                }
+                signals.update_check_request();
+            }
+            return;
+        };
         let action = signals.actions[signal as usize - 1];
         match action.handler {
             SIG_IGN => continue,
@@ -328,6 +528,9 @@ pub fn deliver_pending(frame: &mut TrapFrame) {
                 job::exit_by_signal(signal);
             }
             _ => {
+                if let Some(number) = interrupted_call.take() {
+                    settle_interrupted_call(frame, number, Some(&action));
+                }
                 if enter_handler(&mut signals, tid, frame, signal, info, action, (0, 0)).is_err() {
                     drop(signals);
                     job::exit_by_signal(SIGSEGV);
@@ -425,17 +628,17 @@ fn enter_handler(
     let context = MCONTEXT / 8;
     words[context..context + REGISTER_WORDS].copy_from_slice(&registers_of(frame));
     let segments = (frame.cs & 0xffff) | (frame.ss & 0xffff) << 48;
+    // The mask sigreturn restores: the one rt_sigsuspend replaced, if the thread is in it.
+    let restored_mask = thread.saved_mask.unwrap_or(thread.blocked);
     words[context + REGISTER_WORDS..context + FPSTATE_WORD + 1]
-        .copy_from_slice(&[frame.rip, frame.rflags, segments, fault.0, frame.vector.min(255), thread.blocked, fault.1, fpstate]);
-    words[UC_SIGMASK / 8] = thread.blocked;
-    let info_word = SIGINFO / 8;
-    words[info_word] = signal as u64;
-    words[info_word + 1] = info.code as u32 as u64;
-    words[info_word + 2] = info.address;
+        .copy_from_slice(&[frame.rip, frame.rflags, segments, fault.0, frame.vector.min(255), restored_mask, fault.1, fpstate]);
+    words[UC_SIGMASK / 8] = restored_mask;
+    words[SIGINFO / 8..SIGINFO / 8 + 3].copy_from_slice(&info.head_words(signal));
 
     copy_to_user(fpstate, &fpu::save_legacy().0).map_err(|_| FrameFault)?;
     copy_words_to_user(frame_address, &words).map_err(|_| FrameFault)?;
 
+    thread.saved_mask = None;
     if action.flags & SA_NODEFER == 0 {
         thread.blocked |= bit(signal);
     }
