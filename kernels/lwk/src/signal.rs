@@ -1,7 +1,8 @@
 //! Signals of the job: actions (`rt_sigaction`), per-thread masks, pending sets and alternate
 //! stacks, and delivery: a handler runs on the thread's stack (or its alternate stack) above
 //! an `rt_sigframe` laid out as Linux's (return address = the restorer, `ucontext` with the
-//! saved registers, the FXSAVE image as `fpstate`, then `siginfo`), and `rt_sigreturn` puts
+//! saved registers, then `siginfo`; above them `fpstate`: the XSAVE area with Linux's magic
+//! numbers when the kernel uses XSAVE, else the FXSAVE image), and `rt_sigreturn` puts
 //! everything back.
 //!
 //! When delivery happens: a fault is delivered at once; a signal sent with `kill`, `tkill` or
@@ -15,7 +16,7 @@
 
 use crate::arch::fpu;
 use crate::arch::sync::SpinLock;
-use crate::arch::trap::{self, copy_from_user, copy_to_user, copy_words_to_user, TrapFrame, USER_FLAGS};
+use crate::arch::trap::{self, copy_from_user, copy_words_to_user, TrapFrame, USER_FLAGS};
 use crate::{job, sched};
 use alloc::collections::BTreeMap;
 
@@ -577,6 +578,11 @@ const FRAME_SIZE: usize = SIGINFO + 128;
 /// word, error code, trap number, old mask, CR2, the `fpstate` pointer.
 const REGISTER_WORDS: usize = 16;
 const FPSTATE_WORD: usize = 23;
+/// `uc_flags`, as Linux sets them on x86-64: `fpstate` is an XSAVE area (with XSAVE), the
+/// `sigcontext` holds SS, and sigreturn restores SS as saved.
+const UC_FP_XSTATE: u64 = 1;
+const UC_SIGCONTEXT_SS: u64 = 2;
+const UC_STRICT_RESTORE_SS: u64 = 4;
 /// Below the interrupted stack pointer: the red zone user code may be using.
 const RED_ZONE: u64 = 128;
 
@@ -618,11 +624,12 @@ fn enter_handler(
     if action.flags & SA_ONSTACK != 0 && alt_stack.enabled && !on_alt_stack {
         stack_pointer = alt_stack.base + alt_stack.size;
     }
-    let fpstate = (stack_pointer - 512) & !63;
+    let fpstate = (stack_pointer - fpu::signal_frame_size()) & !63;
     let frame_address = ((fpstate - FRAME_SIZE as u64) & !15) - 8;
 
     let mut words = [0u64; FRAME_SIZE / 8];
     words[0] = action.restorer;
+    words[UCONTEXT / 8] = if fpu::signal_frame_has_xstate() { UC_FP_XSTATE } else { 0 } | UC_SIGCONTEXT_SS | UC_STRICT_RESTORE_SS;
     let stack_flags = if !alt_stack.enabled { SS_DISABLE } else if on_alt_stack { SS_ONSTACK } else { 0 };
     words[UC_STACK / 8..UC_STACK / 8 + 3].copy_from_slice(&[alt_stack.base, stack_flags, alt_stack.size]);
     let context = MCONTEXT / 8;
@@ -635,8 +642,9 @@ fn enter_handler(
     words[UC_SIGMASK / 8] = restored_mask;
     words[SIGINFO / 8..SIGINFO / 8 + 3].copy_from_slice(&info.head_words(signal));
 
-    copy_to_user(fpstate, &fpu::save_legacy().0).map_err(|_| FrameFault)?;
     copy_words_to_user(frame_address, &words).map_err(|_| FrameFault)?;
+    // Last: the handler starts with the initial vector state once its frame holds the old one.
+    fpu::save_to_signal_frame(fpstate).map_err(|_| FrameFault)?;
 
     thread.saved_mask = None;
     if action.flags & SA_NODEFER == 0 {
@@ -676,12 +684,10 @@ pub fn return_from_handler(frame: &mut TrapFrame) -> u64 {
     frame.rip = word(context + 8 * REGISTER_WORDS);
     frame.rflags = (word(context + 8 * (REGISTER_WORDS + 1)) & USER_FLAGS) | 0x202;
     let fpstate = word(context + 8 * FPSTATE_WORD);
-    if fpstate != 0 {
-        let mut area = fpu::LegacyArea([0; 512]);
-        if copy_from_user(&mut area.0, fpstate).is_err() {
-            job::exit_by_signal(SIGSEGV);
-        }
-        fpu::restore_legacy(area);
+    if fpstate == 0 {
+        fpu::load_initial_state();
+    } else if fpu::restore_from_signal_frame(fpstate).is_err() {
+        job::exit_by_signal(SIGSEGV);
     }
     let (stack_base, stack_flags, stack_size) = (word(UC_STACK), word(UC_STACK + 8), word(UC_STACK + 16));
     let mask = word(UC_SIGMASK);
