@@ -58,6 +58,15 @@ static void complete_request(struct dsm_dir_page *p, uint32_t page, unsigned nod
 	emit_action(emit, ctx, DSM_ACT_GRANT, node, page, write ? DSM_WRITE : DSM_READ, with_data);
 }
 
+/* Whether start_request on this idle page completes at once, without
+ * asking another node for the page or for invalidations. */
+static bool completes_at_once(const struct dsm_dir_page *p, unsigned node, bool write)
+{
+	if (p->exclusive)
+		return lowest_node(p->owners) == ORIGIN;
+	return !write || !(p->owners & ~BIT(node) & ~BIT(ORIGIN));
+}
+
 /* Serve one request on an idle page. Returns true if it completed now. */
 static bool start_request(struct dsm_dir_page *p, uint32_t page, unsigned node, bool write, dsm_emit_fn emit,
 			  void *ctx)
@@ -232,6 +241,17 @@ int dsm_dir_ack(struct dsm_dir *dir, uint32_t page, unsigned node, bool with_dat
 	return DSM_OK;
 }
 
+int dsm_dir_prefetch(struct dsm_dir *dir, uint32_t page, unsigned node, bool write, dsm_emit_fn emit, void *ctx)
+{
+	if (page >= dir->npages || node >= dir->nodes || node == ORIGIN)
+		return DSM_E_RANGE;
+	struct dsm_dir_page *p = &dir->pages[page];
+	if (p->busy || request_already_satisfied(p, node, write) || !completes_at_once(p, node, write))
+		return 0;
+	start_request(p, page, node, write, emit, ctx);
+	return 1;
+}
+
 enum dsm_access dsm_dir_access(const struct dsm_dir *dir, uint32_t page, unsigned node)
 {
 	const struct dsm_dir_page *p = &dir->pages[page];
@@ -262,6 +282,14 @@ int dsm_node_grant(uint8_t *state, uint8_t *inflight, enum dsm_access access)
 	return DSM_OK;
 }
 
+int dsm_node_decline(uint8_t *inflight)
+{
+	if (!*inflight)
+		return DSM_E_UNEXPECTED;
+	*inflight = 0;
+	return DSM_OK;
+}
+
 int dsm_node_invalidate(uint8_t *state, enum dsm_access new_access)
 {
 	if (new_access >= *state || new_access > DSM_READ)
@@ -287,6 +315,7 @@ static const char *const type_names[DEX_MSG_TYPE_END] = {
 	[DEX_MSG_PONG] = "PONG",
 	[DEX_MSG_VMA_REVOKE] = "VMA_REVOKE",
 	[DEX_MSG_VMA_REVOKE_ACK] = "VMA_REVOKE_ACK",
+	[DEX_MSG_PAGE_PREFETCH] = "PAGE_PREFETCH",
 };
 
 const char *dex_msg_type_name(unsigned type)
@@ -319,6 +348,7 @@ static size_t fixed_size(unsigned type)
 	case DEX_MSG_SHUTDOWN: return sizeof(struct dex_msg_shutdown);
 	case DEX_MSG_VMA_REVOKE: return sizeof(struct dex_msg_vma_revoke);
 	case DEX_MSG_VMA_REVOKE_ACK: return sizeof(struct dex_msg_vma_revoke_ack);
+	case DEX_MSG_PAGE_PREFETCH: return sizeof(struct dex_msg_page_prefetch);
 	default: return 0;
 	}
 }
@@ -345,6 +375,17 @@ static bool page_address_valid(uint64_t address, const struct dex_validation_lim
 	for (unsigned i = 0; i < lim->nregions; i++)
 		if (address >= lim->regions[i].start && address < lim->regions[i].end)
 			return true;
+	return false;
+}
+
+/* `pages` pages from `address`, all inside one shared region. */
+static bool page_run_valid(uint64_t address, uint64_t pages, const struct dex_validation_limits *lim)
+{
+	if (address % DEX_PAGE_SIZE || !pages)
+		return false;
+	for (unsigned i = 0; i < lim->nregions; i++)
+		if (address >= lim->regions[i].start && address < lim->regions[i].end)
+			return pages <= (lim->regions[i].end - address) / DEX_PAGE_SIZE;
 	return false;
 }
 
@@ -382,7 +423,23 @@ const char *dex_msg_check(const struct dex_msg_header *h, const void *payload, c
 			return "PAGE_REQUEST has trailing bytes";
 		if (m->write > 1)
 			return "PAGE_REQUEST write flag not 0/1";
-		return page_address_valid(m->address, lim) ? NULL : "page address outside shared regions";
+		if (m->extra > DEX_PREFETCH_MAX)
+			return "PAGE_REQUEST asks for too many extra pages";
+		return page_run_valid(m->address, 1 + (uint64_t)m->extra, lim) ? NULL
+									: "page address outside shared regions";
+	}
+	case DEX_MSG_PAGE_PREFETCH: {
+		const struct dex_msg_page_prefetch *m = payload;
+		if (m->count == 0 || m->count > DEX_PREFETCH_MAX)
+			return "PAGE_PREFETCH count out of range";
+		if (m->access != DSM_READ && m->access != DSM_WRITE)
+			return "PAGE_PREFETCH access invalid";
+		if (m->granted >> m->count || (m->with_data & ~m->granted))
+			return "PAGE_PREFETCH bits name pages not granted or past count";
+		if (!page_run_valid(m->address, m->count, lim))
+			return "page address outside shared regions";
+		size_t want = fixed + (size_t)__builtin_popcount(m->with_data) * DEX_PAGE_SIZE;
+		return h->length == want ? NULL : "PAGE_PREFETCH length does not match its pages";
 	}
 	case DEX_MSG_PAGE_GRANT: {
 		const struct dex_msg_page_grant *m = payload;

@@ -101,6 +101,15 @@ int dsm_dir_request(struct dsm_dir *dir, uint32_t page, unsigned node, bool writ
 int dsm_dir_ack(struct dsm_dir *dir, uint32_t page, unsigned node, bool with_data, dsm_emit_fn emit,
 		void *ctx);
 
+/* Prefetch: a node that asks for a page may also ask for some following
+ * pages. Each extra page is granted only if that contacts no other node:
+ * the page is idle and, for a read, no remote node writes it or, for a
+ * write, no other remote node holds it. Returns 1 if granted (the actions
+ * are emitted as for a request), 0 if declined (nothing changes), or an
+ * error. */
+int dsm_dir_prefetch(struct dsm_dir *dir, uint32_t page, unsigned node, bool write, dsm_emit_fn emit,
+		     void *ctx);
+
 /* Access `node` holds according to the directory (only meaningful when
  * the page is not busy). */
 enum dsm_access dsm_dir_access(const struct dsm_dir *dir, uint32_t page, unsigned node);
@@ -117,6 +126,9 @@ enum dsm_fault_decision {
 enum dsm_fault_decision dsm_node_fault(uint8_t *state, uint8_t *inflight, bool write);
 /* A grant arrived: valid only for a page with a request in flight. */
 int dsm_node_grant(uint8_t *state, uint8_t *inflight, enum dsm_access access);
+/* The origin declined a prefetched page: valid only for a page with a
+ * request in flight; the access held stays. */
+int dsm_node_decline(uint8_t *inflight);
 /* An invalidation arrived: valid only if it lowers the access we hold. */
 int dsm_node_invalidate(uint8_t *state, enum dsm_access new_access);
 
@@ -126,6 +138,9 @@ int dsm_node_invalidate(uint8_t *state, enum dsm_access new_access);
 #define DEX_PROTOCOL_VERSION 1u
 #define DEX_MAX_PAYLOAD (64u * 1024u)
 #define DEX_SYSCALL_MAX_DATA (32u * 1024u)
+/* Most pages a request may ask for beyond the faulting one (the answer's
+ * data must fit one payload). */
+#define DEX_PREFETCH_MAX 15u
 
 enum dex_msg_type {
 	DEX_MSG_HELLO = 1,         /* node -> origin, first message */
@@ -142,6 +157,7 @@ enum dex_msg_type {
 	DEX_MSG_PONG,              /* node -> origin */
 	DEX_MSG_VMA_REVOKE,        /* origin -> node: a range lost rights (munmap, mprotect down) */
 	DEX_MSG_VMA_REVOKE_ACK,    /* node -> origin: applied */
+	DEX_MSG_PAGE_PREFETCH,     /* origin -> node: answer for a request's extra pages */
 	DEX_MSG_TYPE_END
 };
 
@@ -172,13 +188,24 @@ struct dex_msg_welcome {
 struct dex_msg_page_request {
 	uint64_t address;
 	uint32_t write;
-	uint32_t reserved;
+	uint32_t extra; /* following pages also wanted (prefetch), <= DEX_PREFETCH_MAX */
 };
 
 /* Followed by DEX_PAGE_SIZE bytes when with_data. */
 struct dex_msg_page_grant {
 	uint64_t address;
 	uint32_t access;
+	uint32_t with_data;
+};
+
+/* Answer for the `count` pages after a request's page: bit i of `granted`
+ * set means page i (from `address`) is granted `access`, clear means
+ * declined. The pages whose `with_data` bit is set follow, in order. */
+struct dex_msg_page_prefetch {
+	uint64_t address;
+	uint32_t count;
+	uint32_t access;
+	uint32_t granted;
 	uint32_t with_data;
 };
 

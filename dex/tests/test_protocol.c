@@ -5,7 +5,9 @@
  * after every step that (a) at most one node may write a page and never
  * while another can read it, (b) every node allowed to read sees the value
  * of the latest write (sequential consistency at page granularity), and
- * (c) once traffic stops every fault has been answered. */
+ * (c) once traffic stops every fault has been answered. Nodes sometimes ask
+ * for the following pages too (prefetch), which the origin grants or
+ * declines. */
 #include "../src/protocol.h"
 
 #include <stdio.h>
@@ -32,10 +34,12 @@ static int checks;
 #define SIM_PAGES 3
 #define SIM_CHANNEL 256
 
+#define SIM_DECLINE (-1) /* a prefetched page declined (DEX_MSG_PAGE_PREFETCH bit clear) */
+
 struct sim_msg {
-	int type; /* DEX_MSG_PAGE_REQUEST, _GRANT, _INVALIDATE, _INVALIDATE_ACK */
+	int type; /* DEX_MSG_PAGE_REQUEST, _GRANT, _INVALIDATE, _INVALIDATE_ACK, SIM_DECLINE */
 	uint32_t page;
-	int access;
+	int access; /* for a request: how many following pages it also asks for */
 	int flag; /* write / with_data / want_data */
 	long value;
 };
@@ -56,7 +60,7 @@ struct sim {
 	long latest[SIM_PAGES];
 	struct sim_channel to_node[SIM_NODES];
 	struct sim_channel to_origin[SIM_NODES];
-	long short_grants, data_grants, accesses;
+	long short_grants, data_grants, accesses, prefetch_granted, prefetch_declined;
 	int broken;
 };
 
@@ -132,7 +136,14 @@ static void sim_access(struct sim *s, unsigned node, uint32_t page, bool write)
 			int rc = dsm_dir_request(&s->dir, page, 0, write, sim_emit, s);
 			CHECK(rc == DSM_OK, "origin request rc %d", rc);
 		} else {
-			push(&s->to_origin[node], (struct sim_msg){ DEX_MSG_PAGE_REQUEST, page, 0, write, 0 });
+			/* Half the time also claim the following pages this node
+			 * neither holds well enough nor waits for. */
+			int extra = 0;
+			while (rand() % 2 && page + 1 + extra < SIM_PAGES &&
+			       dsm_node_fault(&s->state[node][page + 1 + extra], &s->inflight[node][page + 1 + extra],
+					      write) == DSM_FAULT_LEAD)
+				extra++;
+			push(&s->to_origin[node], (struct sim_msg){ DEX_MSG_PAGE_REQUEST, page, extra, write, 0 });
 		}
 		break;
 	}
@@ -144,6 +155,16 @@ static void sim_deliver_to_origin(struct sim *s, unsigned from)
 	int rc;
 	if (m.type == DEX_MSG_PAGE_REQUEST) {
 		rc = dsm_dir_request(&s->dir, m.page, from, m.flag, sim_emit, s);
+		for (int i = 1; i <= m.access && rc == DSM_OK; i++) {
+			int granted = dsm_dir_prefetch(&s->dir, m.page + (uint32_t)i, from, m.flag, sim_emit, s);
+			CHECK(granted >= 0, "prefetch rc %d", granted);
+			if (granted > 0) {
+				s->prefetch_granted++;
+			} else {
+				s->prefetch_declined++;
+				push(&s->to_node[from], (struct sim_msg){ SIM_DECLINE, m.page + (uint32_t)i, 0, 0, 0 });
+			}
+		}
 	} else {
 		if (m.flag)
 			s->value[0][m.page] = m.value;
@@ -160,6 +181,8 @@ static void sim_deliver_to_node(struct sim *s, unsigned node)
 		if (m.flag)
 			s->value[node][m.page] = m.value;
 		rc = dsm_node_grant(&s->state[node][m.page], &s->inflight[node][m.page], m.access);
+	} else if (m.type == SIM_DECLINE) {
+		rc = dsm_node_decline(&s->inflight[node][m.page]);
 	} else {
 		rc = dsm_node_invalidate(&s->state[node][m.page], m.access);
 		push(&s->to_origin[node], (struct sim_msg){ DEX_MSG_INVALIDATE_ACK, m.page, 0, m.flag,
@@ -213,7 +236,7 @@ static bool sim_step(struct sim *s, bool allow_access)
 
 static void test_random_interleavings(void)
 {
-	long total_short = 0, total_data = 0, total_access = 0;
+	long total_short = 0, total_data = 0, total_access = 0, total_prefetched = 0, total_declined = 0;
 	for (unsigned seed = 1; seed <= 400; seed++) {
 		srand(seed);
 		struct sim *s = calloc(1, sizeof(*s));
@@ -230,14 +253,19 @@ static void test_random_interleavings(void)
 		total_short += s->short_grants;
 		total_data += s->data_grants;
 		total_access += s->accesses;
+		total_prefetched += s->prefetch_granted;
+		total_declined += s->prefetch_declined;
 		free(s);
 		if (failures)
 			break;
 	}
 	/* The run must have exercised both grant kinds, or it proved little. */
 	CHECK(total_short > 0 && total_data > 0, "short %ld data %ld", total_short, total_data);
-	printf("  simulated %ld accesses, %ld data grants, %ld short grants\n", total_access, total_data,
-	       total_short);
+	CHECK(total_prefetched > 0 && total_declined > 0, "prefetched %ld declined %ld", total_prefetched,
+	      total_declined);
+	printf("  simulated %ld accesses, %ld data grants, %ld short grants, %ld prefetched pages granted, %ld "
+	       "declined\n",
+	       total_access, total_data, total_short, total_prefetched, total_declined);
 }
 
 /* -------------------------------------------------------------- unit tests */
@@ -304,6 +332,45 @@ static void test_directory_basics(void)
 	CHECK(dsm_dir_request(&dir, 1, 0, true, record, &r) == DSM_E_UNEXPECTED, "writer asking to write");
 }
 
+static void test_prefetch(void)
+{
+	struct dsm_dir dir;
+	struct dsm_dir_page pages[3];
+	struct dsm_queued_request pool[4];
+	struct recorder r = { 0 };
+	dsm_dir_init(&dir, pages, 3, 3, pool, 4);
+
+	/* Read of an origin page: granted with data, the origin keeps a copy. */
+	CHECK(dsm_dir_prefetch(&dir, 0, 1, false, record, &r) == 1, "read prefetch granted");
+	CHECK(r.count == 2 && r.actions[0].kind == DSM_ACT_SET_ORIGIN_ACCESS && r.actions[0].access == DSM_READ &&
+		      r.actions[1].kind == DSM_ACT_GRANT && r.actions[1].with_data,
+	      "origin downgraded, data grant");
+	/* Write by the reader: short grant, the origin drops its copy. */
+	r.count = 0;
+	CHECK(dsm_dir_prefetch(&dir, 0, 1, true, record, &r) == 1, "write prefetch granted");
+	CHECK(r.count == 2 && r.actions[1].kind == DSM_ACT_GRANT && !r.actions[1].with_data &&
+		      dsm_dir_access(&dir, 0, 1) == DSM_WRITE,
+	      "short grant, exclusive");
+	/* A page another node writes, or reads while we want to write, or
+	 * one that is busy, is declined without any action. */
+	r.count = 0;
+	CHECK(dsm_dir_prefetch(&dir, 0, 2, false, record, &r) == 0 && r.count == 0, "remote writer: declined");
+	CHECK(dsm_dir_request(&dir, 1, 2, false, record, &r) == DSM_OK, "node 2 reads page 1");
+	r.count = 0;
+	CHECK(dsm_dir_prefetch(&dir, 1, 1, true, record, &r) == 0 && r.count == 0, "remote reader: declined");
+	CHECK(dsm_dir_prefetch(&dir, 1, 1, false, record, &r) == 1, "but a read copy is granted");
+	CHECK(dsm_dir_request(&dir, 0, 2, false, record, &r) == DSM_OK && dir.pages[0].busy, "page 0 busy");
+	r.count = 0;
+	CHECK(dsm_dir_prefetch(&dir, 0, 2, false, record, &r) == 0 && r.count == 0, "busy: declined");
+	CHECK(dsm_dir_prefetch(&dir, 1, 2, false, record, &r) == 0 && r.count == 0, "already held: declined");
+	CHECK(dsm_dir_prefetch(&dir, 2, 0, false, record, &r) == DSM_E_RANGE, "the origin does not prefetch");
+	CHECK(dsm_dir_prefetch(&dir, 3, 1, false, record, &r) == DSM_E_RANGE, "page range");
+
+	uint8_t inflight = 1;
+	CHECK(dsm_node_decline(&inflight) == DSM_OK && !inflight, "decline ends the request");
+	CHECK(dsm_node_decline(&inflight) == DSM_E_UNEXPECTED, "decline without a request rejected");
+}
+
 static void test_node_faults(void)
 {
 	uint8_t state = DSM_NONE, inflight = 0;
@@ -333,6 +400,43 @@ static void test_codec(void)
 	req.address = 0x600000001000;
 	req.write = 2;
 	CHECK(dex_msg_check(&h, &req, &lim) != NULL, "bad flag");
+
+	req.write = 0;
+	req.extra = DEX_PREFETCH_MAX;
+	CHECK(dex_msg_check(&h, &req, &lim) == NULL, "request with extra pages");
+	req.extra = DEX_PREFETCH_MAX + 1;
+	CHECK(dex_msg_check(&h, &req, &lim) != NULL, "too many extra pages");
+	req.address = 0x6000000ff000;
+	req.extra = 1;
+	CHECK(dex_msg_check(&h, &req, &lim) != NULL, "extra pages past the region");
+	req.extra = 0;
+	CHECK(dex_msg_check(&h, &req, &lim) == NULL, "last page alone");
+
+	struct {
+		struct dex_msg_page_prefetch p;
+		char data[2 * DEX_PAGE_SIZE];
+	} prefetch = { { .address = 0x600000003000, .count = 3, .access = DSM_READ, .granted = 5, .with_data = 5 },
+		       { 0 } };
+	dex_msg_fill_header(&h, DEX_MSG_PAGE_PREFETCH, 0, sizeof(prefetch), 2);
+	CHECK(dex_msg_check(&h, &prefetch, &lim) == NULL, "prefetch answer, two pages with data");
+	prefetch.p.with_data = 4;
+	CHECK(dex_msg_check(&h, &prefetch, &lim) != NULL, "prefetch length mismatch");
+	dex_msg_fill_header(&h, DEX_MSG_PAGE_PREFETCH, 0, sizeof(prefetch.p) + DEX_PAGE_SIZE, 2);
+	CHECK(dex_msg_check(&h, &prefetch, &lim) == NULL, "one page with data, one short");
+	prefetch.p.with_data = 2;
+	CHECK(dex_msg_check(&h, &prefetch, &lim) != NULL, "data for a declined page");
+	prefetch.p.with_data = 4;
+	prefetch.p.granted = 13;
+	CHECK(dex_msg_check(&h, &prefetch, &lim) != NULL, "granted bit past count");
+	prefetch.p.granted = 5;
+	prefetch.p.count = DEX_PREFETCH_MAX + 1;
+	CHECK(dex_msg_check(&h, &prefetch, &lim) != NULL, "count too large");
+	prefetch.p.count = 3;
+	prefetch.p.access = DSM_NONE;
+	CHECK(dex_msg_check(&h, &prefetch, &lim) != NULL, "prefetch granting no access");
+	prefetch.p.access = DSM_READ;
+	prefetch.p.address = 0x6000000ff000;
+	CHECK(dex_msg_check(&h, &prefetch, &lim) != NULL, "prefetch run past the region");
 
 	h.magic = 0x1234;
 	CHECK(dex_msg_check_header(&h, &lim) != NULL, "bad magic");
@@ -398,6 +502,7 @@ int main(void)
 {
 	test_directory_basics();
 	test_node_faults();
+	test_prefetch();
 	test_codec();
 	test_random_interleavings();
 	printf("test_protocol: %d checks, %d failures\n", checks, failures);
