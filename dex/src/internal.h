@@ -49,6 +49,14 @@ struct dex_mailbox {
 	char *payload; /* DEX_MAX_PAYLOAD bytes of local memory */
 };
 
+/* A run of pages a thread faults through in order (prefetch, runtime.c). */
+struct dex_fault_stream {
+	uint32_t next_page; /* the page after the last one requested */
+	uint8_t window;     /* extra pages asked for last time */
+	uint8_t write;
+};
+#define DEX_FAULT_STREAMS 4
+
 struct dex_thread {
 	uint32_t role;
 	uint32_t thread_id;   /* app thread currently running here */
@@ -63,6 +71,8 @@ struct dex_thread {
 	struct dex_context app_context;
 	struct dex_context pool_context;
 	struct dex_mailbox mail;
+	struct dex_fault_stream streams[DEX_FAULT_STREAMS];
+	uint32_t next_stream_slot; /* round robin replacement */
 	char *scratch; /* DEX_MAX_PAYLOAD bytes for building messages */
 	/* Retired blocks are reused only after their OS thread is gone: the
 	 * kernel clears exit_word (CLONE_CHILD_CLEARTID-style, through
@@ -158,6 +168,7 @@ struct dex_runtime {
 	long tid_offset; /* offset of tid in glibc's struct pthread */
 	/* counters, printed at exit with DEX_STATS=1 */
 	uint64_t faults_read, faults_write, pages_received, invalidations_served, syscalls_delegated;
+	uint64_t pages_prefetched;
 	uint64_t migrations_in, migration_ns_total, workers_created;
 	uint64_t layout_queries, layout_revokes; /* vma.c */
 };

@@ -312,10 +312,12 @@ void dex_print_stats(void)
 	if (!getenv("DEX_STATS"))
 		return;
 	uint64_t in = dex_rt.migrations_in;
-	dex_log("stats: faults %llu read %llu write, %llu pages received, %llu invalidations served, "
+	dex_log("stats: faults %llu read %llu write, %llu pages received, %llu pages granted by prefetch, "
+		"%llu invalidations served, "
 		"%llu syscalls delegated, %llu arrivals (mean %.1f us in flight), %llu workers created",
 		(unsigned long long)dex_rt.faults_read, (unsigned long long)dex_rt.faults_write,
-		(unsigned long long)dex_rt.pages_received, (unsigned long long)dex_rt.invalidations_served,
+		(unsigned long long)dex_rt.pages_received, (unsigned long long)dex_rt.pages_prefetched,
+		(unsigned long long)dex_rt.invalidations_served,
 		(unsigned long long)dex_rt.syscalls_delegated, (unsigned long long)in,
 		in ? dex_rt.migration_ns_total / 1e3 / (double)in : 0.0, (unsigned long long)dex_rt.workers_created);
 	dex_log("stats: layout: %llu rights queries, %llu revokes broadcast (origin) or applied (node)",
@@ -426,12 +428,32 @@ static void bump_epoch(void)
 	futex_wake_all(&dex_rt.dsm_epoch);
 }
 
+/* The answer for a request's extra pages, built while the directory
+ * decides them (origin_apply's context) and sent as one message. */
+struct prefetch_answer {
+	struct dex_msg_page_prefetch msg;
+	uint32_t first_page;
+	char *data; /* DEX_PREFETCH_MAX pages */
+	size_t data_length;
+};
+
 /* Executes one directory decision at the origin; called with dsm_lock held
- * so that messages to a node leave in the order they were decided. */
+ * so that messages to a node leave in the order they were decided. Grants
+ * of prefetched pages go into the answer `ctx` (NULL otherwise). */
 static void origin_apply(void *ctx, const struct dsm_action *a)
 {
-	(void)ctx;
+	struct prefetch_answer *answer = ctx;
 	uintptr_t addr = page_address(a->page);
+	if (answer && a->kind == DSM_ACT_GRANT) {
+		uint32_t bit = 1u << (a->page - answer->first_page);
+		answer->msg.granted |= bit;
+		if (a->with_data) {
+			answer->msg.with_data |= bit;
+			memcpy(answer->data + answer->data_length, page_alias(a->page), DEX_PAGE_SIZE);
+			answer->data_length += DEX_PAGE_SIZE;
+		}
+		return;
+	}
 	switch (a->kind) {
 	case DSM_ACT_INVALIDATE: {
 		struct dex_msg_invalidate m = { .address = addr, .access = a->access, .want_data = a->with_data };
@@ -482,9 +504,61 @@ static void wait_for_epoch_change(uint32_t seen, uintptr_t addr, uint64_t since_
 	}
 }
 
+static uint32_t region_end_page(uint32_t page)
+{
+	const struct dsm_region *r = region_of_page(page);
+	return r->first_page + (uint32_t)((r->end - r->start) / DEX_PAGE_SIZE);
+}
+
+/* Readahead on a node: a fault where one of the thread's recent requests
+ * ended continues a stream, which asks for twice as many following pages
+ * as last time (1, 2, 4 ... DEX_PREFETCH_MAX); any other fault starts a
+ * stream that asks for none, so scattered accesses never fetch what they
+ * do not use. */
+static uint32_t stream_window(struct dex_thread *self, uint32_t page, bool write, struct dex_fault_stream **stream)
+{
+	for (unsigned i = 0; i < DEX_FAULT_STREAMS; i++) {
+		struct dex_fault_stream *s = &self->streams[i];
+		if (s->next_page == page && s->write == write) {
+			*stream = s;
+			return s->window ? (s->window * 2u > DEX_PREFETCH_MAX ? DEX_PREFETCH_MAX : s->window * 2u) : 1;
+		}
+	}
+	*stream = &self->streams[self->next_stream_slot++ % DEX_FAULT_STREAMS];
+	(*stream)->write = write;
+	return 0;
+}
+
+/* With dsm_lock held, for a page this thread leads on a node: claims (as
+ * their leader) up to the stream's window of following pages in the same
+ * region that this node lacks, has not asked for and may access, and
+ * returns how many. The origin grants or declines each. */
+static uint32_t claim_prefetch(struct dex_thread *self, uint32_t page, bool write)
+{
+	if (!self)
+		return 0;
+	struct dex_fault_stream *stream;
+	uint32_t window = stream_window(self, page, write, &stream);
+	uint32_t end = region_end_page(page), extra = 0;
+	enum dsm_access need = write ? DSM_WRITE : DSM_READ;
+	while (extra < window && page + 1 + extra < end) {
+		uint32_t next = page + 1 + extra;
+		/* Only rights already known here: asking the origin now would
+		 * need dsm_lock released. */
+		if (dex_vma_cap(page_address(next)) < need ||
+		    dsm_node_fault(&dex_rt.page_state[next], &dex_rt.page_inflight[next], write) != DSM_FAULT_LEAD)
+			break;
+		extra++;
+	}
+	stream->next_page = page + 1 + extra;
+	stream->window = (uint8_t)window;
+	return extra;
+}
+
 /* Leader/follower: the first thread faulting on a page sends the request,
- * later ones wait for the grant and re-run their access. */
-static void dsm_fault(uint32_t page, bool write, uintptr_t addr, uint64_t ip)
+ * later ones wait for the grant and re-run their access. `self` is the
+ * faulting thread's block (NULL if unknown). */
+static void dsm_fault(struct dex_thread *self, uint32_t page, bool write, uintptr_t addr, uint64_t ip)
 {
 	uint64_t start = dex_now_ns();
 	bool led = false;
@@ -503,7 +577,8 @@ static void dsm_fault(uint32_t page, bool write, uintptr_t addr, uint64_t ip)
 				if (rc)
 					dex_fatal("directory refused the origin's own fault (%d)", rc);
 			} else {
-				struct dex_msg_page_request m = { .address = page_address(page), .write = write };
+				struct dex_msg_page_request m = { .address = page_address(page), .write = write,
+								  .extra = claim_prefetch(self, page, write) };
 				dex_send(0, DEX_MSG_PAGE_REQUEST, &m, sizeof(m), NULL, 0);
 			}
 		}
@@ -513,7 +588,6 @@ static void dsm_fault(uint32_t page, bool write, uintptr_t addr, uint64_t ip)
 		wait_for_epoch_change(seen, addr, start);
 	}
 	if (dex_tracing) {
-		struct dex_thread *self = dex_self();
 		enum dex_trace_kind kind = write ? (led ? DEX_TRACE_WRITE : DEX_TRACE_WRITE_COALESCED)
 						 : (led ? DEX_TRACE_READ : DEX_TRACE_READ_COALESCED);
 		dex_trace_record(kind, self ? self->thread_id : UINT32_MAX,
@@ -562,7 +636,7 @@ static void on_sigsegv(int sig, siginfo_t *si, void *ucontext)
 		dex_deliver_app_sigsegv(si, uc, dex_vma_is_mapped(addr) ? SEGV_ACCERR : SEGV_MAPERR);
 		return;
 	}
-	dsm_fault((uint32_t)page, write, addr, (uint64_t)uc->uc_mcontext.gregs[REG_RIP]);
+	dsm_fault(self, (uint32_t)page, write, addr, (uint64_t)uc->uc_mcontext.gregs[REG_RIP]);
 }
 
 /* Installed with our own restorer so that returning from the handler does
@@ -597,6 +671,31 @@ static void node_handle_grant(const struct dex_msg_page_grant *m, const char *da
 		dex_rt.pages_received++;
 	}
 	protect_page(page, m->access);
+	dex_lock_release(&dex_rt.dsm_lock);
+	bump_epoch();
+}
+
+static void node_handle_prefetch(const struct dex_msg_page_prefetch *m, const char *data)
+{
+	uint32_t first = (uint32_t)page_index(m->address);
+	dex_lock_acquire(&dex_rt.dsm_lock);
+	for (uint32_t i = 0; i < m->count; i++) {
+		uint32_t page = first + i;
+		bool granted = m->granted & (1u << i);
+		int rc = granted ? dsm_node_grant(&dex_rt.page_state[page], &dex_rt.page_inflight[page], m->access)
+				 : dsm_node_decline(&dex_rt.page_inflight[page]);
+		if (rc != DSM_OK)
+			dex_fatal("rejected PAGE_PREFETCH for %#llx: not asked for", (unsigned long long)page_address(page));
+		if (!granted)
+			continue;
+		dex_rt.pages_prefetched++;
+		if (m->with_data & (1u << i)) {
+			memcpy(page_alias(page), data, DEX_PAGE_SIZE);
+			data += DEX_PAGE_SIZE;
+			dex_rt.pages_received++;
+		}
+		protect_page(page, m->access);
+	}
 	dex_lock_release(&dex_rt.dsm_lock);
 	bump_epoch();
 }
@@ -644,6 +743,11 @@ static void node_receive_loop(void)
 			node_handle_grant(m, payload + sizeof(*m));
 			break;
 		}
+		case DEX_MSG_PAGE_PREFETCH: {
+			const struct dex_msg_page_prefetch *m = (const void *)payload;
+			node_handle_prefetch(m, payload + sizeof(*m));
+			break;
+		}
 		case DEX_MSG_INVALIDATE:
 			node_handle_invalidate((const void *)payload);
 			break;
@@ -675,12 +779,29 @@ static void node_receive_loop(void)
 	}
 }
 
+/* With dsm_lock held: grants or declines the `count` pages from `first`
+ * that `peer` asked for beyond its faulting page, in one answer. */
+static int origin_answer_prefetch(unsigned peer, uint32_t first, uint32_t count, bool write, char *data)
+{
+	struct prefetch_answer answer = { .msg = { .address = page_address(first), .count = count,
+						   .access = write ? DSM_WRITE : DSM_READ },
+					  .first_page = first, .data = data };
+	for (uint32_t i = 0; i < count; i++) {
+		int granted = dsm_dir_prefetch(&dex_rt.dir, first + i, peer, write, origin_apply, &answer);
+		if (granted < 0)
+			return granted;
+	}
+	dex_send(peer, DEX_MSG_PAGE_PREFETCH, &answer.msg, sizeof(answer.msg), data, answer.data_length);
+	return 0;
+}
+
 static void *origin_receive_loop(void *arg)
 {
 	unsigned peer = (unsigned)(uintptr_t)arg;
 	dex_tls_runtime_thread = 1;
 	dex_thread_create_block(DEX_ROLE_SERVICE);
 	char *payload = malloc(DEX_MAX_PAYLOAD);
+	char *prefetch_data = malloc(DEX_PREFETCH_MAX * DEX_PAGE_SIZE);
 	struct dex_msg_header h;
 	for (;;) {
 		int rc = receive_message(peer, &h, payload);
@@ -704,6 +825,8 @@ static void *origin_receive_loop(void *arg)
 			uint32_t page = (uint32_t)page_index(m->address);
 			dex_lock_acquire(&dex_rt.dsm_lock);
 			int err = dsm_dir_request(&dex_rt.dir, page, peer, m->write, origin_apply, NULL);
+			if (!err && m->extra)
+				err = origin_answer_prefetch(peer, page + 1, m->extra, m->write, prefetch_data);
 			dex_lock_release(&dex_rt.dsm_lock);
 			if (err)
 				dex_fatal("rejected PAGE_REQUEST from node %u for %#llx (%d)", peer,
