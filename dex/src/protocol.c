@@ -252,6 +252,16 @@ int dsm_dir_prefetch(struct dsm_dir *dir, uint32_t page, unsigned node, bool wri
 	return 1;
 }
 
+unsigned dsm_dir_sole_remote_owner(const struct dsm_dir *dir, uint32_t page)
+{
+	if (page >= dir->npages)
+		return ORIGIN;
+	const struct dsm_dir_page *p = &dir->pages[page];
+	if (p->busy || !p->exclusive)
+		return ORIGIN;
+	return lowest_node(p->owners);
+}
+
 enum dsm_access dsm_dir_access(const struct dsm_dir *dir, uint32_t page, unsigned node)
 {
 	const struct dsm_dir_page *p = &dir->pages[page];
@@ -455,17 +465,21 @@ const char *dex_msg_check(const struct dex_msg_header *h, const void *payload, c
 		const struct dex_msg_invalidate *m = payload;
 		if (h->length != fixed)
 			return "INVALIDATE has trailing bytes";
-		if (m->access > DSM_READ || m->want_data > 1)
+		if (m->access > DSM_READ || m->want_data > 1 || m->count == 0 || m->count > DEX_PREFETCH_MAX)
 			return "INVALIDATE fields invalid";
-		return page_address_valid(m->address, lim) ? NULL : "page address outside shared regions";
+		return page_run_valid(m->address, m->count, lim) ? NULL : "page address outside shared regions";
 	}
 	case DEX_MSG_INVALIDATE_ACK: {
 		const struct dex_msg_invalidate_ack *m = payload;
 		if (m->with_data > 1)
 			return "INVALIDATE_ACK with_data not 0/1";
-		if (!page_address_valid(m->address, lim))
+		if (m->count == 0 || m->count > DEX_PREFETCH_MAX)
+			return "INVALIDATE_ACK count out of range";
+		if (!page_run_valid(m->address, m->count, lim))
 			return "page address outside shared regions";
-		return check_data_length(h->length, fixed, m->with_data);
+		return h->length == fixed + (m->with_data ? (size_t)m->count * DEX_PAGE_SIZE : 0)
+			       ? NULL
+			       : "INVALIDATE_ACK length does not match its pages";
 	}
 	case DEX_MSG_MIGRATE: {
 		const struct dex_msg_migrate *m = payload;

@@ -110,6 +110,11 @@ int dsm_dir_ack(struct dsm_dir *dir, uint32_t page, unsigned node, bool with_dat
 int dsm_dir_prefetch(struct dsm_dir *dir, uint32_t page, unsigned node, bool write, dsm_emit_fn emit,
 		     void *ctx);
 
+/* The node that alone holds `page` (writable) if the page is idle, so
+ * that fetching it is one invalidation of that node; 0 otherwise. The
+ * origin reads ahead only through pages of one such node. */
+unsigned dsm_dir_sole_remote_owner(const struct dsm_dir *dir, uint32_t page);
+
 /* Access `node` holds according to the directory (only meaningful when
  * the page is not busy). */
 enum dsm_access dsm_dir_access(const struct dsm_dir *dir, uint32_t page, unsigned node);
@@ -209,17 +214,21 @@ struct dex_msg_page_prefetch {
 	uint32_t with_data;
 };
 
+/* `count` pages from `address` (more than one when the origin reads ahead
+ * through pages the node writes). */
 struct dex_msg_invalidate {
 	uint64_t address;
 	uint32_t access; /* new access: NONE or READ */
 	uint32_t want_data;
+	uint32_t count; /* 1 ... DEX_PREFETCH_MAX (the acknowledgement carries them all) */
+	uint32_t reserved;
 };
 
-/* Followed by DEX_PAGE_SIZE bytes when with_data. */
+/* Followed by count * DEX_PAGE_SIZE bytes when with_data. */
 struct dex_msg_invalidate_ack {
 	uint64_t address;
 	uint32_t with_data;
-	uint32_t reserved;
+	uint32_t count;
 };
 
 /* Callee-saved state of a thread stopped inside dex_migrate(). */

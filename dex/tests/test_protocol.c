@@ -366,6 +366,14 @@ static void test_prefetch(void)
 	CHECK(dsm_dir_prefetch(&dir, 2, 0, false, record, &r) == DSM_E_RANGE, "the origin does not prefetch");
 	CHECK(dsm_dir_prefetch(&dir, 3, 1, false, record, &r) == DSM_E_RANGE, "page range");
 
+	/* The origin reads ahead only through idle pages one node alone holds. */
+	CHECK(dsm_dir_sole_remote_owner(&dir, 0) == 0, "busy page: no sole owner");
+	CHECK(dsm_dir_sole_remote_owner(&dir, 1) == 0, "shared page: no sole owner");
+	CHECK(dsm_dir_sole_remote_owner(&dir, 2) == 0, "the origin's own page");
+	CHECK(dsm_dir_request(&dir, 2, 2, true, record, &r) == DSM_OK && dsm_dir_sole_remote_owner(&dir, 2) == 2,
+	      "node 2 writes page 2: its sole owner");
+	CHECK(dsm_dir_sole_remote_owner(&dir, 3) == 0, "page out of range");
+
 	uint8_t inflight = 1;
 	CHECK(dsm_node_decline(&inflight) == DSM_OK && !inflight, "decline ends the request");
 	CHECK(dsm_node_decline(&inflight) == DSM_E_UNEXPECTED, "decline without a request rejected");
@@ -437,6 +445,31 @@ static void test_codec(void)
 	prefetch.p.access = DSM_READ;
 	prefetch.p.address = 0x6000000ff000;
 	CHECK(dex_msg_check(&h, &prefetch, &lim) != NULL, "prefetch run past the region");
+
+	struct dex_msg_invalidate inval = { .address = 0x600000004000, .access = DSM_READ, .want_data = 1,
+					    .count = DEX_PREFETCH_MAX };
+	dex_msg_fill_header(&h, DEX_MSG_INVALIDATE, 0, sizeof(inval), 3);
+	CHECK(dex_msg_check(&h, &inval, &lim) == NULL, "invalidation of a run");
+	inval.count = 0;
+	CHECK(dex_msg_check(&h, &inval, &lim) != NULL, "invalidation of no page");
+	inval.count = DEX_PREFETCH_MAX + 1;
+	CHECK(dex_msg_check(&h, &inval, &lim) != NULL, "invalidation run too long");
+	inval.count = 2;
+	inval.address = 0x6000000ff000;
+	CHECK(dex_msg_check(&h, &inval, &lim) != NULL, "invalidation run past the region");
+	static struct {
+		struct dex_msg_invalidate_ack a;
+		char data[3 * DEX_PAGE_SIZE];
+	} ack = { { .address = 0x600000004000, .with_data = 1, .count = 3 }, { 0 } };
+	dex_msg_fill_header(&h, DEX_MSG_INVALIDATE_ACK, 1, sizeof(ack), 3);
+	CHECK(dex_msg_check(&h, &ack, &lim) == NULL, "acknowledgement of a run with data");
+	ack.a.count = 2;
+	CHECK(dex_msg_check(&h, &ack, &lim) != NULL, "acknowledgement shorter than its data");
+	ack.a.with_data = 0;
+	dex_msg_fill_header(&h, DEX_MSG_INVALIDATE_ACK, 1, sizeof(ack.a), 3);
+	CHECK(dex_msg_check(&h, &ack, &lim) == NULL, "acknowledgement without data");
+	ack.a.count = 0;
+	CHECK(dex_msg_check(&h, &ack, &lim) != NULL, "acknowledgement of no page");
 
 	h.magic = 0x1234;
 	CHECK(dex_msg_check_header(&h, &lim) != NULL, "bad magic");
