@@ -428,35 +428,63 @@ static void bump_epoch(void)
 	futex_wake_all(&dex_rt.dsm_epoch);
 }
 
-/* The answer for a request's extra pages, built while the directory
- * decides them (origin_apply's context) and sent as one message. */
-struct prefetch_answer {
-	struct dex_msg_page_prefetch msg;
+/* Decisions made together that travel in one message: the grants of a
+ * node's prefetched pages (one PAGE_PREFETCH), or the invalidations of a
+ * run of one node's pages for the origin's readahead (one INVALIDATE).
+ * origin_apply's context; without one every decision is sent alone. */
+struct apply_batch {
+	struct dex_msg_page_prefetch grants; /* collecting while .count != 0 */
 	uint32_t first_page;
 	char *data; /* DEX_PREFETCH_MAX pages */
 	size_t data_length;
+	bool collect_invalidations;
+	unsigned invalidated_node;
+	struct dex_msg_invalidate invalidations;
 };
 
+static void batch_grant(struct apply_batch *batch, const struct dsm_action *a)
+{
+	uint32_t bit = 1u << (a->page - batch->first_page);
+	batch->grants.granted |= bit;
+	if (a->with_data) {
+		batch->grants.with_data |= bit;
+		memcpy(batch->data + batch->data_length, page_alias(a->page), DEX_PAGE_SIZE);
+		batch->data_length += DEX_PAGE_SIZE;
+	}
+}
+
+static void batch_invalidation(struct apply_batch *batch, const struct dsm_action *a)
+{
+	struct dex_msg_invalidate *run = &batch->invalidations;
+	uintptr_t addr = page_address(a->page);
+	if (!run->count) {
+		*run = (struct dex_msg_invalidate){ .address = addr, .access = a->access, .want_data = a->with_data };
+		batch->invalidated_node = a->node;
+	} else if (a->node != batch->invalidated_node || addr != run->address + run->count * DEX_PAGE_SIZE ||
+		   a->access != run->access || a->with_data != run->want_data) {
+		dex_fatal("internal error: readahead invalidation of %#lx does not extend the run", (unsigned long)addr);
+	}
+	run->count++;
+}
+
 /* Executes one directory decision at the origin; called with dsm_lock held
- * so that messages to a node leave in the order they were decided. Grants
- * of prefetched pages go into the answer `ctx` (NULL otherwise). */
+ * so that messages to a node leave in the order they were decided. */
 static void origin_apply(void *ctx, const struct dsm_action *a)
 {
-	struct prefetch_answer *answer = ctx;
+	struct apply_batch *batch = ctx;
 	uintptr_t addr = page_address(a->page);
-	if (answer && a->kind == DSM_ACT_GRANT) {
-		uint32_t bit = 1u << (a->page - answer->first_page);
-		answer->msg.granted |= bit;
-		if (a->with_data) {
-			answer->msg.with_data |= bit;
-			memcpy(answer->data + answer->data_length, page_alias(a->page), DEX_PAGE_SIZE);
-			answer->data_length += DEX_PAGE_SIZE;
-		}
+	if (batch && batch->grants.count && a->kind == DSM_ACT_GRANT) {
+		batch_grant(batch, a);
+		return;
+	}
+	if (batch && batch->collect_invalidations && a->kind == DSM_ACT_INVALIDATE) {
+		batch_invalidation(batch, a);
 		return;
 	}
 	switch (a->kind) {
 	case DSM_ACT_INVALIDATE: {
-		struct dex_msg_invalidate m = { .address = addr, .access = a->access, .want_data = a->with_data };
+		struct dex_msg_invalidate m = { .address = addr, .access = a->access, .want_data = a->with_data,
+						.count = 1 };
 		dex_send(a->node, DEX_MSG_INVALIDATE, &m, sizeof(m), NULL, 0);
 		break;
 	}
@@ -529,23 +557,21 @@ static uint32_t stream_window(struct dex_thread *self, uint32_t page, bool write
 	return 0;
 }
 
-/* With dsm_lock held, for a page this thread leads on a node: claims (as
- * their leader) up to the stream's window of following pages in the same
- * region that this node lacks, has not asked for and may access, and
- * returns how many. The origin grants or declines each. */
-static uint32_t claim_prefetch(struct dex_thread *self, uint32_t page, bool write)
+/* With dsm_lock held, for a page this thread leads: claims, as their
+ * leader, up to the stream's window (at most `limit`) of the following
+ * pages in the same region that this process lacks, has not asked for and
+ * `eligible` accepts; returns how many. */
+static uint32_t claim_following(struct dex_thread *self, uint32_t page, bool write, uint32_t limit,
+				bool (*eligible)(uint32_t page, bool write, unsigned arg), unsigned arg)
 {
 	if (!self)
 		return 0;
 	struct dex_fault_stream *stream;
 	uint32_t window = stream_window(self, page, write, &stream);
 	uint32_t end = region_end_page(page), extra = 0;
-	enum dsm_access need = write ? DSM_WRITE : DSM_READ;
-	while (extra < window && page + 1 + extra < end) {
+	while (extra < window && extra < limit && page + 1 + extra < end) {
 		uint32_t next = page + 1 + extra;
-		/* Only rights already known here: asking the origin now would
-		 * need dsm_lock released. */
-		if (dex_vma_cap(page_address(next)) < need ||
+		if (!eligible(next, write, arg) ||
 		    dsm_node_fault(&dex_rt.page_state[next], &dex_rt.page_inflight[next], write) != DSM_FAULT_LEAD)
 			break;
 		extra++;
@@ -553,6 +579,40 @@ static uint32_t claim_prefetch(struct dex_thread *self, uint32_t page, bool writ
 	stream->next_page = page + 1 + extra;
 	stream->window = (uint8_t)window;
 	return extra;
+}
+
+/* A node prefetches pages whose rights it already knows (asking the origin
+ * would need dsm_lock released); the origin grants or declines each. */
+static bool node_may_prefetch(uint32_t page, bool write, unsigned unused)
+{
+	(void)unused;
+	return dex_vma_cap(page_address(page)) >= (write ? DSM_WRITE : DSM_READ);
+}
+
+/* The origin reads ahead only through pages that `owner` alone holds, so
+ * that one invalidation message fetches them all. */
+static bool origin_may_read_ahead(uint32_t page, bool write, unsigned owner)
+{
+	return !write && dsm_dir_sole_remote_owner(&dex_rt.dir, page) == owner;
+}
+
+/* The origin's own fault, with dsm_lock held. A read of a page that one
+ * node alone holds, continuing one of the thread's fault streams, also
+ * fetches the following pages that node alone holds, in one INVALIDATE
+ * run and one acknowledgement. */
+static void origin_fault(struct dex_thread *self, uint32_t page, bool write)
+{
+	unsigned owner = write ? 0 : dsm_dir_sole_remote_owner(&dex_rt.dir, page);
+	struct apply_batch batch = { .collect_invalidations = owner != 0 };
+	uint32_t extra = owner ? claim_following(self, page, false, DEX_PREFETCH_MAX - 1, origin_may_read_ahead, owner)
+			       : 0;
+	for (uint32_t i = 0; i <= extra; i++) {
+		int rc = dsm_dir_request(&dex_rt.dir, page + i, 0, write, origin_apply, &batch);
+		if (rc)
+			dex_fatal("directory refused the origin's own fault (%d)", rc);
+	}
+	if (batch.invalidations.count)
+		dex_send(owner, DEX_MSG_INVALIDATE, &batch.invalidations, sizeof(batch.invalidations), NULL, 0);
 }
 
 /* Leader/follower: the first thread faulting on a page sends the request,
@@ -573,12 +633,12 @@ static void dsm_fault(struct dex_thread *self, uint32_t page, bool write, uintpt
 			else
 				dex_rt.faults_read++;
 			if (dex_rt.node == 0) {
-				int rc = dsm_dir_request(&dex_rt.dir, page, 0, write, origin_apply, NULL);
-				if (rc)
-					dex_fatal("directory refused the origin's own fault (%d)", rc);
+				origin_fault(self, page, write);
 			} else {
-				struct dex_msg_page_request m = { .address = page_address(page), .write = write,
-								  .extra = claim_prefetch(self, page, write) };
+				struct dex_msg_page_request m = {
+					.address = page_address(page), .write = write,
+					.extra = claim_following(self, page, write, DEX_PREFETCH_MAX, node_may_prefetch, 0)
+				};
 				dex_send(0, DEX_MSG_PAGE_REQUEST, &m, sizeof(m), NULL, 0);
 			}
 		}
@@ -702,22 +762,28 @@ static void node_handle_prefetch(const struct dex_msg_page_prefetch *m, const ch
 
 static void node_handle_invalidate(const struct dex_msg_invalidate *m)
 {
-	uint32_t page = (uint32_t)page_index(m->address);
+	uint32_t first = (uint32_t)page_index(m->address);
 	uint64_t start = dex_tracing ? dex_now_ns() : 0;
 	dex_lock_acquire(&dex_rt.dsm_lock);
-	uint8_t held = dex_rt.page_state[page];
-	if (dsm_node_invalidate(&dex_rt.page_state[page], m->access) != DSM_OK)
-		dex_fatal("rejected INVALIDATE for %#llx: holding access %u", (unsigned long long)m->address, held);
-	/* Protect first, then read: no local thread can change the bytes after
-	 * the mprotect returns. */
-	protect_page(page, m->access);
-	struct dex_msg_invalidate_ack ack = { .address = m->address, .with_data = m->want_data };
-	dex_send(0, DEX_MSG_INVALIDATE_ACK, &ack, sizeof(ack), m->want_data ? page_alias(page) : NULL,
-		 m->want_data ? DEX_PAGE_SIZE : 0);
-	dex_rt.invalidations_served++;
+	for (uint32_t page = first; page < first + m->count; page++) {
+		uint8_t held = dex_rt.page_state[page];
+		if (dsm_node_invalidate(&dex_rt.page_state[page], m->access) != DSM_OK)
+			dex_fatal("rejected INVALIDATE for %#llx: holding access %u",
+				  (unsigned long long)page_address(page), held);
+		/* Protect first, then read: no local thread can change the
+		 * bytes after the mprotect returns. */
+		protect_page(page, m->access);
+	}
+	/* A run lies in one region, whose alias is contiguous. */
+	struct dex_msg_invalidate_ack ack = { .address = m->address, .with_data = m->want_data, .count = m->count };
+	dex_send(0, DEX_MSG_INVALIDATE_ACK, &ack, sizeof(ack), m->want_data ? page_alias(first) : NULL,
+		 m->want_data ? (size_t)m->count * DEX_PAGE_SIZE : 0);
+	dex_rt.invalidations_served += m->count;
 	dex_lock_release(&dex_rt.dsm_lock);
 	if (dex_tracing)
-		dex_trace_record(DEX_TRACE_INVALIDATE, UINT32_MAX, 0, 0, m->address, start, dex_now_ns());
+		for (uint32_t i = 0; i < m->count; i++)
+			dex_trace_record(DEX_TRACE_INVALIDATE, UINT32_MAX, 0, 0, m->address + i * DEX_PAGE_SIZE, start,
+					 dex_now_ns());
 }
 
 static void node_receive_loop(void)
@@ -783,15 +849,15 @@ static void node_receive_loop(void)
  * that `peer` asked for beyond its faulting page, in one answer. */
 static int origin_answer_prefetch(unsigned peer, uint32_t first, uint32_t count, bool write, char *data)
 {
-	struct prefetch_answer answer = { .msg = { .address = page_address(first), .count = count,
-						   .access = write ? DSM_WRITE : DSM_READ },
-					  .first_page = first, .data = data };
+	struct apply_batch batch = { .grants = { .address = page_address(first), .count = count,
+						 .access = write ? DSM_WRITE : DSM_READ },
+				     .first_page = first, .data = data };
 	for (uint32_t i = 0; i < count; i++) {
-		int granted = dsm_dir_prefetch(&dex_rt.dir, first + i, peer, write, origin_apply, &answer);
+		int granted = dsm_dir_prefetch(&dex_rt.dir, first + i, peer, write, origin_apply, &batch);
 		if (granted < 0)
 			return granted;
 	}
-	dex_send(peer, DEX_MSG_PAGE_PREFETCH, &answer.msg, sizeof(answer.msg), data, answer.data_length);
+	dex_send(peer, DEX_MSG_PAGE_PREFETCH, &batch.grants, sizeof(batch.grants), data, batch.data_length);
 	return 0;
 }
 
@@ -835,17 +901,19 @@ static void *origin_receive_loop(void *arg)
 		}
 		case DEX_MSG_INVALIDATE_ACK: {
 			const struct dex_msg_invalidate_ack *m = (const void *)payload;
-			uint32_t page = (uint32_t)page_index(m->address);
+			uint32_t first = (uint32_t)page_index(m->address);
 			dex_lock_acquire(&dex_rt.dsm_lock);
 			if (m->with_data) {
-				memcpy(page_alias(page), payload + sizeof(*m), DEX_PAGE_SIZE);
-				dex_rt.pages_received++;
+				memcpy(page_alias(first), payload + sizeof(*m), (size_t)m->count * DEX_PAGE_SIZE);
+				dex_rt.pages_received += m->count;
 			}
-			int err = dsm_dir_ack(&dex_rt.dir, page, peer, m->with_data, origin_apply, NULL);
+			for (uint32_t page = first; page < first + m->count; page++) {
+				int err = dsm_dir_ack(&dex_rt.dir, page, peer, m->with_data, origin_apply, NULL);
+				if (err)
+					dex_fatal("rejected INVALIDATE_ACK from node %u for %#llx (%d)", peer,
+						  (unsigned long long)page_address(page), err);
+			}
 			dex_lock_release(&dex_rt.dsm_lock);
-			if (err)
-				dex_fatal("rejected INVALIDATE_ACK from node %u for %#llx (%d)", peer,
-					  (unsigned long long)m->address, err);
 			break;
 		}
 		case DEX_MSG_MIGRATE:
