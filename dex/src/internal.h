@@ -197,6 +197,7 @@ void dex_install_signal_handlers(void);
 void dex_start_service_thread(void *(*fn)(void *), void *arg);
 void dex_origin_shutdown_nodes(int status);
 void dex_prefault(uintptr_t addr, size_t len, bool write);
+void dex_dsm_fetch_ahead(uintptr_t addr, size_t len, bool write);
 void dex_note_arrival(uint64_t sent_ns);
 void dex_print_stats(void);
 void dex_dsm_reprotect(uintptr_t page_addr);
@@ -210,7 +211,7 @@ void dex_sigreturn_trampoline(void);
 uint64_t dex_get_fs_base(void);
 void dex_set_fs_base(uint64_t fs);
 void dex_node_handle_migrate(const struct dex_msg_header *h, const struct dex_msg_migrate *m);
-void dex_node_start_spare_worker(void);
+void dex_node_start_workers(void);
 void dex_origin_handle_migrate(const struct dex_msg_header *h, const struct dex_msg_migrate *m);
 
 /* syscall.c */

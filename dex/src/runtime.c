@@ -671,6 +671,31 @@ void dex_prefault(uintptr_t addr, size_t len, bool write)
 	}
 }
 
+/* Sends this process's request for the pages of [addr, addr + len) that
+ * it lacks and nobody here has asked for, without waiting: a thread
+ * touching them later finds the request in flight (or already granted). */
+void dex_dsm_fetch_ahead(uintptr_t addr, size_t len, bool write)
+{
+	if (!dex_rt.active || !len)
+		return;
+	uintptr_t first = addr & ~(uintptr_t)(DEX_PAGE_SIZE - 1);
+	for (uintptr_t p = first; p < addr + len; p += DEX_PAGE_SIZE) {
+		int64_t page = page_index(p);
+		if (page < 0 || dex_vma_cap(p) < (write ? DSM_WRITE : DSM_READ))
+			continue;
+		dex_lock_acquire(&dex_rt.dsm_lock);
+		if (dsm_node_fault(&dex_rt.page_state[page], &dex_rt.page_inflight[page], write) == DSM_FAULT_LEAD) {
+			if (dex_rt.node == 0) {
+				origin_fault(NULL, (uint32_t)page, write);
+			} else {
+				struct dex_msg_page_request m = { .address = p, .write = write };
+				dex_send(0, DEX_MSG_PAGE_REQUEST, &m, sizeof(m), NULL, 0);
+			}
+		}
+		dex_lock_release(&dex_rt.dsm_lock);
+	}
+}
+
 static void restore_default_and_return(int sig)
 {
 	struct kernel_sigaction act = { SIG_DFL, 0, 0, 0 };
@@ -1334,6 +1359,6 @@ __attribute__((constructor(101))) static void dex_init(int argc, char **argv, ch
 	dex_thread_create_block(DEX_ROLE_SERVICE);
 	node_join_origin(origin_ip, (int)port);
 	connect_selected_transport();
-	dex_node_start_spare_worker();
+	dex_node_start_workers();
 	node_receive_loop();
 }
