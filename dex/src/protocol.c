@@ -200,17 +200,11 @@ int dsm_dir_request(struct dsm_dir *dir, uint32_t page, unsigned node, bool writ
 	return DSM_OK;
 }
 
-int dsm_dir_ack(struct dsm_dir *dir, uint32_t page, unsigned node, bool with_data, dsm_emit_fn emit, void *ctx)
+/* `node` answered the invalidation of a busy page; it keeps a read-only
+ * copy when the invalidation asked for that, unless it released the page. */
+static int finish_ack(struct dsm_dir *dir, struct dsm_dir_page *p, uint32_t page, unsigned node, bool released,
+		      dsm_emit_fn emit, void *ctx)
 {
-	if (page >= dir->npages || node >= dir->nodes || node == ORIGIN)
-		return DSM_E_RANGE;
-	struct dsm_dir_page *p = &dir->pages[page];
-	if (!p->busy || !(p->acks_pending & BIT(node)))
-		return DSM_E_UNEXPECTED;
-	/* Data is expected exactly when we fetched from an exclusive writer. */
-	bool expect_data = p->exclusive;
-	if (with_data != expect_data)
-		return DSM_E_UNEXPECTED;
 	p->acks_pending &= ~BIT(node);
 	if (p->acks_pending)
 		return DSM_OK;
@@ -226,7 +220,7 @@ int dsm_dir_ack(struct dsm_dir *dir, uint32_t page, unsigned node, bool with_dat
 		if (write) {
 			p->owners = 0;
 		} else {
-			p->owners = BIT(former) | BIT(ORIGIN);
+			p->owners = (released ? 0 : BIT(former)) | BIT(ORIGIN);
 			emit_action(emit, ctx, DSM_ACT_SET_ORIGIN_ACCESS, ORIGIN, page, DSM_READ, false);
 		}
 		/* The requester cannot have been the exclusive owner (it would
@@ -238,6 +232,35 @@ int dsm_dir_ack(struct dsm_dir *dir, uint32_t page, unsigned node, bool with_dat
 	}
 	complete_request(p, page, requester, write, had_copy, emit, ctx);
 	drain_queue(dir, p, page, emit, ctx);
+	return DSM_OK;
+}
+
+int dsm_dir_ack(struct dsm_dir *dir, uint32_t page, unsigned node, bool with_data, dsm_emit_fn emit, void *ctx)
+{
+	if (page >= dir->npages || node >= dir->nodes || node == ORIGIN)
+		return DSM_E_RANGE;
+	struct dsm_dir_page *p = &dir->pages[page];
+	if (!p->busy || !(p->acks_pending & BIT(node)))
+		return DSM_E_UNEXPECTED;
+	/* Data is expected exactly when we fetched from an exclusive writer. */
+	bool expect_data = p->exclusive;
+	if (with_data != expect_data)
+		return DSM_E_UNEXPECTED;
+	return finish_ack(dir, p, page, node, false, emit, ctx);
+}
+
+int dsm_dir_release(struct dsm_dir *dir, uint32_t page, unsigned node, dsm_emit_fn emit, void *ctx)
+{
+	if (page >= dir->npages || node >= dir->nodes || node == ORIGIN)
+		return DSM_E_RANGE;
+	struct dsm_dir_page *p = &dir->pages[page];
+	if (!p->exclusive || p->owners != BIT(node))
+		return DSM_E_UNEXPECTED;
+	if (p->busy)
+		return p->acks_pending == BIT(node) ? finish_ack(dir, p, page, node, true, emit, ctx)
+						    : DSM_E_UNEXPECTED;
+	p->owners = BIT(ORIGIN);
+	emit_action(emit, ctx, DSM_ACT_SET_ORIGIN_ACCESS, ORIGIN, page, DSM_WRITE, false);
 	return DSM_OK;
 }
 
@@ -277,15 +300,18 @@ enum dsm_fault_decision dsm_node_fault(uint8_t *state, uint8_t *inflight, bool w
 	enum dsm_access need = write ? DSM_WRITE : DSM_READ;
 	if (*state >= need)
 		return DSM_FAULT_RETRY;
-	if (*inflight)
+	if (*inflight & DSM_REQUESTED)
 		return DSM_FAULT_FOLLOW;
-	*inflight = 1;
+	*inflight |= DSM_REQUESTED;
 	return DSM_FAULT_LEAD;
 }
 
+/* Any answer to a request was sent after the origin had seen every earlier
+ * release of the page, so no invalidation can still cross one: both
+ * flags clear. */
 int dsm_node_grant(uint8_t *state, uint8_t *inflight, enum dsm_access access)
 {
-	if (!*inflight || access == DSM_NONE || access > DSM_WRITE)
+	if (!(*inflight & DSM_REQUESTED) || access == DSM_NONE || access > DSM_WRITE)
 		return DSM_E_UNEXPECTED;
 	*state = (uint8_t)access;
 	*inflight = 0;
@@ -294,14 +320,27 @@ int dsm_node_grant(uint8_t *state, uint8_t *inflight, enum dsm_access access)
 
 int dsm_node_decline(uint8_t *inflight)
 {
-	if (!*inflight)
+	if (!(*inflight & DSM_REQUESTED))
 		return DSM_E_UNEXPECTED;
 	*inflight = 0;
 	return DSM_OK;
 }
 
-int dsm_node_invalidate(uint8_t *state, enum dsm_access new_access)
+int dsm_node_release(uint8_t *state, uint8_t *inflight)
 {
+	if (*state != DSM_WRITE || (*inflight & DSM_REQUESTED))
+		return DSM_E_UNEXPECTED;
+	*state = DSM_NONE;
+	*inflight = DSM_RELEASED;
+	return DSM_OK;
+}
+
+int dsm_node_invalidate(uint8_t *state, uint8_t *inflight, enum dsm_access new_access)
+{
+	if (*state == DSM_NONE && (*inflight & DSM_RELEASED) && new_access <= DSM_READ) {
+		*inflight &= (uint8_t)~DSM_RELEASED;
+		return DSM_CROSSED;
+	}
 	if (new_access >= *state || new_access > DSM_READ)
 		return DSM_E_UNEXPECTED;
 	*state = (uint8_t)new_access;
@@ -483,8 +522,12 @@ const char *dex_msg_check(const struct dex_msg_header *h, const void *payload, c
 	}
 	case DEX_MSG_MIGRATE: {
 		const struct dex_msg_migrate *m = payload;
-		if (h->length != fixed)
-			return "MIGRATE has trailing bytes";
+		if (m->carried_pages > DEX_MIGRATE_MAX_CARRIED || (m->carried_pages && m->target != 0))
+			return "MIGRATE carries pages it may not";
+		if (m->carried_pages && !page_run_valid(m->carried_address, m->carried_pages, lim))
+			return "MIGRATE carries pages outside shared regions";
+		if (h->length != fixed + (size_t)m->carried_pages * DEX_PAGE_SIZE)
+			return "MIGRATE length does not match its pages";
 		if (m->thread >= lim->max_threads)
 			return "MIGRATE thread id out of range";
 		if (m->target >= lim->nodes)

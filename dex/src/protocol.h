@@ -82,6 +82,7 @@ enum dsm_error {
 	DSM_E_RANGE = -1,       /* page or node out of range */
 	DSM_E_UNEXPECTED = -2,  /* request or ack that the state does not allow */
 	DSM_E_QUEUE_FULL = -3,
+	DSM_CROSSED = 1,        /* an invalidation that crossed our release: nothing to do */
 };
 
 /* Caller provides all memory; pages[] and pool[] are initialised here:
@@ -110,6 +111,14 @@ int dsm_dir_ack(struct dsm_dir *dir, uint32_t page, unsigned node, bool with_dat
 int dsm_dir_prefetch(struct dsm_dir *dir, uint32_t page, unsigned node, bool write, dsm_emit_fn emit,
 		     void *ctx);
 
+/* `node` gave up its writable copy of `page` on its own, sending the
+ * bytes (which the caller stored in the origin's backing memory first): a
+ * thread leaving the node took its stack page along. The origin becomes
+ * the page's only holder. If an invalidation of that copy was in flight,
+ * the release answers it, and the node drops the invalidation when it
+ * arrives (dsm_node_invalidate returns DSM_CROSSED). */
+int dsm_dir_release(struct dsm_dir *dir, uint32_t page, unsigned node, dsm_emit_fn emit, void *ctx);
+
 /* The node that alone holds `page` (writable) if the page is idle, so
  * that fetching it is one invalidation of that node; 0 otherwise. The
  * origin reads ahead only through pages of one such node. */
@@ -127,15 +136,23 @@ enum dsm_fault_decision {
 	DSM_FAULT_LEAD,    /* send the request; inflight is now set */
 };
 
-/* state/inflight are one byte per page, owned by the node. */
+/* state/inflight are one byte per page, owned by the node. inflight holds
+ * DSM_REQUESTED while a request is in flight and DSM_RELEASED after a
+ * release until the next answer (an invalidation may have crossed it). */
+enum { DSM_REQUESTED = 1, DSM_RELEASED = 2 };
 enum dsm_fault_decision dsm_node_fault(uint8_t *state, uint8_t *inflight, bool write);
 /* A grant arrived: valid only for a page with a request in flight. */
 int dsm_node_grant(uint8_t *state, uint8_t *inflight, enum dsm_access access);
+/* Gives up a page held writable with no request in flight (see
+ * dsm_dir_release); the node then holds nothing. */
+int dsm_node_release(uint8_t *state, uint8_t *inflight);
 /* The origin declined a prefetched page: valid only for a page with a
  * request in flight; the access held stays. */
 int dsm_node_decline(uint8_t *inflight);
-/* An invalidation arrived: valid only if it lowers the access we hold. */
-int dsm_node_invalidate(uint8_t *state, enum dsm_access new_access);
+/* An invalidation arrived: valid if it lowers the access we hold, or if it
+ * crossed our release of the page (DSM_CROSSED: no acknowledgement, the
+ * release was it). */
+int dsm_node_invalidate(uint8_t *state, uint8_t *inflight, enum dsm_access new_access);
 
 /* ----------------------------------------------------------- wire format */
 
@@ -240,13 +257,19 @@ struct dex_context {
 	uint16_t reserved;
 };
 
+/* Followed by carried_pages pages: the top of the thread's stack, which
+ * the sending node released to the origin (only towards the origin). */
 struct dex_msg_migrate {
 	uint32_t thread;  /* dex thread id, issued by the origin */
 	uint32_t target;  /* node that must run the context */
 	uint64_t sent_ns; /* for latency accounting */
 	uint64_t trace_tag; /* the thread's profiler tag (dex_trace_tag) */
 	struct dex_context context;
+	uint64_t carried_address;
+	uint32_t carried_pages; /* 0 ... DEX_MIGRATE_MAX_CARRIED */
+	uint32_t reserved;
 };
+#define DEX_MIGRATE_MAX_CARRIED 2u
 
 /* Followed by data_length bytes (buffer contents, path, iovec data...). */
 struct dex_msg_syscall {

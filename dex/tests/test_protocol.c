@@ -7,7 +7,8 @@
  * of the latest write (sequential consistency at page granularity), and
  * (c) once traffic stops every fault has been answered. Nodes sometimes ask
  * for the following pages too (prefetch), which the origin grants or
- * declines. */
+ * declines, and sometimes release a page they write (as a migrating thread
+ * takes its stack page to the origin), crossing invalidations in flight. */
 #include "../src/protocol.h"
 
 #include <stdio.h>
@@ -35,9 +36,10 @@ static int checks;
 #define SIM_CHANNEL 256
 
 #define SIM_DECLINE (-1) /* a prefetched page declined (DEX_MSG_PAGE_PREFETCH bit clear) */
+#define SIM_RELEASE (-2) /* a page given up with its bytes (carried by DEX_MSG_MIGRATE) */
 
 struct sim_msg {
-	int type; /* DEX_MSG_PAGE_REQUEST, _GRANT, _INVALIDATE, _INVALIDATE_ACK, SIM_DECLINE */
+	int type; /* DEX_MSG_PAGE_REQUEST, _GRANT, _INVALIDATE, _INVALIDATE_ACK, SIM_DECLINE, SIM_RELEASE */
 	uint32_t page;
 	int access; /* for a request: how many following pages it also asks for */
 	int flag; /* write / with_data / want_data */
@@ -60,7 +62,7 @@ struct sim {
 	long latest[SIM_PAGES];
 	struct sim_channel to_node[SIM_NODES];
 	struct sim_channel to_origin[SIM_NODES];
-	long short_grants, data_grants, accesses, prefetch_granted, prefetch_declined;
+	long short_grants, data_grants, accesses, prefetch_granted, prefetch_declined, releases, crossings;
 	int broken;
 };
 
@@ -149,11 +151,22 @@ static void sim_access(struct sim *s, unsigned node, uint32_t page, bool write)
 	}
 }
 
+static void sim_release(struct sim *s, unsigned node, uint32_t page)
+{
+	if (node == 0 || dsm_node_release(&s->state[node][page], &s->inflight[node][page]) != DSM_OK)
+		return;
+	s->releases++;
+	push(&s->to_origin[node], (struct sim_msg){ SIM_RELEASE, page, 0, 1, s->value[node][page] });
+}
+
 static void sim_deliver_to_origin(struct sim *s, unsigned from)
 {
 	struct sim_msg m = pop(&s->to_origin[from]);
 	int rc;
-	if (m.type == DEX_MSG_PAGE_REQUEST) {
+	if (m.type == SIM_RELEASE) {
+		s->value[0][m.page] = m.value;
+		rc = dsm_dir_release(&s->dir, m.page, from, sim_emit, s);
+	} else if (m.type == DEX_MSG_PAGE_REQUEST) {
 		rc = dsm_dir_request(&s->dir, m.page, from, m.flag, sim_emit, s);
 		for (int i = 1; i <= m.access && rc == DSM_OK; i++) {
 			int granted = dsm_dir_prefetch(&s->dir, m.page + (uint32_t)i, from, m.flag, sim_emit, s);
@@ -184,9 +197,14 @@ static void sim_deliver_to_node(struct sim *s, unsigned node)
 	} else if (m.type == SIM_DECLINE) {
 		rc = dsm_node_decline(&s->inflight[node][m.page]);
 	} else {
-		rc = dsm_node_invalidate(&s->state[node][m.page], m.access);
-		push(&s->to_origin[node], (struct sim_msg){ DEX_MSG_INVALIDATE_ACK, m.page, 0, m.flag,
-							    s->value[node][m.page] });
+		rc = dsm_node_invalidate(&s->state[node][m.page], &s->inflight[node][m.page], m.access);
+		if (rc == DSM_CROSSED) {
+			s->crossings++;
+			rc = DSM_OK;
+		} else {
+			push(&s->to_origin[node], (struct sim_msg){ DEX_MSG_INVALIDATE_ACK, m.page, 0, m.flag,
+								    s->value[node][m.page] });
+		}
 	}
 	CHECK(rc == DSM_OK, "node %u rejected %d page %u rc %d", node, m.type, m.page, rc);
 }
@@ -211,9 +229,12 @@ static void sim_check_invariants(struct sim *s)
 
 static bool sim_step(struct sim *s, bool allow_access)
 {
-	int choice = rand() % 3;
-	if (allow_access && choice == 0) {
-		sim_access(s, (unsigned)rand() % s->nodes, (uint32_t)rand() % SIM_PAGES, rand() % 2);
+	int choice = rand() % 12;
+	if (allow_access && choice < 4) {
+		if (choice == 0)
+			sim_release(s, (unsigned)rand() % s->nodes, (uint32_t)rand() % SIM_PAGES);
+		else
+			sim_access(s, (unsigned)rand() % s->nodes, (uint32_t)rand() % SIM_PAGES, rand() % 2);
 		return true;
 	}
 	/* Deliver from a random non-empty channel; FIFO order within each. */
@@ -237,6 +258,7 @@ static bool sim_step(struct sim *s, bool allow_access)
 static void test_random_interleavings(void)
 {
 	long total_short = 0, total_data = 0, total_access = 0, total_prefetched = 0, total_declined = 0;
+	long total_releases = 0, total_crossings = 0;
 	for (unsigned seed = 1; seed <= 400; seed++) {
 		srand(seed);
 		struct sim *s = calloc(1, sizeof(*s));
@@ -249,12 +271,15 @@ static void test_random_interleavings(void)
 			sim_check_invariants(s);
 		for (unsigned n = 0; n < s->nodes; n++)
 			for (int p = 0; p < SIM_PAGES; p++)
-				CHECK(!s->inflight[n][p], "seed %u: node %u page %d fault never answered", seed, n, p);
+				CHECK(!(s->inflight[n][p] & DSM_REQUESTED), "seed %u: node %u page %d fault never answered",
+				      seed, n, p);
 		total_short += s->short_grants;
 		total_data += s->data_grants;
 		total_access += s->accesses;
 		total_prefetched += s->prefetch_granted;
 		total_declined += s->prefetch_declined;
+		total_releases += s->releases;
+		total_crossings += s->crossings;
 		free(s);
 		if (failures)
 			break;
@@ -263,9 +288,12 @@ static void test_random_interleavings(void)
 	CHECK(total_short > 0 && total_data > 0, "short %ld data %ld", total_short, total_data);
 	CHECK(total_prefetched > 0 && total_declined > 0, "prefetched %ld declined %ld", total_prefetched,
 	      total_declined);
+	CHECK(total_releases > 0 && total_crossings > 0, "releases %ld crossings %ld", total_releases,
+	      total_crossings);
 	printf("  simulated %ld accesses, %ld data grants, %ld short grants, %ld prefetched pages granted, %ld "
-	       "declined\n",
-	       total_access, total_data, total_short, total_prefetched, total_declined);
+	       "declined, %ld releases (%ld crossed an invalidation)\n",
+	       total_access, total_data, total_short, total_prefetched, total_declined, total_releases,
+	       total_crossings);
 }
 
 /* -------------------------------------------------------------- unit tests */
@@ -379,6 +407,40 @@ static void test_prefetch(void)
 	CHECK(dsm_node_decline(&inflight) == DSM_E_UNEXPECTED, "decline without a request rejected");
 }
 
+static void test_release(void)
+{
+	struct dsm_dir dir;
+	struct dsm_dir_page pages[2];
+	struct dsm_queued_request pool[4];
+	struct recorder r = { 0 };
+	dsm_dir_init(&dir, pages, 2, 3, pool, 4);
+
+	CHECK(dsm_dir_release(&dir, 0, 1, record, &r) == DSM_E_UNEXPECTED, "release of a page not held");
+	CHECK(dsm_dir_request(&dir, 0, 1, true, record, &r) == DSM_OK, "node 1 writes page 0");
+	r.count = 0;
+	CHECK(dsm_dir_release(&dir, 0, 1, record, &r) == DSM_OK, "idle release");
+	CHECK(r.count == 1 && r.actions[0].kind == DSM_ACT_SET_ORIGIN_ACCESS && r.actions[0].access == DSM_WRITE &&
+		      dsm_dir_access(&dir, 0, 0) == DSM_WRITE && dsm_dir_access(&dir, 0, 1) == DSM_NONE,
+	      "the origin alone holds it, writable");
+	CHECK(dsm_dir_release(&dir, 0, 1, record, &r) == DSM_E_UNEXPECTED, "released twice");
+
+	/* Node 2 reads while node 1 writes: the release answers the
+	 * invalidation, and node 1 keeps no copy. */
+	CHECK(dsm_dir_request(&dir, 1, 1, true, record, &r) == DSM_OK, "node 1 writes page 1");
+	r.count = 0;
+	CHECK(dsm_dir_request(&dir, 1, 2, false, record, &r) == DSM_OK && r.count == 1 &&
+		      r.actions[0].kind == DSM_ACT_INVALIDATE,
+	      "fetch from node 1");
+	CHECK(dsm_dir_release(&dir, 1, 2, record, &r) == DSM_E_UNEXPECTED, "release by a node not holding it");
+	r.count = 0;
+	CHECK(dsm_dir_release(&dir, 1, 1, record, &r) == DSM_OK, "release crossing the invalidation");
+	CHECK(dsm_dir_access(&dir, 1, 2) == DSM_READ && dsm_dir_access(&dir, 1, 1) == DSM_NONE &&
+		      dsm_dir_access(&dir, 1, 0) == DSM_READ && !dir.pages[1].busy,
+	      "node 2 and the origin read, node 1 holds nothing");
+	CHECK(dsm_dir_ack(&dir, 1, 1, true, record, &r) == DSM_E_UNEXPECTED, "no acknowledgement expected any more");
+	CHECK(dsm_dir_release(&dir, 1, 0, record, &r) == DSM_E_RANGE, "the origin does not release");
+}
+
 static void test_node_faults(void)
 {
 	uint8_t state = DSM_NONE, inflight = 0;
@@ -387,8 +449,19 @@ static void test_node_faults(void)
 	CHECK(dsm_node_grant(&state, &inflight, DSM_READ) == DSM_OK && state == DSM_READ && !inflight, "grant");
 	CHECK(dsm_node_grant(&state, &inflight, DSM_READ) == DSM_E_UNEXPECTED, "unrequested grant rejected");
 	CHECK(dsm_node_fault(&state, &inflight, false) == DSM_FAULT_RETRY, "read satisfied");
-	CHECK(dsm_node_invalidate(&state, DSM_READ) == DSM_E_UNEXPECTED, "non-lowering invalidate rejected");
-	CHECK(dsm_node_invalidate(&state, DSM_NONE) == DSM_OK && state == DSM_NONE, "invalidate");
+	CHECK(dsm_node_invalidate(&state, &inflight, DSM_READ) == DSM_E_UNEXPECTED, "non-lowering invalidate rejected");
+	CHECK(dsm_node_invalidate(&state, &inflight, DSM_NONE) == DSM_OK && state == DSM_NONE, "invalidate");
+	CHECK(dsm_node_invalidate(&state, &inflight, DSM_NONE) == DSM_E_UNEXPECTED, "invalidate of nothing held");
+
+	/* Release: only a page held writable with no request in flight; an
+	 * invalidation that crossed it is dropped, once. */
+	CHECK(dsm_node_release(&state, &inflight) == DSM_E_UNEXPECTED, "release of nothing held");
+	CHECK(dsm_node_fault(&state, &inflight, true) == DSM_FAULT_LEAD, "write fault");
+	CHECK(dsm_node_release(&state, &inflight) == DSM_E_UNEXPECTED, "release with a request in flight");
+	CHECK(dsm_node_grant(&state, &inflight, DSM_WRITE) == DSM_OK, "write grant");
+	CHECK(dsm_node_release(&state, &inflight) == DSM_OK && state == DSM_NONE, "release");
+	CHECK(dsm_node_invalidate(&state, &inflight, DSM_NONE) == DSM_CROSSED, "crossed invalidation dropped");
+	CHECK(dsm_node_invalidate(&state, &inflight, DSM_NONE) == DSM_E_UNEXPECTED, "only once");
 }
 
 static void test_codec(void)
@@ -514,6 +587,26 @@ static void test_codec(void)
 	CHECK(dex_msg_check(&h, &mig, &lim) == NULL, "migrate");
 	mig.target = 3;
 	CHECK(dex_msg_check(&h, &mig, &lim) != NULL, "migrate target out of range");
+	static struct {
+		struct dex_msg_migrate m;
+		char pages[2 * DEX_PAGE_SIZE];
+	} carrying = { { .thread = 3, .target = 0, .context = { .rsp = 0x7000, .rip = 0x401000 },
+			 .carried_address = 0x600000005000, .carried_pages = 2 },
+		       { 0 } };
+	dex_msg_fill_header(&h, DEX_MSG_MIGRATE, 1, sizeof(carrying), 4);
+	CHECK(dex_msg_check(&h, &carrying, &lim) == NULL, "migrate home carrying two stack pages");
+	carrying.m.target = 2;
+	CHECK(dex_msg_check(&h, &carrying, &lim) != NULL, "pages carried to a node other than the origin");
+	carrying.m.target = 0;
+	carrying.m.carried_pages = 1;
+	CHECK(dex_msg_check(&h, &carrying, &lim) != NULL, "migrate length does not match its pages");
+	carrying.m.carried_pages = 3;
+	dex_msg_fill_header(&h, DEX_MSG_MIGRATE, 1, sizeof(carrying.m) + 3 * DEX_PAGE_SIZE, 4);
+	CHECK(dex_msg_check(&h, &carrying, &lim) != NULL, "too many carried pages");
+	carrying.m.carried_pages = 1;
+	carrying.m.carried_address = 0x700000000000;
+	dex_msg_fill_header(&h, DEX_MSG_MIGRATE, 1, sizeof(carrying.m) + DEX_PAGE_SIZE, 4);
+	CHECK(dex_msg_check(&h, &carrying, &lim) != NULL, "carried page outside the shared regions");
 
 	struct dex_msg_vma_revoke revoke = { .start = 0x600000010000, .length = 3 * DEX_PAGE_SIZE, .rights = 4 | DSM_READ,
 					     .generation = 7 };
@@ -536,6 +629,7 @@ int main(void)
 	test_directory_basics();
 	test_node_faults();
 	test_prefetch();
+	test_release();
 	test_codec();
 	test_random_interleavings();
 	printf("test_protocol: %d checks, %d failures\n", checks, failures);
