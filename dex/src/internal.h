@@ -198,6 +198,8 @@ void dex_start_service_thread(void *(*fn)(void *), void *arg);
 void dex_origin_shutdown_nodes(int status);
 void dex_prefault(uintptr_t addr, size_t len, bool write);
 void dex_dsm_fetch_ahead(uintptr_t addr, size_t len, bool write);
+void dex_dsm_send_migrate_home(struct dex_msg_migrate *m, uintptr_t addr, size_t len);
+void dex_dsm_accept_carried(unsigned from, const struct dex_msg_migrate *m);
 void dex_note_arrival(uint64_t sent_ns);
 void dex_print_stats(void);
 void dex_dsm_reprotect(uintptr_t page_addr);

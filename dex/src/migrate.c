@@ -102,7 +102,10 @@ static void send_migrate(unsigned peer, const struct dex_thread *t)
 {
 	struct dex_msg_migrate m = { .thread = t->thread_id, .target = t->migrate_target, .sent_ns = t->departed_ns,
 				     .trace_tag = t->trace_tag, .context = t->app_context };
-	dex_send(peer, DEX_MSG_MIGRATE, &m, sizeof(m), NULL, 0);
+	if (peer == 0 && m.target == 0)
+		dex_dsm_send_migrate_home(&m, m.context.rsp - STACK_TOP_CLAIM, STACK_TOP_CLAIM_BYTES);
+	else
+		dex_send(peer, DEX_MSG_MIGRATE, &m, sizeof(m), NULL, 0);
 }
 
 /* Origin side, on the thread's private runtime stack: hand the context to
@@ -275,6 +278,7 @@ void dex_origin_handle_migrate(const struct dex_msg_header *h, const struct dex_
 	if (!t || dex_rt.thread_location[m->thread] != h->from)
 		dex_fatal("rejected MIGRATE from node %u for thread %u that is not there", h->from, m->thread);
 	if (m->target == 0) {
+		dex_dsm_accept_carried(h->from, m);
 		dex_dsm_fetch_ahead(m->context.rsp - STACK_TOP_CLAIM, STACK_TOP_CLAIM_BYTES, true);
 		dex_mail_post(t, h, m);
 		return;

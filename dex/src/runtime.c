@@ -696,6 +696,55 @@ void dex_dsm_fetch_ahead(uintptr_t addr, size_t len, bool write)
 	}
 }
 
+/* Sends `m`, a thread's MIGRATE towards the origin, carrying the pages of
+ * [addr, addr + len) (at most DEX_MIGRATE_MAX_CARRIED, the top of its
+ * stack) that this node holds writable, released to the origin: the
+ * thread's home then resumes it without fetching them. Under dsm_lock, so
+ * that no later request of ours for those pages overtakes the release. */
+void dex_dsm_send_migrate_home(struct dex_msg_migrate *m, uintptr_t addr, size_t len)
+{
+	int64_t first = page_index(addr), last = page_index(addr + len - 1);
+	dex_lock_acquire(&dex_rt.dsm_lock);
+	m->carried_pages = 0;
+	for (int64_t page = first; page >= 0 && page <= last && m->carried_pages < DEX_MIGRATE_MAX_CARRIED; page++) {
+		if (region_of_page((uint32_t)page) != region_of_page((uint32_t)first) ||
+		    dsm_node_release(&dex_rt.page_state[page], &dex_rt.page_inflight[page]) != DSM_OK) {
+			if (m->carried_pages)
+				break; /* keep the run contiguous */
+			continue;
+		}
+		/* Protect first, then copy: no local thread can change the
+		 * bytes after the mprotect returns. */
+		protect_page((uint32_t)page, DSM_NONE);
+		if (!m->carried_pages)
+			m->carried_address = page_address((uint32_t)page);
+		m->carried_pages++;
+	}
+	dex_send(0, DEX_MSG_MIGRATE, m, sizeof(*m),
+		 m->carried_pages ? page_alias((uint32_t)page_index(m->carried_address)) : NULL,
+		 (size_t)m->carried_pages * DEX_PAGE_SIZE);
+	dex_lock_release(&dex_rt.dsm_lock);
+}
+
+/* The origin's side: the pages a MIGRATE from `from` carries become the
+ * origin's (dsm_dir_release). */
+void dex_dsm_accept_carried(unsigned from, const struct dex_msg_migrate *m)
+{
+	if (!m->carried_pages)
+		return;
+	uint32_t first = (uint32_t)page_index(m->carried_address);
+	dex_lock_acquire(&dex_rt.dsm_lock);
+	memcpy(page_alias(first), m + 1, (size_t)m->carried_pages * DEX_PAGE_SIZE);
+	for (uint32_t page = first; page < first + m->carried_pages; page++) {
+		int err = dsm_dir_release(&dex_rt.dir, page, from, origin_apply, NULL);
+		if (err)
+			dex_fatal("rejected MIGRATE from node %u carrying %#llx (%d)", from,
+				  (unsigned long long)page_address(page), err);
+	}
+	dex_rt.pages_received += m->carried_pages;
+	dex_lock_release(&dex_rt.dsm_lock);
+}
+
 static void restore_default_and_return(int sig)
 {
 	struct kernel_sigaction act = { SIG_DFL, 0, 0, 0 };
@@ -785,25 +834,42 @@ static void node_handle_prefetch(const struct dex_msg_page_prefetch *m, const ch
 	bump_epoch();
 }
 
+/* Acknowledges the invalidation of `count` pages from `first`, with their
+ * bytes if wanted (a run lies in one region, whose alias is contiguous). */
+static void node_ack_invalidations(uint32_t first, uint32_t count, bool with_data)
+{
+	if (!count)
+		return;
+	struct dex_msg_invalidate_ack ack = { .address = page_address(first), .with_data = with_data, .count = count };
+	dex_send(0, DEX_MSG_INVALIDATE_ACK, &ack, sizeof(ack), with_data ? page_alias(first) : NULL,
+		 with_data ? (size_t)count * DEX_PAGE_SIZE : 0);
+}
+
 static void node_handle_invalidate(const struct dex_msg_invalidate *m)
 {
 	uint32_t first = (uint32_t)page_index(m->address);
 	uint64_t start = dex_tracing ? dex_now_ns() : 0;
 	dex_lock_acquire(&dex_rt.dsm_lock);
+	/* Pages whose invalidation crossed our release of them are not
+	 * acknowledged (the release was the answer); the rest are, in runs. */
+	uint32_t run_start = first;
 	for (uint32_t page = first; page < first + m->count; page++) {
 		uint8_t held = dex_rt.page_state[page];
-		if (dsm_node_invalidate(&dex_rt.page_state[page], m->access) != DSM_OK)
+		int rc = dsm_node_invalidate(&dex_rt.page_state[page], &dex_rt.page_inflight[page], m->access);
+		if (rc == DSM_CROSSED) {
+			node_ack_invalidations(run_start, page - run_start, m->want_data);
+			run_start = page + 1;
+			continue;
+		}
+		if (rc != DSM_OK)
 			dex_fatal("rejected INVALIDATE for %#llx: holding access %u",
 				  (unsigned long long)page_address(page), held);
 		/* Protect first, then read: no local thread can change the
 		 * bytes after the mprotect returns. */
 		protect_page(page, m->access);
+		dex_rt.invalidations_served++;
 	}
-	/* A run lies in one region, whose alias is contiguous. */
-	struct dex_msg_invalidate_ack ack = { .address = m->address, .with_data = m->want_data, .count = m->count };
-	dex_send(0, DEX_MSG_INVALIDATE_ACK, &ack, sizeof(ack), m->want_data ? page_alias(first) : NULL,
-		 m->want_data ? (size_t)m->count * DEX_PAGE_SIZE : 0);
-	dex_rt.invalidations_served += m->count;
+	node_ack_invalidations(run_start, first + m->count - run_start, m->want_data);
 	dex_lock_release(&dex_rt.dsm_lock);
 	if (dex_tracing)
 		for (uint32_t i = 0; i < m->count; i++)
