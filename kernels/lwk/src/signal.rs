@@ -461,10 +461,10 @@ pub fn interrupts_wait(tid: u64) -> bool {
     if !trap::signal_check_requested() {
         return false;
     }
-    let mut signals = SIGNALS.lock();
-    let process_pending = signals.process_pending.signals;
-    let thread = signals.thread(tid);
-    thread.wanted(thread.pending.signals | process_pending) != 0
+    // Under the scheduler's lock: look the thread up without creating it (nothing here may
+    // ask the scheduler anything).
+    let signals = SIGNALS.lock();
+    signals.threads.get(&tid).is_some_and(|thread| thread.wanted(thread.pending.signals | signals.process_pending.signals) != 0)
 }
 
 /// A system call (`number`) of the calling thread returned a restart code: keeps the exit

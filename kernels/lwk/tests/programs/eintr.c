@@ -1,11 +1,12 @@
 /* Blocking calls interrupted by a signal another thread sends (tgkill, or kill to the
    process): futex waits, nanosleep and clock_nanosleep (with the time left written back),
-   pause. Each ends with EINTR once the handler has run, except a futex wait without timeout
-   when the handler has SA_RESTART: it is restarted and ends when woken. A signal the
-   sleeper blocks does not interrupt it. */
+   pause, sem_wait. Each ends with EINTR once the handler has run, except a futex wait
+   without timeout when the handler has SA_RESTART: it is restarted and ends when woken. A
+   signal the sleeper blocks does not interrupt it. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -121,6 +122,13 @@ int main(void) {
     thread = start_sender(&by_kill);
     result = pause();
     finish(thread, "pause (kill to the process)", result, errno);
+
+    /* Through libc: sem_wait reports the interrupted futex wait. */
+    sem_t semaphore;
+    sem_init(&semaphore, 0, 0);
+    thread = start_sender(&by_tgkill);
+    result = sem_wait(&semaphore);
+    finish(thread, "sem_wait", result, errno);
 
     /* SA_RESTART: a futex wait without timeout goes on after the handler; sleeps and timed
        waits still end with EINTR. */
