@@ -193,43 +193,67 @@ pub fn load_initial_state() {
     }
 }
 
+/// A signal frame's `fpstate` that cannot be read, or that XRSTOR/FXRSTOR would refuse.
+pub struct BadFpstate;
+
+impl From<UserFault> for BadFpstate {
+    fn from(_: UserFault) -> BadFpstate {
+        BadFpstate
+    }
+}
+
 /// Loads the vector registers from a signal frame's `fpstate` at `user_address`, which the
 /// handler may have changed. With XSAVE, a frame whose software bytes and FP_XSTATE_MAGIC2
-/// describe this kernel's XSAVE area is loaded whole; any other is taken as a legacy image
-/// (x87 and SSE; the other components start over), as Linux does. Nothing the user wrote
-/// can make the load fault: reserved MXCSR bits and header fields are cleared and unknown
-/// components dropped.
-pub fn restore_from_signal_frame(user_address: u64) -> Result<(), UserFault> {
+/// describe this kernel's XSAVE area is loaded whole (the components its software bytes
+/// name); any other is taken as a legacy image (x87 and SSE; the other components start
+/// over), as Linux does. What the CPU would refuse (reserved MXCSR bits, components XCR0
+/// lacks, a non-zero reserved header field) is checked first and refused, as Linux refuses
+/// the frame when XRSTOR faults.
+pub fn restore_from_signal_frame(user_address: u64) -> Result<(), BadFpstate> {
     if !USE_XSAVE.load(Ordering::Relaxed) {
         let mut area = LegacyArea([0; LEGACY_SIZE]);
         copy_from_user(&mut area.0, user_address)?;
-        restore_legacy(area);
+        if read_u32(&area.0, MXCSR) & !supported_mxcsr_bits() != 0 {
+            return Err(BadFpstate);
+        }
+        // SAFETY: a 16-byte aligned 512-byte image with only supported MXCSR bits set; the
+        // other fields cannot fault on FXRSTOR.
+        unsafe { asm!("fxrstor64 [{}]", in(reg) area.0.as_ptr(), options(nostack)) };
         return Ok(());
     }
     let area = scratch();
     let size = area.len();
     copy_from_user(&mut area[..LEGACY_SIZE], user_address)?;
+    if read_u32(area, MXCSR) & !supported_mxcsr_bits() != 0 {
+        return Err(BadFpstate);
+    }
     let mut magic2 = [0u8; MAGIC2_SIZE];
     let whole = read_u32(area, SW_BYTES) == FP_XSTATE_MAGIC1
         && read_u32(area, SW_BYTES + 4) as usize == size + MAGIC2_SIZE
         && read_u32(area, SW_BYTES + 16) as usize == size
         && copy_from_user(&mut magic2, user_address + size as u64).is_ok()
         && u32::from_le_bytes(magic2) == FP_XSTATE_MAGIC2;
-    let components = if whole {
+    let requested = if whole {
         copy_from_user(&mut area[LEGACY_SIZE..], user_address + LEGACY_SIZE as u64)?;
-        let offered = u64::from_le_bytes(area[SW_BYTES + 8..SW_BYTES + 16].try_into().unwrap());
-        u64::from_le_bytes(area[XSAVE_HEADER..XSAVE_HEADER + 8].try_into().unwrap()) & offered
+        let header = &area[XSAVE_HEADER..XSAVE_HEADER + 64];
+        let present = u64::from_le_bytes(header[..8].try_into().unwrap());
+        if present & !COMPONENTS.load(Ordering::Relaxed) != 0 || header[8..].iter().any(|&byte| byte != 0) {
+            return Err(BadFpstate);
+        }
+        u64::from_le_bytes(area[SW_BYTES + 8..SW_BYTES + 16].try_into().unwrap())
     } else {
+        // A legacy image: the header is not the user's; x87 and SSE from the image.
+        area[XSAVE_HEADER..XSAVE_HEADER + 64].fill(0);
+        area[XSAVE_HEADER] = X87_AND_SSE as u8;
         X87_AND_SSE
     };
-    area[XSAVE_HEADER..XSAVE_HEADER + 64].fill(0);
-    let components = components & COMPONENTS.load(Ordering::Relaxed);
-    area[XSAVE_HEADER..XSAVE_HEADER + 8].copy_from_slice(&components.to_le_bytes());
-    let mxcsr = read_u32(area, MXCSR) & supported_mxcsr_bits();
-    write_u32(area, MXCSR, mxcsr);
-    // SAFETY: a 64-byte aligned standard-form area: XSTATE_BV within XCR0, the rest of the
-    // header zero, MXCSR with supported bits only (XRSTOR's #GP conditions); components
-    // whose bit is clear are initialised.
+    // Components the frame does not name start over (their XSTATE_BV bit cleared), as Linux
+    // initialises them.
+    let present = u64::from_le_bytes(area[XSAVE_HEADER..XSAVE_HEADER + 8].try_into().unwrap()) & requested;
+    area[XSAVE_HEADER..XSAVE_HEADER + 8].copy_from_slice(&present.to_le_bytes());
+    // SAFETY: a 64-byte aligned standard-form area whose XSTATE_BV is within XCR0, whose
+    // other header bytes are zero and whose MXCSR has supported bits only (checked above:
+    // XRSTOR's #GP conditions); components whose bit is clear are initialised.
     unsafe { asm!("xrstor64 [{}]", in(reg) area.as_ptr(), in("eax") u32::MAX, in("edx") u32::MAX, options(nostack)) };
     Ok(())
 }
@@ -237,16 +261,6 @@ pub fn restore_from_signal_frame(user_address: u64) -> Result<(), UserFault> {
 /// The legacy (FXSAVE) image of the x87 and SSE registers.
 #[repr(C, align(16))]
 struct LegacyArea([u8; LEGACY_SIZE]);
-
-/// Loads x87 and SSE registers from a legacy image the user may have changed: reserved
-/// MXCSR bits, which would fault, are cleared first.
-fn restore_legacy(mut area: LegacyArea) {
-    let mxcsr = read_u32(&area.0, MXCSR) & supported_mxcsr_bits();
-    write_u32(&mut area.0, MXCSR, mxcsr);
-    // SAFETY: a 16-byte aligned 512-byte image with only supported MXCSR bits set; the
-    // other fields cannot fault on FXRSTOR.
-    unsafe { asm!("fxrstor64 [{}]", in(reg) area.0.as_ptr(), options(nostack)) };
-}
 
 /// The MXCSR bits this CPU supports, as FXSAVE reports them (the image's own field may be
 /// anything the user wrote).
