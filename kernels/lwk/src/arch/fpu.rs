@@ -7,7 +7,7 @@ use super::tables::MAX_CPUS;
 use super::trap::{copy_from_user, copy_to_user, UserFault, MAX_THREADS};
 use core::alloc::Layout;
 use core::arch::asm;
-use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// Save areas by thread context slot (null until the slot's first save), then one scratch
 /// area per CPU for signal frames (`SCRATCH_SLOTS`).
@@ -17,6 +17,8 @@ static USE_XSAVE: AtomicBool = AtomicBool::new(false);
 /// XCR0: the state components XSAVE switches (with XSAVE only).
 static COMPONENTS: AtomicU64 = AtomicU64::new(0b11);
 const SCRATCH_SLOTS: usize = MAX_THREADS;
+/// The MXCSR bits the CPU supports (read once: an FXSAVE is costly emulated work on PVM).
+static SUPPORTED_MXCSR: AtomicU32 = AtomicU32::new(0xffbf);
 
 /// Whether threads' state is switched with XSAVE (all components) or FXSAVE (x87 and SSE).
 /// PVM's emulation of kernel code knows FXSAVE but not XSAVE (the VM stops on it), so under
@@ -29,6 +31,7 @@ pub fn xsave_wanted(command_line_choice: Option<&str>, under_clowder_vmm: bool) 
 /// Switches threads' state with XSAVE if `use_xsave` (after `enable_user_fpu(true)`), else
 /// FXSAVE.
 pub fn init(use_xsave: bool) {
+    SUPPORTED_MXCSR.store(mxcsr_mask_of_this_cpu(), Ordering::Relaxed);
     if use_xsave {
         // OSXSAVE: XCR0 is set up; EBX of leaf 0xD is the area size for the enabled components.
         USE_XSAVE.store(true, Ordering::Relaxed);
@@ -213,7 +216,7 @@ pub fn restore_from_signal_frame(user_address: u64) -> Result<(), BadFpstate> {
     if !USE_XSAVE.load(Ordering::Relaxed) {
         let mut area = LegacyArea([0; LEGACY_SIZE]);
         copy_from_user(&mut area.0, user_address)?;
-        if read_u32(&area.0, MXCSR) & !supported_mxcsr_bits() != 0 {
+        if read_u32(&area.0, MXCSR) & !SUPPORTED_MXCSR.load(Ordering::Relaxed) != 0 {
             return Err(BadFpstate);
         }
         // SAFETY: a 16-byte aligned 512-byte image with only supported MXCSR bits set; the
@@ -224,7 +227,7 @@ pub fn restore_from_signal_frame(user_address: u64) -> Result<(), BadFpstate> {
     let area = scratch();
     let size = area.len();
     copy_from_user(&mut area[..LEGACY_SIZE], user_address)?;
-    if read_u32(area, MXCSR) & !supported_mxcsr_bits() != 0 {
+    if read_u32(area, MXCSR) & !SUPPORTED_MXCSR.load(Ordering::Relaxed) != 0 {
         return Err(BadFpstate);
     }
     let mut magic2 = [0u8; MAGIC2_SIZE];
@@ -262,9 +265,8 @@ pub fn restore_from_signal_frame(user_address: u64) -> Result<(), BadFpstate> {
 #[repr(C, align(16))]
 struct LegacyArea([u8; LEGACY_SIZE]);
 
-/// The MXCSR bits this CPU supports, as FXSAVE reports them (the image's own field may be
-/// anything the user wrote).
-fn supported_mxcsr_bits() -> u32 {
+/// The MXCSR bits this CPU supports, as FXSAVE reports them.
+fn mxcsr_mask_of_this_cpu() -> u32 {
     let mut area = LegacyArea([0; LEGACY_SIZE]);
     // SAFETY: the area is 16-byte aligned and 512 bytes long, what FXSAVE writes.
     unsafe { asm!("fxsave64 [{}]", in(reg) area.0.as_mut_ptr(), options(nostack)) };
