@@ -698,9 +698,10 @@ void dex_dsm_fetch_ahead(uintptr_t addr, size_t len, bool write)
 
 /* Sends `m`, a thread's MIGRATE towards the origin, carrying the pages of
  * [addr, addr + len) (at most DEX_MIGRATE_MAX_CARRIED, the top of its
- * stack) that this node holds writable, released to the origin: the
- * thread's home then resumes it without fetching them. Under dsm_lock, so
- * that no later request of ours for those pages overtakes the release. */
+ * stack) that this node holds, released to the origin: the thread's home
+ * then resumes it without fetching them or invalidating our copies. Under
+ * dsm_lock, so that no later request of ours for those pages overtakes
+ * the release. */
 void dex_dsm_send_migrate_home(struct dex_msg_migrate *m, uintptr_t addr, size_t len)
 {
 	int64_t first = page_index(addr), last = page_index(addr + len - 1);
@@ -733,9 +734,12 @@ void dex_dsm_accept_carried(unsigned from, const struct dex_msg_migrate *m)
 	if (!m->carried_pages)
 		return;
 	uint32_t first = (uint32_t)page_index(m->carried_address);
+	const char *data = (const char *)(m + 1);
 	dex_lock_acquire(&dex_rt.dsm_lock);
-	memcpy(page_alias(first), m + 1, (size_t)m->carried_pages * DEX_PAGE_SIZE);
-	for (uint32_t page = first; page < first + m->carried_pages; page++) {
+	for (uint32_t page = first; page < first + m->carried_pages; page++, data += DEX_PAGE_SIZE) {
+		/* A read-only copy's bytes are the origin's already. */
+		if (dsm_dir_access(&dex_rt.dir, page, from) == DSM_WRITE)
+			memcpy(page_alias(page), data, DEX_PAGE_SIZE);
 		int err = dsm_dir_release(&dex_rt.dir, page, from, origin_apply, NULL);
 		if (err)
 			dex_fatal("rejected MIGRATE from node %u carrying %#llx (%d)", from,
