@@ -491,7 +491,7 @@ const char *dex_msg_check(const struct dex_msg_header *h, const void *payload, c
 			return "PAGE_PREFETCH bits name pages not granted or past count";
 		if (!page_run_valid(m->address, m->count, lim))
 			return "page address outside shared regions";
-		size_t want = fixed + (size_t)__builtin_popcount(m->with_data) * DEX_PAGE_SIZE;
+		size_t want = fixed + (size_t)__builtin_popcountll(m->with_data) * DEX_PAGE_SIZE;
 		return h->length == want ? NULL : "PAGE_PREFETCH length does not match its pages";
 	}
 	case DEX_MSG_PAGE_GRANT: {

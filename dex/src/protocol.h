@@ -159,11 +159,11 @@ int dsm_node_invalidate(uint8_t *state, uint8_t *inflight, enum dsm_access new_a
 
 #define DEX_MSG_MAGIC 0xDE58u
 #define DEX_PROTOCOL_VERSION 1u
-#define DEX_MAX_PAYLOAD (64u * 1024u)
+#define DEX_MAX_PAYLOAD (256u * 1024u)
 #define DEX_SYSCALL_MAX_DATA (32u * 1024u)
 /* Most pages a request may ask for beyond the faulting one (the answer's
- * data must fit one payload). */
-#define DEX_PREFETCH_MAX 15u
+ * data must fit one payload; one bit each in a 64-bit map). */
+#define DEX_PREFETCH_MAX 63u
 
 enum dex_msg_type {
 	DEX_MSG_HELLO = 1,         /* node -> origin, first message */
@@ -228,8 +228,8 @@ struct dex_msg_page_prefetch {
 	uint64_t address;
 	uint32_t count;
 	uint32_t access;
-	uint32_t granted;
-	uint32_t with_data;
+	uint64_t granted;
+	uint64_t with_data;
 };
 
 /* `count` pages from `address` (more than one when the origin reads ahead

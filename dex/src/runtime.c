@@ -444,7 +444,7 @@ struct apply_batch {
 
 static void batch_grant(struct apply_batch *batch, const struct dsm_action *a)
 {
-	uint32_t bit = 1u << (a->page - batch->first_page);
+	uint64_t bit = UINT64_C(1) << (a->page - batch->first_page);
 	batch->grants.granted |= bit;
 	if (a->with_data) {
 		batch->grants.with_data |= bit;
@@ -542,7 +542,8 @@ static uint32_t region_end_page(uint32_t page)
  * ended continues a stream, which asks for twice as many following pages
  * as last time (1, 2, 4 ... DEX_PREFETCH_MAX); any other fault starts a
  * stream that asks for none, so scattered accesses never fetch what they
- * do not use. */
+ * do not use. The faulting page's grant travels first, so the thread
+ * resumes while the rest of a window is still on its way. */
 static uint32_t stream_window(struct dex_thread *self, uint32_t page, bool write, struct dex_fault_stream **stream)
 {
 	for (unsigned i = 0; i < DEX_FAULT_STREAMS; i++) {
@@ -819,7 +820,7 @@ static void node_handle_prefetch(const struct dex_msg_page_prefetch *m, const ch
 	dex_lock_acquire(&dex_rt.dsm_lock);
 	for (uint32_t i = 0; i < m->count; i++) {
 		uint32_t page = first + i;
-		bool granted = m->granted & (1u << i);
+		bool granted = m->granted & (UINT64_C(1) << i);
 		int rc = granted ? dsm_node_grant(&dex_rt.page_state[page], &dex_rt.page_inflight[page], m->access)
 				 : dsm_node_decline(&dex_rt.page_inflight[page]);
 		if (rc != DSM_OK)
@@ -827,7 +828,7 @@ static void node_handle_prefetch(const struct dex_msg_page_prefetch *m, const ch
 		if (!granted)
 			continue;
 		dex_rt.pages_prefetched++;
-		if (m->with_data & (1u << i)) {
+		if (m->with_data & (UINT64_C(1) << i)) {
 			memcpy(page_alias(page), data, DEX_PAGE_SIZE);
 			data += DEX_PAGE_SIZE;
 			dex_rt.pages_received++;
