@@ -396,14 +396,32 @@ static char *page_alias(uint32_t page)
 
 /* The DSM's access, capped by the page's mapping rights (vma.c): a page
  * unmapped or made read-only stays so whatever copy the DSM holds. */
-static void protect_page(uint32_t page, enum dsm_access access)
+static enum dsm_access capped_access(uint32_t page, enum dsm_access access)
+{
+	enum dsm_access cap = dex_vma_cap(page_address(page));
+	return access > cap ? cap : access;
+}
+
+/* `count` pages from `first` (in one region) get `access`, capped page by
+ * page; one mprotect per run of equal protection. */
+static void protect_pages(uint32_t first, uint32_t count, enum dsm_access access)
 {
 	static const int prot[] = { PROT_NONE, PROT_READ, PROT_READ | PROT_WRITE };
-	enum dsm_access cap = dex_vma_cap(page_address(page));
-	if (access > cap)
-		access = cap;
-	if (raw_syscall(SYS_mprotect, page_address(page), DEX_PAGE_SIZE, prot[access]) != 0)
-		dex_fatal("mprotect of shared page failed (vm.max_map_count too low?)");
+	for (uint32_t start = first, end = first + count; start < end;) {
+		enum dsm_access run_access = capped_access(start, access);
+		uint32_t stop = start + 1;
+		while (stop < end && capped_access(stop, access) == run_access)
+			stop++;
+		if (raw_syscall(SYS_mprotect, page_address(start), (size_t)(stop - start) * DEX_PAGE_SIZE,
+				prot[run_access]) != 0)
+			dex_fatal("mprotect of shared page failed (vm.max_map_count too low?)");
+		start = stop;
+	}
+}
+
+static void protect_page(uint32_t page, enum dsm_access access)
+{
+	protect_pages(page, 1, access);
 }
 
 void dex_dsm_reprotect(uintptr_t page_addr)
@@ -818,6 +836,7 @@ static void node_handle_prefetch(const struct dex_msg_page_prefetch *m, const ch
 {
 	uint32_t first = (uint32_t)page_index(m->address);
 	dex_lock_acquire(&dex_rt.dsm_lock);
+	uint32_t run_start = first; /* granted pages not yet protected */
 	for (uint32_t i = 0; i < m->count; i++) {
 		uint32_t page = first + i;
 		bool granted = m->granted & (UINT64_C(1) << i);
@@ -825,26 +844,32 @@ static void node_handle_prefetch(const struct dex_msg_page_prefetch *m, const ch
 				 : dsm_node_decline(&dex_rt.page_inflight[page]);
 		if (rc != DSM_OK)
 			dex_fatal("rejected PAGE_PREFETCH for %#llx: not asked for", (unsigned long long)page_address(page));
-		if (!granted)
+		if (!granted) {
+			protect_pages(run_start, page - run_start, m->access);
+			run_start = page + 1;
 			continue;
+		}
 		dex_rt.pages_prefetched++;
 		if (m->with_data & (UINT64_C(1) << i)) {
 			memcpy(page_alias(page), data, DEX_PAGE_SIZE);
 			data += DEX_PAGE_SIZE;
 			dex_rt.pages_received++;
 		}
-		protect_page(page, m->access);
 	}
+	protect_pages(run_start, first + m->count - run_start, m->access);
 	dex_lock_release(&dex_rt.dsm_lock);
 	bump_epoch();
 }
 
-/* Acknowledges the invalidation of `count` pages from `first`, with their
- * bytes if wanted (a run lies in one region, whose alias is contiguous). */
-static void node_ack_invalidations(uint32_t first, uint32_t count, bool with_data)
+/* Lowers `count` pages from `first` to `access` and acknowledges their
+ * invalidation, with their bytes if wanted (a run lies in one region, whose
+ * alias is contiguous). Protect first, then read: no local thread can
+ * change the bytes after the mprotect returns. */
+static void node_ack_invalidations(uint32_t first, uint32_t count, enum dsm_access access, bool with_data)
 {
 	if (!count)
 		return;
+	protect_pages(first, count, access);
 	struct dex_msg_invalidate_ack ack = { .address = page_address(first), .with_data = with_data, .count = count };
 	dex_send(0, DEX_MSG_INVALIDATE_ACK, &ack, sizeof(ack), with_data ? page_alias(first) : NULL,
 		 with_data ? (size_t)count * DEX_PAGE_SIZE : 0);
@@ -862,19 +887,16 @@ static void node_handle_invalidate(const struct dex_msg_invalidate *m)
 		uint8_t held = dex_rt.page_state[page];
 		int rc = dsm_node_invalidate(&dex_rt.page_state[page], &dex_rt.page_inflight[page], m->access);
 		if (rc == DSM_CROSSED) {
-			node_ack_invalidations(run_start, page - run_start, m->want_data);
+			node_ack_invalidations(run_start, page - run_start, m->access, m->want_data);
 			run_start = page + 1;
 			continue;
 		}
 		if (rc != DSM_OK)
 			dex_fatal("rejected INVALIDATE for %#llx: holding access %u",
 				  (unsigned long long)page_address(page), held);
-		/* Protect first, then read: no local thread can change the
-		 * bytes after the mprotect returns. */
-		protect_page(page, m->access);
 		dex_rt.invalidations_served++;
 	}
-	node_ack_invalidations(run_start, first + m->count - run_start, m->want_data);
+	node_ack_invalidations(run_start, first + m->count - run_start, m->access, m->want_data);
 	dex_lock_release(&dex_rt.dsm_lock);
 	if (dex_tracing)
 		for (uint32_t i = 0; i < m->count; i++)
