@@ -453,21 +453,38 @@ static void bump_epoch(void)
 struct apply_batch {
 	struct dex_msg_page_prefetch grants; /* collecting while .count != 0 */
 	uint32_t first_page;
-	char *data; /* DEX_PREFETCH_MAX pages */
-	size_t data_length;
+	/* The origin's own new access to each page (KEEP_ACCESS: unchanged),
+	 * applied before the granted pages' bytes are copied. */
+	uint8_t origin_access[DEX_PREFETCH_MAX];
 	bool collect_invalidations;
 	unsigned invalidated_node;
 	struct dex_msg_invalidate invalidations;
 };
 
+#define KEEP_ACCESS UINT8_MAX
+
 static void batch_grant(struct apply_batch *batch, const struct dsm_action *a)
 {
 	uint64_t bit = UINT64_C(1) << (a->page - batch->first_page);
 	batch->grants.granted |= bit;
-	if (a->with_data) {
+	if (a->with_data)
 		batch->grants.with_data |= bit;
-		memcpy(batch->data + batch->data_length, page_alias(a->page), DEX_PAGE_SIZE);
-		batch->data_length += DEX_PAGE_SIZE;
+}
+
+/* Applies the origin's access changes a prefetch answer decided, one
+ * mprotect per run of equal access. */
+static void batch_apply_origin_access(struct apply_batch *batch)
+{
+	const uint8_t *access = batch->origin_access;
+	for (uint32_t start = 0, count = batch->grants.count; start < count;) {
+		uint32_t stop = start + 1;
+		while (stop < count && access[stop] == access[start])
+			stop++;
+		if (access[start] != KEEP_ACCESS) {
+			protect_pages(batch->first_page + start, stop - start, (enum dsm_access)access[start]);
+			memset(&dex_rt.page_state[batch->first_page + start], access[start], stop - start);
+		}
+		start = stop;
 	}
 }
 
@@ -493,6 +510,10 @@ static void origin_apply(void *ctx, const struct dsm_action *a)
 	uintptr_t addr = page_address(a->page);
 	if (batch && batch->grants.count && a->kind == DSM_ACT_GRANT) {
 		batch_grant(batch, a);
+		return;
+	}
+	if (batch && batch->grants.count && a->kind == DSM_ACT_SET_ORIGIN_ACCESS) {
+		batch->origin_access[a->page - batch->first_page] = a->access;
 		return;
 	}
 	if (batch && batch->collect_invalidations && a->kind == DSM_ACT_INVALIDATE) {
@@ -969,13 +990,24 @@ static int origin_answer_prefetch(unsigned peer, uint32_t first, uint32_t count,
 {
 	struct apply_batch batch = { .grants = { .address = page_address(first), .count = count,
 						 .access = write ? DSM_WRITE : DSM_READ },
-				     .first_page = first, .data = data };
+				     .first_page = first };
+	memset(batch.origin_access, KEEP_ACCESS, sizeof(batch.origin_access));
 	for (uint32_t i = 0; i < count; i++) {
 		int granted = dsm_dir_prefetch(&dex_rt.dir, first + i, peer, write, origin_apply, &batch);
 		if (granted < 0)
 			return granted;
 	}
-	dex_send(peer, DEX_MSG_PAGE_PREFETCH, &batch.grants, sizeof(batch.grants), data, batch.data_length);
+	/* Protect first, then copy: no thread here can change the bytes of a
+	 * page it may no longer write once the mprotect returns. */
+	batch_apply_origin_access(&batch);
+	size_t length = 0;
+	for (uint32_t i = 0; i < count; i++) {
+		if (batch.grants.with_data & (UINT64_C(1) << i)) {
+			memcpy(data + length, page_alias(first + i), DEX_PAGE_SIZE);
+			length += DEX_PAGE_SIZE;
+		}
+	}
+	dex_send(peer, DEX_MSG_PAGE_PREFETCH, &batch.grants, sizeof(batch.grants), data, length);
 	return 0;
 }
 
