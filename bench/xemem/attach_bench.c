@@ -5,9 +5,10 @@
  *
  *   attach_bench BACKING MIB ITERATIONS MODE
  *       host -> host: forks the owner, attaches from the parent (one mode)
- *   attach_bench own NAME BACKING MIB
+ *   attach_bench own NAME BACKING MIB [SECONDS]
  *       exports MIB as the named segment NAME (xemem_make), prints "made", and waits until an
- *       attacher signals that it has finished (bench_common.h), then removes it
+ *       attacher signals that it has finished (bench_common.h), at most SECONDS (default 900),
+ *       then removes it
  *   attach_bench attach NAME MIB ATTACHES TOUCHES [MODE...]
  *       finds NAME (another enclave's segment), gets it and runs the modes given, or every mode
  *       (attach: ATTACHES times; the others: TOUCHES times), then signals the owner
@@ -91,7 +92,7 @@ static int parse_count(const char *text)
 	char *end;
 	long count = strtol(text, &end, 10);
 	if (*end || count <= 0 || count > 1000000) {
-		fprintf(stderr, "%s: an iteration count must be 1..1000000, got %s\n", program, text);
+		fprintf(stderr, "%s: expected a whole number from 1 to 1000000, got %s\n", program, text);
 		exit(2);
 	}
 	return (int)count;
@@ -216,24 +217,25 @@ static int run_pair(int argc, char **argv)
 
 static int run_owner(int argc, char **argv)
 {
-	if (argc != 5) {
-		fprintf(stderr, "usage: %s own NAME 4k|2m MIB\n", argv[0]);
+	if (argc != 5 && argc != 6) {
+		fprintf(stderr, "usage: %s own NAME 4k|2m MIB [SECONDS]\n", argv[0]);
 		return 2;
 	}
 	const char *name = argv[2];
 	int huge = parse_backing(argv[3]);
 	size_t bytes = parse_mib(argv[4]);
+	int seconds = argc == 6 ? parse_count(argv[5]) : 900;
 	void *p = owner_region(huge, bytes);
 	xpmem_segid_t segid = xemem_make(p, bytes, name);
 	if (segid <= 0)
 		die(program, "xemem_make");
 	printf("made %s: segment of enclave %lld\n", name, (long long)(segid >> 32));
 	fflush(stdout);
-	int waited = wait_done(p, bytes);
+	int waited = wait_done(p, bytes, seconds);
 	if (xpmem_remove(segid) < 0)
 		die(program, "xpmem_remove");
 	if (waited < 0) {
-		fprintf(stderr, "%s: no attacher signalled within %d s\n", program, OWNER_WAIT_SECONDS);
+		fprintf(stderr, "%s: no attacher signalled within %d s\n", program, seconds);
 		return 1;
 	}
 	printf("removed %s\n", name);

@@ -22,8 +22,7 @@
 
 #define PAGE 4096UL
 #define DONE_MAGIC 0x444f4e45444f4e45ULL /* "ENODENOD" */
-/* How long an owner waits for its attacher, and an attacher for the owner's name. */
-#define OWNER_WAIT_SECONDS 900
+/* How long an attacher waits for the owner's name. */
 #define LOOKUP_WAIT_SECONDS 60
 
 static inline double now(void)
@@ -83,12 +82,12 @@ static inline void signal_done(const char *program, xpmem_apid_t apid, size_t si
 	xpmem_detach((void *)view);
 }
 
-/* The owner's side: polls the last word of its SIZE-byte segment at P. 0 when the attacher
- * signalled, -1 on timeout. */
-static inline int wait_done(const void *p, size_t size)
+/* The owner's side: polls the last word of its SIZE-byte segment at P for up to SECONDS. 0 when
+ * the attacher signalled, -1 on timeout. */
+static inline int wait_done(const void *p, size_t size, int seconds)
 {
 	volatile const uint64_t *last = (volatile const uint64_t *)p + size / 8 - 1;
-	double deadline = now() + OWNER_WAIT_SECONDS;
+	double deadline = now() + seconds;
 	while (*last != DONE_MAGIC) {
 		if (now() > deadline)
 			return -1;

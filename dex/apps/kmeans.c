@@ -114,6 +114,7 @@ static void optimised_iterations(int index, long first, long last)
 {
 	const int32_t *xs = px, *ys = py;
 	int32_t *member = membership;
+	struct partial **sets[2] = { partials[0], partials[1] };
 	int k = clusters, nthreads = threads;
 	int64_t cx[MAX_CLUSTERS], cy[MAX_CLUSTERS];
 	memcpy(cx, centre_x, sizeof(cx));
@@ -132,7 +133,7 @@ static void optimised_iterations(int index, long first, long last)
 			local.sum_y[c] += ys[i];
 			local.count[c]++;
 		}
-		struct partial **set = partials[it % 2];
+		struct partial **set = sets[it % 2];
 		*set[index] = local;
 		pthread_barrier_wait(&barrier);
 		moved += combine(set, nthreads, k, cx, cy);

@@ -55,7 +55,7 @@ struct dex_fault_stream {
 	uint8_t window;     /* extra pages asked for last time */
 	uint8_t write;
 };
-#define DEX_FAULT_STREAMS 4
+#define DEX_FAULT_STREAMS 8
 
 struct dex_thread {
 	uint32_t role;

@@ -254,13 +254,17 @@ int dsm_dir_release(struct dsm_dir *dir, uint32_t page, unsigned node, dsm_emit_
 	if (page >= dir->npages || node >= dir->nodes || node == ORIGIN)
 		return DSM_E_RANGE;
 	struct dsm_dir_page *p = &dir->pages[page];
-	if (!p->exclusive || p->owners != BIT(node))
+	if (!(p->owners & BIT(node)) || (p->exclusive && p->owners != BIT(node)))
 		return DSM_E_UNEXPECTED;
 	if (p->busy)
-		return p->acks_pending == BIT(node) ? finish_ack(dir, p, page, node, true, emit, ctx)
-						    : DSM_E_UNEXPECTED;
-	p->owners = BIT(ORIGIN);
-	emit_action(emit, ctx, DSM_ACT_SET_ORIGIN_ACCESS, ORIGIN, page, DSM_WRITE, false);
+		return (p->acks_pending & BIT(node)) ? finish_ack(dir, p, page, node, true, emit, ctx)
+						     : DSM_E_UNEXPECTED;
+	if (p->exclusive) {
+		p->owners = BIT(ORIGIN);
+		emit_action(emit, ctx, DSM_ACT_SET_ORIGIN_ACCESS, ORIGIN, page, DSM_WRITE, false);
+	} else {
+		p->owners &= ~BIT(node); /* the origin, an owner, keeps the current bytes */
+	}
 	return DSM_OK;
 }
 
@@ -328,7 +332,7 @@ int dsm_node_decline(uint8_t *inflight)
 
 int dsm_node_release(uint8_t *state, uint8_t *inflight)
 {
-	if (*state != DSM_WRITE || (*inflight & DSM_REQUESTED))
+	if (*state == DSM_NONE || (*inflight & DSM_REQUESTED))
 		return DSM_E_UNEXPECTED;
 	*state = DSM_NONE;
 	*inflight = DSM_RELEASED;
@@ -487,7 +491,7 @@ const char *dex_msg_check(const struct dex_msg_header *h, const void *payload, c
 			return "PAGE_PREFETCH bits name pages not granted or past count";
 		if (!page_run_valid(m->address, m->count, lim))
 			return "page address outside shared regions";
-		size_t want = fixed + (size_t)__builtin_popcount(m->with_data) * DEX_PAGE_SIZE;
+		size_t want = fixed + (size_t)__builtin_popcountll(m->with_data) * DEX_PAGE_SIZE;
 		return h->length == want ? NULL : "PAGE_PREFETCH length does not match its pages";
 	}
 	case DEX_MSG_PAGE_GRANT: {

@@ -111,12 +111,13 @@ int dsm_dir_ack(struct dsm_dir *dir, uint32_t page, unsigned node, bool with_dat
 int dsm_dir_prefetch(struct dsm_dir *dir, uint32_t page, unsigned node, bool write, dsm_emit_fn emit,
 		     void *ctx);
 
-/* `node` gave up its writable copy of `page` on its own, sending the
- * bytes (which the caller stored in the origin's backing memory first): a
- * thread leaving the node took its stack page along. The origin becomes
- * the page's only holder. If an invalidation of that copy was in flight,
- * the release answers it, and the node drops the invalidation when it
- * arrives (dsm_node_invalidate returns DSM_CROSSED). */
+/* `node` gave up its copy of `page` on its own (a thread leaving the node
+ * took its stack top along). A writable copy comes with its bytes, which
+ * the caller stores in the origin's backing memory first (when
+ * dsm_dir_access says the node holds DSM_WRITE); the origin then holds the
+ * page alone. A read-only copy is simply dropped. If an invalidation of
+ * that copy was in flight, the release answers it, and the node drops the
+ * invalidation when it arrives (dsm_node_invalidate returns DSM_CROSSED). */
 int dsm_dir_release(struct dsm_dir *dir, uint32_t page, unsigned node, dsm_emit_fn emit, void *ctx);
 
 /* The node that alone holds `page` (writable) if the page is idle, so
@@ -143,8 +144,8 @@ enum { DSM_REQUESTED = 1, DSM_RELEASED = 2 };
 enum dsm_fault_decision dsm_node_fault(uint8_t *state, uint8_t *inflight, bool write);
 /* A grant arrived: valid only for a page with a request in flight. */
 int dsm_node_grant(uint8_t *state, uint8_t *inflight, enum dsm_access access);
-/* Gives up a page held writable with no request in flight (see
- * dsm_dir_release); the node then holds nothing. */
+/* Gives up a page held, with no request in flight (see dsm_dir_release);
+ * the node then holds nothing. */
 int dsm_node_release(uint8_t *state, uint8_t *inflight);
 /* The origin declined a prefetched page: valid only for a page with a
  * request in flight; the access held stays. */
@@ -158,11 +159,11 @@ int dsm_node_invalidate(uint8_t *state, uint8_t *inflight, enum dsm_access new_a
 
 #define DEX_MSG_MAGIC 0xDE58u
 #define DEX_PROTOCOL_VERSION 1u
-#define DEX_MAX_PAYLOAD (64u * 1024u)
+#define DEX_MAX_PAYLOAD (256u * 1024u)
 #define DEX_SYSCALL_MAX_DATA (32u * 1024u)
 /* Most pages a request may ask for beyond the faulting one (the answer's
- * data must fit one payload). */
-#define DEX_PREFETCH_MAX 15u
+ * data must fit one payload; one bit each in a 64-bit map). */
+#define DEX_PREFETCH_MAX 63u
 
 enum dex_msg_type {
 	DEX_MSG_HELLO = 1,         /* node -> origin, first message */
@@ -227,8 +228,8 @@ struct dex_msg_page_prefetch {
 	uint64_t address;
 	uint32_t count;
 	uint32_t access;
-	uint32_t granted;
-	uint32_t with_data;
+	uint64_t granted;
+	uint64_t with_data;
 };
 
 /* `count` pages from `address` (more than one when the origin reads ahead

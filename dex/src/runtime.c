@@ -396,14 +396,32 @@ static char *page_alias(uint32_t page)
 
 /* The DSM's access, capped by the page's mapping rights (vma.c): a page
  * unmapped or made read-only stays so whatever copy the DSM holds. */
-static void protect_page(uint32_t page, enum dsm_access access)
+static enum dsm_access capped_access(uint32_t page, enum dsm_access access)
+{
+	enum dsm_access cap = dex_vma_cap(page_address(page));
+	return access > cap ? cap : access;
+}
+
+/* `count` pages from `first` (in one region) get `access`, capped page by
+ * page; one mprotect per run of equal protection. */
+static void protect_pages(uint32_t first, uint32_t count, enum dsm_access access)
 {
 	static const int prot[] = { PROT_NONE, PROT_READ, PROT_READ | PROT_WRITE };
-	enum dsm_access cap = dex_vma_cap(page_address(page));
-	if (access > cap)
-		access = cap;
-	if (raw_syscall(SYS_mprotect, page_address(page), DEX_PAGE_SIZE, prot[access]) != 0)
-		dex_fatal("mprotect of shared page failed (vm.max_map_count too low?)");
+	for (uint32_t start = first, end = first + count; start < end;) {
+		enum dsm_access run_access = capped_access(start, access);
+		uint32_t stop = start + 1;
+		while (stop < end && capped_access(stop, access) == run_access)
+			stop++;
+		if (raw_syscall(SYS_mprotect, page_address(start), (size_t)(stop - start) * DEX_PAGE_SIZE,
+				prot[run_access]) != 0)
+			dex_fatal("mprotect of shared page failed (vm.max_map_count too low?)");
+		start = stop;
+	}
+}
+
+static void protect_page(uint32_t page, enum dsm_access access)
+{
+	protect_pages(page, 1, access);
 }
 
 void dex_dsm_reprotect(uintptr_t page_addr)
@@ -435,21 +453,38 @@ static void bump_epoch(void)
 struct apply_batch {
 	struct dex_msg_page_prefetch grants; /* collecting while .count != 0 */
 	uint32_t first_page;
-	char *data; /* DEX_PREFETCH_MAX pages */
-	size_t data_length;
+	/* The origin's own new access to each page (KEEP_ACCESS: unchanged),
+	 * applied before the granted pages' bytes are copied. */
+	uint8_t origin_access[DEX_PREFETCH_MAX];
 	bool collect_invalidations;
 	unsigned invalidated_node;
 	struct dex_msg_invalidate invalidations;
 };
 
+#define KEEP_ACCESS UINT8_MAX
+
 static void batch_grant(struct apply_batch *batch, const struct dsm_action *a)
 {
-	uint32_t bit = 1u << (a->page - batch->first_page);
+	uint64_t bit = UINT64_C(1) << (a->page - batch->first_page);
 	batch->grants.granted |= bit;
-	if (a->with_data) {
+	if (a->with_data)
 		batch->grants.with_data |= bit;
-		memcpy(batch->data + batch->data_length, page_alias(a->page), DEX_PAGE_SIZE);
-		batch->data_length += DEX_PAGE_SIZE;
+}
+
+/* Applies the origin's access changes a prefetch answer decided, one
+ * mprotect per run of equal access. */
+static void batch_apply_origin_access(struct apply_batch *batch)
+{
+	const uint8_t *access = batch->origin_access;
+	for (uint32_t start = 0, count = batch->grants.count; start < count;) {
+		uint32_t stop = start + 1;
+		while (stop < count && access[stop] == access[start])
+			stop++;
+		if (access[start] != KEEP_ACCESS) {
+			protect_pages(batch->first_page + start, stop - start, (enum dsm_access)access[start]);
+			memset(&dex_rt.page_state[batch->first_page + start], access[start], stop - start);
+		}
+		start = stop;
 	}
 }
 
@@ -475,6 +510,10 @@ static void origin_apply(void *ctx, const struct dsm_action *a)
 	uintptr_t addr = page_address(a->page);
 	if (batch && batch->grants.count && a->kind == DSM_ACT_GRANT) {
 		batch_grant(batch, a);
+		return;
+	}
+	if (batch && batch->grants.count && a->kind == DSM_ACT_SET_ORIGIN_ACCESS) {
+		batch->origin_access[a->page - batch->first_page] = a->access;
 		return;
 	}
 	if (batch && batch->collect_invalidations && a->kind == DSM_ACT_INVALIDATE) {
@@ -542,7 +581,8 @@ static uint32_t region_end_page(uint32_t page)
  * ended continues a stream, which asks for twice as many following pages
  * as last time (1, 2, 4 ... DEX_PREFETCH_MAX); any other fault starts a
  * stream that asks for none, so scattered accesses never fetch what they
- * do not use. */
+ * do not use. The faulting page's grant travels first, so the thread
+ * resumes while the rest of a window is still on its way. */
 static uint32_t stream_window(struct dex_thread *self, uint32_t page, bool write, struct dex_fault_stream **stream)
 {
 	for (unsigned i = 0; i < DEX_FAULT_STREAMS; i++) {
@@ -698,9 +738,10 @@ void dex_dsm_fetch_ahead(uintptr_t addr, size_t len, bool write)
 
 /* Sends `m`, a thread's MIGRATE towards the origin, carrying the pages of
  * [addr, addr + len) (at most DEX_MIGRATE_MAX_CARRIED, the top of its
- * stack) that this node holds writable, released to the origin: the
- * thread's home then resumes it without fetching them. Under dsm_lock, so
- * that no later request of ours for those pages overtakes the release. */
+ * stack) that this node holds, released to the origin: the thread's home
+ * then resumes it without fetching them or invalidating our copies. Under
+ * dsm_lock, so that no later request of ours for those pages overtakes
+ * the release. */
 void dex_dsm_send_migrate_home(struct dex_msg_migrate *m, uintptr_t addr, size_t len)
 {
 	int64_t first = page_index(addr), last = page_index(addr + len - 1);
@@ -733,9 +774,12 @@ void dex_dsm_accept_carried(unsigned from, const struct dex_msg_migrate *m)
 	if (!m->carried_pages)
 		return;
 	uint32_t first = (uint32_t)page_index(m->carried_address);
+	const char *data = (const char *)(m + 1);
 	dex_lock_acquire(&dex_rt.dsm_lock);
-	memcpy(page_alias(first), m + 1, (size_t)m->carried_pages * DEX_PAGE_SIZE);
-	for (uint32_t page = first; page < first + m->carried_pages; page++) {
+	for (uint32_t page = first; page < first + m->carried_pages; page++, data += DEX_PAGE_SIZE) {
+		/* A read-only copy's bytes are the origin's already. */
+		if (dsm_dir_access(&dex_rt.dir, page, from) == DSM_WRITE)
+			memcpy(page_alias(page), data, DEX_PAGE_SIZE);
 		int err = dsm_dir_release(&dex_rt.dir, page, from, origin_apply, NULL);
 		if (err)
 			dex_fatal("rejected MIGRATE from node %u carrying %#llx (%d)", from,
@@ -813,33 +857,40 @@ static void node_handle_prefetch(const struct dex_msg_page_prefetch *m, const ch
 {
 	uint32_t first = (uint32_t)page_index(m->address);
 	dex_lock_acquire(&dex_rt.dsm_lock);
+	uint32_t run_start = first; /* granted pages not yet protected */
 	for (uint32_t i = 0; i < m->count; i++) {
 		uint32_t page = first + i;
-		bool granted = m->granted & (1u << i);
+		bool granted = m->granted & (UINT64_C(1) << i);
 		int rc = granted ? dsm_node_grant(&dex_rt.page_state[page], &dex_rt.page_inflight[page], m->access)
 				 : dsm_node_decline(&dex_rt.page_inflight[page]);
 		if (rc != DSM_OK)
 			dex_fatal("rejected PAGE_PREFETCH for %#llx: not asked for", (unsigned long long)page_address(page));
-		if (!granted)
+		if (!granted) {
+			protect_pages(run_start, page - run_start, m->access);
+			run_start = page + 1;
 			continue;
+		}
 		dex_rt.pages_prefetched++;
-		if (m->with_data & (1u << i)) {
+		if (m->with_data & (UINT64_C(1) << i)) {
 			memcpy(page_alias(page), data, DEX_PAGE_SIZE);
 			data += DEX_PAGE_SIZE;
 			dex_rt.pages_received++;
 		}
-		protect_page(page, m->access);
 	}
+	protect_pages(run_start, first + m->count - run_start, m->access);
 	dex_lock_release(&dex_rt.dsm_lock);
 	bump_epoch();
 }
 
-/* Acknowledges the invalidation of `count` pages from `first`, with their
- * bytes if wanted (a run lies in one region, whose alias is contiguous). */
-static void node_ack_invalidations(uint32_t first, uint32_t count, bool with_data)
+/* Lowers `count` pages from `first` to `access` and acknowledges their
+ * invalidation, with their bytes if wanted (a run lies in one region, whose
+ * alias is contiguous). Protect first, then read: no local thread can
+ * change the bytes after the mprotect returns. */
+static void node_ack_invalidations(uint32_t first, uint32_t count, enum dsm_access access, bool with_data)
 {
 	if (!count)
 		return;
+	protect_pages(first, count, access);
 	struct dex_msg_invalidate_ack ack = { .address = page_address(first), .with_data = with_data, .count = count };
 	dex_send(0, DEX_MSG_INVALIDATE_ACK, &ack, sizeof(ack), with_data ? page_alias(first) : NULL,
 		 with_data ? (size_t)count * DEX_PAGE_SIZE : 0);
@@ -857,19 +908,16 @@ static void node_handle_invalidate(const struct dex_msg_invalidate *m)
 		uint8_t held = dex_rt.page_state[page];
 		int rc = dsm_node_invalidate(&dex_rt.page_state[page], &dex_rt.page_inflight[page], m->access);
 		if (rc == DSM_CROSSED) {
-			node_ack_invalidations(run_start, page - run_start, m->want_data);
+			node_ack_invalidations(run_start, page - run_start, m->access, m->want_data);
 			run_start = page + 1;
 			continue;
 		}
 		if (rc != DSM_OK)
 			dex_fatal("rejected INVALIDATE for %#llx: holding access %u",
 				  (unsigned long long)page_address(page), held);
-		/* Protect first, then read: no local thread can change the
-		 * bytes after the mprotect returns. */
-		protect_page(page, m->access);
 		dex_rt.invalidations_served++;
 	}
-	node_ack_invalidations(run_start, first + m->count - run_start, m->want_data);
+	node_ack_invalidations(run_start, first + m->count - run_start, m->access, m->want_data);
 	dex_lock_release(&dex_rt.dsm_lock);
 	if (dex_tracing)
 		for (uint32_t i = 0; i < m->count; i++)
@@ -942,13 +990,24 @@ static int origin_answer_prefetch(unsigned peer, uint32_t first, uint32_t count,
 {
 	struct apply_batch batch = { .grants = { .address = page_address(first), .count = count,
 						 .access = write ? DSM_WRITE : DSM_READ },
-				     .first_page = first, .data = data };
+				     .first_page = first };
+	memset(batch.origin_access, KEEP_ACCESS, sizeof(batch.origin_access));
 	for (uint32_t i = 0; i < count; i++) {
 		int granted = dsm_dir_prefetch(&dex_rt.dir, first + i, peer, write, origin_apply, &batch);
 		if (granted < 0)
 			return granted;
 	}
-	dex_send(peer, DEX_MSG_PAGE_PREFETCH, &batch.grants, sizeof(batch.grants), data, batch.data_length);
+	/* Protect first, then copy: no thread here can change the bytes of a
+	 * page it may no longer write once the mprotect returns. */
+	batch_apply_origin_access(&batch);
+	size_t length = 0;
+	for (uint32_t i = 0; i < count; i++) {
+		if (batch.grants.with_data & (UINT64_C(1) << i)) {
+			memcpy(data + length, page_alias(first + i), DEX_PAGE_SIZE);
+			length += DEX_PAGE_SIZE;
+		}
+	}
+	dex_send(peer, DEX_MSG_PAGE_PREFETCH, &batch.grants, sizeof(batch.grants), data, length);
 	return 0;
 }
 

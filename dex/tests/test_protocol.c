@@ -164,7 +164,8 @@ static void sim_deliver_to_origin(struct sim *s, unsigned from)
 	struct sim_msg m = pop(&s->to_origin[from]);
 	int rc;
 	if (m.type == SIM_RELEASE) {
-		s->value[0][m.page] = m.value;
+		if (dsm_dir_access(&s->dir, m.page, from) == DSM_WRITE)
+			s->value[0][m.page] = m.value;
 		rc = dsm_dir_release(&s->dir, m.page, from, sim_emit, s);
 	} else if (m.type == DEX_MSG_PAGE_REQUEST) {
 		rc = dsm_dir_request(&s->dir, m.page, from, m.flag, sim_emit, s);
@@ -438,6 +439,11 @@ static void test_release(void)
 		      dsm_dir_access(&dir, 1, 0) == DSM_READ && !dir.pages[1].busy,
 	      "node 2 and the origin read, node 1 holds nothing");
 	CHECK(dsm_dir_ack(&dir, 1, 1, true, record, &r) == DSM_E_UNEXPECTED, "no acknowledgement expected any more");
+	/* A reader's release drops its copy; the origin keeps serving it. */
+	r.count = 0;
+	CHECK(dsm_dir_release(&dir, 1, 2, record, &r) == DSM_OK && r.count == 0 && dsm_dir_access(&dir, 1, 2) == DSM_NONE &&
+		      dsm_dir_access(&dir, 1, 0) == DSM_READ,
+	      "read-only copy released");
 	CHECK(dsm_dir_release(&dir, 1, 0, record, &r) == DSM_E_RANGE, "the origin does not release");
 }
 
@@ -453,8 +459,8 @@ static void test_node_faults(void)
 	CHECK(dsm_node_invalidate(&state, &inflight, DSM_NONE) == DSM_OK && state == DSM_NONE, "invalidate");
 	CHECK(dsm_node_invalidate(&state, &inflight, DSM_NONE) == DSM_E_UNEXPECTED, "invalidate of nothing held");
 
-	/* Release: only a page held writable with no request in flight; an
-	 * invalidation that crossed it is dropped, once. */
+	/* Release: a page held, with no request in flight; an invalidation
+	 * that crossed it is dropped, once. */
 	CHECK(dsm_node_release(&state, &inflight) == DSM_E_UNEXPECTED, "release of nothing held");
 	CHECK(dsm_node_fault(&state, &inflight, true) == DSM_FAULT_LEAD, "write fault");
 	CHECK(dsm_node_release(&state, &inflight) == DSM_E_UNEXPECTED, "release with a request in flight");

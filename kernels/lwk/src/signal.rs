@@ -9,15 +9,21 @@
 //! `tgkill`, or one that becomes unblocked, is pending until its thread next leaves the
 //! kernel (any system call's return, a tick, a fault). A thread running in user mode on
 //! another CPU is sent a tick IPI for it; a thread blocked in an interruptible wait (futex,
-//! sleeps, `pause`, `rt_sigsuspend`, `rt_sigtimedwait`) is woken, and its call returns one
-//! of Linux's restart codes, which delivery turns into EINTR or a restart of the call (as
-//! Linux's `handle_signal` does). A thread that has not run yet takes it at its first entry
-//! to the kernel.
+//! sleeps, `pause`, `rt_sigsuspend`, `rt_sigtimedwait`, pipes, `wait4`) is woken, and its call
+//! returns one of Linux's restart codes, which delivery turns into EINTR or a restart of the
+//! call (as Linux's `handle_signal` does). A thread that has not run yet takes it at its
+//! first entry to the kernel.
+//!
+//! Actions and process-directed pending signals are per process (a forked child copies its
+//! parent's actions and the forking thread's mask; `execve` resets caught signals to their
+//! default action); masks, thread-directed pending signals and alternate stacks per thread.
+//! A terminating signal ends its process (`crate::process`); the job's first process ending
+//! ends the job.
 
 use crate::arch::fpu;
 use crate::arch::sync::SpinLock;
 use crate::arch::trap::{self, copy_from_user, copy_words_to_user, TrapFrame, USER_FLAGS};
-use crate::{job, sched};
+use crate::{process, sched};
 use alloc::collections::BTreeMap;
 
 pub const SIGKILL: u8 = 9;
@@ -91,7 +97,7 @@ struct Info {
 
 impl Info {
     fn sent(code: i32) -> Info {
-        Info { code, address: job::PID } // si_pid = the job, si_uid = 0 (root in the enclave)
+        Info { code, address: sched::current_pid() } // si_pid = the taker's process (senders are not recorded), si_uid = 0
     }
 
     /// The first three words of `siginfo` (si_signo, si_errno = 0, si_code, then si_addr or
@@ -145,6 +151,7 @@ impl PendingSet {
 
 #[derive(Clone, Copy)]
 struct ThreadSignals {
+    pid: u64,
     blocked: u64,
     pending: PendingSet,
     alt_stack: AltStack,
@@ -159,8 +166,9 @@ struct ThreadSignals {
 }
 
 impl ThreadSignals {
-    fn with_mask(blocked: u64) -> ThreadSignals {
+    fn with_mask(pid: u64, blocked: u64) -> ThreadSignals {
         ThreadSignals {
+            pid,
             blocked,
             pending: PendingSet::default(),
             alt_stack: AltStack::default(),
@@ -176,7 +184,6 @@ impl ThreadSignals {
         pending & (!self.blocked | self.awaited)
     }
 }
-
 /// Linux's internal results of an interrupted system call (never seen by user code): the
 /// delivery on the way out turns each into EINTR or a restart, by Linux's rules.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -210,68 +217,89 @@ pub fn is_restart_code(errno: u64) -> bool {
     Restart::of_result(errno.wrapping_neg()).is_some()
 }
 
-struct Signals {
+
+#[derive(Clone, Copy)]
+struct ProcessSignals {
     actions: [Action; 64],
-    /// Live threads by tid (entries come with `clone` and go with `exit`).
-    threads: BTreeMap<u64, ThreadSignals>,
     /// Sent to the process while every thread blocked them: the first thread to unblock one
     /// takes it.
-    process_pending: PendingSet,
+    pending: PendingSet,
 }
 
-static SIGNALS: SpinLock<Signals> = SpinLock::new(Signals {
-    actions: [Action { handler: 0, flags: 0, restorer: 0, mask: 0 }; 64],
-    threads: BTreeMap::new(),
-    process_pending: PendingSet { signals: 0, sent_to_thread: 0 },
-});
+impl ProcessSignals {
+    const fn new() -> ProcessSignals {
+        ProcessSignals { actions: [Action { handler: 0, flags: 0, restorer: 0, mask: 0 }; 64], pending: PendingSet { signals: 0, sent_to_thread: 0 } }
+    }
+}
+
+struct Signals {
+    processes: BTreeMap<u64, ProcessSignals>,
+    /// Live threads by tid (entries come with `clone` and go with `exit`).
+    threads: BTreeMap<u64, ThreadSignals>,
+}
+
+static SIGNALS: SpinLock<Signals> = SpinLock::new(Signals { processes: BTreeMap::new(), threads: BTreeMap::new() });
 
 impl Signals {
     fn thread(&mut self, tid: u64) -> &mut ThreadSignals {
-        self.threads.entry(tid).or_insert_with(|| ThreadSignals::with_mask(0))
+        self.threads.entry(tid).or_insert_with(|| ThreadSignals::with_mask(sched::current_pid(), 0))
     }
 
-    /// Whether the signal would be thrown away if it arrived now (ignored, not blocked).
-    fn discards(&self, signal: u8) -> bool {
-        match self.actions[signal as usize - 1].handler {
+    fn process(&mut self, pid: u64) -> &mut ProcessSignals {
+        self.processes.entry(pid).or_insert_with(ProcessSignals::new)
+    }
+
+    fn action(&mut self, pid: u64, signal: u8) -> Action {
+        self.process(pid).actions[signal as usize - 1]
+    }
+
+    /// Whether the signal would be thrown away if it arrived now at process `pid` (ignored,
+    /// not blocked).
+    fn discards(&mut self, pid: u64, signal: u8) -> bool {
+        match self.action(pid, signal).handler {
             SIG_IGN => true,
             SIG_DFL => default_action(signal) != DefaultAction::Terminate,
             _ => false,
         }
     }
 
+    fn process_pending(&self, pid: u64) -> u64 {
+        self.processes.get(&pid).map_or(0, |process| process.pending.signals)
+    }
+
     /// Tells the system-call exit path whether any thread has a signal it can take or wait
-    /// for, or a call to restart or end with EINTR.
+    /// for, or a call to restart or end with EINTR (or must end: `sched::doom_process`).
     fn update_check_request(&self) {
-        let due = self
-            .threads
-            .values()
-            .any(|thread| thread.wanted(thread.pending.signals | self.process_pending.signals) != 0 || thread.interrupted_call.is_some());
-        trap::request_signal_check(due);
+        let due = self.threads.values().any(|thread| {
+            thread.wanted(thread.pending.signals | self.process_pending(thread.pid)) != 0 || thread.interrupted_call.is_some()
+        });
+        trap::request_signal_check(due || sched::doomed_threads_exist());
     }
 
-    /// The thread the kernel gives a signal sent to the process, as Linux's
-    /// `complete_signal`: the main thread if it does not block it, else the first thread (in
-    /// creation order) that does not; a thread waiting for it in `rt_sigtimedwait` counts as
-    /// not blocking it.
-    fn process_signal_target(&self, signal: u8) -> Option<u64> {
-        self.threads.iter().find(|(_, thread)| thread.wanted(bit(signal)) != 0).map(|(&tid, _)| tid)
+    /// The thread of process `pid` the kernel gives a signal sent to the process, as Linux's
+    /// `complete_signal`: its main thread (tid = pid) if it does not block it, else the first
+    /// thread (in creation order) that does not; a thread waiting for it in
+    /// `rt_sigtimedwait` counts as not blocking it.
+    fn process_signal_target(&self, pid: u64, signal: u8) -> Option<u64> {
+        self.threads.range(pid..).find(|(_, thread)| thread.pid == pid && thread.wanted(bit(signal)) != 0).map(|(&tid, _)| tid)
     }
 
-    /// Takes the lowest pending signal of `set` for thread `tid` (its own first, then the
+    /// Takes the lowest pending signal of `set` for thread `tid` (its own first, then its
     /// process's), with its info.
     fn take_pending(&mut self, tid: u64, set: u64) -> Option<(u8, Info)> {
+        let pid = self.thread(tid).pid;
         let thread = self.thread(tid);
         let own = thread.pending.signals & set;
         let taken = if own != 0 {
             let signal = own.trailing_zeros() as u8 + 1;
             (signal, thread.pending.take(signal))
         } else {
-            let shared = self.process_pending.signals & set;
+            let shared = self.process_pending(pid) & set;
             if shared == 0 {
                 return None;
             }
             let signal = shared.trailing_zeros() as u8 + 1;
-            (signal, self.process_pending.take(signal))
+            (signal, self.process(pid).pending.take(signal))
         };
         self.update_check_request();
         Some(taken)
@@ -289,13 +317,14 @@ impl Signals {
     }
 }
 
-/// A new job: default actions, nothing blocked or pending, the main thread only.
+/// A new job: its first process (whose main thread's tid is its pid) with default actions,
+/// nothing blocked or pending.
 pub fn reset(main_tid: u64) {
     let mut signals = SIGNALS.lock();
-    signals.actions = [Action::default(); 64];
+    signals.processes.clear();
+    signals.processes.insert(main_tid, ProcessSignals::new());
     signals.threads.clear();
-    signals.threads.insert(main_tid, ThreadSignals::with_mask(0));
-    signals.process_pending = PendingSet::default();
+    signals.threads.insert(main_tid, ThreadSignals::with_mask(main_tid, 0));
     trap::request_signal_check(false);
 }
 
@@ -303,8 +332,39 @@ pub fn reset(main_tid: u64) {
 /// alternate stack. (The child may already have set its own mask if it ran first.)
 pub fn thread_created(parent: u64, child: u64) {
     let mut signals = SIGNALS.lock();
-    let blocked = signals.thread(parent).blocked;
-    signals.threads.entry(child).or_insert_with(|| ThreadSignals::with_mask(blocked));
+    let parent = *signals.thread(parent);
+    signals.threads.entry(child).or_insert_with(|| ThreadSignals::with_mask(parent.pid, parent.blocked));
+}
+
+/// Process `pid` forked by thread `parent` (its first thread's tid is `pid`): it copies the
+/// actions of the parent's process and the thread's mask and alternate stack; nothing is
+/// pending.
+pub fn process_created(parent: u64, pid: u64) {
+    let mut signals = SIGNALS.lock();
+    let parent = *signals.thread(parent);
+    let actions = signals.process(parent.pid).actions;
+    signals.processes.insert(pid, ProcessSignals { actions, pending: PendingSet::default() });
+    signals.threads.insert(pid, ThreadSignals { alt_stack: parent.alt_stack, ..ThreadSignals::with_mask(pid, parent.blocked) });
+}
+
+/// Process `pid` ended: its actions and pending signals go.
+pub fn process_exited(pid: u64) {
+    let mut signals = SIGNALS.lock();
+    signals.processes.remove(&pid);
+    signals.threads.retain(|_, thread| thread.pid != pid);
+    signals.update_check_request();
+}
+
+/// `execve` in process `pid`: caught signals go back to their default action (ignored ones
+/// stay ignored), and the alternate stack is forgotten; masks and pending signals stay.
+pub fn exec_reset(pid: u64) {
+    let mut signals = SIGNALS.lock();
+    for action in signals.process(pid).actions.iter_mut().filter(|action| action.handler != SIG_IGN) {
+        *action = Action::default();
+    }
+    for thread in signals.threads.values_mut().filter(|thread| thread.pid == pid) {
+        thread.alt_stack = AltStack::default();
+    }
 }
 
 /// Thread `tid` ended: its pending signals die with it.
@@ -315,17 +375,18 @@ pub fn thread_exited(tid: u64) {
 }
 
 pub fn action(signal: u8) -> Action {
-    SIGNALS.lock().actions[signal as usize - 1]
+    SIGNALS.lock().action(sched::current_pid(), signal)
 }
 
 /// Installs `action` for `signal` (a valid, catchable signal); returns the old one. Setting
 /// an ignoring action drops that signal where it is pending, as Linux does.
 pub fn set_action(signal: u8, action: Action) -> Action {
+    let pid = sched::current_pid();
     let mut signals = SIGNALS.lock();
-    let old = core::mem::replace(&mut signals.actions[signal as usize - 1], Action { mask: action.mask & !UNCATCHABLE, ..action });
-    if signals.discards(signal) {
-        signals.process_pending.drop_signal(signal);
-        for thread in signals.threads.values_mut() {
+    let old = core::mem::replace(&mut signals.process(pid).actions[signal as usize - 1], Action { mask: action.mask & !UNCATCHABLE, ..action });
+    if signals.discards(pid, signal) {
+        signals.process(pid).pending.drop_signal(signal);
+        for thread in signals.threads.values_mut().filter(|thread| thread.pid == pid) {
             thread.pending.drop_signal(signal);
         }
         signals.update_check_request();
@@ -349,9 +410,17 @@ pub fn change_mask(change: impl FnOnce(u64) -> u64) -> u64 {
 pub fn pending() -> u64 {
     let tid = sched::current_tid();
     let mut signals = SIGNALS.lock();
-    let process_pending = signals.process_pending.signals;
+    let process_pending = signals.process_pending(sched::current_pid());
     let thread = signals.thread(tid);
     (thread.pending.signals | process_pending) & thread.blocked
+}
+
+/// Whether thread `tid` has a pending signal it would take or waits for.
+fn has_wanted(signals: &mut Signals, tid: u64) -> bool {
+    let pid = signals.thread(tid).pid;
+    let process_pending = signals.process_pending(pid);
+    let thread = signals.thread(tid);
+    thread.wanted(thread.pending.signals | process_pending) != 0
 }
 
 /// `rt_sigsuspend`: replaces the calling thread's mask with `mask` until a signal it then
@@ -359,14 +428,18 @@ pub fn pending() -> u64 {
 /// runs). Returns the restart code the call ends with.
 pub fn suspend(mask: u64) -> Restart {
     let tid = sched::current_tid();
-    {
+    let already_due = {
         let mut signals = SIGNALS.lock();
         let thread = signals.thread(tid);
         thread.saved_mask.get_or_insert(thread.blocked);
         thread.blocked = mask & !UNCATCHABLE;
         signals.update_check_request();
+        has_wanted(&mut signals, tid)
+    };
+    // A signal sent from now on interrupts the wait (`sched::interrupt`).
+    if !already_due {
+        sched::wait_for_signal();
     }
-    sched::wait_for_signal();
     Restart::NoHandler
 }
 
@@ -384,27 +457,30 @@ pub enum AwaitError {
 pub fn await_signal(set: u64, deadline: Option<u64>) -> Result<[u64; 3], AwaitError> {
     let set = set & !UNCATCHABLE;
     let tid = sched::current_tid();
-    if let Some(taken) = SIGNALS.lock().take_from(tid, set) {
-        return Ok(taken);
-    }
-    if deadline.is_some_and(|deadline| deadline <= crate::clock::monotonic_ns()) {
-        return Err(AwaitError::TimedOut);
-    }
-    {
-        let mut signals = SIGNALS.lock();
-        signals.thread(tid).awaited = set;
-        signals.update_check_request();
-    }
-    let result = sched::wait_interruptibly(deadline);
-    let mut signals = SIGNALS.lock();
-    signals.thread(tid).awaited = 0;
-    if let Some(taken) = signals.take_from(tid, set) {
-        return Ok(taken);
-    }
-    signals.update_check_request();
-    match result {
-        sched::WaitResult::TimedOut => Err(AwaitError::TimedOut),
-        _ => Err(AwaitError::Interrupted),
+    loop {
+        {
+            let mut signals = SIGNALS.lock();
+            signals.thread(tid).awaited = 0;
+            if let Some(taken) = signals.take_from(tid, set) {
+                signals.update_check_request();
+                return Ok(taken);
+            }
+            if has_wanted(&mut signals, tid) {
+                signals.update_check_request();
+                return Err(AwaitError::Interrupted);
+            }
+            if deadline.is_some_and(|deadline| deadline <= crate::clock::monotonic_ns()) {
+                signals.update_check_request();
+                return Err(AwaitError::TimedOut);
+            }
+            // In the same section as the look above: a signal of `set` sent from now on
+            // wakes this thread (`send_to` sees it wanted).
+            signals.thread(tid).awaited = set;
+            signals.update_check_request();
+        }
+        // Woken by a signal, or the time is up: the look above decides (a wake whose
+        // signal went meanwhile waits again).
+        sched::wait_interruptibly(deadline);
     }
 }
 
@@ -413,58 +489,59 @@ pub enum SendError {
     NoSuchThread,
 }
 
-/// Sends `signal` (1..=64) to thread `tid`, or to the process when `tid` is `None`
-/// (`process_signal_target` picks the thread). A terminating default action ends the job at
-/// once unless the target blocks the signal (or there is none); a target that can take the
-/// signal is interrupted: woken from an interruptible wait, or sent a tick IPI if it runs on
-/// another CPU.
+/// Sends `signal` (1..=64) to thread `tid` of the caller's process, or to the process when
+/// `tid` is `None` (`process_signal_target` picks the thread). A terminating default action
+/// ends the process at once unless the target blocks the signal (or there is none); a target
+/// that can take the signal is interrupted: woken from an interruptible wait, or sent a tick
+/// IPI if it runs on another CPU.
 pub fn send(tid: Option<u64>, signal: u8, code: i32) -> Result<(), SendError> {
+    send_to(sched::current_pid(), tid, signal, code)
+}
+
+/// Sends `signal` to process `pid` (any of its threads that does not block it); nothing if
+/// there is no such process.
+pub fn send_to_process(pid: u64, signal: u8) {
+    if SIGNALS.lock().processes.contains_key(&pid) {
+        let _ = send_to(pid, None, signal, SI_USER);
+    }
+}
+
+fn send_to(pid: u64, tid: Option<u64>, signal: u8, code: i32) -> Result<(), SendError> {
     let mut signals = SIGNALS.lock();
     if let Some(tid) = tid {
-        if !signals.threads.contains_key(&tid) {
+        if signals.threads.get(&tid).is_none_or(|thread| thread.pid != pid) {
             return Err(SendError::NoSuchThread);
         }
     }
     if signal == SIGKILL {
         drop(signals);
-        job::exit_by_signal(signal);
-    }
-    if signals.discards(signal) {
+        process::kill(pid, signal);
         return Ok(());
     }
-    let target = tid.or_else(|| signals.process_signal_target(signal));
+    if signals.discards(pid, signal) {
+        return Ok(());
+    }
+    let target = tid.or_else(|| signals.process_signal_target(pid, signal));
     let taken_by_target = target.is_some_and(|tid| signals.thread(tid).wanted(bit(signal)) != 0);
     // A thread waiting for a blocked signal in rt_sigtimedwait takes it there, handler or not.
     let blocked_by_target = target.is_none_or(|tid| signals.thread(tid).blocked & bit(signal) != 0);
-    if signals.actions[signal as usize - 1].handler == SIG_DFL && !blocked_by_target {
+    if signals.action(pid, signal).handler == SIG_DFL && !blocked_by_target {
         drop(signals);
-        job::exit_by_signal(signal);
+        process::kill(pid, signal);
+        return Ok(());
     }
     match target {
         Some(tid) => signals.thread(tid).pending.add(signal, code),
-        None => signals.process_pending.add(signal, code),
+        None => signals.process(pid).pending.add(signal, code),
     }
     signals.update_check_request();
     drop(signals);
     if let (Some(tid), true) = (target, taken_by_target) {
-        // After the lock: a thread about to wait checks for signals under the scheduler's
-        // lock (`interrupts_wait`), so it either sees this one or is waiting when woken here.
+        // After the lock: the target, woken or told, looks at its signals again before it
+        // blocks (`sched::interrupt`).
         sched::interrupt(tid);
     }
     Ok(())
-}
-
-/// Called by the scheduler, under its lock, before thread `tid` blocks in an interruptible
-/// wait: whether a signal it would take (or waits for) is already pending. Without any
-/// pending signal anywhere this is one load.
-pub fn interrupts_wait(tid: u64) -> bool {
-    if !trap::signal_check_requested() {
-        return false;
-    }
-    // Under the scheduler's lock: look the thread up without creating it (nothing here may
-    // ask the scheduler anything).
-    let signals = SIGNALS.lock();
-    signals.threads.get(&tid).is_some_and(|thread| thread.wanted(thread.pending.signals | signals.process_pending.signals) != 0)
 }
 
 /// A system call (`number`) of the calling thread returned a restart code: keeps the exit
@@ -499,11 +576,14 @@ fn settle_interrupted_call(frame: &mut TrapFrame, number: u64, handler: Option<&
 
 /// Delivers the calling thread's deliverable signals into `frame`, its user context: each
 /// handler gets a frame (a later one runs first, as on Linux), and a signal whose default
-/// action terminates ends the job. An interrupted system call is settled by the first
+/// action terminates ends the process. An interrupted system call is settled by the first
 /// handler (EINTR or restart) or, when none runs, restarted with the mask `rt_sigsuspend`
 /// replaced put back.
 pub fn deliver_pending(frame: &mut TrapFrame) {
     let tid = sched::current_tid();
+    let pid = sched::current_pid();
+    // Passing delivery settles any signal `sched::interrupt` announced to this thread.
+    sched::clear_signal_interrupt();
     let mut interrupted_call = SIGNALS.lock().thread(tid).interrupted_call.take();
     loop {
         let mut signals = SIGNALS.lock();
@@ -518,7 +598,7 @@ pub fn deliver_pending(frame: &mut TrapFrame) {
             }
             return;
         };
-        let action = signals.actions[signal as usize - 1];
+        let action = signals.action(pid, signal);
         match action.handler {
             SIG_IGN => continue,
             SIG_DFL => {
@@ -526,7 +606,7 @@ pub fn deliver_pending(frame: &mut TrapFrame) {
                     continue;
                 }
                 drop(signals);
-                job::exit_by_signal(signal);
+                process::die_of_signal_here(signal);
             }
             _ => {
                 if let Some(number) = interrupted_call.take() {
@@ -534,7 +614,7 @@ pub fn deliver_pending(frame: &mut TrapFrame) {
                 }
                 if enter_handler(&mut signals, tid, frame, signal, info, action, (0, 0)).is_err() {
                     drop(signals);
-                    job::exit_by_signal(SIGSEGV);
+                    process::die_of_signal_here(SIGSEGV);
                 }
             }
         }
@@ -557,7 +637,7 @@ pub fn deliver_fault(frame: &mut TrapFrame, signal: u8, fault_address: u64) -> b
     };
     let tid = sched::current_tid();
     let mut signals = SIGNALS.lock();
-    let action = signals.actions[signal as usize - 1];
+    let action = signals.action(sched::current_pid(), signal);
     if action.handler == SIG_DFL || action.handler == SIG_IGN || signals.thread(tid).blocked & bit(signal) != 0 {
         return false;
     }
@@ -652,7 +732,7 @@ fn enter_handler(
     }
     thread.blocked = (thread.blocked | action.mask) & !UNCATCHABLE;
     if action.flags & SA_RESETHAND != 0 {
-        signals.actions[signal as usize - 1] = Action::default();
+        signals.process(sched::current_pid()).actions[signal as usize - 1] = Action::default();
     }
     signals.update_check_request();
 
@@ -675,7 +755,7 @@ pub fn return_from_handler(frame: &mut TrapFrame) -> u64 {
     let context_address = frame.rsp;
     let mut bytes = [0u8; UCONTEXT_SIZE];
     if copy_from_user(&mut bytes, context_address).is_err() {
-        job::exit_by_signal(SIGSEGV);
+        process::die_of_signal_here(SIGSEGV);
     }
     let word = |offset: usize| u64::from_le_bytes(bytes[offset - UCONTEXT..offset - UCONTEXT + 8].try_into().unwrap());
     let context = MCONTEXT;
@@ -687,7 +767,7 @@ pub fn return_from_handler(frame: &mut TrapFrame) -> u64 {
     if fpstate == 0 {
         fpu::load_initial_state();
     } else if fpu::restore_from_signal_frame(fpstate).is_err() {
-        job::exit_by_signal(SIGSEGV);
+        process::die_of_signal_here(SIGSEGV);
     }
     let (stack_base, stack_flags, stack_size) = (word(UC_STACK), word(UC_STACK + 8), word(UC_STACK + 16));
     let mask = word(UC_SIGMASK);

@@ -42,8 +42,9 @@ fn wait(address: u64, expected: u32, bitset: u32, deadline: Option<u64>) -> Sysc
         None => Err(Errno::EAGAIN),
         Some(WaitResult::Woken) => Ok(0),
         Some(WaitResult::TimedOut) => Err(Errno::ETIMEDOUT),
-        Some(WaitResult::Interrupted) if deadline.is_none() => Err(Restart::Always.errno()),
-        Some(WaitResult::Interrupted) => Err(Restart::Block.errno()),
+        // (A thread whose process is being killed ends on its way out, whatever it returns.)
+        Some(WaitResult::Signal | WaitResult::Interrupted) if deadline.is_none() => Err(Restart::Always.errno()),
+        Some(WaitResult::Signal | WaitResult::Interrupted) => Err(Restart::Block.errno()),
     }
 }
 
