@@ -27,6 +27,7 @@ const EACCES: Errno = Errno(13);
 const ENOEXEC: Errno = Errno(8);
 const E2BIG: Errno = Errno(7);
 pub const SIGCHLD: u8 = 17;
+const SIGSEGV: u8 = 11;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Life {
@@ -261,24 +262,43 @@ pub fn exec(frame: &mut TrapFrame, path: u64, argv: u64, envp: u64) -> Result<()
     if node.is_directory() {
         return Err(EACCES);
     }
+    if crate::job::elf::Executable::parse(node.contents()).is_err() {
+        return Err(ENOEXEC);
+    }
     let pid = sched::current_pid();
-    let old_aspace = job::with_process(|process| process.memory.aspace.handle());
-    let image = match job::load_image_memory(node.contents(), node.physical, &argv, &env, job::exec_heap_size(), job::exec_stack_size()) {
-        Ok(image) => image,
-        Err(error) => {
-            crate::arch::paging::activate_root(old_aspace.1);
-            return Err(match error {
-                job::LoadError::Elf(_) => ENOEXEC,
-                job::LoadError::StackSetup => E2BIG,
-                _ => Errno::ENOMEM,
-            });
-        }
-    };
     // The other threads end (those running elsewhere at their next return to user mode).
     sched::doom_process(pid, Some(sched::current_tid()));
     while sched::thread_count_of(pid) > 1 {
         core::hint::spin_loop();
     }
+    let old_aspace = job::with_process(|process| process.memory.aspace.handle());
+    let load = || job::load_image_memory(node.contents(), node.physical, &argv, &env, job::exec_heap_size(), job::exec_stack_size());
+    let mut old_released = false;
+    let image = match load() {
+        Ok(image) => image,
+        Err(job::LoadError::NoMemory(_)) => {
+            // Not enough memory beside the old image (forked children are small, but several
+            // may exec at once): past this point of no return the old image goes first, and
+            // a failure kills the process, as Linux does.
+            release_memory_for_exec(old_aspace.0);
+            old_released = true;
+            match load() {
+                Ok(image) => image,
+                Err(error) => {
+                    log!("process {pid}: execve of {resolved} failed after its old image was released: {error:?}");
+                    die_of_signal_here(SIGSEGV)
+                }
+            }
+        }
+        Err(error) => {
+            crate::arch::paging::activate_root(old_aspace.1);
+            return Err(match error {
+                job::LoadError::StackSetup => E2BIG,
+                job::LoadError::OverlapsStack => Errno::ENOMEM,
+                _ => ENOEXEC,
+            });
+        }
+    };
     sched::switch_current_aspace(image.memory.aspace.handle());
     let (old, closed) = job::with_process(|process| {
         process.executable_path = resolved;
@@ -287,12 +307,24 @@ pub fn exec(frame: &mut TrapFrame, path: u64, argv: u64, envp: u64) -> Result<()
     });
     // Closed outside the process table's lock: a pipe's last end wakes its waiters.
     drop(closed);
-    sched::wait_until_unloaded(old_aspace.0);
+    if !old_released {
+        sched::wait_until_unloaded(old_aspace.0);
+    }
     old.release();
     signal::exec_reset(pid);
     end_vfork_wait(pid);
     *frame = image.entry;
     Ok(())
+}
+
+/// `execve` past its point of no return: the calling process's memory goes back now (an
+/// empty stand-in takes its place until the new image is in), this CPU on the kernel's tables.
+fn release_memory_for_exec(old_aspace: u64) {
+    sched::use_kernel_tables(crate::arch::tables::current_cpu());
+    let Ok(stand_in) = job::memory::JobMemory::empty() else { die_of_signal_here(SIGSEGV) };
+    let old = job::with_process(|process| core::mem::replace(&mut process.memory, stand_in));
+    sched::wait_until_unloaded(old_aspace);
+    old.release();
 }
 
 fn end_vfork_wait(pid: u64) {

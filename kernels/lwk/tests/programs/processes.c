@@ -1,7 +1,8 @@
 /* Processes: fork, vfork, posix_spawn, execve (of /proc/self/exe), wait4/waitpid/waitid with
  * exit codes, signals and WNOHANG, getppid, process groups, pipes (blocking reads and writes
  * beyond the pipe's capacity, end of file, EPIPE and SIGPIPE), O_CLOEXEC across execve,
- * caught signals reset by execve, SIGCHLD. Prints no pids: they differ from the host's. */
+ * caught signals reset by execve, SIGCHLD, setsid, a signal to a group, O_NONBLOCK pipes, waitid
+ * WNOWAIT. Prints no pids: they differ from the host's. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -188,6 +189,32 @@ int main(int argc, char **argv) {
     }
     wait_for(pid, "own group");
     printf("parent's group unchanged %d\n", getpgid(0) == getpgrp());
+    pid = fork();
+    if (pid == 0) {
+        pid_t session = setsid();
+        _exit(session == getpid() && getsid(0) == getpid() && getpgrp() == getpid() ? 0 : 1);
+    }
+    wait_for(pid, "setsid");
+
+    /* a signal to a process group */
+    pid = fork();
+    if (pid == 0) {
+        setpgid(0, 0);
+        for (;;) pause();
+    }
+    setpgid(pid, pid); /* either side may do it first */
+    kill(-pid, SIGTERM);
+    wait_for(pid, "kill of its group");
+
+    /* O_NONBLOCK: an empty pipe reads EAGAIN; status flags */
+    if (pipe2(pipe_fds, O_NONBLOCK) != 0) return 16;
+    got = read(pipe_fds[0], buffer, 1);
+    error = errno;
+    printf("non-blocking empty read: %zd (%s)\n", got, strerror(error));
+    printf("flags: read end O_NONBLOCK %d, write end O_WRONLY %d\n", (fcntl(pipe_fds[0], F_GETFL) & O_NONBLOCK) != 0,
+           (fcntl(pipe_fds[1], F_GETFL) & O_ACCMODE) == O_WRONLY);
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
 
     /* waitid, then nothing left to wait for */
     pid = fork();
@@ -197,6 +224,12 @@ int main(int argc, char **argv) {
     memset(&info, 0, sizeof info);
     if (waitid(P_PID, pid, &info, WEXITED) != 0) return 15;
     printf("waitid: signo %d code %d status %d right pid %d\n", info.si_signo, info.si_code, info.si_status, info.si_pid == pid);
+    pid = fork();
+    if (pid == 0)
+        _exit(8);
+    memset(&info, 0, sizeof info);
+    waitid(P_PID, pid, &info, WEXITED | WNOWAIT);
+    printf("waitid WNOWAIT: status %d, still waitable %d\n", info.si_status, waitpid(pid, &status, 0) == pid && WEXITSTATUS(status) == 8);
     result = wait(&status);
     error = errno;
     printf("wait with no children: %d (%s)\n", result, strerror(error));
