@@ -160,11 +160,10 @@ pub enum ForkError {
 /// waits until the child executes a new image or ends. Returns the child's pid.
 pub fn fork(frame: &TrapFrame, stack: u64, fs_base: u64, set_child_tid: Option<u64>, clear_child_tid: u64, vfork: bool) -> Result<u64, ForkError> {
     let parent = sched::current_pid();
-    let (memory, descriptors, executable_path) = job::with_process(|process| {
+    let (mut memory, descriptors, executable_path) = job::with_process(|process| {
         let memory = process.memory.fork(frame.rsp).map_err(|_| ForkError::NoMemory)?;
         Ok((memory, process.descriptors.clone(), process.executable_path.clone()))
     })?;
-    let (mut memory, descriptors, executable_path) = (memory, descriptors, executable_path);
     let pid = sched::reserve_tid();
     // CLONE_CHILD_SETTID writes the child's tid into the child's memory.
     if let Some(translation) = set_child_tid.and_then(|address| memory.aspace.translate(address)) {
@@ -266,9 +265,11 @@ pub fn exec(frame: &mut TrapFrame, path: u64, argv: u64, envp: u64) -> Result<()
         return Err(ENOEXEC);
     }
     let pid = sched::current_pid();
-    // The other threads end (those running elsewhere at their next return to user mode).
+    // The other threads end, each at its next return to user mode (this CPU lets those
+    // queued here run).
     sched::doom_process(pid, Some(sched::current_tid()));
     while sched::thread_count_of(pid) > 1 {
+        sched::yield_now();
         core::hint::spin_loop();
     }
     let old_aspace = job::with_process(|process| process.memory.aspace.handle());
@@ -364,8 +365,8 @@ pub fn die_of_signal_here(signal: u8) -> ! {
     sched::exit_current(0)
 }
 
-/// Process `pid` (not the caller's) dies of `signal`: its threads end, and if none was
-/// running it ends here.
+/// Process `pid` (not the caller's) dies of `signal`: its threads end (the last one ends the
+/// process); if it has none left, it ends here.
 pub fn kill(pid: u64, signal: u8) {
     if pid == sched::current_pid() {
         die_of_signal_here(signal)

@@ -6,18 +6,27 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 extern char **environ;
 static volatile sig_atomic_t sigchld_seen;
 static void on_sigchld(int signal) { (void)signal; sigchld_seen = 1; }
 static void on_usr1(int signal) { (void)signal; }
+static int blocked_reader_fd;
+static void *read_forever(void *arg) {
+    char byte;
+    (void)arg;
+    read(blocked_reader_fd, &byte, 1);
+    return NULL;
+}
 
 static void report(const char *what, int status) {
     if (WIFEXITED(status))
@@ -149,6 +158,28 @@ int main(int argc, char **argv) {
     }
     close(pipe_fds[1]);
     wait_for(pid, "writer without reader");
+
+    /* exit_group while another thread waits in a pipe read: the process ends, and the reader's
+       end of the pipe with it */
+    if (pipe(pipe_fds) != 0) return 17;
+    pid = fork();
+    if (pid == 0) {
+        pthread_t reader;
+        blocked_reader_fd = pipe_fds[0];
+        close(pipe_fds[1]);
+        pthread_create(&reader, NULL, read_forever, NULL);
+        struct timespec pause_time = {0, 50000000};
+        nanosleep(&pause_time, NULL);
+        exit(5);
+    }
+    close(pipe_fds[0]);
+    wait_for(pid, "exit_group with a thread in read");
+    signal(SIGPIPE, SIG_IGN);
+    written = write(pipe_fds[1], "x", 1);
+    error = errno;
+    printf("then the pipe has no reader: %zd (%s)\n", written, strerror(error));
+    signal(SIGPIPE, SIG_DFL);
+    close(pipe_fds[1]);
 
     /* execve: O_CLOEXEC descriptors close, others stay; a caught signal goes back to default */
     if (pipe(pipe_fds) != 0) return 13;
