@@ -27,6 +27,7 @@ const EACCES: Errno = Errno(13);
 const ENOEXEC: Errno = Errno(8);
 const E2BIG: Errno = Errno(7);
 pub const SIGCHLD: u8 = 17;
+const SIGSEGV: u8 = 11;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Life {
@@ -159,11 +160,10 @@ pub enum ForkError {
 /// waits until the child executes a new image or ends. Returns the child's pid.
 pub fn fork(frame: &TrapFrame, stack: u64, fs_base: u64, set_child_tid: Option<u64>, clear_child_tid: u64, vfork: bool) -> Result<u64, ForkError> {
     let parent = sched::current_pid();
-    let (memory, descriptors, executable_path) = job::with_process(|process| {
+    let (mut memory, descriptors, executable_path) = job::with_process(|process| {
         let memory = process.memory.fork(frame.rsp).map_err(|_| ForkError::NoMemory)?;
         Ok((memory, process.descriptors.clone(), process.executable_path.clone()))
     })?;
-    let (mut memory, descriptors, executable_path) = (memory, descriptors, executable_path);
     let pid = sched::reserve_tid();
     // CLONE_CHILD_SETTID writes the child's tid into the child's memory.
     if let Some(translation) = set_child_tid.and_then(|address| memory.aspace.translate(address)) {
@@ -263,24 +263,45 @@ pub fn exec(frame: &mut TrapFrame, path: u64, argv: u64, envp: u64) -> Result<()
     if node.is_directory() {
         return Err(EACCES);
     }
+    if crate::job::elf::Executable::parse(node.contents()).is_err() {
+        return Err(ENOEXEC);
+    }
     let pid = sched::current_pid();
+    // The other threads end, each at its next return to user mode (this CPU lets those
+    // queued here run).
+    sched::doom_process(pid, Some(sched::current_tid()));
+    while sched::thread_count_of(pid) > 1 {
+        sched::yield_now();
+        core::hint::spin_loop();
+    }
     let old_aspace = job::with_process(|process| process.memory.aspace.handle());
-    let image = match job::load_image_memory(node.contents(), node.physical, &argv, &env, job::exec_heap_size(), job::exec_stack_size()) {
+    let load = || job::load_image_memory(node.contents(), node.physical, &argv, &env, job::exec_heap_size(), job::exec_stack_size());
+    let mut old_released = false;
+    let image = match load() {
         Ok(image) => image,
+        Err(job::LoadError::NoMemory(_)) => {
+            // Not enough memory beside the old image (forked children are small, but several
+            // may exec at once): past this point of no return the old image goes first, and
+            // a failure kills the process, as Linux does.
+            release_memory_for_exec(old_aspace.0);
+            old_released = true;
+            match load() {
+                Ok(image) => image,
+                Err(error) => {
+                    log!("process {pid}: execve of {resolved} failed after its old image was released: {error:?}");
+                    die_of_signal_here(SIGSEGV)
+                }
+            }
+        }
         Err(error) => {
             crate::arch::paging::activate_root(old_aspace.1);
             return Err(match error {
-                job::LoadError::Elf(_) => ENOEXEC,
                 job::LoadError::StackSetup => E2BIG,
-                _ => Errno::ENOMEM,
+                job::LoadError::OverlapsStack => Errno::ENOMEM,
+                _ => ENOEXEC,
             });
         }
     };
-    // The other threads end (those running elsewhere at their next return to user mode).
-    sched::doom_process(pid, Some(sched::current_tid()));
-    while sched::thread_count_of(pid) > 1 {
-        core::hint::spin_loop();
-    }
     sched::switch_current_aspace(image.memory.aspace.handle());
     let (old, closed) = job::with_process(|process| {
         process.executable_path = resolved;
@@ -289,12 +310,24 @@ pub fn exec(frame: &mut TrapFrame, path: u64, argv: u64, envp: u64) -> Result<()
     });
     // Closed outside the process table's lock: a pipe's last end wakes its waiters.
     drop(closed);
-    sched::wait_until_unloaded(old_aspace.0);
+    if !old_released {
+        sched::wait_until_unloaded(old_aspace.0);
+    }
     old.release();
     signal::exec_reset(pid);
     end_vfork_wait(pid);
     *frame = image.entry;
     Ok(())
+}
+
+/// `execve` past its point of no return: the calling process's memory goes back now (an
+/// empty stand-in takes its place until the new image is in), this CPU on the kernel's tables.
+fn release_memory_for_exec(old_aspace: u64) {
+    sched::use_kernel_tables(crate::arch::tables::current_cpu());
+    let Ok(stand_in) = job::memory::JobMemory::empty() else { die_of_signal_here(SIGSEGV) };
+    let old = job::with_process(|process| core::mem::replace(&mut process.memory, stand_in));
+    sched::wait_until_unloaded(old_aspace);
+    old.release();
 }
 
 fn end_vfork_wait(pid: u64) {
@@ -334,8 +367,8 @@ pub fn die_of_signal_here(signal: u8) -> ! {
     sched::exit_current(0)
 }
 
-/// Process `pid` (not the caller's) dies of `signal`: its threads end, and if none was
-/// running it ends here.
+/// Process `pid` (not the caller's) dies of `signal`: its threads end (the last one ends the
+/// process); if it has none left, it ends here.
 pub fn kill(pid: u64, signal: u8) {
     if pid == sched::current_pid() {
         die_of_signal_here(signal)

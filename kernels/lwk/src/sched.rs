@@ -577,12 +577,16 @@ fn enter_thread(scheduler: &mut Scheduler, cpu: usize, next: u64) -> (usize, u64
     scheduler.cpus[cpu].current = Some(next);
     let quantum_end = cpu::read_tsc() + clock::tsc_hz() * QUANTUM_MS / 1000;
     QUANTUM_END[cpu].store(quantum_end, Ordering::Relaxed);
-    if scheduler.cpus[cpu].run_queue.is_empty() {
+    let thread = &scheduler.threads[&next];
+    if thread.doomed {
+        // It ends at its next entry to the kernel: make that now (a thread that never ran
+        // starts straight in user mode).
+        apic::arm_timer(cpu::read_tsc());
+    } else if scheduler.cpus[cpu].run_queue.is_empty() {
         apic::disarm_timer();
     } else {
         apic::arm_timer(quantum_end);
     }
-    let thread = &scheduler.threads[&next];
     CURRENT_PID[cpu].store(thread.pid, Ordering::Relaxed);
     if LOADED_ASPACE[cpu].load(Ordering::Relaxed) != thread.aspace.0 {
         crate::arch::paging::activate_root(thread.aspace.1);
@@ -761,53 +765,38 @@ pub fn switch_current_aspace(aspace: (u64, u64)) {
 }
 
 /// Ends every thread of process `pid` but `spare` (the caller, for `exit_group` and
-/// `execve`): threads not running anywhere are dropped at once (their kernel stacks freed),
-/// running ones are marked and sent a tick, and leave at their next return to user mode.
-/// Returns how many are still running.
+/// `execve`): each is marked and leaves at its next return to user mode, so that what it
+/// holds on its kernel stack (a pipe end it waits on) is let go; a waiting one is woken (its
+/// wait ends `Interrupted`), a running one elsewhere is sent a tick. Returns how many there
+/// are.
 pub fn doom_process(pid: u64, spare: Option<u64>) -> usize {
     let cpu = tables::current_cpu();
-    let (dropped, running) = with_scheduler(|scheduler| {
+    let (victims, running) = with_scheduler(|scheduler| {
         let victims: Vec<u64> = scheduler.threads.iter().filter(|&(&tid, thread)| thread.pid == pid && Some(tid) != spare).map(|(&tid, _)| tid).collect();
-        let mut dropped = Vec::new();
         let mut running = Vec::new();
-        for tid in victims {
-            let home = scheduler.threads[&tid].cpu;
-            if scheduler.cpus[home].current == Some(tid) {
-                let thread = scheduler.threads.get_mut(&tid).expect("victim");
-                if !thread.doomed && !thread.exiting {
-                    thread.doomed = true;
-                    DOOMED_THREADS.fetch_add(1, Ordering::AcqRel);
-                }
-                if home != cpu {
-                    running.push(home);
-                }
-                continue;
+        for &tid in &victims {
+            let thread = scheduler.threads.get_mut(&tid).expect("victim");
+            if !thread.doomed && !thread.exiting {
+                thread.doomed = true;
+                DOOMED_THREADS.fetch_add(1, Ordering::AcqRel);
             }
-            if let Some(position) = scheduler.cpus[home].run_queue.iter().position(|&queued| queued == tid) {
-                scheduler.cpus[home].run_queue.remove(position);
-                QUEUED[home].store(scheduler.cpus[home].run_queue.len(), Ordering::Release);
+            if matches!(thread.state, State::Waiting { .. }) {
+                thread.state = State::Runnable;
+                thread.wait_result = WaitResult::Interrupted;
+                scheduler.enqueue(tid);
+            } else if scheduler.cpus[thread.cpu].current == Some(tid) && thread.cpu != cpu {
+                running.push(thread.cpu);
             }
-            let thread = scheduler.threads.remove(&tid).expect("victim");
-            if thread.doomed {
-                DOOMED_THREADS.fetch_sub(1, Ordering::AcqRel);
-            }
-            scheduler.free_slots.push(thread.slot);
-            dropped.extend(thread.stack_physical);
         }
-        (dropped, running)
+        (victims.len(), running)
     });
-    for stack in dropped {
-        pmem::free(stack, KERNEL_STACK_SIZE);
-    }
-    if !running.is_empty() {
-        trap::request_signal_check(true);
-    }
+    trap::request_signal_check(true);
     for &home in &running {
         if let Some(apic_id) = apic_id(home) {
             apic::send_tick(apic_id);
         }
     }
-    running.len()
+    victims
 }
 
 /// Whether process `pid` still has threads.

@@ -354,6 +354,13 @@ impl JobMemory {
         Ok(moved)
     }
 
+    /// An empty stand-in (no memory, a table root of its own), for `execve` to take a process's
+    /// memory away before it has the new image.
+    pub fn empty() -> Result<JobMemory, MemoryError> {
+        let none = Region { start: 0, end: 0, physical_start: 0 };
+        Ok(JobMemory::new(AddressSpace::new()?, none, Vec::new(), none, none))
+    }
+
     /// The parts of the heap in use (in the `brk` area or mapped), in order.
     fn heap_in_use(&self, end: u64) -> Vec<Range> {
         self.heap_free.gaps(self.heap.start, end).collect()

@@ -1,22 +1,32 @@
 /* Processes: fork, vfork, posix_spawn, execve (of /proc/self/exe), wait4/waitpid/waitid with
  * exit codes, signals and WNOHANG, getppid, process groups, pipes (blocking reads and writes
  * beyond the pipe's capacity, end of file, EPIPE and SIGPIPE), O_CLOEXEC across execve,
- * caught signals reset by execve, SIGCHLD. Prints no pids: they differ from the host's. */
+ * caught signals reset by execve, SIGCHLD, setsid, a signal to a group, O_NONBLOCK pipes, waitid
+ * WNOWAIT. Prints no pids: they differ from the host's. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 extern char **environ;
 static volatile sig_atomic_t sigchld_seen;
 static void on_sigchld(int signal) { (void)signal; sigchld_seen = 1; }
 static void on_usr1(int signal) { (void)signal; }
+static int blocked_reader_fd;
+static void *read_forever(void *arg) {
+    char byte;
+    (void)arg;
+    read(blocked_reader_fd, &byte, 1);
+    return NULL;
+}
 
 static void report(const char *what, int status) {
     if (WIFEXITED(status))
@@ -149,6 +159,28 @@ int main(int argc, char **argv) {
     close(pipe_fds[1]);
     wait_for(pid, "writer without reader");
 
+    /* exit_group while another thread waits in a pipe read: the process ends, and the reader's
+       end of the pipe with it */
+    if (pipe(pipe_fds) != 0) return 17;
+    pid = fork();
+    if (pid == 0) {
+        pthread_t reader;
+        blocked_reader_fd = pipe_fds[0];
+        close(pipe_fds[1]);
+        pthread_create(&reader, NULL, read_forever, NULL);
+        struct timespec pause_time = {0, 50000000};
+        nanosleep(&pause_time, NULL);
+        exit(5);
+    }
+    close(pipe_fds[0]);
+    wait_for(pid, "exit_group with a thread in read");
+    signal(SIGPIPE, SIG_IGN);
+    written = write(pipe_fds[1], "x", 1);
+    error = errno;
+    printf("then the pipe has no reader: %zd (%s)\n", written, strerror(error));
+    signal(SIGPIPE, SIG_DFL);
+    close(pipe_fds[1]);
+
     /* execve: O_CLOEXEC descriptors close, others stay; a caught signal goes back to default */
     if (pipe(pipe_fds) != 0) return 13;
     dup3(pipe_fds[0], 5, O_CLOEXEC);
@@ -188,6 +220,32 @@ int main(int argc, char **argv) {
     }
     wait_for(pid, "own group");
     printf("parent's group unchanged %d\n", getpgid(0) == getpgrp());
+    pid = fork();
+    if (pid == 0) {
+        pid_t session = setsid();
+        _exit(session == getpid() && getsid(0) == getpid() && getpgrp() == getpid() ? 0 : 1);
+    }
+    wait_for(pid, "setsid");
+
+    /* a signal to a process group */
+    pid = fork();
+    if (pid == 0) {
+        setpgid(0, 0);
+        for (;;) pause();
+    }
+    setpgid(pid, pid); /* either side may do it first */
+    kill(-pid, SIGTERM);
+    wait_for(pid, "kill of its group");
+
+    /* O_NONBLOCK: an empty pipe reads EAGAIN; status flags */
+    if (pipe2(pipe_fds, O_NONBLOCK) != 0) return 16;
+    got = read(pipe_fds[0], buffer, 1);
+    error = errno;
+    printf("non-blocking empty read: %zd (%s)\n", got, strerror(error));
+    printf("flags: read end O_NONBLOCK %d, write end O_WRONLY %d\n", (fcntl(pipe_fds[0], F_GETFL) & O_NONBLOCK) != 0,
+           (fcntl(pipe_fds[1], F_GETFL) & O_ACCMODE) == O_WRONLY);
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
 
     /* waitid, then nothing left to wait for */
     pid = fork();
@@ -197,6 +255,12 @@ int main(int argc, char **argv) {
     memset(&info, 0, sizeof info);
     if (waitid(P_PID, pid, &info, WEXITED) != 0) return 15;
     printf("waitid: signo %d code %d status %d right pid %d\n", info.si_signo, info.si_code, info.si_status, info.si_pid == pid);
+    pid = fork();
+    if (pid == 0)
+        _exit(8);
+    memset(&info, 0, sizeof info);
+    waitid(P_PID, pid, &info, WEXITED | WNOWAIT);
+    printf("waitid WNOWAIT: status %d, still waitable %d\n", info.si_status, waitpid(pid, &status, 0) == pid && WEXITSTATUS(status) == 8);
     result = wait(&status);
     error = errno;
     printf("wait with no children: %d (%s)\n", result, strerror(error));
