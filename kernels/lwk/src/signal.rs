@@ -479,8 +479,11 @@ pub fn await_signal(set: u64, deadline: Option<u64>) -> Result<[u64; 3], AwaitEr
             signals.update_check_request();
         }
         // Woken by a signal, or the time is up: the look above decides (a wake whose
-        // signal went meanwhile waits again).
-        sched::wait_interruptibly(deadline);
+        // signal went meanwhile waits again). A thread whose process is being killed leaves.
+        if sched::wait_interruptibly(deadline) == sched::WaitResult::Interrupted {
+            SIGNALS.lock().thread(tid).awaited = 0;
+            return Err(AwaitError::Interrupted);
+        }
     }
 }
 
