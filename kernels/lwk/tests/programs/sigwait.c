@@ -9,6 +9,8 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
+#include <stdlib.h>
+#include <sys/wait.h>
 #include <ucontext.h>
 #include <unistd.h>
 
@@ -168,6 +170,22 @@ int main(void) {
     print_info("rt_sigtimedwait with sigsetsize 4", syscall(SYS_rt_sigtimedwait, &usr1, NULL, &zero, 4), &info);
     print_info("sigtimedwait with tv_nsec 10^9", sigtimedwait(&usr1, &info, &bad), &info);
     print_info("rt_sigsuspend with a bad pointer", syscall(SYS_rt_sigsuspend, (void *)8, 8), &info);
+    /* A thread still waiting in sigwaitinfo when its process exits ends with it (the
+       process is a child: the job's first process ending ends the whole job at once). */
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        sigset_t never;
+        sigemptyset(&never);
+        sigaddset(&never, SIGTERM);
+        sigprocmask(SIG_BLOCK, &never, NULL);
+        pthread_create(&waiting_thread, NULL, waiter, &never);
+        usleep(30000);
+        exit(4);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    printf("child exited with a thread in sigwaitinfo: status %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
     fflush(stdout);
     return 0;
 }
