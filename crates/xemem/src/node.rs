@@ -32,6 +32,10 @@ pub trait LocalMemory {
     fn resolve(&mut self, process: u64, vaddr: u64, size: u64) -> Result<Vec<FrameRun>, Error>;
     /// An attacher signalled `segment`, owned by `process`.
     fn notify(&mut self, process: u64, segment: SegmentId);
+    /// The memory `process` attached through permit `access` is being taken away (its owner
+    /// removed the segment or is gone): unmap those attachments, keeping their ranges
+    /// reserved so a touch faults (SIGBUS), before this returns. The permit is void.
+    fn revoke(&mut self, process: u64, access: AccessId);
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -439,6 +443,15 @@ impl Node {
                 if origin == NAME_SERVER_ENCLAVE && self.owned.get(&segment).is_some_and(|o| o.0 == owner_process) {
                     memory.notify(owner_process, segment);
                 }
+            }
+            Body::Revoke { process, access } => {
+                // Only the name server hands out permits, so only it may take them back.
+                if origin != NAME_SERVER_ENCLAVE {
+                    return;
+                }
+                self.granted.remove(&access);
+                memory.revoke(process, access);
+                self.send(Message::new(request, self.id, origin, Body::Revoked { process, access }));
             }
             body => {
                 if self.name_server.is_none() {
