@@ -20,8 +20,11 @@
 //! broker's name server (`xemem-host`), not this node's, so an enclave's lookup, get, attach,
 //! detach and release about them are served here from the broker; an attach adds the owner's
 //! memfd runs to the enclave as guest-physical regions (its VMM's `add_region`) and answers
-//! with their frames. Not yet done: revoking those regions when the owner removes the segment
-//! or exits (docs/xemem.md).
+//! with their frames. When the owner removes the segment or exits, the broker asks
+//! ([`xemem_host::Enclaves::revoke`]) before the memory goes: the daemon sends the holder's
+//! enclave a `Revoke`, the enclave unmaps the attachment and answers `Revoked`, and only then
+//! (or when the enclave is gone, or after [`REVOKE_TIMEOUT`]) are the regions removed and
+//! the broker may let the owner's memory be truncated.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -51,12 +54,15 @@ impl LocalMemory for NoHostMemory {
         Err(Error::NotFound)
     }
     fn notify(&mut self, _process: u64, _segment: SegmentId) {}
+    fn revoke(&mut self, _process: u64, _access: AccessId) {}
 }
 
 struct Links {
     node: Node,
     /// Where to put each link's outgoing messages (its pump sends them).
     outgoing: HashMap<LinkId, mpsc::Sender<Vec<u8>>>,
+    /// Each link's permits on host memory (shared with its port), for revocation.
+    bridges: HashMap<LinkId, Arc<Mutex<HostBridge>>>,
     /// The RAM of the enclave behind each link: frame runs it sends are checked against it.
     ram: HashMap<LinkId, Arc<GuestRam>>,
     /// Finished requests of host callers, until they collect them.
@@ -88,6 +94,7 @@ impl Default for XememLinks {
             links: Mutex::new(Links {
                 node: Node::new(MAX_LINKS, true, Timing { retry_after: 500, attempts: 5 }),
                 outgoing: HashMap::new(),
+                bridges: HashMap::new(),
                 ram: HashMap::new(),
                 finished: HashMap::new(),
             }),
@@ -248,6 +255,39 @@ impl xemem_host::Enclaves for XememLinks {
     fn release(&self, process: u64, access: AccessId) -> Result<(), Error> {
         XememLinks::release(self, process, access)
     }
+
+    /// Sends each holder's enclave a `Revoke` for the attachment made through the permit and
+    /// waits for the acknowledgements (the pumps remove the regions as they come). A permit
+    /// with no attachment just goes; an enclave that is gone holds nothing any more.
+    fn revoke(&self, permits: &[(Principal, AccessId)]) {
+        let waiter = Arc::new(Outstanding::default());
+        for (holder, broker_access) in permits {
+            let found = {
+                let links = self.links.lock().unwrap();
+                links.node.route(holder.enclave).and_then(|link| Some((links.bridges.get(&link)?.clone(), links.outgoing.get(&link)?.clone())))
+            };
+            let Some((bridge, queue)) = found else { continue };
+            let mut bridge = bridge.lock().unwrap();
+            let held: Vec<(EnclaveId, u64, AccessId)> = bridge
+                .permits
+                .iter()
+                .filter(|((enclave, process, _), permit)| *enclave == holder.enclave && *process == holder.process && permit.broker_access == *broker_access)
+                .map(|(key, _)| *key)
+                .collect();
+            for key in held {
+                let Some(HostPermit { regions: Some(regions), .. }) = bridge.permits.remove(&key) else { continue };
+                let (enclave, process, access) = key;
+                bridge.next_revoke += 1;
+                let request = bridge.next_revoke;
+                let Ok(bytes) = Message::new(request, NAME_SERVER_ENCLAVE, enclave, Body::Revoke { process, access }).to_bytes() else { continue };
+                waiter.add();
+                bridge.revocations.push(Revocation { request, enclave, process, access, regions, deadline: Instant::now() + REVOKE_TIMEOUT, waiter: waiter.clone() });
+                let _ = queue.send(bytes);
+            }
+        }
+        // The pumps enforce the deadline; the slack covers a pump's round.
+        waiter.wait(REVOKE_TIMEOUT + Duration::from_secs(1));
+    }
 }
 
 impl XememLinks {
@@ -262,7 +302,9 @@ impl XememLinks {
         let (sender, receiver) = mpsc::channel();
         links.outgoing.insert(link, sender);
         links.ram.insert(link, ram);
-        Some(XememPort { links: self.clone(), link, outgoing: receiver, bridge: Mutex::new(HostBridge::default()) })
+        let bridge = Arc::new(Mutex::new(HostBridge::default()));
+        links.bridges.insert(link, bridge.clone());
+        Some(XememPort { links: self.clone(), link, outgoing: receiver, bridge })
     }
 
     /// The node's messages go to their links' queues; finished requests to their callers.
@@ -310,7 +352,7 @@ pub struct XememPort {
     links: Arc<XememLinks>,
     link: LinkId,
     outgoing: mpsc::Receiver<Vec<u8>>,
-    bridge: Mutex<HostBridge>,
+    bridge: Arc<Mutex<HostBridge>>,
 }
 
 /// What an enclave's machine must do for an attach of host memory: make a range of a memfd a
@@ -353,6 +395,61 @@ struct HostBridge {
     /// a second attach (the node retries when the broker is slow).
     answered: HashMap<(EnclaveId, u64), Vec<Vec<u8>>>,
     answer_order: VecDeque<(EnclaveId, u64)>,
+    /// Revokes sent to the enclave and not yet acknowledged.
+    revocations: Vec<Revocation>,
+    next_revoke: u64,
+}
+
+/// A `Revoke` the enclave has not acknowledged: the regions stay until it does (its job may
+/// still map them), or until the enclave is gone or the deadline passes.
+struct Revocation {
+    request: u64,
+    enclave: EnclaveId,
+    process: u64,
+    /// The enclave's id for the permit.
+    access: AccessId,
+    regions: Vec<SharedRegion>,
+    deadline: Instant,
+    waiter: Arc<Outstanding>,
+}
+
+/// How long an enclave may take to acknowledge a revoke before its regions are removed
+/// anyway (an enclave that still maps them then faults: it did not answer in time).
+pub const REVOKE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A count of unfinished revocations that one broker call waits for.
+#[derive(Default)]
+struct Outstanding {
+    left: Mutex<usize>,
+    changed: Condvar,
+}
+
+impl Outstanding {
+    fn add(&self) {
+        *self.left.lock().unwrap() += 1;
+    }
+    fn finish(&self) {
+        *self.left.lock().unwrap() -= 1;
+        self.changed.notify_all();
+    }
+    /// Waits until none is left or `timeout` passed.
+    fn wait(&self, timeout: Duration) {
+        let left = self.left.lock().unwrap();
+        let _ = self.changed.wait_timeout_while(left, timeout, |left| *left > 0);
+    }
+}
+
+impl Revocation {
+    /// The enclave let go (or cannot touch the regions any more): they go, and the waiting
+    /// broker call hears of it.
+    fn finish(self, regions: Option<&dyn GuestRegions>) {
+        if let Some(machine) = regions {
+            for region in &self.regions {
+                let _ = machine.remove(region.slot);
+            }
+        }
+        self.waiter.finish();
+    }
 }
 
 /// Turns the owner's memfd runs into new guest-physical regions of the attaching enclave; on
@@ -571,6 +668,10 @@ impl XememPort {
     /// host processes' segments are served by the broker, with `regions` (the enclave's
     /// machine) adding the owner's memory as guest-physical regions.
     pub fn from_enclave(&self, bytes: &[u8], regions: &dyn GuestRegions) {
+        if let Ok(Message { header, body: Body::Revoked { process, access } }) = Message::decode(bytes) {
+            self.revoked(header.request, header.origin, process, access, regions);
+            return;
+        }
         if let Ok(message) = Message::decode(bytes) {
             if let Some(answers) = self.bridge(&message, regions) {
                 if let Some(queue) = self.links.links.lock().unwrap().outgoing.get(&self.link) {
@@ -588,7 +689,28 @@ impl XememPort {
         self.links.deliver(&mut links);
     }
 
-    pub fn tick(&self) {
+    /// The enclave acknowledged a revoke: nothing maps the regions now. An acknowledgement
+    /// that matches no revoke sent on this link (a forgery, a repeat) changes nothing.
+    fn revoked(&self, request: u64, origin: EnclaveId, process: u64, access: AccessId, regions: &dyn GuestRegions) {
+        let mut bridge = self.bridge.lock().unwrap();
+        let matching = bridge.revocations.iter().position(|r| r.request == request && r.enclave == origin && r.process == process && r.access == access);
+        if let Some(index) = matching {
+            bridge.revocations.swap_remove(index).finish(Some(regions));
+        }
+    }
+
+    /// Every pump round: time passes for the node, and revokes past their deadline end (the
+    /// regions go whether or not the enclave let go).
+    pub fn tick(&self, regions: &dyn GuestRegions) {
+        {
+            let mut bridge = self.bridge.lock().unwrap();
+            let now = Instant::now();
+            let (late, waiting): (Vec<Revocation>, Vec<Revocation>) = bridge.revocations.drain(..).partition(|r| r.deadline <= now);
+            bridge.revocations = waiting;
+            for revocation in late {
+                revocation.finish(Some(regions));
+            }
+        }
         let mut links = self.links.links.lock().unwrap();
         let now = self.links.now();
         links.node.tick(now, &mut NoHostMemory);
@@ -607,6 +729,10 @@ impl Drop for XememPort {
         // segments are given back.
         if let Some(broker) = self.links.broker.get() {
             let bridge = std::mem::take(&mut *self.bridge.lock().unwrap());
+            // The machine is gone: nothing can touch the regions any more.
+            for revocation in bridge.revocations {
+                revocation.finish(None);
+            }
             let mut enclaves: Vec<EnclaveId> = Vec::new();
             for ((enclave, process, _), permit) in bridge.permits {
                 let caller = Principal { enclave, process };
@@ -624,6 +750,7 @@ impl Drop for XememPort {
         }
         let mut links = self.links.links.lock().unwrap();
         links.outgoing.remove(&self.link);
+        links.bridges.remove(&self.link);
         links.ram.remove(&self.link);
         links.node.link_down(self.link, &mut NoHostMemory);
         self.links.deliver(&mut links);

@@ -282,8 +282,7 @@ const REBUILD_THRESHOLD: u64 = 16;
 /// ranges, the whole (non-global) TLB for large ones.
 fn flush_tlb(start: u64, len: u64) {
     if len / PAGE_SIZE > 32 {
-        // SAFETY: reloading CR3 with its own value only flushes the TLB.
-        unsafe { asm!("mov {tmp}, cr3", "mov cr3, {tmp}", tmp = out(reg) _, options(nostack)) }
+        flush_user_tlb();
     } else {
         let mut address = start;
         while address < start + len {
@@ -292,6 +291,12 @@ fn flush_tlb(start: u64, len: u64) {
             address += PAGE_SIZE;
         }
     }
+}
+
+/// Drops every non-global translation of this CPU: all user mappings (kernel ones are global).
+pub fn flush_user_tlb() {
+    // SAFETY: reloading CR3 with its own value only flushes the TLB.
+    unsafe { asm!("mov {tmp}, cr3", "mov cr3, {tmp}", tmp = out(reg) _, options(nostack)) }
 }
 
 /// Turns on global pages, so kernel translations survive address-space switches.

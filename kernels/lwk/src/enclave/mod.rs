@@ -273,6 +273,8 @@ pub fn serve_host_until(done: impl Fn() -> bool) {
         if crate::arch::tables::current_cpu() == 0 {
             crate::arch::apic::sleep_until_interrupt();
         } else {
+            // Interrupts are off here: answer a TLB shootdown without waiting for the IPI.
+            crate::sched::flush_tlb_if_stale();
             core::hint::spin_loop();
         }
     }

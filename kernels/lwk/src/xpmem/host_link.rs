@@ -112,6 +112,11 @@ impl LocalMemory for JobMemory {
         Ok(runs.iter().map(|run| FrameRun { first: run.first, frames: run.frames }).collect())
     }
     fn notify(&mut self, _process: u64, _segment: SegmentId) {}
+    fn revoke(&mut self, process: u64, access: AccessId) {
+        if process == crate::job::PID {
+            super::revoke_host_permit(access);
+        }
+    }
 }
 
 fn now_ms() -> u64 {

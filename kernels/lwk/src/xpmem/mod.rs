@@ -99,13 +99,10 @@ pub fn forget_job() {
 
 /// Does a user fault at `address` hit an attachment? Then the job gets SIGBUS, not SIGSEGV.
 pub fn is_attachment_fault(address: u64) -> bool {
-    // A fault can arrive while a system call on this CPU holds the lock only if the kernel
-    // touched user memory under it, which this module never does; `try_lock` keeps a bug
-    // there from becoming a dead-lock.
-    match DEVICE.try_lock() {
-        Some(device) => device.as_ref().is_some_and(|device| device.attachments.iter().any(|a| a.start <= address && address < a.end)),
-        None => false,
-    }
+    // Only user-mode faults come here, and a CPU returns to user mode with no lock held, so
+    // this CPU cannot hold the lock. Another CPU may (a revoke unmapping this very range): wait
+    // for it, or the fault would be taken for a SIGSEGV.
+    DEVICE.lock().as_ref().is_some_and(|device| device.attachments.iter().any(|a| a.start <= address && address < a.end))
 }
 
 /// Frames behind `[vaddr, vaddr + size)` of the job, as runs (holes where nothing is mapped).
@@ -276,6 +273,30 @@ fn unmap_host_attachments(device: &mut Device, apid: AccessId) {
         }
     });
     device.attachments.retain(|a| !(a.from_host && a.access == apid));
+}
+
+/// The host takes back the memory behind `apid`, a permit on host memory (its owner removed
+/// the segment or is gone): the permit's attachments are unmapped and their ranges stay
+/// reserved, so the job's next touch is SIGBUS, as after a local remove. No CPU of the job
+/// may keep a translation: the host removes the memory once this returns.
+pub fn revoke_host_permit(apid: AccessId) {
+    if !job::is_loaded() {
+        return;
+    }
+    let unmapped = with_device(|device| {
+        device.host_permits.remove(&apid.raw());
+        let mut unmapped = false;
+        for attachment in device.attachments.iter_mut().filter(|a| a.from_host && a.access == apid && !a.revoked) {
+            attachment.revoked = true;
+            let (start, len) = (attachment.start, attachment.end - attachment.start);
+            job::with_process(|process| process.memory.aspace.unmap(start, len)).ok();
+            unmapped = true;
+        }
+        unmapped
+    });
+    if unmapped {
+        crate::sched::shoot_down_user_tlbs();
+    }
 }
 
 /// XEMEM's lookup: the enclave's own names first, then (connected) the whole machine's.
