@@ -416,6 +416,54 @@ fn an_lwk_job_attaches_a_host_processs_segment() {
     assert_eq!(removed["ok"], true, "{removed}");
 }
 
+/// Starts an in-process daemon with its XEMEM broker under `dir`; returns its API socket and
+/// the broker's socket.
+fn start_daemon_with_broker(dir: &Path) -> (PathBuf, PathBuf) {
+    let socket = dir.join("clowderd.sock");
+    let xemem_socket = dir.join("xemem.sock");
+    let launcher = VmmLauncher { vmm: vmm_binary(), kernel: kernel_image(), runtime_dir: dir.to_path_buf() };
+    let config = DaemonConfig {
+        vmm: vmm_binary(),
+        kernel: kernel_image(),
+        oneshot_memory: 64 << 20,
+        isolate_cores: false,
+        liveness: Liveness::default(),
+        admin_group: None,
+    };
+    let daemon = Daemon::new(config, Box::new(launcher));
+    assert!(daemon.host_xemem(clowderd::xemem_service::start(&xemem_socket).unwrap()).is_ok());
+    let listener = server::bind(&socket).unwrap();
+    std::thread::spawn(move || server::serve(daemon, listener));
+    (socket, xemem_socket)
+}
+
+/// Runs `job` (argv `argv`) in `enclave` to its end; its stdout accumulates in `stdout` as it
+/// streams (another thread may watch it). Returns the daemon's final reply.
+fn run_job(socket: &Path, enclave: &str, job: &Path, argv: &[&str], cwd: &Path, stdout: &std::sync::Mutex<String>) -> Value {
+    let binary = File::open(job).unwrap();
+    let directory = File::open(cwd).unwrap();
+    let request = json!({"op": "run", "enclave": enclave, "argv": argv, "cwd": cwd.to_str().unwrap(), "files": []});
+    Client::connect_to(socket)
+        .unwrap()
+        .call_streaming(&request, &[binary.as_raw_fd(), directory.as_raw_fd()], &mut |event| {
+            if event["event"] == "output" && event["stream"] == "stdout" {
+                stdout.lock().unwrap().push_str(event["text"].as_str().unwrap());
+            }
+        })
+        .unwrap()
+}
+
+/// Builds the host program `xemem/tests/<source>` against libxpmem.a.
+fn build_host_program(source: &str, out: &Path) {
+    let xemem = workspace_root().join("xemem");
+    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
+    let built = Command::new("cc")
+        .args(["-O2", "-I"]).arg(xemem.join("include")).arg("-o").arg(out).arg(xemem.join("tests").join(source))
+        .arg(xemem.join("build/lib/libxpmem.a")).arg("-lpthread")
+        .status().unwrap();
+    assert!(built.success(), "building {source}");
+}
+
 /// What one revocation run produced.
 struct RevokeRun {
     job_status: Value,
@@ -433,30 +481,10 @@ fn run_revocation(tag: &str, owner_mode: &str, job_args: &[&str], cores: u32) ->
     std::fs::create_dir_all(&dir.0).unwrap();
     let job = dir.0.join("lwk_revoked_attacher");
     build_musl_job("lwk_revoked_attacher.c", &job).unwrap();
-    let xemem = workspace_root().join("xemem");
-    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
     let owner = dir.0.join("host_revoking_owner");
-    let built = Command::new("cc")
-        .args(["-O2", "-I"]).arg(xemem.join("include")).arg("-o").arg(&owner).arg(xemem.join("tests/host_revoking_owner.c"))
-        .arg(xemem.join("build/lib/libxpmem.a")).arg("-lpthread")
-        .status().unwrap();
-    assert!(built.success(), "building host_revoking_owner");
+    build_host_program("host_revoking_owner.c", &owner);
 
-    let socket = dir.0.join("clowderd.sock");
-    let xemem_socket = dir.0.join("xemem.sock");
-    let launcher = VmmLauncher { vmm: vmm_binary(), kernel: kernel_image(), runtime_dir: dir.0.clone() };
-    let config = DaemonConfig {
-        vmm: vmm_binary(),
-        kernel: kernel_image(),
-        oneshot_memory: 64 << 20,
-        isolate_cores: false,
-        liveness: Liveness::default(),
-        admin_group: None,
-    };
-    let daemon = Daemon::new(config, Box::new(launcher));
-    assert!(daemon.host_xemem(clowderd::xemem_service::start(&xemem_socket).unwrap()).is_ok());
-    let listener = server::bind(&socket).unwrap();
-    std::thread::spawn(move || server::serve(daemon, listener));
+    let (socket, xemem_socket) = start_daemon_with_broker(&dir.0);
     let created = call(&socket, json!({"op": "create", "name": "attacher", "cores": cores, "mem": "128M"}));
     assert_eq!(created["ok"], true, "{created}");
     xemem_id(&socket, "attacher").expect("the enclave got no XEMEM id");
@@ -472,20 +500,11 @@ fn run_revocation(tag: &str, owner_mode: &str, job_args: &[&str], cores: u32) ->
     std::io::BufRead::read_line(&mut host_stdout, &mut first_line).unwrap();
     assert_eq!(first_line.trim(), "made host-revoke-seg");
 
-    let binary = File::open(&job).unwrap();
-    let cwd = File::open(&dir.0).unwrap();
     let mut argv = vec!["lwk_revoked_attacher"];
     argv.extend_from_slice(job_args);
-    let request = json!({"op": "run", "enclave": "attacher", "argv": argv, "cwd": dir.0.to_str().unwrap(), "files": []});
-    let mut job_stdout = String::new();
-    let reply = Client::connect_to(&socket)
-        .unwrap()
-        .call_streaming(&request, &[binary.as_raw_fd(), cwd.as_raw_fd()], &mut |event| {
-            if event["event"] == "output" && event["stream"] == "stdout" {
-                job_stdout.push_str(event["text"].as_str().unwrap());
-            }
-        })
-        .unwrap();
+    let job_stdout = std::sync::Mutex::new(String::new());
+    let reply = run_job(&socket, "attacher", &job, &argv, &dir.0, &job_stdout);
+    let job_stdout = job_stdout.into_inner().unwrap();
     let owner_status = host.wait().unwrap();
     let mut owner_stdout = String::new();
     std::io::Read::read_to_string(&mut host_stdout, &mut owner_stdout).unwrap();
@@ -568,4 +587,103 @@ fn a_revoke_reaches_both_cpus_of_a_two_vcpu_job() {
     assert!(run.job_stdout.contains("second thread: SIGBUS inside the attachment: 1"), "{context}");
     assert!(run.owner_stdout.contains("remove: 0"), "{context}");
     assert!(!run.enclave_log.iter().any(|line| line.contains("did not confirm the TLB shootdown")), "{context}");
+}
+
+/// XPMEM's anonymous segments from connected enclaves get ids from the daemon's name server:
+/// jobs in two enclaves make one each at the same time, the segids name their enclaves (no
+/// two enclaves both handing out enclave-1 ids), and a host process attaches each by segid
+/// alone through libxpmem and writes into the job's memory.
+#[test]
+fn anonymous_segments_of_two_enclaves_have_global_ids_a_host_process_can_use() {
+    if revocation_requirements_missing() {
+        return;
+    }
+    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-global-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let job = dir.0.join("lwk_anonymous_owner");
+    build_musl_job("lwk_anonymous_owner.c", &job).unwrap();
+    let attacher = dir.0.join("host_segid_attacher");
+    build_host_program("host_segid_attacher.c", &attacher);
+    let (socket, xemem_socket) = start_daemon_with_broker(&dir.0);
+    let mut ids = Vec::new();
+    for name in ["a", "b"] {
+        let created = call(&socket, json!({"op": "create", "name": name, "cores": 1, "mem": "128M"}));
+        assert_eq!(created["ok"], true, "{created}");
+        ids.push(xemem_id(&socket, name).expect("the enclave got no XEMEM id"));
+    }
+    let outputs = [std::sync::Mutex::new(String::new()), std::sync::Mutex::new(String::new())];
+    std::thread::scope(|scope| {
+        let runners: Vec<_> = ["a", "b"]
+            .iter()
+            .zip(&outputs)
+            .map(|(name, stdout)| {
+                let (socket, job, dir) = (&socket, &job, &dir.0);
+                scope.spawn(move || run_job(socket, name, job, &["lwk_anonymous_owner"], dir, stdout))
+            })
+            .collect();
+        let mut segids = Vec::new();
+        for stdout in &outputs {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let segid = loop {
+                let text = stdout.lock().unwrap().clone();
+                if let Some(segid) = text.lines().find_map(|line| line.strip_prefix("segid ").and_then(|id| id.trim().parse::<i64>().ok())) {
+                    break segid;
+                }
+                assert!(Instant::now() < deadline, "no segid from the job: {text}");
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            segids.push(segid);
+        }
+        assert_eq!(segids.iter().map(|segid| (segid >> 32) as u32).collect::<Vec<_>>(), ids, "each segid names its enclave: {segids:?}");
+        for segid in &segids {
+            let host = Command::new(&attacher).arg(segid.to_string()).env("CLOWDER_XEMEM_SOCKET", &xemem_socket).output().unwrap();
+            let out = String::from_utf8_lossy(&host.stdout).into_owned();
+            assert!(host.status.success(), "host_segid_attacher {segid}: {:?}\n{out}", host.status);
+            assert!(out.contains("16 of 16 pages hold what the job wrote") && out.contains("detach: 0") && out.contains("release: 0"), "{out}");
+        }
+        for (runner, stdout) in runners.into_iter().zip(&outputs) {
+            let reply = runner.join().unwrap();
+            let text = stdout.lock().unwrap().clone();
+            assert_eq!(reply["status"], 0, "{reply} {text}");
+            assert!(text.contains("the host wrote 45") && text.contains("remove: 0"), "{text}");
+        }
+    });
+    for name in ["a", "b"] {
+        let removed = call(&socket, json!({"op": "rm", "name": name}));
+        assert_eq!(removed["ok"], true, "{removed}");
+    }
+}
+
+/// xemem/tests/same_binary.c (every XPMEM call: argument errors, attaches of 1 to 1024 pages
+/// both ways, threads, a whole-address-space segment, detach rules, SIGBUS after remove) in a
+/// connected enclave, where all of it goes through the daemon's name server, prints exactly
+/// what it prints on the host through the daemon's broker, and both die of SIGBUS (135).
+#[test]
+fn the_same_binary_in_a_connected_enclave_matches_the_host() {
+    if revocation_requirements_missing() {
+        return;
+    }
+    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-same-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let job = dir.0.join("same_binary");
+    build_musl_job("same_binary.c", &job).unwrap();
+    let (socket, xemem_socket) = start_daemon_with_broker(&dir.0);
+    let created = call(&socket, json!({"op": "create", "name": "same", "cores": 1, "mem": "256M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    let enclave_id = xemem_id(&socket, "same").expect("the enclave got no XEMEM id");
+    let host = Command::new(&job).current_dir(&dir.0).env("CLOWDER_XEMEM_SOCKET", &xemem_socket).env("CLOWDER_XEMEM_BACKEND", "broker").output().unwrap();
+    let host_out = String::from_utf8_lossy(&host.stdout).into_owned();
+    assert_eq!(host.status.code(), None, "the host run dies of a signal: {host_out}");
+    let stdout = std::sync::Mutex::new(String::new());
+    let reply = run_job(&socket, "same", &job, &["same_binary"], &dir.0, &stdout);
+    let lwk_out = stdout.into_inner().unwrap();
+    let logs = call(&socket, json!({"op": "logs", "name": "same"}));
+    assert_eq!(reply["status"], 135, "{reply}\n{lwk_out}\n{logs}");
+    assert!(host_out.contains("version 0x26005") && !host_out.contains("FAIL"), "{host_out}");
+    assert_eq!(lwk_out, host_out, "{logs}");
+    // The job's segments came from the daemon's name server (its segids name the enclave) and
+    // went with the job.
+    assert!(logs.to_string().contains(&format!("the name server gave this enclave id {enclave_id}")));
+    let removed = call(&socket, json!({"op": "rm", "name": "same"}));
+    assert_eq!(removed["ok"], true, "{removed}");
 }
