@@ -1,15 +1,18 @@
 /*
- * lwk_revoked_attacher: an LWK job (static musl, the LWK's /dev/xpmem) that attaches the host
- * segment "host-revoke-seg" (host_revoking_owner), checks the owner's pattern (page i starts
- * with 3000 + i), writes 44 for the owner to see, and then touches the attachment until the
- * owner takes the memory away, which must raise SIGBUS inside the attachment.
+ * lwk_revoked_attacher: an LWK job (static musl, the LWK's /dev/xpmem) that attaches a named
+ * segment (by default "host-revoke-seg" of host_revoking_owner, whose page i starts with
+ * 3000 + i), checks the owner's pattern, writes 44 into word 1 of page 0 for the owner to see,
+ * and then touches the attachment until the owner takes the memory away, which must raise
+ * SIGBUS inside the attachment.
  *
- *   lwk_revoked_attacher handler [threads]  a SIGBUS handler reports the faulting address and
+ *   lwk_revoked_attacher MODE [THREADS [NAME BASE]]
+ *   MODE handler                            a SIGBUS handler reports the faulting address and
  *                                           the job goes on: detach (0) and release (ENOENT:
  *                                           the permit went with the segment). With threads = 2
  *                                           a second thread (on the enclave's second CPU)
  *                                           touches the attachment too and must fault as well.
- *   lwk_revoked_attacher default            no handler: the job dies of SIGBUS (status 135).
+ *   MODE default                            no handler: the job dies of SIGBUS (status 135).
+ *   NAME BASE                               another segment and pattern (lwk_peer_owner's).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -67,16 +70,19 @@ int main(int argc, char **argv)
 {
 	int handler = argc > 1 && strcmp(argv[1], "handler") == 0;
 	int threads = argc > 2 ? atoi(argv[2]) : 1;
+	const char *name = argc > 4 ? argv[3] : "host-revoke-seg";
+	uint64_t base = argc > 4 ? strtoull(argv[4], NULL, 0) : 3000;
 	xpmem_segid_t segid = -1;
-	for (int tries = 0; tries < 200 && segid <= 0; tries++) {
-		segid = xemem_lookup_segid("host-revoke-seg");
+	for (int tries = 0; tries < 400 && segid <= 0; tries++) {
+		segid = xemem_lookup_segid(name);
 		if (segid <= 0)
 			usleep(50000);
 	}
 	if (segid <= 0) {
-		printf("no segment named host-revoke-seg (errno %d)\n", errno);
+		printf("no segment named %s (errno %d)\n", name, errno);
 		return 1;
 	}
+	printf("found a segment of enclave %lld\n", (long long)(segid >> 32));
 	xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
 	if (apid <= 0) {
 		printf("get failed: errno %d\n", errno);
@@ -90,8 +96,8 @@ int main(int argc, char **argv)
 	}
 	int matching = 0;
 	for (unsigned long page = 0; page < PAGES; page++)
-		matching += view[page * PAGE / 8] == 3000 + page;
-	printf("%d of %d pages hold what the host wrote\n", matching, PAGES);
+		matching += view[page * PAGE / 8] == base + page;
+	printf("%d of %d pages hold the owner's pattern\n", matching, PAGES);
 	if (handler) {
 		struct sigaction action;
 		memset(&action, 0, sizeof action);

@@ -546,7 +546,7 @@ fn a_host_owners_remove_gives_the_lwk_job_sigbus_in_its_handler() {
     let run = run_revocation("remove", "remove", &["handler"], 1);
     let context = format!("job {}:\n{}\nowner {:?}:\n{}\n{:#?}", run.job_status, run.job_stdout, run.owner_status, run.owner_stdout, run.enclave_log);
     assert_eq!(run.job_status, 0, "{context}");
-    assert!(run.job_stdout.contains("16 of 16 pages hold what the host wrote"), "{context}");
+    assert!(run.job_stdout.contains("16 of 16 pages hold the owner's pattern"), "{context}");
     assert!(run.job_stdout.contains("main thread: SIGBUS inside the attachment: 1"), "{context}");
     assert!(run.job_stdout.contains("detach: 0"), "{context}");
     assert!(run.job_stdout.contains("release: -1 (errno 2)"), "{context}");
@@ -686,4 +686,107 @@ fn the_same_binary_in_a_connected_enclave_matches_the_host() {
     assert!(logs.to_string().contains(&format!("the name server gave this enclave id {enclave_id}")));
     let removed = call(&socket, json!({"op": "rm", "name": "same"}));
     assert_eq!(removed["ok"], true, "{removed}");
+}
+
+/// Two LWK enclaves under one daemon: boots both, builds the peer owner and the attacher.
+struct TwoEnclaves {
+    dir: TempDir,
+    socket: PathBuf,
+    owner_job: PathBuf,
+    attacher_job: PathBuf,
+}
+
+fn two_enclaves(tag: &str) -> TwoEnclaves {
+    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-peers-{tag}-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let owner_job = dir.0.join("lwk_peer_owner");
+    build_musl_job("lwk_peer_owner.c", &owner_job).unwrap();
+    let attacher_job = dir.0.join("lwk_revoked_attacher");
+    build_musl_job("lwk_revoked_attacher.c", &attacher_job).unwrap();
+    let (socket, _) = start_daemon_with_broker(&dir.0);
+    for name in ["a", "b"] {
+        let created = call(&socket, json!({"op": "create", "name": name, "cores": 1, "mem": "128M"}));
+        assert_eq!(created["ok"], true, "{created}");
+        xemem_id(&socket, name).expect("the enclave got no XEMEM id");
+    }
+    TwoEnclaves { dir, socket, owner_job, attacher_job }
+}
+
+fn log_lines(socket: &Path, enclave: &str) -> Vec<String> {
+    let logs = call(socket, json!({"op": "logs", "name": enclave}));
+    logs["lines"].as_array().map(|lines| lines.iter().filter_map(|l| l.as_str().map(String::from)).collect()).unwrap_or_default()
+}
+
+const PEER_ATTACHER_ARGS: [&str; 5] = ["lwk_revoked_attacher", "handler", "1", "lwk-peer-seg", "6000"];
+
+/// A job in enclave b attaches a segment a job in enclave a made: zero-copy (the daemon adds
+/// a's pages, checked against a's RAM, to b's machine as regions of a's RAM memfd), both see
+/// each other's writes, and when a's job removes the segment b's job gets SIGBUS in its
+/// handler, detaches, finds its permit gone, and every region b got is removed.
+#[test]
+fn an_lwk_job_attaches_another_enclaves_segment_and_gets_sigbus_when_it_is_removed() {
+    if revocation_requirements_missing() {
+        return;
+    }
+    let peers = two_enclaves("remove");
+    let outputs = [std::sync::Mutex::new(String::new()), std::sync::Mutex::new(String::new())];
+    let (owner_reply, attacher_reply) = std::thread::scope(|scope| {
+        let owner = scope.spawn(|| run_job(&peers.socket, "a", &peers.owner_job, &["lwk_peer_owner", "remove"], &peers.dir.0, &outputs[0]));
+        let attacher = scope.spawn(|| run_job(&peers.socket, "b", &peers.attacher_job, &PEER_ATTACHER_ARGS, &peers.dir.0, &outputs[1]));
+        (owner.join().unwrap(), attacher.join().unwrap())
+    });
+    let [owner_out, attacher_out] = outputs.map(|output| output.into_inner().unwrap());
+    let b_log = log_lines(&peers.socket, "b");
+    let context = format!("owner {owner_reply}:\n{owner_out}\nattacher {attacher_reply}:\n{attacher_out}\n{b_log:#?}");
+    assert_eq!(owner_reply["status"], 0, "{context}");
+    assert_eq!(attacher_reply["status"], 0, "{context}");
+    assert!(owner_out.contains("the other enclave wrote 44") && owner_out.contains("remove: 0") && owner_out.contains("owner data intact: 1"), "{context}");
+    assert!(attacher_out.contains("16 of 16 pages hold the owner's pattern"), "{context}");
+    assert!(!attacher_out.contains("found a segment of enclave 1\n"), "the segment is enclave a's: {context}");
+    assert!(attacher_out.contains("main thread: SIGBUS inside the attachment: 1"), "{context}");
+    assert!(attacher_out.contains("detach: 0") && attacher_out.contains("release: -1 (errno 2)"), "{context}");
+    let (added, removed) = regions_added_and_removed(&b_log);
+    assert!(added >= 1 && added == removed, "regions added {added}, removed {removed}: {context}");
+    for name in ["a", "b"] {
+        let removed = call(&peers.socket, json!({"op": "rm", "name": name}));
+        assert_eq!(removed["ok"], true, "{removed}");
+    }
+}
+
+/// Enclave a is removed while b's job touches its attachment of a's segment: the name server
+/// drops a's segments, b's job gets SIGBUS, and the daemon goes on serving (a new enclave gets
+/// an XEMEM id; the segment's name is gone).
+#[test]
+fn removing_an_owner_enclave_gives_its_attachers_in_other_enclaves_sigbus() {
+    if revocation_requirements_missing() {
+        return;
+    }
+    let peers = two_enclaves("owner-gone");
+    let outputs = [std::sync::Mutex::new(String::new()), std::sync::Mutex::new(String::new())];
+    let attacher_reply = std::thread::scope(|scope| {
+        let _owner = scope.spawn(|| run_job(&peers.socket, "a", &peers.owner_job, &["lwk_peer_owner", "hold"], &peers.dir.0, &outputs[0]));
+        let attacher = scope.spawn(|| run_job(&peers.socket, "b", &peers.attacher_job, &PEER_ATTACHER_ARGS, &peers.dir.0, &outputs[1]));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !outputs[0].lock().unwrap().contains("the other enclave wrote 44") {
+            assert!(Instant::now() < deadline, "the attacher never wrote: {}", outputs[1].lock().unwrap());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let removed = call(&peers.socket, json!({"op": "rm", "name": "a"}));
+        assert_eq!(removed["ok"], true, "{removed}");
+        attacher.join().unwrap()
+    });
+    let attacher_out = outputs[1].lock().unwrap().clone();
+    let b_log = log_lines(&peers.socket, "b");
+    let context = format!("attacher {attacher_reply}:\n{attacher_out}\n{b_log:#?}");
+    assert_eq!(attacher_reply["status"], 0, "{context}");
+    assert!(attacher_out.contains("main thread: SIGBUS inside the attachment: 1"), "{context}");
+    let (added, removed) = regions_added_and_removed(&b_log);
+    assert!(added >= 1 && added == removed, "regions added {added}, removed {removed}: {context}");
+    let created = call(&peers.socket, json!({"op": "create", "name": "c", "cores": 1, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "the daemon serves on: {created}");
+    xemem_id(&peers.socket, "c").expect("a new enclave gets an XEMEM id");
+    for name in ["b", "c"] {
+        let removed = call(&peers.socket, json!({"op": "rm", "name": name}));
+        assert_eq!(removed["ok"], true, "{removed}");
+    }
 }
