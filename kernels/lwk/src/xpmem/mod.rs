@@ -137,10 +137,10 @@ pub fn resolve(vaddr: u64, size: u64) -> Vec<SourceRun> {
         let mut address = vaddr;
         while address < end {
             let (first, writable, step) = match process.memory.aspace.translate(address) {
-                Some(found) => (Some(found.physical / PAGE_SIZE), found.writable, found.bytes_left_in_leaf),
-                // Skip unmapped space quickly: a whole-address-space segment is 128 TiB, but
-                // nothing is mapped below a missing 2 MiB block.
-                None => (None, false, (address | (HUGE_PAGE_SIZE - 1)) + 1 - address),
+                Ok(found) => (Some(found.physical / PAGE_SIZE), found.writable, found.bytes_left_in_leaf),
+                // Unmapped space goes by whole missing blocks where it can: a whole-address-
+                // space segment is 128 TiB.
+                Err(unmapped) => (None, false, unmapped),
             };
             let step = step.min(end - address);
             let frames = step / PAGE_SIZE;
@@ -487,7 +487,7 @@ pub enum Detached {
 pub fn detach(address: u64) -> Detached {
     let (detached, global_permit) = with_device(|device| {
         let Some(index) = device.attachments.iter().position(|a| a.start <= address && address < a.end) else {
-            let mapped = job::with_process(|process| process.memory.aspace.translate(address & !(PAGE_SIZE - 1)).is_some());
+            let mapped = job::with_process(|process| process.memory.aspace.translate(address & !(PAGE_SIZE - 1)).is_ok());
             return (if mapped { Detached::NotAnAttachment } else { Detached::Nothing }, None);
         };
         let attachment = device.attachments.remove(index);
