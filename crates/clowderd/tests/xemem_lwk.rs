@@ -422,12 +422,15 @@ fn start_daemon_with_broker(dir: &Path) -> (PathBuf, PathBuf) {
     let socket = dir.join("clowderd.sock");
     let xemem_socket = dir.join("xemem.sock");
     let launcher = VmmLauncher { vmm: vmm_binary(), kernel: kernel_image(), runtime_dir: dir.to_path_buf() };
+    // Pings get more time than the default 5 s: on a machine shared with other builds an
+    // enclave's vCPU may be starved that long, and liveness is not what these tests test.
+    let liveness = Liveness { ping_timeout: Duration::from_secs(20), ..Liveness::default() };
     let config = DaemonConfig {
         vmm: vmm_binary(),
         kernel: kernel_image(),
         oneshot_memory: 64 << 20,
         isolate_cores: false,
-        liveness: Liveness::default(),
+        liveness,
         admin_group: None,
     };
     let daemon = Daemon::new(config, Box::new(launcher));
@@ -787,6 +790,96 @@ fn removing_an_owner_enclave_gives_its_attachers_in_other_enclaves_sigbus() {
     xemem_id(&peers.socket, "c").expect("a new enclave gets an XEMEM id");
     for name in ["b", "c"] {
         let removed = call(&peers.socket, json!({"op": "rm", "name": name}));
+        assert_eq!(removed["ok"], true, "{removed}");
+    }
+}
+
+/// Where one side of a cross-enclave conformance case runs.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Place {
+    Host,
+    /// A job in this enclave.
+    Lwk(&'static str),
+}
+
+/// Cases left out in one direction, and why.
+fn cross_case_left_out(case: &str, owner: Place, attacher: Place) -> Option<&'static str> {
+    let owner_in_enclave = matches!(owner, Place::Lwk(_));
+    match case {
+        "remove_sigbus" | "owner_exit_sigbus" if owner_in_enclave && attacher == Place::Host => {
+            Some("a host process maps the owner enclave's RAM memfd, which backs the running machine and cannot be truncated under it: no SIGBUS (docs/xemem.md, not done)")
+        }
+        _ => None,
+    }
+}
+
+/// Runs `cross ROLE CASE` at `place`; returns (succeeded, output).
+fn run_cross_role(place: Place, role: &str, case: &str, binary: &Path, dir: &Path, socket: &Path, xemem_socket: &Path) -> (bool, String) {
+    match place {
+        Place::Host => {
+            let out = Command::new(binary).args([role, case]).current_dir(dir).env("CLOWDER_XEMEM_SOCKET", xemem_socket).env("CLOWDER_XEMEM_BACKEND", "broker").output().unwrap();
+            (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+        }
+        Place::Lwk(enclave) => {
+            let stdout = std::sync::Mutex::new(String::new());
+            let reply = run_job(socket, enclave, binary, &["cross", role, case], dir, &stdout);
+            let text = stdout.into_inner().unwrap();
+            (reply["status"] == 0, format!("{text}[job: {reply}]"))
+        }
+    }
+}
+
+/// xemem/tests/cross.c: XPMEM's two-party conformance cases (base, two_attach, two_shares,
+/// holes_sigbus, remove_sigbus, owner_exit_sigbus, patterns up to 10,000 pages, permissions
+/// as "others", id_errors) with the owner on the host and the attacher in an LWK enclave, the
+/// reverse, and between two LWK enclaves. Cases left out in a direction are printed with the
+/// reason; the rest must all pass.
+#[test]
+fn the_conformance_cases_pass_across_enclaves_in_every_direction() {
+    if revocation_requirements_missing() {
+        return;
+    }
+    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-cross-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let binary = dir.0.join("cross");
+    build_musl_job("cross.c", &binary).unwrap();
+    let (socket, xemem_socket) = start_daemon_with_broker(&dir.0);
+    for name in ["a", "b"] {
+        let created = call(&socket, json!({"op": "create", "name": name, "cores": 1, "mem": "256M"}));
+        assert_eq!(created["ok"], true, "{created}");
+        xemem_id(&socket, name).expect("the enclave got no XEMEM id");
+    }
+    let listed = Command::new(&binary).arg("--list").output().unwrap();
+    let cases: Vec<String> = String::from_utf8_lossy(&listed.stdout).lines().map(String::from).collect();
+    assert!(cases.len() >= 9, "{cases:?}");
+    let directions = [(Place::Host, Place::Lwk("b")), (Place::Lwk("a"), Place::Host), (Place::Lwk("a"), Place::Lwk("b"))];
+    let (mut passed, mut failures, mut left_out) = (0, Vec::new(), 0);
+    for (owner, attacher) in directions {
+        for case in &cases {
+            let label = format!("{owner:?} -> {attacher:?} {case}");
+            if let Some(why) = cross_case_left_out(case, owner, attacher) {
+                println!("cross {label}: left out: {why}");
+                left_out += 1;
+                continue;
+            }
+            let ((owner_ok, owner_out), (attacher_ok, attacher_out)) = std::thread::scope(|scope| {
+                let owner_side = scope.spawn(|| run_cross_role(owner, "owner", case, &binary, &dir.0, &socket, &xemem_socket));
+                let attacher_side = scope.spawn(|| run_cross_role(attacher, "attacher", case, &binary, &dir.0, &socket, &xemem_socket));
+                (owner_side.join().unwrap(), attacher_side.join().unwrap())
+            });
+            if owner_ok && attacher_ok {
+                println!("cross {label}: PASS");
+                passed += 1;
+            } else {
+                println!("cross {label}: FAIL\n  owner: {owner_out}\n  attacher: {attacher_out}");
+                failures.push(label);
+            }
+        }
+    }
+    println!("cross-enclave conformance: {passed} passed, {} failed, {left_out} left out", failures.len());
+    assert!(failures.is_empty(), "failed: {failures:?}");
+    for name in ["a", "b"] {
+        let removed = call(&socket, json!({"op": "rm", "name": name}));
         assert_eq!(removed["ok"], true, "{removed}");
     }
 }
