@@ -152,6 +152,32 @@ else
 	fail "profiler" "$LOG/report"
 fi
 
+# fewer round trips: readahead on the node (k-means inputs) and at the origin
+# (its final pass over what node 1 wrote), and a thread going home carrying
+# its stack top (the origin then does not fault on it)
+stat_field() { # file node field-suffix -> the number before it on that node's stats line
+	grep "dex\[node $2\]: stats: faults" "$1" | grep -o "[0-9]* $3" | head -1 | cut -d' ' -f1
+}
+if DEX_STATS=1 run $DEXRUN -n 2 "$BUILD/kmeans" 2 400000 8 2; then
+	r1=$(stat_field "$LOG/out" 1 read)
+	p1=$(stat_field "$LOG/out" 1 "pages received")
+	r0=$(stat_field "$LOG/out" 0 read)
+	p0=$(stat_field "$LOG/out" 0 "pages received")
+	if [ $((r1 * 4)) -lt "$p1" ] && [ $((r0 * 4)) -lt "$p0" ]; then
+		pass "readahead: node 1 read-faulted $r1 times for $p1 pages, the origin $r0 times for $p0"
+	else
+		fail "readahead: node 1 $r1 read faults for $p1 pages, origin $r0 for $p0" "$LOG/out"
+	fi
+else
+	fail "readahead run" "$LOG/out"
+fi
+if DEX_STATS=1 run $DEXRUN -n 2 "$BUILD/migration_latency" 200 && w0=$(stat_field "$LOG/out" 0 write) &&
+	[ -n "$w0" ] && [ "$w0" -le 5 ]; then
+	pass "a thread going home carries its stack top: $w0 write faults at the origin in 201 returns"
+else
+	fail "stack top carried home (origin write faults: ${w0:-?})" "$LOG/out"
+fi
+
 # 5. applications: same answer without DEX and on 1, 2, 3 nodes
 soak=${DEX_SOAK:-1}
 app_runs() { # name args...

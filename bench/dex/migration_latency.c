@@ -33,12 +33,18 @@ static double median_us(uint64_t *v, int n)
 int main(int argc, char **argv)
 {
 	int reps = argc > 1 ? atoi(argv[1]) : 200;
+	if (reps < 1) {
+		fprintf(stderr, "usage: migration_latency [repetitions >= 1]\n");
+		return 2;
+	}
 	if (dex_nodes() < 2) {
 		fprintf(stderr, "run with dexrun -n 2\n");
 		return 2;
 	}
-	uint64_t *forward = calloc((size_t)reps, sizeof(uint64_t));
-	uint64_t *backward = calloc((size_t)reps, sizeof(uint64_t));
+	/* Written on node 1 and at the origin respectively: pages of their own,
+	 * so that recording a sample does not move a page between nodes. */
+	uint64_t *forward = dex_malloc_aligned(sizeof(uint64_t) * (size_t)reps);
+	uint64_t *backward = dex_malloc_aligned(sizeof(uint64_t) * (size_t)reps);
 	uint64_t t0 = now_ns();
 	dex_migrate(1);
 	uint64_t first_forward = now_ns() - t0;

@@ -1,52 +1,42 @@
 /*
- * Host -> host XPMEM attach throughput, as XEMEM's Fig. 5/6 and Table 2 measure it: an owner
- * process exports one region; another process attaches it repeatedly and we report
- * bytes attached per second of attach time.
+ * XPMEM attach throughput, as XEMEM's Fig. 5/6 and Table 2 measure it: an owner exports one
+ * region; an attacher attaches it repeatedly and we report bytes attached per second of attach
+ * time. The same source runs on the host and, built statically with musl, as an LWK job.
  *
  *   attach_bench BACKING MIB ITERATIONS MODE
- *     BACKING     4k (private anonymous memory, converted to memfd backing at make time)
- *                 2m (a 2 MiB hugetlb memfd, shared as it is)
- *     MODE        attach (attach only), touch (attach + touch one int per page),
+ *       host -> host: forks the owner, attaches from the parent (one mode)
+ *   attach_bench own NAME BACKING MIB [SECONDS]
+ *       exports MIB as the named segment NAME (xemem_make), prints "made", and waits until an
+ *       attacher signals that it has finished (bench_common.h), at most SECONDS (default 900),
+ *       then removes it
+ *   attach_bench attach NAME MIB ATTACHES TOUCHES [MODE...]
+ *       finds NAME (another enclave's segment), gets it and runs the modes given, or every mode
+ *       (attach: ATTACHES times; the others: TOUCHES times), then signals the owner
+ *
+ *     BACKING     4k (private anonymous memory; on the host converted to memfd backing at make
+ *                 time) or 2m (a 2 MiB hugetlb memfd, shared as it is; host only)
+ *     MODE        attach (attach only), prefault (attach with every page mapped at once: host
+ *                 libxpmem's CLOWDER_XEMEM_PREFAULT=1), touch (attach + touch one int per page),
  *                 read (attach + read every byte, summed as 64-bit words)
  *
- * Prints one line: backing, MiB, iterations, mode, GB/s, median attach us, detach us, and the
- * single-core read bandwidth of a local buffer of the same size in the same run (the limit the
- * attach+read figure is held against).
+ * One line per mode: mode, MiB, iterations, GB/s, median attach us, mean detach us, the
+ * single-core read bandwidth of a local buffer in the same run (the limit attach+read is held
+ * against) and that buffer's MiB (the region's size, halved until it fits: an LWK enclave
+ * cannot hold a second copy of a large region). In an LWK job, the attach role adds a "self"
+ * line: the job attaching its own buffer of the region's size through the enclave's own name
+ * server (the kernel's resolve + map with no host involved), the kernel's share of a host
+ * attach.
  */
-#define _GNU_SOURCE
-#include <errno.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "bench_common.h"
+
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
-#include <xpmem.h>
-
-#define PAGE 4096UL
-
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void die(const char *what)
-{
-	fprintf(stderr, "attach_bench: %s: %s\n", what, strerror(errno));
-	exit(1);
-}
-
-static int compare(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return x < y ? -1 : x > y;
-}
+static const char *program = "attach_bench";
+/* Where the sums end up, so the compiler keeps the reads. */
+static volatile uint64_t kept_sum;
 
 static uint64_t sum_words(const uint64_t *p, size_t bytes)
 {
@@ -66,95 +56,254 @@ static void *owner_region(int huge, size_t bytes)
 	if (huge) {
 		int fd = memfd_create("bench", MFD_CLOEXEC | MFD_HUGETLB | (21 << 26) /* MFD_HUGE_2MB */);
 		if (fd < 0 || ftruncate(fd, bytes) < 0)
-			die("hugetlb memfd (reserve vm.nr_hugepages)");
+			die(program, "hugetlb memfd (reserve vm.nr_hugepages)");
 		p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	} else {
 		p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	}
 	if (p == MAP_FAILED)
-		die("mmap");
+		die(program, "mmap");
 	for (size_t i = 0; i < bytes; i += PAGE)
 		((volatile char *)p)[i] = (char)(i / PAGE);
 	return p;
 }
 
-int main(int argc, char **argv)
+static int parse_backing(const char *text)
 {
-	if (argc != 5) {
-		fprintf(stderr, "usage: %s 4k|2m MIB ITERATIONS attach|touch|read\n", argv[0]);
-		return 2;
-	}
-	int huge = !strcmp(argv[1], "2m");
-	size_t bytes = (size_t)atol(argv[2]) << 20;
-	int iterations = atoi(argv[3]);
-	const char *mode = argv[4];
-	int touch = !strcmp(mode, "touch"), read_all = !strcmp(mode, "read");
-	int sync[2];
-	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sync) < 0)
-		die("socketpair");
-	pid_t owner = fork();
-	if (owner == 0) {
-		void *p = owner_region(huge, bytes);
-		xpmem_segid_t segid = xpmem_make(p, bytes, XPMEM_PERMIT_MODE, (void *)0600);
-		if (segid <= 0)
-			die("xpmem_make");
-		if (write(sync[1], &segid, sizeof segid) != sizeof segid)
-			die("write");
-		char done;
-		if (read(sync[1], &done, 1) < 0)
-			die("read");
-		xpmem_remove(segid);
-		_exit(0);
-	}
-	xpmem_segid_t segid;
-	if (read(sync[0], &segid, sizeof segid) != sizeof segid)
-		die("owner failed");
-	xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
-	if (apid <= 0)
-		die("xpmem_get");
+	if (!strcmp(text, "4k") || !strcmp(text, "2m"))
+		return !strcmp(text, "2m");
+	fprintf(stderr, "%s: backing must be 4k or 2m, got %s\n", program, text);
+	exit(2);
+}
 
-	/* The limit: one core reading a local buffer of the same size. */
-	uint64_t *local = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+static size_t parse_mib(const char *text)
+{
+	char *end;
+	long mib = strtol(text, &end, 10);
+	if (*end || mib <= 0 || mib > 65536) {
+		fprintf(stderr, "%s: MIB must be 1..65536, got %s\n", program, text);
+		exit(2);
+	}
+	return (size_t)mib << 20;
+}
+
+static int parse_count(const char *text)
+{
+	char *end;
+	long count = strtol(text, &end, 10);
+	if (*end || count <= 0 || count > 1000000) {
+		fprintf(stderr, "%s: expected a whole number from 1 to 1000000, got %s\n", program, text);
+		exit(2);
+	}
+	return (int)count;
+}
+
+/* A local buffer read by one core: the same size as the region, halved until it fits. */
+struct local_read {
+	double gbs;
+	size_t bytes;
+};
+
+static struct local_read local_read_bandwidth(size_t bytes, uint64_t *sink)
+{
+	uint64_t *local = MAP_FAILED;
+	for (; bytes >= (16UL << 20); bytes /= 2) {
+		local = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+		if (local != MAP_FAILED)
+			break;
+	}
 	if (local == MAP_FAILED)
-		die("local buffer");
+		die(program, "local buffer");
 	memset(local, 1, bytes);
-	double best_read = 1e9;
-	uint64_t sink = 0;
+	double best = 1e9;
 	for (int i = 0; i < 3; i++) {
 		double t0 = now();
-		sink += sum_words(local, bytes);
+		*sink += sum_words(local, bytes);
 		double t = now() - t0;
-		if (t < best_read)
-			best_read = t;
+		if (t < best)
+			best = t;
 	}
 	munmap(local, bytes);
+	return (struct local_read){ bytes / best / 1e9, bytes };
+}
 
+enum mode { ATTACH, PREFAULT, TOUCH, READ };
+static const char *const mode_names[] = { "attach", "prefault", "touch", "read" };
+
+static enum mode parse_mode(const char *text)
+{
+	for (int m = ATTACH; m <= READ; m++)
+		if (!strcmp(text, mode_names[m]))
+			return m;
+	fprintf(stderr, "%s: mode must be attach, prefault, touch or read, got %s\n", program, text);
+	exit(2);
+}
+
+/* Attaches the permit's BYTES ITERATIONS times in MODE; prints the mode's line. */
+static void measure(const char *label, xpmem_apid_t apid, size_t bytes, int iterations, enum mode mode, struct local_read local, uint64_t *sink)
+{
+	setenv("CLOWDER_XEMEM_PREFAULT", mode == PREFAULT ? "1" : "0", 1);
 	double *attach_times = malloc(iterations * sizeof *attach_times);
+	if (!attach_times)
+		die(program, "malloc");
 	double total = 0, detach_total = 0;
 	for (int i = 0; i < iterations; i++) {
 		double t0 = now();
 		char *p = xpmem_attach((struct xpmem_addr){ apid, 0 }, bytes, NULL);
 		if (p == (void *)-1)
-			die("xpmem_attach");
-		if (touch)
+			die(program, "xpmem_attach");
+		if (mode == TOUCH)
 			for (size_t at = 0; at < bytes; at += PAGE)
-				sink += ((volatile char *)p)[at];
-		if (read_all)
-			sink += sum_words((const uint64_t *)p, bytes);
+				*sink += ((volatile char *)p)[at];
+		if (mode == READ)
+			*sink += sum_words((const uint64_t *)p, bytes);
 		double t1 = now();
 		if (xpmem_detach(p) < 0)
-			die("xpmem_detach");
+			die(program, "xpmem_detach");
 		detach_total += now() - t1;
 		attach_times[i] = t1 - t0;
 		total += t1 - t0;
 	}
-	qsort(attach_times, iterations, sizeof *attach_times, compare);
-	printf("%s %zu %d %s %.2f %.1f %.1f %.2f %llu\n", argv[1], bytes >> 20, iterations, mode,
-	       (double)bytes * iterations / total / 1e9, attach_times[iterations / 2] * 1e6,
-	       detach_total / iterations * 1e6, (double)bytes / best_read / 1e9, (unsigned long long)(sink & 1));
+	printf("%s %zu %d %.2f %.1f %.1f %.2f %zu\n", label, bytes >> 20, iterations, (double)bytes * iterations / total / 1e9,
+	       quantile(attach_times, iterations, 0.5) * 1e6, detach_total / iterations * 1e6, local.gbs, local.bytes >> 20);
+	fflush(stdout);
+	free(attach_times);
+}
+
+/* host -> host: the owner is a forked child, the rendezvous a socketpair. */
+static int run_pair(int argc, char **argv)
+{
+	if (argc != 5) {
+		fprintf(stderr, "usage: %s 4k|2m MIB ITERATIONS attach|prefault|touch|read\n", argv[0]);
+		return 2;
+	}
+	int huge = parse_backing(argv[1]);
+	size_t bytes = parse_mib(argv[2]);
+	int iterations = parse_count(argv[3]);
+	enum mode mode = parse_mode(argv[4]);
+	int sync[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sync) < 0)
+		die(program, "socketpair");
+	pid_t owner = fork();
+	if (owner == 0) {
+		void *p = owner_region(huge, bytes);
+		xpmem_segid_t segid = xpmem_make(p, bytes, XPMEM_PERMIT_MODE, (void *)0600);
+		if (segid <= 0)
+			die(program, "xpmem_make");
+		if (write(sync[1], &segid, sizeof segid) != sizeof segid)
+			die(program, "write");
+		char done;
+		if (read(sync[1], &done, 1) < 0)
+			die(program, "read");
+		xpmem_remove(segid);
+		_exit(0);
+	}
+	xpmem_segid_t segid;
+	if (read(sync[0], &segid, sizeof segid) != sizeof segid)
+		die(program, "owner failed");
+	xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
+	if (apid <= 0)
+		die(program, "xpmem_get");
+	uint64_t sink = 0;
+	struct local_read local = local_read_bandwidth(bytes, &sink);
+	measure(mode_names[mode], apid, bytes, iterations, mode, local, &sink);
 	xpmem_release(apid);
 	if (write(sync[0], "x", 1) < 0)
-		die("write");
+		die(program, "write");
 	waitpid(owner, NULL, 0);
+	kept_sum = sink;
 	return 0;
+}
+
+static int run_owner(int argc, char **argv)
+{
+	if (argc != 5 && argc != 6) {
+		fprintf(stderr, "usage: %s own NAME 4k|2m MIB [SECONDS]\n", argv[0]);
+		return 2;
+	}
+	const char *name = argv[2];
+	int huge = parse_backing(argv[3]);
+	size_t bytes = parse_mib(argv[4]);
+	int seconds = argc == 6 ? parse_count(argv[5]) : 900;
+	void *p = owner_region(huge, bytes);
+	xpmem_segid_t segid = xemem_make(p, bytes, name);
+	if (segid <= 0)
+		die(program, "xemem_make");
+	printf("made %s: segment of enclave %lld\n", name, (long long)(segid >> 32));
+	fflush(stdout);
+	int waited = wait_done(p, bytes, seconds);
+	if (xpmem_remove(segid) < 0)
+		die(program, "xpmem_remove");
+	if (waited < 0) {
+		fprintf(stderr, "%s: no attacher signalled within %d s\n", program, seconds);
+		return 1;
+	}
+	printf("removed %s\n", name);
+	return 0;
+}
+
+/* The kernel's share of an attach in an LWK job: the job attaches its own buffer of the same
+ * size through the enclave's own name server, with no host involved. */
+static void measure_self_attach(size_t bytes, int iterations, struct local_read local, uint64_t *sink)
+{
+	void *own = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+	if (own == MAP_FAILED) {
+		printf("self %zu 0 skipped: no room for a second buffer of this size in the enclave\n", bytes >> 20);
+		return;
+	}
+	xpmem_segid_t segid = xpmem_make(own, bytes, XPMEM_PERMIT_MODE, (void *)0600);
+	xpmem_apid_t apid = segid > 0 ? xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL) : -1;
+	if (apid <= 0)
+		die(program, "self make/get");
+	measure("self", apid, bytes, iterations, ATTACH, local, sink);
+	xpmem_release(apid);
+	xpmem_remove(segid);
+	munmap(own, bytes);
+}
+
+static int run_attacher(int argc, char **argv)
+{
+	if (argc < 6) {
+		fprintf(stderr, "usage: %s attach NAME MIB ATTACHES TOUCHES [MODE...]\n", argv[0]);
+		return 2;
+	}
+	size_t bytes = parse_mib(argv[3]);
+	int attaches = parse_count(argv[4]), touches = parse_count(argv[5]);
+	/* Which modes to run: all by default (prefault only on the host). */
+	int wanted[READ + 1] = { 1, 1, 1, 1 };
+	if (argc > 6) {
+		memset(wanted, 0, sizeof wanted);
+		for (int i = 6; i < argc; i++)
+			wanted[parse_mode(argv[i])] = 1;
+	}
+	xpmem_segid_t segid = find_named(program, argv[2]);
+	xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
+	if (apid <= 0)
+		die(program, "xpmem_get");
+	uint64_t sink = 0;
+	struct local_read local = local_read_bandwidth(bytes, &sink);
+	/* In an LWK job (the device backend) every attach maps every page: no prefault mode. */
+	int device = open("/dev/xpmem", O_RDWR);
+	int in_lwk = device >= 0;
+	if (in_lwk)
+		close(device);
+	wanted[PREFAULT] &= !in_lwk;
+	for (int m = ATTACH; m <= READ; m++)
+		if (wanted[m])
+			measure(mode_names[m], apid, bytes, m == ATTACH ? attaches : touches, m, local, &sink);
+	signal_done(program, apid, bytes);
+	xpmem_release(apid);
+	if (in_lwk && wanted[ATTACH])
+		measure_self_attach(bytes, touches, local, &sink);
+	kept_sum = sink;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 1 && !strcmp(argv[1], "own"))
+		return run_owner(argc, argv);
+	if (argc > 1 && !strcmp(argv[1], "attach"))
+		return run_attacher(argc, argv);
+	return run_pair(argc, argv);
 }

@@ -49,6 +49,14 @@ struct dex_mailbox {
 	char *payload; /* DEX_MAX_PAYLOAD bytes of local memory */
 };
 
+/* A run of pages a thread faults through in order (prefetch, runtime.c). */
+struct dex_fault_stream {
+	uint32_t next_page; /* the page after the last one requested */
+	uint8_t window;     /* extra pages asked for last time */
+	uint8_t write;
+};
+#define DEX_FAULT_STREAMS 8
+
 struct dex_thread {
 	uint32_t role;
 	uint32_t thread_id;   /* app thread currently running here */
@@ -63,6 +71,8 @@ struct dex_thread {
 	struct dex_context app_context;
 	struct dex_context pool_context;
 	struct dex_mailbox mail;
+	struct dex_fault_stream streams[DEX_FAULT_STREAMS];
+	uint32_t next_stream_slot; /* round robin replacement */
 	char *scratch; /* DEX_MAX_PAYLOAD bytes for building messages */
 	/* Retired blocks are reused only after their OS thread is gone: the
 	 * kernel clears exit_word (CLONE_CHILD_CLEARTID-style, through
@@ -158,6 +168,7 @@ struct dex_runtime {
 	long tid_offset; /* offset of tid in glibc's struct pthread */
 	/* counters, printed at exit with DEX_STATS=1 */
 	uint64_t faults_read, faults_write, pages_received, invalidations_served, syscalls_delegated;
+	uint64_t pages_prefetched;
 	uint64_t migrations_in, migration_ns_total, workers_created;
 	uint64_t layout_queries, layout_revokes; /* vma.c */
 };
@@ -186,6 +197,9 @@ void dex_install_signal_handlers(void);
 void dex_start_service_thread(void *(*fn)(void *), void *arg);
 void dex_origin_shutdown_nodes(int status);
 void dex_prefault(uintptr_t addr, size_t len, bool write);
+void dex_dsm_fetch_ahead(uintptr_t addr, size_t len, bool write);
+void dex_dsm_send_migrate_home(struct dex_msg_migrate *m, uintptr_t addr, size_t len);
+void dex_dsm_accept_carried(unsigned from, const struct dex_msg_migrate *m);
 void dex_note_arrival(uint64_t sent_ns);
 void dex_print_stats(void);
 void dex_dsm_reprotect(uintptr_t page_addr);
@@ -199,7 +213,7 @@ void dex_sigreturn_trampoline(void);
 uint64_t dex_get_fs_base(void);
 void dex_set_fs_base(uint64_t fs);
 void dex_node_handle_migrate(const struct dex_msg_header *h, const struct dex_msg_migrate *m);
-void dex_node_start_spare_worker(void);
+void dex_node_start_workers(void);
 void dex_origin_handle_migrate(const struct dex_msg_header *h, const struct dex_msg_migrate *m);
 
 /* syscall.c */

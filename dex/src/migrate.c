@@ -88,17 +88,24 @@ void dex_set_fs_base(uint64_t fs)
 
 /* The first thing a resumed thread does is read and then write its stack
  * (return address, locals): taking the page for writing up front costs one
- * fault instead of a read fault followed by an upgrade. */
+ * fault instead of a read fault followed by an upgrade. The receiver that
+ * hands the thread over already asks for it (dex_dsm_fetch_ahead), so the
+ * request travels while the thread wakes up. */
+#define STACK_TOP_CLAIM 256
+#define STACK_TOP_CLAIM_BYTES (STACK_TOP_CLAIM + 64)
 static void claim_stack_top(const struct dex_context *c)
 {
-	dex_prefault(c->rsp - 256, 256 + 64, true);
+	dex_prefault(c->rsp - STACK_TOP_CLAIM, STACK_TOP_CLAIM_BYTES, true);
 }
 
 static void send_migrate(unsigned peer, const struct dex_thread *t)
 {
 	struct dex_msg_migrate m = { .thread = t->thread_id, .target = t->migrate_target, .sent_ns = t->departed_ns,
 				     .trace_tag = t->trace_tag, .context = t->app_context };
-	dex_send(peer, DEX_MSG_MIGRATE, &m, sizeof(m), NULL, 0);
+	if (peer == 0 && m.target == 0)
+		dex_dsm_send_migrate_home(&m, m.context.rsp - STACK_TOP_CLAIM, STACK_TOP_CLAIM_BYTES);
+	else
+		dex_send(peer, DEX_MSG_MIGRATE, &m, sizeof(m), NULL, 0);
 }
 
 /* Origin side, on the thread's private runtime stack: hand the context to
@@ -198,13 +205,38 @@ static struct dex_thread *new_worker(bool idle)
 
 /* A node keeps one idle worker ready, so an arriving thread never waits
  * for a thread to be created (about 80 us idle, milliseconds on a loaded
- * machine); the replacement is created after the arrival is handed over. */
-void dex_node_start_spare_worker(void)
+ * machine). */
+static void start_spare_worker(void)
 {
 	dex_lock_acquire(&dex_rt.workers_lock);
 	struct dex_thread *spare = new_worker(true);
 	dex_lock_release(&dex_rt.workers_lock);
 	dex_start_service_thread(worker_main, spare);
+}
+
+/* Replacements are created by a thread of their own, not by the receiver:
+ * the receiver serves the origin's page requests, and the thread that just
+ * arrived is about to need them (a new spare used to delay its first
+ * migration back by tens of microseconds). */
+static uint32_t spare_wanted; /* futex word */
+
+static void *spare_maker(void *arg)
+{
+	(void)arg;
+	dex_tls_runtime_thread = 1;
+	dex_thread_create_block(DEX_ROLE_SERVICE);
+	for (;;) {
+		while (!__atomic_exchange_n(&spare_wanted, 0, __ATOMIC_ACQ_REL))
+			futex_wait_while(&spare_wanted, 0);
+		start_spare_worker();
+	}
+	return NULL;
+}
+
+void dex_node_start_workers(void)
+{
+	start_spare_worker();
+	dex_start_service_thread(spare_maker, NULL);
 }
 
 void dex_node_handle_migrate(const struct dex_msg_header *h, const struct dex_msg_migrate *m)
@@ -230,11 +262,14 @@ void dex_node_handle_migrate(const struct dex_msg_header *h, const struct dex_ms
 		fresh = true;
 	}
 	dex_lock_release(&dex_rt.workers_lock);
+	dex_dsm_fetch_ahead(m->context.rsp - STACK_TOP_CLAIM, STACK_TOP_CLAIM_BYTES, true);
 	dex_mail_post(t, h, m);
 	if (fresh)
 		dex_start_service_thread(worker_main, t);
-	if (!spare_left)
-		dex_node_start_spare_worker();
+	if (!spare_left) {
+		__atomic_store_n(&spare_wanted, 1, __ATOMIC_RELEASE);
+		raw_futex(&spare_wanted, FUTEX_WAKE, 1);
+	}
 }
 
 void dex_origin_handle_migrate(const struct dex_msg_header *h, const struct dex_msg_migrate *m)
@@ -243,6 +278,8 @@ void dex_origin_handle_migrate(const struct dex_msg_header *h, const struct dex_
 	if (!t || dex_rt.thread_location[m->thread] != h->from)
 		dex_fatal("rejected MIGRATE from node %u for thread %u that is not there", h->from, m->thread);
 	if (m->target == 0) {
+		dex_dsm_accept_carried(h->from, m);
+		dex_dsm_fetch_ahead(m->context.rsp - STACK_TOP_CLAIM, STACK_TOP_CLAIM_BYTES, true);
 		dex_mail_post(t, h, m);
 		return;
 	}

@@ -58,6 +58,15 @@ static void complete_request(struct dsm_dir_page *p, uint32_t page, unsigned nod
 	emit_action(emit, ctx, DSM_ACT_GRANT, node, page, write ? DSM_WRITE : DSM_READ, with_data);
 }
 
+/* Whether start_request on this idle page completes at once, without
+ * asking another node for the page or for invalidations. */
+static bool completes_at_once(const struct dsm_dir_page *p, unsigned node, bool write)
+{
+	if (p->exclusive)
+		return lowest_node(p->owners) == ORIGIN;
+	return !write || !(p->owners & ~BIT(node) & ~BIT(ORIGIN));
+}
+
 /* Serve one request on an idle page. Returns true if it completed now. */
 static bool start_request(struct dsm_dir_page *p, uint32_t page, unsigned node, bool write, dsm_emit_fn emit,
 			  void *ctx)
@@ -191,17 +200,11 @@ int dsm_dir_request(struct dsm_dir *dir, uint32_t page, unsigned node, bool writ
 	return DSM_OK;
 }
 
-int dsm_dir_ack(struct dsm_dir *dir, uint32_t page, unsigned node, bool with_data, dsm_emit_fn emit, void *ctx)
+/* `node` answered the invalidation of a busy page; it keeps a read-only
+ * copy when the invalidation asked for that, unless it released the page. */
+static int finish_ack(struct dsm_dir *dir, struct dsm_dir_page *p, uint32_t page, unsigned node, bool released,
+		      dsm_emit_fn emit, void *ctx)
 {
-	if (page >= dir->npages || node >= dir->nodes || node == ORIGIN)
-		return DSM_E_RANGE;
-	struct dsm_dir_page *p = &dir->pages[page];
-	if (!p->busy || !(p->acks_pending & BIT(node)))
-		return DSM_E_UNEXPECTED;
-	/* Data is expected exactly when we fetched from an exclusive writer. */
-	bool expect_data = p->exclusive;
-	if (with_data != expect_data)
-		return DSM_E_UNEXPECTED;
 	p->acks_pending &= ~BIT(node);
 	if (p->acks_pending)
 		return DSM_OK;
@@ -217,7 +220,7 @@ int dsm_dir_ack(struct dsm_dir *dir, uint32_t page, unsigned node, bool with_dat
 		if (write) {
 			p->owners = 0;
 		} else {
-			p->owners = BIT(former) | BIT(ORIGIN);
+			p->owners = (released ? 0 : BIT(former)) | BIT(ORIGIN);
 			emit_action(emit, ctx, DSM_ACT_SET_ORIGIN_ACCESS, ORIGIN, page, DSM_READ, false);
 		}
 		/* The requester cannot have been the exclusive owner (it would
@@ -230,6 +233,60 @@ int dsm_dir_ack(struct dsm_dir *dir, uint32_t page, unsigned node, bool with_dat
 	complete_request(p, page, requester, write, had_copy, emit, ctx);
 	drain_queue(dir, p, page, emit, ctx);
 	return DSM_OK;
+}
+
+int dsm_dir_ack(struct dsm_dir *dir, uint32_t page, unsigned node, bool with_data, dsm_emit_fn emit, void *ctx)
+{
+	if (page >= dir->npages || node >= dir->nodes || node == ORIGIN)
+		return DSM_E_RANGE;
+	struct dsm_dir_page *p = &dir->pages[page];
+	if (!p->busy || !(p->acks_pending & BIT(node)))
+		return DSM_E_UNEXPECTED;
+	/* Data is expected exactly when we fetched from an exclusive writer. */
+	bool expect_data = p->exclusive;
+	if (with_data != expect_data)
+		return DSM_E_UNEXPECTED;
+	return finish_ack(dir, p, page, node, false, emit, ctx);
+}
+
+int dsm_dir_release(struct dsm_dir *dir, uint32_t page, unsigned node, dsm_emit_fn emit, void *ctx)
+{
+	if (page >= dir->npages || node >= dir->nodes || node == ORIGIN)
+		return DSM_E_RANGE;
+	struct dsm_dir_page *p = &dir->pages[page];
+	if (!(p->owners & BIT(node)) || (p->exclusive && p->owners != BIT(node)))
+		return DSM_E_UNEXPECTED;
+	if (p->busy)
+		return (p->acks_pending & BIT(node)) ? finish_ack(dir, p, page, node, true, emit, ctx)
+						     : DSM_E_UNEXPECTED;
+	if (p->exclusive) {
+		p->owners = BIT(ORIGIN);
+		emit_action(emit, ctx, DSM_ACT_SET_ORIGIN_ACCESS, ORIGIN, page, DSM_WRITE, false);
+	} else {
+		p->owners &= ~BIT(node); /* the origin, an owner, keeps the current bytes */
+	}
+	return DSM_OK;
+}
+
+int dsm_dir_prefetch(struct dsm_dir *dir, uint32_t page, unsigned node, bool write, dsm_emit_fn emit, void *ctx)
+{
+	if (page >= dir->npages || node >= dir->nodes || node == ORIGIN)
+		return DSM_E_RANGE;
+	struct dsm_dir_page *p = &dir->pages[page];
+	if (p->busy || request_already_satisfied(p, node, write) || !completes_at_once(p, node, write))
+		return 0;
+	start_request(p, page, node, write, emit, ctx);
+	return 1;
+}
+
+unsigned dsm_dir_sole_remote_owner(const struct dsm_dir *dir, uint32_t page)
+{
+	if (page >= dir->npages)
+		return ORIGIN;
+	const struct dsm_dir_page *p = &dir->pages[page];
+	if (p->busy || !p->exclusive)
+		return ORIGIN;
+	return lowest_node(p->owners);
 }
 
 enum dsm_access dsm_dir_access(const struct dsm_dir *dir, uint32_t page, unsigned node)
@@ -247,23 +304,47 @@ enum dsm_fault_decision dsm_node_fault(uint8_t *state, uint8_t *inflight, bool w
 	enum dsm_access need = write ? DSM_WRITE : DSM_READ;
 	if (*state >= need)
 		return DSM_FAULT_RETRY;
-	if (*inflight)
+	if (*inflight & DSM_REQUESTED)
 		return DSM_FAULT_FOLLOW;
-	*inflight = 1;
+	*inflight |= DSM_REQUESTED;
 	return DSM_FAULT_LEAD;
 }
 
+/* Any answer to a request was sent after the origin had seen every earlier
+ * release of the page, so no invalidation can still cross one: both
+ * flags clear. */
 int dsm_node_grant(uint8_t *state, uint8_t *inflight, enum dsm_access access)
 {
-	if (!*inflight || access == DSM_NONE || access > DSM_WRITE)
+	if (!(*inflight & DSM_REQUESTED) || access == DSM_NONE || access > DSM_WRITE)
 		return DSM_E_UNEXPECTED;
 	*state = (uint8_t)access;
 	*inflight = 0;
 	return DSM_OK;
 }
 
-int dsm_node_invalidate(uint8_t *state, enum dsm_access new_access)
+int dsm_node_decline(uint8_t *inflight)
 {
+	if (!(*inflight & DSM_REQUESTED))
+		return DSM_E_UNEXPECTED;
+	*inflight = 0;
+	return DSM_OK;
+}
+
+int dsm_node_release(uint8_t *state, uint8_t *inflight)
+{
+	if (*state == DSM_NONE || (*inflight & DSM_REQUESTED))
+		return DSM_E_UNEXPECTED;
+	*state = DSM_NONE;
+	*inflight = DSM_RELEASED;
+	return DSM_OK;
+}
+
+int dsm_node_invalidate(uint8_t *state, uint8_t *inflight, enum dsm_access new_access)
+{
+	if (*state == DSM_NONE && (*inflight & DSM_RELEASED) && new_access <= DSM_READ) {
+		*inflight &= (uint8_t)~DSM_RELEASED;
+		return DSM_CROSSED;
+	}
 	if (new_access >= *state || new_access > DSM_READ)
 		return DSM_E_UNEXPECTED;
 	*state = (uint8_t)new_access;
@@ -287,6 +368,7 @@ static const char *const type_names[DEX_MSG_TYPE_END] = {
 	[DEX_MSG_PONG] = "PONG",
 	[DEX_MSG_VMA_REVOKE] = "VMA_REVOKE",
 	[DEX_MSG_VMA_REVOKE_ACK] = "VMA_REVOKE_ACK",
+	[DEX_MSG_PAGE_PREFETCH] = "PAGE_PREFETCH",
 };
 
 const char *dex_msg_type_name(unsigned type)
@@ -319,6 +401,7 @@ static size_t fixed_size(unsigned type)
 	case DEX_MSG_SHUTDOWN: return sizeof(struct dex_msg_shutdown);
 	case DEX_MSG_VMA_REVOKE: return sizeof(struct dex_msg_vma_revoke);
 	case DEX_MSG_VMA_REVOKE_ACK: return sizeof(struct dex_msg_vma_revoke_ack);
+	case DEX_MSG_PAGE_PREFETCH: return sizeof(struct dex_msg_page_prefetch);
 	default: return 0;
 	}
 }
@@ -345,6 +428,17 @@ static bool page_address_valid(uint64_t address, const struct dex_validation_lim
 	for (unsigned i = 0; i < lim->nregions; i++)
 		if (address >= lim->regions[i].start && address < lim->regions[i].end)
 			return true;
+	return false;
+}
+
+/* `pages` pages from `address`, all inside one shared region. */
+static bool page_run_valid(uint64_t address, uint64_t pages, const struct dex_validation_limits *lim)
+{
+	if (address % DEX_PAGE_SIZE || !pages)
+		return false;
+	for (unsigned i = 0; i < lim->nregions; i++)
+		if (address >= lim->regions[i].start && address < lim->regions[i].end)
+			return pages <= (lim->regions[i].end - address) / DEX_PAGE_SIZE;
 	return false;
 }
 
@@ -382,7 +476,23 @@ const char *dex_msg_check(const struct dex_msg_header *h, const void *payload, c
 			return "PAGE_REQUEST has trailing bytes";
 		if (m->write > 1)
 			return "PAGE_REQUEST write flag not 0/1";
-		return page_address_valid(m->address, lim) ? NULL : "page address outside shared regions";
+		if (m->extra > DEX_PREFETCH_MAX)
+			return "PAGE_REQUEST asks for too many extra pages";
+		return page_run_valid(m->address, 1 + (uint64_t)m->extra, lim) ? NULL
+									: "page address outside shared regions";
+	}
+	case DEX_MSG_PAGE_PREFETCH: {
+		const struct dex_msg_page_prefetch *m = payload;
+		if (m->count == 0 || m->count > DEX_PREFETCH_MAX)
+			return "PAGE_PREFETCH count out of range";
+		if (m->access != DSM_READ && m->access != DSM_WRITE)
+			return "PAGE_PREFETCH access invalid";
+		if (m->granted >> m->count || (m->with_data & ~m->granted))
+			return "PAGE_PREFETCH bits name pages not granted or past count";
+		if (!page_run_valid(m->address, m->count, lim))
+			return "page address outside shared regions";
+		size_t want = fixed + (size_t)__builtin_popcountll(m->with_data) * DEX_PAGE_SIZE;
+		return h->length == want ? NULL : "PAGE_PREFETCH length does not match its pages";
 	}
 	case DEX_MSG_PAGE_GRANT: {
 		const struct dex_msg_page_grant *m = payload;
@@ -398,22 +508,30 @@ const char *dex_msg_check(const struct dex_msg_header *h, const void *payload, c
 		const struct dex_msg_invalidate *m = payload;
 		if (h->length != fixed)
 			return "INVALIDATE has trailing bytes";
-		if (m->access > DSM_READ || m->want_data > 1)
+		if (m->access > DSM_READ || m->want_data > 1 || m->count == 0 || m->count > DEX_PREFETCH_MAX)
 			return "INVALIDATE fields invalid";
-		return page_address_valid(m->address, lim) ? NULL : "page address outside shared regions";
+		return page_run_valid(m->address, m->count, lim) ? NULL : "page address outside shared regions";
 	}
 	case DEX_MSG_INVALIDATE_ACK: {
 		const struct dex_msg_invalidate_ack *m = payload;
 		if (m->with_data > 1)
 			return "INVALIDATE_ACK with_data not 0/1";
-		if (!page_address_valid(m->address, lim))
+		if (m->count == 0 || m->count > DEX_PREFETCH_MAX)
+			return "INVALIDATE_ACK count out of range";
+		if (!page_run_valid(m->address, m->count, lim))
 			return "page address outside shared regions";
-		return check_data_length(h->length, fixed, m->with_data);
+		return h->length == fixed + (m->with_data ? (size_t)m->count * DEX_PAGE_SIZE : 0)
+			       ? NULL
+			       : "INVALIDATE_ACK length does not match its pages";
 	}
 	case DEX_MSG_MIGRATE: {
 		const struct dex_msg_migrate *m = payload;
-		if (h->length != fixed)
-			return "MIGRATE has trailing bytes";
+		if (m->carried_pages > DEX_MIGRATE_MAX_CARRIED || (m->carried_pages && m->target != 0))
+			return "MIGRATE carries pages it may not";
+		if (m->carried_pages && !page_run_valid(m->carried_address, m->carried_pages, lim))
+			return "MIGRATE carries pages outside shared regions";
+		if (h->length != fixed + (size_t)m->carried_pages * DEX_PAGE_SIZE)
+			return "MIGRATE length does not match its pages";
 		if (m->thread >= lim->max_threads)
 			return "MIGRATE thread id out of range";
 		if (m->target >= lim->nodes)

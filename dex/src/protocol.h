@@ -82,6 +82,7 @@ enum dsm_error {
 	DSM_E_RANGE = -1,       /* page or node out of range */
 	DSM_E_UNEXPECTED = -2,  /* request or ack that the state does not allow */
 	DSM_E_QUEUE_FULL = -3,
+	DSM_CROSSED = 1,        /* an invalidation that crossed our release: nothing to do */
 };
 
 /* Caller provides all memory; pages[] and pool[] are initialised here:
@@ -101,6 +102,29 @@ int dsm_dir_request(struct dsm_dir *dir, uint32_t page, unsigned node, bool writ
 int dsm_dir_ack(struct dsm_dir *dir, uint32_t page, unsigned node, bool with_data, dsm_emit_fn emit,
 		void *ctx);
 
+/* Prefetch: a node that asks for a page may also ask for some following
+ * pages. Each extra page is granted only if that contacts no other node:
+ * the page is idle and, for a read, no remote node writes it or, for a
+ * write, no other remote node holds it. Returns 1 if granted (the actions
+ * are emitted as for a request), 0 if declined (nothing changes), or an
+ * error. */
+int dsm_dir_prefetch(struct dsm_dir *dir, uint32_t page, unsigned node, bool write, dsm_emit_fn emit,
+		     void *ctx);
+
+/* `node` gave up its copy of `page` on its own (a thread leaving the node
+ * took its stack top along). A writable copy comes with its bytes, which
+ * the caller stores in the origin's backing memory first (when
+ * dsm_dir_access says the node holds DSM_WRITE); the origin then holds the
+ * page alone. A read-only copy is simply dropped. If an invalidation of
+ * that copy was in flight, the release answers it, and the node drops the
+ * invalidation when it arrives (dsm_node_invalidate returns DSM_CROSSED). */
+int dsm_dir_release(struct dsm_dir *dir, uint32_t page, unsigned node, dsm_emit_fn emit, void *ctx);
+
+/* The node that alone holds `page` (writable) if the page is idle, so
+ * that fetching it is one invalidation of that node; 0 otherwise. The
+ * origin reads ahead only through pages of one such node. */
+unsigned dsm_dir_sole_remote_owner(const struct dsm_dir *dir, uint32_t page);
+
 /* Access `node` holds according to the directory (only meaningful when
  * the page is not busy). */
 enum dsm_access dsm_dir_access(const struct dsm_dir *dir, uint32_t page, unsigned node);
@@ -113,19 +137,33 @@ enum dsm_fault_decision {
 	DSM_FAULT_LEAD,    /* send the request; inflight is now set */
 };
 
-/* state/inflight are one byte per page, owned by the node. */
+/* state/inflight are one byte per page, owned by the node. inflight holds
+ * DSM_REQUESTED while a request is in flight and DSM_RELEASED after a
+ * release until the next answer (an invalidation may have crossed it). */
+enum { DSM_REQUESTED = 1, DSM_RELEASED = 2 };
 enum dsm_fault_decision dsm_node_fault(uint8_t *state, uint8_t *inflight, bool write);
 /* A grant arrived: valid only for a page with a request in flight. */
 int dsm_node_grant(uint8_t *state, uint8_t *inflight, enum dsm_access access);
-/* An invalidation arrived: valid only if it lowers the access we hold. */
-int dsm_node_invalidate(uint8_t *state, enum dsm_access new_access);
+/* Gives up a page held, with no request in flight (see dsm_dir_release);
+ * the node then holds nothing. */
+int dsm_node_release(uint8_t *state, uint8_t *inflight);
+/* The origin declined a prefetched page: valid only for a page with a
+ * request in flight; the access held stays. */
+int dsm_node_decline(uint8_t *inflight);
+/* An invalidation arrived: valid if it lowers the access we hold, or if it
+ * crossed our release of the page (DSM_CROSSED: no acknowledgement, the
+ * release was it). */
+int dsm_node_invalidate(uint8_t *state, uint8_t *inflight, enum dsm_access new_access);
 
 /* ----------------------------------------------------------- wire format */
 
 #define DEX_MSG_MAGIC 0xDE58u
 #define DEX_PROTOCOL_VERSION 1u
-#define DEX_MAX_PAYLOAD (64u * 1024u)
+#define DEX_MAX_PAYLOAD (256u * 1024u)
 #define DEX_SYSCALL_MAX_DATA (32u * 1024u)
+/* Most pages a request may ask for beyond the faulting one (the answer's
+ * data must fit one payload; one bit each in a 64-bit map). */
+#define DEX_PREFETCH_MAX 63u
 
 enum dex_msg_type {
 	DEX_MSG_HELLO = 1,         /* node -> origin, first message */
@@ -142,6 +180,7 @@ enum dex_msg_type {
 	DEX_MSG_PONG,              /* node -> origin */
 	DEX_MSG_VMA_REVOKE,        /* origin -> node: a range lost rights (munmap, mprotect down) */
 	DEX_MSG_VMA_REVOKE_ACK,    /* node -> origin: applied */
+	DEX_MSG_PAGE_PREFETCH,     /* origin -> node: answer for a request's extra pages */
 	DEX_MSG_TYPE_END
 };
 
@@ -172,7 +211,7 @@ struct dex_msg_welcome {
 struct dex_msg_page_request {
 	uint64_t address;
 	uint32_t write;
-	uint32_t reserved;
+	uint32_t extra; /* following pages also wanted (prefetch), <= DEX_PREFETCH_MAX */
 };
 
 /* Followed by DEX_PAGE_SIZE bytes when with_data. */
@@ -182,17 +221,32 @@ struct dex_msg_page_grant {
 	uint32_t with_data;
 };
 
+/* Answer for the `count` pages after a request's page: bit i of `granted`
+ * set means page i (from `address`) is granted `access`, clear means
+ * declined. The pages whose `with_data` bit is set follow, in order. */
+struct dex_msg_page_prefetch {
+	uint64_t address;
+	uint32_t count;
+	uint32_t access;
+	uint64_t granted;
+	uint64_t with_data;
+};
+
+/* `count` pages from `address` (more than one when the origin reads ahead
+ * through pages the node writes). */
 struct dex_msg_invalidate {
 	uint64_t address;
 	uint32_t access; /* new access: NONE or READ */
 	uint32_t want_data;
+	uint32_t count; /* 1 ... DEX_PREFETCH_MAX (the acknowledgement carries them all) */
+	uint32_t reserved;
 };
 
-/* Followed by DEX_PAGE_SIZE bytes when with_data. */
+/* Followed by count * DEX_PAGE_SIZE bytes when with_data. */
 struct dex_msg_invalidate_ack {
 	uint64_t address;
 	uint32_t with_data;
-	uint32_t reserved;
+	uint32_t count;
 };
 
 /* Callee-saved state of a thread stopped inside dex_migrate(). */
@@ -204,13 +258,19 @@ struct dex_context {
 	uint16_t reserved;
 };
 
+/* Followed by carried_pages pages: the top of the thread's stack, which
+ * the sending node released to the origin (only towards the origin). */
 struct dex_msg_migrate {
 	uint32_t thread;  /* dex thread id, issued by the origin */
 	uint32_t target;  /* node that must run the context */
 	uint64_t sent_ns; /* for latency accounting */
 	uint64_t trace_tag; /* the thread's profiler tag (dex_trace_tag) */
 	struct dex_context context;
+	uint64_t carried_address;
+	uint32_t carried_pages; /* 0 ... DEX_MIGRATE_MAX_CARRIED */
+	uint32_t reserved;
 };
+#define DEX_MIGRATE_MAX_CARRIED 2u
 
 /* Followed by data_length bytes (buffer contents, path, iovec data...). */
 struct dex_msg_syscall {

@@ -312,10 +312,12 @@ void dex_print_stats(void)
 	if (!getenv("DEX_STATS"))
 		return;
 	uint64_t in = dex_rt.migrations_in;
-	dex_log("stats: faults %llu read %llu write, %llu pages received, %llu invalidations served, "
+	dex_log("stats: faults %llu read %llu write, %llu pages received, %llu pages granted by prefetch, "
+		"%llu invalidations served, "
 		"%llu syscalls delegated, %llu arrivals (mean %.1f us in flight), %llu workers created",
 		(unsigned long long)dex_rt.faults_read, (unsigned long long)dex_rt.faults_write,
-		(unsigned long long)dex_rt.pages_received, (unsigned long long)dex_rt.invalidations_served,
+		(unsigned long long)dex_rt.pages_received, (unsigned long long)dex_rt.pages_prefetched,
+		(unsigned long long)dex_rt.invalidations_served,
 		(unsigned long long)dex_rt.syscalls_delegated, (unsigned long long)in,
 		in ? dex_rt.migration_ns_total / 1e3 / (double)in : 0.0, (unsigned long long)dex_rt.workers_created);
 	dex_log("stats: layout: %llu rights queries, %llu revokes broadcast (origin) or applied (node)",
@@ -394,14 +396,32 @@ static char *page_alias(uint32_t page)
 
 /* The DSM's access, capped by the page's mapping rights (vma.c): a page
  * unmapped or made read-only stays so whatever copy the DSM holds. */
-static void protect_page(uint32_t page, enum dsm_access access)
+static enum dsm_access capped_access(uint32_t page, enum dsm_access access)
+{
+	enum dsm_access cap = dex_vma_cap(page_address(page));
+	return access > cap ? cap : access;
+}
+
+/* `count` pages from `first` (in one region) get `access`, capped page by
+ * page; one mprotect per run of equal protection. */
+static void protect_pages(uint32_t first, uint32_t count, enum dsm_access access)
 {
 	static const int prot[] = { PROT_NONE, PROT_READ, PROT_READ | PROT_WRITE };
-	enum dsm_access cap = dex_vma_cap(page_address(page));
-	if (access > cap)
-		access = cap;
-	if (raw_syscall(SYS_mprotect, page_address(page), DEX_PAGE_SIZE, prot[access]) != 0)
-		dex_fatal("mprotect of shared page failed (vm.max_map_count too low?)");
+	for (uint32_t start = first, end = first + count; start < end;) {
+		enum dsm_access run_access = capped_access(start, access);
+		uint32_t stop = start + 1;
+		while (stop < end && capped_access(stop, access) == run_access)
+			stop++;
+		if (raw_syscall(SYS_mprotect, page_address(start), (size_t)(stop - start) * DEX_PAGE_SIZE,
+				prot[run_access]) != 0)
+			dex_fatal("mprotect of shared page failed (vm.max_map_count too low?)");
+		start = stop;
+	}
+}
+
+static void protect_page(uint32_t page, enum dsm_access access)
+{
+	protect_pages(page, 1, access);
 }
 
 void dex_dsm_reprotect(uintptr_t page_addr)
@@ -426,15 +446,84 @@ static void bump_epoch(void)
 	futex_wake_all(&dex_rt.dsm_epoch);
 }
 
+/* Decisions made together that travel in one message: the grants of a
+ * node's prefetched pages (one PAGE_PREFETCH), or the invalidations of a
+ * run of one node's pages for the origin's readahead (one INVALIDATE).
+ * origin_apply's context; without one every decision is sent alone. */
+struct apply_batch {
+	struct dex_msg_page_prefetch grants; /* collecting while .count != 0 */
+	uint32_t first_page;
+	/* The origin's own new access to each page (KEEP_ACCESS: unchanged),
+	 * applied before the granted pages' bytes are copied. */
+	uint8_t origin_access[DEX_PREFETCH_MAX];
+	bool collect_invalidations;
+	unsigned invalidated_node;
+	struct dex_msg_invalidate invalidations;
+};
+
+#define KEEP_ACCESS UINT8_MAX
+
+static void batch_grant(struct apply_batch *batch, const struct dsm_action *a)
+{
+	uint64_t bit = UINT64_C(1) << (a->page - batch->first_page);
+	batch->grants.granted |= bit;
+	if (a->with_data)
+		batch->grants.with_data |= bit;
+}
+
+/* Applies the origin's access changes a prefetch answer decided, one
+ * mprotect per run of equal access. */
+static void batch_apply_origin_access(struct apply_batch *batch)
+{
+	const uint8_t *access = batch->origin_access;
+	for (uint32_t start = 0, count = batch->grants.count; start < count;) {
+		uint32_t stop = start + 1;
+		while (stop < count && access[stop] == access[start])
+			stop++;
+		if (access[start] != KEEP_ACCESS) {
+			protect_pages(batch->first_page + start, stop - start, (enum dsm_access)access[start]);
+			memset(&dex_rt.page_state[batch->first_page + start], access[start], stop - start);
+		}
+		start = stop;
+	}
+}
+
+static void batch_invalidation(struct apply_batch *batch, const struct dsm_action *a)
+{
+	struct dex_msg_invalidate *run = &batch->invalidations;
+	uintptr_t addr = page_address(a->page);
+	if (!run->count) {
+		*run = (struct dex_msg_invalidate){ .address = addr, .access = a->access, .want_data = a->with_data };
+		batch->invalidated_node = a->node;
+	} else if (a->node != batch->invalidated_node || addr != run->address + run->count * DEX_PAGE_SIZE ||
+		   a->access != run->access || a->with_data != run->want_data) {
+		dex_fatal("internal error: readahead invalidation of %#lx does not extend the run", (unsigned long)addr);
+	}
+	run->count++;
+}
+
 /* Executes one directory decision at the origin; called with dsm_lock held
  * so that messages to a node leave in the order they were decided. */
 static void origin_apply(void *ctx, const struct dsm_action *a)
 {
-	(void)ctx;
+	struct apply_batch *batch = ctx;
 	uintptr_t addr = page_address(a->page);
+	if (batch && batch->grants.count && a->kind == DSM_ACT_GRANT) {
+		batch_grant(batch, a);
+		return;
+	}
+	if (batch && batch->grants.count && a->kind == DSM_ACT_SET_ORIGIN_ACCESS) {
+		batch->origin_access[a->page - batch->first_page] = a->access;
+		return;
+	}
+	if (batch && batch->collect_invalidations && a->kind == DSM_ACT_INVALIDATE) {
+		batch_invalidation(batch, a);
+		return;
+	}
 	switch (a->kind) {
 	case DSM_ACT_INVALIDATE: {
-		struct dex_msg_invalidate m = { .address = addr, .access = a->access, .want_data = a->with_data };
+		struct dex_msg_invalidate m = { .address = addr, .access = a->access, .want_data = a->with_data,
+						.count = 1 };
 		dex_send(a->node, DEX_MSG_INVALIDATE, &m, sizeof(m), NULL, 0);
 		break;
 	}
@@ -482,9 +571,94 @@ static void wait_for_epoch_change(uint32_t seen, uintptr_t addr, uint64_t since_
 	}
 }
 
+static uint32_t region_end_page(uint32_t page)
+{
+	const struct dsm_region *r = region_of_page(page);
+	return r->first_page + (uint32_t)((r->end - r->start) / DEX_PAGE_SIZE);
+}
+
+/* Readahead on a node: a fault where one of the thread's recent requests
+ * ended continues a stream, which asks for twice as many following pages
+ * as last time (1, 2, 4 ... DEX_PREFETCH_MAX); any other fault starts a
+ * stream that asks for none, so scattered accesses never fetch what they
+ * do not use. The faulting page's grant travels first, so the thread
+ * resumes while the rest of a window is still on its way. */
+static uint32_t stream_window(struct dex_thread *self, uint32_t page, bool write, struct dex_fault_stream **stream)
+{
+	for (unsigned i = 0; i < DEX_FAULT_STREAMS; i++) {
+		struct dex_fault_stream *s = &self->streams[i];
+		if (s->next_page == page && s->write == write) {
+			*stream = s;
+			return s->window ? (s->window * 2u > DEX_PREFETCH_MAX ? DEX_PREFETCH_MAX : s->window * 2u) : 1;
+		}
+	}
+	*stream = &self->streams[self->next_stream_slot++ % DEX_FAULT_STREAMS];
+	(*stream)->write = write;
+	return 0;
+}
+
+/* With dsm_lock held, for a page this thread leads: claims, as their
+ * leader, up to the stream's window (at most `limit`) of the following
+ * pages in the same region that this process lacks, has not asked for and
+ * `eligible` accepts; returns how many. */
+static uint32_t claim_following(struct dex_thread *self, uint32_t page, bool write, uint32_t limit,
+				bool (*eligible)(uint32_t page, bool write, unsigned arg), unsigned arg)
+{
+	if (!self)
+		return 0;
+	struct dex_fault_stream *stream;
+	uint32_t window = stream_window(self, page, write, &stream);
+	uint32_t end = region_end_page(page), extra = 0;
+	while (extra < window && extra < limit && page + 1 + extra < end) {
+		uint32_t next = page + 1 + extra;
+		if (!eligible(next, write, arg) ||
+		    dsm_node_fault(&dex_rt.page_state[next], &dex_rt.page_inflight[next], write) != DSM_FAULT_LEAD)
+			break;
+		extra++;
+	}
+	stream->next_page = page + 1 + extra;
+	stream->window = (uint8_t)window;
+	return extra;
+}
+
+/* A node prefetches pages whose rights it already knows (asking the origin
+ * would need dsm_lock released); the origin grants or declines each. */
+static bool node_may_prefetch(uint32_t page, bool write, unsigned unused)
+{
+	(void)unused;
+	return dex_vma_cap(page_address(page)) >= (write ? DSM_WRITE : DSM_READ);
+}
+
+/* The origin reads ahead only through pages that `owner` alone holds, so
+ * that one invalidation message fetches them all. */
+static bool origin_may_read_ahead(uint32_t page, bool write, unsigned owner)
+{
+	return !write && dsm_dir_sole_remote_owner(&dex_rt.dir, page) == owner;
+}
+
+/* The origin's own fault, with dsm_lock held. A read of a page that one
+ * node alone holds, continuing one of the thread's fault streams, also
+ * fetches the following pages that node alone holds, in one INVALIDATE
+ * run and one acknowledgement. */
+static void origin_fault(struct dex_thread *self, uint32_t page, bool write)
+{
+	unsigned owner = write ? 0 : dsm_dir_sole_remote_owner(&dex_rt.dir, page);
+	struct apply_batch batch = { .collect_invalidations = owner != 0 };
+	uint32_t extra = owner ? claim_following(self, page, false, DEX_PREFETCH_MAX - 1, origin_may_read_ahead, owner)
+			       : 0;
+	for (uint32_t i = 0; i <= extra; i++) {
+		int rc = dsm_dir_request(&dex_rt.dir, page + i, 0, write, origin_apply, &batch);
+		if (rc)
+			dex_fatal("directory refused the origin's own fault (%d)", rc);
+	}
+	if (batch.invalidations.count)
+		dex_send(owner, DEX_MSG_INVALIDATE, &batch.invalidations, sizeof(batch.invalidations), NULL, 0);
+}
+
 /* Leader/follower: the first thread faulting on a page sends the request,
- * later ones wait for the grant and re-run their access. */
-static void dsm_fault(uint32_t page, bool write, uintptr_t addr, uint64_t ip)
+ * later ones wait for the grant and re-run their access. `self` is the
+ * faulting thread's block (NULL if unknown). */
+static void dsm_fault(struct dex_thread *self, uint32_t page, bool write, uintptr_t addr, uint64_t ip)
 {
 	uint64_t start = dex_now_ns();
 	bool led = false;
@@ -499,11 +673,12 @@ static void dsm_fault(uint32_t page, bool write, uintptr_t addr, uint64_t ip)
 			else
 				dex_rt.faults_read++;
 			if (dex_rt.node == 0) {
-				int rc = dsm_dir_request(&dex_rt.dir, page, 0, write, origin_apply, NULL);
-				if (rc)
-					dex_fatal("directory refused the origin's own fault (%d)", rc);
+				origin_fault(self, page, write);
 			} else {
-				struct dex_msg_page_request m = { .address = page_address(page), .write = write };
+				struct dex_msg_page_request m = {
+					.address = page_address(page), .write = write,
+					.extra = claim_following(self, page, write, DEX_PREFETCH_MAX, node_may_prefetch, 0)
+				};
 				dex_send(0, DEX_MSG_PAGE_REQUEST, &m, sizeof(m), NULL, 0);
 			}
 		}
@@ -513,7 +688,6 @@ static void dsm_fault(uint32_t page, bool write, uintptr_t addr, uint64_t ip)
 		wait_for_epoch_change(seen, addr, start);
 	}
 	if (dex_tracing) {
-		struct dex_thread *self = dex_self();
 		enum dex_trace_kind kind = write ? (led ? DEX_TRACE_WRITE : DEX_TRACE_WRITE_COALESCED)
 						 : (led ? DEX_TRACE_READ : DEX_TRACE_READ_COALESCED);
 		dex_trace_record(kind, self ? self->thread_id : UINT32_MAX,
@@ -535,6 +709,84 @@ void dex_prefault(uintptr_t addr, size_t len, bool write)
 		else
 			(void)*(volatile const char *)touch;
 	}
+}
+
+/* Sends this process's request for the pages of [addr, addr + len) that
+ * it lacks and nobody here has asked for, without waiting: a thread
+ * touching them later finds the request in flight (or already granted). */
+void dex_dsm_fetch_ahead(uintptr_t addr, size_t len, bool write)
+{
+	if (!dex_rt.active || !len)
+		return;
+	uintptr_t first = addr & ~(uintptr_t)(DEX_PAGE_SIZE - 1);
+	for (uintptr_t p = first; p < addr + len; p += DEX_PAGE_SIZE) {
+		int64_t page = page_index(p);
+		if (page < 0 || dex_vma_cap(p) < (write ? DSM_WRITE : DSM_READ))
+			continue;
+		dex_lock_acquire(&dex_rt.dsm_lock);
+		if (dsm_node_fault(&dex_rt.page_state[page], &dex_rt.page_inflight[page], write) == DSM_FAULT_LEAD) {
+			if (dex_rt.node == 0) {
+				origin_fault(NULL, (uint32_t)page, write);
+			} else {
+				struct dex_msg_page_request m = { .address = p, .write = write };
+				dex_send(0, DEX_MSG_PAGE_REQUEST, &m, sizeof(m), NULL, 0);
+			}
+		}
+		dex_lock_release(&dex_rt.dsm_lock);
+	}
+}
+
+/* Sends `m`, a thread's MIGRATE towards the origin, carrying the pages of
+ * [addr, addr + len) (at most DEX_MIGRATE_MAX_CARRIED, the top of its
+ * stack) that this node holds, released to the origin: the thread's home
+ * then resumes it without fetching them or invalidating our copies. Under
+ * dsm_lock, so that no later request of ours for those pages overtakes
+ * the release. */
+void dex_dsm_send_migrate_home(struct dex_msg_migrate *m, uintptr_t addr, size_t len)
+{
+	int64_t first = page_index(addr), last = page_index(addr + len - 1);
+	dex_lock_acquire(&dex_rt.dsm_lock);
+	m->carried_pages = 0;
+	for (int64_t page = first; page >= 0 && page <= last && m->carried_pages < DEX_MIGRATE_MAX_CARRIED; page++) {
+		if (region_of_page((uint32_t)page) != region_of_page((uint32_t)first) ||
+		    dsm_node_release(&dex_rt.page_state[page], &dex_rt.page_inflight[page]) != DSM_OK) {
+			if (m->carried_pages)
+				break; /* keep the run contiguous */
+			continue;
+		}
+		/* Protect first, then copy: no local thread can change the
+		 * bytes after the mprotect returns. */
+		protect_page((uint32_t)page, DSM_NONE);
+		if (!m->carried_pages)
+			m->carried_address = page_address((uint32_t)page);
+		m->carried_pages++;
+	}
+	dex_send(0, DEX_MSG_MIGRATE, m, sizeof(*m),
+		 m->carried_pages ? page_alias((uint32_t)page_index(m->carried_address)) : NULL,
+		 (size_t)m->carried_pages * DEX_PAGE_SIZE);
+	dex_lock_release(&dex_rt.dsm_lock);
+}
+
+/* The origin's side: the pages a MIGRATE from `from` carries become the
+ * origin's (dsm_dir_release). */
+void dex_dsm_accept_carried(unsigned from, const struct dex_msg_migrate *m)
+{
+	if (!m->carried_pages)
+		return;
+	uint32_t first = (uint32_t)page_index(m->carried_address);
+	const char *data = (const char *)(m + 1);
+	dex_lock_acquire(&dex_rt.dsm_lock);
+	for (uint32_t page = first; page < first + m->carried_pages; page++, data += DEX_PAGE_SIZE) {
+		/* A read-only copy's bytes are the origin's already. */
+		if (dsm_dir_access(&dex_rt.dir, page, from) == DSM_WRITE)
+			memcpy(page_alias(page), data, DEX_PAGE_SIZE);
+		int err = dsm_dir_release(&dex_rt.dir, page, from, origin_apply, NULL);
+		if (err)
+			dex_fatal("rejected MIGRATE from node %u carrying %#llx (%d)", from,
+				  (unsigned long long)page_address(page), err);
+	}
+	dex_rt.pages_received += m->carried_pages;
+	dex_lock_release(&dex_rt.dsm_lock);
 }
 
 static void restore_default_and_return(int sig)
@@ -562,7 +814,7 @@ static void on_sigsegv(int sig, siginfo_t *si, void *ucontext)
 		dex_deliver_app_sigsegv(si, uc, dex_vma_is_mapped(addr) ? SEGV_ACCERR : SEGV_MAPERR);
 		return;
 	}
-	dsm_fault((uint32_t)page, write, addr, (uint64_t)uc->uc_mcontext.gregs[REG_RIP]);
+	dsm_fault(self, (uint32_t)page, write, addr, (uint64_t)uc->uc_mcontext.gregs[REG_RIP]);
 }
 
 /* Installed with our own restorer so that returning from the handler does
@@ -601,24 +853,76 @@ static void node_handle_grant(const struct dex_msg_page_grant *m, const char *da
 	bump_epoch();
 }
 
+static void node_handle_prefetch(const struct dex_msg_page_prefetch *m, const char *data)
+{
+	uint32_t first = (uint32_t)page_index(m->address);
+	dex_lock_acquire(&dex_rt.dsm_lock);
+	uint32_t run_start = first; /* granted pages not yet protected */
+	for (uint32_t i = 0; i < m->count; i++) {
+		uint32_t page = first + i;
+		bool granted = m->granted & (UINT64_C(1) << i);
+		int rc = granted ? dsm_node_grant(&dex_rt.page_state[page], &dex_rt.page_inflight[page], m->access)
+				 : dsm_node_decline(&dex_rt.page_inflight[page]);
+		if (rc != DSM_OK)
+			dex_fatal("rejected PAGE_PREFETCH for %#llx: not asked for", (unsigned long long)page_address(page));
+		if (!granted) {
+			protect_pages(run_start, page - run_start, m->access);
+			run_start = page + 1;
+			continue;
+		}
+		dex_rt.pages_prefetched++;
+		if (m->with_data & (UINT64_C(1) << i)) {
+			memcpy(page_alias(page), data, DEX_PAGE_SIZE);
+			data += DEX_PAGE_SIZE;
+			dex_rt.pages_received++;
+		}
+	}
+	protect_pages(run_start, first + m->count - run_start, m->access);
+	dex_lock_release(&dex_rt.dsm_lock);
+	bump_epoch();
+}
+
+/* Lowers `count` pages from `first` to `access` and acknowledges their
+ * invalidation, with their bytes if wanted (a run lies in one region, whose
+ * alias is contiguous). Protect first, then read: no local thread can
+ * change the bytes after the mprotect returns. */
+static void node_ack_invalidations(uint32_t first, uint32_t count, enum dsm_access access, bool with_data)
+{
+	if (!count)
+		return;
+	protect_pages(first, count, access);
+	struct dex_msg_invalidate_ack ack = { .address = page_address(first), .with_data = with_data, .count = count };
+	dex_send(0, DEX_MSG_INVALIDATE_ACK, &ack, sizeof(ack), with_data ? page_alias(first) : NULL,
+		 with_data ? (size_t)count * DEX_PAGE_SIZE : 0);
+}
+
 static void node_handle_invalidate(const struct dex_msg_invalidate *m)
 {
-	uint32_t page = (uint32_t)page_index(m->address);
+	uint32_t first = (uint32_t)page_index(m->address);
 	uint64_t start = dex_tracing ? dex_now_ns() : 0;
 	dex_lock_acquire(&dex_rt.dsm_lock);
-	uint8_t held = dex_rt.page_state[page];
-	if (dsm_node_invalidate(&dex_rt.page_state[page], m->access) != DSM_OK)
-		dex_fatal("rejected INVALIDATE for %#llx: holding access %u", (unsigned long long)m->address, held);
-	/* Protect first, then read: no local thread can change the bytes after
-	 * the mprotect returns. */
-	protect_page(page, m->access);
-	struct dex_msg_invalidate_ack ack = { .address = m->address, .with_data = m->want_data };
-	dex_send(0, DEX_MSG_INVALIDATE_ACK, &ack, sizeof(ack), m->want_data ? page_alias(page) : NULL,
-		 m->want_data ? DEX_PAGE_SIZE : 0);
-	dex_rt.invalidations_served++;
+	/* Pages whose invalidation crossed our release of them are not
+	 * acknowledged (the release was the answer); the rest are, in runs. */
+	uint32_t run_start = first;
+	for (uint32_t page = first; page < first + m->count; page++) {
+		uint8_t held = dex_rt.page_state[page];
+		int rc = dsm_node_invalidate(&dex_rt.page_state[page], &dex_rt.page_inflight[page], m->access);
+		if (rc == DSM_CROSSED) {
+			node_ack_invalidations(run_start, page - run_start, m->access, m->want_data);
+			run_start = page + 1;
+			continue;
+		}
+		if (rc != DSM_OK)
+			dex_fatal("rejected INVALIDATE for %#llx: holding access %u",
+				  (unsigned long long)page_address(page), held);
+		dex_rt.invalidations_served++;
+	}
+	node_ack_invalidations(run_start, first + m->count - run_start, m->access, m->want_data);
 	dex_lock_release(&dex_rt.dsm_lock);
 	if (dex_tracing)
-		dex_trace_record(DEX_TRACE_INVALIDATE, UINT32_MAX, 0, 0, m->address, start, dex_now_ns());
+		for (uint32_t i = 0; i < m->count; i++)
+			dex_trace_record(DEX_TRACE_INVALIDATE, UINT32_MAX, 0, 0, m->address + i * DEX_PAGE_SIZE, start,
+					 dex_now_ns());
 }
 
 static void node_receive_loop(void)
@@ -642,6 +946,11 @@ static void node_receive_loop(void)
 		case DEX_MSG_PAGE_GRANT: {
 			const struct dex_msg_page_grant *m = (const void *)payload;
 			node_handle_grant(m, payload + sizeof(*m));
+			break;
+		}
+		case DEX_MSG_PAGE_PREFETCH: {
+			const struct dex_msg_page_prefetch *m = (const void *)payload;
+			node_handle_prefetch(m, payload + sizeof(*m));
 			break;
 		}
 		case DEX_MSG_INVALIDATE:
@@ -675,12 +984,40 @@ static void node_receive_loop(void)
 	}
 }
 
+/* With dsm_lock held: grants or declines the `count` pages from `first`
+ * that `peer` asked for beyond its faulting page, in one answer. */
+static int origin_answer_prefetch(unsigned peer, uint32_t first, uint32_t count, bool write, char *data)
+{
+	struct apply_batch batch = { .grants = { .address = page_address(first), .count = count,
+						 .access = write ? DSM_WRITE : DSM_READ },
+				     .first_page = first };
+	memset(batch.origin_access, KEEP_ACCESS, sizeof(batch.origin_access));
+	for (uint32_t i = 0; i < count; i++) {
+		int granted = dsm_dir_prefetch(&dex_rt.dir, first + i, peer, write, origin_apply, &batch);
+		if (granted < 0)
+			return granted;
+	}
+	/* Protect first, then copy: no thread here can change the bytes of a
+	 * page it may no longer write once the mprotect returns. */
+	batch_apply_origin_access(&batch);
+	size_t length = 0;
+	for (uint32_t i = 0; i < count; i++) {
+		if (batch.grants.with_data & (UINT64_C(1) << i)) {
+			memcpy(data + length, page_alias(first + i), DEX_PAGE_SIZE);
+			length += DEX_PAGE_SIZE;
+		}
+	}
+	dex_send(peer, DEX_MSG_PAGE_PREFETCH, &batch.grants, sizeof(batch.grants), data, length);
+	return 0;
+}
+
 static void *origin_receive_loop(void *arg)
 {
 	unsigned peer = (unsigned)(uintptr_t)arg;
 	dex_tls_runtime_thread = 1;
 	dex_thread_create_block(DEX_ROLE_SERVICE);
 	char *payload = malloc(DEX_MAX_PAYLOAD);
+	char *prefetch_data = malloc(DEX_PREFETCH_MAX * DEX_PAGE_SIZE);
 	struct dex_msg_header h;
 	for (;;) {
 		int rc = receive_message(peer, &h, payload);
@@ -704,6 +1041,8 @@ static void *origin_receive_loop(void *arg)
 			uint32_t page = (uint32_t)page_index(m->address);
 			dex_lock_acquire(&dex_rt.dsm_lock);
 			int err = dsm_dir_request(&dex_rt.dir, page, peer, m->write, origin_apply, NULL);
+			if (!err && m->extra)
+				err = origin_answer_prefetch(peer, page + 1, m->extra, m->write, prefetch_data);
 			dex_lock_release(&dex_rt.dsm_lock);
 			if (err)
 				dex_fatal("rejected PAGE_REQUEST from node %u for %#llx (%d)", peer,
@@ -712,17 +1051,19 @@ static void *origin_receive_loop(void *arg)
 		}
 		case DEX_MSG_INVALIDATE_ACK: {
 			const struct dex_msg_invalidate_ack *m = (const void *)payload;
-			uint32_t page = (uint32_t)page_index(m->address);
+			uint32_t first = (uint32_t)page_index(m->address);
 			dex_lock_acquire(&dex_rt.dsm_lock);
 			if (m->with_data) {
-				memcpy(page_alias(page), payload + sizeof(*m), DEX_PAGE_SIZE);
-				dex_rt.pages_received++;
+				memcpy(page_alias(first), payload + sizeof(*m), (size_t)m->count * DEX_PAGE_SIZE);
+				dex_rt.pages_received += m->count;
 			}
-			int err = dsm_dir_ack(&dex_rt.dir, page, peer, m->with_data, origin_apply, NULL);
+			for (uint32_t page = first; page < first + m->count; page++) {
+				int err = dsm_dir_ack(&dex_rt.dir, page, peer, m->with_data, origin_apply, NULL);
+				if (err)
+					dex_fatal("rejected INVALIDATE_ACK from node %u for %#llx (%d)", peer,
+						  (unsigned long long)page_address(page), err);
+			}
 			dex_lock_release(&dex_rt.dsm_lock);
-			if (err)
-				dex_fatal("rejected INVALIDATE_ACK from node %u for %#llx (%d)", peer,
-					  (unsigned long long)m->address, err);
 			break;
 		}
 		case DEX_MSG_MIGRATE:
@@ -1143,6 +1484,6 @@ __attribute__((constructor(101))) static void dex_init(int argc, char **argv, ch
 	dex_thread_create_block(DEX_ROLE_SERVICE);
 	node_join_origin(origin_ip, (int)port);
 	connect_selected_transport();
-	dex_node_start_spare_worker();
+	dex_node_start_workers();
 	node_receive_loop();
 }

@@ -5,7 +5,10 @@
  * after every step that (a) at most one node may write a page and never
  * while another can read it, (b) every node allowed to read sees the value
  * of the latest write (sequential consistency at page granularity), and
- * (c) once traffic stops every fault has been answered. */
+ * (c) once traffic stops every fault has been answered. Nodes sometimes ask
+ * for the following pages too (prefetch), which the origin grants or
+ * declines, and sometimes release a page they write (as a migrating thread
+ * takes its stack page to the origin), crossing invalidations in flight. */
 #include "../src/protocol.h"
 
 #include <stdio.h>
@@ -32,10 +35,13 @@ static int checks;
 #define SIM_PAGES 3
 #define SIM_CHANNEL 256
 
+#define SIM_DECLINE (-1) /* a prefetched page declined (DEX_MSG_PAGE_PREFETCH bit clear) */
+#define SIM_RELEASE (-2) /* a page given up with its bytes (carried by DEX_MSG_MIGRATE) */
+
 struct sim_msg {
-	int type; /* DEX_MSG_PAGE_REQUEST, _GRANT, _INVALIDATE, _INVALIDATE_ACK */
+	int type; /* DEX_MSG_PAGE_REQUEST, _GRANT, _INVALIDATE, _INVALIDATE_ACK, SIM_DECLINE, SIM_RELEASE */
 	uint32_t page;
-	int access;
+	int access; /* for a request: how many following pages it also asks for */
 	int flag; /* write / with_data / want_data */
 	long value;
 };
@@ -56,7 +62,7 @@ struct sim {
 	long latest[SIM_PAGES];
 	struct sim_channel to_node[SIM_NODES];
 	struct sim_channel to_origin[SIM_NODES];
-	long short_grants, data_grants, accesses;
+	long short_grants, data_grants, accesses, prefetch_granted, prefetch_declined, releases, crossings;
 	int broken;
 };
 
@@ -132,18 +138,47 @@ static void sim_access(struct sim *s, unsigned node, uint32_t page, bool write)
 			int rc = dsm_dir_request(&s->dir, page, 0, write, sim_emit, s);
 			CHECK(rc == DSM_OK, "origin request rc %d", rc);
 		} else {
-			push(&s->to_origin[node], (struct sim_msg){ DEX_MSG_PAGE_REQUEST, page, 0, write, 0 });
+			/* Half the time also claim the following pages this node
+			 * neither holds well enough nor waits for. */
+			int extra = 0;
+			while (rand() % 2 && page + 1 + extra < SIM_PAGES &&
+			       dsm_node_fault(&s->state[node][page + 1 + extra], &s->inflight[node][page + 1 + extra],
+					      write) == DSM_FAULT_LEAD)
+				extra++;
+			push(&s->to_origin[node], (struct sim_msg){ DEX_MSG_PAGE_REQUEST, page, extra, write, 0 });
 		}
 		break;
 	}
+}
+
+static void sim_release(struct sim *s, unsigned node, uint32_t page)
+{
+	if (node == 0 || dsm_node_release(&s->state[node][page], &s->inflight[node][page]) != DSM_OK)
+		return;
+	s->releases++;
+	push(&s->to_origin[node], (struct sim_msg){ SIM_RELEASE, page, 0, 1, s->value[node][page] });
 }
 
 static void sim_deliver_to_origin(struct sim *s, unsigned from)
 {
 	struct sim_msg m = pop(&s->to_origin[from]);
 	int rc;
-	if (m.type == DEX_MSG_PAGE_REQUEST) {
+	if (m.type == SIM_RELEASE) {
+		if (dsm_dir_access(&s->dir, m.page, from) == DSM_WRITE)
+			s->value[0][m.page] = m.value;
+		rc = dsm_dir_release(&s->dir, m.page, from, sim_emit, s);
+	} else if (m.type == DEX_MSG_PAGE_REQUEST) {
 		rc = dsm_dir_request(&s->dir, m.page, from, m.flag, sim_emit, s);
+		for (int i = 1; i <= m.access && rc == DSM_OK; i++) {
+			int granted = dsm_dir_prefetch(&s->dir, m.page + (uint32_t)i, from, m.flag, sim_emit, s);
+			CHECK(granted >= 0, "prefetch rc %d", granted);
+			if (granted > 0) {
+				s->prefetch_granted++;
+			} else {
+				s->prefetch_declined++;
+				push(&s->to_node[from], (struct sim_msg){ SIM_DECLINE, m.page + (uint32_t)i, 0, 0, 0 });
+			}
+		}
 	} else {
 		if (m.flag)
 			s->value[0][m.page] = m.value;
@@ -160,10 +195,17 @@ static void sim_deliver_to_node(struct sim *s, unsigned node)
 		if (m.flag)
 			s->value[node][m.page] = m.value;
 		rc = dsm_node_grant(&s->state[node][m.page], &s->inflight[node][m.page], m.access);
+	} else if (m.type == SIM_DECLINE) {
+		rc = dsm_node_decline(&s->inflight[node][m.page]);
 	} else {
-		rc = dsm_node_invalidate(&s->state[node][m.page], m.access);
-		push(&s->to_origin[node], (struct sim_msg){ DEX_MSG_INVALIDATE_ACK, m.page, 0, m.flag,
-							    s->value[node][m.page] });
+		rc = dsm_node_invalidate(&s->state[node][m.page], &s->inflight[node][m.page], m.access);
+		if (rc == DSM_CROSSED) {
+			s->crossings++;
+			rc = DSM_OK;
+		} else {
+			push(&s->to_origin[node], (struct sim_msg){ DEX_MSG_INVALIDATE_ACK, m.page, 0, m.flag,
+								    s->value[node][m.page] });
+		}
 	}
 	CHECK(rc == DSM_OK, "node %u rejected %d page %u rc %d", node, m.type, m.page, rc);
 }
@@ -188,9 +230,12 @@ static void sim_check_invariants(struct sim *s)
 
 static bool sim_step(struct sim *s, bool allow_access)
 {
-	int choice = rand() % 3;
-	if (allow_access && choice == 0) {
-		sim_access(s, (unsigned)rand() % s->nodes, (uint32_t)rand() % SIM_PAGES, rand() % 2);
+	int choice = rand() % 12;
+	if (allow_access && choice < 4) {
+		if (choice == 0)
+			sim_release(s, (unsigned)rand() % s->nodes, (uint32_t)rand() % SIM_PAGES);
+		else
+			sim_access(s, (unsigned)rand() % s->nodes, (uint32_t)rand() % SIM_PAGES, rand() % 2);
 		return true;
 	}
 	/* Deliver from a random non-empty channel; FIFO order within each. */
@@ -213,7 +258,8 @@ static bool sim_step(struct sim *s, bool allow_access)
 
 static void test_random_interleavings(void)
 {
-	long total_short = 0, total_data = 0, total_access = 0;
+	long total_short = 0, total_data = 0, total_access = 0, total_prefetched = 0, total_declined = 0;
+	long total_releases = 0, total_crossings = 0;
 	for (unsigned seed = 1; seed <= 400; seed++) {
 		srand(seed);
 		struct sim *s = calloc(1, sizeof(*s));
@@ -226,18 +272,29 @@ static void test_random_interleavings(void)
 			sim_check_invariants(s);
 		for (unsigned n = 0; n < s->nodes; n++)
 			for (int p = 0; p < SIM_PAGES; p++)
-				CHECK(!s->inflight[n][p], "seed %u: node %u page %d fault never answered", seed, n, p);
+				CHECK(!(s->inflight[n][p] & DSM_REQUESTED), "seed %u: node %u page %d fault never answered",
+				      seed, n, p);
 		total_short += s->short_grants;
 		total_data += s->data_grants;
 		total_access += s->accesses;
+		total_prefetched += s->prefetch_granted;
+		total_declined += s->prefetch_declined;
+		total_releases += s->releases;
+		total_crossings += s->crossings;
 		free(s);
 		if (failures)
 			break;
 	}
 	/* The run must have exercised both grant kinds, or it proved little. */
 	CHECK(total_short > 0 && total_data > 0, "short %ld data %ld", total_short, total_data);
-	printf("  simulated %ld accesses, %ld data grants, %ld short grants\n", total_access, total_data,
-	       total_short);
+	CHECK(total_prefetched > 0 && total_declined > 0, "prefetched %ld declined %ld", total_prefetched,
+	      total_declined);
+	CHECK(total_releases > 0 && total_crossings > 0, "releases %ld crossings %ld", total_releases,
+	      total_crossings);
+	printf("  simulated %ld accesses, %ld data grants, %ld short grants, %ld prefetched pages granted, %ld "
+	       "declined, %ld releases (%ld crossed an invalidation)\n",
+	       total_access, total_data, total_short, total_prefetched, total_declined, total_releases,
+	       total_crossings);
 }
 
 /* -------------------------------------------------------------- unit tests */
@@ -304,6 +361,92 @@ static void test_directory_basics(void)
 	CHECK(dsm_dir_request(&dir, 1, 0, true, record, &r) == DSM_E_UNEXPECTED, "writer asking to write");
 }
 
+static void test_prefetch(void)
+{
+	struct dsm_dir dir;
+	struct dsm_dir_page pages[3];
+	struct dsm_queued_request pool[4];
+	struct recorder r = { 0 };
+	dsm_dir_init(&dir, pages, 3, 3, pool, 4);
+
+	/* Read of an origin page: granted with data, the origin keeps a copy. */
+	CHECK(dsm_dir_prefetch(&dir, 0, 1, false, record, &r) == 1, "read prefetch granted");
+	CHECK(r.count == 2 && r.actions[0].kind == DSM_ACT_SET_ORIGIN_ACCESS && r.actions[0].access == DSM_READ &&
+		      r.actions[1].kind == DSM_ACT_GRANT && r.actions[1].with_data,
+	      "origin downgraded, data grant");
+	/* Write by the reader: short grant, the origin drops its copy. */
+	r.count = 0;
+	CHECK(dsm_dir_prefetch(&dir, 0, 1, true, record, &r) == 1, "write prefetch granted");
+	CHECK(r.count == 2 && r.actions[1].kind == DSM_ACT_GRANT && !r.actions[1].with_data &&
+		      dsm_dir_access(&dir, 0, 1) == DSM_WRITE,
+	      "short grant, exclusive");
+	/* A page another node writes, or reads while we want to write, or
+	 * one that is busy, is declined without any action. */
+	r.count = 0;
+	CHECK(dsm_dir_prefetch(&dir, 0, 2, false, record, &r) == 0 && r.count == 0, "remote writer: declined");
+	CHECK(dsm_dir_request(&dir, 1, 2, false, record, &r) == DSM_OK, "node 2 reads page 1");
+	r.count = 0;
+	CHECK(dsm_dir_prefetch(&dir, 1, 1, true, record, &r) == 0 && r.count == 0, "remote reader: declined");
+	CHECK(dsm_dir_prefetch(&dir, 1, 1, false, record, &r) == 1, "but a read copy is granted");
+	CHECK(dsm_dir_request(&dir, 0, 2, false, record, &r) == DSM_OK && dir.pages[0].busy, "page 0 busy");
+	r.count = 0;
+	CHECK(dsm_dir_prefetch(&dir, 0, 2, false, record, &r) == 0 && r.count == 0, "busy: declined");
+	CHECK(dsm_dir_prefetch(&dir, 1, 2, false, record, &r) == 0 && r.count == 0, "already held: declined");
+	CHECK(dsm_dir_prefetch(&dir, 2, 0, false, record, &r) == DSM_E_RANGE, "the origin does not prefetch");
+	CHECK(dsm_dir_prefetch(&dir, 3, 1, false, record, &r) == DSM_E_RANGE, "page range");
+
+	/* The origin reads ahead only through idle pages one node alone holds. */
+	CHECK(dsm_dir_sole_remote_owner(&dir, 0) == 0, "busy page: no sole owner");
+	CHECK(dsm_dir_sole_remote_owner(&dir, 1) == 0, "shared page: no sole owner");
+	CHECK(dsm_dir_sole_remote_owner(&dir, 2) == 0, "the origin's own page");
+	CHECK(dsm_dir_request(&dir, 2, 2, true, record, &r) == DSM_OK && dsm_dir_sole_remote_owner(&dir, 2) == 2,
+	      "node 2 writes page 2: its sole owner");
+	CHECK(dsm_dir_sole_remote_owner(&dir, 3) == 0, "page out of range");
+
+	uint8_t inflight = 1;
+	CHECK(dsm_node_decline(&inflight) == DSM_OK && !inflight, "decline ends the request");
+	CHECK(dsm_node_decline(&inflight) == DSM_E_UNEXPECTED, "decline without a request rejected");
+}
+
+static void test_release(void)
+{
+	struct dsm_dir dir;
+	struct dsm_dir_page pages[2];
+	struct dsm_queued_request pool[4];
+	struct recorder r = { 0 };
+	dsm_dir_init(&dir, pages, 2, 3, pool, 4);
+
+	CHECK(dsm_dir_release(&dir, 0, 1, record, &r) == DSM_E_UNEXPECTED, "release of a page not held");
+	CHECK(dsm_dir_request(&dir, 0, 1, true, record, &r) == DSM_OK, "node 1 writes page 0");
+	r.count = 0;
+	CHECK(dsm_dir_release(&dir, 0, 1, record, &r) == DSM_OK, "idle release");
+	CHECK(r.count == 1 && r.actions[0].kind == DSM_ACT_SET_ORIGIN_ACCESS && r.actions[0].access == DSM_WRITE &&
+		      dsm_dir_access(&dir, 0, 0) == DSM_WRITE && dsm_dir_access(&dir, 0, 1) == DSM_NONE,
+	      "the origin alone holds it, writable");
+	CHECK(dsm_dir_release(&dir, 0, 1, record, &r) == DSM_E_UNEXPECTED, "released twice");
+
+	/* Node 2 reads while node 1 writes: the release answers the
+	 * invalidation, and node 1 keeps no copy. */
+	CHECK(dsm_dir_request(&dir, 1, 1, true, record, &r) == DSM_OK, "node 1 writes page 1");
+	r.count = 0;
+	CHECK(dsm_dir_request(&dir, 1, 2, false, record, &r) == DSM_OK && r.count == 1 &&
+		      r.actions[0].kind == DSM_ACT_INVALIDATE,
+	      "fetch from node 1");
+	CHECK(dsm_dir_release(&dir, 1, 2, record, &r) == DSM_E_UNEXPECTED, "release by a node not holding it");
+	r.count = 0;
+	CHECK(dsm_dir_release(&dir, 1, 1, record, &r) == DSM_OK, "release crossing the invalidation");
+	CHECK(dsm_dir_access(&dir, 1, 2) == DSM_READ && dsm_dir_access(&dir, 1, 1) == DSM_NONE &&
+		      dsm_dir_access(&dir, 1, 0) == DSM_READ && !dir.pages[1].busy,
+	      "node 2 and the origin read, node 1 holds nothing");
+	CHECK(dsm_dir_ack(&dir, 1, 1, true, record, &r) == DSM_E_UNEXPECTED, "no acknowledgement expected any more");
+	/* A reader's release drops its copy; the origin keeps serving it. */
+	r.count = 0;
+	CHECK(dsm_dir_release(&dir, 1, 2, record, &r) == DSM_OK && r.count == 0 && dsm_dir_access(&dir, 1, 2) == DSM_NONE &&
+		      dsm_dir_access(&dir, 1, 0) == DSM_READ,
+	      "read-only copy released");
+	CHECK(dsm_dir_release(&dir, 1, 0, record, &r) == DSM_E_RANGE, "the origin does not release");
+}
+
 static void test_node_faults(void)
 {
 	uint8_t state = DSM_NONE, inflight = 0;
@@ -312,8 +455,19 @@ static void test_node_faults(void)
 	CHECK(dsm_node_grant(&state, &inflight, DSM_READ) == DSM_OK && state == DSM_READ && !inflight, "grant");
 	CHECK(dsm_node_grant(&state, &inflight, DSM_READ) == DSM_E_UNEXPECTED, "unrequested grant rejected");
 	CHECK(dsm_node_fault(&state, &inflight, false) == DSM_FAULT_RETRY, "read satisfied");
-	CHECK(dsm_node_invalidate(&state, DSM_READ) == DSM_E_UNEXPECTED, "non-lowering invalidate rejected");
-	CHECK(dsm_node_invalidate(&state, DSM_NONE) == DSM_OK && state == DSM_NONE, "invalidate");
+	CHECK(dsm_node_invalidate(&state, &inflight, DSM_READ) == DSM_E_UNEXPECTED, "non-lowering invalidate rejected");
+	CHECK(dsm_node_invalidate(&state, &inflight, DSM_NONE) == DSM_OK && state == DSM_NONE, "invalidate");
+	CHECK(dsm_node_invalidate(&state, &inflight, DSM_NONE) == DSM_E_UNEXPECTED, "invalidate of nothing held");
+
+	/* Release: a page held, with no request in flight; an invalidation
+	 * that crossed it is dropped, once. */
+	CHECK(dsm_node_release(&state, &inflight) == DSM_E_UNEXPECTED, "release of nothing held");
+	CHECK(dsm_node_fault(&state, &inflight, true) == DSM_FAULT_LEAD, "write fault");
+	CHECK(dsm_node_release(&state, &inflight) == DSM_E_UNEXPECTED, "release with a request in flight");
+	CHECK(dsm_node_grant(&state, &inflight, DSM_WRITE) == DSM_OK, "write grant");
+	CHECK(dsm_node_release(&state, &inflight) == DSM_OK && state == DSM_NONE, "release");
+	CHECK(dsm_node_invalidate(&state, &inflight, DSM_NONE) == DSM_CROSSED, "crossed invalidation dropped");
+	CHECK(dsm_node_invalidate(&state, &inflight, DSM_NONE) == DSM_E_UNEXPECTED, "only once");
 }
 
 static void test_codec(void)
@@ -333,6 +487,68 @@ static void test_codec(void)
 	req.address = 0x600000001000;
 	req.write = 2;
 	CHECK(dex_msg_check(&h, &req, &lim) != NULL, "bad flag");
+
+	req.write = 0;
+	req.extra = DEX_PREFETCH_MAX;
+	CHECK(dex_msg_check(&h, &req, &lim) == NULL, "request with extra pages");
+	req.extra = DEX_PREFETCH_MAX + 1;
+	CHECK(dex_msg_check(&h, &req, &lim) != NULL, "too many extra pages");
+	req.address = 0x6000000ff000;
+	req.extra = 1;
+	CHECK(dex_msg_check(&h, &req, &lim) != NULL, "extra pages past the region");
+	req.extra = 0;
+	CHECK(dex_msg_check(&h, &req, &lim) == NULL, "last page alone");
+
+	struct {
+		struct dex_msg_page_prefetch p;
+		char data[2 * DEX_PAGE_SIZE];
+	} prefetch = { { .address = 0x600000003000, .count = 3, .access = DSM_READ, .granted = 5, .with_data = 5 },
+		       { 0 } };
+	dex_msg_fill_header(&h, DEX_MSG_PAGE_PREFETCH, 0, sizeof(prefetch), 2);
+	CHECK(dex_msg_check(&h, &prefetch, &lim) == NULL, "prefetch answer, two pages with data");
+	prefetch.p.with_data = 4;
+	CHECK(dex_msg_check(&h, &prefetch, &lim) != NULL, "prefetch length mismatch");
+	dex_msg_fill_header(&h, DEX_MSG_PAGE_PREFETCH, 0, sizeof(prefetch.p) + DEX_PAGE_SIZE, 2);
+	CHECK(dex_msg_check(&h, &prefetch, &lim) == NULL, "one page with data, one short");
+	prefetch.p.with_data = 2;
+	CHECK(dex_msg_check(&h, &prefetch, &lim) != NULL, "data for a declined page");
+	prefetch.p.with_data = 4;
+	prefetch.p.granted = 13;
+	CHECK(dex_msg_check(&h, &prefetch, &lim) != NULL, "granted bit past count");
+	prefetch.p.granted = 5;
+	prefetch.p.count = DEX_PREFETCH_MAX + 1;
+	CHECK(dex_msg_check(&h, &prefetch, &lim) != NULL, "count too large");
+	prefetch.p.count = 3;
+	prefetch.p.access = DSM_NONE;
+	CHECK(dex_msg_check(&h, &prefetch, &lim) != NULL, "prefetch granting no access");
+	prefetch.p.access = DSM_READ;
+	prefetch.p.address = 0x6000000ff000;
+	CHECK(dex_msg_check(&h, &prefetch, &lim) != NULL, "prefetch run past the region");
+
+	struct dex_msg_invalidate inval = { .address = 0x600000004000, .access = DSM_READ, .want_data = 1,
+					    .count = DEX_PREFETCH_MAX };
+	dex_msg_fill_header(&h, DEX_MSG_INVALIDATE, 0, sizeof(inval), 3);
+	CHECK(dex_msg_check(&h, &inval, &lim) == NULL, "invalidation of a run");
+	inval.count = 0;
+	CHECK(dex_msg_check(&h, &inval, &lim) != NULL, "invalidation of no page");
+	inval.count = DEX_PREFETCH_MAX + 1;
+	CHECK(dex_msg_check(&h, &inval, &lim) != NULL, "invalidation run too long");
+	inval.count = 2;
+	inval.address = 0x6000000ff000;
+	CHECK(dex_msg_check(&h, &inval, &lim) != NULL, "invalidation run past the region");
+	static struct {
+		struct dex_msg_invalidate_ack a;
+		char data[3 * DEX_PAGE_SIZE];
+	} ack = { { .address = 0x600000004000, .with_data = 1, .count = 3 }, { 0 } };
+	dex_msg_fill_header(&h, DEX_MSG_INVALIDATE_ACK, 1, sizeof(ack), 3);
+	CHECK(dex_msg_check(&h, &ack, &lim) == NULL, "acknowledgement of a run with data");
+	ack.a.count = 2;
+	CHECK(dex_msg_check(&h, &ack, &lim) != NULL, "acknowledgement shorter than its data");
+	ack.a.with_data = 0;
+	dex_msg_fill_header(&h, DEX_MSG_INVALIDATE_ACK, 1, sizeof(ack.a), 3);
+	CHECK(dex_msg_check(&h, &ack, &lim) == NULL, "acknowledgement without data");
+	ack.a.count = 0;
+	CHECK(dex_msg_check(&h, &ack, &lim) != NULL, "acknowledgement of no page");
 
 	h.magic = 0x1234;
 	CHECK(dex_msg_check_header(&h, &lim) != NULL, "bad magic");
@@ -377,6 +593,26 @@ static void test_codec(void)
 	CHECK(dex_msg_check(&h, &mig, &lim) == NULL, "migrate");
 	mig.target = 3;
 	CHECK(dex_msg_check(&h, &mig, &lim) != NULL, "migrate target out of range");
+	static struct {
+		struct dex_msg_migrate m;
+		char pages[2 * DEX_PAGE_SIZE];
+	} carrying = { { .thread = 3, .target = 0, .context = { .rsp = 0x7000, .rip = 0x401000 },
+			 .carried_address = 0x600000005000, .carried_pages = 2 },
+		       { 0 } };
+	dex_msg_fill_header(&h, DEX_MSG_MIGRATE, 1, sizeof(carrying), 4);
+	CHECK(dex_msg_check(&h, &carrying, &lim) == NULL, "migrate home carrying two stack pages");
+	carrying.m.target = 2;
+	CHECK(dex_msg_check(&h, &carrying, &lim) != NULL, "pages carried to a node other than the origin");
+	carrying.m.target = 0;
+	carrying.m.carried_pages = 1;
+	CHECK(dex_msg_check(&h, &carrying, &lim) != NULL, "migrate length does not match its pages");
+	carrying.m.carried_pages = 3;
+	dex_msg_fill_header(&h, DEX_MSG_MIGRATE, 1, sizeof(carrying.m) + 3 * DEX_PAGE_SIZE, 4);
+	CHECK(dex_msg_check(&h, &carrying, &lim) != NULL, "too many carried pages");
+	carrying.m.carried_pages = 1;
+	carrying.m.carried_address = 0x700000000000;
+	dex_msg_fill_header(&h, DEX_MSG_MIGRATE, 1, sizeof(carrying.m) + DEX_PAGE_SIZE, 4);
+	CHECK(dex_msg_check(&h, &carrying, &lim) != NULL, "carried page outside the shared regions");
 
 	struct dex_msg_vma_revoke revoke = { .start = 0x600000010000, .length = 3 * DEX_PAGE_SIZE, .rights = 4 | DSM_READ,
 					     .generation = 7 };
@@ -398,6 +634,8 @@ int main(void)
 {
 	test_directory_basics();
 	test_node_faults();
+	test_prefetch();
+	test_release();
 	test_codec();
 	test_random_interleavings();
 	printf("test_protocol: %d checks, %d failures\n", checks, failures);

@@ -15,7 +15,8 @@ const USAGE: &str = "usage: clowder [--json] COMMAND
   enclave rm NAME
   run [--enclave NAME] [--cores N] [--heap SIZE] [--mem SIZE] [--env NAME=VALUE]... [--file PATH]... [-v]
       PROGRAM [ARGS...]      (without --enclave: a one-shot enclave made for the job)
-  run NAME PROGRAM [ARGS...] (the same as --enclave NAME)
+  run NAME PROGRAM [ARGS...] (the same as --enclave NAME; write ./PROGRAM for a program
+                             in this directory whose name is also an enclave's)
   logs NAME
   xemem ls
 --json prints the daemon's replies (and job events) as JSON lines.";
@@ -172,6 +173,58 @@ fn enclave_command(args: &mut Arguments, json_output: bool) -> Result<u8, Failur
     }
 }
 
+/// What the first word after `run` (and its options) is on this machine.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum FirstWord {
+    /// Written as a path (it has a `/`): always the program.
+    Path,
+    /// A bare word naming an executable file in the working directory.
+    ExecutableHere,
+    /// A bare word that is no executable here (absent, a directory, not executable).
+    Other,
+}
+
+impl FirstWord {
+    /// `word` as seen from directory `dir`.
+    fn of(word: &str, dir: &std::path::Path) -> FirstWord {
+        use std::os::unix::fs::PermissionsExt;
+        if word.contains('/') {
+            return FirstWord::Path;
+        }
+        match std::fs::metadata(dir.join(word)) {
+            Ok(meta) if meta.is_file() && meta.permissions().mode() & 0o111 != 0 => FirstWord::ExecutableHere,
+            _ => FirstWord::Other,
+        }
+    }
+}
+
+/// Whether `clowder run WORD PROGRAM ...` names an enclave with WORD. Enclave names have no
+/// `/`, so a path is the program; a bare word that is no executable here, followed by a file,
+/// is the enclave; a bare word that is both an executable here and an enclave's name is refused
+/// as ambiguous rather than guessed.
+fn names_enclave(
+    word: &str,
+    first: FirstWord,
+    next_is_file: bool,
+    enclave_exists: impl Fn(&str) -> bool,
+) -> Result<bool, Failure> {
+    match (first, next_is_file) {
+        (FirstWord::Path, _) | (_, false) => Ok(false),
+        (FirstWord::Other, true) => Ok(true),
+        (FirstWord::ExecutableHere, true) if enclave_exists(word) => Err(Failure::Error(format!(
+            "`{word}` is both an enclave and a program in this directory: write `clowder run --enclave {word} PROGRAM` \
+             to run in the enclave, or `clowder run ./{word}` to run the program"
+        ))),
+        (FirstWord::ExecutableHere, true) => Ok(false),
+    }
+}
+
+/// The names of the daemon's enclaves.
+fn enclave_names() -> Result<Vec<String>, String> {
+    let reply = Client::connect()?.call(&json!({"op": "ls"}))?;
+    Ok(reply["enclaves"].as_array().into_iter().flatten().filter_map(|e| e["name"].as_str().map(String::from)).collect())
+}
+
 fn run_command(args: &mut Arguments, json_output: bool) -> Result<u8, Failure> {
     let mut request = json!({"op": "run"});
     let mut env = Vec::new();
@@ -196,14 +249,14 @@ fn run_command(args: &mut Arguments, json_output: bool) -> Result<u8, Failure> {
         }
     };
     let mut rest = args.rest();
-    // `clowder run sim ./hpccg ...`: a first word that is no file, followed by one that is,
-    // names the enclave.
-    let names_enclave = request.get("enclave").is_none()
-        && !std::path::Path::new(&program).exists()
-        && rest.first().is_some_and(|next| std::path::Path::new(next).is_file());
-    if names_enclave {
-        request["enclave"] = json!(program);
-        program = rest.remove(0);
+    if request.get("enclave").is_none() {
+        let first = FirstWord::of(&program, std::path::Path::new("."));
+        let next_is_file = rest.first().is_some_and(|next| std::path::Path::new(next).is_file());
+        let enclave_exists = |name: &str| enclave_names().is_ok_and(|names| names.iter().any(|n| n == name));
+        if names_enclave(&program, first, next_is_file, enclave_exists)? {
+            request["enclave"] = json!(program);
+            program = rest.remove(0);
+        }
     }
     let binary = File::open(&program).map_err(|e| Failure::Error(format!("cannot open {program}: {e}")))?;
     let cwd = std::env::current_dir().map_err(|e| Failure::Error(format!("cannot find the working directory: {e}")))?;
@@ -270,7 +323,7 @@ fn readable_size(bytes: u64) -> String {
     else {
         return bytes.to_string();
     };
-    if bytes % (1u64 << shift) == 0 {
+    if bytes.is_multiple_of(1u64 << shift) {
         clowderd::memory::format_size(bytes)
     } else {
         format!("{:.1}{suffix}", bytes as f64 / (1u64 << shift) as f64)
@@ -360,5 +413,41 @@ fn main() -> ExitCode {
             eprintln!("clowder: {message}");
             ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decide(first: FirstWord, next_is_file: bool, enclave: bool) -> Result<bool, String> {
+        names_enclave("sim", first, next_is_file, |_| enclave).map_err(|f| match f {
+            Failure::Error(e) | Failure::Usage(e) => e,
+        })
+    }
+
+    #[test]
+    fn the_first_word_of_run_is_an_enclave_only_when_it_cannot_be_the_program() {
+        assert_eq!(decide(FirstWord::Other, true, true), Ok(true));
+        assert_eq!(decide(FirstWord::Other, true, false), Ok(true), "the daemon then says no such enclave");
+        assert_eq!(decide(FirstWord::Other, false, true), Ok(false), "no program follows");
+        assert_eq!(decide(FirstWord::Path, true, true), Ok(false));
+        assert_eq!(decide(FirstWord::ExecutableHere, true, false), Ok(false));
+        assert_eq!(decide(FirstWord::ExecutableHere, false, true), Ok(false));
+        let ambiguous = decide(FirstWord::ExecutableHere, true, true).unwrap_err();
+        assert!(ambiguous.contains("--enclave sim") && ambiguous.contains("./sim"), "{ambiguous}");
+    }
+
+    #[test]
+    fn a_directory_named_like_the_enclave_does_not_hide_it() {
+        let dir = std::env::temp_dir().join(format!("clowder-cli-firstword-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sim")).unwrap();
+        std::fs::write(dir.join("data"), "x").unwrap();
+        assert_eq!(FirstWord::of("sim", &dir), FirstWord::Other);
+        assert_eq!(FirstWord::of("data", &dir), FirstWord::Other, "not executable");
+        assert_eq!(FirstWord::of("./data", &dir), FirstWord::Path);
+        std::fs::set_permissions(dir.join("data"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        assert_eq!(FirstWord::of("data", &dir), FirstWord::ExecutableHere);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -272,3 +272,116 @@ fn a_two_vcpu_persistent_enclave_runs_threaded_jobs_on_both_cpus_one_after_anoth
     let removed = clowder(&socket, &["enclave", "rm", "pair"], &dir.0);
     assert!(removed.status.success(), "rm: {}{}", text(&removed.stdout), text(&removed.stderr));
 }
+
+/// One job per mode, each ending in a way that used to stop the machine, or reporting the
+/// kernel's free memory:
+/// - `exit-on-cpu1`: a thread moved to CPU 1 calls `exit` (exit_group) there: status 21;
+/// - `thread-exit`: the only thread ends with the `exit` system call: status 22;
+/// - `thread-exit-on-cpu1`: main ends with `exit`, then the last thread, on CPU 1, too: 23;
+/// - `deadlock`: the only thread waits on a futex nobody can wake: the kernel ends it, 137;
+/// - `memory`: a thread comes and goes, then the free memory (`sysinfo`) is printed in KiB.
+const ENDINGS_JOB: &str = r#"#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/sysinfo.h>
+#include <time.h>
+#include <unistd.h>
+static void move_to_cpu1(void) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(1, &set);
+    sched_setaffinity(0, sizeof set, &set);
+}
+static void *exit_group_on_cpu1(void *arg) {
+    (void)arg;
+    move_to_cpu1();
+    printf("worker on cpu %d\n", sched_getcpu());
+    fflush(stdout);
+    exit(21);
+}
+static void *last_exit_on_cpu1(void *arg) {
+    (void)arg;
+    move_to_cpu1();
+    struct timespec pause = {0, 100000000};
+    nanosleep(&pause, NULL); /* main's exit comes first */
+    syscall(SYS_exit, 23);
+    return NULL;
+}
+static void *nothing(void *arg) { return arg; }
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "";
+    pthread_t thread;
+    if (strcmp(mode, "exit-on-cpu1") == 0) {
+        pthread_create(&thread, NULL, exit_group_on_cpu1, NULL);
+        pthread_join(thread, NULL);
+    } else if (strcmp(mode, "thread-exit") == 0) {
+        syscall(SYS_exit, 22);
+    } else if (strcmp(mode, "thread-exit-on-cpu1") == 0) {
+        pthread_create(&thread, NULL, last_exit_on_cpu1, NULL);
+        syscall(SYS_exit, 0);
+    } else if (strcmp(mode, "deadlock") == 0) {
+        static int word;
+        syscall(SYS_futex, &word, 0 /* FUTEX_WAIT */, 0, NULL);
+    } else if (strcmp(mode, "memory") == 0) {
+        pthread_create(&thread, NULL, nothing, NULL);
+        pthread_join(thread, NULL);
+        struct sysinfo info;
+        sysinfo(&info);
+        printf("%lu\n", info.freeram * info.mem_unit / 1024);
+        return 0;
+    }
+    return 99;
+}
+"#;
+
+#[test]
+fn a_two_vcpu_persistent_enclave_survives_every_way_a_job_ends_and_does_not_leak() {
+    if let Some(why) = missing_requirement() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = TempDir(std::env::temp_dir().join(format!("clowder-persistent-endings-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let socket = start_daemon(&dir.0);
+    let source_path = dir.0.join("endings.c");
+    std::fs::write(&source_path, ENDINGS_JOB).unwrap();
+    let built = Command::new("musl-gcc").args(["-static", "-O2", "-pthread", "-o"]).arg(dir.0.join("endings")).arg(&source_path).status().unwrap();
+    assert!(built.success(), "musl-gcc failed for endings");
+    let created = clowder(&socket, &["enclave", "create", "--name", "ends", "--cores", "0,1", "--mem", "256M"], &dir.0);
+    assert!(created.status.success(), "create: {}{}", text(&created.stdout), text(&created.stderr));
+
+    let cases = [("exit-on-cpu1", 21, "worker on cpu 1\n"), ("thread-exit", 22, ""), ("thread-exit-on-cpu1", 23, ""), ("deadlock", 137, "")];
+    for (mode, status, output) in cases {
+        let run = clowder(&socket, &["run", "--enclave", "ends", "--heap", "16M", "./endings", mode], &dir.0);
+        assert_eq!(run.status.code(), Some(status), "{mode}: stdout {} stderr {}", text(&run.stdout), text(&run.stderr));
+        assert_eq!(text(&run.stdout), output, "{mode}");
+    }
+
+    // Many jobs in a row: with a fixed heap, the kernel's free memory seen by each job must
+    // not fall (page tables, kernel stacks and the idle stack come back after each job).
+    let mut free_kib = Vec::new();
+    for round in 0..32 {
+        let run = clowder(&socket, &["run", "--enclave", "ends", "--heap", "16M", "./endings", "memory"], &dir.0);
+        assert_eq!(run.status.code(), Some(0), "round {round}: {}", text(&run.stderr));
+        free_kib.push(text(&run.stdout).trim().parse::<u64>().expect("free memory in KiB"));
+    }
+    // The kernel's own heap moves a few pages up and down from job to job; one page lost per
+    // job would be 120 KiB over these 30 jobs.
+    let median = |jobs: &[u64]| {
+        let mut sorted = jobs.to_vec();
+        sorted.sort_unstable();
+        sorted[sorted.len() / 2]
+    };
+    let (early, late) = (median(&free_kib[1..6]), median(&free_kib[27..32]));
+    assert!(late + 64 >= early, "free memory fell from {early} KiB to {late} KiB over 30 jobs: {free_kib:?}");
+
+    let listing = clowder(&socket, &["enclave", "ls"], &dir.0);
+    assert!(text(&listing.stdout).contains("ends"), "the enclave is still up: {}", text(&listing.stdout));
+    let removed = clowder(&socket, &["enclave", "rm", "ends"], &dir.0);
+    assert!(removed.status.success(), "rm: {}{}", text(&removed.stdout), text(&removed.stderr));
+}

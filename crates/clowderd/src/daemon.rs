@@ -115,8 +115,15 @@ struct RunFiles {
     inputs: Vec<JobFile>,
 }
 
-/// A JSON line a request handler sends before its final reply (job events).
-pub type EventSink<'a> = dyn FnMut(&Value) -> std::io::Result<()> + 'a;
+/// Where a request handler sends the JSON lines that come before its final reply (job
+/// events), and how it learns, while a job is quiet, that nobody is listening any more.
+pub trait EventSink {
+    fn send(&mut self, event: &Value) -> std::io::Result<()>;
+    fn client_gone(&self) -> bool;
+}
+
+/// How often a job that prints nothing is checked for a client that went away.
+const CLIENT_CHECK_INTERVAL: Duration = Duration::from_millis(250);
 
 impl Daemon {
     pub fn new(config: DaemonConfig, launcher: Box<dyn Launcher>) -> Arc<Daemon> {
@@ -134,7 +141,7 @@ impl Daemon {
     }
 
     /// Answers one request; `events` receives the lines that come before the final reply.
-    pub fn handle(self: &Arc<Self>, request: Request, files: Vec<File>, peer: &Peer, events: &mut EventSink<'_>) -> Value {
+    pub fn handle(self: &Arc<Self>, request: Request, files: Vec<File>, peer: &Peer, events: &mut dyn EventSink) -> Value {
         let needs_privilege = matches!(request, Request::Create(_) | Request::Remove { .. } | Request::Run(_));
         if needs_privilege && !may_create_enclaves(peer, self.config.admin_group) {
             return error_reply(format!(
@@ -386,7 +393,7 @@ impl Daemon {
         }
     }
 
-    fn run(self: &Arc<Self>, request: RunRequest, files: Vec<File>, peer: &Peer, events: &mut EventSink<'_>) -> Value {
+    fn run(self: &Arc<Self>, request: RunRequest, files: Vec<File>, peer: &Peer, events: &mut dyn EventSink) -> Value {
         if files.len() != RUN_FIXED_FDS + request.files.len() {
             return error_reply(format!(
                 "`run` carries {} file descriptors; it needs {} (the binary, the working directory, then one per input file)",
@@ -417,7 +424,7 @@ impl Daemon {
         request: RunRequest,
         files: RunFiles,
         owner: (u32, u32),
-        events: &mut EventSink<'_>,
+        events: &mut dyn EventSink,
     ) -> Value {
         let (enclave, job) = {
             let mut state = self.state.lock().unwrap();
@@ -455,13 +462,23 @@ impl Daemon {
         if let Err(e) = enclave.launch(job, spec, sender) {
             return error_reply(format!("cannot launch the job in enclave {name}: {e}"));
         }
-        if events(&json!({"event": "started", "enclave": name, "job": job})).is_err() {
-            enclave.kill_job(job);
-        }
+        // The client went away: end its job rather than run it for nobody (once).
+        let mut killed = false;
+        let mut end_for_nobody = |events: &dyn EventSink, failed_send: bool| {
+            if !killed && (failed_send || events.client_gone()) {
+                killed = true;
+                enclave.kill_job(job);
+            }
+        };
+        let failed = events.send(&json!({"event": "started", "enclave": name, "job": job})).is_err();
+        end_for_nobody(&*events, failed);
         loop {
-            let event = match receiver.recv_timeout(Duration::from_secs(1)) {
+            let event = match receiver.recv_timeout(CLIENT_CHECK_INTERVAL) {
                 Ok(event) => event,
-                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    end_for_nobody(&*events, false);
+                    continue;
+                }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     return error_reply(format!("enclave {name} dropped job {job} without a word"))
                 }
@@ -474,14 +491,12 @@ impl Daemon {
                 JobEvent::Exited { status } => return ok_reply(json!({"event": "exited", "status": status, "job": job})),
                 JobEvent::Failed { reason } => return error_reply(reason),
             };
-            if events(&line).is_err() {
-                // The client went away: end its job rather than run it for nobody.
-                enclave.kill_job(job);
-            }
+            let failed = events.send(&line).is_err();
+            end_for_nobody(&*events, failed);
         }
     }
 
-    fn run_one_shot(&self, request: RunRequest, binary: File, events: &mut EventSink<'_>) -> Value {
+    fn run_one_shot(&self, request: RunRequest, binary: File, events: &mut dyn EventSink) -> Value {
         let command_line = match kernel_command_line(&request.argv, &request.env, request.heap) {
             Ok(line) => line,
             Err(e) => return error_reply(e),
@@ -519,11 +534,23 @@ impl Daemon {
             // The daemon tore everything down while this machine was starting.
             machine.kill();
         }
-        let mut client_gone = events(&json!({
-            "event": "started", "enclave": name, "pid": pid, "cores": format_cpu_list(cores.iter().copied()),
-        }))
-        .is_err();
-        while let Some(event) = machine.next_event() {
+        let mut client_gone = events
+            .send(&json!({
+                "event": "started", "enclave": name, "pid": pid, "cores": format_cpu_list(cores.iter().copied()),
+            }))
+            .is_err();
+        loop {
+            let event = match machine.next_event(CLIENT_CHECK_INTERVAL) {
+                Ok(event) => event,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if !client_gone && events.client_gone() {
+                        client_gone = true;
+                        machine.kill();
+                    }
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            };
             let line = match event {
                 RunEvent::Output(bytes) => {
                     log.push(format!("console: {}", String::from_utf8_lossy(&bytes).trim_end()));
@@ -534,7 +561,7 @@ impl Daemon {
                     json!({"event": "log", "text": text})
                 }
             };
-            if !client_gone && events(&line).is_err() {
+            if !client_gone && events.send(&line).is_err() {
                 client_gone = true;
                 machine.kill();
             }

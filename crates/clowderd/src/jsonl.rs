@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 use serde_json::Value;
@@ -75,6 +75,11 @@ impl LineSocket {
         }
         let sent = self.stream.send_with_fds(&[&line[..]], fds).map_err(io::Error::from)?;
         (&self.stream).write_all(&line[sent..])
+    }
+
+    /// Whether the peer has closed the connection (checked while a job is quiet).
+    pub fn peer_hung_up(&self) -> bool {
+        crate::sys::peer_hung_up(self.stream.as_raw_fd())
     }
 
     /// Reads the next line as JSON.

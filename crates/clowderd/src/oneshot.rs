@@ -167,9 +167,10 @@ impl OneShot {
         self.child.id()
     }
 
-    /// The next console event; `None` once the console has closed (the machine ended).
-    pub fn next_event(&self) -> Option<RunEvent> {
-        self.console.recv().ok()
+    /// The next console event within `wait`; `Disconnected` once the console has closed (the
+    /// machine ended).
+    pub fn next_event(&self, wait: Duration) -> Result<RunEvent, mpsc::RecvTimeoutError> {
+        self.console.recv_timeout(wait)
     }
 
     /// Stops the machine early (the client went away).

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::api::{error_reply, parse_request};
-use crate::daemon::Daemon;
+use crate::daemon::{Daemon, EventSink};
 use crate::jsonl::LineSocket;
 use crate::peer::peer_of;
 
@@ -42,6 +42,19 @@ pub fn serve(daemon: Arc<Daemon>, listener: UnixListener) -> io::Result<()> {
     Ok(())
 }
 
+/// Job events go to the client's connection.
+struct ClientEvents<'a>(&'a LineSocket);
+
+impl EventSink for ClientEvents<'_> {
+    fn send(&mut self, event: &serde_json::Value) -> io::Result<()> {
+        self.0.send(event, &[])
+    }
+
+    fn client_gone(&self) -> bool {
+        self.0.peer_hung_up()
+    }
+}
+
 fn serve_client(daemon: &Arc<Daemon>, stream: UnixStream) {
     let peer = match peer_of(&stream) {
         Ok(peer) => peer,
@@ -54,10 +67,7 @@ fn serve_client(daemon: &Arc<Daemon>, stream: UnixStream) {
     loop {
         let reply = match socket.receive() {
             Ok(Some((line, files))) => match parse_request(&line) {
-                Ok(request) => {
-                    let sender = &socket;
-                    daemon.handle(request, files, &peer, &mut |event| sender.send(event, &[]))
-                }
+                Ok(request) => daemon.handle(request, files, &peer, &mut ClientEvents(&socket)),
                 Err(e) => error_reply(e),
             },
             Ok(None) => return,

@@ -54,6 +54,15 @@ pub fn drain_eventfd(eventfd: &File) -> bool {
     unsafe { libc::read(eventfd.as_raw_fd(), count.as_mut_ptr().cast(), count.len()) == 8 }
 }
 
+/// Whether the other end of the stream socket `fd` has hung up (closed or shut down its
+/// writing side); does not wait.
+pub fn peer_hung_up(fd: RawFd) -> bool {
+    let mut poll = libc::pollfd { fd, events: libc::POLLRDHUP, revents: 0 };
+    // SAFETY: one pollfd we own.
+    let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+    ready > 0 && poll.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+}
+
 /// Waits until `fd` is readable or `timeout` passes; true if readable.
 pub fn wait_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
     let mut poll = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };

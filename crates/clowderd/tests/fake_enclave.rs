@@ -470,6 +470,14 @@ impl FakeKernel {
                 self.hardware.hung.store(true, Ordering::SeqCst);
                 return;
             }
+            "quiet-until-killed" => loop {
+                match self.receive() {
+                    Some(Incoming::Ping(nonce)) => self.pong(nonce),
+                    Some(Incoming::Kill) => break 128 + libc::SIGKILL as u32,
+                    Some(_) => {}
+                    None => return,
+                }
+            },
             "panic" => {
                 self.send(EnclaveMessage::Panic { text: b"fake kernel gave up" });
                 return;
@@ -656,6 +664,33 @@ fn jobs_stream_output_and_return_their_status() {
     assert_eq!(list["enclaves"][0]["name"], "sim");
     assert_eq!(list["enclaves"][0]["state"], "ready");
     assert_eq!(list["enclaves"][0]["jobs"], 0);
+}
+
+#[test]
+fn a_quiet_job_is_killed_when_its_client_goes_away() {
+    let daemon = start_daemon("client-gone", quick_liveness());
+    daemon.create("sim");
+    let work = TempDir::new("client-gone-work");
+    let binary = File::open(std::env::current_exe().unwrap()).unwrap();
+    let dir = File::open(&work.0).unwrap();
+    let request = json!({
+        "op": "run", "enclave": "sim", "argv": ["prog", "quiet-until-killed"], "cwd": work.0.to_str().unwrap(), "files": [],
+    });
+    let stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+    let mut socket = clowderd::jsonl::LineSocket::new(stream);
+    socket.send(&request, &[binary.as_raw_fd(), dir.as_raw_fd()]).unwrap();
+    let started = socket.receive_value().unwrap().unwrap();
+    assert_eq!(started["event"], "started", "{started}");
+    assert_eq!(daemon.call(json!({"op": "ls"}))["enclaves"][0]["jobs"], 1);
+    // The job prints nothing, so no failed write tells the daemon; the hang-up alone must.
+    drop(socket);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while daemon.call(json!({"op": "ls"}))["enclaves"][0]["jobs"] != 0 {
+        assert!(Instant::now() < deadline, "the job outlived its client by 5 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let logs = daemon.call(json!({"op": "logs", "name": "sim"}));
+    assert!(logs.to_string().contains("exited with status 137"), "{logs}");
 }
 
 #[test]

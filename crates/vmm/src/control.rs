@@ -6,7 +6,7 @@
 //! (→ RAM memfd, doorbell eventfd, interrupt eventfd), `add_region` (with one fd: `offset`, `len`,
 //! optional `gpa`), `remove_region` (`slot`), `translate` (`gpa`, `len` → runs naming the fds
 //! sent with the reply), `profile` (`vcpu`, `steps`: single-step that many instructions and
-//! count kernel/user instructions and kernel entries). Replies have `"ok": true` or `"ok": false, "error": "..."`; a malformed
+//! count kernel/user instructions, kernel entries and the most stepped kernel addresses). Replies have `"ok": true` or `"ok": false, "error": "..."`; a malformed
 //! request gets an error reply and the connection stays usable.
 
 use std::fs::File;
@@ -184,6 +184,8 @@ pub fn handle_request(vm: &VmHandle, line: &[u8], files: &[File]) -> (Value, Vec
                     ok(json!({
                         "steps": p.steps, "kernel": p.kernel, "user": p.user,
                         "kernel_entries": p.kernel_entries, "kernel_per_entry": p.kernel_per_entry(),
+                        "hot_kernel_addresses": p.hot_kernel_addresses.iter()
+                            .map(|&(rip, count)| json!([format!("{rip:#x}"), count])).collect::<Vec<_>>(),
                     })),
                     vec![],
                 ),

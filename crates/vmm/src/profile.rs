@@ -18,7 +18,10 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 /// Longest window one request may ask for (each step is a VM exit).
 pub const MAX_STEPS: u64 = 10_000_000;
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Kernel instruction addresses reported per profile, the most executed first.
+pub const HOT_ADDRESSES: usize = 64;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct InstructionProfile {
     pub steps: u64,
     pub kernel: u64,
@@ -26,12 +29,24 @@ pub struct InstructionProfile {
     /// Transitions from a user-mode instruction to a kernel-mode one (system calls, faults,
     /// interrupts taken in user mode).
     pub kernel_entries: u64,
+    /// The kernel instruction addresses stepped most often, with their counts (at most
+    /// [`HOT_ADDRESSES`], the most executed first): where a slow kernel path spends its
+    /// emulated instructions (symbolise with the kernel's ELF).
+    pub hot_kernel_addresses: Vec<(u64, u64)>,
 }
 
 impl InstructionProfile {
     /// Kernel instructions per entry into the kernel, if there was any.
     pub fn kernel_per_entry(&self) -> Option<f64> {
         (self.kernel_entries > 0).then(|| self.kernel as f64 / self.kernel_entries as f64)
+    }
+
+    /// Keeps the `HOT_ADDRESSES` most counted addresses, ties by address.
+    fn set_hot_addresses(&mut self, counts: &std::collections::HashMap<u64, u64>) {
+        let mut hot: Vec<(u64, u64)> = counts.iter().map(|(&rip, &count)| (rip, count)).collect();
+        hot.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        hot.truncate(HOT_ADDRESSES);
+        self.hot_kernel_addresses = hot;
     }
 
     /// `returned_to_user`: the previous step was an IRETQ/SYSRETQ back to user mode.
@@ -102,6 +117,8 @@ pub struct Stepping {
     profile: InstructionProfile,
     previous_cpl: Option<u8>,
     previous_rip: Option<u64>,
+    /// Steps per kernel instruction address.
+    kernel_rips: std::collections::HashMap<u64, u64>,
     reply: Sender<InstructionProfile>,
 }
 
@@ -140,6 +157,7 @@ pub fn start_if_requested(requests: &ProfileRequests, vcpu_index: usize, vcpu: &
         profile: InstructionProfile::default(),
         previous_cpl: None,
         previous_rip: None,
+        kernel_rips: std::collections::HashMap::new(),
         reply: request.reply,
     })
 }
@@ -156,21 +174,28 @@ impl Stepping {
             .and_then(|rip| code_at(vcpu, memory, rip))
             .is_some_and(returns_to_user);
         self.profile.record(cpl, self.previous_cpl, returned_to_user);
+        if cpl == 0 {
+            *self.kernel_rips.entry(synced.regs.rip).or_default() += 1;
+        }
         self.previous_cpl = Some(cpl);
         self.previous_rip = Some(synced.regs.rip);
         self.remaining -= 1;
         if self.remaining > 0 {
             return false;
         }
-        let _ = set_single_step(vcpu, false);
-        let _ = self.reply.send(self.profile);
+        self.finish(vcpu);
         true
     }
 
     /// Ends the window early (the VM stops): stepping off, whatever was counted is sent.
-    pub fn abandon(self, vcpu: &mut VcpuFd) {
+    pub fn abandon(mut self, vcpu: &mut VcpuFd) {
+        self.finish(vcpu);
+    }
+
+    fn finish(&mut self, vcpu: &mut VcpuFd) {
         let _ = set_single_step(vcpu, false);
-        let _ = self.reply.send(self.profile);
+        self.profile.set_hot_addresses(&self.kernel_rips);
+        let _ = self.reply.send(std::mem::take(&mut self.profile));
     }
 }
 
@@ -195,6 +220,19 @@ mod tests {
         assert!(returns_to_user([0x48, 0x0f, 0x07]));
         assert!(!returns_to_user([0x48, 0x89, 0xc7]));
         assert_eq!(InstructionProfile::default().kernel_per_entry(), None);
+    }
+
+    #[test]
+    fn hot_addresses_are_the_most_stepped_first_and_bounded() {
+        let mut counts: std::collections::HashMap<u64, u64> = (0..200u64).map(|rip| (0x1000 + rip, 1)).collect();
+        counts.insert(0xffff_8000, 50);
+        counts.insert(0xffff_9000, 70);
+        let mut p = InstructionProfile::default();
+        p.set_hot_addresses(&counts);
+        assert_eq!(p.hot_kernel_addresses.len(), HOT_ADDRESSES);
+        assert_eq!(p.hot_kernel_addresses[0], (0xffff_9000, 70));
+        assert_eq!(p.hot_kernel_addresses[1], (0xffff_8000, 50));
+        assert_eq!(p.hot_kernel_addresses[2], (0x1000, 1), "ties in address order");
     }
 
     #[test]

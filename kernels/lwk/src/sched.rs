@@ -158,8 +158,13 @@ pub fn init_main_thread() {
         gs_base: 0,
         clear_child_tid: 0,
     };
-    // CPU 0 booted on a stack it has left; its idle loop gets a stack of its own.
-    let idle_stack = pmem::allocate(KERNEL_STACK_SIZE, PAGE_SIZE).expect("no memory for the idle stack");
+    // CPU 0 booted on a stack it has left; its idle loop gets a stack of its own, kept for
+    // every later job (nothing runs on it between jobs).
+    let mut idle_stack = CPU0_IDLE_STACK.load(Ordering::Relaxed);
+    if idle_stack == 0 {
+        idle_stack = pmem::allocate(KERNEL_STACK_SIZE, PAGE_SIZE).expect("no memory for the idle stack");
+        CPU0_IDLE_STACK.store(idle_stack, Ordering::Relaxed);
+    }
     trap::prepare_kernel_context(trap::idle_slot(0), phys::to_virtual(idle_stack) + KERNEL_STACK_SIZE, idle_entry);
     let mut threads = BTreeMap::new();
     threads.insert(job::PID, main);
@@ -170,8 +175,56 @@ pub fn init_main_thread() {
     for queued in &QUEUED {
         queued.store(0, Ordering::Release);
     }
+    JOB_END_REQUEST.store(NO_END_REQUEST, Ordering::Release);
     CPUS_RELEASED.store(true, Ordering::Release);
     bring_back_parked_cpus();
+}
+
+/// CPU 0's idle stack (physical), allocated with the first job.
+static CPU0_IDLE_STACK: AtomicU64 = AtomicU64::new(0);
+
+/// A persistent enclave's job ended (it exited, or the host killed it) on a CPU other than
+/// 0: the status for CPU 0 to report, since the service loop runs there (the channel
+/// interrupt arrives there). `NO_END_REQUEST` otherwise.
+static JOB_END_REQUEST: AtomicU32 = AtomicU32::new(NO_END_REQUEST);
+const NO_END_REQUEST: u32 = u32::MAX;
+
+/// Called on a CPU other than 0 when the job ends there: asks CPU 0 to end it (the first
+/// request wins, as the first `exit_group` does on Linux) and parks this CPU. CPU 0 notices
+/// at its next tick, idle round or wake-up (`end_job_if_requested`).
+pub fn hand_job_end_to_cpu0(status: u8) -> ! {
+    let cpu = tables::current_cpu();
+    let _ = JOB_END_REQUEST.compare_exchange(NO_END_REQUEST, status as u32, Ordering::AcqRel, Ordering::Acquire);
+    if let Some(apic_id) = apic_id(0) {
+        apic::send_tick(apic_id);
+    }
+    park(cpu)
+}
+
+/// On CPU 0, where no lock is held: ends the job if another CPU asked for it.
+pub fn end_job_if_requested(cpu: usize) {
+    if cpu == 0 && JOB_END_REQUEST.load(Ordering::Acquire) != NO_END_REQUEST {
+        let status = JOB_END_REQUEST.swap(NO_END_REQUEST, Ordering::AcqRel);
+        if status != NO_END_REQUEST {
+            job::exit(status as u8);
+        }
+    }
+}
+
+/// Forgets a finished job's end request once every other CPU has parked (none can add one).
+pub fn clear_job_end_request() {
+    JOB_END_REQUEST.store(NO_END_REQUEST, Ordering::Release);
+}
+
+/// The job is over and no CPU runs its threads (the others parked, this one on the service
+/// stack with the kernel's tables): frees the kernel stacks of its threads and drops the
+/// scheduler.
+pub fn release_job_threads() {
+    let Some(scheduler) = SCHEDULER.lock().take() else { return };
+    let stacks = scheduler.threads.values().filter_map(|thread| thread.stack_physical);
+    for stack in stacks.chain(scheduler.cpus.iter().flat_map(|cpu| cpu.exited_stacks.iter().copied())) {
+        pmem::free(stack, KERNEL_STACK_SIZE);
+    }
 }
 
 /// Persistent enclaves, between jobs: the CPUs other than the one ending a job drop its
@@ -217,9 +270,9 @@ pub fn park_other_cpus() -> bool {
     true
 }
 
-/// Called where another CPU may be asked to park: a tick that interrupted a job thread, and
-/// each round of the idle loop. Neither holds a lock.
-fn park_if_requested(cpu: usize) {
+/// Called where another CPU may be asked to park: a tick that interrupted a job thread, each
+/// round of the idle loop, and each round of a wait for the host's answer. None holds a lock.
+pub fn park_if_requested(cpu: usize) {
     if cpu != 0 && PARK_REQUESTED.load(Ordering::Acquire) {
         park(cpu)
     }
@@ -426,6 +479,7 @@ enum IdleStep {
 fn idle_loop(cpu: usize) -> ! {
     loop {
         park_if_requested(cpu);
+        end_job_if_requested(cpu);
         let step = with_scheduler(|scheduler| {
             expire_timed_waits(scheduler, cpu);
             if let Some(next) = scheduler.dequeue(cpu) {
@@ -614,6 +668,7 @@ static QUANTUM_END: [core::sync::atomic::AtomicU64; MAX_CPUS] = [const { core::s
 pub fn tick() {
     let cpu = tables::current_cpu();
     park_if_requested(cpu);
+    end_job_if_requested(cpu);
     if QUEUED[cpu].load(Ordering::Acquire) == 0 {
         apic::disarm_timer();
         return;
@@ -648,27 +703,33 @@ pub fn yield_now() {
 pub fn wait(address: u64, bitset: u32, deadline: Option<u64>, still_expected: impl FnOnce() -> bool) -> Option<WaitResult> {
     let cpu = tables::current_cpu();
     let mut expected = false;
+    let mut dead_lock = false;
     leave_cpu(
         |scheduler| {
-            let thread = scheduler.current_thread(cpu);
-            let slot = thread.slot;
+            let current = scheduler.current(cpu);
             expected = still_expected();
-            if expected {
+            let others_all_wait = scheduler
+                .threads
+                .iter()
+                .all(|(&tid, thread)| tid == current || matches!(thread.state, State::Waiting { deadline: None, .. }));
+            dead_lock = expected && deadline.is_none() && others_all_wait;
+            let thread = scheduler.current_thread(cpu);
+            if expected && !dead_lock {
                 thread.state = State::Waiting { address, bitset, deadline };
                 thread.wait_result = WaitResult::Woken;
-                if scheduler.threads.values().all(|thread| matches!(thread.state, State::Waiting { deadline: None, .. })) {
-                    log!("every thread of the job waits on a futex that nobody can wake: dead-lock");
-                    job::exit(128 + 9);
-                }
             } else {
                 // Not blocking after all: stay, by running ourselves next.
-                let current = scheduler.current(cpu);
                 scheduler.cpus[cpu].run_queue.push_front(current);
             }
-            slot
+            scheduler.threads[&current].slot
         },
         cpu,
     );
+    if dead_lock {
+        // Ended outside the scheduler's lock, so that a persistent enclave can reuse it.
+        log!("every thread of the job waits on a futex that nobody can wake: dead-lock");
+        job::exit(128 + 9);
+    }
     expected.then(|| with_scheduler(|scheduler| scheduler.current_thread(cpu).wait_result))
 }
 
@@ -728,25 +789,25 @@ pub fn exit_current(status: u8) -> ! {
         let _ = trap::copy_to_user(clear_child_tid, &0u32.to_le_bytes());
         wake(clear_child_tid, 1, u32::MAX);
     }
+    let mut last = false;
     leave_cpu(
         |scheduler| {
             let current = scheduler.current(cpu);
-            let thread = scheduler.threads.remove(&current).expect("current thread");
-            if scheduler.threads.is_empty() {
-                job::exit(status);
+            last = scheduler.threads.len() == 1;
+            if last {
+                // The job ends below, outside the lock: keep running this thread until then.
+                scheduler.cpus[cpu].run_queue.push_front(current);
+                return scheduler.threads[&current].slot;
             }
+            let thread = scheduler.threads.remove(&current).expect("current thread");
             scheduler.free_slots.push(thread.slot);
             scheduler.cpus[cpu].exited_stacks.extend(thread.stack_physical);
             trap::exit_slot(cpu)
         },
         cpu,
     );
+    if last {
+        job::exit(status);
+    }
     unreachable!("an exited thread was resumed")
-}
-
-/// The number of the job's threads, or `None` when the scheduler is locked: by this CPU
-/// itself when the last thread's `exit` ends the job from inside the scheduler (a persistent
-/// enclave then cannot reuse the scheduler for another job).
-pub fn try_thread_count() -> Option<usize> {
-    SCHEDULER.try_lock().map(|scheduler| scheduler.as_ref().map_or(0, |scheduler| scheduler.threads.len()))
 }

@@ -28,6 +28,8 @@ pub trait TableSource {
     fn allocate_table(&mut self) -> Option<u64>;
     /// `table` is unlinked, but may still be walked by another CPU until its next TLB flush.
     fn retire_table(&mut self, table: u64);
+    /// `table` is unlinked and no CPU can walk it any more (no CPU uses its address space).
+    fn free_table(&mut self, table: u64);
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -249,6 +251,24 @@ impl PageTables {
         let offset = address & (leaf_size - 1);
         let frame = leaf & ADDRESS_MASK & !(leaf_size - 1);
         Ok(Translation { physical: frame + offset, writable: leaf & WRITABLE != 0, bytes_left_in_leaf: leaf_size - offset })
+    }
+
+    /// Frees every table of the user half and the root: the address space is gone. The caller
+    /// makes sure no CPU has it loaded. Leaves (the memory mapped) are the caller's.
+    pub fn free_user_tables(self, tables: &mut dyn TableSource) {
+        let root = entries(self.root);
+        for &directory_pointer in root[..256].iter().filter(|&&entry| entry & PRESENT != 0) {
+            let pointer_table = directory_pointer & ADDRESS_MASK;
+            for &directory in entries(pointer_table).iter().filter(|&&entry| entry & PRESENT != 0 && entry & HUGE == 0) {
+                let directory_table = directory & ADDRESS_MASK;
+                for &leaf_table in entries(directory_table).iter().filter(|&&entry| entry & PRESENT != 0 && entry & HUGE == 0) {
+                    tables.free_table(leaf_table & ADDRESS_MASK);
+                }
+                tables.free_table(directory_table);
+            }
+            tables.free_table(pointer_table);
+        }
+        tables.free_table(self.root);
     }
 
     /// Removes the mappings of the range (2 MiB pages partly covered are split first).

@@ -52,13 +52,7 @@ fn request(op: FileOp<'_>) -> FileAnswer {
             return answer;
         }
         follow_up(followup);
-        // CPU 0 takes the channel interrupt, so it may sleep until the answer comes; other
-        // CPUs poll the ring (they get no channel interrupt).
-        if tables::current_cpu() == 0 {
-            crate::arch::apic::sleep_until_interrupt();
-        } else {
-            core::hint::spin_loop();
-        }
+        super::wait_for_host_message();
     }
 }
 

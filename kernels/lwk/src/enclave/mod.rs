@@ -270,13 +270,23 @@ pub fn serve_host_until(done: impl Fn() -> bool) {
             return;
         }
         follow_up(followup);
-        if crate::arch::tables::current_cpu() == 0 {
-            crate::arch::apic::sleep_until_interrupt();
-        } else {
-            // Interrupts are off here: answer a TLB shootdown without waiting for the IPI.
-            crate::sched::flush_tlb_if_stale();
-            core::hint::spin_loop();
-        }
+        wait_for_host_message();
+    }
+}
+
+/// One round of a wait for the host: CPU 0 sleeps until the channel interrupt (or another
+/// CPU's tick asking it to end the job); other CPUs poll the ring (they get no channel
+/// interrupt) and park if the job ended elsewhere.
+pub fn wait_for_host_message() {
+    let cpu = crate::arch::tables::current_cpu();
+    if cpu == 0 {
+        crate::arch::apic::sleep_until_interrupt();
+        crate::sched::end_job_if_requested(cpu);
+    } else {
+        crate::sched::park_if_requested(cpu);
+        // Interrupts are off here: answer a TLB shootdown without waiting for the IPI.
+        crate::sched::flush_tlb_if_stale();
+        core::hint::spin_loop();
     }
 }
 
@@ -395,9 +405,14 @@ fn launch_job(bytes: &[u8]) {
     }
 }
 
-/// The job is over (it exited, faulted or was killed): report it, free its memory and go
-/// back to the service loop on the service stack.
+/// The job is over (it exited, faulted or was killed): report it, then, on the service
+/// stack, free its memory and go back to the service loop. On a CPU other than 0 the job's
+/// end is handed to CPU 0, where the service loop runs.
 pub fn end_job(status: u8) -> ! {
+    let cpu = arch::tables::current_cpu();
+    if cpu != 0 {
+        crate::sched::hand_job_end_to_cpu0(status)
+    }
     let (id, vcpus) = with_state(|state| {
         let id = state.job.take().map(|job| job.id);
         state.kill_status = None;
@@ -406,30 +421,33 @@ pub fn end_job(status: u8) -> ! {
     });
     // Reusing the machine is safe only if no thread of this job can run again: with one vCPU
     // the others sit in CPU 0's queue, which the next job replaces; with more, the other CPUs
-    // drop the job's threads and park until the next job (the service loop itself needs CPU
-    // 0, where the channel interrupt arrives). When the last thread's `exit` ends the job the
-    // scheduler stays locked, and a CPU that does not park may still run the job's code: then
-    // the enclave ends after reporting the job.
-    let reusable = match crate::sched::try_thread_count() {
-        None => false,
-        Some(_) if vcpus <= 1 => true,
-        Some(_) => arch::tables::current_cpu() == 0 && crate::sched::park_other_cpus(),
-    };
-    if !reusable {
-        if let Some(id) = id {
-            with_state(|state| state.link.send(&EnclaveMessage::JobExited { job: id, status: status as u32 }));
-        }
-        log!("enclave: job threads may still be live on other CPUs; stopping rather than reusing their memory");
-        machine::exit(status)
-    }
+    // drop the job's threads and park until the next job. A CPU that does not park (no
+    // x2APIC id to send it the IPI, or stuck in the kernel) may still run the job's code:
+    // then the enclave ends after reporting the job.
+    let reusable = vcpus <= 1 || crate::sched::park_other_cpus();
     // Report first: the user need not wait while the memory is cleared (a `LaunchJob` that
     // comes meanwhile waits in the ring until the service loop runs).
     if let Some(id) = id {
         with_state(|state| state.link.send(&EnclaveMessage::JobExited { job: id, status: status as u32 }));
     }
+    if !reusable {
+        log!("enclave: job threads may still be live on other CPUs; stopping rather than reusing their memory");
+        machine::exit(status)
+    }
+    crate::sched::clear_job_end_request();
+    machine_channel::run_on_stack(SERVICE_STACK_TOP.load(Ordering::Relaxed), reclaim_job_then_serve)
+}
+
+/// On the service stack, with every other CPU parked: gives back everything the job held
+/// (its memory and page tables, its threads' kernel stacks) and serves the host again.
+extern "C" fn reclaim_job_then_serve() -> ! {
+    // The job's page tables are about to be freed: stop using them first.
+    mm::activate_kernel_tables();
     job::release();
+    crate::sched::release_job_threads();
+    mm::free_retired_tables();
     fs::clear();
-    machine_channel::run_on_stack(SERVICE_STACK_TOP.load(Ordering::Relaxed), service_loop)
+    service_loop()
 }
 
 /// Streams a write to the console descriptors to the host (descriptor 2 is stderr).

@@ -234,17 +234,18 @@ pub fn exit(status: u8) -> ! {
     machine::exit(status)
 }
 
-/// Gives the job's memory back (a persistent enclave's job ended): the image block and the
-/// stack are cleared whole, the heap only where it was used. Page-table pages are not
-/// reclaimed (a few per job).
+/// Gives the job's memory back (a persistent enclave's job ended, and no CPU uses its
+/// address space any more): the image block and the stack are cleared whole, the heap only
+/// where it was used; the page tables are freed.
 pub fn release() {
-    let Some(mut process) = PROCESS.lock().take() else { return };
+    let Some(process) = PROCESS.lock().take() else { return };
     crate::xpmem::forget_job();
-    let memory = &mut process.memory;
+    let mut memory = process.memory;
     let (heap_physical, heap_size) = memory.clear_heap();
     pmem::free_clean(heap_physical, heap_size);
     pmem::free(memory.stack.physical_start, memory.stack.end - memory.stack.start);
     pmem::free(memory.image.physical_start, memory.image.end - memory.image.start);
+    memory.aspace.free();
 }
 
 /// The job faulted: it dies of `signal`, with the status a Linux shell reports (128 + signal).

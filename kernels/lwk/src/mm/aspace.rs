@@ -25,6 +25,11 @@ impl AddressSpace {
         self.tables.unmap(virtual_address, len, &mut PmemTables)
     }
 
+    /// Frees the page tables (not the memory they map). No CPU may have them loaded.
+    pub fn free(self) {
+        self.tables.free_user_tables(&mut PmemTables);
+    }
+
     /// See `PageTables::translate`: the translation, or how many bytes are unmapped from here.
     pub fn translate(&mut self, virtual_address: u64) -> Result<Translation, u64> {
         self.tables.translate(virtual_address)

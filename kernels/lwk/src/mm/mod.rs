@@ -39,6 +39,19 @@ impl TableSource for PmemTables {
     fn retire_table(&mut self, table: u64) {
         RETIRED_TABLES.lock().push(table);
     }
+
+    fn free_table(&mut self, table: u64) {
+        pmem::free_pages(table, 1);
+    }
+}
+
+/// Gives the retired tables back to `pmem`: called between jobs, when every CPU has loaded
+/// the kernel's tables since (flushing whatever it cached of them).
+pub fn free_retired_tables() {
+    let retired = core::mem::take(&mut *RETIRED_TABLES.lock());
+    for table in retired {
+        pmem::free_pages(table, 1);
+    }
 }
 
 static KERNEL_TABLES: SpinLock<Option<PageTables>> = SpinLock::new(None);
