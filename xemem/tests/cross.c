@@ -29,7 +29,7 @@
 
 #define PAGE 4096UL
 #define INTS_PER_PAGE (PAGE / sizeof(int))
-#define STEP_SECONDS 30
+#define STEP_SECONDS 60
 
 /* Control page words. */
 enum { SEG1, SEG2, SEG3, OWNER_STEP, ATTACHER_STEP };
