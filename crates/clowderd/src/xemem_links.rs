@@ -979,4 +979,52 @@ mod tests {
         assert_eq!(runs_into_regions(&[memory(0, 4096)], &skewed).err(), Some(Error::Invalid));
         assert!(skewed.live.borrow().is_empty());
     }
+
+    /// A port whose enclave has been given an id by the name server, as a kernel would get one.
+    fn linked_port(links: &Arc<XememLinks>, token: u64) -> (XememPort, EnclaveId) {
+        let file = crate::sys::memfd("xemem-links-test").unwrap();
+        file.set_len(1 << 20).unwrap();
+        let ram = GuestRam::map(&file, vec![crate::guest_ram::RamRange { gpa: 0, size: 1 << 20, file_offset: 0 }], (0xf0000, 4096)).unwrap();
+        let port = links.join(Arc::new(ram)).unwrap();
+        let regions = FakeRegions::default();
+        port.from_enclave(&Message::new(0, 0, 0, Body::EnclaveIdRequest { token }).to_bytes().unwrap(), &regions);
+        let answers: Vec<Message> = port.to_enclave().iter().map(|bytes| Message::decode(bytes).unwrap()).collect();
+        let enclave = answers
+            .iter()
+            .find_map(|m| match m.body {
+                Body::EnclaveIdResponse { token: t, enclave } if t == token => Some(enclave),
+                _ => None,
+            })
+            .expect("an enclave id");
+        (port, enclave)
+    }
+
+    fn lookup_from(origin: EnclaveId) -> Vec<u8> {
+        Message::new(5, origin, NAME_SERVER_ENCLAVE, Body::Lookup { name: Name::new(b"nothing-here").unwrap() }).to_bytes().unwrap()
+    }
+
+    #[test]
+    fn an_enclave_speaks_only_for_itself_and_its_frames_go_only_to_the_name_server() {
+        let links = XememLinks::new();
+        let (a, a_id) = linked_port(&links, 1);
+        let (b, b_id) = linked_port(&links, 2);
+        let regions = FakeRegions::default();
+        // Its own request is answered (the name is unknown: NotFound).
+        a.from_enclave(&lookup_from(a_id), &regions);
+        let answers = a.to_enclave();
+        assert_eq!(answers.len(), 1);
+        assert_eq!(Message::decode(&answers[0]).unwrap().body, Body::Failed { error: Error::NotFound });
+        // The same request claiming to come from b, through a's link: dropped.
+        a.from_enclave(&lookup_from(b_id), &regions);
+        assert!(a.to_enclave().is_empty() && b.to_enclave().is_empty());
+        // Frame runs from a addressed to b: dropped, never forwarded.
+        let runs = vec![FrameRun { first: Some(16), frames: 1 }];
+        let attached = Message::new(7, a_id, b_id, Body::Attached { segment: SegmentId::new(a_id, 1).unwrap(), size: 4096, first_run: 0, total_runs: 1, runs });
+        a.from_enclave(&attached.to_bytes().unwrap(), &regions);
+        assert!(b.to_enclave().is_empty(), "b received a's frames");
+        // An acknowledgement of a revoke nobody sent changes nothing.
+        let access = AccessId::new(NAME_SERVER_ENCLAVE, FIRST_HOST_PERMIT).unwrap();
+        a.from_enclave(&Message::new(99, a_id, NAME_SERVER_ENCLAVE, Body::Revoked { process: 1, access }).to_bytes().unwrap(), &regions);
+        assert!(a.to_enclave().is_empty() && regions.live.borrow().is_empty());
+    }
 }
