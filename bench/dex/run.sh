@@ -131,17 +131,17 @@ critical path. First forward/backward are one sample per process run (a process 
 	echo "## Where KMN's time goes (DEX_STATS, 2 nodes)"
 	echo
 	echo "Counters of a 20- and a 40-iteration run of the optimised KMN: their difference over 20 is"
-	echo "the cost of one iteration, the rest is the one-off moving of the inputs to node 1 and of"
-	echo "node 1's results back to the origin. \"Faults\" are protocol requests (a readahead request"
-	echo "brings up to 64 pages)."
+	echo "the cost of one iteration; the rest is moving the inputs to node 1 and node 1's results"
+	echo "back to the origin once (how far readahead gets varies a little from run to run, so the"
+	echo "difference of large counters is noisy). \"Faults\" are protocol requests (a readahead"
+	echo "request brings up to 64 pages)."
 	echo
 	kmeans_stats 20 >"$out.k20"
 	kmeans_stats 40 >"$out.k40"
-	echo "| counter | node | per iteration | one-off (start and end) |"
-	echo "|---|---|---|---|"
+	echo "| counter | node | 20 iterations | 40 iterations | per iteration |"
+	echo "|---|---|---|---|---|"
 	paste "$out.k20" "$out.k40" | while read -r name node a _ _ b; do
-		printf '| %s | %s | %.1f | %d |\n' "$name" "$node" "$(echo "($b - $a) / 20" | bc -l)" \
-			"$(echo "$a - ($b - $a)" | bc)"
+		printf '| %s | %s | %d | %d | %.1f |\n' "$name" "$node" "$a" "$b" "$(echo "($b - $a) / 20" | bc -l)"
 	done
 	echo
 	echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."

@@ -98,7 +98,8 @@ static int parse_count(const char *text)
 	return (int)count;
 }
 
-/* A local buffer read by one core: the same size as the region, halved until it fits. */
+/* A local buffer read by one core: the size of the region, halved until it fits, down to 16 MiB
+ * (or the region's size if smaller). */
 struct local_read {
 	double gbs;
 	size_t bytes;
@@ -107,7 +108,8 @@ struct local_read {
 static struct local_read local_read_bandwidth(size_t bytes, uint64_t *sink)
 {
 	uint64_t *local = MAP_FAILED;
-	for (; bytes >= (16UL << 20); bytes /= 2) {
+	size_t smallest = bytes < (16UL << 20) ? bytes : (16UL << 20);
+	for (; bytes >= smallest; bytes /= 2) {
 		local = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
 		if (local != MAP_FAILED)
 			break;

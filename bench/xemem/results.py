@@ -49,7 +49,7 @@ def parse(arguments):
     parser.add_argument("control_rows")
     parser.add_argument("pair_errors")
     parser.add_argument("region_rows")
-    for option in ("date", "kernel", "cpus", "load", "load-after", "elapsed", "attaches", "cross-attaches", "pair-attaches", "touches", "lwk-touches",
+    for option in ("date", "kernel", "cpus", "load", "load-after", "elapsed", "attaches", "cross-attaches", "pair-attaches", "touches", "cross-touches",
                    "pair-mib", "control", "lwk-control", "cross-missing"):
         parser.add_argument("--" + option, required=True)
     return parser.parse_args(arguments)
@@ -113,7 +113,8 @@ def attach_table(measured, skipped, directions, with_direction):
     lead = lambda direction: f"| {DIRECTIONS[direction]} " if with_direction else ""
     for direction in directions:
         for backing in ("4k", "2m"):
-            mibs = sorted({r["mib"] for r in measured + skipped if r["direction"] == direction and r["backing"] == backing})
+            # Regions of 128 MiB and up, as the paper's; the 1 MiB host -> LWK attach is the split's fixed cost.
+            mibs = sorted({r["mib"] for r in measured + skipped if r["direction"] == direction and r["backing"] == backing and r["mib"] >= 128})
             for mib in mibs:
                 for row in [r for r in measured if (r["direction"], r["backing"], r["mib"]) == (direction, backing, mib) and r["mode"] != "self"]:
                     share = f"{100 * read_share(row):.0f}%" if row["mode"] == "read" else ""
@@ -134,7 +135,6 @@ def main(arguments):
     with open(options.pair_errors) as errors:
         pair_errors = [line.strip() for line in errors if line.strip()]
     regions = {(backing, int(mib)): (float(add), float(remove)) for backing, mib, _, add, remove in read_table(options.region_rows, 5)}
-    lwk_get_release = next((float(median) for who, operation, _, median, _ in control if (who, operation) == ("lwk-job", "get+release")), None)
     out = []
     say = out.append
 
@@ -147,7 +147,8 @@ def main(arguments):
     say("An owner exports a region; an attacher gets it once and then attaches and detaches it repeatedly "
         f"(attach only: {options.attaches} times between host processes, {options.cross_attaches} times across enclaves, "
         f"where one attach + detach costs tens to hundreds of ms here (500 of each size would take the bench past 10 "
-        f"minutes); the other modes: {options.touches} times on the host, {options.lwk_touches} times in an LWK job). GB/s = bytes attached / time spent in attach (+ touch/read), "
+        f"minutes); the other modes: {options.touches} times between host processes, {options.cross_touches} times across "
+        f"enclaves). GB/s = bytes attached / time spent in attach (+ touch/read), "
         "detach excluded; the median is per attach. *local read* is one core summing a private buffer in the same run "
         "(the attacher's side: the host, or the LWK job), the limit for attach + read; the buffer is the region's "
         "size unless the enclave has no room for it (then the largest power-of-two half that fits). Paper: Kocoloski "
@@ -214,30 +215,34 @@ def main(arguments):
     say("| LWK → LWK | – | – | – | – | not measured yet: LWK↔LWK attach not implemented | | | | | |")
     say("")
 
-    split = [r for r in measured if r["direction"] == "host-lwk" and r["mode"] == "attach"]
+    split = [r for r in measured if r["direction"] == "host-lwk" and r["mode"] == "attach" and r["mib"] >= 128]
     if split:
-        round_trip = lwk_get_release / 2 if lwk_get_release is not None else None
+        fixed = find(measured, "host-lwk", "4k", "attach", 1)
+        fixed_us = fixed["median"] if fixed else None
         say("### host → LWK: where an attach's time goes")
         say("")
-        say("clowderd and the LWK are not instrumented, so the parts are measured apart in the same run: the VMM's "
-            "region add and remove over a memfd of the same size and backing, asked on the enclave's VMM control "
-            "socket as clowderd asks (`region_bench.py`); one request's round trip between an LWK job and clowderd "
-            "(half the job's get+release median below); and the job attaching its own memory of the same size "
-            "through the enclave's own name server (the LWK's page-table walk + mapping, no host). *rest* = attach − "
-            "region add − round trip: the LWK's mapping, the broker's and the owner library's work, derived, not "
-            "measured.")
+        say("clowderd and the LWK are not instrumented, so the parts are measured apart in the same run: *fixed* is "
+            "the job's median attach of a 1 MiB host segment (the request's round trip through the enclave channel "
+            "and clowderd, the broker, the owner library's answer: everything that does not grow with the size); "
+            "*VMM region add* is the enclave's clowder-vmm adding a region over a memfd of the same size and backing, "
+            "asked on its control socket as clowderd asks (`region_bench.py`); *rest* = attach − fixed − region add "
+            "(derived, not measured): what grows with the size inside the enclave, the LWK's mapping. Beside it, the "
+            "job attaching its own memory of the same size through the enclave's own name server (the LWK's "
+            "page-table walk + mapping, no host).")
         say("")
-        say("| backing | MiB | attach, median us | VMM region add, median us | request round trip, us | rest (derived), us "
+        say("| backing | MiB | attach, median us | fixed (1 MiB attach), us | VMM region add, median us | rest (derived), us "
             "| LWK-local attach of own memory, median us | detach, us | VMM region remove, median us |")
         say("|---|---|---|---|---|---|---|---|---|")
         for attach in split:
-            key = (attach["backing"], attach["mib"])
-            add, remove = regions.get(key, (None, None))
+            add, remove = regions.get((attach["backing"], attach["mib"]), (None, None))
             own = find(measured, "host-lwk", attach["backing"], "self", attach["mib"])
-            rest = attach["median"] - add - round_trip if add is not None and round_trip is not None else None
+            rest = attach["median"] - fixed_us - add if add is not None and fixed_us is not None else None
             show = lambda value: "–" if value is None else f"{value:.1f}"
-            say(f"| {attach['backing']} | {attach['mib']} | {attach['median']:.1f} | {show(add)} | {show(round_trip)} | {show(rest)} "
+            say(f"| {attach['backing']} | {attach['mib']} | {attach['median']:.1f} | {show(fixed_us)} | {show(add)} | {show(rest)} "
                 f"| {show(own['median']) if own else '– (no room for a second buffer)'} | {attach['detach']:.1f} | {show(remove)} |")
+        say("")
+        say("Medians of separate runs: on this loaded machine a *rest* below zero means the parts differ by less than "
+            "their noise.")
         say("")
 
     say("## Concurrent pairs (4 KiB backing; sum over the pairs)")

@@ -20,14 +20,14 @@
 #   ATTACHES=500 (attach-only iterations, the paper's count)  TOUCHES=20 (the other modes)
 #   CROSS_ATTACHES=100  PAIR_ATTACHES=100 (attach-only across enclaves: one attach + detach
 #   costs 30-300 ms there, so 500 of each size would take the bench far past 10 minutes)
-#   LWK_TOUCHES=5 (attach + touch/read in an LWK job)  SIZES="128 256 512 1024"
+#   CROSS_TOUCHES=5 (attach + touch/read across enclaves)  SIZES="128 256 512 1024"
 #   CROSS=0 skips the cross-enclave part (it needs /dev/kvm, musl-gcc and `make build`).
 set -euo pipefail
 cd "$(dirname "$0")"
 root=$(cd ../.. && pwd)
 attaches=${ATTACHES:-500}
 touches=${TOUCHES:-20}
-lwk_touches=${LWK_TOUCHES:-5}
+cross_touches=${CROSS_TOUCHES:-5}
 cross_attaches=${CROSS_ATTACHES:-100}
 pair_attaches=${PAIR_ATTACHES:-100}
 sizes=${SIZES:-"128 256 512 1024"}
@@ -234,7 +234,7 @@ if [ -z "$cross_missing" ]; then
             job "$main" owner attach_bench own "$name" 4k "$mib" $owner_seconds >"$scratch/owner.out" 2>&1 &
             owner=$!
             status=0
-            (on_daemon "$main" taskset -c 0 "$scratch/attach_bench" attach "$name" "$mib" "$cross_attaches" "$touches") \
+            (on_daemon "$main" taskset -c 0 "$scratch/attach_bench" attach "$name" "$mib" "$cross_attaches" "$cross_touches") \
                 | record lwk-host "$backing" || status=$?
             finish_owner $owner $status "LWK -> host $backing $mib MiB" || cross_failures=$((cross_failures + 1))
         done
@@ -242,7 +242,18 @@ if [ -z "$cross_missing" ]; then
     done
 
     # host -> LWK: the host process owns; the LWK job attaches and times itself.
+    host_to_lwk() { # BACKING MIB [MODE...]
+        local backing=$1 mib=$2 name=host-owned-$$-$1-$2 owner status=0
+        shift 2
+        on_daemon "$main" taskset -c 0 "$scratch/attach_bench" own "$name" "$backing" "$mib" $owner_seconds >"$scratch/owner.out" 2>&1 &
+        owner=$!
+        job "$main" attacher attach_bench attach "$name" "$mib" "$cross_attaches" "$cross_touches" "$@" | record host-lwk "$backing" || status=$?
+        finish_owner $owner $status "host -> LWK $backing $mib MiB"
+    }
     create_enclave "$main" attacher
+    # What does not grow with the size: the attach of a 1 MiB segment.
+    phase "host -> LWK, 1 MiB"
+    host_to_lwk 4k 1 attach || cross_failures=$((cross_failures + 1))
     for backing in 4k 2m; do
         phase "host -> LWK, $backing"
         for mib in $sizes; do
@@ -250,12 +261,7 @@ if [ -z "$cross_missing" ]; then
                 skip host-lwk 2m "$mib" "needs $((mib / 2)) free hugepages, $free_huge free"
                 continue
             fi
-            name=host-owned-$$-$backing-$mib
-            on_daemon "$main" taskset -c 0 "$scratch/attach_bench" own "$name" "$backing" "$mib" $owner_seconds >"$scratch/owner.out" 2>&1 &
-            owner=$!
-            status=0
-            job "$main" attacher attach_bench attach "$name" "$mib" "$cross_attaches" "$lwk_touches" | record host-lwk "$backing" || status=$?
-            finish_owner $owner $status "host -> LWK $backing $mib MiB" || cross_failures=$((cross_failures + 1))
+            host_to_lwk "$backing" "$mib" || cross_failures=$((cross_failures + 1))
             # The VMM's part of those attaches: its region add and remove, asked as clowderd asks.
             python3 region_bench.py "$main/attacher.vmm.sock" "$backing" "$mib" "$touches" | tee -a "$region_rows" >&2 \
                 || cross_failures=$((cross_failures + 1))
@@ -296,7 +302,7 @@ if [ -z "$cross_missing" ]; then
             name=pair-$$-$pairs-$p
             job "$(pair_dir "$p")" "pair$p" attach_bench own "$name" 4k $pair_mib $owner_seconds >"$scratch/pair-owner.$p" 2>&1 &
             owners+=($!)
-            on_daemon "$(pair_dir "$p")" "$scratch/attach_bench" attach "$name" $pair_mib "$pair_attaches" "$touches" attach touch \
+            on_daemon "$(pair_dir "$p")" "$scratch/attach_bench" attach "$name" $pair_mib "$pair_attaches" "$cross_touches" attach touch \
                 >"$scratch/pair.$p" 2>"$scratch/pair-error.$p" &
             attachers+=($!)
         done
@@ -306,7 +312,7 @@ if [ -z "$cross_missing" ]; then
             finish_owner "${owners[p - 1]}" $status "pair $p of $pairs" || true
         done
         for mode in attach touch; do
-            iterations=$([ $mode = attach ] && echo "$pair_attaches" || echo "$touches")
+            iterations=$([ $mode = attach ] && echo "$pair_attaches" || echo "$cross_touches")
             total=$(cat "$scratch"/pair.* | awk -v mode=$mode '$1 == mode { s += $4; n++ } END { printf "%.2f %d", s, n }')
             echo "lwk-host $pairs $mode $iterations $total" | tee -a "$pairs_rows" >&2
         done
@@ -329,7 +335,7 @@ touch "$scratch/pair-errors"
 python3 results.py "$rows" "$pairs_rows" "$control_rows" "$scratch/pair-errors" "$region_rows" \
     --date "$(date -u '+%Y-%m-%d %H:%M UTC')" --kernel "$(uname -r)" --cpus "$(nproc)" \
     --load "$load_before" --load-after "$load_after" --elapsed "$elapsed" \
-    --attaches "$attaches" --cross-attaches "$cross_attaches" --pair-attaches "$pair_attaches" --touches "$touches" --lwk-touches "$lwk_touches" --pair-mib $pair_mib \
+    --attaches "$attaches" --cross-attaches "$cross_attaches" --pair-attaches "$pair_attaches" --touches "$touches" --cross-touches "$cross_touches" --pair-mib $pair_mib \
     --control "$control_iterations" --lwk-control "$lwk_control_iterations" --cross-missing "$cross_missing" >"$out"
 cat "$out"
 if [ "$cross_failures" != 0 ]; then

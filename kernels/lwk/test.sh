@@ -173,7 +173,8 @@ for program in "${programs[@]}"; do
     done
 done
 # Debian's busybox-static: each line of tests/busybox-commands.txt is one command, run as
-# `busybox COMMAND...` on the host and in the LWK (shell built-ins only: there is no fork).
+# `busybox COMMAND...` on the host and in the LWK (shell pipelines and scripts fork and execute
+# busybox applets through /proc/self/exe).
 if [ $# -eq 0 ] && file -L /bin/busybox 2>/dev/null | grep -q 'statically linked'; then
     index=0
     while IFS= read -r command; do

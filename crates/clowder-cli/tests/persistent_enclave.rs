@@ -279,7 +279,10 @@ fn a_two_vcpu_persistent_enclave_runs_threaded_jobs_on_both_cpus_one_after_anoth
 /// - `thread-exit`: the only thread ends with the `exit` system call: status 22;
 /// - `thread-exit-on-cpu1`: main ends with `exit`, then the last thread, on CPU 1, too: 23;
 /// - `deadlock`: the only thread waits on a futex nobody can wake: the kernel ends it, 137;
-/// - `memory`: a thread comes and goes, then the free memory (`sysinfo`) is printed in KiB.
+/// - `family`: a forked child executes this program again (`child`: status 24) with its
+///   stdout on a pipe the parent reads; the parent ends with the child's status;
+/// - `memory`: a thread and a child process come and go, then the free memory (`sysinfo`) is
+///   printed in KiB.
 const ENDINGS_JOB: &str = r#"#define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -288,6 +291,7 @@ const ENDINGS_JOB: &str = r#"#define _GNU_SOURCE
 #include <string.h>
 #include <sys/syscall.h>
 #include <sys/sysinfo.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 static void move_to_cpu1(void) {
@@ -326,9 +330,33 @@ int main(int argc, char **argv) {
     } else if (strcmp(mode, "deadlock") == 0) {
         static int word;
         syscall(SYS_futex, &word, 0 /* FUTEX_WAIT */, 0, NULL);
+    } else if (strcmp(mode, "family") == 0) {
+        int fds[2];
+        if (pipe(fds) != 0) return 30;
+        pid_t pid = fork();
+        if (pid == 0) {
+            dup2(fds[1], 1);
+            close(fds[0]);
+            char *args[] = {"endings", "child", NULL};
+            execv("/proc/self/exe", args);
+            _exit(98);
+        }
+        close(fds[1]);
+        char said[64] = {0};
+        read(fds[0], said, sizeof said - 1);
+        int status;
+        if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return 31;
+        printf("child said: %s", said);
+        return WEXITSTATUS(status);
+    } else if (strcmp(mode, "child") == 0) {
+        printf("hello through the pipe\n");
+        return 24;
     } else if (strcmp(mode, "memory") == 0) {
         pthread_create(&thread, NULL, nothing, NULL);
         pthread_join(thread, NULL);
+        pid_t pid = fork();
+        if (pid == 0) _exit(0);
+        waitpid(pid, NULL, 0);
         struct sysinfo info;
         sysinfo(&info);
         printf("%lu\n", info.freeram * info.mem_unit / 1024);
@@ -355,7 +383,13 @@ fn a_two_vcpu_persistent_enclave_survives_every_way_a_job_ends_and_does_not_leak
     let created = clowder(&socket, &["enclave", "create", "--name", "ends", "--cores", "0,1", "--mem", "256M"], &dir.0);
     assert!(created.status.success(), "create: {}{}", text(&created.stdout), text(&created.stderr));
 
-    let cases = [("exit-on-cpu1", 21, "worker on cpu 1\n"), ("thread-exit", 22, ""), ("thread-exit-on-cpu1", 23, ""), ("deadlock", 137, "")];
+    let cases = [
+        ("exit-on-cpu1", 21, "worker on cpu 1\n"),
+        ("thread-exit", 22, ""),
+        ("thread-exit-on-cpu1", 23, ""),
+        ("deadlock", 137, ""),
+        ("family", 24, "child said: hello through the pipe\n"),
+    ];
     for (mode, status, output) in cases {
         let run = clowder(&socket, &["run", "--enclave", "ends", "--heap", "16M", "./endings", mode], &dir.0);
         assert_eq!(run.status.code(), Some(status), "{mode}: stdout {} stderr {}", text(&run.stdout), text(&run.stderr));
@@ -363,11 +397,14 @@ fn a_two_vcpu_persistent_enclave_survives_every_way_a_job_ends_and_does_not_leak
     }
 
     // Many jobs in a row: with a fixed heap, the kernel's free memory seen by each job must
-    // not fall (page tables, kernel stacks and the idle stack come back after each job).
+    // not fall (page tables, kernel stacks, the idle stack and child processes come back).
     let mut free_kib = Vec::new();
     for round in 0..32 {
         let run = clowder(&socket, &["run", "--enclave", "ends", "--heap", "16M", "./endings", "memory"], &dir.0);
-        assert_eq!(run.status.code(), Some(0), "round {round}: {}", text(&run.stderr));
+        if run.status.code() != Some(0) {
+            let logs = clowder(&socket, &["logs", "ends"], &dir.0);
+            panic!("round {round}: status {:?}: {}; enclave log:\n{}", run.status.code(), text(&run.stderr), text(&logs.stdout));
+        }
         free_kib.push(text(&run.stdout).trim().parse::<u64>().expect("free memory in KiB"));
     }
     // The kernel's own heap moves a few pages up and down from job to job; one page lost per

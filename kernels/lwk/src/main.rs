@@ -20,6 +20,7 @@ mod job;
 mod machine;
 mod mm;
 mod sched;
+mod process;
 mod signal;
 mod syscall;
 mod trap;
@@ -29,9 +30,6 @@ mod xpmem;
 use bootinfo::BootInfo;
 use cmdline::JobOptions;
 use console::log;
-
-/// How long CPU 0 waits for the others before starting the job without them.
-const CPU_START_TIMEOUT_NS: u64 = 2_000_000_000;
 
 /// Called by the boot code on the boot stack, with paging on and interrupts off.
 #[no_mangle]
@@ -99,16 +97,7 @@ extern "C" fn kernel_main(start_info: u64) -> ! {
     let options = JobOptions::parse(boot.command_line()).unwrap_or_else(|error| panic!("bad option {}", error.0));
     match job::load(boot.modules().first(), &options) {
         Ok(frame) => {
-            // The job starts with every CPU it will get (threads are placed on online CPUs).
-            let expected = cpus.min(arch::tables::MAX_CPUS as u64);
-            let deadline = clock::monotonic_ns() + CPU_START_TIMEOUT_NS;
-            while sched::online_cpu_mask().count_ones() < expected as u32 && clock::monotonic_ns() < deadline {
-                core::hint::spin_loop();
-            }
-            let online = sched::online_cpu_mask().count_ones();
-            if online < expected as u32 {
-                log!("only {online} of {expected} CPUs started");
-            }
+            sched::wait_for_cpus(cpus.min(arch::tables::MAX_CPUS as u64) as u32);
             arch::trap::enter_user(&frame)
         }
         Err(error) => panic!("cannot load the job: {error:?}"),

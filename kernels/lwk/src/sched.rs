@@ -4,7 +4,14 @@
 //! run polls its queue in its idle loop.
 //!
 //! Placement: a new thread goes to the online CPU with the fewest threads (the lowest index
-//! on ties) and stays there.
+//! on ties) and stays there. So does a forked process's first thread.
+//!
+//! Threads belong to processes (`pid`), each with its address space: a CPU writes CR3 only
+//! when the next thread's address space differs from the one it has loaded, and loads the
+//! kernel's own tables when it goes idle, so that a process's tables can be freed as soon as
+//! its last thread is gone. A process being killed (`doom_process`) loses its threads that
+//! are not running at once; a running one is marked and leaves at its next return to user
+//! mode (a tick IPI brings it there).
 
 use crate::arch::apic;
 use crate::arch::fpu;
@@ -30,14 +37,24 @@ enum State {
     Waiting { address: u64, bitset: u32, deadline: Option<u64> },
 }
 
-/// How a futex wait ended.
+/// How a wait ended.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum WaitResult {
     Woken,
     TimedOut,
+    /// The thread's process is being killed: it must return to user mode, where it ends.
+    Interrupted,
 }
 
 struct Thread {
+    /// Its process.
+    pid: u64,
+    /// Its process's address space: id (never reused) and root table.
+    aspace: (u64, u64),
+    /// Its process is being killed: it ends at its next return to user mode.
+    doomed: bool,
+    /// In `exit_current`: no longer counts as one of its process's live threads.
+    exiting: bool,
     /// The CPU the thread runs on.
     cpu: usize,
     /// Kernel context slot (`arch::trap`).
@@ -73,6 +90,44 @@ struct Scheduler {
 static SCHEDULER: SpinLock<Option<Scheduler>> = SpinLock::new(None);
 /// Each CPU's run-queue length, for its idle loop to poll without taking the lock.
 static QUEUED: [AtomicUsize; MAX_CPUS] = [const { AtomicUsize::new(0) }; MAX_CPUS];
+/// Each CPU's running process (the pid of its current or last thread).
+static CURRENT_PID: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+/// Each CPU's loaded address space (`AddressSpace` id; 0: the kernel's tables).
+static LOADED_ASPACE: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+/// Threads marked to end (`doom_process`) that have not yet: the system-call exit path takes
+/// the full trap path while there are some.
+static DOOMED_THREADS: AtomicUsize = AtomicUsize::new(0);
+
+/// The process of the thread running on this CPU.
+pub fn current_pid() -> u64 {
+    CURRENT_PID[tables::current_cpu()].load(Ordering::Relaxed)
+}
+
+pub fn doomed_threads_exist() -> bool {
+    DOOMED_THREADS.load(Ordering::Acquire) != 0
+}
+
+/// Loads the kernel's own tables on this CPU (it runs no process now).
+pub fn use_kernel_tables(cpu: usize) {
+    crate::mm::activate_kernel_tables();
+    LOADED_ASPACE[cpu].store(0, Ordering::Release);
+}
+
+/// Whether any CPU other than this one has the address space `id` loaded.
+fn loaded_elsewhere(id: u64) -> bool {
+    let cpu = tables::current_cpu();
+    (0..MAX_CPUS).any(|other| other != cpu && LOADED_ASPACE[other].load(Ordering::Acquire) == id)
+}
+
+/// Waits until no other CPU has address space `id` loaded: its last threads are gone, and
+/// the CPUs that ran them switch away (to another thread, or to the kernel's tables when
+/// idle) within a few instructions.
+pub fn wait_until_unloaded(id: u64) {
+    while loaded_elsewhere(id) {
+        core::hint::spin_loop();
+    }
+}
+
 /// Each CPU's local APIC id (`NO_APIC` without x2APIC): the address of its wake-up IPI.
 static APIC_IDS: [AtomicU32; MAX_CPUS] = [const { AtomicU32::new(NO_APIC) }; MAX_CPUS];
 const NO_APIC: u32 = u32::MAX;
@@ -144,10 +199,14 @@ impl Scheduler {
     }
 }
 
-/// Records the job's main thread (tid = pid), running on CPU 0 on the boot trap stack, and
-/// lets the other CPUs join.
-pub fn init_main_thread() {
+/// Records the job's main thread (tid = pid), running on CPU 0 on the boot trap stack in
+/// address space `aspace` (loaded), and lets the other CPUs join.
+pub fn init_main_thread(aspace: (u64, u64)) {
     let main = Thread {
+        pid: job::PID,
+        aspace,
+        doomed: false,
+        exiting: false,
         cpu: 0,
         slot: 0,
         stack_top: tables::trap_stack_top(),
@@ -175,6 +234,9 @@ pub fn init_main_thread() {
     for queued in &QUEUED {
         queued.store(0, Ordering::Release);
     }
+    CURRENT_PID[0].store(job::PID, Ordering::Relaxed);
+    LOADED_ASPACE[0].store(aspace.0, Ordering::Release);
+    DOOMED_THREADS.store(0, Ordering::Release);
     JOB_END_REQUEST.store(NO_END_REQUEST, Ordering::Release);
     CPUS_RELEASED.store(true, Ordering::Release);
     bring_back_parked_cpus();
@@ -245,13 +307,10 @@ const PARK_TIMEOUT_NS: u64 = 2_000_000_000;
 /// x2APIC id) or has not parked in time: it may still run the job's code.
 pub fn park_other_cpus() -> bool {
     let cpu = tables::current_cpu();
-    let Some(others) = SCHEDULER.try_lock().and_then(|scheduler| {
-        scheduler.as_ref().map(|scheduler| {
-            scheduler.cpus.iter().enumerate().filter(|&(index, state)| state.online && index != cpu).fold(0u64, |bits, (index, _)| bits | 1 << index)
-        })
-    }) else {
-        return false; // the scheduler is held (a thread's `exit` ended the job inside it)
-    };
+    // A job never ends inside the scheduler's lock, so waiting for it here is safe.
+    let others = SCHEDULER.lock().as_ref().map_or(0, |scheduler| {
+        scheduler.cpus.iter().enumerate().filter(|&(index, state)| state.online && index != cpu).fold(0u64, |bits, (index, _)| bits | 1 << index)
+    });
     if (0..MAX_CPUS).any(|index| others & (1 << index) != 0 && apic_id(index).is_none()) {
         return false;
     }
@@ -279,7 +338,7 @@ pub fn park_if_requested(cpu: usize) {
 }
 
 fn park(cpu: usize) -> ! {
-    crate::mm::activate_kernel_tables();
+    use_kernel_tables(cpu);
     apic::disarm_timer();
     let mut stack = PARK_STACKS[cpu].load(Ordering::Relaxed);
     if stack == 0 {
@@ -334,8 +393,8 @@ pub fn join_cpu(cpu: usize) -> ! {
     while !CPUS_RELEASED.load(Ordering::Acquire) {
         core::hint::spin_loop();
     }
-    // Threads run in the job's address space, which CPU 0 switched to when it loaded the job.
-    job::with_process(|process| process.memory.aspace.activate());
+    // Each thread brings its address space (`enter_thread`); until then the kernel's tables.
+    LOADED_ASPACE[cpu].store(0, Ordering::Release);
     with_scheduler(|scheduler| scheduler.cpus[cpu].online = true);
     idle_loop(cpu)
 }
@@ -453,6 +512,22 @@ pub fn interrupt_if_running_elsewhere(tid: u64) {
     }
 }
 
+/// How long CPU 0 waits for the others before starting a job without them.
+const CPU_START_TIMEOUT_NS: u64 = 2_000_000_000;
+
+/// The job starts with every CPU it will get (threads are placed on online CPUs): waits until
+/// `expected` CPUs are online, or 2 s.
+pub fn wait_for_cpus(expected: u32) {
+    let deadline = clock::monotonic_ns() + CPU_START_TIMEOUT_NS;
+    while online_cpu_mask().count_ones() < expected && clock::monotonic_ns() < deadline {
+        core::hint::spin_loop();
+    }
+    let online = online_cpu_mask().count_ones();
+    if online < expected {
+        log!("only {online} of {expected} CPUs started");
+    }
+}
+
 /// Bit n set for each online CPU n.
 pub fn online_cpu_mask() -> u64 {
     with_scheduler(|scheduler| scheduler.cpus.iter().enumerate().filter(|(_, cpu)| cpu.online).map(|(index, _)| 1u64 << index).sum())
@@ -501,8 +576,12 @@ fn idle_loop(cpu: usize) -> ! {
                 trap::switch_context(cpu, trap::idle_slot(cpu), slot, stack_top);
                 free_exited_stacks(cpu);
             }
-            IdleStep::Sleep => apic::sleep_until_interrupt(),
+            IdleStep::Sleep => {
+                drop_address_space(cpu);
+                apic::sleep_until_interrupt()
+            }
             IdleStep::Poll => {
+                drop_address_space(cpu);
                 // Interrupts stay off while this CPU polls: a persistent enclave's host, which
                 // pings every second, is served from here meanwhile.
                 crate::enclave::serve_host_while_polling(cpu);
@@ -517,6 +596,13 @@ fn idle_loop(cpu: usize) -> ! {
     }
 }
 
+/// An idle CPU lets go of the last process's address space, which may be freed meanwhile.
+fn drop_address_space(cpu: usize) {
+    if LOADED_ASPACE[cpu].load(Ordering::Relaxed) != 0 {
+        use_kernel_tables(cpu);
+    }
+}
+
 /// Makes `next` the running thread of `cpu`; returns its context slot and stack. The thread
 /// gets a time slice, enforced by the timer only if others wait for this CPU (tickless
 /// otherwise).
@@ -525,12 +611,21 @@ fn enter_thread(scheduler: &mut Scheduler, cpu: usize, next: u64) -> (usize, u64
     scheduler.cpus[cpu].current = Some(next);
     let quantum_end = cpu::read_tsc() + clock::tsc_hz() * QUANTUM_MS / 1000;
     QUANTUM_END[cpu].store(quantum_end, Ordering::Relaxed);
-    if scheduler.cpus[cpu].run_queue.is_empty() {
+    let thread = &scheduler.threads[&next];
+    if thread.doomed {
+        // It ends at its next entry to the kernel: make that now (a thread that never ran
+        // starts straight in user mode).
+        apic::arm_timer(cpu::read_tsc());
+    } else if scheduler.cpus[cpu].run_queue.is_empty() {
         apic::disarm_timer();
     } else {
         apic::arm_timer(quantum_end);
     }
-    let thread = &scheduler.threads[&next];
+    CURRENT_PID[cpu].store(thread.pid, Ordering::Relaxed);
+    if LOADED_ASPACE[cpu].load(Ordering::Relaxed) != thread.aspace.0 {
+        crate::arch::paging::activate_root(thread.aspace.1);
+        LOADED_ASPACE[cpu].store(thread.aspace.0, Ordering::Release);
+    }
     cpu::write_msr(MSR_FS_BASE, thread.fs_base);
     cpu::write_msr(MSR_GS_BASE, thread.gs_base);
     (thread.slot, thread.stack_top)
@@ -618,25 +713,56 @@ pub enum SpawnError {
     NoMemory,
 }
 
-/// A new thread that starts in user mode with `frame`, on the least loaded CPU.
+/// A new thread of the calling process that starts in user mode with `frame`, on the least
+/// loaded CPU.
 pub fn spawn(frame: &TrapFrame, fs_base: u64, clear_child_tid: u64) -> Result<u64, SpawnError> {
+    spawn_in(frame, fs_base, clear_child_tid, None)
+}
+
+/// A thread id no thread has yet: a process forked with it as its pid gets it as its first
+/// thread's id (`spawn_process`).
+pub fn reserve_tid() -> u64 {
+    with_scheduler(|scheduler| {
+        scheduler.next_tid += 1;
+        scheduler.next_tid - 1
+    })
+}
+
+/// The first thread of the new process `pid` (a `reserve_tid`), forked by the caller, whose
+/// address space is `aspace`.
+pub fn spawn_process(pid: u64, frame: &TrapFrame, fs_base: u64, clear_child_tid: u64, aspace: (u64, u64)) -> Result<u64, SpawnError> {
+    spawn_in(frame, fs_base, clear_child_tid, Some((pid, aspace)))
+}
+
+fn spawn_in(frame: &TrapFrame, fs_base: u64, clear_child_tid: u64, new_process: Option<(u64, (u64, u64))>) -> Result<u64, SpawnError> {
     let stack_physical = pmem::allocate(KERNEL_STACK_SIZE, PAGE_SIZE).ok_or(SpawnError::NoMemory)?;
     let stack_top = phys::to_virtual(stack_physical) + KERNEL_STACK_SIZE;
     let caller_cpu = tables::current_cpu();
     let result = with_scheduler(|scheduler| {
         let slot = scheduler.free_slots.pop().ok_or(SpawnError::TooManyThreads)?;
-        let tid = scheduler.next_tid;
-        scheduler.next_tid += 1;
+        let tid = match new_process {
+            Some((pid, _)) => pid,
+            None => {
+                scheduler.next_tid += 1;
+                scheduler.next_tid - 1
+            }
+        };
         let mut load = [0usize; MAX_CPUS];
         for thread in scheduler.threads.values() {
             load[thread.cpu] += 1;
         }
         let cpu = (0..MAX_CPUS).filter(|&cpu| scheduler.cpus[cpu].online).min_by_key(|&cpu| (load[cpu], cpu)).unwrap_or(0);
-        let gs_base = scheduler.current_thread(caller_cpu).gs_base;
+        let caller = scheduler.current_thread(caller_cpu);
+        let (pid, aspace) = new_process.unwrap_or((caller.pid, caller.aspace));
+        let gs_base = caller.gs_base;
         trap::prepare_thread(slot, stack_top, frame);
         // The new thread starts with its creator's vector registers, as on Linux.
         fpu::save(slot);
         let thread = Thread {
+            pid,
+            aspace,
+            doomed: false,
+            exiting: false,
             cpu,
             slot,
             stack_top,
@@ -655,6 +781,72 @@ pub fn spawn(frame: &TrapFrame, fs_base: u64, clear_child_tid: u64) -> Result<u6
         pmem::free(stack_physical, KERNEL_STACK_SIZE);
     }
     result
+}
+
+/// `execve` replaced the calling thread's address space: it runs in `aspace` from now on.
+pub fn switch_current_aspace(aspace: (u64, u64)) {
+    let cpu = tables::current_cpu();
+    with_scheduler(|scheduler| {
+        let thread = scheduler.current_thread(cpu);
+        thread.aspace = aspace;
+        thread.fs_base = 0;
+        thread.clear_child_tid = 0;
+    });
+    crate::arch::paging::activate_root(aspace.1);
+    LOADED_ASPACE[cpu].store(aspace.0, Ordering::Release);
+    cpu::write_msr(MSR_FS_BASE, 0);
+}
+
+/// Ends every thread of process `pid` but `spare` (the caller, for `exit_group` and
+/// `execve`): each is marked and leaves at its next return to user mode, so that what it
+/// holds on its kernel stack (a pipe end it waits on) is let go; a waiting one is woken (its
+/// wait ends `Interrupted`), a running one elsewhere is sent a tick. Returns how many there
+/// are.
+pub fn doom_process(pid: u64, spare: Option<u64>) -> usize {
+    let cpu = tables::current_cpu();
+    let (victims, running) = with_scheduler(|scheduler| {
+        let victims: Vec<u64> = scheduler.threads.iter().filter(|&(&tid, thread)| thread.pid == pid && Some(tid) != spare).map(|(&tid, _)| tid).collect();
+        let mut running = Vec::new();
+        for &tid in &victims {
+            let thread = scheduler.threads.get_mut(&tid).expect("victim");
+            if !thread.doomed && !thread.exiting {
+                thread.doomed = true;
+                DOOMED_THREADS.fetch_add(1, Ordering::AcqRel);
+            }
+            if matches!(thread.state, State::Waiting { .. }) {
+                thread.state = State::Runnable;
+                thread.wait_result = WaitResult::Interrupted;
+                scheduler.enqueue(tid);
+            } else if scheduler.cpus[thread.cpu].current == Some(tid) && thread.cpu != cpu {
+                running.push(thread.cpu);
+            }
+        }
+        (victims.len(), running)
+    });
+    trap::request_signal_check(true);
+    for &home in &running {
+        if let Some(apic_id) = apic_id(home) {
+            apic::send_tick(apic_id);
+        }
+    }
+    victims
+}
+
+/// Whether process `pid` still has threads.
+pub fn has_threads(pid: u64) -> bool {
+    thread_count_of(pid) != 0
+}
+
+pub fn thread_count_of(pid: u64) -> usize {
+    with_scheduler(|scheduler| scheduler.threads.values().filter(|thread| thread.pid == pid).count())
+}
+
+/// On the way back to user mode: a thread whose process is being killed ends here.
+pub fn exit_if_doomed() {
+    let cpu = tables::current_cpu();
+    if with_scheduler(|scheduler| scheduler.current_thread(cpu).doomed) {
+        exit_current(0)
+    }
 }
 
 /// How long a thread runs before another thread waiting for its CPU gets it.
@@ -698,15 +890,22 @@ pub fn yield_now() {
     );
 }
 
-/// Blocks the current thread on the futex word at `address` if `still_expected()` holds
-/// (checked with the scheduler locked, so no wake is lost in between).
+/// Blocks the current thread on the futex word at `address` (of its process's memory, or a
+/// kernel address: `wake_kernel_key`) if `still_expected()` holds (checked with the
+/// scheduler locked, so no wake is lost in between).
 pub fn wait(address: u64, bitset: u32, deadline: Option<u64>, still_expected: impl FnOnce() -> bool) -> Option<WaitResult> {
     let cpu = tables::current_cpu();
     let mut expected = false;
     let mut dead_lock = false;
+    let mut interrupted = false;
     leave_cpu(
         |scheduler| {
             let current = scheduler.current(cpu);
+            if scheduler.threads[&current].doomed {
+                interrupted = true;
+                scheduler.cpus[cpu].run_queue.push_front(current);
+                return scheduler.threads[&current].slot;
+            }
             expected = still_expected();
             let others_all_wait = scheduler
                 .threads
@@ -725,6 +924,9 @@ pub fn wait(address: u64, bitset: u32, deadline: Option<u64>, still_expected: im
         },
         cpu,
     );
+    if interrupted {
+        return Some(WaitResult::Interrupted);
+    }
     if dead_lock {
         // Ended outside the scheduler's lock, so that a persistent enclave can reuse it.
         log!("every thread of the job waits on a futex that nobody can wake: dead-lock");
@@ -739,15 +941,24 @@ pub fn sleep_until(deadline: u64) {
     wait(0, 0, Some(deadline), || clock::monotonic_ns() < deadline);
 }
 
-/// Wakes up to `count` threads waiting on `address` whose bitset meets `bitset`.
+/// Wakes up to `count` threads of the calling process waiting on `address` whose bitset
+/// meets `bitset`.
 pub fn wake(address: u64, count: u64, bitset: u32) -> u64 {
-    with_scheduler(|scheduler| wake_locked(scheduler, address, count, bitset))
+    let pid = current_pid();
+    with_scheduler(|scheduler| wake_locked(scheduler, Some(pid), address, count, bitset))
 }
 
-fn wake_locked(scheduler: &mut Scheduler, address: u64, count: u64, bitset: u32) -> u64 {
+/// Wakes every thread waiting on the kernel's key `key` (a kernel address naming what they
+/// wait for: a pipe, a process's children), whatever their process.
+pub fn wake_kernel_key(key: u64) {
+    with_scheduler(|scheduler| wake_locked(scheduler, None, key, u64::MAX, u32::MAX));
+}
+
+fn wake_locked(scheduler: &mut Scheduler, pid: Option<u64>, address: u64, count: u64, bitset: u32) -> u64 {
     let waiting: Vec<u64> = scheduler
         .threads
         .iter()
+        .filter(|(_, thread)| pid.is_none_or(|pid| thread.pid == pid))
         .filter(|(_, thread)| matches!(thread.state, State::Waiting { address: on, bitset: wanted, .. } if on == address && wanted & bitset != 0))
         .map(|(&tid, _)| tid)
         .take(count as usize)
@@ -762,10 +973,11 @@ fn wake_locked(scheduler: &mut Scheduler, address: u64, count: u64, bitset: u32)
 /// FUTEX_REQUEUE: wakes up to `wake_count` waiters of `from` and moves up to `move_count`
 /// of the others to `to`.
 pub fn requeue(from: u64, to: u64, wake_count: u64, move_count: u64) -> u64 {
+    let pid = current_pid();
     with_scheduler(|scheduler| {
-        let woken = wake_locked(scheduler, from, wake_count, u32::MAX);
+        let woken = wake_locked(scheduler, Some(pid), from, wake_count, u32::MAX);
         let mut moved = 0;
-        for thread in scheduler.threads.values_mut() {
+        for thread in scheduler.threads.values_mut().filter(|thread| thread.pid == pid) {
             if moved == move_count {
                 break;
             }
@@ -780,25 +992,39 @@ pub fn requeue(from: u64, to: u64, wake_count: u64, move_count: u64) -> u64 {
     })
 }
 
-/// Ends the current thread. The last thread's exit ends the job with `status`.
+/// Ends the current thread. The last thread of its process ends the process (`status` is its
+/// exit code unless it was killed or called `exit_group`); the job's first process ending
+/// ends the job.
 pub fn exit_current(status: u8) -> ! {
     let cpu = tables::current_cpu();
-    let clear_child_tid = with_scheduler(|scheduler| scheduler.current_thread(cpu).clear_child_tid);
-    if clear_child_tid != 0 {
+    let (clear_child_tid, pid, last) = with_scheduler(|scheduler| {
+        let current = scheduler.current(cpu);
+        let thread = scheduler.threads.get_mut(&current).expect("current thread");
+        thread.exiting = true;
+        if thread.doomed {
+            thread.doomed = false;
+            DOOMED_THREADS.fetch_sub(1, Ordering::AcqRel);
+        }
+        let (clear_child_tid, pid) = (thread.clear_child_tid, thread.pid);
+        let last = !scheduler.threads.values().any(|other| other.pid == pid && !other.exiting);
+        (clear_child_tid, pid, last)
+    });
+    if clear_child_tid != 0 && !last {
         // pthread_join waits for this word to become zero.
         let _ = trap::copy_to_user(clear_child_tid, &0u32.to_le_bytes());
         wake(clear_child_tid, 1, u32::MAX);
     }
-    let mut last = false;
+    crate::signal::thread_exited(with_scheduler(|scheduler| scheduler.current(cpu)));
+    if last {
+        // The job ends (its first process), or the process's memory goes now: off its tables.
+        crate::process::last_thread_exited(pid, status);
+    } else {
+        // This CPU may idle with the process's tables loaded; the process may end meanwhile.
+        use_kernel_tables(cpu);
+    }
     leave_cpu(
         |scheduler| {
             let current = scheduler.current(cpu);
-            last = scheduler.threads.len() == 1;
-            if last {
-                // The job ends below, outside the lock: keep running this thread until then.
-                scheduler.cpus[cpu].run_queue.push_front(current);
-                return scheduler.threads[&current].slot;
-            }
             let thread = scheduler.threads.remove(&current).expect("current thread");
             scheduler.free_slots.push(thread.slot);
             scheduler.cpus[cpu].exited_stacks.extend(thread.stack_physical);
@@ -806,8 +1032,5 @@ pub fn exit_current(status: u8) -> ! {
         },
         cpu,
     );
-    if last {
-        job::exit(status);
-    }
     unreachable!("an exited thread was resumed")
 }

@@ -10,11 +10,17 @@
 //! another CPU is sent a tick IPI for it; a thread blocked in the kernel (futex, sleep) takes
 //! it when it next returns from the kernel: there are no interrupted system calls (EINTR).
 //! A thread that has not run yet takes it at its first entry to the kernel.
+//!
+//! Actions and process-directed pending signals are per process (a forked child copies its
+//! parent's actions and the forking thread's mask; `execve` resets caught signals to their
+//! default action); masks, thread-directed pending signals and alternate stacks per thread.
+//! A terminating signal ends its process (`crate::process`); the job's first process ending
+//! ends the job.
 
 use crate::arch::fpu;
 use crate::arch::sync::SpinLock;
 use crate::arch::trap::{self, copy_from_user, copy_to_user, copy_words_to_user, TrapFrame, USER_FLAGS};
-use crate::{job, sched};
+use crate::{process, sched};
 use alloc::collections::BTreeMap;
 
 pub const SIGKILL: u8 = 9;
@@ -87,7 +93,7 @@ struct Info {
 
 impl Info {
     fn sent(code: i32) -> Info {
-        Info { code, address: job::PID } // si_pid = the job, si_uid = 0 (root in the enclave)
+        Info { code, address: sched::current_pid() } // si_pid = the taker's process (senders are not recorded), si_uid = 0
     }
 }
 
@@ -135,40 +141,57 @@ impl PendingSet {
 
 #[derive(Clone, Copy)]
 struct ThreadSignals {
+    pid: u64,
     blocked: u64,
     pending: PendingSet,
     alt_stack: AltStack,
 }
 
 impl ThreadSignals {
-    fn with_mask(blocked: u64) -> ThreadSignals {
-        ThreadSignals { blocked, pending: PendingSet::default(), alt_stack: AltStack::default() }
+    fn with_mask(pid: u64, blocked: u64) -> ThreadSignals {
+        ThreadSignals { pid, blocked, pending: PendingSet::default(), alt_stack: AltStack::default() }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct ProcessSignals {
+    actions: [Action; 64],
+    /// Sent to the process while every thread blocked them: the first thread to unblock one
+    /// takes it.
+    pending: PendingSet,
+}
+
+impl ProcessSignals {
+    const fn new() -> ProcessSignals {
+        ProcessSignals { actions: [Action { handler: 0, flags: 0, restorer: 0, mask: 0 }; 64], pending: PendingSet { signals: 0, sent_to_thread: 0 } }
     }
 }
 
 struct Signals {
-    actions: [Action; 64],
+    processes: BTreeMap<u64, ProcessSignals>,
     /// Live threads by tid (entries come with `clone` and go with `exit`).
     threads: BTreeMap<u64, ThreadSignals>,
-    /// Sent to the process while every thread blocked them: the first thread to unblock one
-    /// takes it.
-    process_pending: PendingSet,
 }
 
-static SIGNALS: SpinLock<Signals> = SpinLock::new(Signals {
-    actions: [Action { handler: 0, flags: 0, restorer: 0, mask: 0 }; 64],
-    threads: BTreeMap::new(),
-    process_pending: PendingSet { signals: 0, sent_to_thread: 0 },
-});
+static SIGNALS: SpinLock<Signals> = SpinLock::new(Signals { processes: BTreeMap::new(), threads: BTreeMap::new() });
 
 impl Signals {
     fn thread(&mut self, tid: u64) -> &mut ThreadSignals {
-        self.threads.entry(tid).or_insert_with(|| ThreadSignals::with_mask(0))
+        self.threads.entry(tid).or_insert_with(|| ThreadSignals::with_mask(sched::current_pid(), 0))
     }
 
-    /// Whether the signal would be thrown away if it arrived now (ignored, not blocked).
-    fn discards(&self, signal: u8) -> bool {
-        match self.actions[signal as usize - 1].handler {
+    fn process(&mut self, pid: u64) -> &mut ProcessSignals {
+        self.processes.entry(pid).or_insert_with(ProcessSignals::new)
+    }
+
+    fn action(&mut self, pid: u64, signal: u8) -> Action {
+        self.process(pid).actions[signal as usize - 1]
+    }
+
+    /// Whether the signal would be thrown away if it arrived now at process `pid` (ignored,
+    /// not blocked).
+    fn discards(&mut self, pid: u64, signal: u8) -> bool {
+        match self.action(pid, signal).handler {
             SIG_IGN => true,
             SIG_DFL => default_action(signal) != DefaultAction::Terminate,
             _ => false,
@@ -177,13 +200,15 @@ impl Signals {
 
     /// Tells the system-call exit path whether any thread has a signal it can take.
     fn update_check_request(&self) {
-        let due = self.threads.values().any(|thread| (thread.pending.signals | self.process_pending.signals) & !thread.blocked != 0);
-        trap::request_signal_check(due);
+        let process_pending = |pid: u64| self.processes.get(&pid).map_or(0, |process| process.pending.signals);
+        let due = self.threads.values().any(|thread| (thread.pending.signals | process_pending(thread.pid)) & !thread.blocked != 0);
+        trap::request_signal_check(due || sched::doomed_threads_exist());
     }
 
     /// Takes the lowest deliverable signal of thread `tid`, with its info.
     fn take_deliverable(&mut self, tid: u64) -> Option<(u8, Info)> {
-        let process_pending = self.process_pending.signals;
+        let pid = self.thread(tid).pid;
+        let process_pending = self.process(pid).pending.signals;
         let thread = self.thread(tid);
         let own = thread.pending.signals & !thread.blocked;
         let shared = process_pending & !thread.blocked;
@@ -192,7 +217,7 @@ impl Signals {
             (signal, thread.pending.take(signal))
         } else if shared != 0 {
             let signal = shared.trailing_zeros() as u8 + 1;
-            (signal, self.process_pending.take(signal))
+            (signal, self.process(pid).pending.take(signal))
         } else {
             return None;
         };
@@ -201,13 +226,14 @@ impl Signals {
     }
 }
 
-/// A new job: default actions, nothing blocked or pending, the main thread only.
+/// A new job: its first process (whose main thread's tid is its pid) with default actions,
+/// nothing blocked or pending.
 pub fn reset(main_tid: u64) {
     let mut signals = SIGNALS.lock();
-    signals.actions = [Action::default(); 64];
+    signals.processes.clear();
+    signals.processes.insert(main_tid, ProcessSignals::new());
     signals.threads.clear();
-    signals.threads.insert(main_tid, ThreadSignals::with_mask(0));
-    signals.process_pending = PendingSet::default();
+    signals.threads.insert(main_tid, ThreadSignals::with_mask(main_tid, 0));
     trap::request_signal_check(false);
 }
 
@@ -215,8 +241,39 @@ pub fn reset(main_tid: u64) {
 /// alternate stack. (The child may already have set its own mask if it ran first.)
 pub fn thread_created(parent: u64, child: u64) {
     let mut signals = SIGNALS.lock();
-    let blocked = signals.thread(parent).blocked;
-    signals.threads.entry(child).or_insert_with(|| ThreadSignals::with_mask(blocked));
+    let parent = *signals.thread(parent);
+    signals.threads.entry(child).or_insert_with(|| ThreadSignals::with_mask(parent.pid, parent.blocked));
+}
+
+/// Process `pid` forked by thread `parent` (its first thread's tid is `pid`): it copies the
+/// actions of the parent's process and the thread's mask and alternate stack; nothing is
+/// pending.
+pub fn process_created(parent: u64, pid: u64) {
+    let mut signals = SIGNALS.lock();
+    let parent = *signals.thread(parent);
+    let actions = signals.process(parent.pid).actions;
+    signals.processes.insert(pid, ProcessSignals { actions, pending: PendingSet::default() });
+    signals.threads.insert(pid, ThreadSignals { pid, pending: PendingSet::default(), ..parent });
+}
+
+/// Process `pid` ended: its actions and pending signals go.
+pub fn process_exited(pid: u64) {
+    let mut signals = SIGNALS.lock();
+    signals.processes.remove(&pid);
+    signals.threads.retain(|_, thread| thread.pid != pid);
+    signals.update_check_request();
+}
+
+/// `execve` in process `pid`: caught signals go back to their default action (ignored ones
+/// stay ignored), and the alternate stack is forgotten; masks and pending signals stay.
+pub fn exec_reset(pid: u64) {
+    let mut signals = SIGNALS.lock();
+    for action in signals.process(pid).actions.iter_mut().filter(|action| action.handler != SIG_IGN) {
+        *action = Action::default();
+    }
+    for thread in signals.threads.values_mut().filter(|thread| thread.pid == pid) {
+        thread.alt_stack = AltStack::default();
+    }
 }
 
 /// Thread `tid` ended: its pending signals die with it.
@@ -227,17 +284,18 @@ pub fn thread_exited(tid: u64) {
 }
 
 pub fn action(signal: u8) -> Action {
-    SIGNALS.lock().actions[signal as usize - 1]
+    SIGNALS.lock().action(sched::current_pid(), signal)
 }
 
 /// Installs `action` for `signal` (a valid, catchable signal); returns the old one. Setting
 /// an ignoring action drops that signal where it is pending, as Linux does.
 pub fn set_action(signal: u8, action: Action) -> Action {
+    let pid = sched::current_pid();
     let mut signals = SIGNALS.lock();
-    let old = core::mem::replace(&mut signals.actions[signal as usize - 1], Action { mask: action.mask & !UNCATCHABLE, ..action });
-    if signals.discards(signal) {
-        signals.process_pending.drop_signal(signal);
-        for thread in signals.threads.values_mut() {
+    let old = core::mem::replace(&mut signals.process(pid).actions[signal as usize - 1], Action { mask: action.mask & !UNCATCHABLE, ..action });
+    if signals.discards(pid, signal) {
+        signals.process(pid).pending.drop_signal(signal);
+        for thread in signals.threads.values_mut().filter(|thread| thread.pid == pid) {
             thread.pending.drop_signal(signal);
         }
         signals.update_check_request();
@@ -260,7 +318,7 @@ pub fn change_mask(change: impl FnOnce(u64) -> u64) -> u64 {
 pub fn pending() -> u64 {
     let tid = sched::current_tid();
     let mut signals = SIGNALS.lock();
-    let process_pending = signals.process_pending.signals;
+    let process_pending = signals.process(sched::current_pid()).pending.signals;
     signals.thread(tid).pending.signals | process_pending
 }
 
@@ -269,37 +327,53 @@ pub enum SendError {
     NoSuchThread,
 }
 
-/// Sends `signal` (1..=64) to thread `tid`, or to the process when `tid` is `None` (a thread
-/// that does not block it takes it, the caller first). A terminating default action ends the
-/// job at once unless every candidate blocks the signal.
+/// Sends `signal` (1..=64) to thread `tid` of the caller's process, or to the process when
+/// `tid` is `None` (a thread that does not block it takes it, the caller first). A
+/// terminating default action ends the process at once unless every candidate blocks the
+/// signal.
 pub fn send(tid: Option<u64>, signal: u8, code: i32) -> Result<(), SendError> {
+    send_to(sched::current_pid(), tid, signal, code)
+}
+
+/// Sends `signal` to process `pid` (any of its threads that does not block it); nothing if
+/// there is no such process.
+pub fn send_to_process(pid: u64, signal: u8) {
+    if SIGNALS.lock().processes.contains_key(&pid) {
+        let _ = send_to(pid, None, signal, SI_USER);
+    }
+}
+
+fn send_to(pid: u64, tid: Option<u64>, signal: u8, code: i32) -> Result<(), SendError> {
     let caller = sched::current_tid();
     let mut signals = SIGNALS.lock();
     if let Some(tid) = tid {
-        if !signals.threads.contains_key(&tid) {
+        if signals.threads.get(&tid).is_none_or(|thread| thread.pid != pid) {
             return Err(SendError::NoSuchThread);
         }
     }
     if signal == SIGKILL {
         drop(signals);
-        job::exit_by_signal(signal);
-    }
-    if signals.discards(signal) {
+        process::kill(pid, signal);
         return Ok(());
     }
+    if signals.discards(pid, signal) {
+        return Ok(());
+    }
+    let unblocked = |thread: &ThreadSignals| thread.pid == pid && thread.blocked & bit(signal) == 0;
     let target = match tid {
         Some(tid) => Some(tid),
-        None if signals.thread(caller).blocked & bit(signal) == 0 => Some(caller),
-        None => signals.threads.iter().find(|(_, thread)| thread.blocked & bit(signal) == 0).map(|(&tid, _)| tid),
+        None if signals.threads.get(&caller).is_some_and(unblocked) => Some(caller),
+        None => signals.threads.iter().find(|(_, thread)| unblocked(thread)).map(|(&tid, _)| tid),
     };
     let blocked_by_target = target.is_none_or(|tid| signals.thread(tid).blocked & bit(signal) != 0);
-    if signals.actions[signal as usize - 1].handler == SIG_DFL && !blocked_by_target {
+    if signals.action(pid, signal).handler == SIG_DFL && !blocked_by_target {
         drop(signals);
-        job::exit_by_signal(signal);
+        process::kill(pid, signal);
+        return Ok(());
     }
     match target {
         Some(tid) => signals.thread(tid).pending.add(signal, code),
-        None => signals.process_pending.add(signal, code),
+        None => signals.process(pid).pending.add(signal, code),
     }
     signals.update_check_request();
     drop(signals);
@@ -317,7 +391,7 @@ pub fn deliver_pending(frame: &mut TrapFrame) {
     loop {
         let mut signals = SIGNALS.lock();
         let Some((signal, info)) = signals.take_deliverable(tid) else { return };
-        let action = signals.actions[signal as usize - 1];
+        let action = signals.action(sched::current_pid(), signal);
         match action.handler {
             SIG_IGN => continue,
             SIG_DFL => {
@@ -325,12 +399,12 @@ pub fn deliver_pending(frame: &mut TrapFrame) {
                     continue;
                 }
                 drop(signals);
-                job::exit_by_signal(signal);
+                process::die_of_signal_here(signal);
             }
             _ => {
                 if enter_handler(&mut signals, tid, frame, signal, info, action, (0, 0)).is_err() {
                     drop(signals);
-                    job::exit_by_signal(SIGSEGV);
+                    process::die_of_signal_here(SIGSEGV);
                 }
             }
         }
@@ -353,7 +427,7 @@ pub fn deliver_fault(frame: &mut TrapFrame, signal: u8, fault_address: u64) -> b
     };
     let tid = sched::current_tid();
     let mut signals = SIGNALS.lock();
-    let action = signals.actions[signal as usize - 1];
+    let action = signals.action(sched::current_pid(), signal);
     if action.handler == SIG_DFL || action.handler == SIG_IGN || signals.thread(tid).blocked & bit(signal) != 0 {
         return false;
     }
@@ -441,7 +515,7 @@ fn enter_handler(
     }
     thread.blocked = (thread.blocked | action.mask) & !UNCATCHABLE;
     if action.flags & SA_RESETHAND != 0 {
-        signals.actions[signal as usize - 1] = Action::default();
+        signals.process(sched::current_pid()).actions[signal as usize - 1] = Action::default();
     }
     signals.update_check_request();
 
@@ -464,7 +538,7 @@ pub fn return_from_handler(frame: &mut TrapFrame) -> u64 {
     let context_address = frame.rsp;
     let mut bytes = [0u8; UCONTEXT_SIZE];
     if copy_from_user(&mut bytes, context_address).is_err() {
-        job::exit_by_signal(SIGSEGV);
+        process::die_of_signal_here(SIGSEGV);
     }
     let word = |offset: usize| u64::from_le_bytes(bytes[offset - UCONTEXT..offset - UCONTEXT + 8].try_into().unwrap());
     let context = MCONTEXT;
@@ -476,7 +550,7 @@ pub fn return_from_handler(frame: &mut TrapFrame) -> u64 {
     if fpstate != 0 {
         let mut area = fpu::LegacyArea([0; 512]);
         if copy_from_user(&mut area.0, fpstate).is_err() {
-            job::exit_by_signal(SIGSEGV);
+            process::die_of_signal_here(SIGSEGV);
         }
         fpu::restore_legacy(area);
     }

@@ -30,6 +30,11 @@ fn signal_for(vector: u64) -> (u8, &'static str) {
     }
 }
 
+/// Whether system calls arrive through the ring-3 SYSCALL page: new address spaces map it.
+pub fn ring3_syscall_page_in_use() -> bool {
+    RING3_SYSCALL_REPORTED.load(Ordering::Relaxed)
+}
+
 pub fn handle(frame: &mut TrapFrame) {
     if frame.vector == apic::TICK_VECTOR as u64 {
         apic::end_of_interrupt();
@@ -61,6 +66,7 @@ pub fn handle(frame: &mut TrapFrame) {
         kernel_fault(frame);
     }
     if frame.is_from_user() && trap::signal_check_requested() {
+        sched::exit_if_doomed();
         signal::deliver_pending(frame);
     }
 }

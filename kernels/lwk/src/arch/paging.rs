@@ -11,6 +11,7 @@ pub const HUGE_PAGE_SIZE: u64 = 2 << 20;
 const PRESENT: u64 = 1;
 const WRITABLE: u64 = 1 << 1;
 const USER: u64 = 1 << 2;
+const DIRTY: u64 = 1 << 6;
 const HUGE: u64 = 1 << 7;
 const GLOBAL: u64 = 1 << 8;
 const NO_EXECUTE: u64 = 1 << 63;
@@ -28,8 +29,6 @@ pub trait TableSource {
     fn allocate_table(&mut self) -> Option<u64>;
     /// `table` is unlinked, but may still be walked by another CPU until its next TLB flush.
     fn retire_table(&mut self, table: u64);
-    /// `table` is unlinked and no CPU can walk it any more (no CPU uses its address space).
-    fn free_table(&mut self, table: u64);
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -130,8 +129,7 @@ impl PageTables {
     }
 
     pub fn activate(&self) {
-        // SAFETY: the tables map the kernel half identically in every address space.
-        unsafe { asm!("mov cr3, {}", in(reg) self.root, options(nostack)) }
+        activate_root(self.root);
     }
 
     /// The page directory covering `address`, created on the way if `tables` is given.
@@ -253,22 +251,51 @@ impl PageTables {
         Ok(Translation { physical: frame + offset, writable: leaf & WRITABLE != 0, bytes_left_in_leaf: leaf_size - offset })
     }
 
-    /// Frees every table of the user half and the root: the address space is gone. The caller
-    /// makes sure no CPU has it loaded. Leaves (the memory mapped) are the caller's.
-    pub fn free_user_tables(self, tables: &mut dyn TableSource) {
-        let root = entries(self.root);
-        for &directory_pointer in root[..256].iter().filter(|&&entry| entry & PRESENT != 0) {
-            let pointer_table = directory_pointer & ADDRESS_MASK;
-            for &directory in entries(pointer_table).iter().filter(|&&entry| entry & PRESENT != 0 && entry & HUGE == 0) {
-                let directory_table = directory & ADDRESS_MASK;
-                for &leaf_table in entries(directory_table).iter().filter(|&&entry| entry & PRESENT != 0 && entry & HUGE == 0) {
-                    tables.free_table(leaf_table & ADDRESS_MASK);
+    /// Calls `leaf` with each mapping of `[start, end)` in the user half, in address order:
+    /// virtual address (of the leaf: a 2 MiB leaf may start below `start`), physical address,
+    /// size (4 KiB or 2 MiB), rights, and whether user code wrote through it (the dirty bit:
+    /// the kernel's own writes go through its physical-memory window). Only reads the tables,
+    /// and only the entries of the range: on PVM each read of a table costs microseconds.
+    pub fn for_each_user_leaf_in(&self, start: u64, end: u64, mut leaf: impl FnMut(u64, u64, u64, Protection, bool)) {
+        let rights = |entry: u64| Protection { write: entry & WRITABLE != 0, execute: entry & NO_EXECUTE == 0 };
+        let mut address = start / PAGE_SIZE * PAGE_SIZE;
+        while address < end {
+            let block = address & !(HUGE_PAGE_SIZE - 1);
+            let block_end = block + HUGE_PAGE_SIZE;
+            let directory = self.existing_directory(address);
+            let entry = directory.map_or(0, |directory| entries(directory)[index(address, 1)]);
+            if entry & PRESENT != 0 && entry & HUGE != 0 {
+                leaf(block, entry & ADDRESS_MASK & !(HUGE_PAGE_SIZE - 1), HUGE_PAGE_SIZE, rights(entry), entry & DIRTY != 0);
+            } else if entry & PRESENT != 0 {
+                let table = entries(entry & ADDRESS_MASK);
+                while address < end.min(block_end) {
+                    let pte = table[index(address, 0)];
+                    if pte & PRESENT != 0 {
+                        leaf(address, pte & ADDRESS_MASK, PAGE_SIZE, rights(pte), pte & DIRTY != 0);
+                    }
+                    address += PAGE_SIZE;
                 }
-                tables.free_table(directory_table);
             }
-            tables.free_table(pointer_table);
+            address = block_end;
         }
-        tables.free_table(self.root);
+    }
+
+    /// The page directory covering `address`, if the tables have one (reads only).
+    fn existing_directory(&self, address: u64) -> Option<u64> {
+        let mut table = self.root;
+        for level in [3, 2] {
+            let entry = entries(table)[index(address, level)];
+            if entry & PRESENT == 0 {
+                return None;
+            }
+            table = entry & ADDRESS_MASK;
+        }
+        Some(table)
+    }
+
+    /// The root table's physical address (what CR3 holds while this address space runs).
+    pub fn root(&self) -> u64 {
+        self.root
     }
 
     /// Removes the mappings of the range (2 MiB pages partly covered are split first).
@@ -297,6 +324,13 @@ impl PageTables {
         flush_tlb(virtual_address, len);
         Ok(())
     }
+}
+
+/// Loads the address space whose root table is `root` (from `PageTables::root`, of tables
+/// still alive).
+pub fn activate_root(root: u64) {
+    // SAFETY: every address space's root maps the kernel half identically.
+    unsafe { asm!("mov cr3, {}", in(reg) root, options(nostack)) }
 }
 
 /// Below this many leaves a live table is edited in place rather than rebuilt.

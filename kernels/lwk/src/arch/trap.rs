@@ -63,8 +63,8 @@ pub const SYSCALL_VECTOR: u64 = 256;
 /// the caller's full frame (RAX holds the call's result) so that a handler frame can be built.
 pub const SIGNAL_CHECK_VECTOR: u64 = 257;
 /// The calls below 64 that need every register of the caller, as a bit mask: `rt_sigreturn`
-/// (15) replaces them, `clone` (56) copies them.
-const FULL_FRAME_CALLS_BELOW_64: u64 = 1 << 15 | 1 << 56;
+/// (15) and `execve` (59) replace them, `clone`, `fork` and `vfork` (56-58) copy them.
+const FULL_FRAME_CALLS_BELOW_64: u64 = 1 << 15 | 1 << 56 | 1 << 57 | 1 << 58 | 1 << 59;
 /// `sigaltstack` reads the caller's stack pointer (is it on its alternate stack?).
 const SIGALTSTACK_NUMBER: u64 = 131;
 

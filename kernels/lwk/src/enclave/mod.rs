@@ -389,6 +389,8 @@ fn launch_job(bytes: &[u8]) {
             // On PVM the first job's first system call moved LSTAR to the ring-3 SYSCALL page
             // for good; later jobs need that page in their address spaces from the start.
             job::map_ring3_syscall_page();
+            let vcpus = with_state(|state| state.vcpus);
+            crate::sched::wait_for_cpus(vcpus as u32);
             with_state(|state| {
                 state.job = Some(RunningJob { id: launch.job, cwd: text(launch.cwd) });
                 state.kill_status = None;
@@ -442,7 +444,7 @@ pub fn end_job(status: u8) -> ! {
 /// (its memory and page tables, its threads' kernel stacks) and serves the host again.
 extern "C" fn reclaim_job_then_serve() -> ! {
     // The job's page tables are about to be freed: stop using them first.
-    mm::activate_kernel_tables();
+    crate::sched::use_kernel_tables(0);
     job::release();
     crate::sched::release_job_threads();
     mm::free_retired_tables();

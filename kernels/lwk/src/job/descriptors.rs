@@ -1,6 +1,6 @@
-//! The job's file descriptors: the console streams and files of the in-memory file system.
-//! Like Linux's, a descriptor names an open file description: `dup` shares it, offset
-//! included.
+//! A process's file descriptors: the console streams, files of the in-memory file system,
+//! host files, pipes. Like Linux's, a descriptor names an open file description: `dup` and
+//! `fork` share it, offset included; the close-on-exec flag is the descriptor's own.
 
 use crate::arch::sync::{SpinGuard, SpinLock};
 use crate::fs::Node;
@@ -18,25 +18,55 @@ pub enum Descriptor {
     Remote { handle: u32, status_flags: u32 },
     /// `/dev/xpmem` (`crate::xpmem`): only ioctl does anything.
     Xpmem,
+    /// One end of a pipe (`super::pipe`).
+    Pipe(super::pipe::PipeEnd),
 }
 
 /// Linux's default RLIMIT_NOFILE.
 pub const MAX_DESCRIPTORS: usize = 1024;
 
-type OpenFile = Arc<SpinLock<Descriptor>>;
+pub type OpenFile = Arc<SpinLock<Descriptor>>;
 
+#[derive(Clone)]
+struct Slot {
+    file: OpenFile,
+    close_on_exec: bool,
+}
+
+/// `Clone` is `fork`'s copy: the same open files under the same numbers and flags.
+#[derive(Clone)]
 pub struct Descriptors {
-    table: Vec<Option<OpenFile>>,
+    table: Vec<Option<Slot>>,
 }
 
 impl Descriptors {
     pub fn new() -> Descriptors {
-        Descriptors { table: (0..3).map(|_| Some(Arc::new(SpinLock::new(Descriptor::Console)))).collect() }
+        Descriptors { table: (0..3).map(|_| Some(Slot { file: Arc::new(SpinLock::new(Descriptor::Console)), close_on_exec: false })).collect() }
+    }
+
+    fn slot(&mut self, descriptor: u64) -> Option<&mut Slot> {
+        self.table.get_mut(descriptor as u32 as usize)?.as_mut()
     }
 
     /// Descriptors are C `int`s: only the low 32 bits of the register count.
     pub fn get(&mut self, descriptor: u64) -> Option<SpinGuard<'_, Descriptor>> {
-        Some(self.table.get(descriptor as u32 as usize)?.as_ref()?.lock())
+        Some(self.slot(descriptor)?.file.lock())
+    }
+
+    /// FD_CLOEXEC of `descriptor`, `None` if it is not open.
+    pub fn close_on_exec(&mut self, descriptor: u64) -> Option<bool> {
+        Some(self.slot(descriptor)?.close_on_exec)
+    }
+
+    pub fn set_close_on_exec(&mut self, descriptor: u64, close_on_exec: bool) -> Option<()> {
+        self.slot(descriptor)?.close_on_exec = close_on_exec;
+        Some(())
+    }
+
+    /// `execve`: closes the descriptors marked close-on-exec; returns their open files, to be
+    /// dropped once the caller holds no lock (a pipe's last end wakes its waiters).
+    pub fn close_marked(&mut self) -> Vec<OpenFile> {
+        self.table.iter_mut().filter(|slot| slot.as_ref().is_some_and(|slot| slot.close_on_exec)).filter_map(|slot| slot.take()).map(|slot| slot.file).collect()
     }
 
     /// The lowest free number from `lowest` on, the table grown to hold it.
@@ -53,23 +83,29 @@ impl Descriptors {
 
     /// Installs `entry` at the lowest free number, as Linux does; `None` when the table is full.
     pub fn insert(&mut self, entry: Descriptor) -> Option<u64> {
+        self.insert_flagged(entry, false)
+    }
+
+    /// `insert`, with the close-on-exec flag (O_CLOEXEC) given.
+    pub fn insert_flagged(&mut self, entry: Descriptor, close_on_exec: bool) -> Option<u64> {
         let index = self.free_slot(0)?;
-        self.table[index] = Some(Arc::new(SpinLock::new(entry)));
+        self.table[index] = Some(Slot { file: Arc::new(SpinLock::new(entry)), close_on_exec });
         Some(index as u64)
     }
 
     /// `dup`: a new number, at least `lowest`, for the same open file; `None` when `from` is
     /// not open (or the table is full: `Err`).
-    pub fn duplicate(&mut self, from: u64, lowest: u64) -> Result<u64, DuplicateError> {
-        let open = self.table.get(from as u32 as usize).and_then(Option::clone).ok_or(DuplicateError::NotOpen)?;
+    pub fn duplicate(&mut self, from: u64, lowest: u64, close_on_exec: bool) -> Result<u64, DuplicateError> {
+        let file = self.slot(from).map(|slot| slot.file.clone()).ok_or(DuplicateError::NotOpen)?;
         let index = self.free_slot(lowest as usize).ok_or(DuplicateError::TableFull)?;
-        self.table[index] = Some(open);
+        self.table[index] = Some(Slot { file, close_on_exec });
         Ok(index as u64)
     }
 
-    /// `dup2`: makes `to` name the open file of `from`, closing what `to` named.
-    pub fn duplicate_to(&mut self, from: u64, to: u64) -> Result<u64, DuplicateError> {
-        let open = self.table.get(from as u32 as usize).and_then(Option::clone).ok_or(DuplicateError::NotOpen)?;
+    /// `dup2`: makes `to` name the open file of `from`, closing what `to` named (returned, to
+    /// be dropped unlocked).
+    pub fn duplicate_to(&mut self, from: u64, to: u64, close_on_exec: bool) -> Result<(u64, Option<OpenFile>), DuplicateError> {
+        let file = self.slot(from).map(|slot| slot.file.clone()).ok_or(DuplicateError::NotOpen)?;
         let to = to as u32 as usize;
         if to >= MAX_DESCRIPTORS {
             return Err(DuplicateError::TableFull);
@@ -77,12 +113,13 @@ impl Descriptors {
         if self.table.len() <= to {
             self.table.resize(to + 1, None);
         }
-        self.table[to] = Some(open);
-        Ok(to as u64)
+        let replaced = self.table[to].replace(Slot { file, close_on_exec });
+        Ok((to as u64, replaced.map(|slot| slot.file)))
     }
 
-    pub fn remove(&mut self, descriptor: u64) -> Option<()> {
-        self.table.get_mut(descriptor as u32 as usize)?.take().map(|_| ())
+    /// Closes `descriptor`; returns its open file, to be dropped unlocked.
+    pub fn remove(&mut self, descriptor: u64) -> Option<OpenFile> {
+        self.table.get_mut(descriptor as u32 as usize)?.take().map(|slot| slot.file)
     }
 }
 

@@ -3,12 +3,18 @@
 //! of the heap region and anonymous `mmap` carves from its top; page tables are filled when
 //! memory is handed out and cleared when it is given back, never on demand.
 //!
+//! Anonymous `mmap` takes the lowest free heap memory above a small area kept for `brk`
+//! (`BRK_AREA`), so that what a process uses sits low in its heap: `fork` gives the child a
+//! heap that ends a little above the parent's highest used byte, not a copy of the whole
+//! reservation.
+//!
 //! Heap memory given back is not cleared at once but marked dirty, and `mmap` prefers clean
 //! memory: clearing is kernel work (about 40 ms per MiB when kernel code is emulated, as on
 //! PVM), and with a heap of most of the machine a job rarely needs to reuse anything.
 
 use crate::arch::paging::{OutOfMemory, Protection, HUGE_PAGE_SIZE, PAGE_SIZE};
 use crate::arch::phys;
+use crate::mm::pmem;
 use crate::mm::aspace::AddressSpace;
 use crate::mm::ranges::{Range, RangeSet};
 use alloc::boxed::Box;
@@ -53,6 +59,14 @@ const HEAP_RANGES: usize = 256;
 
 pub const READ_WRITE: Protection = Protection { write: true, execute: false };
 
+/// The bottom of the heap kept for `brk` (a quarter of small heaps): anonymous mappings go
+/// above it while there is room. glibc's malloc moves on to `mmap` when `brk` stops growing.
+const BRK_AREA: u64 = 8 << 20;
+/// What a forked child's heap has beyond the parent's highest used byte, for its own `brk`
+/// and `mmap`, and its stack below the 2 MiB block the parent's stack pointer is in.
+const CHILD_HEAP_SLACK: u64 = 4 << 20;
+const CHILD_STACK_SLACK: u64 = 2 << 20;
+
 pub struct JobMemory {
     pub aspace: AddressSpace,
     pub image: Region,
@@ -67,6 +81,12 @@ pub struct JobMemory {
     heap_dirty: Box<RangeSet<HEAP_RANGES>>,
     brk_start: u64,
     brk: u64,
+    /// Anonymous mappings are placed at or above this address when they fit.
+    mmap_floor: u64,
+    /// The lowest stack address the kernel wrote through its own window (a forked child's
+    /// copy) or whose mapping went away (so its dirty bit is lost): `release` clears the stack
+    /// from here or from its lowest written page, whichever is lower.
+    stack_clear_from: u64,
 }
 
 fn page_up(value: u64) -> u64 {
@@ -79,7 +99,8 @@ impl JobMemory {
         // A fresh set has room for one range.
         let _ = heap_free.insert(heap.start, heap.end);
         let heap_dirty = Box::new(RangeSet::new());
-        JobMemory { aspace, image, image_pages, stack, heap, heap_free, heap_dirty, brk_start: heap.start, brk: heap.start }
+        let mmap_floor = heap.start + BRK_AREA.min((heap.end - heap.start) / 4 / PAGE_SIZE * PAGE_SIZE);
+        JobMemory { aspace, image, image_pages, stack, heap, heap_free, heap_dirty, brk_start: heap.start, brk: heap.start, mmap_floor, stack_clear_from: stack.end }
     }
 
     fn map_heap(&mut self, start: u64, end: u64, access: Access) -> Result<(), MemoryError> {
@@ -111,17 +132,21 @@ impl JobMemory {
         self.heap_dirty.remove(start, end).map_err(|_| MemoryError::NoMemory)
     }
 
-    /// The highest `len` bytes of free heap aligned to `align`, clean ones if possible.
+    /// The lowest `len` free heap bytes aligned to `align` above the `brk` area (below it if
+    /// nothing fits above), clean ones if possible.
     fn find_free(&self, len: u64, align: u64) -> Option<u64> {
-        let fit = |range: &Range| {
-            let start = range.end.checked_sub(len)? / align * align;
-            (start >= range.start).then_some(start)
+        let fit_from = |floor: u64| {
+            move |range: &Range| {
+                let start = range.start.max(floor).next_multiple_of(align);
+                (start.checked_add(len)? <= range.end).then_some(start)
+            }
         };
-        let clean = self.heap_free.ranges().iter().rev().find_map(|free| {
-            let clean_parts: Vec<Range> = self.heap_dirty.gaps(free.start, free.end).collect();
-            clean_parts.iter().rev().find_map(fit)
-        });
-        clean.or_else(|| self.heap_free.ranges().iter().rev().find_map(fit))
+        let clean_parts: Vec<Range> = self.heap_free.ranges().iter().flat_map(|free| self.heap_dirty.gaps(free.start, free.end).collect::<Vec<_>>()).collect();
+        clean_parts
+            .iter()
+            .find_map(fit_from(self.mmap_floor))
+            .or_else(|| self.heap_free.ranges().iter().find_map(fit_from(self.mmap_floor)))
+            .or_else(|| self.heap_free.ranges().iter().find_map(fit_from(self.heap.start)))
     }
 
     /// Clears the heap's used memory (in use, or given back dirty) and returns the heap's
@@ -207,8 +232,15 @@ impl JobMemory {
         if heap_start < heap_end {
             self.release_heap(heap_start, heap_end)?;
         }
+        self.note_stack_unmapped(start, end);
         self.aspace.unmap(start, end - start)?;
         Ok(())
+    }
+
+    fn note_stack_unmapped(&mut self, start: u64, end: u64) {
+        if start < self.stack.end && end > self.stack.start {
+            self.stack_clear_from = self.stack_clear_from.min(start.max(self.stack.start));
+        }
     }
 
     /// `mprotect`: every page of the range must be in use.
@@ -242,10 +274,33 @@ impl JobMemory {
                     address = run_end;
                 }
             }
-            Some(protection) => self.aspace.map(start, region.physical(start), end - start, protection)?,
-            None => self.aspace.unmap(start, end - start)?,
+            Some(protection) => {
+                self.note_stack_unmapped(start, end); // a new mapping starts clean
+                self.aspace.map(start, region.physical(start), end - start, protection)?
+            }
+            None => {
+                self.note_stack_unmapped(start, end);
+                self.aspace.unmap(start, end - start)?
+            }
         }
         Ok(())
+    }
+
+    /// Runs of the image's pages that are its block's own (copied or zero-filled by the
+    /// kernel), as (address, length): the others are the executable file's pages.
+    fn image_block_runs(&self) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for (page, &physical) in self.image_pages.iter().enumerate() {
+            let address = self.image.start + page as u64 * PAGE_SIZE;
+            if physical != self.image.physical(address) {
+                continue;
+            }
+            match runs.last_mut() {
+                Some((start, len)) if *start + *len == address => *len += PAGE_SIZE,
+                _ => runs.push((address, PAGE_SIZE)),
+            }
+        }
+        runs
     }
 
     /// MADV_DONTNEED: heap and stack pages in the range stay mapped but read back as zero.
@@ -297,5 +352,156 @@ impl JobMemory {
             .copy_from_slice(phys::bytes(self.heap.physical(start), old_len as usize));
         self.release_heap(start, old_end)?;
         Ok(moved)
+    }
+
+    /// An empty stand-in (no memory, a table root of its own), for `execve` to take a process's
+    /// memory away before it has the new image.
+    pub fn empty() -> Result<JobMemory, MemoryError> {
+        let none = Region { start: 0, end: 0, physical_start: 0 };
+        Ok(JobMemory::new(AddressSpace::new()?, none, Vec::new(), none, none))
+    }
+
+    /// The parts of the heap in use (in the `brk` area or mapped), in order.
+    fn heap_in_use(&self, end: u64) -> Vec<Range> {
+        self.heap_free.gaps(self.heap.start, end).collect()
+    }
+
+    /// A copy for a forked child, Kitten-style: new contiguous blocks at the same virtual
+    /// addresses, filled in one pass each (the image block; the stack from `user_stack_pointer`
+    /// up, what lies below it being dead; the heap's used ranges), and page tables that repeat
+    /// the parent's mappings and rights, pointing into the new blocks (pages outside them: the
+    /// executable's own read-only pages, the vDSO, stay shared). The child's heap ends
+    /// `CHILD_HEAP_SLACK` above the parent's highest used byte, its stack starts
+    /// `CHILD_STACK_SLACK` below the 2 MiB block holding the stack pointer: a child costs
+    /// megabytes, not a copy of its parent's whole reservation.
+    pub fn fork(&self, user_stack_pointer: u64) -> Result<JobMemory, MemoryError> {
+        let highest_used = self.heap_in_use(self.heap.end).last().map_or(self.heap.start, |range| range.end);
+        let heap_end = (highest_used.next_multiple_of(HUGE_PAGE_SIZE) + CHILD_HEAP_SLACK).min(self.heap.end);
+        let on_main_stack = self.stack.contains(user_stack_pointer, user_stack_pointer);
+        // A thread on a stack of its own forked: the main stack stays whole.
+        let live_stack = if on_main_stack { (user_stack_pointer - 128) / PAGE_SIZE * PAGE_SIZE } else { self.stack.start };
+        let stack_start = (live_stack / HUGE_PAGE_SIZE * HUGE_PAGE_SIZE).saturating_sub(CHILD_STACK_SLACK).max(self.stack.start);
+        let mut blocks: Vec<Region> = Vec::new();
+        let mut allocate = |start: u64, end: u64| -> Result<Region, MemoryError> {
+            let physical_start = pmem::allocate(end - start, HUGE_PAGE_SIZE).ok_or(MemoryError::NoMemory)?;
+            let block = Region { start, end, physical_start };
+            blocks.push(block);
+            Ok(block)
+        };
+        let copy = (|| {
+            let image = allocate(self.image.start, self.image.end)?;
+            let stack = allocate(stack_start, self.stack.end)?;
+            let heap = allocate(self.heap.start, heap_end)?;
+            Ok::<_, MemoryError>((image, stack, heap))
+        })();
+        let (image, stack, heap) = match copy {
+            Ok(regions) => regions,
+            Err(error) => {
+                for block in blocks {
+                    pmem::free_clean(block.physical_start, block.end - block.start);
+                }
+                return Err(error);
+            }
+        };
+        let copy_range = |from: &Region, to: &Region, start: u64, end: u64| {
+            phys::bytes_mut(to.physical(start), (end - start) as usize).copy_from_slice(phys::bytes(from.physical(start), (end - start) as usize));
+        };
+        for (start, len) in self.image_block_runs() {
+            copy_range(&self.image, &image, start, start + len);
+        }
+        copy_range(&self.stack, &stack, live_stack.max(stack.start), stack.end);
+        let heap_used = self.heap_in_use(heap_end);
+        for range in &heap_used {
+            copy_range(&self.heap, &heap, range.start, range.end);
+        }
+        let mut heap_free = Box::new(RangeSet::new());
+        for range in self.heap_free.ranges().iter().filter(|range| range.start < heap_end) {
+            heap_free.insert(range.start, range.end.min(heap_end)).map_err(|_| MemoryError::NoMemory)?;
+        }
+        // The child's page for the parent's physical page `physical`: the same virtual page of
+        // the child's block, none if the child's (shorter) block lacks it, the same page if it
+        // is not the parent's own memory.
+        let moved = |physical: u64| {
+            let owner = [(&self.image, &image), (&self.stack, &stack), (&self.heap, &heap)]
+                .into_iter()
+                .find(|(from, _)| physical >= from.physical_start && physical - from.physical_start < from.end - from.start);
+            match owner {
+                Some((from, to)) => {
+                    let address = from.start + (physical - from.physical_start);
+                    to.contains(address, address + 1).then(|| to.physical(address))
+                }
+                None => Some(physical),
+            }
+        };
+        let image_pages = self.image_pages.iter().map(|&page| moved(page).unwrap_or(page)).collect();
+        let mut aspace = AddressSpace::new()?;
+        // Runs of leaves contiguous on both sides with the same rights become one `map`.
+        let mut run: Option<(u64, u64, u64, Protection)> = None;
+        let mut failed = false;
+        // Only the parent's own regions are walked (the image, the child's part of the stack,
+        // the used heap); the vDSO and the system-call page are mapped as for a new image, and
+        // XPMEM attachments are not inherited.
+        let walked = [Range { start: image.start, end: image.end }, Range { start: stack.start, end: stack.end }].into_iter().chain(heap_used);
+        for range in walked {
+            self.aspace.for_each_leaf_in(range.start, range.end, |address, physical, size, protection, _| {
+                let Some(physical) = moved(physical) else { return };
+                match &mut run {
+                    Some((start, run_physical, len, rights)) if *start + *len == address && *run_physical + *len == physical && *rights == protection => *len += size,
+                    _ => {
+                        if let Some((start, run_physical, len, rights)) = run.replace((address, physical, size, protection)) {
+                            failed |= aspace.map(start, run_physical, len, rights).is_err();
+                        }
+                    }
+                }
+            });
+        }
+        if let Some((start, run_physical, len, rights)) = run {
+            failed |= aspace.map(start, run_physical, len, rights).is_err();
+        }
+        failed |= crate::vdso::map_into(&mut aspace).is_none();
+        if crate::trap::ring3_syscall_page_in_use() {
+            failed |= crate::job::map_ring3_syscall_page_into(&mut aspace).is_err();
+        }
+        let child = JobMemory {
+            aspace,
+            image,
+            image_pages,
+            stack,
+            heap,
+            heap_free,
+            heap_dirty: Box::new(RangeSet::new()),
+            brk_start: self.brk_start,
+            brk: self.brk,
+            mmap_floor: self.mmap_floor.min(heap_end),
+            stack_clear_from: live_stack.max(stack.start),
+        };
+        if failed {
+            child.release();
+            return Err(MemoryError::NoMemory);
+        }
+        Ok(child)
+    }
+
+    /// Gives everything back to `pmem` (no CPU may use this address space any more), cleared
+    /// only where it may hold data (clearing is emulated kernel work on PVM, about 40 ms per
+    /// MiB): the image block's own pages, the stack from its lowest page user code wrote (its
+    /// leaf's dirty bit) or the kernel wrote, the heap where it was used; then the page tables.
+    pub fn release(mut self) {
+        let (heap_physical, heap_size) = self.clear_heap();
+        pmem::free_clean(heap_physical, heap_size);
+        let stack = self.stack;
+        let mut clear_from = self.stack_clear_from;
+        self.aspace.for_each_leaf_in(stack.start, stack.end, |address, _, _, _, dirty| {
+            if dirty {
+                clear_from = clear_from.min(address);
+            }
+        });
+        phys::zero(stack.physical(clear_from.min(stack.end)), (stack.end - clear_from.min(stack.end)) as usize);
+        pmem::free_clean(stack.physical_start, stack.end - stack.start);
+        for (start, len) in self.image_block_runs() {
+            phys::zero(self.image.physical(start), len as usize);
+        }
+        pmem::free_clean(self.image.physical_start, self.image.end - self.image.start);
+        self.aspace.free();
     }
 }

@@ -1,9 +1,13 @@
 //! The job: one static Linux executable, loaded from PVH module 0 with all of its memory
-//! reserved and mapped up front, then run in user mode until it exits or faults.
+//! reserved and mapped up front, then run in user mode until it exits or faults. It is the
+//! job's first process (pid 1); the processes it forks live in the same table (`PROCESSES`),
+//! and `execve` loads their new images with the same loader. The job ends when its first
+//! process does.
 
 pub mod descriptors;
 pub mod elf;
 pub mod memory;
+pub mod pipe;
 mod stack;
 
 pub use stack::random_bytes;
@@ -20,6 +24,7 @@ use crate::fs;
 use crate::machine;
 use crate::mm::aspace::AddressSpace;
 use crate::mm::pmem;
+use alloc::collections::BTreeMap;
 use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
@@ -29,10 +34,15 @@ use memory::{JobMemory, Region, READ_WRITE};
 
 /// The stack ends here, 2 MiB aligned, a little below the top of user space as on Linux.
 pub const STACK_TOP: u64 = 0x0000_7fff_ffe0_0000;
-/// The job's process id (and its main thread's id): the only process of its enclave.
+/// The job's first process's id (and its main thread's id).
 pub const PID: u64 = 1;
-/// What the default heap leaves to the kernel (page tables, its own heap).
+/// What the first process's default heap leaves at least to the kernel and the job's other
+/// processes: a quarter of the free memory, and never less than this.
 const KERNEL_RESERVE: u64 = 16 << 20;
+/// A process image `execve` loads gets, unless the job set a heap size, an eighth of the free
+/// memory within these bounds.
+const EXEC_HEAP_MIN: u64 = 4 << 20;
+const EXEC_HEAP_MAX: u64 = 64 << 20;
 
 pub struct Process {
     pub memory: JobMemory,
@@ -41,19 +51,44 @@ pub struct Process {
     pub executable_path: String,
 }
 
-static PROCESS: SpinLock<Option<Process>> = SpinLock::new(None);
+/// The live processes by pid (a process leaves the table when its last thread ends).
+static PROCESSES: SpinLock<BTreeMap<u64, Process>> = SpinLock::new(BTreeMap::new());
 static JOB_START_NS: AtomicU64 = AtomicU64::new(0);
 static VERBOSE: AtomicBool = AtomicBool::new(false);
+/// The job's heap size (0: none given) and stack size, for images `execve` loads.
+static HEAP_OPTION: AtomicU64 = AtomicU64::new(0);
+static STACK_OPTION: AtomicU64 = AtomicU64::new(0);
 
 /// Is there a job (for code that runs between jobs too, like the enclave's XEMEM node)?
 pub fn is_loaded() -> bool {
-    PROCESS.lock().is_some()
+    PROCESSES.lock().contains_key(&PID)
 }
 
-/// Runs `f` on the job's process (system calls and faults only happen once it exists).
+/// Runs `f` on the calling thread's process (system calls and faults only happen once it
+/// exists).
 pub fn with_process<R>(f: impl FnOnce(&mut Process) -> R) -> R {
-    let mut process = PROCESS.lock();
-    f(process.as_mut().expect("no job loaded"))
+    let pid = crate::sched::current_pid();
+    let mut processes = PROCESSES.lock();
+    f(processes.get_mut(&pid).expect("the calling thread's process"))
+}
+
+/// The pipe end behind `descriptor` of the calling process, if it is one (a handle of its own,
+/// so that the caller may wait without holding any lock), and whether it is non-blocking.
+pub fn pipe_end(descriptor: u64) -> Option<(pipe::PipeEnd, bool)> {
+    with_process(|process| match process.descriptors.get(descriptor).as_deref() {
+        Some(descriptors::Descriptor::Pipe(end)) => Some((end.share(), end.non_blocking)),
+        _ => None,
+    })
+}
+
+/// Adds a forked process to the table.
+pub fn add_process(pid: u64, process: Process) {
+    PROCESSES.lock().insert(pid, process);
+}
+
+/// Takes process `pid` out of the table (it ended).
+pub fn take_process(pid: u64) -> Option<Process> {
+    PROCESSES.lock().remove(&pid)
 }
 
 #[derive(Debug)]
@@ -142,10 +177,87 @@ fn load_image(executable: &Executable, file: &[u8], file_physical: u64, aspace: 
     Ok((region, physical_pages))
 }
 
+/// A process image: its memory, with the initial stack built, and where it starts.
+pub struct Image {
+    pub memory: JobMemory,
+    pub entry: TrapFrame,
+}
+
+/// Loads the executable `file` (at `file_physical`) into a new address space with its
+/// initial stack, and leaves that address space loaded on this CPU. The heap is
+/// `heap_size` bytes (rounded up to 2 MiB).
+pub fn load_image_memory(file: &[u8], file_physical: u64, argv: &[String], env: &[String], heap_size: u64, stack_size: u64) -> Result<Image, LoadError> {
+    let executable = Executable::parse(file).map_err(LoadError::Elf)?;
+    let mut aspace = AddressSpace::new().map_err(|_| LoadError::NoMemory("page tables"))?;
+    let mut blocks: Vec<Region> = Vec::new();
+    let result = (|| {
+        let (image, image_pages) = load_image(&executable, file, file_physical, &mut aspace)?;
+        blocks.push(image);
+        let stack_size = stack_size.next_multiple_of(HUGE_PAGE_SIZE);
+        let stack = allocate_region(STACK_TOP - stack_size, stack_size, "stack")?;
+        blocks.push(stack);
+        aspace.map(stack.start, stack.physical_start, stack_size, READ_WRITE).map_err(|_| LoadError::NoMemory("page tables"))?;
+        let heap_start = image.end.next_multiple_of(HUGE_PAGE_SIZE);
+        let heap_size = heap_size.next_multiple_of(HUGE_PAGE_SIZE);
+        if heap_start + heap_size > stack.start {
+            return Err(LoadError::OverlapsStack);
+        }
+        let heap = allocate_region(heap_start, heap_size, "heap")?;
+        blocks.push(heap);
+        if VERBOSE.load(Ordering::Relaxed) {
+            log!(
+                "job: image {:#x}..{:#x}, heap {:#x}..{:#x} ({} MiB), stack {} MiB, entry {:#x}",
+                image.start, image.end, heap.start, heap.end, heap_size >> 20, stack_size >> 20, executable.entry
+            );
+        }
+        // Without a vDSO libc falls back to system calls: slower, still correct.
+        let vdso = crate::vdso::map_into(&mut aspace);
+        if crate::trap::ring3_syscall_page_in_use() {
+            map_ring3_syscall_page_into(&mut aspace).map_err(|_| LoadError::NoMemory("page tables"))?;
+        }
+        aspace.activate();
+        let stack_pointer = stack::build(STACK_TOP, &executable, argv, env, vdso).map_err(|_| LoadError::StackSetup)?;
+        Ok((image, image_pages, stack, heap, stack_pointer))
+    })();
+    match result {
+        Ok((image, image_pages, stack, heap, stack_pointer)) => {
+            Ok(Image { memory: JobMemory::new(aspace, image, image_pages, stack, heap), entry: TrapFrame::new_user(executable.entry, stack_pointer) })
+        }
+        Err(error) => {
+            // The new tables may be loaded (a failed stack build): off them before they go.
+            // The caller loads the address space it runs in again.
+            crate::mm::activate_kernel_tables();
+            for block in blocks {
+                pmem::free(block.physical_start, block.end - block.start);
+            }
+            aspace.free();
+            Err(error)
+        }
+    }
+}
+
+/// The heap of an image `execve` loads: the job's heap size if it set one, else an eighth of
+/// the free memory (4 to 64 MiB).
+pub fn exec_heap_size() -> u64 {
+    match HEAP_OPTION.load(Ordering::Relaxed) {
+        0 => (pmem::total_free() / 8).clamp(EXEC_HEAP_MIN, EXEC_HEAP_MAX).min(pmem::largest_free().len() / 2),
+        size => size,
+    }
+}
+
+pub fn exec_stack_size() -> u64 {
+    STACK_OPTION.load(Ordering::Relaxed)
+}
+
+/// `/proc/self/exe` in an executable's path: libc asks for it, and busybox runs its applets
+/// by executing it.
+pub const SELF_EXE: &str = "/proc/self/exe";
+
 /// Loads the job and returns the user context to start it with.
 pub fn load(module: Option<&Module>, options: &JobOptions) -> Result<TrapFrame, LoadError> {
     let module = module.ok_or(LoadError::NoModule)?;
     let module_bytes = phys::bytes(module.start, module.size as usize);
+    VERBOSE.store(options.verbose, Ordering::Relaxed);
     // An archive is the job's file system, holding the executable named by argv[0]; anything
     // else is the executable itself.
     let (file, file_physical) = if fs::is_archive(module_bytes) {
@@ -157,63 +269,51 @@ pub fn load(module: Option<&Module>, options: &JobOptions) -> Result<TrapFrame, 
         }
         (node.contents(), node.physical)
     } else {
+        // The executable is a file of the job's too, for `execve` (of `/proc/self/exe`).
+        if fs::normalize("/", &options.argv[0]).and_then(|path| fs::lookup(&path)).is_none() {
+            fs::add_file(&options.argv[0], module.start, module.size);
+        }
         (module_bytes, module.start)
     };
-    let executable = Executable::parse(file).map_err(LoadError::Elf)?;
-    let mut aspace = AddressSpace::new().map_err(|_| LoadError::NoMemory("page tables"))?;
-
-    let (image, image_pages) = load_image(&executable, file, file_physical, &mut aspace)?;
-    let stack_size = options.stack_size.next_multiple_of(HUGE_PAGE_SIZE);
-    let stack = allocate_region(STACK_TOP - stack_size, stack_size, "stack")?;
-    aspace.map(stack.start, stack.physical_start, stack_size, READ_WRITE).map_err(|_| LoadError::NoMemory("page tables"))?;
-
-    let heap_start = image.end.next_multiple_of(HUGE_PAGE_SIZE);
-    let heap_size = match options.heap_size {
-        Some(size) => size.next_multiple_of(HUGE_PAGE_SIZE),
-        None => {
-            let spare = pmem::total_free().saturating_sub(KERNEL_RESERVE);
-            spare.min(pmem::largest_free().len()) / HUGE_PAGE_SIZE * HUGE_PAGE_SIZE
-        }
-    };
-    if heap_start + heap_size > stack.start {
-        return Err(LoadError::OverlapsStack);
-    }
-    let heap = allocate_region(heap_start, heap_size, "heap")?;
-    if options.verbose {
-        log!(
-            "job: image {:#x}..{:#x}, heap {:#x}..{:#x} ({} MiB), stack {} MiB, entry {:#x}",
-            image.start, image.end, heap.start, heap.end, heap_size >> 20, stack_size >> 20, executable.entry
-        );
-    }
-
-    // Without a vDSO libc falls back to system calls: slower, still correct.
-    let vdso = crate::vdso::map_into(&mut aspace);
-    aspace.activate();
-    let stack_pointer = stack::build(STACK_TOP, &executable, &options.argv, &options.env, vdso).map_err(|_| LoadError::StackSetup)?;
-    *PROCESS.lock() = Some(Process {
-        memory: JobMemory::new(aspace, image, image_pages, stack, heap),
-        descriptors: descriptors::Descriptors::new(),
-        // libc insists on an absolute path (glibc asserts it): the job lives at the root.
-        executable_path: if options.argv[0].starts_with('/') { options.argv[0].clone() } else { alloc::format!("/{}", options.argv[0]) },
+    // The first process's default heap: what the kernel and the job's other processes can
+    // spare (a quarter of the free memory, at least 16 MiB), within the largest free range.
+    let heap_size = options.heap_size.unwrap_or_else(|| {
+        let free = pmem::total_free();
+        let spare = free.saturating_sub(KERNEL_RESERVE.max(free / 4));
+        spare.min(pmem::largest_free().len()) / HUGE_PAGE_SIZE * HUGE_PAGE_SIZE
     });
+    HEAP_OPTION.store(options.heap_size.unwrap_or(0), Ordering::Relaxed);
+    STACK_OPTION.store(options.stack_size, Ordering::Relaxed);
+    let image = load_image_memory(file, file_physical, &options.argv, &options.env, heap_size, options.stack_size)?;
+    let aspace = image.memory.aspace.handle();
+    // libc insists on an absolute path (glibc asserts it): the job lives at the root.
+    let executable_path = if options.argv[0].starts_with('/') { options.argv[0].clone() } else { alloc::format!("/{}", options.argv[0]) };
+    PROCESSES.lock().insert(PID, Process { memory: image.memory, descriptors: descriptors::Descriptors::new(), executable_path });
     crate::signal::reset(PID);
-    crate::sched::init_main_thread();
+    crate::process::reset(PID);
+    crate::sched::init_main_thread(aspace);
     let now = clock::monotonic_ns();
     JOB_START_NS.store(now, Ordering::Relaxed);
-    VERBOSE.store(options.verbose, Ordering::Relaxed);
     if options.verbose {
         log!("job starts {} us after kernel entry", now / 1000);
     }
-    Ok(TrapFrame::new_user(executable.entry, stack_pointer))
+    Ok(image.entry)
 }
 
 /// Maps the page SYSCALL lands on when it stays in ring 3 (see `arch::trap`): read-only,
 /// executable, at the top of the job's address space.
 pub fn map_ring3_syscall_page() {
+    with_process(|process| map_ring3_syscall_page_into(&mut process.memory.aspace)).expect("no memory to map the system-call page");
+}
+
+pub fn map_ring3_syscall_page_into(aspace: &mut AddressSpace) -> Result<(), crate::arch::paging::OutOfMemory> {
     use crate::arch::trap::{ring3_syscall_page_physical, RING3_SYSCALL_PAGE};
     let executable = Protection { write: false, execute: true };
-    with_process(|process| process.memory.aspace.map(RING3_SYSCALL_PAGE, ring3_syscall_page_physical(), PAGE_SIZE, executable))
-        .expect("no memory to map the system-call page");
+    aspace.map(RING3_SYSCALL_PAGE, ring3_syscall_page_physical(), PAGE_SIZE, executable)
+}
+
+pub fn is_verbose() -> bool {
+    VERBOSE.load(Ordering::Relaxed)
 }
 
 /// How long the job has run.
@@ -235,29 +335,26 @@ pub fn exit(status: u8) -> ! {
 }
 
 /// Gives the job's memory back (a persistent enclave's job ended, and no CPU uses its
-/// address space any more): the image block and the stack are cleared whole, the heap only
-/// where it was used; the page tables are freed.
+/// address spaces any more): every process's memory and page tables.
 pub fn release() {
-    let Some(process) = PROCESS.lock().take() else { return };
+    let processes = core::mem::take(&mut *PROCESSES.lock());
     crate::xpmem::forget_job();
-    let mut memory = process.memory;
-    let (heap_physical, heap_size) = memory.clear_heap();
-    pmem::free_clean(heap_physical, heap_size);
-    pmem::free(memory.stack.physical_start, memory.stack.end - memory.stack.start);
-    pmem::free(memory.image.physical_start, memory.image.end - memory.image.start);
-    memory.aspace.free();
+    for (_, process) in processes {
+        process.memory.release();
+    }
 }
 
-/// The job faulted: it dies of `signal`, with the status a Linux shell reports (128 + signal).
+/// The calling thread faulted: its process dies of `signal`, with the status a Linux shell
+/// reports (128 + signal) if it is the job's first process.
 pub fn kill_for_fault(signal: u8, name: &str, frame: &TrapFrame) -> ! {
     log!(
-        "job killed by {name}: vector {} error {:#x} at rip {:#x} (address {:#x}), rsp {:#x}",
-        frame.vector, frame.error_code, frame.rip, crate::arch::cpu::read_cr2(), frame.rsp
+        "process {} killed by {name}: vector {} error {:#x} at rip {:#x} (address {:#x}), rsp {:#x}",
+        crate::sched::current_pid(), frame.vector, frame.error_code, frame.rip, crate::arch::cpu::read_cr2(), frame.rsp
     );
-    exit(128 + signal)
+    crate::process::die_of_signal_here(signal)
 }
 
-/// The job sent itself a terminating signal (abort's SIGABRT, for one).
+/// The job's first process died of `signal` (its own, or sent by another process).
 pub fn exit_by_signal(signal: u8) -> ! {
     log!("job killed by signal {signal}");
     exit(128 + signal)

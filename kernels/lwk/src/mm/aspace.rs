@@ -1,16 +1,37 @@
 //! A user address space: page tables whose kernel half is shared, with new table pages taken
-//! from `pmem`.
+//! from `pmem` and recorded, so that they go back without reading the tables.
 
-use super::PmemTables;
+use super::{pmem, OwnedTables};
 use crate::arch::paging::{OutOfMemory, PageTables, Protection, Translation};
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 pub struct AddressSpace {
     tables: PageTables,
+    /// Never reused (unlike the root's physical page): a CPU compares it with the address
+    /// space it has loaded to know whether CR3 must be written.
+    id: u64,
+    /// Every table page linked into these tables, the root included.
+    owned: Vec<u64>,
 }
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 impl AddressSpace {
     pub fn new() -> Result<AddressSpace, OutOfMemory> {
-        Ok(AddressSpace { tables: super::new_user_tables().ok_or(OutOfMemory)? })
+        let mut owned = Vec::new();
+        let tables = super::new_user_tables(&mut owned).ok_or(OutOfMemory)?;
+        Ok(AddressSpace { tables, id: NEXT_ID.fetch_add(1, Ordering::Relaxed), owned })
+    }
+
+    /// What a thread needs to switch to this address space: its id and root table.
+    pub fn handle(&self) -> (u64, u64) {
+        (self.id, self.tables.root())
+    }
+
+    /// The mappings of `[start, end)` (`PageTables::for_each_user_leaf_in`).
+    pub fn for_each_leaf_in(&self, start: u64, end: u64, leaf: impl FnMut(u64, u64, u64, Protection, bool)) {
+        self.tables.for_each_user_leaf_in(start, end, leaf);
     }
 
     pub fn activate(&self) {
@@ -18,16 +39,18 @@ impl AddressSpace {
     }
 
     pub fn map(&mut self, virtual_address: u64, physical: u64, len: u64, protection: Protection) -> Result<(), OutOfMemory> {
-        self.tables.map(virtual_address, physical, len, protection, &mut PmemTables)
+        self.tables.map(virtual_address, physical, len, protection, &mut OwnedTables { owned: &mut self.owned })
     }
 
     pub fn unmap(&mut self, virtual_address: u64, len: u64) -> Result<(), OutOfMemory> {
-        self.tables.unmap(virtual_address, len, &mut PmemTables)
+        self.tables.unmap(virtual_address, len, &mut OwnedTables { owned: &mut self.owned })
     }
 
     /// Frees the page tables (not the memory they map). No CPU may have them loaded.
     pub fn free(self) {
-        self.tables.free_user_tables(&mut PmemTables);
+        for table in self.owned {
+            pmem::free_pages(table, 1);
+        }
     }
 
     /// See `PageTables::translate`: the translation, or how many bytes are unmapped from here.

@@ -39,9 +39,26 @@ impl TableSource for PmemTables {
     fn retire_table(&mut self, table: u64) {
         RETIRED_TABLES.lock().push(table);
     }
+}
 
-    fn free_table(&mut self, table: u64) {
-        pmem::free_pages(table, 1);
+/// `PmemTables` for one address space, which records the tables it links (`owned`), so that
+/// they can be freed without reading the tables.
+pub struct OwnedTables<'a> {
+    pub owned: &'a mut Vec<u64>,
+}
+
+impl TableSource for OwnedTables<'_> {
+    fn allocate_table(&mut self) -> Option<u64> {
+        let table = PmemTables.allocate_table()?;
+        self.owned.push(table);
+        Some(table)
+    }
+
+    fn retire_table(&mut self, table: u64) {
+        if let Some(position) = self.owned.iter().position(|&owned| owned == table) {
+            self.owned.swap_remove(position);
+        }
+        PmemTables.retire_table(table);
     }
 }
 
@@ -128,8 +145,8 @@ pub fn activate_kernel_tables() {
     KERNEL_TABLES.lock().as_ref().expect("kernel tables").activate();
 }
 
-/// A new user address-space root that shares the kernel half.
-pub fn new_user_tables() -> Option<PageTables> {
+/// A new user address-space root that shares the kernel half (recorded in `owned`).
+pub fn new_user_tables(owned: &mut Vec<u64>) -> Option<PageTables> {
     let kernel = KERNEL_TABLES.lock();
-    PageTables::new_user(kernel.as_ref()?, &mut PmemTables).ok()
+    PageTables::new_user(kernel.as_ref()?, &mut OwnedTables { owned }).ok()
 }

@@ -1,25 +1,60 @@
-//! clone(flags, stack, parent_tid, child_tid, tls): threads only (CLONE_VM | CLONE_THREAD),
-//! which is what pthread_create asks for. The child starts where the parent returns, with the
-//! parent's registers, RAX = 0 and the given stack. Processes (fork, vfork, posix_spawn
-//! without CLONE_VM) are not supported: the job is one process.
+//! clone(flags, stack, parent_tid, child_tid, tls): threads (CLONE_VM | CLONE_THREAD, what
+//! pthread_create asks for) and processes (no CLONE_VM: fork; CLONE_VM | CLONE_VFORK:
+//! vfork and posix_spawn). The child starts where the parent returns, with the parent's
+//! registers, RAX = 0 and the given stack (the parent's stack pointer when 0, for a process).
+//! A process child gets a copy of the caller's memory (`crate::process::fork`), so a vfork
+//! child cannot change its parent's memory; its parent still waits for its exec or exit.
+//! The termination signal in the low byte is SIGCHLD for every process child.
 
 use super::{user, Call, Errno, SyscallResult};
+use crate::arch::trap::TrapFrame;
 use crate::console::log;
+use crate::process::{self, ForkError};
 use crate::sched::{self, SpawnError};
 
 const CLONE_VM: u64 = 0x100;
+const CLONE_VFORK: u64 = 0x4000;
+const CLONE_THREAD: u64 = 0x1_0000;
 const CLONE_SETTLS: u64 = 0x8_0000;
 const CLONE_PARENT_SETTID: u64 = 0x10_0000;
 const CLONE_CHILD_CLEARTID: u64 = 0x20_0000;
 const CLONE_CHILD_SETTID: u64 = 0x100_0000;
-const CLONE_THREAD: u64 = 0x1_0000;
+const SIGNAL_MASK: u64 = 0xff;
+/// The flags a process child may carry besides CLONE_VM | CLONE_VFORK and the tid ones.
+const PROCESS_FLAGS: u64 = SIGNAL_MASK | CLONE_VM | CLONE_VFORK | CLONE_SETTLS | CLONE_PARENT_SETTID | CLONE_CHILD_CLEARTID | CLONE_CHILD_SETTID;
+
+/// A new process (fork/vfork); `flags` as `clone`'s.
+pub fn new_process(frame: &TrapFrame, flags: u64, stack: u64, parent_tid: u64, child_tid: u64, tls: u64) -> SyscallResult {
+    if flags & CLONE_VM != 0 && flags & CLONE_VFORK == 0 {
+        log!("clone with CLONE_VM but neither CLONE_THREAD nor CLONE_VFORK (flags {flags:#x}) is not supported");
+        return Err(Errno::EINVAL);
+    }
+    let fs_base = if flags & CLONE_SETTLS != 0 { tls } else { sched::current_fs_base() };
+    let set_child_tid = (flags & CLONE_CHILD_SETTID != 0).then_some(child_tid);
+    let clear_child_tid = if flags & CLONE_CHILD_CLEARTID != 0 { child_tid } else { 0 };
+    let pid = process::fork(frame, stack, fs_base, set_child_tid, clear_child_tid, flags & CLONE_VFORK != 0).map_err(|error| match error {
+        ForkError::NoMemory => Errno::ENOMEM,
+        ForkError::TooManyThreads => Errno::EAGAIN,
+    })?;
+    if flags & CLONE_PARENT_SETTID != 0 {
+        user::write_bytes(parent_tid, &(pid as u32).to_le_bytes())?;
+    }
+    Ok(pid)
+}
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [flags, stack, parent_tid, child_tid, tls, _] = call.args;
     let frame = call.frame.as_deref().ok_or(Errno::ENOSYS)?;
-    if flags & (CLONE_VM | CLONE_THREAD) != CLONE_VM | CLONE_THREAD {
-        log!("clone without CLONE_VM | CLONE_THREAD (a new process, flags {flags:#x}) is not supported");
-        return Err(Errno::ENOSYS);
+    if flags & CLONE_THREAD == 0 {
+        if flags & !PROCESS_FLAGS != 0 {
+            log!("clone of a process with flags {flags:#x} is not supported");
+            return Err(Errno::EINVAL);
+        }
+        return new_process(frame, flags, stack, parent_tid, child_tid, tls);
+    }
+    if flags & CLONE_VM == 0 {
+        log!("clone of a thread without CLONE_VM (flags {flags:#x}) is not supported");
+        return Err(Errno::EINVAL);
     }
     if stack == 0 {
         return Err(Errno::EINVAL);

@@ -1,13 +1,18 @@
-//! close(fd).
+//! close(fd). A host file is closed on the host once no descriptor of any process names its
+//! open file any more; a pipe end closes when the last descriptor naming it does.
 
 use super::{Call, Errno, SyscallResult};
 use crate::enclave::files;
 use crate::job;
+use alloc::sync::Arc;
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    // A host file is closed on the host too (a `dup`licate closes the host's handle as well).
-    if let Some(handle) = files::remote_handle(call.args[0]) {
+    let handle = files::remote_handle(call.args[0]);
+    let open = job::with_process(|process| process.descriptors.remove(call.args[0])).ok_or(Errno::EBADF)?;
+    if let Some(handle) = handle.filter(|_| Arc::strong_count(&open) == 1) {
         files::close(handle);
     }
-    job::with_process(|process| process.descriptors.remove(call.args[0])).map(|_| 0).ok_or(Errno::EBADF)
+    // Dropped here, unlocked: a pipe's last end wakes the other side.
+    drop(open);
+    Ok(0)
 }

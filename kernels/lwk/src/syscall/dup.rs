@@ -1,4 +1,5 @@
-//! dup(oldfd): the lowest free descriptor, naming the same open file (offset shared).
+//! dup(oldfd): the lowest free descriptor, naming the same open file (offset shared), without
+//! close-on-exec.
 
 use super::{Call, Errno, SyscallResult};
 use crate::job::{self, descriptors::DuplicateError};
@@ -11,5 +12,5 @@ pub fn duplicate_error(error: DuplicateError) -> Errno {
 }
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    job::with_process(|process| process.descriptors.duplicate(call.args[0], 0)).map_err(duplicate_error)
+    job::with_process(|process| process.descriptors.duplicate(call.args[0], 0, false)).map_err(duplicate_error)
 }

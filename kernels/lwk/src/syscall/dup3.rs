@@ -1,5 +1,5 @@
-//! dup3(oldfd, newfd, flags): `dup2` that refuses equal descriptors; O_CLOEXEC is accepted
-//! (there is no exec).
+//! dup3(oldfd, newfd, flags): `dup2` that refuses equal descriptors; O_CLOEXEC sets
+//! close-on-exec on `newfd`.
 
 use super::dup::duplicate_error;
 use super::{Call, Errno, SyscallResult};
@@ -12,5 +12,7 @@ pub fn call(call: &mut Call<'_>) -> SyscallResult {
     if from as u32 == to as u32 || flags & !O_CLOEXEC != 0 {
         return Err(Errno::EINVAL);
     }
-    job::with_process(|process| process.descriptors.duplicate_to(from, to)).map_err(duplicate_error)
+    let (descriptor, replaced) = job::with_process(|process| process.descriptors.duplicate_to(from, to, flags & O_CLOEXEC != 0)).map_err(duplicate_error)?;
+    drop(replaced);
+    Ok(descriptor)
 }

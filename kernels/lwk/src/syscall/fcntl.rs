@@ -1,6 +1,7 @@
-//! fcntl(fd, cmd, arg): F_DUPFD and F_DUPFD_CLOEXEC; F_GETFD/F_SETFD (close-on-exec is
-//! accepted: there is no exec); F_GETFL (files and standard input read-only, standard output
-//! and error write-only), F_SETFL accepted. Other commands EINVAL.
+//! fcntl(fd, cmd, arg): F_DUPFD and F_DUPFD_CLOEXEC; F_GETFD/F_SETFD (FD_CLOEXEC, which
+//! `execve` honours); F_GETFL (files and standard input read-only, standard output and error
+//! write-only, pipe ends by their side, O_NONBLOCK on pipes), F_SETFL (O_NONBLOCK on pipes;
+//! accepted and ignored elsewhere). Other commands EINVAL.
 
 use super::dup::duplicate_error;
 use super::{Call, Errno, SyscallResult};
@@ -13,19 +14,29 @@ const F_GETFL: u64 = 3;
 const F_SETFL: u64 = 4;
 const F_DUPFD_CLOEXEC: u64 = 1030;
 const O_WRONLY: u64 = 1;
+const O_NONBLOCK: u64 = 0o4000;
+const FD_CLOEXEC: u64 = 1;
 const O_DIRECTORY: u64 = 0o200000;
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [descriptor, command, argument, ..] = call.args;
     job::with_process(|process| match command {
-        F_DUPFD | F_DUPFD_CLOEXEC => process.descriptors.duplicate(descriptor, argument).map_err(duplicate_error),
-        F_GETFD | F_SETFD | F_SETFL | F_GETFL => {
-            let flags = match process.descriptors.get(descriptor).as_deref() {
-                None => return Err(Errno::EBADF),
-                Some(Descriptor::Console) if descriptor as u32 != 0 => O_WRONLY,
-                Some(Descriptor::Directory { .. }) => O_DIRECTORY,
-                Some(Descriptor::Remote { status_flags, .. }) => *status_flags as u64,
-                Some(_) => 0,
+        F_DUPFD | F_DUPFD_CLOEXEC => process.descriptors.duplicate(descriptor, argument, command == F_DUPFD_CLOEXEC).map_err(duplicate_error),
+        F_GETFD => process.descriptors.close_on_exec(descriptor).map(|flag| flag as u64 * FD_CLOEXEC).ok_or(Errno::EBADF),
+        F_SETFD => process.descriptors.set_close_on_exec(descriptor, argument & FD_CLOEXEC != 0).map(|()| 0).ok_or(Errno::EBADF),
+        F_SETFL | F_GETFL => {
+            let mut open = process.descriptors.get(descriptor).ok_or(Errno::EBADF)?;
+            let flags = match &mut *open {
+                Descriptor::Console if descriptor as u32 != 0 => O_WRONLY,
+                Descriptor::Directory { .. } => O_DIRECTORY,
+                Descriptor::Remote { status_flags, .. } => *status_flags as u64,
+                Descriptor::Pipe(end) => {
+                    if command == F_SETFL {
+                        end.non_blocking = argument & O_NONBLOCK != 0;
+                    }
+                    end.is_writer() as u64 * O_WRONLY | end.non_blocking as u64 * O_NONBLOCK
+                }
+                _ => 0,
             };
             Ok(if command == F_GETFL { flags } else { 0 })
         }

@@ -1,5 +1,5 @@
 //! fstat(fd, statbuf): files and directories as the file system describes them; the console
-//! streams as a pipe (a stream with no terminal behind it).
+//! streams as a pipe (a stream with no terminal behind it), and pipes as pipes.
 
 use super::{user, Call, Errno, SyscallResult};
 use crate::fs::Node;
@@ -33,7 +33,7 @@ pub fn stat_descriptor(descriptor: u64, address: u64) -> SyscallResult {
     }
     let node = job::with_process(|process| match process.descriptors.get(descriptor).as_deref_mut() {
         None => Err(Errno::EBADF),
-        Some(Descriptor::Console | Descriptor::Xpmem) => Ok(None),
+        Some(Descriptor::Console | Descriptor::Xpmem | Descriptor::Pipe(_)) => Ok(None),
         Some(Descriptor::Remote { .. }) => Err(Errno::EBADF),
         Some(Descriptor::File { node, .. } | Descriptor::Directory { node, .. }) => Ok(Some(*node)),
     })?;

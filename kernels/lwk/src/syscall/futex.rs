@@ -38,6 +38,8 @@ fn wait(address: u64, expected: u32, bitset: u32, deadline: Option<u64>) -> Sysc
         None => Err(Errno::EAGAIN),
         Some(WaitResult::Woken) => Ok(0),
         Some(WaitResult::TimedOut) => Err(Errno::ETIMEDOUT),
+        // The process is being killed; the thread ends on its way out.
+        Some(WaitResult::Interrupted) => Err(Errno(4)), // EINTR
     }
 }
 

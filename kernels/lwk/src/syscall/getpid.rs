@@ -1,8 +1,8 @@
-//! getpid(): the job is process 1 of its enclave.
+//! getpid(): the calling thread's process (the job's first process is 1).
 
 use super::{Call, SyscallResult};
-use crate::job;
+use crate::sched;
 
 pub fn call(_call: &mut Call<'_>) -> SyscallResult {
-    Ok(job::PID)
+    Ok(sched::current_pid())
 }

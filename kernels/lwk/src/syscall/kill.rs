@@ -1,14 +1,15 @@
-//! kill(pid, sig) to the job itself (pid 1, 0 or -1): `crate::signal` delivers it to a thread
-//! that does not block it, running its handler or its default action (128 + sig for the
-//! terminating ones). 0 only checks that the job exists; other pids are ESRCH.
+//! kill(pid, sig): to process `pid`, the caller's process group (0), every process but the
+//! job's first (-1), or group -pid; `crate::signal` delivers it to a thread that does not
+//! block it, running its handler or its default action. Signal 0 only checks that a target
+//! exists; none is ESRCH.
 
 use super::{Call, Errno, SyscallResult};
-use crate::job;
 use crate::signal::{self, SI_TKILL, SI_USER};
+use crate::{process, sched};
 
 const ESRCH: Errno = Errno(3);
 
-/// Sends `signal` to the whole job (`thread` None) or to one of its threads.
+/// Sends `signal` to the calling process (`thread` None) or to one of its threads.
 pub fn send(thread: Option<u64>, signal: u64, code: i32) -> SyscallResult {
     match signal {
         0 => Ok(0),
@@ -17,7 +18,7 @@ pub fn send(thread: Option<u64>, signal: u64, code: i32) -> SyscallResult {
     }
 }
 
-/// `tkill` and `tgkill`: to thread `tid` of the job.
+/// `tkill` and `tgkill`: to thread `tid` of the calling process.
 pub fn send_to_thread(tid: u64, signal: u64) -> SyscallResult {
     if !(1..=64).contains(&signal) && signal != 0 {
         return Err(Errno::EINVAL);
@@ -29,10 +30,23 @@ pub fn send_to_thread(tid: u64, signal: u64) -> SyscallResult {
 }
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    let pid = call.args[0] as i64;
-    // 0 and -1 address the caller's group, which is the job.
-    if pid != 0 && pid != -1 && pid as u64 != job::PID {
+    let [pid, signal, ..] = call.args;
+    if signal > 64 {
+        return Err(Errno::EINVAL);
+    }
+    let targets = process::kill_targets(pid as i32 as i64);
+    if targets.is_empty() {
         return Err(ESRCH);
     }
-    send(None, call.args[1], SI_USER)
+    let caller = sched::current_pid();
+    // The caller last: a terminating signal to itself does not return.
+    for &target in targets.iter().filter(|&&target| target != caller) {
+        if signal != 0 {
+            signal::send_to_process(target, signal as u8);
+        }
+    }
+    if targets.contains(&caller) {
+        send(None, signal, SI_USER)?;
+    }
+    Ok(0)
 }

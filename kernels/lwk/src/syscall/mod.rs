@@ -6,7 +6,8 @@ use crate::arch::trap::TrapFrame;
 
 mod names;
 mod path;
-/// Also used by `/dev/xpmem` (`crate::xpmem`) for its ioctl arguments.
+/// Also used by `/dev/xpmem` (`crate::xpmem`) for its ioctl arguments, and by
+/// `crate::process` and `crate::job::pipe`.
 pub(crate) mod user;
 
 use crate::console::log;
@@ -78,15 +79,20 @@ syscall_table! {
     19 => readv,
     20 => writev,
     21 => access,
+    22 => pipe,
     24 => sched_yield,
     25 => mremap,
     56 => clone,
+    57 => fork,
+    58 => vfork,
+    59 => execve,
     28 => madvise,
     32 => dup,
     33 => dup2,
     35 => nanosleep,
     39 => getpid,
     60 => exit,
+    61 => wait4,
     62 => kill,
     63 => uname,
     72 => fcntl,
@@ -105,7 +111,12 @@ syscall_table! {
     104 => getgid,
     107 => geteuid,
     108 => getegid,
+    109 => setpgid,
     110 => getppid,
+    111 => getpgrp,
+    112 => setsid,
+    121 => getpgid,
+    124 => getsid,
     127 => rt_sigpending,
     131 => sigaltstack,
     158 => arch_prctl,
@@ -122,6 +133,7 @@ syscall_table! {
     230 => clock_nanosleep,
     231 => exit_group,
     234 => tgkill,
+    247 => waitid,
     257 => openat,
     258 => mkdirat,
     262 => newfstatat,
@@ -130,6 +142,7 @@ syscall_table! {
     269 => faccessat,
     273 => set_robust_list,
     292 => dup3,
+    293 => pipe2,
     302 => prlimit64,
     309 => getcpu,
     318 => getrandom,

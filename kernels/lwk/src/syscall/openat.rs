@@ -10,6 +10,7 @@ use crate::job::{self, descriptors::Descriptor};
 const O_ACCMODE: u64 = 3;
 const O_CREAT: u64 = 0o100;
 const O_DIRECTORY: u64 = 0o200000;
+const O_CLOEXEC: u64 = 0o2000000;
 const EROFS: Errno = Errno(30);
 const EMFILE: Errno = Errno(24);
 const AT_FDCWD: i32 = -100;
@@ -34,7 +35,7 @@ pub fn open(directory: u64, address: u64, flags: u64) -> SyscallResult {
     } else {
         Descriptor::File { node, offset: 0 }
     };
-    job::with_process(|process| process.descriptors.insert(descriptor)).ok_or(EMFILE)
+    job::with_process(|process| process.descriptors.insert_flagged(descriptor, flags & O_CLOEXEC != 0)).ok_or(EMFILE)
 }
 
 /// In a persistent enclave, a path the job's file system lacks, relative to the working

@@ -27,7 +27,7 @@ pub fn limits_of(resource: u64) -> Result<(u64, u64), Errno> {
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [pid, resource, _new, old, ..] = call.args;
-    if pid != 0 && pid != job::PID {
+    if pid != 0 && pid != crate::sched::current_pid() {
         return Err(Errno(3)); // ESRCH
     }
     let (current, maximum) = limits_of(resource)?;

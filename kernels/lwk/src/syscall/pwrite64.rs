@@ -14,7 +14,7 @@ pub fn call(call: &mut Call<'_>) -> SyscallResult {
         return files::to_syscall_result(files::write_at(handle, buffer, len, offset));
     }
     job::with_process(|process| match process.descriptors.get(descriptor).as_deref() {
-        Some(Descriptor::Console) => Err(Errno::ESPIPE),
+        Some(Descriptor::Console | Descriptor::Pipe(_)) => Err(Errno::ESPIPE),
         _ => Err(Errno::EBADF),
     })
 }

@@ -1,17 +1,25 @@
 //! read(fd, buf, count): files read from their offset; standard input is always at end of
-//! file (the job has no terminal); directories are EISDIR.
+//! file (the job has no terminal); directories are EISDIR; pipes wait for data
+//! (`crate::job::pipe`).
 
 use super::{user, Call, Errno, SyscallResult};
 use crate::enclave::files;
-use crate::job::{self, descriptors::Descriptor};
+use crate::job::{self, descriptors::Descriptor, pipe};
 
 /// Reads from descriptor `descriptor` at `at` (its own offset, advanced, when `None`).
 pub fn read_at(descriptor: u64, buffer: u64, len: u64, at: Option<u64>) -> SyscallResult {
     if let Some(handle) = files::remote_handle(descriptor) {
         return files::to_syscall_result(files::read(handle, buffer, len, at));
     }
+    if let Some((end, non_blocking)) = job::pipe_end(descriptor) {
+        return match (end.is_writer(), at) {
+            (true, _) => Err(Errno::EBADF),
+            (false, Some(_)) => Err(Errno::ESPIPE),
+            (false, None) => pipe::read(&end, buffer, len, non_blocking),
+        };
+    }
     job::with_process(|process| match process.descriptors.get(descriptor).as_deref_mut() {
-        None => Err(Errno::EBADF),
+        None | Some(Descriptor::Pipe(_)) => Err(Errno::EBADF),
         Some(Descriptor::Console) => Ok(0),
         Some(Descriptor::Directory { .. }) => Err(Errno::EISDIR),
         Some(Descriptor::Remote { .. }) => Err(Errno::EBADF),

@@ -1,15 +1,14 @@
-//! tgkill(tgid, tid, sig): a signal to one of the job's threads (the job is the only group).
+//! tgkill(tgid, tid, sig): a signal to one of the calling process's threads.
 
 use super::kill::send_to_thread;
 use super::{Call, Errno, SyscallResult};
-use crate::job;
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [group, tid, signal, ..] = call.args;
     if (group as i64) <= 0 {
         return Err(Errno::EINVAL);
     }
-    if group != job::PID {
+    if group != crate::sched::current_pid() {
         return Err(Errno(3)); // ESRCH
     }
     send_to_thread(tid, signal)

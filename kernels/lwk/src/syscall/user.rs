@@ -30,6 +30,26 @@ pub fn read_words<const N: usize>(address: u64) -> Result<[u64; N], Errno> {
     Ok(words)
 }
 
+/// A NUL-terminated string of at most `MAX_STRING` bytes (an argument or environment
+/// string), read a page at a time.
+pub fn read_string(address: u64) -> Result<String, Errno> {
+    const MAX_STRING: usize = 128 * 1024;
+    const PAGE: u64 = 4096;
+    let mut bytes = Vec::new();
+    loop {
+        let at = address + bytes.len() as u64;
+        let chunk = read_bytes(at, (PAGE - at % PAGE) as usize)?;
+        match chunk.iter().position(|&byte| byte == 0) {
+            Some(end) => {
+                bytes.extend_from_slice(&chunk[..end]);
+                return String::from_utf8(bytes).map_err(|_| Errno::EINVAL);
+            }
+            None if bytes.len() + chunk.len() > MAX_STRING => return Err(Errno(7)), // E2BIG
+            None => bytes.extend_from_slice(&chunk),
+        }
+    }
+}
+
 /// A NUL-terminated path, at most PATH_MAX bytes.
 pub fn read_path(address: u64) -> Result<String, Errno> {
     const PATH_MAX: usize = 4096;

@@ -1,10 +1,10 @@
-//! write(fd, buf, count) to the console streams (0, 1, 2 unless closed); files are read-only
-//! (EBADF).
+//! write(fd, buf, count) to the console streams (0, 1, 2 unless closed) and pipes
+//! (`crate::job::pipe`); files are read-only (EBADF).
 
 use super::{user, Call, Errno, SyscallResult};
 use crate::console;
 use crate::enclave;
-use crate::job::{self, descriptors::Descriptor};
+use crate::job::{self, descriptors::Descriptor, pipe};
 
 /// Copies through a bounded kernel buffer, so a huge write needs no huge allocation.
 const CHUNK: usize = 4096;
@@ -12,6 +12,9 @@ const CHUNK: usize = 4096;
 pub fn write_to_descriptor(descriptor: u64, address: u64, len: u64) -> SyscallResult {
     if let Some(handle) = enclave::files::remote_handle(descriptor) {
         return enclave::files::to_syscall_result(enclave::files::write(handle, address, len));
+    }
+    if let Some((end, non_blocking)) = job::pipe_end(descriptor) {
+        return if end.is_writer() { pipe::write(&end, address, len, non_blocking) } else { Err(Errno::EBADF) };
     }
     if !job::with_process(|process| matches!(process.descriptors.get(descriptor).as_deref_mut(), Some(Descriptor::Console))) {
         return Err(Errno::EBADF);

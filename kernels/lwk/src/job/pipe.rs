@@ -1,0 +1,168 @@
+//! Pipes: a bounded byte queue between the job's processes. A read waits while the pipe is
+//! empty and some write end is open (then returns what is there, or 0 at end of file); a
+//! write waits while the pipe is full and some read end is open, and with no read end left
+//! fails with EPIPE after raising SIGPIPE. Both wait on the pipe's kernel address as a futex
+//! key (`sched::wait`), so a process being killed leaves the wait.
+
+use crate::arch::sync::SpinLock;
+use crate::sched::{self, WaitResult};
+use crate::signal;
+use crate::syscall::{user, Errno, SyscallResult};
+use alloc::collections::VecDeque;
+use alloc::sync::Arc;
+
+/// Linux's default pipe capacity (16 pages); writes of at most `PIPE_BUF` bytes are atomic.
+const CAPACITY: usize = 64 * 1024;
+const PIPE_BUF: usize = 4096;
+const EPIPE: Errno = Errno(32);
+const EINTR: Errno = Errno(4);
+const SIGPIPE: u8 = 13;
+
+struct State {
+    bytes: VecDeque<u8>,
+    readers: usize,
+    writers: usize,
+}
+
+pub struct Pipe {
+    state: SpinLock<State>,
+}
+
+impl Pipe {
+    /// The key its waiters wait on: the pipe's own (kernel) address.
+    fn key(&self) -> u64 {
+        self as *const Pipe as u64
+    }
+}
+
+/// One end of a pipe, held by an open file description: when the last descriptor naming it
+/// closes (in every process), the end closes and the other side's waiters wake.
+pub struct PipeEnd {
+    pipe: Arc<Pipe>,
+    writer: bool,
+    /// O_NONBLOCK (a status flag of the open file description, as `fcntl(F_SETFL)` sets it).
+    pub non_blocking: bool,
+}
+
+impl PipeEnd {
+    pub fn is_writer(&self) -> bool {
+        self.writer
+    }
+
+    /// Another handle on the same end, for a call that works without the descriptor's lock
+    /// (it may wait); counts as an open end while it lives, as the descriptor does.
+    pub fn share(&self) -> PipeEnd {
+        let mut state = self.pipe.state.lock();
+        if self.writer {
+            state.writers += 1;
+        } else {
+            state.readers += 1;
+        }
+        PipeEnd { pipe: self.pipe.clone(), writer: self.writer, non_blocking: self.non_blocking }
+    }
+}
+
+impl Drop for PipeEnd {
+    fn drop(&mut self) {
+        {
+            let mut state = self.pipe.state.lock();
+            if self.writer {
+                state.writers -= 1;
+            } else {
+                state.readers -= 1;
+            }
+        }
+        sched::wake_kernel_key(self.pipe.key());
+    }
+}
+
+/// A new pipe: its read end and its write end.
+pub fn new(non_blocking: bool) -> (PipeEnd, PipeEnd) {
+    let pipe = Arc::new(Pipe { state: SpinLock::new(State { bytes: VecDeque::new(), readers: 1, writers: 1 }) });
+    (PipeEnd { pipe: pipe.clone(), writer: false, non_blocking }, PipeEnd { pipe, writer: true, non_blocking })
+}
+
+/// `read` from the read end `end` into the user buffer at `buffer`.
+pub fn read(end: &PipeEnd, buffer: u64, len: u64, non_blocking: bool) -> SyscallResult {
+    if len == 0 {
+        return Ok(0);
+    }
+    let pipe = &end.pipe;
+    loop {
+        let taken: alloc::vec::Vec<u8> = {
+            let mut state = pipe.state.lock();
+            if state.bytes.is_empty() && state.writers == 0 {
+                return Ok(0);
+            }
+            let count = state.bytes.len().min(len as usize);
+            state.bytes.drain(..count).collect()
+        };
+        if !taken.is_empty() {
+            sched::wake_kernel_key(pipe.key());
+            user::write_bytes(buffer, &taken)?;
+            return Ok(taken.len() as u64);
+        }
+        if non_blocking {
+            return Err(Errno::EAGAIN);
+        }
+        let empty_with_writers = || {
+            let state = pipe.state.lock();
+            state.bytes.is_empty() && state.writers != 0
+        };
+        if sched::wait(pipe.key(), u32::MAX, None, empty_with_writers) == Some(WaitResult::Interrupted) {
+            return Err(EINTR);
+        }
+    }
+}
+
+/// `write` of the user buffer at `buffer` to the write end `end`.
+pub fn write(end: &PipeEnd, buffer: u64, len: u64, non_blocking: bool) -> SyscallResult {
+    write_from(end, len, non_blocking, |offset, count| user::read_bytes(buffer + offset, count))
+}
+
+/// `write` of `len` bytes that `bytes(offset, count)` supplies (user memory, or what `writev`
+/// gathered: a vector goes in as one write, as on Linux).
+pub fn write_from(end: &PipeEnd, len: u64, non_blocking: bool, bytes: impl Fn(u64, usize) -> Result<alloc::vec::Vec<u8>, Errno>) -> SyscallResult {
+    let pipe = &end.pipe;
+    let mut written = 0u64;
+    while written < len {
+        let room = {
+            let state = pipe.state.lock();
+            if state.readers == 0 {
+                drop(state);
+                if written > 0 {
+                    return Ok(written);
+                }
+                let _ = signal::send(Some(sched::current_tid()), SIGPIPE, signal::SI_USER);
+                return Err(EPIPE);
+            }
+            CAPACITY - state.bytes.len()
+        };
+        // A small write goes in whole or waits; a large one goes in as room appears.
+        let wanted = (len - written) as usize;
+        let fits = if wanted <= PIPE_BUF { room >= wanted } else { room > 0 };
+        if fits {
+            let chunk = bytes(written, wanted.min(room));
+            let chunk = match chunk {
+                Ok(chunk) => chunk,
+                Err(errno) if written == 0 => return Err(errno),
+                Err(_) => return Ok(written),
+            };
+            pipe.state.lock().bytes.extend(chunk.iter());
+            written += chunk.len() as u64;
+            sched::wake_kernel_key(pipe.key());
+            continue;
+        }
+        if non_blocking {
+            return if written > 0 { Ok(written) } else { Err(Errno::EAGAIN) };
+        }
+        let full_with_readers = || {
+            let state = pipe.state.lock();
+            state.readers != 0 && CAPACITY - state.bytes.len() < wanted.min(PIPE_BUF)
+        };
+        if sched::wait(pipe.key(), u32::MAX, None, full_with_readers) == Some(WaitResult::Interrupted) {
+            return if written > 0 { Ok(written) } else { Err(EINTR) };
+        }
+    }
+    Ok(written)
+}

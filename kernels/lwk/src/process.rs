@@ -1,0 +1,489 @@
+//! The job's processes: `fork` (Kitten-style: the child's memory is allocated contiguously
+//! and copied at once, no copy-on-write), `execve`, exit and the parent's `wait`, process
+//! groups. The job's first process (pid 1) is the job: when it ends, the job ends, whatever
+//! else still runs.
+//!
+//! The family (`FAMILY`: parent, group, session, life) is kept apart from the processes'
+//! memory and descriptors (`job::PROCESSES`) under its own lock, which is taken inside the
+//! scheduler's lock when a waiting parent checks its children and is never held while taking
+//! the scheduler's.
+
+use crate::arch::phys;
+use crate::arch::sync::SpinLock;
+use crate::arch::trap::{TrapFrame, USER_END};
+use crate::console::log;
+use crate::job::{self, descriptors::Descriptors, Process, SELF_EXE};
+use crate::sched::{self, SpawnError, WaitResult};
+use crate::syscall::{user, Errno};
+use crate::{fs, signal};
+use alloc::collections::BTreeMap;
+use alloc::string::String;
+use alloc::vec::Vec;
+
+const ECHILD: Errno = Errno(10);
+const EINTR: Errno = Errno(4);
+const ESRCH: Errno = Errno(3);
+const EACCES: Errno = Errno(13);
+const ENOEXEC: Errno = Errno(8);
+const E2BIG: Errno = Errno(7);
+pub const SIGCHLD: u8 = 17;
+const SIGSEGV: u8 = 11;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Life {
+    /// Running; `ending` is the wait status it will report once its last thread is gone
+    /// (set by `exit_group` or a fatal signal, the first one counting).
+    Alive { ending: Option<u32> },
+    /// Ended, not yet waited for: its wait status.
+    Zombie(u32),
+}
+
+struct Member {
+    parent: u64,
+    group: u64,
+    session: u64,
+    life: Life,
+    /// A `vfork` child: its parent waits until it executes a new image or ends.
+    vfork_pending: bool,
+}
+
+static FAMILY: SpinLock<BTreeMap<u64, Member>> = SpinLock::new(BTreeMap::new());
+
+/// Kernel addresses (never user futex words) naming what a thread waits for: a parent for its
+/// children's ends, a `vfork` parent for its child.
+const CHILDREN_KEY: u64 = 0xffff_f000_0000_0000;
+const VFORK_KEY: u64 = 0xffff_f800_0000_0000;
+
+fn children_key(pid: u64) -> u64 {
+    CHILDREN_KEY + pid * 8
+}
+
+fn vfork_key(pid: u64) -> u64 {
+    VFORK_KEY + pid * 8
+}
+
+const _: () = assert!(CHILDREN_KEY >= USER_END && VFORK_KEY >= USER_END);
+
+/// A new job: only its first process, leading its own group in a session outside the enclave
+/// (session 0), as a program a shell starts: it may start a session of its own.
+pub fn reset(first: u64) {
+    let mut family = FAMILY.lock();
+    family.clear();
+    family.insert(first, Member { parent: 0, group: first, session: 0, life: Life::Alive { ending: None }, vfork_pending: false });
+}
+
+/// Wait statuses as Linux encodes them.
+fn exited(code: u8) -> u32 {
+    (code as u32) << 8
+}
+
+fn killed(signal: u8) -> u32 {
+    signal as u32
+}
+
+pub fn parent_of(pid: u64) -> u64 {
+    FAMILY.lock().get(&pid).map_or(0, |member| member.parent)
+}
+
+/// `getpgid`/`getsid`: the group or session of `pid` (0: the caller).
+pub fn group_of(pid: u64) -> Result<(u64, u64), Errno> {
+    let pid = if pid == 0 { sched::current_pid() } else { pid };
+    FAMILY.lock().get(&pid).map(|member| (member.group, member.session)).ok_or(ESRCH)
+}
+
+/// `setpgid(pid, group)`: the caller or one of its children joins group `group` (0: its own
+/// pid) of the caller's session, or starts it.
+pub fn set_group(pid: u64, group: u64) -> Result<(), Errno> {
+    let caller = sched::current_pid();
+    let pid = if pid == 0 { caller } else { pid };
+    let group = if group == 0 { pid } else { group };
+    let mut family = FAMILY.lock();
+    let session = family.get(&caller).map(|member| member.session).ok_or(ESRCH)?;
+    let member = family.get(&pid).ok_or(ESRCH)?;
+    if pid != caller && member.parent != caller {
+        return Err(ESRCH);
+    }
+    if member.session != session || member.session == pid {
+        return Err(Errno::EPERM);
+    }
+    let group_exists = family.iter().any(|(_, other)| other.group == group && other.session == session);
+    if group != pid && !group_exists {
+        return Err(Errno::EPERM);
+    }
+    family.get_mut(&pid).expect("checked").group = group;
+    Ok(())
+}
+
+/// `setsid`: the caller starts a session and a group of its own (not if it leads a group: the
+/// job's first process does, so it gets EPERM, as a shell's child that leads its group).
+pub fn new_session() -> Result<u64, Errno> {
+    let caller = sched::current_pid();
+    let mut family = FAMILY.lock();
+    if family.iter().any(|(_, member)| member.group == caller) {
+        return Err(Errno::EPERM);
+    }
+    let member = family.get_mut(&caller).ok_or(ESRCH)?;
+    member.group = caller;
+    member.session = caller;
+    Ok(caller)
+}
+
+/// The live processes a `kill(pid, …)` addresses: pid > 0 that process, 0 the caller's
+/// group, -1 every process but the job's first, < -1 group -pid.
+pub fn kill_targets(pid: i64) -> Vec<u64> {
+    let caller = sched::current_pid();
+    let family = FAMILY.lock();
+    let alive = |member: &&Member| matches!(member.life, Life::Alive { .. });
+    let caller_group = family.get(&caller).map_or(0, |member| member.group);
+    family
+        .iter()
+        .filter(|(_, member)| alive(member))
+        .filter(|&(&candidate, member)| match pid {
+            0 => member.group == caller_group,
+            -1 => candidate != job::PID,
+            pid if pid < 0 => member.group == pid.unsigned_abs(),
+            pid => candidate == pid as u64,
+        })
+        .map(|(&candidate, _)| candidate)
+        .collect()
+}
+
+#[derive(Debug)]
+pub enum ForkError {
+    NoMemory,
+    TooManyThreads,
+}
+
+/// `fork` (and `vfork`, whose child gets a copy too): a new process with a copy of the
+/// caller's memory, its descriptors (sharing their open files), signal actions and mask,
+/// starting at `frame` with RAX = 0 (and RSP = `stack` if not 0). The parent of a `vfork`
+/// waits until the child executes a new image or ends. Returns the child's pid.
+pub fn fork(frame: &TrapFrame, stack: u64, fs_base: u64, set_child_tid: Option<u64>, clear_child_tid: u64, vfork: bool) -> Result<u64, ForkError> {
+    let parent = sched::current_pid();
+    let (mut memory, descriptors, executable_path) = job::with_process(|process| {
+        let memory = process.memory.fork(frame.rsp).map_err(|_| ForkError::NoMemory)?;
+        Ok((memory, process.descriptors.clone(), process.executable_path.clone()))
+    })?;
+    let pid = sched::reserve_tid();
+    // CLONE_CHILD_SETTID writes the child's tid into the child's memory.
+    if let Some(translation) = set_child_tid.and_then(|address| memory.aspace.translate(address)) {
+        if translation.writable && translation.bytes_left_in_leaf >= 4 {
+            phys::bytes_mut(translation.physical, 4).copy_from_slice(&(pid as u32).to_le_bytes());
+        }
+    }
+    finish_fork(parent, pid, memory, descriptors, executable_path, frame, stack, fs_base, clear_child_tid, vfork)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish_fork(
+    parent: u64,
+    pid: u64,
+    memory: job::memory::JobMemory,
+    descriptors: Descriptors,
+    executable_path: String,
+    frame: &TrapFrame,
+    stack: u64,
+    fs_base: u64,
+    clear_child_tid: u64,
+    vfork: bool,
+) -> Result<u64, ForkError> {
+    let aspace = memory.aspace.handle();
+    // Everything the child's first system call may look at exists before it can run.
+    job::add_process(pid, Process { memory, descriptors, executable_path });
+    {
+        let mut family = FAMILY.lock();
+        let (group, session) = family.get(&parent).map_or((parent, parent), |member| (member.group, member.session));
+        family.insert(pid, Member { parent, group, session, life: Life::Alive { ending: None }, vfork_pending: vfork });
+    }
+    signal::process_created(sched::current_tid(), pid);
+    let mut child = *frame;
+    child.rax = 0;
+    if stack != 0 {
+        child.rsp = stack;
+    }
+    if let Err(error) = sched::spawn_process(pid, &child, fs_base, clear_child_tid, aspace) {
+        FAMILY.lock().remove(&pid);
+        signal::process_exited(pid);
+        if let Some(process) = job::take_process(pid) {
+            process.memory.release();
+        }
+        return Err(match error {
+            SpawnError::TooManyThreads => ForkError::TooManyThreads,
+            SpawnError::NoMemory => ForkError::NoMemory,
+        });
+    }
+    if vfork {
+        // The child runs on a copy of the memory, but the parent still waits, as callers of
+        // vfork expect (the child's exec or exit comes first).
+        let pending = || FAMILY.lock().get(&pid).is_some_and(|member| member.vfork_pending);
+        while pending() {
+            if sched::wait(vfork_key(pid), u32::MAX, None, pending) == Some(WaitResult::Interrupted) {
+                break;
+            }
+        }
+    }
+    Ok(pid)
+}
+
+/// Reads a NULL-terminated array of string pointers (argv, envp) from user memory.
+fn read_string_array(address: u64) -> Result<Vec<String>, Errno> {
+    /// Linux's limit on argv and envp together is far larger; this keeps the kernel's copy
+    /// small.
+    const MAX_STRINGS: usize = 4096;
+    let mut strings = Vec::new();
+    if address == 0 {
+        return Ok(strings);
+    }
+    loop {
+        let [pointer] = user::read_words::<1>(address + 8 * strings.len() as u64)?;
+        if pointer == 0 {
+            return Ok(strings);
+        }
+        if strings.len() == MAX_STRINGS {
+            return Err(E2BIG);
+        }
+        strings.push(user::read_string(pointer)?);
+    }
+}
+
+/// `execve(path, argv, envp)`: replaces the calling process's image with the executable at
+/// `path` in the job's file system (`/proc/self/exe`: the current one). On success `frame`
+/// becomes the new image's entry; other threads of the process end, descriptors marked
+/// close-on-exec are closed, caught signals go back to their default action, and a `vfork`
+/// parent resumes. On failure nothing changed.
+pub fn exec(frame: &mut TrapFrame, path: u64, argv: u64, envp: u64) -> Result<(), Errno> {
+    let path = user::read_path(path)?;
+    let argv = read_string_array(argv)?;
+    let env = read_string_array(envp)?;
+    let named = if path == SELF_EXE { job::with_process(|process| process.executable_path.clone()) } else { path };
+    let resolved = fs::normalize("/", &named).ok_or(Errno::ENOENT)?;
+    let node = fs::lookup(&resolved).ok_or(Errno::ENOENT)?;
+    if node.is_directory() {
+        return Err(EACCES);
+    }
+    if crate::job::elf::Executable::parse(node.contents()).is_err() {
+        return Err(ENOEXEC);
+    }
+    let pid = sched::current_pid();
+    // The other threads end, each at its next return to user mode (this CPU lets those
+    // queued here run).
+    sched::doom_process(pid, Some(sched::current_tid()));
+    while sched::thread_count_of(pid) > 1 {
+        sched::yield_now();
+        core::hint::spin_loop();
+    }
+    let old_aspace = job::with_process(|process| process.memory.aspace.handle());
+    let load = || job::load_image_memory(node.contents(), node.physical, &argv, &env, job::exec_heap_size(), job::exec_stack_size());
+    let mut old_released = false;
+    let image = match load() {
+        Ok(image) => image,
+        Err(job::LoadError::NoMemory(_)) => {
+            // Not enough memory beside the old image (forked children are small, but several
+            // may exec at once): past this point of no return the old image goes first, and
+            // a failure kills the process, as Linux does.
+            release_memory_for_exec(old_aspace.0);
+            old_released = true;
+            match load() {
+                Ok(image) => image,
+                Err(error) => {
+                    log!("process {pid}: execve of {resolved} failed after its old image was released: {error:?}");
+                    die_of_signal_here(SIGSEGV)
+                }
+            }
+        }
+        Err(error) => {
+            crate::arch::paging::activate_root(old_aspace.1);
+            return Err(match error {
+                job::LoadError::StackSetup => E2BIG,
+                job::LoadError::OverlapsStack => Errno::ENOMEM,
+                _ => ENOEXEC,
+            });
+        }
+    };
+    sched::switch_current_aspace(image.memory.aspace.handle());
+    let (old, closed) = job::with_process(|process| {
+        process.executable_path = resolved;
+        let closed = process.descriptors.close_marked();
+        (core::mem::replace(&mut process.memory, image.memory), closed)
+    });
+    // Closed outside the process table's lock: a pipe's last end wakes its waiters.
+    drop(closed);
+    if !old_released {
+        sched::wait_until_unloaded(old_aspace.0);
+    }
+    old.release();
+    signal::exec_reset(pid);
+    end_vfork_wait(pid);
+    *frame = image.entry;
+    Ok(())
+}
+
+/// `execve` past its point of no return: the calling process's memory goes back now (an
+/// empty stand-in takes its place until the new image is in), this CPU on the kernel's tables.
+fn release_memory_for_exec(old_aspace: u64) {
+    sched::use_kernel_tables(crate::arch::tables::current_cpu());
+    let Ok(stand_in) = job::memory::JobMemory::empty() else { die_of_signal_here(SIGSEGV) };
+    let old = job::with_process(|process| core::mem::replace(&mut process.memory, stand_in));
+    sched::wait_until_unloaded(old_aspace);
+    old.release();
+}
+
+fn end_vfork_wait(pid: u64) {
+    let was_pending = FAMILY.lock().get_mut(&pid).is_some_and(|member| core::mem::replace(&mut member.vfork_pending, false));
+    if was_pending {
+        sched::wake_kernel_key(vfork_key(pid));
+    }
+}
+
+/// Records how process `pid` ends (the first call counts).
+fn record_ending(pid: u64, status: u32) {
+    if let Some(Member { life: Life::Alive { ending: ending @ None }, .. }) = FAMILY.lock().get_mut(&pid) {
+        *ending = Some(status);
+    }
+}
+
+/// `exit_group`: the calling process ends with `code`.
+pub fn exit_group(code: u8) -> ! {
+    let pid = sched::current_pid();
+    if pid == job::PID {
+        job::exit(code)
+    }
+    record_ending(pid, exited(code));
+    sched::doom_process(pid, Some(sched::current_tid()));
+    sched::exit_current(code)
+}
+
+/// The calling process dies of `signal` (a fault, or a signal whose default action
+/// terminates).
+pub fn die_of_signal_here(signal: u8) -> ! {
+    let pid = sched::current_pid();
+    if pid == job::PID {
+        job::exit_by_signal(signal)
+    }
+    record_ending(pid, killed(signal));
+    sched::doom_process(pid, Some(sched::current_tid()));
+    sched::exit_current(0)
+}
+
+/// Process `pid` (not the caller's) dies of `signal`: its threads end (the last one ends the
+/// process); if it has none left, it ends here.
+pub fn kill(pid: u64, signal: u8) {
+    if pid == sched::current_pid() {
+        die_of_signal_here(signal)
+    }
+    if pid == job::PID {
+        job::exit_by_signal(signal)
+    }
+    record_ending(pid, killed(signal));
+    if sched::doom_process(pid, None) == 0 && !sched::has_threads(pid) {
+        end_process(pid, 0);
+    }
+}
+
+/// The last thread of process `pid` is leaving (on this CPU, in `sched::exit_current`): the
+/// job ends with its first process; any other process ends here.
+pub fn last_thread_exited(pid: u64, code: u8) {
+    if pid == job::PID {
+        let status = match FAMILY.lock().get(&pid).map(|member| member.life) {
+            Some(Life::Alive { ending: Some(status) }) => status,
+            _ => exited(code),
+        };
+        match status & 0x7f {
+            0 => job::exit((status >> 8) as u8),
+            signal => job::exit_by_signal(signal as u8),
+        }
+    }
+    sched::use_kernel_tables(crate::arch::tables::current_cpu());
+    end_process(pid, code);
+}
+
+/// Process `pid` has no threads left: its memory and descriptors go, it becomes a zombie for
+/// its parent (which gets SIGCHLD), its children go to the job's first process.
+fn end_process(pid: u64, code: u8) {
+    let Some(process) = job::take_process(pid) else { return };
+    sched::wait_until_unloaded(process.memory.aspace.handle().0);
+    process.memory.release();
+    drop(process.descriptors);
+    signal::process_exited(pid);
+    let (parent, orphaned_zombies) = {
+        let mut family = FAMILY.lock();
+        let Some(member) = family.get_mut(&pid) else { return };
+        let status = match member.life {
+            Life::Alive { ending: Some(status) } => status,
+            _ => exited(code),
+        };
+        member.life = Life::Zombie(status);
+        let parent = member.parent;
+        let mut orphaned_zombies = false;
+        for (_, child) in family.iter_mut().filter(|(_, child)| child.parent == pid) {
+            child.parent = job::PID;
+            orphaned_zombies |= matches!(child.life, Life::Zombie(_));
+        }
+        (parent, orphaned_zombies)
+    };
+    end_vfork_wait(pid);
+    if orphaned_zombies {
+        sched::wake_kernel_key(children_key(job::PID));
+    }
+    signal::send_to_process(parent, SIGCHLD);
+    sched::wake_kernel_key(children_key(parent));
+    if crate::job::is_verbose() {
+        log!("process {pid} ended");
+    }
+}
+
+/// Which children a `wait` looks at.
+#[derive(Clone, Copy)]
+pub enum Selector {
+    Any,
+    Pid(u64),
+    Group(u64),
+}
+
+/// What a wait found: a child that ended (pid, wait status), or none yet.
+pub enum Waited {
+    Ended(u64, u32),
+    NotYet,
+}
+
+/// `wait4`/`waitid`: the first ended child `selector` names (reaped unless `keep`), waiting
+/// for one unless `no_hang`. ECHILD when the caller has no such child.
+pub fn wait_for_child(selector: Selector, no_hang: bool, keep: bool) -> Result<Waited, Errno> {
+    let caller = sched::current_pid();
+    let caller_group = group_of(0)?.0;
+    let matches = move |pid: u64, member: &Member| {
+        member.parent == caller
+            && match selector {
+                Selector::Any => true,
+                Selector::Pid(wanted) => pid == wanted,
+                Selector::Group(0) => member.group == caller_group,
+                Selector::Group(group) => member.group == group,
+            }
+    };
+    // Some(ended child) / None: children, none ended / Err: no such child.
+    let look = move || -> Result<Option<(u64, u32)>, Errno> {
+        let family = FAMILY.lock();
+        let mut candidates = family.iter().filter(|&(&pid, member)| matches(pid, member)).peekable();
+        if candidates.peek().is_none() {
+            return Err(ECHILD);
+        }
+        Ok(candidates.find_map(|(&pid, member)| match member.life {
+            Life::Zombie(status) => Some((pid, status)),
+            Life::Alive { .. } => None,
+        }))
+    };
+    loop {
+        if let Some((pid, status)) = look()? {
+            if !keep {
+                FAMILY.lock().remove(&pid);
+            }
+            return Ok(Waited::Ended(pid, status));
+        }
+        if no_hang {
+            return Ok(Waited::NotYet);
+        }
+        if sched::wait(children_key(caller), u32::MAX, None, || matches!(look(), Ok(None))) == Some(WaitResult::Interrupted) {
+            return Err(EINTR);
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! execve(path, argv, envp): replaces the calling process's image with an executable of the
+//! job's file system (the cpio archive, or the files sent with a persistent enclave's job;
+//! `/proc/self/exe` is the current executable). See `crate::process::exec`: O_CLOEXEC
+//! descriptors close, caught signals return to their default action, the mask stays.
+//! ENOENT for a missing file, EACCES for a directory, ENOEXEC for what is not a static ELF
+//! executable (a shell then runs a script itself), ENOMEM when its memory cannot be had.
+
+use super::{Call, Errno, SyscallResult};
+use crate::process;
+
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
+    let [path, argv, envp, ..] = call.args;
+    let frame = call.frame.as_deref_mut().ok_or(Errno::ENOSYS)?;
+    process::exec(frame, path, argv, envp)?;
+    // The new image starts with RAX = 0, as the value returned here.
+    Ok(0)
+}
