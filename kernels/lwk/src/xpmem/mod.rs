@@ -95,6 +95,18 @@ struct Device {
 
 static DEVICE: SpinLock<Option<Device>> = SpinLock::new(None);
 
+/// Runs `f` on the job's first process, whose device this is (also from the channel's
+/// interrupt, which may come while another process runs); `None` when it is gone.
+fn with_job_process<R>(f: impl FnOnce(&mut job::Process) -> R) -> Option<R> {
+    job::with_process_of(job::PID, f)
+}
+
+/// The device serves the job's first process only: its segments and attachments live in that
+/// address space (forked processes are not XPMEM-capable yet; docs/xemem.md).
+pub fn caller_is_served() -> bool {
+    crate::sched::current_pid() == job::PID
+}
+
 fn job_principal() -> Principal {
     Principal { enclave: LOCAL_ENCLAVE, process: job::PID }
 }
@@ -125,7 +137,7 @@ pub fn is_attachment_fault(address: u64) -> bool {
     // Only user-mode faults come here, and a CPU returns to user mode with no lock held, so
     // this CPU cannot hold the lock. Another CPU may (a revoke unmapping this very range): wait
     // for it, or the fault would be taken for a SIGSEGV.
-    DEVICE.lock().as_ref().is_some_and(|device| device.attachments.iter().any(|a| a.start <= address && address < a.end))
+    caller_is_served() && DEVICE.lock().as_ref().is_some_and(|device| device.attachments.iter().any(|a| a.start <= address && address < a.end))
 }
 
 /// Frames behind `[vaddr, vaddr + size)` of the job, as runs (holes where nothing is mapped).
@@ -133,7 +145,7 @@ pub fn is_attachment_fault(address: u64) -> bool {
 pub fn resolve(vaddr: u64, size: u64) -> Vec<SourceRun> {
     let end = vaddr + size;
     let mut runs: Vec<SourceRun> = Vec::new();
-    job::with_process(|process| {
+    let _ = with_job_process(|process| {
         let mut address = vaddr;
         while address < end {
             let (first, writable, step) = match process.memory.aspace.translate(address) {
@@ -236,7 +248,7 @@ pub fn make(vaddr: u64, size: u64, permit_type: u32, mode: u64) -> Result<i64, E
 /// touch is SIGBUS, until it detaches them). Returns whether any was mapped.
 fn revoke_where(device: &mut Device, which: impl Fn(&Attachment) -> bool) -> bool {
     let mut unmapped = false;
-    job::with_process(|process| {
+    let _ = with_job_process(|process| {
         for attachment in device.attachments.iter_mut().filter(|a| !a.revoked && which(a)) {
             attachment.revoked = true;
             let _ = process.memory.aspace.unmap(attachment.start, attachment.end - attachment.start);
@@ -382,10 +394,12 @@ fn map_attachment(device: &mut Device, runs: &[SourceRun], size: u64, fixed: u64
         let end = fixed.checked_add(size).ok_or(Error::Invalid)?;
         // Only where nothing of the job is, or could be: not over its memory regions, not over
         // another attachment (XPMEM refuses a fixed attach over a mapping).
-        let taken = job::with_process(|process| {
+        let taken = with_job_process(|process| {
             let memory = &process.memory;
             [memory.image, memory.heap, memory.stack].iter().any(|region| region.start < end && fixed < region.end)
-        }) || device.attachments.iter().any(|a| a.start < end && fixed < a.end);
+        })
+        .unwrap_or(true)
+            || device.attachments.iter().any(|a| a.start < end && fixed < a.end);
         if taken || end > xemem::USER_ADDRESS_LIMIT {
             return Err(Error::Invalid);
         }
@@ -393,7 +407,7 @@ fn map_attachment(device: &mut Device, runs: &[SourceRun], size: u64, fixed: u64
     } else {
         place(&device.attachments, size, first_physical).ok_or(Error::Exhausted)?
     };
-    let mapped = job::with_process(|process| {
+    let mapped = with_job_process(|process| {
         let mut address = start;
         for run in runs {
             let len = run.frames * PAGE_SIZE;
@@ -406,8 +420,8 @@ fn map_attachment(device: &mut Device, runs: &[SourceRun], size: u64, fixed: u64
         }
         Ok::<(), crate::arch::paging::OutOfMemory>(())
     });
-    if mapped.is_err() {
-        job::with_process(|process| process.memory.aspace.unmap(start, size)).ok();
+    if !matches!(mapped, Some(Ok(()))) {
+        let _ = with_job_process(|process| process.memory.aspace.unmap(start, size));
         return Err(Error::Exhausted);
     }
     let at = device.attachments.partition_point(|a| a.start < start);
@@ -487,14 +501,14 @@ pub enum Detached {
 pub fn detach(address: u64) -> Detached {
     let (detached, global_permit) = with_device(|device| {
         let Some(index) = device.attachments.iter().position(|a| a.start <= address && address < a.end) else {
-            let mapped = job::with_process(|process| process.memory.aspace.translate(address & !(PAGE_SIZE - 1)).is_ok());
+            let mapped = with_job_process(|process| process.memory.aspace.translate(address & !(PAGE_SIZE - 1)).is_ok()).unwrap_or(false);
             return (if mapped { Detached::NotAnAttachment } else { Detached::Nothing }, None);
         };
         let attachment = device.attachments.remove(index);
         if attachment.revoked {
             return (Detached::Attachment, None);
         }
-        job::with_process(|process| process.memory.aspace.unmap(attachment.start, attachment.end - attachment.start)).ok();
+        let _ = with_job_process(|process| process.memory.aspace.unmap(attachment.start, attachment.end - attachment.start));
         if attachment.global {
             return (Detached::Attachment, Some(attachment.access));
         }
