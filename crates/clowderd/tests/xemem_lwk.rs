@@ -883,3 +883,30 @@ fn the_conformance_cases_pass_across_enclaves_in_every_direction() {
         assert_eq!(removed["ok"], true, "{removed}");
     }
 }
+
+/// A forked process of an LWK job is refused the XPMEM device (EPERM): its segments and
+/// attachments would live in the first process's address space. The first process keeps
+/// working before and after the fork.
+#[test]
+fn a_forked_lwk_process_is_refused_the_device() {
+    if revocation_requirements_missing() {
+        return;
+    }
+    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-fork-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let job = dir.0.join("lwk_fork_device");
+    build_musl_job("lwk_fork_device.c", &job).unwrap();
+    let (socket, _) = start_daemon_with_broker(&dir.0);
+    let created = call(&socket, json!({"op": "create", "name": "forker", "cores": 1, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    xemem_id(&socket, "forker").expect("the enclave got no XEMEM id");
+    let stdout = std::sync::Mutex::new(String::new());
+    let reply = run_job(&socket, "forker", &job, &["lwk_fork_device"], &dir.0, &stdout);
+    let out = stdout.into_inner().unwrap();
+    assert_eq!(reply["status"], 0, "{reply} {out}");
+    for line in ["parent make before fork: ok", "child make: EPERM", "child exited 0", "parent make after fork: ok", "removes: 0 0"] {
+        assert!(out.contains(line), "{line}: {out}");
+    }
+    let removed = call(&socket, json!({"op": "rm", "name": "forker"}));
+    assert_eq!(removed["ok"], true, "{removed}");
+}
