@@ -422,3 +422,44 @@ fn a_two_vcpu_persistent_enclave_survives_every_way_a_job_ends_and_does_not_leak
     let removed = clowder(&socket, &["enclave", "rm", "ends"], &dir.0);
     assert!(removed.status.success(), "rm: {}{}", text(&removed.stdout), text(&removed.stderr));
 }
+
+/// Touches `argv[1]` MiB of heap, one byte per page, and prints their sum (0: fresh memory).
+const BIG_HEAP_JOB: &str = r#"#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char **argv) {
+    size_t bytes = (size_t)atol(argv[1]) << 20;
+    unsigned char *memory = malloc(bytes);
+    if (!memory) return 1;
+    unsigned long sum = 0;
+    for (size_t i = 0; i < bytes; i += 4096) { sum += memory[i]; memory[i] = 1; }
+    printf("touched %zu MiB, sum %lu\n", bytes >> 20, sum);
+    return 0;
+}
+"#;
+
+#[test]
+fn an_enclave_larger_than_the_boot_window_runs_big_jobs_one_after_another_on_cleared_memory() {
+    if let Some(why) = missing_requirement() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = TempDir(std::env::temp_dir().join(format!("clowder-persistent-big-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let socket = start_daemon(&dir.0);
+    build_program(&dir.0, "bigheap", BIG_HEAP_JOB);
+    // Beyond the first GiB (which the kernel's boot tables map whole) lie more RAM and, at the
+    // top, the reserved channel the kernel attaches first.
+    let created = clowder(&socket, &["enclave", "create", "--name", "big", "--cores", "1", "--mem", "1536M"], &dir.0);
+    assert!(created.status.success(), "create: {}{}", text(&created.stdout), text(&created.stderr));
+    // Each job writes every page it touches; the next one must find them zero again. The
+    // kernel has the host clear a finished job's memory (ZeroMemory): clearing 1000 MiB in
+    // emulated kernel code would take longer than the daemon waits for a Pong.
+    for round in 0..3 {
+        let run = clowder(&socket, &["run", "--enclave", "big", "./bigheap", "1000"], &dir.0);
+        assert_eq!(text(&run.stdout), "touched 1000 MiB, sum 0\n", "round {round}, stderr: {}", text(&run.stderr));
+        assert_eq!(run.status.code(), Some(0));
+    }
+    let removed = clowder(&socket, &["enclave", "rm", "big"], &dir.0);
+    assert!(removed.status.success(), "rm: {}{}", text(&removed.stdout), text(&removed.stderr));
+}

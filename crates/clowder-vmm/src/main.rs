@@ -21,6 +21,24 @@ fn block_termination_signals() -> libc::sigset_t {
     }
 }
 
+/// `CLOWDER_VMM_PARENT=PID`: the process (a node daemon) whose end must end this VM too, so
+/// that a daemon that dies, even by SIGKILL, leaves no machine running for nobody. Only the
+/// current parent counts: a wrong PID is ignored.
+fn parent_to_follow() -> Option<u32> {
+    let pid: u32 = std::env::var("CLOWDER_VMM_PARENT").ok()?.parse().ok()?;
+    (std::os::unix::process::parent_id() == pid).then_some(pid)
+}
+
+/// Stops the VM once this process is no longer `parent`'s child (the parent ended and the
+/// process was handed to a reaper).
+fn stop_when_orphaned(parent: u32, handle: &vmm::VmHandle) {
+    while std::os::unix::process::parent_id() == parent {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    eprintln!("clowder-vmm: parent process {parent} ended; stopping the VM");
+    handle.stop();
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let config = match VmConfig::from_args(&args) {
@@ -63,6 +81,10 @@ fn main() -> ExitCode {
                 handle.stop();
             }
         });
+    }
+    if let Some(parent) = parent_to_follow() {
+        let handle = handle.clone();
+        std::thread::spawn(move || stop_when_orphaned(parent, &handle));
     }
     if let Err(e) = vm.start() {
         eprintln!("clowder-vmm: cannot start the VM: {e}");

@@ -29,6 +29,42 @@ fn sigterm_tears_the_vm_down_cleanly_with_status_143() {
 }
 
 #[test]
+fn a_vm_told_its_parent_stops_when_the_parent_is_killed() {
+    require_kvm!();
+    let scratch = Scratch::new("vmm-parent");
+    let stderr = scratch.path().join("stderr.log");
+    // A shell starts the VMM naming itself as the parent to follow, prints the VMM's pid and
+    // waits; SIGKILL gives the shell no chance to clean up, as a crashed daemon would not.
+    let script = format!(
+        "CLOWDER_VMM_PARENT=$$ \"$0\" --kernel {} --mem 16M --cmdline '{ENDLESS_NOPS}' --serial null 2>{} & echo $!; wait",
+        testguest().display(),
+        stderr.display()
+    );
+    let mut shell = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&script)
+        .arg(support::CLOWDER_VMM)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(shell.stdout.take().unwrap()), &mut line).unwrap();
+    let vmm_pid: libc::pid_t = line.trim().parse().expect("the shell prints the VMM's pid");
+    let alive = |pid: libc::pid_t| std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| !stat.contains(") Z "));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(alive(vmm_pid), "the VM runs while its parent lives");
+    shell.kill().unwrap();
+    shell.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(vmm_pid) {
+        assert!(Instant::now() < deadline, "clowder-vmm {vmm_pid} outlived its parent by 5 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let said = std::fs::read_to_string(&stderr).unwrap();
+    assert!(said.contains("parent process") && said.contains("stopping the VM"), "{said}");
+}
+
+#[test]
 fn serial_output_to_a_file() {
     require_kvm!();
     let ended = Launch::testguest("test=serial lines=4").start().wait();

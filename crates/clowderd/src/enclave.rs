@@ -320,6 +320,17 @@ impl Enclave {
                 };
                 self.send(&reply)?;
             }
+            EnclaveMessage::ZeroMemory { request, gpa, len } => {
+                let result = if gpa % 4096 != 0 || len % 4096 != 0 {
+                    -libc::EINVAL
+                } else if let Err(e) = self.ram.zero(gpa, len) {
+                    self.log.push(format!("clowderd: refused to clear enclave memory: {e}"));
+                    -libc::EFAULT
+                } else {
+                    0
+                };
+                self.send(&HostMessage::MemoryZeroed { request, result })?;
+            }
             EnclaveMessage::Xemem { message } => match xemem {
                 Some(port) => port.from_enclave(message, self),
                 None => self.log.push("clowderd: an XEMEM message from the enclave, but XEMEM has no link to it; ignored"),

@@ -82,6 +82,16 @@ impl GuestRam {
         Some(unsafe { self.base.as_ptr().add(file_offset as usize) })
     }
 
+    /// Clears a guest range (in one RAM run, outside the channel): the enclave's kernel gives
+    /// memory back this way, at host speed.
+    pub fn zero(&self, gpa: u64, len: u64) -> Result<(), BadAddress> {
+        let offset = self.locate(gpa, len)?;
+        // SAFETY: `locate` keeps the range inside the mapping; the guest asked for it to be
+        // cleared and does not use it meanwhile (if it did, that is its own race).
+        unsafe { std::ptr::write_bytes(self.base.as_ptr().add(offset), 0, len as usize) };
+        Ok(())
+    }
+
     /// The memfd offset of a guest range that lies in one RAM run and outside the channel.
     fn locate(&self, gpa: u64, len: u64) -> Result<usize, BadAddress> {
         let bad = BadAddress { gpa, len };
@@ -154,6 +164,11 @@ mod tests {
         assert!(ram.write(12 * 1024 + 10, b"x").is_err(), "inside the channel");
         assert!(ram.read(u64::MAX - 1, &mut back).is_err(), "wraps around");
         assert!(ram.check(20 * 1024, 1).is_err(), "in the hole between runs");
+        ram.zero(0, 4096).unwrap();
+        ram.read(100, &mut back).unwrap();
+        assert_eq!(back, [0; 5], "zeroed");
+        assert!(ram.zero(8 * 1024, 8 * 1024).is_err(), "would clear the channel");
+        assert!(ram.zero(1 << 32, 32 * 1024).is_err(), "beyond its run");
         let bad = vec![RamRange { gpa: 0, size: 1 << 20, file_offset: 0 }];
         assert!(GuestRam::map(&file, bad, (0, 0)).is_err());
     }

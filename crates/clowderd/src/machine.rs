@@ -106,6 +106,8 @@ pub fn signal_name(signal: i32) -> &'static str {
 /// The `clowder-vmm` command line for an LWK enclave.
 pub fn vmm_command(vmm: &Path, kernel: &Path, spec: &MachineSpec) -> Command {
     let mut command = Command::new(vmm);
+    // The machine stops if the daemon dies, however it dies (clowder-vmm watches its parent).
+    command.env("CLOWDER_VMM_PARENT", std::process::id().to_string());
     command
         .arg("--kernel")
         .arg(kernel)

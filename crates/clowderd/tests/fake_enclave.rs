@@ -260,6 +260,7 @@ impl FakeKernel {
                     Incoming::Reply { request, result: 0, size: Some(attributes.size) }
                 }
                 HostMessage::Xemem { message } => Incoming::Xemem(message.to_vec()),
+                HostMessage::MemoryZeroed { request, result } => Incoming::Reply { request, result: result as i64, size: None },
             });
         }
     }

@@ -32,6 +32,7 @@
 //! | `0x0006` | `FileResult` | u32 job, u32 request, i64 result (≥ 0 as the call returns, < 0 a negated Linux errno) |
 //! | `0x0007` | `FileAttributes` | u32 job, u32 request, [`FileAttributes`]: the successful answer to `Fstat`/`Stat` |
 //! | `0x0008` | `Xemem` | bytes message: one XEMEM protocol message (below) |
+//! | `0x0009` | `MemoryZeroed` | u32 request, i32 result (0, or a negated Linux errno: `EFAULT` for a range outside the enclave's RAM or touching the channel, `EINVAL` for an unaligned one) |
 //!
 //! `file` is `cstr name, u64 gpa, u64 len`: a file the host placed in enclave memory at
 //! guest-physical `[gpa, gpa + len)`, to appear read-only under `name` in the kernel's in-memory
@@ -54,6 +55,7 @@
 //! | `0x8008` | `Panic` | bytes text: the kernel is going down |
 //! | `0x8009` | `FileRequest` | u32 job, u32 request, u8 op, op fields (below) |
 //! | `0x800a` | `Xemem` | bytes message: one XEMEM protocol message (below) |
+//! | `0x800b` | `ZeroMemory` | u32 request, u64 gpa, u64 len: the host clears guest-physical `[gpa, gpa + len)` (page aligned, in RAM) and answers `MemoryZeroed`; the kernel gives a finished job's memory back this way, as clearing it in guest kernel code may be slow (emulated on PVM) |
 //!
 //! `JobOutput` data should fit one ring message (see [`max_output_chunk`]) so output streams
 //! as it is written; it is not an error to send more.
@@ -159,6 +161,7 @@ pub mod kind {
     pub const FILE_RESULT: u16 = 0x0006;
     pub const FILE_ATTRIBUTES: u16 = 0x0007;
     pub const XEMEM_TO_ENCLAVE: u16 = 0x0008;
+    pub const MEMORY_ZEROED: u16 = 0x0009;
 
     pub const HELLO: u16 = 0x8001;
     pub const PONG: u16 = 0x8002;
@@ -170,6 +173,7 @@ pub mod kind {
     pub const PANIC: u16 = 0x8008;
     pub const FILE_REQUEST: u16 = 0x8009;
     pub const XEMEM_TO_HOST: u16 = 0x800a;
+    pub const ZERO_MEMORY: u16 = 0x800b;
 }
 
 /// A file the host placed in enclave memory.
@@ -237,6 +241,7 @@ pub enum HostMessage<'a> {
     FileAttributes { job: u32, request: u32, attributes: FileAttributes },
     /// One XEMEM message (an encoded `xemem::wire::Message`) for the enclave's node.
     Xemem { message: &'a [u8] },
+    MemoryZeroed { request: u32, result: i32 },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -274,6 +279,7 @@ pub enum EnclaveMessage<'a> {
     FileRequest { job: u32, request: u32, op: FileOp<'a> },
     /// One XEMEM message (an encoded `xemem::wire::Message`) for the host's node.
     Xemem { message: &'a [u8] },
+    ZeroMemory { request: u32, gpa: u64, len: u64 },
 }
 
 fn write_timestamp(writer: &mut Writer<'_>, time: Timestamp) -> Result<(), EncodeError> {
@@ -364,6 +370,11 @@ impl<'a> HostMessage<'a> {
                 w.u16(kind::XEMEM_TO_ENCLAVE)?;
                 write_xemem(&mut w, message)?;
             }
+            HostMessage::MemoryZeroed { request, result } => {
+                w.u16(kind::MEMORY_ZEROED)?;
+                w.u32(*request)?;
+                w.i32(*result)?;
+            }
         }
         Ok(w.written())
     }
@@ -398,6 +409,7 @@ impl<'a> HostMessage<'a> {
                 attributes: FileAttributes::read(&mut r)?,
             },
             kind::XEMEM_TO_ENCLAVE => HostMessage::Xemem { message: read_xemem(&mut r)? },
+            kind::MEMORY_ZEROED => HostMessage::MemoryZeroed { request: r.u32("request")?, result: r.i32("result")? },
             other => return Err(DecodeError::UnknownKind(other)),
         };
         r.finish()?;
@@ -559,6 +571,12 @@ impl<'a> EnclaveMessage<'a> {
                 w.u16(kind::XEMEM_TO_HOST)?;
                 write_xemem(&mut w, message)?;
             }
+            EnclaveMessage::ZeroMemory { request, gpa, len } => {
+                w.u16(kind::ZERO_MEMORY)?;
+                w.u32(request)?;
+                w.u64(gpa)?;
+                w.u64(len)?;
+            }
         }
         Ok(w.written())
     }
@@ -597,6 +615,7 @@ impl<'a> EnclaveMessage<'a> {
                 op: FileOp::read(&mut r)?,
             },
             kind::XEMEM_TO_HOST => EnclaveMessage::Xemem { message: read_xemem(&mut r)? },
+            kind::ZERO_MEMORY => EnclaveMessage::ZeroMemory { request: r.u32("request")?, gpa: r.u64("gpa")?, len: r.u64("len")? },
             other => return Err(DecodeError::UnknownKind(other)),
         };
         r.finish()?;

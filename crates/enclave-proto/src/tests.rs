@@ -222,7 +222,8 @@ fn random_host_message<'a>(
     files: &'a [FileImage<'a>],
 ) -> HostMessage<'a> {
     let n = m.numbers;
-    match choice % 8 {
+    match choice % 9 {
+        8 => HostMessage::MemoryZeroed { request: n[0] as u32, result: n[1] as i32 },
         7 if !m.data.is_empty() => HostMessage::Xemem { message: &m.data },
         0 => HostMessage::Ping { nonce: n[0] },
         1 => HostMessage::LaunchJob(LaunchJob {
@@ -278,7 +279,8 @@ fn random_enclave_message<'a>(choice: u64, m: &'a Material) -> EnclaveMessage<'a
         10 => FileOp::Mkdir { path, mode: 0o755 },
         _ => FileOp::Ftruncate { handle, length: n[6] },
     };
-    match choice % 10 {
+    match choice % 11 {
+        10 => EnclaveMessage::ZeroMemory { request, gpa, len: n[5] },
         0 => EnclaveMessage::Hello { version: n[0] as u16, vcpus: n[1] as u16, memory: n[2] },
         1 => EnclaveMessage::Pong { nonce: n[0] },
         2 => EnclaveMessage::JobStarted { job },

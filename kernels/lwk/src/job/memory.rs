@@ -20,6 +20,14 @@ use crate::mm::ranges::{Range, RangeSet};
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 
+/// Clears guest-physical `[start, start + len)`.
+pub type Zero = fn(u64, u64);
+
+/// Clears memory in this kernel.
+fn clear_here(physical: u64, len: u64) {
+    phys::zero(physical, len as usize);
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct Region {
     pub start: u64,
@@ -149,14 +157,14 @@ impl JobMemory {
             .or_else(|| self.heap_free.ranges().iter().find_map(fit_from(self.heap.start)))
     }
 
-    /// Clears the heap's used memory (in use, or given back dirty) and returns the heap's
-    /// physical range, now all zero: a persistent enclave gives it back after the job.
-    pub fn clear_heap(&mut self) -> (u64, u64) {
+    /// Clears the heap's used memory (in use, or given back dirty) with `zero` and returns the
+    /// heap's physical range, now all zero: a persistent enclave gives it back after the job.
+    fn clear_heap(&mut self, zero: Zero) -> (u64, u64) {
         let clean: Vec<Range> = self.heap_free.ranges().iter().flat_map(|free| self.heap_dirty.gaps(free.start, free.end).collect::<Vec<_>>()).collect();
         let mut position = self.heap.start;
         for range in clean.iter().chain(core::iter::once(&Range { start: self.heap.end, end: self.heap.end })) {
             if range.start > position {
-                phys::zero(self.heap.physical(position), (range.start - position) as usize);
+                zero(self.heap.physical(position), range.start - position);
             }
             position = position.max(range.end);
         }
@@ -486,8 +494,14 @@ impl JobMemory {
     /// only where it may hold data (clearing is emulated kernel work on PVM, about 40 ms per
     /// MiB): the image block's own pages, the stack from its lowest page user code wrote (its
     /// leaf's dirty bit) or the kernel wrote, the heap where it was used; then the page tables.
-    pub fn release(mut self) {
-        let (heap_physical, heap_size) = self.clear_heap();
+    pub fn release(self) {
+        self.release_with(clear_here);
+    }
+
+    /// `release`, clearing with `zero` (the job's end in a persistent enclave has the host
+    /// clear large ranges: `enclave::zero_memory`).
+    pub fn release_with(mut self, zero: Zero) {
+        let (heap_physical, heap_size) = self.clear_heap(zero);
         pmem::free_clean(heap_physical, heap_size);
         let stack = self.stack;
         let mut clear_from = self.stack_clear_from;
@@ -496,10 +510,10 @@ impl JobMemory {
                 clear_from = clear_from.min(address);
             }
         });
-        phys::zero(stack.physical(clear_from.min(stack.end)), (stack.end - clear_from.min(stack.end)) as usize);
+        zero(stack.physical(clear_from.min(stack.end)), stack.end - clear_from.min(stack.end));
         pmem::free_clean(stack.physical_start, stack.end - stack.start);
         for (start, len) in self.image_block_runs() {
-            phys::zero(self.image.physical(start), len as usize);
+            zero(self.image.physical(start), len);
         }
         pmem::free_clean(self.image.physical_start, self.image.end - self.image.start);
         self.aspace.free();

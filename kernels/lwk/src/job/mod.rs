@@ -341,12 +341,12 @@ pub fn exit(status: u8) -> ! {
 }
 
 /// Gives the job's memory back (a persistent enclave's job ended, and no CPU uses its
-/// address spaces any more): every process's memory and page tables.
-pub fn release() {
+/// address spaces any more): every process's memory and page tables, cleared with `zero`.
+pub fn release(zero: memory::Zero) {
     let processes = core::mem::take(&mut *PROCESSES.lock());
     crate::xpmem::forget_job();
     for (_, process) in processes {
-        process.memory.release();
+        process.memory.release_with(zero);
     }
 }
 
