@@ -13,6 +13,9 @@
 #   VMM_ARGS="--protocol direct64 --cpus 2" RUNNER=vmm kernels/lwk/test.sh   # every vCPU
 #                                           # starts at the entry
 #
+# A program that cannot run under clowder-vmm names the reason in a comment,
+# "lwk-test-skip-vmm: REASON"; RUNNER=vmm prints it and skips the program.
+#
 # The job gets the command line `lwk.env=GREETING=hello -- NAME one "two words"`; the host
 # run gets the same argv and environment.
 set -uo pipefail
@@ -144,8 +147,14 @@ for program in "${programs[@]}"; do
     options=$(sed -n 's/.*lwk-test: \(.*\)$/\1/p' "$source_file" | sed 's|\*/||')
     program_libcs=$(echo "$options" | sed -n 's/.*libcs=\([a-z,]*\).*/\1/p' | tr , ' ')
     extra_flags=$(echo "$options" | sed -n 's/.*flags=\([^ ]*\).*/\1/p')
+    # A source may say why it cannot run under clowder-vmm: "lwk-test-skip-vmm: REASON".
+    skip_vmm_reason=$(sed -n 's/.*lwk-test-skip-vmm: \(.*\)$/\1/p' "$source_file" | sed 's|\*/||; s/ *$//')
     for libc in $libcs; do
         if [ -n "$program_libcs" ] && ! echo " $program_libcs " | grep -q " $libc "; then
+            continue
+        fi
+        if [ "$runner" = vmm ] && [ -n "$skip_vmm_reason" ]; then
+            echo "skip $program ($libc) under clowder-vmm: $skip_vmm_reason"
             continue
         fi
         binary="$work/$program-$libc"

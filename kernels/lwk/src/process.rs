@@ -15,13 +15,13 @@ use crate::console::log;
 use crate::job::{self, descriptors::Descriptors, Process, SELF_EXE};
 use crate::sched::{self, SpawnError, WaitResult};
 use crate::syscall::{user, Errno};
+use crate::signal::Restart;
 use crate::{fs, signal};
 use alloc::collections::BTreeMap;
 use alloc::string::String;
 use alloc::vec::Vec;
 
 const ECHILD: Errno = Errno(10);
-const EINTR: Errno = Errno(4);
 const ESRCH: Errno = Errno(3);
 const EACCES: Errno = Errno(13);
 const ENOEXEC: Errno = Errno(8);
@@ -217,6 +217,8 @@ fn finish_fork(
         // vfork expect (the child's exec or exit comes first).
         let pending = || FAMILY.lock().get(&pid).is_some_and(|member| member.vfork_pending);
         while pending() {
+            // Only the parent's own death ends this wait (Linux's is killable, not
+            // interruptible): its signals wait until the child has exec'd or exited.
             if sched::wait(vfork_key(pid), u32::MAX, None, pending) == Some(WaitResult::Interrupted) {
                 break;
             }
@@ -472,6 +474,7 @@ pub fn wait_for_child(selector: Selector, no_hang: bool, keep: bool) -> Result<W
             Life::Alive { .. } => None,
         }))
     };
+    let mut interrupted = false;
     loop {
         if let Some((pid, status)) = look()? {
             if !keep {
@@ -482,8 +485,11 @@ pub fn wait_for_child(selector: Selector, no_hang: bool, keep: bool) -> Result<W
         if no_hang {
             return Ok(Waited::NotYet);
         }
-        if sched::wait(children_key(caller), u32::MAX, None, || matches!(look(), Ok(None))) == Some(WaitResult::Interrupted) {
-            return Err(EINTR);
+        // A signal ends the wait as on Linux (EINTR, or restarted under SA_RESTART), once a
+        // last look has found no child ended (a child's SIGCHLD may come first).
+        if interrupted {
+            return Err(Restart::Always.errno());
         }
+        interrupted = matches!(sched::wait(children_key(caller), u32::MAX, None, || matches!(look(), Ok(None))), Some(WaitResult::Interrupted | WaitResult::Signal));
     }
 }

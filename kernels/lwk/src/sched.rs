@@ -44,6 +44,9 @@ pub enum WaitResult {
     TimedOut,
     /// The thread's process is being killed: it must return to user mode, where it ends.
     Interrupted,
+    /// A signal the thread takes (or waits for) arrived (`crate::signal`): the call ends
+    /// (or restarts) so that the thread can take it.
+    Signal,
 }
 
 struct Thread {
@@ -53,6 +56,9 @@ struct Thread {
     aspace: (u64, u64),
     /// Its process is being killed: it ends at its next return to user mode.
     doomed: bool,
+    /// A signal the thread takes arrived while it was not waiting (`interrupt`): its next
+    /// wait ends at once, unless it passes signal delivery first.
+    signal_interrupt: bool,
     /// In `exit_current`: no longer counts as one of its process's live threads.
     exiting: bool,
     /// The CPU the thread runs on.
@@ -206,6 +212,7 @@ pub fn init_main_thread(aspace: (u64, u64)) {
         pid: job::PID,
         aspace,
         doomed: false,
+        signal_interrupt: false,
         exiting: false,
         cpu: 0,
         slot: 0,
@@ -498,13 +505,23 @@ fn flush_here(cpu: usize, generation: u64) {
     TLB_FLUSHED[cpu].fetch_max(generation, Ordering::AcqRel);
 }
 
-/// Sends a tick IPI to the CPU running thread `tid` in user mode, if that is another CPU:
-/// the thread then passes through the kernel (and takes a signal just sent to it) without
-/// waiting for its next system call.
-pub fn interrupt_if_running_elsewhere(tid: u64) {
+/// A signal thread `tid` takes arrived: a thread in a wait is woken with `WaitResult::Signal`;
+/// any other is told (its next wait ends at once unless it passes delivery first: it may be
+/// on its way into a wait), and one running on another CPU is sent a tick IPI, so that it
+/// passes through the kernel (and takes the signal) without waiting for its next system call.
+/// The signal code calls this after dropping its own lock, and the scheduler never takes
+/// that lock, so the two locks are only ever taken signal first.
+pub fn interrupt(tid: u64) {
     let cpu = tables::current_cpu();
     let target_cpu = with_scheduler(|scheduler| {
-        let thread = scheduler.threads.get(&tid)?;
+        let thread = scheduler.threads.get_mut(&tid)?;
+        if let State::Waiting { .. } = thread.state {
+            thread.state = State::Runnable;
+            thread.wait_result = WaitResult::Signal;
+            scheduler.enqueue(tid);
+            return None;
+        }
+        thread.signal_interrupt = true;
         (thread.cpu != cpu && scheduler.cpus[thread.cpu].current == Some(tid)).then_some(thread.cpu)
     });
     if let Some(apic_id) = target_cpu.and_then(apic_id) {
@@ -762,6 +779,7 @@ fn spawn_in(frame: &TrapFrame, fs_base: u64, clear_child_tid: u64, new_process: 
             pid,
             aspace,
             doomed: false,
+        signal_interrupt: false,
             exiting: false,
             cpu,
             slot,
@@ -892,53 +910,83 @@ pub fn yield_now() {
 
 /// Blocks the current thread on the futex word at `address` (of its process's memory, or a
 /// kernel address: `wake_kernel_key`) if `still_expected()` holds (checked with the
-/// scheduler locked, so no wake is lost in between).
+/// scheduler locked, so no wake is lost in between). Returns `None` if it did not hold;
+/// `Interrupted` at once if the thread's process is being killed, `Signal` if a signal the
+/// thread takes arrived since it last passed delivery (checked after `still_expected`, as
+/// Linux's futex wait checks the word first).
 pub fn wait(address: u64, bitset: u32, deadline: Option<u64>, still_expected: impl FnOnce() -> bool) -> Option<WaitResult> {
     let cpu = tables::current_cpu();
-    let mut expected = false;
+    let mut outcome = None;
     let mut dead_lock = false;
-    let mut interrupted = false;
     leave_cpu(
         |scheduler| {
             let current = scheduler.current(cpu);
             if scheduler.threads[&current].doomed {
-                interrupted = true;
-                scheduler.cpus[cpu].run_queue.push_front(current);
-                return scheduler.threads[&current].slot;
-            }
-            expected = still_expected();
-            let others_all_wait = scheduler
-                .threads
-                .iter()
-                .all(|(&tid, thread)| tid == current || matches!(thread.state, State::Waiting { deadline: None, .. }));
-            dead_lock = expected && deadline.is_none() && others_all_wait;
-            let thread = scheduler.current_thread(cpu);
-            if expected && !dead_lock {
-                thread.state = State::Waiting { address, bitset, deadline };
-                thread.wait_result = WaitResult::Woken;
+                outcome = Some(WaitResult::Interrupted);
+            } else if !still_expected() {
+                outcome = None;
+            } else if core::mem::take(&mut scheduler.current_thread(cpu).signal_interrupt) {
+                outcome = Some(WaitResult::Signal);
             } else {
-                // Not blocking after all: stay, by running ourselves next.
-                scheduler.cpus[cpu].run_queue.push_front(current);
+                let others_all_wait = scheduler
+                    .threads
+                    .iter()
+                    .all(|(&tid, thread)| tid == current || matches!(thread.state, State::Waiting { deadline: None, .. }));
+                dead_lock = deadline.is_none() && others_all_wait;
+                if !dead_lock {
+                    let thread = scheduler.current_thread(cpu);
+                    thread.state = State::Waiting { address, bitset, deadline };
+                    thread.wait_result = WaitResult::Woken;
+                    outcome = Some(WaitResult::Woken);
+                    return thread.slot;
+                }
             }
+            // Not blocking after all: stay, by running ourselves next.
+            scheduler.cpus[cpu].run_queue.push_front(current);
             scheduler.threads[&current].slot
         },
         cpu,
     );
-    if interrupted {
-        return Some(WaitResult::Interrupted);
-    }
     if dead_lock {
         // Ended outside the scheduler's lock, so that a persistent enclave can reuse it.
         log!("every thread of the job waits on a futex that nobody can wake: dead-lock");
         job::exit(128 + 9);
     }
-    expected.then(|| with_scheduler(|scheduler| scheduler.current_thread(cpu).wait_result))
+    match outcome {
+        Some(WaitResult::Woken) => Some(with_scheduler(|scheduler| scheduler.current_thread(cpu).wait_result)),
+        other => other,
+    }
 }
 
-/// Blocks the current thread until the monotonic clock reaches `deadline` (ns).
-pub fn sleep_until(deadline: u64) {
-    // A wait no wake can end: bitset 0 meets no wake's bitset.
-    wait(0, 0, Some(deadline), || clock::monotonic_ns() < deadline);
+/// Blocks the current thread until a signal it takes or waits for arrives (`Signal`; or
+/// `Interrupted` when its process is being killed), or until `deadline` (monotonic ns) if
+/// given (`TimedOut`). No futex wake ends this wait: bitset 0 meets no wake's bitset.
+pub fn wait_interruptibly(deadline: Option<u64>) -> WaitResult {
+    loop {
+        match wait(0, 0, deadline, || deadline.is_none_or(|deadline| clock::monotonic_ns() < deadline)) {
+            None => return WaitResult::TimedOut,
+            Some(WaitResult::Woken) => continue,
+            Some(result) => return result,
+        }
+    }
+}
+
+/// Blocks the current thread until a signal it takes arrives (`pause`, `rt_sigsuspend`).
+pub fn wait_for_signal() {
+    wait_interruptibly(None);
+}
+
+/// Blocks the current thread until the monotonic clock reaches `deadline` (ns); false if a
+/// signal interrupted the sleep first.
+pub fn sleep_until(deadline: u64) -> bool {
+    wait_interruptibly(Some(deadline)) == WaitResult::TimedOut
+}
+
+/// The current thread passes signal delivery: a signal announced by `interrupt` is taken
+/// now, so it no longer ends the thread's next wait.
+pub fn clear_signal_interrupt() {
+    let cpu = tables::current_cpu();
+    with_scheduler(|scheduler| scheduler.current_thread(cpu).signal_interrupt = false);
 }
 
 /// Wakes up to `count` threads of the calling process waiting on `address` whose bitset

@@ -1,15 +1,18 @@
 //! Signals of the job: actions (`rt_sigaction`), per-thread masks, pending sets and alternate
 //! stacks, and delivery: a handler runs on the thread's stack (or its alternate stack) above
 //! an `rt_sigframe` laid out as Linux's (return address = the restorer, `ucontext` with the
-//! saved registers, the FXSAVE image as `fpstate`, then `siginfo`), and `rt_sigreturn` puts
+//! saved registers, then `siginfo`; above them `fpstate`: the XSAVE area with Linux's magic
+//! numbers when the kernel uses XSAVE, else the FXSAVE image), and `rt_sigreturn` puts
 //! everything back.
 //!
 //! When delivery happens: a fault is delivered at once; a signal sent with `kill`, `tkill` or
 //! `tgkill`, or one that becomes unblocked, is pending until its thread next leaves the
 //! kernel (any system call's return, a tick, a fault). A thread running in user mode on
-//! another CPU is sent a tick IPI for it; a thread blocked in the kernel (futex, sleep) takes
-//! it when it next returns from the kernel: there are no interrupted system calls (EINTR).
-//! A thread that has not run yet takes it at its first entry to the kernel.
+//! another CPU is sent a tick IPI for it; a thread blocked in an interruptible wait (futex,
+//! sleeps, `pause`, `rt_sigsuspend`, `rt_sigtimedwait`, pipes, `wait4`) is woken, and its call
+//! returns one of Linux's restart codes, which delivery turns into EINTR or a restart of the
+//! call (as Linux's `handle_signal` does). A thread that has not run yet takes it at its
+//! first entry to the kernel.
 //!
 //! Actions and process-directed pending signals are per process (a forked child copies its
 //! parent's actions and the forking thread's mask; `execve` resets caught signals to their
@@ -19,7 +22,7 @@
 
 use crate::arch::fpu;
 use crate::arch::sync::SpinLock;
-use crate::arch::trap::{self, copy_from_user, copy_to_user, copy_words_to_user, TrapFrame, USER_FLAGS};
+use crate::arch::trap::{self, copy_from_user, copy_words_to_user, TrapFrame, USER_FLAGS};
 use crate::{process, sched};
 use alloc::collections::BTreeMap;
 
@@ -31,9 +34,10 @@ pub const UNCATCHABLE: u64 = bit(SIGKILL) | bit(SIGSTOP);
 
 /// The `sa_flags` that change delivery. The handler always gets (signal, siginfo, ucontext),
 /// with or without SA_SIGINFO, and always returns through `sa_restorer` (both libcs pass
-/// SA_RESTORER); SA_RESTART needs nothing since no call is ever interrupted.
+/// SA_RESTORER).
 pub const SIG_DFL: u64 = 0;
 pub const SIG_IGN: u64 = 1;
+pub const SA_RESTART: u64 = 0x1000_0000;
 pub const SA_ONSTACK: u64 = 0x0800_0000;
 pub const SA_NODEFER: u64 = 0x4000_0000;
 pub const SA_RESETHAND: u64 = 0x8000_0000;
@@ -95,6 +99,12 @@ impl Info {
     fn sent(code: i32) -> Info {
         Info { code, address: sched::current_pid() } // si_pid = the taker's process (senders are not recorded), si_uid = 0
     }
+
+    /// The first three words of `siginfo` (si_signo, si_errno = 0, si_code, then si_addr or
+    /// si_pid and si_uid); the rest of its 128 bytes is zero.
+    fn head_words(&self, signal: u8) -> [u64; 3] {
+        [signal as u64, self.code as u32 as u64, self.address]
+    }
 }
 
 #[derive(Clone, Copy, Default)]
@@ -145,13 +155,68 @@ struct ThreadSignals {
     blocked: u64,
     pending: PendingSet,
     alt_stack: AltStack,
+    /// `rt_sigsuspend`'s caller: the mask its handler's frame records (and sigreturn puts
+    /// back), or that comes back at once when no handler runs.
+    saved_mask: Option<u64>,
+    /// `rt_sigtimedwait`'s caller: the signals it waits for, which wake it though blocked.
+    awaited: u64,
+    /// A system call of this thread returned a restart code (`Restart`): its number, until
+    /// the delivery on its way out decides between EINTR and running it again.
+    interrupted_call: Option<u64>,
 }
 
 impl ThreadSignals {
     fn with_mask(pid: u64, blocked: u64) -> ThreadSignals {
-        ThreadSignals { pid, blocked, pending: PendingSet::default(), alt_stack: AltStack::default() }
+        ThreadSignals {
+            pid,
+            blocked,
+            pending: PendingSet::default(),
+            alt_stack: AltStack::default(),
+            saved_mask: None,
+            awaited: 0,
+            interrupted_call: None,
+        }
+    }
+
+    /// The signals a thread waits for or would take, among `pending`: they end its
+    /// interruptible waits.
+    fn wanted(&self, pending: u64) -> u64 {
+        pending & (!self.blocked | self.awaited)
     }
 }
+/// Linux's internal results of an interrupted system call (never seen by user code): the
+/// delivery on the way out turns each into EINTR or a restart, by Linux's rules.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Restart {
+    /// Restarted if the handler has SA_RESTART (or no handler runs), else EINTR.
+    Always = 512,
+    /// EINTR when a handler runs, else restarted.
+    NoHandler = 514,
+    /// As `NoHandler`; Linux continues such calls (timed sleeps and waits) with their remaining
+    /// time, this kernel runs them again from the start.
+    Block = 516,
+}
+
+impl Restart {
+    pub fn errno(self) -> crate::syscall::Errno {
+        crate::syscall::Errno(self as u64)
+    }
+
+    fn of_result(result: u64) -> Option<Restart> {
+        match result.wrapping_neg() {
+            512 => Some(Restart::Always),
+            514 => Some(Restart::NoHandler),
+            516 => Some(Restart::Block),
+            _ => None,
+        }
+    }
+}
+
+/// Whether `errno` is one of the restart codes (`dispatch` then calls `call_interrupted`).
+pub fn is_restart_code(errno: u64) -> bool {
+    Restart::of_result(errno.wrapping_neg()).is_some()
+}
+
 
 #[derive(Clone, Copy)]
 struct ProcessSignals {
@@ -198,31 +263,57 @@ impl Signals {
         }
     }
 
-    /// Tells the system-call exit path whether any thread has a signal it can take.
+    fn process_pending(&self, pid: u64) -> u64 {
+        self.processes.get(&pid).map_or(0, |process| process.pending.signals)
+    }
+
+    /// Tells the system-call exit path whether any thread has a signal it can take or wait
+    /// for, or a call to restart or end with EINTR (or must end: `sched::doom_process`).
     fn update_check_request(&self) {
-        let process_pending = |pid: u64| self.processes.get(&pid).map_or(0, |process| process.pending.signals);
-        let due = self.threads.values().any(|thread| (thread.pending.signals | process_pending(thread.pid)) & !thread.blocked != 0);
+        let due = self.threads.values().any(|thread| {
+            thread.wanted(thread.pending.signals | self.process_pending(thread.pid)) != 0 || thread.interrupted_call.is_some()
+        });
         trap::request_signal_check(due || sched::doomed_threads_exist());
     }
 
-    /// Takes the lowest deliverable signal of thread `tid`, with its info.
-    fn take_deliverable(&mut self, tid: u64) -> Option<(u8, Info)> {
+    /// The thread of process `pid` the kernel gives a signal sent to the process, as Linux's
+    /// `complete_signal`: its main thread (tid = pid) if it does not block it, else the first
+    /// thread (in creation order) that does not; a thread waiting for it in
+    /// `rt_sigtimedwait` counts as not blocking it.
+    fn process_signal_target(&self, pid: u64, signal: u8) -> Option<u64> {
+        self.threads.range(pid..).find(|(_, thread)| thread.pid == pid && thread.wanted(bit(signal)) != 0).map(|(&tid, _)| tid)
+    }
+
+    /// Takes the lowest pending signal of `set` for thread `tid` (its own first, then its
+    /// process's), with its info.
+    fn take_pending(&mut self, tid: u64, set: u64) -> Option<(u8, Info)> {
         let pid = self.thread(tid).pid;
-        let process_pending = self.process(pid).pending.signals;
         let thread = self.thread(tid);
-        let own = thread.pending.signals & !thread.blocked;
-        let shared = process_pending & !thread.blocked;
+        let own = thread.pending.signals & set;
         let taken = if own != 0 {
             let signal = own.trailing_zeros() as u8 + 1;
             (signal, thread.pending.take(signal))
-        } else if shared != 0 {
+        } else {
+            let shared = self.process_pending(pid) & set;
+            if shared == 0 {
+                return None;
+            }
             let signal = shared.trailing_zeros() as u8 + 1;
             (signal, self.process(pid).pending.take(signal))
-        } else {
-            return None;
         };
         self.update_check_request();
         Some(taken)
+    }
+
+    /// Takes the lowest deliverable (unblocked) signal of thread `tid`, with its info.
+    fn take_deliverable(&mut self, tid: u64) -> Option<(u8, Info)> {
+        let blocked = self.thread(tid).blocked;
+        self.take_pending(tid, !blocked)
+    }
+
+    /// As `take_pending`, with the first words of the signal's `siginfo`.
+    fn take_from(&mut self, tid: u64, set: u64) -> Option<[u64; 3]> {
+        self.take_pending(tid, set).map(|(signal, info)| info.head_words(signal))
     }
 }
 
@@ -253,7 +344,7 @@ pub fn process_created(parent: u64, pid: u64) {
     let parent = *signals.thread(parent);
     let actions = signals.process(parent.pid).actions;
     signals.processes.insert(pid, ProcessSignals { actions, pending: PendingSet::default() });
-    signals.threads.insert(pid, ThreadSignals { pid, pending: PendingSet::default(), ..parent });
+    signals.threads.insert(pid, ThreadSignals { alt_stack: parent.alt_stack, ..ThreadSignals::with_mask(pid, parent.blocked) });
 }
 
 /// Process `pid` ended: its actions and pending signals go.
@@ -314,12 +405,86 @@ pub fn change_mask(change: impl FnOnce(u64) -> u64) -> u64 {
     old
 }
 
-/// Signals pending for the calling thread (its own and the process's).
+/// Signals pending for the calling thread (its own and the process's) that it blocks, as
+/// Linux's `sigpending` reports them (an unblocked one is delivered before the call returns).
 pub fn pending() -> u64 {
     let tid = sched::current_tid();
     let mut signals = SIGNALS.lock();
-    let process_pending = signals.process(sched::current_pid()).pending.signals;
-    signals.thread(tid).pending.signals | process_pending
+    let process_pending = signals.process_pending(sched::current_pid());
+    let thread = signals.thread(tid);
+    (thread.pending.signals | process_pending) & thread.blocked
+}
+
+/// Whether thread `tid` has a pending signal it would take or waits for.
+fn has_wanted(signals: &mut Signals, tid: u64) -> bool {
+    let pid = signals.thread(tid).pid;
+    let process_pending = signals.process_pending(pid);
+    let thread = signals.thread(tid);
+    thread.wanted(thread.pending.signals | process_pending) != 0
+}
+
+/// `rt_sigsuspend`: replaces the calling thread's mask with `mask` until a signal it then
+/// takes arrives; the old mask comes back when the handler returns (or at once if no handler
+/// runs). Returns the restart code the call ends with.
+pub fn suspend(mask: u64) -> Restart {
+    let tid = sched::current_tid();
+    let already_due = {
+        let mut signals = SIGNALS.lock();
+        let thread = signals.thread(tid);
+        thread.saved_mask.get_or_insert(thread.blocked);
+        thread.blocked = mask & !UNCATCHABLE;
+        signals.update_check_request();
+        has_wanted(&mut signals, tid)
+    };
+    // A signal sent from now on interrupts the wait (`sched::interrupt`).
+    if !already_due {
+        sched::wait_for_signal();
+    }
+    Restart::NoHandler
+}
+
+/// How `rt_sigtimedwait` ended without one of the signals it waits for.
+pub enum AwaitError {
+    /// The timeout passed (EAGAIN).
+    TimedOut,
+    /// Another signal, which the thread takes, came first (EINTR).
+    Interrupted,
+}
+
+/// `rt_sigtimedwait`: takes a pending signal of `set` (the thread's own first, then the
+/// process's, lowest first), waiting for one until `deadline` (monotonic ns; `None`: no
+/// limit). Returns it with the first words of its `siginfo`.
+pub fn await_signal(set: u64, deadline: Option<u64>) -> Result<[u64; 3], AwaitError> {
+    let set = set & !UNCATCHABLE;
+    let tid = sched::current_tid();
+    loop {
+        {
+            let mut signals = SIGNALS.lock();
+            signals.thread(tid).awaited = 0;
+            if let Some(taken) = signals.take_from(tid, set) {
+                signals.update_check_request();
+                return Ok(taken);
+            }
+            if has_wanted(&mut signals, tid) {
+                signals.update_check_request();
+                return Err(AwaitError::Interrupted);
+            }
+            if deadline.is_some_and(|deadline| deadline <= crate::clock::monotonic_ns()) {
+                signals.update_check_request();
+                return Err(AwaitError::TimedOut);
+            }
+            // In the same section as the look above: a signal of `set` sent from now on
+            // wakes this thread (`send_to` sees it wanted).
+            signals.thread(tid).awaited = set;
+            signals.update_check_request();
+        }
+        // Woken by a signal, or the time is up: the look above decides (a wake whose
+        // signal went meanwhile waits again). A thread whose process is being killed leaves.
+        if sched::wait_interruptibly(deadline) == sched::WaitResult::Interrupted {
+            SIGNALS.lock().thread(tid).awaited = 0;
+            return Err(AwaitError::Interrupted);
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -328,9 +493,10 @@ pub enum SendError {
 }
 
 /// Sends `signal` (1..=64) to thread `tid` of the caller's process, or to the process when
-/// `tid` is `None` (a thread that does not block it takes it, the caller first). A
-/// terminating default action ends the process at once unless every candidate blocks the
-/// signal.
+/// `tid` is `None` (`process_signal_target` picks the thread). A terminating default action
+/// ends the process at once unless the target blocks the signal (or there is none); a target
+/// that can take the signal is interrupted: woken from an interruptible wait, or sent a tick
+/// IPI if it runs on another CPU.
 pub fn send(tid: Option<u64>, signal: u8, code: i32) -> Result<(), SendError> {
     send_to(sched::current_pid(), tid, signal, code)
 }
@@ -344,7 +510,6 @@ pub fn send_to_process(pid: u64, signal: u8) {
 }
 
 fn send_to(pid: u64, tid: Option<u64>, signal: u8, code: i32) -> Result<(), SendError> {
-    let caller = sched::current_tid();
     let mut signals = SIGNALS.lock();
     if let Some(tid) = tid {
         if signals.threads.get(&tid).is_none_or(|thread| thread.pid != pid) {
@@ -359,12 +524,9 @@ fn send_to(pid: u64, tid: Option<u64>, signal: u8, code: i32) -> Result<(), Send
     if signals.discards(pid, signal) {
         return Ok(());
     }
-    let unblocked = |thread: &ThreadSignals| thread.pid == pid && thread.blocked & bit(signal) == 0;
-    let target = match tid {
-        Some(tid) => Some(tid),
-        None if signals.threads.get(&caller).is_some_and(unblocked) => Some(caller),
-        None => signals.threads.iter().find(|(_, thread)| unblocked(thread)).map(|(&tid, _)| tid),
-    };
+    let target = tid.or_else(|| signals.process_signal_target(pid, signal));
+    let taken_by_target = target.is_some_and(|tid| signals.thread(tid).wanted(bit(signal)) != 0);
+    // A thread waiting for a blocked signal in rt_sigtimedwait takes it there, handler or not.
     let blocked_by_target = target.is_none_or(|tid| signals.thread(tid).blocked & bit(signal) != 0);
     if signals.action(pid, signal).handler == SIG_DFL && !blocked_by_target {
         drop(signals);
@@ -377,21 +539,69 @@ fn send_to(pid: u64, tid: Option<u64>, signal: u8, code: i32) -> Result<(), Send
     }
     signals.update_check_request();
     drop(signals);
-    if let Some(tid) = target {
-        sched::interrupt_if_running_elsewhere(tid);
+    if let (Some(tid), true) = (target, taken_by_target) {
+        // After the lock: the target, woken or told, looks at its signals again before it
+        // blocks (`sched::interrupt`).
+        sched::interrupt(tid);
     }
     Ok(())
 }
 
+/// A system call (`number`) of the calling thread returned a restart code: keeps the exit
+/// path checking until this thread's delivery has settled it.
+#[cold]
+pub fn call_interrupted(number: u64) {
+    let tid = sched::current_tid();
+    let mut signals = SIGNALS.lock();
+    signals.thread(tid).interrupted_call = Some(number);
+    signals.update_check_request();
+}
+
+/// Size of a system call instruction (`syscall`, 0f 05): a restarted call returns before it.
+const SYSCALL_INSTRUCTION_SIZE: u64 = 2;
+
+/// Settles an interrupted call (`frame` is its caller's context, RAX its result) as Linux's
+/// `handle_signal` does: `handler` is the action of the signal whose handler runs now, if one
+/// does.
+fn settle_interrupted_call(frame: &mut TrapFrame, number: u64, handler: Option<&Action>) {
+    let Some(restart) = Restart::of_result(frame.rax) else { return };
+    let restarts = match handler {
+        None => true,
+        Some(action) => restart == Restart::Always && action.flags & SA_RESTART != 0,
+    };
+    if restarts {
+        frame.rax = number;
+        frame.rip -= SYSCALL_INSTRUCTION_SIZE;
+    } else {
+        frame.rax = crate::syscall::Errno::EINTR.0.wrapping_neg();
+    }
+}
+
 /// Delivers the calling thread's deliverable signals into `frame`, its user context: each
 /// handler gets a frame (a later one runs first, as on Linux), and a signal whose default
-/// action terminates ends the job.
+/// action terminates ends the process. An interrupted system call is settled by the first
+/// handler (EINTR or restart) or, when none runs, restarted with the mask `rt_sigsuspend`
+/// replaced put back.
 pub fn deliver_pending(frame: &mut TrapFrame) {
     let tid = sched::current_tid();
+    let pid = sched::current_pid();
+    // Passing delivery settles any signal `sched::interrupt` announced to this thread.
+    sched::clear_signal_interrupt();
+    let mut interrupted_call = SIGNALS.lock().thread(tid).interrupted_call.take();
     loop {
         let mut signals = SIGNALS.lock();
-        let Some((signal, info)) = signals.take_deliverable(tid) else { return };
-        let action = signals.action(sched::current_pid(), signal);
+        let Some((signal, info)) = signals.take_deliverable(tid) else {
+            if let Some(number) = interrupted_call {
+                settle_interrupted_call(frame, number, None);
+                let thread = signals.thread(tid);
+                if let Some(mask) = thread.saved_mask.take() {
+                    thread.blocked = mask;
+                }
+                signals.update_check_request();
+            }
+            return;
+        };
+        let action = signals.action(pid, signal);
         match action.handler {
             SIG_IGN => continue,
             SIG_DFL => {
@@ -402,6 +612,9 @@ pub fn deliver_pending(frame: &mut TrapFrame) {
                 process::die_of_signal_here(signal);
             }
             _ => {
+                if let Some(number) = interrupted_call.take() {
+                    settle_interrupted_call(frame, number, Some(&action));
+                }
                 if enter_handler(&mut signals, tid, frame, signal, info, action, (0, 0)).is_err() {
                     drop(signals);
                     process::die_of_signal_here(SIGSEGV);
@@ -448,6 +661,11 @@ const FRAME_SIZE: usize = SIGINFO + 128;
 /// word, error code, trap number, old mask, CR2, the `fpstate` pointer.
 const REGISTER_WORDS: usize = 16;
 const FPSTATE_WORD: usize = 23;
+/// `uc_flags`, as Linux sets them on x86-64: `fpstate` is an XSAVE area (with XSAVE), the
+/// `sigcontext` holds SS, and sigreturn restores SS as saved.
+const UC_FP_XSTATE: u64 = 1;
+const UC_SIGCONTEXT_SS: u64 = 2;
+const UC_STRICT_RESTORE_SS: u64 = 4;
 /// Below the interrupted stack pointer: the red zone user code may be using.
 const RED_ZONE: u64 = 128;
 
@@ -489,27 +707,29 @@ fn enter_handler(
     if action.flags & SA_ONSTACK != 0 && alt_stack.enabled && !on_alt_stack {
         stack_pointer = alt_stack.base + alt_stack.size;
     }
-    let fpstate = (stack_pointer - 512) & !63;
+    let fpstate = (stack_pointer - fpu::signal_frame_size()) & !63;
     let frame_address = ((fpstate - FRAME_SIZE as u64) & !15) - 8;
 
     let mut words = [0u64; FRAME_SIZE / 8];
     words[0] = action.restorer;
+    words[UCONTEXT / 8] = if fpu::signal_frame_has_xstate() { UC_FP_XSTATE } else { 0 } | UC_SIGCONTEXT_SS | UC_STRICT_RESTORE_SS;
     let stack_flags = if !alt_stack.enabled { SS_DISABLE } else if on_alt_stack { SS_ONSTACK } else { 0 };
     words[UC_STACK / 8..UC_STACK / 8 + 3].copy_from_slice(&[alt_stack.base, stack_flags, alt_stack.size]);
     let context = MCONTEXT / 8;
     words[context..context + REGISTER_WORDS].copy_from_slice(&registers_of(frame));
     let segments = (frame.cs & 0xffff) | (frame.ss & 0xffff) << 48;
+    // The mask sigreturn restores: the one rt_sigsuspend replaced, if the thread is in it.
+    let restored_mask = thread.saved_mask.unwrap_or(thread.blocked);
     words[context + REGISTER_WORDS..context + FPSTATE_WORD + 1]
-        .copy_from_slice(&[frame.rip, frame.rflags, segments, fault.0, frame.vector.min(255), thread.blocked, fault.1, fpstate]);
-    words[UC_SIGMASK / 8] = thread.blocked;
-    let info_word = SIGINFO / 8;
-    words[info_word] = signal as u64;
-    words[info_word + 1] = info.code as u32 as u64;
-    words[info_word + 2] = info.address;
+        .copy_from_slice(&[frame.rip, frame.rflags, segments, fault.0, frame.vector.min(255), restored_mask, fault.1, fpstate]);
+    words[UC_SIGMASK / 8] = restored_mask;
+    words[SIGINFO / 8..SIGINFO / 8 + 3].copy_from_slice(&info.head_words(signal));
 
-    copy_to_user(fpstate, &fpu::save_legacy().0).map_err(|_| FrameFault)?;
     copy_words_to_user(frame_address, &words).map_err(|_| FrameFault)?;
+    // Last: the handler starts with the initial vector state once its frame holds the old one.
+    fpu::save_to_signal_frame(fpstate).map_err(|_| FrameFault)?;
 
+    thread.saved_mask = None;
     if action.flags & SA_NODEFER == 0 {
         thread.blocked |= bit(signal);
     }
@@ -547,12 +767,10 @@ pub fn return_from_handler(frame: &mut TrapFrame) -> u64 {
     frame.rip = word(context + 8 * REGISTER_WORDS);
     frame.rflags = (word(context + 8 * (REGISTER_WORDS + 1)) & USER_FLAGS) | 0x202;
     let fpstate = word(context + 8 * FPSTATE_WORD);
-    if fpstate != 0 {
-        let mut area = fpu::LegacyArea([0; 512]);
-        if copy_from_user(&mut area.0, fpstate).is_err() {
-            process::die_of_signal_here(SIGSEGV);
-        }
-        fpu::restore_legacy(area);
+    if fpstate == 0 {
+        fpu::load_initial_state();
+    } else if fpu::restore_from_signal_frame(fpstate).is_err() {
+        process::die_of_signal_here(SIGSEGV);
     }
     let (stack_base, stack_flags, stack_size) = (word(UC_STACK), word(UC_STACK + 8), word(UC_STACK + 16));
     let mask = word(UC_SIGMASK);

@@ -6,7 +6,7 @@
 
 use crate::arch::sync::SpinLock;
 use crate::sched::{self, WaitResult};
-use crate::signal;
+use crate::signal::{self, Restart};
 use crate::syscall::{user, Errno, SyscallResult};
 use alloc::collections::VecDeque;
 use alloc::sync::Arc;
@@ -15,7 +15,6 @@ use alloc::sync::Arc;
 const CAPACITY: usize = 64 * 1024;
 const PIPE_BUF: usize = 4096;
 const EPIPE: Errno = Errno(32);
-const EINTR: Errno = Errno(4);
 const SIGPIPE: u8 = 13;
 
 struct State {
@@ -88,6 +87,7 @@ pub fn read(end: &PipeEnd, buffer: u64, len: u64, non_blocking: bool) -> Syscall
         return Ok(0);
     }
     let pipe = &end.pipe;
+    let mut interrupted = false;
     loop {
         let taken: alloc::vec::Vec<u8> = {
             let mut state = pipe.state.lock();
@@ -109,9 +109,12 @@ pub fn read(end: &PipeEnd, buffer: u64, len: u64, non_blocking: bool) -> Syscall
             let state = pipe.state.lock();
             state.bytes.is_empty() && state.writers != 0
         };
-        if sched::wait(pipe.key(), u32::MAX, None, empty_with_writers) == Some(WaitResult::Interrupted) {
-            return Err(EINTR);
+        // A signal ends the wait as on Linux (EINTR, or restarted under SA_RESTART), once a
+        // last look has found nothing to read.
+        if interrupted {
+            return Err(Restart::Always.errno());
         }
+        interrupted = matches!(sched::wait(pipe.key(), u32::MAX, None, empty_with_writers), Some(WaitResult::Interrupted | WaitResult::Signal));
     }
 }
 
@@ -125,6 +128,7 @@ pub fn write(end: &PipeEnd, buffer: u64, len: u64, non_blocking: bool) -> Syscal
 pub fn write_from(end: &PipeEnd, len: u64, non_blocking: bool, bytes: impl Fn(u64, usize) -> Result<alloc::vec::Vec<u8>, Errno>) -> SyscallResult {
     let pipe = &end.pipe;
     let mut written = 0u64;
+    let mut interrupted = false;
     while written < len {
         let room = {
             let state = pipe.state.lock();
@@ -160,9 +164,11 @@ pub fn write_from(end: &PipeEnd, len: u64, non_blocking: bool, bytes: impl Fn(u6
             let state = pipe.state.lock();
             state.readers != 0 && CAPACITY - state.bytes.len() < wanted.min(PIPE_BUF)
         };
-        if sched::wait(pipe.key(), u32::MAX, None, full_with_readers) == Some(WaitResult::Interrupted) {
-            return if written > 0 { Ok(written) } else { Err(EINTR) };
+        // A signal ends the wait as for a read, once a last look has found no room.
+        if interrupted {
+            return if written > 0 { Ok(written) } else { Err(Restart::Always.errno()) };
         }
+        interrupted = matches!(sched::wait(pipe.key(), u32::MAX, None, full_with_readers), Some(WaitResult::Interrupted | WaitResult::Signal));
     }
     Ok(written)
 }

@@ -1,11 +1,13 @@
 //! futex(uaddr, op, val, timeout/val2, uaddr2, val3): WAIT, WAIT_BITSET, WAKE, WAKE_BITSET,
 //! REQUEUE and CMP_REQUEUE, private or shared (one process: the same thing), timeouts on the
-//! monotonic or (FUTEX_CLOCK_REALTIME) real-time clock. PI and WAKE_OP futexes: ENOSYS.
+//! monotonic or (FUTEX_CLOCK_REALTIME) real-time clock; a signal interrupts the waits. PI and
+//! WAKE_OP futexes: ENOSYS.
 
 use super::{user, Call, Errno, SyscallResult};
 use crate::arch::trap::copy_from_user;
 use crate::clock;
 use crate::sched::{self, WaitResult};
+use crate::signal::Restart;
 
 const FUTEX_WAIT: u64 = 0;
 const FUTEX_WAKE: u64 = 1;
@@ -32,14 +34,17 @@ fn read_timespec(address: u64) -> Result<u64, Errno> {
     Ok(seconds.saturating_mul(1_000_000_000).saturating_add(nanoseconds))
 }
 
+/// A signal ends the wait as on Linux: restarted after a handler installed with SA_RESTART
+/// when there is no timeout, else EINTR once a handler runs (`crate::signal::Restart`).
 fn wait(address: u64, expected: u32, bitset: u32, deadline: Option<u64>) -> SyscallResult {
     read_word(address)?;
     match sched::wait(address, bitset, deadline, || read_word(address) == Ok(expected)) {
         None => Err(Errno::EAGAIN),
         Some(WaitResult::Woken) => Ok(0),
         Some(WaitResult::TimedOut) => Err(Errno::ETIMEDOUT),
-        // The process is being killed; the thread ends on its way out.
-        Some(WaitResult::Interrupted) => Err(Errno(4)), // EINTR
+        // (A thread whose process is being killed ends on its way out, whatever it returns.)
+        Some(WaitResult::Signal | WaitResult::Interrupted) if deadline.is_none() => Err(Restart::Always.errno()),
+        Some(WaitResult::Signal | WaitResult::Interrupted) => Err(Restart::Block.errno()),
     }
 }
 

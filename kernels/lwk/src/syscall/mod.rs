@@ -20,6 +20,7 @@ pub struct Errno(pub u64);
 impl Errno {
     pub const EPERM: Errno = Errno(1);
     pub const ENOENT: Errno = Errno(2);
+    pub const EINTR: Errno = Errno(4);
     pub const EBADF: Errno = Errno(9);
     pub const ENOMEM: Errno = Errno(12);
     pub const EFAULT: Errno = Errno(14);
@@ -89,6 +90,7 @@ syscall_table! {
     28 => madvise,
     32 => dup,
     33 => dup2,
+    34 => pause,
     35 => nanosleep,
     39 => getpid,
     60 => exit,
@@ -118,6 +120,8 @@ syscall_table! {
     121 => getpgid,
     124 => getsid,
     127 => rt_sigpending,
+    128 => rt_sigtimedwait,
+    130 => rt_sigsuspend,
     131 => sigaltstack,
     158 => arch_prctl,
     186 => gettid,
@@ -171,6 +175,11 @@ pub fn dispatch(number: u64, call: &mut Call<'_>) -> u64 {
     };
     match result {
         Ok(value) => value,
-        Err(Errno(errno)) => errno.wrapping_neg(),
+        Err(Errno(errno)) => {
+            if crate::signal::is_restart_code(errno) {
+                crate::signal::call_interrupted(number);
+            }
+            errno.wrapping_neg()
+        }
     }
 }
