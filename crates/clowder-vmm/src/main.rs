@@ -2,6 +2,7 @@
 //! flags (`--help`); the exit status is the guest's own, or a fixed code per failure kind
 //! (README, "Exit status"). SIGTERM and SIGINT tear the VM down cleanly.
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use vmm::{StopReason, Vm, VmConfig};
@@ -35,8 +36,9 @@ fn stop_when_orphaned(parent: u32, handle: &vmm::VmHandle) {
     while std::os::unix::process::parent_id() == parent {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
-    eprintln!("clowder-vmm: parent process {parent} ended; stopping the VM");
+    // Stop first: the parent often held our stderr, and writing to a closed pipe fails.
     handle.stop();
+    let _ = writeln!(std::io::stderr(), "clowder-vmm: parent process {parent} ended; stopping the VM");
 }
 
 fn main() -> ExitCode {
