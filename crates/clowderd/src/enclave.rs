@@ -382,7 +382,7 @@ impl Enclave {
                 Err(e) => break e,
             }
             if let Some(port) = &xemem {
-                port.tick();
+                port.tick(self);
                 let mut failed = None;
                 for message in port.to_enclave() {
                     if let Err(e) = self.send(&HostMessage::Xemem { message: &message }) {

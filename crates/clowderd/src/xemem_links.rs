@@ -20,8 +20,11 @@
 //! broker's name server (`xemem-host`), not this node's, so an enclave's lookup, get, attach,
 //! detach and release about them are served here from the broker; an attach adds the owner's
 //! memfd runs to the enclave as guest-physical regions (its VMM's `add_region`) and answers
-//! with their frames. Not yet done: revoking those regions when the owner removes the segment
-//! or exits (docs/xemem.md).
+//! with their frames. When the owner removes the segment or exits, the broker asks
+//! ([`xemem_host::Enclaves::revoke`]) before the memory goes: the daemon sends the holder's
+//! enclave a `Revoke`, the enclave unmaps the attachment and answers `Revoked`, and only then
+//! (or when the enclave is gone, or after [`REVOKE_TIMEOUT`]) are the regions removed and
+//! the broker may let the owner's memory be truncated.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -51,12 +54,17 @@ impl LocalMemory for NoHostMemory {
         Err(Error::NotFound)
     }
     fn notify(&mut self, _process: u64, _segment: SegmentId) {}
+    fn revoke(&mut self, _process: u64, _access: AccessId) {}
 }
 
 struct Links {
     node: Node,
     /// Where to put each link's outgoing messages (its pump sends them).
     outgoing: HashMap<LinkId, mpsc::Sender<Vec<u8>>>,
+    /// Each link's bridged permits (shared with its port), for revocation.
+    bridges: HashMap<LinkId, Arc<Mutex<Bridge>>>,
+    /// Each link's notices of segments and enclaves that went away.
+    gone: HashMap<LinkId, mpsc::Sender<Gone>>,
     /// The RAM of the enclave behind each link: frame runs it sends are checked against it.
     ram: HashMap<LinkId, Arc<GuestRam>>,
     /// Finished requests of host callers, until they collect them.
@@ -71,6 +79,8 @@ pub struct XememLinks {
     /// Signalled whenever requests finish.
     finished: Condvar,
     started: Instant,
+    /// Process numbers the daemon takes permits under for enclave processes (see [`Source`]).
+    next_proxy: std::sync::atomic::AtomicU64,
 }
 
 /// A piece of an attached enclave segment: a range of the enclave's RAM memfd, or a hole
@@ -88,12 +98,15 @@ impl Default for XememLinks {
             links: Mutex::new(Links {
                 node: Node::new(MAX_LINKS, true, Timing { retry_after: 500, attempts: 5 }),
                 outgoing: HashMap::new(),
+                bridges: HashMap::new(),
+                gone: HashMap::new(),
                 ram: HashMap::new(),
                 finished: HashMap::new(),
             }),
             finished: Condvar::new(),
             broker: std::sync::OnceLock::new(),
             started: Instant::now(),
+            next_proxy: std::sync::atomic::AtomicU64::new(FIRST_PROXY_PROCESS),
         }
     }
 }
@@ -220,6 +233,43 @@ impl xemem_host::Enclaves for XememLinks {
     }
 
     fn attach(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Result<Vec<xemem_host::EnclaveRun>, Error> {
+        self.attach_enclave_memory(process, access, offset, size).map(|(_, runs)| runs)
+    }
+
+    fn detach(&self, process: u64, access: AccessId) -> Result<(), Error> {
+        self.call(Request::Detach { process, access }).map(|_| ())
+    }
+
+    fn release(&self, process: u64, access: AccessId) -> Result<(), Error> {
+        XememLinks::release(self, process, access)
+    }
+
+    /// Sends each holder's enclave a `Revoke` for the attachment made through the permit and
+    /// waits for the acknowledgements (the pumps remove the regions as they come). A permit
+    /// with no attachment just goes; an enclave that is gone holds nothing any more.
+    fn revoke(&self, permits: &[(Principal, AccessId)]) {
+        let waiter = Arc::new(Outstanding::default());
+        for (holder, broker_access) in permits {
+            let found = {
+                let links = self.links.lock().unwrap();
+                links.node.route(holder.enclave).and_then(|link| Some((links.bridges.get(&link)?.clone(), links.outgoing.get(&link)?.clone())))
+            };
+            let Some((bridge, queue)) = found else { continue };
+            let is_this_permit = |enclave: EnclaveId, process: u64, permit: &BridgedPermit| {
+                enclave == holder.enclave && process == holder.process && matches!(permit.source, Source::Host { broker_access: b } if b == *broker_access)
+            };
+            bridge.lock().unwrap().revoke_where(is_this_permit, &queue, &waiter);
+        }
+        // The pumps enforce the deadline; the slack covers a pump's round.
+        waiter.wait(REVOKE_TIMEOUT + Duration::from_secs(1));
+    }
+}
+
+impl XememLinks {
+    /// Attaches through `access`, a permit the daemon's node granted to `process`: the owner
+    /// enclave's frame runs, each checked against its RAM and named as a range of its RAM
+    /// memfd. Any failure detaches again.
+    fn attach_enclave_memory(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Result<(SegmentId, Vec<xemem_host::EnclaveRun>), Error> {
         let (segment, runs) = match self.call(Request::Attach { process, access, offset, size })? {
             Reply::Attached { segment, runs } => (segment, runs),
             _ => return Err(Error::Malformed),
@@ -232,21 +282,49 @@ impl xemem_host::Enclaves for XememLinks {
                 return Err(error);
             }
         };
-        Ok(runs
+        let runs = runs
             .into_iter()
             .map(|run| match run {
                 FileRun::Memory { file, offset, len } => xemem_host::EnclaveRun::Memory { file: file.into(), offset, length: len },
                 FileRun::Hole { len } => xemem_host::EnclaveRun::Hole { length: len },
             })
-            .collect())
+            .collect();
+        Ok((segment, runs))
     }
 
-    fn detach(&self, process: u64, access: AccessId) -> Result<(), Error> {
-        self.call(Request::Detach { process, access }).map(|_| ())
+    /// Tells every link's port that `gone` went away (its pump revokes bridged permits on it).
+    fn announce(links: &Links, gone: Gone) {
+        for sender in links.gone.values() {
+            let _ = sender.send(gone);
+        }
     }
 
-    fn release(&self, process: u64, access: AccessId) -> Result<(), Error> {
-        XememLinks::release(self, process, access)
+    /// Detaches at whoever granted a bridged permit (the permit may be gone with its segment).
+    fn detach_at_source(&self, caller: Principal, source: Source) {
+        match source {
+            Source::Host { broker_access } => {
+                if let Some(broker) = self.broker.get() {
+                    let _ = broker.detach_for_enclave(caller, broker_access);
+                }
+            }
+            Source::Enclave { access, proxy } => {
+                let _ = self.call(Request::Detach { process: proxy, access });
+            }
+        }
+    }
+
+    /// Gives a bridged permit back to whoever granted it.
+    fn release_at_source(&self, caller: Principal, source: Source) {
+        match source {
+            Source::Host { broker_access } => {
+                if let Some(broker) = self.broker.get() {
+                    let _ = broker.release_for_enclave(caller, broker_access);
+                }
+            }
+            Source::Enclave { access, proxy } => {
+                let _ = self.call(Request::Release { process: proxy, access });
+            }
+        }
     }
 }
 
@@ -262,7 +340,11 @@ impl XememLinks {
         let (sender, receiver) = mpsc::channel();
         links.outgoing.insert(link, sender);
         links.ram.insert(link, ram);
-        Some(XememPort { links: self.clone(), link, outgoing: receiver, bridge: Mutex::new(HostBridge::default()) })
+        let bridge = Arc::new(Mutex::new(Bridge::default()));
+        links.bridges.insert(link, bridge.clone());
+        let (gone_sender, gone) = mpsc::channel();
+        links.gone.insert(link, gone_sender);
+        Some(XememPort { links: self.clone(), link, outgoing: receiver, gone, bridge })
     }
 
     /// The node's messages go to their links' queues; finished requests to their callers.
@@ -310,7 +392,8 @@ pub struct XememPort {
     links: Arc<XememLinks>,
     link: LinkId,
     outgoing: mpsc::Receiver<Vec<u8>>,
-    bridge: Mutex<HostBridge>,
+    gone: mpsc::Receiver<Gone>,
+    bridge: Arc<Mutex<Bridge>>,
 }
 
 /// What an enclave's machine must do for an attach of host memory: make a range of a memfd a
@@ -325,34 +408,130 @@ pub trait GuestRegions {
 /// whose mode lets everyone in (XEMEM's named segments are 0666) can be had.
 const ENCLAVE_PROCESS_CREDENTIALS_UID: u32 = 65534;
 
-/// Permits on host segments reach the enclave under ids of their own, far above what the
-/// daemon's name server hands out (it counts up from 1), so the enclave's node never confuses
-/// them with permits on enclave segments, which also carry enclave 1.
+/// Bridged permits reach the enclave under ids of their own, far above what the daemon's name
+/// server hands out (it counts up from 1), so the enclave's node never confuses them with
+/// permits of the name server, which also carry enclave 1.
 const FIRST_HOST_PERMIT: u32 = 0x6000_0000;
 
-/// How many answers to enclaves' host-segment requests are kept for their retries.
+/// The daemon takes permits on enclave segments for other enclaves' processes as these
+/// process numbers of enclave 1, far above any host pid.
+const FIRST_PROXY_PROCESS: u64 = 1 << 40;
+
+/// How many answers to enclaves' bridged requests are kept for their retries.
 const BRIDGE_ANSWERS_KEPT: usize = 256;
 
-/// A permit an enclave process holds on a host segment.
-struct HostPermit {
-    /// The broker's id for it.
-    broker_access: AccessId,
+/// Where a permit the bridge holds for an enclave process comes from.
+#[derive(Clone, Copy, Debug)]
+enum Source {
+    /// The broker's permit on a host process's segment.
+    Host { broker_access: AccessId },
+    /// The daemon's own permit, as process `proxy` of enclave 1, on another enclave's segment:
+    /// the owner's frames reach the holder as regions of the owner's RAM memfd, so the holder
+    /// never sees (nor needs to be trusted with) the owner's guest-physical addresses.
+    Enclave { access: AccessId, proxy: u64 },
+}
+
+/// A permit an enclave process holds on memory the daemon maps into its machine.
+struct BridgedPermit {
+    source: Source,
     segment: SegmentId,
     /// Guest-physical regions of the current attachment (one per memory run), in the order
     /// they were added.
     regions: Option<Vec<SharedRegion>>,
 }
 
-/// The enclave side's requests about host processes' segments, served by the broker.
+/// A segment or an enclave that went away: the permits bridged on it are revoked.
+#[derive(Clone, Copy, Debug)]
+enum Gone {
+    Segment(SegmentId),
+    Enclave(EnclaveId),
+}
+
+/// The enclave side's requests served by the daemon itself: about host processes' segments
+/// (from the broker) and about other enclaves' segments (through the daemon's own permits).
 #[derive(Default)]
-struct HostBridge {
+struct Bridge {
     /// By (the holder's enclave and process, the id the enclave knows).
-    permits: HashMap<(EnclaveId, u64, AccessId), HostPermit>,
+    permits: HashMap<(EnclaveId, u64, AccessId), BridgedPermit>,
     next_permit: u32,
     /// Answers already sent, by (origin, request id): a retry gets the same answer instead of
     /// a second attach (the node retries when the broker is slow).
     answered: HashMap<(EnclaveId, u64), Vec<Vec<u8>>>,
     answer_order: VecDeque<(EnclaveId, u64)>,
+    /// Revokes sent to the enclave and not yet acknowledged.
+    revocations: Vec<Revocation>,
+    next_revoke: u64,
+}
+
+impl Bridge {
+    /// Takes away the permits `which` selects (holder enclave, process, permit). Those with an
+    /// attachment get a `Revoke` on `queue`; their regions stay until the enclave acknowledges
+    /// (`waiter` counts them).
+    fn revoke_where(&mut self, which: impl Fn(EnclaveId, u64, &BridgedPermit) -> bool, queue: &mpsc::Sender<Vec<u8>>, waiter: &Arc<Outstanding>) {
+        let chosen: Vec<(EnclaveId, u64, AccessId)> = self.permits.iter().filter(|((enclave, process, _), permit)| which(*enclave, *process, permit)).map(|(key, _)| *key).collect();
+        for key in chosen {
+            let Some(BridgedPermit { regions: Some(regions), .. }) = self.permits.remove(&key) else { continue };
+            let (enclave, process, access) = key;
+            self.next_revoke += 1;
+            let request = self.next_revoke;
+            let Ok(bytes) = Message::new(request, NAME_SERVER_ENCLAVE, enclave, Body::Revoke { process, access }).to_bytes() else { continue };
+            waiter.add();
+            self.revocations.push(Revocation { request, enclave, process, access, regions, deadline: Instant::now() + REVOKE_TIMEOUT, waiter: waiter.clone() });
+            let _ = queue.send(bytes);
+        }
+    }
+}
+
+/// A `Revoke` the enclave has not acknowledged: the regions stay until it does (its job may
+/// still map them), or until the enclave is gone or the deadline passes.
+struct Revocation {
+    request: u64,
+    enclave: EnclaveId,
+    process: u64,
+    /// The enclave's id for the permit.
+    access: AccessId,
+    regions: Vec<SharedRegion>,
+    deadline: Instant,
+    waiter: Arc<Outstanding>,
+}
+
+/// How long an enclave may take to acknowledge a revoke before its regions are removed
+/// anyway (an enclave that still maps them then faults: it did not answer in time).
+pub const REVOKE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A count of unfinished revocations that one broker call waits for.
+#[derive(Default)]
+struct Outstanding {
+    left: Mutex<usize>,
+    changed: Condvar,
+}
+
+impl Outstanding {
+    fn add(&self) {
+        *self.left.lock().unwrap() += 1;
+    }
+    fn finish(&self) {
+        *self.left.lock().unwrap() -= 1;
+        self.changed.notify_all();
+    }
+    /// Waits until none is left or `timeout` passed.
+    fn wait(&self, timeout: Duration) {
+        let left = self.left.lock().unwrap();
+        let _ = self.changed.wait_timeout_while(left, timeout, |left| *left > 0);
+    }
+}
+
+impl Revocation {
+    /// The enclave let go (or cannot touch the regions any more): they go, and the waiting
+    /// broker call hears of it.
+    fn finish(self, regions: Option<&dyn GuestRegions>) {
+        if let Some(machine) = regions {
+            for region in &self.regions {
+                let _ = machine.remove(region.slot);
+            }
+        }
+        self.waiter.finish();
+    }
 }
 
 /// Turns the owner's memfd runs into new guest-physical regions of the attaching enclave; on
@@ -412,11 +591,13 @@ fn runs_into_regions(runs: &[xemem_host::EnclaveRun], regions: &dyn GuestRegions
 }
 
 impl XememPort {
-    /// Serves `message` here if it is an enclave process's request about a host process's
-    /// segment (those live in the broker, not in the node's name server). Returns the
-    /// encoded answers, or `None` when the node should handle the message.
+    /// Serves `message` here if it is an enclave process's request the daemon answers itself:
+    /// about a host process's segment (those live in the broker, not in the node's name
+    /// server) or about another enclave's segment (whose memory the daemon maps into this
+    /// enclave's machine). Returns the encoded answers, or `None` when the node should handle
+    /// the message.
     fn bridge(&self, message: &Message, regions: &dyn GuestRegions) -> Option<Vec<Vec<u8>>> {
-        let broker = self.links.broker.get()?;
+        let broker = self.links.broker.get();
         let header = message.header;
         if header.destination != NAME_SERVER_ENCLAVE || header.origin == NAME_SERVER_ENCLAVE {
             return None;
@@ -430,13 +611,16 @@ impl XememPort {
         }
         let origin = header.origin;
         let mut bridge = self.bridge.lock().unwrap();
-        let ours = |bridge: &HostBridge, process: u64, access: AccessId| bridge.permits.contains_key(&(origin, process, access));
+        let ours = |bridge: &Bridge, process: u64, access: AccessId| bridge.permits.contains_key(&(origin, process, access));
         let is_ours = match &message.body {
-            Body::Get { segment, .. } => segment.enclave() == NAME_SERVER_ENCLAVE,
+            Body::Get { segment, .. } if segment.enclave() == NAME_SERVER_ENCLAVE => broker.is_some(),
+            // Another enclave's segment; an enclave's own goes to the name server (its kernel
+            // maps its own pages).
+            Body::Get { segment, .. } => segment.enclave() != origin,
             Body::Lookup { name } => {
                 let links = self.links.links.lock().unwrap();
                 let known_here = links.node.name_server().is_some_and(|ns| ns.lookup(name).is_ok());
-                !known_here && broker.lookup_host_segment(name).is_ok()
+                !known_here && broker.is_some_and(|broker| broker.lookup_host_segment(name).is_ok())
             }
             Body::Attach { process, access, .. } | Body::Detach { process, access } | Body::Release { process, access } => {
                 ours(&bridge, *process, *access)
@@ -449,7 +633,7 @@ impl XememPort {
         if let Some(answers) = bridge.answered.get(&(origin, header.request)) {
             return Some(answers.clone());
         }
-        let bodies = match self.serve_host_request(&mut bridge, broker, origin, &message.body, regions) {
+        let bodies = match self.serve_bridged(&mut bridge, broker, origin, &message.body, regions) {
             Ok(bodies) => bodies,
             Err(error) => vec![Body::Failed { error }],
         };
@@ -470,20 +654,30 @@ impl XememPort {
         Some(answers)
     }
 
-    fn serve_host_request(
+    fn serve_bridged(
         &self,
-        bridge: &mut HostBridge,
-        broker: &xemem_host::Broker,
+        bridge: &mut Bridge,
+        broker: Option<&xemem_host::Broker>,
         origin: EnclaveId,
         body: &Body,
         regions: &dyn GuestRegions,
     ) -> Result<Vec<Body>, Error> {
         let caller = |process: u64| Principal { enclave: origin, process };
+        let links = &self.links;
         match body {
-            Body::Lookup { name } => Ok(vec![Body::Found { segment: broker.lookup_host_segment(name)? }]),
+            Body::Lookup { name } => Ok(vec![Body::Found { segment: broker.ok_or(Error::NotFound)?.lookup_host_segment(name)? }]),
             Body::Get { process, segment, access, .. } => {
-                let credentials = Credentials { uid: ENCLAVE_PROCESS_CREDENTIALS_UID, groups: vec![ENCLAVE_PROCESS_CREDENTIALS_UID] };
-                let (broker_access, size) = broker.get_for_enclave(caller(*process), &credentials, *segment, *access)?;
+                let others = Credentials { uid: ENCLAVE_PROCESS_CREDENTIALS_UID, groups: vec![ENCLAVE_PROCESS_CREDENTIALS_UID] };
+                let (source, size) = if segment.enclave() == NAME_SERVER_ENCLAVE {
+                    let (broker_access, size) = broker.ok_or(Error::NotFound)?.get_for_enclave(caller(*process), &others, *segment, *access)?;
+                    (Source::Host { broker_access }, size)
+                } else {
+                    let proxy = links.next_proxy.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    match links.call(Request::Get { process: proxy, segment: *segment, access: *access, credentials: others })? {
+                        Reply::Granted { access, size } => (Source::Enclave { access, proxy }, size),
+                        _ => return Err(Error::Malformed),
+                    }
+                };
                 let permit = loop {
                     let local = bridge.next_permit.max(FIRST_HOST_PERMIT);
                     bridge.next_permit = if local >= xemem::ids::MAX_LOCAL_ID { FIRST_HOST_PERMIT } else { local + 1 };
@@ -492,7 +686,7 @@ impl XememPort {
                         break candidate;
                     }
                 };
-                bridge.permits.insert((origin, *process, permit), HostPermit { broker_access, segment: *segment, regions: None });
+                bridge.permits.insert((origin, *process, permit), BridgedPermit { source, segment: *segment, regions: None });
                 Ok(vec![Body::Granted { access: permit, size }])
             }
             Body::Attach { process, access, offset, size } => {
@@ -505,7 +699,10 @@ impl XememPort {
                 if offset % xemem::PAGE_SIZE != 0 || *size == 0 || size % xemem::PAGE_SIZE != 0 {
                     return Err(Error::Invalid);
                 }
-                let (segment, runs) = broker.attach_for_enclave(caller(*process), permit.broker_access, *offset, *size)?;
+                let (segment, runs) = match permit.source {
+                    Source::Host { broker_access } => broker.ok_or(Error::NotFound)?.attach_for_enclave(caller(*process), broker_access, *offset, *size)?,
+                    Source::Enclave { access, proxy } => links.attach_enclave_memory(proxy, access, *offset, *size)?,
+                };
                 let total: Option<u64> = runs.iter().try_fold(0u64, |sum, run| {
                     sum.checked_add(match run {
                         xemem_host::EnclaveRun::Hole { length } | xemem_host::EnclaveRun::Memory { length, .. } => *length,
@@ -515,7 +712,7 @@ impl XememPort {
                 let (frames, added) = match checked {
                     Ok(pair) => pair,
                     Err(error) => {
-                        let _ = broker.detach_for_enclave(caller(*process), permit.broker_access);
+                        links.detach_at_source(caller(*process), permit.source);
                         return Err(error);
                     }
                 };
@@ -528,7 +725,7 @@ impl XememPort {
                         for region in &added {
                             let _ = regions.remove(region.slot);
                         }
-                        let _ = broker.detach_for_enclave(caller(*process), permit.broker_access);
+                        links.detach_at_source(caller(*process), permit.source);
                         Err(error)
                     }
                 }
@@ -541,7 +738,7 @@ impl XememPort {
                     for region in &added {
                         let _ = regions.remove(region.slot);
                     }
-                    let _ = broker.detach_for_enclave(caller(*process), permit.broker_access);
+                    links.detach_at_source(caller(*process), permit.source);
                 }
                 Ok(vec![Body::Done])
             }
@@ -551,10 +748,10 @@ impl XememPort {
                     for region in &added {
                         let _ = regions.remove(region.slot);
                     }
-                    let _ = broker.detach_for_enclave(caller(*process), permit.broker_access);
+                    links.detach_at_source(caller(*process), permit.source);
                 }
                 // The owner may have removed the segment already: the permit is gone then too.
-                let _ = broker.release_for_enclave(caller(*process), permit.broker_access);
+                links.release_at_source(caller(*process), permit.source);
                 Ok(vec![Body::Done])
             }
             _ => Err(Error::Invalid),
@@ -571,7 +768,15 @@ impl XememPort {
     /// host processes' segments are served by the broker, with `regions` (the enclave's
     /// machine) adding the owner's memory as guest-physical regions.
     pub fn from_enclave(&self, bytes: &[u8], regions: &dyn GuestRegions) {
+        if let Ok(Message { header, body: Body::Revoked { process, access } }) = Message::decode(bytes) {
+            self.revoked(header.request, header.origin, process, access, regions);
+            return;
+        }
+        let mut removing = None;
         if let Ok(message) = Message::decode(bytes) {
+            if !self.may_pass(&message) {
+                return;
+            }
             if let Some(answers) = self.bridge(&message, regions) {
                 if let Some(queue) = self.links.links.lock().unwrap().outgoing.get(&self.link) {
                     for answer in answers {
@@ -580,15 +785,76 @@ impl XememPort {
                 }
                 return;
             }
+            if let Body::Remove { segment, .. } = message.body {
+                removing = Some(segment);
+            }
         }
         let mut links = self.links.links.lock().unwrap();
         let now = self.links.now();
         links.node.tick(now, &mut NoHostMemory);
         links.node.receive(self.link, bytes, &mut NoHostMemory);
+        // The owner removed it (the name server checked): other enclaves' attachments go.
+        if let Some(segment) = removing.filter(|segment| links.node.name_server().is_some_and(|ns| ns.segment(*segment).is_none())) {
+            XememLinks::announce(&links, Gone::Segment(segment));
+        }
         self.links.deliver(&mut links);
     }
 
-    pub fn tick(&self) {
+    /// Whether a message from this enclave may reach the node: it speaks only for enclaves
+    /// behind this link (origin 0 is discovery, before an id), and its frame runs are its
+    /// own guest-physical addresses, meaningless in any other machine, so they go only to the
+    /// name server (other enclaves get its memory through the bridge, as regions).
+    fn may_pass(&self, message: &Message) -> bool {
+        let origin = message.header.origin;
+        if origin != 0 && self.links.links.lock().unwrap().node.route(origin) != Some(self.link) {
+            return false;
+        }
+        !matches!(message.body, Body::Attached { .. }) || message.header.destination == NAME_SERVER_ENCLAVE
+    }
+
+    /// Segments or enclaves went away: the permits bridged on them are revoked (nobody waits
+    /// for these acknowledgements; the regions go when they come).
+    fn revoke_gone(&self, gone: &[Gone]) {
+        let Some(queue) = self.links.links.lock().unwrap().outgoing.get(&self.link).cloned() else { return };
+        let on_gone = |_: EnclaveId, _: u64, permit: &BridgedPermit| {
+            matches!(permit.source, Source::Enclave { .. })
+                && gone.iter().any(|gone| match gone {
+                    Gone::Segment(segment) => permit.segment == *segment,
+                    Gone::Enclave(enclave) => permit.segment.enclave() == *enclave,
+                })
+        };
+        let mut bridge = self.bridge.lock().unwrap();
+        bridge.revoke_where(on_gone, &queue, &Arc::new(Outstanding::default()));
+        // Those without an attachment just go: their segment is gone at the name server too.
+        bridge.permits.retain(|(enclave, process, _), permit| !on_gone(*enclave, *process, permit));
+    }
+
+    /// The enclave acknowledged a revoke: nothing maps the regions now. An acknowledgement
+    /// that matches no revoke sent on this link (a forgery, a repeat) changes nothing.
+    fn revoked(&self, request: u64, origin: EnclaveId, process: u64, access: AccessId, regions: &dyn GuestRegions) {
+        let mut bridge = self.bridge.lock().unwrap();
+        let matching = bridge.revocations.iter().position(|r| r.request == request && r.enclave == origin && r.process == process && r.access == access);
+        if let Some(index) = matching {
+            bridge.revocations.swap_remove(index).finish(Some(regions));
+        }
+    }
+
+    /// Every pump round: time passes for the node, and revokes past their deadline end (the
+    /// regions go whether or not the enclave let go).
+    pub fn tick(&self, regions: &dyn GuestRegions) {
+        let gone: Vec<Gone> = self.gone.try_iter().collect();
+        if !gone.is_empty() {
+            self.revoke_gone(&gone);
+        }
+        {
+            let mut bridge = self.bridge.lock().unwrap();
+            let now = Instant::now();
+            let (late, waiting): (Vec<Revocation>, Vec<Revocation>) = bridge.revocations.drain(..).partition(|r| r.deadline <= now);
+            bridge.revocations = waiting;
+            for revocation in late {
+                revocation.finish(Some(regions));
+            }
+        }
         let mut links = self.links.links.lock().unwrap();
         let now = self.links.now();
         links.node.tick(now, &mut NoHostMemory);
@@ -603,29 +869,41 @@ impl XememPort {
 
 impl Drop for XememPort {
     fn drop(&mut self) {
-        // The enclave's machine is going: its regions go with it; its permits on host
-        // segments are given back.
-        if let Some(broker) = self.links.broker.get() {
-            let bridge = std::mem::take(&mut *self.bridge.lock().unwrap());
-            let mut enclaves: Vec<EnclaveId> = Vec::new();
-            for ((enclave, process, _), permit) in bridge.permits {
-                let caller = Principal { enclave, process };
-                if permit.regions.is_some() {
-                    let _ = broker.detach_for_enclave(caller, permit.broker_access);
-                }
-                let _ = broker.release_for_enclave(caller, permit.broker_access);
-                enclaves.push(enclave);
+        // The enclave's machine is going: its regions go with it; its bridged permits are
+        // given back, and the broker forgets the enclave.
+        let bridge = std::mem::take(&mut *self.bridge.lock().unwrap());
+        // The machine is gone: nothing can touch the regions any more.
+        for revocation in bridge.revocations {
+            revocation.finish(None);
+        }
+        let mut enclaves: Vec<EnclaveId> = Vec::new();
+        for ((enclave, process, _), permit) in bridge.permits {
+            let caller = Principal { enclave, process };
+            if permit.regions.is_some() {
+                self.links.detach_at_source(caller, permit.source);
             }
-            enclaves.sort_unstable();
-            enclaves.dedup();
+            self.links.release_at_source(caller, permit.source);
+            enclaves.push(enclave);
+        }
+        enclaves.sort_unstable();
+        enclaves.dedup();
+        if let Some(broker) = self.links.broker.get() {
             for enclave in enclaves {
                 broker.forget_enclave(enclave);
             }
         }
         let mut links = self.links.links.lock().unwrap();
         links.outgoing.remove(&self.link);
+        links.bridges.remove(&self.link);
+        links.gone.remove(&self.link);
         links.ram.remove(&self.link);
+        // The name server forgets the enclaves behind this link; other enclaves' attachments
+        // of their segments are revoked.
+        let behind = links.node.enclaves_via(self.link);
         links.node.link_down(self.link, &mut NoHostMemory);
+        for enclave in behind {
+            XememLinks::announce(&links, Gone::Enclave(enclave));
+        }
         self.links.deliver(&mut links);
     }
 }
@@ -700,5 +978,53 @@ mod tests {
         let skewed = FakeRegions { gpa_skew: 8, ..FakeRegions::default() };
         assert_eq!(runs_into_regions(&[memory(0, 4096)], &skewed).err(), Some(Error::Invalid));
         assert!(skewed.live.borrow().is_empty());
+    }
+
+    /// A port whose enclave has been given an id by the name server, as a kernel would get one.
+    fn linked_port(links: &Arc<XememLinks>, token: u64) -> (XememPort, EnclaveId) {
+        let file = crate::sys::memfd("xemem-links-test").unwrap();
+        file.set_len(1 << 20).unwrap();
+        let ram = GuestRam::map(&file, vec![crate::guest_ram::RamRange { gpa: 0, size: 1 << 20, file_offset: 0 }], (0xf0000, 4096)).unwrap();
+        let port = links.join(Arc::new(ram)).unwrap();
+        let regions = FakeRegions::default();
+        port.from_enclave(&Message::new(0, 0, 0, Body::EnclaveIdRequest { token }).to_bytes().unwrap(), &regions);
+        let answers: Vec<Message> = port.to_enclave().iter().map(|bytes| Message::decode(bytes).unwrap()).collect();
+        let enclave = answers
+            .iter()
+            .find_map(|m| match m.body {
+                Body::EnclaveIdResponse { token: t, enclave } if t == token => Some(enclave),
+                _ => None,
+            })
+            .expect("an enclave id");
+        (port, enclave)
+    }
+
+    fn lookup_from(origin: EnclaveId) -> Vec<u8> {
+        Message::new(5, origin, NAME_SERVER_ENCLAVE, Body::Lookup { name: Name::new(b"nothing-here").unwrap() }).to_bytes().unwrap()
+    }
+
+    #[test]
+    fn an_enclave_speaks_only_for_itself_and_its_frames_go_only_to_the_name_server() {
+        let links = XememLinks::new();
+        let (a, a_id) = linked_port(&links, 1);
+        let (b, b_id) = linked_port(&links, 2);
+        let regions = FakeRegions::default();
+        // Its own request is answered (the name is unknown: NotFound).
+        a.from_enclave(&lookup_from(a_id), &regions);
+        let answers = a.to_enclave();
+        assert_eq!(answers.len(), 1);
+        assert_eq!(Message::decode(&answers[0]).unwrap().body, Body::Failed { error: Error::NotFound });
+        // The same request claiming to come from b, through a's link: dropped.
+        a.from_enclave(&lookup_from(b_id), &regions);
+        assert!(a.to_enclave().is_empty() && b.to_enclave().is_empty());
+        // Frame runs from a addressed to b: dropped, never forwarded.
+        let runs = vec![FrameRun { first: Some(16), frames: 1 }];
+        let attached = Message::new(7, a_id, b_id, Body::Attached { segment: SegmentId::new(a_id, 1).unwrap(), size: 4096, first_run: 0, total_runs: 1, runs });
+        a.from_enclave(&attached.to_bytes().unwrap(), &regions);
+        assert!(b.to_enclave().is_empty(), "b received a's frames");
+        // An acknowledgement of a revoke nobody sent changes nothing.
+        let access = AccessId::new(NAME_SERVER_ENCLAVE, FIRST_HOST_PERMIT).unwrap();
+        a.from_enclave(&Message::new(99, a_id, NAME_SERVER_ENCLAVE, Body::Revoked { process: 1, access }).to_bytes().unwrap(), &regions);
+        assert!(a.to_enclave().is_empty() && regions.live.borrow().is_empty());
     }
 }

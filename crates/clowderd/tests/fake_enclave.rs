@@ -180,6 +180,7 @@ impl xemem::node::LocalMemory for FakeMemory {
         Ok(if size > 4096 { vec![first, rest] } else { vec![first] })
     }
     fn notify(&mut self, _: u64, _: xemem::ids::SegmentId) {}
+    fn revoke(&mut self, _: u64, _: xemem::ids::AccessId) {}
 }
 
 /// A decoded host message, owned (the fake keeps messages past the receive buffer).

@@ -400,7 +400,8 @@ fn an_lwk_job_attaches_a_host_processs_segment() {
     assert!(stdout.contains("misaligned attach refused: 1, attach beyond the segment refused: 1"), "{stdout}");
     assert!(stdout.contains("16 of 16 pages hold what the host wrote"), "{stdout}");
     assert!(stdout.contains("second attach: 16 of 16 pages"), "{stdout}");
-    assert!(!stdout.contains("detach: -1") && stdout.contains("release: 0"), "{stdout}");
+    // The owner's remove races the job's release: either finds the permit gone or releases it.
+    assert!(!stdout.contains("detach: -1") && (stdout.contains("release: 0") || stdout.contains("release: ENOENT")), "{stdout}");
     assert!(host_status.success(), "host_named_owner: {host_status:?}\n{host_rest}");
     assert!(host_rest.contains("the LWK wrote 43"), "{host_rest}");
     assert!(host_rest.contains("remove: 0"), "{host_rest}");
@@ -412,5 +413,500 @@ fn an_lwk_job_attaches_a_host_processs_segment() {
     // Nothing of the host segment is left in the enclave's name: the permit went with release.
     assert!(links.list().is_empty(), "{:?}", links.list());
     let removed = call(&socket, json!({"op": "rm", "name": "attacher"}));
+    assert_eq!(removed["ok"], true, "{removed}");
+}
+
+/// Starts an in-process daemon with its XEMEM broker under `dir`; returns its API socket and
+/// the broker's socket.
+fn start_daemon_with_broker(dir: &Path) -> (PathBuf, PathBuf) {
+    let socket = dir.join("clowderd.sock");
+    let xemem_socket = dir.join("xemem.sock");
+    let launcher = VmmLauncher { vmm: vmm_binary(), kernel: kernel_image(), runtime_dir: dir.to_path_buf() };
+    // Pings get more time than the default 5 s: on a machine shared with other builds an
+    // enclave's vCPU may be starved that long, and liveness is not what these tests test.
+    let liveness = Liveness { ping_timeout: Duration::from_secs(20), ..Liveness::default() };
+    let config = DaemonConfig {
+        vmm: vmm_binary(),
+        kernel: kernel_image(),
+        oneshot_memory: 64 << 20,
+        isolate_cores: false,
+        liveness,
+        admin_group: None,
+    };
+    let daemon = Daemon::new(config, Box::new(launcher));
+    assert!(daemon.host_xemem(clowderd::xemem_service::start(&xemem_socket).unwrap()).is_ok());
+    let listener = server::bind(&socket).unwrap();
+    std::thread::spawn(move || server::serve(daemon, listener));
+    (socket, xemem_socket)
+}
+
+/// Runs `job` (argv `argv`) in `enclave` to its end; its stdout accumulates in `stdout` as it
+/// streams (another thread may watch it). Returns the daemon's final reply.
+fn run_job(socket: &Path, enclave: &str, job: &Path, argv: &[&str], cwd: &Path, stdout: &std::sync::Mutex<String>) -> Value {
+    let binary = File::open(job).unwrap();
+    let directory = File::open(cwd).unwrap();
+    let request = json!({"op": "run", "enclave": enclave, "argv": argv, "cwd": cwd.to_str().unwrap(), "files": []});
+    Client::connect_to(socket)
+        .unwrap()
+        .call_streaming(&request, &[binary.as_raw_fd(), directory.as_raw_fd()], &mut |event| {
+            if event["event"] == "output" && event["stream"] == "stdout" {
+                stdout.lock().unwrap().push_str(event["text"].as_str().unwrap());
+            }
+        })
+        .unwrap()
+}
+
+/// Builds the host program `xemem/tests/<source>` against libxpmem.a.
+fn build_host_program(source: &str, out: &Path) {
+    let xemem = workspace_root().join("xemem");
+    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
+    let built = Command::new("cc")
+        .args(["-O2", "-I"]).arg(xemem.join("include")).arg("-o").arg(out).arg(xemem.join("tests").join(source))
+        .arg(xemem.join("build/lib/libxpmem.a")).arg("-lpthread")
+        .status().unwrap();
+    assert!(built.success(), "building {source}");
+}
+
+/// What one revocation run produced.
+struct RevokeRun {
+    job_status: Value,
+    job_stdout: String,
+    owner_status: std::process::ExitStatus,
+    owner_stdout: String,
+    enclave_log: Vec<String>,
+}
+
+/// A host owner (`host_revoking_owner <owner_mode>`) exports a segment that an LWK job
+/// (`lwk_revoked_attacher <job_args>`, in an enclave of `cores` vCPUs) attaches and touches;
+/// the owner then removes the segment or exits while the attachment is in use.
+fn run_revocation(tag: &str, owner_mode: &str, job_args: &[&str], cores: u32) -> RevokeRun {
+    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-revoke-{tag}-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let job = dir.0.join("lwk_revoked_attacher");
+    build_musl_job("lwk_revoked_attacher.c", &job).unwrap();
+    let owner = dir.0.join("host_revoking_owner");
+    build_host_program("host_revoking_owner.c", &owner);
+
+    let (socket, xemem_socket) = start_daemon_with_broker(&dir.0);
+    let created = call(&socket, json!({"op": "create", "name": "attacher", "cores": cores, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    xemem_id(&socket, "attacher").expect("the enclave got no XEMEM id");
+
+    let mut host = Command::new(&owner)
+        .arg(owner_mode)
+        .env("CLOWDER_XEMEM_SOCKET", &xemem_socket)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut host_stdout = std::io::BufReader::new(host.stdout.take().unwrap());
+    let mut first_line = String::new();
+    std::io::BufRead::read_line(&mut host_stdout, &mut first_line).unwrap();
+    assert_eq!(first_line.trim(), "made host-revoke-seg");
+
+    let mut argv = vec!["lwk_revoked_attacher"];
+    argv.extend_from_slice(job_args);
+    let job_stdout = std::sync::Mutex::new(String::new());
+    let reply = run_job(&socket, "attacher", &job, &argv, &dir.0, &job_stdout);
+    let job_stdout = job_stdout.into_inner().unwrap();
+    let owner_status = host.wait().unwrap();
+    let mut owner_stdout = String::new();
+    std::io::Read::read_to_string(&mut host_stdout, &mut owner_stdout).unwrap();
+    let logs = call(&socket, json!({"op": "logs", "name": "attacher"}));
+    let enclave_log = logs["lines"].as_array().unwrap().iter().filter_map(|l| l.as_str().map(String::from)).collect();
+    let removed = call(&socket, json!({"op": "rm", "name": "attacher"}));
+    assert_eq!(removed["ok"], true, "{removed}");
+    RevokeRun { job_status: reply["status"].clone(), job_stdout, owner_status, owner_stdout, enclave_log }
+}
+
+/// Regions the daemon added for host memory, and regions it removed again.
+fn regions_added_and_removed(log: &[String]) -> (usize, usize) {
+    let added = log.iter().filter(|l| l.contains("xemem: host memory (")).count();
+    let removed = log.iter().filter(|l| l.contains("xemem: host memory region") && l.ends_with("removed")).count();
+    (added, removed)
+}
+
+fn revocation_requirements_missing() -> bool {
+    if let Some(why) = missing_requirement() {
+        eprintln!("skipped: {why}");
+        return true;
+    }
+    if Command::new("musl-gcc").arg("--version").output().is_err() {
+        eprintln!("skipped: musl-gcc is not installed");
+        return true;
+    }
+    false
+}
+
+/// The host owner removes its segment while an LWK job touches its attachment: the remove
+/// waits for the enclave's acknowledgement of the revoke, the job's SIGBUS handler sees a fault
+/// inside the attachment, the job detaches (0) and finds its permit gone (ENOENT), the owner
+/// keeps its data, and the regions the attach added are removed.
+#[test]
+fn a_host_owners_remove_gives_the_lwk_job_sigbus_in_its_handler() {
+    if revocation_requirements_missing() {
+        return;
+    }
+    let run = run_revocation("remove", "remove", &["handler"], 1);
+    let context = format!("job {}:\n{}\nowner {:?}:\n{}\n{:#?}", run.job_status, run.job_stdout, run.owner_status, run.owner_stdout, run.enclave_log);
+    assert_eq!(run.job_status, 0, "{context}");
+    assert!(run.job_stdout.contains("16 of 16 pages hold the owner's pattern"), "{context}");
+    assert!(run.job_stdout.contains("main thread: SIGBUS inside the attachment: 1"), "{context}");
+    assert!(run.job_stdout.contains("detach: 0"), "{context}");
+    assert!(run.job_stdout.contains("release: -1 (errno 2)"), "{context}");
+    assert!(run.owner_status.success(), "{context}");
+    assert!(run.owner_stdout.contains("remove: 0"), "{context}");
+    assert!(run.owner_stdout.contains("owner data intact: 1"), "{context}");
+    let (added, removed) = regions_added_and_removed(&run.enclave_log);
+    assert!(added >= 1 && added == removed, "regions added {added}, removed {removed}: {context}");
+}
+
+/// The host owner exits while the job touches the attachment, and the job has no handler:
+/// it ends with Linux's status for SIGBUS (128 + 7).
+#[test]
+fn a_host_owners_exit_ends_an_lwk_job_without_a_handler_with_sigbus() {
+    if revocation_requirements_missing() {
+        return;
+    }
+    let run = run_revocation("exit", "exit", &["default"], 1);
+    let context = format!("job {}:\n{}\nowner {:?}:\n{}\n{:#?}", run.job_status, run.job_stdout, run.owner_status, run.owner_stdout, run.enclave_log);
+    assert_eq!(run.job_status, 135, "{context}");
+    assert!(run.job_stdout.contains("wrote 44; touching until the memory goes"), "{context}");
+    assert!(run.owner_stdout.contains("exiting without a remove"), "{context}");
+    let (added, removed) = regions_added_and_removed(&run.enclave_log);
+    assert!(added >= 1 && added == removed, "regions added {added}, removed {removed}: {context}");
+}
+
+/// A two-vCPU job with a thread on each CPU touching the attachment: the revoke unmaps it on
+/// one CPU and shoots down the other's TLB, so both threads fault.
+#[test]
+fn a_revoke_reaches_both_cpus_of_a_two_vcpu_job() {
+    if revocation_requirements_missing() {
+        return;
+    }
+    let run = run_revocation("smp", "remove", &["handler", "2"], 2);
+    let context = format!("job {}:\n{}\nowner {:?}:\n{}\n{:#?}", run.job_status, run.job_stdout, run.owner_status, run.owner_stdout, run.enclave_log);
+    assert_eq!(run.job_status, 0, "{context}");
+    assert!(run.job_stdout.contains("main thread: SIGBUS inside the attachment: 1"), "{context}");
+    assert!(run.job_stdout.contains("second thread: SIGBUS inside the attachment: 1"), "{context}");
+    assert!(run.owner_stdout.contains("remove: 0"), "{context}");
+    assert!(!run.enclave_log.iter().any(|line| line.contains("did not confirm the TLB shootdown")), "{context}");
+}
+
+/// XPMEM's anonymous segments from connected enclaves get ids from the daemon's name server:
+/// jobs in two enclaves make one each at the same time, the segids name their enclaves (no
+/// two enclaves both handing out enclave-1 ids), and a host process attaches each by segid
+/// alone through libxpmem and writes into the job's memory.
+#[test]
+fn anonymous_segments_of_two_enclaves_have_global_ids_a_host_process_can_use() {
+    if revocation_requirements_missing() {
+        return;
+    }
+    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-global-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let job = dir.0.join("lwk_anonymous_owner");
+    build_musl_job("lwk_anonymous_owner.c", &job).unwrap();
+    let attacher = dir.0.join("host_segid_attacher");
+    build_host_program("host_segid_attacher.c", &attacher);
+    let (socket, xemem_socket) = start_daemon_with_broker(&dir.0);
+    let mut ids = Vec::new();
+    for name in ["a", "b"] {
+        let created = call(&socket, json!({"op": "create", "name": name, "cores": 1, "mem": "128M"}));
+        assert_eq!(created["ok"], true, "{created}");
+        ids.push(xemem_id(&socket, name).expect("the enclave got no XEMEM id"));
+    }
+    let outputs = [std::sync::Mutex::new(String::new()), std::sync::Mutex::new(String::new())];
+    std::thread::scope(|scope| {
+        let runners: Vec<_> = ["a", "b"]
+            .iter()
+            .zip(&outputs)
+            .map(|(name, stdout)| {
+                let (socket, job, dir) = (&socket, &job, &dir.0);
+                scope.spawn(move || run_job(socket, name, job, &["lwk_anonymous_owner"], dir, stdout))
+            })
+            .collect();
+        let mut segids = Vec::new();
+        for stdout in &outputs {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let segid = loop {
+                let text = stdout.lock().unwrap().clone();
+                if let Some(segid) = text.lines().find_map(|line| line.strip_prefix("segid ").and_then(|id| id.trim().parse::<i64>().ok())) {
+                    break segid;
+                }
+                assert!(Instant::now() < deadline, "no segid from the job: {text}");
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            segids.push(segid);
+        }
+        assert_eq!(segids.iter().map(|segid| (segid >> 32) as u32).collect::<Vec<_>>(), ids, "each segid names its enclave: {segids:?}");
+        for segid in &segids {
+            let host = Command::new(&attacher).arg(segid.to_string()).env("CLOWDER_XEMEM_SOCKET", &xemem_socket).output().unwrap();
+            let out = String::from_utf8_lossy(&host.stdout).into_owned();
+            assert!(host.status.success(), "host_segid_attacher {segid}: {:?}\n{out}", host.status);
+            assert!(out.contains("16 of 16 pages hold what the job wrote") && out.contains("detach: 0") && out.contains("release: 0"), "{out}");
+        }
+        for (runner, stdout) in runners.into_iter().zip(&outputs) {
+            let reply = runner.join().unwrap();
+            let text = stdout.lock().unwrap().clone();
+            assert_eq!(reply["status"], 0, "{reply} {text}");
+            assert!(text.contains("the host wrote 45") && text.contains("remove: 0"), "{text}");
+        }
+    });
+    for name in ["a", "b"] {
+        let removed = call(&socket, json!({"op": "rm", "name": name}));
+        assert_eq!(removed["ok"], true, "{removed}");
+    }
+}
+
+/// xemem/tests/same_binary.c (every XPMEM call: argument errors, attaches of 1 to 1024 pages
+/// both ways, threads, a whole-address-space segment, detach rules, SIGBUS after remove) in a
+/// connected enclave, where all of it goes through the daemon's name server, prints exactly
+/// what it prints on the host through the daemon's broker, and both die of SIGBUS (135).
+#[test]
+fn the_same_binary_in_a_connected_enclave_matches_the_host() {
+    if revocation_requirements_missing() {
+        return;
+    }
+    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-same-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let job = dir.0.join("same_binary");
+    build_musl_job("same_binary.c", &job).unwrap();
+    let (socket, xemem_socket) = start_daemon_with_broker(&dir.0);
+    let created = call(&socket, json!({"op": "create", "name": "same", "cores": 1, "mem": "256M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    let enclave_id = xemem_id(&socket, "same").expect("the enclave got no XEMEM id");
+    let host = Command::new(&job).current_dir(&dir.0).env("CLOWDER_XEMEM_SOCKET", &xemem_socket).env("CLOWDER_XEMEM_BACKEND", "broker").output().unwrap();
+    let host_out = String::from_utf8_lossy(&host.stdout).into_owned();
+    assert_eq!(host.status.code(), None, "the host run dies of a signal: {host_out}");
+    let stdout = std::sync::Mutex::new(String::new());
+    let reply = run_job(&socket, "same", &job, &["same_binary"], &dir.0, &stdout);
+    let lwk_out = stdout.into_inner().unwrap();
+    let logs = call(&socket, json!({"op": "logs", "name": "same"}));
+    assert_eq!(reply["status"], 135, "{reply}\n{lwk_out}\n{logs}");
+    assert!(host_out.contains("version 0x26005") && !host_out.contains("FAIL"), "{host_out}");
+    assert_eq!(lwk_out, host_out, "{logs}");
+    // The job's segments came from the daemon's name server (its segids name the enclave) and
+    // went with the job.
+    assert!(logs.to_string().contains(&format!("the name server gave this enclave id {enclave_id}")));
+    let removed = call(&socket, json!({"op": "rm", "name": "same"}));
+    assert_eq!(removed["ok"], true, "{removed}");
+}
+
+/// Two LWK enclaves under one daemon: boots both, builds the peer owner and the attacher.
+struct TwoEnclaves {
+    dir: TempDir,
+    socket: PathBuf,
+    owner_job: PathBuf,
+    attacher_job: PathBuf,
+}
+
+fn two_enclaves(tag: &str) -> TwoEnclaves {
+    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-peers-{tag}-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let owner_job = dir.0.join("lwk_peer_owner");
+    build_musl_job("lwk_peer_owner.c", &owner_job).unwrap();
+    let attacher_job = dir.0.join("lwk_revoked_attacher");
+    build_musl_job("lwk_revoked_attacher.c", &attacher_job).unwrap();
+    let (socket, _) = start_daemon_with_broker(&dir.0);
+    for name in ["a", "b"] {
+        let created = call(&socket, json!({"op": "create", "name": name, "cores": 1, "mem": "128M"}));
+        assert_eq!(created["ok"], true, "{created}");
+        xemem_id(&socket, name).expect("the enclave got no XEMEM id");
+    }
+    TwoEnclaves { dir, socket, owner_job, attacher_job }
+}
+
+fn log_lines(socket: &Path, enclave: &str) -> Vec<String> {
+    let logs = call(socket, json!({"op": "logs", "name": enclave}));
+    logs["lines"].as_array().map(|lines| lines.iter().filter_map(|l| l.as_str().map(String::from)).collect()).unwrap_or_default()
+}
+
+const PEER_ATTACHER_ARGS: [&str; 5] = ["lwk_revoked_attacher", "handler", "1", "lwk-peer-seg", "6000"];
+
+/// A job in enclave b attaches a segment a job in enclave a made: zero-copy (the daemon adds
+/// a's pages, checked against a's RAM, to b's machine as regions of a's RAM memfd), both see
+/// each other's writes, and when a's job removes the segment b's job gets SIGBUS in its
+/// handler, detaches, finds its permit gone, and every region b got is removed.
+#[test]
+fn an_lwk_job_attaches_another_enclaves_segment_and_gets_sigbus_when_it_is_removed() {
+    if revocation_requirements_missing() {
+        return;
+    }
+    let peers = two_enclaves("remove");
+    let outputs = [std::sync::Mutex::new(String::new()), std::sync::Mutex::new(String::new())];
+    let (owner_reply, attacher_reply) = std::thread::scope(|scope| {
+        let owner = scope.spawn(|| run_job(&peers.socket, "a", &peers.owner_job, &["lwk_peer_owner", "remove"], &peers.dir.0, &outputs[0]));
+        let attacher = scope.spawn(|| run_job(&peers.socket, "b", &peers.attacher_job, &PEER_ATTACHER_ARGS, &peers.dir.0, &outputs[1]));
+        (owner.join().unwrap(), attacher.join().unwrap())
+    });
+    let [owner_out, attacher_out] = outputs.map(|output| output.into_inner().unwrap());
+    let b_log = log_lines(&peers.socket, "b");
+    let context = format!("owner {owner_reply}:\n{owner_out}\nattacher {attacher_reply}:\n{attacher_out}\n{b_log:#?}");
+    assert_eq!(owner_reply["status"], 0, "{context}");
+    assert_eq!(attacher_reply["status"], 0, "{context}");
+    assert!(owner_out.contains("the other enclave wrote 44") && owner_out.contains("remove: 0") && owner_out.contains("owner data intact: 1"), "{context}");
+    assert!(attacher_out.contains("16 of 16 pages hold the owner's pattern"), "{context}");
+    assert!(!attacher_out.contains("found a segment of enclave 1\n"), "the segment is enclave a's: {context}");
+    assert!(attacher_out.contains("main thread: SIGBUS inside the attachment: 1"), "{context}");
+    assert!(attacher_out.contains("detach: 0") && attacher_out.contains("release: -1 (errno 2)"), "{context}");
+    let (added, removed) = regions_added_and_removed(&b_log);
+    assert!(added >= 1 && added == removed, "regions added {added}, removed {removed}: {context}");
+    for name in ["a", "b"] {
+        let removed = call(&peers.socket, json!({"op": "rm", "name": name}));
+        assert_eq!(removed["ok"], true, "{removed}");
+    }
+}
+
+/// Enclave a is removed while b's job touches its attachment of a's segment: the name server
+/// drops a's segments, b's job gets SIGBUS, and the daemon goes on serving (a new enclave gets
+/// an XEMEM id; the segment's name is gone).
+#[test]
+fn removing_an_owner_enclave_gives_its_attachers_in_other_enclaves_sigbus() {
+    if revocation_requirements_missing() {
+        return;
+    }
+    let peers = two_enclaves("owner-gone");
+    let outputs = [std::sync::Mutex::new(String::new()), std::sync::Mutex::new(String::new())];
+    let attacher_reply = std::thread::scope(|scope| {
+        let _owner = scope.spawn(|| run_job(&peers.socket, "a", &peers.owner_job, &["lwk_peer_owner", "hold"], &peers.dir.0, &outputs[0]));
+        let attacher = scope.spawn(|| run_job(&peers.socket, "b", &peers.attacher_job, &PEER_ATTACHER_ARGS, &peers.dir.0, &outputs[1]));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !outputs[0].lock().unwrap().contains("the other enclave wrote 44") {
+            assert!(Instant::now() < deadline, "the attacher never wrote: {}", outputs[1].lock().unwrap());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let removed = call(&peers.socket, json!({"op": "rm", "name": "a"}));
+        assert_eq!(removed["ok"], true, "{removed}");
+        attacher.join().unwrap()
+    });
+    let attacher_out = outputs[1].lock().unwrap().clone();
+    let b_log = log_lines(&peers.socket, "b");
+    let context = format!("attacher {attacher_reply}:\n{attacher_out}\n{b_log:#?}");
+    assert_eq!(attacher_reply["status"], 0, "{context}");
+    assert!(attacher_out.contains("main thread: SIGBUS inside the attachment: 1"), "{context}");
+    let (added, removed) = regions_added_and_removed(&b_log);
+    assert!(added >= 1 && added == removed, "regions added {added}, removed {removed}: {context}");
+    let created = call(&peers.socket, json!({"op": "create", "name": "c", "cores": 1, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "the daemon serves on: {created}");
+    xemem_id(&peers.socket, "c").expect("a new enclave gets an XEMEM id");
+    for name in ["b", "c"] {
+        let removed = call(&peers.socket, json!({"op": "rm", "name": name}));
+        assert_eq!(removed["ok"], true, "{removed}");
+    }
+}
+
+/// Where one side of a cross-enclave conformance case runs.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Place {
+    Host,
+    /// A job in this enclave.
+    Lwk(&'static str),
+}
+
+/// Cases left out in one direction, and why.
+fn cross_case_left_out(case: &str, owner: Place, attacher: Place) -> Option<&'static str> {
+    let owner_in_enclave = matches!(owner, Place::Lwk(_));
+    match case {
+        "remove_sigbus" | "owner_exit_sigbus" if owner_in_enclave && attacher == Place::Host => {
+            Some("a host process maps the owner enclave's RAM memfd, which backs the running machine and cannot be truncated under it: no SIGBUS (docs/xemem.md, not done)")
+        }
+        _ => None,
+    }
+}
+
+/// Runs `cross ROLE CASE` at `place`; returns (succeeded, output).
+fn run_cross_role(place: Place, role: &str, case: &str, binary: &Path, dir: &Path, socket: &Path, xemem_socket: &Path) -> (bool, String) {
+    match place {
+        Place::Host => {
+            let out = Command::new(binary).args([role, case]).current_dir(dir).env("CLOWDER_XEMEM_SOCKET", xemem_socket).env("CLOWDER_XEMEM_BACKEND", "broker").output().unwrap();
+            (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+        }
+        Place::Lwk(enclave) => {
+            let stdout = std::sync::Mutex::new(String::new());
+            let reply = run_job(socket, enclave, binary, &["cross", role, case], dir, &stdout);
+            let text = stdout.into_inner().unwrap();
+            (reply["status"] == 0, format!("{text}[job: {reply}]"))
+        }
+    }
+}
+
+/// xemem/tests/cross.c: XPMEM's two-party conformance cases (base, two_attach, two_shares,
+/// holes_sigbus, remove_sigbus, owner_exit_sigbus, patterns up to 10,000 pages, permissions
+/// as "others", id_errors) with the owner on the host and the attacher in an LWK enclave, the
+/// reverse, and between two LWK enclaves. Cases left out in a direction are printed with the
+/// reason; the rest must all pass.
+#[test]
+fn the_conformance_cases_pass_across_enclaves_in_every_direction() {
+    if revocation_requirements_missing() {
+        return;
+    }
+    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-cross-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let binary = dir.0.join("cross");
+    build_musl_job("cross.c", &binary).unwrap();
+    let (socket, xemem_socket) = start_daemon_with_broker(&dir.0);
+    for name in ["a", "b"] {
+        let created = call(&socket, json!({"op": "create", "name": name, "cores": 1, "mem": "256M"}));
+        assert_eq!(created["ok"], true, "{created}");
+        xemem_id(&socket, name).expect("the enclave got no XEMEM id");
+    }
+    let listed = Command::new(&binary).arg("--list").output().unwrap();
+    let cases: Vec<String> = String::from_utf8_lossy(&listed.stdout).lines().map(String::from).collect();
+    assert!(cases.len() >= 9, "{cases:?}");
+    let directions = [(Place::Host, Place::Lwk("b")), (Place::Lwk("a"), Place::Host), (Place::Lwk("a"), Place::Lwk("b"))];
+    let (mut passed, mut failures, mut left_out) = (0, Vec::new(), 0);
+    for (owner, attacher) in directions {
+        for case in &cases {
+            let label = format!("{owner:?} -> {attacher:?} {case}");
+            if let Some(why) = cross_case_left_out(case, owner, attacher) {
+                println!("cross {label}: left out: {why}");
+                left_out += 1;
+                continue;
+            }
+            let ((owner_ok, owner_out), (attacher_ok, attacher_out)) = std::thread::scope(|scope| {
+                let owner_side = scope.spawn(|| run_cross_role(owner, "owner", case, &binary, &dir.0, &socket, &xemem_socket));
+                let attacher_side = scope.spawn(|| run_cross_role(attacher, "attacher", case, &binary, &dir.0, &socket, &xemem_socket));
+                (owner_side.join().unwrap(), attacher_side.join().unwrap())
+            });
+            if owner_ok && attacher_ok {
+                println!("cross {label}: PASS");
+                passed += 1;
+            } else {
+                println!("cross {label}: FAIL\n  owner: {owner_out}\n  attacher: {attacher_out}");
+                failures.push(label);
+            }
+        }
+    }
+    println!("cross-enclave conformance: {passed} passed, {} failed, {left_out} left out", failures.len());
+    assert!(failures.is_empty(), "failed: {failures:?}");
+    for name in ["a", "b"] {
+        let removed = call(&socket, json!({"op": "rm", "name": name}));
+        assert_eq!(removed["ok"], true, "{removed}");
+    }
+}
+
+/// A forked process of an LWK job is refused the XPMEM device (EPERM): its segments and
+/// attachments would live in the first process's address space. The first process keeps
+/// working before and after the fork.
+#[test]
+fn a_forked_lwk_process_is_refused_the_device() {
+    if revocation_requirements_missing() {
+        return;
+    }
+    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-fork-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let job = dir.0.join("lwk_fork_device");
+    build_musl_job("lwk_fork_device.c", &job).unwrap();
+    let (socket, _) = start_daemon_with_broker(&dir.0);
+    let created = call(&socket, json!({"op": "create", "name": "forker", "cores": 1, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    xemem_id(&socket, "forker").expect("the enclave got no XEMEM id");
+    let stdout = std::sync::Mutex::new(String::new());
+    let reply = run_job(&socket, "forker", &job, &["lwk_fork_device"], &dir.0, &stdout);
+    let out = stdout.into_inner().unwrap();
+    assert_eq!(reply["status"], 0, "{reply} {out}");
+    for line in ["parent make before fork: ok", "child make: EPERM", "child exited 0", "parent make after fork: ok", "removes: 0 0"] {
+        assert!(out.contains(line), "{line}: {out}");
+    }
+    let removed = call(&socket, json!({"op": "rm", "name": "forker"}));
     assert_eq!(removed["ok"], true, "{removed}");
 }

@@ -17,6 +17,9 @@
 //! permits are dropped and every memfd its library converted (flag [`wire::RUN_REVOCABLE`]) is
 //! truncated to zero, so its attachers get SIGBUS as with XPMEM. On `xpmem_remove` the owner's
 //! library does the same itself after moving its own pages to a fresh memfd (see the library).
+//! Other enclaves cannot be truncated under: their machines map the memory as guest-physical
+//! regions. So before a remove is answered, and before an exited owner's memfds are truncated,
+//! the broker has [`Enclaves::revoke`] take their attachments away (outside its lock).
 //! Memfds the application made itself are never truncated: they may be shared by other means
 //! (a VMM's guest memory, say), so attachments to them outlive remove (documented deviation).
 //!
@@ -61,6 +64,12 @@ pub trait Enclaves: Send + Sync {
     fn attach(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Result<Vec<EnclaveRun>, Error>;
     fn detach(&self, process: u64, access: AccessId) -> Result<(), Error>;
     fn release(&self, process: u64, access: AccessId) -> Result<(), Error>;
+    /// The host memory behind these permits of other enclaves' processes (this broker's ids)
+    /// is going: the owner removed the segment or is gone. Each holder's enclave must unmap
+    /// its attachments before the memory is truncated, or its machine would touch memory that
+    /// is no longer there. Returns once every holder acknowledged, its enclave is gone, or a
+    /// timeout passed.
+    fn revoke(&self, permits: &[(Principal, AccessId)]);
 }
 
 /// A piece of an enclave's segment: a range of a file (the enclave's RAM memfd), or a hole.
@@ -223,27 +232,57 @@ impl Broker {
     /// The last call connection of `pid` closed: the process is gone (or forked children
     /// closed their copies, which the library does without telling us, so count).
     fn connection_closed(&self, pid: u32) {
-        let mut state = self.lock();
-        let remaining = {
-            let count = state.connections.entry(pid).or_default();
-            *count = count.saturating_sub(1);
-            *count
+        let forgotten = {
+            let mut state = self.lock();
+            let remaining = {
+                let count = state.connections.entry(pid).or_default();
+                *count = count.saturating_sub(1);
+                *count
+            };
+            if remaining > 0 {
+                return;
+            }
+            state.connections.remove(&pid);
+            self.forget_locked(&mut state, pid)
         };
-        if remaining > 0 {
-            return;
-        }
-        state.connections.remove(&pid);
-        self.forget_locked(&mut state, pid);
+        self.revoke_and_truncate(forgotten);
     }
 
     /// Drops everything `pid` owned or held and revokes its converted memory.
     pub fn forget_process(&self, pid: u32) {
-        let mut state = self.lock();
-        self.forget_locked(&mut state, pid);
+        let forgotten = self.forget_locked(&mut self.lock(), pid);
+        self.revoke_and_truncate(forgotten);
     }
 
-    fn forget_locked(&self, state: &mut State, pid: u32) {
+    /// Other enclaves' permits on `segments`: their attachments must go before the memory.
+    fn enclave_holders(state: &State, segments: &[SegmentId]) -> Vec<(Principal, AccessId)> {
+        segments
+            .iter()
+            .flat_map(|segment| state.ns.permits_on(*segment))
+            .filter(|(_, holder)| holder.enclave != NAME_SERVER_ENCLAVE)
+            .map(|(access, holder)| (holder, access))
+            .collect()
+    }
+
+    /// Has the holders' enclaves unmap their attachments (waiting, so never under the state
+    /// lock: the daemon's enclave links call the broker meanwhile).
+    fn revoke_for_enclaves(&self, holders: &[(Principal, AccessId)]) {
+        if let (false, Some(enclaves)) = (holders.is_empty(), self.enclaves.get()) {
+            enclaves.revoke(holders);
+        }
+    }
+
+    /// Finishes a forget outside the state lock: enclaves unmap first, then the memory goes.
+    fn revoke_and_truncate(&self, forgotten: Forgotten) {
+        self.revoke_for_enclaves(&forgotten.enclave_holders);
+        for fd in forgotten.memfds {
+            let _ = sys::truncate_to_zero(&fd);
+        }
+    }
+
+    fn forget_locked(&self, state: &mut State, pid: u32) -> Forgotten {
         let me = principal(pid);
+        let enclave_holders = Self::enclave_holders(state, &state.ns.owned_by(me));
         let held: Vec<AccessId> = state.remote_permits.iter().filter(|(_, (_, holder))| *holder == pid).map(|(s, _)| *s).collect();
         if !held.is_empty() {
             let permits: Vec<AccessId> = held.iter().filter_map(|s| state.remote_permits.remove(s)).map(|(real, _)| real).collect();
@@ -259,11 +298,8 @@ impl Broker {
         }
         state.ns.forget(|p| *p == me);
         state.servers.remove(&pid);
-        if let Some(memfds) = state.revocable.remove(&pid) {
-            for fd in memfds.values() {
-                let _ = sys::truncate_to_zero(fd);
-            }
-        }
+        let memfds = state.revocable.remove(&pid).map(|memfds| memfds.into_values().collect()).unwrap_or_default();
+        Forgotten { enclave_holders, memfds }
     }
 
     fn handle(&self, peer: &sys::Peer, request: &Request) -> (Answer, Vec<OwnedFd>) {
@@ -287,7 +323,15 @@ impl Broker {
             }
             wire::OP_REMOVE => {
                 let segment = SegmentId::from_raw(a[0] as i64).ok_or(Error::Invalid)?;
-                self.lock().ns.remove(me, segment)?;
+                let holders = {
+                    let mut state = self.lock();
+                    let holders = Self::enclave_holders(&state, &[segment]);
+                    state.ns.remove(me, segment)?;
+                    holders
+                };
+                // The owner's library truncates the memory once it has this answer: the
+                // enclaves attached to it let go first.
+                self.revoke_for_enclaves(&holders);
                 Ok(Answer::ok(op, &[]))
             }
             wire::OP_GET => {
@@ -504,6 +548,14 @@ impl Broker {
             self.lock().ns.forget(|p| p.enclave == enclave);
         }
     }
+}
+
+/// What forgetting a process leaves to do once the state lock is released.
+struct Forgotten {
+    /// Other enclaves' permits on the process's segments.
+    enclave_holders: Vec<(Principal, AccessId)>,
+    /// Memfds its library converted, to truncate (after the enclaves let go).
+    memfds: Vec<OwnedFd>,
 }
 
 static NEXT_SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);

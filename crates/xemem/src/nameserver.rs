@@ -163,6 +163,16 @@ impl NameServer {
         self.segments.get(&id)
     }
 
+    /// The permits on `id` and who holds them (whose attachments a remove must revoke).
+    pub fn permits_on(&self, id: SegmentId) -> Vec<(AccessId, Principal)> {
+        self.permits.iter().filter(|(_, p)| p.segment == id).map(|(a, p)| (*a, p.holder)).collect()
+    }
+
+    /// The segments `owner` owns.
+    pub fn owned_by(&self, owner: Principal) -> Vec<SegmentId> {
+        self.segments.values().filter(|s| s.owner == owner).map(|s| s.id).collect()
+    }
+
     /// Removes a segment and every permit on it; only its owner may. Returns the permits dropped.
     pub fn remove(&mut self, caller: Principal, id: SegmentId) -> Result<Vec<AccessId>, Error> {
         let segment = self.segments.get(&id).ok_or(Error::NotFound)?;

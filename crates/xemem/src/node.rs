@@ -10,8 +10,9 @@
 //! connect exactly two enclaves, and it may lose or reorder messages.
 //!
 //! Every answer is matched to its request by request id *and* kind *and* (for attach) the
-//! segment the permit was granted on and the owner that must answer, so a late, duplicated or
-//! misrouted answer is dropped instead of completing the wrong request. Requests are retried
+//! segment the permit was granted on and the owner that must answer (or the name server's
+//! enclave, which may serve memory on the owner's behalf), so a late, duplicated or misrouted
+//! answer is dropped instead of completing the wrong request. Requests are retried
 //! with the same id; the name server keeps its recent answers per (origin, request id) and
 //! repeats them, so a retried make or get is not done twice.
 
@@ -32,6 +33,10 @@ pub trait LocalMemory {
     fn resolve(&mut self, process: u64, vaddr: u64, size: u64) -> Result<Vec<FrameRun>, Error>;
     /// An attacher signalled `segment`, owned by `process`.
     fn notify(&mut self, process: u64, segment: SegmentId);
+    /// The memory `process` attached through permit `access` is being taken away (its owner
+    /// removed the segment or is gone): unmap those attachments, keeping their ranges
+    /// reserved so a touch faults (SIGBUS), before this returns. The permit is void.
+    fn revoke(&mut self, process: u64, access: AccessId);
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -149,6 +154,10 @@ impl Node {
     pub fn route(&self, enclave: EnclaveId) -> Option<LinkId> {
         self.routes.get(&enclave).copied()
     }
+    /// The enclaves this node reaches through `link`.
+    pub fn enclaves_via(&self, link: LinkId) -> Vec<EnclaveId> {
+        self.routes.iter().filter(|(_, l)| **l == link).map(|(e, _)| *e).collect()
+    }
     pub fn name_server(&self) -> Option<&NameServer> {
         self.name_server.as_ref()
     }
@@ -205,7 +214,7 @@ impl Node {
     /// A link is gone (the enclave behind it crashed or was torn down): forget every enclave
     /// reached through it and tell the name server, which drops their segments and permits.
     pub fn link_down(&mut self, link: LinkId, memory: &mut dyn LocalMemory) {
-        let gone: Vec<EnclaveId> = self.routes.iter().filter(|(_, l)| **l == link).map(|(e, _)| *e).collect();
+        let gone = self.enclaves_via(link);
         self.forwarded.retain(|_, (l, _)| *l != link);
         if self.towards_name_server == Some(link) {
             // Cut off from the name server: rediscover it (our id stays ours).
@@ -440,6 +449,15 @@ impl Node {
                     memory.notify(owner_process, segment);
                 }
             }
+            Body::Revoke { process, access } => {
+                // Only the name server hands out permits, so only it may take them back.
+                if origin != NAME_SERVER_ENCLAVE {
+                    return;
+                }
+                self.granted.remove(&access);
+                memory.revoke(process, access);
+                self.send(Message::new(request, self.id, origin, Body::Revoked { process, access }));
+            }
             body => {
                 if self.name_server.is_none() {
                     self.send(Message::new(request, self.id, origin, Body::Failed { error: Error::Invalid }));
@@ -558,7 +576,9 @@ impl Node {
 
     fn complete(&mut self, from: EnclaveId, request: u64, body: Body) {
         let Some(pending) = self.pending.get_mut(&request) else { return };
-        // Which enclave may answer: the name server, or for an attach the segment's owner.
+        // Which enclave may answer: the name server, or for an attach the segment's owner. The
+        // name server's enclave may also answer an attach itself: a host that maps another
+        // machine's memory into ours answers with the frames it added on the owner's behalf.
         let attach_segment = match &pending.body {
             Body::Attach { access, .. } => Some(self.granted.get(access).copied()),
             _ => None,
@@ -568,8 +588,8 @@ impl Node {
             _ => NAME_SERVER_ENCLAVE,
         };
         let result = match (&pending.body, body) {
-            (_, Body::Failed { error }) if from == NAME_SERVER_ENCLAVE || from == expected_from => Err(error),
-            (_, _) if from != expected_from => return,
+            (_, _) if from != NAME_SERVER_ENCLAVE && from != expected_from => return,
+            (_, Body::Failed { error }) => Err(error),
             (Body::Make { process, vaddr, size, .. }, Body::Made { segment }) => {
                 if segment.enclave() != self.id {
                     return;

@@ -211,7 +211,7 @@ fn random_body(rng: &mut Rng) -> Body {
     let seg = SegmentId::new(1 + rng.below(1000) as u32, 1 + rng.below(1 << 20) as u32).unwrap();
     let apid = AccessId::new(1, 1 + rng.below(1 << 20) as u32).unwrap();
     let page = |rng: &mut Rng| rng.below(1 << 30) * PAGE_SIZE;
-    match rng.below(23) {
+    match rng.below(25) {
         0 => Body::PingNameServer,
         1 => Body::PongNameServer,
         2 => Body::EnclaveIdRequest { token: rng.next() },
@@ -274,6 +274,8 @@ fn random_body(rng: &mut Rng) -> Body {
                 })
                 .collect(),
         },
+        22 => Body::Revoke { process: rng.next(), access: apid },
+        23 => Body::Revoked { process: rng.next(), access: apid },
         _ => Body::Failed { error: Error::from_code(1 + rng.below(7) as u16).unwrap() },
     }
 }
@@ -398,6 +400,7 @@ struct ModelMemory {
     enclave: EnclaveId,
     run: u64,
     notified: Vec<(u64, SegmentId)>,
+    revoked: Vec<(u64, AccessId)>,
 }
 
 const HOLE_FROM: u64 = 0x4000_0000;
@@ -432,6 +435,9 @@ impl LocalMemory for ModelMemory {
     fn notify(&mut self, process: u64, segment: SegmentId) {
         self.notified.push((process, segment));
     }
+    fn revoke(&mut self, process: u64, access: AccessId) {
+        self.revoked.push((process, access));
+    }
 }
 
 struct Net {
@@ -461,7 +467,7 @@ impl Net {
         }
         let timing = Timing { retry_after: 200, attempts: 8 };
         let nodes = (0..n).map(|i| Node::new(peers[i].len() as u32, i == ns_at, timing)).collect();
-        let memory = (0..n).map(|_| ModelMemory { enclave: 0, run: 1 + rng.below(64), notified: Vec::new() }).collect();
+        let memory = (0..n).map(|_| ModelMemory { enclave: 0, run: 1 + rng.below(64), notified: Vec::new(), revoked: Vec::new() }).collect();
         Net { nodes, memory, peers, in_flight: VecDeque::new(), rng, drop_per_thousand, reorder, now: 0 }
     }
 
@@ -688,7 +694,7 @@ fn every_pair_in_a_deep_chain() {
     }
     let timing = Timing { retry_after: 200, attempts: 8 };
     net.nodes = (0..n).map(|i| Node::new(peers[i].len() as u32, i == n / 2, timing)).collect();
-    net.memory = (0..n).map(|i| ModelMemory { enclave: 0, run: 1 + i as u64, notified: Vec::new() }).collect();
+    net.memory = (0..n).map(|i| ModelMemory { enclave: 0, run: 1 + i as u64, notified: Vec::new(), revoked: Vec::new() }).collect();
     net.peers = peers;
     net.settle_ids();
     let ids: Vec<EnclaveId> = net.nodes.iter().map(|n| n.id().unwrap()).collect();
@@ -775,7 +781,7 @@ fn a_lost_enclave_takes_its_segments_and_permits_and_a_stranger_cannot_declare_i
     }
     let timing = Timing { retry_after: 200, attempts: 4 };
     net.nodes = (0..n).map(|i| Node::new(peers[i].len() as u32, i == 0, timing)).collect();
-    net.memory = (0..n).map(|_| ModelMemory { enclave: 0, run: 4, notified: Vec::new() }).collect();
+    net.memory = (0..n).map(|_| ModelMemory { enclave: 0, run: 4, notified: Vec::new(), revoked: Vec::new() }).collect();
     net.peers = peers;
     net.settle_ids();
     let gone_id = net.nodes[3].id().unwrap();
@@ -879,4 +885,25 @@ fn a_gone_enclave_s_cached_answers_are_dropped_so_a_reused_id_starts_clean() {
     net.nodes[ns_node].link_down(link, &mut net.memory[ns_node]);
     assert_eq!(net.nodes[ns_node].cached_answers_for(id), 0);
     assert_eq!(net.nodes[ns_node].name_server().unwrap().segment_count(), 0);
+}
+
+#[test]
+fn a_revoke_from_the_name_server_unmaps_and_is_acknowledged_and_a_forged_one_is_ignored() {
+    let mut net = Net::tree(6, 21, 0, false);
+    net.settle_ids();
+    let holder = (0..6).find(|&i| net.nodes[i].name_server().is_none()).unwrap();
+    let id = net.nodes[holder].id().unwrap();
+    let up = net.nodes[holder].link_towards_name_server().unwrap();
+    let access = AccessId::new(NAME_SERVER_ENCLAVE, 0x6000_0001).unwrap();
+    let forged = Message::new(5, 3, id, Body::Revoke { process: 7, access });
+    net.nodes[holder].receive(up, &forged.to_bytes().unwrap(), &mut net.memory[holder]);
+    assert!(net.memory[holder].revoked.is_empty(), "only the name server may revoke");
+    assert!(net.nodes[holder].outbox().is_empty());
+    let revoke = Message::new(77, NAME_SERVER_ENCLAVE, id, Body::Revoke { process: 7, access });
+    net.nodes[holder].receive(up, &revoke.to_bytes().unwrap(), &mut net.memory[holder]);
+    assert_eq!(net.memory[holder].revoked, vec![(7, access)]);
+    let out = net.nodes[holder].outbox();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].0, up, "the acknowledgement goes back towards the name server");
+    assert_eq!(out[0].1, Message::new(77, id, NAME_SERVER_ENCLAVE, Body::Revoked { process: 7, access }));
 }

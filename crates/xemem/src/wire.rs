@@ -26,12 +26,14 @@
 //! | 24 | `Signal` | u64 process, i64 apid |
 //! | 32 | `Serve` | u32 requester, u64 owner process, i64 segid, u64 vaddr, u64 size |
 //! | 33 | `Notify` | u64 owner process, i64 segid |
+//! | 34 | `Revoke` | u64 process, i64 apid: the segment behind the permit is gone; unmap its attachment |
 //! | 48 | `Made` | i64 segid |
 //! | 49 | `Done` | (none) |
 //! | 50 | `Granted` | i64 apid, u64 size |
 //! | 51 | `Attached` | i64 segid, u64 size, u32 first run, u32 total runs, list<run> runs |
 //! | 52 | `Found` | i64 segid |
 //! | 53 | `Listed` | u8 more, list<i64 segid, u32 owner, u64 size, name (optional)> |
+//! | 54 | `Revoked` | u64 process, i64 apid: the acknowledgement of a `Revoke`; nothing maps it now |
 //! | 63 | `Failed` | u16 error code |
 //!
 //! A `run` is `u64 first frame, u64 frames`; first frame `u64::MAX` is a hole (no memory there:
@@ -125,12 +127,17 @@ pub enum Body {
     Signal { process: u64, access: AccessId },
     Serve { requester: EnclaveId, owner_process: u64, segment: SegmentId, vaddr: u64, size: u64 },
     Notify { owner_process: u64, segment: SegmentId },
+    /// From the name server (or the daemon serving host memory) to a permit holder's enclave:
+    /// the memory behind `access` is going; the holder must unmap every attachment made
+    /// through it (touching it afterwards is SIGBUS) and answer `Revoked`.
+    Revoke { process: u64, access: AccessId },
     Made { segment: SegmentId },
     Done,
     Granted { access: AccessId, size: u64 },
     Attached { segment: SegmentId, size: u64, first_run: u32, total_runs: u32, runs: Vec<FrameRun> },
     Found { segment: SegmentId },
     Listed { more: bool, entries: Vec<ListEntry> },
+    Revoked { process: u64, access: AccessId },
     Failed { error: Error },
 }
 
@@ -159,12 +166,14 @@ impl Body {
             Body::Signal { .. } => 24,
             Body::Serve { .. } => 32,
             Body::Notify { .. } => 33,
+            Body::Revoke { .. } => 34,
             Body::Made { .. } => 48,
             Body::Done => 49,
             Body::Granted { .. } => 50,
             Body::Attached { .. } => 51,
             Body::Found { .. } => 52,
             Body::Listed { .. } => 53,
+            Body::Revoked { .. } => 54,
             Body::Failed { .. } => 63,
         }
     }
@@ -329,7 +338,11 @@ impl Message {
                     w.u32(*g);
                 }
             }
-            Body::Release { process, access } | Body::Detach { process, access } | Body::Signal { process, access } => {
+            Body::Release { process, access }
+            | Body::Detach { process, access }
+            | Body::Signal { process, access }
+            | Body::Revoke { process, access }
+            | Body::Revoked { process, access } => {
                 w.u64(*process);
                 w.i64(access.raw());
             }
@@ -486,6 +499,7 @@ impl Message {
                 Body::Serve { requester, owner_process, segment, vaddr, size }
             }
             33 => Body::Notify { owner_process: r.u64()?, segment: r.segment()? },
+            34 => Body::Revoke { process: r.u64()?, access: r.access()? },
             48 => Body::Made { segment: r.segment()? },
             49 => Body::Done,
             50 => Body::Granted { access: r.access()?, size: r.page_aligned()? },
@@ -533,6 +547,7 @@ impl Message {
                 }
                 Body::Listed { more, entries }
             }
+            54 => Body::Revoked { process: r.u64()?, access: r.access()? },
             63 => Body::Failed { error: Error::from_code(r.u16()?).ok_or(Error::Malformed)? },
             _ => return Err(Error::Malformed),
         };

@@ -166,7 +166,7 @@ pub fn fork(frame: &TrapFrame, stack: u64, fs_base: u64, set_child_tid: Option<u
     })?;
     let pid = sched::reserve_tid();
     // CLONE_CHILD_SETTID writes the child's tid into the child's memory.
-    if let Some(translation) = set_child_tid.and_then(|address| memory.aspace.translate(address)) {
+    if let Some(translation) = set_child_tid.and_then(|address| memory.aspace.translate(address).ok()) {
         if translation.writable && translation.bytes_left_in_leaf >= 4 {
             phys::bytes_mut(translation.physical, 4).copy_from_slice(&(pid as u32).to_le_bytes());
         }

@@ -455,6 +455,56 @@ pub fn thread_count() -> usize {
     with_scheduler(|scheduler| scheduler.threads.len())
 }
 
+/// TLB shootdown. Unmapping job memory flushes only the CPU that unmapped it; when other
+/// CPUs may still cache the translations (an XPMEM attachment revoked because the host takes
+/// its memory away), the unmapping CPU bumps the generation and sends them a tick IPI. Each
+/// CPU drops its user translations when it sees a newer generation: in the IPI's handler, and
+/// whenever it enters a thread (a CPU without an x2APIC id cannot be sent the IPI, and one
+/// that was idle may have kept a thread's translations).
+static TLB_GENERATION: AtomicU64 = AtomicU64::new(0);
+/// The generation each CPU flushed last.
+static TLB_FLUSHED: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+/// How long the unmapping CPU waits for the others: a CPU in user mode takes the IPI at
+/// once; one in the kernel (interrupts off) takes it before it returns to user mode, so
+/// the wait only bounds how long the caller holds back its acknowledgement.
+const SHOOTDOWN_TIMEOUT_NS: u64 = 50_000_000;
+
+/// Makes every other CPU of the job drop its user translations; returns once each online CPU
+/// that can be sent an IPI has flushed (or the timeout passed).
+pub fn shoot_down_user_tlbs() {
+    let cpu = tables::current_cpu();
+    let generation = TLB_GENERATION.fetch_add(1, Ordering::AcqRel) + 1;
+    flush_here(cpu, generation);
+    let others = SCHEDULER.lock().as_ref().map_or(0u64, |scheduler| {
+        scheduler.cpus.iter().enumerate().filter(|&(index, state)| state.online && index != cpu && apic_id(index).is_some()).fold(0, |bits, (index, _)| bits | 1 << index)
+    });
+    for index in (0..MAX_CPUS).filter(|&index| others & (1 << index) != 0) {
+        apic::send_tick(apic_id(index).expect("filtered above"));
+    }
+    let deadline = clock::monotonic_ns() + SHOOTDOWN_TIMEOUT_NS;
+    while (0..MAX_CPUS).any(|index| others & (1 << index) != 0 && TLB_FLUSHED[index].load(Ordering::Acquire) < generation) {
+        if clock::monotonic_ns() > deadline {
+            log!("xpmem: a CPU did not confirm the TLB shootdown in time; it flushes before it next runs user code");
+            return;
+        }
+        core::hint::spin_loop();
+    }
+}
+
+/// Flushes this CPU's user translations if another CPU asked since it last did.
+pub fn flush_tlb_if_stale() {
+    let cpu = tables::current_cpu();
+    let generation = TLB_GENERATION.load(Ordering::Acquire);
+    if TLB_FLUSHED[cpu].load(Ordering::Relaxed) < generation {
+        flush_here(cpu, generation);
+    }
+}
+
+fn flush_here(cpu: usize, generation: u64) {
+    crate::arch::paging::flush_user_tlb();
+    TLB_FLUSHED[cpu].fetch_max(generation, Ordering::AcqRel);
+}
+
 /// A signal thread `tid` takes arrived: a thread in a wait is woken with `WaitResult::Signal`;
 /// any other is told (its next wait ends at once unless it passes delivery first: it may be
 /// on its way into a wait), and one running on another CPU is sent a tick IPI, so that it
@@ -574,6 +624,7 @@ fn drop_address_space(cpu: usize) {
 /// gets a time slice, enforced by the timer only if others wait for this CPU (tickless
 /// otherwise).
 fn enter_thread(scheduler: &mut Scheduler, cpu: usize, next: u64) -> (usize, u64) {
+    flush_tlb_if_stale();
     scheduler.cpus[cpu].current = Some(next);
     let quantum_end = cpu::read_tsc() + clock::tsc_hz() * QUANTUM_MS / 1000;
     QUANTUM_END[cpu].store(quantum_end, Ordering::Relaxed);

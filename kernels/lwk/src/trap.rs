@@ -38,6 +38,8 @@ pub fn ring3_syscall_page_in_use() -> bool {
 pub fn handle(frame: &mut TrapFrame) {
     if frame.vector == apic::TICK_VECTOR as u64 {
         apic::end_of_interrupt();
+        // The tick IPI also carries TLB shootdowns (`sched::shoot_down_user_tlbs`).
+        sched::flush_tlb_if_stale();
         if frame.is_from_user() {
             sched::tick();
         }

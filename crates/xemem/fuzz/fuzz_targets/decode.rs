@@ -5,7 +5,7 @@
 use libfuzzer_sys::fuzz_target;
 use xemem::node::{LocalMemory, Node, Timing};
 use xemem::wire::{FrameRun, Message, RunAssembler};
-use xemem::{Error, SegmentId};
+use xemem::{AccessId, Error, SegmentId};
 
 struct NoMemory;
 impl LocalMemory for NoMemory {
@@ -13,6 +13,7 @@ impl LocalMemory for NoMemory {
         Ok(vec![FrameRun { first: None, frames: size / 4096 }])
     }
     fn notify(&mut self, _: u64, _: SegmentId) {}
+    fn revoke(&mut self, _: u64, _: AccessId) {}
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -226,13 +226,17 @@ impl PageTables {
     }
 
     /// What `address` maps to: the physical address, whether the page is writable, and how
-    /// many bytes of the same leaf (4 KiB or 2 MiB) follow from `address`. `None` when
-    /// nothing is mapped there. Only reads the tables (XPMEM resolves segments with it).
-    pub fn translate(&mut self, address: u64) -> Option<Translation> {
-        let directory = self.directory(address, None).ok()??;
+    /// many bytes of the same leaf (4 KiB or 2 MiB) follow from `address`. When nothing is
+    /// mapped there: how many bytes from `address` are certainly unmapped (the rest of a
+    /// missing 4 KiB page, or of a 2 MiB block with no table at all). Only reads the tables
+    /// (XPMEM resolves segments with it).
+    pub fn translate(&mut self, address: u64) -> Result<Translation, u64> {
+        let to_block_end = (address | (HUGE_PAGE_SIZE - 1)) + 1 - address;
+        let to_page_end = PAGE_SIZE - (address & (PAGE_SIZE - 1));
+        let Ok(Some(directory)) = self.directory(address, None) else { return Err(to_block_end) };
         let entry = entries(directory)[index(address, 1)];
         if entry & PRESENT == 0 {
-            return None;
+            return Err(to_block_end);
         }
         let (leaf, leaf_size) = if entry & HUGE != 0 {
             (entry, HUGE_PAGE_SIZE)
@@ -240,11 +244,11 @@ impl PageTables {
             (entries(entry & ADDRESS_MASK)[index(address, 0)], PAGE_SIZE)
         };
         if leaf & PRESENT == 0 {
-            return None;
+            return Err(to_page_end);
         }
         let offset = address & (leaf_size - 1);
         let frame = leaf & ADDRESS_MASK & !(leaf_size - 1);
-        Some(Translation { physical: frame + offset, writable: leaf & WRITABLE != 0, bytes_left_in_leaf: leaf_size - offset })
+        Ok(Translation { physical: frame + offset, writable: leaf & WRITABLE != 0, bytes_left_in_leaf: leaf_size - offset })
     }
 
     /// Calls `leaf` with each mapping of `[start, end)` in the user half, in address order:
@@ -336,8 +340,7 @@ const REBUILD_THRESHOLD: u64 = 16;
 /// ranges, the whole (non-global) TLB for large ones.
 fn flush_tlb(start: u64, len: u64) {
     if len / PAGE_SIZE > 32 {
-        // SAFETY: reloading CR3 with its own value only flushes the TLB.
-        unsafe { asm!("mov {tmp}, cr3", "mov cr3, {tmp}", tmp = out(reg) _, options(nostack)) }
+        flush_user_tlb();
     } else {
         let mut address = start;
         while address < start + len {
@@ -346,6 +349,12 @@ fn flush_tlb(start: u64, len: u64) {
             address += PAGE_SIZE;
         }
     }
+}
+
+/// Drops every non-global translation of this CPU: all user mappings (kernel ones are global).
+pub fn flush_user_tlb() {
+    // SAFETY: reloading CR3 with its own value only flushes the TLB.
+    unsafe { asm!("mov {tmp}, cr3", "mov cr3, {tmp}", tmp = out(reg) _, options(nostack)) }
 }
 
 /// Turns on global pages, so kernel translations survive address-space switches.

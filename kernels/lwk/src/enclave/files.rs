@@ -102,7 +102,7 @@ fn user_run(buffer: u64, len: u64, host_writes: bool) -> Option<Run> {
         let mut start = None;
         let mut covered = 0u64;
         while covered < len {
-            let Some(page) = process.memory.aspace.translate(buffer + covered) else { break };
+            let Ok(page) = process.memory.aspace.translate(buffer + covered) else { break };
             if host_writes && !page.writable {
                 break;
             }

@@ -287,6 +287,8 @@ pub fn wait_for_host_message() {
         crate::sched::end_job_if_requested(cpu);
     } else {
         crate::sched::park_if_requested(cpu);
+        // Interrupts are off here: answer a TLB shootdown without waiting for the IPI.
+        crate::sched::flush_tlb_if_stale();
         core::hint::spin_loop();
     }
 }

@@ -72,6 +72,12 @@ pub fn with_process<R>(f: impl FnOnce(&mut Process) -> R) -> R {
     f(processes.get_mut(&pid).expect("the calling thread's process"))
 }
 
+/// Runs `f` on process `pid`, if it is alive (for code that serves a process from outside its
+/// threads, like `/dev/xpmem` answering the host for the job's first process).
+pub fn with_process_of<R>(pid: u64, f: impl FnOnce(&mut Process) -> R) -> Option<R> {
+    PROCESSES.lock().get_mut(&pid).map(f)
+}
+
 /// The pipe end behind `descriptor` of the calling process, if it is one (a handle of its own,
 /// so that the caller may wait without holding any lock), and whether it is non-blocking.
 pub fn pipe_end(descriptor: u64) -> Option<(pipe::PipeEnd, bool)> {

@@ -53,7 +53,8 @@ impl AddressSpace {
         }
     }
 
-    pub fn translate(&mut self, virtual_address: u64) -> Option<Translation> {
+    /// See `PageTables::translate`: the translation, or how many bytes are unmapped from here.
+    pub fn translate(&mut self, virtual_address: u64) -> Result<Translation, u64> {
         self.tables.translate(virtual_address)
     }
 }

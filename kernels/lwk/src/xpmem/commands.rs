@@ -37,6 +37,9 @@ fn ints(word: u64) -> (u32, u32) {
 }
 
 pub fn ioctl(request: u64, argument: u64) -> SyscallResult {
+    if !super::caller_is_served() {
+        return Err(Errno::EPERM);
+    }
     match request as u32 {
         VERSION => Ok(CURRENT_VERSION),
         MAKE => {

@@ -7,11 +7,12 @@
 //! ([`from_host`]) and sends what it returns. There is no timer here, so the node's clock
 //! advances when the host writes (it pings every second), which paces discovery retries.
 //!
-//! The node finds the name server and gets this enclave's id. `/dev/xpmem` sends XEMEM's named
-//! makes (and removes of the segments they made) through it, so host processes can find and
-//! attach them, and the job's lookups, gets and attaches of host processes' segments (the
-//! daemon adds their memory as guest-physical regions); XPMEM's anonymous segments stay in the
-//! enclave's own name server (`super`).
+//! The node finds the name server and gets this enclave's id. From then on `/dev/xpmem` sends
+//! every make (XPMEM's anonymous ones and XEMEM's named ones), remove, get, attach, detach,
+//! release and lookup through it, so segids are unique machine-wide and host processes and
+//! other enclaves can use the job's segments (and the job theirs: the daemon adds their memory
+//! as guest-physical regions). The name server's `Revoke`s reach `super` through
+//! [`LocalMemory::revoke`].
 
 use super::SourceRun;
 use crate::arch::sync::SpinLock;
@@ -44,14 +45,14 @@ pub fn job_removed(segment: SegmentId) {
 /// The job ended: its segments go from the name server too. The removes are only queued in
 /// the node (this runs where the channel may be in use); they leave with the next message
 /// the node sends, at the latest after the host's next ping. Nobody waits for the answers.
-/// Its permits on host memory (`host_permits`) are released the same way, which makes the
-/// host remove the regions behind their attachments (the job's address space is gone).
-pub fn job_ended(host_permits: Vec<AccessId>) {
+/// Its permits (`permits`) are released the same way, which makes the host remove the
+/// regions behind their attachments (the job's address space is gone).
+pub fn job_ended(permits: Vec<AccessId>) {
     let segments = core::mem::take(&mut *JOB_SEGMENTS.lock());
     let mut guard = NODE.lock();
     let Some(node) = guard.as_mut() else { return };
     let removes = segments.into_iter().map(|segment| Request::Remove { process: crate::job::PID, segment });
-    let releases = host_permits.into_iter().map(|access| Request::Release { process: crate::job::PID, access });
+    let releases = permits.into_iter().map(|access| Request::Release { process: crate::job::PID, access });
     for request in removes.chain(releases) {
         if let Ok(request) = node.request(request, &mut JobMemory) {
             ABANDONED.lock().push(request);
@@ -112,6 +113,11 @@ impl LocalMemory for JobMemory {
         Ok(runs.iter().map(|run| FrameRun { first: run.first, frames: run.frames }).collect())
     }
     fn notify(&mut self, _process: u64, _segment: SegmentId) {}
+    fn revoke(&mut self, process: u64, access: AccessId) {
+        if process == crate::job::PID {
+            super::revoke_global_permit(access);
+        }
+    }
 }
 
 fn now_ms() -> u64 {

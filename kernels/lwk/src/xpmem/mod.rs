@@ -2,10 +2,13 @@
 //! linked program (built against `xemem/include/xpmem.h` and `libxpmem.a`) shares memory here
 //! as it does on the host through clowderd's broker.
 //!
-//! This first step serves segments *within the enclave*: the job is the only process, so an
-//! owner and its attachers are the job's threads (or the same thread). The rules (ids, checks,
-//! errnos) are the `xemem` crate's name server, the very code the host broker runs, so both
-//! backends answer alike. What the kernel adds is memory:
+//! Connected to clowderd (a persistent enclave), every segment, permit and id is the host's name
+//! server's (`host_link`): segids are unique machine-wide and any enclave or host process may
+//! use any of them. Standalone, the enclave is its own name server and serves segments within
+//! the enclave: the job is the only process, so an owner and its attachers are the job's
+//! threads (or the same thread). Either way the rules (ids, checks, errnos) are the `xemem`
+//! crate's name server, the very code the host broker runs, so all backends answer alike. What
+//! the kernel adds is memory:
 //! - a segment range resolves to runs of frames read from the job's page tables (`resolve`),
 //!   with holes where nothing is mapped;
 //! - an attachment maps those runs into a window of the job's address space that the job's
@@ -21,8 +24,10 @@ pub mod host_link;
 use crate::arch::paging::{Protection, HUGE_PAGE_SIZE, PAGE_SIZE};
 use crate::arch::sync::SpinLock;
 use crate::job;
+use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 use xemem::ids::{AccessId, SegmentId};
+use xemem::node::{Reply, Request};
 use xemem::{Credentials, Error, NameServer, Owner, Principal};
 
 pub use commands::ioctl;
@@ -36,8 +41,8 @@ pub const DEVICE_PATH: &str = "/dev/xpmem";
 const ATTACH_WINDOW_START: u64 = 0x7000_0000_0000;
 const ATTACH_WINDOW_END: u64 = 0x7f00_0000_0000;
 
-/// This enclave as the name server knows it. Alone, the enclave is its own name server
-/// (enclave 1, as in XEMEM); connected to the host it will take the id the host hands out.
+/// This enclave as its own name server knows it, standalone (enclave 1, as in XEMEM);
+/// connected, its segments carry the id the host's name server handed out.
 const LOCAL_ENCLAVE: xemem::ids::EnclaveId = xemem::ids::NAME_SERVER_ENCLAVE;
 
 /// The job runs as root inside its enclave (see `syscall/getuid.rs`): segments are owned by
@@ -59,23 +64,48 @@ struct Attachment {
     start: u64,
     end: u64,
     access: AccessId,
+    /// The segment attached: removing it revokes the attachment.
+    segment: SegmentId,
     /// The segment was removed: the pages are gone, the range stays reserved (and faults
     /// SIGBUS) until the job detaches it.
     revoked: bool,
-    /// Host memory the VMM added as guest-physical regions: detaching it tells the host,
-    /// which removes the regions (after the mapping here is gone).
-    from_host: bool,
+    /// Made through a permit of the host's name server: detaching it tells the host (after
+    /// the mapping here is gone), which removes any guest-physical regions it added for it.
+    global: bool,
+}
+
+/// A permit the host's name server granted.
+#[derive(Clone, Copy)]
+struct GlobalPermit {
+    flags: u32,
+    segment: SegmentId,
 }
 
 struct Device {
+    /// The enclave's own name server, standalone.
     names: NameServer,
-    /// Permits on host processes' segments, granted by clowderd: id -> access flags.
-    host_permits: alloc::collections::BTreeMap<i64, u32>,
+    /// Permits from the host's name server, by id.
+    global_permits: BTreeMap<i64, GlobalPermit>,
+    /// Segments the job made through the host's name server: id -> (vaddr, length), so that an
+    /// attach of them maps the job's own pages from its page tables.
+    own_segments: BTreeMap<SegmentId, (u64, u64)>,
     /// Sorted by `start`, never overlapping.
     attachments: Vec<Attachment>,
 }
 
 static DEVICE: SpinLock<Option<Device>> = SpinLock::new(None);
+
+/// Runs `f` on the job's first process, whose device this is (also from the channel's
+/// interrupt, which may come while another process runs); `None` when it is gone.
+fn with_job_process<R>(f: impl FnOnce(&mut job::Process) -> R) -> Option<R> {
+    job::with_process_of(job::PID, f)
+}
+
+/// The device serves the job's first process only: its segments and attachments live in that
+/// address space (forked processes are not XPMEM-capable yet; docs/xemem.md).
+pub fn caller_is_served() -> bool {
+    crate::sched::current_pid() == job::PID
+}
 
 fn job_principal() -> Principal {
     Principal { enclave: LOCAL_ENCLAVE, process: job::PID }
@@ -87,25 +117,27 @@ fn job_credentials() -> Credentials {
 
 fn with_device<R>(f: impl FnOnce(&mut Device) -> R) -> R {
     let mut device = DEVICE.lock();
-    f(device.get_or_insert_with(|| Device { names: NameServer::new(), host_permits: Default::default(), attachments: Vec::new() }))
+    f(device.get_or_insert_with(|| Device {
+        names: NameServer::new(),
+        global_permits: BTreeMap::new(),
+        own_segments: BTreeMap::new(),
+        attachments: Vec::new(),
+    }))
 }
 
 /// The job ended: its segments, permits and attachments go with its address space.
 pub fn forget_job() {
     let device = DEVICE.lock().take();
-    let host_permits = device.map(|device| device.host_permits.keys().filter_map(|raw| AccessId::from_raw(*raw)).collect()).unwrap_or_default();
-    host_link::job_ended(host_permits);
+    let global_permits = device.map(|device| device.global_permits.keys().filter_map(|raw| AccessId::from_raw(*raw)).collect()).unwrap_or_default();
+    host_link::job_ended(global_permits);
 }
 
 /// Does a user fault at `address` hit an attachment? Then the job gets SIGBUS, not SIGSEGV.
 pub fn is_attachment_fault(address: u64) -> bool {
-    // A fault can arrive while a system call on this CPU holds the lock only if the kernel
-    // touched user memory under it, which this module never does; `try_lock` keeps a bug
-    // there from becoming a dead-lock.
-    match DEVICE.try_lock() {
-        Some(device) => device.as_ref().is_some_and(|device| device.attachments.iter().any(|a| a.start <= address && address < a.end)),
-        None => false,
-    }
+    // Only user-mode faults come here, and a CPU returns to user mode with no lock held, so
+    // this CPU cannot hold the lock. Another CPU may (a revoke unmapping this very range): wait
+    // for it, or the fault would be taken for a SIGSEGV.
+    caller_is_served() && DEVICE.lock().as_ref().is_some_and(|device| device.attachments.iter().any(|a| a.start <= address && address < a.end))
 }
 
 /// Frames behind `[vaddr, vaddr + size)` of the job, as runs (holes where nothing is mapped).
@@ -113,14 +145,14 @@ pub fn is_attachment_fault(address: u64) -> bool {
 pub fn resolve(vaddr: u64, size: u64) -> Vec<SourceRun> {
     let end = vaddr + size;
     let mut runs: Vec<SourceRun> = Vec::new();
-    job::with_process(|process| {
+    let _ = with_job_process(|process| {
         let mut address = vaddr;
         while address < end {
             let (first, writable, step) = match process.memory.aspace.translate(address) {
-                Some(found) => (Some(found.physical / PAGE_SIZE), found.writable, found.bytes_left_in_leaf),
-                // Skip unmapped space quickly: a whole-address-space segment is 128 TiB, but
-                // nothing is mapped below a missing 2 MiB block.
-                None => (None, false, (address | (HUGE_PAGE_SIZE - 1)) + 1 - address),
+                Ok(found) => (Some(found.physical / PAGE_SIZE), found.writable, found.bytes_left_in_leaf),
+                // Unmapped space goes by whole missing blocks where it can: a whole-address-
+                // space segment is 128 TiB.
+                Err(unmapped) => (None, false, unmapped),
             };
             let step = step.min(end - address);
             let frames = step / PAGE_SIZE;
@@ -174,22 +206,31 @@ fn access_id(raw: i64) -> Result<AccessId, Error> {
     AccessId::from_raw(raw).ok_or(Error::Invalid)
 }
 
-/// XEMEM's named make (mode 0666, as XEMEM's global segments): through the host's name
-/// server when the enclave is connected to it, so the whole machine can find the segment;
-/// in the enclave's own name server otherwise.
-pub fn make_named(vaddr: u64, size: u64, name: xemem::wire::Name) -> Result<i64, Error> {
-    let owner = Owner { uid: JOB_UID, gid: JOB_GID, mode: 0o666 };
-    if host_link::enclave_id().is_none() {
-        return with_device(|device| device.names.make(job_principal(), vaddr, size, owner, Some(name))).map(SegmentId::raw);
-    }
-    xemem::nameserver::validate_range(vaddr, size)?;
-    match host_link::request(xemem::node::Request::Make { process: job::PID, vaddr, size, owner, name: Some(name) })? {
-        xemem::node::Reply::Made(segment) => {
+/// Whether the enclave's segments and permits are the host's name server's.
+fn connected() -> bool {
+    host_link::enclave_id().is_some()
+}
+
+/// Makes a segment with the host's name server; its id names this enclave.
+fn make_global(vaddr: u64, size: u64, owner: Owner, name: Option<xemem::wire::Name>) -> Result<i64, Error> {
+    let length = xemem::nameserver::validate_range(vaddr, size)?;
+    match host_link::request(Request::Make { process: job::PID, vaddr, size, owner, name })? {
+        Reply::Made(segment) => {
             host_link::job_made(segment);
+            with_device(|device| device.own_segments.insert(segment, (vaddr, length)));
             Ok(segment.raw())
         }
         _ => Err(Error::Malformed),
     }
+}
+
+/// XEMEM's named make (mode 0666, as XEMEM's global segments).
+pub fn make_named(vaddr: u64, size: u64, name: xemem::wire::Name) -> Result<i64, Error> {
+    let owner = Owner { uid: JOB_UID, gid: JOB_GID, mode: 0o666 };
+    if connected() {
+        return make_global(vaddr, size, owner, Some(name));
+    }
+    with_device(|device| device.names.make(job_principal(), vaddr, size, owner, Some(name))).map(SegmentId::raw)
 }
 
 pub fn make(vaddr: u64, size: u64, permit_type: u32, mode: u64) -> Result<i64, Error> {
@@ -197,33 +238,47 @@ pub fn make(vaddr: u64, size: u64, permit_type: u32, mode: u64) -> Result<i64, E
         return Err(Error::Invalid);
     }
     let owner = Owner { uid: JOB_UID, gid: JOB_GID, mode: mode as u32 };
+    if connected() {
+        return make_global(vaddr, size, owner, None);
+    }
     with_device(|device| device.names.make(job_principal(), vaddr, size, owner, None)).map(SegmentId::raw)
+}
+
+/// Unmaps the attachments `which` selects and keeps their ranges reserved (the job's next
+/// touch is SIGBUS, until it detaches them). Returns whether any was mapped.
+fn revoke_where(device: &mut Device, which: impl Fn(&Attachment) -> bool) -> bool {
+    let mut unmapped = false;
+    let _ = with_job_process(|process| {
+        for attachment in device.attachments.iter_mut().filter(|a| !a.revoked && which(a)) {
+            attachment.revoked = true;
+            let _ = process.memory.aspace.unmap(attachment.start, attachment.end - attachment.start);
+            unmapped = true;
+        }
+    });
+    unmapped
 }
 
 /// Removes a segment; attachments made through it lose their pages (SIGBUS from now on).
 pub fn remove(raw: i64) -> Result<(), Error> {
     let id = segment_id(raw)?;
-    // A segment this enclave registered with the host's name server (it carries our id).
-    if host_link::enclave_id().is_some_and(|enclave| enclave == id.enclave()) {
-        host_link::request(xemem::node::Request::Remove { process: job::PID, segment: id })?;
+    let global = host_link::enclave_id().is_some_and(|enclave| enclave == id.enclave());
+    if global {
+        host_link::request(Request::Remove { process: job::PID, segment: id })?;
         host_link::job_removed(id);
-        return Ok(());
     }
-    let mut to_unmap = Vec::new();
-    with_device(|device| {
-        let dropped = device.names.remove(job_principal(), id)?;
-        for attachment in device.attachments.iter_mut().filter(|a| !a.revoked && dropped.contains(&a.access)) {
-            attachment.revoked = true;
-            to_unmap.push((attachment.start, attachment.end));
+    // Unmapped under the device lock, so no attach can take the range in between.
+    let unmapped = with_device(|device| {
+        if global {
+            device.own_segments.remove(&id);
+        } else {
+            device.names.remove(job_principal(), id)?;
         }
-        // Unmapped under the device lock, so no attach can take the range in between.
-        job::with_process(|process| {
-            for (start, end) in &to_unmap {
-                let _ = process.memory.aspace.unmap(*start, end - start);
-            }
-        });
-        Ok(())
-    })
+        Ok(revoke_where(device, |a| a.global == global && a.segment == id))
+    })?;
+    if unmapped {
+        crate::sched::shoot_down_user_tlbs();
+    }
+    Ok(())
 }
 
 pub fn get(raw: i64, flags: u32, permit_type: u32, permit_value: u64) -> Result<i64, Error> {
@@ -234,56 +289,70 @@ pub fn get(raw: i64, flags: u32, permit_type: u32, permit_value: u64) -> Result<
     }
     xemem::validate_access_flags(flags)?;
     let id = segment_id(raw)?;
-    let local = with_device(|device| device.names.get(job_principal(), &job_credentials(), id, flags));
-    match local {
-        // Not the enclave's own: a host process's segment (enclave 1), from clowderd.
-        Err(Error::NotFound) if id.enclave() == xemem::ids::NAME_SERVER_ENCLAVE && host_link::enclave_id().is_some() => {
-            let request = xemem::node::Request::Get { process: job::PID, segment: id, access: flags, credentials: job_credentials() };
-            match host_link::request(request)? {
-                xemem::node::Reply::Granted { access, .. } => {
-                    with_device(|device| device.host_permits.insert(access.raw(), flags));
-                    Ok(access.raw())
-                }
-                _ => Err(Error::Malformed),
-            }
+    if !connected() {
+        return with_device(|device| device.names.get(job_principal(), &job_credentials(), id, flags)).map(|(apid, _)| apid.raw());
+    }
+    match host_link::request(Request::Get { process: job::PID, segment: id, access: flags, credentials: job_credentials() })? {
+        Reply::Granted { access, .. } => {
+            with_device(|device| device.global_permits.insert(access.raw(), GlobalPermit { flags, segment: id }));
+            Ok(access.raw())
         }
-        result => result.map(|(apid, _)| apid.raw()),
+        _ => Err(Error::Malformed),
     }
 }
 
 pub fn release(raw: i64) -> Result<(), Error> {
     let apid = access_id(raw)?;
-    let host_permit = with_device(|device| {
-        if device.host_permits.remove(&apid.raw()).is_none() {
+    // The host removes any regions behind the permit's attachments: unmap them here first.
+    // Touching them afterwards faults (SIGBUS), as after a remove.
+    let global = with_device(|device| {
+        if device.global_permits.remove(&apid.raw()).is_none() {
             return Err(device.names.release(job_principal(), apid));
         }
-        // The host removes the regions behind the permit's attachment: unmap it here first.
-        // Touching it afterwards faults (SIGBUS), as after a remove.
-        unmap_host_attachments(device, apid);
-        Ok(())
+        Ok(forget_attachments(device, apid))
     });
-    match host_permit {
+    match global {
         Err(local) => local,
-        Ok(()) => host_link::request(xemem::node::Request::Release { process: job::PID, access: apid }).map(drop),
+        Ok(unmapped) => {
+            if unmapped {
+                crate::sched::shoot_down_user_tlbs();
+            }
+            host_link::request(Request::Release { process: job::PID, access: apid }).map(drop)
+        }
     }
 }
 
-/// Unmaps and forgets the attachments made through `apid`, a permit on host memory.
-fn unmap_host_attachments(device: &mut Device, apid: AccessId) {
-    job::with_process(|process| {
-        for attachment in device.attachments.iter().filter(|a| a.from_host && a.access == apid) {
-            let _ = process.memory.aspace.unmap(attachment.start, attachment.end - attachment.start);
-        }
+/// Unmaps and forgets the attachments made through `apid`, a global permit. Returns whether
+/// any was mapped.
+fn forget_attachments(device: &mut Device, apid: AccessId) -> bool {
+    let unmapped = revoke_where(device, |a| a.global && a.access == apid);
+    device.attachments.retain(|a| !(a.global && a.access == apid));
+    unmapped
+}
+
+/// The host's name server takes back the memory behind `apid` (its owner removed the segment
+/// or is gone): the permit's attachments are unmapped and their ranges stay reserved, so the
+/// job's next touch is SIGBUS, as after a local remove. No CPU of the job may keep a
+/// translation: the host removes the memory once this returns.
+pub fn revoke_global_permit(apid: AccessId) {
+    if !job::is_loaded() {
+        return;
+    }
+    let unmapped = with_device(|device| {
+        device.global_permits.remove(&apid.raw());
+        revoke_where(device, |a| a.global && a.access == apid)
     });
-    device.attachments.retain(|a| !(a.from_host && a.access == apid));
+    if unmapped {
+        crate::sched::shoot_down_user_tlbs();
+    }
 }
 
 /// XEMEM's lookup: the enclave's own names first, then (connected) the whole machine's.
 pub fn lookup(name: xemem::wire::Name) -> Result<i64, Error> {
     let local = with_device(|device| device.names.lookup(&name));
     match local {
-        Err(Error::NotFound) if host_link::enclave_id().is_some() => match host_link::request(xemem::node::Request::Lookup { name })? {
-            xemem::node::Reply::Found(segment) => Ok(segment.raw()),
+        Err(Error::NotFound) if host_link::enclave_id().is_some() => match host_link::request(Request::Lookup { name })? {
+            Reply::Found(segment) => Ok(segment.raw()),
             _ => Err(Error::Malformed),
         },
         result => result.map(SegmentId::raw),
@@ -317,62 +386,82 @@ fn host_runs_valid(runs: &[xemem::wire::FrameRun], size: u64) -> bool {
     !runs.is_empty() && pages.checked_mul(PAGE_SIZE) == Some(size)
 }
 
-/// Attaches host memory through `apid` (a permit from clowderd): the daemon adds the owner's
-/// memory as guest-physical regions and answers with their frames, which are mapped here.
-fn attach_host(apid: AccessId, flags: u32, offset: u64, size: u64, fixed: u64) -> Result<u64, Error> {
+/// Maps `runs` (`size` bytes in all) at `fixed`, or anywhere in the window when it is 0, and
+/// records the attachment; returns its address.
+fn map_attachment(device: &mut Device, runs: &[SourceRun], size: u64, fixed: u64, access: AccessId, segment: SegmentId, global: bool) -> Result<u64, Error> {
+    let first_physical = runs.iter().find_map(|run| run.first).unwrap_or(0) * PAGE_SIZE;
+    let start = if fixed != 0 {
+        let end = fixed.checked_add(size).ok_or(Error::Invalid)?;
+        // Only where nothing of the job is, or could be: not over its memory regions, not over
+        // another attachment (XPMEM refuses a fixed attach over a mapping).
+        let taken = with_job_process(|process| {
+            let memory = &process.memory;
+            [memory.image, memory.heap, memory.stack].iter().any(|region| region.start < end && fixed < region.end)
+        })
+        .unwrap_or(true)
+            || device.attachments.iter().any(|a| a.start < end && fixed < a.end);
+        if taken || end > xemem::USER_ADDRESS_LIMIT {
+            return Err(Error::Invalid);
+        }
+        fixed
+    } else {
+        place(&device.attachments, size, first_physical).ok_or(Error::Exhausted)?
+    };
+    let mapped = with_job_process(|process| {
+        let mut address = start;
+        for run in runs {
+            let len = run.frames * PAGE_SIZE;
+            if let Some(frame) = run.first {
+                // Read-only source pages stay read-only: a write through the attachment faults
+                // (SIGBUS) instead of changing, say, the executable's text.
+                process.memory.aspace.map(address, frame * PAGE_SIZE, len, Protection { write: run.writable, execute: false })?;
+            }
+            address += len;
+        }
+        Ok::<(), crate::arch::paging::OutOfMemory>(())
+    });
+    if !matches!(mapped, Some(Ok(()))) {
+        let _ = with_job_process(|process| process.memory.aspace.unmap(start, size));
+        return Err(Error::Exhausted);
+    }
+    let at = device.attachments.partition_point(|a| a.start < start);
+    device.attachments.insert(at, Attachment { start, end: start + size, access, segment, revoked: false, global });
+    Ok(start)
+}
+
+/// Attaches through `apid`, a permit of the host's name server. The job's own segment maps
+/// its own pages from the page tables, as a local attach does; any other (a host process's,
+/// another enclave's) arrives as frames of regions the host added above this enclave's RAM.
+fn attach_global(apid: AccessId, permit: GlobalPermit, offset: u64, size: u64, fixed: u64) -> Result<u64, Error> {
     if !offset.is_multiple_of(PAGE_SIZE) || size == 0 {
         return Err(Error::Invalid);
     }
     let size = size.checked_next_multiple_of(PAGE_SIZE).ok_or(Error::Invalid)?;
-    let reply = host_link::request(xemem::node::Request::Attach { process: job::PID, access: apid, offset, size })?;
+    let reply = host_link::request(Request::Attach { process: job::PID, access: apid, offset, size })?;
     let detach_at_host = || {
-        let _ = host_link::request(xemem::node::Request::Detach { process: job::PID, access: apid });
+        let _ = host_link::request(Request::Detach { process: job::PID, access: apid });
     };
-    let runs = match reply {
-        xemem::node::Reply::Attached { runs, .. } if host_runs_valid(&runs, size) => runs,
+    let own = with_device(|device| device.own_segments.get(&permit.segment).copied());
+    let runs: Vec<SourceRun> = match (reply, own) {
+        // The name server checked the permit and the range.
+        (Reply::Attached { segment, .. }, Some((vaddr, length))) if segment == permit.segment && offset.checked_add(size).is_some_and(|end| end <= length) => {
+            resolve(vaddr + offset, size)
+        }
+        (Reply::Attached { segment, runs }, None) if segment == permit.segment && host_runs_valid(&runs, size) => {
+            let writable = permit.flags == xemem::ACCESS_READ_WRITE;
+            runs.iter().map(|run| SourceRun { first: run.first, frames: run.frames, writable }).collect()
+        }
         _ => {
             detach_at_host();
             return Err(Error::Invalid);
         }
     };
-    let first_physical = runs.iter().find_map(|run| run.first).unwrap_or(0) * PAGE_SIZE;
-    let writable = flags == xemem::ACCESS_READ_WRITE;
     let placed = with_device(|device| {
-        // The permit may have been released while the daemon worked.
-        if !device.host_permits.contains_key(&apid.raw()) {
+        // The permit may have been released or revoked while the host worked.
+        if !device.global_permits.contains_key(&apid.raw()) {
             return Err(Error::NotFound);
         }
-        let start = if fixed != 0 {
-            let end = fixed.checked_add(size).ok_or(Error::Invalid)?;
-            let taken = job::with_process(|process| {
-                let memory = &process.memory;
-                [memory.image, memory.heap, memory.stack].iter().any(|region| region.start < end && fixed < region.end)
-            }) || device.attachments.iter().any(|a| a.start < end && fixed < a.end);
-            if taken || end > xemem::USER_ADDRESS_LIMIT {
-                return Err(Error::Invalid);
-            }
-            fixed
-        } else {
-            place(&device.attachments, size, first_physical).ok_or(Error::Exhausted)?
-        };
-        let mapped = job::with_process(|process| {
-            let mut address = start;
-            for run in &runs {
-                let len = run.frames * PAGE_SIZE;
-                if let Some(frame) = run.first {
-                    process.memory.aspace.map(address, frame * PAGE_SIZE, len, Protection { write: writable, execute: false })?;
-                }
-                address += len;
-            }
-            Ok::<(), crate::arch::paging::OutOfMemory>(())
-        });
-        if mapped.is_err() {
-            job::with_process(|process| process.memory.aspace.unmap(start, size)).ok();
-            return Err(Error::Exhausted);
-        }
-        let at = device.attachments.partition_point(|a| a.start < start);
-        device.attachments.insert(at, Attachment { start, end: start + size, access: apid, revoked: false, from_host: true });
-        Ok(start)
+        map_attachment(device, &runs, size, fixed, apid, permit.segment, true)
     });
     if placed.is_err() {
         detach_at_host();
@@ -387,57 +476,15 @@ pub fn attach(raw: i64, offset: u64, size: u64, fixed: u64) -> Result<u64, Error
     if !fixed.is_multiple_of(PAGE_SIZE) {
         return Err(Error::Invalid);
     }
-    if let Some(flags) = with_device(|device| device.host_permits.get(&apid.raw()).copied()) {
-        return attach_host(apid, flags, offset, size, fixed);
+    if let Some(permit) = with_device(|device| device.global_permits.get(&apid.raw()).copied()) {
+        return attach_global(apid, permit, offset, size, fixed);
     }
     with_device(|device| {
         let plan = device.names.attach(job_principal(), apid, offset, size)?;
         let runs = resolve(plan.vaddr, plan.size);
-        let first_physical = runs.iter().find_map(|run| run.first).unwrap_or(0) * PAGE_SIZE;
-        let start = if fixed != 0 {
-            let end = fixed.checked_add(plan.size).ok_or(Error::Invalid)?;
-            // Only where nothing of the job is, or could be: not over its memory regions,
-            // not over another attachment (XPMEM refuses a fixed attach over a mapping).
-            let taken = job::with_process(|process| {
-                let memory = &process.memory;
-                [memory.image, memory.heap, memory.stack].iter().any(|region| region.start < end && fixed < region.end)
-            }) || device.attachments.iter().any(|a| a.start < end && fixed < a.end);
-            if taken || end > xemem::USER_ADDRESS_LIMIT {
-                let _ = device.names.detach(job_principal(), apid);
-                return Err(Error::Invalid);
-            }
-            fixed
-        } else {
-            match place(&device.attachments, plan.size, first_physical) {
-                Some(start) => start,
-                None => {
-                    let _ = device.names.detach(job_principal(), apid);
-                    return Err(Error::Exhausted);
-                }
-            }
-        };
-        let mapped = job::with_process(|process| {
-            let mut address = start;
-            for run in &runs {
-                let len = run.frames * PAGE_SIZE;
-                if let Some(frame) = run.first {
-                    // Read-only source pages stay read-only: a write through the attachment
-                    // faults (SIGBUS) instead of changing, say, the executable's text.
-                    let protection = Protection { write: run.writable, execute: false };
-                    process.memory.aspace.map(address, frame * PAGE_SIZE, len, protection)?;
-                }
-                address += len;
-            }
-            Ok::<(), crate::arch::paging::OutOfMemory>(())
-        });
-        if mapped.is_err() {
-            job::with_process(|process| process.memory.aspace.unmap(start, plan.size)).ok();
+        map_attachment(device, &runs, plan.size, fixed, apid, plan.segment, false).inspect_err(|_| {
             let _ = device.names.detach(job_principal(), apid);
-            return Err(Error::Exhausted);
-        }
-        let at = device.attachments.partition_point(|a| a.start < start);
-        device.attachments.insert(at, Attachment { start, end: start + plan.size, access: apid, revoked: false, from_host: false });
-        Ok(start)
+        })
     })
 }
 
@@ -452,26 +499,27 @@ pub enum Detached {
 }
 
 pub fn detach(address: u64) -> Detached {
-    let (detached, host_permit) = with_device(|device| {
+    let (detached, global_permit) = with_device(|device| {
         let Some(index) = device.attachments.iter().position(|a| a.start <= address && address < a.end) else {
-            let mapped = job::with_process(|process| process.memory.aspace.translate(address & !(PAGE_SIZE - 1)).is_some());
+            let mapped = with_job_process(|process| process.memory.aspace.translate(address & !(PAGE_SIZE - 1)).is_ok()).unwrap_or(false);
             return (if mapped { Detached::NotAnAttachment } else { Detached::Nothing }, None);
         };
         let attachment = device.attachments.remove(index);
         if attachment.revoked {
             return (Detached::Attachment, None);
         }
-        job::with_process(|process| process.memory.aspace.unmap(attachment.start, attachment.end - attachment.start)).ok();
-        if attachment.from_host {
+        let _ = with_job_process(|process| process.memory.aspace.unmap(attachment.start, attachment.end - attachment.start));
+        if attachment.global {
             return (Detached::Attachment, Some(attachment.access));
         }
         // Bookkeeping only (the permit may be gone already: released or removed).
         let _ = device.names.detach(job_principal(), attachment.access);
         (Detached::Attachment, None)
     });
-    // Host memory: unmapped above, so the host may now remove its regions.
-    if let Some(access) = host_permit {
-        let _ = host_link::request(xemem::node::Request::Detach { process: job::PID, access });
+    // Unmapped above, and gone from every CPU's TLB before the host may remove its regions.
+    if let Some(access) = global_permit {
+        crate::sched::shoot_down_user_tlbs();
+        let _ = host_link::request(Request::Detach { process: job::PID, access });
     }
     detached
 }

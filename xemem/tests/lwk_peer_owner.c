@@ -1,0 +1,57 @@
+/*
+ * lwk_peer_owner MODE: an LWK job that exports 16 pages as the named segment "lwk-peer-seg"
+ * (page i starts with 6000 + i) for a job in another enclave (lwk_revoked_attacher) and waits
+ * up to 60 s for it to write 44 into word 1 of page 0. Then, with MODE "remove", it removes
+ * the segment (the attacher must get SIGBUS) and checks its own data; with MODE "hold" it
+ * keeps spinning until its enclave is removed (the attacher must get SIGBUS then).
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+#include <xpmem.h>
+
+#define PAGE 4096UL
+#define PAGES 16
+
+int main(int argc, char **argv)
+{
+	int hold = argc > 1 && strcmp(argv[1], "hold") == 0;
+	volatile uint64_t *memory = mmap(NULL, PAGES * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (memory == MAP_FAILED)
+		return 2;
+	for (unsigned long page = 0; page < PAGES; page++)
+		memory[page * PAGE / 8] = 6000 + page;
+	xpmem_segid_t segid = xemem_make((void *)memory, PAGES * PAGE, "lwk-peer-seg");
+	if (segid <= 0) {
+		printf("xemem_make failed: errno %d\n", errno);
+		return 1;
+	}
+	printf("made a segment of enclave %lld\n", (long long)(segid >> 32));
+	fflush(stdout);
+	time_t deadline = time(NULL) + 60;
+	while (memory[1] != 44 && time(NULL) < deadline)
+		;
+	if (memory[1] != 44) {
+		printf("the other enclave never wrote\n");
+		return 3;
+	}
+	printf("the other enclave wrote 44\n");
+	fflush(stdout);
+	if (hold) {
+		deadline = time(NULL) + 60;
+		while (time(NULL) < deadline)
+			;
+		return 4;
+	}
+	usleep(200000);
+	printf("remove: %d\n", xpmem_remove(segid));
+	int intact = 1;
+	for (unsigned long page = 0; page < PAGES; page++)
+		intact &= memory[page * PAGE / 8] == 6000 + page;
+	printf("owner data intact: %d\n", intact);
+	return intact ? 0 : 5;
+}
