@@ -344,7 +344,7 @@ impl Enclave {
     /// panicked. On failure every job hears why and the machine is shut down.
     pub fn pump(&self, mut receiver: Receiver, liveness: Liveness, xemem: &Arc<XememLinks>) -> Option<String> {
         // The enclave's XEMEM link lives as long as this pump: dropping it takes the link down.
-        let xemem = xemem.join(self.ram.clone());
+        let xemem = receiver.waker().ok().and_then(|wake| xemem.join(self.ram.clone(), wake));
         if xemem.is_none() {
             self.log.push("clowderd: no XEMEM link left for this enclave");
         }

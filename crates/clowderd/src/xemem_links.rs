@@ -60,7 +60,7 @@ impl LocalMemory for NoHostMemory {
 struct Links {
     node: Node,
     /// Where to put each link's outgoing messages (its pump sends them).
-    outgoing: HashMap<LinkId, mpsc::Sender<Vec<u8>>>,
+    outgoing: HashMap<LinkId, Outbox>,
     /// Each link's bridged permits (shared with its port), for revocation.
     bridges: HashMap<LinkId, Arc<Mutex<Bridge>>>,
     /// Each link's notices of segments and enclaves that went away.
@@ -333,12 +333,14 @@ impl XememLinks {
         self.started.elapsed().as_millis() as u64
     }
 
-    /// A new enclave's link; `None` when every link id is taken. `ram` is the enclave's RAM.
-    pub fn join(self: &Arc<Self>, ram: Arc<GuestRam>) -> Option<XememPort> {
+    /// A new enclave's link; `None` when every link id is taken. `ram` is the enclave's RAM;
+    /// `wake` an eventfd the enclave's pump sleeps on, signalled whenever a message for the
+    /// enclave is queued from another thread.
+    pub fn join(self: &Arc<Self>, ram: Arc<GuestRam>, wake: File) -> Option<XememPort> {
         let mut links = self.links.lock().unwrap();
         let link = (0..MAX_LINKS).find(|link| !links.outgoing.contains_key(link))?;
         let (sender, receiver) = mpsc::channel();
-        links.outgoing.insert(link, sender);
+        links.outgoing.insert(link, Outbox { queue: sender, wake: Arc::new(wake) });
         links.ram.insert(link, ram);
         let bridge = Arc::new(Mutex::new(Bridge::default()));
         links.bridges.insert(link, bridge.clone());
@@ -362,7 +364,7 @@ impl XememLinks {
                 continue;
             }
             if let Some(queue) = links.outgoing.get(&link) {
-                let _ = queue.send(bytes);
+                queue.send(bytes);
             }
         }
     }
@@ -385,6 +387,24 @@ pub fn file_runs(ram: &GuestRam, runs: &[FrameRun]) -> Result<Vec<FileRun>, Erro
         }
     }
     Ok(out)
+}
+
+/// Where a link's outgoing messages wait for its pump. Queuing one wakes the pump, so a
+/// message queued by another thread (a host caller, another enclave's pump, the broker) goes
+/// out at once rather than after the pump's receive timeout.
+#[derive(Clone)]
+struct Outbox {
+    queue: mpsc::Sender<Vec<u8>>,
+    wake: Arc<File>,
+}
+
+impl Outbox {
+    fn send(&self, message: Vec<u8>) {
+        if self.queue.send(message).is_ok() {
+            // Fails only when the counter would overflow: the pump has wake-ups pending.
+            let _ = crate::sys::signal_eventfd(&self.wake);
+        }
+    }
 }
 
 /// One enclave's end of the host's node.
@@ -467,7 +487,7 @@ impl Bridge {
     /// Takes away the permits `which` selects (holder enclave, process, permit). Those with an
     /// attachment get a `Revoke` on `queue`; their regions stay until the enclave acknowledges
     /// (`waiter` counts them).
-    fn revoke_where(&mut self, which: impl Fn(EnclaveId, u64, &BridgedPermit) -> bool, queue: &mpsc::Sender<Vec<u8>>, waiter: &Arc<Outstanding>) {
+    fn revoke_where(&mut self, which: impl Fn(EnclaveId, u64, &BridgedPermit) -> bool, queue: &Outbox, waiter: &Arc<Outstanding>) {
         let chosen: Vec<(EnclaveId, u64, AccessId)> = self.permits.iter().filter(|((enclave, process, _), permit)| which(*enclave, *process, permit)).map(|(key, _)| *key).collect();
         for key in chosen {
             let Some(BridgedPermit { regions: Some(regions), .. }) = self.permits.remove(&key) else { continue };
@@ -477,7 +497,7 @@ impl Bridge {
             let Ok(bytes) = Message::new(request, NAME_SERVER_ENCLAVE, enclave, Body::Revoke { process, access }).to_bytes() else { continue };
             waiter.add();
             self.revocations.push(Revocation { request, enclave, process, access, regions, deadline: Instant::now() + REVOKE_TIMEOUT, waiter: waiter.clone() });
-            let _ = queue.send(bytes);
+            queue.send(bytes);
         }
     }
 }
@@ -780,7 +800,7 @@ impl XememPort {
             if let Some(answers) = self.bridge(&message, regions) {
                 if let Some(queue) = self.links.links.lock().unwrap().outgoing.get(&self.link) {
                     for answer in answers {
-                        let _ = queue.send(answer);
+                        queue.send(answer);
                     }
                 }
                 return;
@@ -982,10 +1002,17 @@ mod tests {
 
     /// A port whose enclave has been given an id by the name server, as a kernel would get one.
     fn linked_port(links: &Arc<XememLinks>, token: u64) -> (XememPort, EnclaveId) {
+        let (port, enclave, _) = linked_port_and_wake(links, token);
+        (port, enclave)
+    }
+
+    /// [`linked_port`], with the eventfd its pump would sleep on.
+    fn linked_port_and_wake(links: &Arc<XememLinks>, token: u64) -> (XememPort, EnclaveId, File) {
         let file = crate::sys::memfd("xemem-links-test").unwrap();
         file.set_len(1 << 20).unwrap();
         let ram = GuestRam::map(&file, vec![crate::guest_ram::RamRange { gpa: 0, size: 1 << 20, file_offset: 0 }], (0xf0000, 4096)).unwrap();
-        let port = links.join(Arc::new(ram)).unwrap();
+        let wake = crate::sys::eventfd().unwrap();
+        let port = links.join(Arc::new(ram), wake.try_clone().unwrap()).unwrap();
         let regions = FakeRegions::default();
         port.from_enclave(&Message::new(0, 0, 0, Body::EnclaveIdRequest { token }).to_bytes().unwrap(), &regions);
         let answers: Vec<Message> = port.to_enclave().iter().map(|bytes| Message::decode(bytes).unwrap()).collect();
@@ -996,7 +1023,7 @@ mod tests {
                 _ => None,
             })
             .expect("an enclave id");
-        (port, enclave)
+        (port, enclave, wake)
     }
 
     fn lookup_from(origin: EnclaveId) -> Vec<u8> {
@@ -1026,5 +1053,32 @@ mod tests {
         let access = AccessId::new(NAME_SERVER_ENCLAVE, FIRST_HOST_PERMIT).unwrap();
         a.from_enclave(&Message::new(99, a_id, NAME_SERVER_ENCLAVE, Body::Revoked { process: 1, access }).to_bytes().unwrap(), &regions);
         assert!(a.to_enclave().is_empty() && regions.live.borrow().is_empty());
+    }
+
+    #[test]
+    fn a_message_queued_by_a_host_caller_wakes_the_owner_enclaves_pump() {
+        use xemem_host::Enclaves;
+        let links = XememLinks::new();
+        let (owner, owner_id, owner_wake) = linked_port_and_wake(&links, 1);
+        let regions = FakeRegions::default();
+        let make = Body::Make { process: 1, vaddr: 0x10_0000, size: 4096, uid: 0, gid: 0, mode: 0o600, name: None };
+        owner.from_enclave(&Message::new(1, owner_id, NAME_SERVER_ENCLAVE, make).to_bytes().unwrap(), &regions);
+        let Body::Made { segment } = Message::decode(&owner.to_enclave().pop().expect("an answer")).unwrap().body else { panic!("no segment made") };
+        let root = Credentials { uid: 0, groups: Vec::new() };
+        let (access, _) = links.get(7, root, segment, xemem::ACCESS_READ_WRITE).unwrap();
+        crate::sys::drain_eventfd(&owner_wake);
+        // A host process attaches: the name server's `Serve` for the owner is queued on the
+        // caller's thread, and the owner's pump must hear of it at once.
+        let caller = {
+            let links = links.clone();
+            std::thread::spawn(move || links.attach(7, access, 0, 4096))
+        };
+        assert!(crate::sys::wait_readable(std::os::fd::AsRawFd::as_raw_fd(&owner_wake), Duration::from_secs(2)).unwrap(), "the owner's pump was not woken");
+        let serve = Message::decode(&owner.to_enclave().pop().expect("a Serve")).unwrap();
+        assert!(matches!(serve.body, Body::Serve { .. }));
+        let runs = vec![FrameRun { first: Some(16), frames: 1 }];
+        let attached = Body::Attached { segment, size: 4096, first_run: 0, total_runs: 1, runs };
+        owner.from_enclave(&Message::new(serve.header.request, owner_id, NAME_SERVER_ENCLAVE, attached).to_bytes().unwrap(), &regions);
+        assert_eq!(caller.join().unwrap().map(|runs| runs.len()), Ok(1));
     }
 }
