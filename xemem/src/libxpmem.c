@@ -75,7 +75,11 @@
 enum {
 	OP_HELLO = 1, OP_SERVE = 2, OP_MAKE = 3, OP_REMOVE = 4, OP_GET = 5, OP_RELEASE = 6,
 	OP_ATTACH = 7, OP_DETACH = 8, OP_LOOKUP = 9, OP_SIGNAL = 10, OP_FETCH = 16, OP_NOTIFY = 17,
+	OP_REVOKE = 18,
 };
+/* In a GET's answer (results[2]): attachments through the permit are revoked by
+ * OP_REVOKE (another enclave's memory, which cannot be truncated under us). */
+#define WIRE_GET_REVOKED_BY_MESSAGE 1u
 
 struct wire_request {
 	uint32_t magic;
@@ -1002,6 +1006,26 @@ static void notify_segment(xpmem_segid_t segid)
 	pthread_mutex_unlock(&table_lock);
 }
 
+static int hole_descriptor(void);
+
+/* Another enclave's segment is gone: every attachment made through apid now maps the empty
+ * memfd instead, so touching it raises SIGBUS as after an XPMEM remove. The attachment stays
+ * in the table until the application detaches it. */
+static void revoke_attachments(xpmem_apid_t apid)
+{
+	pthread_mutex_lock(&table_lock);
+	int hole = hole_descriptor();
+	for (size_t i = 0; i < attachment_count; i++) {
+		struct attachment *a = &attachments[i];
+		if (a->apid != apid)
+			continue;
+		if (hole < 0 || mmap((void *)a->base, a->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, hole, 0) == MAP_FAILED)
+			mmap((void *)a->base, a->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+		madvise((void *)a->base, a->size, MADV_DONTFORK);
+	}
+	pthread_mutex_unlock(&table_lock);
+}
+
 static void *serve(void *arg)
 {
 	int fd = (int)(intptr_t)arg;
@@ -1043,6 +1067,9 @@ static void *serve(void *arg)
 					close(fetch.fds[i]);
 		} else if (request.op == OP_NOTIFY) {
 			notify_segment((xpmem_segid_t)request.args[0]);
+			serve_answer(fd, request.op, request.args[6], 0, NULL);
+		} else if (request.op == OP_REVOKE) {
+			revoke_attachments((xpmem_apid_t)request.args[0]);
 			serve_answer(fd, request.op, request.args[6], 0, NULL);
 		} else {
 			serve_answer(fd, request.op, request.args[6], EINVAL, NULL);
@@ -1464,6 +1491,10 @@ EXPORT xpmem_apid_t xpmem_get(xpmem_segid_t segid, int flags, int permit_type, v
 	uint64_t args[] = { (uint64_t)segid, (uint64_t)flags };
 	if (call(OP_GET, args, 2, NULL, &answer) < 0)
 		return -1;
+	/* Another enclave's segment: serve, so that its removal can reach our attachments. Without
+	 * the serving connection they would keep the old pages (documented in docs/xemem.md). */
+	if (answer.results[2] & WIRE_GET_REVOKED_BY_MESSAGE)
+		ensure_serving();
 	return (xpmem_apid_t)answer.results[0];
 }
 

@@ -805,8 +805,14 @@ impl XememPort {
                 }
                 return;
             }
-            if let Body::Remove { segment, .. } = message.body {
+            if let Body::Remove { process, segment } = message.body {
                 removing = Some(segment);
+                let owner = Principal { enclave: message.header.origin, process };
+                let owned = self.links.links.lock().unwrap().node.name_server().and_then(|ns| ns.segment(segment)).is_some_and(|s| s.owner == owner);
+                if owned {
+                    // XPMEM: once the remove returns, attachments fault. They go first.
+                    self.revoke_segments(&[segment]);
+                }
             }
         }
         let mut links = self.links.links.lock().unwrap();
@@ -830,6 +836,44 @@ impl XememPort {
             return false;
         }
         !matches!(message.body, Body::Attached { .. }) || message.header.destination == NAME_SERVER_ENCLAVE
+    }
+
+    /// The enclave's job ended: the segments its processes made go now, and every attachment
+    /// of them elsewhere (host processes, other enclaves) is revoked before this returns (or
+    /// [`REVOKE_TIMEOUT`] passes), so a job launched next cannot be seen through them. The
+    /// kernel's own removes, sent later, then find nothing to remove.
+    pub fn job_ended(&self) {
+        let segments: Vec<SegmentId> = {
+            let mut links = self.links.links.lock().unwrap();
+            let behind = links.node.enclaves_via(self.link);
+            let Some(ns) = links.node.name_server_mut() else { return };
+            ns.remove_owned(|owner| behind.contains(&owner.enclave)).into_iter().map(|segment| segment.id).collect()
+        };
+        if !segments.is_empty() {
+            self.revoke_segments(&segments);
+        }
+    }
+
+    /// Revokes every attachment of `segments` (which are going) outside this enclave and
+    /// waits: host processes' libraries remap theirs (SIGBUS from then on), other enclaves
+    /// unmap theirs and acknowledge. The links' lock is not held while waiting.
+    fn revoke_segments(&self, segments: &[SegmentId]) {
+        if let Some(broker) = self.links.broker.get() {
+            broker.revoke_remote(|segment| segments.contains(&segment));
+        }
+        let others: Vec<(Arc<Mutex<Bridge>>, Outbox)> = {
+            let links = self.links.links.lock().unwrap();
+            links.bridges.iter().filter(|(link, _)| **link != self.link).filter_map(|(link, bridge)| Some((bridge.clone(), links.outgoing.get(link)?.clone()))).collect()
+        };
+        let on_segments = |_: EnclaveId, _: u64, permit: &BridgedPermit| matches!(permit.source, Source::Enclave { .. }) && segments.contains(&permit.segment);
+        let waiter = Arc::new(Outstanding::default());
+        for (bridge, queue) in others {
+            let mut bridge = bridge.lock().unwrap();
+            bridge.revoke_where(on_segments, &queue, &waiter);
+            bridge.permits.retain(|(enclave, process, _), permit| !on_segments(*enclave, *process, permit));
+        }
+        // The other pumps enforce the deadline; the slack covers a pump's round.
+        waiter.wait(REVOKE_TIMEOUT + Duration::from_secs(1));
     }
 
     /// Segments or enclaves went away: the permits bridged on them are revoked (nobody waits
@@ -921,10 +965,16 @@ impl Drop for XememPort {
         // of their segments are revoked.
         let behind = links.node.enclaves_via(self.link);
         links.node.link_down(self.link, &mut NoHostMemory);
-        for enclave in behind {
-            XememLinks::announce(&links, Gone::Enclave(enclave));
+        for enclave in &behind {
+            XememLinks::announce(&links, Gone::Enclave(*enclave));
         }
         self.links.deliver(&mut links);
+        drop(links);
+        // Host processes attached to their segments map the enclaves' RAM, which outlives the
+        // machine as long as they do: their libraries remap the attachments (SIGBUS).
+        if let Some(broker) = self.links.broker.get() {
+            broker.revoke_remote(|segment| behind.contains(&segment.enclave()));
+        }
     }
 }
 
