@@ -7,6 +7,8 @@ use core::arch::asm;
 
 pub const PAGE_SIZE: u64 = 4096;
 pub const HUGE_PAGE_SIZE: u64 = 2 << 20;
+/// What one page directory (a page-directory-pointer entry) covers.
+const DIRECTORY_SPAN: u64 = 1 << 30;
 
 const PRESENT: u64 = 1;
 const WRITABLE: u64 = 1 << 1;
@@ -194,6 +196,115 @@ impl PageTables {
         Ok(())
     }
 
+    /// The page-directory-pointer entry covering `address` (its table created if missing),
+    /// unless that entry is a 1 GiB leaf (the kernel window's), which is never rebuilt.
+    fn directory_pointer(&mut self, address: u64, tables: &mut dyn TableSource) -> Result<Option<&'static mut u64>, OutOfMemory> {
+        let top = &mut entries(self.root)[index(address, 3)];
+        if *top & PRESENT == 0 {
+            *top = tables.allocate_table().ok_or(OutOfMemory)? | table_bits(address);
+        }
+        let pointer = &mut entries(*top & ADDRESS_MASK)[index(address, 2)];
+        Ok(if *pointer & PRESENT != 0 && *pointer & HUGE != 0 { None } else { Some(pointer) })
+    }
+
+    /// How many whole, aligned 2 MiB blocks of `[from, to)` would become (or stop being) 2 MiB
+    /// leaves; a directory with this many changes is rebuilt off-line rather than edited.
+    fn whole_blocks(from: u64, to: u64, offset: u64, for_mapping: bool) -> u64 {
+        let first = from.next_multiple_of(HUGE_PAGE_SIZE);
+        let last = to & !(HUGE_PAGE_SIZE - 1);
+        if last <= first || (for_mapping && !first.wrapping_add(offset).is_multiple_of(HUGE_PAGE_SIZE)) {
+            return 0;
+        }
+        (last - first) / HUGE_PAGE_SIZE
+    }
+
+    /// Rebuilds the page directory over `[from, to)` (inside one directory span) off-line:
+    /// a copy of the old one (or nothing), changed by `edit`, then linked with one write, as
+    /// [`PageTables::rebuild`] does one level down: one trapped write on a shadow-paging host
+    /// instead of one per 2 MiB entry. `edit` gets the fresh directory; partial blocks go
+    /// through `block` (4 KiB tables), the whole ones in between through `whole`, a tight loop
+    /// (every kernel instruction is emulated on PVM). Returns whether a present entry was
+    /// replaced. The old directory is retired, with the 4 KiB tables whole blocks drop.
+    fn rebuild_directory(
+        pointer: &mut u64,
+        from: u64,
+        to: u64,
+        mut block: impl FnMut(&mut u64, u64, u64, &mut dyn TableSource) -> Result<(), OutOfMemory>,
+        whole: impl Fn(u64) -> u64,
+        tables: &mut dyn TableSource,
+    ) -> Result<bool, OutOfMemory> {
+        let directory = tables.allocate_table().ok_or(OutOfMemory)?;
+        let fresh = entries(directory);
+        let old = (*pointer & PRESENT != 0).then_some(*pointer & ADDRESS_MASK);
+        if let Some(old) = old {
+            fresh.copy_from_slice(entries(old));
+        }
+        let first = from.next_multiple_of(HUGE_PAGE_SIZE).min(to);
+        let last = (to & !(HUGE_PAGE_SIZE - 1)).max(first);
+        let mut replaced = false;
+        for (edge_from, edge_to) in [(from, first), (last, to)] {
+            if edge_from < edge_to {
+                let entry = &mut fresh[index(edge_from, 1)];
+                replaced |= *entry & PRESENT != 0;
+                block(entry, edge_from, edge_to, tables)?;
+            }
+        }
+        if last > first {
+            let (lo, hi) = (index(first, 1), index(last - 1, 1) + 1);
+            if old.is_some() {
+                for entry in &fresh[lo..hi] {
+                    replaced |= *entry & PRESENT != 0;
+                    if *entry & (PRESENT | HUGE) == PRESENT {
+                        tables.retire_table(*entry & ADDRESS_MASK);
+                    }
+                }
+            }
+            let mut address = first;
+            for entry in &mut fresh[lo..hi] {
+                *entry = whole(address);
+                address += HUGE_PAGE_SIZE;
+            }
+        }
+        *pointer = directory | table_bits(from);
+        if let Some(old) = old {
+            tables.retire_table(old);
+        }
+        Ok(replaced)
+    }
+
+    /// Sets one 2 MiB block's directory entry for `[address, block_end)` mapped at `offset`
+    /// from the virtual address: a 2 MiB leaf when the block is whole and aligned on both
+    /// sides, else 4 KiB leaves.
+    fn map_block(entry: &mut u64, address: u64, block_end: u64, offset: u64, protection: Protection, tables: &mut dyn TableSource) -> Result<(), OutOfMemory> {
+        let target = address.wrapping_add(offset);
+        let whole_block = address.is_multiple_of(HUGE_PAGE_SIZE) && block_end - address == HUGE_PAGE_SIZE;
+        if whole_block && target.is_multiple_of(HUGE_PAGE_SIZE) {
+            if *entry & PRESENT != 0 && *entry & HUGE == 0 {
+                tables.retire_table(*entry & ADDRESS_MASK);
+            }
+            *entry = target | leaf_bits(address, protection) | HUGE;
+            Ok(())
+        } else {
+            Self::set_leaves(entry, address, block_end, |page| page.wrapping_add(offset) | leaf_bits(page, protection), tables)
+        }
+    }
+
+    /// Clears one 2 MiB block's leaves of `[address, block_end)`.
+    fn unmap_block(entry: &mut u64, address: u64, block_end: u64, tables: &mut dyn TableSource) -> Result<(), OutOfMemory> {
+        if *entry & PRESENT == 0 {
+            return Ok(());
+        }
+        if address.is_multiple_of(HUGE_PAGE_SIZE) && block_end - address == HUGE_PAGE_SIZE {
+            if *entry & HUGE == 0 {
+                tables.retire_table(*entry & ADDRESS_MASK);
+            }
+            *entry = 0;
+            Ok(())
+        } else {
+            Self::set_leaves(entry, address, block_end, |_| 0, tables)
+        }
+    }
+
     /// Maps `[virtual, virtual + len)` to `[physical, ...)`, with 2 MiB pages wherever both
     /// sides are aligned. Both addresses and `len` are page multiples.
     pub fn map(&mut self, virtual_address: u64, physical: u64, len: u64, protection: Protection, tables: &mut dyn TableSource) -> Result<(), OutOfMemory> {
@@ -203,20 +314,23 @@ impl PageTables {
         let mut replaced = false;
         let mut address = virtual_address;
         while address < end {
+            let span_end = end.min((address | (DIRECTORY_SPAN - 1)) + 1);
+            if Self::whole_blocks(address, span_end, offset, true) >= REBUILD_THRESHOLD {
+                if let Some(pointer) = self.directory_pointer(address, tables)? {
+                    let block = |entry: &mut u64, from: u64, to: u64, tables: &mut dyn TableSource| Self::map_block(entry, from, to, offset, protection, tables);
+                    // One span lies wholly in the user or the kernel half: the same bits throughout.
+                    let bits = leaf_bits(address, protection) | HUGE;
+                    let whole = |block: u64| block.wrapping_add(offset) | bits;
+                    replaced |= Self::rebuild_directory(pointer, address, span_end, block, whole, tables)?;
+                    address = span_end;
+                    continue;
+                }
+            }
             let block_end = end.min((address | (HUGE_PAGE_SIZE - 1)) + 1);
             let directory = self.directory(address, Some(&mut *tables))?.ok_or(OutOfMemory)?;
             let entry = &mut entries(directory)[index(address, 1)];
             replaced |= *entry & PRESENT != 0;
-            let target = address.wrapping_add(offset);
-            let whole_block = address.is_multiple_of(HUGE_PAGE_SIZE) && block_end - address == HUGE_PAGE_SIZE;
-            if whole_block && target.is_multiple_of(HUGE_PAGE_SIZE) {
-                if *entry & PRESENT != 0 && *entry & HUGE == 0 {
-                    tables.retire_table(*entry & ADDRESS_MASK);
-                }
-                *entry = target | leaf_bits(address, protection) | HUGE;
-            } else {
-                Self::set_leaves(entry, address, block_end, |page| page.wrapping_add(offset) | leaf_bits(page, protection), tables)?;
-            }
+            Self::map_block(entry, address, block_end, offset, protection, tables)?;
             address = block_end;
         }
         if replaced {
@@ -303,22 +417,20 @@ impl PageTables {
         let end = virtual_address + len;
         let mut address = virtual_address;
         while address < end {
+            let span_end = end.min((address | (DIRECTORY_SPAN - 1)) + 1);
+            if Self::whole_blocks(address, span_end, 0, false) >= REBUILD_THRESHOLD && self.directory(address, None)?.is_some() {
+                if let Some(pointer) = self.directory_pointer(address, tables)? {
+                    Self::rebuild_directory(pointer, address, span_end, Self::unmap_block, |_| 0, tables)?;
+                    address = span_end;
+                    continue;
+                }
+            }
             let block_end = end.min((address | (HUGE_PAGE_SIZE - 1)) + 1);
             let Some(directory) = self.directory(address, None)? else {
                 address = block_end;
                 continue;
             };
-            let entry = &mut entries(directory)[index(address, 1)];
-            if *entry & PRESENT != 0 {
-                if address.is_multiple_of(HUGE_PAGE_SIZE) && block_end - address == HUGE_PAGE_SIZE {
-                    if *entry & HUGE == 0 {
-                        tables.retire_table(*entry & ADDRESS_MASK);
-                    }
-                    *entry = 0;
-                } else {
-                    Self::set_leaves(entry, address, block_end, |_| 0, tables)?;
-                }
-            }
+            Self::unmap_block(&mut entries(directory)[index(address, 1)], address, block_end, tables)?;
             address = block_end;
         }
         flush_tlb(virtual_address, len);
