@@ -371,40 +371,44 @@ impl PageTables {
     /// the kernel's own writes go through its physical-memory window). Only reads the tables,
     /// and only the entries of the range: on PVM each read of a table costs microseconds.
     pub fn for_each_user_leaf_in(&self, start: u64, end: u64, mut leaf: impl FnMut(u64, u64, u64, Protection, bool)) {
+        const TOP_SPAN: u64 = DIRECTORY_SPAN * 512;
         let rights = |entry: u64| Protection { write: entry & WRITABLE != 0, execute: entry & NO_EXECUTE == 0 };
         let mut address = start / PAGE_SIZE * PAGE_SIZE;
         while address < end {
-            let block = address & !(HUGE_PAGE_SIZE - 1);
-            let block_end = block + HUGE_PAGE_SIZE;
-            let directory = self.existing_directory(address);
-            let entry = directory.map_or(0, |directory| entries(directory)[index(address, 1)]);
-            if entry & PRESENT != 0 && entry & HUGE != 0 {
-                leaf(block, entry & ADDRESS_MASK & !(HUGE_PAGE_SIZE - 1), HUGE_PAGE_SIZE, rights(entry), entry & DIRTY != 0);
-            } else if entry & PRESENT != 0 {
-                let table = entries(entry & ADDRESS_MASK);
-                while address < end.min(block_end) {
-                    let pte = table[index(address, 0)];
-                    if pte & PRESENT != 0 {
-                        leaf(address, pte & ADDRESS_MASK, PAGE_SIZE, rights(pte), pte & DIRTY != 0);
+            // Missing upper levels are skipped whole, and each directory is found once per
+            // span, not once per 2 MiB block.
+            let top = entries(self.root)[index(address, 3)];
+            if top & PRESENT == 0 {
+                address = (address | (TOP_SPAN - 1)) + 1;
+                continue;
+            }
+            let pointer = entries(top & ADDRESS_MASK)[index(address, 2)];
+            let span_end = end.min((address | (DIRECTORY_SPAN - 1)) + 1);
+            if pointer & PRESENT == 0 || pointer & HUGE != 0 {
+                // Nothing, or a 1 GiB leaf: the kernel window's only, never in the user half.
+                address = span_end;
+                continue;
+            }
+            let directory = entries(pointer & ADDRESS_MASK);
+            while address < span_end {
+                let block = address & !(HUGE_PAGE_SIZE - 1);
+                let block_end = block + HUGE_PAGE_SIZE;
+                let entry = directory[index(address, 1)];
+                if entry & PRESENT != 0 && entry & HUGE != 0 {
+                    leaf(block, entry & ADDRESS_MASK & !(HUGE_PAGE_SIZE - 1), HUGE_PAGE_SIZE, rights(entry), entry & DIRTY != 0);
+                } else if entry & PRESENT != 0 {
+                    let table = entries(entry & ADDRESS_MASK);
+                    while address < span_end.min(block_end) {
+                        let pte = table[index(address, 0)];
+                        if pte & PRESENT != 0 {
+                            leaf(address, pte & ADDRESS_MASK, PAGE_SIZE, rights(pte), pte & DIRTY != 0);
+                        }
+                        address += PAGE_SIZE;
                     }
-                    address += PAGE_SIZE;
                 }
+                address = block_end;
             }
-            address = block_end;
         }
-    }
-
-    /// The page directory covering `address`, if the tables have one (reads only).
-    fn existing_directory(&self, address: u64) -> Option<u64> {
-        let mut table = self.root;
-        for level in [3, 2] {
-            let entry = entries(table)[index(address, level)];
-            if entry & PRESENT == 0 {
-                return None;
-            }
-            table = entry & ADDRESS_MASK;
-        }
-        Some(table)
     }
 
     /// The root table's physical address (what CR3 holds while this address space runs).

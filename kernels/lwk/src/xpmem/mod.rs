@@ -145,33 +145,42 @@ pub fn is_attachment_fault(address: u64) -> bool {
 pub fn resolve(vaddr: u64, size: u64) -> Vec<SourceRun> {
     let end = vaddr + size;
     let mut runs: Vec<SourceRun> = Vec::new();
-    let _ = with_job_process(|process| {
-        let mut address = vaddr;
-        while address < end {
-            let (first, writable, step) = match process.memory.aspace.translate(address) {
-                Ok(found) => (Some(found.physical / PAGE_SIZE), found.writable, found.bytes_left_in_leaf),
-                // Unmapped space goes by whole missing blocks where it can: a whole-address-
-                // space segment is 128 TiB.
-                Err(unmapped) => (None, false, unmapped),
-            };
-            let step = step.min(end - address);
-            let frames = step / PAGE_SIZE;
-            match runs.last_mut() {
-                Some(last)
-                    if last.writable == writable
-                        && match (last.first, first) {
-                            (None, None) => true,
-                            (Some(previous), Some(next)) => previous + last.frames == next,
-                            _ => false,
-                        } =>
-                {
-                    last.frames += frames
-                }
-                _ => runs.push(SourceRun { first, frames, writable }),
+    let mut add = |first: Option<u64>, writable: bool, bytes: u64| {
+        let frames = bytes / PAGE_SIZE;
+        match runs.last_mut() {
+            Some(last)
+                if last.writable == writable
+                    && match (last.first, first) {
+                        (None, None) => true,
+                        (Some(previous), Some(next)) => previous + last.frames == next,
+                        _ => false,
+                    } =>
+            {
+                last.frames += frames
             }
-            address += step;
+            _ => runs.push(SourceRun { first, frames, writable }),
         }
+    };
+    // One walk of the range's tables (each read of a table is slow on PVM); what no leaf
+    // covers is a hole, found by whole missing tables (a whole-address-space segment is
+    // 128 TiB).
+    let mut covered = vaddr;
+    let _ = with_job_process(|process| {
+        process.memory.aspace.for_each_leaf_in(vaddr, end, |start, physical, length, protection, _| {
+            let (from, to) = (start.max(vaddr), (start + length).min(end));
+            if from >= to {
+                return;
+            }
+            if from > covered {
+                add(None, false, from - covered);
+            }
+            add(Some((physical + (from - start)) / PAGE_SIZE), protection.write, to - from);
+            covered = to;
+        });
     });
+    if covered < end {
+        add(None, false, end - covered);
+    }
     runs
 }
 
