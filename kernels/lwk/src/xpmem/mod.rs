@@ -627,6 +627,11 @@ impl Notifier {
     fn key(&self) -> u64 {
         self as *const Notifier as u64
     }
+
+    /// Whether a read would take a count now (`poll`).
+    pub fn is_readable(&self) -> bool {
+        self.pending.load(Ordering::Acquire) != 0
+    }
 }
 
 /// Notifiers by segment (of any process of the job).
