@@ -6,8 +6,9 @@
  *      something else there;
  *   2. the child gets and attaches the parent's segment, checks it, writes 7 into page 0 and
  *      signals it; the parent, blocked in read(2) on its notify descriptor, wakes with 1;
- *   3. a non-blocking read then fails with EAGAIN; a notify descriptor for a segment the
- *      caller does not own is ENOENT;
+ *   3. a non-blocking read then fails with EAGAIN and poll finds nothing; two signals through
+ *      its own permit make poll report POLLIN and a read take 2; a notify descriptor for a
+ *      segment the caller does not own is ENOENT;
  *   4. the child makes a named segment (page i starts with 300 + i); the parent looks it up,
  *      attaches and checks it, then tells the child to exit: the parent's next touch of the
  *      attachment is SIGBUS, get gives ENOENT, and detach and release still answer.
@@ -15,6 +16,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
@@ -136,6 +138,11 @@ int main(void)
 	check(mine[0] == 7, "parent: sees the child's write");
 	fcntl(notify, F_SETFL, flags);
 	check(read(notify, &count, sizeof count) == -1 && errno == EAGAIN, "parent: then a non-blocking read is EAGAIN");
+	struct pollfd entry = { .fd = notify, .events = POLLIN };
+	check(poll(&entry, 1, 0) == 0 && entry.revents == 0, "parent: poll finds nothing to read");
+	check(xemem_signal(self_apid) == 0 && xemem_signal(self_apid) == 0, "parent: signals its own segment twice");
+	check(poll(&entry, 1, -1) == 1 && entry.revents == POLLIN, "parent: poll finds the descriptor readable");
+	check(read(notify, &count, sizeof count) == 8 && count == 2, "parent: reads a count of 2");
 
 	check(hear(to_parent[0]) == 'm', "parent: the child made its segment");
 	xpmem_segid_t child_segid = xemem_lookup_segid("lwk-fork-child-seg");

@@ -6,13 +6,14 @@
  *   - makes the one-page segment OWN and takes its notify descriptor (made blocking);
  *   - "wait": reads the descriptor (blocks until PEER's party signals OWN), then looks PEER up
  *     and signals it;
- *   - "signal": looks PEER up (retrying while it does not exist yet), signals it, then reads
- *     the descriptor;
+ *   - "signal": looks PEER up (retrying while it does not exist yet), signals it, then polls
+ *     the descriptor (POLLIN, 60 s at most) and reads it;
  *   - removes OWN once the peer has had time to look it up (the "wait" party removes last).
  * Prints "made OWN", "signalled PEER" and "woke N" lines; exits 0 when all went well.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -56,8 +57,17 @@ static int signal_peer(const char *peer)
 	return 0;
 }
 
-static int wait_for_signal(int fd)
+static int wait_for_signal(int fd, int by_poll)
 {
+	if (by_poll) {
+		struct pollfd entry = { .fd = fd, .events = POLLIN };
+		int ready = poll(&entry, 1, 60000);
+		if (ready != 1 || entry.revents != POLLIN) {
+			printf("FAIL poll of the notify descriptor: %d, revents %#x (%s)\n", ready, entry.revents, strerror(errno));
+			return -1;
+		}
+		printf("polled readable\n");
+	}
 	uint64_t count = 0;
 	ssize_t got = read(fd, &count, sizeof count);
 	if (got != 8) {
@@ -90,8 +100,8 @@ int main(int argc, char **argv)
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
 	printf("made %s\n", own);
 	fflush(stdout);
-	int failed = waits_first ? wait_for_signal(fd) < 0 || signal_peer(peer) < 0
-				 : signal_peer(peer) < 0 || wait_for_signal(fd) < 0;
+	int failed = waits_first ? wait_for_signal(fd, 0) < 0 || signal_peer(peer) < 0
+				 : signal_peer(peer) < 0 || wait_for_signal(fd, 1) < 0;
 	/* The peer looks this segment up before it waits or after it woke: give it time. */
 	pause_ms(waits_first ? 1000 : 200);
 	if (xpmem_remove(segid) != 0) {
