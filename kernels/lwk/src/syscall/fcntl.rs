@@ -36,7 +36,7 @@ pub fn call(call: &mut Call<'_>) -> SyscallResult {
                     if command == F_SETFL {
                         *non_blocking = argument & O_NONBLOCK != 0;
                     }
-                    O_RDWR | *non_blocking as u64 * O_NONBLOCK
+                    O_RDWR | (*non_blocking as u64 * O_NONBLOCK)
                 }
                 Descriptor::Pipe(end) => {
                     if command == F_SETFL {

@@ -7,6 +7,7 @@
 //! - everything else (the console, files, directories, host files, `/dev/xpmem`) is always
 //!   readable and writable, as Linux's default for files without a poll method;
 //! - a negative fd is skipped (revents 0), a closed one is `POLLNVAL`.
+//!
 //! Waiting rides the kernel keys pipes and notifiers wake (`sched::wait_for_any_key`). In a
 //! persistent enclave a host message (a signal's `Notify`) may make a descriptor ready, so the
 //! wait goes in 100 ms slices there, and never counts toward a dead-lock.
