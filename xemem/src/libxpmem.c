@@ -1244,6 +1244,10 @@ _Static_assert(XEMEM_CMD_MAKE_NAMED == 0x7810 && offsetof(struct xemem_cmd_make_
 	       "XEMEM's named make, as the LWK reads it");
 _Static_assert(XEMEM_CMD_LOOKUP == 0x7811 && offsetof(struct xemem_cmd_lookup, segid) == 64,
 	       "XEMEM's lookup, as the LWK reads it");
+_Static_assert(XEMEM_CMD_SIGNAL == 0x7812 && sizeof(struct xemem_cmd_signal) == 8, "signal layout");
+_Static_assert(XEMEM_CMD_NOTIFY_FD == 0x7813 && sizeof(struct xemem_cmd_notify_fd) == 16 &&
+		       offsetof(struct xemem_cmd_notify_fd, fd) == 12,
+	       "notify_fd layout");
 _Static_assert(sizeof(struct xpmem_cmd_make) == 40 && offsetof(struct xpmem_cmd_make, segid) == 32, "make layout");
 _Static_assert(sizeof(struct xpmem_cmd_get) == 32 && offsetof(struct xpmem_cmd_get, apid) == 24, "get layout");
 _Static_assert(sizeof(struct xpmem_cmd_attach) == 40 && offsetof(struct xpmem_cmd_attach, fd) == 32, "attach layout");
@@ -1451,10 +1455,39 @@ static void revoke_range(uintptr_t lo, uintptr_t hi)
 	free(victims);
 }
 
+/* On a device: the notification descriptors the library asked for, by process and segment
+ * (a fork child does not own its parent's segments, so it never reuses their descriptors). */
+struct device_notify {
+	pid_t pid;
+	xpmem_segid_t segid;
+	int fd;
+};
+static struct device_notify *device_notifies;
+static size_t device_notify_count, device_notify_capacity;
+
+/* Closes and forgets this process's descriptor for segid (its segment was removed). */
+static void device_notify_forget(xpmem_segid_t segid)
+{
+	pid_t me = getpid();
+	pthread_mutex_lock(&table_lock);
+	for (size_t i = 0; i < device_notify_count; i++) {
+		if (device_notifies[i].pid != me || device_notifies[i].segid != segid)
+			continue;
+		close(device_notifies[i].fd);
+		device_notifies[i] = device_notifies[--device_notify_count];
+		break;
+	}
+	pthread_mutex_unlock(&table_lock);
+}
+
 EXPORT int xpmem_remove(xpmem_segid_t segid)
 {
-	if (use_device())
-		return (int)device_call(XPMEM_CMD_REMOVE, &segid);
+	if (use_device()) {
+		int removed = (int)device_call(XPMEM_CMD_REMOVE, &segid);
+		if (removed == 0)
+			device_notify_forget(segid);
+		return removed;
+	}
 	struct wire_answer answer;
 	uint64_t args[] = { (uint64_t)segid };
 	if (segid <= 0) {
@@ -1710,8 +1743,8 @@ EXPORT xpmem_segid_t xemem_lookup_segid(const char *name)
 EXPORT int xemem_signal(xpmem_apid_t apid)
 {
 	if (use_device()) {
-		errno = ENOSYS;
-		return -1;
+		struct xemem_cmd_signal signal = { .apid = apid };
+		return (int)device_call(XEMEM_CMD_SIGNAL, &signal);
 	}
 	if (apid <= 0) {
 		errno = EINVAL;
@@ -1725,8 +1758,28 @@ EXPORT int xemem_signal(xpmem_apid_t apid)
 EXPORT int xemem_notify_fd(xpmem_segid_t segid)
 {
 	if (use_device()) {
-		errno = ENOSYS;
-		return -1;
+		pid_t me = getpid();
+		int fd = -1;
+		pthread_mutex_lock(&table_lock);
+		for (size_t i = 0; i < device_notify_count && fd < 0; i++)
+			if (device_notifies[i].pid == me && device_notifies[i].segid == segid)
+				fd = device_notifies[i].fd;
+		if (fd < 0) {
+			struct xemem_cmd_notify_fd notify = { .segid = segid, .flags = O_NONBLOCK | O_CLOEXEC, .fd = -1 };
+			if (device_call(XEMEM_CMD_NOTIFY_FD, &notify) == 0) {
+				if (grow((void **)&device_notifies, &device_notify_capacity, device_notify_count,
+					 sizeof *device_notifies) < 0) {
+					close(notify.fd);
+					errno = ENOMEM;
+				} else {
+					device_notifies[device_notify_count++] =
+						(struct device_notify){ .pid = me, .segid = segid, .fd = notify.fd };
+					fd = notify.fd;
+				}
+			}
+		}
+		pthread_mutex_unlock(&table_lock);
+		return fd;
 	}
 	int fd = -1;
 	pthread_mutex_lock(&table_lock);

@@ -247,6 +247,10 @@ impl xemem_host::Enclaves for XememLinks {
     /// Sends each holder's enclave a `Revoke` for the attachment made through the permit and
     /// waits for the acknowledgements (the pumps remove the regions as they come). A permit
     /// with no attachment just goes; an enclave that is gone holds nothing any more.
+    fn signal(&self, process: u64, access: AccessId) -> Result<(), Error> {
+        self.call(Request::Signal { process, access }).map(|_| ())
+    }
+
     fn revoke(&self, permits: &[(Principal, AccessId)]) {
         let waiter = Arc::new(Outstanding::default());
         for (holder, broker_access) in permits {
@@ -642,9 +646,10 @@ impl XememPort {
                 let known_here = links.node.name_server().is_some_and(|ns| ns.lookup(name).is_ok());
                 !known_here && broker.is_some_and(|broker| broker.lookup_host_segment(name).is_ok())
             }
-            Body::Attach { process, access, .. } | Body::Detach { process, access } | Body::Release { process, access } => {
-                ours(&bridge, *process, *access)
-            }
+            Body::Attach { process, access, .. }
+            | Body::Detach { process, access }
+            | Body::Release { process, access }
+            | Body::Signal { process, access } => ours(&bridge, *process, *access),
             _ => false,
         };
         if !is_ours {
@@ -772,6 +777,18 @@ impl XememPort {
                 }
                 // The owner may have removed the segment already: the permit is gone then too.
                 links.release_at_source(caller(*process), permit.source);
+                Ok(vec![Body::Done])
+            }
+            // XEMEM's signal through a bridged permit: the host owner's library, or (through
+            // the proxy permit) the owner enclave's kernel, gets the notification.
+            Body::Signal { process, access } => {
+                let permit = bridge.permits.get(&(origin, *process, *access)).ok_or(Error::NotFound)?;
+                match permit.source {
+                    Source::Host { broker_access } => broker.ok_or(Error::NotFound)?.signal_for_enclave(caller(*process), broker_access)?,
+                    Source::Enclave { access, proxy } => {
+                        links.call(Request::Signal { process: proxy, access })?;
+                    }
+                }
                 Ok(vec![Body::Done])
             }
             _ => Err(Error::Invalid),

@@ -70,6 +70,11 @@ pub trait Enclaves: Send + Sync {
     /// is no longer there. Returns once every holder acknowledged, its enclave is gone, or a
     /// timeout passed.
     fn revoke(&self, permits: &[(Principal, AccessId)]);
+    /// Host process `process` signals the owner of the enclave segment its permit `access` is
+    /// on (XEMEM's `xemem_signal`): the owner's kernel wakes its notification descriptors.
+    fn signal(&self, _process: u64, _access: AccessId) -> Result<(), Error> {
+        Err(Error::Invalid)
+    }
 }
 
 /// A piece of an enclave's segment: a range of a file (the enclave's RAM memfd), or a hole.
@@ -400,14 +405,11 @@ impl Broker {
             }
             wire::OP_SIGNAL => {
                 let access = AccessId::from_raw(a[0] as i64).ok_or(Error::Invalid)?;
-                let (owner, segment, server) = {
-                    let mut state = self.lock();
-                    let (owner, segment) = state.ns.signal(me, access)?;
-                    let server = state.servers.get(&(owner.process as u32)).cloned().ok_or(Error::NotFound)?;
-                    (owner, segment, server)
-                };
-                let _ = owner;
-                ask_owner(&server, &Request::new(wire::OP_NOTIFY, &[segment.raw() as u64]))?;
+                if let Some(real) = self.remote_permit(peer.pid, access)? {
+                    self.remote()?.signal(peer.pid as u64, real)?;
+                    return Ok(Answer::ok(op, &[]));
+                }
+                self.signal(me, access)?;
                 Ok(Answer::ok(op, &[]))
             }
             _ => Err(Error::Invalid),
@@ -546,6 +548,27 @@ impl Broker {
             }
         }
         Ok((segment, runs))
+    }
+
+    /// `caller` (a host process, or an enclave's process through the daemon) signals the
+    /// owner of the segment its permit is on: the owner's library gets NOTIFY.
+    fn signal(&self, caller: Principal, access: AccessId) -> Result<(), Error> {
+        let (segment, server) = {
+            let mut state = self.lock();
+            let (owner, segment) = state.ns.signal(caller, access)?;
+            let server = state.servers.get(&(owner.process as u32)).cloned().ok_or(Error::NotFound)?;
+            (segment, server)
+        };
+        ask_owner(&server, &Request::new(wire::OP_NOTIFY, &[segment.raw() as u64]))?;
+        Ok(())
+    }
+
+    /// An enclave's process signals the host owner of the segment its permit is on.
+    pub fn signal_for_enclave(&self, caller: Principal, access: AccessId) -> Result<(), Error> {
+        if caller.enclave == NAME_SERVER_ENCLAVE {
+            return Err(Error::Invalid);
+        }
+        self.signal(caller, access)
     }
 
     pub fn detach_for_enclave(&self, caller: Principal, access: AccessId) -> Result<(), Error> {
