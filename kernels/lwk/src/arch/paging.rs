@@ -86,8 +86,18 @@ extern "C" {
     static boot_pml4: u8;
 }
 
+/// Whether the CPU maps 1 GiB pages (asked once: CPUID exits to the VMM).
 fn has_1g_pages() -> bool {
-    super::cpu::cpuid(0x8000_0001, 0).edx & (1 << 26) != 0
+    use core::sync::atomic::{AtomicU8, Ordering};
+    static KNOWN: AtomicU8 = AtomicU8::new(0); // 0: not asked yet, 1: no, 2: yes
+    match KNOWN.load(Ordering::Relaxed) {
+        0 => {
+            let has = super::cpu::cpuid(0x8000_0001, 0).edx & (1 << 26) != 0;
+            KNOWN.store(if has { 2 } else { 1 }, Ordering::Relaxed);
+            has
+        }
+        known => known == 2,
+    }
 }
 
 impl PageTables {
@@ -134,7 +144,8 @@ impl PageTables {
         activate_root(self.root);
     }
 
-    /// The page directory covering `address`, created on the way if `tables` is given.
+    /// The page directory covering `address`, created on the way if `tables` is given (a
+    /// 1 GiB leaf there is then split into 2 MiB leaves; without `tables` it has none).
     fn directory(&mut self, address: u64, mut tables: Option<&mut dyn TableSource>) -> Result<Option<u64>, OutOfMemory> {
         let mut table = self.root;
         for level in [3, 2] {
@@ -144,10 +155,34 @@ impl PageTables {
                     Some(source) => *entry = source.allocate_table().ok_or(OutOfMemory)? | table_bits(address),
                     None => return Ok(None),
                 }
+            } else if level == 2 && *entry & HUGE != 0 {
+                match tables.as_deref_mut() {
+                    Some(source) => Self::split_gigabyte(entry, source)?,
+                    None => return Ok(None),
+                }
             }
             table = *entry & ADDRESS_MASK;
         }
         Ok(Some(table))
+    }
+
+    /// The page-directory-pointer entry covering `address`, if its table exists (reads only).
+    fn existing_pointer(&self, address: u64) -> Option<&'static mut u64> {
+        let top = entries(self.root)[index(address, 3)];
+        (top & PRESENT != 0).then(|| &mut entries(top & ADDRESS_MASK)[index(address, 2)])
+    }
+
+    /// Replaces the 1 GiB leaf `entry` with a directory of 512 2 MiB leaves with the same
+    /// rights (to change part of it).
+    fn split_gigabyte(entry: &mut u64, tables: &mut dyn TableSource) -> Result<(), OutOfMemory> {
+        let directory = tables.allocate_table().ok_or(OutOfMemory)?;
+        let base = *entry & ADDRESS_MASK & !(DIRECTORY_SPAN - 1);
+        let rights = *entry & !ADDRESS_MASK;
+        for (i, leaf) in entries(directory).iter_mut().enumerate() {
+            *leaf = (base + i as u64 * HUGE_PAGE_SIZE) | rights;
+        }
+        *entry = directory | table_bits(base);
+        Ok(())
     }
 
     /// Rebuilds the 4 KiB table under `directory_entry` off-line (from the old table, the 2 MiB
@@ -315,6 +350,22 @@ impl PageTables {
         let mut address = virtual_address;
         while address < end {
             let span_end = end.min((address | (DIRECTORY_SPAN - 1)) + 1);
+            // A whole span on an aligned target: one 1 GiB leaf, one write (every kernel
+            // access to a table is emulated on PVM; 512 entries cost milliseconds).
+            let whole_span = address.is_multiple_of(DIRECTORY_SPAN) && span_end - address == DIRECTORY_SPAN;
+            if whole_span && address.wrapping_add(offset).is_multiple_of(DIRECTORY_SPAN) && has_1g_pages() {
+                if let Some(pointer) = self.directory_pointer(address, tables)?.filter(|pointer| **pointer & PRESENT == 0) {
+                    *pointer = address.wrapping_add(offset) | leaf_bits(address, protection) | HUGE;
+                    address = span_end;
+                    continue;
+                }
+                if let Some(pointer) = self.existing_pointer(address).filter(|pointer| **pointer & (PRESENT | HUGE) == PRESENT | HUGE) {
+                    *pointer = address.wrapping_add(offset) | leaf_bits(address, protection) | HUGE;
+                    replaced = true;
+                    address = span_end;
+                    continue;
+                }
+            }
             if Self::whole_blocks(address, span_end, offset, true) >= REBUILD_THRESHOLD {
                 if let Some(pointer) = self.directory_pointer(address, tables)? {
                     let block = |entry: &mut u64, from: u64, to: u64, tables: &mut dyn TableSource| Self::map_block(entry, from, to, offset, protection, tables);
@@ -347,6 +398,11 @@ impl PageTables {
     pub fn translate(&mut self, address: u64) -> Result<Translation, u64> {
         let to_block_end = (address | (HUGE_PAGE_SIZE - 1)) + 1 - address;
         let to_page_end = PAGE_SIZE - (address & (PAGE_SIZE - 1));
+        if let Some(leaf) = self.existing_pointer(address).map(|pointer| *pointer).filter(|entry| *entry & (PRESENT | HUGE) == PRESENT | HUGE) {
+            let offset = address & (DIRECTORY_SPAN - 1);
+            let frame = leaf & ADDRESS_MASK & !(DIRECTORY_SPAN - 1);
+            return Ok(Translation { physical: frame + offset, writable: leaf & WRITABLE != 0, bytes_left_in_leaf: DIRECTORY_SPAN - offset });
+        }
         let Ok(Some(directory)) = self.directory(address, None) else { return Err(to_block_end) };
         let entry = entries(directory)[index(address, 1)];
         if entry & PRESENT == 0 {
@@ -367,7 +423,7 @@ impl PageTables {
 
     /// Calls `leaf` with each mapping of `[start, end)` in the user half, in address order:
     /// virtual address (of the leaf: a 2 MiB leaf may start below `start`), physical address,
-    /// size (4 KiB or 2 MiB), rights, and whether user code wrote through it (the dirty bit:
+    /// size (4 KiB, 2 MiB or 1 GiB), rights, and whether user code wrote through it (the dirty bit:
     /// the kernel's own writes go through its physical-memory window). Only reads the tables,
     /// and only the entries of the range: on PVM each read of a table costs microseconds.
     pub fn for_each_user_leaf_in(&self, start: u64, end: u64, mut leaf: impl FnMut(u64, u64, u64, Protection, bool)) {
@@ -384,8 +440,13 @@ impl PageTables {
             }
             let pointer = entries(top & ADDRESS_MASK)[index(address, 2)];
             let span_end = end.min((address | (DIRECTORY_SPAN - 1)) + 1);
-            if pointer & PRESENT == 0 || pointer & HUGE != 0 {
-                // Nothing, or a 1 GiB leaf: the kernel window's only, never in the user half.
+            if pointer & PRESENT == 0 {
+                address = span_end;
+                continue;
+            }
+            if pointer & HUGE != 0 {
+                let span = address & !(DIRECTORY_SPAN - 1);
+                leaf(span, pointer & ADDRESS_MASK & !(DIRECTORY_SPAN - 1), DIRECTORY_SPAN, rights(pointer), pointer & DIRTY != 0);
                 address = span_end;
                 continue;
             }
@@ -422,6 +483,14 @@ impl PageTables {
         let mut address = virtual_address;
         while address < end {
             let span_end = end.min((address | (DIRECTORY_SPAN - 1)) + 1);
+            if let Some(pointer) = self.existing_pointer(address).filter(|pointer| **pointer & (PRESENT | HUGE) == PRESENT | HUGE) {
+                if address.is_multiple_of(DIRECTORY_SPAN) && span_end - address == DIRECTORY_SPAN {
+                    *pointer = 0;
+                    address = span_end;
+                    continue;
+                }
+                Self::split_gigabyte(pointer, tables)?;
+            }
             if Self::whole_blocks(address, span_end, 0, false) >= REBUILD_THRESHOLD && self.directory(address, None)?.is_some() {
                 if let Some(pointer) = self.directory_pointer(address, tables)? {
                     Self::rebuild_directory(pointer, address, span_end, Self::unmap_block, |_| 0, tables)?;

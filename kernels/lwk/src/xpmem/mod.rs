@@ -45,6 +45,7 @@ pub const DEVICE_PATH: &str = "/dev/xpmem";
 /// (which ends at 0x7fff_ffe0_0000 and is at most a few GiB).
 const ATTACH_WINDOW_START: u64 = 0x7000_0000_0000;
 const ATTACH_WINDOW_END: u64 = 0x7f00_0000_0000;
+const GIGABYTE: u64 = 1 << 30;
 
 /// This enclave as its own name server knows it, standalone (enclave 1, as in XEMEM);
 /// connected, its segments carry the id the host's name server handed out.
@@ -241,8 +242,11 @@ pub fn resolve(pid: u64, vaddr: u64, size: u64) -> Option<Vec<SourceRun>> {
 /// modulo 2 MiB (the attachment then gets 2 MiB pages wherever the source has contiguous
 /// 2 MiB blocks).
 fn place(attachments: &[Attachment], pid: u64, size: u64, first_physical: u64) -> Option<u64> {
-    let phase = if size >= HUGE_PAGE_SIZE { first_physical % HUGE_PAGE_SIZE } else { 0 };
-    let fit_from = |from: u64| if size >= HUGE_PAGE_SIZE { from.next_multiple_of(HUGE_PAGE_SIZE) + phase } else { from };
+    // 1 GiB pages for an attachment of a GiB or more (one table entry per GiB to write),
+    // 2 MiB pages from 2 MiB on.
+    let align = [GIGABYTE, HUGE_PAGE_SIZE].into_iter().find(|align| size >= *align).unwrap_or(1);
+    let phase = first_physical % align;
+    let fit_from = |from: u64| if align > 1 { from.next_multiple_of(align) + phase } else { from };
     let mut candidate = fit_from(ATTACH_WINDOW_START);
     for attachment in attachments.iter().filter(|a| a.pid == pid) {
         if candidate.checked_add(size)? <= attachment.start {
