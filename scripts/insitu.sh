@@ -149,7 +149,7 @@ files_total=$(mode_total files)
 xemem_total=$(mode_total xemem-sync)
 comparison=
 if [[ "$files_total" =~ ^[0-9.]+$ && "$xemem_total" =~ ^[0-9.]+$ ]]; then
-    comparison=$(awk -v f="$files_total" -v x="$xemem_total" -v repeats="$repeats" 'BEGIN { printf "Here, files vs XEMEM (both synchronous)" (repeats > 1 ? ", medians of " repeats " runs" : "") ": %.3f s vs %.3f s: files cost %.0f%% more.", f, x, 100 * (f - x) / x }')
+    comparison=$(awk -v f="$files_total" -v x="$xemem_total" -v repeats="$repeats" 'BEGIN { printf "Here, files vs XEMEM (both synchronous)" (repeats > 1 ? ", medians of " repeats " runs" : "") ": %.3f s vs %.3f s: files cost %.0f%% %s.", f, x, (f >= x ? 100 * (f - x) / x : 100 * (x - f) / x), (f >= x ? "more" : "less") }')
     echo "$comparison"
 fi
 
