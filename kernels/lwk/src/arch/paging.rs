@@ -13,6 +13,7 @@ const DIRECTORY_SPAN: u64 = 1 << 30;
 const PRESENT: u64 = 1;
 const WRITABLE: u64 = 1 << 1;
 const USER: u64 = 1 << 2;
+const ACCESSED: u64 = 1 << 5;
 const DIRTY: u64 = 1 << 6;
 const HUGE: u64 = 1 << 7;
 const GLOBAL: u64 = 1 << 8;
@@ -469,6 +470,74 @@ impl PageTables {
                 }
                 address = block_end;
             }
+        }
+    }
+
+    /// Calls `run` with each run of `[start, end)`'s mappings that is contiguous on both
+    /// sides with the same rights, in address order: virtual address (of the run's first
+    /// leaf, which may start below `start`), physical address, length, rights. Leaves are
+    /// merged in the walk itself (every kernel load and store is emulated on PVM, so
+    /// the per-leaf work is one load and a compare), for XPMEM's resolve.
+    pub fn for_each_user_run_in(&self, start: u64, end: u64, mut run: impl FnMut(u64, u64, u64, Protection)) {
+        // Entry bits that must agree for two leaves to join one run: all but the address and
+        // the accessed and dirty bits.
+        const RIGHTS: u64 = !(ADDRESS_MASK | ACCESSED | DIRTY);
+        let rights = |bits: u64| Protection { write: bits & WRITABLE != 0, execute: bits & NO_EXECUTE == 0 };
+        // The open run: (virtual start, physical start, length, rights bits).
+        let mut open: Option<(u64, u64, u64, u64)> = None;
+        let mut add = |virtual_address: u64, physical: u64, length: u64, bits: u64| match &mut open {
+            Some((v, p, l, b)) if *v + *l == virtual_address && *p + *l == physical && *b == bits => *l += length,
+            _ => {
+                if let Some((v, p, l, b)) = open.replace((virtual_address, physical, length, bits)) {
+                    run(v, p, l, rights(b));
+                }
+            }
+        };
+        const TOP_SPAN: u64 = DIRECTORY_SPAN * 512;
+        let mut address = start & !(HUGE_PAGE_SIZE - 1);
+        while address < end {
+            let top = entries(self.root)[index(address, 3)];
+            if top & PRESENT == 0 {
+                address = (address | (TOP_SPAN - 1)) + 1;
+                continue;
+            }
+            let pointer = entries(top & ADDRESS_MASK)[index(address, 2)];
+            let span = address & !(DIRECTORY_SPAN - 1);
+            let span_end = end.min(span + DIRECTORY_SPAN);
+            if pointer & (PRESENT | HUGE) == PRESENT | HUGE {
+                add(span, pointer & ADDRESS_MASK & !(DIRECTORY_SPAN - 1), DIRECTORY_SPAN, pointer & RIGHTS);
+            } else if pointer & PRESENT != 0 {
+                // A tight loop over the directory's 2 MiB leaves, joining them while they
+                // continue each other; 4 KiB tables go through `add` one leaf at a time.
+                let directory = entries(pointer & ADDRESS_MASK);
+                let (mut i, to) = (index(address, 1), index(span_end - 1, 1) + 1);
+                let at = |i: usize| span + i as u64 * HUGE_PAGE_SIZE;
+                while i < to {
+                    let entry = directory[i];
+                    if entry & (PRESENT | HUGE) == PRESENT | HUGE {
+                        let first = entry & (RIGHTS | ADDRESS_MASK);
+                        let mut last = i;
+                        while last + 1 < to && directory[last + 1] & (RIGHTS | ADDRESS_MASK) == first + (last + 1 - i) as u64 * HUGE_PAGE_SIZE {
+                            last += 1;
+                        }
+                        add(at(i), entry & ADDRESS_MASK & !(HUGE_PAGE_SIZE - 1), (last - i + 1) as u64 * HUGE_PAGE_SIZE, entry & RIGHTS);
+                        i = last + 1;
+                    } else {
+                        if entry & PRESENT != 0 {
+                            for (j, pte) in entries(entry & ADDRESS_MASK).iter().enumerate() {
+                                if pte & PRESENT != 0 {
+                                    add(at(i) + j as u64 * PAGE_SIZE, pte & ADDRESS_MASK, PAGE_SIZE, pte & RIGHTS);
+                                }
+                            }
+                        }
+                        i += 1;
+                    }
+                }
+            }
+            address = span + DIRECTORY_SPAN;
+        }
+        if let Some((v, p, l, b)) = open {
+            run(v, p, l, rights(b));
         }
     }
 

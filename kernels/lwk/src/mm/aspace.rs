@@ -34,6 +34,12 @@ impl AddressSpace {
         self.tables.for_each_user_leaf_in(start, end, leaf);
     }
 
+    /// The mappings of `[start, end)` as runs contiguous on both sides
+    /// (`PageTables::for_each_user_run_in`).
+    pub fn for_each_run_in(&self, start: u64, end: u64, run: impl FnMut(u64, u64, u64, Protection)) {
+        self.tables.for_each_user_run_in(start, end, run);
+    }
+
     pub fn activate(&self) {
         self.tables.activate();
     }

@@ -219,7 +219,7 @@ pub fn resolve(pid: u64, vaddr: u64, size: u64) -> Option<Vec<SourceRun>> {
     // 128 TiB).
     let mut covered = vaddr;
     with_job_process(pid, |process| {
-        process.memory.aspace.for_each_leaf_in(vaddr, end, |start, physical, length, protection, _| {
+        process.memory.aspace.for_each_run_in(vaddr, end, |start, physical, length, protection| {
             let (from, to) = (start.max(vaddr), (start + length).min(end));
             if from >= to {
                 return;
