@@ -1,0 +1,419 @@
+//! XEMEM across two daemons (docs/xemem.md, "Across daemons"): daemon A is the name server;
+//! daemon B, started with `--xemem-upstream`, is a sub-manager that gets its enclave id from A
+//! over a daemon link. Host processes on either daemon (libxpmem, each against its own daemon's
+//! broker) share memory with each other: the owner's very pages, passed as files across the
+//! link, never copied. A fake daemon on A's link socket sends malformed messages, bogus
+//! descriptors and runs, and A keeps serving.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use clowderd::client::Client;
+use serde_json::{json, Value};
+use xemem::wire::{Body, FrameRun, Message, Name};
+use xemem::NAME_SERVER_ENCLAVE;
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf()
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(label: &str) -> TempDir {
+        let path = std::env::temp_dir().join(format!("clowderd-multihop-{label}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A clowderd binary on a private directory; killed when dropped.
+struct Daemon {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    fn start(dir: &Path, upstream: Option<&Daemon>) -> Daemon {
+        let socket = dir.join("clowderd.sock");
+        let log = File::create(dir.join("clowderd.log")).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_clowderd"));
+        // Any existing file stands in for the kernel image: nothing here boots.
+        command.args(["--socket", socket.to_str().unwrap(), "--kernel", env!("CARGO_BIN_EXE_clowderd")]);
+        if let Some(upstream) = upstream {
+            command.arg("--xemem-upstream").arg(upstream.dir.join("xemem-peer.sock"));
+        }
+        command.env_remove("CLOWDER_XEMEM_SOCKET").env_remove("CLOWDER_SOCKET");
+        let child = command.stderr(Stdio::from(log)).spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Client::connect_to(&socket).is_err() {
+            assert!(Instant::now() < deadline, "clowderd did not come up: {}", std::fs::read_to_string(dir.join("clowderd.log")).unwrap_or_default());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Daemon { child, dir: dir.to_path_buf() }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("clowderd.log")).unwrap_or_default()
+    }
+
+    /// Waits until the log has a line containing `needle`; returns the rest of that line.
+    fn wait_for_log(&self, needle: &str, timeout: Duration) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(line) = self.log().lines().find(|l| l.contains(needle)) {
+                return Some(line[line.find(needle).unwrap() + needle.len()..].trim().to_string());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    fn xemem_socket(&self) -> PathBuf {
+        self.dir.join("xemem.sock")
+    }
+
+    fn call(&self, request: Value) -> Value {
+        Client::connect_to(&self.dir.join("clowderd.sock")).unwrap().call(&request).unwrap()
+    }
+
+    fn segment_names(&self) -> Vec<String> {
+        let listed = self.call(json!({"op": "xemem_ls"}));
+        listed["segments"].as_array().cloned().unwrap_or_default().iter().filter_map(|s| s["name"].as_str().map(String::from)).collect()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Builds xemem/tests/host_peer.c against libxpmem.a.
+fn build_host_peer(out: &Path) {
+    let xemem = workspace_root().join("xemem");
+    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
+    let built = Command::new("cc")
+        .args(["-O2", "-I"])
+        .arg(xemem.join("include"))
+        .arg("-o")
+        .arg(out)
+        .arg(xemem.join("tests/host_peer.c"))
+        .arg(xemem.join("build/lib/libxpmem.a"))
+        .arg("-lpthread")
+        .status()
+        .unwrap();
+    assert!(built.success(), "building host_peer.c");
+}
+
+/// A host_peer process against `broker`, its output lines arriving on a channel.
+struct HostProcess {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl HostProcess {
+    fn start(program: &Path, broker: &Path, role: &str, name: &str, base: u64) -> HostProcess {
+        let mut child = Command::new(program)
+            .args([role, name, &base.to_string()])
+            .env("CLOWDER_XEMEM_SOCKET", broker)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (sender, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = sender.send(line);
+            }
+        });
+        HostProcess { child, lines, seen: Vec::new() }
+    }
+
+    /// The rest of the first line starting with `prefix`.
+    fn wait_for(&mut self, prefix: &str, timeout: Duration) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(line) = self.seen.iter().find(|l| l.starts_with(prefix)) {
+                return Some(line[prefix.len()..].trim().to_string());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Waits for the exit (killing it after `timeout`); returns the status and every line.
+    fn finish(mut self, timeout: Duration) -> (Option<i32>, String) {
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status.code();
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        self.seen.extend(self.lines.try_iter());
+        (status, self.seen.join("\n"))
+    }
+}
+
+/// Owner on one daemon, attacher on another: the attacher finds the owner's segment by name,
+/// reads the owner's 16 pages, writes what the owner waits for, and gets SIGBUS once the owner
+/// removes the segment. Returns the enclave the segid names.
+fn share(program: &Path, owner_at: &Daemon, attacher_at: &Daemon, name: &str, base: u64) -> u32 {
+    let mut owner = HostProcess::start(program, &owner_at.xemem_socket(), "owner", name, base);
+    let enclave = owner.wait_for("made a segment of enclave", Duration::from_secs(10));
+    let Some(enclave) = enclave else {
+        let (status, output) = owner.finish(Duration::from_secs(1));
+        panic!("the owner made no segment ({status:?}): {output}\nowner's daemon: {}", owner_at.log());
+    };
+    let enclave: u32 = enclave.parse().unwrap();
+    let attacher = HostProcess::start(program, &attacher_at.xemem_socket(), "attacher", name, base);
+    let (attacher_status, attacher_output) = attacher.finish(Duration::from_secs(40));
+    let (owner_status, owner_output) = owner.finish(Duration::from_secs(10));
+    let context = format!(
+        "attacher ({attacher_status:?}):\n{attacher_output}\nowner ({owner_status:?}):\n{owner_output}\nowner's daemon:\n{}\nattacher's daemon:\n{}",
+        owner_at.log(),
+        attacher_at.log()
+    );
+    assert!(attacher_output.contains(&format!("found a segment of enclave {enclave}")), "{context}");
+    assert!(attacher_output.contains("16 of 16 pages hold what the owner wrote"), "{context}");
+    assert!(owner_output.contains("the attacher wrote 43 and 7"), "{context}");
+    assert!(owner_output.contains("remove: 0"), "{context}");
+    assert!(owner_output.contains("16 of 16 pages intact after remove"), "{context}");
+    assert!(attacher_output.contains("SIGBUS after remove"), "{context}");
+    assert_eq!(attacher_status, Some(0), "{context}");
+    assert_eq!(owner_status, Some(0), "{context}");
+    enclave
+}
+
+#[test]
+fn host_processes_under_two_daemons_share_memory_both_ways() {
+    let dir = TempDir::new("share");
+    let program = dir.0.join("host_peer");
+    build_host_peer(&program);
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    std::fs::create_dir_all(dir.0.join("b")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let b = Daemon::start(&dir.0.join("b"), Some(&a));
+    let id = b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10));
+    let b_id: u32 = id.unwrap_or_else(|| panic!("the sub-manager got no enclave id:\n{}\n{}", b.log(), a.log())).parse().unwrap();
+    assert!(b_id >= 2, "enclave 1 is the name server: {b_id}");
+    assert!(a.wait_for_log("linked to a daemon below", Duration::from_secs(1)).is_some(), "{}", a.log());
+
+    // B's host process owns, A's attaches: the segid names B's enclave.
+    assert_eq!(share(&program, &b, &a, "multihop-b-to-a", 3000), b_id);
+    // A's host process owns, B's attaches: the segid names the name server's enclave.
+    assert_eq!(share(&program, &a, &b, "multihop-a-to-b", 5000), NAME_SERVER_ENCLAVE);
+    // Both under B: the request goes through A's name server and back, the memory stays B's.
+    assert_eq!(share(&program, &b, &b, "multihop-b-to-b", 7000), b_id);
+
+    // B goes away: A's name server forgets B's segments.
+    let mut lingering = HostProcess::start(&program, &b.xemem_socket(), "owner", "multihop-lingering", 100);
+    assert!(lingering.wait_for("made a segment of enclave", Duration::from_secs(10)).is_some());
+    assert!(a.segment_names().contains(&"multihop-lingering".to_string()), "{:?}", a.segment_names());
+    drop(b);
+    assert!(a.wait_for_log("the link to a daemon below is down", Duration::from_secs(5)).is_some(), "{}", a.log());
+    assert!(!a.segment_names().contains(&"multihop-lingering".to_string()), "{:?}", a.segment_names());
+    let _ = lingering.finish(Duration::from_millis(10));
+    // A still serves its own host processes, and links a new sub-manager.
+    let b2 = Daemon::start(&dir.0.join("b"), Some(&a));
+    assert!(b2.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", b2.log());
+    share(&program, &b2, &a, "multihop-again", 9000);
+}
+
+/// A fake sub-manager on A's daemon-link socket.
+struct FakePeer {
+    socket: OwnedFd,
+    id: u32,
+}
+
+impl FakePeer {
+    fn link(a: &Daemon) -> FakePeer {
+        let socket = xemem_host::sys::connect(&a.dir.join("xemem-peer.sock")).unwrap();
+        let mut peer = FakePeer { socket, id: 0 };
+        peer.send(&Message::new(0, 0, 0, Body::PingNameServer), &[]);
+        assert!(matches!(peer.receive().map(|m| m.body), Some(Body::PongNameServer)));
+        peer.send(&Message::new(0, 0, 0, Body::EnclaveIdRequest { token: 7 }), &[]);
+        match peer.receive().map(|m| m.body) {
+            Some(Body::EnclaveIdResponse { token: 7, enclave }) => peer.id = enclave,
+            other => panic!("no enclave id: {other:?}"),
+        }
+        peer
+    }
+
+    fn send(&self, message: &Message, fds: &[&dyn AsRawFd]) {
+        self.send_bytes(&message.to_bytes().unwrap(), fds);
+    }
+
+    fn send_bytes(&self, bytes: &[u8], fds: &[&dyn AsRawFd]) {
+        let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        xemem_host::sys::send(&self.socket, bytes, &raw).unwrap();
+    }
+
+    /// The name server's next `Serve` for a request it has not sent before (retries of an
+    /// earlier attach repeat theirs).
+    fn next_serve(&self, after: &mut u64) -> Option<Message> {
+        loop {
+            match self.receive()? {
+                message @ Message { body: Body::Serve { .. }, .. } if message.header.request > *after => {
+                    *after = message.header.request;
+                    return Some(message);
+                }
+                _ => continue,
+            }
+        }
+    }
+
+    /// The next message (skipping discovery chatter), or None after 5 s.
+    fn receive(&self) -> Option<Message> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut buffer = vec![0u8; 70000];
+        while Instant::now() < deadline {
+            if !clowderd::sys::wait_readable(self.socket.as_raw_fd(), Duration::from_millis(100)).unwrap() {
+                continue;
+            }
+            let (length, _fds) = xemem_host::sys::receive(&self.socket, &mut buffer).unwrap();
+            assert!(length > 0, "A closed the link");
+            let message = Message::decode(&buffer[..length]).unwrap();
+            if !matches!(message.body, Body::PingNameServer) {
+                return Some(message);
+            }
+        }
+        None
+    }
+}
+
+fn memfd(pages: u64) -> File {
+    let file = clowderd::sys::memfd("multihop-test").unwrap();
+    file.set_len(pages * 4096).unwrap();
+    file
+}
+
+#[test]
+fn a_malformed_peer_gets_errors_and_the_daemon_keeps_serving() {
+    let dir = TempDir::new("malformed");
+    let program = dir.0.join("host_peer");
+    build_host_peer(&program);
+    let a = Daemon::start(&dir.0, None);
+    let peer = FakePeer::link(&a);
+    assert!(peer.id >= 2);
+
+    // Garbage, a short header, and a request with a bad body from the peer's enclave.
+    peer.send_bytes(b"not a message at all", &[]);
+    peer.send_bytes(&[1, 0, 0], &[]);
+    let mut bad = Message::new(41, peer.id, NAME_SERVER_ENCLAVE, Body::Lookup { name: Name::new(b"x").unwrap() }).to_bytes().unwrap();
+    bad.push(0); // a trailing byte
+    peer.send_bytes(&bad, &[]);
+    let answer = peer.receive().expect("an answer to the malformed request");
+    assert_eq!((answer.header.request, answer.body), (41, Body::Failed { error: xemem::Error::Malformed }));
+    // A request in another enclave's name is dropped; one in its own is answered.
+    peer.send(&Message::new(42, peer.id + 100, NAME_SERVER_ENCLAVE, Body::Lookup { name: Name::new(b"x").unwrap() }), &[]);
+    peer.send(&Message::new(43, peer.id, NAME_SERVER_ENCLAVE, Body::Lookup { name: Name::new(b"x").unwrap() }), &[]);
+    let answer = peer.receive().unwrap();
+    assert_eq!((answer.header.request, answer.body), (43, Body::Failed { error: xemem::Error::NotFound }));
+
+    // The fake daemon exports 16 pages; a host process on A attaches them. The first attaches
+    // are answered with bogus memory, each of which must fail the attach, not the daemon.
+    let make = Body::Make { process: 1, vaddr: 0x10000, size: 16 * 4096, uid: 0, gid: 0, mode: 0o666, name: Some(Name::new(b"fake-peer-seg").unwrap()) };
+    peer.send(&Message::new(44, peer.id, NAME_SERVER_ENCLAVE, make), &[]);
+    let segment = match peer.receive().map(|m| m.body) {
+        Some(Body::Made { segment }) => segment,
+        other => panic!("make: {other:?}"),
+    };
+    assert_eq!(segment.enclave(), peer.id);
+    let memory = memfd(16);
+    for page in 0..16u64 {
+        memory.write_all_at_page(page, 11000 + page);
+    }
+    let (socket_a, _socket_b) = std::os::unix::net::UnixStream::pair().unwrap();
+    let small = memfd(4);
+    type Bogus<'a> = (&'a str, Vec<FrameRun>, Vec<&'a dyn AsRawFd>);
+    let run = |index: u64, page: u64, frames: u64| FrameRun { first: Some(index << clowderd::xemem_peer::FD_SHIFT | page), frames };
+    let bogus: Vec<Bogus> = vec![
+        ("a socket for memory", vec![run(0, 0, 16)], vec![&socket_a]),
+        ("runs beyond the file", vec![run(0, 0, 16)], vec![&small]),
+        ("no descriptor for the run", vec![run(1, 0, 16)], vec![&memory]),
+        ("no descriptor at all", vec![run(0, 0, 16)], vec![]),
+        ("too few pages", vec![run(0, 0, 15)], vec![&memory]),
+    ];
+    let mut last_serve = 0;
+    for (what, runs, fds) in bogus {
+        let mut attacher = HostProcess::start(&program, &a.xemem_socket(), "attacher", "fake-peer-seg", 11000);
+        let serve = peer.next_serve(&mut last_serve).unwrap_or_else(|| panic!("{what}: no Serve came: {}", a.log()));
+        let Body::Serve { requester, segment: served, size, .. } = serve.body else { unreachable!() };
+        assert_eq!((served, size), (segment, 16 * 4096));
+        let total_runs = runs.len() as u32;
+        let answer = Message::new(serve.header.request, peer.id, requester, Body::Attached { segment, size, first_run: 0, total_runs, runs });
+        peer.send(&answer, &fds);
+        let failed = attacher.wait_for("attach failed", Duration::from_secs(10));
+        let (_, output) = attacher.finish(Duration::from_secs(1));
+        assert!(failed.is_some(), "{what}: {output}\n{}", a.log());
+        assert_eq!(a.call(json!({"op": "ls"}))["ok"], true, "{what}");
+    }
+
+    // Now the real thing: the host process maps the fake daemon's memfd, no copy.
+    let mut attacher = HostProcess::start(&program, &a.xemem_socket(), "attacher", "fake-peer-seg", 11000);
+    let serve = peer.next_serve(&mut last_serve).unwrap_or_else(|| panic!("no Serve came: {}", a.log()));
+    let Body::Serve { requester, .. } = serve.body else { unreachable!() };
+    let runs = vec![run(0, 0, 16)];
+    let answer = Message::new(serve.header.request, peer.id, requester, Body::Attached { segment, size: 16 * 4096, first_run: 0, total_runs: 1, runs });
+    peer.send(&answer, &[&memory]);
+    let wrote = attacher.wait_for("wrote 43", Duration::from_secs(10));
+    assert!(wrote.is_some(), "{:?}\n{}", attacher.seen, a.log());
+    assert!(attacher.seen.iter().any(|l| l == "16 of 16 pages hold what the owner wrote"), "{:?}", attacher.seen);
+    assert_eq!(memory.read_page_word(0, 1), 43, "the attacher's write is in the peer's own memfd");
+    assert_eq!(memory.read_page_word(15, 2), 7);
+    // Truncating the memory (what an owner's remove does) gives the attacher SIGBUS.
+    memory.set_len(0).unwrap();
+    let (status, output) = attacher.finish(Duration::from_secs(10));
+    assert!(output.contains("SIGBUS after remove"), "{output}");
+    assert_eq!(status, Some(0), "{output}");
+
+    // The fake daemon goes away: A forgets its segment and still serves.
+    assert!(a.segment_names().contains(&"fake-peer-seg".to_string()));
+    drop(peer);
+    assert!(a.wait_for_log("the link to a daemon below is down", Duration::from_secs(5)).is_some(), "{}", a.log());
+    assert!(!a.segment_names().contains(&"fake-peer-seg".to_string()), "{:?}", a.segment_names());
+}
+
+/// Page-word access to a memfd without mapping it.
+trait PageWords {
+    fn write_all_at_page(&self, page: u64, value: u64);
+    fn read_page_word(&self, page: u64, word: u64) -> u64;
+}
+
+impl PageWords for File {
+    fn write_all_at_page(&self, page: u64, value: u64) {
+        use std::os::unix::fs::FileExt;
+        self.write_all_at(&value.to_le_bytes(), page * 4096).unwrap();
+    }
+    fn read_page_word(&self, page: u64, word: u64) -> u64 {
+        use std::os::unix::fs::FileExt;
+        let mut bytes = [0u8; 8];
+        self.read_exact_at(&mut bytes, page * 4096 + word * 8).unwrap();
+        u64::from_le_bytes(bytes)
+    }
+}
