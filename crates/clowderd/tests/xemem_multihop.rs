@@ -47,11 +47,15 @@ struct Daemon {
 
 impl Daemon {
     fn start(dir: &Path, upstream: Option<&Daemon>) -> Daemon {
+        // Any existing file stands in for the kernel image: nothing boots.
+        Daemon::start_with(dir, upstream, &["--kernel", env!("CARGO_BIN_EXE_clowderd")])
+    }
+
+    fn start_with(dir: &Path, upstream: Option<&Daemon>, options: &[&str]) -> Daemon {
         let socket = dir.join("clowderd.sock");
         let log = File::create(dir.join("clowderd.log")).unwrap();
         let mut command = Command::new(env!("CARGO_BIN_EXE_clowderd"));
-        // Any existing file stands in for the kernel image: nothing here boots.
-        command.args(["--socket", socket.to_str().unwrap(), "--kernel", env!("CARGO_BIN_EXE_clowderd")]);
+        command.args(["--socket", socket.to_str().unwrap()]).args(options);
         if let Some(upstream) = upstream {
             command.arg("--xemem-upstream").arg(upstream.dir.join("xemem-peer.sock"));
         }
@@ -416,4 +420,144 @@ impl PageWords for File {
         self.read_exact_at(&mut bytes, page * 4096 + word * 8).unwrap();
         u64::from_le_bytes(bytes)
     }
+}
+
+fn kernel_image() -> PathBuf {
+    workspace_root().join("kernels/target/x86_64-unknown-none/release/lwk")
+}
+
+fn vmm_binary() -> PathBuf {
+    std::env::var_os("CLOWDER_VMM").map_or_else(|| workspace_root().join("target/release/clowder-vmm"), PathBuf::from)
+}
+
+/// Why the KVM test cannot run here, if it cannot.
+fn missing_for_enclaves() -> Option<String> {
+    if File::options().read(true).write(true).open("/dev/kvm").is_err() {
+        return Some("/dev/kvm is not available".into());
+    }
+    if !kernel_image().is_file() {
+        return Some(format!("no LWK image at {}", kernel_image().display()));
+    }
+    if !vmm_binary().is_file() {
+        return Some(format!("no clowder-vmm at {}", vmm_binary().display()));
+    }
+    if Command::new("musl-gcc").arg("--version").output().is_err() {
+        return Some("musl-gcc is not installed".into());
+    }
+    None
+}
+
+/// xemem/tests/SOURCE as a static musl LWK job, against a musl build of libxpmem.a (musl has
+/// no kernel headers: the system's linux/ and asm/ directories are linked in).
+fn build_lwk_job(source: &str, out: &Path) {
+    let xemem = workspace_root().join("xemem");
+    let headers = out.with_file_name("kernel-headers");
+    std::fs::create_dir_all(&headers).unwrap();
+    let multiarch = Command::new("gcc").arg("-print-multiarch").output().unwrap();
+    let multiarch = String::from_utf8_lossy(&multiarch.stdout).trim().to_string();
+    for (link, target) in [("linux", "/usr/include/linux".to_string()), ("asm", format!("/usr/include/{multiarch}/asm")), ("asm-generic", "/usr/include/asm-generic".to_string())] {
+        std::os::unix::fs::symlink(target, headers.join(link)).unwrap();
+    }
+    let build = out.with_file_name("musl-build");
+    let made = Command::new("make")
+        .arg("-s")
+        .arg("-C")
+        .arg(&xemem)
+        .arg(format!("CC=musl-gcc -isystem {}", headers.display()))
+        .arg(format!("BUILD={}", build.display()))
+        .arg(build.join("lib/libxpmem.a"))
+        .status()
+        .unwrap();
+    assert!(made.success(), "building a musl libxpmem.a");
+    let built = Command::new("musl-gcc")
+        .arg("-isystem")
+        .arg(&headers)
+        .args(["-static", "-O2", "-I"])
+        .arg(xemem.join("include"))
+        .arg("-o")
+        .arg(out)
+        .arg(xemem.join("tests").join(source))
+        .arg(build.join("lib/libxpmem.a"))
+        .status()
+        .unwrap();
+    assert!(built.success(), "building {source}");
+}
+
+/// The full three-hop route: a job in an LWK enclave under the sub-manager B exports a segment
+/// (its node -> B -> A's name server); a host process on A attaches it (A's name server ->
+/// B -> the enclave's kernel, whose guest-physical frames B names as ranges of the enclave's
+/// RAM memfd and passes to A as descriptors). The host process reads the job's pages and
+/// writes what the job waits for: the job's own memory, no copy.
+#[test]
+fn a_host_process_on_the_name_server_attaches_an_lwk_segment_under_a_sub_manager() {
+    if let Some(why) = missing_for_enclaves() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = TempDir::new("three-hops");
+    let job = dir.0.join("lwk_named_owner");
+    build_lwk_job("lwk_named_owner.c", &job);
+    let attacher = dir.0.join("host_attacher");
+    let xemem = workspace_root().join("xemem");
+    let built = Command::new("cc")
+        .args(["-O2", "-I"])
+        .arg(xemem.join("include"))
+        .arg("-o")
+        .arg(&attacher)
+        .arg(xemem.join("tests/host_attacher.c"))
+        .arg(xemem.join("build/lib/libxpmem.a"))
+        .arg("-lpthread")
+        .status()
+        .unwrap();
+    assert!(built.success(), "building host_attacher.c");
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    std::fs::create_dir_all(dir.0.join("b")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let (vmm, kernel) = (vmm_binary(), kernel_image());
+    let b = Daemon::start_with(&dir.0.join("b"), Some(&a), &["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()]);
+    assert!(b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", b.log());
+
+    let created = b.call(json!({"op": "create", "name": "owner", "cores": 1, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    const LINE: &str = "[lwk] xemem: the name server gave this enclave id ";
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let enclave_id: u32 = loop {
+        let logs = b.call(json!({"op": "logs", "name": "owner"}));
+        let lines = logs["lines"].as_array().cloned().unwrap_or_default();
+        if let Some(id) = lines.iter().filter_map(Value::as_str).find_map(|l| l.find(LINE).map(|at| l[at + LINE.len()..].trim().to_string())) {
+            break id.parse().unwrap();
+        }
+        assert!(Instant::now() < deadline, "the enclave under the sub-manager got no XEMEM id: {logs}\n{}", b.log());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+
+    std::thread::scope(|scope| {
+        let runner = scope.spawn(|| {
+            let binary = File::open(&job).unwrap();
+            let cwd = File::open(&dir.0).unwrap();
+            let request = json!({"op": "run", "enclave": "owner", "argv": ["lwk_named_owner"], "cwd": dir.0.to_str().unwrap(), "files": []});
+            let mut stdout = String::new();
+            let reply = Client::connect_to(&b.dir.join("clowderd.sock"))
+                .unwrap()
+                .call_streaming(&request, &[binary.as_raw_fd(), cwd.as_raw_fd()], &mut |event| {
+                    if event["event"] == "output" && event["stream"] == "stdout" {
+                        stdout.push_str(event["text"].as_str().unwrap());
+                    }
+                })
+                .unwrap();
+            (reply, stdout)
+        });
+        let host = Command::new(&attacher).env("CLOWDER_XEMEM_SOCKET", a.xemem_socket()).output().unwrap();
+        let host_out = String::from_utf8_lossy(&host.stdout).into_owned();
+        let context = format!("{host_out}\nA:\n{}\nB:\n{}", a.log(), b.log());
+        assert!(host.status.success(), "host_attacher: {:?}\n{context}", host.status);
+        assert!(host_out.contains(&format!("found a segment of enclave {enclave_id}")), "{context}");
+        assert!(host_out.contains("16 of 16 pages hold what the job wrote"), "{context}");
+        assert!(host_out.contains("another process is refused the permit"), "{context}");
+        let (reply, stdout) = runner.join().unwrap();
+        assert_eq!(reply["status"], 0, "{reply} {stdout}");
+        assert!(stdout.contains("the host wrote 42"), "{stdout}");
+    });
+    let removed = b.call(json!({"op": "rm", "name": "owner"}));
+    assert_eq!(removed["ok"], true, "{removed}");
 }
