@@ -670,7 +670,9 @@ impl XememPort {
         let mut bridge = self.bridge.lock().unwrap();
         let ours = |bridge: &Bridge, process: u64, access: AccessId| bridge.permits.contains_key(&(origin, process, access));
         let is_ours = match &message.body {
-            Body::Get { segment, .. } if segment.enclave() == NAME_SERVER_ENCLAVE => broker.is_some(),
+            // Host processes' segments are the broker's; a sub-manager has no broker here, and
+            // takes a permit at the name server upstream instead (below).
+            Body::Get { segment, .. } if segment.enclave() == NAME_SERVER_ENCLAVE && broker.is_some() => true,
             // Another enclave's segment; an enclave's own goes to the name server (its kernel
             // maps its own pages).
             Body::Get { segment, .. } => segment.enclave() != origin,
@@ -725,7 +727,7 @@ impl XememPort {
             Body::Lookup { name } => Ok(vec![Body::Found { segment: broker.ok_or(Error::NotFound)?.lookup_host_segment(name)? }]),
             Body::Get { process, segment, access, .. } => {
                 let others = Credentials { uid: ENCLAVE_PROCESS_CREDENTIALS_UID, groups: vec![ENCLAVE_PROCESS_CREDENTIALS_UID] };
-                let (source, size) = if segment.enclave() == NAME_SERVER_ENCLAVE {
+                let (source, size) = if segment.enclave() == NAME_SERVER_ENCLAVE && broker.is_some() {
                     let (broker_access, size) = broker.ok_or(Error::NotFound)?.get_for_enclave(caller(*process), &others, *segment, *access)?;
                     (Source::Host { broker_access }, size)
                 } else {

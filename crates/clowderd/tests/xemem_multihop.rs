@@ -561,3 +561,99 @@ fn a_host_process_on_the_name_server_attaches_an_lwk_segment_under_a_sub_manager
     let removed = b.call(json!({"op": "rm", "name": "owner"}));
     assert_eq!(removed["ok"], true, "{removed}");
 }
+
+/// Waits for the LWK in enclave `name` of daemon `d` to log its XEMEM id.
+fn lwk_xemem_id(d: &Daemon, name: &str) -> u32 {
+    const LINE: &str = "[lwk] xemem: the name server gave this enclave id ";
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let logs = d.call(json!({"op": "logs", "name": name}));
+        let lines = logs["lines"].as_array().cloned().unwrap_or_default();
+        if let Some(id) = lines.iter().filter_map(Value::as_str).find_map(|l| l.find(LINE).map(|at| l[at + LINE.len()..].trim().to_string())) {
+            return id.parse().unwrap();
+        }
+        assert!(Instant::now() < deadline, "enclave {name} got no XEMEM id: {logs}\n{}", d.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Runs `job` in enclave `name` of daemon `d`; returns the final reply and the job's stdout.
+fn run_job(d: &Daemon, name: &str, job: &Path, cwd: &Path) -> (Value, String) {
+    let binary = File::open(job).unwrap();
+    let directory = File::open(cwd).unwrap();
+    let argv0 = job.file_name().unwrap().to_str().unwrap();
+    let request = json!({"op": "run", "enclave": name, "argv": [argv0], "cwd": cwd.to_str().unwrap(), "files": []});
+    let mut stdout = String::new();
+    let reply = Client::connect_to(&d.dir.join("clowderd.sock"))
+        .unwrap()
+        .call_streaming(&request, &[binary.as_raw_fd(), directory.as_raw_fd()], &mut |event| {
+            if event["event"] == "output" && event["stream"] == "stdout" {
+                stdout.push_str(event["text"].as_str().unwrap());
+            }
+        })
+        .unwrap();
+    (reply, stdout)
+}
+
+/// The other way down: a host process on the name server's daemon exports a segment, and a
+/// job in an LWK enclave under the sub-manager attaches it. B takes the permit upstream as a
+/// proxy, A passes the owner's memfds to B, and B adds them to the enclave's machine as
+/// guest-physical regions: the owner's pages in the job, no copy.
+#[test]
+fn an_lwk_job_under_a_sub_manager_attaches_a_host_segment_on_the_name_servers_daemon() {
+    if let Some(why) = missing_for_enclaves() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = TempDir::new("down");
+    let job = dir.0.join("lwk_host_attacher");
+    build_lwk_job("lwk_host_attacher.c", &job);
+    let owner = dir.0.join("host_named_owner");
+    let xemem = workspace_root().join("xemem");
+    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
+    let built = Command::new("cc")
+        .args(["-O2", "-I"])
+        .arg(xemem.join("include"))
+        .arg("-o")
+        .arg(&owner)
+        .arg(xemem.join("tests/host_named_owner.c"))
+        .arg(xemem.join("build/lib/libxpmem.a"))
+        .arg("-lpthread")
+        .status()
+        .unwrap();
+    assert!(built.success(), "building host_named_owner.c");
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    std::fs::create_dir_all(dir.0.join("b")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let (vmm, kernel) = (vmm_binary(), kernel_image());
+    let b = Daemon::start_with(&dir.0.join("b"), Some(&a), &["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()]);
+    assert!(b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", b.log());
+    let created = b.call(json!({"op": "create", "name": "attacher", "cores": 1, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    lwk_xemem_id(&b, "attacher");
+
+    let mut host = Command::new(&owner).env("CLOWDER_XEMEM_SOCKET", a.xemem_socket()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut host_stdout = BufReader::new(host.stdout.take().unwrap());
+    let mut first_line = String::new();
+    host_stdout.read_line(&mut first_line).unwrap();
+    assert_eq!(first_line.trim(), "made host-owner-seg");
+    let (reply, stdout) = run_job(&b, "attacher", &job, &dir.0);
+    let host_status = host.wait().unwrap();
+    let mut host_rest = String::new();
+    std::io::Read::read_to_string(&mut host_stdout, &mut host_rest).unwrap();
+    let context = format!("job: {reply}\n{stdout}\nowner: {host_rest}\nA:\n{}\nB:\n{}", a.log(), b.log());
+    assert_eq!(reply["status"], 0, "{context}");
+    assert!(stdout.contains("found a segment of enclave 1"), "{context}");
+    assert!(host_status.success(), "{context}");
+    assert!(host_rest.contains("the LWK wrote 43"), "{context}");
+    assert!(host_rest.contains("remove: 0"), "{context}");
+    assert!(stdout.contains("16 of 16 pages hold what the host wrote") && stdout.contains("second attach: 16 of 16 pages"), "{context}");
+    // The owner's memory became regions of the enclave's machine on B, and went again.
+    let logs = b.call(json!({"op": "logs", "name": "attacher"}));
+    let lines: Vec<String> = logs["lines"].as_array().unwrap().iter().filter_map(|l| l.as_str().map(String::from)).collect();
+    let added = lines.iter().filter(|l| l.contains("xemem: host memory (")).count();
+    let removed = lines.iter().filter(|l| l.contains("xemem: host memory region") && l.ends_with("removed")).count();
+    assert!(added >= 2 && added == removed, "regions added {added}, removed {removed}: {lines:?}");
+    let removed = b.call(json!({"op": "rm", "name": "attacher"}));
+    assert_eq!(removed["ok"], true, "{removed}");
+}
