@@ -339,6 +339,23 @@ impl XememLinks {
         Ok((segment, runs))
     }
 
+    /// The name server takes back a permit this daemon holds as `proxy` (a sub-manager's proxy
+    /// permit on a segment upstream): every enclave attachment made through it is revoked, and
+    /// this waits until the enclaves acknowledged (or are gone, or the deadline passed), so
+    /// the acknowledgement upstream means nothing here maps the memory any more.
+    pub(crate) fn revoke_proxy_permit(&self, proxy: u64, access: AccessId) {
+        let waiter = Arc::new(Outstanding::default());
+        let ports: Vec<(Arc<Mutex<Bridge>>, mpsc::Sender<Vec<u8>>)> = {
+            let links = self.links.lock().unwrap();
+            links.bridges.iter().filter_map(|(link, bridge)| Some((bridge.clone(), links.outgoing.get(link)?.clone()))).collect()
+        };
+        let through_it = |_: EnclaveId, _: u64, permit: &BridgedPermit| matches!(permit.source, Source::Enclave { access: a, proxy: p } if a == access && p == proxy);
+        for (bridge, queue) in ports {
+            bridge.lock().unwrap().revoke_where(through_it, &queue, &waiter);
+        }
+        waiter.wait(REVOKE_TIMEOUT + Duration::from_secs(1));
+    }
+
     /// Tells every link's port that `gone` went away (its pump revokes bridged permits on it).
     fn announce(links: &Links, gone: Gone) {
         for sender in links.gone.values() {

@@ -411,6 +411,24 @@ impl Link {
                     let _ = answers.send(bodies.into_iter().map(|body| Message::new(header.request, me, requester, body)).collect());
                 });
             }
+            // The name server takes back a permit this daemon holds: enclaves here that attached
+            // through it must let go before the acknowledgement goes up (the owner's memory is
+            // truncated after it). Off this thread: it waits for the enclaves.
+            Ok(message @ Message { body: Body::Revoke { .. }, .. })
+                if message.header.origin == NAME_SERVER_ENCLAVE
+                    && Some(message.header.destination) == self.links.id()
+                    && message.header.destination != NAME_SERVER_ENCLAVE
+                    && self.links.link_towards_name_server() == Some(self.port.link()) =>
+            {
+                drop(fds);
+                let Body::Revoke { process, access } = message.body else { return };
+                let (links, answers) = (self.links.clone(), self.served.0.clone());
+                std::thread::spawn(move || {
+                    links.revoke_proxy_permit(process, access);
+                    // Now the node handles it as usual: it answers Revoked.
+                    let _ = answers.send(vec![message]);
+                });
+            }
             _ => {
                 drop(fds); // only memory answers carry descriptors
                 self.port.from_enclave(bytes, &*self.frames);

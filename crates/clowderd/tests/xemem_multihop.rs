@@ -657,3 +657,89 @@ fn an_lwk_job_under_a_sub_manager_attaches_a_host_segment_on_the_name_servers_da
     let removed = b.call(json!({"op": "rm", "name": "attacher"}));
     assert_eq!(removed["ok"], true, "{removed}");
 }
+
+/// Revocation across the link: a host owner on the name server's daemon removes its segment
+/// while a job in an enclave under the sub-manager touches its attachment. The name server's
+/// daemon sends the revoke to the sub-manager (which holds the permit as a proxy); the
+/// sub-manager revokes the job's attachment and acknowledges only when the enclave has; only
+/// then may the owner's memory be truncated. The job's SIGBUS handler sees the fault, the
+/// owner keeps its data, and the regions go.
+#[test]
+fn a_host_owners_remove_gives_an_lwk_job_under_a_sub_manager_sigbus() {
+    if let Some(why) = missing_for_enclaves() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = TempDir::new("revoke");
+    let job = dir.0.join("lwk_revoked_attacher");
+    build_lwk_job("lwk_revoked_attacher.c", &job);
+    let owner = dir.0.join("host_revoking_owner");
+    let xemem = workspace_root().join("xemem");
+    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
+    let built = Command::new("cc")
+        .args(["-O2", "-I"])
+        .arg(xemem.join("include"))
+        .arg("-o")
+        .arg(&owner)
+        .arg(xemem.join("tests/host_revoking_owner.c"))
+        .arg(xemem.join("build/lib/libxpmem.a"))
+        .arg("-lpthread")
+        .status()
+        .unwrap();
+    assert!(built.success(), "building host_revoking_owner.c");
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    std::fs::create_dir_all(dir.0.join("b")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let (vmm, kernel) = (vmm_binary(), kernel_image());
+    let b = Daemon::start_with(&dir.0.join("b"), Some(&a), &["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()]);
+    assert!(b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", b.log());
+    let created = b.call(json!({"op": "create", "name": "attacher", "cores": 1, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    lwk_xemem_id(&b, "attacher");
+
+    let mut host = Command::new(&owner).arg("remove").env("CLOWDER_XEMEM_SOCKET", a.xemem_socket()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut host_stdout = BufReader::new(host.stdout.take().unwrap());
+    let mut first_line = String::new();
+    host_stdout.read_line(&mut first_line).unwrap();
+    assert_eq!(first_line.trim(), "made host-revoke-seg");
+    let binary = File::open(&job).unwrap();
+    let cwd = File::open(&dir.0).unwrap();
+    // A job that never sees SIGBUS spins for ever: after a minute the enclave is removed, which
+    // ends it (and the test fails below).
+    let b_socket = b.dir.join("clowderd.sock");
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(60));
+        if let Ok(mut client) = Client::connect_to(&b_socket) {
+            let _ = client.call(&json!({"op": "rm", "name": "attacher"}));
+        }
+    });
+    let request = json!({"op": "run", "enclave": "attacher", "argv": ["lwk_revoked_attacher", "handler"], "cwd": dir.0.to_str().unwrap(), "files": []});
+    let mut stdout = String::new();
+    let reply = Client::connect_to(&b.dir.join("clowderd.sock"))
+        .unwrap()
+        .call_streaming(&request, &[binary.as_raw_fd(), cwd.as_raw_fd()], &mut |event| {
+            if event["event"] == "output" && event["stream"] == "stdout" {
+                stdout.push_str(event["text"].as_str().unwrap());
+            }
+        })
+        .unwrap();
+    let owner_status = host.wait().unwrap();
+    let mut owner_stdout = String::new();
+    std::io::Read::read_to_string(&mut host_stdout, &mut owner_stdout).unwrap();
+    let logs = b.call(json!({"op": "logs", "name": "attacher"}));
+    let context = format!("job: {reply}\n{stdout}\nowner: {owner_stdout}\nenclave: {logs}\nA:\n{}\nB:\n{}", a.log(), b.log());
+    assert_eq!(reply["status"], 0, "{context}");
+    assert!(stdout.contains("16 of 16 pages hold the owner's pattern"), "{context}");
+    assert!(stdout.contains("main thread: SIGBUS inside the attachment: 1"), "{context}");
+    assert!(stdout.contains("detach: 0"), "{context}");
+    assert!(stdout.contains("release: -1 (errno 2)"), "{context}");
+    assert!(owner_status.success(), "{context}");
+    assert!(owner_stdout.contains("remove: 0"), "{context}");
+    assert!(owner_stdout.contains("owner data intact: 1"), "{context}");
+    let lines: Vec<String> = logs["lines"].as_array().unwrap().iter().filter_map(|l| l.as_str().map(String::from)).collect();
+    let added = lines.iter().filter(|l| l.contains("xemem: host memory (")).count();
+    let removed = lines.iter().filter(|l| l.contains("xemem: host memory region") && l.ends_with("removed")).count();
+    assert!(added >= 1 && added == removed, "regions added {added}, removed {removed}: {context}");
+    let removed = b.call(json!({"op": "rm", "name": "attacher"}));
+    assert_eq!(removed["ok"], true, "{removed}");
+}
