@@ -308,7 +308,11 @@ impl xemem_host::Enclaves for XememLinks {
     }
 
     fn remove(&self, process: u64, segment: SegmentId) -> Result<(), Error> {
-        self.call(Request::Remove { process, segment }).map(|_| ())
+        self.call(Request::Remove { process, segment })?;
+        // The owner's library truncates the memory once it has the answer: this daemon's
+        // enclaves that attached it let go first.
+        self.revoke_segment(segment);
+        Ok(())
     }
 }
 
@@ -344,14 +348,33 @@ impl XememLinks {
     /// this waits until the enclaves acknowledged (or are gone, or the deadline passed), so
     /// the acknowledgement upstream means nothing here maps the memory any more.
     pub(crate) fn revoke_proxy_permit(&self, proxy: u64, access: AccessId) {
+        self.revoke_bridged(|permit| matches!(permit.source, Source::Enclave { access: a, proxy: p } if a == access && p == proxy));
+    }
+
+    /// Revokes every enclave attachment bridged on `segment` (another enclave's or daemon's)
+    /// and waits for the acknowledgements, as [`XememLinks::revoke_proxy_permit`] does.
+    pub(crate) fn revoke_segment(&self, segment: SegmentId) {
+        self.revoke_bridged(|permit| matches!(permit.source, Source::Enclave { .. }) && permit.segment == segment);
+    }
+
+    /// Whether this node reaches `enclave` through `link`.
+    pub(crate) fn routes_via(&self, enclave: EnclaveId, link: LinkId) -> bool {
+        self.links.lock().unwrap().node.route(enclave) == Some(link)
+    }
+
+    /// The owner of `segment` at this node's name server, if it is one and knows it.
+    pub(crate) fn segment_owner(&self, segment: SegmentId) -> Option<Principal> {
+        self.links.lock().unwrap().node.name_server()?.segment(segment).map(|s| s.owner)
+    }
+
+    fn revoke_bridged(&self, which: impl Fn(&BridgedPermit) -> bool) {
         let waiter = Arc::new(Outstanding::default());
         let ports: Vec<(Arc<Mutex<Bridge>>, mpsc::Sender<Vec<u8>>)> = {
             let links = self.links.lock().unwrap();
             links.bridges.iter().filter_map(|(link, bridge)| Some((bridge.clone(), links.outgoing.get(link)?.clone()))).collect()
         };
-        let through_it = |_: EnclaveId, _: u64, permit: &BridgedPermit| matches!(permit.source, Source::Enclave { access: a, proxy: p } if a == access && p == proxy);
         for (bridge, queue) in ports {
-            bridge.lock().unwrap().revoke_where(through_it, &queue, &waiter);
+            bridge.lock().unwrap().revoke_where(|_, _, permit| which(permit), &queue, &waiter);
         }
         waiter.wait(REVOKE_TIMEOUT + Duration::from_secs(1));
     }

@@ -429,6 +429,17 @@ impl Link {
                     let _ = answers.send(vec![message]);
                 });
             }
+            // The owner behind this link removes its segment (at this name server). Its memory is
+            // truncated once the answer is back there, so enclaves here that attached it let go
+            // first: the revokes are waited for before the node removes it and answers.
+            Ok(Message { header, body: Body::Remove { process, segment } })
+                if self.links.routes_via(header.origin, self.port.link())
+                    && self.links.segment_owner(segment) == Some(xemem::Principal { enclave: header.origin, process }) =>
+            {
+                drop(fds);
+                self.links.revoke_segment(segment);
+                self.port.from_enclave(bytes, &*self.frames);
+            }
             _ => {
                 drop(fds); // only memory answers carry descriptors
                 self.port.from_enclave(bytes, &*self.frames);

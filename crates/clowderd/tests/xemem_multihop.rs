@@ -658,19 +658,18 @@ fn an_lwk_job_under_a_sub_manager_attaches_a_host_segment_on_the_name_servers_da
     assert_eq!(removed["ok"], true, "{removed}");
 }
 
-/// Revocation across the link: a host owner on the name server's daemon removes its segment
-/// while a job in an enclave under the sub-manager touches its attachment. The name server's
-/// daemon sends the revoke to the sub-manager (which holds the permit as a proxy); the
-/// sub-manager revokes the job's attachment and acknowledges only when the enclave has; only
-/// then may the owner's memory be truncated. The job's SIGBUS handler sees the fault, the
-/// owner keeps its data, and the regions go.
-#[test]
-fn a_host_owners_remove_gives_an_lwk_job_under_a_sub_manager_sigbus() {
+/// Revocation across the link: a host owner removes its segment while a job in an enclave
+/// touches its attachment, owner and enclave under the daemons `owner_on_b` and `enclave_on_b`
+/// say. Whoever bridged the job's permit revokes the job's attachment, and the owner's remove
+/// is answered (after which its library truncates the memory) only when the enclave has let
+/// go. The job's SIGBUS handler sees the fault, detach gives 0 and release ENOENT, the owner
+/// keeps its data, and every region added to the enclave's machine goes again.
+fn revoke_across(tag: &str, owner_on_b: bool, enclave_on_b: bool) {
     if let Some(why) = missing_for_enclaves() {
         eprintln!("skipped: {why}");
         return;
     }
-    let dir = TempDir::new("revoke");
+    let dir = TempDir::new(tag);
     let job = dir.0.join("lwk_revoked_attacher");
     build_lwk_job("lwk_revoked_attacher.c", &job);
     let owner = dir.0.join("host_revoking_owner");
@@ -689,15 +688,17 @@ fn a_host_owners_remove_gives_an_lwk_job_under_a_sub_manager_sigbus() {
     assert!(built.success(), "building host_revoking_owner.c");
     std::fs::create_dir_all(dir.0.join("a")).unwrap();
     std::fs::create_dir_all(dir.0.join("b")).unwrap();
-    let a = Daemon::start(&dir.0.join("a"), None);
     let (vmm, kernel) = (vmm_binary(), kernel_image());
-    let b = Daemon::start_with(&dir.0.join("b"), Some(&a), &["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()]);
+    let machines = ["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()];
+    let a = Daemon::start_with(&dir.0.join("a"), None, &machines);
+    let b = Daemon::start_with(&dir.0.join("b"), Some(&a), &machines);
     assert!(b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", b.log());
-    let created = b.call(json!({"op": "create", "name": "attacher", "cores": 1, "mem": "128M"}));
+    let (owner_at, enclave_at) = (if owner_on_b { &b } else { &a }, if enclave_on_b { &b } else { &a });
+    let created = enclave_at.call(json!({"op": "create", "name": "attacher", "cores": 1, "mem": "128M"}));
     assert_eq!(created["ok"], true, "{created}");
-    lwk_xemem_id(&b, "attacher");
+    lwk_xemem_id(enclave_at, "attacher");
 
-    let mut host = Command::new(&owner).arg("remove").env("CLOWDER_XEMEM_SOCKET", a.xemem_socket()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut host = Command::new(&owner).arg("remove").env("CLOWDER_XEMEM_SOCKET", owner_at.xemem_socket()).stdout(Stdio::piped()).spawn().unwrap();
     let mut host_stdout = BufReader::new(host.stdout.take().unwrap());
     let mut first_line = String::new();
     host_stdout.read_line(&mut first_line).unwrap();
@@ -706,7 +707,7 @@ fn a_host_owners_remove_gives_an_lwk_job_under_a_sub_manager_sigbus() {
     let cwd = File::open(&dir.0).unwrap();
     // A job that never sees SIGBUS spins for ever: after a minute the enclave is removed, which
     // ends it (and the test fails below).
-    let b_socket = b.dir.join("clowderd.sock");
+    let b_socket = enclave_at.dir.join("clowderd.sock");
     std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(60));
         if let Ok(mut client) = Client::connect_to(&b_socket) {
@@ -715,7 +716,7 @@ fn a_host_owners_remove_gives_an_lwk_job_under_a_sub_manager_sigbus() {
     });
     let request = json!({"op": "run", "enclave": "attacher", "argv": ["lwk_revoked_attacher", "handler"], "cwd": dir.0.to_str().unwrap(), "files": []});
     let mut stdout = String::new();
-    let reply = Client::connect_to(&b.dir.join("clowderd.sock"))
+    let reply = Client::connect_to(&enclave_at.dir.join("clowderd.sock"))
         .unwrap()
         .call_streaming(&request, &[binary.as_raw_fd(), cwd.as_raw_fd()], &mut |event| {
             if event["event"] == "output" && event["stream"] == "stdout" {
@@ -726,7 +727,7 @@ fn a_host_owners_remove_gives_an_lwk_job_under_a_sub_manager_sigbus() {
     let owner_status = host.wait().unwrap();
     let mut owner_stdout = String::new();
     std::io::Read::read_to_string(&mut host_stdout, &mut owner_stdout).unwrap();
-    let logs = b.call(json!({"op": "logs", "name": "attacher"}));
+    let logs = enclave_at.call(json!({"op": "logs", "name": "attacher"}));
     let context = format!("job: {reply}\n{stdout}\nowner: {owner_stdout}\nenclave: {logs}\nA:\n{}\nB:\n{}", a.log(), b.log());
     assert_eq!(reply["status"], 0, "{context}");
     assert!(stdout.contains("16 of 16 pages hold the owner's pattern"), "{context}");
@@ -740,6 +741,28 @@ fn a_host_owners_remove_gives_an_lwk_job_under_a_sub_manager_sigbus() {
     let added = lines.iter().filter(|l| l.contains("xemem: host memory (")).count();
     let removed = lines.iter().filter(|l| l.contains("xemem: host memory region") && l.ends_with("removed")).count();
     assert!(added >= 1 && added == removed, "regions added {added}, removed {removed}: {context}");
-    let removed = b.call(json!({"op": "rm", "name": "attacher"}));
+    let removed = enclave_at.call(json!({"op": "rm", "name": "attacher"}));
     assert_eq!(removed["ok"], true, "{removed}");
+}
+
+/// The owner on the name server's daemon, the job under the sub-manager, which holds the
+/// permit upstream as a proxy: the sub-manager acknowledges the revoke only after the job's
+/// enclave has.
+#[test]
+fn a_host_owners_remove_gives_an_lwk_job_under_a_sub_manager_sigbus() {
+    revoke_across("revoke-down", false, true);
+}
+
+/// Owner and job both under the sub-manager: the remove goes to the name server, and the
+/// sub-manager revokes its enclave's attachment before the owner's remove is answered.
+#[test]
+fn a_sub_manager_owners_remove_gives_an_lwk_job_under_it_sigbus() {
+    revoke_across("revoke-local", true, true);
+}
+
+/// The owner under the sub-manager, the job under the name server's daemon: the name server's
+/// daemon revokes the job's attachment before it removes the segment and answers.
+#[test]
+fn a_sub_manager_owners_remove_gives_an_lwk_job_on_the_name_servers_daemon_sigbus() {
+    revoke_across("revoke-up", true, false);
 }

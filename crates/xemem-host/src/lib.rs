@@ -301,6 +301,11 @@ impl Broker {
 
     /// Finishes a forget outside the state lock: enclaves unmap first, then the memory goes.
     fn revoke_and_truncate(&self, forgotten: Forgotten) {
+        if let (false, Some(enclaves)) = (forgotten.upstream.is_empty(), self.enclaves.get()) {
+            for segment in &forgotten.upstream {
+                let _ = enclaves.remove(forgotten.pid as u64, *segment);
+            }
+        }
         self.revoke_for_enclaves(&forgotten.enclave_holders);
         for fd in forgotten.memfds {
             let _ = sys::truncate_to_zero(&fd);
@@ -323,24 +328,16 @@ impl Broker {
                 });
             }
         }
-        let made_upstream: Vec<SegmentId> = state.remote_segments.iter().filter(|(_, (owner, _, _))| *owner == pid).map(|(s, _)| *s).collect();
-        if !made_upstream.is_empty() {
-            for segment in &made_upstream {
-                state.remote_segments.remove(segment);
-            }
-            if let Some(enclaves) = self.enclaves.get().cloned() {
-                // Off this thread, as the releases above.
-                std::thread::spawn(move || {
-                    for segment in made_upstream {
-                        let _ = enclaves.remove(pid as u64, segment);
-                    }
-                });
-            }
+        // A sub-manager's segments are removed upstream before the memory is truncated (the
+        // removes revoke enclave attachments first), outside the lock.
+        let upstream: Vec<SegmentId> = state.remote_segments.iter().filter(|(_, (owner, _, _))| *owner == pid).map(|(s, _)| *s).collect();
+        for segment in &upstream {
+            state.remote_segments.remove(segment);
         }
         state.ns.forget(|p| *p == me);
         state.servers.remove(&pid);
         let memfds = state.revocable.remove(&pid).map(|memfds| memfds.into_values().collect()).unwrap_or_default();
-        Forgotten { enclave_holders, memfds }
+        Forgotten { pid, upstream, enclave_holders, memfds }
     }
 
     fn handle(&self, peer: &sys::Peer, request: &Request) -> (Answer, Vec<OwnedFd>) {
@@ -644,6 +641,9 @@ impl Broker {
 
 /// What forgetting a process leaves to do once the state lock is released.
 struct Forgotten {
+    pid: u32,
+    /// A sub-manager's segments the process made at the name server upstream.
+    upstream: Vec<SegmentId>,
     /// Other enclaves' permits on the process's segments.
     enclave_holders: Vec<(Principal, AccessId)>,
     /// Memfds its library converted, to truncate (after the enclaves let go).
