@@ -72,8 +72,10 @@ struct Entry {
     file: Arc<File>,
     offset: u64,
     frames: u64,
-    /// Received from the peer: the first lookup takes it (the attach that asked for it).
-    received: bool,
+    /// Needed once: the first lookup of the whole range takes it (a range received from the
+    /// peer, for the attach that asked for it; a served range, for the answer that carries
+    /// it). Ranges the bridge added stay until their region is removed.
+    once: bool,
 }
 
 #[derive(Default)]
@@ -94,7 +96,7 @@ pub struct PeerFrames {
 
 impl PeerFrames {
     /// Numbers `[offset, offset + frames pages)` of `file`; returns its first frame.
-    fn insert(&self, file: Arc<File>, offset: u64, frames: u64, received: bool) -> Result<u64, Error> {
+    fn insert(&self, file: Arc<File>, offset: u64, frames: u64, once: bool) -> Result<u64, Error> {
         if frames == 0 || frames > xemem::wire::MAX_FRAME / 2 || offset % xemem::PAGE_SIZE != 0 {
             return Err(Error::Invalid);
         }
@@ -113,7 +115,7 @@ impl PeerFrames {
             table.entries.remove(&old);
         }
         table.next = first + frames;
-        table.entries.insert(first, Entry { file, offset, frames, received });
+        table.entries.insert(first, Entry { file, offset, frames, once });
         table.order.push_back(first);
         Ok(first)
     }
@@ -145,7 +147,7 @@ impl FrameSource for PeerFrames {
         }
         let file = entry.file.try_clone().map_err(|_| Error::Exhausted)?;
         let offset = entry.offset + (frame - first) * page;
-        if entry.received && frame == first && count == entry.frames {
+        if entry.once && frame == first && count == entry.frames {
             table.entries.remove(&first);
         }
         Ok((file, offset))
@@ -499,7 +501,7 @@ fn serve(broker: &xemem_host::Broker, frames: &PeerFrames, process: u64, segment
                 if length % page != 0 {
                     return Err(Error::Invalid);
                 }
-                let first = frames.insert(Arc::new(File::from(file)), offset, length / page, false)?;
+                let first = frames.insert(Arc::new(File::from(file)), offset, length / page, true)?;
                 numbered.push(FrameRun { first: Some(first), frames: length / page });
             }
         }
