@@ -369,12 +369,15 @@ impl XememLinks {
 
     fn revoke_bridged(&self, which: impl Fn(&BridgedPermit) -> bool) {
         let waiter = Arc::new(Outstanding::default());
-        let ports: Vec<(Arc<Mutex<Bridge>>, mpsc::Sender<Vec<u8>>)> = {
-            let links = self.links.lock().unwrap();
-            links.bridges.iter().filter_map(|(link, bridge)| Some((bridge.clone(), links.outgoing.get(link)?.clone()))).collect()
-        };
-        for (bridge, queue) in ports {
-            bridge.lock().unwrap().revoke_where(|_, _, permit| which(permit), &queue, &waiter);
+        let ports: Vec<LinkId> = self.links.lock().unwrap().bridges.keys().copied().collect();
+        for link in ports {
+            let found = {
+                let links = self.links.lock().unwrap();
+                links.bridges.get(&link).cloned().zip(links.outgoing.get(&link).cloned())
+            };
+            if let Some((bridge, queue)) = found {
+                bridge.lock().unwrap().revoke_where(|_, _, permit| which(permit), &queue, &waiter);
+            }
         }
         waiter.wait(REVOKE_TIMEOUT + Duration::from_secs(1));
     }

@@ -212,14 +212,17 @@ pub fn renumber_incoming(message: &Message, fds: Vec<OwnedFd>, frames: &PeerFram
 /// Turns an `Attached` part of this daemon's (frames of `source`) into packets for the link:
 /// each with its runs relative to the descriptors it carries (at most [`MAX_FDS`] each, so a
 /// part may become several; the receiver assembles parts in order).
-pub fn files_outgoing(message: &Message, source: &dyn FrameSource) -> Result<Vec<(Vec<u8>, Vec<File>)>, Error> {
+/// One packet for a daemon link: the encoded message and the files to pass with it.
+pub type Packet = (Vec<u8>, Vec<File>);
+
+pub fn files_outgoing(message: &Message, source: &dyn FrameSource) -> Result<Vec<Packet>, Error> {
     let Body::Attached { segment, size, first_run, total_runs, runs } = &message.body else { return Err(Error::Invalid) };
     let mut packets = Vec::new();
     let mut files: Vec<File> = Vec::new();
     let mut known: HashMap<(u64, u64), u64> = HashMap::new();
     let mut chunk: Vec<FrameRun> = Vec::new();
     let mut chunk_start = *first_run;
-    let flush = |chunk: &mut Vec<FrameRun>, files: &mut Vec<File>, known: &mut HashMap<(u64, u64), u64>, start: &mut u32, packets: &mut Vec<(Vec<u8>, Vec<File>)>| -> Result<(), Error> {
+    let flush = |chunk: &mut Vec<FrameRun>, files: &mut Vec<File>, known: &mut HashMap<(u64, u64), u64>, start: &mut u32, packets: &mut Vec<Packet>| -> Result<(), Error> {
         let body = Body::Attached { segment: *segment, size: *size, first_run: *start, total_runs: *total_runs, runs: std::mem::take(chunk) };
         let count = match &body {
             Body::Attached { runs, .. } => runs.len() as u32,
@@ -355,7 +358,7 @@ impl Link {
             match crate::sys::wait_readable(self.connection.as_raw_fd(), ROUND) {
                 Ok(true) => match hostsys::receive(&self.connection, &mut buffer) {
                     Ok((0, _)) => break,
-                    Ok((length, fds)) => self.from_peer(&buffer[..length], fds),
+                    Ok((length, fds)) => self.on_packet(&buffer[..length], fds),
                     // Truncated bytes or descriptors: dropped (the descriptors that came are closed).
                     Err(e) if e.kind() == io::ErrorKind::InvalidData => {}
                     Err(_) => break,
@@ -365,7 +368,7 @@ impl Link {
             }
             let answers: Vec<Vec<Message>> = self.served.1.try_iter().collect();
             for message in answers.into_iter().flatten() {
-                self.from_here(message);
+                self.on_own_answer(message);
             }
             self.port.tick(&*self.frames);
             for bytes in self.port.to_enclave() {
@@ -383,7 +386,7 @@ impl Link {
     }
 
     /// A packet from the peer: checked, renumbered if it carries memory, then to the node.
-    fn from_peer(&mut self, bytes: &[u8], fds: Vec<OwnedFd>) {
+    fn on_packet(&mut self, bytes: &[u8], fds: Vec<OwnedFd>) {
         let message = Message::decode(bytes);
         match message {
             Ok(message @ Message { body: Body::Attached { .. }, .. }) => {
@@ -451,7 +454,7 @@ impl Link {
 
     /// An answer this daemon made itself (a served attach): to this node if it asked,
     /// otherwise over the link.
-    fn from_here(&mut self, message: Message) {
+    fn on_own_answer(&mut self, message: Message) {
         let Ok(bytes) = message.to_bytes() else { return };
         if Some(message.header.destination) == self.links.id() {
             self.port.from_enclave(&bytes, &*self.frames);
