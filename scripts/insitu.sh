@@ -149,7 +149,7 @@ files_total=$(mode_total files)
 xemem_total=$(mode_total xemem-sync)
 comparison=
 if [[ "$files_total" =~ ^[0-9.]+$ && "$xemem_total" =~ ^[0-9.]+$ ]]; then
-    comparison=$(awk -v f="$files_total" -v x="$xemem_total" -v repeats="$repeats" 'BEGIN { printf "Here, files vs XEMEM (both synchronous)" (repeats > 1 ? ", medians of " repeats " runs" : "") ": %.3f s vs %.3f s: files cost %.0f%% more.", f, x, 100 * (f - x) / x }')
+    comparison=$(awk -v f="$files_total" -v x="$xemem_total" -v repeats="$repeats" 'BEGIN { printf "Here, files vs XEMEM (both synchronous)" (repeats > 1 ? ", medians of " repeats " runs" : "") ": %.3f s vs %.3f s: files cost %.0f%% %s.", f, x, (f >= x ? 100 * (f - x) / x : 100 * (x - f) / x), (f >= x ? "more" : "less") }')
     echo "$comparison"
 fi
 
@@ -180,12 +180,11 @@ if [ "$write_results" = 1 ] && [ "$failures" = 0 ] && [ -z "${INSITU_MODES:-}" ]
         echo "  vector over, \"wait\" the time then spent waiting for the analytics' answer. Totals include the setup."
         echo "- \"analytics saw\": the simulation prints each interval's checksum (FNV-1a over the vector's bits), the"
         echo "  analytics computes it over what it read; \`scripts/insitu.sh --check\` fails unless all are equal."
-        echo "- Why files cost so much more here than on the slides (7.5%): the vector is small, so the CG"
-        echo "  iterations are short, and a persistent enclave's forwarded file calls are slow. Measured apart"
-        echo "  (a static job timing 20-50 calls, \`clowder run --enclave\`): a 64 KiB \`pwrite\` of a host file takes"
-        echo "  about 23 ms and a 16-byte \`pread\` about 3 ms (a \`getppid\`: 0.13 ms), so one interval's publish"
-        echo "  (14 writes of 64 KiB) costs about 330 ms. The same calls in a one-shot enclave took 0.18 ms and 0.24 ms."
-        echo "  XEMEM's publish is a few stores into the shared header page."
+        echo "- Why files cost more here than on the slides (7.5%): the vector is small, so the CG iterations are"
+        echo "  short, and every forwarded file call is a round trip over the enclave channel whose kernel side this"
+        echo "  machine emulates instruction by instruction (a few ms per call; the host side copies straight from"
+        echo "  the job's pages). The *publish* column is one interval's $(( (length * 8 + 65535) / 65536 )) \`pwrite\`s of up to 64 KiB"
+        echo "  plus the header's; XEMEM's publish is a few stores into the shared header page."
         echo "- The asynchronous mode overlaps the STREAM kernels with the CG iterations on another core; with 2"
         echo "  CPUs, the host side (clowderd, clowder-vmm's threads, the analytics) shares one core and both"
         echo "  sides share the memory bus, so async is not always faster than sync here: the paper's point that"

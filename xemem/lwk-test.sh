@@ -11,6 +11,9 @@
 #   RUNNER=vmm xemem/lwk-test.sh       # under clowder-vmm on /dev/kvm
 #   QEMU_CPUS=2 xemem/lwk-test.sh      # the threads on two CPUs
 #
+# Then, in the LWK only, xemem/tests/lwk_fork_device.c: forked processes of the job each use
+# the device, and XEMEM signals wake a notify descriptor.
+#
 # Prints "N passed, N failed"; exits non-zero on any failure.
 set -uo pipefail
 
@@ -68,7 +71,7 @@ lwk_status=$(sed -n 's/^\[lwk\] job exited with status \([0-9]*\).*/\1/p' "$cons
 # --- compare
 if [ "$host_status" = 135 ]; then pass "host: dies of SIGBUS at the end (135)"; else fail "host: status $host_status, not 135"; fi
 if [ "${lwk_status:-none}" = 135 ]; then pass "lwk: dies of SIGBUS at the end (135)"; else fail "lwk: status ${lwk_status:-none}, not 135"; fi
-if grep -q 'job killed by SIGBUS' "$console"; then pass "lwk: the kernel reports SIGBUS"; else fail "lwk: no SIGBUS report"; fi
+if grep -q 'killed by SIGBUS' "$console"; then pass "lwk: the kernel reports SIGBUS"; else fail "lwk: no SIGBUS report"; fi
 if ! grep -q '^FAIL' "$work/host.out" && grep -q '^version 0x26005' "$work/host.out"; then
     pass "host: every check ($(grep -c '^ok' "$work/host.out") ok lines)"
 else
@@ -81,6 +84,27 @@ if diff -u "$work/host.out" "$work/lwk.out" >"$work/diff"; then
     pass "same output on the host and in the LWK ($(wc -l <"$work/host.out") lines)"
 else
     fail "outputs differ:"; cat "$work/diff"
+fi
+
+# --- LWK only: forked processes on the device and XEMEM signals between them, standalone
+# (the enclave its own name server). xemem_lwk runs the same job in a connected enclave.
+fork_binary="$work/lwk_fork_device"
+musl-gcc -isystem "$headers" -static -O2 -Wall -I"$here/include" -o "$fork_binary" "$here/tests/lwk_fork_device.c" \
+    "$here/build/musl/lib/libxpmem.a" -lpthread || exit 1
+fork_console="$work/lwk-fork.console"
+if [ "$runner" = vmm ]; then
+    timeout 120 "$vmm" --kernel "$kernel" --module "$fork_binary" --mem 256M ${VMM_ARGS:-} --cmdline "-- lwk_fork_device" \
+        </dev/null >"$fork_console" 2>"$work/vmm-fork-stderr"
+else
+    timeout 120 qemu-system-x86_64 -nodefaults -accel tcg -cpu max -smp "$qemu_cpus" -m 256M -display none \
+        -serial stdio -no-reboot -device isa-debug-exit,iobase=0xf4,iosize=4 \
+        -kernel "$kernel" -initrd "$fork_binary" -append "lwk.cpus=$qemu_cpus -- lwk_fork_device" </dev/null >"$fork_console" 2>&1
+fi
+fork_status=$(sed -n 's/^\[lwk\] job exited with status \([0-9]*\).*/\1/p' "$fork_console" | tr -d '\r')
+if [ "${fork_status:-none}" = 0 ] && grep -q '^lwk_fork_device: all passed' "$fork_console" && ! grep -q '^FAIL' "$fork_console"; then
+    pass "lwk: forked processes each use the device, signals wake a notify descriptor ($(grep -c '^ok' "$fork_console") checks)"
+else
+    fail "lwk: lwk_fork_device status ${fork_status:-none}: $(grep -m3 '^FAIL' "$fork_console" | tr '\n' ' ')(see $fork_console)"
 fi
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

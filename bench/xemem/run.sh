@@ -14,12 +14,14 @@
 #                clock_gettime; 4 KiB / 2 MiB = the host owner's backing; beside it the job's
 #                attach of its own memory of the same size (the kernel's share) and the VMM's
 #                region add/remove for the same memory (region_bench.py)
+#   LWK -> LWK   the owner is an LWK job in one enclave, the attacher a job in another (the
+#                daemon adds the owner's pages, ranges of its RAM memfd, to the attacher's
+#                machine as regions); 4 KiB / 2 MiB = the owner enclave's RAM backing
 #   1/2/4 concurrent LWK -> host pairs; get/release and make/remove from an LWK job through
 #   the daemon, and get/release of an LWK job's segment from a host process.
 #
 #   ATTACHES=500 (attach-only iterations, the paper's count)  TOUCHES=20 (the other modes)
-#   CROSS_ATTACHES=100  PAIR_ATTACHES=100 (attach-only across enclaves: one attach + detach
-#   costs 30-300 ms there, so 500 of each size would take the bench far past 10 minutes)
+#   CROSS_ATTACHES=500 (the paper's count across enclaves too)  PAIR_ATTACHES=100
 #   CROSS_TOUCHES=5 (attach + touch/read across enclaves)  SIZES="128 256 512 1024"
 #   CROSS=0 skips the cross-enclave part (it needs /dev/kvm, musl-gcc and `make build`).
 set -euo pipefail
@@ -28,7 +30,7 @@ root=$(cd ../.. && pwd)
 attaches=${ATTACHES:-500}
 touches=${TOUCHES:-20}
 cross_touches=${CROSS_TOUCHES:-5}
-cross_attaches=${CROSS_ATTACHES:-100}
+cross_attaches=${CROSS_ATTACHES:-500}
 pair_attaches=${PAIR_ATTACHES:-100}
 sizes=${SIZES:-"128 256 512 1024"}
 control_iterations=2000
@@ -37,10 +39,10 @@ lwk_control_iterations=100
 # Pairs across enclaves: 128 MiB, because clowderd's XEMEM node gives up on an attach after 5
 # tries 100 ms apart, and a larger region's resolve in a loaded owner enclave can take longer.
 pair_mib=128
-# An LWK enclave larger than 1 GiB does not boot today, and the owner job needs room beside its
-# segment: the largest LWK-owned region is 512 MiB.
+# Attacher enclaves hold a local-read buffer (halved until it fits); an owner enclave holds
+# the exported region beside the job itself.
 enclave_mem=1G
-lwk_region_max=512
+owner_enclave_mem=2G
 
 make -s -C "$root/xemem" all >/dev/null
 (cd "$root" && cargo build -q -p xemem-host --bin xemem-broker)
@@ -103,7 +105,8 @@ cleanup() {
 trap cleanup EXIT
 for _ in $(seq 100); do [ -S "$CLOWDER_XEMEM_SOCKET" ] && break; sleep 0.05; done
 largest=$(echo $sizes | tr ' ' '\n' | sort -n | tail -1)
-needed=$((largest / 2 + 8))
+# The host owner's largest region, and a 2 MiB-backed owner enclave beside it.
+needed=$((largest / 2 + 8 + 1024 + 8))
 free_huge=$(cat /sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages)
 if [ "$free_huge" -lt "$needed" ] && [ "$(id -u)" -eq 0 ]; then
     echo $((hugepages_before + needed - free_huge)) > /proc/sys/vm/nr_hugepages || true
@@ -224,12 +227,8 @@ if [ -z "$cross_missing" ]; then
     for backing in 4k 2m; do
         phase "LWK -> host, $backing"
         flag=$([ $backing = 2m ] && echo --hugepages || true)
-        create_enclave "$main" owner "$enclave_mem" "$flag"
+        create_enclave "$main" owner "$owner_enclave_mem" "$flag"
         for mib in $sizes; do
-            if [ "$mib" -gt $lwk_region_max ]; then
-                skip lwk-host "$backing" "$mib" "not measured: an LWK enclave above 1 GiB does not boot today (kernel page fault at boot), so no ${mib} MiB LWK-owned region"
-                continue
-            fi
             name=lwk-owned-$$-$backing-$mib
             job "$main" owner attach_bench own "$name" 4k "$mib" $owner_seconds >"$scratch/owner.out" 2>&1 &
             owner=$!
@@ -266,6 +265,22 @@ if [ -z "$cross_missing" ]; then
             python3 region_bench.py "$main/attacher.vmm.sock" "$backing" "$mib" "$touches" | tee -a "$region_rows" >&2 \
                 || cross_failures=$((cross_failures + 1))
         done
+    done
+
+    # LWK -> LWK: the owner job in one enclave, the attacher job in another.
+    for backing in 4k 2m; do
+        phase "LWK -> LWK, $backing"
+        flag=$([ $backing = 2m ] && echo --hugepages || true)
+        create_enclave "$main" owner "$owner_enclave_mem" "$flag"
+        for mib in $sizes; do
+            name=lwk-peer-$$-$backing-$mib
+            job "$main" owner attach_bench own "$name" 4k "$mib" $owner_seconds >"$scratch/owner.out" 2>&1 &
+            owner=$!
+            status=0
+            job "$main" attacher attach_bench attach "$name" "$mib" "$cross_attaches" "$cross_touches" | record lwk-lwk "$backing" || status=$?
+            finish_owner $owner $status "LWK -> LWK $backing $mib MiB" || cross_failures=$((cross_failures + 1))
+        done
+        remove_enclave "$main" owner
     done
 
     # Control operations across enclaves: an LWK job against a host segment (get/release) and

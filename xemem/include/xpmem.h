@@ -152,6 +152,25 @@ struct xemem_cmd_lookup {
 	xpmem_segid_t segid;           /* out */
 };
 
+/* SIGNAL: xemem_signal on a device. The caller's permit apid wakes the segment's owner (in
+ * the same enclave, another enclave or a host process when the enclave is connected). */
+#define XEMEM_CMD_SIGNAL _IO(XPMEM_IOC_MAGIC, 0x12)
+struct xemem_cmd_signal {
+	xpmem_apid_t apid;
+};
+
+/* NOTIFY_FD: a new descriptor for the caller's own segment segid that reads as an eventfd: an
+ * 8-byte count of signals since the last read, waiting while it is 0 (EAGAIN with
+ * O_NONBLOCK). flags: O_NONBLOCK and O_CLOEXEC, nothing else. Every descriptor of one segment
+ * shares its count. xemem_notify_fd asks once per segment (O_NONBLOCK | O_CLOEXEC, as the
+ * host's eventfd) and keeps the descriptor. */
+#define XEMEM_CMD_NOTIFY_FD _IO(XPMEM_IOC_MAGIC, 0x13)
+struct xemem_cmd_notify_fd {
+	xpmem_segid_t segid;
+	int flags;
+	int fd; /* out */
+};
+
 #ifdef __cplusplus
 }
 #endif

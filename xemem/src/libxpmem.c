@@ -75,7 +75,11 @@
 enum {
 	OP_HELLO = 1, OP_SERVE = 2, OP_MAKE = 3, OP_REMOVE = 4, OP_GET = 5, OP_RELEASE = 6,
 	OP_ATTACH = 7, OP_DETACH = 8, OP_LOOKUP = 9, OP_SIGNAL = 10, OP_FETCH = 16, OP_NOTIFY = 17,
+	OP_REVOKE = 18,
 };
+/* In a GET's answer (results[2]): attachments through the permit are revoked by
+ * OP_REVOKE (another enclave's memory, which cannot be truncated under us). */
+#define WIRE_GET_REVOKED_BY_MESSAGE 1u
 
 struct wire_request {
 	uint32_t magic;
@@ -1002,6 +1006,26 @@ static void notify_segment(xpmem_segid_t segid)
 	pthread_mutex_unlock(&table_lock);
 }
 
+static int hole_descriptor(void);
+
+/* Another enclave's segment is gone: every attachment made through apid now maps the empty
+ * memfd instead, so touching it raises SIGBUS as after an XPMEM remove. The attachment stays
+ * in the table until the application detaches it. */
+static void revoke_attachments(xpmem_apid_t apid)
+{
+	pthread_mutex_lock(&table_lock);
+	int hole = hole_descriptor();
+	for (size_t i = 0; i < attachment_count; i++) {
+		struct attachment *a = &attachments[i];
+		if (a->apid != apid)
+			continue;
+		if (hole < 0 || mmap((void *)a->base, a->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, hole, 0) == MAP_FAILED)
+			mmap((void *)a->base, a->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+		madvise((void *)a->base, a->size, MADV_DONTFORK);
+	}
+	pthread_mutex_unlock(&table_lock);
+}
+
 static void *serve(void *arg)
 {
 	int fd = (int)(intptr_t)arg;
@@ -1043,6 +1067,9 @@ static void *serve(void *arg)
 					close(fetch.fds[i]);
 		} else if (request.op == OP_NOTIFY) {
 			notify_segment((xpmem_segid_t)request.args[0]);
+			serve_answer(fd, request.op, request.args[6], 0, NULL);
+		} else if (request.op == OP_REVOKE) {
+			revoke_attachments((xpmem_apid_t)request.args[0]);
 			serve_answer(fd, request.op, request.args[6], 0, NULL);
 		} else {
 			serve_answer(fd, request.op, request.args[6], EINVAL, NULL);
@@ -1217,6 +1244,10 @@ _Static_assert(XEMEM_CMD_MAKE_NAMED == 0x7810 && offsetof(struct xemem_cmd_make_
 	       "XEMEM's named make, as the LWK reads it");
 _Static_assert(XEMEM_CMD_LOOKUP == 0x7811 && offsetof(struct xemem_cmd_lookup, segid) == 64,
 	       "XEMEM's lookup, as the LWK reads it");
+_Static_assert(XEMEM_CMD_SIGNAL == 0x7812 && sizeof(struct xemem_cmd_signal) == 8, "signal layout");
+_Static_assert(XEMEM_CMD_NOTIFY_FD == 0x7813 && sizeof(struct xemem_cmd_notify_fd) == 16 &&
+		       offsetof(struct xemem_cmd_notify_fd, fd) == 12,
+	       "notify_fd layout");
 _Static_assert(sizeof(struct xpmem_cmd_make) == 40 && offsetof(struct xpmem_cmd_make, segid) == 32, "make layout");
 _Static_assert(sizeof(struct xpmem_cmd_get) == 32 && offsetof(struct xpmem_cmd_get, apid) == 24, "get layout");
 _Static_assert(sizeof(struct xpmem_cmd_attach) == 40 && offsetof(struct xpmem_cmd_attach, fd) == 32, "attach layout");
@@ -1424,10 +1455,39 @@ static void revoke_range(uintptr_t lo, uintptr_t hi)
 	free(victims);
 }
 
+/* On a device: the notification descriptors the library asked for, by process and segment
+ * (a fork child does not own its parent's segments, so it never reuses their descriptors). */
+struct device_notify {
+	pid_t pid;
+	xpmem_segid_t segid;
+	int fd;
+};
+static struct device_notify *device_notifies;
+static size_t device_notify_count, device_notify_capacity;
+
+/* Closes and forgets this process's descriptor for segid (its segment was removed). */
+static void device_notify_forget(xpmem_segid_t segid)
+{
+	pid_t me = getpid();
+	pthread_mutex_lock(&table_lock);
+	for (size_t i = 0; i < device_notify_count; i++) {
+		if (device_notifies[i].pid != me || device_notifies[i].segid != segid)
+			continue;
+		close(device_notifies[i].fd);
+		device_notifies[i] = device_notifies[--device_notify_count];
+		break;
+	}
+	pthread_mutex_unlock(&table_lock);
+}
+
 EXPORT int xpmem_remove(xpmem_segid_t segid)
 {
-	if (use_device())
-		return (int)device_call(XPMEM_CMD_REMOVE, &segid);
+	if (use_device()) {
+		int removed = (int)device_call(XPMEM_CMD_REMOVE, &segid);
+		if (removed == 0)
+			device_notify_forget(segid);
+		return removed;
+	}
 	struct wire_answer answer;
 	uint64_t args[] = { (uint64_t)segid };
 	if (segid <= 0) {
@@ -1464,6 +1524,10 @@ EXPORT xpmem_apid_t xpmem_get(xpmem_segid_t segid, int flags, int permit_type, v
 	uint64_t args[] = { (uint64_t)segid, (uint64_t)flags };
 	if (call(OP_GET, args, 2, NULL, &answer) < 0)
 		return -1;
+	/* Another enclave's segment: serve, so that its removal can reach our attachments. Without
+	 * the serving connection they would keep the old pages (documented in docs/xemem.md). */
+	if (answer.results[2] & WIRE_GET_REVOKED_BY_MESSAGE)
+		ensure_serving();
 	return (xpmem_apid_t)answer.results[0];
 }
 
@@ -1679,8 +1743,8 @@ EXPORT xpmem_segid_t xemem_lookup_segid(const char *name)
 EXPORT int xemem_signal(xpmem_apid_t apid)
 {
 	if (use_device()) {
-		errno = ENOSYS;
-		return -1;
+		struct xemem_cmd_signal signal = { .apid = apid };
+		return (int)device_call(XEMEM_CMD_SIGNAL, &signal);
 	}
 	if (apid <= 0) {
 		errno = EINVAL;
@@ -1694,8 +1758,28 @@ EXPORT int xemem_signal(xpmem_apid_t apid)
 EXPORT int xemem_notify_fd(xpmem_segid_t segid)
 {
 	if (use_device()) {
-		errno = ENOSYS;
-		return -1;
+		pid_t me = getpid();
+		int fd = -1;
+		pthread_mutex_lock(&table_lock);
+		for (size_t i = 0; i < device_notify_count && fd < 0; i++)
+			if (device_notifies[i].pid == me && device_notifies[i].segid == segid)
+				fd = device_notifies[i].fd;
+		if (fd < 0) {
+			struct xemem_cmd_notify_fd notify = { .segid = segid, .flags = O_NONBLOCK | O_CLOEXEC, .fd = -1 };
+			if (device_call(XEMEM_CMD_NOTIFY_FD, &notify) == 0) {
+				if (grow((void **)&device_notifies, &device_notify_capacity, device_notify_count,
+					 sizeof *device_notifies) < 0) {
+					close(notify.fd);
+					errno = ENOMEM;
+				} else {
+					device_notifies[device_notify_count++] =
+						(struct device_notify){ .pid = me, .segid = segid, .fd = notify.fd };
+					fd = notify.fd;
+				}
+			}
+		}
+		pthread_mutex_unlock(&table_lock);
+		return fd;
 	}
 	int fd = -1;
 	pthread_mutex_lock(&table_lock);

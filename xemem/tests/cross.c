@@ -277,6 +277,7 @@ static void remove_attacher(void)
 	expect_filled(p, 8, 0, "before remove");
 	ctl[ATTACHER_STEP] = 1;
 	wait_step(OWNER_STEP, 2);
+	/* The remove returned only after every attachment elsewhere was revoked. */
 	CHECK(touch(p, 0) == SIGBUS, "read after remove");
 	CHECK(touch(p + 7 * INTS_PER_PAGE, 1) == SIGBUS, "write after remove");
 	CHECK(xpmem_detach(p) == 0, "detach still works");

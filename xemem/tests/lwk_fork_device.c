@@ -1,39 +1,164 @@
 /*
- * lwk_fork_device: in an LWK enclave the XPMEM device serves the job's first process only
- * (its segments and attachments live in that address space): a forked child's calls fail
- * with EPERM, while the parent's keep working before and after the fork.
+ * lwk_fork_device: every process of an LWK job uses /dev/xpmem as an XEMEM process of its own
+ * (its pid), and XEMEM's signals work between them. Parent and child talk over pipes.
+ *   1. the parent makes a segment (page i starts with 100 + i) and attaches it itself; the
+ *      child does not inherit the attachment (touching its address is SIGSEGV) and may map
+ *      something else there;
+ *   2. the child gets and attaches the parent's segment, checks it, writes 7 into page 0 and
+ *      signals it; the parent, blocked in read(2) on its notify descriptor, wakes with 1;
+ *   3. a non-blocking read then fails with EAGAIN and poll finds nothing; two signals through
+ *      its own permit make poll report POLLIN and a read take 2; a notify descriptor for a
+ *      segment the caller does not own is ENOENT;
+ *   4. the child makes a named segment (page i starts with 300 + i); the parent looks it up,
+ *      attaches and checks it, then tells the child to exit: the parent's next touch of the
+ *      attachment is SIGBUS, get gives ENOENT, and detach and release still answer.
+ * Prints one line per step; exits 0 when everything held.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <xpmem.h>
 
 #define PAGE 4096UL
+#define PAGES 4
+
+static sigjmp_buf recover;
+static volatile sig_atomic_t caught;
+
+static void on_fault(int signal)
+{
+	caught = signal;
+	siglongjmp(recover, 1);
+}
+
+/* The signal a read of address raises (0: none). */
+static int touch(volatile long *address)
+{
+	caught = 0;
+	if (sigsetjmp(recover, 1) == 0)
+		(void)*address;
+	return caught;
+}
+
+static int failures;
+static void check(int ok, const char *what)
+{
+	printf("%s %s\n", ok ? "ok" : "FAIL", what);
+	fflush(stdout);
+	if (!ok)
+		failures++;
+}
+
+static void say(int fd, char c)
+{
+	if (write(fd, &c, 1) != 1)
+		_exit(3);
+}
+
+static char hear(int fd)
+{
+	char c = 0;
+	if (read(fd, &c, 1) != 1)
+		return 0;
+	return c;
+}
+
+static long *pages(void)
+{
+	long *memory = mmap(NULL, PAGES * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	return memory == MAP_FAILED ? NULL : memory;
+}
+
+static int pattern_is(volatile long *base, long first)
+{
+	for (int i = 0; i < PAGES; i++)
+		if (base[i * PAGE / sizeof(long)] != first + i)
+			return 0;
+	return 1;
+}
 
 int main(void)
 {
-	char *memory = mmap(NULL, 2 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (memory == MAP_FAILED)
+	struct sigaction action = { .sa_handler = on_fault };
+	sigaction(SIGSEGV, &action, NULL);
+	sigaction(SIGBUS, &action, NULL);
+
+	long *mine = pages();
+	if (!mine)
 		return 2;
-	xpmem_segid_t before = xpmem_make(memory, PAGE, XPMEM_PERMIT_MODE, (void *)0600);
-	printf("parent make before fork: %s\n", before > 0 ? "ok" : "failed");
-	fflush(stdout);
+	for (int i = 0; i < PAGES; i++)
+		mine[i * PAGE / sizeof(long)] = 100 + i;
+	xpmem_segid_t segid = xpmem_make(mine, PAGES * PAGE, XPMEM_PERMIT_MODE, (void *)0600);
+	check(segid > 0, "parent make");
+	xpmem_apid_t self_apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
+	long *self_view = xpmem_attach((struct xpmem_addr){ .apid = self_apid, .offset = 0 }, PAGES * PAGE, NULL);
+	check(self_view != (void *)-1 && pattern_is(self_view, 100), "parent attaches its own segment");
+	int notify = xemem_notify_fd(segid);
+	check(notify >= 0 && xemem_notify_fd(segid) == notify, "parent notify descriptor (one per segment)");
+	int flags = fcntl(notify, F_GETFL);
+	check(flags >= 0 && (flags & O_NONBLOCK), "notify descriptor is non-blocking, as the host's eventfd");
+	fcntl(notify, F_SETFL, flags & ~O_NONBLOCK);
+
+	int to_child[2], to_parent[2];
+	if (pipe(to_child) < 0 || pipe(to_parent) < 0)
+		return 2;
 	pid_t child = fork();
 	if (child == 0) {
-		xpmem_segid_t segid = xpmem_make(memory + PAGE, PAGE, XPMEM_PERMIT_MODE, (void *)0600);
-		int refused = segid == -1 && errno == EPERM;
-		printf("child make: %s\n", refused ? "EPERM" : "not refused");
-		fflush(stdout);
-		_exit(refused ? 0 : 1);
+		/* The child: the parent's attachment is not inherited. */
+		check(touch(self_view) == SIGSEGV, "child: the parent's attachment is absent (SIGSEGV)");
+		check(xemem_notify_fd(segid) == -1 && errno == ENOENT, "child: no notify descriptor for the parent's segment");
+		xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
+		long *view = apid > 0 ? xpmem_attach((struct xpmem_addr){ .apid = apid, .offset = 0 }, PAGES * PAGE, NULL) : (void *)-1;
+		check(view != (void *)-1 && pattern_is(view, 100), "child: gets and attaches the parent's segment");
+		if (view != (void *)-1)
+			view[0] = 7;
+		check(xemem_signal(apid) == 0, "child: signals the parent's segment");
+		check(xpmem_detach(view) == 0 && xpmem_release(apid) == 0, "child: detach, release");
+
+		long *own = pages();
+		for (int i = 0; i < PAGES; i++)
+			own[i * PAGE / sizeof(long)] = 300 + i;
+		xpmem_segid_t child_segid = xemem_make(own, PAGES * PAGE, "lwk-fork-child-seg");
+		check(child_segid > 0, "child: makes a named segment");
+		say(to_parent[1], 'm');
+		hear(to_child[0]); /* the parent has attached it: exit without removing it */
+		_exit(failures ? 1 : 0);
 	}
+	uint64_t count = 0;
+	ssize_t got = read(notify, &count, sizeof count);
+	check(got == 8 && count == 1, "parent: a blocking read of the notify descriptor wakes with 1");
+	check(mine[0] == 7, "parent: sees the child's write");
+	fcntl(notify, F_SETFL, flags);
+	check(read(notify, &count, sizeof count) == -1 && errno == EAGAIN, "parent: then a non-blocking read is EAGAIN");
+	struct pollfd entry = { .fd = notify, .events = POLLIN };
+	check(poll(&entry, 1, 0) == 0 && entry.revents == 0, "parent: poll finds nothing to read");
+	check(xemem_signal(self_apid) == 0 && xemem_signal(self_apid) == 0, "parent: signals its own segment twice");
+	check(poll(&entry, 1, -1) == 1 && entry.revents == POLLIN, "parent: poll finds the descriptor readable");
+	check(read(notify, &count, sizeof count) == 8 && count == 2, "parent: reads a count of 2");
+
+	check(hear(to_parent[0]) == 'm', "parent: the child made its segment");
+	xpmem_segid_t child_segid = xemem_lookup_segid("lwk-fork-child-seg");
+	xpmem_apid_t apid = xpmem_get(child_segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
+	long *view = apid > 0 ? xpmem_attach((struct xpmem_addr){ .apid = apid, .offset = 0 }, PAGES * PAGE, NULL) : (void *)-1;
+	check(view != (void *)-1 && pattern_is(view, 300), "parent: attaches the child's segment");
+	check(xemem_notify_fd(child_segid) == -1 && errno == ENOENT, "parent: no notify descriptor for the child's segment");
+	say(to_child[1], 'x');
 	int status = -1;
 	waitpid(child, &status, 0);
-	printf("child exited %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-	xpmem_segid_t after = xpmem_make(memory + PAGE, PAGE, XPMEM_PERMIT_MODE, (void *)0600);
-	printf("parent make after fork: %s\n", after > 0 ? "ok" : "failed");
-	printf("removes: %d %d\n", xpmem_remove(before), xpmem_remove(after));
-	return 0;
+	check(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child exited 0");
+	check(touch(view) == SIGBUS, "parent: the exited child's segment is gone (SIGBUS)");
+	check(xpmem_get(child_segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL) == -1 && errno == ENOENT, "parent: get of it is ENOENT");
+	check(xpmem_detach(view) == 0, "parent: detach 0");
+	xpmem_release(apid);
+	check(xpmem_detach(self_view) == 0 && xpmem_release(self_apid) == 0 && xpmem_remove(segid) == 0, "parent: detach, release, remove");
+	printf("%s\n", failures ? "lwk_fork_device: FAILED" : "lwk_fork_device: all passed");
+	return failures ? 1 : 0;
 }

@@ -87,6 +87,9 @@ pub struct Enclave {
     ram: Arc<GuestRam>,
     jobs: Mutex<HashMap<u32, JobSlot>>,
     stopping: AtomicBool,
+    /// Held while a finished job's XEMEM segments are revoked, and by every launch: the next
+    /// job's memory is never visible through the last one's attachments.
+    launch_gate: Mutex<()>,
 }
 
 /// Turns the tail of an enclave's log into an indented block for error messages.
@@ -172,6 +175,7 @@ impl Enclave {
             ram,
             jobs: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
+            launch_gate: Mutex::new(()),
         };
         Ok((Arc::new(enclave), receiver))
     }
@@ -239,6 +243,7 @@ impl Enclave {
             files: List::new(&images[1..]),
         });
         let files = JobFiles::new(spec.cwd_dir, spec.cwd.clone(), spec.owner);
+        let _gate = self.launch_gate.lock().unwrap();
         self.jobs.lock().unwrap().insert(job, JobSlot { events, files, regions: regions.clone() });
         if let Err(e) = self.send(&message) {
             self.jobs.lock().unwrap().remove(&job);
@@ -295,6 +300,11 @@ impl Enclave {
             EnclaveMessage::JobOutput { job, stream, data } => self.forward(job, JobEvent::Output { stream, data: data.to_vec() }),
             EnclaveMessage::JobExited { job, status } => {
                 self.log.push(format!("clowderd: job {job} exited with status {status}"));
+                // No job starts here until the finished job's segments are revoked everywhere.
+                let _gate = self.launch_gate.lock().unwrap();
+                if let Some(port) = xemem {
+                    port.job_ended();
+                }
                 self.finish_job(job, JobEvent::Exited { status });
             }
             EnclaveMessage::LaunchFailed { job, errno, reason } => {
@@ -344,7 +354,7 @@ impl Enclave {
     /// panicked. On failure every job hears why and the machine is shut down.
     pub fn pump(&self, mut receiver: Receiver, liveness: Liveness, xemem: &Arc<XememLinks>) -> Option<String> {
         // The enclave's XEMEM link lives as long as this pump: dropping it takes the link down.
-        let xemem = xemem.join(self.ram.clone());
+        let xemem = receiver.waker().ok().and_then(|wake| xemem.join(self.ram.clone(), wake));
         if xemem.is_none() {
             self.log.push("clowderd: no XEMEM link left for this enclave");
         }

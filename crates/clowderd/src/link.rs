@@ -110,26 +110,37 @@ impl Sender {
 }
 
 impl Receiver {
+    /// A handle on the doorbell: signalling it wakes a [`Receiver::receive`] that is waiting,
+    /// which then returns (`Nothing` when the enclave sent nothing).
+    pub fn waker(&self) -> std::io::Result<File> {
+        self.doorbell.try_clone()
+    }
+
     /// Takes the next complete message, waiting up to `timeout` for one to start (poll first,
     /// then sleep on the doorbell). The frames of a message follow each other, so once one has
     /// started this waits for the rest, up to 5 s. Ring corruption is an error:
     /// nothing more from this channel can be trusted.
+    ///
+    /// A ring of the doorbell that brings no message (see [`Receiver::waker`]) ends the wait
+    /// with `Nothing`, so the caller can serve whatever woke it.
     pub fn receive(&mut self, timeout: Duration) -> Result<Received, String> {
         let mut reassembler = Reassembler::new(&mut self.assembly);
         let mut started_at: Option<Instant> = None;
+        let mut woken = false;
         loop {
             let length = match self.endpoint.recv(&mut self.frame) {
                 Ok(Some(length)) => length,
                 Ok(None) => {
                     match started_at {
+                        None if woken => return Ok(Received::Nothing),
                         None if !sleep(&mut self.endpoint, &self.doorbell, timeout)? => return Ok(Received::Nothing),
+                        None => woken = true,
                         Some(start) if start.elapsed() > SEND_TIMEOUT => {
                             return Err("the enclave started a message and did not finish it within 5 s".into())
                         }
                         Some(_) => {
                             sleep(&mut self.endpoint, &self.doorbell, Duration::from_millis(10))?;
                         }
-                        None => {}
                     }
                     continue;
                 }

@@ -61,7 +61,7 @@ impl LocalMemory for NoHostMemory {
 struct Links {
     node: Node,
     /// Where to put each link's outgoing messages (its pump sends them).
-    outgoing: HashMap<LinkId, mpsc::Sender<Vec<u8>>>,
+    outgoing: HashMap<LinkId, Outbox>,
     /// Each link's bridged permits (shared with its port), for revocation.
     bridges: HashMap<LinkId, Arc<Mutex<Bridge>>>,
     /// Each link's notices of segments and enclaves that went away.
@@ -282,6 +282,10 @@ impl xemem_host::Enclaves for XememLinks {
     /// Sends each holder's enclave a `Revoke` for the attachment made through the permit and
     /// waits for the acknowledgements (the pumps remove the regions as they come). A permit
     /// with no attachment just goes; an enclave that is gone holds nothing any more.
+    fn signal(&self, process: u64, access: AccessId) -> Result<(), Error> {
+        self.call(Request::Signal { process, access }).map(|_| ())
+    }
+
     fn revoke(&self, permits: &[(Principal, AccessId)]) {
         let waiter = Arc::new(Outstanding::default());
         for (holder, broker_access) in permits {
@@ -357,16 +361,6 @@ impl XememLinks {
         self.revoke_bridged(|permit| matches!(permit.source, Source::Enclave { .. }) && permit.segment == segment);
     }
 
-    /// Whether this node reaches `enclave` through `link`.
-    pub(crate) fn routes_via(&self, enclave: EnclaveId, link: LinkId) -> bool {
-        self.links.lock().unwrap().node.route(enclave) == Some(link)
-    }
-
-    /// The owner of `segment` at this node's name server, if it is one and knows it.
-    pub(crate) fn segment_owner(&self, segment: SegmentId) -> Option<Principal> {
-        self.links.lock().unwrap().node.name_server()?.segment(segment).map(|s| s.owner)
-    }
-
     fn revoke_bridged(&self, which: impl Fn(&BridgedPermit) -> bool) {
         let waiter = Arc::new(Outstanding::default());
         let ports: Vec<LinkId> = self.links.lock().unwrap().bridges.keys().copied().collect();
@@ -423,21 +417,23 @@ impl XememLinks {
         self.started.elapsed().as_millis() as u64
     }
 
-    /// A new enclave's link; `None` when every link id is taken. `ram` is the enclave's RAM.
-    pub fn join(self: &Arc<Self>, ram: Arc<GuestRam>) -> Option<XememPort> {
-        self.join_link(ram, false)
+    /// A new enclave's link; `None` when every link id is taken. `ram` is the enclave's RAM;
+    /// `wake` an eventfd the enclave's pump sleeps on, signalled whenever a message for the
+    /// enclave is queued from another thread.
+    pub fn join(self: &Arc<Self>, ram: Arc<GuestRam>, wake: File) -> Option<XememPort> {
+        self.join_link(ram, wake, false)
     }
 
     /// A link to another daemon (`xemem_peer`): `frames` holds the files it passed.
-    pub(crate) fn join_peer(self: &Arc<Self>, frames: Arc<dyn FrameSource>) -> Option<XememPort> {
-        self.join_link(frames, true)
+    pub(crate) fn join_peer(self: &Arc<Self>, frames: Arc<dyn FrameSource>, wake: File) -> Option<XememPort> {
+        self.join_link(frames, wake, true)
     }
 
-    fn join_link(self: &Arc<Self>, ram: Arc<dyn FrameSource>, peer: bool) -> Option<XememPort> {
+    fn join_link(self: &Arc<Self>, ram: Arc<dyn FrameSource>, wake: File, peer: bool) -> Option<XememPort> {
         let mut links = self.links.lock().unwrap();
         let link = (0..MAX_LINKS).find(|link| !links.outgoing.contains_key(link))?;
         let (sender, receiver) = mpsc::channel();
-        links.outgoing.insert(link, sender);
+        links.outgoing.insert(link, Outbox { queue: sender, wake: Arc::new(wake) });
         links.ram.insert(link, ram);
         let bridge = Arc::new(Mutex::new(Bridge::default()));
         links.bridges.insert(link, bridge.clone());
@@ -461,7 +457,7 @@ impl XememLinks {
                 continue;
             }
             if let Some(queue) = links.outgoing.get(&link) {
-                let _ = queue.send(bytes);
+                queue.send(bytes);
             }
         }
     }
@@ -483,6 +479,24 @@ pub fn file_runs(ram: &dyn FrameSource, runs: &[FrameRun]) -> Result<Vec<FileRun
         }
     }
     Ok(out)
+}
+
+/// Where a link's outgoing messages wait for its pump. Queuing one wakes the pump, so a
+/// message queued by another thread (a host caller, another enclave's pump, the broker) goes
+/// out at once rather than after the pump's receive timeout.
+#[derive(Clone)]
+struct Outbox {
+    queue: mpsc::Sender<Vec<u8>>,
+    wake: Arc<File>,
+}
+
+impl Outbox {
+    fn send(&self, message: Vec<u8>) {
+        if self.queue.send(message).is_ok() {
+            // Fails only when the counter would overflow: the pump has wake-ups pending.
+            let _ = crate::sys::signal_eventfd(&self.wake);
+        }
+    }
 }
 
 /// One enclave's end of the host's node.
@@ -567,7 +581,7 @@ impl Bridge {
     /// Takes away the permits `which` selects (holder enclave, process, permit). Those with an
     /// attachment get a `Revoke` on `queue`; their regions stay until the enclave acknowledges
     /// (`waiter` counts them).
-    fn revoke_where(&mut self, which: impl Fn(EnclaveId, u64, &BridgedPermit) -> bool, queue: &mpsc::Sender<Vec<u8>>, waiter: &Arc<Outstanding>) {
+    fn revoke_where(&mut self, which: impl Fn(EnclaveId, u64, &BridgedPermit) -> bool, queue: &Outbox, waiter: &Arc<Outstanding>) {
         let chosen: Vec<(EnclaveId, u64, AccessId)> = self.permits.iter().filter(|((enclave, process, _), permit)| which(*enclave, *process, permit)).map(|(key, _)| *key).collect();
         for key in chosen {
             let Some(BridgedPermit { regions: Some(regions), .. }) = self.permits.remove(&key) else { continue };
@@ -577,7 +591,7 @@ impl Bridge {
             let Ok(bytes) = Message::new(request, NAME_SERVER_ENCLAVE, enclave, Body::Revoke { process, access }).to_bytes() else { continue };
             waiter.add();
             self.revocations.push(Revocation { request, enclave, process, access, regions, deadline: Instant::now() + REVOKE_TIMEOUT, waiter: waiter.clone() });
-            let _ = queue.send(bytes);
+            queue.send(bytes);
         }
     }
 }
@@ -724,9 +738,10 @@ impl XememPort {
                 let known_here = links.node.name_server().is_some_and(|ns| ns.lookup(name).is_ok());
                 !known_here && broker.is_some_and(|broker| broker.lookup_host_segment(name).is_ok())
             }
-            Body::Attach { process, access, .. } | Body::Detach { process, access } | Body::Release { process, access } => {
-                ours(&bridge, *process, *access)
-            }
+            Body::Attach { process, access, .. }
+            | Body::Detach { process, access }
+            | Body::Release { process, access }
+            | Body::Signal { process, access } => ours(&bridge, *process, *access),
             _ => false,
         };
         if !is_ours {
@@ -856,6 +871,18 @@ impl XememPort {
                 links.release_at_source(caller(*process), permit.source);
                 Ok(vec![Body::Done])
             }
+            // XEMEM's signal through a bridged permit: the host owner's library, or (through
+            // the proxy permit) the owner enclave's kernel, gets the notification.
+            Body::Signal { process, access } => {
+                let permit = bridge.permits.get(&(origin, *process, *access)).ok_or(Error::NotFound)?;
+                match permit.source {
+                    Source::Host { broker_access } => broker.ok_or(Error::NotFound)?.signal_for_enclave(caller(*process), broker_access)?,
+                    Source::Enclave { access, proxy } => {
+                        links.call(Request::Signal { process: proxy, access })?;
+                    }
+                }
+                Ok(vec![Body::Done])
+            }
             _ => Err(Error::Invalid),
         }
     }
@@ -882,13 +909,19 @@ impl XememPort {
             if let Some(answers) = self.bridge(&message, regions) {
                 if let Some(queue) = self.links.links.lock().unwrap().outgoing.get(&self.link) {
                     for answer in answers {
-                        let _ = queue.send(answer);
+                        queue.send(answer);
                     }
                 }
                 return;
             }
-            if let Body::Remove { segment, .. } = message.body {
+            if let Body::Remove { process, segment } = message.body {
                 removing = Some(segment);
+                let owner = Principal { enclave: message.header.origin, process };
+                let owned = self.links.links.lock().unwrap().node.name_server().and_then(|ns| ns.segment(segment)).is_some_and(|s| s.owner == owner);
+                if owned {
+                    // XPMEM: once the remove returns, attachments fault. They go first.
+                    self.revoke_segments(&[segment]);
+                }
             }
         }
         let mut links = self.links.links.lock().unwrap();
@@ -917,6 +950,44 @@ impl XememPort {
         // (`xemem_peer`): they may complete this node's own requests, and go nowhere else.
         let frames_for = if self.peer { links.node.id().unwrap_or(NAME_SERVER_ENCLAVE) } else { NAME_SERVER_ENCLAVE };
         !matches!(message.body, Body::Attached { .. }) || message.header.destination == frames_for
+    }
+
+    /// The enclave's job ended: the segments its processes made go now, and every attachment
+    /// of them elsewhere (host processes, other enclaves) is revoked before this returns (or
+    /// [`REVOKE_TIMEOUT`] passes), so a job launched next cannot be seen through them. The
+    /// kernel's own removes, sent later, then find nothing to remove.
+    pub fn job_ended(&self) {
+        let segments: Vec<SegmentId> = {
+            let mut links = self.links.links.lock().unwrap();
+            let behind = links.node.enclaves_via(self.link);
+            let Some(ns) = links.node.name_server_mut() else { return };
+            ns.remove_owned(|owner| behind.contains(&owner.enclave)).into_iter().map(|segment| segment.id).collect()
+        };
+        if !segments.is_empty() {
+            self.revoke_segments(&segments);
+        }
+    }
+
+    /// Revokes every attachment of `segments` (which are going) outside this enclave and
+    /// waits: host processes' libraries remap theirs (SIGBUS from then on), other enclaves
+    /// unmap theirs and acknowledge. The links' lock is not held while waiting.
+    fn revoke_segments(&self, segments: &[SegmentId]) {
+        if let Some(broker) = self.links.broker.get() {
+            broker.revoke_remote(|segment| segments.contains(&segment));
+        }
+        let others: Vec<(Arc<Mutex<Bridge>>, Outbox)> = {
+            let links = self.links.links.lock().unwrap();
+            links.bridges.iter().filter(|(link, _)| **link != self.link).filter_map(|(link, bridge)| Some((bridge.clone(), links.outgoing.get(link)?.clone()))).collect()
+        };
+        let on_segments = |_: EnclaveId, _: u64, permit: &BridgedPermit| matches!(permit.source, Source::Enclave { .. }) && segments.contains(&permit.segment);
+        let waiter = Arc::new(Outstanding::default());
+        for (bridge, queue) in others {
+            let mut bridge = bridge.lock().unwrap();
+            bridge.revoke_where(on_segments, &queue, &waiter);
+            bridge.permits.retain(|(enclave, process, _), permit| !on_segments(*enclave, *process, permit));
+        }
+        // The other pumps enforce the deadline; the slack covers a pump's round.
+        waiter.wait(REVOKE_TIMEOUT + Duration::from_secs(1));
     }
 
     /// Segments or enclaves went away: the permits bridged on them are revoked (nobody waits
@@ -1008,10 +1079,16 @@ impl Drop for XememPort {
         // of their segments are revoked.
         let behind = links.node.enclaves_via(self.link);
         links.node.link_down(self.link, &mut NoHostMemory);
-        for enclave in behind {
-            XememLinks::announce(&links, Gone::Enclave(enclave));
+        for enclave in &behind {
+            XememLinks::announce(&links, Gone::Enclave(*enclave));
         }
         self.links.deliver(&mut links);
+        drop(links);
+        // Host processes attached to their segments map the enclaves' RAM, which outlives the
+        // machine as long as they do: their libraries remap the attachments (SIGBUS).
+        if let Some(broker) = self.links.broker.get() {
+            broker.revoke_remote(|segment| behind.contains(&segment.enclave()));
+        }
     }
 }
 
@@ -1089,10 +1166,17 @@ mod tests {
 
     /// A port whose enclave has been given an id by the name server, as a kernel would get one.
     fn linked_port(links: &Arc<XememLinks>, token: u64) -> (XememPort, EnclaveId) {
+        let (port, enclave, _) = linked_port_and_wake(links, token);
+        (port, enclave)
+    }
+
+    /// [`linked_port`], with the eventfd its pump would sleep on.
+    fn linked_port_and_wake(links: &Arc<XememLinks>, token: u64) -> (XememPort, EnclaveId, File) {
         let file = crate::sys::memfd("xemem-links-test").unwrap();
         file.set_len(1 << 20).unwrap();
         let ram = GuestRam::map(&file, vec![crate::guest_ram::RamRange { gpa: 0, size: 1 << 20, file_offset: 0 }], (0xf0000, 4096)).unwrap();
-        let port = links.join(Arc::new(ram)).unwrap();
+        let wake = crate::sys::eventfd().unwrap();
+        let port = links.join(Arc::new(ram), wake.try_clone().unwrap()).unwrap();
         let regions = FakeRegions::default();
         port.from_enclave(&Message::new(0, 0, 0, Body::EnclaveIdRequest { token }).to_bytes().unwrap(), &regions);
         let answers: Vec<Message> = port.to_enclave().iter().map(|bytes| Message::decode(bytes).unwrap()).collect();
@@ -1103,7 +1187,7 @@ mod tests {
                 _ => None,
             })
             .expect("an enclave id");
-        (port, enclave)
+        (port, enclave, wake)
     }
 
     fn lookup_from(origin: EnclaveId) -> Vec<u8> {
@@ -1133,5 +1217,32 @@ mod tests {
         let access = AccessId::new(NAME_SERVER_ENCLAVE, FIRST_HOST_PERMIT).unwrap();
         a.from_enclave(&Message::new(99, a_id, NAME_SERVER_ENCLAVE, Body::Revoked { process: 1, access }).to_bytes().unwrap(), &regions);
         assert!(a.to_enclave().is_empty() && regions.live.borrow().is_empty());
+    }
+
+    #[test]
+    fn a_message_queued_by_a_host_caller_wakes_the_owner_enclaves_pump() {
+        use xemem_host::Enclaves;
+        let links = XememLinks::new();
+        let (owner, owner_id, owner_wake) = linked_port_and_wake(&links, 1);
+        let regions = FakeRegions::default();
+        let make = Body::Make { process: 1, vaddr: 0x10_0000, size: 4096, uid: 0, gid: 0, mode: 0o600, name: None };
+        owner.from_enclave(&Message::new(1, owner_id, NAME_SERVER_ENCLAVE, make).to_bytes().unwrap(), &regions);
+        let Body::Made { segment } = Message::decode(&owner.to_enclave().pop().expect("an answer")).unwrap().body else { panic!("no segment made") };
+        let root = Credentials { uid: 0, groups: Vec::new() };
+        let (access, _) = links.get(7, root, segment, xemem::ACCESS_READ_WRITE).unwrap();
+        crate::sys::drain_eventfd(&owner_wake);
+        // A host process attaches: the name server's `Serve` for the owner is queued on the
+        // caller's thread, and the owner's pump must hear of it at once.
+        let caller = {
+            let links = links.clone();
+            std::thread::spawn(move || links.attach(7, access, 0, 4096))
+        };
+        assert!(crate::sys::wait_readable(std::os::fd::AsRawFd::as_raw_fd(&owner_wake), Duration::from_secs(2)).unwrap(), "the owner's pump was not woken");
+        let serve = Message::decode(&owner.to_enclave().pop().expect("a Serve")).unwrap();
+        assert!(matches!(serve.body, Body::Serve { .. }));
+        let runs = vec![FrameRun { first: Some(16), frames: 1 }];
+        let attached = Body::Attached { segment, size: 4096, first_run: 0, total_runs: 1, runs };
+        owner.from_enclave(&Message::new(serve.header.request, owner_id, NAME_SERVER_ENCLAVE, attached).to_bytes().unwrap(), &regions);
+        assert_eq!(caller.join().unwrap().map(|runs| runs.len()), Ok(1));
     }
 }

@@ -330,12 +330,16 @@ pub fn connect_upstream(path: PathBuf, links: Arc<XememLinks>, broker: Option<xe
 /// One daemon link, until the peer closes it (or sends something the socket refuses).
 fn run_link(connection: OwnedFd, links: Arc<XememLinks>, broker: Option<xemem_host::Broker>, who: &str) {
     let frames = Arc::new(PeerFrames::default());
-    let Some(port) = links.join_peer(frames.clone()) else {
+    // The node wakes a link's pump when it queues a message from another thread; this link
+    // polls every round anyway, and drains the wake-ups.
+    let Ok(wake) = crate::sys::eventfd() else { return };
+    let Ok(woken) = wake.try_clone() else { return };
+    let Some(port) = links.join_peer(frames.clone(), wake) else {
         eprintln!("clowderd: xemem: no free link for {who}");
         return;
     };
     eprintln!("clowderd: xemem: linked to {who} (link {})", port.link());
-    let link = Link { connection, links, broker, frames, port, served: mpsc::channel(), announced: false };
+    let link = Link { connection, links, broker, frames, port, served: mpsc::channel(), announced: false, woken };
     link.run();
     eprintln!("clowderd: xemem: the link to {who} is down");
 }
@@ -349,6 +353,7 @@ struct Link {
     /// Answers of `Serve` requests served on threads of their own.
     served: (mpsc::Sender<Vec<Message>>, mpsc::Receiver<Vec<Message>>),
     announced: bool,
+    woken: File,
 }
 
 impl Link {
@@ -366,6 +371,7 @@ impl Link {
                 Ok(false) => {}
                 Err(_) => break,
             }
+            crate::sys::drain_eventfd(&self.woken);
             let answers: Vec<Vec<Message>> = self.served.1.try_iter().collect();
             for message in answers.into_iter().flatten() {
                 self.on_own_answer(message);
@@ -433,17 +439,6 @@ impl Link {
                     // Now the node handles it as usual: it answers Revoked.
                     let _ = answers.send(vec![message]);
                 });
-            }
-            // The owner behind this link removes its segment (at this name server). Its memory is
-            // truncated once the answer is back there, so enclaves here that attached it let go
-            // first: the revokes are waited for before the node removes it and answers.
-            Ok(Message { header, body: Body::Remove { process, segment } })
-                if self.links.routes_via(header.origin, self.port.link())
-                    && self.links.segment_owner(segment) == Some(xemem::Principal { enclave: header.origin, process }) =>
-            {
-                drop(fds);
-                self.links.revoke_segment(segment);
-                self.port.from_enclave(bytes, &*self.frames);
             }
             _ => {
                 drop(fds); // only memory answers carry descriptors

@@ -201,7 +201,7 @@ impl GuestMemory {
         }
         let gpa = match gpa {
             Some(g) => g,
-            None => self.free_gpa(),
+            None => self.free_gpa(len),
         };
         if gpa % PAGE_SIZE != 0 {
             return bad(format!("region address {gpa:#x} is not 4 KiB aligned"));
@@ -261,10 +261,13 @@ impl GuestMemory {
 
     /// The lowest address above every region, aligned to 2 MiB so the guest can map the new
     /// region with large pages.
-    fn free_gpa(&self) -> u64 {
-        const ALIGN: u64 = 2 << 20;
+    /// Where a region of `len` bytes goes: above every other, 2 MiB-aligned, and 1 GiB-aligned
+    /// when it is a GiB or more, so the guest can map it with pages of that size (one table
+    /// entry per GiB: a guest kernel whose every instruction is emulated writes 512 times fewer).
+    fn free_gpa(&self, len: u64) -> u64 {
+        let align: u64 = if len >= 1 << 30 { 1 << 30 } else { 2 << 20 };
         let top = self.regions.iter().map(|r| r.info.gpa + r.info.len).fold(self.regions_floor(), u64::max);
-        top.div_ceil(ALIGN) * ALIGN
+        top.div_ceil(align) * align
     }
 
     /// Removes a region added with `add_region`; the guest loses access at once.

@@ -19,7 +19,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 pub const MAX_STEPS: u64 = 10_000_000;
 
 /// Kernel instruction addresses reported per profile, the most executed first.
-pub const HOT_ADDRESSES: usize = 64;
+pub const HOT_ADDRESSES: usize = 1024;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct InstructionProfile {
@@ -224,7 +224,7 @@ mod tests {
 
     #[test]
     fn hot_addresses_are_the_most_stepped_first_and_bounded() {
-        let mut counts: std::collections::HashMap<u64, u64> = (0..200u64).map(|rip| (0x1000 + rip, 1)).collect();
+        let mut counts: std::collections::HashMap<u64, u64> = (0..2 * HOT_ADDRESSES as u64).map(|rip| (0x1000 + rip, 1)).collect();
         counts.insert(0xffff_8000, 50);
         counts.insert(0xffff_9000, 70);
         let mut p = InstructionProfile::default();

@@ -298,6 +298,14 @@ fn region_added_at_run_time_is_mapped_read_and_written_by_the_guest() {
     assert_eq!(String::from_utf8(host.recv()).unwrap(), format!("mapped {SECOND_GPA:x} {SECOND_LEN:x} bad 0"));
     assert_eq!(count_guest_pattern_mismatches(second_words, SECOND_LEN), 0);
 
+    // A region of a GiB or more goes at a 1 GiB boundary, so the guest can use 1 GiB pages.
+    // SAFETY: plain syscall; the result is checked and owned.
+    let big = unsafe { OwnedFd::from_raw_fd(libc::memfd_create(c"clowder-test-big".as_ptr(), libc::MFD_CLOEXEC)) };
+    std::fs::File::from(big.try_clone().unwrap()).set_len(1 << 30).unwrap();
+    let placed = guest.handle.add_region(big.as_raw_fd(), 0, 1 << 30, None).expect("add_region of 1 GiB");
+    assert_eq!(placed.gpa % (1 << 30), 0, "{placed:?}");
+    guest.handle.remove_region(placed.slot).expect("remove_region");
+
     // Requests the guest must refuse without falling over.
     host.send(b"map 1001 1000");
     assert_eq!(host.recv(), b"error Unaligned");

@@ -70,6 +70,11 @@ pub trait Enclaves: Send + Sync {
     /// is no longer there. Returns once every holder acknowledged, its enclave is gone, or a
     /// timeout passed.
     fn revoke(&self, permits: &[(Principal, AccessId)]);
+    /// Host process `process` signals the owner of the enclave segment its permit `access` is
+    /// on (XEMEM's `xemem_signal`): the owner's kernel wakes its notification descriptors.
+    fn signal(&self, _process: u64, _access: AccessId) -> Result<(), Error> {
+        Err(Error::Invalid)
+    }
     /// A segment of host process `process`, made at a name server elsewhere: only for a
     /// sub-manager's broker ([`Broker::set_sub_manager`]), whose daemon is not the name server.
     fn make(&self, _process: u64, _vaddr: u64, _size: u64, _owner: Owner, _name: Option<Name>) -> Result<SegmentId, Error> {
@@ -100,14 +105,27 @@ struct State {
     revocable: HashMap<u32, HashMap<(u64, u64), OwnedFd>>,
     /// pid -> open call connections.
     connections: HashMap<u32, usize>,
-    /// Permits on other enclaves' segments, by the surrogate id the holder knows them by:
-    /// (the enclave name server's id, the holder's pid).
-    remote_permits: HashMap<AccessId, (AccessId, u32)>,
+    /// Permits on other enclaves' segments, by the surrogate id the holder knows them by.
+    remote_permits: HashMap<AccessId, RemotePermit>,
     next_surrogate: u32,
     /// A sub-manager's segments, made at the upstream name server: segment -> (owner pid,
     /// vaddr, length), to check the name server's requests to serve them.
     remote_segments: HashMap<SegmentId, (u32, u64, u64)>,
 }
+
+/// A host process's permit on another enclave's segment.
+#[derive(Clone, Copy)]
+struct RemotePermit {
+    /// The enclave name server's id for it.
+    real: AccessId,
+    holder: u32,
+    segment: SegmentId,
+}
+
+/// How long a holder's library may take to unmap an enclave segment's attachments
+/// ([`Broker::revoke_remote`]): it only remaps them; one that does not answer in time keeps
+/// the old pages (it is stopped or gone) and the revocation goes on without it.
+const REVOKE_WAIT: Duration = Duration::from_millis(500);
 
 #[derive(Clone)]
 pub struct Broker {
@@ -178,7 +196,7 @@ impl Broker {
     /// hold it.
     fn remote_permit(&self, pid: u32, access: AccessId) -> Result<Option<AccessId>, Error> {
         match self.lock().remote_permits.get(&access) {
-            Some(&(real, holder)) if holder == pid => Ok(Some(real)),
+            Some(permit) if permit.holder == pid => Ok(Some(permit.real)),
             Some(_) => Err(Error::Denied),
             None => Ok(None),
         }
@@ -315,9 +333,9 @@ impl Broker {
     fn forget_locked(&self, state: &mut State, pid: u32) -> Forgotten {
         let me = principal(pid);
         let enclave_holders = Self::enclave_holders(state, &state.ns.owned_by(me));
-        let held: Vec<AccessId> = state.remote_permits.iter().filter(|(_, (_, holder))| *holder == pid).map(|(s, _)| *s).collect();
+        let held: Vec<AccessId> = state.remote_permits.iter().filter(|(_, permit)| permit.holder == pid).map(|(s, _)| *s).collect();
         if !held.is_empty() {
-            let permits: Vec<AccessId> = held.iter().filter_map(|s| state.remote_permits.remove(s)).map(|(real, _)| real).collect();
+            let permits: Vec<AccessId> = held.iter().filter_map(|s| state.remote_permits.remove(s)).map(|permit| permit.real).collect();
             if let Some(enclaves) = self.enclaves.get().cloned() {
                 // Off this thread: the broker's lock is held here, and the call waits for the
                 // name server.
@@ -404,8 +422,9 @@ impl Broker {
                             break candidate;
                         }
                     };
-                    state.remote_permits.insert(surrogate, (real, peer.pid));
-                    return Ok(Answer::ok(op, &[surrogate.raw() as u64, size]));
+                    state.remote_permits.insert(surrogate, RemotePermit { real, holder: peer.pid, segment });
+                    // The library must serve: its attachments are revoked by message.
+                    return Ok(Answer::ok(op, &[surrogate.raw() as u64, size, wire::GET_REVOKED_BY_MESSAGE]));
                 }
                 let (access, size) = self.lock().ns.get(me, &who, segment, flags)?;
                 Ok(Answer::ok(op, &[access.raw() as u64, size]))
@@ -440,14 +459,11 @@ impl Broker {
             }
             wire::OP_SIGNAL => {
                 let access = AccessId::from_raw(a[0] as i64).ok_or(Error::Invalid)?;
-                let (owner, segment, server) = {
-                    let mut state = self.lock();
-                    let (owner, segment) = state.ns.signal(me, access)?;
-                    let server = state.servers.get(&(owner.process as u32)).cloned().ok_or(Error::NotFound)?;
-                    (owner, segment, server)
-                };
-                let _ = owner;
-                ask_owner(&server, &Request::new(wire::OP_NOTIFY, &[segment.raw() as u64]))?;
+                if let Some(real) = self.remote_permit(peer.pid, access)? {
+                    self.remote()?.signal(peer.pid as u64, real)?;
+                    return Ok(Answer::ok(op, &[]));
+                }
+                self.signal(me, access)?;
                 Ok(Answer::ok(op, &[]))
             }
             _ => Err(Error::Invalid),
@@ -623,12 +639,55 @@ impl Broker {
         Ok((segment, runs))
     }
 
+    /// `caller` (a host process, or an enclave's process through the daemon) signals the
+    /// owner of the segment its permit is on: the owner's library gets NOTIFY.
+    fn signal(&self, caller: Principal, access: AccessId) -> Result<(), Error> {
+        let (segment, server) = {
+            let mut state = self.lock();
+            let (owner, segment) = state.ns.signal(caller, access)?;
+            let server = state.servers.get(&(owner.process as u32)).cloned().ok_or(Error::NotFound)?;
+            (segment, server)
+        };
+        ask_owner(&server, &Request::new(wire::OP_NOTIFY, &[segment.raw() as u64]))?;
+        Ok(())
+    }
+
+    /// An enclave's process signals the host owner of the segment its permit is on.
+    pub fn signal_for_enclave(&self, caller: Principal, access: AccessId) -> Result<(), Error> {
+        if caller.enclave == NAME_SERVER_ENCLAVE {
+            return Err(Error::Invalid);
+        }
+        self.signal(caller, access)
+    }
+
     pub fn detach_for_enclave(&self, caller: Principal, access: AccessId) -> Result<(), Error> {
         self.lock().ns.detach(caller, access)
     }
 
     pub fn release_for_enclave(&self, caller: Principal, access: AccessId) -> Result<(), Error> {
         self.lock().ns.release(caller, access)
+    }
+
+    /// Other enclaves' segments that `gone` selects are going (removed, their job ended,
+    /// their enclave ended): each host process attached to them has its library replace the
+    /// attachments with memory that raises SIGBUS, as XPMEM does after a remove. Their pages
+    /// are enclave RAM, which cannot be truncated under them. Returns once every holder's
+    /// library answered or [`REVOKE_WAIT`] passed for it; the permits stay until released.
+    pub fn revoke_remote(&self, gone: impl Fn(SegmentId) -> bool) {
+        let holders: Vec<(AccessId, Option<Server>)> = {
+            let state = self.lock();
+            state
+                .remote_permits
+                .iter()
+                .filter(|(_, permit)| gone(permit.segment))
+                .map(|(surrogate, permit)| (*surrogate, state.servers.get(&permit.holder).cloned()))
+                .collect()
+        };
+        for (surrogate, server) in holders {
+            if let Some(server) = server {
+                let _ = ask_owner_within(&server, &Request::new(wire::OP_REVOKE, &[surrogate.raw() as u64]), REVOKE_WAIT);
+            }
+        }
     }
 
     /// An enclave is gone: its permits on host segments go too.
@@ -657,13 +716,26 @@ static NEXT_SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 /// a late answer to a request that timed out is read and dropped, never taken for the answer
 /// to a later request (which could be for another range).
 fn ask_owner(server: &Server, request: &Request) -> Result<(Answer, Vec<OwnedFd>), Error> {
+    ask_owner_within(server, request, Duration::MAX)
+}
+
+/// [`ask_owner`], giving up after `patience` (or the connection's own receive timeout,
+/// whichever comes first) without an answer.
+fn ask_owner_within(server: &Server, request: &Request, patience: Duration) -> Result<(Answer, Vec<OwnedFd>), Error> {
     let connection = server.lock().unwrap_or_else(|p| p.into_inner());
+    let deadline = std::time::Instant::now().checked_add(patience);
     let sequence = NEXT_SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut request = request.clone();
     request.args[wire::SEQUENCE_ARG] = sequence;
     sys::send(&connection, &request.encode(), &[]).map_err(|_| Error::NotFound)?;
     let mut buffer = vec![0u8; wire::MAX_PACKET];
     let (answer, fds) = loop {
+        if let Some(deadline) = deadline {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if !sys::wait_readable(&connection, left).map_err(|_| Error::Malformed)? {
+                return Err(Error::Unreachable);
+            }
+        }
         let (length, fds) = match sys::receive(&connection, &mut buffer) {
             Ok((0, _)) => return Err(Error::NotFound), // the owner is gone
             Ok(packet) => packet,

@@ -100,6 +100,20 @@ pub fn peer(fd: &OwnedFd) -> io::Result<Peer> {
     Ok(Peer { pid: cred.pid as u32, uid: cred.uid, gid: cred.gid })
 }
 
+/// Waits until `fd` is readable (or hung up); false when `timeout` passed first.
+pub fn wait_readable(fd: &OwnedFd, timeout: Duration) -> io::Result<bool> {
+    let mut poll = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let millis = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+    loop {
+        // SAFETY: one pollfd we own.
+        match unsafe { libc::poll(&mut poll, 1, millis) } {
+            n if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => continue,
+            n if n < 0 => return Err(io::Error::last_os_error()),
+            n => return Ok(n > 0),
+        }
+    }
+}
+
 pub fn set_receive_timeout(fd: &OwnedFd, timeout: Duration) -> io::Result<()> {
     let tv = libc::timeval { tv_sec: timeout.as_secs() as libc::time_t, tv_usec: timeout.subsec_micros() as libc::suseconds_t };
     // SAFETY: tv is a valid timeval for SO_RCVTIMEO.

@@ -14,7 +14,7 @@
 //! | SERVE 2 | library → broker | (this connection now serves FETCH and NOTIFY) | |
 //! | MAKE 3 | library → broker | vaddr, size, mode; name | r0 segid |
 //! | REMOVE 4 | library → broker | segid | |
-//! | GET 5 | library → broker | segid, flags | r0 apid, r1 size |
+//! | GET 5 | library → broker | segid, flags | r0 apid, r1 size, r2 flags (`GET_REVOKED_BY_MESSAGE`) |
 //! | RELEASE 6 | library → broker | apid | |
 //! | ATTACH 7 | library → broker | apid, offset, size | r0 segid; runs + fds |
 //! | DETACH 8 | library → broker | apid | |
@@ -22,6 +22,12 @@
 //! | SIGNAL 10 | library → broker | apid | |
 //! | FETCH 16 | broker → owner | vaddr, size | runs + fds |
 //! | NOTIFY 17 | broker → owner | segid | |
+//! | REVOKE 18 | broker → holder | apid | |
+//!
+//! A GET of another enclave's segment answers with `GET_REVOKED_BY_MESSAGE` in r2: enclave
+//! memory cannot be truncated under its attachers, so the library opens its serving
+//! connection (SERVE) and answers REVOKE by replacing every attachment made through `apid`
+//! with memory that raises SIGBUS.
 //!
 //! Broker → owner requests carry a sequence number in `args[6]`; the owner echoes it in
 //! `results[5]`, so an answer that comes after its request timed out is recognised as stale.
@@ -55,6 +61,10 @@ pub const OP_LOOKUP: u16 = 9;
 pub const OP_SIGNAL: u16 = 10;
 pub const OP_FETCH: u16 = 16;
 pub const OP_NOTIFY: u16 = 17;
+pub const OP_REVOKE: u16 = 18;
+
+/// In a GET's answer (r2): the permit's attachments are revoked by a REVOKE message.
+pub const GET_REVOKED_BY_MESSAGE: u64 = 1;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request {

@@ -279,7 +279,15 @@ impl NameServer {
     /// A process or enclave is gone (exit, crash): its segments and its permits go with it.
     /// Returns the segments removed, so their attachments can be revoked.
     pub fn forget(&mut self, gone: impl Fn(&Principal) -> bool) -> Vec<Segment> {
-        let removed: Vec<SegmentId> = self.segments.values().filter(|s| gone(&s.owner)).map(|s| s.id).collect();
+        let segments = self.remove_owned(&gone);
+        self.permits.retain(|_, p| !gone(&p.holder));
+        segments
+    }
+
+    /// Removes every segment whose owner `owners` selects, with its name and the permits on
+    /// it (as if each owner had removed them); permits the owners hold stay. Returns them.
+    pub fn remove_owned(&mut self, owners: impl Fn(&Principal) -> bool) -> Vec<Segment> {
+        let removed: Vec<SegmentId> = self.segments.values().filter(|s| owners(&s.owner)).map(|s| s.id).collect();
         let mut segments = Vec::new();
         for id in removed {
             if let Some(segment) = self.segments.remove(&id) {
@@ -290,7 +298,7 @@ impl NameServer {
             }
         }
         let ids: BTreeSet<SegmentId> = segments.iter().map(|s| s.id).collect();
-        self.permits.retain(|_, p| !gone(&p.holder) && !ids.contains(&p.segment));
+        self.permits.retain(|_, p| !ids.contains(&p.segment));
         segments
     }
 

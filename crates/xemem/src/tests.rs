@@ -189,6 +189,21 @@ fn a_gone_process_takes_its_segments_and_permits() {
 }
 
 #[test]
+fn removing_an_owners_segments_keeps_the_permits_it_holds() {
+    let mut ns = NameServer::new();
+    let name = Name::new(b"job-output").unwrap();
+    let seg = ns.make(me(1), 0x10000, 0x1000, mode(0o600), Some(name.clone())).unwrap();
+    let (apid, _) = ns.get(me(2), &rooted(), seg, ACCESS_READ_WRITE).unwrap();
+    let other = ns.make(me(2), 0x10000, 0x1000, mode(0o600), None).unwrap();
+    let (mine, _) = ns.get(me(1), &rooted(), other, ACCESS_READ_WRITE).unwrap();
+    let removed = ns.remove_owned(|p| *p == me(1));
+    assert_eq!(removed.iter().map(|s| s.id).collect::<Vec<_>>(), vec![seg]);
+    assert_eq!(ns.lookup(&name), Err(Error::NotFound), "the name goes with the segment");
+    assert_eq!(ns.attach(me(2), apid, 0, 4096), Err(Error::NotFound), "permits on it go");
+    assert!(ns.attach(me(1), mine, 0, 4096).is_ok(), "the owner's own permits stay");
+}
+
+#[test]
 fn enclave_ids_are_unique_and_reused_only_after_release() {
     let mut ns = NameServer::new();
     let mut seen = std::collections::BTreeSet::new();

@@ -274,6 +274,8 @@ pub fn exec(frame: &mut TrapFrame, path: u64, argv: u64, envp: u64) -> Result<()
         sched::yield_now();
         core::hint::spin_loop();
     }
+    // The old image's XPMEM segments, permits and attachments go with it, as on Linux.
+    crate::xpmem::process_ended(pid);
     let old_aspace = job::with_process(|process| process.memory.aspace.handle());
     let load = || job::load_image_memory(node.contents(), node.physical, &argv, &env, job::exec_heap_size(), job::exec_stack_size());
     let mut old_released = false;
@@ -402,6 +404,9 @@ pub fn last_thread_exited(pid: u64, code: u8) {
 /// Process `pid` has no threads left: its memory and descriptors go, it becomes a zombie for
 /// its parent (which gets SIGCHLD), its children go to the job's first process.
 fn end_process(pid: u64, code: u8) {
+    // Its XPMEM segments go (their attachers in other processes get SIGBUS) before its
+    // memory does.
+    crate::xpmem::process_ended(pid);
     let Some(process) = job::take_process(pid) else { return };
     sched::wait_until_unloaded(process.memory.aspace.handle().0);
     process.memory.release();

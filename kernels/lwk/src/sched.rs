@@ -997,9 +997,33 @@ pub fn wake(address: u64, count: u64, bitset: u32) -> u64 {
 }
 
 /// Wakes every thread waiting on the kernel's key `key` (a kernel address naming what they
-/// wait for: a pipe, a process's children), whatever their process.
+/// wait for: a pipe, a process's children), whatever their process; and every thread in
+/// `poll` (`wait_for_any_key`), which looks again at what it watches.
 pub fn wake_kernel_key(key: u64) {
-    with_scheduler(|scheduler| wake_locked(scheduler, None, key, u64::MAX, u32::MAX));
+    with_scheduler(|scheduler| {
+        wake_locked(scheduler, None, key, u64::MAX, u32::MAX);
+        if POLLERS.load(Ordering::Relaxed) != 0 {
+            wake_locked(scheduler, None, poll_key(), u64::MAX, u32::MAX);
+        }
+    });
+}
+
+/// Threads waiting in `wait_for_any_key` (so that other wakes skip a second scan without them).
+static POLLERS: AtomicUsize = AtomicUsize::new(0);
+static POLL_KEY: u8 = 0;
+
+fn poll_key() -> u64 {
+    &POLL_KEY as *const u8 as u64
+}
+
+/// `poll`'s wait: as `wait`, but any kernel key's wake ends it (the caller looks again at
+/// every object it watches: pipes and XEMEM notifiers wake their kernel keys when they
+/// change). `still_expected` (nothing ready) is checked with the scheduler locked.
+pub fn wait_for_any_key(deadline: Option<u64>, still_expected: impl FnOnce() -> bool) -> Option<WaitResult> {
+    POLLERS.fetch_add(1, Ordering::Relaxed);
+    let result = wait(poll_key(), u32::MAX, deadline, still_expected);
+    POLLERS.fetch_sub(1, Ordering::Relaxed);
+    result
 }
 
 fn wake_locked(scheduler: &mut Scheduler, pid: Option<u64>, address: u64, count: u64, bitset: u32) -> u64 {

@@ -443,6 +443,31 @@ pub fn suspend(mask: u64) -> Restart {
     Restart::NoHandler
 }
 
+/// `ppoll`'s mask: the calling thread blocks `mask` while it waits. A signal that ends the
+/// wait is handled under it, and the old mask comes back when its handler returns, as after
+/// `rt_sigsuspend`; otherwise `end_wait_mask` puts the old one back. Returns whether a
+/// signal the thread takes under `mask` is pending already (the wait must not begin).
+pub fn begin_wait_mask(mask: u64) -> bool {
+    let tid = sched::current_tid();
+    let mut signals = SIGNALS.lock();
+    let thread = signals.thread(tid);
+    thread.saved_mask.get_or_insert(thread.blocked);
+    thread.blocked = mask & !UNCATCHABLE;
+    signals.update_check_request();
+    has_wanted(&mut signals, tid)
+}
+
+/// The wait of `begin_wait_mask` ended without a signal: the old mask again.
+pub fn end_wait_mask() {
+    let tid = sched::current_tid();
+    let mut signals = SIGNALS.lock();
+    let thread = signals.thread(tid);
+    if let Some(mask) = thread.saved_mask.take() {
+        thread.blocked = mask;
+    }
+    signals.update_check_request();
+}
+
 /// How `rt_sigtimedwait` ended without one of the signals it waits for.
 pub enum AwaitError {
     /// The timeout passed (EAGAIN).

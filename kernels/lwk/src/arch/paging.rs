@@ -7,6 +7,8 @@ use core::arch::asm;
 
 pub const PAGE_SIZE: u64 = 4096;
 pub const HUGE_PAGE_SIZE: u64 = 2 << 20;
+/// What one page directory (a page-directory-pointer entry) covers.
+const DIRECTORY_SPAN: u64 = 1 << 30;
 
 const PRESENT: u64 = 1;
 const WRITABLE: u64 = 1 << 1;
@@ -84,8 +86,18 @@ extern "C" {
     static boot_pml4: u8;
 }
 
+/// Whether the CPU maps 1 GiB pages (asked once: CPUID exits to the VMM).
 fn has_1g_pages() -> bool {
-    super::cpu::cpuid(0x8000_0001, 0).edx & (1 << 26) != 0
+    use core::sync::atomic::{AtomicU8, Ordering};
+    static KNOWN: AtomicU8 = AtomicU8::new(0); // 0: not asked yet, 1: no, 2: yes
+    match KNOWN.load(Ordering::Relaxed) {
+        0 => {
+            let has = super::cpu::cpuid(0x8000_0001, 0).edx & (1 << 26) != 0;
+            KNOWN.store(if has { 2 } else { 1 }, Ordering::Relaxed);
+            has
+        }
+        known => known == 2,
+    }
 }
 
 impl PageTables {
@@ -132,7 +144,8 @@ impl PageTables {
         activate_root(self.root);
     }
 
-    /// The page directory covering `address`, created on the way if `tables` is given.
+    /// The page directory covering `address`, created on the way if `tables` is given (a
+    /// 1 GiB leaf there is then split into 2 MiB leaves; without `tables` it has none).
     fn directory(&mut self, address: u64, mut tables: Option<&mut dyn TableSource>) -> Result<Option<u64>, OutOfMemory> {
         let mut table = self.root;
         for level in [3, 2] {
@@ -142,10 +155,34 @@ impl PageTables {
                     Some(source) => *entry = source.allocate_table().ok_or(OutOfMemory)? | table_bits(address),
                     None => return Ok(None),
                 }
+            } else if level == 2 && *entry & HUGE != 0 {
+                match tables.as_deref_mut() {
+                    Some(source) => Self::split_gigabyte(entry, source)?,
+                    None => return Ok(None),
+                }
             }
             table = *entry & ADDRESS_MASK;
         }
         Ok(Some(table))
+    }
+
+    /// The page-directory-pointer entry covering `address`, if its table exists (reads only).
+    fn existing_pointer(&self, address: u64) -> Option<&'static mut u64> {
+        let top = entries(self.root)[index(address, 3)];
+        (top & PRESENT != 0).then(|| &mut entries(top & ADDRESS_MASK)[index(address, 2)])
+    }
+
+    /// Replaces the 1 GiB leaf `entry` with a directory of 512 2 MiB leaves with the same
+    /// rights (to change part of it).
+    fn split_gigabyte(entry: &mut u64, tables: &mut dyn TableSource) -> Result<(), OutOfMemory> {
+        let directory = tables.allocate_table().ok_or(OutOfMemory)?;
+        let base = *entry & ADDRESS_MASK & !(DIRECTORY_SPAN - 1);
+        let rights = *entry & !ADDRESS_MASK;
+        for (i, leaf) in entries(directory).iter_mut().enumerate() {
+            *leaf = (base + i as u64 * HUGE_PAGE_SIZE) | rights;
+        }
+        *entry = directory | table_bits(base);
+        Ok(())
     }
 
     /// Rebuilds the 4 KiB table under `directory_entry` off-line (from the old table, the 2 MiB
@@ -194,6 +231,115 @@ impl PageTables {
         Ok(())
     }
 
+    /// The page-directory-pointer entry covering `address` (its table created if missing),
+    /// unless that entry is a 1 GiB leaf (the kernel window's), which is never rebuilt.
+    fn directory_pointer(&mut self, address: u64, tables: &mut dyn TableSource) -> Result<Option<&'static mut u64>, OutOfMemory> {
+        let top = &mut entries(self.root)[index(address, 3)];
+        if *top & PRESENT == 0 {
+            *top = tables.allocate_table().ok_or(OutOfMemory)? | table_bits(address);
+        }
+        let pointer = &mut entries(*top & ADDRESS_MASK)[index(address, 2)];
+        Ok(if *pointer & PRESENT != 0 && *pointer & HUGE != 0 { None } else { Some(pointer) })
+    }
+
+    /// How many whole, aligned 2 MiB blocks of `[from, to)` would become (or stop being) 2 MiB
+    /// leaves; a directory with this many changes is rebuilt off-line rather than edited.
+    fn whole_blocks(from: u64, to: u64, offset: u64, for_mapping: bool) -> u64 {
+        let first = from.next_multiple_of(HUGE_PAGE_SIZE);
+        let last = to & !(HUGE_PAGE_SIZE - 1);
+        if last <= first || (for_mapping && !first.wrapping_add(offset).is_multiple_of(HUGE_PAGE_SIZE)) {
+            return 0;
+        }
+        (last - first) / HUGE_PAGE_SIZE
+    }
+
+    /// Rebuilds the page directory over `[from, to)` (inside one directory span) off-line:
+    /// a copy of the old one (or nothing), changed by `edit`, then linked with one write, as
+    /// [`PageTables::rebuild`] does one level down: one trapped write on a shadow-paging host
+    /// instead of one per 2 MiB entry. `edit` gets the fresh directory; partial blocks go
+    /// through `block` (4 KiB tables), the whole ones in between through `whole`, a tight loop
+    /// (every kernel instruction is emulated on PVM). Returns whether a present entry was
+    /// replaced. The old directory is retired, with the 4 KiB tables whole blocks drop.
+    fn rebuild_directory(
+        pointer: &mut u64,
+        from: u64,
+        to: u64,
+        mut block: impl FnMut(&mut u64, u64, u64, &mut dyn TableSource) -> Result<(), OutOfMemory>,
+        whole: impl Fn(u64) -> u64,
+        tables: &mut dyn TableSource,
+    ) -> Result<bool, OutOfMemory> {
+        let directory = tables.allocate_table().ok_or(OutOfMemory)?;
+        let fresh = entries(directory);
+        let old = (*pointer & PRESENT != 0).then_some(*pointer & ADDRESS_MASK);
+        if let Some(old) = old {
+            fresh.copy_from_slice(entries(old));
+        }
+        let first = from.next_multiple_of(HUGE_PAGE_SIZE).min(to);
+        let last = (to & !(HUGE_PAGE_SIZE - 1)).max(first);
+        let mut replaced = false;
+        for (edge_from, edge_to) in [(from, first), (last, to)] {
+            if edge_from < edge_to {
+                let entry = &mut fresh[index(edge_from, 1)];
+                replaced |= *entry & PRESENT != 0;
+                block(entry, edge_from, edge_to, tables)?;
+            }
+        }
+        if last > first {
+            let (lo, hi) = (index(first, 1), index(last - 1, 1) + 1);
+            if old.is_some() {
+                for entry in &fresh[lo..hi] {
+                    replaced |= *entry & PRESENT != 0;
+                    if *entry & (PRESENT | HUGE) == PRESENT {
+                        tables.retire_table(*entry & ADDRESS_MASK);
+                    }
+                }
+            }
+            let mut address = first;
+            for entry in &mut fresh[lo..hi] {
+                *entry = whole(address);
+                address += HUGE_PAGE_SIZE;
+            }
+        }
+        *pointer = directory | table_bits(from);
+        if let Some(old) = old {
+            tables.retire_table(old);
+        }
+        Ok(replaced)
+    }
+
+    /// Sets one 2 MiB block's directory entry for `[address, block_end)` mapped at `offset`
+    /// from the virtual address: a 2 MiB leaf when the block is whole and aligned on both
+    /// sides, else 4 KiB leaves.
+    fn map_block(entry: &mut u64, address: u64, block_end: u64, offset: u64, protection: Protection, tables: &mut dyn TableSource) -> Result<(), OutOfMemory> {
+        let target = address.wrapping_add(offset);
+        let whole_block = address.is_multiple_of(HUGE_PAGE_SIZE) && block_end - address == HUGE_PAGE_SIZE;
+        if whole_block && target.is_multiple_of(HUGE_PAGE_SIZE) {
+            if *entry & PRESENT != 0 && *entry & HUGE == 0 {
+                tables.retire_table(*entry & ADDRESS_MASK);
+            }
+            *entry = target | leaf_bits(address, protection) | HUGE;
+            Ok(())
+        } else {
+            Self::set_leaves(entry, address, block_end, |page| page.wrapping_add(offset) | leaf_bits(page, protection), tables)
+        }
+    }
+
+    /// Clears one 2 MiB block's leaves of `[address, block_end)`.
+    fn unmap_block(entry: &mut u64, address: u64, block_end: u64, tables: &mut dyn TableSource) -> Result<(), OutOfMemory> {
+        if *entry & PRESENT == 0 {
+            return Ok(());
+        }
+        if address.is_multiple_of(HUGE_PAGE_SIZE) && block_end - address == HUGE_PAGE_SIZE {
+            if *entry & HUGE == 0 {
+                tables.retire_table(*entry & ADDRESS_MASK);
+            }
+            *entry = 0;
+            Ok(())
+        } else {
+            Self::set_leaves(entry, address, block_end, |_| 0, tables)
+        }
+    }
+
     /// Maps `[virtual, virtual + len)` to `[physical, ...)`, with 2 MiB pages wherever both
     /// sides are aligned. Both addresses and `len` are page multiples.
     pub fn map(&mut self, virtual_address: u64, physical: u64, len: u64, protection: Protection, tables: &mut dyn TableSource) -> Result<(), OutOfMemory> {
@@ -203,20 +349,39 @@ impl PageTables {
         let mut replaced = false;
         let mut address = virtual_address;
         while address < end {
+            let span_end = end.min((address | (DIRECTORY_SPAN - 1)) + 1);
+            // A whole span on an aligned target: one 1 GiB leaf, one write (every kernel
+            // access to a table is emulated on PVM; 512 entries cost milliseconds).
+            let whole_span = address.is_multiple_of(DIRECTORY_SPAN) && span_end - address == DIRECTORY_SPAN;
+            if whole_span && address.wrapping_add(offset).is_multiple_of(DIRECTORY_SPAN) && has_1g_pages() {
+                if let Some(pointer) = self.directory_pointer(address, tables)?.filter(|pointer| **pointer & PRESENT == 0) {
+                    *pointer = address.wrapping_add(offset) | leaf_bits(address, protection) | HUGE;
+                    address = span_end;
+                    continue;
+                }
+                if let Some(pointer) = self.existing_pointer(address).filter(|pointer| **pointer & (PRESENT | HUGE) == PRESENT | HUGE) {
+                    *pointer = address.wrapping_add(offset) | leaf_bits(address, protection) | HUGE;
+                    replaced = true;
+                    address = span_end;
+                    continue;
+                }
+            }
+            if Self::whole_blocks(address, span_end, offset, true) >= REBUILD_THRESHOLD {
+                if let Some(pointer) = self.directory_pointer(address, tables)? {
+                    let block = |entry: &mut u64, from: u64, to: u64, tables: &mut dyn TableSource| Self::map_block(entry, from, to, offset, protection, tables);
+                    // One span lies wholly in the user or the kernel half: the same bits throughout.
+                    let bits = leaf_bits(address, protection) | HUGE;
+                    let whole = |block: u64| block.wrapping_add(offset) | bits;
+                    replaced |= Self::rebuild_directory(pointer, address, span_end, block, whole, tables)?;
+                    address = span_end;
+                    continue;
+                }
+            }
             let block_end = end.min((address | (HUGE_PAGE_SIZE - 1)) + 1);
             let directory = self.directory(address, Some(&mut *tables))?.ok_or(OutOfMemory)?;
             let entry = &mut entries(directory)[index(address, 1)];
             replaced |= *entry & PRESENT != 0;
-            let target = address.wrapping_add(offset);
-            let whole_block = address.is_multiple_of(HUGE_PAGE_SIZE) && block_end - address == HUGE_PAGE_SIZE;
-            if whole_block && target.is_multiple_of(HUGE_PAGE_SIZE) {
-                if *entry & PRESENT != 0 && *entry & HUGE == 0 {
-                    tables.retire_table(*entry & ADDRESS_MASK);
-                }
-                *entry = target | leaf_bits(address, protection) | HUGE;
-            } else {
-                Self::set_leaves(entry, address, block_end, |page| page.wrapping_add(offset) | leaf_bits(page, protection), tables)?;
-            }
+            Self::map_block(entry, address, block_end, offset, protection, tables)?;
             address = block_end;
         }
         if replaced {
@@ -233,6 +398,11 @@ impl PageTables {
     pub fn translate(&mut self, address: u64) -> Result<Translation, u64> {
         let to_block_end = (address | (HUGE_PAGE_SIZE - 1)) + 1 - address;
         let to_page_end = PAGE_SIZE - (address & (PAGE_SIZE - 1));
+        if let Some(leaf) = self.existing_pointer(address).map(|pointer| *pointer).filter(|entry| *entry & (PRESENT | HUGE) == PRESENT | HUGE) {
+            let offset = address & (DIRECTORY_SPAN - 1);
+            let frame = leaf & ADDRESS_MASK & !(DIRECTORY_SPAN - 1);
+            return Ok(Translation { physical: frame + offset, writable: leaf & WRITABLE != 0, bytes_left_in_leaf: DIRECTORY_SPAN - offset });
+        }
         let Ok(Some(directory)) = self.directory(address, None) else { return Err(to_block_end) };
         let entry = entries(directory)[index(address, 1)];
         if entry & PRESENT == 0 {
@@ -253,44 +423,53 @@ impl PageTables {
 
     /// Calls `leaf` with each mapping of `[start, end)` in the user half, in address order:
     /// virtual address (of the leaf: a 2 MiB leaf may start below `start`), physical address,
-    /// size (4 KiB or 2 MiB), rights, and whether user code wrote through it (the dirty bit:
+    /// size (4 KiB, 2 MiB or 1 GiB), rights, and whether user code wrote through it (the dirty bit:
     /// the kernel's own writes go through its physical-memory window). Only reads the tables,
     /// and only the entries of the range: on PVM each read of a table costs microseconds.
     pub fn for_each_user_leaf_in(&self, start: u64, end: u64, mut leaf: impl FnMut(u64, u64, u64, Protection, bool)) {
+        const TOP_SPAN: u64 = DIRECTORY_SPAN * 512;
         let rights = |entry: u64| Protection { write: entry & WRITABLE != 0, execute: entry & NO_EXECUTE == 0 };
         let mut address = start / PAGE_SIZE * PAGE_SIZE;
         while address < end {
-            let block = address & !(HUGE_PAGE_SIZE - 1);
-            let block_end = block + HUGE_PAGE_SIZE;
-            let directory = self.existing_directory(address);
-            let entry = directory.map_or(0, |directory| entries(directory)[index(address, 1)]);
-            if entry & PRESENT != 0 && entry & HUGE != 0 {
-                leaf(block, entry & ADDRESS_MASK & !(HUGE_PAGE_SIZE - 1), HUGE_PAGE_SIZE, rights(entry), entry & DIRTY != 0);
-            } else if entry & PRESENT != 0 {
-                let table = entries(entry & ADDRESS_MASK);
-                while address < end.min(block_end) {
-                    let pte = table[index(address, 0)];
-                    if pte & PRESENT != 0 {
-                        leaf(address, pte & ADDRESS_MASK, PAGE_SIZE, rights(pte), pte & DIRTY != 0);
+            // Missing upper levels are skipped whole, and each directory is found once per
+            // span, not once per 2 MiB block.
+            let top = entries(self.root)[index(address, 3)];
+            if top & PRESENT == 0 {
+                address = (address | (TOP_SPAN - 1)) + 1;
+                continue;
+            }
+            let pointer = entries(top & ADDRESS_MASK)[index(address, 2)];
+            let span_end = end.min((address | (DIRECTORY_SPAN - 1)) + 1);
+            if pointer & PRESENT == 0 {
+                address = span_end;
+                continue;
+            }
+            if pointer & HUGE != 0 {
+                let span = address & !(DIRECTORY_SPAN - 1);
+                leaf(span, pointer & ADDRESS_MASK & !(DIRECTORY_SPAN - 1), DIRECTORY_SPAN, rights(pointer), pointer & DIRTY != 0);
+                address = span_end;
+                continue;
+            }
+            let directory = entries(pointer & ADDRESS_MASK);
+            while address < span_end {
+                let block = address & !(HUGE_PAGE_SIZE - 1);
+                let block_end = block + HUGE_PAGE_SIZE;
+                let entry = directory[index(address, 1)];
+                if entry & PRESENT != 0 && entry & HUGE != 0 {
+                    leaf(block, entry & ADDRESS_MASK & !(HUGE_PAGE_SIZE - 1), HUGE_PAGE_SIZE, rights(entry), entry & DIRTY != 0);
+                } else if entry & PRESENT != 0 {
+                    let table = entries(entry & ADDRESS_MASK);
+                    while address < span_end.min(block_end) {
+                        let pte = table[index(address, 0)];
+                        if pte & PRESENT != 0 {
+                            leaf(address, pte & ADDRESS_MASK, PAGE_SIZE, rights(pte), pte & DIRTY != 0);
+                        }
+                        address += PAGE_SIZE;
                     }
-                    address += PAGE_SIZE;
                 }
+                address = block_end;
             }
-            address = block_end;
         }
-    }
-
-    /// The page directory covering `address`, if the tables have one (reads only).
-    fn existing_directory(&self, address: u64) -> Option<u64> {
-        let mut table = self.root;
-        for level in [3, 2] {
-            let entry = entries(table)[index(address, level)];
-            if entry & PRESENT == 0 {
-                return None;
-            }
-            table = entry & ADDRESS_MASK;
-        }
-        Some(table)
     }
 
     /// The root table's physical address (what CR3 holds while this address space runs).
@@ -303,22 +482,28 @@ impl PageTables {
         let end = virtual_address + len;
         let mut address = virtual_address;
         while address < end {
+            let span_end = end.min((address | (DIRECTORY_SPAN - 1)) + 1);
+            if let Some(pointer) = self.existing_pointer(address).filter(|pointer| **pointer & (PRESENT | HUGE) == PRESENT | HUGE) {
+                if address.is_multiple_of(DIRECTORY_SPAN) && span_end - address == DIRECTORY_SPAN {
+                    *pointer = 0;
+                    address = span_end;
+                    continue;
+                }
+                Self::split_gigabyte(pointer, tables)?;
+            }
+            if Self::whole_blocks(address, span_end, 0, false) >= REBUILD_THRESHOLD && self.directory(address, None)?.is_some() {
+                if let Some(pointer) = self.directory_pointer(address, tables)? {
+                    Self::rebuild_directory(pointer, address, span_end, Self::unmap_block, |_| 0, tables)?;
+                    address = span_end;
+                    continue;
+                }
+            }
             let block_end = end.min((address | (HUGE_PAGE_SIZE - 1)) + 1);
             let Some(directory) = self.directory(address, None)? else {
                 address = block_end;
                 continue;
             };
-            let entry = &mut entries(directory)[index(address, 1)];
-            if *entry & PRESENT != 0 {
-                if address.is_multiple_of(HUGE_PAGE_SIZE) && block_end - address == HUGE_PAGE_SIZE {
-                    if *entry & HUGE == 0 {
-                        tables.retire_table(*entry & ADDRESS_MASK);
-                    }
-                    *entry = 0;
-                } else {
-                    Self::set_leaves(entry, address, block_end, |_| 0, tables)?;
-                }
-            }
+            Self::unmap_block(&mut entries(directory)[index(address, 1)], address, block_end, tables)?;
             address = block_end;
         }
         flush_tlb(virtual_address, len);

@@ -18,6 +18,9 @@ pub enum Descriptor {
     Remote { handle: u32, status_flags: u32 },
     /// `/dev/xpmem` (`crate::xpmem`): only ioctl does anything.
     Xpmem,
+    /// XEMEM's notification descriptor for a segment (`xemem_notify_fd`): read takes the
+    /// count of signals since the last read (eventfd semantics, `crate::xpmem::Notifier`).
+    XpmemNotify { notifier: alloc::sync::Arc<crate::xpmem::Notifier>, non_blocking: bool },
     /// One end of a pipe (`super::pipe`).
     Pipe(super::pipe::PipeEnd),
 }

@@ -78,6 +78,11 @@ pub fn with_process_of<R>(pid: u64, f: impl FnOnce(&mut Process) -> R) -> Option
     PROCESSES.lock().get_mut(&pid).map(f)
 }
 
+/// Whether process `pid` of the job is alive (has not ended).
+pub fn process_exists(pid: u64) -> bool {
+    PROCESSES.lock().contains_key(&pid)
+}
+
 /// The pipe end behind `descriptor` of the calling process, if it is one (a handle of its own,
 /// so that the caller may wait without holding any lock), and whether it is non-blocking.
 pub fn pipe_end(descriptor: u64) -> Option<(pipe::PipeEnd, bool)> {

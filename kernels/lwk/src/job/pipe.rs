@@ -43,9 +43,31 @@ pub struct PipeEnd {
     pub non_blocking: bool,
 }
 
+/// `poll`'s event bits (Linux's values).
+pub const POLLIN: u16 = 0x1;
+pub const POLLOUT: u16 = 0x4;
+pub const POLLERR: u16 = 0x8;
+pub const POLLHUP: u16 = 0x10;
+pub const POLLRDNORM: u16 = 0x40;
+pub const POLLWRNORM: u16 = 0x100;
+
 impl PipeEnd {
     pub fn is_writer(&self) -> bool {
         self.writer
+    }
+
+    /// What `poll` reports for this end, as Linux's pipes: a read end is readable while bytes
+    /// wait and hung up once no write end is open; a write end is writable while a small
+    /// write (`PIPE_BUF`) would go in at once, and in error once no read end is open.
+    pub fn poll_events(&self) -> u16 {
+        let state = self.pipe.state.lock();
+        if self.writer {
+            let room = if CAPACITY - state.bytes.len() >= PIPE_BUF { POLLOUT | POLLWRNORM } else { 0 };
+            room | if state.readers == 0 { POLLERR } else { 0 }
+        } else {
+            let data = if state.bytes.is_empty() { 0 } else { POLLIN | POLLRDNORM };
+            data | if state.writers == 0 { POLLHUP } else { 0 }
+        }
     }
 
     /// Another handle on the same end, for a call that works without the descriptor's lock

@@ -1,7 +1,8 @@
 //! fcntl(fd, cmd, arg): F_DUPFD and F_DUPFD_CLOEXEC; F_GETFD/F_SETFD (FD_CLOEXEC, which
 //! `execve` honours); F_GETFL (files and standard input read-only, standard output and error
-//! write-only, pipe ends by their side, O_NONBLOCK on pipes), F_SETFL (O_NONBLOCK on pipes;
-//! accepted and ignored elsewhere). Other commands EINVAL.
+//! write-only, pipe ends by their side, O_NONBLOCK on pipes and XEMEM notification
+//! descriptors, which are read-write as eventfds), F_SETFL (O_NONBLOCK on those; accepted and
+//! ignored elsewhere). Other commands EINVAL.
 
 use super::dup::duplicate_error;
 use super::{Call, Errno, SyscallResult};
@@ -14,6 +15,7 @@ const F_GETFL: u64 = 3;
 const F_SETFL: u64 = 4;
 const F_DUPFD_CLOEXEC: u64 = 1030;
 const O_WRONLY: u64 = 1;
+const O_RDWR: u64 = 2;
 const O_NONBLOCK: u64 = 0o4000;
 const FD_CLOEXEC: u64 = 1;
 const O_DIRECTORY: u64 = 0o200000;
@@ -30,6 +32,12 @@ pub fn call(call: &mut Call<'_>) -> SyscallResult {
                 Descriptor::Console if descriptor as u32 != 0 => O_WRONLY,
                 Descriptor::Directory { .. } => O_DIRECTORY,
                 Descriptor::Remote { status_flags, .. } => *status_flags as u64,
+                Descriptor::XpmemNotify { non_blocking, .. } => {
+                    if command == F_SETFL {
+                        *non_blocking = argument & O_NONBLOCK != 0;
+                    }
+                    O_RDWR | (*non_blocking as u64 * O_NONBLOCK)
+                }
                 Descriptor::Pipe(end) => {
                     if command == F_SETFL {
                         end.non_blocking = argument & O_NONBLOCK != 0;

@@ -1,6 +1,7 @@
 //! read(fd, buf, count): files read from their offset; standard input is always at end of
 //! file (the job has no terminal); directories are EISDIR; pipes wait for data
-//! (`crate::job::pipe`).
+//! (`crate::job::pipe`); XEMEM's notification descriptors wait for a signal
+//! (`crate::xpmem::read_notifier`).
 
 use super::{user, Call, Errno, SyscallResult};
 use crate::enclave::files;
@@ -18,8 +19,20 @@ pub fn read_at(descriptor: u64, buffer: u64, len: u64, at: Option<u64>) -> Sysca
             (false, None) => pipe::read(&end, buffer, len, non_blocking),
         };
     }
+    // XEMEM's notification descriptor: waits (unless O_NONBLOCK) for a signal's count,
+    // holding only its own handle on the counter.
+    let notifier = job::with_process(|process| match process.descriptors.get(descriptor).as_deref() {
+        Some(Descriptor::XpmemNotify { notifier, non_blocking }) => Some((notifier.clone(), *non_blocking)),
+        _ => None,
+    });
+    if let Some((notifier, non_blocking)) = notifier {
+        return match at {
+            Some(_) => Err(Errno::ESPIPE),
+            None => crate::xpmem::read_notifier(&notifier, buffer, len, non_blocking),
+        };
+    }
     job::with_process(|process| match process.descriptors.get(descriptor).as_deref_mut() {
-        None | Some(Descriptor::Pipe(_)) => Err(Errno::EBADF),
+        None | Some(Descriptor::Pipe(_) | Descriptor::XpmemNotify { .. }) => Err(Errno::EBADF),
         Some(Descriptor::Console) => Ok(0),
         Some(Descriptor::Directory { .. }) => Err(Errno::EISDIR),
         Some(Descriptor::Remote { .. }) => Err(Errno::EBADF),

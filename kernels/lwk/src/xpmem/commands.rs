@@ -3,6 +3,7 @@
 //! written back to the job's memory.
 
 use super::Detached;
+use crate::job::{self, descriptors::Descriptor};
 use crate::syscall::user;
 use crate::syscall::{Errno, SyscallResult};
 use xemem::Error;
@@ -19,6 +20,13 @@ const DETACH: u32 = 0x7806;
 const MAKE_NAMED: u32 = 0x7810;
 /// XEMEM's lookup: `_IO('x', 0x11)`, `struct xemem_cmd_lookup` in xpmem.h.
 const LOOKUP: u32 = 0x7811;
+/// XEMEM's signal: `_IO('x', 0x12)`, `struct xemem_cmd_signal` in xpmem.h.
+const SIGNAL: u32 = 0x7812;
+/// XEMEM's notification descriptor: `_IO('x', 0x13)`, `struct xemem_cmd_notify_fd`.
+const NOTIFY_FD: u32 = 0x7813;
+/// The flags `XEMEM_CMD_NOTIFY_FD` takes: Linux's O_NONBLOCK and O_CLOEXEC.
+const O_NONBLOCK: u32 = 0o4000;
+const O_CLOEXEC: u32 = 0o2000000;
 /// `XEMEM_NAME_MAX + 1`: the name field, NUL-terminated.
 const NAME_FIELD: usize = 64;
 
@@ -37,9 +45,6 @@ fn ints(word: u64) -> (u32, u32) {
 }
 
 pub fn ioctl(request: u64, argument: u64) -> SyscallResult {
-    if !super::caller_is_served() {
-        return Err(Errno::EPERM);
-    }
     match request as u32 {
         VERSION => Ok(CURRENT_VERSION),
         MAKE => {
@@ -93,7 +98,31 @@ pub fn ioctl(request: u64, argument: u64) -> SyscallResult {
             let segid = super::lookup(name).map_err(errno)?;
             user::write_words(argument + NAME_FIELD as u64, &[segid as u64]).map(|_| 0)
         }
-        // FORK_BEGIN/FORK_END and anything else: the enclave has no fork, nothing to track.
+        SIGNAL => {
+            // struct xemem_cmd_signal { s64 apid; }
+            let [apid] = user::read_words::<1>(argument)?;
+            super::signal(apid as i64).map(|_| 0).map_err(errno)
+        }
+        NOTIFY_FD => {
+            // struct xemem_cmd_notify_fd { s64 segid; int flags; int fd; }
+            let [segid, flags_and_fd] = user::read_words::<2>(argument)?;
+            let flags = ints(flags_and_fd).0;
+            if flags & !(O_NONBLOCK | O_CLOEXEC) != 0 {
+                return Err(Errno::EINVAL);
+            }
+            let notifier = super::notifier_of(segid as i64).map_err(errno)?;
+            let descriptor = Descriptor::XpmemNotify { notifier, non_blocking: flags & O_NONBLOCK != 0 };
+            let fd = job::with_process(|process| process.descriptors.insert_flagged(descriptor, flags & O_CLOEXEC != 0)).ok_or(Errno(24))?;
+            match user::write_words(argument + 8, &[(flags as u64) | (fd << 32)]) {
+                Ok(_) => Ok(0),
+                Err(errno) => {
+                    drop(job::with_process(|process| process.descriptors.remove(fd)));
+                    Err(errno)
+                }
+            }
+        }
+        // FORK_BEGIN/FORK_END: every process has its own segments and attachments here, and a
+        // fork child inherits none (nothing to track). Anything else: not a command.
         _ => Err(Errno::ENOTTY),
     }
 }

@@ -29,17 +29,25 @@ use xemem::Error;
 const CHANNEL_LINK: u32 = 0;
 
 static NODE: SpinLock<Option<Node>> = SpinLock::new(None);
-/// Segments the running job made through the name server: removed when the job ends.
-static JOB_SEGMENTS: SpinLock<Vec<SegmentId>> = SpinLock::new(Vec::new());
+/// Segments the running job's processes made through the name server, with the process
+/// that made each: removed when that process or the job ends.
+static JOB_SEGMENTS: SpinLock<Vec<(u64, SegmentId)>> = SpinLock::new(Vec::new());
 
-/// Notes a segment the job made through the name server.
-pub fn job_made(segment: SegmentId) {
-    JOB_SEGMENTS.lock().push(segment);
+/// Notes a segment process `pid` of the job made through the name server.
+pub fn job_made(pid: u64, segment: SegmentId) {
+    JOB_SEGMENTS.lock().push((pid, segment));
 }
 
 /// The job removed `segment` itself.
 pub fn job_removed(segment: SegmentId) {
-    JOB_SEGMENTS.lock().retain(|made| *made != segment);
+    JOB_SEGMENTS.lock().retain(|(_, made)| *made != segment);
+}
+
+/// Process `pid` of the job ended (the job goes on): its segments are removed and its
+/// permits released at the name server, queued as at the job's end.
+pub fn process_ended(pid: u64, segments: Vec<SegmentId>, permits: Vec<(u64, AccessId)>) {
+    JOB_SEGMENTS.lock().retain(|(owner, made)| *owner != pid && !segments.contains(made));
+    queue_abandoned(segments.into_iter().map(|segment| (pid, segment)).collect(), permits);
 }
 
 /// The job ended: its segments go from the name server too. The removes are only queued in
@@ -47,12 +55,18 @@ pub fn job_removed(segment: SegmentId) {
 /// the node sends, at the latest after the host's next ping. Nobody waits for the answers.
 /// Its permits (`permits`) are released the same way, which makes the host remove the
 /// regions behind their attachments (the job's address space is gone).
-pub fn job_ended(permits: Vec<AccessId>) {
+pub fn job_ended(permits: Vec<(u64, AccessId)>) {
     let segments = core::mem::take(&mut *JOB_SEGMENTS.lock());
+    queue_abandoned(segments, permits);
+}
+
+/// Queues removes of `segments` and releases of `permits` (each with its process) in the
+/// node; nobody waits for their answers.
+fn queue_abandoned(segments: Vec<(u64, SegmentId)>, permits: Vec<(u64, AccessId)>) {
     let mut guard = NODE.lock();
     let Some(node) = guard.as_mut() else { return };
-    let removes = segments.into_iter().map(|segment| Request::Remove { process: crate::job::PID, segment });
-    let releases = permits.into_iter().map(|access| Request::Release { process: crate::job::PID, access });
+    let removes = segments.into_iter().map(|(process, segment)| Request::Remove { process, segment });
+    let releases = permits.into_iter().map(|(process, access)| Request::Release { process, access });
     for request in removes.chain(releases) {
         if let Ok(request) = node.request(request, &mut JobMemory) {
             ABANDONED.lock().push(request);
@@ -100,23 +114,24 @@ pub fn request(request: Request) -> Result<Reply, Error> {
     FINISHED.lock().remove(&id).unwrap_or(Err(Error::Unreachable))
 }
 
-/// The job's memory, for attaches of its segments that arrive from elsewhere: guest-physical
-/// frame runs from its page tables (the host bounds-checks them against this enclave's RAM).
+/// The job's memory, for attaches of its processes' segments that arrive from elsewhere:
+/// guest-physical frame runs from the owner's page tables (the host bounds-checks them
+/// against this enclave's RAM). XEMEM processes are the job's pids.
 struct JobMemory;
 
 impl LocalMemory for JobMemory {
     fn resolve(&mut self, process: u64, vaddr: u64, size: u64) -> Result<Vec<FrameRun>, Error> {
-        if process != crate::job::PID || !crate::job::is_loaded() {
+        if !crate::job::is_loaded() {
             return Err(Error::NotFound);
         }
-        let runs: Vec<SourceRun> = super::resolve(vaddr, size);
+        let runs: Vec<SourceRun> = super::resolve(process, vaddr, size).ok_or(Error::NotFound)?;
         Ok(runs.iter().map(|run| FrameRun { first: run.first, frames: run.frames }).collect())
     }
-    fn notify(&mut self, _process: u64, _segment: SegmentId) {}
+    fn notify(&mut self, process: u64, segment: SegmentId) {
+        super::notify(process, segment);
+    }
     fn revoke(&mut self, process: u64, access: AccessId) {
-        if process == crate::job::PID {
-            super::revoke_global_permit(access);
-        }
+        super::revoke_global_permit(process, access);
     }
 }
 

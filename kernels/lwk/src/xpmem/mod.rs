@@ -24,8 +24,13 @@ pub mod host_link;
 use crate::arch::paging::{Protection, HUGE_PAGE_SIZE, PAGE_SIZE};
 use crate::arch::sync::SpinLock;
 use crate::job;
+use crate::sched::WaitResult;
+use crate::signal::Restart;
+use crate::syscall::{user, Errno, SyscallResult};
 use alloc::collections::BTreeMap;
+use alloc::sync::Arc;
 use alloc::vec::Vec;
+use core::sync::atomic::{AtomicU64, Ordering};
 use xemem::ids::{AccessId, SegmentId};
 use xemem::node::{Reply, Request};
 use xemem::{Credentials, Error, NameServer, Owner, Principal};
@@ -40,6 +45,7 @@ pub const DEVICE_PATH: &str = "/dev/xpmem";
 /// (which ends at 0x7fff_ffe0_0000 and is at most a few GiB).
 const ATTACH_WINDOW_START: u64 = 0x7000_0000_0000;
 const ATTACH_WINDOW_END: u64 = 0x7f00_0000_0000;
+const GIGABYTE: u64 = 1 << 30;
 
 /// This enclave as its own name server knows it, standalone (enclave 1, as in XEMEM);
 /// connected, its segments carry the id the host's name server handed out.
@@ -61,6 +67,8 @@ pub struct SourceRun {
 }
 
 struct Attachment {
+    /// The process whose address space holds it (each process of the job has its own).
+    pid: u64,
     start: u64,
     end: u64,
     access: AccessId,
@@ -77,6 +85,8 @@ struct Attachment {
 /// A permit the host's name server granted.
 #[derive(Clone, Copy)]
 struct GlobalPermit {
+    /// The process that took it (the XEMEM process the name server knows as its holder).
+    pid: u64,
     flags: u32,
     segment: SegmentId,
 }
@@ -86,29 +96,29 @@ struct Device {
     names: NameServer,
     /// Permits from the host's name server, by id.
     global_permits: BTreeMap<i64, GlobalPermit>,
-    /// Segments the job made through the host's name server: id -> (vaddr, length), so that an
-    /// attach of them maps the job's own pages from its page tables.
-    own_segments: BTreeMap<SegmentId, (u64, u64)>,
+    /// Segments the job's processes made through the host's name server: id -> (owner pid,
+    /// vaddr, length), so that an attach of them maps the owner's pages from its page tables.
+    own_segments: BTreeMap<SegmentId, (u64, u64, u64)>,
     /// Sorted by `start`, never overlapping.
     attachments: Vec<Attachment>,
 }
 
 static DEVICE: SpinLock<Option<Device>> = SpinLock::new(None);
 
-/// Runs `f` on the job's first process, whose device this is (also from the channel's
-/// interrupt, which may come while another process runs); `None` when it is gone.
-fn with_job_process<R>(f: impl FnOnce(&mut job::Process) -> R) -> Option<R> {
-    job::with_process_of(job::PID, f)
+/// Runs `f` on process `pid` of the job (also from the channel's interrupt, which may come
+/// while another process runs); `None` when it is gone.
+fn with_job_process<R>(pid: u64, f: impl FnOnce(&mut job::Process) -> R) -> Option<R> {
+    job::with_process_of(pid, f)
 }
 
-/// The device serves the job's first process only: its segments and attachments live in that
-/// address space (forked processes are not XPMEM-capable yet; docs/xemem.md).
-pub fn caller_is_served() -> bool {
-    crate::sched::current_pid() == job::PID
+/// The calling process: every process of the job is an XEMEM process of its own (its pid),
+/// with its own segments, permits and attachments.
+fn caller() -> u64 {
+    crate::sched::current_pid()
 }
 
-fn job_principal() -> Principal {
-    Principal { enclave: LOCAL_ENCLAVE, process: job::PID }
+fn principal(pid: u64) -> Principal {
+    Principal { enclave: LOCAL_ENCLAVE, process: pid }
 }
 
 fn job_credentials() -> Credentials {
@@ -125,64 +135,120 @@ fn with_device<R>(f: impl FnOnce(&mut Device) -> R) -> R {
     }))
 }
 
-/// The job ended: its segments, permits and attachments go with its address space.
+/// The job ended: its segments, permits and attachments go with its address spaces.
 pub fn forget_job() {
     let device = DEVICE.lock().take();
-    let global_permits = device.map(|device| device.global_permits.keys().filter_map(|raw| AccessId::from_raw(*raw)).collect()).unwrap_or_default();
+    NOTIFIERS.lock().clear();
+    let global_permits = device
+        .map(|device| device.global_permits.iter().filter_map(|(raw, permit)| Some((permit.pid, AccessId::from_raw(*raw)?))).collect())
+        .unwrap_or_default();
     host_link::job_ended(global_permits);
 }
 
-/// Does a user fault at `address` hit an attachment? Then the job gets SIGBUS, not SIGSEGV.
+/// Process `pid` (not the job's first: its end is the job's) is ending, its address space
+/// still whole: its segments are removed and their attachments in the job's other processes
+/// revoked (SIGBUS from now on) before its memory is freed; its own attachments and permits
+/// go. Segments and permits of the host's name server are removed and released the way a
+/// job's are at its end (queued in the node).
+pub fn process_ended(pid: u64) {
+    let (unmapped, segments, permits) = {
+        let mut guard = DEVICE.lock();
+        let Some(device) = guard.as_mut() else { return };
+        let global: Vec<SegmentId> = device.own_segments.iter().filter(|(_, owner)| owner.0 == pid).map(|(id, _)| *id).collect();
+        for id in &global {
+            device.own_segments.remove(id);
+        }
+        let local: Vec<SegmentId> = device.names.forget(|p| *p == principal(pid)).iter().map(|segment| segment.id).collect();
+        let permits: Vec<(u64, AccessId)> = device
+            .global_permits
+            .iter()
+            .filter(|(_, permit)| permit.pid == pid)
+            .filter_map(|(raw, _)| Some((pid, AccessId::from_raw(*raw)?)))
+            .collect();
+        for (_, access) in &permits {
+            device.global_permits.remove(&access.raw());
+        }
+        // Its own attachments go with its address space (nothing to unmap).
+        device.attachments.retain(|a| a.pid != pid);
+        let unmapped = revoke_where(device, |a| (a.global && global.contains(&a.segment)) || (!a.global && local.contains(&a.segment)));
+        (unmapped, global, permits)
+    };
+    {
+        let mut notifiers = NOTIFIERS.lock();
+        notifiers.retain(|_, notifier| notifier.owner != pid);
+    }
+    if unmapped {
+        crate::sched::shoot_down_user_tlbs();
+    }
+    host_link::process_ended(pid, segments, permits);
+}
+
+/// Does a user fault at `address` hit an attachment of the faulting process? Then it gets
+/// SIGBUS, not SIGSEGV.
 pub fn is_attachment_fault(address: u64) -> bool {
     // Only user-mode faults come here, and a CPU returns to user mode with no lock held, so
     // this CPU cannot hold the lock. Another CPU may (a revoke unmapping this very range): wait
     // for it, or the fault would be taken for a SIGSEGV.
-    caller_is_served() && DEVICE.lock().as_ref().is_some_and(|device| device.attachments.iter().any(|a| a.start <= address && address < a.end))
+    let pid = caller();
+    DEVICE.lock().as_ref().is_some_and(|device| device.attachments.iter().any(|a| a.pid == pid && a.start <= address && address < a.end))
 }
 
-/// Frames behind `[vaddr, vaddr + size)` of the job, as runs (holes where nothing is mapped).
-/// Reads the page tables leaf by leaf: a 2 MiB page costs one step.
-pub fn resolve(vaddr: u64, size: u64) -> Vec<SourceRun> {
+/// Frames behind `[vaddr, vaddr + size)` of process `pid`, as runs (holes where nothing is
+/// mapped). `None` when the process is gone.
+pub fn resolve(pid: u64, vaddr: u64, size: u64) -> Option<Vec<SourceRun>> {
     let end = vaddr + size;
     let mut runs: Vec<SourceRun> = Vec::new();
-    let _ = with_job_process(|process| {
-        let mut address = vaddr;
-        while address < end {
-            let (first, writable, step) = match process.memory.aspace.translate(address) {
-                Ok(found) => (Some(found.physical / PAGE_SIZE), found.writable, found.bytes_left_in_leaf),
-                // Unmapped space goes by whole missing blocks where it can: a whole-address-
-                // space segment is 128 TiB.
-                Err(unmapped) => (None, false, unmapped),
-            };
-            let step = step.min(end - address);
-            let frames = step / PAGE_SIZE;
-            match runs.last_mut() {
-                Some(last)
-                    if last.writable == writable
-                        && match (last.first, first) {
-                            (None, None) => true,
-                            (Some(previous), Some(next)) => previous + last.frames == next,
-                            _ => false,
-                        } =>
-                {
-                    last.frames += frames
-                }
-                _ => runs.push(SourceRun { first, frames, writable }),
+    let mut add = |first: Option<u64>, writable: bool, bytes: u64| {
+        let frames = bytes / PAGE_SIZE;
+        match runs.last_mut() {
+            Some(last)
+                if last.writable == writable
+                    && match (last.first, first) {
+                        (None, None) => true,
+                        (Some(previous), Some(next)) => previous + last.frames == next,
+                        _ => false,
+                    } =>
+            {
+                last.frames += frames
             }
-            address += step;
+            _ => runs.push(SourceRun { first, frames, writable }),
         }
-    });
-    runs
+    };
+    // One walk of the range's tables (each read of a table is slow on PVM); what no leaf
+    // covers is a hole, found by whole missing tables (a whole-address-space segment is
+    // 128 TiB).
+    let mut covered = vaddr;
+    with_job_process(pid, |process| {
+        process.memory.aspace.for_each_leaf_in(vaddr, end, |start, physical, length, protection, _| {
+            let (from, to) = (start.max(vaddr), (start + length).min(end));
+            if from >= to {
+                return;
+            }
+            if from > covered {
+                add(None, false, from - covered);
+            }
+            add(Some((physical + (from - start)) / PAGE_SIZE), protection.write, to - from);
+            covered = to;
+        });
+    })?;
+    if covered < end {
+        add(None, false, end - covered);
+    }
+    Some(runs)
 }
 
-/// Where an attachment of `size` bytes whose first frame is `first_physical` goes: the lowest
-/// gap of the window, placed so that virtual and physical addresses agree modulo 2 MiB (the
-/// attachment then gets 2 MiB pages wherever the source has contiguous 2 MiB blocks).
-fn place(attachments: &[Attachment], size: u64, first_physical: u64) -> Option<u64> {
-    let phase = if size >= HUGE_PAGE_SIZE { first_physical % HUGE_PAGE_SIZE } else { 0 };
-    let fit_from = |from: u64| if size >= HUGE_PAGE_SIZE { from.next_multiple_of(HUGE_PAGE_SIZE) + phase } else { from };
+/// Where an attachment of `size` bytes whose first frame is `first_physical` goes in process
+/// `pid`: the lowest gap of the window, placed so that virtual and physical addresses agree
+/// modulo 2 MiB (the attachment then gets 2 MiB pages wherever the source has contiguous
+/// 2 MiB blocks).
+fn place(attachments: &[Attachment], pid: u64, size: u64, first_physical: u64) -> Option<u64> {
+    // 1 GiB pages for an attachment of a GiB or more (one table entry per GiB to write),
+    // 2 MiB pages from 2 MiB on.
+    let align = [GIGABYTE, HUGE_PAGE_SIZE].into_iter().find(|align| size >= *align).unwrap_or(1);
+    let phase = first_physical % align;
+    let fit_from = |from: u64| if align > 1 { from.next_multiple_of(align) + phase } else { from };
     let mut candidate = fit_from(ATTACH_WINDOW_START);
-    for attachment in attachments {
+    for attachment in attachments.iter().filter(|a| a.pid == pid) {
         if candidate.checked_add(size)? <= attachment.start {
             break;
         }
@@ -212,12 +278,12 @@ fn connected() -> bool {
 }
 
 /// Makes a segment with the host's name server; its id names this enclave.
-fn make_global(vaddr: u64, size: u64, owner: Owner, name: Option<xemem::wire::Name>) -> Result<i64, Error> {
+fn make_global(pid: u64, vaddr: u64, size: u64, owner: Owner, name: Option<xemem::wire::Name>) -> Result<i64, Error> {
     let length = xemem::nameserver::validate_range(vaddr, size)?;
-    match host_link::request(Request::Make { process: job::PID, vaddr, size, owner, name })? {
+    match host_link::request(Request::Make { process: pid, vaddr, size, owner, name })? {
         Reply::Made(segment) => {
-            host_link::job_made(segment);
-            with_device(|device| device.own_segments.insert(segment, (vaddr, length)));
+            host_link::job_made(pid, segment);
+            with_device(|device| device.own_segments.insert(segment, (pid, vaddr, length)));
             Ok(segment.raw())
         }
         _ => Err(Error::Malformed),
@@ -226,44 +292,46 @@ fn make_global(vaddr: u64, size: u64, owner: Owner, name: Option<xemem::wire::Na
 
 /// XEMEM's named make (mode 0666, as XEMEM's global segments).
 pub fn make_named(vaddr: u64, size: u64, name: xemem::wire::Name) -> Result<i64, Error> {
+    let pid = caller();
     let owner = Owner { uid: JOB_UID, gid: JOB_GID, mode: 0o666 };
     if connected() {
-        return make_global(vaddr, size, owner, Some(name));
+        return make_global(pid, vaddr, size, owner, Some(name));
     }
-    with_device(|device| device.names.make(job_principal(), vaddr, size, owner, Some(name))).map(SegmentId::raw)
+    with_device(|device| device.names.make(principal(pid), vaddr, size, owner, Some(name))).map(SegmentId::raw)
 }
 
 pub fn make(vaddr: u64, size: u64, permit_type: u32, mode: u64) -> Result<i64, Error> {
     if permit_type != commands::PERMIT_MODE || mode > xemem::perm::MAX_MODE as u64 {
         return Err(Error::Invalid);
     }
+    let pid = caller();
     let owner = Owner { uid: JOB_UID, gid: JOB_GID, mode: mode as u32 };
     if connected() {
-        return make_global(vaddr, size, owner, None);
+        return make_global(pid, vaddr, size, owner, None);
     }
-    with_device(|device| device.names.make(job_principal(), vaddr, size, owner, None)).map(SegmentId::raw)
+    with_device(|device| device.names.make(principal(pid), vaddr, size, owner, None)).map(SegmentId::raw)
 }
 
-/// Unmaps the attachments `which` selects and keeps their ranges reserved (the job's next
-/// touch is SIGBUS, until it detaches them). Returns whether any was mapped.
+/// Unmaps the attachments `which` selects (in whichever process holds them) and keeps their
+/// ranges reserved (that process's next touch is SIGBUS, until it detaches them). Returns
+/// whether any was mapped.
 fn revoke_where(device: &mut Device, which: impl Fn(&Attachment) -> bool) -> bool {
     let mut unmapped = false;
-    let _ = with_job_process(|process| {
-        for attachment in device.attachments.iter_mut().filter(|a| !a.revoked && which(a)) {
-            attachment.revoked = true;
-            let _ = process.memory.aspace.unmap(attachment.start, attachment.end - attachment.start);
-            unmapped = true;
-        }
-    });
+    for attachment in device.attachments.iter_mut().filter(|a| !a.revoked && which(a)) {
+        attachment.revoked = true;
+        let _ = with_job_process(attachment.pid, |process| process.memory.aspace.unmap(attachment.start, attachment.end - attachment.start));
+        unmapped = true;
+    }
     unmapped
 }
 
 /// Removes a segment; attachments made through it lose their pages (SIGBUS from now on).
 pub fn remove(raw: i64) -> Result<(), Error> {
+    let pid = caller();
     let id = segment_id(raw)?;
     let global = host_link::enclave_id().is_some_and(|enclave| enclave == id.enclave());
     if global {
-        host_link::request(Request::Remove { process: job::PID, segment: id })?;
+        host_link::request(Request::Remove { process: pid, segment: id })?;
         host_link::job_removed(id);
     }
     // Unmapped under the device lock, so no attach can take the range in between.
@@ -271,10 +339,11 @@ pub fn remove(raw: i64) -> Result<(), Error> {
         if global {
             device.own_segments.remove(&id);
         } else {
-            device.names.remove(job_principal(), id)?;
+            device.names.remove(principal(pid), id)?;
         }
         Ok(revoke_where(device, |a| a.global == global && a.segment == id))
     })?;
+    NOTIFIERS.lock().remove(&id);
     if unmapped {
         crate::sched::shoot_down_user_tlbs();
     }
@@ -288,28 +357,36 @@ pub fn get(raw: i64, flags: u32, permit_type: u32, permit_value: u64) -> Result<
         return Err(Error::Invalid);
     }
     xemem::validate_access_flags(flags)?;
+    let pid = caller();
     let id = segment_id(raw)?;
     if !connected() {
-        return with_device(|device| device.names.get(job_principal(), &job_credentials(), id, flags)).map(|(apid, _)| apid.raw());
+        return with_device(|device| device.names.get(principal(pid), &job_credentials(), id, flags)).map(|(apid, _)| apid.raw());
     }
-    match host_link::request(Request::Get { process: job::PID, segment: id, access: flags, credentials: job_credentials() })? {
+    match host_link::request(Request::Get { process: pid, segment: id, access: flags, credentials: job_credentials() })? {
         Reply::Granted { access, .. } => {
-            with_device(|device| device.global_permits.insert(access.raw(), GlobalPermit { flags, segment: id }));
+            with_device(|device| device.global_permits.insert(access.raw(), GlobalPermit { pid, flags, segment: id }));
             Ok(access.raw())
         }
         _ => Err(Error::Malformed),
     }
 }
 
+/// The caller's global permit `apid`, if it holds one.
+fn held_global(device: &Device, pid: u64, apid: AccessId) -> Option<GlobalPermit> {
+    device.global_permits.get(&apid.raw()).copied().filter(|permit| permit.pid == pid)
+}
+
 pub fn release(raw: i64) -> Result<(), Error> {
+    let pid = caller();
     let apid = access_id(raw)?;
     // The host removes any regions behind the permit's attachments: unmap them here first.
     // Touching them afterwards faults (SIGBUS), as after a remove.
     let global = with_device(|device| {
-        if device.global_permits.remove(&apid.raw()).is_none() {
-            return Err(device.names.release(job_principal(), apid));
+        if held_global(device, pid, apid).is_none() {
+            return Err(device.names.release(principal(pid), apid));
         }
-        Ok(forget_attachments(device, apid))
+        device.global_permits.remove(&apid.raw());
+        Ok(forget_attachments(device, pid, apid))
     });
     match global {
         Err(local) => local,
@@ -317,30 +394,32 @@ pub fn release(raw: i64) -> Result<(), Error> {
             if unmapped {
                 crate::sched::shoot_down_user_tlbs();
             }
-            host_link::request(Request::Release { process: job::PID, access: apid }).map(drop)
+            host_link::request(Request::Release { process: pid, access: apid }).map(drop)
         }
     }
 }
 
-/// Unmaps and forgets the attachments made through `apid`, a global permit. Returns whether
-/// any was mapped.
-fn forget_attachments(device: &mut Device, apid: AccessId) -> bool {
-    let unmapped = revoke_where(device, |a| a.global && a.access == apid);
-    device.attachments.retain(|a| !(a.global && a.access == apid));
+/// Unmaps and forgets the attachments process `pid` made through `apid`, a global permit.
+/// Returns whether any was mapped.
+fn forget_attachments(device: &mut Device, pid: u64, apid: AccessId) -> bool {
+    let unmapped = revoke_where(device, |a| a.pid == pid && a.global && a.access == apid);
+    device.attachments.retain(|a| !(a.pid == pid && a.global && a.access == apid));
     unmapped
 }
 
 /// The host's name server takes back the memory behind `apid` (its owner removed the segment
 /// or is gone): the permit's attachments are unmapped and their ranges stay reserved, so the
-/// job's next touch is SIGBUS, as after a local remove. No CPU of the job may keep a
+/// process's next touch is SIGBUS, as after a local remove. No CPU of the job may keep a
 /// translation: the host removes the memory once this returns.
-pub fn revoke_global_permit(apid: AccessId) {
+pub fn revoke_global_permit(pid: u64, apid: AccessId) {
     if !job::is_loaded() {
         return;
     }
     let unmapped = with_device(|device| {
-        device.global_permits.remove(&apid.raw());
-        revoke_where(device, |a| a.global && a.access == apid)
+        if device.global_permits.get(&apid.raw()).is_some_and(|permit| permit.pid == pid) {
+            device.global_permits.remove(&apid.raw());
+        }
+        revoke_where(device, |a| a.pid == pid && a.global && a.access == apid)
     });
     if unmapped {
         crate::sched::shoot_down_user_tlbs();
@@ -386,28 +465,36 @@ fn host_runs_valid(runs: &[xemem::wire::FrameRun], size: u64) -> bool {
     !runs.is_empty() && pages.checked_mul(PAGE_SIZE) == Some(size)
 }
 
-/// Maps `runs` (`size` bytes in all) at `fixed`, or anywhere in the window when it is 0, and
-/// records the attachment; returns its address.
-fn map_attachment(device: &mut Device, runs: &[SourceRun], size: u64, fixed: u64, access: AccessId, segment: SegmentId, global: bool) -> Result<u64, Error> {
+/// What an attachment is made through.
+#[derive(Clone, Copy)]
+struct Through {
+    access: AccessId,
+    segment: SegmentId,
+    global: bool,
+}
+
+/// Maps `runs` (`size` bytes in all) into process `pid` at `fixed`, or anywhere in the window
+/// when it is 0, and records the attachment; returns its address.
+fn map_attachment(device: &mut Device, pid: u64, runs: &[SourceRun], size: u64, fixed: u64, through: Through) -> Result<u64, Error> {
     let first_physical = runs.iter().find_map(|run| run.first).unwrap_or(0) * PAGE_SIZE;
     let start = if fixed != 0 {
         let end = fixed.checked_add(size).ok_or(Error::Invalid)?;
-        // Only where nothing of the job is, or could be: not over its memory regions, not over
-        // another attachment (XPMEM refuses a fixed attach over a mapping).
-        let taken = with_job_process(|process| {
+        // Only where nothing of the process is, or could be: not over its memory regions, not
+        // over another of its attachments (XPMEM refuses a fixed attach over a mapping).
+        let taken = with_job_process(pid, |process| {
             let memory = &process.memory;
             [memory.image, memory.heap, memory.stack].iter().any(|region| region.start < end && fixed < region.end)
         })
         .unwrap_or(true)
-            || device.attachments.iter().any(|a| a.start < end && fixed < a.end);
+            || device.attachments.iter().any(|a| a.pid == pid && a.start < end && fixed < a.end);
         if taken || end > xemem::USER_ADDRESS_LIMIT {
             return Err(Error::Invalid);
         }
         fixed
     } else {
-        place(&device.attachments, size, first_physical).ok_or(Error::Exhausted)?
+        place(&device.attachments, pid, size, first_physical).ok_or(Error::Exhausted)?
     };
-    let mapped = with_job_process(|process| {
+    let mapped = with_job_process(pid, |process| {
         let mut address = start;
         for run in runs {
             let len = run.frames * PAGE_SIZE;
@@ -421,47 +508,50 @@ fn map_attachment(device: &mut Device, runs: &[SourceRun], size: u64, fixed: u64
         Ok::<(), crate::arch::paging::OutOfMemory>(())
     });
     if !matches!(mapped, Some(Ok(()))) {
-        let _ = with_job_process(|process| process.memory.aspace.unmap(start, size));
+        let _ = with_job_process(pid, |process| process.memory.aspace.unmap(start, size));
         return Err(Error::Exhausted);
     }
     let at = device.attachments.partition_point(|a| a.start < start);
-    device.attachments.insert(at, Attachment { start, end: start + size, access, segment, revoked: false, global });
+    let Through { access, segment, global } = through;
+    device.attachments.insert(at, Attachment { pid, start, end: start + size, access, segment, revoked: false, global });
     Ok(start)
 }
 
-/// Attaches through `apid`, a permit of the host's name server. The job's own segment maps
-/// its own pages from the page tables, as a local attach does; any other (a host process's,
-/// another enclave's) arrives as frames of regions the host added above this enclave's RAM.
-fn attach_global(apid: AccessId, permit: GlobalPermit, offset: u64, size: u64, fixed: u64) -> Result<u64, Error> {
+/// Attaches through `apid`, a permit of the host's name server. A segment of a process of
+/// this job maps that process's pages from its page tables, as a local attach does; any other
+/// (a host process's, another enclave's) arrives as frames of regions the host added above
+/// this enclave's RAM.
+fn attach_global(pid: u64, apid: AccessId, permit: GlobalPermit, offset: u64, size: u64, fixed: u64) -> Result<u64, Error> {
     if !offset.is_multiple_of(PAGE_SIZE) || size == 0 {
         return Err(Error::Invalid);
     }
     let size = size.checked_next_multiple_of(PAGE_SIZE).ok_or(Error::Invalid)?;
-    let reply = host_link::request(Request::Attach { process: job::PID, access: apid, offset, size })?;
+    let reply = host_link::request(Request::Attach { process: pid, access: apid, offset, size })?;
     let detach_at_host = || {
-        let _ = host_link::request(Request::Detach { process: job::PID, access: apid });
+        let _ = host_link::request(Request::Detach { process: pid, access: apid });
     };
     let own = with_device(|device| device.own_segments.get(&permit.segment).copied());
-    let runs: Vec<SourceRun> = match (reply, own) {
+    let runs: Option<Vec<SourceRun>> = match (reply, own) {
         // The name server checked the permit and the range.
-        (Reply::Attached { segment, .. }, Some((vaddr, length))) if segment == permit.segment && offset.checked_add(size).is_some_and(|end| end <= length) => {
-            resolve(vaddr + offset, size)
+        (Reply::Attached { segment, .. }, Some((owner, vaddr, length))) if segment == permit.segment && offset.checked_add(size).is_some_and(|end| end <= length) => {
+            resolve(owner, vaddr + offset, size)
         }
         (Reply::Attached { segment, runs }, None) if segment == permit.segment && host_runs_valid(&runs, size) => {
             let writable = permit.flags == xemem::ACCESS_READ_WRITE;
-            runs.iter().map(|run| SourceRun { first: run.first, frames: run.frames, writable }).collect()
+            Some(runs.iter().map(|run| SourceRun { first: run.first, frames: run.frames, writable }).collect())
         }
-        _ => {
-            detach_at_host();
-            return Err(Error::Invalid);
-        }
+        _ => None,
+    };
+    let Some(runs) = runs else {
+        detach_at_host();
+        return Err(Error::Invalid);
     };
     let placed = with_device(|device| {
         // The permit may have been released or revoked while the host worked.
-        if !device.global_permits.contains_key(&apid.raw()) {
+        if held_global(device, pid, apid).is_none() {
             return Err(Error::NotFound);
         }
-        map_attachment(device, &runs, size, fixed, apid, permit.segment, true)
+        map_attachment(device, pid, &runs, size, fixed, Through { access: apid, segment: permit.segment, global: true })
     });
     if placed.is_err() {
         detach_at_host();
@@ -472,18 +562,27 @@ fn attach_global(apid: AccessId, permit: GlobalPermit, offset: u64, size: u64, f
 /// Attaches `[offset, offset + size)` of the permit's segment at `fixed` (0: anywhere in the
 /// window); returns the address.
 pub fn attach(raw: i64, offset: u64, size: u64, fixed: u64) -> Result<u64, Error> {
+    let pid = caller();
     let apid = access_id(raw)?;
     if !fixed.is_multiple_of(PAGE_SIZE) {
         return Err(Error::Invalid);
     }
     if let Some(permit) = with_device(|device| device.global_permits.get(&apid.raw()).copied()) {
-        return attach_global(apid, permit, offset, size, fixed);
+        if permit.pid != pid {
+            return Err(Error::Denied);
+        }
+        return attach_global(pid, apid, permit, offset, size, fixed);
     }
     with_device(|device| {
-        let plan = device.names.attach(job_principal(), apid, offset, size)?;
-        let runs = resolve(plan.vaddr, plan.size);
-        map_attachment(device, &runs, plan.size, fixed, apid, plan.segment, false).inspect_err(|_| {
-            let _ = device.names.detach(job_principal(), apid);
+        let plan = device.names.attach(principal(pid), apid, offset, size)?;
+        let owner = device.names.segment(plan.segment).map(|segment| segment.owner.process);
+        let runs = owner.and_then(|owner| resolve(owner, plan.vaddr, plan.size));
+        let mapped = match runs {
+            Some(runs) => map_attachment(device, pid, &runs, plan.size, fixed, Through { access: apid, segment: plan.segment, global: false }),
+            None => Err(Error::NotFound),
+        };
+        mapped.inspect_err(|_| {
+            let _ = device.names.detach(principal(pid), apid);
         })
     })
 }
@@ -494,32 +593,138 @@ pub enum Detached {
     Attachment,
     /// Nothing mapped there: fine, as XPMEM says.
     Nothing,
-    /// The job's own memory: EINVAL.
+    /// The process's own memory: EINVAL.
     NotAnAttachment,
 }
 
 pub fn detach(address: u64) -> Detached {
+    let pid = caller();
     let (detached, global_permit) = with_device(|device| {
-        let Some(index) = device.attachments.iter().position(|a| a.start <= address && address < a.end) else {
-            let mapped = with_job_process(|process| process.memory.aspace.translate(address & !(PAGE_SIZE - 1)).is_ok()).unwrap_or(false);
+        let Some(index) = device.attachments.iter().position(|a| a.pid == pid && a.start <= address && address < a.end) else {
+            let mapped = with_job_process(pid, |process| process.memory.aspace.translate(address & !(PAGE_SIZE - 1)).is_ok()).unwrap_or(false);
             return (if mapped { Detached::NotAnAttachment } else { Detached::Nothing }, None);
         };
         let attachment = device.attachments.remove(index);
         if attachment.revoked {
             return (Detached::Attachment, None);
         }
-        let _ = with_job_process(|process| process.memory.aspace.unmap(attachment.start, attachment.end - attachment.start));
+        let _ = with_job_process(pid, |process| process.memory.aspace.unmap(attachment.start, attachment.end - attachment.start));
         if attachment.global {
             return (Detached::Attachment, Some(attachment.access));
         }
         // Bookkeeping only (the permit may be gone already: released or removed).
-        let _ = device.names.detach(job_principal(), attachment.access);
+        let _ = device.names.detach(principal(pid), attachment.access);
         (Detached::Attachment, None)
     });
     // Unmapped above, and gone from every CPU's TLB before the host may remove its regions.
     if let Some(access) = global_permit {
         crate::sched::shoot_down_user_tlbs();
-        let _ = host_link::request(Request::Detach { process: job::PID, access });
+        let _ = host_link::request(Request::Detach { process: pid, access });
     }
     detached
+}
+
+/// XEMEM's signals: the owner's side. Each segment that was signalled or asked for a
+/// notification descriptor has one counter (eventfd semantics: a read takes the count and
+/// leaves 0; it waits, or fails with EAGAIN, while the count is 0); every descriptor of the
+/// segment shares it.
+pub struct Notifier {
+    pending: AtomicU64,
+    /// The process that owns the segment (its notifier goes when it ends).
+    owner: u64,
+}
+
+impl Notifier {
+    /// The kernel key its readers wait on: its own address.
+    fn key(&self) -> u64 {
+        self as *const Notifier as u64
+    }
+
+    /// Whether a read would take a count now (`poll`).
+    pub fn is_readable(&self) -> bool {
+        self.pending.load(Ordering::Acquire) != 0
+    }
+}
+
+/// Notifiers by segment (of any process of the job).
+static NOTIFIERS: SpinLock<BTreeMap<SegmentId, Arc<Notifier>>> = SpinLock::new(BTreeMap::new());
+
+fn notifier(owner: u64, segment: SegmentId) -> Arc<Notifier> {
+    NOTIFIERS.lock().entry(segment).or_insert_with(|| Arc::new(Notifier { pending: AtomicU64::new(0), owner })).clone()
+}
+
+/// An attacher signalled `segment`, owned by process `owner` of the job (checked by the name
+/// server: the local one, or the host's, whose `Notify` reaches the node). Wakes the readers.
+pub fn notify(owner: u64, segment: SegmentId) {
+    if !job::is_loaded() || !job::process_exists(owner) {
+        return;
+    }
+    let notifier = notifier(owner, segment);
+    notifier.pending.fetch_add(1, Ordering::AcqRel);
+    crate::sched::wake_kernel_key(notifier.key());
+}
+
+/// `xemem_signal(apid)`: the caller's permit `apid` wakes the segment's owner.
+pub fn signal(raw: i64) -> Result<(), Error> {
+    let pid = caller();
+    let apid = access_id(raw)?;
+    let global = with_device(|device| device.global_permits.get(&apid.raw()).copied());
+    match global {
+        Some(permit) if permit.pid != pid => Err(Error::Denied),
+        Some(_) => host_link::request(Request::Signal { process: pid, access: apid }).map(drop),
+        None => {
+            let (owner, segment) = with_device(|device| device.names.signal(principal(pid), apid))?;
+            notify(owner.process, segment);
+            Ok(())
+        }
+    }
+}
+
+/// `xemem_notify_fd(segid)`: the notifier of the caller's own segment `raw` (ENOENT for any
+/// other, as the host's library, which knows only its own).
+pub fn notifier_of(raw: i64) -> Result<Arc<Notifier>, Error> {
+    let pid = caller();
+    let id = segment_id(raw)?;
+    let owned = with_device(|device| match device.own_segments.get(&id) {
+        Some(&(owner, _, _)) => owner == pid,
+        None => device.names.segment(id).is_some_and(|segment| segment.owner == principal(pid)),
+    });
+    if !owned {
+        return Err(Error::NotFound);
+    }
+    Ok(notifier(pid, id))
+}
+
+/// How long a reader of a notification descriptor sleeps at a time in a persistent enclave:
+/// the host's `Notify` may wake it, so its wait must not count as part of a dead-lock (the
+/// scheduler ends a job whose threads all wait with no deadline).
+const CONNECTED_WAIT_NS: u64 = 100_000_000;
+
+/// `read` of a notification descriptor: 8 bytes, the count since the last read.
+pub fn read_notifier(notifier: &Notifier, buffer: u64, len: u64, non_blocking: bool) -> SyscallResult {
+    if len < 8 {
+        return Err(Errno::EINVAL);
+    }
+    let mut interrupted = false;
+    loop {
+        let count = notifier.pending.swap(0, Ordering::AcqRel);
+        if count != 0 {
+            if let Err(errno) = user::write_bytes(buffer, &count.to_le_bytes()) {
+                notifier.pending.fetch_add(count, Ordering::AcqRel);
+                return Err(errno);
+            }
+            return Ok(8);
+        }
+        if non_blocking {
+            return Err(Errno::EAGAIN);
+        }
+        // A signal ends the wait as on Linux (EINTR, or restarted under SA_RESTART), once a
+        // last look has found nothing.
+        if interrupted {
+            return Err(Restart::Always.errno());
+        }
+        let deadline = crate::enclave::is_active().then(|| crate::clock::monotonic_ns() + CONNECTED_WAIT_NS);
+        let nothing = || notifier.pending.load(Ordering::Acquire) == 0;
+        interrupted = matches!(crate::sched::wait(notifier.key(), u32::MAX, deadline, nothing), Some(WaitResult::Interrupted | WaitResult::Signal));
+    }
 }

@@ -1,0 +1,132 @@
+//! poll(fds, nfds, timeout): waits until one of the descriptors is ready, `timeout` ms pass
+//! (negative: no limit; 0: just look) or a signal ends the wait (EINTR after a handler, as
+//! Linux's ERESTARTNOHAND). Readiness, as Linux reports it:
+//! - pipes: a read end `POLLIN` while bytes wait, `POLLHUP` once no write end is open; a write
+//!   end `POLLOUT` while `PIPE_BUF` bytes fit, `POLLERR` once no read end is open;
+//! - XEMEM notify descriptors (`xemem_notify_fd`): `POLLIN` while a signal count waits;
+//! - everything else (the console, files, directories, host files, `/dev/xpmem`) is always
+//!   readable and writable, as Linux's default for files without a poll method;
+//! - a negative fd is skipped (revents 0), a closed one is `POLLNVAL`.
+//!
+//! Waiting rides the kernel keys pipes and notifiers wake (`sched::wait_for_any_key`). In a
+//! persistent enclave a host message (a signal's `Notify`) may make a descriptor ready, so the
+//! wait goes in 100 ms slices there, and never counts toward a dead-lock.
+
+use super::{user, Call, Errno, SyscallResult};
+use crate::job::descriptors::{Descriptor, MAX_DESCRIPTORS};
+use crate::job::pipe::{PipeEnd, POLLERR, POLLHUP, POLLIN, POLLOUT, POLLRDNORM, POLLWRNORM};
+use crate::job;
+use crate::sched::WaitResult;
+use crate::signal::Restart;
+use crate::xpmem::Notifier;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+
+const POLLNVAL: u16 = 0x20;
+/// Linux's mask for files without a poll method.
+const ALWAYS: u16 = POLLIN | POLLOUT | POLLRDNORM | POLLWRNORM;
+/// A slice of a wait in a persistent enclave (see above).
+const CONNECTED_SLICE_NS: u64 = 100_000_000;
+
+/// What one `struct pollfd` watches.
+enum Watched {
+    Skipped,
+    Closed,
+    Always,
+    Pipe(PipeEnd),
+    Notifier(Arc<Notifier>),
+}
+
+impl Watched {
+    fn of(descriptor: i32) -> Watched {
+        if descriptor < 0 {
+            return Watched::Skipped;
+        }
+        let descriptor = descriptor as u64;
+        if let Some((end, _)) = job::pipe_end(descriptor) {
+            return Watched::Pipe(end);
+        }
+        job::with_process(|process| match process.descriptors.get(descriptor).as_deref() {
+            None => Watched::Closed,
+            Some(Descriptor::XpmemNotify { notifier, .. }) => Watched::Notifier(notifier.clone()),
+            Some(_) => Watched::Always,
+        })
+    }
+
+    fn events(&self) -> u16 {
+        match self {
+            Watched::Skipped => 0,
+            Watched::Closed => POLLNVAL,
+            Watched::Always => ALWAYS,
+            Watched::Pipe(end) => end.poll_events(),
+            Watched::Notifier(notifier) => {
+                if notifier.is_readable() {
+                    POLLIN | POLLRDNORM
+                } else {
+                    0
+                }
+            }
+        }
+    }
+}
+
+/// The events of `watched` that entry `requested` reports (errors, hang-ups and invalid
+/// descriptors whether asked for or not).
+fn reported(watched: &Watched, requested: u16) -> u16 {
+    watched.events() & (requested | POLLERR | POLLHUP | POLLNVAL)
+}
+
+/// The common part of `poll` and `ppoll`: waits until `deadline` (monotonic ns; `None`: no
+/// limit) and writes each entry's revents; returns how many entries have some. `interrupted`:
+/// a signal is due already (ready descriptors still win, as on Linux).
+pub fn wait_for_events(fds: u64, count: u64, deadline: Option<u64>, interrupted: bool) -> SyscallResult {
+    if count > MAX_DESCRIPTORS as u64 {
+        return Err(Errno::EINVAL);
+    }
+    let mut entries = user::read_bytes(fds, count as usize * 8)?;
+    let watched: Vec<(Watched, u16)> = entries
+        .chunks_exact(8)
+        .map(|entry| (Watched::of(i32::from_le_bytes([entry[0], entry[1], entry[2], entry[3]])), u16::from_le_bytes([entry[4], entry[5]])))
+        .collect();
+    let any_ready = || watched.iter().any(|(watched, requested)| reported(watched, *requested) != 0);
+    let mut interrupted = interrupted;
+    loop {
+        let now = crate::clock::monotonic_ns();
+        if any_ready() || deadline.is_some_and(|deadline| now >= deadline) {
+            break;
+        }
+        if interrupted {
+            // Linux writes the (empty) revents back before it leaves for the signal.
+            for entry in entries.chunks_exact_mut(8) {
+                entry[6..8].fill(0);
+            }
+            drop(watched);
+            user::write_bytes(fds, &entries)?;
+            return Err(Restart::NoHandler.errno());
+        }
+        let slice = crate::enclave::is_active().then(|| now.saturating_add(CONNECTED_SLICE_NS));
+        let until = match (deadline, slice) {
+            (Some(deadline), Some(slice)) => Some(deadline.min(slice)),
+            (deadline, slice) => deadline.or(slice),
+        };
+        let result = crate::sched::wait_for_any_key(until, || !any_ready());
+        interrupted = matches!(result, Some(WaitResult::Interrupted | WaitResult::Signal));
+    }
+    let mut ready = 0;
+    for (entry, (watched, requested)) in entries.chunks_exact_mut(8).zip(&watched) {
+        let revents = reported(watched, *requested);
+        entry[6..8].copy_from_slice(&revents.to_le_bytes());
+        ready += (revents != 0) as u64;
+    }
+    // The handles on pipe ends go before anyone is told (a last end's drop wakes the other side).
+    drop(watched);
+    user::write_bytes(fds, &entries)?;
+    Ok(ready)
+}
+
+pub fn call(call: &mut Call<'_>) -> SyscallResult {
+    let [fds, count, timeout, ..] = call.args;
+    let timeout = timeout as i32;
+    let deadline = (timeout >= 0).then(|| crate::clock::monotonic_ns().saturating_add(timeout as u64 * 1_000_000));
+    wait_for_events(fds, count, deadline, false)
+}
