@@ -947,9 +947,14 @@ impl XememPort {
             return false;
         }
         // A peer daemon's frames were renumbered into this daemon's own frame space on arrival
-        // (`xemem_peer`): they may complete this node's own requests, and go nowhere else.
+        // (`xemem_peer`): they may complete this node's own requests, or go on to another
+        // daemon (as files again: a sub-manager's daemon below answering the name server
+        // above), never to an enclave.
+        let destination = message.header.destination;
         let frames_for = if self.peer { links.node.id().unwrap_or(NAME_SERVER_ENCLAVE) } else { NAME_SERVER_ENCLAVE };
-        !matches!(message.body, Body::Attached { .. }) || message.header.destination == frames_for
+        let next = links.node.route(destination).or(links.node.link_towards_name_server());
+        let onward_to_a_daemon = self.peer && next != Some(self.link) && next.and_then(|link| links.ram.get(&link)).is_some_and(|frames| frames.is_peer());
+        !matches!(message.body, Body::Attached { .. }) || destination == frames_for || onward_to_a_daemon
     }
 
     /// The enclave's job ended: the segments its processes made go now, and every attachment

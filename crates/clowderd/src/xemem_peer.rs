@@ -59,6 +59,10 @@ const ROUND: Duration = Duration::from_millis(20);
 pub trait FrameSource: Send + Sync {
     /// The file and byte offset behind `[gpa, gpa + len)`; EINVAL if any of it is not there.
     fn file_range(&self, gpa: u64, len: u64) -> Result<(File, u64), Error>;
+    /// Whether these are a daemon link's frames (which leave this daemon only as files).
+    fn is_peer(&self) -> bool {
+        false
+    }
 }
 
 impl FrameSource for GuestRam {
@@ -134,6 +138,10 @@ impl PeerFrames {
 }
 
 impl FrameSource for PeerFrames {
+    fn is_peer(&self) -> bool {
+        true
+    }
+
     fn file_range(&self, gpa: u64, len: u64) -> Result<(File, u64), Error> {
         let page = xemem::PAGE_SIZE;
         if gpa % page != 0 || len % page != 0 || len == 0 {
@@ -464,8 +472,11 @@ impl Link {
             return hostsys::send(&self.connection, &bytes, &[]);
         };
         let origin = message.header.origin;
-        let source: Option<Arc<dyn FrameSource>> =
-            if Some(origin) == self.links.id() { Some(self.frames.clone()) } else { self.links.frame_source(origin) };
+        // This daemon's own answers (a served host segment; the bridge's, which speak for the
+        // name server) carry frames of this link's table; others', frames of the link the
+        // origin lies behind.
+        let own = Some(origin) == self.links.id() || origin == NAME_SERVER_ENCLAVE;
+        let source: Option<Arc<dyn FrameSource>> = if own { Some(self.frames.clone()) } else { self.links.frame_source(origin) };
         let packets = source.ok_or(Error::Unreachable).and_then(|source| files_outgoing(&message, &*source));
         match packets {
             Ok(packets) => {

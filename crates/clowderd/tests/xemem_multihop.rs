@@ -248,6 +248,48 @@ fn host_processes_under_two_daemons_share_memory_both_ways() {
     share(&program, &b2, &a, "multihop-again", 9000);
 }
 
+/// Two sub-managers of one name server: a host process under B shares memory with one under
+/// C. The attach goes C -> A (name server) -> B (owner), and the owner's memfd goes back
+/// B -> A -> C as a descriptor at each hop.
+#[test]
+fn host_processes_under_sibling_sub_managers_share_memory() {
+    let dir = TempDir::new("siblings");
+    let program = dir.0.join("host_peer");
+    build_host_peer(&program);
+    for name in ["a", "b", "c"] {
+        std::fs::create_dir_all(dir.0.join(name)).unwrap();
+    }
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let b = Daemon::start(&dir.0.join("b"), Some(&a));
+    let c = Daemon::start(&dir.0.join("c"), Some(&a));
+    let b_id: u32 = b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).expect("B got no id").parse().unwrap();
+    let c_id: u32 = c.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).expect("C got no id").parse().unwrap();
+    assert_ne!(b_id, c_id);
+    assert_eq!(share(&program, &b, &c, "multihop-b-to-c", 4000), b_id);
+    assert_eq!(share(&program, &c, &b, "multihop-c-to-b", 6000), c_id);
+}
+
+/// A sub-manager of a sub-manager: D links to B, B to A. D's host segments are registered at
+/// A's name server through B; A's host processes attach them (the owner's memfd crosses
+/// D -> B -> A: B passes D's answer on as files), and D's host processes attach A's. (B's
+/// own host processes cannot attach D's segments yet: see docs/xemem.md, "Limits".)
+#[test]
+fn host_processes_two_daemons_apart_share_memory() {
+    let dir = TempDir::new("deep");
+    let program = dir.0.join("host_peer");
+    build_host_peer(&program);
+    for name in ["a", "b", "d"] {
+        std::fs::create_dir_all(dir.0.join(name)).unwrap();
+    }
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let b = Daemon::start(&dir.0.join("b"), Some(&a));
+    assert!(b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", b.log());
+    let d = Daemon::start(&dir.0.join("d"), Some(&b));
+    let d_id: u32 = d.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).unwrap_or_else(|| panic!("D got no id: {}\n{}", d.log(), b.log())).parse().unwrap();
+    assert_eq!(share(&program, &d, &a, "multihop-d-to-a", 8000), d_id);
+    assert_eq!(share(&program, &a, &d, "multihop-a-to-d", 8200), NAME_SERVER_ENCLAVE);
+}
+
 /// A fake sub-manager on A's daemon-link socket.
 struct FakePeer {
     socket: OwnedFd,
@@ -256,7 +298,15 @@ struct FakePeer {
 
 impl FakePeer {
     fn link(a: &Daemon) -> FakePeer {
-        let socket = xemem_host::sys::connect(&a.dir.join("xemem-peer.sock")).unwrap();
+        // The daemon-link socket is bound just after the API socket answers.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let socket = loop {
+            match xemem_host::sys::connect(&a.dir.join("xemem-peer.sock")) {
+                Ok(socket) => break socket,
+                Err(e) => assert!(Instant::now() < deadline, "linking to A: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
         let mut peer = FakePeer { socket, id: 0 };
         peer.send(&Message::new(0, 0, 0, Body::PingNameServer), &[]);
         assert!(matches!(peer.receive().map(|m| m.body), Some(Body::PongNameServer)));
