@@ -127,6 +127,11 @@ const CLIENT_CHECK_INTERVAL: Duration = Duration::from_millis(250);
 
 impl Daemon {
     pub fn new(config: DaemonConfig, launcher: Box<dyn Launcher>) -> Arc<Daemon> {
+        Daemon::with_xemem_links(config, launcher, XememLinks::new())
+    }
+
+    /// A daemon whose XEMEM node is `xemem_links` (a sub-manager's: `XememLinks::sub_manager`).
+    pub fn with_xemem_links(config: DaemonConfig, launcher: Box<dyn Launcher>, xemem_links: Arc<XememLinks>) -> Arc<Daemon> {
         let cpusets = if config.isolate_cores {
             Cpusets::detect()
         } else {
@@ -137,7 +142,7 @@ impl Daemon {
                 report(&format!("cannot isolate cores: {why}"));
             }
         }
-        Arc::new(Daemon { config, launcher, cpusets, state: Mutex::new(State::default()), xemem: OnceLock::new(), xemem_links: XememLinks::new() })
+        Arc::new(Daemon { config, launcher, cpusets, state: Mutex::new(State::default()), xemem: OnceLock::new(), xemem_links })
     }
 
     /// Answers one request; `events` receives the lines that come before the final reply.
@@ -177,7 +182,13 @@ impl Daemon {
     pub fn host_xemem(&self, xemem: XememService) -> Result<(), XememService> {
         // Host processes reach the enclaves' segments through the daemon's name-server node.
         xemem.broker.set_enclaves(self.xemem_links.clone());
-        self.xemem_links.set_broker(xemem.broker.clone());
+        if self.xemem_links.is_name_server() {
+            self.xemem_links.set_broker(xemem.broker.clone());
+        } else {
+            // A sub-manager's host segments live at the upstream name server; its enclaves
+            // reach every segment through it.
+            xemem.broker.set_sub_manager();
+        }
         self.xemem.set(xemem)
     }
 

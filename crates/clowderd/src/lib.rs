@@ -25,4 +25,5 @@ pub mod peer;
 pub mod server;
 pub mod sys;
 pub mod xemem_links;
+pub mod xemem_peer;
 pub mod xemem_service;

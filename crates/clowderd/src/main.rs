@@ -9,7 +9,8 @@ use clowderd::daemon::{Daemon, DaemonConfig};
 use clowderd::enclave::Liveness;
 use clowderd::machine::VmmLauncher;
 use clowderd::memory::parse_size;
-use clowderd::{peer, server, xemem_service};
+use clowderd::xemem_links::XememLinks;
+use clowderd::{peer, server, xemem_peer, xemem_service};
 
 const USAGE: &str = "usage: clowderd [options]
   --socket PATH        API socket (default: $CLOWDER_SOCKET or /run/clowder/clowderd.sock)
@@ -23,6 +24,10 @@ const USAGE: &str = "usage: clowderd [options]
   --ping-timeout MS    an enclave silent this long is removed (default 5000)
   --xemem-socket PATH  the XEMEM broker's socket for libxpmem (default: $CLOWDER_XEMEM_SOCKET,
                        else xemem.sock beside the API socket)
+  --xemem-peers PATH   where other daemons link to this one's XEMEM node (default:
+                       xemem-peer.sock beside the API socket; mode 0600)
+  --xemem-upstream PATH  act as a sub-manager: link to the daemon whose --xemem-peers socket is
+                       PATH; that daemon's name server gives this one its enclave id
 ";
 
 /// The LWK image next to a checkout: walk up from clowderd's directory.
@@ -34,6 +39,9 @@ struct Options {
     socket: PathBuf,
     /// None: beside the API socket, decided once `--socket` is known.
     xemem_socket: Option<PathBuf>,
+    /// None: beside the API socket.
+    xemem_peers: Option<PathBuf>,
+    xemem_upstream: Option<PathBuf>,
     vmm: PathBuf,
     kernel: PathBuf,
     isolate_cores: bool,
@@ -47,6 +55,8 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
     let mut options = Options {
         socket: socket_path(),
         xemem_socket: None,
+        xemem_peers: None,
+        xemem_upstream: None,
         vmm: std::env::var_os("CLOWDER_VMM").map(PathBuf::from).unwrap_or_else(|| {
             if sibling_vmm.is_file() { sibling_vmm } else { PathBuf::from("clowder-vmm") }
         }),
@@ -64,6 +74,8 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
         match flag.as_str() {
             "--socket" => options.socket = value()?.into(),
             "--xemem-socket" => options.xemem_socket = Some(value()?.into()),
+            "--xemem-peers" => options.xemem_peers = Some(value()?.into()),
+            "--xemem-upstream" => options.xemem_upstream = Some(value()?.into()),
             "--vmm" => options.vmm = value()?.into(),
             "--kernel" => options.kernel = value()?.into(),
             "--isolate-cores" => options.isolate_cores = true,
@@ -130,7 +142,7 @@ fn main() -> ExitCode {
         }
     };
     let runtime_dir = options.socket.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
-    let launcher = VmmLauncher { vmm: options.vmm.clone(), kernel: options.kernel.clone(), runtime_dir };
+    let launcher = VmmLauncher { vmm: options.vmm.clone(), kernel: options.kernel.clone(), runtime_dir: runtime_dir.clone() };
     let config = DaemonConfig {
         vmm: options.vmm,
         kernel: options.kernel,
@@ -156,11 +168,25 @@ fn main() -> ExitCode {
         }
     };
     eprintln!("clowderd: listening on {} (XEMEM on {})", options.socket.display(), xemem_socket.display());
-    let daemon = Daemon::new(config, Box::new(launcher));
+    let links = if options.xemem_upstream.is_some() { XememLinks::sub_manager() } else { XememLinks::new() };
+    let broker = xemem.broker.clone();
+    let daemon = Daemon::with_xemem_links(config, Box::new(launcher), links.clone());
     if daemon.host_xemem(xemem).is_err() {
         unreachable!("a new daemon has no XEMEM broker yet");
     }
-    on_termination(signals, daemon.clone(), vec![options.socket.clone(), xemem_socket]);
+    let peers_socket = options.xemem_peers.clone().unwrap_or_else(|| runtime_dir.join("xemem-peer.sock"));
+    let sub_manager_broker = options.xemem_upstream.is_some().then(|| broker.clone());
+    if let Err(e) = xemem_peer::listen(&peers_socket, links.clone(), sub_manager_broker.clone()) {
+        eprintln!("clowderd: {e}");
+        return ExitCode::FAILURE;
+    }
+    if let Some(upstream) = options.xemem_upstream.clone() {
+        if let Err(e) = xemem_peer::connect_upstream(upstream, links, sub_manager_broker, Duration::from_secs(10)) {
+            eprintln!("clowderd: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    on_termination(signals, daemon.clone(), vec![options.socket.clone(), xemem_socket, peers_socket]);
     if let Err(e) = server::serve(daemon, listener) {
         eprintln!("clowderd: accepting clients: {e}");
         return ExitCode::FAILURE;

@@ -39,6 +39,7 @@ use xemem::{Credentials, Error, Principal};
 
 use crate::guest_ram::GuestRam;
 use crate::machine::SharedRegion;
+use crate::xemem_peer::FrameSource;
 
 /// How long a host-side request may wait for the enclaves' answers.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -65,8 +66,9 @@ struct Links {
     bridges: HashMap<LinkId, Arc<Mutex<Bridge>>>,
     /// Each link's notices of segments and enclaves that went away.
     gone: HashMap<LinkId, mpsc::Sender<Gone>>,
-    /// The RAM of the enclave behind each link: frame runs it sends are checked against it.
-    ram: HashMap<LinkId, Arc<GuestRam>>,
+    /// The memory behind each link's frame numbers: an enclave's RAM, or the files a peer
+    /// daemon passed (`xemem_peer`). Frame runs from the link are checked against it.
+    ram: HashMap<LinkId, Arc<dyn FrameSource>>,
     /// Finished requests of host callers, until they collect them.
     finished: HashMap<u64, Result<Reply, Error>>,
 }
@@ -93,10 +95,18 @@ pub enum FileRun {
 
 impl Default for XememLinks {
     fn default() -> Self {
+        XememLinks::with_node(true)
+    }
+}
+
+impl XememLinks {
+    /// The name server's node (enclave 1), or with `name_server` false a sub-manager's, which
+    /// finds the name server through a daemon link (`xemem_peer`) and gets an id from it.
+    fn with_node(name_server: bool) -> Self {
         XememLinks {
             // Retries in milliseconds: the enclave's answers come within a ping round.
             links: Mutex::new(Links {
-                node: Node::new(MAX_LINKS, true, Timing { retry_after: 500, attempts: 5 }),
+                node: Node::new(MAX_LINKS, name_server, Timing { retry_after: 500, attempts: 5 }),
                 outgoing: HashMap::new(),
                 bridges: HashMap::new(),
                 gone: HashMap::new(),
@@ -114,6 +124,35 @@ impl Default for XememLinks {
 impl XememLinks {
     pub fn new() -> Arc<XememLinks> {
         Arc::new(XememLinks::default())
+    }
+
+    /// A sub-manager daemon's node: not the name server (see `xemem_peer`).
+    pub fn sub_manager() -> Arc<XememLinks> {
+        Arc::new(XememLinks::with_node(false))
+    }
+
+    /// Whether this node is the name server (enclave 1), not a sub-manager's.
+    pub fn is_name_server(&self) -> bool {
+        self.links.lock().unwrap().node.name_server().is_some()
+    }
+
+    /// The link this node found the name server on (a sub-manager's upstream link).
+    pub(crate) fn link_towards_name_server(&self) -> Option<LinkId> {
+        self.links.lock().unwrap().node.link_towards_name_server()
+    }
+
+    /// This node's enclave id, once it has one.
+    pub fn id(&self) -> Option<EnclaveId> {
+        self.links.lock().unwrap().node.id()
+    }
+
+    /// The memory behind the frames of `enclave`'s messages: the link it lies behind (or, for
+    /// an enclave we have no route to, such as the name server, the link towards the name
+    /// server).
+    pub(crate) fn frame_source(&self, enclave: EnclaveId) -> Option<Arc<dyn FrameSource>> {
+        let links = self.links.lock().unwrap();
+        let link = links.node.route(enclave).or(links.node.link_towards_name_server())?;
+        links.ram.get(&link).cloned()
     }
 
     /// Gives enclaves a way to host processes' segments (the daemon's broker).
@@ -187,15 +226,12 @@ impl XememLinks {
                 return Err(error);
             }
         };
-        let ram = {
-            let links = self.links.lock().unwrap();
-            links.node.route(segment.enclave()).and_then(|link| links.ram.get(&link).cloned())
-        };
+        let ram = self.owner_ram(segment);
         let Some(ram) = ram else {
             let _ = self.release(process, access);
             return Err(Error::Unreachable);
         };
-        match file_runs(&ram, &runs) {
+        match file_runs(&*ram, &runs) {
             Ok(file_runs) => Ok((access, file_runs)),
             Err(error) => {
                 let _ = self.call(Request::Detach { process, access });
@@ -209,10 +245,9 @@ impl XememLinks {
         self.call(Request::Release { process, access }).map(|_| ())
     }
 
-    /// The RAM of the enclave that owns `segment`, while it is linked.
-    fn owner_ram(&self, segment: SegmentId) -> Option<Arc<GuestRam>> {
-        let links = self.links.lock().unwrap();
-        links.node.route(segment.enclave()).and_then(|link| links.ram.get(&link).cloned())
+    /// The memory behind the frames of `segment`'s owner, while it is linked.
+    fn owner_ram(&self, segment: SegmentId) -> Option<Arc<dyn FrameSource>> {
+        self.frame_source(segment.enclave())
     }
 }
 
@@ -267,6 +302,22 @@ impl xemem_host::Enclaves for XememLinks {
         // The pumps enforce the deadline; the slack covers a pump's round.
         waiter.wait(REVOKE_TIMEOUT + Duration::from_secs(1));
     }
+
+    /// A sub-manager's host process makes a segment at the name server.
+    fn make(&self, process: u64, vaddr: u64, size: u64, owner: xemem::Owner, name: Option<Name>) -> Result<SegmentId, Error> {
+        match self.call(Request::Make { process, vaddr, size, owner, name })? {
+            Reply::Made(segment) => Ok(segment),
+            _ => Err(Error::Malformed),
+        }
+    }
+
+    fn remove(&self, process: u64, segment: SegmentId) -> Result<(), Error> {
+        self.call(Request::Remove { process, segment })?;
+        // The owner's library truncates the memory once it has the answer: this daemon's
+        // enclaves that attached it let go first.
+        self.revoke_segment(segment);
+        Ok(())
+    }
 }
 
 impl XememLinks {
@@ -278,7 +329,7 @@ impl XememLinks {
             Reply::Attached { segment, runs } => (segment, runs),
             _ => return Err(Error::Malformed),
         };
-        let checked = self.owner_ram(segment).ok_or(Error::Unreachable).and_then(|ram| file_runs(&ram, &runs));
+        let checked = self.owner_ram(segment).ok_or(Error::Unreachable).and_then(|ram| file_runs(&*ram, &runs));
         let runs = match checked {
             Ok(runs) => runs,
             Err(error) => {
@@ -294,6 +345,35 @@ impl XememLinks {
             })
             .collect();
         Ok((segment, runs))
+    }
+
+    /// The name server takes back a permit this daemon holds as `proxy` (a sub-manager's proxy
+    /// permit on a segment upstream): every enclave attachment made through it is revoked, and
+    /// this waits until the enclaves acknowledged (or are gone, or the deadline passed), so
+    /// the acknowledgement upstream means nothing here maps the memory any more.
+    pub(crate) fn revoke_proxy_permit(&self, proxy: u64, access: AccessId) {
+        self.revoke_bridged(|permit| matches!(permit.source, Source::Enclave { access: a, proxy: p } if a == access && p == proxy));
+    }
+
+    /// Revokes every enclave attachment bridged on `segment` (another enclave's or daemon's)
+    /// and waits for the acknowledgements, as [`XememLinks::revoke_proxy_permit`] does.
+    pub(crate) fn revoke_segment(&self, segment: SegmentId) {
+        self.revoke_bridged(|permit| matches!(permit.source, Source::Enclave { .. }) && permit.segment == segment);
+    }
+
+    fn revoke_bridged(&self, which: impl Fn(&BridgedPermit) -> bool) {
+        let waiter = Arc::new(Outstanding::default());
+        let ports: Vec<LinkId> = self.links.lock().unwrap().bridges.keys().copied().collect();
+        for link in ports {
+            let found = {
+                let links = self.links.lock().unwrap();
+                links.bridges.get(&link).cloned().zip(links.outgoing.get(&link).cloned())
+            };
+            if let Some((bridge, queue)) = found {
+                bridge.lock().unwrap().revoke_where(|_, _, permit| which(permit), &queue, &waiter);
+            }
+        }
+        waiter.wait(REVOKE_TIMEOUT + Duration::from_secs(1));
     }
 
     /// Tells every link's port that `gone` went away (its pump revokes bridged permits on it).
@@ -341,6 +421,15 @@ impl XememLinks {
     /// `wake` an eventfd the enclave's pump sleeps on, signalled whenever a message for the
     /// enclave is queued from another thread.
     pub fn join(self: &Arc<Self>, ram: Arc<GuestRam>, wake: File) -> Option<XememPort> {
+        self.join_link(ram, wake, false)
+    }
+
+    /// A link to another daemon (`xemem_peer`): `frames` holds the files it passed.
+    pub(crate) fn join_peer(self: &Arc<Self>, frames: Arc<dyn FrameSource>, wake: File) -> Option<XememPort> {
+        self.join_link(frames, wake, true)
+    }
+
+    fn join_link(self: &Arc<Self>, ram: Arc<dyn FrameSource>, wake: File, peer: bool) -> Option<XememPort> {
         let mut links = self.links.lock().unwrap();
         let link = (0..MAX_LINKS).find(|link| !links.outgoing.contains_key(link))?;
         let (sender, receiver) = mpsc::channel();
@@ -350,7 +439,7 @@ impl XememLinks {
         links.bridges.insert(link, bridge.clone());
         let (gone_sender, gone) = mpsc::channel();
         links.gone.insert(link, gone_sender);
-        Some(XememPort { links: self.clone(), link, outgoing: receiver, gone, bridge })
+        Some(XememPort { links: self.clone(), link, outgoing: receiver, gone, bridge, peer })
     }
 
     /// The node's messages go to their links' queues; finished requests to their callers.
@@ -375,7 +464,7 @@ impl XememLinks {
 }
 
 /// Checks every frame run against the enclave's RAM and names it as a range of the RAM memfd.
-pub fn file_runs(ram: &GuestRam, runs: &[FrameRun]) -> Result<Vec<FileRun>, Error> {
+pub fn file_runs(ram: &dyn FrameSource, runs: &[FrameRun]) -> Result<Vec<FileRun>, Error> {
     let page = xemem::PAGE_SIZE;
     let mut out = Vec::with_capacity(runs.len());
     for run in runs {
@@ -384,8 +473,7 @@ pub fn file_runs(ram: &GuestRam, runs: &[FrameRun]) -> Result<Vec<FileRun>, Erro
             None => out.push(FileRun::Hole { len }),
             Some(first) => {
                 let gpa = first.checked_mul(page).ok_or(Error::Invalid)?;
-                let (file, offset) = ram.file_range(gpa, len).map_err(|_| Error::Invalid)?;
-                let file = file.try_clone().map_err(|_| Error::Exhausted)?;
+                let (file, offset) = ram.file_range(gpa, len)?;
                 out.push(FileRun::Memory { file, offset, len });
             }
         }
@@ -418,6 +506,8 @@ pub struct XememPort {
     outgoing: mpsc::Receiver<Vec<u8>>,
     gone: mpsc::Receiver<Gone>,
     bridge: Arc<Mutex<Bridge>>,
+    /// A link to another daemon: its frames are files it passed, renumbered on arrival.
+    peer: bool,
 }
 
 /// What an enclave's machine must do for an attach of host memory: make a range of a memfd a
@@ -637,7 +727,9 @@ impl XememPort {
         let mut bridge = self.bridge.lock().unwrap();
         let ours = |bridge: &Bridge, process: u64, access: AccessId| bridge.permits.contains_key(&(origin, process, access));
         let is_ours = match &message.body {
-            Body::Get { segment, .. } if segment.enclave() == NAME_SERVER_ENCLAVE => broker.is_some(),
+            // Host processes' segments are the broker's; a sub-manager has no broker here, and
+            // takes a permit at the name server upstream instead (below).
+            Body::Get { segment, .. } if segment.enclave() == NAME_SERVER_ENCLAVE && broker.is_some() => true,
             // Another enclave's segment; an enclave's own goes to the name server (its kernel
             // maps its own pages).
             Body::Get { segment, .. } => segment.enclave() != origin,
@@ -693,7 +785,7 @@ impl XememPort {
             Body::Lookup { name } => Ok(vec![Body::Found { segment: broker.ok_or(Error::NotFound)?.lookup_host_segment(name)? }]),
             Body::Get { process, segment, access, .. } => {
                 let others = Credentials { uid: ENCLAVE_PROCESS_CREDENTIALS_UID, groups: vec![ENCLAVE_PROCESS_CREDENTIALS_UID] };
-                let (source, size) = if segment.enclave() == NAME_SERVER_ENCLAVE {
+                let (source, size) = if segment.enclave() == NAME_SERVER_ENCLAVE && broker.is_some() {
                     let (broker_access, size) = broker.ok_or(Error::NotFound)?.get_for_enclave(caller(*process), &others, *segment, *access)?;
                     (Source::Host { broker_access }, size)
                 } else {
@@ -849,10 +941,20 @@ impl XememPort {
     /// name server (other enclaves get its memory through the bridge, as regions).
     fn may_pass(&self, message: &Message) -> bool {
         let origin = message.header.origin;
-        if origin != 0 && self.links.links.lock().unwrap().node.route(origin) != Some(self.link) {
+        let links = self.links.links.lock().unwrap();
+        // Enclaves we have no route to lie towards the name server (for a sub-manager).
+        if origin != 0 && links.node.route(origin).or(links.node.link_towards_name_server()) != Some(self.link) {
             return false;
         }
-        !matches!(message.body, Body::Attached { .. }) || message.header.destination == NAME_SERVER_ENCLAVE
+        // A peer daemon's frames were renumbered into this daemon's own frame space on arrival
+        // (`xemem_peer`): they may complete this node's own requests, or go on to another
+        // daemon (as files again: a sub-manager's daemon below answering the name server
+        // above), never to an enclave.
+        let destination = message.header.destination;
+        let frames_for = if self.peer { links.node.id().unwrap_or(NAME_SERVER_ENCLAVE) } else { NAME_SERVER_ENCLAVE };
+        let next = links.node.route(destination).or(links.node.link_towards_name_server());
+        let onward_to_a_daemon = self.peer && next != Some(self.link) && next.and_then(|link| links.ram.get(&link)).is_some_and(|frames| frames.is_peer());
+        !matches!(message.body, Body::Attached { .. }) || destination == frames_for || onward_to_a_daemon
     }
 
     /// The enclave's job ended: the segments its processes made go now, and every attachment

@@ -75,6 +75,15 @@ pub trait Enclaves: Send + Sync {
     fn signal(&self, _process: u64, _access: AccessId) -> Result<(), Error> {
         Err(Error::Invalid)
     }
+    /// A segment of host process `process`, made at a name server elsewhere: only for a
+    /// sub-manager's broker ([`Broker::set_sub_manager`]), whose daemon is not the name server.
+    fn make(&self, _process: u64, _vaddr: u64, _size: u64, _owner: Owner, _name: Option<Name>) -> Result<SegmentId, Error> {
+        Err(Error::Invalid)
+    }
+    /// Removes a segment [`Enclaves::make`] made.
+    fn remove(&self, _process: u64, _segment: SegmentId) -> Result<(), Error> {
+        Err(Error::Invalid)
+    }
 }
 
 /// A piece of an enclave's segment: a range of a file (the enclave's RAM memfd), or a hole.
@@ -99,6 +108,9 @@ struct State {
     /// Permits on other enclaves' segments, by the surrogate id the holder knows them by.
     remote_permits: HashMap<AccessId, RemotePermit>,
     next_surrogate: u32,
+    /// A sub-manager's segments, made at the upstream name server: segment -> (owner pid,
+    /// vaddr, length), to check the name server's requests to serve them.
+    remote_segments: HashMap<SegmentId, (u32, u64, u64)>,
 }
 
 /// A host process's permit on another enclave's segment.
@@ -120,11 +132,14 @@ pub struct Broker {
     state: Arc<Mutex<State>>,
     owner_timeout: Duration,
     enclaves: Arc<OnceLock<Arc<dyn Enclaves>>>,
+    /// Set when the daemon is a sub-manager: host processes' segments live at the upstream
+    /// name server (through [`Enclaves`]), never in this broker's own name server.
+    sub_manager: Arc<OnceLock<()>>,
 }
 
 impl Default for Broker {
     fn default() -> Broker {
-        Broker { state: Arc::default(), owner_timeout: OWNER_TIMEOUT, enclaves: Arc::default() }
+        Broker { state: Arc::default(), owner_timeout: OWNER_TIMEOUT, enclaves: Arc::default(), sub_manager: Arc::default() }
     }
 }
 
@@ -159,6 +174,18 @@ impl Broker {
     /// Where requests about other enclaves' segments go (once; false if already set).
     pub fn set_enclaves(&self, enclaves: Arc<dyn Enclaves>) -> bool {
         self.enclaves.set(enclaves).is_ok()
+    }
+
+    /// Makes this broker a sub-manager's: every make, remove and get of its host processes goes
+    /// to the name server behind [`Enclaves`] (an upstream daemon), so their segids are global
+    /// and name the sub-manager's enclave id. Attaches of those segments are served with
+    /// [`Broker::serve_for_name_server`].
+    pub fn set_sub_manager(&self) {
+        let _ = self.sub_manager.set(());
+    }
+
+    fn is_sub_manager(&self) -> bool {
+        self.sub_manager.get().is_some()
     }
 
     fn remote(&self) -> Result<&Arc<dyn Enclaves>, Error> {
@@ -292,6 +319,11 @@ impl Broker {
 
     /// Finishes a forget outside the state lock: enclaves unmap first, then the memory goes.
     fn revoke_and_truncate(&self, forgotten: Forgotten) {
+        if let (false, Some(enclaves)) = (forgotten.upstream.is_empty(), self.enclaves.get()) {
+            for segment in &forgotten.upstream {
+                let _ = enclaves.remove(forgotten.pid as u64, *segment);
+            }
+        }
         self.revoke_for_enclaves(&forgotten.enclave_holders);
         for fd in forgotten.memfds {
             let _ = sys::truncate_to_zero(&fd);
@@ -314,10 +346,16 @@ impl Broker {
                 });
             }
         }
+        // A sub-manager's segments are removed upstream before the memory is truncated (the
+        // removes revoke enclave attachments first), outside the lock.
+        let upstream: Vec<SegmentId> = state.remote_segments.iter().filter(|(_, (owner, _, _))| *owner == pid).map(|(s, _)| *s).collect();
+        for segment in &upstream {
+            state.remote_segments.remove(segment);
+        }
         state.ns.forget(|p| *p == me);
         state.servers.remove(&pid);
         let memfds = state.revocable.remove(&pid).map(|memfds| memfds.into_values().collect()).unwrap_or_default();
-        Forgotten { enclave_holders, memfds }
+        Forgotten { pid, upstream, enclave_holders, memfds }
     }
 
     fn handle(&self, peer: &sys::Peer, request: &Request) -> (Answer, Vec<OwnedFd>) {
@@ -332,6 +370,15 @@ impl Broker {
                     return Err(Error::Invalid);
                 }
                 let owner = Owner { uid: peer.uid, gid: peer.gid, mode: a[2] as u32 };
+                if self.is_sub_manager() {
+                    if !self.lock().servers.contains_key(&peer.pid) {
+                        return Err(Error::Invalid);
+                    }
+                    let length = xemem::nameserver::validate_range(a[0], a[1])?;
+                    let segment = self.remote()?.make(peer.pid as u64, a[0], a[1], owner, name)?;
+                    self.lock().remote_segments.insert(segment, (peer.pid, a[0], length));
+                    return Ok(Answer::ok(op, &[segment.raw() as u64]));
+                }
                 let mut state = self.lock();
                 if !state.servers.contains_key(&peer.pid) {
                     return Err(Error::Invalid); // the library registers SERVE before making
@@ -341,6 +388,13 @@ impl Broker {
             }
             wire::OP_REMOVE => {
                 let segment = SegmentId::from_raw(a[0] as i64).ok_or(Error::Invalid)?;
+                if self.is_sub_manager() {
+                    // The name server checks that the caller owns it; the owner's library then
+                    // truncates, so attachers anywhere get SIGBUS.
+                    self.remote()?.remove(peer.pid as u64, segment)?;
+                    self.lock().remote_segments.remove(&segment);
+                    return Ok(Answer::ok(op, &[]));
+                }
                 let holders = {
                     let mut state = self.lock();
                     let holders = Self::enclave_holders(&state, &[segment]);
@@ -357,7 +411,7 @@ impl Broker {
                 let flags = u32::try_from(a[1]).map_err(|_| Error::Invalid)?;
                 xemem::validate_access_flags(flags)?;
                 let who = credentials(peer);
-                if segment.enclave() != NAME_SERVER_ENCLAVE {
+                if segment.enclave() != NAME_SERVER_ENCLAVE || self.is_sub_manager() {
                     let (real, size) = self.remote()?.get(peer.pid as u64, who, segment, flags)?;
                     let mut state = self.lock();
                     let surrogate = loop {
@@ -488,10 +542,17 @@ impl Broker {
                 return Err(e);
             }
         };
-        // Remember converted memfds, so they can be revoked when the owner goes.
+        self.remember_revocable(plan.owner.process as u32, &runs, &fds);
+        let mut answer = Answer::ok(wire::OP_ATTACH, &[plan.segment.raw() as u64]);
+        answer.runs = runs;
+        Ok((answer, fds))
+    }
+
+    /// Remembers the converted memfds in an owner's answer, so they can be revoked when the
+    /// owner goes.
+    fn remember_revocable(&self, owner: u32, runs: &[Run], fds: &[OwnedFd]) {
         {
             let mut state = self.lock();
-            let owner = plan.owner.process as u32;
             if state.servers.contains_key(&owner) {
                 let memfds = state.revocable.entry(owner).or_default();
                 for run in runs.iter().filter(|r| r.flags & wire::RUN_REVOCABLE != 0 && r.fd_index != wire::HOLE) {
@@ -507,9 +568,37 @@ impl Broker {
                 }
             }
         }
-        let mut answer = Answer::ok(wire::OP_ATTACH, &[plan.segment.raw() as u64]);
-        answer.runs = runs;
-        Ok((answer, fds))
+    }
+
+    /// A sub-manager's part of an attach: the upstream name server asks this daemon to serve
+    /// `[vaddr, vaddr + size)` of `segment`, which host process `process` made through
+    /// [`Enclaves::make`]. Nothing in the request is trusted: the segment must be one this
+    /// broker made upstream for that process, and the range must lie inside it. The owner's
+    /// library answers as for a local attacher (memfd runs, checked the same way), and the
+    /// converted memfds are remembered, so the owner's exit truncates them.
+    pub fn serve_for_name_server(&self, process: u64, segment: SegmentId, vaddr: u64, size: u64) -> Result<Vec<EnclaveRun>, Error> {
+        let pid = u32::try_from(process).map_err(|_| Error::Invalid)?;
+        let server = {
+            let state = self.lock();
+            let &(owner, start, length) = state.remote_segments.get(&segment).ok_or(Error::NotFound)?;
+            let end = vaddr.checked_add(size).ok_or(Error::Invalid)?;
+            if owner != pid || vaddr < start || end > start.saturating_add(length) || size == 0 || size % xemem::PAGE_SIZE != 0 {
+                return Err(Error::Invalid);
+            }
+            state.servers.get(&pid).cloned().ok_or(Error::NotFound)?
+        };
+        let (runs, fds) = ask_owner(&server, &Request::new(wire::OP_FETCH, &[vaddr, size])).and_then(|(answer, fds)| check_fetched(answer, fds, size))?;
+        self.remember_revocable(pid, &runs, &fds);
+        let mut pieces = Vec::with_capacity(runs.len());
+        for run in &runs {
+            if run.fd_index == wire::HOLE {
+                pieces.push(EnclaveRun::Hole { length: run.length });
+            } else {
+                let file = fds.get(run.fd_index as usize).ok_or(Error::Malformed)?.try_clone().map_err(|_| Error::Exhausted)?;
+                pieces.push(EnclaveRun::Memory { file, offset: run.offset, length: run.length });
+            }
+        }
+        Ok(pieces)
     }
 }
 
@@ -611,6 +700,9 @@ impl Broker {
 
 /// What forgetting a process leaves to do once the state lock is released.
 struct Forgotten {
+    pid: u32,
+    /// A sub-manager's segments the process made at the name server upstream.
+    upstream: Vec<SegmentId>,
     /// Other enclaves' permits on the process's segments.
     enclave_holders: Vec<(Principal, AccessId)>,
     /// Memfds its library converted, to truncate (after the enclaves let go).

@@ -1,0 +1,818 @@
+//! XEMEM across two daemons (docs/xemem.md, "Across daemons"): daemon A is the name server;
+//! daemon B, started with `--xemem-upstream`, is a sub-manager that gets its enclave id from A
+//! over a daemon link. Host processes on either daemon (libxpmem, each against its own daemon's
+//! broker) share memory with each other: the owner's very pages, passed as files across the
+//! link, never copied. A fake daemon on A's link socket sends malformed messages, bogus
+//! descriptors and runs, and A keeps serving.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use clowderd::client::Client;
+use serde_json::{json, Value};
+use xemem::wire::{Body, FrameRun, Message, Name};
+use xemem::NAME_SERVER_ENCLAVE;
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf()
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(label: &str) -> TempDir {
+        let path = std::env::temp_dir().join(format!("clowderd-multihop-{label}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A clowderd binary on a private directory; killed when dropped.
+struct Daemon {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    fn start(dir: &Path, upstream: Option<&Daemon>) -> Daemon {
+        // Any existing file stands in for the kernel image: nothing boots.
+        Daemon::start_with(dir, upstream, &["--kernel", env!("CARGO_BIN_EXE_clowderd")])
+    }
+
+    fn start_with(dir: &Path, upstream: Option<&Daemon>, options: &[&str]) -> Daemon {
+        let socket = dir.join("clowderd.sock");
+        let log = File::create(dir.join("clowderd.log")).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_clowderd"));
+        command.args(["--socket", socket.to_str().unwrap()]).args(options);
+        if let Some(upstream) = upstream {
+            command.arg("--xemem-upstream").arg(upstream.dir.join("xemem-peer.sock"));
+        }
+        command.env_remove("CLOWDER_XEMEM_SOCKET").env_remove("CLOWDER_SOCKET");
+        let child = command.stderr(Stdio::from(log)).spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Client::connect_to(&socket).is_err() {
+            assert!(Instant::now() < deadline, "clowderd did not come up: {}", std::fs::read_to_string(dir.join("clowderd.log")).unwrap_or_default());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Daemon { child, dir: dir.to_path_buf() }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("clowderd.log")).unwrap_or_default()
+    }
+
+    /// Waits until the log has a line containing `needle`; returns the rest of that line.
+    fn wait_for_log(&self, needle: &str, timeout: Duration) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(line) = self.log().lines().find(|l| l.contains(needle)) {
+                return Some(line[line.find(needle).unwrap() + needle.len()..].trim().to_string());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    fn xemem_socket(&self) -> PathBuf {
+        self.dir.join("xemem.sock")
+    }
+
+    fn call(&self, request: Value) -> Value {
+        Client::connect_to(&self.dir.join("clowderd.sock")).unwrap().call(&request).unwrap()
+    }
+
+    fn segment_names(&self) -> Vec<String> {
+        let listed = self.call(json!({"op": "xemem_ls"}));
+        listed["segments"].as_array().cloned().unwrap_or_default().iter().filter_map(|s| s["name"].as_str().map(String::from)).collect()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Builds xemem/tests/host_peer.c against libxpmem.a.
+fn build_host_peer(out: &Path) {
+    let xemem = workspace_root().join("xemem");
+    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
+    let built = Command::new("cc")
+        .args(["-O2", "-I"])
+        .arg(xemem.join("include"))
+        .arg("-o")
+        .arg(out)
+        .arg(xemem.join("tests/host_peer.c"))
+        .arg(xemem.join("build/lib/libxpmem.a"))
+        .arg("-lpthread")
+        .status()
+        .unwrap();
+    assert!(built.success(), "building host_peer.c");
+}
+
+/// A host_peer process against `broker`, its output lines arriving on a channel.
+struct HostProcess {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl HostProcess {
+    fn start(program: &Path, broker: &Path, role: &str, name: &str, base: u64) -> HostProcess {
+        let mut child = Command::new(program)
+            .args([role, name, &base.to_string()])
+            .env("CLOWDER_XEMEM_SOCKET", broker)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (sender, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = sender.send(line);
+            }
+        });
+        HostProcess { child, lines, seen: Vec::new() }
+    }
+
+    /// The rest of the first line starting with `prefix`.
+    fn wait_for(&mut self, prefix: &str, timeout: Duration) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(line) = self.seen.iter().find(|l| l.starts_with(prefix)) {
+                return Some(line[prefix.len()..].trim().to_string());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Waits for the exit (killing it after `timeout`); returns the status and every line.
+    fn finish(mut self, timeout: Duration) -> (Option<i32>, String) {
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status.code();
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        self.seen.extend(self.lines.try_iter());
+        (status, self.seen.join("\n"))
+    }
+}
+
+/// Owner on one daemon, attacher on another: the attacher finds the owner's segment by name,
+/// reads the owner's 16 pages, writes what the owner waits for, and gets SIGBUS once the owner
+/// removes the segment. Returns the enclave the segid names.
+fn share(program: &Path, owner_at: &Daemon, attacher_at: &Daemon, name: &str, base: u64) -> u32 {
+    let mut owner = HostProcess::start(program, &owner_at.xemem_socket(), "owner", name, base);
+    let enclave = owner.wait_for("made a segment of enclave", Duration::from_secs(10));
+    let Some(enclave) = enclave else {
+        let (status, output) = owner.finish(Duration::from_secs(1));
+        panic!("the owner made no segment ({status:?}): {output}\nowner's daemon: {}", owner_at.log());
+    };
+    let enclave: u32 = enclave.parse().unwrap();
+    let attacher = HostProcess::start(program, &attacher_at.xemem_socket(), "attacher", name, base);
+    let (attacher_status, attacher_output) = attacher.finish(Duration::from_secs(40));
+    let (owner_status, owner_output) = owner.finish(Duration::from_secs(10));
+    let context = format!(
+        "attacher ({attacher_status:?}):\n{attacher_output}\nowner ({owner_status:?}):\n{owner_output}\nowner's daemon:\n{}\nattacher's daemon:\n{}",
+        owner_at.log(),
+        attacher_at.log()
+    );
+    assert!(attacher_output.contains(&format!("found a segment of enclave {enclave}")), "{context}");
+    assert!(attacher_output.contains("16 of 16 pages hold what the owner wrote"), "{context}");
+    assert!(owner_output.contains("the attacher wrote 43 and 7"), "{context}");
+    assert!(owner_output.contains("remove: 0"), "{context}");
+    assert!(owner_output.contains("16 of 16 pages intact after remove"), "{context}");
+    assert!(attacher_output.contains("SIGBUS after remove"), "{context}");
+    assert_eq!(attacher_status, Some(0), "{context}");
+    assert_eq!(owner_status, Some(0), "{context}");
+    enclave
+}
+
+#[test]
+fn host_processes_under_two_daemons_share_memory_both_ways() {
+    let dir = TempDir::new("share");
+    let program = dir.0.join("host_peer");
+    build_host_peer(&program);
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    std::fs::create_dir_all(dir.0.join("b")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let b = Daemon::start(&dir.0.join("b"), Some(&a));
+    let id = b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10));
+    let b_id: u32 = id.unwrap_or_else(|| panic!("the sub-manager got no enclave id:\n{}\n{}", b.log(), a.log())).parse().unwrap();
+    assert!(b_id >= 2, "enclave 1 is the name server: {b_id}");
+    assert!(a.wait_for_log("linked to a daemon below", Duration::from_secs(1)).is_some(), "{}", a.log());
+
+    // B's host process owns, A's attaches: the segid names B's enclave.
+    assert_eq!(share(&program, &b, &a, "multihop-b-to-a", 3000), b_id);
+    // A's host process owns, B's attaches: the segid names the name server's enclave.
+    assert_eq!(share(&program, &a, &b, "multihop-a-to-b", 5000), NAME_SERVER_ENCLAVE);
+    // Both under B: the request goes through A's name server and back, the memory stays B's.
+    assert_eq!(share(&program, &b, &b, "multihop-b-to-b", 7000), b_id);
+
+    // B goes away: A's name server forgets B's segments.
+    let mut lingering = HostProcess::start(&program, &b.xemem_socket(), "owner", "multihop-lingering", 100);
+    assert!(lingering.wait_for("made a segment of enclave", Duration::from_secs(10)).is_some());
+    assert!(a.segment_names().contains(&"multihop-lingering".to_string()), "{:?}", a.segment_names());
+    drop(b);
+    assert!(a.wait_for_log("the link to a daemon below is down", Duration::from_secs(5)).is_some(), "{}", a.log());
+    assert!(!a.segment_names().contains(&"multihop-lingering".to_string()), "{:?}", a.segment_names());
+    let _ = lingering.finish(Duration::from_millis(10));
+    // A still serves its own host processes, and links a new sub-manager.
+    let b2 = Daemon::start(&dir.0.join("b"), Some(&a));
+    assert!(b2.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", b2.log());
+    share(&program, &b2, &a, "multihop-again", 9000);
+}
+
+/// Two sub-managers of one name server: a host process under B shares memory with one under
+/// C. The attach goes C -> A (name server) -> B (owner), and the owner's memfd goes back
+/// B -> A -> C as a descriptor at each hop.
+#[test]
+fn host_processes_under_sibling_sub_managers_share_memory() {
+    let dir = TempDir::new("siblings");
+    let program = dir.0.join("host_peer");
+    build_host_peer(&program);
+    for name in ["a", "b", "c"] {
+        std::fs::create_dir_all(dir.0.join(name)).unwrap();
+    }
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let b = Daemon::start(&dir.0.join("b"), Some(&a));
+    let c = Daemon::start(&dir.0.join("c"), Some(&a));
+    let b_id: u32 = b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).expect("B got no id").parse().unwrap();
+    let c_id: u32 = c.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).expect("C got no id").parse().unwrap();
+    assert_ne!(b_id, c_id);
+    assert_eq!(share(&program, &b, &c, "multihop-b-to-c", 4000), b_id);
+    assert_eq!(share(&program, &c, &b, "multihop-c-to-b", 6000), c_id);
+}
+
+/// A sub-manager of a sub-manager: D links to B, B to A. D's host segments are registered at
+/// A's name server through B; A's host processes attach them (the owner's memfd crosses
+/// D -> B -> A: B passes D's answer on as files), and D's host processes attach A's. (B's
+/// own host processes cannot attach D's segments yet: see docs/xemem.md, "Limits".)
+#[test]
+fn host_processes_two_daemons_apart_share_memory() {
+    let dir = TempDir::new("deep");
+    let program = dir.0.join("host_peer");
+    build_host_peer(&program);
+    for name in ["a", "b", "d"] {
+        std::fs::create_dir_all(dir.0.join(name)).unwrap();
+    }
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let b = Daemon::start(&dir.0.join("b"), Some(&a));
+    assert!(b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", b.log());
+    let d = Daemon::start(&dir.0.join("d"), Some(&b));
+    let d_id: u32 = d.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).unwrap_or_else(|| panic!("D got no id: {}\n{}", d.log(), b.log())).parse().unwrap();
+    assert_eq!(share(&program, &d, &a, "multihop-d-to-a", 8000), d_id);
+    assert_eq!(share(&program, &a, &d, "multihop-a-to-d", 8200), NAME_SERVER_ENCLAVE);
+}
+
+/// A fake sub-manager on A's daemon-link socket.
+struct FakePeer {
+    socket: OwnedFd,
+    id: u32,
+}
+
+impl FakePeer {
+    fn link(a: &Daemon) -> FakePeer {
+        // The daemon-link socket is bound just after the API socket answers.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let socket = loop {
+            match xemem_host::sys::connect(&a.dir.join("xemem-peer.sock")) {
+                Ok(socket) => break socket,
+                Err(e) => assert!(Instant::now() < deadline, "linking to A: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut peer = FakePeer { socket, id: 0 };
+        peer.send(&Message::new(0, 0, 0, Body::PingNameServer), &[]);
+        assert!(matches!(peer.receive().map(|m| m.body), Some(Body::PongNameServer)));
+        peer.send(&Message::new(0, 0, 0, Body::EnclaveIdRequest { token: 7 }), &[]);
+        match peer.receive().map(|m| m.body) {
+            Some(Body::EnclaveIdResponse { token: 7, enclave }) => peer.id = enclave,
+            other => panic!("no enclave id: {other:?}"),
+        }
+        peer
+    }
+
+    fn send(&self, message: &Message, fds: &[&dyn AsRawFd]) {
+        self.send_bytes(&message.to_bytes().unwrap(), fds);
+    }
+
+    fn send_bytes(&self, bytes: &[u8], fds: &[&dyn AsRawFd]) {
+        let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        xemem_host::sys::send(&self.socket, bytes, &raw).unwrap();
+    }
+
+    /// The name server's next `Serve` for a request it has not sent before (retries of an
+    /// earlier attach repeat theirs).
+    fn next_serve(&self, after: &mut u64) -> Option<Message> {
+        loop {
+            match self.receive()? {
+                message @ Message { body: Body::Serve { .. }, .. } if message.header.request > *after => {
+                    *after = message.header.request;
+                    return Some(message);
+                }
+                _ => continue,
+            }
+        }
+    }
+
+    /// The next message (skipping discovery chatter), or None after 5 s.
+    fn receive(&self) -> Option<Message> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut buffer = vec![0u8; 70000];
+        while Instant::now() < deadline {
+            if !clowderd::sys::wait_readable(self.socket.as_raw_fd(), Duration::from_millis(100)).unwrap() {
+                continue;
+            }
+            let (length, _fds) = xemem_host::sys::receive(&self.socket, &mut buffer).unwrap();
+            assert!(length > 0, "A closed the link");
+            let message = Message::decode(&buffer[..length]).unwrap();
+            if !matches!(message.body, Body::PingNameServer) {
+                return Some(message);
+            }
+        }
+        None
+    }
+}
+
+fn memfd(pages: u64) -> File {
+    let file = clowderd::sys::memfd("multihop-test").unwrap();
+    file.set_len(pages * 4096).unwrap();
+    file
+}
+
+#[test]
+fn a_malformed_peer_gets_errors_and_the_daemon_keeps_serving() {
+    let dir = TempDir::new("malformed");
+    let program = dir.0.join("host_peer");
+    build_host_peer(&program);
+    let a = Daemon::start(&dir.0, None);
+    let peer = FakePeer::link(&a);
+    assert!(peer.id >= 2);
+
+    // Garbage, a short header, and a request with a bad body from the peer's enclave.
+    peer.send_bytes(b"not a message at all", &[]);
+    peer.send_bytes(&[1, 0, 0], &[]);
+    let mut bad = Message::new(41, peer.id, NAME_SERVER_ENCLAVE, Body::Lookup { name: Name::new(b"x").unwrap() }).to_bytes().unwrap();
+    bad.push(0); // a trailing byte
+    peer.send_bytes(&bad, &[]);
+    let answer = peer.receive().expect("an answer to the malformed request");
+    assert_eq!((answer.header.request, answer.body), (41, Body::Failed { error: xemem::Error::Malformed }));
+    // A request in another enclave's name is dropped; one in its own is answered.
+    peer.send(&Message::new(42, peer.id + 100, NAME_SERVER_ENCLAVE, Body::Lookup { name: Name::new(b"x").unwrap() }), &[]);
+    peer.send(&Message::new(43, peer.id, NAME_SERVER_ENCLAVE, Body::Lookup { name: Name::new(b"x").unwrap() }), &[]);
+    let answer = peer.receive().unwrap();
+    assert_eq!((answer.header.request, answer.body), (43, Body::Failed { error: xemem::Error::NotFound }));
+
+    // The fake daemon exports 16 pages; a host process on A attaches them. The first attaches
+    // are answered with bogus memory, each of which must fail the attach, not the daemon.
+    let make = Body::Make { process: 1, vaddr: 0x10000, size: 16 * 4096, uid: 0, gid: 0, mode: 0o666, name: Some(Name::new(b"fake-peer-seg").unwrap()) };
+    peer.send(&Message::new(44, peer.id, NAME_SERVER_ENCLAVE, make), &[]);
+    let segment = match peer.receive().map(|m| m.body) {
+        Some(Body::Made { segment }) => segment,
+        other => panic!("make: {other:?}"),
+    };
+    assert_eq!(segment.enclave(), peer.id);
+    let memory = memfd(16);
+    for page in 0..16u64 {
+        memory.write_all_at_page(page, 11000 + page);
+    }
+    let (socket_a, _socket_b) = std::os::unix::net::UnixStream::pair().unwrap();
+    let small = memfd(4);
+    type Bogus<'a> = (&'a str, Vec<FrameRun>, Vec<&'a dyn AsRawFd>);
+    let run = |index: u64, page: u64, frames: u64| FrameRun { first: Some(index << clowderd::xemem_peer::FD_SHIFT | page), frames };
+    let bogus: Vec<Bogus> = vec![
+        ("a socket for memory", vec![run(0, 0, 16)], vec![&socket_a]),
+        ("runs beyond the file", vec![run(0, 0, 16)], vec![&small]),
+        ("no descriptor for the run", vec![run(1, 0, 16)], vec![&memory]),
+        ("no descriptor at all", vec![run(0, 0, 16)], vec![]),
+        ("too few pages", vec![run(0, 0, 15)], vec![&memory]),
+    ];
+    let mut last_serve = 0;
+    for (what, runs, fds) in bogus {
+        let mut attacher = HostProcess::start(&program, &a.xemem_socket(), "attacher", "fake-peer-seg", 11000);
+        let serve = peer.next_serve(&mut last_serve).unwrap_or_else(|| panic!("{what}: no Serve came: {}", a.log()));
+        let Body::Serve { requester, segment: served, size, .. } = serve.body else { unreachable!() };
+        assert_eq!((served, size), (segment, 16 * 4096));
+        let total_runs = runs.len() as u32;
+        let answer = Message::new(serve.header.request, peer.id, requester, Body::Attached { segment, size, first_run: 0, total_runs, runs });
+        peer.send(&answer, &fds);
+        let failed = attacher.wait_for("attach failed", Duration::from_secs(10));
+        let (_, output) = attacher.finish(Duration::from_secs(1));
+        assert!(failed.is_some(), "{what}: {output}\n{}", a.log());
+        assert_eq!(a.call(json!({"op": "ls"}))["ok"], true, "{what}");
+    }
+
+    // Now the real thing: the host process maps the fake daemon's memfd, no copy.
+    let mut attacher = HostProcess::start(&program, &a.xemem_socket(), "attacher", "fake-peer-seg", 11000);
+    let serve = peer.next_serve(&mut last_serve).unwrap_or_else(|| panic!("no Serve came: {}", a.log()));
+    let Body::Serve { requester, .. } = serve.body else { unreachable!() };
+    let runs = vec![run(0, 0, 16)];
+    let answer = Message::new(serve.header.request, peer.id, requester, Body::Attached { segment, size: 16 * 4096, first_run: 0, total_runs: 1, runs });
+    peer.send(&answer, &[&memory]);
+    let wrote = attacher.wait_for("wrote 43", Duration::from_secs(10));
+    assert!(wrote.is_some(), "{:?}\n{}", attacher.seen, a.log());
+    assert!(attacher.seen.iter().any(|l| l == "16 of 16 pages hold what the owner wrote"), "{:?}", attacher.seen);
+    assert_eq!(memory.read_page_word(0, 1), 43, "the attacher's write is in the peer's own memfd");
+    assert_eq!(memory.read_page_word(15, 2), 7);
+    // Truncating the memory (what an owner's remove does) gives the attacher SIGBUS.
+    memory.set_len(0).unwrap();
+    let (status, output) = attacher.finish(Duration::from_secs(10));
+    assert!(output.contains("SIGBUS after remove"), "{output}");
+    assert_eq!(status, Some(0), "{output}");
+
+    // The fake daemon goes away: A forgets its segment and still serves.
+    assert!(a.segment_names().contains(&"fake-peer-seg".to_string()));
+    drop(peer);
+    assert!(a.wait_for_log("the link to a daemon below is down", Duration::from_secs(5)).is_some(), "{}", a.log());
+    assert!(!a.segment_names().contains(&"fake-peer-seg".to_string()), "{:?}", a.segment_names());
+}
+
+/// Page-word access to a memfd without mapping it.
+trait PageWords {
+    fn write_all_at_page(&self, page: u64, value: u64);
+    fn read_page_word(&self, page: u64, word: u64) -> u64;
+}
+
+impl PageWords for File {
+    fn write_all_at_page(&self, page: u64, value: u64) {
+        use std::os::unix::fs::FileExt;
+        self.write_all_at(&value.to_le_bytes(), page * 4096).unwrap();
+    }
+    fn read_page_word(&self, page: u64, word: u64) -> u64 {
+        use std::os::unix::fs::FileExt;
+        let mut bytes = [0u8; 8];
+        self.read_exact_at(&mut bytes, page * 4096 + word * 8).unwrap();
+        u64::from_le_bytes(bytes)
+    }
+}
+
+fn kernel_image() -> PathBuf {
+    workspace_root().join("kernels/target/x86_64-unknown-none/release/lwk")
+}
+
+fn vmm_binary() -> PathBuf {
+    std::env::var_os("CLOWDER_VMM").map_or_else(|| workspace_root().join("target/release/clowder-vmm"), PathBuf::from)
+}
+
+/// Why the KVM test cannot run here, if it cannot.
+fn missing_for_enclaves() -> Option<String> {
+    if File::options().read(true).write(true).open("/dev/kvm").is_err() {
+        return Some("/dev/kvm is not available".into());
+    }
+    if !kernel_image().is_file() {
+        return Some(format!("no LWK image at {}", kernel_image().display()));
+    }
+    if !vmm_binary().is_file() {
+        return Some(format!("no clowder-vmm at {}", vmm_binary().display()));
+    }
+    if Command::new("musl-gcc").arg("--version").output().is_err() {
+        return Some("musl-gcc is not installed".into());
+    }
+    None
+}
+
+/// xemem/tests/SOURCE as a static musl LWK job, against a musl build of libxpmem.a (musl has
+/// no kernel headers: the system's linux/ and asm/ directories are linked in).
+fn build_lwk_job(source: &str, out: &Path) {
+    let xemem = workspace_root().join("xemem");
+    let headers = out.with_file_name("kernel-headers");
+    std::fs::create_dir_all(&headers).unwrap();
+    let multiarch = Command::new("gcc").arg("-print-multiarch").output().unwrap();
+    let multiarch = String::from_utf8_lossy(&multiarch.stdout).trim().to_string();
+    for (link, target) in [("linux", "/usr/include/linux".to_string()), ("asm", format!("/usr/include/{multiarch}/asm")), ("asm-generic", "/usr/include/asm-generic".to_string())] {
+        std::os::unix::fs::symlink(target, headers.join(link)).unwrap();
+    }
+    let build = out.with_file_name("musl-build");
+    let made = Command::new("make")
+        .arg("-s")
+        .arg("-C")
+        .arg(&xemem)
+        .arg(format!("CC=musl-gcc -isystem {}", headers.display()))
+        .arg(format!("BUILD={}", build.display()))
+        .arg(build.join("lib/libxpmem.a"))
+        .status()
+        .unwrap();
+    assert!(made.success(), "building a musl libxpmem.a");
+    let built = Command::new("musl-gcc")
+        .arg("-isystem")
+        .arg(&headers)
+        .args(["-static", "-O2", "-I"])
+        .arg(xemem.join("include"))
+        .arg("-o")
+        .arg(out)
+        .arg(xemem.join("tests").join(source))
+        .arg(build.join("lib/libxpmem.a"))
+        .status()
+        .unwrap();
+    assert!(built.success(), "building {source}");
+}
+
+/// The full three-hop route: a job in an LWK enclave under the sub-manager B exports a segment
+/// (its node -> B -> A's name server); a host process on A attaches it (A's name server ->
+/// B -> the enclave's kernel, whose guest-physical frames B names as ranges of the enclave's
+/// RAM memfd and passes to A as descriptors). The host process reads the job's pages and
+/// writes what the job waits for: the job's own memory, no copy.
+#[test]
+fn a_host_process_on_the_name_server_attaches_an_lwk_segment_under_a_sub_manager() {
+    if let Some(why) = missing_for_enclaves() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = TempDir::new("three-hops");
+    let job = dir.0.join("lwk_named_owner");
+    build_lwk_job("lwk_named_owner.c", &job);
+    let attacher = dir.0.join("host_attacher");
+    let xemem = workspace_root().join("xemem");
+    let built = Command::new("cc")
+        .args(["-O2", "-I"])
+        .arg(xemem.join("include"))
+        .arg("-o")
+        .arg(&attacher)
+        .arg(xemem.join("tests/host_attacher.c"))
+        .arg(xemem.join("build/lib/libxpmem.a"))
+        .arg("-lpthread")
+        .status()
+        .unwrap();
+    assert!(built.success(), "building host_attacher.c");
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    std::fs::create_dir_all(dir.0.join("b")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let (vmm, kernel) = (vmm_binary(), kernel_image());
+    let b = Daemon::start_with(&dir.0.join("b"), Some(&a), &["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()]);
+    assert!(b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", b.log());
+
+    let created = b.call(json!({"op": "create", "name": "owner", "cores": 1, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    const LINE: &str = "[lwk] xemem: the name server gave this enclave id ";
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let enclave_id: u32 = loop {
+        let logs = b.call(json!({"op": "logs", "name": "owner"}));
+        let lines = logs["lines"].as_array().cloned().unwrap_or_default();
+        if let Some(id) = lines.iter().filter_map(Value::as_str).find_map(|l| l.find(LINE).map(|at| l[at + LINE.len()..].trim().to_string())) {
+            break id.parse().unwrap();
+        }
+        assert!(Instant::now() < deadline, "the enclave under the sub-manager got no XEMEM id: {logs}\n{}", b.log());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+
+    std::thread::scope(|scope| {
+        let runner = scope.spawn(|| {
+            let binary = File::open(&job).unwrap();
+            let cwd = File::open(&dir.0).unwrap();
+            let request = json!({"op": "run", "enclave": "owner", "argv": ["lwk_named_owner"], "cwd": dir.0.to_str().unwrap(), "files": []});
+            let mut stdout = String::new();
+            let reply = Client::connect_to(&b.dir.join("clowderd.sock"))
+                .unwrap()
+                .call_streaming(&request, &[binary.as_raw_fd(), cwd.as_raw_fd()], &mut |event| {
+                    if event["event"] == "output" && event["stream"] == "stdout" {
+                        stdout.push_str(event["text"].as_str().unwrap());
+                    }
+                })
+                .unwrap();
+            (reply, stdout)
+        });
+        let host = Command::new(&attacher).env("CLOWDER_XEMEM_SOCKET", a.xemem_socket()).output().unwrap();
+        let host_out = String::from_utf8_lossy(&host.stdout).into_owned();
+        let context = format!("{host_out}\nA:\n{}\nB:\n{}", a.log(), b.log());
+        assert!(host.status.success(), "host_attacher: {:?}\n{context}", host.status);
+        assert!(host_out.contains(&format!("found a segment of enclave {enclave_id}")), "{context}");
+        assert!(host_out.contains("16 of 16 pages hold what the job wrote"), "{context}");
+        assert!(host_out.contains("another process is refused the permit"), "{context}");
+        let (reply, stdout) = runner.join().unwrap();
+        assert_eq!(reply["status"], 0, "{reply} {stdout}");
+        assert!(stdout.contains("the host wrote 42"), "{stdout}");
+    });
+    let removed = b.call(json!({"op": "rm", "name": "owner"}));
+    assert_eq!(removed["ok"], true, "{removed}");
+}
+
+/// Waits for the LWK in enclave `name` of daemon `d` to log its XEMEM id.
+fn lwk_xemem_id(d: &Daemon, name: &str) -> u32 {
+    const LINE: &str = "[lwk] xemem: the name server gave this enclave id ";
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let logs = d.call(json!({"op": "logs", "name": name}));
+        let lines = logs["lines"].as_array().cloned().unwrap_or_default();
+        if let Some(id) = lines.iter().filter_map(Value::as_str).find_map(|l| l.find(LINE).map(|at| l[at + LINE.len()..].trim().to_string())) {
+            return id.parse().unwrap();
+        }
+        assert!(Instant::now() < deadline, "enclave {name} got no XEMEM id: {logs}\n{}", d.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Runs `job` in enclave `name` of daemon `d`; returns the final reply and the job's stdout.
+fn run_job(d: &Daemon, name: &str, job: &Path, cwd: &Path) -> (Value, String) {
+    let binary = File::open(job).unwrap();
+    let directory = File::open(cwd).unwrap();
+    let argv0 = job.file_name().unwrap().to_str().unwrap();
+    let request = json!({"op": "run", "enclave": name, "argv": [argv0], "cwd": cwd.to_str().unwrap(), "files": []});
+    let mut stdout = String::new();
+    let reply = Client::connect_to(&d.dir.join("clowderd.sock"))
+        .unwrap()
+        .call_streaming(&request, &[binary.as_raw_fd(), directory.as_raw_fd()], &mut |event| {
+            if event["event"] == "output" && event["stream"] == "stdout" {
+                stdout.push_str(event["text"].as_str().unwrap());
+            }
+        })
+        .unwrap();
+    (reply, stdout)
+}
+
+/// The other way down: a host process on the name server's daemon exports a segment, and a
+/// job in an LWK enclave under the sub-manager attaches it. B takes the permit upstream as a
+/// proxy, A passes the owner's memfds to B, and B adds them to the enclave's machine as
+/// guest-physical regions: the owner's pages in the job, no copy.
+#[test]
+fn an_lwk_job_under_a_sub_manager_attaches_a_host_segment_on_the_name_servers_daemon() {
+    if let Some(why) = missing_for_enclaves() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = TempDir::new("down");
+    let job = dir.0.join("lwk_host_attacher");
+    build_lwk_job("lwk_host_attacher.c", &job);
+    let owner = dir.0.join("host_named_owner");
+    let xemem = workspace_root().join("xemem");
+    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
+    let built = Command::new("cc")
+        .args(["-O2", "-I"])
+        .arg(xemem.join("include"))
+        .arg("-o")
+        .arg(&owner)
+        .arg(xemem.join("tests/host_named_owner.c"))
+        .arg(xemem.join("build/lib/libxpmem.a"))
+        .arg("-lpthread")
+        .status()
+        .unwrap();
+    assert!(built.success(), "building host_named_owner.c");
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    std::fs::create_dir_all(dir.0.join("b")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let (vmm, kernel) = (vmm_binary(), kernel_image());
+    let b = Daemon::start_with(&dir.0.join("b"), Some(&a), &["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()]);
+    assert!(b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", b.log());
+    let created = b.call(json!({"op": "create", "name": "attacher", "cores": 1, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    lwk_xemem_id(&b, "attacher");
+
+    let mut host = Command::new(&owner).env("CLOWDER_XEMEM_SOCKET", a.xemem_socket()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut host_stdout = BufReader::new(host.stdout.take().unwrap());
+    let mut first_line = String::new();
+    host_stdout.read_line(&mut first_line).unwrap();
+    assert_eq!(first_line.trim(), "made host-owner-seg");
+    let (reply, stdout) = run_job(&b, "attacher", &job, &dir.0);
+    let host_status = host.wait().unwrap();
+    let mut host_rest = String::new();
+    std::io::Read::read_to_string(&mut host_stdout, &mut host_rest).unwrap();
+    let context = format!("job: {reply}\n{stdout}\nowner: {host_rest}\nA:\n{}\nB:\n{}", a.log(), b.log());
+    assert_eq!(reply["status"], 0, "{context}");
+    assert!(stdout.contains("found a segment of enclave 1"), "{context}");
+    assert!(host_status.success(), "{context}");
+    assert!(host_rest.contains("the LWK wrote 43"), "{context}");
+    assert!(host_rest.contains("remove: 0"), "{context}");
+    assert!(stdout.contains("16 of 16 pages hold what the host wrote") && stdout.contains("second attach: 16 of 16 pages"), "{context}");
+    // The owner's memory became regions of the enclave's machine on B, and went again.
+    let logs = b.call(json!({"op": "logs", "name": "attacher"}));
+    let lines: Vec<String> = logs["lines"].as_array().unwrap().iter().filter_map(|l| l.as_str().map(String::from)).collect();
+    let added = lines.iter().filter(|l| l.contains("xemem: host memory (")).count();
+    let removed = lines.iter().filter(|l| l.contains("xemem: host memory region") && l.ends_with("removed")).count();
+    assert!(added >= 2 && added == removed, "regions added {added}, removed {removed}: {lines:?}");
+    let removed = b.call(json!({"op": "rm", "name": "attacher"}));
+    assert_eq!(removed["ok"], true, "{removed}");
+}
+
+/// Revocation across the link: a host owner removes its segment while a job in an enclave
+/// touches its attachment, owner and enclave under the daemons `owner_on_b` and `enclave_on_b`
+/// say. Whoever bridged the job's permit revokes the job's attachment, and the owner's remove
+/// is answered (after which its library truncates the memory) only when the enclave has let
+/// go. The job's SIGBUS handler sees the fault, detach gives 0 and release ENOENT, the owner
+/// keeps its data, and every region added to the enclave's machine goes again.
+fn revoke_across(tag: &str, owner_on_b: bool, enclave_on_b: bool) {
+    if let Some(why) = missing_for_enclaves() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = TempDir::new(tag);
+    let job = dir.0.join("lwk_revoked_attacher");
+    build_lwk_job("lwk_revoked_attacher.c", &job);
+    let owner = dir.0.join("host_revoking_owner");
+    let xemem = workspace_root().join("xemem");
+    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
+    let built = Command::new("cc")
+        .args(["-O2", "-I"])
+        .arg(xemem.join("include"))
+        .arg("-o")
+        .arg(&owner)
+        .arg(xemem.join("tests/host_revoking_owner.c"))
+        .arg(xemem.join("build/lib/libxpmem.a"))
+        .arg("-lpthread")
+        .status()
+        .unwrap();
+    assert!(built.success(), "building host_revoking_owner.c");
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    std::fs::create_dir_all(dir.0.join("b")).unwrap();
+    let (vmm, kernel) = (vmm_binary(), kernel_image());
+    let machines = ["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()];
+    let a = Daemon::start_with(&dir.0.join("a"), None, &machines);
+    let b = Daemon::start_with(&dir.0.join("b"), Some(&a), &machines);
+    assert!(b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", b.log());
+    let (owner_at, enclave_at) = (if owner_on_b { &b } else { &a }, if enclave_on_b { &b } else { &a });
+    let created = enclave_at.call(json!({"op": "create", "name": "attacher", "cores": 1, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    lwk_xemem_id(enclave_at, "attacher");
+
+    let mut host = Command::new(&owner).arg("remove").env("CLOWDER_XEMEM_SOCKET", owner_at.xemem_socket()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut host_stdout = BufReader::new(host.stdout.take().unwrap());
+    let mut first_line = String::new();
+    host_stdout.read_line(&mut first_line).unwrap();
+    assert_eq!(first_line.trim(), "made host-revoke-seg");
+    let binary = File::open(&job).unwrap();
+    let cwd = File::open(&dir.0).unwrap();
+    // A job that never sees SIGBUS spins for ever: after a minute the enclave is removed, which
+    // ends it (and the test fails below).
+    let b_socket = enclave_at.dir.join("clowderd.sock");
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(60));
+        if let Ok(mut client) = Client::connect_to(&b_socket) {
+            let _ = client.call(&json!({"op": "rm", "name": "attacher"}));
+        }
+    });
+    let request = json!({"op": "run", "enclave": "attacher", "argv": ["lwk_revoked_attacher", "handler"], "cwd": dir.0.to_str().unwrap(), "files": []});
+    let mut stdout = String::new();
+    let reply = Client::connect_to(&enclave_at.dir.join("clowderd.sock"))
+        .unwrap()
+        .call_streaming(&request, &[binary.as_raw_fd(), cwd.as_raw_fd()], &mut |event| {
+            if event["event"] == "output" && event["stream"] == "stdout" {
+                stdout.push_str(event["text"].as_str().unwrap());
+            }
+        })
+        .unwrap();
+    let owner_status = host.wait().unwrap();
+    let mut owner_stdout = String::new();
+    std::io::Read::read_to_string(&mut host_stdout, &mut owner_stdout).unwrap();
+    let logs = enclave_at.call(json!({"op": "logs", "name": "attacher"}));
+    let context = format!("job: {reply}\n{stdout}\nowner: {owner_stdout}\nenclave: {logs}\nA:\n{}\nB:\n{}", a.log(), b.log());
+    assert_eq!(reply["status"], 0, "{context}");
+    assert!(stdout.contains("16 of 16 pages hold the owner's pattern"), "{context}");
+    assert!(stdout.contains("main thread: SIGBUS inside the attachment: 1"), "{context}");
+    assert!(stdout.contains("detach: 0"), "{context}");
+    assert!(stdout.contains("release: -1 (errno 2)"), "{context}");
+    assert!(owner_status.success(), "{context}");
+    assert!(owner_stdout.contains("remove: 0"), "{context}");
+    assert!(owner_stdout.contains("owner data intact: 1"), "{context}");
+    let lines: Vec<String> = logs["lines"].as_array().unwrap().iter().filter_map(|l| l.as_str().map(String::from)).collect();
+    let added = lines.iter().filter(|l| l.contains("xemem: host memory (")).count();
+    let removed = lines.iter().filter(|l| l.contains("xemem: host memory region") && l.ends_with("removed")).count();
+    assert!(added >= 1 && added == removed, "regions added {added}, removed {removed}: {context}");
+    let removed = enclave_at.call(json!({"op": "rm", "name": "attacher"}));
+    assert_eq!(removed["ok"], true, "{removed}");
+}
+
+/// The owner on the name server's daemon, the job under the sub-manager, which holds the
+/// permit upstream as a proxy: the sub-manager acknowledges the revoke only after the job's
+/// enclave has.
+#[test]
+fn a_host_owners_remove_gives_an_lwk_job_under_a_sub_manager_sigbus() {
+    revoke_across("revoke-down", false, true);
+}
+
+/// Owner and job both under the sub-manager: the remove goes to the name server, and the
+/// sub-manager revokes its enclave's attachment before the owner's remove is answered.
+#[test]
+fn a_sub_manager_owners_remove_gives_an_lwk_job_under_it_sigbus() {
+    revoke_across("revoke-local", true, true);
+}
+
+/// The owner under the sub-manager, the job under the name server's daemon: the name server's
+/// daemon revokes the job's attachment before it removes the segment and answers.
+#[test]
+fn a_sub_manager_owners_remove_gives_an_lwk_job_on_the_name_servers_daemon_sigbus() {
+    revoke_across("revoke-up", true, false);
+}

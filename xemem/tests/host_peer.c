@@ -1,0 +1,124 @@
+/*
+ * host_peer: one side of a host <-> host attach across two daemons (libxpmem against whichever
+ * clowderd CLOWDER_XEMEM_SOCKET names). crates/clowderd/tests/xemem_multihop.rs drives it.
+ *
+ *   host_peer owner NAME BASE     exports 16 private pages as NAME (page i starts with BASE + i),
+ *                                 prints its segid's enclave, waits for 43 in word 1 of page 0,
+ *                                 checks that the attacher's write to page 15 arrived too, and
+ *                                 removes the segment
+ *   host_peer attacher NAME BASE  finds NAME, gets, attaches, checks the 16 pages, writes 7 into
+ *                                 word 2 of page 15 and then 43 into word 1 of page 0, and touches
+ *                                 the attachment until the owner's remove raises SIGBUS
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <xpmem.h>
+
+#define PAGE 4096UL
+#define PAGES 16
+
+static sigjmp_buf on_bus;
+
+static void bus(int signal)
+{
+	(void)signal;
+	siglongjmp(on_bus, 1);
+}
+
+static int owner(const char *name, uint64_t base)
+{
+	volatile uint64_t *buffer = mmap(NULL, PAGES * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (buffer == MAP_FAILED)
+		return 1;
+	for (unsigned long page = 0; page < PAGES; page++)
+		buffer[page * PAGE / 8] = base + page;
+	xpmem_segid_t segid = xemem_make((void *)buffer, PAGES * PAGE, name);
+	if (segid <= 0) {
+		printf("make failed: errno %d\n", errno);
+		return 2;
+	}
+	printf("made a segment of enclave %lld\n", (long long)(segid >> 32));
+	fflush(stdout);
+	for (int tries = 0; tries < 6000 && buffer[1] != 43; tries++)
+		usleep(10000);
+	if (buffer[1] != 43) {
+		printf("the attacher never wrote\n");
+		return 3;
+	}
+	printf("the attacher wrote 43 and %s\n", buffer[15 * PAGE / 8 + 2] == 7 ? "7" : "not 7");
+	printf("remove: %d\n", xpmem_remove(segid));
+	/* The owner keeps its memory after remove, as with XPMEM. */
+	int intact = 0;
+	for (unsigned long page = 0; page < PAGES; page++)
+		intact += buffer[page * PAGE / 8] == base + page;
+	printf("%d of %d pages intact after remove\n", intact, PAGES);
+	fflush(stdout);
+	return 0;
+}
+
+static int attacher(const char *name, uint64_t base)
+{
+	xpmem_segid_t segid = -1;
+	for (int tries = 0; tries < 400 && segid <= 0; tries++) {
+		segid = xemem_lookup_segid(name);
+		if (segid <= 0)
+			usleep(50000);
+	}
+	if (segid <= 0) {
+		printf("no segment named %s (errno %d)\n", name, errno);
+		return 1;
+	}
+	printf("found a segment of enclave %lld\n", (long long)(segid >> 32));
+	xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
+	if (apid <= 0) {
+		printf("get failed: errno %d\n", errno);
+		return 2;
+	}
+	struct xpmem_addr address = { .apid = apid, .offset = 0 };
+	volatile uint64_t *view = xpmem_attach(address, PAGES * PAGE, NULL);
+	if (view == (void *)-1) {
+		printf("attach failed: errno %d\n", errno);
+		return 3;
+	}
+	int matching = 0;
+	for (unsigned long page = 0; page < PAGES; page++)
+		matching += view[page * PAGE / 8] == base + page;
+	printf("%d of %d pages hold what the owner wrote\n", matching, PAGES);
+	view[15 * PAGE / 8 + 2] = 7;
+	view[1] = 43;
+	printf("wrote 43\n");
+	fflush(stdout);
+	signal(SIGBUS, bus);
+	if (sigsetjmp(on_bus, 1)) {
+		printf("SIGBUS after remove\n");
+		return matching == PAGES ? 0 : 4;
+	}
+	for (int tries = 0; tries < 3000; tries++) {
+		(void)view[0];
+		usleep(10000);
+	}
+	printf("no SIGBUS\n");
+	return 5;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 4) {
+		fprintf(stderr, "usage: host_peer owner|attacher NAME BASE\n");
+		return 64;
+	}
+	uint64_t base = strtoull(argv[3], NULL, 0);
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (strcmp(argv[1], "owner") == 0)
+		return owner(argv[2], base);
+	if (strcmp(argv[1], "attacher") == 0)
+		return attacher(argv[2], base);
+	return 64;
+}
