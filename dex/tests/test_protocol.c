@@ -315,6 +315,7 @@ static void test_directory_basics(void)
 {
 	struct dsm_dir dir;
 	struct dsm_dir_page pages[2];
+	memset(pages, 0, sizeof(pages)); /* dsm_dir_init wants them zeroed */
 	struct dsm_queued_request pool[4];
 	struct recorder r = { 0 };
 	dsm_dir_init(&dir, pages, 2, 3, pool, 4);
@@ -365,6 +366,7 @@ static void test_prefetch(void)
 {
 	struct dsm_dir dir;
 	struct dsm_dir_page pages[3];
+	memset(pages, 0, sizeof(pages)); /* dsm_dir_init wants them zeroed */
 	struct dsm_queued_request pool[4];
 	struct recorder r = { 0 };
 	dsm_dir_init(&dir, pages, 3, 3, pool, 4);
@@ -412,6 +414,7 @@ static void test_release(void)
 {
 	struct dsm_dir dir;
 	struct dsm_dir_page pages[2];
+	memset(pages, 0, sizeof(pages)); /* dsm_dir_init wants them zeroed */
 	struct dsm_queued_request pool[4];
 	struct recorder r = { 0 };
 	dsm_dir_init(&dir, pages, 2, 3, pool, 4);
