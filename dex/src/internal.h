@@ -264,6 +264,11 @@ long dex_vma_brk(uintptr_t wanted);
 void dex_vma_node_revoke(const struct dex_msg_vma_revoke *m);
 void dex_vma_origin_revoke_ack(unsigned from, const struct dex_msg_vma_revoke_ack *m);
 
+/* barrier.c: pthread barriers run at the origin */
+#define DEX_BARRIER_CALL 0x7fff0002L /* pseudo system call: a node's thread waits at a barrier */
+void dex_barriers_init(void);
+long dex_origin_barrier_call(const long a[6]);
+
 /* threads.c */
 uint32_t dex_thread_id_alloc(void);
 void dex_thread_id_free(uint32_t id);

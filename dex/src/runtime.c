@@ -1424,6 +1424,7 @@ __attribute__((constructor(101))) static void dex_init(int argc, char **argv, ch
 	if (!dex_rt.peer_timeout_s)
 		dex_rt.peer_timeout_s = 5;
 	dex_threads_init();
+	dex_barriers_init();
 	if (!boot)
 		return;
 	unsigned node, nodes, port, ip[4];
