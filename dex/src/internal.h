@@ -54,6 +54,7 @@ struct dex_fault_stream {
 	uint32_t next_page; /* the page after the last one requested */
 	uint8_t window;     /* extra pages asked for last time */
 	uint8_t write;
+	uint32_t last_use;  /* the thread's stream_clock when last continued */
 };
 #define DEX_FAULT_STREAMS 8
 
@@ -72,7 +73,7 @@ struct dex_thread {
 	struct dex_context pool_context;
 	struct dex_mailbox mail;
 	struct dex_fault_stream streams[DEX_FAULT_STREAMS];
-	uint32_t next_stream_slot; /* round robin replacement */
+	uint32_t stream_clock; /* a new stream replaces the least recently used */
 	char *scratch; /* DEX_MAX_PAYLOAD bytes for building messages */
 	/* Retired blocks are reused only after their OS thread is gone: the
 	 * kernel clears exit_word (CLONE_CHILD_CLEARTID-style, through

@@ -585,15 +585,25 @@ static uint32_t region_end_page(uint32_t page)
  * resumes while the rest of a window is still on its way. */
 static uint32_t stream_window(struct dex_thread *self, uint32_t page, bool write, struct dex_fault_stream **stream)
 {
+	uint32_t now = ++self->stream_clock;
+	struct dex_fault_stream *oldest = &self->streams[0];
 	for (unsigned i = 0; i < DEX_FAULT_STREAMS; i++) {
 		struct dex_fault_stream *s = &self->streams[i];
 		if (s->next_page == page && s->write == write) {
 			*stream = s;
+			s->last_use = now;
 			return s->window ? (s->window * 2u > DEX_PREFETCH_MAX ? DEX_PREFETCH_MAX : s->window * 2u) : 1;
 		}
+		if (s->last_use < oldest->last_use)
+			oldest = s;
 	}
-	*stream = &self->streams[self->next_stream_slot++ % DEX_FAULT_STREAMS];
-	(*stream)->write = write;
+	/* Least recently used, not round robin: a loop reading two arrays
+	 * and updating a third starts a new stream whenever the update's
+	 * window runs ahead of its reads, and round robin then evicted the
+	 * long-running streams of the other arrays, whose windows restarted
+	 * at one page (k-means: three times as many requests). */
+	*oldest = (struct dex_fault_stream){ .write = write, .last_use = now };
+	*stream = oldest;
 	return 0;
 }
 
