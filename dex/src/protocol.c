@@ -421,6 +421,11 @@ static size_t fixed_size(unsigned type)
 	}
 }
 
+size_t dex_msg_fixed_size(unsigned type)
+{
+	return type < DEX_MSG_TYPE_END ? fixed_size(type) : 0;
+}
+
 const char *dex_msg_check_header(const struct dex_msg_header *h, const struct dex_validation_limits *lim)
 {
 	if (h->magic != DEX_MSG_MAGIC)

@@ -339,4 +339,7 @@ void dex_msg_fill_header(struct dex_msg_header *header, enum dex_msg_type type, 
 
 const char *dex_msg_type_name(unsigned type);
 
+/* Bytes of a message type's fixed part (what dex_msg_check reads). */
+size_t dex_msg_fixed_size(unsigned type);
+
 #endif
