@@ -304,6 +304,17 @@ unsigned dsm_dir_sole_remote_owner(const struct dsm_dir *dir, uint32_t page)
 	return lowest_node(p->owners);
 }
 
+unsigned dsm_dir_sole_remote_reader(const struct dsm_dir *dir, uint32_t page)
+{
+	if (page >= dir->npages)
+		return ORIGIN;
+	const struct dsm_dir_page *p = dir_page_const(dir, page);
+	uint64_t remote = p->owners & ~BIT(ORIGIN);
+	if (p->busy || p->exclusive || !(p->owners & BIT(ORIGIN)) || !remote || (remote & (remote - 1)))
+		return ORIGIN;
+	return lowest_node(remote);
+}
+
 enum dsm_access dsm_dir_access(const struct dsm_dir *dir, uint32_t page, unsigned node)
 {
 	const struct dsm_dir_page *p = dir_page_const(dir, page);

@@ -128,6 +128,12 @@ int dsm_dir_release(struct dsm_dir *dir, uint32_t page, unsigned node, dsm_emit_
  * origin reads ahead only through pages of one such node. */
 unsigned dsm_dir_sole_remote_owner(const struct dsm_dir *dir, uint32_t page);
 
+/* The one remote node that holds `page` read-only beside the origin, if
+ * the page is idle and shared by exactly those two, so that the origin's
+ * write needs one invalidation of that node (no data); 0 otherwise. The
+ * origin's write readahead goes only through pages of one such node. */
+unsigned dsm_dir_sole_remote_reader(const struct dsm_dir *dir, uint32_t page);
+
 /* Access `node` holds according to the directory (only meaningful when
  * the page is not busy). */
 enum dsm_access dsm_dir_access(const struct dsm_dir *dir, uint32_t page, unsigned node);

@@ -725,15 +725,35 @@ static bool origin_may_read_ahead(uint32_t page, bool write, unsigned owner)
 	return !write && dsm_dir_sole_remote_owner(&dex_rt.dir, page) == owner;
 }
 
-/* The origin's own fault, with dsm_lock held. A read of a page that one
- * node alone holds, continuing one of the thread's fault streams, also
- * fetches the following pages that node alone holds, in one INVALIDATE
- * run and one acknowledgement. */
+/* The origin writes ahead through pages of one kind: all held by `owner`
+ * alone (fetched with their bytes) or all shared read-only by the origin
+ * and `owner` (only invalidated), so that one INVALIDATE run covers them. */
+#define SHARED_KIND 0x100u
+static unsigned origin_write_kind(uint32_t page)
+{
+	unsigned reader = dsm_dir_sole_remote_reader(&dex_rt.dir, page);
+	return reader ? reader | SHARED_KIND : dsm_dir_sole_remote_owner(&dex_rt.dir, page);
+}
+
+static bool origin_may_write_ahead(uint32_t page, bool write, unsigned kind)
+{
+	return write && origin_write_kind(page) == kind;
+}
+
+/* The origin's own fault, with dsm_lock held. A fault continuing one of
+ * the thread's fault streams on a page that one node alone holds (a read
+ * or a write) or, for a write, that the origin shares with one node, also
+ * fetches or invalidates the following pages of that same kind, in one
+ * INVALIDATE run and one acknowledgement: the origin reads ahead, and
+ * invalidations of pages it writes in order are batched. */
 static void origin_fault(struct dex_thread *self, uint32_t page, bool write)
 {
-	unsigned owner = write ? 0 : dsm_dir_sole_remote_owner(&dex_rt.dir, page);
+	unsigned kind = write ? origin_write_kind(page) : dsm_dir_sole_remote_owner(&dex_rt.dir, page);
+	unsigned owner = kind & ~SHARED_KIND;
 	struct apply_batch batch = { .collect_invalidations = owner != 0 };
-	uint32_t extra = owner ? claim_following(self, page, false, DEX_PREFETCH_MAX - 1, origin_may_read_ahead, owner)
+	uint32_t extra = owner ? claim_following(self, page, write, DEX_PREFETCH_MAX - 1,
+						 write ? origin_may_write_ahead : origin_may_read_ahead,
+						 write ? kind : owner)
 			       : 0;
 	for (uint32_t i = 0; i <= extra; i++) {
 		int rc = dsm_dir_request(&dex_rt.dir, page + i, 0, write, origin_apply, &batch);
