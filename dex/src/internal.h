@@ -86,6 +86,7 @@ struct dsm_region {
 	uintptr_t start, end; /* app view, page aligned */
 	char *alias;          /* always-writable view of the same memory */
 	uint32_t first_page;  /* global page index of start */
+	int fd;               /* the memfd behind both views */
 };
 
 struct dex_peer {
@@ -243,6 +244,7 @@ extern bool dex_tracing;
 
 /* alloc.c */
 void dex_heap_init_origin(void);
+void dex_heap_populate(uintptr_t start, size_t bytes);
 void *dex_heap_alloc_pages(size_t bytes);
 void dex_heap_free_pages(void *p, size_t bytes);
 struct dex_app_segv_action {

@@ -1270,8 +1270,8 @@ static void add_region(uintptr_t start, uintptr_t end, bool replace_existing, co
 	void *alias = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (alias == MAP_FAILED)
 		dex_fatal("cannot map alias of %s", name);
-	close(fd);
 	struct dsm_region *r = &dex_rt.regions[dex_rt.nregions];
+	r->fd = fd; /* kept: the origin allocates heap memory ahead (alloc.c) */
 	r->start = start;
 	r->end = end;
 	r->alias = alias;
