@@ -191,17 +191,23 @@ static void *heap_malloc(size_t size)
  * inside the fault): a program filling its inputs at the origin (BLK:
  * 48 MiB) took 11 ms longer than without DEX. A large block handed out
  * from fresh heap space at the origin is therefore allocated in the memfd
- * (fallocate) by a runtime thread, 1 MiB at a time from the block's start,
- * while the program starts writing it: its faults then find the pages
- * there. Only blocks of at least POPULATE_MIN bytes (large arrays, not
+ * (fallocate) by a runtime thread, 1 MiB at a time from the block's start
+ * (several blocks in turn), while the program starts writing it: its
+ * faults then find the pages there. Only blocks of at least POPULATE_MIN bytes (large arrays, not
  * thread stacks or small objects), at most POPULATE_MAX of each; memory a
  * program allocates but never touches is then allocated all the same. */
 #define POPULATE_MIN (1u << 20)
 #define POPULATE_MAX ((size_t)256 << 20)
 #define POPULATE_STEP ((size_t)1 << 20)
 
-static uintptr_t populate_target, populate_done; /* local memory; futex: populate_wake */
-static uint32_t populate_wake;
+/* Blocks being allocated ahead, taken round robin 1 MiB at a time: a
+ * program often allocates several arrays and then fills them together. */
+#define POPULATE_SLOTS 8
+static struct {
+	uintptr_t done, target;
+} populating[POPULATE_SLOTS]; /* local memory, under populate_lock */
+static unsigned populate_next;
+static uint32_t populate_wake; /* futex word */
 static struct dex_lock populate_lock;
 
 static void *populator(void *arg)
@@ -210,13 +216,20 @@ static void *populator(void *arg)
 	dex_tls_runtime_thread = 1;
 	dex_thread_create_block(DEX_ROLE_SERVICE);
 	const struct dsm_region *heap = &dex_rt.regions[dex_rt.nregions - 1];
+	unsigned turn = 0;
 	for (;;) {
 		uint32_t seen = __atomic_load_n(&populate_wake, __ATOMIC_ACQUIRE);
+		uintptr_t from = 0, to = 0;
 		dex_lock_acquire(&populate_lock);
-		uintptr_t from = populate_done, to = populate_target;
-		if (to > from + POPULATE_STEP)
-			to = from + POPULATE_STEP;
-		populate_done = to;
+		for (unsigned i = 0; i < POPULATE_SLOTS && from == to; i++) {
+			unsigned slot = (turn + i) % POPULATE_SLOTS;
+			from = populating[slot].done;
+			to = populating[slot].target;
+			if (to > from + POPULATE_STEP)
+				to = from + POPULATE_STEP;
+			populating[slot].done = to;
+			turn = slot + 1;
+		}
 		dex_lock_release(&populate_lock);
 		if (from >= to) {
 			futex_wait_while(&populate_wake, seen);
@@ -234,10 +247,9 @@ void dex_heap_populate(uintptr_t start, size_t bytes)
 	if (bytes > POPULATE_MAX)
 		bytes = POPULATE_MAX;
 	dex_lock_acquire(&populate_lock);
-	/* A new block replaces whatever of the last one is not done yet:
-	 * the program has moved on to it. */
-	populate_done = start;
-	populate_target = start + bytes;
+	unsigned slot = populate_next++ % POPULATE_SLOTS; /* replaces the oldest */
+	populating[slot].done = start;
+	populating[slot].target = start + bytes;
 	dex_lock_release(&populate_lock);
 	__atomic_add_fetch(&populate_wake, 1, __ATOMIC_RELEASE);
 	raw_futex(&populate_wake, FUTEX_WAKE, 1);
