@@ -5,12 +5,13 @@
  * page travel to every node at every round (one write fault per arrival,
  * another when a waiter leaves) and shipped the futex wait or wake home
  * on top (delegation, syscall.c). DEX delegates futexes to the origin;
- * here the whole barrier goes there: a barrier's words are only ever
- * touched at the origin, by threads running there and by the home threads
- * of threads on other nodes, which ask their home thread to wait for them
- * (one DEX_BARRIER_CALL message and its reply, like a delegated system
- * call). The page holding the barrier stays at the origin, so a round
- * costs a node thread one round trip.
+ * here the whole barrier goes there: its state lives in the origin's own
+ * memory and is only ever touched there, by threads running there and by
+ * the home threads of threads on other nodes, which ask their home thread
+ * to wait for them (one DEX_BARRIER_CALL message and its reply, like a
+ * delegated system call). The application's pthread_barrier_t only names
+ * that state and is written by init and destroy alone, so a round costs a
+ * node thread one round trip and moves no page.
  *
  * Barriers outside the shared regions (none in practice) and programs not
  * under dexrun use glibc's. The process-shared attribute is accepted but
@@ -22,18 +23,34 @@
 #include <errno.h>
 #include <pthread.h>
 
-#define BARRIER_MAGIC 0xdeba7713u
+#define BARRIER_MAGIC 0xdeba7714u
+#define MAX_BARRIERS 4096
+
+/* What the application's pthread_barrier_t holds: the name of a barrier
+ * whose state lives in the origin's own memory. The object is written
+ * only by init and destroy, so waiting never writes the application's
+ * page: a node may keep a read copy of whatever shares that page with
+ * the barrier (k-means reads its iteration count beside it every round). */
+struct barrier_ref {
+	uint32_t magic;
+	uint32_t slot;
+	uint32_t generation;
+};
+_Static_assert(sizeof(struct barrier_ref) <= sizeof(pthread_barrier_t), "barrier does not fit");
 
 struct origin_barrier {
-	uint32_t magic;
 	uint32_t count;   /* threads per round */
 	uint32_t arrived; /* in the current round */
 	uint32_t round;   /* futex word: bumped when a round completes */
 	uint32_t inside;  /* futex word: threads between arriving and leaving */
+	uint32_t generation;
+	bool used;
 };
-_Static_assert(sizeof(struct origin_barrier) <= sizeof(pthread_barrier_t), "barrier does not fit");
+static struct origin_barrier barriers[MAX_BARRIERS]; /* the origin's own memory */
+static struct dex_lock barriers_lock;
+static uint32_t next_slot;
 
-enum { BARRIER_WAIT = 1, BARRIER_DESTROY = 2 };
+enum { BARRIER_WAIT = 1, BARRIER_DESTROY = 2, BARRIER_INIT = 3 };
 
 static int (*real_init)(pthread_barrier_t *, const pthread_barrierattr_t *, unsigned);
 static int (*real_wait)(pthread_barrier_t *);
@@ -51,17 +68,45 @@ void dex_barriers_init(void)
 static bool handled_here(const void *barrier)
 {
 	return dex_rt.active && dex_in_shared((uintptr_t)barrier) &&
-	       dex_in_shared((uintptr_t)barrier + sizeof(struct origin_barrier) - 1);
+	       dex_in_shared((uintptr_t)barrier + sizeof(struct barrier_ref) - 1);
 }
 
-/* Sleeps while *word == seen. The kernel reads the word, which must then
- * be present here: a page another node took is fetched and the wait
- * tried again. */
-static void wait_on_word(uint32_t *word, uint32_t seen)
+static long origin_init(struct barrier_ref *ref, unsigned long count)
 {
-	long rc = raw_syscall6(SYS_futex, (long)word, FUTEX_WAIT | FUTEX_PRIVATE_FLAG, seen, 0, 0, 0);
-	if (rc == -EFAULT)
-		dex_prefault((uintptr_t)word, sizeof(*word), false);
+	if (count == 0 || count > INT32_MAX)
+		return EINVAL;
+	uint32_t slot = MAX_BARRIERS, generation = 0;
+	dex_lock_acquire(&barriers_lock);
+	for (uint32_t i = 0; i < MAX_BARRIERS; i++) {
+		uint32_t candidate = (next_slot + i) % MAX_BARRIERS;
+		if (!barriers[candidate].used) {
+			slot = candidate;
+			break;
+		}
+	}
+	if (slot < MAX_BARRIERS) {
+		struct origin_barrier *b = &barriers[slot];
+		generation = b->generation + 1;
+		*b = (struct origin_barrier){ .count = (uint32_t)count, .round = b->round, .generation = generation,
+					      .used = true };
+		next_slot = slot + 1;
+	}
+	dex_lock_release(&barriers_lock);
+	if (slot == MAX_BARRIERS)
+		return EAGAIN;
+	/* Through the DSM, at the origin: the one write of the object. */
+	*ref = (struct barrier_ref){ .magic = BARRIER_MAGIC, .slot = slot, .generation = generation };
+	return 0;
+}
+
+/* Reading the object needs only a read copy here. */
+static struct origin_barrier *lookup(const struct barrier_ref *ref)
+{
+	struct barrier_ref r = *ref;
+	if (r.magic != BARRIER_MAGIC || r.slot >= MAX_BARRIERS)
+		return NULL;
+	struct origin_barrier *b = &barriers[r.slot];
+	return __atomic_load_n(&b->used, __ATOMIC_ACQUIRE) && b->generation == r.generation ? b : NULL;
 }
 
 static long origin_wait(struct origin_barrier *b)
@@ -77,7 +122,7 @@ static long origin_wait(struct origin_barrier *b)
 		result = PTHREAD_BARRIER_SERIAL_THREAD;
 	} else {
 		while (__atomic_load_n(&b->round, __ATOMIC_ACQUIRE) == round)
-			wait_on_word(&b->round, round);
+			futex_wait_while(&b->round, round);
 	}
 	if (__atomic_sub_fetch(&b->inside, 1, __ATOMIC_ACQ_REL) == 0)
 		futex_wake_all(&b->inside); /* a destroy may be waiting for us to leave */
@@ -85,15 +130,18 @@ static long origin_wait(struct origin_barrier *b)
 }
 
 /* As glibc's: waits until threads released by the last round have left. */
-static long origin_destroy(struct origin_barrier *b)
+static long origin_destroy(struct barrier_ref *ref, struct origin_barrier *b)
 {
 	uint32_t inside;
 	while ((inside = __atomic_load_n(&b->inside, __ATOMIC_ACQUIRE)) != 0) {
 		if (__atomic_load_n(&b->arrived, __ATOMIC_ACQUIRE) != 0)
 			return EBUSY; /* threads are blocked in a round */
-		wait_on_word(&b->inside, inside);
+		futex_wait_while(&b->inside, inside);
 	}
-	__atomic_store_n(&b->magic, 0, __ATOMIC_RELEASE);
+	dex_lock_acquire(&barriers_lock);
+	__atomic_store_n(&b->used, false, __ATOMIC_RELEASE);
+	dex_lock_release(&barriers_lock);
+	ref->magic = 0;
 	return 0;
 }
 
@@ -101,23 +149,28 @@ static long origin_destroy(struct origin_barrier *b)
  * node's thread by its home thread (dex_origin_run_delegated). */
 long dex_origin_barrier_call(const long a[6])
 {
-	struct origin_barrier *b = (struct origin_barrier *)a[0];
-	if (!handled_here(b) || __atomic_load_n(&b->magic, __ATOMIC_ACQUIRE) != BARRIER_MAGIC)
+	struct barrier_ref *ref = (struct barrier_ref *)a[0];
+	if (!handled_here(ref))
+		return EINVAL;
+	if (a[1] == BARRIER_INIT)
+		return origin_init(ref, (unsigned long)a[2]);
+	struct origin_barrier *b = lookup(ref);
+	if (!b)
 		return EINVAL;
 	switch (a[1]) {
 	case BARRIER_WAIT:
 		return origin_wait(b);
 	case BARRIER_DESTROY:
-		return origin_destroy(b);
+		return origin_destroy(ref, b);
 	default:
 		return EINVAL;
 	}
 }
 
-/* On a node the barrier's words are never touched: the call goes home. */
-static int barrier_call(pthread_barrier_t *barrier, long op)
+/* On a node the barrier's object is never touched: the call goes home. */
+static int barrier_call(pthread_barrier_t *barrier, long op, long arg)
 {
-	long a[6] = { (long)barrier, op };
+	long a[6] = { (long)barrier, op, arg };
 	if (dex_rt.node == 0)
 		return (int)dex_origin_barrier_call(a);
 	return (int)dex_delegate_call(DEX_BARRIER_CALL, a);
@@ -127,24 +180,19 @@ int pthread_barrier_init(pthread_barrier_t *barrier, const pthread_barrierattr_t
 {
 	if (!handled_here(barrier))
 		return real_init(barrier, attr, count);
-	if (count == 0 || count > INT32_MAX)
-		return EINVAL;
-	/* Plain stores through the DSM, wherever the caller runs. */
-	struct origin_barrier *b = (struct origin_barrier *)barrier;
-	*b = (struct origin_barrier){ .magic = BARRIER_MAGIC, .count = count };
-	return 0;
+	return barrier_call(barrier, BARRIER_INIT, (long)count);
 }
 
 int pthread_barrier_wait(pthread_barrier_t *barrier)
 {
 	if (!handled_here(barrier))
 		return real_wait(barrier);
-	return barrier_call(barrier, BARRIER_WAIT);
+	return barrier_call(barrier, BARRIER_WAIT, 0);
 }
 
 int pthread_barrier_destroy(pthread_barrier_t *barrier)
 {
 	if (!handled_here(barrier))
 		return real_destroy(barrier);
-	return barrier_call(barrier, BARRIER_DESTROY);
+	return barrier_call(barrier, BARRIER_DESTROY, 0);
 }
