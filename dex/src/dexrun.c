@@ -42,6 +42,7 @@
 #include <sys/personality.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -52,6 +53,7 @@
 #define GRACE_SECONDS 3
 
 static pid_t children[MAX_NODES];
+static int child_fds[MAX_NODES]; /* pidfds: readable once the child has ended; -1 if unavailable */
 static int nchildren;
 static volatile sig_atomic_t interrupted;
 
@@ -216,6 +218,37 @@ static double now_seconds(void)
 	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* Sleeps until a child ends, a signal arrives or `seconds` pass. Waiting
+ * on pidfds rather than polling waitpid every few milliseconds: the end
+ * of a run is noticed at once (polling added 5-15 ms to every run). */
+static void wait_for_children(double seconds)
+{
+	struct pollfd pfd[MAX_NODES];
+	int n = 0;
+	for (int i = 0; i < nchildren; i++) {
+		if (children[i] <= 0)
+			continue;
+		if (child_fds[i] < 0) { /* no pidfd (kernel before 5.3): poll */
+			usleep(5000);
+			return;
+		}
+		pfd[n++] = (struct pollfd){ .fd = child_fds[i], .events = POLLIN };
+	}
+	if (seconds < 0)
+		seconds = 0;
+	if (seconds > 1)
+		seconds = 1; /* callers loop and look at their deadlines again */
+	(void)poll(pfd, (nfds_t)n, (int)(seconds * 1000) + 1); /* EINTR: a signal to look at */
+}
+
+static void forget_child(int i)
+{
+	children[i] = -1;
+	if (child_fds[i] >= 0)
+		close(child_fds[i]);
+	child_fds[i] = -1;
+}
+
 static int index_of(pid_t pid)
 {
 	for (int i = 0; i < nchildren; i++)
@@ -275,16 +308,17 @@ static int reap_until(double deadline, int *origin_status)
 		if (pid > 0) {
 			int i = index_of(pid);
 			if (i >= 0) {
-				children[i] = -1;
+				forget_child(i);
 				note_exit(i, status);
 				if (i == 0)
 					*origin_status = status;
 			}
 			continue;
 		}
-		if (now_seconds() >= deadline)
+		double left = deadline - now_seconds();
+		if (left <= 0)
 			break;
-		usleep(10000);
+		wait_for_children(left);
 	}
 	return alive_count();
 }
@@ -418,6 +452,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "dexrun: cannot run %s: %s\n", argv[i], strerror(errno));
 			_exit(127);
 		}
+		child_fds[nchildren] = (int)syscall(SYS_pidfd_open, pid, 0);
 		children[nchildren++] = pid;
 		if (own_namespace) {
 			char c;
@@ -451,13 +486,13 @@ int main(int argc, char **argv)
 		int status;
 		pid_t pid = waitpid(-1, &status, WNOHANG);
 		if (pid <= 0) {
-			usleep(5000);
+			wait_for_children(deadline ? deadline - now_seconds() : 1.0);
 			continue;
 		}
 		int n = index_of(pid);
 		if (n < 0)
 			continue;
-		children[n] = -1;
+		forget_child(n);
 		if (n == 0) {
 			origin_status = status;
 			/* Nodes leave on the origin's SHUTDOWN or when its socket

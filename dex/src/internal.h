@@ -54,6 +54,7 @@ struct dex_fault_stream {
 	uint32_t next_page; /* the page after the last one requested */
 	uint8_t window;     /* extra pages asked for last time */
 	uint8_t write;
+	uint32_t last_use;  /* the thread's stream_clock when last continued */
 };
 #define DEX_FAULT_STREAMS 8
 
@@ -72,7 +73,7 @@ struct dex_thread {
 	struct dex_context pool_context;
 	struct dex_mailbox mail;
 	struct dex_fault_stream streams[DEX_FAULT_STREAMS];
-	uint32_t next_stream_slot; /* round robin replacement */
+	uint32_t stream_clock; /* a new stream replaces the least recently used */
 	char *scratch; /* DEX_MAX_PAYLOAD bytes for building messages */
 	/* Retired blocks are reused only after their OS thread is gone: the
 	 * kernel clears exit_word (CLONE_CHILD_CLEARTID-style, through
@@ -85,6 +86,7 @@ struct dsm_region {
 	uintptr_t start, end; /* app view, page aligned */
 	char *alias;          /* always-writable view of the same memory */
 	uint32_t first_page;  /* global page index of start */
+	int fd;               /* the memfd behind both views */
 };
 
 struct dex_peer {
@@ -242,6 +244,7 @@ extern bool dex_tracing;
 
 /* alloc.c */
 void dex_heap_init_origin(void);
+void dex_heap_populate(uintptr_t start, size_t bytes);
 void *dex_heap_alloc_pages(size_t bytes);
 void dex_heap_free_pages(void *p, size_t bytes);
 struct dex_app_segv_action {
@@ -263,6 +266,11 @@ bool dex_vma_origin_call(long nr, const long a[6], long *ret);
 long dex_vma_brk(uintptr_t wanted);
 void dex_vma_node_revoke(const struct dex_msg_vma_revoke *m);
 void dex_vma_origin_revoke_ack(unsigned from, const struct dex_msg_vma_revoke_ack *m);
+
+/* barrier.c: pthread barriers run at the origin */
+#define DEX_BARRIER_CALL 0x7fff0002L /* pseudo system call: a node's thread waits at a barrier */
+void dex_barriers_init(void);
+long dex_origin_barrier_call(const long a[6]);
 
 /* threads.c */
 uint32_t dex_thread_id_alloc(void);

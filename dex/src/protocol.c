@@ -18,13 +18,28 @@ void dsm_dir_init(struct dsm_dir *dir, struct dsm_dir_page *pages, uint32_t npag
 	dir->nodes = nodes;
 	dir->queue_pool = pool;
 	dir->queue_pool_size = pool_size;
-	for (uint32_t i = 0; i < npages; i++) {
-		pages[i] = (struct dsm_dir_page){ .owners = BIT(ORIGIN), .exclusive = 1, .queue_head = -1,
-						  .queue_tail = -1 };
-	}
 	for (uint32_t i = 0; i < pool_size; i++)
 		pool[i].next = (i + 1 < pool_size) ? (int32_t)(i + 1) : -1;
 	dir->queue_free = pool_size ? 0 : -1;
+}
+
+/* Entries are set up on first use: a zeroed entry stands for a page the
+ * origin holds alone, so a large directory costs nothing until used. */
+static const struct dsm_dir_page initial_page = { .owners = BIT(ORIGIN), .exclusive = 1, .queue_head = -1,
+						  .queue_tail = -1, .initialised = 1 };
+
+static struct dsm_dir_page *dir_page(struct dsm_dir *dir, uint32_t page)
+{
+	struct dsm_dir_page *p = &dir->pages[page];
+	if (!p->initialised)
+		*p = initial_page;
+	return p;
+}
+
+static const struct dsm_dir_page *dir_page_const(const struct dsm_dir *dir, uint32_t page)
+{
+	const struct dsm_dir_page *p = &dir->pages[page];
+	return p->initialised ? p : &initial_page;
 }
 
 static void emit_action(dsm_emit_fn emit, void *ctx, enum dsm_action_kind kind, unsigned node, uint32_t page,
@@ -190,7 +205,7 @@ int dsm_dir_request(struct dsm_dir *dir, uint32_t page, unsigned node, bool writ
 {
 	if (page >= dir->npages || node >= dir->nodes)
 		return DSM_E_RANGE;
-	struct dsm_dir_page *p = &dir->pages[page];
+	struct dsm_dir_page *p = dir_page(dir, page);
 	if (p->busy)
 		return enqueue(dir, p, node, write);
 	int rc = validate_request(p, node, write);
@@ -239,7 +254,7 @@ int dsm_dir_ack(struct dsm_dir *dir, uint32_t page, unsigned node, bool with_dat
 {
 	if (page >= dir->npages || node >= dir->nodes || node == ORIGIN)
 		return DSM_E_RANGE;
-	struct dsm_dir_page *p = &dir->pages[page];
+	struct dsm_dir_page *p = dir_page(dir, page);
 	if (!p->busy || !(p->acks_pending & BIT(node)))
 		return DSM_E_UNEXPECTED;
 	/* Data is expected exactly when we fetched from an exclusive writer. */
@@ -253,7 +268,7 @@ int dsm_dir_release(struct dsm_dir *dir, uint32_t page, unsigned node, dsm_emit_
 {
 	if (page >= dir->npages || node >= dir->nodes || node == ORIGIN)
 		return DSM_E_RANGE;
-	struct dsm_dir_page *p = &dir->pages[page];
+	struct dsm_dir_page *p = dir_page(dir, page);
 	if (!(p->owners & BIT(node)) || (p->exclusive && p->owners != BIT(node)))
 		return DSM_E_UNEXPECTED;
 	if (p->busy)
@@ -272,7 +287,7 @@ int dsm_dir_prefetch(struct dsm_dir *dir, uint32_t page, unsigned node, bool wri
 {
 	if (page >= dir->npages || node >= dir->nodes || node == ORIGIN)
 		return DSM_E_RANGE;
-	struct dsm_dir_page *p = &dir->pages[page];
+	struct dsm_dir_page *p = dir_page(dir, page);
 	if (p->busy || request_already_satisfied(p, node, write) || !completes_at_once(p, node, write))
 		return 0;
 	start_request(p, page, node, write, emit, ctx);
@@ -283,15 +298,26 @@ unsigned dsm_dir_sole_remote_owner(const struct dsm_dir *dir, uint32_t page)
 {
 	if (page >= dir->npages)
 		return ORIGIN;
-	const struct dsm_dir_page *p = &dir->pages[page];
+	const struct dsm_dir_page *p = dir_page_const(dir, page);
 	if (p->busy || !p->exclusive)
 		return ORIGIN;
 	return lowest_node(p->owners);
 }
 
+unsigned dsm_dir_sole_remote_reader(const struct dsm_dir *dir, uint32_t page)
+{
+	if (page >= dir->npages)
+		return ORIGIN;
+	const struct dsm_dir_page *p = dir_page_const(dir, page);
+	uint64_t remote = p->owners & ~BIT(ORIGIN);
+	if (p->busy || p->exclusive || !(p->owners & BIT(ORIGIN)) || !remote || (remote & (remote - 1)))
+		return ORIGIN;
+	return lowest_node(remote);
+}
+
 enum dsm_access dsm_dir_access(const struct dsm_dir *dir, uint32_t page, unsigned node)
 {
-	const struct dsm_dir_page *p = &dir->pages[page];
+	const struct dsm_dir_page *p = dir_page_const(dir, page);
 	if (!(p->owners & BIT(node)))
 		return DSM_NONE;
 	return p->exclusive ? DSM_WRITE : DSM_READ;
@@ -404,6 +430,11 @@ static size_t fixed_size(unsigned type)
 	case DEX_MSG_PAGE_PREFETCH: return sizeof(struct dex_msg_page_prefetch);
 	default: return 0;
 	}
+}
+
+size_t dex_msg_fixed_size(unsigned type)
+{
+	return type < DEX_MSG_TYPE_END ? fixed_size(type) : 0;
 }
 
 const char *dex_msg_check_header(const struct dex_msg_header *h, const struct dex_validation_limits *lim)

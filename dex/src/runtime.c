@@ -164,19 +164,35 @@ static void connect_selected_transport(void)
 	dex_transport = selected_transport;
 }
 
-int dex_send(unsigned peer, enum dex_msg_type type, const void *fixed, size_t fixed_len, const void *data,
-	     size_t data_len)
+/* Sends one message whose data is gathered from `ndata` buffers (page
+ * bytes straight from the alias: no staging copy). */
+static int dex_sendv(unsigned peer, enum dex_msg_type type, const void *fixed, size_t fixed_len,
+		     const struct iovec *data, int ndata)
 {
 	struct dex_peer *p = &dex_rt.peers[peer];
 	struct dex_msg_header h;
+	struct iovec iov[2 + DEX_PREFETCH_MAX];
+	size_t length = fixed_len;
+	iov[0] = (struct iovec){ &h, sizeof(h) };
+	iov[1] = (struct iovec){ (void *)fixed, fixed_len };
+	for (int i = 0; i < ndata; i++) {
+		iov[2 + i] = data[i];
+		length += data[i].iov_len;
+	}
 	dex_lock_acquire(&p->send_lock);
-	dex_msg_fill_header(&h, type, dex_rt.node, (uint32_t)(fixed_len + data_len), ++p->sequence);
-	struct iovec iov[3] = { { &h, sizeof(h) }, { (void *)fixed, fixed_len }, { (void *)data, data_len } };
-	int rc = dex_transport->send(peer, iov, data_len ? 3 : 2);
+	dex_msg_fill_header(&h, type, dex_rt.node, (uint32_t)length, ++p->sequence);
+	int rc = dex_transport->send(peer, iov, 2 + ndata);
 	dex_lock_release(&p->send_lock);
 	if (rc && !dex_rt.shutting_down)
 		dex_fatal("connection to node %u broken while sending %s", peer, dex_msg_type_name(type));
 	return rc;
+}
+
+int dex_send(unsigned peer, enum dex_msg_type type, const void *fixed, size_t fixed_len, const void *data,
+	     size_t data_len)
+{
+	struct iovec d = { (void *)data, data_len };
+	return dex_sendv(peer, type, fixed, fixed_len, &d, data_len ? 1 : 0);
 }
 
 static struct dex_validation_limits limits(void)
@@ -186,8 +202,64 @@ static struct dex_validation_limits limits(void)
 					       .nregions = dex_rt.nregions };
 }
 
+static int64_t page_index(uintptr_t addr);
+static char *page_alias(uint32_t page);
+
+/* Page bytes this side expects (grants on a node, acknowledgements at the
+ * origin) are read straight into the alias of the pages they are for,
+ * once the fixed part has been validated: no staging copy. The pages are
+ * ones this process has asked for (or, at the origin, busy pages it
+ * fetches), inaccessible to the application until the handler grants
+ * them; a message found unexpected there stops the run as before. */
+static bool data_goes_to_alias(const struct dex_msg_header *h)
+{
+	if (dex_rt.node == 0)
+		return h->type == DEX_MSG_INVALIDATE_ACK;
+	return h->type == DEX_MSG_PAGE_GRANT || h->type == DEX_MSG_PAGE_PREFETCH;
+}
+
+static int receive_into_alias(unsigned peer, const struct dex_msg_header *h, const char *payload)
+{
+	switch (h->type) {
+	case DEX_MSG_PAGE_GRANT: {
+		const struct dex_msg_page_grant *m = (const void *)payload;
+		if (!m->with_data)
+			return 1;
+		return dex_transport->receive(peer, page_alias((uint32_t)page_index(m->address)), DEX_PAGE_SIZE);
+	}
+	case DEX_MSG_PAGE_PREFETCH: {
+		const struct dex_msg_page_prefetch *m = (const void *)payload;
+		uint32_t first = (uint32_t)page_index(m->address);
+		for (uint32_t i = 0; i < m->count;) {
+			if (!(m->with_data & (UINT64_C(1) << i))) {
+				i++;
+				continue;
+			}
+			uint32_t j = i + 1;
+			while (j < m->count && (m->with_data & (UINT64_C(1) << j)))
+				j++;
+			int rc = dex_transport->receive(peer, page_alias(first + i), (size_t)(j - i) * DEX_PAGE_SIZE);
+			if (rc != 1)
+				return rc;
+			i = j;
+		}
+		return 1;
+	}
+	case DEX_MSG_INVALIDATE_ACK: {
+		const struct dex_msg_invalidate_ack *m = (const void *)payload;
+		if (!m->with_data)
+			return 1;
+		return dex_transport->receive(peer, page_alias((uint32_t)page_index(m->address)),
+					      (size_t)m->count * DEX_PAGE_SIZE);
+	}
+	default:
+		return 1;
+	}
+}
+
 /* Reads one validated message. Returns 1, 0 on EOF; malformed input is fatal:
- * after a corrupt message neither side can trust the shared state. */
+ * after a corrupt message neither side can trust the shared state. Page
+ * bytes that data_goes_to_alias are in place, not in `payload`. */
 static int receive_message(unsigned peer, struct dex_msg_header *h, char *payload)
 {
 	int rc = dex_transport->receive(peer, h, sizeof(*h));
@@ -197,14 +269,21 @@ static int receive_message(unsigned peer, struct dex_msg_header *h, char *payloa
 	const char *why = dex_msg_check_header(h, &lim);
 	if (why)
 		dex_fatal("rejected malformed message from node %u: %s", peer, why);
-	rc = dex_transport->receive(peer, payload, h->length);
+	bool to_alias = data_goes_to_alias(h);
+	size_t first_part = to_alias ? dex_msg_fixed_size(h->type) : h->length;
+	rc = dex_transport->receive(peer, payload, first_part);
 	if (rc != 1)
 		return rc == 0 ? -1 : rc;
-	why = dex_msg_check(h, payload, &lim);
+	why = dex_msg_check(h, payload, &lim); /* reads the fixed part only */
 	if (why)
 		dex_fatal("rejected %s from node %u: %s", dex_msg_type_name(h->type), peer, why);
 	if (h->from != peer)
 		dex_fatal("message from node %u arrived on node %u's connection", h->from, peer);
+	if (to_alias) {
+		rc = receive_into_alias(peer, h, payload);
+		if (rc != 1)
+			return rc == 0 ? -1 : rc;
+	}
 	return 1;
 }
 
@@ -585,15 +664,25 @@ static uint32_t region_end_page(uint32_t page)
  * resumes while the rest of a window is still on its way. */
 static uint32_t stream_window(struct dex_thread *self, uint32_t page, bool write, struct dex_fault_stream **stream)
 {
+	uint32_t now = ++self->stream_clock;
+	struct dex_fault_stream *oldest = &self->streams[0];
 	for (unsigned i = 0; i < DEX_FAULT_STREAMS; i++) {
 		struct dex_fault_stream *s = &self->streams[i];
 		if (s->next_page == page && s->write == write) {
 			*stream = s;
+			s->last_use = now;
 			return s->window ? (s->window * 2u > DEX_PREFETCH_MAX ? DEX_PREFETCH_MAX : s->window * 2u) : 1;
 		}
+		if (s->last_use < oldest->last_use)
+			oldest = s;
 	}
-	*stream = &self->streams[self->next_stream_slot++ % DEX_FAULT_STREAMS];
-	(*stream)->write = write;
+	/* Least recently used, not round robin: a loop reading two arrays
+	 * and updating a third starts a new stream whenever the update's
+	 * window runs ahead of its reads, and round robin then evicted the
+	 * long-running streams of the other arrays, whose windows restarted
+	 * at one page (k-means: three times as many requests). */
+	*oldest = (struct dex_fault_stream){ .write = write, .last_use = now };
+	*stream = oldest;
 	return 0;
 }
 
@@ -636,15 +725,35 @@ static bool origin_may_read_ahead(uint32_t page, bool write, unsigned owner)
 	return !write && dsm_dir_sole_remote_owner(&dex_rt.dir, page) == owner;
 }
 
-/* The origin's own fault, with dsm_lock held. A read of a page that one
- * node alone holds, continuing one of the thread's fault streams, also
- * fetches the following pages that node alone holds, in one INVALIDATE
- * run and one acknowledgement. */
+/* The origin writes ahead through pages of one kind: all held by `owner`
+ * alone (fetched with their bytes) or all shared read-only by the origin
+ * and `owner` (only invalidated), so that one INVALIDATE run covers them. */
+#define SHARED_KIND 0x100u
+static unsigned origin_write_kind(uint32_t page)
+{
+	unsigned reader = dsm_dir_sole_remote_reader(&dex_rt.dir, page);
+	return reader ? reader | SHARED_KIND : dsm_dir_sole_remote_owner(&dex_rt.dir, page);
+}
+
+static bool origin_may_write_ahead(uint32_t page, bool write, unsigned kind)
+{
+	return write && origin_write_kind(page) == kind;
+}
+
+/* The origin's own fault, with dsm_lock held. A fault continuing one of
+ * the thread's fault streams on a page that one node alone holds (a read
+ * or a write) or, for a write, that the origin shares with one node, also
+ * fetches or invalidates the following pages of that same kind, in one
+ * INVALIDATE run and one acknowledgement: the origin reads ahead, and
+ * invalidations of pages it writes in order are batched. */
 static void origin_fault(struct dex_thread *self, uint32_t page, bool write)
 {
-	unsigned owner = write ? 0 : dsm_dir_sole_remote_owner(&dex_rt.dir, page);
+	unsigned kind = write ? origin_write_kind(page) : dsm_dir_sole_remote_owner(&dex_rt.dir, page);
+	unsigned owner = kind & ~SHARED_KIND;
 	struct apply_batch batch = { .collect_invalidations = owner != 0 };
-	uint32_t extra = owner ? claim_following(self, page, false, DEX_PREFETCH_MAX - 1, origin_may_read_ahead, owner)
+	uint32_t extra = owner ? claim_following(self, page, write, DEX_PREFETCH_MAX - 1,
+						 write ? origin_may_write_ahead : origin_may_read_ahead,
+						 write ? kind : owner)
 			       : 0;
 	for (uint32_t i = 0; i <= extra; i++) {
 		int rc = dsm_dir_request(&dex_rt.dir, page + i, 0, write, origin_apply, &batch);
@@ -838,22 +947,21 @@ void dex_install_signal_handlers(void)
 
 /* ------------------------------------------------------------- receivers */
 
-static void node_handle_grant(const struct dex_msg_page_grant *m, const char *data)
+/* The page's bytes, if any, are in its alias already (receive_message). */
+static void node_handle_grant(const struct dex_msg_page_grant *m)
 {
 	uint32_t page = (uint32_t)page_index(m->address);
 	dex_lock_acquire(&dex_rt.dsm_lock);
 	if (dsm_node_grant(&dex_rt.page_state[page], &dex_rt.page_inflight[page], m->access) != DSM_OK)
 		dex_fatal("rejected PAGE_GRANT for %#llx: no request in flight", (unsigned long long)m->address);
-	if (m->with_data) {
-		memcpy(page_alias(page), data, DEX_PAGE_SIZE);
+	if (m->with_data)
 		dex_rt.pages_received++;
-	}
 	protect_page(page, m->access);
 	dex_lock_release(&dex_rt.dsm_lock);
 	bump_epoch();
 }
 
-static void node_handle_prefetch(const struct dex_msg_page_prefetch *m, const char *data)
+static void node_handle_prefetch(const struct dex_msg_page_prefetch *m)
 {
 	uint32_t first = (uint32_t)page_index(m->address);
 	dex_lock_acquire(&dex_rt.dsm_lock);
@@ -871,11 +979,8 @@ static void node_handle_prefetch(const struct dex_msg_page_prefetch *m, const ch
 			continue;
 		}
 		dex_rt.pages_prefetched++;
-		if (m->with_data & (UINT64_C(1) << i)) {
-			memcpy(page_alias(page), data, DEX_PAGE_SIZE);
-			data += DEX_PAGE_SIZE;
-			dex_rt.pages_received++;
-		}
+		if (m->with_data & (UINT64_C(1) << i))
+			dex_rt.pages_received++; /* its bytes are in place (receive_message) */
 	}
 	protect_pages(run_start, first + m->count - run_start, m->access);
 	dex_lock_release(&dex_rt.dsm_lock);
@@ -943,16 +1048,12 @@ static void node_receive_loop(void)
 			dex_fatal("lost connection to the origin (origin exited or was killed); stopping");
 		}
 		switch (h.type) {
-		case DEX_MSG_PAGE_GRANT: {
-			const struct dex_msg_page_grant *m = (const void *)payload;
-			node_handle_grant(m, payload + sizeof(*m));
+		case DEX_MSG_PAGE_GRANT:
+			node_handle_grant((const void *)payload);
 			break;
-		}
-		case DEX_MSG_PAGE_PREFETCH: {
-			const struct dex_msg_page_prefetch *m = (const void *)payload;
-			node_handle_prefetch(m, payload + sizeof(*m));
+		case DEX_MSG_PAGE_PREFETCH:
+			node_handle_prefetch((const void *)payload);
 			break;
-		}
 		case DEX_MSG_INVALIDATE:
 			node_handle_invalidate((const void *)payload);
 			break;
@@ -986,7 +1087,7 @@ static void node_receive_loop(void)
 
 /* With dsm_lock held: grants or declines the `count` pages from `first`
  * that `peer` asked for beyond its faulting page, in one answer. */
-static int origin_answer_prefetch(unsigned peer, uint32_t first, uint32_t count, bool write, char *data)
+static int origin_answer_prefetch(unsigned peer, uint32_t first, uint32_t count, bool write)
 {
 	struct apply_batch batch = { .grants = { .address = page_address(first), .count = count,
 						 .access = write ? DSM_WRITE : DSM_READ },
@@ -997,17 +1098,22 @@ static int origin_answer_prefetch(unsigned peer, uint32_t first, uint32_t count,
 		if (granted < 0)
 			return granted;
 	}
-	/* Protect first, then copy: no thread here can change the bytes of a
-	 * page it may no longer write once the mprotect returns. */
+	/* Protect first, then send: no thread here can change the bytes of a
+	 * page it may no longer write once the mprotect returns, and the
+	 * pages' bytes go out from the alias itself, run by run. */
 	batch_apply_origin_access(&batch);
-	size_t length = 0;
+	struct iovec runs[DEX_PREFETCH_MAX];
+	int nruns = 0;
 	for (uint32_t i = 0; i < count; i++) {
-		if (batch.grants.with_data & (UINT64_C(1) << i)) {
-			memcpy(data + length, page_alias(first + i), DEX_PAGE_SIZE);
-			length += DEX_PAGE_SIZE;
-		}
+		if (!(batch.grants.with_data & (UINT64_C(1) << i)))
+			continue;
+		char *bytes = page_alias(first + i);
+		if (nruns && (char *)runs[nruns - 1].iov_base + runs[nruns - 1].iov_len == bytes)
+			runs[nruns - 1].iov_len += DEX_PAGE_SIZE;
+		else
+			runs[nruns++] = (struct iovec){ bytes, DEX_PAGE_SIZE };
 	}
-	dex_send(peer, DEX_MSG_PAGE_PREFETCH, &batch.grants, sizeof(batch.grants), data, length);
+	dex_sendv(peer, DEX_MSG_PAGE_PREFETCH, &batch.grants, sizeof(batch.grants), runs, nruns);
 	return 0;
 }
 
@@ -1017,7 +1123,6 @@ static void *origin_receive_loop(void *arg)
 	dex_tls_runtime_thread = 1;
 	dex_thread_create_block(DEX_ROLE_SERVICE);
 	char *payload = malloc(DEX_MAX_PAYLOAD);
-	char *prefetch_data = malloc(DEX_PREFETCH_MAX * DEX_PAGE_SIZE);
 	struct dex_msg_header h;
 	for (;;) {
 		int rc = receive_message(peer, &h, payload);
@@ -1042,7 +1147,7 @@ static void *origin_receive_loop(void *arg)
 			dex_lock_acquire(&dex_rt.dsm_lock);
 			int err = dsm_dir_request(&dex_rt.dir, page, peer, m->write, origin_apply, NULL);
 			if (!err && m->extra)
-				err = origin_answer_prefetch(peer, page + 1, m->extra, m->write, prefetch_data);
+				err = origin_answer_prefetch(peer, page + 1, m->extra, m->write);
 			dex_lock_release(&dex_rt.dsm_lock);
 			if (err)
 				dex_fatal("rejected PAGE_REQUEST from node %u for %#llx (%d)", peer,
@@ -1053,10 +1158,8 @@ static void *origin_receive_loop(void *arg)
 			const struct dex_msg_invalidate_ack *m = (const void *)payload;
 			uint32_t first = (uint32_t)page_index(m->address);
 			dex_lock_acquire(&dex_rt.dsm_lock);
-			if (m->with_data) {
-				memcpy(page_alias(first), payload + sizeof(*m), (size_t)m->count * DEX_PAGE_SIZE);
+			if (m->with_data) /* the bytes are in place (receive_message) */
 				dex_rt.pages_received += m->count;
-			}
 			for (uint32_t page = first; page < first + m->count; page++) {
 				int err = dsm_dir_ack(&dex_rt.dir, page, peer, m->with_data, origin_apply, NULL);
 				if (err)
@@ -1167,8 +1270,8 @@ static void add_region(uintptr_t start, uintptr_t end, bool replace_existing, co
 	void *alias = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (alias == MAP_FAILED)
 		dex_fatal("cannot map alias of %s", name);
-	close(fd);
 	struct dsm_region *r = &dex_rt.regions[dex_rt.nregions];
+	r->fd = fd; /* kept: the origin allocates heap memory ahead (alloc.c) */
 	r->start = start;
 	r->end = end;
 	r->alias = alias;
@@ -1424,6 +1527,7 @@ __attribute__((constructor(101))) static void dex_init(int argc, char **argv, ch
 	if (!dex_rt.peer_timeout_s)
 		dex_rt.peer_timeout_s = 5;
 	dex_threads_init();
+	dex_barriers_init();
 	if (!boot)
 		return;
 	unsigned node, nodes, port, ip[4];

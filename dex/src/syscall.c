@@ -353,6 +353,9 @@ void dex_origin_run_delegated(struct dex_thread *t, unsigned from, const struct 
 	case SYS_getppid:
 		ret = raw_syscall6(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
 		break;
+	case DEX_BARRIER_CALL:
+		ret = dex_origin_barrier_call(a);
+		break;
 	default:
 		if (!dex_vma_origin_call(nr, a, &ret))
 			ret = -ENOSYS; /* nodes only ship the calls listed above */

@@ -61,6 +61,13 @@ static void *mutex_worker(void *arg)
 
 static pthread_barrier_t barrier;
 static long *phase_marks; /* one slot per thread, all in one page */
+static long serial_returns; /* PTHREAD_BARRIER_SERIAL_THREAD: one per round */
+
+static void barrier_wait_counted(void)
+{
+	if (pthread_barrier_wait(&barrier) == PTHREAD_BARRIER_SERIAL_THREAD)
+		__atomic_fetch_add(&serial_returns, 1, __ATOMIC_RELAXED);
+}
 
 static void *barrier_worker(void *arg)
 {
@@ -69,11 +76,11 @@ static void *barrier_worker(void *arg)
 	long bad = 0;
 	for (long phase = 1; phase <= iterations; phase++) {
 		phase_marks[index] = phase;
-		pthread_barrier_wait(&barrier);
+		barrier_wait_counted();
 		for (int t = 0; t < threads; t++)
 			if (phase_marks[t] != phase)
 				bad++;
-		pthread_barrier_wait(&barrier);
+		barrier_wait_counted();
 	}
 	go(0);
 	return (void *)bad;
@@ -473,8 +480,11 @@ int main(int argc, char **argv)
 		long bad = 0;
 		for (int i = 0; i < threads; i++)
 			bad += join(tid[i]);
-		printf("%s barrier: %ld stale reads over %ld phases\n", bad ? "FAIL" : "PASS", bad, iterations);
-		return bad != 0;
+		int destroyed = pthread_barrier_destroy(&barrier);
+		int ok = !bad && serial_returns == 2 * iterations && destroyed == 0;
+		printf("%s barrier: %ld stale reads over %ld phases, %ld serial returns (want %ld), destroy %d\n",
+		       ok ? "PASS" : "FAIL", bad, iterations, serial_returns, 2 * iterations, destroyed);
+		return !ok;
 	}
 	if (!strcmp(test, "condvar")) {
 		pthread_t p = spawn(producer, 1), c = spawn(consumer, 2);

@@ -75,7 +75,8 @@ if [ -f "$BUILD/libdex-ucx.so" ]; then
 fi
 
 refused() {
-	DEX_JOIN_TIMEOUT=3 timeout 60 "$BUILD/dexrun" --timeout 50 --hosts "$bad_hosts" "$BUILD/coherence" mutex 2 10 \
+	# a join timeout shorter than the 3 s dexrun grants the origin to report a failed node
+	DEX_JOIN_TIMEOUT=2 timeout 60 "$BUILD/dexrun" --timeout 50 --hosts "$bad_hosts" "$BUILD/coherence" mutex 2 10 \
 		>"$out" 2>&1
 	local rc=$?
 	[ $rc -ne 0 ] && grep -q "address-space layout differs" "$out" && grep -q "only 1 of 2 nodes joined" "$out"

@@ -315,6 +315,7 @@ static void test_directory_basics(void)
 {
 	struct dsm_dir dir;
 	struct dsm_dir_page pages[2];
+	memset(pages, 0, sizeof(pages)); /* dsm_dir_init wants them zeroed */
 	struct dsm_queued_request pool[4];
 	struct recorder r = { 0 };
 	dsm_dir_init(&dir, pages, 2, 3, pool, 4);
@@ -365,6 +366,7 @@ static void test_prefetch(void)
 {
 	struct dsm_dir dir;
 	struct dsm_dir_page pages[3];
+	memset(pages, 0, sizeof(pages)); /* dsm_dir_init wants them zeroed */
 	struct dsm_queued_request pool[4];
 	struct recorder r = { 0 };
 	dsm_dir_init(&dir, pages, 3, 3, pool, 4);
@@ -403,6 +405,21 @@ static void test_prefetch(void)
 	      "node 2 writes page 2: its sole owner");
 	CHECK(dsm_dir_sole_remote_owner(&dir, 3) == 0, "page out of range");
 
+	/* It batches the invalidations of its writes only through idle pages
+	 * it shares with one node alone. */
+	CHECK(dsm_dir_sole_remote_reader(&dir, 0) == 0, "busy page: no sole reader");
+	CHECK(dsm_dir_sole_remote_reader(&dir, 1) == 0, "two remote readers: no sole reader");
+	CHECK(dsm_dir_sole_remote_reader(&dir, 2) == 0, "a remote writer is no reader");
+	struct dsm_dir shared;
+	struct dsm_dir_page shared_pages[2];
+	memset(shared_pages, 0, sizeof(shared_pages));
+	struct dsm_queued_request shared_pool[2];
+	dsm_dir_init(&shared, shared_pages, 2, 3, shared_pool, 2);
+	CHECK(dsm_dir_request(&shared, 0, 1, false, record, &r) == DSM_OK && dsm_dir_sole_remote_reader(&shared, 0) == 1,
+	      "node 1 reads an origin page: its sole reader");
+	CHECK(dsm_dir_sole_remote_reader(&shared, 1) == 0, "the origin's own page");
+	CHECK(dsm_dir_sole_remote_reader(&shared, 2) == 0, "page out of range");
+
 	uint8_t inflight = 1;
 	CHECK(dsm_node_decline(&inflight) == DSM_OK && !inflight, "decline ends the request");
 	CHECK(dsm_node_decline(&inflight) == DSM_E_UNEXPECTED, "decline without a request rejected");
@@ -412,6 +429,7 @@ static void test_release(void)
 {
 	struct dsm_dir dir;
 	struct dsm_dir_page pages[2];
+	memset(pages, 0, sizeof(pages)); /* dsm_dir_init wants them zeroed */
 	struct dsm_queued_request pool[4];
 	struct recorder r = { 0 };
 	dsm_dir_init(&dir, pages, 2, 3, pool, 4);
