@@ -9,9 +9,6 @@ const LEAF_V2_EXTENDED_TOPOLOGY: u32 = 0x1f;
 const ECX_HYPERVISOR: u32 = 1 << 31;
 /// CPUID.1:ECX bit 13: CMPXCHG16B.
 const ECX_CX16: u32 = 1 << 13;
-const LEAF_EXTENDED_FEATURES: u32 = 0x8000_0001;
-/// CPUID.80000001h:EDX bit 26: 1 GiB pages.
-const EDX_GBPAGES: u32 = 1 << 26;
 
 /// Host and guest facts that change what the guest may be told.
 #[derive(Debug, Clone, Copy, Default)]
@@ -21,22 +18,13 @@ pub struct HostQuirks {
     /// Linux guests on PVM. (XSAVE/XRSTOR are not emulated either, but PVM reports XSAVE whatever
     /// the CPUID table says: a Linux guest needs `noxsave` on its command line there.)
     pub hide_unemulated_features: bool,
-    /// PVM leaves 1 GiB pages out of KVM's supported CPUID although its shadow MMU maps a
-    /// guest's 1 GiB leaves (with smaller host pages) when the host CPU has them. The
-    /// lightweight kernel, whose every table write is emulated there, maps a GiB with one
-    /// entry instead of 512 (its test suite passes with them); Linux guests keep KVM's table.
-    pub offer_gigabyte_pages: bool,
 }
 
 impl HostQuirks {
     pub fn for_guest(linux_guest: bool) -> Self {
         let pvm = std::path::Path::new("/sys/module/kvm_pvm").exists();
-        HostQuirks { hide_unemulated_features: pvm && linux_guest, offer_gigabyte_pages: !linux_guest && host_has_gigabyte_pages() }
+        HostQuirks { hide_unemulated_features: pvm && linux_guest }
     }
-}
-
-fn host_has_gigabyte_pages() -> bool {
-    core::arch::x86_64::__cpuid(LEAF_EXTENDED_FEATURES).edx & EDX_GBPAGES != 0
 }
 
 /// Patches `entries` (KVM's supported set) for vCPU `index` of a VM with `count` vCPUs: the
@@ -52,7 +40,6 @@ pub fn patch_for_vcpu(entries: &mut [kvm_cpuid_entry2], index: u32, count: u32, 
                 }
             }
             LEAF_EXTENDED_TOPOLOGY | LEAF_V2_EXTENDED_TOPOLOGY => entry.edx = index,
-            LEAF_EXTENDED_FEATURES if quirks.offer_gigabyte_pages => entry.edx |= EDX_GBPAGES,
             _ => {}
         }
     }
@@ -68,7 +55,6 @@ mod tests {
             kvm_cpuid_entry2 { function: 1, ebx: 0xdead_0800, ecx: ECX_CX16, ..Default::default() },
             kvm_cpuid_entry2 { function: 0xb, index: 0, edx: 7, ..Default::default() },
             kvm_cpuid_entry2 { function: 0x4, eax: 42, ..Default::default() },
-            kvm_cpuid_entry2 { function: LEAF_EXTENDED_FEATURES, ..Default::default() },
         ];
         patch_for_vcpu(&mut entries, 3, 4, HostQuirks::default());
         assert_eq!(entries[0].ebx >> 24, 3);
@@ -78,9 +64,7 @@ mod tests {
         assert_eq!(entries[1].edx, 3);
         assert_eq!(entries[2].eax, 42);
         assert_ne!(entries[0].ecx & ECX_CX16, 0, "kept where the host can run it");
-        assert_eq!(entries[3].edx & EDX_GBPAGES, 0, "KVM's table kept");
-        patch_for_vcpu(&mut entries, 3, 4, HostQuirks { hide_unemulated_features: true, offer_gigabyte_pages: true });
+        patch_for_vcpu(&mut entries, 3, 4, HostQuirks { hide_unemulated_features: true });
         assert_eq!(entries[0].ecx & ECX_CX16, 0);
-        assert_ne!(entries[3].edx & EDX_GBPAGES, 0, "1 GiB pages offered");
     }
 }

@@ -7,6 +7,26 @@ use core::arch::asm;
 
 pub const PAGE_SIZE: u64 = 4096;
 pub const HUGE_PAGE_SIZE: u64 = 2 << 20;
+/// Where a page directory is put together before it is copied into its table in one go:
+/// under PVM every kernel load and store is emulated (microseconds each), a string copy of a
+/// whole table costs about as much as a handful of single accesses, and a table page may be
+/// one the host tracks (each single store to it trapping).
+static STAGING: super::sync::SpinLock<[u64; 512]> = super::sync::SpinLock::new([0; 512]);
+
+/// Whether every word is zero, with one string instruction (`repe scasq`) rather than a load
+/// per word (see [`STAGING`]).
+fn all_zero(words: &[u64]) -> bool {
+    let Some(last) = words.last() else { return true };
+    let left: usize;
+    // SAFETY: scans `words.len()` words from `words`, reading only; the direction flag is
+    // clear (the ABI's state); RDI and RCX are declared clobbered.
+    unsafe {
+        asm!("repe scasq", inout("rcx") words.len() => left, inout("rdi") words.as_ptr() => _, in("rax") 0u64, options(nostack, readonly));
+    }
+    // The scan stops after the first non-zero word, or after the last word either way.
+    left == 0 && *last == 0
+}
+
 /// What one page directory (a page-directory-pointer entry) covers.
 const DIRECTORY_SPAN: u64 = 1 << 30;
 
@@ -270,10 +290,12 @@ impl PageTables {
         tables: &mut dyn TableSource,
     ) -> Result<bool, OutOfMemory> {
         let directory = tables.allocate_table().ok_or(OutOfMemory)?;
-        let fresh = entries(directory);
+        let mut staging = STAGING.lock();
+        let fresh = &mut *staging;
         let old = (*pointer & PRESENT != 0).then_some(*pointer & ADDRESS_MASK);
-        if let Some(old) = old {
-            fresh.copy_from_slice(entries(old));
+        match old {
+            Some(old) => fresh.copy_from_slice(entries(old)),
+            None => fresh.fill(0),
         }
         let first = from.next_multiple_of(HUGE_PAGE_SIZE).min(to);
         let last = (to & !(HUGE_PAGE_SIZE - 1)).max(first);
@@ -287,7 +309,7 @@ impl PageTables {
         }
         if last > first {
             let (lo, hi) = (index(first, 1), index(last - 1, 1) + 1);
-            if old.is_some() {
+            if old.is_some() && !all_zero(&fresh[lo..hi]) {
                 for entry in &fresh[lo..hi] {
                     replaced |= *entry & PRESENT != 0;
                     if *entry & (PRESENT | HUGE) == PRESENT {
@@ -301,6 +323,7 @@ impl PageTables {
                 address += HUGE_PAGE_SIZE;
             }
         }
+        entries(directory).copy_from_slice(fresh);
         *pointer = directory | table_bits(from);
         if let Some(old) = old {
             tables.retire_table(old);
