@@ -144,5 +144,14 @@ critical path. First forward/backward are one sample per process run (a process 
 		printf '| %s | %s | %d | %d | %.1f |\n' "$name" "$node" "$a" "$b" "$(echo "($b - $a) / 20" | bc -l)"
 	done
 	echo
+	echo "## The host's wake-up cost"
+	echo
+	cc -O2 -o "$out.wake" "$root/bench/dex/wake_latency.c"
+	"$out.wake" >"$out.wakes"
+	echo "A pipe round trip between two processes (two wake-ups, \`bench/dex/wake_latency.c\`), in this run:"
+	echo "$(awk '$1 == "same-cpu" { print $2 }' "$out.wakes") µs on one CPU, $(awk '$1 == "cross-cpu" { print $2 }' "$out.wakes") µs across the two. Every DEX message"
+	echo "between the two node processes pays a cross-CPU wake-up here, so the migration and fault"
+	echo "latencies above move with this figure from one host kernel to the next."
+	echo
 	echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
 } | tee "$root/docs/results/dex-bench.md"
