@@ -18,26 +18,8 @@ use serde_json::{json, Value};
 use xemem::wire::{Body, FrameRun, Message, Name};
 use xemem::NAME_SERVER_ENCLAVE;
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf()
-}
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(label: &str) -> TempDir {
-        let path = std::env::temp_dir().join(format!("clowderd-multihop-{label}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        TempDir(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+mod support;
+use support::{build_musl_job, kernel_image, missing_requirement, vmm_binary, workspace_root, TempDir};
 
 /// A clowderd binary on a private directory; killed when dropped.
 struct Daemon {
@@ -215,7 +197,7 @@ fn share(program: &Path, owner_at: &Daemon, attacher_at: &Daemon, name: &str, ba
 
 #[test]
 fn host_processes_under_two_daemons_share_memory_both_ways() {
-    let dir = TempDir::new("share");
+    let dir = TempDir::new("clowderd-multihop-share");
     let program = dir.0.join("host_peer");
     build_host_peer(&program);
     std::fs::create_dir_all(dir.0.join("a")).unwrap();
@@ -253,7 +235,7 @@ fn host_processes_under_two_daemons_share_memory_both_ways() {
 /// B -> A -> C as a descriptor at each hop.
 #[test]
 fn host_processes_under_sibling_sub_managers_share_memory() {
-    let dir = TempDir::new("siblings");
+    let dir = TempDir::new("clowderd-multihop-siblings");
     let program = dir.0.join("host_peer");
     build_host_peer(&program);
     for name in ["a", "b", "c"] {
@@ -275,7 +257,7 @@ fn host_processes_under_sibling_sub_managers_share_memory() {
 /// own host processes cannot attach D's segments yet: see docs/xemem.md, "Limits".)
 #[test]
 fn host_processes_two_daemons_apart_share_memory() {
-    let dir = TempDir::new("deep");
+    let dir = TempDir::new("clowderd-multihop-deep");
     let program = dir.0.join("host_peer");
     build_host_peer(&program);
     for name in ["a", "b", "d"] {
@@ -368,7 +350,7 @@ fn memfd(pages: u64) -> File {
 
 #[test]
 fn a_malformed_peer_gets_errors_and_the_daemon_keeps_serving() {
-    let dir = TempDir::new("malformed");
+    let dir = TempDir::new("clowderd-multihop-malformed");
     let program = dir.0.join("host_peer");
     build_host_peer(&program);
     let a = Daemon::start(&dir.0, None);
@@ -472,65 +454,14 @@ impl PageWords for File {
     }
 }
 
-fn kernel_image() -> PathBuf {
-    workspace_root().join("kernels/target/x86_64-unknown-none/release/lwk")
-}
-
-fn vmm_binary() -> PathBuf {
-    std::env::var_os("CLOWDER_VMM").map_or_else(|| workspace_root().join("target/release/clowder-vmm"), PathBuf::from)
-}
-
 /// Why the KVM test cannot run here, if it cannot.
 fn missing_for_enclaves() -> Option<String> {
-    if File::options().read(true).write(true).open("/dev/kvm").is_err() {
-        return Some("/dev/kvm is not available".into());
-    }
-    if !kernel_image().is_file() {
-        return Some(format!("no LWK image at {}", kernel_image().display()));
-    }
-    if !vmm_binary().is_file() {
-        return Some(format!("no clowder-vmm at {}", vmm_binary().display()));
-    }
-    if Command::new("musl-gcc").arg("--version").output().is_err() {
-        return Some("musl-gcc is not installed".into());
-    }
-    None
+    missing_requirement().or_else(|| Command::new("musl-gcc").arg("--version").output().is_err().then(|| "musl-gcc is not installed".into()))
 }
 
-/// xemem/tests/SOURCE as a static musl LWK job, against a musl build of libxpmem.a (musl has
-/// no kernel headers: the system's linux/ and asm/ directories are linked in).
+/// xemem/tests/SOURCE as a static musl LWK job.
 fn build_lwk_job(source: &str, out: &Path) {
-    let xemem = workspace_root().join("xemem");
-    let headers = out.with_file_name("kernel-headers");
-    std::fs::create_dir_all(&headers).unwrap();
-    let multiarch = Command::new("gcc").arg("-print-multiarch").output().unwrap();
-    let multiarch = String::from_utf8_lossy(&multiarch.stdout).trim().to_string();
-    for (link, target) in [("linux", "/usr/include/linux".to_string()), ("asm", format!("/usr/include/{multiarch}/asm")), ("asm-generic", "/usr/include/asm-generic".to_string())] {
-        std::os::unix::fs::symlink(target, headers.join(link)).unwrap();
-    }
-    let build = out.with_file_name("musl-build");
-    let made = Command::new("make")
-        .arg("-s")
-        .arg("-C")
-        .arg(&xemem)
-        .arg(format!("CC=musl-gcc -isystem {}", headers.display()))
-        .arg(format!("BUILD={}", build.display()))
-        .arg(build.join("lib/libxpmem.a"))
-        .status()
-        .unwrap();
-    assert!(made.success(), "building a musl libxpmem.a");
-    let built = Command::new("musl-gcc")
-        .arg("-isystem")
-        .arg(&headers)
-        .args(["-static", "-O2", "-I"])
-        .arg(xemem.join("include"))
-        .arg("-o")
-        .arg(out)
-        .arg(xemem.join("tests").join(source))
-        .arg(build.join("lib/libxpmem.a"))
-        .status()
-        .unwrap();
-    assert!(built.success(), "building {source}");
+    build_musl_job(source, out).unwrap_or_else(|e| panic!("building {source}: {e}"));
 }
 
 /// The full three-hop route: a job in an LWK enclave under the sub-manager B exports a segment
@@ -544,7 +475,7 @@ fn a_host_process_on_the_name_server_attaches_an_lwk_segment_under_a_sub_manager
         eprintln!("skipped: {why}");
         return;
     }
-    let dir = TempDir::new("three-hops");
+    let dir = TempDir::new("clowderd-multihop-three-hops");
     let job = dir.0.join("lwk_named_owner");
     build_lwk_job("lwk_named_owner.c", &job);
     let attacher = dir.0.join("host_attacher");
@@ -655,7 +586,7 @@ fn an_lwk_job_under_a_sub_manager_attaches_a_host_segment_on_the_name_servers_da
         eprintln!("skipped: {why}");
         return;
     }
-    let dir = TempDir::new("down");
+    let dir = TempDir::new("clowderd-multihop-down");
     let job = dir.0.join("lwk_host_attacher");
     build_lwk_job("lwk_host_attacher.c", &job);
     let owner = dir.0.join("host_named_owner");

@@ -1,0 +1,79 @@
+//! What the daemon's KVM tests share: where the kernel and the VMM are, whether enclaves can
+//! run here, scratch directories, and LWK jobs built from xemem/tests.
+#![allow(dead_code)] // each test crate uses its own part
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf()
+}
+
+pub fn kernel_image() -> PathBuf {
+    workspace_root().join("kernels/target/x86_64-unknown-none/release/lwk")
+}
+
+pub fn vmm_binary() -> PathBuf {
+    std::env::var_os("CLOWDER_VMM").map_or_else(|| workspace_root().join("target/release/clowder-vmm"), PathBuf::from)
+}
+
+/// Why LWK enclaves cannot run here, if they cannot.
+pub fn missing_requirement() -> Option<String> {
+    if File::options().read(true).write(true).open("/dev/kvm").is_err() {
+        return Some("/dev/kvm is not available".into());
+    }
+    if !kernel_image().is_file() {
+        return Some(format!("no LWK image at {}", kernel_image().display()));
+    }
+    if !vmm_binary().is_file() {
+        return Some(format!("no clowder-vmm at {}", vmm_binary().display()));
+    }
+    None
+}
+
+/// A scratch directory, removed when dropped.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// `NAME-PID` under the system's temporary directory, empty.
+    pub fn new(name: &str) -> TempDir {
+        let path = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Builds the LWK job `xemem/tests/<source>` statically with musl, against a musl build of
+/// libxpmem.a (musl has no kernel headers: the system's linux/ and asm/ are linked in).
+pub fn build_musl_job(source: &str, out: &Path) -> Result<(), String> {
+    // Tests run in parallel and share xemem/build/musl: one build at a time.
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = BUILDING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let xemem = workspace_root().join("xemem");
+    let headers = xemem.join("build/musl/kernel-headers");
+    std::fs::create_dir_all(&headers).map_err(|e| e.to_string())?;
+    let multiarch = Command::new("gcc").arg("-print-multiarch").output().map_err(|e| e.to_string())?;
+    let multiarch = String::from_utf8_lossy(&multiarch.stdout).trim().to_string();
+    for (link, target) in [("linux", "/usr/include/linux".to_string()), ("asm", format!("/usr/include/{multiarch}/asm")), ("asm-generic", "/usr/include/asm-generic".to_string())] {
+        let _ = std::fs::remove_file(headers.join(link));
+        std::os::unix::fs::symlink(target, headers.join(link)).map_err(|e| e.to_string())?;
+    }
+    let cc = format!("musl-gcc -isystem {}", headers.display());
+    let made = Command::new("make").arg("-s").arg("-C").arg(&xemem).arg(format!("CC={cc}")).args(["BUILD=build/musl", "build/musl/lib/libxpmem.a"]).status().map_err(|e| e.to_string())?;
+    if !made.success() {
+        return Err("building the musl libxpmem.a failed".into());
+    }
+    let built = Command::new("musl-gcc")
+        .arg("-isystem").arg(&headers).args(["-static", "-O2"]).arg("-I").arg(xemem.join("include"))
+        .arg("-o").arg(out).arg(xemem.join("tests").join(source)).arg(xemem.join("build/musl/lib/libxpmem.a"))
+        .status().map_err(|e| e.to_string())?;
+    if built.success() { Ok(()) } else { Err("musl-gcc failed".into()) }
+}
