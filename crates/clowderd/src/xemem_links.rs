@@ -315,7 +315,7 @@ impl xemem_host::Enclaves for XememLinks {
         self.call(Request::Remove { process, segment })?;
         // The owner's library truncates the memory once it has the answer: this daemon's
         // enclaves that attached it let go first.
-        self.revoke_segment(segment);
+        self.revoke_segments(&[segment]);
         Ok(())
     }
 }
@@ -355,10 +355,10 @@ impl XememLinks {
         self.revoke_bridged(|permit| matches!(permit.source, Source::Enclave { access: a, proxy: p } if a == access && p == proxy));
     }
 
-    /// Revokes every enclave attachment bridged on `segment` (another enclave's or daemon's)
+    /// Revokes every enclave attachment bridged on `segments` (other enclaves' or daemons')
     /// and waits for the acknowledgements, as [`XememLinks::revoke_proxy_permit`] does.
-    pub(crate) fn revoke_segment(&self, segment: SegmentId) {
-        self.revoke_bridged(|permit| matches!(permit.source, Source::Enclave { .. }) && permit.segment == segment);
+    pub(crate) fn revoke_segments(&self, segments: &[SegmentId]) {
+        self.revoke_bridged(|permit| matches!(permit.source, Source::Enclave { .. }) && segments.contains(&permit.segment));
     }
 
     fn revoke_bridged(&self, which: impl Fn(&BridgedPermit) -> bool) {
@@ -968,8 +968,14 @@ impl XememPort {
             let Some(ns) = links.node.name_server_mut() else { return };
             ns.remove_owned(|owner| behind.contains(&owner.enclave)).into_iter().map(|segment| segment.id).collect()
         };
-        if !segments.is_empty() {
-            self.revoke_segments(&segments);
+        if segments.is_empty() {
+            return;
+        }
+        self.revoke_segments(&segments);
+        // As after a remove: the ports drop the permits left on them (those never attached).
+        let links = self.links.links.lock().unwrap();
+        for segment in segments {
+            XememLinks::announce(&links, Gone::Segment(segment));
         }
     }
 
@@ -980,19 +986,7 @@ impl XememPort {
         if let Some(broker) = self.links.broker.get() {
             broker.revoke_remote(|segment| segments.contains(&segment));
         }
-        let others: Vec<(Arc<Mutex<Bridge>>, Outbox)> = {
-            let links = self.links.links.lock().unwrap();
-            links.bridges.iter().filter(|(link, _)| **link != self.link).filter_map(|(link, bridge)| Some((bridge.clone(), links.outgoing.get(link)?.clone()))).collect()
-        };
-        let on_segments = |_: EnclaveId, _: u64, permit: &BridgedPermit| matches!(permit.source, Source::Enclave { .. }) && segments.contains(&permit.segment);
-        let waiter = Arc::new(Outstanding::default());
-        for (bridge, queue) in others {
-            let mut bridge = bridge.lock().unwrap();
-            bridge.revoke_where(on_segments, &queue, &waiter);
-            bridge.permits.retain(|(enclave, process, _), permit| !on_segments(*enclave, *process, permit));
-        }
-        // The other pumps enforce the deadline; the slack covers a pump's round.
-        waiter.wait(REVOKE_TIMEOUT + Duration::from_secs(1));
+        self.links.revoke_segments(segments);
     }
 
     /// Segments or enclaves went away: the permits bridged on them are revoked (nobody waits
