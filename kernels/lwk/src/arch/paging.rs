@@ -252,15 +252,13 @@ impl PageTables {
         Ok(())
     }
 
-    /// The page-directory-pointer entry covering `address` (its table created if missing),
-    /// unless that entry is a 1 GiB leaf (the kernel window's), which is never rebuilt.
-    fn directory_pointer(&mut self, address: u64, tables: &mut dyn TableSource) -> Result<Option<&'static mut u64>, OutOfMemory> {
+    /// The page-directory-pointer entry covering `address`, its table created if missing.
+    fn pointer_entry(&mut self, address: u64, tables: &mut dyn TableSource) -> Result<&'static mut u64, OutOfMemory> {
         let top = &mut entries(self.root)[index(address, 3)];
         if *top & PRESENT == 0 {
             *top = tables.allocate_table().ok_or(OutOfMemory)? | table_bits(address);
         }
-        let pointer = &mut entries(*top & ADDRESS_MASK)[index(address, 2)];
-        Ok(if *pointer & PRESENT != 0 && *pointer & HUGE != 0 { None } else { Some(pointer) })
+        Ok(&mut entries(*top & ADDRESS_MASK)[index(address, 2)])
     }
 
     /// How many whole, aligned 2 MiB blocks of `[from, to)` would become (or stop being) 2 MiB
@@ -275,11 +273,11 @@ impl PageTables {
     }
 
     /// Rebuilds the page directory over `[from, to)` (inside one directory span) off-line:
-    /// a copy of the old one (or nothing), changed by `edit`, then linked with one write, as
+    /// a copy of the old one (or nothing) in [`STAGING`], its partial blocks set through
+    /// `block` (4 KiB tables) and the whole ones in between to `whole(address)` in a tight
+    /// loop, then copied into a fresh table and linked with one write, as
     /// [`PageTables::rebuild`] does one level down: one trapped write on a shadow-paging host
-    /// instead of one per 2 MiB entry. `edit` gets the fresh directory; partial blocks go
-    /// through `block` (4 KiB tables), the whole ones in between through `whole`, a tight loop
-    /// (every kernel instruction is emulated on PVM). Returns whether a present entry was
+    /// instead of one per 2 MiB entry. `pointer` must not be a 1 GiB leaf. Returns whether a present entry was
     /// replaced. The old directory is retired, with the 4 KiB tables whole blocks drop.
     fn rebuild_directory(
         pointer: &mut u64,
@@ -377,21 +375,18 @@ impl PageTables {
             // A whole span on an aligned target: one 1 GiB leaf, one write (every kernel
             // access to a table is emulated on PVM; 512 entries cost milliseconds).
             let whole_span = address.is_multiple_of(DIRECTORY_SPAN) && span_end - address == DIRECTORY_SPAN;
-            if whole_span && address.wrapping_add(offset).is_multiple_of(DIRECTORY_SPAN) && has_1g_pages() {
-                if let Some(pointer) = self.directory_pointer(address, tables)?.filter(|pointer| **pointer & PRESENT == 0) {
+            let gigabyte = whole_span && address.wrapping_add(offset).is_multiple_of(DIRECTORY_SPAN) && has_1g_pages();
+            let rebuild = Self::whole_blocks(address, span_end, offset, true) >= REBUILD_THRESHOLD;
+            if gigabyte || rebuild {
+                let pointer = self.pointer_entry(address, tables)?;
+                let is_gigabyte_leaf = *pointer & (PRESENT | HUGE) == PRESENT | HUGE;
+                if gigabyte && (*pointer & PRESENT == 0 || is_gigabyte_leaf) {
+                    replaced |= is_gigabyte_leaf;
                     *pointer = address.wrapping_add(offset) | leaf_bits(address, protection) | HUGE;
                     address = span_end;
                     continue;
                 }
-                if let Some(pointer) = self.existing_pointer(address).filter(|pointer| **pointer & (PRESENT | HUGE) == PRESENT | HUGE) {
-                    *pointer = address.wrapping_add(offset) | leaf_bits(address, protection) | HUGE;
-                    replaced = true;
-                    address = span_end;
-                    continue;
-                }
-            }
-            if Self::whole_blocks(address, span_end, offset, true) >= REBUILD_THRESHOLD {
-                if let Some(pointer) = self.directory_pointer(address, tables)? {
+                if rebuild && !is_gigabyte_leaf {
                     let block = |entry: &mut u64, from: u64, to: u64, tables: &mut dyn TableSource| Self::map_block(entry, from, to, offset, protection, tables);
                     // One span lies wholly in the user or the kernel half: the same bits throughout.
                     let bits = leaf_bits(address, protection) | HUGE;
@@ -451,28 +446,12 @@ impl PageTables {
     /// the kernel's own writes go through its physical-memory window). Only reads the tables,
     /// and only the entries of the range: on PVM each read of a table costs microseconds.
     pub fn for_each_user_leaf_in(&self, start: u64, end: u64, mut leaf: impl FnMut(u64, u64, u64, Protection, bool)) {
-        const TOP_SPAN: u64 = DIRECTORY_SPAN * 512;
         let rights = |entry: u64| Protection { write: entry & WRITABLE != 0, execute: entry & NO_EXECUTE == 0 };
-        let mut address = start / PAGE_SIZE * PAGE_SIZE;
-        while address < end {
-            // Missing upper levels are skipped whole, and each directory is found once per
-            // span, not once per 2 MiB block.
-            let top = entries(self.root)[index(address, 3)];
-            if top & PRESENT == 0 {
-                address = (address | (TOP_SPAN - 1)) + 1;
-                continue;
-            }
-            let pointer = entries(top & ADDRESS_MASK)[index(address, 2)];
-            let span_end = end.min((address | (DIRECTORY_SPAN - 1)) + 1);
-            if pointer & PRESENT == 0 {
-                address = span_end;
-                continue;
-            }
+        self.for_each_pointer_in(start / PAGE_SIZE * PAGE_SIZE, end, |mut address, span_end, pointer| {
             if pointer & HUGE != 0 {
                 let span = address & !(DIRECTORY_SPAN - 1);
                 leaf(span, pointer & ADDRESS_MASK & !(DIRECTORY_SPAN - 1), DIRECTORY_SPAN, rights(pointer), pointer & DIRTY != 0);
-                address = span_end;
-                continue;
+                return;
             }
             let directory = entries(pointer & ADDRESS_MASK);
             while address < span_end {
@@ -493,6 +472,28 @@ impl PageTables {
                 }
                 address = block_end;
             }
+        });
+    }
+
+    /// The walk under the leaf walks: for each present page-directory-pointer entry over
+    /// `[start, end)`, `visit(address, span_end, entry)` with the part of the range it covers.
+    /// Missing upper levels are skipped whole, and each entry is read once per span, not once
+    /// per 2 MiB block (on PVM each read of a table costs microseconds).
+    fn for_each_pointer_in(&self, start: u64, end: u64, mut visit: impl FnMut(u64, u64, u64)) {
+        const TOP_SPAN: u64 = DIRECTORY_SPAN * 512;
+        let mut address = start;
+        while address < end {
+            let top = entries(self.root)[index(address, 3)];
+            if top & PRESENT == 0 {
+                address = (address | (TOP_SPAN - 1)) + 1;
+                continue;
+            }
+            let pointer = entries(top & ADDRESS_MASK)[index(address, 2)];
+            let span_end = end.min((address | (DIRECTORY_SPAN - 1)) + 1);
+            if pointer & PRESENT != 0 {
+                visit(address, span_end, pointer);
+            }
+            address = span_end;
         }
     }
 
@@ -516,49 +517,39 @@ impl PageTables {
                 }
             }
         };
-        const TOP_SPAN: u64 = DIRECTORY_SPAN * 512;
-        let mut address = start & !(HUGE_PAGE_SIZE - 1);
-        while address < end {
-            let top = entries(self.root)[index(address, 3)];
-            if top & PRESENT == 0 {
-                address = (address | (TOP_SPAN - 1)) + 1;
-                continue;
-            }
-            let pointer = entries(top & ADDRESS_MASK)[index(address, 2)];
+        self.for_each_pointer_in(start & !(HUGE_PAGE_SIZE - 1), end, |address, span_end, pointer| {
             let span = address & !(DIRECTORY_SPAN - 1);
-            let span_end = end.min(span + DIRECTORY_SPAN);
-            if pointer & (PRESENT | HUGE) == PRESENT | HUGE {
+            if pointer & HUGE != 0 {
                 add(span, pointer & ADDRESS_MASK & !(DIRECTORY_SPAN - 1), DIRECTORY_SPAN, pointer & RIGHTS);
-            } else if pointer & PRESENT != 0 {
-                // A tight loop over the directory's 2 MiB leaves, joining them while they
-                // continue each other; 4 KiB tables go through `add` one leaf at a time.
-                let directory = entries(pointer & ADDRESS_MASK);
-                let (mut i, to) = (index(address, 1), index(span_end - 1, 1) + 1);
-                let at = |i: usize| span + i as u64 * HUGE_PAGE_SIZE;
-                while i < to {
-                    let entry = directory[i];
-                    if entry & (PRESENT | HUGE) == PRESENT | HUGE {
-                        let first = entry & (RIGHTS | ADDRESS_MASK);
-                        let mut last = i;
-                        while last + 1 < to && directory[last + 1] & (RIGHTS | ADDRESS_MASK) == first + (last + 1 - i) as u64 * HUGE_PAGE_SIZE {
-                            last += 1;
-                        }
-                        add(at(i), entry & ADDRESS_MASK & !(HUGE_PAGE_SIZE - 1), (last - i + 1) as u64 * HUGE_PAGE_SIZE, entry & RIGHTS);
-                        i = last + 1;
-                    } else {
-                        if entry & PRESENT != 0 {
-                            for (j, pte) in entries(entry & ADDRESS_MASK).iter().enumerate() {
-                                if pte & PRESENT != 0 {
-                                    add(at(i) + j as u64 * PAGE_SIZE, pte & ADDRESS_MASK, PAGE_SIZE, pte & RIGHTS);
-                                }
+                return;
+            }
+            // A tight loop over the directory's 2 MiB leaves, joining them while they continue
+            // each other; 4 KiB tables go through `add` one leaf at a time.
+            let directory = entries(pointer & ADDRESS_MASK);
+            let (mut i, to) = (index(address, 1), index(span_end - 1, 1) + 1);
+            let at = |i: usize| span + i as u64 * HUGE_PAGE_SIZE;
+            while i < to {
+                let entry = directory[i];
+                if entry & (PRESENT | HUGE) == PRESENT | HUGE {
+                    let first = entry & (RIGHTS | ADDRESS_MASK);
+                    let mut last = i;
+                    while last + 1 < to && directory[last + 1] & (RIGHTS | ADDRESS_MASK) == first + (last + 1 - i) as u64 * HUGE_PAGE_SIZE {
+                        last += 1;
+                    }
+                    add(at(i), entry & ADDRESS_MASK & !(HUGE_PAGE_SIZE - 1), (last - i + 1) as u64 * HUGE_PAGE_SIZE, entry & RIGHTS);
+                    i = last + 1;
+                } else {
+                    if entry & PRESENT != 0 {
+                        for (j, pte) in entries(entry & ADDRESS_MASK).iter().enumerate() {
+                            if pte & PRESENT != 0 {
+                                add(at(i) + j as u64 * PAGE_SIZE, pte & ADDRESS_MASK, PAGE_SIZE, pte & RIGHTS);
                             }
                         }
-                        i += 1;
                     }
+                    i += 1;
                 }
             }
-            address = span + DIRECTORY_SPAN;
-        }
+        });
         if let Some((v, p, l, b)) = open {
             run(v, p, l, rights(b));
         }
@@ -575,16 +566,16 @@ impl PageTables {
         let mut address = virtual_address;
         while address < end {
             let span_end = end.min((address | (DIRECTORY_SPAN - 1)) + 1);
-            if let Some(pointer) = self.existing_pointer(address).filter(|pointer| **pointer & (PRESENT | HUGE) == PRESENT | HUGE) {
-                if address.is_multiple_of(DIRECTORY_SPAN) && span_end - address == DIRECTORY_SPAN {
-                    *pointer = 0;
-                    address = span_end;
-                    continue;
+            if let Some(pointer) = self.existing_pointer(address).filter(|pointer| **pointer & PRESENT != 0) {
+                if *pointer & HUGE != 0 {
+                    if address.is_multiple_of(DIRECTORY_SPAN) && span_end - address == DIRECTORY_SPAN {
+                        *pointer = 0;
+                        address = span_end;
+                        continue;
+                    }
+                    Self::split_gigabyte(pointer, tables)?;
                 }
-                Self::split_gigabyte(pointer, tables)?;
-            }
-            if Self::whole_blocks(address, span_end, 0, false) >= REBUILD_THRESHOLD && self.directory(address, None)?.is_some() {
-                if let Some(pointer) = self.directory_pointer(address, tables)? {
+                if Self::whole_blocks(address, span_end, 0, false) >= REBUILD_THRESHOLD {
                     Self::rebuild_directory(pointer, address, span_end, Self::unmap_block, |_| 0, tables)?;
                     address = span_end;
                     continue;
