@@ -6,6 +6,7 @@
 
 pub mod descriptors;
 pub mod elf;
+pub mod epoll;
 pub mod memory;
 pub mod pipe;
 mod stack;

@@ -21,6 +21,11 @@ struct State {
     bytes: VecDeque<u8>,
     readers: usize,
     writers: usize,
+    /// Changes each side is woken for, as Linux's pipes wake epoll: the read side for every
+    /// write, the write side for a read that makes room in a full pipe, both when an end
+    /// closes. An edge-triggered epoll reports an end again after each.
+    changes_for_readers: u64,
+    changes_for_writers: u64,
 }
 
 pub struct Pipe {
@@ -41,6 +46,8 @@ pub struct PipeEnd {
     writer: bool,
     /// O_NONBLOCK (a status flag of the open file description, as `fcntl(F_SETFL)` sets it).
     pub non_blocking: bool,
+    /// A call's own handle (`share`): its drop closes no open file description.
+    temporary: bool,
 }
 
 /// `poll`'s event bits (Linux's values).
@@ -56,18 +63,10 @@ impl PipeEnd {
         self.writer
     }
 
-    /// What `poll` reports for this end, as Linux's pipes: a read end is readable while bytes
-    /// wait and hung up once no write end is open; a write end is writable while a small
-    /// write (`PIPE_BUF`) would go in at once, and in error once no read end is open.
-    pub fn poll_events(&self) -> u16 {
-        let state = self.pipe.state.lock();
-        if self.writer {
-            let room = if CAPACITY - state.bytes.len() >= PIPE_BUF { POLLOUT | POLLWRNORM } else { 0 };
-            room | if state.readers == 0 { POLLERR } else { 0 }
-        } else {
-            let data = if state.bytes.is_empty() { 0 } else { POLLIN | POLLRDNORM };
-            data | if state.writers == 0 { POLLHUP } else { 0 }
-        }
+    /// A watch on this end for `poll`, `select` and epoll: it sees the pipe's state without
+    /// counting as an open end (an epoll set must not keep a pipe open).
+    pub fn watch(&self) -> PipeWatch {
+        PipeWatch { pipe: self.pipe.clone(), writer: self.writer }
     }
 
     /// Another handle on the same end, for a call that works without the descriptor's lock
@@ -79,7 +78,7 @@ impl PipeEnd {
         } else {
             state.readers += 1;
         }
-        PipeEnd { pipe: self.pipe.clone(), writer: self.writer, non_blocking: self.non_blocking }
+        PipeEnd { pipe: self.pipe.clone(), writer: self.writer, non_blocking: self.non_blocking, temporary: true }
     }
 }
 
@@ -87,20 +86,52 @@ impl Drop for PipeEnd {
     fn drop(&mut self) {
         {
             let mut state = self.pipe.state.lock();
-            if self.writer {
+            let left = if self.writer {
                 state.writers -= 1;
+                state.writers
             } else {
                 state.readers -= 1;
+                state.readers
+            };
+            // An open file description closing wakes both sides on Linux; a call's handle
+            // going counts only if it was the side's last.
+            if !self.temporary || left == 0 {
+                state.changes_for_readers += 1;
+                state.changes_for_writers += 1;
             }
         }
         sched::wake_kernel_key(self.pipe.key());
     }
 }
 
+/// What watches one end of a pipe without holding it open (see `PipeEnd::watch`).
+#[derive(Clone)]
+pub struct PipeWatch {
+    pipe: Arc<Pipe>,
+    writer: bool,
+}
+
+impl PipeWatch {
+    /// What `poll` reports for the end, as Linux's pipes: a read end is readable while bytes
+    /// wait and hung up once no write end is open; a write end is writable while a small
+    /// write (`PIPE_BUF`) would go in at once, and in error once no read end is open. And how
+    /// many changes its side has been woken for.
+    pub fn poll_events(&self) -> (u16, u64) {
+        let state = self.pipe.state.lock();
+        if self.writer {
+            let room = if CAPACITY - state.bytes.len() >= PIPE_BUF { POLLOUT | POLLWRNORM } else { 0 };
+            (room | if state.readers == 0 { POLLERR } else { 0 }, state.changes_for_writers)
+        } else {
+            let data = if state.bytes.is_empty() { 0 } else { POLLIN | POLLRDNORM };
+            (data | if state.writers == 0 { POLLHUP } else { 0 }, state.changes_for_readers)
+        }
+    }
+}
+
 /// A new pipe: its read end and its write end.
 pub fn new(non_blocking: bool) -> (PipeEnd, PipeEnd) {
-    let pipe = Arc::new(Pipe { state: SpinLock::new(State { bytes: VecDeque::new(), readers: 1, writers: 1 }) });
-    (PipeEnd { pipe: pipe.clone(), writer: false, non_blocking }, PipeEnd { pipe, writer: true, non_blocking })
+    let pipe = Arc::new(Pipe { state: SpinLock::new(State { bytes: VecDeque::new(), readers: 1, writers: 1, changes_for_readers: 0, changes_for_writers: 0 }) });
+    (PipeEnd { pipe: pipe.clone(), writer: false, non_blocking, temporary: false }, PipeEnd { pipe, writer: true, non_blocking, temporary: false })
 }
 
 /// `read` from the read end `end` into the user buffer at `buffer`.
@@ -117,6 +148,8 @@ pub fn read(end: &PipeEnd, buffer: u64, len: u64, non_blocking: bool) -> Syscall
                 return Ok(0);
             }
             let count = state.bytes.len().min(len as usize);
+            // Linux wakes writers only when the pipe was full (no room for a small write).
+            state.changes_for_writers += (count != 0 && CAPACITY - state.bytes.len() < PIPE_BUF) as u64;
             state.bytes.drain(..count).collect()
         };
         if !taken.is_empty() {
@@ -174,7 +207,11 @@ pub fn write_from(end: &PipeEnd, len: u64, non_blocking: bool, bytes: impl Fn(u6
                 Err(errno) if written == 0 => return Err(errno),
                 Err(_) => return Ok(written),
             };
-            pipe.state.lock().bytes.extend(chunk.iter());
+            {
+                let mut state = pipe.state.lock();
+                state.bytes.extend(chunk.iter());
+                state.changes_for_readers += 1;
+            }
             written += chunk.len() as u64;
             sched::wake_kernel_key(pipe.key());
             continue;

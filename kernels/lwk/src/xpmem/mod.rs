@@ -630,6 +630,8 @@ pub fn detach(address: u64) -> Detached {
 /// segment shares it.
 pub struct Notifier {
     pending: AtomicU64,
+    /// Signals received so far (an edge-triggered epoll reports the descriptor again after each).
+    signals: AtomicU64,
     /// The process that owns the segment (its notifier goes when it ends).
     owner: u64,
 }
@@ -644,13 +646,18 @@ impl Notifier {
     pub fn is_readable(&self) -> bool {
         self.pending.load(Ordering::Acquire) != 0
     }
+
+    /// Signals received so far (epoll's edge-triggered mode).
+    pub fn signals(&self) -> u64 {
+        self.signals.load(Ordering::Acquire)
+    }
 }
 
 /// Notifiers by segment (of any process of the job).
 static NOTIFIERS: SpinLock<BTreeMap<SegmentId, Arc<Notifier>>> = SpinLock::new(BTreeMap::new());
 
 fn notifier(owner: u64, segment: SegmentId) -> Arc<Notifier> {
-    NOTIFIERS.lock().entry(segment).or_insert_with(|| Arc::new(Notifier { pending: AtomicU64::new(0), owner })).clone()
+    NOTIFIERS.lock().entry(segment).or_insert_with(|| Arc::new(Notifier { pending: AtomicU64::new(0), signals: AtomicU64::new(0), owner })).clone()
 }
 
 /// An attacher signalled `segment`, owned by process `owner` of the job (checked by the name
@@ -661,6 +668,7 @@ pub fn notify(owner: u64, segment: SegmentId) {
     }
     let notifier = notifier(owner, segment);
     notifier.pending.fetch_add(1, Ordering::AcqRel);
+    notifier.signals.fetch_add(1, Ordering::AcqRel);
     crate::sched::wake_kernel_key(notifier.key());
 }
 
