@@ -145,15 +145,18 @@ pub fn forget_job() {
     host_link::job_ended(global_permits);
 }
 
-/// Process `pid` (not the job's first: its end is the job's) is ending, its address space
-/// still whole: its segments are removed and their attachments in the job's other processes
-/// revoked (SIGBUS from now on) before its memory is freed; its own attachments and permits
-/// go. Segments and permits of the host's name server are removed and released the way a
-/// job's are at its end (queued in the node).
-pub fn process_ended(pid: u64) {
+/// Process `pid` (not the job's first: its end is the job's) is ending, or replacing its
+/// image, its address space still whole: its segments are removed and their attachments in
+/// the job's other processes revoked (SIGBUS from now on) before its memory is freed; its own
+/// attachments and permits go. Segments of the host's name server are removed there, and this
+/// returns once the daemon has revoked their attachments in host processes and other enclaves
+/// (`host_link::process_ended`); their permits are released without waiting. Returns false
+/// when the name server did not answer some remove: the memory must then not be reused while
+/// the job runs (`job::keep_until_job_ends`).
+pub fn process_ended(pid: u64) -> bool {
     let (unmapped, segments, permits) = {
         let mut guard = DEVICE.lock();
-        let Some(device) = guard.as_mut() else { return };
+        let Some(device) = guard.as_mut() else { return true };
         let global: Vec<SegmentId> = device.own_segments.iter().filter(|(_, owner)| owner.0 == pid).map(|(id, _)| *id).collect();
         for id in &global {
             device.own_segments.remove(id);
@@ -180,7 +183,7 @@ pub fn process_ended(pid: u64) {
     if unmapped {
         crate::sched::shoot_down_user_tlbs();
     }
-    host_link::process_ended(pid, segments, permits);
+    host_link::process_ended(pid, segments, permits)
 }
 
 /// Does a user fault at `address` hit an attachment of the faulting process? Then it gets
