@@ -43,7 +43,8 @@ pub enum Watch {
     Always,
     Pipe(PipeWatch),
     Notifier(Arc<Notifier>),
-    /// An epoll instance: readable while some interest of it would be reported.
+    /// An epoll instance: readable while some interest of it would be reported; its changes
+    /// are its interests' (Linux wakes an instance's pollers when one of its files wakes it).
     Epoll(Arc<Epoll>),
 }
 
@@ -67,7 +68,7 @@ impl Watch {
                 (events as u32, changes)
             }
             Watch::Notifier(notifier) => (if notifier.is_readable() { EPOLLIN | EPOLLRDNORM } else { 0 }, notifier.signals()),
-            Watch::Epoll(epoll) => (if epoll.has_ready() { EPOLLIN | EPOLLRDNORM } else { 0 }, 0),
+            Watch::Epoll(epoll) => epoll.state(),
         }
     }
 
@@ -167,6 +168,40 @@ impl Epoll {
         self.interests.lock().iter().any(|interest| interest.due().0 != 0)
     }
 
+    /// The instance as a watched file: `EPOLLIN` while something is due, and the sum of its
+    /// open interests' change counts.
+    fn state(&self) -> (u32, u64) {
+        let interests = self.interests.lock();
+        let mut due = false;
+        let mut changes = 0u64;
+        for interest in interests.iter().filter(|interest| interest.is_open()) {
+            let (events, interest_changes) = interest.due();
+            due |= events != 0;
+            changes = changes.wrapping_add(interest_changes);
+        }
+        (if due { EPOLLIN | EPOLLRDNORM } else { 0 }, changes)
+    }
+
+    /// Linux's `ep_loop_check` for adding this instance to `target`: ELOOP if `target` is
+    /// reachable from here (a cycle) or the instances below this one nest deeper than
+    /// `MAX_NESTS`. Runs under `NESTING`, so that no other addition changes the graph meanwhile.
+    pub fn check_nesting(&self, target: &Epoll, depth: usize) -> Result<(), Errno> {
+        if core::ptr::eq(self, target) || depth > MAX_NESTS {
+            return Err(ELOOP);
+        }
+        let inner: Vec<Arc<Epoll>> = self
+            .interests
+            .lock()
+            .iter()
+            .filter(|interest| interest.is_open())
+            .filter_map(|interest| match &interest.watch {
+                Watch::Epoll(epoll) => Some(epoll.clone()),
+                _ => None,
+            })
+            .collect();
+        inner.iter().try_for_each(|epoll| epoll.check_nesting(target, depth + 1))
+    }
+
     /// Takes up to `max` due events (events, data), marking edge-triggered interests as
     /// reported and disarming one-shot ones; reported interests move to the end.
     pub fn collect(&self, max: usize) -> Vec<(u32, u64)> {
@@ -199,5 +234,13 @@ impl Epoll {
     }
 }
 
+/// Linux's `EP_MAX_NESTS`: how deep epoll instances may nest.
+const MAX_NESTS: usize = 4;
+
+/// Held while an epoll instance is added to another: the loop check and the addition happen
+/// with no other nesting change in between (Linux's `epnested_mutex`).
+pub static NESTING: SpinLock<()> = SpinLock::new(());
+
 const ENOENT: Errno = Errno::ENOENT;
 const EEXIST: Errno = Errno(17);
+const ELOOP: Errno = Errno(40);

@@ -2,31 +2,32 @@
 //! in open file `fd` (`struct epoll_event`: u32 events, u64 data, packed in 12 bytes; not read
 //! for DEL, which accepts NULL). Checked in Linux's order: the event's address (EFAULT), both
 //! descriptors (EBADF), a target without a poll method (regular files, directories, host
-//! files, `/dev/xpmem`: EPERM), `fd == epfd` or `epfd` not an epoll instance (EINVAL),
-//! EPOLLEXCLUSIVE misuse (with MOD, or with bits outside Linux's `EPOLLEXCLUSIVE_OK_BITS`:
-//! EINVAL), then the operation (ADD of a present interest EEXIST; MOD or DEL of an absent one
-//! ENOENT; another op EINVAL).
+//! files, `/dev/xpmem`: EPERM), `fd` naming the instance itself or `epfd` not an epoll
+//! instance (EINVAL), EPOLLEXCLUSIVE misuse (with MOD, on an epoll target, or with bits outside
+//! Linux's `EPOLLEXCLUSIVE_OK_BITS`: EINVAL), a nesting loop or depth (ELOOP), then the
+//! operation (ADD of a present interest EEXIST; MOD or DEL of an absent one ENOENT; another op
+//! EINVAL).
 //!
-//! Flags: EPOLLET (edge-triggered: reported once per change of the file, as Linux's wake-ups:
-//! a pipe's read end after each write or its last writer's close, its write end after each
-//! read or its last reader's close, an XEMEM notify descriptor after each signal) and
-//! EPOLLONESHOT (reported once, then disabled until MOD) are implemented; EPOLLEXCLUSIVE is
-//! accepted with ADD (it only spreads Linux's wake-ups over several epoll instances);
-//! EPOLLWAKEUP is dropped, as Linux does for a caller without CAP_BLOCK_SUSPEND; EPOLLRDHUP
-//! may be asked for and is never reported (Linux reports it for sockets only). An epoll
-//! descriptor cannot be added to an epoll instance here (EINVAL, logged once): Linux's nested
-//! sets are not implemented.
+//! Flags: EPOLLET (edge-triggered: reported once per change of the file that wakes Linux's
+//! waiters: each write for a pipe's read end, a read that makes room in a full pipe for its
+//! write end, an end closing for both, each signal for an XEMEM notify descriptor, a change of
+//! any of its files for an epoll instance) and EPOLLONESHOT (reported once, then disabled
+//! until MOD) are implemented; EPOLLEXCLUSIVE is accepted with ADD (it only spreads Linux's
+//! wake-ups over several epoll instances); EPOLLWAKEUP is dropped, as Linux does for a caller
+//! without CAP_BLOCK_SUSPEND; EPOLLRDHUP may be asked for and is never reported (Linux
+//! reports it for sockets only).
+//!
+//! An epoll instance may watch another (readable while the inner one has an event due), as on
+//! Linux: a cycle, or more than 4 instances nested below the added one, is ELOOP (Linux's
+//! `ep_loop_check` also counts the levels above the instance added to: not here).
 
 use super::{user, Call, Errno, SyscallResult};
-use crate::console::log;
 use crate::job::{self, descriptors::Descriptor, epoll};
-use core::sync::atomic::{AtomicBool, Ordering};
+use alloc::sync::Arc;
 
 const EPOLL_CTL_ADD: u64 = 1;
 const EPOLL_CTL_DEL: u64 = 2;
 const EPOLL_CTL_MOD: u64 = 3;
-
-static NESTING_REPORTED: AtomicBool = AtomicBool::new(false);
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [epfd, op, fd, event, ..] = call.args;
@@ -37,40 +38,37 @@ pub fn call(call: &mut Call<'_>) -> SyscallResult {
     } else {
         (0, 0)
     };
-    let (instance, file, watch, target_is_epoll) = job::with_process(|process| {
-        let instance = process.descriptors.open_file(epfd).ok_or(Errno::EBADF)?;
+    let (instance_file, file, watch) = job::with_process(|process| {
+        let instance_file = process.descriptors.open_file(epfd).ok_or(Errno::EBADF)?;
         let file = process.descriptors.open_file(fd).ok_or(Errno::EBADF)?;
-        let (watch, can_watch, target_is_epoll) = {
+        let (watch, can_watch) = {
             let target = file.lock();
-            (epoll::Watch::of(&target), epoll::can_watch(&target), matches!(*target, Descriptor::Epoll(_)))
+            (epoll::Watch::of(&target), epoll::can_watch(&target))
         };
         if !can_watch {
             return Err(Errno::EPERM);
         }
-        let instance = match &*instance.lock() {
-            Descriptor::Epoll(instance) => Some(instance.clone()),
-            _ => None,
-        };
-        Ok((instance, file, watch, target_is_epoll))
+        Ok((instance_file, file, watch))
     })?;
     events &= !epoll::EPOLLWAKEUP;
-    let instance = match instance {
-        Some(instance) if epfd as u32 != fd_number => instance,
+    // Not the epoll instance itself (whatever descriptor names it).
+    let instance = match &*instance_file.lock() {
+        Descriptor::Epoll(instance) if !Arc::ptr_eq(&instance_file, &file) => instance.clone(),
         _ => return Err(Errno::EINVAL),
     };
-    if events & epoll::EPOLLEXCLUSIVE != 0 && (op == EPOLL_CTL_MOD || (op == EPOLL_CTL_ADD && events & !epoll::EXCLUSIVE_OK_BITS != 0)) {
+    drop(instance_file);
+    let exclusive = events & epoll::EPOLLEXCLUSIVE != 0;
+    if exclusive && (op == EPOLL_CTL_MOD || (op == EPOLL_CTL_ADD && (events & !epoll::EXCLUSIVE_OK_BITS != 0 || matches!(watch, epoll::Watch::Epoll(_))))) {
         return Err(Errno::EINVAL);
     }
-    let result = match op {
-        EPOLL_CTL_ADD if target_is_epoll => {
-            if !NESTING_REPORTED.swap(true, Ordering::Relaxed) {
-                log!("epoll_ctl: an epoll descriptor inside an epoll set is not supported: returning EINVAL");
-            }
-            Err(Errno::EINVAL)
+    let result = match (op, &watch) {
+        (EPOLL_CTL_ADD, epoll::Watch::Epoll(inner)) => {
+            let _nesting = epoll::NESTING.lock();
+            inner.check_nesting(&instance, 1).and_then(|()| instance.add(fd_number, &file, watch.clone(), events, data))
         }
-        EPOLL_CTL_ADD => instance.add(fd_number, &file, watch, events, data),
-        EPOLL_CTL_MOD => instance.modify(fd_number, &file, events, data),
-        EPOLL_CTL_DEL => instance.remove(fd_number, &file),
+        (EPOLL_CTL_ADD, _) => instance.add(fd_number, &file, watch, events, data),
+        (EPOLL_CTL_MOD, _) => instance.modify(fd_number, &file, events, data),
+        (EPOLL_CTL_DEL, _) => instance.remove(fd_number, &file),
         _ => Err(Errno::EINVAL),
     };
     // `file` may be the last handle on the open file now (another thread closed it): it goes

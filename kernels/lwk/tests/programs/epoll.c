@@ -6,7 +6,7 @@
    the write end), interests ending with their open file (not with a descriptor while a dup
    lives), timeouts, wakes by another process, a signal ending the wait (EINTR even with
    SA_RESTART), epoll_pwait's mask and epoll_pwait2's timespec; an epoll descriptor in poll
-   and select, and read/write/fcntl on it. */
+   and select, and read/write/fcntl on it; nested instances (ELOOP for loops and depth). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -296,6 +296,42 @@ int main(void) {
     close(t[0]);
     show_wait("edge-triggered write end, read end closed", ep3, 4, 0, 0);
     close(t[1]);
+
+    /* Nesting: an epoll instance watching another, readable while the inner one has an
+       event due; loops and chains nested too deep are ELOOP. */
+    int outer = epoll_create1(0), inner = epoll_create1(0);
+    int n[2];
+    if (pipe(n) < 0)
+        return 1;
+    add(inner, n[0], EPOLLIN, 1000);
+    result("ADD of an epoll fd to another", add(outer, inner, EPOLLIN, 1001));
+    show_wait("outer, inner has nothing due", outer, 4, 0, 0);
+    (void)!write(n[1], "n", 1);
+    show_wait("outer, inner has a pipe ready", outer, 4, 0, 0);
+    show_wait("inner", inner, 4, 0, 0);
+    drain(n[0]);
+    child = later(50, n[1]);
+    show_wait("outer, another process writes to the inner's pipe", outer, 4, -1, 0);
+    waitpid(child, NULL, 0);
+    drain(n[0]);
+    result("ADD of the outer to the inner (a loop)", add(inner, outer, EPOLLIN, 0));
+    int outer_again = dup(outer);
+    result("ADD of a dup of the epfd to itself", add(outer, outer_again, EPOLLIN, 0));
+    close(outer_again);
+    result("EPOLLEXCLUSIVE on an epoll target", add(ep3, inner, EPOLLIN | EPOLLEXCLUSIVE, 0));
+    int chain[6];
+    for (int i = 0; i < 6; i++)
+        chain[i] = epoll_create1(0);
+    printf("a chain of six, each added to the one above:");
+    for (int i = 5; i > 0; i--) {
+        int added = add(chain[i - 1], chain[i], EPOLLIN, i);
+        printf(" %d%s", added, added < 0 ? (errno == ELOOP ? " (ELOOP)" : " (?)") : "");
+    }
+    printf("\n");
+    for (int i = 0; i < 6; i++)
+        close(chain[i]);
+    close(n[0]);
+    close(n[1]);
 
     /* Signals: EINTR after a handler, even with SA_RESTART. */
     struct sigaction action = { .sa_handler = on_signal, .sa_flags = SA_RESTART };
