@@ -27,6 +27,11 @@ struct State {
     len: usize,
     readers: usize,
     writers: usize,
+    /// Changes each side is woken for, as Linux's pipes wake epoll: the read side for every
+    /// write, the write side for a read that makes room in a full pipe, both when an end
+    /// closes. An edge-triggered epoll reports an end again after each.
+    changes_for_readers: u64,
+    changes_for_writers: u64,
 }
 
 impl State {
@@ -84,6 +89,8 @@ pub struct PipeEnd {
     writer: bool,
     /// O_NONBLOCK (a status flag of the open file description, as `fcntl(F_SETFL)` sets it).
     pub non_blocking: bool,
+    /// A call's own handle (`share`): its drop closes no open file description.
+    temporary: bool,
 }
 
 /// `poll`'s event bits (Linux's values).
@@ -99,18 +106,10 @@ impl PipeEnd {
         self.writer
     }
 
-    /// What `poll` reports for this end, as Linux's pipes: a read end is readable while bytes
-    /// wait and hung up once no write end is open; a write end is writable while a small
-    /// write (`PIPE_BUF`) would go in at once, and in error once no read end is open.
-    pub fn poll_events(&self) -> u16 {
-        let state = self.pipe.state.lock();
-        if self.writer {
-            let room = if CAPACITY - state.len >= PIPE_BUF { POLLOUT | POLLWRNORM } else { 0 };
-            room | if state.readers == 0 { POLLERR } else { 0 }
-        } else {
-            let data = if state.len == 0 { 0 } else { POLLIN | POLLRDNORM };
-            data | if state.writers == 0 { POLLHUP } else { 0 }
-        }
+    /// A watch on this end for `poll`, `select` and epoll: it sees the pipe's state without
+    /// counting as an open end (an epoll set must not keep a pipe open).
+    pub fn watch(&self) -> PipeWatch {
+        PipeWatch { pipe: self.pipe.clone(), writer: self.writer }
     }
 
     /// Another handle on the same end, for a call that works without the descriptor's lock
@@ -122,7 +121,7 @@ impl PipeEnd {
         } else {
             state.readers += 1;
         }
-        PipeEnd { pipe: self.pipe.clone(), writer: self.writer, non_blocking: self.non_blocking }
+        PipeEnd { pipe: self.pipe.clone(), writer: self.writer, non_blocking: self.non_blocking, temporary: true }
     }
 }
 
@@ -130,20 +129,52 @@ impl Drop for PipeEnd {
     fn drop(&mut self) {
         {
             let mut state = self.pipe.state.lock();
-            if self.writer {
+            let left = if self.writer {
                 state.writers -= 1;
+                state.writers
             } else {
                 state.readers -= 1;
+                state.readers
+            };
+            // An open file description closing wakes both sides on Linux; a call's handle
+            // going counts only if it was the side's last.
+            if !self.temporary || left == 0 {
+                state.changes_for_readers += 1;
+                state.changes_for_writers += 1;
             }
         }
         sched::wake_kernel_key(self.pipe.key());
     }
 }
 
+/// What watches one end of a pipe without holding it open (see `PipeEnd::watch`).
+#[derive(Clone)]
+pub struct PipeWatch {
+    pipe: Arc<Pipe>,
+    writer: bool,
+}
+
+impl PipeWatch {
+    /// What `poll` reports for the end, as Linux's pipes: a read end is readable while bytes
+    /// wait and hung up once no write end is open; a write end is writable while a small
+    /// write (`PIPE_BUF`) would go in at once, and in error once no read end is open. And how
+    /// many changes its side has been woken for.
+    pub fn poll_events(&self) -> (u16, u64) {
+        let state = self.pipe.state.lock();
+        if self.writer {
+            let room = if CAPACITY - state.len >= PIPE_BUF { POLLOUT | POLLWRNORM } else { 0 };
+            (room | if state.readers == 0 { POLLERR } else { 0 }, state.changes_for_writers)
+        } else {
+            let data = if state.len == 0 { 0 } else { POLLIN | POLLRDNORM };
+            (data | if state.writers == 0 { POLLHUP } else { 0 }, state.changes_for_readers)
+        }
+    }
+}
+
 /// A new pipe: its read end and its write end.
 pub fn new(non_blocking: bool) -> (PipeEnd, PipeEnd) {
-    let pipe = Arc::new(Pipe { state: SpinLock::new(State { ring: Vec::new(), head: 0, len: 0, readers: 1, writers: 1 }) });
-    (PipeEnd { pipe: pipe.clone(), writer: false, non_blocking }, PipeEnd { pipe, writer: true, non_blocking })
+    let pipe = Arc::new(Pipe { state: SpinLock::new(State { ring: Vec::new(), head: 0, len: 0, readers: 1, writers: 1, changes_for_readers: 0, changes_for_writers: 0 }) });
+    (PipeEnd { pipe: pipe.clone(), writer: false, non_blocking, temporary: false }, PipeEnd { pipe, writer: true, non_blocking, temporary: false })
 }
 
 /// `read` from the read end `end` into the user buffer at `buffer`.
@@ -161,7 +192,10 @@ pub fn read(end: &PipeEnd, buffer: u64, len: u64, non_blocking: bool) -> Syscall
             }
             let count = state.len.min(len as usize);
             if count > 0 {
+                // Linux wakes writers only when the pipe was full (no room for a small write).
+                let was_full = CAPACITY - state.len < PIPE_BUF;
                 state.pop_to_user(buffer, count)?;
+                state.changes_for_writers += was_full as u64;
             }
             count
         };
@@ -216,7 +250,13 @@ pub fn write_from(end: &PipeEnd, len: u64, non_blocking: bool, fill: impl Fn(u64
             // Only this call adds bytes under the lock, and readers only take: the room is
             // still there.
             let count = wanted.min(room);
-            match pipe.state.lock().push(count, &|offset, piece| fill(written + offset, piece)) {
+            let pushed = {
+                let mut state = pipe.state.lock();
+                let pushed = state.push(count, &|offset, piece| fill(written + offset, piece));
+                state.changes_for_readers += pushed.is_ok() as u64;
+                pushed
+            };
+            match pushed {
                 Ok(()) => written += count as u64,
                 Err(errno) if written == 0 => return Err(errno),
                 Err(_) => return Ok(written),
