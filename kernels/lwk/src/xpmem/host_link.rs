@@ -182,13 +182,18 @@ fn now_ms() -> u64 {
     clock::monotonic_ns() / 1_000_000
 }
 
+/// What an encoded XEMEM message gets to start with (control messages fit; frame lists grow).
+const ENCODED_MESSAGE_ROOM: usize = 256;
+
 /// Encodes what the node wants sent (everything goes out on the channel).
 fn take_outbox(node: &mut Node) -> Vec<Vec<u8>> {
     node.outbox()
         .into_iter()
         .filter(|(link, _)| *link == CHANNEL_LINK)
         .filter_map(|(_, message)| {
-            let mut bytes = Vec::new();
+            // Room for a control message at once: growing from empty reallocates and copies
+            // several times, each step hundreds of emulated instructions on PVM.
+            let mut bytes = Vec::with_capacity(ENCODED_MESSAGE_ROOM);
             message.encode(&mut bytes).ok().map(|_| bytes)
         })
         .collect()
