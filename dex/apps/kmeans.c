@@ -29,7 +29,8 @@ struct partial {
 static int threads = 4, clusters = 8, iterations = 10;
 static long npoints = 200000;
 static int naive;
-static int32_t *px, *py, *membership;
+static int32_t *px, *py;
+static int8_t *membership; /* each point's cluster: MAX_CLUSTERS fits in a byte */
 static int64_t centre_x[MAX_CLUSTERS], centre_y[MAX_CLUSTERS];
 /* optimised: one page per thread, two sets used in alternate iterations */
 static struct partial **partials[2];
@@ -91,7 +92,7 @@ static void naive_iterations(int index, long first, long last)
 		for (long i = first; i < last; i++) {
 			int c = nearest(centre_x, centre_y, clusters, px[i], py[i]);
 			if (c != membership[i]) {
-				membership[i] = c;
+				membership[i] = (int8_t)c;
 				changed_flag++;
 			}
 			mine->sum_x[c] += px[i];
@@ -113,7 +114,7 @@ static void naive_iterations(int index, long first, long last)
 static void optimised_iterations(int index, long first, long last)
 {
 	const int32_t *xs = px, *ys = py;
-	int32_t *member = membership;
+	int8_t *member = membership;
 	struct partial **sets[2] = { partials[0], partials[1] };
 	int k = clusters, nthreads = threads;
 	int64_t cx[MAX_CLUSTERS], cy[MAX_CLUSTERS];
@@ -126,7 +127,7 @@ static void optimised_iterations(int index, long first, long last)
 		for (long i = first; i < last; i++) {
 			int c = nearest(cx, cy, k, xs[i], ys[i]);
 			if (c != member[i]) {
-				member[i] = c;
+				member[i] = (int8_t)c;
 				local.changed++;
 			}
 			local.sum_x[c] += xs[i];
