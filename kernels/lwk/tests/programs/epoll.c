@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include "later.h"
 
 #ifndef SYS_epoll_pwait2
 #define SYS_epoll_pwait2 441
@@ -73,22 +74,6 @@ static int add(int ep, int fd, uint32_t events, uint64_t data) {
 static int modify(int ep, int fd, uint32_t events, uint64_t data) {
     struct epoll_event event = { .events = events, .data.u64 = data };
     return epoll_ctl(ep, EPOLL_CTL_MOD, fd, &event);
-}
-
-/* A child that, after `delay_ms`, writes a byte to `fd` (or, if fd is -1, sends SIGUSR1 to its
-   parent), then exits. */
-static pid_t later(int delay_ms, int fd) {
-    pid_t parent = getpid();
-    pid_t child = fork();
-    if (child == 0) {
-        usleep(delay_ms * 1000);
-        if (fd >= 0)
-            (void)!write(fd, "x", 1);
-        else
-            kill(parent, SIGUSR1);
-        _exit(0);
-    }
-    return child;
 }
 
 static void drain(int fd) {

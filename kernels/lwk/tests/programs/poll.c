@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include "later.h"
 
 static volatile sig_atomic_t handled;
 static void on_signal(int sig) { (void)sig; handled++; }
@@ -27,22 +28,6 @@ static void show(const char *what, int result, struct pollfd *fds, int count) {
     for (int i = 0; i < count; i++)
         printf(" [fd%s %#x]", fds[i].fd < 0 ? " -1" : "", fds[i].revents);
     printf("\n");
-}
-
-/* A child that, after `delay_ms`, writes a byte to `fd` (or, if fd is -1, sends SIGUSR1 to its
-   parent), then exits. */
-static pid_t later(int delay_ms, int fd) {
-    pid_t parent = getpid();
-    pid_t child = fork();
-    if (child == 0) {
-        usleep(delay_ms * 1000);
-        if (fd >= 0)
-            (void)!write(fd, "x", 1);
-        else
-            kill(parent, SIGUSR1);
-        _exit(0);
-    }
-    return child;
 }
 
 int main(void) {
