@@ -12,7 +12,10 @@
  *      segment the caller does not own is ENOENT;
  *   4. the child makes a named segment (page i starts with 300 + i); the parent looks it up,
  *      attaches and checks it, then tells the child to exit: the parent's next touch of the
- *      attachment is SIGBUS, get gives ENOENT, and detach and release still answer.
+ *      attachment is SIGBUS, get gives ENOENT, and detach and release still answer;
+ *   5. another child owns a segment the parent attaches twice; after the child unmaps a page
+ *      of it, the parent's next attach finds a hole there (the kernel's cache of resolved
+ *      ranges must not hand out the old frame).
  * Prints one line per step; exits 0 when everything held.
  */
 #include <errno.h>
@@ -175,6 +178,42 @@ int main(void)
 	check(xpmem_detach(view) == 0, "parent: detach 0");
 	xpmem_release(apid);
 	check(xpmem_detach(self_view) == 0 && xpmem_release(self_apid) == 0 && xpmem_remove(segid) == 0, "parent: detach, release, remove");
+
+	/* 5. a second child owns a segment; the parent attaches it twice (the kernel answers the
+	 *    second from its cache of resolved ranges), the child unmaps page 1, and the parent's
+	 *    next attach finds the hole there (SIGBUS), not the frame it was given before */
+	pid_t owner = fork();
+	if (owner == 0) {
+		long *source = pages();
+		for (int i = 0; i < PAGES; i++)
+			source[i * PAGE / sizeof(long)] = 500 + i;
+		check(xemem_make(source, PAGES * PAGE, "lwk-fork-remapped") > 0, "owner child: makes a named segment");
+		say(to_parent[1], 'm');
+		hear(to_child[0]);
+		munmap((char *)source + PAGE, PAGE);
+		say(to_parent[1], 'u');
+		hear(to_child[0]);
+		_exit(failures ? 1 : 0);
+	}
+	check(hear(to_parent[0]) == 'm', "parent: the owner child made its segment");
+	xpmem_segid_t remapped = xemem_lookup_segid("lwk-fork-remapped");
+	xpmem_apid_t remapped_apid = xpmem_get(remapped, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
+	struct xpmem_addr whole = { .apid = remapped_apid, .offset = 0 };
+	int same_twice = 1;
+	for (int attach = 0; attach < 2; attach++) {
+		long *before = xpmem_attach(whole, PAGES * PAGE, NULL);
+		same_twice &= before != (void *)-1 && pattern_is(before, 500) && xpmem_detach(before) == 0;
+	}
+	check(same_twice, "parent: attaches it twice");
+	say(to_child[1], 'u');
+	check(hear(to_parent[0]) == 'u', "parent: the owner child unmapped page 1");
+	long *after = xpmem_attach(whole, PAGES * PAGE, NULL);
+	check(after != (void *)-1 && touch(after + PAGE / sizeof(long)) == SIGBUS && after[0] == 500,
+	      "parent: attached again, page 1 is a hole (SIGBUS) and page 0 as before");
+	check(xpmem_detach(after) == 0 && xpmem_release(remapped_apid) == 0, "parent: detach, release");
+	say(to_child[1], 'x');
+	waitpid(owner, &status, 0);
+	check(WIFEXITED(status) && WEXITSTATUS(status) == 0, "owner child exited 0");
 	printf("%s\n", failures ? "lwk_fork_device: FAILED" : "lwk_fork_device: all passed");
 	return failures ? 1 : 0;
 }

@@ -846,7 +846,7 @@ fn forked_lwk_processes_use_the_device_and_signal_each_other() {
     assert_eq!(reply["status"], 0, "{reply} {out}");
     assert!(!out.contains("FAIL"), "{out}");
     assert!(out.contains("lwk_fork_device: all passed"), "{out}");
-    assert_eq!(out.lines().filter(|line| line.starts_with("ok ")).count(), 25, "{out}");
+    assert_eq!(out.lines().filter(|line| line.starts_with("ok ")).count(), 32, "{out}");
     let removed = call(&socket, json!({"op": "rm", "name": "forker"}));
     assert_eq!(removed["ok"], true, "{removed}");
 }

@@ -13,6 +13,9 @@ pub struct AddressSpace {
     id: u64,
     /// Every table page linked into these tables, the root included.
     owned: Vec<u64>,
+    /// Bumped by every map and unmap: what was read from the tables (XPMEM's resolved runs)
+    /// still holds while this has not moved.
+    changes: u64,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -21,7 +24,7 @@ impl AddressSpace {
     pub fn new() -> Result<AddressSpace, OutOfMemory> {
         let mut owned = Vec::new();
         let tables = super::new_user_tables(&mut owned).ok_or(OutOfMemory)?;
-        Ok(AddressSpace { tables, id: NEXT_ID.fetch_add(1, Ordering::Relaxed), owned })
+        Ok(AddressSpace { tables, id: NEXT_ID.fetch_add(1, Ordering::Relaxed), owned, changes: 0 })
     }
 
     /// What a thread needs to switch to this address space: its id and root table.
@@ -44,11 +47,18 @@ impl AddressSpace {
         self.tables.activate();
     }
 
+    /// How many maps and unmaps these tables have seen (see `changes`).
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
     pub fn map(&mut self, virtual_address: u64, physical: u64, len: u64, protection: Protection) -> Result<(), OutOfMemory> {
+        self.changes += 1;
         self.tables.map(virtual_address, physical, len, protection, &mut OwnedTables { owned: &mut self.owned })
     }
 
     pub fn unmap(&mut self, virtual_address: u64, len: u64) -> Result<(), OutOfMemory> {
+        self.changes += 1;
         self.tables.unmap(virtual_address, len, &mut OwnedTables { owned: &mut self.owned })
     }
 
