@@ -731,8 +731,13 @@ impl XememPort {
             // takes a permit at the name server upstream instead (below).
             Body::Get { segment, .. } if segment.enclave() == NAME_SERVER_ENCLAVE && broker.is_some() => true,
             // Another enclave's segment; an enclave's own goes to the name server (its kernel
-            // maps its own pages).
-            Body::Get { segment, .. } => segment.enclave() != origin,
+            // maps its own pages). A daemon's request for a segment whose owner lies behind
+            // that daemon's own link goes to the name server too: the owner answers the
+            // requester below directly. Bridged here, the attach's `Serve` would have to go
+            // down, and its answer come back up, the very link whose thread waits for it.
+            Body::Get { segment, .. } => {
+                segment.enclave() != origin && !(self.peer && self.links.links.lock().unwrap().node.route(segment.enclave()) == Some(self.link))
+            }
             Body::Lookup { name } => {
                 let links = self.links.links.lock().unwrap();
                 let known_here = links.node.name_server().is_some_and(|ns| ns.lookup(name).is_ok());
@@ -938,7 +943,8 @@ impl XememPort {
     /// Whether a message from this enclave may reach the node: it speaks only for enclaves
     /// behind this link (origin 0 is discovery, before an id), and its frame runs are its
     /// own guest-physical addresses, meaningless in any other machine, so they go only to the
-    /// name server (other enclaves get its memory through the bridge, as regions).
+    /// name server or on to a daemon link, which sends them as ranges of its RAM memfd (other
+    /// enclaves get its memory through the bridge, as regions).
     fn may_pass(&self, message: &Message) -> bool {
         let origin = message.header.origin;
         let links = self.links.links.lock().unwrap();
@@ -953,7 +959,11 @@ impl XememPort {
         let destination = message.header.destination;
         let frames_for = if self.peer { links.node.id().unwrap_or(NAME_SERVER_ENCLAVE) } else { NAME_SERVER_ENCLAVE };
         let next = links.node.route(destination).or(links.node.link_towards_name_server());
-        let onward_to_a_daemon = self.peer && next != Some(self.link) && next.and_then(|link| links.ram.get(&link)).is_some_and(|frames| frames.is_peer());
+        // Frames leave this daemon only as files (`xemem_peer` names an enclave's frames as
+        // ranges of its RAM memfd, checked against its RAM), so an enclave's answer may go on
+        // to a daemon too: a requester whose permit the name server granted directly, because
+        // the owner lies behind the same daemon link as the requester (see `bridge`).
+        let onward_to_a_daemon = next != Some(self.link) && next.and_then(|link| links.ram.get(&link)).is_some_and(|frames| frames.is_peer());
         !matches!(message.body, Body::Attached { .. }) || destination == frames_for || onward_to_a_daemon
     }
 

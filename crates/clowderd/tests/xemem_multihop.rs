@@ -272,6 +272,54 @@ fn host_processes_two_daemons_apart_share_memory() {
     assert_eq!(share(&program, &a, &d, "multihop-a-to-d", 8200), NAME_SERVER_ENCLAVE);
 }
 
+/// Starts a sub-manager of `upstream` on `dir` and waits for its enclave id.
+fn sub_manager(dir: &Path, upstream: &Daemon) -> (Daemon, u32) {
+    std::fs::create_dir_all(dir).unwrap();
+    let daemon = Daemon::start(dir, Some(upstream));
+    let id = daemon.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10));
+    let id = id.unwrap_or_else(|| panic!("{} got no id: {}\nupstream: {}", dir.display(), daemon.log(), upstream.log()));
+    (daemon, id.parse().unwrap())
+}
+
+/// Any tree of daemons: A is the name server, B and C its sub-managers, D under B and E under
+/// D. A host process under any of them attaches segments owned one and two levels below its
+/// own daemon (the owner answers it directly, not through a bridge above), above it, and in
+/// the sibling subtree, always mapping the owner's own pages.
+#[test]
+fn host_processes_anywhere_in_a_tree_of_daemons_share_memory() {
+    let dir = TempDir::new("clowderd-multihop-tree");
+    let program = dir.0.join("host_peer");
+    build_host_peer(&program);
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let (b, b_id) = sub_manager(&dir.0.join("b"), &a);
+    let (c, c_id) = sub_manager(&dir.0.join("c"), &a);
+    let (d, d_id) = sub_manager(&dir.0.join("d"), &b);
+    let (e, e_id) = sub_manager(&dir.0.join("e"), &d);
+    let mut ids = vec![b_id, c_id, d_id, e_id];
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 4, "{b_id} {c_id} {d_id} {e_id}");
+    // One level below the attacher's daemon, then two.
+    assert_eq!(share(&program, &d, &b, "tree-d-to-b", 1000), d_id);
+    assert_eq!(share(&program, &e, &b, "tree-e-to-b", 1200), e_id);
+    assert_eq!(share(&program, &e, &d, "tree-e-to-d", 1400), e_id);
+    assert_eq!(share(&program, &e, &a, "tree-e-to-a", 1600), e_id);
+    // Above: two levels up, and the name server's daemon.
+    assert_eq!(share(&program, &b, &e, "tree-b-to-e", 1800), b_id);
+    assert_eq!(share(&program, &a, &e, "tree-a-to-e", 2000), NAME_SERVER_ENCLAVE);
+    // Across subtrees, both ways, three hops down on one side.
+    assert_eq!(share(&program, &e, &c, "tree-e-to-c", 2200), e_id);
+    assert_eq!(share(&program, &c, &e, "tree-c-to-e", 2400), c_id);
+    assert_eq!(share(&program, &d, &c, "tree-d-to-c", 2600), d_id);
+    // Owner and attacher under one daemon deep in the tree.
+    assert_eq!(share(&program, &e, &e, "tree-e-to-e", 2800), e_id);
+    // Every daemon still answers.
+    for daemon in [&a, &b, &c, &d, &e] {
+        assert_eq!(daemon.call(json!({"op": "ls"}))["ok"], true, "{}", daemon.log());
+    }
+}
+
 /// A fake sub-manager on A's daemon-link socket.
 struct FakePeer {
     socket: OwnedFd,
@@ -540,6 +588,74 @@ fn a_host_process_on_the_name_server_attaches_an_lwk_segment_under_a_sub_manager
         assert!(stdout.contains("the host wrote 42"), "{stdout}");
     });
     let removed = b.call(json!({"op": "rm", "name": "owner"}));
+    assert_eq!(removed["ok"], true, "{removed}");
+}
+
+/// Builds xemem/tests/SOURCE as a host program against libxpmem.a.
+fn build_host_program(source: &str, out: &Path) {
+    let xemem = workspace_root().join("xemem");
+    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
+    let built = Command::new("cc")
+        .args(["-O2", "-I"])
+        .arg(xemem.join("include"))
+        .arg("-o")
+        .arg(out)
+        .arg(xemem.join("tests").join(source))
+        .arg(xemem.join("build/lib/libxpmem.a"))
+        .arg("-lpthread")
+        .status()
+        .unwrap();
+    assert!(built.success(), "building {source}");
+}
+
+/// Runs `lwk_named_owner` in enclave `enclave` (XEMEM id `enclave_id`) of `owner_at` while
+/// `host_attacher` runs against `attacher_at`'s broker: the host process reads the job's 16
+/// pages and writes the 42 the job waits for.
+fn lwk_segment_attached_from(owner_at: &Daemon, enclave: &str, enclave_id: u32, attacher_at: &Daemon, job: &Path, attacher: &Path, cwd: &Path) {
+    std::thread::scope(|scope| {
+        let runner = scope.spawn(|| run_job(owner_at, enclave, job, cwd));
+        let host = Command::new(attacher).env("CLOWDER_XEMEM_SOCKET", attacher_at.xemem_socket()).output().unwrap();
+        let host_out = String::from_utf8_lossy(&host.stdout).into_owned();
+        let (reply, stdout) = runner.join().unwrap();
+        let context = format!("host: {host_out}\njob: {reply} {stdout}\nowner's daemon:\n{}\nattacher's daemon:\n{}", owner_at.log(), attacher_at.log());
+        assert!(host.status.success(), "host_attacher: {:?}\n{context}", host.status);
+        assert!(host_out.contains(&format!("found a segment of enclave {enclave_id}")), "{context}");
+        assert!(host_out.contains("16 of 16 pages hold what the job wrote"), "{context}");
+        assert!(host_out.contains("another process is refused the permit"), "{context}");
+        assert_eq!(reply["status"], 0, "{context}");
+        assert!(stdout.contains("the host wrote 42"), "{context}");
+    });
+}
+
+/// An LWK job two daemon levels below a host process's daemon (enclave under D, D under B,
+/// host process on B), and in a sibling subtree (host process on C, a sibling of B): the name
+/// server grants B's permit directly, the enclave's frames go up as its RAM memfd.
+#[test]
+fn host_processes_above_and_beside_attach_an_lwk_segment_deep_in_the_tree() {
+    if let Some(why) = missing_for_enclaves() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = TempDir::new("clowderd-multihop-tree-lwk");
+    let job = dir.0.join("lwk_named_owner");
+    build_lwk_job("lwk_named_owner.c", &job);
+    let attacher = dir.0.join("host_attacher");
+    build_host_program("host_attacher.c", &attacher);
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let (b, _) = sub_manager(&dir.0.join("b"), &a);
+    let (c, _) = sub_manager(&dir.0.join("c"), &a);
+    std::fs::create_dir_all(dir.0.join("d")).unwrap();
+    let (vmm, kernel) = (vmm_binary(), kernel_image());
+    let d = Daemon::start_with(&dir.0.join("d"), Some(&b), &["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()]);
+    assert!(d.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}\n{}", d.log(), b.log());
+    let created = d.call(json!({"op": "create", "name": "owner", "cores": 1, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    let enclave_id = lwk_xemem_id(&d, "owner");
+    lwk_segment_attached_from(&d, "owner", enclave_id, &b, &job, &attacher, &dir.0);
+    lwk_segment_attached_from(&d, "owner", enclave_id, &c, &job, &attacher, &dir.0);
+    lwk_segment_attached_from(&d, "owner", enclave_id, &d, &job, &attacher, &dir.0);
+    let removed = d.call(json!({"op": "rm", "name": "owner"}));
     assert_eq!(removed["ok"], true, "{removed}");
 }
 
