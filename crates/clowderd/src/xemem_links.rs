@@ -421,15 +421,17 @@ impl XememLinks {
     /// `wake` an eventfd the enclave's pump sleeps on, signalled whenever a message for the
     /// enclave is queued from another thread.
     pub fn join(self: &Arc<Self>, ram: Arc<GuestRam>, wake: File) -> Option<XememPort> {
-        self.join_link(ram, wake, false)
+        self.join_link(ram, wake, None)
     }
 
     /// A link to another daemon (`xemem_peer`): `frames` holds the files it passed.
-    pub(crate) fn join_peer(self: &Arc<Self>, frames: Arc<dyn FrameSource>, wake: File) -> Option<XememPort> {
-        self.join_link(frames, wake, true)
+    pub(crate) fn join_peer(self: &Arc<Self>, frames: Arc<crate::xemem_peer::PeerFrames>, wake: File) -> Option<XememPort> {
+        let regions: Arc<dyn GuestRegions + Send + Sync> = frames.clone();
+        self.join_link(frames, wake, Some(regions))
     }
 
-    fn join_link(self: &Arc<Self>, ram: Arc<dyn FrameSource>, wake: File, peer: bool) -> Option<XememPort> {
+    fn join_link(self: &Arc<Self>, ram: Arc<dyn FrameSource>, wake: File, peer_regions: Option<Arc<dyn GuestRegions + Send + Sync>>) -> Option<XememPort> {
+        let peer = peer_regions.is_some();
         let mut links = self.links.lock().unwrap();
         let link = (0..MAX_LINKS).find(|link| !links.outgoing.contains_key(link))?;
         let (sender, receiver) = mpsc::channel();
@@ -439,7 +441,7 @@ impl XememLinks {
         links.bridges.insert(link, bridge.clone());
         let (gone_sender, gone) = mpsc::channel();
         links.gone.insert(link, gone_sender);
-        Some(XememPort { links: self.clone(), link, outgoing: receiver, gone, bridge, peer })
+        Some(XememPort { links: self.clone(), link, outgoing: receiver, gone, bridge, peer, peer_regions, workers: Arc::default() })
     }
 
     /// The node's messages go to their links' queues; finished requests to their callers.
@@ -508,6 +510,11 @@ pub struct XememPort {
     bridge: Arc<Mutex<Bridge>>,
     /// A link to another daemon: its frames are files it passed, renumbered on arrival.
     peer: bool,
+    /// A daemon link's frame table, where the bridge adds the memory it answers with (the
+    /// threads serving that link's bridged requests share it).
+    peer_regions: Option<Arc<dyn GuestRegions + Send + Sync>>,
+    /// How many of this link's bridged requests are being served on threads.
+    workers: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// What an enclave's machine must do for an attach of host memory: make a range of a memfd a
@@ -552,6 +559,8 @@ struct BridgedPermit {
     /// Guest-physical regions of the current attachment (one per memory run), in the order
     /// they were added.
     regions: Option<Vec<SharedRegion>>,
+    /// An attach through it is being served (the bridge's lock is not held meanwhile).
+    attaching: bool,
 }
 
 /// A segment or an enclave that went away: the permits bridged on it are revoked.
@@ -572,9 +581,13 @@ struct Bridge {
     /// a second attach (the node retries when the broker is slow).
     answered: HashMap<(EnclaveId, u64), Vec<Vec<u8>>>,
     answer_order: VecDeque<(EnclaveId, u64)>,
+    /// Requests being served (a retry of one is dropped: its answer is on its way).
+    serving: std::collections::HashSet<(EnclaveId, u64)>,
     /// Revokes sent to the enclave and not yet acknowledged.
     revocations: Vec<Revocation>,
     next_revoke: u64,
+    /// The port is gone: a request served meanwhile gives back what it got.
+    closed: bool,
 }
 
 impl Bridge {
@@ -704,26 +717,56 @@ fn runs_into_regions(runs: &[xemem_host::EnclaveRun], regions: &dyn GuestRegions
     Ok((frames, added))
 }
 
-impl XememPort {
-    /// Serves `message` here if it is an enclave process's request the daemon answers itself:
-    /// about a host process's segment (those live in the broker, not in the node's name
-    /// server) or about another enclave's segment (whose memory the daemon maps into this
-    /// enclave's machine). Returns the encoded answers, or `None` when the node should handle
-    /// the message.
-    fn bridge(&self, message: &Message, regions: &dyn GuestRegions) -> Option<Vec<Vec<u8>>> {
+/// What the bridge makes of a message from the enclave side (see [`XememPort::bridge`]).
+enum Claim {
+    /// Not the bridge's: the node handles it.
+    Node,
+    /// Already answered (a retry): the same answers again.
+    Answers(Vec<Vec<u8>>),
+    /// A retry of a request still being served: its answer is on its way.
+    Busy,
+    /// The bridge serves it.
+    Serve,
+}
+
+/// The parts of a port the bridge needs, which a thread serving a daemon link's bridged
+/// request holds on to (see [`XememPort::from_enclave`]).
+#[derive(Clone)]
+struct Bridging {
+    links: Arc<XememLinks>,
+    link: LinkId,
+    bridge: Arc<Mutex<Bridge>>,
+    peer: bool,
+}
+
+/// How many bridged requests of one daemon link may be served at once; beyond that a request
+/// is answered `Failed(Exhausted)` (a peer cannot make this daemon start threads at will).
+const MAX_BRIDGING_PER_LINK: usize = 32;
+
+impl Bridging {
+    /// Whether `message` is an enclave process's request the daemon answers itself: about a
+    /// host process's segment (those live in the broker, not in the node's name server) or
+    /// about another enclave's segment (whose memory the daemon maps into this enclave's
+    /// machine). Never blocks: serving is [`Bridging::serve`]'s.
+    fn claim(&self, message: &Message) -> Claim {
         let broker = self.links.broker.get();
         let header = message.header;
         if header.destination != NAME_SERVER_ENCLAVE || header.origin == NAME_SERVER_ENCLAVE {
-            return None;
-        }
-        // Only an enclave this link leads to may speak for its processes.
-        {
-            let links = self.links.links.lock().unwrap();
-            if links.node.route(header.origin) != Some(self.link) {
-                return None;
-            }
+            return Claim::Node;
         }
         let origin = header.origin;
+        // Only an enclave this link leads to may speak for its processes; `behind_here` is
+        // whether the owner of a segment lies behind this link too.
+        let behind_here = {
+            let links = self.links.links.lock().unwrap();
+            if links.node.route(origin) != Some(self.link) {
+                return Claim::Node;
+            }
+            match &message.body {
+                Body::Get { segment, .. } => links.node.route(segment.enclave()) == Some(self.link),
+                _ => false,
+            }
+        };
         let mut bridge = self.bridge.lock().unwrap();
         let ours = |bridge: &Bridge, process: u64, access: AccessId| bridge.permits.contains_key(&(origin, process, access));
         let is_ours = match &message.body {
@@ -733,11 +776,8 @@ impl XememPort {
             // Another enclave's segment; an enclave's own goes to the name server (its kernel
             // maps its own pages). A daemon's request for a segment whose owner lies behind
             // that daemon's own link goes to the name server too: the owner answers the
-            // requester below directly. Bridged here, the attach's `Serve` would have to go
-            // down, and its answer come back up, the very link whose thread waits for it.
-            Body::Get { segment, .. } => {
-                segment.enclave() != origin && !(self.peer && self.links.links.lock().unwrap().node.route(segment.enclave()) == Some(self.link))
-            }
+            // requester below directly, and the memory need not come up and go down again.
+            Body::Get { segment, .. } => segment.enclave() != origin && !(self.peer && behind_here),
             Body::Lookup { name } => {
                 let links = self.links.links.lock().unwrap();
                 let known_here = links.node.name_server().is_some_and(|ns| ns.lookup(name).is_ok());
@@ -750,40 +790,59 @@ impl XememPort {
             _ => false,
         };
         if !is_ours {
-            return None;
+            return Claim::Node;
         }
         if let Some(answers) = bridge.answered.get(&(origin, header.request)) {
-            return Some(answers.clone());
+            return Claim::Answers(answers.clone());
         }
-        let bodies = match self.serve_bridged(&mut bridge, broker, origin, &message.body, regions) {
-            Ok(bodies) => bodies,
-            Err(error) => vec![Body::Failed { error }],
-        };
+        if !bridge.serving.insert((origin, header.request)) {
+            return Claim::Busy;
+        }
+        Claim::Serve
+    }
+
+    /// Serves a claimed request and returns the encoded answers, which are kept for the
+    /// requester's retries. The bridge's lock is never held while this waits (for the broker,
+    /// an owner's library or the node), so the link's pump and other requests go on meanwhile.
+    fn serve(&self, message: &Message, regions: &dyn GuestRegions) -> Vec<Vec<u8>> {
+        let header = message.header;
+        let origin = header.origin;
+        let bodies = self.serve_bridged(origin, &message.body, regions).unwrap_or_else(|error| vec![Body::Failed { error }]);
+        self.answered(origin, header.request, bodies)
+    }
+
+    /// Encodes the answers to `origin`'s `request` and keeps them for its retries.
+    fn answered(&self, origin: EnclaveId, request: u64, bodies: Vec<Body>) -> Vec<Vec<u8>> {
         let answers: Vec<Vec<u8>> = bodies
             .into_iter()
             .filter_map(|body| {
                 let mut bytes = Vec::new();
-                Message::new(header.request, NAME_SERVER_ENCLAVE, origin, body).encode(&mut bytes).ok().map(|_| bytes)
+                Message::new(request, NAME_SERVER_ENCLAVE, origin, body).encode(&mut bytes).ok().map(|_| bytes)
             })
             .collect();
+        let mut bridge = self.bridge.lock().unwrap();
+        bridge.serving.remove(&(origin, request));
         if bridge.answer_order.len() >= BRIDGE_ANSWERS_KEPT {
             if let Some(old) = bridge.answer_order.pop_front() {
                 bridge.answered.remove(&old);
             }
         }
-        bridge.answer_order.push_back((origin, header.request));
-        bridge.answered.insert((origin, header.request), answers.clone());
-        Some(answers)
+        bridge.answer_order.push_back((origin, request));
+        bridge.answered.insert((origin, request), answers.clone());
+        answers
     }
 
-    fn serve_bridged(
-        &self,
-        bridge: &mut Bridge,
-        broker: Option<&xemem_host::Broker>,
-        origin: EnclaveId,
-        body: &Body,
-        regions: &dyn GuestRegions,
-    ) -> Result<Vec<Body>, Error> {
+    /// Queues answers on this link (its pump sends them).
+    fn send(&self, answers: Vec<Vec<u8>>) {
+        if let Some(queue) = self.links.links.lock().unwrap().outgoing.get(&self.link) {
+            for answer in answers {
+                queue.send(answer);
+            }
+        }
+    }
+
+    fn serve_bridged(&self, origin: EnclaveId, body: &Body, regions: &dyn GuestRegions) -> Result<Vec<Body>, Error> {
+        let broker = self.links.broker.get();
         let caller = |process: u64| Principal { enclave: origin, process };
         let links = &self.links;
         match body {
@@ -800,6 +859,12 @@ impl XememPort {
                         _ => return Err(Error::Malformed),
                     }
                 };
+                let mut bridge = self.bridge.lock().unwrap();
+                if bridge.closed {
+                    drop(bridge);
+                    links.release_at_source(caller(*process), source);
+                    return Err(Error::Unreachable);
+                }
                 let permit = loop {
                     let local = bridge.next_permit.max(FIRST_HOST_PERMIT);
                     bridge.next_permit = if local >= xemem::ids::MAX_LOCAL_ID { FIRST_HOST_PERMIT } else { local + 1 };
@@ -808,46 +873,69 @@ impl XememPort {
                         break candidate;
                     }
                 };
-                bridge.permits.insert((origin, *process, permit), BridgedPermit { source, segment: *segment, regions: None });
+                bridge.permits.insert((origin, *process, permit), BridgedPermit { source, segment: *segment, regions: None, attaching: false });
                 Ok(vec![Body::Granted { access: permit, size }])
             }
             Body::Attach { process, access, offset, size } => {
-                let permit = bridge.permits.get_mut(&(origin, *process, *access)).ok_or(Error::NotFound)?;
-                // One attachment per permit at a time: a detach names only the permit, so a
-                // second one could not be told apart (a second permit gives a second one).
-                if permit.regions.is_some() {
-                    return Err(Error::Exhausted);
-                }
-                if offset % xemem::PAGE_SIZE != 0 || *size == 0 || size % xemem::PAGE_SIZE != 0 {
-                    return Err(Error::Invalid);
-                }
-                let (segment, runs) = match permit.source {
-                    Source::Host { broker_access } => broker.ok_or(Error::NotFound)?.attach_for_enclave(caller(*process), broker_access, *offset, *size)?,
-                    Source::Enclave { access, proxy } => links.attach_enclave_memory(proxy, access, *offset, *size)?,
-                };
-                let total: Option<u64> = runs.iter().try_fold(0u64, |sum, run| {
-                    sum.checked_add(match run {
-                        xemem_host::EnclaveRun::Hole { length } | xemem_host::EnclaveRun::Memory { length, .. } => *length,
-                    })
-                });
-                let checked = if segment != permit.segment || total != Some(*size) { Err(Error::Malformed) } else { runs_into_regions(&runs, regions) };
-                let (frames, added) = match checked {
-                    Ok(pair) => pair,
-                    Err(error) => {
-                        links.detach_at_source(caller(*process), permit.source);
-                        return Err(error);
+                let key = (origin, *process, *access);
+                let (source, expected) = {
+                    let mut bridge = self.bridge.lock().unwrap();
+                    let permit = bridge.permits.get_mut(&key).ok_or(Error::NotFound)?;
+                    // One attachment per permit at a time: a detach names only the permit, so a
+                    // second one could not be told apart (a second permit gives a second one).
+                    if permit.regions.is_some() || permit.attaching {
+                        return Err(Error::Exhausted);
                     }
+                    if offset % xemem::PAGE_SIZE != 0 || *size == 0 || size % xemem::PAGE_SIZE != 0 {
+                        return Err(Error::Invalid);
+                    }
+                    permit.attaching = true;
+                    (permit.source, permit.segment)
                 };
-                match xemem::wire::attached_parts(segment, *size, &frames) {
-                    Ok(parts) => {
+                let attached = match source {
+                    Source::Host { broker_access } => broker.ok_or(Error::NotFound).and_then(|broker| broker.attach_for_enclave(caller(*process), broker_access, *offset, *size)),
+                    Source::Enclave { access, proxy } => links.attach_enclave_memory(proxy, access, *offset, *size),
+                };
+                let mapped = attached.and_then(|(segment, runs)| {
+                    let total: Option<u64> = runs.iter().try_fold(0u64, |sum, run| {
+                        sum.checked_add(match run {
+                            xemem_host::EnclaveRun::Hole { length } | xemem_host::EnclaveRun::Memory { length, .. } => *length,
+                        })
+                    });
+                    if segment != expected || total != Some(*size) {
+                        links.detach_at_source(caller(*process), source);
+                        return Err(Error::Malformed);
+                    }
+                    let (frames, added) = runs_into_regions(&runs, regions).inspect_err(|_| links.detach_at_source(caller(*process), source))?;
+                    match xemem::wire::attached_parts(segment, *size, &frames) {
+                        Ok(parts) => Ok((parts, added)),
+                        Err(error) => {
+                            remove_regions(regions, &added);
+                            links.detach_at_source(caller(*process), source);
+                            Err(error)
+                        }
+                    }
+                });
+                let mut bridge = self.bridge.lock().unwrap();
+                let closed = bridge.closed;
+                let permit = bridge.permits.get_mut(&key).filter(|_| !closed);
+                match (mapped, permit) {
+                    (Ok((parts, added)), Some(permit)) => {
+                        permit.attaching = false;
                         permit.regions = Some(added);
                         Ok(parts)
                     }
-                    Err(error) => {
-                        for region in &added {
-                            let _ = regions.remove(region.slot);
+                    (Ok((_, added)), None) => {
+                        // Released, revoked or gone while the owner answered: nothing keeps it.
+                        drop(bridge);
+                        remove_regions(regions, &added);
+                        links.detach_at_source(caller(*process), source);
+                        Err(Error::NotFound)
+                    }
+                    (Err(error), permit) => {
+                        if let Some(permit) = permit {
+                            permit.attaching = false;
                         }
-                        links.detach_at_source(caller(*process), permit.source);
                         Err(error)
                     }
                 }
@@ -855,21 +943,21 @@ impl XememPort {
             // The enclave unmaps the attachment before it detaches or releases (the guest must
             // not keep a mapping of a region that is gone).
             Body::Detach { process, access } => {
-                let permit = bridge.permits.get_mut(&(origin, *process, *access)).ok_or(Error::NotFound)?;
-                if let Some(added) = permit.regions.take() {
-                    for region in &added {
-                        let _ = regions.remove(region.slot);
-                    }
-                    links.detach_at_source(caller(*process), permit.source);
+                let (source, added) = {
+                    let mut bridge = self.bridge.lock().unwrap();
+                    let permit = bridge.permits.get_mut(&(origin, *process, *access)).ok_or(Error::NotFound)?;
+                    (permit.source, permit.regions.take())
+                };
+                if let Some(added) = added {
+                    remove_regions(regions, &added);
+                    links.detach_at_source(caller(*process), source);
                 }
                 Ok(vec![Body::Done])
             }
             Body::Release { process, access } => {
-                let permit = bridge.permits.remove(&(origin, *process, *access)).ok_or(Error::NotFound)?;
+                let permit = self.bridge.lock().unwrap().permits.remove(&(origin, *process, *access)).ok_or(Error::NotFound)?;
                 if let Some(added) = permit.regions {
-                    for region in &added {
-                        let _ = regions.remove(region.slot);
-                    }
+                    remove_regions(regions, &added);
                     links.detach_at_source(caller(*process), permit.source);
                 }
                 // The owner may have removed the segment already: the permit is gone then too.
@@ -879,8 +967,8 @@ impl XememPort {
             // XEMEM's signal through a bridged permit: the host owner's library, or (through
             // the proxy permit) the owner enclave's kernel, gets the notification.
             Body::Signal { process, access } => {
-                let permit = bridge.permits.get(&(origin, *process, *access)).ok_or(Error::NotFound)?;
-                match permit.source {
+                let source = self.bridge.lock().unwrap().permits.get(&(origin, *process, *access)).ok_or(Error::NotFound)?.source;
+                match source {
                     Source::Host { broker_access } => broker.ok_or(Error::NotFound)?.signal_for_enclave(caller(*process), broker_access)?,
                     Source::Enclave { access, proxy } => {
                         links.call(Request::Signal { process: proxy, access })?;
@@ -890,6 +978,44 @@ impl XememPort {
             }
             _ => Err(Error::Invalid),
         }
+    }
+}
+
+fn remove_regions(regions: &dyn GuestRegions, added: &[SharedRegion]) {
+    for region in added {
+        let _ = regions.remove(region.slot);
+    }
+}
+
+/// A port's way to its node from another thread (a daemon link's remove, which waits for
+/// revocations first).
+struct Remover {
+    links: Arc<XememLinks>,
+    link: LinkId,
+}
+
+impl Remover {
+    /// Revokes every attachment of `segments` (which are going) outside their owner and
+    /// waits: host processes' libraries remap theirs (SIGBUS from then on), other enclaves
+    /// unmap theirs and acknowledge. The links' lock is not held while waiting.
+    fn revoke_segments(&self, segments: &[SegmentId]) {
+        if let Some(broker) = self.links.broker.get() {
+            broker.revoke_remote(|segment| segments.contains(&segment));
+        }
+        self.links.revoke_segments(segments);
+    }
+
+    /// The message goes to the node; if it removed `removing` (the name server checked the
+    /// owner), other links' permits bridged on it go.
+    fn receive(&self, bytes: &[u8], removing: Option<SegmentId>) {
+        let mut links = self.links.links.lock().unwrap();
+        let now = self.links.now();
+        links.node.tick(now, &mut NoHostMemory);
+        links.node.receive(self.link, bytes, &mut NoHostMemory);
+        if let Some(segment) = removing.filter(|segment| links.node.name_server().is_some_and(|ns| ns.segment(*segment).is_none())) {
+            XememLinks::announce(&links, Gone::Segment(segment));
+        }
+        self.links.deliver(&mut links);
     }
 }
 
@@ -911,33 +1037,63 @@ impl XememPort {
             if !self.may_pass(&message) {
                 return;
             }
-            if let Some(answers) = self.bridge(&message, regions) {
-                if let Some(queue) = self.links.links.lock().unwrap().outgoing.get(&self.link) {
-                    for answer in answers {
-                        queue.send(answer);
+            let bridging = self.bridging();
+            match bridging.claim(&message) {
+                Claim::Node => {}
+                Claim::Busy => return,
+                Claim::Answers(answers) => return bridging.send(answers),
+                // A daemon link's bridged request may wait for answers that come back on this
+                // very link (or on a link whose pump waits for this one): not on its pump.
+                Claim::Serve => match &self.peer_regions {
+                    Some(regions) => {
+                        let (regions, workers) = (regions.clone(), self.workers.clone());
+                        if workers.fetch_add(1, std::sync::atomic::Ordering::AcqRel) >= MAX_BRIDGING_PER_LINK {
+                            workers.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                            let answers = bridging.answered(message.header.origin, message.header.request, vec![Body::Failed { error: Error::Exhausted }]);
+                            return bridging.send(answers);
+                        }
+                        let spawned = std::thread::Builder::new().name("xemem-bridge".into()).spawn(move || {
+                            let answers = bridging.serve(&message, &*regions);
+                            bridging.send(answers);
+                            workers.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                        });
+                        if spawned.is_err() {
+                            self.workers.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                        }
+                        return;
                     }
-                }
-                return;
+                    None => return bridging.send(bridging.serve(&message, regions)),
+                },
             }
             if let Body::Remove { process, segment } = message.body {
                 removing = Some(segment);
                 let owner = Principal { enclave: message.header.origin, process };
                 let owned = self.links.links.lock().unwrap().node.name_server().and_then(|ns| ns.segment(segment)).is_some_and(|s| s.owner == owner);
+                if owned && self.peer {
+                    // The revoke waits for holders' acknowledgements, which may come back on
+                    // this link: the remove goes on once they came, off this link's pump.
+                    let (port, bytes) = (self.remover(), bytes.to_vec());
+                    let _ = std::thread::Builder::new().name("xemem-remove".into()).spawn(move || {
+                        port.revoke_segments(&[segment]);
+                        port.receive(&bytes, Some(segment));
+                    });
+                    return;
+                }
                 if owned {
                     // XPMEM: once the remove returns, attachments fault. They go first.
                     self.revoke_segments(&[segment]);
                 }
             }
         }
-        let mut links = self.links.links.lock().unwrap();
-        let now = self.links.now();
-        links.node.tick(now, &mut NoHostMemory);
-        links.node.receive(self.link, bytes, &mut NoHostMemory);
-        // The owner removed it (the name server checked): other enclaves' attachments go.
-        if let Some(segment) = removing.filter(|segment| links.node.name_server().is_some_and(|ns| ns.segment(*segment).is_none())) {
-            XememLinks::announce(&links, Gone::Segment(segment));
-        }
-        self.links.deliver(&mut links);
+        self.remover().receive(bytes, removing);
+    }
+
+    fn bridging(&self) -> Bridging {
+        Bridging { links: self.links.clone(), link: self.link, bridge: self.bridge.clone(), peer: self.peer }
+    }
+
+    fn remover(&self) -> Remover {
+        Remover { links: self.links.clone(), link: self.link }
     }
 
     /// Whether a message from this enclave may reach the node: it speaks only for enclaves
@@ -962,7 +1118,7 @@ impl XememPort {
         // Frames leave this daemon only as files (`xemem_peer` names an enclave's frames as
         // ranges of its RAM memfd, checked against its RAM), so an enclave's answer may go on
         // to a daemon too: a requester whose permit the name server granted directly, because
-        // the owner lies behind the same daemon link as the requester (see `bridge`).
+        // the owner lies behind the same daemon link as the requester (see `Bridging::claim`).
         let onward_to_a_daemon = next != Some(self.link) && next.and_then(|link| links.ram.get(&link)).is_some_and(|frames| frames.is_peer());
         !matches!(message.body, Body::Attached { .. }) || destination == frames_for || onward_to_a_daemon
     }
@@ -993,10 +1149,7 @@ impl XememPort {
     /// waits: host processes' libraries remap theirs (SIGBUS from then on), other enclaves
     /// unmap theirs and acknowledge. The links' lock is not held while waiting.
     fn revoke_segments(&self, segments: &[SegmentId]) {
-        if let Some(broker) = self.links.broker.get() {
-            broker.revoke_remote(|segment| segments.contains(&segment));
-        }
-        self.links.revoke_segments(segments);
+        self.remover().revoke_segments(segments);
     }
 
     /// Segments or enclaves went away: the permits bridged on them are revoked (nobody waits
@@ -1058,7 +1211,12 @@ impl Drop for XememPort {
     fn drop(&mut self) {
         // The enclave's machine is going: its regions go with it; its bridged permits are
         // given back, and the broker forgets the enclave.
-        let bridge = std::mem::take(&mut *self.bridge.lock().unwrap());
+        let bridge = {
+            let mut bridge = self.bridge.lock().unwrap();
+            let taken = std::mem::take(&mut *bridge);
+            bridge.closed = true;
+            taken
+        };
         // The machine is gone: nothing can touch the regions any more.
         for revocation in bridge.revocations {
             revocation.finish(None);

@@ -320,6 +320,28 @@ fn host_processes_anywhere_in_a_tree_of_daemons_share_memory() {
     }
 }
 
+/// Two sibling sub-managers' host processes attach each other's segments at the same time:
+/// the name server's daemon bridges both, and neither bridged attach may hold up the link
+/// the other's answer comes back on.
+#[test]
+fn sibling_sub_managers_attach_each_others_segments_at_once() {
+    let dir = TempDir::new("clowderd-multihop-crossing");
+    let program = dir.0.join("host_peer");
+    build_host_peer(&program);
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let (b, b_id) = sub_manager(&dir.0.join("b"), &a);
+    let (c, c_id) = sub_manager(&dir.0.join("c"), &a);
+    for round in 0..3u64 {
+        std::thread::scope(|scope| {
+            let one = scope.spawn(|| share(&program, &b, &c, &format!("crossing-b-{round}"), 3000 + round * 100));
+            let other = scope.spawn(|| share(&program, &c, &b, &format!("crossing-c-{round}"), 5000 + round * 100));
+            assert_eq!(one.join().unwrap(), b_id);
+            assert_eq!(other.join().unwrap(), c_id);
+        });
+    }
+}
+
 /// A fake sub-manager on A's daemon-link socket.
 struct FakePeer {
     socket: OwnedFd,
