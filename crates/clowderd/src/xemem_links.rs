@@ -376,6 +376,21 @@ impl XememLinks {
         waiter.wait(REVOKE_TIMEOUT + Duration::from_secs(1));
     }
 
+    /// An enclave behind a daemon link went away (that daemon's link to it, or the daemon
+    /// itself below a surviving one): permits bridged on its segments are revoked on every
+    /// link, and host processes here attached to them have their libraries remap the
+    /// attachments (SIGBUS), since nothing is left to truncate the owners' memory.
+    fn enclave_went_away(&self, enclave: EnclaveId) {
+        XememLinks::announce(&self.links.lock().unwrap(), Gone::Enclave(enclave));
+        if let Some(broker) = self.broker.get().cloned() {
+            // The libraries may take a while to answer: not on the link's pump.
+            let _ = std::thread::Builder::new().name("xemem-gone".into()).spawn(move || {
+                broker.revoke_remote(|segment| segment.enclave() == enclave);
+                broker.forget_enclave(enclave);
+            });
+        }
+    }
+
     /// Tells every link's port that `gone` went away (its pump revokes bridged permits on it).
     fn announce(links: &Links, gone: Gone) {
         for sender in links.gone.values() {
@@ -1033,9 +1048,15 @@ impl XememPort {
             return;
         }
         let mut removing = None;
+        let mut vanishing = None;
         if let Ok(message) = Message::decode(bytes) {
             if !self.may_pass(&message) {
                 return;
+            }
+            // A daemon below tells the name server an enclave behind it is gone (the node
+            // believes it only from the link its route to that enclave uses).
+            if let Body::EnclaveGone { enclave } = message.body {
+                vanishing = Some(enclave).filter(|enclave| self.links.links.lock().unwrap().node.route(*enclave) == Some(self.link));
             }
             let bridging = self.bridging();
             match bridging.claim(&message) {
@@ -1086,6 +1107,9 @@ impl XememPort {
             }
         }
         self.remover().receive(bytes, removing);
+        if let Some(enclave) = vanishing.filter(|enclave| self.links.links.lock().unwrap().node.route(*enclave).is_none()) {
+            self.links.enclave_went_away(enclave);
+        }
     }
 
     fn bridging(&self) -> Bridging {

@@ -431,8 +431,9 @@ impl Link {
                 });
             }
             // The name server takes back a permit this daemon holds: enclaves here that attached
-            // through it must let go before the acknowledgement goes up (the owner's memory is
-            // truncated after it). Off this thread: it waits for the enclaves.
+            // through it, or the host process that holds it, must let go before the
+            // acknowledgement goes up (the owner's memory is truncated after it). Off this
+            // thread: it waits for the enclaves and the host process's library.
             Ok(message @ Message { body: Body::Revoke { .. }, .. })
                 if message.header.origin == NAME_SERVER_ENCLAVE
                     && Some(message.header.destination) == self.links.id()
@@ -441,9 +442,13 @@ impl Link {
             {
                 drop(fds);
                 let Body::Revoke { process, access } = message.body else { return };
-                let (links, answers) = (self.links.clone(), self.served.0.clone());
+                let (links, answers, broker) = (self.links.clone(), self.served.0.clone(), self.broker.clone());
                 std::thread::spawn(move || {
                     links.revoke_proxy_permit(process, access);
+                    // Or a host process here holds it: its library lets go of the memory.
+                    if let Some(broker) = broker {
+                        broker.revoke_remote_permit(process, access);
+                    }
                     // Now the node handles it as usual: it answers Revoked.
                     let _ = answers.send(vec![message]);
                 });

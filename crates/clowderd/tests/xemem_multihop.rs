@@ -114,8 +114,12 @@ struct HostProcess {
 
 impl HostProcess {
     fn start(program: &Path, broker: &Path, role: &str, name: &str, base: u64) -> HostProcess {
+        HostProcess::spawn(program, broker, &[role, name, &base.to_string()])
+    }
+
+    fn spawn(program: &Path, broker: &Path, args: &[&str]) -> HostProcess {
         let mut child = Command::new(program)
-            .args([role, name, &base.to_string()])
+            .args(args)
             .env("CLOWDER_XEMEM_SOCKET", broker)
             .stdout(Stdio::piped())
             .spawn()
@@ -340,6 +344,83 @@ fn sibling_sub_managers_attach_each_others_segments_at_once() {
             assert_eq!(other.join().unwrap(), c_id);
         });
     }
+}
+
+/// Builds crates/clowderd/tests/support/host_keeper.c against libxpmem.a.
+fn build_host_keeper(out: &Path) {
+    let xemem = workspace_root().join("xemem");
+    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/host_keeper.c");
+    let built = Command::new("cc").args(["-O2", "-I"]).arg(xemem.join("include")).arg("-o").arg(out).arg(source).arg(xemem.join("build/lib/libxpmem.a")).arg("-lpthread").status().unwrap();
+    assert!(built.success(), "building host_keeper.c");
+}
+
+/// A host owner under `owner_at` that never removes its segment, and a host_peer attacher
+/// under `attacher_at` that has read its pages and now touches them until SIGBUS.
+fn kept_and_attached(keeper: &Path, program: &Path, owner_at: &Daemon, attacher_at: &Daemon, name: &str, base: u64) -> (HostProcess, HostProcess) {
+    let mut owner = HostProcess::spawn(keeper, &owner_at.xemem_socket(), &[name, &base.to_string()]);
+    assert!(owner.wait_for("made a segment of enclave", Duration::from_secs(10)).is_some(), "{:?}\n{}", owner.seen, owner_at.log());
+    let mut attacher = HostProcess::start(program, &attacher_at.xemem_socket(), "attacher", name, base);
+    let wrote = attacher.wait_for("wrote 43", Duration::from_secs(20));
+    assert!(wrote.is_some(), "{:?}\nowner's daemon:\n{}\nattacher's daemon:\n{}", attacher.seen, owner_at.log(), attacher_at.log());
+    assert!(attacher.seen.iter().any(|l| l == "16 of 16 pages hold what the owner wrote"), "{:?}", attacher.seen);
+    (owner, attacher)
+}
+
+/// A sub-manager dies (SIGKILL): B, with D below it, under A, and C a sibling of B. Host
+/// processes on A and C attached segments of host owners on B and on D. The owners live on,
+/// but nothing is left to truncate their memory: the daemons that stay revoke the attachments
+/// (SIGBUS, as for a crashed enclave's attachers), the name server forgets the segments, and A
+/// and C go on sharing memory.
+#[test]
+fn a_dead_sub_managers_segments_are_revoked_and_removed_elsewhere() {
+    let dir = TempDir::new("clowderd-multihop-dead");
+    let program = dir.0.join("host_peer");
+    build_host_peer(&program);
+    let keeper = dir.0.join("host_keeper");
+    build_host_keeper(&keeper);
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let (mut b, _) = sub_manager(&dir.0.join("b"), &a);
+    let (c, _) = sub_manager(&dir.0.join("c"), &a);
+    let (d, _) = sub_manager(&dir.0.join("d"), &b);
+    let mut kept = Vec::new();
+    for (owner_at, owner_name) in [(&b, "b"), (&d, "d")] {
+        for (attacher_at, attacher_name) in [(&a, "a"), (&c, "c")] {
+            let name = format!("dead-{owner_name}-to-{attacher_name}");
+            let base = 1000 * (kept.len() as u64 + 1);
+            kept.push((name.clone(), kept_and_attached(&keeper, &program, owner_at, attacher_at, &name, base)));
+        }
+    }
+    let names = a.segment_names();
+    assert!(kept.iter().all(|(name, _)| names.contains(name)), "{names:?}");
+    b.child.kill().unwrap();
+    let _ = b.child.wait();
+    assert!(a.wait_for_log("the link to a daemon below is down", Duration::from_secs(5)).is_some(), "{}", a.log());
+    for (name, (owner, attacher)) in kept {
+        let (status, output) = attacher.finish(Duration::from_secs(15));
+        assert!(output.contains("SIGBUS after remove"), "{name}: {status:?} {output}\nA:\n{}\nC:\n{}", a.log(), c.log());
+        assert_eq!(status, Some(0), "{name}: {output}");
+        let _ = owner.finish(Duration::from_millis(10));
+    }
+    let names = a.segment_names();
+    assert!(!names.iter().any(|name| name.starts_with("dead-")), "{names:?}");
+    // The others keep working: A and C share memory both ways, D still answers.
+    share(&program, &c, &a, "after-dead-c-to-a", 9000);
+    share(&program, &a, &c, "after-dead-a-to-c", 9200);
+    assert_eq!(d.call(json!({"op": "ls"}))["ok"], true, "{}", d.log());
+
+    // A sub-manager dies below one that lives: E under C. C tells the name server, whose
+    // daemon revokes its host process's attachment of E's segment.
+    let (mut e, _) = sub_manager(&dir.0.join("e"), &c);
+    let (owner, attacher) = kept_and_attached(&keeper, &program, &e, &a, "dead-e-to-a", 9400);
+    e.child.kill().unwrap();
+    let _ = e.child.wait();
+    let (status, output) = attacher.finish(Duration::from_secs(15));
+    assert!(output.contains("SIGBUS after remove"), "{status:?} {output}\nA:\n{}\nC:\n{}", a.log(), c.log());
+    let _ = owner.finish(Duration::from_millis(10));
+    assert!(!a.segment_names().contains(&"dead-e-to-a".to_string()), "{:?}", a.segment_names());
+    share(&program, &c, &a, "after-dead-e", 9600);
 }
 
 /// A fake sub-manager on A's daemon-link socket.

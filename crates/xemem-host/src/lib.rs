@@ -690,6 +690,25 @@ impl Broker {
         }
     }
 
+    /// The name server took back permit `real`, which host process `holder` holds on another
+    /// enclave's segment (the owner's daemon went away, or the owner removed it): the holder's
+    /// library replaces its attachments through it with memory that raises SIGBUS, as
+    /// [`Broker::revoke_remote`] does. The permit stays until released. A permit this broker
+    /// does not know changes nothing.
+    pub fn revoke_remote_permit(&self, holder: u64, real: AccessId) {
+        let found = {
+            let state = self.lock();
+            state
+                .remote_permits
+                .iter()
+                .find(|(_, permit)| permit.real == real && u64::from(permit.holder) == holder)
+                .map(|(surrogate, permit)| (*surrogate, state.servers.get(&permit.holder).cloned()))
+        };
+        if let Some((surrogate, Some(server))) = found {
+            let _ = ask_owner_within(&server, &Request::new(wire::OP_REVOKE, &[surrogate.raw() as u64]), REVOKE_WAIT);
+        }
+    }
+
     /// An enclave is gone: its permits on host segments go too.
     pub fn forget_enclave(&self, enclave: xemem::ids::EnclaveId) {
         if enclave != NAME_SERVER_ENCLAVE {
