@@ -78,11 +78,16 @@ pub struct XememLinks {
     /// The host's broker, where host processes' segments live: enclaves' requests about them
     /// go there (set once the daemon has a broker).
     broker: std::sync::OnceLock<xemem_host::Broker>,
+    /// The daemon's broker, name server's or sub-manager's, for revoking its host processes'
+    /// attachments of segments that go ([`XememLinks::set_attachers`]).
+    attachers: std::sync::OnceLock<xemem_host::Broker>,
     /// Signalled whenever requests finish.
     finished: Condvar,
     started: Instant,
     /// Process numbers the daemon takes permits under for enclave processes (see [`Source`]).
     next_proxy: std::sync::atomic::AtomicU64,
+    /// How many times a sub-manager lost its link towards the name server.
+    upstream_losses: std::sync::atomic::AtomicU64,
 }
 
 /// A piece of an attached enclave segment: a range of the enclave's RAM memfd, or a hole
@@ -115,8 +120,10 @@ impl XememLinks {
             }),
             finished: Condvar::new(),
             broker: std::sync::OnceLock::new(),
+            attachers: std::sync::OnceLock::new(),
             started: Instant::now(),
             next_proxy: std::sync::atomic::AtomicU64::new(FIRST_PROXY_PROCESS),
+            upstream_losses: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
@@ -141,6 +148,12 @@ impl XememLinks {
         self.links.lock().unwrap().node.link_towards_name_server()
     }
 
+    /// How many times this sub-manager lost its link towards the name server (and with it
+    /// its id): links to daemons below made before the last loss speak for ids that are void.
+    pub(crate) fn upstream_losses(&self) -> u64 {
+        self.upstream_losses.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// This node's enclave id, once it has one.
     pub fn id(&self) -> Option<EnclaveId> {
         self.links.lock().unwrap().node.id()
@@ -158,6 +171,13 @@ impl XememLinks {
     /// Gives enclaves a way to host processes' segments (the daemon's broker).
     pub fn set_broker(&self, broker: xemem_host::Broker) {
         let _ = self.broker.set(broker);
+    }
+
+    /// The broker whose host processes attach other enclaves' segments through this node
+    /// (every daemon's, a sub-manager's too): their attachments are revoked when those
+    /// segments go.
+    pub fn set_attachers(&self, broker: xemem_host::Broker) {
+        let _ = self.attachers.set(broker);
     }
 
     /// Starts `request` for host process `process` and waits for its answer.
@@ -382,12 +402,14 @@ impl XememLinks {
     /// attachments (SIGBUS), since nothing is left to truncate the owners' memory.
     fn enclave_went_away(&self, enclave: EnclaveId) {
         XememLinks::announce(&self.links.lock().unwrap(), Gone::Enclave(enclave));
-        if let Some(broker) = self.broker.get().cloned() {
+        if let Some(broker) = self.attachers.get().cloned() {
             // The libraries may take a while to answer: not on the link's pump.
             let _ = std::thread::Builder::new().name("xemem-gone".into()).spawn(move || {
                 broker.revoke_remote(|segment| segment.enclave() == enclave);
-                broker.forget_enclave(enclave);
             });
+        }
+        if let Some(broker) = self.broker.get() {
+            broker.forget_enclave(enclave);
         }
     }
 
@@ -440,9 +462,13 @@ impl XememLinks {
     }
 
     /// A link to another daemon (`xemem_peer`): `frames` holds the files it passed.
-    pub(crate) fn join_peer(self: &Arc<Self>, frames: Arc<crate::xemem_peer::PeerFrames>, wake: File) -> Option<XememPort> {
+    /// `upstream` says whether it is this sub-manager's link to the daemon above, the only
+    /// link the way to the name server may be found on.
+    pub(crate) fn join_peer(self: &Arc<Self>, frames: Arc<crate::xemem_peer::PeerFrames>, wake: File, upstream: bool) -> Option<XememPort> {
         let regions: Arc<dyn GuestRegions + Send + Sync> = frames.clone();
-        self.join_link(frames, wake, Some(regions))
+        let mut port = self.join_link(frames, wake, Some(regions))?;
+        port.upstream = upstream;
+        Some(port)
     }
 
     fn join_link(self: &Arc<Self>, ram: Arc<dyn FrameSource>, wake: File, peer_regions: Option<Arc<dyn GuestRegions + Send + Sync>>) -> Option<XememPort> {
@@ -456,7 +482,7 @@ impl XememLinks {
         links.bridges.insert(link, bridge.clone());
         let (gone_sender, gone) = mpsc::channel();
         links.gone.insert(link, gone_sender);
-        Some(XememPort { links: self.clone(), link, outgoing: receiver, gone, bridge, peer, peer_regions, workers: Arc::default() })
+        Some(XememPort { links: self.clone(), link, outgoing: receiver, gone, bridge, peer, peer_regions, workers: Arc::default(), upstream: false })
     }
 
     /// The node's messages go to their links' queues; finished requests to their callers.
@@ -530,6 +556,8 @@ pub struct XememPort {
     peer_regions: Option<Arc<dyn GuestRegions + Send + Sync>>,
     /// How many of this link's bridged requests are being served on threads.
     workers: Arc<std::sync::atomic::AtomicUsize>,
+    /// A sub-manager's link to the daemon above it.
+    upstream: bool,
 }
 
 /// What an enclave's machine must do for an attach of host memory: make a range of a memfd a
@@ -1014,7 +1042,7 @@ impl Remover {
     /// waits: host processes' libraries remap theirs (SIGBUS from then on), other enclaves
     /// unmap theirs and acknowledge. The links' lock is not held while waiting.
     fn revoke_segments(&self, segments: &[SegmentId]) {
-        if let Some(broker) = self.links.broker.get() {
+        if let Some(broker) = self.links.attachers.get() {
             broker.revoke_remote(|segment| segments.contains(&segment));
         }
         self.links.revoke_segments(segments);
@@ -1051,6 +1079,11 @@ impl XememPort {
         let mut vanishing = None;
         if let Ok(message) = Message::decode(bytes) {
             if !self.may_pass(&message) {
+                return;
+            }
+            // The way to the name server is up, never through an enclave or a daemon below
+            // (which may still answer to an id this daemon had before it rejoined).
+            if message.body == Body::PongNameServer && !self.upstream {
                 return;
             }
             // A daemon below tells the name server an enclave behind it is gone (the node
@@ -1269,16 +1302,34 @@ impl Drop for XememPort {
         // The name server forgets the enclaves behind this link; other enclaves' attachments
         // of their segments are revoked.
         let behind = links.node.enclaves_via(self.link);
+        let upstream = links.node.name_server().is_none() && links.node.link_towards_name_server() == Some(self.link);
         links.node.link_down(self.link, &mut NoHostMemory);
         for enclave in &behind {
             XememLinks::announce(&links, Gone::Enclave(*enclave));
+        }
+        if upstream {
+            // The name server forgot this daemon (it restarted, or a daemon between died):
+            // this node rejoins with a new id when a link to a name server is up again.
+            links.node.rejoin();
+            self.links.upstream_losses.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         }
         self.links.deliver(&mut links);
         drop(links);
         // Host processes attached to their segments map the enclaves' RAM, which outlives the
         // machine as long as they do: their libraries remap the attachments (SIGBUS).
-        if let Some(broker) = self.links.broker.get() {
+        if let Some(broker) = self.links.attachers.get() {
             broker.revoke_remote(|segment| behind.contains(&segment.enclave()));
+        }
+        if upstream {
+            // Every segment made and permit taken through it is gone with it: enclaves here
+            // let go of what they attached through the daemon's proxy permits, and host
+            // processes of what they attached (their own segments included). Daemons below
+            // are unlinked by their links (`xemem_peer`) and link again.
+            self.links.revoke_bridged(|permit| matches!(permit.source, Source::Enclave { .. }));
+            if let Some(broker) = self.links.attachers.get() {
+                broker.upstream_lost();
+            }
+            eprintln!("clowderd: xemem: the name server is out of reach: its segments and permits here are gone");
         }
     }
 }

@@ -306,7 +306,7 @@ pub fn listen(path: &Path, links: Arc<XememLinks>, broker: Option<xemem_host::Br
                 _ => continue,
             }
             let (links, broker) = (links.clone(), broker.clone());
-            let _ = std::thread::Builder::new().name("xemem-peer".into()).spawn(move || run_link(connection, links, broker, "a daemon below"));
+            let _ = std::thread::Builder::new().name("xemem-peer".into()).spawn(move || run_link(connection, links, broker, "a daemon below", false));
         })
         .map_err(|e| format!("starting the XEMEM daemon-link thread: {e}"))?;
     Ok(())
@@ -318,7 +318,10 @@ fn set_private(path: &Path) -> Result<(), String> {
 }
 
 /// A sub-manager's link to the daemon above it (its daemon-link socket at `path`), on a
-/// thread; it waits up to `patience` for that socket to accept.
+/// thread; it waits up to `patience` for that socket to accept. When the link goes down (the
+/// upstream daemon stopped or restarted), the thread links again, waiting
+/// [`FIRST_RELINK_WAIT`] between attempts at first and doubling up to [`LAST_RELINK_WAIT`];
+/// the node then finds the name server and gets a new id (`Node::rejoin`).
 pub fn connect_upstream(path: PathBuf, links: Arc<XememLinks>, broker: Option<xemem_host::Broker>, patience: Duration) -> Result<(), String> {
     let deadline = std::time::Instant::now() + patience;
     let connection = loop {
@@ -330,24 +333,44 @@ pub fn connect_upstream(path: PathBuf, links: Arc<XememLinks>, broker: Option<xe
     };
     std::thread::Builder::new()
         .name("xemem-upstream".into())
-        .spawn(move || run_link(connection, links, broker, "the upstream daemon"))
+        .spawn(move || {
+            let mut connection = connection;
+            loop {
+                run_link(connection, links.clone(), broker.clone(), "the upstream daemon", true);
+                let mut wait = FIRST_RELINK_WAIT;
+                connection = loop {
+                    std::thread::sleep(wait);
+                    match hostsys::connect(&path) {
+                        Ok(connection) => break connection,
+                        Err(_) => wait = (wait * 2).min(LAST_RELINK_WAIT),
+                    }
+                };
+                eprintln!("clowderd: xemem: linking to the upstream daemon again");
+            }
+        })
         .map_err(|e| format!("starting the XEMEM upstream thread: {e}"))?;
     Ok(())
 }
 
+/// A sub-manager waits this long before it first tries to link to its upstream daemon again.
+pub const FIRST_RELINK_WAIT: Duration = Duration::from_millis(100);
+/// ... and at most this long between later attempts.
+pub const LAST_RELINK_WAIT: Duration = Duration::from_secs(5);
+
 /// One daemon link, until the peer closes it (or sends something the socket refuses).
-fn run_link(connection: OwnedFd, links: Arc<XememLinks>, broker: Option<xemem_host::Broker>, who: &str) {
+fn run_link(connection: OwnedFd, links: Arc<XememLinks>, broker: Option<xemem_host::Broker>, who: &str, upstream: bool) {
     let frames = Arc::new(PeerFrames::default());
     // The node wakes a link's pump when it queues a message from another thread; this link
     // polls every round anyway, and drains the wake-ups.
     let Ok(wake) = crate::sys::eventfd() else { return };
     let Ok(woken) = wake.try_clone() else { return };
-    let Some(port) = links.join_peer(frames.clone(), wake) else {
+    let Some(port) = links.join_peer(frames.clone(), wake, upstream) else {
         eprintln!("clowderd: xemem: no free link for {who}");
         return;
     };
     eprintln!("clowderd: xemem: linked to {who} (link {})", port.link());
-    let link = Link { connection, links, broker, frames, port, served: mpsc::channel(), announced: false, woken };
+    let losses = links.upstream_losses();
+    let link = Link { connection, links, broker, frames, port, served: mpsc::channel(), announced: false, woken, losses };
     link.run();
     eprintln!("clowderd: xemem: the link to {who} is down");
 }
@@ -362,6 +385,8 @@ struct Link {
     served: (mpsc::Sender<Vec<Message>>, mpsc::Receiver<Vec<Message>>),
     announced: bool,
     woken: File,
+    /// This daemon's count of lost upstream links when this link came up (see `run`).
+    losses: u64,
 }
 
 impl Link {
@@ -378,6 +403,13 @@ impl Link {
                 },
                 Ok(false) => {}
                 Err(_) => break,
+            }
+            // This daemon lost its name server since the daemon below linked: the ids it and
+            // the enclaves behind it got are void. It is unlinked, and links again (as any
+            // sub-manager whose upstream went away) to get new ones once this daemon has one.
+            if self.losses != self.links.upstream_losses() && self.links.link_towards_name_server() != Some(self.port.link()) {
+                eprintln!("clowderd: xemem: unlinking a daemon below: this daemon's name server is gone");
+                break;
             }
             crate::sys::drain_eventfd(&self.woken);
             let answers: Vec<Vec<Message>> = self.served.1.try_iter().collect();

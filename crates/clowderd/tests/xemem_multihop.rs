@@ -121,6 +121,7 @@ impl HostProcess {
         let mut child = Command::new(program)
             .args(args)
             .env("CLOWDER_XEMEM_SOCKET", broker)
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -132,6 +133,15 @@ impl HostProcess {
             }
         });
         HostProcess { child, lines, seen: Vec::new() }
+    }
+
+    /// Writes a line to the process's stdin.
+    fn tell(&mut self, line: &str) {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().unwrap();
+        stdin.write_all(line.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
     }
 
     /// The rest of the first line starting with `prefix`.
@@ -151,6 +161,8 @@ impl HostProcess {
 
     /// Waits for the exit (killing it after `timeout`); returns the status and every line.
     fn finish(mut self, timeout: Duration) -> (Option<i32>, String) {
+        // End of input: a keeper exits without removing.
+        drop(self.child.stdin.take());
         let deadline = Instant::now() + timeout;
         let status = loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -421,6 +433,70 @@ fn a_dead_sub_managers_segments_are_revoked_and_removed_elsewhere() {
     let _ = owner.finish(Duration::from_millis(10));
     assert!(!a.segment_names().contains(&"dead-e-to-a".to_string()), "{:?}", a.segment_names());
     share(&program, &c, &a, "after-dead-e", 9600);
+}
+
+/// The enclave ids `daemon` has logged getting, oldest first.
+fn ids_logged(daemon: &Daemon) -> Vec<u32> {
+    const LINE: &str = "the name server gave this daemon enclave id ";
+    daemon.log().lines().filter_map(|l| l.find(LINE).map(|at| l[at + LINE.len()..].trim().parse().unwrap())).collect()
+}
+
+/// Waits until `daemon` logs an id after its `before`-th one; returns it.
+fn new_id(daemon: &Daemon, before: usize, timeout: Duration) -> Option<u32> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        let ids = ids_logged(daemon);
+        if ids.len() > before {
+            return ids.last().copied();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// The name server's daemon restarts under its sub-managers (B under A, D under B). B links
+/// to the new A again (with backoff), unlinks D so that D links again too, and both get new
+/// ids from the new name server. Segments made under them before are gone cleanly: their
+/// attachers under B and D get SIGBUS, the owner's remove succeeds, the new name server does
+/// not know them, and new segments are shared across all three daemons.
+#[test]
+fn sub_managers_link_again_to_a_restarted_upstream_daemon() {
+    let dir = TempDir::new("clowderd-multihop-relink");
+    let program = dir.0.join("host_peer");
+    build_host_peer(&program);
+    let keeper = dir.0.join("host_keeper");
+    build_host_keeper(&keeper);
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let (b, b_id) = sub_manager(&dir.0.join("b"), &a);
+    let (d, d_id) = sub_manager(&dir.0.join("d"), &b);
+    let kept = vec![
+        ("relink-b-to-b", kept_and_attached(&keeper, &program, &b, &b, "relink-b-to-b", 1000)),
+        ("relink-d-to-b", kept_and_attached(&keeper, &program, &d, &b, "relink-d-to-b", 2000)),
+        ("relink-d-to-d", kept_and_attached(&keeper, &program, &d, &d, "relink-d-to-d", 3000)),
+    ];
+    let (b_ids, d_ids) = (ids_logged(&b).len(), ids_logged(&d).len());
+    drop(a);
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let b_again = new_id(&b, b_ids, Duration::from_secs(20)).unwrap_or_else(|| panic!("B got no new id:\n{}\nA:\n{}", b.log(), a.log()));
+    let d_again = new_id(&d, d_ids, Duration::from_secs(20)).unwrap_or_else(|| panic!("D got no new id:\n{}\nB:\n{}", d.log(), b.log()));
+    assert!(b.log().contains("linking to the upstream daemon again"), "{}", b.log());
+    assert_ne!(b_again, d_again);
+    eprintln!("ids before {b_id} {d_id}, after {b_again} {d_again}");
+    for (name, (mut owner, attacher)) in kept {
+        let (status, output) = attacher.finish(Duration::from_secs(15));
+        assert!(output.contains("SIGBUS after remove"), "{name}: {status:?} {output}\nB:\n{}\nD:\n{}", b.log(), d.log());
+        owner.tell("remove");
+        let removed = owner.wait_for("remove:", Duration::from_secs(10));
+        assert_eq!(removed.as_deref(), Some("0 (errno 0)"), "{name}: {:?}", owner.seen);
+        let _ = owner.finish(Duration::from_secs(5));
+    }
+    assert!(a.segment_names().is_empty(), "{:?}", a.segment_names());
+    assert_eq!(share(&program, &b, &a, "relinked-b-to-a", 4000), b_again);
+    assert_eq!(share(&program, &a, &b, "relinked-a-to-b", 4200), NAME_SERVER_ENCLAVE);
+    assert_eq!(share(&program, &d, &b, "relinked-d-to-b", 4400), d_again);
+    assert_eq!(share(&program, &d, &a, "relinked-d-to-a", 4600), d_again);
+    assert_eq!(share(&program, &b, &d, "relinked-b-to-d", 4800), b_again);
 }
 
 /// A fake sub-manager on A's daemon-link socket.

@@ -1,13 +1,16 @@
 /*
- * host_keeper NAME BASE: a host owner that never removes its segment. It exports 16 private
- * pages as NAME (page i starts with BASE + i), prints its segid's enclave, and then sleeps
- * until it is killed (at most 120 s), so an attacher's SIGBUS can only come from the daemons
- * (crates/clowderd/tests/xemem_multihop.rs: a sub-manager that dies).
+ * host_keeper NAME BASE: a host owner that removes its segment only when told. It exports 16
+ * private pages as NAME (page i starts with BASE + i), prints its segid's enclave, and waits
+ * for a line on stdin: "remove" removes the segment and prints "remove: RESULT (errno E)";
+ * end of input exits without removing. So an attacher's SIGBUS can only come from the
+ * daemons (crates/clowderd/tests/xemem_multihop.rs: a sub-manager that dies, an upstream
+ * daemon that restarts).
  */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include <xpmem.h>
@@ -34,7 +37,12 @@ int main(int argc, char **argv)
 	}
 	printf("made a segment of enclave %lld\n", (long long)(segid >> 32));
 	fflush(stdout);
-	for (int tries = 0; tries < 1200; tries++)
-		usleep(100000);
+	char line[64];
+	if (fgets(line, sizeof line, stdin) && strncmp(line, "remove", 6) == 0) {
+		errno = 0;
+		int removed = xpmem_remove(segid);
+		printf("remove: %d (errno %d)\n", removed, removed == 0 ? 0 : errno);
+		fflush(stdout);
+	}
 	return 0;
 }
