@@ -370,7 +370,7 @@ fn run_link(connection: OwnedFd, links: Arc<XememLinks>, broker: Option<xemem_ho
     };
     eprintln!("clowderd: xemem: linked to {who} (link {})", port.link());
     let losses = links.upstream_losses();
-    let link = Link { connection, links, broker, frames, port, served: mpsc::channel(), announced: false, woken, losses };
+    let link = Link { connection, links, broker, frames, port, served: mpsc::channel(), announced: false, woken, losses, notices: None };
     link.run();
     eprintln!("clowderd: xemem: the link to {who} is down");
 }
@@ -387,7 +387,12 @@ struct Link {
     woken: File,
     /// This daemon's count of lost upstream links when this link came up (see `run`).
     losses: u64,
+    /// Signals for this daemon's host owners, passed to their libraries one at a time.
+    notices: Option<mpsc::SyncSender<(u64, xemem::SegmentId)>>,
 }
+
+/// How many signals for host owners may wait for their libraries on one link.
+const MAX_NOTICES_QUEUED: usize = 1024;
 
 impl Link {
     fn run(mut self) {
@@ -461,6 +466,33 @@ impl Link {
                     let bodies = serve(&broker, &frames, owner_process, segment, vaddr, size).unwrap_or_else(|error| vec![Body::Failed { error }]);
                     let _ = answers.send(bodies.into_iter().map(|body| Message::new(header.request, me, requester, body)).collect());
                 });
+            }
+            // The name server passes on a signal to one of this daemon's host processes' segments:
+            // the owner's library counts it on its notify descriptors. Off this thread: the
+            // library may take a while to answer. Nothing answers a Notify.
+            Ok(Message { header, body: Body::Notify { owner_process, segment } })
+                if self.broker.is_some()
+                    && header.origin == NAME_SERVER_ENCLAVE
+                    && Some(header.destination) == self.links.id()
+                    && header.destination != NAME_SERVER_ENCLAVE
+                    && segment.enclave() == header.destination
+                    && self.links.link_towards_name_server() == Some(self.port.link()) =>
+            {
+                drop(fds);
+                if self.notices.is_none() {
+                    let (sender, receiver) = mpsc::sync_channel::<(u64, xemem::SegmentId)>(MAX_NOTICES_QUEUED);
+                    let broker = self.broker.clone().unwrap();
+                    let spawned = std::thread::Builder::new().name("xemem-notify".into()).spawn(move || {
+                        for (process, segment) in receiver {
+                            let _ = broker.notify_for_name_server(process, segment);
+                        }
+                    });
+                    self.notices = spawned.ok().map(|_| sender);
+                }
+                // A flood beyond what the owners' libraries take in is dropped.
+                if let Some(notices) = &self.notices {
+                    let _ = notices.try_send((owner_process, segment));
+                }
             }
             // The name server takes back a permit this daemon holds: enclaves here that attached
             // through it, or the host process that holds it, must let go before the

@@ -499,6 +499,35 @@ fn sub_managers_link_again_to_a_restarted_upstream_daemon() {
     assert_eq!(share(&program, &b, &d, "relinked-b-to-d", 4800), b_again);
 }
 
+/// XEMEM's signals to host owners under sub-managers: xemem/tests/notify_peer.c, each party
+/// the owner of one named segment and a permit holder on the other's. The "wait" party blocks
+/// on its notify descriptor until the other signals it, then signals back; the "signal"
+/// party polls its descriptor. Pairs across the tree A <- B <- D, A <- C: D with C (three
+/// daemons apart, through the name server's daemon), D with B (the owner below), B with A.
+#[test]
+fn host_owners_under_sub_managers_get_signals_from_anywhere_in_the_tree() {
+    let dir = TempDir::new("clowderd-multihop-signals");
+    let program = dir.0.join("notify_peer");
+    build_host_program("notify_peer.c", &program);
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let (b, _) = sub_manager(&dir.0.join("b"), &a);
+    let (c, _) = sub_manager(&dir.0.join("c"), &a);
+    let (d, _) = sub_manager(&dir.0.join("d"), &b);
+    for (waiter_at, signaller_at, tag) in [(&d, &c, "d-c"), (&c, &d, "c-d"), (&d, &b, "d-b"), (&b, &d, "b-d"), (&b, &a, "b-a"), (&a, &b, "a-b")] {
+        let (own, peer) = (format!("notify-{tag}-waiter"), format!("notify-{tag}-signaller"));
+        let mut waiter = HostProcess::spawn(&program, &waiter_at.xemem_socket(), &[&own, &peer, "wait"]);
+        assert!(waiter.wait_for("made", Duration::from_secs(10)).is_some(), "{tag}: {:?}", waiter.seen);
+        let signaller = HostProcess::spawn(&program, &signaller_at.xemem_socket(), &[&peer, &own, "signal"]);
+        let (signaller_status, signaller_output) = signaller.finish(Duration::from_secs(30));
+        let (waiter_status, waiter_output) = waiter.finish(Duration::from_secs(10));
+        let context = format!("{tag}\nwaiter ({waiter_status:?}):\n{waiter_output}\nsignaller ({signaller_status:?}):\n{signaller_output}\nA:\n{}\nB:\n{}", a.log(), b.log());
+        assert!(waiter_output.contains("woke 1") && waiter_output.contains(&format!("signalled {peer}")), "{context}");
+        assert!(signaller_output.contains("polled readable") && signaller_output.contains("woke 1"), "{context}");
+        assert_eq!((waiter_status, signaller_status), (Some(0), Some(0)), "{context}");
+    }
+}
+
 /// A fake sub-manager on A's daemon-link socket.
 struct FakePeer {
     socket: OwnedFd,

@@ -637,6 +637,26 @@ impl Broker {
     }
 }
 
+impl Broker {
+    /// A sub-manager's part of a signal: the upstream name server tells this daemon that
+    /// someone signalled `segment`, which host process `process` made through
+    /// [`Enclaves::make`]. The segment must be one this broker made upstream for that process;
+    /// its library then gets NOTIFY (its notify descriptors count one more).
+    pub fn notify_for_name_server(&self, process: u64, segment: SegmentId) -> Result<(), Error> {
+        let pid = u32::try_from(process).map_err(|_| Error::Invalid)?;
+        let server = {
+            let state = self.lock();
+            match state.remote_segments.get(&segment) {
+                Some(&(owner, _, _)) if owner == pid => {}
+                _ => return Err(Error::NotFound),
+            }
+            state.servers.get(&pid).cloned().ok_or(Error::NotFound)?
+        };
+        ask_owner(&server, &Request::new(wire::OP_NOTIFY, &[segment.raw() as u64]))?;
+        Ok(())
+    }
+}
+
 /// Processes of other enclaves on host segments: clowderd's name-server node hands the broker
 /// their requests about segments of enclave 1 (host processes'), since those live here. The
 /// caller is `(its enclave, its process)`; permits it gets are this name server's ids.
