@@ -875,6 +875,13 @@ impl Bridging {
         answers
     }
 
+    /// Drops the answer kept for `origin`'s `request`.
+    fn forget_answer(&self, origin: EnclaveId, request: u64) {
+        let mut bridge = self.bridge.lock().unwrap();
+        bridge.answered.remove(&(origin, request));
+        bridge.answer_order.retain(|kept| *kept != (origin, request));
+    }
+
     /// Queues answers on this link (its pump sends them).
     fn send(&self, answers: Vec<Vec<u8>>) {
         if let Some(queue) = self.links.links.lock().unwrap().outgoing.get(&self.link) {
@@ -1103,7 +1110,9 @@ impl XememPort {
                         let (regions, workers) = (regions.clone(), self.workers.clone());
                         if workers.fetch_add(1, std::sync::atomic::Ordering::AcqRel) >= MAX_BRIDGING_PER_LINK {
                             workers.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                            // Not kept for retries: a retry may find a free worker.
                             let answers = bridging.answered(message.header.origin, message.header.request, vec![Body::Failed { error: Error::Exhausted }]);
+                            bridging.forget_answer(message.header.origin, message.header.request);
                             return bridging.send(answers);
                         }
                         let spawned = std::thread::Builder::new().name("xemem-bridge".into()).spawn(move || {

@@ -579,6 +579,30 @@ impl FakePeer {
         }
     }
 
+    /// Plays the name server's daemon for a sub-manager that links to `listener`: answers its
+    /// discovery and gives it enclave id `id`.
+    fn upstream_of(listener: &OwnedFd, id: u32) -> FakePeer {
+        assert!(clowderd::sys::wait_readable(listener.as_raw_fd(), Duration::from_secs(15)).unwrap(), "the sub-manager did not link");
+        let peer = FakePeer { socket: xemem_host::sys::accept(listener).unwrap(), id };
+        let mut buffer = vec![0u8; 70000];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(Instant::now() < deadline, "no discovery from the sub-manager");
+            if !clowderd::sys::wait_readable(peer.socket.as_raw_fd(), Duration::from_millis(100)).unwrap() {
+                continue;
+            }
+            let (length, _) = xemem_host::sys::receive(&peer.socket, &mut buffer).unwrap();
+            match Message::decode(&buffer[..length]).map(|m| m.body) {
+                Ok(Body::PingNameServer) => peer.send(&Message::new(0, 0, 0, Body::PongNameServer), &[]),
+                Ok(Body::EnclaveIdRequest { token }) => {
+                    peer.send(&Message::new(0, 0, 0, Body::EnclaveIdResponse { token, enclave: id }), &[]);
+                    return peer;
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// The next message (skipping discovery chatter), or None after 5 s.
     fn receive(&self) -> Option<Message> {
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -626,6 +650,30 @@ fn a_malformed_peer_gets_errors_and_the_daemon_keeps_serving() {
     peer.send(&Message::new(43, peer.id, NAME_SERVER_ENCLAVE, Body::Lookup { name: Name::new(b"x").unwrap() }), &[]);
     let answer = peer.receive().unwrap();
     assert_eq!((answer.header.request, answer.body), (43, Body::Failed { error: xemem::Error::NotFound }));
+
+    // Notices of enclaves that are not behind it going away change nothing; a burst of gets
+    // of another enclave's segment (served by the bridge, off the link's thread, a bounded
+    // number at once) are each answered: NotFound, or Exhausted while the bridge is busy.
+    peer.send(&Message::new(0, peer.id, NAME_SERVER_ENCLAVE, Body::EnclaveGone { enclave: NAME_SERVER_ENCLAVE }), &[]);
+    peer.send(&Message::new(0, peer.id, NAME_SERVER_ENCLAVE, Body::EnclaveGone { enclave: peer.id + 1 }), &[]);
+    let foreign = xemem::SegmentId::new(peer.id + 1, 1).unwrap();
+    for request in 0..200u64 {
+        let get = Body::Get { process: 1, segment: foreign, access: xemem::ACCESS_READ_WRITE, uid: 0, groups: vec![0] };
+        peer.send(&Message::new(1000 + request, peer.id, NAME_SERVER_ENCLAVE, get), &[]);
+    }
+    let mut answered = std::collections::BTreeSet::new();
+    while answered.len() < 200 {
+        let answer = peer.receive().unwrap_or_else(|| panic!("{} of 200 gets answered: {}", answered.len(), a.log()));
+        let busy = answer.body == Body::Failed { error: xemem::Error::Exhausted };
+        assert!(busy || answer.body == Body::Failed { error: xemem::Error::NotFound }, "{answer:?}");
+        answered.insert(answer.header.request);
+    }
+    // A retry of one refused while busy is served.
+    let get = Body::Get { process: 1, segment: foreign, access: xemem::ACCESS_READ_WRITE, uid: 0, groups: vec![0] };
+    peer.send(&Message::new(1199, peer.id, NAME_SERVER_ENCLAVE, get), &[]);
+    let answer = peer.receive().expect("an answer to the retry");
+    assert_eq!((answer.header.request, answer.body), (1199, Body::Failed { error: xemem::Error::NotFound }));
+    assert_eq!(a.call(json!({"op": "ls"}))["ok"], true);
 
     // The fake daemon exports 16 pages; a host process on A attaches them. The first attaches
     // are answered with bogus memory, each of which must fail the attach, not the daemon.
@@ -689,6 +737,60 @@ fn a_malformed_peer_gets_errors_and_the_daemon_keeps_serving() {
     drop(peer);
     assert!(a.wait_for_log("the link to a daemon below is down", Duration::from_secs(5)).is_some(), "{}", a.log());
     assert!(!a.segment_names().contains(&"fake-peer-seg".to_string()), "{:?}", a.segment_names());
+}
+
+/// A fake name server's daemon above a real sub-manager B sends what a broken or hostile
+/// upstream could: garbage, signals and revokes for segments and permits B never had, serves
+/// of unknown segments, notices for other enclaves, a flood of signals, and a second answer to
+/// discovery. B answers what asks for an answer, ignores the rest, keeps serving its API, and
+/// links again when the fake daemon hangs up.
+#[test]
+fn a_sub_manager_survives_a_malformed_upstream_and_links_again() {
+    let dir = TempDir::new("clowderd-multihop-bad-upstream");
+    std::fs::create_dir_all(dir.0.join("fake")).unwrap();
+    std::fs::create_dir_all(dir.0.join("b")).unwrap();
+    let path = dir.0.join("fake/xemem-peer.sock");
+    let listener = xemem_host::sys::listen(&path).unwrap();
+    let b = Daemon::start_with(&dir.0.join("b"), None, &["--kernel", env!("CARGO_BIN_EXE_clowderd"), "--xemem-upstream", path.to_str().unwrap()]);
+    let up = FakePeer::upstream_of(&listener, 7);
+    assert!(b.wait_for_log("the name server gave this daemon enclave id 7", Duration::from_secs(5)).is_some(), "{}", b.log());
+    let segment = xemem::SegmentId::new(7, 1).unwrap();
+    let access = xemem::AccessId::new(NAME_SERVER_ENCLAVE, 5).unwrap();
+    up.send_bytes(b"garbage", &[]);
+    up.send_bytes(&[1, 2, 3], &[]);
+    up.send(&Message::new(0, 0, 0, Body::PongNameServer), &[]);
+    up.send(&Message::new(0, 0, 0, Body::EnclaveIdResponse { token: 999, enclave: 9 }), &[]);
+    up.send(&Message::new(1, NAME_SERVER_ENCLAVE, 7, Body::Notify { owner_process: 1, segment }), &[]);
+    let elsewhere = xemem::SegmentId::new(9, 1).unwrap();
+    up.send(&Message::new(2, NAME_SERVER_ENCLAVE, 7, Body::Notify { owner_process: 1, segment: elsewhere }), &[]);
+    up.send(&Message::new(3, NAME_SERVER_ENCLAVE, 7, Body::EnclaveGone { enclave: 7 }), &[]);
+    for request in 0..3000u64 {
+        up.send(&Message::new(100 + request, NAME_SERVER_ENCLAVE, 7, Body::Notify { owner_process: 4_000_000 + request, segment }), &[]);
+    }
+    // A revoke of a permit nobody here holds is acknowledged.
+    up.send(&Message::new(4, NAME_SERVER_ENCLAVE, 7, Body::Revoke { process: 1, access }), &[]);
+    let answer = up.receive().expect("an acknowledgement");
+    assert_eq!((answer.header.request, answer.body), (4, Body::Revoked { process: 1, access }), "{}", b.log());
+    // Serving a segment B never made fails; so does one from someone other than the name server.
+    let serve = Body::Serve { requester: NAME_SERVER_ENCLAVE, owner_process: 1, segment, vaddr: 0x10000, size: 4096 };
+    up.send(&Message::new(5, NAME_SERVER_ENCLAVE, 7, serve.clone()), &[]);
+    let answer = up.receive().expect("an answer to the serve");
+    assert_eq!(answer.header.request, 5);
+    assert!(matches!(answer.body, Body::Failed { .. }), "{answer:?}");
+    up.send(&Message::new(6, 9, 7, serve), &[]);
+    // A request with a trailing byte is answered Malformed.
+    let mut bad = Message::new(8, NAME_SERVER_ENCLAVE, 7, Body::Lookup { name: Name::new(b"x").unwrap() }).to_bytes().unwrap();
+    bad.push(0);
+    up.send_bytes(&bad, &[]);
+    let answer = up.receive().expect("an answer to the malformed request");
+    assert_eq!((answer.header.request, answer.body), (8, Body::Failed { error: xemem::Error::Malformed }), "{}", b.log());
+    assert_eq!(b.call(json!({"op": "ls"}))["ok"], true, "{}", b.log());
+    // The fake daemon hangs up: B links again and asks for a new id.
+    drop(up);
+    let again = FakePeer::upstream_of(&listener, 8);
+    assert!(b.wait_for_log("the name server gave this daemon enclave id 8", Duration::from_secs(5)).is_some(), "{}", b.log());
+    assert_eq!(b.call(json!({"op": "ls"}))["ok"], true, "{}", b.log());
+    drop(again);
 }
 
 /// Page-word access to a memfd without mapping it.
