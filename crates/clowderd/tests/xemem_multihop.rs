@@ -330,6 +330,24 @@ fn host_processes_anywhere_in_a_tree_of_daemons_share_memory() {
     assert_eq!(share(&program, &d, &c, "tree-d-to-c", 2600), d_id);
     // Owner and attacher under one daemon deep in the tree.
     assert_eq!(share(&program, &e, &e, "tree-e-to-e", 2800), e_id);
+    // The whole life of a permit, twice (get, attach, detach, release), from every daemon on
+    // segments two levels below, beside and above.
+    let keeper = dir.0.join("host_keeper");
+    build_host_keeper(&keeper);
+    let cycler = dir.0.join("host_cycler");
+    build_support_program("host_cycler.c", &cycler);
+    for (owner_at, attachers, name, base) in [(&e, [&a, &b, &c, &d, &e], "cycle-e", 3000u64), (&c, [&a, &b, &c, &d, &e], "cycle-c", 3200), (&b, [&a, &b, &c, &d, &e], "cycle-b", 3400)] {
+        let mut owner = HostProcess::spawn(&keeper, &owner_at.xemem_socket(), &[name, &base.to_string()]);
+        assert!(owner.wait_for("made a segment of enclave", Duration::from_secs(10)).is_some(), "{:?}", owner.seen);
+        for attacher_at in attachers {
+            let cycled = Command::new(&cycler).args([name, &base.to_string()]).env("CLOWDER_XEMEM_SOCKET", attacher_at.xemem_socket()).output().unwrap();
+            let output = String::from_utf8_lossy(&cycled.stdout);
+            assert!(cycled.status.success() && output.contains("cycled twice"), "{name} from {}: {output}\nowner's daemon:\n{}", attacher_at.dir.display(), owner_at.log());
+        }
+        owner.tell("remove");
+        assert_eq!(owner.wait_for("remove:", Duration::from_secs(10)).as_deref(), Some("0 (errno 0)"), "{:?}", owner.seen);
+        let _ = owner.finish(Duration::from_secs(5));
+    }
     // Every daemon still answers.
     for daemon in [&a, &b, &c, &d, &e] {
         assert_eq!(daemon.call(json!({"op": "ls"}))["ok"], true, "{}", daemon.log());
@@ -360,11 +378,16 @@ fn sibling_sub_managers_attach_each_others_segments_at_once() {
 
 /// Builds crates/clowderd/tests/support/host_keeper.c against libxpmem.a.
 fn build_host_keeper(out: &Path) {
+    build_support_program("host_keeper.c", out);
+}
+
+/// Builds crates/clowderd/tests/support/SOURCE against libxpmem.a.
+fn build_support_program(source: &str, out: &Path) {
     let xemem = workspace_root().join("xemem");
     assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/host_keeper.c");
-    let built = Command::new("cc").args(["-O2", "-I"]).arg(xemem.join("include")).arg("-o").arg(out).arg(source).arg(xemem.join("build/lib/libxpmem.a")).arg("-lpthread").status().unwrap();
-    assert!(built.success(), "building host_keeper.c");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support").join(source);
+    let built = Command::new("cc").args(["-O2", "-I"]).arg(xemem.join("include")).arg("-o").arg(out).arg(path).arg(xemem.join("build/lib/libxpmem.a")).arg("-lpthread").status().unwrap();
+    assert!(built.success(), "building {source}");
 }
 
 /// A host owner under `owner_at` that never removes its segment, and a host_peer attacher
