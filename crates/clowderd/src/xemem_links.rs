@@ -413,6 +413,35 @@ impl XememLinks {
         }
     }
 
+    /// The permits on `segments` that the name server granted to daemons below (to their host
+    /// processes, or to their bridges as proxies for their enclaves): it grants them directly
+    /// when the owner lies behind the requester's own link (`Bridging::claim`).
+    fn daemon_holders(&self, segments: &[SegmentId]) -> Vec<(AccessId, Principal)> {
+        let links = self.links.lock().unwrap();
+        let Some(ns) = links.node.name_server() else { return Vec::new() };
+        let behind_a_daemon = |enclave: EnclaveId| links.node.route(enclave).and_then(|link| links.ram.get(&link)).is_some_and(|frames| frames.is_peer());
+        segments.iter().flat_map(|segment| ns.permits_on(*segment)).filter(|(_, holder)| holder.enclave != NAME_SERVER_ENCLAVE && behind_a_daemon(holder.enclave)).collect()
+    }
+
+    /// Sends each of `holders` a `Revoke` and waits for the acknowledgements (or the deadline):
+    /// the holder's daemon has its host process's library, or its enclaves, let go first.
+    fn revoke_daemon_holders(&self, holders: &[(AccessId, Principal)]) {
+        if holders.is_empty() {
+            return;
+        }
+        let waiter = Arc::new(Outstanding::default());
+        for (access, holder) in holders {
+            let found = {
+                let links = self.links.lock().unwrap();
+                links.node.route(holder.enclave).and_then(|link| Some((links.bridges.get(&link)?.clone(), links.outgoing.get(&link)?.clone())))
+            };
+            if let Some((bridge, queue)) = found {
+                bridge.lock().unwrap().send_revoke(holder.enclave, holder.process, *access, Vec::new(), &queue, &waiter);
+            }
+        }
+        waiter.wait(REVOKE_TIMEOUT + Duration::from_secs(1));
+    }
+
     /// Tells every link's port that `gone` went away (its pump revokes bridged permits on it).
     fn announce(links: &Links, gone: Gone) {
         for sender in links.gone.values() {
@@ -642,13 +671,19 @@ impl Bridge {
         for key in chosen {
             let Some(BridgedPermit { regions: Some(regions), .. }) = self.permits.remove(&key) else { continue };
             let (enclave, process, access) = key;
-            self.next_revoke += 1;
-            let request = self.next_revoke;
-            let Ok(bytes) = Message::new(request, NAME_SERVER_ENCLAVE, enclave, Body::Revoke { process, access }).to_bytes() else { continue };
-            waiter.add();
-            self.revocations.push(Revocation { request, enclave, process, access, regions, deadline: Instant::now() + REVOKE_TIMEOUT, waiter: waiter.clone() });
-            queue.send(bytes);
+            self.send_revoke(enclave, process, access, regions, queue, waiter);
         }
+    }
+
+    /// Sends `enclave` a `Revoke` of `process`'s permit `access` on `queue`; `regions` stay
+    /// until it acknowledges (or the deadline passes), and `waiter` counts it until then.
+    fn send_revoke(&mut self, enclave: EnclaveId, process: u64, access: AccessId, regions: Vec<SharedRegion>, queue: &Outbox, waiter: &Arc<Outstanding>) {
+        self.next_revoke += 1;
+        let request = self.next_revoke;
+        let Ok(bytes) = Message::new(request, NAME_SERVER_ENCLAVE, enclave, Body::Revoke { process, access }).to_bytes() else { return };
+        waiter.add();
+        self.revocations.push(Revocation { request, enclave, process, access, regions, deadline: Instant::now() + REVOKE_TIMEOUT, waiter: waiter.clone() });
+        queue.send(bytes);
     }
 }
 
@@ -1049,10 +1084,18 @@ impl Remover {
     /// waits: host processes' libraries remap theirs (SIGBUS from then on), other enclaves
     /// unmap theirs and acknowledge. The links' lock is not held while waiting.
     fn revoke_segments(&self, segments: &[SegmentId]) {
+        let holders = self.links.daemon_holders(segments);
+        self.revoke_segments_held(segments, &holders);
+    }
+
+    /// [`Remover::revoke_segments`], with the daemons' permits on them already taken (a job's
+    /// end removes its segments first).
+    fn revoke_segments_held(&self, segments: &[SegmentId], holders: &[(AccessId, Principal)]) {
         if let Some(broker) = self.links.attachers.get() {
             broker.revoke_remote(|segment| segments.contains(&segment));
         }
         self.links.revoke_segments(segments);
+        self.links.revoke_daemon_holders(holders);
     }
 
     /// The message goes to the node; if it removed `removing` (the name server checked the
@@ -1194,6 +1237,13 @@ impl XememPort {
     /// [`REVOKE_TIMEOUT`] passes), so a job launched next cannot be seen through them. The
     /// kernel's own removes, sent later, then find nothing to remove.
     pub fn job_ended(&self) {
+        let owned: Vec<SegmentId> = {
+            let links = self.links.links.lock().unwrap();
+            let behind = links.node.enclaves_via(self.link);
+            let Some(ns) = links.node.name_server() else { return };
+            ns.list(0, usize::MAX).into_iter().filter(|listing| behind.contains(&listing.owner)).map(|listing| listing.segment).collect()
+        };
+        let holders = self.links.daemon_holders(&owned);
         let segments: Vec<SegmentId> = {
             let mut links = self.links.links.lock().unwrap();
             let behind = links.node.enclaves_via(self.link);
@@ -1203,7 +1253,7 @@ impl XememPort {
         if segments.is_empty() {
             return;
         }
-        self.revoke_segments(&segments);
+        self.remover().revoke_segments_held(&segments, &holders);
         // As after a remove: the ports drop the permits left on them (those never attached).
         let links = self.links.links.lock().unwrap();
         for segment in segments {

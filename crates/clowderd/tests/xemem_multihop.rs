@@ -992,6 +992,58 @@ fn host_processes_above_and_beside_attach_an_lwk_segment_deep_in_the_tree() {
     assert_eq!(removed["ok"], true, "{removed}");
 }
 
+/// An LWK job deep in the tree removes its segment while host processes on every other
+/// daemon hold attachments of it: on B (whose permit the name server granted directly, the
+/// owner being below B), on C (bridged by the name server's daemon), on A and on D. The
+/// enclave's RAM is not truncated by a remove, so each must be revoked before the remove is
+/// done: every one gets SIGBUS.
+#[test]
+fn an_lwk_owners_remove_deep_in_the_tree_revokes_host_attachers_on_every_daemon() {
+    if let Some(why) = missing_for_enclaves() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = TempDir::new("clowderd-multihop-lwk-remove");
+    let job = dir.0.join("lwk_named_owner");
+    build_lwk_job("lwk_named_owner.c", &job);
+    let writer = dir.0.join("host_attacher");
+    build_host_program("host_attacher.c", &writer);
+    let holder = dir.0.join("host_held_attacher");
+    build_host_program("host_held_attacher.c", &holder);
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let (b, _) = sub_manager(&dir.0.join("b"), &a);
+    let (c, _) = sub_manager(&dir.0.join("c"), &a);
+    std::fs::create_dir_all(dir.0.join("d")).unwrap();
+    let (vmm, kernel) = (vmm_binary(), kernel_image());
+    let d = Daemon::start_with(&dir.0.join("d"), Some(&b), &["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()]);
+    assert!(d.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}\n{}", d.log(), b.log());
+    let created = d.call(json!({"op": "create", "name": "owner", "cores": 1, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    lwk_xemem_id(&d, "owner");
+    std::thread::scope(|scope| {
+        let runner = scope.spawn(|| run_job(&d, "owner", &job, &dir.0));
+        let mut held = Vec::new();
+        for (at, name) in [(&b, "B"), (&c, "C"), (&a, "A"), (&d, "D")] {
+            let mut process = HostProcess::spawn(&holder, &at.xemem_socket(), &["lwk-owner-seg", "1000"]);
+            let attached = process.wait_for("attached:", Duration::from_secs(20));
+            assert!(attached.as_deref().is_some_and(|l| l.starts_with("page 0 starts with 1000")), "{name}: {:?}\n{}", process.seen, at.log());
+            held.push((name, process));
+        }
+        // The job waits for 42, then removes its segment.
+        let wrote = Command::new(&writer).env("CLOWDER_XEMEM_SOCKET", b.xemem_socket()).output().unwrap();
+        assert!(wrote.status.success(), "{}", String::from_utf8_lossy(&wrote.stdout));
+        let (reply, stdout) = runner.join().unwrap();
+        assert!(stdout.contains("remove: 0"), "{reply} {stdout}");
+        for (name, process) in held {
+            let (status, output) = process.finish(Duration::from_secs(15));
+            assert!(output.contains("SIGBUS after the owner went: 1"), "{name}: {status:?} {output}\nA:\n{}\nB:\n{}\nD:\n{}", a.log(), b.log(), d.log());
+        }
+    });
+    let removed = d.call(json!({"op": "rm", "name": "owner"}));
+    assert_eq!(removed["ok"], true, "{removed}");
+}
+
 /// Waits for the LWK in enclave `name` of daemon `d` to log its XEMEM id.
 fn lwk_xemem_id(d: &Daemon, name: &str) -> u32 {
     const LINE: &str = "[lwk] xemem: the name server gave this enclave id ";
