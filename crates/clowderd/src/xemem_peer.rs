@@ -21,7 +21,9 @@
 //!
 //! When the connection ends, the port drops: the node takes the link down (the name server
 //! forgets every enclave behind it, with their segments and permits) and bridged permits are
-//! revoked as for an enclave that went away.
+//! revoked as for an enclave that went away. A sub-manager whose upstream link ends rejoins
+//! (`Node::rejoin`: a new id, its old segments and permits gone), unlinks the daemons below
+//! it, and links again with backoff ([`connect_upstream`]).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::File;
