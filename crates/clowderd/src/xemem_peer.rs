@@ -30,6 +30,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
@@ -372,7 +373,7 @@ fn run_link(connection: OwnedFd, links: Arc<XememLinks>, broker: Option<xemem_ho
     };
     eprintln!("clowderd: xemem: linked to {who} (link {})", port.link());
     let losses = links.upstream_losses();
-    let link = Link { connection, links, broker, frames, port, served: mpsc::channel(), announced: false, woken, losses, notices: None };
+    let link = Link { connection, links, broker, frames, port, served: mpsc::channel(), announced: false, woken, losses, notices: None, serving: Arc::default() };
     link.run();
     eprintln!("clowderd: xemem: the link to {who} is down");
 }
@@ -391,7 +392,12 @@ struct Link {
     losses: u64,
     /// Signals for this daemon's host owners, passed to their libraries one at a time.
     notices: Option<mpsc::SyncSender<(u64, xemem::SegmentId)>>,
+    /// How many `Serve`s of the name server's are being served on threads.
+    serving: Arc<AtomicUsize>,
 }
+
+/// How many `Serve`s one link serves at once; beyond that they are answered Exhausted.
+const MAX_SERVING: usize = 32;
 
 /// How many signals for host owners may wait for their libraries on one link.
 const MAX_NOTICES_QUEUED: usize = 1024;
@@ -461,13 +467,23 @@ impl Link {
                     && self.links.link_towards_name_server() == Some(self.port.link()) =>
             {
                 drop(fds);
-                // The owner's library may take a while (it converts memory): not on this thread.
-                let (broker, frames, answers) = (self.broker.clone().unwrap(), self.frames.clone(), self.served.0.clone());
                 let me = header.destination;
-                std::thread::spawn(move || {
+                // A bounded number at once; the requester's retry may find a free thread.
+                if self.serving.fetch_add(1, Ordering::AcqRel) >= MAX_SERVING {
+                    self.serving.fetch_sub(1, Ordering::AcqRel);
+                    self.on_own_answer(Message::new(header.request, me, requester, Body::Failed { error: Error::Exhausted }));
+                    return;
+                }
+                // The owner's library may take a while (it converts memory): not on this thread.
+                let (broker, frames, answers, serving) = (self.broker.clone().unwrap(), self.frames.clone(), self.served.0.clone(), self.serving.clone());
+                let spawned = std::thread::Builder::new().name("xemem-serve".into()).spawn(move || {
                     let bodies = serve(&broker, &frames, owner_process, segment, vaddr, size).unwrap_or_else(|error| vec![Body::Failed { error }]);
                     let _ = answers.send(bodies.into_iter().map(|body| Message::new(header.request, me, requester, body)).collect());
+                    serving.fetch_sub(1, Ordering::AcqRel);
                 });
+                if spawned.is_err() {
+                    self.serving.fetch_sub(1, Ordering::AcqRel);
+                }
             }
             // The name server passes on a signal to one of this daemon's host processes' segments:
             // the owner's library counts it on its notify descriptors. Off this thread: the

@@ -800,7 +800,17 @@ fn a_sub_manager_survives_a_malformed_upstream_and_links_again() {
     let answer = up.receive().expect("an answer to the serve");
     assert_eq!(answer.header.request, 5);
     assert!(matches!(answer.body, Body::Failed { .. }), "{answer:?}");
-    up.send(&Message::new(6, 9, 7, serve), &[]);
+    up.send(&Message::new(6, 9, 7, serve.clone()), &[]);
+    // A burst of serves: each is answered (a bounded number are served at once).
+    for request in 0..200u64 {
+        up.send(&Message::new(10_000 + request, NAME_SERVER_ENCLAVE, 7, serve.clone()), &[]);
+    }
+    let mut answered = std::collections::BTreeSet::new();
+    while answered.len() < 200 {
+        let answer = up.receive().unwrap_or_else(|| panic!("{} of 200 serves answered: {}", answered.len(), b.log()));
+        assert!(matches!(answer.body, Body::Failed { .. }), "{answer:?}");
+        answered.insert(answer.header.request);
+    }
     // A request with a trailing byte is answered Malformed.
     let mut bad = Message::new(8, NAME_SERVER_ENCLAVE, 7, Body::Lookup { name: Name::new(b"x").unwrap() }).to_bytes().unwrap();
     bad.push(0);
