@@ -1054,6 +1054,52 @@ fn an_lwk_owners_remove_deep_in_the_tree_revokes_host_attachers_on_every_daemon(
     assert_eq!(removed["ok"], true, "{removed}");
 }
 
+/// XEMEM's signals between an LWK job deep in the tree (an enclave under D, D under B under A)
+/// and host owners elsewhere: `notify_peer` as the job and as host processes on C (a sibling
+/// subtree) and on B (the daemon above D), each pair both ways.
+#[test]
+fn signals_between_an_lwk_job_under_a_sub_manager_and_host_owners_elsewhere() {
+    if let Some(why) = missing_for_enclaves() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = TempDir::new("clowderd-multihop-lwk-signals");
+    let job = dir.0.join("notify_peer_lwk");
+    build_lwk_job("notify_peer.c", &job);
+    let host = dir.0.join("notify_peer");
+    build_host_program("notify_peer.c", &host);
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let (b, _) = sub_manager(&dir.0.join("b"), &a);
+    let (c, _) = sub_manager(&dir.0.join("c"), &a);
+    std::fs::create_dir_all(dir.0.join("d")).unwrap();
+    let (vmm, kernel) = (vmm_binary(), kernel_image());
+    let d = Daemon::start_with(&dir.0.join("d"), Some(&b), &["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()]);
+    assert!(d.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}\n{}", d.log(), b.log());
+    let created = d.call(json!({"op": "create", "name": "lwk", "cores": 1, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    lwk_xemem_id(&d, "lwk");
+    for (host_at, tag) in [(&c, "c"), (&b, "b")] {
+        for job_waits in [true, false] {
+            let (job_own, host_own) = (format!("lwk-{tag}-{job_waits}-job"), format!("lwk-{tag}-{job_waits}-host"));
+            let (job_role, host_role) = if job_waits { ("wait", "signal") } else { ("signal", "wait") };
+            std::thread::scope(|scope| {
+                let runner = scope.spawn(|| run_job_with(&d, "lwk", &job, &[&job_own, &host_own, job_role], &dir.0));
+                let party = HostProcess::spawn(&host, &host_at.xemem_socket(), &[&host_own, &job_own, host_role]);
+                let (status, output) = party.finish(Duration::from_secs(60));
+                let (reply, stdout) = runner.join().unwrap();
+                let context = format!("{tag}, job waits {job_waits}\nhost ({status:?}):\n{output}\njob: {reply}\n{stdout}\nB:\n{}\nD:\n{}", b.log(), d.log());
+                assert!(output.contains("woke 1") && output.contains(&format!("signalled {job_own}")), "{context}");
+                assert!(stdout.contains("woke 1") && stdout.contains(&format!("signalled {host_own}")), "{context}");
+                assert_eq!(status, Some(0), "{context}");
+                assert_eq!(reply["status"], 0, "{context}");
+            });
+        }
+    }
+    let removed = d.call(json!({"op": "rm", "name": "lwk"}));
+    assert_eq!(removed["ok"], true, "{removed}");
+}
+
 /// Waits for the LWK in enclave `name` of daemon `d` to log its XEMEM id.
 fn lwk_xemem_id(d: &Daemon, name: &str) -> u32 {
     const LINE: &str = "[lwk] xemem: the name server gave this enclave id ";
@@ -1071,10 +1117,16 @@ fn lwk_xemem_id(d: &Daemon, name: &str) -> u32 {
 
 /// Runs `job` in enclave `name` of daemon `d`; returns the final reply and the job's stdout.
 fn run_job(d: &Daemon, name: &str, job: &Path, cwd: &Path) -> (Value, String) {
+    run_job_with(d, name, job, &[], cwd)
+}
+
+/// [`run_job`] with arguments after argv[0].
+fn run_job_with(d: &Daemon, name: &str, job: &Path, args: &[&str], cwd: &Path) -> (Value, String) {
     let binary = File::open(job).unwrap();
     let directory = File::open(cwd).unwrap();
-    let argv0 = job.file_name().unwrap().to_str().unwrap();
-    let request = json!({"op": "run", "enclave": name, "argv": [argv0], "cwd": cwd.to_str().unwrap(), "files": []});
+    let mut argv = vec![job.file_name().unwrap().to_str().unwrap()];
+    argv.extend_from_slice(args);
+    let request = json!({"op": "run", "enclave": name, "argv": argv, "cwd": cwd.to_str().unwrap(), "files": []});
     let mut stdout = String::new();
     let reply = Client::connect_to(&d.dir.join("clowderd.sock"))
         .unwrap()
