@@ -223,22 +223,30 @@ if [ -z "$cross_missing" ]; then
     main=$scratch/daemon-main
     start_daemon "$main"
 
-    # LWK -> host: the owner job makes the named segment; the host process attaches it.
-    for backing in 4k 2m; do
-        phase "LWK -> host, $backing"
-        flag=$([ $backing = 2m ] && echo --hugepages || true)
-        create_enclave "$main" owner "$owner_enclave_mem" "$flag"
-        for mib in $sizes; do
-            name=lwk-owned-$$-$backing-$mib
-            job "$main" owner attach_bench own "$name" 4k "$mib" $owner_seconds >"$scratch/owner.out" 2>&1 &
-            owner=$!
-            status=0
-            (on_daemon "$main" taskset -c 0 "$scratch/attach_bench" attach "$name" "$mib" "$cross_attaches" "$cross_touches") \
-                | record lwk-host "$backing" || status=$?
-            finish_owner $owner $status "LWK -> host $backing $mib MiB" || cross_failures=$((cross_failures + 1))
+    # An LWK job owns (in an owner enclave of each backing); the attacher is a host process
+    # (LWK -> host) or a job in the attacher enclave (LWK -> LWK).
+    from_lwk_owner() { # DIRECTION (lwk-host | lwk-lwk) LABEL
+        local direction=$1 label=$2 backing flag mib name owner status
+        for backing in 4k 2m; do
+            phase "$label, $backing"
+            flag=$([ $backing = 2m ] && echo --hugepages || true)
+            create_enclave "$main" owner "$owner_enclave_mem" "$flag"
+            for mib in $sizes; do
+                name=$direction-owned-$$-$backing-$mib
+                job "$main" owner attach_bench own "$name" 4k "$mib" $owner_seconds >"$scratch/owner.out" 2>&1 &
+                owner=$!
+                status=0
+                if [ "$direction" = lwk-host ]; then
+                    (on_daemon "$main" taskset -c 0 "$scratch/attach_bench" attach "$name" "$mib" "$cross_attaches" "$cross_touches")
+                else
+                    job "$main" attacher attach_bench attach "$name" "$mib" "$cross_attaches" "$cross_touches"
+                fi | record "$direction" "$backing" || status=$?
+                finish_owner $owner $status "$label $backing $mib MiB" || cross_failures=$((cross_failures + 1))
+            done
+            remove_enclave "$main" owner
         done
-        remove_enclave "$main" owner
-    done
+    }
+    from_lwk_owner lwk-host "LWK -> host"
 
     # host -> LWK: the host process owns; the LWK job attaches and times itself.
     host_to_lwk() { # BACKING MIB [MODE...]
@@ -267,21 +275,8 @@ if [ -z "$cross_missing" ]; then
         done
     done
 
-    # LWK -> LWK: the owner job in one enclave, the attacher job in another.
-    for backing in 4k 2m; do
-        phase "LWK -> LWK, $backing"
-        flag=$([ $backing = 2m ] && echo --hugepages || true)
-        create_enclave "$main" owner "$owner_enclave_mem" "$flag"
-        for mib in $sizes; do
-            name=lwk-peer-$$-$backing-$mib
-            job "$main" owner attach_bench own "$name" 4k "$mib" $owner_seconds >"$scratch/owner.out" 2>&1 &
-            owner=$!
-            status=0
-            job "$main" attacher attach_bench attach "$name" "$mib" "$cross_attaches" "$cross_touches" | record lwk-lwk "$backing" || status=$?
-            finish_owner $owner $status "LWK -> LWK $backing $mib MiB" || cross_failures=$((cross_failures + 1))
-        done
-        remove_enclave "$main" owner
-    done
+    # LWK -> LWK: the owner job in one enclave, the attacher job in another (created above).
+    from_lwk_owner lwk-lwk "LWK -> LWK"
 
     # Control operations across enclaves: an LWK job against a host segment (get/release) and
     # its own named make/remove; a host process against an LWK job's segment.

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_CLUSTERS 64
+#define MAX_CLUSTERS 128
 
 struct partial {
 	int64_t sum_x[MAX_CLUSTERS], sum_y[MAX_CLUSTERS], count[MAX_CLUSTERS];

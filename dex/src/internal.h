@@ -171,6 +171,7 @@ struct dex_runtime {
 	/* counters, printed at exit with DEX_STATS=1 */
 	uint64_t faults_read, faults_write, pages_received, invalidations_served, syscalls_delegated;
 	uint64_t pages_prefetched;
+	uint64_t readahead_markers; /* next windows asked for at a marker */
 	uint64_t migrations_in, migration_ns_total, workers_created;
 	uint64_t layout_queries, layout_revokes; /* vma.c */
 };

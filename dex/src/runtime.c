@@ -401,6 +401,7 @@ void dex_print_stats(void)
 		in ? dex_rt.migration_ns_total / 1e3 / (double)in : 0.0, (unsigned long long)dex_rt.workers_created);
 	dex_log("stats: layout: %llu rights queries, %llu revokes broadcast (origin) or applied (node)",
 		(unsigned long long)dex_rt.layout_queries, (unsigned long long)dex_rt.layout_revokes);
+	dex_log("stats: readahead: %llu next windows asked for at a marker", (unsigned long long)dex_rt.readahead_markers);
 }
 
 void dex_mail_wait(struct dex_thread *t)
@@ -662,6 +663,9 @@ static uint32_t region_end_page(uint32_t page)
  * stream that asks for none, so scattered accesses never fetch what they
  * do not use. The faulting page's grant travels first, so the thread
  * resumes while the rest of a window is still on its way. */
+/* Windows of at least this many pages carry a readahead marker. */
+#define READAHEAD_MARKER_MIN_WINDOW 16u
+
 static uint32_t stream_window(struct dex_thread *self, uint32_t page, bool write, struct dex_fault_stream **stream)
 {
 	uint32_t now = ++self->stream_clock;
@@ -718,6 +722,35 @@ static bool node_may_prefetch(uint32_t page, bool write, unsigned unused)
 	return dex_vma_cap(page_address(page)) >= (write ? DSM_WRITE : DSM_READ);
 }
 
+/* With dsm_lock held, on a node, for a fault on a page whose access this
+ * process already holds: a readahead marker (node_handle_prefetch), or a
+ * grant that landed between the trap and the lock. Either way the page
+ * gets the protection it was granted; a marker inside one of the thread's
+ * streams also asks for that stream's next window, without waiting. */
+static void readahead_marker_hit(struct dex_thread *self, uint32_t page)
+{
+	protect_page(page, (enum dsm_access)dex_rt.page_state[page]);
+	if (!self)
+		return;
+	for (unsigned i = 0; i < DEX_FAULT_STREAMS; i++) {
+		struct dex_fault_stream *s = &self->streams[i];
+		uint32_t next = s->next_page;
+		bool write = s->write;
+		if (!s->window || page >= next || next - page > s->window)
+			continue;
+		if (next >= region_end_page(page) || !node_may_prefetch(next, write, 0) ||
+		    dsm_node_fault(&dex_rt.page_state[next], &dex_rt.page_inflight[next], write) != DSM_FAULT_LEAD)
+			return;
+		dex_rt.readahead_markers++;
+		struct dex_msg_page_request m = {
+			.address = page_address(next), .write = write,
+			.extra = claim_following(self, next, write, DEX_PREFETCH_MAX, node_may_prefetch, 0)
+		};
+		dex_send(0, DEX_MSG_PAGE_REQUEST, &m, sizeof(m), NULL, 0);
+		return;
+	}
+}
+
 /* The origin reads ahead only through pages that `owner` alone holds, so
  * that one invalidation message fetches them all. */
 static bool origin_may_read_ahead(uint32_t page, bool write, unsigned owner)
@@ -771,10 +804,12 @@ static void dsm_fault(struct dex_thread *self, uint32_t page, bool write, uintpt
 {
 	uint64_t start = dex_now_ns();
 	bool led = false;
-	for (;;) {
+	for (bool first_pass = true;; first_pass = false) {
 		dex_lock_acquire(&dex_rt.dsm_lock);
 		uint32_t seen = dex_rt.dsm_epoch;
 		enum dsm_fault_decision d = dsm_node_fault(&dex_rt.page_state[page], &dex_rt.page_inflight[page], write);
+		if (d == DSM_FAULT_RETRY && first_pass && dex_rt.node != 0)
+			readahead_marker_hit(self, page);
 		if (d == DSM_FAULT_LEAD) {
 			led = true;
 			if (write)
@@ -964,6 +999,14 @@ static void node_handle_grant(const struct dex_msg_page_grant *m)
 static void node_handle_prefetch(const struct dex_msg_page_prefetch *m)
 {
 	uint32_t first = (uint32_t)page_index(m->address);
+	/* A long read window leaves its middle page's protection as it was:
+	 * the first touch there traps locally (readahead_marker_hit) and asks
+	 * for the next window while the thread reads the second half of this
+	 * one, so a stream does not stop for a round trip at every window.
+	 * Write windows have none: asking ahead past the end of what a thread
+	 * writes would take pages from their other writers. */
+	uint32_t marker = m->access == DSM_READ && m->count >= READAHEAD_MARKER_MIN_WINDOW ? first + m->count / 2
+											   : UINT32_MAX;
 	dex_lock_acquire(&dex_rt.dsm_lock);
 	uint32_t run_start = first; /* granted pages not yet protected */
 	for (uint32_t i = 0; i < m->count; i++) {
@@ -973,10 +1016,11 @@ static void node_handle_prefetch(const struct dex_msg_page_prefetch *m)
 				 : dsm_node_decline(&dex_rt.page_inflight[page]);
 		if (rc != DSM_OK)
 			dex_fatal("rejected PAGE_PREFETCH for %#llx: not asked for", (unsigned long long)page_address(page));
-		if (!granted) {
+		if (!granted || page == marker) {
 			protect_pages(run_start, page - run_start, m->access);
 			run_start = page + 1;
-			continue;
+			if (!granted)
+				continue;
 		}
 		dex_rt.pages_prefetched++;
 		if (m->with_data & (UINT64_C(1) << i))

@@ -272,5 +272,13 @@ if [ $# -eq 0 ]; then
     fi
 fi
 
+# Under clowder-vmm, a forked process's XEMEM segment across enclaves: a host process attached
+# to it must get SIGBUS before the process's frames are freed or reused
+# (tests/xemem-exit-order.sh: a private clowderd, an LWK enclave, a host attacher; skipped
+# without root or musl-gcc).
+if [ "$runner" = vmm ] && [ $# -eq 0 ]; then
+    KERNEL="$kernel" CLOWDER_VMM="$vmm" "$here/tests/xemem-exit-order.sh" || failures=$((failures + 1))
+fi
+
 [ $failures -eq 0 ] && echo "all passed" || echo "$failures failed"
 [ $failures -eq 0 ]

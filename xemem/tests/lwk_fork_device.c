@@ -6,8 +6,9 @@
  *      something else there;
  *   2. the child gets and attaches the parent's segment, checks it, writes 7 into page 0 and
  *      signals it; the parent, blocked in read(2) on its notify descriptor, wakes with 1;
- *   3. a non-blocking read then fails with EAGAIN and poll finds nothing; two signals through
- *      its own permit make poll report POLLIN and a read take 2; a notify descriptor for a
+ *   3. a non-blocking read then fails with EAGAIN and poll, select and epoll find nothing; two
+ *      signals through its own permit make poll and select report it readable and an
+ *      edge-triggered epoll report EPOLLIN once, and a read take 2; a notify descriptor for a
  *      segment the caller does not own is ENOENT;
  *   4. the child makes a named segment (page i starts with 300 + i); the parent looks it up,
  *      attaches and checks it, then tells the child to exit: the parent's next touch of the
@@ -22,7 +23,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
+#include <sys/select.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <xpmem.h>
@@ -139,9 +142,22 @@ int main(void)
 	fcntl(notify, F_SETFL, flags);
 	check(read(notify, &count, sizeof count) == -1 && errno == EAGAIN, "parent: then a non-blocking read is EAGAIN");
 	struct pollfd entry = { .fd = notify, .events = POLLIN };
-	check(poll(&entry, 1, 0) == 0 && entry.revents == 0, "parent: poll finds nothing to read");
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event interest = { .events = EPOLLIN | EPOLLET, .data.u64 = 42 }, event = { 0 };
+	fd_set readable;
+	FD_ZERO(&readable);
+	FD_SET(notify, &readable);
+	struct timeval no_wait = { 0, 0 };
+	check(poll(&entry, 1, 0) == 0 && entry.revents == 0 && epoll_ctl(ep, EPOLL_CTL_ADD, notify, &interest) == 0 &&
+	      epoll_wait(ep, &event, 1, 0) == 0 && select(notify + 1, &readable, NULL, NULL, &no_wait) == 0,
+	      "parent: poll, select and epoll find nothing to read");
 	check(xemem_signal(self_apid) == 0 && xemem_signal(self_apid) == 0, "parent: signals its own segment twice");
-	check(poll(&entry, 1, -1) == 1 && entry.revents == POLLIN, "parent: poll finds the descriptor readable");
+	FD_SET(notify, &readable);
+	check(poll(&entry, 1, -1) == 1 && entry.revents == POLLIN && select(notify + 1, &readable, NULL, NULL, NULL) == 1 &&
+	      FD_ISSET(notify, &readable) && epoll_wait(ep, &event, 1, -1) == 1 && event.events == EPOLLIN &&
+	      event.data.u64 == 42 && epoll_wait(ep, &event, 1, 0) == 0,
+	      "parent: poll, select and epoll (edge-triggered: once) find the descriptor readable");
+	close(ep);
 	check(read(notify, &count, sizeof count) == 8 && count == 2, "parent: reads a count of 2");
 
 	check(hear(to_parent[0]) == 'm', "parent: the child made its segment");

@@ -274,8 +274,9 @@ pub fn exec(frame: &mut TrapFrame, path: u64, argv: u64, envp: u64) -> Result<()
         sched::yield_now();
         core::hint::spin_loop();
     }
-    // The old image's XPMEM segments, permits and attachments go with it, as on Linux.
-    crate::xpmem::process_ended(pid);
+    // The old image's XPMEM segments, permits and attachments go with it, as on Linux (its
+    // segments' attachers elsewhere revoked before its memory can go).
+    let segments_gone = crate::xpmem::process_ended(pid);
     let old_aspace = job::with_process(|process| process.memory.aspace.handle());
     let load = || job::load_image_memory(node.contents(), node.physical, &argv, &env, job::exec_heap_size(), job::exec_stack_size());
     let mut old_released = false;
@@ -285,7 +286,7 @@ pub fn exec(frame: &mut TrapFrame, path: u64, argv: u64, envp: u64) -> Result<()
             // Not enough memory beside the old image (forked children are small, but several
             // may exec at once): past this point of no return the old image goes first, and
             // a failure kills the process, as Linux does.
-            release_memory_for_exec(old_aspace.0);
+            release_memory_for_exec(old_aspace.0, segments_gone);
             old_released = true;
             match load() {
                 Ok(image) => image,
@@ -315,7 +316,7 @@ pub fn exec(frame: &mut TrapFrame, path: u64, argv: u64, envp: u64) -> Result<()
     if !old_released {
         sched::wait_until_unloaded(old_aspace.0);
     }
-    old.release();
+    release_or_keep(old, segments_gone);
     signal::exec_reset(pid);
     end_vfork_wait(pid);
     *frame = image.entry;
@@ -324,12 +325,23 @@ pub fn exec(frame: &mut TrapFrame, path: u64, argv: u64, envp: u64) -> Result<()
 
 /// `execve` past its point of no return: the calling process's memory goes back now (an
 /// empty stand-in takes its place until the new image is in), this CPU on the kernel's tables.
-fn release_memory_for_exec(old_aspace: u64) {
+fn release_memory_for_exec(old_aspace: u64, segments_gone: bool) {
     sched::use_kernel_tables(crate::arch::tables::current_cpu());
     let Ok(stand_in) = job::memory::JobMemory::empty() else { die_of_signal_here(SIGSEGV) };
     let old = job::with_process(|process| core::mem::replace(&mut process.memory, stand_in));
     sched::wait_until_unloaded(old_aspace);
-    old.release();
+    release_or_keep(old, segments_gone);
+}
+
+/// Frees a process's memory once its XPMEM segments are gone everywhere (`segments_gone`,
+/// from `xpmem::process_ended`); else keeps it from reuse until the job ends, when the daemon
+/// has revoked every attachment of the job's segments.
+fn release_or_keep(memory: job::memory::JobMemory, segments_gone: bool) {
+    if segments_gone {
+        memory.release();
+    } else {
+        job::keep_until_job_ends(memory);
+    }
 }
 
 fn end_vfork_wait(pid: u64) {
@@ -404,12 +416,13 @@ pub fn last_thread_exited(pid: u64, code: u8) {
 /// Process `pid` has no threads left: its memory and descriptors go, it becomes a zombie for
 /// its parent (which gets SIGCHLD), its children go to the job's first process.
 fn end_process(pid: u64, code: u8) {
-    // Its XPMEM segments go (their attachers in other processes get SIGBUS) before its
-    // memory does.
-    crate::xpmem::process_ended(pid);
+    // Its XPMEM segments go (their attachers in other processes, other enclaves and host
+    // processes get SIGBUS) before its memory does: an attacher elsewhere must never see its
+    // frames reused.
+    let segments_gone = crate::xpmem::process_ended(pid);
     let Some(process) = job::take_process(pid) else { return };
     sched::wait_until_unloaded(process.memory.aspace.handle().0);
-    process.memory.release();
+    release_or_keep(process.memory, segments_gone);
     drop(process.descriptors);
     signal::process_exited(pid);
     let (parent, orphaned_zombies) = {

@@ -23,6 +23,8 @@ pub enum Descriptor {
     XpmemNotify { notifier: alloc::sync::Arc<crate::xpmem::Notifier>, non_blocking: bool },
     /// One end of a pipe (`super::pipe`).
     Pipe(super::pipe::PipeEnd),
+    /// An epoll instance (`epoll_create1`, `super::epoll`).
+    Epoll(Arc<super::epoll::Epoll>),
 }
 
 /// Linux's default RLIMIT_NOFILE.
@@ -54,6 +56,17 @@ impl Descriptors {
     /// Descriptors are C `int`s: only the low 32 bits of the register count.
     pub fn get(&mut self, descriptor: u64) -> Option<SpinGuard<'_, Descriptor>> {
         Some(self.slot(descriptor)?.file.lock())
+    }
+
+    /// The size of Linux's table for these descriptors (64, doubled as higher numbers are
+    /// used; `select` reads no bits past it).
+    pub fn linux_table_size(&self) -> usize {
+        self.table.len().max(64).next_power_of_two().min(MAX_DESCRIPTORS)
+    }
+
+    /// The open file `descriptor` names (for epoll, which watches open files).
+    pub fn open_file(&mut self, descriptor: u64) -> Option<OpenFile> {
+        Some(self.slot(descriptor)?.file.clone())
     }
 
     /// FD_CLOEXEC of `descriptor`, `None` if it is not open.

@@ -6,6 +6,7 @@
 
 pub mod descriptors;
 pub mod elf;
+pub mod epoll;
 pub mod memory;
 pub mod pipe;
 mod stack;
@@ -345,13 +346,27 @@ pub fn exit(status: u8) -> ! {
     machine::exit(status)
 }
 
+/// Memory of ended processes (or replaced images) whose XPMEM segments' removes the name
+/// server did not answer: attachers elsewhere may still map it, so it is not reused while the
+/// job runs. It goes back with the job's memory, once the daemon has revoked every attachment
+/// of the job's segments (it does before the next job starts).
+static KEPT_UNTIL_JOB_ENDS: SpinLock<Vec<JobMemory>> = SpinLock::new(Vec::new());
+
+pub fn keep_until_job_ends(memory: JobMemory) {
+    KEPT_UNTIL_JOB_ENDS.lock().push(memory);
+}
+
 /// Gives the job's memory back (a persistent enclave's job ended, and no CPU uses its
 /// address spaces any more): every process's memory and page tables, cleared with `zero`.
 pub fn release(zero: memory::Zero) {
     let processes = core::mem::take(&mut *PROCESSES.lock());
+    let kept = core::mem::take(&mut *KEPT_UNTIL_JOB_ENDS.lock());
     crate::xpmem::forget_job();
     for (_, process) in processes {
         process.memory.release_with(zero);
+    }
+    for memory in kept {
+        memory.release_with(zero);
     }
 }
 

@@ -8,8 +8,8 @@ use crate::arch::sync::SpinLock;
 use crate::sched::{self, WaitResult};
 use crate::signal::{self, Restart};
 use crate::syscall::{user, Errno, SyscallResult};
-use alloc::collections::VecDeque;
 use alloc::sync::Arc;
+use alloc::vec::Vec;
 
 /// Linux's default pipe capacity (16 pages); writes of at most `PIPE_BUF` bytes are atomic.
 const CAPACITY: usize = 64 * 1024;
@@ -17,10 +17,58 @@ const PIPE_BUF: usize = 4096;
 const EPIPE: Errno = Errno(32);
 const SIGPIPE: u8 = 13;
 
+/// The bytes in flight live in a ring of `CAPACITY` bytes (allocated at the first write),
+/// `len` of them from `head` on, wrapping. Data moves between the ring and user memory in at
+/// most two copies per call, never byte by byte: this kernel's code is emulated on PVM, where
+/// a queue of bytes cost tens of instructions per byte.
 struct State {
-    bytes: VecDeque<u8>,
+    ring: Vec<u8>,
+    head: usize,
+    len: usize,
     readers: usize,
     writers: usize,
+    /// Changes each side is woken for, as Linux's pipes wake epoll: the read side for every
+    /// write, the write side for a read that makes room in a full pipe, both when an end
+    /// closes. An edge-triggered epoll reports an end again after each.
+    changes_for_readers: u64,
+    changes_for_writers: u64,
+}
+
+impl State {
+    /// The ring's pieces holding `count` bytes from `start` (an offset from the ring's
+    /// start, below `CAPACITY`): one range, or two when they wrap.
+    fn pieces(start: usize, count: usize) -> [core::ops::Range<usize>; 2] {
+        let first = count.min(CAPACITY - start);
+        [start..start + first, 0..count - first]
+    }
+
+    /// Appends `count` bytes (at most the room left) that `fill(offset, piece)` supplies,
+    /// `offset` counting from the first of them; nothing is appended if `fill` fails.
+    fn push(&mut self, count: usize, fill: &impl Fn(u64, &mut [u8]) -> Result<(), Errno>) -> Result<(), Errno> {
+        if self.ring.is_empty() {
+            self.ring = alloc::vec![0; CAPACITY];
+        }
+        let mut offset = 0;
+        for piece in Self::pieces((self.head + self.len) % CAPACITY, count) {
+            fill(offset as u64, &mut self.ring[piece.clone()])?;
+            offset += piece.len();
+        }
+        self.len += count;
+        Ok(())
+    }
+
+    /// Copies the first `count` bytes (at most `len`) to user memory at `buffer` and takes
+    /// them off the ring; nothing is taken if a copy faults.
+    fn pop_to_user(&mut self, buffer: u64, count: usize) -> Result<(), Errno> {
+        let mut offset = 0;
+        for piece in Self::pieces(self.head, count) {
+            user::write_bytes(buffer + offset as u64, &self.ring[piece.clone()])?;
+            offset += piece.len();
+        }
+        self.head = (self.head + count) % CAPACITY;
+        self.len -= count;
+        Ok(())
+    }
 }
 
 pub struct Pipe {
@@ -41,6 +89,8 @@ pub struct PipeEnd {
     writer: bool,
     /// O_NONBLOCK (a status flag of the open file description, as `fcntl(F_SETFL)` sets it).
     pub non_blocking: bool,
+    /// A call's own handle (`share`): its drop closes no open file description.
+    temporary: bool,
 }
 
 /// `poll`'s event bits (Linux's values).
@@ -56,18 +106,10 @@ impl PipeEnd {
         self.writer
     }
 
-    /// What `poll` reports for this end, as Linux's pipes: a read end is readable while bytes
-    /// wait and hung up once no write end is open; a write end is writable while a small
-    /// write (`PIPE_BUF`) would go in at once, and in error once no read end is open.
-    pub fn poll_events(&self) -> u16 {
-        let state = self.pipe.state.lock();
-        if self.writer {
-            let room = if CAPACITY - state.bytes.len() >= PIPE_BUF { POLLOUT | POLLWRNORM } else { 0 };
-            room | if state.readers == 0 { POLLERR } else { 0 }
-        } else {
-            let data = if state.bytes.is_empty() { 0 } else { POLLIN | POLLRDNORM };
-            data | if state.writers == 0 { POLLHUP } else { 0 }
-        }
+    /// A watch on this end for `poll`, `select` and epoll: it sees the pipe's state without
+    /// counting as an open end (an epoll set must not keep a pipe open).
+    pub fn watch(&self) -> PipeWatch {
+        PipeWatch { pipe: self.pipe.clone(), writer: self.writer }
     }
 
     /// Another handle on the same end, for a call that works without the descriptor's lock
@@ -79,7 +121,7 @@ impl PipeEnd {
         } else {
             state.readers += 1;
         }
-        PipeEnd { pipe: self.pipe.clone(), writer: self.writer, non_blocking: self.non_blocking }
+        PipeEnd { pipe: self.pipe.clone(), writer: self.writer, non_blocking: self.non_blocking, temporary: true }
     }
 }
 
@@ -87,20 +129,52 @@ impl Drop for PipeEnd {
     fn drop(&mut self) {
         {
             let mut state = self.pipe.state.lock();
-            if self.writer {
+            let left = if self.writer {
                 state.writers -= 1;
+                state.writers
             } else {
                 state.readers -= 1;
+                state.readers
+            };
+            // An open file description closing wakes both sides on Linux; a call's handle
+            // going counts only if it was the side's last.
+            if !self.temporary || left == 0 {
+                state.changes_for_readers += 1;
+                state.changes_for_writers += 1;
             }
         }
         sched::wake_kernel_key(self.pipe.key());
     }
 }
 
+/// What watches one end of a pipe without holding it open (see `PipeEnd::watch`).
+#[derive(Clone)]
+pub struct PipeWatch {
+    pipe: Arc<Pipe>,
+    writer: bool,
+}
+
+impl PipeWatch {
+    /// What `poll` reports for the end, as Linux's pipes: a read end is readable while bytes
+    /// wait and hung up once no write end is open; a write end is writable while a small
+    /// write (`PIPE_BUF`) would go in at once, and in error once no read end is open. And how
+    /// many changes its side has been woken for.
+    pub fn poll_events(&self) -> (u16, u64) {
+        let state = self.pipe.state.lock();
+        if self.writer {
+            let room = if CAPACITY - state.len >= PIPE_BUF { POLLOUT | POLLWRNORM } else { 0 };
+            (room | if state.readers == 0 { POLLERR } else { 0 }, state.changes_for_writers)
+        } else {
+            let data = if state.len == 0 { 0 } else { POLLIN | POLLRDNORM };
+            (data | if state.writers == 0 { POLLHUP } else { 0 }, state.changes_for_readers)
+        }
+    }
+}
+
 /// A new pipe: its read end and its write end.
 pub fn new(non_blocking: bool) -> (PipeEnd, PipeEnd) {
-    let pipe = Arc::new(Pipe { state: SpinLock::new(State { bytes: VecDeque::new(), readers: 1, writers: 1 }) });
-    (PipeEnd { pipe: pipe.clone(), writer: false, non_blocking }, PipeEnd { pipe, writer: true, non_blocking })
+    let pipe = Arc::new(Pipe { state: SpinLock::new(State { ring: Vec::new(), head: 0, len: 0, readers: 1, writers: 1, changes_for_readers: 0, changes_for_writers: 0 }) });
+    (PipeEnd { pipe: pipe.clone(), writer: false, non_blocking, temporary: false }, PipeEnd { pipe, writer: true, non_blocking, temporary: false })
 }
 
 /// `read` from the read end `end` into the user buffer at `buffer`.
@@ -111,25 +185,30 @@ pub fn read(end: &PipeEnd, buffer: u64, len: u64, non_blocking: bool) -> Syscall
     let pipe = &end.pipe;
     let mut interrupted = false;
     loop {
-        let taken: alloc::vec::Vec<u8> = {
+        let taken = {
             let mut state = pipe.state.lock();
-            if state.bytes.is_empty() && state.writers == 0 {
+            if state.len == 0 && state.writers == 0 {
                 return Ok(0);
             }
-            let count = state.bytes.len().min(len as usize);
-            state.bytes.drain(..count).collect()
+            let count = state.len.min(len as usize);
+            if count > 0 {
+                // Linux wakes writers only when the pipe was full (no room for a small write).
+                let was_full = CAPACITY - state.len < PIPE_BUF;
+                state.pop_to_user(buffer, count)?;
+                state.changes_for_writers += was_full as u64;
+            }
+            count
         };
-        if !taken.is_empty() {
+        if taken > 0 {
             sched::wake_kernel_key(pipe.key());
-            user::write_bytes(buffer, &taken)?;
-            return Ok(taken.len() as u64);
+            return Ok(taken as u64);
         }
         if non_blocking {
             return Err(Errno::EAGAIN);
         }
         let empty_with_writers = || {
             let state = pipe.state.lock();
-            state.bytes.is_empty() && state.writers != 0
+            state.len == 0 && state.writers != 0
         };
         // A signal ends the wait as on Linux (EINTR, or restarted under SA_RESTART), once a
         // last look has found nothing to read.
@@ -142,12 +221,12 @@ pub fn read(end: &PipeEnd, buffer: u64, len: u64, non_blocking: bool) -> Syscall
 
 /// `write` of the user buffer at `buffer` to the write end `end`.
 pub fn write(end: &PipeEnd, buffer: u64, len: u64, non_blocking: bool) -> SyscallResult {
-    write_from(end, len, non_blocking, |offset, count| user::read_bytes(buffer + offset, count))
+    write_from(end, len, non_blocking, |offset, piece| user::read_into(buffer + offset, piece))
 }
 
-/// `write` of `len` bytes that `bytes(offset, count)` supplies (user memory, or what `writev`
-/// gathered: a vector goes in as one write, as on Linux).
-pub fn write_from(end: &PipeEnd, len: u64, non_blocking: bool, bytes: impl Fn(u64, usize) -> Result<alloc::vec::Vec<u8>, Errno>) -> SyscallResult {
+/// `write` of `len` bytes that `fill(offset, piece)` copies into the pipe's ring (from user
+/// memory, or from what `writev` gathered: a vector goes in as one write, as on Linux).
+pub fn write_from(end: &PipeEnd, len: u64, non_blocking: bool, fill: impl Fn(u64, &mut [u8]) -> Result<(), Errno>) -> SyscallResult {
     let pipe = &end.pipe;
     let mut written = 0u64;
     let mut interrupted = false;
@@ -162,20 +241,26 @@ pub fn write_from(end: &PipeEnd, len: u64, non_blocking: bool, bytes: impl Fn(u6
                 let _ = signal::send(Some(sched::current_tid()), SIGPIPE, signal::SI_USER);
                 return Err(EPIPE);
             }
-            CAPACITY - state.bytes.len()
+            CAPACITY - state.len
         };
         // A small write goes in whole or waits; a large one goes in as room appears.
         let wanted = (len - written) as usize;
         let fits = if wanted <= PIPE_BUF { room >= wanted } else { room > 0 };
         if fits {
-            let chunk = bytes(written, wanted.min(room));
-            let chunk = match chunk {
-                Ok(chunk) => chunk,
+            // Only this call adds bytes under the lock, and readers only take: the room is
+            // still there.
+            let count = wanted.min(room);
+            let pushed = {
+                let mut state = pipe.state.lock();
+                let pushed = state.push(count, &|offset, piece| fill(written + offset, piece));
+                state.changes_for_readers += pushed.is_ok() as u64;
+                pushed
+            };
+            match pushed {
+                Ok(()) => written += count as u64,
                 Err(errno) if written == 0 => return Err(errno),
                 Err(_) => return Ok(written),
-            };
-            pipe.state.lock().bytes.extend(chunk.iter());
-            written += chunk.len() as u64;
+            }
             sched::wake_kernel_key(pipe.key());
             continue;
         }
@@ -184,7 +269,7 @@ pub fn write_from(end: &PipeEnd, len: u64, non_blocking: bool, bytes: impl Fn(u6
         }
         let full_with_readers = || {
             let state = pipe.state.lock();
-            state.readers != 0 && CAPACITY - state.bytes.len() < wanted.min(PIPE_BUF)
+            state.readers != 0 && CAPACITY - state.len < wanted.min(PIPE_BUF)
         };
         // A signal ends the wait as for a read, once a last look has found no room.
         if interrupted {

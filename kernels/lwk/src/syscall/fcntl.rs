@@ -31,6 +31,7 @@ pub fn call(call: &mut Call<'_>) -> SyscallResult {
             let flags = match &mut *open {
                 Descriptor::Console if descriptor as u32 != 0 => O_WRONLY,
                 Descriptor::Directory { .. } => O_DIRECTORY,
+                Descriptor::Epoll(_) => O_RDWR,
                 Descriptor::Remote { status_flags, .. } => *status_flags as u64,
                 Descriptor::XpmemNotify { non_blocking, .. } => {
                     if command == F_SETFL {

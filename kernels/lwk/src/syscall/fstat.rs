@@ -33,7 +33,7 @@ pub fn stat_descriptor(descriptor: u64, address: u64) -> SyscallResult {
     }
     let node = job::with_process(|process| match process.descriptors.get(descriptor).as_deref_mut() {
         None => Err(Errno::EBADF),
-        Some(Descriptor::Console | Descriptor::Xpmem | Descriptor::XpmemNotify { .. } | Descriptor::Pipe(_)) => Ok(None),
+        Some(Descriptor::Console | Descriptor::Xpmem | Descriptor::XpmemNotify { .. } | Descriptor::Pipe(_) | Descriptor::Epoll(_)) => Ok(None),
         Some(Descriptor::Remote { .. }) => Err(Errno::EBADF),
         Some(Descriptor::File { node, .. } | Descriptor::Directory { node, .. }) => Ok(Some(*node)),
     })?;

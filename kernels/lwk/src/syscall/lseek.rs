@@ -16,7 +16,7 @@ pub fn call(call: &mut Call<'_>) -> SyscallResult {
     }
     job::with_process(|process| match process.descriptors.get(descriptor).as_deref_mut() {
         None => Err(Errno::EBADF),
-        Some(Descriptor::Console | Descriptor::Xpmem | Descriptor::XpmemNotify { .. } | Descriptor::Pipe(_)) => Err(Errno::ESPIPE),
+        Some(Descriptor::Console | Descriptor::Xpmem | Descriptor::XpmemNotify { .. } | Descriptor::Pipe(_) | Descriptor::Epoll(_)) => Err(Errno::ESPIPE),
         Some(Descriptor::Directory { .. }) => Err(Errno::EINVAL),
         Some(Descriptor::Remote { .. }) => Err(Errno::EBADF),
         Some(Descriptor::File { node, offset: current }) => {

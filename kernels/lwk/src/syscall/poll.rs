@@ -4,27 +4,26 @@
 //! - pipes: a read end `POLLIN` while bytes wait, `POLLHUP` once no write end is open; a write
 //!   end `POLLOUT` while `PIPE_BUF` bytes fit, `POLLERR` once no read end is open;
 //! - XEMEM notify descriptors (`xemem_notify_fd`): `POLLIN` while a signal count waits;
+//! - epoll descriptors: `POLLIN` while `epoll_wait` would report something;
 //! - everything else (the console, files, directories, host files, `/dev/xpmem`) is always
 //!   readable and writable, as Linux's default for files without a poll method;
 //! - a negative fd is skipped (revents 0), a closed one is `POLLNVAL`.
 //!
-//! Waiting rides the kernel keys pipes and notifiers wake (`sched::wait_for_any_key`). In a
+//! Waiting (`wait_until_ready`, shared with `select` and `epoll_wait`) rides the kernel keys
+//! pipes and notifiers wake (`sched::wait_for_any_key`). In a
 //! persistent enclave a host message (a signal's `Notify`) may make a descriptor ready, so the
 //! wait goes in 100 ms slices there, and never counts toward a dead-lock.
 
 use super::{user, Call, Errno, SyscallResult};
-use crate::job::descriptors::{Descriptor, MAX_DESCRIPTORS};
-use crate::job::pipe::{PipeEnd, POLLERR, POLLHUP, POLLIN, POLLOUT, POLLRDNORM, POLLWRNORM};
+use crate::job::descriptors::MAX_DESCRIPTORS;
+use crate::job::epoll::Watch;
+use crate::job::pipe::{POLLERR, POLLHUP};
 use crate::job;
 use crate::sched::WaitResult;
 use crate::signal::Restart;
-use crate::xpmem::Notifier;
-use alloc::sync::Arc;
 use alloc::vec::Vec;
 
 const POLLNVAL: u16 = 0x20;
-/// Linux's mask for files without a poll method.
-const ALWAYS: u16 = POLLIN | POLLOUT | POLLRDNORM | POLLWRNORM;
 /// A slice of a wait in a persistent enclave (see above).
 const CONNECTED_SLICE_NS: u64 = 100_000_000;
 
@@ -32,9 +31,7 @@ const CONNECTED_SLICE_NS: u64 = 100_000_000;
 enum Watched {
     Skipped,
     Closed,
-    Always,
-    Pipe(PipeEnd),
-    Notifier(Arc<Notifier>),
+    Open(Watch),
 }
 
 impl Watched {
@@ -42,38 +39,58 @@ impl Watched {
         if descriptor < 0 {
             return Watched::Skipped;
         }
-        let descriptor = descriptor as u64;
-        if let Some((end, _)) = job::pipe_end(descriptor) {
-            return Watched::Pipe(end);
-        }
-        job::with_process(|process| match process.descriptors.get(descriptor).as_deref() {
+        match watch_of(descriptor as u64) {
             None => Watched::Closed,
-            Some(Descriptor::XpmemNotify { notifier, .. }) => Watched::Notifier(notifier.clone()),
-            Some(_) => Watched::Always,
-        })
+            Some(watch) => Watched::Open(watch),
+        }
     }
 
     fn events(&self) -> u16 {
         match self {
             Watched::Skipped => 0,
             Watched::Closed => POLLNVAL,
-            Watched::Always => ALWAYS,
-            Watched::Pipe(end) => end.poll_events(),
-            Watched::Notifier(notifier) => {
-                if notifier.is_readable() {
-                    POLLIN | POLLRDNORM
-                } else {
-                    0
-                }
-            }
+            Watched::Open(watch) => watch.events() as u16,
         }
     }
+}
+
+/// The readiness of the calling process's `descriptor`, `None` when it is not open.
+pub fn watch_of(descriptor: u64) -> Option<Watch> {
+    job::with_process(|process| process.descriptors.get(descriptor).map(|open| Watch::of(&open)))
 }
 
 /// The events of `watched` that entry `requested` reports (errors, hang-ups and invalid
 /// descriptors whether asked for or not).
 fn reported(watched: &Watched, requested: u16) -> u16 {
     watched.events() & (requested | POLLERR | POLLHUP | POLLNVAL)
+}
+
+/// A signal ended a readiness wait before anything was ready.
+pub struct Interrupted;
+
+/// The wait of `poll`, `select` and `epoll_wait`: returns once `ready()` holds or `deadline`
+/// (monotonic ns; `None`: no limit) passes; `Interrupted` if a signal comes first (or is due
+/// already: `interrupted`), unless `ready()` holds by then (ready descriptors win, as on
+/// Linux). Rides the kernel keys pipes and notifiers wake (`sched::wait_for_any_key`); in a
+/// persistent enclave it waits in slices (see above).
+pub fn wait_until_ready(deadline: Option<u64>, interrupted: bool, ready: impl Fn() -> bool) -> Result<(), Interrupted> {
+    let mut interrupted = interrupted;
+    loop {
+        let now = crate::clock::monotonic_ns();
+        if ready() || deadline.is_some_and(|deadline| now >= deadline) {
+            return Ok(());
+        }
+        if interrupted {
+            return Err(Interrupted);
+        }
+        let slice = crate::enclave::is_active().then(|| now.saturating_add(CONNECTED_SLICE_NS));
+        let until = match (deadline, slice) {
+            (Some(deadline), Some(slice)) => Some(deadline.min(slice)),
+            (deadline, slice) => deadline.or(slice),
+        };
+        let result = crate::sched::wait_for_any_key(until, || !ready());
+        interrupted = matches!(result, Some(WaitResult::Interrupted | WaitResult::Signal));
+    }
 }
 
 /// The common part of `poll` and `ppoll`: waits until `deadline` (monotonic ns; `None`: no
@@ -89,28 +106,14 @@ pub fn wait_for_events(fds: u64, count: u64, deadline: Option<u64>, interrupted:
         .map(|entry| (Watched::of(i32::from_le_bytes([entry[0], entry[1], entry[2], entry[3]])), u16::from_le_bytes([entry[4], entry[5]])))
         .collect();
     let any_ready = || watched.iter().any(|(watched, requested)| reported(watched, *requested) != 0);
-    let mut interrupted = interrupted;
-    loop {
-        let now = crate::clock::monotonic_ns();
-        if any_ready() || deadline.is_some_and(|deadline| now >= deadline) {
-            break;
+    if wait_until_ready(deadline, interrupted, any_ready).is_err() {
+        // Linux writes the (empty) revents back before it leaves for the signal.
+        for entry in entries.chunks_exact_mut(8) {
+            entry[6..8].fill(0);
         }
-        if interrupted {
-            // Linux writes the (empty) revents back before it leaves for the signal.
-            for entry in entries.chunks_exact_mut(8) {
-                entry[6..8].fill(0);
-            }
-            drop(watched);
-            user::write_bytes(fds, &entries)?;
-            return Err(Restart::NoHandler.errno());
-        }
-        let slice = crate::enclave::is_active().then(|| now.saturating_add(CONNECTED_SLICE_NS));
-        let until = match (deadline, slice) {
-            (Some(deadline), Some(slice)) => Some(deadline.min(slice)),
-            (deadline, slice) => deadline.or(slice),
-        };
-        let result = crate::sched::wait_for_any_key(until, || !any_ready());
-        interrupted = matches!(result, Some(WaitResult::Interrupted | WaitResult::Signal));
+        drop(watched);
+        user::write_bytes(fds, &entries)?;
+        return Err(Restart::NoHandler.errno());
     }
     let mut ready = 0;
     for (entry, (watched, requested)) in entries.chunks_exact_mut(8).zip(&watched) {
@@ -118,8 +121,6 @@ pub fn wait_for_events(fds: u64, count: u64, deadline: Option<u64>, interrupted:
         entry[6..8].copy_from_slice(&revents.to_le_bytes());
         ready += (revents != 0) as u64;
     }
-    // The handles on pipe ends go before anyone is told (a last end's drop wakes the other side).
-    drop(watched);
     user::write_bytes(fds, &entries)?;
     Ok(ready)
 }

@@ -36,7 +36,7 @@ pub fn read_at(descriptor: u64, buffer: u64, len: u64, at: Option<u64>) -> Sysca
         Some(Descriptor::Console) => Ok(0),
         Some(Descriptor::Directory { .. }) => Err(Errno::EISDIR),
         Some(Descriptor::Remote { .. }) => Err(Errno::EBADF),
-        Some(Descriptor::Xpmem) => Err(Errno::EINVAL),
+        Some(Descriptor::Xpmem | Descriptor::Epoll(_)) => Err(Errno::EINVAL),
         Some(Descriptor::File { node, offset }) => {
             let start = at.unwrap_or(*offset).min(node.len);
             let count = len.min(node.len - start);

@@ -12,6 +12,11 @@ pub fn read_bytes(address: u64, len: usize) -> Result<Vec<u8>, Errno> {
     Ok(bytes)
 }
 
+/// Fills `bytes` from user memory at `address`.
+pub fn read_into(address: u64, bytes: &mut [u8]) -> Result<(), Errno> {
+    copy_from_user(bytes, address).map_err(|_| Errno::EFAULT)
+}
+
 pub fn write_bytes(address: u64, bytes: &[u8]) -> Result<(), Errno> {
     copy_to_user(address, bytes).map_err(|_| Errno::EFAULT)
 }

@@ -16,8 +16,11 @@ pub fn write_to_descriptor(descriptor: u64, address: u64, len: u64) -> SyscallRe
     if let Some((end, non_blocking)) = job::pipe_end(descriptor) {
         return if end.is_writer() { pipe::write(&end, address, len, non_blocking) } else { Err(Errno::EBADF) };
     }
-    if !job::with_process(|process| matches!(process.descriptors.get(descriptor).as_deref_mut(), Some(Descriptor::Console))) {
-        return Err(Errno::EBADF);
+    match job::with_process(|process| process.descriptors.get(descriptor).map(|open| (matches!(*open, Descriptor::Console), matches!(*open, Descriptor::Epoll(_))))) {
+        Some((true, _)) => {}
+        // Linux's epoll descriptors have no write method.
+        Some((_, true)) => return Err(Errno::EINVAL),
+        _ => return Err(Errno::EBADF),
     }
     let mut written = 0;
     while written < len {

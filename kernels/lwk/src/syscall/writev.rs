@@ -24,11 +24,17 @@ pub fn call(call: &mut Call<'_>) -> SyscallResult {
             vectors.push(user::read_words::<2>(vector + index * 16)?);
         }
         if vectors.iter().try_fold(0u64, |total, [_, len]| total.checked_add(*len)).is_some_and(|total| total <= GATHER_MAX) {
-            let mut gathered = alloc::vec::Vec::new();
+            let total: u64 = vectors.iter().map(|[_, len]| len).sum();
+            let mut gathered = alloc::vec![0; total as usize];
+            let mut at = 0;
             for [base, len] in vectors {
-                gathered.extend_from_slice(&user::read_bytes(base, len as usize)?);
+                user::read_into(base, &mut gathered[at..at + len as usize])?;
+                at += len as usize;
             }
-            return pipe::write_from(&end, gathered.len() as u64, non_blocking, |offset, count| Ok(gathered[offset as usize..offset as usize + count].to_vec()));
+            return pipe::write_from(&end, total, non_blocking, |offset, piece| {
+                piece.copy_from_slice(&gathered[offset as usize..offset as usize + piece.len()]);
+                Ok(())
+            });
         }
     }
     let mut total = 0;

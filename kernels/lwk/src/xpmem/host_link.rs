@@ -43,11 +43,54 @@ pub fn job_removed(segment: SegmentId) {
     JOB_SEGMENTS.lock().retain(|(_, made)| *made != segment);
 }
 
-/// Process `pid` of the job ended (the job goes on): its segments are removed and its
-/// permits released at the name server, queued as at the job's end.
-pub fn process_ended(pid: u64, segments: Vec<SegmentId>, permits: Vec<(u64, AccessId)>) {
+/// Processes whose segments are being removed because they end (or replace their image):
+/// attaches of their memory are refused meanwhile (`JobMemory::resolve`).
+static ENDING: SpinLock<Vec<u64>> = SpinLock::new(Vec::new());
+
+/// Process `pid` of the job is ending, or replacing its image (the job goes on), its memory
+/// still whole: its `segments` are removed at the name server, and this waits for every
+/// answer, as `xpmem_remove` does. The daemon revokes the segments' attachments in host
+/// processes and other enclaves before it answers a remove, so once this returns nobody
+/// outside the enclave maps the process's frames and they may be freed and reused. Attaches
+/// of its memory that arrive meanwhile are refused; one answered before is known to the
+/// daemon before the remove reaches it (one channel, in order), so it is revoked too. Its
+/// `permits` are released without waiting (they name other owners' memory). Returns false
+/// when some remove got no answer (the name server is unreachable): the frames may still be
+/// mapped elsewhere and must not be reused.
+pub fn process_ended(pid: u64, segments: Vec<SegmentId>, permits: Vec<(u64, AccessId)>) -> bool {
     JOB_SEGMENTS.lock().retain(|(owner, made)| *owner != pid && !segments.contains(made));
-    queue_abandoned(segments.into_iter().map(|segment| (pid, segment)).collect(), permits);
+    queue_abandoned(Vec::new(), permits);
+    if segments.is_empty() || NODE.lock().is_none() {
+        return true;
+    }
+    ENDING.lock().push(pid);
+    let (requests, messages) = {
+        let mut guard = NODE.lock();
+        let node = guard.as_mut().expect("checked above; the node is never taken away");
+        node.tick(now_ms(), &mut JobMemory);
+        let requests: Vec<Result<u64, Error>> = segments.iter().map(|&segment| node.request(Request::Remove { process: pid, segment }, &mut JobMemory)).collect();
+        keep_completions(node.completions());
+        (requests, take_outbox(node))
+    };
+    crate::enclave::send_xemem(messages);
+    let waiting: Vec<u64> = requests.iter().filter_map(|request| request.as_ref().ok().copied()).collect();
+    crate::enclave::serve_host_until(|| {
+        let finished = FINISHED.lock();
+        waiting.iter().all(|id| finished.contains_key(id))
+    });
+    let mut all_removed = true;
+    for (request, segment) in requests.into_iter().zip(&segments) {
+        match request.and_then(|id| FINISHED.lock().remove(&id).unwrap_or(Err(Error::Unreachable))) {
+            // Not found: it went already (the daemon removes a job's segments when the job ends).
+            Ok(_) | Err(Error::NotFound) => {}
+            Err(error) => {
+                log!("xemem: process {pid} ended, but the remove of its segment {:#x} failed ({error:?}): its memory is kept until the job ends", segment.raw());
+                all_removed = false;
+            }
+        }
+    }
+    ENDING.lock().retain(|&ending| ending != pid);
+    all_removed
 }
 
 /// The job ended: its segments go from the name server too. The removes are only queued in
@@ -121,7 +164,7 @@ struct JobMemory;
 
 impl LocalMemory for JobMemory {
     fn resolve(&mut self, process: u64, vaddr: u64, size: u64) -> Result<Vec<FrameRun>, Error> {
-        if !crate::job::is_loaded() {
+        if !crate::job::is_loaded() || ENDING.lock().contains(&process) {
             return Err(Error::NotFound);
         }
         let runs: Vec<SourceRun> = super::resolve(process, vaddr, size).ok_or(Error::NotFound)?;

@@ -145,15 +145,18 @@ pub fn forget_job() {
     host_link::job_ended(global_permits);
 }
 
-/// Process `pid` (not the job's first: its end is the job's) is ending, its address space
-/// still whole: its segments are removed and their attachments in the job's other processes
-/// revoked (SIGBUS from now on) before its memory is freed; its own attachments and permits
-/// go. Segments and permits of the host's name server are removed and released the way a
-/// job's are at its end (queued in the node).
-pub fn process_ended(pid: u64) {
+/// Process `pid` (not the job's first: its end is the job's) is ending, or replacing its
+/// image, its address space still whole: its segments are removed and their attachments in
+/// the job's other processes revoked (SIGBUS from now on) before its memory is freed; its own
+/// attachments and permits go. Segments of the host's name server are removed there, and this
+/// returns once the daemon has revoked their attachments in host processes and other enclaves
+/// (`host_link::process_ended`); their permits are released without waiting. Returns false
+/// when the name server did not answer some remove: the memory must then not be reused while
+/// the job runs (`job::keep_until_job_ends`).
+pub fn process_ended(pid: u64) -> bool {
     let (unmapped, segments, permits) = {
         let mut guard = DEVICE.lock();
-        let Some(device) = guard.as_mut() else { return };
+        let Some(device) = guard.as_mut() else { return true };
         let global: Vec<SegmentId> = device.own_segments.iter().filter(|(_, owner)| owner.0 == pid).map(|(id, _)| *id).collect();
         for id in &global {
             device.own_segments.remove(id);
@@ -180,7 +183,7 @@ pub fn process_ended(pid: u64) {
     if unmapped {
         crate::sched::shoot_down_user_tlbs();
     }
-    host_link::process_ended(pid, segments, permits);
+    host_link::process_ended(pid, segments, permits)
 }
 
 /// Does a user fault at `address` hit an attachment of the faulting process? Then it gets
@@ -630,6 +633,8 @@ pub fn detach(address: u64) -> Detached {
 /// segment shares it.
 pub struct Notifier {
     pending: AtomicU64,
+    /// Signals received so far (an edge-triggered epoll reports the descriptor again after each).
+    signals: AtomicU64,
     /// The process that owns the segment (its notifier goes when it ends).
     owner: u64,
 }
@@ -644,13 +649,18 @@ impl Notifier {
     pub fn is_readable(&self) -> bool {
         self.pending.load(Ordering::Acquire) != 0
     }
+
+    /// Signals received so far (epoll's edge-triggered mode).
+    pub fn signals(&self) -> u64 {
+        self.signals.load(Ordering::Acquire)
+    }
 }
 
 /// Notifiers by segment (of any process of the job).
 static NOTIFIERS: SpinLock<BTreeMap<SegmentId, Arc<Notifier>>> = SpinLock::new(BTreeMap::new());
 
 fn notifier(owner: u64, segment: SegmentId) -> Arc<Notifier> {
-    NOTIFIERS.lock().entry(segment).or_insert_with(|| Arc::new(Notifier { pending: AtomicU64::new(0), owner })).clone()
+    NOTIFIERS.lock().entry(segment).or_insert_with(|| Arc::new(Notifier { pending: AtomicU64::new(0), signals: AtomicU64::new(0), owner })).clone()
 }
 
 /// An attacher signalled `segment`, owned by process `owner` of the job (checked by the name
@@ -661,6 +671,7 @@ pub fn notify(owner: u64, segment: SegmentId) {
     }
     let notifier = notifier(owner, segment);
     notifier.pending.fetch_add(1, Ordering::AcqRel);
+    notifier.signals.fetch_add(1, Ordering::AcqRel);
     crate::sched::wake_kernel_key(notifier.key());
 }
 

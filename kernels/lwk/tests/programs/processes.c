@@ -2,7 +2,7 @@
  * exit codes, signals and WNOHANG, getppid, process groups, pipes (blocking reads and writes
  * beyond the pipe's capacity, end of file, EPIPE and SIGPIPE), O_CLOEXEC across execve,
  * caught signals reset by execve, SIGCHLD, setsid, a signal to a group, O_NONBLOCK pipes, waitid
- * WNOWAIT. Prints no pids: they differ from the host's. */
+ * WNOWAIT, byte order across the pipe buffer's end and EFAULT reads. Prints no pids: they differ from the host's. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -244,6 +244,33 @@ int main(int argc, char **argv) {
     printf("non-blocking empty read: %zd (%s)\n", got, strerror(error));
     printf("flags: read end O_NONBLOCK %d, write end O_WRONLY %d\n", (fcntl(pipe_fds[0], F_GETFL) & O_NONBLOCK) != 0,
            (fcntl(pipe_fds[1], F_GETFL) & O_ACCMODE) == O_WRONLY);
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+
+    /* bytes keep their order across the end of the pipe's buffer (odd sizes, so the last
+       bytes of a copy are not a whole word); a read into a bad buffer is EFAULT and takes
+       nothing */
+    if (pipe(pipe_fds) != 0) return 17;
+    static char sent[40000], received[40000];
+    int out_of_order = 0;
+    for (int round = 0; round < 5; round++) {
+        size_t len = sizeof sent - (size_t)round * 7;
+        for (size_t i = 0; i < len; i++) sent[i] = (char)(i * 13 + (size_t)round);
+        if (write(pipe_fds[1], sent, len) != (ssize_t)len) return 18;
+        for (size_t have = 0; have < len;) {
+            got = read(pipe_fds[0], received + have, len - have);
+            if (got <= 0) return 19;
+            have += (size_t)got;
+        }
+        out_of_order += memcmp(sent, received, len) != 0;
+    }
+    printf("5 rounds through the pipe's buffer, out of order: %d\n", out_of_order);
+    if (write(pipe_fds[1], "ten bytes!", 10) != 10) return 20;
+    void *volatile bad_buffer = (void *)8; /* volatile: the compiler need not see it is bad */
+    got = read(pipe_fds[0], bad_buffer, 10);
+    error = errno;
+    printf("read into a bad buffer: %zd (%s); then %zd bytes\n", got, strerror(error),
+           read(pipe_fds[0], buffer, sizeof buffer));
     close(pipe_fds[0]);
     close(pipe_fds[1]);
 
