@@ -1153,7 +1153,8 @@ impl XememPort {
                         let (regions, workers) = (regions.clone(), self.workers.clone());
                         if workers.fetch_add(1, std::sync::atomic::Ordering::AcqRel) >= MAX_BRIDGING_PER_LINK {
                             workers.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-                            // Not kept for retries: a retry may find a free worker.
+                            // Not kept for retries: a retry (the caller's, as for any
+                            // failure) may find a free worker.
                             let answers = bridging.answered(message.header.origin, message.header.request, vec![Body::Failed { error: Error::Exhausted }]);
                             bridging.forget_answer(message.header.origin, message.header.request);
                             return bridging.send(answers);
@@ -1177,12 +1178,25 @@ impl XememPort {
                 let owned = self.links.links.lock().unwrap().node.name_server().and_then(|ns| ns.segment(segment)).is_some_and(|s| s.owner == owner);
                 if owned && self.peer {
                     // The revoke waits for holders' acknowledgements, which may come back on
-                    // this link: the remove goes on once they came, off this link's pump.
+                    // this link: the remove goes on once they came, off this link's pump (on
+                    // one of the threads that serve the link's bridged requests; when all are
+                    // busy, on the pump after all, where acknowledgements that come back on
+                    // this link wait until the deadline).
+                    let workers = self.workers.clone();
+                    if workers.fetch_add(1, std::sync::atomic::Ordering::AcqRel) >= MAX_BRIDGING_PER_LINK {
+                        workers.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                        self.revoke_segments(&[segment]);
+                        return self.remover().receive(bytes, removing);
+                    }
                     let (port, bytes) = (self.remover(), bytes.to_vec());
-                    let _ = std::thread::Builder::new().name("xemem-remove".into()).spawn(move || {
+                    let spawned = std::thread::Builder::new().name("xemem-remove".into()).spawn(move || {
                         port.revoke_segments(&[segment]);
                         port.receive(&bytes, Some(segment));
+                        workers.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
                     });
+                    if spawned.is_err() {
+                        self.workers.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                    }
                     return;
                 }
                 if owned {

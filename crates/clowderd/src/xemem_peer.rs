@@ -468,7 +468,7 @@ impl Link {
             {
                 drop(fds);
                 let me = header.destination;
-                // A bounded number at once; the requester's retry may find a free thread.
+                // A bounded number at once (beyond that the attach fails with Exhausted).
                 if self.serving.fetch_add(1, Ordering::AcqRel) >= MAX_SERVING {
                     self.serving.fetch_sub(1, Ordering::AcqRel);
                     self.on_own_answer(Message::new(header.request, me, requester, Body::Failed { error: Error::Exhausted }));
