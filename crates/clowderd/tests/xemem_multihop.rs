@@ -1100,6 +1100,99 @@ fn signals_between_an_lwk_job_under_a_sub_manager_and_host_owners_elsewhere() {
     assert_eq!(removed["ok"], true, "{removed}");
 }
 
+/// Runs `job ARGS` in enclave `name` of `d` on a thread, its stdout gathered in `out` as it
+/// comes; the thread returns the final reply.
+fn spawn_job<'s>(scope: &'s std::thread::Scope<'s, '_>, d: &'s Daemon, name: &'s str, job: &'s Path, args: Vec<String>, cwd: &'s Path, out: &'s std::sync::Mutex<String>) -> std::thread::ScopedJoinHandle<'s, Value> {
+    scope.spawn(move || {
+        let binary = File::open(job).unwrap();
+        let directory = File::open(cwd).unwrap();
+        let mut argv = vec![job.file_name().unwrap().to_str().unwrap().to_string()];
+        argv.extend(args);
+        let request = json!({"op": "run", "enclave": name, "argv": argv, "cwd": cwd.to_str().unwrap(), "files": []});
+        Client::connect_to(&d.dir.join("clowderd.sock"))
+            .unwrap()
+            .call_streaming(&request, &[binary.as_raw_fd(), directory.as_raw_fd()], &mut |event| {
+                if event["event"] == "output" && event["stream"] == "stdout" {
+                    out.lock().unwrap().push_str(event["text"].as_str().unwrap());
+                }
+            })
+            .unwrap()
+    })
+}
+
+/// A sub-manager dies while LWK jobs elsewhere hold its host owner's memory: B's
+/// `host_keeper` owner, attached by a job in an enclave of A and by one in an enclave of C
+/// (B's sibling; the permit is bridged by A and by C). When B is killed, both jobs get SIGBUS
+/// inside their attachments (the memory is taken out of their machines) and detach.
+#[test]
+fn a_dead_sub_managers_segments_are_revoked_in_lwk_jobs_elsewhere() {
+    if let Some(why) = missing_for_enclaves() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = TempDir::new("clowderd-multihop-dead-lwk");
+    let job = dir.0.join("lwk_revoked_attacher");
+    build_lwk_job("lwk_revoked_attacher.c", &job);
+    let keeper = dir.0.join("host_keeper");
+    build_host_keeper(&keeper);
+    let (vmm, kernel) = (vmm_binary(), kernel_image());
+    let machines = ["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()];
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    std::fs::create_dir_all(dir.0.join("c")).unwrap();
+    let a = Daemon::start_with(&dir.0.join("a"), None, &machines);
+    let (mut b, _) = sub_manager(&dir.0.join("b"), &a);
+    let c = Daemon::start_with(&dir.0.join("c"), Some(&a), &machines);
+    assert!(c.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", c.log());
+    for at in [&a, &c] {
+        let created = at.call(json!({"op": "create", "name": "attacher", "cores": 1, "mem": "128M"}));
+        assert_eq!(created["ok"], true, "{created}");
+        lwk_xemem_id(at, "attacher");
+    }
+    let mut owner = HostProcess::spawn(&keeper, &b.xemem_socket(), &["dead-lwk", "3000"]);
+    assert!(owner.wait_for("made a segment of enclave", Duration::from_secs(10)).is_some(), "{:?}", owner.seen);
+    let outputs = [std::sync::Mutex::new(String::new()), std::sync::Mutex::new(String::new())];
+    let args = || vec!["handler".to_string(), "1".to_string(), "dead-lwk".to_string(), "3000".to_string()];
+    let replies = std::thread::scope(|scope| {
+        let on_a = spawn_job(scope, &a, "attacher", &job, args(), &dir.0, &outputs[0]);
+        let on_c = spawn_job(scope, &c, "attacher", &job, args(), &dir.0, &outputs[1]);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !outputs.iter().all(|out| out.lock().unwrap().contains("wrote 44")) {
+            assert!(Instant::now() < deadline, "the jobs never attached: {:?} {:?}\nA:\n{}\nC:\n{}", outputs[0].lock().unwrap(), outputs[1].lock().unwrap(), a.log(), c.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        b.child.kill().unwrap();
+        let _ = b.child.wait();
+        // A job that never sees SIGBUS spins: its enclave is removed after a minute.
+        let watchdog = scope.spawn(|| {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while Instant::now() < deadline && !outputs.iter().all(|out| out.lock().unwrap().contains("release:")) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            for at in [&a, &c] {
+                if !outputs.iter().all(|out| out.lock().unwrap().contains("release:")) {
+                    let _ = at.call(json!({"op": "rm", "name": "attacher"}));
+                }
+            }
+        });
+        let replies = (on_a.join().unwrap(), on_c.join().unwrap());
+        watchdog.join().unwrap();
+        replies
+    });
+    for (reply, (out, name)) in [replies.0, replies.1].iter().zip(outputs.iter().zip(["A", "C"])) {
+        let out = out.lock().unwrap();
+        let context = format!("{name}: {reply}\n{out}\nA:\n{}\nC:\n{}", a.log(), c.log());
+        assert_eq!(reply["status"], 0, "{context}");
+        assert!(out.contains("16 of 16 pages hold the owner's pattern"), "{context}");
+        assert!(out.contains("main thread: SIGBUS inside the attachment: 1"), "{context}");
+        assert!(out.contains("detach: 0"), "{context}");
+    }
+    let _ = owner.finish(Duration::from_millis(10));
+    for at in [&a, &c] {
+        let removed = at.call(json!({"op": "rm", "name": "attacher"}));
+        assert_eq!(removed["ok"], true, "{removed}");
+    }
+}
+
 /// Waits for the LWK in enclave `name` of daemon `d` to log its XEMEM id.
 fn lwk_xemem_id(d: &Daemon, name: &str) -> u32 {
     const LINE: &str = "[lwk] xemem: the name server gave this enclave id ";
