@@ -373,7 +373,7 @@ fn run_link(connection: OwnedFd, links: Arc<XememLinks>, broker: Option<xemem_ho
     };
     eprintln!("clowderd: xemem: linked to {who} (link {})", port.link());
     let losses = links.upstream_losses();
-    let link = Link { connection, links, broker, frames, port, served: mpsc::channel(), announced: false, woken, losses, notices: None, serving: Arc::default() };
+    let link = Link { connection, links, broker, frames, port, served: mpsc::channel(), announced: !upstream, woken, losses, notices: None, serving: Arc::default() };
     link.run();
     eprintln!("clowderd: xemem: the link to {who} is down");
 }
@@ -386,6 +386,7 @@ struct Link {
     port: XememPort,
     /// Answers of `Serve` requests served on threads of their own.
     served: (mpsc::Sender<Vec<Message>>, mpsc::Receiver<Vec<Message>>),
+    /// Whether this daemon's id was logged (by its upstream link, once per id it gets).
     announced: bool,
     woken: File,
     /// This daemon's count of lost upstream links when this link came up (see `run`).
