@@ -795,7 +795,7 @@ fn runs_into_regions(runs: &[xemem_host::EnclaveRun], regions: &dyn GuestRegions
     Ok((frames, added))
 }
 
-/// What the bridge makes of a message from the enclave side (see [`XememPort::bridge`]).
+/// What the bridge makes of a message from the enclave side (see [`Bridging::claim`]).
 enum Claim {
     /// Not the bridge's: the node handles it.
     Node,
@@ -1122,8 +1122,11 @@ impl XememPort {
     /// machine) adding the owner's memory as guest-physical regions.
     pub fn from_enclave(&self, bytes: &[u8], regions: &dyn GuestRegions) {
         if let Ok(Message { header, body: Body::Revoked { process, access } }) = Message::decode(bytes) {
-            self.revoked(header.request, header.origin, process, access, regions);
-            return;
+            // An acknowledgement of a revoke this link sent; from a daemon below, it may also
+            // answer one the name server's daemon sent to a daemon further down: on it goes.
+            if self.revoked(header.request, header.origin, process, access, regions) || !self.peer {
+                return;
+            }
         }
         let mut removing = None;
         let mut vanishing = None;
@@ -1301,12 +1304,13 @@ impl XememPort {
 
     /// The enclave acknowledged a revoke: nothing maps the regions now. An acknowledgement
     /// that matches no revoke sent on this link (a forgery, a repeat) changes nothing.
-    fn revoked(&self, request: u64, origin: EnclaveId, process: u64, access: AccessId, regions: &dyn GuestRegions) {
+    fn revoked(&self, request: u64, origin: EnclaveId, process: u64, access: AccessId, regions: &dyn GuestRegions) -> bool {
         let mut bridge = self.bridge.lock().unwrap();
         let matching = bridge.revocations.iter().position(|r| r.request == request && r.enclave == origin && r.process == process && r.access == access);
         if let Some(index) = matching {
             bridge.revocations.swap_remove(index).finish(Some(regions));
         }
+        matching.is_some()
     }
 
     /// Every pump round: time passes for the node, and revokes past their deadline end (the

@@ -348,6 +348,20 @@ fn host_processes_anywhere_in_a_tree_of_daemons_share_memory() {
         assert_eq!(owner.wait_for("remove:", Duration::from_secs(10)).as_deref(), Some("0 (errno 0)"), "{:?}", owner.seen);
         let _ = owner.finish(Duration::from_secs(5));
     }
+    // An owner's remove revokes a permit the name server granted two daemons down (D holds
+    // one on E's segment): D's acknowledgement comes back through B, so the remove does not
+    // wait for the revocation deadline (2 s). (Were it lost, the remove would still be done
+    // by the owner's retry half a second later, once D's attacher, dead of SIGBUS, released
+    // its permit: this bound catches only the deadline.)
+    let (mut owner, attacher) = kept_and_attached(&keeper, &program, &e, &d, "tree-ack", 3600);
+    let started = Instant::now();
+    owner.tell("remove");
+    assert_eq!(owner.wait_for("remove:", Duration::from_secs(10)).as_deref(), Some("0 (errno 0)"), "{:?}", owner.seen);
+    let took = started.elapsed();
+    let (_, output) = attacher.finish(Duration::from_secs(10));
+    assert!(output.contains("SIGBUS after remove"), "{output}");
+    assert!(took < Duration::from_millis(1500), "the remove took {took:?}\nA:\n{}\nB:\n{}", a.log(), b.log());
+    let _ = owner.finish(Duration::from_secs(5));
     // Every daemon still answers.
     for daemon in [&a, &b, &c, &d, &e] {
         assert_eq!(daemon.call(json!({"op": "ls"}))["ok"], true, "{}", daemon.log());
