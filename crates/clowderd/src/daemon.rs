@@ -182,6 +182,7 @@ impl Daemon {
     pub fn host_xemem(&self, xemem: XememService) -> Result<(), XememService> {
         // Host processes reach the enclaves' segments through the daemon's name-server node.
         xemem.broker.set_enclaves(self.xemem_links.clone());
+        self.xemem_links.set_attachers(xemem.broker.clone());
         if self.xemem_links.is_name_server() {
             self.xemem_links.set_broker(xemem.broker.clone());
         } else {

@@ -78,11 +78,16 @@ pub struct XememLinks {
     /// The host's broker, where host processes' segments live: enclaves' requests about them
     /// go there (set once the daemon has a broker).
     broker: std::sync::OnceLock<xemem_host::Broker>,
+    /// The daemon's broker, name server's or sub-manager's, for revoking its host processes'
+    /// attachments of segments that go ([`XememLinks::set_attachers`]).
+    attachers: std::sync::OnceLock<xemem_host::Broker>,
     /// Signalled whenever requests finish.
     finished: Condvar,
     started: Instant,
     /// Process numbers the daemon takes permits under for enclave processes (see [`Source`]).
     next_proxy: std::sync::atomic::AtomicU64,
+    /// How many times a sub-manager lost its link towards the name server.
+    upstream_losses: std::sync::atomic::AtomicU64,
 }
 
 /// A piece of an attached enclave segment: a range of the enclave's RAM memfd, or a hole
@@ -115,8 +120,10 @@ impl XememLinks {
             }),
             finished: Condvar::new(),
             broker: std::sync::OnceLock::new(),
+            attachers: std::sync::OnceLock::new(),
             started: Instant::now(),
             next_proxy: std::sync::atomic::AtomicU64::new(FIRST_PROXY_PROCESS),
+            upstream_losses: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
@@ -141,6 +148,12 @@ impl XememLinks {
         self.links.lock().unwrap().node.link_towards_name_server()
     }
 
+    /// How many times this sub-manager lost its link towards the name server (and with it
+    /// its id): links to daemons below made before the last loss speak for ids that are void.
+    pub(crate) fn upstream_losses(&self) -> u64 {
+        self.upstream_losses.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// This node's enclave id, once it has one.
     pub fn id(&self) -> Option<EnclaveId> {
         self.links.lock().unwrap().node.id()
@@ -158,6 +171,13 @@ impl XememLinks {
     /// Gives enclaves a way to host processes' segments (the daemon's broker).
     pub fn set_broker(&self, broker: xemem_host::Broker) {
         let _ = self.broker.set(broker);
+    }
+
+    /// The broker whose host processes attach other enclaves' segments through this node
+    /// (every daemon's, a sub-manager's too): their attachments are revoked when those
+    /// segments go.
+    pub fn set_attachers(&self, broker: xemem_host::Broker) {
+        let _ = self.attachers.set(broker);
     }
 
     /// Starts `request` for host process `process` and waits for its answer.
@@ -376,6 +396,52 @@ impl XememLinks {
         waiter.wait(REVOKE_TIMEOUT + Duration::from_secs(1));
     }
 
+    /// An enclave behind a daemon link went away (that daemon's link to it, or the daemon
+    /// itself below a surviving one): permits bridged on its segments are revoked on every
+    /// link, and host processes here attached to them have their libraries remap the
+    /// attachments (SIGBUS), since nothing is left to truncate the owners' memory.
+    fn enclave_went_away(&self, enclave: EnclaveId) {
+        XememLinks::announce(&self.links.lock().unwrap(), Gone::Enclave(enclave));
+        if let Some(broker) = self.attachers.get().cloned() {
+            // The libraries may take a while to answer: not on the link's pump.
+            let _ = std::thread::Builder::new().name("xemem-gone".into()).spawn(move || {
+                broker.revoke_remote(|segment| segment.enclave() == enclave);
+            });
+        }
+        if let Some(broker) = self.broker.get() {
+            broker.forget_enclave(enclave);
+        }
+    }
+
+    /// The permits on `segments` that the name server granted to daemons below (to their host
+    /// processes, or to their bridges as proxies for their enclaves): it grants them directly
+    /// when the owner lies behind the requester's own link (`Bridging::claim`).
+    fn daemon_holders(&self, segments: &[SegmentId]) -> Vec<(AccessId, Principal)> {
+        let links = self.links.lock().unwrap();
+        let Some(ns) = links.node.name_server() else { return Vec::new() };
+        let behind_a_daemon = |enclave: EnclaveId| links.node.route(enclave).and_then(|link| links.ram.get(&link)).is_some_and(|frames| frames.is_peer());
+        segments.iter().flat_map(|segment| ns.permits_on(*segment)).filter(|(_, holder)| holder.enclave != NAME_SERVER_ENCLAVE && behind_a_daemon(holder.enclave)).collect()
+    }
+
+    /// Sends each of `holders` a `Revoke` and waits for the acknowledgements (or the deadline):
+    /// the holder's daemon has its host process's library, or its enclaves, let go first.
+    fn revoke_daemon_holders(&self, holders: &[(AccessId, Principal)]) {
+        if holders.is_empty() {
+            return;
+        }
+        let waiter = Arc::new(Outstanding::default());
+        for (access, holder) in holders {
+            let found = {
+                let links = self.links.lock().unwrap();
+                links.node.route(holder.enclave).and_then(|link| Some((links.bridges.get(&link)?.clone(), links.outgoing.get(&link)?.clone())))
+            };
+            if let Some((bridge, queue)) = found {
+                bridge.lock().unwrap().send_revoke(holder.enclave, holder.process, *access, Vec::new(), &queue, &waiter);
+            }
+        }
+        waiter.wait(REVOKE_TIMEOUT + Duration::from_secs(1));
+    }
+
     /// Tells every link's port that `gone` went away (its pump revokes bridged permits on it).
     fn announce(links: &Links, gone: Gone) {
         for sender in links.gone.values() {
@@ -421,15 +487,21 @@ impl XememLinks {
     /// `wake` an eventfd the enclave's pump sleeps on, signalled whenever a message for the
     /// enclave is queued from another thread.
     pub fn join(self: &Arc<Self>, ram: Arc<GuestRam>, wake: File) -> Option<XememPort> {
-        self.join_link(ram, wake, false)
+        self.join_link(ram, wake, None)
     }
 
     /// A link to another daemon (`xemem_peer`): `frames` holds the files it passed.
-    pub(crate) fn join_peer(self: &Arc<Self>, frames: Arc<dyn FrameSource>, wake: File) -> Option<XememPort> {
-        self.join_link(frames, wake, true)
+    /// `upstream` says whether it is this sub-manager's link to the daemon above, the only
+    /// link the way to the name server may be found on.
+    pub(crate) fn join_peer(self: &Arc<Self>, frames: Arc<crate::xemem_peer::PeerFrames>, wake: File, upstream: bool) -> Option<XememPort> {
+        let regions: Arc<dyn GuestRegions + Send + Sync> = frames.clone();
+        let mut port = self.join_link(frames, wake, Some(regions))?;
+        port.upstream = upstream;
+        Some(port)
     }
 
-    fn join_link(self: &Arc<Self>, ram: Arc<dyn FrameSource>, wake: File, peer: bool) -> Option<XememPort> {
+    fn join_link(self: &Arc<Self>, ram: Arc<dyn FrameSource>, wake: File, peer_regions: Option<Arc<dyn GuestRegions + Send + Sync>>) -> Option<XememPort> {
+        let peer = peer_regions.is_some();
         let mut links = self.links.lock().unwrap();
         let link = (0..MAX_LINKS).find(|link| !links.outgoing.contains_key(link))?;
         let (sender, receiver) = mpsc::channel();
@@ -439,7 +511,7 @@ impl XememLinks {
         links.bridges.insert(link, bridge.clone());
         let (gone_sender, gone) = mpsc::channel();
         links.gone.insert(link, gone_sender);
-        Some(XememPort { links: self.clone(), link, outgoing: receiver, gone, bridge, peer })
+        Some(XememPort { links: self.clone(), link, outgoing: receiver, gone, bridge, peer, peer_regions, workers: Arc::default(), upstream: false })
     }
 
     /// The node's messages go to their links' queues; finished requests to their callers.
@@ -508,6 +580,13 @@ pub struct XememPort {
     bridge: Arc<Mutex<Bridge>>,
     /// A link to another daemon: its frames are files it passed, renumbered on arrival.
     peer: bool,
+    /// A daemon link's frame table, where the bridge adds the memory it answers with (the
+    /// threads serving that link's bridged requests share it).
+    peer_regions: Option<Arc<dyn GuestRegions + Send + Sync>>,
+    /// How many of this link's bridged requests are being served on threads.
+    workers: Arc<std::sync::atomic::AtomicUsize>,
+    /// A sub-manager's link to the daemon above it.
+    upstream: bool,
 }
 
 /// What an enclave's machine must do for an attach of host memory: make a range of a memfd a
@@ -552,6 +631,8 @@ struct BridgedPermit {
     /// Guest-physical regions of the current attachment (one per memory run), in the order
     /// they were added.
     regions: Option<Vec<SharedRegion>>,
+    /// An attach through it is being served (the bridge's lock is not held meanwhile).
+    attaching: bool,
 }
 
 /// A segment or an enclave that went away: the permits bridged on it are revoked.
@@ -572,9 +653,13 @@ struct Bridge {
     /// a second attach (the node retries when the broker is slow).
     answered: HashMap<(EnclaveId, u64), Vec<Vec<u8>>>,
     answer_order: VecDeque<(EnclaveId, u64)>,
+    /// Requests being served (a retry of one is dropped: its answer is on its way).
+    serving: std::collections::HashSet<(EnclaveId, u64)>,
     /// Revokes sent to the enclave and not yet acknowledged.
     revocations: Vec<Revocation>,
     next_revoke: u64,
+    /// The port is gone: a request served meanwhile gives back what it got.
+    closed: bool,
 }
 
 impl Bridge {
@@ -586,13 +671,19 @@ impl Bridge {
         for key in chosen {
             let Some(BridgedPermit { regions: Some(regions), .. }) = self.permits.remove(&key) else { continue };
             let (enclave, process, access) = key;
-            self.next_revoke += 1;
-            let request = self.next_revoke;
-            let Ok(bytes) = Message::new(request, NAME_SERVER_ENCLAVE, enclave, Body::Revoke { process, access }).to_bytes() else { continue };
-            waiter.add();
-            self.revocations.push(Revocation { request, enclave, process, access, regions, deadline: Instant::now() + REVOKE_TIMEOUT, waiter: waiter.clone() });
-            queue.send(bytes);
+            self.send_revoke(enclave, process, access, regions, queue, waiter);
         }
+    }
+
+    /// Sends `enclave` a `Revoke` of `process`'s permit `access` on `queue`; `regions` stay
+    /// until it acknowledges (or the deadline passes), and `waiter` counts it until then.
+    fn send_revoke(&mut self, enclave: EnclaveId, process: u64, access: AccessId, regions: Vec<SharedRegion>, queue: &Outbox, waiter: &Arc<Outstanding>) {
+        self.next_revoke += 1;
+        let request = self.next_revoke;
+        let Ok(bytes) = Message::new(request, NAME_SERVER_ENCLAVE, enclave, Body::Revoke { process, access }).to_bytes() else { return };
+        waiter.add();
+        self.revocations.push(Revocation { request, enclave, process, access, regions, deadline: Instant::now() + REVOKE_TIMEOUT, waiter: waiter.clone() });
+        queue.send(bytes);
     }
 }
 
@@ -704,26 +795,56 @@ fn runs_into_regions(runs: &[xemem_host::EnclaveRun], regions: &dyn GuestRegions
     Ok((frames, added))
 }
 
-impl XememPort {
-    /// Serves `message` here if it is an enclave process's request the daemon answers itself:
-    /// about a host process's segment (those live in the broker, not in the node's name
-    /// server) or about another enclave's segment (whose memory the daemon maps into this
-    /// enclave's machine). Returns the encoded answers, or `None` when the node should handle
-    /// the message.
-    fn bridge(&self, message: &Message, regions: &dyn GuestRegions) -> Option<Vec<Vec<u8>>> {
+/// What the bridge makes of a message from the enclave side (see [`Bridging::claim`]).
+enum Claim {
+    /// Not the bridge's: the node handles it.
+    Node,
+    /// Already answered (a retry): the same answers again.
+    Answers(Vec<Vec<u8>>),
+    /// A retry of a request still being served: its answer is on its way.
+    Busy,
+    /// The bridge serves it.
+    Serve,
+}
+
+/// The parts of a port the bridge needs, which a thread serving a daemon link's bridged
+/// request holds on to (see [`XememPort::from_enclave`]).
+#[derive(Clone)]
+struct Bridging {
+    links: Arc<XememLinks>,
+    link: LinkId,
+    bridge: Arc<Mutex<Bridge>>,
+    peer: bool,
+}
+
+/// How many bridged requests of one daemon link may be served at once; beyond that a request
+/// is answered `Failed(Exhausted)` (a peer cannot make this daemon start threads at will).
+const MAX_BRIDGING_PER_LINK: usize = 32;
+
+impl Bridging {
+    /// Whether `message` is an enclave process's request the daemon answers itself: about a
+    /// host process's segment (those live in the broker, not in the node's name server) or
+    /// about another enclave's segment (whose memory the daemon maps into this enclave's
+    /// machine). Never blocks: serving is [`Bridging::serve`]'s.
+    fn claim(&self, message: &Message) -> Claim {
         let broker = self.links.broker.get();
         let header = message.header;
         if header.destination != NAME_SERVER_ENCLAVE || header.origin == NAME_SERVER_ENCLAVE {
-            return None;
-        }
-        // Only an enclave this link leads to may speak for its processes.
-        {
-            let links = self.links.links.lock().unwrap();
-            if links.node.route(header.origin) != Some(self.link) {
-                return None;
-            }
+            return Claim::Node;
         }
         let origin = header.origin;
+        // Only an enclave this link leads to may speak for its processes; `behind_here` is
+        // whether the owner of a segment lies behind this link too.
+        let behind_here = {
+            let links = self.links.links.lock().unwrap();
+            if links.node.route(origin) != Some(self.link) {
+                return Claim::Node;
+            }
+            match &message.body {
+                Body::Get { segment, .. } => links.node.route(segment.enclave()) == Some(self.link),
+                _ => false,
+            }
+        };
         let mut bridge = self.bridge.lock().unwrap();
         let ours = |bridge: &Bridge, process: u64, access: AccessId| bridge.permits.contains_key(&(origin, process, access));
         let is_ours = match &message.body {
@@ -731,8 +852,10 @@ impl XememPort {
             // takes a permit at the name server upstream instead (below).
             Body::Get { segment, .. } if segment.enclave() == NAME_SERVER_ENCLAVE && broker.is_some() => true,
             // Another enclave's segment; an enclave's own goes to the name server (its kernel
-            // maps its own pages).
-            Body::Get { segment, .. } => segment.enclave() != origin,
+            // maps its own pages). A daemon's request for a segment whose owner lies behind
+            // that daemon's own link goes to the name server too: the owner answers the
+            // requester below directly, and the memory need not come up and go down again.
+            Body::Get { segment, .. } => segment.enclave() != origin && !(self.peer && behind_here),
             Body::Lookup { name } => {
                 let links = self.links.links.lock().unwrap();
                 let known_here = links.node.name_server().is_some_and(|ns| ns.lookup(name).is_ok());
@@ -745,40 +868,66 @@ impl XememPort {
             _ => false,
         };
         if !is_ours {
-            return None;
+            return Claim::Node;
         }
         if let Some(answers) = bridge.answered.get(&(origin, header.request)) {
-            return Some(answers.clone());
+            return Claim::Answers(answers.clone());
         }
-        let bodies = match self.serve_bridged(&mut bridge, broker, origin, &message.body, regions) {
-            Ok(bodies) => bodies,
-            Err(error) => vec![Body::Failed { error }],
-        };
+        if !bridge.serving.insert((origin, header.request)) {
+            return Claim::Busy;
+        }
+        Claim::Serve
+    }
+
+    /// Serves a claimed request and returns the encoded answers, which are kept for the
+    /// requester's retries. The bridge's lock is never held while this waits (for the broker,
+    /// an owner's library or the node), so the link's pump and other requests go on meanwhile.
+    fn serve(&self, message: &Message, regions: &dyn GuestRegions) -> Vec<Vec<u8>> {
+        let header = message.header;
+        let origin = header.origin;
+        let bodies = self.serve_bridged(origin, &message.body, regions).unwrap_or_else(|error| vec![Body::Failed { error }]);
+        self.answered(origin, header.request, bodies)
+    }
+
+    /// Encodes the answers to `origin`'s `request` and keeps them for its retries.
+    fn answered(&self, origin: EnclaveId, request: u64, bodies: Vec<Body>) -> Vec<Vec<u8>> {
         let answers: Vec<Vec<u8>> = bodies
             .into_iter()
             .filter_map(|body| {
                 let mut bytes = Vec::new();
-                Message::new(header.request, NAME_SERVER_ENCLAVE, origin, body).encode(&mut bytes).ok().map(|_| bytes)
+                Message::new(request, NAME_SERVER_ENCLAVE, origin, body).encode(&mut bytes).ok().map(|_| bytes)
             })
             .collect();
+        let mut bridge = self.bridge.lock().unwrap();
+        bridge.serving.remove(&(origin, request));
         if bridge.answer_order.len() >= BRIDGE_ANSWERS_KEPT {
             if let Some(old) = bridge.answer_order.pop_front() {
                 bridge.answered.remove(&old);
             }
         }
-        bridge.answer_order.push_back((origin, header.request));
-        bridge.answered.insert((origin, header.request), answers.clone());
-        Some(answers)
+        bridge.answer_order.push_back((origin, request));
+        bridge.answered.insert((origin, request), answers.clone());
+        answers
     }
 
-    fn serve_bridged(
-        &self,
-        bridge: &mut Bridge,
-        broker: Option<&xemem_host::Broker>,
-        origin: EnclaveId,
-        body: &Body,
-        regions: &dyn GuestRegions,
-    ) -> Result<Vec<Body>, Error> {
+    /// Drops the answer kept for `origin`'s `request`.
+    fn forget_answer(&self, origin: EnclaveId, request: u64) {
+        let mut bridge = self.bridge.lock().unwrap();
+        bridge.answered.remove(&(origin, request));
+        bridge.answer_order.retain(|kept| *kept != (origin, request));
+    }
+
+    /// Queues answers on this link (its pump sends them).
+    fn send(&self, answers: Vec<Vec<u8>>) {
+        if let Some(queue) = self.links.links.lock().unwrap().outgoing.get(&self.link) {
+            for answer in answers {
+                queue.send(answer);
+            }
+        }
+    }
+
+    fn serve_bridged(&self, origin: EnclaveId, body: &Body, regions: &dyn GuestRegions) -> Result<Vec<Body>, Error> {
+        let broker = self.links.broker.get();
         let caller = |process: u64| Principal { enclave: origin, process };
         let links = &self.links;
         match body {
@@ -795,6 +944,12 @@ impl XememPort {
                         _ => return Err(Error::Malformed),
                     }
                 };
+                let mut bridge = self.bridge.lock().unwrap();
+                if bridge.closed {
+                    drop(bridge);
+                    links.release_at_source(caller(*process), source);
+                    return Err(Error::Unreachable);
+                }
                 let permit = loop {
                     let local = bridge.next_permit.max(FIRST_HOST_PERMIT);
                     bridge.next_permit = if local >= xemem::ids::MAX_LOCAL_ID { FIRST_HOST_PERMIT } else { local + 1 };
@@ -803,46 +958,69 @@ impl XememPort {
                         break candidate;
                     }
                 };
-                bridge.permits.insert((origin, *process, permit), BridgedPermit { source, segment: *segment, regions: None });
+                bridge.permits.insert((origin, *process, permit), BridgedPermit { source, segment: *segment, regions: None, attaching: false });
                 Ok(vec![Body::Granted { access: permit, size }])
             }
             Body::Attach { process, access, offset, size } => {
-                let permit = bridge.permits.get_mut(&(origin, *process, *access)).ok_or(Error::NotFound)?;
-                // One attachment per permit at a time: a detach names only the permit, so a
-                // second one could not be told apart (a second permit gives a second one).
-                if permit.regions.is_some() {
-                    return Err(Error::Exhausted);
-                }
-                if offset % xemem::PAGE_SIZE != 0 || *size == 0 || size % xemem::PAGE_SIZE != 0 {
-                    return Err(Error::Invalid);
-                }
-                let (segment, runs) = match permit.source {
-                    Source::Host { broker_access } => broker.ok_or(Error::NotFound)?.attach_for_enclave(caller(*process), broker_access, *offset, *size)?,
-                    Source::Enclave { access, proxy } => links.attach_enclave_memory(proxy, access, *offset, *size)?,
-                };
-                let total: Option<u64> = runs.iter().try_fold(0u64, |sum, run| {
-                    sum.checked_add(match run {
-                        xemem_host::EnclaveRun::Hole { length } | xemem_host::EnclaveRun::Memory { length, .. } => *length,
-                    })
-                });
-                let checked = if segment != permit.segment || total != Some(*size) { Err(Error::Malformed) } else { runs_into_regions(&runs, regions) };
-                let (frames, added) = match checked {
-                    Ok(pair) => pair,
-                    Err(error) => {
-                        links.detach_at_source(caller(*process), permit.source);
-                        return Err(error);
+                let key = (origin, *process, *access);
+                let (source, expected) = {
+                    let mut bridge = self.bridge.lock().unwrap();
+                    let permit = bridge.permits.get_mut(&key).ok_or(Error::NotFound)?;
+                    // One attachment per permit at a time: a detach names only the permit, so a
+                    // second one could not be told apart (a second permit gives a second one).
+                    if permit.regions.is_some() || permit.attaching {
+                        return Err(Error::Exhausted);
                     }
+                    if offset % xemem::PAGE_SIZE != 0 || *size == 0 || size % xemem::PAGE_SIZE != 0 {
+                        return Err(Error::Invalid);
+                    }
+                    permit.attaching = true;
+                    (permit.source, permit.segment)
                 };
-                match xemem::wire::attached_parts(segment, *size, &frames) {
-                    Ok(parts) => {
+                let attached = match source {
+                    Source::Host { broker_access } => broker.ok_or(Error::NotFound).and_then(|broker| broker.attach_for_enclave(caller(*process), broker_access, *offset, *size)),
+                    Source::Enclave { access, proxy } => links.attach_enclave_memory(proxy, access, *offset, *size),
+                };
+                let mapped = attached.and_then(|(segment, runs)| {
+                    let total: Option<u64> = runs.iter().try_fold(0u64, |sum, run| {
+                        sum.checked_add(match run {
+                            xemem_host::EnclaveRun::Hole { length } | xemem_host::EnclaveRun::Memory { length, .. } => *length,
+                        })
+                    });
+                    if segment != expected || total != Some(*size) {
+                        links.detach_at_source(caller(*process), source);
+                        return Err(Error::Malformed);
+                    }
+                    let (frames, added) = runs_into_regions(&runs, regions).inspect_err(|_| links.detach_at_source(caller(*process), source))?;
+                    match xemem::wire::attached_parts(segment, *size, &frames) {
+                        Ok(parts) => Ok((parts, added)),
+                        Err(error) => {
+                            remove_regions(regions, &added);
+                            links.detach_at_source(caller(*process), source);
+                            Err(error)
+                        }
+                    }
+                });
+                let mut bridge = self.bridge.lock().unwrap();
+                let closed = bridge.closed;
+                let permit = bridge.permits.get_mut(&key).filter(|_| !closed);
+                match (mapped, permit) {
+                    (Ok((parts, added)), Some(permit)) => {
+                        permit.attaching = false;
                         permit.regions = Some(added);
                         Ok(parts)
                     }
-                    Err(error) => {
-                        for region in &added {
-                            let _ = regions.remove(region.slot);
+                    (Ok((_, added)), None) => {
+                        // Released, revoked or gone while the owner answered: nothing keeps it.
+                        drop(bridge);
+                        remove_regions(regions, &added);
+                        links.detach_at_source(caller(*process), source);
+                        Err(Error::NotFound)
+                    }
+                    (Err(error), permit) => {
+                        if let Some(permit) = permit {
+                            permit.attaching = false;
                         }
-                        links.detach_at_source(caller(*process), permit.source);
                         Err(error)
                     }
                 }
@@ -850,21 +1028,21 @@ impl XememPort {
             // The enclave unmaps the attachment before it detaches or releases (the guest must
             // not keep a mapping of a region that is gone).
             Body::Detach { process, access } => {
-                let permit = bridge.permits.get_mut(&(origin, *process, *access)).ok_or(Error::NotFound)?;
-                if let Some(added) = permit.regions.take() {
-                    for region in &added {
-                        let _ = regions.remove(region.slot);
-                    }
-                    links.detach_at_source(caller(*process), permit.source);
+                let (source, added) = {
+                    let mut bridge = self.bridge.lock().unwrap();
+                    let permit = bridge.permits.get_mut(&(origin, *process, *access)).ok_or(Error::NotFound)?;
+                    (permit.source, permit.regions.take())
+                };
+                if let Some(added) = added {
+                    remove_regions(regions, &added);
+                    links.detach_at_source(caller(*process), source);
                 }
                 Ok(vec![Body::Done])
             }
             Body::Release { process, access } => {
-                let permit = bridge.permits.remove(&(origin, *process, *access)).ok_or(Error::NotFound)?;
+                let permit = self.bridge.lock().unwrap().permits.remove(&(origin, *process, *access)).ok_or(Error::NotFound)?;
                 if let Some(added) = permit.regions {
-                    for region in &added {
-                        let _ = regions.remove(region.slot);
-                    }
+                    remove_regions(regions, &added);
                     links.detach_at_source(caller(*process), permit.source);
                 }
                 // The owner may have removed the segment already: the permit is gone then too.
@@ -874,8 +1052,8 @@ impl XememPort {
             // XEMEM's signal through a bridged permit: the host owner's library, or (through
             // the proxy permit) the owner enclave's kernel, gets the notification.
             Body::Signal { process, access } => {
-                let permit = bridge.permits.get(&(origin, *process, *access)).ok_or(Error::NotFound)?;
-                match permit.source {
+                let source = self.bridge.lock().unwrap().permits.get(&(origin, *process, *access)).ok_or(Error::NotFound)?.source;
+                match source {
                     Source::Host { broker_access } => broker.ok_or(Error::NotFound)?.signal_for_enclave(caller(*process), broker_access)?,
                     Source::Enclave { access, proxy } => {
                         links.call(Request::Signal { process: proxy, access })?;
@@ -885,6 +1063,52 @@ impl XememPort {
             }
             _ => Err(Error::Invalid),
         }
+    }
+}
+
+fn remove_regions(regions: &dyn GuestRegions, added: &[SharedRegion]) {
+    for region in added {
+        let _ = regions.remove(region.slot);
+    }
+}
+
+/// A port's way to its node from another thread (a daemon link's remove, which waits for
+/// revocations first).
+struct Remover {
+    links: Arc<XememLinks>,
+    link: LinkId,
+}
+
+impl Remover {
+    /// Revokes every attachment of `segments` (which are going) outside their owner and
+    /// waits: host processes' libraries remap theirs (SIGBUS from then on), other enclaves
+    /// unmap theirs and acknowledge. The links' lock is not held while waiting.
+    fn revoke_segments(&self, segments: &[SegmentId]) {
+        let holders = self.links.daemon_holders(segments);
+        self.revoke_segments_held(segments, &holders);
+    }
+
+    /// [`Remover::revoke_segments`], with the daemons' permits on them already taken (a job's
+    /// end removes its segments first).
+    fn revoke_segments_held(&self, segments: &[SegmentId], holders: &[(AccessId, Principal)]) {
+        if let Some(broker) = self.links.attachers.get() {
+            broker.revoke_remote(|segment| segments.contains(&segment));
+        }
+        self.links.revoke_segments(segments);
+        self.links.revoke_daemon_holders(holders);
+    }
+
+    /// The message goes to the node; if it removed `removing` (the name server checked the
+    /// owner), other links' permits bridged on it go.
+    fn receive(&self, bytes: &[u8], removing: Option<SegmentId>) {
+        let mut links = self.links.links.lock().unwrap();
+        let now = self.links.now();
+        links.node.tick(now, &mut NoHostMemory);
+        links.node.receive(self.link, bytes, &mut NoHostMemory);
+        if let Some(segment) = removing.filter(|segment| links.node.name_server().is_some_and(|ns| ns.segment(*segment).is_none())) {
+            XememLinks::announce(&links, Gone::Segment(segment));
+        }
+        self.links.deliver(&mut links);
     }
 }
 
@@ -898,47 +1122,111 @@ impl XememPort {
     /// machine) adding the owner's memory as guest-physical regions.
     pub fn from_enclave(&self, bytes: &[u8], regions: &dyn GuestRegions) {
         if let Ok(Message { header, body: Body::Revoked { process, access } }) = Message::decode(bytes) {
-            self.revoked(header.request, header.origin, process, access, regions);
-            return;
+            // An acknowledgement of a revoke this link sent; from a daemon below, it may also
+            // answer one the name server's daemon sent to a daemon further down: on it goes.
+            if self.revoked(header.request, header.origin, process, access, regions) || !self.peer {
+                return;
+            }
         }
         let mut removing = None;
+        let mut vanishing = None;
         if let Ok(message) = Message::decode(bytes) {
             if !self.may_pass(&message) {
                 return;
             }
-            if let Some(answers) = self.bridge(&message, regions) {
-                if let Some(queue) = self.links.links.lock().unwrap().outgoing.get(&self.link) {
-                    for answer in answers {
-                        queue.send(answer);
-                    }
-                }
+            // The way to the name server is up, never through an enclave or a daemon below
+            // (which may still answer to an id this daemon had before it rejoined).
+            if message.body == Body::PongNameServer && !self.upstream {
                 return;
+            }
+            // A daemon below tells the name server an enclave behind it is gone (the node
+            // believes it only from the link its route to that enclave uses).
+            if let Body::EnclaveGone { enclave } = message.body {
+                vanishing = Some(enclave).filter(|enclave| self.links.links.lock().unwrap().node.route(*enclave) == Some(self.link));
+            }
+            let bridging = self.bridging();
+            match bridging.claim(&message) {
+                Claim::Node => {}
+                Claim::Busy => return,
+                Claim::Answers(answers) => return bridging.send(answers),
+                // A daemon link's bridged request may wait for answers that come back on this
+                // very link (or on a link whose pump waits for this one): not on its pump.
+                Claim::Serve => match &self.peer_regions {
+                    Some(regions) => {
+                        let (regions, workers) = (regions.clone(), self.workers.clone());
+                        if workers.fetch_add(1, std::sync::atomic::Ordering::AcqRel) >= MAX_BRIDGING_PER_LINK {
+                            workers.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                            // Not kept for retries: a retry (the caller's, as for any
+                            // failure) may find a free worker.
+                            let answers = bridging.answered(message.header.origin, message.header.request, vec![Body::Failed { error: Error::Exhausted }]);
+                            bridging.forget_answer(message.header.origin, message.header.request);
+                            return bridging.send(answers);
+                        }
+                        let spawned = std::thread::Builder::new().name("xemem-bridge".into()).spawn(move || {
+                            let answers = bridging.serve(&message, &*regions);
+                            bridging.send(answers);
+                            workers.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                        });
+                        if spawned.is_err() {
+                            self.workers.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                        }
+                        return;
+                    }
+                    None => return bridging.send(bridging.serve(&message, regions)),
+                },
             }
             if let Body::Remove { process, segment } = message.body {
                 removing = Some(segment);
                 let owner = Principal { enclave: message.header.origin, process };
                 let owned = self.links.links.lock().unwrap().node.name_server().and_then(|ns| ns.segment(segment)).is_some_and(|s| s.owner == owner);
+                if owned && self.peer {
+                    // The revoke waits for holders' acknowledgements, which may come back on
+                    // this link: the remove goes on once they came, off this link's pump (on
+                    // one of the threads that serve the link's bridged requests; when all are
+                    // busy, on the pump after all, where acknowledgements that come back on
+                    // this link wait until the deadline).
+                    let workers = self.workers.clone();
+                    if workers.fetch_add(1, std::sync::atomic::Ordering::AcqRel) >= MAX_BRIDGING_PER_LINK {
+                        workers.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                        self.revoke_segments(&[segment]);
+                        return self.remover().receive(bytes, removing);
+                    }
+                    let (port, bytes) = (self.remover(), bytes.to_vec());
+                    let spawned = std::thread::Builder::new().name("xemem-remove".into()).spawn(move || {
+                        port.revoke_segments(&[segment]);
+                        port.receive(&bytes, Some(segment));
+                        workers.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                    });
+                    if spawned.is_err() {
+                        self.workers.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                    }
+                    return;
+                }
                 if owned {
                     // XPMEM: once the remove returns, attachments fault. They go first.
                     self.revoke_segments(&[segment]);
                 }
             }
         }
-        let mut links = self.links.links.lock().unwrap();
-        let now = self.links.now();
-        links.node.tick(now, &mut NoHostMemory);
-        links.node.receive(self.link, bytes, &mut NoHostMemory);
-        // The owner removed it (the name server checked): other enclaves' attachments go.
-        if let Some(segment) = removing.filter(|segment| links.node.name_server().is_some_and(|ns| ns.segment(*segment).is_none())) {
-            XememLinks::announce(&links, Gone::Segment(segment));
+        self.remover().receive(bytes, removing);
+        if let Some(enclave) = vanishing.filter(|enclave| self.links.links.lock().unwrap().node.route(*enclave).is_none()) {
+            self.links.enclave_went_away(enclave);
         }
-        self.links.deliver(&mut links);
+    }
+
+    fn bridging(&self) -> Bridging {
+        Bridging { links: self.links.clone(), link: self.link, bridge: self.bridge.clone(), peer: self.peer }
+    }
+
+    fn remover(&self) -> Remover {
+        Remover { links: self.links.clone(), link: self.link }
     }
 
     /// Whether a message from this enclave may reach the node: it speaks only for enclaves
     /// behind this link (origin 0 is discovery, before an id), and its frame runs are its
     /// own guest-physical addresses, meaningless in any other machine, so they go only to the
-    /// name server (other enclaves get its memory through the bridge, as regions).
+    /// name server or on to a daemon link, which sends them as ranges of its RAM memfd (other
+    /// enclaves get its memory through the bridge, as regions).
     fn may_pass(&self, message: &Message) -> bool {
         let origin = message.header.origin;
         let links = self.links.links.lock().unwrap();
@@ -953,7 +1241,11 @@ impl XememPort {
         let destination = message.header.destination;
         let frames_for = if self.peer { links.node.id().unwrap_or(NAME_SERVER_ENCLAVE) } else { NAME_SERVER_ENCLAVE };
         let next = links.node.route(destination).or(links.node.link_towards_name_server());
-        let onward_to_a_daemon = self.peer && next != Some(self.link) && next.and_then(|link| links.ram.get(&link)).is_some_and(|frames| frames.is_peer());
+        // Frames leave this daemon only as files (`xemem_peer` names an enclave's frames as
+        // ranges of its RAM memfd, checked against its RAM), so an enclave's answer may go on
+        // to a daemon too: a requester whose permit the name server granted directly, because
+        // the owner lies behind the same daemon link as the requester (see `Bridging::claim`).
+        let onward_to_a_daemon = next != Some(self.link) && next.and_then(|link| links.ram.get(&link)).is_some_and(|frames| frames.is_peer());
         !matches!(message.body, Body::Attached { .. }) || destination == frames_for || onward_to_a_daemon
     }
 
@@ -962,6 +1254,13 @@ impl XememPort {
     /// [`REVOKE_TIMEOUT`] passes), so a job launched next cannot be seen through them. The
     /// kernel's own removes, sent later, then find nothing to remove.
     pub fn job_ended(&self) {
+        let owned: Vec<SegmentId> = {
+            let links = self.links.links.lock().unwrap();
+            let behind = links.node.enclaves_via(self.link);
+            let Some(ns) = links.node.name_server() else { return };
+            ns.list(0, usize::MAX).into_iter().filter(|listing| behind.contains(&listing.owner)).map(|listing| listing.segment).collect()
+        };
+        let holders = self.links.daemon_holders(&owned);
         let segments: Vec<SegmentId> = {
             let mut links = self.links.links.lock().unwrap();
             let behind = links.node.enclaves_via(self.link);
@@ -971,7 +1270,7 @@ impl XememPort {
         if segments.is_empty() {
             return;
         }
-        self.revoke_segments(&segments);
+        self.remover().revoke_segments_held(&segments, &holders);
         // As after a remove: the ports drop the permits left on them (those never attached).
         let links = self.links.links.lock().unwrap();
         for segment in segments {
@@ -983,10 +1282,7 @@ impl XememPort {
     /// waits: host processes' libraries remap theirs (SIGBUS from then on), other enclaves
     /// unmap theirs and acknowledge. The links' lock is not held while waiting.
     fn revoke_segments(&self, segments: &[SegmentId]) {
-        if let Some(broker) = self.links.broker.get() {
-            broker.revoke_remote(|segment| segments.contains(&segment));
-        }
-        self.links.revoke_segments(segments);
+        self.remover().revoke_segments(segments);
     }
 
     /// Segments or enclaves went away: the permits bridged on them are revoked (nobody waits
@@ -1008,12 +1304,13 @@ impl XememPort {
 
     /// The enclave acknowledged a revoke: nothing maps the regions now. An acknowledgement
     /// that matches no revoke sent on this link (a forgery, a repeat) changes nothing.
-    fn revoked(&self, request: u64, origin: EnclaveId, process: u64, access: AccessId, regions: &dyn GuestRegions) {
+    fn revoked(&self, request: u64, origin: EnclaveId, process: u64, access: AccessId, regions: &dyn GuestRegions) -> bool {
         let mut bridge = self.bridge.lock().unwrap();
         let matching = bridge.revocations.iter().position(|r| r.request == request && r.enclave == origin && r.process == process && r.access == access);
         if let Some(index) = matching {
             bridge.revocations.swap_remove(index).finish(Some(regions));
         }
+        matching.is_some()
     }
 
     /// Every pump round: time passes for the node, and revokes past their deadline end (the
@@ -1048,7 +1345,12 @@ impl Drop for XememPort {
     fn drop(&mut self) {
         // The enclave's machine is going: its regions go with it; its bridged permits are
         // given back, and the broker forgets the enclave.
-        let bridge = std::mem::take(&mut *self.bridge.lock().unwrap());
+        let bridge = {
+            let mut bridge = self.bridge.lock().unwrap();
+            let taken = std::mem::take(&mut *bridge);
+            bridge.closed = true;
+            taken
+        };
         // The machine is gone: nothing can touch the regions any more.
         for revocation in bridge.revocations {
             revocation.finish(None);
@@ -1077,16 +1379,34 @@ impl Drop for XememPort {
         // The name server forgets the enclaves behind this link; other enclaves' attachments
         // of their segments are revoked.
         let behind = links.node.enclaves_via(self.link);
+        let upstream = links.node.name_server().is_none() && links.node.link_towards_name_server() == Some(self.link);
         links.node.link_down(self.link, &mut NoHostMemory);
         for enclave in &behind {
             XememLinks::announce(&links, Gone::Enclave(*enclave));
+        }
+        if upstream {
+            // The name server forgot this daemon (it restarted, or a daemon between died):
+            // this node rejoins with a new id when a link to a name server is up again.
+            links.node.rejoin();
+            self.links.upstream_losses.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         }
         self.links.deliver(&mut links);
         drop(links);
         // Host processes attached to their segments map the enclaves' RAM, which outlives the
         // machine as long as they do: their libraries remap the attachments (SIGBUS).
-        if let Some(broker) = self.links.broker.get() {
+        if let Some(broker) = self.links.attachers.get() {
             broker.revoke_remote(|segment| behind.contains(&segment.enclave()));
+        }
+        if upstream {
+            // Every segment made and permit taken through it is gone with it: enclaves here
+            // let go of what they attached through the daemon's proxy permits, and host
+            // processes of what they attached (their own segments included). Daemons below
+            // are unlinked by their links (`xemem_peer`) and link again.
+            self.links.revoke_bridged(|permit| matches!(permit.source, Source::Enclave { .. }));
+            if let Some(broker) = self.links.attachers.get() {
+                broker.upstream_lost();
+            }
+            eprintln!("clowderd: xemem: the name server is out of reach: its segments and permits here are gone");
         }
     }
 }

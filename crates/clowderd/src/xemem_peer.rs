@@ -21,13 +21,16 @@
 //!
 //! When the connection ends, the port drops: the node takes the link down (the name server
 //! forgets every enclave behind it, with their segments and permits) and bridged permits are
-//! revoked as for an enclave that went away.
+//! revoked as for an enclave that went away. A sub-manager whose upstream link ends rejoins
+//! (`Node::rejoin`: a new id, its old segments and permits gone), unlinks the daemons below
+//! it, and links again with backoff ([`connect_upstream`]).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
@@ -306,7 +309,7 @@ pub fn listen(path: &Path, links: Arc<XememLinks>, broker: Option<xemem_host::Br
                 _ => continue,
             }
             let (links, broker) = (links.clone(), broker.clone());
-            let _ = std::thread::Builder::new().name("xemem-peer".into()).spawn(move || run_link(connection, links, broker, "a daemon below"));
+            let _ = std::thread::Builder::new().name("xemem-peer".into()).spawn(move || run_link(connection, links, broker, "a daemon below", false));
         })
         .map_err(|e| format!("starting the XEMEM daemon-link thread: {e}"))?;
     Ok(())
@@ -318,7 +321,10 @@ fn set_private(path: &Path) -> Result<(), String> {
 }
 
 /// A sub-manager's link to the daemon above it (its daemon-link socket at `path`), on a
-/// thread; it waits up to `patience` for that socket to accept.
+/// thread; it waits up to `patience` for that socket to accept. When the link goes down (the
+/// upstream daemon stopped or restarted), the thread links again, waiting
+/// [`FIRST_RELINK_WAIT`] between attempts at first and doubling up to [`LAST_RELINK_WAIT`];
+/// the node then finds the name server and gets a new id (`Node::rejoin`).
 pub fn connect_upstream(path: PathBuf, links: Arc<XememLinks>, broker: Option<xemem_host::Broker>, patience: Duration) -> Result<(), String> {
     let deadline = std::time::Instant::now() + patience;
     let connection = loop {
@@ -330,24 +336,44 @@ pub fn connect_upstream(path: PathBuf, links: Arc<XememLinks>, broker: Option<xe
     };
     std::thread::Builder::new()
         .name("xemem-upstream".into())
-        .spawn(move || run_link(connection, links, broker, "the upstream daemon"))
+        .spawn(move || {
+            let mut connection = connection;
+            loop {
+                run_link(connection, links.clone(), broker.clone(), "the upstream daemon", true);
+                let mut wait = FIRST_RELINK_WAIT;
+                connection = loop {
+                    std::thread::sleep(wait);
+                    match hostsys::connect(&path) {
+                        Ok(connection) => break connection,
+                        Err(_) => wait = (wait * 2).min(LAST_RELINK_WAIT),
+                    }
+                };
+                eprintln!("clowderd: xemem: linking to the upstream daemon again");
+            }
+        })
         .map_err(|e| format!("starting the XEMEM upstream thread: {e}"))?;
     Ok(())
 }
 
+/// A sub-manager waits this long before it first tries to link to its upstream daemon again.
+pub const FIRST_RELINK_WAIT: Duration = Duration::from_millis(100);
+/// ... and at most this long between later attempts.
+pub const LAST_RELINK_WAIT: Duration = Duration::from_secs(5);
+
 /// One daemon link, until the peer closes it (or sends something the socket refuses).
-fn run_link(connection: OwnedFd, links: Arc<XememLinks>, broker: Option<xemem_host::Broker>, who: &str) {
+fn run_link(connection: OwnedFd, links: Arc<XememLinks>, broker: Option<xemem_host::Broker>, who: &str, upstream: bool) {
     let frames = Arc::new(PeerFrames::default());
     // The node wakes a link's pump when it queues a message from another thread; this link
     // polls every round anyway, and drains the wake-ups.
     let Ok(wake) = crate::sys::eventfd() else { return };
     let Ok(woken) = wake.try_clone() else { return };
-    let Some(port) = links.join_peer(frames.clone(), wake) else {
+    let Some(port) = links.join_peer(frames.clone(), wake, upstream) else {
         eprintln!("clowderd: xemem: no free link for {who}");
         return;
     };
     eprintln!("clowderd: xemem: linked to {who} (link {})", port.link());
-    let link = Link { connection, links, broker, frames, port, served: mpsc::channel(), announced: false, woken };
+    let losses = links.upstream_losses();
+    let link = Link { connection, links, broker, frames, port, served: mpsc::channel(), announced: !upstream, woken, losses, notices: None, serving: Arc::default() };
     link.run();
     eprintln!("clowderd: xemem: the link to {who} is down");
 }
@@ -360,9 +386,22 @@ struct Link {
     port: XememPort,
     /// Answers of `Serve` requests served on threads of their own.
     served: (mpsc::Sender<Vec<Message>>, mpsc::Receiver<Vec<Message>>),
+    /// Whether this daemon's id was logged (by its upstream link, once per id it gets).
     announced: bool,
     woken: File,
+    /// This daemon's count of lost upstream links when this link came up (see `run`).
+    losses: u64,
+    /// Signals for this daemon's host owners, passed to their libraries one at a time.
+    notices: Option<mpsc::SyncSender<(u64, xemem::SegmentId)>>,
+    /// How many `Serve`s of the name server's are being served on threads.
+    serving: Arc<AtomicUsize>,
 }
+
+/// How many `Serve`s one link serves at once; beyond that they are answered Exhausted.
+const MAX_SERVING: usize = 32;
+
+/// How many signals for host owners may wait for their libraries on one link.
+const MAX_NOTICES_QUEUED: usize = 1024;
 
 impl Link {
     fn run(mut self) {
@@ -378,6 +417,13 @@ impl Link {
                 },
                 Ok(false) => {}
                 Err(_) => break,
+            }
+            // This daemon lost its name server since the daemon below linked: the ids it and
+            // the enclaves behind it got are void. It is unlinked, and links again (as any
+            // sub-manager whose upstream went away) to get new ones once this daemon has one.
+            if self.losses != self.links.upstream_losses() && self.links.link_towards_name_server() != Some(self.port.link()) {
+                eprintln!("clowderd: xemem: unlinking a daemon below: this daemon's name server is gone");
+                break;
             }
             crate::sys::drain_eventfd(&self.woken);
             let answers: Vec<Vec<Message>> = self.served.1.try_iter().collect();
@@ -422,17 +468,55 @@ impl Link {
                     && self.links.link_towards_name_server() == Some(self.port.link()) =>
             {
                 drop(fds);
-                // The owner's library may take a while (it converts memory): not on this thread.
-                let (broker, frames, answers) = (self.broker.clone().unwrap(), self.frames.clone(), self.served.0.clone());
                 let me = header.destination;
-                std::thread::spawn(move || {
+                // A bounded number at once (beyond that the attach fails with Exhausted).
+                if self.serving.fetch_add(1, Ordering::AcqRel) >= MAX_SERVING {
+                    self.serving.fetch_sub(1, Ordering::AcqRel);
+                    self.on_own_answer(Message::new(header.request, me, requester, Body::Failed { error: Error::Exhausted }));
+                    return;
+                }
+                // The owner's library may take a while (it converts memory): not on this thread.
+                let (broker, frames, answers, serving) = (self.broker.clone().unwrap(), self.frames.clone(), self.served.0.clone(), self.serving.clone());
+                let spawned = std::thread::Builder::new().name("xemem-serve".into()).spawn(move || {
                     let bodies = serve(&broker, &frames, owner_process, segment, vaddr, size).unwrap_or_else(|error| vec![Body::Failed { error }]);
                     let _ = answers.send(bodies.into_iter().map(|body| Message::new(header.request, me, requester, body)).collect());
+                    serving.fetch_sub(1, Ordering::AcqRel);
                 });
+                if spawned.is_err() {
+                    self.serving.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+            // The name server passes on a signal to one of this daemon's host processes' segments:
+            // the owner's library counts it on its notify descriptors. Off this thread: the
+            // library may take a while to answer. Nothing answers a Notify.
+            Ok(Message { header, body: Body::Notify { owner_process, segment } })
+                if self.broker.is_some()
+                    && header.origin == NAME_SERVER_ENCLAVE
+                    && Some(header.destination) == self.links.id()
+                    && header.destination != NAME_SERVER_ENCLAVE
+                    && segment.enclave() == header.destination
+                    && self.links.link_towards_name_server() == Some(self.port.link()) =>
+            {
+                drop(fds);
+                if self.notices.is_none() {
+                    let (sender, receiver) = mpsc::sync_channel::<(u64, xemem::SegmentId)>(MAX_NOTICES_QUEUED);
+                    let broker = self.broker.clone().unwrap();
+                    let spawned = std::thread::Builder::new().name("xemem-notify".into()).spawn(move || {
+                        for (process, segment) in receiver {
+                            let _ = broker.notify_for_name_server(process, segment);
+                        }
+                    });
+                    self.notices = spawned.ok().map(|_| sender);
+                }
+                // A flood beyond what the owners' libraries take in is dropped.
+                if let Some(notices) = &self.notices {
+                    let _ = notices.try_send((owner_process, segment));
+                }
             }
             // The name server takes back a permit this daemon holds: enclaves here that attached
-            // through it must let go before the acknowledgement goes up (the owner's memory is
-            // truncated after it). Off this thread: it waits for the enclaves.
+            // through it, or the host process that holds it, must let go before the
+            // acknowledgement goes up (the owner's memory is truncated after it). Off this
+            // thread: it waits for the enclaves and the host process's library.
             Ok(message @ Message { body: Body::Revoke { .. }, .. })
                 if message.header.origin == NAME_SERVER_ENCLAVE
                     && Some(message.header.destination) == self.links.id()
@@ -441,9 +525,13 @@ impl Link {
             {
                 drop(fds);
                 let Body::Revoke { process, access } = message.body else { return };
-                let (links, answers) = (self.links.clone(), self.served.0.clone());
+                let (links, answers, broker) = (self.links.clone(), self.served.0.clone(), self.broker.clone());
                 std::thread::spawn(move || {
                     links.revoke_proxy_permit(process, access);
+                    // Or a host process here holds it: its library lets go of the memory.
+                    if let Some(broker) = broker {
+                        broker.revoke_remote_permit(process, access);
+                    }
                     // Now the node handles it as usual: it answers Revoked.
                     let _ = answers.send(vec![message]);
                 });

@@ -114,9 +114,14 @@ struct HostProcess {
 
 impl HostProcess {
     fn start(program: &Path, broker: &Path, role: &str, name: &str, base: u64) -> HostProcess {
+        HostProcess::spawn(program, broker, &[role, name, &base.to_string()])
+    }
+
+    fn spawn(program: &Path, broker: &Path, args: &[&str]) -> HostProcess {
         let mut child = Command::new(program)
-            .args([role, name, &base.to_string()])
+            .args(args)
             .env("CLOWDER_XEMEM_SOCKET", broker)
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -128,6 +133,15 @@ impl HostProcess {
             }
         });
         HostProcess { child, lines, seen: Vec::new() }
+    }
+
+    /// Writes a line to the process's stdin.
+    fn tell(&mut self, line: &str) {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().unwrap();
+        stdin.write_all(line.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
     }
 
     /// The rest of the first line starting with `prefix`.
@@ -147,6 +161,8 @@ impl HostProcess {
 
     /// Waits for the exit (killing it after `timeout`); returns the status and every line.
     fn finish(mut self, timeout: Duration) -> (Option<i32>, String) {
+        // End of input: a keeper exits without removing.
+        drop(self.child.stdin.take());
         let deadline = Instant::now() + timeout;
         let status = loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -272,6 +288,283 @@ fn host_processes_two_daemons_apart_share_memory() {
     assert_eq!(share(&program, &a, &d, "multihop-a-to-d", 8200), NAME_SERVER_ENCLAVE);
 }
 
+/// Starts a sub-manager of `upstream` on `dir` and waits for its enclave id.
+fn sub_manager(dir: &Path, upstream: &Daemon) -> (Daemon, u32) {
+    std::fs::create_dir_all(dir).unwrap();
+    let daemon = Daemon::start(dir, Some(upstream));
+    let id = daemon.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10));
+    let id = id.unwrap_or_else(|| panic!("{} got no id: {}\nupstream: {}", dir.display(), daemon.log(), upstream.log()));
+    (daemon, id.parse().unwrap())
+}
+
+/// Any tree of daemons: A is the name server, B and C its sub-managers, D under B and E under
+/// D. A host process under any of them attaches segments owned one and two levels below its
+/// own daemon (the owner answers it directly, not through a bridge above), above it, and in
+/// the sibling subtree, always mapping the owner's own pages.
+#[test]
+fn host_processes_anywhere_in_a_tree_of_daemons_share_memory() {
+    let dir = TempDir::new("clowderd-multihop-tree");
+    let program = dir.0.join("host_peer");
+    build_host_peer(&program);
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let (b, b_id) = sub_manager(&dir.0.join("b"), &a);
+    let (c, c_id) = sub_manager(&dir.0.join("c"), &a);
+    let (d, d_id) = sub_manager(&dir.0.join("d"), &b);
+    let (e, e_id) = sub_manager(&dir.0.join("e"), &d);
+    let mut ids = vec![b_id, c_id, d_id, e_id];
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 4, "{b_id} {c_id} {d_id} {e_id}");
+    // One level below the attacher's daemon, then two.
+    assert_eq!(share(&program, &d, &b, "tree-d-to-b", 1000), d_id);
+    assert_eq!(share(&program, &e, &b, "tree-e-to-b", 1200), e_id);
+    assert_eq!(share(&program, &e, &d, "tree-e-to-d", 1400), e_id);
+    assert_eq!(share(&program, &e, &a, "tree-e-to-a", 1600), e_id);
+    // Above: two levels up, and the name server's daemon.
+    assert_eq!(share(&program, &b, &e, "tree-b-to-e", 1800), b_id);
+    assert_eq!(share(&program, &a, &e, "tree-a-to-e", 2000), NAME_SERVER_ENCLAVE);
+    // Across subtrees, both ways, three hops down on one side.
+    assert_eq!(share(&program, &e, &c, "tree-e-to-c", 2200), e_id);
+    assert_eq!(share(&program, &c, &e, "tree-c-to-e", 2400), c_id);
+    assert_eq!(share(&program, &d, &c, "tree-d-to-c", 2600), d_id);
+    // Owner and attacher under one daemon deep in the tree.
+    assert_eq!(share(&program, &e, &e, "tree-e-to-e", 2800), e_id);
+    // The whole life of a permit, twice (get, attach, detach, release), from every daemon on
+    // segments two levels below, beside and above.
+    let keeper = dir.0.join("host_keeper");
+    build_host_keeper(&keeper);
+    let cycler = dir.0.join("host_cycler");
+    build_support_program("host_cycler.c", &cycler);
+    for (owner_at, attachers, name, base) in [(&e, [&a, &b, &c, &d, &e], "cycle-e", 3000u64), (&c, [&a, &b, &c, &d, &e], "cycle-c", 3200), (&b, [&a, &b, &c, &d, &e], "cycle-b", 3400)] {
+        let mut owner = HostProcess::spawn(&keeper, &owner_at.xemem_socket(), &[name, &base.to_string()]);
+        assert!(owner.wait_for("made a segment of enclave", Duration::from_secs(10)).is_some(), "{:?}", owner.seen);
+        for attacher_at in attachers {
+            let cycled = Command::new(&cycler).args([name, &base.to_string()]).env("CLOWDER_XEMEM_SOCKET", attacher_at.xemem_socket()).output().unwrap();
+            let output = String::from_utf8_lossy(&cycled.stdout);
+            assert!(cycled.status.success() && output.contains("cycled twice"), "{name} from {}: {output}\nowner's daemon:\n{}", attacher_at.dir.display(), owner_at.log());
+        }
+        owner.tell("remove");
+        assert_eq!(owner.wait_for("remove:", Duration::from_secs(10)).as_deref(), Some("0 (errno 0)"), "{:?}", owner.seen);
+        let _ = owner.finish(Duration::from_secs(5));
+    }
+    // An owner's remove revokes a permit the name server granted two daemons down (D holds
+    // one on E's segment): D's acknowledgement comes back through B, so the remove does not
+    // wait for the revocation deadline (2 s). (Were it lost, the remove would still be done
+    // by the owner's retry half a second later, once D's attacher, dead of SIGBUS, released
+    // its permit: this bound catches only the deadline.)
+    let (mut owner, attacher) = kept_and_attached(&keeper, &program, &e, &d, "tree-ack", 3600);
+    let started = Instant::now();
+    owner.tell("remove");
+    assert_eq!(owner.wait_for("remove:", Duration::from_secs(10)).as_deref(), Some("0 (errno 0)"), "{:?}", owner.seen);
+    let took = started.elapsed();
+    let (_, output) = attacher.finish(Duration::from_secs(10));
+    assert!(output.contains("SIGBUS after remove"), "{output}");
+    assert!(took < Duration::from_millis(1500), "the remove took {took:?}\nA:\n{}\nB:\n{}", a.log(), b.log());
+    let _ = owner.finish(Duration::from_secs(5));
+    // Every daemon still answers.
+    for daemon in [&a, &b, &c, &d, &e] {
+        assert_eq!(daemon.call(json!({"op": "ls"}))["ok"], true, "{}", daemon.log());
+    }
+}
+
+/// Two sibling sub-managers' host processes attach each other's segments at the same time:
+/// the name server's daemon bridges both, and neither bridged attach may hold up the link
+/// the other's answer comes back on.
+#[test]
+fn sibling_sub_managers_attach_each_others_segments_at_once() {
+    let dir = TempDir::new("clowderd-multihop-crossing");
+    let program = dir.0.join("host_peer");
+    build_host_peer(&program);
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let (b, b_id) = sub_manager(&dir.0.join("b"), &a);
+    let (c, c_id) = sub_manager(&dir.0.join("c"), &a);
+    for round in 0..3u64 {
+        std::thread::scope(|scope| {
+            let one = scope.spawn(|| share(&program, &b, &c, &format!("crossing-b-{round}"), 3000 + round * 100));
+            let other = scope.spawn(|| share(&program, &c, &b, &format!("crossing-c-{round}"), 5000 + round * 100));
+            assert_eq!(one.join().unwrap(), b_id);
+            assert_eq!(other.join().unwrap(), c_id);
+        });
+    }
+}
+
+/// Builds crates/clowderd/tests/support/host_keeper.c against libxpmem.a.
+fn build_host_keeper(out: &Path) {
+    build_support_program("host_keeper.c", out);
+}
+
+/// Builds crates/clowderd/tests/support/SOURCE against libxpmem.a.
+fn build_support_program(source: &str, out: &Path) {
+    let xemem = workspace_root().join("xemem");
+    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support").join(source);
+    let built = Command::new("cc").args(["-O2", "-I"]).arg(xemem.join("include")).arg("-o").arg(out).arg(path).arg(xemem.join("build/lib/libxpmem.a")).arg("-lpthread").status().unwrap();
+    assert!(built.success(), "building {source}");
+}
+
+/// A host owner under `owner_at` that never removes its segment, and a host_peer attacher
+/// under `attacher_at` that has read its pages and now touches them until SIGBUS.
+fn kept_and_attached(keeper: &Path, program: &Path, owner_at: &Daemon, attacher_at: &Daemon, name: &str, base: u64) -> (HostProcess, HostProcess) {
+    let mut owner = HostProcess::spawn(keeper, &owner_at.xemem_socket(), &[name, &base.to_string()]);
+    assert!(owner.wait_for("made a segment of enclave", Duration::from_secs(10)).is_some(), "{:?}\n{}", owner.seen, owner_at.log());
+    let mut attacher = HostProcess::start(program, &attacher_at.xemem_socket(), "attacher", name, base);
+    let wrote = attacher.wait_for("wrote 43", Duration::from_secs(20));
+    assert!(wrote.is_some(), "{:?}\nowner's daemon:\n{}\nattacher's daemon:\n{}", attacher.seen, owner_at.log(), attacher_at.log());
+    assert!(attacher.seen.iter().any(|l| l == "16 of 16 pages hold what the owner wrote"), "{:?}", attacher.seen);
+    (owner, attacher)
+}
+
+/// A sub-manager dies (SIGKILL): B, with D below it, under A, and C a sibling of B. Host
+/// processes on A and C attached segments of host owners on B and on D. The owners live on,
+/// but nothing is left to truncate their memory: the daemons that stay revoke the attachments
+/// (SIGBUS, as for a crashed enclave's attachers), the name server forgets the segments, and A
+/// and C go on sharing memory.
+#[test]
+fn a_dead_sub_managers_segments_are_revoked_and_removed_elsewhere() {
+    let dir = TempDir::new("clowderd-multihop-dead");
+    let program = dir.0.join("host_peer");
+    build_host_peer(&program);
+    let keeper = dir.0.join("host_keeper");
+    build_host_keeper(&keeper);
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let (mut b, _) = sub_manager(&dir.0.join("b"), &a);
+    let (c, _) = sub_manager(&dir.0.join("c"), &a);
+    let (d, _) = sub_manager(&dir.0.join("d"), &b);
+    let mut kept = Vec::new();
+    for (owner_at, owner_name) in [(&b, "b"), (&d, "d")] {
+        for (attacher_at, attacher_name) in [(&a, "a"), (&c, "c")] {
+            let name = format!("dead-{owner_name}-to-{attacher_name}");
+            let base = 1000 * (kept.len() as u64 + 1);
+            kept.push((name.clone(), kept_and_attached(&keeper, &program, owner_at, attacher_at, &name, base)));
+        }
+    }
+    let names = a.segment_names();
+    assert!(kept.iter().all(|(name, _)| names.contains(name)), "{names:?}");
+    b.child.kill().unwrap();
+    let _ = b.child.wait();
+    assert!(a.wait_for_log("the link to a daemon below is down", Duration::from_secs(5)).is_some(), "{}", a.log());
+    for (name, (owner, attacher)) in kept {
+        let (status, output) = attacher.finish(Duration::from_secs(15));
+        assert!(output.contains("SIGBUS after remove"), "{name}: {status:?} {output}\nA:\n{}\nC:\n{}", a.log(), c.log());
+        assert_eq!(status, Some(0), "{name}: {output}");
+        let _ = owner.finish(Duration::from_millis(10));
+    }
+    let names = a.segment_names();
+    assert!(!names.iter().any(|name| name.starts_with("dead-")), "{names:?}");
+    // The others keep working: A and C share memory both ways, D still answers.
+    share(&program, &c, &a, "after-dead-c-to-a", 9000);
+    share(&program, &a, &c, "after-dead-a-to-c", 9200);
+    assert_eq!(d.call(json!({"op": "ls"}))["ok"], true, "{}", d.log());
+
+    // A sub-manager dies below one that lives: E under C. C tells the name server, whose
+    // daemon revokes its host process's attachment of E's segment.
+    let (mut e, _) = sub_manager(&dir.0.join("e"), &c);
+    let (owner, attacher) = kept_and_attached(&keeper, &program, &e, &a, "dead-e-to-a", 9400);
+    e.child.kill().unwrap();
+    let _ = e.child.wait();
+    let (status, output) = attacher.finish(Duration::from_secs(15));
+    assert!(output.contains("SIGBUS after remove"), "{status:?} {output}\nA:\n{}\nC:\n{}", a.log(), c.log());
+    let _ = owner.finish(Duration::from_millis(10));
+    assert!(!a.segment_names().contains(&"dead-e-to-a".to_string()), "{:?}", a.segment_names());
+    share(&program, &c, &a, "after-dead-e", 9600);
+}
+
+/// The enclave ids `daemon` has logged getting, oldest first.
+fn ids_logged(daemon: &Daemon) -> Vec<u32> {
+    const LINE: &str = "the name server gave this daemon enclave id ";
+    daemon.log().lines().filter_map(|l| l.find(LINE).map(|at| l[at + LINE.len()..].trim().parse().unwrap())).collect()
+}
+
+/// Waits until `daemon` logs an id after its `before`-th one; returns it.
+fn new_id(daemon: &Daemon, before: usize, timeout: Duration) -> Option<u32> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        let ids = ids_logged(daemon);
+        if ids.len() > before {
+            return ids.last().copied();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// The name server's daemon restarts under its sub-managers (B under A, D under B). B links
+/// to the new A again (with backoff), unlinks D so that D links again too, and both get new
+/// ids from the new name server. Segments made under them before are gone cleanly: their
+/// attachers under B and D get SIGBUS, the owner's remove succeeds, the new name server does
+/// not know them, and new segments are shared across all three daemons.
+#[test]
+fn sub_managers_link_again_to_a_restarted_upstream_daemon() {
+    let dir = TempDir::new("clowderd-multihop-relink");
+    let program = dir.0.join("host_peer");
+    build_host_peer(&program);
+    let keeper = dir.0.join("host_keeper");
+    build_host_keeper(&keeper);
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let (b, b_id) = sub_manager(&dir.0.join("b"), &a);
+    let (d, d_id) = sub_manager(&dir.0.join("d"), &b);
+    let kept = vec![
+        ("relink-b-to-b", kept_and_attached(&keeper, &program, &b, &b, "relink-b-to-b", 1000)),
+        ("relink-d-to-b", kept_and_attached(&keeper, &program, &d, &b, "relink-d-to-b", 2000)),
+        ("relink-d-to-d", kept_and_attached(&keeper, &program, &d, &d, "relink-d-to-d", 3000)),
+    ];
+    let (b_ids, d_ids) = (ids_logged(&b).len(), ids_logged(&d).len());
+    drop(a);
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let b_again = new_id(&b, b_ids, Duration::from_secs(20)).unwrap_or_else(|| panic!("B got no new id:\n{}\nA:\n{}", b.log(), a.log()));
+    let d_again = new_id(&d, d_ids, Duration::from_secs(20)).unwrap_or_else(|| panic!("D got no new id:\n{}\nB:\n{}", d.log(), b.log()));
+    assert!(b.log().contains("linking to the upstream daemon again"), "{}", b.log());
+    assert_ne!(b_again, d_again);
+    eprintln!("ids before {b_id} {d_id}, after {b_again} {d_again}");
+    for (name, (mut owner, attacher)) in kept {
+        let (status, output) = attacher.finish(Duration::from_secs(15));
+        assert!(output.contains("SIGBUS after remove"), "{name}: {status:?} {output}\nB:\n{}\nD:\n{}", b.log(), d.log());
+        owner.tell("remove");
+        let removed = owner.wait_for("remove:", Duration::from_secs(10));
+        assert_eq!(removed.as_deref(), Some("0 (errno 0)"), "{name}: {:?}", owner.seen);
+        let _ = owner.finish(Duration::from_secs(5));
+    }
+    assert!(a.segment_names().is_empty(), "{:?}", a.segment_names());
+    assert_eq!(share(&program, &b, &a, "relinked-b-to-a", 4000), b_again);
+    assert_eq!(share(&program, &a, &b, "relinked-a-to-b", 4200), NAME_SERVER_ENCLAVE);
+    assert_eq!(share(&program, &d, &b, "relinked-d-to-b", 4400), d_again);
+    assert_eq!(share(&program, &d, &a, "relinked-d-to-a", 4600), d_again);
+    assert_eq!(share(&program, &b, &d, "relinked-b-to-d", 4800), b_again);
+}
+
+/// XEMEM's signals to host owners under sub-managers: xemem/tests/notify_peer.c, each party
+/// the owner of one named segment and a permit holder on the other's. The "wait" party blocks
+/// on its notify descriptor until the other signals it, then signals back; the "signal"
+/// party polls its descriptor. Pairs across the tree A <- B <- D, A <- C: D with C (three
+/// daemons apart, through the name server's daemon), D with B (the owner below), B with A.
+#[test]
+fn host_owners_under_sub_managers_get_signals_from_anywhere_in_the_tree() {
+    let dir = TempDir::new("clowderd-multihop-signals");
+    let program = dir.0.join("notify_peer");
+    build_host_program("notify_peer.c", &program);
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let (b, _) = sub_manager(&dir.0.join("b"), &a);
+    let (c, _) = sub_manager(&dir.0.join("c"), &a);
+    let (d, _) = sub_manager(&dir.0.join("d"), &b);
+    for (waiter_at, signaller_at, tag) in [(&d, &c, "d-c"), (&c, &d, "c-d"), (&d, &b, "d-b"), (&b, &d, "b-d"), (&b, &a, "b-a"), (&a, &b, "a-b")] {
+        let (own, peer) = (format!("notify-{tag}-waiter"), format!("notify-{tag}-signaller"));
+        let mut waiter = HostProcess::spawn(&program, &waiter_at.xemem_socket(), &[&own, &peer, "wait"]);
+        assert!(waiter.wait_for("made", Duration::from_secs(10)).is_some(), "{tag}: {:?}", waiter.seen);
+        let signaller = HostProcess::spawn(&program, &signaller_at.xemem_socket(), &[&peer, &own, "signal"]);
+        let (signaller_status, signaller_output) = signaller.finish(Duration::from_secs(30));
+        let (waiter_status, waiter_output) = waiter.finish(Duration::from_secs(10));
+        let context = format!("{tag}\nwaiter ({waiter_status:?}):\n{waiter_output}\nsignaller ({signaller_status:?}):\n{signaller_output}\nA:\n{}\nB:\n{}", a.log(), b.log());
+        assert!(waiter_output.contains("woke 1") && waiter_output.contains(&format!("signalled {peer}")), "{context}");
+        assert!(signaller_output.contains("polled readable") && signaller_output.contains("woke 1"), "{context}");
+        assert_eq!((waiter_status, signaller_status), (Some(0), Some(0)), "{context}");
+    }
+}
+
 /// A fake sub-manager on A's daemon-link socket.
 struct FakePeer {
     socket: OwnedFd,
@@ -323,6 +616,30 @@ impl FakePeer {
         }
     }
 
+    /// Plays the name server's daemon for a sub-manager that links to `listener`: answers its
+    /// discovery and gives it enclave id `id`.
+    fn upstream_of(listener: &OwnedFd, id: u32) -> FakePeer {
+        assert!(clowderd::sys::wait_readable(listener.as_raw_fd(), Duration::from_secs(15)).unwrap(), "the sub-manager did not link");
+        let peer = FakePeer { socket: xemem_host::sys::accept(listener).unwrap(), id };
+        let mut buffer = vec![0u8; 70000];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(Instant::now() < deadline, "no discovery from the sub-manager");
+            if !clowderd::sys::wait_readable(peer.socket.as_raw_fd(), Duration::from_millis(100)).unwrap() {
+                continue;
+            }
+            let (length, _) = xemem_host::sys::receive(&peer.socket, &mut buffer).unwrap();
+            match Message::decode(&buffer[..length]).map(|m| m.body) {
+                Ok(Body::PingNameServer) => peer.send(&Message::new(0, 0, 0, Body::PongNameServer), &[]),
+                Ok(Body::EnclaveIdRequest { token }) => {
+                    peer.send(&Message::new(0, 0, 0, Body::EnclaveIdResponse { token, enclave: id }), &[]);
+                    return peer;
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// The next message (skipping discovery chatter), or None after 5 s.
     fn receive(&self) -> Option<Message> {
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -370,6 +687,30 @@ fn a_malformed_peer_gets_errors_and_the_daemon_keeps_serving() {
     peer.send(&Message::new(43, peer.id, NAME_SERVER_ENCLAVE, Body::Lookup { name: Name::new(b"x").unwrap() }), &[]);
     let answer = peer.receive().unwrap();
     assert_eq!((answer.header.request, answer.body), (43, Body::Failed { error: xemem::Error::NotFound }));
+
+    // Notices of enclaves that are not behind it going away change nothing; a burst of gets
+    // of another enclave's segment (served by the bridge, off the link's thread, a bounded
+    // number at once) are each answered: NotFound, or Exhausted while the bridge is busy.
+    peer.send(&Message::new(0, peer.id, NAME_SERVER_ENCLAVE, Body::EnclaveGone { enclave: NAME_SERVER_ENCLAVE }), &[]);
+    peer.send(&Message::new(0, peer.id, NAME_SERVER_ENCLAVE, Body::EnclaveGone { enclave: peer.id + 1 }), &[]);
+    let foreign = xemem::SegmentId::new(peer.id + 1, 1).unwrap();
+    for request in 0..200u64 {
+        let get = Body::Get { process: 1, segment: foreign, access: xemem::ACCESS_READ_WRITE, uid: 0, groups: vec![0] };
+        peer.send(&Message::new(1000 + request, peer.id, NAME_SERVER_ENCLAVE, get), &[]);
+    }
+    let mut answered = std::collections::BTreeSet::new();
+    while answered.len() < 200 {
+        let answer = peer.receive().unwrap_or_else(|| panic!("{} of 200 gets answered: {}", answered.len(), a.log()));
+        let busy = answer.body == Body::Failed { error: xemem::Error::Exhausted };
+        assert!(busy || answer.body == Body::Failed { error: xemem::Error::NotFound }, "{answer:?}");
+        answered.insert(answer.header.request);
+    }
+    // A retry of one refused while busy is served.
+    let get = Body::Get { process: 1, segment: foreign, access: xemem::ACCESS_READ_WRITE, uid: 0, groups: vec![0] };
+    peer.send(&Message::new(1199, peer.id, NAME_SERVER_ENCLAVE, get), &[]);
+    let answer = peer.receive().expect("an answer to the retry");
+    assert_eq!((answer.header.request, answer.body), (1199, Body::Failed { error: xemem::Error::NotFound }));
+    assert_eq!(a.call(json!({"op": "ls"}))["ok"], true);
 
     // The fake daemon exports 16 pages; a host process on A attaches them. The first attaches
     // are answered with bogus memory, each of which must fail the attach, not the daemon.
@@ -433,6 +774,70 @@ fn a_malformed_peer_gets_errors_and_the_daemon_keeps_serving() {
     drop(peer);
     assert!(a.wait_for_log("the link to a daemon below is down", Duration::from_secs(5)).is_some(), "{}", a.log());
     assert!(!a.segment_names().contains(&"fake-peer-seg".to_string()), "{:?}", a.segment_names());
+}
+
+/// A fake name server's daemon above a real sub-manager B sends what a broken or hostile
+/// upstream could: garbage, signals and revokes for segments and permits B never had, serves
+/// of unknown segments, notices for other enclaves, a flood of signals, and a second answer to
+/// discovery. B answers what asks for an answer, ignores the rest, keeps serving its API, and
+/// links again when the fake daemon hangs up.
+#[test]
+fn a_sub_manager_survives_a_malformed_upstream_and_links_again() {
+    let dir = TempDir::new("clowderd-multihop-bad-upstream");
+    std::fs::create_dir_all(dir.0.join("fake")).unwrap();
+    std::fs::create_dir_all(dir.0.join("b")).unwrap();
+    let path = dir.0.join("fake/xemem-peer.sock");
+    let listener = xemem_host::sys::listen(&path).unwrap();
+    let b = Daemon::start_with(&dir.0.join("b"), None, &["--kernel", env!("CARGO_BIN_EXE_clowderd"), "--xemem-upstream", path.to_str().unwrap()]);
+    let up = FakePeer::upstream_of(&listener, 7);
+    assert!(b.wait_for_log("the name server gave this daemon enclave id 7", Duration::from_secs(5)).is_some(), "{}", b.log());
+    let segment = xemem::SegmentId::new(7, 1).unwrap();
+    let access = xemem::AccessId::new(NAME_SERVER_ENCLAVE, 5).unwrap();
+    up.send_bytes(b"garbage", &[]);
+    up.send_bytes(&[1, 2, 3], &[]);
+    up.send(&Message::new(0, 0, 0, Body::PongNameServer), &[]);
+    up.send(&Message::new(0, 0, 0, Body::EnclaveIdResponse { token: 999, enclave: 9 }), &[]);
+    up.send(&Message::new(1, NAME_SERVER_ENCLAVE, 7, Body::Notify { owner_process: 1, segment }), &[]);
+    let elsewhere = xemem::SegmentId::new(9, 1).unwrap();
+    up.send(&Message::new(2, NAME_SERVER_ENCLAVE, 7, Body::Notify { owner_process: 1, segment: elsewhere }), &[]);
+    up.send(&Message::new(3, NAME_SERVER_ENCLAVE, 7, Body::EnclaveGone { enclave: 7 }), &[]);
+    for request in 0..3000u64 {
+        up.send(&Message::new(100 + request, NAME_SERVER_ENCLAVE, 7, Body::Notify { owner_process: 4_000_000 + request, segment }), &[]);
+    }
+    // A revoke of a permit nobody here holds is acknowledged.
+    up.send(&Message::new(4, NAME_SERVER_ENCLAVE, 7, Body::Revoke { process: 1, access }), &[]);
+    let answer = up.receive().expect("an acknowledgement");
+    assert_eq!((answer.header.request, answer.body), (4, Body::Revoked { process: 1, access }), "{}", b.log());
+    // Serving a segment B never made fails; so does one from someone other than the name server.
+    let serve = Body::Serve { requester: NAME_SERVER_ENCLAVE, owner_process: 1, segment, vaddr: 0x10000, size: 4096 };
+    up.send(&Message::new(5, NAME_SERVER_ENCLAVE, 7, serve.clone()), &[]);
+    let answer = up.receive().expect("an answer to the serve");
+    assert_eq!(answer.header.request, 5);
+    assert!(matches!(answer.body, Body::Failed { .. }), "{answer:?}");
+    up.send(&Message::new(6, 9, 7, serve.clone()), &[]);
+    // A burst of serves: each is answered (a bounded number are served at once).
+    for request in 0..200u64 {
+        up.send(&Message::new(10_000 + request, NAME_SERVER_ENCLAVE, 7, serve.clone()), &[]);
+    }
+    let mut answered = std::collections::BTreeSet::new();
+    while answered.len() < 200 {
+        let answer = up.receive().unwrap_or_else(|| panic!("{} of 200 serves answered: {}", answered.len(), b.log()));
+        assert!(matches!(answer.body, Body::Failed { .. }), "{answer:?}");
+        answered.insert(answer.header.request);
+    }
+    // A request with a trailing byte is answered Malformed.
+    let mut bad = Message::new(8, NAME_SERVER_ENCLAVE, 7, Body::Lookup { name: Name::new(b"x").unwrap() }).to_bytes().unwrap();
+    bad.push(0);
+    up.send_bytes(&bad, &[]);
+    let answer = up.receive().expect("an answer to the malformed request");
+    assert_eq!((answer.header.request, answer.body), (8, Body::Failed { error: xemem::Error::Malformed }), "{}", b.log());
+    assert_eq!(b.call(json!({"op": "ls"}))["ok"], true, "{}", b.log());
+    // The fake daemon hangs up: B links again and asks for a new id.
+    drop(up);
+    let again = FakePeer::upstream_of(&listener, 8);
+    assert!(b.wait_for_log("the name server gave this daemon enclave id 8", Duration::from_secs(5)).is_some(), "{}", b.log());
+    assert_eq!(b.call(json!({"op": "ls"}))["ok"], true, "{}", b.log());
+    drop(again);
 }
 
 /// Page-word access to a memfd without mapping it.
@@ -543,6 +948,265 @@ fn a_host_process_on_the_name_server_attaches_an_lwk_segment_under_a_sub_manager
     assert_eq!(removed["ok"], true, "{removed}");
 }
 
+/// Builds xemem/tests/SOURCE as a host program against libxpmem.a.
+fn build_host_program(source: &str, out: &Path) {
+    let xemem = workspace_root().join("xemem");
+    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
+    let built = Command::new("cc")
+        .args(["-O2", "-I"])
+        .arg(xemem.join("include"))
+        .arg("-o")
+        .arg(out)
+        .arg(xemem.join("tests").join(source))
+        .arg(xemem.join("build/lib/libxpmem.a"))
+        .arg("-lpthread")
+        .status()
+        .unwrap();
+    assert!(built.success(), "building {source}");
+}
+
+/// Runs `lwk_named_owner` in enclave `enclave` (XEMEM id `enclave_id`) of `owner_at` while
+/// `host_attacher` runs against `attacher_at`'s broker: the host process reads the job's 16
+/// pages and writes the 42 the job waits for.
+fn lwk_segment_attached_from(owner_at: &Daemon, enclave: &str, enclave_id: u32, attacher_at: &Daemon, job: &Path, attacher: &Path, cwd: &Path) {
+    std::thread::scope(|scope| {
+        let runner = scope.spawn(|| run_job(owner_at, enclave, job, cwd));
+        let host = Command::new(attacher).env("CLOWDER_XEMEM_SOCKET", attacher_at.xemem_socket()).output().unwrap();
+        let host_out = String::from_utf8_lossy(&host.stdout).into_owned();
+        let (reply, stdout) = runner.join().unwrap();
+        let context = format!("host: {host_out}\njob: {reply} {stdout}\nowner's daemon:\n{}\nattacher's daemon:\n{}", owner_at.log(), attacher_at.log());
+        assert!(host.status.success(), "host_attacher: {:?}\n{context}", host.status);
+        assert!(host_out.contains(&format!("found a segment of enclave {enclave_id}")), "{context}");
+        assert!(host_out.contains("16 of 16 pages hold what the job wrote"), "{context}");
+        assert!(host_out.contains("another process is refused the permit"), "{context}");
+        assert_eq!(reply["status"], 0, "{context}");
+        assert!(stdout.contains("the host wrote 42"), "{context}");
+    });
+}
+
+/// An LWK job two daemon levels below a host process's daemon (enclave under D, D under B,
+/// host process on B), and in a sibling subtree (host process on C, a sibling of B): the name
+/// server grants B's permit directly, the enclave's frames go up as its RAM memfd.
+#[test]
+fn host_processes_above_and_beside_attach_an_lwk_segment_deep_in_the_tree() {
+    if let Some(why) = missing_for_enclaves() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = TempDir::new("clowderd-multihop-tree-lwk");
+    let job = dir.0.join("lwk_named_owner");
+    build_lwk_job("lwk_named_owner.c", &job);
+    let attacher = dir.0.join("host_attacher");
+    build_host_program("host_attacher.c", &attacher);
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let (b, _) = sub_manager(&dir.0.join("b"), &a);
+    let (c, _) = sub_manager(&dir.0.join("c"), &a);
+    std::fs::create_dir_all(dir.0.join("d")).unwrap();
+    let (vmm, kernel) = (vmm_binary(), kernel_image());
+    let d = Daemon::start_with(&dir.0.join("d"), Some(&b), &["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()]);
+    assert!(d.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}\n{}", d.log(), b.log());
+    let created = d.call(json!({"op": "create", "name": "owner", "cores": 1, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    let enclave_id = lwk_xemem_id(&d, "owner");
+    lwk_segment_attached_from(&d, "owner", enclave_id, &b, &job, &attacher, &dir.0);
+    lwk_segment_attached_from(&d, "owner", enclave_id, &c, &job, &attacher, &dir.0);
+    lwk_segment_attached_from(&d, "owner", enclave_id, &d, &job, &attacher, &dir.0);
+    let removed = d.call(json!({"op": "rm", "name": "owner"}));
+    assert_eq!(removed["ok"], true, "{removed}");
+}
+
+/// An LWK job deep in the tree removes its segment while host processes on every other
+/// daemon hold attachments of it: on B (whose permit the name server granted directly, the
+/// owner being below B), on C (bridged by the name server's daemon), on A and on D. The
+/// enclave's RAM is not truncated by a remove, so each must be revoked before the remove is
+/// done: every one gets SIGBUS.
+#[test]
+fn an_lwk_owners_remove_deep_in_the_tree_revokes_host_attachers_on_every_daemon() {
+    if let Some(why) = missing_for_enclaves() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = TempDir::new("clowderd-multihop-lwk-remove");
+    let job = dir.0.join("lwk_named_owner");
+    build_lwk_job("lwk_named_owner.c", &job);
+    let writer = dir.0.join("host_attacher");
+    build_host_program("host_attacher.c", &writer);
+    let holder = dir.0.join("host_held_attacher");
+    build_host_program("host_held_attacher.c", &holder);
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let (b, _) = sub_manager(&dir.0.join("b"), &a);
+    let (c, _) = sub_manager(&dir.0.join("c"), &a);
+    std::fs::create_dir_all(dir.0.join("d")).unwrap();
+    let (vmm, kernel) = (vmm_binary(), kernel_image());
+    let d = Daemon::start_with(&dir.0.join("d"), Some(&b), &["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()]);
+    assert!(d.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}\n{}", d.log(), b.log());
+    let created = d.call(json!({"op": "create", "name": "owner", "cores": 1, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    lwk_xemem_id(&d, "owner");
+    std::thread::scope(|scope| {
+        let runner = scope.spawn(|| run_job(&d, "owner", &job, &dir.0));
+        let mut held = Vec::new();
+        for (at, name) in [(&b, "B"), (&c, "C"), (&a, "A"), (&d, "D")] {
+            let mut process = HostProcess::spawn(&holder, &at.xemem_socket(), &["lwk-owner-seg", "1000"]);
+            let attached = process.wait_for("attached:", Duration::from_secs(20));
+            assert!(attached.as_deref().is_some_and(|l| l.starts_with("page 0 starts with 1000")), "{name}: {:?}\n{}", process.seen, at.log());
+            held.push((name, process));
+        }
+        // The job waits for 42, then removes its segment.
+        let wrote = Command::new(&writer).env("CLOWDER_XEMEM_SOCKET", b.xemem_socket()).output().unwrap();
+        assert!(wrote.status.success(), "{}", String::from_utf8_lossy(&wrote.stdout));
+        let (reply, stdout) = runner.join().unwrap();
+        assert!(stdout.contains("remove: 0"), "{reply} {stdout}");
+        for (name, process) in held {
+            let (status, output) = process.finish(Duration::from_secs(15));
+            assert!(output.contains("SIGBUS after the owner went: 1"), "{name}: {status:?} {output}\nA:\n{}\nB:\n{}\nD:\n{}", a.log(), b.log(), d.log());
+        }
+    });
+    let removed = d.call(json!({"op": "rm", "name": "owner"}));
+    assert_eq!(removed["ok"], true, "{removed}");
+}
+
+/// XEMEM's signals between an LWK job deep in the tree (an enclave under D, D under B under A)
+/// and host owners elsewhere: `notify_peer` as the job and as host processes on C (a sibling
+/// subtree) and on B (the daemon above D), each pair both ways.
+#[test]
+fn signals_between_an_lwk_job_under_a_sub_manager_and_host_owners_elsewhere() {
+    if let Some(why) = missing_for_enclaves() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = TempDir::new("clowderd-multihop-lwk-signals");
+    let job = dir.0.join("notify_peer_lwk");
+    build_lwk_job("notify_peer.c", &job);
+    let host = dir.0.join("notify_peer");
+    build_host_program("notify_peer.c", &host);
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let (b, _) = sub_manager(&dir.0.join("b"), &a);
+    let (c, _) = sub_manager(&dir.0.join("c"), &a);
+    std::fs::create_dir_all(dir.0.join("d")).unwrap();
+    let (vmm, kernel) = (vmm_binary(), kernel_image());
+    let d = Daemon::start_with(&dir.0.join("d"), Some(&b), &["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()]);
+    assert!(d.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}\n{}", d.log(), b.log());
+    let created = d.call(json!({"op": "create", "name": "lwk", "cores": 1, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    lwk_xemem_id(&d, "lwk");
+    for (host_at, tag) in [(&c, "c"), (&b, "b")] {
+        for job_waits in [true, false] {
+            let (job_own, host_own) = (format!("lwk-{tag}-{job_waits}-job"), format!("lwk-{tag}-{job_waits}-host"));
+            let (job_role, host_role) = if job_waits { ("wait", "signal") } else { ("signal", "wait") };
+            std::thread::scope(|scope| {
+                let runner = scope.spawn(|| run_job_with(&d, "lwk", &job, &[&job_own, &host_own, job_role], &dir.0));
+                let party = HostProcess::spawn(&host, &host_at.xemem_socket(), &[&host_own, &job_own, host_role]);
+                let (status, output) = party.finish(Duration::from_secs(60));
+                let (reply, stdout) = runner.join().unwrap();
+                let context = format!("{tag}, job waits {job_waits}\nhost ({status:?}):\n{output}\njob: {reply}\n{stdout}\nB:\n{}\nD:\n{}", b.log(), d.log());
+                assert!(output.contains("woke 1") && output.contains(&format!("signalled {job_own}")), "{context}");
+                assert!(stdout.contains("woke 1") && stdout.contains(&format!("signalled {host_own}")), "{context}");
+                assert_eq!(status, Some(0), "{context}");
+                assert_eq!(reply["status"], 0, "{context}");
+            });
+        }
+    }
+    let removed = d.call(json!({"op": "rm", "name": "lwk"}));
+    assert_eq!(removed["ok"], true, "{removed}");
+}
+
+/// Runs `job ARGS` in enclave `name` of `d` on a thread, its stdout gathered in `out` as it
+/// comes; the thread returns the final reply.
+fn spawn_job<'s>(scope: &'s std::thread::Scope<'s, '_>, d: &'s Daemon, name: &'s str, job: &'s Path, args: Vec<String>, cwd: &'s Path, out: &'s std::sync::Mutex<String>) -> std::thread::ScopedJoinHandle<'s, Value> {
+    scope.spawn(move || {
+        let binary = File::open(job).unwrap();
+        let directory = File::open(cwd).unwrap();
+        let mut argv = vec![job.file_name().unwrap().to_str().unwrap().to_string()];
+        argv.extend(args);
+        let request = json!({"op": "run", "enclave": name, "argv": argv, "cwd": cwd.to_str().unwrap(), "files": []});
+        Client::connect_to(&d.dir.join("clowderd.sock"))
+            .unwrap()
+            .call_streaming(&request, &[binary.as_raw_fd(), directory.as_raw_fd()], &mut |event| {
+                if event["event"] == "output" && event["stream"] == "stdout" {
+                    out.lock().unwrap().push_str(event["text"].as_str().unwrap());
+                }
+            })
+            .unwrap()
+    })
+}
+
+/// A sub-manager dies while LWK jobs elsewhere hold its host owner's memory: B's
+/// `host_keeper` owner, attached by a job in an enclave of A and by one in an enclave of C
+/// (B's sibling; the permit is bridged by A and by C). When B is killed, both jobs get SIGBUS
+/// inside their attachments (the memory is taken out of their machines) and detach.
+#[test]
+fn a_dead_sub_managers_segments_are_revoked_in_lwk_jobs_elsewhere() {
+    if let Some(why) = missing_for_enclaves() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = TempDir::new("clowderd-multihop-dead-lwk");
+    let job = dir.0.join("lwk_revoked_attacher");
+    build_lwk_job("lwk_revoked_attacher.c", &job);
+    let keeper = dir.0.join("host_keeper");
+    build_host_keeper(&keeper);
+    let (vmm, kernel) = (vmm_binary(), kernel_image());
+    let machines = ["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()];
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    std::fs::create_dir_all(dir.0.join("c")).unwrap();
+    let a = Daemon::start_with(&dir.0.join("a"), None, &machines);
+    let (mut b, _) = sub_manager(&dir.0.join("b"), &a);
+    let c = Daemon::start_with(&dir.0.join("c"), Some(&a), &machines);
+    assert!(c.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", c.log());
+    for at in [&a, &c] {
+        let created = at.call(json!({"op": "create", "name": "attacher", "cores": 1, "mem": "128M"}));
+        assert_eq!(created["ok"], true, "{created}");
+        lwk_xemem_id(at, "attacher");
+    }
+    let mut owner = HostProcess::spawn(&keeper, &b.xemem_socket(), &["dead-lwk", "3000"]);
+    assert!(owner.wait_for("made a segment of enclave", Duration::from_secs(10)).is_some(), "{:?}", owner.seen);
+    let outputs = [std::sync::Mutex::new(String::new()), std::sync::Mutex::new(String::new())];
+    let args = || vec!["handler".to_string(), "1".to_string(), "dead-lwk".to_string(), "3000".to_string()];
+    let replies = std::thread::scope(|scope| {
+        let on_a = spawn_job(scope, &a, "attacher", &job, args(), &dir.0, &outputs[0]);
+        let on_c = spawn_job(scope, &c, "attacher", &job, args(), &dir.0, &outputs[1]);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !outputs.iter().all(|out| out.lock().unwrap().contains("wrote 44")) {
+            assert!(Instant::now() < deadline, "the jobs never attached: {:?} {:?}\nA:\n{}\nC:\n{}", outputs[0].lock().unwrap(), outputs[1].lock().unwrap(), a.log(), c.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        b.child.kill().unwrap();
+        let _ = b.child.wait();
+        // A job that never sees SIGBUS spins: its enclave is removed after a minute.
+        let watchdog = scope.spawn(|| {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while Instant::now() < deadline && !outputs.iter().all(|out| out.lock().unwrap().contains("release:")) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            for at in [&a, &c] {
+                if !outputs.iter().all(|out| out.lock().unwrap().contains("release:")) {
+                    let _ = at.call(json!({"op": "rm", "name": "attacher"}));
+                }
+            }
+        });
+        let replies = (on_a.join().unwrap(), on_c.join().unwrap());
+        watchdog.join().unwrap();
+        replies
+    });
+    for (reply, (out, name)) in [replies.0, replies.1].iter().zip(outputs.iter().zip(["A", "C"])) {
+        let out = out.lock().unwrap();
+        let context = format!("{name}: {reply}\n{out}\nA:\n{}\nC:\n{}", a.log(), c.log());
+        assert_eq!(reply["status"], 0, "{context}");
+        assert!(out.contains("16 of 16 pages hold the owner's pattern"), "{context}");
+        assert!(out.contains("main thread: SIGBUS inside the attachment: 1"), "{context}");
+        assert!(out.contains("detach: 0"), "{context}");
+    }
+    let _ = owner.finish(Duration::from_millis(10));
+    for at in [&a, &c] {
+        let removed = at.call(json!({"op": "rm", "name": "attacher"}));
+        assert_eq!(removed["ok"], true, "{removed}");
+    }
+}
+
 /// Waits for the LWK in enclave `name` of daemon `d` to log its XEMEM id.
 fn lwk_xemem_id(d: &Daemon, name: &str) -> u32 {
     const LINE: &str = "[lwk] xemem: the name server gave this enclave id ";
@@ -560,10 +1224,16 @@ fn lwk_xemem_id(d: &Daemon, name: &str) -> u32 {
 
 /// Runs `job` in enclave `name` of daemon `d`; returns the final reply and the job's stdout.
 fn run_job(d: &Daemon, name: &str, job: &Path, cwd: &Path) -> (Value, String) {
+    run_job_with(d, name, job, &[], cwd)
+}
+
+/// [`run_job`] with arguments after argv[0].
+fn run_job_with(d: &Daemon, name: &str, job: &Path, args: &[&str], cwd: &Path) -> (Value, String) {
     let binary = File::open(job).unwrap();
     let directory = File::open(cwd).unwrap();
-    let argv0 = job.file_name().unwrap().to_str().unwrap();
-    let request = json!({"op": "run", "enclave": name, "argv": [argv0], "cwd": cwd.to_str().unwrap(), "files": []});
+    let mut argv = vec![job.file_name().unwrap().to_str().unwrap()];
+    argv.extend_from_slice(args);
+    let request = json!({"op": "run", "enclave": name, "argv": argv, "cwd": cwd.to_str().unwrap(), "files": []});
     let mut stdout = String::new();
     let reply = Client::connect_to(&d.dir.join("clowderd.sock"))
         .unwrap()

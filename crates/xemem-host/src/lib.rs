@@ -111,6 +111,11 @@ struct State {
     /// A sub-manager's segments, made at the upstream name server: segment -> (owner pid,
     /// vaddr, length), to check the name server's requests to serve them.
     remote_segments: HashMap<SegmentId, (u32, u64, u64)>,
+    /// A sub-manager's segments and permits from a name server that is gone
+    /// ([`Broker::upstream_lost`]): by id, the process that made or holds them. Its remove or
+    /// release of them succeeds here; nothing upstream knows them any more.
+    orphaned_segments: HashMap<SegmentId, u32>,
+    orphaned_permits: HashMap<AccessId, u32>,
 }
 
 /// A host process's permit on another enclave's segment.
@@ -352,6 +357,8 @@ impl Broker {
         for segment in &upstream {
             state.remote_segments.remove(segment);
         }
+        state.orphaned_segments.retain(|_, owner| *owner != pid);
+        state.orphaned_permits.retain(|_, holder| *holder != pid);
         state.ns.forget(|p| *p == me);
         state.servers.remove(&pid);
         let memfds = state.revocable.remove(&pid).map(|memfds| memfds.into_values().collect()).unwrap_or_default();
@@ -389,6 +396,13 @@ impl Broker {
             wire::OP_REMOVE => {
                 let segment = SegmentId::from_raw(a[0] as i64).ok_or(Error::Invalid)?;
                 if self.is_sub_manager() {
+                    // Removed already, with the name server that knew it: done.
+                    let mut state = self.lock();
+                    if state.orphaned_segments.get(&segment) == Some(&peer.pid) {
+                        state.orphaned_segments.remove(&segment);
+                        return Ok(Answer::ok(op, &[]));
+                    }
+                    drop(state);
                     // The name server checks that the caller owns it; the owner's library then
                     // truncates, so attachers anywhere get SIGBUS.
                     self.remote()?.remove(peer.pid as u64, segment)?;
@@ -418,7 +432,7 @@ impl Broker {
                         let local = state.next_surrogate.max(FIRST_SURROGATE);
                         state.next_surrogate = if local >= xemem::ids::MAX_LOCAL_ID { FIRST_SURROGATE } else { local + 1 };
                         let candidate = AccessId::new(NAME_SERVER_ENCLAVE, local).ok_or(Error::Exhausted)?;
-                        if !state.remote_permits.contains_key(&candidate) {
+                        if !state.remote_permits.contains_key(&candidate) && !state.orphaned_permits.contains_key(&candidate) {
                             break candidate;
                         }
                     };
@@ -431,6 +445,13 @@ impl Broker {
             }
             wire::OP_RELEASE => {
                 let access = AccessId::from_raw(a[0] as i64).ok_or(Error::Invalid)?;
+                {
+                    let mut state = self.lock();
+                    if state.orphaned_permits.get(&access) == Some(&peer.pid) {
+                        state.orphaned_permits.remove(&access);
+                        return Ok(Answer::ok(op, &[]));
+                    }
+                }
                 if let Some(real) = self.remote_permit(peer.pid, access)? {
                     self.lock().remote_permits.remove(&access);
                     self.remote()?.release(peer.pid as u64, real)?;
@@ -441,6 +462,13 @@ impl Broker {
             }
             wire::OP_DETACH => {
                 let access = AccessId::from_raw(a[0] as i64).ok_or(Error::Invalid)?;
+                {
+                    let mut state = self.lock();
+                    if state.orphaned_permits.get(&access) == Some(&peer.pid) {
+                        state.orphaned_permits.remove(&access);
+                        return Ok(Answer::ok(op, &[]));
+                    }
+                }
                 if let Some(real) = self.remote_permit(peer.pid, access)? {
                     self.remote()?.detach(peer.pid as u64, real)?;
                     return Ok(Answer::ok(op, &[]));
@@ -459,6 +487,13 @@ impl Broker {
             }
             wire::OP_SIGNAL => {
                 let access = AccessId::from_raw(a[0] as i64).ok_or(Error::Invalid)?;
+                {
+                    let mut state = self.lock();
+                    if state.orphaned_permits.get(&access) == Some(&peer.pid) {
+                        state.orphaned_permits.remove(&access);
+                        return Ok(Answer::ok(op, &[]));
+                    }
+                }
                 if let Some(real) = self.remote_permit(peer.pid, access)? {
                     self.remote()?.signal(peer.pid as u64, real)?;
                     return Ok(Answer::ok(op, &[]));
@@ -602,6 +637,26 @@ impl Broker {
     }
 }
 
+impl Broker {
+    /// A sub-manager's part of a signal: the upstream name server tells this daemon that
+    /// someone signalled `segment`, which host process `process` made through
+    /// [`Enclaves::make`]. The segment must be one this broker made upstream for that process;
+    /// its library then gets NOTIFY (its notify descriptors count one more).
+    pub fn notify_for_name_server(&self, process: u64, segment: SegmentId) -> Result<(), Error> {
+        let pid = u32::try_from(process).map_err(|_| Error::Invalid)?;
+        let server = {
+            let state = self.lock();
+            match state.remote_segments.get(&segment) {
+                Some(&(owner, _, _)) if owner == pid => {}
+                _ => return Err(Error::NotFound),
+            }
+            state.servers.get(&pid).cloned().ok_or(Error::NotFound)?
+        };
+        ask_owner(&server, &Request::new(wire::OP_NOTIFY, &[segment.raw() as u64]))?;
+        Ok(())
+    }
+}
+
 /// Processes of other enclaves on host segments: clowderd's name-server node hands the broker
 /// their requests about segments of enclave 1 (host processes'), since those live here. The
 /// caller is `(its enclave, its process)`; permits it gets are this name server's ids.
@@ -688,6 +743,42 @@ impl Broker {
                 let _ = ask_owner_within(&server, &Request::new(wire::OP_REVOKE, &[surrogate.raw() as u64]), REVOKE_WAIT);
             }
         }
+    }
+
+    /// The name server took back permit `real`, which host process `holder` holds on another
+    /// enclave's segment (the owner's daemon went away, or the owner removed it): the holder's
+    /// library replaces its attachments through it with memory that raises SIGBUS, as
+    /// [`Broker::revoke_remote`] does. The permit stays until released. A permit this broker
+    /// does not know changes nothing.
+    pub fn revoke_remote_permit(&self, holder: u64, real: AccessId) {
+        let found = {
+            let state = self.lock();
+            state
+                .remote_permits
+                .iter()
+                .find(|(_, permit)| permit.real == real && u64::from(permit.holder) == holder)
+                .map(|(surrogate, permit)| (*surrogate, state.servers.get(&permit.holder).cloned()))
+        };
+        if let Some((surrogate, Some(server))) = found {
+            let _ = ask_owner_within(&server, &Request::new(wire::OP_REVOKE, &[surrogate.raw() as u64]), REVOKE_WAIT);
+        }
+    }
+
+    /// A sub-manager lost the name server upstream for good (it will rejoin a new one with a
+    /// new id): every segment its host processes made there is gone, and every permit they
+    /// hold was granted there. Attachments through those permits are revoked (SIGBUS from
+    /// then on, as after a remove), the segments can no longer be served, and a later
+    /// remove or release of them succeeds here without going upstream.
+    pub fn upstream_lost(&self) {
+        if !self.is_sub_manager() {
+            return;
+        }
+        self.revoke_remote(|_| true);
+        let mut state = self.lock();
+        let segments: Vec<(SegmentId, u32)> = state.remote_segments.drain().map(|(segment, (owner, _, _))| (segment, owner)).collect();
+        state.orphaned_segments.extend(segments);
+        let permits: Vec<(AccessId, u32)> = state.remote_permits.drain().map(|(surrogate, permit)| (surrogate, permit.holder)).collect();
+        state.orphaned_permits.extend(permits);
     }
 
     /// An enclave is gone: its permits on host segments go too.

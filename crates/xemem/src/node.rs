@@ -237,6 +237,31 @@ impl Node {
         self.run_local(memory);
     }
 
+    /// The name server that gave this node its id is gone for good: the link towards it went
+    /// down, so it (or a hop on the way, which took every enclave behind it along) forgot
+    /// this node, and a name server found again will not know its id. Everything that came
+    /// from it goes: the id, the routes to the enclaves below (their ids were its too), the
+    /// segments made and permits granted there, and every pending request (it fails with
+    /// `Unreachable`). The next [`Node::tick`] looks for a name server again and asks it for
+    /// a new id. A name server's own node has nothing to rejoin.
+    pub fn rejoin(&mut self) {
+        if self.name_server.is_some() {
+            return;
+        }
+        self.id = 0;
+        self.own_token = None;
+        self.towards_name_server = None;
+        self.last_discovery = None;
+        self.routes.clear();
+        self.forwarded.clear();
+        self.granted.clear();
+        self.owned.clear();
+        self.local.clear();
+        for (request, _) in core::mem::take(&mut self.pending) {
+            self.completions.push(Completion { request, result: Err(Error::Unreachable) });
+        }
+    }
+
     /// How many answers the name server keeps for retries of `enclave`'s requests.
     pub fn cached_answers_for(&self, enclave: EnclaveId) -> usize {
         self.replies.keys().filter(|(origin, _)| *origin == enclave).count()

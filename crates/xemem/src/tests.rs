@@ -922,3 +922,44 @@ fn a_revoke_from_the_name_server_unmaps_and_is_acknowledged_and_a_forged_one_is_
     assert_eq!(out[0].0, up, "the acknowledgement goes back towards the name server");
     assert_eq!(out[0].1, Message::new(77, id, NAME_SERVER_ENCLAVE, Body::Revoked { process: 7, access }));
 }
+
+#[test]
+fn a_node_that_lost_its_name_server_rejoins_a_new_one_with_a_new_id() {
+    // A chain: name server - middle - leaf. The middle node's upstream goes away (its name
+    // server restarted); it rejoins, and a fresh name server on the same link gives it an id.
+    let mut net = Net::tree(3, 5, 0, false);
+    net.peers = vec![vec![(1, 0)], vec![(0, 0), (2, 0)], vec![(1, 1)]];
+    let timing = Timing { retry_after: 200, attempts: 8 };
+    net.nodes = vec![Node::new(1, true, timing), Node::new(2, false, timing), Node::new(1, false, timing)];
+    net.settle_ids();
+    let leaf = net.nodes[2].id().unwrap();
+    let owner = Owner { uid: 0, gid: 0, mode: 0o600 };
+    let Ok(Reply::Made(segment)) = net.call(1, Request::Make { process: 1, vaddr: 0, size: PAGE_SIZE, owner, name: None }) else { panic!("make") };
+    // A request in flight when the name server goes: it fails at once on rejoin.
+    let pending = net.nodes[1].request(Request::Lookup { name: Name::new(b"x").unwrap() }, &mut net.memory[1]).unwrap();
+    net.nodes[1].outbox();
+    net.nodes[1].link_down(0, &mut net.memory[1]);
+    net.nodes[1].rejoin();
+    assert_eq!(net.nodes[1].id(), None);
+    assert_eq!(net.nodes[1].route(leaf), None, "the leaf's id was the old name server's");
+    assert!(net.nodes[1].completions().iter().any(|c| c.request == pending && c.result == Err(Error::Unreachable)));
+    // A name server's node ignores rejoin.
+    net.nodes[0].rejoin();
+    assert_eq!(net.nodes[0].id(), Some(NAME_SERVER_ENCLAVE));
+    // The restarted name server.
+    net.nodes[0] = Node::new(1, true, timing);
+    net.in_flight.clear();
+    for _ in 0..200 {
+        if net.nodes[1].id().is_some() {
+            break;
+        }
+        net.step();
+    }
+    let again = net.nodes[1].id().expect("a new id");
+    assert!(again >= 2);
+    // The old segment is unknown to the new name server; segments made now work.
+    assert_eq!(net.call(1, Request::Lookup { name: Name::new(b"x").unwrap() }), Err(Error::NotFound));
+    assert_eq!(net.call(1, Request::Remove { process: 1, segment }), Err(Error::NotFound));
+    let Ok(Reply::Made(fresh)) = net.call(1, Request::Make { process: 1, vaddr: 0, size: PAGE_SIZE, owner, name: None }) else { panic!("make again") };
+    assert_eq!(fresh.enclave(), again);
+}
