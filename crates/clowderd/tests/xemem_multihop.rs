@@ -778,9 +778,10 @@ fn a_malformed_peer_gets_errors_and_the_daemon_keeps_serving() {
 
 /// A fake name server's daemon above a real sub-manager B sends what a broken or hostile
 /// upstream could: garbage, signals and revokes for segments and permits B never had, serves
-/// of unknown segments, notices for other enclaves, a flood of signals, and a second answer to
-/// discovery. B answers what asks for an answer, ignores the rest, keeps serving its API, and
-/// links again when the fake daemon hangs up.
+/// of unknown segments, notices for other enclaves, a flood of signals, a second answer to
+/// discovery, and at last a notice that B's own id is gone (B rejoins). B answers what asks
+/// for an answer, ignores the rest, keeps serving its API, and links again when the fake
+/// daemon hangs up.
 #[test]
 fn a_sub_manager_survives_a_malformed_upstream_and_links_again() {
     let dir = TempDir::new("clowderd-multihop-bad-upstream");
@@ -800,7 +801,7 @@ fn a_sub_manager_survives_a_malformed_upstream_and_links_again() {
     up.send(&Message::new(1, NAME_SERVER_ENCLAVE, 7, Body::Notify { owner_process: 1, segment }), &[]);
     let elsewhere = xemem::SegmentId::new(9, 1).unwrap();
     up.send(&Message::new(2, NAME_SERVER_ENCLAVE, 7, Body::Notify { owner_process: 1, segment: elsewhere }), &[]);
-    up.send(&Message::new(3, NAME_SERVER_ENCLAVE, 7, Body::EnclaveGone { enclave: 7 }), &[]);
+    up.send(&Message::new(3, NAME_SERVER_ENCLAVE, 7, Body::EnclaveGone { enclave: 9 }), &[]);
     for request in 0..3000u64 {
         up.send(&Message::new(100 + request, NAME_SERVER_ENCLAVE, 7, Body::Notify { owner_process: 4_000_000 + request, segment }), &[]);
     }
@@ -831,6 +832,13 @@ fn a_sub_manager_survives_a_malformed_upstream_and_links_again() {
     up.send_bytes(&bad, &[]);
     let answer = up.receive().expect("an answer to the malformed request");
     assert_eq!((answer.header.request, answer.body), (8, Body::Failed { error: xemem::Error::Malformed }), "{}", b.log());
+    assert_eq!(b.call(json!({"op": "ls"}))["ok"], true, "{}", b.log());
+    // The upstream says B's own id is gone: B rejoins, and answered as a name server answers
+    // discovery it asks for a new id; it keeps serving its API.
+    up.send(&Message::new(0, 0, 0, Body::EnclaveGone { enclave: 7 }), &[]);
+    up.send(&Message::new(0, 0, 0, Body::PongNameServer), &[]);
+    let asked = up.receive().expect("B asks for a new id");
+    assert!(matches!(asked.body, Body::EnclaveIdRequest { .. }), "{asked:?}\n{}", b.log());
     assert_eq!(b.call(json!({"op": "ls"}))["ok"], true, "{}", b.log());
     // The fake daemon hangs up: B links again and asks for a new id.
     drop(up);
@@ -1013,6 +1021,50 @@ fn host_processes_above_and_beside_attach_an_lwk_segment_deep_in_the_tree() {
     lwk_segment_attached_from(&d, "owner", enclave_id, &c, &job, &attacher, &dir.0);
     lwk_segment_attached_from(&d, "owner", enclave_id, &d, &job, &attacher, &dir.0);
     let removed = d.call(json!({"op": "rm", "name": "owner"}));
+    assert_eq!(removed["ok"], true, "{removed}");
+}
+
+/// The name server's daemon restarts above a sub-manager with an LWK enclave: the sub-manager
+/// rejoins with a new id and tells the enclave its id went too (`EnclaveGone` naming it), so
+/// the enclave's kernel rejoins and gets a new id without being recreated, and a host process
+/// on the new name server's daemon attaches a segment the enclave's job makes then.
+#[test]
+fn an_lwk_enclave_under_a_sub_manager_rejoins_after_its_name_server_restarts() {
+    if let Some(why) = missing_for_enclaves() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = TempDir::new("clowderd-multihop-lwk-rejoin");
+    let job = dir.0.join("lwk_named_owner");
+    build_lwk_job("lwk_named_owner.c", &job);
+    let attacher = dir.0.join("host_attacher");
+    build_host_program("host_attacher.c", &attacher);
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    std::fs::create_dir_all(dir.0.join("b")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let (vmm, kernel) = (vmm_binary(), kernel_image());
+    let b = Daemon::start_with(&dir.0.join("b"), Some(&a), &["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()]);
+    assert!(b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", b.log());
+    let created = b.call(json!({"op": "create", "name": "owner", "cores": 1, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    let before = lwk_xemem_id(&b, "owner");
+    let b_ids = ids_logged(&b).len();
+    drop(a);
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let b_again = new_id(&b, b_ids, Duration::from_secs(20)).unwrap_or_else(|| panic!("B got no new id:\n{}\nA:\n{}", b.log(), a.log()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let after = loop {
+        let ids = lwk_xemem_ids(&b, "owner");
+        if ids.len() > 1 {
+            break *ids.last().unwrap();
+        }
+        assert!(Instant::now() < deadline, "the enclave got no new XEMEM id: {ids:?}\nB:\n{}", b.log());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_ne!(after, b_again);
+    eprintln!("enclave id before {before}, after {after} (B now {b_again})");
+    lwk_segment_attached_from(&b, "owner", after, &a, &job, &attacher, &dir.0);
+    let removed = b.call(json!({"op": "rm", "name": "owner"}));
     assert_eq!(removed["ok"], true, "{removed}");
 }
 
@@ -1207,17 +1259,22 @@ fn a_dead_sub_managers_segments_are_revoked_in_lwk_jobs_elsewhere() {
     }
 }
 
+/// The XEMEM ids the LWK in enclave `name` of daemon `d` has logged, oldest first.
+fn lwk_xemem_ids(d: &Daemon, name: &str) -> Vec<u32> {
+    const LINE: &str = "[lwk] xemem: the name server gave this enclave id ";
+    let logs = d.call(json!({"op": "logs", "name": name}));
+    let lines = logs["lines"].as_array().cloned().unwrap_or_default();
+    lines.iter().filter_map(Value::as_str).filter_map(|l| l.find(LINE).map(|at| l[at + LINE.len()..].trim().parse().unwrap())).collect()
+}
+
 /// Waits for the LWK in enclave `name` of daemon `d` to log its XEMEM id.
 fn lwk_xemem_id(d: &Daemon, name: &str) -> u32 {
-    const LINE: &str = "[lwk] xemem: the name server gave this enclave id ";
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let logs = d.call(json!({"op": "logs", "name": name}));
-        let lines = logs["lines"].as_array().cloned().unwrap_or_default();
-        if let Some(id) = lines.iter().filter_map(Value::as_str).find_map(|l| l.find(LINE).map(|at| l[at + LINE.len()..].trim().to_string())) {
-            return id.parse().unwrap();
+        if let Some(&id) = lwk_xemem_ids(d, name).first() {
+            return id;
         }
-        assert!(Instant::now() < deadline, "enclave {name} got no XEMEM id: {logs}\n{}", d.log());
+        assert!(Instant::now() < deadline, "enclave {name} got no XEMEM id\n{}", d.log());
         std::thread::sleep(Duration::from_millis(100));
     }
 }

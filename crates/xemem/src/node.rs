@@ -243,10 +243,15 @@ impl Node {
     /// from it goes: the id, the routes to the enclaves below (their ids were its too), the
     /// segments made and permits granted there, and every pending request (it fails with
     /// `Unreachable`). The next [`Node::tick`] looks for a name server again and asks it for
-    /// a new id. A name server's own node has nothing to rejoin.
+    /// a new id. A name server's own node has nothing to rejoin. Each enclave below is told
+    /// that its id is gone (`EnclaveGone` naming it, sent down its link), so it rejoins too.
     pub fn rejoin(&mut self) {
         if self.name_server.is_some() {
             return;
+        }
+        let below: Vec<(EnclaveId, LinkId)> = self.routes.iter().map(|(&enclave, &link)| (enclave, link)).collect();
+        for (enclave, link) in below {
+            self.outbox.push((link, Message::new(0, 0, 0, Body::EnclaveGone { enclave })));
         }
         self.id = 0;
         self.own_token = None;
@@ -399,6 +404,12 @@ impl Node {
                 }
             }
             Body::EnclaveGone { enclave } => {
+                // Our own id, from upstream: the hop above rejoined (its name server is gone),
+                // and our id went with it.
+                if self.id != 0 && enclave == self.id && self.name_server.is_none() && Some(link) == self.towards_name_server {
+                    self.rejoin();
+                    return;
+                }
                 // Only a hop on the path to that enclave may declare it gone: the notice must
                 // arrive on the link our route to it uses.
                 if self.id == 0 || self.routes.get(&enclave) != Some(&link) {

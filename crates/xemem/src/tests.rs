@@ -957,6 +957,18 @@ fn a_node_that_lost_its_name_server_rejoins_a_new_one_with_a_new_id() {
     }
     let again = net.nodes[1].id().expect("a new id");
     assert!(again >= 2);
+    // The leaf was told its id went with the middle node's, rejoined, and has a new one.
+    for _ in 0..200 {
+        if net.nodes[2].id().is_some_and(|id| id != leaf) {
+            break;
+        }
+        net.step();
+    }
+    let leaf_again = net.nodes[2].id().expect("the leaf has a new id");
+    assert_ne!(leaf_again, again);
+    assert_eq!(net.nodes[1].route(leaf_again), Some(1));
+    let Ok(Reply::Made(from_leaf)) = net.call(2, Request::Make { process: 1, vaddr: 0, size: PAGE_SIZE, owner, name: None }) else { panic!("make from the leaf") };
+    assert_eq!(from_leaf.enclave(), leaf_again);
     // The old segment is unknown to the new name server; segments made now work.
     assert_eq!(net.call(1, Request::Lookup { name: Name::new(b"x").unwrap() }), Err(Error::NotFound));
     assert_eq!(net.call(1, Request::Remove { process: 1, segment }), Err(Error::NotFound));
