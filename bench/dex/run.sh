@@ -165,7 +165,8 @@ critical path. First forward/backward are one sample per process run (a process 
 	scale_row "EP optimised (2^26 samples)" "scales linearly" "$build/ep 1 26" "$build/ep 2 26" "$build/ep 2 26"
 	scale_row "EP naive (2^24 samples)" "scales, below optimised" "$build/ep 1 24" "$build/ep --naive 2 24" \
 		"$build/ep --naive 2 24"
-	# Problem sizes give the baseline about a second, so the nodes' start-up (included) is amortised.
+	# Small-input rows give the baseline about a second (the nodes' start-up, included, is
+	# amortised); the paper-sized rows a few seconds.
 	# KMN and BLK at the paper's work per input byte (DEX used 5M points and 100 centres;
 	# PARSEC's blackscholes prices every option 100 times), then at a small input.
 	scale_row "KMN optimised (paper's 5M points, 100 clusters; 6 it.)" "scales once optimised" \
