@@ -33,6 +33,12 @@ impl Daemon {
         Daemon::start_with(dir, upstream, &["--kernel", env!("CARGO_BIN_EXE_clowderd")])
     }
 
+    /// A daemon that runs LWK enclaves: with the built VMM and kernel.
+    fn start_with_machines(dir: &Path, upstream: Option<&Daemon>) -> Daemon {
+        let (vmm, kernel) = (vmm_binary(), kernel_image());
+        Daemon::start_with(dir, upstream, &["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()])
+    }
+
     fn start_with(dir: &Path, upstream: Option<&Daemon>, options: &[&str]) -> Daemon {
         let socket = dir.join("clowderd.sock");
         let log = File::create(dir.join("clowderd.log")).unwrap();
@@ -291,9 +297,34 @@ fn host_processes_two_daemons_apart_share_memory() {
 /// Starts a sub-manager of `upstream` on `dir` and waits for its enclave id.
 fn sub_manager(dir: &Path, upstream: &Daemon) -> (Daemon, u32) {
     std::fs::create_dir_all(dir).unwrap();
-    let daemon = Daemon::start(dir, Some(upstream));
+    with_id(Daemon::start(dir, Some(upstream)), upstream)
+}
+
+/// The tree the LWK tests deep in it use: A the name server, B and C its sub-managers, D under
+/// B running LWK enclave `enclave` (created here); returns the daemons and the enclave's XEMEM
+/// id.
+fn tree_with_an_enclave_under_d(dir: &Path, enclave: &str) -> (Daemon, Daemon, Daemon, Daemon, u32) {
+    std::fs::create_dir_all(dir.join("a")).unwrap();
+    let a = Daemon::start(&dir.join("a"), None);
+    let (b, _) = sub_manager(&dir.join("b"), &a);
+    let (c, _) = sub_manager(&dir.join("c"), &a);
+    let d = enclave_sub_manager(&dir.join("d"), &b);
+    let created = d.call(json!({"op": "create", "name": enclave, "cores": 1, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    let id = lwk_xemem_id(&d, enclave);
+    (a, b, c, d, id)
+}
+
+/// [`sub_manager`] that runs LWK enclaves too.
+fn enclave_sub_manager(dir: &Path, upstream: &Daemon) -> Daemon {
+    std::fs::create_dir_all(dir).unwrap();
+    with_id(Daemon::start_with_machines(dir, Some(upstream)), upstream).0
+}
+
+/// Waits for `daemon`, a sub-manager of `upstream`, to get its enclave id.
+fn with_id(daemon: Daemon, upstream: &Daemon) -> (Daemon, u32) {
     let id = daemon.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10));
-    let id = id.unwrap_or_else(|| panic!("{} got no id: {}\nupstream: {}", dir.display(), daemon.log(), upstream.log()));
+    let id = id.unwrap_or_else(|| panic!("{} got no id: {}\nupstream: {}", daemon.dir.display(), daemon.log(), upstream.log()));
     (daemon, id.parse().unwrap())
 }
 
@@ -905,11 +936,8 @@ fn a_host_process_on_the_name_server_attaches_an_lwk_segment_under_a_sub_manager
         .unwrap();
     assert!(built.success(), "building host_attacher.c");
     std::fs::create_dir_all(dir.0.join("a")).unwrap();
-    std::fs::create_dir_all(dir.0.join("b")).unwrap();
     let a = Daemon::start(&dir.0.join("a"), None);
-    let (vmm, kernel) = (vmm_binary(), kernel_image());
-    let b = Daemon::start_with(&dir.0.join("b"), Some(&a), &["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()]);
-    assert!(b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", b.log());
+    let b = enclave_sub_manager(&dir.0.join("b"), &a);
 
     let created = b.call(json!({"op": "create", "name": "owner", "cores": 1, "mem": "128M"}));
     assert_eq!(created["ok"], true, "{created}");
@@ -1006,17 +1034,7 @@ fn host_processes_above_and_beside_attach_an_lwk_segment_deep_in_the_tree() {
     build_lwk_job("lwk_named_owner.c", &job);
     let attacher = dir.0.join("host_attacher");
     build_host_program("host_attacher.c", &attacher);
-    std::fs::create_dir_all(dir.0.join("a")).unwrap();
-    let a = Daemon::start(&dir.0.join("a"), None);
-    let (b, _) = sub_manager(&dir.0.join("b"), &a);
-    let (c, _) = sub_manager(&dir.0.join("c"), &a);
-    std::fs::create_dir_all(dir.0.join("d")).unwrap();
-    let (vmm, kernel) = (vmm_binary(), kernel_image());
-    let d = Daemon::start_with(&dir.0.join("d"), Some(&b), &["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()]);
-    assert!(d.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}\n{}", d.log(), b.log());
-    let created = d.call(json!({"op": "create", "name": "owner", "cores": 1, "mem": "128M"}));
-    assert_eq!(created["ok"], true, "{created}");
-    let enclave_id = lwk_xemem_id(&d, "owner");
+    let (_a, b, c, d, enclave_id) = tree_with_an_enclave_under_d(&dir.0, "owner");
     lwk_segment_attached_from(&d, "owner", enclave_id, &b, &job, &attacher, &dir.0);
     lwk_segment_attached_from(&d, "owner", enclave_id, &c, &job, &attacher, &dir.0);
     lwk_segment_attached_from(&d, "owner", enclave_id, &d, &job, &attacher, &dir.0);
@@ -1040,11 +1058,8 @@ fn an_lwk_enclave_under_a_sub_manager_rejoins_after_its_name_server_restarts() {
     let attacher = dir.0.join("host_attacher");
     build_host_program("host_attacher.c", &attacher);
     std::fs::create_dir_all(dir.0.join("a")).unwrap();
-    std::fs::create_dir_all(dir.0.join("b")).unwrap();
     let a = Daemon::start(&dir.0.join("a"), None);
-    let (vmm, kernel) = (vmm_binary(), kernel_image());
-    let b = Daemon::start_with(&dir.0.join("b"), Some(&a), &["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()]);
-    assert!(b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", b.log());
+    let b = enclave_sub_manager(&dir.0.join("b"), &a);
     let created = b.call(json!({"op": "create", "name": "owner", "cores": 1, "mem": "128M"}));
     assert_eq!(created["ok"], true, "{created}");
     let before = lwk_xemem_id(&b, "owner");
@@ -1086,17 +1101,7 @@ fn an_lwk_owners_remove_deep_in_the_tree_revokes_host_attachers_on_every_daemon(
     build_host_program("host_attacher.c", &writer);
     let holder = dir.0.join("host_held_attacher");
     build_host_program("host_held_attacher.c", &holder);
-    std::fs::create_dir_all(dir.0.join("a")).unwrap();
-    let a = Daemon::start(&dir.0.join("a"), None);
-    let (b, _) = sub_manager(&dir.0.join("b"), &a);
-    let (c, _) = sub_manager(&dir.0.join("c"), &a);
-    std::fs::create_dir_all(dir.0.join("d")).unwrap();
-    let (vmm, kernel) = (vmm_binary(), kernel_image());
-    let d = Daemon::start_with(&dir.0.join("d"), Some(&b), &["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()]);
-    assert!(d.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}\n{}", d.log(), b.log());
-    let created = d.call(json!({"op": "create", "name": "owner", "cores": 1, "mem": "128M"}));
-    assert_eq!(created["ok"], true, "{created}");
-    lwk_xemem_id(&d, "owner");
+    let (a, b, c, d, _) = tree_with_an_enclave_under_d(&dir.0, "owner");
     std::thread::scope(|scope| {
         let runner = scope.spawn(|| run_job(&d, "owner", &job, &dir.0));
         let mut held = Vec::new();
@@ -1134,17 +1139,7 @@ fn signals_between_an_lwk_job_under_a_sub_manager_and_host_owners_elsewhere() {
     build_lwk_job("notify_peer.c", &job);
     let host = dir.0.join("notify_peer");
     build_host_program("notify_peer.c", &host);
-    std::fs::create_dir_all(dir.0.join("a")).unwrap();
-    let a = Daemon::start(&dir.0.join("a"), None);
-    let (b, _) = sub_manager(&dir.0.join("b"), &a);
-    let (c, _) = sub_manager(&dir.0.join("c"), &a);
-    std::fs::create_dir_all(dir.0.join("d")).unwrap();
-    let (vmm, kernel) = (vmm_binary(), kernel_image());
-    let d = Daemon::start_with(&dir.0.join("d"), Some(&b), &["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()]);
-    assert!(d.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}\n{}", d.log(), b.log());
-    let created = d.call(json!({"op": "create", "name": "lwk", "cores": 1, "mem": "128M"}));
-    assert_eq!(created["ok"], true, "{created}");
-    lwk_xemem_id(&d, "lwk");
+    let (_a, b, c, d, _) = tree_with_an_enclave_under_d(&dir.0, "lwk");
     for (host_at, tag) in [(&c, "c"), (&b, "b")] {
         for job_waits in [true, false] {
             let (job_own, host_own) = (format!("lwk-{tag}-{job_waits}-job"), format!("lwk-{tag}-{job_waits}-host"));
@@ -1201,14 +1196,10 @@ fn a_dead_sub_managers_segments_are_revoked_in_lwk_jobs_elsewhere() {
     build_lwk_job("lwk_revoked_attacher.c", &job);
     let keeper = dir.0.join("host_keeper");
     build_host_keeper(&keeper);
-    let (vmm, kernel) = (vmm_binary(), kernel_image());
-    let machines = ["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()];
     std::fs::create_dir_all(dir.0.join("a")).unwrap();
-    std::fs::create_dir_all(dir.0.join("c")).unwrap();
-    let a = Daemon::start_with(&dir.0.join("a"), None, &machines);
+    let a = Daemon::start_with_machines(&dir.0.join("a"), None);
     let (mut b, _) = sub_manager(&dir.0.join("b"), &a);
-    let c = Daemon::start_with(&dir.0.join("c"), Some(&a), &machines);
-    assert!(c.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", c.log());
+    let c = enclave_sub_manager(&dir.0.join("c"), &a);
     for at in [&a, &c] {
         let created = at.call(json!({"op": "create", "name": "attacher", "cores": 1, "mem": "128M"}));
         assert_eq!(created["ok"], true, "{created}");
@@ -1331,11 +1322,8 @@ fn an_lwk_job_under_a_sub_manager_attaches_a_host_segment_on_the_name_servers_da
         .unwrap();
     assert!(built.success(), "building host_named_owner.c");
     std::fs::create_dir_all(dir.0.join("a")).unwrap();
-    std::fs::create_dir_all(dir.0.join("b")).unwrap();
     let a = Daemon::start(&dir.0.join("a"), None);
-    let (vmm, kernel) = (vmm_binary(), kernel_image());
-    let b = Daemon::start_with(&dir.0.join("b"), Some(&a), &["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()]);
-    assert!(b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", b.log());
+    let b = enclave_sub_manager(&dir.0.join("b"), &a);
     let created = b.call(json!({"op": "create", "name": "attacher", "cores": 1, "mem": "128M"}));
     assert_eq!(created["ok"], true, "{created}");
     lwk_xemem_id(&b, "attacher");
@@ -1395,12 +1383,8 @@ fn revoke_across(tag: &str, owner_on_b: bool, enclave_on_b: bool) {
         .unwrap();
     assert!(built.success(), "building host_revoking_owner.c");
     std::fs::create_dir_all(dir.0.join("a")).unwrap();
-    std::fs::create_dir_all(dir.0.join("b")).unwrap();
-    let (vmm, kernel) = (vmm_binary(), kernel_image());
-    let machines = ["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()];
-    let a = Daemon::start_with(&dir.0.join("a"), None, &machines);
-    let b = Daemon::start_with(&dir.0.join("b"), Some(&a), &machines);
-    assert!(b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", b.log());
+    let a = Daemon::start_with_machines(&dir.0.join("a"), None);
+    let b = enclave_sub_manager(&dir.0.join("b"), &a);
     let (owner_at, enclave_at) = (if owner_on_b { &b } else { &a }, if enclave_on_b { &b } else { &a });
     let created = enclave_at.call(json!({"op": "create", "name": "attacher", "cores": 1, "mem": "128M"}));
     assert_eq!(created["ok"], true, "{created}");
