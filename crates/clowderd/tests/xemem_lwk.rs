@@ -23,7 +23,7 @@ use clowderd::xemem_links::FileRun;
 use serde_json::{json, Value};
 
 mod support;
-use support::{build_musl_job, kernel_image, missing_requirement, vmm_binary, workspace_root, TempDir};
+use support::{build_musl_job, kernel_image, lwk_xemem_id, missing_requirement, vmm_binary, workspace_root, TempDir};
 
 fn call(socket: &Path, request: Value) -> Value {
     Client::connect_to(socket).unwrap().call(&request).unwrap()
@@ -31,17 +31,7 @@ fn call(socket: &Path, request: Value) -> Value {
 
 /// Waits for the enclave's kernel to log the id the name server gave it.
 fn xemem_id(socket: &Path, enclave: &str) -> Option<u32> {
-    const LINE: &str = "[lwk] xemem: the name server gave this enclave id ";
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        let logs = call(socket, json!({"op": "logs", "name": enclave}));
-        let lines = logs["lines"].as_array().cloned().unwrap_or_default();
-        if let Some(id) = lines.iter().filter_map(Value::as_str).find_map(|line| line.find(LINE).map(|at| line[at + LINE.len()..].trim().to_string())) {
-            return id.parse().ok();
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    None
+    lwk_xemem_id(socket, enclave, Duration::from_secs(10))
 }
 
 #[test]

@@ -1252,22 +1252,12 @@ fn a_dead_sub_managers_segments_are_revoked_in_lwk_jobs_elsewhere() {
 
 /// The XEMEM ids the LWK in enclave `name` of daemon `d` has logged, oldest first.
 fn lwk_xemem_ids(d: &Daemon, name: &str) -> Vec<u32> {
-    const LINE: &str = "[lwk] xemem: the name server gave this enclave id ";
-    let logs = d.call(json!({"op": "logs", "name": name}));
-    let lines = logs["lines"].as_array().cloned().unwrap_or_default();
-    lines.iter().filter_map(Value::as_str).filter_map(|l| l.find(LINE).map(|at| l[at + LINE.len()..].trim().parse().unwrap())).collect()
+    support::lwk_xemem_ids(&d.dir.join("clowderd.sock"), name)
 }
 
 /// Waits for the LWK in enclave `name` of daemon `d` to log its XEMEM id.
 fn lwk_xemem_id(d: &Daemon, name: &str) -> u32 {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        if let Some(&id) = lwk_xemem_ids(d, name).first() {
-            return id;
-        }
-        assert!(Instant::now() < deadline, "enclave {name} got no XEMEM id\n{}", d.log());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    support::lwk_xemem_id(&d.dir.join("clowderd.sock"), name, Duration::from_secs(15)).unwrap_or_else(|| panic!("enclave {name} got no XEMEM id\n{}", d.log()))
 }
 
 /// Runs `job` in enclave `name` of daemon `d`; returns the final reply and the job's stdout.

@@ -5,6 +5,10 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
+
+use clowderd::client::Client;
+use serde_json::{json, Value};
 
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf()
@@ -76,4 +80,27 @@ pub fn build_musl_job(source: &str, out: &Path) -> Result<(), String> {
         .arg("-o").arg(out).arg(xemem.join("tests").join(source)).arg(xemem.join("build/musl/lib/libxpmem.a"))
         .status().map_err(|e| e.to_string())?;
     if built.success() { Ok(()) } else { Err("musl-gcc failed".into()) }
+}
+
+/// The XEMEM ids the kernel of LWK enclave `enclave` has logged (oldest first: a new one after
+/// each rejoin), asked of the daemon at `socket`.
+pub fn lwk_xemem_ids(socket: &Path, enclave: &str) -> Vec<u32> {
+    const LINE: &str = "[lwk] xemem: the name server gave this enclave id ";
+    let logs = Client::connect_to(socket).unwrap().call(&json!({"op": "logs", "name": enclave})).unwrap();
+    let lines = logs["lines"].as_array().cloned().unwrap_or_default();
+    lines.iter().filter_map(Value::as_str).filter_map(|l| l.find(LINE).map(|at| l[at + LINE.len()..].trim().parse().unwrap())).collect()
+}
+
+/// Waits up to `timeout` for the kernel of LWK enclave `enclave` to log its first XEMEM id.
+pub fn lwk_xemem_id(socket: &Path, enclave: &str, timeout: Duration) -> Option<u32> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(&id) = lwk_xemem_ids(socket, enclave).first() {
+            return Some(id);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

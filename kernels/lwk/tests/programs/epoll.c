@@ -22,20 +22,11 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-#include "later.h"
+#include "readiness.h"
 
 #ifndef SYS_epoll_pwait2
 #define SYS_epoll_pwait2 441
 #endif
-
-static volatile sig_atomic_t handled;
-static void on_signal(int sig) { (void)sig; handled++; }
-
-static long long now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1000LL + t.tv_nsec / 1000000;
-}
 
 static void result(const char *what, int value) {
     if (value < 0)

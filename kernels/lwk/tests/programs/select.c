@@ -12,16 +12,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-#include "later.h"
-
-static volatile sig_atomic_t handled;
-static void on_signal(int sig) { (void)sig; handled++; }
-
-static long long now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1000LL + t.tv_nsec / 1000000;
-}
+#include "readiness.h"
 
 /* Descriptor names for the output (the numbers may differ from run to run on the host). */
 static const char *names[FD_SETSIZE];
