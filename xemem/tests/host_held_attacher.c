@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 #include <xpmem.h>
+#include "named_segment.h"
 
 static sigjmp_buf faulted;
 
@@ -29,16 +30,9 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	uint64_t first = strtoull(argv[2], NULL, 10);
-	xpmem_segid_t segid = -1;
-	for (int tries = 0; tries < 400 && segid <= 0; tries++) {
-		segid = xemem_lookup_segid(argv[1]);
-		if (segid <= 0)
-			usleep(50000);
-	}
-	if (segid <= 0) {
-		printf("no segment named %s (errno %d)\n", argv[1], errno);
+	xpmem_segid_t segid = wait_for_named_segment(argv[1], 400);
+	if (segid <= 0)
 		return 1;
-	}
 	xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
 	struct xpmem_addr addr = { .apid = apid, .offset = 0 };
 	volatile uint64_t *page = apid > 0 ? xpmem_attach(addr, 4096, NULL) : (void *)-1;

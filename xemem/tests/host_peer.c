@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #include <xpmem.h>
+#include "named_segment.h"
 
 #define PAGE 4096UL
 #define PAGES 16
@@ -65,16 +66,9 @@ static int owner(const char *name, uint64_t base)
 
 static int attacher(const char *name, uint64_t base)
 {
-	xpmem_segid_t segid = -1;
-	for (int tries = 0; tries < 400 && segid <= 0; tries++) {
-		segid = xemem_lookup_segid(name);
-		if (segid <= 0)
-			usleep(50000);
-	}
-	if (segid <= 0) {
-		printf("no segment named %s (errno %d)\n", name, errno);
+	xpmem_segid_t segid = wait_for_named_segment(name, 400);
+	if (segid <= 0)
 		return 1;
-	}
 	printf("found a segment of enclave %lld\n", (long long)(segid >> 32));
 	xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
 	if (apid <= 0) {

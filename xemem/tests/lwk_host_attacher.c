@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <unistd.h>
 #include <xpmem.h>
+#include "named_segment.h"
 
 #define PAGE 4096UL
 #define PAGES 16
@@ -25,16 +26,9 @@ static int pattern_pages(volatile uint64_t *view)
 
 int main(void)
 {
-	xpmem_segid_t segid = -1;
-	for (int tries = 0; tries < 200 && segid <= 0; tries++) {
-		segid = xemem_lookup_segid("host-owner-seg");
-		if (segid <= 0)
-			usleep(50000);
-	}
-	if (segid <= 0) {
-		printf("no segment named host-owner-seg (errno %d)\n", errno);
+	xpmem_segid_t segid = wait_for_named_segment("host-owner-seg", 200);
+	if (segid <= 0)
 		return 1;
-	}
 	printf("found a segment of enclave %lld\n", (long long)(segid >> 32));
 	xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
 	if (apid <= 0) {

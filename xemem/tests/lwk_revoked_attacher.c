@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <xpmem.h>
+#include "named_segment.h"
 
 #define PAGE 4096UL
 #define PAGES 16
@@ -72,16 +73,9 @@ int main(int argc, char **argv)
 	int threads = argc > 2 ? atoi(argv[2]) : 1;
 	const char *name = argc > 4 ? argv[3] : "host-revoke-seg";
 	uint64_t base = argc > 4 ? strtoull(argv[4], NULL, 0) : 3000;
-	xpmem_segid_t segid = -1;
-	for (int tries = 0; tries < 400 && segid <= 0; tries++) {
-		segid = xemem_lookup_segid(name);
-		if (segid <= 0)
-			usleep(50000);
-	}
-	if (segid <= 0) {
-		printf("no segment named %s (errno %d)\n", name, errno);
+	xpmem_segid_t segid = wait_for_named_segment(name, 400);
+	if (segid <= 0)
 		return 1;
-	}
 	printf("found a segment of enclave %lld\n", (long long)(segid >> 32));
 	xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
 	if (apid <= 0) {

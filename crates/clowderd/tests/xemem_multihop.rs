@@ -431,7 +431,18 @@ fn build_support_program(source: &str, out: &Path) {
     let xemem = workspace_root().join("xemem");
     assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support").join(source);
-    let built = Command::new("cc").args(["-O2", "-I"]).arg(xemem.join("include")).arg("-o").arg(out).arg(path).arg(xemem.join("build/lib/libxpmem.a")).arg("-lpthread").status().unwrap();
+    let built = Command::new("cc")
+        .args(["-O2", "-I"])
+        .arg(xemem.join("include"))
+        .arg("-I")
+        .arg(xemem.join("tests"))
+        .arg("-o")
+        .arg(out)
+        .arg(path)
+        .arg(xemem.join("build/lib/libxpmem.a"))
+        .arg("-lpthread")
+        .status()
+        .unwrap();
     assert!(built.success(), "building {source}");
 }
 

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 #include <xpmem.h>
+#include "named_segment.h" /* xemem/tests */
 
 #define PAGE 4096UL
 #define PAGES 16
@@ -47,16 +48,9 @@ int main(int argc, char **argv)
 	}
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	uint64_t base = strtoull(argv[2], NULL, 0);
-	xpmem_segid_t segid = -1;
-	for (int tries = 0; tries < 400 && segid <= 0; tries++) {
-		segid = xemem_lookup_segid(argv[1]);
-		if (segid <= 0)
-			usleep(50000);
-	}
-	if (segid <= 0) {
-		printf("no segment named %s (errno %d)\n", argv[1], errno);
+	xpmem_segid_t segid = wait_for_named_segment(argv[1], 400);
+	if (segid <= 0)
 		return 1;
-	}
 	xpmem_apid_t first = 0, second = 0;
 	if (cycle(segid, base, &first) || cycle(segid, base, &second))
 		return 2;
