@@ -8,7 +8,7 @@ use alloc::vec::Vec;
 
 pub fn read_bytes(address: u64, len: usize) -> Result<Vec<u8>, Errno> {
     let mut bytes = vec![0; len];
-    copy_from_user(&mut bytes, address).map_err(|_| Errno::EFAULT)?;
+    read_into(address, &mut bytes)?;
     Ok(bytes)
 }
 
