@@ -443,11 +443,20 @@ pub fn suspend(mask: u64) -> Restart {
     Restart::NoHandler
 }
 
-/// `ppoll`'s mask: the calling thread blocks `mask` while it waits. A signal that ends the
-/// wait is handled under it, and the old mask comes back when its handler returns, as after
-/// `rt_sigsuspend`; otherwise `end_wait_mask` puts the old one back. Returns whether a
-/// signal the thread takes under `mask` is pending already (the wait must not begin).
-pub fn begin_wait_mask(mask: u64) -> bool {
+/// `ppoll`'s, `pselect6`'s and `epoll_pwait`'s mask: `wait(due)` runs with the calling
+/// thread blocking `mask`, `due` telling whether a signal the thread takes under it is pending
+/// already (the wait must not begin). A signal that ends the wait (a restart code) is handled
+/// under the mask, and the old mask comes back when its handler returns, as after
+/// `rt_sigsuspend`; otherwise the old mask comes back now.
+pub fn wait_under_mask(mask: u64, wait: impl FnOnce(bool) -> crate::syscall::SyscallResult) -> crate::syscall::SyscallResult {
+    let result = wait(begin_wait_mask(mask));
+    if !result.is_err_and(|errno| is_restart_code(errno.0)) {
+        end_wait_mask();
+    }
+    result
+}
+
+fn begin_wait_mask(mask: u64) -> bool {
     let tid = sched::current_tid();
     let mut signals = SIGNALS.lock();
     let thread = signals.thread(tid);
@@ -458,7 +467,7 @@ pub fn begin_wait_mask(mask: u64) -> bool {
 }
 
 /// The wait of `begin_wait_mask` ended without a signal: the old mask again.
-pub fn end_wait_mask() {
+fn end_wait_mask() {
     let tid = sched::current_tid();
     let mut signals = SIGNALS.lock();
     let thread = signals.thread(tid);

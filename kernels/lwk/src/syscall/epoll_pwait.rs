@@ -15,14 +15,7 @@ pub fn wait_with_mask(epfd: u64, events: u64, max_events: u64, deadline: Option<
         return Err(Errno::EINVAL);
     }
     let [mask] = user::read_words::<1>(mask)?;
-    let due = signal::begin_wait_mask(mask);
-    let result = super::epoll_wait::wait(epfd, events, max_events, deadline, due);
-    // Interrupted, the handler runs under the wait's mask and its return restores the old
-    // one; otherwise it comes back now.
-    if !result.is_err_and(|errno| signal::is_restart_code(errno.0)) {
-        signal::end_wait_mask();
-    }
-    result
+    signal::wait_under_mask(mask, |due| super::epoll_wait::wait(epfd, events, max_events, deadline, due))
 }
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {

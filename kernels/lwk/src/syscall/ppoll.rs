@@ -21,12 +21,5 @@ pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let [mask] = user::read_words::<1>(mask)?;
     // A signal the mask lets through may be pending already: it ends the call before any
     // wait, unless some descriptor is ready.
-    let due = signal::begin_wait_mask(mask);
-    let result = super::poll::wait_for_events(fds, count, deadline, due);
-    // Interrupted, the signal is delivered under the wait's mask and its handler's return
-    // restores the old one; otherwise it comes back now.
-    if !result.is_err_and(|errno| signal::is_restart_code(errno.0)) {
-        signal::end_wait_mask();
-    }
-    result
+    signal::wait_under_mask(mask, |due| super::poll::wait_for_events(fds, count, deadline, due))
 }

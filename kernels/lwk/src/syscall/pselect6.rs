@@ -30,11 +30,5 @@ pub fn call(call: &mut Call<'_>) -> SyscallResult {
         return select(nfds, sets, deadline, (timeout, TimeFormat::Nano), false);
     }
     let [mask] = user::read_words::<1>(mask)?;
-    // As ppoll: a signal the mask lets through may be pending already.
-    let due = signal::begin_wait_mask(mask);
-    let result = select(nfds, sets, deadline, (timeout, TimeFormat::Nano), due);
-    if !result.is_err_and(|errno| signal::is_restart_code(errno.0)) {
-        signal::end_wait_mask();
-    }
-    result
+    signal::wait_under_mask(mask, |due| select(nfds, sets, deadline, (timeout, TimeFormat::Nano), due))
 }
