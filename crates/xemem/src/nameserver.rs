@@ -210,12 +210,17 @@ impl NameServer {
         Ok((apid, size))
     }
 
-    fn held_permit(&mut self, caller: Principal, apid: AccessId) -> Result<&mut Permit, Error> {
-        let permit = self.permits.get_mut(&apid).ok_or(Error::NotFound)?;
+    fn held(&self, caller: Principal, apid: AccessId) -> Result<&Permit, Error> {
+        let permit = self.permits.get(&apid).ok_or(Error::NotFound)?;
         if permit.holder != caller {
             return Err(Error::Denied);
         }
         Ok(permit)
+    }
+
+    fn held_permit(&mut self, caller: Principal, apid: AccessId) -> Result<&mut Permit, Error> {
+        self.held(caller, apid)?;
+        self.permits.get_mut(&apid).ok_or(Error::NotFound)
     }
 
     pub fn release(&mut self, caller: Principal, apid: AccessId) -> Result<(), Error> {
@@ -225,14 +230,24 @@ impl NameServer {
     }
 
     /// Checks an attach of `[offset, offset + size)` (size rounded up to pages, as XPMEM) and
-    /// says which owner range to resolve. Attaching needs a read-write permit (XPMEM maps every
-    /// attachment read-write and refuses RDONLY permits with EACCES).
+    /// says which owner range to resolve, counting the attachment on the permit. Attaching
+    /// needs a read-write permit (XPMEM maps every attachment read-write and refuses RDONLY
+    /// permits with EACCES).
     pub fn attach(&mut self, caller: Principal, apid: AccessId, offset: u64, size: u64) -> Result<AttachPlan, Error> {
+        let plan = self.plan_attach(caller, apid, offset, size)?;
+        if let Some(permit) = self.permits.get_mut(&apid) {
+            permit.attachments = permit.attachments.saturating_add(1);
+        }
+        Ok(plan)
+    }
+
+    /// What [`NameServer::attach`] would answer, without counting an attachment.
+    pub fn plan_attach(&self, caller: Principal, apid: AccessId, offset: u64, size: u64) -> Result<AttachPlan, Error> {
         if offset % PAGE_SIZE != 0 || size == 0 {
             return Err(Error::Invalid);
         }
         let size = size.checked_add(PAGE_SIZE - 1).ok_or(Error::Invalid)? & !(PAGE_SIZE - 1);
-        let permit = self.held_permit(caller, apid)?;
+        let permit = self.held(caller, apid)?;
         if permit.access != ACCESS_READ_WRITE {
             return Err(Error::Denied);
         }
@@ -242,11 +257,7 @@ impl NameServer {
             Some(end) if end <= segment.size => {}
             _ => return Err(Error::Invalid),
         }
-        let plan = AttachPlan { segment: segment_id, owner: segment.owner, vaddr: segment.vaddr + offset, size };
-        if let Some(permit) = self.permits.get_mut(&apid) {
-            permit.attachments = permit.attachments.saturating_add(1);
-        }
-        Ok(plan)
+        Ok(AttachPlan { segment: segment_id, owner: segment.owner, vaddr: segment.vaddr + offset, size })
     }
 
     pub fn detach(&mut self, caller: Principal, apid: AccessId) -> Result<(), Error> {
