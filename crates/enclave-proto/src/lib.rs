@@ -56,6 +56,7 @@
 //! | `0x8009` | `FileRequest` | u32 job, u32 request, u8 op, op fields (below) |
 //! | `0x800a` | `Xemem` | bytes message: one XEMEM protocol message (below) |
 //! | `0x800b` | `ZeroMemory` | u32 request, u64 gpa, u64 len: the host clears guest-physical `[gpa, gpa + len)` (page aligned, in RAM) and answers `MemoryZeroed`; the kernel gives a finished job's memory back this way, as clearing it in guest kernel code may be slow (emulated on PVM) |
+//! | `0x800c` | `MappingCounter` | u64 gpa: where the kernel keeps its count of page-table changes (an 8-byte aligned u64 in RAM, bumped before any user mapping is made or taken away); sent once after `Hello`. The host may reuse frames the kernel resolved for XEMEM while the count has not moved |
 //!
 //! `JobOutput` data should fit one ring message (see [`max_output_chunk`]) so output streams
 //! as it is written; it is not an error to send more.
@@ -174,6 +175,7 @@ pub mod kind {
     pub const FILE_REQUEST: u16 = 0x8009;
     pub const XEMEM_TO_HOST: u16 = 0x800a;
     pub const ZERO_MEMORY: u16 = 0x800b;
+    pub const MAPPING_COUNTER: u16 = 0x800c;
 }
 
 /// A file the host placed in enclave memory.
@@ -280,6 +282,7 @@ pub enum EnclaveMessage<'a> {
     /// One XEMEM message (an encoded `xemem::wire::Message`) for the host's node.
     Xemem { message: &'a [u8] },
     ZeroMemory { request: u32, gpa: u64, len: u64 },
+    MappingCounter { gpa: u64 },
 }
 
 fn write_timestamp(writer: &mut Writer<'_>, time: Timestamp) -> Result<(), EncodeError> {
@@ -577,6 +580,10 @@ impl<'a> EnclaveMessage<'a> {
                 w.u64(gpa)?;
                 w.u64(len)?;
             }
+            EnclaveMessage::MappingCounter { gpa } => {
+                w.u16(kind::MAPPING_COUNTER)?;
+                w.u64(gpa)?;
+            }
         }
         Ok(w.written())
     }
@@ -616,6 +623,7 @@ impl<'a> EnclaveMessage<'a> {
             },
             kind::XEMEM_TO_HOST => EnclaveMessage::Xemem { message: read_xemem(&mut r)? },
             kind::ZERO_MEMORY => EnclaveMessage::ZeroMemory { request: r.u32("request")?, gpa: r.u64("gpa")?, len: r.u64("len")? },
+            kind::MAPPING_COUNTER => EnclaveMessage::MappingCounter { gpa: r.u64("gpa")? },
             other => return Err(DecodeError::UnknownKind(other)),
         };
         r.finish()?;

@@ -279,7 +279,8 @@ fn random_enclave_message<'a>(choice: u64, m: &'a Material) -> EnclaveMessage<'a
         10 => FileOp::Mkdir { path, mode: 0o755 },
         _ => FileOp::Ftruncate { handle, length: n[6] },
     };
-    match choice % 11 {
+    match choice % 12 {
+        11 => EnclaveMessage::MappingCounter { gpa: n[4] },
         10 => EnclaveMessage::ZeroMemory { request, gpa, len: n[5] },
         0 => EnclaveMessage::Hello { version: n[0] as u16, vcpus: n[1] as u16, memory: n[2] },
         1 => EnclaveMessage::Pong { nonce: n[0] },

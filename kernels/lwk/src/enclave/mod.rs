@@ -364,6 +364,8 @@ pub fn run(config: ChannelConfig, vcpus: u16) -> ! {
     ACTIVE.store(true, Ordering::Release);
     let memory = mm::pmem::total_managed();
     with_state(|state| state.link.send(&EnclaveMessage::Hello { version: PROTOCOL_VERSION, vcpus, memory }));
+    let counter = mm::aspace::mapping_changes_physical();
+    with_state(|state| state.link.send(&EnclaveMessage::MappingCounter { gpa: counter }));
     // XEMEM: look for the name server (clowderd) on the channel.
     with_state(|state| {
         for message in crate::xpmem::host_link::link_up() {

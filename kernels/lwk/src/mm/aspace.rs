@@ -20,9 +20,25 @@ pub struct AddressSpace {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Every address space's maps and unmaps, and their creation and teardown, counted together
+/// and bumped before the tables change: the host reads it in guest memory (the
+/// `MappingCounter` message says where) to know that frames it had resolved for a segment
+/// are still the ones mapped, without asking this kernel again.
+static MAPPING_CHANGES: AtomicU64 = AtomicU64::new(0);
+
+/// The guest-physical address of [`MAPPING_CHANGES`].
+pub fn mapping_changes_physical() -> u64 {
+    crate::arch::phys::kernel_physical(MAPPING_CHANGES.as_ptr() as u64)
+}
+
+fn count_mapping_change() {
+    MAPPING_CHANGES.fetch_add(1, Ordering::Release);
+}
+
 impl AddressSpace {
     pub fn new() -> Result<AddressSpace, OutOfMemory> {
         let mut owned = Vec::new();
+        count_mapping_change();
         let tables = super::new_user_tables(&mut owned).ok_or(OutOfMemory)?;
         Ok(AddressSpace { tables, id: NEXT_ID.fetch_add(1, Ordering::Relaxed), owned, changes: 0 })
     }
@@ -53,17 +69,20 @@ impl AddressSpace {
     }
 
     pub fn map(&mut self, virtual_address: u64, physical: u64, len: u64, protection: Protection) -> Result<(), OutOfMemory> {
+        count_mapping_change();
         self.changes += 1;
         self.tables.map(virtual_address, physical, len, protection, &mut OwnedTables { owned: &mut self.owned })
     }
 
     pub fn unmap(&mut self, virtual_address: u64, len: u64) -> Result<(), OutOfMemory> {
+        count_mapping_change();
         self.changes += 1;
         self.tables.unmap(virtual_address, len, &mut OwnedTables { owned: &mut self.owned })
     }
 
     /// Frees the page tables (not the memory they map). No CPU may have them loaded.
     pub fn free(self) {
+        count_mapping_change();
         for table in self.owned {
             pmem::free_pages(table, 1);
         }
