@@ -341,6 +341,11 @@ impl Enclave {
                 };
                 self.send(&HostMessage::MemoryZeroed { request, result })?;
             }
+            EnclaveMessage::MappingCounter { gpa } => {
+                if let Err(e) = self.ram.publish_mapping_counter(gpa) {
+                    self.log.push(format!("clowderd: refused the kernel's mapping counter: {e}"));
+                }
+            }
             EnclaveMessage::Xemem { message } => match xemem {
                 Some(port) => port.from_enclave(message, self),
                 None => self.log.push("clowderd: an XEMEM message from the enclave, but XEMEM has no link to it; ignored"),

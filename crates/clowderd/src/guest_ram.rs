@@ -35,6 +35,8 @@ pub struct GuestRam {
     reserved: (u64, u64),
     /// The memfd itself, to hand runs of RAM to other processes (XEMEM attaches).
     file: File,
+    /// Where in the mapping the kernel keeps its count of page-table changes, once it said.
+    mapping_counter: std::sync::OnceLock<usize>,
 }
 
 // SAFETY: the mapping is plain shared memory; `GuestRam` hands out copies, never references,
@@ -69,7 +71,7 @@ impl GuestRam {
             return Err(io::Error::last_os_error());
         }
         let base = NonNull::new(base.cast()).ok_or_else(|| io::Error::other("mmap returned null"))?;
-        Ok(GuestRam { base, mapped_len, ranges, reserved, file })
+        Ok(GuestRam { base, mapped_len, ranges, reserved, file, mapping_counter: std::sync::OnceLock::new() })
     }
 
     /// Host address of `[file_offset, file_offset + len)` in the mapping, for the channel.
@@ -125,6 +127,30 @@ impl GuestRam {
         self.locate(gpa, len).map(|offset| (&self.file, offset as u64))
     }
 
+    /// Notes where the kernel keeps its count of page-table changes (`MappingCounter`): an
+    /// aligned u64 in RAM, said once (a second, different place is refused).
+    pub fn publish_mapping_counter(&self, gpa: u64) -> Result<(), BadAddress> {
+        let bad = BadAddress { gpa, len: 8 };
+        if gpa % 8 != 0 {
+            return Err(bad);
+        }
+        let offset = self.locate(gpa, 8)?;
+        match self.mapping_counter.get_or_init(|| offset) {
+            known if *known == offset => Ok(()),
+            _ => Err(bad),
+        }
+    }
+
+    /// The kernel's count of page-table changes now, if it published one. The guest's word:
+    /// it decides only whether the guest's own frames are asked for again.
+    pub fn mapping_changes(&self) -> Option<u64> {
+        let offset = *self.mapping_counter.get()?;
+        // SAFETY: `publish_mapping_counter` checked that the aligned word lies in the mapping;
+        // the guest writes it concurrently, so it is read as an atomic.
+        let word = unsafe { &*(self.base.as_ptr().add(offset) as *const std::sync::atomic::AtomicU64) };
+        Some(word.load(std::sync::atomic::Ordering::Acquire))
+    }
+
     /// Checks a range without touching it (to refuse a call before it has effects).
     pub fn check(&self, gpa: u64, len: u64) -> Result<(), BadAddress> {
         self.locate(gpa, len).map(|_| ())
@@ -169,6 +195,15 @@ mod tests {
         assert_eq!(back, [0; 5], "zeroed");
         assert!(ram.zero(8 * 1024, 8 * 1024).is_err(), "would clear the channel");
         assert!(ram.zero(1 << 32, 32 * 1024).is_err(), "beyond its run");
+        assert_eq!(ram.mapping_changes(), None, "not published yet");
+        assert!(ram.publish_mapping_counter(4).is_err(), "unaligned");
+        assert!(ram.publish_mapping_counter(12 * 1024).is_err(), "inside the channel");
+        assert!(ram.publish_mapping_counter(20 * 1024).is_err(), "not RAM");
+        ram.publish_mapping_counter(2048).unwrap();
+        ram.write(2048, &7u64.to_le_bytes()).unwrap();
+        assert_eq!(ram.mapping_changes(), Some(7));
+        assert!(ram.publish_mapping_counter(4096).is_err(), "a second place");
+        ram.publish_mapping_counter(2048).unwrap();
         let bad = vec![RamRange { gpa: 0, size: 1 << 20, file_offset: 0 }];
         assert!(GuestRam::map(&file, bad, (0, 0)).is_err());
     }

@@ -71,6 +71,68 @@ struct Links {
     ram: HashMap<LinkId, Arc<dyn FrameSource>>,
     /// Finished requests of host callers, until they collect them.
     finished: HashMap<u64, Result<Reply, Error>>,
+    /// What owner enclaves answered to this daemon's attaches, for repeating them.
+    owner_runs: OwnerRuns,
+}
+
+/// Frames owner enclaves resolved for the daemon's attaches (its host processes' and its
+/// bridges'), kept while the owner kernel's count of page-table changes has not moved
+/// ([`FrameSource::mapping_changes`]): attaching the same range again then takes no round
+/// trip through the owner's kernel, whose code this machine emulates (milliseconds). The
+/// name server still checks and counts every attach; the runs are checked against the
+/// owner's RAM again as any answer is.
+#[derive(Default)]
+struct OwnerRuns {
+    entries: VecDeque<OwnerRunsEntry>,
+}
+
+struct OwnerRunsEntry {
+    /// The owner's RAM when it answered: an enclave id may later name another enclave.
+    ram: std::sync::Weak<dyn FrameSource>,
+    owner: Principal,
+    vaddr: u64,
+    size: u64,
+    changes: u64,
+    runs: Vec<FrameRun>,
+}
+
+/// How many owner answers are kept (the oldest goes first).
+const OWNER_RUNS_KEPT: usize = 64;
+
+/// An attach the name server would plan now, with the owner's RAM and its count of changes.
+struct OwnerProbe {
+    plan: xemem::nameserver::AttachPlan,
+    ram: Arc<dyn FrameSource>,
+    changes: u64,
+}
+
+impl OwnerRuns {
+    fn recall(&self, probe: &OwnerProbe) -> Option<Vec<FrameRun>> {
+        let ram = Arc::downgrade(&probe.ram);
+        self.entries
+            .iter()
+            .find(|e| {
+                std::sync::Weak::ptr_eq(&e.ram, &ram)
+                    && e.owner == probe.plan.owner
+                    && e.vaddr == probe.plan.vaddr
+                    && e.size == probe.plan.size
+                    && e.changes == probe.changes
+            })
+            .map(|e| e.runs.clone())
+    }
+
+    fn keep(&mut self, probe: OwnerProbe, runs: Vec<FrameRun>) {
+        let ram = Arc::downgrade(&probe.ram);
+        let plan = probe.plan;
+        self.entries.retain(|e| {
+            !(std::sync::Weak::ptr_eq(&e.ram, &ram) && e.owner == plan.owner && e.vaddr == plan.vaddr && e.size == plan.size)
+                && e.ram.strong_count() > 0
+        });
+        if self.entries.len() >= OWNER_RUNS_KEPT {
+            self.entries.pop_front();
+        }
+        self.entries.push_back(OwnerRunsEntry { ram, owner: plan.owner, vaddr: plan.vaddr, size: plan.size, changes: probe.changes, runs });
+    }
 }
 
 pub struct XememLinks {
@@ -117,6 +179,7 @@ impl XememLinks {
                 gone: HashMap::new(),
                 ram: HashMap::new(),
                 finished: HashMap::new(),
+                owner_runs: OwnerRuns::default(),
             }),
             finished: Condvar::new(),
             broker: std::sync::OnceLock::new(),
@@ -237,10 +300,8 @@ impl XememLinks {
             Reply::Granted { access, .. } => access,
             _ => return Err(Error::Malformed),
         };
-        let attached = self.call(Request::Attach { process, access, offset, size });
-        let runs = match attached {
-            Ok(Reply::Attached { runs, .. }) => runs,
-            Ok(_) => return Err(Error::Malformed),
+        let runs = match self.owner_runs(process, access, offset, size) {
+            Ok((_, runs)) => runs,
             Err(error) => {
                 let _ = self.release(process, access);
                 return Err(error);
@@ -345,10 +406,7 @@ impl XememLinks {
     /// enclave's frame runs, each checked against its RAM and named as a range of its RAM
     /// memfd. Any failure detaches again.
     fn attach_enclave_memory(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Result<(SegmentId, Vec<xemem_host::EnclaveRun>), Error> {
-        let (segment, runs) = match self.call(Request::Attach { process, access, offset, size })? {
-            Reply::Attached { segment, runs } => (segment, runs),
-            _ => return Err(Error::Malformed),
-        };
+        let (segment, runs) = self.owner_runs(process, access, offset, size)?;
         let checked = self.owner_ram(segment).ok_or(Error::Unreachable).and_then(|ram| file_runs(&*ram, &runs));
         let runs = match checked {
             Ok(runs) => runs,
@@ -364,6 +422,42 @@ impl XememLinks {
                 FileRun::Hole { len } => xemem_host::EnclaveRun::Hole { length: len },
             })
             .collect();
+        Ok((segment, runs))
+    }
+
+    /// The owner's frames for an attach through this daemon's permit `access`: kept from an
+    /// earlier attach of the same range while still current, else asked of the owner.
+    fn owner_runs(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Result<(SegmentId, Vec<FrameRun>), Error> {
+        match self.attach_from_owner_runs(process, access, offset, size) {
+            Some(recalled) => Ok(recalled),
+            None => self.attach_through_owner(process, access, offset, size),
+        }
+    }
+
+    /// The owner's runs kept from an earlier attach of the same range, if its kernel changed no
+    /// mapping since; the name server counts the attach as if the owner had answered.
+    fn attach_from_owner_runs(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Option<(SegmentId, Vec<FrameRun>)> {
+        let mut links = self.links.lock().unwrap();
+        let probe = links.probe_owner(process, access, offset, size)?;
+        let runs = links.owner_runs.recall(&probe)?;
+        let me = links.node.id()?;
+        links.node.name_server_mut()?.attach(Principal { enclave: me, process }, access, offset, size).ok()?;
+        Some((probe.plan.segment, runs))
+    }
+
+    /// Attaches through the owner enclave's kernel and keeps its answer when no mapping of
+    /// the owner changed while it was asked.
+    fn attach_through_owner(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Result<(SegmentId, Vec<FrameRun>), Error> {
+        let probe = self.links.lock().unwrap().probe_owner(process, access, offset, size);
+        let (segment, runs) = match self.call(Request::Attach { process, access, offset, size })? {
+            Reply::Attached { segment, runs } => (segment, runs),
+            _ => return Err(Error::Malformed),
+        };
+        if let Some(probe) = probe {
+            if probe.plan.segment == segment && probe.ram.mapping_changes() == Some(probe.changes) {
+                self.links.lock().unwrap().owner_runs.keep(probe, runs.clone());
+            }
+        }
         Ok((segment, runs))
     }
 
@@ -532,6 +626,19 @@ impl XememLinks {
                 queue.send(bytes);
             }
         }
+    }
+}
+
+impl Links {
+    /// What attaching `[offset, offset + size)` through this daemon's `access` would ask of
+    /// the owner, when the owner is a linked enclave that publishes its count of changes.
+    fn probe_owner(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Option<OwnerProbe> {
+        let me = self.node.id()?;
+        let plan = self.node.name_server()?.plan_attach(Principal { enclave: me, process }, access, offset, size).ok()?;
+        let link = self.node.route(plan.owner.enclave)?;
+        let ram = self.ram.get(&link)?.clone();
+        let changes = ram.mapping_changes()?;
+        Some(OwnerProbe { plan, ram, changes })
     }
 }
 

@@ -66,12 +66,20 @@ pub trait FrameSource: Send + Sync {
     fn is_peer(&self) -> bool {
         false
     }
+    /// The owner kernel's count of page-table changes, where it publishes one: frames it
+    /// resolved earlier are still mapped the same way while the count has not moved.
+    fn mapping_changes(&self) -> Option<u64> {
+        None
+    }
 }
 
 impl FrameSource for GuestRam {
     fn file_range(&self, gpa: u64, len: u64) -> Result<(File, u64), Error> {
         let (file, offset) = GuestRam::file_range(self, gpa, len).map_err(|_| Error::Invalid)?;
         Ok((file.try_clone().map_err(|_| Error::Exhausted)?, offset))
+    }
+    fn mapping_changes(&self) -> Option<u64> {
+        GuestRam::mapping_changes(self)
     }
 }
 

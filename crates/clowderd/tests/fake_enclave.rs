@@ -8,7 +8,7 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,8 @@ const CHANNEL_SIZE: u64 = 64 << 10;
 const CHANNEL_GPA: u64 = RAM_SIZE - CHANNEL_SIZE;
 /// Where the fake job keeps its I/O buffers.
 const SCRATCH_GPA: u64 = 0x10000;
+/// Where the fake kernel keeps its count of page-table changes (`MappingCounter`).
+const COUNTER_GPA: u64 = 0x8000;
 const REGION_BASE: u64 = 1 << 32;
 
 /// The fake kernels' clock origin (their XEMEM nodes count milliseconds from it).
@@ -45,6 +47,24 @@ struct FakeHardware {
     /// Set by the job `hang`: the kernel stops answering pings.
     hung: AtomicBool,
     doorbell: File,
+    /// How many attaches of its segments the fake kernel's node resolved.
+    xemem_resolves: AtomicU32,
+}
+
+impl FakeHardware {
+    /// What the fake kernel does to its published count when a job's memory is mapped anew.
+    fn count_mapping_change(&self) {
+        let mut word = [0u8; 8];
+        self.ram.read(COUNTER_GPA, &mut word).unwrap();
+        self.ram.write(COUNTER_GPA, &(u64::from_le_bytes(word) + 1).to_le_bytes()).unwrap();
+    }
+}
+
+/// Every fake machine's hardware by enclave name, for tests that look inside one.
+static MACHINES: std::sync::LazyLock<Mutex<HashMap<String, Arc<FakeHardware>>>> = std::sync::LazyLock::new(Mutex::default);
+
+fn fake_hardware(enclave: &str) -> Arc<FakeHardware> {
+    MACHINES.lock().unwrap().get(enclave).cloned().unwrap_or_else(|| panic!("no fake machine {enclave}"))
 }
 
 struct FakeMachine {
@@ -74,7 +94,9 @@ impl Launcher for FakeLauncher {
             ended: Mutex::new(None),
             hung: AtomicBool::new(false),
             doorbell: sys::eventfd().unwrap(),
+            xemem_resolves: AtomicU32::new(0),
         });
+        MACHINES.lock().unwrap().insert(spec.name.clone(), hardware.clone());
         let kernel = FakeKernel::new(hardware.clone(), channel.guest_end().unwrap(), spec.cores.len() as u16);
         std::thread::spawn(move || kernel.run());
         log.push(format!("fake machine for {} started", spec.name));
@@ -140,8 +162,6 @@ struct FakeKernel {
     xemem_done: Vec<xemem::node::Completion>,
     /// Where the fake job's segment claims to live (`xemem-owner MODE`).
     xemem_backing: Backing,
-    /// How many attaches of its segments the node resolved.
-    xemem_resolves: u32,
 }
 
 /// The fake job's exported memory: virtual `SEGMENT_VADDR..` is RAM at `SEGMENT_GPA..`, unless
@@ -208,7 +228,6 @@ impl FakeKernel {
             xemem_seen: Vec::new(),
             xemem_done: Vec::new(),
             xemem_backing: Backing::Ram,
-            xemem_resolves: 0,
         }
     }
 
@@ -267,6 +286,7 @@ impl FakeKernel {
 
     fn run(mut self) {
         self.send(EnclaveMessage::Hello { version: PROTOCOL_VERSION, vcpus: self.vcpus, memory: RAM_SIZE });
+        self.send(EnclaveMessage::MappingCounter { gpa: COUNTER_GPA });
         self.xemem_step(None);
         while let Some(incoming) = self.receive() {
             match incoming {
@@ -291,7 +311,7 @@ impl FakeKernel {
             self.xemem_seen.push(bytes.to_vec());
             self.xemem.receive(0, bytes, &mut memory);
         }
-        self.xemem_resolves += memory.resolves;
+        self.hardware.xemem_resolves.fetch_add(memory.resolves, Ordering::SeqCst);
         self.xemem_done.extend(self.xemem.completions());
         for (_, message) in self.xemem.outbox() {
             let mut encoded = Vec::new();
@@ -400,8 +420,11 @@ impl FakeKernel {
             }
             "xemem-owner" => {
                 // Makes a named 16-page segment of "job memory" (RAM at SEGMENT_GPA, or lies
-                // about its frames), then serves attaches until one was resolved.
-                self.xemem_resolves = 0;
+                // about its frames), then serves attaches until one (or argv[3]) was resolved.
+                // The job's memory is mapped anew, as a real kernel's count would show.
+                self.hardware.count_mapping_change();
+                self.hardware.xemem_resolves.store(0, Ordering::SeqCst);
+                let resolves: u32 = argv.get(3).map_or(1, |n| n.parse().unwrap());
                 self.xemem_backing = match argv[2].as_str() {
                     "outside" => Backing::OutsideRam,
                     "channel" => Backing::Channel,
@@ -421,7 +444,7 @@ impl FakeKernel {
                 let request = self.xemem.request(make, &mut memory).unwrap();
                 self.xemem_step(None);
                 let made = self.xemem_wait(|kernel| kernel.xemem_done.iter().any(|done| done.request == request));
-                let served = made && self.xemem_wait(|kernel| kernel.xemem_resolves > 0);
+                let served = made && self.xemem_wait(|kernel| kernel.hardware.xemem_resolves.load(Ordering::SeqCst) >= resolves);
                 self.print(job, Stream::Stdout, if served { "made and served\n" } else { "not served\n" });
                 0
             }
@@ -816,6 +839,74 @@ fn enclaves_get_xemem_ids_from_the_daemons_name_server() {
     assert_eq!(stdout, format!("xemem enclave id {}\n", ids[0]));
 }
 
+/// The id of the segment named `name`, once its owner has made it (5 s at most).
+fn wait_for_segment(links: &clowderd::xemem_links::XememLinks, name: &str) -> xemem::ids::SegmentId {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match links.lookup(name) {
+            Ok(segment) => return segment,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("{name}: {e:?}"),
+        }
+    }
+}
+
+/// Maps every file range of an attach of the fake owner's segment and checks that page `n`
+/// reads `1000 + n`, as the fake job wrote into its frames.
+fn assert_reads_the_fake_segment(runs: &[clowderd::xemem_links::FileRun]) {
+    let mut page = 0u64;
+    for run in runs {
+        let clowderd::xemem_links::FileRun::Memory { file, offset, len } = run else { panic!("a hole: {run:?}") };
+        // SAFETY: a fresh shared mapping of the memfd range the daemon handed out.
+        let view = unsafe { libc::mmap(std::ptr::null_mut(), *len as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), *offset as i64) };
+        assert_ne!(view, libc::MAP_FAILED);
+        for index in 0..len / 4096 {
+            // SAFETY: inside the mapping just made.
+            let value = unsafe { std::ptr::read_volatile((view as *const u8).add((index * 4096) as usize) as *const u64) };
+            assert_eq!(value, 1000 + page, "page {page} reads the enclave's frame");
+            page += 1;
+        }
+        // SAFETY: unmaps exactly the mapping made above.
+        unsafe { libc::munmap(view, *len as usize) };
+    }
+    assert_eq!(page, SEGMENT_PAGES);
+}
+
+/// The daemon keeps an owner enclave's frames for an attach while the owner kernel's published
+/// count of page-table changes stays put: attaching the same range again maps the same frames
+/// without asking the owner's kernel (slow to run on this machine); once the count moves, the
+/// owner is asked again.
+#[test]
+fn an_owner_enclave_is_asked_again_only_after_its_mappings_changed() {
+    let daemon = start_daemon("xemem-owner-runs", Liveness::default());
+    daemon.create("owner-runs-kept");
+    let work = TempDir::new("xemem-owner-runs-work");
+    let links = daemon.daemon.xemem_links().clone();
+    let root = || xemem::Credentials { uid: 0, groups: vec![0] };
+    std::thread::scope(|scope| {
+        let owner = scope.spawn(|| daemon.run("owner-runs-kept", &["prog", "xemem-owner", "honest", "2"], &work.0, &[]));
+        let segment = wait_for_segment(&links, "fake-seg-honest");
+        let hardware = fake_hardware("owner-runs-kept");
+        let resolves = || hardware.xemem_resolves.load(Ordering::SeqCst);
+        let attach_and_check = || {
+            let (access, runs) = links.attach_enclave_segment(4242, root(), segment, 0, SEGMENT_PAGES * 4096).expect("attach");
+            assert_reads_the_fake_segment(&runs);
+            links.release(4242, access).expect("release");
+        };
+        attach_and_check();
+        assert_eq!(resolves(), 1, "the first attach asks the owner");
+        attach_and_check();
+        attach_and_check();
+        assert_eq!(resolves(), 1, "the same range again, nothing changed: the owner's answer is reused");
+        hardware.count_mapping_change();
+        attach_and_check();
+        assert_eq!(resolves(), 2, "a mapping changed: the owner is asked again");
+        let (reply, stdout, _) = owner.join().unwrap();
+        assert_eq!(reply["status"], 0, "{reply}");
+        assert_eq!(stdout, "made and served\n");
+    });
+}
+
 /// An enclave's segment attached for a host process: the owner answers with guest-physical
 /// frame runs, the daemon checks each against the enclave's RAM and hands out ranges of the
 /// RAM memfd, which map the enclave's very pages (no copy). Runs outside RAM or over the
@@ -827,16 +918,7 @@ fn a_host_process_maps_an_enclave_segment_through_the_ram_memfd() {
     let work = TempDir::new("xemem-attach-work");
     let links = daemon.daemon.xemem_links().clone();
     let root = || xemem::Credentials { uid: 0, groups: vec![0] };
-    let lookup = |name: &str| {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            match links.lookup(name) {
-                Ok(segment) => return segment,
-                Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-                Err(e) => panic!("{name}: {e:?}"),
-            }
-        }
-    };
+    let lookup = |name: &str| wait_for_segment(&links, name);
     std::thread::scope(|scope| {
         let owner = scope.spawn(|| daemon.run("owner", &["prog", "xemem-owner", "honest"], &work.0, &[]));
         let segment = lookup("fake-seg-honest");
@@ -852,21 +934,7 @@ fn a_host_process_maps_an_enclave_segment_through_the_ram_memfd() {
         );
         let (access, runs) = links.attach_enclave_segment(4242, root(), segment, 0, 16 * 4096).expect("attach");
         assert_eq!(runs.len(), 2, "one file range per frame run: {runs:?}");
-        let mut page = 0u64;
-        for run in &runs {
-            let clowderd::xemem_links::FileRun::Memory { file, offset, len } = run else { panic!("a hole: {run:?}") };
-            // SAFETY: a fresh shared mapping of the memfd range the daemon handed out.
-            let view = unsafe { libc::mmap(std::ptr::null_mut(), *len as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), *offset as i64) };
-            assert_ne!(view, libc::MAP_FAILED);
-            for index in 0..len / 4096 {
-                // SAFETY: inside the mapping just made.
-                let value = unsafe { std::ptr::read_volatile((view as *const u8).add((index * 4096) as usize) as *const u64) };
-                assert_eq!(value, 1000 + page, "page {page} reads the enclave's frame");
-                page += 1;
-            }
-            unsafe { libc::munmap(view, *len as usize) };
-        }
-        assert_eq!(page, 16);
+        assert_reads_the_fake_segment(&runs);
         // The owner's job ends once it has served, and its end removes the segment and the
         // permits on it: the release finds the permit, or finds it gone (ENOENT, as XPMEM).
         let released = links.release(4242, access);
