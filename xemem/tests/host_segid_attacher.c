@@ -1,7 +1,8 @@
 /*
  * host_segid_attacher SEGID: a host process that attaches the segment SEGID (an LWK job's
- * anonymous segment, lwk_anonymous_owner) with the plain XPMEM API through clowderd's broker,
- * checks its 16 pages (page i starts with 5000 + i) and writes 45 into word 1 of page 0.
+ * anonymous segment, lwk_anonymous_owner, or a host_keeper's made with BASE 5000) with the
+ * plain XPMEM API through clowderd's broker, checks its 16 pages (page i starts with 5000 + i)
+ * and writes 45 into word 1 of page 0.
  */
 #include <errno.h>
 #include <stdint.h>

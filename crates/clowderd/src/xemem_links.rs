@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use xemem::ids::{AccessId, EnclaveId, SegmentId, NAME_SERVER_ENCLAVE};
 use xemem::node::{Completion, LinkId, LocalMemory, Node, Reply, Request, Timing};
 use xemem::wire::{Body, FrameRun, Message, Name};
-use xemem::{Credentials, Error, Principal};
+use xemem::{Credentials, Error, NameServer, Principal};
 
 use crate::guest_ram::GuestRam;
 use crate::machine::SharedRegion;
@@ -173,7 +173,9 @@ impl XememLinks {
         XememLinks {
             // Retries in milliseconds: the enclave's answers come within a ping round.
             links: Mutex::new(Links {
-                node: Node::new(MAX_LINKS, name_server, Timing { retry_after: 500, attempts: 5 }),
+                // A random instance: a restarted daemon's enclave ids, segids and apids are
+                // not the ones it handed out before (stale ones are not found).
+                node: Node::new(MAX_LINKS, name_server.then(|| NameServer::new(xemem_host::sys::random_instance())), Timing { retry_after: 500, attempts: 5 }),
                 outgoing: HashMap::new(),
                 bridges: HashMap::new(),
                 gone: HashMap::new(),
@@ -708,10 +710,10 @@ pub trait GuestRegions {
 /// whose mode lets everyone in (XEMEM's named segments are 0666) can be had.
 const ENCLAVE_PROCESS_CREDENTIALS_UID: u32 = 65534;
 
-/// Bridged permits reach the enclave under ids of their own, far above what the daemon's name
-/// server hands out (it counts up from 1), so the enclave's node never confuses them with
-/// permits of the name server, which also carry enclave 1.
-const FIRST_HOST_PERMIT: u32 = 0x6000_0000;
+/// Bridged permits reach the enclave under ids of their own, above every local id the daemon's
+/// name server hands out, so the enclave's node never confuses them with permits of the name
+/// server, which also carry enclave 1.
+const FIRST_HOST_PERMIT: u32 = xemem::ids::MAX_NAME_SERVER_LOCAL + 1;
 
 /// The daemon takes permits on enclave segments for other enclaves' processes as these
 /// process numbers of enclave 1, far above any host pid.

@@ -216,7 +216,7 @@ enum Incoming {
 impl FakeKernel {
     fn new(hardware: Arc<FakeHardware>, endpoint: Endpoint, vcpus: u16) -> FakeKernel {
         let frame = vec![0; endpoint.max_message_len()];
-        let xemem = xemem::node::Node::new(1, false, xemem::node::Timing { retry_after: 200, attempts: 5 });
+        let xemem = xemem::node::Node::new(1, None, xemem::node::Timing { retry_after: 200, attempts: 5 });
         FakeKernel {
             hardware,
             endpoint,

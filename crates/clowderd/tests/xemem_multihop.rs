@@ -578,6 +578,32 @@ fn sub_managers_link_again_to_a_restarted_upstream_daemon() {
     assert_eq!(share(&program, &b, &d, "relinked-b-to-d", 4800), b_again);
 }
 
+/// The name server's daemon restarts while a host process holds a segid from before. After
+/// the restart a new segment is made, and the old segid does not reach it: the new daemon's
+/// ids start elsewhere, so the old one gets ENOENT, as a removed segment's does.
+#[test]
+fn a_segid_from_before_a_daemon_restart_is_not_found_after_it() {
+    let dir = TempDir::new("clowderd-multihop-stale");
+    let keeper = dir.0.join("host_keeper");
+    build_host_keeper(&keeper);
+    let attacher = dir.0.join("host_segid_attacher");
+    build_host_program("host_segid_attacher.c", &attacher);
+    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let a = Daemon::start(&dir.0.join("a"), None);
+    let mut before = HostProcess::spawn(&keeper, &a.xemem_socket(), &["stale-before", "1000"]);
+    let old_segid = before.wait_for("segid", Duration::from_secs(10)).unwrap_or_else(|| panic!("{:?}\n{}", before.seen, a.log()));
+    drop(a);
+    let _ = before.finish(Duration::from_secs(5));
+    let a = Daemon::start(&dir.0.join("a"), None);
+    // Pages as host_segid_attacher expects them: were the old segid to reach this segment, the
+    // attacher would say so.
+    let mut after = HostProcess::spawn(&keeper, &a.xemem_socket(), &["stale-after", "5000"]);
+    let new_segid = after.wait_for("segid", Duration::from_secs(10)).unwrap_or_else(|| panic!("{:?}\n{}", after.seen, a.log()));
+    let (status, output) = HostProcess::spawn(&attacher, &a.xemem_socket(), &[&old_segid]).finish(Duration::from_secs(10));
+    assert_eq!((status, output.as_str()), (Some(2), "get failed: errno 2"), "old segid {old_segid}, new {new_segid}\n{}", a.log());
+    let _ = after.finish(Duration::from_secs(5));
+}
+
 /// XEMEM's signals to host owners under sub-managers: xemem/tests/notify_peer.c, each party
 /// the owner of one named segment and a permit holder on the other's. The "wait" party blocks
 /// on its notify descriptor until the other signals it, then signals back; the "signal"

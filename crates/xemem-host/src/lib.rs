@@ -45,6 +45,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use wire::{Answer, Request, Run};
+use xemem::ids::{IdCounter, MAX_LOCAL_ID, MAX_NAME_SERVER_LOCAL};
 use xemem::nameserver::Listing;
 use xemem::wire::Name;
 use xemem::{AccessId, Credentials, Error, NameServer, Owner, Principal, SegmentId, NAME_SERVER_ENCLAVE};
@@ -92,11 +93,10 @@ pub enum EnclaveRun {
     Hole { length: u64 },
 }
 
-/// Surrogate permit ids for other enclaves' permits start here: the broker's own name server
-/// counts up from 1 and would need about 1.9e9 permits to get here.
-const FIRST_SURROGATE: u32 = 0x7000_0000;
+/// Surrogate permit ids for other enclaves' permits: above every local id the broker's own
+/// name server hands out.
+const FIRST_SURROGATE: u32 = MAX_NAME_SERVER_LOCAL + 1;
 
-#[derive(Default)]
 struct State {
     ns: NameServer,
     /// pid -> its library's serving connection.
@@ -107,7 +107,7 @@ struct State {
     connections: HashMap<u32, usize>,
     /// Permits on other enclaves' segments, by the surrogate id the holder knows them by.
     remote_permits: HashMap<AccessId, RemotePermit>,
-    next_surrogate: u32,
+    surrogates: IdCounter,
     /// A sub-manager's segments, made at the upstream name server: segment -> (owner pid,
     /// vaddr, length), to check the name server's requests to serve them.
     remote_segments: HashMap<SegmentId, (u32, u64, u64)>,
@@ -116,6 +116,23 @@ struct State {
     /// release of them succeeds here; nothing upstream knows them any more.
     orphaned_segments: HashMap<SegmentId, u32>,
     orphaned_permits: HashMap<AccessId, u32>,
+}
+
+impl State {
+    /// A broker's state whose ids (segments, permits, surrogates) start where `instance` says.
+    fn new(instance: u64) -> State {
+        State {
+            ns: NameServer::new(instance),
+            servers: HashMap::new(),
+            revocable: HashMap::new(),
+            connections: HashMap::new(),
+            remote_permits: HashMap::new(),
+            surrogates: IdCounter::new(FIRST_SURROGATE, MAX_LOCAL_ID, instance),
+            remote_segments: HashMap::new(),
+            orphaned_segments: HashMap::new(),
+            orphaned_permits: HashMap::new(),
+        }
+    }
 }
 
 /// A host process's permit on another enclave's segment.
@@ -144,7 +161,11 @@ pub struct Broker {
 
 impl Default for Broker {
     fn default() -> Broker {
-        Broker { state: Arc::default(), owner_timeout: OWNER_TIMEOUT, enclaves: Arc::default(), sub_manager: Arc::default() }
+        // A random instance: a restarted broker's ids are not its predecessor's, so one a
+        // process kept from before the restart is not found (ENOENT) rather than naming
+        // another process's segment.
+        let state = Arc::new(Mutex::new(State::new(sys::random_instance())));
+        Broker { state, owner_timeout: OWNER_TIMEOUT, enclaves: Arc::default(), sub_manager: Arc::default() }
     }
 }
 
@@ -429,9 +450,7 @@ impl Broker {
                     let (real, size) = self.remote()?.get(peer.pid as u64, who, segment, flags)?;
                     let mut state = self.lock();
                     let surrogate = loop {
-                        let local = state.next_surrogate.max(FIRST_SURROGATE);
-                        state.next_surrogate = if local >= xemem::ids::MAX_LOCAL_ID { FIRST_SURROGATE } else { local + 1 };
-                        let candidate = AccessId::new(NAME_SERVER_ENCLAVE, local).ok_or(Error::Exhausted)?;
+                        let candidate = AccessId::new(NAME_SERVER_ENCLAVE, state.surrogates.next_id()).ok_or(Error::Exhausted)?;
                         if !state.remote_permits.contains_key(&candidate) && !state.orphaned_permits.contains_key(&candidate) {
                             break candidate;
                         }

@@ -1,5 +1,6 @@
 //! The few system calls the broker needs, with the unsafe kept here: SOCK_SEQPACKET Unix sockets
-//! (one request or answer per packet, so no framing), SCM_RIGHTS, SO_PEERCRED, ftruncate, fstat.
+//! (one request or answer per packet, so no framing), SCM_RIGHTS, SO_PEERCRED, ftruncate, fstat;
+//! and the randomness that sets a broker's ids apart from its predecessor's.
 
 use std::ffi::CString;
 use std::io;
@@ -255,4 +256,17 @@ pub fn raise_descriptor_limit() {
             libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
         }
     }
+}
+
+/// A fresh instance value for a name server or broker (`xemem::ids::IdCounter`): eight random
+/// bytes from the kernel, or, if they cannot be read, the clock mixed with the pid (which still
+/// differs from one start of the daemon to the next).
+pub fn random_instance() -> u64 {
+    use std::io::Read;
+    let mut bytes = [0u8; 8];
+    if std::fs::File::open("/dev/urandom").and_then(|mut random| random.read_exact(&mut bytes)).is_ok() {
+        return u64::from_le_bytes(bytes);
+    }
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_nanos() as u64);
+    nanos ^ u64::from(std::process::id()).rotate_left(32)
 }

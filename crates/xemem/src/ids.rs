@@ -3,6 +3,8 @@
 //! positive `i64` (never 0 or -1, which XPMEM reserves for "none" and "error"), the enclave that
 //! owns a segment can be read from its id (routing needs no lookup), and a segment id passed
 //! where an access id is expected, or the reverse, is recognised as invalid rather than found.
+//! Counters start at a place drawn from the instance ([`IdCounter`]), so a name server that
+//! restarts does not hand out the ids of its previous life again.
 
 /// An enclave's id, handed out by the name server. 0 means "not assigned yet".
 pub type EnclaveId = u32;
@@ -12,8 +14,48 @@ pub const NAME_SERVER_ENCLAVE: EnclaveId = 1;
 /// Largest enclave id and largest local id (both fit 31 bits so ids stay positive).
 pub const MAX_ENCLAVE_ID: EnclaveId = 0x7fff_ffff;
 pub const MAX_LOCAL_ID: u32 = 0x7fff_ffff;
+/// Largest local id a name server hands out. The ones above are its host's, for permits the
+/// host grants in enclave 1 on another name server's behalf (clowderd's bridged permits, the
+/// broker's surrogates), so the two can never collide.
+pub const MAX_NAME_SERVER_LOCAL: u32 = 0x5fff_ffff;
 
 const ACCESS_TAG: u64 = 0x8000_0000;
+
+/// Hands out the ids `first..=last` in turn, wrapping after `last`, starting at a place drawn
+/// from `instance`. Name servers and brokers give each instance of themselves its own value
+/// (random on the host), so the ids of a daemon and of the same daemon restarted start far
+/// apart: an id kept from before the restart names nothing now instead of someone else's
+/// segment, unless the two instances' runs of ids meet (a chance of about 2n / span when each
+/// hands out n).
+#[derive(Clone, Debug)]
+pub struct IdCounter {
+    first: u32,
+    last: u32,
+    next: u32,
+}
+
+impl IdCounter {
+    pub fn new(first: u32, last: u32, instance: u64) -> IdCounter {
+        let last = last.max(first);
+        let span = u64::from(last - first) + 1;
+        IdCounter { first, last, next: first + (spread(instance) % span) as u32 }
+    }
+
+    pub fn next_id(&mut self) -> u32 {
+        let id = self.next;
+        self.next = if id >= self.last { self.first } else { id + 1 };
+        id
+    }
+}
+
+/// SplitMix64's finaliser: instance values close together (clock readings, test seeds) start
+/// their counters far apart.
+fn spread(instance: u64) -> u64 {
+    let mut z = instance;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
 
 fn pack(enclave: EnclaveId, local: u32, tag: u64) -> Option<i64> {
     if enclave == 0 || enclave > MAX_ENCLAVE_ID || local == 0 || local > MAX_LOCAL_ID {

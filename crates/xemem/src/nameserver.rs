@@ -2,7 +2,7 @@
 //! (paper section 3.1). It never touches memory: `attach` answers with the owner and the owner's
 //! virtual range, and the owner's enclave resolves that range to frames.
 
-use crate::ids::{AccessId, EnclaveId, SegmentId, MAX_ENCLAVE_ID, MAX_LOCAL_ID, NAME_SERVER_ENCLAVE};
+use crate::ids::{AccessId, EnclaveId, IdCounter, SegmentId, MAX_ENCLAVE_ID, MAX_NAME_SERVER_LOCAL, NAME_SERVER_ENCLAVE};
 use crate::perm::{self, Credentials, Owner};
 use crate::wire::Name;
 use crate::{Error, ACCESS_READ_WRITE, MAXADDR_SIZE, PAGE_SIZE, USER_ADDRESS_LIMIT};
@@ -57,15 +57,9 @@ pub struct NameServer {
     segments: BTreeMap<SegmentId, Segment>,
     names: BTreeMap<Name, SegmentId>,
     permits: BTreeMap<AccessId, Permit>,
-    next_local: u32,
-    next_enclave: EnclaveId,
+    locals: IdCounter,
+    enclave_ids: IdCounter,
     enclaves: BTreeSet<EnclaveId>,
-}
-
-impl Default for NameServer {
-    fn default() -> Self {
-        Self::new()
-    }
 }
 
 /// Validates a make request's range; returns the size actually exported.
@@ -90,15 +84,18 @@ pub fn validate_range(vaddr: u64, size: u64) -> Result<u64, Error> {
 }
 
 impl NameServer {
-    pub fn new() -> NameServer {
+    /// A name server whose enclave ids and local ids start at places drawn from `instance`
+    /// ([`IdCounter`]): each instance (each start of the daemon) should get its own value, so
+    /// that ids kept from an earlier instance are not found here.
+    pub fn new(instance: u64) -> NameServer {
         let mut enclaves = BTreeSet::new();
         enclaves.insert(NAME_SERVER_ENCLAVE);
         NameServer {
             segments: BTreeMap::new(),
             names: BTreeMap::new(),
             permits: BTreeMap::new(),
-            next_local: 1,
-            next_enclave: NAME_SERVER_ENCLAVE + 1,
+            locals: IdCounter::new(1, MAX_NAME_SERVER_LOCAL, instance),
+            enclave_ids: IdCounter::new(NAME_SERVER_ENCLAVE + 1, MAX_ENCLAVE_ID, instance),
             enclaves,
         }
     }
@@ -106,8 +103,7 @@ impl NameServer {
     /// Hands out a fresh enclave id (never 0, never the name server's, never one in use).
     pub fn allocate_enclave(&mut self) -> Result<EnclaveId, Error> {
         for _ in 0..=MAX_ENCLAVE_ID {
-            let candidate = self.next_enclave;
-            self.next_enclave = if candidate >= MAX_ENCLAVE_ID { NAME_SERVER_ENCLAVE + 1 } else { candidate + 1 };
+            let candidate = self.enclave_ids.next_id();
             if !self.enclaves.contains(&candidate) {
                 self.enclaves.insert(candidate);
                 return Ok(candidate);
@@ -119,8 +115,7 @@ impl NameServer {
     /// A local counter shared by segments and permits; skips values still in use after wrap.
     fn allocate_local(&mut self, enclave: EnclaveId, access: bool) -> Result<u32, Error> {
         for _ in 0..1024 {
-            let local = self.next_local;
-            self.next_local = if local >= MAX_LOCAL_ID { 1 } else { local + 1 };
+            let local = self.locals.next_id();
             let taken = if access {
                 AccessId::new(NAME_SERVER_ENCLAVE, local).is_none_or(|id| self.permits.contains_key(&id))
             } else {

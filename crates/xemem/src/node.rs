@@ -118,13 +118,14 @@ pub struct Node {
 }
 
 impl Node {
-    /// An enclave with `links` links (numbered `0..links`); `name_server` makes it enclave 1.
-    pub fn new(links: u32, name_server: bool, timing: Timing) -> Node {
+    /// An enclave with `links` links (numbered `0..links`); one that runs `name_server` is
+    /// enclave 1.
+    pub fn new(links: u32, name_server: Option<NameServer>, timing: Timing) -> Node {
         Node {
-            id: if name_server { NAME_SERVER_ENCLAVE } else { 0 },
+            id: if name_server.is_some() { NAME_SERVER_ENCLAVE } else { 0 },
             links,
             timing,
-            name_server: if name_server { Some(NameServer::new()) } else { None },
+            name_server,
             replies: BTreeMap::new(),
             reply_order: VecDeque::new(),
             towards_name_server: None,

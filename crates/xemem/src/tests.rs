@@ -97,7 +97,7 @@ fn mode(mode: u32) -> Owner {
 
 #[test]
 fn make_validates_like_xpmem() {
-    let mut ns = NameServer::new();
+    let mut ns = NameServer::new(0);
     assert_eq!(ns.make(me(1), 12, 4096, mode(0o600), None), Err(Error::Invalid));
     assert_eq!(ns.make(me(1), 4096, 0, mode(0o600), None), Err(Error::Invalid));
     assert_eq!(ns.make(me(1), 4096, 100, mode(0o600), None), Err(Error::Invalid));
@@ -114,7 +114,7 @@ fn make_validates_like_xpmem() {
 
 #[test]
 fn remove_get_release_attach_errors() {
-    let mut ns = NameServer::new();
+    let mut ns = NameServer::new(0);
     let seg = ns.make(me(1), 0x10000, 0x10000, mode(0o600), None).unwrap();
     assert_eq!(ns.remove(me(2), seg), Err(Error::Denied));
     let unknown = SegmentId::new(1, 12345).unwrap();
@@ -146,7 +146,7 @@ fn remove_get_release_attach_errors() {
 
 #[test]
 fn whole_address_space_attach_offset_is_the_owner_address() {
-    let mut ns = NameServer::new();
+    let mut ns = NameServer::new(0);
     let seg = ns.make(me(1), 0, MAXADDR_SIZE, mode(0o600), None).unwrap();
     let (apid, _) = ns.get(me(2), &rooted(), seg, ACCESS_READ_WRITE).unwrap();
     let plan = ns.attach(me(2), apid, 0x7f00_1234_5000, 8192).unwrap();
@@ -155,7 +155,7 @@ fn whole_address_space_attach_offset_is_the_owner_address() {
 
 #[test]
 fn names_lookup_listing_and_signals() {
-    let mut ns = NameServer::new();
+    let mut ns = NameServer::new(0);
     let name = Name::new(b"cg-solution").unwrap();
     let seg = ns.make(me(1), 0x10000, 0x1000, mode(0o600), Some(name.clone())).unwrap();
     assert_eq!(ns.make(me(1), 0x20000, 0x1000, mode(0o600), Some(name.clone())), Err(Error::NameTaken));
@@ -176,7 +176,7 @@ fn names_lookup_listing_and_signals() {
 
 #[test]
 fn a_gone_process_takes_its_segments_and_permits() {
-    let mut ns = NameServer::new();
+    let mut ns = NameServer::new(0);
     let seg = ns.make(me(1), 0x10000, 0x1000, mode(0o600), None).unwrap();
     let (apid, _) = ns.get(me(2), &rooted(), seg, ACCESS_READ_WRITE).unwrap();
     let other = ns.make(me(2), 0x10000, 0x1000, mode(0o600), None).unwrap();
@@ -190,7 +190,7 @@ fn a_gone_process_takes_its_segments_and_permits() {
 
 #[test]
 fn removing_an_owners_segments_keeps_the_permits_it_holds() {
-    let mut ns = NameServer::new();
+    let mut ns = NameServer::new(0);
     let name = Name::new(b"job-output").unwrap();
     let seg = ns.make(me(1), 0x10000, 0x1000, mode(0o600), Some(name.clone())).unwrap();
     let (apid, _) = ns.get(me(2), &rooted(), seg, ACCESS_READ_WRITE).unwrap();
@@ -205,13 +205,66 @@ fn removing_an_owners_segments_keeps_the_permits_it_holds() {
 
 #[test]
 fn enclave_ids_are_unique_and_reused_only_after_release() {
-    let mut ns = NameServer::new();
+    let mut ns = NameServer::new(0);
     let mut seen = std::collections::BTreeSet::new();
     for _ in 0..1000 {
         let id = ns.allocate_enclave().unwrap();
         assert!(id > NAME_SERVER_ENCLAVE);
         assert!(seen.insert(id));
     }
+}
+
+#[test]
+fn name_servers_of_different_instances_hand_out_disjoint_ids_and_refuse_each_others() {
+    let mut rng = Rng(29);
+    for _ in 0..50 {
+        let mut a = NameServer::new(rng.next());
+        let mut b = NameServer::new(rng.next());
+        // The same history on both, as a daemon before and after a restart would see it.
+        let history = |ns: &mut NameServer| {
+            let enclaves: Vec<EnclaveId> = (0..64).map(|_| ns.allocate_enclave().unwrap()).collect();
+            let mut segments = Vec::new();
+            let mut permits = Vec::new();
+            for owner in [NAME_SERVER_ENCLAVE, enclaves[0]] {
+                for process in 1..=32 {
+                    let owner = Principal { enclave: owner, process };
+                    let segment = ns.make(owner, 0x10000, 0x4000, mode(0o666), None).unwrap();
+                    permits.push(ns.get(me(process), &rooted(), segment, ACCESS_READ_WRITE).unwrap().0);
+                    segments.push(segment);
+                }
+            }
+            (enclaves, segments, permits)
+        };
+        let (enclaves_a, segments_a, permits_a) = history(&mut a);
+        let (enclaves_b, segments_b, permits_b) = history(&mut b);
+        assert!(enclaves_a.iter().all(|e| *e > NAME_SERVER_ENCLAVE && *e <= MAX_ENCLAVE_ID));
+        assert!(enclaves_a.iter().all(|e| !enclaves_b.contains(e)), "{enclaves_a:?} {enclaves_b:?}");
+        assert!(segments_a.iter().all(|s| !segments_b.contains(s)));
+        assert!(permits_a.iter().all(|p| !permits_b.contains(p)));
+        assert!(permits_a.iter().chain(&permits_b).all(|p| p.local() <= MAX_NAME_SERVER_LOCAL));
+        for segment in &segments_a {
+            assert_eq!(b.get(me(1), &rooted(), *segment, ACCESS_READ_WRITE), Err(Error::NotFound));
+            assert_eq!(b.remove(me(1), *segment), Err(Error::NotFound));
+        }
+        for (process, permit) in (1..=32).cycle().zip(&permits_a) {
+            assert_eq!(b.attach(me(process), *permit, 0, 4096), Err(Error::NotFound));
+            assert_eq!(b.release(me(process), *permit), Err(Error::NotFound));
+        }
+    }
+}
+
+#[test]
+fn id_counters_wrap_within_their_range_from_any_start() {
+    let mut rng = Rng(31);
+    for _ in 0..1000 {
+        let first = 1 + rng.below(100) as u32;
+        let last = first + rng.below(100) as u32;
+        let mut counter = IdCounter::new(first, last, rng.next());
+        let ids: std::collections::BTreeSet<u32> = (first..=last).map(|_| counter.next_id()).collect();
+        assert_eq!(ids, (first..=last).collect(), "each id once per round");
+    }
+    let mut full = IdCounter::new(1, MAX_LOCAL_ID, u64::MAX);
+    assert!((0..1000).all(|_| (1..=MAX_LOCAL_ID).contains(&full.next_id())));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -481,7 +534,7 @@ impl Net {
             peers[parent].push((child, child_link));
         }
         let timing = Timing { retry_after: 200, attempts: 8 };
-        let nodes = (0..n).map(|i| Node::new(peers[i].len() as u32, i == ns_at, timing)).collect();
+        let nodes = (0..n).map(|i| Node::new(peers[i].len() as u32, (i == ns_at).then(|| NameServer::new(seed)), timing)).collect();
         let memory = (0..n).map(|_| ModelMemory { enclave: 0, run: 1 + rng.below(64), notified: Vec::new(), revoked: Vec::new() }).collect();
         Net { nodes, memory, peers, in_flight: VecDeque::new(), rng, drop_per_thousand, reorder, now: 0 }
     }
@@ -708,7 +761,7 @@ fn every_pair_in_a_deep_chain() {
         peers[i].push((i - 1, a));
     }
     let timing = Timing { retry_after: 200, attempts: 8 };
-    net.nodes = (0..n).map(|i| Node::new(peers[i].len() as u32, i == n / 2, timing)).collect();
+    net.nodes = (0..n).map(|i| Node::new(peers[i].len() as u32, (i == n / 2).then(|| NameServer::new(3)), timing)).collect();
     net.memory = (0..n).map(|i| ModelMemory { enclave: 0, run: 1 + i as u64, notified: Vec::new(), revoked: Vec::new() }).collect();
     net.peers = peers;
     net.settle_ids();
@@ -795,7 +848,7 @@ fn a_lost_enclave_takes_its_segments_and_permits_and_a_stranger_cannot_declare_i
         peers[i].push((i - 1, a));
     }
     let timing = Timing { retry_after: 200, attempts: 4 };
-    net.nodes = (0..n).map(|i| Node::new(peers[i].len() as u32, i == 0, timing)).collect();
+    net.nodes = (0..n).map(|i| Node::new(peers[i].len() as u32, (i == 0).then(|| NameServer::new(4)), timing)).collect();
     net.memory = (0..n).map(|_| ModelMemory { enclave: 0, run: 4, notified: Vec::new(), revoked: Vec::new() }).collect();
     net.peers = peers;
     net.settle_ids();
@@ -924,13 +977,40 @@ fn a_revoke_from_the_name_server_unmaps_and_is_acknowledged_and_a_forged_one_is_
 }
 
 #[test]
+fn ids_from_before_a_name_server_restart_are_not_found_after_it() {
+    // An enclave keeps a segid and an apid across a restart of its name server; the new
+    // instance hands out its own and refuses the old ones instead of finding its new ones.
+    let mut net = Net::tree(2, 5, 0, false);
+    net.peers = vec![vec![(1, 0)], vec![(0, 0)]];
+    let timing = Timing { retry_after: 200, attempts: 8 };
+    net.nodes = vec![Node::new(1, Some(NameServer::new(1)), timing), Node::new(1, None, timing)];
+    net.settle_ids();
+    let make = Request::Make { process: 1, vaddr: 0, size: PAGE_SIZE, owner: Owner { uid: 0, gid: 0, mode: 0o600 }, name: None };
+    let get = |segment| Request::Get { process: 2, segment, access: ACCESS_READ_WRITE, credentials: rooted() };
+    let attach = |access| Request::Attach { process: 2, access, offset: 0, size: PAGE_SIZE };
+    let Ok(Reply::Made(old_segment)) = net.call(1, make.clone()) else { panic!("make") };
+    let Ok(Reply::Granted { access: old_access, .. }) = net.call(1, get(old_segment)) else { panic!("get") };
+    net.nodes[0] = Node::new(1, Some(NameServer::new(2)), timing);
+    net.in_flight.clear();
+    net.nodes[1].link_down(0, &mut net.memory[1]);
+    net.nodes[1].rejoin();
+    net.settle_ids();
+    let Ok(Reply::Made(new_segment)) = net.call(1, make) else { panic!("make after the restart") };
+    let Ok(Reply::Granted { access: new_access, .. }) = net.call(1, get(new_segment)) else { panic!("get after it") };
+    assert!(new_segment != old_segment && new_access != old_access);
+    assert_eq!(net.call(1, get(old_segment)), Err(Error::NotFound));
+    assert_eq!(net.call(1, attach(old_access)), Err(Error::NotFound));
+    assert!(matches!(net.call(1, attach(new_access)), Ok(Reply::Attached { segment, .. }) if segment == new_segment));
+}
+
+#[test]
 fn a_node_that_lost_its_name_server_rejoins_a_new_one_with_a_new_id() {
     // A chain: name server - middle - leaf. The middle node's upstream goes away (its name
     // server restarted); it rejoins, and a fresh name server on the same link gives it an id.
     let mut net = Net::tree(3, 5, 0, false);
     net.peers = vec![vec![(1, 0)], vec![(0, 0), (2, 0)], vec![(1, 1)]];
     let timing = Timing { retry_after: 200, attempts: 8 };
-    net.nodes = vec![Node::new(1, true, timing), Node::new(2, false, timing), Node::new(1, false, timing)];
+    net.nodes = vec![Node::new(1, Some(NameServer::new(1)), timing), Node::new(2, None, timing), Node::new(1, None, timing)];
     net.settle_ids();
     let leaf = net.nodes[2].id().unwrap();
     let owner = Owner { uid: 0, gid: 0, mode: 0o600 };
@@ -947,7 +1027,7 @@ fn a_node_that_lost_its_name_server_rejoins_a_new_one_with_a_new_id() {
     net.nodes[0].rejoin();
     assert_eq!(net.nodes[0].id(), Some(NAME_SERVER_ENCLAVE));
     // The restarted name server.
-    net.nodes[0] = Node::new(1, true, timing);
+    net.nodes[0] = Node::new(1, Some(NameServer::new(2)), timing);
     net.in_flight.clear();
     for _ in 0..200 {
         if net.nodes[1].id().is_some() {

@@ -1,10 +1,10 @@
 /*
  * host_keeper NAME BASE: a host owner that removes its segment only when told. It exports 16
- * private pages as NAME (page i starts with BASE + i), prints its segid's enclave, and waits
- * for a line on stdin: "remove" removes the segment and prints "remove: RESULT (errno E)";
- * end of input exits without removing. So an attacher's SIGBUS can only come from the
- * daemons (crates/clowderd/tests/xemem_multihop.rs: a sub-manager that dies, an upstream
- * daemon that restarts).
+ * private pages as NAME (page i starts with BASE + i), prints its segid's enclave, then the
+ * segid, and waits for a line on stdin: "remove" removes the segment and prints "remove:
+ * RESULT (errno E)"; end of input exits without removing. So an attacher's SIGBUS can only
+ * come from the daemons (crates/clowderd/tests/xemem_multihop.rs: a sub-manager that dies, an
+ * upstream daemon that restarts).
  */
 #include <errno.h>
 #include <stdint.h>
@@ -36,6 +36,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	printf("made a segment of enclave %lld\n", (long long)(segid >> 32));
+	printf("segid %lld\n", (long long)segid);
 	fflush(stdout);
 	char line[64];
 	if (fgets(line, sizeof line, stdin) && strncmp(line, "remove", 6) == 0) {

@@ -5,7 +5,7 @@
 use libfuzzer_sys::fuzz_target;
 use xemem::node::{LocalMemory, Node, Timing};
 use xemem::wire::{FrameRun, Message, RunAssembler};
-use xemem::{AccessId, Error, SegmentId};
+use xemem::{AccessId, Error, NameServer, SegmentId};
 
 struct NoMemory;
 impl LocalMemory for NoMemory {
@@ -23,7 +23,7 @@ fuzz_target!(|data: &[u8]| {
             let _ = RunAssembler::default().push(*segment, *size, *first_run, *total_runs, runs);
         }
     }
-    let mut node = Node::new(2, true, Timing::default());
+    let mut node = Node::new(2, Some(NameServer::new(0)), Timing::default());
     node.receive((data.first().copied().unwrap_or(0) & 1) as u32, data, &mut NoMemory);
     for (_, answer) in node.outbox() {
         answer.to_bytes().expect("answers encode");

@@ -213,7 +213,7 @@ fn take_outbox(node: &mut Node) -> Vec<Vec<u8>> {
 
 /// The channel is up: start looking for the name server. Returns messages for the host.
 pub fn link_up() -> Vec<Vec<u8>> {
-    let mut node = Node::new(1, false, Timing { retry_after: 500, attempts: 5 });
+    let mut node = Node::new(1, None, Timing { retry_after: 500, attempts: 5 });
     node.tick(now_ms(), &mut JobMemory);
     let messages = take_outbox(&mut node);
     *NODE.lock() = Some(node);

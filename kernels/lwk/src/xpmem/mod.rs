@@ -128,7 +128,9 @@ fn job_credentials() -> Credentials {
 fn with_device<R>(f: impl FnOnce(&mut Device) -> R) -> R {
     let mut device = DEVICE.lock();
     f(device.get_or_insert_with(|| Device {
-        names: NameServer::new(),
+        // Each job's ids start somewhere else, as on the host (ids of an earlier job's
+        // segments are not found).
+        names: NameServer::new(crate::arch::cpu::rdrand().unwrap_or_else(crate::arch::cpu::read_tsc)),
         global_permits: BTreeMap::new(),
         own_segments: BTreeMap::new(),
         attachments: Vec::new(),
