@@ -82,13 +82,27 @@ struct RunningJob {
     cwd: String,
 }
 
-/// One end of the channel with its framing buffers.
+/// One end of the channel with its sending buffers.
 struct Link {
     endpoint: Endpoint,
     doorbell_port: u16,
     frame: Vec<u8>,
-    reassembler: Reassembler<'static>,
     encoded: Vec<u8>,
+}
+
+/// The receiving buffers: a frame, and the messages that span frames put back together. They
+/// leave the state while the messages are handled (which needs all of it), so a message is
+/// handled where it lies, not copied out first (every copy is emulated work here).
+struct Inbox {
+    frame: Vec<u8>,
+    reassembler: Reassembler<'static>,
+}
+
+impl Inbox {
+    /// What the state holds while its inbox is out.
+    fn lent() -> Inbox {
+        Inbox { frame: Vec::new(), reassembler: Reassembler::new(&mut []) }
+    }
 }
 
 impl Link {
@@ -128,6 +142,7 @@ impl Link {
 
 struct State {
     link: Link,
+    inbox: Inbox,
     job: Option<RunningJob>,
     next_request: u32,
     answers: BTreeMap<u32, FileAnswer>,
@@ -163,26 +178,27 @@ impl State {
     /// Takes every message off the ring and handles those that need no more than the lock.
     fn drain(&mut self) -> Followup {
         let mut followup = Followup::Nothing;
+        let mut inbox = core::mem::replace(&mut self.inbox, Inbox::lent());
         loop {
-            let length = match self.link.endpoint.recv(&mut self.link.frame) {
+            let length = match self.link.endpoint.recv(&mut inbox.frame) {
                 Ok(Some(length)) => length,
                 Ok(None) => break,
                 Err(error) => panic!("enclave channel broken while receiving: {error}"),
             };
-            let frame = self.link.frame[..length].to_vec();
-            let message = match self.link.reassembler.push(&frame) {
-                Ok(Some(message)) => message.to_vec(),
+            let message = match inbox.reassembler.push(&inbox.frame[..length]) {
+                Ok(Some(message)) => message,
                 Ok(None) => continue,
                 Err(error) => {
                     log!("enclave: bad frame from the host ({error:?}); ignored");
                     continue;
                 }
             };
-            match self.handle(&message) {
+            match self.handle(message) {
                 Followup::Nothing => {}
                 other => followup = other,
             }
         }
+        self.inbox = inbox;
         if let (Some(status), Followup::Nothing) = (self.kill_status, &followup) {
             followup = Followup::EndJob(status);
         }
@@ -352,13 +368,14 @@ pub fn run(config: ChannelConfig, vcpus: u16) -> ! {
     let channel = machine_channel::attach(config.physical, config.size as usize)
         .unwrap_or_else(|error| panic!("cannot attach the enclave channel at {:#x}: {error}", config.physical));
     let endpoint = channel.guest_end().unwrap_or_else(|error| panic!("enclave channel corrupt: {error}"));
-    let frame = vec![0u8; endpoint.max_message_len()];
+    let frame_len = endpoint.max_message_len();
     let reassembly: &'static mut [u8] = Box::leak(vec![0u8; MAX_MESSAGE_LEN].into_boxed_slice());
-    let link = Link { endpoint, doorbell_port: config.doorbell_port, frame, reassembler: Reassembler::new(reassembly), encoded: vec![0u8; MAX_MESSAGE_LEN] };
+    let inbox = Inbox { frame: vec![0u8; frame_len], reassembler: Reassembler::new(reassembly) };
+    let link = Link { endpoint, doorbell_port: config.doorbell_port, frame: vec![0u8; frame_len], encoded: vec![0u8; MAX_MESSAGE_LEN] };
     // Interrupts from here on: every host message raises the channel vector.
     link.endpoint.set_waiting(true);
     machine_channel::install_interrupt_handler(config.vector);
-    *STATE.lock() = Some(State { link, job: None, next_request: 1, answers: BTreeMap::new(), pending_launch: None, kill_status: None, vcpus });
+    *STATE.lock() = Some(State { link, inbox, job: None, next_request: 1, answers: BTreeMap::new(), pending_launch: None, kill_status: None, vcpus });
     let stack = mm::pmem::allocate(SERVICE_STACK_SIZE, 4096).expect("no memory for the service stack");
     SERVICE_STACK_TOP.store(arch::phys::to_virtual(stack) + SERVICE_STACK_SIZE, Ordering::Relaxed);
     ACTIVE.store(true, Ordering::Release);
