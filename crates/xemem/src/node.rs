@@ -75,6 +75,40 @@ struct Pending {
     assembler: RunAssembler,
 }
 
+/// Requests waiting for their answers, in request-id order (ids only grow, so a new one goes
+/// last). A vector, not a tree: a leaf enclave has one or two at a time, and a tree allocates
+/// and frees a node for each request, work an enclave kernel pays for by the instruction (it
+/// is emulated on some hosts). Lookups are binary searches.
+#[derive(Default)]
+struct PendingRequests(Vec<(u64, Pending)>);
+
+impl PendingRequests {
+    fn insert(&mut self, request: u64, pending: Pending) {
+        debug_assert!(self.0.last().is_none_or(|(last, _)| *last < request), "request ids only grow");
+        self.0.push((request, pending));
+    }
+    fn index(&self, request: u64) -> Option<usize> {
+        self.0.binary_search_by_key(&request, |(id, _)| *id).ok()
+    }
+    fn get_mut(&mut self, request: u64) -> Option<&mut Pending> {
+        let index = self.index(request)?;
+        Some(&mut self.0[index].1)
+    }
+    fn remove(&mut self, request: u64) -> Option<Pending> {
+        let index = self.index(request)?;
+        Some(self.0.remove(index).1)
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn iter(&self) -> impl Iterator<Item = &(u64, Pending)> {
+        self.0.iter()
+    }
+    fn take_all(&mut self) -> Vec<(u64, Pending)> {
+        core::mem::take(&mut self.0)
+    }
+}
+
 /// Retry policy, in the caller's time units.
 #[derive(Clone, Copy, Debug)]
 pub struct Timing {
@@ -106,7 +140,7 @@ pub struct Node {
     next_token: u64,
     last_discovery: Option<u64>,
     next_request: u64,
-    pending: BTreeMap<u64, Pending>,
+    pending: PendingRequests,
     /// Which segment each permit we were granted is on (to check attach answers).
     granted: BTreeMap<AccessId, SegmentId>,
     /// Segments our processes own: id -> (process, vaddr, size).
@@ -135,7 +169,7 @@ impl Node {
             next_token: 1,
             last_discovery: None,
             next_request: 1,
-            pending: BTreeMap::new(),
+            pending: PendingRequests::default(),
             granted: BTreeMap::new(),
             owned: BTreeMap::new(),
             now: 0,
@@ -173,6 +207,15 @@ impl Node {
     pub fn completions(&mut self) -> Vec<Completion> {
         core::mem::take(&mut self.completions)
     }
+    /// [`Node::outbox`] that keeps the node's buffer: no allocation per message, for a caller
+    /// that pays for each (an enclave kernel).
+    pub fn drain_outbox(&mut self) -> alloc::vec::Drain<'_, (LinkId, Message)> {
+        self.outbox.drain(..)
+    }
+    /// [`Node::completions`] that keeps the node's buffer, as [`Node::drain_outbox`].
+    pub fn drain_completions(&mut self) -> alloc::vec::Drain<'_, Completion> {
+        self.completions.drain(..)
+    }
     pub fn pending_requests(&self) -> usize {
         self.pending.len()
     }
@@ -202,9 +245,9 @@ impl Node {
             .map(|(r, _)| *r)
             .collect();
         for request in due {
-            let Some(p) = self.pending.get_mut(&request) else { continue };
+            let Some(p) = self.pending.get_mut(request) else { continue };
             if p.attempts >= self.timing.attempts {
-                self.pending.remove(&request);
+                self.pending.remove(request);
                 self.completions.push(Completion { request, result: Err(Error::Unreachable) });
                 continue;
             }
@@ -263,7 +306,7 @@ impl Node {
         self.granted.clear();
         self.owned.clear();
         self.local.clear();
-        for (request, _) in core::mem::take(&mut self.pending) {
+        for (request, _) in self.pending.take_all() {
             self.completions.push(Completion { request, result: Err(Error::Unreachable) });
         }
     }
@@ -617,7 +660,7 @@ impl Node {
     }
 
     fn complete(&mut self, from: EnclaveId, request: u64, body: Body) {
-        let Some(pending) = self.pending.get_mut(&request) else { return };
+        let Some(pending) = self.pending.get_mut(request) else { return };
         // Which enclave may answer: the name server, or for an attach the segment's owner. The
         // name server's enclave may also answer an attach itself: a host that maps another
         // machine's memory into ours answers with the frames it added on the owner's behalf.
@@ -671,7 +714,7 @@ impl Node {
             (Body::List { .. }, Body::Listed { more, entries }) => Ok(Reply::Listed { more, entries }),
             _ => return,
         };
-        self.pending.remove(&request);
+        self.pending.remove(request);
         self.completions.push(Completion { request, result });
     }
 }

@@ -21,7 +21,7 @@ use crate::clock;
 use crate::console::log;
 use alloc::vec::Vec;
 use xemem::ids::{AccessId, EnclaveId, SegmentId};
-use xemem::node::{Completion, LocalMemory, Node, Reply, Request, Timing};
+use xemem::node::{LocalMemory, Node, Reply, Request, Timing};
 use xemem::wire::FrameRun;
 use xemem::Error;
 
@@ -69,7 +69,7 @@ pub fn process_ended(pid: u64, segments: Vec<SegmentId>, permits: Vec<(u64, Acce
         let node = guard.as_mut().expect("checked above; the node is never taken away");
         node.tick(now_ms(), &mut JobMemory);
         let requests: Vec<Result<u64, Error>> = segments.iter().map(|&segment| node.request(Request::Remove { process: pid, segment }, &mut JobMemory)).collect();
-        keep_completions(node.completions());
+        keep_completions(node);
         (requests, take_outbox(node))
     };
     crate::enclave::send_xemem(messages);
@@ -135,8 +135,10 @@ fn take_finished(request: u64) -> Result<Reply, Error> {
     }
 }
 
-fn keep_completions(completions: Vec<Completion>) {
-    if completions.is_empty() {
+/// Moves the node's finished requests to FINISHED (or drops the abandoned ones).
+fn keep_completions(node: &mut Node) {
+    let mut completions = node.drain_completions().peekable();
+    if completions.peek().is_none() {
         return;
     }
     let mut finished = FINISHED.lock();
@@ -161,7 +163,7 @@ pub fn request(request: Request) -> Result<Reply, Error> {
         let node = guard.as_mut().ok_or(Error::Unreachable)?;
         node.tick(now_ms(), &mut JobMemory);
         let id = node.request(request, &mut JobMemory)?;
-        keep_completions(node.completions());
+        keep_completions(node);
         (id, take_outbox(node))
     };
     crate::enclave::send_xemem(messages);
@@ -199,8 +201,7 @@ const ENCODED_MESSAGE_ROOM: usize = 256;
 
 /// Encodes what the node wants sent (everything goes out on the channel).
 fn take_outbox(node: &mut Node) -> Vec<Vec<u8>> {
-    node.outbox()
-        .into_iter()
+    node.drain_outbox()
         .filter(|(link, _)| *link == CHANNEL_LINK)
         .filter_map(|(_, message)| {
             // Room for a control message at once: growing from empty reallocates and copies
@@ -229,7 +230,7 @@ pub fn from_host(bytes: &[u8]) -> Vec<Vec<u8>> {
     // No tick here: the node's clock (retries, discovery) moves with the host's pings and
     // this kernel's own requests; a tick per message was about 0.2 ms of emulated work.
     node.receive(CHANNEL_LINK, bytes, &mut JobMemory);
-    keep_completions(node.completions());
+    keep_completions(node);
     if let (false, Some(id)) = (had_id, node.id()) {
         log!("xemem: the name server gave this enclave id {id}");
     }
@@ -241,7 +242,7 @@ pub fn tick() -> Vec<Vec<u8>> {
     let mut guard = NODE.lock();
     let Some(node) = guard.as_mut() else { return Vec::new() };
     node.tick(now_ms(), &mut JobMemory);
-    keep_completions(node.completions());
+    keep_completions(node);
     take_outbox(node)
 }
 
