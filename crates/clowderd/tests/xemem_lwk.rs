@@ -20,6 +20,7 @@ use clowderd::enclave::Liveness;
 use clowderd::machine::VmmLauncher;
 use clowderd::server;
 use clowderd::xemem_links::FileRun;
+use clowder_test_support::{lwk_daemon, serve};
 use serde_json::{json, Value};
 
 mod support;
@@ -347,25 +348,13 @@ fn an_lwk_job_attaches_a_host_processs_segment() {
 /// Starts an in-process daemon with its XEMEM broker under `dir`; returns its API socket and
 /// the broker's socket.
 fn start_daemon_with_broker(dir: &Path) -> (PathBuf, PathBuf) {
-    let socket = dir.join("clowderd.sock");
     let xemem_socket = dir.join("xemem.sock");
-    let launcher = VmmLauncher { vmm: vmm_binary(), kernel: kernel_image(), runtime_dir: dir.to_path_buf() };
     // Pings get more time than the default 5 s: on a machine shared with other builds an
     // enclave's vCPU may be starved that long, and liveness is not what these tests test.
     let liveness = Liveness { ping_timeout: Duration::from_secs(20), ..Liveness::default() };
-    let config = DaemonConfig {
-        vmm: vmm_binary(),
-        kernel: kernel_image(),
-        oneshot_memory: 64 << 20,
-        isolate_cores: false,
-        liveness,
-        admin_group: None,
-    };
-    let daemon = Daemon::new(config, Box::new(launcher));
+    let daemon = lwk_daemon(dir, vmm_binary(), liveness);
     assert!(daemon.host_xemem(clowderd::xemem_service::start(&xemem_socket).unwrap()).is_ok());
-    let listener = server::bind(&socket).unwrap();
-    std::thread::spawn(move || server::serve(daemon, listener));
-    (socket, xemem_socket)
+    (serve(daemon, dir), xemem_socket)
 }
 
 /// Runs `job` (argv `argv`) in `enclave` to its end; its stdout accumulates in `stdout` as it
