@@ -1,7 +1,7 @@
 //! What the daemon's KVM tests share: where the kernel and the VMM are, whether enclaves can
 //! run here and scratch directories (from clowder-test-support), LWK jobs built from
 //! xemem/tests, and the XEMEM ids LWK enclaves got.
-#![allow(dead_code)] // each test crate uses its own part
+#![allow(dead_code, unused_imports)] // each test crate uses its own part
 
 use std::path::Path;
 use std::process::Command;
