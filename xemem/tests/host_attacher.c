@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <xpmem.h>
+#include "attach_segment.h"
 #include "named_segment.h"
 
 #define PAGE 4096UL
@@ -21,11 +22,9 @@ int main(void)
 	if (segid <= 0)
 		return 1;
 	printf("found a segment of enclave %lld\n", (long long)(segid >> 32));
-	xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
-	if (apid <= 0) {
-		printf("get failed: errno %d\n", errno);
-		return 2;
-	}
+	xpmem_apid_t apid = get_segment(segid);
+	if (apid <= 0)
+		return GET_FAILED;
 	/* The permit is this process's: another process (a fork child) may neither attach through
 	 * it nor release it (EACCES, as for a host segment). */
 	pid_t child = fork();
@@ -39,15 +38,10 @@ int main(void)
 	waitpid(child, &status, 0);
 	printf(WIFEXITED(status) && WEXITSTATUS(status) == 0 ? "another process is refused the permit\n"
 							     : "another process used the permit\n");
-	struct xpmem_addr address = { .apid = apid, .offset = 0 };
-	volatile uint64_t *view = xpmem_attach(address, PAGES * PAGE, NULL);
-	if (view == (void *)-1) {
-		printf("attach failed: errno %d\n", errno);
-		return 3;
-	}
-	int matching = 0;
-	for (unsigned long page = 0; page < PAGES; page++)
-		matching += view[page * PAGE / 8] == 1000 + page;
+	volatile uint64_t *view = attach_segment(apid, PAGES * PAGE);
+	if (!view)
+		return ATTACH_FAILED;
+	int matching = pages_with_pattern(view, PAGES, 1000);
 	printf("%d of %d pages hold what the job wrote\n", matching, PAGES);
 	view[1] = 42;
 	printf("wrote 42\n");

@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #include <xpmem.h>
+#include "attach_segment.h"
 #include "named_segment.h"
 
 #define PAGE 4096UL
@@ -64,42 +65,43 @@ static int owner(const char *name, uint64_t base)
 	return 0;
 }
 
+/* Reads word 0 of `view` every 10 ms until that raises SIGBUS: whether it did within 30 s. */
+static int sigbus_within_30s(volatile uint64_t *view)
+{
+	signal(SIGBUS, bus);
+	if (sigsetjmp(on_bus, 1))
+		return 1;
+	for (int tries = 0; tries < 3000; tries++) {
+		(void)view[0];
+		usleep(10000);
+	}
+	return 0;
+}
+
 static int attacher(const char *name, uint64_t base)
 {
 	xpmem_segid_t segid = wait_for_named_segment(name, 400);
 	if (segid <= 0)
 		return 1;
 	printf("found a segment of enclave %lld\n", (long long)(segid >> 32));
-	xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
-	if (apid <= 0) {
-		printf("get failed: errno %d\n", errno);
-		return 2;
-	}
-	struct xpmem_addr address = { .apid = apid, .offset = 0 };
-	volatile uint64_t *view = xpmem_attach(address, PAGES * PAGE, NULL);
-	if (view == (void *)-1) {
-		printf("attach failed: errno %d\n", errno);
-		return 3;
-	}
-	int matching = 0;
-	for (unsigned long page = 0; page < PAGES; page++)
-		matching += view[page * PAGE / 8] == base + page;
+	xpmem_apid_t apid = get_segment(segid);
+	if (apid <= 0)
+		return GET_FAILED;
+	volatile uint64_t *view = attach_segment(apid, PAGES * PAGE);
+	if (!view)
+		return ATTACH_FAILED;
+	int matching = pages_with_pattern(view, PAGES, base);
 	printf("%d of %d pages hold what the owner wrote\n", matching, PAGES);
 	view[15 * PAGE / 8 + 2] = 7;
 	view[1] = 43;
 	printf("wrote 43\n");
 	fflush(stdout);
-	signal(SIGBUS, bus);
-	if (sigsetjmp(on_bus, 1)) {
-		printf("SIGBUS after remove\n");
-		return matching == PAGES ? 0 : 4;
+	if (!sigbus_within_30s(view)) {
+		printf("no SIGBUS\n");
+		return 5;
 	}
-	for (int tries = 0; tries < 3000; tries++) {
-		(void)view[0];
-		usleep(10000);
-	}
-	printf("no SIGBUS\n");
-	return 5;
+	printf("SIGBUS after remove\n");
+	return matching == PAGES ? 0 : 4;
 }
 
 int main(int argc, char **argv)

@@ -4,11 +4,11 @@
  * plain XPMEM API through clowderd's broker, checks its 16 pages (page i starts with 5000 + i)
  * and writes 45 into word 1 of page 0.
  */
-#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <xpmem.h>
+#include "attach_segment.h"
 
 #define PAGE 4096UL
 #define PAGES 16
@@ -18,20 +18,13 @@ int main(int argc, char **argv)
 	if (argc != 2)
 		return 1;
 	xpmem_segid_t segid = strtoll(argv[1], NULL, 0);
-	xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
-	if (apid <= 0) {
-		printf("get failed: errno %d\n", errno);
-		return 2;
-	}
-	struct xpmem_addr address = { .apid = apid, .offset = 0 };
-	volatile uint64_t *view = xpmem_attach(address, PAGES * PAGE, NULL);
-	if (view == (void *)-1) {
-		printf("attach failed: errno %d\n", errno);
-		return 3;
-	}
-	int matching = 0;
-	for (unsigned long page = 0; page < PAGES; page++)
-		matching += view[page * PAGE / 8] == 5000 + page;
+	xpmem_apid_t apid = get_segment(segid);
+	if (apid <= 0)
+		return GET_FAILED;
+	volatile uint64_t *view = attach_segment(apid, PAGES * PAGE);
+	if (!view)
+		return ATTACH_FAILED;
+	int matching = pages_with_pattern(view, PAGES, 5000);
 	printf("%d of %d pages hold what the job wrote\n", matching, PAGES);
 	view[1] = 45;
 	printf("detach: %d\n", xpmem_detach((void *)view));

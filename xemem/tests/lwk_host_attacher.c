@@ -11,18 +11,11 @@
 #include <stdio.h>
 #include <unistd.h>
 #include <xpmem.h>
+#include "attach_segment.h"
 #include "named_segment.h"
 
 #define PAGE 4096UL
 #define PAGES 16
-
-static int pattern_pages(volatile uint64_t *view)
-{
-	int matching = 0;
-	for (unsigned long page = 0; page < PAGES; page++)
-		matching += view[page * PAGE / 8] == 2000 + page;
-	return matching;
-}
 
 int main(void)
 {
@@ -30,34 +23,30 @@ int main(void)
 	if (segid <= 0)
 		return 1;
 	printf("found a segment of enclave %lld\n", (long long)(segid >> 32));
-	xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
-	if (apid <= 0) {
-		printf("get failed: errno %d\n", errno);
-		return 2;
-	}
+	xpmem_apid_t apid = get_segment(segid);
+	if (apid <= 0)
+		return GET_FAILED;
 	struct xpmem_addr misaligned = { .apid = apid, .offset = 100 };
 	int misaligned_refused = xpmem_attach(misaligned, PAGE, NULL) == (void *)-1 && errno == EINVAL;
 	struct xpmem_addr beyond = { .apid = apid, .offset = PAGES * PAGE };
 	int beyond_refused = xpmem_attach(beyond, PAGE, NULL) == (void *)-1 && errno == EINVAL;
 	printf("misaligned attach refused: %d, attach beyond the segment refused: %d\n", misaligned_refused, beyond_refused);
 
-	struct xpmem_addr address = { .apid = apid, .offset = 0 };
-	volatile uint64_t *view = xpmem_attach(address, PAGES * PAGE, NULL);
-	if (view == (void *)-1) {
-		printf("attach failed: errno %d\n", errno);
-		return 3;
-	}
-	printf("%d of %d pages hold what the host wrote\n", pattern_pages(view), PAGES);
+	volatile uint64_t *view = attach_segment(apid, PAGES * PAGE);
+	if (!view)
+		return ATTACH_FAILED;
+	printf("%d of %d pages hold what the host wrote\n", pages_with_pattern(view, PAGES, 2000), PAGES);
 	printf("detach: %d\n", xpmem_detach((void *)view));
 
 	/* Again, after the regions of the first attachment went; the reply goes through this one
 	 * (the owner removes the segment once it sees it). */
+	struct xpmem_addr address = { .apid = apid, .offset = 0 };
 	volatile uint64_t *again = xpmem_attach(address, PAGES * PAGE, NULL);
 	if (again == (void *)-1) {
 		printf("second attach failed: errno %d\n", errno);
 		return 4;
 	}
-	printf("second attach: %d of %d pages\n", pattern_pages(again), PAGES);
+	printf("second attach: %d of %d pages\n", pages_with_pattern(again, PAGES, 2000), PAGES);
 	again[1] = 43;
 	printf("detach: %d\n", xpmem_detach((void *)again));
 	/* The owner removes the segment once it sees the 43, which takes the permit with it:

@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <xpmem.h>
+#include "attach_segment.h"
 #include "named_segment.h"
 
 #define PAGE 4096UL
@@ -77,20 +78,13 @@ int main(int argc, char **argv)
 	if (segid <= 0)
 		return 1;
 	printf("found a segment of enclave %lld\n", (long long)(segid >> 32));
-	xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
-	if (apid <= 0) {
-		printf("get failed: errno %d\n", errno);
-		return 2;
-	}
-	struct xpmem_addr address = { .apid = apid, .offset = 0 };
-	view = xpmem_attach(address, PAGES * PAGE, NULL);
-	if (view == (void *)-1) {
-		printf("attach failed: errno %d\n", errno);
-		return 3;
-	}
-	int matching = 0;
-	for (unsigned long page = 0; page < PAGES; page++)
-		matching += view[page * PAGE / 8] == base + page;
+	xpmem_apid_t apid = get_segment(segid);
+	if (apid <= 0)
+		return GET_FAILED;
+	view = attach_segment(apid, PAGES * PAGE);
+	if (!view)
+		return ATTACH_FAILED;
+	int matching = pages_with_pattern(view, PAGES, base);
 	printf("%d of %d pages hold the owner's pattern\n", matching, PAGES);
 	if (handler) {
 		struct sigaction action;

@@ -11,16 +11,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use clowder_test_support::{kernel_image, lwk_daemon, serve, TempDir};
 use clowderd::client::Client;
 use clowderd::console::LogBook;
-use clowderd::daemon::{Daemon, DaemonConfig};
 use clowderd::enclave::Liveness;
 use clowderd::link::{self, Received};
-use clowderd::machine::{start_vmm, vmm_command, MachineSpec, VmmLauncher};
-use clowderd::{server, sys};
+use clowderd::machine::{start_vmm, vmm_command, MachineSpec};
+use clowderd::sys;
 use enclave_proto::HostMessage;
 use serde_json::{json, Value};
-use support::{kernel_image, missing_requirement, vmm_binary};
+use support::{missing_requirement, vmm_binary};
 
 mod support;
 
@@ -33,43 +33,15 @@ macro_rules! require_kvm {
     };
 }
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(label: &str) -> TempDir {
-        let path = std::env::temp_dir().join(format!("clowder-cli-{label}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        TempDir(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 struct TestDaemon {
     dir: TempDir,
 }
 
 impl TestDaemon {
     fn start(label: &str) -> TestDaemon {
-        let dir = TempDir::new(label);
-        let socket = dir.0.join("clowderd.sock");
-        let launcher = VmmLauncher { vmm: vmm_binary(), kernel: kernel_image(), runtime_dir: dir.0.clone() };
-        let config = DaemonConfig {
-            vmm: vmm_binary(),
-            kernel: kernel_image(),
-            oneshot_memory: 64 << 20,
-            isolate_cores: false,
-            liveness: Liveness { hello_timeout: Duration::from_secs(5), ..Liveness::default() },
-            admin_group: None,
-        };
-        let daemon = Daemon::new(config, Box::new(launcher));
-        let listener = server::bind(&socket).unwrap();
-        std::thread::spawn(move || server::serve(daemon, listener));
+        let dir = TempDir::new(&format!("clowder-cli-{label}"));
+        let liveness = Liveness { hello_timeout: Duration::from_secs(5), ..Liveness::default() };
+        serve(lwk_daemon(&dir.0, vmm_binary(), liveness), &dir.0);
         TestDaemon { dir }
     }
 
@@ -121,7 +93,7 @@ int main(void) {
 
 #[test]
 fn a_missing_daemon_says_how_to_start_it() {
-    let dir = TempDir::new("no-daemon");
+    let dir = TempDir::new("clowder-cli-no-daemon");
     let output = Command::new(env!("CARGO_BIN_EXE_clowder"))
         .args(["enclave", "ls"])
         .env("CLOWDER_SOCKET", dir.0.join("nobody.sock"))
@@ -336,7 +308,7 @@ fn a_kernel_without_the_channel_protocol_cannot_back_a_persistent_enclave_yet() 
 #[test]
 fn the_host_end_attaches_to_a_running_vmm() {
     require_kvm!();
-    let dir = TempDir::new("vmm-channel");
+    let dir = TempDir::new("clowder-cli-vmm-channel");
     let spin = build_program(&dir.0, "spin", SPIN);
     let core = *clowderd::cores::usable_cores().unwrap().iter().last().unwrap();
     let spec = MachineSpec { name: "probe".into(), cores: vec![core], memory: 64 << 20, hugepages: false };

@@ -11,38 +11,15 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use clowderd::daemon::{Daemon, DaemonConfig};
+use clowder_test_support::{lwk_daemon, serve, TempDir};
 use clowderd::enclave::Liveness;
-use clowderd::machine::VmmLauncher;
-use clowderd::server;
-use support::{kernel_image, missing_requirement, vmm_binary};
+use support::{missing_requirement, vmm_binary};
 
 mod support;
 
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn start_daemon(dir: &Path) -> PathBuf {
-    let socket = dir.join("clowderd.sock");
-    let launcher = VmmLauncher { vmm: vmm_binary(), kernel: kernel_image(), runtime_dir: dir.to_path_buf() };
-    let config = DaemonConfig {
-        vmm: vmm_binary(),
-        kernel: kernel_image(),
-        oneshot_memory: 64 << 20,
-        isolate_cores: false,
-        // The defaults: ping every second, give up after 5 s without an answer.
-        liveness: Liveness::default(),
-        admin_group: None,
-    };
-    let daemon = Daemon::new(config, Box::new(launcher));
-    let listener = server::bind(&socket).unwrap();
-    std::thread::spawn(move || server::serve(daemon, listener));
-    socket
+    // The default liveness: ping every second, give up after 5 s without an answer.
+    serve(lwk_daemon(dir, vmm_binary(), Liveness::default()), dir)
 }
 
 fn clowder(socket: &Path, args: &[&str], cwd: &Path) -> Output {

@@ -9,31 +9,10 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use clowderd::client::Client;
+use clowder_test_support::{daemon_answers_within, workspace_root, TempDir};
 use serde_json::{json, Value};
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf()
-}
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(label: &str) -> TempDir {
-        let path = std::env::temp_dir().join(format!("clowder-cli-{label}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        TempDir(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// The clowderd binary of this build. `cargo test` of the workspace builds it beside the CLI;
 /// `cargo test -p clowder-cli` does not, so then it is built here.
@@ -95,11 +74,7 @@ impl RunningDaemon {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Client::connect_to(&socket).is_err() {
-            assert!(Instant::now() < deadline, "clowderd did not come up");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        assert!(daemon_answers_within(&socket, Duration::from_secs(10)), "clowderd did not come up");
         RunningDaemon { child, socket }
     }
 
@@ -202,7 +177,7 @@ fn text(output: &Output) -> String {
 
 #[test]
 fn clowderd_hosts_xemem_and_lists_segments() {
-    let dir = TempDir::new("xemem");
+    let dir = TempDir::new("clowder-cli-xemem");
     let Some(peer) = build_peer(&dir.0) else { return };
     let mut daemon = RunningDaemon::start(&dir.0);
 

@@ -1,28 +1,12 @@
 //! The `clowderd` binary itself: options, one daemon per socket, clean exit on SIGTERM.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use clowder_test_support::{daemon_answers_within, TempDir};
 use clowderd::client::Client;
 use serde_json::json;
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(label: &str) -> TempDir {
-        let path = std::env::temp_dir().join(format!("clowderd-bin-{label}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        TempDir(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Starts the daemon on `socket`; any existing file stands in for the kernel image, since
 /// nothing here boots.
@@ -32,11 +16,7 @@ fn start(socket: &Path) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Client::connect_to(socket).is_err() {
-        assert!(Instant::now() < deadline, "clowderd did not come up");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    assert!(daemon_answers_within(socket, Duration::from_secs(10)), "clowderd did not come up");
     child
 }
 
@@ -55,7 +35,7 @@ fn options_are_checked() {
 
 #[test]
 fn one_daemon_per_socket_and_a_clean_exit_on_sigterm() {
-    let dir = TempDir::new("lifecycle");
+    let dir = TempDir::new("clowderd-bin-lifecycle");
     let socket = dir.0.join("run/clowderd.sock");
     let mut daemon = start(&socket);
     let second = Command::new(env!("CARGO_BIN_EXE_clowderd"))

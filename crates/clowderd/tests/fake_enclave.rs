@@ -13,13 +13,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clowder_channel::{Channel, Endpoint};
+use clowder_test_support::{daemon_config, serve, TempDir};
 use clowderd::client::Client;
 use clowderd::console::LogBook;
-use clowderd::daemon::{Daemon, DaemonConfig};
+use clowderd::daemon::Daemon;
 use clowderd::enclave::Liveness;
 use clowderd::guest_ram::{GuestRam, RamRange};
 use clowderd::machine::{ChannelParts, Launcher, Machine, MachineSpec, SharedRegion};
-use clowderd::{server, sys};
+use clowderd::sys;
 use enclave_proto::{
     EnclaveMessage, FileOp, Fragmenter, HostMessage, Reassembler, Stream, FRAME_CONTINUATION, MAX_MESSAGE_LEN,
     PROTOCOL_VERSION,
@@ -573,38 +574,11 @@ struct TestDaemon {
     _dir: TempDir,
 }
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(label: &str) -> TempDir {
-        let path = std::env::temp_dir().join(format!("clowderd-{label}-{}-{:?}", std::process::id(), std::thread::current().id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        TempDir(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn start_daemon(label: &str, liveness: Liveness) -> TestDaemon {
-    let dir = TempDir::new(label);
-    let socket = dir.0.join("clowderd.sock");
-    let config = DaemonConfig {
-        vmm: PathBuf::from("/nonexistent/clowder-vmm"),
-        kernel: PathBuf::from("/nonexistent/lwk"),
-        oneshot_memory: 64 << 20,
-        isolate_cores: false,
-        liveness,
-        admin_group: None,
-    };
+    let dir = TempDir::new(&format!("clowderd-{label}"));
+    let config = daemon_config(PathBuf::from("/nonexistent/clowder-vmm"), PathBuf::from("/nonexistent/lwk"), liveness);
     let daemon = Daemon::new(config, Box::new(FakeLauncher));
-    let listener = server::bind(&socket).unwrap();
-    let served = daemon.clone();
-    std::thread::spawn(move || server::serve(served, listener));
+    let socket = serve(daemon.clone(), &dir.0);
     TestDaemon { socket, daemon, _dir: dir }
 }
 
@@ -669,7 +643,7 @@ impl TestDaemon {
 fn jobs_stream_output_and_return_their_status() {
     let daemon = start_daemon("jobs", Liveness::default());
     daemon.create("sim");
-    let work = TempDir::new("jobs-work");
+    let work = TempDir::new("clowderd-jobs-work");
     let (reply, stdout, _) = daemon.run("sim", &["prog", "echo", "hello", "enclave"], &work.0, &[]);
     assert_eq!(reply["ok"], true, "{reply}");
     assert_eq!(reply["status"], 0);
@@ -695,7 +669,7 @@ fn jobs_stream_output_and_return_their_status() {
 fn a_quiet_job_is_killed_when_its_client_goes_away() {
     let daemon = start_daemon("client-gone", quick_liveness());
     daemon.create("sim");
-    let work = TempDir::new("client-gone-work");
+    let work = TempDir::new("clowderd-client-gone-work");
     let binary = File::open(std::env::current_exe().unwrap()).unwrap();
     let dir = File::open(&work.0).unwrap();
     let request = json!({
@@ -722,7 +696,7 @@ fn a_quiet_job_is_killed_when_its_client_goes_away() {
 fn the_binary_and_input_files_are_shared_into_the_enclave() {
     let daemon = start_daemon("inputs", Liveness::default());
     daemon.create("sim");
-    let work = TempDir::new("inputs-work");
+    let work = TempDir::new("clowderd-inputs-work");
     let input = work.0.join("params.txt");
     std::fs::write(&input, "nx=64").unwrap();
     let (reply, stdout, _) = daemon.run("sim", &["/path/to/prog", "inputs"], &work.0, &[("params.txt", &input)]);
@@ -737,7 +711,7 @@ fn the_binary_and_input_files_are_shared_into_the_enclave() {
 fn forwarded_file_calls_stay_inside_the_working_directory() {
     let daemon = start_daemon("files", Liveness::default());
     daemon.create("sim");
-    let outer = TempDir::new("files-outer");
+    let outer = TempDir::new("clowderd-files-outer");
     let work = outer.0.join("work");
     std::fs::create_dir(&work).unwrap();
     std::fs::write(work.join("input.txt"), "input data").unwrap();
@@ -757,7 +731,7 @@ fn forwarded_file_calls_stay_inside_the_working_directory() {
 fn launch_failures_and_malformed_messages_get_clear_errors() {
     let daemon = start_daemon("malformed", Liveness::default());
     daemon.create("sim");
-    let work = TempDir::new("malformed-work");
+    let work = TempDir::new("clowderd-malformed-work");
     let (reply, _, _) = daemon.run("sim", &["prog", "launch-fails"], &work.0, &[]);
     assert_eq!(reply["ok"], false);
     assert!(reply["error"].as_str().unwrap().contains("not an ELF executable"), "{reply}");
@@ -775,7 +749,7 @@ fn launch_failures_and_malformed_messages_get_clear_errors() {
 fn a_failed_enclave_is_removed_and_the_others_keep_working() {
     let daemon = start_daemon("containment", quick_liveness());
     daemon.create("survivor");
-    let work = TempDir::new("containment-work");
+    let work = TempDir::new("clowderd-containment-work");
     // Each failure in turn, in an enclave beside the survivor (the host may have two cores).
     let failures = [
         ("crashes", "crash", "triple-faulted", "its machine ended"),
@@ -820,7 +794,7 @@ fn enclaves_get_xemem_ids_from_the_daemons_name_server() {
     let daemon = start_daemon("xemem", Liveness::default());
     daemon.create("first");
     daemon.create("second");
-    let work = TempDir::new("xemem-work");
+    let work = TempDir::new("clowderd-xemem-work");
     let mut ids = Vec::new();
     for enclave in ["first", "second"] {
         let (reply, stdout, _) = daemon.run(enclave, &["prog", "xemem-id"], &work.0, &[]);
@@ -880,7 +854,7 @@ fn assert_reads_the_fake_segment(runs: &[clowderd::xemem_links::FileRun]) {
 fn an_owner_enclave_is_asked_again_only_after_its_mappings_changed() {
     let daemon = start_daemon("xemem-owner-runs", Liveness::default());
     daemon.create("owner-runs-kept");
-    let work = TempDir::new("xemem-owner-runs-work");
+    let work = TempDir::new("clowderd-xemem-owner-runs-work");
     let links = daemon.daemon.xemem_links().clone();
     let root = || xemem::Credentials { uid: 0, groups: vec![0] };
     std::thread::scope(|scope| {
@@ -919,7 +893,7 @@ fn an_owner_enclave_is_asked_again_only_after_its_mappings_changed() {
 fn a_host_process_maps_an_enclave_segment_through_the_ram_memfd() {
     let daemon = start_daemon("xemem-attach", Liveness::default());
     daemon.create("owner");
-    let work = TempDir::new("xemem-attach-work");
+    let work = TempDir::new("clowderd-xemem-attach-work");
     let links = daemon.daemon.xemem_links().clone();
     let root = || xemem::Credentials { uid: 0, groups: vec![0] };
     let lookup = |name: &str| wait_for_segment(&links, name);

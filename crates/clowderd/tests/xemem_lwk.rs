@@ -14,16 +14,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use clowder_test_support::{lwk_daemon, serve};
 use clowderd::client::Client;
-use clowderd::daemon::{Daemon, DaemonConfig};
 use clowderd::enclave::Liveness;
-use clowderd::machine::VmmLauncher;
-use clowderd::server;
 use clowderd::xemem_links::FileRun;
 use serde_json::{json, Value};
 
 mod support;
-use support::{build_musl_job, kernel_image, lwk_xemem_id, missing_requirement, vmm_binary, workspace_root, TempDir};
+use support::{build_musl_job, lwk_xemem_id, missing_requirement, vmm_binary, workspace_root, TempDir};
 
 fn call(socket: &Path, request: Value) -> Value {
     Client::connect_to(socket).unwrap().call(&request).unwrap()
@@ -42,19 +40,8 @@ fn lwk_enclaves_get_xemem_ids_from_the_daemon() {
     }
     let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-lwk-{}", std::process::id())));
     std::fs::create_dir_all(&dir.0).unwrap();
-    let socket = dir.0.join("clowderd.sock");
-    let launcher = VmmLauncher { vmm: vmm_binary(), kernel: kernel_image(), runtime_dir: dir.0.clone() };
-    let config = DaemonConfig {
-        vmm: vmm_binary(),
-        kernel: kernel_image(),
-        oneshot_memory: 64 << 20,
-        isolate_cores: false,
-        liveness: Liveness::default(),
-        admin_group: None,
-    };
-    let daemon = Daemon::new(config, Box::new(launcher));
-    let listener = server::bind(&socket).unwrap();
-    std::thread::spawn(move || server::serve(daemon, listener));
+    let daemon = lwk_daemon(&dir.0, vmm_binary(), Liveness::default());
+    let socket = serve(daemon, &dir.0);
 
     let mut ids = Vec::new();
     for name in ["a", "b"] {
@@ -91,20 +78,9 @@ fn a_host_process_writes_into_an_lwk_jobs_segment() {
     std::fs::create_dir_all(&dir.0).unwrap();
     let job = dir.0.join("lwk_named_owner");
     build_owner_job(&job).unwrap();
-    let socket = dir.0.join("clowderd.sock");
-    let launcher = VmmLauncher { vmm: vmm_binary(), kernel: kernel_image(), runtime_dir: dir.0.clone() };
-    let config = DaemonConfig {
-        vmm: vmm_binary(),
-        kernel: kernel_image(),
-        oneshot_memory: 64 << 20,
-        isolate_cores: false,
-        liveness: Liveness::default(),
-        admin_group: None,
-    };
-    let daemon = Daemon::new(config, Box::new(launcher));
+    let daemon = lwk_daemon(&dir.0, vmm_binary(), Liveness::default());
     let links = daemon.xemem_links().clone();
-    let listener = server::bind(&socket).unwrap();
-    std::thread::spawn(move || server::serve(daemon, listener));
+    let socket = serve(daemon, &dir.0);
     let created = call(&socket, json!({"op": "create", "name": "owner", "cores": 1, "mem": "128M"}));
     assert_eq!(created["ok"], true, "{created}");
     let enclave_id = xemem_id(&socket, "owner").expect("the enclave got no XEMEM id");
@@ -198,21 +174,10 @@ fn a_libxpmem_process_attaches_an_lwk_jobs_segment_through_the_broker() {
     let attacher = dir.0.join("host_attacher");
     build_host_program("host_attacher.c", &attacher);
 
-    let socket = dir.0.join("clowderd.sock");
     let xemem_socket = dir.0.join("xemem.sock");
-    let launcher = VmmLauncher { vmm: vmm_binary(), kernel: kernel_image(), runtime_dir: dir.0.clone() };
-    let config = DaemonConfig {
-        vmm: vmm_binary(),
-        kernel: kernel_image(),
-        oneshot_memory: 64 << 20,
-        isolate_cores: false,
-        liveness: Liveness::default(),
-        admin_group: None,
-    };
-    let daemon = Daemon::new(config, Box::new(launcher));
+    let daemon = lwk_daemon(&dir.0, vmm_binary(), Liveness::default());
     assert!(daemon.host_xemem(clowderd::xemem_service::start(&xemem_socket).unwrap()).is_ok());
-    let listener = server::bind(&socket).unwrap();
-    std::thread::spawn(move || server::serve(daemon, listener));
+    let socket = serve(daemon, &dir.0);
     let created = call(&socket, json!({"op": "create", "name": "owner", "cores": 1, "mem": "128M"}));
     assert_eq!(created["ok"], true, "{created}");
     let enclave_id = xemem_id(&socket, "owner").expect("the enclave got no XEMEM id");
@@ -276,22 +241,11 @@ fn an_lwk_job_attaches_a_host_processs_segment() {
         .status().unwrap();
     assert!(built.success(), "building host_named_owner");
 
-    let socket = dir.0.join("clowderd.sock");
     let xemem_socket = dir.0.join("xemem.sock");
-    let launcher = VmmLauncher { vmm: vmm_binary(), kernel: kernel_image(), runtime_dir: dir.0.clone() };
-    let config = DaemonConfig {
-        vmm: vmm_binary(),
-        kernel: kernel_image(),
-        oneshot_memory: 64 << 20,
-        isolate_cores: false,
-        liveness: Liveness::default(),
-        admin_group: None,
-    };
-    let daemon = Daemon::new(config, Box::new(launcher));
+    let daemon = lwk_daemon(&dir.0, vmm_binary(), Liveness::default());
     let links = daemon.xemem_links().clone();
     assert!(daemon.host_xemem(clowderd::xemem_service::start(&xemem_socket).unwrap()).is_ok());
-    let listener = server::bind(&socket).unwrap();
-    std::thread::spawn(move || server::serve(daemon, listener));
+    let socket = serve(daemon, &dir.0);
     let created = call(&socket, json!({"op": "create", "name": "attacher", "cores": 1, "mem": "128M"}));
     assert_eq!(created["ok"], true, "{created}");
     xemem_id(&socket, "attacher").expect("the enclave got no XEMEM id");
@@ -347,25 +301,13 @@ fn an_lwk_job_attaches_a_host_processs_segment() {
 /// Starts an in-process daemon with its XEMEM broker under `dir`; returns its API socket and
 /// the broker's socket.
 fn start_daemon_with_broker(dir: &Path) -> (PathBuf, PathBuf) {
-    let socket = dir.join("clowderd.sock");
     let xemem_socket = dir.join("xemem.sock");
-    let launcher = VmmLauncher { vmm: vmm_binary(), kernel: kernel_image(), runtime_dir: dir.to_path_buf() };
     // Pings get more time than the default 5 s: on a machine shared with other builds an
     // enclave's vCPU may be starved that long, and liveness is not what these tests test.
     let liveness = Liveness { ping_timeout: Duration::from_secs(20), ..Liveness::default() };
-    let config = DaemonConfig {
-        vmm: vmm_binary(),
-        kernel: kernel_image(),
-        oneshot_memory: 64 << 20,
-        isolate_cores: false,
-        liveness,
-        admin_group: None,
-    };
-    let daemon = Daemon::new(config, Box::new(launcher));
+    let daemon = lwk_daemon(dir, vmm_binary(), liveness);
     assert!(daemon.host_xemem(clowderd::xemem_service::start(&xemem_socket).unwrap()).is_ok());
-    let listener = server::bind(&socket).unwrap();
-    std::thread::spawn(move || server::serve(daemon, listener));
-    (socket, xemem_socket)
+    (serve(daemon, dir), xemem_socket)
 }
 
 /// Runs `job` (argv `argv`) in `enclave` to its end; its stdout accumulates in `stdout` as it

@@ -19,6 +19,7 @@ use xemem::wire::{Body, FrameRun, Message, Name};
 use xemem::NAME_SERVER_ENCLAVE;
 
 mod support;
+use clowder_test_support::daemon_answers_within;
 use support::{build_musl_job, kernel_image, missing_requirement, vmm_binary, workspace_root, TempDir};
 
 /// A clowderd binary on a private directory; killed when dropped.
@@ -49,11 +50,8 @@ impl Daemon {
         }
         command.env_remove("CLOWDER_XEMEM_SOCKET").env_remove("CLOWDER_SOCKET");
         let child = command.stderr(Stdio::from(log)).spawn().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Client::connect_to(&socket).is_err() {
-            assert!(Instant::now() < deadline, "clowderd did not come up: {}", std::fs::read_to_string(dir.join("clowderd.log")).unwrap_or_default());
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let up = daemon_answers_within(&socket, Duration::from_secs(10));
+        assert!(up, "clowderd did not come up: {}", std::fs::read_to_string(dir.join("clowderd.log")).unwrap_or_default());
         Daemon { child, dir: dir.to_path_buf() }
     }
 

@@ -1,58 +1,19 @@
 //! What the daemon's KVM tests share: where the kernel and the VMM are, whether enclaves can
-//! run here, scratch directories, and LWK jobs built from xemem/tests.
-#![allow(dead_code)] // each test crate uses its own part
+//! run here and scratch directories (from clowder-test-support), LWK jobs built from
+//! xemem/tests, and the XEMEM ids LWK enclaves got.
+#![allow(dead_code, unused_imports)] // each test crate uses its own part
 
-use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+pub use clowder_test_support::{kernel_image, vmm_binary, workspace_root, TempDir};
 use clowderd::client::Client;
 use serde_json::{json, Value};
 
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf()
-}
-
-pub fn kernel_image() -> PathBuf {
-    workspace_root().join("kernels/target/x86_64-unknown-none/release/lwk")
-}
-
-pub fn vmm_binary() -> PathBuf {
-    std::env::var_os("CLOWDER_VMM").map_or_else(|| workspace_root().join("target/release/clowder-vmm"), PathBuf::from)
-}
-
 /// Why LWK enclaves cannot run here, if they cannot.
 pub fn missing_requirement() -> Option<String> {
-    if File::options().read(true).write(true).open("/dev/kvm").is_err() {
-        return Some("/dev/kvm is not available".into());
-    }
-    if !kernel_image().is_file() {
-        return Some(format!("no LWK image at {}", kernel_image().display()));
-    }
-    if !vmm_binary().is_file() {
-        return Some(format!("no clowder-vmm at {}", vmm_binary().display()));
-    }
-    None
-}
-
-/// A scratch directory, removed when dropped.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    /// `NAME-PID` under the system's temporary directory, empty.
-    pub fn new(name: &str) -> TempDir {
-        let path = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        TempDir(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    clowder_test_support::why_enclaves_cannot_boot(&vmm_binary())
 }
 
 /// Builds the LWK job `xemem/tests/<source>` statically with musl, against a musl build of

@@ -1,0 +1,94 @@
+//! What the integration tests of clowderd and clowder-cli share: scratch directories, where
+//! the built LWK image and VMM are, whether enclaves can boot here, and daemons to test
+//! against.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clowderd::client::Client;
+use clowderd::daemon::{Daemon, DaemonConfig};
+use clowderd::enclave::Liveness;
+use clowderd::machine::VmmLauncher;
+use clowderd::server;
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf()
+}
+
+pub fn kernel_image() -> PathBuf {
+    workspace_root().join("kernels/target/x86_64-unknown-none/release/lwk")
+}
+
+/// `CLOWDER_VMM`, or the workspace's release build of clowder-vmm.
+pub fn vmm_binary() -> PathBuf {
+    std::env::var_os("CLOWDER_VMM").map_or_else(|| workspace_root().join("target/release/clowder-vmm"), PathBuf::from)
+}
+
+/// Why LWK enclaves cannot boot here with the VMM at `vmm`, if they cannot.
+pub fn why_enclaves_cannot_boot(vmm: &Path) -> Option<String> {
+    if File::options().read(true).write(true).open("/dev/kvm").is_err() {
+        return Some("/dev/kvm is not available".into());
+    }
+    if !kernel_image().is_file() {
+        return Some(format!("no LWK image at {} (cd kernels && cargo build --release -p lwk)", kernel_image().display()));
+    }
+    if !vmm.is_file() {
+        return Some(format!("no clowder-vmm at {} (cargo build --release -p clowder-vmm)", vmm.display()));
+    }
+    None
+}
+
+/// A scratch directory, removed when dropped.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// `NAME-PID` under the system's temporary directory, empty.
+    pub fn new(name: &str) -> TempDir {
+        let path = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A daemon's configuration as the tests use it: 64 MiB one-shot enclaves, no core isolation,
+/// no admin group.
+pub fn daemon_config(vmm: PathBuf, kernel: PathBuf, liveness: Liveness) -> DaemonConfig {
+    DaemonConfig { vmm, kernel, oneshot_memory: 64 << 20, isolate_cores: false, liveness, admin_group: None }
+}
+
+/// A daemon whose enclaves boot the built LWK image with the VMM at `vmm`, their control
+/// sockets in `dir`. Not serving yet: see [`serve`].
+pub fn lwk_daemon(dir: &Path, vmm: PathBuf, liveness: Liveness) -> Arc<Daemon> {
+    let launcher = VmmLauncher { vmm: vmm.clone(), kernel: kernel_image(), runtime_dir: dir.to_path_buf() };
+    Daemon::new(daemon_config(vmm, kernel_image(), liveness), Box::new(launcher))
+}
+
+/// Serves `daemon` on `dir`/clowderd.sock from a thread of this process; returns the socket.
+pub fn serve(daemon: Arc<Daemon>, dir: &Path) -> PathBuf {
+    let socket = dir.join("clowderd.sock");
+    let listener = server::bind(&socket).unwrap();
+    std::thread::spawn(move || server::serve(daemon, listener));
+    socket
+}
+
+/// Waits up to `timeout` for a daemon (a started clowderd process) to answer on `socket`:
+/// whether one did.
+pub fn daemon_answers_within(socket: &Path, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Client::connect_to(socket).is_err() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}

@@ -1,0 +1,51 @@
+/* Getting, attaching and checking a segment read-write, for the test programs that attach
+   one (host processes and LWK jobs). Get and attach are separate steps, since some programs
+   check the permit in between. A failure prints "get failed: errno N" or "attach failed:
+   errno N", and the program exits with GET_FAILED or ATTACH_FAILED: clowderd's tests look
+   for both. */
+#ifndef ATTACH_SEGMENT_H
+#define ATTACH_SEGMENT_H
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <xpmem.h>
+
+enum { GET_FAILED = 2, ATTACH_FAILED = 3 };
+
+/* A read-write permit for `segid`, or -1 after printing "get failed: errno N". */
+static xpmem_apid_t get_segment(xpmem_segid_t segid)
+{
+	xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
+	if (apid <= 0) {
+		printf("get failed: errno %d\n", errno);
+		return -1;
+	}
+	return apid;
+}
+
+/* The first `size` bytes of the segment `apid` permits, attached; NULL after printing
+   "attach failed: errno N". */
+static void *attach_segment(xpmem_apid_t apid, size_t size)
+{
+	struct xpmem_addr address = { .apid = apid, .offset = 0 };
+	void *view = xpmem_attach(address, size, NULL);
+	if (view == (void *)-1) {
+		printf("attach failed: errno %d\n", errno);
+		return NULL;
+	}
+	return view;
+}
+
+/* How many of the first `pages` pages (4096 bytes each) of `view` start with the owner's
+   pattern, page i with base + i. */
+static int pages_with_pattern(const volatile uint64_t *view, unsigned long pages, uint64_t base)
+{
+	int matching = 0;
+	for (unsigned long page = 0; page < pages; page++)
+		matching += view[page * 4096 / 8] == base + page;
+	return matching;
+}
+
+#endif
