@@ -19,6 +19,7 @@ pub mod ids;
 pub mod nameserver;
 pub mod node;
 pub mod perm;
+mod vecmap;
 pub mod wire;
 
 #[cfg(test)]

@@ -19,6 +19,7 @@
 use crate::ids::{AccessId, EnclaveId, SegmentId, NAME_SERVER_ENCLAVE};
 use crate::nameserver::{self, NameServer, Principal};
 use crate::perm::{Credentials, Owner};
+use crate::vecmap::VecMap;
 use crate::wire::{self, Body, FrameRun, Header, ListEntry, Message, Name, RunAssembler, HEADER_LEN};
 use crate::Error;
 use alloc::collections::{BTreeMap, VecDeque};
@@ -75,40 +76,6 @@ struct Pending {
     assembler: RunAssembler,
 }
 
-/// Requests waiting for their answers, in request-id order (ids only grow, so a new one goes
-/// last). A vector, not a tree: a leaf enclave has one or two at a time, and a tree allocates
-/// and frees a node for each request, work an enclave kernel pays for by the instruction (it
-/// is emulated on some hosts). Lookups are binary searches.
-#[derive(Default)]
-struct PendingRequests(Vec<(u64, Pending)>);
-
-impl PendingRequests {
-    fn insert(&mut self, request: u64, pending: Pending) {
-        debug_assert!(self.0.last().is_none_or(|(last, _)| *last < request), "request ids only grow");
-        self.0.push((request, pending));
-    }
-    fn index(&self, request: u64) -> Option<usize> {
-        self.0.binary_search_by_key(&request, |(id, _)| *id).ok()
-    }
-    fn get_mut(&mut self, request: u64) -> Option<&mut Pending> {
-        let index = self.index(request)?;
-        Some(&mut self.0[index].1)
-    }
-    fn remove(&mut self, request: u64) -> Option<Pending> {
-        let index = self.index(request)?;
-        Some(self.0.remove(index).1)
-    }
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-    fn iter(&self) -> impl Iterator<Item = &(u64, Pending)> {
-        self.0.iter()
-    }
-    fn take_all(&mut self) -> Vec<(u64, Pending)> {
-        core::mem::take(&mut self.0)
-    }
-}
-
 /// Retry policy, in the caller's time units.
 #[derive(Clone, Copy, Debug)]
 pub struct Timing {
@@ -140,11 +107,11 @@ pub struct Node {
     next_token: u64,
     last_discovery: Option<u64>,
     next_request: u64,
-    pending: PendingRequests,
+    pending: VecMap<u64, Pending>,
     /// Which segment each permit we were granted is on (to check attach answers).
-    granted: BTreeMap<AccessId, SegmentId>,
+    granted: VecMap<AccessId, SegmentId>,
     /// Segments our processes own: id -> (process, vaddr, size).
-    owned: BTreeMap<SegmentId, (u64, u64, u64)>,
+    owned: VecMap<SegmentId, (u64, u64, u64)>,
     now: u64,
     outbox: Vec<(LinkId, Message)>,
     local: VecDeque<Message>,
@@ -169,9 +136,9 @@ impl Node {
             next_token: 1,
             last_discovery: None,
             next_request: 1,
-            pending: PendingRequests::default(),
-            granted: BTreeMap::new(),
-            owned: BTreeMap::new(),
+            pending: VecMap::default(),
+            granted: VecMap::default(),
+            owned: VecMap::default(),
             now: 0,
             outbox: Vec::new(),
             local: VecDeque::new(),
@@ -245,9 +212,9 @@ impl Node {
             .map(|(r, _)| *r)
             .collect();
         for request in due {
-            let Some(p) = self.pending.get_mut(request) else { continue };
+            let Some(p) = self.pending.get_mut(&request) else { continue };
             if p.attempts >= self.timing.attempts {
-                self.pending.remove(request);
+                self.pending.remove(&request);
                 self.completions.push(Completion { request, result: Err(Error::Unreachable) });
                 continue;
             }
@@ -306,7 +273,7 @@ impl Node {
         self.granted.clear();
         self.owned.clear();
         self.local.clear();
-        for (request, _) in self.pending.take_all() {
+        for (request, _) in self.pending.take() {
             self.completions.push(Completion { request, result: Err(Error::Unreachable) });
         }
     }
@@ -380,7 +347,7 @@ impl Node {
             return;
         }
         match Message::decode(bytes) {
-            Ok(message) => self.handle(link, message),
+            Ok(message) => self.handle(link, message, memory),
             Err(_) => self.answer_malformed(bytes),
         }
         self.run_local(memory);
@@ -400,7 +367,7 @@ impl Node {
         self.send(Message::new(request, self.id, origin, Body::Failed { error: Error::Malformed }));
     }
 
-    fn handle(&mut self, link: LinkId, message: Message) {
+    fn handle(&mut self, link: LinkId, message: Message, memory: &mut dyn LocalMemory) {
         match message.body {
             Body::PingNameServer => {
                 if self.id != 0 {
@@ -472,7 +439,13 @@ impl Node {
                     return;
                 }
                 if message.header.destination == self.id {
-                    self.local.push_back(message);
+                    // Straight in unless earlier ones wait (order kept); what it begets goes
+                    // through the local queue.
+                    if self.local.is_empty() {
+                        self.deliver(message, memory);
+                    } else {
+                        self.local.push_back(message);
+                    }
                     return;
                 }
                 let next = self.routes.get(&message.header.destination).copied().or(self.towards_name_server);
@@ -660,7 +633,7 @@ impl Node {
     }
 
     fn complete(&mut self, from: EnclaveId, request: u64, body: Body) {
-        let Some(pending) = self.pending.get_mut(request) else { return };
+        let Some(pending) = self.pending.get_mut(&request) else { return };
         // Which enclave may answer: the name server, or for an attach the segment's owner. The
         // name server's enclave may also answer an attach itself: a host that maps another
         // machine's memory into ours answers with the frames it added on the owner's behalf.
@@ -714,7 +687,7 @@ impl Node {
             (Body::List { .. }, Body::Listed { more, entries }) => Ok(Reply::Listed { more, entries }),
             _ => return,
         };
-        self.pending.remove(request);
+        self.pending.remove(&request);
         self.completions.push(Completion { request, result });
     }
 }
