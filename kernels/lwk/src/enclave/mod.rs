@@ -205,6 +205,10 @@ impl State {
         followup
     }
 
+    fn send_queued_xemem(&mut self) {
+        crate::xpmem::host_link::send_queued(|message| self.link.send(&EnclaveMessage::Xemem { message }));
+    }
+
     fn handle(&mut self, bytes: &[u8]) -> Followup {
         let message = match HostMessage::decode(bytes) {
             Ok(message) => message,
@@ -218,9 +222,8 @@ impl State {
             HostMessage::Ping { nonce } => {
                 self.link.send(&EnclaveMessage::Pong { nonce });
                 // The host's pings are the XEMEM node's clock (retries).
-                for message in crate::xpmem::host_link::tick() {
-                    self.link.send(&EnclaveMessage::Xemem { message: &message });
-                }
+                crate::xpmem::host_link::tick();
+                self.send_queued_xemem();
             }
             HostMessage::LaunchJob(launch) => {
                 if running.is_some() || self.pending_launch.is_some() {
@@ -246,9 +249,8 @@ impl State {
                 self.answers.insert(request, FileAnswer::Result(result as i64));
             }
             HostMessage::Xemem { message } => {
-                for answer in crate::xpmem::host_link::from_host(message) {
-                    self.link.send(&EnclaveMessage::Xemem { message: &answer });
-                }
+                crate::xpmem::host_link::from_host(message);
+                self.send_queued_xemem();
             }
         }
         Followup::Nothing
@@ -267,16 +269,11 @@ fn follow_up(followup: Followup) {
     }
 }
 
-/// Sends XEMEM messages (encoded by `crate::xpmem::host_link`) to the host.
-pub fn send_xemem(messages: Vec<Vec<u8>>) {
-    if messages.is_empty() || !is_active() {
-        return;
+/// Sends the XEMEM messages `crate::xpmem::host_link` queued to the host.
+pub fn send_xemem() {
+    if is_active() {
+        with_state(State::send_queued_xemem);
     }
-    with_state(|state| {
-        for message in &messages {
-            state.link.send(&EnclaveMessage::Xemem { message });
-        }
-    });
 }
 
 /// Serves the host until `done()` (a job thread waiting for an XEMEM answer), as a forwarded
@@ -384,11 +381,8 @@ pub fn run(config: ChannelConfig, vcpus: u16) -> ! {
     let counter = mm::aspace::mapping_changes_physical();
     with_state(|state| state.link.send(&EnclaveMessage::MappingCounter { gpa: counter }));
     // XEMEM: look for the name server (clowderd) on the channel.
-    with_state(|state| {
-        for message in crate::xpmem::host_link::link_up() {
-            state.link.send(&EnclaveMessage::Xemem { message: &message });
-        }
-    });
+    crate::xpmem::host_link::link_up();
+    with_state(State::send_queued_xemem);
     machine_channel::run_on_stack(SERVICE_STACK_TOP.load(Ordering::Relaxed), service_loop)
 }
 

@@ -64,15 +64,16 @@ pub fn process_ended(pid: u64, segments: Vec<SegmentId>, permits: Vec<(u64, Acce
         return true;
     }
     ENDING.lock().push(pid);
-    let (requests, messages) = {
+    let requests = {
         let mut guard = NODE.lock();
         let node = guard.as_mut().expect("checked above; the node is never taken away");
         node.tick(now_ms(), &mut JobMemory);
         let requests: Vec<Result<u64, Error>> = segments.iter().map(|&segment| node.request(Request::Remove { process: pid, segment }, &mut JobMemory)).collect();
         keep_completions(node);
-        (requests, take_outbox(node))
+        queue_outbox(node);
+        requests
     };
-    crate::enclave::send_xemem(messages);
+    crate::enclave::send_xemem();
     let waiting: Vec<u64> = requests.iter().filter_map(|request| request.as_ref().ok().copied()).collect();
     crate::enclave::serve_host_until(|| waiting.iter().all(|&id| is_finished(id)));
     let mut all_removed = true;
@@ -158,15 +159,16 @@ fn keep_completions(node: &mut Node) {
 /// Sends `request` to the name server through the node and waits for its answer (the node
 /// gives up after its retries: `Unreachable`). Called by a job thread in a system call.
 pub fn request(request: Request) -> Result<Reply, Error> {
-    let (id, messages) = {
+    let id = {
         let mut guard = NODE.lock();
         let node = guard.as_mut().ok_or(Error::Unreachable)?;
         node.tick(now_ms(), &mut JobMemory);
         let id = node.request(request, &mut JobMemory)?;
         keep_completions(node);
-        (id, take_outbox(node))
+        queue_outbox(node);
+        id
     };
-    crate::enclave::send_xemem(messages);
+    crate::enclave::send_xemem();
     crate::enclave::serve_host_until(|| is_finished(id));
     take_finished(id)
 }
@@ -196,36 +198,56 @@ fn now_ms() -> u64 {
     clock::monotonic_ns() / 1_000_000
 }
 
-/// What an encoded XEMEM message gets to start with (control messages fit; frame lists grow).
-const ENCODED_MESSAGE_ROOM: usize = 256;
+/// Encoded messages for the host, each a u32 length and the bytes, in the order the node
+/// produced them: one buffer that keeps its room (every allocation is emulated work on PVM).
+/// Whoever holds the channel next sends them all ([`send_queued`]). Taken after NODE and after
+/// the channel's state, never before.
+static OUTGOING: SpinLock<Vec<u8>> = SpinLock::new(Vec::new());
 
-/// Encodes what the node wants sent (everything goes out on the channel).
-fn take_outbox(node: &mut Node) -> Vec<Vec<u8>> {
-    node.drain_outbox()
-        .filter(|(link, _)| *link == CHANNEL_LINK)
-        .filter_map(|(_, message)| {
-            // Room for a control message at once: growing from empty reallocates and copies
-            // several times, each step hundreds of emulated instructions on PVM.
-            let mut bytes = Vec::with_capacity(ENCODED_MESSAGE_ROOM);
-            message.encode(&mut bytes).ok().map(|_| bytes)
-        })
-        .collect()
+/// Encodes what the node wants sent (everything goes out on the channel) into OUTGOING.
+fn queue_outbox(node: &mut Node) {
+    let mut outgoing = OUTGOING.lock();
+    for (link, message) in node.drain_outbox() {
+        if link != CHANNEL_LINK {
+            continue;
+        }
+        let at = outgoing.len();
+        outgoing.extend_from_slice(&[0; 4]);
+        if message.encode(&mut outgoing).is_err() {
+            outgoing.truncate(at);
+            continue;
+        }
+        let len = (outgoing.len() - at - 4) as u32;
+        outgoing[at..at + 4].copy_from_slice(&len.to_le_bytes());
+    }
 }
 
-/// The channel is up: start looking for the name server. Returns messages for the host.
-pub fn link_up() -> Vec<Vec<u8>> {
+/// Hands every queued message to `send`, in order, and empties the queue. The caller holds
+/// the channel.
+pub fn send_queued(mut send: impl FnMut(&[u8])) {
+    let mut outgoing = OUTGOING.lock();
+    let mut rest = &outgoing[..];
+    while let Some((len, tail)) = rest.split_first_chunk::<4>() {
+        let (message, after) = tail.split_at(u32::from_le_bytes(*len) as usize);
+        send(message);
+        rest = after;
+    }
+    outgoing.clear();
+}
+
+/// The channel is up: start looking for the name server (messages queued for the host).
+pub fn link_up() {
     let mut node = Node::new(1, None, Timing { retry_after: 500, attempts: 5 });
     node.tick(now_ms(), &mut JobMemory);
-    let messages = take_outbox(&mut node);
+    queue_outbox(&mut node);
     *NODE.lock() = Some(node);
-    messages
 }
 
 /// One XEMEM message from the host (decoded and validated by the node, which answers a
-/// malformed one with an error). Returns messages for the host.
-pub fn from_host(bytes: &[u8]) -> Vec<Vec<u8>> {
+/// malformed one with an error); what the node answers is queued for the host.
+pub fn from_host(bytes: &[u8]) {
     let mut guard = NODE.lock();
-    let Some(node) = guard.as_mut() else { return Vec::new() };
+    let Some(node) = guard.as_mut() else { return };
     let had_id = node.id().is_some();
     // No tick here: the node's clock (retries, discovery) moves with the host's pings and
     // this kernel's own requests; a tick per message was about 0.2 ms of emulated work.
@@ -234,16 +256,16 @@ pub fn from_host(bytes: &[u8]) -> Vec<Vec<u8>> {
     if let (false, Some(id)) = (had_id, node.id()) {
         log!("xemem: the name server gave this enclave id {id}");
     }
-    take_outbox(node)
+    queue_outbox(node);
 }
 
-/// Time passes (the host pinged): retries. Returns messages for the host.
-pub fn tick() -> Vec<Vec<u8>> {
+/// Time passes (the host pinged): retries, queued for the host.
+pub fn tick() {
     let mut guard = NODE.lock();
-    let Some(node) = guard.as_mut() else { return Vec::new() };
+    let Some(node) = guard.as_mut() else { return };
     node.tick(now_ms(), &mut JobMemory);
     keep_completions(node);
-    take_outbox(node)
+    queue_outbox(node);
 }
 
 /// This enclave's XEMEM id, once the name server gave one.
