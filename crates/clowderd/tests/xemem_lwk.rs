@@ -21,7 +21,7 @@ use clowderd::xemem_links::FileRun;
 use serde_json::{json, Value};
 
 mod support;
-use support::{build_musl_job, lwk_xemem_id, missing_requirement, vmm_binary, workspace_root, TempDir};
+use support::{build_host_program, build_musl_job, lwk_xemem_id, missing_requirement, vmm_binary, workspace_root, TempDir};
 
 fn call(socket: &Path, request: Value) -> Value {
     Client::connect_to(socket).unwrap().call(&request).unwrap()
@@ -324,17 +324,6 @@ fn run_job(socket: &Path, enclave: &str, job: &Path, argv: &[&str], cwd: &Path, 
             }
         })
         .unwrap()
-}
-
-/// Builds the host program `xemem/tests/<source>` against libxpmem.a.
-fn build_host_program(source: &str, out: &Path) {
-    let xemem = workspace_root().join("xemem");
-    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
-    let built = Command::new("cc")
-        .args(["-O2", "-I"]).arg(xemem.join("include")).arg("-o").arg(out).arg(xemem.join("tests").join(source))
-        .arg(xemem.join("build/lib/libxpmem.a")).arg("-lpthread")
-        .status().unwrap();
-    assert!(built.success(), "building {source}");
 }
 
 /// What one revocation run produced.

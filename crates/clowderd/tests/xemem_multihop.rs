@@ -20,7 +20,7 @@ use xemem::NAME_SERVER_ENCLAVE;
 
 mod support;
 use clowder_test_support::daemon_answers_within;
-use support::{build_musl_job, kernel_image, missing_requirement, vmm_binary, workspace_root, TempDir};
+use support::{build_host_program, build_musl_job, kernel_image, missing_requirement, vmm_binary, workspace_root, TempDir};
 
 /// A clowderd binary on a private directory; killed when dropped.
 struct Daemon {
@@ -90,23 +90,6 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// Builds xemem/tests/host_peer.c against libxpmem.a.
-fn build_host_peer(out: &Path) {
-    let xemem = workspace_root().join("xemem");
-    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
-    let built = Command::new("cc")
-        .args(["-O2", "-I"])
-        .arg(xemem.join("include"))
-        .arg("-o")
-        .arg(out)
-        .arg(xemem.join("tests/host_peer.c"))
-        .arg(xemem.join("build/lib/libxpmem.a"))
-        .arg("-lpthread")
-        .status()
-        .unwrap();
-    assert!(built.success(), "building host_peer.c");
 }
 
 /// A host_peer process against `broker`, its output lines arriving on a channel.
@@ -219,7 +202,7 @@ fn share(program: &Path, owner_at: &Daemon, attacher_at: &Daemon, name: &str, ba
 fn host_processes_under_two_daemons_share_memory_both_ways() {
     let dir = TempDir::new("clowderd-multihop-share");
     let program = dir.0.join("host_peer");
-    build_host_peer(&program);
+    build_host_program("host_peer.c", &program);
     std::fs::create_dir_all(dir.0.join("a")).unwrap();
     std::fs::create_dir_all(dir.0.join("b")).unwrap();
     let a = Daemon::start(&dir.0.join("a"), None);
@@ -257,7 +240,7 @@ fn host_processes_under_two_daemons_share_memory_both_ways() {
 fn host_processes_under_sibling_sub_managers_share_memory() {
     let dir = TempDir::new("clowderd-multihop-siblings");
     let program = dir.0.join("host_peer");
-    build_host_peer(&program);
+    build_host_program("host_peer.c", &program);
     for name in ["a", "b", "c"] {
         std::fs::create_dir_all(dir.0.join(name)).unwrap();
     }
@@ -279,7 +262,7 @@ fn host_processes_under_sibling_sub_managers_share_memory() {
 fn host_processes_two_daemons_apart_share_memory() {
     let dir = TempDir::new("clowderd-multihop-deep");
     let program = dir.0.join("host_peer");
-    build_host_peer(&program);
+    build_host_program("host_peer.c", &program);
     for name in ["a", "b", "d"] {
         std::fs::create_dir_all(dir.0.join(name)).unwrap();
     }
@@ -334,7 +317,7 @@ fn with_id(daemon: Daemon, upstream: &Daemon) -> (Daemon, u32) {
 fn host_processes_anywhere_in_a_tree_of_daemons_share_memory() {
     let dir = TempDir::new("clowderd-multihop-tree");
     let program = dir.0.join("host_peer");
-    build_host_peer(&program);
+    build_host_program("host_peer.c", &program);
     std::fs::create_dir_all(dir.0.join("a")).unwrap();
     let a = Daemon::start(&dir.0.join("a"), None);
     let (b, b_id) = sub_manager(&dir.0.join("b"), &a);
@@ -404,7 +387,7 @@ fn host_processes_anywhere_in_a_tree_of_daemons_share_memory() {
 fn sibling_sub_managers_attach_each_others_segments_at_once() {
     let dir = TempDir::new("clowderd-multihop-crossing");
     let program = dir.0.join("host_peer");
-    build_host_peer(&program);
+    build_host_program("host_peer.c", &program);
     std::fs::create_dir_all(dir.0.join("a")).unwrap();
     let a = Daemon::start(&dir.0.join("a"), None);
     let (b, b_id) = sub_manager(&dir.0.join("b"), &a);
@@ -465,7 +448,7 @@ fn kept_and_attached(keeper: &Path, program: &Path, owner_at: &Daemon, attacher_
 fn a_dead_sub_managers_segments_are_revoked_and_removed_elsewhere() {
     let dir = TempDir::new("clowderd-multihop-dead");
     let program = dir.0.join("host_peer");
-    build_host_peer(&program);
+    build_host_program("host_peer.c", &program);
     let keeper = dir.0.join("host_keeper");
     build_host_keeper(&keeper);
     std::fs::create_dir_all(dir.0.join("a")).unwrap();
@@ -540,7 +523,7 @@ fn new_id(daemon: &Daemon, before: usize, timeout: Duration) -> Option<u32> {
 fn sub_managers_link_again_to_a_restarted_upstream_daemon() {
     let dir = TempDir::new("clowderd-multihop-relink");
     let program = dir.0.join("host_peer");
-    build_host_peer(&program);
+    build_host_program("host_peer.c", &program);
     let keeper = dir.0.join("host_keeper");
     build_host_keeper(&keeper);
     std::fs::create_dir_all(dir.0.join("a")).unwrap();
@@ -735,7 +718,7 @@ fn memfd(pages: u64) -> File {
 fn a_malformed_peer_gets_errors_and_the_daemon_keeps_serving() {
     let dir = TempDir::new("clowderd-multihop-malformed");
     let program = dir.0.join("host_peer");
-    build_host_peer(&program);
+    build_host_program("host_peer.c", &program);
     let a = Daemon::start(&dir.0, None);
     let peer = FakePeer::link(&a);
     assert!(peer.id >= 2);
@@ -1017,23 +1000,6 @@ fn a_host_process_on_the_name_server_attaches_an_lwk_segment_under_a_sub_manager
     });
     let removed = b.call(json!({"op": "rm", "name": "owner"}));
     assert_eq!(removed["ok"], true, "{removed}");
-}
-
-/// Builds xemem/tests/SOURCE as a host program against libxpmem.a.
-fn build_host_program(source: &str, out: &Path) {
-    let xemem = workspace_root().join("xemem");
-    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
-    let built = Command::new("cc")
-        .args(["-O2", "-I"])
-        .arg(xemem.join("include"))
-        .arg("-o")
-        .arg(out)
-        .arg(xemem.join("tests").join(source))
-        .arg(xemem.join("build/lib/libxpmem.a"))
-        .arg("-lpthread")
-        .status()
-        .unwrap();
-    assert!(built.success(), "building {source}");
 }
 
 /// Runs `lwk_named_owner` in enclave `enclave` (XEMEM id `enclave_id`) of `owner_at` while

@@ -16,6 +16,17 @@ pub fn missing_requirement() -> Option<String> {
     clowder_test_support::why_enclaves_cannot_boot(&vmm_binary())
 }
 
+/// Builds the host program `xemem/tests/<source>` against the host's libxpmem.a.
+pub fn build_host_program(source: &str, out: &Path) {
+    let xemem = workspace_root().join("xemem");
+    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
+    let built = Command::new("cc")
+        .args(["-O2", "-I"]).arg(xemem.join("include")).arg("-o").arg(out).arg(xemem.join("tests").join(source))
+        .arg(xemem.join("build/lib/libxpmem.a")).arg("-lpthread")
+        .status().unwrap();
+    assert!(built.success(), "building {source}");
+}
+
 /// Builds the LWK job `xemem/tests/<source>` statically with musl, against a musl build of
 /// libxpmem.a (musl has no kernel headers: the system's linux/ and asm/ are linked in).
 pub fn build_musl_job(source: &str, out: &Path) -> Result<(), String> {
