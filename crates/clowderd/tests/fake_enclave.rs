@@ -45,7 +45,7 @@ struct FakeHardware {
     /// Regions the daemon shared, by guest-physical base.
     regions: Mutex<HashMap<u64, File>>,
     ended: Mutex<Option<String>>,
-    /// Set by the job `hang`: the kernel stops answering pings.
+    /// Set by the jobs `hang` and `corrupt`: the kernel stops answering pings.
     hung: AtomicBool,
     doorbell: File,
     /// How many attaches of its segments the fake kernel's node resolved.
@@ -488,8 +488,11 @@ impl FakeKernel {
                 return;
             }
             "corrupt" => {
-                // Moves the guest→host producer counter far beyond what the ring can hold.
+                // Moves the guest→host producer counter far beyond what the ring can hold, and
+                // sends nothing more (no Pong either): a later send would write the kernel's
+                // valid counter over it before a busy daemon had looked.
                 self.hardware.ram.write(CHANNEL_GPA + 0x40, &(u64::MAX / 2).to_le_bytes()).unwrap();
+                self.hardware.hung.store(true, Ordering::SeqCst);
                 return;
             }
             "hang" => {
