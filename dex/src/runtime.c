@@ -310,6 +310,23 @@ static int receive_message(unsigned peer, struct dex_msg_header *h, char *payloa
 
 /* ---------------------------------------------------------------- threads */
 
+/* Nearly every message fits in a buffer's first page: fault it in when
+ * the buffer is made, not on a thread's first migration. */
+static void touch_first_page(char *buffer)
+{
+	*(volatile char *)buffer = 0;
+}
+
+/* A receiver's buffer for one message's payload. */
+static char *receive_buffer(void)
+{
+	char *payload = malloc(DEX_MAX_PAYLOAD);
+	if (!payload)
+		dex_fatal("out of memory for a receive buffer");
+	touch_first_page(payload);
+	return payload;
+}
+
 static struct dex_thread *reuse_retired_block(void)
 {
 	struct dex_thread *found = NULL;
@@ -365,6 +382,8 @@ struct dex_thread *dex_thread_block_alloc(enum dex_thread_role role)
 		dex_fatal("cannot map thread buffers");
 	t->mail.payload = buffers;
 	t->scratch = buffers + DEX_MAX_PAYLOAD;
+	touch_first_page(t->mail.payload);
+	touch_first_page(t->scratch);
 	return t;
 }
 
@@ -1096,7 +1115,7 @@ static void node_handle_invalidate(const struct dex_msg_invalidate *m)
 
 static void node_receive_loop(void)
 {
-	char *payload = malloc(DEX_MAX_PAYLOAD);
+	char *payload = receive_buffer();
 	struct dex_msg_header h;
 	for (;;) {
 		int rc = receive_message(0, &h, payload);
@@ -1186,7 +1205,7 @@ static void *origin_receive_loop(void *arg)
 	unsigned peer = (unsigned)(uintptr_t)arg;
 	dex_tls_runtime_thread = 1;
 	dex_thread_create_block(DEX_ROLE_SERVICE);
-	char *payload = malloc(DEX_MAX_PAYLOAD);
+	char *payload = receive_buffer();
 	struct dex_msg_header h;
 	for (;;) {
 		int rc = receive_message(peer, &h, payload);
