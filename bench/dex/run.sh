@@ -2,12 +2,17 @@
 # DEX benchmarks: migration latency, remote fault latency, app scaling.
 # Prints a markdown report (ours beside DEX, ICDCS'20 Table II and §V-D)
 # and writes it to docs/results/dex-bench.md.
-# usage: bench/dex/run.sh [runs]   (medians over `runs` process runs, default 5)
+# usage: bench/dex/run.sh [runs] [latency]   (medians over `runs` process runs, default 5;
+#        `latency`: only the migration and fault latencies, printed, the report file left as it is)
 set -eu
 root=$(cd "$(dirname "$0")/../.." && pwd)
 dex=$root/dex
 build=$dex/build
 runs=${1:-5}
+parts=${2:-all}
+case $parts in all | latency) ;; *) echo "usage: $0 [runs] [latency]" >&2; exit 2 ;; esac
+report=$root/docs/results/dex-bench.md
+[ "$parts" = all ] || report=/dev/null
 make -s -C "$dex" >/dev/null
 out=$(mktemp)
 trap 'rm -f "$out" "$out".*' EXIT
@@ -152,55 +157,57 @@ critical path. First forward/backward are one sample per process run (a process 
 	echo "signal handlers), which is what the UCX column pays over TCP on 2 shared vCPUs; on an"
 	echo "RDMA fabric the wire itself is faster than loopback TCP."
 	echo
-	echo "## Scaling, 1 node → 2 nodes (wall seconds, startup included)"
-	echo
-	echo "Baseline: the unmodified program, 1 thread (one core). DEX: 2 nodes, one thread each."
-	echo "The plain 2-thread column shows what this 2-vCPU machine, shared with other work, can give"
-	echo "two threads at all; DEX cannot beat it here. Separate machines would not have this ceiling."
-	echo "Each row alternates baseline, plain 2 threads and DEX $runs times; medians. DEX's Figure 2"
-	echo "(8 threads per node, InfiniBand) is a plot without numbers in the text; its trend is quoted."
-	echo
-	echo "| app | DEX, 1 → 2 nodes (Fig. 2) | baseline: plain, 1 thread | plain, 2 threads, 1 node (machine ceiling) | DEX 2 nodes × 1 thread | DEX speed-up |"
-	echo "|---|---|---|---|---|---|"
-	scale_row "EP optimised (2^26 samples)" "scales linearly" "$build/ep 1 26" "$build/ep 2 26" "$build/ep 2 26"
-	scale_row "EP naive (2^24 samples)" "scales, below optimised" "$build/ep 1 24" "$build/ep --naive 2 24" \
-		"$build/ep --naive 2 24"
-	# Small-input rows give the baseline about a second (the nodes' start-up, included, is
-	# amortised); the paper-sized rows a few seconds.
-	# KMN and BLK at the paper's work per input byte (DEX used 5M points and 100 centres;
-	# PARSEC's blackscholes prices every option 100 times), then at a small input.
-	scale_row "KMN optimised (paper's 5M points, 100 clusters; 6 it.)" "scales once optimised" \
-		"$build/kmeans 1 5000000 100 6" "$build/kmeans 2 5000000 100 6" "$build/kmeans 2 5000000 100 6"
-	scale_row "KMN optimised, small input (2M points, 16 clusters, 40 it.)" "(degrades with small data per core, §V)" \
-		"$build/kmeans 1 2000000 16 40" "$build/kmeans 2 2000000 16 40" "$build/kmeans 2 2000000 16 40"
-	scale_row "KMN naive (400k points)" "does not scale" "$build/kmeans 1 400000 16 10" \
-		"$build/kmeans --naive 2 400000 16 10" "$build/kmeans --naive 2 400000 16 10"
-	scale_row "GRP optimised (64 MiB text)" "scales once optimised" "$build/grp 1 64" "$build/grp 2 64" "$build/grp 2 64"
-	scale_row "GRP naive (16 MiB text)" "does not scale" "$build/grp 1 16" "$build/grp --naive 2 16" \
-		"$build/grp --naive 2 16"
-	scale_row "BLK optimised (1M options, PARSEC's 100 rounds)" "scales linearly (no change needed)" \
-		"$build/blk 1 1048576 100" "$build/blk 2 1048576 100" "$build/blk 2 1048576 100"
-	scale_row "BLK optimised, small input (1M options, 16 rounds)" "(degrades with small data per core, §V)" \
-		"$build/blk 1 1048576 16" "$build/blk 2 1048576 16" "$build/blk 2 1048576 16"
-	scale_row "BLK naive (256k options, 1 round)" "(same program)" "$build/blk 1 262144 1" \
-		"$build/blk --naive 2 262144 1" "$build/blk --naive 2 262144 1"
-	echo
-	echo "## Where KMN's time goes (DEX_STATS, 2 nodes)"
-	echo
-	echo "Counters of a 20- and a 40-iteration run of the optimised KMN: their difference over 20 is"
-	echo "the cost of one iteration; the rest is moving the inputs to node 1 and node 1's results"
-	echo "back to the origin once (how far readahead gets varies a little from run to run, so the"
-	echo "difference of large counters is noisy). \"Faults\" are protocol requests (a readahead"
-	echo "request brings up to 64 pages)."
-	echo
-	kmeans_stats 20 >"$out.k20"
-	kmeans_stats 40 >"$out.k40"
-	echo "| counter | node | 20 iterations | 40 iterations | per iteration |"
-	echo "|---|---|---|---|---|"
-	paste "$out.k20" "$out.k40" | while read -r name node a _ _ b; do
-		printf '| %s | %s | %d | %d | %.1f |\n' "$name" "$node" "$a" "$b" "$(echo "($b - $a) / 20" | bc -l)"
-	done
-	echo
+	if [ "$parts" = all ]; then
+		echo "## Scaling, 1 node → 2 nodes (wall seconds, startup included)"
+		echo
+		echo "Baseline: the unmodified program, 1 thread (one core). DEX: 2 nodes, one thread each."
+		echo "The plain 2-thread column shows what this 2-vCPU machine, shared with other work, can give"
+		echo "two threads at all; DEX cannot beat it here. Separate machines would not have this ceiling."
+		echo "Each row alternates baseline, plain 2 threads and DEX $runs times; medians. DEX's Figure 2"
+		echo "(8 threads per node, InfiniBand) is a plot without numbers in the text; its trend is quoted."
+		echo
+		echo "| app | DEX, 1 → 2 nodes (Fig. 2) | baseline: plain, 1 thread | plain, 2 threads, 1 node (machine ceiling) | DEX 2 nodes × 1 thread | DEX speed-up |"
+		echo "|---|---|---|---|---|---|"
+		scale_row "EP optimised (2^26 samples)" "scales linearly" "$build/ep 1 26" "$build/ep 2 26" "$build/ep 2 26"
+		scale_row "EP naive (2^24 samples)" "scales, below optimised" "$build/ep 1 24" "$build/ep --naive 2 24" \
+			"$build/ep --naive 2 24"
+		# Small-input rows give the baseline about a second (the nodes' start-up, included, is
+		# amortised); the paper-sized rows a few seconds.
+		# KMN and BLK at the paper's work per input byte (DEX used 5M points and 100 centres;
+		# PARSEC's blackscholes prices every option 100 times), then at a small input.
+		scale_row "KMN optimised (paper's 5M points, 100 clusters; 6 it.)" "scales once optimised" \
+			"$build/kmeans 1 5000000 100 6" "$build/kmeans 2 5000000 100 6" "$build/kmeans 2 5000000 100 6"
+		scale_row "KMN optimised, small input (2M points, 16 clusters, 40 it.)" "(degrades with small data per core, §V)" \
+			"$build/kmeans 1 2000000 16 40" "$build/kmeans 2 2000000 16 40" "$build/kmeans 2 2000000 16 40"
+		scale_row "KMN naive (400k points)" "does not scale" "$build/kmeans 1 400000 16 10" \
+			"$build/kmeans --naive 2 400000 16 10" "$build/kmeans --naive 2 400000 16 10"
+		scale_row "GRP optimised (64 MiB text)" "scales once optimised" "$build/grp 1 64" "$build/grp 2 64" "$build/grp 2 64"
+		scale_row "GRP naive (16 MiB text)" "does not scale" "$build/grp 1 16" "$build/grp --naive 2 16" \
+			"$build/grp --naive 2 16"
+		scale_row "BLK optimised (1M options, PARSEC's 100 rounds)" "scales linearly (no change needed)" \
+			"$build/blk 1 1048576 100" "$build/blk 2 1048576 100" "$build/blk 2 1048576 100"
+		scale_row "BLK optimised, small input (1M options, 16 rounds)" "(degrades with small data per core, §V)" \
+			"$build/blk 1 1048576 16" "$build/blk 2 1048576 16" "$build/blk 2 1048576 16"
+		scale_row "BLK naive (256k options, 1 round)" "(same program)" "$build/blk 1 262144 1" \
+			"$build/blk --naive 2 262144 1" "$build/blk --naive 2 262144 1"
+		echo
+		echo "## Where KMN's time goes (DEX_STATS, 2 nodes)"
+		echo
+		echo "Counters of a 20- and a 40-iteration run of the optimised KMN: their difference over 20 is"
+		echo "the cost of one iteration; the rest is moving the inputs to node 1 and node 1's results"
+		echo "back to the origin once (how far readahead gets varies a little from run to run, so the"
+		echo "difference of large counters is noisy). \"Faults\" are protocol requests (a readahead"
+		echo "request brings up to 64 pages)."
+		echo
+		kmeans_stats 20 >"$out.k20"
+		kmeans_stats 40 >"$out.k40"
+		echo "| counter | node | 20 iterations | 40 iterations | per iteration |"
+		echo "|---|---|---|---|---|"
+		paste "$out.k20" "$out.k40" | while read -r name node a _ _ b; do
+			printf '| %s | %s | %d | %d | %.1f |\n' "$name" "$node" "$a" "$b" "$(echo "($b - $a) / 20" | bc -l)"
+		done
+		echo
+	fi
 	echo "## The host's wake-up cost"
 	echo
 	echo "A pipe round trip between two processes (two wake-ups, \`bench/dex/wake_latency.c\`), in this run,"
@@ -213,4 +220,4 @@ critical path. First forward/backward are one sample per process run (a process 
 	echo "\`idle=poll\` is on many HPC nodes; DEX itself needs no change)."
 	echo
 	echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
-} | tee "$root/docs/results/dex-bench.md"
+} | tee "$report"
