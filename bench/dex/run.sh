@@ -151,12 +151,12 @@ scale_row() { # label dex-figure plain-1-thread plain-2-threads dex-args
 	echo "| later backward | 25.8 | $(cells later_backward_us mig) | $(cells later_backward_us ucxmig ucx) | ≤ 40 |"
 	echo "| floor: pipe round trip between two processes on the two CPUs (no DEX) | — | $(floor pipe-cross-cpu) |$(floor_dashes) |"
 	echo
-	echo "DEX's first forward includes creating the remote worker (620 µs). Here node processes are set
-up at launch and each keeps a spare worker thread ready, so a first visit costs the thread's
-first page faults on that node and waking a long-idle thread; a new spare is created off the
-critical path. First forward/backward are one sample per process run (a process migrates to a node for"
-	echo "the first time once), so they carry the machine's noise: creating the worker thread and"
-	echo "waking it on the other vCPU ranged from about 80 µs on an idle machine to 3 ms under load."
+	echo "DEX's first forward includes creating the remote worker (620 µs). Here node processes are set"
+	echo "up at launch and each starts with two idle worker threads, so a first visit costs the thread's"
+	echo "first page faults on that node and waking a long-idle thread, and no thread is created while it"
+	echo "runs (the spare it leaves is replaced off the critical path). First forward/backward are one"
+	echo "sample per process run (a process migrates to a node for the first time once), so they carry"
+	echo "the machine's noise: a first forward ranged from about 80 µs on an idle machine to 3 ms under load."
 	echo
 	echo "## Remote page fault, 4 KiB (µs)"
 	echo
