@@ -206,11 +206,12 @@ static int64_t page_index(uintptr_t addr);
 static char *page_alias(uint32_t page);
 
 /* Page bytes this side expects (grants on a node; acknowledgements and a
- * returning thread's stack top at the origin) are read straight into the alias of the pages they are for,
- * once the fixed part has been validated: no staging copy. The pages are
- * ones this process has asked for (or, at the origin, busy pages it
- * fetches), inaccessible to the application until the handler grants
- * them; a message found unexpected there stops the run as before. */
+ * returning thread's stack top at the origin) are read straight into the
+ * alias of the pages they are for, once the fixed part has been validated:
+ * no staging copy. The pages are ones this process has asked for (or, at
+ * the origin, busy pages it fetches, or a node's pages coming home with a
+ * thread), inaccessible to the application until the handler grants them;
+ * a message found unexpected there stops the run as before. */
 static bool data_goes_to_alias(const struct dex_msg_header *h)
 {
 	if (dex_rt.node == 0)
