@@ -233,8 +233,15 @@ static void *spare_maker(void *arg)
 	return NULL;
 }
 
+/* Two idle workers from the start: the first thread to arrive takes one
+ * and leaves the other as the spare, so no worker is created while that
+ * thread runs here. Creating one then (mmap, clone, the new thread's own
+ * set-up) overlapped the thread's first return to the origin and cost it
+ * tens of microseconds on 2 vCPUs: the mprotect of its released stack top
+ * waited for the mmap lock, and both wanted the same CPUs. */
 void dex_node_start_workers(void)
 {
+	start_spare_worker();
 	start_spare_worker();
 	dex_start_service_thread(spare_maker, NULL);
 }

@@ -205,20 +205,21 @@ static struct dex_validation_limits limits(void)
 static int64_t page_index(uintptr_t addr);
 static char *page_alias(uint32_t page);
 
-/* Page bytes this side expects (grants on a node, acknowledgements at the
- * origin) are read straight into the alias of the pages they are for,
- * once the fixed part has been validated: no staging copy. The pages are
- * ones this process has asked for (or, at the origin, busy pages it
- * fetches), inaccessible to the application until the handler grants
- * them; a message found unexpected there stops the run as before. */
+/* Page bytes this side expects (grants on a node; acknowledgements and a
+ * returning thread's stack top at the origin) are read straight into the
+ * alias of the pages they are for, once the fixed part has been validated:
+ * no staging copy. The pages are ones this process has asked for (or, at
+ * the origin, busy pages it fetches, or a node's pages coming home with a
+ * thread), inaccessible to the application until the handler grants them;
+ * a message found unexpected there stops the run as before. */
 static bool data_goes_to_alias(const struct dex_msg_header *h)
 {
 	if (dex_rt.node == 0)
-		return h->type == DEX_MSG_INVALIDATE_ACK;
+		return h->type == DEX_MSG_INVALIDATE_ACK || h->type == DEX_MSG_MIGRATE;
 	return h->type == DEX_MSG_PAGE_GRANT || h->type == DEX_MSG_PAGE_PREFETCH;
 }
 
-static int receive_into_alias(unsigned peer, const struct dex_msg_header *h, const char *payload)
+static int receive_into_alias(unsigned peer, const struct dex_msg_header *h, char *payload)
 {
 	switch (h->type) {
 	case DEX_MSG_PAGE_GRANT: {
@@ -251,6 +252,27 @@ static int receive_into_alias(unsigned peer, const struct dex_msg_header *h, con
 			return 1;
 		return dex_transport->receive(peer, page_alias((uint32_t)page_index(m->address)),
 					      (size_t)m->count * DEX_PAGE_SIZE);
+	}
+	case DEX_MSG_MIGRATE: {
+		/* A thread's stack top coming home, released by `peer`
+		 * (dex_dsm_accept_carried). While the directory has `peer` as
+		 * a page's writer, only `peer`'s own messages, read here in
+		 * order, write the page's alias: the bytes go straight there.
+		 * A read-only copy's bytes are the origin's already; they, and
+		 * those of a page `peer` does not hold (a release the directory
+		 * then rejects), land past the fixed part and are dropped. */
+		const struct dex_msg_migrate *m = (const void *)payload;
+		uint32_t first = (uint32_t)page_index(m->carried_address);
+		for (uint32_t page = first; page < first + m->carried_pages; page++) {
+			dex_lock_acquire(&dex_rt.dsm_lock);
+			bool written = dsm_dir_access(&dex_rt.dir, page, peer) == DSM_WRITE;
+			dex_lock_release(&dex_rt.dsm_lock);
+			int rc = dex_transport->receive(peer, written ? page_alias(page) : payload + sizeof(*m),
+							DEX_PAGE_SIZE);
+			if (rc != 1)
+				return rc;
+		}
+		return 1;
 	}
 	default:
 		return 1;
@@ -288,6 +310,23 @@ static int receive_message(unsigned peer, struct dex_msg_header *h, char *payloa
 }
 
 /* ---------------------------------------------------------------- threads */
+
+/* Nearly every message fits in a buffer's first page: fault it in when
+ * the buffer is made, not on a thread's first migration. */
+static void touch_first_page(char *buffer)
+{
+	*(volatile char *)buffer = 0;
+}
+
+/* A receiver's buffer for one message's payload. */
+static char *receive_buffer(void)
+{
+	char *payload = malloc(DEX_MAX_PAYLOAD);
+	if (!payload)
+		dex_fatal("out of memory for a receive buffer");
+	touch_first_page(payload);
+	return payload;
+}
 
 static struct dex_thread *reuse_retired_block(void)
 {
@@ -344,6 +383,8 @@ struct dex_thread *dex_thread_block_alloc(enum dex_thread_role role)
 		dex_fatal("cannot map thread buffers");
 	t->mail.payload = buffers;
 	t->scratch = buffers + DEX_MAX_PAYLOAD;
+	touch_first_page(t->mail.payload);
+	touch_first_page(t->scratch);
 	return t;
 }
 
@@ -419,10 +460,13 @@ void dex_mail_post(struct dex_thread *t, const struct dex_msg_header *h, const v
 {
 	if (__atomic_load_n(&t->mail.ready, __ATOMIC_ACQUIRE))
 		dex_fatal("unexpected %s from node %u: thread busy", dex_msg_type_name(h->type), h->from);
-	memcpy(t->mail.payload, payload, h->length);
+	/* A MIGRATE's carried pages went to the DSM; the thread needs only
+	 * the fixed part. */
+	uint32_t length = h->type == DEX_MSG_MIGRATE ? (uint32_t)sizeof(struct dex_msg_migrate) : h->length;
+	memcpy(t->mail.payload, payload, length);
 	t->mail.type = h->type;
 	t->mail.from = h->from;
-	t->mail.length = h->length;
+	t->mail.length = length;
 	__atomic_store_n(&t->mail.ready, 1, __ATOMIC_RELEASE);
 	raw_futex(&t->mail.ready, FUTEX_WAKE, 1);
 }
@@ -911,19 +955,15 @@ void dex_dsm_send_migrate_home(struct dex_msg_migrate *m, uintptr_t addr, size_t
 	dex_lock_release(&dex_rt.dsm_lock);
 }
 
-/* The origin's side: the pages a MIGRATE from `from` carries become the
- * origin's (dsm_dir_release). */
+/* The origin's side: the pages a MIGRATE from `from` carries, whose bytes
+ * are in place (receive_into_alias), become the origin's (dsm_dir_release). */
 void dex_dsm_accept_carried(unsigned from, const struct dex_msg_migrate *m)
 {
 	if (!m->carried_pages)
 		return;
 	uint32_t first = (uint32_t)page_index(m->carried_address);
-	const char *data = (const char *)(m + 1);
 	dex_lock_acquire(&dex_rt.dsm_lock);
-	for (uint32_t page = first; page < first + m->carried_pages; page++, data += DEX_PAGE_SIZE) {
-		/* A read-only copy's bytes are the origin's already. */
-		if (dsm_dir_access(&dex_rt.dir, page, from) == DSM_WRITE)
-			memcpy(page_alias(page), data, DEX_PAGE_SIZE);
+	for (uint32_t page = first; page < first + m->carried_pages; page++) {
 		int err = dsm_dir_release(&dex_rt.dir, page, from, origin_apply, NULL);
 		if (err)
 			dex_fatal("rejected MIGRATE from node %u carrying %#llx (%d)", from,
@@ -1076,7 +1116,7 @@ static void node_handle_invalidate(const struct dex_msg_invalidate *m)
 
 static void node_receive_loop(void)
 {
-	char *payload = malloc(DEX_MAX_PAYLOAD);
+	char *payload = receive_buffer();
 	struct dex_msg_header h;
 	for (;;) {
 		int rc = receive_message(0, &h, payload);
@@ -1166,7 +1206,7 @@ static void *origin_receive_loop(void *arg)
 	unsigned peer = (unsigned)(uintptr_t)arg;
 	dex_tls_runtime_thread = 1;
 	dex_thread_create_block(DEX_ROLE_SERVICE);
-	char *payload = malloc(DEX_MAX_PAYLOAD);
+	char *payload = receive_buffer();
 	struct dex_msg_header h;
 	for (;;) {
 		int rc = receive_message(peer, &h, payload);

@@ -4,6 +4,9 @@
  *   condvar   - a producer/consumer queue with a condition variable
  *   pingpong  - two threads on two nodes writing one page alternately
  *   stackread - a thread migrates many times; others read its stack data
+ *   stackhome - a thread writes its stack top on node 1 and goes home
+ *               (carrying that page); the origin checks and rewrites it,
+ *               then a thread on the last node reads the origin's bytes
  *   coalesce  - threads on one node fault on the same pages together
  *   mmap      - an anonymous mapping made on a node is usable at the origin
  *   fileio    - open/write/read/fstat/close on a node; read() at the origin
@@ -179,6 +182,56 @@ static void *stack_reader(void *arg)
 	}
 	go(0);
 	return (void *)regressions;
+}
+
+/* stackhome: the block lies in the traveller's frame, just above
+ * dex_migrate's, so in the stack page(s) a thread going home carries. */
+#define HOME_BLOCK 256
+static volatile unsigned char *volatile home_block;
+static volatile long home_round;    /* the round whose origin bytes are in home_block */
+static volatile long checked_round; /* the last round the remote reader checked */
+
+static unsigned char home_byte(long round, int i, int node)
+{
+	return (unsigned char)(round * 31 + i * 7 + node * 101);
+}
+
+static void *home_traveller(void *arg)
+{
+	(void)arg;
+	volatile unsigned char block[HOME_BLOCK];
+	long bad = 0;
+	home_block = block;
+	for (long r = 1; r <= iterations; r++) {
+		go(1);
+		for (int i = 0; i < HOME_BLOCK; i++)
+			block[i] = home_byte(r, i, 1);
+		go(0);
+		for (int i = 0; i < HOME_BLOCK; i++)
+			bad += block[i] != home_byte(r, i, 1); /* node 1's bytes came home */
+		for (int i = 0; i < HOME_BLOCK; i++)
+			block[i] = home_byte(r, i, 0);
+		home_round = r;
+		while (checked_round != r)
+			;
+	}
+	return (void *)bad;
+}
+
+static void *home_reader(void *arg)
+{
+	(void)arg;
+	go(dex_nodes() - 1);
+	long bad = 0;
+	for (long r = 1; r <= iterations; r++) {
+		while (home_round != r)
+			;
+		for (int i = 0; i < HOME_BLOCK; i++)
+			bad += home_block[i] != home_byte(r, i, 0); /* no stale copy of node 1's */
+		checked_round = r;
+	}
+	go(0);
+	return (void *)bad;
 }
 
 /* Several threads on the last node read the same pages at the same time;
@@ -453,7 +506,7 @@ static long join(pthread_t t)
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
-		fprintf(stderr, "usage: %s mutex|barrier|condvar|pingpong|stackread [threads] [iterations]\n", argv[0]);
+		fprintf(stderr, "usage: %s mutex|barrier|condvar|pingpong|stackread|stackhome|... [threads] [iterations]\n", argv[0]);
 		return 2;
 	}
 	if (argc > 2)
@@ -513,6 +566,13 @@ int main(int argc, char **argv)
 		printf("%s stackread: %ld regressions while the owner migrated %ld times\n",
 		       regressions ? "FAIL" : "PASS", regressions, iterations);
 		return regressions != 0;
+	}
+	if (!strcmp(test, "stackhome")) {
+		pthread_t reader = spawn(home_reader, 0);
+		long bad = join(spawn(home_traveller, 0));
+		bad += join(reader);
+		printf("%s stackhome: %ld stale bytes in %ld returns\n", bad ? "FAIL" : "PASS", bad, iterations);
+		return bad != 0;
 	}
 	if (!strcmp(test, "fileio")) {
 		node_written = dex_malloc_aligned(4096);
