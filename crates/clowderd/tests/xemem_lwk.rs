@@ -212,6 +212,43 @@ fn a_libxpmem_process_attaches_an_lwk_jobs_segment_through_the_broker() {
     assert_eq!(removed["ok"], true, "{removed}");
 }
 
+/// clowderd reuses an owner enclave's answer for a repeated attach while the owner kernel's
+/// count of page-table changes stands still; here the real kernel's count must move when the
+/// job maps memory over a hole in its segment, or a host process's next attach would map the
+/// hole (SIGBUS) instead of the job's new memory.
+#[test]
+fn a_host_process_attaching_again_sees_memory_an_lwk_job_mapped_since() {
+    if revocation_requirements_missing() {
+        return;
+    }
+    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-remap-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let job = dir.0.join("lwk_remapping_owner");
+    build_musl_job("lwk_remapping_owner.c", &job).unwrap();
+    let attacher = dir.0.join("host_remap_attacher");
+    build_host_program("host_remap_attacher.c", &attacher);
+    let (socket, xemem_socket) = start_daemon_with_broker(&dir.0);
+    let created = call(&socket, json!({"op": "create", "name": "owner", "cores": 1, "mem": "128M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    let job_stdout = std::sync::Mutex::new(String::new());
+    std::thread::scope(|scope| {
+        let runner = scope.spawn(|| run_job(&socket, "owner", &job, &["lwk_remapping_owner"], &dir.0, &job_stdout));
+        let host = Command::new(&attacher).env("CLOWDER_XEMEM_SOCKET", &xemem_socket).output().unwrap();
+        let host_out = String::from_utf8_lossy(&host.stdout).into_owned();
+        let reply = runner.join().unwrap();
+        let job_out = job_stdout.lock().unwrap().clone();
+        for attach in 1..=3 {
+            assert!(host_out.contains(&format!("attach {attach}: the mailbox reads 0")), "{host_out}");
+        }
+        assert!(host_out.contains("the job mapped its data pages"), "{host_out}\njob: {job_out}");
+        assert!(host_out.contains("attached again: 16 of 16 data pages hold the new data"), "{host_out} {:?}", host.status);
+        assert!(host.status.success(), "host_remap_attacher: {:?}\n{host_out}", host.status);
+        assert_eq!(reply["status"], 0, "{reply} {job_out}");
+    });
+    let removed = call(&socket, json!({"op": "rm", "name": "owner"}));
+    assert_eq!(removed["ok"], true, "{removed}");
+}
+
 /// The other direction: an LWK job attaches a host process's memory. The host program exports
 /// a named segment with libxpmem; the job looks it up, gets and attaches it through the LWK's
 /// /dev/xpmem; the daemon serves the enclave's requests from the broker and adds the owner's
