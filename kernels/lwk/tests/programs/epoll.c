@@ -310,9 +310,7 @@ int main(void) {
     close(n[1]);
 
     /* Signals: EINTR after a handler, even with SA_RESTART. */
-    struct sigaction action = { .sa_handler = on_signal, .sa_flags = SA_RESTART };
-    sigemptyset(&action.sa_mask);
-    sigaction(SIGUSR1, &action, NULL);
+    count_sigusr1(SA_RESTART);
     child = later(50, -1);
     count = epoll_wait(ep, events, 4, -1);
     printf("signal during epoll_wait: %d (%s), handled %d\n", count, count < 0 ? strerror(errno) : "-", handled);
@@ -320,9 +318,7 @@ int main(void) {
 
     /* epoll_pwait: SIGUSR1 blocked, let through only while it waits. */
     sigset_t block, unblocked, now;
-    sigemptyset(&block);
-    sigaddset(&block, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &block, NULL);
+    block_sigusr1(&block, NULL);
     sigemptyset(&unblocked);
     handled = 0;
     child = later(50, -1);

@@ -50,20 +50,15 @@ int main(void) {
     waitpid(child, NULL, 0);
     (void)!read(p[0], buffer, sizeof buffer);
 
-    struct sigaction action = { .sa_handler = on_signal };
-    sigemptyset(&action.sa_mask);
-    sigaction(SIGUSR1, &action, NULL);
+    count_sigusr1(0);
     child = later(50, -1);
     show("a signal ends the wait", poll(fds, 1, -1), fds, 1);
     printf("handled %d\n", (int)handled);
     waitpid(child, NULL, 0);
 
     /* ppoll's mask blocks SIGUSR1 while it waits: the byte wakes it, the signal waits. */
-    sigset_t block;
-    sigemptyset(&block);
-    sigaddset(&block, SIGUSR1);
-    sigset_t old;
-    sigprocmask(SIG_BLOCK, &block, &old);
+    sigset_t block, old;
+    block_sigusr1(&block, &old);
     kill(getpid(), SIGUSR1);
     sigset_t empty;
     sigemptyset(&empty);

@@ -1,5 +1,5 @@
 /* What the readiness tests (poll.c, select.c, epoll.c) share: a child that wakes the waiter
-   later, a SIGUSR1 handler that counts, and a millisecond clock. */
+   later, a SIGUSR1 handler that counts, blocking SIGUSR1, and a millisecond clock. */
 #ifndef READINESS_H
 #define READINESS_H
 
@@ -10,6 +10,20 @@
 
 static volatile sig_atomic_t handled;
 static void on_signal(int sig) { (void)sig; handled++; }
+
+/* SIGUSR1 counts in `handled` from now on; `flags` as sigaction's (SA_RESTART or 0). */
+static void count_sigusr1(int flags) {
+    struct sigaction action = { .sa_handler = on_signal, .sa_flags = flags };
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGUSR1, &action, NULL);
+}
+
+/* Sets `usr1` to {SIGUSR1} and blocks it; the mask before goes to `old` unless it is NULL. */
+static void block_sigusr1(sigset_t *usr1, sigset_t *old) {
+    sigemptyset(usr1);
+    sigaddset(usr1, SIGUSR1);
+    sigprocmask(SIG_BLOCK, usr1, old);
+}
 
 static long long now_ms(void) {
     struct timespec t;

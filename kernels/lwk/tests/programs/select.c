@@ -112,9 +112,7 @@ int main(void) {
     (void)!read(p[0], buffer, sizeof buffer);
 
     /* A signal with a handler ends the wait with EINTR, SA_RESTART or not. */
-    struct sigaction action = { .sa_handler = on_signal, .sa_flags = SA_RESTART };
-    sigemptyset(&action.sa_mask);
-    sigaction(SIGUSR1, &action, NULL);
+    count_sigusr1(SA_RESTART);
     child = later(50, -1);
     FD_ZERO(&r); FD_SET(p[0], &r);
     result = select(limit, &r, NULL, NULL, NULL);
@@ -123,9 +121,7 @@ int main(void) {
 
     /* pselect6: SIGUSR1 blocked, let through only while it waits. */
     sigset_t block, unblocked, now;
-    sigemptyset(&block);
-    sigaddset(&block, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &block, NULL);
+    block_sigusr1(&block, NULL);
     sigemptyset(&unblocked);
     handled = 0;
     child = later(50, -1);
