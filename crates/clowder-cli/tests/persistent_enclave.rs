@@ -124,9 +124,7 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
         eprintln!("skipped: {why}");
         return;
     }
-    let dir = TempDir(std::env::temp_dir().join(format!("clowder-persistent-{}", std::process::id())));
-    let _ = std::fs::remove_dir_all(&dir.0);
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = TempDir::new("clowder-persistent");
     let socket = start_daemon(&dir.0);
     build_program(&dir.0, "files", FILES_JOB);
     build_program(&dir.0, "spin", SPIN_JOB);
@@ -226,9 +224,7 @@ fn a_two_vcpu_persistent_enclave_runs_threaded_jobs_on_both_cpus_one_after_anoth
         eprintln!("skipped: {why}");
         return;
     }
-    let dir = TempDir(std::env::temp_dir().join(format!("clowder-persistent-cpus-{}", std::process::id())));
-    let _ = std::fs::remove_dir_all(&dir.0);
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = TempDir::new("clowder-persistent-cpus");
     let socket = start_daemon(&dir.0);
     let source_path = dir.0.join("cpus.c");
     std::fs::write(&source_path, CPUS_JOB).unwrap();
@@ -349,9 +345,7 @@ fn a_two_vcpu_persistent_enclave_survives_every_way_a_job_ends_and_does_not_leak
         eprintln!("skipped: {why}");
         return;
     }
-    let dir = TempDir(std::env::temp_dir().join(format!("clowder-persistent-endings-{}", std::process::id())));
-    let _ = std::fs::remove_dir_all(&dir.0);
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = TempDir::new("clowder-persistent-endings");
     let socket = start_daemon(&dir.0);
     let source_path = dir.0.join("endings.c");
     std::fs::write(&source_path, ENDINGS_JOB).unwrap();
@@ -420,9 +414,7 @@ fn an_enclave_larger_than_the_boot_window_runs_big_jobs_one_after_another_on_cle
         eprintln!("skipped: {why}");
         return;
     }
-    let dir = TempDir(std::env::temp_dir().join(format!("clowder-persistent-big-{}", std::process::id())));
-    let _ = std::fs::remove_dir_all(&dir.0);
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = TempDir::new("clowder-persistent-big");
     let socket = start_daemon(&dir.0);
     build_program(&dir.0, "bigheap", BIG_HEAP_JOB);
     // Beyond the first GiB (which the kernel's boot tables map whole) lie more RAM and, at the

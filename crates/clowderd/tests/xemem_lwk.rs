@@ -38,8 +38,7 @@ fn lwk_enclaves_get_xemem_ids_from_the_daemon() {
         eprintln!("skipped: {why}");
         return;
     }
-    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-lwk-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = TempDir::new("clowderd-xemem-lwk");
     let daemon = lwk_daemon(&dir.0, vmm_binary(), Liveness::default());
     let socket = serve(daemon, &dir.0);
 
@@ -74,8 +73,7 @@ fn a_host_process_writes_into_an_lwk_jobs_segment() {
         eprintln!("skipped: musl-gcc is not installed");
         return;
     }
-    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-owner-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = TempDir::new("clowderd-xemem-owner");
     let job = dir.0.join("lwk_named_owner");
     build_owner_job(&job).unwrap();
     let daemon = lwk_daemon(&dir.0, vmm_binary(), Liveness::default());
@@ -167,8 +165,7 @@ fn a_libxpmem_process_attaches_an_lwk_jobs_segment_through_the_broker() {
         eprintln!("skipped: musl-gcc is not installed");
         return;
     }
-    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-libxpmem-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = TempDir::new("clowderd-xemem-libxpmem");
     let job = dir.0.join("lwk_named_owner");
     build_owner_job(&job).unwrap();
     let attacher = dir.0.join("host_attacher");
@@ -221,8 +218,7 @@ fn a_host_process_attaching_again_sees_memory_an_lwk_job_mapped_since() {
     if revocation_requirements_missing() {
         return;
     }
-    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-remap-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = TempDir::new("clowderd-xemem-remap");
     let job = dir.0.join("lwk_remapping_owner");
     build_musl_job("lwk_remapping_owner.c", &job).unwrap();
     let attacher = dir.0.join("host_remap_attacher");
@@ -265,8 +261,7 @@ fn an_lwk_job_attaches_a_host_processs_segment() {
         eprintln!("skipped: musl-gcc is not installed");
         return;
     }
-    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-host-owner-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = TempDir::new("clowderd-xemem-host-owner");
     let job = dir.0.join("lwk_host_attacher");
     build_musl_job("lwk_host_attacher.c", &job).unwrap();
     let xemem = workspace_root().join("xemem");
@@ -376,8 +371,7 @@ struct RevokeRun {
 /// (`lwk_revoked_attacher <job_args>`, in an enclave of `cores` vCPUs) attaches and touches;
 /// the owner then removes the segment or exits while the attachment is in use.
 fn run_revocation(tag: &str, owner_mode: &str, job_args: &[&str], cores: u32) -> RevokeRun {
-    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-revoke-{tag}-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = TempDir::new(&format!("clowderd-xemem-revoke-{tag}"));
     let job = dir.0.join("lwk_revoked_attacher");
     build_musl_job("lwk_revoked_attacher.c", &job).unwrap();
     let owner = dir.0.join("host_revoking_owner");
@@ -497,8 +491,7 @@ fn anonymous_segments_of_two_enclaves_have_global_ids_a_host_process_can_use() {
     if revocation_requirements_missing() {
         return;
     }
-    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-global-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = TempDir::new("clowderd-xemem-global");
     let job = dir.0.join("lwk_anonymous_owner");
     build_musl_job("lwk_anonymous_owner.c", &job).unwrap();
     let attacher = dir.0.join("host_segid_attacher");
@@ -562,8 +555,7 @@ fn the_same_binary_in_a_connected_enclave_matches_the_host() {
     if revocation_requirements_missing() {
         return;
     }
-    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-same-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = TempDir::new("clowderd-xemem-same");
     let job = dir.0.join("same_binary");
     build_musl_job("same_binary.c", &job).unwrap();
     let (socket, xemem_socket) = start_daemon_with_broker(&dir.0);
@@ -597,8 +589,7 @@ struct TwoEnclaves {
 }
 
 fn two_enclaves(tag: &str) -> TwoEnclaves {
-    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-peers-{tag}-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = TempDir::new(&format!("clowderd-xemem-peers-{tag}"));
     let owner_job = dir.0.join("lwk_peer_owner");
     build_musl_job("lwk_peer_owner.c", &owner_job).unwrap();
     let attacher_job = dir.0.join("lwk_revoked_attacher");
@@ -740,8 +731,7 @@ fn the_conformance_cases_pass_across_enclaves_in_every_direction() {
     if revocation_requirements_missing() {
         return;
     }
-    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-cross-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = TempDir::new("clowderd-xemem-cross");
     let binary = dir.0.join("cross");
     build_musl_job("cross.c", &binary).unwrap();
     let (socket, xemem_socket) = start_daemon_with_broker(&dir.0);
@@ -790,8 +780,7 @@ fn forked_lwk_processes_use_the_device_and_signal_each_other() {
     if revocation_requirements_missing() {
         return;
     }
-    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-fork-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = TempDir::new("clowderd-xemem-fork");
     let job = dir.0.join("lwk_fork_device");
     build_musl_job("lwk_fork_device.c", &job).unwrap();
     let (socket, _) = start_daemon_with_broker(&dir.0);
@@ -818,8 +807,7 @@ enum Peer<'a> {
 /// Runs `notify_peer` twice, as the owner of `own` waiting on it (`wait`) or signalling
 /// `peer` first (`signal`), one party per place; returns each party's (status, output).
 fn run_notify_peers(tag: &str, parties: [(Peer<'_>, &str, &str, &str); 2]) -> Vec<(String, String)> {
-    let dir = TempDir(std::env::temp_dir().join(format!("clowderd-xemem-notify-{tag}-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = TempDir::new(&format!("clowderd-xemem-notify-{tag}"));
     let job = dir.0.join("notify_peer_lwk");
     build_musl_job("notify_peer.c", &job).unwrap();
     let host_program = dir.0.join("notify_peer_host");
