@@ -108,30 +108,23 @@ struct OwnerProbe {
 
 impl OwnerRuns {
     fn recall(&self, probe: &OwnerProbe) -> Option<Vec<FrameRun>> {
-        let ram = Arc::downgrade(&probe.ram);
-        self.entries
-            .iter()
-            .find(|e| {
-                std::sync::Weak::ptr_eq(&e.ram, &ram)
-                    && e.owner == probe.plan.owner
-                    && e.vaddr == probe.plan.vaddr
-                    && e.size == probe.plan.size
-                    && e.changes == probe.changes
-            })
-            .map(|e| e.runs.clone())
+        self.entries.iter().find(|e| e.answers(probe) && e.changes == probe.changes).map(|e| e.runs.clone())
     }
 
     fn keep(&mut self, probe: OwnerProbe, runs: Vec<FrameRun>) {
-        let ram = Arc::downgrade(&probe.ram);
-        let plan = probe.plan;
-        self.entries.retain(|e| {
-            !(std::sync::Weak::ptr_eq(&e.ram, &ram) && e.owner == plan.owner && e.vaddr == plan.vaddr && e.size == plan.size)
-                && e.ram.strong_count() > 0
-        });
+        self.entries.retain(|e| !e.answers(&probe) && e.ram.strong_count() > 0);
         if self.entries.len() >= OWNER_RUNS_KEPT {
             self.entries.pop_front();
         }
-        self.entries.push_back(OwnerRunsEntry { ram, owner: plan.owner, vaddr: plan.vaddr, size: plan.size, changes: probe.changes, runs });
+        let plan = probe.plan;
+        self.entries.push_back(OwnerRunsEntry { ram: Arc::downgrade(&probe.ram), owner: plan.owner, vaddr: plan.vaddr, size: plan.size, changes: probe.changes, runs });
+    }
+}
+
+impl OwnerRunsEntry {
+    /// Whether this is the same owner's answer for the same range (whatever its count).
+    fn answers(&self, probe: &OwnerProbe) -> bool {
+        std::ptr::addr_eq(self.ram.as_ptr(), Arc::as_ptr(&probe.ram)) && self.owner == probe.plan.owner && self.vaddr == probe.plan.vaddr && self.size == probe.plan.size
     }
 }
 
@@ -428,29 +421,18 @@ impl XememLinks {
     }
 
     /// The owner's frames for an attach through this daemon's permit `access`: kept from an
-    /// earlier attach of the same range while still current, else asked of the owner.
+    /// earlier attach of the same range while the owner kernel changed no mapping since (the
+    /// name server counts the attach as if the owner had answered), else asked of the owner,
+    /// whose answer is kept when no mapping changed while it was asked.
     fn owner_runs(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Result<(SegmentId, Vec<FrameRun>), Error> {
-        match self.attach_from_owner_runs(process, access, offset, size) {
-            Some(recalled) => Ok(recalled),
-            None => self.attach_through_owner(process, access, offset, size),
-        }
-    }
-
-    /// The owner's runs kept from an earlier attach of the same range, if its kernel changed no
-    /// mapping since; the name server counts the attach as if the owner had answered.
-    fn attach_from_owner_runs(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Option<(SegmentId, Vec<FrameRun>)> {
-        let mut links = self.links.lock().unwrap();
-        let probe = links.probe_owner(process, access, offset, size)?;
-        let runs = links.owner_runs.recall(&probe)?;
-        let me = links.node.id()?;
-        links.node.name_server_mut()?.attach(Principal { enclave: me, process }, access, offset, size).ok()?;
-        Some((probe.plan.segment, runs))
-    }
-
-    /// Attaches through the owner enclave's kernel and keeps its answer when no mapping of
-    /// the owner changed while it was asked.
-    fn attach_through_owner(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Result<(SegmentId, Vec<FrameRun>), Error> {
-        let probe = self.links.lock().unwrap().probe_owner(process, access, offset, size);
+        let probe = {
+            let mut links = self.links.lock().unwrap();
+            let probe = links.probe_owner(process, access, offset, size);
+            if let Some(recalled) = probe.as_ref().and_then(|probe| links.attach_from_kept(probe, process, access, offset, size)) {
+                return Ok(recalled);
+            }
+            probe
+        };
         let (segment, runs) = match self.call(Request::Attach { process, access, offset, size })? {
             Reply::Attached { segment, runs } => (segment, runs),
             _ => return Err(Error::Malformed),
@@ -632,6 +614,14 @@ impl XememLinks {
 }
 
 impl Links {
+    /// The owner's runs kept for `probe`'s range, the attach counted by the name server.
+    fn attach_from_kept(&mut self, probe: &OwnerProbe, process: u64, access: AccessId, offset: u64, size: u64) -> Option<(SegmentId, Vec<FrameRun>)> {
+        let runs = self.owner_runs.recall(probe)?;
+        let me = self.node.id()?;
+        self.node.name_server_mut()?.attach(Principal { enclave: me, process }, access, offset, size).ok()?;
+        Some((probe.plan.segment, runs))
+    }
+
     /// What attaching `[offset, offset + size)` through this daemon's `access` would ask of
     /// the owner, when the owner is a linked enclave that publishes its count of changes.
     fn probe_owner(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Option<OwnerProbe> {
