@@ -81,11 +81,11 @@ run_in_lwk() {
     fi
     local command_line="lwk.env=GREETING=hello -- ${5:-$name one \"two words\"}"
     if [ "$runner" = vmm ]; then
-        timeout 120 "$vmm" --kernel "$kernel" --module "$binary" --mem 256M ${VMM_ARGS:-} --cmdline "$command_line" \
+        timeout 120 "$vmm" --kernel "$kernel" --module "$binary" --mem "${job_mem:-256M}" ${VMM_ARGS:-} --cmdline "$command_line" \
             </dev/null >"$console" 2>"$output.vmm-stderr"
         machine_status=$?
     else
-        timeout 120 qemu-system-x86_64 -nodefaults -accel tcg -cpu max -smp "$qemu_cpus" -m 256M -display none \
+        timeout 120 qemu-system-x86_64 -nodefaults -accel tcg -cpu max -smp "$qemu_cpus" -m "${job_mem:-256M}" -display none \
             -serial stdio -no-reboot -device isa-debug-exit,iobase=0xf4,iosize=4 \
             -kernel "$kernel" -initrd "$binary" -append "lwk.cpus=$qemu_cpus $command_line" </dev/null >"$console" 2>&1
         machine_status=$?
@@ -143,10 +143,12 @@ programs=("$@")
 [ ${#programs[@]} -eq 0 ] && programs=($(cd "$here/tests/programs" && ls *.c *.cpp | sed 's/\.c\(pp\)\?$//'))
 for program in "${programs[@]}"; do
     source_file=$(ls "$here/tests/programs/$program".c* | head -1)
-    # A source may narrow its libcs and add flags: "lwk-test: libcs=glibc flags=-fopenmp".
+    # A source may narrow its libcs, add flags and ask for more than 256M of machine memory:
+    # "lwk-test: libcs=glibc flags=-fopenmp mem=1G".
     options=$(sed -n 's/.*lwk-test: \(.*\)$/\1/p' "$source_file" | sed 's|\*/||')
     program_libcs=$(echo "$options" | sed -n 's/.*libcs=\([a-z,]*\).*/\1/p' | tr , ' ')
     extra_flags=$(echo "$options" | sed -n 's/.*flags=\([^ ]*\).*/\1/p')
+    job_mem=$(echo "$options" | sed -n 's/.*mem=\([0-9]*[MG]\).*/\1/p')
     # A source may say why it cannot run under clowder-vmm: "lwk-test-skip-vmm: REASON".
     skip_vmm_reason=$(sed -n 's/.*lwk-test-skip-vmm: \(.*\)$/\1/p' "$source_file" | sed 's|\*/||; s/ *$//')
     for libc in $libcs; do

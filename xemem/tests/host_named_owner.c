@@ -1,27 +1,29 @@
 /*
- * host_named_owner: a host process that exports 16 pages of private memory as the named
+ * host_named_owner: a host process that exports PAGES pages of private memory as the named
  * segment "host-owner-seg" (libxpmem -> clowderd's broker), page i starting with 2000 + i, and
  * waits for an LWK job (lwk_host_attacher) to write 43 into word 1 of page 0 through its
  * attachment, then removes the segment. crates/clowderd/tests/xemem_lwk.rs drives both.
+ * Usage: host_named_owner [PAGES] (default 16).
  */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include <xpmem.h>
 
 #define PAGE 4096UL
-#define PAGES 16
 
-int main(void)
+int main(int argc, char **argv)
 {
-	volatile uint64_t *buffer = mmap(NULL, PAGES * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	unsigned long pages = argc > 1 ? strtoul(argv[1], NULL, 0) : 16;
+	volatile uint64_t *buffer = mmap(NULL, pages * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (buffer == MAP_FAILED)
 		return 1;
-	for (unsigned long page = 0; page < PAGES; page++)
+	for (unsigned long page = 0; page < pages; page++)
 		buffer[page * PAGE / 8] = 2000 + page;
-	xpmem_segid_t segid = xemem_make((void *)buffer, PAGES * PAGE, "host-owner-seg");
+	xpmem_segid_t segid = xemem_make((void *)buffer, pages * PAGE, "host-owner-seg");
 	if (segid <= 0) {
 		printf("make failed: errno %d\n", errno);
 		return 2;

@@ -3,22 +3,48 @@
  * process's named segment (host_named_owner): lookup through clowderd's name server, get, and
  * attach, which the daemon serves by adding the host owner's memory to the enclave as new
  * guest-physical regions. It checks the owner's pattern (page i starts with 2000 + i), detaches,
- * attaches again (the regions of the first attachment are gone by then), writes 43 into word 1
- * of page 0 for the owner to see, and detaches. The argument errors are checked on the way.
+ * checks that the detached address faults, attaches again (the regions of the first attachment
+ * are gone by then), writes 43 into word 1 of page 0 for the owner to see, and detaches. The
+ * argument errors are checked on the way. Usage: lwk_host_attacher [PAGES] (default 16, the
+ * owner's size; a GiB of them is mapped with a shared directory of 2 MiB leaves).
  */
 #include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 #include <xpmem.h>
 #include "attach_segment.h"
 #include "named_segment.h"
 
 #define PAGE 4096UL
-#define PAGES 16
 
-int main(void)
+static sigjmp_buf recover;
+
+static void on_segv(int sig)
 {
+	(void)sig;
+	siglongjmp(recover, 1);
+}
+
+/* Whether reading `at` faults. */
+static int read_faults(const volatile uint64_t *at)
+{
+	if (sigsetjmp(recover, 1) == 0) {
+		(void)*at;
+		return 0;
+	}
+	return 1;
+}
+
+int main(int argc, char **argv)
+{
+	unsigned long pages = argc > 1 ? strtoul(argv[1], NULL, 0) : 16;
+	struct sigaction action = { .sa_handler = on_segv };
+	sigemptyset(&action.sa_mask);
+	sigaction(SIGSEGV, &action, NULL);
 	xpmem_segid_t segid = wait_for_named_segment("host-owner-seg", 200);
 	if (segid <= 0)
 		return 1;
@@ -28,25 +54,27 @@ int main(void)
 		return GET_FAILED;
 	struct xpmem_addr misaligned = { .apid = apid, .offset = 100 };
 	int misaligned_refused = xpmem_attach(misaligned, PAGE, NULL) == (void *)-1 && errno == EINVAL;
-	struct xpmem_addr beyond = { .apid = apid, .offset = PAGES * PAGE };
+	struct xpmem_addr beyond = { .apid = apid, .offset = pages * PAGE };
 	int beyond_refused = xpmem_attach(beyond, PAGE, NULL) == (void *)-1 && errno == EINVAL;
 	printf("misaligned attach refused: %d, attach beyond the segment refused: %d\n", misaligned_refused, beyond_refused);
 
-	volatile uint64_t *view = attach_segment(apid, PAGES * PAGE);
+	volatile uint64_t *view = attach_segment(apid, pages * PAGE);
 	if (!view)
 		return ATTACH_FAILED;
-	printf("%d of %d pages hold what the host wrote\n", pages_with_pattern(view, PAGES, 2000), PAGES);
+	printf("%d of %lu pages hold what the host wrote\n", pages_with_pattern(view, pages, 2000), pages);
 	printf("detach: %d\n", xpmem_detach((void *)view));
+	printf("the detached view faults: %d (first page), %d (last page)\n", read_faults(view),
+	       read_faults(view + (pages - 1) * PAGE / 8));
 
 	/* Again, after the regions of the first attachment went; the reply goes through this one
 	 * (the owner removes the segment once it sees it). */
 	struct xpmem_addr address = { .apid = apid, .offset = 0 };
-	volatile uint64_t *again = xpmem_attach(address, PAGES * PAGE, NULL);
+	volatile uint64_t *again = xpmem_attach(address, pages * PAGE, NULL);
 	if (again == (void *)-1) {
 		printf("second attach failed: errno %d\n", errno);
 		return 4;
 	}
-	printf("second attach: %d of %d pages\n", pages_with_pattern(again, PAGES, 2000), PAGES);
+	printf("second attach: %d of %lu pages\n", pages_with_pattern(again, pages, 2000), pages);
 	again[1] = 43;
 	printf("detach: %d\n", xpmem_detach((void *)again));
 	/* The owner removes the segment once it sees the 43, which takes the permit with it:

@@ -253,6 +253,20 @@ fn a_host_process_attaching_again_sees_memory_an_lwk_job_mapped_since() {
 /// pages, no copy. Detach removes the regions again (a second attach works after it).
 #[test]
 fn an_lwk_job_attaches_a_host_processs_segment() {
+    lwk_job_attaches_a_host_segment_twice("small", 16);
+}
+
+/// The same with a GiB of the host's memory: the region the daemon adds is GiB-aligned, so the
+/// LWK links each attachment to one shared directory of 2 MiB leaves and unlinks it at detach
+/// (`SHARED_DIRECTORY` in kernels/lwk/src/arch/paging.rs); every page holds the owner's
+/// pattern through both attachments, and the detached view faults.
+#[test]
+fn an_lwk_job_attaches_a_gigabyte_host_segment_twice() {
+    lwk_job_attaches_a_host_segment_twice("gigabyte", 1 << 18);
+}
+
+/// `an_lwk_job_attaches_a_host_processs_segment` with a segment of `pages` 4 KiB pages.
+fn lwk_job_attaches_a_host_segment_twice(tag: &str, pages: u64) {
     if let Some(why) = missing_requirement() {
         eprintln!("skipped: {why}");
         return;
@@ -261,7 +275,7 @@ fn an_lwk_job_attaches_a_host_processs_segment() {
         eprintln!("skipped: musl-gcc is not installed");
         return;
     }
-    let dir = TempDir::new("clowderd-xemem-host-owner");
+    let dir = TempDir::new(&format!("clowderd-xemem-host-owner-{tag}"));
     let job = dir.0.join("lwk_host_attacher");
     build_musl_job("lwk_host_attacher.c", &job).unwrap();
     let xemem = workspace_root().join("xemem");
@@ -283,6 +297,7 @@ fn an_lwk_job_attaches_a_host_processs_segment() {
     xemem_id(&socket, "attacher").expect("the enclave got no XEMEM id");
 
     let mut host = Command::new(&owner)
+        .arg(pages.to_string())
         .env("CLOWDER_XEMEM_SOCKET", &xemem_socket)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -295,7 +310,7 @@ fn an_lwk_job_attaches_a_host_processs_segment() {
 
     let binary = File::open(&job).unwrap();
     let cwd = File::open(&dir.0).unwrap();
-    let request = json!({"op": "run", "enclave": "attacher", "argv": ["lwk_host_attacher"], "cwd": dir.0.to_str().unwrap(), "files": []});
+    let request = json!({"op": "run", "enclave": "attacher", "argv": ["lwk_host_attacher", pages.to_string()], "cwd": dir.0.to_str().unwrap(), "files": []});
     let mut stdout = String::new();
     let reply = Client::connect_to(&socket)
         .unwrap()
@@ -312,8 +327,9 @@ fn an_lwk_job_attaches_a_host_processs_segment() {
     assert_eq!(reply["status"], 0, "{reply}\n{stdout}\n{logs}");
     assert!(stdout.contains("found a segment of enclave 1"), "{stdout}");
     assert!(stdout.contains("misaligned attach refused: 1, attach beyond the segment refused: 1"), "{stdout}");
-    assert!(stdout.contains("16 of 16 pages hold what the host wrote"), "{stdout}");
-    assert!(stdout.contains("second attach: 16 of 16 pages"), "{stdout}");
+    assert!(stdout.contains(&format!("{pages} of {pages} pages hold what the host wrote")), "{stdout}");
+    assert!(stdout.contains("the detached view faults: 1 (first page), 1 (last page)"), "{stdout}");
+    assert!(stdout.contains(&format!("second attach: {pages} of {pages} pages")), "{stdout}");
     // The owner's remove races the job's release: either finds the permit gone or releases it.
     assert!(!stdout.contains("detach: -1") && (stdout.contains("release: 0") || stdout.contains("release: ENOENT")), "{stdout}");
     assert!(host_status.success(), "host_named_owner: {host_status:?}\n{host_rest}");

@@ -78,6 +78,11 @@ const HUGE: u64 = 1 << 7;
 const GLOBAL: u64 = 1 << 8;
 const NO_EXECUTE: u64 = 1 << 63;
 const ADDRESS_MASK: u64 = 0x000f_ffff_ffff_f000;
+/// A software bit of a page-directory-pointer entry (the MMU ignores it there): the directory
+/// under it is a shared directory of 2 MiB leaves (`TableSource::leaf_directory`), linked
+/// into any number of address spaces and never edited nor freed. A change inside its GiB
+/// first gives the address space its own copy ([`PageTables::unshare`]).
+const SHARED_DIRECTORY: u64 = 1 << 9;
 
 /// Access rights of a leaf mapping (reading is always allowed).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -91,6 +96,19 @@ pub trait TableSource {
     fn allocate_table(&mut self) -> Option<u64>;
     /// `table` is unlinked, but may still be walked by another CPU until its next TLB flush.
     fn retire_table(&mut self, table: u64);
+    /// A directory of 512 2 MiB leaves `first`, `first + 2 MiB`, ... (see [`fill_leaf_directory`])
+    /// that is never edited nor freed, for every address space that maps a whole GiB that way:
+    /// linking it is one table write where building one is 512 (each emulated on PVM). `None`
+    /// when the source keeps none.
+    fn leaf_directory(&mut self, _first: u64) -> Option<u64> {
+        None
+    }
+}
+
+/// Fills the table `directory` with 512 2 MiB leaves: `first`, `first + 2 MiB`, ... (a
+/// directory for `TableSource::leaf_directory`; `directory` must not be linked yet).
+pub fn fill_leaf_directory(directory: u64, first: u64) {
+    fill_progression(entries(directory), first, HUGE_PAGE_SIZE);
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -220,6 +238,11 @@ impl PageTables {
                     Some(source) => Self::split_gigabyte(entry, source)?,
                     None => return Ok(None),
                 }
+            } else if level == 2 && *entry & SHARED_DIRECTORY != 0 {
+                // Without `tables` the caller only reads through it.
+                if let Some(source) = tables.as_deref_mut() {
+                    Self::unshare(entry, source)?;
+                }
             }
             table = *entry & ADDRESS_MASK;
         }
@@ -243,6 +266,28 @@ impl PageTables {
         }
         *entry = directory | table_bits(base);
         Ok(())
+    }
+
+    /// Gives the shared directory under `pointer` (see [`SHARED_DIRECTORY`]) a private copy
+    /// of the same leaves, to be edited: no translation changes, so no TLB flush.
+    fn unshare(pointer: &mut u64, tables: &mut dyn TableSource) -> Result<(), OutOfMemory> {
+        let copy = tables.allocate_table().ok_or(OutOfMemory)?;
+        entries(copy).copy_from_slice(entries(*pointer & ADDRESS_MASK));
+        *pointer = copy | (*pointer & !(ADDRESS_MASK | SHARED_DIRECTORY));
+        Ok(())
+    }
+
+    /// Retires the unlinked directory `directory` and the 4 KiB tables it holds.
+    fn retire_directory(directory: u64, tables: &mut dyn TableSource) {
+        let blocks = entries(directory);
+        if !all_zero(blocks) {
+            for entry in blocks.iter() {
+                if *entry & (PRESENT | HUGE) == PRESENT {
+                    tables.retire_table(*entry & ADDRESS_MASK);
+                }
+            }
+        }
+        tables.retire_table(directory);
     }
 
     /// Rebuilds the 4 KiB table under `directory_entry` off-line (from the old table, the 2 MiB
@@ -331,6 +376,8 @@ impl PageTables {
         let mut staging = STAGING.lock();
         let fresh = &mut *staging;
         let old = (*pointer & PRESENT != 0).then_some(*pointer & ADDRESS_MASK);
+        // A shared directory's 512 leaves are all present, with no 4 KiB tables; it stays.
+        let old_shared = *pointer & SHARED_DIRECTORY != 0;
         match old {
             Some(old) => fresh.copy_from_slice(entries(old)),
             None => fresh.fill(0),
@@ -347,7 +394,9 @@ impl PageTables {
         }
         if last > first {
             let (lo, hi) = (index(first, 1), index(last - 1, 1) + 1);
-            if old.is_some() && !all_zero(&fresh[lo..hi]) {
+            if old_shared {
+                replaced = true;
+            } else if old.is_some() && !all_zero(&fresh[lo..hi]) {
                 for entry in &fresh[lo..hi] {
                     replaced |= *entry & PRESENT != 0;
                     if *entry & (PRESENT | HUGE) == PRESENT {
@@ -362,7 +411,7 @@ impl PageTables {
         }
         entries(directory).copy_from_slice(fresh);
         *pointer = directory | table_bits(from);
-        if let Some(old) = old {
+        if let Some(old) = old.filter(|_| !old_shared) {
             tables.retire_table(old);
         }
         Ok(replaced)
@@ -425,11 +474,24 @@ impl PageTables {
                     address = span_end;
                     continue;
                 }
+                // One span lies wholly in the user or the kernel half: the same bits throughout.
+                let bits = leaf_bits(address, protection) | HUGE;
+                let whole = |block: u64| block.wrapping_add(offset) | bits;
+                // A whole GiB of 2 MiB leaves where nothing, or a shared directory, was:
+                // linked to a shared directory with one write.
+                let shared = if rebuild && whole_span && (*pointer & PRESENT == 0 || *pointer & SHARED_DIRECTORY != 0) {
+                    tables.leaf_directory(whole(address))
+                } else {
+                    None
+                };
+                if let Some(shared) = shared {
+                    replaced |= *pointer & PRESENT != 0;
+                    *pointer = shared | table_bits(address) | SHARED_DIRECTORY;
+                    address = span_end;
+                    continue;
+                }
                 if rebuild && !is_gigabyte_leaf {
                     let block = |entry: &mut u64, from: u64, to: u64, tables: &mut dyn TableSource| Self::map_block(entry, from, to, offset, protection, tables);
-                    // One span lies wholly in the user or the kernel half: the same bits throughout.
-                    let bits = leaf_bits(address, protection) | HUGE;
-                    let whole = |block: u64| block.wrapping_add(offset) | bits;
                     replaced |= Self::rebuild_directory(pointer, address, span_end, block, whole, tables)?;
                     address = span_end;
                     continue;
@@ -606,18 +668,26 @@ impl PageTables {
         while address < end {
             let span_end = end.min((address | (DIRECTORY_SPAN - 1)) + 1);
             if let Some(pointer) = self.existing_pointer(address).filter(|pointer| **pointer & PRESENT != 0) {
-                if *pointer & HUGE != 0 {
-                    if address.is_multiple_of(DIRECTORY_SPAN) && span_end - address == DIRECTORY_SPAN {
-                        *pointer = 0;
-                        address = span_end;
-                        continue;
+                if address.is_multiple_of(DIRECTORY_SPAN) && span_end - address == DIRECTORY_SPAN {
+                    // The whole GiB goes with one write; a private directory is retired with
+                    // its 4 KiB tables, a 1 GiB leaf or a shared directory has none.
+                    let old = core::mem::replace(pointer, 0);
+                    if old & (HUGE | SHARED_DIRECTORY) == 0 {
+                        Self::retire_directory(old & ADDRESS_MASK, tables);
                     }
+                    address = span_end;
+                    continue;
+                }
+                if *pointer & HUGE != 0 {
                     Self::split_gigabyte(pointer, tables)?;
                 }
                 if Self::whole_blocks(address, span_end, 0, false) >= REBUILD_THRESHOLD {
                     Self::rebuild_directory(pointer, address, span_end, Self::unmap_block, |_| 0, tables)?;
                     address = span_end;
                     continue;
+                }
+                if *pointer & SHARED_DIRECTORY != 0 {
+                    Self::unshare(pointer, tables)?;
                 }
             }
             let block_end = end.min((address | (HUGE_PAGE_SIZE - 1)) + 1);

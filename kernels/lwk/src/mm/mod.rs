@@ -60,6 +60,34 @@ impl TableSource for OwnedTables<'_> {
         }
         PmemTables.retire_table(table);
     }
+
+    fn leaf_directory(&mut self, first: u64) -> Option<u64> {
+        leaf_directory(first)
+    }
+}
+
+/// How many shared directories of 2 MiB leaves are kept (see `leaf_directory`): one per GiB
+/// that jobs map whole, such as a heap's GiBs or an XEMEM attachment's region.
+const LEAF_DIRECTORIES_KEPT: usize = 16;
+
+/// Shared directories of 2 MiB leaves by their first entry, as (first entry, table); an empty
+/// slot's table is 0. They are never freed: any address space may have one linked.
+static LEAF_DIRECTORIES: SpinLock<[(u64, u64); LEAF_DIRECTORIES_KEPT]> = SpinLock::new([(0, 0); LEAF_DIRECTORIES_KEPT]);
+
+/// The shared directory of 2 MiB leaves starting with `first`, built the first time it is
+/// asked for (`TableSource::leaf_directory`); `None` once all slots hold others. A 1 GiB
+/// attachment is then mapped, and unmapped, with one table write each.
+fn leaf_directory(first: u64) -> Option<u64> {
+    let mut kept = LEAF_DIRECTORIES.lock();
+    if let Some(&(_, table)) = kept.iter().find(|&&(entry, table)| table != 0 && entry == first) {
+        return Some(table);
+    }
+    let slot = kept.iter_mut().find(|(_, table)| *table == 0)?;
+    // A page that was never a table: the host does not track writes to it.
+    let table = pmem::allocate_pages(1)?;
+    paging::fill_leaf_directory(table, first);
+    *slot = (first, table);
+    Some(table)
 }
 
 /// Gives the retired tables back to `pmem`: called between jobs, when every CPU has loaded
