@@ -3,9 +3,10 @@
 //!
 //! Every access goes through an offset that is checked against the region's size, so a caller
 //! that computes an offset from corrupted data gets a panic-free `None` (never an out-of-bounds
-//! access). Counters and flags are accessed as atomics; payload bytes are copied with volatile
-//! word accesses, because the peer may be changing them while we copy (we then copy garbage,
-//! which the protocol tolerates, but the compiler must not assume the bytes are stable).
+//! access). Counters and flags are accessed as atomics; payload bytes are copied by inline
+//! assembly (string instructions), because the peer may be changing them while we copy (we then
+//! copy garbage, which the protocol tolerates, but the compiler must not assume the bytes are
+//! stable).
 
 use core::sync::atomic::{AtomicU32, AtomicU64};
 
@@ -16,8 +17,9 @@ pub(crate) struct SharedRegion {
     size: usize,
 }
 
-// SAFETY: the region is only ever accessed through atomics and volatile copies, which are
-// well-defined under concurrent access from any number of threads (or processes).
+// SAFETY: the region is only ever accessed through atomics, volatile stores and assembly
+// copies, which are well-defined under concurrent access from any number of threads (or
+// processes).
 unsafe impl Send for SharedRegion {}
 unsafe impl Sync for SharedRegion {}
 
@@ -57,22 +59,8 @@ impl SharedRegion {
         if !self.in_bounds(offset, dest.len(), 8) {
             return None;
         }
-        // SAFETY: the source range is in bounds and 8-byte aligned; volatile reads of plain
-        // integers are fine whatever the peer writes concurrently.
-        unsafe {
-            let source = self.base.add(offset);
-            let mut chunks = dest.chunks_exact_mut(8);
-            let mut word = source as *const u64;
-            for chunk in &mut chunks {
-                chunk.copy_from_slice(&word.read_volatile().to_ne_bytes());
-                word = word.add(1);
-            }
-            let mut byte = word as *const u8;
-            for slot in chunks.into_remainder() {
-                *slot = byte.read_volatile();
-                byte = byte.add(1);
-            }
-        }
+        // SAFETY: the source range is in bounds; `dest` is ours.
+        unsafe { copy_bytes(self.base.add(offset), dest.as_mut_ptr(), dest.len()) };
         Some(())
     }
 
@@ -81,23 +69,8 @@ impl SharedRegion {
         if !self.in_bounds(offset, source.len(), 8) {
             return None;
         }
-        // SAFETY: the destination range is in bounds and 8-byte aligned.
-        unsafe {
-            let dest = self.base.add(offset);
-            let mut chunks = source.chunks_exact(8);
-            let mut word = dest as *mut u64;
-            for chunk in &mut chunks {
-                let mut bytes = [0u8; 8];
-                bytes.copy_from_slice(chunk);
-                word.write_volatile(u64::from_ne_bytes(bytes));
-                word = word.add(1);
-            }
-            let mut byte = word as *mut u8;
-            for value in chunks.remainder() {
-                byte.write_volatile(*value);
-                byte = byte.add(1);
-            }
-        }
+        // SAFETY: the destination range is in bounds; `source` is ours.
+        unsafe { copy_bytes(source.as_ptr(), self.base.add(offset), source.len()) };
         Some(())
     }
 
@@ -115,5 +88,28 @@ impl SharedRegion {
             }
         }
         Some(())
+    }
+}
+
+/// Copies `len` bytes from `source` to `dest` with string instructions (8 bytes at a time, then
+/// the rest). Inline assembly is opaque to the compiler, as volatile accesses are: the peer may
+/// be writing the bytes while we copy. A guest kernel whose instructions are emulated (PVM) pays
+/// about one instruction's time per 8 bytes, where a loop of volatile words took five.
+///
+/// # Safety
+/// `source` must be valid for reads and `dest` for writes of `len` bytes.
+unsafe fn copy_bytes(source: *const u8, dest: *mut u8, len: usize) {
+    // SAFETY: the caller's ranges; the direction flag is clear (the ABI's state).
+    unsafe {
+        core::arch::asm!(
+            "rep movsq",
+            "mov rcx, {tail}",
+            "rep movsb",
+            tail = in(reg) len % 8,
+            inout("rcx") len / 8 => _,
+            inout("rsi") source => _,
+            inout("rdi") dest => _,
+            options(nostack, preserves_flags),
+        );
     }
 }
