@@ -680,7 +680,7 @@ mod tests {
         for (bytes, files) in &packets {
             assert!(files.len() <= MAX_FDS);
             let Body::Attached { segment, size, first_run, total_runs, runs } = Message::decode(bytes).unwrap().body else { panic!() };
-            done = assembler.push(segment, size, first_run, total_runs, &runs).unwrap();
+            done = assembler.push(segment, size, first_run, total_runs, runs).unwrap();
         }
         assert_eq!(done.map(|runs| runs.len()), Some(MAX_FDS + 10));
     }

@@ -227,6 +227,13 @@ impl Node {
         self.run_local(memory);
     }
 
+    /// Sets the node's clock without `tick`'s look for due retries and discovery: for a
+    /// caller whose ticks come on their own schedule, before a `request` (which notes when it
+    /// was sent).
+    pub fn set_clock(&mut self, now: u64) {
+        self.now = now;
+    }
+
     /// A link is gone (the enclave behind it crashed or was torn down): forget every enclave
     /// reached through it and tell the name server, which drops their segments and permits.
     pub fn link_down(&mut self, link: LinkId, memory: &mut dyn LocalMemory) {
@@ -673,7 +680,7 @@ impl Node {
                 if attach_segment != Some(Some(segment)) || size != *asked {
                     return;
                 }
-                match pending.assembler.push(segment, size, first_run, total_runs, &runs) {
+                match pending.assembler.push(segment, size, first_run, total_runs, runs) {
                     Ok(None) => return,
                     Ok(Some(runs)) => Ok(Reply::Attached { segment, runs }),
                     // A part went missing or came twice: start over on the next retry.

@@ -439,7 +439,7 @@ fn run_assembler_needs_every_part_in_order_and_the_right_total() {
     assert_eq!(parts.len(), 3);
     let push = |asm: &mut RunAssembler, body: &Body| match body {
         Body::Attached { segment, size, first_run, total_runs, runs } => {
-            asm.push(*segment, *size, *first_run, *total_runs, runs)
+            asm.push(*segment, *size, *first_run, *total_runs, runs.clone())
         }
         _ => unreachable!(),
     };
@@ -455,7 +455,7 @@ fn run_assembler_needs_every_part_in_order_and_the_right_total() {
     assert_eq!(push(&mut asm, &parts[2]), Ok(Some(runs.clone())));
     // Pages that do not add up to the size: refused.
     let mut asm = RunAssembler::default();
-    assert_eq!(asm.push(seg, 3 * PAGE_SIZE, 0, 1, &[FrameRun { first: Some(1), frames: 2 }]), Err(Error::Malformed));
+    assert_eq!(asm.push(seg, 3 * PAGE_SIZE, 0, 1, vec![FrameRun { first: Some(1), frames: 2 }]), Err(Error::Malformed));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -587,14 +587,15 @@ pub struct RunAssembler {
 }
 
 impl RunAssembler {
-    /// Feeds one part; `Ok(Some(runs))` once complete.
+    /// Feeds one part; `Ok(Some(runs))` once complete. The first part's runs are kept as
+    /// they are (no copy: an answer in one part, the usual case, is handed on as decoded).
     pub fn push(
         &mut self,
         segment: SegmentId,
         size: u64,
         first_run: u32,
         total_runs: u32,
-        runs: &[FrameRun],
+        runs: Vec<FrameRun>,
     ) -> Result<Option<Vec<FrameRun>>, Error> {
         match self.expected {
             None => self.expected = Some((segment, size, total_runs)),
@@ -604,7 +605,7 @@ impl RunAssembler {
         if first_run as usize != self.runs.len() {
             return Err(Error::Malformed);
         }
-        for run in runs {
+        for run in &runs {
             if !run.valid() {
                 return Err(Error::Malformed);
             }
@@ -613,7 +614,11 @@ impl RunAssembler {
         if self.pages > size / PAGE_SIZE {
             return Err(Error::Malformed);
         }
-        self.runs.extend_from_slice(runs);
+        if self.runs.is_empty() {
+            self.runs = runs;
+        } else {
+            self.runs.extend_from_slice(&runs);
+        }
         if self.runs.len() == total_runs as usize {
             if self.pages != size / PAGE_SIZE {
                 return Err(Error::Malformed);

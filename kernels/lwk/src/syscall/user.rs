@@ -26,8 +26,16 @@ pub fn write_words(address: u64, words: &[u64]) -> Result<(), Errno> {
     copy_words_to_user(address, words).map_err(|_| Errno::EFAULT)
 }
 
+/// Most words one `read_words` reads (the largest structure read so has 5).
+const MAX_WORDS: usize = 8;
+
+/// `N` 64-bit words from user memory, through a buffer on the stack (an allocation is
+/// emulated work on PVM, about as much as the rest of a small system call).
 pub fn read_words<const N: usize>(address: u64) -> Result<[u64; N], Errno> {
-    let bytes = read_bytes(address, N * 8)?;
+    const { assert!(N <= MAX_WORDS, "read_words reads at most MAX_WORDS words") };
+    let mut buffer = [0u8; MAX_WORDS * 8];
+    let bytes = &mut buffer[..N * 8];
+    read_into(address, bytes)?;
     let mut words = [0u64; N];
     for (word, chunk) in words.iter_mut().zip(bytes.chunks_exact(8)) {
         *word = u64::from_le_bytes(chunk.try_into().unwrap());

@@ -512,8 +512,15 @@ struct Through {
 
 /// Maps `runs` (`size` bytes in all) into process `pid` at `fixed`, or anywhere in the window
 /// when it is 0, and records the attachment; returns its address.
-fn map_attachment(device: &mut Device, pid: u64, runs: &[SourceRun], size: u64, fixed: u64, through: Through) -> Result<u64, Error> {
-    let first_physical = runs.iter().find_map(|run| run.first).unwrap_or(0) * PAGE_SIZE;
+fn map_attachment(
+    device: &mut Device,
+    pid: u64,
+    runs: impl Iterator<Item = SourceRun> + Clone,
+    size: u64,
+    fixed: u64,
+    through: Through,
+) -> Result<u64, Error> {
+    let first_physical = runs.clone().find_map(|run| run.first).unwrap_or(0) * PAGE_SIZE;
     let start = if fixed != 0 {
         let end = fixed.checked_add(size).ok_or(Error::Invalid)?;
         // Only where nothing of the process is, or could be: not over its memory regions, not
@@ -568,27 +575,38 @@ fn attach_global(pid: u64, apid: AccessId, permit: GlobalPermit, offset: u64, si
         let _ = host_link::request(Request::Detach { process: pid, access: apid });
     };
     let own = with_device(|device| device.own_segments.get(&permit.segment).copied());
-    let runs: Option<Vec<SourceRun>> = match (reply, own) {
+    // The frames to map: this job's own pages from its tables, or what the host added.
+    enum Frames {
+        Own(Vec<SourceRun>),
+        Host(Vec<xemem::wire::FrameRun>),
+    }
+    let frames = match (reply, own) {
         // The name server checked the permit and the range.
         (Reply::Attached { segment, .. }, Some((owner, vaddr, length))) if segment == permit.segment && offset.checked_add(size).is_some_and(|end| end <= length) => {
-            resolve(owner, vaddr + offset, size)
+            resolve(owner, vaddr + offset, size).map(Frames::Own)
         }
-        (Reply::Attached { segment, runs }, None) if segment == permit.segment && host_runs_valid(&runs, size) => {
-            let writable = permit.flags == xemem::ACCESS_READ_WRITE;
-            Some(runs.iter().map(|run| SourceRun { first: run.first, frames: run.frames, writable }).collect())
-        }
+        (Reply::Attached { segment, runs }, None) if segment == permit.segment && host_runs_valid(&runs, size) => Some(Frames::Host(runs)),
         _ => None,
     };
-    let Some(runs) = runs else {
+    let Some(frames) = frames else {
         detach_at_host();
         return Err(Error::Invalid);
     };
+    let writable = permit.flags == xemem::ACCESS_READ_WRITE;
+    let through = Through { access: apid, segment: permit.segment, global: true };
     let placed = with_device(|device| {
         // The permit may have been released or revoked while the host worked.
         if held_global(device, pid, apid).is_none() {
             return Err(Error::NotFound);
         }
-        map_attachment(device, pid, &runs, size, fixed, Through { access: apid, segment: permit.segment, global: true })
+        match &frames {
+            Frames::Own(runs) => map_attachment(device, pid, runs.iter().copied(), size, fixed, through),
+            // Mapped as they came: a copy into a vector of its own is emulated work on PVM.
+            Frames::Host(runs) => {
+                let runs = runs.iter().map(|run| SourceRun { first: run.first, frames: run.frames, writable });
+                map_attachment(device, pid, runs, size, fixed, through)
+            }
+        }
     });
     if placed.is_err() {
         detach_at_host();
@@ -615,7 +633,7 @@ pub fn attach(raw: i64, offset: u64, size: u64, fixed: u64) -> Result<u64, Error
         let owner = device.names.segment(plan.segment).map(|segment| segment.owner.process);
         let runs = owner.and_then(|owner| resolve(owner, plan.vaddr, plan.size));
         let mapped = match runs {
-            Some(runs) => map_attachment(device, pid, &runs, plan.size, fixed, Through { access: apid, segment: plan.segment, global: false }),
+            Some(runs) => map_attachment(device, pid, runs.iter().copied(), plan.size, fixed, Through { access: apid, segment: plan.segment, global: false }),
             None => Err(Error::NotFound),
         };
         mapped.inspect_err(|_| {
