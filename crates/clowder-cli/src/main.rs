@@ -53,6 +53,20 @@ impl Arguments {
     }
 }
 
+
+/// `println!` that ends the program quietly when whoever reads stdout has gone (`clowder logs
+/// NAME | head`), as Unix tools do (status 141, a shell's for SIGPIPE), instead of panicking.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(error) = writeln!(std::io::stdout(), $($arg)*) {
+            if error.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(141);
+            }
+        }
+    }};
+}
+
 fn reply_or_error(reply: Value) -> Result<Value, Failure> {
     if reply["ok"] == json!(true) {
         Ok(reply)
@@ -62,7 +76,7 @@ fn reply_or_error(reply: Value) -> Result<Value, Failure> {
 }
 
 fn print_json(value: &Value) {
-    println!("{value}");
+    say!("{value}");
 }
 
 /// Prints rows as aligned columns.
@@ -75,7 +89,7 @@ fn print_table(header: &[&str], rows: &[Vec<String>]) {
     }
     let line = |cells: Vec<String>| {
         let padded: Vec<String> = cells.iter().zip(&widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
-        println!("{}", padded.join("  ").trim_end());
+        say!("{}", padded.join("  ").trim_end());
     };
     line(header.iter().map(|h| h.to_string()).collect());
     for row in rows {
@@ -128,10 +142,10 @@ fn enclave_command(args: &mut Arguments, json_output: bool) -> Result<u8, Failur
             if json_output {
                 print_json(&reply);
             } else {
-                println!("created enclave {}", text(&reply["enclave"]["name"]));
+                say!("created enclave {}", text(&reply["enclave"]["name"]));
                 print_table(&ENCLAVE_HEADER, &[enclave_row(&reply["enclave"])]);
                 for note in reply["notes"].as_array().into_iter().flatten() {
-                    println!("note: {}", text(note));
+                    say!("note: {}", text(note));
                 }
             }
             Ok(0)
@@ -144,16 +158,16 @@ fn enclave_command(args: &mut Arguments, json_output: bool) -> Result<u8, Failur
             }
             let enclaves = reply["enclaves"].as_array().cloned().unwrap_or_default();
             if enclaves.is_empty() {
-                println!("no enclaves (create one with: clowder enclave create --name NAME --cores 1 --mem 1G)");
+                say!("no enclaves (create one with: clowder enclave create --name NAME --cores 1 --mem 1G)");
             } else {
                 print_table(&ENCLAVE_HEADER, &enclaves.iter().map(enclave_row).collect::<Vec<_>>());
             }
-            println!("free cores: {}", text(&reply["free_cores"]));
+            say!("free cores: {}", text(&reply["free_cores"]));
             let removed = reply["removed"].as_array().cloned().unwrap_or_default();
             if !removed.is_empty() {
-                println!("recently removed:");
+                say!("recently removed:");
                 for entry in removed {
-                    println!("  {}: {}", text(&entry["name"]), text(&entry["reason"]).lines().next().unwrap_or(""));
+                    say!("  {}: {}", text(&entry["name"]), text(&entry["reason"]).lines().next().unwrap_or(""));
                 }
             }
             Ok(0)
@@ -164,7 +178,7 @@ fn enclave_command(args: &mut Arguments, json_output: bool) -> Result<u8, Failur
             if json_output {
                 print_json(&reply);
             } else {
-                println!("removed enclave {name} ({})", text(&reply["how"]));
+                say!("removed enclave {name} ({})", text(&reply["how"]));
             }
             Ok(0)
         }
@@ -334,7 +348,7 @@ fn readable_size(bytes: u64) -> String {
 fn print_segments(reply: &Value) {
     let segments = reply["segments"].as_array().cloned().unwrap_or_default();
     if segments.is_empty() {
-        println!("no XEMEM segments (broker on {})", text(&reply["socket"]));
+        say!("no XEMEM segments (broker on {})", text(&reply["socket"]));
         return;
     }
     let rows: Vec<Vec<String>> = segments
@@ -382,10 +396,10 @@ fn run(arguments: Vec<String>) -> Result<u8, Failure> {
             let name = args.next().ok_or_else(|| Usage("logs needs the enclave's NAME".into()))?;
             simple_command(json!({"op": "logs", "name": name}), json_output, |reply| {
                 if let Some(reason) = reply["removed"].as_str() {
-                    println!("(enclave {} was removed: {reason})", text(&reply["name"]));
+                    say!("(enclave {} was removed: {reason})", text(&reply["name"]));
                 }
                 for line in reply["lines"].as_array().into_iter().flatten() {
-                    println!("{}", text(line));
+                    say!("{}", text(line));
                 }
             })
         }
@@ -394,7 +408,7 @@ fn run(arguments: Vec<String>) -> Result<u8, Failure> {
             _ => Err(Usage("xemem takes: ls".into()).into()),
         },
         Some("help" | "--help" | "-h") => {
-            println!("{USAGE}");
+            say!("{USAGE}");
             Ok(0)
         }
         Some(other) => Err(Usage(format!("unknown command {other:?}")).into()),

@@ -105,6 +105,18 @@ fn a_missing_daemon_says_how_to_start_it() {
     assert!(message.contains("CLOWDER_SOCKET"), "{message}");
 }
 
+/// Output into a pipe whose reader has gone (`clowder logs NAME | head`) ends the command
+/// quietly with a shell's SIGPIPE status, not a panic.
+#[test]
+fn output_to_a_closed_pipe_ends_quietly() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let output = Command::new(env!("CARGO_BIN_EXE_clowder")).arg("help").stdout(writer).output().unwrap();
+    let message = stderr(&output);
+    assert!(!message.contains("panicked"), "{message}");
+    assert_eq!(output.status.code(), Some(141), "{message}");
+}
+
 #[test]
 fn cli_mistakes_and_bad_requests_get_errors_that_say_what_to_do() {
     let daemon = TestDaemon::start("bad-input");
