@@ -1,9 +1,12 @@
 /*
- * host_remap_attacher: a host process that attaches lwk_remapping_owner's segment three times
+ * host_remap_attacher: a process that attaches lwk_remapping_owner's segment three times
  * while its data pages are a hole (clowderd answers the later attaches from the owner's
- * earlier answer while the owner kernel maps nothing), asks the job to map its data pages,
- * waits for it, and attaches again: the new attachment must show the job's new memory
- * (2000 + i); the old answer's hole would raise SIGBUS.
+ * earlier answer while the owner kernel maps nothing; for an LWK job, it also keeps the
+ * attachment's regions between them), asks the job to map its data pages through a second
+ * permit's attachment, waits for it, and attaches again through the first: the new attachment
+ * must show the job's new memory (2000 + i); the old answer's hole would raise SIGBUS. The
+ * same program runs on the host and as an LWK job in another enclave (one attachment per
+ * permit at a time there, hence the second permit).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -32,7 +35,10 @@ int main(void)
 		xpmem_detach((void *)view);
 	}
 	fflush(stdout);
-	volatile uint64_t *mailbox = attach_segment(apid, SIZE);
+	xpmem_apid_t mailbox_apid = get_segment(segid);
+	if (mailbox_apid <= 0)
+		return GET_FAILED;
+	volatile uint64_t *mailbox = attach_segment(mailbox_apid, SIZE);
 	if (!mailbox)
 		return ATTACH_FAILED;
 	*mailbox = 1;
@@ -52,6 +58,7 @@ int main(void)
 	xpmem_detach((void *)view);
 	*mailbox = 3;
 	xpmem_detach((void *)mailbox);
+	xpmem_release(mailbox_apid);
 	xpmem_release(apid);
 	return remapped && fresh == DATA_PAGES ? 0 : 4;
 }

@@ -3,8 +3,9 @@
  * process's named segment (host_named_owner): lookup through clowderd's name server, get, and
  * attach, which the daemon serves by adding the host owner's memory to the enclave as new
  * guest-physical regions. It checks the owner's pattern (page i starts with 2000 + i), detaches,
- * checks that the detached address faults, attaches again (the regions of the first attachment
- * are gone by then), writes 43 into word 1 of page 0 for the owner to see, and detaches. The
+ * checks that the detached address faults, attaches again (the daemon kept the first
+ * attachment's region while the permit is held and hands it out again), writes 43 into word 1
+ * of page 0 for the owner to see, and detaches. The
  * argument errors are checked on the way. Usage: lwk_host_attacher [PAGES] (default 16, the
  * owner's size; a GiB of them is mapped with a shared directory of 2 MiB leaves).
  */
@@ -66,8 +67,8 @@ int main(int argc, char **argv)
 	printf("the detached view faults: %d (first page), %d (last page)\n", read_faults(view),
 	       read_faults(view + (pages - 1) * PAGE / 8));
 
-	/* Again, after the regions of the first attachment went; the reply goes through this one
-	 * (the owner removes the segment once it sees it). */
+	/* Again, through the region the daemon kept; the reply goes through this one (the owner
+	 * removes the segment once it sees it). */
 	struct xpmem_addr address = { .apid = apid, .offset = 0 };
 	volatile uint64_t *again = xpmem_attach(address, pages * PAGE, NULL);
 	if (again == (void *)-1) {

@@ -727,11 +727,50 @@ enum Source {
 struct BridgedPermit {
     source: Source,
     segment: SegmentId,
-    /// Guest-physical regions of the current attachment (one per memory run), in the order
-    /// they were added.
-    regions: Option<Vec<SharedRegion>>,
+    /// The current attachment, or the last one kept after a detach.
+    attachment: Option<BridgedAttachment>,
     /// An attach through it is being served (the bridge's lock is not held meanwhile).
     attaching: bool,
+}
+
+/// The guest-physical regions an attach added (one per memory run, in order) and what they
+/// hold. After the enclave detaches (and the bridge detached at the source), the regions are
+/// kept while the permit is (`mapped` false): an attach of the same range whose source answers
+/// with the same runs takes them again, adding and removing no region (a region's removal
+/// drops the whole machine's shadow page tables on PVM, and adding one costs the VMM a
+/// mapping). A job that attaches the same data at every step (in-situ analytics) then pays
+/// little more than its request. The enclave's job cannot reach kept regions (its kernel
+/// unmapped them); a revocation of the permit or its release removes them.
+struct BridgedAttachment {
+    offset: u64,
+    size: u64,
+    /// What the source's runs were (`None`: unknown, never taken again).
+    runs: Option<Vec<RunIdentity>>,
+    frames: Vec<FrameRun>,
+    regions: Vec<SharedRegion>,
+    mapped: bool,
+}
+
+/// A source's run, as a kept attachment is compared with a new answer: the same file (device
+/// and inode) at the same place, or a hole of the same length.
+#[derive(Debug, PartialEq, Eq)]
+enum RunIdentity {
+    Hole { length: u64 },
+    Memory { device: u64, inode: u64, offset: u64, length: u64 },
+}
+
+/// The identities of `runs`, or `None` if a file cannot be looked at.
+fn run_identities(runs: &[xemem_host::EnclaveRun]) -> Option<Vec<RunIdentity>> {
+    use std::os::unix::fs::MetadataExt;
+    runs.iter()
+        .map(|run| match run {
+            xemem_host::EnclaveRun::Hole { length } => Some(RunIdentity::Hole { length: *length }),
+            xemem_host::EnclaveRun::Memory { file, offset, length } => {
+                let metadata = File::from(file.try_clone().ok()?).metadata().ok()?;
+                Some(RunIdentity::Memory { device: metadata.dev(), inode: metadata.ino(), offset: *offset, length: *length })
+            }
+        })
+        .collect()
 }
 
 /// A segment or an enclave that went away: the permits bridged on it are revoked.
@@ -768,9 +807,11 @@ impl Bridge {
     fn revoke_where(&mut self, which: impl Fn(EnclaveId, u64, &BridgedPermit) -> bool, queue: &Outbox, waiter: &Arc<Outstanding>) {
         let chosen: Vec<(EnclaveId, u64, AccessId)> = self.permits.iter().filter(|((enclave, process, _), permit)| which(*enclave, *process, permit)).map(|(key, _)| *key).collect();
         for key in chosen {
-            let Some(BridgedPermit { regions: Some(regions), .. }) = self.permits.remove(&key) else { continue };
+            // A kept attachment is revoked as a mapped one is (the enclave's acknowledgement
+            // finds nothing to unmap): its regions go when it answers.
+            let Some(BridgedPermit { attachment: Some(attachment), .. }) = self.permits.remove(&key) else { continue };
             let (enclave, process, access) = key;
-            self.send_revoke(enclave, process, access, regions, queue, waiter);
+            self.send_revoke(enclave, process, access, attachment.regions, queue, waiter);
         }
     }
 
@@ -1025,6 +1066,36 @@ impl Bridging {
         }
     }
 
+    /// The attachment for a source's answer (`segment`, `runs`) to an attach of
+    /// `[offset, offset + size)`: the kept one if it holds the same runs (taken out of `kept`),
+    /// else new regions added to the enclave's machine.
+    fn attachment_of(
+        &self,
+        segment: SegmentId,
+        expected: SegmentId,
+        offset: u64,
+        size: u64,
+        runs: &[xemem_host::EnclaveRun],
+        kept: &mut Option<BridgedAttachment>,
+        regions: &dyn GuestRegions,
+    ) -> Result<BridgedAttachment, Error> {
+        let total: Option<u64> = runs.iter().try_fold(0u64, |sum, run| {
+            sum.checked_add(match run {
+                xemem_host::EnclaveRun::Hole { length } | xemem_host::EnclaveRun::Memory { length, .. } => *length,
+            })
+        });
+        if segment != expected || total != Some(size) {
+            return Err(Error::Malformed);
+        }
+        let identities = run_identities(runs);
+        let same = |attachment: &mut BridgedAttachment| attachment.offset == offset && attachment.size == size && identities.is_some() && attachment.runs == identities;
+        if let Some(again) = kept.take_if(same) {
+            return Ok(BridgedAttachment { mapped: true, ..again });
+        }
+        let (frames, added) = runs_into_regions(runs, regions)?;
+        Ok(BridgedAttachment { offset, size, runs: identities, frames, regions: added, mapped: true })
+    }
+
     fn serve_bridged(&self, origin: EnclaveId, body: &Body, regions: &dyn GuestRegions) -> Result<Vec<Body>, Error> {
         let broker = self.links.broker.get();
         let caller = |process: u64| Principal { enclave: origin, process };
@@ -1057,62 +1128,60 @@ impl Bridging {
                         break candidate;
                     }
                 };
-                bridge.permits.insert((origin, *process, permit), BridgedPermit { source, segment: *segment, regions: None, attaching: false });
+                bridge.permits.insert((origin, *process, permit), BridgedPermit { source, segment: *segment, attachment: None, attaching: false });
                 Ok(vec![Body::Granted { access: permit, size }])
             }
             Body::Attach { process, access, offset, size } => {
                 let key = (origin, *process, *access);
-                let (source, expected) = {
+                let (source, expected, mut kept) = {
                     let mut bridge = self.bridge.lock().unwrap();
                     let permit = bridge.permits.get_mut(&key).ok_or(Error::NotFound)?;
                     // One attachment per permit at a time: a detach names only the permit, so a
                     // second one could not be told apart (a second permit gives a second one).
-                    if permit.regions.is_some() || permit.attaching {
+                    if permit.attachment.as_ref().is_some_and(|attachment| attachment.mapped) || permit.attaching {
                         return Err(Error::Exhausted);
                     }
                     if offset % xemem::PAGE_SIZE != 0 || *size == 0 || size % xemem::PAGE_SIZE != 0 {
                         return Err(Error::Invalid);
                     }
                     permit.attaching = true;
-                    (permit.source, permit.segment)
+                    (permit.source, permit.segment, permit.attachment.take())
                 };
                 let attached = match source {
                     Source::Host { broker_access } => broker.ok_or(Error::NotFound).and_then(|broker| broker.attach_for_enclave(caller(*process), broker_access, *offset, *size)),
                     Source::Enclave { access, proxy } => links.attach_enclave_memory(proxy, access, *offset, *size),
                 };
                 let mapped = attached.and_then(|(segment, runs)| {
-                    let total: Option<u64> = runs.iter().try_fold(0u64, |sum, run| {
-                        sum.checked_add(match run {
-                            xemem_host::EnclaveRun::Hole { length } | xemem_host::EnclaveRun::Memory { length, .. } => *length,
-                        })
-                    });
-                    if segment != expected || total != Some(*size) {
-                        links.detach_at_source(caller(*process), source);
-                        return Err(Error::Malformed);
-                    }
-                    let (frames, added) = runs_into_regions(&runs, regions).inspect_err(|_| links.detach_at_source(caller(*process), source))?;
-                    match xemem::wire::attached_parts(segment, *size, &frames) {
-                        Ok(parts) => Ok((parts, added)),
-                        Err(error) => {
-                            remove_regions(regions, &added);
-                            links.detach_at_source(caller(*process), source);
-                            Err(error)
+                    let attachment = self.attachment_of(segment, expected, *offset, *size, &runs, &mut kept, regions);
+                    let parts = attachment.and_then(|attachment| {
+                        match xemem::wire::attached_parts(segment, *size, &attachment.frames) {
+                            Ok(parts) => Ok((parts, attachment)),
+                            Err(error) => {
+                                remove_regions(regions, &attachment.regions);
+                                Err(error)
+                            }
                         }
-                    }
+                    });
+                    // The source counted this attach: undone when nothing holds it.
+                    parts.inspect_err(|_| links.detach_at_source(caller(*process), source))
                 });
+                // A kept attachment not taken again: its regions go.
+                if let Some(unused) = kept {
+                    remove_regions(regions, &unused.regions);
+                }
                 let mut bridge = self.bridge.lock().unwrap();
                 let closed = bridge.closed;
                 let permit = bridge.permits.get_mut(&key).filter(|_| !closed);
                 match (mapped, permit) {
-                    (Ok((parts, added)), Some(permit)) => {
+                    (Ok((parts, attachment)), Some(permit)) => {
                         permit.attaching = false;
-                        permit.regions = Some(added);
+                        permit.attachment = Some(attachment);
                         Ok(parts)
                     }
-                    (Ok((_, added)), None) => {
+                    (Ok((_, attachment)), None) => {
                         // Released, revoked or gone while the owner answered: nothing keeps it.
                         drop(bridge);
-                        remove_regions(regions, &added);
+                        remove_regions(regions, &attachment.regions);
                         links.detach_at_source(caller(*process), source);
                         Err(Error::NotFound)
                     }
@@ -1126,23 +1195,31 @@ impl Bridging {
             }
             // The enclave unmaps the attachment before it detaches or releases (the guest must
             // not keep a mapping of a region that is gone).
+            // Its regions are kept while the permit is (see `BridgedAttachment`).
             Body::Detach { process, access } => {
-                let (source, added) = {
+                let source = {
                     let mut bridge = self.bridge.lock().unwrap();
                     let permit = bridge.permits.get_mut(&(origin, *process, *access)).ok_or(Error::NotFound)?;
-                    (permit.source, permit.regions.take())
+                    match permit.attachment.as_mut().filter(|attachment| attachment.mapped) {
+                        Some(attachment) => {
+                            attachment.mapped = false;
+                            Some(permit.source)
+                        }
+                        None => None,
+                    }
                 };
-                if let Some(added) = added {
-                    remove_regions(regions, &added);
+                if let Some(source) = source {
                     links.detach_at_source(caller(*process), source);
                 }
                 Ok(vec![Body::Done])
             }
             Body::Release { process, access } => {
                 let permit = self.bridge.lock().unwrap().permits.remove(&(origin, *process, *access)).ok_or(Error::NotFound)?;
-                if let Some(added) = permit.regions {
-                    remove_regions(regions, &added);
-                    links.detach_at_source(caller(*process), permit.source);
+                if let Some(attachment) = permit.attachment {
+                    remove_regions(regions, &attachment.regions);
+                    if attachment.mapped {
+                        links.detach_at_source(caller(*process), permit.source);
+                    }
                 }
                 // The owner may have removed the segment already: the permit is gone then too.
                 links.release_at_source(caller(*process), permit.source);
@@ -1457,7 +1534,7 @@ impl Drop for XememPort {
         let mut enclaves: Vec<EnclaveId> = Vec::new();
         for ((enclave, process, _), permit) in bridge.permits {
             let caller = Principal { enclave, process };
-            if permit.regions.is_some() {
+            if permit.attachment.is_some_and(|attachment| attachment.mapped) {
                 self.links.detach_at_source(caller, permit.source);
             }
             self.links.release_at_source(caller, permit.source);
