@@ -109,6 +109,8 @@ for n in 2 3; do
 		$DEXRUN -n $n "$BUILD/coherence" stackread 4 300
 	check_output "stack top written on node 1, carried home, rewritten, read on node $((n - 1)) ($n nodes)$via" \
 		"PASS stackhome" $DEXRUN -n $n "$BUILD/coherence" stackhome 1 300
+	check_output "threads' own CPU masks unchanged by their returns ($n nodes)$via" "PASS affinity" \
+		$DEXRUN -n $n "$BUILD/coherence" affinity 3 300
 	check_output "file I/O from a node; read() at the origin into a page a node holds ($n nodes)$via" "PASS fileio" \
 		$DEXRUN -n $n "$BUILD/coherence" fileio
 	check_output "anonymous mmap on a node is shared memory ($n nodes)$via" "PASS mmap" $DEXRUN -n $n "$BUILD/coherence" mmap

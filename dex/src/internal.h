@@ -67,6 +67,7 @@ struct dex_thread {
 	 * call, so it must live in local memory, not in the app's TLS. */
 	volatile char sud_selector;
 	uint64_t own_fs_base;
+	int32_t os_tid;       /* the kernel's id of this OS thread */
 	uint64_t departed_ns;
 	uint64_t trace_tag;   /* of the app thread running here */
 	struct dex_context app_context;
@@ -75,6 +76,10 @@ struct dex_thread {
 	struct dex_fault_stream streams[DEX_FAULT_STREAMS];
 	uint32_t stream_clock; /* a new stream replaces the least recently used */
 	char *scratch; /* DEX_MAX_PAYLOAD bytes for building messages */
+	/* Origin: the application's CPU mask of this home thread while the
+	 * receiver has it narrowed for a wake-up (migrate.c); 0 bytes when not. */
+	uint64_t app_affinity[16];
+	uint32_t app_affinity_bytes;
 	/* Retired blocks are reused only after their OS thread is gone: the
 	 * kernel clears exit_word (CLONE_CHILD_CLEARTID-style, through
 	 * set_tid_address) when that thread has exited. */

@@ -398,6 +398,7 @@ struct dex_thread *dex_thread_create_block(enum dex_thread_role role)
 	if (raw_syscall(SYS_sigaltstack, &ss, 0, 0) != 0)
 		dex_fatal("sigaltstack failed");
 	t->own_fs_base = dex_get_fs_base();
+	t->os_tid = (int32_t)raw_syscall(SYS_gettid, 0, 0, 0);
 	return t;
 }
 

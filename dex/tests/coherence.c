@@ -15,10 +15,13 @@
  *   unmap     - munmap on the last node; node 1 and the origin then fault
  *   protect   - mprotect(PROT_READ) at the origin; a write on node 1 faults
  *   brk       - brk grown on node 1, used everywhere, shrunk, grown again
+ *   affinity  - threads set their own CPU masks at the origin and migrate
+ *               to the last node and back: each finds its mask as it set it
  * (the last four want 3 nodes; SIGSEGV is caught with sigaction+siglongjmp)
  * usage: coherence TEST [threads] [iterations] */
 #include <dex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -486,6 +489,37 @@ static void *brk_worker(void *arg)
 	return NULL;
 }
 
+/* affinity: the runtime narrows a parked home thread's mask for its
+ * wake-up; the application's own mask must be back when it runs. Each
+ * thread cycles through every single online CPU and the full set. */
+static void *affinity_worker(void *arg)
+{
+	(void)arg;
+	cpu_set_t all, want, got;
+	long bad = 0;
+	if (sched_getaffinity(0, sizeof(all), &all) != 0)
+		return (void *)1L;
+	int ncpus = CPU_COUNT(&all), cpu = -1;
+	for (long r = 0; r < iterations; r++) {
+		if (r % (ncpus + 1) == (long)ncpus) {
+			want = all;
+		} else {
+			do
+				cpu = (cpu + 1) % CPU_SETSIZE;
+			while (!CPU_ISSET(cpu, &all));
+			CPU_ZERO(&want);
+			CPU_SET(cpu, &want);
+		}
+		if (sched_setaffinity(0, sizeof(want), &want) != 0)
+			return (void *)1L;
+		go(dex_nodes() - 1);
+		go(0);
+		bad += sched_getaffinity(0, sizeof(got), &got) != 0 || !CPU_EQUAL(&got, &want);
+	}
+	sched_setaffinity(0, sizeof(all), &all);
+	return (void *)bad;
+}
+
 static pthread_t spawn(void *(*fn)(void *), long arg)
 {
 	pthread_t t;
@@ -572,6 +606,16 @@ int main(int argc, char **argv)
 		long bad = join(spawn(home_traveller, 0));
 		bad += join(reader);
 		printf("%s stackhome: %ld stale bytes in %ld returns\n", bad ? "FAIL" : "PASS", bad, iterations);
+		return bad != 0;
+	}
+	if (!strcmp(test, "affinity")) {
+		long bad = 0;
+		for (int i = 0; i < threads; i++)
+			tid[i] = spawn(affinity_worker, i);
+		for (int i = 0; i < threads; i++)
+			bad += join(tid[i]);
+		printf("%s affinity: %ld masks not as the threads set them after %ld returns each\n", bad ? "FAIL" : "PASS",
+		       bad, iterations);
 		return bad != 0;
 	}
 	if (!strcmp(test, "fileio")) {
