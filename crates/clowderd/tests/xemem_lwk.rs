@@ -315,6 +315,13 @@ fn an_lwk_job_attaches_a_gigabyte_host_segment_twice() {
     lwk_job_attaches_a_host_segment_twice("gigabyte", 1 << 18);
 }
 
+/// And half a GiB, the only mapping in its GiB of the job's address space: a shared directory
+/// holding just its 256 blocks, unlinked at detach as a whole GiB is.
+#[test]
+fn an_lwk_job_attaches_half_a_gigabyte_host_segment_twice() {
+    lwk_job_attaches_a_host_segment_twice("half-gigabyte", 1 << 17);
+}
+
 /// `an_lwk_job_attaches_a_host_processs_segment` with a segment of `pages` 4 KiB pages.
 fn lwk_job_attaches_a_host_segment_twice(tag: &str, pages: u64) {
     if let Some(why) = missing_requirement() {

@@ -84,6 +84,15 @@ const ADDRESS_MASK: u64 = 0x000f_ffff_ffff_f000;
 /// first gives the address space its own copy ([`PageTables::unshare`]).
 const SHARED_DIRECTORY: u64 = 1 << 9;
 
+/// What a shared directory holds: 2 MiB leaves `first`, `first + 2 MiB`, ... in entries
+/// `from..to`, nothing in the others (a whole GiB's mapping, or the only one in its GiB).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeafBlocks {
+    pub first: u64,
+    pub from: usize,
+    pub to: usize,
+}
+
 /// Access rights of a leaf mapping (reading is always allowed).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Protection {
@@ -96,19 +105,22 @@ pub trait TableSource {
     fn allocate_table(&mut self) -> Option<u64>;
     /// `table` is unlinked, but may still be walked by another CPU until its next TLB flush.
     fn retire_table(&mut self, table: u64);
-    /// A directory of 512 2 MiB leaves `first`, `first + 2 MiB`, ... (see [`fill_leaf_directory`])
-    /// that is never edited nor freed, for every address space that maps a whole GiB that way:
-    /// linking it is one table write where building one is 512 (each emulated on PVM). `None`
-    /// when the source keeps none.
-    fn leaf_directory(&mut self, _first: u64) -> Option<u64> {
+    /// A directory holding `blocks` (see [`fill_leaf_directory`]) that is never edited nor
+    /// freed, for every address space that maps them that way: linking it is one table write
+    /// where building one is up to 512 (each emulated on PVM). `None` when the source keeps none.
+    fn leaf_directory(&mut self, _blocks: LeafBlocks) -> Option<u64> {
+        None
+    }
+    /// What the shared directory `directory` (one `leaf_directory` gave) holds.
+    fn leaf_blocks(&mut self, _directory: u64) -> Option<LeafBlocks> {
         None
     }
 }
 
-/// Fills the table `directory` with 512 2 MiB leaves: `first`, `first + 2 MiB`, ... (a
-/// directory for `TableSource::leaf_directory`; `directory` must not be linked yet).
-pub fn fill_leaf_directory(directory: u64, first: u64) {
-    fill_progression(entries(directory), first, HUGE_PAGE_SIZE);
+/// Fills the zeroed table `directory` with `blocks` (a directory for
+/// `TableSource::leaf_directory`; `directory` must not be linked yet).
+pub fn fill_leaf_directory(directory: u64, blocks: LeafBlocks) {
+    fill_progression(&mut entries(directory)[blocks.from..blocks.to], blocks.first, HUGE_PAGE_SIZE);
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -376,7 +388,7 @@ impl PageTables {
         let mut staging = STAGING.lock();
         let fresh = &mut *staging;
         let old = (*pointer & PRESENT != 0).then_some(*pointer & ADDRESS_MASK);
-        // A shared directory's 512 leaves are all present, with no 4 KiB tables; it stays.
+        // A shared directory has no 4 KiB tables, and it stays (its leaves count as replaced).
         let old_shared = *pointer & SHARED_DIRECTORY != 0;
         match old {
             Some(old) => fresh.copy_from_slice(entries(old)),
@@ -477,13 +489,16 @@ impl PageTables {
                 // One span lies wholly in the user or the kernel half: the same bits throughout.
                 let bits = leaf_bits(address, protection) | HUGE;
                 let whole = |block: u64| block.wrapping_add(offset) | bits;
-                // A whole GiB of 2 MiB leaves where nothing, or a shared directory, was:
-                // linked to a shared directory with one write.
-                let shared = if rebuild && whole_span && (*pointer & PRESENT == 0 || *pointer & SHARED_DIRECTORY != 0) {
-                    tables.leaf_directory(whole(address))
-                } else {
-                    None
-                };
+                // 2 MiB blocks to the end of the span (a whole GiB, or the only mapping in it)
+                // where nothing was, or a shared directory of the same blocks: linked to a
+                // shared directory with one write.
+                let from = index(address, 1);
+                let wanted = LeafBlocks { first: whole(address), from, to: from + ((span_end - address) / HUGE_PAGE_SIZE) as usize };
+                let blocks_only = address.is_multiple_of(HUGE_PAGE_SIZE) && span_end.is_multiple_of(HUGE_PAGE_SIZE);
+                let relinkable = *pointer & PRESENT == 0
+                    || (*pointer & SHARED_DIRECTORY != 0
+                        && (whole_span || tables.leaf_blocks(*pointer & ADDRESS_MASK).is_some_and(|had| (had.from, had.to) == (wanted.from, wanted.to))));
+                let shared = if rebuild && blocks_only && relinkable { tables.leaf_directory(wanted) } else { None };
                 if let Some(shared) = shared {
                     replaced |= *pointer & PRESENT != 0;
                     *pointer = shared | table_bits(address) | SHARED_DIRECTORY;
@@ -668,9 +683,16 @@ impl PageTables {
         while address < end {
             let span_end = end.min((address | (DIRECTORY_SPAN - 1)) + 1);
             if let Some(pointer) = self.existing_pointer(address).filter(|pointer| **pointer & PRESENT != 0) {
-                if address.is_multiple_of(DIRECTORY_SPAN) && span_end - address == DIRECTORY_SPAN {
-                    // The whole GiB goes with one write; a private directory is retired with
-                    // its 4 KiB tables, a 1 GiB leaf or a shared directory has none.
+                let whole_span = address.is_multiple_of(DIRECTORY_SPAN) && span_end - address == DIRECTORY_SPAN;
+                let span_start = address & !(DIRECTORY_SPAN - 1);
+                let all_of_shared = *pointer & SHARED_DIRECTORY != 0
+                    && tables.leaf_blocks(*pointer & ADDRESS_MASK).is_some_and(|had| {
+                        address <= span_start + had.from as u64 * HUGE_PAGE_SIZE && span_start + had.to as u64 * HUGE_PAGE_SIZE <= span_end
+                    });
+                if whole_span || all_of_shared {
+                    // The whole GiB, or all a shared directory holds, goes with one write; a
+                    // private directory is retired with its 4 KiB tables, a 1 GiB leaf or a
+                    // shared directory has none.
                     let old = core::mem::replace(pointer, 0);
                     if old & (HUGE | SHARED_DIRECTORY) == 0 {
                         Self::retire_directory(old & ADDRESS_MASK, tables);

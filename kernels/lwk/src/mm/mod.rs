@@ -4,7 +4,7 @@ pub mod aspace;
 pub mod pmem;
 pub mod ranges;
 
-use crate::arch::paging::{PageTables, TableSource, PAGE_SIZE};
+use crate::arch::paging::{LeafBlocks, PageTables, TableSource, PAGE_SIZE};
 use crate::arch::phys::{self, PHYSMAP_BASE};
 use crate::arch::sync::SpinLock;
 use crate::arch::{heap, paging};
@@ -61,32 +61,37 @@ impl TableSource for OwnedTables<'_> {
         PmemTables.retire_table(table);
     }
 
-    fn leaf_directory(&mut self, first: u64) -> Option<u64> {
-        leaf_directory(first)
+    fn leaf_directory(&mut self, blocks: LeafBlocks) -> Option<u64> {
+        leaf_directory(blocks)
+    }
+
+    fn leaf_blocks(&mut self, directory: u64) -> Option<LeafBlocks> {
+        LEAF_DIRECTORIES.lock().iter().find(|(_, table)| *table == directory).map(|(blocks, _)| *blocks)
     }
 }
 
 /// How many shared directories of 2 MiB leaves are kept (see `leaf_directory`): one per GiB
-/// that jobs map whole, such as a heap's GiBs or an XEMEM attachment's region.
+/// (or part of one) that jobs map that way, such as a heap's GiBs or XEMEM attachments' regions.
 const LEAF_DIRECTORIES_KEPT: usize = 16;
 
-/// Shared directories of 2 MiB leaves by their first entry, as (first entry, table); an empty
-/// slot's table is 0. They are never freed: any address space may have one linked.
-static LEAF_DIRECTORIES: SpinLock<[(u64, u64); LEAF_DIRECTORIES_KEPT]> = SpinLock::new([(0, 0); LEAF_DIRECTORIES_KEPT]);
+/// Shared directories of 2 MiB leaves by what they hold, as (blocks, table); an empty slot's
+/// table is 0. They are never freed: any address space may have one linked.
+static LEAF_DIRECTORIES: SpinLock<[(LeafBlocks, u64); LEAF_DIRECTORIES_KEPT]> =
+    SpinLock::new([(LeafBlocks { first: 0, from: 0, to: 0 }, 0); LEAF_DIRECTORIES_KEPT]);
 
-/// The shared directory of 2 MiB leaves starting with `first`, built the first time it is
-/// asked for (`TableSource::leaf_directory`); `None` once all slots hold others. A 1 GiB
-/// attachment is then mapped, and unmapped, with one table write each.
-fn leaf_directory(first: u64) -> Option<u64> {
+/// The shared directory holding `blocks`, built the first time it is asked for
+/// (`TableSource::leaf_directory`); `None` once all slots hold others. An attachment of a GiB,
+/// or the only one in its GiB, is then mapped, and unmapped, with one table write each.
+fn leaf_directory(blocks: LeafBlocks) -> Option<u64> {
     let mut kept = LEAF_DIRECTORIES.lock();
-    if let Some(&(_, table)) = kept.iter().find(|&&(entry, table)| table != 0 && entry == first) {
+    if let Some(&(_, table)) = kept.iter().find(|&&(held, table)| table != 0 && held == blocks) {
         return Some(table);
     }
     let slot = kept.iter_mut().find(|(_, table)| *table == 0)?;
-    // A page that was never a table: the host does not track writes to it.
+    // A zeroed page that was never a table: the host does not track writes to it.
     let table = pmem::allocate_pages(1)?;
-    paging::fill_leaf_directory(table, first);
-    *slot = (first, table);
+    paging::fill_leaf_directory(table, blocks);
+    *slot = (blocks, table);
     Some(table)
 }
 
