@@ -751,6 +751,37 @@ struct BridgedAttachment {
     mapped: bool,
 }
 
+impl BridgedAttachment {
+    /// The attachment for a source's answer (`segment`, `runs`) to an attach of
+    /// `[offset, offset + size)`: the kept one if it holds the same runs (taken out of `kept`),
+    /// else new regions added to the enclave's machine.
+    fn for_answer(
+        segment: SegmentId,
+        expected: SegmentId,
+        offset: u64,
+        size: u64,
+        runs: &[xemem_host::EnclaveRun],
+        kept: &mut Option<BridgedAttachment>,
+        regions: &dyn GuestRegions,
+    ) -> Result<BridgedAttachment, Error> {
+        let total: Option<u64> = runs.iter().try_fold(0u64, |sum, run| {
+            sum.checked_add(match run {
+                xemem_host::EnclaveRun::Hole { length } | xemem_host::EnclaveRun::Memory { length, .. } => *length,
+            })
+        });
+        if segment != expected || total != Some(size) {
+            return Err(Error::Malformed);
+        }
+        let identities = run_identities(runs);
+        let same = |attachment: &mut BridgedAttachment| attachment.offset == offset && attachment.size == size && identities.is_some() && attachment.runs == identities;
+        if let Some(again) = kept.take_if(same) {
+            return Ok(BridgedAttachment { mapped: true, ..again });
+        }
+        let (frames, added) = runs_into_regions(runs, regions)?;
+        Ok(BridgedAttachment { offset, size, runs: identities, frames, regions: added, mapped: true })
+    }
+}
+
 /// A source's run, as a kept attachment is compared with a new answer: the same file (device
 /// and inode) at the same place, or a hole of the same length.
 #[derive(Debug, PartialEq, Eq)]
@@ -1066,36 +1097,6 @@ impl Bridging {
         }
     }
 
-    /// The attachment for a source's answer (`segment`, `runs`) to an attach of
-    /// `[offset, offset + size)`: the kept one if it holds the same runs (taken out of `kept`),
-    /// else new regions added to the enclave's machine.
-    fn attachment_of(
-        &self,
-        segment: SegmentId,
-        expected: SegmentId,
-        offset: u64,
-        size: u64,
-        runs: &[xemem_host::EnclaveRun],
-        kept: &mut Option<BridgedAttachment>,
-        regions: &dyn GuestRegions,
-    ) -> Result<BridgedAttachment, Error> {
-        let total: Option<u64> = runs.iter().try_fold(0u64, |sum, run| {
-            sum.checked_add(match run {
-                xemem_host::EnclaveRun::Hole { length } | xemem_host::EnclaveRun::Memory { length, .. } => *length,
-            })
-        });
-        if segment != expected || total != Some(size) {
-            return Err(Error::Malformed);
-        }
-        let identities = run_identities(runs);
-        let same = |attachment: &mut BridgedAttachment| attachment.offset == offset && attachment.size == size && identities.is_some() && attachment.runs == identities;
-        if let Some(again) = kept.take_if(same) {
-            return Ok(BridgedAttachment { mapped: true, ..again });
-        }
-        let (frames, added) = runs_into_regions(runs, regions)?;
-        Ok(BridgedAttachment { offset, size, runs: identities, frames, regions: added, mapped: true })
-    }
-
     fn serve_bridged(&self, origin: EnclaveId, body: &Body, regions: &dyn GuestRegions) -> Result<Vec<Body>, Error> {
         let broker = self.links.broker.get();
         let caller = |process: u64| Principal { enclave: origin, process };
@@ -1152,7 +1153,7 @@ impl Bridging {
                     Source::Enclave { access, proxy } => links.attach_enclave_memory(proxy, access, *offset, *size),
                 };
                 let mapped = attached.and_then(|(segment, runs)| {
-                    let attachment = self.attachment_of(segment, expected, *offset, *size, &runs, &mut kept, regions);
+                    let attachment = BridgedAttachment::for_answer(segment, expected, *offset, *size, &runs, &mut kept, regions);
                     let parts = attachment.and_then(|attachment| {
                         match xemem::wire::attached_parts(segment, *size, &attachment.frames) {
                             Ok(parts) => Ok((parts, attachment)),
