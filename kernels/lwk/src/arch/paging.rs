@@ -291,15 +291,25 @@ impl PageTables {
 
     /// Retires the unlinked directory `directory` and the 4 KiB tables it holds.
     fn retire_directory(directory: u64, tables: &mut dyn TableSource) {
-        let blocks = entries(directory);
-        if !all_zero(blocks) {
-            for entry in blocks.iter() {
-                if *entry & (PRESENT | HUGE) == PRESENT {
-                    tables.retire_table(*entry & ADDRESS_MASK);
-                }
+        Self::retire_tables_of(entries(directory), tables);
+        tables.retire_table(directory);
+    }
+
+    /// Retires the 4 KiB tables that the directory entries `blocks` link (none are looked at
+    /// one by one when all are zero); returns whether any entry was present.
+    #[inline(always)]
+    fn retire_tables_of(blocks: &[u64], tables: &mut dyn TableSource) -> bool {
+        if all_zero(blocks) {
+            return false;
+        }
+        let mut present = false;
+        for entry in blocks {
+            present |= *entry & PRESENT != 0;
+            if *entry & (PRESENT | HUGE) == PRESENT {
+                tables.retire_table(*entry & ADDRESS_MASK);
             }
         }
-        tables.retire_table(directory);
+        present
     }
 
     /// Rebuilds the 4 KiB table under `directory_entry` off-line (from the old table, the 2 MiB
@@ -408,13 +418,8 @@ impl PageTables {
             let (lo, hi) = (index(first, 1), index(last - 1, 1) + 1);
             if old_shared {
                 replaced = true;
-            } else if old.is_some() && !all_zero(&fresh[lo..hi]) {
-                for entry in &fresh[lo..hi] {
-                    replaced |= *entry & PRESENT != 0;
-                    if *entry & (PRESENT | HUGE) == PRESENT {
-                        tables.retire_table(*entry & ADDRESS_MASK);
-                    }
-                }
+            } else if old.is_some() {
+                replaced |= Self::retire_tables_of(&fresh[lo..hi], tables);
             }
             let at_first = whole(first);
             let step = whole(first + HUGE_PAGE_SIZE).wrapping_sub(at_first);
