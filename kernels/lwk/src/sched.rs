@@ -78,7 +78,6 @@ struct Thread {
 
 #[derive(Default)]
 struct Cpu {
-    online: bool,
     /// The running thread; `None` while the idle loop runs.
     current: Option<u64>,
     run_queue: VecDeque<u64>,
@@ -235,9 +234,9 @@ pub fn init_main_thread(aspace: (u64, u64)) {
     let mut threads = BTreeMap::new();
     threads.insert(job::PID, main);
     let mut cpus: Vec<Cpu> = (0..MAX_CPUS).map(|_| Cpu::default()).collect();
-    cpus[0].online = true;
     cpus[0].current = Some(job::PID);
     *SCHEDULER.lock() = Some(Scheduler { threads, cpus, next_tid: job::PID + 1, free_slots: (1..MAX_THREADS).rev().collect() });
+    ONLINE_CPUS.store(1, Ordering::Release);
     for queued in &QUEUED {
         queued.store(0, Ordering::Release);
     }
@@ -290,6 +289,7 @@ pub fn clear_job_end_request() {
 /// scheduler.
 pub fn release_job_threads() {
     let Some(scheduler) = SCHEDULER.lock().take() else { return };
+    ONLINE_CPUS.store(0, Ordering::Release);
     let stacks = scheduler.threads.values().filter_map(|thread| thread.stack_physical);
     for stack in stacks.chain(scheduler.cpus.iter().flat_map(|cpu| cpu.exited_stacks.iter().copied())) {
         pmem::free(stack, KERNEL_STACK_SIZE);
@@ -315,14 +315,12 @@ const PARK_TIMEOUT_NS: u64 = 2_000_000_000;
 pub fn park_other_cpus() -> bool {
     let cpu = tables::current_cpu();
     // A job never ends inside the scheduler's lock, so waiting for it here is safe.
-    let others = SCHEDULER.lock().as_ref().map_or(0, |scheduler| {
-        scheduler.cpus.iter().enumerate().filter(|&(index, state)| state.online && index != cpu).fold(0u64, |bits, (index, _)| bits | 1 << index)
-    });
-    if (0..MAX_CPUS).any(|index| others & (1 << index) != 0 && apic_id(index).is_none()) {
+    let others = online_cpu_mask() & !(1 << cpu);
+    if cpus_in(others).any(|index| apic_id(index).is_none()) {
         return false;
     }
     PARK_REQUESTED.store(true, Ordering::Release);
-    for index in (0..MAX_CPUS).filter(|&index| others & (1 << index) != 0) {
+    for index in cpus_in(others) {
         apic::send_tick(apic_id(index).expect("checked above"));
     }
     let deadline = clock::monotonic_ns() + PARK_TIMEOUT_NS;
@@ -383,7 +381,7 @@ fn bring_back_parked_cpus() {
     if parked == 0 {
         return;
     }
-    for cpu in (0..MAX_CPUS).filter(|&cpu| parked & (1 << cpu) != 0) {
+    for cpu in cpus_in(parked) {
         if let Some(apic_id) = apic_id(cpu) {
             apic::send_wake(apic_id);
         }
@@ -402,7 +400,7 @@ pub fn join_cpu(cpu: usize) -> ! {
     }
     // Each thread brings its address space (`enter_thread`); until then the kernel's tables.
     LOADED_ASPACE[cpu].store(0, Ordering::Release);
-    with_scheduler(|scheduler| scheduler.cpus[cpu].online = true);
+    ONLINE_CPUS.fetch_or(1 << cpu, Ordering::AcqRel);
     idle_loop(cpu)
 }
 
@@ -417,8 +415,7 @@ pub enum AffinityError {
 pub fn set_affinity(tid: u64, mask: u64) -> Result<(), AffinityError> {
     let cpu = tables::current_cpu();
     let moving_self = with_scheduler(|scheduler| {
-        let online = scheduler.cpus.iter().enumerate().filter(|(_, cpu)| cpu.online).fold(0u64, |bits, (index, _)| bits | 1 << index);
-        let allowed = mask & online;
+        let allowed = mask & online_cpu_mask();
         let target = (allowed != 0).then(|| allowed.trailing_zeros() as usize).ok_or(AffinityError::NoOnlineCpu)?;
         let thread = scheduler.threads.get_mut(&tid).ok_or(AffinityError::NoSuchThread)?;
         if allowed & (1 << thread.cpu) != 0 {
@@ -475,20 +472,34 @@ pub fn shoot_down_user_tlbs() {
     let cpu = tables::current_cpu();
     let generation = TLB_GENERATION.fetch_add(1, Ordering::AcqRel) + 1;
     flush_here(cpu, generation);
-    let others = SCHEDULER.lock().as_ref().map_or(0u64, |scheduler| {
-        scheduler.cpus.iter().enumerate().filter(|&(index, state)| state.online && index != cpu && apic_id(index).is_some()).fold(0, |bits, (index, _)| bits | 1 << index)
-    });
-    for index in (0..MAX_CPUS).filter(|&index| others & (1 << index) != 0) {
+    let others = cpus_in(online_cpu_mask() & !(1 << cpu)).filter(|&index| apic_id(index).is_some()).fold(0u64, |bits, index| bits | 1 << index);
+    // A one-CPU enclave is done here: each step below is emulated work on PVM, paid per detach.
+    if others == 0 {
+        return;
+    }
+    for index in cpus_in(others) {
         apic::send_tick(apic_id(index).expect("filtered above"));
     }
     let deadline = clock::monotonic_ns() + SHOOTDOWN_TIMEOUT_NS;
-    while (0..MAX_CPUS).any(|index| others & (1 << index) != 0 && TLB_FLUSHED[index].load(Ordering::Acquire) < generation) {
+    while cpus_in(others).any(|index| TLB_FLUSHED[index].load(Ordering::Acquire) < generation) {
         if clock::monotonic_ns() > deadline {
             log!("xpmem: a CPU did not confirm the TLB shootdown in time; it flushes before it next runs user code");
             return;
         }
         core::hint::spin_loop();
     }
+}
+
+/// The CPUs whose bits are set in `mask`, lowest first: one step per set bit, not per possible
+/// CPU.
+fn cpus_in(mut mask: u64) -> impl Iterator<Item = usize> {
+    core::iter::from_fn(move || {
+        (mask != 0).then(|| {
+            let index = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            index
+        })
+    })
 }
 
 /// Flushes this CPU's user translations if another CPU asked since it last did.
@@ -547,8 +558,13 @@ pub fn wait_for_cpus(expected: u32) {
 
 /// Bit n set for each online CPU n.
 pub fn online_cpu_mask() -> u64 {
-    with_scheduler(|scheduler| scheduler.cpus.iter().enumerate().filter(|(_, cpu)| cpu.online).map(|(index, _)| 1u64 << index).sum())
+    ONLINE_CPUS.load(Ordering::Acquire)
 }
+
+/// Bit n set while CPU n runs the job's threads: CPU 0 from the scheduler's creation, the
+/// others as they join; cleared with the scheduler. An atomic, not a field under the
+/// scheduler's lock, so the per-detach TLB shootdown reads it in one instruction.
+static ONLINE_CPUS: AtomicU64 = AtomicU64::new(0);
 
 extern "C" fn idle_entry() -> ! {
     idle_loop(tables::current_cpu())
@@ -768,7 +784,7 @@ fn spawn_in(frame: &TrapFrame, fs_base: u64, clear_child_tid: u64, new_process: 
         for thread in scheduler.threads.values() {
             load[thread.cpu] += 1;
         }
-        let cpu = (0..MAX_CPUS).filter(|&cpu| scheduler.cpus[cpu].online).min_by_key(|&cpu| (load[cpu], cpu)).unwrap_or(0);
+        let cpu = cpus_in(online_cpu_mask()).min_by_key(|&cpu| (load[cpu], cpu)).unwrap_or(0);
         let caller = scheduler.current_thread(caller_cpu);
         let (pid, aspace) = new_process.unwrap_or((caller.pid, caller.aspace));
         let gs_base = caller.gs_base;
