@@ -53,6 +53,38 @@ pub enum Request {
     Signal { process: u64, access: AccessId },
 }
 
+impl Request {
+    /// The message body that asks for this, checked as the name server will check it (a bad
+    /// argument fails here, without a round trip).
+    pub fn into_body(self) -> Result<Body, Error> {
+        Ok(match self {
+            Request::Make { process, vaddr, size, owner, name } => {
+                nameserver::validate_range(vaddr, size)?;
+                Body::Make { process, vaddr, size, uid: owner.uid, gid: owner.gid, mode: owner.mode, name }
+            }
+            Request::Remove { process, segment } => Body::Remove { process, segment },
+            Request::Get { process, segment, access, credentials } => {
+                crate::validate_access_flags(access)?;
+                if credentials.groups.len() > crate::perm::MAX_GROUPS {
+                    return Err(Error::Invalid);
+                }
+                Body::Get { process, segment, access, uid: credentials.uid, groups: credentials.groups }
+            }
+            Request::Release { process, access } => Body::Release { process, access },
+            Request::Attach { process, access, offset, size } => {
+                if offset % crate::PAGE_SIZE != 0 || size == 0 || size % crate::PAGE_SIZE != 0 {
+                    return Err(Error::Invalid);
+                }
+                Body::Attach { process, access, offset, size }
+            }
+            Request::Detach { process, access } => Body::Detach { process, access },
+            Request::Lookup { name } => Body::Lookup { name },
+            Request::List { after } => Body::List { after },
+            Request::Signal { process, access } => Body::Signal { process, access },
+        })
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reply {
     Made(SegmentId),
@@ -116,7 +148,17 @@ pub struct Node {
     outbox: Vec<(LinkId, Message)>,
     local: VecDeque<Message>,
     completions: Vec<Completion>,
+    /// Answers addressed to this enclave for requests the node did not start (see
+    /// [`Node::drain_unclaimed`]); at most [`MAX_UNCLAIMED`] wait.
+    unclaimed: Vec<Message>,
 }
+
+/// Unclaimed answers kept until drained; later ones are dropped, as the node drops answers
+/// it cannot match.
+const MAX_UNCLAIMED: usize = 64;
+/// Request ids from here up are never the node's (it counts from 1): its kernel may use them
+/// for requests of its own ([`Node::drain_unclaimed`]).
+pub const FIRST_UNCLAIMED_ID: u64 = 1 << 63;
 
 impl Node {
     /// An enclave with `links` links (numbered `0..links`); one that runs `name_server` is
@@ -143,6 +185,7 @@ impl Node {
             outbox: Vec::new(),
             local: VecDeque::new(),
             completions: Vec::new(),
+            unclaimed: Vec::new(),
         }
     }
 
@@ -182,6 +225,26 @@ impl Node {
     /// [`Node::completions`] that keeps the node's buffer, as [`Node::drain_outbox`].
     pub fn drain_completions(&mut self) -> alloc::vec::Drain<'_, Completion> {
         self.completions.drain(..)
+    }
+    /// Whether [`Node::drain_outbox`] would yield anything: a look is cheaper than draining
+    /// nothing, for a caller paying per instruction.
+    pub fn has_outbox(&self) -> bool {
+        !self.outbox.is_empty()
+    }
+    /// Whether [`Node::drain_completions`] would yield anything, as [`Node::has_outbox`].
+    pub fn has_completions(&self) -> bool {
+        !self.completions.is_empty()
+    }
+    /// Answers that came to this enclave for requests the node did not start: its kernel's own,
+    /// sent to the name server with ids the node never hands out (the top bit set), whose
+    /// answer may come back through the node, e.g. when the node itself served the attach of a
+    /// segment of its own enclave. The caller matches them; the node only hands them on.
+    pub fn drain_unclaimed(&mut self) -> alloc::vec::Drain<'_, Message> {
+        self.unclaimed.drain(..)
+    }
+    /// Whether [`Node::drain_unclaimed`] would yield anything, as [`Node::has_outbox`].
+    pub fn has_unclaimed(&self) -> bool {
+        !self.unclaimed.is_empty()
     }
     pub fn pending_requests(&self) -> usize {
         self.pending.len()
@@ -312,31 +375,7 @@ impl Node {
         if self.id == 0 {
             return Err(Error::Unreachable);
         }
-        let body = match request {
-            Request::Make { process, vaddr, size, owner, name } => {
-                nameserver::validate_range(vaddr, size)?;
-                Body::Make { process, vaddr, size, uid: owner.uid, gid: owner.gid, mode: owner.mode, name }
-            }
-            Request::Remove { process, segment } => Body::Remove { process, segment },
-            Request::Get { process, segment, access, credentials } => {
-                crate::validate_access_flags(access)?;
-                if credentials.groups.len() > crate::perm::MAX_GROUPS {
-                    return Err(Error::Invalid);
-                }
-                Body::Get { process, segment, access, uid: credentials.uid, groups: credentials.groups }
-            }
-            Request::Release { process, access } => Body::Release { process, access },
-            Request::Attach { process, access, offset, size } => {
-                if offset % crate::PAGE_SIZE != 0 || size == 0 || size % crate::PAGE_SIZE != 0 {
-                    return Err(Error::Invalid);
-                }
-                Body::Attach { process, access, offset, size }
-            }
-            Request::Detach { process, access } => Body::Detach { process, access },
-            Request::Lookup { name } => Body::Lookup { name },
-            Request::List { after } => Body::List { after },
-            Request::Signal { process, access } => Body::Signal { process, access },
-        };
+        let body = request.into_body()?;
         let request = self.next_request;
         self.next_request += 1;
         self.pending.insert(
@@ -363,10 +402,10 @@ impl Node {
     /// If the header of a malformed message is readable and it was a request from a known
     /// enclave, tell the origin; never answer a malformed answer (no error ping-pong).
     fn answer_malformed(&mut self, bytes: &[u8]) {
-        if bytes.len() < HEADER_LEN || bytes[0] != wire::VERSION || bytes[1] >= 48 || self.id == 0 {
+        if bytes.len() < HEADER_LEN || bytes[0] != wire::VERSION || bytes[1] >= wire::FIRST_ANSWER_KIND || self.id == 0 {
             return;
         }
-        let request = u64::from_le_bytes(bytes[8..16].try_into().unwrap_or([0; 8]));
+        let request = wire::request_id(bytes).unwrap_or(0);
         let origin = u32::from_le_bytes(bytes[16..20].try_into().unwrap_or([0; 4]));
         if origin == 0 || origin > crate::ids::MAX_ENCLAVE_ID || origin == self.id {
             return;
@@ -640,7 +679,12 @@ impl Node {
     }
 
     fn complete(&mut self, from: EnclaveId, request: u64, body: Body) {
-        let Some(pending) = self.pending.get_mut(&request) else { return };
+        let Some(pending) = self.pending.get_mut(&request) else {
+            if request >= FIRST_UNCLAIMED_ID && self.unclaimed.len() < MAX_UNCLAIMED {
+                self.unclaimed.push(Message::new(request, from, self.id, body));
+            }
+            return;
+        };
         // Which enclave may answer: the name server, or for an attach the segment's owner. The
         // name server's enclave may also answer an attach itself: a host that maps another
         // machine's memory into ours answers with the frames it added on the owner's behalf.

@@ -797,6 +797,51 @@ fn every_pair_in_a_deep_chain() {
 }
 
 #[test]
+fn request_ids_and_answers_are_told_from_the_header_alone() {
+    let id = (1 << 63) | 5;
+    let mut bytes = Message::new(id, 3, NAME_SERVER_ENCLAVE, Body::Detach { process: 1, access: AccessId::new(3, 1).unwrap() }).to_bytes().unwrap();
+    assert_eq!(request_id(&bytes), Some(id));
+    bytes.truncate(HEADER_LEN);
+    assert_eq!(request_id(&bytes), Some(id), "the body is not needed");
+    assert_eq!(request_id(&bytes[..15]), None, "too short for the id");
+    assert_eq!(answered_request(&bytes), None, "a request, not an answer");
+    let done = Message::new(id, NAME_SERVER_ENCLAVE, 3, Body::Done).to_bytes().unwrap();
+    assert_eq!(answered_request(&done), Some(id));
+}
+
+#[test]
+fn an_answer_to_a_request_sent_around_the_node_is_handed_out_unclaimed() {
+    // The enclave's kernel asks the name server directly (an id the node never uses) to attach
+    // a segment of its own enclave: the node serves it and the answer comes back through it.
+    let mut net = Net::tree(2, 7, 0, false);
+    net.settle_ids();
+    let client = (0..2).find(|&i| net.nodes[i].name_server().is_none()).unwrap();
+    let id = net.nodes[client].id().unwrap();
+    let made = net.call(client, Request::Make { process: 4, vaddr: 0x10000, size: 0x4000, owner: mode(0o600), name: None });
+    let Ok(Reply::Made(segment)) = made else { panic!("make: {made:?}") };
+    let credentials = Credentials { uid: 1000, groups: vec![100] };
+    let granted = net.call(client, Request::Get { process: 5, segment, access: ACCESS_READ_WRITE, credentials });
+    let Ok(Reply::Granted { access, .. }) = granted else { panic!("get: {granted:?}") };
+    let request = FIRST_UNCLAIMED_ID + 3;
+    let attach = Request::Attach { process: 5, access, offset: 0x1000, size: 0x2000 }.into_body().unwrap();
+    let bytes = Message::new(request, id, NAME_SERVER_ENCLAVE, attach).to_bytes().unwrap();
+    let link = net.nodes[client].link_towards_name_server().unwrap();
+    let (ns_node, ns_link) = net.peers[client][link as usize];
+    net.in_flight.push_back((ns_node, ns_link, bytes));
+    let mut answers = Vec::new();
+    for _ in 0..20 {
+        net.step();
+        answers.extend(net.nodes[client].drain_unclaimed());
+    }
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0].header.request, request);
+    let Body::Attached { segment: answered, size, ref runs, .. } = answers[0].body else { panic!("{:?}", answers[0].body) };
+    assert_eq!((answered, size), (segment, 0x2000));
+    assert_eq!(*runs, ModelMemory::expected(id, net.memory[client].run, 4, 0x11000, 0x2000));
+    assert!(net.nodes[client].completions().is_empty(), "not the node's own request");
+}
+
+#[test]
 fn a_malformed_request_is_answered_with_an_error_and_the_node_keeps_working() {
     let mut net = Net::tree(3, 99, 0, false);
     net.settle_ids();

@@ -180,7 +180,7 @@ impl Body {
 
     /// Is this an answer (routed back to a waiting requester) rather than a request?
     pub fn is_answer(&self) -> bool {
-        self.kind() >= 48
+        self.kind() >= FIRST_ANSWER_KIND
     }
 }
 
@@ -285,6 +285,25 @@ impl<'a> Reader<'a> {
         }
         Ok(v)
     }
+}
+
+/// Kinds from here up are answers (`Made` is the first).
+pub const FIRST_ANSWER_KIND: u8 = 48;
+
+/// The request id in an encoded message's header, read without decoding the rest (`None` if
+/// the bytes are too short to hold it).
+pub fn request_id(bytes: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(bytes.get(8..16)?.try_into().ok()?))
+}
+
+/// The request an encoded answer answers, from its header alone (`None` for a request): for a
+/// receiver that keeps requests of its own apart from its node's and must know whose an
+/// answer is before decoding it.
+pub fn answered_request(bytes: &[u8]) -> Option<u64> {
+    if *bytes.get(1)? < FIRST_ANSWER_KIND {
+        return None;
+    }
+    request_id(bytes)
 }
 
 impl Message {

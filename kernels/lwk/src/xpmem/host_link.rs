@@ -9,24 +9,30 @@
 //! paces discovery and retries.
 //!
 //! The node finds the name server and gets this enclave's id. From then on `/dev/xpmem` sends
-//! every make (XPMEM's anonymous ones and XEMEM's named ones), remove, get, attach, detach,
-//! release and lookup through it, so segids are unique machine-wide and host processes and
-//! other enclaves can use the job's segments (and the job theirs: the daemon adds their memory
-//! as guest-physical regions). The name server's `Revoke`s reach `super` through
-//! [`LocalMemory::revoke`].
+//! every make (XPMEM's anonymous ones and XEMEM's named ones), remove, get, release and lookup
+//! through it, so segids are unique machine-wide and host processes and other enclaves can use
+//! the job's segments (and the job theirs: the daemon adds their memory as guest-physical
+//! regions). Attaches and detaches of those permits, the data path, go to the name server
+//! directly ([`attach`], [`detach`]), with the node's id. The name server's `Revoke`s reach
+//! `super` through [`LocalMemory::revoke`].
 
 use super::SourceRun;
 use crate::arch::sync::SpinLock;
 use crate::clock;
 use crate::console::log;
 use alloc::vec::Vec;
-use xemem::ids::{AccessId, EnclaveId, SegmentId};
-use xemem::node::{LocalMemory, Node, Reply, Request, Timing};
-use xemem::wire::FrameRun;
+use core::sync::atomic::{AtomicU64, Ordering};
+use xemem::ids::{AccessId, EnclaveId, SegmentId, NAME_SERVER_ENCLAVE};
+use xemem::node::{LocalMemory, Node, Reply, Request, Timing, FIRST_UNCLAIMED_ID};
+use xemem::wire::{self, Body, FrameRun, Message, RunAssembler};
 use xemem::Error;
 
 /// The channel is the node's only link.
 const CHANNEL_LINK: u32 = 0;
+/// The node retries a request every half second, five times, before it fails as
+/// `Unreachable`; a direct request waits as long in all.
+const TIMING: Timing = Timing { retry_after: 500, attempts: 5 };
+const DIRECT_TIMEOUT_MS: u64 = TIMING.retry_after * TIMING.attempts as u64;
 
 static NODE: SpinLock<Option<Node>> = SpinLock::new(None);
 /// Segments the running job's processes made through the name server, with the process
@@ -97,6 +103,9 @@ pub fn process_ended(pid: u64, segments: Vec<SegmentId>, permits: Vec<(u64, Acce
 /// Its permits (`permits`) are released the same way, which makes the host remove the
 /// regions behind their attachments (the job's address space is gone).
 pub fn job_ended(permits: Vec<(u64, AccessId)>) {
+    // A thread killed while it waited for an attach or detach left its entry: answers to it
+    // are dropped from now on.
+    DIRECT.lock().clear();
     let segments = core::mem::take(&mut *JOB_SEGMENTS.lock());
     queue_abandoned(segments, permits);
 }
@@ -138,10 +147,10 @@ fn take_finished(request: u64) -> Result<Reply, Error> {
 
 /// Moves the node's finished requests to FINISHED (or drops the abandoned ones).
 fn keep_completions(node: &mut Node) {
-    let mut completions = node.drain_completions().peekable();
-    if completions.peek().is_none() {
+    if !node.has_completions() {
         return;
     }
+    let completions = node.drain_completions();
     let mut finished = FINISHED.lock();
     let mut abandoned = ABANDONED.lock();
     for completion in completions {
@@ -172,6 +181,95 @@ pub fn request(request: Request) -> Result<Reply, Error> {
     crate::enclave::send_xemem();
     crate::enclave::serve_host_until(|| is_finished(id));
     take_finished(id)
+}
+
+/// Attaches and detaches, the data path, skip the node: this enclave's one link leads to the
+/// name server and loses and reorders nothing, so they need neither the node's routing nor its
+/// retries, and its bookkeeping around each (a pending entry, the outbox, completions) was a
+/// third of an attach's kernel instructions, each emulated on PVM. Their request ids are ones
+/// the node never uses, so the name server's answer cache (per origin and id) never mixes the
+/// two; answers come straight off the channel, or through the node when it served the attach
+/// itself (a segment of this enclave's job: `Node::drain_unclaimed`). The permits and
+/// segments they name are the node's business as before.
+const DIRECT_ID: u64 = FIRST_UNCLAIMED_ID;
+static NEXT_DIRECT: AtomicU64 = AtomicU64::new(1);
+
+struct DirectRequest {
+    id: u64,
+    /// For an attach: the segment its permit is on and the size asked; the answer must match.
+    attach: Option<(SegmentId, u64)>,
+    assembler: RunAssembler,
+    result: Option<Result<Reply, Error>>,
+}
+
+/// Direct requests in flight or answered but not yet collected (a few at a time).
+static DIRECT: SpinLock<Vec<DirectRequest>> = SpinLock::new(Vec::new());
+
+/// Asks the name server for `[offset, offset + size)` of the segment `segment` through permit
+/// `access` of `process` and waits for the frames (`Reply::Attached`).
+pub fn attach(process: u64, access: AccessId, segment: SegmentId, offset: u64, size: u64) -> Result<Reply, Error> {
+    request_direct(Request::Attach { process, access, offset, size }, Some((segment, size)))
+}
+
+/// Tells the name server that `process` detached what it attached through `access`, and waits
+/// for its answer (the host unmaps its side first).
+pub fn detach(process: u64, access: AccessId) -> Result<Reply, Error> {
+    request_direct(Request::Detach { process, access }, None)
+}
+
+fn request_direct(request: Request, attach: Option<(SegmentId, u64)>) -> Result<Reply, Error> {
+    let body = request.into_body()?;
+    let origin = enclave_id().ok_or(Error::Unreachable)?;
+    let id = NEXT_DIRECT.fetch_add(1, Ordering::Relaxed) | DIRECT_ID;
+    DIRECT.lock().push(DirectRequest { id, attach, assembler: RunAssembler::default(), result: None });
+    push_encoded(&mut OUTGOING.lock(), &Message::new(id, origin, NAME_SERVER_ENCLAVE, body));
+    crate::enclave::send_xemem();
+    let deadline = now_ms() + DIRECT_TIMEOUT_MS;
+    crate::enclave::serve_host_until(|| direct_answered(id) || now_ms() > deadline);
+    let mut direct = DIRECT.lock();
+    let index = direct.iter().position(|request| request.id == id);
+    index.and_then(|index| direct.swap_remove(index).result).unwrap_or(Err(Error::Unreachable))
+}
+
+fn direct_answered(id: u64) -> bool {
+    DIRECT.lock().iter().any(|request| request.id == id && request.result.is_some())
+}
+
+/// An answer to a direct request, off the channel.
+fn direct_answer(bytes: &[u8]) {
+    match Message::decode(bytes) {
+        Ok(message) => claim_direct(message),
+        Err(_) => log!("xemem: a malformed answer to a direct request; dropped"),
+    }
+}
+
+/// Completes the direct request `message` answers. One that answers nothing in flight (late:
+/// its request timed out or its job ended), comes from an enclave that may not answer it, or
+/// does not fit the request is dropped, as the node drops such answers.
+fn claim_direct(Message { header, body }: Message) {
+    let mut direct = DIRECT.lock();
+    let Some(request) = direct.iter_mut().find(|request| request.id == header.request && request.result.is_none()) else {
+        return;
+    };
+    // The name server answers, or for an attach the segment's owner (docs/xemem.md).
+    let owner = request.attach.map(|(segment, _)| segment.enclave());
+    if header.origin != NAME_SERVER_ENCLAVE && Some(header.origin) != owner {
+        return;
+    }
+    let result = match (request.attach, body) {
+        (_, Body::Failed { error }) => Err(error),
+        (None, Body::Done) => Ok(Reply::Done),
+        (Some((segment, asked)), Body::Attached { segment: answered, size, first_run, total_runs, runs }) if answered == segment && size == asked => {
+            match request.assembler.push(segment, size, first_run, total_runs, runs) {
+                Ok(None) => return,
+                Ok(Some(runs)) => Ok(Reply::Attached { segment, runs }),
+                // In order and without loss, a part out of place means a broken answer.
+                Err(error) => Err(error),
+            }
+        }
+        _ => return,
+    };
+    request.result = Some(result);
 }
 
 /// The job's memory, for attaches of its processes' segments that arrive from elsewhere:
@@ -207,20 +305,27 @@ static OUTGOING: SpinLock<Vec<u8>> = SpinLock::new(Vec::new());
 
 /// Encodes what the node wants sent (everything goes out on the channel) into OUTGOING.
 fn queue_outbox(node: &mut Node) {
+    if !node.has_outbox() {
+        return;
+    }
     let mut outgoing = OUTGOING.lock();
     for (link, message) in node.drain_outbox() {
-        if link != CHANNEL_LINK {
-            continue;
+        if link == CHANNEL_LINK {
+            push_encoded(&mut outgoing, &message);
         }
-        let at = outgoing.len();
-        outgoing.extend_from_slice(&[0; 4]);
-        if message.encode(&mut outgoing).is_err() {
-            outgoing.truncate(at);
-            continue;
-        }
-        let len = (outgoing.len() - at - 4) as u32;
-        outgoing[at..at + 4].copy_from_slice(&len.to_le_bytes());
     }
+}
+
+/// Appends `message` to OUTGOING's buffer, length first (nothing if it cannot be encoded).
+fn push_encoded(outgoing: &mut Vec<u8>, message: &Message) {
+    let at = outgoing.len();
+    outgoing.extend_from_slice(&[0; 4]);
+    if message.encode(outgoing).is_err() {
+        outgoing.truncate(at);
+        return;
+    }
+    let len = (outgoing.len() - at - 4) as u32;
+    outgoing[at..at + 4].copy_from_slice(&len.to_le_bytes());
 }
 
 /// Hands every queued message to `send`, in order, and empties the queue. The caller holds
@@ -238,7 +343,7 @@ pub fn send_queued(mut send: impl FnMut(&[u8])) {
 
 /// The channel is up: start looking for the name server (messages queued for the host).
 pub fn link_up() {
-    let mut node = Node::new(1, None, Timing { retry_after: 500, attempts: 5 });
+    let mut node = Node::new(1, None, TIMING);
     node.tick(now_ms(), &mut JobMemory);
     queue_outbox(&mut node);
     *NODE.lock() = Some(node);
@@ -247,6 +352,11 @@ pub fn link_up() {
 /// One XEMEM message from the host (decoded and validated by the node, which answers a
 /// malformed one with an error); what the node answers is queued for the host.
 pub fn from_host(bytes: &[u8]) {
+    // Requests the name server sends on a direct request's behalf (an attach for the node to
+    // serve) carry its id too: only answers are the direct path's.
+    if wire::answered_request(bytes).is_some_and(|id| id >= DIRECT_ID) {
+        return direct_answer(bytes);
+    }
     let mut guard = NODE.lock();
     let Some(node) = guard.as_mut() else { return };
     let had_id = node.id().is_some();
@@ -254,6 +364,9 @@ pub fn from_host(bytes: &[u8]) {
     // this kernel's own requests; a tick per message was about 0.2 ms of emulated work.
     node.receive(CHANNEL_LINK, bytes, &mut JobMemory);
     keep_completions(node);
+    if node.has_unclaimed() {
+        node.drain_unclaimed().for_each(claim_direct);
+    }
     if let (false, Some(id)) = (had_id, node.id()) {
         log!("xemem: the name server gave this enclave id {id}");
     }

@@ -570,9 +570,9 @@ fn attach_global(pid: u64, apid: AccessId, permit: GlobalPermit, offset: u64, si
         return Err(Error::Invalid);
     }
     let size = size.checked_next_multiple_of(PAGE_SIZE).ok_or(Error::Invalid)?;
-    let reply = host_link::request(Request::Attach { process: pid, access: apid, offset, size })?;
+    let reply = host_link::attach(pid, apid, permit.segment, offset, size)?;
     let detach_at_host = || {
-        let _ = host_link::request(Request::Detach { process: pid, access: apid });
+        let _ = host_link::detach(pid, apid);
     };
     let own = with_device(|device| device.own_segments.get(&permit.segment).copied());
     // The frames to map: this job's own pages from its tables, or what the host added.
@@ -674,7 +674,7 @@ pub fn detach(address: u64) -> Detached {
     // Unmapped above, and gone from every CPU's TLB before the host may remove its regions.
     if let Some(access) = global_permit {
         crate::sched::shoot_down_user_tlbs();
-        let _ = host_link::request(Request::Detach { process: pid, access });
+        let _ = host_link::detach(pid, access);
     }
     detached
 }
