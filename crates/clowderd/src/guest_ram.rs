@@ -35,6 +35,9 @@ pub struct GuestRam {
     reserved: (u64, u64),
     /// The memfd itself, to hand runs of RAM to other processes (XEMEM attaches).
     file: File,
+    /// The smallest piece of the memfd another process can map: its page size (2 MiB for a
+    /// hugetlb memfd, whose pages cannot be mapped in part).
+    mappable_unit: u64,
     /// Where in the mapping the kernel keeps its count of page-table changes, once it said.
     mapping_counter: std::sync::OnceLock<usize>,
 }
@@ -71,7 +74,8 @@ impl GuestRam {
             return Err(io::Error::last_os_error());
         }
         let base = NonNull::new(base.cast()).ok_or_else(|| io::Error::other("mmap returned null"))?;
-        Ok(GuestRam { base, mapped_len, ranges, reserved, file, mapping_counter: std::sync::OnceLock::new() })
+        let mappable_unit = std::os::unix::fs::MetadataExt::blksize(&file.metadata()?).max(xemem::PAGE_SIZE);
+        Ok(GuestRam { base, mapped_len, ranges, reserved, file, mappable_unit, mapping_counter: std::sync::OnceLock::new() })
     }
 
     /// Host address of `[file_offset, file_offset + len)` in the mapping, for the channel.
@@ -125,6 +129,11 @@ impl GuestRam {
     /// channel: how an enclave's frames are shared with a host process without copying.
     pub fn file_range(&self, gpa: u64, len: u64) -> Result<(&File, u64), BadAddress> {
         self.locate(gpa, len).map(|offset| (&self.file, offset as u64))
+    }
+
+    /// The smallest piece of the RAM memfd another process (or VMM) can map, in bytes.
+    pub fn mappable_unit(&self) -> u64 {
+        self.mappable_unit
     }
 
     /// Notes where the kernel keeps its count of page-table changes (`MappingCounter`): an

@@ -635,8 +635,12 @@ impl Links {
 }
 
 /// Checks every frame run against the enclave's RAM and names it as a range of the RAM memfd.
+/// An enclave whose RAM is on 2 MiB hugetlb pages can share only whole pages: a process can
+/// map a hugetlb file only in 2 MiB pieces, and rounding a run out would hand it the
+/// enclave's neighbouring memory; such an attach is refused with EINVAL (and said once here).
 pub fn file_runs(ram: &dyn FrameSource, runs: &[FrameRun]) -> Result<Vec<FileRun>, Error> {
     let page = xemem::PAGE_SIZE;
+    let unit = ram.mappable_unit();
     let mut out = Vec::with_capacity(runs.len());
     for run in runs {
         let len = run.frames.checked_mul(page).ok_or(Error::Invalid)?;
@@ -645,6 +649,18 @@ pub fn file_runs(ram: &dyn FrameSource, runs: &[FrameRun]) -> Result<Vec<FileRun
             Some(first) => {
                 let gpa = first.checked_mul(page).ok_or(Error::Invalid)?;
                 let (file, offset) = ram.file_range(gpa, len)?;
+                if offset % unit != 0 || len % unit != 0 {
+                    static SAID: std::sync::Once = std::sync::Once::new();
+                    SAID.call_once(|| {
+                        eprintln!(
+                            "clowderd: xemem: an attach of {len:#x} bytes at {gpa:#x} of an enclave whose RAM is on {} KiB pages refused (EINVAL): \
+                             another process can map that memory only in whole pages; export segments of whole, aligned 2 MiB pages there \
+                             (said once)",
+                            unit / 1024
+                        )
+                    });
+                    return Err(Error::Invalid);
+                }
                 out.push(FileRun::Memory { file, offset, len });
             }
         }
@@ -1594,6 +1610,30 @@ mod tests {
     use std::cell::RefCell;
     use std::os::fd::OwnedFd;
     use xemem_host::EnclaveRun;
+
+    /// Enclave RAM on 2 MiB pages: frame n is at byte n * 4 KiB of one file.
+    struct HugeRam(File);
+
+    impl FrameSource for HugeRam {
+        fn file_range(&self, gpa: u64, _len: u64) -> Result<(File, u64), Error> {
+            Ok((self.0.try_clone().map_err(|_| Error::Exhausted)?, gpa))
+        }
+        fn mappable_unit(&self) -> u64 {
+            2 << 20
+        }
+    }
+
+    #[test]
+    fn runs_of_hugepage_ram_must_be_whole_pages() {
+        let ram = HugeRam(crate::sys::memfd("huge-ram-test").unwrap());
+        let huge = 512; // 4 KiB frames per 2 MiB page
+        let whole = [FrameRun { first: Some(2 * huge), frames: 2 * huge }, FrameRun { first: None, frames: 3 }];
+        let runs = file_runs(&ram, &whole).unwrap();
+        assert!(matches!(runs[0], FileRun::Memory { offset, len, .. } if offset == 4 << 20 && len == 4 << 20));
+        for part in [FrameRun { first: Some(2 * huge + 1), frames: huge }, FrameRun { first: Some(2 * huge), frames: huge + 1 }] {
+            assert_eq!(file_runs(&ram, &[part]).err(), Some(Error::Invalid), "{part:?}: a process can map only whole 2 MiB pages");
+        }
+    }
 
     /// A machine that places regions one after another from 4 GiB (or at `gpa_skew` past it,
     /// to play a VMM that answers with a misaligned address) and remembers what is live.

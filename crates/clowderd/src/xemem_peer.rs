@@ -62,6 +62,11 @@ const ROUND: Duration = Duration::from_millis(20);
 pub trait FrameSource: Send + Sync {
     /// The file and byte offset behind `[gpa, gpa + len)`; EINVAL if any of it is not there.
     fn file_range(&self, gpa: u64, len: u64) -> Result<(File, u64), Error>;
+    /// The smallest piece of the files behind the frames that can be mapped elsewhere: 4 KiB,
+    /// or 2 MiB for an enclave whose RAM is on hugetlb pages.
+    fn mappable_unit(&self) -> u64 {
+        xemem::PAGE_SIZE
+    }
     /// Whether these are a daemon link's frames (which leave this daemon only as files).
     fn is_peer(&self) -> bool {
         false
@@ -80,6 +85,9 @@ impl FrameSource for GuestRam {
     }
     fn mapping_changes(&self) -> Option<u64> {
         GuestRam::mapping_changes(self)
+    }
+    fn mappable_unit(&self) -> u64 {
+        GuestRam::mappable_unit(self)
     }
 }
 
