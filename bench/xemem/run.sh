@@ -105,13 +105,16 @@ cleanup() {
 trap cleanup EXIT
 for _ in $(seq 100); do [ -S "$CLOWDER_XEMEM_SOCKET" ] && break; sleep 0.05; done
 largest=$(echo $sizes | tr ' ' '\n' | sort -n | tail -1)
-# The host owner's largest region, and a 2 MiB-backed owner enclave beside it.
-needed=$((largest / 2 + 8 + 1024 + 8))
+# The host owner's largest region, a 2 MiB-backed owner enclave beside it, and the attacher
+# enclave on 2 MiB pages too (its local read is the limit attach + read is held against: with
+# 4 KiB host pages under it, that limit would be lower than a 2 MiB source allows).
+needed=$((largest / 2 + 8 + 1024 + 8 + 512 + 8))
 free_huge=$(cat /sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages)
 if [ "$free_huge" -lt "$needed" ] && [ "$(id -u)" -eq 0 ]; then
     echo $((hugepages_before + needed - free_huge)) > /proc/sys/vm/nr_hugepages || true
 fi
 free_huge=$(cat /sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages)
+attacher_backing=$([ "$free_huge" -ge "$needed" ] && echo 2m || echo 4k)
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 started=$(date +%s)
 
@@ -257,7 +260,7 @@ if [ -z "$cross_missing" ]; then
         job "$main" attacher attach_bench attach "$name" "$mib" "$cross_attaches" "$cross_touches" "$@" | record host-lwk "$backing" || status=$?
         finish_owner $owner $status "host -> LWK $backing $mib MiB"
     }
-    create_enclave "$main" attacher
+    create_enclave "$main" attacher "$enclave_mem" "$([ "$attacher_backing" = 2m ] && echo --hugepages || true)"
     # What does not grow with the size: the attach of a 1 MiB segment.
     phase "host -> LWK, 1 MiB"
     host_to_lwk 4k 1 attach || cross_failures=$((cross_failures + 1))
@@ -287,11 +290,13 @@ if [ -z "$cross_missing" ]; then
     status=0
     job "$main" attacher control_bench named "$name" 1 $lwk_control_iterations | sed 's/^/lwk-job /' | tee -a "$control_rows" >&2 || status=$?
     finish_owner $owner $status "control from an LWK job" || cross_failures=$((cross_failures + 1))
+    # 2 MiB: on an attacher enclave with hugetlb RAM a host process can attach only whole 2 MiB
+    # pages (it signals the owner through an attach at the end).
     name=lwk-control-$$
-    job "$main" attacher attach_bench own "$name" 4k 1 $owner_seconds >"$scratch/owner.out" 2>&1 &
+    job "$main" attacher attach_bench own "$name" 4k 2 $owner_seconds >"$scratch/owner.out" 2>&1 &
     owner=$!
     status=0
-    (on_daemon "$main" taskset -c 0 "$scratch/control_bench" named "$name" 1 $control_iterations) | sed 's/^/host-process /' | tee -a "$control_rows" >&2 || status=$?
+    (on_daemon "$main" taskset -c 0 "$scratch/control_bench" named "$name" 2 $control_iterations) | sed 's/^/host-process /' | tee -a "$control_rows" >&2 || status=$?
     finish_owner $owner $status "control from a host process" || cross_failures=$((cross_failures + 1))
     remove_enclave "$main" attacher
 
@@ -346,7 +351,7 @@ python3 results.py "$rows" "$pairs_rows" "$control_rows" "$scratch/pair-errors" 
     --date "$(date -u '+%Y-%m-%d %H:%M UTC')" --kernel "$(uname -r)" --cpus "$(nproc)" \
     --load "$load_before" --load-after "$load_after" --elapsed "$elapsed" \
     --attaches "$attaches" --cross-attaches "$cross_attaches" --pair-attaches "$pair_attaches" --touches "$touches" --cross-touches "$cross_touches" --pair-mib $pair_mib \
-    --control "$control_iterations" --lwk-control "$lwk_control_iterations" --cross-missing "$cross_missing" >"$out"
+    --control "$control_iterations" --lwk-control "$lwk_control_iterations" --cross-missing "$cross_missing" --attacher-backing "$attacher_backing" >"$out"
 cat "$out"
 if [ "$cross_failures" != 0 ]; then
     echo "xemem bench: $cross_failures cross-enclave runs failed" >&2
