@@ -157,8 +157,69 @@ pub struct Node {
 /// it cannot match.
 const MAX_UNCLAIMED: usize = 64;
 /// Request ids from here up are never the node's (it counts from 1): its kernel may use them
-/// for requests of its own ([`Node::drain_unclaimed`]).
+/// for requests of its own ([`DirectRequest`], [`Node::drain_unclaimed`]).
 pub const FIRST_UNCLAIMED_ID: u64 = 1 << 63;
+
+/// An attach or detach an enclave's kernel sends to the name server itself, around its node:
+/// over a link that loses and reorders nothing (an enclave's channel) these need neither the
+/// node's routing nor its retries, whose bookkeeping is most of their cost in an emulated
+/// kernel. It has an id the node never uses and judges each answer as the node judges its own
+/// (the name server answers, or for an attach the segment's owner; kind, segment and size must
+/// match), except that an attach answer's part out of place fails the request: with no loss or
+/// reordering there is nothing to retry for.
+pub struct DirectRequest {
+    id: u64,
+    /// For an attach: the segment its permit is on and the size asked.
+    attach: Option<(SegmentId, u64)>,
+    assembler: RunAssembler,
+}
+
+impl DirectRequest {
+    /// The `sequence`-th direct request of enclave `origin`: attach `[offset, offset + size)`
+    /// through `access`, a permit of `process` on `segment`. Returns the message to send.
+    pub fn attach(sequence: u64, origin: EnclaveId, process: u64, access: AccessId, segment: SegmentId, offset: u64, size: u64) -> Result<(DirectRequest, Message), Error> {
+        DirectRequest::start(sequence, origin, Request::Attach { process, access, offset, size }, Some((segment, size)))
+    }
+
+    /// The `sequence`-th direct request of enclave `origin`: `process` detached what it
+    /// attached through `access`.
+    pub fn detach(sequence: u64, origin: EnclaveId, process: u64, access: AccessId) -> Result<(DirectRequest, Message), Error> {
+        DirectRequest::start(sequence, origin, Request::Detach { process, access }, None)
+    }
+
+    fn start(sequence: u64, origin: EnclaveId, request: Request, attach: Option<(SegmentId, u64)>) -> Result<(DirectRequest, Message), Error> {
+        let id = FIRST_UNCLAIMED_ID | sequence;
+        let message = Message::new(id, origin, NAME_SERVER_ENCLAVE, request.into_body()?);
+        Ok((DirectRequest { id, attach, assembler: RunAssembler::default() }, message))
+    }
+
+    /// The id its answers carry.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Judges `body`, from enclave `from`, as an answer to this request: its result, or `None`
+    /// if it does not answer it (an enclave that may not, another kind, another segment or
+    /// size) or is a part of an attach's answer with more to come.
+    pub fn answer(&mut self, from: EnclaveId, body: Body) -> Option<Result<Reply, Error>> {
+        let owner = self.attach.map(|(segment, _)| segment.enclave());
+        if from != NAME_SERVER_ENCLAVE && Some(from) != owner {
+            return None;
+        }
+        match (self.attach, body) {
+            (_, Body::Failed { error }) => Some(Err(error)),
+            (None, Body::Done) => Some(Ok(Reply::Done)),
+            (Some((segment, asked)), Body::Attached { segment: answered, size, first_run, total_runs, runs }) if answered == segment && size == asked => {
+                match self.assembler.push(segment, size, first_run, total_runs, runs) {
+                    Ok(None) => None,
+                    Ok(Some(runs)) => Some(Ok(Reply::Attached { segment, runs })),
+                    Err(error) => Some(Err(error)),
+                }
+            }
+            _ => None,
+        }
+    }
+}
 
 impl Node {
     /// An enclave with `links` links (numbered `0..links`); one that runs `name_server` is

@@ -842,6 +842,48 @@ fn an_answer_to_a_request_sent_around_the_node_is_handed_out_unclaimed() {
 }
 
 #[test]
+fn a_direct_attach_takes_only_its_own_answer_and_assembles_its_parts() {
+    let segment = SegmentId::new(7, 3).unwrap();
+    let access = AccessId::new(NAME_SERVER_ENCLAVE, 9).unwrap();
+    let size = 5 * PAGE_SIZE;
+    let (mut request, message) = DirectRequest::attach(4, 2, 11, access, segment, 0, size).unwrap();
+    assert_eq!(request.id(), FIRST_UNCLAIMED_ID | 4);
+    assert_eq!(message.header, Header { request: request.id(), origin: 2, destination: NAME_SERVER_ENCLAVE });
+    assert_eq!(message.body, Body::Attach { process: 11, access, offset: 0, size });
+    let part = |first_run, runs: Vec<FrameRun>| Body::Attached { segment, size, first_run, total_runs: 3, runs };
+    let first = vec![FrameRun { first: Some(100), frames: 2 }, FrameRun { first: None, frames: 1 }];
+    let last = vec![FrameRun { first: Some(300), frames: 2 }];
+    // Not answers to it: another enclave, another segment or size, another kind.
+    assert_eq!(request.answer(5, part(0, first.clone())), None);
+    let other = SegmentId::new(7, 4).unwrap();
+    assert_eq!(request.answer(1, Body::Attached { segment: other, size, first_run: 0, total_runs: 3, runs: first.clone() }), None);
+    assert_eq!(request.answer(1, Body::Attached { segment, size: size + PAGE_SIZE, first_run: 0, total_runs: 3, runs: first.clone() }), None);
+    assert_eq!(request.answer(1, Body::Done), None);
+    // The owner (enclave 7) may answer as well as the name server; two parts make the runs.
+    assert_eq!(request.answer(7, part(0, first.clone())), None);
+    let whole = [first.clone(), last.clone()].concat();
+    assert_eq!(request.answer(1, part(2, last.clone())), Some(Ok(Reply::Attached { segment, runs: whole })));
+    // A part out of place fails it (the channel neither loses nor reorders).
+    let (mut request, _) = DirectRequest::attach(5, 2, 11, access, segment, 0, size).unwrap();
+    assert_eq!(request.answer(1, part(2, last)), Some(Err(Error::Malformed)));
+    // The name server's refusal is the result.
+    let (mut request, _) = DirectRequest::attach(6, 2, 11, access, segment, 0, size).unwrap();
+    assert_eq!(request.answer(1, Body::Failed { error: Error::Denied }), Some(Err(Error::Denied)));
+    // Checked before it is sent.
+    assert_eq!(DirectRequest::attach(7, 2, 11, access, segment, 1, size).err(), Some(Error::Invalid));
+}
+
+#[test]
+fn a_direct_detach_is_done_by_the_name_server_alone() {
+    let access = AccessId::new(NAME_SERVER_ENCLAVE, 9).unwrap();
+    let (mut request, message) = DirectRequest::detach(1, 2, 11, access).unwrap();
+    assert_eq!(message.body, Body::Detach { process: 11, access });
+    assert_eq!(request.answer(3, Body::Done), None, "only the name server answers a detach");
+    assert_eq!(request.answer(1, Body::Granted { access, size: PAGE_SIZE }), None);
+    assert_eq!(request.answer(1, Body::Done), Some(Ok(Reply::Done)));
+}
+
+#[test]
 fn a_malformed_request_is_answered_with_an_error_and_the_node_keeps_working() {
     let mut net = Net::tree(3, 99, 0, false);
     net.settle_ids();

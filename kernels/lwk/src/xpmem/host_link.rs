@@ -22,9 +22,9 @@ use crate::clock;
 use crate::console::log;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU64, Ordering};
-use xemem::ids::{AccessId, EnclaveId, SegmentId, NAME_SERVER_ENCLAVE};
-use xemem::node::{LocalMemory, Node, Reply, Request, Timing, FIRST_UNCLAIMED_ID};
-use xemem::wire::{self, Body, FrameRun, Message, RunAssembler};
+use xemem::ids::{AccessId, EnclaveId, SegmentId};
+use xemem::node::{DirectRequest, LocalMemory, Node, Reply, Request, Timing, FIRST_UNCLAIMED_ID};
+use xemem::wire::{self, FrameRun, Message};
 use xemem::Error;
 
 /// The channel is the node's only link.
@@ -183,56 +183,50 @@ pub fn request(request: Request) -> Result<Reply, Error> {
     take_finished(id)
 }
 
-/// Attaches and detaches, the data path, skip the node: this enclave's one link leads to the
-/// name server and loses and reorders nothing, so they need neither the node's routing nor its
-/// retries, and its bookkeeping around each (a pending entry, the outbox, completions) was a
-/// third of an attach's kernel instructions, each emulated on PVM. Their request ids are ones
-/// the node never uses, so the name server's answer cache (per origin and id) never mixes the
-/// two; answers come straight off the channel, or through the node when it served the attach
-/// itself (a segment of this enclave's job: `Node::drain_unclaimed`). The permits and
-/// segments they name are the node's business as before.
-const DIRECT_ID: u64 = FIRST_UNCLAIMED_ID;
+/// Attaches and detaches, the data path, skip the node (`xemem::node::DirectRequest`): this
+/// enclave's one link leads to the name server and loses and reorders nothing, and the node's
+/// bookkeeping around each (a pending entry, the outbox, completions) was a third of an
+/// attach's kernel instructions, each emulated on PVM. Their answers come straight off the
+/// channel, or through the node when it served the attach itself (a segment of this enclave's
+/// job: `Node::drain_unclaimed`). The permits and segments they name are the node's business
+/// as before.
 static NEXT_DIRECT: AtomicU64 = AtomicU64::new(1);
 
-struct DirectRequest {
-    id: u64,
-    /// For an attach: the segment its permit is on and the size asked; the answer must match.
-    attach: Option<(SegmentId, u64)>,
-    assembler: RunAssembler,
-    result: Option<Result<Reply, Error>>,
-}
-
-/// Direct requests in flight or answered but not yet collected (a few at a time).
-static DIRECT: SpinLock<Vec<DirectRequest>> = SpinLock::new(Vec::new());
+/// Direct requests in flight, with their results once answered (a few at a time).
+static DIRECT: SpinLock<Vec<(DirectRequest, Option<Result<Reply, Error>>)>> = SpinLock::new(Vec::new());
 
 /// Asks the name server for `[offset, offset + size)` of the segment `segment` through permit
 /// `access` of `process` and waits for the frames (`Reply::Attached`).
 pub fn attach(process: u64, access: AccessId, segment: SegmentId, offset: u64, size: u64) -> Result<Reply, Error> {
-    request_direct(Request::Attach { process, access, offset, size }, Some((segment, size)))
+    let origin = enclave_id().ok_or(Error::Unreachable)?;
+    let sequence = NEXT_DIRECT.fetch_add(1, Ordering::Relaxed);
+    wait_direct(DirectRequest::attach(sequence, origin, process, access, segment, offset, size)?)
 }
 
 /// Tells the name server that `process` detached what it attached through `access`, and waits
 /// for its answer (the host unmaps its side first).
 pub fn detach(process: u64, access: AccessId) -> Result<Reply, Error> {
-    request_direct(Request::Detach { process, access }, None)
+    let origin = enclave_id().ok_or(Error::Unreachable)?;
+    let sequence = NEXT_DIRECT.fetch_add(1, Ordering::Relaxed);
+    wait_direct(DirectRequest::detach(sequence, origin, process, access)?)
 }
 
-fn request_direct(request: Request, attach: Option<(SegmentId, u64)>) -> Result<Reply, Error> {
-    let body = request.into_body()?;
-    let origin = enclave_id().ok_or(Error::Unreachable)?;
-    let id = NEXT_DIRECT.fetch_add(1, Ordering::Relaxed) | DIRECT_ID;
-    DIRECT.lock().push(DirectRequest { id, attach, assembler: RunAssembler::default(), result: None });
-    push_encoded(&mut OUTGOING.lock(), &Message::new(id, origin, NAME_SERVER_ENCLAVE, body));
+/// Sends a direct request and waits for its result (`Unreachable` after as long as the node's
+/// retries would take).
+fn wait_direct((request, message): (DirectRequest, Message)) -> Result<Reply, Error> {
+    let id = request.id();
+    DIRECT.lock().push((request, None));
+    push_encoded(&mut OUTGOING.lock(), &message);
     crate::enclave::send_xemem();
     let deadline = now_ms() + DIRECT_TIMEOUT_MS;
     crate::enclave::serve_host_until(|| direct_answered(id) || now_ms() > deadline);
     let mut direct = DIRECT.lock();
-    let index = direct.iter().position(|request| request.id == id);
-    index.and_then(|index| direct.swap_remove(index).result).unwrap_or(Err(Error::Unreachable))
+    let index = direct.iter().position(|(request, _)| request.id() == id);
+    index.and_then(|index| direct.swap_remove(index).1).unwrap_or(Err(Error::Unreachable))
 }
 
 fn direct_answered(id: u64) -> bool {
-    DIRECT.lock().iter().any(|request| request.id == id && request.result.is_some())
+    DIRECT.lock().iter().any(|(request, result)| request.id() == id && result.is_some())
 }
 
 /// An answer to a direct request, off the channel.
@@ -243,33 +237,13 @@ fn direct_answer(bytes: &[u8]) {
     }
 }
 
-/// Completes the direct request `message` answers. One that answers nothing in flight (late:
-/// its request timed out or its job ended), comes from an enclave that may not answer it, or
-/// does not fit the request is dropped, as the node drops such answers.
+/// Gives `message` to the direct request in flight it answers, if any (a late one, whose
+/// request timed out or whose job ended, is dropped; so is one its request does not take).
 fn claim_direct(Message { header, body }: Message) {
     let mut direct = DIRECT.lock();
-    let Some(request) = direct.iter_mut().find(|request| request.id == header.request && request.result.is_none()) else {
-        return;
-    };
-    // The name server answers, or for an attach the segment's owner (docs/xemem.md).
-    let owner = request.attach.map(|(segment, _)| segment.enclave());
-    if header.origin != NAME_SERVER_ENCLAVE && Some(header.origin) != owner {
-        return;
+    if let Some((request, result)) = direct.iter_mut().find(|(request, result)| request.id() == header.request && result.is_none()) {
+        *result = request.answer(header.origin, body);
     }
-    let result = match (request.attach, body) {
-        (_, Body::Failed { error }) => Err(error),
-        (None, Body::Done) => Ok(Reply::Done),
-        (Some((segment, asked)), Body::Attached { segment: answered, size, first_run, total_runs, runs }) if answered == segment && size == asked => {
-            match request.assembler.push(segment, size, first_run, total_runs, runs) {
-                Ok(None) => return,
-                Ok(Some(runs)) => Ok(Reply::Attached { segment, runs }),
-                // In order and without loss, a part out of place means a broken answer.
-                Err(error) => Err(error),
-            }
-        }
-        _ => return,
-    };
-    request.result = Some(result);
 }
 
 /// The job's memory, for attaches of its processes' segments that arrive from elsewhere:
@@ -354,7 +328,7 @@ pub fn link_up() {
 pub fn from_host(bytes: &[u8]) {
     // Requests the name server sends on a direct request's behalf (an attach for the node to
     // serve) carry its id too: only answers are the direct path's.
-    if wire::answered_request(bytes).is_some_and(|id| id >= DIRECT_ID) {
+    if wire::answered_request(bytes).is_some_and(|id| id >= FIRST_UNCLAIMED_ID) {
         return direct_answer(bytes);
     }
     let mut guard = NODE.lock();
