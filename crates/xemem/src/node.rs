@@ -160,37 +160,55 @@ const MAX_UNCLAIMED: usize = 64;
 /// for requests of its own ([`DirectRequest`], [`Node::drain_unclaimed`]).
 pub const FIRST_UNCLAIMED_ID: u64 = 1 << 63;
 
-/// An attach or detach an enclave's kernel sends to the name server itself, around its node:
-/// over a link that loses and reorders nothing (an enclave's channel) these need neither the
-/// node's routing nor its retries, whose bookkeeping is most of their cost in an emulated
-/// kernel. It has an id the node never uses and judges each answer as the node judges its own
-/// (the name server answers, or for an attach the segment's owner; kind, segment and size must
-/// match), except that an attach answer's part out of place fails the request: with no loss or
-/// reordering there is nothing to retry for.
+/// A request an enclave's kernel sends to the name server itself, around its node: over a
+/// link that loses and reorders nothing (an enclave's channel) it needs neither the node's
+/// routing nor its retries, whose bookkeeping is most of a request's cost in an emulated
+/// kernel. Makes and removes stay with the node, which must know the segments it serves. It
+/// has an id the node never uses and judges each answer as the node judges its own (the name
+/// server answers, or for an attach the segment's owner; the kind, and an attach's segment and
+/// size, must match), except that an attach answer's part out of place fails the request:
+/// with no loss or reordering there is nothing to retry for.
 pub struct DirectRequest {
     id: u64,
-    /// For an attach: the segment its permit is on and the size asked.
-    attach: Option<(SegmentId, u64)>,
+    expects: Expects,
     assembler: RunAssembler,
 }
 
+/// The answer a direct request takes.
+#[derive(Clone, Copy)]
+enum Expects {
+    Done,
+    Granted,
+    Found,
+    Listed,
+    /// The segment the attach's permit is on, and the size asked.
+    Attached { segment: SegmentId, size: u64 },
+}
+
 impl DirectRequest {
+    /// The `sequence`-th direct request of enclave `origin`, any but a make or remove (the
+    /// node's) or an attach ([`DirectRequest::attach`]). Returns the message to send.
+    pub fn new(sequence: u64, origin: EnclaveId, request: Request) -> Result<(DirectRequest, Message), Error> {
+        let expects = match request {
+            Request::Detach { .. } | Request::Release { .. } | Request::Signal { .. } => Expects::Done,
+            Request::Get { .. } => Expects::Granted,
+            Request::Lookup { .. } => Expects::Found,
+            Request::List { .. } => Expects::Listed,
+            Request::Make { .. } | Request::Remove { .. } | Request::Attach { .. } => return Err(Error::Invalid),
+        };
+        DirectRequest::start(sequence, origin, request, expects)
+    }
+
     /// The `sequence`-th direct request of enclave `origin`: attach `[offset, offset + size)`
-    /// through `access`, a permit of `process` on `segment`. Returns the message to send.
+    /// through `access`, a permit of `process` on `segment`.
     pub fn attach(sequence: u64, origin: EnclaveId, process: u64, access: AccessId, segment: SegmentId, offset: u64, size: u64) -> Result<(DirectRequest, Message), Error> {
-        DirectRequest::start(sequence, origin, Request::Attach { process, access, offset, size }, Some((segment, size)))
+        DirectRequest::start(sequence, origin, Request::Attach { process, access, offset, size }, Expects::Attached { segment, size })
     }
 
-    /// The `sequence`-th direct request of enclave `origin`: `process` detached what it
-    /// attached through `access`.
-    pub fn detach(sequence: u64, origin: EnclaveId, process: u64, access: AccessId) -> Result<(DirectRequest, Message), Error> {
-        DirectRequest::start(sequence, origin, Request::Detach { process, access }, None)
-    }
-
-    fn start(sequence: u64, origin: EnclaveId, request: Request, attach: Option<(SegmentId, u64)>) -> Result<(DirectRequest, Message), Error> {
+    fn start(sequence: u64, origin: EnclaveId, request: Request, expects: Expects) -> Result<(DirectRequest, Message), Error> {
         let id = FIRST_UNCLAIMED_ID | sequence;
         let message = Message::new(id, origin, NAME_SERVER_ENCLAVE, request.into_body()?);
-        Ok((DirectRequest { id, attach, assembler: RunAssembler::default() }, message))
+        Ok((DirectRequest { id, expects, assembler: RunAssembler::default() }, message))
     }
 
     /// The id its answers carry.
@@ -202,14 +220,22 @@ impl DirectRequest {
     /// if it does not answer it (an enclave that may not, another kind, another segment or
     /// size) or is a part of an attach's answer with more to come.
     pub fn answer(&mut self, from: EnclaveId, body: Body) -> Option<Result<Reply, Error>> {
-        let owner = self.attach.map(|(segment, _)| segment.enclave());
+        let owner = match self.expects {
+            Expects::Attached { segment, .. } => Some(segment.enclave()),
+            _ => None,
+        };
         if from != NAME_SERVER_ENCLAVE && Some(from) != owner {
             return None;
         }
-        match (self.attach, body) {
+        match (self.expects, body) {
             (_, Body::Failed { error }) => Some(Err(error)),
-            (None, Body::Done) => Some(Ok(Reply::Done)),
-            (Some((segment, asked)), Body::Attached { segment: answered, size, first_run, total_runs, runs }) if answered == segment && size == asked => {
+            (Expects::Done, Body::Done) => Some(Ok(Reply::Done)),
+            (Expects::Granted, Body::Granted { access, size }) => Some(Ok(Reply::Granted { access, size })),
+            (Expects::Found, Body::Found { segment }) => Some(Ok(Reply::Found(segment))),
+            (Expects::Listed, Body::Listed { more, entries }) => Some(Ok(Reply::Listed { more, entries })),
+            (Expects::Attached { segment, size: asked }, Body::Attached { segment: answered, size, first_run, total_runs, runs })
+                if answered == segment && size == asked =>
+            {
                 match self.assembler.push(segment, size, first_run, total_runs, runs) {
                     Ok(None) => None,
                     Ok(Some(runs)) => Some(Ok(Reply::Attached { segment, runs })),

@@ -874,13 +874,29 @@ fn a_direct_attach_takes_only_its_own_answer_and_assembles_its_parts() {
 }
 
 #[test]
-fn a_direct_detach_is_done_by_the_name_server_alone() {
+fn other_direct_requests_take_their_kind_of_answer_from_the_name_server_alone() {
     let access = AccessId::new(NAME_SERVER_ENCLAVE, 9).unwrap();
-    let (mut request, message) = DirectRequest::detach(1, 2, 11, access).unwrap();
+    let segment = SegmentId::new(7, 3).unwrap();
+    let (mut request, message) = DirectRequest::new(1, 2, Request::Detach { process: 11, access }).unwrap();
     assert_eq!(message.body, Body::Detach { process: 11, access });
     assert_eq!(request.answer(3, Body::Done), None, "only the name server answers a detach");
     assert_eq!(request.answer(1, Body::Granted { access, size: PAGE_SIZE }), None);
     assert_eq!(request.answer(1, Body::Done), Some(Ok(Reply::Done)));
+    let credentials = Credentials { uid: 1000, groups: vec![100] };
+    let (mut get, _) = DirectRequest::new(2, 2, Request::Get { process: 11, segment, access: ACCESS_READ_WRITE, credentials }).unwrap();
+    assert_eq!(get.answer(1, Body::Done), None);
+    assert_eq!(get.answer(7, Body::Granted { access, size: PAGE_SIZE }), None, "the owner does not grant");
+    assert_eq!(get.answer(1, Body::Granted { access, size: PAGE_SIZE }), Some(Ok(Reply::Granted { access, size: PAGE_SIZE })));
+    let name = Name::new(b"field").unwrap();
+    let (mut lookup, _) = DirectRequest::new(3, 2, Request::Lookup { name }).unwrap();
+    assert_eq!(lookup.answer(1, Body::Found { segment }), Some(Ok(Reply::Found(segment))));
+    let (mut list, _) = DirectRequest::new(4, 2, Request::List { after: 0 }).unwrap();
+    assert_eq!(list.answer(1, Body::Listed { more: false, entries: vec![] }), Some(Ok(Reply::Listed { more: false, entries: vec![] })));
+    // The node's own (it keeps the segments it serves), and an attach needs its permit's segment.
+    let make = Request::Make { process: 11, vaddr: 0x1000, size: 0x1000, owner: mode(0o600), name: None };
+    assert_eq!(DirectRequest::new(5, 2, make).err(), Some(Error::Invalid));
+    assert_eq!(DirectRequest::new(6, 2, Request::Remove { process: 11, segment }).err(), Some(Error::Invalid));
+    assert_eq!(DirectRequest::new(7, 2, Request::Attach { process: 11, access, offset: 0, size: 0x1000 }).err(), Some(Error::Invalid));
 }
 
 #[test]

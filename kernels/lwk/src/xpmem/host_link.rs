@@ -9,12 +9,12 @@
 //! paces discovery and retries.
 //!
 //! The node finds the name server and gets this enclave's id. From then on `/dev/xpmem` sends
-//! every make (XPMEM's anonymous ones and XEMEM's named ones), remove, get, release and lookup
-//! through it, so segids are unique machine-wide and host processes and other enclaves can use
-//! the job's segments (and the job theirs: the daemon adds their memory as guest-physical
-//! regions). Attaches and detaches of those permits, the data path, go to the name server
-//! directly ([`attach`], [`detach`]), with the node's id. The name server's `Revoke`s reach
-//! `super` through [`LocalMemory::revoke`].
+//! every make (XPMEM's anonymous ones and XEMEM's named ones) and remove through it
+//! ([`request`]), so segids are unique machine-wide and host processes and other enclaves can
+//! use the job's segments (and the job theirs: the daemon adds their memory as guest-physical
+//! regions); its other requests (get, release, attach, detach, lookup, signal) go to the name
+//! server directly ([`direct`], [`attach`]), with the node's id. The name server's `Revoke`s
+//! reach `super` through [`LocalMemory::revoke`].
 
 use super::SourceRun;
 use crate::arch::sync::SpinLock;
@@ -103,8 +103,8 @@ pub fn process_ended(pid: u64, segments: Vec<SegmentId>, permits: Vec<(u64, Acce
 /// Its permits (`permits`) are released the same way, which makes the host remove the
 /// regions behind their attachments (the job's address space is gone).
 pub fn job_ended(permits: Vec<(u64, AccessId)>) {
-    // A thread killed while it waited for an attach or detach left its entry: answers to it
-    // are dropped from now on.
+    // A thread killed while it waited for a direct request left its entry: answers to it are
+    // dropped from now on.
     DIRECT.lock().clear();
     let segments = core::mem::take(&mut *JOB_SEGMENTS.lock());
     queue_abandoned(segments, permits);
@@ -165,8 +165,9 @@ fn keep_completions(node: &mut Node) {
     }
 }
 
-/// Sends `request` to the name server through the node and waits for its answer (the node
-/// gives up after its retries: `Unreachable`). Called by a job thread in a system call.
+/// Sends `request`, a make or remove, to the name server through the node (which keeps the
+/// segments it serves) and waits for its answer (the node gives up after its retries:
+/// `Unreachable`). Called by a job thread in a system call.
 pub fn request(request: Request) -> Result<Reply, Error> {
     let id = {
         let mut guard = NODE.lock();
@@ -183,13 +184,12 @@ pub fn request(request: Request) -> Result<Reply, Error> {
     take_finished(id)
 }
 
-/// Attaches and detaches, the data path, skip the node (`xemem::node::DirectRequest`): this
+/// Requests other than makes and removes skip the node (`xemem::node::DirectRequest`): this
 /// enclave's one link leads to the name server and loses and reorders nothing, and the node's
 /// bookkeeping around each (a pending entry, the outbox, completions) was a third of an
 /// attach's kernel instructions, each emulated on PVM. Their answers come straight off the
-/// channel, or through the node when it served the attach itself (a segment of this enclave's
-/// job: `Node::drain_unclaimed`). The permits and segments they name are the node's business
-/// as before.
+/// channel, or through the node when it served an attach itself (a segment of this enclave's
+/// job: `Node::drain_unclaimed`).
 static NEXT_DIRECT: AtomicU64 = AtomicU64::new(1);
 
 /// Direct requests in flight, with their results once answered (a few at a time).
@@ -203,12 +203,12 @@ pub fn attach(process: u64, access: AccessId, segment: SegmentId, offset: u64, s
     wait_direct(DirectRequest::attach(sequence, origin, process, access, segment, offset, size)?)
 }
 
-/// Tells the name server that `process` detached what it attached through `access`, and waits
-/// for its answer (the host unmaps its side first).
-pub fn detach(process: u64, access: AccessId) -> Result<Reply, Error> {
+/// Sends `request` (a get, release, detach, lookup, list or signal) to the name server and
+/// waits for its answer.
+pub fn direct(request: Request) -> Result<Reply, Error> {
     let origin = enclave_id().ok_or(Error::Unreachable)?;
     let sequence = NEXT_DIRECT.fetch_add(1, Ordering::Relaxed);
-    wait_direct(DirectRequest::detach(sequence, origin, process, access)?)
+    wait_direct(DirectRequest::new(sequence, origin, request)?)
 }
 
 /// Sends a direct request and waits for its result (`Unreachable` after as long as the node's

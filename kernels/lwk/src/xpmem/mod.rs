@@ -399,7 +399,7 @@ pub fn get(raw: i64, flags: u32, permit_type: u32, permit_value: u64) -> Result<
     if !connected() {
         return with_device(|device| device.names.get(principal(pid), &job_credentials(), id, flags)).map(|(apid, _)| apid.raw());
     }
-    match host_link::request(Request::Get { process: pid, segment: id, access: flags, credentials: job_credentials() })? {
+    match host_link::direct(Request::Get { process: pid, segment: id, access: flags, credentials: job_credentials() })? {
         Reply::Granted { access, .. } => {
             with_device(|device| device.global_permits.insert(access.raw(), GlobalPermit { pid, flags, segment: id }));
             Ok(access.raw())
@@ -431,7 +431,7 @@ pub fn release(raw: i64) -> Result<(), Error> {
             if unmapped {
                 crate::sched::shoot_down_user_tlbs();
             }
-            host_link::request(Request::Release { process: pid, access: apid }).map(drop)
+            host_link::direct(Request::Release { process: pid, access: apid }).map(drop)
         }
     }
 }
@@ -467,7 +467,7 @@ pub fn revoke_global_permit(pid: u64, apid: AccessId) {
 pub fn lookup(name: xemem::wire::Name) -> Result<i64, Error> {
     let local = with_device(|device| device.names.lookup(&name));
     match local {
-        Err(Error::NotFound) if host_link::enclave_id().is_some() => match host_link::request(Request::Lookup { name })? {
+        Err(Error::NotFound) if host_link::enclave_id().is_some() => match host_link::direct(Request::Lookup { name })? {
             Reply::Found(segment) => Ok(segment.raw()),
             _ => Err(Error::Malformed),
         },
@@ -572,7 +572,7 @@ fn attach_global(pid: u64, apid: AccessId, permit: GlobalPermit, offset: u64, si
     let size = size.checked_next_multiple_of(PAGE_SIZE).ok_or(Error::Invalid)?;
     let reply = host_link::attach(pid, apid, permit.segment, offset, size)?;
     let detach_at_host = || {
-        let _ = host_link::detach(pid, apid);
+        let _ = host_link::direct(Request::Detach { process: pid, access: apid });
     };
     let own = with_device(|device| device.own_segments.get(&permit.segment).copied());
     // The frames to map: this job's own pages from its tables, or what the host added.
@@ -674,7 +674,7 @@ pub fn detach(address: u64) -> Detached {
     // Unmapped above, and gone from every CPU's TLB before the host may remove its regions.
     if let Some(access) = global_permit {
         crate::sched::shoot_down_user_tlbs();
-        let _ = host_link::detach(pid, access);
+        let _ = host_link::direct(Request::Detach { process: pid, access });
     }
     detached
 }
@@ -734,7 +734,7 @@ pub fn signal(raw: i64) -> Result<(), Error> {
     let global = with_device(|device| device.global_permits.get(&apid.raw()).copied());
     match global {
         Some(permit) if permit.pid != pid => Err(Error::Denied),
-        Some(_) => host_link::request(Request::Signal { process: pid, access: apid }).map(drop),
+        Some(_) => host_link::direct(Request::Signal { process: pid, access: apid }).map(drop),
         None => {
             let (owner, segment) = with_device(|device| device.names.signal(principal(pid), apid))?;
             notify(owner.process, segment);
