@@ -319,7 +319,7 @@ const HOST_ZERO_MIN: u64 = 64 * 1024;
 /// emulated work on PVM (about 40 ms per MiB), and a job's gigabyte would take the better part
 /// of a minute, past the host's ping timeout. What the host refuses is cleared here.
 pub fn zero_memory(physical: u64, len: u64) {
-    if len >= HOST_ZERO_MIN && is_active() && (physical | len) % 4096 == 0 {
+    if len >= HOST_ZERO_MIN && is_active() && (physical | len).is_multiple_of(4096) {
         let request = with_state(|state| {
             let request = state.next_request;
             state.next_request = state.next_request.wrapping_add(1);

@@ -43,7 +43,7 @@ pub fn call(call: &mut Call<'_>) -> SyscallResult {
                     if command == F_SETFL {
                         end.non_blocking = argument & O_NONBLOCK != 0;
                     }
-                    end.is_writer() as u64 * O_WRONLY | end.non_blocking as u64 * O_NONBLOCK
+                    (end.is_writer() as u64 * O_WRONLY) | (end.non_blocking as u64 * O_NONBLOCK)
                 }
                 _ => 0,
             };

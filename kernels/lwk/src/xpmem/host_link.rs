@@ -192,8 +192,11 @@ pub fn request(request: Request) -> Result<Reply, Error> {
 /// job: `Node::drain_unclaimed`).
 static NEXT_DIRECT: AtomicU64 = AtomicU64::new(1);
 
-/// Direct requests in flight, with their results once answered (a few at a time).
-static DIRECT: SpinLock<Vec<(DirectRequest, Option<Result<Reply, Error>>)>> = SpinLock::new(Vec::new());
+/// A direct request in flight, with its result once answered.
+type InFlight = (DirectRequest, Option<Result<Reply, Error>>);
+
+/// Direct requests in flight (a few at a time).
+static DIRECT: SpinLock<Vec<InFlight>> = SpinLock::new(Vec::new());
 
 /// Asks the name server for `[offset, offset + size)` of the segment `segment` through permit
 /// `access` of `process` and waits for the frames (`Reply::Attached`).
