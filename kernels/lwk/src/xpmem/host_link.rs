@@ -201,22 +201,21 @@ static DIRECT: SpinLock<Vec<InFlight>> = SpinLock::new(Vec::new());
 /// Asks the name server for `[offset, offset + size)` of the segment `segment` through permit
 /// `access` of `process` and waits for the frames (`Reply::Attached`).
 pub fn attach(process: u64, access: AccessId, segment: SegmentId, offset: u64, size: u64) -> Result<Reply, Error> {
-    let origin = enclave_id().ok_or(Error::Unreachable)?;
-    let sequence = NEXT_DIRECT.fetch_add(1, Ordering::Relaxed);
-    wait_direct(DirectRequest::attach(sequence, origin, process, access, segment, offset, size)?)
+    send_direct(|sequence, origin| DirectRequest::attach(sequence, origin, process, access, segment, offset, size))
 }
 
 /// Sends `request` (a get, release, detach, lookup, list or signal) to the name server and
 /// waits for its answer.
 pub fn direct(request: Request) -> Result<Reply, Error> {
-    let origin = enclave_id().ok_or(Error::Unreachable)?;
-    let sequence = NEXT_DIRECT.fetch_add(1, Ordering::Relaxed);
-    wait_direct(DirectRequest::new(sequence, origin, request)?)
+    send_direct(|sequence, origin| DirectRequest::new(sequence, origin, request))
 }
 
-/// Sends a direct request and waits for its result (`Unreachable` after as long as the node's
-/// retries would take).
-fn wait_direct((request, message): (DirectRequest, Message)) -> Result<Reply, Error> {
+/// Builds the next direct request with `build` (from its sequence number and this enclave's
+/// id), sends it and waits for its result (`Unreachable` after as long as the node's retries
+/// would take).
+fn send_direct(build: impl FnOnce(u64, EnclaveId) -> Result<(DirectRequest, Message), Error>) -> Result<Reply, Error> {
+    let origin = enclave_id().ok_or(Error::Unreachable)?;
+    let (request, message) = build(NEXT_DIRECT.fetch_add(1, Ordering::Relaxed), origin)?;
     let id = request.id();
     DIRECT.lock().push((request, None));
     push_encoded(&mut OUTGOING.lock(), &message);
