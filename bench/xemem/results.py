@@ -311,8 +311,8 @@ def main(arguments):
         "answered by clowderd's name-server node without a message to the enclave. An LWK job's operation is one "
         "round trip over the enclave channel: the daemon answers in about 0.1 ms (its pump wakes on the doorbell); "
         "the rest is the kernel's own code, which this machine emulates instruction by instruction (a few thousand "
-        "instructions per message: encoding, the channel, decoding the answer; a make or remove also the node's "
-        "bookkeeping, the other operations go around the node).")
+        "instructions per message: encoding, the channel, decoding the answer; every operation goes around the "
+        "enclave's XEMEM node, whose list of the segments it serves the answers to makes and removes update).")
     say("")
     return "\n".join(out)
 

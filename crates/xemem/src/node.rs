@@ -163,13 +163,15 @@ pub const FIRST_UNCLAIMED_ID: u64 = 1 << 63;
 /// A request an enclave's kernel sends to the name server itself, around its node: over a
 /// link that loses and reorders nothing (an enclave's channel) it needs neither the node's
 /// routing nor its retries, whose bookkeeping is most of a request's cost in an emulated
-/// kernel. Makes and removes stay with the node, which must know the segments it serves. It
-/// has an id the node never uses and judges each answer as the node judges its own (the name
-/// server answers, or for an attach the segment's owner; the kind, and an attach's segment and
-/// size, must match), except that an attach answer's part out of place fails the request:
-/// with no loss or reordering there is nothing to retry for.
+/// kernel. It has an id the node never uses and judges each answer as the node judges its own
+/// (the name server answers, or for an attach the segment's owner; the kind, a make's segment
+/// enclave, and an attach's segment and size, must match), except that an attach answer's part
+/// out of place fails the request: with no loss or reordering there is nothing to retry for.
+/// The answers to makes and removes change what the enclave's node serves
+/// ([`DirectRequest::served_change`], [`Node::note_served`]).
 pub struct DirectRequest {
     id: u64,
+    origin: EnclaveId,
     expects: Expects,
     assembler: RunAssembler,
 }
@@ -178,6 +180,10 @@ pub struct DirectRequest {
 #[derive(Clone, Copy)]
 enum Expects {
     Done,
+    /// A segment of the asking enclave; `process` owns `[vaddr, vaddr + length)`.
+    Made { process: u64, vaddr: u64, length: u64 },
+    /// Done, and the node stops serving `segment`.
+    Removed { segment: SegmentId },
     Granted,
     Found,
     Listed,
@@ -185,16 +191,29 @@ enum Expects {
     Attached { segment: SegmentId, size: u64 },
 }
 
+/// What the answer to a direct make or remove changes in the segments a node serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServedChange {
+    /// `process` made `segment` over `[vaddr, vaddr + length)`.
+    Made { segment: SegmentId, process: u64, vaddr: u64, length: u64 },
+    Removed { segment: SegmentId },
+}
+
 impl DirectRequest {
-    /// The `sequence`-th direct request of enclave `origin`, any but a make or remove (the
-    /// node's) or an attach ([`DirectRequest::attach`]). Returns the message to send.
+    /// The `sequence`-th direct request of enclave `origin`, any but an attach
+    /// ([`DirectRequest::attach`]). Returns the message to send.
+    #[inline] // one call site in a kernel whose every instruction counts (PVM emulates them)
     pub fn new(sequence: u64, origin: EnclaveId, request: Request) -> Result<(DirectRequest, Message), Error> {
         let expects = match request {
+            Request::Make { process, vaddr, size, .. } => {
+                Expects::Made { process, vaddr, length: nameserver::validate_range(vaddr, size)? }
+            }
+            Request::Remove { segment, .. } => Expects::Removed { segment },
             Request::Detach { .. } | Request::Release { .. } | Request::Signal { .. } => Expects::Done,
             Request::Get { .. } => Expects::Granted,
             Request::Lookup { .. } => Expects::Found,
             Request::List { .. } => Expects::Listed,
-            Request::Make { .. } | Request::Remove { .. } | Request::Attach { .. } => return Err(Error::Invalid),
+            Request::Attach { .. } => return Err(Error::Invalid),
         };
         DirectRequest::start(sequence, origin, request, expects)
     }
@@ -208,7 +227,7 @@ impl DirectRequest {
     fn start(sequence: u64, origin: EnclaveId, request: Request, expects: Expects) -> Result<(DirectRequest, Message), Error> {
         let id = FIRST_UNCLAIMED_ID | sequence;
         let message = Message::new(id, origin, NAME_SERVER_ENCLAVE, request.into_body()?);
-        Ok((DirectRequest { id, expects, assembler: RunAssembler::default() }, message))
+        Ok((DirectRequest { id, origin, expects, assembler: RunAssembler::default() }, message))
     }
 
     /// The id its answers carry.
@@ -227,13 +246,14 @@ impl DirectRequest {
         if from != NAME_SERVER_ENCLAVE && Some(from) != owner {
             return None;
         }
-        match (self.expects, body) {
+        match (&self.expects, body) {
             (_, Body::Failed { error }) => Some(Err(error)),
-            (Expects::Done, Body::Done) => Some(Ok(Reply::Done)),
+            (Expects::Done | Expects::Removed { .. }, Body::Done) => Some(Ok(Reply::Done)),
+            (Expects::Made { .. }, Body::Made { segment }) if segment.enclave() == self.origin => Some(Ok(Reply::Made(segment))),
             (Expects::Granted, Body::Granted { access, size }) => Some(Ok(Reply::Granted { access, size })),
             (Expects::Found, Body::Found { segment }) => Some(Ok(Reply::Found(segment))),
             (Expects::Listed, Body::Listed { more, entries }) => Some(Ok(Reply::Listed { more, entries })),
-            (Expects::Attached { segment, size: asked }, Body::Attached { segment: answered, size, first_run, total_runs, runs })
+            (&Expects::Attached { segment, size: asked }, Body::Attached { segment: answered, size, first_run, total_runs, runs })
                 if answered == segment && size == asked =>
             {
                 match self.assembler.push(segment, size, first_run, total_runs, runs) {
@@ -242,6 +262,18 @@ impl DirectRequest {
                     Err(error) => Some(Err(error)),
                 }
             }
+            _ => None,
+        }
+    }
+
+    /// What `result`, this request's answer ([`DirectRequest::answer`]), changes in the
+    /// segments the asking enclave's node serves: a segment made, or removed.
+    pub fn served_change(&self, result: &Result<Reply, Error>) -> Option<ServedChange> {
+        match (self.expects, result) {
+            (Expects::Made { process, vaddr, length }, Ok(Reply::Made(segment))) => {
+                Some(ServedChange::Made { segment: *segment, process, vaddr, length })
+            }
+            (Expects::Removed { segment }, Ok(Reply::Done)) => Some(ServedChange::Removed { segment }),
             _ => None,
         }
     }
@@ -455,6 +487,20 @@ impl Node {
         let token = self.next_token;
         self.next_token += 1;
         token
+    }
+
+    /// Keeps the segments this node serves as the answers to direct makes and removes say
+    /// ([`DirectRequest::served_change`]). Call it as each answer arrives, before the next
+    /// message: an attach of a new segment may follow its make's answer at once.
+    pub fn note_served(&mut self, change: ServedChange) {
+        match change {
+            ServedChange::Made { segment, process, vaddr, length } => {
+                self.owned.insert(segment, (process, vaddr, length));
+            }
+            ServedChange::Removed { segment } => {
+                self.owned.remove(&segment);
+            }
+        }
     }
 
     /// Starts a request; its answer arrives as a [`Completion`] with the returned id.

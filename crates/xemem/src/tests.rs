@@ -601,6 +601,43 @@ impl Net {
     }
 }
 
+impl Net {
+    /// Sends `message` to `node` over its link towards the name server, as if from that hop.
+    fn deliver_from_upstream(&mut self, node: usize, message: Message) {
+        let link = self.nodes[node].link_towards_name_server().expect("the node has found the name server");
+        self.in_flight.push_back((node, link, message.to_bytes().unwrap()));
+    }
+
+    /// Sends `message`, from `node`, to its next hop towards the name server.
+    fn send_upstream(&mut self, node: usize, message: Message) {
+        let link = self.nodes[node].link_towards_name_server().expect("the node has found the name server");
+        let (peer, peer_link) = self.peers[node][link as usize];
+        self.in_flight.push_back((peer, peer_link, message.to_bytes().unwrap()));
+    }
+
+    /// Runs `request` at `node` as its kernel does around the node (`DirectRequest`, the
+    /// answers' changes to what it serves noted), on these lossless, in-order links.
+    fn call_direct(&mut self, node: usize, sequence: u64, request: Request) -> Result<Reply, Error> {
+        let origin = self.nodes[node].id().unwrap();
+        let (mut direct, message) = DirectRequest::new(sequence, origin, request)?;
+        self.send_upstream(node, message);
+        for _ in 0..20 {
+            self.step();
+            let answers: Vec<Message> = self.nodes[node].drain_unclaimed().collect();
+            for Message { header, body } in answers {
+                assert_eq!(header.request, direct.id());
+                if let Some(result) = direct.answer(header.origin, body) {
+                    if let Some(change) = direct.served_change(&result) {
+                        self.nodes[node].note_served(change);
+                    }
+                    return result;
+                }
+            }
+        }
+        panic!("direct request {sequence} at node {node} got no answer");
+    }
+}
+
 fn check_tree(n: usize, seed: u64, drop_per_thousand: u64, reorder: bool, pairs: usize) {
     let mut net = Net::tree(n, seed, drop_per_thousand, reorder);
     net.settle_ids();
@@ -824,10 +861,7 @@ fn an_answer_to_a_request_sent_around_the_node_is_handed_out_unclaimed() {
     let Ok(Reply::Granted { access, .. }) = granted else { panic!("get: {granted:?}") };
     let request = FIRST_UNCLAIMED_ID + 3;
     let attach = Request::Attach { process: 5, access, offset: 0x1000, size: 0x2000 }.into_body().unwrap();
-    let bytes = Message::new(request, id, NAME_SERVER_ENCLAVE, attach).to_bytes().unwrap();
-    let link = net.nodes[client].link_towards_name_server().unwrap();
-    let (ns_node, ns_link) = net.peers[client][link as usize];
-    net.in_flight.push_back((ns_node, ns_link, bytes));
+    net.send_upstream(client, Message::new(request, id, NAME_SERVER_ENCLAVE, attach));
     let mut answers = Vec::new();
     for _ in 0..20 {
         net.step();
@@ -892,11 +926,50 @@ fn other_direct_requests_take_their_kind_of_answer_from_the_name_server_alone() 
     assert_eq!(lookup.answer(1, Body::Found { segment }), Some(Ok(Reply::Found(segment))));
     let (mut list, _) = DirectRequest::new(4, 2, Request::List { after: 0 }).unwrap();
     assert_eq!(list.answer(1, Body::Listed { more: false, entries: vec![] }), Some(Ok(Reply::Listed { more: false, entries: vec![] })));
-    // The node's own (it keeps the segments it serves), and an attach needs its permit's segment.
+    // A make takes a segment of the asking enclave only, and is checked before it is sent.
     let make = Request::Make { process: 11, vaddr: 0x1000, size: 0x1000, owner: mode(0o600), name: None };
-    assert_eq!(DirectRequest::new(5, 2, make).err(), Some(Error::Invalid));
-    assert_eq!(DirectRequest::new(6, 2, Request::Remove { process: 11, segment }).err(), Some(Error::Invalid));
-    assert_eq!(DirectRequest::new(7, 2, Request::Attach { process: 11, access, offset: 0, size: 0x1000 }).err(), Some(Error::Invalid));
+    let (mut made, _) = DirectRequest::new(5, 2, make.clone()).unwrap();
+    assert_eq!(made.answer(1, Body::Made { segment }), None, "a segment of enclave 7");
+    let ours = SegmentId::new(2, 8).unwrap();
+    assert_eq!(made.answer(1, Body::Made { segment: ours }), Some(Ok(Reply::Made(ours))));
+    let unaligned = Request::Make { process: 11, vaddr: 0x1001, size: 0x1000, owner: mode(0o600), name: None };
+    assert_eq!(DirectRequest::new(6, 2, unaligned).err(), Some(Error::Invalid));
+    let (mut removed, _) = DirectRequest::new(7, 2, Request::Remove { process: 11, segment: ours }).unwrap();
+    assert_eq!(removed.answer(1, Body::Made { segment: ours }), None);
+    assert_eq!(removed.answer(1, Body::Done), Some(Ok(Reply::Done)));
+    // An attach needs its permit's segment.
+    assert_eq!(DirectRequest::new(8, 2, Request::Attach { process: 11, access, offset: 0, size: 0x1000 }).err(), Some(Error::Invalid));
+}
+
+#[test]
+fn the_node_serves_segments_made_directly_until_they_are_removed_directly() {
+    let mut net = Net::tree(3, 11, 0, false);
+    net.settle_ids();
+    let client = (0..3).find(|&i| net.nodes[i].name_server().is_none()).unwrap();
+    let other = (0..3).find(|&i| i != client).unwrap();
+    let (id, other_id) = (net.nodes[client].id().unwrap(), net.nodes[other].id().unwrap());
+    let make = Request::Make { process: 4, vaddr: 0x10000, size: 0x4000, owner: mode(0o666), name: None };
+    let made = net.call_direct(client, 1, make);
+    let Ok(Reply::Made(segment)) = made else { panic!("make: {made:?}") };
+    assert_eq!(segment.enclave(), id);
+    // Another enclave attaches it through the name server: the client's node serves the frames.
+    let credentials = Credentials { uid: 1000, groups: vec![100] };
+    let granted = net.call(other, Request::Get { process: 9, segment, access: ACCESS_READ_WRITE, credentials });
+    let Ok(Reply::Granted { access, .. }) = granted else { panic!("get: {granted:?}") };
+    let runs = ModelMemory::expected(id, net.memory[client].run, 4, 0x11000, 0x2000);
+    assert_eq!(net.call(other, Request::Attach { process: 9, access, offset: 0x1000, size: 0x2000 }), Ok(Reply::Attached { segment, runs }));
+    assert_eq!(net.call(other, Request::Detach { process: 9, access }), Ok(Reply::Done));
+    assert_eq!(net.call_direct(client, 2, Request::Remove { process: 4, segment }), Ok(Reply::Done));
+    // Removed: the node no longer serves it, even when asked as the name server would.
+    let serve = Body::Serve { requester: other_id, owner_process: 4, segment, vaddr: 0x10000, size: 0x1000 };
+    net.deliver_from_upstream(client, Message::new(FIRST_UNCLAIMED_ID | 50, NAME_SERVER_ENCLAVE, id, serve));
+    let mut answers = Vec::new();
+    for _ in 0..20 {
+        net.step();
+        answers.extend(net.nodes[other].drain_unclaimed());
+    }
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0].body, Body::Failed { error: Error::NotFound });
 }
 
 #[test]

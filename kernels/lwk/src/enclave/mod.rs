@@ -278,6 +278,7 @@ pub fn send_xemem() {
 
 /// Serves the host until `done()` (a job thread waiting for an XEMEM answer), as a forwarded
 /// file call waits: CPU 0 sleeps until the channel interrupt, other CPUs poll the ring.
+#[inline(always)] // into each waiting request: a call is emulated work on PVM
 pub fn serve_host_until(done: impl Fn() -> bool) {
     // On CPU 0 every host message raises the channel interrupt, whose handler drains the ring
     // while this CPU sleeps in `wait_for_host_message`: a drain here would find it empty

@@ -8,13 +8,15 @@
 //! advances when the host pings (every second) and when a job thread makes a request, which
 //! paces discovery and retries.
 //!
-//! The node finds the name server and gets this enclave's id. From then on `/dev/xpmem` sends
-//! every make (XPMEM's anonymous ones and XEMEM's named ones) and remove through it
-//! ([`request`]), so segids are unique machine-wide and host processes and other enclaves can
-//! use the job's segments (and the job theirs: the daemon adds their memory as guest-physical
-//! regions); its other requests (get, release, attach, detach, lookup, signal) go to the name
-//! server directly ([`direct`], [`attach`]), with the node's id. The name server's `Revoke`s
-//! reach `super` through [`LocalMemory::revoke`].
+//! The node finds the name server and gets this enclave's id, serves attaches of the job's
+//! segments that arrive from elsewhere, and takes the name server's notifications and
+//! revokes. `/dev/xpmem`'s own requests (make, remove, get, release, attach, detach, lookup,
+//! signal) go to the name server directly ([`direct`], [`attach`]), with the node's id: the
+//! answers to makes and removes keep the node's list of the segments it serves
+//! (`Node::note_served`). Segids are unique machine-wide, so host processes and other
+//! enclaves can use the job's segments (and the job theirs: the daemon adds their memory as
+//! guest-physical regions). The name server's `Revoke`s reach `super` through
+//! [`LocalMemory::revoke`].
 
 use super::SourceRun;
 use crate::arch::sync::SpinLock;
@@ -23,16 +25,16 @@ use crate::console::log;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU64, Ordering};
 use xemem::ids::{AccessId, EnclaveId, SegmentId};
-use xemem::node::{DirectRequest, LocalMemory, Node, Reply, Request, Timing, FIRST_UNCLAIMED_ID};
+use xemem::node::{DirectRequest, LocalMemory, Node, Reply, Request, ServedChange, Timing, FIRST_UNCLAIMED_ID};
 use xemem::wire::{self, FrameRun, Message};
 use xemem::Error;
 
 /// The channel is the node's only link.
 const CHANNEL_LINK: u32 = 0;
-/// The node retries a request every half second, five times, before it fails as
-/// `Unreachable`; a direct request waits as long in all.
+/// The node's discovery of the name server repeats every half second.
 const TIMING: Timing = Timing { retry_after: 500, attempts: 5 };
-const DIRECT_TIMEOUT_MS: u64 = TIMING.retry_after * TIMING.attempts as u64;
+/// A direct request fails as `Unreachable` after this long without its answer.
+const DIRECT_TIMEOUT_MS: u64 = 2_500;
 
 static NODE: SpinLock<Option<Node>> = SpinLock::new(None);
 /// Segments the running job's processes made through the name server, with the process
@@ -66,25 +68,22 @@ static ENDING: SpinLock<Vec<u64>> = SpinLock::new(Vec::new());
 pub fn process_ended(pid: u64, segments: Vec<SegmentId>, permits: Vec<(u64, AccessId)>) -> bool {
     JOB_SEGMENTS.lock().retain(|(owner, made)| *owner != pid && !segments.contains(made));
     queue_abandoned(Vec::new(), permits);
-    if segments.is_empty() || NODE.lock().is_none() {
+    if segments.is_empty() || enclave_id().is_none() {
         return true;
     }
     ENDING.lock().push(pid);
-    let requests = {
-        let mut guard = NODE.lock();
-        let node = guard.as_mut().expect("checked above; the node is never taken away");
-        node.tick(now_ms(), &mut JobMemory);
-        let requests: Vec<Result<u64, Error>> = segments.iter().map(|&segment| node.request(Request::Remove { process: pid, segment }, &mut JobMemory)).collect();
-        keep_completions(node);
-        queue_outbox(node);
-        requests
-    };
+    let removes: Vec<Result<u64, Error>> = segments
+        .iter()
+        .map(|&segment| queue_direct(Request::Remove { process: pid, segment }, Waiter::Thread))
+        .collect();
     crate::enclave::send_xemem();
-    let waiting: Vec<u64> = requests.iter().filter_map(|request| request.as_ref().ok().copied()).collect();
-    crate::enclave::serve_host_until(|| waiting.iter().all(|&id| is_finished(id)));
+    let deadline = now_ms() + DIRECT_TIMEOUT_MS;
+    crate::enclave::serve_host_until(|| {
+        removes.iter().all(|remove| remove.as_ref().map_or(true, |&id| direct_answered(id))) || now_ms() > deadline
+    });
     let mut all_removed = true;
-    for (request, segment) in requests.into_iter().zip(&segments) {
-        match request.and_then(take_finished) {
+    for (remove, segment) in removes.into_iter().zip(&segments) {
+        match remove.and_then(take_direct) {
             // Not found: it went already (the daemon removes a job's segments when the job ends).
             Ok(_) | Err(Error::NotFound) => {}
             Err(error) => {
@@ -97,11 +96,11 @@ pub fn process_ended(pid: u64, segments: Vec<SegmentId>, permits: Vec<(u64, Acce
     all_removed
 }
 
-/// The job ended: its segments go from the name server too. The removes are only queued in
-/// the node (this runs where the channel may be in use); they leave with the next message
-/// the node sends, at the latest after the host's next ping. Nobody waits for the answers.
-/// Its permits (`permits`) are released the same way, which makes the host remove the
-/// regions behind their attachments (the job's address space is gone).
+/// The job ended: its segments go from the name server too. The removes are only queued
+/// (this runs where the channel may be in use); they leave with the next message this kernel
+/// sends, at the latest after the host's next ping. Nobody waits for the answers. Its permits
+/// (`permits`) are released the same way, which makes the host remove the regions behind
+/// their attachments (the job's address space is gone).
 pub fn job_ended(permits: Vec<(u64, AccessId)>) {
     // A thread killed while it waited for a direct request left its entry: answers to it are
     // dropped from now on.
@@ -110,90 +109,40 @@ pub fn job_ended(permits: Vec<(u64, AccessId)>) {
     queue_abandoned(segments, permits);
 }
 
-/// Queues removes of `segments` and releases of `permits` (each with its process) in the
-/// node; nobody waits for their answers.
+/// Queues removes of `segments` and releases of `permits` (each with its process); nobody
+/// waits for their answers.
 fn queue_abandoned(segments: Vec<(u64, SegmentId)>, permits: Vec<(u64, AccessId)>) {
-    let mut guard = NODE.lock();
-    let Some(node) = guard.as_mut() else { return };
     let removes = segments.into_iter().map(|(process, segment)| Request::Remove { process, segment });
     let releases = permits.into_iter().map(|(process, access)| Request::Release { process, access });
     for request in removes.chain(releases) {
-        if let Ok(request) = node.request(request, &mut JobMemory) {
-            ABANDONED.lock().push(request);
-        }
+        // Fails only before the name server gave this enclave an id: nothing to undo then.
+        let _ = queue_direct(request, Waiter::Nobody);
     }
 }
 
-/// Requests whose answers nobody waits for (dropped when they come).
-static ABANDONED: SpinLock<Vec<u64>> = SpinLock::new(Vec::new());
-
-/// Finished requests of the job's threads, until they collect them: a few at a time, kept in
-/// a vector that keeps its room (a map would allocate and free a node per request, emulated
-/// work on PVM).
-static FINISHED: SpinLock<Vec<(u64, Result<Reply, Error>)>> = SpinLock::new(Vec::new());
-
-fn is_finished(request: u64) -> bool {
-    FINISHED.lock().iter().any(|(finished, _)| *finished == request)
-}
-
-/// The answer to `request`, taken from the finished ones (`Unreachable` if it has none).
-fn take_finished(request: u64) -> Result<Reply, Error> {
-    let mut finished = FINISHED.lock();
-    match finished.iter().position(|(finished, _)| *finished == request) {
-        Some(index) => finished.swap_remove(index).1,
-        None => Err(Error::Unreachable),
-    }
-}
-
-/// Moves the node's finished requests to FINISHED (or drops the abandoned ones).
-fn keep_completions(node: &mut Node) {
-    if !node.has_completions() {
-        return;
-    }
-    let completions = node.drain_completions();
-    let mut finished = FINISHED.lock();
-    let mut abandoned = ABANDONED.lock();
-    for completion in completions {
-        match abandoned.iter().position(|request| *request == completion.request) {
-            Some(index) => {
-                abandoned.swap_remove(index);
-            }
-            None => {
-                finished.push((completion.request, completion.result));
-            }
-        }
-    }
-}
-
-/// Sends `request`, a make or remove, to the name server through the node (which keeps the
-/// segments it serves) and waits for its answer (the node gives up after its retries:
-/// `Unreachable`). Called by a job thread in a system call.
-pub fn request(request: Request) -> Result<Reply, Error> {
-    let id = {
-        let mut guard = NODE.lock();
-        let node = guard.as_mut().ok_or(Error::Unreachable)?;
-        // Retries are the host's pings' business (`tick`); a request only needs the time.
-        node.set_clock(now_ms());
-        let id = node.request(request, &mut JobMemory)?;
-        keep_completions(node);
-        queue_outbox(node);
-        id
-    };
-    crate::enclave::send_xemem();
-    crate::enclave::serve_host_until(|| is_finished(id));
-    take_finished(id)
-}
-
-/// Requests other than makes and removes skip the node (`xemem::node::DirectRequest`): this
+/// Requests go to the name server around the node (`xemem::node::DirectRequest`): this
 /// enclave's one link leads to the name server and loses and reorders nothing, and the node's
-/// bookkeeping around each (a pending entry, the outbox, completions) was a third of an
-/// attach's kernel instructions, each emulated on PVM. Their answers come straight off the
+/// bookkeeping around each (a pending entry, retries, the outbox, completions) was a third of
+/// a request's kernel instructions, each emulated on PVM. Their answers come straight off the
 /// channel, or through the node when it served an attach itself (a segment of this enclave's
 /// job: `Node::drain_unclaimed`).
 static NEXT_DIRECT: AtomicU64 = AtomicU64::new(1);
 
+/// Who takes a direct request's result.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Waiter {
+    /// A job thread, which waits for it.
+    Thread,
+    /// Nobody: the request is dropped when answered.
+    Nobody,
+}
+
 /// A direct request in flight, with its result once answered.
-type InFlight = (DirectRequest, Option<Result<Reply, Error>>);
+struct InFlight {
+    request: DirectRequest,
+    waiter: Waiter,
+    result: Option<Result<Reply, Error>>,
+}
 
 /// Direct requests in flight (a few at a time).
 static DIRECT: SpinLock<Vec<InFlight>> = SpinLock::new(Vec::new());
@@ -204,48 +153,81 @@ pub fn attach(process: u64, access: AccessId, segment: SegmentId, offset: u64, s
     send_direct(|sequence, origin| DirectRequest::attach(sequence, origin, process, access, segment, offset, size))
 }
 
-/// Sends `request` (a get, release, detach, lookup, list or signal) to the name server and
-/// waits for its answer.
+/// Sends `request` (any but an attach) to the name server and waits for its answer.
 pub fn direct(request: Request) -> Result<Reply, Error> {
     send_direct(|sequence, origin| DirectRequest::new(sequence, origin, request))
 }
 
 /// Builds the next direct request with `build` (from its sequence number and this enclave's
-/// id), sends it and waits for its result (`Unreachable` after as long as the node's retries
-/// would take).
+/// id), sends it and waits for its result (`Unreachable` after [`DIRECT_TIMEOUT_MS`]).
+/// Inlined into each of its two callers, as the helpers below: a call and return is emulated
+/// work on PVM.
+#[inline(always)]
 fn send_direct(build: impl FnOnce(u64, EnclaveId) -> Result<(DirectRequest, Message), Error>) -> Result<Reply, Error> {
-    let origin = enclave_id().ok_or(Error::Unreachable)?;
-    let (request, message) = build(NEXT_DIRECT.fetch_add(1, Ordering::Relaxed), origin)?;
-    let id = request.id();
-    DIRECT.lock().push((request, None));
-    push_encoded(&mut OUTGOING.lock(), &message);
+    let id = start(build, Waiter::Thread)?;
     crate::enclave::send_xemem();
     let deadline = now_ms() + DIRECT_TIMEOUT_MS;
     crate::enclave::serve_host_until(|| direct_answered(id) || now_ms() > deadline);
-    let mut direct = DIRECT.lock();
-    let index = direct.iter().position(|(request, _)| request.id() == id);
-    index.and_then(|index| direct.swap_remove(index).1).unwrap_or(Err(Error::Unreachable))
+    take_direct(id)
 }
 
+/// Queues `request` (any but an attach) for the name server, to go with the next message this
+/// kernel sends; returns its id.
+fn queue_direct(request: Request, waiter: Waiter) -> Result<u64, Error> {
+    start(|sequence, origin| DirectRequest::new(sequence, origin, request), waiter)
+}
+
+/// Builds the next direct request with `build` and queues it for the host; returns its id.
+#[inline(always)]
+fn start(build: impl FnOnce(u64, EnclaveId) -> Result<(DirectRequest, Message), Error>, waiter: Waiter) -> Result<u64, Error> {
+    let origin = enclave_id().ok_or(Error::Unreachable)?;
+    let (request, message) = build(NEXT_DIRECT.fetch_add(1, Ordering::Relaxed), origin)?;
+    let id = request.id();
+    DIRECT.lock().push(InFlight { request, waiter, result: None });
+    push_encoded(&mut OUTGOING.lock(), &message);
+    Ok(id)
+}
+
+#[inline(always)]
 fn direct_answered(id: u64) -> bool {
-    DIRECT.lock().iter().any(|(request, result)| request.id() == id && result.is_some())
+    DIRECT.lock().iter().any(|in_flight| in_flight.request.id() == id && in_flight.result.is_some())
+}
+
+/// Takes direct request `id` out of the list, with its result (`Unreachable` if unanswered).
+#[inline(always)]
+fn take_direct(id: u64) -> Result<Reply, Error> {
+    let mut direct = DIRECT.lock();
+    let index = direct.iter().position(|in_flight| in_flight.request.id() == id);
+    index.and_then(|index| direct.swap_remove(index).result).unwrap_or(Err(Error::Unreachable))
 }
 
 /// An answer to a direct request, off the channel.
 fn direct_answer(bytes: &[u8]) {
-    match Message::decode(bytes) {
-        Ok(message) => claim_direct(message),
-        Err(_) => log!("xemem: a malformed answer to a direct request; dropped"),
+    let message = match Message::decode(bytes) {
+        Ok(message) => message,
+        Err(_) => return log!("xemem: a malformed answer to a direct request; dropped"),
+    };
+    if let Some(change) = claim_direct(message) {
+        if let Some(node) = NODE.lock().as_mut() {
+            node.note_served(change);
+        }
     }
 }
 
-/// Gives `message` to the direct request in flight it answers, if any (a late one, whose
+/// Gives `message` to the direct request in flight it answers, if any (a late answer, whose
 /// request timed out or whose job ended, is dropped; so is one its request does not take).
-fn claim_direct(Message { header, body }: Message) {
+/// Returns what the answer changes in the segments the node serves, for the caller to note
+/// before the next message (only makes and removes need the node).
+fn claim_direct(Message { header, body }: Message) -> Option<ServedChange> {
     let mut direct = DIRECT.lock();
-    if let Some((request, result)) = direct.iter_mut().find(|(request, result)| request.id() == header.request && result.is_none()) {
-        *result = request.answer(header.origin, body);
+    let in_flight = direct.iter_mut().find(|in_flight| in_flight.request.id() == header.request && in_flight.result.is_none())?;
+    let result = in_flight.request.answer(header.origin, body)?;
+    let change = in_flight.request.served_change(&result);
+    in_flight.result = Some(result);
+    if in_flight.waiter == Waiter::Nobody {
+        direct.retain(|in_flight| in_flight.waiter == Waiter::Thread || in_flight.result.is_none());
     }
+    change
 }
 
 /// The job's memory, for attaches of its processes' segments that arrive from elsewhere:
@@ -339,9 +321,11 @@ pub fn from_host(bytes: &[u8]) {
     // No tick here: the node's clock (retries, discovery) moves with the host's pings and
     // this kernel's own requests; a tick per message was about 0.2 ms of emulated work.
     node.receive(CHANNEL_LINK, bytes, &mut JobMemory);
-    keep_completions(node);
     if node.has_unclaimed() {
-        node.drain_unclaimed().for_each(claim_direct);
+        let answers: Vec<Message> = node.drain_unclaimed().collect();
+        for change in answers.into_iter().filter_map(claim_direct) {
+            node.note_served(change);
+        }
     }
     if let (false, Some(id)) = (had_id, node.id()) {
         log!("xemem: the name server gave this enclave id {id}");
@@ -349,12 +333,11 @@ pub fn from_host(bytes: &[u8]) {
     queue_outbox(node);
 }
 
-/// Time passes (the host pinged): retries, queued for the host.
+/// Time passes (the host pinged): the node's discovery, queued for the host.
 pub fn tick() {
     let mut guard = NODE.lock();
     let Some(node) = guard.as_mut() else { return };
     node.tick(now_ms(), &mut JobMemory);
-    keep_completions(node);
     queue_outbox(node);
 }
 

@@ -317,7 +317,7 @@ fn connected() -> bool {
 /// Makes a segment with the host's name server; its id names this enclave.
 fn make_global(pid: u64, vaddr: u64, size: u64, owner: Owner, name: Option<xemem::wire::Name>) -> Result<i64, Error> {
     let length = xemem::nameserver::validate_range(vaddr, size)?;
-    match host_link::request(Request::Make { process: pid, vaddr, size, owner, name })? {
+    match host_link::direct(Request::Make { process: pid, vaddr, size, owner, name })? {
         Reply::Made(segment) => {
             host_link::job_made(pid, segment);
             with_device(|device| device.own_segments.insert(segment, (pid, vaddr, length)));
@@ -368,7 +368,7 @@ pub fn remove(raw: i64) -> Result<(), Error> {
     let id = segment_id(raw)?;
     let global = host_link::enclave_id().is_some_and(|enclave| enclave == id.enclave());
     if global {
-        host_link::request(Request::Remove { process: pid, segment: id })?;
+        host_link::direct(Request::Remove { process: pid, segment: id })?;
         host_link::job_removed(id);
     }
     // Unmapped under the device lock, so no attach can take the range in between.
