@@ -37,20 +37,6 @@ const TIMING: Timing = Timing { retry_after: 500, attempts: 5 };
 const DIRECT_TIMEOUT_MS: u64 = 2_500;
 
 static NODE: SpinLock<Option<Node>> = SpinLock::new(None);
-/// Segments the running job's processes made through the name server, with the process
-/// that made each: removed when that process or the job ends.
-static JOB_SEGMENTS: SpinLock<Vec<(u64, SegmentId)>> = SpinLock::new(Vec::new());
-
-/// Notes a segment process `pid` of the job made through the name server.
-pub fn job_made(pid: u64, segment: SegmentId) {
-    JOB_SEGMENTS.lock().push((pid, segment));
-}
-
-/// The job removed `segment` itself.
-pub fn job_removed(segment: SegmentId) {
-    JOB_SEGMENTS.lock().retain(|(_, made)| *made != segment);
-}
-
 /// Processes whose segments are being removed because they end (or replace their image):
 /// attaches of their memory are refused meanwhile (`JobMemory::resolve`).
 static ENDING: SpinLock<Vec<u64>> = SpinLock::new(Vec::new());
@@ -66,7 +52,6 @@ static ENDING: SpinLock<Vec<u64>> = SpinLock::new(Vec::new());
 /// when some remove got no answer (the name server is unreachable): the frames may still be
 /// mapped elsewhere and must not be reused.
 pub fn process_ended(pid: u64, segments: Vec<SegmentId>, permits: Vec<(u64, AccessId)>) -> bool {
-    JOB_SEGMENTS.lock().retain(|(owner, made)| *owner != pid && !segments.contains(made));
     queue_abandoned(Vec::new(), permits);
     if segments.is_empty() || enclave_id().is_none() {
         return true;
@@ -96,16 +81,15 @@ pub fn process_ended(pid: u64, segments: Vec<SegmentId>, permits: Vec<(u64, Acce
     all_removed
 }
 
-/// The job ended: its segments go from the name server too. The removes are only queued
-/// (this runs where the channel may be in use); they leave with the next message this kernel
-/// sends, at the latest after the host's next ping. Nobody waits for the answers. Its permits
-/// (`permits`) are released the same way, which makes the host remove the regions behind
-/// their attachments (the job's address space is gone).
-pub fn job_ended(permits: Vec<(u64, AccessId)>) {
+/// The job ended: its `segments` (each with the process that made it) go from the name
+/// server too. The removes are only queued (this runs where the channel may be in use); they
+/// leave with the next message this kernel sends, at the latest after the host's next ping.
+/// Nobody waits for the answers. Its `permits` are released the same way, which makes the
+/// host remove the regions behind their attachments (the job's address space is gone).
+pub fn job_ended(segments: Vec<(u64, SegmentId)>, permits: Vec<(u64, AccessId)>) {
     // A thread killed while it waited for a direct request left its entry: answers to it are
     // dropped from now on.
     DIRECT.lock().clear();
-    let segments = core::mem::take(&mut *JOB_SEGMENTS.lock());
     queue_abandoned(segments, permits);
 }
 

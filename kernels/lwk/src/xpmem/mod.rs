@@ -141,10 +141,10 @@ fn with_device<R>(f: impl FnOnce(&mut Device) -> R) -> R {
 pub fn forget_job() {
     let device = DEVICE.lock().take();
     NOTIFIERS.lock().clear();
-    let global_permits = device
-        .map(|device| device.global_permits.iter().filter_map(|(raw, permit)| Some((permit.pid, AccessId::from_raw(*raw)?))).collect())
-        .unwrap_or_default();
-    host_link::job_ended(global_permits);
+    let Some(device) = device else { return host_link::job_ended(Vec::new(), Vec::new()) };
+    let segments = device.own_segments.iter().map(|(segment, owner)| (owner.0, *segment)).collect();
+    let permits = device.global_permits.iter().filter_map(|(raw, permit)| Some((permit.pid, AccessId::from_raw(*raw)?))).collect();
+    host_link::job_ended(segments, permits);
 }
 
 /// Process `pid` (not the job's first: its end is the job's) is ending, or replacing its
@@ -319,7 +319,6 @@ fn make_global(pid: u64, vaddr: u64, size: u64, owner: Owner, name: Option<xemem
     let length = xemem::nameserver::validate_range(vaddr, size)?;
     match host_link::direct(Request::Make { process: pid, vaddr, size, owner, name })? {
         Reply::Made(segment) => {
-            host_link::job_made(pid, segment);
             with_device(|device| device.own_segments.insert(segment, (pid, vaddr, length)));
             Ok(segment.raw())
         }
@@ -369,7 +368,6 @@ pub fn remove(raw: i64) -> Result<(), Error> {
     let global = host_link::enclave_id().is_some_and(|enclave| enclave == id.enclave());
     if global {
         host_link::direct(Request::Remove { process: pid, segment: id })?;
-        host_link::job_removed(id);
     }
     // Unmapped under the device lock, so no attach can take the range in between.
     let unmapped = with_device(|device| {
