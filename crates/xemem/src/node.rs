@@ -102,10 +102,11 @@ pub struct Completion {
 }
 
 struct Pending {
+    /// Sent again as it was on a retry.
     body: Body,
     sent_at: u64,
     attempts: u32,
-    assembler: RunAssembler,
+    expectation: Expectation,
 }
 
 /// Retry policy, in the caller's time units.
@@ -163,17 +164,36 @@ pub const FIRST_UNCLAIMED_ID: u64 = 1 << 63;
 /// A request an enclave's kernel sends to the name server itself, around its node: over a
 /// link that loses and reorders nothing (an enclave's channel) it needs neither the node's
 /// routing nor its retries, whose bookkeeping is most of a request's cost in an emulated
-/// kernel. It has an id the node never uses and judges each answer as the node judges its own
-/// (the name server answers, or for an attach the segment's owner; the kind, a make's segment
-/// enclave, and an attach's segment and size, must match), except that an attach answer's part
-/// out of place fails the request: with no loss or reordering there is nothing to retry for.
+/// kernel. It has an id the node never uses, and its answers are judged by the code that
+/// judges the node's own (`Expectation`: the name server answers, or for an attach the
+/// segment's owner; the kind, a make's segment enclave, and an attach's segment and size, must
+/// match), except that an attach answer's part out of place fails the request: with no loss or
+/// reordering there is nothing to retry for.
 /// The answers to makes and removes change what the enclave's node serves
 /// ([`DirectRequest::served_change`], [`Node::note_served`]).
 pub struct DirectRequest {
     id: u64,
+    expectation: Expectation,
+}
+
+/// What a request takes as its answer, and an attach's answer parts so far: the one
+/// judgement of answers, for the node's own requests and for direct ones.
+struct Expectation {
+    /// The asking enclave: a segment it makes is one of its own.
     origin: EnclaveId,
     expects: Expects,
     assembler: RunAssembler,
+}
+
+/// How a message answers a request ([`Expectation::judge`]).
+enum Verdict {
+    /// Not at all: another enclave, kind, segment or size.
+    NotAnAnswer,
+    /// A part of an attach's answer, with more to come.
+    Part,
+    /// A part of an attach's answer out of place: one went missing, came twice or early.
+    PartOutOfPlace(Error),
+    Answered(Result<Reply, Error>),
 }
 
 /// The answer a direct request takes.
@@ -184,7 +204,10 @@ enum Expects {
     Made { process: u64, vaddr: u64, length: u64 },
     /// Done, and the node stops serving `segment`.
     Removed { segment: SegmentId },
-    Granted,
+    /// Done, and the permit `access` is void.
+    Released { access: AccessId },
+    /// A permit on `segment`.
+    Granted { segment: SegmentId },
     Found,
     Listed,
     /// The segment the attach's permit is on, and the size asked.
@@ -204,17 +227,7 @@ impl DirectRequest {
     /// ([`DirectRequest::attach`]). Returns the message to send.
     #[inline] // one call site in a kernel whose every instruction counts (PVM emulates them)
     pub fn new(sequence: u64, origin: EnclaveId, request: Request) -> Result<(DirectRequest, Message), Error> {
-        let expects = match request {
-            Request::Make { process, vaddr, size, .. } => {
-                Expects::Made { process, vaddr, length: nameserver::validate_range(vaddr, size)? }
-            }
-            Request::Remove { segment, .. } => Expects::Removed { segment },
-            Request::Detach { .. } | Request::Release { .. } | Request::Signal { .. } => Expects::Done,
-            Request::Get { .. } => Expects::Granted,
-            Request::Lookup { .. } => Expects::Found,
-            Request::List { .. } => Expects::Listed,
-            Request::Attach { .. } => return Err(Error::Invalid),
-        };
+        let expects = Expects::of(&request).ok_or(Error::Invalid)?;
         DirectRequest::start(sequence, origin, request, expects)
     }
 
@@ -227,7 +240,7 @@ impl DirectRequest {
     fn start(sequence: u64, origin: EnclaveId, request: Request, expects: Expects) -> Result<(DirectRequest, Message), Error> {
         let id = FIRST_UNCLAIMED_ID | sequence;
         let message = Message::new(id, origin, NAME_SERVER_ENCLAVE, request.into_body()?);
-        Ok((DirectRequest { id, origin, expects, assembler: RunAssembler::default() }, message))
+        Ok((DirectRequest { id, expectation: Expectation::new(origin, expects) }, message))
     }
 
     /// The id its answers carry.
@@ -237,45 +250,91 @@ impl DirectRequest {
 
     /// Judges `body`, from enclave `from`, as an answer to this request: its result, or `None`
     /// if it does not answer it (an enclave that may not, another kind, another segment or
-    /// size) or is a part of an attach's answer with more to come.
+    /// size) or is a part of an attach's answer with more to come. A part out of place fails
+    /// the request: over a link that neither loses nor reorders there is nothing to wait for.
     pub fn answer(&mut self, from: EnclaveId, body: Body) -> Option<Result<Reply, Error>> {
-        let owner = match self.expects {
-            Expects::Attached { segment, .. } => Some(segment.enclave()),
-            _ => None,
-        };
-        if from != NAME_SERVER_ENCLAVE && Some(from) != owner {
-            return None;
-        }
-        match (&self.expects, body) {
-            (_, Body::Failed { error }) => Some(Err(error)),
-            (Expects::Done | Expects::Removed { .. }, Body::Done) => Some(Ok(Reply::Done)),
-            (Expects::Made { .. }, Body::Made { segment }) if segment.enclave() == self.origin => Some(Ok(Reply::Made(segment))),
-            (Expects::Granted, Body::Granted { access, size }) => Some(Ok(Reply::Granted { access, size })),
-            (Expects::Found, Body::Found { segment }) => Some(Ok(Reply::Found(segment))),
-            (Expects::Listed, Body::Listed { more, entries }) => Some(Ok(Reply::Listed { more, entries })),
-            (&Expects::Attached { segment, size: asked }, Body::Attached { segment: answered, size, first_run, total_runs, runs })
-                if answered == segment && size == asked =>
-            {
-                match self.assembler.push(segment, size, first_run, total_runs, runs) {
-                    Ok(None) => None,
-                    Ok(Some(runs)) => Some(Ok(Reply::Attached { segment, runs })),
-                    Err(error) => Some(Err(error)),
-                }
-            }
-            _ => None,
+        match self.expectation.judge(from, body) {
+            Verdict::NotAnAnswer | Verdict::Part => None,
+            Verdict::PartOutOfPlace(error) => Some(Err(error)),
+            Verdict::Answered(result) => Some(result),
         }
     }
 
     /// What `result`, this request's answer ([`DirectRequest::answer`]), changes in the
     /// segments the asking enclave's node serves: a segment made, or removed.
     pub fn served_change(&self, result: &Result<Reply, Error>) -> Option<ServedChange> {
-        match (self.expects, result) {
+        self.expectation.expects.served_change(result)
+    }
+}
+
+impl Expects {
+    /// What `request` takes as its answer; `None` for an attach, whose answer depends on the
+    /// segment its permit is on.
+    fn of(request: &Request) -> Option<Expects> {
+        Some(match *request {
+            Request::Make { process, vaddr, size, .. } => {
+                Expects::Made { process, vaddr, length: nameserver::validate_range(vaddr, size).ok()? }
+            }
+            Request::Remove { segment, .. } => Expects::Removed { segment },
+            Request::Release { access, .. } => Expects::Released { access },
+            Request::Detach { .. } | Request::Signal { .. } => Expects::Done,
+            Request::Get { segment, .. } => Expects::Granted { segment },
+            Request::Lookup { .. } => Expects::Found,
+            Request::List { .. } => Expects::Listed,
+            Request::Attach { .. } => return None,
+        })
+    }
+
+    /// What `result`, the answer to a request that expected this, changes in the segments the
+    /// asking enclave's node serves.
+    fn served_change(self, result: &Result<Reply, Error>) -> Option<ServedChange> {
+        match (self, result) {
             (Expects::Made { process, vaddr, length }, Ok(Reply::Made(segment))) => {
                 Some(ServedChange::Made { segment: *segment, process, vaddr, length })
             }
             (Expects::Removed { segment }, Ok(Reply::Done)) => Some(ServedChange::Removed { segment }),
             _ => None,
         }
+    }
+}
+
+impl Expectation {
+    fn new(origin: EnclaveId, expects: Expects) -> Expectation {
+        Expectation { origin, expects, assembler: RunAssembler::default() }
+    }
+
+    /// Judges `body`, from enclave `from`: only the name server answers, or for an attach
+    /// also the segment's owner (the name server's enclave may answer an attach itself: a host
+    /// that maps another machine's memory into ours answers with the frames it added on the
+    /// owner's behalf).
+    #[inline(always)] // into each caller: an emulating kernel pays for every call and move
+    fn judge(&mut self, from: EnclaveId, body: Body) -> Verdict {
+        let owner = match self.expects {
+            Expects::Attached { segment, .. } => Some(segment.enclave()),
+            _ => None,
+        };
+        if from != NAME_SERVER_ENCLAVE && Some(from) != owner {
+            return Verdict::NotAnAnswer;
+        }
+        let result = match (&self.expects, body) {
+            (_, Body::Failed { error }) => Err(error),
+            (Expects::Done | Expects::Removed { .. } | Expects::Released { .. }, Body::Done) => Ok(Reply::Done),
+            (Expects::Made { .. }, Body::Made { segment }) if segment.enclave() == self.origin => Ok(Reply::Made(segment)),
+            (Expects::Granted { .. }, Body::Granted { access, size }) => Ok(Reply::Granted { access, size }),
+            (Expects::Found, Body::Found { segment }) => Ok(Reply::Found(segment)),
+            (Expects::Listed, Body::Listed { more, entries }) => Ok(Reply::Listed { more, entries }),
+            (&Expects::Attached { segment, size: asked }, Body::Attached { segment: answered, size, first_run, total_runs, runs })
+                if answered == segment && size == asked =>
+            {
+                match self.assembler.push(segment, size, first_run, total_runs, runs) {
+                    Ok(None) => return Verdict::Part,
+                    Ok(Some(runs)) => Ok(Reply::Attached { segment, runs }),
+                    Err(error) => return Verdict::PartOutOfPlace(error),
+                }
+            }
+            _ => return Verdict::NotAnAnswer,
+        };
+        Verdict::Answered(result)
     }
 }
 
@@ -402,7 +461,7 @@ impl Node {
             }
             p.attempts += 1;
             p.sent_at = now;
-            p.assembler = RunAssembler::default();
+            p.expectation.assembler = RunAssembler::default();
             let body = p.body.clone();
             self.send(Message::new(request, self.id, NAME_SERVER_ENCLAVE, body));
         }
@@ -508,13 +567,17 @@ impl Node {
         if self.id == 0 {
             return Err(Error::Unreachable);
         }
+        let expects = match &request {
+            Request::Attach { access, size, .. } => self.granted.get(access).map(|&segment| Expects::Attached { segment, size: *size }),
+            other => Expects::of(other),
+        };
         let body = request.into_body()?;
+        // Only a permit this node was granted (and still holds) says which segment's frames
+        // may answer an attach.
+        let expectation = Expectation::new(self.id, expects.ok_or(Error::NotFound)?);
         let request = self.next_request;
         self.next_request += 1;
-        self.pending.insert(
-            request,
-            Pending { body: body.clone(), sent_at: self.now, attempts: 1, assembler: RunAssembler::default() },
-        );
+        self.pending.insert(request, Pending { body: body.clone(), sent_at: self.now, attempts: 1, expectation });
         self.send(Message::new(request, self.id, NAME_SERVER_ENCLAVE, body));
         self.run_local(memory);
         Ok(request)
@@ -818,60 +881,29 @@ impl Node {
             }
             return;
         };
-        // Which enclave may answer: the name server, or for an attach the segment's owner. The
-        // name server's enclave may also answer an attach itself: a host that maps another
-        // machine's memory into ours answers with the frames it added on the owner's behalf.
-        let attach_segment = match &pending.body {
-            Body::Attach { access, .. } => Some(self.granted.get(access).copied()),
-            _ => None,
+        let result = match pending.expectation.judge(from, body) {
+            Verdict::NotAnAnswer | Verdict::Part => return,
+            // A part went missing or came twice: start over on the next retry.
+            Verdict::PartOutOfPlace(_) => {
+                pending.expectation.assembler = RunAssembler::default();
+                return;
+            }
+            Verdict::Answered(result) => result,
         };
-        let expected_from = match attach_segment {
-            Some(Some(segment)) => segment.enclave(),
-            _ => NAME_SERVER_ENCLAVE,
-        };
-        let result = match (&pending.body, body) {
-            (_, _) if from != NAME_SERVER_ENCLAVE && from != expected_from => return,
-            (_, Body::Failed { error }) => Err(error),
-            (Body::Make { process, vaddr, size, .. }, Body::Made { segment }) => {
-                if segment.enclave() != self.id {
-                    return;
-                }
-                let length = nameserver::validate_range(*vaddr, *size).unwrap_or(0);
-                self.owned.insert(segment, (*process, *vaddr, length));
-                Ok(Reply::Made(segment))
-            }
-            (Body::Remove { segment, .. }, Body::Done) => {
-                self.owned.remove(segment);
-                Ok(Reply::Done)
-            }
-            (Body::Release { access, .. }, Body::Done) => {
-                self.granted.remove(access);
-                Ok(Reply::Done)
-            }
-            (Body::Detach { .. } | Body::Signal { .. }, Body::Done) => Ok(Reply::Done),
-            (Body::Get { segment, .. }, Body::Granted { access, size }) => {
-                self.granted.insert(access, *segment);
-                Ok(Reply::Granted { access, size })
-            }
-            (Body::Attach { size: asked, .. }, Body::Attached { segment, size, first_run, total_runs, runs }) => {
-                if attach_segment != Some(Some(segment)) || size != *asked {
-                    return;
-                }
-                match pending.assembler.push(segment, size, first_run, total_runs, runs) {
-                    Ok(None) => return,
-                    Ok(Some(runs)) => Ok(Reply::Attached { segment, runs }),
-                    // A part went missing or came twice: start over on the next retry.
-                    Err(_) => {
-                        pending.assembler = RunAssembler::default();
-                        return;
-                    }
-                }
-            }
-            (Body::Lookup { .. }, Body::Found { segment }) => Ok(Reply::Found(segment)),
-            (Body::List { .. }, Body::Listed { more, entries }) => Ok(Reply::Listed { more, entries }),
-            _ => return,
-        };
+        let expects = pending.expectation.expects;
         self.pending.remove(&request);
+        if let Some(change) = expects.served_change(&result) {
+            self.note_served(change);
+        }
+        match (expects, &result) {
+            (Expects::Granted { segment }, Ok(Reply::Granted { access, .. })) => {
+                self.granted.insert(*access, segment);
+            }
+            (Expects::Released { access }, Ok(Reply::Done)) => {
+                self.granted.remove(&access);
+            }
+            _ => {}
+        }
         self.completions.push(Completion { request, result });
     }
 }

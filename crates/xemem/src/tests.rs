@@ -1150,6 +1150,11 @@ fn a_revoke_from_the_name_server_unmaps_and_is_acknowledged_and_a_forged_one_is_
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].0, up, "the acknowledgement goes back towards the name server");
     assert_eq!(out[0].1, Message::new(77, id, NAME_SERVER_ENCLAVE, Body::Revoked { process: 7, access }));
+    // A permit the node does not hold (never granted, or revoked) cannot attach: no segment's
+    // frames could answer it, so it fails at once.
+    let attach = Request::Attach { process: 7, access, offset: 0, size: PAGE_SIZE };
+    assert_eq!(net.nodes[holder].request(attach, &mut net.memory[holder]), Err(Error::NotFound));
+    assert_eq!(net.nodes[holder].pending_requests(), 0);
 }
 
 #[test]
