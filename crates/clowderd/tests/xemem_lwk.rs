@@ -8,7 +8,6 @@
 //! the daemon's broker. Needs /dev/kvm, musl-gcc, the LWK image (cd kernels && cargo build --release -p lwk) and
 //! clowder-vmm (cargo build --release -p clowder-vmm); skipped, with the reason, otherwise.
 
-use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -21,7 +20,7 @@ use clowderd::xemem_links::FileRun;
 use serde_json::{json, Value};
 
 mod support;
-use support::{build_host_program, build_musl_job, lwk_xemem_id, missing_requirement, vmm_binary, workspace_root, TempDir};
+use support::{build_host_program, build_musl_job, lwk_xemem_id, missing_requirement, run_job, run_job_to_end, vmm_binary, workspace_root, TempDir};
 
 fn call(socket: &Path, request: Value) -> Value {
     Client::connect_to(socket).unwrap().call(&request).unwrap()
@@ -84,21 +83,7 @@ fn a_host_process_writes_into_an_lwk_jobs_segment() {
     let enclave_id = xemem_id(&socket, "owner").expect("the enclave got no XEMEM id");
 
     std::thread::scope(|scope| {
-        let runner = scope.spawn(|| {
-            let binary = File::open(&job).unwrap();
-            let cwd = File::open(&dir.0).unwrap();
-            let request = json!({"op": "run", "enclave": "owner", "argv": ["lwk_named_owner"], "cwd": dir.0.to_str().unwrap(), "files": []});
-            let mut stdout = String::new();
-            let reply = Client::connect_to(&socket)
-                .unwrap()
-                .call_streaming(&request, &[binary.as_raw_fd(), cwd.as_raw_fd()], &mut |event| {
-                    if event["event"] == "output" && event["stream"] == "stdout" {
-                        stdout.push_str(event["text"].as_str().unwrap());
-                    }
-                })
-                .unwrap();
-            (reply, stdout)
-        });
+        let runner = scope.spawn(|| run_job_to_end(&socket, "owner", &job, &["lwk_named_owner"], &dir.0));
         let deadline = Instant::now() + Duration::from_secs(20);
         let segment = loop {
             match links.lookup("lwk-owner-seg") {
@@ -139,10 +124,7 @@ fn a_host_process_writes_into_an_lwk_jobs_segment() {
     // After the job's remove the name is gone.
     assert_eq!(links.lookup("lwk-owner-seg"), Err(xemem::Error::NotFound));
     // A job that ends without removing its segment: the kernel removes it for the job.
-    let binary = File::open(&job).unwrap();
-    let cwd = File::open(&dir.0).unwrap();
-    let request = json!({"op": "run", "enclave": "owner", "argv": ["lwk_named_owner", "keep"], "cwd": dir.0.to_str().unwrap(), "files": []});
-    let reply = Client::connect_to(&socket).unwrap().call_streaming(&request, &[binary.as_raw_fd(), cwd.as_raw_fd()], &mut |_| {}).unwrap();
+    let (reply, _) = run_job_to_end(&socket, "owner", &job, &["lwk_named_owner", "keep"], &dir.0);
     assert_eq!(reply["status"], 0, "{reply}");
     let deadline = Instant::now() + Duration::from_secs(5);
     while links.lookup("lwk-owner-seg").is_ok() {
@@ -180,21 +162,7 @@ fn a_libxpmem_process_attaches_an_lwk_jobs_segment_through_the_broker() {
     let enclave_id = xemem_id(&socket, "owner").expect("the enclave got no XEMEM id");
 
     std::thread::scope(|scope| {
-        let runner = scope.spawn(|| {
-            let binary = File::open(&job).unwrap();
-            let cwd = File::open(&dir.0).unwrap();
-            let request = json!({"op": "run", "enclave": "owner", "argv": ["lwk_named_owner"], "cwd": dir.0.to_str().unwrap(), "files": []});
-            let mut stdout = String::new();
-            let reply = Client::connect_to(&socket)
-                .unwrap()
-                .call_streaming(&request, &[binary.as_raw_fd(), cwd.as_raw_fd()], &mut |event| {
-                    if event["event"] == "output" && event["stream"] == "stdout" {
-                        stdout.push_str(event["text"].as_str().unwrap());
-                    }
-                })
-                .unwrap();
-            (reply, stdout)
-        });
+        let runner = scope.spawn(|| run_job_to_end(&socket, "owner", &job, &["lwk_named_owner"], &dir.0));
         let host = Command::new(&attacher).env("CLOWDER_XEMEM_SOCKET", &xemem_socket).output().unwrap();
         let host_out = String::from_utf8_lossy(&host.stdout).into_owned();
         assert!(host.status.success(), "host_attacher: {:?}\n{host_out}{}", host.status, String::from_utf8_lossy(&host.stderr));
@@ -365,18 +333,7 @@ fn lwk_job_attaches_a_host_segment_twice(tag: &str, pages: u64) {
     std::io::BufRead::read_line(&mut host_stdout, &mut first_line).unwrap();
     assert_eq!(first_line.trim(), "made host-owner-seg");
 
-    let binary = File::open(&job).unwrap();
-    let cwd = File::open(&dir.0).unwrap();
-    let request = json!({"op": "run", "enclave": "attacher", "argv": ["lwk_host_attacher", pages.to_string()], "cwd": dir.0.to_str().unwrap(), "files": []});
-    let mut stdout = String::new();
-    let reply = Client::connect_to(&socket)
-        .unwrap()
-        .call_streaming(&request, &[binary.as_raw_fd(), cwd.as_raw_fd()], &mut |event| {
-            if event["event"] == "output" && event["stream"] == "stdout" {
-                stdout.push_str(event["text"].as_str().unwrap());
-            }
-        })
-        .unwrap();
+    let (reply, stdout) = run_job_to_end(&socket, "attacher", &job, &["lwk_host_attacher", &pages.to_string()], &dir.0);
     let host_status = host.wait().unwrap();
     let mut host_rest = String::new();
     std::io::Read::read_to_string(&mut host_stdout, &mut host_rest).unwrap();
@@ -415,22 +372,6 @@ fn start_daemon_with_broker(dir: &Path) -> (PathBuf, PathBuf) {
     let daemon = lwk_daemon(dir, vmm_binary(), liveness);
     assert!(daemon.host_xemem(clowderd::xemem_service::start(&xemem_socket).unwrap()).is_ok());
     (serve(daemon, dir), xemem_socket)
-}
-
-/// Runs `job` (argv `argv`) in `enclave` to its end; its stdout accumulates in `stdout` as it
-/// streams (another thread may watch it). Returns the daemon's final reply.
-fn run_job(socket: &Path, enclave: &str, job: &Path, argv: &[&str], cwd: &Path, stdout: &std::sync::Mutex<String>) -> Value {
-    let binary = File::open(job).unwrap();
-    let directory = File::open(cwd).unwrap();
-    let request = json!({"op": "run", "enclave": enclave, "argv": argv, "cwd": cwd.to_str().unwrap(), "files": []});
-    Client::connect_to(socket)
-        .unwrap()
-        .call_streaming(&request, &[binary.as_raw_fd(), directory.as_raw_fd()], &mut |event| {
-            if event["event"] == "output" && event["stream"] == "stdout" {
-                stdout.lock().unwrap().push_str(event["text"].as_str().unwrap());
-            }
-        })
-        .unwrap()
 }
 
 /// What one revocation run produced.

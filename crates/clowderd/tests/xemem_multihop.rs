@@ -20,7 +20,7 @@ use xemem::NAME_SERVER_ENCLAVE;
 
 mod support;
 use clowder_test_support::daemon_answers_within;
-use support::{build_host_program, build_musl_job, kernel_image, missing_requirement, vmm_binary, workspace_root, TempDir};
+use support::{build_host_program, build_musl_job, kernel_image, missing_requirement, run_job_to_end, vmm_binary, workspace_root, TempDir};
 
 /// A clowderd binary on a private directory; killed when dropped.
 struct Daemon {
@@ -972,21 +972,7 @@ fn a_host_process_on_the_name_server_attaches_an_lwk_segment_under_a_sub_manager
     };
 
     std::thread::scope(|scope| {
-        let runner = scope.spawn(|| {
-            let binary = File::open(&job).unwrap();
-            let cwd = File::open(&dir.0).unwrap();
-            let request = json!({"op": "run", "enclave": "owner", "argv": ["lwk_named_owner"], "cwd": dir.0.to_str().unwrap(), "files": []});
-            let mut stdout = String::new();
-            let reply = Client::connect_to(&b.dir.join("clowderd.sock"))
-                .unwrap()
-                .call_streaming(&request, &[binary.as_raw_fd(), cwd.as_raw_fd()], &mut |event| {
-                    if event["event"] == "output" && event["stream"] == "stdout" {
-                        stdout.push_str(event["text"].as_str().unwrap());
-                    }
-                })
-                .unwrap();
-            (reply, stdout)
-        });
+        let runner = scope.spawn(|| run_job_to_end(&b.dir.join("clowderd.sock"), "owner", &job, &["lwk_named_owner"], &dir.0));
         let host = Command::new(&attacher).env("CLOWDER_XEMEM_SOCKET", a.xemem_socket()).output().unwrap();
         let host_out = String::from_utf8_lossy(&host.stdout).into_owned();
         let context = format!("{host_out}\nA:\n{}\nB:\n{}", a.log(), b.log());
@@ -1166,19 +1152,9 @@ fn signals_between_an_lwk_job_under_a_sub_manager_and_host_owners_elsewhere() {
 /// comes; the thread returns the final reply.
 fn spawn_job<'s>(scope: &'s std::thread::Scope<'s, '_>, d: &'s Daemon, name: &'s str, job: &'s Path, args: Vec<String>, cwd: &'s Path, out: &'s std::sync::Mutex<String>) -> std::thread::ScopedJoinHandle<'s, Value> {
     scope.spawn(move || {
-        let binary = File::open(job).unwrap();
-        let directory = File::open(cwd).unwrap();
-        let mut argv = vec![job.file_name().unwrap().to_str().unwrap().to_string()];
-        argv.extend(args);
-        let request = json!({"op": "run", "enclave": name, "argv": argv, "cwd": cwd.to_str().unwrap(), "files": []});
-        Client::connect_to(&d.dir.join("clowderd.sock"))
-            .unwrap()
-            .call_streaming(&request, &[binary.as_raw_fd(), directory.as_raw_fd()], &mut |event| {
-                if event["event"] == "output" && event["stream"] == "stdout" {
-                    out.lock().unwrap().push_str(event["text"].as_str().unwrap());
-                }
-            })
-            .unwrap()
+        let mut argv = vec![job.file_name().unwrap().to_str().unwrap()];
+        argv.extend(args.iter().map(String::as_str));
+        support::run_job(&d.dir.join("clowderd.sock"), name, job, &argv, cwd, out)
     })
 }
 
@@ -1268,21 +1244,9 @@ fn run_job(d: &Daemon, name: &str, job: &Path, cwd: &Path) -> (Value, String) {
 
 /// [`run_job`] with arguments after argv[0].
 fn run_job_with(d: &Daemon, name: &str, job: &Path, args: &[&str], cwd: &Path) -> (Value, String) {
-    let binary = File::open(job).unwrap();
-    let directory = File::open(cwd).unwrap();
     let mut argv = vec![job.file_name().unwrap().to_str().unwrap()];
     argv.extend_from_slice(args);
-    let request = json!({"op": "run", "enclave": name, "argv": argv, "cwd": cwd.to_str().unwrap(), "files": []});
-    let mut stdout = String::new();
-    let reply = Client::connect_to(&d.dir.join("clowderd.sock"))
-        .unwrap()
-        .call_streaming(&request, &[binary.as_raw_fd(), directory.as_raw_fd()], &mut |event| {
-            if event["event"] == "output" && event["stream"] == "stdout" {
-                stdout.push_str(event["text"].as_str().unwrap());
-            }
-        })
-        .unwrap();
-    (reply, stdout)
+    run_job_to_end(&d.dir.join("clowderd.sock"), name, job, &argv, cwd)
 }
 
 /// The other way down: a host process on the name server's daemon exports a segment, and a
@@ -1387,8 +1351,6 @@ fn revoke_across(tag: &str, owner_on_b: bool, enclave_on_b: bool) {
     let mut first_line = String::new();
     host_stdout.read_line(&mut first_line).unwrap();
     assert_eq!(first_line.trim(), "made host-revoke-seg");
-    let binary = File::open(&job).unwrap();
-    let cwd = File::open(&dir.0).unwrap();
     // A job that never sees SIGBUS spins for ever: after a minute the enclave is removed, which
     // ends it (and the test fails below).
     let b_socket = enclave_at.dir.join("clowderd.sock");
@@ -1398,16 +1360,7 @@ fn revoke_across(tag: &str, owner_on_b: bool, enclave_on_b: bool) {
             let _ = client.call(&json!({"op": "rm", "name": "attacher"}));
         }
     });
-    let request = json!({"op": "run", "enclave": "attacher", "argv": ["lwk_revoked_attacher", "handler"], "cwd": dir.0.to_str().unwrap(), "files": []});
-    let mut stdout = String::new();
-    let reply = Client::connect_to(&enclave_at.dir.join("clowderd.sock"))
-        .unwrap()
-        .call_streaming(&request, &[binary.as_raw_fd(), cwd.as_raw_fd()], &mut |event| {
-            if event["event"] == "output" && event["stream"] == "stdout" {
-                stdout.push_str(event["text"].as_str().unwrap());
-            }
-        })
-        .unwrap();
+    let (reply, stdout) = run_job_to_end(&enclave_at.dir.join("clowderd.sock"), "attacher", &job, &["lwk_revoked_attacher", "handler"], &dir.0);
     let owner_status = host.wait().unwrap();
     let mut owner_stdout = String::new();
     std::io::Read::read_to_string(&mut host_stdout, &mut owner_stdout).unwrap();

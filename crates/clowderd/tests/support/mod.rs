@@ -3,8 +3,11 @@
 //! xemem/tests, and the XEMEM ids LWK enclaves got.
 #![allow(dead_code, unused_imports)] // each test crate uses its own part
 
+use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::Command;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 pub use clowder_test_support::{kernel_image, vmm_binary, workspace_root, TempDir};
@@ -75,4 +78,28 @@ pub fn lwk_xemem_id(socket: &Path, enclave: &str, timeout: Duration) -> Option<u
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Runs the static binary `job` with `argv` (its first word included) in `enclave` of the
+/// daemon at `socket`, in `cwd`, to its end; its stdout accumulates in `stdout` as it streams
+/// (another thread may watch it). Returns the daemon's final reply.
+pub fn run_job(socket: &Path, enclave: &str, job: &Path, argv: &[&str], cwd: &Path, stdout: &Mutex<String>) -> Value {
+    let binary = File::open(job).unwrap();
+    let directory = File::open(cwd).unwrap();
+    let request = json!({"op": "run", "enclave": enclave, "argv": argv, "cwd": cwd.to_str().unwrap(), "files": []});
+    Client::connect_to(socket)
+        .unwrap()
+        .call_streaming(&request, &[binary.as_raw_fd(), directory.as_raw_fd()], &mut |event| {
+            if event["event"] == "output" && event["stream"] == "stdout" {
+                stdout.lock().unwrap().push_str(event["text"].as_str().unwrap());
+            }
+        })
+        .unwrap()
+}
+
+/// [`run_job`], its stdout returned with the reply.
+pub fn run_job_to_end(socket: &Path, enclave: &str, job: &Path, argv: &[&str], cwd: &Path) -> (Value, String) {
+    let stdout = Mutex::new(String::new());
+    let reply = run_job(socket, enclave, job, argv, cwd, &stdout);
+    (reply, stdout.into_inner().unwrap())
 }
