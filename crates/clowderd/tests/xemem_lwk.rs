@@ -411,9 +411,7 @@ fn run_revocation(tag: &str, owner_mode: &str, job_args: &[&str], cores: u32) ->
 
     let mut argv = vec!["lwk_revoked_attacher"];
     argv.extend_from_slice(job_args);
-    let job_stdout = std::sync::Mutex::new(String::new());
-    let reply = run_job(&socket, "attacher", &job, &argv, &dir.0, &job_stdout);
-    let job_stdout = job_stdout.into_inner().unwrap();
+    let (reply, job_stdout) = run_job_to_end(&socket, "attacher", &job, &argv, &dir.0);
     let owner_status = host.wait().unwrap();
     let mut owner_stdout = String::new();
     std::io::Read::read_to_string(&mut host_stdout, &mut owner_stdout).unwrap();
@@ -583,9 +581,7 @@ fn the_same_binary_in_a_connected_enclave_matches_the_host() {
     let host = Command::new(&job).current_dir(&dir.0).env("CLOWDER_XEMEM_SOCKET", &xemem_socket).env("CLOWDER_XEMEM_BACKEND", "broker").output().unwrap();
     let host_out = String::from_utf8_lossy(&host.stdout).into_owned();
     assert_eq!(host.status.code(), None, "the host run dies of a signal: {host_out}");
-    let stdout = std::sync::Mutex::new(String::new());
-    let reply = run_job(&socket, "same", &job, &["same_binary"], &dir.0, &stdout);
-    let lwk_out = stdout.into_inner().unwrap();
+    let (reply, lwk_out) = run_job_to_end(&socket, "same", &job, &["same_binary"], &dir.0);
     let logs = call(&socket, json!({"op": "logs", "name": "same"}));
     assert_eq!(reply["status"], 135, "{reply}\n{lwk_out}\n{logs}");
     assert!(host_out.contains("version 0x26005") && !host_out.contains("FAIL"), "{host_out}");
@@ -732,9 +728,7 @@ fn run_cross_role(place: Place, role: &str, case: &str, binary: &Path, dir: &Pat
             (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
         }
         Place::Lwk(enclave) => {
-            let stdout = std::sync::Mutex::new(String::new());
-            let reply = run_job(socket, enclave, binary, &["cross", role, case], dir, &stdout);
-            let text = stdout.into_inner().unwrap();
+            let (reply, text) = run_job_to_end(socket, enclave, binary, &["cross", role, case], dir);
             (reply["status"] == 0, format!("{text}[job: {reply}]"))
         }
     }
@@ -805,9 +799,7 @@ fn forked_lwk_processes_use_the_device_and_signal_each_other() {
     let created = call(&socket, json!({"op": "create", "name": "forker", "cores": 1, "mem": "128M"}));
     assert_eq!(created["ok"], true, "{created}");
     xemem_id(&socket, "forker").expect("the enclave got no XEMEM id");
-    let stdout = std::sync::Mutex::new(String::new());
-    let reply = run_job(&socket, "forker", &job, &["lwk_fork_device"], &dir.0, &stdout);
-    let out = stdout.into_inner().unwrap();
+    let (reply, out) = run_job_to_end(&socket, "forker", &job, &["lwk_fork_device"], &dir.0);
     assert_eq!(reply["status"], 0, "{reply} {out}");
     assert!(!out.contains("FAIL"), "{out}");
     assert!(out.contains("lwk_fork_device: all passed"), "{out}");
@@ -860,9 +852,8 @@ fn run_notify_peers(tag: &str, parties: [(Peer<'_>, &str, &str, &str); 2]) -> Ve
                         (format!("{:?}", output.status.code()), String::from_utf8_lossy(&output.stdout).into_owned())
                     }
                     Peer::Enclave(name) => {
-                        let stdout = std::sync::Mutex::new(String::new());
-                        let reply = run_job(socket, name, job, &["notify_peer", own, peer, role], dir, &stdout);
-                        (format!("Some({})", reply["status"]), stdout.into_inner().unwrap())
+                        let (reply, stdout) = run_job_to_end(socket, name, job, &["notify_peer", own, peer, role], dir);
+                        (format!("Some({})", reply["status"]), stdout)
                     }
                 })
             })
