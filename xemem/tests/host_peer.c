@@ -101,6 +101,12 @@ static int attacher(const char *name, uint64_t base)
 		return 5;
 	}
 	printf("SIGBUS after remove\n");
+	/* The usual clean-up, whatever became of the segment. */
+	int detached = xpmem_detach((void *)view);
+	printf("detach: %d (errno %d)\n", detached, detached ? errno : 0);
+	int released = xpmem_release(apid);
+	printf("release: %d (errno %d)\n", released, released ? errno : 0);
+	fflush(stdout);
 	return matching == PAGES ? 0 : 4;
 }
 

@@ -93,6 +93,13 @@ pub enum EnclaveRun {
     Hole { length: u64 },
 }
 
+/// Whether an operation through a permit ends it ([`Broker::through_permit`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Forget {
+    Yes,
+    No,
+}
+
 /// Surrogate permit ids for other enclaves' permits: above every local id the broker's own
 /// name server hands out.
 const FIRST_SURROGATE: u32 = MAX_NAME_SERVER_LOCAL + 1;
@@ -226,6 +233,37 @@ impl Broker {
             Some(_) => Err(Error::Denied),
             None => Ok(None),
         }
+    }
+
+    /// A release, detach or signal by process `pid` through `access`: a permit orphaned by a
+    /// lost name server succeeds here (`forget`: and goes, for a release; a detach or signal
+    /// leaves it for the release that follows); a surrogate for a permit at the name server
+    /// upstream is passed there (`upstream`, with the real permit, forgotten first for a
+    /// release); any other is this broker's own (`local`).
+    fn through_permit(
+        &self,
+        pid: u32,
+        access: AccessId,
+        forget: Forget,
+        upstream: impl FnOnce(&dyn Enclaves, u64, AccessId) -> Result<(), Error>,
+        local: impl FnOnce() -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        {
+            let mut state = self.lock();
+            if state.orphaned_permits.get(&access) == Some(&pid) {
+                if forget == Forget::Yes {
+                    state.orphaned_permits.remove(&access);
+                }
+                return Ok(());
+            }
+        }
+        if let Some(real) = self.remote_permit(pid, access)? {
+            if forget == Forget::Yes {
+                self.lock().remote_permits.remove(&access);
+            }
+            return upstream(self.remote()?.as_ref(), pid as u64, real);
+        }
+        local()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -464,35 +502,12 @@ impl Broker {
             }
             wire::OP_RELEASE => {
                 let access = AccessId::from_raw(a[0] as i64).ok_or(Error::Invalid)?;
-                {
-                    let mut state = self.lock();
-                    if state.orphaned_permits.get(&access) == Some(&peer.pid) {
-                        state.orphaned_permits.remove(&access);
-                        return Ok(Answer::ok(op, &[]));
-                    }
-                }
-                if let Some(real) = self.remote_permit(peer.pid, access)? {
-                    self.lock().remote_permits.remove(&access);
-                    self.remote()?.release(peer.pid as u64, real)?;
-                    return Ok(Answer::ok(op, &[]));
-                }
-                self.lock().ns.release(me, access)?;
+                self.through_permit(peer.pid, access, Forget::Yes, |up, pid, real| up.release(pid, real), || self.lock().ns.release(me, access))?;
                 Ok(Answer::ok(op, &[]))
             }
             wire::OP_DETACH => {
                 let access = AccessId::from_raw(a[0] as i64).ok_or(Error::Invalid)?;
-                {
-                    let mut state = self.lock();
-                    if state.orphaned_permits.get(&access) == Some(&peer.pid) {
-                        state.orphaned_permits.remove(&access);
-                        return Ok(Answer::ok(op, &[]));
-                    }
-                }
-                if let Some(real) = self.remote_permit(peer.pid, access)? {
-                    self.remote()?.detach(peer.pid as u64, real)?;
-                    return Ok(Answer::ok(op, &[]));
-                }
-                self.lock().ns.detach(me, access)?;
+                self.through_permit(peer.pid, access, Forget::No, |up, pid, real| up.detach(pid, real), || self.lock().ns.detach(me, access))?;
                 Ok(Answer::ok(op, &[]))
             }
             wire::OP_LOOKUP => {
@@ -506,18 +521,7 @@ impl Broker {
             }
             wire::OP_SIGNAL => {
                 let access = AccessId::from_raw(a[0] as i64).ok_or(Error::Invalid)?;
-                {
-                    let mut state = self.lock();
-                    if state.orphaned_permits.get(&access) == Some(&peer.pid) {
-                        state.orphaned_permits.remove(&access);
-                        return Ok(Answer::ok(op, &[]));
-                    }
-                }
-                if let Some(real) = self.remote_permit(peer.pid, access)? {
-                    self.remote()?.signal(peer.pid as u64, real)?;
-                    return Ok(Answer::ok(op, &[]));
-                }
-                self.signal(me, access)?;
+                self.through_permit(peer.pid, access, Forget::No, |up, pid, real| up.signal(pid, real), || self.signal(me, access))?;
                 Ok(Answer::ok(op, &[]))
             }
             _ => Err(Error::Invalid),
