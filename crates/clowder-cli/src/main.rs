@@ -344,7 +344,8 @@ fn readable_size(bytes: u64) -> String {
     }
 }
 
-/// `xemem ls`: one row per segment the host's XEMEM name server knows.
+/// `xemem ls`: one row per segment the host's XEMEM name server knows, with its owner: the
+/// host or an enclave, and the owning process there (an enclave job's pid is its own).
 fn print_segments(reply: &Value) {
     let segments = reply["segments"].as_array().cloned().unwrap_or_default();
     if segments.is_empty() {
@@ -361,10 +362,10 @@ fn print_segments(reply: &Value) {
                 None => "-".to_string(),
             };
             let size = segment["size"].as_u64().map_or_else(|| "-".to_string(), readable_size);
-            vec![text(&segment["segid_hex"]), owner, size, text(&segment["name"])]
+            vec![text(&segment["segid_hex"]), owner, text(&segment["owner_process"]), size, text(&segment["name"])]
         })
         .collect();
-    print_table(&["SEGID", "OWNER", "SIZE", "NAME"], &rows);
+    print_table(&["SEGID", "OWNER", "PID", "SIZE", "NAME"], &rows);
 }
 
 fn simple_command(request: Value, json_output: bool, show: impl Fn(&Value)) -> Result<u8, Failure> {

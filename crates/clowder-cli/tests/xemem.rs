@@ -204,9 +204,10 @@ fn clowderd_hosts_xemem_and_lists_segments() {
     eprintln!("clowder xemem ls:\n{table}");
     let mut lines = table.lines();
     let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
-    assert_eq!(header, ["SEGID", "OWNER", "SIZE", "NAME"]);
+    assert_eq!(header, ["SEGID", "OWNER", "PID", "SIZE", "NAME"]);
     let row: Vec<&str> = lines.next().expect("no segment row").split_whitespace().collect();
-    assert_eq!(row, [format!("{:#x}", owner.segid).as_str(), "host", "64K", "clowder-test-vector"], "{table}");
+    let pid = owner.child.id().to_string();
+    assert_eq!(row, [format!("{:#x}", owner.segid).as_str(), "host", &pid, "64K", "clowder-test-vector"], "{table}");
 
     let json_output = daemon.clowder(&["--json", "xemem", "ls"]);
     let reply: Value = serde_json::from_slice(&json_output.stdout).expect("--json prints one JSON object");
@@ -215,7 +216,7 @@ fn clowderd_hosts_xemem_and_lists_segments() {
     assert_eq!(
         reply["segments"],
         json!([{"segid": owner.segid, "segid_hex": format!("{:#x}", owner.segid), "owner_enclave": 1,
-                "size": 65536, "name": "clowder-test-vector"}])
+                "owner_process": owner.child.id(), "size": 65536, "name": "clowder-test-vector"}])
     );
 
     // Malformed requests get errors, on the API socket and on the broker's.

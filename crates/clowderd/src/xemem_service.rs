@@ -97,6 +97,7 @@ impl XememService {
                     "segid": listing.segment.raw(),
                     "segid_hex": format!("{:#x}", listing.segment.raw()),
                     "owner_enclave": listing.owner,
+                    "owner_process": listing.process,
                     "size": listing.size,
                     "name": listing.name.as_ref().map(|name| String::from_utf8_lossy(name.as_bytes()).into_owned()),
                 })

@@ -49,6 +49,9 @@ pub struct AttachPlan {
 pub struct Listing {
     pub segment: SegmentId,
     pub owner: EnclaveId,
+    /// The owner's process in its enclave: a host pid for the host's segments, a job's pid
+    /// inside its enclave otherwise.
+    pub process: u64,
     pub size: u64,
     pub name: Option<Name>,
 }
@@ -271,7 +274,7 @@ impl NameServer {
             .values()
             .filter(|s| s.id.raw() > after)
             .take(max)
-            .map(|s| Listing { segment: s.id, owner: s.owner.enclave, size: s.size, name: s.name.clone() })
+            .map(|s| Listing { segment: s.id, owner: s.owner.enclave, process: s.owner.process, size: s.size, name: s.name.clone() })
             .collect()
     }
 
