@@ -5,8 +5,7 @@
 //!
 //! The node is sans I/O: the enclave's channel code hands it what the host sent
 //! ([`from_host`]) and sends what it returns. There is no timer here, so the node's clock
-//! advances when the host pings (every second) and when a job thread makes a request, which
-//! paces discovery and retries.
+//! advances when the host pings (every second), which paces its discovery of the name server.
 //!
 //! The node finds the name server and gets this enclave's id, serves attaches of the job's
 //! segments that arrive from elsewhere, and takes the name server's notifications and
