@@ -196,7 +196,7 @@ enum Verdict {
     Answered(Result<Reply, Error>),
 }
 
-/// The answer a direct request takes.
+/// The answer a request takes (the node's own or a direct one).
 #[derive(Clone, Copy)]
 enum Expects {
     Done,
@@ -225,7 +225,7 @@ pub enum ServedChange {
 impl DirectRequest {
     /// The `sequence`-th direct request of enclave `origin`, any but an attach
     /// ([`DirectRequest::attach`]). Returns the message to send.
-    #[inline] // one call site in a kernel whose every instruction counts (PVM emulates them)
+    #[inline] // into a kernel's request path, where every instruction counts (PVM emulates them)
     pub fn new(sequence: u64, origin: EnclaveId, request: Request) -> Result<(DirectRequest, Message), Error> {
         let expects = Expects::of(&request).ok_or(Error::Invalid)?;
         DirectRequest::start(sequence, origin, request, expects)
