@@ -1531,17 +1531,24 @@ EXPORT xpmem_apid_t xpmem_get(xpmem_segid_t segid, int flags, int permit_type, v
 	return (xpmem_apid_t)answer.results[0];
 }
 
-EXPORT int xpmem_release(xpmem_apid_t apid)
+/* A broker call whose one argument is a permit (release, signal); a non-positive apid is
+ * EINVAL, as XPMEM's. */
+static int permit_call(uint16_t op, xpmem_apid_t apid)
 {
-	if (use_device())
-		return (int)device_call(XPMEM_CMD_RELEASE, &apid);
 	if (apid <= 0) {
 		errno = EINVAL;
 		return -1;
 	}
 	struct wire_answer answer;
 	uint64_t args[] = { (uint64_t)apid };
-	return call(OP_RELEASE, args, 1, NULL, &answer);
+	return call(op, args, 1, NULL, &answer);
+}
+
+EXPORT int xpmem_release(xpmem_apid_t apid)
+{
+	if (use_device())
+		return (int)device_call(XPMEM_CMD_RELEASE, &apid);
+	return permit_call(OP_RELEASE, apid);
 }
 
 static int hole_descriptor(void)
@@ -1746,13 +1753,7 @@ EXPORT int xemem_signal(xpmem_apid_t apid)
 		struct xemem_cmd_signal signal = { .apid = apid };
 		return (int)device_call(XEMEM_CMD_SIGNAL, &signal);
 	}
-	if (apid <= 0) {
-		errno = EINVAL;
-		return -1;
-	}
-	struct wire_answer answer;
-	uint64_t args[] = { (uint64_t)apid };
-	return call(OP_SIGNAL, args, 1, NULL, &answer);
+	return permit_call(OP_SIGNAL, apid);
 }
 
 EXPORT int xemem_notify_fd(xpmem_segid_t segid)
