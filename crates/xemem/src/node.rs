@@ -292,7 +292,8 @@ impl Expects {
             (Expects::Made { process, vaddr, length }, Ok(Reply::Made(segment))) => {
                 Some(ServedChange::Made { segment: *segment, process, vaddr, length })
             }
-            (Expects::Removed { segment }, Ok(Reply::Done)) => Some(ServedChange::Removed { segment }),
+            // Not found: gone already (its enclave's job ended, say); not to be served either.
+            (Expects::Removed { segment }, Ok(Reply::Done) | Err(Error::NotFound)) => Some(ServedChange::Removed { segment }),
             _ => None,
         }
     }

@@ -937,6 +937,12 @@ fn other_direct_requests_take_their_kind_of_answer_from_the_name_server_alone() 
     let (mut removed, _) = DirectRequest::new(7, 2, Request::Remove { process: 11, segment: ours }).unwrap();
     assert_eq!(removed.answer(1, Body::Made { segment: ours }), None);
     assert_eq!(removed.answer(1, Body::Done), Some(Ok(Reply::Done)));
+    // What the answers change in the segments the asking node serves: a segment removed, or
+    // found gone already, is not served any more; a refused remove changes nothing.
+    assert_eq!(made.served_change(&Ok(Reply::Made(ours))), Some(ServedChange::Made { segment: ours, process: 11, vaddr: 0x1000, length: 0x1000 }));
+    assert_eq!(removed.served_change(&Ok(Reply::Done)), Some(ServedChange::Removed { segment: ours }));
+    assert_eq!(removed.served_change(&Err(Error::NotFound)), Some(ServedChange::Removed { segment: ours }));
+    assert_eq!(removed.served_change(&Err(Error::Denied)), None);
     // An attach needs its permit's segment.
     assert_eq!(DirectRequest::new(8, 2, Request::Attach { process: 11, access, offset: 0, size: 0x1000 }).err(), Some(Error::Invalid));
 }
