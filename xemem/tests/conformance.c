@@ -31,6 +31,8 @@
 
 #include <xpmem.h>
 
+#include "fault_probe.h"
+
 #define PAGE 4096UL
 #define INTS_PER_PAGE (PAGE / sizeof(int))
 
@@ -101,36 +103,6 @@ static void reap(struct peer p)
 	CHECK(waitpid(p.pid, &status, 0) == p.pid, "waitpid");
 	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "peer %d ended with status 0x%x", p.pid, status);
 	close(p.fd);
-}
-
-/* ---- faults ---- */
-
-static sigjmp_buf fault_jump;
-static volatile sig_atomic_t fault_signal;
-
-static void on_fault(int sig)
-{
-	fault_signal = sig;
-	siglongjmp(fault_jump, 1);
-}
-
-/* Touches one int at p (reads, or writes when write); returns 0 or the signal it raised. */
-static int touch(volatile int *p, int write)
-{
-	struct sigaction action = { .sa_handler = on_fault, .sa_flags = SA_NODEFER }, old_bus, old_segv;
-	sigemptyset(&action.sa_mask);
-	sigaction(SIGBUS, &action, &old_bus);
-	sigaction(SIGSEGV, &action, &old_segv);
-	fault_signal = 0;
-	if (sigsetjmp(fault_jump, 1) == 0) {
-		if (write)
-			*p = 42;
-		else
-			(void)*p;
-	}
-	sigaction(SIGBUS, &old_bus, NULL);
-	sigaction(SIGSEGV, &old_segv, NULL);
-	return fault_signal;
 }
 
 /* ---- memory ---- */

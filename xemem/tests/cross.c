@@ -27,6 +27,8 @@
 #include <unistd.h>
 #include <xpmem.h>
 
+#include "fault_probe.h"
+
 #define PAGE 4096UL
 #define INTS_PER_PAGE (PAGE / sizeof(int))
 #define STEP_SECONDS 60
@@ -71,36 +73,6 @@ static void wait_step(int word, uint64_t step)
 		CHECK(time(NULL) < deadline, "timed out waiting for step %llu of the peer", (unsigned long long)step);
 		usleep(1000);
 	}
-}
-
-static sigjmp_buf fault_jump;
-static volatile sig_atomic_t fault_signal;
-
-static void on_fault(int sig)
-{
-	fault_signal = sig;
-	siglongjmp(fault_jump, 1);
-}
-
-/* Touches one int (a read, or a write when `write`); returns 0 or the signal it raised. */
-static int touch(volatile int *p, int write)
-{
-	struct sigaction action, old_bus, old_segv;
-	memset(&action, 0, sizeof action);
-	action.sa_handler = on_fault;
-	action.sa_flags = SA_NODEFER;
-	sigaction(SIGBUS, &action, &old_bus);
-	sigaction(SIGSEGV, &action, &old_segv);
-	fault_signal = 0;
-	if (sigsetjmp(fault_jump, 1) == 0) {
-		if (write)
-			*p = 42;
-		else
-			(void)*p;
-	}
-	sigaction(SIGBUS, &old_bus, NULL);
-	sigaction(SIGSEGV, &old_segv, NULL);
-	return fault_signal;
 }
 
 /* Fresh private memory behind one read-only page: on the host a new anonymous mapping may

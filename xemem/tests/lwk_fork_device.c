@@ -33,26 +33,10 @@
 #include <unistd.h>
 #include <xpmem.h>
 
+#include "fault_probe.h"
+
 #define PAGE 4096UL
 #define PAGES 4
-
-static sigjmp_buf recover;
-static volatile sig_atomic_t caught;
-
-static void on_fault(int signal)
-{
-	caught = signal;
-	siglongjmp(recover, 1);
-}
-
-/* The signal a read of address raises (0: none). */
-static int touch(volatile long *address)
-{
-	caught = 0;
-	if (sigsetjmp(recover, 1) == 0)
-		(void)*address;
-	return caught;
-}
 
 static int failures;
 static void check(int ok, const char *what)
@@ -93,10 +77,6 @@ static int pattern_is(volatile long *base, long first)
 
 int main(void)
 {
-	struct sigaction action = { .sa_handler = on_fault };
-	sigaction(SIGSEGV, &action, NULL);
-	sigaction(SIGBUS, &action, NULL);
-
 	long *mine = pages();
 	if (!mine)
 		return 2;
@@ -119,7 +99,7 @@ int main(void)
 	pid_t child = fork();
 	if (child == 0) {
 		/* The child: the parent's attachment is not inherited. */
-		check(touch(self_view) == SIGSEGV, "child: the parent's attachment is absent (SIGSEGV)");
+		check(touch((volatile int *)self_view, 0) == SIGSEGV, "child: the parent's attachment is absent (SIGSEGV)");
 		check(xemem_notify_fd(segid) == -1 && errno == ENOENT, "child: no notify descriptor for the parent's segment");
 		xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
 		long *view = apid > 0 ? xpmem_attach((struct xpmem_addr){ .apid = apid, .offset = 0 }, PAGES * PAGE, NULL) : (void *)-1;
@@ -173,7 +153,7 @@ int main(void)
 	int status = -1;
 	waitpid(child, &status, 0);
 	check(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child exited 0");
-	check(touch(view) == SIGBUS, "parent: the exited child's segment is gone (SIGBUS)");
+	check(touch((volatile int *)view, 0) == SIGBUS, "parent: the exited child's segment is gone (SIGBUS)");
 	check(xpmem_get(child_segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL) == -1 && errno == ENOENT, "parent: get of it is ENOENT");
 	check(xpmem_detach(view) == 0, "parent: detach 0");
 	xpmem_release(apid);
@@ -208,7 +188,7 @@ int main(void)
 	say(to_child[1], 'u');
 	check(hear(to_parent[0]) == 'u', "parent: the owner child unmapped page 1");
 	long *after = xpmem_attach(whole, PAGES * PAGE, NULL);
-	check(after != (void *)-1 && touch(after + PAGE / sizeof(long)) == SIGBUS && after[0] == 500,
+	check(after != (void *)-1 && touch((volatile int *)(after + PAGE / sizeof(long)), 0) == SIGBUS && after[0] == 500,
 	      "parent: attached again, page 1 is a hole (SIGBUS) and page 0 as before");
 	check(xpmem_detach(after) == 0 && xpmem_release(remapped_apid) == 0, "parent: detach, release");
 	say(to_child[1], 'x');
