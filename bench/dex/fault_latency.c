@@ -17,29 +17,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-	return x < y ? -1 : x > y;
-}
-
-static double median_us(uint64_t *v, int n)
-{
-	qsort(v, (size_t)n, sizeof(*v), cmp);
-	return v[n / 2] / 1000.0;
-}
-
-static double percentile_us(uint64_t *v, int n, double p)
-{
-	return v[(int)(n * p)] / 1000.0;
-}
+#include "samples.h"
 
 static volatile long turn;
 static long rounds;
