@@ -539,6 +539,21 @@ impl Net {
         Net { nodes, memory, peers, in_flight: VecDeque::new(), rng, drop_per_thousand, reorder, now: 0 }
     }
 
+    /// A path of `n` enclaves, the name server (instance `seed`) at `name_server_at`; each
+    /// enclave's memory a run of its own (enclave `i`'s frames start at `1 + i`).
+    fn chain(n: usize, name_server_at: usize, timing: Timing, seed: u64) -> Net {
+        let mut peers: Vec<Vec<(usize, LinkId)>> = vec![Vec::new(); n];
+        for i in 1..n {
+            let a = peers[i - 1].len() as LinkId;
+            let b = peers[i].len() as LinkId;
+            peers[i - 1].push((i, b));
+            peers[i].push((i - 1, a));
+        }
+        let nodes = (0..n).map(|i| Node::new(peers[i].len() as u32, (i == name_server_at).then(|| NameServer::new(seed)), timing)).collect();
+        let memory = (0..n).map(|i| ModelMemory { enclave: 0, run: 1 + i as u64, notified: Vec::new(), revoked: Vec::new() }).collect();
+        Net { nodes, memory, peers, in_flight: VecDeque::new(), rng: Rng(seed | 1), drop_per_thousand: 0, reorder: false, now: 0 }
+    }
+
     fn collect(&mut self, node: usize) {
         for (link, message) in self.nodes[node].outbox() {
             let bytes = message.to_bytes().expect("a node only sends encodable messages");
@@ -789,18 +804,7 @@ fn random_trees_with_lossy_reordering_links_never_map_wrong_frames() {
 fn every_pair_in_a_deep_chain() {
     // A path of 12 enclaves: the longest route in a tree of this size; all 144 ordered pairs.
     let n = 12;
-    let mut net = Net::tree(2, 1, 0, false);
-    let mut peers: Vec<Vec<(usize, LinkId)>> = vec![Vec::new(); n];
-    for i in 1..n {
-        let a = peers[i - 1].len() as LinkId;
-        let b = peers[i].len() as LinkId;
-        peers[i - 1].push((i, b));
-        peers[i].push((i - 1, a));
-    }
-    let timing = Timing { retry_after: 200, attempts: 8 };
-    net.nodes = (0..n).map(|i| Node::new(peers[i].len() as u32, (i == n / 2).then(|| NameServer::new(3)), timing)).collect();
-    net.memory = (0..n).map(|i| ModelMemory { enclave: 0, run: 1 + i as u64, notified: Vec::new(), revoked: Vec::new() }).collect();
-    net.peers = peers;
+    let mut net = Net::chain(n, n / 2, Timing { retry_after: 200, attempts: 8 }, 3);
     net.settle_ids();
     let ids: Vec<EnclaveId> = net.nodes.iter().map(|n| n.id().unwrap()).collect();
     for owner in 0..n {
@@ -1021,18 +1025,7 @@ fn answers_from_the_wrong_enclave_or_of_the_wrong_kind_are_ignored() {
 fn a_lost_enclave_takes_its_segments_and_permits_and_a_stranger_cannot_declare_it_gone() {
     // A chain 0 - 1 - 2 - 3 with the name server at 0; enclave 3 owns a segment, 1 holds a permit.
     let n = 4;
-    let mut net = Net::tree(2, 1, 0, false);
-    let mut peers: Vec<Vec<(usize, LinkId)>> = vec![Vec::new(); n];
-    for i in 1..n {
-        let a = peers[i - 1].len() as LinkId;
-        let b = peers[i].len() as LinkId;
-        peers[i - 1].push((i, b));
-        peers[i].push((i - 1, a));
-    }
-    let timing = Timing { retry_after: 200, attempts: 4 };
-    net.nodes = (0..n).map(|i| Node::new(peers[i].len() as u32, (i == 0).then(|| NameServer::new(4)), timing)).collect();
-    net.memory = (0..n).map(|_| ModelMemory { enclave: 0, run: 4, notified: Vec::new(), revoked: Vec::new() }).collect();
-    net.peers = peers;
+    let mut net = Net::chain(n, 0, Timing { retry_after: 200, attempts: 4 }, 4);
     net.settle_ids();
     let gone_id = net.nodes[3].id().unwrap();
     let Ok(Reply::Made(segment)) = net.call(
