@@ -448,6 +448,9 @@ impl Daemon {
             state.next_job = state.next_job.wrapping_add(1);
             (enclave, state.next_job)
         };
+        if let Some(refusal) = refuse_unrunnable(&request.argv[0], &files.binary) {
+            return refusal;
+        }
         let cores = match request.cores {
             None => 0,
             Some(CoreRequest::Count(count)) if count <= enclave.cores.len() && count < 64 => (1u64 << count) - 1,
@@ -509,6 +512,9 @@ impl Daemon {
     }
 
     fn run_one_shot(&self, request: RunRequest, binary: File, events: &mut dyn EventSink) -> Value {
+        if let Some(refusal) = refuse_unrunnable(&request.argv[0], &binary) {
+            return refusal;
+        }
         let command_line = match kernel_command_line(&request.argv, &request.env, request.heap) {
             Ok(line) => line,
             Err(e) => return error_reply(e),
@@ -592,4 +598,10 @@ impl Daemon {
             }
         }
     }
+}
+
+/// The error reply for a program (`program`, the run's argv[0]) that no LWK can run, said
+/// before an enclave boots for it or is sent it (see `executable`).
+fn refuse_unrunnable(program: &str, binary: &File) -> Option<Value> {
+    crate::executable::unrunnable(binary).map(|problem| error_reply(format!("{program} {problem}")))
 }

@@ -14,6 +14,7 @@ pub mod cores;
 pub mod cpuset;
 pub mod daemon;
 pub mod enclave;
+pub mod executable;
 pub mod guest_ram;
 pub mod hio;
 pub mod jsonl;

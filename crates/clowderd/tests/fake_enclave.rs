@@ -574,6 +574,9 @@ impl FakeKernel {
 struct TestDaemon {
     socket: PathBuf,
     daemon: Arc<Daemon>,
+    /// The jobs' binary: the fake enclaves never run it, but the daemon checks that an LWK
+    /// could (a static x86-64 executable).
+    program: PathBuf,
     _dir: TempDir,
 }
 
@@ -582,7 +585,32 @@ fn start_daemon(label: &str, liveness: Liveness) -> TestDaemon {
     let config = daemon_config(PathBuf::from("/nonexistent/clowder-vmm"), PathBuf::from("/nonexistent/lwk"), liveness);
     let daemon = Daemon::new(config, Box::new(FakeLauncher));
     let socket = serve(daemon.clone(), &dir.0);
-    TestDaemon { socket, daemon, _dir: dir }
+    let program = dir.0.join("prog");
+    std::fs::write(&program, static_executable_stub()).unwrap();
+    TestDaemon { socket, daemon, program, _dir: dir }
+}
+
+/// A page holding the ELF header and one loadable segment of a static x86-64 executable
+/// (nothing runs it).
+fn static_executable_stub() -> Vec<u8> {
+    let mut bytes = vec![0u8; 4096];
+    bytes[..4].copy_from_slice(b"\x7fELF");
+    bytes[4] = 2; // 64-bit
+    bytes[5] = 1; // little-endian
+    bytes[6] = 1; // version
+    bytes[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    bytes[18..20].copy_from_slice(&62u16.to_le_bytes()); // EM_X86_64
+    bytes[24..32].copy_from_slice(&0x40_0078u64.to_le_bytes()); // entry
+    bytes[32..40].copy_from_slice(&64u64.to_le_bytes()); // program headers right after
+    bytes[52..54].copy_from_slice(&64u16.to_le_bytes());
+    bytes[54..56].copy_from_slice(&56u16.to_le_bytes());
+    bytes[56..58].copy_from_slice(&1u16.to_le_bytes());
+    bytes[64..68].copy_from_slice(&1u32.to_le_bytes()); // PT_LOAD
+    bytes[68..72].copy_from_slice(&5u32.to_le_bytes()); // R+X
+    bytes[80..88].copy_from_slice(&0x40_0000u64.to_le_bytes()); // vaddr
+    bytes[96..104].copy_from_slice(&4096u64.to_le_bytes()); // file size
+    bytes[104..112].copy_from_slice(&4096u64.to_le_bytes()); // memory size
+    bytes
 }
 
 fn quick_liveness() -> Liveness {
@@ -605,7 +633,7 @@ impl TestDaemon {
 
     /// Runs a job in `enclave` from directory `cwd`; returns (final reply, stdout, stderr).
     fn run(&self, enclave: &str, argv: &[&str], cwd: &Path, inputs: &[(&str, &Path)]) -> (Value, String, String) {
-        let binary = File::open(std::env::current_exe().unwrap()).unwrap();
+        let binary = File::open(&self.program).unwrap();
         let dir = File::open(cwd).unwrap();
         let input_files: Vec<File> = inputs.iter().map(|(_, path)| File::open(path).unwrap()).collect();
         let mut fds = vec![binary.as_raw_fd(), dir.as_raw_fd()];
@@ -673,7 +701,7 @@ fn a_quiet_job_is_killed_when_its_client_goes_away() {
     let daemon = start_daemon("client-gone", quick_liveness());
     daemon.create("sim");
     let work = TempDir::new("clowderd-client-gone-work");
-    let binary = File::open(std::env::current_exe().unwrap()).unwrap();
+    let binary = File::open(&daemon.program).unwrap();
     let dir = File::open(&work.0).unwrap();
     let request = json!({
         "op": "run", "enclave": "sim", "argv": ["prog", "quiet-until-killed"], "cwd": work.0.to_str().unwrap(), "files": [],
@@ -704,7 +732,7 @@ fn the_binary_and_input_files_are_shared_into_the_enclave() {
     std::fs::write(&input, "nx=64").unwrap();
     let (reply, stdout, _) = daemon.run("sim", &["/path/to/prog", "inputs"], &work.0, &[("params.txt", &input)]);
     assert_eq!(reply["ok"], true, "{reply}");
-    let binary_len = std::fs::metadata(std::env::current_exe().unwrap()).unwrap().len();
+    let binary_len = std::fs::metadata(&daemon.program).unwrap().len();
     assert!(stdout.contains(&format!("binary prog {binary_len} bytes, starts [127, 69, 76, 70]")), "{stdout}");
     assert!(stdout.contains("input params.txt: nx=64"), "{stdout}");
     assert!(stdout.contains(&format!("cwd {}", work.0.display())), "{stdout}");

@@ -1,0 +1,198 @@
+//! What the daemon checks in a job's binary before it boots an enclave or sends the job: an
+//! LWK runs static x86-64 Linux executables, and a program it cannot run should be refused
+//! here with a sentence that says why, not by the kernel after the enclave started. The
+//! kernel checks again (it trusts nobody); this is for the user.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+const ELF_HEADER_LEN: usize = 64;
+const PROGRAM_HEADER_LEN: u64 = 56;
+/// More program headers than any real executable has; a larger count is a corrupt file.
+const MAX_PROGRAM_HEADERS: u64 = 256;
+const ET_EXEC: u16 = 2;
+const ET_DYN: u16 = 3;
+const EM_X86_64: u16 = 62;
+const PT_LOAD: u32 = 1;
+const PT_INTERP: u32 = 3;
+/// Longer interpreter paths are cut in the message.
+const MAX_INTERPRETER_SHOWN: u64 = 256;
+
+/// Why `binary` cannot run in an LWK enclave, as the end of a sentence about the program
+/// ("is dynamically linked ..."); `None` if it looks runnable.
+pub fn unrunnable(binary: &File) -> Option<String> {
+    let read = |offset: u64, len: u64| -> Option<Vec<u8>> {
+        let mut bytes = vec![0; len as usize];
+        binary.read_exact_at(&mut bytes, offset).ok()?;
+        Some(bytes)
+    };
+    let Some(header) = read(0, ELF_HEADER_LEN as u64) else {
+        return Some(not_elf());
+    };
+    let (offset, count) = match program_header_table(&header) {
+        Ok(table) => table,
+        Err(problem) => return Some(problem.to_string()),
+    };
+    let Some(table) = read(offset, count * PROGRAM_HEADER_LEN) else {
+        return Some("is cut short: its program headers lie past its end".into());
+    };
+    match check_program_headers(&table) {
+        Ok(()) => None,
+        Err(Problem::Interpreter { offset, len }) => {
+            let path = read(offset, len.min(MAX_INTERPRETER_SHOWN)).map(|bytes| {
+                let path = bytes.split(|&byte| byte == 0).next().unwrap_or_default();
+                String::from_utf8_lossy(path).into_owned()
+            });
+            Some(dynamically_linked(path.as_deref()))
+        }
+        Err(problem) => Some(problem.to_string()),
+    }
+}
+
+fn not_elf() -> String {
+    "is not an ELF executable (enclaves run static x86-64 Linux executables)".into()
+}
+
+fn dynamically_linked(interpreter: Option<&str>) -> String {
+    let asks = interpreter.filter(|path| !path.is_empty()).map(|path| format!(" (it asks for {path})")).unwrap_or_default();
+    format!("is dynamically linked{asks}: enclaves run static executables; link it with -static")
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Problem {
+    NotElf,
+    NotX86_64Executable,
+    MalformedProgramHeaders,
+    /// A PT_INTERP segment: the interpreter's path lies at `offset`, `len` bytes.
+    Interpreter { offset: u64, len: u64 },
+    NothingToLoad,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Problem::NotElf => f.write_str(&not_elf()),
+            Problem::NotX86_64Executable => f.write_str("is not a 64-bit little-endian x86-64 executable"),
+            Problem::MalformedProgramHeaders => f.write_str("has a malformed program header table"),
+            Problem::Interpreter { .. } => f.write_str(&dynamically_linked(None)),
+            Problem::NothingToLoad => f.write_str("has no loadable segment"),
+        }
+    }
+}
+
+fn u16_at(bytes: &[u8], offset: usize) -> u16 {
+    u16::from_le_bytes([bytes[offset], bytes[offset + 1]])
+}
+
+fn u32_at(bytes: &[u8], offset: usize) -> u32 {
+    u32::from_le_bytes(bytes[offset..offset + 4].try_into().expect("four bytes"))
+}
+
+fn u64_at(bytes: &[u8], offset: usize) -> u64 {
+    u64::from_le_bytes(bytes[offset..offset + 8].try_into().expect("eight bytes"))
+}
+
+/// Where the program header table is (file offset, entries), from the ELF header.
+fn program_header_table(header: &[u8]) -> Result<(u64, u64), Problem> {
+    if header.len() < ELF_HEADER_LEN || &header[..4] != b"\x7fELF" {
+        return Err(Problem::NotElf);
+    }
+    let (class, data, kind, machine) = (header[4], header[5], u16_at(header, 16), u16_at(header, 18));
+    if class != 2 || data != 1 || machine != EM_X86_64 || !matches!(kind, ET_EXEC | ET_DYN) {
+        return Err(Problem::NotX86_64Executable);
+    }
+    let (offset, entry_size, count) = (u64_at(header, 32), u64::from(u16_at(header, 54)), u64::from(u16_at(header, 56)));
+    if entry_size != PROGRAM_HEADER_LEN || count > MAX_PROGRAM_HEADERS {
+        return Err(Problem::MalformedProgramHeaders);
+    }
+    Ok((offset, count))
+}
+
+/// The program header table: an interpreter (dynamic linking), no loadable segment, or fine.
+fn check_program_headers(table: &[u8]) -> Result<(), Problem> {
+    let mut loadable = false;
+    for entry in table.chunks_exact(PROGRAM_HEADER_LEN as usize) {
+        match u32_at(entry, 0) {
+            PT_INTERP => return Err(Problem::Interpreter { offset: u64_at(entry, 8), len: u64_at(entry, 32) }),
+            PT_LOAD => loadable = true,
+            _ => {}
+        }
+    }
+    if loadable {
+        Ok(())
+    } else {
+        Err(Problem::NothingToLoad)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// An x86-64 ELF executable of type `kind` whose program headers (right after the ELF
+    /// header) have the given types; a PT_INTERP names `interpreter`, placed after them.
+    fn elf(kind: u16, segments: &[u32], interpreter: &str) -> Vec<u8> {
+        let mut bytes = vec![0u8; ELF_HEADER_LEN];
+        bytes[..4].copy_from_slice(b"\x7fELF");
+        bytes[4] = 2;
+        bytes[5] = 1;
+        bytes[16..18].copy_from_slice(&kind.to_le_bytes());
+        bytes[18..20].copy_from_slice(&EM_X86_64.to_le_bytes());
+        bytes[32..40].copy_from_slice(&(ELF_HEADER_LEN as u64).to_le_bytes());
+        bytes[54..56].copy_from_slice(&(PROGRAM_HEADER_LEN as u16).to_le_bytes());
+        bytes[56..58].copy_from_slice(&(segments.len() as u16).to_le_bytes());
+        let interpreter_at = (ELF_HEADER_LEN + segments.len() * PROGRAM_HEADER_LEN as usize) as u64;
+        for &kind in segments {
+            let mut entry = [0u8; PROGRAM_HEADER_LEN as usize];
+            entry[..4].copy_from_slice(&kind.to_le_bytes());
+            entry[8..16].copy_from_slice(&interpreter_at.to_le_bytes());
+            entry[32..40].copy_from_slice(&(interpreter.len() as u64 + 1).to_le_bytes());
+            bytes.extend_from_slice(&entry);
+        }
+        bytes.extend_from_slice(interpreter.as_bytes());
+        bytes.push(0);
+        bytes
+    }
+
+    fn verdict(bytes: &[u8]) -> Option<String> {
+        static FILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let file = FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("clowderd-executable-{}-{file}", std::process::id()));
+        File::create(&path).unwrap().write_all(bytes).unwrap();
+        let verdict = unrunnable(&File::open(&path).unwrap());
+        std::fs::remove_file(&path).unwrap();
+        verdict
+    }
+
+    #[test]
+    fn static_executables_pass_and_static_pie_too() {
+        assert_eq!(verdict(&elf(ET_EXEC, &[6, PT_LOAD, PT_LOAD], "")), None);
+        assert_eq!(verdict(&elf(ET_DYN, &[PT_LOAD], "")), None);
+    }
+
+    #[test]
+    fn a_dynamically_linked_program_is_refused_with_its_interpreter_named() {
+        let problem = verdict(&elf(ET_DYN, &[6, PT_INTERP, PT_LOAD], "/lib64/ld-linux-x86-64.so.2")).unwrap();
+        assert_eq!(problem, "is dynamically linked (it asks for /lib64/ld-linux-x86-64.so.2): enclaves run static executables; link it with -static");
+        // The daemon's own test binary is dynamically linked, as Rust programs are by default.
+        let own = unrunnable(&File::open(std::env::current_exe().unwrap()).unwrap()).unwrap();
+        assert!(own.starts_with("is dynamically linked (it asks for /"), "{own}");
+    }
+
+    #[test]
+    fn other_files_are_refused_with_what_is_wrong() {
+        assert_eq!(verdict(b"#!/bin/sh\necho hello\n").unwrap(), not_elf());
+        assert_eq!(verdict(b"").unwrap(), not_elf());
+        let mut thirty_two_bit = elf(ET_EXEC, &[PT_LOAD], "");
+        thirty_two_bit[4] = 1;
+        assert_eq!(verdict(&thirty_two_bit).unwrap(), "is not a 64-bit little-endian x86-64 executable");
+        let mut object = elf(ET_EXEC, &[PT_LOAD], "");
+        object[16] = 1; // ET_REL
+        assert_eq!(verdict(&object).unwrap(), "is not a 64-bit little-endian x86-64 executable");
+        assert_eq!(verdict(&elf(ET_EXEC, &[6], "")).unwrap(), "has no loadable segment");
+        let mut cut = elf(ET_EXEC, &[PT_LOAD, PT_LOAD], "");
+        cut.truncate(ELF_HEADER_LEN + 10);
+        assert_eq!(verdict(&cut).unwrap(), "is cut short: its program headers lie past its end");
+    }
+}
