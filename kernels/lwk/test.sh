@@ -212,7 +212,7 @@ if [ "$runner" = qemu ] && [ $# -eq 0 ]; then
     timeout 60 qemu-system-x86_64 -nodefaults -accel tcg -cpu max -m 64M -display none -serial stdio \
         -no-reboot -device isa-debug-exit,iobase=0xf4,iosize=4 -kernel "$kernel" >"$work/panic.console" 2>&1
     panic_status=$?
-    if [ $panic_status = 253 ] && grep -q '^\[lwk\] panic: .*cannot load the job: NoModule' "$work/panic.console"; then
+    if [ $panic_status = 253 ] && grep -q '^\[lwk\] panic: .*cannot load the job: no job was given to the kernel' "$work/panic.console"; then
         echo "ok   kernel panic without a job: status 254"
     else
         echo "FAIL kernel panic without a job: machine status $panic_status"; cat "$work/panic.console"

@@ -100,7 +100,7 @@ extern "C" fn kernel_main(start_info: u64) -> ! {
             sched::wait_for_cpus(cpus.min(arch::tables::MAX_CPUS as u64) as u32);
             arch::trap::enter_user(&frame)
         }
-        Err(error) => panic!("cannot load the job: {error:?}"),
+        Err(error) => panic!("cannot load the job: {error}"),
     }
 }
 

@@ -457,7 +457,7 @@ fn launch_job(bytes: &[u8]) {
             arch::trap::enter_user(&frame)
         }
         Err(error) => {
-            let reason = alloc::format!("{error:?}");
+            let reason = alloc::format!("{error}");
             log!("enclave: job {} failed to load: {reason}", launch.job);
             with_state(|state| state.link.send(&EnclaveMessage::LaunchFailed { job: launch.job, errno: ENOEXEC, reason: reason.as_bytes() }));
         }

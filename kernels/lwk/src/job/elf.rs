@@ -45,6 +45,19 @@ pub enum ElfError {
     NoLoadableSegment,
 }
 
+/// The end of a sentence about the program ("the program is dynamically linked ...").
+impl core::fmt::Display for ElfError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            ElfError::NotElf => "is not an ELF executable",
+            ElfError::NotX86_64Executable => "is not a 64-bit x86-64 executable",
+            ElfError::DynamicallyLinked => "is dynamically linked: this kernel runs static executables (link with -static)",
+            ElfError::Truncated => "is cut short (a header or segment lies past its end)",
+            ElfError::NoLoadableSegment => "has no loadable segment",
+        })
+    }
+}
+
 fn read_u16(bytes: &[u8], offset: u64) -> Result<u16, ElfError> {
     let offset = offset as usize;
     let field = bytes.get(offset..offset + 2).ok_or(ElfError::Truncated)?;

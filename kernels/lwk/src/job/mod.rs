@@ -104,7 +104,6 @@ pub fn take_process(pid: u64) -> Option<Process> {
 }
 
 #[derive(Debug)]
-#[allow(dead_code)] // the fields are read through `Debug` in the panic message
 pub enum LoadError {
     NoModule,
     BadArchive,
@@ -113,6 +112,21 @@ pub enum LoadError {
     NoMemory(&'static str),
     OverlapsStack,
     StackSetup,
+}
+
+/// What the host and the console are told when a job cannot start.
+impl core::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            LoadError::NoModule => f.write_str("no job was given to the kernel"),
+            LoadError::BadArchive => f.write_str("the job's file archive is malformed"),
+            LoadError::NotInArchive(path) => write!(f, "{path} is not a file of the job's archive"),
+            LoadError::Elf(error) => write!(f, "the program {error}"),
+            LoadError::NoMemory(what) => write!(f, "the enclave has no memory left for the job's {what}"),
+            LoadError::OverlapsStack => f.write_str("the program's segments overlap the stack's place"),
+            LoadError::StackSetup => f.write_str("the arguments and environment do not fit on the stack"),
+        }
+    }
 }
 
 fn allocate_region(start: u64, size: u64, what: &'static str) -> Result<Region, LoadError> {
