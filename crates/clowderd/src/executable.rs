@@ -7,9 +7,10 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 
 const ELF_HEADER_LEN: usize = 64;
+/// An ELF64 program header's size; the kernel takes larger entries too (the rest unread).
 const PROGRAM_HEADER_LEN: u64 = 56;
-/// More program headers than any real executable has; a larger count is a corrupt file.
-const MAX_PROGRAM_HEADERS: u64 = 256;
+/// A larger program header table is a corrupt file (real ones are a few hundred bytes).
+const MAX_PROGRAM_HEADER_TABLE: u64 = 1 << 20;
 const ET_EXEC: u16 = 2;
 const ET_DYN: u16 = 3;
 const EM_X86_64: u16 = 62;
@@ -29,14 +30,14 @@ pub fn unrunnable(binary: &File) -> Option<String> {
     let Some(header) = read(0, ELF_HEADER_LEN as u64) else {
         return Some(not_elf());
     };
-    let (offset, count) = match program_header_table(&header) {
+    let (offset, entry_size, count) = match program_header_table(&header) {
         Ok(table) => table,
         Err(problem) => return Some(problem.to_string()),
     };
-    let Some(table) = read(offset, count * PROGRAM_HEADER_LEN) else {
+    let Some(table) = read(offset, count * entry_size) else {
         return Some("is cut short: its program headers lie past its end".into());
     };
-    match check_program_headers(&table) {
+    match check_program_headers(&table, entry_size) {
         Ok(()) => None,
         Err(Problem::Interpreter { offset, len }) => {
             let path = read(offset, len.min(MAX_INTERPRETER_SHOWN)).map(|bytes| {
@@ -92,8 +93,8 @@ fn u64_at(bytes: &[u8], offset: usize) -> u64 {
     u64::from_le_bytes(bytes[offset..offset + 8].try_into().expect("eight bytes"))
 }
 
-/// Where the program header table is (file offset, entries), from the ELF header.
-fn program_header_table(header: &[u8]) -> Result<(u64, u64), Problem> {
+/// Where the program header table is (file offset, entry size, entries), from the ELF header.
+fn program_header_table(header: &[u8]) -> Result<(u64, u64, u64), Problem> {
     if header.len() < ELF_HEADER_LEN || &header[..4] != b"\x7fELF" {
         return Err(Problem::NotElf);
     }
@@ -102,16 +103,17 @@ fn program_header_table(header: &[u8]) -> Result<(u64, u64), Problem> {
         return Err(Problem::NotX86_64Executable);
     }
     let (offset, entry_size, count) = (u64_at(header, 32), u64::from(u16_at(header, 54)), u64::from(u16_at(header, 56)));
-    if entry_size != PROGRAM_HEADER_LEN || count > MAX_PROGRAM_HEADERS {
+    if entry_size < PROGRAM_HEADER_LEN || count * entry_size > MAX_PROGRAM_HEADER_TABLE {
         return Err(Problem::MalformedProgramHeaders);
     }
-    Ok((offset, count))
+    Ok((offset, entry_size, count))
 }
 
-/// The program header table: an interpreter (dynamic linking), no loadable segment, or fine.
-fn check_program_headers(table: &[u8]) -> Result<(), Problem> {
+/// The program header table (entries of `entry_size` bytes): an interpreter (dynamic
+/// linking), no loadable segment, or fine.
+fn check_program_headers(table: &[u8], entry_size: u64) -> Result<(), Problem> {
     let mut loadable = false;
-    for entry in table.chunks_exact(PROGRAM_HEADER_LEN as usize) {
+    for entry in table.chunks_exact(entry_size as usize) {
         match u32_at(entry, 0) {
             PT_INTERP => return Err(Problem::Interpreter { offset: u64_at(entry, 8), len: u64_at(entry, 32) }),
             PT_LOAD => loadable = true,
@@ -191,6 +193,9 @@ mod tests {
         object[16] = 1; // ET_REL
         assert_eq!(verdict(&object).unwrap(), "is not a 64-bit little-endian x86-64 executable");
         assert_eq!(verdict(&elf(ET_EXEC, &[6], "")).unwrap(), "has no loadable segment");
+        let mut short_entries = elf(ET_EXEC, &[PT_LOAD], "");
+        short_entries[54] = 32;
+        assert_eq!(verdict(&short_entries).unwrap(), "has a malformed program header table");
         let mut cut = elf(ET_EXEC, &[PT_LOAD, PT_LOAD], "");
         cut.truncate(ELF_HEADER_LEN + 10);
         assert_eq!(verdict(&cut).unwrap(), "is cut short: its program headers lie past its end");
