@@ -236,6 +236,14 @@ fn a_one_shot_run_streams_output_and_returns_the_status() {
     assert!(lines.iter().any(|l| l["event"] == "log" && l["text"] == "job exited with status 7"));
     assert_eq!(lines.last().unwrap()["status"], 7);
 
+    // A job that cannot start (a heap larger than the enclave) is told as such, not as a
+    // kernel failure.
+    let too_big = daemon.clowder(&["run", "--mem", "16M", "--heap", "64M", "./hello"], &daemon.dir.0);
+    assert_eq!(too_big.status.code(), Some(1));
+    let message = stderr(&too_big);
+    assert!(message.contains("the job could not start: the enclave has no memory left for the job's heap"), "{message}");
+    assert!(!message.contains("panic"), "{message}");
+
     // One-shot enclaves disappear with their job, and their cores with them.
     assert_eq!(daemon.call(json!({"op": "ls"}))["enclaves"], json!([]));
 }

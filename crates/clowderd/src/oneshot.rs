@@ -57,6 +57,8 @@ pub fn kernel_command_line(argv: &[String], env: &[String], heap: Option<u64>) -
 #[derive(Default)]
 struct Ending {
     status: Option<u32>,
+    /// Why the job could not start (the kernel's `cannot start the job: ...` line).
+    not_started: Option<String>,
     panic: Option<String>,
 }
 
@@ -64,6 +66,8 @@ impl Ending {
     fn note(&mut self, kernel_line: &str) {
         if let Some(status) = kernel_line.strip_prefix("job exited with status ") {
             self.status = status.trim().parse().ok();
+        } else if let Some(reason) = kernel_line.strip_prefix("cannot start the job: ") {
+            self.not_started = Some(reason.to_string());
         } else if let Some(panic) = kernel_line.strip_prefix("panic: ") {
             self.panic = Some(panic.to_string());
         }
@@ -186,10 +190,11 @@ impl OneShot {
         let diagnostics = self.diagnostics.join().unwrap_or_default();
         let diagnostics =
             if diagnostics.is_empty() { String::new() } else { format!("\nclowder-vmm said:\n  {}", diagnostics.join("\n  ")) };
-        match (ending.status, ending.panic) {
-            (Some(job_status), _) => Ok(job_status),
-            (None, Some(panic)) => Err(format!("the LWK panicked: {panic}")),
-            (None, None) => Err(format!(
+        match (ending.status, ending.not_started, ending.panic) {
+            (Some(job_status), _, _) => Ok(job_status),
+            (None, Some(reason), _) => Err(format!("the job could not start: {reason}")),
+            (None, None, Some(panic)) => Err(format!("the LWK panicked: {panic}")),
+            (None, None, None) => Err(format!(
                 "the enclave ended before the job finished: {} (pid {}){diagnostics}",
                 describe_vmm_exit(status),
                 self.child.id()

@@ -100,7 +100,12 @@ extern "C" fn kernel_main(start_info: u64) -> ! {
             sched::wait_for_cpus(cpus.min(arch::tables::MAX_CPUS as u64) as u32);
             arch::trap::enter_user(&frame)
         }
-        Err(error) => panic!("cannot load the job: {error}"),
+        // Not the kernel's failure: the job cannot start here (a shell's status for a command
+        // it cannot execute); the console line says why, for clowderd to report.
+        Err(error) => {
+            log!("cannot start the job: {error}");
+            machine::exit(machine::CANNOT_START_STATUS)
+        }
     }
 }
 
