@@ -50,7 +50,20 @@
 #include "node_agent_wire.h"
 
 #define MAX_NODES 32
+#define DEX_STRINGIFY(x) DEX_STRINGIFY_(x)
+#define DEX_STRINGIFY_(x) #x
 #define GRACE_SECONDS 3
+
+/* `text` as a whole number from `low` to `high`, or -1. */
+static long whole_number(const char *text, long low, long high)
+{
+	char *end;
+	errno = 0;
+	long value = strtol(text, &end, 10);
+	if (errno || end == text || *end || value < low || value > high)
+		return -1;
+	return value;
+}
 
 static pid_t children[MAX_NODES];
 static int child_fds[MAX_NODES]; /* pidfds: readable once the child has ended; -1 if unavailable */
@@ -94,7 +107,14 @@ static int read_hosts_file(const char *path)
 		char *colon = strchr(word, ':');
 		if (colon) {
 			*colon = 0;
-			h->port = atoi(colon + 1);
+			long port = whole_number(colon + 1, 1, 65535);
+			if (port < 0) {
+				fprintf(stderr, "dexrun: %s: port '%s' of host %s is not a number from 1 to 65535\n", path,
+					colon + 1, word);
+				fclose(f);
+				return -1;
+			}
+			h->port = (int)port;
 		}
 		snprintf(h->address, sizeof(h->address), "%s", word);
 	}
@@ -189,12 +209,16 @@ static void run_on_host(const struct remote_host *h, const char *boot_format, ch
 	_exit(1);
 }
 
-static void usage(void)
+/* Says what is wrong with the command line (if `problem`), then how to use it, and exits. */
+static void usage(const char *problem, const char *word)
 {
+	if (problem)
+		fprintf(stderr, word ? "dexrun: %s '%s'\n" : "dexrun: %s\n", problem, word);
 	fprintf(stderr, "usage: dexrun [-n N] [--transport tcp|ucx] [--netns | --hosts FILE] [--timeout SECONDS] program "
 			"[args...]\n");
 	exit(2);
 }
+
 
 /* Wires a node's fresh network namespace to ours with a veth pair. */
 static int connect_namespace(pid_t pid, int node, unsigned subnet)
@@ -346,9 +370,11 @@ int main(int argc, char **argv)
 	double timeout = 0;
 	int i = 1;
 	for (; i < argc && argv[i][0] == '-'; i++) {
-		if (!strcmp(argv[i], "-n") && i + 1 < argc)
-			nodes = atoi(argv[++i]);
-		else if (!strcmp(argv[i], "--transport") && i + 1 < argc) {
+		if (!strcmp(argv[i], "-n") && i + 1 < argc) {
+			nodes = (int)whole_number(argv[++i], 1, MAX_NODES);
+			if (nodes < 0)
+				usage("-n takes a node count from 1 to " DEX_STRINGIFY(MAX_NODES) ", not", argv[i]);
+		} else if (!strcmp(argv[i], "--transport") && i + 1 < argc) {
 			/* every node reads DEX_TRANSPORT; ucx needs build/libdex-ucx.so */
 			if (strcmp(argv[++i], "tcp") != 0 && strcmp(argv[i], "ucx") != 0) {
 				fprintf(stderr, "dexrun: unknown transport '%s' (tcp or ucx)\n", argv[i]);
@@ -360,15 +386,22 @@ int main(int argc, char **argv)
 				return 2;
 		} else if (!strcmp(argv[i], "--netns"))
 			use_netns = 1;
-		else if (!strcmp(argv[i], "--timeout") && i + 1 < argc)
-			timeout = atof(argv[++i]);
-		else
-			usage();
+		else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) {
+			char *end;
+			timeout = strtod(argv[++i], &end);
+			if (end == argv[i] || *end || !(timeout >= 0))
+				usage("--timeout takes seconds (0: none), not", argv[i]);
+		} else
+			usage("unknown option (or one missing its value):", argv[i]);
 	}
 	if (nhosts && !nodes)
 		nodes = 1 + nhosts;
-	if (i >= argc || nodes < 1 || nodes > MAX_NODES)
-		usage();
+	if (i >= argc)
+		usage("no program to run", NULL);
+	if (nodes < 1)
+		usage("say how many nodes with -n N, or give --hosts FILE", NULL);
+	if (nodes > MAX_NODES) /* checked above; said again for the compiler's sake (format widths) */
+		usage("too many nodes", NULL);
 	if (nhosts && (use_netns || nodes > 1 + nhosts)) {
 		fprintf(stderr, "dexrun: %s\n", use_netns ? "--hosts and --netns exclude each other"
 							  : "more nodes than hosts in the hosts file");
