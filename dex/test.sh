@@ -184,6 +184,20 @@ else
 	fail "profiler" "$LOG/report"
 fi
 
+# ... and a file that is no trace is named with what is wrong, not a traceback
+printf 'garbage\n' >"$LOG/bad.0"
+head -c 64 /dev/urandom >"$LOG/binary.0"
+printf '1 0 0 R 401000 7f0000001000 5 0\n' >"$LOG/headless.0"
+if ! tools/dex-prof report "$LOG/bad" >"$LOG/out" 2>&1 && grep -q "bad.0:1 is not a DEX trace line" "$LOG/out" &&
+	! tools/dex-prof report "$LOG/binary" >>"$LOG/out" 2>&1 && grep -q "binary.0 is not a DEX trace (not text)" "$LOG/out" &&
+	! tools/dex-prof report "$LOG/headless" >>"$LOG/out" 2>&1 && grep -q "no '# dex-trace' header line" "$LOG/out" &&
+	! tools/dex-prof report "$LOG/trace" --top x >>"$LOG/out" 2>&1 && grep -q -- "--top takes a count" "$LOG/out" &&
+	! grep -q Traceback "$LOG/out"; then
+	pass "dex-prof names malformed traces and bad options"
+else
+	fail "dex-prof on malformed input" "$LOG/out"
+fi
+
 # fewer round trips: readahead on the node (k-means inputs) and at the origin
 # (its final pass over what node 1 wrote), and a thread going home carrying
 # its stack top (the origin then does not fault on it)
