@@ -4,8 +4,28 @@
 
 use std::path::PathBuf;
 
+const USAGE: &str = "usage: xemem-broker [SOCKET]   (default: $CLOWDER_XEMEM_SOCKET, else xemem.sock beside \
+                     $CLOWDER_SOCKET, else /run/clowder/xemem.sock)";
+
 fn main() {
-    let path = std::env::args_os().nth(1).map(PathBuf::from).unwrap_or_else(xemem_host::default_socket_path);
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let path = match args.as_slice() {
+        [] => xemem_host::default_socket_path(),
+        [flag] if flag == "-h" || flag == "--help" => {
+            println!("{USAGE}");
+            return;
+        }
+        // A socket path never starts with '-' here: that is a mistyped option.
+        [option] if option.to_string_lossy().starts_with('-') => {
+            eprintln!("xemem-broker: unknown option {}\n{USAGE}", option.to_string_lossy());
+            std::process::exit(2);
+        }
+        [socket] => PathBuf::from(socket),
+        _ => {
+            eprintln!("xemem-broker: one socket path at most\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
     if let Some(parent) = path.parent() {
         let _ = std::fs::create_dir_all(parent);
     }
