@@ -43,32 +43,34 @@ for n in 1 2 3 4; do
 		$DEXRUN -n $n "$BUILD/hello_nodes"
 done
 
-# dexrun's command line: each mistake is named, with status 2 and the usage
+# dexrun's and dexnode's command lines: each mistake is named, with status 2
 printf 'localhost:http\n' >"$LOG/hosts"
 mistakes=0
-while IFS='|' read -r expected args; do
+while IFS='|' read -r program expected args; do
 	# shellcheck disable=SC2086 # the arguments are words on purpose
-	"$BUILD/dexrun" $args >"$LOG/out" 2>&1
+	timeout 10 "$BUILD/$program" $args >"$LOG/out" 2>&1
 	status=$?
 	if [ $status != 2 ] || ! grep -qF -- "$expected" "$LOG/out"; then
 		mistakes=$((mistakes + 1))
-		echo "    dexrun $args: status $status, $(head -1 "$LOG/out")"
+		echo "    $program $args: status $status, $(head -1 "$LOG/out")"
 	fi
 done <<CASES
--n takes a node count from 1 to 32, not '0'|-n 0 /bin/true
--n takes a node count from 1 to 32, not '33'|-n 33 /bin/true
--n takes a node count from 1 to 32, not '2x'|-n 2x /bin/true
-no program to run|-n 2
-say how many nodes with -n N, or give --hosts FILE|/bin/true
-unknown option (or one missing its value): '--frob'|--frob /bin/true
---timeout takes seconds (0: none), not 'soon'|-n 2 --timeout soon /bin/true
-unknown transport 'carrier-pigeon'|-n 2 --transport carrier-pigeon /bin/true
-port 'http' of host localhost is not a number from 1 to 65535|--hosts $LOG/hosts /bin/true
+dexrun|-n takes a node count from 1 to 32, not '0'|-n 0 /bin/true
+dexrun|-n takes a node count from 1 to 32, not '33'|-n 33 /bin/true
+dexrun|-n takes a node count from 1 to 32, not '2x'|-n 2x /bin/true
+dexrun|no program to run|-n 2
+dexrun|say how many nodes with -n N, or give --hosts FILE|/bin/true
+dexrun|unknown option (or one missing its value): '--frob'|--frob /bin/true
+dexrun|--timeout takes seconds (0: none), not 'soon'|-n 2 --timeout soon /bin/true
+dexrun|unknown transport 'carrier-pigeon'|-n 2 --transport carrier-pigeon /bin/true
+dexrun|port 'http' of host localhost is not a number from 1 to 65535|--hosts $LOG/hosts /bin/true
+dexnode|port 'abc' is not a number from 1 to 65535|--listen 127.0.0.1:abc
+dexnode|unknown option (or one missing its value): '--frob'|--frob
 CASES
 if [ $mistakes = 0 ]; then
-	pass "dexrun names each command-line mistake (9 cases)"
+	pass "dexrun and dexnode name each command-line mistake (11 cases)"
 else
-	fail "dexrun command-line mistakes ($mistakes not named)"
+	fail "command-line mistakes ($mistakes not named)"
 fi
 
 if timeout 60 python3 tests/manual_launch.py "$BUILD/hello_nodes" >"$LOG/out" 2>&1; then

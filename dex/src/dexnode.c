@@ -156,7 +156,9 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--once"))
 			once = 1;
 		else {
-			fprintf(stderr, "usage: dexnode [--listen ADDRESS[:PORT]] [--once]\n");
+			fprintf(stderr, "dexnode: unknown option (or one missing its value): '%s'\n"
+					"usage: dexnode [--listen ADDRESS[:PORT]] [--once]\n",
+				argv[i]);
 			return 2;
 		}
 	}
@@ -166,7 +168,11 @@ int main(int argc, char **argv)
 	char *colon = strchr(address, ':');
 	if (colon) {
 		*colon = 0;
-		port = atoi(colon + 1);
+		port = (int)agent_whole_number(colon + 1, 1, 65535);
+		if (port < 0) {
+			fprintf(stderr, "dexnode: port '%s' is not a number from 1 to 65535\n", colon + 1);
+			return 2;
+		}
 	}
 	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
 	int one = 1;

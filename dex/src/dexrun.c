@@ -54,17 +54,6 @@
 #define DEX_STRINGIFY_(x) #x
 #define GRACE_SECONDS 3
 
-/* `text` as a whole number from `low` to `high`, or -1. */
-static long whole_number(const char *text, long low, long high)
-{
-	char *end;
-	errno = 0;
-	long value = strtol(text, &end, 10);
-	if (errno || end == text || *end || value < low || value > high)
-		return -1;
-	return value;
-}
-
 static pid_t children[MAX_NODES];
 static int child_fds[MAX_NODES]; /* pidfds: readable once the child has ended; -1 if unavailable */
 static int nchildren;
@@ -107,7 +96,7 @@ static int read_hosts_file(const char *path)
 		char *colon = strchr(word, ':');
 		if (colon) {
 			*colon = 0;
-			long port = whole_number(colon + 1, 1, 65535);
+			long port = agent_whole_number(colon + 1, 1, 65535);
 			if (port < 0) {
 				fprintf(stderr, "dexrun: %s: port '%s' of host %s is not a number from 1 to 65535\n", path,
 					colon + 1, word);
@@ -371,7 +360,7 @@ int main(int argc, char **argv)
 	int i = 1;
 	for (; i < argc && argv[i][0] == '-'; i++) {
 		if (!strcmp(argv[i], "-n") && i + 1 < argc) {
-			nodes = (int)whole_number(argv[++i], 1, MAX_NODES);
+			nodes = (int)agent_whole_number(argv[++i], 1, MAX_NODES);
 			if (nodes < 0)
 				usage("-n takes a node count from 1 to " DEX_STRINGIFY(MAX_NODES) ", not", argv[i]);
 		} else if (!strcmp(argv[i], "--transport") && i + 1 < argc) {

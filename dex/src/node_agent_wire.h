@@ -24,6 +24,18 @@
 #define AGENT_MAX_STRINGS 65536
 #define AGENT_MAX_STRING (1u << 20)
 
+/* `text` as a whole number from `low` to `high`, or -1 (for ports and counts given on
+ * command lines and in hosts files). */
+static inline long agent_whole_number(const char *text, long low, long high)
+{
+	char *end;
+	errno = 0;
+	long value = strtol(text, &end, 10);
+	if (errno || end == text || *end || value < low || value > high)
+		return -1;
+	return value;
+}
+
 static inline int agent_write_all(int fd, const void *buf, size_t len)
 {
 	const char *p = buf;
