@@ -21,6 +21,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+usage() {
+    [ -n "${1:-}" ] && echo "insitu: $1" >&2
+    echo "usage: scripts/insitu.sh [--check] [--no-results] [--repeat N] [NX NY NZ [ITERATIONS [INTERVAL [ROUNDS]]]]" >&2
+    exit 2
+}
+# A whole number from 1 up, or the usage with what is wrong.
+count() { # name value
+    [[ $2 =~ ^[1-9][0-9]{0,8}$ ]] || usage "$1 must be a whole number from 1 up, not '$2'"
+    echo "$2"
+}
 check=0
 write_results=1
 repeats=1
@@ -28,14 +38,21 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --check) check=1; shift ;;
         --no-results) write_results=0; shift ;;
-        --repeat) repeats=$2; shift 2 ;;
+        --repeat) [ $# -ge 2 ] || usage "--repeat needs a count"; repeats=$(count --repeat "$2"); shift 2 ;;
+        -h | --help) usage ;;
+        -*) usage "unknown option '$1'" ;;
         *) break ;;
     esac
 done
-grid=("${1:-48}" "${2:-48}" "${3:-48}")
-iterations=${4:-600}
-interval=${5:-40}
-rounds=${6:-5}
+[ $# -le 6 ] || usage "at most six numbers"
+nx=$(count NX "${1:-48}")
+ny=$(count NY "${2:-48}")
+nz=$(count NZ "${3:-48}")
+grid=("$nx" "$ny" "$nz")
+iterations=$(count ITERATIONS "${4:-600}")
+interval=$(count INTERVAL "${5:-40}")
+rounds=$(count ROUNDS "${6:-5}")
+[ "$interval" -le "$iterations" ] || usage "INTERVAL ($interval) is longer than ITERATIONS ($iterations)"
 length=$(( grid[0] * grid[1] * grid[2] ))
 intervals=$(( iterations / interval ))
 
