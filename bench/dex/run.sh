@@ -11,6 +11,7 @@ build=$dex/build
 runs=${1:-5}
 parts=${2:-all}
 case $parts in all | latency) ;; *) echo "usage: $0 [runs] [latency]" >&2; exit 2 ;; esac
+[[ $runs =~ ^[1-9][0-9]{0,3}$ ]] || { echo "bench/dex: runs must be a whole number from 1 up, not '$runs'" >&2; echo "usage: $0 [runs] [latency]" >&2; exit 2; }
 report=$root/docs/results/dex-bench.md
 [ "$parts" = all ] || report=/dev/null
 make -s -C "$dex" >/dev/null
