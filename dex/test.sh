@@ -370,6 +370,32 @@ else
 	fail "malformed messages" "$LOG/out"
 fi
 
+# 8b. receivers that poll their sockets (DEX_POLL_US) rather than sleep in them:
+# the same protocol with another timing; silence is still noticed
+export DEX_POLL_US=500
+via=" [polling receivers]"
+for n in 2 3; do
+	check_output "mutex counter, 6 threads on $n nodes$via" "PASS mutex" $DEXRUN -n $n "$BUILD/coherence" mutex 6 1000
+	check_output "one page written alternately from 2 nodes ($n nodes)$via" "PASS pingpong" \
+		$DEXRUN -n $n "$BUILD/coherence" pingpong 2 2000
+	check_output "stack top written on node 1, carried home, rewritten, read on node $((n - 1)) ($n nodes)$via" \
+		"PASS stackhome" $DEXRUN -n $n "$BUILD/coherence" stackhome 1 300
+done
+check_output "file I/O from a node; read() at the origin into a page a node holds$via" "PASS fileio" \
+	$DEXRUN -n 3 "$BUILD/coherence" fileio
+stop_test 1 "node 1 sent nothing for 3 s"
+unset DEX_POLL_US
+via=""
+# the runtime's numeric settings are checked like command-line arguments
+DEX_POLL_US=5ms run $DEXRUN -n 2 "$BUILD/hello_nodes"
+rc=$?
+if [ $rc -ne 0 ] && grep -qF "DEX_POLL_US must be a whole number from 0 to 1000000, not '5ms'" "$LOG/out" &&
+	! grep -q "back on node 0" "$LOG/out"; then
+	pass "a malformed DEX_POLL_US is named and nothing runs (rc $rc)"
+else
+	fail "malformed DEX_POLL_US (rc $rc)" "$LOG/out"
+fi
+
 # 9. the UCX transport (UCX's shared-memory/TCP transports on loopback):
 # the same launcher, coherence and application tests, and a killed node
 if [ -f "$BUILD/libdex-ucx.so" ]; then

@@ -53,6 +53,7 @@ wait_quiet() {
 	busy_starts=$((busy_starts + 1))
 }
 cc -O2 -o "$out.wake" "$root/bench/dex/wake_latency.c"
+poll_us=1000 # DEX_POLL_US of the polling column
 for setting in $settings; do
 	if [ "$setting" = poll ]; then echo 200000 >"$halt_poll"; fi
 	wait_quiet
@@ -61,6 +62,10 @@ for setting in $settings; do
 		wait_quiet
 		"$build/dexrun" -n 2 --timeout 60 "$build/migration_latency" 300 >>"$out.$setting.mig"
 		"$build/dexrun" -n 2 --timeout 60 "$build/fault_latency" 2000 5000 >>"$out.$setting.fault"
+		if [ "$setting" = machine ]; then # receivers polling: no idle vCPU to wake
+			DEX_POLL_US=$poll_us "$build/dexrun" -n 2 --timeout 60 "$build/migration_latency" 300 >>"$out.polling.mig"
+			DEX_POLL_US=$poll_us "$build/dexrun" -n 2 --timeout 60 "$build/fault_latency" 2000 5000 >>"$out.polling.fault"
+		fi
 		if [ -f "$build/libdex-ucx.so" ]; then # the same over the UCX transport (UCX_TLS defaults)
 			"$build/dexrun" -n 2 --timeout 60 --transport ucx "$build/migration_latency" 300 >>"$out.$setting.ucxmig"
 			"$build/dexrun" -n 2 --timeout 60 --transport ucx "$build/fault_latency" 2000 5000 >>"$out.$setting.ucxfault"
@@ -91,6 +96,7 @@ setting_headers() { # transport
 	printf '%s, guest_halt_poll_ns=%s (this machine)' "$1" "$machine_poll"
 	case $settings in *poll*) printf ' | %s, guest_halt_poll_ns=200000 (Linux default)' "$1" ;; esac
 }
+polling_header() { printf 'clowder dex, TCP loopback, receivers polling (DEX_POLL_US=%s), guest_halt_poll_ns=%s' "$poll_us" "$machine_poll"; }
 setting_aligns() { local setting; for setting in $settings; do printf '%s' '---|'; done; }
 
 seconds() { # command... -> wall seconds
@@ -144,13 +150,13 @@ scale_row() { # label dex-figure plain-1-thread plain-2-threads dex-args
 	echo "Each clowder column is one idle setting of this virtual machine's vCPUs (see *The host's"
 	echo "wake-up cost* below): the machine as it boots, and Linux's default halt polling."
 	echo
-	echo "| | DEX (Popcorn kernel, IB) | $(setting_headers "clowder dex, TCP loopback") | $(setting_headers "clowder dex, \`--transport ucx\`") | issue target |"
-	echo "|---|---|$(setting_aligns)$(setting_aligns)---|"
-	echo "| first forward (thread's first visit to the node) | 812.1 | $(cells first_forward_us mig) | $(cells first_forward_us ucxmig ucx) | ≤ 400 |"
-	echo "| later forward (pooled worker) | 236.6 | $(cells later_forward_us mig) | $(cells later_forward_us ucxmig ucx) | ≤ 120 |"
-	echo "| first backward | 24.7 | $(cells first_backward_us mig) | $(cells first_backward_us ucxmig ucx) | ≤ 40 |"
-	echo "| later backward | 25.8 | $(cells later_backward_us mig) | $(cells later_backward_us ucxmig ucx) | ≤ 40 |"
-	echo "| floor: pipe round trip between two processes on the two CPUs (no DEX) | — | $(floor pipe-cross-cpu) |$(floor_dashes) |"
+	echo "| | DEX (Popcorn kernel, IB) | $(setting_headers "clowder dex, TCP loopback") | $(polling_header) | $(setting_headers "clowder dex, \`--transport ucx\`") | issue target |"
+	echo "|---|---|$(setting_aligns)---|$(setting_aligns)---|"
+	echo "| first forward (thread's first visit to the node) | 812.1 | $(cells first_forward_us mig) | $(metric first_forward_us polling.mig) | $(cells first_forward_us ucxmig ucx) | ≤ 400 |"
+	echo "| later forward (pooled worker) | 236.6 | $(cells later_forward_us mig) | $(metric later_forward_us polling.mig) | $(cells later_forward_us ucxmig ucx) | ≤ 120 |"
+	echo "| first backward | 24.7 | $(cells first_backward_us mig) | $(metric first_backward_us polling.mig) | $(cells first_backward_us ucxmig ucx) | ≤ 40 |"
+	echo "| later backward | 25.8 | $(cells later_backward_us mig) | $(metric later_backward_us polling.mig) | $(cells later_backward_us ucxmig ucx) | ≤ 40 |"
+	echo "| floor: pipe round trip between two processes on the two CPUs (no DEX) | — | $(floor pipe-cross-cpu) | — |$(floor_dashes) |"
 	echo
 	echo "DEX's first forward includes creating the remote worker (620 µs). Here node processes are set"
 	echo "up at launch and each starts with two idle worker threads, so a first visit costs the thread's"
@@ -161,15 +167,15 @@ scale_row() { # label dex-figure plain-1-thread plain-2-threads dex-args
 	echo
 	echo "## Remote page fault, 4 KiB (µs)"
 	echo
-	echo "| | DEX | $(setting_headers "clowder dex (TCP)") | $(setting_headers "clowder dex (UCX)") | issue target |"
-	echo "|---|---|$(setting_aligns)$(setting_aligns)---|"
-	echo "| read fault, page at the origin (median; descending, so no readahead) | 13.6 (page fetch) | $(cells read_fault_median_us fault) | $(cells read_fault_median_us ucxfault ucx) | ≤ 15 |"
-	echo "| read fault, 90th percentile | — | $(cells read_fault_p90_us fault) | $(cells read_fault_p90_us ucxfault ucx) | |"
-	echo "| write fault, exclusive + data (median) | — | $(cells write_fault_median_us fault) | $(cells write_fault_median_us ucxfault ucx) | |"
-	echo "| contended: one page written alternately by 2 nodes, per transfer (mean) | 158.8 (retried faults) | $(cells contended_transfer_mean_us fault) | $(cells contended_transfer_mean_us ucxfault ucx) | |"
-	echo "| sequential read of 2000 pages, per page (readahead) | — | $(cells sequential_read_per_page_us fault) | $(cells sequential_read_per_page_us ucxfault ucx) | |"
-	echo "| floor: loopback TCP round trip, 64 B asked, 4 KiB + 64 B answered, across the CPUs (no DEX) | — | $(floor tcp-page-cross-cpu) |$(floor_dashes) |"
-	echo "| the same floor with both processes on one CPU | — | $(floor tcp-page-same-cpu) |$(floor_dashes) |"
+	echo "| | DEX | $(setting_headers "clowder dex (TCP)") | $(polling_header) | $(setting_headers "clowder dex (UCX)") | issue target |"
+	echo "|---|---|$(setting_aligns)---|$(setting_aligns)---|"
+	echo "| read fault, page at the origin (median; descending, so no readahead) | 13.6 (page fetch) | $(cells read_fault_median_us fault) | $(metric read_fault_median_us polling.fault) | $(cells read_fault_median_us ucxfault ucx) | ≤ 15 |"
+	echo "| read fault, 90th percentile | — | $(cells read_fault_p90_us fault) | $(metric read_fault_p90_us polling.fault) | $(cells read_fault_p90_us ucxfault ucx) | |"
+	echo "| write fault, exclusive + data (median) | — | $(cells write_fault_median_us fault) | $(metric write_fault_median_us polling.fault) | $(cells write_fault_median_us ucxfault ucx) | |"
+	echo "| contended: one page written alternately by 2 nodes, per transfer (mean) | 158.8 (retried faults) | $(cells contended_transfer_mean_us fault) | $(metric contended_transfer_mean_us polling.fault) | $(cells contended_transfer_mean_us ucxfault ucx) | |"
+	echo "| sequential read of 2000 pages, per page (readahead) | — | $(cells sequential_read_per_page_us fault) | $(metric sequential_read_per_page_us polling.fault) | $(cells sequential_read_per_page_us ucxfault ucx) | |"
+	echo "| floor: loopback TCP round trip, 64 B asked, 4 KiB + 64 B answered, across the CPUs (no DEX) | — | $(floor tcp-page-cross-cpu) | $(awk '$1 == "tcp-page-polling-cross-cpu" { print $2 }' "$out.machine.wakes") (both sides polling) |$(floor_dashes) |"
+	echo "| the same floor with both processes on one CPU | — | $(floor tcp-page-same-cpu) | — |$(floor_dashes) |"
 	echo
 	echo "A remote read fault is that TCP round trip plus the SIGSEGV, the directory and three"
 	echo "thread hand-offs (the faulting thread, the origin's receiver, this node's receiver), so"

@@ -98,6 +98,7 @@ struct dex_peer {
 	int fd;
 	struct dex_lock send_lock;
 	uint32_t sequence;
+	uint64_t last_data_ns; /* the receiver's last read that returned bytes (polling) */
 };
 
 /* The seam between the runtime and a wire. The runtime frames, validates
@@ -170,6 +171,7 @@ struct dex_runtime {
 	struct dex_lock workers_lock;
 	int shutting_down;
 	unsigned spin_iterations;
+	uint64_t receive_poll_ns; /* DEX_POLL_US: receivers poll this long after data */
 	uint64_t fault_timeout_ns; /* DEX_FAULT_TIMEOUT seconds, default 30 */
 	unsigned peer_timeout_s;   /* DEX_PEER_TIMEOUT: silence that means a peer is gone */
 	long tid_offset; /* offset of tid in glibc's struct pthread */
@@ -192,6 +194,9 @@ extern __thread int dex_tls_runtime_thread;
 void dex_fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 void dex_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 uint64_t dex_now_ns(void);
+/* The environment variable `name` as a whole number up to `max`, or
+ * `fallback` when unset; anything else stops the run naming it. */
+uint64_t dex_env_number(const char *name, uint64_t fallback, uint64_t max);
 int dex_send(unsigned peer, enum dex_msg_type type, const void *fixed, size_t fixed_len, const void *data,
 	     size_t data_len);
 bool dex_in_shared(uintptr_t addr);

@@ -33,8 +33,7 @@ void dex_trace_init(void)
 	if (!path || !*path)
 		return;
 	snprintf(prefix, sizeof(prefix), "%s", path);
-	const char *max = getenv("DEX_TRACE_MAX");
-	capacity = max ? strtoull(max, NULL, 10) : (1u << 22);
+	capacity = dex_env_number("DEX_TRACE_MAX", 1u << 22, 1u << 28);
 	records = mmap(NULL, capacity * sizeof(*records), PROT_READ | PROT_WRITE,
 		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (records == MAP_FAILED)
