@@ -1254,6 +1254,7 @@ _Static_assert(sizeof(struct xpmem_cmd_attach) == 40 && offsetof(struct xpmem_cm
 
 static int device = -1;
 static int device_chosen; /* 0 undecided, 1 device, 2 broker */
+static int backend_misnamed; /* CLOWDER_XEMEM_BACKEND names neither: every call fails */
 static pthread_mutex_t device_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int use_device(void)
@@ -1261,7 +1262,13 @@ static int use_device(void)
 	pthread_mutex_lock(&device_lock);
 	if (!device_chosen) {
 		const char *forced = getenv("CLOWDER_XEMEM_BACKEND");
-		if (forced && !strcmp(forced, "broker")) {
+		if (forced && strcmp(forced, "broker") && strcmp(forced, "device")) {
+			/* A typo must not silently pick a backend the user did not ask for. */
+			fprintf(stderr, "libxpmem: CLOWDER_XEMEM_BACKEND must be 'broker' or 'device', not '%s'; "
+					"every XPMEM call fails with EINVAL\n", forced);
+			backend_misnamed = 1;
+			device_chosen = 1;
+		} else if (forced && !strcmp(forced, "broker")) {
 			device_chosen = 2;
 		} else {
 			device = open(XPMEM_DEV_PATH, O_RDWR | O_CLOEXEC);
@@ -1277,6 +1284,10 @@ static int use_device(void)
  * fresh one, as XPMEM's library does. */
 static long device_call(unsigned long command, void *argument)
 {
+	if (backend_misnamed) {
+		errno = EINVAL;
+		return -1;
+	}
 	for (int attempt = 0; attempt < 2; attempt++) {
 		pthread_mutex_lock(&device_lock);
 		if (device < 0)

@@ -983,6 +983,33 @@ static int case_device_backend(void)
 	return 0;
 }
 
+/* A misspelt CLOWDER_XEMEM_BACKEND picks no backend behind the user's back: the library says
+ * so once on stderr and every call fails with EINVAL. */
+static int case_misnamed_backend(void)
+{
+	setenv("CLOWDER_XEMEM_BACKEND", "brokr", 1);
+	FILE *said = tmpfile();
+	CHECK(said != NULL, "tmpfile");
+	int saved_stderr = dup(2);
+	dup2(fileno(said), 2);
+	EXPECT_ERROR(xpmem_version(), EINVAL);
+	int *p = anonymous(1);
+	EXPECT_ERROR(xpmem_make(p, PAGE, XPMEM_PERMIT_MODE, (void *)0600), EINVAL);
+	EXPECT_ERROR(xpmem_get(1, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL), EINVAL);
+	struct xpmem_addr addr = { .apid = 1, .offset = 0 };
+	CHECK(xpmem_attach(addr, PAGE, NULL) == (void *)-1 && errno == EINVAL, "attach with a misnamed backend");
+	EXPECT_ERROR(xemem_lookup_segid("anything"), EINVAL);
+	dup2(saved_stderr, 2);
+	char text[256] = "";
+	rewind(said);
+	size_t n = fread(text, 1, sizeof text - 1, said);
+	text[n] = 0;
+	const char *said_first = strstr(text, "CLOWDER_XEMEM_BACKEND must be 'broker' or 'device', not 'brokr'");
+	CHECK(said_first != NULL, "the library names the setting: '%s'", text);
+	CHECK(strstr(said_first + 1, "CLOWDER_XEMEM_BACKEND") == NULL, "said once: '%s'", text);
+	return 0;
+}
+
 /* fork while another thread allocates from a converted malloc heap: fork must not deadlock
  * (a thread parked on frozen memory while holding the malloc lock glibc's fork needs), and
  * each child gets a usable heap of its own. */
@@ -1111,6 +1138,7 @@ static const struct test_case cases[] = {
 	{ "owner_munmap", case_owner_munmap },
 	{ "self_attach_remove", case_self_attach_remove },
 	{ "device_backend", case_device_backend },
+	{ "misnamed_backend", case_misnamed_backend },
 	{ "fork_with_threads", case_fork_with_threads },
 	{ "library_data", case_library_data },
 };
