@@ -276,6 +276,38 @@ if [ $# -eq 0 ] && [ -f "$work/hello-musl.host" ]; then
     fi
 fi
 
+# Programs the kernel cannot run, given as the module: the reason on the console, status 126
+# (a shell's "cannot execute"; QEMU's exit device shows 253). A dynamically linked hello, and
+# a static one whose first loadable segment claims memory past the end of user space.
+if [ $# -eq 0 ] && [ -f "$work/hello-raw" ]; then
+    gcc -O2 -o "$work/hello-dynamic" "$here/tests/programs/hello.c"
+    python3 - "$work/hello-raw" "$work/hello-huge" <<'PY'
+import struct, sys
+image = bytearray(open(sys.argv[1], "rb").read())
+table = struct.unpack_from("<Q", image, 32)[0]
+size, count = struct.unpack_from("<HH", image, 54)
+for i in range(count):
+    entry = table + i * size
+    if struct.unpack_from("<I", image, entry)[0] == 1:  # PT_LOAD: memory size of 2^63
+        struct.pack_into("<Q", image, entry + 40, 1 << 63)
+        break
+open(sys.argv[2], "wb").write(image)
+PY
+    expected_status=126
+    [ "$runner" = qemu ] && expected_status=253
+    for case in "dynamic|is dynamically linked" "huge|has a malformed loadable segment"; do
+        name=${case%%|*} reason=${case#*|}
+        outcome=$(run_in_lwk "$work/hello-$name" hello "$work/hello-$name.lwk" raw)
+        if grep -q "^\[lwk\] cannot start the job: the program $reason" "$work/hello-$name.lwk.console" &&
+            [ "$outcome" = "no exit line (machine status $expected_status)" ]; then
+            echo "ok   refused by the kernel: the program $reason (status 126)"
+        else
+            echo "FAIL refused by the kernel ($name): $outcome"; cat "$work/hello-$name.lwk.console"
+            failures=$((failures + 1))
+        fi
+    done
+fi
+
 # A job whose threads all wait for each other (Linux would hang): the kernel reports the
 # dead-lock and ends the job with status 137.
 if [ $# -eq 0 ]; then

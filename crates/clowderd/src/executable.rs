@@ -6,16 +6,10 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-const ELF_HEADER_LEN: usize = 64;
-/// An ELF64 program header's size; the kernel takes larger entries too (the rest unread).
-const PROGRAM_HEADER_LEN: u64 = 56;
+use elf64::{FileHeader, ProgramHeader, FILE_HEADER_LEN, PT_INTERP, PT_LOAD};
+
 /// A larger program header table is a corrupt file (real ones are a few hundred bytes).
 const MAX_PROGRAM_HEADER_TABLE: u64 = 1 << 20;
-const ET_EXEC: u16 = 2;
-const ET_DYN: u16 = 3;
-const EM_X86_64: u16 = 62;
-const PT_LOAD: u32 = 1;
-const PT_INTERP: u32 = 3;
 /// Longer interpreter paths are cut in the message.
 const MAX_INTERPRETER_SHOWN: u64 = 256;
 
@@ -27,17 +21,17 @@ pub fn unrunnable(binary: &File) -> Option<String> {
         binary.read_exact_at(&mut bytes, offset).ok()?;
         Some(bytes)
     };
-    let Some(header) = read(0, ELF_HEADER_LEN as u64) else {
+    let Some(header) = read(0, FILE_HEADER_LEN as u64) else {
         return Some(not_elf());
     };
-    let (offset, entry_size, count) = match program_header_table(&header) {
-        Ok(table) => table,
+    let header = match program_header_table(&header) {
+        Ok(header) => header,
         Err(problem) => return Some(problem.to_string()),
     };
-    let Some(table) = read(offset, count * entry_size) else {
+    let Some(table) = read(header.program_headers_offset, header.program_header_table_len()) else {
         return Some("is cut short: its program headers lie past its end".into());
     };
-    match check_program_headers(&table, entry_size) {
+    match check_program_headers(&table, header.program_header_size) {
         Ok(()) => None,
         Err(Problem::Interpreter { offset, len }) => {
             let path = read(offset, len.min(MAX_INTERPRETER_SHOWN)).map(|bytes| {
@@ -81,41 +75,25 @@ impl std::fmt::Display for Problem {
     }
 }
 
-fn u16_at(bytes: &[u8], offset: usize) -> u16 {
-    u16::from_le_bytes([bytes[offset], bytes[offset + 1]])
-}
-
-fn u32_at(bytes: &[u8], offset: usize) -> u32 {
-    u32::from_le_bytes(bytes[offset..offset + 4].try_into().expect("four bytes"))
-}
-
-fn u64_at(bytes: &[u8], offset: usize) -> u64 {
-    u64::from_le_bytes(bytes[offset..offset + 8].try_into().expect("eight bytes"))
-}
-
-/// Where the program header table is (file offset, entry size, entries), from the ELF header.
-fn program_header_table(header: &[u8]) -> Result<(u64, u64, u64), Problem> {
-    if header.len() < ELF_HEADER_LEN || &header[..4] != b"\x7fELF" {
-        return Err(Problem::NotElf);
-    }
-    let (class, data, kind, machine) = (header[4], header[5], u16_at(header, 16), u16_at(header, 18));
-    if class != 2 || data != 1 || machine != EM_X86_64 || !matches!(kind, ET_EXEC | ET_DYN) {
+/// The ELF header, if it describes an x86-64 executable whose program header table can be read.
+fn program_header_table(header: &[u8]) -> Result<FileHeader, Problem> {
+    let header = FileHeader::parse(header).map_err(|_| Problem::NotElf)?;
+    if !header.is_x86_64_executable() {
         return Err(Problem::NotX86_64Executable);
     }
-    let (offset, entry_size, count) = (u64_at(header, 32), u64::from(u16_at(header, 54)), u64::from(u16_at(header, 56)));
-    if entry_size < PROGRAM_HEADER_LEN || count * entry_size > MAX_PROGRAM_HEADER_TABLE {
+    if !header.has_readable_program_headers() || header.program_header_table_len() > MAX_PROGRAM_HEADER_TABLE {
         return Err(Problem::MalformedProgramHeaders);
     }
-    Ok((offset, entry_size, count))
+    Ok(header)
 }
 
 /// The program header table (entries of `entry_size` bytes): an interpreter (dynamic
 /// linking), no loadable segment, or fine.
-fn check_program_headers(table: &[u8], entry_size: u64) -> Result<(), Problem> {
+fn check_program_headers(table: &[u8], entry_size: u16) -> Result<(), Problem> {
     let mut loadable = false;
-    for entry in table.chunks_exact(entry_size as usize) {
-        match u32_at(entry, 0) {
-            PT_INTERP => return Err(Problem::Interpreter { offset: u64_at(entry, 8), len: u64_at(entry, 32) }),
+    for entry in table.chunks_exact(usize::from(entry_size)).filter_map(ProgramHeader::parse) {
+        match entry.kind {
+            PT_INTERP => return Err(Problem::Interpreter { offset: entry.file_offset, len: entry.file_size }),
             PT_LOAD => loadable = true,
             _ => {}
         }
@@ -130,23 +108,25 @@ fn check_program_headers(table: &[u8], entry_size: u64) -> Result<(), Problem> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use elf64::{EM_X86_64, ET_DYN, ET_EXEC, PROGRAM_HEADER_LEN};
     use std::io::Write;
+
 
     /// An x86-64 ELF executable of type `kind` whose program headers (right after the ELF
     /// header) have the given types; a PT_INTERP names `interpreter`, placed after them.
     fn elf(kind: u16, segments: &[u32], interpreter: &str) -> Vec<u8> {
-        let mut bytes = vec![0u8; ELF_HEADER_LEN];
+        let mut bytes = vec![0u8; FILE_HEADER_LEN];
         bytes[..4].copy_from_slice(b"\x7fELF");
         bytes[4] = 2;
         bytes[5] = 1;
         bytes[16..18].copy_from_slice(&kind.to_le_bytes());
         bytes[18..20].copy_from_slice(&EM_X86_64.to_le_bytes());
-        bytes[32..40].copy_from_slice(&(ELF_HEADER_LEN as u64).to_le_bytes());
+        bytes[32..40].copy_from_slice(&(FILE_HEADER_LEN as u64).to_le_bytes());
         bytes[54..56].copy_from_slice(&(PROGRAM_HEADER_LEN as u16).to_le_bytes());
         bytes[56..58].copy_from_slice(&(segments.len() as u16).to_le_bytes());
-        let interpreter_at = (ELF_HEADER_LEN + segments.len() * PROGRAM_HEADER_LEN as usize) as u64;
+        let interpreter_at = (FILE_HEADER_LEN + segments.len() * PROGRAM_HEADER_LEN) as u64;
         for &kind in segments {
-            let mut entry = [0u8; PROGRAM_HEADER_LEN as usize];
+            let mut entry = [0u8; PROGRAM_HEADER_LEN];
             entry[..4].copy_from_slice(&kind.to_le_bytes());
             entry[8..16].copy_from_slice(&interpreter_at.to_le_bytes());
             entry[32..40].copy_from_slice(&(interpreter.len() as u64 + 1).to_le_bytes());
@@ -197,7 +177,7 @@ mod tests {
         short_entries[54] = 32;
         assert_eq!(verdict(&short_entries).unwrap(), "has a malformed program header table");
         let mut cut = elf(ET_EXEC, &[PT_LOAD, PT_LOAD], "");
-        cut.truncate(ELF_HEADER_LEN + 10);
+        cut.truncate(FILE_HEADER_LEN + 10);
         assert_eq!(verdict(&cut).unwrap(), "is cut short: its program headers lie past its end");
     }
 }

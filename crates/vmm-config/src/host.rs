@@ -81,13 +81,6 @@ pub(crate) enum KernelImage {
     BzImage,
 }
 
-const ELF_MAGIC: &[u8] = b"\x7fELF";
-const ELF_CLASS_64: u8 = 2;
-const ELF_LITTLE_ENDIAN: u8 = 1;
-const ELF_MACHINE_X86_64: u16 = 62;
-const ELF_PROGRAM_HEADER_NOTE: u32 = 4;
-/// `XEN_ELFNOTE_PHYS32_ENTRY`: the 32-bit PVH entry point.
-const XEN_NOTE_PVH_ENTRY: u32 = 18;
 /// Notes larger than this are not kernel notes; the cap keeps a corrupt header from making us read
 /// a whole file.
 const MAX_NOTE_SEGMENT: u64 = 1 << 20;
@@ -103,14 +96,6 @@ const XLF_KERNEL_64: u16 = 1;
 
 fn u16_at(bytes: &[u8], offset: usize) -> u16 {
     u16::from_le_bytes([bytes[offset], bytes[offset + 1]])
-}
-
-fn u32_at(bytes: &[u8], offset: usize) -> u32 {
-    u32::from_le_bytes(bytes[offset..offset + 4].try_into().expect("4 bytes"))
-}
-
-fn u64_at(bytes: &[u8], offset: usize) -> u64 {
-    u64::from_le_bytes(bytes[offset..offset + 8].try_into().expect("8 bytes"))
 }
 
 /// Opens `path` and checks it is a file we can read; the reason names the path.
@@ -135,27 +120,29 @@ pub(crate) fn inspect_kernel(path: &Path) -> Result<KernelImage, String> {
         .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
     let shown = path.display();
 
-    if header.starts_with(ELF_MAGIC) {
-        if header.len() < 64 {
-            return Err(format!("{shown} is a truncated ELF file"));
+    match elf64::FileHeader::parse(&header) {
+        Err(elf64::HeaderError::NotElf) => {}
+        Err(elf64::HeaderError::Truncated) => return Err(format!("{shown} is a truncated ELF file")),
+        Ok(elf) => {
+            if elf.class != elf64::CLASS_64 {
+                return Err(format!(
+                    "{shown} is a 32-bit ELF; the kernel must be an ELF64 for x86-64 or a bzImage"
+                ));
+            }
+            if elf.data_encoding != elf64::LITTLE_ENDIAN {
+                return Err(format!("{shown} is a big-endian ELF, not an x86-64 kernel"));
+            }
+            if elf.machine != elf64::EM_X86_64 {
+                return Err(format!(
+                    "{shown} is an ELF64 for machine {}, not x86-64 ({})",
+                    elf.machine,
+                    elf64::EM_X86_64
+                ));
+            }
+            let has_pvh_note = has_pvh_note(&mut file, &elf)
+                .map_err(|error| format!("cannot read the program headers of {shown}: {error}"))?;
+            return Ok(KernelImage::Elf64 { has_pvh_note });
         }
-        if header[4] != ELF_CLASS_64 {
-            return Err(format!(
-                "{shown} is a 32-bit ELF; the kernel must be an ELF64 for x86-64 or a bzImage"
-            ));
-        }
-        if header[5] != ELF_LITTLE_ENDIAN {
-            return Err(format!("{shown} is a big-endian ELF, not an x86-64 kernel"));
-        }
-        let machine = u16_at(&header, 0x12);
-        if machine != ELF_MACHINE_X86_64 {
-            return Err(format!(
-                "{shown} is an ELF64 for machine {machine}, not x86-64 ({ELF_MACHINE_X86_64})"
-            ));
-        }
-        let has_pvh_note = has_pvh_note(&mut file, &header)
-            .map_err(|error| format!("cannot read the program headers of {shown}: {error}"))?;
-        return Ok(KernelImage::Elf64 { has_pvh_note });
     }
 
     if header.len() >= BZIMAGE_XLOADFLAGS_OFFSET + 2
@@ -185,56 +172,32 @@ pub(crate) fn inspect_kernel(path: &Path) -> Result<KernelImage, String> {
 }
 
 /// Looks for a Xen `PHYS32_ENTRY` note in the PT_NOTE segments.
-fn has_pvh_note(file: &mut File, elf_header: &[u8]) -> std::io::Result<bool> {
-    let program_headers_offset = u64_at(elf_header, 0x20);
-    let entry_size = u16_at(elf_header, 0x36) as usize;
-    let entry_count = u16_at(elf_header, 0x38) as u64;
-    // An ELF64 program header is 56 bytes; anything smaller is not one we can read.
-    if entry_size < 56 {
+fn has_pvh_note(file: &mut File, elf: &elf64::FileHeader) -> std::io::Result<bool> {
+    if !elf.has_readable_program_headers() {
         return Ok(false);
     }
-    let mut entry = vec![0u8; entry_size];
-    for index in 0..entry_count {
-        // Saturating: a corrupt offset must fail the read below, not overflow.
-        let entry_offset = program_headers_offset.saturating_add(index * entry_size as u64);
+    let mut entry = vec![0u8; usize::from(elf.program_header_size)];
+    for index in 0..elf.program_header_count {
+        // A corrupt offset must fail the read below, not overflow.
+        let entry_offset = elf.program_header_offset(index).unwrap_or(u64::MAX);
         file.seek(SeekFrom::Start(entry_offset))?;
         file.read_exact(&mut entry)?;
-        if u32_at(&entry, 0) != ELF_PROGRAM_HEADER_NOTE {
+        let Some(segment) = elf64::ProgramHeader::parse(&entry) else { continue };
+        if segment.kind != elf64::PT_NOTE {
             continue;
         }
-        let (offset, size) = (u64_at(&entry, 8), u64_at(&entry, 32));
         let mut notes = Vec::new();
-        file.seek(SeekFrom::Start(offset))?;
+        file.seek(SeekFrom::Start(segment.file_offset))?;
         (&mut *file)
-            .take(size.min(MAX_NOTE_SEGMENT))
+            .take(segment.file_size.min(MAX_NOTE_SEGMENT))
             .read_to_end(&mut notes)?;
-        if notes_contain_pvh_entry(&notes) {
+        if elf64::notes(&notes)
+            .any(|note| note.name == elf64::XEN_NOTE_NAME && note.kind == elf64::XEN_ELFNOTE_PHYS32_ENTRY)
+        {
             return Ok(true);
         }
     }
     Ok(false)
-}
-
-fn notes_contain_pvh_entry(mut notes: &[u8]) -> bool {
-    let padded = |length: usize| length.div_ceil(4) * 4;
-    while notes.len() >= 12 {
-        let name_size = u32_at(notes, 0) as usize;
-        let descriptor_size = u32_at(notes, 4) as usize;
-        let note_type = u32_at(notes, 8);
-        let name_end = 12 + padded(name_size);
-        if name_end > notes.len() {
-            return false;
-        }
-        if note_type == XEN_NOTE_PVH_ENTRY && &notes[12..12 + name_size] == b"Xen\0" {
-            return true;
-        }
-        let note_end = name_end + padded(descriptor_size);
-        if note_end > notes.len() {
-            return false;
-        }
-        notes = &notes[note_end..];
-    }
-    false
 }
 
 #[cfg(test)]

@@ -50,7 +50,7 @@ fn image_kind(path: &Path) -> Result<ImageKind, VmError> {
     let mut head = [0u8; 0x210];
     let mut file = File::open(path).map_err(|e| VmError::Config(format!("boot.kernel: {}: {e}", path.display())))?;
     let n = file.read(&mut head).map_err(|e| VmError::Config(format!("boot.kernel: {}: {e}", path.display())))?;
-    if n >= 20 && head[..4] == *b"\x7fELF" && head[4] == 2 && u16::from_le_bytes([head[18], head[19]]) == 62 {
+    if elf64::FileHeader::parse(&head[..n]).is_ok_and(|header| header.is_x86_64()) {
         return Ok(ImageKind::Elf64);
     }
     if n >= 0x206 && u32::from_le_bytes(head[0x202..0x206].try_into().unwrap()) == zero_page::HDRS_MAGIC {
@@ -59,40 +59,21 @@ fn image_kind(path: &Path) -> Result<ImageKind, VmError> {
     Err(VmError::Config(format!("boot.kernel: {} is neither an x86-64 ELF64 image nor a bzImage", path.display())))
 }
 
-const PT_NOTE: u32 = 4;
-const XEN_ELFNOTE_GUEST_OS: u32 = 6;
-
 /// The guest OS an ELF kernel names in its Xen `GUEST_OS` note ("linux" for vmlinux), if any.
 /// Reads only within `image`; a malformed header or note yields `None`.
 pub fn elf_guest_os(image: &[u8]) -> Option<String> {
-    let u16_at = |o: usize| image.get(o..o + 2).map(|b| u16::from_le_bytes(b.try_into().unwrap()));
-    let u32_at = |o: usize| image.get(o..o + 4).map(|b| u32::from_le_bytes(b.try_into().unwrap()));
-    let u64_at = |o: usize| image.get(o..o + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap()));
-    let phoff = usize::try_from(u64_at(0x20)?).ok()?;
-    let phentsize = u16_at(0x36)? as usize;
-    let phnum = u16_at(0x38)? as usize;
-    for i in 0..phnum {
-        let ph = phoff.checked_add(i.checked_mul(phentsize)?)?;
-        if u32_at(ph)? != PT_NOTE {
+    let header = elf64::FileHeader::parse(image).ok()?;
+    for index in 0..header.program_header_count {
+        let entry = image.get(usize::try_from(header.program_header_offset(index)?).ok()?..)?;
+        let segment = elf64::ProgramHeader::parse(entry)?;
+        if segment.kind != elf64::PT_NOTE {
             continue;
         }
-        let start = usize::try_from(u64_at(ph + 8)?).ok()?;
-        let end = start.checked_add(usize::try_from(u64_at(ph + 32)?).ok()?)?;
-        let mut note = start;
-        while note.checked_add(12)? <= end {
-            let (namesz, descsz, kind) = (u32_at(note)? as usize, u32_at(note + 4)? as usize, u32_at(note + 8)?);
-            let name_at = note + 12;
-            let desc_at = name_at.checked_add(namesz.div_ceil(4) * 4)?;
-            let next = desc_at.checked_add(descsz.div_ceil(4) * 4)?;
-            if next > end {
-                return None;
-            }
-            if image.get(name_at..name_at + namesz)? == b"Xen\0" && kind == XEN_ELFNOTE_GUEST_OS {
-                let desc = image.get(desc_at..desc_at + descsz)?;
-                let text = desc.split(|b| *b == 0).next()?;
-                return Some(String::from_utf8_lossy(text).into_owned());
-            }
-            note = next;
+        let guest_os = elf64::notes(segment.file_bytes(image)?)
+            .find(|note| note.name == elf64::XEN_NOTE_NAME && note.kind == elf64::XEN_ELFNOTE_GUEST_OS);
+        if let Some(note) = guest_os {
+            let text = note.descriptor.split(|b| *b == 0).next()?;
+            return Some(String::from_utf8_lossy(text).into_owned());
         }
     }
     None
@@ -257,7 +238,7 @@ mod tests {
         image[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
         image[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());
         let ph = 0x40;
-        image[ph..ph + 4].copy_from_slice(&PT_NOTE.to_le_bytes());
+        image[ph..ph + 4].copy_from_slice(&elf64::PT_NOTE.to_le_bytes());
         image[ph + 8..ph + 16].copy_from_slice(&((0x40 + 56) as u64).to_le_bytes());
         image[ph + 32..ph + 40].copy_from_slice(&(note_bytes.len() as u64).to_le_bytes());
         image.extend_from_slice(&note_bytes);

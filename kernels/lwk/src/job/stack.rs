@@ -1,7 +1,7 @@
 //! The initial user stack as the System V ABI and Linux lay it out: argc, argv, envp and the
 //! auxiliary vector, with the strings and AT_RANDOM bytes above them.
 
-use super::elf::{Executable, PROGRAM_HEADER_SIZE};
+use super::elf::Executable;
 use crate::arch::cpu;
 use crate::arch::paging::PAGE_SIZE;
 use crate::arch::trap::{copy_to_user, copy_words_to_user, UserFault};
@@ -69,7 +69,7 @@ pub fn build(top: u64, executable: &Executable, argv: &[String], env: &[String],
         // AT_IGNORE (1) when there is no vDSO, so that the vector keeps its length.
         vdso.map_or((1, 0), |address| (AT_SYSINFO_EHDR, address)),
         (AT_PHDR, executable.program_headers_address),
-        (AT_PHENT, PROGRAM_HEADER_SIZE),
+        (AT_PHENT, executable.program_header_size),
         (AT_PHNUM, executable.program_header_count),
         (AT_PAGESZ, PAGE_SIZE),
         (AT_BASE, 0),
