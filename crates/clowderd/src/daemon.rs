@@ -438,15 +438,13 @@ impl Daemon {
         owner: (u32, u32),
         events: &mut dyn EventSink,
     ) -> Value {
-        let (enclave, job) = {
-            let mut state = self.state.lock().unwrap();
-            let enclave = match state.enclaves.get(name) {
+        let enclave = {
+            let state = self.state.lock().unwrap();
+            match state.enclaves.get(name) {
                 Some(Entry { occupant: Occupant::Persistent(enclave), .. }) => enclave.clone(),
                 Some(_) => return error_reply(format!("enclave {name} is not ready for jobs (it is starting, or a one-shot enclave)")),
                 None => return error_reply(format!("no enclave named {name}; {}", state.known_names())),
-            };
-            state.next_job = state.next_job.wrapping_add(1);
-            (enclave, state.next_job)
+            }
         };
         if let Some(refusal) = refuse_unrunnable(&request.argv[0], &files.binary) {
             return refusal;
@@ -460,6 +458,12 @@ impl Daemon {
             Some(CoreRequest::Exactly(_)) => {
                 return error_reply(format!("in enclave {name}, give --cores as a count (it has {})", enclave.cores.len()))
             }
+        };
+        // A job id only for a job that is sent: refused runs leave no gap in the numbering.
+        let job = {
+            let mut state = self.state.lock().unwrap();
+            state.next_job = state.next_job.wrapping_add(1);
+            state.next_job
         };
         let binary_name = request.argv[0].rsplit('/').next().unwrap_or("job").to_string();
         let spec = JobSpec {

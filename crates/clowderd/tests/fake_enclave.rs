@@ -633,7 +633,12 @@ impl TestDaemon {
 
     /// Runs a job in `enclave` from directory `cwd`; returns (final reply, stdout, stderr).
     fn run(&self, enclave: &str, argv: &[&str], cwd: &Path, inputs: &[(&str, &Path)]) -> (Value, String, String) {
-        let binary = File::open(&self.program).unwrap();
+        self.run_program(&self.program, enclave, argv, cwd, inputs)
+    }
+
+    /// `run` with another program file.
+    fn run_program(&self, program: &Path, enclave: &str, argv: &[&str], cwd: &Path, inputs: &[(&str, &Path)]) -> (Value, String, String) {
+        let binary = File::open(program).unwrap();
         let dir = File::open(cwd).unwrap();
         let input_files: Vec<File> = inputs.iter().map(|(_, path)| File::open(path).unwrap()).collect();
         let mut fds = vec![binary.as_raw_fd(), dir.as_raw_fd()];
@@ -680,8 +685,18 @@ fn jobs_stream_output_and_return_their_status() {
     assert_eq!(reply["status"], 0);
     assert_eq!(stdout, "hello enclave\n");
 
+    assert_eq!(reply["job"], 1);
+
+    // A program the enclave cannot run is refused, and takes no job number.
+    let script = work.0.join("script.sh");
+    std::fs::write(&script, "#!/bin/sh\necho hi\n").unwrap();
+    let (refused, _, _) = daemon.run_program(&script, "sim", &["script.sh"], &work.0, &[]);
+    assert_eq!(refused["ok"], false, "{refused}");
+    assert!(refused["error"].as_str().unwrap().contains("script.sh is not an ELF executable"), "{refused}");
+
     let (reply, _, _) = daemon.run("sim", &["prog", "exit", "42"], &work.0, &[]);
     assert_eq!(reply["status"], 42);
+    assert_eq!(reply["job"], 2, "job numbers follow each other: {reply}");
 
     // Output longer than a ring message arrives in order, on the right stream.
     let (reply, stdout, stderr) = daemon.run("sim", &["prog", "big"], &work.0, &[]);
