@@ -266,6 +266,49 @@ mod tests {
         bytes
     }
 
+    /// Untrusted input: any bytes, and any corruption of a well-formed image, are read without
+    /// a panic or a read outside them (the kernel parses what a user hands it).
+    #[test]
+    fn random_and_corrupted_images_never_panic() {
+        let mut image = [0u8; 512];
+        image[..FILE_HEADER_LEN].copy_from_slice(&header(CLASS_64, EM_X86_64, ET_EXEC));
+        image[64..68].copy_from_slice(&PT_NOTE.to_le_bytes());
+        image[72..80].copy_from_slice(&232u64.to_le_bytes());
+        image[96..104].copy_from_slice(&64u64.to_le_bytes());
+        image[232..264].copy_from_slice(&note(XEN_NOTE_NAME, XEN_ELFNOTE_PHYS32_ENTRY, &[1, 2, 3, 4]));
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut random = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for round in 0..20_000 {
+            let mut bytes = image;
+            if round % 2 == 0 {
+                for _ in 0..1 + random() % 8 {
+                    let at = (random() % bytes.len() as u64) as usize;
+                    bytes[at] = random() as u8;
+                }
+            } else {
+                bytes.iter_mut().for_each(|byte| *byte = random() as u8);
+                bytes[..4].copy_from_slice(MAGIC);
+            }
+            let length = (random() % (bytes.len() as u64 + 1)) as usize;
+            let bytes = &bytes[..length];
+            let Ok(parsed) = FileHeader::parse(bytes) else { continue };
+            let _ = (parsed.is_x86_64_executable(), parsed.program_header_table_len());
+            for index in 0..parsed.program_header_count.min(64) {
+                let entry = parsed.program_header_offset(index).and_then(|at| bytes.get(usize::try_from(at).ok()?..));
+                if let Some(segment) = entry.and_then(ProgramHeader::parse) {
+                    if let Some(content) = segment.file_bytes(bytes) {
+                        notes(content).for_each(|found| assert!(found.name.len() + found.descriptor.len() <= content.len()));
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn notes_are_read_in_order_and_a_cut_one_ends_them() {
         let mut segment = [0u8; 64];
