@@ -13,6 +13,8 @@
 # (kvm_msi_set_irq): one stretch is typically one request's handling in the kernel.
 set -euo pipefail
 seconds=${1:-0.05}
+[[ $seconds =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]] && awk -v s="$seconds" 'BEGIN { exit !(s > 0) }' ||
+    { echo "lwk-kernel-profile: SECONDS must be a positive number, not '$seconds'" >&2; exit 2; }
 here=$(cd "$(dirname "$0")/.." && pwd)
 kernel=${2:-$here/kernels/target/x86_64-unknown-none/release/lwk}
 tracing=/sys/kernel/tracing

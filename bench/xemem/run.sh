@@ -27,12 +27,23 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 root=$(cd ../.. && pwd)
-attaches=${ATTACHES:-500}
-touches=${TOUCHES:-20}
-cross_touches=${CROSS_TOUCHES:-5}
-cross_attaches=${CROSS_ATTACHES:-500}
-pair_attaches=${PAIR_ATTACHES:-100}
+# The settings, checked before anything is built: a count from 1 up, sizes in MiB.
+refuse() { echo "bench/xemem: $1" >&2; exit 2; }
+count() { # NAME VALUE
+    [[ $2 =~ ^[1-9][0-9]{0,6}$ ]] || refuse "$1 must be a whole number from 1 up, not '$2'"
+    echo "$2"
+}
+attaches=$(count ATTACHES "${ATTACHES:-500}")
+touches=$(count TOUCHES "${TOUCHES:-20}")
+cross_touches=$(count CROSS_TOUCHES "${CROSS_TOUCHES:-5}")
+cross_attaches=$(count CROSS_ATTACHES "${CROSS_ATTACHES:-500}")
+pair_attaches=$(count PAIR_ATTACHES "${PAIR_ATTACHES:-100}")
 sizes=${SIZES:-"128 256 512 1024"}
+[ -n "${sizes// /}" ] || refuse "SIZES names no size"
+for size in $sizes; do
+    [[ $size =~ ^[1-9][0-9]{0,4}$ ]] || refuse "SIZES takes region sizes in MiB (128 256 512 1024), not '$size'"
+done
+case ${CROSS:-1} in 0 | 1) ;; *) refuse "CROSS is 0 (host only) or 1, not '$CROSS'" ;; esac
 control_iterations=2000
 # A control operation from an LWK job takes tens of ms (see the results): fewer samples.
 lwk_control_iterations=100

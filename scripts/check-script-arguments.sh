@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The repository's scripts name a mistake in their arguments or settings with status 2 before
+# they start anything (build, daemon, benchmark). Each case: expected text | command.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+failures=0 cases=0
+while IFS='|' read -r expected command; do
+    cases=$((cases + 1))
+    output=$(timeout 20 bash -c "$command" 2>&1)
+    status=$?
+    if [ $status != 2 ] || ! grep -qF -- "$expected" <<<"$output"; then
+        failures=$((failures + 1))
+        echo "FAIL $command: status $status, said: $(head -2 <<<"$output")"
+    fi
+done <<'CASES'
+unknown option '--fast'|scripts/insitu.sh --fast
+NX must be a whole number from 1 up, not 'big'|scripts/insitu.sh big 32 32
+--repeat must be a whole number from 1 up, not '0'|scripts/insitu.sh --repeat 0
+at most six numbers|scripts/insitu.sh 1 2 3 4 5 6 7
+INTERVAL (50) is longer than ITERATIONS (40)|scripts/insitu.sh 32 32 32 40 50
+runs must be a whole number from 1 up, not 'many'|bench/dex/run.sh many
+usage: |bench/dex/run.sh 5 everything
+ATTACHES must be a whole number from 1 up, not '1e3'|ATTACHES=1e3 bench/xemem/run.sh
+SIZES takes region sizes in MiB (128 256 512 1024), not '1G'|SIZES="128 1G" bench/xemem/run.sh
+CROSS is 0 (host only) or 1, not 'no'|CROSS=no bench/xemem/run.sh
+SECONDS must be a positive number, not 'soon'|scripts/lwk-kernel-profile.sh soon
+CASES
+if [ $failures = 0 ]; then
+    echo "ok   scripts and benchmarks name bad arguments ($cases cases)"
+else
+    echo "$failures of $cases argument checks failed"
+    exit 1
+fi
