@@ -148,7 +148,8 @@ scale_row() { # label dex-figure plain-1-thread plain-2-threads dex-args
 	echo "## Migration latency (µs)"
 	echo
 	echo "Each clowder column is one idle setting of this virtual machine's vCPUs (see *The host's"
-	echo "wake-up cost* below): the machine as it boots, and Linux's default halt polling."
+	echo "wake-up cost* below): the machine as it boots, and Linux's default halt polling; the TCP"
+	echo "polling column keeps the receivers awake instead (DEX_POLL_US, dex/README.md)."
 	echo
 	echo "| | DEX (Popcorn kernel, IB) | $(setting_headers "clowder dex, TCP loopback") | $(polling_header) | $(setting_headers "clowder dex, \`--transport ucx\`") | issue target |"
 	echo "|---|---|$(setting_aligns)---|$(setting_aligns)---|"
