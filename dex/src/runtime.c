@@ -97,7 +97,7 @@ uint64_t dex_now_ns(void)
 /* -------------------------------------------------------------- transport */
 
 /* The TCP transport: one connected socket per peer (the bootstrap socket
- * itself), written with sendmsg and read with read. Both are plain system
+ * itself), written with sendmsg and read with recvfrom. Both are plain system
  * calls, so they are safe from signal handlers and any thread. */
 static int tcp_send(unsigned peer, struct iovec *iov, int iovcnt)
 {
