@@ -1631,20 +1631,6 @@ __attribute__((constructor(101))) static void dex_init(int argc, char **argv, ch
 	/* The process's main thread never runs application code under DEX
 	 * (main runs on a migratable thread), so its allocations stay local. */
 	dex_tls_runtime_thread = 1;
-	/* Waiting threads block at once by default: on a machine with fewer
-	 * cores than busy threads, spinning steals the CPU from the thread
-	 * being waited for (measured: 25 us vs 120 us per migration on 2
-	 * vCPUs). DEX_SPIN=N polls N times first, for dedicated cores. */
-	dex_rt.spin_iterations = (unsigned)dex_env_number("DEX_SPIN", 0, UINT32_MAX);
-	/* Receivers sleep in their sockets by default for the same reason;
-	 * DEX_POLL_US=N polls for N us after each message, for dedicated
-	 * cores (as RDMA runtimes poll their completion queues). At most a
-	 * second: a silent peer is noticed that much after the timeout. */
-	dex_rt.receive_poll_ns = dex_env_number("DEX_POLL_US", 0, 1000000) * 1000ull;
-	dex_rt.fault_timeout_ns = dex_env_number("DEX_FAULT_TIMEOUT", 30, 86400) * 1000000000ull;
-	dex_rt.peer_timeout_s = (unsigned)dex_env_number("DEX_PEER_TIMEOUT", 5, 86400);
-	if (!dex_rt.peer_timeout_s)
-		dex_rt.peer_timeout_s = 5;
 	dex_threads_init();
 	dex_barriers_init();
 	if (!boot)
@@ -1659,6 +1645,21 @@ __attribute__((constructor(101))) static void dex_init(int argc, char **argv, ch
 	uint32_t origin_ip = ip[0] << 24 | ip[1] << 16 | ip[2] << 8 | ip[3];
 	dex_rt.node = node;
 	dex_rt.nodes = nodes;
+	/* The settings, read once the node is known so that a bad one's message
+	 * names it. Waiting threads block at once by default: on a machine with fewer
+	 * cores than busy threads, spinning steals the CPU from the thread
+	 * being waited for (measured: 25 us vs 120 us per migration on 2
+	 * vCPUs). DEX_SPIN=N polls N times first, for dedicated cores. */
+	dex_rt.spin_iterations = (unsigned)dex_env_number("DEX_SPIN", 0, UINT32_MAX);
+	/* Receivers sleep in their sockets by default for the same reason;
+	 * DEX_POLL_US=N polls for N us after each message, for dedicated
+	 * cores (as RDMA runtimes poll their completion queues). At most a
+	 * second: a silent peer is noticed that much after the timeout. */
+	dex_rt.receive_poll_ns = dex_env_number("DEX_POLL_US", 0, 1000000) * 1000ull;
+	dex_rt.fault_timeout_ns = dex_env_number("DEX_FAULT_TIMEOUT", 30, 86400) * 1000000000ull;
+	dex_rt.peer_timeout_s = (unsigned)dex_env_number("DEX_PEER_TIMEOUT", 5, 86400);
+	if (!dex_rt.peer_timeout_s)
+		dex_rt.peer_timeout_s = 5;
 	if (nodes == 1) {
 		close(listen_fd);
 		return;
