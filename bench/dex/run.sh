@@ -144,6 +144,7 @@ scale_row() { # label dex-figure plain-1-thread plain-2-threads dex-args
 	echo "2000 faults. Each latency run started after a second with both CPUs at least 90% idle"
 	echo "($busy_starts of $starts waited a minute without one and started anyway)."
 	echo "DEX figures: Kim et al., ICDCS 2020, Table II (averages) and §V-D (InfiniBand, kernel)."
+	echo "Figures: [dex-latency.png](dex-latency.png), [dex-scaling.png](dex-scaling.png) (\`bench/plot.py\`)."
 	echo
 	echo "## Migration latency (µs)"
 	echo
@@ -252,3 +253,4 @@ scale_row() { # label dex-figure plain-1-thread plain-2-threads dex-args
 	echo
 	echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
 } | tee "$report"
+if [ "$parts" = all ]; then python3 "$root/bench/plot.py" dex; fi

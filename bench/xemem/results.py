@@ -168,6 +168,9 @@ def main(arguments):
         "between Linux processes.")
     say("")
 
+    say("Figure: [xemem-attach.png](xemem-attach.png) (attach + read against the local read, and attach "
+        "throughput, by region size; drawn by `bench/plot.py` from this file).")
+    say("")
     say("## Targets")
     say("")
     say("| target | path | ours | met |")

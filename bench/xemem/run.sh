@@ -364,6 +364,7 @@ python3 results.py "$rows" "$pairs_rows" "$control_rows" "$scratch/pair-errors" 
     --attaches "$attaches" --cross-attaches "$cross_attaches" --pair-attaches "$pair_attaches" --touches "$touches" --cross-touches "$cross_touches" --pair-mib $pair_mib \
     --control "$control_iterations" --lwk-control "$lwk_control_iterations" --cross-missing "$cross_missing" --attacher-backing "$attacher_backing" >"$out"
 cat "$out"
+python3 "$root/bench/plot.py" xemem
 if [ "$cross_failures" != 0 ]; then
     echo "xemem bench: $cross_failures cross-enclave runs failed" >&2
     exit 1
