@@ -9,7 +9,8 @@ size, for every path with 2 MiB backing (the issue's 90% line; the paper's Fig. 
 GB/s, about 12 for attach + read), and attach throughput (the paper's 12.8 GB/s at 1 GiB).
 dex-scaling.png: speed-up from 1 to 2 nodes per application, naive and optimised, as the
 paper's Fig. 2, with the issue's 1.8x line. dex-latency.png: migration and remote fault
-latencies per configuration beside DEX's Table II and the issue's targets.
+latencies per configuration beside DEX's Table II and the issue's targets. lwk-detours.png:
+every selfish detour of the median host and enclave runs over time (lwk-detours.tsv).
 
 Needs matplotlib (pip install matplotlib); reads only the markdown the benchmarks wrote.
 """
@@ -148,7 +149,28 @@ def plot_dex_latency(plt):
     return figure, RESULTS / "dex-latency.png"
 
 
-FIGURES = {"xemem": [plot_xemem], "dex": [plot_dex_scaling, plot_dex_latency]}
+def plot_lwk_detours(plt):
+    source = RESULTS / "lwk-detours.tsv"
+    sides = {}
+    for line in source.read_text().splitlines()[1:]:
+        side, at_us, length_us = line.split("\t")
+        sides.setdefault(side, []).append((float(at_us) / 1e6, float(length_us)))
+    figure, panels = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for axes, side in zip(panels, ("host", "enclave")):
+        points = sides.get(side, [])
+        if points:
+            axes.scatter(*zip(*points), s=3, color="tab:blue" if side == "host" else "tab:green")
+        lost = sum(length for _, length in points) / 1e3
+        axes.set(yscale="log", xlabel="time (s)", title=f"{side}: {len(points)} detours, {lost:.1f} ms lost")
+        axes.grid(alpha=0.3)
+    panels[0].set_ylabel("detour (µs)")
+    figure.suptitle("Selfish detour, the same static binary on the host and in an LWK enclave (lwk-bench.md)",
+                    fontsize=10)
+    figure.tight_layout()
+    return figure, RESULTS / "lwk-detours.png"
+
+
+FIGURES = {"xemem": [plot_xemem], "dex": [plot_dex_scaling, plot_dex_latency], "lwk": [plot_lwk_detours]}
 
 
 def main(argv):

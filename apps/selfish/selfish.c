@@ -3,13 +3,15 @@
  * Spins reading the clock for DURATION seconds; every gap between two consecutive readings
  * longer than THRESHOLD (default: 5x the smallest gap seen) is a detour: time the OS took away.
  *
- *   selfish [DURATION_S] [THRESHOLD_NS]
+ *   selfish [DURATION_S] [THRESHOLD_NS] [list]
  *
- * Prints the number of detours, the time lost and its fraction, and the largest detours.
+ * Prints the number of detours, the time lost and its fraction, and the largest detour; with
+ * `list`, every detour after that as "detour AT_US LENGTH_US" (the first 100,000).
  */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static inline uint64_t now_ns(void) {
@@ -23,8 +25,9 @@ static inline uint64_t now_ns(void) {
 int main(int argc, char **argv) {
     double duration = argc > 1 ? atof(argv[1]) : 5.0;
     uint64_t threshold = argc > 2 ? strtoull(argv[2], NULL, 10) : 0;
-    if (duration <= 0 || duration > 3600) {
-        fprintf(stderr, "usage: selfish [DURATION_S (0..3600]] [THRESHOLD_NS]\n");
+    int list = argc > 3 && !strcmp(argv[3], "list");
+    if (duration <= 0 || duration > 3600 || (argc > 3 && !list) || argc > 4) {
+        fprintf(stderr, "usage: selfish [DURATION_S (0..3600]] [THRESHOLD_NS] [list]\n");
         return 2;
     }
     /* Calibrate the undisturbed loop: the smallest gap over a short run. */
@@ -60,5 +63,7 @@ int main(int argc, char **argv) {
            (unsigned long long)threshold);
     printf("selfish: %ld detours, %.3f ms lost (%.5f%% of the time), largest %.1f us\n", detours,
            lost / 1e6, 100.0 * lost / 1e9 / elapsed, largest / 1e3);
+    for (long i = 0; list && i < detours && i < MAX_DETOURS; i++)
+        printf("detour %.3f %.3f\n", detour_at[i] / 1e3, detour_len[i] / 1e3);
     return 0;
 }

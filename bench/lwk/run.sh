@@ -9,3 +9,4 @@ if [ "$free_huge" -lt 544 ] && [ "$(id -u)" -eq 0 ]; then
     echo $(( $(cat /proc/sys/vm/nr_hugepages) + 544 - free_huge )) > /proc/sys/vm/nr_hugepages || true
 fi
 target/release/lwk-bench
+python3 bench/plot.py lwk

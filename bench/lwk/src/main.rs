@@ -136,6 +136,7 @@ fn main() {
         "≥ 98% of host".into(),
     ));
 
+    let out = std::env::var("OUT").unwrap_or_else(|_| repo.join("docs/results/lwk-bench.md").display().to_string());
     eprintln!("selfish detour (3 alternating runs of 5 s each)...");
     let detour_line = |t: &str| t.lines().find(|l| l.contains(" detours, ")).unwrap_or("").trim_start_matches("selfish: ").to_string();
     let detours = |t: &str| -> f64 { detour_line(t).split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(f64::NAN) };
@@ -143,12 +144,23 @@ fn main() {
     // single run of each says little).
     let (mut host_runs, mut lwk_runs) = (Vec::new(), Vec::new());
     for _ in 0..3 {
-        host_runs.push(setup.host("selfish", &["5"]));
-        lwk_runs.push(setup.enclave("selfish", &["5"]));
+        host_runs.push(setup.host("selfish", &["5", "0", "list"]));
+        lwk_runs.push(setup.enclave("selfish", &["5", "0", "list"]));
     }
     host_runs.sort_by(|a, b| detours(a).total_cmp(&detours(b)));
     lwk_runs.sort_by(|a, b| detours(a).total_cmp(&detours(b)));
     let (host, lwk) = (&host_runs[1], &lwk_runs[1]);
+    // Every detour of the two median runs, for the figure (bench/plot.py lwk).
+    let mut detour_list = String::from("side\tat_us\tlength_us\n");
+    for (side, output) in [("host", host), ("enclave", lwk)] {
+        for line in output.lines().filter_map(|line| line.strip_prefix("detour ")) {
+            detour_list.push_str(&format!("{side}\t{}\n", line.replace(' ', "\t")));
+        }
+    }
+    let detours_out = std::path::Path::new(&out).with_file_name("lwk-detours.tsv");
+    if let Err(e) = std::fs::write(&detours_out, detour_list) {
+        eprintln!("lwk-bench: cannot write {}: {e}", detours_out.display());
+    }
     rows.push(("selfish detour, host (median of 3 runs)".into(), detour_line(host), "-".into()));
     rows.push((
         "selfish detour, enclave (median of 3 runs)".into(),
@@ -224,10 +236,12 @@ fn main() {
          medians of {runs} runs measured side by side in one run of `make bench` (`target/release/lwk-bench`). \
          The STREAM, hpccg and selfish enclaves have 1 GiB of RAM backed by {} pages (2 MiB when the hugepage \
          pool holds 512 free pages: `bench/lwk/run.sh` reserves them when run as root); the host runs the \
-         same static binary with Linux's defaults.\n\n{table}\n",
+         same static binary with Linux's defaults.\n\n{table}\nEvery detour of the median selfish runs, host and \
+         enclave: [lwk-detours.png](lwk-detours.png) (`bench/plot.py lwk`, from lwk-detours.tsv). The enclave's \
+         kernel has no timer tick; its detours are the host's interruptions of its vCPU, each of which costs a VM \
+         exit and re-entry on top.\n",
         setup.core, setup.backing
     );
-    let out = std::env::var("OUT").unwrap_or_else(|_| repo.join("docs/results/lwk-bench.md").display().to_string());
     match std::fs::write(&out, report) {
         Ok(()) => eprintln!("wrote {out}"),
         Err(e) => eprintln!("lwk-bench: cannot write {out}: {e}"),
