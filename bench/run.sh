@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 # Rows backed by 2 MiB pages need free hugepages; reserve a few if we may.
 free_huge=$(cat /sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages 2>/dev/null || echo 0)
 if [ "$free_huge" -lt 64 ] && [ "$(id -u)" -eq 0 ]; then
-    echo $(( $(cat /proc/sys/vm/nr_hugepages) + 64 - free_huge )) > /proc/sys/vm/nr_hugepages
+    pool=$(cat /proc/sys/vm/nr_hugepages)
+    trap 'echo "$pool" > /proc/sys/vm/nr_hugepages' EXIT # the pool as it was
+    echo $(( pool + 64 - free_huge )) > /proc/sys/vm/nr_hugepages
 fi
 
 echo "== clowder-vmm =="

@@ -6,7 +6,9 @@ make -s -C apps >/dev/null
 # The 1 GiB enclaves run on 2 MiB pages, as an LWK gives them, when 512 hugepages are free.
 free_huge=$(cat /sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages 2>/dev/null || echo 0)
 if [ "$free_huge" -lt 544 ] && [ "$(id -u)" -eq 0 ]; then
-    echo $(( $(cat /proc/sys/vm/nr_hugepages) + 544 - free_huge )) > /proc/sys/vm/nr_hugepages || true
+    pool=$(cat /proc/sys/vm/nr_hugepages)
+    trap 'echo "$pool" > /proc/sys/vm/nr_hugepages' EXIT # the pool as it was
+    echo $(( pool + 544 - free_huge )) > /proc/sys/vm/nr_hugepages || true
 fi
 target/release/lwk-bench
 python3 bench/plot.py lwk
