@@ -308,6 +308,46 @@ PY
     done
 fi
 
+# Untrusted executables: 16 copies of hello with header and program-header fields corrupted
+# (fixed seed). Each must end as a program does (refused with a reason, a signal, an exit),
+# never with a kernel panic, a kernel fault or a hang.
+if [ $# -eq 0 ] && [ -f "$work/hello-raw" ]; then
+    python3 - "$work/hello-raw" "$work/corrupt" <<'PY'
+import random, struct, sys
+base = bytearray(open(sys.argv[1], "rb").read())
+table = struct.unpack_from("<Q", base, 32)[0]
+size, count = struct.unpack_from("<HH", base, 54)
+random.seed(7)
+for n in range(16):
+    image = bytearray(base)
+    for _ in range(random.randint(1, 4)):
+        if random.random() < 0.3:  # entry, table offset, entry size, entry count
+            at = random.choice([24, 32, 54, 56])
+            width = 8 if at in (24, 32) else 2
+        else:  # a program header's type, flags, offset, address, sizes, alignment
+            field = random.choice([0, 4, 8, 16, 32, 40, 48])
+            at, width = table + random.randrange(count) * size + field, 4 if field < 8 else 8
+        value = random.choice([0, 1, 0xFFFFFFFF, 0x7FFFFFFFFFFF, 1 << 47, 0x1000, random.getrandbits(64)])
+        image[at:at + width] = (value & ((1 << (8 * width)) - 1)).to_bytes(width, "little")
+    open(f"{sys.argv[2]}-{n:02d}", "wb").write(image)
+PY
+    bad=0
+    for image in "$work"/corrupt-[0-9][0-9]; do
+        outcome=$(run_in_lwk "$image" hello "$image.lwk" raw)
+        if grep -q '^\[lwk\] \(panic\|kernel fault\)' "$image.lwk.console" ||
+            ! grep -q '^\[lwk\] \(cannot start the job: \|job exited with status \)' "$image.lwk.console"; then
+            bad=$((bad + 1))
+            echo "     ${image##*/}: $outcome"; tail -3 "$image.lwk.console"
+        fi
+    done
+    if [ $bad = 0 ]; then
+        echo "ok   16 corrupted executables: each refused, signalled or exited; no kernel panic or hang"
+    else
+        echo "FAIL corrupted executables: $bad of 16 ended the kernel or hung"
+        failures=$((failures + 1))
+    fi
+fi
+
 # A job whose threads all wait for each other (Linux would hang): the kernel reports the
 # dead-lock and ends the job with status 137.
 if [ $# -eq 0 ]; then
