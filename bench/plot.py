@@ -120,17 +120,18 @@ def plot_dex_latency(plt):
     faults = next(table for table in found if table and table[0].get("", "").startswith("read fault"))
     wanted = [(migration, "first forward"), (migration, "later forward"), (migration, "first backward"),
               (migration, "later backward"), (faults, "read fault, page at the origin")]
-    columns = [name for name in migration[0] if name.startswith("clowder")]
+    # Both tables have the same columns in the same order (what, DEX, our configurations,
+    # target), named a little differently: the migration table's names label them.
+    columns = list(migration[0])[2:-1]
     figure, axes = plt.subplots(figsize=(11, 4.6))
     width = 0.8 / (len(columns) + 1)
     for k, (table, metric) in enumerate(wanted):
         row = next(row for row in table if row[""].startswith(metric))
-        paper = number(row[list(row)[1]])
+        cells = list(row.values())
+        paper = number(cells[1])
         axes.bar(k - 0.4 + width / 2, paper, width=width, color="black", label="DEX (paper)" if k == 0 else None)
-        for j, column in enumerate(columns):
-            fault_column = column.replace("clowder dex, TCP loopback, guest", "clowder dex (TCP), guest")
-            fault_column = fault_column.replace("clowder dex, `--transport ucx`", "clowder dex (UCX)")
-            value = number(row.get(column) or row.get(fault_column))
+        for j, (column, cell) in enumerate(zip(columns, cells[2:-1])):
+            value = number(cell)
             if value is not None:
                 axes.bar(k - 0.4 + width * (j + 1.5), value, width=width, color=f"C{j}",
                          label=re.sub(r"clowder dex,? |`", "", column) if k == 0 else None)
