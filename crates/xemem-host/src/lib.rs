@@ -761,11 +761,7 @@ impl Broker {
                 .map(|(surrogate, permit)| (*surrogate, state.servers.get(&permit.holder).cloned()))
                 .collect()
         };
-        for (surrogate, server) in holders {
-            if let Some(server) = server {
-                let _ = ask_owner_within(&server, &Request::new(wire::OP_REVOKE, &[surrogate.raw() as u64]), REVOKE_WAIT);
-            }
-        }
+        revoke_holders(holders);
     }
 
     /// The name server took back permit `real`, which host process `holder` holds on another
@@ -782,9 +778,7 @@ impl Broker {
                 .find(|(_, permit)| permit.real == real && u64::from(permit.holder) == holder)
                 .map(|(surrogate, permit)| (*surrogate, state.servers.get(&permit.holder).cloned()))
         };
-        if let Some((surrogate, Some(server))) = found {
-            let _ = ask_owner_within(&server, &Request::new(wire::OP_REVOKE, &[surrogate.raw() as u64]), REVOKE_WAIT);
-        }
+        revoke_holders(found.into_iter().collect());
     }
 
     /// A sub-manager lost the name server upstream for good (it will rejoin a new one with a
@@ -796,18 +790,35 @@ impl Broker {
         if !self.is_sub_manager() {
             return;
         }
-        self.revoke_remote(|_| true);
-        let mut state = self.lock();
-        let segments: Vec<(SegmentId, u32)> = state.remote_segments.drain().map(|(segment, (owner, _, _))| (segment, owner)).collect();
-        state.orphaned_segments.extend(segments);
-        let permits: Vec<(AccessId, u32)> = state.remote_permits.drain().map(|(surrogate, permit)| (surrogate, permit.holder)).collect();
-        state.orphaned_permits.extend(permits);
+        // Orphaned before their holders hear of it: a holder's library cleans up (detach,
+        // release) as soon as it sees SIGBUS, and those must find the permit orphaned, not
+        // go to the lost name server.
+        let holders: Vec<(AccessId, Option<Server>)> = {
+            let mut state = self.lock();
+            let segments: Vec<(SegmentId, u32)> = state.remote_segments.drain().map(|(segment, (owner, _, _))| (segment, owner)).collect();
+            state.orphaned_segments.extend(segments);
+            let permits: Vec<(AccessId, u32)> = state.remote_permits.drain().map(|(surrogate, permit)| (surrogate, permit.holder)).collect();
+            let holders = permits.iter().map(|(surrogate, holder)| (*surrogate, state.servers.get(holder).cloned())).collect();
+            state.orphaned_permits.extend(permits);
+            holders
+        };
+        revoke_holders(holders);
     }
 
     /// An enclave is gone: its permits on host segments go too.
     pub fn forget_enclave(&self, enclave: xemem::ids::EnclaveId) {
         if enclave != NAME_SERVER_ENCLAVE {
             self.lock().ns.forget(|p| p.enclave == enclave);
+        }
+    }
+}
+
+/// Tells each holder's library (through its serving connection, when it has one) that its
+/// attachments through the surrogate permit are revoked: they raise SIGBUS from then on.
+fn revoke_holders(holders: Vec<(AccessId, Option<Server>)>) {
+    for (surrogate, server) in holders {
+        if let Some(server) = server {
+            let _ = ask_owner_within(&server, &Request::new(wire::OP_REVOKE, &[surrogate.raw() as u64]), REVOKE_WAIT);
         }
     }
 }
