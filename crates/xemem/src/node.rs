@@ -304,6 +304,12 @@ impl Expectation {
         Expectation { origin, expects, assembler: RunAssembler::default() }
     }
 
+    /// Forgets the parts of a multi-part answer gathered so far: its next attempt is answered
+    /// from the first part again.
+    fn start_over(&mut self) {
+        self.assembler = RunAssembler::default();
+    }
+
     /// Judges `body`, from enclave `from`: only the name server answers, or for an attach
     /// also the segment's owner (the name server's enclave may answer an attach itself: a host
     /// that maps another machine's memory into ours answers with the frames it added on the
@@ -462,7 +468,7 @@ impl Node {
             }
             p.attempts += 1;
             p.sent_at = now;
-            p.expectation.assembler = RunAssembler::default();
+            p.expectation.start_over();
             let body = p.body.clone();
             self.send(Message::new(request, self.id, NAME_SERVER_ENCLAVE, body));
         }
@@ -886,7 +892,7 @@ impl Node {
             Verdict::NotAnAnswer | Verdict::Part => return,
             // A part went missing or came twice: start over on the next retry.
             Verdict::PartOutOfPlace(_) => {
-                pending.expectation.assembler = RunAssembler::default();
+                pending.expectation.start_over();
                 return;
             }
             Verdict::Answered(result) => result,
