@@ -371,7 +371,9 @@ else
 fi
 
 # 8b. receivers that poll their sockets (DEX_POLL_US) rather than sleep in them:
-# the same protocol with another timing; silence is still noticed
+# the same protocol with another timing; silence is still noticed (the caller's own
+# DEX_POLL_US, which the other sections run with, is put back after)
+caller_poll_us=${DEX_POLL_US-} caller_polls=${DEX_POLL_US+set}
 export DEX_POLL_US=500
 via=" [polling receivers]"
 for n in 2 3; do
@@ -384,7 +386,7 @@ done
 check_output "file I/O from a node; read() at the origin into a page a node holds$via" "PASS fileio" \
 	$DEXRUN -n 3 "$BUILD/coherence" fileio
 stop_test 1 "node 1 sent nothing for 3 s"
-unset DEX_POLL_US
+if [ -n "$caller_polls" ]; then DEX_POLL_US=$caller_poll_us; else unset DEX_POLL_US; fi
 via=""
 # the runtime's numeric settings are checked like command-line arguments
 DEX_POLL_US=5ms run $DEXRUN -n 2 "$BUILD/hello_nodes"
