@@ -42,6 +42,7 @@ test-ucx: build
 	@xemem/ucx/test.sh
 
 test: test-host test-kernels test-dex test-xemem
+	@apps/test.sh
 	@scripts/check-script-arguments.sh
 	@if [ -e /dev/kvm ]; then scripts/insitu.sh --check --no-results 32 32 32 240 40; else echo "test: in-situ check skipped: /dev/kvm is absent"; fi
 

@@ -10,12 +10,12 @@
  * which makes the final error checkable. Prints progress every 10 iterations, then the result.
  * Exit status 0 if the solution error is below 1e-6 (converged), 1 otherwise, 2 on bad input.
  */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
+#include "../args.h"
 #include "cg.h"
 
 static double now_seconds(void) {
@@ -24,28 +24,17 @@ static double now_seconds(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-static long parse_dimension(const char *text, const char *name) {
-    char *end;
-    errno = 0;
-    long v = strtol(text, &end, 10);
-    if (errno || *end || v < 1 || v > 1024) {
-        fprintf(stderr, "hpccg: %s must be an integer from 1 to 1024, got \"%s\"\n", name, text);
-        exit(2);
-    }
-    return v;
-}
-
 int main(int argc, char **argv) {
     if (argc < 4 || argc > 6) {
         fprintf(stderr, "usage: hpccg NX NY NZ [MAX_ITERS] [TOLERANCE]\n");
         return 2;
     }
     struct cg_problem p = {0};
-    p.nx = parse_dimension(argv[1], "NX");
-    p.ny = parse_dimension(argv[2], "NY");
-    p.nz = parse_dimension(argv[3], "NZ");
-    long max_iters = argc > 4 ? parse_dimension(argv[4], "MAX_ITERS") : 150;
-    double tolerance = argc > 5 ? strtod(argv[5], NULL) : 1e-12;
+    p.nx = arg_integer("hpccg", "NX", argv[1], 1, 1024);
+    p.ny = arg_integer("hpccg", "NY", argv[2], 1, 1024);
+    p.nz = arg_integer("hpccg", "NZ", argv[3], 1, 1024);
+    long max_iters = argc > 4 ? arg_integer("hpccg", "MAX_ITERS", argv[4], 1, 1024) : 150;
+    double tolerance = argc > 5 ? arg_number("hpccg", "TOLERANCE", argv[5], 0, 1) : 1e-12;
     long n = p.nx * p.ny * p.nz;
 
     double *b = cg_checked_malloc(n * sizeof(double));

@@ -22,6 +22,7 @@
 #include <unistd.h>
 #include <xpmem.h>
 
+#include "../args.h"
 #include "insitu.h"
 
 #define START_WAIT_SECONDS 30.0 /* the simulation's enclave job may still be starting */
@@ -133,12 +134,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     struct source source = {.use_files = !strcmp(argv[1], "files")};
-    uint64_t length = strtoull(argv[3], NULL, 10);
-    int rounds = argc > 4 ? atoi(argv[4]) : 5;
-    if (length < 1 || length > (1ULL << 31) || rounds < 1 || rounds > 1000) {
-        fprintf(stderr, "insitu-analytics: LENGTH must be 1..2^31 and ROUNDS 1..1000\n");
-        return 2;
-    }
+    uint64_t length = (uint64_t)arg_integer("insitu-analytics", "LENGTH", argv[3], 1, 1L << 31);
+    int rounds = argc > 4 ? (int)arg_integer("insitu-analytics", "ROUNDS", argv[4], 1, 1000) : 5;
     if (source.use_files ? open_files(&source, argv[2]) : attach_segment(&source, argv[2], length))
         return 1;
     double *a = malloc(length * sizeof *a), *b = malloc(length * sizeof *b), *c = malloc(length * sizeof *c);

@@ -32,6 +32,7 @@
 #include <unistd.h>
 #include <xpmem.h>
 
+#include "../args.h"
 #include "cg.h"
 #include "insitu.h"
 
@@ -42,17 +43,6 @@ static double now_seconds(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static long parse_count(const char *text, const char *name, long max) {
-    char *end;
-    errno = 0;
-    long v = strtol(text, &end, 10);
-    if (errno || *end || v < 1 || v > max) {
-        fprintf(stderr, "insitu-sim: %s must be an integer from 1 to %ld, got \"%s\"\n", name, max, text);
-        exit(2);
-    }
-    return v;
 }
 
 /* How the vector reaches the analytics: shared pages, or two files. */
@@ -177,11 +167,11 @@ int main(int argc, char **argv) {
     int synchronous = !strcmp(argv[2], "sync");
     const char *where = argv[3];
     struct cg_problem p = {0};
-    p.nx = parse_count(argv[4], "NX", 1024);
-    p.ny = parse_count(argv[5], "NY", 1024);
-    p.nz = parse_count(argv[6], "NZ", 1024);
-    long iterations = argc > 7 ? parse_count(argv[7], "ITERATIONS", 1000000) : 600;
-    long interval_length = argc > 8 ? parse_count(argv[8], "INTERVAL", iterations) : 40;
+    p.nx = arg_integer("insitu-sim", "NX", argv[4], 1, 1024);
+    p.ny = arg_integer("insitu-sim", "NY", argv[5], 1, 1024);
+    p.nz = arg_integer("insitu-sim", "NZ", argv[6], 1, 1024);
+    long iterations = argc > 7 ? arg_integer("insitu-sim", "ITERATIONS", argv[7], 1, 1000000) : 600;
+    long interval_length = argc > 8 ? arg_integer("insitu-sim", "INTERVAL", argv[8], 1, iterations) : 40;
     long intervals = iterations / interval_length;
     long n = p.nx * p.ny * p.nz;
     if (transport.use_files == 0 && strlen(where) > XEMEM_NAME_MAX) {

@@ -14,6 +14,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "../args.h"
+
 static inline uint64_t now_ns(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -23,13 +25,13 @@ static inline uint64_t now_ns(void) {
 #define MAX_DETOURS 100000
 
 int main(int argc, char **argv) {
-    double duration = argc > 1 ? atof(argv[1]) : 5.0;
-    uint64_t threshold = argc > 2 ? strtoull(argv[2], NULL, 10) : 0;
     int list = argc > 3 && !strcmp(argv[3], "list");
-    if (duration <= 0 || duration > 3600 || (argc > 3 && !list) || argc > 4) {
-        fprintf(stderr, "usage: selfish [DURATION_S (0..3600]] [THRESHOLD_NS] [list]\n");
+    if ((argc > 3 && !list) || argc > 4) {
+        fprintf(stderr, "usage: selfish [DURATION_S 0.001..3600] [THRESHOLD_NS (0: 5x the loop)] [list]\n");
         return 2;
     }
+    double duration = argc > 1 ? arg_number("selfish", "DURATION_S", argv[1], 0.001, 3600) : 5.0;
+    uint64_t threshold = argc > 2 ? (uint64_t)arg_integer("selfish", "THRESHOLD_NS", argv[2], 0, 1000000000L) : 0;
     /* Calibrate the undisturbed loop: the smallest gap over a short run. */
     uint64_t min_gap = UINT64_MAX, prev = now_ns();
     for (int i = 0; i < 1000000; i++) {

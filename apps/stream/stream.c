@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "../args.h"
+
 static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -23,12 +25,12 @@ static int by_value(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-    long n = argc > 1 ? atol(argv[1]) : 20000000L;
-    int repeats = argc > 2 ? atoi(argv[2]) : 20;
-    if (n < 1000 || repeats < 2 || repeats > 1000) {
+    if (argc > 3) {
         fprintf(stderr, "usage: stream [N >= 1000] [REPEATS 2..1000]\n");
         return 2;
     }
+    long n = argc > 1 ? arg_integer("stream", "N", argv[1], 1000, 4000000000L) : 20000000L;
+    int repeats = argc > 2 ? (int)arg_integer("stream", "REPEATS", argv[2], 2, 1000) : 20;
     double *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b), *c = malloc(n * sizeof *c);
     double *times[4];
     for (int k = 0; k < 4; k++) times[k] = malloc(repeats * sizeof(double));

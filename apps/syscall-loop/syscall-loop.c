@@ -11,12 +11,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../args.h"
+
 int main(int argc, char **argv) {
-    long iterations = argc > 1 ? atol(argv[1]) : 100000;
-    if (iterations < 1) {
+    if (argc > 2) {
         fprintf(stderr, "usage: syscall-loop [ITERATIONS >= 1]\n");
         return 2;
     }
+    long iterations = argc > 1 ? arg_integer("syscall-loop", "ITERATIONS", argv[1], 1, 1000000000000L) : 100000;
     struct timespec a, b;
     long pid = syscall(SYS_getpid);
     clock_gettime(CLOCK_MONOTONIC, &a);
