@@ -411,6 +411,18 @@ if [ -f "$BUILD/libdex-ucx.so" ]; then
 	killed_node_check 424242431 "$via"
 	# silence is noticed by the heartbeat over UCX too
 	stop_test 0 "the origin sent nothing for 3 s"
+	# polling pumps, and threads that yield while their grant comes
+	export DEX_POLL_US=500
+	via=" [ucx, polling]"
+	for n in 2 3; do
+		check_output "mutex counter, 6 threads on $n nodes$via" "PASS mutex" $DEXRUN -n $n "$BUILD/coherence" mutex 6 1000
+		check_output "one page written alternately from 2 nodes ($n nodes)$via" "PASS pingpong" \
+			$DEXRUN -n $n "$BUILD/coherence" pingpong 2 2000
+		check_output "stack read by others while its thread migrates ($n nodes)$via" "PASS stackread" \
+			$DEXRUN -n $n "$BUILD/coherence" stackread 3 200
+	done
+	stop_test 1 "node 1 sent nothing for 3 s"
+	if [ -n "$caller_polls" ]; then DEX_POLL_US=$caller_poll_us; else unset DEX_POLL_US; fi
 else
 	echo "SKIP UCX transport: $BUILD/libdex-ucx.so not built (install libucx-dev: scripts/bootstrap.sh)"
 fi

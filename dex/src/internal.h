@@ -130,6 +130,11 @@ typedef const struct dex_transport *(*dex_transport_open_fn)(void);
  * single pump thread (used by the UCX transport). */
 int dex_queue_send(unsigned peer, struct iovec *iov, int iovcnt);
 int dex_queue_receive(unsigned peer, void *buf, size_t len);
+/* dex_queue_receive with another wait while the ring is empty: `wait` is
+ * called with the ring's futex word and the value seen, and returns when
+ * there may be more (at least every quarter second: the peer timeout). */
+typedef void (*dex_queue_wait_fn)(uint32_t *published, uint32_t seen);
+int dex_queue_receive_waiting(unsigned peer, void *buf, size_t len, dex_queue_wait_fn wait);
 void dex_queue_flush(void);
 void dex_queue_init(void);
 bool dex_queue_is_peer(unsigned n);
@@ -140,6 +145,9 @@ const void *dex_queue_next_outbound(unsigned *peer, size_t *length);
 void dex_queue_pop_outbound(void);
 bool dex_queue_deliver(unsigned from, const void *data, size_t length);
 bool dex_queue_pump_may_sleep(void);
+/* The calling receiver thread pumps (the transport has no pump thread):
+ * `round` is one round of its pump, run by its own sends into a full ring. */
+void dex_queue_pumped_by_receiver(void (*round)(void));
 void dex_queue_pump_awake(void);
 
 struct dex_runtime {

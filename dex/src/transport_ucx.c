@@ -17,11 +17,12 @@
  *   - the process's main thread while libdex starts (open: ucp_config_read,
  *     ucp_init, ucp_worker_create, ucp_worker_get_efd) and inside connect()
  *     before any application thread runs (ucp_worker_get_address,
- *     ucp_ep_create, ucp_worker_release_address);
- *   - afterwards only the "pump" service thread this file starts:
- *     ucp_worker_progress, ucp_worker_arm, ucp_tag_send_nbx,
- *     ucp_tag_recv_nbx, ucp_tag_recv_request_test, ucp_request_check_status,
- *     ucp_request_free.
+ *     ucp_ep_create, ucp_worker_release_address, the first receive);
+ *   - afterwards only the "pump": the service thread this file starts, or
+ *     in a process with one peer the receiver thread itself while it waits
+ *     for a message (ucx_receive_pumping): ucp_worker_progress,
+ *     ucp_worker_arm, ucp_tag_send_nbx, ucp_tag_recv_nbx,
+ *     ucp_tag_recv_request_test, ucp_request_check_status, ucp_request_free.
  * The worker is UCS_THREAD_MODE_SERIALIZED for that hand-over. send() and
  * receive() are libdex's queued transport (transport_queue.c): rings
  * between the runtime's threads and the pump, raw system calls only. */
@@ -48,6 +49,7 @@ static struct {
 	void *receive_request;
 	bool receive_done;
 	ucp_tag_recv_info_t receive_info;
+	uint64_t busy_ns; /* when the pump last moved a message (DEX_POLL_US) */
 } ucx;
 
 #define RECEIVE_CAPACITY (sizeof(struct dex_msg_header) + DEX_MAX_PAYLOAD)
@@ -161,43 +163,98 @@ static void send_outbound(void)
 	}
 }
 
+/* One round of the pump's work: UCX's progress, received messages into
+ * their rings, queued messages out. Returns true if it moved anything. */
+static bool pump_round(void)
+{
+	bool busy = false;
+	unsigned peer;
+	size_t length;
+	/* Queued messages first: a receiver that pumps has usually just
+	 * queued an answer, and progress would only delay it. */
+	if (dex_queue_next_outbound(&peer, &length)) {
+		send_outbound();
+		busy = true;
+	}
+	while (ucp_worker_progress(ucx.worker))
+		busy = true;
+	busy |= deliver_received();
+	if (busy)
+		ucx.busy_ns = dex_now_ns();
+	return busy;
+}
+
+/* After a round with nothing to do. DEX_SPIN=N polls N more times, as the
+ * runtime's own waits do; DEX_POLL_US=N keeps polling, yielding the CPU
+ * between rounds, for N us after the pump last moved a message (the
+ * receivers' setting: a message that follows another finds the pump awake
+ * instead of waking a halted CPU). Otherwise it sleeps until UCX, a sender
+ * or a peer's bootstrap socket wakes it. */
+static void pump_idle(void)
+{
+	unsigned peer;
+	size_t length;
+	bool busy = false;
+	for (unsigned i = 0; i < dex_rt.spin_iterations && !busy; i++) {
+		busy = ucp_worker_progress(ucx.worker) != 0 || dex_queue_next_outbound(&peer, &length);
+		cpu_relax();
+	}
+	if (busy)
+		return;
+	if (dex_rt.receive_poll_ns && dex_now_ns() - ucx.busy_ns < dex_rt.receive_poll_ns) {
+		raw_syscall(SYS_sched_yield, 0, 0, 0);
+		return;
+	}
+	if (!dex_queue_pump_may_sleep())
+		return;
+	if (ucx.worker_fd >= 0 && ucp_worker_arm(ucx.worker) == UCS_ERR_BUSY) {
+		dex_queue_pump_awake();
+		return;
+	}
+	/* A message held for a full inbound ring, or no UCX wake-up
+	 * descriptor: look again in a millisecond. */
+	check_bootstrap_sockets(ucx.receive_done || ucx.worker_fd < 0 ? 1 : 1000);
+	dex_queue_pump_awake();
+}
+
 static void *pump_thread(void *arg)
 {
 	(void)arg;
 	dex_tls_runtime_thread = DEX_TRANSPORT_THREAD;
 	dex_thread_create_block(DEX_ROLE_SERVICE);
-	post_receive();
-	for (;;) {
-		bool busy = false;
-		while (ucp_worker_progress(ucx.worker))
-			busy = true;
-		busy |= deliver_received();
-		unsigned peer;
-		size_t length;
-		if (dex_queue_next_outbound(&peer, &length)) {
-			send_outbound();
-			busy = true;
-		}
-		if (busy)
-			continue;
-		/* DEX_SPIN=N: poll N more times before sleeping, as the runtime's
-		 * own waits do (only worth it with cores to spare). */
-		for (unsigned i = 0; i < dex_rt.spin_iterations && !busy; i++) {
-			busy = ucp_worker_progress(ucx.worker) != 0 || dex_queue_next_outbound(&peer, &length);
-			cpu_relax();
-		}
-		if (busy || !dex_queue_pump_may_sleep())
-			continue;
-		if (ucx.worker_fd >= 0 && ucp_worker_arm(ucx.worker) == UCS_ERR_BUSY) {
-			dex_queue_pump_awake();
-			continue;
-		}
-		/* A message held for a full inbound ring, or no UCX wake-up
-		 * descriptor: look again in a millisecond. */
-		check_bootstrap_sockets(ucx.receive_done || ucx.worker_fd < 0 ? 1 : 1000);
-		dex_queue_pump_awake();
-	}
+	for (;;)
+		if (!pump_round())
+			pump_idle();
 	return NULL;
+}
+
+/* A process with one peer (every node; the origin of a two-node run) has
+ * one receiver thread, which pumps UCX itself while it waits for a
+ * message: no pump thread, and one thread fewer to hand each message to
+ * on its way in and out. Its ring's futex is not needed: the pump that
+ * fills the ring is the thread that reads it. */
+static void pump_while_waiting(uint32_t *published, uint32_t seen)
+{
+	(void)published;
+	(void)seen;
+	if (!pump_round())
+		pump_idle();
+}
+
+static void pump_round_for_sender(void)
+{
+	(void)pump_round();
+}
+
+static int ucx_receive_pumping(unsigned peer, void *buf, size_t len)
+{
+	static bool pumping; /* the one receiver thread's, set on its first call */
+	if (!pumping) {
+		dex_tls_runtime_thread = DEX_TRANSPORT_THREAD; /* threads UCX starts are its own */
+		dex_queue_pumped_by_receiver(pump_round_for_sender);
+		pumping = true;
+	}
+	return dex_queue_receive_waiting(peer, buf, len, pump_while_waiting);
 }
 
 /* ------------------------------------------------- start-up (main thread) */
@@ -254,6 +311,8 @@ static int connect_endpoint(unsigned peer, void *address)
 	return 0;
 }
 
+static struct dex_transport ucx_transport;
+
 static int ucx_connect(void)
 {
 	ucp_address_t *mine;
@@ -286,11 +345,18 @@ static int ucx_connect(void)
 	ucx.receive_buffer = malloc(RECEIVE_CAPACITY);
 	if (!ucx.receive_buffer)
 		return -1;
-	dex_start_service_thread(pump_thread, NULL);
+	post_receive();
+	unsigned peers = 0;
+	for (unsigned p = 0; p < dex_rt.nodes; p++)
+		peers += dex_queue_is_peer(p);
+	if (peers == 1)
+		ucx_transport.receive = ucx_receive_pumping;
+	else
+		dex_start_service_thread(pump_thread, NULL);
 	return 0;
 }
 
-static const struct dex_transport ucx_transport = {
+static struct dex_transport ucx_transport = {
 	.name = "ucx", .connect = ucx_connect, .send = dex_queue_send, .receive = dex_queue_receive,
 	.flush = dex_queue_flush,
 };
