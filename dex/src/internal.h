@@ -43,6 +43,7 @@ enum { DEX_DEPARTED = 2 }; /* pool context resumed because the app left */
 
 struct dex_mailbox {
 	uint32_t ready; /* futex word: 1 when a message waits */
+	uint32_t sleeping; /* the owner waits in the futex: a post wakes it */
 	uint16_t type;
 	uint16_t from;
 	uint32_t length;

@@ -488,6 +488,9 @@ void dex_print_stats(void)
 	dex_log("stats: readahead: %llu next windows asked for at a marker", (unsigned long long)dex_rt.readahead_markers);
 }
 
+/* As a fault's wait for its grant: with DEX_POLL_US the thread yields
+ * while the receivers poll (a thread coming home, a system call's reply),
+ * then sleeps; a post wakes it only if it sleeps (Dekker, as the epoch). */
 void dex_mail_wait(struct dex_thread *t)
 {
 	for (unsigned i = 0; i < dex_rt.spin_iterations; i++) {
@@ -495,8 +498,16 @@ void dex_mail_wait(struct dex_thread *t)
 			return;
 		cpu_relax();
 	}
-	while (!__atomic_load_n(&t->mail.ready, __ATOMIC_ACQUIRE))
+	for (uint64_t since = dex_rt.receive_poll_ns ? dex_now_ns() : 0;
+	     dex_rt.receive_poll_ns && dex_now_ns() - since < dex_rt.receive_poll_ns;) {
+		if (__atomic_load_n(&t->mail.ready, __ATOMIC_ACQUIRE))
+			return;
+		raw_syscall(SYS_sched_yield, 0, 0, 0);
+	}
+	__atomic_store_n(&t->mail.sleeping, 1, __ATOMIC_SEQ_CST);
+	while (!__atomic_load_n(&t->mail.ready, __ATOMIC_SEQ_CST))
 		futex_wait_while(&t->mail.ready, 0);
+	__atomic_store_n(&t->mail.sleeping, 0, __ATOMIC_RELAXED);
 }
 
 void dex_mail_post(struct dex_thread *t, const struct dex_msg_header *h, const void *payload)
@@ -510,8 +521,9 @@ void dex_mail_post(struct dex_thread *t, const struct dex_msg_header *h, const v
 	t->mail.type = h->type;
 	t->mail.from = h->from;
 	t->mail.length = length;
-	__atomic_store_n(&t->mail.ready, 1, __ATOMIC_RELEASE);
-	raw_futex(&t->mail.ready, FUTEX_WAKE, 1);
+	__atomic_store_n(&t->mail.ready, 1, __ATOMIC_SEQ_CST);
+	if (__atomic_load_n(&t->mail.sleeping, __ATOMIC_SEQ_CST))
+		raw_futex(&t->mail.ready, FUTEX_WAKE, 1);
 }
 
 void dex_start_service_thread(void *(*fn)(void *), void *arg)
@@ -676,6 +688,68 @@ static void batch_invalidation(struct apply_batch *batch, const struct dsm_actio
 	run->count++;
 }
 
+/* This process's grants of faulted pages, the last few: taking one away
+ * (a node's invalidation, the origin's answer to another node's request)
+ * waits until the thread that faulted on it has resumed and had a moment
+ * to make its access, at most GRANT_HOLD_MAX_NS. Without it two nodes that
+ * spin on one page (a flag, a lock word) take it from each other between
+ * a grant and its use again and again: a 2000-turn ping-pong made 5,000 to
+ * 380,000 faults, more the shorter the round trips against a thread's
+ * wake-up (Mirage's hold window). */
+#define RECENT_GRANTS 16
+#define GRANT_USE_NS 5000ull
+#define GRANT_HOLD_MAX_NS 500000ull
+static struct recent_grant {
+	uint32_t page;
+	uint64_t granted_ns;
+	uint64_t resumed_ns; /* 0 until the faulting thread resumed */
+} recent_grants[RECENT_GRANTS];
+static unsigned next_recent_grant;
+
+/* With dsm_lock held: a thread faulted on `page` and asked for it (pages
+ * fetched ahead with nobody waiting are not held). */
+static void note_request(uint32_t page)
+{
+	struct recent_grant *g = &recent_grants[next_recent_grant++ % RECENT_GRANTS];
+	__atomic_store_n(&g->granted_ns, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&g->resumed_ns, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&g->page, page, __ATOMIC_RELEASE);
+}
+
+/* With dsm_lock held: `page` was granted to this process. */
+static void note_grant(uint32_t page)
+{
+	for (unsigned i = 0; i < RECENT_GRANTS; i++)
+		if (recent_grants[i].page == page && !recent_grants[i].granted_ns)
+			__atomic_store_n(&recent_grants[i].granted_ns, dex_now_ns(), __ATOMIC_RELEASE);
+}
+
+/* The faulting thread, its access about to be retried. */
+static void note_grant_used(uint32_t page)
+{
+	for (unsigned i = 0; i < RECENT_GRANTS; i++)
+		if (__atomic_load_n(&recent_grants[i].page, __ATOMIC_RELAXED) == page)
+			__atomic_store_n(&recent_grants[i].resumed_ns, dex_now_ns(), __ATOMIC_RELEASE);
+}
+
+/* The receiver, before it takes [first, first + count) from this process. */
+static void hold_recent_grants(uint32_t first, uint32_t count)
+{
+	for (unsigned i = 0; i < RECENT_GRANTS; i++) {
+		struct recent_grant *g = &recent_grants[i];
+		uint32_t page = __atomic_load_n(&g->page, __ATOMIC_RELAXED);
+		uint64_t granted = __atomic_load_n(&g->granted_ns, __ATOMIC_ACQUIRE);
+		if (!granted || page < first || page - first >= count)
+			continue;
+		for (;;) {
+			uint64_t now = dex_now_ns(), resumed = __atomic_load_n(&g->resumed_ns, __ATOMIC_ACQUIRE);
+			if (now - granted >= GRANT_HOLD_MAX_NS || (resumed && now - resumed >= GRANT_USE_NS))
+				break;
+			raw_syscall(SYS_sched_yield, 0, 0, 0);
+		}
+	}
+}
+
 /* Executes one directory decision at the origin; called with dsm_lock held
  * so that messages to a node leave in the order they were decided. */
 static void origin_apply(void *ctx, const struct dsm_action *a)
@@ -709,6 +783,7 @@ static void origin_apply(void *ctx, const struct dsm_action *a)
 			protect_page(a->page, access);
 			dex_rt.page_state[a->page] = (uint8_t)access;
 			dex_rt.page_inflight[a->page] = 0;
+			note_grant(a->page);
 			bump_epoch();
 		} else {
 			struct dex_msg_page_grant m = { .address = addr, .access = a->access,
@@ -939,6 +1014,7 @@ static void dsm_fault(struct dex_thread *self, uint32_t page, bool write, uintpt
 				dex_rt.faults_write++;
 			else
 				dex_rt.faults_read++;
+			note_request(page);
 			if (dex_rt.node == 0) {
 				origin_fault(self, page, write);
 			} else {
@@ -955,6 +1031,7 @@ static void dsm_fault(struct dex_thread *self, uint32_t page, bool write, uintpt
 		bool asked = led && first_pass && dex_rt.node != 0;
 		wait_for_epoch_change(seen, addr, start, asked ? (uintptr_t)page_alias(page) : 0);
 	}
+	note_grant_used(page);
 	if (dex_tracing) {
 		enum dex_trace_kind kind = write ? (led ? DEX_TRACE_WRITE : DEX_TRACE_WRITE_COALESCED)
 						 : (led ? DEX_TRACE_READ : DEX_TRACE_READ_COALESCED);
@@ -1112,6 +1189,7 @@ static void node_handle_grant(const struct dex_msg_page_grant *m)
 	if (m->with_data)
 		dex_rt.pages_received++;
 	protect_page(page, m->access);
+	note_grant(page);
 	dex_lock_release(&dex_rt.dsm_lock);
 	bump_epoch();
 }
@@ -1169,6 +1247,7 @@ static void node_handle_invalidate(const struct dex_msg_invalidate *m)
 {
 	uint32_t first = (uint32_t)page_index(m->address);
 	uint64_t start = dex_tracing ? dex_now_ns() : 0;
+	hold_recent_grants(first, m->count);
 	dex_lock_acquire(&dex_rt.dsm_lock);
 	/* Pages whose invalidation crossed our release of them are not
 	 * acknowledged (the release was the answer); the rest are, in runs. */
@@ -1308,6 +1387,7 @@ static void *origin_receive_loop(void *arg)
 		case DEX_MSG_PAGE_REQUEST: {
 			const struct dex_msg_page_request *m = (const void *)payload;
 			uint32_t page = (uint32_t)page_index(m->address);
+			hold_recent_grants(page, 1 + m->extra);
 			dex_lock_acquire(&dex_rt.dsm_lock);
 			int err = dsm_dir_request(&dex_rt.dir, page, peer, m->write, origin_apply, NULL);
 			if (!err && m->extra)
