@@ -69,9 +69,15 @@ for setting in $settings; do
 		if [ -f "$build/libdex-ucx.so" ]; then # the same over the UCX transport (UCX_TLS defaults)
 			"$build/dexrun" -n 2 --timeout 60 --transport ucx "$build/migration_latency" 300 >>"$out.$setting.ucxmig"
 			"$build/dexrun" -n 2 --timeout 60 --transport ucx "$build/fault_latency" 2000 5000 >>"$out.$setting.ucxfault"
+			if [ "$setting" = machine ]; then
+				DEX_POLL_US=$poll_us "$build/dexrun" -n 2 --timeout 60 --transport ucx "$build/migration_latency" 300 \
+					>>"$out.polling.ucxmig"
+				DEX_POLL_US=$poll_us "$build/dexrun" -n 2 --timeout 60 --transport ucx "$build/fault_latency" 2000 5000 \
+					>>"$out.polling.ucxfault"
+			fi
 		fi
 	done
-	touch "$out.$setting.ucxmig" "$out.$setting.ucxfault"
+	touch "$out.$setting.ucxmig" "$out.$setting.ucxfault" "$out.polling.ucxmig" "$out.polling.ucxfault"
 	if [ "$setting" = poll ]; then echo "$machine_poll" >"$halt_poll"; fi
 done
 ucx() { local v; v=$(metric "$1" "$2"); echo "${v:-not built}"; }
@@ -96,7 +102,9 @@ setting_headers() { # transport
 	printf '%s, guest_halt_poll_ns=%s (this machine)' "$1" "$machine_poll"
 	case $settings in *poll*) printf ' | %s, guest_halt_poll_ns=200000 (Linux default)' "$1" ;; esac
 }
-polling_header() { printf 'clowder dex, TCP loopback, receivers polling (DEX_POLL_US=%s), guest_halt_poll_ns=%s' "$poll_us" "$machine_poll"; }
+polling_header() { # transport
+	printf 'clowder dex, %s, receivers polling (DEX_POLL_US=%s), guest_halt_poll_ns=%s' "$1" "$poll_us" "$machine_poll"
+}
 setting_aligns() { local setting; for setting in $settings; do printf '%s' '---|'; done; }
 
 seconds() { # command... -> wall seconds
@@ -152,13 +160,13 @@ scale_row() { # label dex-figure plain-1-thread plain-2-threads dex-args
 	echo "wake-up cost* below): the machine as it boots, and Linux's default halt polling; the TCP"
 	echo "polling column keeps the receivers awake instead (DEX_POLL_US, dex/README.md)."
 	echo
-	echo "| | DEX (Popcorn kernel, IB) | $(setting_headers "clowder dex, TCP loopback") | $(polling_header) | $(setting_headers "clowder dex, \`--transport ucx\`") | issue target |"
-	echo "|---|---|$(setting_aligns)---|$(setting_aligns)---|"
-	echo "| first forward (thread's first visit to the node) | 812.1 | $(cells first_forward_us mig) | $(metric first_forward_us polling.mig) | $(cells first_forward_us ucxmig ucx) | ≤ 400 |"
-	echo "| later forward (pooled worker) | 236.6 | $(cells later_forward_us mig) | $(metric later_forward_us polling.mig) | $(cells later_forward_us ucxmig ucx) | ≤ 120 |"
-	echo "| first backward | 24.7 | $(cells first_backward_us mig) | $(metric first_backward_us polling.mig) | $(cells first_backward_us ucxmig ucx) | ≤ 40 |"
-	echo "| later backward | 25.8 | $(cells later_backward_us mig) | $(metric later_backward_us polling.mig) | $(cells later_backward_us ucxmig ucx) | ≤ 40 |"
-	echo "| floor: pipe round trip between two processes on the two CPUs (no DEX) | — | $(floor pipe-cross-cpu) | — |$(floor_dashes) |"
+	echo "| | DEX (Popcorn kernel, IB) | $(setting_headers "clowder dex, TCP loopback") | $(polling_header "TCP loopback") | $(setting_headers "clowder dex, \`--transport ucx\`") | $(polling_header "\`--transport ucx\`") | issue target |"
+	echo "|---|---|$(setting_aligns)---|$(setting_aligns)---|---|"
+	echo "| first forward (thread's first visit to the node) | 812.1 | $(cells first_forward_us mig) | $(metric first_forward_us polling.mig) | $(cells first_forward_us ucxmig ucx) | $(ucx first_forward_us polling.ucxmig) | ≤ 400 |"
+	echo "| later forward (pooled worker) | 236.6 | $(cells later_forward_us mig) | $(metric later_forward_us polling.mig) | $(cells later_forward_us ucxmig ucx) | $(ucx later_forward_us polling.ucxmig) | ≤ 120 |"
+	echo "| first backward | 24.7 | $(cells first_backward_us mig) | $(metric first_backward_us polling.mig) | $(cells first_backward_us ucxmig ucx) | $(ucx first_backward_us polling.ucxmig) | ≤ 40 |"
+	echo "| later backward | 25.8 | $(cells later_backward_us mig) | $(metric later_backward_us polling.mig) | $(cells later_backward_us ucxmig ucx) | $(ucx later_backward_us polling.ucxmig) | ≤ 40 |"
+	echo "| floor: pipe round trip between two processes on the two CPUs (no DEX) | — | $(floor pipe-cross-cpu) | — |$(floor_dashes) — | |"
 	echo
 	echo "DEX's first forward includes creating the remote worker (620 µs). Here node processes are set"
 	echo "up at launch and each starts with two idle worker threads, so a first visit costs the thread's"
@@ -169,25 +177,28 @@ scale_row() { # label dex-figure plain-1-thread plain-2-threads dex-args
 	echo
 	echo "## Remote page fault, 4 KiB (µs)"
 	echo
-	echo "| | DEX | $(setting_headers "clowder dex (TCP)") | $(polling_header) | $(setting_headers "clowder dex (UCX)") | issue target |"
-	echo "|---|---|$(setting_aligns)---|$(setting_aligns)---|"
-	echo "| read fault, page at the origin (median; descending, so no readahead) | 13.6 (page fetch) | $(cells read_fault_median_us fault) | $(metric read_fault_median_us polling.fault) | $(cells read_fault_median_us ucxfault ucx) | ≤ 15 |"
-	echo "| read fault, 90th percentile | — | $(cells read_fault_p90_us fault) | $(metric read_fault_p90_us polling.fault) | $(cells read_fault_p90_us ucxfault ucx) | |"
-	echo "| write fault, exclusive + data (median) | — | $(cells write_fault_median_us fault) | $(metric write_fault_median_us polling.fault) | $(cells write_fault_median_us ucxfault ucx) | |"
-	echo "| contended: one page written alternately by 2 nodes, per transfer (mean) | 158.8 (retried faults) | $(cells contended_transfer_mean_us fault) | $(metric contended_transfer_mean_us polling.fault) | $(cells contended_transfer_mean_us ucxfault ucx) | |"
-	echo "| sequential read of 2000 pages, per page (readahead) | — | $(cells sequential_read_per_page_us fault) | $(metric sequential_read_per_page_us polling.fault) | $(cells sequential_read_per_page_us ucxfault ucx) | |"
-	echo "| floor: loopback TCP round trip, 64 B asked, 4 KiB + 64 B answered, across the CPUs (no DEX) | — | $(floor tcp-page-cross-cpu) | $(awk '$1 == "tcp-page-polling-cross-cpu" { print $2 }' "$out.machine.wakes") (both sides polling) |$(floor_dashes) |"
-	echo "| the same floor with both processes on one CPU | — | $(floor tcp-page-same-cpu) | — |$(floor_dashes) |"
+	echo "| | DEX | $(setting_headers "clowder dex (TCP)") | $(polling_header "TCP loopback") | $(setting_headers "clowder dex (UCX)") | $(polling_header "UCX") | issue target |"
+	echo "|---|---|$(setting_aligns)---|$(setting_aligns)---|---|"
+	echo "| read fault, page at the origin (median; descending, so no readahead) | 13.6 (page fetch) | $(cells read_fault_median_us fault) | $(metric read_fault_median_us polling.fault) | $(cells read_fault_median_us ucxfault ucx) | $(ucx read_fault_median_us polling.ucxfault) | ≤ 15 |"
+	echo "| read fault, 90th percentile | — | $(cells read_fault_p90_us fault) | $(metric read_fault_p90_us polling.fault) | $(cells read_fault_p90_us ucxfault ucx) | $(ucx read_fault_p90_us polling.ucxfault) | |"
+	echo "| write fault, exclusive + data (median) | — | $(cells write_fault_median_us fault) | $(metric write_fault_median_us polling.fault) | $(cells write_fault_median_us ucxfault ucx) | $(ucx write_fault_median_us polling.ucxfault) | |"
+	echo "| contended: one page written alternately by 2 nodes, per transfer (mean) | 158.8 (retried faults) | $(cells contended_transfer_mean_us fault) | $(metric contended_transfer_mean_us polling.fault) | $(cells contended_transfer_mean_us ucxfault ucx) | $(ucx contended_transfer_mean_us polling.ucxfault) | |"
+	echo "| sequential read of 2000 pages, per page (readahead) | — | $(cells sequential_read_per_page_us fault) | $(metric sequential_read_per_page_us polling.fault) | $(cells sequential_read_per_page_us ucxfault ucx) | $(ucx sequential_read_per_page_us polling.ucxfault) | |"
+	echo "| floor: loopback TCP round trip, 64 B asked, 4 KiB + 64 B answered, across the CPUs (no DEX) | — | $(floor tcp-page-cross-cpu) | $(awk '$1 == "tcp-page-polling-cross-cpu" { print $2 }' "$out.machine.wakes") (both sides polling) |$(floor_dashes) — | |"
+	echo "| the same floor with both processes on one CPU | — | $(floor tcp-page-same-cpu) | — |$(floor_dashes) — | |"
 	echo
 	echo "A remote read fault is that TCP round trip plus the SIGSEGV, the directory and three"
 	echo "thread hand-offs (the faulting thread, the origin's receiver, this node's receiver), so"
 	echo "the target is below what loopback TCP alone takes on this machine whenever the floor is."
 	echo
 	echo "UCX runs use UCX's own transport choice (UCX_TLS unset: shared memory between the two"
-	echo "processes here). Each message makes two extra thread hand-offs, to the sending process's"
-	echo "UCX pump thread and from the receiving one's (UCX must not be called from the runtime's"
-	echo "signal handlers), which is what the UCX column pays over TCP on 2 shared vCPUs; on an"
-	echo "RDMA fabric the wire itself is faster than loopback TCP."
+	echo "processes here, as an RDMA fabric between machines: a 64 B → 4 KiB round trip of UCX alone"
+	echo "takes 0.4 µs with both sides polling). UCX must not be called from the runtime's signal"
+	echo "handlers, so a message another thread sends is handed to the process's pump; a process"
+	echo "with one peer (every node, and the origin of these two-node runs) pumps from its receiver"
+	echo "thread, so an incoming message is read by the thread that applies it. With polling, the"
+	echo "pumps stay awake and a faulting thread yields while its grant comes instead of sleeping"
+	echo "(dex/README.md, DEX_POLL_US)."
 	echo
 	if [ "$parts" = all ]; then
 		echo "## Scaling, 1 node → 2 nodes (wall seconds, startup included)"
