@@ -3,7 +3,8 @@
 # Prints a markdown report (ours beside DEX, ICDCS'20 Table II and §V-D)
 # and writes it to docs/results/dex-bench.md.
 # usage: bench/dex/run.sh [runs] [latency]   (medians over `runs` process runs, default 5;
-#        `latency`: only the migration and fault latencies, printed, the report file left as it is)
+#        `latency`: only the migration and fault latencies, printed, the report file left as it is;
+#        POLL_US=N: the polling columns' DEX_POLL_US, default 1000)
 set -eu
 root=$(cd "$(dirname "$0")/../.." && pwd)
 dex=$root/dex
@@ -12,6 +13,9 @@ runs=${1:-5}
 parts=${2:-all}
 case $parts in all | latency) ;; *) echo "usage: $0 [runs] [latency]" >&2; exit 2 ;; esac
 [[ $runs =~ ^[1-9][0-9]{0,3}$ ]] || { echo "bench/dex: runs must be a whole number from 1 up, not '$runs'" >&2; echo "usage: $0 [runs] [latency]" >&2; exit 2; }
+poll_us=${POLL_US:-1000} # DEX_POLL_US of the polling columns
+[[ $poll_us =~ ^[1-9][0-9]{0,6}$ ]] && [ "$poll_us" -le 1000000 ] ||
+	{ echo "bench/dex: POLL_US must be a whole number of microseconds from 1 to 1000000, not '$poll_us'" >&2; exit 2; }
 report=$root/docs/results/dex-bench.md
 [ "$parts" = all ] || report=/dev/null
 make -s -C "$dex" >/dev/null
@@ -53,7 +57,6 @@ wait_quiet() {
 	busy_starts=$((busy_starts + 1))
 }
 cc -O2 -o "$out.wake" "$root/bench/dex/wake_latency.c"
-poll_us=1000 # DEX_POLL_US of the polling column
 for setting in $settings; do
 	if [ "$setting" = poll ]; then echo 200000 >"$halt_poll"; fi
 	wait_quiet
