@@ -8,14 +8,21 @@ make -s -C . >/dev/null || { echo "FAIL apps: build"; exit 1; }
 bin=../build/apps
 failures=0 cases=0
 fail() { failures=$((failures + 1)); echo "FAIL $1"; }
+# Lines "expected text|command" on stdin: each command, run in the build directory, must end
+# with STATUS and say the text.
+expect_each() { # STATUS
+    local expected command output status
+    while IFS='|' read -r expected command; do
+        cases=$((cases + 1))
+        output=$(cd "$bin" && timeout 60 bash -c "$command" 2>&1)
+        status=$?
+        [ $status = "$1" ] && grep -qF -- "$expected" <<<"$output" ||
+            fail "$command: status $status, said: $(tail -2 <<<"$output")"
+    done
+}
 
-# Small runs: expected text | command
-while IFS='|' read -r expected command; do
-    cases=$((cases + 1))
-    output=$(cd "$bin" && timeout 60 bash -c "$command" 2>&1)
-    status=$?
-    [ $status = 0 ] && grep -qF -- "$expected" <<<"$output" || fail "$command: status $status, said: $(tail -2 <<<"$output")"
-done <<'RUNS'
+# Small runs
+expect_each 0 <<'RUNS'
 stream: results verified|./stream 100000 3
 hpccg: solution verified|./hpccg 12 12 12
 syscall-loop: 1000 getpid calls|./syscall-loop 1000
@@ -32,13 +39,8 @@ if [ -z "$counted" ] || [ "$listed" != "$((counted < 100000 ? counted : 100000))
     fail "selfish list: counted '$counted', listed $listed, $others other lines"
 fi
 
-# Bad arguments: expected text | command
-while IFS='|' read -r expected command; do
-    cases=$((cases + 1))
-    output=$(cd "$bin" && timeout 20 bash -c "$command" 2>&1)
-    status=$?
-    [ $status = 2 ] && grep -qF -- "$expected" <<<"$output" || fail "$command: status $status, said: $(head -2 <<<"$output")"
-done <<'CASES'
+# Bad arguments
+expect_each 2 <<'CASES'
 N must be an integer from 1000 to 4000000000, got "2e7"|./stream 2e7
 REPEATS must be an integer from 2 to 1000, got "1"|./stream 100000 1
 usage: stream|./stream 1000 2 3

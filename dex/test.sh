@@ -387,24 +387,29 @@ else
 	fail "malformed messages" "$LOG/out"
 fi
 
-# 8b. receivers that poll their sockets (DEX_POLL_US) rather than sleep in them:
-# the same protocol with another timing; silence is still noticed (the caller's own
-# DEX_POLL_US, which the other sections run with, is put back after)
+# 8b. receivers (and UCX pumps) that poll rather than sleep, and threads that
+# yield while their grant comes (DEX_POLL_US): the same protocol with another
+# timing; silence is still noticed. The caller's own DEX_POLL_US, which the
+# other sections run with, is put back after.
 caller_poll_us=${DEX_POLL_US-} caller_polls=${DEX_POLL_US+set}
-export DEX_POLL_US=500
-via=" [polling receivers]"
-for n in 2 3; do
-	check_output "mutex counter, 6 threads on $n nodes$via" "PASS mutex" $DEXRUN -n $n "$BUILD/coherence" mutex 6 1000
-	check_output "one page written alternately from 2 nodes ($n nodes)$via" "PASS pingpong" \
-		$DEXRUN -n $n "$BUILD/coherence" pingpong 2 2000
-	check_output "stack top written on node 1, carried home, rewritten, read on node $((n - 1)) ($n nodes)$via" \
-		"PASS stackhome" $DEXRUN -n $n "$BUILD/coherence" stackhome 1 300
-done
-check_output "file I/O from a node; read() at the origin into a page a node holds$via" "PASS fileio" \
-	$DEXRUN -n 3 "$BUILD/coherence" fileio
-stop_test 1 "node 1 sent nothing for 3 s"
-if [ -n "$caller_polls" ]; then DEX_POLL_US=$caller_poll_us; else unset DEX_POLL_US; fi
-via=""
+polling_checks() { # via
+	local n
+	export DEX_POLL_US=500
+	for n in 2 3; do
+		check_output "mutex counter, 6 threads on $n nodes$1" "PASS mutex" $DEXRUN -n $n "$BUILD/coherence" mutex 6 1000
+		check_output "one page written alternately from 2 nodes ($n nodes)$1" "PASS pingpong" \
+			$DEXRUN -n $n "$BUILD/coherence" pingpong 2 2000
+		check_output "stack top written on node 1, carried home, rewritten, read on node $((n - 1)) ($n nodes)$1" \
+			"PASS stackhome" $DEXRUN -n $n "$BUILD/coherence" stackhome 1 300
+		check_output "stack read by others while its thread migrates ($n nodes)$1" "PASS stackread" \
+			$DEXRUN -n $n "$BUILD/coherence" stackread 3 200
+	done
+	check_output "file I/O from a node; read() at the origin into a page a node holds$1" "PASS fileio" \
+		$DEXRUN -n 3 "$BUILD/coherence" fileio
+	via=$1 stop_test 1 "node 1 sent nothing for 3 s"
+	if [ -n "$caller_polls" ]; then DEX_POLL_US=$caller_poll_us; else unset DEX_POLL_US; fi
+}
+polling_checks " [polling receivers]"
 # the runtime's numeric settings are checked like command-line arguments
 DEX_POLL_US=5ms run $DEXRUN -n 2 "$BUILD/hello_nodes"
 rc=$?
@@ -429,18 +434,7 @@ if [ -f "$BUILD/libdex-ucx.so" ]; then
 	grant_hold_check "$via"
 	# silence is noticed by the heartbeat over UCX too
 	stop_test 0 "the origin sent nothing for 3 s"
-	# polling pumps, and threads that yield while their grant comes
-	export DEX_POLL_US=500
-	via=" [ucx, polling]"
-	for n in 2 3; do
-		check_output "mutex counter, 6 threads on $n nodes$via" "PASS mutex" $DEXRUN -n $n "$BUILD/coherence" mutex 6 1000
-		check_output "one page written alternately from 2 nodes ($n nodes)$via" "PASS pingpong" \
-			$DEXRUN -n $n "$BUILD/coherence" pingpong 2 2000
-		check_output "stack read by others while its thread migrates ($n nodes)$via" "PASS stackread" \
-			$DEXRUN -n $n "$BUILD/coherence" stackread 3 200
-	done
-	stop_test 1 "node 1 sent nothing for 3 s"
-	if [ -n "$caller_polls" ]; then DEX_POLL_US=$caller_poll_us; else unset DEX_POLL_US; fi
+	polling_checks " [ucx, polling]"
 else
 	echo "SKIP UCX transport: $BUILD/libdex-ucx.so not built (install libucx-dev: scripts/bootstrap.sh)"
 fi
