@@ -393,20 +393,12 @@ fi
 # other sections run with, is put back after.
 caller_poll_us=${DEX_POLL_US-} caller_polls=${DEX_POLL_US+set}
 polling_checks() { # via
-	local n
+	local outer_via=$via
 	export DEX_POLL_US=500
-	for n in 2 3; do
-		check_output "mutex counter, 6 threads on $n nodes$1" "PASS mutex" $DEXRUN -n $n "$BUILD/coherence" mutex 6 1000
-		check_output "one page written alternately from 2 nodes ($n nodes)$1" "PASS pingpong" \
-			$DEXRUN -n $n "$BUILD/coherence" pingpong 2 2000
-		check_output "stack top written on node 1, carried home, rewritten, read on node $((n - 1)) ($n nodes)$1" \
-			"PASS stackhome" $DEXRUN -n $n "$BUILD/coherence" stackhome 1 300
-		check_output "stack read by others while its thread migrates ($n nodes)$1" "PASS stackread" \
-			$DEXRUN -n $n "$BUILD/coherence" stackread 3 200
-	done
-	check_output "file I/O from a node; read() at the origin into a page a node holds$1" "PASS fileio" \
-		$DEXRUN -n 3 "$BUILD/coherence" fileio
-	via=$1 stop_test 1 "node 1 sent nothing for 3 s"
+	via=$1
+	coherence_tests
+	stop_test 1 "node 1 sent nothing for 3 s"
+	via=$outer_via
 	if [ -n "$caller_polls" ]; then DEX_POLL_US=$caller_poll_us; else unset DEX_POLL_US; fi
 }
 polling_checks " [polling receivers]"
