@@ -488,22 +488,51 @@ void dex_print_stats(void)
 	dex_log("stats: readahead: %llu next windows asked for at a marker", (unsigned long long)dex_rt.readahead_markers);
 }
 
-/* As a fault's wait for its grant: with DEX_POLL_US the thread yields
- * while the receivers poll (a thread coming home, a system call's reply),
- * then sleeps; a post wakes it only if it sleeps (Dekker, as the epoch). */
-void dex_mail_wait(struct dex_thread *t)
+/* Makes sure the alias page at `alias` is backed, without changing its
+ * bytes: a node's first grant of a page otherwise allocates it in the
+ * receiver, on the answer's path (2.8 of 16 us of a remote fault over
+ * UCX). Atomic, so a grant being copied in meanwhile loses nothing. */
+static void back_alias_page(uintptr_t alias)
+{
+	__atomic_fetch_or((volatile char *)alias, 0, __ATOMIC_RELAXED);
+}
+
+/* The first part of every wait of the runtime (a grant, a thread's mail):
+ * whether *word moved off `seen` while the waiter may still poll. DEX_SPIN
+ * spins first; with polling receivers (DEX_POLL_US) the answer is usually a
+ * few microseconds away, so the waiter then yields the CPU until `since_ns`
+ * plus the receivers' window rather than sleep and be woken (measured over
+ * UCX: 16.4 against 18.1 us per remote fault). `alias` (0: none) is the
+ * page an awaited grant will be written into: backed after the first
+ * yield, once a pump that shares this CPU has had its turn to send the
+ * request (before it, 16-18 us; after, 13.9), or before the caller sleeps. */
+static bool changed_while_polling(const uint32_t *word, uint32_t seen, uint64_t since_ns, uintptr_t alias)
 {
 	for (unsigned i = 0; i < dex_rt.spin_iterations; i++) {
-		if (__atomic_load_n(&t->mail.ready, __ATOMIC_ACQUIRE))
-			return;
+		if (__atomic_load_n(word, __ATOMIC_ACQUIRE) != seen)
+			return true;
 		cpu_relax();
 	}
-	for (uint64_t since = dex_rt.receive_poll_ns ? dex_now_ns() : 0;
-	     dex_rt.receive_poll_ns && dex_now_ns() - since < dex_rt.receive_poll_ns;) {
-		if (__atomic_load_n(&t->mail.ready, __ATOMIC_ACQUIRE))
-			return;
+	while (dex_rt.receive_poll_ns && dex_now_ns() - since_ns < dex_rt.receive_poll_ns) {
+		if (__atomic_load_n(word, __ATOMIC_ACQUIRE) != seen)
+			return true;
 		raw_syscall(SYS_sched_yield, 0, 0, 0);
+		if (alias) {
+			back_alias_page(alias);
+			alias = 0;
+		}
 	}
+	if (alias)
+		back_alias_page(alias);
+	return false;
+}
+
+/* Polls as a fault's wait does, then sleeps; a post wakes it only if it
+ * sleeps (Dekker, as the epoch). */
+void dex_mail_wait(struct dex_thread *t)
+{
+	if (changed_while_polling(&t->mail.ready, 0, dex_rt.receive_poll_ns ? dex_now_ns() : 0, 0))
+		return;
 	__atomic_store_n(&t->mail.sleeping, 1, __ATOMIC_SEQ_CST);
 	while (!__atomic_load_n(&t->mail.ready, __ATOMIC_SEQ_CST))
 		futex_wait_while(&t->mail.ready, 0);
@@ -799,15 +828,6 @@ static void origin_apply(void *ctx, const struct dsm_action *a)
 	}
 }
 
-/* Makes sure the alias page at `alias` is backed, without changing its
- * bytes: a node's first grant of a page otherwise allocates it in the
- * receiver, on the answer's path (2.8 of 16 us of a remote fault over
- * UCX). Atomic, so a grant being copied in meanwhile loses nothing. */
-static void back_alias_page(uintptr_t alias)
-{
-	__atomic_fetch_or((volatile char *)alias, 0, __ATOMIC_RELAXED);
-}
-
 /* Waits for any grant. A page that does not arrive within the fault
  * timeout means a peer is alive but not answering (stopped, livelocked):
  * stop with a message rather than hang; a dead peer is caught sooner by
@@ -815,28 +835,8 @@ static void back_alias_page(uintptr_t alias)
  * will be written into, backed while the request travels. */
 static void wait_for_epoch_change(uint32_t seen, uintptr_t addr, uint64_t since_ns, uintptr_t alias)
 {
-	for (unsigned i = 0; i < dex_rt.spin_iterations; i++) {
-		if (__atomic_load_n(&dex_rt.dsm_epoch, __ATOMIC_ACQUIRE) != seen)
-			return;
-		cpu_relax();
-	}
-	/* With polling receivers (DEX_POLL_US) the answer is usually a few
-	 * microseconds away: yield the CPU until it comes, for as long as the
-	 * receivers poll, rather than sleep and be woken (measured over UCX:
-	 * 16.4 against 18.1 us per remote fault). The alias page is backed
-	 * after the first yield, once a pump that shares this CPU has had its
-	 * turn to send the request (before it, 16-18 us; after, 13.9). */
-	while (dex_rt.receive_poll_ns && dex_now_ns() - since_ns < dex_rt.receive_poll_ns) {
-		if (__atomic_load_n(&dex_rt.dsm_epoch, __ATOMIC_ACQUIRE) != seen)
-			return;
-		raw_syscall(SYS_sched_yield, 0, 0, 0);
-		if (alias) {
-			back_alias_page(alias);
-			alias = 0;
-		}
-	}
-	if (alias)
-		back_alias_page(alias);
+	if (changed_while_polling(&dex_rt.dsm_epoch, seen, since_ns, alias))
+		return;
 	struct timespec tick = { .tv_sec = 1 };
 	__atomic_add_fetch(&epoch_sleepers, 1, __ATOMIC_SEQ_CST);
 	while (__atomic_load_n(&dex_rt.dsm_epoch, __ATOMIC_SEQ_CST) == seen) {

@@ -285,7 +285,9 @@ bool dex_queue_deliver(unsigned from, const void *data, size_t length)
 	struct iovec iov = { (void *)data, length };
 	if (!ring_put(&queue.inbound[from], from, &iov, 1, (uint32_t)length))
 		return false;
-	futex_wake_all(&queue.inbound[from].published);
+	/* A receiver that pumps is the thread delivering: nobody sleeps on the ring. */
+	if (!queue.receiver_round)
+		futex_wake_all(&queue.inbound[from].published);
 	return true;
 }
 

@@ -163,8 +163,8 @@ static void send_outbound(void)
 	}
 }
 
-/* One round of the pump's work: UCX's progress, received messages into
- * their rings, queued messages out. Returns true if it moved anything. */
+/* One round of the pump's work: queued messages out, UCX's progress,
+ * received messages into their rings. Returns true if it moved anything. */
 static bool pump_round(void)
 {
 	bool busy = false;
