@@ -717,58 +717,51 @@ static void batch_invalidation(struct apply_batch *batch, const struct dsm_actio
 	run->count++;
 }
 
-/* This process's grants of faulted pages, the last few: taking one away
- * (a node's invalidation, the origin's answer to another node's request)
- * waits until the thread that faulted on it has resumed and had a moment
- * to make its access, at most GRANT_HOLD_MAX_NS. Without it two nodes that
- * spin on one page (a flag, a lock word) take it from each other between
- * a grant and its use again and again: a 2000-turn ping-pong made 5,000 to
- * 380,000 faults, more the shorter the round trips against a thread's
- * wake-up (Mirage's hold window). */
-#define RECENT_GRANTS 16
+/* This process's grants of faulted pages: taking one away (a node's
+ * invalidation, the origin's answer to another node's request) waits until
+ * the thread that faulted on it has resumed and had a moment to make its
+ * access, at most GRANT_HOLD_MAX_NS. Without it two nodes that spin on one
+ * page (a flag, a lock word) take it from each other between a grant and
+ * its use again and again: a 2000-turn ping-pong made 5,000 to 380,000
+ * faults, more the shorter the round trips against a thread's wake-up
+ * (Mirage's hold window). One entry per page (calloc'd, so untouched pages
+ * cost no memory): any number of faults in flight are held. */
 #define GRANT_USE_NS 5000ull
 #define GRANT_HOLD_MAX_NS 500000ull
-static struct recent_grant {
-	uint32_t page;
-	uint64_t granted_ns;
+#define GRANT_AWAITED UINT64_MAX /* granted_ns while the request travels */
+static struct grant_hold {
+	uint64_t granted_ns; /* 0: no fault of this process waits for it */
 	uint64_t resumed_ns; /* 0 until the faulting thread resumed */
-} recent_grants[RECENT_GRANTS];
-static unsigned next_recent_grant;
+} *grant_holds;
 
 /* With dsm_lock held: a thread faulted on `page` and asked for it (pages
  * fetched ahead with nobody waiting are not held). */
 static void note_request(uint32_t page)
 {
-	struct recent_grant *g = &recent_grants[next_recent_grant++ % RECENT_GRANTS];
-	__atomic_store_n(&g->granted_ns, 0, __ATOMIC_RELAXED);
-	__atomic_store_n(&g->resumed_ns, 0, __ATOMIC_RELAXED);
-	__atomic_store_n(&g->page, page, __ATOMIC_RELEASE);
+	__atomic_store_n(&grant_holds[page].resumed_ns, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&grant_holds[page].granted_ns, GRANT_AWAITED, __ATOMIC_RELEASE);
 }
 
 /* With dsm_lock held: `page` was granted to this process. */
 static void note_grant(uint32_t page)
 {
-	for (unsigned i = 0; i < RECENT_GRANTS; i++)
-		if (recent_grants[i].page == page && !recent_grants[i].granted_ns)
-			__atomic_store_n(&recent_grants[i].granted_ns, dex_now_ns(), __ATOMIC_RELEASE);
+	if (grant_holds[page].granted_ns == GRANT_AWAITED)
+		__atomic_store_n(&grant_holds[page].granted_ns, dex_now_ns(), __ATOMIC_RELEASE);
 }
 
 /* The faulting thread, its access about to be retried. */
 static void note_grant_used(uint32_t page)
 {
-	for (unsigned i = 0; i < RECENT_GRANTS; i++)
-		if (__atomic_load_n(&recent_grants[i].page, __ATOMIC_RELAXED) == page)
-			__atomic_store_n(&recent_grants[i].resumed_ns, dex_now_ns(), __ATOMIC_RELEASE);
+	__atomic_store_n(&grant_holds[page].resumed_ns, dex_now_ns(), __ATOMIC_RELEASE);
 }
 
 /* The receiver, before it takes [first, first + count) from this process. */
 static void hold_recent_grants(uint32_t first, uint32_t count)
 {
-	for (unsigned i = 0; i < RECENT_GRANTS; i++) {
-		struct recent_grant *g = &recent_grants[i];
-		uint32_t page = __atomic_load_n(&g->page, __ATOMIC_RELAXED);
+	for (uint32_t page = first; page < first + count; page++) {
+		struct grant_hold *g = &grant_holds[page];
 		uint64_t granted = __atomic_load_n(&g->granted_ns, __ATOMIC_ACQUIRE);
-		if (!granted || page < first || page - first >= count)
+		if (!granted || granted == GRANT_AWAITED)
 			continue;
 		for (;;) {
 			uint64_t now = dex_now_ns(), resumed = __atomic_load_n(&g->resumed_ns, __ATOMIC_ACQUIRE);
@@ -1543,7 +1536,8 @@ static void setup_regions(void)
 
 	dex_rt.page_state = calloc(dex_rt.total_pages, 1);
 	dex_rt.page_inflight = calloc(dex_rt.total_pages, 1);
-	if (!dex_rt.page_state || !dex_rt.page_inflight)
+	grant_holds = calloc(dex_rt.total_pages, sizeof(*grant_holds));
+	if (!dex_rt.page_state || !dex_rt.page_inflight || !grant_holds)
 		dex_fatal("out of memory for page tables");
 	enum dsm_access initial = dex_rt.node == 0 ? DSM_WRITE : DSM_NONE;
 	memset(dex_rt.page_state, initial, dex_rt.total_pages);
