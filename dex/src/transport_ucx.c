@@ -17,7 +17,10 @@
  *   - the process's main thread while libdex starts (open: ucp_config_read,
  *     ucp_init, ucp_worker_create, ucp_worker_get_efd) and inside connect()
  *     before any application thread runs (ucp_worker_get_address,
- *     ucp_ep_create, ucp_worker_release_address, the first receive);
+ *     ucp_ep_create, ucp_worker_release_address, the start-up exchange's
+ *     ucp_tag_send_nbx, ucp_tag_recv_nbx, ucp_worker_progress,
+ *     ucp_request_check_status, ucp_request_cancel and ucp_request_free,
+ *     the first receive);
  *   - afterwards only the "pump": the service thread this file starts, or
  *     in a process with one peer the receiver thread itself while it waits
  *     for a message (ucx_receive_pumping): ucp_worker_progress,
