@@ -254,6 +254,17 @@ grant_hold_check() { # via
 grant_hold_check ""
 
 # 5. applications: same answer without DEX and on 1, 2, 3 nodes
+# The port, as in DEX's Table I: two dex_migrate lines per application (README, "Applications")
+port_ok=1
+for app in grp kmeans ep blk; do
+	marked=$(grep -c 'dex_migrate(.*DEX port' "apps/$app.c")
+	calls=$(grep -c 'dex_migrate(' "apps/$app.c")
+	if [ "$marked" != 2 ] || [ "$calls" != 2 ]; then
+		port_ok=0
+		echo "    apps/$app.c: $calls dex_migrate calls, $marked marked 'DEX port'"
+	fi
+done
+if [ $port_ok = 1 ]; then pass "each application's port is its two dex_migrate lines (DEX Table I: +2)"; else fail "application ports"; fi
 soak=${DEX_SOAK:-1}
 app_runs() { # name args...
 	local name=$1
