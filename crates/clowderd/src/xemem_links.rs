@@ -143,6 +143,9 @@ pub struct XememLinks {
     next_proxy: std::sync::atomic::AtomicU64,
     /// How many times a sub-manager lost its link towards the name server.
     upstream_losses: std::sync::atomic::AtomicU64,
+    /// Attaches served to enclaves through bridged permits (host processes' or other
+    /// enclaves' memory), each a round trip through the enclave's kernel.
+    bridged_attaches: std::sync::atomic::AtomicU64,
 }
 
 /// A piece of an attached enclave segment: a range of the enclave's RAM memfd, or a hole
@@ -182,6 +185,7 @@ impl XememLinks {
             started: Instant::now(),
             next_proxy: std::sync::atomic::AtomicU64::new(FIRST_PROXY_PROCESS),
             upstream_losses: std::sync::atomic::AtomicU64::new(0),
+            bridged_attaches: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
@@ -210,6 +214,12 @@ impl XememLinks {
     /// its id): links to daemons below made before the last loss speak for ids that are void.
     pub(crate) fn upstream_losses(&self) -> u64 {
         self.upstream_losses.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// How many attaches enclaves made through bridged permits so far (an LWK job's attach of a
+    /// range it parked is not one: its kernel does not ask).
+    pub fn bridged_attaches(&self) -> u64 {
+        self.bridged_attaches.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// This node's enclave id, once it has one.
@@ -1193,6 +1203,7 @@ impl Bridging {
                     (Ok((parts, attachment)), Some(permit)) => {
                         permit.attaching = false;
                         permit.attachment = Some(attachment);
+                        links.bridged_attaches.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
                         Ok(parts)
                     }
                     (Ok((_, attachment)), None) => {

@@ -343,19 +343,25 @@ fn lwk_job_attaches_a_host_segment_twice(tag: &str, pages: u64) {
     assert!(stdout.contains("misaligned attach refused: 1, attach beyond the segment refused: 1"), "{stdout}");
     assert!(stdout.contains(&format!("{pages} of {pages} pages hold what the host wrote")), "{stdout}");
     assert!(stdout.contains("the detached view faults: 1 (first page), 1 (last page)"), "{stdout}");
-    assert!(stdout.contains(&format!("second attach: {pages} of {pages} pages")), "{stdout}");
-    // The owner's remove races the job's release: either finds the permit gone or releases it.
-    assert!(!stdout.contains("detach: -1") && (stdout.contains("release: 0") || stdout.contains("release: ENOENT")), "{stdout}");
+    assert!(stdout.contains(&format!("second attach: {pages} of {pages} pages, at the first one's address: 1")), "{stdout}");
+    let tail = pages - 1;
+    assert!(stdout.contains(&format!("all but the first page: {tail} of {tail} pages")), "{stdout}");
+    assert!(stdout.contains(&format!("last attach: {pages} of {pages} pages")), "{stdout}");
+    assert!(stdout.contains("attach after the owner's remove fails: 1"), "{stdout}");
+    assert!(!stdout.contains("detach: -1") && stdout.contains("release: ENOENT"), "{stdout}");
     assert!(host_status.success(), "host_named_owner: {host_status:?}\n{host_rest}");
     assert!(host_rest.contains("the LWK wrote 43"), "{host_rest}");
     assert!(host_rest.contains("remove: 0"), "{host_rest}");
-    // The first attach added the owner's memory as a region; the detach kept it and the second
-    // attach of the same range took it again (`BridgedAttachment`); it went with the permit
-    // (the job's release, or the owner's remove revoking it).
+    // The first attach added the owner's memory as a region; the second resumed the parked
+    // attachment, unknown to the host; the attach of another range replaced it, and the last
+    // whole attach replaced that: three regions, each gone (the last with the owner's remove).
     let lines: Vec<String> = logs["lines"].as_array().unwrap().iter().filter_map(|l| l.as_str().map(String::from)).collect();
     let added = lines.iter().filter(|l| l.contains("xemem: host memory (")).count();
     let removed = lines.iter().filter(|l| l.contains("xemem: host memory region") && l.ends_with("removed")).count();
-    assert!(added == 1 && removed == 1, "regions added {added}, removed {removed}: {lines:?}");
+    assert!(added == 3 && removed == 3, "regions added {added}, removed {removed}: {lines:?}");
+    // The host served three attaches: the second and those after the last detach resumed the
+    // parked attachment.
+    assert_eq!(links.bridged_attaches(), 3, "{stdout}");
     // Nothing of the host segment is left in the enclave's name: the permit went with release.
     assert!(links.list().is_empty(), "{:?}", links.list());
     let removed = call(&socket, json!({"op": "rm", "name": "attacher"}));

@@ -730,6 +730,48 @@ impl PageTables {
     }
 }
 
+impl PageTables {
+    /// Takes the mappings of `[start, end)` out of use until [`PageTables::resume`]: the
+    /// page-directory-pointer entries of its GiBs lose their present bit and keep everything
+    /// else, so the tables under them stay as they are (on PVM the host's shadows of them too)
+    /// and giving them back is one write per GiB. Nothing else may be mapped in those GiBs,
+    /// nor be until [`PageTables::resume`] or [`PageTables::drop_suspended`].
+    pub fn suspend(&mut self, start: u64, end: u64) {
+        self.for_each_pointer_of(start, end, |pointer| *pointer &= !PRESENT);
+        flush_tlb(start, end - start);
+    }
+
+    /// Gives back what [`PageTables::suspend`] took out of use (fresh translations: no flush).
+    pub fn resume(&mut self, start: u64, end: u64) {
+        self.for_each_pointer_of(start, end, |pointer| {
+            if *pointer != 0 {
+                *pointer |= PRESENT;
+            }
+        });
+    }
+
+    /// Unlinks the suspended `[start, end)` for good, its tables retired.
+    pub fn drop_suspended(&mut self, start: u64, end: u64, tables: &mut dyn TableSource) {
+        self.for_each_pointer_of(start, end, |pointer| {
+            let old = core::mem::replace(pointer, 0);
+            if old & (PRESENT | HUGE | SHARED_DIRECTORY) == 0 && old & ADDRESS_MASK != 0 {
+                Self::retire_directory(old & ADDRESS_MASK, tables);
+            }
+        });
+    }
+
+    /// Runs `f` on the existing page-directory-pointer entries of the GiBs `[start, end)` touches.
+    fn for_each_pointer_of(&mut self, start: u64, end: u64, mut f: impl FnMut(&mut u64)) {
+        let mut address = start & !(DIRECTORY_SPAN - 1);
+        while address < end {
+            if let Some(pointer) = self.existing_pointer(address) {
+                f(pointer);
+            }
+            address += DIRECTORY_SPAN;
+        }
+    }
+}
+
 /// Loads the address space whose root table is `root` (from `PageTables::root`, of tables
 /// still alive).
 pub fn activate_root(root: u64) {

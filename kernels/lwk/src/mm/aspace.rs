@@ -80,6 +80,27 @@ impl AddressSpace {
         self.tables.unmap(virtual_address, len, &mut OwnedTables { owned: &mut self.owned })
     }
 
+    /// See `PageTables::suspend`.
+    pub fn suspend(&mut self, start: u64, end: u64) {
+        count_mapping_change();
+        self.changes += 1;
+        self.tables.suspend(start, end);
+    }
+
+    /// See `PageTables::resume`.
+    pub fn resume(&mut self, start: u64, end: u64) {
+        count_mapping_change();
+        self.changes += 1;
+        self.tables.resume(start, end);
+    }
+
+    /// See `PageTables::drop_suspended`.
+    pub fn drop_suspended(&mut self, start: u64, end: u64) {
+        count_mapping_change();
+        self.changes += 1;
+        self.tables.drop_suspended(start, end, &mut OwnedTables { owned: &mut self.owned });
+    }
+
     /// Frees the page tables (not the memory they map). No CPU may have them loaded.
     pub fn free(self) {
         count_mapping_change();

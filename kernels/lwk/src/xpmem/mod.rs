@@ -80,6 +80,24 @@ struct Attachment {
     /// Made through a permit of the host's name server: detaching it tells the host (after
     /// the mapping here is gone), which removes any guest-physical regions it added for it.
     global: bool,
+    /// Where in the segment it starts.
+    offset: u64,
+    /// Placed alone in its GiBs (nothing else of the process is mapped in them), so its tables
+    /// can be suspended as a whole: memory the host added, attached through a global permit.
+    alone: bool,
+    /// Detached by the job, but parked: see [`park`].
+    parked: bool,
+}
+
+impl Attachment {
+    /// The range no other attachment may take: its GiBs when it is alone in them.
+    fn reserved(&self) -> (u64, u64) {
+        if self.alone {
+            (self.start & !(GIGABYTE - 1), self.end.next_multiple_of(GIGABYTE))
+        } else {
+            (self.start, self.end)
+        }
+    }
 }
 
 /// A permit the host's name server granted.
@@ -195,7 +213,7 @@ pub fn is_attachment_fault(address: u64) -> bool {
     // this CPU cannot hold the lock. Another CPU may (a revoke unmapping this very range): wait
     // for it, or the fault would be taken for a SIGSEGV.
     let pid = caller();
-    DEVICE.lock().as_ref().is_some_and(|device| device.attachments.iter().any(|a| a.pid == pid && a.start <= address && address < a.end))
+    DEVICE.lock().as_ref().is_some_and(|device| device.attachments.iter().any(|a| a.pid == pid && !a.parked && a.start <= address && address < a.end))
 }
 
 /// Ranges resolved lately, with the address space (its never-reused id) and its count of
@@ -277,21 +295,31 @@ fn resolve_from_tables(process: &mut job::Process, vaddr: u64, size: u64) -> Vec
 /// Where an attachment of `size` bytes whose first frame is `first_physical` goes in process
 /// `pid`: the lowest gap of the window, placed so that virtual and physical addresses agree
 /// modulo 2 MiB (the attachment then gets 2 MiB pages wherever the source has contiguous
-/// 2 MiB blocks).
-fn place(attachments: &[Attachment], pid: u64, size: u64, first_physical: u64) -> Option<u64> {
+/// 2 MiB blocks). An attachment `alone` starts in a GiB of its own and keeps the rest of its
+/// last GiB free (see [`park`]).
+fn place(attachments: &[Attachment], pid: u64, size: u64, first_physical: u64, alone: bool) -> Option<u64> {
     // 1 GiB pages for an attachment of a GiB or more (one table entry per GiB to write),
     // 2 MiB pages from 2 MiB on.
-    let align = [GIGABYTE, HUGE_PAGE_SIZE].into_iter().find(|align| size >= *align).unwrap_or(1);
-    let phase = first_physical % align;
+    let leaf = [GIGABYTE, HUGE_PAGE_SIZE].into_iter().find(|leaf| size >= *leaf).unwrap_or(1);
+    let align = if alone { GIGABYTE } else { leaf };
+    let phase = first_physical % leaf;
     let fit_from = |from: u64| if align > 1 { from.next_multiple_of(align) + phase } else { from };
     let mut candidate = fit_from(ATTACH_WINDOW_START);
-    for attachment in attachments.iter().filter(|a| a.pid == pid) {
-        if candidate.checked_add(size)? <= attachment.start {
-            break;
+    loop {
+        let end = candidate.checked_add(size)?;
+        let wanted = if alone { (candidate & !(GIGABYTE - 1), end.next_multiple_of(GIGABYTE)) } else { (candidate, end) };
+        let in_the_way = attachments
+            .iter()
+            .filter(|a| a.pid == pid)
+            .map(Attachment::reserved)
+            .filter(|&(start, end)| start < wanted.1 && wanted.0 < end)
+            .map(|(_, end)| end)
+            .max();
+        match in_the_way {
+            Some(end) => candidate = fit_from(end),
+            None => return (wanted.1 <= ATTACH_WINDOW_END).then_some(candidate),
         }
-        candidate = candidate.max(fit_from(attachment.end));
     }
-    (candidate.checked_add(size)? <= ATTACH_WINDOW_END).then_some(candidate)
 }
 
 fn segment_id(raw: i64) -> Result<SegmentId, Error> {
@@ -352,6 +380,8 @@ pub fn make(vaddr: u64, size: u64, permit_type: u32, mode: u64) -> Result<i64, E
 /// ranges reserved (that process's next touch is SIGBUS, until it detaches them). Returns
 /// whether any was mapped.
 fn revoke_where(device: &mut Device, which: impl Fn(&Attachment) -> bool) -> bool {
+    // Parked ones were detached by the job already: they go for good.
+    drop_parked_where(device, |a| which(a));
     let mut unmapped = false;
     for attachment in device.attachments.iter_mut().filter(|a| !a.revoked && which(a)) {
         attachment.revoked = true;
@@ -437,6 +467,7 @@ pub fn release(raw: i64) -> Result<(), Error> {
 /// Unmaps and forgets the attachments process `pid` made through `apid`, a global permit.
 /// Returns whether any was mapped.
 fn forget_attachments(device: &mut Device, pid: u64, apid: AccessId) -> bool {
+    // The host detaches a parked one at its source with the release.
     let unmapped = revoke_where(device, |a| a.pid == pid && a.global && a.access == apid);
     device.attachments.retain(|a| !(a.pid == pid && a.global && a.access == apid));
     unmapped
@@ -500,16 +531,17 @@ fn host_runs_valid(runs: &[xemem::wire::FrameRun], size: u64) -> bool {
     !runs.is_empty() && pages.checked_mul(PAGE_SIZE) == Some(size)
 }
 
-/// What an attachment is made through.
+/// What an attachment is made through, and where in the segment it starts.
 #[derive(Clone, Copy)]
 struct Through {
     access: AccessId,
     segment: SegmentId,
     global: bool,
+    offset: u64,
 }
 
 /// Maps `runs` (`size` bytes in all) into process `pid` at `fixed`, or anywhere in the window
-/// when it is 0, and records the attachment; returns its address.
+/// when it is 0 (`alone` in its GiBs if asked), and records the attachment; returns its address.
 fn map_attachment(
     device: &mut Device,
     pid: u64,
@@ -517,6 +549,7 @@ fn map_attachment(
     size: u64,
     fixed: u64,
     through: Through,
+    alone: bool,
 ) -> Result<u64, Error> {
     let first_physical = runs.clone().find_map(|run| run.first).unwrap_or(0) * PAGE_SIZE;
     let start = if fixed != 0 {
@@ -534,8 +567,9 @@ fn map_attachment(
         }
         fixed
     } else {
-        place(&device.attachments, pid, size, first_physical).ok_or(Error::Exhausted)?
+        place(&device.attachments, pid, size, first_physical, alone).ok_or(Error::Exhausted)?
     };
+    let alone = alone && fixed == 0;
     let mapped = with_job_process(pid, |process| {
         let mut address = start;
         for run in runs {
@@ -554,8 +588,8 @@ fn map_attachment(
         return Err(Error::Exhausted);
     }
     let at = device.attachments.partition_point(|a| a.start < start);
-    let Through { access, segment, global } = through;
-    device.attachments.insert(at, Attachment { pid, start, end: start + size, access, segment, revoked: false, global });
+    let Through { access, segment, global, offset } = through;
+    device.attachments.insert(at, Attachment { pid, start, end: start + size, access, segment, revoked: false, global, offset, alone, parked: false });
     Ok(start)
 }
 
@@ -591,18 +625,19 @@ fn attach_global(pid: u64, apid: AccessId, permit: GlobalPermit, offset: u64, si
         return Err(Error::Invalid);
     };
     let writable = permit.flags == xemem::ACCESS_READ_WRITE;
-    let through = Through { access: apid, segment: permit.segment, global: true };
+    let through = Through { access: apid, segment: permit.segment, global: true, offset };
     let placed = with_device(|device| {
         // The permit may have been released or revoked while the host worked.
         if held_global(device, pid, apid).is_none() {
             return Err(Error::NotFound);
         }
         match &frames {
-            Frames::Own(runs) => map_attachment(device, pid, runs.iter().copied(), size, fixed, through),
+            Frames::Own(runs) => map_attachment(device, pid, runs.iter().copied(), size, fixed, through, false),
             // Mapped as they came: a copy into a vector of its own is emulated work on PVM.
             Frames::Host(runs) => {
                 let runs = runs.iter().map(|run| SourceRun { first: run.first, frames: run.frames, writable });
-                map_attachment(device, pid, runs, size, fixed, through)
+                // Alone in its GiBs, so that a detach can park it, when it may be parked.
+                map_attachment(device, pid, runs, size, fixed, through, may_park(permit.segment))
             }
         }
     });
@@ -620,6 +655,14 @@ pub fn attach(raw: i64, offset: u64, size: u64, fixed: u64) -> Result<u64, Error
     if !fixed.is_multiple_of(PAGE_SIZE) {
         return Err(Error::Invalid);
     }
+    match with_device(|device| resume_parked(device, pid, apid, offset, size, fixed)) {
+        Ok(address) => return Ok(address),
+        Err(dropped) => {
+            for (process, access) in dropped {
+                let _ = host_link::direct(Request::Detach { process, access });
+            }
+        }
+    }
     if let Some(permit) = with_device(|device| device.global_permits.get(&apid.raw()).copied()) {
         if permit.pid != pid {
             return Err(Error::Denied);
@@ -631,7 +674,10 @@ pub fn attach(raw: i64, offset: u64, size: u64, fixed: u64) -> Result<u64, Error
         let owner = device.names.segment(plan.segment).map(|segment| segment.owner.process);
         let runs = owner.and_then(|owner| resolve(owner, plan.vaddr, plan.size));
         let mapped = match runs {
-            Some(runs) => map_attachment(device, pid, runs.iter().copied(), plan.size, fixed, Through { access: apid, segment: plan.segment, global: false }),
+            Some(runs) => {
+                let through = Through { access: apid, segment: plan.segment, global: false, offset };
+                map_attachment(device, pid, runs.iter().copied(), plan.size, fixed, through, false)
+            }
             None => Err(Error::NotFound),
         };
         mapped.inspect_err(|_| {
@@ -650,29 +696,124 @@ pub enum Detached {
     NotAnAttachment,
 }
 
+/// Parked attachments: a detach of an attachment of host-added memory (a host process's or
+/// another enclave's segment) suspends its tables and keeps it, unknown to the host, and an
+/// attach of the same range through the same permit resumes it: one table write per GiB, no
+/// request to the host. A round trip to the host is thousands of kernel instructions,
+/// milliseconds where they are emulated (PVM), and in-situ analytics attach their simulation's
+/// data again at every step. To the job a parked attachment is gone (touching it is SIGSEGV,
+/// detaching it again does nothing); to the host it is still attached, so whatever ends an
+/// attachment ends it too: the owner's remove or end revokes the permit, a release (the
+/// process's or the job's end releases its permits) detaches it at the host. Only an attach
+/// of the same range gets it back; an attach of another range through the permit, or one at
+/// a fixed address in its GiBs, first drops it and detaches it at the host (the host keeps
+/// one attachment per permit). What it maps is what the host answered for it: memory the
+/// owner put under the range after the detach is not seen by the next attach (the host keeps
+/// the memory it answered with while the attachment stands, as it does for an attachment the
+/// job never detached).
+fn park(device: &mut Device, index: usize) -> bool {
+    let attachment = &device.attachments[index];
+    let (pid, start, end) = (attachment.pid, attachment.start, attachment.end);
+    let (from, to) = attachment.reserved();
+    let parkable = attachment.global
+        && attachment.alone
+        && !attachment.revoked
+        && device.attachments.iter().enumerate().all(|(other, a)| other == index || a.pid != pid || a.end <= from || to <= a.start);
+    if parkable && with_job_process(pid, |process| process.memory.aspace.suspend(start, end)).is_some() {
+        device.attachments[index].parked = true;
+        return true;
+    }
+    false
+}
+
+/// Unlinks the parked attachments `which` selects for good (their tables retired) and forgets
+/// them; returns their permits.
+fn drop_parked_where(device: &mut Device, which: impl Fn(&Attachment) -> bool) -> Vec<(u64, AccessId)> {
+    let mut dropped = Vec::new();
+    for attachment in device.attachments.iter().filter(|a| a.parked && which(a)) {
+        let _ = with_job_process(attachment.pid, |process| process.memory.aspace.drop_suspended(attachment.start, attachment.end));
+        dropped.push((attachment.pid, attachment.access));
+    }
+    if !dropped.is_empty() {
+        device.attachments.retain(|a| !(a.parked && which(a)));
+    }
+    dropped
+}
+
+/// An attach by `pid` through `apid` of `[offset, offset + size)` at `fixed` (0: anywhere)
+/// meets the parked attachments: the one of the same range comes back (its address), or any
+/// parked one in the way (another range through the permit, or in the GiBs a fixed address
+/// falls in) is dropped; `Err` gives their permits, to be detached at the host.
+fn resume_parked(device: &mut Device, pid: u64, apid: AccessId, offset: u64, size: u64, fixed: u64) -> Result<u64, Vec<(u64, AccessId)>> {
+    let rounded = size.checked_next_multiple_of(PAGE_SIZE).unwrap_or(0);
+    let same = |a: &Attachment| a.offset == offset && a.end - a.start == rounded && (fixed == 0 || fixed == a.start);
+    if let Some(attachment) = device.attachments.iter_mut().find(|a| a.parked && a.pid == pid && a.access == apid) {
+        if same(attachment) && offset.is_multiple_of(PAGE_SIZE) {
+            let (start, end) = (attachment.start, attachment.end);
+            if with_job_process(pid, |process| process.memory.aspace.resume(start, end)).is_some() {
+                attachment.parked = false;
+                return Ok(start);
+            }
+        }
+    }
+    let fixed_end = fixed.saturating_add(rounded);
+    Err(drop_parked_where(device, |a| {
+        let (from, to) = a.reserved();
+        a.pid == pid && (a.access == apid || (fixed != 0 && from < fixed_end && fixed < to))
+    }))
+}
+
+/// Whether an attachment of `segment` may be parked: a host process's segment (the name
+/// server's daemon's broker serves it). The owner's library answers an attach with the memory
+/// it maps there, and a parked attachment keeps that memory, as one the job never detached
+/// would; memory the owner's application put under the range since is seen by a new attach
+/// only (the library's caveats, docs/xemem.md). Another enclave's segment is not parked: the
+/// daemon answers a new attach from the owner kernel's count of page-table changes, so an
+/// attach after the owner mapped memory into its segment sees it, and this kernel cannot read
+/// that count.
+fn may_park(segment: SegmentId) -> bool {
+    segment.enclave() == xemem::ids::NAME_SERVER_ENCLAVE
+}
+
+/// What a detach leaves to do once the device is unlocked.
+enum AfterDetach {
+    Nothing,
+    /// Unmapped, or parked: no CPU may keep a translation.
+    ShootDown,
+    /// Unmapped, and the host removes its regions once told.
+    ShootDownAndTellHost(AccessId),
+}
+
 pub fn detach(address: u64) -> Detached {
     let pid = caller();
-    let (detached, global_permit) = with_device(|device| {
-        let Some(index) = device.attachments.iter().position(|a| a.pid == pid && a.start <= address && address < a.end) else {
+    let (detached, after) = with_device(|device| {
+        let Some(index) = device.attachments.iter().position(|a| a.pid == pid && !a.parked && a.start <= address && address < a.end) else {
             let mapped = with_job_process(pid, |process| process.memory.aspace.translate(address & !(PAGE_SIZE - 1)).is_ok()).unwrap_or(false);
-            return (if mapped { Detached::NotAnAttachment } else { Detached::Nothing }, None);
+            return (if mapped { Detached::NotAnAttachment } else { Detached::Nothing }, AfterDetach::Nothing);
         };
+        if park(device, index) {
+            return (Detached::Attachment, AfterDetach::ShootDown);
+        }
         let attachment = device.attachments.remove(index);
         if attachment.revoked {
-            return (Detached::Attachment, None);
+            return (Detached::Attachment, AfterDetach::Nothing);
         }
         let _ = with_job_process(pid, |process| process.memory.aspace.unmap(attachment.start, attachment.end - attachment.start));
         if attachment.global {
-            return (Detached::Attachment, Some(attachment.access));
+            return (Detached::Attachment, AfterDetach::ShootDownAndTellHost(attachment.access));
         }
         // Bookkeeping only (the permit may be gone already: released or removed).
         let _ = device.names.detach(principal(pid), attachment.access);
-        (Detached::Attachment, None)
+        (Detached::Attachment, AfterDetach::Nothing)
     });
-    // Unmapped above, and gone from every CPU's TLB before the host may remove its regions.
-    if let Some(access) = global_permit {
-        crate::sched::shoot_down_user_tlbs();
-        let _ = host_link::direct(Request::Detach { process: pid, access });
+    match after {
+        AfterDetach::Nothing => {}
+        AfterDetach::ShootDown => crate::sched::shoot_down_user_tlbs(),
+        // Gone from every CPU's TLB before the host may remove its regions.
+        AfterDetach::ShootDownAndTellHost(access) => {
+            crate::sched::shoot_down_user_tlbs();
+            let _ = host_link::direct(Request::Detach { process: pid, access });
+        }
     }
     detached
 }
