@@ -266,6 +266,17 @@ fn malformed_requests_are_answered_with_errors_while_the_vm_keeps_running() {
         let expected = format!("exactly one file descriptor, got {}", fds.len());
         assert!(reply["error"].as_str().unwrap().contains(&expected), "{reply}");
     }
+    // read_only must be a boolean; a read-only region is added (KVM_MEM_READONLY) and removed.
+    let request = json!({"op": "add_region", "offset": 0, "len": 4096, "read_only": "yes"});
+    vmm::control::send_message(&stream, &request, &[extra_fd.as_raw_fd()]).unwrap();
+    let reply = reply_on(&stream, &mut pending);
+    assert!(reply["ok"] == false && reply["error"].as_str().unwrap().contains("`read_only` must be true or false"), "{reply}");
+    let request = json!({"op": "add_region", "offset": 0, "len": 4096, "read_only": true});
+    vmm::control::send_message(&stream, &request, &[extra_fd.as_raw_fd()]).unwrap();
+    let reply = reply_on(&stream, &mut pending);
+    assert_eq!(reply["ok"], true, "{reply}");
+    let removed = raw_request(&stream, &mut pending, format!("{{\"op\": \"remove_region\", \"slot\": {}}}\n", reply["slot"]).as_bytes());
+    assert_eq!(removed["ok"], true, "{removed}");
     // Well-formed but impossible.
     let reply = raw_request(&stream, &mut pending, b"{\"op\": \"remove_region\", \"slot\": 77}\n");
     assert_eq!(reply["ok"], false, "{reply}");

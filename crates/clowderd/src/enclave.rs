@@ -16,7 +16,7 @@ use crate::console::LogBook;
 use crate::guest_ram::GuestRam;
 use crate::hio::JobFiles;
 use crate::link::{self, Received, Receiver, Sender};
-use crate::machine::{Launcher, Machine, MachineSpec, SharedRegion};
+use crate::machine::{Launcher, Machine, MachineSpec, RegionAccess, SharedRegion};
 use crate::sys;
 use crate::xemem_links::{GuestRegions, XememLinks, XememPort};
 
@@ -90,6 +90,8 @@ pub struct Enclave {
     /// Held while a finished job's XEMEM segments are revoked, and by every launch: the next
     /// job's memory is never visible through the last one's attachments.
     launch_gate: Mutex<()>,
+    /// Regions of other enclaves' published words (read-only), as logged apart from memory.
+    word_regions: Mutex<Vec<u32>>,
 }
 
 /// Turns the tail of an enclave's log into an indented block for error messages.
@@ -176,6 +178,7 @@ impl Enclave {
             jobs: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
             launch_gate: Mutex::new(()),
+            word_regions: Mutex::new(Vec::new()),
         };
         Ok((Arc::new(enclave), receiver))
     }
@@ -442,16 +445,38 @@ impl Enclave {
 
 /// XEMEM attaches of host memory become regions of this enclave's machine.
 impl GuestRegions for Enclave {
-    fn add(&self, file: &std::fs::File, offset: u64, len: u64) -> Result<SharedRegion, String> {
-        let added = self.machine.lock().unwrap().add_region_range(file, offset, len);
+    fn add(&self, file: &std::fs::File, offset: u64, len: u64, access: RegionAccess) -> Result<SharedRegion, String> {
+        let added = self.machine.lock().unwrap().add_region_range(file, offset, len, access);
+        let what = match access {
+            RegionAccess::ReadWrite => "host memory",
+            RegionAccess::ReadOnly => "another enclave's count of page-table changes, read-only,",
+        };
         match &added {
-            Ok(region) => self.log.push(format!("clowderd: xemem: host memory ({len:#x} bytes) is region {} at {:#x}", region.slot, region.gpa)),
-            Err(e) => self.log.push(format!("clowderd: xemem: adding host memory ({len:#x} bytes) as a region: {e}")),
+            Ok(region) => {
+                if access == RegionAccess::ReadOnly {
+                    self.word_regions.lock().unwrap().push(region.slot);
+                }
+                self.log.push(format!("clowderd: xemem: {what} ({len:#x} bytes) is region {} at {:#x}", region.slot, region.gpa))
+            }
+            Err(e) => self.log.push(format!("clowderd: xemem: adding {what} ({len:#x} bytes) as a region: {e}")),
         }
         added
     }
     fn remove(&self, slot: u32) -> Result<(), String> {
         let removed = self.machine.lock().unwrap().remove_region(slot);
+        let word = {
+            let mut words = self.word_regions.lock().unwrap();
+            let known = words.contains(&slot);
+            words.retain(|&other| other != slot);
+            known
+        };
+        if word {
+            match &removed {
+                Ok(()) => self.log.push(format!("clowderd: xemem: read-only region {slot} removed")),
+                Err(e) => self.log.push(format!("clowderd: xemem: removing read-only region {slot}: {e}")),
+            }
+            return removed;
+        }
         match &removed {
             Ok(()) => self.log.push(format!("clowderd: xemem: host memory region {slot} removed")),
             Err(e) => self.log.push(format!("clowderd: xemem: removing host memory region {slot}: {e}")),

@@ -38,8 +38,9 @@ pub struct GuestRam {
     /// The smallest piece of the memfd another process can map: its page size (2 MiB for a
     /// hugetlb memfd, whose pages cannot be mapped in part).
     mappable_unit: u64,
-    /// Where in the mapping the kernel keeps its count of page-table changes, once it said.
-    mapping_counter: std::sync::OnceLock<usize>,
+    /// Where the kernel keeps its count of page-table changes, once it said: its guest-physical
+    /// address and its offset in the mapping.
+    mapping_counter: std::sync::OnceLock<(u64, usize)>,
 }
 
 // SAFETY: the mapping is plain shared memory; `GuestRam` hands out copies, never references,
@@ -144,16 +145,27 @@ impl GuestRam {
             return Err(bad);
         }
         let offset = self.locate(gpa, 8)?;
-        match self.mapping_counter.get_or_init(|| offset) {
-            known if *known == offset => Ok(()),
+        match self.mapping_counter.get_or_init(|| (gpa, offset)) {
+            known if *known == (gpa, offset) => Ok(()),
             _ => Err(bad),
         }
+    }
+
+    /// The piece of RAM the kernel's count of page-table changes lies in (the smallest piece
+    /// another machine can map, which the kernel keeps for the count alone): the memfd, the
+    /// piece's offset in it and its length, and the count's offset in the piece. `None` before
+    /// the kernel said where, or if that piece is not RAM of one run outside the channel.
+    pub fn mapping_counter_piece(&self) -> Option<(&File, u64, u64, u64)> {
+        let (gpa, _) = *self.mapping_counter.get()?;
+        let piece = gpa / self.mappable_unit * self.mappable_unit;
+        let offset = self.locate(piece, self.mappable_unit).ok()?;
+        Some((&self.file, offset as u64, self.mappable_unit, gpa - piece))
     }
 
     /// The kernel's count of page-table changes now, if it published one. The guest's word:
     /// it decides only whether the guest's own frames are asked for again.
     pub fn mapping_changes(&self) -> Option<u64> {
-        let offset = *self.mapping_counter.get()?;
+        let (_, offset) = *self.mapping_counter.get()?;
         // SAFETY: `publish_mapping_counter` checked that the aligned word lies in the mapping;
         // the guest writes it concurrently, so it is read as an atomic.
         let word = unsafe { &*(self.base.as_ptr().add(offset) as *const std::sync::atomic::AtomicU64) };

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use vmm::control::ControlClient;
+pub use vmm::RegionAccess;
 
 use crate::console::{ConsoleSplitter, LogBook, Piece};
 use crate::guest_ram::RamRange;
@@ -57,8 +58,9 @@ pub trait Machine: Send {
     fn add_region(&mut self, file: &File, len: u64) -> Result<SharedRegion, String>;
     fn remove_region(&mut self, slot: u32) -> Result<(), String>;
     /// Makes `[offset, offset + len)` of `file` a new guest-physical region (XEMEM attaches of
-    /// host memory: a range of the owner's memfd). Machines without run-time regions refuse.
-    fn add_region_range(&mut self, _file: &File, _offset: u64, _len: u64) -> Result<SharedRegion, String> {
+    /// host memory: a range of the owner's memfd; read-only for another kernel's published
+    /// words). Machines without run-time regions refuse.
+    fn add_region_range(&mut self, _file: &File, _offset: u64, _len: u64, _access: RegionAccess) -> Result<SharedRegion, String> {
         Err("this machine cannot add memory regions at run time".into())
     }
     /// Without blocking: how the machine ended, once it has.
@@ -241,8 +243,9 @@ impl Machine for VmmMachine {
         Ok(SharedRegion { slot: field(&reply, "slot")? as u32, gpa: field(&reply, "gpa")? })
     }
 
-    fn add_region_range(&mut self, file: &File, offset: u64, len: u64) -> Result<SharedRegion, String> {
-        let (reply, _) = self.call(json!({"op": "add_region", "offset": offset, "len": len}), &[file.as_raw_fd()])?;
+    fn add_region_range(&mut self, file: &File, offset: u64, len: u64, access: RegionAccess) -> Result<SharedRegion, String> {
+        let read_only = access == RegionAccess::ReadOnly;
+        let (reply, _) = self.call(json!({"op": "add_region", "offset": offset, "len": len, "read_only": read_only}), &[file.as_raw_fd()])?;
         Ok(SharedRegion { slot: field(&reply, "slot")? as u32, gpa: field(&reply, "gpa")? })
     }
 

@@ -34,12 +34,12 @@ use std::time::{Duration, Instant};
 
 use xemem::ids::{AccessId, EnclaveId, SegmentId, NAME_SERVER_ENCLAVE};
 use xemem::node::{Completion, LinkId, LocalMemory, Node, Reply, Request, Timing};
-use xemem::wire::{Body, FrameRun, Message, Name};
+use xemem::wire::{Body, FrameRun, MappingWord, Message, Name};
 use xemem::{Credentials, Error, NameServer, Principal};
 
 use crate::guest_ram::GuestRam;
-use crate::machine::SharedRegion;
-use crate::xemem_peer::FrameSource;
+use crate::machine::{RegionAccess, SharedRegion};
+use crate::xemem_peer::{CountBlock, FrameSource};
 
 /// How long a host-side request may wait for the enclaves' answers.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -306,7 +306,7 @@ impl XememLinks {
             _ => return Err(Error::Malformed),
         };
         let runs = match self.owner_runs(process, access, offset, size) {
-            Ok((_, runs)) => runs,
+            Ok((_, runs, _)) => runs,
             Err(error) => {
                 let _ = self.release(process, access);
                 return Err(error);
@@ -354,7 +354,7 @@ impl xemem_host::Enclaves for XememLinks {
     }
 
     fn attach(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Result<Vec<xemem_host::EnclaveRun>, Error> {
-        self.attach_enclave_memory(process, access, offset, size).map(|(_, runs)| runs)
+        self.attach_enclave_memory(process, access, offset, size).map(|(_, runs, _)| runs)
     }
 
     fn detach(&self, process: u64, access: AccessId) -> Result<(), Error> {
@@ -409,9 +409,12 @@ impl xemem_host::Enclaves for XememLinks {
 impl XememLinks {
     /// Attaches through `access`, a permit the daemon's node granted to `process`: the owner
     /// enclave's frame runs, each checked against its RAM and named as a range of its RAM
-    /// memfd. Any failure detaches again.
-    fn attach_enclave_memory(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Result<(SegmentId, Vec<xemem_host::EnclaveRun>), Error> {
-        let (segment, runs) = self.owner_runs(process, access, offset, size)?;
+    /// memfd, and where the owner kernel's count of page-table changes lies with the value
+    /// the runs hold while (when the owner publishes one and it stood still while they were
+    /// had). Any failure detaches again.
+    fn attach_enclave_memory(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Result<(SegmentId, Vec<xemem_host::EnclaveRun>, Option<OwnerCount>), Error> {
+        let (segment, runs, stable) = self.owner_runs(process, access, offset, size)?;
+        let count = stable.and_then(|(ram, value)| Some(OwnerCount { block: ram.mapping_changes_block()?, value }));
         let checked = self.owner_ram(segment).ok_or(Error::Unreachable).and_then(|ram| file_runs(&*ram, &runs));
         let runs = match checked {
             Ok(runs) => runs,
@@ -427,32 +430,38 @@ impl XememLinks {
                 FileRun::Hole { len } => xemem_host::EnclaveRun::Hole { length: len },
             })
             .collect();
-        Ok((segment, runs))
+        Ok((segment, runs, count))
     }
 
     /// The owner's frames for an attach through this daemon's permit `access`: kept from an
     /// earlier attach of the same range while the owner kernel changed no mapping since (the
     /// name server counts the attach as if the owner had answered), else asked of the owner,
-    /// whose answer is kept when no mapping changed while it was asked.
-    fn owner_runs(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Result<(SegmentId, Vec<FrameRun>), Error> {
+    /// whose answer is kept when no mapping changed while it was asked. With them, when the
+    /// owner publishes its count of changes and it stood still: the owner's RAM and the count
+    /// the runs hold while.
+    fn owner_runs(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Result<OwnerAnswer, Error> {
         let probe = {
             let mut links = self.links.lock().unwrap();
             let probe = links.probe_owner(process, access, offset, size);
-            if let Some(recalled) = probe.as_ref().and_then(|probe| links.attach_from_kept(probe, process, access, offset, size)) {
-                return Ok(recalled);
+            if let Some(probe) = probe.as_ref() {
+                if let Some((segment, runs)) = links.attach_from_kept(probe, process, access, offset, size) {
+                    return Ok((segment, runs, Some((probe.ram.clone(), probe.changes))));
+                }
             }
             probe
         };
         let (segment, runs) = match self.call(Request::Attach { process, access, offset, size })? {
-            Reply::Attached { segment, runs } => (segment, runs),
+            Reply::Attached { segment, runs, .. } => (segment, runs),
             _ => return Err(Error::Malformed),
         };
+        let mut stable = None;
         if let Some(probe) = probe {
             if probe.plan.segment == segment && probe.ram.mapping_changes() == Some(probe.changes) {
+                stable = Some((probe.ram.clone(), probe.changes));
                 self.links.lock().unwrap().owner_runs.keep(probe, runs.clone());
             }
         }
-        Ok((segment, runs))
+        Ok((segment, runs, stable))
     }
 
     /// The name server takes back a permit this daemon holds as `proxy` (a sub-manager's proxy
@@ -717,7 +726,7 @@ pub struct XememPort {
 /// What an enclave's machine must do for an attach of host memory: make a range of a memfd a
 /// new guest-physical region, and take it away again.
 pub trait GuestRegions {
-    fn add(&self, file: &File, offset: u64, len: u64) -> Result<SharedRegion, String>;
+    fn add(&self, file: &File, offset: u64, len: u64, access: RegionAccess) -> Result<SharedRegion, String>;
     fn remove(&self, slot: u32) -> Result<(), String>;
 }
 
@@ -775,6 +784,20 @@ struct BridgedAttachment {
     frames: Vec<FrameRun>,
     regions: Vec<SharedRegion>,
     mapped: bool,
+    /// Where the owner kernel's count of page-table changes reads in the enclave's machine,
+    /// once a read-only region of it was added (one of `regions`).
+    count_at: Option<u64>,
+}
+
+/// An owner's frames for an attach, and (when it publishes one and it stood still) its RAM
+/// and its count of page-table changes the frames hold while.
+type OwnerAnswer = (SegmentId, Vec<FrameRun>, Option<(Arc<dyn FrameSource>, u64)>);
+
+/// An owner enclave's count of page-table changes: where it lies, and the value an answer
+/// holds while.
+struct OwnerCount {
+    block: CountBlock,
+    value: u64,
 }
 
 impl BridgedAttachment {
@@ -804,7 +827,27 @@ impl BridgedAttachment {
             return Ok(BridgedAttachment { mapped: true, ..again });
         }
         let (frames, added) = runs_into_regions(runs, regions)?;
-        Ok(BridgedAttachment { offset, size, runs: identities, frames, regions: added, mapped: true })
+        Ok(BridgedAttachment { offset, size, runs: identities, frames, regions: added, mapped: true, count_at: None })
+    }
+
+    /// The word that says how long the answer holds, for an enclave that may use it again
+    /// without asking (`MappingWord`): the owner's count, made readable in the enclave's
+    /// machine by a read-only region of the block holding it (added once per attachment).
+    /// `None` without a count, or when the region cannot be added (the answer is then simply
+    /// not used again).
+    fn valid_while(&mut self, count: Option<OwnerCount>, regions: &dyn GuestRegions) -> Option<MappingWord> {
+        let OwnerCount { block, value } = count?;
+        let address = match self.count_at {
+            Some(address) => address,
+            None => {
+                let region = regions.add(&block.file, block.offset, block.len, RegionAccess::ReadOnly).ok()?;
+                self.regions.push(region);
+                let address = region.gpa.checked_add(block.word)?;
+                self.count_at = Some(address);
+                address
+            }
+        };
+        Some(MappingWord { address, value })
     }
 }
 
@@ -967,7 +1010,7 @@ fn runs_into_regions(runs: &[xemem_host::EnclaveRun], regions: &dyn GuestRegions
                         return Err(Error::Exhausted);
                     }
                 });
-                let region = match regions.add(&file, *offset, *length) {
+                let region = match regions.add(&file, *offset, *length, RegionAccess::ReadWrite) {
                     Ok(region) => region,
                     Err(_) => {
                         undo(&added);
@@ -1175,13 +1218,17 @@ impl Bridging {
                     (permit.source, permit.segment, permit.attachment.take())
                 };
                 let attached = match source {
-                    Source::Host { broker_access } => broker.ok_or(Error::NotFound).and_then(|broker| broker.attach_for_enclave(caller(*process), broker_access, *offset, *size)),
+                    Source::Host { broker_access } => broker
+                        .ok_or(Error::NotFound)
+                        .and_then(|broker| broker.attach_for_enclave(caller(*process), broker_access, *offset, *size))
+                        .map(|(segment, runs)| (segment, runs, None)),
                     Source::Enclave { access, proxy } => links.attach_enclave_memory(proxy, access, *offset, *size),
                 };
-                let mapped = attached.and_then(|(segment, runs)| {
+                let mapped = attached.and_then(|(segment, runs, count)| {
                     let attachment = BridgedAttachment::for_answer(segment, expected, *offset, *size, &runs, &mut kept, regions);
-                    let parts = attachment.and_then(|attachment| {
-                        match xemem::wire::attached_parts(segment, *size, &attachment.frames) {
+                    let parts = attachment.and_then(|mut attachment| {
+                        let valid_while = attachment.valid_while(count, regions);
+                        match xemem::wire::attached_parts(segment, *size, &attachment.frames, valid_while) {
                             Ok(parts) => Ok((parts, attachment)),
                             Err(error) => {
                                 remove_regions(regions, &attachment.regions);
@@ -1656,7 +1703,7 @@ mod tests {
     }
 
     impl GuestRegions for FakeRegions {
-        fn add(&self, _file: &File, _offset: u64, len: u64) -> Result<SharedRegion, String> {
+        fn add(&self, _file: &File, _offset: u64, len: u64, _access: RegionAccess) -> Result<SharedRegion, String> {
             let slot = *self.next.borrow();
             *self.next.borrow_mut() += 1;
             self.live.borrow_mut().push(slot);
@@ -1757,7 +1804,7 @@ mod tests {
         assert!(a.to_enclave().is_empty() && b.to_enclave().is_empty());
         // Frame runs from a addressed to b: dropped, never forwarded.
         let runs = vec![FrameRun { first: Some(16), frames: 1 }];
-        let attached = Message::new(7, a_id, b_id, Body::Attached { segment: SegmentId::new(a_id, 1).unwrap(), size: 4096, first_run: 0, total_runs: 1, runs });
+        let attached = Message::new(7, a_id, b_id, Body::Attached { segment: SegmentId::new(a_id, 1).unwrap(), size: 4096, first_run: 0, total_runs: 1, runs, valid_while: None });
         a.from_enclave(&attached.to_bytes().unwrap(), &regions);
         assert!(b.to_enclave().is_empty(), "b received a's frames");
         // An acknowledgement of a revoke nobody sent changes nothing.
@@ -1788,7 +1835,7 @@ mod tests {
         let serve = Message::decode(&owner.to_enclave().pop().expect("a Serve")).unwrap();
         assert!(matches!(serve.body, Body::Serve { .. }));
         let runs = vec![FrameRun { first: Some(16), frames: 1 }];
-        let attached = Body::Attached { segment, size: 4096, first_run: 0, total_runs: 1, runs };
+        let attached = Body::Attached { segment, size: 4096, first_run: 0, total_runs: 1, runs, valid_while: None };
         owner.from_enclave(&Message::new(serve.header.request, owner_id, NAME_SERVER_ENCLAVE, attached).to_bytes().unwrap(), &regions);
         assert_eq!(caller.join().unwrap().map(|runs| runs.len()), Ok(1));
     }

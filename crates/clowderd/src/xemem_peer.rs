@@ -40,7 +40,7 @@ use xemem::Error;
 use xemem_host::sys as hostsys;
 
 use crate::guest_ram::GuestRam;
-use crate::machine::SharedRegion;
+use crate::machine::{RegionAccess, SharedRegion};
 use crate::xemem_links::{GuestRegions, XememLinks, XememPort};
 
 /// A memory run's first frame on the link: the descriptor's index above this bit, the page
@@ -76,6 +76,10 @@ pub trait FrameSource: Send + Sync {
     fn mapping_changes(&self) -> Option<u64> {
         None
     }
+    /// Where that count lies, to be mapped read-only into attaching enclaves.
+    fn mapping_changes_block(&self) -> Option<CountBlock> {
+        None
+    }
 }
 
 impl FrameSource for GuestRam {
@@ -89,6 +93,20 @@ impl FrameSource for GuestRam {
     fn mappable_unit(&self) -> u64 {
         GuestRam::mappable_unit(self)
     }
+    fn mapping_changes_block(&self) -> Option<CountBlock> {
+        let (file, offset, len, word) = GuestRam::mapping_counter_piece(self)?;
+        Some(CountBlock { file: file.try_clone().ok()?, offset, len, word })
+    }
+}
+
+/// The piece of an owner enclave's RAM memfd that holds its kernel's count of page-table
+/// changes (which the kernel keeps alone in the smallest piece its RAM can be shared in):
+/// `len` bytes from `offset`, the count `word` bytes in.
+pub struct CountBlock {
+    pub file: File,
+    pub offset: u64,
+    pub len: u64,
+    pub word: u64,
 }
 
 struct Entry {
@@ -184,7 +202,11 @@ impl FrameSource for PeerFrames {
 /// The bridge adds host memory for the peer's processes here: each region is a numbered range
 /// of the owner's file, sent as that file when the answer crosses the link.
 impl GuestRegions for PeerFrames {
-    fn add(&self, file: &File, offset: u64, len: u64) -> Result<SharedRegion, String> {
+    fn add(&self, file: &File, offset: u64, len: u64, access: RegionAccess) -> Result<SharedRegion, String> {
+        // Published words are for enclave kernels (`MappingWord`); a daemon has no use for them.
+        if access == RegionAccess::ReadOnly {
+            return Err("a daemon link takes no read-only regions".into());
+        }
         let file = file.try_clone().map_err(|e| e.to_string())?;
         let first = self.insert(Arc::new(file), offset, len / xemem::PAGE_SIZE, false).map_err(|e| format!("{e:?}"))?;
         let mut table = self.frames.lock().unwrap();
@@ -204,7 +226,7 @@ impl GuestRegions for PeerFrames {
 /// Turns an `Attached` part the peer sent (frames relative to the descriptors that came with
 /// it) into one in this daemon's frame space for the link, after checking every run.
 pub fn renumber_incoming(message: &Message, fds: Vec<OwnedFd>, frames: &PeerFrames) -> Result<Message, Error> {
-    let Body::Attached { segment, size, first_run, total_runs, runs } = &message.body else { return Err(Error::Invalid) };
+    let Body::Attached { segment, size, first_run, total_runs, runs, .. } = &message.body else { return Err(Error::Invalid) };
     if fds.len() > MAX_FDS {
         return Err(Error::Malformed);
     }
@@ -232,7 +254,8 @@ pub fn renumber_incoming(message: &Message, fds: Vec<OwnedFd>, frames: &PeerFram
         };
         renumbered.push(FrameRun { first, frames: run.frames });
     }
-    let body = Body::Attached { segment: *segment, size: *size, first_run: *first_run, total_runs: *total_runs, runs: renumbered };
+    // A word in guest memory means nothing across daemons (see `MappingWord`): dropped.
+    let body = Body::Attached { segment: *segment, size: *size, first_run: *first_run, total_runs: *total_runs, runs: renumbered, valid_while: None };
     Ok(Message { header: message.header, body })
 }
 
@@ -243,14 +266,14 @@ pub fn renumber_incoming(message: &Message, fds: Vec<OwnedFd>, frames: &PeerFram
 pub type Packet = (Vec<u8>, Vec<File>);
 
 pub fn files_outgoing(message: &Message, source: &dyn FrameSource) -> Result<Vec<Packet>, Error> {
-    let Body::Attached { segment, size, first_run, total_runs, runs } = &message.body else { return Err(Error::Invalid) };
+    let Body::Attached { segment, size, first_run, total_runs, runs, .. } = &message.body else { return Err(Error::Invalid) };
     let mut packets = Vec::new();
     let mut files: Vec<File> = Vec::new();
     let mut known: HashMap<(u64, u64), u64> = HashMap::new();
     let mut chunk: Vec<FrameRun> = Vec::new();
     let mut chunk_start = *first_run;
     let flush = |chunk: &mut Vec<FrameRun>, files: &mut Vec<File>, known: &mut HashMap<(u64, u64), u64>, start: &mut u32, packets: &mut Vec<Packet>| -> Result<(), Error> {
-        let body = Body::Attached { segment: *segment, size: *size, first_run: *start, total_runs: *total_runs, runs: std::mem::take(chunk) };
+        let body = Body::Attached { segment: *segment, size: *size, first_run: *start, total_runs: *total_runs, runs: std::mem::take(chunk), valid_while: None };
         let count = match &body {
             Body::Attached { runs, .. } => runs.len() as u32,
             _ => 0,
@@ -619,7 +642,7 @@ fn serve(broker: &xemem_host::Broker, frames: &PeerFrames, process: u64, segment
             }
         }
     }
-    xemem::wire::attached_parts(segment, size, &numbered)
+    xemem::wire::attached_parts(segment, size, &numbered, None)
 }
 
 #[cfg(test)]
@@ -638,7 +661,7 @@ mod tests {
         let pages: u64 = runs.iter().map(|r| r.frames).sum();
         let segment = xemem::SegmentId::new(2, 1).unwrap();
         let total_runs = runs.len() as u32;
-        Message::new(3, 2, 1, Body::Attached { segment, size: pages * xemem::PAGE_SIZE, first_run: 0, total_runs, runs })
+        Message::new(3, 2, 1, Body::Attached { segment, size: pages * xemem::PAGE_SIZE, first_run: 0, total_runs, runs, valid_while: None })
     }
 
     #[test]
@@ -687,9 +710,9 @@ mod tests {
         let mut done = None;
         for (bytes, files) in &packets {
             assert!(files.len() <= MAX_FDS);
-            let Body::Attached { segment, size, first_run, total_runs, runs } = Message::decode(bytes).unwrap().body else { panic!() };
-            done = assembler.push(segment, size, first_run, total_runs, runs).unwrap();
+            let Body::Attached { segment, size, first_run, total_runs, runs, valid_while } = Message::decode(bytes).unwrap().body else { panic!() };
+            done = assembler.push(segment, size, first_run, total_runs, runs, valid_while).unwrap();
         }
-        assert_eq!(done.map(|runs| runs.len()), Some(MAX_FDS + 10));
+        assert_eq!(done.map(|(runs, _)| runs.len()), Some(MAX_FDS + 10));
     }
 }

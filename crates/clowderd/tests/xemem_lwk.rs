@@ -228,7 +228,7 @@ fn an_lwk_job_attaching_again_sees_memory_another_lwk_job_mapped_since() {
     build_musl_job("lwk_remapping_owner.c", &owner).unwrap();
     let attacher = dir.0.join("host_remap_attacher");
     build_musl_job("host_remap_attacher.c", &attacher).unwrap();
-    let (socket, _) = start_daemon_with_broker(&dir.0);
+    let (socket, _, links) = start_daemon_with_links(&dir.0);
     for name in ["owner", "attacher"] {
         let created = call(&socket, json!({"op": "create", "name": name, "cores": 1, "mem": "128M"}));
         assert_eq!(created["ok"], true, "{created}");
@@ -256,6 +256,13 @@ owner: {owner_out}");
     let added = lines.iter().filter(|l| l.contains("xemem: host memory (")).count();
     let removed = lines.iter().filter(|l| l.contains("xemem: host memory region") && l.ends_with("removed")).count();
     assert!(added == removed && added < 5, "regions added {added}, removed {removed} for five attaches: {lines:?}");
+    // The attacher's kernel parked the first attachment and took it up again twice, the
+    // owner's count of page-table changes (read-only in its machine) standing still; after the
+    // owner mapped its data pages the count had moved, and the kernel asked the daemon: three
+    // attaches served for five (the second permit's one of them).
+    let words = lines.iter().filter(|l| l.contains("count of page-table changes, read-only")).count();
+    assert!(words >= 1, "no read-only region for the owner's count: {lines:?}");
+    assert_eq!(links.bridged_attaches(), 3, "{lines:?}");
     for name in ["owner", "attacher"] {
         let removed = call(&socket, json!({"op": "rm", "name": name}));
         assert_eq!(removed["ok"], true, "{removed}");
@@ -371,13 +378,20 @@ fn lwk_job_attaches_a_host_segment_twice(tag: &str, pages: u64) {
 /// Starts an in-process daemon with its XEMEM broker under `dir`; returns its API socket and
 /// the broker's socket.
 fn start_daemon_with_broker(dir: &Path) -> (PathBuf, PathBuf) {
+    let (socket, xemem_socket, _) = start_daemon_with_links(dir);
+    (socket, xemem_socket)
+}
+
+/// [`start_daemon_with_broker`], with the daemon's XEMEM links (to count what they served).
+fn start_daemon_with_links(dir: &Path) -> (PathBuf, PathBuf, std::sync::Arc<clowderd::xemem_links::XememLinks>) {
     let xemem_socket = dir.join("xemem.sock");
     // Pings get more time than the default 5 s: on a machine shared with other builds an
     // enclave's vCPU may be starved that long, and liveness is not what these tests test.
     let liveness = Liveness { ping_timeout: Duration::from_secs(20), ..Liveness::default() };
     let daemon = lwk_daemon(dir, vmm_binary(), liveness);
+    let links = daemon.xemem_links().clone();
     assert!(daemon.host_xemem(clowderd::xemem_service::start(&xemem_socket).unwrap()).is_ok());
-    (serve(daemon, dir), xemem_socket)
+    (serve(daemon, dir), xemem_socket, links)
 }
 
 /// What one revocation run produced.

@@ -4,7 +4,7 @@
 //!
 //! Requests (`op`): `stats`, `pause`, `resume`, `stop`, `memory` (→ RAM memfd), `channel`
 //! (→ RAM memfd, doorbell eventfd, interrupt eventfd), `add_region` (with one fd: `offset`, `len`,
-//! optional `gpa`), `remove_region` (`slot`), `translate` (`gpa`, `len` → runs naming the fds
+//! optional `gpa`, optional `read_only`), `remove_region` (`slot`), `translate` (`gpa`, `len` → runs naming the fds
 //! sent with the reply), `profile` (`vcpu`, `steps`: single-step that many instructions and
 //! count kernel/user instructions, kernel entries and the most stepped kernel addresses). Replies have `"ok": true` or `"ok": false, "error": "..."`; a malformed
 //! request gets an error reply and the connection stays usable.
@@ -19,6 +19,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
+use crate::memory::RegionAccess;
 use crate::vm::VmHandle;
 
 /// Longest request line accepted; longer input is answered with an error and dropped.
@@ -138,7 +139,12 @@ pub fn handle_request(vm: &VmHandle, line: &[u8], files: &[File]) -> (Value, Vec
                 (Err(e), _) | (_, Err(e)) => return error(e),
             };
             let gpa = request.get("gpa").and_then(Value::as_u64);
-            match vm.add_region(file.as_raw_fd(), offset, len, gpa) {
+            let access = match request.get("read_only") {
+                None | Some(Value::Bool(false)) => RegionAccess::ReadWrite,
+                Some(Value::Bool(true)) => RegionAccess::ReadOnly,
+                Some(other) => return error(format!("`read_only` must be true or false, got {other}")),
+            };
+            match vm.add_region(file.as_raw_fd(), offset, len, gpa, access) {
                 Ok(r) => (ok(json!({"slot": r.slot, "gpa": r.gpa, "len": r.len})), vec![]),
                 Err(e) => error(e.to_string()),
             }

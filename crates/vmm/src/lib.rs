@@ -18,7 +18,7 @@ pub mod vcpu;
 pub mod vm;
 
 pub use hooks::{Device, DeviceError, ExitContext, HookKey, Outcome, Request};
-pub use memory::{FileRun, MemoryError, RegionInfo};
+pub use memory::{FileRun, MemoryError, RegionAccess, RegionInfo};
 pub use stop::{RegisterDump, StopReason};
 pub use vm::{ExtraDevice, RunState, Vm, VmHandle};
 pub use vmm_config::VmConfig;

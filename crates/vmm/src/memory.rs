@@ -46,6 +46,15 @@ pub struct FileRun {
     pub len: u64,
 }
 
+/// Whether the guest may write a run-time region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegionAccess {
+    ReadWrite,
+    /// For words another VM's kernel keeps (XEMEM's count of page-table changes): the guest
+    /// reads them at memory speed and cannot change them.
+    ReadOnly,
+}
+
 /// A region added at run time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegionInfo {
@@ -138,17 +147,20 @@ impl GuestMemory {
         };
         for range in memory.layout.ram_ranges().collect::<Vec<_>>() {
             let host = memory.host_address(range.gpa, range.size).expect("RAM is mapped");
-            memory.register_slot(vm, memory.next_slot, range.gpa, range.size, host)?;
+            memory.register_slot(vm, memory.next_slot, range.gpa, range.size, host, RegionAccess::ReadWrite)?;
             memory.next_slot += 1;
             memory.ram_slots += 1;
         }
         Ok(memory)
     }
 
-    fn register_slot(&self, vm: &VmFd, slot: u32, gpa: u64, len: u64, host: *mut u8) -> Result<(), MemoryError> {
+    fn register_slot(&self, vm: &VmFd, slot: u32, gpa: u64, len: u64, host: *mut u8, access: RegionAccess) -> Result<(), MemoryError> {
         let region = kvm_userspace_memory_region {
             slot,
-            flags: 0,
+            flags: match access {
+                RegionAccess::ReadWrite => 0,
+                RegionAccess::ReadOnly => kvm_bindings::KVM_MEM_READONLY,
+            },
             guest_phys_addr: gpa,
             memory_size: len,
             userspace_addr: host as u64,
@@ -184,7 +196,8 @@ impl GuestMemory {
     }
 
     /// Maps `len` bytes of `fd` from `file_offset` at guest-physical `gpa` (or the lowest free
-    /// page-aligned address above RAM and other regions when `gpa` is `None`) as a new memory slot.
+    /// page-aligned address above RAM and other regions when `gpa` is `None`) as a new memory
+    /// slot. A read-only region's writes exit as MMIO writes no device claims: the VM fails.
     pub fn add_region(
         &mut self,
         vm: &VmFd,
@@ -192,6 +205,7 @@ impl GuestMemory {
         file_offset: u64,
         len: u64,
         gpa: Option<u64>,
+        access: RegionAccess,
     ) -> Result<RegionInfo, MemoryError> {
         let bad = |m: String| Err(MemoryError::BadRegion(m));
         if len == 0 || len % PAGE_SIZE != 0 || file_offset % PAGE_SIZE != 0 {
@@ -231,7 +245,10 @@ impl GuestMemory {
             libc::mmap(
                 std::ptr::null_mut(),
                 len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
+                match access {
+                    RegionAccess::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
+                    RegionAccess::ReadOnly => libc::PROT_READ,
+                },
                 libc::MAP_SHARED | libc::MAP_POPULATE,
                 file.as_raw_fd(),
                 file_offset as libc::off_t,
@@ -247,7 +264,7 @@ impl GuestMemory {
             file_offset,
             host_addr: host.cast(),
         };
-        self.register_slot(vm, slot, gpa, len, region.host_addr)?;
+        self.register_slot(vm, slot, gpa, len, region.host_addr, access)?;
         self.next_slot += 1;
         let info = region.info.clone();
         self.regions.push(region);

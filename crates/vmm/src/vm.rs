@@ -16,7 +16,7 @@ use crate::boot::{self, BootPlan};
 use crate::devices::{self, ChannelEndpoint, DeviceEnv, Report};
 use crate::hooks::{DeviceHandle, HookKey, HookRegistry, ExitCounters};
 use crate::interrupts::InterruptRouter;
-use crate::memory::{FileRun, GuestMemory, RegionInfo};
+use crate::memory::{FileRun, GuestMemory, RegionAccess, RegionInfo};
 use crate::profile::{InstructionProfile, ProfileRequests};
 use crate::stop::{RegisterDump, StopReason};
 use crate::vcpu::{self, UnhandledPorts, VcpuKick};
@@ -268,8 +268,8 @@ impl VmHandle {
         self.channel.as_ref()
     }
 
-    pub fn add_region(&self, fd: RawFd, offset: u64, len: u64, gpa: Option<u64>) -> Result<RegionInfo, VmError> {
-        Ok(self.memory.lock().unwrap().add_region(&self.vm_fd, fd, offset, len, gpa)?)
+    pub fn add_region(&self, fd: RawFd, offset: u64, len: u64, gpa: Option<u64>, access: RegionAccess) -> Result<RegionInfo, VmError> {
+        Ok(self.memory.lock().unwrap().add_region(&self.vm_fd, fd, offset, len, gpa, access)?)
     }
 
     pub fn remove_region(&self, slot: u32) -> Result<RegionInfo, VmError> {
@@ -407,6 +407,9 @@ impl Vm {
         interrupts.commit(&vm_fd).map_err(kvm_err("setting interrupt routes"))?;
         enable_msr_hooks(&vm_fd, &registry.hooked_msrs())?;
         cmdline_extra.push(format!("clowder.cpus={}", config.vcpus.len()));
+        // The smallest piece of RAM the host can share with another VM: a guest kernel that
+        // publishes a word for others to read keeps it alone in such a piece.
+        cmdline_extra.push(format!("clowder.ram_page={:#x}", config.memory.backing.page_size()));
 
         let plan = boot::load(&memory, &config.boot, &cmdline_extra)?;
         let supported = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm_err("reading supported CPUID"))?;

@@ -59,7 +59,7 @@ fn pvh_entry_finds_start_info_memory_map_cmdline_and_modules() {
     let cmdline_line = done.serial.lines().find(|l| l.starts_with("pvh: cmdline '")).expect("cmdline line");
     let cmdline = cmdline_line.trim_start_matches("pvh: cmdline '").trim_end_matches('\'');
     assert!(cmdline.starts_with("test=pvh marker=xyz"), "{cmdline}");
-    for key in ["clowder.channel=", "clowder.hypercall_port=", "clowder.exit_port=", "clowder.cpus=1"] {
+    for key in ["clowder.channel=", "clowder.hypercall_port=", "clowder.exit_port=", "clowder.cpus=1", "clowder.ram_page=0x1000"] {
         assert!(cmdline.contains(key), "{key} missing from {cmdline}");
     }
     assert_eq!(done.value("cmdlen"), cmdline.len() as u64);

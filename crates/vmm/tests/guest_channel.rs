@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use clowder_channel::{Endpoint, SendError};
 use guest_support::{Guest, GuestSpec, GUEST_TIMEOUT};
 use vmm::devices::ChannelEndpoint;
+use vmm::RegionAccess;
 
 const HOST_PATTERN: u64 = 0x1111_1111_0000_0000;
 const GUEST_PATTERN: u64 = 0x2222_2222_0000_0000;
@@ -279,7 +280,7 @@ fn region_added_at_run_time_is_mapped_read_and_written_by_the_guest() {
     // Wherever the VMM puts it (just above RAM) ...
     const FIRST_LEN: usize = 64 * 1024;
     let (first_fd, first_words) = patterned_memfd(FIRST_LEN);
-    let first = guest.handle.add_region(first_fd.as_raw_fd(), 0, FIRST_LEN as u64, None).expect("add_region");
+    let first = guest.handle.add_region(first_fd.as_raw_fd(), 0, FIRST_LEN as u64, None, RegionAccess::ReadWrite).expect("add_region");
     host.send(format!("map {:x} {:x}", first.gpa, first.len).as_bytes());
     let reply = String::from_utf8(host.recv()).unwrap();
     assert_eq!(reply, format!("mapped {:x} {:x} bad 0", first.gpa, first.len));
@@ -291,7 +292,7 @@ fn region_added_at_run_time_is_mapped_read_and_written_by_the_guest() {
     let (second_fd, second_words) = patterned_memfd(SECOND_LEN);
     let second = guest
         .handle
-        .add_region(second_fd.as_raw_fd(), 0, SECOND_LEN as u64, Some(SECOND_GPA))
+        .add_region(second_fd.as_raw_fd(), 0, SECOND_LEN as u64, Some(SECOND_GPA), RegionAccess::ReadWrite)
         .expect("add_region above 4 GiB");
     assert_eq!(second.gpa, SECOND_GPA);
     host.send(format!("map {SECOND_GPA:x} {SECOND_LEN:x}").as_bytes());
@@ -302,7 +303,7 @@ fn region_added_at_run_time_is_mapped_read_and_written_by_the_guest() {
     // SAFETY: plain syscall; the result is checked and owned.
     let big = unsafe { OwnedFd::from_raw_fd(libc::memfd_create(c"clowder-test-big".as_ptr(), libc::MFD_CLOEXEC)) };
     std::fs::File::from(big.try_clone().unwrap()).set_len(1 << 30).unwrap();
-    let placed = guest.handle.add_region(big.as_raw_fd(), 0, 1 << 30, None).expect("add_region of 1 GiB");
+    let placed = guest.handle.add_region(big.as_raw_fd(), 0, 1 << 30, None, RegionAccess::ReadWrite).expect("add_region of 1 GiB");
     assert_eq!(placed.gpa % (1 << 30), 0, "{placed:?}");
     guest.handle.remove_region(placed.slot).expect("remove_region");
 

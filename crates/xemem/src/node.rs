@@ -20,7 +20,7 @@ use crate::ids::{AccessId, EnclaveId, SegmentId, NAME_SERVER_ENCLAVE};
 use crate::nameserver::{self, NameServer, Principal};
 use crate::perm::{Credentials, Owner};
 use crate::vecmap::VecMap;
-use crate::wire::{self, Body, FrameRun, Header, ListEntry, Message, Name, RunAssembler, HEADER_LEN};
+use crate::wire::{self, Body, FrameRun, Header, ListEntry, MappingWord, Message, Name, RunAssembler, HEADER_LEN};
 use crate::Error;
 use alloc::collections::{BTreeMap, VecDeque};
 use alloc::vec::Vec;
@@ -90,7 +90,8 @@ pub enum Reply {
     Made(SegmentId),
     Done,
     Granted { access: AccessId, size: u64 },
-    Attached { segment: SegmentId, runs: Vec<FrameRun> },
+    /// The frames, and the word that says whether they still hold (see [`MappingWord`]).
+    Attached { segment: SegmentId, runs: Vec<FrameRun>, valid_while: Option<MappingWord> },
     Found(SegmentId),
     Listed { more: bool, entries: Vec<ListEntry> },
 }
@@ -330,12 +331,12 @@ impl Expectation {
             (Expects::Granted { .. }, Body::Granted { access, size }) => Ok(Reply::Granted { access, size }),
             (Expects::Found, Body::Found { segment }) => Ok(Reply::Found(segment)),
             (Expects::Listed, Body::Listed { more, entries }) => Ok(Reply::Listed { more, entries }),
-            (&Expects::Attached { segment, size: asked }, Body::Attached { segment: answered, size, first_run, total_runs, runs })
+            (&Expects::Attached { segment, size: asked }, Body::Attached { segment: answered, size, first_run, total_runs, runs, valid_while })
                 if answered == segment && size == asked =>
             {
-                match self.assembler.push(segment, size, first_run, total_runs, runs) {
+                match self.assembler.push(segment, size, first_run, total_runs, runs, valid_while) {
                     Ok(None) => return Verdict::Part,
-                    Ok(Some(runs)) => Ok(Reply::Attached { segment, runs }),
+                    Ok(Some((runs, valid_while))) => Ok(Reply::Attached { segment, runs, valid_while }),
                     Err(error) => return Verdict::PartOutOfPlace(error),
                 }
             }
@@ -795,7 +796,7 @@ impl Node {
         if pages != size / crate::PAGE_SIZE || !runs.iter().all(FrameRun::valid) {
             return Err(Error::Invalid);
         }
-        wire::attached_parts(segment, size, &runs)
+        wire::attached_parts(segment, size, &runs, None)
     }
 
     /// The name server's answer to a request from `origin`, repeated verbatim for a retry.

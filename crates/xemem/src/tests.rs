@@ -328,7 +328,7 @@ fn random_body(rng: &mut Rng) -> Body {
                 })
                 .collect();
             let size = runs.iter().map(|r| r.frames).sum::<u64>() * PAGE_SIZE;
-            Body::Attached { segment: seg, size, first_run: 0, total_runs: count as u32, runs }
+            Body::Attached { segment: seg, size, first_run: 0, total_runs: count as u32, runs, valid_while: None }
         }
         20 => Body::Found { segment: seg },
         21 => Body::Listed {
@@ -400,21 +400,22 @@ fn decoder_rejects_out_of_range_fields() {
     let mut bytes = encode(Body::Remove { process: 1, segment: seg });
     bytes[HEADER_LEN + 8..HEADER_LEN + 16].copy_from_slice(&(-1i64).to_le_bytes());
     assert_eq!(Message::decode(&bytes), Err(Error::Malformed));
-    // Frame runs: zero-length runs, overflowing runs, counts beyond the bytes present.
+    // Frame runs: zero-length runs, overflowing runs, counts beyond the bytes present (the
+    // runs end one byte before the message: the word's flag follows them).
     let run_body = |runs: Vec<FrameRun>, size: u64, total: u32| {
-        encode(Body::Attached { segment: seg, size, first_run: 0, total_runs: total, runs })
+        encode(Body::Attached { segment: seg, size, first_run: 0, total_runs: total, runs, valid_while: None })
     };
     let mut bytes = run_body(vec![FrameRun { first: Some(5), frames: 1 }], 4096, 1);
-    let at = bytes.len() - 8;
-    bytes[at..].copy_from_slice(&0u64.to_le_bytes());
+    let at = bytes.len() - 9;
+    bytes[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
     assert_eq!(Message::decode(&bytes), Err(Error::Malformed), "empty run");
     let mut bytes = run_body(vec![FrameRun { first: Some(5), frames: 1 }], 4096, 1);
-    let at = bytes.len() - 16;
+    let at = bytes.len() - 17;
     bytes[at..at + 8].copy_from_slice(&(MAX_FRAME - 1).to_le_bytes());
-    bytes[at + 8..].copy_from_slice(&2u64.to_le_bytes());
+    bytes[at + 8..at + 16].copy_from_slice(&2u64.to_le_bytes());
     assert_eq!(Message::decode(&bytes), Err(Error::Malformed), "run beyond the frame space");
     let mut bytes = run_body(vec![FrameRun { first: Some(5), frames: 1 }], 4096, 1);
-    let count_at = bytes.len() - 20;
+    let count_at = bytes.len() - 21;
     bytes[count_at..count_at + 4].copy_from_slice(&1000u32.to_le_bytes());
     assert_eq!(Message::decode(&bytes), Err(Error::Malformed), "count beyond the bytes");
     let bytes = run_body(vec![FrameRun { first: Some(5), frames: 1 }], 4096, 0);
@@ -435,11 +436,12 @@ fn run_assembler_needs_every_part_in_order_and_the_right_total() {
     let seg = SegmentId::new(2, 1).unwrap();
     let runs: Vec<FrameRun> = (0..9000u64).map(|i| FrameRun { first: Some(i * 10), frames: 1 }).collect();
     let size = 9000 * PAGE_SIZE;
-    let parts = attached_parts(seg, size, &runs).unwrap();
+    let word = MappingWord { address: 0x1_0000_0008, value: 77 };
+    let parts = attached_parts(seg, size, &runs, Some(word)).unwrap();
     assert_eq!(parts.len(), 3);
     let push = |asm: &mut RunAssembler, body: &Body| match body {
-        Body::Attached { segment, size, first_run, total_runs, runs } => {
-            asm.push(*segment, *size, *first_run, *total_runs, runs.clone())
+        Body::Attached { segment, size, first_run, total_runs, runs, valid_while } => {
+            asm.push(*segment, *size, *first_run, *total_runs, runs.clone(), *valid_while)
         }
         _ => unreachable!(),
     };
@@ -452,10 +454,49 @@ fn run_assembler_needs_every_part_in_order_and_the_right_total() {
     let mut asm = RunAssembler::default();
     assert_eq!(push(&mut asm, &parts[0]), Ok(None));
     assert_eq!(push(&mut asm, &parts[1]), Ok(None));
-    assert_eq!(push(&mut asm, &parts[2]), Ok(Some(runs.clone())));
+    assert_eq!(push(&mut asm, &parts[2]), Ok(Some((runs.clone(), Some(word)))), "the first part's word");
+    assert!(matches!(parts[1], Body::Attached { valid_while: None, .. }), "only the first part carries the word");
     // Pages that do not add up to the size: refused.
     let mut asm = RunAssembler::default();
-    assert_eq!(asm.push(seg, 3 * PAGE_SIZE, 0, 1, vec![FrameRun { first: Some(1), frames: 2 }]), Err(Error::Malformed));
+    assert_eq!(asm.push(seg, 3 * PAGE_SIZE, 0, 1, vec![FrameRun { first: Some(1), frames: 2 }], None), Err(Error::Malformed));
+    // A word on a later part: refused.
+    let mut asm = RunAssembler::default();
+    let first = FrameRun { first: Some(1), frames: 1 };
+    assert_eq!(asm.push(seg, 2 * PAGE_SIZE, 0, 2, vec![first], None), Ok(None));
+    assert_eq!(asm.push(seg, 2 * PAGE_SIZE, 1, 2, vec![first], Some(word)), Err(Error::Malformed));
+}
+
+#[test]
+fn an_attach_answers_word_travels_in_its_first_part_only() {
+    let segment = SegmentId::new(2, 1).unwrap();
+    let runs = vec![FrameRun { first: Some(5), frames: 2 }];
+    let word = MappingWord { address: 0x2_0000_0010, value: u64::MAX };
+    let body = |first_run, valid_while| Body::Attached { segment, size: 2 * PAGE_SIZE, first_run, total_runs: 3, runs: runs.clone(), valid_while };
+    let bytes = Message::new(3, 1, 2, body(0, Some(word))).to_bytes().unwrap();
+    assert_eq!(Message::decode(&bytes).unwrap().body, body(0, Some(word)));
+    assert_eq!(Message::new(3, 1, 2, body(1, Some(word))).to_bytes(), Err(Error::Invalid), "a later part's word is not sent");
+    // The flag byte follows the runs; the word's address is 8-aligned, not 0, and physical.
+    let flag_at = bytes.len() - 17;
+    assert_eq!(bytes[flag_at], 1);
+    for (what, patch) in [
+        ("flag 2", vec![(flag_at, 2u8)]),
+        ("address 0", (1..9).map(|i| (flag_at + i, 0u8)).collect()),
+        ("address unaligned", vec![(flag_at + 1, 0x11)]),
+        ("address beyond physical memory", vec![(flag_at + 8, 0xff)]),
+    ] {
+        let mut bad = bytes.clone();
+        for (at, value) in patch {
+            bad[at] = value;
+        }
+        assert_eq!(Message::decode(&bad), Err(Error::Malformed), "{what}");
+    }
+    // A word on a part other than the first: malformed.
+    let later = Message::new(3, 1, 2, body(1, None)).to_bytes().unwrap();
+    let mut with_word = later[..later.len() - 1].to_vec();
+    with_word.push(1);
+    with_word.extend_from_slice(&word.address.to_le_bytes());
+    with_word.extend_from_slice(&word.value.to_le_bytes());
+    assert_eq!(Message::decode(&with_word), Err(Error::Malformed));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -718,7 +759,7 @@ fn check_tree(n: usize, seed: u64, drop_per_thousand: u64, reorder: bool, pairs:
             attacher,
             Request::Attach { process: 7, access, offset: offset_pages * PAGE_SIZE, size: attach_pages * PAGE_SIZE },
         ) {
-            Ok(Reply::Attached { segment: s, runs }) => {
+            Ok(Reply::Attached { segment: s, runs, valid_while: None }) => {
                 assert_eq!(s, segment);
                 let expected = ModelMemory::expected(
                     ids[owner],
@@ -888,19 +929,19 @@ fn a_direct_attach_takes_only_its_own_answer_and_assembles_its_parts() {
     assert_eq!(request.id(), FIRST_UNCLAIMED_ID | 4);
     assert_eq!(message.header, Header { request: request.id(), origin: 2, destination: NAME_SERVER_ENCLAVE });
     assert_eq!(message.body, Body::Attach { process: 11, access, offset: 0, size });
-    let part = |first_run, runs: Vec<FrameRun>| Body::Attached { segment, size, first_run, total_runs: 3, runs };
+    let part = |first_run, runs: Vec<FrameRun>| Body::Attached { segment, size, first_run, total_runs: 3, runs, valid_while: None };
     let first = vec![FrameRun { first: Some(100), frames: 2 }, FrameRun { first: None, frames: 1 }];
     let last = vec![FrameRun { first: Some(300), frames: 2 }];
     // Not answers to it: another enclave, another segment or size, another kind.
     assert_eq!(request.answer(5, part(0, first.clone())), None);
     let other = SegmentId::new(7, 4).unwrap();
-    assert_eq!(request.answer(1, Body::Attached { segment: other, size, first_run: 0, total_runs: 3, runs: first.clone() }), None);
-    assert_eq!(request.answer(1, Body::Attached { segment, size: size + PAGE_SIZE, first_run: 0, total_runs: 3, runs: first.clone() }), None);
+    assert_eq!(request.answer(1, Body::Attached { segment: other, size, first_run: 0, total_runs: 3, runs: first.clone(), valid_while: None }), None);
+    assert_eq!(request.answer(1, Body::Attached { segment, size: size + PAGE_SIZE, first_run: 0, total_runs: 3, runs: first.clone(), valid_while: None }), None);
     assert_eq!(request.answer(1, Body::Done), None);
     // The owner (enclave 7) may answer as well as the name server; two parts make the runs.
     assert_eq!(request.answer(7, part(0, first.clone())), None);
     let whole = [first.clone(), last.clone()].concat();
-    assert_eq!(request.answer(1, part(2, last.clone())), Some(Ok(Reply::Attached { segment, runs: whole })));
+    assert_eq!(request.answer(1, part(2, last.clone())), Some(Ok(Reply::Attached { segment, runs: whole, valid_while: None })));
     // A part out of place fails it (the channel neither loses nor reorders).
     let (mut request, _) = DirectRequest::attach(5, 2, 11, access, segment, 0, size).unwrap();
     assert_eq!(request.answer(1, part(2, last)), Some(Err(Error::Malformed)));
@@ -967,7 +1008,7 @@ fn the_node_serves_segments_made_directly_until_they_are_removed_directly() {
     let granted = net.call(other, Request::Get { process: 9, segment, access: ACCESS_READ_WRITE, credentials });
     let Ok(Reply::Granted { access, .. }) = granted else { panic!("get: {granted:?}") };
     let runs = ModelMemory::expected(id, net.memory[client].run, 4, 0x11000, 0x2000);
-    assert_eq!(net.call(other, Request::Attach { process: 9, access, offset: 0x1000, size: 0x2000 }), Ok(Reply::Attached { segment, runs }));
+    assert_eq!(net.call(other, Request::Attach { process: 9, access, offset: 0x1000, size: 0x2000 }), Ok(Reply::Attached { segment, runs, valid_while: None }));
     assert_eq!(net.call(other, Request::Detach { process: 9, access }), Ok(Reply::Done));
     assert_eq!(net.call_direct(client, 2, Request::Remove { process: 4, segment }), Ok(Reply::Done));
     // Removed: the node no longer serves it, even when asked as the name server would.

@@ -30,7 +30,7 @@
 //! | 48 | `Made` | i64 segid |
 //! | 49 | `Done` | (none) |
 //! | 50 | `Granted` | i64 apid, u64 size |
-//! | 51 | `Attached` | i64 segid, u64 size, u32 first run, u32 total runs, list<run> runs |
+//! | 51 | `Attached` | i64 segid, u64 size, u32 first run, u32 total runs, list<run> runs, u8 has word, [u64 word address, u64 value] |
 //! | 52 | `Found` | i64 segid |
 //! | 53 | `Listed` | u8 more, list<i64 segid, u32 owner, u64 size, name (optional)> |
 //! | 54 | `Revoked` | u64 process, i64 apid: the acknowledgement of a `Revoke`; nothing maps it now |
@@ -39,6 +39,7 @@
 //! A `run` is `u64 first frame, u64 frames`; first frame `u64::MAX` is a hole (no memory there:
 //! touching it raises SIGBUS in the attacher, as XPMEM). An attach answer may take several
 //! `Attached` messages, each carrying runs `first run .. first run + count` of `total runs`.
+//! The first may name a [`MappingWord`]: the answer holds while that word holds its value.
 
 use crate::ids::{AccessId, EnclaveId, SegmentId, MAX_ENCLAVE_ID};
 use crate::perm::{MAX_GROUPS, MAX_MODE};
@@ -73,6 +74,16 @@ impl Name {
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
     }
+}
+
+/// A word in the receiver's guest-physical memory (8-aligned, not 0) that holds `value` while
+/// an attach answer still holds: the owner kernel's count of page-table changes, which the
+/// daemon maps read-only into the attacher's machine. A receiver that compares it before using
+/// the answer again needs no round trip to learn that the owner's mapping is the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MappingWord {
+    pub address: u64,
+    pub value: u64,
 }
 
 /// A contiguous run of frames, or a hole of `frames` pages (`first == None`).
@@ -134,7 +145,8 @@ pub enum Body {
     Made { segment: SegmentId },
     Done,
     Granted { access: AccessId, size: u64 },
-    Attached { segment: SegmentId, size: u64, first_run: u32, total_runs: u32, runs: Vec<FrameRun> },
+    /// Runs `first_run..` of an attach answer; the first part may carry its [`MappingWord`].
+    Attached { segment: SegmentId, size: u64, first_run: u32, total_runs: u32, runs: Vec<FrameRun>, valid_while: Option<MappingWord> },
     Found { segment: SegmentId },
     Listed { more: bool, entries: Vec<ListEntry> },
     Revoked { process: u64, access: AccessId },
@@ -389,8 +401,8 @@ impl Message {
                 w.i64(access.raw());
                 w.u64(*size);
             }
-            Body::Attached { segment, size, first_run, total_runs, runs } => {
-                if runs.len() > MAX_RUNS_PER_MESSAGE {
+            Body::Attached { segment, size, first_run, total_runs, runs, valid_while } => {
+                if runs.len() > MAX_RUNS_PER_MESSAGE || (valid_while.is_some() && *first_run != 0) {
                     return Err(Error::Invalid);
                 }
                 w.i64(segment.raw());
@@ -401,6 +413,14 @@ impl Message {
                 for run in runs {
                     w.u64(run.first.unwrap_or(HOLE));
                     w.u64(run.frames);
+                }
+                match valid_while {
+                    None => w.u8(0),
+                    Some(word) => {
+                        w.u8(1);
+                        w.u64(word.address);
+                        w.u64(word.value);
+                    }
                 }
             }
             Body::Listed { more, entries } => {
@@ -545,7 +565,18 @@ impl Message {
                     }
                     runs.push(run);
                 }
-                Body::Attached { segment, size, first_run, total_runs, runs }
+                let valid_while = match r.u8()? {
+                    0 => None,
+                    1 if first_run == 0 => {
+                        let word = MappingWord { address: r.u64()?, value: r.u64()? };
+                        if word.address == 0 || word.address % 8 != 0 || word.address >= MAX_FRAME * PAGE_SIZE {
+                            return Err(Error::Malformed);
+                        }
+                        Some(word)
+                    }
+                    _ => return Err(Error::Malformed),
+                };
+                Body::Attached { segment, size, first_run, total_runs, runs, valid_while }
             }
             52 => Body::Found { segment: r.segment()? },
             53 => {
@@ -577,8 +608,9 @@ impl Message {
     }
 }
 
-/// Splits an attach answer into `Attached` messages of at most [`MAX_RUNS_PER_MESSAGE`] runs.
-pub fn attached_parts(segment: SegmentId, size: u64, runs: &[FrameRun]) -> Result<Vec<Body>, Error> {
+/// Splits an attach answer into `Attached` messages of at most [`MAX_RUNS_PER_MESSAGE`] runs;
+/// the first carries `valid_while`.
+pub fn attached_parts(segment: SegmentId, size: u64, runs: &[FrameRun], valid_while: Option<MappingWord>) -> Result<Vec<Body>, Error> {
     if runs.is_empty() || runs.len() > MAX_RUNS_PER_ATTACH as usize {
         return Err(Error::Invalid);
     }
@@ -592,9 +624,13 @@ pub fn attached_parts(segment: SegmentId, size: u64, runs: &[FrameRun]) -> Resul
             first_run: (i * MAX_RUNS_PER_MESSAGE) as u32,
             total_runs,
             runs: chunk.to_vec(),
+            valid_while: if i == 0 { valid_while } else { None },
         })
         .collect())
 }
+
+/// A whole attach answer's runs, and the word its first part carried.
+pub type AssembledRuns = (Vec<FrameRun>, Option<MappingWord>);
 
 /// Collects the parts of one attach answer, in order; refuses gaps, repeats, disagreement
 /// between parts, and run lists whose pages do not add up to the size asked for.
@@ -603,11 +639,13 @@ pub struct RunAssembler {
     expected: Option<(SegmentId, u64, u32)>,
     runs: Vec<FrameRun>,
     pages: u64,
+    valid_while: Option<MappingWord>,
 }
 
 impl RunAssembler {
-    /// Feeds one part; `Ok(Some(runs))` once complete. The first part's runs are kept as
-    /// they are (no copy: an answer in one part, the usual case, is handed on as decoded).
+    /// Feeds one part; `Ok(Some((runs, the first part's word)))` once complete. The first
+    /// part's runs are kept as they are (no copy: an answer in one part, the usual case, is
+    /// handed on as decoded).
     pub fn push(
         &mut self,
         segment: SegmentId,
@@ -615,14 +653,18 @@ impl RunAssembler {
         first_run: u32,
         total_runs: u32,
         runs: Vec<FrameRun>,
-    ) -> Result<Option<Vec<FrameRun>>, Error> {
+        valid_while: Option<MappingWord>,
+    ) -> Result<Option<AssembledRuns>, Error> {
         match self.expected {
             None => self.expected = Some((segment, size, total_runs)),
             Some(expected) if expected != (segment, size, total_runs) => return Err(Error::Malformed),
             Some(_) => {}
         }
-        if first_run as usize != self.runs.len() {
+        if first_run as usize != self.runs.len() || (valid_while.is_some() && first_run != 0) {
             return Err(Error::Malformed);
+        }
+        if first_run == 0 {
+            self.valid_while = valid_while;
         }
         for run in &runs {
             if !run.valid() {
@@ -642,7 +684,7 @@ impl RunAssembler {
             if self.pages != size / PAGE_SIZE {
                 return Err(Error::Malformed);
             }
-            return Ok(Some(core::mem::take(&mut self.runs)));
+            return Ok(Some((core::mem::take(&mut self.runs), self.valid_while.take())));
         }
         if self.runs.len() > total_runs as usize {
             return Err(Error::Malformed);

@@ -54,6 +54,9 @@ pub struct ChannelConfig {
     pub size: u64,
     pub vector: u8,
     pub doorbell_port: u16,
+    /// The smallest piece of RAM the host can share (`clowder.ram_page`: 4 KiB, or 2 MiB for
+    /// hugetlb-backed RAM); 4 KiB when not said or not a power of two from 4 KiB to 1 GiB.
+    pub ram_page: u64,
 }
 
 impl ChannelConfig {
@@ -65,6 +68,7 @@ impl ChannelConfig {
             size,
             vector: hex_value("clowder.channel_vector").map_or(DEFAULT_VECTOR, |vector| vector as u8),
             doorbell_port: hex_value("clowder.channel_port").map_or(DEFAULT_DOORBELL_PORT, |port| port as u16),
+            ram_page: hex_value("clowder.ram_page").filter(|page| page.is_power_of_two() && (4096..=1 << 30).contains(page)).unwrap_or(4096),
         })
     }
 }
@@ -383,7 +387,7 @@ pub fn run(config: ChannelConfig, vcpus: u16) -> ! {
     ACTIVE.store(true, Ordering::Release);
     let memory = mm::pmem::total_managed();
     with_state(|state| state.link.send(&EnclaveMessage::Hello { version: PROTOCOL_VERSION, vcpus, memory }));
-    let counter = mm::aspace::mapping_changes_physical();
+    let counter = mm::aspace::publish_mapping_changes(config.ram_page);
     with_state(|state| state.link.send(&EnclaveMessage::MappingCounter { gpa: counter }));
     // XEMEM: look for the name server (clowderd) on the channel.
     crate::xpmem::host_link::link_up();

@@ -4,7 +4,7 @@
 use super::{pmem, OwnedTables};
 use crate::arch::paging::{OutOfMemory, PageTables, Protection, Translation};
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 pub struct AddressSpace {
     tables: PageTables,
@@ -23,16 +23,38 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Every address space's maps and unmaps, and their creation and teardown, counted together
 /// and bumped before the tables change: the host reads it in guest memory (the
 /// `MappingCounter` message says where) to know that frames it had resolved for a segment
-/// are still the ones mapped, without asking this kernel again.
-static MAPPING_CHANGES: AtomicU64 = AtomicU64::new(0);
+/// are still the ones mapped, without asking this kernel again, and maps the piece of RAM
+/// holding it read-only into enclaves that attach this enclave's memory, whose kernels read it
+/// before they take a detached attachment up again (`xemem::wire::MappingWord`). So once the
+/// host is there the count moves to a piece of RAM of its own ([`publish_mapping_changes`]):
+/// nothing else of this kernel is seen there. Until then it is this word.
+static BOOT_MAPPING_CHANGES: AtomicU64 = AtomicU64::new(0);
+static MAPPING_CHANGES: AtomicPtr<AtomicU64> = AtomicPtr::new(&BOOT_MAPPING_CHANGES as *const AtomicU64 as *mut AtomicU64);
 
-/// The guest-physical address of [`MAPPING_CHANGES`].
-pub fn mapping_changes_physical() -> u64 {
-    crate::arch::phys::kernel_physical(MAPPING_CHANGES.as_ptr() as u64)
+fn mapping_changes() -> &'static AtomicU64 {
+    // SAFETY: the pointer is the boot word's or a published piece's, never freed.
+    unsafe { &*MAPPING_CHANGES.load(Ordering::Acquire) }
+}
+
+/// Moves the count to a zeroed piece of RAM of its own, `piece` bytes (the smallest the host
+/// can share: a 4 KiB page, or a 2 MiB page of hugetlb-backed RAM) aligned as much, and
+/// returns its guest-physical address; the boot word stays where it is when there is no such
+/// memory. Called once, when the channel comes up, before any job runs: nothing counts
+/// meanwhile.
+pub fn publish_mapping_changes(piece: u64) -> u64 {
+    if let Some(physical) = super::pmem::allocate(piece, piece) {
+        let published = crate::arch::phys::to_virtual(physical) as *mut AtomicU64;
+        // SAFETY: a fresh, zeroed piece of RAM that only this word uses from now on.
+        let word = unsafe { &*published };
+        word.store(BOOT_MAPPING_CHANGES.load(Ordering::Acquire) + 1, Ordering::Release);
+        MAPPING_CHANGES.store(published, Ordering::Release);
+        return physical;
+    }
+    crate::arch::phys::kernel_physical(BOOT_MAPPING_CHANGES.as_ptr() as u64)
 }
 
 fn count_mapping_change() {
-    MAPPING_CHANGES.fetch_add(1, Ordering::Release);
+    mapping_changes().fetch_add(1, Ordering::Release);
 }
 
 impl AddressSpace {

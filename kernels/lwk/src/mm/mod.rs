@@ -160,12 +160,15 @@ pub fn init(boot: &BootInfo) {
     *KERNEL_TABLES.lock() = Some(tables);
 }
 
-/// Maps one page of device registers (the xAPIC) into the physical-memory window, if RAM's
-/// mapping does not cover it already.
+/// Maps one page of device registers (the xAPIC) or of a region the host added into the
+/// physical-memory window, if RAM's mapping does not cover it already. Job threads may call it
+/// on several CPUs at once (XEMEM attaches): the kernel half's tables change under a lock.
 pub fn map_device_page(physical: u64) {
     if physical < WINDOW_END.load(core::sync::atomic::Ordering::Relaxed) {
         return;
     }
+    static KERNEL_HALF: SpinLock<()> = SpinLock::new(());
+    let _changing = KERNEL_HALF.lock();
     let mut tables = PageTables::boot();
     tables
         .map(PHYSMAP_BASE + physical, physical, PAGE_SIZE, crate::arch::paging::Protection { write: true, execute: false }, &mut PmemTables)

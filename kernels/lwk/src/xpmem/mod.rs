@@ -87,6 +87,9 @@ struct Attachment {
     alone: bool,
     /// Detached by the job, but parked: see [`park`].
     parked: bool,
+    /// The host's word for it: (guest-physical address, value) of a word that holds the value
+    /// while the host's answer holds (see [`may_park`]).
+    valid_while: Option<(u64, u64)>,
 }
 
 impl Attachment {
@@ -531,13 +534,15 @@ fn host_runs_valid(runs: &[xemem::wire::FrameRun], size: u64) -> bool {
     !runs.is_empty() && pages.checked_mul(PAGE_SIZE) == Some(size)
 }
 
-/// What an attachment is made through, and where in the segment it starts.
+/// What an attachment is made through, where in the segment it starts, and the host's word
+/// that says whether its answer still holds.
 #[derive(Clone, Copy)]
 struct Through {
     access: AccessId,
     segment: SegmentId,
     global: bool,
     offset: u64,
+    valid_while: Option<(u64, u64)>,
 }
 
 /// Maps `runs` (`size` bytes in all) into process `pid` at `fixed`, or anywhere in the window
@@ -588,8 +593,9 @@ fn map_attachment(
         return Err(Error::Exhausted);
     }
     let at = device.attachments.partition_point(|a| a.start < start);
-    let Through { access, segment, global, offset } = through;
-    device.attachments.insert(at, Attachment { pid, start, end: start + size, access, segment, revoked: false, global, offset, alone, parked: false });
+    let Through { access, segment, global, offset, valid_while } = through;
+    let attachment = Attachment { pid, start, end: start + size, access, segment, revoked: false, global, offset, alone, parked: false, valid_while };
+    device.attachments.insert(at, attachment);
     Ok(start)
 }
 
@@ -610,14 +616,16 @@ fn attach_global(pid: u64, apid: AccessId, permit: GlobalPermit, offset: u64, si
     // The frames to map: this job's own pages from its tables, or what the host added.
     enum Frames {
         Own(Vec<SourceRun>),
-        Host(Vec<xemem::wire::FrameRun>),
+        Host(Vec<xemem::wire::FrameRun>, Option<(u64, u64)>),
     }
     let frames = match (reply, own) {
         // The name server checked the permit and the range.
         (Reply::Attached { segment, .. }, Some((owner, vaddr, length))) if segment == permit.segment && offset.checked_add(size).is_some_and(|end| end <= length) => {
             resolve(owner, vaddr + offset, size).map(Frames::Own)
         }
-        (Reply::Attached { segment, runs }, None) if segment == permit.segment && host_runs_valid(&runs, size) => Some(Frames::Host(runs)),
+        (Reply::Attached { segment, runs, valid_while }, None) if segment == permit.segment && host_runs_valid(&runs, size) => {
+            Some(Frames::Host(runs, valid_while.and_then(readable_word)))
+        }
         _ => None,
     };
     let Some(frames) = frames else {
@@ -625,7 +633,11 @@ fn attach_global(pid: u64, apid: AccessId, permit: GlobalPermit, offset: u64, si
         return Err(Error::Invalid);
     };
     let writable = permit.flags == xemem::ACCESS_READ_WRITE;
-    let through = Through { access: apid, segment: permit.segment, global: true, offset };
+    let valid_while = match &frames {
+        Frames::Host(_, word) => *word,
+        Frames::Own(_) => None,
+    };
+    let through = Through { access: apid, segment: permit.segment, global: true, offset, valid_while };
     let placed = with_device(|device| {
         // The permit may have been released or revoked while the host worked.
         if held_global(device, pid, apid).is_none() {
@@ -634,10 +646,10 @@ fn attach_global(pid: u64, apid: AccessId, permit: GlobalPermit, offset: u64, si
         match &frames {
             Frames::Own(runs) => map_attachment(device, pid, runs.iter().copied(), size, fixed, through, false),
             // Mapped as they came: a copy into a vector of its own is emulated work on PVM.
-            Frames::Host(runs) => {
+            Frames::Host(runs, word) => {
                 let runs = runs.iter().map(|run| SourceRun { first: run.first, frames: run.frames, writable });
                 // Alone in its GiBs, so that a detach can park it, when it may be parked.
-                map_attachment(device, pid, runs, size, fixed, through, may_park(permit.segment))
+                map_attachment(device, pid, runs, size, fixed, through, may_park(permit.segment, word.is_some()))
             }
         }
     });
@@ -675,7 +687,7 @@ pub fn attach(raw: i64, offset: u64, size: u64, fixed: u64) -> Result<u64, Error
         let runs = owner.and_then(|owner| resolve(owner, plan.vaddr, plan.size));
         let mapped = match runs {
             Some(runs) => {
-                let through = Through { access: apid, segment: plan.segment, global: false, offset };
+                let through = Through { access: apid, segment: plan.segment, global: false, offset, valid_while: None };
                 map_attachment(device, pid, runs.iter().copied(), plan.size, fixed, through, false)
             }
             None => Err(Error::NotFound),
@@ -748,7 +760,7 @@ fn resume_parked(device: &mut Device, pid: u64, apid: AccessId, offset: u64, siz
     let rounded = size.checked_next_multiple_of(PAGE_SIZE).unwrap_or(0);
     let same = |a: &Attachment| a.offset == offset && a.end - a.start == rounded && (fixed == 0 || fixed == a.start);
     if let Some(attachment) = device.attachments.iter_mut().find(|a| a.parked && a.pid == pid && a.access == apid) {
-        if same(attachment) && offset.is_multiple_of(PAGE_SIZE) {
+        if same(attachment) && offset.is_multiple_of(PAGE_SIZE) && still_holds(attachment) {
             let (start, end) = (attachment.start, attachment.end);
             if with_job_process(pid, |process| process.memory.aspace.resume(start, end)).is_some() {
                 attachment.parked = false;
@@ -763,16 +775,33 @@ fn resume_parked(device: &mut Device, pid: u64, apid: AccessId, offset: u64, siz
     }))
 }
 
-/// Whether an attachment of `segment` may be parked: a host process's segment (the name
-/// server's daemon's broker serves it). The owner's library answers an attach with the memory
+/// Whether an attachment of `segment` may be parked. A host process's segment (the name
+/// server's daemon's broker serves it): the owner's library answers an attach with the memory
 /// it maps there, and a parked attachment keeps that memory, as one the job never detached
 /// would; memory the owner's application put under the range since is seen by a new attach
-/// only (the library's caveats, docs/xemem.md). Another enclave's segment is not parked: the
-/// daemon answers a new attach from the owner kernel's count of page-table changes, so an
-/// attach after the owner mapped memory into its segment sees it, and this kernel cannot read
-/// that count.
-fn may_park(segment: SegmentId) -> bool {
-    segment.enclave() == xemem::ids::NAME_SERVER_ENCLAVE
+/// only (the library's caveats, docs/xemem.md). Another enclave's segment when the host's
+/// answer came with its word (`with_word`): the owner kernel's count of page-table changes,
+/// which the host mapped read-only into this machine. A parked attachment whose word moved is
+/// not taken up again: the attach asks the host, and sees what the owner mapped since.
+fn may_park(segment: SegmentId, with_word: bool) -> bool {
+    segment.enclave() == xemem::ids::NAME_SERVER_ENCLAVE || with_word
+}
+
+/// The host's word (see [`may_park`]) as (guest-physical address, value), made readable
+/// through the kernel's physical-memory window; `None` if it does not lie in a region the host
+/// added (above RAM), 8-aligned.
+fn readable_word(word: xemem::wire::MappingWord) -> Option<(u64, u64)> {
+    let lies_in_host_memory = word.address >= crate::mm::ram_end() && word.address < HOST_MEMORY_LIMIT && word.address.is_multiple_of(8);
+    if !lies_in_host_memory {
+        return None;
+    }
+    crate::mm::map_device_page(word.address & !(PAGE_SIZE - 1));
+    Some((word.address, word.value))
+}
+
+/// Whether a parked attachment's answer still holds: the host's word has not moved.
+fn still_holds(attachment: &Attachment) -> bool {
+    attachment.valid_while.is_none_or(|(address, value)| crate::arch::phys::read_volatile::<u64>(address) == value)
 }
 
 /// What a detach leaves to do once the device is unlocked.
