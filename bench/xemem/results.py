@@ -184,15 +184,19 @@ def main(arguments):
         met = "yes" if row["gbs"] >= TARGET_ATTACH_GBS and row["mib"] == 1024 else "no"
         say(f"| attach of 1 GiB ≥ {TARGET_ATTACH_GBS:.0f} GB/s, 2 MiB backing (paper 12.8) | {DIRECTIONS[direction]}, "
             f"{mode_label(direction, mode)}, {size} | {row['gbs']:.2f} GB/s | {met} |")
+    # Attach + read holds for every region size measured: the row is the size where it is lowest.
     for direction in ("host-host", "host-lwk", "lwk-host", "lwk-lwk"):
         for backing in ("4k", "2m"):
-            row = find(measured, direction, backing, "read")
-            if row is None:
+            rows = [r for r in measured if r["direction"] == direction and r["backing"] == backing and r["mode"] == "read"]
+            if not rows:
                 continue
+            row = min(rows, key=read_share)
+            sizes = sorted(r["mib"] for r in rows)
+            measured_sizes = f"{sizes[0]}-{sizes[-1]} MiB" if len(sizes) > 1 else f"{sizes[0]} MiB"
             met = "yes" if read_share(row) >= TARGET_READ_SHARE else "no"
             say(f"| attach + read ≥ {100 * TARGET_READ_SHARE:.0f}% of single-core read (same run) | {DIRECTIONS[direction]}, "
-                f"{backing}, {row['mib']} MiB | {median_gbs(row):.2f} of {row['local']:.2f} GB/s (medians) = {100 * read_share(row):.0f}% "
-                f"| {met} |")
+                f"{backing}, lowest of {measured_sizes}: {row['mib']} MiB | {median_gbs(row):.2f} of {row['local']:.2f} GB/s (medians) "
+                f"= {100 * read_share(row):.0f}% | {met} |")
     say("")
 
     say("## Host process → host process")
