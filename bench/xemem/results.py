@@ -196,7 +196,7 @@ def main(arguments):
             met = "yes" if read_share(row) >= TARGET_READ_SHARE else "no"
             say(f"| attach + read ≥ {100 * TARGET_READ_SHARE:.0f}% of single-core read (same run) | {DIRECTIONS[direction]}, "
                 f"{backing}, lowest of {measured_sizes}: {row['mib']} MiB | {median_gbs(row):.2f} of {row['local']:.2f} GB/s (medians) "
-                f"= {100 * read_share(row):.0f}% | {met} |")
+                f"= {100 * read_share(row):.1f}% | {met} |")
     say("")
 
     say("## Host process → host process")

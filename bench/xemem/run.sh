@@ -22,7 +22,7 @@
 #
 #   ATTACHES=500 (attach-only iterations, the paper's count)  TOUCHES=20 (the other modes)
 #   CROSS_ATTACHES=500 (the paper's count across enclaves too)  PAIR_ATTACHES=100
-#   CROSS_TOUCHES=5 (attach + touch/read across enclaves)  SIZES="128 256 512 1024"
+#   CROSS_TOUCHES=11 (attach + touch/read across enclaves)  SIZES="128 256 512 1024"
 #   CROSS=0 skips the cross-enclave part (it needs /dev/kvm, musl-gcc and `make build`).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -35,7 +35,7 @@ count() { # NAME VALUE
 }
 attaches=$(count ATTACHES "${ATTACHES:-500}")
 touches=$(count TOUCHES "${TOUCHES:-20}")
-cross_touches=$(count CROSS_TOUCHES "${CROSS_TOUCHES:-5}")
+cross_touches=$(count CROSS_TOUCHES "${CROSS_TOUCHES:-11}")
 cross_attaches=$(count CROSS_ATTACHES "${CROSS_ATTACHES:-500}")
 pair_attaches=$(count PAIR_ATTACHES "${PAIR_ATTACHES:-100}")
 sizes=${SIZES:-"128 256 512 1024"}
