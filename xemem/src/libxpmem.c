@@ -142,10 +142,25 @@ struct segment {
 };
 
 /* Attachments this process holds. */
+/* One run of an attachment as the owner's answer named it: a range of a file. */
+struct run_identity {
+	dev_t dev;
+	ino_t ino;
+	uint64_t offset, length;
+};
+
 struct attachment {
 	uintptr_t base;
 	size_t size;
 	xpmem_apid_t apid;
+	int64_t offset; /* in the segment */
+	/* The runs it maps, for taking it up again (see park_attachment); none when it has a hole
+	 * or is too small to be worth it. */
+	struct run_identity *runs;
+	uint32_t nruns;
+	/* Detached by the application and moved where it never looks: see park_attachment. */
+	int parked;
+	uint64_t parked_order;
 };
 
 static struct backing *backings;
@@ -1007,6 +1022,7 @@ static void notify_segment(xpmem_segid_t segid)
 }
 
 static int hole_descriptor(void);
+static void drop_parked(xpmem_apid_t apid);
 
 /* Another enclave's segment is gone: every attachment made through apid now maps the empty
  * memfd instead, so touching it raises SIGBUS as after an XPMEM remove. The attachment stays
@@ -1014,6 +1030,7 @@ static int hole_descriptor(void);
 static void revoke_attachments(xpmem_apid_t apid)
 {
 	pthread_mutex_lock(&table_lock);
+	drop_parked(apid);
 	int hole = hole_descriptor();
 	for (size_t i = 0; i < attachment_count; i++) {
 		struct attachment *a = &attachments[i];
@@ -1222,6 +1239,9 @@ static void atfork_child(void)
 		if (segments[i].notify_fd >= 0)
 			close(segments[i].notify_fd);
 	segment_count = 0;
+	/* Attachments, parked ones too, are not inherited (MADV_DONTFORK). */
+	for (size_t i = 0; i < attachment_count; i++)
+		free(attachments[i].runs);
 	attachment_count = 0;
 	if (call_fd >= 0)
 		close(call_fd);
@@ -1559,7 +1579,121 @@ EXPORT int xpmem_release(xpmem_apid_t apid)
 {
 	if (use_device())
 		return (int)device_call(XPMEM_CMD_RELEASE, &apid);
+	pthread_mutex_lock(&table_lock);
+	drop_parked(apid);
+	pthread_mutex_unlock(&table_lock);
 	return permit_call(OP_RELEASE, apid);
+}
+
+/* Parked attachments. Mapping a run of a file costs a fault per page on first touch (4 KiB
+ * pages: about 0.3 us each here, three times the read of the page); an analytics code that
+ * attaches its simulation's data again at every step pays it every time. So a detach of an
+ * attachment of 2 MiB or more moves its mapping, page tables and all, out of the application's
+ * sight (mremap to a place of its own: the page-directory entries move, not the pages') and
+ * keeps it; an attach through the same permit of the same range, whose owner answers with the
+ * same runs (same files, offsets and lengths: the owner's memory is still the same), hands the
+ * kept mapping out again instead of mapping the runs anew. The owner is asked every time, as
+ * before: only the mapping is kept. The detached address is unmapped (SIGSEGV), as XPMEM's;
+ * a release, a revoke and fork (MADV_DONTFORK) drop parked mappings; at most PARKED_KEPT are
+ * kept, the oldest going first. Caller holds table_lock. */
+#define PARKED_KEPT 8
+static uint64_t parked_count_ever;
+
+static void forget_attachment(size_t index, int unmap)
+{
+	struct attachment *a = &attachments[index];
+	if (unmap)
+		munmap((void *)a->base, a->size);
+	free(a->runs);
+	attachments[index] = attachments[--attachment_count];
+}
+
+static void drop_parked(xpmem_apid_t apid)
+{
+	for (size_t i = attachment_count; i-- > 0;)
+		if (attachments[i].parked && attachments[i].apid == apid)
+			forget_attachment(i, 1);
+}
+
+static void *reserve(size_t len);
+
+/* Moves attachment `index` out of sight and keeps it; 0 when it is parked, -1 when it could
+ * not be (what is left of it at its address is the caller's to unmap). */
+static int park_attachment(size_t index)
+{
+	struct attachment *a = &attachments[index];
+	char *park = reserve(a->size);
+	if (park == MAP_FAILED)
+		return -1;
+	/* One mremap per run: each is a mapping of its own (mremap moves one at a time). */
+	uint64_t at = 0;
+	for (uint32_t i = 0; i < a->nruns; i++) {
+		if (mremap((char *)a->base + at, a->runs[i].length, a->runs[i].length, MREMAP_MAYMOVE | MREMAP_FIXED, park + at) ==
+		    MAP_FAILED) {
+			munmap(park, a->size); /* the runs moved so far; the caller unmaps the rest */
+			return -1;
+		}
+		at += a->runs[i].length;
+	}
+	a->base = (uintptr_t)park;
+	a->parked = 1;
+	a->parked_order = ++parked_count_ever;
+	size_t parked = 0, oldest = index;
+	for (size_t i = 0; i < attachment_count; i++) {
+		if (!attachments[i].parked)
+			continue;
+		parked++;
+		if (attachments[i].parked_order < attachments[oldest].parked_order)
+			oldest = i;
+	}
+	if (parked > PARKED_KEPT)
+		forget_attachment(oldest, 1);
+	return 0;
+}
+
+/* The identities of an answer's runs (none when one is a hole or a file cannot be looked at);
+ * returns how many, 0 for none. */
+static uint32_t run_identities(const struct wire_run *runs, uint32_t nruns, const int *fds, struct run_identity **out)
+{
+	*out = NULL;
+	struct run_identity *ids = calloc(nruns ? nruns : 1, sizeof *ids);
+	if (!ids)
+		return 0;
+	for (uint32_t i = 0; i < nruns; i++) {
+		struct stat st;
+		if (runs[i].fd_index == WIRE_HOLE || fstat(fds[runs[i].fd_index], &st) < 0) {
+			free(ids);
+			return 0;
+		}
+		ids[i] = (struct run_identity){ st.st_dev, st.st_ino, runs[i].offset, runs[i].length };
+	}
+	*out = ids;
+	return nruns;
+}
+
+/* The parked attachment of `apid` that maps [offset, offset + len) with exactly these runs;
+ * parked ones of `apid` that do not are dropped (the owner's memory changed). Returns its
+ * index, or -1. */
+static long take_parked(xpmem_apid_t apid, int64_t offset, size_t len, const struct run_identity *ids, uint32_t nids)
+{
+	long found = -1;
+	for (size_t i = attachment_count; i-- > 0;) {
+		struct attachment *a = &attachments[i];
+		if (!a->parked || a->apid != apid)
+			continue;
+		if (found < 0 && nids && a->offset == offset && a->size == len && a->nruns == nids &&
+		    !memcmp(a->runs, ids, nids * sizeof *ids))
+			found = (long)i;
+		else
+			forget_attachment(i, 1);
+	}
+	/* forget_attachment moves the last entry into the hole: find it again. */
+	if (found >= 0) {
+		for (size_t i = 0; i < attachment_count; i++)
+			if (attachments[i].parked && attachments[i].apid == apid)
+				return (long)i;
+	}
+	return -1;
 }
 
 static int hole_descriptor(void)
@@ -1655,7 +1789,41 @@ EXPORT void *xpmem_attach(struct xpmem_addr addr, size_t size, void *vaddr)
 			error = EINVAL;
 		free(own);
 	}
+	/* The runs' identities: a parked attachment of the same runs is handed out again. */
+	struct run_identity *ids = NULL;
+	uint32_t nids = !error && len >= HUGE_PAGE ? run_identities(runs, answer.runs, fds, &ids) : 0;
+	long parked = nids ? take_parked(addr.apid, addr.offset, len, ids, nids) : -1;
 	char *base = MAP_FAILED;
+	if (!error && parked >= 0) {
+		struct attachment *a = &attachments[parked];
+		if (fixed && fixed != a->base) {
+			/* Moved to the address asked for, run by run as it was parked. */
+			uint64_t at = 0;
+			for (uint32_t i = 0; i < a->nruns && !error; i++) {
+				if (mremap((char *)a->base + at, a->runs[i].length, a->runs[i].length, MREMAP_MAYMOVE | MREMAP_FIXED,
+					   (char *)fixed + at) == MAP_FAILED)
+					error = errno ? errno : ENOMEM;
+				at += a->runs[i].length;
+			}
+			if (error) {
+				forget_attachment((size_t)parked, 1);
+				mmap((void *)fixed, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+			} else {
+				a->base = fixed;
+			}
+		}
+		if (!error) {
+			a->parked = 0;
+			base = (char *)a->base;
+		}
+		free(ids);
+		pthread_mutex_unlock(&table_lock);
+		close_all(fds, nfds);
+		if (error)
+			goto undo;
+		pthread_mutex_unlock(&call_lock);
+		return base;
+	}
 	if (!error) {
 		base = fixed ? (char *)fixed : reserve(len);
 		if (base == MAP_FAILED)
@@ -1685,10 +1853,14 @@ EXPORT void *xpmem_attach(struct xpmem_addr addr, size_t size, void *vaddr)
 		}
 		if (grow((void **)&attachments, &attachment_capacity, attachment_count, sizeof *attachments) < 0)
 			error = ENOMEM;
-		else
-			attachments[attachment_count++] =
-				(struct attachment){ .base = (uintptr_t)base, .size = len, .apid = addr.apid };
+		else {
+			attachments[attachment_count++] = (struct attachment){
+				.base = (uintptr_t)base, .size = len, .apid = addr.apid, .offset = addr.offset, .runs = ids, .nruns = nids
+			};
+			ids = NULL;
+		}
 	}
+	free(ids);
 	if (error && base != MAP_FAILED) {
 		if (fixed)
 			mmap(base, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
@@ -1697,6 +1869,7 @@ EXPORT void *xpmem_attach(struct xpmem_addr addr, size_t size, void *vaddr)
 	}
 	pthread_mutex_unlock(&table_lock);
 	close_all(fds, nfds);
+undo:
 	if (error) {
 		/* The broker counted the attachment; take it back. */
 		struct wire_request undo = { .op = OP_DETACH, .args = { (uint64_t)addr.apid } };
@@ -1720,10 +1893,10 @@ EXPORT int xpmem_detach(void *vaddr)
 	pthread_mutex_lock(&table_lock);
 	for (size_t i = 0; i < attachment_count; i++) {
 		struct attachment a = attachments[i];
-		if (addr < a.base || addr >= a.base + a.size)
+		if (a.parked || addr < a.base || addr >= a.base + a.size)
 			continue;
-		munmap((void *)a.base, a.size);
-		attachments[i] = attachments[--attachment_count];
+		if (!a.nruns || park_attachment(i) < 0)
+			forget_attachment(i, 1);
 		pthread_mutex_unlock(&table_lock);
 		struct wire_answer answer;
 		uint64_t args[] = { (uint64_t)a.apid };

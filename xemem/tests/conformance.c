@@ -951,6 +951,74 @@ static int case_owner_munmap(void)
 	return 0;
 }
 
+/* The owner of a whole-address-space segment with 4 MiB at `at` (base 0), remapped on the
+ * attacher's word to new memory (base 500) at the same address, then removed on its next. */
+static int remapping_owner(int fd, long pages)
+{
+	xpmem_segid_t whole = xpmem_make(0, XPMEM_MAXADDR_SIZE, XPMEM_PERMIT_MODE, (void *)0600);
+	CHECK(whole > 0, "make whole");
+	int *at = anonymous(pages);
+	fill(at, pages, 0);
+	put(fd, whole);
+	put(fd, (uintptr_t)at);
+	take(fd);
+	int *again = mmap(at, pages * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+	CHECK(again == at, "remap");
+	fill(again, pages, 500);
+	put(fd, 1);
+	take(fd);
+	CHECK(xpmem_remove(whole) == 0, "remove");
+	put(fd, 1);
+	take(fd);
+	return 0;
+}
+
+/* An attachment of 2 MiB or more is parked at detach and handed out again to an attach of the
+ * same range while the owner answers with the same memory (see park_attachment in
+ * libxpmem.c): the detached address faults (SIGSEGV, as XPMEM), the second attach sees the
+ * same memory (a write through the first shows), an attach after the owner remapped the range
+ * sees the new memory, and one after the owner's remove fails. */
+static int case_reattach_parked(void)
+{
+	const long pages = 1024;
+	struct peer owner = spawn(remapping_owner, pages);
+	xpmem_segid_t segid = take(owner.fd);
+	off_t at = (off_t)take(owner.fd);
+	xpmem_apid_t apid;
+	int *first = attach_rw(segid, at, pages * PAGE, &apid);
+	expect_filled(first, pages, 0, "first attach");
+	first[3] = -3;
+	CHECK(xpmem_detach(first) == 0, "detach");
+	CHECK(touch(first, 0) == SIGSEGV, "the detached address faults with SIGSEGV");
+	struct xpmem_addr addr = { .apid = apid, .offset = at };
+	int *second = xpmem_attach(addr, pages * PAGE, NULL);
+	CHECK(second != (void *)-1, "second attach");
+	CHECK(second[3] == -3 && second[4] == 4 && second[pages * INTS_PER_PAGE - 1] == (int)(pages * INTS_PER_PAGE - 1),
+	      "the second attach maps the same memory");
+	second[3] = 3;
+	CHECK(xpmem_detach(second) == 0, "detach again");
+	/* A fixed address: the kept mapping moves there. */
+	char *spot = mmap(NULL, pages * PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	int *fixed = xpmem_attach(addr, pages * PAGE, spot);
+	CHECK(fixed == (int *)spot, "attach at a fixed address");
+	expect_filled(fixed, pages, 0, "attach at a fixed address");
+	CHECK(xpmem_detach(fixed) == 0, "detach the fixed one");
+	CHECK(touch((int *)spot, 0) == SIGSEGV, "the fixed address faults after detach");
+	put(owner.fd, 1);
+	take(owner.fd); /* remapped */
+	int *third = xpmem_attach(addr, pages * PAGE, NULL);
+	CHECK(third != (void *)-1, "attach after the owner remapped");
+	expect_filled(third, pages, 500, "attach after the owner remapped");
+	CHECK(xpmem_detach(third) == 0, "detach the third");
+	put(owner.fd, 1);
+	take(owner.fd); /* removed */
+	CHECK(xpmem_attach(addr, pages * PAGE, NULL) == (void *)-1, "attach after remove fails");
+	xpmem_release(apid);
+	put(owner.fd, 1);
+	reap(owner);
+	return 0;
+}
+
 /* A self attachment of a whole-address-space segment raises SIGBUS after remove, and the
  * source keeps its data (the attachment is not mistaken for the owner's memory). */
 static int case_self_attach_remove(void)
@@ -1136,6 +1204,7 @@ static const struct test_case cases[] = {
 	{ "concurrent_conversion", case_concurrent_conversion },
 	{ "names_and_signals", case_names_and_signals },
 	{ "owner_munmap", case_owner_munmap },
+	{ "reattach_parked", case_reattach_parked },
 	{ "self_attach_remove", case_self_attach_remove },
 	{ "device_backend", case_device_backend },
 	{ "misnamed_backend", case_misnamed_backend },
