@@ -9,11 +9,6 @@ pub fn to_virtual(physical: u64) -> u64 {
     PHYSMAP_BASE + physical
 }
 
-/// The physical address of a kernel image address (a static's).
-pub fn kernel_physical(virtual_address: u64) -> u64 {
-    virtual_address - KERNEL_VMA
-}
-
 extern "C" {
     static kernel_phys_start: u8;
     static kernel_phys_end: u8;

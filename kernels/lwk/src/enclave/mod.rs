@@ -387,8 +387,11 @@ pub fn run(config: ChannelConfig, vcpus: u16) -> ! {
     ACTIVE.store(true, Ordering::Release);
     let memory = mm::pmem::total_managed();
     with_state(|state| state.link.send(&EnclaveMessage::Hello { version: PROTOCOL_VERSION, vcpus, memory }));
-    let counter = mm::aspace::publish_mapping_changes(config.ram_page);
-    with_state(|state| state.link.send(&EnclaveMessage::MappingCounter { gpa: counter }));
+    // Without it the host asks this kernel for every attach of its memory, and never parks one.
+    match mm::aspace::publish_mapping_changes(config.ram_page) {
+        Some(counter) => with_state(|state| state.link.send(&EnclaveMessage::MappingCounter { gpa: counter })),
+        None => log!("no {:#x} bytes of RAM for the count of page-table changes: not published", config.ram_page),
+    }
     // XEMEM: look for the name server (clowderd) on the channel.
     crate::xpmem::host_link::link_up();
     with_state(State::send_queued_xemem);

@@ -38,19 +38,18 @@ fn mapping_changes() -> &'static AtomicU64 {
 
 /// Moves the count to a zeroed piece of RAM of its own, `piece` bytes (the smallest the host
 /// can share: a 4 KiB page, or a 2 MiB page of hugetlb-backed RAM) aligned as much, and
-/// returns its guest-physical address; the boot word stays where it is when there is no such
-/// memory. Called once, when the channel comes up, before any job runs: nothing counts
+/// returns its guest-physical address. `None` when there is no such memory: the count stays
+/// in the boot word, which is not published (the piece of RAM around it holds the kernel's
+/// own data). Called once, when the channel comes up, before any job runs: nothing counts
 /// meanwhile.
-pub fn publish_mapping_changes(piece: u64) -> u64 {
-    if let Some(physical) = super::pmem::allocate(piece, piece) {
-        let published = crate::arch::phys::to_virtual(physical) as *mut AtomicU64;
-        // SAFETY: a fresh, zeroed piece of RAM that only this word uses from now on.
-        let word = unsafe { &*published };
-        word.store(BOOT_MAPPING_CHANGES.load(Ordering::Acquire) + 1, Ordering::Release);
-        MAPPING_CHANGES.store(published, Ordering::Release);
-        return physical;
-    }
-    crate::arch::phys::kernel_physical(BOOT_MAPPING_CHANGES.as_ptr() as u64)
+pub fn publish_mapping_changes(piece: u64) -> Option<u64> {
+    let physical = super::pmem::allocate(piece, piece)?;
+    let published = crate::arch::phys::to_virtual(physical) as *mut AtomicU64;
+    // SAFETY: a fresh, zeroed piece of RAM that only this word uses from now on.
+    let word = unsafe { &*published };
+    word.store(BOOT_MAPPING_CHANGES.load(Ordering::Acquire) + 1, Ordering::Release);
+    MAPPING_CHANGES.store(published, Ordering::Release);
+    Some(physical)
 }
 
 fn count_mapping_change() {
