@@ -719,10 +719,10 @@ pub enum Detached {
 /// process's or the job's end releases its permits) detaches it at the host. Only an attach
 /// of the same range gets it back; an attach of another range through the permit, or one at
 /// a fixed address in its GiBs, first drops it and detaches it at the host (the host keeps
-/// one attachment per permit). What it maps is what the host answered for it: memory the
-/// owner put under the range after the detach is not seen by the next attach (the host keeps
-/// the memory it answered with while the attachment stands, as it does for an attachment the
-/// job never detached).
+/// one attachment per permit). What it maps is what the host answered for it, taken up again
+/// only while that still holds as far as [`may_park`] can tell: for another enclave's segment,
+/// while the owner kernel's count of page-table changes has not moved; for a host process's,
+/// as an attachment the job never detached would keep it.
 fn park(device: &mut Device, index: usize) -> bool {
     let attachment = &device.attachments[index];
     let (pid, start, end) = (attachment.pid, attachment.start, attachment.end);
