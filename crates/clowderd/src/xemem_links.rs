@@ -39,7 +39,7 @@ use xemem::{Credentials, Error, NameServer, Principal};
 
 use crate::guest_ram::GuestRam;
 use crate::machine::{RegionAccess, SharedRegion};
-use crate::xemem_peer::{CountBlock, FrameSource};
+use crate::xemem_peer::FrameSource;
 
 /// How long a host-side request may wait for the enclaves' answers.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -414,7 +414,7 @@ impl XememLinks {
     /// had). Any failure detaches again.
     fn attach_enclave_memory(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Result<(SegmentId, Vec<xemem_host::EnclaveRun>, Option<OwnerCount>), Error> {
         let (segment, runs, stable) = self.owner_runs(process, access, offset, size)?;
-        let count = stable.and_then(|(ram, value)| Some(OwnerCount { block: ram.mapping_changes_block()?, value }));
+        let count = stable.map(|(ram, value)| OwnerCount { ram, value });
         let checked = self.owner_ram(segment).ok_or(Error::Unreachable).and_then(|ram| file_runs(&*ram, &runs));
         let runs = match checked {
             Ok(runs) => runs,
@@ -793,10 +793,10 @@ struct BridgedAttachment {
 /// and its count of page-table changes the frames hold while.
 type OwnerAnswer = (SegmentId, Vec<FrameRun>, Option<(Arc<dyn FrameSource>, u64)>);
 
-/// An owner enclave's count of page-table changes: where it lies, and the value an answer
+/// An owner enclave's count of page-table changes: the RAM it lies in, and the value an answer
 /// holds while.
 struct OwnerCount {
-    block: CountBlock,
+    ram: Arc<dyn FrameSource>,
     value: u64,
 }
 
@@ -836,10 +836,11 @@ impl BridgedAttachment {
     /// `None` without a count, or when the region cannot be added (the answer is then simply
     /// not used again).
     fn valid_while(&mut self, count: Option<OwnerCount>, regions: &dyn GuestRegions) -> Option<MappingWord> {
-        let OwnerCount { block, value } = count?;
+        let OwnerCount { ram, value } = count?;
         let address = match self.count_at {
             Some(address) => address,
             None => {
+                let block = ram.mapping_changes_block()?;
                 let region = regions.add(&block.file, block.offset, block.len, RegionAccess::ReadOnly).ok()?;
                 self.regions.push(region);
                 let address = region.gpa.checked_add(block.word)?;
