@@ -756,13 +756,13 @@ static int add_backing(int fd, size_t len)
 	return 0;
 }
 
-/* Converts the private writable memory in [lo, hi) to memfd backing. table_lock held. */
-static void convert_range(uintptr_t lo, uintptr_t hi)
+/* Converts the private writable memory in [lo, hi) to memfd backing, given the process's
+ * mappings; returns whether it moved any (the mappings are then out of date). table_lock held. */
+static int convert_range(const struct mapping *maps, size_t count, uintptr_t lo, uintptr_t hi)
 {
-	size_t count;
-	struct mapping *maps = read_maps(lo, hi, &count);
+	int moved = 0;
 	for (size_t i = 0; i < count; i++) {
-		if (!convertible(&maps[i]))
+		if (maps[i].end <= lo || maps[i].start >= hi || !convertible(&maps[i]))
 			continue;
 		uintptr_t start = maps[i].start > lo ? maps[i].start : lo;
 		uintptr_t end = maps[i].end < hi ? maps[i].end : hi;
@@ -774,11 +774,12 @@ static void convert_range(uintptr_t lo, uintptr_t hi)
 				continue;
 			size_t len = parts[k][1] - parts[k][0];
 			int fd = move_to_memfd(parts[k][0], len, prot);
+			moved = 1;
 			if (fd >= 0 && add_backing(fd, len) < 0)
 				close(fd); /* the mapping stays shared; it just cannot be revoked */
 		}
 	}
-	free(maps);
+	return moved;
 }
 
 static int overlaps_attachment(uintptr_t lo, uintptr_t hi);
@@ -791,11 +792,9 @@ static struct backing *backing_for(unsigned major, unsigned minor, unsigned long
 	return NULL;
 }
 
-/* Where the backings are mapped now, within [lo, hi). Returns a malloc'd array. */
-static struct placement *placements(uintptr_t lo, uintptr_t hi, size_t *count)
+/* Where the backings are mapped, among the mappings given. Returns a malloc'd array. */
+static struct placement *placements_among(const struct mapping *maps, size_t nmaps, size_t *count)
 {
-	size_t nmaps;
-	struct mapping *maps = read_maps(lo, hi, &nmaps);
 	struct placement *list = malloc((nmaps ? nmaps : 1) * sizeof *list);
 	*count = 0;
 	for (size_t i = 0; list && i < nmaps; i++) {
@@ -807,6 +806,15 @@ static struct placement *placements(uintptr_t lo, uintptr_t hi, size_t *count)
 							       .offset = maps[i].offset, .prot = prot_of(&maps[i]),
 							       .backing = (size_t)(b - backings) };
 	}
+	return list;
+}
+
+/* Where the backings are mapped now, within [lo, hi). Returns a malloc'd array. */
+static struct placement *placements(uintptr_t lo, uintptr_t hi, size_t *count)
+{
+	size_t nmaps;
+	struct mapping *maps = read_maps(lo, hi, &nmaps);
+	struct placement *list = placements_among(maps, nmaps, count);
 	free(maps);
 	return list;
 }
@@ -823,16 +831,17 @@ static int by_offset(const void *a, const void *b)
 	return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-/* Frees converted memory the application has unmapped since it was converted: a backing no
- * longer mapped anywhere is truncated (its attachers see SIGBUS, as XPMEM gives after the
- * owner's munmap) and closed; parts of a backing no longer mapped are punched out (attachers
- * read zeros there). Run before every make, attach service and remove. table_lock held. */
-static void prune_backings(void)
+/* Frees converted memory the application has unmapped since it was converted, given all the
+ * process's mappings: a backing no longer mapped anywhere is truncated (its attachers see
+ * SIGBUS, as XPMEM gives after the owner's munmap) and closed; parts of a backing no longer
+ * mapped are punched out (attachers read zeros there). Run before every make, attach service
+ * and remove. table_lock held. */
+static void prune_backings(const struct mapping *maps, size_t nmaps)
 {
 	if (backing_count == 0)
 		return;
 	size_t count;
-	struct placement *all = placements(0, UINTPTR_MAX, &count);
+	struct placement *all = placements_among(maps, nmaps, &count);
 	if (!all)
 		return;
 	struct placement *mine = malloc((count ? count : 1) * sizeof *mine);
@@ -867,6 +876,20 @@ static void prune_backings(void)
 	}
 	free(mine);
 	free(all);
+}
+
+/* Prunes the backings and converts the private memory in [lo, hi); returns all the process's
+ * mappings as they are then (a malloc'd array). One read of /proc/self/maps unless memory was
+ * converted: the kernel's text of it costs ~20 us, and every attach pays this. table_lock held. */
+static struct mapping *prepared_maps(uintptr_t lo, uintptr_t hi, size_t *count)
+{
+	struct mapping *maps = read_maps(0, UINTPTR_MAX, count);
+	prune_backings(maps, *count);
+	if (convert_range(maps, *count, lo, hi)) {
+		free(maps);
+		maps = read_maps(0, UINTPTR_MAX, count);
+	}
+	return maps;
 }
 
 /* An open descriptor of this process for the file (major:minor, inode), or -1. */
@@ -939,14 +962,14 @@ static int fetch_add(struct fetch *f, uint32_t fd_index, uint32_t flags, uint64_
 static int resolve(uintptr_t lo, uintptr_t hi, struct fetch *f)
 {
 	pthread_mutex_lock(&table_lock);
-	prune_backings();
-	convert_range(lo, hi);
 	size_t count;
-	struct mapping *maps = read_maps(lo, hi, &count);
+	struct mapping *maps = prepared_maps(lo, hi, &count);
 	uintptr_t cursor = lo;
 	int failed = 0;
 	for (size_t i = 0; i < count && !failed; i++) {
 		struct mapping *m = &maps[i];
+		if (m->end <= lo || m->start >= hi)
+			continue;
 		uintptr_t start = m->start > lo ? m->start : lo;
 		uintptr_t end = m->end < hi ? m->end : hi;
 		if (start > cursor)
@@ -1387,8 +1410,8 @@ static xpmem_segid_t make(void *vaddr, size_t size, int permit_type, void *permi
 	if (size != XPMEM_MAXADDR_SIZE) {
 		/* An explicit range is converted now; the whole address space lazily, per attach. */
 		pthread_mutex_lock(&table_lock);
-		prune_backings();
-		convert_range(addr, addr + size);
+		size_t count;
+		free(prepared_maps(addr, addr + size, &count));
 		pthread_mutex_unlock(&table_lock);
 	}
 	struct wire_answer answer;
@@ -1531,7 +1554,10 @@ EXPORT int xpmem_remove(xpmem_segid_t segid)
 	for (size_t i = 0; i < segment_count; i++) {
 		if (segments[i].segid != segid)
 			continue;
-		prune_backings();
+		size_t count;
+		struct mapping *maps = read_maps(0, UINTPTR_MAX, &count);
+		prune_backings(maps, count);
+		free(maps);
 		revoke_range(segments[i].vaddr, segments[i].vaddr + segments[i].size);
 		if (segments[i].notify_fd >= 0)
 			close(segments[i].notify_fd);
