@@ -836,6 +836,12 @@ struct Forgotten {
 
 static NEXT_SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
+thread_local! {
+    /// Where owners' answers are received, one per broker thread: an answer may take
+    /// MAX_PACKET (128 KiB), too large to allocate, fault in and free on every attach.
+    static ANSWER_BUFFER: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; wire::MAX_PACKET]);
+}
+
 /// One request to an owner's serving connection and its answer (with descriptors). Each request
 /// carries a fresh sequence number in its last argument, echoed in the answer's last result:
 /// a late answer to a request that timed out is read and dropped, never taken for the answer
@@ -853,15 +859,14 @@ fn ask_owner_within(server: &Server, request: &Request, patience: Duration) -> R
     let mut request = request.clone();
     request.args[wire::SEQUENCE_ARG] = sequence;
     sys::send(&connection, &request.encode(), &[]).map_err(|_| Error::NotFound)?;
-    let mut buffer = vec![0u8; wire::MAX_PACKET];
-    let (answer, fds) = loop {
+    let (answer, fds) = ANSWER_BUFFER.with_borrow_mut(|buffer| loop {
         if let Some(deadline) = deadline {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if !sys::wait_readable(&connection, left).map_err(|_| Error::Malformed)? {
                 return Err(Error::Unreachable);
             }
         }
-        let (length, fds) = match sys::receive(&connection, &mut buffer) {
+        let (length, fds) = match sys::receive(&connection, buffer) {
             Ok((0, _)) => return Err(Error::NotFound), // the owner is gone
             Ok(packet) => packet,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(Error::Unreachable),
@@ -869,10 +874,10 @@ fn ask_owner_within(server: &Server, request: &Request, patience: Duration) -> R
         };
         let answer = Answer::decode(&buffer[..length], fds.len())?;
         if answer.results[wire::SEQUENCE_RESULT] == sequence {
-            break (answer, fds);
+            break Ok((answer, fds));
         }
         // A stale answer: its descriptors are closed as `fds` drops.
-    };
+    })?;
     if answer.op != request.op {
         return Err(Error::Malformed);
     }
