@@ -5,7 +5,8 @@
  * guest-physical regions. It checks the owner's pattern (page i starts with 2000 + i), detaches,
  * checks that the detached address faults (SIGSEGV: the kernel parked the attachment, see
  * `park` in kernels/lwk/src/xpmem/mod.rs), and attaches again: the kernel resumes the parked
- * attachment at the same address without asking the host. It detaches, attaches another range
+ * attachment at the same address without asking the host (the attach command through another
+ * descriptor is ENOTTY and leaves it parked). It detaches, attaches another range
  * through the same permit (all but the first page: the kernel first detaches the parked one
  * at the host, which keeps one attachment per permit), and the whole segment again (the daemon
  * adds it anew), writes 43 into word 1 of page 0 for the owner to see, and detaches. The owner
@@ -20,6 +21,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 #include <xpmem.h>
 #include "attach_segment.h"
@@ -71,6 +73,12 @@ int main(int argc, char **argv)
 	printf("detach: %d\n", xpmem_detach((void *)view));
 	printf("the detached view faults: %d (first page), %d (last page)\n", read_faults(view),
 	       read_faults(view + (pages - 1) * PAGE / 8));
+
+	/* The attach command on a descriptor that is not /dev/xpmem (standard output) is ENOTTY,
+	 * and leaves the parked attachment parked. */
+	struct xpmem_cmd_attach through_stdout = { .apid = apid, .offset = 0, .size = pages * PAGE };
+	int not_a_device = ioctl(1, XPMEM_CMD_ATTACH, &through_stdout) == -1 && errno == ENOTTY;
+	printf("the attach command through standard output: ENOTTY %d, still parked %d\n", not_a_device, read_faults(view));
 
 	/* Again: the parked attachment comes back where it was. */
 	struct xpmem_addr address = { .apid = apid, .offset = 0 };

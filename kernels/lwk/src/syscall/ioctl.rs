@@ -7,6 +7,9 @@ use crate::job;
 use crate::job::descriptors::Descriptor;
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
+    if let Some(result) = crate::xpmem::resume_attach(call.args[0], call.args[1], call.args[2]) {
+        return result;
+    }
     let is_xpmem = job::with_process(|process| process.descriptors.get(call.args[0]).map(|open| matches!(*open, Descriptor::Xpmem)));
     match is_xpmem {
         Some(true) => crate::xpmem::ioctl(call.args[1], call.args[2]),

@@ -35,7 +35,7 @@ use xemem::ids::{AccessId, SegmentId};
 use xemem::node::{Reply, Request};
 use xemem::{Credentials, Error, NameServer, Owner, Principal};
 
-pub use commands::ioctl;
+pub use commands::{ioctl, resume_attach};
 
 /// The path the job opens; `libxpmem` switches to its ioctl backend when it opens.
 pub const DEVICE_PATH: &str = "/dev/xpmem";
@@ -667,13 +667,8 @@ pub fn attach(raw: i64, offset: u64, size: u64, fixed: u64) -> Result<u64, Error
     if !fixed.is_multiple_of(PAGE_SIZE) {
         return Err(Error::Invalid);
     }
-    match with_device(|device| resume_parked(device, pid, apid, offset, size, fixed)) {
-        Ok(address) => return Ok(address),
-        Err(dropped) => {
-            for (process, access) in dropped {
-                let _ = host_link::direct(Request::Detach { process, access });
-            }
-        }
+    for (process, access) in with_device(|device| drop_parked_in_the_way(device, pid, apid, size, fixed)) {
+        let _ = host_link::direct(Request::Detach { process, access });
     }
     if let Some(permit) = with_device(|device| device.global_permits.get(&apid.raw()).copied()) {
         if permit.pid != pid {
@@ -752,27 +747,42 @@ fn drop_parked_where(device: &mut Device, which: impl Fn(&Attachment) -> bool) -
     dropped
 }
 
-/// An attach by `pid` through `apid` of `[offset, offset + size)` at `fixed` (0: anywhere)
-/// meets the parked attachments: the one of the same range comes back (its address), or any
-/// parked one in the way (another range through the permit, or in the GiBs a fixed address
-/// falls in) is dropped; `Err` gives their permits, to be detached at the host.
-fn resume_parked(device: &mut Device, pid: u64, apid: AccessId, offset: u64, size: u64, fixed: u64) -> Result<u64, Vec<(u64, AccessId)>> {
-    let rounded = size.checked_next_multiple_of(PAGE_SIZE).unwrap_or(0);
-    let same = |a: &Attachment| a.offset == offset && a.end - a.start == rounded && (fixed == 0 || fixed == a.start);
-    if let Some(attachment) = device.attachments.iter_mut().find(|a| a.parked && a.pid == pid && a.access == apid) {
-        if same(attachment) && offset.is_multiple_of(PAGE_SIZE) && still_holds(attachment) {
-            let (start, end) = (attachment.start, attachment.end);
-            if with_job_process(pid, |process| process.memory.aspace.resume(start, end)).is_some() {
-                attachment.parked = false;
-                return Ok(start);
-            }
-        }
+/// The attach of the same range through the same permit, by the calling process, at `fixed`
+/// (0: anywhere) or where it was, through descriptor `fd` of `/dev/xpmem`, when it is parked
+/// and its answer still holds: takes it up again and returns its address, on as few kernel
+/// instructions as it can (the device and the process are each looked up once, the descriptor
+/// checked on the way). `None` for anything else: the general path ([`attach`]) answers it.
+pub fn resume_same(fd: u64, raw: i64, offset: u64, size: u64, fixed: u64) -> Option<u64> {
+    let pid = caller();
+    let rounded = size.checked_next_multiple_of(PAGE_SIZE)?;
+    let mut device = DEVICE.lock();
+    let attachment = device.as_mut()?.attachments.iter_mut().find(|a| a.parked && a.pid == pid && a.access.raw() == raw)?;
+    let same = attachment.offset == offset && attachment.end - attachment.start == rounded && (fixed == 0 || fixed == attachment.start);
+    if !same || !offset.is_multiple_of(PAGE_SIZE) || !still_holds(attachment) {
+        return None;
     }
-    let fixed_end = fixed.saturating_add(rounded);
-    Err(drop_parked_where(device, |a| {
+    let (start, end) = (attachment.start, attachment.end);
+    let resumed = with_job_process(pid, |process| {
+        let through_device = process.descriptors.get(fd).is_some_and(|open| matches!(*open, job::descriptors::Descriptor::Xpmem));
+        if through_device {
+            process.memory.aspace.resume(start, end);
+        }
+        through_device
+    })?;
+    attachment.parked = !resumed;
+    resumed.then_some(start)
+}
+
+/// An attach by `pid` through `apid` of `[offset, offset + size)` at `fixed` (0: anywhere)
+/// that [`resume_same`] did not answer: any parked attachment in its way (of the permit, whose
+/// range or answer differs, or in the GiBs a fixed address falls in) is dropped; returns their
+/// permits, to be detached at the host.
+fn drop_parked_in_the_way(device: &mut Device, pid: u64, apid: AccessId, size: u64, fixed: u64) -> Vec<(u64, AccessId)> {
+    let fixed_end = fixed.saturating_add(size.checked_next_multiple_of(PAGE_SIZE).unwrap_or(0));
+    drop_parked_where(device, |a| {
         let (from, to) = a.reserved();
         a.pid == pid && (a.access == apid || (fixed != 0 && from < fixed_end && fixed < to))
-    }))
+    })
 }
 
 /// Whether an attachment of `segment` may be parked. A host process's segment (the name
