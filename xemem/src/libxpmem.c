@@ -395,8 +395,9 @@ struct mapping {
 	int after_guard; /* directly above a PROT_NONE mapping: how glibc lays out thread stacks */
 };
 
-/* Reads the mappings overlapping [lo, hi). Returns a malloc'd array (count in *count). */
-static struct mapping *read_maps(uintptr_t lo, uintptr_t hi, size_t *count)
+/* The text of /proc/self/maps, the mappings overlapping [lo, hi): what read_maps falls back
+ * to on kernels without PROCMAP_QUERY. Returns a malloc'd array (count in *count). */
+static struct mapping *parse_maps_text(uintptr_t lo, uintptr_t hi, size_t *count)
 {
 	*count = 0;
 	FILE *maps = fopen("/proc/self/maps", "re");
@@ -428,6 +429,119 @@ static struct mapping *read_maps(uintptr_t lo, uintptr_t hi, size_t *count)
 	}
 	fclose(maps);
 	return list;
+}
+
+/* PROCMAP_QUERY (Linux 6.11, <linux/fs.h>, which older headers lack): one mapping of
+ * /proc/self/maps by address, as numbers. Each attach an owner serves looks at its mappings;
+ * the text of all of them costs the kernel ~20 us to write (~100 us with cold caches), a query
+ * of the one or two in the range a few. */
+#define PROCMAP_QUERY_IOCTL 0xc0686611UL /* _IOWR('f', 17, struct procmap_query) */
+enum {
+	QUERY_READABLE = 0x01, QUERY_WRITABLE = 0x02, QUERY_EXECUTABLE = 0x04, QUERY_SHARED = 0x08,
+	QUERY_COVERING_OR_NEXT = 0x10, QUERY_FILE_BACKED = 0x20,
+};
+struct procmap_query {
+	uint64_t size, query_flags, query_addr;
+	uint64_t vma_start, vma_end, vma_flags, vma_page_size, vma_offset, inode;
+	uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
+	uint64_t vma_name_addr, build_id_addr;
+};
+/* Set once a query failed as on a kernel without PROCMAP_QUERY, or from the start with
+ * CLOWDER_XEMEM_MAPS=text (so that tests run the text path too): the text from then on. */
+static _Atomic int maps_query_missing = -1;
+
+/* The mapping at or above `at` that has every QUERY_ flag in `required`, into *m (with its name
+ * when `named` and it fits in m->path: only the kernel's own short names matter); 0, or -1
+ * with errno (ENOENT: none). */
+static int query_mapping(int fd, uintptr_t at, uint64_t required, int named, struct mapping *m)
+{
+	*m = (struct mapping){ 0 };
+	struct procmap_query q = { .size = sizeof q, .query_flags = QUERY_COVERING_OR_NEXT | required, .query_addr = at };
+	if (named) {
+		q.vma_name_addr = (uintptr_t)m->path;
+		q.vma_name_size = sizeof m->path;
+	}
+	int result = ioctl(fd, PROCMAP_QUERY_IOCTL, &q);
+	if (result < 0 && errno == ENAMETOOLONG) {
+		q.vma_name_addr = 0;
+		q.vma_name_size = 0;
+		result = ioctl(fd, PROCMAP_QUERY_IOCTL, &q);
+	}
+	if (result < 0)
+		return -1;
+	m->start = q.vma_start;
+	m->end = q.vma_end;
+	m->perms[0] = q.vma_flags & QUERY_READABLE ? 'r' : '-';
+	m->perms[1] = q.vma_flags & QUERY_WRITABLE ? 'w' : '-';
+	m->perms[2] = q.vma_flags & QUERY_EXECUTABLE ? 'x' : '-';
+	m->perms[3] = q.vma_flags & QUERY_SHARED ? 's' : 'p';
+	m->offset = q.vma_offset;
+	m->major = q.dev_major;
+	m->minor = q.dev_minor;
+	m->inode = q.inode;
+	return 0;
+}
+
+/* The mappings overlapping [lo, hi) that have every QUERY_ flag in `required`, by
+ * PROCMAP_QUERY; NULL with *missing set when this kernel has none. */
+static struct mapping *query_maps(uintptr_t lo, uintptr_t hi, uint64_t required, size_t *count, int *missing)
+{
+	*count = 0;
+	*missing = 0;
+	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return NULL;
+	struct mapping *list = NULL;
+	size_t capacity = 0;
+	for (uintptr_t at = lo; at < hi;) {
+		struct mapping m;
+		if (query_mapping(fd, at, required, !required, &m) < 0) {
+			if (errno != ENOENT) {
+				*missing = errno == ENOTTY || errno == EINVAL;
+				free(list);
+				list = NULL;
+				*count = 0;
+			}
+			break;
+		}
+		if (m.start >= hi)
+			break;
+		/* Directly above a "---p" mapping: see struct mapping. */
+		struct mapping below;
+		if (!required && m.start > 0 && query_mapping(fd, m.start - 1, 0, 0, &below) == 0)
+			m.after_guard = below.end == m.start && !strcmp(below.perms, "---p");
+		if (grow((void **)&list, &capacity, *count, sizeof *list) < 0)
+			break;
+		list[(*count)++] = m;
+		at = m.end;
+	}
+	close(fd);
+	return list;
+}
+
+/* Reads the mappings overlapping [lo, hi) that have every QUERY_ flag in `required` (the
+ * text's mappings are all returned: callers look at what they need). Returns a malloc'd array
+ * (count in *count). */
+static struct mapping *read_maps_with(uintptr_t lo, uintptr_t hi, uint64_t required, size_t *count)
+{
+	if (maps_query_missing < 0) {
+		const char *forced = getenv("CLOWDER_XEMEM_MAPS");
+		maps_query_missing = forced && !strcmp(forced, "text");
+	}
+	if (!maps_query_missing) {
+		int missing;
+		struct mapping *list = query_maps(lo, hi, required, count, &missing);
+		if (!missing)
+			return list;
+		maps_query_missing = 1;
+	}
+	return parse_maps_text(lo, hi, count);
+}
+
+/* Reads the mappings overlapping [lo, hi). Returns a malloc'd array (count in *count). */
+static struct mapping *read_maps(uintptr_t lo, uintptr_t hi, size_t *count)
+{
+	return read_maps_with(lo, hi, 0, count);
 }
 
 static int special_mapping(const struct mapping *m)
@@ -809,11 +923,17 @@ static struct placement *placements_among(const struct mapping *maps, size_t nma
 	return list;
 }
 
+/* The shared file mappings overlapping [lo, hi): where backings can be. */
+static struct mapping *read_shared_file_maps(uintptr_t lo, uintptr_t hi, size_t *count)
+{
+	return read_maps_with(lo, hi, QUERY_SHARED | QUERY_FILE_BACKED, count);
+}
+
 /* Where the backings are mapped now, within [lo, hi). Returns a malloc'd array. */
 static struct placement *placements(uintptr_t lo, uintptr_t hi, size_t *count)
 {
 	size_t nmaps;
-	struct mapping *maps = read_maps(lo, hi, &nmaps);
+	struct mapping *maps = read_shared_file_maps(lo, hi, &nmaps);
 	struct placement *list = placements_among(maps, nmaps, count);
 	free(maps);
 	return list;
@@ -878,16 +998,19 @@ static void prune_backings(const struct mapping *maps, size_t nmaps)
 	free(all);
 }
 
-/* Prunes the backings and converts the private memory in [lo, hi); returns all the process's
- * mappings as they are then (a malloc'd array). One read of /proc/self/maps unless memory was
- * converted: the kernel's text of it costs ~20 us, and every attach pays this. table_lock held. */
+/* Prunes the backings (given the shared file mappings) and converts the private memory in
+ * [lo, hi); returns the mappings overlapping [lo, hi) as they are then (a malloc'd array).
+ * Every attach an owner serves pays this: each look at the mappings is read once.
+ * table_lock held. */
 static struct mapping *prepared_maps(uintptr_t lo, uintptr_t hi, size_t *count)
 {
-	struct mapping *maps = read_maps(0, UINTPTR_MAX, count);
-	prune_backings(maps, *count);
+	struct mapping *shared = read_shared_file_maps(0, UINTPTR_MAX, count);
+	prune_backings(shared, *count);
+	free(shared);
+	struct mapping *maps = read_maps(lo, hi, count);
 	if (convert_range(maps, *count, lo, hi)) {
 		free(maps);
-		maps = read_maps(0, UINTPTR_MAX, count);
+		maps = read_maps(lo, hi, count);
 	}
 	return maps;
 }
@@ -1555,9 +1678,9 @@ EXPORT int xpmem_remove(xpmem_segid_t segid)
 		if (segments[i].segid != segid)
 			continue;
 		size_t count;
-		struct mapping *maps = read_maps(0, UINTPTR_MAX, &count);
-		prune_backings(maps, count);
-		free(maps);
+		struct mapping *shared = read_shared_file_maps(0, UINTPTR_MAX, &count);
+		prune_backings(shared, count);
+		free(shared);
 		revoke_range(segments[i].vaddr, segments[i].vaddr + segments[i].size);
 		if (segments[i].notify_fd >= 0)
 			close(segments[i].notify_fd);
