@@ -482,6 +482,8 @@ static int query_mapping(int fd, uintptr_t at, uint64_t required, int named, str
 	return 0;
 }
 
+static int convertible(const struct mapping *m);
+
 /* The mappings overlapping [lo, hi) that have every QUERY_ flag in `required`, by
  * PROCMAP_QUERY; NULL with *missing set when this kernel has none. */
 static struct mapping *query_maps(uintptr_t lo, uintptr_t hi, uint64_t required, size_t *count, int *missing)
@@ -506,9 +508,9 @@ static struct mapping *query_maps(uintptr_t lo, uintptr_t hi, uint64_t required,
 		}
 		if (m.start >= hi)
 			break;
-		/* Directly above a "---p" mapping: see struct mapping. */
+		/* Directly above a "---p" mapping: see struct mapping (only convertible memory asks). */
 		struct mapping below;
-		if (!required && m.start > 0 && query_mapping(fd, m.start - 1, 0, 0, &below) == 0)
+		if (!required && convertible(&m) && m.start > 0 && query_mapping(fd, m.start - 1, 0, 0, &below) == 0)
 			m.after_guard = below.end == m.start && !strcmp(below.perms, "---p");
 		if (grow((void **)&list, &capacity, *count, sizeof *list) < 0)
 			break;
