@@ -141,7 +141,6 @@ struct segment {
 	int notify_fd;
 };
 
-/* Attachments this process holds. */
 /* One run of an attachment as the owner's answer named it: a range of a file. */
 struct run_identity {
 	dev_t dev;
@@ -149,6 +148,7 @@ struct run_identity {
 	uint64_t offset, length;
 };
 
+/* Attachments this process holds. */
 struct attachment {
 	uintptr_t base;
 	size_t size;
@@ -953,8 +953,8 @@ static int by_offset(const void *a, const void *b)
 	return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-/* Frees converted memory the application has unmapped since it was converted, given all the
- * process's mappings: a backing no longer mapped anywhere is truncated (its attachers see
+/* Frees converted memory the application has unmapped since it was converted, given the
+ * process's shared file mappings (at least: others are passed over): a backing no longer mapped anywhere is truncated (its attachers see
  * SIGBUS, as XPMEM gives after the owner's munmap) and closed; parts of a backing no longer
  * mapped are punched out (attachers read zeros there). Run before every make, attach service
  * and remove. table_lock held. */
@@ -1768,6 +1768,21 @@ static void drop_parked(xpmem_apid_t apid)
 
 static void *reserve(size_t len);
 
+/* Moves attachment `a`'s mapping, page tables and all, to `to`: one mremap per run, each being
+ * a mapping of its own (mremap moves one at a time). 0, or -1 with errno once a run could not
+ * move (the runs before it are at `to`, the others where they were). */
+static int move_runs(const struct attachment *a, char *to)
+{
+	uint64_t at = 0;
+	for (uint32_t i = 0; i < a->nruns; i++) {
+		if (mremap((char *)a->base + at, a->runs[i].length, a->runs[i].length, MREMAP_MAYMOVE | MREMAP_FIXED, to + at) ==
+		    MAP_FAILED)
+			return -1;
+		at += a->runs[i].length;
+	}
+	return 0;
+}
+
 /* Moves attachment `index` out of sight and keeps it; 0 when it is parked, -1 when it could
  * not be (what is left of it at its address is the caller's to unmap). */
 static int park_attachment(size_t index)
@@ -1776,15 +1791,9 @@ static int park_attachment(size_t index)
 	char *park = reserve(a->size);
 	if (park == MAP_FAILED)
 		return -1;
-	/* One mremap per run: each is a mapping of its own (mremap moves one at a time). */
-	uint64_t at = 0;
-	for (uint32_t i = 0; i < a->nruns; i++) {
-		if (mremap((char *)a->base + at, a->runs[i].length, a->runs[i].length, MREMAP_MAYMOVE | MREMAP_FIXED, park + at) ==
-		    MAP_FAILED) {
-			munmap(park, a->size); /* the runs moved so far; the caller unmaps the rest */
-			return -1;
-		}
-		at += a->runs[i].length;
+	if (move_runs(a, park) < 0) {
+		munmap(park, a->size); /* the runs moved so far; the caller unmaps the rest */
+		return -1;
 	}
 	a->base = (uintptr_t)park;
 	a->parked = 1;
@@ -1949,13 +1958,8 @@ EXPORT void *xpmem_attach(struct xpmem_addr addr, size_t size, void *vaddr)
 		struct attachment *a = &attachments[parked];
 		if (fixed && fixed != a->base) {
 			/* Moved to the address asked for, run by run as it was parked. */
-			uint64_t at = 0;
-			for (uint32_t i = 0; i < a->nruns && !error; i++) {
-				if (mremap((char *)a->base + at, a->runs[i].length, a->runs[i].length, MREMAP_MAYMOVE | MREMAP_FIXED,
-					   (char *)fixed + at) == MAP_FAILED)
-					error = errno ? errno : ENOMEM;
-				at += a->runs[i].length;
-			}
+			if (move_runs(a, (char *)fixed) < 0)
+				error = errno ? errno : ENOMEM;
 			if (error) {
 				forget_attachment((size_t)parked, 1);
 				mmap((void *)fixed, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
