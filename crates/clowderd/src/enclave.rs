@@ -470,16 +470,10 @@ impl GuestRegions for Enclave {
             words.retain(|&other| other != slot);
             known
         };
-        if word {
-            match &removed {
-                Ok(()) => self.log.push(format!("clowderd: xemem: read-only region {slot} removed")),
-                Err(e) => self.log.push(format!("clowderd: xemem: removing read-only region {slot}: {e}")),
-            }
-            return removed;
-        }
+        let what = if word { "read-only region" } else { "host memory region" };
         match &removed {
-            Ok(()) => self.log.push(format!("clowderd: xemem: host memory region {slot} removed")),
-            Err(e) => self.log.push(format!("clowderd: xemem: removing host memory region {slot}: {e}")),
+            Ok(()) => self.log.push(format!("clowderd: xemem: {what} {slot} removed")),
+            Err(e) => self.log.push(format!("clowderd: xemem: removing {what} {slot}: {e}")),
         }
         removed
     }

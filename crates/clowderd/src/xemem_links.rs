@@ -413,8 +413,7 @@ impl XememLinks {
     /// the runs hold while (when the owner publishes one and it stood still while they were
     /// had). Any failure detaches again.
     fn attach_enclave_memory(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Result<(SegmentId, Vec<xemem_host::EnclaveRun>, Option<OwnerCount>), Error> {
-        let (segment, runs, stable) = self.owner_runs(process, access, offset, size)?;
-        let count = stable.map(|(ram, value)| OwnerCount { ram, value });
+        let (segment, runs, count) = self.owner_runs(process, access, offset, size)?;
         let checked = self.owner_ram(segment).ok_or(Error::Unreachable).and_then(|ram| file_runs(&*ram, &runs));
         let runs = match checked {
             Ok(runs) => runs,
@@ -445,7 +444,7 @@ impl XememLinks {
             let probe = links.probe_owner(process, access, offset, size);
             if let Some(probe) = probe.as_ref() {
                 if let Some((segment, runs)) = links.attach_from_kept(probe, process, access, offset, size) {
-                    return Ok((segment, runs, Some((probe.ram.clone(), probe.changes))));
+                    return Ok((segment, runs, Some(OwnerCount { ram: probe.ram.clone(), value: probe.changes })));
                 }
             }
             probe
@@ -454,14 +453,14 @@ impl XememLinks {
             Reply::Attached { segment, runs, .. } => (segment, runs),
             _ => return Err(Error::Malformed),
         };
-        let mut stable = None;
+        let mut count = None;
         if let Some(probe) = probe {
             if probe.plan.segment == segment && probe.ram.mapping_changes() == Some(probe.changes) {
-                stable = Some((probe.ram.clone(), probe.changes));
+                count = Some(OwnerCount { ram: probe.ram.clone(), value: probe.changes });
                 self.links.lock().unwrap().owner_runs.keep(probe, runs.clone());
             }
         }
-        Ok((segment, runs, stable))
+        Ok((segment, runs, count))
     }
 
     /// The name server takes back a permit this daemon holds as `proxy` (a sub-manager's proxy
@@ -791,7 +790,7 @@ struct BridgedAttachment {
 
 /// An owner's frames for an attach, and (when it publishes one and it stood still) its RAM
 /// and its count of page-table changes the frames hold while.
-type OwnerAnswer = (SegmentId, Vec<FrameRun>, Option<(Arc<dyn FrameSource>, u64)>);
+type OwnerAnswer = (SegmentId, Vec<FrameRun>, Option<OwnerCount>);
 
 /// An owner enclave's count of page-table changes: the RAM it lies in, and the value an answer
 /// holds while.
