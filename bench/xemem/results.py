@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes docs/results/xemem-attach.md (to stdout) from the rows bench/xemem/run.sh collected.
 
-rows:     DIRECTION BACKING MODE MIB ITERATIONS GB/S MEDIAN_US DETACH_US LOCAL_GB/S LOCAL_MIB
+rows:     DIRECTION BACKING MODE MIB ITERATIONS GB/S MEDIAN_US DETACH_US LOCAL_GB/S LOCAL_MIB REREAD_GB/S
           or DIRECTION BACKING - MIB skip REASON...   (ITERATIONS 0: a skipped "self" line)
 pairs:    DIRECTION PAIRS MODE ITERATIONS_EACH SUM_GB/S PAIRS_THAT_REPORTED
 control:  WHO OPERATION COUNT MEDIAN_US P99_US
@@ -78,11 +78,12 @@ def read_rows(path):
             elif len(fields) >= 5 and fields[4] == "0":
                 skipped.append({"direction": fields[0], "backing": fields[1], "mib": int(fields[3]), "mode": fields[2],
                                 "why": " ".join(fields[5:])})
-            elif len(fields) == 10:
-                direction, backing, mode, mib, iterations, gbs, median, detach, local, local_mib = fields
+            elif len(fields) == 11:
+                direction, backing, mode, mib, iterations, gbs, median, detach, local, local_mib, reread = fields
                 measured.append({"direction": direction, "backing": backing, "mode": mode, "mib": int(mib),
                                  "iterations": int(iterations), "gbs": float(gbs), "median": float(median),
-                                 "detach": float(detach), "local": float(local), "local_mib": int(local_mib)})
+                                 "detach": float(detach), "local": float(local), "local_mib": int(local_mib),
+                                 "reread": float(reread)})
             else:
                 sys.exit(f"results.py: malformed row in {path}: {line.strip()!r}")
     return measured, skipped
@@ -108,14 +109,16 @@ def median_gbs(row):
     return row["mib"] * 2**20 / (row["median"] * 1e-6) / 1e9 if row["median"] > 0 else 0.0
 
 
-def read_share(row):
-    """Attach + read against the local read, both medians of the same interleaved iterations."""
-    return median_gbs(row) / row["local"] if row["local"] > 0 else 0.0
+def read_share(row, against="local"):
+    """Attach + read against the local read, or against the attached memory's re-read ("reread"):
+    medians of the same interleaved iterations."""
+    return median_gbs(row) / row[against] if row[against] > 0 else 0.0
 
 
 def attach_table(measured, skipped, directions, with_direction):
     head = ("| direction " if with_direction else "") + "| backing | MiB | mode | attaches | ours GB/s | median attach us " \
-        "| detach us | local read GB/s (buffer MiB) | attach+read / local read | paper GB/s |"
+        "| detach us | local read GB/s (buffer MiB) | attach+read / local read | re-read GB/s " \
+        "| attach+read / re-read | paper GB/s |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     lead = lambda direction: f"| {DIRECTIONS[direction]} " if with_direction else ""
     for direction in directions:
@@ -124,13 +127,15 @@ def attach_table(measured, skipped, directions, with_direction):
             mibs = sorted({r["mib"] for r in measured + skipped if r["direction"] == direction and r["backing"] == backing and r["mib"] >= 128})
             for mib in mibs:
                 for row in [r for r in measured if (r["direction"], r["backing"], r["mib"]) == (direction, backing, mib) and r["mode"] != "self"]:
-                    share = f"{100 * read_share(row):.0f}%" if row["mode"] == "read" else ""
+                    reading = row["mode"] == "read"
+                    share = f"{100 * read_share(row):.0f}%" if reading else ""
+                    reread = f"{row['reread']:.2f} | {100 * read_share(row, 'reread'):.0f}%" if reading else " | "
                     lines.append(f"{lead(direction)}| {backing} | {mib} | {mode_label(direction, row['mode'])} | {row['iterations']} "
                                  f"| {row['gbs']:.2f} | {row['median']:.1f} | {row['detach']:.1f} "
-                                 f"| {row['local']:.2f} ({row['local_mib']}) | {share} | {paper(row['mode'], mib)} |")
+                                 f"| {row['local']:.2f} ({row['local_mib']}) | {share} | {reread} | {paper(row['mode'], mib)} |")
                 for row in [r for r in skipped if (r["direction"], r["backing"], r["mib"]) == (direction, backing, mib) and r.get("mode") != "self"]:
                     what = MODE_LABELS[row["mode"]] if "mode" in row else "all"
-                    lines.append(f"{lead(direction)}| {backing} | {mib} | {what} | – | {row['why']} | | | | | |")
+                    lines.append(f"{lead(direction)}| {backing} | {mib} | {what} | – | {row['why']} | | | | | | | |")
     return lines
 
 
@@ -159,6 +164,10 @@ def main(arguments):
         "(the attacher's side: the host, or the LWK job), the limit for attach + read: in the attach + read rows, "
         "the median of reads of it interleaved with the attaches (one before each), and *attach+read / local read* "
         "compares the two medians (the GB/s column is the mean); elsewhere, the best of three reads at the start. "
+        "*re-read* is the attached memory read a second time in each iteration, before its detach: the same pages, "
+        "mapped, without the attach; *attach+read / re-read* is what the attach costs a reader of that memory, "
+        "where the local read's ratio also holds the source's page size against the local buffer's (a 4 KiB-paged "
+        "source reads a few percent slower than a 2 MiB-paged buffer on this machine, whoever reads it). "
         "The buffer is the region's "
         "size unless the enclave has no room for it (then the largest power-of-two half that fits). Paper: Kocoloski "
         "et al., HPDC'15, Fig. 5 (Kitten enclave → Linux, 500 attaches, about 13 GB/s attach and 12 GB/s attach + read "
@@ -185,18 +194,21 @@ def main(arguments):
         say(f"| attach of 1 GiB ≥ {TARGET_ATTACH_GBS:.0f} GB/s, 2 MiB backing (paper 12.8) | {DIRECTIONS[direction]}, "
             f"{mode_label(direction, mode)}, {size} | {row['gbs']:.2f} GB/s | {met} |")
     # Attach + read holds for every region size measured: the row is the size where it is lowest.
+    # Held against two single-core reads: the local buffer's, and the attached memory's own.
+    limits = (("local", "of the local buffer"), ("reread", "of the same memory, attached (re-read)"))
     for direction in ("host-host", "host-lwk", "lwk-host", "lwk-lwk"):
         for backing in ("4k", "2m"):
             rows = [r for r in measured if r["direction"] == direction and r["backing"] == backing and r["mode"] == "read"]
             if not rows:
                 continue
-            row = min(rows, key=read_share)
             sizes = sorted(r["mib"] for r in rows)
             measured_sizes = f"{sizes[0]}-{sizes[-1]} MiB" if len(sizes) > 1 else f"{sizes[0]} MiB"
-            met = "yes" if read_share(row) >= TARGET_READ_SHARE else "no"
-            say(f"| attach + read ≥ {100 * TARGET_READ_SHARE:.0f}% of single-core read (same run) | {DIRECTIONS[direction]}, "
-                f"{backing}, lowest of {measured_sizes}: {row['mib']} MiB | {median_gbs(row):.2f} of {row['local']:.2f} GB/s (medians) "
-                f"= {100 * read_share(row):.1f}% | {met} |")
+            for against, limit in limits:
+                row = min(rows, key=lambda r: read_share(r, against))
+                met = "yes" if read_share(row, against) >= TARGET_READ_SHARE else "no"
+                say(f"| attach + read ≥ {100 * TARGET_READ_SHARE:.0f}% of single-core read {limit} (same run) "
+                    f"| {DIRECTIONS[direction]}, {backing}, lowest of {measured_sizes}: {row['mib']} MiB "
+                    f"| {median_gbs(row):.2f} of {row[against]:.2f} GB/s (medians) = {100 * read_share(row, against):.1f}% | {met} |")
     say("")
 
     say("## Host process → host process")

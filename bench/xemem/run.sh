@@ -22,7 +22,7 @@
 #
 #   ATTACHES=500 (attach-only iterations, the paper's count)  TOUCHES=20 (the other modes)
 #   CROSS_ATTACHES=500 (the paper's count across enclaves too)  PAIR_ATTACHES=100
-#   CROSS_TOUCHES=11 (attach + touch/read across enclaves)  SIZES="128 256 512 1024"
+#   CROSS_TOUCHES=21 (attach + touch/read across enclaves)  SIZES="128 256 512 1024"
 #   CROSS=0 skips the cross-enclave part (it needs /dev/kvm, musl-gcc and `make build`).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -35,7 +35,7 @@ count() { # NAME VALUE
 }
 attaches=$(count ATTACHES "${ATTACHES:-500}")
 touches=$(count TOUCHES "${TOUCHES:-20}")
-cross_touches=$(count CROSS_TOUCHES "${CROSS_TOUCHES:-11}")
+cross_touches=$(count CROSS_TOUCHES "${CROSS_TOUCHES:-21}")
 cross_attaches=$(count CROSS_ATTACHES "${CROSS_ATTACHES:-500}")
 pair_attaches=$(count PAIR_ATTACHES "${PAIR_ATTACHES:-100}")
 sizes=${SIZES:-"128 256 512 1024"}
@@ -56,7 +56,8 @@ enclave_mem=1G
 owner_enclave_mem=2G
 
 make -s -C "$root/xemem" all >/dev/null
-(cd "$root" && cargo build -q -p xemem-host --bin xemem-broker)
+# The broker optimized, as clowderd carries it (a debug build adds ~50 us to every round trip).
+(cd "$root" && cargo build -q --release -p xemem-host --bin xemem-broker)
 target=$(cd "$root" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 scratch=$(mktemp -d /tmp/clowder-xemem-bench.XXXXXX)
 for program in attach_bench control_bench; do
@@ -94,7 +95,7 @@ if [ -z "$cross_missing" ]; then
 fi
 
 export CLOWDER_XEMEM_SOCKET=$scratch/xemem.sock
-"$target/debug/xemem-broker" 2>"$scratch/broker.log" &
+"$target/release/xemem-broker" 2>"$scratch/broker.log" &
 broker_pid=$!
 daemons=()
 # 2 MiB rows need the largest region in free hugepages; reserve them for this run if we may.
@@ -130,7 +131,7 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 started=$(date +%s)
 
 # Every measurement is one line in $rows: DIRECTION BACKING MODE MIB ITERATIONS GB/S MEDIAN_US
-# DETACH_US LOCAL_GB/S LOCAL_MIB, or DIRECTION BACKING - MIB skip REASON...
+# DETACH_US LOCAL_GB/S LOCAL_MIB REREAD_GB/S, or DIRECTION BACKING - MIB skip REASON...
 rows=$scratch/rows
 : >"$rows"
 record() { # DIRECTION BACKING, then attach_bench's lines on stdin (anything else passes by)
