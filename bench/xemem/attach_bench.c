@@ -4,9 +4,11 @@
  * time. The same source runs on the host and, built statically with musl, as an LWK job.
  *
  *   attach_bench BACKING MIB ITERATIONS MODE
- *       host -> host: forks the owner, attaches from the parent (one mode)
+ *       host -> host: forks the owner, attaches from the parent (one mode; in read mode the
+ *       owner first prints its own read of the region, "owner-read MIB GB/S")
  *   attach_bench own NAME BACKING MIB [SECONDS]
- *       exports MIB as the named segment NAME (xemem_make), prints "made", and waits until an
+ *       prints its own read of a region of MIB ("owner-read MIB GB/S"), exports it as the
+ *       named segment NAME (xemem_make), prints "made", and waits until an
  *       attacher signals that it has finished (bench_common.h), at most SECONDS (default 900),
  *       then removes it
  *   attach_bench attach NAME MIB ATTACHES TOUCHES [MODE...]
@@ -69,6 +71,23 @@ static void *owner_region(int huge, size_t bytes)
 	for (size_t i = 0; i < bytes; i += PAGE)
 		((volatile char *)p)[i] = (char)(i / PAGE);
 	return p;
+}
+
+/* The owner's own single-core read of its region (median of 5, before the make: no attacher
+ * reads at the same time), printed as "owner-read MIB GB/S": the speed of those pages to
+ * anyone, which the attacher's re-read is compared with. */
+static void print_owner_read(const void *p, size_t bytes)
+{
+	double times[5];
+	uint64_t sum = 0;
+	for (int i = 0; i < 5; i++) {
+		double t0 = now();
+		sum += sum_words(p, bytes);
+		times[i] = now() - t0;
+	}
+	kept_sum += sum;
+	printf("owner-read %zu %.2f\n", bytes >> 20, bytes / quantile(times, 5, 0.5) / 1e9);
+	fflush(stdout);
 }
 
 static int parse_backing(const char *text)
@@ -240,6 +259,8 @@ static int run_pair(int argc, char **argv)
 	pid_t owner = fork();
 	if (owner == 0) {
 		void *p = owner_region(huge, bytes);
+		if (mode == READ)
+			print_owner_read(p, bytes);
 		xpmem_segid_t segid = xpmem_make(p, bytes, XPMEM_PERMIT_MODE, (void *)0600);
 		if (segid <= 0)
 			die(program, "xpmem_make");
@@ -280,6 +301,7 @@ static int run_owner(int argc, char **argv)
 	size_t bytes = parse_mib(argv[4]);
 	int seconds = argc == 6 ? parse_count(argv[5]) : 900;
 	void *p = owner_region(huge, bytes);
+	print_owner_read(p, bytes);
 	xpmem_segid_t segid = xemem_make(p, bytes, name);
 	if (segid <= 0)
 		die(program, "xemem_make");

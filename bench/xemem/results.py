@@ -3,6 +3,7 @@
 
 rows:     DIRECTION BACKING MODE MIB ITERATIONS GB/S MEDIAN_US DETACH_US LOCAL_GB/S LOCAL_MIB REREAD_GB/S
           or DIRECTION BACKING - MIB skip REASON...   (ITERATIONS 0: a skipped "self" line)
+owner reads: DIRECTION BACKING MIB GB/S   (the owner's read of its own region, before the make)
 pairs:    DIRECTION PAIRS MODE ITERATIONS_EACH SUM_GB/S PAIRS_THAT_REPORTED
 control:  WHO OPERATION COUNT MEDIAN_US P99_US
 pair errors: PAIRS FIRST_ERROR_LINE...   (a cross-enclave pair whose attacher failed)
@@ -46,6 +47,7 @@ def paper(mode, mib):
 def parse(arguments):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("rows")
+    parser.add_argument("owner_reads")
     parser.add_argument("pair_rows")
     parser.add_argument("control_rows")
     parser.add_argument("pair_errors")
@@ -115,10 +117,10 @@ def read_share(row, against="local"):
     return median_gbs(row) / row[against] if row[against] > 0 else 0.0
 
 
-def attach_table(measured, skipped, directions, with_direction):
+def attach_table(measured, skipped, owner_reads, directions, with_direction):
     head = ("| direction " if with_direction else "") + "| backing | MiB | mode | attaches | ours GB/s | median attach us " \
         "| detach us | local read GB/s (buffer MiB) | attach+read / local read | re-read GB/s " \
-        "| attach+read / re-read | paper GB/s |"
+        "| attach+read / re-read | owner's read GB/s | paper GB/s |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     lead = lambda direction: f"| {DIRECTIONS[direction]} " if with_direction else ""
     for direction in directions:
@@ -129,19 +131,22 @@ def attach_table(measured, skipped, directions, with_direction):
                 for row in [r for r in measured if (r["direction"], r["backing"], r["mib"]) == (direction, backing, mib) and r["mode"] != "self"]:
                     reading = row["mode"] == "read"
                     share = f"{100 * read_share(row):.0f}%" if reading else ""
-                    reread = f"{row['reread']:.2f} | {100 * read_share(row, 'reread'):.0f}%" if reading else " | "
+                    owner = owner_reads.get((direction, backing, mib))
+                    reread = (f"{row['reread']:.2f} | {100 * read_share(row, 'reread'):.0f}% | "
+                              f"{'–' if owner is None else f'{owner:.2f}'}") if reading else " | | "
                     lines.append(f"{lead(direction)}| {backing} | {mib} | {mode_label(direction, row['mode'])} | {row['iterations']} "
                                  f"| {row['gbs']:.2f} | {row['median']:.1f} | {row['detach']:.1f} "
                                  f"| {row['local']:.2f} ({row['local_mib']}) | {share} | {reread} | {paper(row['mode'], mib)} |")
                 for row in [r for r in skipped if (r["direction"], r["backing"], r["mib"]) == (direction, backing, mib) and r.get("mode") != "self"]:
                     what = MODE_LABELS[row["mode"]] if "mode" in row else "all"
-                    lines.append(f"{lead(direction)}| {backing} | {mib} | {what} | – | {row['why']} | | | | | | | |")
+                    lines.append(f"{lead(direction)}| {backing} | {mib} | {what} | – | {row['why']} | | | | | | | | |")
     return lines
 
 
 def main(arguments):
     options = parse(arguments)
     measured, skipped = read_rows(options.rows)
+    owner_reads = {(direction, backing, int(mib)): float(gbs) for direction, backing, mib, gbs in read_table(options.owner_reads, 4)}
     pairs = read_table(options.pair_rows, 6)
     control = read_table(options.control_rows, 5)
     with open(options.pair_errors) as errors:
@@ -166,8 +171,10 @@ def main(arguments):
         "compares the two medians (the GB/s column is the mean); elsewhere, the best of three reads at the start. "
         "*re-read* is the attached memory read a second time in each iteration, before its detach: the same pages, "
         "mapped, without the attach; *attach+read / re-read* is what the attach costs a reader of that memory, "
-        "where the local read's ratio also holds the source's page size against the local buffer's (a 4 KiB-paged "
-        "source reads a few percent slower than a 2 MiB-paged buffer on this machine, whoever reads it). "
+        "where the local read's ratio also holds the source's page size against the local buffer's. *owner's read* "
+        "is the owner's own read of the region (median of 5, before the make; a 4 KiB host owner's private pages, "
+        "which the make then copies into a memfd): 4 KiB-paged memory reads slower than a 2 MiB-paged buffer on "
+        "this machine, whoever reads it. "
         "The buffer is the region's "
         "size unless the enclave has no room for it (then the largest power-of-two half that fits). Paper: Kocoloski "
         "et al., HPDC'15, Fig. 5 (Kitten enclave → Linux, 500 attaches, about 13 GB/s attach and 12 GB/s attach + read "
@@ -213,7 +220,7 @@ def main(arguments):
 
     say("## Host process → host process")
     say("")
-    out.extend(attach_table(measured, skipped, ["host-host"], False))
+    out.extend(attach_table(measured, skipped, owner_reads, ["host-host"], False))
     say("")
     say("4 KiB rows: the owner's private memory was converted to memfd backing at make time; every attach is one "
         "broker round trip (the owner's library resolves the range to one memfd run). The first attach maps the run, "
@@ -249,7 +256,7 @@ def main(arguments):
         "to the attacher's machine as regions of the owner's RAM memfd (kept between attaches of the same range, "
         "as above, while the owner's frames stay the same); the attacher's kernel maps them.")
     say("")
-    out.extend(attach_table(measured, skipped, ["lwk-host", "host-lwk", "lwk-lwk"], True))
+    out.extend(attach_table(measured, skipped, owner_reads, ["lwk-host", "host-lwk", "lwk-lwk"], True))
     say("")
 
     split = [r for r in measured if r["direction"] == "host-lwk" and r["mode"] == "attach" and r["mib"] >= 128]

@@ -134,11 +134,15 @@ started=$(date +%s)
 # DETACH_US LOCAL_GB/S LOCAL_MIB REREAD_GB/S, or DIRECTION BACKING - MIB skip REASON...
 rows=$scratch/rows
 : >"$rows"
+# And every owner's read of its own region in $owner_rows: DIRECTION BACKING MIB GB/S.
+owner_rows=$scratch/owner-reads
+: >"$owner_rows"
 record() { # DIRECTION BACKING, then attach_bench's lines on stdin (anything else passes by)
     local mode rest
     while read -r mode rest; do
         case $mode in
         attach | prefault | touch | read | self) echo "$1 $2 $mode $rest" | tee -a "$rows" >&2 ;;
+        owner-read) echo "$1 $2 $rest" | tee -a "$owner_rows" >&2 ;;
         *) echo "$mode $rest" >&2 ;;
         esac
     done
@@ -257,6 +261,7 @@ if [ -z "$cross_missing" ]; then
                     job "$main" attacher attach_bench attach "$name" "$mib" "$cross_attaches" "$cross_touches"
                 fi | record "$direction" "$backing" || status=$?
                 finish_owner $owner $status "$label $backing $mib MiB" || cross_failures=$((cross_failures + 1))
+                sed -n '/^owner-read /p' "$scratch/owner.out" | record "$direction" "$backing"
             done
             remove_enclave "$main" owner
         done
@@ -270,7 +275,8 @@ if [ -z "$cross_missing" ]; then
         on_daemon "$main" taskset -c 0 "$scratch/attach_bench" own "$name" "$backing" "$mib" $owner_seconds >"$scratch/owner.out" 2>&1 &
         owner=$!
         job "$main" attacher attach_bench attach "$name" "$mib" "$cross_attaches" "$cross_touches" "$@" | record host-lwk "$backing" || status=$?
-        finish_owner $owner $status "host -> LWK $backing $mib MiB"
+        finish_owner $owner $status "host -> LWK $backing $mib MiB" || return
+        sed -n '/^owner-read /p' "$scratch/owner.out" | record host-lwk "$backing"
     }
     create_enclave "$main" attacher "$enclave_mem" "$([ "$attacher_backing" = 2m ] && echo --hugepages || true)"
     # What does not grow with the size: the attach of a 1 MiB segment.
@@ -359,7 +365,7 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 out=$root/docs/results/xemem-attach.md
 mkdir -p "$(dirname "$out")"
 touch "$scratch/pair-errors"
-python3 results.py "$rows" "$pairs_rows" "$control_rows" "$scratch/pair-errors" "$region_rows" \
+python3 results.py "$rows" "$owner_rows" "$pairs_rows" "$control_rows" "$scratch/pair-errors" "$region_rows" \
     --date "$(date -u '+%Y-%m-%d %H:%M UTC')" --kernel "$(uname -r)" --cpus "$(nproc)" \
     --load "$load_before" --load-after "$load_after" --elapsed "$elapsed" \
     --attaches "$attaches" --cross-attaches "$cross_attaches" --pair-attaches "$pair_attaches" --touches "$touches" --cross-touches "$cross_touches" --pair-mib $pair_mib \
