@@ -201,8 +201,8 @@ def main(arguments):
         say(f"| attach of 1 GiB ≥ {TARGET_ATTACH_GBS:.0f} GB/s, 2 MiB backing (paper 12.8) | {DIRECTIONS[direction]}, "
             f"{mode_label(direction, mode)}, {size} | {row['gbs']:.2f} GB/s | {met} |")
     # Attach + read holds for every region size measured: the row is the size where it is lowest.
-    # Held against two single-core reads: the local buffer's, and the attached memory's own.
-    limits = (("local", "of the local buffer"), ("reread", "of the same memory, attached (re-read)"))
+    # The limit is the single-core read of the same memory (the attached pages read again); with
+    # 2 MiB backing the local buffer has the source's page size, so it must hold against that too.
     for direction in ("host-host", "host-lwk", "lwk-host", "lwk-lwk"):
         for backing in ("4k", "2m"):
             rows = [r for r in measured if r["direction"] == direction and r["backing"] == backing and r["mode"] == "read"]
@@ -210,12 +210,17 @@ def main(arguments):
                 continue
             sizes = sorted(r["mib"] for r in rows)
             measured_sizes = f"{sizes[0]}-{sizes[-1]} MiB" if len(sizes) > 1 else f"{sizes[0]} MiB"
-            for against, limit in limits:
-                row = min(rows, key=lambda r: read_share(r, against))
-                met = "yes" if read_share(row, against) >= TARGET_READ_SHARE else "no"
-                say(f"| attach + read ≥ {100 * TARGET_READ_SHARE:.0f}% of single-core read {limit} (same run) "
-                    f"| {DIRECTIONS[direction]}, {backing}, lowest of {measured_sizes}: {row['mib']} MiB "
-                    f"| {median_gbs(row):.2f} of {row[against]:.2f} GB/s (medians) = {100 * read_share(row, against):.1f}% | {met} |")
+            same = min(rows, key=lambda r: read_share(r, "reread"))
+            local = min(rows, key=read_share)
+            owner = owner_reads.get((direction, backing, local["mib"]))
+            met = read_share(same, "reread") >= TARGET_READ_SHARE and (backing == "4k" or read_share(local) >= TARGET_READ_SHARE)
+            pages = "the source on 4 KiB pages" if backing == "4k" else "on 2 MiB pages, as the source"
+            owner_note = "" if owner is None else f"; the owner's own read of these pages {owner:.2f} GB/s"
+            say(f"| attach + read ≥ {100 * TARGET_READ_SHARE:.0f}% of single-core read of the same memory (same run) "
+                f"| {DIRECTIONS[direction]}, {backing}, lowest of {measured_sizes}: {same['mib']} MiB "
+                f"| {median_gbs(same):.2f} of {same['reread']:.2f} GB/s (medians) = {100 * read_share(same, 'reread'):.1f}%; "
+                f"against the local buffer ({pages}), lowest at {local['mib']} MiB: {median_gbs(local):.2f} of "
+                f"{local['local']:.2f} GB/s = {100 * read_share(local):.1f}%{owner_note} | {'yes' if met else 'no'} |")
     say("")
 
     say("## Host process → host process")
