@@ -74,8 +74,8 @@ static void *owner_region(int huge, size_t bytes)
 }
 
 /* The owner's own single-core read of its region (median of 5, before the make: no attacher
- * reads at the same time), printed as "owner-read MIB GB/S": the speed of those pages to
- * anyone, which the attacher's re-read is compared with. */
+ * reads at the same time), printed as "owner-read MIB GB/S": how fast its pages read to
+ * anyone (a 4 KiB host owner's private pages, which the make then copies into a memfd). */
 static void print_owner_read(const void *p, size_t bytes)
 {
 	double times[5];
