@@ -89,6 +89,10 @@ int main(int argc, char **argv)
 	}
 	printf("second attach: %d of %lu pages, at the first one's address: %d\n", pages_with_pattern(again, pages, 2000),
 	       pages, again == view);
+	/* The detach command on standard output is ENOTTY too, and leaves the attachment attached. */
+	struct xpmem_cmd_detach detach_through_stdout = { .vaddr = (uintptr_t)again };
+	not_a_device = ioctl(1, XPMEM_CMD_DETACH, &detach_through_stdout) == -1 && errno == ENOTTY;
+	printf("the detach command through standard output: ENOTTY %d, still attached %d\n", not_a_device, !read_faults(again));
 	printf("detach: %d\n", xpmem_detach((void *)again));
 
 	/* Another range through the same permit. */

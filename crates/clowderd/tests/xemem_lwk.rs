@@ -352,6 +352,7 @@ fn lwk_job_attaches_a_host_segment_twice(tag: &str, pages: u64) {
     assert!(stdout.contains("the detached view faults: 1 (first page), 1 (last page)"), "{stdout}");
     assert!(stdout.contains("the attach command through standard output: ENOTTY 1, still parked 1"), "{stdout}");
     assert!(stdout.contains(&format!("second attach: {pages} of {pages} pages, at the first one's address: 1")), "{stdout}");
+    assert!(stdout.contains("the detach command through standard output: ENOTTY 1, still attached 1"), "{stdout}");
     let tail = pages - 1;
     assert!(stdout.contains(&format!("all but the first page: {tail} of {tail} pages")), "{stdout}");
     assert!(stdout.contains(&format!("last attach: {pages} of {pages} pages")), "{stdout}");

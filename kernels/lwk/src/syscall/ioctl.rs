@@ -7,7 +7,7 @@ use crate::job;
 use crate::job::descriptors::Descriptor;
 
 pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    if let Some(result) = crate::xpmem::resume_attach(call.args[0], call.args[1], call.args[2]) {
+    if let Some(result) = crate::xpmem::parking(call.args[0], call.args[1], call.args[2]) {
         return result;
     }
     let is_xpmem = job::with_process(|process| process.descriptors.get(call.args[0]).map(|open| matches!(*open, Descriptor::Xpmem)));

@@ -44,19 +44,26 @@ fn ints(word: u64) -> (u32, u32) {
     (word as u32, (word >> 32) as u32)
 }
 
-/// An ioctl on `fd` that is an attach taking a parked attachment up again (see
-/// `super::resume_same`), answered before the general path looks up the descriptor and
-/// dispatches the command: in-situ analytics repeat that attach at every step, and on PVM every
-/// kernel instruction saved is most of a microsecond. `None`: not such an attach (or `fd` is
-/// not `/dev/xpmem`); the general path answers it.
-pub fn resume_attach(fd: u64, request: u64, argument: u64) -> Option<SyscallResult> {
-    if request as u32 != ATTACH {
-        return None;
+/// An ioctl on `fd` that only takes a parked attachment up again (an attach of its range, see
+/// `super::resume_same`) or parks one (a detach, see `super::park_detached`), answered before
+/// the general path looks up the descriptor and dispatches the command: in-situ analytics
+/// repeat that attach and detach at every step, and on PVM every kernel instruction saved is
+/// most of a microsecond. `None`: not such a command (or `fd` is not `/dev/xpmem`); the
+/// general path answers it.
+pub fn parking(fd: u64, request: u64, argument: u64) -> Option<SyscallResult> {
+    match request as u32 {
+        ATTACH => {
+            // struct xpmem_cmd_attach, as below
+            let [apid, offset, size, vaddr, _] = user::read_words::<5>(argument).ok()?;
+            let address = super::resume_same(fd, apid as i64, offset, size, vaddr)?;
+            Some(user::write_words(argument + 24, &[address]).map(|_| 0))
+        }
+        DETACH => {
+            let [vaddr] = user::read_words::<1>(argument).ok()?;
+            super::park_detached(fd, vaddr).then_some(Ok(0))
+        }
+        _ => None,
     }
-    // struct xpmem_cmd_attach, as below
-    let [apid, offset, size, vaddr, _] = user::read_words::<5>(argument).ok()?;
-    let address = super::resume_same(fd, apid as i64, offset, size, vaddr)?;
-    Some(user::write_words(argument + 24, &[address]).map(|_| 0))
 }
 
 pub fn ioctl(request: u64, argument: u64) -> SyscallResult {

@@ -35,7 +35,7 @@ use xemem::ids::{AccessId, SegmentId};
 use xemem::node::{Reply, Request};
 use xemem::{Credentials, Error, NameServer, Owner, Principal};
 
-pub use commands::{ioctl, resume_attach};
+pub use commands::{ioctl, parking};
 
 /// The path the job opens; `libxpmem` switches to its ioctl backend when it opens.
 pub const DEVICE_PATH: &str = "/dev/xpmem";
@@ -384,7 +384,7 @@ pub fn make(vaddr: u64, size: u64, permit_type: u32, mode: u64) -> Result<i64, E
 /// whether any was mapped.
 fn revoke_where(device: &mut Device, which: impl Fn(&Attachment) -> bool) -> bool {
     // Parked ones were detached by the job already: they go for good.
-    drop_parked_where(device, |a| which(a));
+    drop_parked_where(device, &which);
     let mut unmapped = false;
     for attachment in device.attachments.iter_mut().filter(|a| !a.revoked && which(a)) {
         attachment.revoked = true;
@@ -718,19 +718,58 @@ pub enum Detached {
 /// only while that still holds as far as [`may_park`] can tell: for another enclave's segment,
 /// while the owner kernel's count of page-table changes has not moved; for a host process's,
 /// as an attachment the job never detached would keep it.
-fn park(device: &mut Device, index: usize) -> bool {
+fn park(device: &mut Device, index: usize, descriptor: DeviceDescriptor) -> bool {
     let attachment = &device.attachments[index];
     let (pid, start, end) = (attachment.pid, attachment.start, attachment.end);
     let (from, to) = attachment.reserved();
-    let parkable = attachment.global
-        && attachment.alone
+    let parkable = attachment.alone
         && !attachment.revoked
         && device.attachments.iter().enumerate().all(|(other, a)| other == index || a.pid != pid || a.end <= from || to <= a.start);
-    if parkable && with_job_process(pid, |process| process.memory.aspace.suspend(start, end)).is_some() {
-        device.attachments[index].parked = true;
-        return true;
+    let parked = parkable
+        && with_job_process(pid, |process| {
+            let allowed = descriptor.holds(process);
+            if allowed {
+                process.memory.aspace.suspend(start, end);
+            }
+            allowed
+        })
+        .unwrap_or(false);
+    device.attachments[index].parked = parked;
+    parked
+}
+
+/// The descriptor a command came through: `/dev/xpmem` as the general ioctl path found, or one
+/// to be checked while the caller's process is at hand (the paths that answer before it).
+#[derive(Clone, Copy)]
+enum DeviceDescriptor {
+    Checked,
+    Unchecked(u64),
+}
+
+impl DeviceDescriptor {
+    fn holds(self, process: &mut job::Process) -> bool {
+        match self {
+            DeviceDescriptor::Checked => true,
+            DeviceDescriptor::Unchecked(fd) => process.descriptors.get(fd).is_some_and(|open| matches!(*open, job::descriptors::Descriptor::Xpmem)),
+        }
     }
-    false
+}
+
+/// The detach by the calling process, through descriptor `fd` of `/dev/xpmem`, of an
+/// attachment at `address` that can be parked (see [`park`]): parked under one device lock
+/// and one process lookup, which also checks the descriptor. False: nothing parked; the
+/// general path answers (ENOTTY for another descriptor, the unmap of an attachment that
+/// cannot be parked).
+pub fn park_detached(fd: u64, address: u64) -> bool {
+    let pid = caller();
+    let parked = with_device(|device| {
+        let index = device.attachments.iter().position(|a| a.pid == pid && !a.parked && a.start <= address && address < a.end);
+        index.is_some_and(|index| park(device, index, DeviceDescriptor::Unchecked(fd)))
+    });
+    if parked {
+        crate::sched::shoot_down_user_tlbs();
+    }
+    parked
 }
 
 /// Unlinks the parked attachments `which` selects for good (their tables retired) and forgets
@@ -763,11 +802,11 @@ pub fn resume_same(fd: u64, raw: i64, offset: u64, size: u64, fixed: u64) -> Opt
     }
     let (start, end) = (attachment.start, attachment.end);
     let resumed = with_job_process(pid, |process| {
-        let through_device = process.descriptors.get(fd).is_some_and(|open| matches!(*open, job::descriptors::Descriptor::Xpmem));
-        if through_device {
+        let allowed = DeviceDescriptor::Unchecked(fd).holds(process);
+        if allowed {
             process.memory.aspace.resume(start, end);
         }
-        through_device
+        allowed
     })?;
     attachment.parked = !resumed;
     resumed.then_some(start)
@@ -830,7 +869,7 @@ pub fn detach(address: u64) -> Detached {
             let mapped = with_job_process(pid, |process| process.memory.aspace.translate(address & !(PAGE_SIZE - 1)).is_ok()).unwrap_or(false);
             return (if mapped { Detached::NotAnAttachment } else { Detached::Nothing }, AfterDetach::Nothing);
         };
-        if park(device, index) {
+        if park(device, index, DeviceDescriptor::Checked) {
             return (Detached::Attachment, AfterDetach::ShootDown);
         }
         let attachment = device.attachments.remove(index);
