@@ -908,23 +908,6 @@ static struct backing *backing_for(unsigned major, unsigned minor, unsigned long
 	return NULL;
 }
 
-/* Where the backings are mapped, among the mappings given. Returns a malloc'd array. */
-static struct placement *placements_among(const struct mapping *maps, size_t nmaps, size_t *count)
-{
-	struct placement *list = malloc((nmaps ? nmaps : 1) * sizeof *list);
-	*count = 0;
-	for (size_t i = 0; list && i < nmaps; i++) {
-		struct backing *b = maps[i].perms[3] == 's' ? backing_for(maps[i].major, maps[i].minor, maps[i].inode) : NULL;
-		/* Our own attachments of our own segments map backings too: they are not the
-		 * owner's memory, and must not be moved, copied into fork children or counted. */
-		if (b && !overlaps_attachment(maps[i].start, maps[i].end))
-			list[(*count)++] = (struct placement){ .start = maps[i].start, .end = maps[i].end,
-							       .offset = maps[i].offset, .prot = prot_of(&maps[i]),
-							       .backing = (size_t)(b - backings) };
-	}
-	return list;
-}
-
 /* The shared file mappings overlapping [lo, hi): where backings can be. */
 static struct mapping *read_shared_file_maps(uintptr_t lo, uintptr_t hi, size_t *count)
 {
@@ -936,7 +919,17 @@ static struct placement *placements(uintptr_t lo, uintptr_t hi, size_t *count)
 {
 	size_t nmaps;
 	struct mapping *maps = read_shared_file_maps(lo, hi, &nmaps);
-	struct placement *list = placements_among(maps, nmaps, count);
+	struct placement *list = malloc((nmaps ? nmaps : 1) * sizeof *list);
+	*count = 0;
+	for (size_t i = 0; list && i < nmaps; i++) {
+		struct backing *b = maps[i].perms[3] == 's' ? backing_for(maps[i].major, maps[i].minor, maps[i].inode) : NULL;
+		/* Our own attachments of our own segments map backings too: they are not the
+		 * owner's memory, and must not be moved, copied into fork children or counted. */
+		if (b && !overlaps_attachment(maps[i].start, maps[i].end))
+			list[(*count)++] = (struct placement){ .start = maps[i].start, .end = maps[i].end,
+							       .offset = maps[i].offset, .prot = prot_of(&maps[i]),
+							       .backing = (size_t)(b - backings) };
+	}
 	free(maps);
 	return list;
 }
@@ -953,17 +946,16 @@ static int by_offset(const void *a, const void *b)
 	return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-/* Frees converted memory the application has unmapped since it was converted, given the
- * process's shared file mappings (at least: others are passed over): a backing no longer mapped anywhere is truncated (its attachers see
- * SIGBUS, as XPMEM gives after the owner's munmap) and closed; parts of a backing no longer
- * mapped are punched out (attachers read zeros there). Run before every make, attach service
- * and remove. table_lock held. */
-static void prune_backings(const struct mapping *maps, size_t nmaps)
+/* Frees converted memory the application has unmapped since it was converted: a backing no
+ * longer mapped anywhere is truncated (its attachers see SIGBUS, as XPMEM gives after the
+ * owner's munmap) and closed; parts of a backing no longer mapped are punched out (attachers
+ * read zeros there). Run before every make, attach service and remove. table_lock held. */
+static void prune_backings(void)
 {
 	if (backing_count == 0)
 		return;
 	size_t count;
-	struct placement *all = placements_among(maps, nmaps, &count);
+	struct placement *all = placements(0, UINTPTR_MAX, &count);
 	if (!all)
 		return;
 	struct placement *mine = malloc((count ? count : 1) * sizeof *mine);
@@ -1000,15 +992,13 @@ static void prune_backings(const struct mapping *maps, size_t nmaps)
 	free(all);
 }
 
-/* Prunes the backings (given the shared file mappings) and converts the private memory in
- * [lo, hi); returns the mappings overlapping [lo, hi) as they are then (a malloc'd array).
- * Every attach an owner serves pays this: each look at the mappings is read once.
+/* Prunes the backings and converts the private memory in [lo, hi); returns the mappings
+ * overlapping [lo, hi) as they are then (a malloc'd array). Every attach an owner serves pays
+ * this: the mappings in the range are read once, again only after a conversion moved some.
  * table_lock held. */
 static struct mapping *prepared_maps(uintptr_t lo, uintptr_t hi, size_t *count)
 {
-	struct mapping *shared = read_shared_file_maps(0, UINTPTR_MAX, count);
-	prune_backings(shared, *count);
-	free(shared);
+	prune_backings();
 	struct mapping *maps = read_maps(lo, hi, count);
 	if (convert_range(maps, *count, lo, hi)) {
 		free(maps);
@@ -1679,10 +1669,7 @@ EXPORT int xpmem_remove(xpmem_segid_t segid)
 	for (size_t i = 0; i < segment_count; i++) {
 		if (segments[i].segid != segid)
 			continue;
-		size_t count;
-		struct mapping *shared = read_shared_file_maps(0, UINTPTR_MAX, &count);
-		prune_backings(shared, count);
-		free(shared);
+		prune_backings();
 		revoke_range(segments[i].vaddr, segments[i].vaddr + segments[i].size);
 		if (segments[i].notify_fd >= 0)
 			close(segments[i].notify_fd);
