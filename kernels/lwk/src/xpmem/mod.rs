@@ -725,15 +725,7 @@ fn park(device: &mut Device, index: usize, descriptor: DeviceDescriptor) -> bool
     let parkable = attachment.alone
         && !attachment.revoked
         && device.attachments.iter().enumerate().all(|(other, a)| other == index || a.pid != pid || a.end <= from || to <= a.start);
-    let parked = parkable
-        && with_job_process(pid, |process| {
-            let allowed = descriptor.holds(process);
-            if allowed {
-                process.memory.aspace.suspend(start, end);
-            }
-            allowed
-        })
-        .unwrap_or(false);
+    let parked = parkable && descriptor.change_tables(pid, |aspace| aspace.suspend(start, end)).unwrap_or(false);
     device.attachments[index].parked = parked;
     parked
 }
@@ -747,11 +739,19 @@ enum DeviceDescriptor {
 }
 
 impl DeviceDescriptor {
-    fn holds(self, process: &mut job::Process) -> bool {
-        match self {
-            DeviceDescriptor::Checked => true,
-            DeviceDescriptor::Unchecked(fd) => process.descriptors.get(fd).is_some_and(|open| matches!(*open, job::descriptors::Descriptor::Xpmem)),
-        }
+    /// Runs `change` on the address space of process `pid` when the command came through
+    /// `/dev/xpmem`; whether it did (`None`: no such process). One lookup of the process.
+    fn change_tables(self, pid: u64, change: impl FnOnce(&mut crate::mm::aspace::AddressSpace)) -> Option<bool> {
+        with_job_process(pid, |process| {
+            let through_device = match self {
+                DeviceDescriptor::Checked => true,
+                DeviceDescriptor::Unchecked(fd) => process.descriptors.get(fd).is_some_and(|open| matches!(*open, job::descriptors::Descriptor::Xpmem)),
+            };
+            if through_device {
+                change(&mut process.memory.aspace);
+            }
+            through_device
+        })
     }
 }
 
@@ -801,13 +801,7 @@ pub fn resume_same(fd: u64, raw: i64, offset: u64, size: u64, fixed: u64) -> Opt
         return None;
     }
     let (start, end) = (attachment.start, attachment.end);
-    let resumed = with_job_process(pid, |process| {
-        let allowed = DeviceDescriptor::Unchecked(fd).holds(process);
-        if allowed {
-            process.memory.aspace.resume(start, end);
-        }
-        allowed
-    })?;
+    let resumed = DeviceDescriptor::Unchecked(fd).change_tables(pid, |aspace| aspace.resume(start, end))?;
     attachment.parked = !resumed;
     resumed.then_some(start)
 }
