@@ -5,6 +5,7 @@
 //! * [`ids`]: globally unique segment and access ids (enclave id + local id, always > 0).
 //! * [`perm`]: SysV-IPC-like permission checks (owner uid/gid, mode bits, root bypass).
 //! * [`wire`]: the messages between enclaves and their strict encoding.
+//! * [`names`]: segment names, one name space for name servers that share a table.
 //! * [`nameserver`]: the name server's state machine (make/remove/get/release/attach/detach,
 //!   named segments, signals, enclave-id allocation).
 //! * [`node`]: one enclave's protocol engine: name-server discovery by broadcast, enclave-id
@@ -16,6 +17,7 @@
 extern crate alloc;
 
 pub mod ids;
+pub mod names;
 pub mod nameserver;
 pub mod node;
 pub mod perm;
@@ -26,6 +28,8 @@ pub mod wire;
 extern crate std;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod names_tests;
 
 pub use ids::{AccessId, EnclaveId, SegmentId, NAME_SERVER_ENCLAVE};
 pub use nameserver::{NameServer, Principal};

@@ -3,9 +3,11 @@
 //! virtual range, and the owner's enclave resolves that range to frames.
 
 use crate::ids::{AccessId, EnclaveId, IdCounter, SegmentId, MAX_ENCLAVE_ID, MAX_NAME_SERVER_LOCAL, NAME_SERVER_ENCLAVE};
+use crate::names::{NameTable, Names};
 use crate::perm::{self, Credentials, Owner};
 use crate::wire::Name;
 use crate::{Error, ACCESS_READ_WRITE, MAXADDR_SIZE, PAGE_SIZE, USER_ADDRESS_LIMIT};
+use alloc::boxed::Box;
 use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::vec::Vec;
 
@@ -58,7 +60,8 @@ pub struct Listing {
 
 pub struct NameServer {
     segments: BTreeMap<SegmentId, Segment>,
-    names: BTreeMap<Name, SegmentId>,
+    /// Its own, or one shared with other name servers ([`NameServer::share_names`]).
+    names: Box<dyn NameTable>,
     permits: BTreeMap<AccessId, Permit>,
     locals: IdCounter,
     enclave_ids: IdCounter,
@@ -95,12 +98,30 @@ impl NameServer {
         enclaves.insert(NAME_SERVER_ENCLAVE);
         NameServer {
             segments: BTreeMap::new(),
-            names: BTreeMap::new(),
+            names: Box::new(Names::default()),
             permits: BTreeMap::new(),
             locals: IdCounter::new(1, MAX_NAME_SERVER_LOCAL, instance),
             enclave_ids: IdCounter::new(NAME_SERVER_ENCLAVE + 1, MAX_ENCLAVE_ID, instance),
             enclaves,
         }
+    }
+
+    /// Keeps this name server's names in `table` from now on, which other name servers may
+    /// share (one name space across them). The names its segments have move there; one the
+    /// table already gives another segment stays with that segment, and the segment here
+    /// loses its name (returned: a name is never held twice).
+    pub fn share_names(&mut self, mut table: Box<dyn NameTable>) -> Vec<SegmentId> {
+        let mut unnamed = Vec::new();
+        for segment in self.segments.values_mut() {
+            let Some(name) = &segment.name else { continue };
+            self.names.release(name, segment.id);
+            if table.claim(name, segment.id).is_err() {
+                segment.name = None;
+                unnamed.push(segment.id);
+            }
+        }
+        self.names = table;
+        unnamed
     }
 
     /// Hands out a fresh enclave id (never 0, never the name server's, never one in use).
@@ -143,15 +164,15 @@ impl NameServer {
         if permit.mode > perm::MAX_MODE || owner.enclave == 0 {
             return Err(Error::Invalid);
         }
-        if let Some(name) = &name {
-            if self.names.contains_key(name) {
-                return Err(Error::NameTaken);
-            }
+        if name.as_ref().is_some_and(|name| self.names.lookup(name).is_some()) {
+            return Err(Error::NameTaken);
         }
         let local = self.allocate_local(owner.enclave, false)?;
         let id = SegmentId::new(owner.enclave, local).ok_or(Error::Invalid)?;
         if let Some(name) = &name {
-            self.names.insert(name.clone(), id);
+            // The check above is only a shortcut: in a shared table another name server may
+            // have claimed the name since, and the claim decides.
+            self.names.claim(name, id)?;
         }
         self.segments.insert(id, Segment { id, owner, vaddr, size, permit, name });
         Ok(id)
@@ -179,7 +200,7 @@ impl NameServer {
         }
         let segment = self.segments.remove(&id).ok_or(Error::NotFound)?;
         if let Some(name) = &segment.name {
-            self.names.remove(name);
+            self.names.release(name, id);
         }
         let dropped: Vec<AccessId> =
             self.permits.iter().filter(|(_, p)| p.segment == id).map(|(a, _)| *a).collect();
@@ -264,8 +285,9 @@ impl NameServer {
         Ok(())
     }
 
+    /// The segment holding `name`: in a shared table, possibly one another name server keeps.
     pub fn lookup(&self, name: &Name) -> Result<SegmentId, Error> {
-        self.names.get(name).copied().ok_or(Error::NotFound)
+        self.names.lookup(name).ok_or(Error::NotFound)
     }
 
     /// Up to `max` segments with ids above `after`, in id order (page through with the last id).
@@ -301,7 +323,7 @@ impl NameServer {
         for id in removed {
             if let Some(segment) = self.segments.remove(&id) {
                 if let Some(name) = &segment.name {
-                    self.names.remove(name);
+                    self.names.release(name, id);
                 }
                 segments.push(segment);
             }

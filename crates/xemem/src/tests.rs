@@ -10,7 +10,7 @@ use std::vec::Vec;
 
 /// A small deterministic generator (xorshift64*): no extra crate, and every failure reproduces
 /// from its seed.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -19,10 +19,10 @@ impl Rng {
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
-    fn below(&mut self, bound: u64) -> u64 {
+    pub(crate) fn below(&mut self, bound: u64) -> u64 {
         self.next() % bound
     }
-    fn chance(&mut self, per_thousand: u64) -> bool {
+    pub(crate) fn chance(&mut self, per_thousand: u64) -> bool {
         self.below(1000) < per_thousand
     }
 }
@@ -549,8 +549,8 @@ impl LocalMemory for ModelMemory {
     }
 }
 
-struct Net {
-    nodes: Vec<Node>,
+pub(crate) struct Net {
+    pub(crate) nodes: Vec<Node>,
     memory: Vec<ModelMemory>,
     /// link endpoints: for node n, link l leads to (node, link at that node).
     peers: Vec<Vec<(usize, LinkId)>>,
@@ -563,7 +563,7 @@ struct Net {
 
 impl Net {
     /// A random tree of `n` enclaves; the name server sits at a random one of them.
-    fn tree(n: usize, seed: u64, drop_per_thousand: u64, reorder: bool) -> Net {
+    pub(crate) fn tree(n: usize, seed: u64, drop_per_thousand: u64, reorder: bool) -> Net {
         let mut rng = Rng(seed | 1);
         let ns_at = rng.below(n as u64) as usize;
         let mut peers: Vec<Vec<(usize, LinkId)>> = vec![Vec::new(); n];
@@ -629,7 +629,7 @@ impl Net {
         }
     }
 
-    fn settle_ids(&mut self) {
+    pub(crate) fn settle_ids(&mut self) {
         for _ in 0..2000 {
             if self.nodes.iter().all(|n| n.id().is_some()) {
                 for (memory, node) in self.memory.iter_mut().zip(&self.nodes) {
@@ -643,7 +643,7 @@ impl Net {
     }
 
     /// Runs one request at `node` to completion (or to its give-up).
-    fn call(&mut self, node: usize, request: Request) -> Result<Reply, Error> {
+    pub(crate) fn call(&mut self, node: usize, request: Request) -> Result<Reply, Error> {
         let id = self.nodes[node].request(request, &mut self.memory[node])?;
         self.collect(node);
         for _ in 0..5000 {
