@@ -45,6 +45,12 @@ done
 
 # dexrun's and dexnode's command lines: each mistake is named, with status 2
 printf 'localhost:http\n' >"$LOG/hosts"
+printf '127.0.0.1\n' >"$LOG/hosts_ok"
+od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$LOG/secret"
+printf '0123abcd\n' >"$LOG/short_secret"
+cp "$LOG/secret" "$LOG/open_secret"
+chmod 600 "$LOG/secret" "$LOG/short_secret"
+chmod 644 "$LOG/open_secret"
 mistakes=0
 while IFS='|' read -r program expected args; do
 	# shellcheck disable=SC2086 # the arguments are words on purpose
@@ -64,11 +70,17 @@ dexrun|unknown option (or one missing its value): '--frob'|--frob /bin/true
 dexrun|--timeout takes seconds (0: none), not 'soon'|-n 2 --timeout soon /bin/true
 dexrun|unknown transport 'carrier-pigeon'|-n 2 --transport carrier-pigeon /bin/true
 dexrun|port 'http' of host localhost is not a number from 1 to 65535|--hosts $LOG/hosts /bin/true
-dexnode|port 'abc' is not a number from 1 to 65535|--listen 127.0.0.1:abc
+dexrun|--hosts needs --secret-file FILE, the dexnode agents' secret|--hosts $LOG/hosts_ok /bin/true
+dexrun|secret file $LOG/open_secret: group or others may access it (chmod 600)|--hosts $LOG/hosts_ok --secret-file $LOG/open_secret /bin/true
+dexnode|port 'abc' is not a number from 1 to 65535|--secret-file $LOG/secret --listen 127.0.0.1:abc
 dexnode|unknown option (or one missing its value): '--frob'|--frob
+dexnode|dexnode: no secret: give --secret-file FILE|
+dexnode|secret file $LOG/short_secret: a secret is 64 hex digits|--secret-file $LOG/short_secret
+dexnode|secret file $LOG/open_secret: group or others may access it (chmod 600)|--secret-file $LOG/open_secret
+dexnode|secret file $LOG/none: no such file|--secret-file $LOG/none
 CASES
 if [ $mistakes = 0 ]; then
-	pass "dexrun and dexnode name each command-line mistake (11 cases)"
+	pass "dexrun and dexnode name each command-line mistake, and refuse to run without a proper secret (17 cases)"
 else
 	fail "command-line mistakes ($mistakes not named)"
 fi

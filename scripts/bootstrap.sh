@@ -18,6 +18,7 @@ command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
 command -v musl-gcc >/dev/null || need+=(musl-tools)
 [ -x /bin/busybox ] || need+=(busybox-static)
 [ -f /usr/include/ucp/api/ucp.h ] || need+=(libucx-dev)   # dex's UCX transport
+[ -f /usr/include/nettle/hmac.h ] || need+=(nettle-dev)    # dex's connection authentication (HMAC-SHA256)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         say "missing packages: ${need[*]}; run as root or: sudo apt-get install -y ${need[*]}"

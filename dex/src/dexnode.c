@@ -1,24 +1,31 @@
 /* dexnode: the agent that starts DEX nodes on its host for dexrun --hosts.
  *
- *   dexnode [--listen ADDRESS[:PORT]] [--once]
+ *   dexnode --secret-file FILE [--listen ADDRESS[:PORT]] [--once]
  *
- * Listens on ADDRESS:PORT (default 0.0.0.0:7450). For each connection from
- * dexrun it runs the requested program, with the same working directory,
- * arguments and environment as dexrun sent, and with address-space
- * randomisation off, so the node's layout matches the origin's when this
- * host has the same binary and libraries at the same paths (the origin
- * checks that at HELLO and refuses a node whose layout differs). The node's
- * stdout and stderr travel back to dexrun, then its wait status. When
- * dexrun's connection closes (dexrun ended, was killed or Ctrl-C'd) the
- * node is killed.
+ * Listens on ADDRESS:PORT (default 127.0.0.1:7450: give the address of the
+ * cluster's private network to serve other hosts). Every connection must
+ * first prove it knows the agent's secret (FILE: 64 hex digits, readable
+ * only by its owner; the same file dexrun --secret-file reads) in a
+ * challenge-response (auth.h); one that does not within 5 s is closed, and
+ * at most MAX_PENDING connections may be unauthenticated at a time (more
+ * are refused at once). Each refusal is one line on stderr. Nothing is
+ * forked for a connection before it has authenticated.
  *
- * Whoever can connect can run programs as the agent's user: bind it to an
- * address of the cluster's private network only. --once serves one
- * connection and exits (tests). See node_agent_wire.h for the protocol. */
+ * For an authenticated request the agent runs the requested program, with
+ * the same working directory, arguments and environment as dexrun sent,
+ * the run's key derived from the run id in place (node_agent_wire.h), and
+ * with address-space randomisation off, so the node's layout matches the
+ * origin's when this host has the same binary and libraries at the same
+ * paths (the origin checks that at HELLO and refuses a node whose layout
+ * differs). The node's stdout and stderr travel back to dexrun, then its
+ * wait status. When dexrun's connection closes (dexrun ended, was killed or
+ * Ctrl-C'd) the node is killed. --once serves one authenticated connection
+ * and exits (tests). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -28,9 +35,17 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "node_agent_wire.h"
+
+/* Unauthenticated connections at a time: enough for dexrun's proxies of a
+ * 32-node run arriving together to queue briefly, few enough that strangers
+ * cannot exhaust descriptors. */
+#define MAX_PENDING 16
+
+static struct dex_auth_key agent_key;
 
 static void fail_to_dexrun(int conn, const char *what)
 {
@@ -39,32 +54,28 @@ static void fail_to_dexrun(int conn, const char *what)
 	agent_put_frame(conn, 'x', msg, (uint32_t)n);
 }
 
-/* Reads the start request; fills argv and envp (NULL-terminated). */
-static int read_request(int conn, char **cwd, char ***argv, char ***envp)
+/* Reads the start request after authentication (the socket carries a
+ * receive timeout) and gives the node the run's key. NULL, or why not. */
+static const char *read_request(int conn, struct agent_request *req, uint8_t **body)
 {
 	char magic[8];
-	uint32_t count;
-	if (agent_read_all(conn, magic, sizeof(magic)) || memcmp(magic, AGENT_MAGIC, 8) != 0 ||
-	    agent_read_all(conn, &count, sizeof(count)) || count < 3 || count > AGENT_MAX_STRINGS)
-		return -1;
-	char **strings = calloc(count + 2, sizeof(char *));
-	if (!strings)
-		return -1;
-	for (uint32_t i = 0; i < count; i++)
-		if (!(strings[i] = agent_get_string(conn)))
-			return -1;
-	long nargs = strtol(strings[1], NULL, 10);
-	if (nargs < 1 || nargs > (long)count - 2)
-		return -1;
-	*cwd = strings[0];
-	/* argv = strings[2 .. 2+nargs), envp = the rest; each NULL-terminated:
-	 * shift the environment one slot to make room for argv's NULL. */
-	memmove(&strings[3 + nargs], &strings[2 + nargs], (count - 2 - (size_t)nargs) * sizeof(char *));
-	strings[2 + nargs] = NULL;
-	strings[count + 1] = NULL;
-	*argv = &strings[2];
-	*envp = &strings[3 + nargs];
-	return 0;
+	uint32_t size;
+	if (agent_read_all(conn, magic, sizeof(magic)) || agent_read_all(conn, &size, sizeof(size)))
+		return "no start request";
+	if (memcmp(magic, AGENT_MAGIC, 8) != 0)
+		return "not a start request (dexrun of another version?)";
+	if (size > AGENT_MAX_REQUEST)
+		return "request too large";
+	*body = malloc(size ? size : 1);
+	if (!*body || agent_read_all(conn, *body, size))
+		return "truncated start request";
+	const char *why = agent_parse_request(*body, size, req);
+	if (why)
+		return why;
+	struct dex_auth_key run_key;
+	dex_auth_derive(&agent_key, AGENT_RUN_LABEL, req->run_id, DEX_AUTH_HEX, &run_key);
+	dex_auth_key_to_hex(&run_key, req->run_id); /* same length: 64 hex digits */
+	return NULL;
 }
 
 static void relay(int from_fd, int conn, char kind, int *open_flag)
@@ -79,13 +90,21 @@ static void relay(int from_fd, int conn, char kind, int *open_flag)
 	}
 }
 
-static void serve(int conn)
+/* Runs in a child forked for one authenticated connection. */
+static void serve(int conn, const char *peer)
 {
-	char *cwd, **argv, **envp;
-	if (read_request(conn, &cwd, &argv, &envp) != 0) {
-		fprintf(stderr, "dexnode: malformed start request\n");
+	struct agent_request req;
+	uint8_t *body = NULL;
+	struct timeval limit = { .tv_sec = DEX_AUTH_TIMEOUT_MS / 1000 }, none = { 0 };
+	setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+	const char *why = read_request(conn, &req, &body);
+	if (why) {
+		fprintf(stderr, "dexnode: refused the request from %s: %s\n", peer, why);
 		return;
 	}
+	free(body);
+	setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
+	char *cwd = req.cwd, **argv = req.argv, **envp = req.envp;
 	int out[2], err[2];
 	if (pipe(out) != 0 || pipe(err) != 0) {
 		fail_to_dexrun(conn, "pipe");
@@ -146,21 +165,136 @@ static void serve(int conn)
 	agent_put_frame(conn, 's', text, (uint32_t)n);
 }
 
+/* A connection that has not authenticated yet: the agent's challenge is
+ * out, the client's proof is being read (without blocking) until it is
+ * complete or the deadline passes. */
+struct pending {
+	int fd;
+	double deadline;
+	size_t got;
+	struct dex_auth_exchange exchange;
+	uint8_t proof[DEX_AUTH_PROOF_BYTES];
+	char peer[64];
+};
+static struct pending pending[MAX_PENDING];
+static int npending;
+
+static double now_seconds(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void drop_pending(int i, const char *why)
+{
+	if (why)
+		fprintf(stderr, "dexnode: closed the connection from %s: %s\n", pending[i].peer, why);
+	close(pending[i].fd);
+	pending[i] = pending[--npending];
+}
+
+static void accept_one(int listener)
+{
+	struct sockaddr_in from;
+	socklen_t len = sizeof(from);
+	int conn = accept4(listener, (struct sockaddr *)&from, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+	if (conn < 0)
+		return;
+	char peer[64];
+	snprintf(peer, sizeof(peer), "%s:%d", inet_ntoa(from.sin_addr), ntohs(from.sin_port));
+	if (npending == MAX_PENDING) {
+		fprintf(stderr, "dexnode: refused the connection from %s: %d unauthenticated connections already\n",
+			peer, MAX_PENDING);
+		close(conn);
+		return;
+	}
+	struct pending *p = &pending[npending];
+	uint8_t challenge[DEX_AUTH_CHALLENGE_BYTES];
+	/* a fresh socket's buffer takes the 40 bytes at once */
+	if (dex_auth_challenge(&p->exchange, challenge) != 0 ||
+	    send(conn, challenge, sizeof(challenge), MSG_NOSIGNAL) != (ssize_t)sizeof(challenge)) {
+		close(conn);
+		return;
+	}
+	p->fd = conn;
+	p->got = 0;
+	p->deadline = now_seconds() + DEX_AUTH_TIMEOUT_MS / 1000.0;
+	snprintf(p->peer, sizeof(p->peer), "%s", peer);
+	npending++;
+}
+
+/* Reads what pending connection `i` sent; once its proof is complete,
+ * either refuses it or answers and forks its server. Returns the server's
+ * pid, 0 while still pending, -1 if the connection was closed. */
+static pid_t advance_pending(int i, int listener)
+{
+	struct pending *p = &pending[i];
+	ssize_t n = recv(p->fd, p->proof + p->got, sizeof(p->proof) - p->got, 0);
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return 0;
+	if (n <= 0) {
+		drop_pending(i, "closed before authenticating");
+		return -1;
+	}
+	p->got += (size_t)n;
+	if (p->got < sizeof(p->proof))
+		return 0;
+	uint8_t answer[DEX_AUTH_BYTES], session[DEX_AUTH_BYTES];
+	if (!dex_auth_check_proof(&agent_key, &p->exchange, p->proof, answer, session)) {
+		drop_pending(i, "wrong secret (authentication failed)");
+		return -1;
+	}
+	int flags = fcntl(p->fd, F_GETFL);
+	fcntl(p->fd, F_SETFL, flags & ~O_NONBLOCK);
+	if (send(p->fd, answer, sizeof(answer), MSG_NOSIGNAL) != (ssize_t)sizeof(answer)) {
+		drop_pending(i, "closed while authenticating");
+		return -1;
+	}
+	int one = 1;
+	setsockopt(p->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	pid_t server = fork();
+	if (server == 0) {
+		close(listener);
+		for (int j = 0; j < npending; j++)
+			if (j != i)
+				close(pending[j].fd);
+		serve(p->fd, p->peer);
+		_exit(0);
+	}
+	if (server < 0)
+		fprintf(stderr, "dexnode: cannot serve %s: fork: %s\n", p->peer, strerror(errno));
+	drop_pending(i, NULL);
+	return server < 0 ? -1 : server;
+}
+
 int main(int argc, char **argv)
 {
-	const char *listen_at = "0.0.0.0";
+	const char *listen_at = "127.0.0.1", *secret_file = NULL;
 	int once = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--listen") && i + 1 < argc)
 			listen_at = argv[++i];
+		else if (!strcmp(argv[i], "--secret-file") && i + 1 < argc)
+			secret_file = argv[++i];
 		else if (!strcmp(argv[i], "--once"))
 			once = 1;
 		else {
 			fprintf(stderr, "dexnode: unknown option (or one missing its value): '%s'\n"
-					"usage: dexnode [--listen ADDRESS[:PORT]] [--once]\n",
+					"usage: dexnode --secret-file FILE [--listen ADDRESS[:PORT]] [--once]\n",
 				argv[i]);
 			return 2;
 		}
+	}
+	if (!secret_file) {
+		fprintf(stderr, "dexnode: no secret: give --secret-file FILE (64 hex digits, readable only by its "
+				"owner; dexrun --hosts reads the same file)\n");
+		return 2;
+	}
+	const char *bad = dex_auth_key_from_file(secret_file, &agent_key);
+	if (bad) {
+		fprintf(stderr, "dexnode: secret file %s: %s\n", secret_file, bad);
+		return 2;
 	}
 	char address[64];
 	snprintf(address, sizeof(address), "%s", listen_at);
@@ -176,11 +310,11 @@ int main(int argc, char **argv)
 	}
 	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
 	int one = 1;
-	int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (inet_pton(AF_INET, address, &sa.sin_addr) != 1) {
 		fprintf(stderr, "dexnode: bad address %s\n", address);
 		return 2;
 	}
+	int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 	if (bind(listener, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(listener, 16) != 0) {
 		fprintf(stderr, "dexnode: cannot listen on %s:%d: %s\n", address, port, strerror(errno));
@@ -189,23 +323,35 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 	signal(SIGCHLD, SIG_DFL);
 	fprintf(stderr, "dexnode: listening on %s:%d\n", address, port);
+	pid_t served = 0;
 	for (;;) {
-		int conn = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
-		if (conn < 0)
-			continue;
-		setsockopt(conn, IPPROTO_TCP, 1 /* TCP_NODELAY */, &one, sizeof(one));
-		pid_t server = fork();
-		if (server == 0) {
-			close(listener);
-			serve(conn);
-			_exit(0);
-		}
-		close(conn);
-		if (once) {
-			waitpid(server, NULL, 0);
-			return 0;
-		}
 		while (waitpid(-1, NULL, WNOHANG) > 0)
 			; /* reap finished servers */
+		if (once && served && kill(served, 0) != 0)
+			return 0;
+		struct pollfd fds[1 + MAX_PENDING];
+		fds[0] = (struct pollfd){ .fd = once && served ? -1 : listener, .events = POLLIN };
+		double now = now_seconds(), wake = now + 1; /* at least once a second: reaping */
+		for (int i = 0; i < npending; i++) {
+			fds[1 + i] = (struct pollfd){ .fd = pending[i].fd, .events = POLLIN };
+			if (pending[i].deadline < wake)
+				wake = pending[i].deadline;
+		}
+		int count = npending;
+		if (poll(fds, (nfds_t)(1 + count), (int)((wake - now) * 1000) + 1) < 0 && errno != EINTR)
+			return 1;
+		now = now_seconds();
+		/* from the last, so that dropping (which moves the last into
+		 * the hole) never skips one */
+		for (int i = count - 1; i >= 0; i--) {
+			if (fds[1 + i].revents) {
+				pid_t server = advance_pending(i, listener);
+				if (server > 0 && once)
+					served = server;
+			} else if (now >= pending[i].deadline)
+				drop_pending(i, "no authentication within 5 s");
+		}
+		if (fds[0].revents)
+			accept_one(listener);
 	}
 }

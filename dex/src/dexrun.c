@@ -26,7 +26,15 @@
  * timeout) closes the connection and the agent kills the node. The binary,
  * its libraries and the working directory must exist at the same paths on
  * every host; a host whose binary or libraries differ is refused by the
- * origin's layout check at HELLO. */
+ * origin's layout check at HELLO. --secret-file FILE names the agents'
+ * secret (64 hex digits, readable only by its owner; the file dexnode
+ * reads): dexrun proves it knows it to each agent, and they to dexrun.
+ *
+ * Every run has its own key: random for local runs; for --hosts derived
+ * from the agents' secret and a random run id, which the agents use to give
+ * their nodes the same key (node_agent_wire.h). Every process of the run
+ * finds it in DEX_RUN_SECRET and the nodes' connections to the origin prove
+ * it (auth.h): a process without it cannot join the run. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
@@ -70,6 +78,8 @@ struct remote_host {
 };
 static struct remote_host hosts[MAX_NODES];
 static int nhosts;
+static struct dex_auth_key agent_key; /* --secret-file, for --hosts */
+static char run_id[DEX_AUTH_HEX + 1];  /* --hosts: what the agents derive the run's key from */
 
 static int read_hosts_file(const char *path)
 {
@@ -115,6 +125,59 @@ static int read_hosts_file(const char *path)
 	return 0;
 }
 
+static void put_string(char **at, const char *text)
+{
+	uint32_t len = (uint32_t)strlen(text);
+	memcpy(*at, &len, sizeof(len));
+	memcpy(*at + sizeof(len), text, len);
+	*at += sizeof(len) + len;
+}
+
+/* The start request (node_agent_wire.h): the run id stands in for the
+ * run's key, which the agent derives from it. 0, or -1 if the agent hung up
+ * or the request is too large. */
+static int send_request(int conn, const char *cwd, char **args)
+{
+	extern char **environ;
+	static const char secret_entry[] = DEX_AUTH_ENV "=";
+	char id_entry[sizeof(secret_entry) + DEX_AUTH_HEX];
+	snprintf(id_entry, sizeof(id_entry), "%s%s", secret_entry, run_id);
+	uint32_t nargs = 0, nenv = 0;
+	while (args[nargs])
+		nargs++;
+	while (environ[nenv])
+		nenv++;
+	char nargs_text[16];
+	snprintf(nargs_text, sizeof(nargs_text), "%u", nargs);
+	const char *strings[2 + nargs + nenv];
+	strings[0] = cwd;
+	strings[1] = nargs_text;
+	for (uint32_t i = 0; i < nargs; i++)
+		strings[2 + i] = args[i];
+	for (uint32_t i = 0; i < nenv; i++)
+		strings[2 + nargs + i] = strncmp(environ[i], secret_entry, sizeof(secret_entry) - 1) ? environ[i] : id_entry;
+	uint32_t count = 2 + nargs + nenv;
+	size_t size = sizeof(count);
+	for (uint32_t i = 0; i < count; i++)
+		size += sizeof(uint32_t) + strlen(strings[i]);
+	if (size > AGENT_MAX_REQUEST) {
+		fprintf(stderr, "dexrun: arguments and environment exceed the agents' %u bytes\n", AGENT_MAX_REQUEST);
+		return -1;
+	}
+	char *body = malloc(size), *at = body;
+	if (!body)
+		return -1;
+	memcpy(at, &count, sizeof(count));
+	at += sizeof(count);
+	for (uint32_t i = 0; i < count; i++)
+		put_string(&at, strings[i]);
+	uint32_t size32 = (uint32_t)size;
+	int bad = agent_write_all(conn, AGENT_MAGIC, 8) || agent_write_all(conn, &size32, sizeof(size32)) ||
+		  agent_write_all(conn, body, size);
+	free(body);
+	return bad ? -1 : 0;
+}
+
 /* Runs in the forked proxy of a remote node: connect to the host's agent,
  * start the node there, relay its output, and end the way it ended. */
 static void run_on_host(const struct remote_host *h, const char *boot_format, char **args)
@@ -133,6 +196,12 @@ static void run_on_host(const struct remote_host *h, const char *boot_format, ch
 	}
 	int one = 1;
 	setsockopt(conn, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	uint8_t session[DEX_AUTH_BYTES];
+	const char *refused = dex_auth_join(conn, &agent_key, session);
+	if (refused) {
+		fprintf(stderr, "dexrun: the dexnode agent at %s:%d: %s\n", h->address, h->port, refused);
+		_exit(127);
+	}
 	/* the node reaches the origin at the address this host used */
 	struct sockaddr_in local;
 	socklen_t len = sizeof(local);
@@ -143,27 +212,12 @@ static void run_on_host(const struct remote_host *h, const char *boot_format, ch
 	snprintf(boot, sizeof(boot), boot_format, origin);
 	setenv("DEX_BOOT", boot, 1);
 
-	extern char **environ;
 	char cwd[4096];
 	if (!getcwd(cwd, sizeof(cwd))) {
 		perror("dexrun: getcwd");
 		_exit(127);
 	}
-	uint32_t nargs = 0, nenv = 0;
-	while (args[nargs])
-		nargs++;
-	while (environ[nenv])
-		nenv++;
-	uint32_t count = 2 + nargs + nenv;
-	char nargs_text[16];
-	snprintf(nargs_text, sizeof(nargs_text), "%u", nargs);
-	int bad = agent_write_all(conn, AGENT_MAGIC, 8) || agent_write_all(conn, &count, sizeof(count)) ||
-		  agent_put_string(conn, cwd) || agent_put_string(conn, nargs_text);
-	for (uint32_t i = 0; i < nargs && !bad; i++)
-		bad = agent_put_string(conn, args[i]);
-	for (uint32_t i = 0; i < nenv && !bad; i++)
-		bad = agent_put_string(conn, environ[i]);
-	if (bad) {
+	if (send_request(conn, cwd, args) != 0) {
 		fprintf(stderr, "dexrun: the agent at %s:%d hung up\n", h->address, h->port);
 		_exit(127);
 	}
@@ -198,13 +252,41 @@ static void run_on_host(const struct remote_host *h, const char *boot_format, ch
 	_exit(1);
 }
 
+/* The run's key into DEX_RUN_SECRET (see the top). 0, or -1 after saying why not. */
+static int make_run_key(const char *secret_file)
+{
+	struct dex_auth_key key;
+	char hex[DEX_AUTH_HEX + 1];
+	if (nhosts) {
+		const char *bad = secret_file ? dex_auth_key_from_file(secret_file, &agent_key) : NULL;
+		if (!secret_file || bad) {
+			fprintf(stderr, secret_file ? "dexrun: secret file %s: %s\n"
+						    : "dexrun: --hosts needs --secret-file FILE, the dexnode agents' secret\n",
+				secret_file, bad);
+			return -1;
+		}
+		struct dex_auth_key id;
+		if (dex_auth_random(id.bytes, sizeof(id.bytes)) != 0)
+			goto no_random;
+		dex_auth_key_to_hex(&id, run_id);
+		dex_auth_derive(&agent_key, AGENT_RUN_LABEL, run_id, DEX_AUTH_HEX, &key);
+	} else if (dex_auth_random(key.bytes, sizeof(key.bytes)) != 0)
+		goto no_random;
+	dex_auth_key_to_hex(&key, hex);
+	setenv(DEX_AUTH_ENV, hex, 1);
+	return 0;
+no_random:
+	perror("dexrun: getrandom");
+	return -1;
+}
+
 /* Says what is wrong with the command line (if `problem`), then how to use it, and exits. */
 static void usage(const char *problem, const char *word)
 {
 	if (problem)
 		fprintf(stderr, word ? "dexrun: %s '%s'\n" : "dexrun: %s\n", problem, word);
-	fprintf(stderr, "usage: dexrun [-n N] [--transport tcp|ucx] [--netns | --hosts FILE] [--timeout SECONDS] program "
-			"[args...]\n");
+	fprintf(stderr, "usage: dexrun [-n N] [--transport tcp|ucx] [--netns | --hosts FILE --secret-file FILE] "
+			"[--timeout SECONDS] program [args...]\n");
 	exit(2);
 }
 
@@ -356,6 +438,7 @@ static int exit_code_of(int status)
 int main(int argc, char **argv)
 {
 	int nodes = 0, use_netns = 0;
+	const char *secret_file = NULL;
 	double timeout = 0;
 	int i = 1;
 	for (; i < argc && argv[i][0] == '-'; i++) {
@@ -373,6 +456,8 @@ int main(int argc, char **argv)
 		} else if (!strcmp(argv[i], "--hosts") && i + 1 < argc) {
 			if (read_hosts_file(argv[++i]) != 0)
 				return 2;
+		} else if (!strcmp(argv[i], "--secret-file") && i + 1 < argc) {
+			secret_file = argv[++i];
 		} else if (!strcmp(argv[i], "--netns"))
 			use_netns = 1;
 		else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) {
@@ -396,6 +481,9 @@ int main(int argc, char **argv)
 							  : "more nodes than hosts in the hosts file");
 		return 2;
 	}
+
+	if (make_run_key(secret_file) != 0)
+		return 2;
 
 	int listener = socket(AF_INET, SOCK_STREAM, 0);
 	struct sockaddr_in sa = { .sin_family = AF_INET };

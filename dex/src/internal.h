@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
+#include "auth.h"
 #include "protocol.h"
 #include "rawsys.h"
 
@@ -100,6 +101,7 @@ struct dex_peer {
 	struct dex_lock send_lock;
 	uint32_t sequence;
 	uint64_t last_data_ns; /* the receiver's last read that returned bytes (polling) */
+	uint8_t session[DEX_AUTH_BYTES]; /* the connection's session key (auth.h) */
 };
 
 /* The seam between the runtime and a wire. The runtime frames, validates

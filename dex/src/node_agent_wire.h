@@ -1,9 +1,17 @@
 /* The wire between dexrun and a dexnode agent (dexrun --hosts FILE).
  *
- * dexrun connects to the agent and sends one start request:
- *   "DEXNODE1", u32 count, then count strings (u32 length + bytes):
+ * dexrun connects; the agent challenges it and both prove they know the
+ * agent's secret (auth.h: nothing else is read from a connection first).
+ * Then dexrun sends one start request:
+ *   "DEXNODE2", u32 size, then `size` bytes (at most AGENT_MAX_REQUEST):
+ *   u32 count, then count strings (u32 length + bytes, no NUL inside):
  *   the working directory, the number of arguments as a decimal string,
  *   the arguments, then the environment entries.
+ * The environment has one DEX_RUN_SECRET entry, whose value is the run's id
+ * (64 hex digits, not secret): the agent gives the node the run's key in
+ * its place, HMAC(agent secret, "dex run" | id) in hex (agent_run_key), as
+ * dexrun gave the origin. The entry keeps its length and place, so the
+ * node's environment has the size the origin's has.
  * The agent answers with frames, u8 kind + u32 length + bytes:
  *   'o' / 'e'  bytes the node wrote to its stdout / stderr,
  *   'x'        the agent could not start the node (a message),
@@ -19,10 +27,29 @@
 #include <string.h>
 #include <unistd.h>
 
-#define AGENT_MAGIC "DEXNODE1"
+#include "auth.h"
+
+#define AGENT_MAGIC "DEXNODE2"
 #define AGENT_DEFAULT_PORT 7450
 #define AGENT_MAX_STRINGS 65536
 #define AGENT_MAX_STRING (1u << 20)
+#define AGENT_MAX_REQUEST (4u << 20)
+#define AGENT_RUN_LABEL "dex run"
+
+/* A parsed start request (node_agent_request.c). */
+struct agent_request {
+	char *cwd;
+	char **argv;     /* NULL-terminated */
+	char **envp;     /* NULL-terminated */
+	char *run_id;    /* the value of envp's DEX_RUN_SECRET entry */
+	char **strings;  /* what agent_request_free releases */
+	char *storage;
+};
+
+/* Parses a request body of `len` bytes; NULL, or a static reason. On
+ * success the caller releases it with agent_request_free. */
+const char *agent_parse_request(const uint8_t *body, size_t len, struct agent_request *req);
+void agent_request_free(struct agent_request *req);
 
 /* `text` as a whole number from `low` to `high`, or -1 (for ports and counts given on
  * command lines and in hosts files). */
@@ -64,27 +91,6 @@ static inline int agent_read_all(int fd, void *buf, size_t len)
 		len -= (size_t)n;
 	}
 	return 0;
-}
-
-static inline int agent_put_string(int fd, const char *s)
-{
-	uint32_t len = (uint32_t)strlen(s);
-	return agent_write_all(fd, &len, sizeof(len)) || agent_write_all(fd, s, len) ? -1 : 0;
-}
-
-/* Returns a malloc'ed, NUL-terminated string, or NULL. */
-static inline char *agent_get_string(int fd)
-{
-	uint32_t len;
-	if (agent_read_all(fd, &len, sizeof(len)) || len > AGENT_MAX_STRING)
-		return NULL;
-	char *s = malloc(len + 1);
-	if (!s || agent_read_all(fd, s, len)) {
-		free(s);
-		return NULL;
-	}
-	s[len] = 0;
-	return s;
 }
 
 static inline int agent_put_frame(int fd, char kind, const void *data, uint32_t len)

@@ -1599,7 +1599,34 @@ static int read_with_timeout(int fd, void *buf, size_t len, int timeout_ms)
 	return 0;
 }
 
-static void origin_accept_nodes(int listen_fd)
+struct joining {
+	struct dex_msg_header h;
+	struct dex_msg_hello hello;
+};
+
+/* A joining node's HELLO; NULL, or why it is refused. */
+static const char *read_hello(int fd, struct joining *in, const struct dex_validation_limits *lim,
+			      const uint64_t mine[DEX_FINGERPRINT_WORDS])
+{
+	const char *why;
+	if (read_with_timeout(fd, &in->h, sizeof(in->h), 5000) != 0)
+		return "no HELLO within 5 s";
+	if ((why = dex_msg_check_header(&in->h, lim)) != NULL)
+		return why;
+	if (in->h.type != DEX_MSG_HELLO || in->h.length != sizeof(in->hello))
+		return "first message is not HELLO";
+	if (read_with_timeout(fd, &in->hello, sizeof(in->hello), 5000) != 0)
+		return "truncated HELLO";
+	if ((why = dex_msg_check(&in->h, &in->hello, lim)) != NULL)
+		return why;
+	if (dex_rt.peers[in->hello.node].fd > 0)
+		return "node number already joined";
+	if (memcmp(in->hello.fingerprint, mine, DEX_FINGERPRINT_WORDS * sizeof(uint64_t)) != 0)
+		return "address-space layout differs (same binary and ASLR off required)";
+	return NULL;
+}
+
+static void origin_accept_nodes(int listen_fd, const struct dex_auth_key *key)
 {
 	uint64_t mine[DEX_FINGERPRINT_WORDS];
 	fingerprint(mine);
@@ -1618,25 +1645,12 @@ static void origin_accept_nodes(int listen_fd)
 		if (fd < 0)
 			continue;
 		tune_socket(fd);
-		struct {
-			struct dex_msg_header h;
-			struct dex_msg_hello hello;
-		} in;
-		const char *why = NULL;
-		if (read_with_timeout(fd, &in.h, sizeof(in.h), 5000) != 0)
-			why = "no HELLO within 5 s";
-		else if ((why = dex_msg_check_header(&in.h, &lim)) == NULL) {
-			if (in.h.type != DEX_MSG_HELLO || in.h.length != sizeof(in.hello))
-				why = "first message is not HELLO";
-			else if (read_with_timeout(fd, &in.hello, sizeof(in.hello), 5000) != 0)
-				why = "truncated HELLO";
-			else if ((why = dex_msg_check(&in.h, &in.hello, &lim)) == NULL) {
-				if (dex_rt.peers[in.hello.node].fd > 0)
-					why = "node number already joined";
-				else if (memcmp(in.hello.fingerprint, mine, sizeof(mine)) != 0)
-					why = "address-space layout differs (same binary and ASLR off required)";
-			}
-		}
+		struct joining in = { 0 };
+		uint8_t session[DEX_AUTH_BYTES];
+		/* one stranger at a time, for at most 5 s: the run's secret first */
+		const char *why = dex_auth_serve(fd, key, session);
+		if (!why)
+			why = read_hello(fd, &in, &lim, mine);
 		struct dex_msg_welcome welcome = { .status = why ? 1 : 0 };
 		struct dex_msg_header wh;
 		dex_msg_fill_header(&wh, DEX_MSG_WELCOME, 0, sizeof(welcome), 0);
@@ -1653,6 +1667,7 @@ static void origin_accept_nodes(int listen_fd)
 		if (writev(fd, iov, 2) != (ssize_t)(sizeof(wh) + sizeof(welcome)))
 			dex_fatal("cannot welcome node %u", in.hello.node);
 		dex_rt.peers[in.hello.node].fd = fd;
+		memcpy(dex_rt.peers[in.hello.node].session, session, sizeof(session));
 		joined++;
 	}
 	close(listen_fd);
@@ -1665,7 +1680,7 @@ static void origin_accept_nodes(int listen_fd)
 	dex_start_service_thread(origin_pinger, NULL);
 }
 
-static void node_join_origin(uint32_t ip, int port)
+static void node_join_origin(uint32_t ip, int port, const struct dex_auth_key *key)
 {
 	int fd = -1;
 	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
@@ -1681,6 +1696,9 @@ static void node_join_origin(uint32_t ip, int port)
 	if (fd < 0)
 		dex_fatal("cannot connect to the origin on port %d", port);
 	tune_socket(fd);
+	const char *why = dex_auth_join(fd, key, dex_rt.peers[0].session);
+	if (why)
+		dex_fatal("cannot join the origin: %s", why);
 	dex_rt.peers[0].fd = fd;
 	struct dex_msg_hello hello = { .version = DEX_PROTOCOL_VERSION, .node = dex_rt.node, .nodes = dex_rt.nodes };
 	fingerprint(hello.fingerprint);
@@ -1786,6 +1804,12 @@ __attribute__((constructor(101))) static void dex_init(int argc, char **argv, ch
 		close(listen_fd);
 		return;
 	}
+	/* every connection of the run proves it knows the run's secret (auth.h) */
+	const char *secret = getenv(DEX_AUTH_ENV);
+	struct dex_auth_key key;
+	const char *bad_secret = secret ? dex_auth_key_from_hex(secret, &key) : "it is not set";
+	if (bad_secret)
+		dex_fatal("%s: %s (dexrun sets it for every process of a run)", DEX_AUTH_ENV, bad_secret);
 	if (!(personality(0xffffffff) & ADDR_NO_RANDOMIZE)) {
 		/* Started by hand with randomisation on: turn it off and run the
 		 * same program again, so its layout matches the other nodes'. */
@@ -1823,12 +1847,12 @@ __attribute__((constructor(101))) static void dex_init(int argc, char **argv, ch
 			dex_fatal("out of memory for the directory");
 		dsm_dir_init(&dex_rt.dir, pages, dex_rt.total_pages, nodes, queue, (uint32_t)pool);
 		dex_heap_init_origin();
-		origin_accept_nodes(listen_fd);
+		origin_accept_nodes(listen_fd, &key);
 		return;
 	}
 	close(listen_fd);
 	dex_thread_create_block(DEX_ROLE_SERVICE);
-	node_join_origin(origin_ip, (int)port);
+	node_join_origin(origin_ip, (int)port, &key);
 	connect_selected_transport();
 	dex_node_start_workers();
 	node_receive_loop();

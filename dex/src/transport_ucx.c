@@ -3,11 +3,14 @@
  *
  * UCX's worker/endpoint API (ucp) with tagged messages: one message of the
  * runtime (header + payload, at most DEX_MAX_PAYLOAD bytes) is one tagged
- * send whose tag is the sender's node number; UCX keeps messages between
- * two endpoints in order. Workers' addresses travel over the TCP bootstrap
- * socket that carried HELLO/WELCOME; that socket then stays open only to
- * notice a peer's death at once (its EOF), since UCX's shared-memory
- * transports give no such signal. UCX picks its transports from UCX_TLS as
+ * send whose tag is the sender's node number (low 8 bits) under a value
+ * derived from the bootstrap connection's session key (auth.h), so that a
+ * process that finds the worker's address cannot inject messages; UCX
+ * keeps messages between two endpoints in order. Workers' addresses travel
+ * over the TCP bootstrap socket that carried the authentication and
+ * HELLO/WELCOME; that socket then stays open only to notice a peer's death
+ * at once (its EOF), since UCX's shared-memory transports give no such
+ * signal. UCX picks its transports from UCX_TLS as
  * usual (shared memory and TCP on loopback; InfiniBand or RoCE where
  * present); this file names none.
  *
@@ -52,6 +55,10 @@ static struct {
 	void *receive_request;
 	bool receive_done;
 	ucp_tag_recv_info_t receive_info;
+	/* Tags of this run's messages per peer (dex_auth_tag): a process that
+	 * reaches the worker without the run's secret cannot forge them. */
+	uint64_t tag_out[DEX_MAX_NODES], tag_in[DEX_MAX_NODES];
+	unsigned rejected;
 	uint64_t busy_ns; /* when the pump last moved a message (DEX_POLL_US) */
 } ucx;
 
@@ -86,11 +93,17 @@ static bool deliver_received(void)
 			ucx.receive_request = NULL;
 			ucx.receive_done = true;
 		}
-		unsigned from = (unsigned)ucx.receive_info.sender_tag;
+		uint64_t tag = ucx.receive_info.sender_tag;
+		unsigned from = (unsigned)(tag & 0xff);
 		size_t length = ucx.receive_info.length;
-		if (ucx.receive_info.sender_tag >= DEX_MAX_NODES || !dex_queue_is_peer(from))
-			dex_fatal("UCX transport: rejected a message tagged %#llx, not from a peer",
-				  (unsigned long long)ucx.receive_info.sender_tag);
+		if (from >= DEX_MAX_NODES || !dex_queue_is_peer(from) || tag != ucx.tag_in[from]) {
+			/* a stranger's message is dropped, and the run goes on */
+			if (ucx.rejected++ < 8)
+				dex_log("UCX transport: dropped a message tagged %#llx, not from a node of this run",
+					(unsigned long long)tag);
+			post_receive();
+			continue;
+		}
 		if (!dex_queue_deliver(from, ucx.receive_buffer, length))
 			return moved;
 		moved = true;
@@ -146,7 +159,7 @@ static void send_outbound(void)
 	while ((message = dex_queue_next_outbound(&peer, &length))) {
 		if (!dex_queue_peer_is_gone(peer)) {
 			ucp_request_param_t param = { .op_attr_mask = 0 };
-			ucs_status_ptr_t req = ucp_tag_send_nbx(ucx.endpoints[peer], message, length, dex_rt.node, &param);
+			ucs_status_ptr_t req = ucp_tag_send_nbx(ucx.endpoints[peer], message, length, ucx.tag_out[peer], &param);
 			if (UCS_PTR_IS_ERR(req)) {
 				dex_queue_peer_gone(peer);
 			} else if (req) {
@@ -366,14 +379,14 @@ enum { WARM_UP_ROUNDS = 160, WARM_UP_BYTES = 8000 };
 static bool warm_up_send(unsigned peer, void *buffer, uint64_t deadline_ns)
 {
 	ucp_request_param_t param = { .op_attr_mask = 0 };
-	return wait_request(ucp_tag_send_nbx(ucx.endpoints[peer], buffer, WARM_UP_BYTES, WARM_UP_TAG | dex_rt.node, &param),
+	return wait_request(ucp_tag_send_nbx(ucx.endpoints[peer], buffer, WARM_UP_BYTES, WARM_UP_TAG | ucx.tag_out[peer], &param),
 			    deadline_ns);
 }
 
 static bool warm_up_receive(unsigned peer, void *buffer, uint64_t deadline_ns)
 {
 	ucp_request_param_t param = { .op_attr_mask = 0 };
-	return wait_request(ucp_tag_recv_nbx(ucx.worker, buffer, WARM_UP_BYTES, WARM_UP_TAG | peer, ~UINT64_C(0), &param),
+	return wait_request(ucp_tag_recv_nbx(ucx.worker, buffer, WARM_UP_BYTES, WARM_UP_TAG | ucx.tag_in[peer], ~UINT64_C(0), &param),
 			    deadline_ns);
 }
 
@@ -427,6 +440,12 @@ static int ucx_connect(void)
 		return -1;
 	ucp_worker_release_address(ucx.worker, mine);
 
+	for (unsigned p = 0; p < dex_rt.nodes; p++) {
+		if (!dex_queue_is_peer(p))
+			continue;
+		ucx.tag_out[p] = dex_auth_tag(dex_rt.peers[p].session, dex_rt.node);
+		ucx.tag_in[p] = dex_auth_tag(dex_rt.peers[p].session, p);
+	}
 	if (warm_up_paths() != 0)
 		return -1;
 	dex_queue_init();

@@ -17,10 +17,12 @@ cleanup() {
 	wait 2>/dev/null
 	for l in "${links[@]}"; do ip link del "$l" 2>/dev/null; done
 	for ns in "${namespaces[@]}"; do ip netns del "$ns" 2>/dev/null; done
-	rm -f "$hosts" "$bad_hosts" "$out"
+	rm -f "$hosts" "$bad_hosts" "$out" "$secret"
 }
 trap cleanup EXIT
-hosts=$(mktemp) bad_hosts=$(mktemp) out=$(mktemp)
+hosts=$(mktemp) bad_hosts=$(mktemp) out=$(mktemp) secret=$(mktemp)
+# the agents' secret (mktemp makes it 0600), as dexnode and dexrun require
+od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$secret"
 failures=0
 check() { # description command...
 	local what=$1
@@ -43,7 +45,7 @@ make_host() { # k [command prefix for the agent]
 	ip -n "$ns" link set lo up
 	# as on a real network, every host reaches all of the origin's addresses
 	ip -n "$ns" route add default via "10.$subnet.$k.1"
-	ip netns exec "$ns" "$@" "$BUILD/dexnode" --listen "10.$subnet.$k.2:7450" 2>/dev/null &
+	ip netns exec "$ns" "$@" "$BUILD/dexnode" --secret-file "$secret" --listen "10.$subnet.$k.2:7450" 2>/dev/null &
 	agents+=($!)
 }
 make_host 1 || exit 1
@@ -64,9 +66,9 @@ run_ok() { # transport
 	# UCX would see one machine and pick shared memory, whose wake-up
 	# socket (abstract unix) does not cross network namespaces: make the
 	# namespaced hosts talk UCX over TCP, as separate machines would.
-	UCX_TLS=tcp,self timeout 60 "$BUILD/dexrun" --timeout 50 --transport "$1" --hosts "$hosts" "$BUILD/coherence" mutex 6 500 >"$out" 2>&1 &&
+	UCX_TLS=tcp,self timeout 60 "$BUILD/dexrun" --timeout 50 --transport "$1" --hosts "$hosts" --secret-file "$secret" "$BUILD/coherence" mutex 6 500 >"$out" 2>&1 &&
 		grep -q "PASS mutex: counter 3000, expected 3000 on 3 nodes" "$out" &&
-		UCX_TLS=tcp,self timeout 60 "$BUILD/dexrun" --timeout 50 --transport "$1" --hosts "$hosts" "$BUILD/netns_probe" >"$out" 2>&1 &&
+		UCX_TLS=tcp,self timeout 60 "$BUILD/dexrun" --timeout 50 --transport "$1" --hosts "$hosts" --secret-file "$secret" "$BUILD/netns_probe" >"$out" 2>&1 &&
 		grep -q "3 distinct for 3 nodes" "$out"
 }
 check "--hosts: 3 nodes, 2 on namespaced hosts through dexnode agents (tcp): mutex counter and 3 network namespaces" run_ok tcp
@@ -76,7 +78,7 @@ fi
 
 refused() {
 	# a join timeout shorter than the 3 s dexrun grants the origin to report a failed node
-	DEX_JOIN_TIMEOUT=2 timeout 60 "$BUILD/dexrun" --timeout 50 --hosts "$bad_hosts" "$BUILD/coherence" mutex 2 10 \
+	DEX_JOIN_TIMEOUT=2 timeout 60 "$BUILD/dexrun" --timeout 50 --hosts "$bad_hosts" --secret-file "$secret" "$BUILD/coherence" mutex 2 10 \
 		>"$out" 2>&1
 	local rc=$?
 	[ $rc -ne 0 ] && grep -q "address-space layout differs" "$out" && grep -q "only 1 of 2 nodes joined" "$out"
@@ -84,7 +86,7 @@ refused() {
 check "a host whose binary differs is refused by the layout check" refused
 
 killed() {
-	"$BUILD/dexrun" --hosts "$hosts" "$BUILD/coherence" pingpong 2 424242441 >"$out" 2>&1 &
+	"$BUILD/dexrun" --hosts "$hosts" --secret-file "$secret" "$BUILD/coherence" pingpong 2 424242441 >"$out" 2>&1 &
 	local runner=$!
 	sleep 1.5
 	local before

@@ -5,9 +5,11 @@ Starts an origin and one node by hand (as dexrun would), with a relay
 between them. Before the node joins, a stranger connects to the origin and
 sends garbage: the origin must log the rejection and keep waiting. After the
 node has joined, the relay injects a PAGE_REQUEST for an address outside the
-shared regions: the origin must reject it, stop, and the node must report
+shared regions (the relay passed the authentication through, as an attacker
+on the path could): the origin must reject it, stop, and the node must report
 the lost connection. Exit status 0 when all of that happens within 10 s."""
 import os
+import secrets
 import socket
 import struct
 import subprocess
@@ -18,6 +20,7 @@ import time
 APP = sys.argv[1]
 HEADER = struct.Struct("<HHHHII")
 MAGIC, PAGE_REQUEST = 0xDE58, 3
+SECRET = secrets.token_hex(32)
 
 
 def listener():
@@ -31,6 +34,7 @@ def start(node, port, fd):
     env = {
         "PATH": "/usr/bin:/bin",
         "GLIBC_TUNABLES": "glibc.pthread.rseq=0",
+        "DEX_RUN_SECRET": SECRET,
         "DEX_BOOT": "node=%03d,nodes=002,port=%05d,fd=%04d,host=127.000.000.001" % (node, port, fd),
     }
     return subprocess.Popen(["setarch", "x86_64", "-R", APP, "pingpong", "2", "100000000"], env=env,
@@ -79,6 +83,10 @@ def main():
     origin_listen.close()
     from_node, _ = relay_listen.accept()
     to_origin = socket.create_connection(("127.0.0.1", origin_port))
+    # the relay passes the authentication through: challenge, proof, answer
+    from_node.sendall(recv_exact(to_origin, 40))
+    to_origin.sendall(recv_exact(from_node, 64))
+    from_node.sendall(recv_exact(to_origin, 32))
     hello = recv_exact(from_node, HEADER.size + 80)
     to_origin.sendall(hello)
     welcome = recv_exact(to_origin, HEADER.size + 8)

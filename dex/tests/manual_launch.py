@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Nodes started by hand, with address-space randomisation on, re-execute
 themselves with it off and run together. Exit 0 if the program succeeds."""
+import secrets
 import socket
 import subprocess
 import sys
@@ -11,8 +12,9 @@ listener.bind(("127.0.0.1", 0))
 listener.listen(4)
 port, fd = listener.getsockname()[1], listener.fileno()
 procs = []
+secret = secrets.token_hex(32)  # the run's key, as dexrun would set it
 for node in range(2):
-    env = {"PATH": "/usr/bin:/bin", "GLIBC_TUNABLES": "glibc.pthread.rseq=0",
+    env = {"PATH": "/usr/bin:/bin", "GLIBC_TUNABLES": "glibc.pthread.rseq=0", "DEX_RUN_SECRET": secret,
            "DEX_BOOT": "node=%03d,nodes=002,port=%05d,fd=%04d,host=127.000.000.001" % (node, port, fd)}
     procs.append(subprocess.Popen([app], env=env, pass_fds=(fd,), stdout=subprocess.PIPE, text=True))
 listener.close()
