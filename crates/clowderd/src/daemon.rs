@@ -137,10 +137,10 @@ impl Daemon {
         } else {
             Err("clowderd runs without --isolate-cores".into())
         };
-        if let Err(why) = &cpusets {
-            if config.isolate_cores {
-                report(&format!("cannot isolate cores: {why}"));
-            }
+        match &cpusets {
+            Ok(cpusets) => cpusets.repairs().iter().for_each(|repair| report(repair)),
+            Err(why) if config.isolate_cores => report(&format!("cannot isolate cores: {why}")),
+            Err(_) => {}
         }
         Arc::new(Daemon { config, launcher, cpusets, state: Mutex::new(State::default()), xemem: OnceLock::new(), xemem_links })
     }
@@ -207,9 +207,9 @@ impl Daemon {
         Ok(cores)
     }
 
-    fn host_cores(&self) -> BTreeSet<usize> {
-        let taken = self.state.lock().unwrap().taken_cores();
-        usable_cores().unwrap_or_default().into_iter().filter(|core| !taken.contains_key(core)).collect()
+    /// The cores enclaves hold (the host has the rest).
+    fn enclave_cores(&self) -> BTreeSet<usize> {
+        self.state.lock().unwrap().taken_cores().into_keys().collect()
     }
 
     fn create(self: &Arc<Self>, request: CreateRequest) -> Value {
@@ -232,7 +232,7 @@ impl Daemon {
         };
         let mut notes = Vec::new();
         match (&self.cpusets, enclave.pid) {
-            (Ok(cpusets), Some(pid)) => match cpusets.isolate(&name, &cores, &self.host_cores(), pid) {
+            (Ok(cpusets), Some(pid)) => match cpusets.isolate(&name, &cores, &self.enclave_cores(), pid) {
                 Ok(done) => notes.push(done),
                 Err(e) => notes.push(format!("host tasks were not moved off cores {}: {e}", format_cpu_list(cores.iter().copied()))),
             },
@@ -290,8 +290,9 @@ impl Daemon {
 
     fn release_cpuset(&self, name: &str) {
         if let Ok(cpusets) = &self.cpusets {
-            if let Err(e) = cpusets.release(name, &self.host_cores()) {
-                report(&format!("giving enclave {name}'s cores back to the host: {e}"));
+            match cpusets.release(name, &self.enclave_cores()) {
+                Ok(done) => report(&done),
+                Err(e) => report(&format!("giving enclave {name}'s cores back to the host: {e}")),
             }
         }
     }
@@ -401,6 +402,13 @@ impl Daemon {
                 }
                 // Its creator finds the name gone and stops the machine it was starting.
                 Occupant::Starting => {}
+            }
+        }
+        // Every host task goes back where it was, with every core.
+        if let Ok(cpusets) = &self.cpusets {
+            match cpusets.dissolve() {
+                Ok(done) => report(&done),
+                Err(e) => report(&format!("returning host tasks to the root cpuset: {e}")),
             }
         }
     }
