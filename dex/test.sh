@@ -123,6 +123,13 @@ else
 	echo "SKIP --hosts (needs root, ip and unshare)"
 fi
 
+# no open agent: dexnode and a run's origin refuse whoever lacks the secret
+if timeout 120 python3 tests/no_open_agent.py "$BUILD" >"$LOG/out" 2>&1; then
+	pass "no open agent: dexnode on loopback, refuses missing/wrong secrets, caps and times out strangers; a run's origin and nodes refuse them too ($(grep -c '^ok' "$LOG/out") checks)"
+else
+	fail "no open agent" "$LOG/out"
+fi
+
 if timeout 60 python3 tests/layout_mismatch.py "$BUILD/hello_nodes" "$BUILD/coherence" >"$LOG/out" 2>&1; then
 	pass "a node with a different address-space layout is refused at HELLO; both sides say why"
 else
