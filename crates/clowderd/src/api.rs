@@ -10,6 +10,10 @@ use crate::memory::parse_size;
 pub const DEFAULT_SOCKET: &str = "/run/clowder/clowderd.sock";
 /// Longest request line.
 pub const MAX_REQUEST_LEN: usize = 256 * 1024;
+/// Most input files one `run` may share into an enclave (each becomes a memory region).
+pub const MAX_INPUT_FILES: usize = 128;
+/// Most descriptors one request line may carry.
+pub const MAX_REQUEST_FDS: usize = RUN_FIXED_FDS + MAX_INPUT_FILES;
 
 /// Where the daemon listens and clients connect.
 pub fn socket_path() -> std::path::PathBuf {
@@ -116,7 +120,9 @@ fn cores_field(request: &Map<String, Value>) -> Result<Option<CoreRequest>, Stri
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => match n.as_u64() {
             Some(count) if count > 0 && count <= 255 => Ok(Some(CoreRequest::Count(count as usize))),
-            _ => Err(format!("`cores` must be a count from 1 to 255 or a core list like \"2-3\", got {n}")),
+            _ => Err(format!(
+                "`cores` must be a count from 1 to 255, or a core list string such as \"0\" or \"2-3\", got {n}"
+            )),
         },
         Some(Value::String(list)) => {
             parse_cpu_list(list).map(|cores| Some(CoreRequest::Exactly(cores))).map_err(|e| format!("`cores`: {e}"))
@@ -188,6 +194,9 @@ pub fn parse_request(line: &[u8]) -> Result<Request, String> {
                 return Err(format!("`cwd` must be an absolute path, got {cwd:?}"));
             }
             let files = string_list(&request, "files")?;
+            if files.len() > MAX_INPUT_FILES {
+                return Err(format!("`run` takes at most {MAX_INPUT_FILES} input files, got {}", files.len()));
+            }
             for name in &files {
                 if name.is_empty() || name.contains('/') || name == "." || name == ".." {
                     return Err(format!("input file name {name:?} must be a plain file name"));

@@ -9,6 +9,7 @@ use clowderd::daemon::{Daemon, DaemonConfig};
 use clowderd::enclave::Liveness;
 use clowderd::machine::VmmLauncher;
 use clowderd::memory::parse_size;
+use clowderd::server::Limits;
 use clowderd::xemem_links::XememLinks;
 use clowderd::{peer, server, xemem_peer, xemem_service};
 
@@ -22,6 +23,10 @@ const USAGE: &str = "usage: clowderd [options]
   --hello-timeout MS   how long a new enclave's kernel may take to answer (default 10000)
   --ping-interval MS   liveness ping period (default 1000)
   --ping-timeout MS    an enclave silent this long is removed (default 5000)
+  --max-connections N  open connections of all users but root together (default 256)
+  --max-connections-per-user N  open connections of one user but root (default 32)
+  --idle-timeout MS    a connection that sends no complete request this long is closed
+                       (default 60000)
   --xemem-socket PATH  the XEMEM broker's socket for libxpmem (default: $CLOWDER_XEMEM_SOCKET,
                        else xemem.sock beside the API socket)
   --xemem-peers PATH   where other daemons link to this one's XEMEM node (default:
@@ -47,6 +52,7 @@ struct Options {
     isolate_cores: bool,
     oneshot_memory: u64,
     liveness: Liveness,
+    limits: Limits,
 }
 
 fn parse_options(args: &[String]) -> Result<Options, String> {
@@ -64,12 +70,17 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
         isolate_cores: false,
         oneshot_memory: 256 << 20,
         liveness: Liveness::default(),
+        limits: Limits::default(),
     };
     let mut args = args.iter();
     while let Some(flag) = args.next() {
         let mut value = || args.next().cloned().ok_or_else(|| format!("{flag} needs a value"));
         let millis = |text: String| {
             text.parse::<u64>().map(Duration::from_millis).map_err(|_| format!("{flag}: {text:?} is not a number of milliseconds"))
+        };
+        let count = |text: String| match text.parse::<usize>() {
+            Ok(count) if count > 0 => Ok(count),
+            _ => Err(format!("{flag}: {text:?} is not a count of at least 1")),
         };
         match flag.as_str() {
             "--socket" => options.socket = value()?.into(),
@@ -83,6 +94,9 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
             "--hello-timeout" => options.liveness.hello_timeout = millis(value()?)?,
             "--ping-interval" => options.liveness.ping_interval = millis(value()?)?,
             "--ping-timeout" => options.liveness.ping_timeout = millis(value()?)?,
+            "--max-connections" => options.limits.total = count(value()?)?,
+            "--max-connections-per-user" => options.limits.per_user = count(value()?)?,
+            "--idle-timeout" => options.limits.request_timeout = millis(value()?)?,
             "--help" | "-h" => return Err(String::new()),
             other => return Err(format!("unknown option {other:?}")),
         }
@@ -127,8 +141,22 @@ fn on_termination(signals: libc::sigset_t, daemon: std::sync::Arc<Daemon>, socke
     });
 }
 
+/// Raises the soft limit on open files to the hard one: every client connection, and every file
+/// a job shares, is a descriptor. Running short is survivable (accepting backs off), not fatal.
+fn raise_file_limit() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit read and write the one rlimit we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let signals = block_termination_signals();
+    raise_file_limit();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let options = match parse_options(&args) {
         Ok(options) => options,
@@ -187,9 +215,5 @@ fn main() -> ExitCode {
         }
     }
     on_termination(signals, daemon.clone(), vec![options.socket.clone(), xemem_socket, peers_socket]);
-    if let Err(e) = server::serve(daemon, listener) {
-        eprintln!("clowderd: accepting clients: {e}");
-        return ExitCode::FAILURE;
-    }
-    ExitCode::SUCCESS
+    server::serve_with_limits(daemon, listener, options.limits)
 }

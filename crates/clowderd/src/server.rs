@@ -1,15 +1,20 @@
-//! The daemon's socket: bind it, accept clients, one thread per connection.
+//! The daemon's socket: bind it, accept clients, one thread per connection. No client can stop
+//! the accept loop: errors (out of descriptors, of threads) are waited out with back-off, each
+//! user holds a bounded number of connections, the connections of all users but root together
+//! are bounded, and a connection that sends no complete request in time is closed.
 
-use std::io;
+use std::collections::HashMap;
+use std::io::{self, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use crate::api::{error_reply, parse_request};
 use crate::daemon::{Daemon, EventSink};
-use crate::jsonl::LineSocket;
-use crate::peer::peer_of;
+use crate::jsonl::{LineSocket, ReceiveError};
+use crate::peer::{peer_of, Peer};
 
 /// Binds the API socket. A live daemon already on the path is an error; a stale socket file
 /// left by a dead one is replaced.
@@ -28,18 +33,156 @@ pub fn bind(path: &Path) -> Result<UnixListener, String> {
     Ok(listener)
 }
 
-/// Serves clients until the listener fails.
-pub fn serve(daemon: Arc<Daemon>, listener: UnixListener) -> io::Result<()> {
-    for stream in listener.incoming() {
-        let stream = match stream {
-            Ok(stream) => stream,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
+/// How much of the daemon clients may hold.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Open connections of one user (root is not limited).
+    pub per_user: usize,
+    /// Open connections of all users but root together.
+    pub total: usize,
+    /// How long a connection may take to send a whole request line (the idle timeout).
+    pub request_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits { per_user: 32, total: 256, request_timeout: Duration::from_secs(60) }
+    }
+}
+
+/// The open connections of each user but root.
+struct Connections {
+    limits: Limits,
+    open: Mutex<HashMap<u32, usize>>,
+}
+
+/// One admitted connection; gives its place back when dropped.
+struct Admission {
+    connections: Arc<Connections>,
+    uid: u32,
+}
+
+impl Connections {
+    fn admit(self: &Arc<Self>, uid: u32) -> Result<Option<Admission>, String> {
+        if uid == 0 {
+            return Ok(None);
+        }
+        let limits = self.limits;
+        let mut open = self.open.lock().unwrap();
+        let total: usize = open.values().sum();
+        let mine = open.get(&uid).copied().unwrap_or(0);
+        if mine >= limits.per_user {
+            return Err(format!(
+                "too many connections: uid {uid} already has {mine} open to clowderd (at most {}); close some and retry",
+                limits.per_user
+            ));
+        }
+        if total >= limits.total {
+            return Err(format!("clowderd is serving its limit of {} connections; retry later", limits.total));
+        }
+        *open.entry(uid).or_default() += 1;
+        Ok(Some(Admission { connections: self.clone(), uid }))
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        let mut open = self.connections.open.lock().unwrap();
+        if let Some(count) = open.get_mut(&self.uid) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.uid);
+            }
+        }
+    }
+}
+
+/// Waits after accept or thread-spawn failures, longer while they go on, so a shortage of
+/// descriptors or threads is waited out rather than spun on or given up to.
+struct Backoff {
+    delay: Duration,
+    failures: u64,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(10);
+    const LONGEST: Duration = Duration::from_secs(1);
+
+    fn new() -> Backoff {
+        Backoff { delay: Backoff::FIRST, failures: 0 }
+    }
+
+    fn failed(&mut self, what: &str, error: &io::Error) {
+        if self.failures == 0 {
+            eprintln!("clowderd: {what}: {error}; retrying with back-off");
+        }
+        self.failures += 1;
+        std::thread::sleep(self.delay);
+        self.delay = (self.delay * 2).min(Backoff::LONGEST);
+    }
+
+    fn succeeded(&mut self) {
+        if self.failures > 0 {
+            eprintln!("clowderd: accepting clients again after {} failures", self.failures);
+            *self = Backoff::new();
+        }
+    }
+}
+
+/// Serves clients for ever with the default [`Limits`].
+pub fn serve(daemon: Arc<Daemon>, listener: UnixListener) -> ! {
+    serve_with_limits(daemon, listener, Limits::default())
+}
+
+/// Serves clients for ever: no error of accept or of starting a thread ends the loop.
+pub fn serve_with_limits(daemon: Arc<Daemon>, listener: UnixListener, limits: Limits) -> ! {
+    let connections = Arc::new(Connections { limits, open: Mutex::new(HashMap::new()) });
+    let mut backoff = Backoff::new();
+    loop {
+        let stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted) => continue,
+            Err(e) => {
+                backoff.failed("accepting a client", &e);
+                continue;
+            }
+        };
+        let peer = match peer_of(&stream) {
+            Ok(peer) => peer,
+            Err(e) => {
+                refuse(stream, &format!("cannot read your credentials: {e}"));
+                continue;
+            }
+        };
+        let admission = match connections.admit(peer.uid) {
+            Ok(admission) => admission,
+            Err(why) => {
+                refuse(stream, &why);
+                continue;
+            }
         };
         let daemon = daemon.clone();
-        std::thread::Builder::new().name("client".into()).spawn(move || serve_client(&daemon, stream))?;
+        let timeout = limits.request_timeout;
+        let spawned = std::thread::Builder::new().name("client".into()).spawn(move || {
+            let _admission = admission;
+            serve_client(&daemon, stream, &peer, timeout);
+        });
+        match spawned {
+            // The closure, and with it the connection, is dropped: the client sees it close.
+            Err(e) => backoff.failed("starting a client thread", &e),
+            Ok(_) => backoff.succeeded(),
+        }
     }
-    Ok(())
+}
+
+/// Tells a client why it is not served and closes the connection, without waiting on it.
+fn refuse(stream: UnixStream, why: &str) {
+    let mut line = error_reply(why).to_string();
+    line.push('\n');
+    // A new connection's send buffer is empty; should it not take the line, the client loses
+    // only the reason.
+    let _ = stream.set_nonblocking(true);
+    let _ = (&stream).write_all(line.as_bytes());
 }
 
 /// Job events go to the client's connection.
@@ -55,24 +198,20 @@ impl EventSink for ClientEvents<'_> {
     }
 }
 
-fn serve_client(daemon: &Arc<Daemon>, stream: UnixStream) {
-    let peer = match peer_of(&stream) {
-        Ok(peer) => peer,
-        Err(e) => {
-            let _ = LineSocket::new(stream).send(&error_reply(format!("cannot read your credentials: {e}")), &[]);
-            return;
-        }
-    };
-    let mut socket = LineSocket::new(stream);
+fn serve_client(daemon: &Arc<Daemon>, stream: UnixStream, peer: &Peer, request_timeout: Duration) {
+    let mut socket = LineSocket::new(stream).with_request_timeout(request_timeout);
     loop {
         let reply = match socket.receive() {
             Ok(Some((line, files))) => match parse_request(&line) {
-                Ok(request) => daemon.handle(request, files, &peer, &mut ClientEvents(&socket)),
+                Ok(request) => daemon.handle(request, files, peer, &mut ClientEvents(&socket)),
                 Err(e) => error_reply(e),
             },
-            Ok(None) => return,
-            Err(e) if e.kind() == io::ErrorKind::InvalidData => error_reply(format!("malformed request: {e}")),
-            Err(_) => return,
+            Ok(None) | Err(ReceiveError::Io(_)) => return,
+            // The stream is out of step with the client: say why, then close.
+            Err(e) => {
+                let _ = socket.send(&error_reply(e.to_string()), &[]);
+                return;
+            }
         };
         if socket.send(&reply, &[]).is_err() {
             return;
