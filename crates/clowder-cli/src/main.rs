@@ -6,19 +6,23 @@ use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::process::ExitCode;
 
+use clowderd::api::MAX_INPUT_FILES;
 use clowderd::client::Client;
 use serde_json::{json, Value};
 
 const USAGE: &str = "usage: clowder [--json] COMMAND
-  enclave create --name NAME [--kind lwk] [--cores N|LIST] --mem SIZE [--hugepages]
+  enclave create --name NAME [--kind lwk] [--cores N | --core-list LIST] --mem SIZE [--hugepages]
   enclave ls
   enclave rm NAME
-  run [--enclave NAME] [--cores N] [--heap SIZE] [--mem SIZE] [--env NAME=VALUE]... [--file PATH]... [-v]
-      PROGRAM [ARGS...]      (without --enclave: a one-shot enclave made for the job)
+  run [--enclave NAME] [--cores N | --core-list LIST] [--heap SIZE] [--mem SIZE]
+      [--env NAME=VALUE | --env NAME]... [--file PATH]... [-v]
+      PROGRAM [ARGS...]      (without --enclave: a one-shot enclave made for the job;
+                             --env NAME passes NAME's value from this environment)
   run NAME PROGRAM [ARGS...] (the same as --enclave NAME; write ./PROGRAM for a program
                              in this directory whose name is also an enclave's)
   logs NAME
   xemem ls
+--cores N is a count of cores; --core-list names them (0, 2-3, 1,3): --core-list 0 is core 0.
 --json prints the daemon's replies (and job events) as JSON lines.";
 
 /// A mistake in the command line: print it with the usage, exit 2.
@@ -107,6 +111,19 @@ fn text(value: &Value) -> String {
     }
 }
 
+/// `--cores N` (a count; a list such as `2-3` is still taken as one) or `--core-list LIST`
+/// (always a list), as the API's `cores`: a number counts, a string names.
+fn cores_value(flag: &str, value: String) -> Result<Value, Usage> {
+    if flag == "--core-list" {
+        return Ok(json!(value));
+    }
+    match value.parse::<u64>() {
+        Ok(0) => Err(Usage(format!("--cores {value} asks for no cores; --cores takes a count, so name core 0 with --core-list 0"))),
+        Ok(count) => Ok(json!(count)),
+        Err(_) => Ok(json!(value)),
+    }
+}
+
 fn enclave_row(enclave: &Value) -> Vec<String> {
     ["name", "kind", "mode", "state", "cores", "mem", "hugepages", "pid", "jobs"].iter().map(|key| text(&enclave[key])).collect()
 }
@@ -122,11 +139,7 @@ fn enclave_command(args: &mut Arguments, json_output: bool) -> Result<u8, Failur
                 match flag.as_str() {
                     "--name" => request["name"] = json!(args.value(&flag)?),
                     "--kind" => request["kind"] = json!(args.value(&flag)?),
-                    "--cores" => {
-                        let cores = args.value(&flag)?;
-                        // A bare number is a count; anything else (2-3, 1,3) names cores.
-                        request["cores"] = cores.parse::<u64>().map_or_else(|_| json!(cores), |count| json!(count));
-                    }
+                    "--cores" | "--core-list" => request["cores"] = cores_value(&flag, args.value(&flag)?)?,
                     "--mem" => request["mem"] = json!(args.value(&flag)?),
                     "--hugepages" => request["hugepages"] = json!(true),
                     other => return Err(Usage(format!("enclave create: unknown option {other:?}")).into()),
@@ -212,24 +225,27 @@ impl FirstWord {
     }
 }
 
-/// Whether `clowder run WORD PROGRAM ...` names an enclave with WORD. Enclave names have no
-/// `/`, so a path is the program; a bare word that is no executable here, followed by a file,
-/// is the enclave; a bare word that is both an executable here and an enclave's name is refused
-/// as ambiguous rather than guessed.
+/// Whether `clowder run WORD NEXT ...` names an enclave with WORD. `next` says whether a NEXT
+/// word follows and whether it is a file. Enclave names have no `/`, so a path is the program;
+/// a bare word that is no executable here, followed by a file, is the enclave; followed by
+/// something that is no file either, it is the enclave if one has that name (the error is then
+/// about NEXT, the program that cannot be opened), else the program. A bare word that is both
+/// an executable here and an enclave's name is refused as ambiguous rather than guessed.
 fn names_enclave(
     word: &str,
     first: FirstWord,
-    next_is_file: bool,
+    next: Option<bool>,
     enclave_exists: impl Fn(&str) -> bool,
 ) -> Result<bool, Failure> {
-    match (first, next_is_file) {
-        (FirstWord::Path, _) | (_, false) => Ok(false),
-        (FirstWord::Other, true) => Ok(true),
-        (FirstWord::ExecutableHere, true) if enclave_exists(word) => Err(Failure::Error(format!(
+    match (first, next) {
+        (FirstWord::Path, _) | (_, None) => Ok(false),
+        (FirstWord::Other, Some(true)) => Ok(true),
+        (FirstWord::Other, Some(false)) => Ok(enclave_exists(word)),
+        (FirstWord::ExecutableHere, Some(true)) if enclave_exists(word) => Err(Failure::Error(format!(
             "`{word}` is both an enclave and a program in this directory: write `clowder run --enclave {word} PROGRAM` \
              to run in the enclave, or `clowder run ./{word}` to run the program"
         ))),
-        (FirstWord::ExecutableHere, true) => Ok(false),
+        (FirstWord::ExecutableHere, _) => Ok(false),
     }
 }
 
@@ -237,6 +253,19 @@ fn names_enclave(
 fn enclave_names() -> Result<Vec<String>, String> {
     let reply = Client::connect()?.call(&json!({"op": "ls"}))?;
     Ok(reply["enclaves"].as_array().into_iter().flatten().filter_map(|e| e["name"].as_str().map(String::from)).collect())
+}
+
+/// `--env NAME=VALUE` as given; `--env NAME` takes NAME's value from this environment, so a
+/// secret need not be on the command line.
+fn env_entry(entry: String) -> Result<String, Failure> {
+    if entry.contains('=') {
+        return Ok(entry);
+    }
+    match std::env::var(&entry) {
+        Ok(value) => Ok(format!("{entry}={value}")),
+        Err(std::env::VarError::NotPresent) => Err(Failure::Error(format!("--env {entry}: {entry} is not set in this environment"))),
+        Err(std::env::VarError::NotUnicode(_)) => Err(Failure::Error(format!("--env {entry}: {entry}'s value is not UTF-8"))),
+    }
 }
 
 fn run_command(args: &mut Arguments, json_output: bool) -> Result<u8, Failure> {
@@ -248,13 +277,10 @@ fn run_command(args: &mut Arguments, json_output: bool) -> Result<u8, Failure> {
         let word = args.next().ok_or_else(|| Usage("run needs a PROGRAM".into()))?;
         match word.as_str() {
             "--enclave" => request["enclave"] = json!(args.value(&word)?),
-            "--cores" => {
-                let cores = args.value(&word)?;
-                request["cores"] = cores.parse::<u64>().map_or_else(|_| json!(cores), |count| json!(count));
-            }
+            "--cores" | "--core-list" => request["cores"] = cores_value(&word, args.value(&word)?)?,
             "--heap" => request["heap"] = json!(args.value(&word)?),
             "--mem" => request["mem"] = json!(args.value(&word)?),
-            "--env" => env.push(args.value(&word)?),
+            "--env" => env.push(env_entry(args.value(&word)?)?),
             "--file" => input_paths.push(args.value(&word)?),
             "-v" | "--verbose" => verbose = true,
             "--" => break args.next().ok_or_else(|| Usage("run needs a PROGRAM after --".into()))?,
@@ -265,12 +291,15 @@ fn run_command(args: &mut Arguments, json_output: bool) -> Result<u8, Failure> {
     let mut rest = args.rest();
     if request.get("enclave").is_none() {
         let first = FirstWord::of(&program, std::path::Path::new("."));
-        let next_is_file = rest.first().is_some_and(|next| std::path::Path::new(next).is_file());
+        let next = rest.first().map(|next| std::path::Path::new(next).is_file());
         let enclave_exists = |name: &str| enclave_names().is_ok_and(|names| names.iter().any(|n| n == name));
-        if names_enclave(&program, first, next_is_file, enclave_exists)? {
+        if names_enclave(&program, first, next, enclave_exists)? {
             request["enclave"] = json!(program);
             program = rest.remove(0);
         }
+    }
+    if input_paths.len() > MAX_INPUT_FILES {
+        return Err(Failure::Error(format!("a run takes at most {MAX_INPUT_FILES} --file inputs, not {}", input_paths.len())));
     }
     let binary = File::open(&program).map_err(|e| Failure::Error(format!("cannot open {program}: {e}")))?;
     let cwd = std::env::current_dir().map_err(|e| Failure::Error(format!("cannot find the working directory: {e}")))?;
@@ -435,22 +464,33 @@ fn main() -> ExitCode {
 mod tests {
     use super::*;
 
-    fn decide(first: FirstWord, next_is_file: bool, enclave: bool) -> Result<bool, String> {
-        names_enclave("sim", first, next_is_file, |_| enclave).map_err(|f| match f {
+    fn decide(first: FirstWord, next: Option<bool>, enclave: bool) -> Result<bool, String> {
+        names_enclave("sim", first, next, |_| enclave).map_err(|f| match f {
             Failure::Error(e) | Failure::Usage(e) => e,
         })
     }
 
     #[test]
     fn the_first_word_of_run_is_an_enclave_only_when_it_cannot_be_the_program() {
-        assert_eq!(decide(FirstWord::Other, true, true), Ok(true));
-        assert_eq!(decide(FirstWord::Other, true, false), Ok(true), "the daemon then says no such enclave");
-        assert_eq!(decide(FirstWord::Other, false, true), Ok(false), "no program follows");
-        assert_eq!(decide(FirstWord::Path, true, true), Ok(false));
-        assert_eq!(decide(FirstWord::ExecutableHere, true, false), Ok(false));
-        assert_eq!(decide(FirstWord::ExecutableHere, false, true), Ok(false));
-        let ambiguous = decide(FirstWord::ExecutableHere, true, true).unwrap_err();
+        assert_eq!(decide(FirstWord::Other, Some(true), true), Ok(true));
+        assert_eq!(decide(FirstWord::Other, Some(true), false), Ok(true), "the daemon then says no such enclave");
+        assert_eq!(decide(FirstWord::Other, None, true), Ok(false), "no program follows");
+        assert_eq!(decide(FirstWord::Other, Some(false), true), Ok(true), "the error then names the missing program");
+        assert_eq!(decide(FirstWord::Other, Some(false), false), Ok(false), "neither an enclave nor a file: the program");
+        assert_eq!(decide(FirstWord::Path, Some(true), true), Ok(false));
+        assert_eq!(decide(FirstWord::ExecutableHere, Some(true), false), Ok(false));
+        assert_eq!(decide(FirstWord::ExecutableHere, None, true), Ok(false));
+        let ambiguous = decide(FirstWord::ExecutableHere, Some(true), true).unwrap_err();
         assert!(ambiguous.contains("--enclave sim") && ambiguous.contains("./sim"), "{ambiguous}");
+    }
+
+    #[test]
+    fn cores_are_counted_or_named_never_both() {
+        assert_eq!(cores_value("--cores", "2".into()).ok(), Some(json!(2)));
+        assert_eq!(cores_value("--cores", "2-3".into()).ok(), Some(json!("2-3")));
+        assert_eq!(cores_value("--core-list", "0".into()).ok(), Some(json!("0")));
+        let zero = cores_value("--cores", "0".into()).err().unwrap().0;
+        assert!(zero.contains("--core-list 0"), "{zero}");
     }
 
     #[test]

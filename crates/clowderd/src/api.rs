@@ -83,6 +83,16 @@ pub fn check_name(name: &str) -> Result<(), String> {
     }
 }
 
+/// The name of the `number`th one-shot enclave. Names of this form are kept for one-shot
+/// enclaves, so a persistent enclave can never stand in the way of one.
+pub fn one_shot_name(number: u64) -> String {
+    format!("run-{number}")
+}
+
+fn is_one_shot_name(name: &str) -> bool {
+    name.strip_prefix("run-").is_some_and(|number| !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit()))
+}
+
 fn string_field(request: &Map<String, Value>, key: &str) -> Result<Option<String>, String> {
     match request.get(key) {
         None | Some(Value::Null) => Ok(None),
@@ -159,6 +169,9 @@ pub fn parse_request(line: &[u8]) -> Result<Request, String> {
             only_keys(&request, &op, &["name", "kind", "cores", "mem", "hugepages"])?;
             let name = required_string(&request, "name")?;
             check_name(&name)?;
+            if is_one_shot_name(&name) {
+                return Err(format!("enclave names run-N are kept for one-shot enclaves; choose another name than {name}"));
+            }
             let kind = string_field(&request, "kind")?.unwrap_or_else(|| "lwk".into());
             if kind != "lwk" {
                 return Err(format!("unknown enclave kind {kind:?} (known kinds: lwk)"));
@@ -259,9 +272,11 @@ mod tests {
         assert!(error(b"[1,2]").contains("JSON object"));
         assert!(error(br#"{"op":"fly"}"#).contains("unknown op \"fly\""));
         assert!(error(br#"{"op":"create","name":"a b","mem":"1G"}"#).contains("enclave name"));
+        assert!(error(br#"{"op":"create","name":"run-7","mem":"1G"}"#).contains("kept for one-shot enclaves"));
+        assert!(parse_request(br#"{"op":"create","name":"run-x","mem":"1G"}"#).is_ok());
         assert!(error(br#"{"op":"create","name":"a","kind":"linux","mem":"1G"}"#).contains("known kinds: lwk"));
         assert!(error(br#"{"op":"create","name":"a"}"#).contains("needs `mem`"));
-        assert!(error(br#"{"op":"create","name":"a","mem":"1G","cores":0}"#).contains("count from 1"));
+        assert!(error(br#"{"op":"create","name":"a","mem":"1G","cores":0}"#).contains("core list string such as \"0\""));
         assert!(error(br#"{"op":"create","name":"a","mem":"lots"}"#).contains("not a size"));
         assert!(error(br#"{"op":"create","name":"a","mem":"1G","core":1}"#).contains("does not take `core`"));
         assert!(error(br#"{"op":"run","argv":[],"cwd":"/"}"#).contains("non-empty `argv`"));

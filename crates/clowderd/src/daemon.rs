@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
-use crate::api::{error_reply, ok_reply, output_event, CreateRequest, Request, RunRequest, RUN_FIXED_FDS};
+use crate::api::{error_reply, ok_reply, one_shot_name, output_event, CreateRequest, Request, RunRequest, RUN_FIXED_FDS};
 use crate::console::LogBook;
 use crate::cores::{choose_cores, format_cpu_list, usable_cores, CoreRequest};
 use crate::cpuset::Cpusets;
@@ -534,7 +534,7 @@ impl Daemon {
         let name = {
             let mut state = self.state.lock().unwrap();
             state.next_oneshot += 1;
-            format!("run-{}", state.next_oneshot)
+            one_shot_name(state.next_oneshot)
         };
         let memory = request.memory.unwrap_or(self.config.oneshot_memory);
         let core_request = request.cores.clone().unwrap_or(CoreRequest::Count(1));
