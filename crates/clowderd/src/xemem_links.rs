@@ -236,8 +236,20 @@ impl XememLinks {
         links.ram.get(&link).cloned()
     }
 
-    /// Gives enclaves a way to host processes' segments (the daemon's broker).
+    /// Gives enclaves a way to host processes' segments (the daemon's broker), and makes one
+    /// name space of the broker's and this node's name servers: they share one name table,
+    /// so a name held by a host process or by any enclave (or sub-manager) is refused to
+    /// everyone else, and lookups on either side find its first holder. Once only.
     pub fn set_broker(&self, broker: xemem_host::Broker) {
+        if self.broker.get().is_some() {
+            return;
+        }
+        let names = xemem_host::SharedNames::default();
+        if let Some(ns) = self.links.lock().unwrap().node.name_server_mut() {
+            // Into a fresh table: no name of the node's can be lost.
+            let _ = ns.share_names(Box::new(names.clone()));
+        }
+        broker.share_names(names);
         let _ = self.broker.set(broker);
     }
 

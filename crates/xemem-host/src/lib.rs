@@ -34,8 +34,11 @@
 //! reach the library under surrogate ids from the broker (see `State::remote_permits`), since
 //! both name servers number their permits in enclave 1.
 
+mod names;
 pub mod sys;
 pub mod wire;
+
+pub use names::SharedNames;
 
 use std::collections::HashMap;
 use std::io;
@@ -207,6 +210,17 @@ impl Broker {
     /// Where requests about other enclaves' segments go (once; false if already set).
     pub fn set_enclaves(&self, enclaves: Arc<dyn Enclaves>) -> bool {
         self.enclaves.set(enclaves).is_ok()
+    }
+
+    /// Keeps the names of host processes' segments in `names`, which the daemon's node shares:
+    /// one name space for host processes and enclaves (a name held on either side is refused
+    /// on the other, and lookups on both sides find its first holder). A name held already
+    /// on both sides stays with the other side's segment; the host's loses it.
+    pub fn share_names(&self, names: SharedNames) {
+        let unnamed = self.lock().ns.share_names(Box::new(names));
+        if !unnamed.is_empty() {
+            eprintln!("xemem: {} host segment(s) lost their names, held already by enclaves' segments", unnamed.len());
+        }
     }
 
     /// Makes this broker a sub-manager's: every make, remove and get of its host processes goes
