@@ -1164,10 +1164,9 @@ static void drop_parked(xpmem_apid_t apid);
 
 /* Another enclave's segment is gone: every attachment made through apid now maps the empty
  * memfd instead, so touching it raises SIGBUS as after an XPMEM remove. The attachment stays
- * in the table until the application detaches it. */
-static void revoke_attachments(xpmem_apid_t apid)
+ * in the table until the application detaches it. table_lock held. */
+static void revoke_attachments_locked(xpmem_apid_t apid)
 {
-	pthread_mutex_lock(&table_lock);
 	drop_parked(apid);
 	int hole = hole_descriptor();
 	for (size_t i = 0; i < attachment_count; i++) {
@@ -1178,7 +1177,38 @@ static void revoke_attachments(xpmem_apid_t apid)
 			mmap((void *)a->base, a->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
 		madvise((void *)a->base, a->size, MADV_DONTFORK);
 	}
+}
+
+/* Permits whose attachments the broker revokes by message (other enclaves' segments, and
+ * every segment under a sub-manager daemon): see broker_gone. table_lock guards them. */
+static xpmem_apid_t *message_permits;
+static size_t message_permit_count, message_permit_capacity;
+
+static void forget_message_permit(xpmem_apid_t apid)
+{
+	for (size_t i = 0; i < message_permit_count; i++)
+		if (message_permits[i] == apid)
+			message_permits[i--] = message_permits[--message_permit_count];
+}
+
+/* The broker closed the serving connection: the daemon is gone (killed, crashed). The
+ * enclaves whose memory we map stop with it, and nobody is left to revoke our attachments of
+ * their memory, so we do it ourselves: each maps the empty memfd (SIGBUS on the next touch,
+ * as after a remove), which also lets go of the enclave's RAM memfd. A later get opens a new
+ * serving connection (a restarted daemon). */
+static void broker_gone(int fd)
+{
+	pthread_mutex_lock(&table_lock);
+	for (size_t i = 0; i < message_permit_count; i++)
+		revoke_attachments_locked(message_permits[i]);
+	message_permit_count = 0;
 	pthread_mutex_unlock(&table_lock);
+	pthread_mutex_lock(&call_lock);
+	if (serve_fd == fd) {
+		close(fd);
+		serve_fd = -1;
+	}
+	pthread_mutex_unlock(&call_lock);
 }
 
 static void *serve(void *arg)
@@ -1202,8 +1232,12 @@ static void *serve(void *arg)
 		int fds[WIRE_MAX_FDS], nfds;
 		ssize_t got = receive_packet(fd, &request, sizeof request, fds, &nfds);
 		close_all(fds, nfds);
-		if (got <= 0)
+		if (got < 0 && errno == EPROTO)
+			continue; /* a packet too large was dropped; the connection holds */
+		if (got <= 0) {
+			broker_gone(fd);
 			break;
+		}
 		if ((size_t)got < 64 || request.magic != WIRE_MAGIC || request.version != WIRE_VERSION) {
 			serve_answer(fd, 0, 0, EPROTO, NULL);
 			continue;
@@ -1224,7 +1258,9 @@ static void *serve(void *arg)
 			notify_segment((xpmem_segid_t)request.args[0]);
 			serve_answer(fd, request.op, request.args[6], 0, NULL);
 		} else if (request.op == OP_REVOKE) {
-			revoke_attachments((xpmem_apid_t)request.args[0]);
+			pthread_mutex_lock(&table_lock);
+			revoke_attachments_locked((xpmem_apid_t)request.args[0]);
+			pthread_mutex_unlock(&table_lock);
 			serve_answer(fd, request.op, request.args[6], 0, NULL);
 		} else {
 			serve_answer(fd, request.op, request.args[6], EINVAL, NULL);
@@ -1381,6 +1417,7 @@ static void atfork_child(void)
 	for (size_t i = 0; i < attachment_count; i++)
 		free(attachments[i].runs);
 	attachment_count = 0;
+	message_permit_count = 0; /* the parent's */
 	if (call_fd >= 0)
 		close(call_fd);
 	if (serve_fd >= 0)
@@ -1695,9 +1732,15 @@ EXPORT xpmem_apid_t xpmem_get(xpmem_segid_t segid, int flags, int permit_type, v
 		return -1;
 	/* Another enclave's segment: serve, so that its removal can reach our attachments. Without
 	 * the serving connection they would keep the old pages (documented in docs/xemem.md). */
-	if (answer.results[2] & WIRE_GET_REVOKED_BY_MESSAGE)
+	xpmem_apid_t apid = (xpmem_apid_t)answer.results[0];
+	if (answer.results[2] & WIRE_GET_REVOKED_BY_MESSAGE) {
 		ensure_serving();
-	return (xpmem_apid_t)answer.results[0];
+		pthread_mutex_lock(&table_lock);
+		if (grow((void **)&message_permits, &message_permit_capacity, message_permit_count, sizeof *message_permits) == 0)
+			message_permits[message_permit_count++] = apid;
+		pthread_mutex_unlock(&table_lock);
+	}
+	return apid;
 }
 
 /* A broker call whose one argument is a permit (release, signal); a non-positive apid is
@@ -1719,6 +1762,7 @@ EXPORT int xpmem_release(xpmem_apid_t apid)
 		return (int)device_call(XPMEM_CMD_RELEASE, &apid);
 	pthread_mutex_lock(&table_lock);
 	drop_parked(apid);
+	forget_message_permit(apid);
 	pthread_mutex_unlock(&table_lock);
 	return permit_call(OP_RELEASE, apid);
 }

@@ -2,8 +2,10 @@
  * host_held_attacher NAME FIRST: a host process that attaches another enclave's named segment
  * (libxpmem -> clowderd's broker), checks that page 0 starts with FIRST, prints "attached",
  * and then reads page 0 every 10 ms until the read raises SIGBUS (the owner's segment went:
- * removed, its job ended or its enclave ended) or 60 s pass. Prints whether SIGBUS came.
- * crates/clowderd/tests/xemem_lwk.rs drives it.
+ * removed, its job ended or its enclave ended, the daemon died) or 60 s pass. Prints whether
+ * SIGBUS came. With a third argument "linger" it then waits for end of input before it exits,
+ * so its mappings can be looked at. crates/clowderd/tests/xemem_lwk.rs and xemem_crash.rs
+ * drive it.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -11,6 +13,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 #include <xpmem.h>
 #include "named_segment.h"
@@ -25,8 +28,8 @@ static void on_sigbus(int sig)
 
 int main(int argc, char **argv)
 {
-	if (argc != 3) {
-		fprintf(stderr, "usage: host_held_attacher NAME FIRST\n");
+	if (argc != 3 && !(argc == 4 && strcmp(argv[3], "linger") == 0)) {
+		fprintf(stderr, "usage: host_held_attacher NAME FIRST [linger]\n");
 		return 2;
 	}
 	uint64_t first = strtoull(argv[2], NULL, 10);
@@ -56,5 +59,9 @@ int main(int argc, char **argv)
 		}
 	}
 	printf("SIGBUS after the owner went: %d\n", sigbus);
+	fflush(stdout);
+	if (argc == 4)
+		while (getchar() != EOF)
+			;
 	return sigbus ? 0 : 1;
 }
