@@ -1,10 +1,11 @@
 //! One-shot enclaves: boot `clowder-vmm` with the LWK and the job's binary as PVH module 0
-//! (argv and environment on the kernel command line), stream the console, and take the job's
-//! status from the kernel's `[lwk] job exited with status N` line. This works with a kernel
-//! that does not speak the enclave protocol yet.
+//! (argv and environment on the kernel command line, which the VMM reads from a private memfd,
+//! never from its own command line, which every user can read), stream the console, and take
+//! the job's status from the kernel's `[lwk] job exited with status N` line. This works with a
+//! kernel that does not speak the enclave protocol yet.
 
 use std::fs::File;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::{Child, Stdio};
@@ -86,8 +87,9 @@ pub struct OneShot {
     console: mpsc::Receiver<RunEvent>,
     ending_rx: mpsc::Receiver<Ending>,
     diagnostics: std::thread::JoinHandle<Vec<String>>,
-    /// Keeps the binary open while the VMM reads it through /proc.
+    /// Keep the binary and the command line open while the VMM reads them through /proc.
     _binary: File,
+    _command_line: File,
 }
 
 impl OneShot {
@@ -103,12 +105,17 @@ impl OneShot {
         // The VMM opens the module by path; /proc names our descriptor, so the client's file
         // is used as it was opened, without the daemon resolving the client's path itself.
         let module = format!("/proc/{}/fd/{}", std::process::id(), binary.as_raw_fd());
+        // The job's arguments and environment, the same way: /proc/PID/fd of the daemon is
+        // open to root alone.
+        let mut line_file = sys::memfd("clowder-cmdline").map_err(|e| format!("making the kernel command line's memfd: {e}"))?;
+        line_file.write_all(command_line.as_bytes()).map_err(|e| format!("writing the kernel command line: {e}"))?;
+        let line_path = format!("/proc/{}/fd/{}", std::process::id(), line_file.as_raw_fd());
         let mut command = vmm_command(vmm, kernel, spec);
         command
             .arg("--module")
             .arg(&module)
-            .arg("--cmdline")
-            .arg(command_line)
+            .arg("--cmdline-file")
+            .arg(&line_path)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -164,7 +171,7 @@ impl OneShot {
             }
             lines
         });
-        Ok(OneShot { child, console, ending_rx, diagnostics, _binary: binary })
+        Ok(OneShot { child, console, ending_rx, diagnostics, _binary: binary, _command_line: line_file })
     }
 
     pub fn pid(&self) -> u32 {

@@ -24,6 +24,9 @@ Runs one KVM virtual machine. Flags override the values in --config FILE.
   --cpus N           number of vCPUs, 1 to 255 (default 1)
   --cores LIST       host core of each vCPU in order, e.g. 0,1 or 2-5 (default: unpinned)
   --cmdline TEXT     kernel command line (the VMM appends clowder.* keys)
+  --cmdline-file PATH  the kernel command line read from PATH (a private file or
+                     /proc/PID/fd/N), so that it is not on this process's command line,
+                     which every user can read
   --module PATH      boot module, the initrd for a bzImage; repeatable, replaces the file's list
   --protocol P       auto, pvh, direct64 or linux (default auto)
   --smp S            direct (every vCPU starts at the entry) or sipi (default direct)
@@ -46,6 +49,7 @@ const FLAGS: &[(&str, &str)] = &[
     ("--cpus", "2"),
     ("--cores", "0,1"),
     ("--cmdline", "\"console=ttyS0\""),
+    ("--cmdline-file", "/run/clowder/vm0.cmdline"),
     ("--module", "initrd.img"),
     ("--protocol", "pvh"),
     ("--smp", "sipi"),
@@ -61,6 +65,9 @@ pub(crate) fn draft_from_args(args: &[String]) -> Result<Draft, ConfigError> {
         return Err(ConfigError::help_request());
     }
     let given = collect_flags(args)?;
+    if given.iter().any(|(flag, _)| *flag == "--cmdline") && given.iter().any(|(flag, _)| *flag == "--cmdline-file") {
+        return Err(ConfigError::new("--cmdline-file", "cannot be given with --cmdline: choose one"));
+    }
     let mut draft = match given.iter().find(|(flag, _)| *flag == "--config") {
         Some((_, path)) => read_file(Path::new(path))?,
         None => Draft::default(),
@@ -87,6 +94,12 @@ pub(crate) fn draft_from_args(args: &[String]) -> Result<Draft, ConfigError> {
                 draft.cores = Some(Setting::new(parse_cpu_list(value).map_err(invalid)?, flag))
             }
             "--cmdline" => draft.cmdline = Setting::new(value.clone(), flag),
+            "--cmdline-file" => {
+                let text = std::fs::read_to_string(value).map_err(|e| invalid(format!("cannot read {value}: {e}")))?;
+                // A file written by hand ends with a newline that is no part of the line.
+                let line = text.strip_suffix('\n').unwrap_or(&text);
+                draft.cmdline = Setting::new(line.to_string(), flag);
+            }
             "--module" => {
                 // The first --module replaces the file's list; the later ones add to it.
                 if !modules_replaced {
@@ -151,4 +164,27 @@ fn collect_flags(args: &[String]) -> Result<Vec<(&'static str, String)>, ConfigE
         given.push((flag, value));
     }
     Ok(given)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(words: &[&str]) -> Vec<String> {
+        words.iter().map(|w| w.to_string()).collect()
+    }
+
+    #[test]
+    fn the_command_line_can_come_from_a_file() {
+        let path = std::env::temp_dir().join(format!("vmm-config-cmdline-{}", std::process::id()));
+        std::fs::write(&path, "lwk.env=TOKEN=secret -- \"job\"\n").unwrap();
+        let file = path.to_str().unwrap();
+        let draft = draft_from_args(&args(&["--cmdline-file", file])).unwrap();
+        assert_eq!(draft.cmdline.value, "lwk.env=TOKEN=secret -- \"job\"");
+        let both = draft_from_args(&args(&["--cmdline", "x", "--cmdline-file", file])).unwrap_err();
+        assert!(both.to_string().contains("cannot be given with --cmdline"), "{both}");
+        std::fs::remove_file(&path).unwrap();
+        let missing = draft_from_args(&args(&["--cmdline-file", file])).unwrap_err();
+        assert!(missing.to_string().contains("cannot read"), "{missing}");
+    }
 }
