@@ -9,16 +9,17 @@ use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use vmm::control::ControlClient;
+use vmm::memory::POPULATE_PROGRESS;
 pub use vmm::RegionAccess;
 
 use crate::console::{ConsoleSplitter, LogBook, Piece};
 use crate::guest_ram::RamRange;
-use crate::memory::format_size;
+use crate::memory::{format_size, parse_size};
 use crate::sys;
 
 /// Everything the host end of the channel needs.
@@ -140,8 +141,41 @@ struct VmmMachine {
     ended: Option<String>,
 }
 
-/// Copies a process's console into the log book, kernel lines and job output alike.
-fn follow_console(source: impl std::io::Read + Send + 'static, log: Arc<LogBook>, label: &'static str) {
+/// How long a VMM may be silent while it starts: before its first word, and between its
+/// reports of guest RAM populated.
+pub const STARTUP_SILENCE: Duration = Duration::from_secs(10);
+/// What the first window allows for populating each GiB of guest RAM, beyond
+/// [`STARTUP_SILENCE`] (populating a GiB of 4 KiB pages took 2-8 s on a loaded 2-core VM).
+pub const STARTUP_PER_GIB: Duration = Duration::from_secs(10);
+
+/// When a VMM starting a machine of `memory` bytes at `started` has taken too long to open its
+/// control socket: never while it keeps reporting progress. A larger machine gets a longer
+/// first window, and each report of populated RAM (`last_progress`) gives it
+/// [`STARTUP_SILENCE`] more from then.
+pub fn startup_deadline(started: Instant, memory: u64, last_progress: Option<Instant>) -> Instant {
+    let gib = memory.div_ceil(1 << 30) as u32;
+    let first = started + STARTUP_SILENCE + STARTUP_PER_GIB * gib;
+    last_progress.map_or(first, |at| first.max(at + STARTUP_SILENCE))
+}
+
+/// The guest RAM size a `clowder-vmm` command line asks for (`--mem`; the VMM's default
+/// otherwise).
+fn memory_of(command: &Command) -> u64 {
+    let mut args = command.get_args();
+    while let Some(arg) = args.next() {
+        if arg == "--mem" {
+            return args.next().and_then(|size| parse_size(&size.to_string_lossy()).ok()).unwrap_or(0);
+        }
+    }
+    64 << 20
+}
+
+/// The VMM's last report of guest RAM populated, and when it came.
+type Progress = Arc<Mutex<Option<(Instant, String)>>>;
+
+/// Copies a process's console into the log book, kernel lines and job output alike; reports of
+/// populated guest RAM also go to `progress`.
+fn follow_console(source: impl std::io::Read + Send + 'static, log: Arc<LogBook>, label: &'static str, progress: Option<Progress>) {
     std::thread::spawn(move || {
         let mut reader = BufReader::new(source);
         let mut splitter = ConsoleSplitter::default();
@@ -150,7 +184,13 @@ fn follow_console(source: impl std::io::Read + Send + 'static, log: Arc<LogBook>
             for piece in splitter.push(&line) {
                 match piece {
                     Piece::KernelLine(text) => log.push(format!("[lwk] {text}")),
-                    Piece::Output(bytes) => log.push(format!("{label}{}", String::from_utf8_lossy(&bytes).trim_end())),
+                    Piece::Output(bytes) => {
+                        let text = String::from_utf8_lossy(&bytes).trim_end().to_string();
+                        if let (Some(progress), Some(report)) = (&progress, text.strip_prefix(POPULATE_PROGRESS)) {
+                            *progress.lock().unwrap() = Some((Instant::now(), report.to_string()));
+                        }
+                        log.push(format!("{label}{text}"));
+                    }
                 }
             }
             line.clear();
@@ -167,15 +207,20 @@ impl Launcher for VmmLauncher {
 }
 
 /// Starts a `clowder-vmm` command line with its control socket at `control_path`, follows its
-/// console into `log`, and connects to the control socket.
+/// console into `log`, and connects to the control socket. A large machine takes a while to
+/// populate its RAM: the VMM is given time while it reports progress ([`startup_deadline`]),
+/// and the daemon's log says how far it got.
 pub fn start_vmm(mut command: Command, control_path: PathBuf, log: Arc<LogBook>) -> Result<Box<dyn Machine>, String> {
     let _ = std::fs::remove_file(&control_path);
+    let memory = memory_of(&command);
     command.arg("--control").arg(&control_path).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let started = Instant::now();
     let mut child = command.spawn().map_err(|e| format!("cannot start {:?}: {e}", command.get_program()))?;
     log.push(format!("clowderd: clowder-vmm pid {}", child.id()));
-    follow_console(child.stdout.take().expect("piped stdout"), log.clone(), "console: ");
-    follow_console(child.stderr.take().expect("piped stderr"), log.clone(), "vmm: ");
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let progress = Progress::default();
+    follow_console(child.stdout.take().expect("piped stdout"), log.clone(), "console: ", None);
+    follow_console(child.stderr.take().expect("piped stderr"), log.clone(), "vmm: ", Some(progress.clone()));
+    let mut reported = None;
     let control = loop {
         if let Ok(client) = ControlClient::connect(&control_path) {
             break client;
@@ -183,10 +228,21 @@ pub fn start_vmm(mut command: Command, control_path: PathBuf, log: Arc<LogBook>)
         if let Ok(Some(status)) = child.try_wait() {
             return Err(format!("{} before its control socket was up", describe_vmm_exit(status)));
         }
-        if Instant::now() > deadline {
+        let last = progress.lock().unwrap().clone();
+        if let Some((at, report)) = last.as_ref().filter(|(at, _)| reported != Some(*at)) {
+            eprintln!("clowderd: clowder-vmm {} ({}): guest RAM populated: {report}", child.id(), format_size(memory));
+            reported = Some(*at);
+        }
+        if Instant::now() > startup_deadline(started, memory, reported) {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(format!("clowder-vmm did not open its control socket {} within 10 s", control_path.display()));
+            let progress = last.map_or_else(|| "it reported no progress".to_string(), |(_, report)| format!("last report: {report}"));
+            return Err(format!(
+                "clowder-vmm did not open its control socket {} within {:.0} s ({} of guest RAM; {progress})",
+                control_path.display(),
+                started.elapsed().as_secs_f64(),
+                format_size(memory)
+            ));
         }
         std::thread::sleep(Duration::from_millis(5));
     };
@@ -286,5 +342,31 @@ impl Drop for VmmMachine {
     fn drop(&mut self) {
         self.shut_down(Duration::from_secs(1));
         let _ = std::fs::remove_file(&self.control_path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_larger_machine_gets_longer_to_start_and_progress_extends_the_wait() {
+        let start = Instant::now();
+        let secs = |at: Instant| at.duration_since(start).as_secs();
+        // A small machine: the silence window plus a GiB's allowance.
+        assert_eq!(secs(startup_deadline(start, 64 << 20, None)), 20);
+        // The first window grows with memory: no fixed limit.
+        assert_eq!(secs(startup_deadline(start, 16 << 30, None)), 170);
+        assert!(startup_deadline(start, 64 << 30, None) > startup_deadline(start, 16 << 30, None));
+        // Progress early changes nothing; progress late keeps the VMM alive as long as it goes on.
+        assert_eq!(secs(startup_deadline(start, 1 << 30, Some(start + Duration::from_secs(5)))), 20);
+        assert_eq!(secs(startup_deadline(start, 1 << 30, Some(start + Duration::from_secs(300)))), 310);
+    }
+
+    #[test]
+    fn the_memory_is_read_from_the_vmm_command_line() {
+        let spec = MachineSpec { name: "big".into(), cores: vec![1], memory: 16 << 30, hugepages: true };
+        assert_eq!(memory_of(&vmm_command(Path::new("clowder-vmm"), Path::new("lwk"), &spec)), 16 << 30);
+        assert_eq!(memory_of(&Command::new("clowder-vmm")), 64 << 20);
     }
 }

@@ -108,6 +108,59 @@ fn memfd_create(name: &str, backing: Backing) -> io::Result<File> {
     Ok(unsafe { File::from_raw_fd(fd) })
 }
 
+/// Starts the lines that report how much guest RAM is populated, while it takes long: one
+/// about every [`POPULATE_REPORT_INTERVAL`], then one when all is done. A program that starts
+/// the VMM (the node daemon) reads them as a sign of progress.
+pub const POPULATE_PROGRESS: &str = "clowder-vmm: guest RAM populated: ";
+pub const POPULATE_REPORT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// Populated at a time between looks at the clock.
+const POPULATE_CHUNK: usize = 64 << 20;
+
+/// Allocates every page of guest RAM before the guest runs (a guest must never find the host
+/// out of memory), in chunks, saying on stderr how far it got while it takes long.
+struct Populate {
+    total: u64,
+    done: u64,
+    started: std::time::Instant,
+    reported: Option<std::time::Instant>,
+}
+
+impl Populate {
+    fn new(total: u64) -> Populate {
+        Populate { total, done: 0, started: std::time::Instant::now(), reported: None }
+    }
+
+    fn region(&mut self, base: *mut u8, size: usize) -> Result<(), MemoryError> {
+        let mut offset = 0;
+        while offset < size {
+            let len = POPULATE_CHUNK.min(size - offset);
+            // SAFETY: `base..base+size` is a live shared mapping of the memfd; populating it
+            // only allocates and maps its pages.
+            if unsafe { libc::madvise(base.add(offset).cast(), len, libc::MADV_POPULATE_WRITE) } != 0 {
+                let error = io::Error::last_os_error();
+                return Err(MemoryError::Map(format!(
+                    "allocating guest RAM at {} of {} MiB: {error}",
+                    self.done >> 20,
+                    self.total >> 20
+                )));
+            }
+            offset += len;
+            self.done += len as u64;
+            let since = self.reported.unwrap_or(self.started).elapsed();
+            if since >= POPULATE_REPORT_INTERVAL || (self.done == self.total && self.reported.is_some()) {
+                eprintln!(
+                    "{POPULATE_PROGRESS}{} of {} MiB in {:.1} s",
+                    self.done >> 20,
+                    self.total >> 20,
+                    self.started.elapsed().as_secs_f64()
+                );
+                self.reported = Some(std::time::Instant::now());
+            }
+        }
+        Ok(())
+    }
+}
+
 impl GuestMemory {
     /// Creates the memfd, sizes and seals it, maps and populates it, and registers the RAM with KVM.
     pub fn new(vm: &VmFd, layout: GuestLayout, backing: Backing) -> Result<Self, MemoryError> {
@@ -128,13 +181,17 @@ impl GuestMemory {
             let mapping = MmapRegionBuilder::new(range.size as usize)
                 .with_file_offset(file_offset)
                 .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
-                .with_mmap_flags(libc::MAP_SHARED | libc::MAP_POPULATE)
+                .with_mmap_flags(libc::MAP_SHARED)
                 .with_hugetlbfs(backing == Backing::Huge2M)
                 .build()
                 .map_err(|e| MemoryError::Map(e.to_string()))?;
             let region = GuestRegionMmap::new(mapping, GuestAddress(range.gpa))
                 .ok_or_else(|| MemoryError::Map("region wraps the address space".into()))?;
             regions.push(region);
+        }
+        let mut populate = Populate::new(layout.ram_size());
+        for region in &regions {
+            populate.region(region.as_ptr(), region.size())?;
         }
         let mmap = GuestMemoryMmap::from_regions(regions).map_err(|e| MemoryError::Map(e.to_string()))?;
         let mut memory = GuestMemory {
