@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 
 const USAGE: &str = "usage: clowder [--json] COMMAND
   enclave create --name NAME [--kind lwk] [--cores N | --core-list LIST] --mem SIZE [--hugepages]
+                 [--share-group GROUP]   (GROUP's members may use and remove it too)
   enclave ls
   enclave rm NAME
   run [--enclave NAME] [--cores N | --core-list LIST] [--heap SIZE] [--mem SIZE]
@@ -125,10 +126,14 @@ fn cores_value(flag: &str, value: String) -> Result<Value, Usage> {
 }
 
 fn enclave_row(enclave: &Value) -> Vec<String> {
-    ["name", "kind", "mode", "state", "cores", "mem", "hugepages", "pid", "jobs"].iter().map(|key| text(&enclave[key])).collect()
+    ["name", "owner", "share_group", "kind", "mode", "state", "cores", "mem", "hugepages", "pid", "jobs"]
+        .iter()
+        .map(|key| text(&enclave[key]))
+        .collect()
 }
 
-const ENCLAVE_HEADER: [&str; 9] = ["NAME", "KIND", "MODE", "STATE", "CORES", "MEM", "HUGEPAGES", "PID", "JOBS"];
+const ENCLAVE_HEADER: [&str; 11] =
+    ["NAME", "OWNER", "GROUP", "KIND", "MODE", "STATE", "CORES", "MEM", "HUGEPAGES", "PID", "JOBS"];
 
 fn enclave_command(args: &mut Arguments, json_output: bool) -> Result<u8, Failure> {
     let mut client = Client::connect().map_err(Failure::Error)?;
@@ -142,6 +147,7 @@ fn enclave_command(args: &mut Arguments, json_output: bool) -> Result<u8, Failur
                     "--cores" | "--core-list" => request["cores"] = cores_value(&flag, args.value(&flag)?)?,
                     "--mem" => request["mem"] = json!(args.value(&flag)?),
                     "--hugepages" => request["hugepages"] = json!(true),
+                    "--share-group" => request["share_group"] = json!(args.value(&flag)?),
                     other => return Err(Usage(format!("enclave create: unknown option {other:?}")).into()),
                 }
             }

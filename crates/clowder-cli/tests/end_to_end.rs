@@ -196,7 +196,7 @@ fn only_root_or_the_clowder_group_may_create_enclaves() {
 }
 
 #[test]
-fn malformed_api_requests_get_errors_and_the_connection_survives() {
+fn malformed_api_requests_get_errors_and_the_connection_survives_all_but_an_oversized_one() {
     let daemon = TestDaemon::start("raw-api");
     let stream = UnixStream::connect(daemon.socket()).unwrap();
     let mut writer = stream.try_clone().unwrap();
@@ -215,8 +215,14 @@ fn malformed_api_requests_get_errors_and_the_connection_survives() {
     assert!(error(ask(br#"{"op":"create","name":"../etc","mem":"1G"}"#)).contains("enclave name"));
     assert!(error(ask(br#"{"op":"create","name":"a","mem":"1G","cores":"x"}"#)).contains("`cores`"));
     assert!(error(ask(br#"{"op":"run","argv":["a"],"cwd":"/"}"#)).contains("file descriptors"));
-    assert!(error(ask(&vec![b'x'; 300 * 1024])).contains("longer than"));
     assert_eq!(ask(br#"{"op":"ls"}"#)["ok"], true);
+
+    // A line over the cap is answered, and the connection closed: the daemon reads no more.
+    let mut oversized = UnixStream::connect(daemon.socket()).unwrap();
+    let _ = oversized.write_all(&vec![b'x'; 300 * 1024]);
+    let mut said = String::new();
+    let _ = BufReader::new(&oversized).read_line(&mut said);
+    assert!(said.contains("longer than 262144 bytes; closing the connection"), "{said:?}");
 }
 
 #[test]

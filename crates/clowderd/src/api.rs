@@ -26,6 +26,8 @@ pub struct CreateRequest {
     pub cores: CoreRequest,
     pub memory: u64,
     pub hugepages: bool,
+    /// A group (name or gid) whose members may use and remove the enclave too.
+    pub share_group: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -166,7 +168,7 @@ pub fn parse_request(line: &[u8]) -> Result<Request, String> {
     let op = required_string(&request, "op")?;
     match op.as_str() {
         "create" => {
-            only_keys(&request, &op, &["name", "kind", "cores", "mem", "hugepages"])?;
+            only_keys(&request, &op, &["name", "kind", "cores", "mem", "hugepages", "share_group"])?;
             let name = required_string(&request, "name")?;
             check_name(&name)?;
             if is_one_shot_name(&name) {
@@ -181,6 +183,7 @@ pub fn parse_request(line: &[u8]) -> Result<Request, String> {
                 cores: cores_field(&request)?.unwrap_or(CoreRequest::Count(1)),
                 memory: size_field(&request, "mem")?.ok_or("`create` needs `mem`, e.g. \"1G\"")?,
                 hugepages: bool_field(&request, "hugepages")?,
+                share_group: string_field(&request, "share_group")?,
             }))
         }
         "ls" => {
@@ -256,7 +259,13 @@ mod tests {
         let create = parse_request(br#"{"op":"create","name":"sim","kind":"lwk","cores":2,"mem":"1G","hugepages":true}"#);
         assert_eq!(
             create.unwrap(),
-            Request::Create(CreateRequest { name: "sim".into(), cores: CoreRequest::Count(2), memory: 1 << 30, hugepages: true })
+            Request::Create(CreateRequest {
+                name: "sim".into(),
+                cores: CoreRequest::Count(2),
+                memory: 1 << 30,
+                hugepages: true,
+                share_group: None
+            })
         );
         let run = parse_request(br#"{"op":"run","argv":["hello","x"],"cwd":"/tmp","cores":"1","mem":268435456}"#).unwrap();
         let Request::Run(run) = run else { panic!() };

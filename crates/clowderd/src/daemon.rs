@@ -17,6 +17,7 @@ use crate::enclave::{Enclave, JobEvent, JobFile, JobSpec, Liveness};
 use crate::machine::{Launcher, MachineSpec};
 use crate::memory::{check_request, format_size, HostMemory};
 use crate::oneshot::{kernel_command_line, OneShot, RunEvent};
+use crate::owner::{self, Owner};
 use crate::peer::{may_create_enclaves, Peer};
 use crate::sys;
 use crate::xemem_links::XememLinks;
@@ -46,6 +47,7 @@ enum Occupant {
 }
 
 struct Entry {
+    owner: Owner,
     cores: Vec<usize>,
     memory: u64,
     hugepages: bool,
@@ -55,6 +57,7 @@ struct Entry {
 
 struct Removed {
     name: String,
+    owner: Owner,
     reason: String,
     at: SystemTime,
     log: Arc<LogBook>,
@@ -100,11 +103,11 @@ impl State {
         }
     }
 
-    fn remember_removal(&mut self, name: &str, reason: String, log: Arc<LogBook>) {
+    fn remember_removal(&mut self, name: &str, owner: Owner, reason: String, log: Arc<LogBook>) {
         if self.removed.len() == REMEMBERED_REMOVALS {
             self.removed.pop_front();
         }
-        self.removed.push_back(Removed { name: name.to_string(), reason, at: SystemTime::now(), log });
+        self.removed.push_back(Removed { name: name.to_string(), owner, reason, at: SystemTime::now(), log });
     }
 }
 
@@ -161,10 +164,10 @@ impl Daemon {
             return error_reply("only `run` takes file descriptors");
         }
         match request {
-            Request::Create(create) => self.create(create),
-            Request::List => self.list(),
-            Request::Remove { name } => self.remove(&name),
-            Request::Logs { name } => self.logs(&name),
+            Request::Create(create) => self.create(create, peer),
+            Request::List => self.list(peer),
+            Request::Remove { name } => self.remove(&name, peer),
+            Request::Logs { name } => self.logs(&name, peer),
             Request::Run(run) => self.run(run, files, peer, events),
             Request::XememList => match self.xemem.get() {
                 Some(xemem) => xemem.list_reply(&self.xemem_links.list()),
@@ -194,7 +197,7 @@ impl Daemon {
     }
 
     /// Reserves cores and memory under a new name, or says why not.
-    fn reserve(&self, name: &str, cores: &CoreRequest, memory: u64, hugepages: bool) -> Result<Vec<usize>, String> {
+    fn reserve(&self, name: &str, owner: Owner, cores: &CoreRequest, memory: u64, hugepages: bool) -> Result<Vec<usize>, String> {
         let usable = usable_cores()?;
         check_request(memory, hugepages, HostMemory::read())?;
         let mut state = self.state.lock().unwrap();
@@ -202,7 +205,7 @@ impl Daemon {
             return Err(format!("an enclave named {name} already exists (remove it with: clowder enclave rm {name})"));
         }
         let cores = choose_cores(cores, &usable, &state.taken_cores())?;
-        let entry = Entry { cores: cores.clone(), memory, hugepages, created: SystemTime::now(), occupant: Occupant::Starting };
+        let entry = Entry { owner, cores: cores.clone(), memory, hugepages, created: SystemTime::now(), occupant: Occupant::Starting };
         state.enclaves.insert(name.to_string(), entry);
         Ok(cores)
     }
@@ -212,9 +215,14 @@ impl Daemon {
         self.state.lock().unwrap().taken_cores().into_keys().collect()
     }
 
-    fn create(self: &Arc<Self>, request: CreateRequest) -> Value {
+    fn create(self: &Arc<Self>, request: CreateRequest, peer: &Peer) -> Value {
         let name = request.name.clone();
-        let cores = match self.reserve(&name, &request.cores, request.memory, request.hugepages) {
+        let share_gid = match request.share_group.as_deref().map(|group| owner::share_group(group, peer)).transpose() {
+            Ok(gid) => gid,
+            Err(e) => return error_reply(e),
+        };
+        let owner = Owner { uid: peer.uid, share_gid };
+        let cores = match self.reserve(&name, owner, &request.cores, request.memory, request.hugepages) {
             Ok(cores) => cores,
             Err(e) => return error_reply(e),
         };
@@ -226,7 +234,7 @@ impl Daemon {
                 let mut state = self.state.lock().unwrap();
                 state.enclaves.remove(&name);
                 // Keep its log: `clowder logs NAME` shows what went wrong.
-                state.remember_removal(&name, format!("did not start: {}", e.lines().next().unwrap_or("")), log);
+                state.remember_removal(&name, owner, format!("did not start: {}", e.lines().next().unwrap_or("")), log);
                 return error_reply(format!("enclave {name} did not start: {e}"));
             }
         };
@@ -270,19 +278,19 @@ impl Daemon {
             })
             .expect("spawning an enclave thread");
         report(&format!("created enclave {name} on cores {}", format_cpu_list(cores.iter().copied())));
-        let description = self.describe(&name);
+        let description = self.describe(&name, peer);
         ok_reply(json!({"enclave": description, "notes": notes}))
     }
 
     /// Removes a failed enclave, if it is still the one registered under its name.
     fn enclave_failed(&self, enclave: &Arc<Enclave>, reason: String) {
         let mut state = self.state.lock().unwrap();
-        let current = matches!(state.enclaves.get(&enclave.name), Some(Entry { occupant: Occupant::Persistent(e), .. }) if Arc::ptr_eq(e, enclave));
-        if !current {
-            return;
-        }
+        let owner = match state.enclaves.get(&enclave.name) {
+            Some(Entry { occupant: Occupant::Persistent(e), owner, .. }) if Arc::ptr_eq(e, enclave) => *owner,
+            _ => return,
+        };
         state.enclaves.remove(&enclave.name);
-        state.remember_removal(&enclave.name, reason.clone(), enclave.log.clone());
+        state.remember_removal(&enclave.name, owner, reason.clone(), enclave.log.clone());
         drop(state);
         self.release_cpuset(&enclave.name);
         report(&format!("enclave {} failed and was removed: {reason}", enclave.name));
@@ -297,7 +305,9 @@ impl Daemon {
         }
     }
 
-    fn describe_entry(name: &str, entry: &Entry) -> Value {
+    /// An enclave as `ls` shows it to `viewer`: what its one-shot job runs only to those who
+    /// may read the job's arguments.
+    fn describe_entry(name: &str, entry: &Entry, viewer: &Peer) -> Value {
         let (mode, state, pid, jobs, protocol) = match &entry.occupant {
             Occupant::Starting => ("persistent", "starting".to_string(), None, 0, Value::Null),
             Occupant::Persistent(enclave) => (
@@ -308,9 +318,12 @@ impl Daemon {
                 json!({"version": enclave_proto::PROTOCOL_VERSION, "vcpus": enclave.kernel_vcpus}),
             ),
             // A one-shot enclave's kernel takes its job from the command line, not the channel.
-            Occupant::OneShot { pid, job, .. } => ("one-shot", format!("running {job}"), Some(*pid), 1, Value::Null),
+            Occupant::OneShot { pid, job, .. } => {
+                let state = if entry.owner.may_read(viewer) { format!("running {job}") } else { "running".to_string() };
+                ("one-shot", state, Some(*pid), 1, Value::Null)
+            }
         };
-        json!({
+        let mut description = json!({
             "name": name,
             "kind": "lwk",
             "mode": mode,
@@ -322,21 +335,30 @@ impl Daemon {
             "jobs": jobs,
             "created": unix_seconds(entry.created),
             "channel": protocol,
-        })
+        });
+        if let (Value::Object(fields), Value::Object(owner)) = (&mut description, entry.owner.describe()) {
+            fields.extend(owner);
+        }
+        description
     }
 
-    fn describe(&self, name: &str) -> Value {
+    fn describe(&self, name: &str, viewer: &Peer) -> Value {
         let state = self.state.lock().unwrap();
-        state.enclaves.get(name).map_or(Value::Null, |entry| Self::describe_entry(name, entry))
+        state.enclaves.get(name).map_or(Value::Null, |entry| Self::describe_entry(name, entry, viewer))
     }
 
-    fn list(&self) -> Value {
+    fn list(&self, viewer: &Peer) -> Value {
         let state = self.state.lock().unwrap();
-        let enclaves: Vec<Value> = state.enclaves.iter().map(|(name, entry)| Self::describe_entry(name, entry)).collect();
+        let enclaves: Vec<Value> =
+            state.enclaves.iter().map(|(name, entry)| Self::describe_entry(name, entry, viewer)).collect();
+        // Why an enclave went (console lines, the VMM's words) is its owner's to read.
         let removed: Vec<Value> = state
             .removed
             .iter()
-            .map(|r| json!({"name": r.name, "reason": r.reason, "at": unix_seconds(r.at)}))
+            .map(|r| {
+                let reason = if r.owner.may_read(viewer) { json!(r.reason) } else { Value::Null };
+                json!({"name": r.name, "reason": reason, "at": unix_seconds(r.at), "owner": owner::user_name(r.owner.uid)})
+            })
             .collect();
         let free = usable_cores()
             .map(|usable| {
@@ -347,11 +369,15 @@ impl Daemon {
         ok_reply(json!({"enclaves": enclaves, "removed": removed, "free_cores": free}))
     }
 
-    fn remove(&self, name: &str) -> Value {
+    fn remove(&self, name: &str, peer: &Peer) -> Value {
         let mut state = self.state.lock().unwrap();
         let Some(entry) = state.enclaves.get(name) else {
             return error_reply(format!("no enclave named {name}; {}", state.known_names()));
         };
+        if !entry.owner.may_use(peer) {
+            return error_reply(entry.owner.use_refusal(peer, &format!("remove enclave {name}")));
+        }
+        let owner = entry.owner;
         match &entry.occupant {
             Occupant::Starting => error_reply(format!("enclave {name} is still starting; try again in a moment")),
             Occupant::OneShot { pid, .. } => {
@@ -362,7 +388,7 @@ impl Daemon {
             Occupant::Persistent(enclave) => {
                 let enclave = enclave.clone();
                 state.enclaves.remove(name);
-                state.remember_removal(name, "removed on request".into(), enclave.log.clone());
+                state.remember_removal(name, owner, "removed on request".into(), enclave.log.clone());
                 drop(state);
                 let ended = enclave.stop();
                 self.release_cpuset(name);
@@ -372,8 +398,16 @@ impl Daemon {
         }
     }
 
-    fn logs(&self, name: &str) -> Value {
+    /// An enclave's log, for its owner and root: it holds its jobs' arguments and output.
+    fn logs(&self, name: &str, peer: &Peer) -> Value {
         let state = self.state.lock().unwrap();
+        let owner = match state.enclaves.get(name) {
+            Some(entry) => Some(entry.owner),
+            None => state.removed.iter().rev().find(|r| r.name == name).map(|r| r.owner),
+        };
+        if let Some(owner) = owner.filter(|owner| !owner.may_read(peer)) {
+            return error_reply(owner.read_refusal(peer, &format!("read the log of enclave {name}")));
+        }
         match state.enclaves.get(name) {
             Some(Entry { occupant: Occupant::Persistent(enclave), .. }) => ok_reply(json!({"name": name, "lines": enclave.log.lines()})),
             Some(Entry { occupant: Occupant::OneShot { log, .. }, .. }) => ok_reply(json!({"name": name, "lines": log.lines()})),
@@ -429,12 +463,12 @@ impl Daemon {
         match request.enclave.clone() {
             Some(name) => {
                 let files = RunFiles { binary, cwd_dir, inputs };
-                self.run_in_enclave(&name, request, files, (peer.uid, peer.gid), events)
+                self.run_in_enclave(&name, request, files, peer, events)
             }
             None if !inputs.is_empty() => error_reply(
                 "input files need a persistent enclave (clowder run --enclave NAME): a one-shot enclave only receives the binary",
             ),
-            None => self.run_one_shot(request, binary, events),
+            None => self.run_one_shot(request, binary, peer, events),
         }
     }
 
@@ -443,12 +477,15 @@ impl Daemon {
         name: &str,
         request: RunRequest,
         files: RunFiles,
-        owner: (u32, u32),
+        peer: &Peer,
         events: &mut dyn EventSink,
     ) -> Value {
         let enclave = {
             let state = self.state.lock().unwrap();
             match state.enclaves.get(name) {
+                Some(entry) if !entry.owner.may_use(peer) => {
+                    return error_reply(entry.owner.use_refusal(peer, &format!("run jobs in enclave {name}")))
+                }
                 Some(Entry { occupant: Occupant::Persistent(enclave), .. }) => enclave.clone(),
                 Some(_) => return error_reply(format!("enclave {name} is not ready for jobs (it is starting, or a one-shot enclave)")),
                 None => return error_reply(format!("no enclave named {name}; {}", state.known_names())),
@@ -479,7 +516,7 @@ impl Daemon {
             env: request.env,
             cwd: request.cwd,
             cwd_dir: files.cwd_dir,
-            owner,
+            owner: (peer.uid, peer.gid),
             cores,
             heap: request.heap.unwrap_or(0),
             binary: JobFile { name: if binary_name.is_empty() { "job".into() } else { binary_name }, file: files.binary },
@@ -523,7 +560,7 @@ impl Daemon {
         }
     }
 
-    fn run_one_shot(&self, request: RunRequest, binary: File, events: &mut dyn EventSink) -> Value {
+    fn run_one_shot(&self, request: RunRequest, binary: File, peer: &Peer, events: &mut dyn EventSink) -> Value {
         if let Some(refusal) = refuse_unrunnable(&request.argv[0], &binary) {
             return refusal;
         }
@@ -538,7 +575,8 @@ impl Daemon {
         };
         let memory = request.memory.unwrap_or(self.config.oneshot_memory);
         let core_request = request.cores.clone().unwrap_or(CoreRequest::Count(1));
-        let cores = match self.reserve(&name, &core_request, memory, false) {
+        let owner = Owner::of(peer);
+        let cores = match self.reserve(&name, owner, &core_request, memory, false) {
             Ok(cores) => cores,
             Err(e) => return error_reply(e),
         };
@@ -603,7 +641,7 @@ impl Daemon {
             Ok(status) => ok_reply(json!({"event": "exited", "status": status, "enclave": name})),
             Err(reason) => {
                 log.push(format!("clowderd: {reason}"));
-                state.remember_removal(&name, reason.clone(), log);
+                state.remember_removal(&name, owner, reason.clone(), log);
                 drop(state);
                 report(&format!("one-shot enclave {name} failed: {reason}"));
                 error_reply(format!("one-shot enclave {name} failed: {reason}"))

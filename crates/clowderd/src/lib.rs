@@ -22,6 +22,7 @@ pub mod link;
 pub mod machine;
 pub mod memory;
 pub mod oneshot;
+pub mod owner;
 pub mod peer;
 pub mod server;
 pub mod sys;

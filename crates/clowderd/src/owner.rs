@@ -1,0 +1,120 @@
+//! Who owns an enclave and who else may touch it. A non-root user may use (run jobs in) and
+//! remove only the enclaves they created, and those shared with a group they are in; the
+//! enclave's log, which holds its jobs' arguments and output, only its owner reads. Root may
+//! do anything.
+
+use nix::unistd::{Gid, Group, Uid, User};
+use serde_json::{json, Value};
+
+use crate::peer::Peer;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub uid: u32,
+    /// Members of this group may use and remove the enclave too.
+    pub share_gid: Option<u32>,
+}
+
+impl Owner {
+    /// The enclave belongs to `peer`, shared with nobody.
+    pub fn of(peer: &Peer) -> Owner {
+        Owner { uid: peer.uid, share_gid: None }
+    }
+
+    /// Whether `peer` may run jobs in the enclave and remove it.
+    pub fn may_use(&self, peer: &Peer) -> bool {
+        self.may_read(peer) || self.share_gid.is_some_and(|gid| peer.groups.contains(&gid))
+    }
+
+    /// Whether `peer` may read what the enclave's jobs said (its log, a job's arguments).
+    pub fn may_read(&self, peer: &Peer) -> bool {
+        peer.uid == 0 || peer.uid == self.uid
+    }
+
+    /// Why `peer` may not `what` (e.g. "remove enclave sim"), which [`Owner::may_use`] forbids.
+    pub fn use_refusal(&self, peer: &Peer, what: &str) -> String {
+        let group = self.share_gid.map_or_else(String::new, |gid| format!(", members of group {}", group_name(gid)));
+        self.refusal(peer, what, &format!("only its owner{group} and root may"))
+    }
+
+    /// Why `peer` may not `what`, which [`Owner::may_read`] forbids.
+    pub fn read_refusal(&self, peer: &Peer, what: &str) -> String {
+        self.refusal(peer, what, "only its owner and root may see what its jobs were given and said")
+    }
+
+    fn refusal(&self, peer: &Peer, what: &str, who_may: &str) -> String {
+        format!(
+            "permission denied: you (uid {}) may not {what}: it belongs to {} (uid {}); {who_may}",
+            peer.uid,
+            user_name(self.uid),
+            self.uid
+        )
+    }
+
+    /// The owner's fields in `ls`.
+    pub fn describe(&self) -> Value {
+        json!({"owner": user_name(self.uid), "owner_uid": self.uid, "share_group": self.share_gid.map(group_name)})
+    }
+}
+
+/// A user's name, or their uid when they have none.
+pub fn user_name(uid: u32) -> String {
+    match User::from_uid(Uid::from_raw(uid)) {
+        Ok(Some(user)) => user.name,
+        _ => uid.to_string(),
+    }
+}
+
+/// A group's name, or its gid when it has none.
+pub fn group_name(gid: u32) -> String {
+    match Group::from_gid(Gid::from_raw(gid)) {
+        Ok(Some(group)) => group.name,
+        _ => gid.to_string(),
+    }
+}
+
+/// The group `peer` shares an enclave with, named or numbered; they must be in it (root
+/// need not be).
+pub fn share_group(name: &str, peer: &Peer) -> Result<u32, String> {
+    let gid = match name.parse::<u32>() {
+        Ok(gid) => gid,
+        Err(_) => match Group::from_name(name) {
+            Ok(Some(group)) => group.gid.as_raw(),
+            Ok(None) => return Err(format!("no group named {name:?} to share the enclave with")),
+            Err(e) => return Err(format!("looking up group {name:?}: {e}")),
+        },
+    };
+    if peer.uid != 0 && !peer.groups.contains(&gid) {
+        return Err(format!("you (uid {}) are not in group {name}, so you cannot share an enclave with it", peer.uid));
+    }
+    Ok(gid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(uid: u32, groups: &[u32]) -> Peer {
+        Peer { pid: 1, uid, gid: uid, groups: groups.to_vec() }
+    }
+
+    #[test]
+    fn the_owner_the_group_and_root_may_use_and_only_the_owner_and_root_read() {
+        let private = Owner { uid: 1000, share_gid: None };
+        let shared = Owner { uid: 1000, share_gid: Some(500) };
+        let (alice, bob, root) = (user(1000, &[1000]), user(1001, &[1001, 500]), user(0, &[0]));
+        assert!(private.may_use(&alice) && private.may_use(&root) && !private.may_use(&bob));
+        assert!(shared.may_use(&bob), "bob is in the group it is shared with");
+        assert!(!shared.may_read(&bob) && shared.may_read(&alice) && shared.may_read(&root));
+        let refusal = private.use_refusal(&bob, "remove enclave sim");
+        assert!(refusal.contains("uid 1001") && refusal.contains("(uid 1000)"), "{refusal}");
+    }
+
+    #[test]
+    fn a_share_group_must_be_ones_own() {
+        assert_eq!(share_group("500", &user(1001, &[1001, 500])), Ok(500));
+        assert!(share_group("500", &user(1002, &[1002])).unwrap_err().contains("not in group 500"));
+        assert_eq!(share_group("500", &user(0, &[0])), Ok(500));
+        assert!(share_group("no-such-group-here", &user(0, &[0])).unwrap_err().contains("no group named"));
+    }
+}
