@@ -453,6 +453,11 @@ if [ -f "$BUILD/libdex-ucx.so" ]; then
 	coherence_tests
 	all_app_runs
 	killed_node_check 424242431 "$via"
+	if timeout 150 python3 tests/ucx_stranger.py "$BUILD" >"$LOG/out" 2>&1; then
+		pass "a stranger with the origin's UCX address injects nothing: its message dropped, the run finishes$via"
+	else
+		fail "UCX stranger$via" "$LOG/out"
+	fi
 	grant_hold_check "$via"
 	# silence is noticed by the heartbeat over UCX too
 	stop_test 0 "the origin sent nothing for 3 s"
