@@ -255,29 +255,29 @@ static void run_on_host(const struct remote_host *h, const char *boot_format, ch
 /* The run's key into DEX_RUN_SECRET (see the top). 0, or -1 after saying why not. */
 static int make_run_key(const char *secret_file)
 {
-	struct dex_auth_key key;
+	struct dex_auth_key key, id;
 	char hex[DEX_AUTH_HEX + 1];
+	if (nhosts && !secret_file) {
+		fprintf(stderr, "dexrun: --hosts needs --secret-file FILE, the dexnode agents' secret\n");
+		return -1;
+	}
+	const char *bad = nhosts ? dex_auth_key_from_file(secret_file, &agent_key) : NULL;
+	if (bad) {
+		fprintf(stderr, "dexrun: secret file %s: %s\n", secret_file, bad);
+		return -1;
+	}
+	/* --hosts: the key is derived from a random run id; else random itself */
+	if (dex_auth_random(nhosts ? id.bytes : key.bytes, sizeof(key.bytes)) != 0) {
+		perror("dexrun: getrandom");
+		return -1;
+	}
 	if (nhosts) {
-		const char *bad = secret_file ? dex_auth_key_from_file(secret_file, &agent_key) : NULL;
-		if (!secret_file || bad) {
-			fprintf(stderr, secret_file ? "dexrun: secret file %s: %s\n"
-						    : "dexrun: --hosts needs --secret-file FILE, the dexnode agents' secret\n",
-				secret_file, bad);
-			return -1;
-		}
-		struct dex_auth_key id;
-		if (dex_auth_random(id.bytes, sizeof(id.bytes)) != 0)
-			goto no_random;
 		dex_auth_key_to_hex(&id, run_id);
 		dex_auth_derive(&agent_key, AGENT_RUN_LABEL, run_id, DEX_AUTH_HEX, &key);
-	} else if (dex_auth_random(key.bytes, sizeof(key.bytes)) != 0)
-		goto no_random;
+	}
 	dex_auth_key_to_hex(&key, hex);
 	setenv(DEX_AUTH_ENV, hex, 1);
 	return 0;
-no_random:
-	perror("dexrun: getrandom");
-	return -1;
 }
 
 /* Says what is wrong with the command line (if `problem`), then how to use it, and exits. */
