@@ -11,7 +11,8 @@ dexnode (an agent on its own port, with a secret file):
     once; the idle ones are closed after 5 s; the agent forks nothing for
     any of them.
 A run's origin waiting for its nodes (started by hand, as dexrun does):
-  - a real node binary with a wrong secret is refused and says so; a
+  - a node without the secret does not start; a real node binary with a
+    wrong secret is refused and says so; a
     stranger sending a HELLO without authenticating gets no WELCOME; the
     run then goes on with its real node;
   - a node facing an origin that does not know the secret refuses to join.
@@ -241,6 +242,15 @@ def run_checks(via):
     port, fd = listener.getsockname()[1], listener.fileno()
     secret = secrets.token_hex(32)
     origin = start_node(app, 0, port, fd, secret)
+    keyless = start_node(app, 1, port, fd, None)
+    try:
+        keyless_rc = keyless.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        keyless.kill()
+        keyless_rc = None
+    keyless_err = keyless.stderr.read()
+    check("a node without DEX_RUN_SECRET stops before connecting, naming it%s" % via,
+          keyless_rc not in (0, None) and "DEX_RUN_SECRET: it is not set" in keyless_err, keyless_err)
     impostor = start_node(app, 1, port, fd, secrets.token_hex(32))
     try:
         impostor_rc = impostor.wait(timeout=15)
