@@ -56,7 +56,7 @@ static void fail_to_dexrun(int conn, const char *what)
 
 /* Reads the start request after authentication (the socket carries a
  * receive timeout) and gives the node the run's key. NULL, or why not. */
-static const char *read_request(int conn, struct agent_request *req, uint8_t **body)
+static const char *read_request(int conn, struct agent_request *req)
 {
 	char magic[8];
 	uint32_t size;
@@ -66,10 +66,10 @@ static const char *read_request(int conn, struct agent_request *req, uint8_t **b
 		return "not a start request (dexrun of another version?)";
 	if (size > AGENT_MAX_REQUEST)
 		return "request too large";
-	*body = malloc(size ? size : 1);
-	if (!*body || agent_read_all(conn, *body, size))
-		return "truncated start request";
-	const char *why = agent_parse_request(*body, size, req);
+	uint8_t *body = malloc(size ? size : 1);
+	const char *why = !body || agent_read_all(conn, body, size) ? "truncated start request"
+								     : agent_parse_request(body, size, req);
+	free(body); /* the request holds copies of the strings */
 	if (why)
 		return why;
 	struct dex_auth_key run_key;
@@ -94,15 +94,13 @@ static void relay(int from_fd, int conn, char kind, int *open_flag)
 static void serve(int conn, const char *peer)
 {
 	struct agent_request req;
-	uint8_t *body = NULL;
 	struct timeval limit = { .tv_sec = DEX_AUTH_TIMEOUT_MS / 1000 }, none = { 0 };
 	setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
-	const char *why = read_request(conn, &req, &body);
+	const char *why = read_request(conn, &req);
 	if (why) {
 		fprintf(stderr, "dexnode: refused the request from %s: %s\n", peer, why);
 		return;
 	}
-	free(body);
 	setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
 	char *cwd = req.cwd, **argv = req.argv, **envp = req.envp;
 	int out[2], err[2];
