@@ -115,7 +115,7 @@ fi
 # --hosts: nodes on two namespaced "hosts" through dexnode agents (root only)
 if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v unshare >/dev/null; then
 	if timeout 150 bash tests/hosts_netns.sh "$BUILD" >"$LOG/out" 2>&1; then
-		pass "--hosts: 2 namespaced hosts via dexnode agents (tcp, ucx), differing binary refused, Ctrl-C reaches them"
+		pass "--hosts: 2 namespaced hosts via dexnode agents (tcp, ucx), differing binary refused, Ctrl-C reaches them, wrong secret refused"
 	else
 		fail "--hosts" "$LOG/out"
 	fi

@@ -5,7 +5,8 @@
 #      TCP and, if built, over UCX;
 #   2. a host whose binary differs (another program bind-mounted over the
 #      path in the agent's mount namespace) is refused by the layout check;
-#   3. killing dexrun kills the remote nodes (the agents see the hang-up).
+#   3. killing dexrun kills the remote nodes (the agents see the hang-up);
+#   4. dexrun with another secret file is refused by the agents.
 # Needs root and iproute2. Usage: tests/hosts_netns.sh BUILD_DIR
 set -u
 BUILD=${1:-build}
@@ -17,12 +18,13 @@ cleanup() {
 	wait 2>/dev/null
 	for l in "${links[@]}"; do ip link del "$l" 2>/dev/null; done
 	for ns in "${namespaces[@]}"; do ip netns del "$ns" 2>/dev/null; done
-	rm -f "$hosts" "$bad_hosts" "$out" "$secret"
+	rm -f "$hosts" "$bad_hosts" "$out" "$secret" "$other_secret"
 }
 trap cleanup EXIT
-hosts=$(mktemp) bad_hosts=$(mktemp) out=$(mktemp) secret=$(mktemp)
+hosts=$(mktemp) bad_hosts=$(mktemp) out=$(mktemp) secret=$(mktemp) other_secret=$(mktemp)
 # the agents' secret (mktemp makes it 0600), as dexnode and dexrun require
 od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$secret"
+od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$other_secret"
 failures=0
 check() { # description command...
 	local what=$1
@@ -101,5 +103,14 @@ killed() {
 	[ "$before" -ge 3 ] && [ $rc -eq 130 ] && [ -z "$(pgrep -f -- 424242441)" ]
 }
 check "Ctrl-C on dexrun ends the remote nodes too (agents kill them)" killed
+
+wrong_secret() {
+	timeout 60 "$BUILD/dexrun" --timeout 50 --hosts "$hosts" --secret-file "$other_secret" "$BUILD/coherence" mutex 2 10 \
+		>"$out" 2>&1
+	local rc=$?
+	[ $rc -ne 0 ] && grep -q "dexnode agent at 10.$subnet.1.2:7450: refused: wrong secret" "$out" &&
+		! grep -q "PASS mutex" "$out"
+}
+check "dexrun with another secret is refused by the agents; nothing runs" wrong_secret
 
 [ $failures -eq 0 ]
