@@ -130,6 +130,12 @@ int xemem_signal(xpmem_apid_t apid);
 /* The owner's side: a descriptor (eventfd) that becomes readable when attachers signal the
  * segment; read(2) an 8-byte count of signals since the last read. Owned by the library. */
 int xemem_notify_fd(xpmem_segid_t segid);
+/* Why the calling thread's last call into the broker failed, when the errno alone does not
+ * say it: a sentence, or NULL (success, a reason errno names well enough, or the device
+ * backend, which has no reasons). Today: an attach of a hugepage enclave's memory that is not
+ * whole, aligned 2 MiB pages (EINVAL). The errnos stay XPMEM's. With CLOWDER_XEMEM_DEBUG=1 in
+ * the environment the library also prints each such reason on stderr. */
+const char *xemem_errmsg(void);
 
 /*
  * XEMEM's extensions on a device (the lightweight kernel's /dev/xpmem), numbered above XPMEM's

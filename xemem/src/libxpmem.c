@@ -308,9 +308,42 @@ static void register_atfork(void)
 /* One request and its answer. With runs != NULL the answer's runs and descriptors are
  * returned (the caller closes the descriptors); otherwise any are closed. Returns 0, or -1
  * with errno (the broker's errno, or a connection error). Call with call_lock held. */
+/* The reason code (xemem::Error::code) of the calling thread's last failed broker call, or 0:
+ * see xemem_errmsg. */
+static __thread uint64_t last_reason __attribute__((tls_model("initial-exec")));
+
+/* Reasons an errno does not tell apart, by their code in crates/xemem/src/lib.rs. */
+static const char *reason_text(uint64_t code)
+{
+	switch (code) {
+	case 8:
+		return "the segment's memory is on 2 MiB pages (a hugepage enclave's RAM), which another "
+		       "process can map only whole: attach whole, aligned 2 MiB pages of it (offset and size "
+		       "multiples of 2 MiB over memory its owner exported in whole pages)";
+	default:
+		return NULL;
+	}
+}
+
+/* Keeps a failed answer's reason for xemem_errmsg and, under CLOWDER_XEMEM_DEBUG=1, says it. */
+static void note_reason(const struct wire_answer *answer)
+{
+	last_reason = answer->error ? answer->results[0] : 0;
+	const char *text = reason_text(last_reason);
+	const char *debug = getenv("CLOWDER_XEMEM_DEBUG");
+	if (text && debug && debug[0] == '1')
+		fprintf(stderr, "libxpmem: broker op %u failed (%s): %s\n", answer->op, strerror(answer->error), text);
+}
+
+EXPORT const char *xemem_errmsg(void)
+{
+	return reason_text(last_reason);
+}
+
 static int call_locked(struct wire_request *request, size_t name_len, struct wire_answer *answer,
 		       struct wire_run *runs, int *fds, int *nfds)
 {
+	last_reason = 0;
 	static char buffer[sizeof(struct wire_answer) + WIRE_MAX_RUNS * sizeof(struct wire_run)];
 	int local_nfds = 0;
 	int received_fds[WIRE_MAX_FDS];
@@ -344,6 +377,7 @@ static int call_locked(struct wire_request *request, size_t name_len, struct wir
 			errno = EPROTO;
 			return -1;
 		}
+		note_reason(answer);
 		if (answer->error) {
 			close_all(received_fds, local_nfds);
 			errno = answer->error;

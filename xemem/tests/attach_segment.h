@@ -26,13 +26,17 @@ static xpmem_apid_t get_segment(xpmem_segid_t segid)
 }
 
 /* The first `size` bytes of the segment `apid` permits, attached; NULL after printing
-   "attach failed: errno N". */
+   "attach failed: errno N" and, when the library has one, "because: REASON". */
 static void *attach_segment(xpmem_apid_t apid, size_t size)
 {
 	struct xpmem_addr address = { .apid = apid, .offset = 0 };
 	void *view = xpmem_attach(address, size, NULL);
 	if (view == (void *)-1) {
-		printf("attach failed: errno %d\n", errno);
+		int error = errno;
+		const char *why = xemem_errmsg();
+		printf("attach failed: errno %d\n", error);
+		if (why)
+			printf("because: %s\n", why);
 		return NULL;
 	}
 	return view;

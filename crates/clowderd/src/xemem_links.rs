@@ -667,7 +667,8 @@ impl Links {
 /// Checks every frame run against the enclave's RAM and names it as a range of the RAM memfd.
 /// An enclave whose RAM is on 2 MiB hugetlb pages can share only whole pages: a process can
 /// map a hugetlb file only in 2 MiB pieces, and rounding a run out would hand it the
-/// enclave's neighbouring memory; such an attach is refused with EINVAL (and said once here).
+/// enclave's neighbouring memory; such an attach is refused with EINVAL (`WholePagesOnly`,
+/// which a host caller's library can name: `xemem_errmsg`), and said once here.
 pub fn file_runs(ram: &dyn FrameSource, runs: &[FrameRun]) -> Result<Vec<FileRun>, Error> {
     let page = xemem::PAGE_SIZE;
     let unit = ram.mappable_unit();
@@ -689,7 +690,7 @@ pub fn file_runs(ram: &dyn FrameSource, runs: &[FrameRun]) -> Result<Vec<FileRun
                             unit / 1024
                         )
                     });
-                    return Err(Error::Invalid);
+                    return Err(Error::WholePagesOnly);
                 }
                 out.push(FileRun::Memory { file, offset, len });
             }
@@ -1701,7 +1702,7 @@ mod tests {
         let runs = file_runs(&ram, &whole).unwrap();
         assert!(matches!(runs[0], FileRun::Memory { offset, len, .. } if offset == 4 << 20 && len == 4 << 20));
         for part in [FrameRun { first: Some(2 * huge + 1), frames: huge }, FrameRun { first: Some(2 * huge), frames: huge + 1 }] {
-            assert_eq!(file_runs(&ram, &[part]).err(), Some(Error::Invalid), "{part:?}: a process can map only whole 2 MiB pages");
+            assert_eq!(file_runs(&ram, &[part]).err(), Some(Error::WholePagesOnly), "{part:?}: a process can map only whole 2 MiB pages");
         }
     }
 

@@ -547,21 +547,21 @@ impl Broker {
                     Ok(Some(real)) => {
                         return match self.attach_remote(peer.pid, real, a[1], a[2]) {
                             Ok(pair) => pair,
-                            Err(e) => (Answer::error(op, e.errno()), Vec::new()),
+                            Err(e) => (Answer::failure(op, e), Vec::new()),
                         }
                     }
                     Ok(None) => {}
-                    Err(e) => return (Answer::error(op, e.errno()), Vec::new()),
+                    Err(e) => return (Answer::failure(op, e), Vec::new()),
                 }
             }
             return match self.attach(me, a[0], a[1], a[2]) {
                 Ok(pair) => pair,
-                Err(e) => (Answer::error(op, e.errno()), Vec::new()),
+                Err(e) => (Answer::failure(op, e), Vec::new()),
             };
         }
         match result {
             Ok(answer) => (answer, Vec::new()),
-            Err(e) => (Answer::error(op, e.errno()), Vec::new()),
+            Err(e) => (Answer::failure(op, e), Vec::new()),
         }
     }
 

@@ -45,3 +45,13 @@ fn owner_answers_are_checked_run_by_run() {
     truncated.pop();
     assert!(Answer::decode(&truncated, 1).is_err());
 }
+
+#[test]
+fn a_failure_carries_its_errno_and_its_reasons_code() {
+    let answer = Answer::failure(OP_ATTACH, xemem::Error::WholePagesOnly);
+    let bytes = answer.encode();
+    assert_eq!(i32::from_le_bytes(bytes[8..12].try_into().unwrap()), libc::EINVAL, "the errno stays XPMEM's");
+    assert_eq!(u64::from_le_bytes(bytes[16..24].try_into().unwrap()), 8, "r0: the reason, apart from other EINVALs");
+    assert_eq!(Answer::decode(&bytes, 0), Ok(answer));
+    assert_eq!(Answer::failure(OP_ATTACH, xemem::Error::Invalid).results[0], 1);
+}

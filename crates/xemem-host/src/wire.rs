@@ -29,6 +29,11 @@
 //! connection (SERVE) and answers REVOKE by replacing every attachment made through `apid`
 //! with memory that raises SIGBUS.
 //!
+//! A failed request's answer has the errno and, in r0, the reason's code when the broker has
+//! one (`xemem::Error::code`, 0 otherwise): reasons that share an errno are told apart, and
+//! the library names them (`xemem_errmsg`), e.g. EINVAL for an attach of a hugepage enclave's
+//! memory that is not whole 2 MiB pages (`WholePagesOnly`).
+//!
 //! Broker → owner requests carry a sequence number in `args[6]`; the owner echoes it in
 //! `results[5]`, so an answer that comes after its request timed out is recognised as stale.
 
@@ -149,6 +154,10 @@ impl Answer {
     }
     pub fn error(op: u16, errno: i32) -> Answer {
         Answer { op, errno, results: [0; 6], runs: Vec::new() }
+    }
+    /// A request failed with `error`: its errno, and its code in r0.
+    pub fn failure(op: u16, error: Error) -> Answer {
+        Answer { results: [error.code() as u64, 0, 0, 0, 0, 0], ..Answer::error(op, error.errno()) }
     }
 
     pub fn encode(&self) -> Vec<u8> {

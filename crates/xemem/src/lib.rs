@@ -63,6 +63,10 @@ pub enum Error {
     Unreachable,
     /// A message could not be decoded (EPROTO).
     Malformed,
+    /// EINVAL, for a reason the errno alone does not say: the owner's memory is on 2 MiB
+    /// pages (a hugepage enclave's RAM), which another process can map only whole, and the
+    /// range asked for is not whole, aligned 2 MiB pages of it.
+    WholePagesOnly,
 }
 
 impl Error {
@@ -76,6 +80,7 @@ impl Error {
             Error::NameTaken => 17,
             Error::Unreachable => 110,
             Error::Malformed => 71,
+            Error::WholePagesOnly => 22,
         }
     }
     /// The wire code of this error (a small number; never 0).
@@ -88,6 +93,7 @@ impl Error {
             Error::NameTaken => 5,
             Error::Unreachable => 6,
             Error::Malformed => 7,
+            Error::WholePagesOnly => 8,
         }
     }
     pub fn from_code(code: u16) -> Option<Error> {
@@ -99,6 +105,7 @@ impl Error {
             5 => Error::NameTaken,
             6 => Error::Unreachable,
             7 => Error::Malformed,
+            8 => Error::WholePagesOnly,
             _ => return None,
         })
     }

@@ -344,7 +344,7 @@ fn random_body(rng: &mut Rng) -> Body {
         },
         22 => Body::Revoke { process: rng.next(), access: apid },
         23 => Body::Revoked { process: rng.next(), access: apid },
-        _ => Body::Failed { error: Error::from_code(1 + rng.below(7) as u16).unwrap() },
+        _ => Body::Failed { error: Error::from_code(1 + rng.below(8) as u16).unwrap() },
     }
 }
 

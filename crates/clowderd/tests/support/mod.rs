@@ -3,6 +3,7 @@
 //! xemem/tests, and the XEMEM ids LWK enclaves got.
 #![allow(dead_code, unused_imports)] // each test crate uses its own part
 
+pub mod hugepages;
 pub mod processes;
 
 use std::fs::File;
