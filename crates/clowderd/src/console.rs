@@ -7,6 +7,9 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 
 pub const KERNEL_PREFIX: &[u8] = b"[lwk] ";
+/// A kernel line is cut into pieces this long: the console is the guest's to write, and a
+/// line that never ends must not grow the daemon's memory without bound.
+pub const MAX_KERNEL_LINE: usize = 4096;
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum Piece {
@@ -54,6 +57,11 @@ impl ConsoleSplitter {
                         self.mode = Mode::LineStart;
                     } else {
                         self.pending.push(byte);
+                        if self.pending.len() == KERNEL_PREFIX.len() + MAX_KERNEL_LINE {
+                            let line = String::from_utf8_lossy(&self.pending[KERNEL_PREFIX.len()..]).into_owned();
+                            pieces.push(Piece::KernelLine(line));
+                            self.pending.truncate(KERNEL_PREFIX.len());
+                        }
                     }
                 }
                 Mode::LineStart => {
@@ -152,6 +160,18 @@ mod tests {
         assert_eq!(splitter.push(b"ast\n"), vec![Piece::Output(b"[last\n".to_vec())]);
         assert_eq!(splitter.push(b"[lw"), vec![]);
         assert_eq!(splitter.finish(), vec![Piece::Output(b"[lw".to_vec())]);
+    }
+
+    #[test]
+    fn a_kernel_line_without_end_is_cut_into_pieces() {
+        let mut splitter = ConsoleSplitter::default();
+        let mut pieces = splitter.push(b"[lwk] ");
+        for _ in 0..3 * MAX_KERNEL_LINE / 1024 {
+            pieces.extend(splitter.push(&[b'x'; 1024]));
+        }
+        let cut: Vec<Piece> = (0..3).map(|_| Piece::KernelLine("x".repeat(MAX_KERNEL_LINE))).collect();
+        assert_eq!(pieces, cut);
+        assert!(splitter.pending.len() <= KERNEL_PREFIX.len());
     }
 
     #[test]

@@ -18,6 +18,9 @@ use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use crate::api::{MAX_REQUEST_FDS, MAX_REQUEST_LEN};
 
+/// Longest line a client takes from the daemon (a `logs` reply of 2000 long lines fits).
+pub const MAX_REPLY_LEN: usize = 64 << 20;
+
 /// Descriptors sent or received with one message: the receiver's buffer holds this many, and
 /// a sender splits larger sets over several pieces of the line.
 pub const FDS_PER_MESSAGE: usize = 32;
@@ -26,8 +29,8 @@ pub const FDS_PER_MESSAGE: usize = 32;
 /// a line was dropped), so the connection should be closed.
 #[derive(Debug)]
 pub enum ReceiveError {
-    /// The line grew past [`MAX_REQUEST_LEN`] bytes.
-    TooLong,
+    /// The line grew past the socket's limit, this many bytes.
+    TooLong(usize),
     /// The line carried more than [`MAX_REQUEST_FDS`] descriptors, or one message more than
     /// [`FDS_PER_MESSAGE`] (the kernel then closes them and drops the bytes they came with).
     TooManyFds,
@@ -40,7 +43,7 @@ pub enum ReceiveError {
 impl fmt::Display for ReceiveError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ReceiveError::TooLong => write!(f, "request longer than {MAX_REQUEST_LEN} bytes; closing the connection"),
+            ReceiveError::TooLong(limit) => write!(f, "line longer than {limit} bytes; closing the connection"),
             ReceiveError::TooManyFds => write!(
                 f,
                 "request carries more than {MAX_REQUEST_FDS} file descriptors, or more than {FDS_PER_MESSAGE} on one \
@@ -57,20 +60,24 @@ impl fmt::Display for ReceiveError {
 pub struct LineSocket {
     stream: UnixStream,
     pending: Vec<u8>,
+    /// Longest line taken.
+    max_line: usize,
     /// How long one whole line may take to arrive, from the moment `receive` starts waiting.
     request_timeout: Option<Duration>,
 }
 
 impl LineSocket {
+    /// A client's socket: it takes replies up to [`MAX_REPLY_LEN`] and waits as long as the
+    /// daemon takes.
     pub fn new(stream: UnixStream) -> LineSocket {
-        LineSocket { stream, pending: Vec::new(), request_timeout: None }
+        LineSocket { stream, pending: Vec::new(), max_line: MAX_REPLY_LEN, request_timeout: None }
     }
 
-    /// The same socket, where a line that takes longer than `timeout` to arrive (a peer that
-    /// sends nothing, or trickles a line out) is a [`ReceiveError::TimedOut`].
-    pub fn with_request_timeout(mut self, timeout: Duration) -> LineSocket {
-        self.request_timeout = Some(timeout);
-        self
+    /// The daemon's socket to a client: it takes requests up to [`MAX_REQUEST_LEN`], and a
+    /// line that takes longer than `timeout` to arrive (a peer that sends nothing, or trickles
+    /// a line out) is a [`ReceiveError::TimedOut`].
+    pub fn for_requests(stream: UnixStream, timeout: Duration) -> LineSocket {
+        LineSocket { stream, pending: Vec::new(), max_line: MAX_REQUEST_LEN, request_timeout: Some(timeout) }
     }
 
     /// The next line and the descriptors that came with it; `None` at end of stream.
@@ -83,9 +90,9 @@ impl LineSocket {
                 line.pop();
                 return Ok(Some((line, files)));
             }
-            if self.pending.len() > MAX_REQUEST_LEN {
+            if self.pending.len() > self.max_line {
                 self.pending = Vec::new();
-                return Err(ReceiveError::TooLong);
+                return Err(ReceiveError::TooLong(self.max_line));
             }
             if let Some((deadline, timeout)) = deadline {
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -165,14 +172,15 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn pair() -> (LineSocket, LineSocket) {
+    /// A client's end and the daemon's.
+    fn pair(timeout: Duration) -> (LineSocket, LineSocket) {
         let (a, b) = UnixStream::pair().unwrap();
-        (LineSocket::new(a), LineSocket::new(b))
+        (LineSocket::new(a), LineSocket::for_requests(b, timeout))
     }
 
     #[test]
     fn more_descriptors_than_one_message_holds_arrive_with_their_line() {
-        let (sender, mut receiver) = pair();
+        let (sender, mut receiver) = pair(Duration::from_secs(10));
         let files: Vec<File> = (0..FDS_PER_MESSAGE * 2 + 5).map(|_| File::open("/dev/null").unwrap()).collect();
         let fds: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
         sender.send(&json!({"op": "run"}), &fds).unwrap();
@@ -186,21 +194,20 @@ mod tests {
 
     #[test]
     fn a_line_over_the_cap_is_refused_without_buffering_it_all() {
-        let (sender, mut receiver) = pair();
+        let (sender, mut receiver) = pair(Duration::from_secs(10));
         let writer = std::thread::spawn(move || {
             // Never a newline: the reader must give up at the cap, not wait for one.
             let chunk = vec![b'x'; 64 * 1024];
             while (&sender.stream).write_all(&chunk).is_ok() {}
         });
-        assert!(matches!(receiver.receive(), Err(ReceiveError::TooLong)));
+        assert!(matches!(receiver.receive(), Err(ReceiveError::TooLong(MAX_REQUEST_LEN))));
         drop(receiver);
         writer.join().unwrap();
     }
 
     #[test]
     fn a_line_that_trickles_in_times_out() {
-        let (sender, receiver) = pair();
-        let mut receiver = receiver.with_request_timeout(Duration::from_millis(300));
+        let (sender, mut receiver) = pair(Duration::from_millis(300));
         let writer = std::thread::spawn(move || {
             for _ in 0..20 {
                 if (&sender.stream).write_all(b"{").is_err() {

@@ -199,7 +199,7 @@ impl EventSink for ClientEvents<'_> {
 }
 
 fn serve_client(daemon: &Arc<Daemon>, stream: UnixStream, peer: &Peer, request_timeout: Duration) {
-    let mut socket = LineSocket::new(stream).with_request_timeout(request_timeout);
+    let mut socket = LineSocket::for_requests(stream, request_timeout);
     loop {
         let reply = match socket.receive() {
             Ok(Some((line, files))) => match parse_request(&line) {
