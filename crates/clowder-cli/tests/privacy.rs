@@ -1,8 +1,8 @@
 //! What one user's enclaves and jobs keep from other users: a job's arguments and environment
 //! are on no process's command line (a one-shot enclave's VMM reads its kernel command line
 //! from a private descriptor); an enclave is used and removed only by its owner, the group it
-//! is shared with, and root; its log and what its job runs are shown to its owner and root
-//! alone. The daemon runs in this process on a socket in a temp directory; the users are
+//! is shared with, and root, who alone read its log; a job's arguments in it, and what a
+//! one-shot job runs, only the job's owner and root see. The daemon runs in this process on a socket in a temp directory; the users are
 //! unprivileged uids the CLI runs as (setpriv). Needs /dev/kvm, the LWK image, clowder-vmm and
 //! musl-gcc (skipped, with the reason, otherwise).
 
@@ -221,7 +221,13 @@ fn enclaves_belong_to_their_creator_and_logs_to_the_jobs_owner() {
     assert!(denied(&carol.clowder(&["run", "--enclave", "shared", "./tell", "carol", "0"]), 4003));
     let bobs_run = bob.clowder(&["run", "--enclave", "shared", "./tell", "bob-shared", "0"]);
     assert!(text(&bobs_run.stdout).contains("arg bob-shared"), "{}", text(&bobs_run.stderr));
-    assert!(denied(&bob.clowder(&["logs", "shared"]), 4002), "the log is alice's alone");
+    let alices_run = alice.clowder(&["run", "--enclave", "shared", "./tell", "alice-shared", "0"]);
+    assert!(text(&alices_run.stdout).contains("arg alice-shared"), "{}", text(&alices_run.stderr));
+    // Each member reads the shared enclave's log, but only their own jobs' arguments.
+    let (bobs_log, alices_log) = (text(&bob.clowder(&["logs", "shared"]).stdout), text(&alice.clowder(&["logs", "shared"]).stdout));
+    assert!(bobs_log.contains("bob-shared") && !bobs_log.contains("alice-shared"), "{bobs_log}");
+    assert!(alices_log.contains("alice-shared") && !alices_log.contains("bob-shared"), "{alices_log}");
+    assert!(denied(&carol.clowder(&["logs", "shared"]), 4003));
     let removed = bob.clowder(&["enclave", "rm", "shared"]);
     assert!(removed.status.success(), "{}", text(&removed.stderr));
 }

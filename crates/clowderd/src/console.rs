@@ -96,9 +96,16 @@ impl ConsoleSplitter {
     }
 }
 
-/// The most recent lines of an enclave's log.
+/// One line of a log, and the one user besides root who may read it, if it is private.
+struct LogLine {
+    reader: Option<u32>,
+    text: String,
+}
+
+/// The most recent lines of an enclave's log. Lines about one user's job (its arguments) are
+/// that user's: others who may read the enclave's log do not see them.
 pub struct LogBook {
-    lines: Mutex<VecDeque<String>>,
+    lines: Mutex<VecDeque<LogLine>>,
     capacity: usize,
 }
 
@@ -107,21 +114,38 @@ impl LogBook {
         LogBook { lines: Mutex::new(VecDeque::new()), capacity }
     }
 
-    pub fn push(&self, line: impl Into<String>) {
+    fn add(&self, reader: Option<u32>, text: String) {
         let mut lines = self.lines.lock().unwrap();
         if lines.len() == self.capacity {
             lines.pop_front();
         }
-        lines.push_back(line.into());
+        lines.push_back(LogLine { reader, text });
     }
 
+    pub fn push(&self, line: impl Into<String>) {
+        self.add(None, line.into());
+    }
+
+    /// A line only `uid` and root may read.
+    pub fn push_private(&self, uid: u32, line: impl Into<String>) {
+        self.add(Some(uid), line.into());
+    }
+
+    /// Every line (root's view, and what the daemon quotes in its own errors).
     pub fn lines(&self) -> Vec<String> {
-        self.lines.lock().unwrap().iter().cloned().collect()
+        self.lines.lock().unwrap().iter().map(|line| line.text.clone()).collect()
+    }
+
+    /// The lines `uid` may read: the shared ones and their own.
+    pub fn lines_for(&self, uid: u32) -> Vec<String> {
+        let lines = self.lines.lock().unwrap();
+        let readable = |line: &&LogLine| uid == 0 || line.reader.is_none_or(|reader| reader == uid);
+        lines.iter().filter(readable).map(|line| line.text.clone()).collect()
     }
 
     pub fn tail(&self, count: usize) -> Vec<String> {
         let lines = self.lines.lock().unwrap();
-        lines.iter().skip(lines.len().saturating_sub(count)).cloned().collect()
+        lines.iter().skip(lines.len().saturating_sub(count)).map(|line| line.text.clone()).collect()
     }
 }
 
@@ -182,5 +206,15 @@ mod tests {
         book.push("c");
         assert_eq!(book.lines(), vec!["b", "c"]);
         assert_eq!(book.tail(1), vec!["c"]);
+    }
+
+    #[test]
+    fn private_lines_are_for_their_reader_and_root() {
+        let book = LogBook::new(10);
+        book.push("enclave ready");
+        book.push_private(1000, "launched job 1: ./a secret");
+        assert_eq!(book.lines_for(1000), vec!["enclave ready", "launched job 1: ./a secret"]);
+        assert_eq!(book.lines_for(1001), vec!["enclave ready"]);
+        assert_eq!(book.lines_for(0).len(), 2);
     }
 }

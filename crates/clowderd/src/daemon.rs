@@ -351,12 +351,12 @@ impl Daemon {
         let state = self.state.lock().unwrap();
         let enclaves: Vec<Value> =
             state.enclaves.iter().map(|(name, entry)| Self::describe_entry(name, entry, viewer)).collect();
-        // Why an enclave went (console lines, the VMM's words) is its owner's to read.
+        // Why an enclave went (console lines, the VMM's words) is for those who may use it.
         let removed: Vec<Value> = state
             .removed
             .iter()
             .map(|r| {
-                let reason = if r.owner.may_read(viewer) { json!(r.reason) } else { Value::Null };
+                let reason = if r.owner.may_use(viewer) { json!(r.reason) } else { Value::Null };
                 json!({"name": r.name, "reason": reason, "at": unix_seconds(r.at), "owner": owner::user_name(r.owner.uid)})
             })
             .collect();
@@ -398,22 +398,25 @@ impl Daemon {
         }
     }
 
-    /// An enclave's log, for its owner and root: it holds its jobs' arguments and output.
+    /// An enclave's log, for those who may use the enclave; the lines about a job (its
+    /// arguments) only its owner and root read. A one-shot enclave's log is all its job's.
     fn logs(&self, name: &str, peer: &Peer) -> Value {
         let state = self.state.lock().unwrap();
         let owner = match state.enclaves.get(name) {
             Some(entry) => Some(entry.owner),
             None => state.removed.iter().rev().find(|r| r.name == name).map(|r| r.owner),
         };
-        if let Some(owner) = owner.filter(|owner| !owner.may_read(peer)) {
-            return error_reply(owner.read_refusal(peer, &format!("read the log of enclave {name}")));
+        if let Some(owner) = owner.filter(|owner| !owner.may_use(peer)) {
+            return error_reply(owner.use_refusal(peer, &format!("read the log of enclave {name}")));
         }
         match state.enclaves.get(name) {
-            Some(Entry { occupant: Occupant::Persistent(enclave), .. }) => ok_reply(json!({"name": name, "lines": enclave.log.lines()})),
-            Some(Entry { occupant: Occupant::OneShot { log, .. }, .. }) => ok_reply(json!({"name": name, "lines": log.lines()})),
+            Some(Entry { occupant: Occupant::Persistent(enclave), .. }) => {
+                ok_reply(json!({"name": name, "lines": enclave.log.lines_for(peer.uid)}))
+            }
+            Some(Entry { occupant: Occupant::OneShot { log, .. }, .. }) => ok_reply(json!({"name": name, "lines": log.lines_for(peer.uid)})),
             Some(Entry { occupant: Occupant::Starting, .. }) => ok_reply(json!({"name": name, "lines": []})),
             None => match state.removed.iter().rev().find(|r| r.name == name) {
-                Some(removed) => ok_reply(json!({"name": name, "lines": removed.log.lines(), "removed": removed.reason})),
+                Some(removed) => ok_reply(json!({"name": name, "lines": removed.log.lines_for(peer.uid), "removed": removed.reason})),
                 None => error_reply(format!("no enclave named {name}; {}", state.known_names())),
             },
         }

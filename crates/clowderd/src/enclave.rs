@@ -253,7 +253,8 @@ impl Enclave {
             self.release_regions(&regions);
             return Err(e);
         }
-        self.log.push(format!("clowderd: launched job {job}: {}", spec.argv.join(" ")));
+        // The arguments are the job owner's to read.
+        self.log.push_private(spec.owner.0, format!("clowderd: launched job {job}: {}", spec.argv.join(" ")));
         Ok(())
     }
 

@@ -1,7 +1,6 @@
-//! Who owns an enclave and who else may touch it. A non-root user may use (run jobs in) and
-//! remove only the enclaves they created, and those shared with a group they are in; the
-//! enclave's log, which holds its jobs' arguments and output, only its owner reads. Root may
-//! do anything.
+//! Who owns an enclave and who else may touch it. A non-root user may use (run jobs in),
+//! remove, and read the log of only the enclaves they created and those shared with a group
+//! they are in; what a one-shot enclave's job runs only its owner sees. Root may do anything.
 
 use nix::unistd::{Gid, Group, Uid, User};
 use serde_json::{json, Value};
@@ -21,12 +20,12 @@ impl Owner {
         Owner { uid: peer.uid, share_gid: None }
     }
 
-    /// Whether `peer` may run jobs in the enclave and remove it.
+    /// Whether `peer` may run jobs in the enclave, remove it and read its log.
     pub fn may_use(&self, peer: &Peer) -> bool {
         self.may_read(peer) || self.share_gid.is_some_and(|gid| peer.groups.contains(&gid))
     }
 
-    /// Whether `peer` may read what the enclave's jobs said (its log, a job's arguments).
+    /// Whether `peer` may see what a one-shot enclave's job runs (it is the owner's job).
     pub fn may_read(&self, peer: &Peer) -> bool {
         peer.uid == 0 || peer.uid == self.uid
     }
@@ -34,17 +33,8 @@ impl Owner {
     /// Why `peer` may not `what` (e.g. "remove enclave sim"), which [`Owner::may_use`] forbids.
     pub fn use_refusal(&self, peer: &Peer, what: &str) -> String {
         let group = self.share_gid.map_or_else(String::new, |gid| format!(", members of group {}", group_name(gid)));
-        self.refusal(peer, what, &format!("only its owner{group} and root may"))
-    }
-
-    /// Why `peer` may not `what`, which [`Owner::may_read`] forbids.
-    pub fn read_refusal(&self, peer: &Peer, what: &str) -> String {
-        self.refusal(peer, what, "only its owner and root may see what its jobs were given and said")
-    }
-
-    fn refusal(&self, peer: &Peer, what: &str, who_may: &str) -> String {
         format!(
-            "permission denied: you (uid {}) may not {what}: it belongs to {} (uid {}); {who_may}",
+            "permission denied: you (uid {}) may not {what}: it belongs to {} (uid {}); only its owner{group} and root may",
             peer.uid,
             user_name(self.uid),
             self.uid
