@@ -2,8 +2,10 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 KERNELS_OUT := kernels/target/x86_64-unknown-none/release
+FUZZ_SECONDS ?= 60
+FUZZ_CI_SECONDS ?= 15
 
-.PHONY: all bootstrap build kernels test test-host test-kernels test-dex test-xemem test-ucx test-linux demo bench clean
+.PHONY: all bootstrap build kernels test test-host test-kernels test-dex test-xemem test-ucx test-fuzz test-linux demo bench fuzz clean
 
 all: build
 
@@ -41,7 +43,11 @@ test-ucx: build
 	@xemem/ucx/build.sh
 	@xemem/ucx/test.sh
 
-test: test-host test-kernels test-dex test-xemem
+# CI's share of fuzzing: every target briefly from its committed corpus; a crash fails it.
+test-fuzz: bootstrap
+	@FUZZ_SECONDS=$(FUZZ_CI_SECONDS) scripts/fuzz.sh
+
+test: test-host test-kernels test-dex test-xemem test-fuzz
 	@apps/test.sh
 	@scripts/check-script-arguments.sh
 	@if [ -e /dev/kvm ]; then scripts/insitu.sh --check --no-results 32 32 32 240 40; else echo "test: in-situ check skipped: /dev/kvm is absent"; fi
@@ -49,6 +55,10 @@ test: test-host test-kernels test-dex test-xemem
 # Opt-in, slow on PVM hosts: a stock Debian kernel boots to its banner (docs/linux-guest.md).
 test-linux: build
 	@$(CARGO) test --release -p clowder-vmm --test linux_boot -- --ignored --nocapture
+
+# Every fuzz target (crates/*/fuzz, dex/fuzz) for FUZZ_SECONDS each (docs/results/fuzz.md).
+fuzz: bootstrap
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz.sh
 
 demo: build
 	@./scripts/demo.sh
