@@ -57,6 +57,9 @@ impl fmt::Display for ReceiveError {
     }
 }
 
+/// A line, without its newline, and the descriptors that came with it.
+pub type LineWithFiles = (Vec<u8>, Vec<File>);
+
 pub struct LineSocket {
     stream: UnixStream,
     pending: Vec<u8>,
@@ -81,7 +84,7 @@ impl LineSocket {
     }
 
     /// The next line and the descriptors that came with it; `None` at end of stream.
-    pub fn receive(&mut self) -> Result<Option<(Vec<u8>, Vec<File>)>, ReceiveError> {
+    pub fn receive(&mut self) -> Result<Option<LineWithFiles>, ReceiveError> {
         let deadline = self.request_timeout.map(|timeout| (Instant::now() + timeout, timeout));
         let mut files = Vec::new();
         loop {
