@@ -2,6 +2,8 @@
 //! host pinned to a core and in a lightweight-kernel enclave whose vCPU is pinned to the same
 //! core, alternating, in one run. Prints a table beside the papers' figures and writes
 //! docs/results/lwk-bench.md. RUNS (default 5) repetitions of each; OUT sets the file.
+//! `lwk-bench big` measures only the creation time per GiB (enclaves of each BIG_MEM size,
+//! default 4G; e.g. BIG_MEM=4G,16G) and replaces that section of the file.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -49,7 +51,8 @@ impl Setup {
         String::from_utf8(out.stdout).unwrap()
     }
 
-    fn enclave_command(&self, app: &str, args: &[&str], mem: &str) -> Command {
+    /// `kernel_options` go before the job's command line (`lwk.heap=16M`).
+    fn enclave_command(&self, app: &str, args: &[&str], mem: &str, kernel_options: &str) -> Command {
         let mut command = Command::new(&self.vmm);
         command
             .arg("--kernel")
@@ -58,13 +61,13 @@ impl Setup {
             .arg(self.app(app))
             .args(["--mem", mem, "--cpus", "1", "--cores", &self.core.to_string(), "--serial", "stdout"])
             .arg("--cmdline")
-            .arg(format!("-- {app} {}", args.join(" ")));
+            .arg(format!("{kernel_options} -- {app} {}", args.join(" ")).trim_start());
         command
     }
 
     /// The job's output (the kernel's own `[lwk]` lines removed).
     fn enclave(&self, app: &str, args: &[&str]) -> String {
-        let out = self.enclave_command(app, args, "1G").args(["--backing", self.backing]).output().expect("clowder-vmm runs");
+        let out = self.enclave_command(app, args, "1G", "").args(["--backing", self.backing]).output().expect("clowder-vmm runs");
         let text = String::from_utf8(out.stdout).unwrap();
         assert!(out.status.success(), "{app} in the enclave failed ({}): {text}{}", out.status, String::from_utf8_lossy(&out.stderr));
         text.lines().filter(|l| !l.starts_with("[lwk]")).map(|l| format!("{l}\n")).collect()
@@ -80,6 +83,111 @@ fn number_after(text: &str, prefix: &str, label: &str) -> f64 {
 
 fn stream_best(text: &str, kernel: &str) -> f64 {
     number_after(text, kernel, kernel)
+}
+
+fn monotonic_ns() -> u128 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: writes into t.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u128 * 1_000_000_000 + t.tv_nsec as u128
+}
+
+/// Where the big-enclave section starts in the results file.
+const BIG_HEADING: &str = "## Creation time per GiB";
+
+/// Seconds from starting clowder-vmm to the guest's first exit (its RAM is populated before the
+/// guest starts), and to the process's end after a one-call job: medians of `runs`.
+fn creation_seconds(setup: &Setup, mem: &str, backing: &str, runs: usize) -> (f64, f64) {
+    let (mut created, mut lifecycle) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let t0 = monotonic_ns();
+        let out = setup
+            // A small heap: the LWK's default for a one-shot job fails in some sizes (4-5 GiB).
+            .enclave_command("syscall-loop", &["1"], mem, "lwk.heap=16M")
+            .args(["--backing", backing])
+            .env("CLOWDER_VMM_TIMING", "1")
+            .stdout(Stdio::null())
+            .output()
+            .expect("clowder-vmm runs");
+        let end = monotonic_ns();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "a {mem} enclave ({backing} pages) failed: {stderr}");
+        let first_exit: u128 = number_after(&stderr, "clowder-vmm timing:", "first_exit_ns=") as u128;
+        created.push((first_exit - t0) as f64 / 1e9);
+        lifecycle.push((end - t0) as f64 / 1e9);
+    }
+    (median(&mut created), median(&mut lifecycle))
+}
+
+const NR_HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";
+const FREE_HUGEPAGES: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages";
+
+fn read_count(path: &str) -> u64 {
+    std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+}
+
+/// The hugepage pool grown until `pages` are free (as root), for as long as it lives; then the
+/// pool as it was. Held only around the 2m runs: the pool's pages are lost to the 4k ones.
+struct HugepagePool(u64);
+
+impl HugepagePool {
+    fn with_free(pages: u64) -> Option<HugepagePool> {
+        let (pool, free) = (read_count(NR_HUGEPAGES), read_count(FREE_HUGEPAGES));
+        let grown = HugepagePool(pool);
+        if free < pages {
+            // Free memory in pieces gives fewer hugepages than it holds: compact it first.
+            let _ = std::fs::write("/proc/sys/vm/compact_memory", "1");
+            let _ = std::fs::write(NR_HUGEPAGES, (pool + pages - free).to_string());
+        }
+        (read_count(FREE_HUGEPAGES) >= pages).then_some(grown)
+    }
+}
+
+impl Drop for HugepagePool {
+    fn drop(&mut self) {
+        let _ = std::fs::write(NR_HUGEPAGES, self.0.to_string());
+    }
+}
+
+/// The creation time per GiB of guest RAM, per backing: enclaves of each BIG_MEM size (a comma
+/// list, 4G by default) against 64 MiB ones.
+fn big_section(setup: &Setup, runs: usize) -> String {
+    let sizes = std::env::var("BIG_MEM").unwrap_or_else(|_| "4G".into());
+    let mut table = String::from("| measurement | clowder | target / anchor |\n|---|---|---|\n");
+    for (big, backing) in sizes.split(',').flat_map(|big| [(big, "4k"), (big, "2m")]) {
+        let gib: u64 = big.strip_suffix(['G', 'g']).and_then(|n| n.parse().ok()).expect("BIG_MEM: sizes in GiB, e.g. 4G,16G");
+        // One run of most of the machine's memory takes a minute here.
+        let runs = if gib > 8 { 1 } else { runs };
+        let _pool = match backing {
+            "2m" => match HugepagePool::with_free(gib * 512) {
+                Some(pool) => Some(pool),
+                None => {
+                    eprintln!("skipping the 2m creation row: {big} needs {} free hugepages", gib * 512);
+                    continue;
+                }
+            },
+            _ => None,
+        };
+        eprintln!("creation time of {big} and 64 MiB enclaves, {backing} pages ({runs} runs each)...");
+        let (small_created, _) = creation_seconds(setup, "64M", backing, runs);
+        let (big_created, big_lifecycle) = creation_seconds(setup, big, backing, runs);
+        table.push_str(&format!(
+            "| enclave creation per GiB of RAM ({backing} pages; clowder-vmm start → first guest exit, {big} against 64 MiB) \
+             | {:.2} s per GiB ({big}: {big_created:.2} s created, {big_lifecycle:.2} s create → job exit → teardown; 64 MiB: {:.3} s) \
+             | scales with memory; no fixed limit (clowderd waits while the VMM reports progress) |\n",
+            (big_created - small_created) / (gib as f64 - 1.0 / 16.0),
+            small_created
+        ));
+    }
+    let date = Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]).output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load = load.split_whitespace().next().unwrap_or("?");
+    format!(
+        "{BIG_HEADING}\n\n{date}; {} CPUs, core {}, load average {load} when it ended; medians of {runs} runs \
+         (one above 8 GiB; `lwk-bench big`). Populating guest RAM dominates: every page is allocated before the guest starts.\n\n{table}",
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        setup.core
+    )
 }
 
 fn main() {
@@ -98,6 +206,18 @@ fn main() {
         core: cores - 1,
     };
     assert!(setup.vmm.exists() && setup.lwk.exists(), "build first: make build");
+    let out = std::env::var("OUT").unwrap_or_else(|_| repo.join("docs/results/lwk-bench.md").display().to_string());
+    if std::env::args().nth(1).as_deref() == Some("big") {
+        let section = big_section(&setup, runs.min(3));
+        println!("{section}");
+        let existing = std::fs::read_to_string(&out).unwrap_or_default();
+        let kept = existing.split(&format!("\n{BIG_HEADING}")).next().unwrap_or("").trim_end();
+        match std::fs::write(&out, format!("{kept}\n\n{section}")) {
+            Ok(()) => eprintln!("wrote {out}"),
+            Err(e) => eprintln!("lwk-bench: cannot write {out}: {e}"),
+        }
+        return;
+    }
     let mut rows: Vec<(String, String, String)> = Vec::new();
 
     eprintln!("STREAM ({runs} runs each, alternating host and enclave)...");
@@ -136,7 +256,6 @@ fn main() {
         "≥ 98% of host".into(),
     ));
 
-    let out = std::env::var("OUT").unwrap_or_else(|_| repo.join("docs/results/lwk-bench.md").display().to_string());
     eprintln!("selfish detour (3 alternating runs of 5 s each)...");
     let detour_line = |t: &str| t.lines().find(|l| l.contains(" detours, ")).unwrap_or("").trim_start_matches("selfish: ").to_string();
     let detours = |t: &str| -> f64 { detour_line(t).split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(f64::NAN) };
@@ -181,7 +300,7 @@ fn main() {
         for _ in 0..20 {
             let t0 = Instant::now();
             let status = setup
-                .enclave_command("syscall-loop", &["1"], "64M")
+                .enclave_command("syscall-loop", &["1"], "64M", "")
                 .args(["--backing", backing])
                 .stdout(Stdio::null())
                 .status()
@@ -200,7 +319,7 @@ fn main() {
     let syscall_ns = number_after(&setup.enclave("syscall-loop", &["20000"]), "syscall-loop", "calls,");
     let host_ns = number_after(&setup.host("syscall-loop", &["1000000"]), "syscall-loop", "calls,");
     let socket = std::env::temp_dir().join(format!("lwk-bench-{}.sock", std::process::id()));
-    let mut job = setup.enclave_command("syscall-loop", &["100000000"], "256M").arg("--control").arg(&socket).stdout(Stdio::null()).spawn().unwrap();
+    let mut job = setup.enclave_command("syscall-loop", &["100000000"], "256M", "").arg("--control").arg(&socket).stdout(Stdio::null()).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut client = loop {
         if let Ok(c) = ControlClient::connect(&socket) {
@@ -239,8 +358,8 @@ fn main() {
          same static binary with Linux's defaults.\n\n{table}\nEvery detour of the median selfish runs, host and \
          enclave: [lwk-detours.png](lwk-detours.png) (`bench/plot.py lwk`, from lwk-detours.tsv). The enclave's \
          kernel has no timer tick; its detours are the host's interruptions of its vCPU, each of which costs a VM \
-         exit and re-entry on top.\n",
-        setup.core, setup.backing
+         exit and re-entry on top.\n\n{}",
+        setup.core, setup.backing, big_section(&setup, runs.min(3))
     );
     match std::fs::write(&out, report) {
         Ok(()) => eprintln!("wrote {out}"),
