@@ -73,6 +73,15 @@ fn many_input_files_are_all_delivered_or_refused_with_a_reason() {
 }
 
 #[test]
+fn an_environment_entry_taken_from_the_clis_environment_must_be_there() {
+    let dir = TempDir::new("clowder-cli-env");
+    let socket = start_daemon(&dir.0);
+    let unset = clowder(&socket, &["run", "--env", "CLOWDER_TEST_SURELY_UNSET", "./prog"], &dir.0);
+    assert_eq!(unset.status.code(), Some(1));
+    assert!(stderr(&unset).contains("CLOWDER_TEST_SURELY_UNSET is not set in this environment"), "{}", stderr(&unset));
+}
+
+#[test]
 fn enclave_names_like_one_shot_ones_are_refused() {
     let dir = TempDir::new("clowder-cli-run-n");
     let socket = start_daemon(&dir.0);

@@ -28,6 +28,9 @@ fn options_are_checked() {
     let unknown = Command::new(env!("CARGO_BIN_EXE_clowderd")).arg("--frobnicate").output().unwrap();
     assert_eq!(unknown.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("unknown option \"--frobnicate\""));
+    let no_connections = Command::new(env!("CARGO_BIN_EXE_clowderd")).args(["--max-connections-per-user", "0"]).output().unwrap();
+    assert_eq!(no_connections.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&no_connections.stderr).contains("--max-connections-per-user: \"0\" is not a count of at least 1"));
     let no_kernel = Command::new(env!("CARGO_BIN_EXE_clowderd")).args(["--kernel", "/nonexistent/lwk"]).output().unwrap();
     assert_eq!(no_kernel.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&no_kernel.stderr).contains("cargo build --release -p lwk"));
