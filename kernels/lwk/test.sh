@@ -12,6 +12,8 @@
 #   VMM_ARGS="--cpus 2" RUNNER=vmm kernels/lwk/test.sh   # two vCPUs (PVH: x2APIC, INIT/SIPI)
 #   VMM_ARGS="--protocol direct64 --cpus 2" RUNNER=vmm kernels/lwk/test.sh   # every vCPU
 #                                           # starts at the entry
+#   LWK_ARGS=lwk.fpu=ring3 kernels/lwk/test.sh   # kernel options before the job's (here: the
+#                                           # vector state switched in ring 3, as on PVM)
 #
 # A program that cannot run under clowder-vmm names the reason in a comment,
 # "lwk-test-skip-vmm: REASON"; RUNNER=vmm prints it and skips the program.
@@ -79,7 +81,7 @@ run_in_lwk() {
         make_archive "$archive" "$name=$binary" $input_members
         binary=$archive
     fi
-    local command_line="lwk.env=GREETING=hello -- ${5:-$name one \"two words\"}"
+    local command_line="${LWK_ARGS:+$LWK_ARGS }lwk.env=GREETING=hello -- ${5:-$name one \"two words\"}"
     if [ "$runner" = vmm ]; then
         timeout 120 "$vmm" --kernel "$kernel" --module "$binary" --mem "${job_mem:-256M}" ${VMM_ARGS:-} --cmdline "$command_line" \
             </dev/null >"$console" 2>"$output.vmm-stderr"

@@ -64,9 +64,9 @@ extern "C" fn kernel_main(start_info: u64) -> ! {
         log!("memory: {} MiB free", mm::pmem::total_free() >> 20);
         mm::pmem::for_each_free(|range| log!("  free {:#x}..{:#x}", range.start, range.end));
     }
-    let use_xsave = arch::fpu::xsave_wanted(cmdline::value_of(boot.command_line(), "lwk.fpu"), cmdline::started_by_clowder_vmm(boot.command_line()));
-    arch::cpu::enable_user_fpu(use_xsave);
-    arch::fpu::init(use_xsave);
+    let fpu_method = arch::fpu::method_wanted(cmdline::value_of(boot.command_line(), "lwk.fpu"), cmdline::started_by_clowder_vmm(boot.command_line()));
+    arch::cpu::enable_user_fpu(fpu_method != arch::fpu::Method::Fxsave);
+    arch::fpu::init(fpu_method);
     arch::cpu::allow_user_time_stamp_counter();
     clock::init(boot_tsc, !cmdline::started_by_clowder_vmm(boot.command_line()));
 

@@ -242,6 +242,7 @@ pub fn init_main_thread(aspace: (u64, u64)) {
     }
     CURRENT_PID[0].store(job::PID, Ordering::Relaxed);
     LOADED_ASPACE[0].store(aspace.0, Ordering::Release);
+    fpu::start_first_thread(0, 0);
     DOOMED_THREADS.store(0, Ordering::Release);
     JOB_END_REQUEST.store(NO_END_REQUEST, Ordering::Release);
     CPUS_RELEASED.store(true, Ordering::Release);
@@ -469,16 +470,10 @@ const SHOOTDOWN_TIMEOUT_NS: u64 = 50_000_000;
 /// Makes every other CPU of the job drop its user translations; returns once each online CPU
 /// that can be sent an IPI has flushed (or the timeout passed).
 pub fn shoot_down_user_tlbs() {
-    let cpu = tables::current_cpu();
-    let generation = TLB_GENERATION.fetch_add(1, Ordering::AcqRel) + 1;
-    flush_here(cpu, generation);
-    let others = cpus_in(online_cpu_mask() & !(1 << cpu)).filter(|&index| apic_id(index).is_some()).fold(0u64, |bits, index| bits | 1 << index);
+    let (generation, others) = start_shootdown();
     // A one-CPU enclave is done here: each step below is emulated work on PVM, paid per detach.
     if others == 0 {
         return;
-    }
-    for index in cpus_in(others) {
-        apic::send_tick(apic_id(index).expect("filtered above"));
     }
     let deadline = clock::monotonic_ns() + SHOOTDOWN_TIMEOUT_NS;
     while cpus_in(others).any(|index| TLB_FLUSHED[index].load(Ordering::Acquire) < generation) {
@@ -488,6 +483,24 @@ pub fn shoot_down_user_tlbs() {
         }
         core::hint::spin_loop();
     }
+}
+
+/// A TLB shootdown that does not wait: other CPUs of the job drop their user translations
+/// when the tick IPI reaches them, or before they next run user code.
+pub fn start_user_tlb_shootdown() {
+    start_shootdown();
+}
+
+/// Flushes here, sends the other CPUs the tick; returns the new generation and those CPUs.
+fn start_shootdown() -> (u64, u64) {
+    let cpu = tables::current_cpu();
+    let generation = TLB_GENERATION.fetch_add(1, Ordering::AcqRel) + 1;
+    flush_here(cpu, generation);
+    let others = cpus_in(online_cpu_mask() & !(1 << cpu)).filter(|&index| apic_id(index).is_some()).fold(0u64, |bits, index| bits | 1 << index);
+    for index in cpus_in(others) {
+        apic::send_tick(apic_id(index).expect("filtered above"));
+    }
+    (generation, others)
 }
 
 /// The CPUs whose bits are set in `mask`, lowest first: one step per set bit, not per possible
@@ -575,7 +588,7 @@ extern "C" fn idle_entry() -> ! {
 const IDLE_CHECK_INTERVAL: u32 = 1024;
 
 enum IdleStep {
-    Run(usize, u64),
+    Run(usize, u64, u64, Option<(u64, u64)>),
     /// Nothing to do until another CPU queues a thread here and sends the wake-up IPI.
     Sleep,
     /// A timed wait may expire (or the CPU has no x2APIC): look again soon.
@@ -591,8 +604,8 @@ fn idle_loop(cpu: usize) -> ! {
         let step = with_scheduler(|scheduler| {
             expire_timed_waits(scheduler, cpu);
             if let Some(next) = scheduler.dequeue(cpu) {
-                let (slot, stack_top) = enter_thread(scheduler, cpu, next);
-                return IdleStep::Run(slot, stack_top);
+                let (slot, stack_top, pid, load) = enter_thread(scheduler, cpu, next);
+                return IdleStep::Run(slot, stack_top, pid, load);
             }
             let timed_wait_here = scheduler
                 .threads
@@ -605,7 +618,10 @@ fn idle_loop(cpu: usize) -> ! {
             }
         });
         match step {
-            IdleStep::Run(slot, stack_top) => {
+            IdleStep::Run(slot, stack_top, pid, load) => {
+                settle_process(cpu, pid, load);
+                trap::wait_until_saved(slot);
+                fpu::resume(cpu, slot);
                 trap::switch_context(cpu, trap::idle_slot(cpu), slot, stack_top);
                 free_exited_stacks(cpu);
             }
@@ -636,10 +652,12 @@ fn drop_address_space(cpu: usize) {
     }
 }
 
-/// Makes `next` the running thread of `cpu`; returns its context slot and stack. The thread
-/// gets a time slice, enforced by the timer only if others wait for this CPU (tickless
-/// otherwise).
-fn enter_thread(scheduler: &mut Scheduler, cpu: usize, next: u64) -> (usize, u64) {
+/// Makes `next` the running thread of `cpu`; returns its context slot, stack and process,
+/// and its address space if this CPU must load it: both for `settle_process`, once the lock
+/// is dropped and the leaving thread's vector registers are saved in its own process. The
+/// thread gets a time slice, enforced by the timer only if others wait for this CPU
+/// (tickless otherwise).
+fn enter_thread(scheduler: &mut Scheduler, cpu: usize, next: u64) -> (usize, u64, u64, Option<(u64, u64)>) {
     flush_tlb_if_stale();
     scheduler.cpus[cpu].current = Some(next);
     let quantum_end = cpu::read_tsc() + clock::tsc_hz() * QUANTUM_MS / 1000;
@@ -654,14 +672,19 @@ fn enter_thread(scheduler: &mut Scheduler, cpu: usize, next: u64) -> (usize, u64
     } else {
         apic::arm_timer(quantum_end);
     }
-    CURRENT_PID[cpu].store(thread.pid, Ordering::Relaxed);
-    if LOADED_ASPACE[cpu].load(Ordering::Relaxed) != thread.aspace.0 {
-        crate::arch::paging::activate_root(thread.aspace.1);
-        LOADED_ASPACE[cpu].store(thread.aspace.0, Ordering::Release);
-    }
     cpu::write_msr(MSR_FS_BASE, thread.fs_base);
     cpu::write_msr(MSR_GS_BASE, thread.gs_base);
-    (thread.slot, thread.stack_top)
+    let load = (LOADED_ASPACE[cpu].load(Ordering::Relaxed) != thread.aspace.0).then_some(thread.aspace);
+    (thread.slot, thread.stack_top, thread.pid, load)
+}
+
+/// `cpu` now runs process `pid`, in `load` if it must load that address space.
+fn settle_process(cpu: usize, pid: u64, load: Option<(u64, u64)>) {
+    CURRENT_PID[cpu].store(pid, Ordering::Relaxed);
+    if let Some(aspace) = load {
+        crate::arch::paging::activate_root(aspace.1);
+        LOADED_ASPACE[cpu].store(aspace.0, Ordering::Release);
+    }
 }
 
 /// Wakes this CPU's threads whose timed wait has expired.
@@ -685,21 +708,41 @@ fn expire_timed_waits(scheduler: &mut Scheduler, cpu: usize) {
 /// why (changing the current thread's state, under the lock) and returned the current
 /// thread's context slot. Returns when the current thread runs again.
 fn leave_cpu(prepare: impl FnOnce(&mut Scheduler) -> usize, cpu: usize) {
-    let (from, to, stack_top) = with_scheduler(|scheduler| {
+    let (from, to, stack_top, next_process) = with_scheduler(|scheduler| {
         let from = prepare(scheduler);
         trap::mark_leaving(from);
         match scheduler.dequeue(cpu) {
             Some(next) => {
-                let (to, stack_top) = enter_thread(scheduler, cpu, next);
-                (from, to, stack_top)
+                let (to, stack_top, pid, load) = enter_thread(scheduler, cpu, next);
+                (from, to, stack_top, Some((pid, load)))
             }
             None => {
                 scheduler.cpus[cpu].current = None;
-                (from, trap::idle_slot(cpu), 0)
+                (from, trap::idle_slot(cpu), 0, None)
             }
         }
     });
     if from != to {
+        // The leaving thread's vector registers go to its save area while its address space
+        // is loaded (`fpu`: in ring 3 on PVM; an exiting thread has none), the next one's
+        // come back once its context is complete: both in one go within one address space.
+        if to < MAX_THREADS {
+            trap::wait_until_saved(to);
+        }
+        match next_process {
+            Some((pid, None)) => {
+                fpu::switch_threads(cpu, from, to);
+                settle_process(cpu, pid, None);
+            }
+            Some((pid, load)) => {
+                fpu::save_running(cpu);
+                settle_process(cpu, pid, load);
+                fpu::resume(cpu, to);
+            }
+            None => {
+                fpu::save_running(cpu);
+            }
+        }
         trap::switch_context(cpu, from, to, stack_top);
     }
     free_exited_stacks(cpu);
@@ -771,6 +814,8 @@ fn spawn_in(frame: &TrapFrame, fs_base: u64, clear_child_tid: u64, new_process: 
     let stack_physical = pmem::allocate(KERNEL_STACK_SIZE, PAGE_SIZE).ok_or(SpawnError::NoMemory)?;
     let stack_top = phys::to_virtual(stack_physical) + KERNEL_STACK_SIZE;
     let caller_cpu = tables::current_cpu();
+    // The new thread starts with its creator's vector registers, as on Linux.
+    let creator_state = fpu::save_running(caller_cpu);
     let result = with_scheduler(|scheduler| {
         let slot = scheduler.free_slots.pop().ok_or(SpawnError::TooManyThreads)?;
         let tid = match new_process {
@@ -789,8 +834,7 @@ fn spawn_in(frame: &TrapFrame, fs_base: u64, clear_child_tid: u64, new_process: 
         let (pid, aspace) = new_process.unwrap_or((caller.pid, caller.aspace));
         let gs_base = caller.gs_base;
         trap::prepare_thread(slot, stack_top, frame);
-        // The new thread starts with its creator's vector registers, as on Linux.
-        fpu::save(slot);
+        fpu::inherit(slot, creator_state);
         let thread = Thread {
             pid,
             aspace,
@@ -1085,7 +1129,7 @@ pub fn requeue(from: u64, to: u64, wake_count: u64, move_count: u64) -> u64 {
 /// ends the job.
 pub fn exit_current(status: u8) -> ! {
     let cpu = tables::current_cpu();
-    let (clear_child_tid, pid, last) = with_scheduler(|scheduler| {
+    let (clear_child_tid, pid, slot, last) = with_scheduler(|scheduler| {
         let current = scheduler.current(cpu);
         let thread = scheduler.threads.get_mut(&current).expect("current thread");
         thread.exiting = true;
@@ -1093,10 +1137,19 @@ pub fn exit_current(status: u8) -> ! {
             thread.doomed = false;
             DOOMED_THREADS.fetch_sub(1, Ordering::AcqRel);
         }
-        let (clear_child_tid, pid) = (thread.clear_child_tid, thread.pid);
+        let (clear_child_tid, pid, slot) = (thread.clear_child_tid, thread.pid, thread.slot);
         let last = !scheduler.threads.values().any(|other| other.pid == pid && !other.exiting);
-        (clear_child_tid, pid, last)
+        (clear_child_tid, pid, slot, last)
     });
+    // Its vector state area leaves its process, which may live on: the slot's next thread
+    // may belong to another process (which saves into it only once it has run, long after
+    // the other CPUs have taken the shootdown's IPI).
+    if let Some(area) = fpu::thread_ended(cpu, slot) {
+        if !last {
+            let _ = job::with_process(|process| process.memory.aspace.unmap(area, PAGE_SIZE));
+            start_user_tlb_shootdown();
+        }
+    }
     if clear_child_tid != 0 && !last {
         // pthread_join waits for this word to become zero.
         let _ = trap::copy_to_user(clear_child_tid, &0u32.to_le_bytes());

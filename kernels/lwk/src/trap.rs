@@ -1,7 +1,7 @@
 //! What happens on a trap: system calls go to the table, a fault in the job ends the job with
 //! Linux's status for the signal it would have received, a fault in the kernel is a panic.
 
-use crate::arch::cpu;
+use crate::arch::{cpu, fpu};
 use crate::arch::trap::{self, TrapFrame, SIGNAL_CHECK_VECTOR, SYSCALL_VECTOR};
 use crate::console::log;
 use crate::arch::apic;
@@ -36,6 +36,9 @@ pub fn ring3_syscall_page_in_use() -> bool {
 }
 
 pub fn handle(frame: &mut TrapFrame) {
+    if fpu::is_stub_frame(frame) {
+        return handle_stub_trap(frame);
+    }
     if frame.vector == apic::TICK_VECTOR as u64 {
         apic::end_of_interrupt();
         // The tick IPI also carries TLB shootdowns (`sched::shoot_down_user_tlbs`).
@@ -69,6 +72,30 @@ pub fn handle(frame: &mut TrapFrame) {
         sched::exit_if_doomed();
         signal::deliver_pending(frame);
     }
+}
+
+/// A trap from a ring-3 XSAVE stub the kernel is running (`arch::fpu`): a tick is taken
+/// later, the first touch of a thread's save area in its process maps it, anything else
+/// gives the stub up (its caller sees the failure: a bad signal frame, say).
+fn handle_stub_trap(frame: &mut TrapFrame) {
+    let cpu = crate::arch::tables::current_cpu();
+    if frame.vector == apic::TICK_VECTOR as u64 {
+        apic::end_of_interrupt();
+        sched::flush_tlb_if_stale();
+        fpu::defer_tick(cpu);
+        return;
+    }
+    const PRESENT: u64 = 1;
+    let address = cpu::read_cr2();
+    // Only an area the kernel asked for (RDI, RSI), and only where nothing is mapped.
+    if frame.vector == 14 && frame.error_code & PRESENT == 0 && (address >> 12 == frame.rdi >> 12 || address >> 12 == frame.rsi >> 12) {
+        if let Some(slot) = fpu::area_slot_of(address) {
+            if job::map_save_area(slot) {
+                return;
+            }
+        }
+    }
+    fpu::abandon_stub(frame)
 }
 
 /// A system call that sees the caller's registers (RIP is already the return address).

@@ -110,14 +110,19 @@ pub fn enable_user_fpu(all_components: bool) {
         }
         asm!("mov cr4, {}", in(reg) cr4, options(nostack));
         if has_xsave {
-            // x87, SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM; or x87 and SSE.
-            let user_components: u64 = if all_components { 0b1110_0111 } else { 0b11 };
-            let supported = cpuid(0xd, 0);
-            let xcr0 = ((supported.edx as u64) << 32 | supported.eax as u64) & user_components;
+            let xcr0 = user_xstate_components(all_components);
             asm!("xsetbv", in("ecx") 0, in("eax") xcr0 as u32, in("edx") (xcr0 >> 32) as u32, options(nomem, nostack));
         }
         asm!("fninit", options(nomem, nostack));
     }
+}
+
+/// The XCR0 `enable_user_fpu` sets: x87, SSE, AVX, opmask, ZMM_Hi256 and Hi16_ZMM as far as
+/// the CPU has them if `all_components`, else x87 and SSE.
+pub fn user_xstate_components(all_components: bool) -> u64 {
+    let wanted: u64 = if all_components { 0b1110_0111 } else { 0b11 };
+    let supported = cpuid(0xd, 0);
+    ((supported.edx as u64) << 32 | supported.eax as u64) & wanted
 }
 
 /// Makes sure RDTSC works in user mode (CR4.TSD clear): the vDSO's clocks read the TSC there.

@@ -107,6 +107,19 @@ pub fn set_kernel_stack(cpu: usize, top: u64) {
     }
 }
 
+/// The stack traps from user mode land on for `cpu` (what `set_kernel_stack` set last).
+pub fn kernel_stack(cpu: usize) -> u64 {
+    // SAFETY: a plain read of this CPU's own entry, with interrupts off.
+    unsafe { PER_CPU[cpu].trap_stack_top }
+}
+
+/// Where `cpu`'s TSS keeps RSP0 (unaligned: the TSS is packed), for the entry code that
+/// points it at the running kernel stack while a ring-3 stub runs (`fpu`).
+pub fn kernel_stack_field(cpu: usize) -> *mut u64 {
+    // SAFETY: only the address is taken.
+    unsafe { (&raw mut TSS[cpu].rsp).cast::<u64>() }
+}
+
 /// The index of the CPU running this code: each CPU has its own GDT, and SGDT tells which
 /// (RDTSCP's TSC_AUX would need a CPUID bit that PVM does not show the kernel).
 pub fn current_cpu() -> usize {

@@ -116,7 +116,7 @@ impl TrapFrame {
 global_asm!(
     r#"
     .text
-    .global exception_stubs, syscall_entry, ring3_syscall_page, switch_kernel_stacks, trap_return, enter_user_frame, user_copy, user_copy_access, user_copy_access_end, user_copy_failed
+    .global exception_stubs, syscall_entry, ring3_syscall_page, run_ring3_stub, ring3_stub_failed, switch_kernel_stacks, trap_return, enter_user_frame, user_copy, user_copy_access, user_copy_access_end, user_copy_failed
     .balign 16
 exception_stubs:
     .irp vector, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
@@ -192,9 +192,61 @@ invalid_opcode:
     or $0x202, %r11
     mov %r11, 16(%rsp)                 /* with its flags (IF on), as SYSRET would */
     jmp syscall_common
-1:  pushq $0
+    /* The ud2 ending a ring-3 stub (`fpu`): in the stub page, with interrupts off, which
+       only the kernel can arrange in ring 3 (a job that jumps there has IF set). */
+1:  cmpl ${stub_high}, 4(%rsp)
+    jne 2f
+    cmpl ${stub_low}, (%rsp)
+    jb 2f
+    testl $0x200, 16(%rsp)
+    jnz 2f
+    cmpl ${stub_end_low}, (%rsp)
+    jb ring3_stub_done
+2:  pushq $0
     pushq $6
     jmp trap_common
+
+    /* run_ring3_stub(rip, rsp0 field, rdi, edx:eax mask, esi) -> 0, or 1 if the stub
+       trapped and the kernel gave it up (`ring3_stub_failed`): runs an XSAVE stub in ring 3
+       with interrupts off, RSP0 pointing just below this call's saved registers (16-byte
+       aligned, so that the trap frame of the stub's ud2 or fault sits right there). */
+run_ring3_stub:
+    push %rbp
+    push %rbx
+    push %r12
+    push %r13
+    push %r14
+    push %r15
+    sub $8, %rsp
+    mov %rsp, (%rsi)
+    pushq ${user_data}
+    pushq $0                           /* the stubs use no stack */
+    pushq $2                           /* RFLAGS: interrupts off */
+    pushq ${user_code}
+    push %rdi
+    mov %rdx, %rdi
+    mov %r8, %rsi
+    mov %ecx, %eax
+    shr $32, %rcx
+    mov %ecx, %edx
+    iretq
+ring3_stub_done:                       /* the CPU's five words of the ud2 trap on top */
+    add $40, %rsp
+    xor %eax, %eax
+    jmp ring3_stub_return
+    /* ring3_stub_failed(end of the stub's trap frame): back to run_ring3_stub's caller. */
+ring3_stub_failed:
+    mov %rdi, %rsp
+    mov $1, %eax
+ring3_stub_return:
+    add $8, %rsp
+    pop %r15
+    pop %r14
+    pop %r13
+    pop %r12
+    pop %rbx
+    pop %rbp
+    ret
 
     /* SYSCALL when it arrives in ring 0 (hardware, QEMU): user RSP is still live, so switch
        to the per-CPU trap stack and build the frame an exception from user mode would. */
@@ -313,6 +365,9 @@ user_copy_failed:
     page_low = const RING3_SYSCALL_PAGE as u32,
     page_high = const (RING3_SYSCALL_PAGE >> 32) as u32,
     user_flags = const USER_FLAGS,
+    stub_high = const (super::fpu::STUB_PAGE >> 32) as u32,
+    stub_low = const super::fpu::STUB_PAGE as u32,
+    stub_end_low = const (super::fpu::STUB_PAGE + super::paging::PAGE_SIZE) as u32,
     full_frame_calls = const FULL_FRAME_CALLS_BELOW_64,
     sigaltstack = const SIGALTSTACK_NUMBER,
     signal_check_vector = const SIGNAL_CHECK_VECTOR,
@@ -333,6 +388,11 @@ extern "C" {
     fn switch_kernel_stacks(save_rsp_to: *mut u64, load_rsp: u64);
     static trap_return: u8;
     fn user_copy(dst: u64, src: u64, len: u64) -> u64;
+    /// See the assembly: `rsp0_field` is this CPU's TSS.RSP0 (restored by the caller).
+    pub fn run_ring3_stub(rip: u64, rsp0_field: *mut u64, rdi: u64, mask: u64, rsi: u64) -> u64;
+    /// Unwinds to `run_ring3_stub`'s caller, which gets 1; `frame_end` is the end of the
+    /// stub's trap frame.
+    pub fn ring3_stub_failed(frame_end: u64) -> !;
 }
 
 pub fn exception_stubs_start() -> u64 {
@@ -409,6 +469,17 @@ pub fn prepare_kernel_context(slot: usize, stack_top: u64, entry: extern "C" fn(
     SAVED_RSP[slot].store(saved_rsp, core::sync::atomic::Ordering::Relaxed);
 }
 
+/// Waits until context `to` is saved completely (vector registers included: its CPU saved
+/// them before it switched away) when it just left another CPU; returns its kernel RSP.
+pub fn wait_until_saved(to: usize) -> u64 {
+    loop {
+        match SAVED_RSP[to].load(core::sync::atomic::Ordering::Acquire) {
+            0 => core::hint::spin_loop(),
+            rsp => break rsp,
+        }
+    }
+}
+
 /// Suspends the running context (slot `from`) of this CPU and resumes slot `to`, whose kernel
 /// stack ends at `to_stack_top` (0 for an idle loop, which takes no user traps). Returns when
 /// something switches back to `from`.
@@ -416,19 +487,7 @@ pub fn switch_context(cpu: usize, from: usize, to: usize, to_stack_top: u64) {
     if to_stack_top != 0 {
         super::tables::set_kernel_stack(cpu, to_stack_top);
     }
-    if from < MAX_THREADS {
-        super::fpu::save(from);
-    }
-    let to_rsp = loop {
-        match SAVED_RSP[to].load(core::sync::atomic::Ordering::Acquire) {
-            0 => core::hint::spin_loop(),
-            rsp => break rsp,
-        }
-    };
-    // Saved completely, vector registers included, once its RSP is there.
-    if to < MAX_THREADS {
-        super::fpu::restore(to);
-    }
+    let to_rsp = wait_until_saved(to);
     // SAFETY: `to` was saved by an earlier switch (completely: see `mark_leaving`) or
     // prepared by `prepare_thread`, so its RSP points at callee-saved registers and a return
     // address; interrupts are off.

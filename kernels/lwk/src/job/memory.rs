@@ -470,6 +470,7 @@ impl JobMemory {
         if crate::trap::ring3_syscall_page_in_use() {
             failed |= crate::job::map_ring3_syscall_page_into(&mut aspace).is_err();
         }
+        failed |= crate::job::map_xstate_stub_page_into(&mut aspace).is_err();
         let child = JobMemory {
             aspace,
             image,

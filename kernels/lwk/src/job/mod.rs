@@ -241,6 +241,7 @@ pub fn load_image_memory(file: &[u8], file_physical: u64, argv: &[String], env: 
         if crate::trap::ring3_syscall_page_in_use() {
             map_ring3_syscall_page_into(&mut aspace).map_err(|_| LoadError::NoMemory("page tables"))?;
         }
+        map_xstate_stub_page_into(&mut aspace).map_err(|_| LoadError::NoMemory("page tables"))?;
         aspace.activate();
         let stack_pointer = stack::build(STACK_TOP, &executable, argv, env, vdso).map_err(|_| LoadError::StackSetup)?;
         Ok((image, image_pages, stack, heap, stack_pointer))
@@ -336,6 +337,27 @@ pub fn map_ring3_syscall_page_into(aspace: &mut AddressSpace) -> Result<(), crat
     use crate::arch::trap::{ring3_syscall_page_physical, RING3_SYSCALL_PAGE};
     let executable = Protection { write: false, execute: true };
     aspace.map(RING3_SYSCALL_PAGE, ring3_syscall_page_physical(), PAGE_SIZE, executable)
+}
+
+/// Maps the ring-3 XSAVE stub page (`arch::fpu`, when the kernel switches vector state
+/// that way): read-only, executable.
+pub fn map_xstate_stub_page_into(aspace: &mut AddressSpace) -> Result<(), crate::arch::paging::OutOfMemory> {
+    match crate::arch::fpu::stub_page_physical() {
+        Some(physical) => aspace.map(crate::arch::fpu::STUB_PAGE, physical, PAGE_SIZE, Protection { write: false, execute: true }),
+        None => Ok(()),
+    }
+}
+
+/// Maps the vector state save area of context `slot`, a thread of the running process, into
+/// that process (`arch::fpu`), writable: a ring-3 XSAVE stub touched it for the first time
+/// there. Whether it is mapped now: not unless the process's address space is the one
+/// loaded (the stub's), nor without memory for a page table.
+pub fn map_save_area(slot: usize) -> bool {
+    let (physical, address) = crate::arch::fpu::area_mapping(slot);
+    with_process(|process| {
+        process.memory.aspace.handle().1 == crate::arch::cpu::read_cr3() & !0xfff
+            && process.memory.aspace.map(address, physical, PAGE_SIZE, READ_WRITE).is_ok()
+    })
 }
 
 pub fn is_verbose() -> bool {

@@ -3,8 +3,7 @@
    XSAVE area in its frame (UC_FP_XSTATE, FP_XSTATE_MAGIC1/2, the AVX bit in xstate_bv,
    ymm8's upper half where CPUID leaf 0xd says), starts with ymm8 cleared, clobbers it, and
    sigreturn brings the saved value back; a second time the handler edits the upper half in
-   the frame and sigreturn loads the edited value.
-   lwk-test-skip-vmm: clowder-vmm runs the kernel with FXSAVE (PVM cannot emulate XSAVE in guest kernel mode), so XCR0 has no AVX there */
+   the frame and sigreturn loads the edited value. */
 #define _GNU_SOURCE
 #include <cpuid.h>
 #include <signal.h>

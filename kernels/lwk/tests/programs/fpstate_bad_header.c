@@ -1,7 +1,6 @@
 /* A handler that writes a reserved byte of the XSAVE header in its frame's fpstate: sigreturn
    refuses the frame and the job ends with SIGSEGV (139), as on Linux, where the XRSTOR would
-   fault; the kernel itself must not.
-   lwk-test-skip-vmm: clowder-vmm runs the kernel with FXSAVE (PVM cannot emulate XSAVE in guest kernel mode), so signal frames carry no XSAVE header there */
+   fault; the kernel itself must not. */
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdint.h>
