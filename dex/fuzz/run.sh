@@ -3,9 +3,11 @@
 # corpus committed under fuzz/corpus/TARGET:
 #   wire           the runtime's message decoder and the authentication's
 #   agent_request  dexnode's start request parser
-# New inputs go to build/fuzz/corpus/TARGET (the committed seeds are only
-# read); a crash leaves build/fuzz/crash-TARGET-* and fails the script
-# (exit status 1). One summary line per target: executions and coverage.
+# Inputs that once crashed a target, committed under fuzz/regressions/TARGET,
+# are replayed first. New inputs go to build/fuzz/corpus/TARGET (the
+# committed seeds are only read); a crash leaves build/fuzz/crash-TARGET-*
+# and fails the script (exit status 1). One summary line per target:
+# executions and coverage.
 # Needs clang with libFuzzer (Debian: clang, libclang-rt-14-dev; installed
 # here when missing, as root).
 set -euo pipefail
@@ -36,6 +38,12 @@ failed=0
 for target in wire agent_request; do
 	mkdir -p "$out/corpus/$target"
 	log="$out/$target.log"
+	if compgen -G "regressions/$target/*" >/dev/null &&
+		! "$out/$target" -timeout=10 "regressions/$target"/* >"$log" 2>&1; then
+		failed=1
+		echo "fuzz $target: FAILED (a regression input crashes again: $(sed -n 's/^Running: //p' "$log" | tail -1))"
+		continue
+	fi
 	if "$out/$target" -max_total_time="$seconds" -timeout=10 -print_final_stats=1 \
 		-artifact_prefix="$out/crash-$target-" "$out/corpus/$target" "corpus/$target" >"$log" 2>&1; then
 		execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
