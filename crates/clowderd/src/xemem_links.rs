@@ -17,8 +17,9 @@
 //! which a host process can map: no copy.
 //!
 //! Host memory for enclaves ([`XememPort`]'s bridge): host processes' segments live in the
-//! broker's name server (`xemem-host`), not this node's, so an enclave's lookup, get, attach,
-//! detach and release about them are served here from the broker; an attach adds the owner's
+//! broker's name server (`xemem-host`), not this node's (their names are one table with the
+//! node's: [`XememLinks::set_broker`]), so an enclave's get, attach, detach and release about
+//! them are served here from the broker; an attach adds the owner's
 //! memfd runs to the enclave as guest-physical regions (its VMM's `add_region`) and answers
 //! with their frames. When the owner removes the segment or exits, the broker asks
 //! ([`xemem_host::Enclaves::revoke`]) before the memory goes: the daemon sends the holder's
@@ -1109,11 +1110,6 @@ impl Bridging {
             // that daemon's own link goes to the name server too: the owner answers the
             // requester below directly, and the memory need not come up and go down again.
             Body::Get { segment, .. } => segment.enclave() != origin && !(self.peer && behind_here),
-            Body::Lookup { name } => {
-                let links = self.links.links.lock().unwrap();
-                let known_here = links.node.name_server().is_some_and(|ns| ns.lookup(name).is_ok());
-                !known_here && broker.is_some_and(|broker| broker.lookup_host_segment(name).is_ok())
-            }
             Body::Attach { process, access, .. }
             | Body::Detach { process, access }
             | Body::Release { process, access }
@@ -1184,7 +1180,6 @@ impl Bridging {
         let caller = |process: u64| Principal { enclave: origin, process };
         let links = &self.links;
         match body {
-            Body::Lookup { name } => Ok(vec![Body::Found { segment: broker.ok_or(Error::NotFound)?.lookup_host_segment(name)? }]),
             Body::Get { process, segment, access, .. } => {
                 let others = Credentials { uid: ENCLAVE_PROCESS_CREDENTIALS_UID, groups: vec![ENCLAVE_PROCESS_CREDENTIALS_UID] };
                 let (source, size) = if segment.enclave() == NAME_SERVER_ENCLAVE && broker.is_some() {

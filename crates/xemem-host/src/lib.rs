@@ -698,10 +698,6 @@ impl Broker {
 /// their requests about segments of enclave 1 (host processes'), since those live here. The
 /// caller is `(its enclave, its process)`; permits it gets are this name server's ids.
 impl Broker {
-    pub fn lookup_host_segment(&self, name: &Name) -> Result<SegmentId, Error> {
-        self.lock().ns.lookup(name)
-    }
-
     pub fn get_for_enclave(&self, caller: Principal, credentials: &Credentials, segment: SegmentId, flags: u32) -> Result<(AccessId, u64), Error> {
         // Host processes come through their own connections, never here.
         if caller.enclave == NAME_SERVER_ENCLAVE {
