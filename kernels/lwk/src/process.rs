@@ -306,6 +306,8 @@ pub fn exec(frame: &mut TrapFrame, path: u64, argv: u64, envp: u64) -> Result<()
         }
     };
     sched::switch_current_aspace(image.memory.aspace.handle());
+    // The new image starts with the initial vector state, as on Linux.
+    crate::arch::fpu::load_initial_state();
     let (old, closed) = job::with_process(|process| {
         process.executable_path = resolved;
         let closed = process.descriptors.close_marked();

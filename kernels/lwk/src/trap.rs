@@ -87,9 +87,9 @@ fn handle_stub_trap(frame: &mut TrapFrame) {
     }
     const PRESENT: u64 = 1;
     let address = cpu::read_cr2();
-    // Only an area the kernel asked for (RDI, RSI), and only where nothing is mapped.
-    if frame.vector == 14 && frame.error_code & PRESENT == 0 && (address >> 12 == frame.rdi >> 12 || address >> 12 == frame.rsi >> 12) {
-        if let Some(slot) = fpu::area_slot_of(address) {
+    // Only an area the kernel asked this stub to use, and only where nothing is mapped.
+    if frame.vector == 14 && frame.error_code & PRESENT == 0 {
+        if let Some(slot) = fpu::area_slot_of(cpu, address) {
             if job::map_save_area(slot) {
                 return;
             }

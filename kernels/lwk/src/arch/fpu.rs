@@ -57,6 +57,9 @@ static SUPPORTED_MXCSR: AtomicU32 = AtomicU32::new(0xffbf);
 static LIVE: [AtomicUsize; MAX_CPUS] = [const { AtomicUsize::new(0) }; MAX_CPUS];
 /// Per slot: 1 + the CPU whose registers last held its state (0: none, or stale).
 static LAST_CPU: [AtomicUsize; MAX_THREADS] = [const { AtomicUsize::new(0) }; MAX_THREADS];
+/// Per CPU: 1 + the slots whose save areas the running ring-3 stub may map on first touch
+/// (0: none): only the kernel's own requests, never an address the job chose.
+static STUB_AREAS: [[AtomicUsize; 2]; MAX_CPUS] = [const { [const { AtomicUsize::new(0) }; 2] }; MAX_CPUS];
 /// Per CPU: a tick arrived while a ring-3 stub ran; it is raised again once the stub is done.
 static TICK_DEFERRED: [AtomicBool; MAX_CPUS] = [const { AtomicBool::new(false) }; MAX_CPUS];
 
@@ -141,10 +144,11 @@ fn user_area(slot: usize) -> u64 {
     USER_AREAS + slot as u64 * PAGE_SIZE
 }
 
-/// The context slot whose area a user page fault at `address` wants mapped, if it is one.
-pub fn area_slot_of(address: u64) -> Option<usize> {
-    let slot = address.checked_sub(USER_AREAS)? / PAGE_SIZE;
-    (method() == Method::Ring3Xsave && slot < MAX_THREADS as u64).then_some(slot as usize)
+/// The context slot whose area the stub running on `cpu` faulted on at `address`, if the
+/// kernel asked that stub to use that area (it is then mapped into the running process).
+pub fn area_slot_of(cpu: usize, address: u64) -> Option<usize> {
+    let slot = (address.checked_sub(USER_AREAS)? / PAGE_SIZE) as usize;
+    STUB_AREAS[cpu].iter().any(|area| area.load(Ordering::Relaxed) == slot + 1).then_some(slot)
 }
 
 /// The physical page and user address of `slot`'s area, for mapping it into its process.
@@ -171,14 +175,18 @@ pub fn defer_tick(cpu: usize) {
     TICK_DEFERRED[cpu].store(true, Ordering::Relaxed);
 }
 
-/// Runs the stub at `offset` in ring 3 with RDI = `address`, EDX:EAX = `mask`, RSI = `rsi`;
-/// fails if it faulted (an address the user made bad, or an XRSTOR the CPU refused).
-fn run_stub(cpu: usize, offset: u64, address: u64, mask: u64, rsi: u64) -> Result<(), UserFault> {
+/// Runs the stub at `offset` in ring 3 with RDI = `address`, RSI = `rsi`, EDX:EAX = the
+/// components; it may have the save areas of the `areas` slots mapped on first touch. Fails
+/// if it faulted (an address the user made bad, or an XRSTOR the CPU refused).
+fn run_stub(cpu: usize, offset: u64, address: u64, rsi: u64, areas: [Option<usize>; 2]) -> Result<(), UserFault> {
+    for (allowed, slot) in STUB_AREAS[cpu].iter().zip(areas) {
+        allowed.store(slot.map_or(0, |slot| slot + 1), Ordering::Relaxed);
+    }
     let stack = tables::kernel_stack(cpu);
     // SAFETY: the stub page is mapped in the loaded address space (`Ring3Xsave` maps it into
     // every one); interrupts are off; the stub returns through `ud2` or a trap that
     // `abandon_stub` ends.
-    let failed = unsafe { super::trap::run_ring3_stub(STUB_PAGE + offset, tables::kernel_stack_field(cpu), address, mask, rsi) };
+    let failed = unsafe { super::trap::run_ring3_stub(STUB_PAGE + offset, tables::kernel_stack_field(cpu), address, COMPONENTS.load(Ordering::Relaxed), rsi) };
     tables::set_kernel_stack(cpu, stack);
     if TICK_DEFERRED[cpu].swap(false, Ordering::Relaxed) {
         super::apic::arm_timer(super::cpu::read_tsc());
@@ -205,7 +213,7 @@ pub fn save_running(cpu: usize) -> Option<usize> {
     let slot = LIVE[cpu].load(Ordering::Relaxed).checked_sub(1)?;
     match method() {
         Method::Ring3Xsave => {
-            if run_stub(cpu, STUB_SAVE, user_area(slot), COMPONENTS.load(Ordering::Relaxed), 0).is_err() {
+            if run_stub(cpu, STUB_SAVE, user_area(slot), 0, [Some(slot), None]).is_err() {
                 crate::console::log!("the save area of a thread (slot {slot}) is unusable: its vector registers are lost");
             }
         }
@@ -246,7 +254,7 @@ pub fn resume(cpu: usize, slot: usize) {
     }
     match method() {
         Method::Ring3Xsave => {
-            if run_stub(cpu, STUB_RESTORE, user_area(slot), COMPONENTS.load(Ordering::Relaxed), 0).is_err() {
+            if run_stub(cpu, STUB_RESTORE, user_area(slot), 0, [Some(slot), None]).is_err() {
                 crate::console::log!("the save area of a thread (slot {slot}) is unusable: its vector registers are lost");
             }
         }
@@ -272,7 +280,7 @@ pub fn switch_threads(cpu: usize, from: usize, to: usize) {
         }
         return resume(cpu, to);
     }
-    if run_stub(cpu, STUB_SWITCH, user_area(from), COMPONENTS.load(Ordering::Relaxed), user_area(to)).is_err() {
+    if run_stub(cpu, STUB_SWITCH, user_area(from), user_area(to), [Some(from), Some(to)]).is_err() {
         crate::console::log!("the save area of a thread (slot {from} or {to}) is unusable: its vector registers are lost");
     }
     LIVE[cpu].store(to + 1, Ordering::Relaxed);
@@ -422,7 +430,7 @@ pub fn save_to_signal_frame(user_address: u64) -> Result<(), UserFault> {
         Method::Ring3Xsave => {
             // XSAVE writes XSTATE_BV but not the rest of the header, which must be zero.
             copy_to_user(user_address + XSAVE_HEADER as u64, &[0; 64])?;
-            run_stub(tables::current_cpu(), STUB_TO_SIGNAL_FRAME, user_address, COMPONENTS.load(Ordering::Relaxed), 0)?;
+            run_stub(tables::current_cpu(), STUB_TO_SIGNAL_FRAME, user_address, 0, [None, None])?;
             // As Linux: x87 and SSE always present (FXRSTOR-compatible), then the software bytes.
             let mut present = [0u8; 8];
             copy_from_user(&mut present, user_address + XSAVE_HEADER as u64)?;
@@ -458,7 +466,7 @@ pub fn load_initial_state() {
     match method() {
         Method::Ring3Xsave => {
             // Fails only if the job unmapped the stub page; it then keeps its registers.
-            let _ = run_stub(tables::current_cpu(), STUB_INITIAL_STATE, 0, COMPONENTS.load(Ordering::Relaxed), 0);
+            let _ = run_stub(tables::current_cpu(), STUB_INITIAL_STATE, 0, 0, [None, None]);
         }
         // SAFETY: a valid image: reset FCW and MXCSR, a header naming only x87 and SSE.
         Method::Xsave => unsafe {
@@ -553,13 +561,13 @@ pub fn restore_from_signal_frame(user_address: u64) -> Result<(), BadFpstate> {
 fn restore_in_ring3(user_address: u64, whole: bool, requested: u64) -> Result<(), BadFpstate> {
     let cpu = tables::current_cpu();
     let (stub, len, alignment) = if whole { (STUB_FROM_SIGNAL_FRAME, AREA_SIZE.load(Ordering::Relaxed), 64) } else { (STUB_FROM_LEGACY_FRAME, LEGACY_SIZE, 16) };
-    let mut source = user_address;
+    let (mut source, mut own_area) = (user_address, None);
     if user_address % alignment != 0 {
         let slot = LIVE[cpu].load(Ordering::Relaxed).checked_sub(1).ok_or(BadFpstate)?;
         copy_from_user(&mut area_bytes(slot)[..len], user_address)?;
-        source = user_area(slot);
+        (source, own_area) = (user_area(slot), Some(slot));
     }
-    run_stub(cpu, stub, source, COMPONENTS.load(Ordering::Relaxed), requested)?;
+    run_stub(cpu, stub, source, requested, [own_area, None])?;
     Ok(())
 }
 
