@@ -1,7 +1,8 @@
 //! The daemon's socket: bind it, accept clients, one thread per connection. No client can stop
 //! the accept loop: errors (out of descriptors, of threads) are waited out with back-off, each
 //! user holds a bounded number of connections, the connections of all users but root together
-//! are bounded, and a connection that sends no complete request in time is closed.
+//! are bounded, and a connection that sends no complete request in time, or reads nothing of
+//! what it is sent for as long, is closed.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -199,6 +200,11 @@ impl EventSink for ClientEvents<'_> {
 }
 
 fn serve_client(daemon: &Arc<Daemon>, stream: UnixStream, peer: &Peer, request_timeout: Duration) {
+    // A client that reads nothing for as long is gone: its job's output would pile up in the
+    // daemon behind a send that never ends.
+    if stream.set_write_timeout(Some(request_timeout)).is_err() {
+        return;
+    }
     let mut socket = LineSocket::for_requests(stream, request_timeout);
     loop {
         let reply = match socket.receive() {

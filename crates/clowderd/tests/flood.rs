@@ -1,7 +1,7 @@
 //! No client can take the daemon down: the `clowderd` binary, flooded by an unprivileged user
 //! with thousands of connections and with requests that never end, keeps serving root and keeps
-//! its enclave; run out of descriptors, it waits and recovers; idle and oversized requests
-//! lose their connection. The flooder is a forked child that becomes `nobody` and makes only
+//! its enclave; run out of descriptors, it waits and recovers; idle, oversized and never-read
+//! requests lose their connection. The flooder is a forked child that becomes `nobody` and makes only
 //! system calls (the test process has other threads, so the child must not allocate).
 
 use std::fs::File;
@@ -250,7 +250,7 @@ fn read_until_closed(stream: &mut UnixStream, limit: Duration) -> Option<String>
 }
 
 #[test]
-fn idle_and_oversized_requests_lose_their_connection() {
+fn idle_oversized_and_never_read_requests_lose_their_connection() {
     let dir = TempDir::new("clowderd-idle");
     let daemon = Daemon::start(&dir.0, 1024, &["--idle-timeout", "1000"]);
 
@@ -284,6 +284,24 @@ fn idle_and_oversized_requests_lose_their_connection() {
     let said = read_until_closed(&mut oversized, Duration::from_secs(5)).expect("the oversized request's connection stayed open");
     assert!(said.contains("longer than 262144 bytes"), "{said}");
     writer.join().unwrap();
+
+    // A client that asks and asks but never reads: once its replies fill the socket, the
+    // daemon waits the idle timeout for it to read, then closes the connection.
+    let mut deaf = UnixStream::connect(&daemon.socket).unwrap();
+    let asking = {
+        let mut stream = deaf.try_clone().unwrap();
+        std::thread::spawn(move || {
+            for _ in 0..20_000 {
+                if stream.write_all(b"{\"op\":\"ls\"}\n").is_err() {
+                    break;
+                }
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    let said = read_until_closed(&mut deaf, Duration::from_secs(5)).expect("the connection of a client that never reads stayed open");
+    assert!(said.lines().count() < 20_000, "all {} replies were sent", said.lines().count());
+    asking.join().unwrap();
 
     // Others are served as ever.
     assert_eq!(daemon.call(json!({"op": "ls"}))["ok"], true);
