@@ -141,12 +141,12 @@ bool dex_auth_check_answer(const struct dex_auth_key *key, const struct dex_auth
 
 enum read_result { READ_OK, READ_TIMEOUT, READ_CLOSED };
 
-static enum read_result read_timed(int fd, void *buf, size_t len)
+static enum read_result read_timed(int fd, void *buf, size_t len, int timeout_ms)
 {
 	char *p = buf;
 	while (len) {
 		struct pollfd pfd = { .fd = fd, .events = POLLIN };
-		int ready = poll(&pfd, 1, DEX_AUTH_TIMEOUT_MS);
+		int ready = poll(&pfd, 1, timeout_ms);
 		if (ready < 0 && errno == EINTR)
 			continue;
 		if (ready == 0)
@@ -175,7 +175,7 @@ const char *dex_auth_serve(int fd, const struct dex_auth_key *key, uint8_t sessi
 		return "no random numbers from the kernel";
 	if (write_all(fd, challenge, sizeof(challenge)) != 0)
 		return "connection closed before authenticating";
-	enum read_result got = read_timed(fd, proof, sizeof(proof));
+	enum read_result got = read_timed(fd, proof, sizeof(proof), DEX_AUTH_TIMEOUT_MS);
 	if (got != READ_OK)
 		return got == READ_TIMEOUT ? "no authentication within 5 s" : "connection closed before authenticating";
 	if (!dex_auth_check_proof(key, &x, proof, answer, session))
@@ -185,18 +185,18 @@ const char *dex_auth_serve(int fd, const struct dex_auth_key *key, uint8_t sessi
 	return NULL;
 }
 
-const char *dex_auth_join(int fd, const struct dex_auth_key *key, uint8_t session[DEX_AUTH_BYTES])
+const char *dex_auth_join(int fd, const struct dex_auth_key *key, int wait_ms, uint8_t session[DEX_AUTH_BYTES])
 {
 	struct dex_auth_exchange x;
 	uint8_t challenge[DEX_AUTH_CHALLENGE_BYTES], proof[DEX_AUTH_PROOF_BYTES], answer[DEX_AUTH_BYTES];
 	const char *why;
-	if (read_timed(fd, challenge, sizeof(challenge)) != READ_OK)
-		return "no DEX challenge within 5 s";
+	if (read_timed(fd, challenge, sizeof(challenge), wait_ms) != READ_OK)
+		return "no DEX challenge (not a DEX peer, or too busy)";
 	if ((why = dex_auth_prove(key, &x, challenge, proof)) != NULL)
 		return why;
 	if (write_all(fd, proof, sizeof(proof)) != 0)
 		return "connection closed while authenticating";
-	if (read_timed(fd, answer, sizeof(answer)) != READ_OK)
+	if (read_timed(fd, answer, sizeof(answer), DEX_AUTH_TIMEOUT_MS) != READ_OK)
 		return "refused: wrong secret, or not this run";
 	if (!dex_auth_check_answer(key, &x, answer, session))
 		return "the other side does not know the secret (impostor)";

@@ -73,10 +73,12 @@ bool dex_auth_check_answer(const struct dex_auth_key *key, const struct dex_auth
 			   const uint8_t answer[DEX_AUTH_BYTES], uint8_t session[DEX_AUTH_BYTES]);
 
 /* The whole exchange on a connected blocking socket, each read bounded by
- * DEX_AUTH_TIMEOUT_MS. NULL on success, or a static reason naming what went
- * wrong (for the caller's log line). */
+ * DEX_AUTH_TIMEOUT_MS, except that the client waits up to `wait_ms` for the
+ * challenge (a server that takes one connection at a time may be busy with
+ * another). NULL on success, or a static reason naming what went wrong (for
+ * the caller's log line). */
 const char *dex_auth_serve(int fd, const struct dex_auth_key *key, uint8_t session[DEX_AUTH_BYTES]);
-const char *dex_auth_join(int fd, const struct dex_auth_key *key, uint8_t session[DEX_AUTH_BYTES]);
+const char *dex_auth_join(int fd, const struct dex_auth_key *key, int wait_ms, uint8_t session[DEX_AUTH_BYTES]);
 
 /* The UCX tag of messages `sender` sends on the connection whose session
  * key is `session`: the sender's node number in the low 8 bits, a 55-bit

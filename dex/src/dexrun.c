@@ -197,7 +197,7 @@ static void run_on_host(const struct remote_host *h, const char *boot_format, ch
 	int one = 1;
 	setsockopt(conn, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	uint8_t session[DEX_AUTH_BYTES];
-	const char *refused = dex_auth_join(conn, &agent_key, session);
+	const char *refused = dex_auth_join(conn, &agent_key, DEX_AUTH_TIMEOUT_MS, session);
 	if (refused) {
 		fprintf(stderr, "dexrun: the dexnode agent at %s:%d: %s\n", h->address, h->port, refused);
 		_exit(127);

@@ -1696,7 +1696,8 @@ static void node_join_origin(uint32_t ip, int port, const struct dex_auth_key *k
 	if (fd < 0)
 		dex_fatal("cannot connect to the origin on port %d", port);
 	tune_socket(fd);
-	const char *why = dex_auth_join(fd, key, dex_rt.peers[0].session);
+	/* the origin takes joining nodes one at a time: wait as long as for WELCOME */
+	const char *why = dex_auth_join(fd, key, 20000, dex_rt.peers[0].session);
 	if (why)
 		dex_fatal("cannot join the origin: %s", why);
 	dex_rt.peers[0].fd = fd;

@@ -14,7 +14,8 @@ A run's origin waiting for its nodes (started by hand, as dexrun does):
   - a node without the secret does not start; a real node binary with a
     wrong secret is refused and says so; a
     stranger sending a HELLO without authenticating gets no WELCOME; the
-    run then goes on with its real node;
+    run then goes on with its real node, even one that waits behind
+    silent strangers (one at a time, 5 s each);
   - a node facing an origin that does not know the secret refuses to join.
 Usage: tests/no_open_agent.py BUILD_DIR. Prints one line per check; exit 0
 if all pass."""
@@ -268,6 +269,9 @@ def run_checks(via):
     check("a stranger's HELLO without the secret gets no WELCOME%s" % via,
           got[:8] == b"DEXAUTH1" and len(got) == 40, repr(got))
 
+    # two silent strangers hold the origin's attention for 5 s each while the real node waits its turn
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+    time.sleep(0.2)
     node = start_node(app, 1, port, fd, secret)
     listener.close()
     try:
@@ -276,11 +280,14 @@ def run_checks(via):
         origin.kill()
         node.kill()
         codes = None
+    for s in idle:
+        s.close()
     out, err = origin.stdout.read(), origin.stderr.read()
-    check("the run goes on with its real node%s" % via,
+    check("the run goes on with its real node, which waited behind two silent strangers%s" % via,
           codes == [0, 0] and "back on node 0" in out, out + err + node.stderr.read())
     check("the origin logs each refusal%s" % via,
-          err.count("rejected a joining connection: wrong secret") == 2, err)
+          err.count("rejected a joining connection: wrong secret") == 2 and
+          err.count("rejected a joining connection: no authentication within 5 s") == 2, err)
 
     # a node must not serve an origin that cannot prove the secret
     fake = socket.socket()
