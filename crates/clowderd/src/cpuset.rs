@@ -72,12 +72,31 @@ impl Cpusets {
     /// Finds a writable cgroup-v1 cpuset hierarchy (or the cpuset `CLOWDER_CPUSET_ROOT`
     /// names), or says why isolation is not possible here.
     pub fn detect() -> Result<Cpusets, String> {
-        Cpusets::at(std::env::var_os(ROOT_VARIABLE).map_or_else(|| PathBuf::from(V1_ROOT), PathBuf::from))
+        Cpusets::at(Self::root())
+    }
+
+    fn root() -> PathBuf {
+        std::env::var_os(ROOT_VARIABLE).map_or_else(|| PathBuf::from(V1_ROOT), PathBuf::from)
+    }
+
+    /// For a daemon that does not isolate cores: returns what a killed isolating daemon left in
+    /// the hierarchy to the root, unless a live one holds it. Says what was repaired.
+    pub fn repair_left_over() -> Vec<String> {
+        Cpusets::take(Self::root()).map(|cpusets| cpusets.repairs).unwrap_or_default()
     }
 
     /// A cpuset hierarchy mounted at `root`. Cpusets of a daemon that died there are repaired
     /// first: see [`Cpusets::repairs`].
     pub fn at(root: PathBuf) -> Result<Cpusets, String> {
+        let cpusets = Cpusets::take(root)?;
+        let probe = cpusets.root.join(HOST_GROUP);
+        std::fs::create_dir(&probe).map_err(|e| format!("cannot create cpusets under {}: {e}", cpusets.root.display()))?;
+        std::fs::remove_dir(&probe).map_err(|e| format!("removing {}: {e}", probe.display()))?;
+        Ok(cpusets)
+    }
+
+    /// Locks the hierarchy at `root` and repairs what a dead daemon left in it.
+    fn take(root: PathBuf) -> Result<Cpusets, String> {
         if !root.join("cpuset.cpus").exists() {
             return Err(format!("no cgroup-v1 cpuset hierarchy at {}", root.display()));
         }
@@ -90,10 +109,6 @@ impl Cpusets {
         if !left.is_empty() {
             cpusets.repairs.push(format!("cpusets left by a clowderd that did not stop cleanly: {}", left.join("; ")));
         }
-        // Creating a cpuset is what isolation needs: find out now if it is not allowed.
-        let probe = cpusets.root.join(HOST_GROUP);
-        std::fs::create_dir(&probe).map_err(|e| format!("cannot create cpusets under {}: {e}", cpusets.root.display()))?;
-        std::fs::remove_dir(&probe).map_err(|e| format!("removing {}: {e}", probe.display()))?;
         Ok(cpusets)
     }
 

@@ -138,6 +138,8 @@ impl Daemon {
         let cpusets = if config.isolate_cores {
             Cpusets::detect()
         } else {
+            // Even so, a host left confined by a killed isolating daemon gets its cores back.
+            Cpusets::repair_left_over().iter().for_each(|repair| report(repair));
             Err("clowderd runs without --isolate-cores".into())
         };
         match &cpusets {

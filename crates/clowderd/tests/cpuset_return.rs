@@ -1,7 +1,7 @@
 //! `clowderd --isolate-cores` gives the cores back: removing an enclave returns its cores to
 //! the host's cpuset at once, a clean stop returns every host task to the root cpuset and
 //! removes the daemon's cpusets, and a daemon started after one was killed repairs what the
-//! dead one left. Each test makes a cpuset of its own below the real root and names it
+//! dead one left, even without --isolate-cores. Each test makes a cpuset of its own below the real root and names it
 //! `CLOWDER_CPUSET_ROOT`, so the daemon moves only the test's processes (a daemon and a `sleep`
 //! standing for the host's tasks), never the machine's; whatever happens, the test's cpusets
 //! and processes are gone when it ends. Needs root, a cgroup-v1 cpuset hierarchy, /dev/kvm, the
@@ -81,15 +81,17 @@ impl Sandbox {
         std::fs::read_to_string(self.log_path(daemon)).unwrap_or_default()
     }
 
-    /// Starts an isolating daemon in the sandbox's cpuset `group` (as a shell confined there
-    /// would start it: it is in the group before it runs) and waits until it answers.
-    fn start_daemon(&mut self, group: &str) {
+    /// Starts a daemon (isolating cores if `isolate`) in the sandbox's cpuset `group` (as a
+    /// shell confined there would start it: it is in the group before it runs) and waits until
+    /// it answers.
+    fn start_daemon(&mut self, group: &str, isolate: bool) {
         let log = File::create(self.log_path(self.daemons.len())).unwrap();
         let daemon = Command::new("sh")
             .args(["-c", "echo $$ > \"$0\" && exec \"$@\""])
             .arg(self.root.join(group).join("cgroup.procs"))
             .arg(env!("CARGO_BIN_EXE_clowderd"))
-            .args(["--isolate-cores", "--socket"])
+            .args(isolate.then_some("--isolate-cores"))
+            .arg("--socket")
             .arg(self.socket())
             .arg("--kernel")
             .arg(kernel_image())
@@ -196,7 +198,7 @@ fn removing_an_enclave_gives_its_cores_back_to_the_host_at_once() {
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut sandbox = Sandbox::new("rm");
-    sandbox.start_daemon("");
+    sandbox.start_daemon("", true);
     let (core, _) = sandbox.create_enclave("e");
     let host_cores = sandbox.all_but(&core);
     assert_eq!(sandbox.host_task(), (format!("{}/clowder-host", sandbox.name), host_cores.clone()), "{}", sandbox.log(0));
@@ -222,7 +224,7 @@ fn a_clean_stop_returns_every_host_task_to_the_root_cpuset() {
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut sandbox = Sandbox::new("stop");
-    sandbox.start_daemon("");
+    sandbox.start_daemon("", true);
     let (core, vmm) = sandbox.create_enclave("e");
     assert_eq!(sandbox.host_task().1, sandbox.all_but(&core));
 
@@ -242,7 +244,7 @@ fn a_daemon_started_after_a_crash_repairs_the_cpusets_it_left() {
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut sandbox = Sandbox::new("crash");
-    sandbox.start_daemon("");
+    sandbox.start_daemon("", true);
     let (core, vmm) = sandbox.create_enclave("e");
 
     sandbox.stop_daemon(libc::SIGKILL);
@@ -252,7 +254,7 @@ fn a_daemon_started_after_a_crash_repairs_the_cpusets_it_left() {
     assert_eq!(sandbox.groups(), ["clowder-enclave-e", "clowder-host"]);
 
     // Started from a shell that is still confined, as an operator would.
-    sandbox.start_daemon("clowder-host");
+    sandbox.start_daemon("clowder-host", true);
     assert_eq!(sandbox.host_task(), (sandbox.name.clone(), sandbox.cores.clone()), "{}", sandbox.log(1));
     assert!(sandbox.groups().is_empty(), "left behind: {:?}", sandbox.groups());
     let log = sandbox.log(1);
@@ -262,4 +264,24 @@ fn a_daemon_started_after_a_crash_repairs_the_cpusets_it_left() {
     // And isolates afresh.
     let (core, _) = sandbox.create_enclave("e");
     assert_eq!(sandbox.host_task().1, sandbox.all_but(&core));
+}
+
+#[test]
+fn a_daemon_that_does_not_isolate_still_repairs_what_a_killed_one_left() {
+    if let Some(why) = missing_requirement() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut sandbox = Sandbox::new("plain");
+    sandbox.start_daemon("", true);
+    let (core, vmm) = sandbox.create_enclave("e");
+    sandbox.stop_daemon(libc::SIGKILL);
+    wait_for_exit(vmm);
+    assert_eq!(sandbox.host_task().1, sandbox.all_but(&core));
+
+    sandbox.start_daemon("clowder-host", false);
+    assert_eq!(sandbox.host_task(), (sandbox.name.clone(), sandbox.cores.clone()), "{}", sandbox.log(1));
+    assert!(sandbox.groups().is_empty(), "left behind: {:?}", sandbox.groups());
+    assert!(sandbox.log(1).contains("cpusets left by a clowderd that did not stop cleanly"), "{}", sandbox.log(1));
 }
