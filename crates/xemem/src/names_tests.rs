@@ -119,7 +119,7 @@ fn sharing_a_table_moves_a_servers_names_and_never_holds_one_twice() {
 fn random_histories_at_name_servers_sharing_a_table_keep_one_name_space() {
     const NAMES: [&str; 5] = ["cg-solution", "a", "b", "c", "d"];
     for seed in 1..=40u64 {
-        let mut rng = Rng(seed * 0x9e37_79b9_7f4a_7c15 | 1);
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
         let mut servers = sharing(3);
         // Each server's principals are an enclave of their own, as the broker's and the node's.
         let principal = |server: usize, process: u64| Principal { enclave: 1 + server as u32, process };
