@@ -32,7 +32,8 @@
 //! An attach then answers with ranges of the owner enclave's RAM memfd (checked against that
 //! enclave's RAM by the daemon), which the library maps like any owner's runs. Such permits
 //! reach the library under surrogate ids from the broker (see `State::remote_permits`), since
-//! both name servers number their permits in enclave 1.
+//! both name servers number their permits in enclave 1. Their names are one table
+//! ([`Broker::share_names`]): a name is held once, by host process or enclave.
 
 mod names;
 pub mod sys;
