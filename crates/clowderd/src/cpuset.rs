@@ -11,6 +11,7 @@
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use crate::cores::{format_cpu_list, parse_cpu_list};
 
@@ -32,6 +33,9 @@ pub struct Cpusets {
     /// while taking a free lock were left by a daemon that died.
     _lock: File,
     repairs: Vec<String>,
+    /// Set by a clean stop; held while cpusets change, so that an enclave that finishes
+    /// booting during the stop makes none again.
+    dissolved: Mutex<bool>,
 }
 
 fn write(path: &Path, value: &str) -> Result<(), String> {
@@ -104,7 +108,7 @@ impl Cpusets {
         if let Err(e) = lock.try_lock() {
             return Err(format!("another clowderd isolates cores in {} ({e})", root.display()));
         }
-        let mut cpusets = Cpusets { root, _lock: lock, repairs: Vec::new() };
+        let mut cpusets = Cpusets { root, _lock: lock, repairs: Vec::new(), dissolved: Mutex::new(false) };
         let left = cpusets.give_everything_back()?;
         if !left.is_empty() {
             cpusets.repairs.push(format!("cpusets left by a clowderd that did not stop cleanly: {}", left.join("; ")));
@@ -143,6 +147,10 @@ impl Cpusets {
     /// Gives `cores` to the enclave whose VMM is `vmm_pid`; the host keeps the root's cores but
     /// `enclave_cores` (every enclave's, this one's included). Returns what was done, for the user.
     pub fn isolate(&self, enclave: &str, cores: &[usize], enclave_cores: &BTreeSet<usize>, vmm_pid: u32) -> Result<String, String> {
+        let dissolved = self.dissolved.lock().unwrap();
+        if *dissolved {
+            return Err("clowderd is stopping".into());
+        }
         let host_cores = self.host_cores(enclave_cores)?;
         if host_cores.is_empty() {
             return Err("the host would keep no cores".into());
@@ -181,6 +189,8 @@ impl Cpusets {
     /// Returns every task in the daemon's cpusets to the root and removes them (the daemon is
     /// stopping). Returns what was done, for the daemon's log.
     pub fn dissolve(&self) -> Result<String, String> {
+        let mut dissolved = self.dissolved.lock().unwrap();
+        *dissolved = true;
         let done = self.give_everything_back()?;
         Ok(if done.is_empty() { "cpusets: none to remove".into() } else { format!("cpusets: {}", done.join("; ")) })
     }
@@ -243,6 +253,10 @@ mod tests {
         assert_eq!(read(&root.join("clowder-host/cpuset.cpus")).unwrap(), "0-1");
         assert!(cpusets.isolate("x", &[0], &[0, 1, 2, 3].into(), 5).unwrap_err().contains("no cores"));
         assert!(Cpusets::at(root.join("missing")).is_err());
+        // After a clean stop, an enclave that just finished booting makes no cpusets again.
+        cpusets.dissolve().unwrap();
+        assert!(cpusets.isolate("late", &[3], &[3].into(), 99).unwrap_err().contains("stopping"));
+        assert!(!root.join("clowder-enclave-late").exists());
         drop(cpusets);
         std::fs::remove_dir_all(&root).unwrap();
     }
