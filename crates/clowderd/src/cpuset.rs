@@ -93,6 +93,7 @@ impl Cpusets {
     /// first: see [`Cpusets::repairs`].
     pub fn at(root: PathBuf) -> Result<Cpusets, String> {
         let cpusets = Cpusets::take(root)?;
+        // Creating a cpuset is what isolation needs: find out now if it is not allowed.
         let probe = cpusets.root.join(HOST_GROUP);
         std::fs::create_dir(&probe).map_err(|e| format!("cannot create cpusets under {}: {e}", cpusets.root.display()))?;
         std::fs::remove_dir(&probe).map_err(|e| format!("removing {}: {e}", probe.display()))?;
