@@ -44,6 +44,10 @@ for name in $("$here/build/tests/conformance" --list); do
     report "conformance-maps-text $name" $? "$scratch/log"
 done
 
+# The exported ABI (nm -D against src/libxpmem.map), the soname and the pkg-config files.
+tests/abi.sh >"$scratch/log" 2>&1
+report "abi and pkg-config" $? "$scratch/log"
+
 # The broker answers malformed packets with an error and keeps serving everyone else.
 python3 - "$CLOWDER_XEMEM_SOCKET" >"$scratch/log" 2>&1 <<'PY'
 import socket, struct, sys

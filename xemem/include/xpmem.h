@@ -109,6 +109,11 @@ struct xpmem_cmd_detach {
 	__u64 vaddr;
 };
 
+/* Opens the way to XPMEM now (the device, or the broker); optional: every call does it. */
+int xpmem_init(void);
+/* One XPMEM_CMD_* / XEMEM_CMD_* command with its struct, as ioctl(2) on /dev/xpmem; carried out
+ * by the library over the broker where there is no device. */
+int xpmem_ioctl(int cmd, void *arg);
 int xpmem_version(void);
 xpmem_segid_t xpmem_make(void *vaddr, size_t size, int permit_type, void *permit_value);
 int xpmem_remove(xpmem_segid_t segid);

@@ -16,7 +16,7 @@ cache="${UCX_BUILD_DIR:-$repo/build/ucx}"   # another directory: a clean build b
 src_dir="$cache/source"      # the unpacked Debian source package
 obj_dir="$cache/obj"         # out-of-tree configure/build directory
 install_dir="$cache/install"
-xpmem_prefix="$repo/xemem/build"   # include/xpmem.h and lib/libxpmem.so from make -C xemem
+xpmem_prefix="$repo/xemem/build"   # lib/pkgconfig/cray-xpmem.pc (and what it names) from make -C xemem
 jobs=${UCX_BUILD_JOBS:-2}
 
 log() { echo "ucx build: $*" >&2; }
@@ -71,24 +71,19 @@ if [ ! -x "$src_dir/configure" ]; then
     (cd "$src_dir" && ./autogen.sh) >"$cache/autogen.log" 2>&1 || { tail -20 "$cache/autogen.log"; exit 1; }
 fi
 
-# 3. Configure against our prefix. --with-xpmem makes configure look for xpmem.h and
-#    libxpmem there, exactly as it would for the Linux XPMEM user library.
-#    configure probes the library with AC_CHECK_LIB([xpmem], [xpmem_init]): xpmem_init is an
-#    internal helper that hpc/xpmem's libxpmem happens to export (it opens /dev/xpmem) and that
-#    UCX never calls. Our library does not export it, so the probe's cached answer is given;
-#    the xpmem transport itself links and runs against our library unchanged (only
-#    xpmem_version/make/get/attach/detach/release are called).
+# 3. Configure. UCX finds XPMEM as it finds Cray's: by pkg-config (cray-xpmem.pc, which
+#    make -C xemem writes into build/lib/pkgconfig), with no --with-xpmem and no cached
+#    configure answers: our library exports the whole upstream ABI, xpmem_init included.
 if [ ! -e "$obj_dir/config.status" ]; then
     mkdir -p "$obj_dir"
-    (cd "$obj_dir" && "$src_dir/configure" \
+    (cd "$obj_dir" && PKG_CONFIG_PATH="$xpmem_prefix/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}" \
+        "$src_dir/configure" \
         --prefix="$install_dir" \
-        --with-xpmem="$xpmem_prefix" \
         --disable-doxygen-doc --disable-logging --disable-debug --disable-assertions \
         --disable-params-check --enable-optimizations \
         --without-verbs --without-rdmacm --without-cuda --without-rocm --without-knem \
         --without-java --without-go --without-ugni --without-gdrcopy --without-fuse3 \
         --without-mad --without-bfd \
-        ac_cv_lib_xpmem_xpmem_init=yes \
         >"$cache/configure.log" 2>&1) || { tail -30 "$cache/configure.log"; exit 1; }
 fi
 grep -q 'UCT modules:.*xpmem' "$cache/configure.log" \
