@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 
 use crate::draft::{Draft, Setting};
 use crate::file::read_file;
+use hwspec::{parse_cpu_list, parse_size};
+
 use crate::values::{
-    parse_backing, parse_cpu_list, parse_protocol, parse_serial_output, parse_size, parse_smp, parse_unclaimed_ports,
-    parse_watchdog,
+    parse_backing, parse_protocol, parse_serial_output, parse_smp, parse_unclaimed_ports, parse_watchdog,
 };
 use crate::ConfigError;
 
@@ -80,7 +81,7 @@ pub(crate) fn draft_from_args(args: &[String]) -> Result<Draft, ConfigError> {
         match flag {
             "--config" => {}
             "--kernel" => draft.kernel = Some(Setting::new(PathBuf::from(value), flag)),
-            "--mem" => draft.memory_size = Setting::new(parse_size(value).map_err(invalid)?, flag),
+            "--mem" => draft.memory_size = Setting::new(parse_size(value).map_err(|e| invalid(e.to_string()))?, flag),
             "--backing" => {
                 draft.backing = Setting::new(parse_backing(value).map_err(invalid)?, flag)
             }
@@ -91,7 +92,7 @@ pub(crate) fn draft_from_args(args: &[String]) -> Result<Draft, ConfigError> {
                 draft.cpu_count = Setting::new(count, flag);
             }
             "--cores" => {
-                draft.cores = Some(Setting::new(parse_cpu_list(value).map_err(invalid)?, flag))
+                draft.cores = Some(Setting::new(parse_cpu_list(value).map_err(|e| invalid(e.to_string()))?, flag))
             }
             "--cmdline" => draft.cmdline = Setting::new(value.clone(), flag),
             "--cmdline-file" => {

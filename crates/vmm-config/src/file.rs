@@ -9,8 +9,10 @@ use crate::draft::{
     Draft, Setting, DEFAULT_CHANNEL_PORT, DEFAULT_CHANNEL_SIZE, DEFAULT_CHANNEL_VECTOR,
     DEFAULT_EXIT_PORT, DEFAULT_HYPERCALL_PORT, DEFAULT_SERIAL_IRQ, DEFAULT_SERIAL_PORT,
 };
+use hwspec::{parse_cpu_list, parse_size};
+
 use crate::values::{
-    parse_backing, parse_protocol, parse_serial_output, parse_size, parse_smp, parse_unclaimed_ports, parse_watchdog,
+    parse_backing, parse_protocol, parse_serial_output, parse_smp, parse_unclaimed_ports, parse_watchdog,
 };
 use crate::{ConfigError, DeviceConfig, DeviceKind, SerialOutput};
 
@@ -69,13 +71,19 @@ pub(crate) fn parse_document(
             draft.cpu_count = Setting::new(unsigned_value(value, "cpus.count")?, "cpus.count");
         }
         if let Some(value) = cpus.get("cores") {
-            let cores = array_value(value, "cpus.cores")?
-                .iter()
-                .enumerate()
-                .map(|(index, core)| {
-                    unsigned_value(core, &format!("cpus.cores[{index}]")).map(|core| core as usize)
-                })
-                .collect::<Result<Vec<usize>, ConfigError>>()?;
+            // A list string as `--cores` takes it ("0-3"), or an array of core numbers.
+            let cores = match value {
+                Value::String(text) => parse_cpu_list(text)
+                    .map_err(|error| ConfigError::new("cpus.cores", error.to_string()))?,
+                Value::Array(array) => array
+                    .iter()
+                    .enumerate()
+                    .map(|(index, core)| {
+                        unsigned_value(core, &format!("cpus.cores[{index}]")).map(|core| core as usize)
+                    })
+                    .collect::<Result<Vec<usize>, ConfigError>>()?,
+                other => return Err(type_error("cpus.cores", "an array or a CPU list string such as \"0-3\"", other)),
+            };
             draft.cores = Some(Setting::new(cores, "cpus.cores"));
         }
     }
@@ -456,7 +464,7 @@ fn unsigned_value(value: &Value, key: &str) -> Result<u64, ConfigError> {
 /// A size is an integer byte count or a string with a suffix ("64M").
 fn size_value(value: &Value, key: &str) -> Result<u64, ConfigError> {
     match value {
-        Value::String(text) => parse_size(text).map_err(|reason| ConfigError::new(key, reason)),
+        Value::String(text) => parse_size(text).map_err(|error| ConfigError::new(key, error.to_string())),
         Value::Integer(_) => unsigned_value(value, key),
         other => Err(type_error(
             key,

@@ -5,7 +5,7 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
-use crate::values::parse_cpu_list;
+use hwspec::parse_cpu_list;
 
 const HUGEPAGES_2M_DIR: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB";
 

@@ -690,6 +690,30 @@ fn cores_must_match_the_count_and_exist() {
     assert_eq!(cores, [Some(3), Some(3), Some(0)]);
 }
 
+/// Sizes and core lists are spelled as everywhere in clowder (the `hwspec` crate), the same in
+/// the file and in flags: `256MiB` and `256M`, `"0-1"` and `[0, 1]`.
+#[test]
+fn sizes_and_core_lists_read_alike_in_the_file_and_the_flags() {
+    let fixture = Fixture::new();
+    let kernel = fixture.kernel_arg();
+    let cores = |config: VmConfig| -> Vec<Option<usize>> { config.vcpus.iter().map(|vcpu| vcpu.host_core).collect() };
+    for text in ["[memory]\nsize = \"256MiB\"\n[cpus]\ncount = 2\ncores = \"2-3\"\n", "[memory]\nsize = \"256M\"\n[cpus]\ncount = 2\ncores = [2, 3]\n"] {
+        let config = fixture.load_with_kernel(text).unwrap();
+        assert_eq!(config.memory.size, 256 << 20, "{text}");
+        assert_eq!(cores(config), [Some(2), Some(3)], "{text}");
+    }
+    let config = fixture.args(&["--kernel", &kernel, "--mem", "256MiB", "--cpus", "2", "--cores", "2-3"]).unwrap();
+    assert_eq!(config.memory.size, 256 << 20);
+    assert_eq!(cores(config), [Some(2), Some(3)]);
+
+    assert_error(fixture.load_with_kernel("[memory]\nsize = \"256MB\"\n"), "memory.size", "\"256MB\" is not a size: KB, MB, GB and TB are ambiguous");
+    assert_error(fixture.args(&["--kernel", &kernel, "--mem", "256MB"]), "--mem", "\"256MB\" is not a size: KB, MB, GB and TB are ambiguous");
+    assert_error(fixture.load_with_kernel("[cpus]\ncount = 2\ncores = \"1,1\"\n"), "cpus.cores", "\"1,1\" is not a CPU list: CPU 1 is listed twice");
+    assert_error(fixture.args(&["--kernel", &kernel, "--cpus", "2", "--cores", "1,1"]), "--cores", "\"1,1\" is not a CPU list: CPU 1 is listed twice");
+    assert_error(fixture.load_with_kernel("[cpus]\ncores = \"3-1\"\n"), "cpus.cores", "the range 3-1 goes down");
+    assert_error(fixture.load_with_kernel("[cpus]\ncores = 1\n"), "cpus.cores", "expected an array or a CPU list string such as \"0-3\", found integer 1");
+}
+
 // ---- file errors: boot ----
 
 #[test]
@@ -1324,7 +1348,7 @@ fn flag_values_are_checked_like_file_values() {
     assert_error(
         with_kernel("--cores", "0;1"),
         "--cores",
-        "not a core number or range",
+        "\"0;1\" is not a CPU list",
     );
     assert_error(
         with_kernel("--protocol", "efi"),

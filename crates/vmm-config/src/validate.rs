@@ -4,9 +4,11 @@
 
 use std::path::Path;
 
+use hwspec::{describe_size, format_cpu_list, MIB, TIB};
+
 use crate::draft::{Draft, Setting};
 use crate::host::{inspect_kernel, open_readable, HostFacts, KernelImage};
-use crate::values::{backing_name, describe_cpu_list, describe_size, protocol_name, MIB, TIB};
+use crate::values::{backing_name, protocol_name};
 use crate::{
     Backing, BootConfig, BootProtocol, ConfigError, DeviceConfig, DeviceKind, MemoryConfig,
     SerialOutput, VcpuConfig, VmConfig,
@@ -172,7 +174,7 @@ fn check_vcpus(draft: &Draft, host: &HostFacts) -> Result<Vec<VcpuConfig>, Confi
                 cores_key,
                 format!(
                     "core {core} (for vCPU {vcpu}) is not present: not online or not in this process's CPU affinity (usable: {})",
-                    describe_cpu_list(&host.usable_cpus)
+                    format_cpu_list(host.usable_cpus.iter().copied())
                 ),
             ));
         }

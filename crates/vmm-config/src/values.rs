@@ -1,59 +1,11 @@
-//! Text forms shared by the TOML file and the command line (`64M`, `5s`, `2m`, `file:PATH`, ...),
-//! so both accept exactly the same spellings. Each parser returns only the reason; the caller
-//! knows the key or flag to report it under.
+//! Text forms shared by the TOML file and the command line (`5s`, `2m`, `file:PATH`, ...), so
+//! both accept exactly the same spellings. Each parser returns only the reason; the caller
+//! knows the key or flag to report it under. Sizes and CPU lists are `hwspec`'s, as everywhere
+//! in clowder.
 
 use std::path::Path;
 
 use crate::{Backing, BootProtocol, SerialOutput, SmpStart, UnclaimedPorts};
-
-pub(crate) const KIB: u64 = 1 << 10;
-pub(crate) const MIB: u64 = 1 << 20;
-pub(crate) const GIB: u64 = 1 << 30;
-pub(crate) const TIB: u64 = 1 << 40;
-
-/// Parses a byte count: `4096`, `64K`, `64M`, `2G`, `1T` (binary multiples; `KiB`/`MiB`/... and
-/// lower case are accepted too).
-pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
-    let not_a_size = || {
-        format!("\"{text}\" is not a size (expected bytes or a number with a K, M, G or T suffix, e.g. \"64M\")")
-    };
-    let digits_end = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (digits, suffix) = text.split_at(digits_end);
-    let multiplier = match suffix.to_ascii_lowercase().as_str() {
-        "" => 1,
-        "k" | "kib" => KIB,
-        "m" | "mib" => MIB,
-        "g" | "gib" => GIB,
-        "t" | "tib" => TIB,
-        _ => return Err(not_a_size()),
-    };
-    let number: u64 = digits.parse().map_err(|_| not_a_size())?;
-    number
-        .checked_mul(multiplier)
-        .ok_or_else(|| format!("\"{text}\" is too large"))
-}
-
-/// Renders a byte count the way a user would write it ("64 MiB", "12345 bytes").
-pub(crate) fn describe_size(bytes: u64) -> String {
-    for (unit, name) in [(TIB, "TiB"), (GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")] {
-        if bytes >= unit && bytes % unit == 0 {
-            return format!("{} {name}", bytes / unit);
-        }
-    }
-    format!("{bytes} bytes")
-}
-
-/// The shortest suffix form `parse_size` reads back ("64M", "4097").
-pub(crate) fn size_literal(bytes: u64) -> String {
-    for (unit, suffix) in [(TIB, "T"), (GIB, "G"), (MIB, "M"), (KIB, "K")] {
-        if bytes >= unit && bytes % unit == 0 {
-            return format!("{}{suffix}", bytes / unit);
-        }
-    }
-    bytes.to_string()
-}
 
 /// Parses a watchdog timeout: `500ms`, `5s`, or `off` (no watchdog, `None`).
 pub(crate) fn parse_watchdog(text: &str) -> Result<Option<u64>, String> {
@@ -178,81 +130,9 @@ pub(crate) fn parse_serial_output(text: &str, base_dir: &Path) -> Result<SerialO
     }
 }
 
-/// Parses a CPU list as sysfs and `taskset -c` write it ("0-3,8,10-11"), keeping the order given
-/// (for `--cores` the position is the vCPU index).
-pub(crate) fn parse_cpu_list(text: &str) -> Result<Vec<usize>, String> {
-    let mut cpus = Vec::new();
-    for item in text.trim().split(',') {
-        let bad_item =
-            || format!("\"{item}\" is not a core number or range (e.g. \"0,1\" or \"0-3\")");
-        match item.split_once('-') {
-            Some((first, last)) => {
-                let first: usize = first.parse().map_err(|_| bad_item())?;
-                let last: usize = last.parse().map_err(|_| bad_item())?;
-                if first > last {
-                    return Err(bad_item());
-                }
-                cpus.extend(first..=last);
-            }
-            None => cpus.push(item.parse().map_err(|_| bad_item())?),
-        }
-    }
-    Ok(cpus)
-}
-
-/// Renders sorted CPU numbers compactly ("0-3,8").
-pub(crate) fn describe_cpu_list(sorted_cpus: &[usize]) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut index = 0;
-    while index < sorted_cpus.len() {
-        let first = sorted_cpus[index];
-        let mut last = first;
-        while index + 1 < sorted_cpus.len() && sorted_cpus[index + 1] == last + 1 {
-            index += 1;
-            last = sorted_cpus[index];
-        }
-        parts.push(if first == last {
-            first.to_string()
-        } else {
-            format!("{first}-{last}")
-        });
-        index += 1;
-    }
-    if parts.is_empty() {
-        "none".to_string()
-    } else {
-        parts.join(",")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_accept_bytes_and_binary_suffixes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64K"), Ok(64 * KIB));
-        assert_eq!(parse_size("64m"), Ok(64 * MIB));
-        assert_eq!(parse_size("2GiB"), Ok(2 * GIB));
-        assert_eq!(parse_size("1T"), Ok(TIB));
-        assert!(parse_size("64MB").unwrap_err().contains("not a size"));
-        assert!(parse_size("M").unwrap_err().contains("not a size"));
-        assert!(parse_size("-1").unwrap_err().contains("not a size"));
-        assert!(parse_size("99999999999T")
-            .unwrap_err()
-            .contains("too large"));
-    }
-
-    #[test]
-    fn sizes_render_in_the_largest_exact_unit() {
-        assert_eq!(describe_size(64 * MIB), "64 MiB");
-        assert_eq!(describe_size(3 * GIB + 512 * MIB), "3584 MiB");
-        assert_eq!(describe_size(4097), "4097 bytes");
-        assert_eq!(size_literal(2 * GIB), "2G");
-        assert_eq!(size_literal(12 * KIB), "12K");
-        assert_eq!(size_literal(100), "100");
-    }
 
     #[test]
     fn watchdog_takes_ms_s_or_off() {
@@ -287,15 +167,5 @@ mod tests {
         assert!(parse_serial_output("tcp:1", base)
             .unwrap_err()
             .contains("not a serial output"));
-    }
-
-    #[test]
-    fn cpu_lists_keep_order_and_render_as_ranges() {
-        assert_eq!(parse_cpu_list("3,1"), Ok(vec![3, 1]));
-        assert_eq!(parse_cpu_list("0-3,8\n"), Ok(vec![0, 1, 2, 3, 8]));
-        assert!(parse_cpu_list("3-1").is_err());
-        assert!(parse_cpu_list("a").is_err());
-        assert_eq!(describe_cpu_list(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
-        assert_eq!(describe_cpu_list(&[]), "none");
     }
 }

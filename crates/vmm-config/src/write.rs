@@ -4,7 +4,9 @@
 use std::fmt::Write;
 use std::path::Path;
 
-use crate::values::{backing_name, protocol_name, size_literal, smp_name, unclaimed_ports_name};
+use hwspec::format_size;
+
+use crate::values::{backing_name, protocol_name, smp_name, unclaimed_ports_name};
 use crate::{DeviceKind, SerialOutput, VmConfig};
 
 /// A TOML string literal, escaped.
@@ -30,7 +32,7 @@ impl VmConfig {
         let _ = writeln!(
             out,
             "[memory]\nsize = \"{}\"",
-            size_literal(self.memory.size)
+            format_size(self.memory.size)
         );
         let _ = writeln!(out, "backing = \"{}\"\n", backing_name(self.memory.backing));
 
@@ -99,7 +101,7 @@ impl VmConfig {
                     let _ = writeln!(
                         out,
                         "size = \"{}\"\nport = {doorbell_port:#x}\nvector = {vector:#x}",
-                        size_literal(*size)
+                        format_size(*size)
                     );
                 }
                 DeviceKind::MmioScratch { base, size } => {
