@@ -330,6 +330,22 @@ if [ $# -eq 0 ]; then
     fi
 fi
 
+# The ring-3 XSAVE stub page (lwk.fpu=ring3, clowder-vmm's default): a job that jumps into it,
+# or points its save stub at another thread slot's area, is killed; the kernel carries on.
+if [ $# -eq 0 ]; then
+    musl-gcc -static -O2 -o "$work/xstate_stub_page" "$here/tests/lwk-only/xstate_stub_page.c"
+    status=$(LWK_ARGS="${LWK_ARGS:+$LWK_ARGS }lwk.fpu=ring3" run_in_lwk "$work/xstate_stub_page" xstate_stub_page "$work/xstate_stub_page.lwk")
+    expected="ud2 of the stub page: killed by signal 4
+save stub on another slot's area: killed by signal 11
+read of another slot's area: killed by signal 11"
+    if [ "$status" = 0 ] && [ "$(cat "$work/xstate_stub_page.lwk")" = "$expected" ]; then
+        echo "ok   xstate stub page: jumps into it and other slots' areas are refused: status 0"
+    else
+        echo "FAIL xstate stub page: status $status"; cat "$work/xstate_stub_page.lwk.console"
+        failures=$((failures + 1))
+    fi
+fi
+
 # Under clowder-vmm, a forked process's XEMEM segment across enclaves: a host process attached
 # to it must get SIGBUS before the process's frames are freed or reused
 # (tests/xemem-exit-order.sh: a private clowderd, an LWK enclave, a host attacher; skipped
