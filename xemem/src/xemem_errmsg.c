@@ -7,11 +7,11 @@
  * see xemem_errmsg. */
 __thread uint64_t last_reason __attribute__((tls_model("initial-exec")));
 
-/* Reasons an errno does not tell apart, by their code in crates/xemem/src/lib.rs. */
+/* Reasons an errno does not tell apart (codes: xemem::Error::code). */
 static const char *reason_text(uint64_t code)
 {
 	switch (code) {
-	case 8:
+	case WIRE_REASON_WHOLE_PAGES_ONLY:
 		return "the segment's memory is on 2 MiB pages (a hugepage enclave's RAM), which another "
 		       "process can map only whole: attach whole, aligned 2 MiB pages of it (offset and size "
 		       "multiples of 2 MiB over memory its owner exported in whole pages)";

@@ -66,7 +66,8 @@
 #define HUGE_PAGE (2UL << 20)
 #define USER_LIMIT 0x7ffffffff000UL
 
-/* ---- the broker protocol (crates/xemem-host/src/wire.rs) ------------------------------- */
+/* ---- the broker protocol (crates/xemem-host/src/wire.rs; crates/xemem-host/tests/c_layout.rs
+ * checks this C view against it) ---------------------------------------------------------- */
 
 #define WIRE_MAGIC 0x4d4d4558u
 #define WIRE_VERSION 1
@@ -74,6 +75,8 @@
 #define WIRE_REVOCABLE 1u
 #define WIRE_MAX_RUNS 4096
 #define WIRE_MAX_FDS 250
+/* A failed answer's reason code in results[0] (xemem::Error::code) that errno does not tell apart. */
+#define WIRE_REASON_WHOLE_PAGES_ONLY 8
 
 enum {
 	OP_HELLO = 1, OP_SERVE = 2, OP_MAKE = 3, OP_REMOVE = 4, OP_GET = 5, OP_RELEASE = 6,

@@ -975,7 +975,7 @@ static int remapping_owner(int fd, long pages)
 
 /* An attachment of 2 MiB or more is parked at detach and handed out again to an attach of the
  * same range while the owner answers with the same memory (see park_attachment in
- * libxpmem.c): the detached address faults (SIGSEGV, as XPMEM), the second attach sees the
+ * src/parking.c): the detached address faults (SIGSEGV, as XPMEM), the second attach sees the
  * same memory (a write through the first shows), an attach after the owner remapped the range
  * sees the new memory, and one after the owner's remove fails. */
 static int case_reattach_parked(void)

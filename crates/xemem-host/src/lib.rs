@@ -1,7 +1,7 @@
 //! XEMEM on the host, with no kernel module: the segment broker.
 //!
-//! `libxpmem` (xemem/src/libxpmem.c) in every process talks to the broker over a Unix socket
-//! ([`wire`] describes the packets). The broker is the name server for the host enclave (it
+//! `libxpmem` (xemem/src/) in every process talks to the broker over a Unix socket ([`wire`]
+//! describes the packets). The broker is the name server for the host enclave (it
 //! embeds [`xemem::NameServer`]; a process is the principal `(enclave 1, pid)`, its credentials
 //! come from SO_PEERCRED) and brokers memory by file descriptor:
 //!

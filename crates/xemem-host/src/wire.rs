@@ -1,5 +1,6 @@
 //! The broker protocol on the host's Unix socket (SOCK_SEQPACKET: one request or answer per
-//! packet). `xemem/src/libxpmem.c` speaks the same layout; keep the two in step.
+//! packet). libxpmem's C view of it (`xemem/src/xpmem_internal.h`) is checked against these
+//! definitions by `tests/c_layout.rs`: constants, offsets, and packets each side makes.
 //!
 //! Request, 64 bytes (+ a name of 1..=63 bytes for `MAKE` and `LOOKUP`):
 //! `u32 magic, u16 version, u16 op, u64 args[7]`.
