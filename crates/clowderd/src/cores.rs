@@ -1,72 +1,17 @@
 //! Host cores: which exist and may be used, and the choice of cores for a new enclave.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write;
 
-/// Parses a Linux CPU list such as `0-3,5,7-8`.
-pub fn parse_cpu_list(text: &str) -> Result<BTreeSet<usize>, String> {
-    let mut cpus = BTreeSet::new();
-    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
-        let number = |s: &str| s.trim().parse::<usize>().map_err(|_| format!("{s:?} is not a core number"));
-        match part.split_once('-') {
-            Some((first, last)) => {
-                let (first, last) = (number(first)?, number(last)?);
-                if first > last || last - first >= 4096 {
-                    return Err(format!("core range {part:?} is empty or too large"));
-                }
-                cpus.extend(first..=last);
-            }
-            None => {
-                cpus.insert(number(part)?);
-            }
-        }
-    }
-    if cpus.is_empty() {
-        return Err("empty core list".into());
-    }
-    Ok(cpus)
-}
-
-/// Formats cores compactly (`0-3,5`).
-pub fn format_cpu_list(cpus: impl IntoIterator<Item = usize>) -> String {
-    let mut text = String::new();
-    let mut run: Option<(usize, usize)> = None;
-    let flush = |text: &mut String, (first, last): (usize, usize)| {
-        if !text.is_empty() {
-            text.push(',');
-        }
-        if first == last {
-            let _ = write!(text, "{first}");
-        } else {
-            let _ = write!(text, "{first}-{last}");
-        }
-    };
-    for cpu in cpus {
-        run = match run {
-            Some((first, last)) if cpu == last + 1 => Some((first, cpu)),
-            Some(previous) => {
-                flush(&mut text, previous);
-                Some((cpu, cpu))
-            }
-            None => Some((cpu, cpu)),
-        };
-    }
-    if let Some(previous) = run {
-        flush(&mut text, previous);
-    }
-    if text.is_empty() {
-        text.push_str("none");
-    }
-    text
-}
+// Core lists are written as everywhere in clowder (the API, clowder-vmm's --cores).
+pub use hwspec::{format_cpu_list, parse_cpu_list};
 
 /// Cores that are online and in this process's affinity mask.
 pub fn usable_cores() -> Result<BTreeSet<usize>, String> {
     let online = std::fs::read_to_string("/sys/devices/system/cpu/online")
         .map_err(|e| format!("reading /sys/devices/system/cpu/online: {e}"))?;
-    let online = parse_cpu_list(&online)?;
+    let online = parse_cpu_list(&online).map_err(|e| format!("/sys/devices/system/cpu/online: {e}"))?;
     let allowed = allowed_cores()?;
-    Ok(online.intersection(&allowed).copied().collect())
+    Ok(online.into_iter().filter(|core| allowed.contains(core)).collect())
 }
 
 fn allowed_cores() -> Result<BTreeSet<usize>, String> {
@@ -80,11 +25,12 @@ fn allowed_cores() -> Result<BTreeSet<usize>, String> {
     }
 }
 
-/// What a client asked for: a number of cores, or particular ones.
+/// What a client asked for: a number of cores, or particular ones (none twice, as
+/// `parse_cpu_list` makes sure).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CoreRequest {
     Count(usize),
-    Exactly(BTreeSet<usize>),
+    Exactly(Vec<usize>),
 }
 
 /// Picks cores for an enclave. `taken` maps each core already given to an enclave to that
@@ -128,7 +74,9 @@ pub fn choose_cores(
                     return Err(format!("core {core} already belongs to enclave {owner} ({})", describe_free()));
                 }
             }
-            Ok(cores.iter().copied().collect())
+            let mut cores = cores.clone();
+            cores.sort_unstable();
+            Ok(cores)
         }
     }
 }
@@ -136,17 +84,6 @@ pub fn choose_cores(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cpu_lists_parse_and_format() {
-        assert_eq!(parse_cpu_list("0-3,5\n").unwrap(), [0, 1, 2, 3, 5].into());
-        assert_eq!(format_cpu_list([0, 1, 2, 3, 5, 7, 8]), "0-3,5,7-8");
-        assert_eq!(format_cpu_list([]), "none");
-        assert!(parse_cpu_list("3-1").is_err());
-        assert!(parse_cpu_list("x").is_err());
-        assert!(parse_cpu_list("").is_err());
-        assert!(parse_cpu_list("0-99999999").is_err());
-    }
 
     #[test]
     fn choice_refuses_overlap_and_says_what_is_free() {

@@ -124,7 +124,8 @@ impl Cpusets {
 
     /// The root's cores: everything the host has when no enclave holds any.
     fn all_cores(&self) -> Result<BTreeSet<usize>, String> {
-        parse_cpu_list(&read(&self.root.join("cpuset.cpus"))?).map_err(|e| format!("{}: {e}", self.root.join("cpuset.cpus").display()))
+        let cores = parse_cpu_list(&read(&self.root.join("cpuset.cpus"))?);
+        Ok(cores.map_err(|e| format!("{}: {e}", self.root.join("cpuset.cpus").display()))?.into_iter().collect())
     }
 
     /// The root's cores but those of enclaves.

@@ -1,4 +1,4 @@
-//! Enclave memory sizes: parsing and checking them against what the host can give.
+//! Enclave memory sizes: checking them against what the host can give.
 
 /// Smallest enclave: the LWK needs room for itself, the channel and a job.
 pub const MIN_ENCLAVE_MEMORY: u64 = 16 << 20;
@@ -6,29 +6,8 @@ pub const MIN_ENCLAVE_MEMORY: u64 = 16 << 20;
 pub const MAX_ENCLAVE_MEMORY: u64 = 1 << 40;
 const HUGEPAGE: u64 = 2 << 20;
 
-/// Parses `512M`, `1G`, `65536`, `64K` (binary suffixes, as clowder-vmm takes them).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let (digits, shift) = match text.char_indices().last() {
-        Some((index, 'K' | 'k')) => (&text[..index], 10),
-        Some((index, 'M' | 'm')) => (&text[..index], 20),
-        Some((index, 'G' | 'g')) => (&text[..index], 30),
-        Some((index, 'T' | 't')) => (&text[..index], 40),
-        _ => (text, 0),
-    };
-    let number: u64 = digits.parse().map_err(|_| format!("{text:?} is not a size (examples: 512M, 1G, 65536)"))?;
-    number.checked_mul(1 << shift).ok_or_else(|| format!("{text:?} is too large"))
-}
-
-/// Formats bytes the way people write them (`1G`, `512M`, `12345`).
-pub fn format_size(bytes: u64) -> String {
-    for (shift, suffix) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
-        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
-            return format!("{}{suffix}", bytes >> shift);
-        }
-    }
-    bytes.to_string()
-}
+// Sizes are written as everywhere in clowder (flags, the API, clowder-vmm, the LWK).
+pub use hwspec::{format_size, parse_size};
 
 /// What the host has: its 2 MiB hugepage pool and available memory, from /sys and /proc.
 #[derive(Clone, Copy, Debug)]
@@ -97,19 +76,6 @@ pub fn check_request(bytes: u64, hugepages: bool, host: HostMemory) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse_and_format() {
-        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
-        assert_eq!(parse_size("64k").unwrap(), 64 << 10);
-        assert_eq!(parse_size("12345").unwrap(), 12345);
-        assert!(parse_size("1.5G").is_err());
-        assert!(parse_size("G").is_err());
-        assert!(parse_size("99999999999T").is_err());
-        assert_eq!(format_size(1 << 30), "1G");
-        assert_eq!(format_size(3 << 20), "3M");
-        assert_eq!(format_size(1000), "1000");
-    }
 
     #[test]
     fn requests_are_checked_against_the_host() {
