@@ -6,8 +6,9 @@
 //! ```
 //! Everything after the first `--` word is the job's argv, split at spaces; double quotes
 //! group words with spaces (`"a b"`). Without `--` the job's argv is `[/job]`. clowder-vmm
-//! appends its `clowder.*` keys after everything, so trailing `clowder.*` words are not argv. SIZE is bytes with an optional
-//! K, M or G suffix. The `clowder.*` keys are the ones clowder-vmm appends (docs/guest-abi.md).
+//! appends its `clowder.*` keys after everything, so trailing `clowder.*` words are not argv.
+//! SIZE is written as everywhere in clowder (the `hwspec` crate: `4096`, `512K`, `64M`,
+//! `1GiB`). The `clowder.*` keys are the ones clowder-vmm appends (docs/guest-abi.md).
 
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -54,16 +55,6 @@ pub fn parse_number(text: &str) -> Option<u64> {
     }
 }
 
-pub fn parse_size(text: &str) -> Option<u64> {
-    let (digits, shift) = match text.as_bytes().last()? {
-        b'K' | b'k' => (&text[..text.len() - 1], 10),
-        b'M' | b'm' => (&text[..text.len() - 1], 20),
-        b'G' | b'g' => (&text[..text.len() - 1], 30),
-        _ => (text, 0),
-    };
-    parse_number(digits)?.checked_mul(1 << shift)
-}
-
 /// True if the kernel's part of the command line has the word `flag`.
 pub fn has_flag(command_line: &str, flag: &str) -> bool {
     kernel_words(command_line).any(|word| word == flag)
@@ -97,7 +88,7 @@ impl JobOptions {
         let size_option = |key: &str| -> Result<Option<u64>, BadOption> {
             match value_of(command_line, key) {
                 None => Ok(None),
-                Some(text) => parse_size(text).map(Some).ok_or_else(|| BadOption(alloc::format!("{key}={text}"))),
+                Some(text) => hwspec::parse_size(text).map(Some).map_err(|error| BadOption(alloc::format!("{key}: {error}"))),
             }
         };
         let env = kernel_words(command_line)
