@@ -243,8 +243,8 @@ pub enum Mode {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChannelInfo {
-    pub version: u32,
-    pub vcpus: u32,
+    pub version: u16,
+    pub vcpus: u16,
 }
 
 /// An enclave that failed or was removed.

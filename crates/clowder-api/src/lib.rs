@@ -37,6 +37,8 @@ pub enum ErrorKind {
     ResourceExhausted,
     /// The work was tried and failed (an enclave did not boot, a job failed).
     Failed,
+    /// This server runs without the service the request needs (an XEMEM broker).
+    Unavailable,
     /// Something went wrong inside the server.
     Internal,
 }

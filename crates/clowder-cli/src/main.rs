@@ -6,8 +6,9 @@ use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::process::ExitCode;
 
-use clowderd::api::MAX_INPUT_FILES;
-use clowderd::client::Client;
+use clowder_api::client::Client;
+use clowder_api::daemon::MAX_INPUT_FILES;
+use clowder_api::size::readable_size;
 use serde_json::{json, Value};
 
 const USAGE: &str = "usage: clowder [--json] COMMAND
@@ -363,20 +364,6 @@ fn run_command(args: &mut Arguments, json_output: bool) -> Result<u8, Failure> {
     let reply = reply_or_error(reply)?;
     // The job's status becomes ours, as a shell would report it.
     Ok(reply["status"].as_u64().map_or(1, |status| status.min(255) as u8))
-}
-
-/// Exact sizes as people write them (`64K`, `1G`); others, such as a whole-address-space
-/// segment (128 TiB minus a page), rounded to one decimal so the table stays readable.
-fn readable_size(bytes: u64) -> String {
-    let Some((shift, suffix)) = [(40, "T"), (30, "G"), (20, "M"), (10, "K")].into_iter().find(|(shift, _)| bytes >= 1u64 << shift)
-    else {
-        return bytes.to_string();
-    };
-    if bytes.is_multiple_of(1u64 << shift) {
-        clowderd::memory::format_size(bytes)
-    } else {
-        format!("{:.1}{suffix}", bytes as f64 / (1u64 << shift) as f64)
-    }
 }
 
 /// `xemem ls`: one row per segment the host's XEMEM name server knows, with its owner: the

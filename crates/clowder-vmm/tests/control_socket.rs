@@ -13,6 +13,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use clowder_channel::{Channel, Endpoint, SendError};
+use clowder_api::codec::LineSocket;
 use serde_json::{json, Value};
 use support::{file_identity, memfd, wait_until, Control, Launch, SharedMapping, DEADLINE, ENDLESS_NOPS, GUEST_MEMORY_BYTES};
 use vmm::arch::layout::CMDLINE_ADDR;
@@ -221,15 +222,15 @@ fn memory_and_run_time_regions_from_another_process() {
 }
 
 /// Sends one raw line (not necessarily JSON) and returns the parsed reply.
-fn raw_request(stream: &UnixStream, pending: &mut Vec<u8>, line: &[u8]) -> Value {
-    (&*stream).write_all(line).unwrap();
-    reply_on(stream, pending)
+fn raw_request(socket: &mut LineSocket, line: &[u8]) -> Value {
+    socket.stream().write_all(line).unwrap();
+    reply_on(socket)
 }
 
-fn reply_on(stream: &UnixStream, pending: &mut Vec<u8>) -> Value {
-    let (line, files) = vmm::control::recv_message(stream, pending).unwrap().expect("a reply, not end of stream");
+fn reply_on(socket: &mut LineSocket) -> Value {
+    let (reply, files) = socket.receive_json().unwrap().expect("a reply, not end of stream");
     assert!(files.is_empty());
-    serde_json::from_slice(&line).unwrap()
+    reply
 }
 
 #[test]
@@ -239,8 +240,7 @@ fn malformed_requests_are_answered_with_errors_while_the_vm_keeps_running() {
     let mut control = vmm.control();
     // The socket serves before the vCPUs start (state "Created"): wait until the guest runs.
     wait_until("the guest runs", || control.exits("hypercall") > 0);
-    let stream = UnixStream::connect(vmm.control_path()).unwrap();
-    let mut pending = Vec::new();
+    let mut socket = LineSocket::new(UnixStream::connect(vmm.control_path()).unwrap(), clowder_api::vmm::LIMITS);
     let extra_fd = memfd(c"clowder-extra", 4096);
 
     let raw_cases: [(&[u8], &str); 6] = [
@@ -252,7 +252,7 @@ fn malformed_requests_are_answered_with_errors_while_the_vm_keeps_running() {
         (b"{\"op\": \"remove_region\"}\n", "`slot`"),
     ];
     for (line, expected) in raw_cases {
-        let reply = raw_request(&stream, &mut pending, line);
+        let reply = raw_request(&mut socket, line);
         assert_eq!(reply["ok"], false, "{}: {reply}", String::from_utf8_lossy(line));
         let error = reply["error"].as_str().unwrap();
         assert!(error.contains(expected), "{}: {error:?} should mention {expected:?}", String::from_utf8_lossy(line));
@@ -260,29 +260,29 @@ fn malformed_requests_are_answered_with_errors_while_the_vm_keeps_running() {
     // add_region with the wrong number of descriptors (none, two).
     let request = json!({"op": "add_region", "offset": 0, "len": 4096});
     for fds in [vec![], vec![extra_fd.as_raw_fd(), extra_fd.as_raw_fd()]] {
-        vmm::control::send_message(&stream, &request, &fds).unwrap();
-        let reply = reply_on(&stream, &mut pending);
+        socket.send(&request, &fds).unwrap();
+        let reply = reply_on(&mut socket);
         assert_eq!(reply["ok"], false, "{reply}");
         let expected = format!("exactly one file descriptor, got {}", fds.len());
         assert!(reply["error"].as_str().unwrap().contains(&expected), "{reply}");
     }
     // read_only must be a boolean; a read-only region is added (KVM_MEM_READONLY) and removed.
     let request = json!({"op": "add_region", "offset": 0, "len": 4096, "read_only": "yes"});
-    vmm::control::send_message(&stream, &request, &[extra_fd.as_raw_fd()]).unwrap();
-    let reply = reply_on(&stream, &mut pending);
-    assert!(reply["ok"] == false && reply["error"].as_str().unwrap().contains("`read_only` must be true or false"), "{reply}");
+    socket.send(&request, &[extra_fd.as_raw_fd()]).unwrap();
+    let reply = reply_on(&mut socket);
+    assert!(reply["ok"] == false && reply["error"].as_str().unwrap().contains("`read_only`: invalid type"), "{reply}");
     let request = json!({"op": "add_region", "offset": 0, "len": 4096, "read_only": true});
-    vmm::control::send_message(&stream, &request, &[extra_fd.as_raw_fd()]).unwrap();
-    let reply = reply_on(&stream, &mut pending);
+    socket.send(&request, &[extra_fd.as_raw_fd()]).unwrap();
+    let reply = reply_on(&mut socket);
     assert_eq!(reply["ok"], true, "{reply}");
-    let removed = raw_request(&stream, &mut pending, format!("{{\"op\": \"remove_region\", \"slot\": {}}}\n", reply["slot"]).as_bytes());
+    let removed = raw_request(&mut socket, format!("{{\"op\": \"remove_region\", \"slot\": {}}}\n", reply["slot"]).as_bytes());
     assert_eq!(removed["ok"], true, "{removed}");
     // Well-formed but impossible.
-    let reply = raw_request(&stream, &mut pending, b"{\"op\": \"remove_region\", \"slot\": 77}\n");
+    let reply = raw_request(&mut socket, b"{\"op\": \"remove_region\", \"slot\": 77}\n");
     assert_eq!(reply["ok"], false, "{reply}");
 
     // The same connection still serves, and the guest never stopped running.
-    let reply = raw_request(&stream, &mut pending, b"{\"op\": \"stats\"}\n");
+    let reply = raw_request(&mut socket, b"{\"op\": \"stats\"}\n");
     assert_eq!(reply["ok"], true, "{reply}");
     assert_eq!(reply["state"], "Running");
     let before = reply["exits"]["hypercall"].as_u64().unwrap();

@@ -7,9 +7,14 @@ use std::path::PathBuf;
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde_json::{json, Value};
+use clowder_api::daemon::{
+    ChannelInfo, CreateReply, EnclaveInfo, EnclaveKind, JobEvent as ApiJobEvent, LogsReply, LsReply, Mode, RemovedInfo, Request,
+    RmReply, RunReply, Stream, VersionReply,
+};
+use clowder_api::{ok_reply, ApiError, ErrorKind, API_VERSION};
+use serde_json::Value;
 
-use crate::api::{error_reply, ok_reply, one_shot_name, output_event, CreateRequest, Request, RunRequest, RUN_FIXED_FDS};
+use crate::api::{check_create, check_run, error_reply, one_shot_name, CreateRequest, RunRequest, RUN_FIXED_FDS};
 use crate::console::LogBook;
 use crate::cores::{choose_cores, format_cpu_list, usable_cores, CoreRequest};
 use crate::cpuset::Cpusets;
@@ -118,10 +123,10 @@ struct RunFiles {
     inputs: Vec<JobFile>,
 }
 
-/// Where a request handler sends the JSON lines that come before its final reply (job
-/// events), and how it learns, while a job is quiet, that nobody is listening any more.
+/// Where a request handler sends the job events that come before its final reply, and how it
+/// learns, while a job is quiet, that nobody is listening any more.
 pub trait EventSink {
-    fn send(&mut self, event: &Value) -> std::io::Result<()>;
+    fn send(&mut self, event: &ApiJobEvent) -> std::io::Result<()>;
     fn client_gone(&self) -> bool;
 }
 
@@ -152,30 +157,39 @@ impl Daemon {
 
     /// Answers one request; `events` receives the lines that come before the final reply.
     pub fn handle(self: &Arc<Self>, request: Request, files: Vec<File>, peer: &Peer, events: &mut dyn EventSink) -> Value {
-        let needs_privilege = matches!(request, Request::Create(_) | Request::Remove { .. } | Request::Run(_));
-        if needs_privilege && !may_create_enclaves(peer, self.config.admin_group) {
-            return error_reply(format!(
-                "permission denied: creating enclaves and running jobs needs root or membership in the `{}` group \
-                 (you are uid {}); ask an administrator to run: usermod -aG {} $USER",
-                crate::peer::ADMIN_GROUP,
-                peer.uid,
-                crate::peer::ADMIN_GROUP
-            ));
+        if request.is_privileged() && !may_create_enclaves(peer, self.config.admin_group) {
+            return error_reply(
+                ErrorKind::PermissionDenied,
+                format!(
+                    "permission denied: creating enclaves and running jobs needs root or membership in the `{}` group \
+                     (you are uid {}); ask an administrator to run: usermod -aG {} $USER",
+                    crate::peer::ADMIN_GROUP,
+                    peer.uid,
+                    crate::peer::ADMIN_GROUP
+                ),
+            );
         }
         if !matches!(request, Request::Run(_)) && !files.is_empty() {
-            return error_reply("only `run` takes file descriptors");
+            return error_reply(ErrorKind::InvalidArgument, "only `run` takes file descriptors");
         }
-        match request {
-            Request::Create(create) => self.create(create, peer),
-            Request::List => self.list(peer),
-            Request::Remove { name } => self.remove(&name, peer),
-            Request::Logs { name } => self.logs(&name, peer),
-            Request::Run(run) => self.run(run, files, peer, events),
-            Request::XememList => match self.xemem.get() {
+        let checked = match request {
+            Request::Version => {
+                return ok_reply(&VersionReply { daemon_version: env!("CARGO_PKG_VERSION").into(), api_version: API_VERSION })
+            }
+            Request::Create(create) => check_create(create).map(|create| self.create(create, peer)),
+            Request::Ls => Ok(self.list(peer)),
+            Request::Rm(named) => Ok(self.remove(&named.name, peer)),
+            Request::Logs(named) => Ok(self.logs(&named.name, peer)),
+            Request::Run(run) => check_run(run).map(|run| self.run(run, files, peer, events)),
+            Request::XememLs => Ok(match self.xemem.get() {
                 Some(xemem) => xemem.list_reply(&self.xemem_links.list()),
-                None => error_reply("this clowderd runs without an XEMEM broker, so there are no segments to list"),
-            },
-        }
+                None => error_reply(
+                    ErrorKind::Unavailable,
+                    "this clowderd runs without an XEMEM broker, so there are no segments to list",
+                ),
+            }),
+        };
+        checked.unwrap_or_else(|error| error.reply())
     }
 
     /// XEMEM's name-server node and its links to the enclaves.
@@ -199,14 +213,18 @@ impl Daemon {
     }
 
     /// Reserves cores and memory under a new name, or says why not.
-    fn reserve(&self, name: &str, owner: Owner, cores: &CoreRequest, memory: u64, hugepages: bool) -> Result<Vec<usize>, String> {
-        let usable = usable_cores()?;
-        check_request(memory, hugepages, HostMemory::read())?;
+    fn reserve(&self, name: &str, owner: Owner, cores: &CoreRequest, memory: u64, hugepages: bool) -> Result<Vec<usize>, ApiError> {
+        let usable = usable_cores().map_err(|e| ApiError::new(ErrorKind::Internal, e))?;
+        check_request(memory, hugepages, HostMemory::read()).map_err(|e| ApiError::new(ErrorKind::ResourceExhausted, e))?;
         let mut state = self.state.lock().unwrap();
         if state.enclaves.contains_key(name) {
-            return Err(format!("an enclave named {name} already exists (remove it with: clowder enclave rm {name})"));
+            return Err(ApiError::new(
+                ErrorKind::AlreadyExists,
+                format!("an enclave named {name} already exists (remove it with: clowder enclave rm {name})"),
+            ));
         }
-        let cores = choose_cores(cores, &usable, &state.taken_cores())?;
+        let cores =
+            choose_cores(cores, &usable, &state.taken_cores()).map_err(|e| ApiError::new(ErrorKind::ResourceExhausted, e))?;
         let entry = Entry { owner, cores: cores.clone(), memory, hugepages, created: SystemTime::now(), occupant: Occupant::Starting };
         state.enclaves.insert(name.to_string(), entry);
         Ok(cores)
@@ -221,12 +239,12 @@ impl Daemon {
         let name = request.name.clone();
         let share_gid = match request.share_group.as_deref().map(|group| owner::share_group(group, peer)).transpose() {
             Ok(gid) => gid,
-            Err(e) => return error_reply(e),
+            Err(e) => return e.reply(),
         };
         let owner = Owner { uid: peer.uid, share_gid };
         let cores = match self.reserve(&name, owner, &request.cores, request.memory, request.hugepages) {
             Ok(cores) => cores,
-            Err(e) => return error_reply(e),
+            Err(e) => return e.reply(),
         };
         let spec = MachineSpec { name: name.clone(), cores: cores.clone(), memory: request.memory, hugepages: request.hugepages };
         let log = Arc::new(LogBook::new(2000));
@@ -237,7 +255,7 @@ impl Daemon {
                 state.enclaves.remove(&name);
                 // Keep its log: `clowder logs NAME` shows what went wrong.
                 state.remember_removal(&name, owner, format!("did not start: {}", e.lines().next().unwrap_or("")), log);
-                return error_reply(format!("enclave {name} did not start: {e}"));
+                return error_reply(ErrorKind::Failed, format!("enclave {name} did not start: {e}"));
             }
         };
         let mut notes = Vec::new();
@@ -265,7 +283,7 @@ impl Daemon {
         if !registered {
             // The daemon tore everything down while this enclave was booting.
             enclave.stop();
-            return error_reply(format!("enclave {name} was removed while it started (clowderd is shutting down)"));
+            return error_reply(ErrorKind::Failed, format!("enclave {name} was removed while it started (clowderd is shutting down)"));
         }
         let daemon = self.clone();
         let pumped = enclave.clone();
@@ -280,8 +298,10 @@ impl Daemon {
             })
             .expect("spawning an enclave thread");
         report(&format!("created enclave {name} on cores {}", format_cpu_list(cores.iter().copied())));
-        let description = self.describe(&name, peer);
-        ok_reply(json!({"enclave": description, "notes": notes}))
+        match self.describe(&name, peer) {
+            Some(enclave) => ok_reply(&CreateReply { enclave, notes }),
+            None => error_reply(ErrorKind::Failed, format!("enclave {name} failed as soon as it started; see: clowder logs {name}")),
+        }
     }
 
     /// Removes a failed enclave, if it is still the one registered under its name.
@@ -309,57 +329,57 @@ impl Daemon {
 
     /// An enclave as `ls` shows it to `viewer`: what its one-shot job runs only to those who
     /// may read the job's arguments.
-    fn describe_entry(name: &str, entry: &Entry, viewer: &Peer) -> Value {
-        let (mode, state, pid, jobs, protocol) = match &entry.occupant {
-            Occupant::Starting => ("persistent", "starting".to_string(), None, 0, Value::Null),
+    fn describe_entry(name: &str, entry: &Entry, viewer: &Peer) -> EnclaveInfo {
+        let (mode, state, pid, jobs, channel) = match &entry.occupant {
+            Occupant::Starting => (Mode::Persistent, "starting".to_string(), None, 0, None),
             Occupant::Persistent(enclave) => (
-                "persistent",
+                Mode::Persistent,
                 "ready".to_string(),
                 enclave.pid,
                 enclave.running_jobs(),
-                json!({"version": enclave_proto::PROTOCOL_VERSION, "vcpus": enclave.kernel_vcpus}),
+                Some(ChannelInfo { version: enclave_proto::PROTOCOL_VERSION, vcpus: enclave.kernel_vcpus }),
             ),
             // A one-shot enclave's kernel takes its job from the command line, not the channel.
             Occupant::OneShot { pid, job, .. } => {
                 let state = if entry.owner.may_read(viewer) { format!("running {job}") } else { "running".to_string() };
-                ("one-shot", state, Some(*pid), 1, Value::Null)
+                (Mode::OneShot, state, Some(*pid), 1, None)
             }
         };
-        let mut description = json!({
-            "name": name,
-            "kind": "lwk",
-            "mode": mode,
-            "state": state,
-            "cores": format_cpu_list(entry.cores.iter().copied()),
-            "mem": format_size(entry.memory),
-            "hugepages": entry.hugepages,
-            "pid": pid,
-            "jobs": jobs,
-            "created": unix_seconds(entry.created),
-            "channel": protocol,
-        });
-        if let (Value::Object(fields), Value::Object(owner)) = (&mut description, entry.owner.describe()) {
-            fields.extend(owner);
+        EnclaveInfo {
+            name: name.to_string(),
+            kind: EnclaveKind::Lwk,
+            mode,
+            state,
+            cores: format_cpu_list(entry.cores.iter().copied()),
+            mem: format_size(entry.memory),
+            hugepages: entry.hugepages,
+            pid,
+            jobs,
+            created: unix_seconds(entry.created),
+            channel,
+            owner: owner::user_name(entry.owner.uid),
+            owner_uid: entry.owner.uid,
+            share_group: entry.owner.share_gid.map(owner::group_name),
         }
-        description
     }
 
-    fn describe(&self, name: &str, viewer: &Peer) -> Value {
+    fn describe(&self, name: &str, viewer: &Peer) -> Option<EnclaveInfo> {
         let state = self.state.lock().unwrap();
-        state.enclaves.get(name).map_or(Value::Null, |entry| Self::describe_entry(name, entry, viewer))
+        state.enclaves.get(name).map(|entry| Self::describe_entry(name, entry, viewer))
     }
 
     fn list(&self, viewer: &Peer) -> Value {
         let state = self.state.lock().unwrap();
-        let enclaves: Vec<Value> =
-            state.enclaves.iter().map(|(name, entry)| Self::describe_entry(name, entry, viewer)).collect();
+        let enclaves = state.enclaves.iter().map(|(name, entry)| Self::describe_entry(name, entry, viewer)).collect();
         // Why an enclave went (console lines, the VMM's words) is for those who may use it.
-        let removed: Vec<Value> = state
+        let removed = state
             .removed
             .iter()
-            .map(|r| {
-                let reason = if r.owner.may_use(viewer) { json!(r.reason) } else { Value::Null };
-                json!({"name": r.name, "reason": reason, "at": unix_seconds(r.at), "owner": owner::user_name(r.owner.uid)})
+            .map(|r| RemovedInfo {
+                name: r.name.clone(),
+                reason: r.owner.may_use(viewer).then(|| r.reason.clone()),
+                at: unix_seconds(r.at),
+                owner: owner::user_name(r.owner.uid),
             })
             .collect();
         let free = usable_cores()
@@ -368,24 +388,24 @@ impl Daemon {
                 format_cpu_list(usable.into_iter().filter(|c| !taken.contains_key(c)))
             })
             .unwrap_or_default();
-        ok_reply(json!({"enclaves": enclaves, "removed": removed, "free_cores": free}))
+        ok_reply(&LsReply { enclaves, removed, free_cores: free })
     }
 
     fn remove(&self, name: &str, peer: &Peer) -> Value {
         let mut state = self.state.lock().unwrap();
         let Some(entry) = state.enclaves.get(name) else {
-            return error_reply(format!("no enclave named {name}; {}", state.known_names()));
+            return error_reply(ErrorKind::NotFound, format!("no enclave named {name}; {}", state.known_names()));
         };
         if !entry.owner.may_use(peer) {
-            return error_reply(entry.owner.use_refusal(peer, &format!("remove enclave {name}")));
+            return error_reply(ErrorKind::PermissionDenied, entry.owner.use_refusal(peer, &format!("remove enclave {name}")));
         }
         let owner = entry.owner;
         match &entry.occupant {
-            Occupant::Starting => error_reply(format!("enclave {name} is still starting; try again in a moment")),
+            Occupant::Starting => error_reply(ErrorKind::Busy, format!("enclave {name} is still starting; try again in a moment")),
             Occupant::OneShot { pid, .. } => {
                 // The job's client hears that its enclave went away; the run cleans up.
                 let _ = sys::send_signal(*pid, libc::SIGKILL);
-                ok_reply(json!({"removed": name, "how": "one-shot enclave stopped; its job ends"}))
+                ok_reply(&RmReply { removed: name.into(), how: "one-shot enclave stopped; its job ends".into() })
             }
             Occupant::Persistent(enclave) => {
                 let enclave = enclave.clone();
@@ -395,7 +415,7 @@ impl Daemon {
                 let ended = enclave.stop();
                 self.release_cpuset(name);
                 report(&format!("removed enclave {name}: {ended}"));
-                ok_reply(json!({"removed": name, "how": ended}))
+                ok_reply(&RmReply { removed: name.into(), how: ended })
             }
         }
     }
@@ -409,19 +429,18 @@ impl Daemon {
             None => state.removed.iter().rev().find(|r| r.name == name).map(|r| r.owner),
         };
         if let Some(owner) = owner.filter(|owner| !owner.may_use(peer)) {
-            return error_reply(owner.use_refusal(peer, &format!("read the log of enclave {name}")));
+            return error_reply(ErrorKind::PermissionDenied, owner.use_refusal(peer, &format!("read the log of enclave {name}")));
         }
-        match state.enclaves.get(name) {
-            Some(Entry { occupant: Occupant::Persistent(enclave), .. }) => {
-                ok_reply(json!({"name": name, "lines": enclave.log.lines_for(peer.uid)}))
-            }
-            Some(Entry { occupant: Occupant::OneShot { log, .. }, .. }) => ok_reply(json!({"name": name, "lines": log.lines_for(peer.uid)})),
-            Some(Entry { occupant: Occupant::Starting, .. }) => ok_reply(json!({"name": name, "lines": []})),
+        let (lines, removed) = match state.enclaves.get(name) {
+            Some(Entry { occupant: Occupant::Persistent(enclave), .. }) => (enclave.log.lines_for(peer.uid), None),
+            Some(Entry { occupant: Occupant::OneShot { log, .. }, .. }) => (log.lines_for(peer.uid), None),
+            Some(Entry { occupant: Occupant::Starting, .. }) => (Vec::new(), None),
             None => match state.removed.iter().rev().find(|r| r.name == name) {
-                Some(removed) => ok_reply(json!({"name": name, "lines": removed.log.lines_for(peer.uid), "removed": removed.reason})),
-                None => error_reply(format!("no enclave named {name}; {}", state.known_names())),
+                Some(removed) => (removed.log.lines_for(peer.uid), Some(removed.reason.clone())),
+                None => return error_reply(ErrorKind::NotFound, format!("no enclave named {name}; {}", state.known_names())),
             },
-        }
+        };
+        ok_reply(&LogsReply { name: name.into(), lines, removed })
     }
 
     /// Tears every enclave down (the daemon is exiting): persistent ones are stopped, one-shot
@@ -454,11 +473,14 @@ impl Daemon {
 
     fn run(self: &Arc<Self>, request: RunRequest, files: Vec<File>, peer: &Peer, events: &mut dyn EventSink) -> Value {
         if files.len() != RUN_FIXED_FDS + request.files.len() {
-            return error_reply(format!(
-                "`run` carries {} file descriptors; it needs {} (the binary, the working directory, then one per input file)",
-                files.len(),
-                RUN_FIXED_FDS + request.files.len()
-            ));
+            return error_reply(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "`run` carries {} file descriptors; it needs {} (the binary, the working directory, then one per input file)",
+                    files.len(),
+                    RUN_FIXED_FDS + request.files.len()
+                ),
+            );
         }
         let mut files = files.into_iter();
         let binary = files.next().expect("counted above");
@@ -471,6 +493,7 @@ impl Daemon {
                 self.run_in_enclave(&name, request, files, peer, events)
             }
             None if !inputs.is_empty() => error_reply(
+                ErrorKind::InvalidArgument,
                 "input files need a persistent enclave (clowder run --enclave NAME): a one-shot enclave only receives the binary",
             ),
             None => self.run_one_shot(request, binary, peer, events),
@@ -489,11 +512,16 @@ impl Daemon {
             let state = self.state.lock().unwrap();
             match state.enclaves.get(name) {
                 Some(entry) if !entry.owner.may_use(peer) => {
-                    return error_reply(entry.owner.use_refusal(peer, &format!("run jobs in enclave {name}")))
+                    return error_reply(ErrorKind::PermissionDenied, entry.owner.use_refusal(peer, &format!("run jobs in enclave {name}")))
                 }
                 Some(Entry { occupant: Occupant::Persistent(enclave), .. }) => enclave.clone(),
-                Some(_) => return error_reply(format!("enclave {name} is not ready for jobs (it is starting, or a one-shot enclave)")),
-                None => return error_reply(format!("no enclave named {name}; {}", state.known_names())),
+                Some(_) => {
+                    return error_reply(
+                        ErrorKind::Busy,
+                        format!("enclave {name} is not ready for jobs (it is starting, or a one-shot enclave)"),
+                    )
+                }
+                None => return error_reply(ErrorKind::NotFound, format!("no enclave named {name}; {}", state.known_names())),
             }
         };
         if let Some(refusal) = refuse_unrunnable(&request.argv[0], &files.binary) {
@@ -503,10 +531,13 @@ impl Daemon {
             None => 0,
             Some(CoreRequest::Count(count)) if count <= enclave.cores.len() && count < 64 => (1u64 << count) - 1,
             Some(CoreRequest::Count(count)) => {
-                return error_reply(format!("asked for {count} cores; enclave {name} has {}", enclave.cores.len()))
+                return error_reply(ErrorKind::InvalidArgument, format!("asked for {count} cores; enclave {name} has {}", enclave.cores.len()))
             }
             Some(CoreRequest::Exactly(_)) => {
-                return error_reply(format!("in enclave {name}, give --cores as a count (it has {})", enclave.cores.len()))
+                return error_reply(
+                    ErrorKind::InvalidArgument,
+                    format!("in enclave {name}, give --cores as a count (it has {})", enclave.cores.len()),
+                )
             }
         };
         // A job id only for a job that is sent: refused runs leave no gap in the numbering.
@@ -529,7 +560,7 @@ impl Daemon {
         };
         let (sender, receiver) = mpsc::channel();
         if let Err(e) = enclave.launch(job, spec, sender) {
-            return error_reply(format!("cannot launch the job in enclave {name}: {e}"));
+            return error_reply(ErrorKind::Failed, format!("cannot launch the job in enclave {name}: {e}"));
         }
         // The client went away: end its job rather than run it for nobody (once).
         let mut killed = false;
@@ -539,7 +570,8 @@ impl Daemon {
                 enclave.kill_job(job);
             }
         };
-        let failed = events.send(&json!({"event": "started", "enclave": name, "job": job})).is_err();
+        let started = ApiJobEvent::Started { enclave: name.into(), job: Some(job), pid: None, cores: None };
+        let failed = events.send(&started).is_err();
         end_for_nobody(&*events, failed);
         loop {
             let event = match receiver.recv_timeout(CLIENT_CHECK_INTERVAL) {
@@ -549,16 +581,16 @@ impl Daemon {
                     continue;
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    return error_reply(format!("enclave {name} dropped job {job} without a word"))
+                    return error_reply(ErrorKind::Internal, format!("enclave {name} dropped job {job} without a word"))
                 }
             };
             let line = match event {
                 JobEvent::Started => continue,
                 JobEvent::Output { stream, data } => {
-                    output_event(if stream == enclave_proto::Stream::Stderr { "stderr" } else { "stdout" }, &data)
+                    ApiJobEvent::output(if stream == enclave_proto::Stream::Stderr { Stream::Stderr } else { Stream::Stdout }, &data)
                 }
-                JobEvent::Exited { status } => return ok_reply(json!({"event": "exited", "status": status, "job": job})),
-                JobEvent::Failed { reason } => return error_reply(reason),
+                JobEvent::Exited { status } => return ok_reply(&RunReply::exited(status, Some(job), None)),
+                JobEvent::Failed { reason } => return error_reply(ErrorKind::Failed, reason),
             };
             let failed = events.send(&line).is_err();
             end_for_nobody(&*events, failed);
@@ -571,7 +603,7 @@ impl Daemon {
         }
         let command_line = match kernel_command_line(&request.argv, &request.env, request.heap) {
             Ok(line) => line,
-            Err(e) => return error_reply(e),
+            Err(e) => return error_reply(ErrorKind::InvalidArgument, e),
         };
         let name = {
             let mut state = self.state.lock().unwrap();
@@ -583,7 +615,7 @@ impl Daemon {
         let owner = Owner::of(peer);
         let cores = match self.reserve(&name, owner, &core_request, memory, false) {
             Ok(cores) => cores,
-            Err(e) => return error_reply(e),
+            Err(e) => return e.reply(),
         };
         let log = Arc::new(LogBook::new(2000));
         let spec = MachineSpec { name: name.clone(), cores: cores.clone(), memory, hugepages: false };
@@ -591,7 +623,7 @@ impl Daemon {
             Ok(machine) => machine,
             Err(e) => {
                 self.state.lock().unwrap().enclaves.remove(&name);
-                return error_reply(e);
+                return error_reply(ErrorKind::Failed, e);
             }
         };
         let pid = machine.pid();
@@ -607,11 +639,9 @@ impl Daemon {
             // The daemon tore everything down while this machine was starting.
             machine.kill();
         }
-        let mut client_gone = events
-            .send(&json!({
-                "event": "started", "enclave": name, "pid": pid, "cores": format_cpu_list(cores.iter().copied()),
-            }))
-            .is_err();
+        let started =
+            ApiJobEvent::Started { enclave: name.clone(), job: None, pid: Some(pid), cores: Some(format_cpu_list(cores.iter().copied())) };
+        let mut client_gone = events.send(&started).is_err();
         loop {
             let event = match machine.next_event(CLIENT_CHECK_INTERVAL) {
                 Ok(event) => event,
@@ -627,11 +657,11 @@ impl Daemon {
             let line = match event {
                 RunEvent::Output(bytes) => {
                     log.push(format!("console: {}", String::from_utf8_lossy(&bytes).trim_end()));
-                    output_event("stdout", &bytes)
+                    ApiJobEvent::output(Stream::Stdout, &bytes)
                 }
                 RunEvent::KernelLine(text) => {
                     log.push(format!("[lwk] {text}"));
-                    json!({"event": "log", "text": text})
+                    ApiJobEvent::Log { text }
                 }
             };
             if !client_gone && events.send(&line).is_err() {
@@ -643,13 +673,13 @@ impl Daemon {
         let mut state = self.state.lock().unwrap();
         state.enclaves.remove(&name);
         match outcome {
-            Ok(status) => ok_reply(json!({"event": "exited", "status": status, "enclave": name})),
+            Ok(status) => ok_reply(&RunReply::exited(status, None, Some(name))),
             Err(reason) => {
                 log.push(format!("clowderd: {reason}"));
                 state.remember_removal(&name, owner, reason.clone(), log);
                 drop(state);
                 report(&format!("one-shot enclave {name} failed: {reason}"));
-                error_reply(format!("one-shot enclave {name} failed: {reason}"))
+                error_reply(ErrorKind::Failed, format!("one-shot enclave {name} failed: {reason}"))
             }
         }
     }
@@ -658,5 +688,5 @@ impl Daemon {
 /// The error reply for a program (`program`, the run's argv[0]) that no LWK can run, said
 /// before an enclave boots for it or is sent it (see `executable`).
 fn refuse_unrunnable(program: &str, binary: &File) -> Option<Value> {
-    crate::executable::unrunnable(binary).map(|problem| error_reply(format!("{program} {problem}")))
+    crate::executable::unrunnable(binary).map(|problem| error_reply(ErrorKind::InvalidArgument, format!("{program} {problem}")))
 }

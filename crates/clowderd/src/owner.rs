@@ -2,8 +2,8 @@
 //! remove, and read the log of only the enclaves they created and those shared with a group
 //! they are in; what a one-shot enclave's job runs only its owner sees. Root may do anything.
 
+use clowder_api::{ApiError, ErrorKind};
 use nix::unistd::{Gid, Group, Uid, User};
-use serde_json::{json, Value};
 
 use crate::peer::Peer;
 
@@ -40,11 +40,6 @@ impl Owner {
             self.uid
         )
     }
-
-    /// The owner's fields in `ls`.
-    pub fn describe(&self) -> Value {
-        json!({"owner": user_name(self.uid), "owner_uid": self.uid, "share_group": self.share_gid.map(group_name)})
-    }
 }
 
 /// A user's name, or their uid when they have none.
@@ -65,17 +60,20 @@ pub fn group_name(gid: u32) -> String {
 
 /// The group `peer` shares an enclave with, named or numbered; they must be in it (root
 /// need not be).
-pub fn share_group(name: &str, peer: &Peer) -> Result<u32, String> {
+pub fn share_group(name: &str, peer: &Peer) -> Result<u32, ApiError> {
     let gid = match name.parse::<u32>() {
         Ok(gid) => gid,
         Err(_) => match Group::from_name(name) {
             Ok(Some(group)) => group.gid.as_raw(),
-            Ok(None) => return Err(format!("no group named {name:?} to share the enclave with")),
-            Err(e) => return Err(format!("looking up group {name:?}: {e}")),
+            Ok(None) => return Err(ApiError::new(ErrorKind::NotFound, format!("no group named {name:?} to share the enclave with"))),
+            Err(e) => return Err(ApiError::new(ErrorKind::Internal, format!("looking up group {name:?}: {e}"))),
         },
     };
     if peer.uid != 0 && !peer.groups.contains(&gid) {
-        return Err(format!("you (uid {}) are not in group {name}, so you cannot share an enclave with it", peer.uid));
+        return Err(ApiError::new(
+            ErrorKind::PermissionDenied,
+            format!("you (uid {}) are not in group {name}, so you cannot share an enclave with it", peer.uid),
+        ));
     }
     Ok(gid)
 }
@@ -103,8 +101,9 @@ mod tests {
     #[test]
     fn a_share_group_must_be_ones_own() {
         assert_eq!(share_group("500", &user(1001, &[1001, 500])), Ok(500));
-        assert!(share_group("500", &user(1002, &[1002])).unwrap_err().contains("not in group 500"));
+        let refused = share_group("500", &user(1002, &[1002])).unwrap_err();
+        assert!(refused.kind == ErrorKind::PermissionDenied && refused.message.contains("not in group 500"), "{refused:?}");
         assert_eq!(share_group("500", &user(0, &[0])), Ok(500));
-        assert!(share_group("no-such-group-here", &user(0, &[0])).unwrap_err().contains("no group named"));
+        assert!(share_group("no-such-group-here", &user(0, &[0])).unwrap_err().message.contains("no group named"));
     }
 }

@@ -12,9 +12,12 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::api::{error_reply, parse_request};
+use clowder_api::codec::{LineSocket, Limits as LineLimits, ReceiveError};
+use clowder_api::daemon::{JobEvent, Request, MAX_REQUEST_FDS, MAX_REQUEST_LEN};
+use clowder_api::ErrorKind;
+
+use crate::api::error_reply;
 use crate::daemon::{Daemon, EventSink};
-use crate::jsonl::{LineSocket, ReceiveError};
 use crate::peer::{peer_of, Peer};
 
 /// Binds the API socket. A live daemon already on the path is an error; a stale socket file
@@ -151,14 +154,14 @@ pub fn serve_with_limits(daemon: Arc<Daemon>, listener: UnixListener, limits: Li
         let peer = match peer_of(&stream) {
             Ok(peer) => peer,
             Err(e) => {
-                refuse(stream, &format!("cannot read your credentials: {e}"));
+                refuse(stream, ErrorKind::Internal, &format!("cannot read your credentials: {e}"));
                 continue;
             }
         };
         let admission = match connections.admit(peer.uid) {
             Ok(admission) => admission,
             Err(why) => {
-                refuse(stream, &why);
+                refuse(stream, ErrorKind::Busy, &why);
                 continue;
             }
         };
@@ -177,8 +180,8 @@ pub fn serve_with_limits(daemon: Arc<Daemon>, listener: UnixListener, limits: Li
 }
 
 /// Tells a client why it is not served and closes the connection, without waiting on it.
-fn refuse(stream: UnixStream, why: &str) {
-    let mut line = error_reply(why).to_string();
+fn refuse(stream: UnixStream, kind: ErrorKind, why: &str) {
+    let mut line = error_reply(kind, why).to_string();
     line.push('\n');
     // A new connection's send buffer is empty; should it not take the line, the client loses
     // only the reason.
@@ -190,7 +193,7 @@ fn refuse(stream: UnixStream, why: &str) {
 struct ClientEvents<'a>(&'a LineSocket);
 
 impl EventSink for ClientEvents<'_> {
-    fn send(&mut self, event: &serde_json::Value) -> io::Result<()> {
+    fn send(&mut self, event: &JobEvent) -> io::Result<()> {
         self.0.send(event, &[])
     }
 
@@ -205,17 +208,18 @@ fn serve_client(daemon: &Arc<Daemon>, stream: UnixStream, peer: &Peer, request_t
     if stream.set_write_timeout(Some(request_timeout)).is_err() {
         return;
     }
-    let mut socket = LineSocket::for_requests(stream, request_timeout);
+    let limits = LineLimits { max_line: MAX_REQUEST_LEN, max_fds: MAX_REQUEST_FDS, timeout: Some(request_timeout) };
+    let mut socket = LineSocket::new(stream, limits);
     loop {
         let reply = match socket.receive() {
-            Ok(Some((line, files))) => match parse_request(&line) {
+            Ok(Some((line, files))) => match Request::parse(&line) {
                 Ok(request) => daemon.handle(request, files, peer, &mut ClientEvents(&socket)),
-                Err(e) => error_reply(e),
+                Err(e) => e.reply(),
             },
             Ok(None) | Err(ReceiveError::Io(_)) => return,
             // The stream is out of step with the client: say why, then close.
             Err(e) => {
-                let _ = socket.send(&error_reply(e.to_string()), &[]);
+                let _ = socket.send(&error_reply(ErrorKind::InvalidArgument, e.to_string()), &[]);
                 return;
             }
         };

@@ -722,9 +722,10 @@ fn a_quiet_job_is_killed_when_its_client_goes_away() {
         "op": "run", "enclave": "sim", "argv": ["prog", "quiet-until-killed"], "cwd": work.0.to_str().unwrap(), "files": [],
     });
     let stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
-    let mut socket = clowderd::jsonl::LineSocket::new(stream);
+    let limits = clowder_api::codec::Limits { max_line: 1 << 20, max_fds: 0, timeout: None };
+    let mut socket = clowder_api::codec::LineSocket::new(stream, limits);
     socket.send(&request, &[binary.as_raw_fd(), dir.as_raw_fd()]).unwrap();
-    let started = socket.receive_value().unwrap().unwrap();
+    let (started, _) = socket.receive_json::<serde_json::Value>().unwrap().unwrap();
     assert_eq!(started["event"], "started", "{started}");
     assert_eq!(daemon.call(json!({"op": "ls"}))["enclaves"][0]["jobs"], 1);
     // The job prints nothing, so no failed write tells the daemon; the hang-up alone must.
@@ -980,4 +981,30 @@ fn a_host_process_maps_an_enclave_segment_through_the_ram_memfd() {
     let (reply, stdout, _) = daemon.run("owner", &["prog", "echo", "still", "here"], &work.0, &[]);
     assert_eq!(reply["status"], 0);
     assert_eq!(stdout, "still here\n");
+}
+
+#[test]
+fn the_api_answers_its_version_and_types_every_error() {
+    let daemon = start_daemon("typed", Liveness::default());
+    let version = daemon.call(json!({"op": "version"}));
+    assert_eq!(version["ok"], true, "{version}");
+    assert_eq!(version["api_version"], clowder_api::API_VERSION, "{version}");
+    assert_eq!(version["daemon_version"], env!("CARGO_PKG_VERSION"), "{version}");
+    // Each error names what is wrong and says what kind of error it is.
+    let expect = |request: Value, kind: &str, words: &str| {
+        let reply = daemon.call(request);
+        assert_eq!((&reply["ok"], &reply["kind"]), (&json!(false), &json!(kind)), "{reply}");
+        assert!(reply["error"].as_str().unwrap().contains(words), "{reply}");
+    };
+    expect(json!({"op": "create", "name": "a", "mem": "16M", "cor": 1}), "invalid_argument", "unknown field `cor`");
+    expect(json!({"op": "rm", "name": 7}), "invalid_argument", "`name`");
+    expect(json!({"op": "ls", "verbose": true}), "invalid_argument", "unknown field `verbose`");
+    expect(json!({"op": "version", "client": 1}), "invalid_argument", "`version`");
+    expect(json!({"op": "rm", "name": "nope"}), "not_found", "no enclave named nope");
+    daemon.create("twice");
+    expect(json!({"op": "create", "name": "twice", "cores": 1, "mem": "16M"}), "already_exists", "already exists");
+    expect(json!({"op": "xemem_ls"}), "unavailable", "without an XEMEM broker");
+    // The typed client reads the same replies.
+    let listed: clowder_api::daemon::LsReply = daemon.client().request(&clowder_api::daemon::Request::Ls).unwrap();
+    assert_eq!(listed.enclaves.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), ["twice"]);
 }
