@@ -13,4 +13,4 @@ mod cpus;
 mod size;
 
 pub use cpus::{format_cpu_list, parse_cpu_list, CpuListError, CpuListProblem, MAX_CPU};
-pub use size::{describe_size, format_size, parse_size, SizeError, SizeProblem, GIB, KIB, MIB, TIB};
+pub use size::{describe_size, format_size, parse_size, readable_size, SizeError, SizeProblem, GIB, KIB, MIB, TIB};

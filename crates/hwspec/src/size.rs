@@ -89,6 +89,17 @@ pub fn format_size(bytes: u64) -> String {
     }
 }
 
+/// A size for a table, short, in the largest unit not above it: exact where that unit divides
+/// it (`64K`, `1G`, as `format_size`), else rounded to one decimal (`1.5M`; 128 TiB minus a
+/// page is `128.0T`). For reading only: a rounded figure does not read back.
+pub fn readable_size(bytes: u64) -> String {
+    match UNITS.iter().find(|(unit, _)| bytes >= *unit) {
+        // An estimate for people: f64's 53 bits are plenty for one decimal.
+        Some((unit, suffix)) if bytes % unit != 0 => alloc::format!("{:.1}{suffix}", bytes as f64 / *unit as f64),
+        _ => format_size(bytes),
+    }
+}
+
 /// A size for a sentence (`64 MiB`, `4097 bytes`): for messages.
 pub fn describe_size(bytes: u64) -> String {
     match UNITS.iter().find(|(unit, _)| bytes >= *unit && bytes % unit == 0) {
@@ -184,6 +195,22 @@ mod tests {
             assert_eq!(format_size(bytes), literal);
             assert_eq!(describe_size(bytes), words);
             assert_eq!(parse_size(literal), Ok(bytes), "format_size's output reads back");
+        }
+    }
+
+    #[test]
+    fn table_sizes_are_exact_in_their_largest_unit_or_rounded() {
+        let table: &[(u64, &str)] = &[
+            (1000, "1000"),
+            (64 * KIB, "64K"),
+            (GIB, "1G"),
+            (4097, "4.0K"),
+            (1536 * KIB, "1.5M"),
+            (3 * GIB + 512 * MIB, "3.5G"),
+            (128 * TIB - 4096, "128.0T"),
+        ];
+        for &(bytes, text) in table {
+            assert_eq!(readable_size(bytes), text);
         }
     }
 }
