@@ -25,8 +25,8 @@ use crate::oneshot::{kernel_command_line, OneShot, RunEvent};
 use crate::owner::{self, Owner};
 use crate::peer::{may_create_enclaves, Peer};
 use crate::sys;
-use crate::xemem_links::XememLinks;
-use crate::xemem_service::XememService;
+use crate::xemem::service::XememService;
+use crate::xemem::XememLinks;
 
 /// How many removed enclaves `ls` and `logs` remember.
 const REMEMBERED_REMOVALS: usize = 16;

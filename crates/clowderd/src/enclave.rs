@@ -18,7 +18,7 @@ use crate::hio::JobFiles;
 use crate::link::{self, Received, Receiver, Sender};
 use crate::machine::{Launcher, Machine, MachineSpec, RegionAccess, SharedRegion};
 use crate::sys;
-use crate::xemem_links::{GuestRegions, XememLinks, XememPort};
+use crate::xemem::{GuestRegions, XememLinks, XememPort};
 
 /// Timing of the liveness checks.
 #[derive(Clone, Copy, Debug)]

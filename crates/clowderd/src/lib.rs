@@ -26,6 +26,4 @@ pub mod owner;
 pub mod peer;
 pub mod server;
 pub mod sys;
-pub mod xemem_links;
-pub mod xemem_peer;
-pub mod xemem_service;
+pub mod xemem;

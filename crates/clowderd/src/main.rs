@@ -10,8 +10,8 @@ use clowderd::enclave::Liveness;
 use clowderd::machine::VmmLauncher;
 use clowderd::memory::parse_size;
 use clowderd::server::Limits;
-use clowderd::xemem_links::XememLinks;
-use clowderd::{peer, server, xemem_peer, xemem_service};
+use clowderd::xemem::{peer as xemem_peer, service as xemem_service, XememLinks};
+use clowderd::{peer, server};
 
 const USAGE: &str = "usage: clowderd [options]
   --socket PATH        API socket (default: $CLOWDER_SOCKET or /run/clowder/clowderd.sock)

@@ -861,7 +861,7 @@ fn enclaves_get_xemem_ids_from_the_daemons_name_server() {
 }
 
 /// The id of the segment named `name`, once its owner has made it (5 s at most).
-fn wait_for_segment(links: &clowderd::xemem_links::XememLinks, name: &str) -> xemem::ids::SegmentId {
+fn wait_for_segment(links: &clowderd::xemem::XememLinks, name: &str) -> xemem::ids::SegmentId {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         match links.lookup(name) {
@@ -874,10 +874,10 @@ fn wait_for_segment(links: &clowderd::xemem_links::XememLinks, name: &str) -> xe
 
 /// Maps every file range of an attach of the fake owner's segment and checks that page `n`
 /// reads `1000 + n`, as the fake job wrote into its frames.
-fn assert_reads_the_fake_segment(runs: &[clowderd::xemem_links::FileRun]) {
+fn assert_reads_the_fake_segment(runs: &[clowderd::xemem::FileRun]) {
     let mut page = 0u64;
     for run in runs {
-        let clowderd::xemem_links::FileRun::Memory { file, offset, len } = run else { panic!("a hole: {run:?}") };
+        let clowderd::xemem::FileRun::Memory { file, offset, len } = run else { panic!("a hole: {run:?}") };
         // SAFETY: a fresh shared mapping of the memfd range the daemon handed out.
         let view = unsafe { libc::mmap(std::ptr::null_mut(), *len as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), *offset as i64) };
         assert_ne!(view, libc::MAP_FAILED);
@@ -950,7 +950,7 @@ fn a_host_process_maps_an_enclave_segment_through_the_ram_memfd() {
         assert!(segment.enclave() >= 2, "an enclave's segment names its enclave: {segment:?}");
         // `clowder xemem ls` lists the enclave's segment beside the host's.
         let broker_socket = work.0.join("xemem.sock");
-        assert!(daemon.daemon.host_xemem(clowderd::xemem_service::start(&broker_socket).unwrap()).is_ok());
+        assert!(daemon.daemon.host_xemem(clowderd::xemem::service::start(&broker_socket).unwrap()).is_ok());
         let listing = daemon.call(json!({"op": "xemem_ls"}));
         let listed = listing["segments"].as_array().unwrap_or_else(|| panic!("{listing}"));
         assert!(

@@ -46,7 +46,7 @@ fn a_misaligned_attach_of_a_hugepage_enclaves_segment_says_why() {
     build_host_program("host_attacher.c", &attacher);
     let xemem_socket = dir.0.join("xemem.sock");
     let daemon = lwk_daemon(&dir.0, vmm_binary(), Liveness::default());
-    assert!(daemon.host_xemem(clowderd::xemem_service::start(&xemem_socket).unwrap()).is_ok());
+    assert!(daemon.host_xemem(clowderd::xemem::service::start(&xemem_socket).unwrap()).is_ok());
     let socket = serve(daemon, &dir.0);
     let created = call(&socket, json!({"op": "create", "name": "huge", "cores": 1, "mem": "128M", "hugepages": true}));
     assert_eq!(created["ok"], true, "{created}");

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use clowder_test_support::{lwk_daemon, serve};
 use clowderd::client::Client;
 use clowderd::enclave::Liveness;
-use clowderd::xemem_links::FileRun;
+use clowderd::xemem::FileRun;
 use serde_json::{json, Value};
 
 mod support;
@@ -155,7 +155,7 @@ fn a_libxpmem_process_attaches_an_lwk_jobs_segment_through_the_broker() {
 
     let xemem_socket = dir.0.join("xemem.sock");
     let daemon = lwk_daemon(&dir.0, vmm_binary(), Liveness::default());
-    assert!(daemon.host_xemem(clowderd::xemem_service::start(&xemem_socket).unwrap()).is_ok());
+    assert!(daemon.host_xemem(clowderd::xemem::service::start(&xemem_socket).unwrap()).is_ok());
     let socket = serve(daemon, &dir.0);
     let created = call(&socket, json!({"op": "create", "name": "owner", "cores": 1, "mem": "128M"}));
     assert_eq!(created["ok"], true, "{created}");
@@ -322,7 +322,7 @@ fn lwk_job_attaches_a_host_segment_twice(tag: &str, pages: u64) {
     let xemem_socket = dir.0.join("xemem.sock");
     let daemon = lwk_daemon(&dir.0, vmm_binary(), Liveness::default());
     let links = daemon.xemem_links().clone();
-    assert!(daemon.host_xemem(clowderd::xemem_service::start(&xemem_socket).unwrap()).is_ok());
+    assert!(daemon.host_xemem(clowderd::xemem::service::start(&xemem_socket).unwrap()).is_ok());
     let socket = serve(daemon, &dir.0);
     let created = call(&socket, json!({"op": "create", "name": "attacher", "cores": 1, "mem": "128M"}));
     assert_eq!(created["ok"], true, "{created}");
@@ -385,14 +385,14 @@ fn start_daemon_with_broker(dir: &Path) -> (PathBuf, PathBuf) {
 }
 
 /// [`start_daemon_with_broker`], with the daemon's XEMEM links (to count what they served).
-fn start_daemon_with_links(dir: &Path) -> (PathBuf, PathBuf, std::sync::Arc<clowderd::xemem_links::XememLinks>) {
+fn start_daemon_with_links(dir: &Path) -> (PathBuf, PathBuf, std::sync::Arc<clowderd::xemem::XememLinks>) {
     let xemem_socket = dir.join("xemem.sock");
     // Pings get more time than the default 5 s: on a machine shared with other builds an
     // enclave's vCPU may be starved that long, and liveness is not what these tests test.
     let liveness = Liveness { ping_timeout: Duration::from_secs(20), ..Liveness::default() };
     let daemon = lwk_daemon(dir, vmm_binary(), liveness);
     let links = daemon.xemem_links().clone();
-    assert!(daemon.host_xemem(clowderd::xemem_service::start(&xemem_socket).unwrap()).is_ok());
+    assert!(daemon.host_xemem(clowderd::xemem::service::start(&xemem_socket).unwrap()).is_ok());
     (serve(daemon, dir), xemem_socket, links)
 }
 

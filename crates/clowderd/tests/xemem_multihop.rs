@@ -595,7 +595,7 @@ fn a_malformed_peer_gets_errors_and_the_daemon_keeps_serving() {
     let (socket_a, _socket_b) = std::os::unix::net::UnixStream::pair().unwrap();
     let small = memfd(4);
     type Bogus<'a> = (&'a str, Vec<FrameRun>, Vec<&'a dyn AsRawFd>);
-    let run = |index: u64, page: u64, frames: u64| FrameRun { first: Some(index << clowderd::xemem_peer::FD_SHIFT | page), frames };
+    let run = |index: u64, page: u64, frames: u64| FrameRun { first: Some(index << clowderd::xemem::peer::FD_SHIFT | page), frames };
     let bogus: Vec<Bogus> = vec![
         ("a socket for memory", vec![run(0, 0, 16)], vec![&socket_a]),
         ("runs beyond the file", vec![run(0, 0, 16)], vec![&small]),

@@ -109,7 +109,7 @@ fn host_processes_and_lwk_jobs_share_one_name_space() {
     build_host_program("host_attacher.c", &attacher);
     let xemem_socket = dir.0.join("xemem.sock");
     let daemon = lwk_daemon(&dir.0, vmm_binary(), Liveness::default());
-    assert!(daemon.host_xemem(clowderd::xemem_service::start(&xemem_socket).unwrap()).is_ok());
+    assert!(daemon.host_xemem(clowderd::xemem::service::start(&xemem_socket).unwrap()).is_ok());
     let socket = serve(daemon, &dir.0);
     let created = call(&socket, json!({"op": "create", "name": "sim", "cores": 1, "mem": "128M"}));
     assert_eq!(created["ok"], true, "{created}");

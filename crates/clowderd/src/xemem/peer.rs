@@ -41,7 +41,7 @@ use xemem_host::sys as hostsys;
 
 use crate::guest_ram::GuestRam;
 use crate::machine::{RegionAccess, SharedRegion};
-use crate::xemem_links::{GuestRegions, XememLinks, XememPort};
+use super::{GuestRegions, XememLinks, XememPort};
 
 /// A memory run's first frame on the link: the descriptor's index above this bit, the page
 /// within the file below it (files up to 1 TiB; 250 descriptors stay below 2^40 frames).
