@@ -123,7 +123,7 @@ fn cli_mistakes_and_bad_requests_get_errors_that_say_what_to_do() {
     let here = daemon.dir.0.clone();
     let usage = daemon.clowder(&["enclave", "create", "--mem", "1G"], &here);
     assert_eq!(usage.status.code(), Some(2));
-    assert!(stderr(&usage).contains("needs --name NAME"), "{}", stderr(&usage));
+    assert!(stderr(&usage).contains("--name <NAME>"), "{}", stderr(&usage));
 
     let unknown = daemon.clowder(&["enclave", "rm", "nope"], &here);
     assert_eq!(unknown.status.code(), Some(1));
@@ -164,10 +164,22 @@ fn cli_mistakes_and_bad_requests_get_errors_that_say_what_to_do() {
     // This in-process daemon was given no XEMEM broker (the binary always has one; see xemem.rs).
     assert!(stderr(&xemem).contains("without an XEMEM broker"), "{}", stderr(&xemem));
 
-    let listing = daemon.clowder(&["--json", "enclave", "ls"], &here);
-    let listing: Value = serde_json::from_str(&stdout(&listing)).unwrap();
-    assert_eq!(listing["ok"], true);
-    assert_eq!(listing["enclaves"], json!([]));
+    // --json anywhere on the command line.
+    for words in [["--json", "enclave", "ls"], ["enclave", "--json", "ls"], ["enclave", "ls", "--json"]] {
+        let listing = daemon.clowder(&words, &here);
+        let listing: Value = serde_json::from_str(&stdout(&listing)).unwrap_or_else(|e| panic!("{words:?}: {e}"));
+        assert_eq!(listing["ok"], true);
+        assert_eq!(listing["enclaves"], json!([]));
+    }
+    // An error is a JSON line too, with its kind, besides the sentence on stderr.
+    let missing = daemon.clowder(&["enclave", "rm", "nope", "--json"], &here);
+    assert_eq!(missing.status.code(), Some(1));
+    let missing: Value = serde_json::from_str(&stdout(&missing)).unwrap();
+    assert_eq!((&missing["ok"], &missing["kind"]), (&json!(false), &json!("not_found")), "{missing}");
+    let version = daemon.clowder(&["version"], &here);
+    assert!(version.status.success(), "{}", stderr(&version));
+    let expected = format!("clowderd {} (API {})", env!("CARGO_PKG_VERSION"), clowder_api::API_VERSION);
+    assert!(stdout(&version).contains(&expected), "{}", stdout(&version));
 }
 
 #[test]

@@ -43,6 +43,10 @@ fn stop_when_orphaned(parent: u32, handle: &vmm::VmHandle) {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|arg| arg == "--version" || arg == "-V") {
+        println!("clowder-vmm {}", env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
     let config = match VmConfig::from_args(&args) {
         Ok(c) => c,
         Err(e) if e.is_help_request() => {

@@ -13,7 +13,7 @@ use clowderd::server::Limits;
 use clowderd::xemem::{peer as xemem_peer, service as xemem_service, XememLinks};
 use clowderd::{peer, server};
 
-const USAGE: &str = "usage: clowderd [options]
+const USAGE: &str = "usage: clowderd [options]   (--version: its version and the API's)
   --socket PATH        API socket (default: $CLOWDER_SOCKET or /run/clowder/clowderd.sock)
   --vmm PATH           clowder-vmm binary (default: $CLOWDER_VMM, else next to clowderd, else $PATH)
   --kernel PATH        LWK image (default: $CLOWDER_KERNEL, else kernels/target/x86_64-unknown-none/release/lwk
@@ -158,6 +158,10 @@ fn main() -> ExitCode {
     let signals = block_termination_signals();
     raise_file_limit();
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|arg| arg == "--version" || arg == "-V") {
+        println!("clowderd {} (API {})", env!("CARGO_PKG_VERSION"), clowder_api::API_VERSION);
+        return ExitCode::SUCCESS;
+    }
     let options = match parse_options(&args) {
         Ok(options) => options,
         Err(e) if e.is_empty() => {

@@ -25,6 +25,15 @@ fn options_are_checked() {
     let help = Command::new(env!("CARGO_BIN_EXE_clowderd")).arg("--help").output().unwrap();
     assert!(help.status.success());
     assert!(String::from_utf8_lossy(&help.stdout).contains("--isolate-cores"));
+    let version = Command::new(env!("CARGO_BIN_EXE_clowderd")).arg("--version").output().unwrap();
+    assert!(version.status.success());
+    let expected = format!("clowderd {} (API {})", env!("CARGO_PKG_VERSION"), clowder_api::API_VERSION);
+    assert_eq!(String::from_utf8_lossy(&version.stdout).trim(), expected);
+    let vmm = std::path::Path::new(env!("CARGO_BIN_EXE_clowderd")).with_file_name("clowder-vmm");
+    if let Ok(version) = Command::new(&vmm).arg("--version").output() {
+        // Built by the same `cargo build` (clowderd starts it), so of the same version.
+        assert_eq!(String::from_utf8_lossy(&version.stdout).trim(), format!("clowder-vmm {}", env!("CARGO_PKG_VERSION")));
+    }
     let unknown = Command::new(env!("CARGO_BIN_EXE_clowderd")).arg("--frobnicate").output().unwrap();
     assert_eq!(unknown.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("unknown option \"--frobnicate\""));
