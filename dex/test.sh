@@ -74,7 +74,7 @@ dexrun|--hosts needs --secret-file FILE, the dexnode agents' secret|--hosts $LOG
 dexrun|secret file $LOG/open_secret: group or others may access it (chmod 600)|--hosts $LOG/hosts_ok --secret-file $LOG/open_secret /bin/true
 dexnode|port 'abc' is not a number from 1 to 65535|--secret-file $LOG/secret --listen 127.0.0.1:abc
 dexnode|unknown option (or one missing its value): '--frob'|--frob
-dexnode|dexnode: no secret: give --secret-file FILE|
+dexnode|dexnode: error: no secret: give --secret-file FILE|
 dexnode|secret file $LOG/short_secret: a secret is 64 hex digits|--secret-file $LOG/short_secret
 dexnode|secret file $LOG/open_secret: group or others may access it (chmod 600)|--secret-file $LOG/open_secret
 dexnode|secret file $LOG/none: no such file|--secret-file $LOG/none
@@ -83,6 +83,45 @@ if [ $mistakes = 0 ]; then
 	pass "dexrun and dexnode name each command-line mistake, and refuse to run without a proper secret (17 cases)"
 else
 	fail "command-line mistakes ($mistakes not named)"
+fi
+
+# libdex's ABI: soname libdex.so.0, and only the public API exported
+if tests/exports.sh "$BUILD" >"$LOG/out" 2>&1; then
+	pass "libdex.so.0: soname, and nm -D lists only dex.h/migrate.h, replaced libc calls and the UCX module's"
+else
+	fail "libdex exports" "$LOG/out"
+fi
+
+# CLOWDER_LOG chooses which diagnostics libdex, dexrun and dexnode print
+log_levels() {
+	local bad=0 boot="node=000,nodes=001,port=00001,fd=-001,host=127.000.000.001"
+	expect() { # description status-of-grep...
+		[ "$2" = 0 ] || { echo "    $1"; sed 's/^/      /' "$LOG/out" | tail -5; bad=1; }
+	}
+	CLOWDER_LOG=debug $DEXRUN -n 2 "$BUILD/hello_nodes" >"$LOG/out" 2>&1
+	grep -q 'dex\[node 0\]: debug: node 1 joined' "$LOG/out" && grep -q 'dex\[node 1\]: debug: joined the origin' "$LOG/out"
+	expect "CLOWDER_LOG=debug: no join lines" $?
+	CLOWDER_LOG=clowderd=trace,dex=debug $DEXRUN -n 2 "$BUILD/hello_nodes" >"$LOG/out" 2>&1
+	grep -q 'dex\[node 1\]: debug: joined the origin' "$LOG/out"
+	expect "CLOWDER_LOG=clowderd=trace,dex=debug: no join lines" $?
+	DEX_STATS=1 $DEXRUN -n 2 "$BUILD/hello_nodes" >"$LOG/out" 2>&1
+	grep -q 'back on node 0' "$LOG/out" && ! grep -q ': debug: ' "$LOG/out" && grep -q 'dex\[node 1\]: stats:' "$LOG/out"
+	expect "default (warn): debug lines shown, or DEX_STATS' lines missing" $?
+	DEX_STATS=1 CLOWDER_LOG=error $DEXRUN -n 2 "$BUILD/hello_nodes" >"$LOG/out" 2>&1
+	grep -q 'back on node 0' "$LOG/out" && ! grep -q 'stats:' "$LOG/out"
+	expect "CLOWDER_LOG=error: warn-level lines shown" $?
+	CLOWDER_LOG=loud $DEXRUN -n 2 "$BUILD/hello_nodes" >"$LOG/out" 2>&1
+	[ $? = 2 ] && grep -q "dexrun: error: CLOWDER_LOG takes error, warn, info, debug or trace.*not 'loud'" "$LOG/out"
+	expect "dexrun with CLOWDER_LOG=loud: not refused with status 2" $?
+	CLOWDER_LOG=loud DEX_BOOT=$boot "$BUILD/hello_nodes" >"$LOG/out" 2>&1
+	[ $? = 70 ] && grep -q "dex\[node 0\]: error: CLOWDER_LOG takes .*not 'loud'" "$LOG/out"
+	expect "libdex with CLOWDER_LOG=loud: not stopped with status 70" $?
+	return $bad
+}
+if log_levels >"$LOG/levels" 2>&1; then
+	pass "CLOWDER_LOG: debug shows the joins, warn (default) hides them, error hides warnings, bad values named"
+else
+	fail "CLOWDER_LOG levels" "$LOG/levels"
 fi
 
 if timeout 60 python3 tests/manual_launch.py "$BUILD/hello_nodes" >"$LOG/out" 2>&1; then

@@ -38,6 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "node_agent_wire.h"
 
 /* Unauthenticated connections at a time: enough for dexrun's proxies of a
@@ -98,7 +99,7 @@ static void serve(int conn, const char *peer)
 	setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
 	const char *why = read_request(conn, &req);
 	if (why) {
-		fprintf(stderr, "dexnode: refused the request from %s: %s\n", peer, why);
+		dex_warn("refused the request from %s: %s", peer, why);
 		return;
 	}
 	setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
@@ -124,7 +125,7 @@ static void serve(int conn, const char *peer)
 		close(conn);
 		signal(SIGPIPE, SIG_DFL);
 		if (personality(ADDR_NO_RANDOMIZE) < 0 || chdir(cwd) != 0) {
-			fprintf(stderr, "dexnode: cannot enter %s with ASLR off: %s\n", cwd, strerror(errno));
+			dex_error("cannot enter %s with ASLR off: %s", cwd, strerror(errno));
 			_exit(127);
 		}
 		/* PATH from the request, as dexrun's own execvp would search it */
@@ -132,7 +133,7 @@ static void serve(int conn, const char *peer)
 			if (!strncmp(*e, "PATH=", 5))
 				setenv("PATH", *e + 5, 1);
 		execvpe(argv[0], argv, envp);
-		fprintf(stderr, "dexnode: cannot run %s in %s: %s\n", argv[0], cwd, strerror(errno));
+		dex_error("cannot run %s in %s: %s", argv[0], cwd, strerror(errno));
 		_exit(127);
 	}
 	close(out[1]);
@@ -187,7 +188,7 @@ static double now_seconds(void)
 static void drop_pending(int i, const char *why)
 {
 	if (why)
-		fprintf(stderr, "dexnode: closed the connection from %s: %s\n", pending[i].peer, why);
+		dex_warn("closed the connection from %s: %s", pending[i].peer, why);
 	close(pending[i].fd);
 	pending[i] = pending[--npending];
 }
@@ -202,8 +203,8 @@ static void accept_one(int listener)
 	char peer[64];
 	snprintf(peer, sizeof(peer), "%s:%d", inet_ntoa(from.sin_addr), ntohs(from.sin_port));
 	if (npending == MAX_PENDING) {
-		fprintf(stderr, "dexnode: refused the connection from %s: %d unauthenticated connections already\n",
-			peer, MAX_PENDING);
+		dex_warn("refused the connection from %s: %d unauthenticated connections already", peer,
+			 MAX_PENDING);
 		close(conn);
 		return;
 	}
@@ -261,7 +262,7 @@ static pid_t advance_pending(int i, int listener)
 		_exit(0);
 	}
 	if (server < 0)
-		fprintf(stderr, "dexnode: cannot serve %s: fork: %s\n", p->peer, strerror(errno));
+		dex_error("cannot serve %s: fork: %s", p->peer, strerror(errno));
 	drop_pending(i, NULL);
 	return server < 0 ? -1 : server;
 }
@@ -270,6 +271,11 @@ int main(int argc, char **argv)
 {
 	const char *listen_at = "127.0.0.1", *secret_file = NULL;
 	int once = 0;
+	const char *bad_log = dex_log_init("dexnode");
+	if (bad_log) {
+		dex_error("%s, not '%s'", bad_log, getenv("CLOWDER_LOG"));
+		return 2;
+	}
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--listen") && i + 1 < argc)
 			listen_at = argv[++i];
@@ -285,13 +291,13 @@ int main(int argc, char **argv)
 		}
 	}
 	if (!secret_file) {
-		fprintf(stderr, "dexnode: no secret: give --secret-file FILE (64 hex digits, readable only by its "
-				"owner; dexrun --hosts reads the same file)\n");
+		dex_error("no secret: give --secret-file FILE (64 hex digits, readable only by its "
+			  "owner; dexrun --hosts reads the same file)");
 		return 2;
 	}
 	const char *bad = dex_auth_key_from_file(secret_file, &agent_key);
 	if (bad) {
-		fprintf(stderr, "dexnode: secret file %s: %s\n", secret_file, bad);
+		dex_error("secret file %s: %s", secret_file, bad);
 		return 2;
 	}
 	char address[64];
@@ -302,25 +308,25 @@ int main(int argc, char **argv)
 		*colon = 0;
 		port = (int)agent_whole_number(colon + 1, 1, 65535);
 		if (port < 0) {
-			fprintf(stderr, "dexnode: port '%s' is not a number from 1 to 65535\n", colon + 1);
+			dex_error("port '%s' is not a number from 1 to 65535", colon + 1);
 			return 2;
 		}
 	}
 	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
 	int one = 1;
 	if (inet_pton(AF_INET, address, &sa.sin_addr) != 1) {
-		fprintf(stderr, "dexnode: bad address %s\n", address);
+		dex_error("bad address %s", address);
 		return 2;
 	}
 	int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 	if (bind(listener, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(listener, 16) != 0) {
-		fprintf(stderr, "dexnode: cannot listen on %s:%d: %s\n", address, port, strerror(errno));
+		dex_error("cannot listen on %s:%d: %s", address, port, strerror(errno));
 		return 1;
 	}
 	signal(SIGPIPE, SIG_IGN);
 	signal(SIGCHLD, SIG_DFL);
-	fprintf(stderr, "dexnode: listening on %s:%d\n", address, port);
+	dex_info("listening on %s:%d", address, port);
 	pid_t served = 0;
 	for (;;) {
 		while (waitpid(-1, NULL, WNOHANG) > 0)

@@ -55,6 +55,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "node_agent_wire.h"
 
 #define MAX_NODES 32
@@ -85,7 +86,7 @@ static int read_hosts_file(const char *path)
 {
 	FILE *f = fopen(path, "r");
 	if (!f) {
-		fprintf(stderr, "dexrun: cannot read hosts file %s: %s\n", path, strerror(errno));
+		dex_error("cannot read hosts file %s: %s", path, strerror(errno));
 		return -1;
 	}
 	char line[256];
@@ -97,7 +98,7 @@ static int read_hosts_file(const char *path)
 		if (sscanf(line, "%127s", word) != 1)
 			continue;
 		if (nhosts == MAX_NODES - 1) {
-			fprintf(stderr, "dexrun: more than %d hosts in %s\n", MAX_NODES - 1, path);
+			dex_error("more than %d hosts in %s", MAX_NODES - 1, path);
 			fclose(f);
 			return -1;
 		}
@@ -108,8 +109,8 @@ static int read_hosts_file(const char *path)
 			*colon = 0;
 			long port = agent_whole_number(colon + 1, 1, 65535);
 			if (port < 0) {
-				fprintf(stderr, "dexrun: %s: port '%s' of host %s is not a number from 1 to 65535\n", path,
-					colon + 1, word);
+				dex_error("%s: port '%s' of host %s is not a number from 1 to 65535", path, colon + 1,
+					  word);
 				fclose(f);
 				return -1;
 			}
@@ -119,7 +120,7 @@ static int read_hosts_file(const char *path)
 	}
 	fclose(f);
 	if (!nhosts) {
-		fprintf(stderr, "dexrun: no hosts in %s\n", path);
+		dex_error("no hosts in %s", path);
 		return -1;
 	}
 	return 0;
@@ -161,7 +162,7 @@ static int send_request(int conn, const char *cwd, char **args)
 	for (uint32_t i = 0; i < count; i++)
 		size += sizeof(uint32_t) + strlen(strings[i]);
 	if (size > AGENT_MAX_REQUEST) {
-		fprintf(stderr, "dexrun: arguments and environment exceed the agents' %u bytes\n", AGENT_MAX_REQUEST);
+		dex_error("arguments and environment exceed the agents' %u bytes", AGENT_MAX_REQUEST);
 		return -1;
 	}
 	char *body = malloc(size), *at = body;
@@ -186,12 +187,12 @@ static void run_on_host(const struct remote_host *h, const char *boot_format, ch
 	char port[16];
 	snprintf(port, sizeof(port), "%d", h->port);
 	if (getaddrinfo(h->address, port, &hints, &found) != 0) {
-		fprintf(stderr, "dexrun: cannot resolve host %s\n", h->address);
+		dex_error("cannot resolve host %s", h->address);
 		_exit(127);
 	}
 	int conn = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (conn < 0 || connect(conn, found->ai_addr, found->ai_addrlen) != 0) {
-		fprintf(stderr, "dexrun: no dexnode agent at %s:%d: %s\n", h->address, h->port, strerror(errno));
+		dex_error("no dexnode agent at %s:%d: %s", h->address, h->port, strerror(errno));
 		_exit(127);
 	}
 	int one = 1;
@@ -199,7 +200,7 @@ static void run_on_host(const struct remote_host *h, const char *boot_format, ch
 	uint8_t session[DEX_AUTH_BYTES];
 	const char *refused = dex_auth_join(conn, &agent_key, DEX_AUTH_TIMEOUT_MS, session);
 	if (refused) {
-		fprintf(stderr, "dexrun: the dexnode agent at %s:%d: %s\n", h->address, h->port, refused);
+		dex_error("the dexnode agent at %s:%d: %s", h->address, h->port, refused);
 		_exit(127);
 	}
 	/* the node reaches the origin at the address this host used */
@@ -214,11 +215,11 @@ static void run_on_host(const struct remote_host *h, const char *boot_format, ch
 
 	char cwd[4096];
 	if (!getcwd(cwd, sizeof(cwd))) {
-		perror("dexrun: getcwd");
+		dex_error("getcwd: %s", strerror(errno));
 		_exit(127);
 	}
 	if (send_request(conn, cwd, args) != 0) {
-		fprintf(stderr, "dexrun: the agent at %s:%d hung up\n", h->address, h->port);
+		dex_error("the agent at %s:%d hung up", h->address, h->port);
 		_exit(127);
 	}
 	for (;;) {
@@ -248,7 +249,7 @@ static void run_on_host(const struct remote_host *h, const char *boot_format, ch
 		}
 		free(data);
 	}
-	fprintf(stderr, "dexrun: lost the dexnode agent at %s:%d\n", h->address, h->port);
+	dex_error("lost the dexnode agent at %s:%d", h->address, h->port);
 	_exit(1);
 }
 
@@ -258,17 +259,17 @@ static int make_run_key(const char *secret_file)
 	struct dex_auth_key key, id;
 	char hex[DEX_AUTH_HEX + 1];
 	if (nhosts && !secret_file) {
-		fprintf(stderr, "dexrun: --hosts needs --secret-file FILE, the dexnode agents' secret\n");
+		dex_error("--hosts needs --secret-file FILE, the dexnode agents' secret");
 		return -1;
 	}
 	const char *bad = nhosts ? dex_auth_key_from_file(secret_file, &agent_key) : NULL;
 	if (bad) {
-		fprintf(stderr, "dexrun: secret file %s: %s\n", secret_file, bad);
+		dex_error("secret file %s: %s", secret_file, bad);
 		return -1;
 	}
 	/* --hosts: the key is derived from a random run id; else random itself */
 	if (dex_auth_random(nhosts ? id.bytes : key.bytes, sizeof(key.bytes)) != 0) {
-		perror("dexrun: getrandom");
+		dex_error("getrandom: %s", strerror(errno));
 		return -1;
 	}
 	if (nhosts) {
@@ -389,7 +390,7 @@ static void note_exit(int node, int status)
 	if (node > 0 || !WIFEXITED(status)) {
 		char why[160];
 		describe(node, status, why, sizeof(why));
-		fprintf(stderr, "dexrun: %s\n", why);
+		dex_error("%s", why);
 	}
 }
 
@@ -440,6 +441,11 @@ int main(int argc, char **argv)
 	int nodes = 0, use_netns = 0;
 	const char *secret_file = NULL;
 	double timeout = 0;
+	const char *bad_log = dex_log_init("dexrun");
+	if (bad_log) {
+		dex_error("%s, not '%s'", bad_log, getenv("CLOWDER_LOG"));
+		return 2;
+	}
 	int i = 1;
 	for (; i < argc && argv[i][0] == '-'; i++) {
 		if (!strcmp(argv[i], "-n") && i + 1 < argc) {
@@ -449,7 +455,7 @@ int main(int argc, char **argv)
 		} else if (!strcmp(argv[i], "--transport") && i + 1 < argc) {
 			/* every node reads DEX_TRANSPORT; ucx needs build/libdex-ucx.so */
 			if (strcmp(argv[++i], "tcp") != 0 && strcmp(argv[i], "ucx") != 0) {
-				fprintf(stderr, "dexrun: unknown transport '%s' (tcp or ucx)\n", argv[i]);
+				dex_error("unknown transport '%s' (tcp or ucx)", argv[i]);
 				return 2;
 			}
 			setenv("DEX_TRANSPORT", argv[i], 1);
@@ -477,8 +483,8 @@ int main(int argc, char **argv)
 	if (nodes > MAX_NODES) /* checked above; said again for the compiler's sake (format widths) */
 		usage("too many nodes", NULL);
 	if (nhosts && (use_netns || nodes > 1 + nhosts)) {
-		fprintf(stderr, "dexrun: %s\n", use_netns ? "--hosts and --netns exclude each other"
-							  : "more nodes than hosts in the hosts file");
+		dex_error("%s", use_netns ? "--hosts and --netns exclude each other"
+					  : "more nodes than hosts in the hosts file");
 		return 2;
 	}
 
@@ -492,7 +498,7 @@ int main(int argc, char **argv)
 	socklen_t salen = sizeof(sa);
 	if (listener < 0 || bind(listener, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(listener, 64) != 0 ||
 	    getsockname(listener, (struct sockaddr *)&sa, &salen) != 0) {
-		perror("dexrun: listen");
+		dex_error("listen: %s", strerror(errno));
 		return 1;
 	}
 
@@ -518,13 +524,13 @@ int main(int argc, char **argv)
 		setenv("DEX_BOOT", boot, 1);
 		int ready[2] = { -1, -1 }, go[2] = { -1, -1 };
 		if (own_namespace && (pipe(ready) != 0 || pipe(go) != 0)) {
-			perror("dexrun: pipe");
+			dex_error("pipe: %s", strerror(errno));
 			end_everyone(&(int){ 0 });
 			return 1;
 		}
 		pid_t pid = fork();
 		if (pid < 0) {
-			perror("dexrun: fork");
+			dex_error("fork: %s", strerror(errno));
 			end_everyone(&(int){ 0 });
 			return 1;
 		}
@@ -536,7 +542,7 @@ int main(int argc, char **argv)
 			signal(SIGTERM, SIG_DFL);
 			signal(SIGHUP, SIG_DFL);
 			if (personality(ADDR_NO_RANDOMIZE) < 0) {
-				perror("dexrun: personality");
+				dex_error("personality: %s", strerror(errno));
 				_exit(127);
 			}
 			if (nhosts && n > 0) {
@@ -549,7 +555,7 @@ int main(int argc, char **argv)
 			if (own_namespace) {
 				char c = 0;
 				if (unshare(CLONE_NEWNET) != 0) {
-					perror("dexrun: unshare(CLONE_NEWNET)");
+					dex_error("unshare(CLONE_NEWNET): %s", strerror(errno));
 					_exit(127);
 				}
 				/* wait until dexrun has plugged in the veth pair */
@@ -559,7 +565,7 @@ int main(int argc, char **argv)
 				close(go[0]);
 			}
 			execvp(argv[i], argv + i);
-			fprintf(stderr, "dexrun: cannot run %s: %s\n", argv[i], strerror(errno));
+			dex_error("cannot run %s: %s", argv[i], strerror(errno));
 			_exit(127);
 		}
 		child_fds[nchildren] = (int)syscall(SYS_pidfd_open, pid, 0);
@@ -569,7 +575,7 @@ int main(int argc, char **argv)
 			close(ready[1]);
 			close(go[0]);
 			if (read(ready[0], &c, 1) != 1 || connect_namespace(pid, n, subnet) != 0 || write(go[1], "g", 1) != 1) {
-				fprintf(stderr, "dexrun: cannot connect node %d's network namespace\n", n);
+				dex_error("cannot connect node %d's network namespace", n);
 				end_everyone(&(int){ 0 });
 				return 1;
 			}
@@ -583,13 +589,12 @@ int main(int argc, char **argv)
 	int origin_status = 0;
 	while (alive_count()) {
 		if (interrupted) {
-			fprintf(stderr, "dexrun: interrupted (signal %d); stopping all %d nodes\n", (int)interrupted,
-				nodes);
+			dex_warn("interrupted (signal %d); stopping all %d nodes", (int)interrupted, nodes);
 			end_everyone(&origin_status);
 			return 130;
 		}
 		if (deadline && now_seconds() > deadline) {
-			fprintf(stderr, "dexrun: timeout after %.0f s; stopping all nodes\n", timeout);
+			dex_error("timeout after %.0f s; stopping all nodes", timeout);
 			end_everyone(&origin_status);
 			return 124;
 		}

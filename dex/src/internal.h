@@ -6,8 +6,11 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
+#include <link.h>
+#include <ucontext.h>
 
 #include "auth.h"
+#include "log.h"
 #include "protocol.h"
 #include "rawsys.h"
 
@@ -51,7 +54,7 @@ struct dex_mailbox {
 	char *payload; /* DEX_MAX_PAYLOAD bytes of local memory */
 };
 
-/* A run of pages a thread faults through in order (prefetch, runtime.c). */
+/* A run of pages a thread faults through in order (prefetch, dsm.c). */
 struct dex_fault_stream {
 	uint32_t next_page; /* the page after the last one requested */
 	uint8_t window;     /* extra pages asked for last time */
@@ -201,33 +204,82 @@ extern struct dex_runtime dex_rt;
 extern __thread int dex_tls_runtime_thread;
 #define DEX_TRANSPORT_THREAD 2
 
-/* runtime.c */
-void dex_fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
-void dex_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* launch.c: this process's place in its run, from dexrun */
+#define DEX_LAUNCH_ORIGINS 8 /* addresses of the origin a node tries */
+#define DEX_LAUNCH_TEXT 160  /* room for them as text */
+struct dex_launch {
+	unsigned node, nodes;
+	int listen_fd; /* the origin's; -1 elsewhere */
+	unsigned port;
+	unsigned norigins;
+	uint32_t origin[DEX_LAUNCH_ORIGINS]; /* host byte order */
+};
+/* false if no launcher started this process as part of a run */
+bool dex_launch_from_env(struct dex_launch *run);
+/* dlopen of a module installed beside libdex (libdex-ucx.so) */
+void *dex_open_module(const char *file);
+
+/* startup.c: the constructor, joining the run, and the settings */
 uint64_t dex_now_ns(void);
 /* The environment variable `name` as a whole number up to `max`, or
  * `fallback` when unset; anything else stops the run naming it. */
 uint64_t dex_env_number(const char *name, uint64_t fallback, uint64_t max);
+
+/* transport_tcp.c: the TCP transport, choosing a transport, framing */
+void dex_select_transport(void);
+void dex_connect_selected_transport(void);
+/* Sends a message whose data is gathered from `ndata` buffers. */
+int dex_sendv(unsigned peer, enum dex_msg_type type, const void *fixed, size_t fixed_len,
+	      const struct iovec *data, int ndata);
 int dex_send(unsigned peer, enum dex_msg_type type, const void *fixed, size_t fixed_len, const void *data,
 	     size_t data_len);
-bool dex_in_shared(uintptr_t addr);
+/* Reads one validated message from `peer`: 1, 0 at its orderly end, or
+ * below 0 (the transport's codes); malformed input stops the run. */
+int dex_receive_message(unsigned peer, struct dex_msg_header *h, char *payload);
+struct dex_validation_limits dex_limits(void);
+
+/* thread_blocks.c: per-thread blocks, mailboxes, service threads, stats */
 struct dex_thread *dex_thread_block_alloc(enum dex_thread_role role);
 struct dex_thread *dex_thread_create_block(enum dex_thread_role role);
 void dex_thread_retire_block(struct dex_thread *t);
 struct dex_thread *dex_self(void);
+struct dex_thread *dex_self_in_handler(const ucontext_t *uc);
+char *dex_receive_buffer(void);
+bool dex_changed_while_polling(const uint32_t *word, uint32_t seen, uint64_t since_ns, uintptr_t alias);
 void dex_mail_wait(struct dex_thread *t);
 void dex_mail_post(struct dex_thread *t, const struct dex_msg_header *h, const void *payload);
-void dex_install_signal_handlers(void);
 void dex_start_service_thread(void *(*fn)(void *), void *arg);
-void dex_origin_shutdown_nodes(int status);
+void dex_note_arrival(uint64_t sent_ns);
+void dex_print_stats(void);
+
+/* dsm.c: page tables, the fault path, applying the directory's actions */
+void dex_dsm_tables_init(void);
+bool dex_in_shared(uintptr_t addr);
+int64_t dex_page_index(uintptr_t addr);
+char *dex_page_alias(uint32_t page);
+void dex_node_handle_grant(const struct dex_msg_page_grant *m);
+void dex_node_handle_prefetch(const struct dex_msg_page_prefetch *m);
+void dex_node_handle_invalidate(const struct dex_msg_invalidate *m);
+void dex_origin_handle_page_request(unsigned peer, const struct dex_msg_page_request *m);
+void dex_origin_handle_invalidate_ack(unsigned peer, const struct dex_msg_invalidate_ack *m);
+void dex_install_signal_handlers(void);
 void dex_prefault(uintptr_t addr, size_t len, bool write);
 void dex_dsm_fetch_ahead(uintptr_t addr, size_t len, bool write);
 void dex_dsm_send_migrate_home(struct dex_msg_migrate *m, uintptr_t addr, size_t len);
 void dex_dsm_accept_carried(unsigned from, const struct dex_msg_migrate *m);
-void dex_note_arrival(uint64_t sent_ns);
-void dex_print_stats(void);
 void dex_dsm_reprotect(uintptr_t page_addr);
 char *dex_dsm_alias_of(uintptr_t addr);
+
+/* receivers.c: the receive loops, the pinger, shutting a run down */
+void dex_node_receive_loop(void);
+void *dex_origin_receive_loop(void *peer);
+void *dex_origin_pinger(void *arg);
+void dex_set_receive_timeout(int fd);
+void dex_origin_shutdown_nodes(int status);
+
+/* regions.c: the shared regions and libdex's own code */
+void dex_setup_regions(void);
+int dex_find_own_text(struct dl_phdr_info *info, size_t size, void *arg);
 
 /* migrate.c */
 int dex_context_save(struct dex_context *c) __attribute__((returns_twice));

@@ -1,7 +1,7 @@
 /* Pure DEX protocol logic: no system calls, no global state, no allocation.
  *
  * Three parts live here so they can be unit- and property-tested in isolation
- * (tests/test_protocol.c) while the runtime (runtime.c) only moves bytes and
+ * (tests/test_protocol.c) while the runtime (dsm.c, receivers.c) only moves bytes and
  * changes page protections:
  *   1. the home directory at the origin (multi-reader / single-writer pages),
  *   2. the per-node fault bookkeeping (leader/follower coalescing),

@@ -9,6 +9,7 @@
 #define DEX_RAWSYS_H
 
 #include <linux/futex.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/syscall.h>
 

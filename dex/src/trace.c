@@ -90,7 +90,7 @@ void dex_trace_flush(void)
 	dl_iterate_phdr(executable_base, &base);
 	FILE *f = fopen(path, "w");
 	if (!f) {
-		dex_log("cannot write trace %s", path);
+		dex_warn("cannot write trace %s", path);
 		return;
 	}
 	uint64_t taken = __atomic_load_n(&cursor, __ATOMIC_ACQUIRE);

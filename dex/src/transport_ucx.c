@@ -99,7 +99,7 @@ static bool deliver_received(void)
 		if (from >= DEX_MAX_NODES || !dex_queue_is_peer(from) || tag != ucx.tag_in[from]) {
 			/* a stranger's message is dropped, and the run goes on */
 			if (ucx.rejected++ < 8)
-				dex_log("UCX transport: dropped a message tagged %#llx, not from a node of this run",
+				dex_warn("UCX transport: dropped a message tagged %#llx, not from a node of this run",
 					(unsigned long long)tag);
 			post_receive();
 			continue;
@@ -321,7 +321,7 @@ static int connect_endpoint(unsigned peer, void *address)
 				   .address = address };
 	ucs_status_t st = ucp_ep_create(ucx.worker, &params, &ucx.endpoints[peer]);
 	if (st != UCS_OK) {
-		dex_log("UCX endpoint to node %u: %s", peer, ucs_status_string(st));
+		dex_error("UCX endpoint to node %u: %s", peer, ucs_status_string(st));
 		return -1;
 	}
 	return 0;
@@ -406,7 +406,7 @@ static int warm_up_paths(void)
 	}
 	free(buffer);
 	if (!ok)
-		dex_log("UCX: the start-up exchange with the other nodes did not complete");
+		dex_error("UCX: the start-up exchange with the other nodes did not complete");
 	return ok ? 0 : -1;
 }
 
@@ -429,7 +429,7 @@ static int ucx_connect(void)
 			continue;
 		void *theirs = read_blob(dex_rt.peers[p].fd);
 		if (!theirs) {
-			dex_log("no UCX address from node %u", p);
+			dex_error("no UCX address from node %u", p);
 			return -1;
 		}
 		if (connect_endpoint(p, theirs) != 0)
@@ -482,14 +482,14 @@ const struct dex_transport *dex_ucx_transport_open(void)
 	ucs_status_t st = ucp_init(&params, config, &ucx.context);
 	ucp_config_release(config);
 	if (st != UCS_OK) {
-		dex_log("ucp_init: %s", ucs_status_string(st));
+		dex_error("ucp_init: %s", ucs_status_string(st));
 		return NULL;
 	}
 	ucp_worker_params_t wparams = { .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
 					.thread_mode = UCS_THREAD_MODE_SERIALIZED };
 	st = ucp_worker_create(ucx.context, &wparams, &ucx.worker);
 	if (st != UCS_OK) {
-		dex_log("ucp_worker_create: %s", ucs_status_string(st));
+		dex_error("ucp_worker_create: %s", ucs_status_string(st));
 		return NULL;
 	}
 	if (ucp_worker_get_efd(ucx.worker, &ucx.worker_fd) != UCS_OK)

@@ -11,7 +11,7 @@
  * checked with the origin before it counts as a real SIGSEGV.
  *
  * Page protections stay the DSM's job; they are capped by the page's rights
- * wherever the DSM sets them (runtime.c protect_page). */
+ * wherever the DSM sets them (dsm.c protect_page). */
 #include "internal.h"
 
 #include <errno.h>
