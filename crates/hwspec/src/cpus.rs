@@ -73,6 +73,7 @@ pub fn parse_cpu_list(text: &str) -> Result<Vec<usize>, CpuListError> {
             Err(_) => Err(refuse(CpuListProblem::TooLarge(usize::MAX))),
         }
     };
+    // One bit per possible CPU (1 KiB): repeats are found without sorting or allocating.
     let mut seen = [0u64; (MAX_CPU + 1) / 64];
     let mut cpus = Vec::new();
     for item in trimmed.split(',') {
@@ -81,7 +82,10 @@ pub fn parse_cpu_list(text: &str) -> Result<Vec<usize>, CpuListError> {
         }
         let (first, last) = match item.split_once('-') {
             Some((first, last)) => (number(first, item)?, number(last, item)?),
-            None => (number(item, item)?, number(item, item)?),
+            None => {
+                let cpu = number(item, item)?;
+                (cpu, cpu)
+            }
         };
         if first > last {
             return Err(refuse(CpuListProblem::Descending { first, last }));
