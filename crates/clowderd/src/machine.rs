@@ -12,7 +12,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use clowder_api::vmm::{AddRegion, ChannelReply, MemoryReply, Region, VmmRequest};
 use vmm::control::ControlClient;
 use vmm::memory::POPULATE_PROGRESS;
 pub use vmm::RegionAccess;
@@ -249,64 +249,40 @@ pub fn start_vmm(mut command: Command, control_path: PathBuf, log: Arc<LogBook>)
     Ok(Box::new(VmmMachine { child, control, control_path, ended: None }))
 }
 
-fn control_error(reply: &Value) -> Option<String> {
-    (reply["ok"] != json!(true)).then(|| reply["error"].as_str().unwrap_or("control socket error").to_string())
-}
-
-fn field(reply: &Value, key: &str) -> Result<u64, String> {
-    reply[key].as_u64().ok_or_else(|| format!("control reply lacks `{key}`: {reply}"))
-}
-
-impl VmmMachine {
-    fn call(&mut self, request: Value, fds: &[std::os::fd::RawFd]) -> Result<(Value, Vec<File>), String> {
-        let (reply, files) = self.control.call(&request, fds).map_err(|e| format!("control socket: {e}"))?;
-        match control_error(&reply) {
-            Some(error) => Err(error),
-            None => Ok((reply, files)),
-        }
-    }
-}
-
 impl Machine for VmmMachine {
     fn pid(&self) -> Option<u32> {
         Some(self.child.id())
     }
 
     fn channel(&mut self) -> Result<ChannelParts, String> {
-        let (memory, _) = self.call(json!({"op": "memory"}), &[])?;
-        let ram = memory["ranges"]
-            .as_array()
-            .ok_or("control reply lacks RAM ranges")?
-            .iter()
-            .map(|r| Ok(RamRange { gpa: field(r, "gpa")?, size: field(r, "size")?, file_offset: field(r, "file_offset")? }))
-            .collect::<Result<Vec<_>, String>>()?;
-        let (channel, files) = self.call(json!({"op": "channel"}), &[])?;
+        let (memory, _): (MemoryReply, _) = self.control.request(&VmmRequest::Memory, &[])?;
+        let ram = memory.ranges.iter().map(|r| RamRange { gpa: r.gpa, size: r.size, file_offset: r.file_offset }).collect();
+        let (channel, files): (ChannelReply, _) = self.control.request(&VmmRequest::Channel, &[])?;
         let [memfd, doorbell, interrupt]: [File; 3] =
             files.try_into().map_err(|_| "the channel reply did not carry three descriptors".to_string())?;
         Ok(ChannelParts {
             memfd,
             ram,
-            channel_gpa: field(&channel, "gpa")?,
-            channel_size: field(&channel, "size")?,
-            channel_offset: field(&channel, "memfd_offset")?,
+            channel_gpa: channel.gpa,
+            channel_size: channel.size,
+            channel_offset: channel.memfd_offset,
             doorbell,
             interrupt,
         })
     }
 
     fn add_region(&mut self, file: &File, len: u64) -> Result<SharedRegion, String> {
-        let (reply, _) = self.call(json!({"op": "add_region", "offset": 0, "len": len}), &[file.as_raw_fd()])?;
-        Ok(SharedRegion { slot: field(&reply, "slot")? as u32, gpa: field(&reply, "gpa")? })
+        self.add_region_range(file, 0, len, RegionAccess::ReadWrite)
     }
 
     fn add_region_range(&mut self, file: &File, offset: u64, len: u64, access: RegionAccess) -> Result<SharedRegion, String> {
-        let read_only = access == RegionAccess::ReadOnly;
-        let (reply, _) = self.call(json!({"op": "add_region", "offset": offset, "len": len, "read_only": read_only}), &[file.as_raw_fd()])?;
-        Ok(SharedRegion { slot: field(&reply, "slot")? as u32, gpa: field(&reply, "gpa")? })
+        let request = VmmRequest::AddRegion(AddRegion { offset, len, gpa: None, read_only: access == RegionAccess::ReadOnly });
+        let (region, _): (Region, _) = self.control.request(&request, &[file.as_raw_fd()])?;
+        Ok(SharedRegion { slot: region.slot, gpa: region.gpa })
     }
 
     fn remove_region(&mut self, slot: u32) -> Result<(), String> {
-        self.call(json!({"op": "remove_region", "slot": slot}), &[]).map(drop)
+        self.control.request::<Region>(&VmmRequest::RemoveRegion { slot }, &[]).map(drop)
     }
 
     fn ended(&mut self) -> Option<String> {

@@ -15,7 +15,8 @@ use clowder_api::codec::{Limits, LineSocket, ReceiveError};
 use clowder_api::vmm::{
     AddRegion, ChannelReply, Done, MemoryReply, ProfileReply, RamRange, Region, StatsReply, TranslateReply, VmmRequest, LIMITS,
 };
-use clowder_api::{ok_reply, ApiError, ErrorKind};
+use clowder_api::{ok_reply, parse_reply, ApiError, ErrorKind};
+use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -177,5 +178,12 @@ impl ControlClient {
             Err(ReceiveError::Io(e)) => Err(e),
             Err(e) => Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())),
         }
+    }
+
+    /// Sends a typed request and returns its typed reply and the descriptors it carried; an
+    /// error reply becomes its sentence.
+    pub fn request<R: DeserializeOwned>(&mut self, request: &VmmRequest, fds: &[RawFd]) -> Result<(R, Vec<File>), String> {
+        let (reply, files) = self.call(request, fds).map_err(|e| format!("control socket: {e}"))?;
+        parse_reply(reply).map(|reply| (reply, files)).map_err(|e| e.message)
     }
 }
