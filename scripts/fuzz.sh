@@ -133,7 +133,7 @@ for target in "${chosen[@]}"; do
             echo "fuzz: $target: a regression input fails again"
             # libFuzzer names each input as it runs it: the last one named failed.
             report_crash "$target" "$binary" "$log" "$regressions" "$(sed -n 's/^Running: //p' "$log" | tail -1)"
-            failed+=("$target"); summary+=("| $target | | | | | regression FAILED |")
+            failed+=("$target"); summary+=("| $target | | | | | | regression FAILED |")
             continue
         fi
     fi
