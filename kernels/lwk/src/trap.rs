@@ -87,12 +87,15 @@ fn handle_stub_trap(frame: &mut TrapFrame) {
     }
     const PRESENT: u64 = 1;
     let address = cpu::read_cr2();
-    // Only an area the kernel asked this stub to use, and only where nothing is mapped.
+    // Only an area the kernel asked this stub to use, or the stub page the job unmapped, and
+    // only where nothing is mapped.
     if frame.vector == 14 && frame.error_code & PRESENT == 0 {
-        if let Some(slot) = fpu::area_slot_of(cpu, address) {
-            if job::map_save_area(slot) {
-                return;
-            }
+        let mapped = match fpu::area_slot_of(cpu, address) {
+            Some(slot) => job::map_save_area(slot),
+            None => address >> 12 == fpu::STUB_PAGE >> 12 && job::map_xstate_stub_page_again(),
+        };
+        if mapped {
+            return;
         }
     }
     fpu::abandon_stub(frame)

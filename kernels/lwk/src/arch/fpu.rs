@@ -562,7 +562,7 @@ fn restore_in_ring3(user_address: u64, whole: bool, requested: u64) -> Result<()
     let cpu = tables::current_cpu();
     let (stub, len, alignment) = if whole { (STUB_FROM_SIGNAL_FRAME, AREA_SIZE.load(Ordering::Relaxed), 64) } else { (STUB_FROM_LEGACY_FRAME, LEGACY_SIZE, 16) };
     let (mut source, mut own_area) = (user_address, None);
-    if user_address % alignment != 0 {
+    if !user_address.is_multiple_of(alignment) {
         let slot = LIVE[cpu].load(Ordering::Relaxed).checked_sub(1).ok_or(BadFpstate)?;
         copy_from_user(&mut area_bytes(slot)[..len], user_address)?;
         (source, own_area) = (user_area(slot), Some(slot));

@@ -354,10 +354,18 @@ pub fn map_xstate_stub_page_into(aspace: &mut AddressSpace) -> Result<(), crate:
 /// loaded (the stub's), nor without memory for a page table.
 pub fn map_save_area(slot: usize) -> bool {
     let (physical, address) = crate::arch::fpu::area_mapping(slot);
-    with_process(|process| {
-        process.memory.aspace.handle().1 == crate::arch::cpu::read_cr3() & !0xfff
-            && process.memory.aspace.map(address, physical, PAGE_SIZE, READ_WRITE).is_ok()
-    })
+    with_loaded_process_memory(|aspace| aspace.map(address, physical, PAGE_SIZE, READ_WRITE).is_ok())
+}
+
+/// Maps the ring-3 XSAVE stub page into the running process again (it unmapped it, which only
+/// `munmap` can do); whether it is mapped now, as `map_save_area`.
+pub fn map_xstate_stub_page_again() -> bool {
+    with_loaded_process_memory(|aspace| map_xstate_stub_page_into(aspace).is_ok())
+}
+
+/// `change` on the running process's address space, if it is the one loaded.
+fn with_loaded_process_memory(change: impl FnOnce(&mut AddressSpace) -> bool) -> bool {
+    with_process(|process| process.memory.aspace.handle().1 == crate::arch::cpu::read_cr3() & !0xfff && change(&mut process.memory.aspace))
 }
 
 pub fn is_verbose() -> bool {

@@ -1,15 +1,18 @@
 /* The ring-3 XSAVE stub page (lwk.fpu=ring3) belongs to the kernel although user code can
    execute it: a process that jumps to a stub's ud2 gets SIGILL, one that runs the save stub
    on another thread slot's save-area address gets SIGSEGV (nothing is mapped there for it),
-   and reading that address faults too; the kernel carries on. Addresses: arch/fpu.rs
-   (STUB_PAGE, USER_AREAS + slot * 4 KiB). */
+   and reading that address faults too; one that unmaps the stub page and every save area
+   still takes a signal and forks (the kernel maps them again); the kernel carries on.
+   Addresses: arch/fpu.rs (STUB_PAGE, USER_AREAS + slot * 4 KiB). */
 #include <signal.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #define STUB_PAGE 0x7ffffff00000UL
-#define OTHER_SLOTS_AREA (0x7fffffe00000UL + 200 * 4096)
+#define USER_AREAS 0x7fffffe00000UL
+#define OTHER_SLOTS_AREA (USER_AREAS + 200 * 4096)
 
 static void in_child(const char *what, void (*action)(void)) {
     fflush(stdout);
@@ -39,9 +42,31 @@ static void read_elsewhere(void) {
     printf("%lx\n", *(volatile unsigned long *)OTHER_SLOTS_AREA);
 }
 
+static volatile int handled;
+
+static void on_usr1(int sig) {
+    (void)sig;
+    handled = 1;
+}
+
+static void exit_status(void) {
+    _exit(0);
+}
+
+static void unmap_all(void) {
+    munmap((void *)STUB_PAGE, 4096);
+    munmap((void *)USER_AREAS, 256 * 4096);
+    signal(SIGUSR1, on_usr1);
+    raise(SIGUSR1);
+    printf("handler ran %d\n", handled);
+    in_child("its child", exit_status);
+    fflush(stdout);
+}
+
 int main(void) {
     in_child("ud2 of the stub page", jump_to_ud2);
     in_child("save stub on another slot's area", save_elsewhere);
     in_child("read of another slot's area", read_elsewhere);
+    in_child("after unmapping the stub page and the save areas", unmap_all);
     return 0;
 }
