@@ -75,8 +75,9 @@ impl Client {
         self.call_streaming(request, &[], &mut |_| {})
     }
 
-    /// Sends a typed request and returns its typed reply; events go to `on_event` typed, and
-    /// `on_raw` sees every line (events, then the reply) as it came.
+    /// Sends a typed request and returns its typed reply; events go to `on_event` typed (an
+    /// event this client does not know, from a newer daemon, is skipped), and `on_raw` sees
+    /// every line (events, then the reply) as it came.
     pub fn request_streaming<R: DeserializeOwned>(
         &mut self,
         request: &Request,
@@ -84,20 +85,15 @@ impl Client {
         on_event: &mut dyn FnMut(JobEvent),
         on_raw: &mut dyn FnMut(&Value),
     ) -> Result<R, CallError> {
-        let mut bad_event = None;
         let reply = self
             .call_streaming(request, fds, &mut |value| {
                 on_raw(value);
-                match serde_json::from_value::<JobEvent>(value.clone()) {
-                    Ok(event) => on_event(event),
-                    Err(e) => bad_event = Some(format!("clowderd sent an event this client does not know ({e}): {value}")),
+                if let Ok(event) = serde_json::from_value::<JobEvent>(value.clone()) {
+                    on_event(event);
                 }
             })
             .map_err(CallError::Transport)?;
         on_raw(&reply);
-        if let Some(problem) = bad_event {
-            return Err(CallError::Transport(problem));
-        }
         parse_reply(reply).map_err(CallError::Api)
     }
 

@@ -85,7 +85,7 @@ pub fn ok_reply(body: &impl Serialize) -> Value {
     match serde_json::to_value(body) {
         Ok(Value::Object(fields)) => reply.extend(fields),
         Ok(Value::Null) => {}
-        Ok(other) => unreachable!("reply bodies are structs, not {other}"),
+        Ok(other) => return ApiError::new(ErrorKind::Internal, format!("a reply body is an object, not {other}")).reply(),
         Err(e) => return ApiError::new(ErrorKind::Internal, format!("encoding the reply: {e}")).reply(),
     }
     Value::Object(reply)
@@ -96,11 +96,11 @@ pub fn parse_reply<T: DeserializeOwned>(reply: Value) -> Result<T, ApiError> {
     match reply.get("ok") {
         Some(Value::Bool(true)) => serde_json::from_value(reply)
             .map_err(|e| ApiError::new(ErrorKind::Internal, format!("the server's reply does not match the API: {e}"))),
-        Some(Value::Bool(false)) => Ok(Err(serde_json::from_value::<ApiError>(reply.clone()).unwrap_or_else(|_| {
-            // An error without a kind (or a server older than kinds) is still an error.
+        Some(Value::Bool(false)) => Err(serde_json::from_value::<ApiError>(reply.clone()).unwrap_or_else(|_| {
+            // An error without a known kind (a newer or an older server) is still an error.
             let message = reply.get("error").and_then(Value::as_str).unwrap_or("the server gave no reason");
             ApiError::new(ErrorKind::Failed, message)
-        })))?,
+        })),
         _ => Err(ApiError::new(ErrorKind::Internal, format!("the server's reply has no `ok`: {reply}"))),
     }
 }
@@ -141,4 +141,31 @@ struct NoFields {}
 /// Parses an operation that takes no fields, refusing any.
 fn no_fields(op: &str, rest: Value) -> Result<(), ApiError> {
     fields::<NoFields>(op, rest).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn replies_read_back_as_bodies_or_errors_with_their_kind() {
+        #[derive(Debug, PartialEq, Serialize, Deserialize)]
+        struct Body {
+            removed: String,
+        }
+        let ok = ok_reply(&Body { removed: "sim".into() });
+        assert_eq!(ok, json!({"ok": true, "removed": "sim"}));
+        assert_eq!(parse_reply::<Body>(ok), Ok(Body { removed: "sim".into() }));
+        let error = ApiError::new(ErrorKind::NotFound, "no enclave named sim");
+        assert_eq!(error.reply(), json!({"ok": false, "kind": "not_found", "error": "no enclave named sim"}));
+        assert_eq!(parse_reply::<Body>(error.reply()), Err(error));
+        // A kind this client does not know (a newer server's) is still an error, with its words.
+        let newer = parse_reply::<Body>(json!({"ok": false, "kind": "quota_exceeded", "error": "over quota"})).unwrap_err();
+        assert_eq!((newer.kind, newer.message.as_str()), (ErrorKind::Failed, "over quota"));
+        let garbled = parse_reply::<Body>(json!({"removed": "sim"})).unwrap_err();
+        assert_eq!(garbled.kind, ErrorKind::Internal);
+        let mismatched = parse_reply::<Body>(json!({"ok": true, "gone": 1})).unwrap_err();
+        assert!(mismatched.message.contains("does not match the API"), "{mismatched}");
+    }
 }

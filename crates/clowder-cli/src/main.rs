@@ -5,7 +5,7 @@ mod run;
 
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use clowder_api::client::{CallError, Client};
 use clowder_api::daemon::{
     Cores, Create, CreateReply, EnclaveInfo, EnclaveKind, LogsReply, LsReply, Named, Request, RmReply, Size, VersionReply,
@@ -103,14 +103,20 @@ fn parse_count(value: &str) -> Result<Cores, String> {
     }
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum Kind {
+    /// The lightweight kernel
+    Lwk,
+}
+
 #[derive(Args)]
 struct CreateArgs {
     /// The enclave's name: 1-32 letters, digits, '-' or '_'
     #[arg(long)]
     name: String,
     /// The kind of enclave
-    #[arg(long, default_value = "lwk", value_parser = ["lwk"])]
-    kind: String,
+    #[arg(long, value_enum, default_value_t = Kind::Lwk)]
+    kind: Kind,
     #[command(flatten)]
     cores: CoreArgs,
     /// Its memory, e.g. 512M, 1G, 1GiB
@@ -245,10 +251,11 @@ fn call<R: DeserializeOwned>(request: &Request, json_output: bool) -> Result<R, 
 fn enclave_command(command: EnclaveCommand, json: bool) -> Result<(), Failure> {
     match command {
         EnclaveCommand::Create(args) => {
-            debug_assert_eq!(args.kind, "lwk", "clap accepts only the known kinds");
             let request = Request::Create(Create {
                 name: args.name,
-                kind: EnclaveKind::Lwk,
+                kind: match args.kind {
+                    Kind::Lwk => EnclaveKind::Lwk,
+                },
                 cores: args.cores.cores(),
                 mem: size(args.mem),
                 hugepages: args.hugepages,
