@@ -25,5 +25,6 @@ pub mod oneshot;
 pub mod owner;
 pub mod peer;
 pub mod server;
-pub mod sys;
+/// The system-call layer (rustix), shared with the XEMEM broker.
+pub use clowder_sys as sys;
 pub mod xemem;

@@ -7,7 +7,6 @@
 //! [`Receiver`] consumes guest→host.
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -168,7 +167,7 @@ fn sleep(endpoint: &mut Endpoint, doorbell: &File, timeout: Duration) -> Result<
     let pending = endpoint.has_message().map_err(|e| format!("channel corrupted by the enclave: {e}"));
     let woken = match pending {
         Ok(true) => Ok(true),
-        Ok(false) => sys::wait_readable(doorbell.as_raw_fd(), timeout).map_err(|e| format!("doorbell: {e}")),
+        Ok(false) => sys::wait_readable(doorbell, timeout).map_err(|e| format!("doorbell: {e}")),
         Err(e) => Err(e),
     };
     endpoint.set_waiting(false);

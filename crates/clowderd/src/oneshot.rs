@@ -148,7 +148,7 @@ impl OneShot {
                 // The serial device writes a byte at a time: gather what follows within a few
                 // milliseconds so a line becomes one event, without holding output back longer.
                 batch.extend_from_slice(&buffer[..count]);
-                while batch.len() < OUTPUT_BATCH && sys::wait_readable(stdout.as_raw_fd(), BATCH_WAIT).unwrap_or(false) {
+                while batch.len() < OUTPUT_BATCH && sys::wait_readable(&stdout, BATCH_WAIT).unwrap_or(false) {
                     match stdout.read(&mut buffer) {
                         Ok(0) | Err(_) => break,
                         Ok(count) => batch.extend_from_slice(&buffer[..count]),

@@ -7,7 +7,7 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -443,7 +443,7 @@ impl FakePeer {
         // The daemon-link socket is bound just after the API socket answers.
         let deadline = Instant::now() + Duration::from_secs(5);
         let socket = loop {
-            match xemem_host::sys::connect(&a.dir.join("xemem-peer.sock")) {
+            match clowderd::sys::connect(&a.dir.join("xemem-peer.sock")) {
                 Ok(socket) => break socket,
                 Err(e) => assert!(Instant::now() < deadline, "linking to A: {e}"),
             }
@@ -460,13 +460,13 @@ impl FakePeer {
         peer
     }
 
-    fn send(&self, message: &Message, fds: &[&dyn AsRawFd]) {
+    fn send(&self, message: &Message, fds: &[&dyn AsFd]) {
         self.send_bytes(&message.to_bytes().unwrap(), fds);
     }
 
-    fn send_bytes(&self, bytes: &[u8], fds: &[&dyn AsRawFd]) {
-        let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
-        xemem_host::sys::send(&self.socket, bytes, &raw).unwrap();
+    fn send_bytes(&self, bytes: &[u8], fds: &[&dyn AsFd]) {
+        let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+        clowderd::sys::send(&self.socket, bytes, &borrowed).unwrap();
     }
 
     /// The name server's next `Serve` for a request it has not sent before (retries of an
@@ -486,16 +486,16 @@ impl FakePeer {
     /// Plays the name server's daemon for a sub-manager that links to `listener`: answers its
     /// discovery and gives it enclave id `id`.
     fn upstream_of(listener: &OwnedFd, id: u32) -> FakePeer {
-        assert!(clowderd::sys::wait_readable(listener.as_raw_fd(), Duration::from_secs(15)).unwrap(), "the sub-manager did not link");
-        let peer = FakePeer { socket: xemem_host::sys::accept(listener).unwrap(), id };
+        assert!(clowderd::sys::wait_readable(listener, Duration::from_secs(15)).unwrap(), "the sub-manager did not link");
+        let peer = FakePeer { socket: clowderd::sys::accept(listener).unwrap(), id };
         let mut buffer = vec![0u8; 70000];
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             assert!(Instant::now() < deadline, "no discovery from the sub-manager");
-            if !clowderd::sys::wait_readable(peer.socket.as_raw_fd(), Duration::from_millis(100)).unwrap() {
+            if !clowderd::sys::wait_readable(&peer.socket, Duration::from_millis(100)).unwrap() {
                 continue;
             }
-            let (length, _) = xemem_host::sys::receive(&peer.socket, &mut buffer).unwrap();
+            let (length, _) = clowderd::sys::receive(&peer.socket, &mut buffer).unwrap();
             match Message::decode(&buffer[..length]).map(|m| m.body) {
                 Ok(Body::PingNameServer) => peer.send(&Message::new(0, 0, 0, Body::PongNameServer), &[]),
                 Ok(Body::EnclaveIdRequest { token }) => {
@@ -512,10 +512,10 @@ impl FakePeer {
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut buffer = vec![0u8; 70000];
         while Instant::now() < deadline {
-            if !clowderd::sys::wait_readable(self.socket.as_raw_fd(), Duration::from_millis(100)).unwrap() {
+            if !clowderd::sys::wait_readable(&self.socket, Duration::from_millis(100)).unwrap() {
                 continue;
             }
-            let (length, _fds) = xemem_host::sys::receive(&self.socket, &mut buffer).unwrap();
+            let (length, _fds) = clowderd::sys::receive(&self.socket, &mut buffer).unwrap();
             assert!(length > 0, "A closed the link");
             let message = Message::decode(&buffer[..length]).unwrap();
             if !matches!(message.body, Body::PingNameServer) {
@@ -594,7 +594,7 @@ fn a_malformed_peer_gets_errors_and_the_daemon_keeps_serving() {
     }
     let (socket_a, _socket_b) = std::os::unix::net::UnixStream::pair().unwrap();
     let small = memfd(4);
-    type Bogus<'a> = (&'a str, Vec<FrameRun>, Vec<&'a dyn AsRawFd>);
+    type Bogus<'a> = (&'a str, Vec<FrameRun>, Vec<&'a dyn AsFd>);
     let run = |index: u64, page: u64, frames: u64| FrameRun { first: Some(index << clowderd::xemem::peer::FD_SHIFT | page), frames };
     let bogus: Vec<Bogus> = vec![
         ("a socket for memory", vec![run(0, 0, 16)], vec![&socket_a]),
@@ -655,7 +655,7 @@ fn a_sub_manager_survives_a_malformed_upstream_and_links_again() {
     std::fs::create_dir_all(dir.0.join("fake")).unwrap();
     std::fs::create_dir_all(dir.0.join("b")).unwrap();
     let path = dir.0.join("fake/xemem-peer.sock");
-    let listener = xemem_host::sys::listen(&path).unwrap();
+    let listener = clowderd::sys::listen(&path).unwrap();
     let b = Daemon::start_with(&dir.0.join("b"), None, &["--kernel", env!("CARGO_BIN_EXE_clowderd"), "--xemem-upstream", path.to_str().unwrap()]);
     let up = FakePeer::upstream_of(&listener, 7);
     assert!(b.wait_for_log("the name server gave this daemon enclave id 7", Duration::from_secs(5)).is_some(), "{}", b.log());

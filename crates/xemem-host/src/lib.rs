@@ -36,18 +36,18 @@
 //! ([`Broker::share_names`]): a name is held once, by host process or enclave.
 
 mod names;
-pub mod sys;
 pub mod wire;
 
 pub use names::SharedNames;
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
+use clowder_sys as sys;
 use wire::{Answer, Request, Run};
 use xemem::ids::{IdCounter, MAX_LOCAL_ID, MAX_NAME_SERVER_LOCAL};
 use xemem::nameserver::Listing;
@@ -331,8 +331,8 @@ impl Broker {
                 break;
             }
             let (answer, fds) = self.handle(&peer, &request);
-            let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
-            if sys::send(&connection, &answer.encode(), &raw).is_err() {
+            let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+            if sys::send(&connection, &answer.encode(), &borrowed).is_err() {
                 break;
             }
         }
@@ -873,7 +873,7 @@ fn ask_owner_within(server: &Server, request: &Request, patience: Duration) -> R
     let (answer, fds) = ANSWER_BUFFER.with_borrow_mut(|buffer| loop {
         if let Some(deadline) = deadline {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if !sys::wait_readable(&connection, left).map_err(|_| Error::Malformed)? {
+            if !sys::wait_readable(&*connection, left).map_err(|_| Error::Malformed)? {
                 return Err(Error::Unreachable);
             }
         }

@@ -30,7 +30,7 @@ fn main() {
         let _ = std::fs::create_dir_all(parent);
     }
     // Every owner's converted memfds are held until it goes: allow as many as the system does.
-    xemem_host::sys::raise_descriptor_limit();
+    clowder_sys::raise_descriptor_limit();
     let broker = xemem_host::Broker::new();
     if let Err(error) = broker.listen_and_serve(&path) {
         eprintln!("xemem-broker: {}: {error}", path.display());

@@ -3,24 +3,23 @@
 //! the attacher with its descriptor; converted memfds are truncated when their owner goes,
 //! the application's own are not.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use xemem_host::sys;
+use clowder_sys as sys;
 use xemem_host::wire::{self, Answer, Request, Run};
 use xemem_host::Broker;
 
 fn memfd(len: u64) -> OwnedFd {
-    // SAFETY: memfd_create with a NUL-terminated name; the descriptor is owned from here on.
-    let fd = unsafe { libc::memfd_create(c"test".as_ptr(), libc::MFD_CLOEXEC) };
-    assert!(fd >= 0);
-    // SAFETY: fd is a fresh descriptor.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: ftruncate on an owned descriptor.
-    assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) }, 0);
-    fd
+    let file = sys::memfd("test").unwrap();
+    file.set_len(len).unwrap();
+    file.into()
+}
+
+fn borrow(fds: &[OwnedFd]) -> Vec<BorrowedFd<'_>> {
+    fds.iter().map(|fd| fd.as_fd()).collect()
 }
 
 fn call(connection: &OwnedFd, request: &Request) -> (Answer, Vec<OwnedFd>) {
@@ -32,10 +31,10 @@ fn call(connection: &OwnedFd, request: &Request) -> (Answer, Vec<OwnedFd>) {
 
 /// What the scripted owner answers to the next FETCH.
 enum Script {
-    Answer(Answer, Vec<RawFd>),
+    Answer(Answer, Vec<OwnedFd>),
     Silence,
     /// Answers after the broker has given up on the request.
-    Late(Answer, Vec<RawFd>),
+    Late(Answer, Vec<OwnedFd>),
 }
 
 struct Harness {
@@ -75,11 +74,11 @@ fn harness(name: &str) -> Harness {
                 answer.encode()
             };
             match scripts.recv() {
-                Ok(Script::Answer(answer, fds)) => sys::send(&serving, &echo(answer), &fds).unwrap(),
+                Ok(Script::Answer(answer, fds)) => sys::send(&serving, &echo(answer), &borrow(&fds)).unwrap(),
                 Ok(Script::Silence) => {}
                 Ok(Script::Late(answer, fds)) => {
                     std::thread::sleep(Duration::from_millis(1500));
-                    sys::send(&serving, &echo(answer), &fds).unwrap();
+                    sys::send(&serving, &echo(answer), &borrow(&fds)).unwrap();
                 }
                 Err(_) => break,
             }
@@ -110,12 +109,12 @@ fn dishonest_owner_answers_fail_the_attach_and_the_broker_survives() {
     let other_socket = sys::connect(&h.socket).unwrap();
     let attach = Request::new(wire::OP_ATTACH, &[h.apid, 0, 4 * 4096]);
     let bad_answers: Vec<(&str, Script)> = vec![
-        ("runs short of the size", Script::Answer(fetch_answer(vec![run(0, 0, 0, 3 * 4096)]), vec![good.as_raw_fd()])),
-        ("runs beyond the size", Script::Answer(fetch_answer(vec![run(0, 0, 0, 5 * 4096)]), vec![good.as_raw_fd()])),
-        ("run beyond its file", Script::Answer(fetch_answer(vec![run(0, 0, 4096, 4 * 4096)]), vec![good.as_raw_fd()])),
-        ("descriptor index beyond those sent", Script::Answer(fetch_answer(vec![run(1, 0, 0, 4 * 4096)]), vec![good.as_raw_fd()])),
-        ("a socket instead of a file", Script::Answer(fetch_answer(vec![run(0, 0, 0, 4 * 4096)]), vec![other_socket.as_raw_fd()])),
-        ("an unaligned run", Script::Answer(fetch_answer(vec![run(0, 0, 0, 100), run(wire::HOLE, 0, 0, 4 * 4096 - 100)]), vec![good.as_raw_fd()])),
+        ("runs short of the size", Script::Answer(fetch_answer(vec![run(0, 0, 0, 3 * 4096)]), vec![good.try_clone().unwrap()])),
+        ("runs beyond the size", Script::Answer(fetch_answer(vec![run(0, 0, 0, 5 * 4096)]), vec![good.try_clone().unwrap()])),
+        ("run beyond its file", Script::Answer(fetch_answer(vec![run(0, 0, 4096, 4 * 4096)]), vec![good.try_clone().unwrap()])),
+        ("descriptor index beyond those sent", Script::Answer(fetch_answer(vec![run(1, 0, 0, 4 * 4096)]), vec![good.try_clone().unwrap()])),
+        ("a socket instead of a file", Script::Answer(fetch_answer(vec![run(0, 0, 0, 4 * 4096)]), vec![other_socket.try_clone().unwrap()])),
+        ("an unaligned run", Script::Answer(fetch_answer(vec![run(0, 0, 0, 100), run(wire::HOLE, 0, 0, 4 * 4096 - 100)]), vec![good.try_clone().unwrap()])),
         ("an answer to another op", Script::Answer(Answer::ok(wire::OP_NOTIFY, &[]), vec![])),
         ("no answer at all", Script::Silence),
     ];
@@ -127,7 +126,7 @@ fn dishonest_owner_answers_fail_the_attach_and_the_broker_survives() {
     }
     // A late answer (a plausible one, for another memfd) must not answer the next attach.
     let decoy = memfd(4 * 4096);
-    h.script.send(Script::Late(fetch_answer(vec![run(0, 0, 0, 4 * 4096)]), vec![decoy.as_raw_fd()])).unwrap();
+    h.script.send(Script::Late(fetch_answer(vec![run(0, 0, 0, 4 * 4096)]), vec![decoy.try_clone().unwrap()])).unwrap();
     let (answer, _) = call(&h.attacher, &attach);
     assert_ne!(answer.errno, 0, "timed out");
     std::thread::sleep(Duration::from_millis(800)); // the late answer is now waiting in the socket
@@ -135,7 +134,7 @@ fn dishonest_owner_answers_fail_the_attach_and_the_broker_survives() {
     h.script
         .send(Script::Answer(
             fetch_answer(vec![run(0, wire::RUN_REVOCABLE, 0, 3 * 4096), run(wire::HOLE, 0, 0, 4096)]),
-            vec![good.as_raw_fd()],
+            vec![good.try_clone().unwrap()],
         ))
         .unwrap();
     let (answer, fds) = call(&h.attacher, &attach);
@@ -156,7 +155,7 @@ fn converted_memfds_are_truncated_when_the_owner_goes_and_application_memfds_are
     h.script
         .send(Script::Answer(
             fetch_answer(vec![run(0, wire::RUN_REVOCABLE, 0, 2 * 4096), run(1, 0, 0, 2 * 4096)]),
-            vec![converted.as_raw_fd(), application.as_raw_fd()],
+            vec![converted.try_clone().unwrap(), application.try_clone().unwrap()],
         ))
         .unwrap();
     let (answer, _) = call(&h.attacher, &Request::new(wire::OP_ATTACH, &[h.apid, 0, 4 * 4096]));

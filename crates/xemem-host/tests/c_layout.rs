@@ -61,7 +61,7 @@ fn constants_match() {
         ("WIRE_HOLE", wire::HOLE.into()),
         ("WIRE_REVOCABLE", wire::RUN_REVOCABLE.into()),
         ("WIRE_MAX_RUNS", wire::MAX_RUNS as u64),
-        ("WIRE_MAX_FDS", xemem_host::sys::MAX_FDS as u64),
+        ("WIRE_MAX_FDS", clowder_sys::MAX_FDS as u64),
         ("WIRE_GET_REVOKED_BY_MESSAGE", wire::GET_REVOKED_BY_MESSAGE),
         ("WIRE_REASON_WHOLE_PAGES_ONLY", xemem::Error::WholePagesOnly.code().into()),
         ("XEMEM_NAME_MAX", xemem::wire::MAX_NAME_LEN as u64),

@@ -80,7 +80,7 @@ impl XememLinks {
             links: Mutex::new(Links {
                 // A random instance: a restarted daemon's enclave ids, segids and apids are
                 // not the ones it handed out before (stale ones are not found).
-                node: Node::new(MAX_LINKS, name_server.then(|| NameServer::new(xemem_host::sys::random_instance())), Timing { retry_after: 500, attempts: 5 }),
+                node: Node::new(MAX_LINKS, name_server.then(|| NameServer::new(crate::sys::random_instance())), Timing { retry_after: 500, attempts: 5 }),
                 outgoing: HashMap::new(),
                 bridges: HashMap::new(),
                 gone: HashMap::new(),

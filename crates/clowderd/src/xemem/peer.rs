@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -37,7 +37,6 @@ use std::time::Duration;
 use xemem::ids::NAME_SERVER_ENCLAVE;
 use xemem::wire::{Body, FrameRun, Message};
 use xemem::Error;
-use xemem_host::sys as hostsys;
 
 use crate::guest_ram::GuestRam;
 use crate::machine::{RegionAccess, SharedRegion};
@@ -49,7 +48,7 @@ pub const FD_SHIFT: u32 = 28;
 const PAGE_MASK: u64 = (1 << FD_SHIFT) - 1;
 /// At most this many descriptors travel with one packet (the broker's limit, below the
 /// kernel's SCM_MAX_FD).
-pub const MAX_FDS: usize = hostsys::MAX_FDS;
+pub const MAX_FDS: usize = crate::sys::MAX_FDS;
 /// How many file ranges one link's frame table keeps (oldest first out).
 const MAX_FRAME_ENTRIES: usize = 16384;
 /// Where renumbered frames start (anything non-zero and below 2^40 would do).
@@ -232,7 +231,7 @@ pub fn renumber_incoming(message: &Message, fds: Vec<OwnedFd>, frames: &PeerFram
     }
     let mut files = Vec::with_capacity(fds.len());
     for fd in fds {
-        let info = hostsys::file_info(&fd).map_err(|_| Error::Malformed)?;
+        let info = crate::sys::file_info(&fd).map_err(|_| Error::Malformed)?;
         if !info.regular {
             return Err(Error::Malformed);
         }
@@ -328,12 +327,12 @@ fn file_identity(file: &File) -> Result<(u64, u64), Error> {
 /// Accepts daemon links on `path` (mode 0600; only root or this daemon's own user may link)
 /// and runs each on a thread of its own.
 pub fn listen(path: &Path, links: Arc<XememLinks>, broker: Option<xemem_host::Broker>) -> Result<(), String> {
-    let listener = hostsys::listen(path).map_err(|e| format!("binding the XEMEM daemon-link socket {}: {e}", path.display()))?;
+    let listener = crate::sys::listen(path).map_err(|e| format!("binding the XEMEM daemon-link socket {}: {e}", path.display()))?;
     set_private(path)?;
     std::thread::Builder::new()
         .name("xemem-peers".into())
         .spawn(move || loop {
-            let connection = match hostsys::accept(&listener) {
+            let connection = match crate::sys::accept(&listener) {
                 Ok(connection) => connection,
                 Err(e) => {
                     eprintln!("clowderd: xemem: accepting a daemon link: {e}");
@@ -343,7 +342,7 @@ pub fn listen(path: &Path, links: Arc<XememLinks>, broker: Option<xemem_host::Br
             };
             // SAFETY: geteuid has no preconditions.
             let me = unsafe { libc::geteuid() };
-            match hostsys::peer(&connection) {
+            match crate::sys::peer(&connection) {
                 Ok(peer) if peer.uid == 0 || peer.uid == me => {}
                 _ => continue,
             }
@@ -367,7 +366,7 @@ fn set_private(path: &Path) -> Result<(), String> {
 pub fn connect_upstream(path: PathBuf, links: Arc<XememLinks>, broker: Option<xemem_host::Broker>, patience: Duration) -> Result<(), String> {
     let deadline = std::time::Instant::now() + patience;
     let connection = loop {
-        match hostsys::connect(&path) {
+        match crate::sys::connect(&path) {
             Ok(connection) => break connection,
             Err(e) if std::time::Instant::now() >= deadline => return Err(format!("linking to the upstream daemon at {}: {e}", path.display())),
             Err(_) => std::thread::sleep(Duration::from_millis(100)),
@@ -382,7 +381,7 @@ pub fn connect_upstream(path: PathBuf, links: Arc<XememLinks>, broker: Option<xe
                 let mut wait = FIRST_RELINK_WAIT;
                 connection = loop {
                     std::thread::sleep(wait);
-                    match hostsys::connect(&path) {
+                    match crate::sys::connect(&path) {
                         Ok(connection) => break connection,
                         Err(_) => wait = (wait * 2).min(LAST_RELINK_WAIT),
                     }
@@ -446,8 +445,8 @@ impl Link {
     fn run(mut self) {
         let mut buffer = vec![0u8; xemem::wire::MAX_MESSAGE_LEN + 1];
         loop {
-            match crate::sys::wait_readable(self.connection.as_raw_fd(), ROUND) {
-                Ok(true) => match hostsys::receive(&self.connection, &mut buffer) {
+            match crate::sys::wait_readable(&self.connection, ROUND) {
+                Ok(true) => match crate::sys::receive(&self.connection, &mut buffer) {
                     Ok((0, _)) => break,
                     Ok((length, fds)) => self.on_packet(&buffer[..length], fds),
                     // Truncated bytes or descriptors: dropped (the descriptors that came are closed).
@@ -596,7 +595,7 @@ impl Link {
     /// One message of the node's for the peer; memory answers go as files.
     fn to_peer(&self, bytes: Vec<u8>) -> io::Result<()> {
         let Ok(message @ Message { body: Body::Attached { .. }, .. }) = Message::decode(&bytes) else {
-            return hostsys::send(&self.connection, &bytes, &[]);
+            return crate::sys::send(&self.connection, &bytes, &[]);
         };
         let origin = message.header.origin;
         // This daemon's own answers (a served host segment; the bridge's, which speak for the
@@ -608,15 +607,15 @@ impl Link {
         match packets {
             Ok(packets) => {
                 for (bytes, files) in packets {
-                    let fds: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
-                    hostsys::send(&self.connection, &bytes, &fds)?;
+                    let fds: Vec<_> = files.iter().map(|f| f.as_fd()).collect();
+                    crate::sys::send(&self.connection, &bytes, &fds)?;
                 }
                 Ok(())
             }
             Err(error) => {
                 let failed = Message::new(message.header.request, origin, message.header.destination, Body::Failed { error });
                 match failed.to_bytes() {
-                    Ok(bytes) => hostsys::send(&self.connection, &bytes, &[]),
+                    Ok(bytes) => crate::sys::send(&self.connection, &bytes, &[]),
                     Err(_) => Ok(()),
                 }
             }

@@ -43,17 +43,17 @@ pub fn start(socket: &Path) -> Result<XememService, String> {
     }
     // Two brokers would split the host's name space: applications would see one or the other
     // depending on when they connected.
-    if xemem_host::sys::connect(socket).is_ok() {
+    if crate::sys::connect(socket).is_ok() {
         return Err(format!(
             "an XEMEM broker (another clowderd or xemem-broker) is already listening on {}; stop it, \
              or give this daemon another socket with --xemem-socket PATH",
             socket.display()
         ));
     }
-    let listener = xemem_host::sys::listen(socket).map_err(|e| format!("binding the XEMEM socket {}: {e}", socket.display()))?;
+    let listener = crate::sys::listen(socket).map_err(|e| format!("binding the XEMEM socket {}: {e}", socket.display()))?;
     // Every owner's converted memfds are held until the owner goes: allow as many descriptors
     // as the system does.
-    xemem_host::sys::raise_descriptor_limit();
+    crate::sys::raise_descriptor_limit();
     let broker = Broker::new();
     let serving = broker.clone();
     std::thread::Builder::new()
@@ -65,7 +65,7 @@ pub fn start(socket: &Path) -> Result<XememService, String> {
 
 fn accept_forever(broker: &Broker, listener: &OwnedFd) {
     loop {
-        match xemem_host::sys::accept(listener) {
+        match crate::sys::accept(listener) {
             Ok(connection) => {
                 let broker = broker.clone();
                 let spawned = std::thread::Builder::new().name("xemem".into()).spawn(move || broker.serve_connection(connection));

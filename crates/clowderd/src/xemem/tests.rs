@@ -165,7 +165,7 @@ fn a_message_queued_by_a_host_caller_wakes_the_owner_enclaves_pump() {
         let links = links.clone();
         std::thread::spawn(move || links.attach(7, access, 0, 4096))
     };
-    assert!(crate::sys::wait_readable(std::os::fd::AsRawFd::as_raw_fd(&owner_wake), Duration::from_secs(2)).unwrap(), "the owner's pump was not woken");
+    assert!(crate::sys::wait_readable(&owner_wake, Duration::from_secs(2)).unwrap(), "the owner's pump was not woken");
     let serve = Message::decode(&owner.to_enclave().pop().expect("a Serve")).unwrap();
     assert!(matches!(serve.body, Body::Serve { .. }));
     let runs = vec![FrameRun { first: Some(16), frames: 1 }];

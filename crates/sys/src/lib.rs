@@ -1,0 +1,136 @@
+//! The Linux calls std does not offer, for the daemon and the XEMEM broker, on `rustix`:
+//! memfds and eventfds, poll, openat2 and the *at family on a directory descriptor, signals,
+//! SOCK_SEQPACKET Unix sockets with SCM_RIGHTS and SO_PEERCRED, fstat and ftruncate, the
+//! descriptor limit and randomness. What rustix lacks is in [`fs_identity`], the one place
+//! with unsafe code. Each wrapper returns owned descriptors or `io::Result`.
+
+mod fs_identity;
+mod seqpacket;
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::Duration;
+
+use rustix::event::{EventfdFlags, PollFd, PollFlags};
+use rustix::fs::{AtFlags, MemfdFlags, Mode, OFlags, ResolveFlags};
+
+pub use fs_identity::FsIdentity;
+pub use seqpacket::{accept, connect, listen, peer, receive, send, set_receive_timeout, Peer, MAX_FDS};
+
+/// An anonymous memory file (sealed to nothing; the caller sizes it).
+pub fn memfd(name: &str) -> io::Result<File> {
+    Ok(rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC)?.into())
+}
+
+/// A non-blocking eventfd with a count of 0.
+pub fn eventfd() -> io::Result<File> {
+    Ok(rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?.into())
+}
+
+/// Adds one to an eventfd (a doorbell or an interrupt).
+pub fn signal_eventfd(eventfd: &File) -> io::Result<()> {
+    match rustix::io::write(eventfd, &1u64.to_ne_bytes())? {
+        8 => Ok(()),
+        _ => Err(io::ErrorKind::WriteZero.into()),
+    }
+}
+
+/// Clears a non-blocking eventfd's count, returning whether it was signalled.
+pub fn drain_eventfd(eventfd: &File) -> bool {
+    let mut count = [0u8; 8];
+    matches!(rustix::io::read(eventfd, &mut count), Ok(8))
+}
+
+/// Waits until `fd` is readable (or hung up) or `timeout` passes; true if readable. A signal
+/// does not end the wait (the wait starts over).
+pub fn wait_readable(fd: impl AsFd, timeout: Duration) -> io::Result<bool> {
+    let timeout = rustix::event::Timespec::try_from(timeout).unwrap_or(rustix::event::Timespec { tv_sec: i64::MAX, tv_nsec: 0 });
+    loop {
+        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+        match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Ok(ready) => return Ok(ready > 0),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(error) => return Err(error.into()),
+        }
+    }
+}
+
+/// Opens `path` (relative) beneath the directory `dir`: the kernel refuses `..` and symbolic
+/// links that leave it, absolute paths and magic links, so the result stays inside `dir`.
+/// `flags` and `mode` are open(2)'s; the mode counts only when creating.
+pub fn open_beneath(dir: &File, path: &str, flags: i32, mode: u32) -> io::Result<File> {
+    let flags = OFlags::from_bits_retain(flags as u32) | OFlags::CLOEXEC;
+    // O_TMPFILE includes O_DIRECTORY's bit: only the whole of it asks for a mode.
+    let mode = if flags.contains(OFlags::CREATE) || flags.contains(OFlags::TMPFILE) { Mode::from_bits_truncate(mode & 0o7777) } else { Mode::empty() };
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+    Ok(rustix::fs::openat2(dir, path, flags, mode, resolve)?.into())
+}
+
+/// unlinkat on a name inside `dir` (the caller opened `dir` beneath the root).
+pub fn unlink_in(dir: &File, name: &str) -> io::Result<()> {
+    Ok(rustix::fs::unlinkat(dir, name, AtFlags::empty())?)
+}
+
+/// mkdirat on a name inside `dir` (the caller opened `dir` beneath the root).
+pub fn mkdir_in(dir: &File, name: &str, mode: u32) -> io::Result<()> {
+    Ok(rustix::fs::mkdirat(dir, name, Mode::from_bits_truncate(mode & 0o7777))?)
+}
+
+/// `kill(pid, signal)`; a pid of 0 (which would mean our own process group) or beyond the pid
+/// range, and an unknown signal, are InvalidInput.
+pub fn send_signal(pid: u32, signal: i32) -> io::Result<()> {
+    let pid = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw);
+    let signal = rustix::process::Signal::from_named_raw(signal);
+    match (pid, signal) {
+        (Some(pid), Some(signal)) => Ok(rustix::process::kill_process(pid, signal)?),
+        _ => Err(io::Error::new(io::ErrorKind::InvalidInput, "no such process id or signal")),
+    }
+}
+
+/// Size, device and inode of a descriptor, and whether it is a regular file.
+pub struct FileInfo {
+    pub size: u64,
+    pub device: u64,
+    pub inode: u64,
+    pub regular: bool,
+}
+
+pub fn file_info(fd: &OwnedFd) -> io::Result<FileInfo> {
+    let st = rustix::fs::fstat(fd)?;
+    Ok(FileInfo {
+        size: st.st_size as u64,
+        device: st.st_dev,
+        inode: st.st_ino,
+        regular: rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile,
+    })
+}
+
+/// Cuts a file to zero length: every mapping of it beyond the new end raises SIGBUS on access.
+pub fn truncate_to_zero(fd: &OwnedFd) -> io::Result<()> {
+    Ok(rustix::fs::ftruncate(fd, 0)?)
+}
+
+/// Raises the soft limit on open descriptors to the hard limit.
+pub fn raise_descriptor_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let _ = setrlimit(Resource::Nofile, Rlimit { current: limit.maximum, maximum: limit.maximum });
+    }
+}
+
+/// A fresh instance value for a name server or broker (`xemem::ids::IdCounter`): eight random
+/// bytes from the kernel, or, if they cannot be had, the clock mixed with the pid (which still
+/// differs from one start of the daemon to the next).
+pub fn random_instance() -> u64 {
+    let mut bytes = [0u8; 8];
+    if matches!(rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty()), Ok(8)) {
+        return u64::from_le_bytes(bytes);
+    }
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_nanos() as u64);
+    nanos ^ u64::from(std::process::id()).rotate_left(32)
+}
+
+#[cfg(test)]
+mod tests;
