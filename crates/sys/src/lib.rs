@@ -62,7 +62,11 @@ pub fn wait_readable(fd: impl AsFd, timeout: Duration) -> io::Result<bool> {
 pub fn open_beneath(dir: &File, path: &str, flags: i32, mode: u32) -> io::Result<File> {
     let flags = OFlags::from_bits_retain(flags as u32) | OFlags::CLOEXEC;
     // O_TMPFILE includes O_DIRECTORY's bit: only the whole of it asks for a mode.
-    let mode = if flags.contains(OFlags::CREATE) || flags.contains(OFlags::TMPFILE) { Mode::from_bits_truncate(mode & 0o7777) } else { Mode::empty() };
+    let mode = if flags.contains(OFlags::CREATE) || flags.contains(OFlags::TMPFILE) {
+        Mode::from_bits_truncate(mode & 0o7777)
+    } else {
+        Mode::empty()
+    };
     let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
     Ok(rustix::fs::openat2(dir, path, flags, mode, resolve)?.into())
 }

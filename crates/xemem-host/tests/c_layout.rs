@@ -38,10 +38,7 @@ fn c_view() -> CView {
         let (name, value) = line.rsplit_once(' ').expect("NAME VALUE");
         match name {
             "request" | "answer" => {
-                let bytes = (0..value.len())
-                    .step_by(2)
-                    .map(|i| u8::from_str_radix(&value[i..i + 2], 16).expect("hex"))
-                    .collect();
+                let bytes = (0..value.len()).step_by(2).map(|i| u8::from_str_radix(&value[i..i + 2], 16).expect("hex")).collect();
                 view.packets.insert(name.to_string(), bytes);
             }
             _ => {
