@@ -434,6 +434,8 @@ mod tests {
         assert!(error(r#"{"op":"fly"}"#).contains("unknown op \"fly\""));
         let unknown = error(r#"{"op":"create","name":"a","mem":"1G","core":1}"#);
         assert!(unknown.contains("unknown field `core`") && unknown.contains("`create`"), "{unknown}");
+        assert_eq!(error(r#"{"op":"rm","name":7}"#), "`rm`: `name`: invalid type: integer `7`, expected a string");
+        assert_eq!(error(r#"{"op":"ls","all":true}"#), "`ls`: unknown field `all`, there are no fields");
         let mistyped = error(r#"{"op":"create","name":7,"mem":"1G"}"#);
         assert!(mistyped.contains("`name`") && mistyped.contains("invalid type"), "{mistyped}");
         assert!(error(r#"{"op":"create","name":"a"}"#).contains("missing field `mem`"));

@@ -124,8 +124,9 @@ fn split_op(line: &[u8]) -> Result<(String, Value), ApiError> {
 fn fields<T: DeserializeOwned>(op: &str, fields: Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(fields).map_err(|e| {
         let path = e.path().to_string();
-        let inner = e.into_inner();
-        if path == "." {
+        let inner = e.into_inner().to_string();
+        // serde names an unknown field itself; the path would only repeat it.
+        if path == "." || inner.starts_with("unknown field") {
             ApiError::invalid(format!("`{op}`: {inner}"))
         } else {
             ApiError::invalid(format!("`{op}`: `{path}`: {inner}"))
