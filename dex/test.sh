@@ -70,7 +70,7 @@ dexrun|unknown option (or one missing its value): '--frob'|--frob /bin/true
 dexrun|--timeout takes seconds (0: none), not 'soon'|-n 2 --timeout soon /bin/true
 dexrun|unknown transport 'carrier-pigeon'|-n 2 --transport carrier-pigeon /bin/true
 dexrun|port 'http' of host localhost is not a number from 1 to 65535|--hosts $LOG/hosts /bin/true
-dexrun|--hosts needs --secret-file FILE, the dexnode agents' secret|--hosts $LOG/hosts_ok /bin/true
+dexrun|--secret-file is for --hosts through dexnode agents|-n 2 --secret-file $LOG/secret /bin/true
 dexrun|secret file $LOG/open_secret: group or others may access it (chmod 600)|--hosts $LOG/hosts_ok --secret-file $LOG/open_secret /bin/true
 dexnode|port 'abc' is not a number from 1 to 65535|--secret-file $LOG/secret --listen 127.0.0.1:abc
 dexnode|unknown option (or one missing its value): '--frob'|--frob
@@ -151,15 +151,26 @@ else
 	echo "SKIP --netns (needs root, ip and nsenter)"
 fi
 
-# --hosts: nodes on two namespaced "hosts" through dexnode agents (root only)
+# --hosts: nodes on two namespaced "hosts" through ssh and through dexnode agents (root only)
 if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v unshare >/dev/null; then
 	if timeout 150 bash tests/hosts_netns.sh "$BUILD" >"$LOG/out" 2>&1; then
-		pass "--hosts: 2 namespaced hosts via dexnode agents (tcp, ucx), differing binary refused, Ctrl-C reaches them, wrong secret refused"
+		pass "--hosts: 2 namespaced hosts via ssh (tcp, ucx; secret on no command line; Ctrl-C) and via dexnode agents (tcp, ucx), differing binary refused, Ctrl-C reaches them, wrong secret refused"
 	else
 		fail "--hosts" "$LOG/out"
 	fi
 else
 	echo "SKIP --hosts (needs root, ip and unshare)"
+fi
+
+# a PMIx launcher (Open MPI's mpirun) starts the nodes: ranks find the origin through PMIx
+if command -v mpirun >/dev/null && [ -f "$BUILD/libdex-pmix.so" ]; then
+	if timeout 300 bash tests/pmix_mpirun.sh "$BUILD" >"$LOG/out" 2>&1; then
+		pass "mpirun: 2 and 3 ranks (tcp, ucx) find the origin through PMIx; no secret or another secret cannot join"
+	else
+		fail "mpirun (PMIx)" "$LOG/out"
+	fi
+else
+	echo "SKIP mpirun (needs openmpi-bin and libpmix-dev)"
 fi
 
 # no open agent: dexnode and a run's origin refuse whoever lacks the secret

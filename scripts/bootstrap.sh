@@ -19,6 +19,9 @@ command -v musl-gcc >/dev/null || need+=(musl-tools)
 [ -x /bin/busybox ] || need+=(busybox-static)
 [ -f /usr/include/ucp/api/ucp.h ] || need+=(libucx-dev)   # dex's UCX transport
 [ -f /usr/include/nettle/hmac.h ] || need+=(nettle-dev)    # dex's connection authentication (HMAC-SHA256)
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)               # dex's --hosts over ssh test (sshd in network namespaces)
+command -v mpirun >/dev/null || need+=(openmpi-bin)             # dex's PMIx launcher test (mpirun)
+pkg-config --exists pmix 2>/dev/null || need+=(libpmix-dev)     # dex's PMIx client (libdex-pmix.so)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         say "missing packages: ${need[*]}; run as root or: sudo apt-get install -y ${need[*]}"

@@ -59,18 +59,7 @@ static void fail_to_dexrun(int conn, const char *what)
  * receive timeout) and gives the node the run's key. NULL, or why not. */
 static const char *read_request(int conn, struct agent_request *req)
 {
-	char magic[8];
-	uint32_t size;
-	if (agent_read_all(conn, magic, sizeof(magic)) || agent_read_all(conn, &size, sizeof(size)))
-		return "no start request";
-	if (memcmp(magic, AGENT_MAGIC, 8) != 0)
-		return "not a start request (dexrun of another version?)";
-	if (size > AGENT_MAX_REQUEST)
-		return "request too large";
-	uint8_t *body = malloc(size ? size : 1);
-	const char *why = !body || agent_read_all(conn, body, size) ? "truncated start request"
-								     : agent_parse_request(body, size, req);
-	free(body); /* the request holds copies of the strings */
+	const char *why = agent_read_request(conn, req);
 	if (why)
 		return why;
 	struct dex_auth_key run_key;
@@ -103,7 +92,6 @@ static void serve(int conn, const char *peer)
 		return;
 	}
 	setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
-	char *cwd = req.cwd, **argv = req.argv, **envp = req.envp;
 	int out[2], err[2];
 	if (pipe(out) != 0 || pipe(err) != 0) {
 		fail_to_dexrun(conn, "pipe");
@@ -124,17 +112,7 @@ static void serve(int conn, const char *peer)
 		close(err[0]);
 		close(conn);
 		signal(SIGPIPE, SIG_DFL);
-		if (personality(ADDR_NO_RANDOMIZE) < 0 || chdir(cwd) != 0) {
-			dex_error("cannot enter %s with ASLR off: %s", cwd, strerror(errno));
-			_exit(127);
-		}
-		/* PATH from the request, as dexrun's own execvp would search it */
-		for (char **e = envp; *e; e++)
-			if (!strncmp(*e, "PATH=", 5))
-				setenv("PATH", *e + 5, 1);
-		execvpe(argv[0], argv, envp);
-		dex_error("cannot run %s in %s: %s", argv[0], cwd, strerror(errno));
-		_exit(127);
+		agent_exec_request(&req);
 	}
 	close(out[1]);
 	close(err[1]);

@@ -16,21 +16,22 @@
  * node process. Needs root (CAP_NET_ADMIN) and iproute2.
  *
  * --hosts FILE runs nodes 1..N-1 on other hosts, one per line of FILE in
- * order ("ADDRESS[:PORT]", IPv4, port 7450 by default; blank lines and
- * '#' comments ignored); -n defaults to 1 + the number of hosts. Each host
- * runs a dexnode agent (src/dexnode.c). For each remote node dexrun forks
- * a local proxy process that connects to the agent, sends the working
- * directory, arguments and environment (DEX_BOOT naming the origin by the
- * address this host used to reach the agent), relays the node's output and
- * ends with the node's status; so killing the proxy (a failing node, Ctrl-C,
- * timeout) closes the connection and the agent kills the node. The binary,
- * its libraries and the working directory must exist at the same paths on
- * every host; a host whose binary or libraries differ is refused by the
- * origin's layout check at HELLO. --secret-file FILE names the agents'
- * secret (64 hex digits, readable only by its owner; the file dexnode
- * reads): dexrun proves it knows it to each agent, and they to dexrun.
+ * order ("[USER@]HOST[:PORT]"; blank lines and '#' comments ignored); -n
+ * defaults to 1 + the number of hosts. dexrun starts each over ssh
+ * (run_over_ssh): `ssh HOST 'dexrun' --node-stdin`, the start request
+ * (working directory, arguments, environment with DEX_RUN_SECRET and
+ * DEX_BOOT naming the origin by this host's address on the route to that
+ * host) on ssh's standard input, so the secret is on no command line. With
+ * --secret-file FILE the hosts run dexnode agents instead (src/dexnode.c,
+ * default port 7450): for each remote node dexrun forks a local proxy
+ * process that proves the agents' secret, sends the same request, relays
+ * the node's output and ends with the node's status; killing the proxy
+ * closes the connection and the agent kills the node. The binary, its
+ * libraries, dexrun and the working directory must exist at the same paths
+ * on every host; a host whose binary or libraries differ is refused by the
+ * origin's layout check at HELLO.
  *
- * Every run has its own key: random for local runs; for --hosts derived
+ * Every run has its own key: random, except with agents: derived
  * from the agents' secret and a random run id, which the agents use to give
  * their nodes the same key (node_agent_wire.h). Every process of the run
  * finds it in DEX_RUN_SECRET and the nodes' connections to the origin prove
@@ -103,7 +104,7 @@ static int read_hosts_file(const char *path)
 			return -1;
 		}
 		struct remote_host *h = &hosts[nhosts++];
-		h->port = AGENT_DEFAULT_PORT;
+		h->port = 0; /* the launcher's default: ssh's, or the agents' 7450 */
 		char *colon = strchr(word, ':');
 		if (colon) {
 			*colon = 0;
@@ -137,7 +138,7 @@ static void put_string(char **at, const char *text)
 /* The start request (node_agent_wire.h): the run id stands in for the
  * run's key, which the agent derives from it. 0, or -1 if the agent hung up
  * or the request is too large. */
-static int send_request(int conn, const char *cwd, char **args)
+static int send_request(int conn, const char *cwd, char **args, bool with_run_id)
 {
 	extern char **environ;
 	static const char secret_entry[] = DEX_AUTH_ENV "=";
@@ -156,13 +157,14 @@ static int send_request(int conn, const char *cwd, char **args)
 	for (uint32_t i = 0; i < nargs; i++)
 		strings[2 + i] = args[i];
 	for (uint32_t i = 0; i < nenv; i++)
-		strings[2 + nargs + i] = strncmp(environ[i], secret_entry, sizeof(secret_entry) - 1) ? environ[i] : id_entry;
+		strings[2 + nargs + i] =
+			!with_run_id || strncmp(environ[i], secret_entry, sizeof(secret_entry) - 1) ? environ[i] : id_entry;
 	uint32_t count = 2 + nargs + nenv;
 	size_t size = sizeof(count);
 	for (uint32_t i = 0; i < count; i++)
 		size += sizeof(uint32_t) + strlen(strings[i]);
 	if (size > AGENT_MAX_REQUEST) {
-		dex_error("arguments and environment exceed the agents' %u bytes", AGENT_MAX_REQUEST);
+		dex_error("arguments and environment exceed the start request's %u bytes", AGENT_MAX_REQUEST);
 		return -1;
 	}
 	char *body = malloc(size), *at = body;
@@ -183,6 +185,10 @@ static int send_request(int conn, const char *cwd, char **args)
  * start the node there, relay its output, and end the way it ended. */
 static void run_on_host(const struct remote_host *h, const char *boot_format, char **args)
 {
+	struct remote_host with_port = *h;
+	if (!with_port.port)
+		with_port.port = AGENT_DEFAULT_PORT;
+	h = &with_port;
 	struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM }, *found;
 	char port[16];
 	snprintf(port, sizeof(port), "%d", h->port);
@@ -218,7 +224,7 @@ static void run_on_host(const struct remote_host *h, const char *boot_format, ch
 		dex_error("getcwd: %s", strerror(errno));
 		_exit(127);
 	}
-	if (send_request(conn, cwd, args) != 0) {
+	if (send_request(conn, cwd, args, true) != 0) {
 		dex_error("the agent at %s:%d hung up", h->address, h->port);
 		_exit(127);
 	}
@@ -253,26 +259,126 @@ static void run_on_host(const struct remote_host *h, const char *boot_format, ch
 	_exit(1);
 }
 
+/* The address of this host that `h` reaches it at: the local end of the
+ * route to it (a UDP "connection" sends nothing). 0 if there is none. */
+static uint32_t address_towards(const struct remote_host *h)
+{
+	const char *at = strrchr(h->address, '@'); /* [USER@]HOST */
+	struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_DGRAM }, *found;
+	if (getaddrinfo(at ? at + 1 : h->address, "9", &hints, &found) != 0)
+		return 0;
+	struct sockaddr_in local = { 0 };
+	socklen_t len = sizeof(local);
+	int probe = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (probe < 0 || connect(probe, found->ai_addr, found->ai_addrlen) != 0 ||
+	    getsockname(probe, (struct sockaddr *)&local, &len) != 0)
+		local.sin_addr.s_addr = 0;
+	if (probe >= 0)
+		close(probe);
+	freeaddrinfo(found);
+	return ntohl(local.sin_addr.s_addr);
+}
+
+/* Runs in the forked child of a remote node: becomes `ssh HOST dexrun
+ * --node-stdin`, whose standard input carries the start request (working
+ * directory, arguments, the environment with the run's secret), so that
+ * the secret is on no command line. The node's output and status come back
+ * through ssh; ssh's own options come from DEX_SSH (default "ssh": words,
+ * no quoting) and the user's ssh configuration. */
+static void run_over_ssh(const struct remote_host *h, const char *boot_format, char **args)
+{
+	uint32_t ip = address_towards(h);
+	if (!ip) {
+		dex_error("no route to host %s", h->address);
+		_exit(127);
+	}
+	char origin[16], boot[96], cwd[4096], self[4096];
+	snprintf(origin, sizeof(origin), "%03u.%03u.%03u.%03u", ip >> 24, (ip >> 16) & 255, (ip >> 8) & 255, ip & 255);
+	snprintf(boot, sizeof(boot), boot_format, origin);
+	setenv("DEX_BOOT", boot, 1);
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	if (!getcwd(cwd, sizeof(cwd)) || n <= 0 || (size_t)n >= sizeof(self) - 1) {
+		dex_error("cannot name the working directory or dexrun itself: %s", strerror(errno));
+		_exit(127);
+	}
+	self[n] = 0;
+	if (strchr(self, '\'')) {
+		dex_error("dexrun's path %s has a quote, which the remote shell would misread", self);
+		_exit(127);
+	}
+	int request[2];
+	if (pipe(request) != 0) {
+		dex_error("pipe: %s", strerror(errno));
+		_exit(127);
+	}
+	pid_t writer = fork();
+	if (writer == 0) {
+		close(request[0]);
+		_exit(send_request(request[1], cwd, args, false) ? 1 : 0);
+	}
+	close(request[1]);
+	if (writer < 0 || dup2(request[0], 0) != 0) {
+		dex_error("cannot hand the start request to ssh: %s", strerror(errno));
+		_exit(127);
+	}
+	close(request[0]);
+	const char *ssh = getenv("DEX_SSH");
+	char words[1024], remote[4200], port[16];
+	snprintf(words, sizeof(words), "%s", ssh && *ssh ? ssh : "ssh");
+	snprintf(remote, sizeof(remote), "'%s' --node-stdin", self);
+	snprintf(port, sizeof(port), "%d", h->port);
+	char *argv[80], *save;
+	int argc = 0;
+	for (char *w = strtok_r(words, " \t", &save); w && argc < 70; w = strtok_r(NULL, " \t", &save))
+		argv[argc++] = w;
+	argv[argc++] = "-T";
+	argv[argc++] = "-o";
+	argv[argc++] = "BatchMode=yes";
+	if (h->port) {
+		argv[argc++] = "-p";
+		argv[argc++] = port;
+	}
+	argv[argc++] = (char *)h->address;
+	argv[argc++] = remote;
+	argv[argc] = NULL;
+	execvp(argv[0], argv);
+	dex_error("cannot run %s: %s", argv[0], strerror(errno));
+	_exit(127);
+}
+
+/* dexrun --node-stdin, as ssh runs it on a host: the start request on
+ * standard input, then this process becomes the node. */
+static int node_from_stdin(void)
+{
+	struct agent_request req;
+	const char *why = agent_read_request(0, &req);
+	if (why) {
+		dex_error("--node-stdin: %s", why);
+		return 2;
+	}
+	agent_exec_request(&req);
+}
+
 /* The run's key into DEX_RUN_SECRET (see the top). 0, or -1 after saying why not. */
 static int make_run_key(const char *secret_file)
 {
 	struct dex_auth_key key, id;
 	char hex[DEX_AUTH_HEX + 1];
-	if (nhosts && !secret_file) {
-		dex_error("--hosts needs --secret-file FILE, the dexnode agents' secret");
+	if (secret_file && !nhosts) {
+		dex_error("--secret-file is for --hosts through dexnode agents");
 		return -1;
 	}
-	const char *bad = nhosts ? dex_auth_key_from_file(secret_file, &agent_key) : NULL;
+	const char *bad = secret_file ? dex_auth_key_from_file(secret_file, &agent_key) : NULL;
 	if (bad) {
 		dex_error("secret file %s: %s", secret_file, bad);
 		return -1;
 	}
-	/* --hosts: the key is derived from a random run id; else random itself */
-	if (dex_auth_random(nhosts ? id.bytes : key.bytes, sizeof(key.bytes)) != 0) {
+	/* agents: the key is derived from a random run id; else random itself */
+	if (dex_auth_random(secret_file ? id.bytes : key.bytes, sizeof(key.bytes)) != 0) {
 		dex_error("getrandom: %s", strerror(errno));
 		return -1;
 	}
-	if (nhosts) {
+	if (secret_file) {
 		dex_auth_key_to_hex(&id, run_id);
 		dex_auth_derive(&agent_key, AGENT_RUN_LABEL, run_id, DEX_AUTH_HEX, &key);
 	}
@@ -286,7 +392,7 @@ static void usage(const char *problem, const char *word)
 {
 	if (problem)
 		fprintf(stderr, word ? "dexrun: %s '%s'\n" : "dexrun: %s\n", problem, word);
-	fprintf(stderr, "usage: dexrun [-n N] [--transport tcp|ucx] [--netns | --hosts FILE --secret-file FILE] "
+	fprintf(stderr, "usage: dexrun [-n N] [--transport tcp|ucx] [--netns | --hosts FILE [--secret-file FILE]] "
 			"[--timeout SECONDS] program [args...]\n");
 	exit(2);
 }
@@ -446,6 +552,8 @@ int main(int argc, char **argv)
 		dex_error("%s, not '%s'", bad_log, getenv("CLOWDER_LOG"));
 		return 2;
 	}
+	if (argc == 2 && !strcmp(argv[1], "--node-stdin"))
+		return node_from_stdin();
 	int i = 1;
 	for (; i < argc && argv[i][0] == '-'; i++) {
 		if (!strcmp(argv[i], "-n") && i + 1 < argc) {
@@ -550,7 +658,9 @@ int main(int argc, char **argv)
 				/* fd -001: the listener is not inherited over there (same width) */
 				snprintf(boot_format, sizeof(boot_format), "node=%03d,nodes=%03d,port=%05d,fd=%04d,host=%%s", n,
 					 nodes, ntohs(sa.sin_port), -1);
-				run_on_host(&hosts[n - 1], boot_format, argv + i);
+				if (secret_file)
+					run_on_host(&hosts[n - 1], boot_format, argv + i);
+				run_over_ssh(&hosts[n - 1], boot_format, argv + i);
 			}
 			if (own_namespace) {
 				char c = 0;

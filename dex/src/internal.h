@@ -126,6 +126,12 @@ struct dex_transport {
 	int (*send)(unsigned peer, struct iovec *iov, int iovcnt);
 	int (*receive)(unsigned peer, void *buf, size_t len);
 	void (*flush)(void);
+	/* Optional, for a launcher that carries addresses (PMIx), on the main
+	 * thread before connect: this process's transport address (the
+	 * transport keeps it until connect), and a peer's, which connect then
+	 * uses instead of exchanging addresses itself. */
+	int (*local_address)(const void **address, size_t *length);
+	int (*peer_address)(unsigned peer, const void *address, size_t length);
 };
 extern const struct dex_transport *dex_transport;
 /* Entry point of build/libdex-ucx.so, loaded with dlopen when
@@ -204,7 +210,7 @@ extern struct dex_runtime dex_rt;
 extern __thread int dex_tls_runtime_thread;
 #define DEX_TRANSPORT_THREAD 2
 
-/* launch.c: this process's place in its run, from dexrun */
+/* launch.c: this process's place in its run, from dexrun or PMIx */
 #define DEX_LAUNCH_ORIGINS 8 /* addresses of the origin a node tries */
 #define DEX_LAUNCH_TEXT 160  /* room for them as text */
 struct dex_launch {
@@ -213,10 +219,13 @@ struct dex_launch {
 	unsigned port;
 	unsigned norigins;
 	uint32_t origin[DEX_LAUNCH_ORIGINS]; /* host byte order */
+	bool pmix;
 };
 /* false if no launcher started this process as part of a run */
 bool dex_launch_from_env(struct dex_launch *run);
-/* dlopen of a module installed beside libdex (libdex-ucx.so) */
+void dex_launch_pmix_start(struct dex_launch *run);
+void dex_launch_pmix_exchange(struct dex_launch *run);
+/* dlopen of a module installed beside libdex (libdex-ucx.so, libdex-pmix.so) */
 void *dex_open_module(const char *file);
 
 /* startup.c: the constructor, joining the run, and the settings */
@@ -227,6 +236,8 @@ uint64_t dex_env_number(const char *name, uint64_t fallback, uint64_t max);
 
 /* transport_tcp.c: the TCP transport, choosing a transport, framing */
 void dex_select_transport(void);
+/* The transport dex_connect_selected_transport will connect. */
+const struct dex_transport *dex_selected_transport(void);
 void dex_connect_selected_transport(void);
 /* Sends a message whose data is gathered from `ndata` buffers. */
 int dex_sendv(unsigned peer, enum dex_msg_type type, const void *fixed, size_t fixed_len,

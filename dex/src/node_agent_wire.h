@@ -50,6 +50,10 @@ struct agent_request {
  * success the caller releases it with agent_request_free. */
 const char *agent_parse_request(const uint8_t *body, size_t len, struct agent_request *req);
 void agent_request_free(struct agent_request *req);
+/* node_start.c: reads a request from `fd` (NULL, or why not); becomes the
+ * node it describes (chdir, ASLR off, exec), or exits with status 127. */
+const char *agent_read_request(int fd, struct agent_request *req);
+void agent_exec_request(const struct agent_request *req) __attribute__((noreturn));
 
 /* `text` as a whole number from `low` to `high`, or -1 (for ports and counts given on
  * command lines and in hosts files). */

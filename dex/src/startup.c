@@ -217,14 +217,27 @@ static long find_tid_offset(void)
 	return -1;
 }
 
-/* Started with randomisation on (by hand, not by dexrun): turn it off and
- * run the same program again, so that its layout matches the other nodes'. */
-static void without_aslr(char **argv)
+/* Started with randomisation on (by hand, or by a launcher that does not
+ * turn it off) or with glibc's rseq on: turn them off and run the same
+ * program again, so that its layout matches the other nodes' and the kernel
+ * never writes the rseq area, which lies in the thread descriptor and so in
+ * shared memory for the application's threads (dexrun sets both). */
+static void without_aslr_and_rseq(char **argv)
 {
-	if (personality(0xffffffff) & ADDR_NO_RANDOMIZE)
+	static const char rseq_off[] = "glibc.pthread.rseq=0";
+	const char *tunables = getenv("GLIBC_TUNABLES");
+	bool rseq_on = !tunables || !strstr(tunables, rseq_off);
+	if ((personality(0xffffffff) & ADDR_NO_RANDOMIZE) && !rseq_on)
 		return;
 	if (personality(ADDR_NO_RANDOMIZE) == -1)
 		dex_fatal("cannot turn off address-space randomisation");
+	if (rseq_on) {
+		char all[1024];
+		if (snprintf(all, sizeof(all), "%s%s%s", tunables ? tunables : "", tunables ? ":" : "", rseq_off) >=
+		    (int)sizeof(all))
+			dex_fatal("GLIBC_TUNABLES is too long to add %s", rseq_off);
+		setenv("GLIBC_TUNABLES", all, 1);
+	}
 	execve("/proc/self/exe", argv, environ);
 	dex_fatal("re-executing with randomisation off failed");
 }
@@ -262,6 +275,11 @@ __attribute__((constructor(101))) static void dex_init(int argc, char **argv)
 	dex_rt.peer_timeout_s = (unsigned)dex_env_number("DEX_PEER_TIMEOUT", 5, 86400);
 	if (!dex_rt.peer_timeout_s)
 		dex_rt.peer_timeout_s = 5;
+	if (run.pmix) {
+		/* before PMIx connects: re-executing would drop that connection */
+		without_aslr_and_rseq(argv);
+		dex_launch_pmix_start(&run);
+	}
 	dex_rt.nodes = run.nodes;
 	if (run.nodes == 1) {
 		if (run.listen_fd >= 0)
@@ -273,10 +291,14 @@ __attribute__((constructor(101))) static void dex_init(int argc, char **argv)
 	struct dex_auth_key key;
 	const char *bad_secret = secret ? dex_auth_key_from_hex(secret, &key) : "it is not set";
 	if (bad_secret)
-		dex_fatal("%s: %s (dexrun sets it for every process of a run)", DEX_AUTH_ENV, bad_secret);
-	without_aslr(argv);
+		dex_fatal("%s: %s (the launcher passes it to every process of a run: dexrun sets it; "
+			  "with mpirun, export it and add -x %s)",
+			  DEX_AUTH_ENV, bad_secret, DEX_AUTH_ENV);
+	without_aslr_and_rseq(argv);
 	dex_rt.active = true;
 	dex_select_transport();
+	if (run.pmix)
+		dex_launch_pmix_exchange(&run);
 	dl_iterate_phdr(dex_find_own_text, (void *)(uintptr_t)dex_init);
 	if (!dex_rt.text_start)
 		dex_fatal("cannot locate libdex's code");

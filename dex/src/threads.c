@@ -184,7 +184,7 @@ static int create_with_shared_stack(pthread_t *thread, const pthread_attr_t *att
 	return 0;
 }
 
-/* Threads a transport library (UCX) creates for itself are runtime
+/* Threads a library (UCX, PMIx) creates for itself are runtime
  * threads: local stack and local malloc, never migrated. */
 static void *start_transport_thread(void *p)
 {
@@ -196,8 +196,8 @@ static void *start_transport_thread(void *p)
 
 int pthread_create(pthread_t *thread, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
 {
-	if (!dex_rt.active)
-		return real_pthread_create(thread, attr, fn, arg);
+	/* a library's thread (UCX, PMIx) is a runtime thread even when made
+	 * before the run is active (PMIx starts before the layout is set up) */
 	if (dex_tls_runtime_thread == DEX_TRANSPORT_THREAD) {
 		struct start_info *start = malloc(sizeof(*start));
 		if (!start)
@@ -208,6 +208,8 @@ int pthread_create(pthread_t *thread, const pthread_attr_t *attr, void *(*fn)(vo
 			free(start);
 		return rc;
 	}
+	if (!dex_rt.active)
+		return real_pthread_create(thread, attr, fn, arg);
 	int rc;
 	AT_ORIGIN(rc = create_with_shared_stack(thread, attr, fn, arg, DEFAULT_STACK_BYTES));
 	return rc;

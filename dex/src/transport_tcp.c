@@ -111,6 +111,11 @@ void dex_connect_selected_transport(void)
 	dex_debug("%s transport connected", dex_transport->name);
 }
 
+const struct dex_transport *dex_selected_transport(void)
+{
+	return selected_transport;
+}
+
 /* DEX_TRANSPORT=tcp (default) or ucx. UCX lives in libdex-ucx.so beside
  * libdex.so; every node loads it at the same point of start-up, before the
  * layout fingerprint, so the address spaces stay identical. */

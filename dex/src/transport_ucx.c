@@ -7,7 +7,8 @@
  * derived from the bootstrap connection's session key (auth.h), so that a
  * process that finds the worker's address cannot inject messages; UCX
  * keeps messages between two endpoints in order. Workers' addresses travel
- * over the TCP bootstrap socket that carried the authentication and
+ * through PMIx when a PMIx launcher started the run (launch.c), else over
+ * the TCP bootstrap socket that carried the authentication and
  * HELLO/WELCOME; that socket then stays open only to notice a peer's death
  * at once (its EOF), since UCX's shared-memory transports give no such
  * signal. UCX picks its transports from UCX_TLS as
@@ -60,6 +61,12 @@ static struct {
 	uint64_t tag_out[DEX_MAX_NODES], tag_in[DEX_MAX_NODES];
 	unsigned rejected;
 	uint64_t busy_ns; /* when the pump last moved a message (DEX_POLL_US) */
+	/* start-up: this worker's address, and the peers' when a launcher
+	 * (PMIx) carried them; else they travel over the bootstrap sockets */
+	ucp_address_t *address;
+	size_t address_length;
+	void *peer_addresses[DEX_MAX_NODES];
+	bool addresses_given;
 } ucx;
 
 #define RECEIVE_CAPACITY (sizeof(struct dex_msg_header) + DEX_MAX_PAYLOAD)
@@ -412,33 +419,65 @@ static int warm_up_paths(void)
 
 static struct dex_transport ucx_transport;
 
-static int ucx_connect(void)
+static int ucx_local_address(const void **address, size_t *length)
 {
-	ucp_address_t *mine;
-	size_t mine_length;
-	if (ucp_worker_get_address(ucx.worker, &mine, &mine_length) != UCS_OK)
+	if (!ucx.address && ucp_worker_get_address(ucx.worker, &ucx.address, &ucx.address_length) != UCS_OK)
 		return -1;
+	*address = ucx.address;
+	*length = ucx.address_length;
+	return 0;
+}
 
-	/* Origin: send its address to every node, then read theirs. Node:
-	 * the reverse. All on the bootstrap sockets, before any data flows. */
+static int ucx_peer_address(unsigned peer, const void *address, size_t length)
+{
+	if (peer >= DEX_MAX_NODES || !length || !(ucx.peer_addresses[peer] = malloc(length)))
+		return -1;
+	memcpy(ucx.peer_addresses[peer], address, length);
+	ucx.addresses_given = true;
+	return 0;
+}
+
+/* Origin: send its address to every node, then read theirs. Node: the
+ * reverse. All on the bootstrap sockets, before any data flows. */
+static int exchange_addresses(void)
+{
 	for (unsigned p = 0; p < dex_rt.nodes; p++)
-		if (dex_queue_is_peer(p) && dex_rt.node == 0 && write_blob(dex_rt.peers[p].fd, mine, (uint32_t)mine_length) != 0)
+		if (dex_queue_is_peer(p) && dex_rt.node == 0 &&
+		    write_blob(dex_rt.peers[p].fd, ucx.address, (uint32_t)ucx.address_length) != 0)
 			return -1;
 	for (unsigned p = 0; p < dex_rt.nodes; p++) {
-		if (!dex_queue_is_peer(p))
-			continue;
-		void *theirs = read_blob(dex_rt.peers[p].fd);
-		if (!theirs) {
+		if (dex_queue_is_peer(p) && !(ucx.peer_addresses[p] = read_blob(dex_rt.peers[p].fd))) {
 			dex_error("no UCX address from node %u", p);
 			return -1;
 		}
-		if (connect_endpoint(p, theirs) != 0)
-			return -1;
-		free(theirs);
 	}
-	if (dex_rt.node != 0 && write_blob(dex_rt.peers[0].fd, mine, (uint32_t)mine_length) != 0)
+	if (dex_rt.node != 0 && write_blob(dex_rt.peers[0].fd, ucx.address, (uint32_t)ucx.address_length) != 0)
 		return -1;
-	ucp_worker_release_address(ucx.worker, mine);
+	return 0;
+}
+
+static int ucx_connect(void)
+{
+	const void *mine;
+	size_t mine_length;
+	if (ucx_local_address(&mine, &mine_length) != 0 || (!ucx.addresses_given && exchange_addresses() != 0))
+		return -1;
+	dex_debug("UCX: workers' addresses %s", ucx.addresses_given ? "from the launcher (PMIx)" : "over the bootstrap sockets");
+	for (unsigned p = 0; p < dex_rt.nodes; p++) {
+		if (!dex_queue_is_peer(p))
+			continue;
+		if (!ucx.peer_addresses[p]) {
+			dex_error("no UCX address from node %u", p);
+			return -1;
+		}
+		int rc = connect_endpoint(p, ucx.peer_addresses[p]);
+		free(ucx.peer_addresses[p]);
+		ucx.peer_addresses[p] = NULL;
+		if (rc != 0)
+			return -1;
+	}
+	ucp_worker_release_address(ucx.worker, ucx.address);
+	ucx.address = NULL;
 
 	for (unsigned p = 0; p < dex_rt.nodes; p++) {
 		if (!dex_queue_is_peer(p))
@@ -465,7 +504,7 @@ static int ucx_connect(void)
 
 static struct dex_transport ucx_transport = {
 	.name = "ucx", .connect = ucx_connect, .send = dex_queue_send, .receive = dex_queue_receive,
-	.flush = dex_queue_flush,
+	.flush = dex_queue_flush, .local_address = ucx_local_address, .peer_address = ucx_peer_address,
 };
 
 /* Called while libdex starts, before the shared regions exist: ucp_init

@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # dexrun --hosts with two "hosts": network namespaces joined to this one by
-# veth pairs, each running a dexnode agent on its own address. Checks:
+# veth pairs, each running an sshd and a dexnode agent on its own address.
+# Over ssh (dexrun --hosts FILE, the standard way):
+#   S1. a 3-node run is correct, over TCP and, if built, over UCX;
+#   S2. the run's secret is on no process's command line;
+#   S3. Ctrl-C on dexrun ends the remote nodes too.
+# Through the dexnode agents (dexrun --hosts FILE --secret-file FILE):
 #   1. a 3-node run (origin here, a node in each namespace) is correct, over
 #      TCP and, if built, over UCX;
 #   2. a host whose binary differs (another program bind-mounted over the
@@ -12,16 +17,17 @@ set -u
 BUILD=${1:-build}
 tag=$$
 subnet=$((200 + tag % 50))
-namespaces=() links=() agents=()
+namespaces=() links=() agents=() sshds=()
 cleanup() {
-	for a in "${agents[@]}"; do kill "$a" 2>/dev/null; done
+	for a in "${agents[@]}" "${sshds[@]}"; do kill "$a" 2>/dev/null; done
 	wait 2>/dev/null
 	for l in "${links[@]}"; do ip link del "$l" 2>/dev/null; done
 	for ns in "${namespaces[@]}"; do ip netns del "$ns" 2>/dev/null; done
 	rm -f "$hosts" "$bad_hosts" "$out" "$secret" "$other_secret"
+	rm -rf "$sshdir"
 }
 trap cleanup EXIT
-hosts=$(mktemp) bad_hosts=$(mktemp) out=$(mktemp) secret=$(mktemp) other_secret=$(mktemp)
+hosts=$(mktemp) bad_hosts=$(mktemp) out=$(mktemp) secret=$(mktemp) other_secret=$(mktemp) sshdir=$(mktemp -d)
 # the agents' secret (mktemp makes it 0600), as dexnode and dexrun require
 od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$secret"
 od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$other_secret"
@@ -52,6 +58,7 @@ make_host() { # k [command prefix for the agent]
 }
 make_host 1 || exit 1
 make_host 2 || exit 1
+
 # host 3 has "another binary" at the same path: its own mount namespace
 # with hello_nodes mounted over coherence
 make_host 3 unshare -m sh -c "mount --bind $BUILD/hello_nodes $BUILD/coherence && exec \"\$0\" \"\$@\"" || exit 1
@@ -63,6 +70,95 @@ for k in 1 2 3; do # wait for the agents to listen
 done
 printf '# two hosts\n10.%s.1.2\n10.%s.2.2:7450\n' "$subnet" "$subnet" >"$hosts"
 printf '10.%s.1.2\n10.%s.3.2\n' "$subnet" "$subnet" >"$bad_hosts"
+
+ssh_ok() { # transport (UCX over TCP: see run_ok)
+	UCX_TLS=tcp,self timeout 60 "$BUILD/dexrun" --timeout 50 --transport "$1" --hosts "$sshdir/hosts" "$BUILD/coherence" mutex 6 500 >"$out" 2>&1 &&
+		grep -q "PASS mutex: counter 3000, expected 3000 on 3 nodes" "$out" &&
+		UCX_TLS=tcp,self timeout 60 "$BUILD/dexrun" --timeout 50 --transport "$1" --hosts "$sshdir/hosts" "$BUILD/netns_probe" >"$out" 2>&1 &&
+		grep -q "3 distinct for 3 nodes" "$out"
+}
+
+# the secret is in the nodes' environments and on no command line; Ctrl-C
+# ends them all
+ssh_secret_and_ctrl_c() {
+	"$BUILD/dexrun" --hosts "$sshdir/hosts" "$BUILD/coherence" pingpong 2 424242442 >"$out" 2>&1 &
+	local runner=$! nodes=() secret_of=() p
+	for _ in $(seq 50); do
+		mapfile -t nodes < <(pgrep -f -- "^$BUILD/coherence pingpong 2 424242442")
+		[ ${#nodes[@]} -ge 3 ] && break
+		sleep 0.1
+	done
+	sleep 0.5
+	for p in "${nodes[@]}"; do
+		secret_of+=("$(tr '\0' '\n' </proc/"$p"/environ 2>/dev/null | sed -n 's/^DEX_RUN_SECRET=//p')")
+	done
+	# from a file: on grep's command line it would be found
+	printf '%s\n' "${secret_of[0]:-none}" >"$sshdir/needle"
+	local shown=0
+	for p in /proc/[0-9]*; do
+		grep -qaFf "$sshdir/needle" "$p/cmdline" 2>/dev/null && shown=1
+	done
+	kill -INT "$runner"
+	wait "$runner"
+	local rc=$?
+	for _ in $(seq 50); do
+		[ -z "$(pgrep -f -- 424242442)" ] && break
+		sleep 0.1
+	done
+	echo "nodes ${#nodes[@]}, secrets '${secret_of[*]}', on a command line $shown, rc $rc" >>"$out"
+	[ ${#nodes[@]} -ge 3 ] && [ ${#secret_of[0]} = 64 ] && [ "${secret_of[0]}" = "${secret_of[1]}" ] &&
+		[ "${secret_of[0]}" = "${secret_of[2]}" ] && [ $shown = 0 ] && [ $rc -eq 130 ] &&
+		[ -z "$(pgrep -f -- 424242442)" ]
+}
+
+# an sshd in hosts 1 and 2 that admits a key made here, and an ssh client
+# configuration that trusts only their host key (needs openssh-server)
+over_ssh() {
+	ssh-keygen -q -t ed25519 -N '' -f "$sshdir/host_key" && ssh-keygen -q -t ed25519 -N '' -f "$sshdir/id" || exit 1
+	cp "$sshdir/id.pub" "$sshdir/authorized_keys"
+	echo "* $(cat "$sshdir/host_key.pub")" >"$sshdir/known_hosts"
+	cat >"$sshdir/sshd_config" <<-CONF
+	HostKey $sshdir/host_key
+	AuthorizedKeysFile $sshdir/authorized_keys
+	PermitRootLogin prohibit-password
+	PasswordAuthentication no
+	KbdInteractiveAuthentication no
+	UsePAM no
+	StrictModes no
+	PidFile none
+	CONF
+	cat >"$sshdir/ssh_config" <<-CONF
+	IdentityFile $sshdir/id
+	IdentitiesOnly yes
+	UserKnownHostsFile $sshdir/known_hosts
+	StrictHostKeyChecking yes
+	LogLevel ERROR
+	CONF
+	mkdir -p /run/sshd # sshd's privilege-separation directory
+	for k in 1 2; do
+		ip netns exec "dexh${tag}$k" /usr/sbin/sshd -D -e -f "$sshdir/sshd_config" -o "ListenAddress=10.$subnet.$k.2:22" \
+			2>>"$sshdir/sshd.log" &
+		sshds+=($!)
+	done
+	export DEX_SSH="ssh -F $sshdir/ssh_config"
+	printf '# two hosts, through ssh\n10.%s.1.2\nroot@10.%s.2.2:22\n' "$subnet" "$subnet" >"$sshdir/hosts"
+	for k in 1 2; do # wait for the sshds to listen
+		for _ in $(seq 50); do
+			ip netns exec "dexh${tag}$k" ss -ltn 2>/dev/null | grep -q "10.$subnet.$k.2:22 " && break
+			sleep 0.1
+		done
+	done
+	check "--hosts over ssh: 3 nodes, 2 on namespaced hosts (tcp): mutex counter and 3 network namespaces" ssh_ok tcp
+	if [ -f "$BUILD/libdex-ucx.so" ]; then
+		check "--hosts over ssh, UCX (UCX_TLS=tcp,self)" ssh_ok ucx
+	fi
+	check "over ssh the run's secret reaches every node on no command line; Ctrl-C ends the remote nodes" ssh_secret_and_ctrl_c
+}
+if [ -x /usr/sbin/sshd ]; then
+	over_ssh
+else
+	echo "skipped: --hosts over ssh (no /usr/sbin/sshd: openssh-server)"
+fi
 
 run_ok() { # transport
 	# UCX would see one machine and pick shared memory, whose wake-up
