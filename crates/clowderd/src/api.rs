@@ -9,7 +9,7 @@ use serde_json::Value;
 use crate::cores::{parse_cpu_list, CoreRequest};
 use crate::memory::parse_size;
 
-pub use clowder_api::daemon::{socket_path, MAX_REQUEST_FDS, MAX_REQUEST_LEN, RUN_FIXED_FDS};
+pub use clowder_api::daemon::{socket_path, RUN_FIXED_FDS};
 
 /// A `create` whose values were checked.
 #[derive(Clone, Debug, PartialEq, Eq)]
