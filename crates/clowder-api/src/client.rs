@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::codec::{LineSocket, Limits};
+use crate::codec::{Limits, LineSocket};
 use crate::daemon::{socket_path, JobEvent, Request, MAX_REPLY_LEN, MAX_REQUEST_FDS};
 use crate::{parse_reply, ApiError};
 

@@ -53,11 +53,7 @@ impl Request {
             "logs" => Request::Logs(fields(&op, rest)?),
             "run" => Request::Run(fields(&op, rest)?),
             "xemem_ls" => no_fields(&op, rest).map(|()| Request::XememLs)?,
-            other => {
-                return Err(ApiError::invalid(format!(
-                    "unknown op {other:?} (version, create, ls, rm, run, logs, xemem_ls)"
-                )))
-            }
+            other => return Err(ApiError::invalid(format!("unknown op {other:?} (version, create, ls, rm, run, logs, xemem_ls)"))),
         })
     }
 

@@ -108,8 +108,7 @@ pub fn parse_reply<T: DeserializeOwned>(reply: Value) -> Result<T, ApiError> {
 /// A request line split into its `op` and the rest of its fields; what is not a JSON object
 /// with a string `op` is refused with the reason.
 fn split_op(line: &[u8]) -> Result<(String, Value), ApiError> {
-    let value: Value =
-        serde_json::from_slice(line).map_err(|e| ApiError::invalid(format!("malformed request (not JSON: {e})")))?;
+    let value: Value = serde_json::from_slice(line).map_err(|e| ApiError::invalid(format!("malformed request (not JSON: {e})")))?;
     let Value::Object(mut fields) = value else {
         return Err(ApiError::invalid("malformed request: a request is a JSON object with an \"op\""));
     };

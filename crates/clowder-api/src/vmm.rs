@@ -26,11 +26,19 @@ pub enum VmmRequest {
     Channel,
     /// Maps the one descriptor sent with the request into the guest.
     AddRegion(AddRegion),
-    RemoveRegion { slot: u32 },
+    RemoveRegion {
+        slot: u32,
+    },
     /// Which backing files hold guest-physical `gpa..gpa+len`.
-    Translate { gpa: u64, len: u64 },
+    Translate {
+        gpa: u64,
+        len: u64,
+    },
     /// Single-steps `steps` instructions of vCPU `vcpu` and counts them.
-    Profile { vcpu: usize, steps: u64 },
+    Profile {
+        vcpu: usize,
+        steps: u64,
+    },
 }
 
 /// The fields of `remove_region`.

@@ -8,8 +8,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use clowder_api::client::{CallError, Client};
 use clowder_api::daemon::{
-    Cores, Create, CreateReply, EnclaveInfo, EnclaveKind, LogsReply, LsReply, Named, Request, RmReply, Size, VersionReply,
-    XememLsReply,
+    Cores, Create, CreateReply, EnclaveInfo, EnclaveKind, LogsReply, LsReply, Named, Request, RmReply, Size, VersionReply, XememLsReply,
 };
 use clowder_api::size::readable_size;
 use clowder_api::API_VERSION;
@@ -213,8 +212,7 @@ fn or_dash<T: ToString>(value: Option<T>) -> String {
     value.map_or_else(|| "-".into(), |v| v.to_string())
 }
 
-const ENCLAVE_HEADER: [&str; 11] =
-    ["NAME", "OWNER", "GROUP", "KIND", "MODE", "STATE", "CORES", "MEM", "HUGEPAGES", "PID", "JOBS"];
+const ENCLAVE_HEADER: [&str; 11] = ["NAME", "OWNER", "GROUP", "KIND", "MODE", "STATE", "CORES", "MEM", "HUGEPAGES", "PID", "JOBS"];
 
 fn enclave_row(e: &EnclaveInfo) -> Vec<String> {
     vec![

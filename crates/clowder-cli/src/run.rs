@@ -42,12 +42,7 @@ impl FirstWord {
 /// something that is no file either, it is the enclave if one has that name (the error is then
 /// about NEXT, the program that cannot be opened), else the program. A bare word that is both
 /// an executable here and an enclave's name is refused as ambiguous rather than guessed.
-fn names_enclave(
-    word: &str,
-    first: FirstWord,
-    next: Option<bool>,
-    enclave_exists: impl Fn(&str) -> bool,
-) -> Result<bool, String> {
+fn names_enclave(word: &str, first: FirstWord, next: Option<bool>, enclave_exists: impl Fn(&str) -> bool) -> Result<bool, String> {
     match (first, next) {
         (FirstWord::Path, _) | (_, None) => Ok(false),
         (FirstWord::Other, Some(true)) => Ok(true),
