@@ -100,7 +100,11 @@ fn version_at(root: &Path) -> Option<Version> {
 
 /// Where the cgroup2 hierarchy is mounted, from a mount table in /proc/mounts's format.
 fn cgroup2_mount(mounts: &str) -> Option<PathBuf> {
-    mounts.lines().map(|line| line.split_whitespace().collect::<Vec<_>>()).find(|fields| fields.get(2) == Some(&"cgroup2")).map(|fields| PathBuf::from(fields[1]))
+    mounts
+        .lines()
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .find(|fields| fields.get(2) == Some(&"cgroup2"))
+        .map(|fields| PathBuf::from(fields[1]))
 }
 
 /// The hierarchy to isolate cores in: `CLOWDER_CPUSET_ROOT` if set, else the v1 cpuset mount,
@@ -239,7 +243,10 @@ impl Cpusets {
             Some(cores) => cores,
             None => read(&self.root.join("cpuset.cpus.effective"))?,
         };
-        Ok(format!("cpusets: enclave {enclave}'s cores returned to the host, which has cores {host_cores}; removed {}", enclave_group.display()))
+        Ok(format!(
+            "cpusets: enclave {enclave}'s cores returned to the host, which has cores {host_cores}; removed {}",
+            enclave_group.display()
+        ))
     }
 
     /// Returns every task in the daemon's cgroups to the root and removes them (the daemon is

@@ -23,7 +23,13 @@ fn make_group(root: &Path, group: &Path, cores: &BTreeSet<usize>) -> Result<(), 
 
 /// Confines the VMM to `enclave_group` on `cores`, and every other task of the root to
 /// `clowder-host` on `host_cores`.
-pub(super) fn isolate(root: &Path, enclave_group: &Path, cores: &BTreeSet<usize>, host_cores: &BTreeSet<usize>, vmm_pid: u32) -> Result<String, String> {
+pub(super) fn isolate(
+    root: &Path,
+    enclave_group: &Path,
+    cores: &BTreeSet<usize>,
+    host_cores: &BTreeSet<usize>,
+    vmm_pid: u32,
+) -> Result<String, String> {
     make_group(root, enclave_group, cores)?;
     write(&enclave_group.join("cgroup.procs"), &vmm_pid.to_string())?;
     let host_group: PathBuf = root.join(HOST_GROUP);
