@@ -423,6 +423,20 @@ mod tests {
     }
 
     #[test]
+    fn keys_and_values_with_control_characters_are_quoted_on_one_line() {
+        // serde quotes an unknown key or variant verbatim; the JSON escapes are real newlines by then.
+        for (line, quoted) in [
+            (r#"{"op":"create","a\nb":1}"#, r"unknown field `a\nb`"),
+            (r#"{"op":"ls","x\u001b[2J":1}"#, r"unknown field `x\u{1b}[2J`"),
+            (r#"{"op":"create","name":"a","kind":"l\r\nwk","mem":"1G"}"#, r"unknown variant `l\r\nwk`"),
+        ] {
+            let message = error(line);
+            assert!(!message.contains(char::is_control), "{message:?}");
+            assert!(message.contains(quoted), "{message:?}");
+        }
+    }
+
+    #[test]
     fn bad_requests_say_what_is_wrong_and_name_the_field() {
         assert!(error("{nope").contains("malformed request"));
         assert!(error("[1,2]").contains("JSON object"));

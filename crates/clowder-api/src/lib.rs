@@ -52,8 +52,12 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// Control characters in the message (a key or value quoted verbatim from a request, as
+    /// serde does for an unknown field) are escaped, so every message is one line.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> ApiError {
-        ApiError { kind, message: message.into() }
+        let message = message.into();
+        let message = if message.contains(char::is_control) { one_line(&message) } else { message };
+        ApiError { kind, message }
     }
 
     pub fn invalid(message: impl Into<String>) -> ApiError {
@@ -103,6 +107,11 @@ pub fn parse_reply<T: DeserializeOwned>(reply: Value) -> Result<T, ApiError> {
         })),
         _ => Err(ApiError::new(ErrorKind::Internal, format!("the server's reply has no `ok`: {reply}"))),
     }
+}
+
+/// `text` with each control character escaped as Rust would write it (`\n`, `\u{1b}`).
+fn one_line(text: &str) -> String {
+    text.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
 }
 
 /// A request line split into its `op` and the rest of its fields; what is not a JSON object
