@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <xpmem.h>
+#include "named_segment.h"
+#include "patterned_segment.h"
 
 enum { GET_FAILED = 2, ATTACH_FAILED = 3 };
 
@@ -23,6 +25,19 @@ static xpmem_apid_t get_segment(xpmem_segid_t segid)
 		return -1;
 	}
 	return apid;
+}
+
+/* Waits for the segment `name` (at most `tries` lookups), prints "found a segment of enclave
+   N" and gets a read-write permit for it into *apid: 0, or the program's exit code after
+   printing what failed (1 when there is no such segment, else GET_FAILED). */
+static inline int get_named_segment(const char *name, int tries, xpmem_apid_t *apid)
+{
+	xpmem_segid_t segid = wait_for_named_segment(name, tries);
+	if (segid <= 0)
+		return 1;
+	printf("found a segment of enclave %lld\n", (long long)(segid >> 32));
+	*apid = get_segment(segid);
+	return *apid <= 0 ? GET_FAILED : 0;
 }
 
 /* The first `size` bytes of the segment `apid` permits, attached; NULL after printing
@@ -40,16 +55,6 @@ static void *attach_segment(xpmem_apid_t apid, size_t size)
 		return NULL;
 	}
 	return view;
-}
-
-/* How many of the first `pages` pages (4096 bytes each) of `view` start with the owner's
-   pattern, page i with base + i. */
-static int pages_with_pattern(const volatile uint64_t *view, unsigned long pages, uint64_t base)
-{
-	int matching = 0;
-	for (unsigned long page = 0; page < pages; page++)
-		matching += view[page * 4096 / 8] == base + page;
-	return matching;
 }
 
 #endif

@@ -11,20 +11,16 @@
 #include <unistd.h>
 #include <xpmem.h>
 #include "attach_segment.h"
-#include "named_segment.h"
 
 #define PAGE 4096UL
 #define PAGES 16
 
 int main(void)
 {
-	xpmem_segid_t segid = wait_for_named_segment("lwk-owner-seg", 400);
-	if (segid <= 0)
-		return 1;
-	printf("found a segment of enclave %lld\n", (long long)(segid >> 32));
-	xpmem_apid_t apid = get_segment(segid);
-	if (apid <= 0)
-		return GET_FAILED;
+	xpmem_apid_t apid;
+	int failed = get_named_segment("lwk-owner-seg", 400, &apid);
+	if (failed)
+		return failed;
 	/* The permit is this process's: another process (a fork child) may neither attach through
 	 * it nor release it (EACCES, as for a host segment). */
 	pid_t child = fork();

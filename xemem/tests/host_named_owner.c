@@ -9,21 +9,16 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/mman.h>
-#include <unistd.h>
 #include <xpmem.h>
-
-#define PAGE 4096UL
+#include "patterned_segment.h"
 
 int main(int argc, char **argv)
 {
 	unsigned long pages = argc > 1 ? strtoul(argv[1], NULL, 0) : 16;
-	volatile uint64_t *buffer = mmap(NULL, pages * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (buffer == MAP_FAILED)
+	xpmem_segid_t segid;
+	volatile uint64_t *buffer = make_patterned_segment(pages, 2000, "host-owner-seg", &segid);
+	if (!buffer)
 		return 1;
-	for (unsigned long page = 0; page < pages; page++)
-		buffer[page * PAGE / 8] = 2000 + page;
-	xpmem_segid_t segid = xemem_make((void *)buffer, pages * PAGE, "host-owner-seg");
 	if (segid <= 0) {
 		printf("make failed: errno %d\n", errno);
 		return 2;
@@ -31,9 +26,7 @@ int main(int argc, char **argv)
 	printf("made host-owner-seg\n");
 	fflush(stdout);
 	/* Up to 60 s: the LWK job is built and started after this line appears. */
-	for (int tries = 0; tries < 6000 && buffer[1] != 43; tries++)
-		usleep(10000);
-	if (buffer[1] != 43) {
+	if (!wait_for_word(&buffer[1], 43, 6000)) {
 		printf("the LWK job never wrote\n");
 		return 3;
 	}

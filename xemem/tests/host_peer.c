@@ -17,11 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 #include <xpmem.h>
 #include "attach_segment.h"
-#include "named_segment.h"
 
 #define PAGE 4096UL
 #define PAGES 16
@@ -36,31 +34,24 @@ static void bus(int signal)
 
 static int owner(const char *name, uint64_t base)
 {
-	volatile uint64_t *buffer = mmap(NULL, PAGES * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (buffer == MAP_FAILED)
+	xpmem_segid_t segid;
+	volatile uint64_t *buffer = make_patterned_segment(PAGES, base, name, &segid);
+	if (!buffer)
 		return 1;
-	for (unsigned long page = 0; page < PAGES; page++)
-		buffer[page * PAGE / 8] = base + page;
-	xpmem_segid_t segid = xemem_make((void *)buffer, PAGES * PAGE, name);
 	if (segid <= 0) {
 		printf("make failed: errno %d\n", errno);
 		return 2;
 	}
 	printf("made a segment of enclave %lld\n", (long long)(segid >> 32));
 	fflush(stdout);
-	for (int tries = 0; tries < 6000 && buffer[1] != 43; tries++)
-		usleep(10000);
-	if (buffer[1] != 43) {
+	if (!wait_for_word(&buffer[1], 43, 6000)) {
 		printf("the attacher never wrote\n");
 		return 3;
 	}
 	printf("the attacher wrote 43 and %s\n", buffer[15 * PAGE / 8 + 2] == 7 ? "7" : "not 7");
 	printf("remove: %d\n", xpmem_remove(segid));
 	/* The owner keeps its memory after remove, as with XPMEM. */
-	int intact = 0;
-	for (unsigned long page = 0; page < PAGES; page++)
-		intact += buffer[page * PAGE / 8] == base + page;
-	printf("%d of %d pages intact after remove\n", intact, PAGES);
+	printf("%d of %d pages intact after remove\n", pages_with_pattern(buffer, PAGES, base), PAGES);
 	fflush(stdout);
 	return 0;
 }
@@ -80,13 +71,10 @@ static int sigbus_within_30s(volatile uint64_t *view)
 
 static int attacher(const char *name, uint64_t base)
 {
-	xpmem_segid_t segid = wait_for_named_segment(name, 400);
-	if (segid <= 0)
-		return 1;
-	printf("found a segment of enclave %lld\n", (long long)(segid >> 32));
-	xpmem_apid_t apid = get_segment(segid);
-	if (apid <= 0)
-		return GET_FAILED;
+	xpmem_apid_t apid;
+	int failed = get_named_segment(name, 400, &apid);
+	if (failed)
+		return failed;
 	volatile uint64_t *view = attach_segment(apid, PAGES * PAGE);
 	if (!view)
 		return ATTACH_FAILED;

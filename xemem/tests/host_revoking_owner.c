@@ -10,12 +10,11 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 #include <xpmem.h>
+#include "patterned_segment.h"
 
-#define PAGE 4096UL
 #define PAGES 16
 
 static double now(void)
@@ -28,21 +27,17 @@ static double now(void)
 int main(int argc, char **argv)
 {
 	int remove = argc > 1 && strcmp(argv[1], "remove") == 0;
-	volatile uint64_t *buffer = mmap(NULL, PAGES * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (buffer == MAP_FAILED)
+	xpmem_segid_t segid;
+	volatile uint64_t *buffer = make_patterned_segment(PAGES, 3000, "host-revoke-seg", &segid);
+	if (!buffer)
 		return 1;
-	for (unsigned long page = 0; page < PAGES; page++)
-		buffer[page * PAGE / 8] = 3000 + page;
-	xpmem_segid_t segid = xemem_make((void *)buffer, PAGES * PAGE, "host-revoke-seg");
 	if (segid <= 0) {
 		printf("make failed: errno %d\n", errno);
 		return 2;
 	}
 	printf("made host-revoke-seg\n");
 	fflush(stdout);
-	for (int tries = 0; tries < 6000 && buffer[1] != 44; tries++)
-		usleep(10000);
-	if (buffer[1] != 44) {
+	if (!wait_for_word(&buffer[1], 44, 6000)) {
 		printf("the LWK job never wrote\n");
 		return 3;
 	}
@@ -56,9 +51,7 @@ int main(int argc, char **argv)
 	double start = now();
 	int removed = xpmem_remove(segid);
 	printf("remove: %d (%.0f ms, the enclave's acknowledgement included)\n", removed, (now() - start) * 1e3);
-	int intact = 1;
-	for (unsigned long page = 0; page < PAGES; page++)
-		intact &= buffer[page * PAGE / 8] == 3000 + page;
+	int intact = pages_with_pattern(buffer, PAGES, 3000) == PAGES;
 	printf("owner data intact: %d\n", intact);
 	return removed == 0 && intact ? 0 : 4;
 }

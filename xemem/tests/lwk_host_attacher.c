@@ -25,7 +25,6 @@
 #include <unistd.h>
 #include <xpmem.h>
 #include "attach_segment.h"
-#include "named_segment.h"
 
 #define PAGE 4096UL
 
@@ -53,13 +52,10 @@ int main(int argc, char **argv)
 	struct sigaction action = { .sa_handler = on_segv };
 	sigemptyset(&action.sa_mask);
 	sigaction(SIGSEGV, &action, NULL);
-	xpmem_segid_t segid = wait_for_named_segment("host-owner-seg", 200);
-	if (segid <= 0)
-		return 1;
-	printf("found a segment of enclave %lld\n", (long long)(segid >> 32));
-	xpmem_apid_t apid = get_segment(segid);
-	if (apid <= 0)
-		return GET_FAILED;
+	xpmem_apid_t apid;
+	int failed = get_named_segment("host-owner-seg", 200, &apid);
+	if (failed)
+		return failed;
 	struct xpmem_addr misaligned = { .apid = apid, .offset = 100 };
 	int misaligned_refused = xpmem_attach(misaligned, PAGE, NULL) == (void *)-1 && errno == EINVAL;
 	struct xpmem_addr beyond = { .apid = apid, .offset = pages * PAGE };

@@ -11,28 +11,17 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <time.h>
 #include <xpmem.h>
+#include "patterned_segment.h"
 
-#define PAGE 4096UL
 #define PAGES 16
-
-static double now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 int main(int argc, char **argv)
 {
-	volatile uint64_t *memory = mmap(NULL, PAGES * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (memory == MAP_FAILED)
+	xpmem_segid_t segid;
+	volatile uint64_t *memory = make_patterned_segment(PAGES, 1000, "lwk-owner-seg", &segid);
+	if (!memory)
 		return 2;
-	for (unsigned long page = 0; page < PAGES; page++)
-		memory[page * PAGE / 8] = 1000 + page;
-	xpmem_segid_t segid = xemem_make((void *)memory, PAGES * PAGE, "lwk-owner-seg");
 	if (segid <= 0) {
 		printf("xemem_make failed: errno %d\n", errno);
 		return 1;
@@ -41,10 +30,8 @@ int main(int argc, char **argv)
 	fflush(stdout);
 	if (argc > 1 && !strcmp(argv[1], "keep"))
 		return 0;
-	double deadline = now() + 20;
-	while (memory[1] != 42 && now() < deadline)
-		;
-	printf(memory[1] == 42 ? "the host wrote 42\n" : "timed out waiting for the host\n");
+	int written = spin_for_word(&memory[1], 42, 20);
+	printf(written ? "the host wrote 42\n" : "timed out waiting for the host\n");
 	printf("remove: %d\n", xpmem_remove(segid));
-	return memory[1] == 42 ? 0 : 3;
+	return written ? 0 : 3;
 }

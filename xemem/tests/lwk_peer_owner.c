@@ -9,49 +9,41 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 #include <xpmem.h>
+#include "patterned_segment.h"
 
-#define PAGE 4096UL
 #define PAGES 16
 
 int main(int argc, char **argv)
 {
 	int hold = argc > 1 && strcmp(argv[1], "hold") == 0;
-	volatile uint64_t *memory = mmap(NULL, PAGES * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (memory == MAP_FAILED)
+	xpmem_segid_t segid;
+	volatile uint64_t *memory = make_patterned_segment(PAGES, 6000, "lwk-peer-seg", &segid);
+	if (!memory)
 		return 2;
-	for (unsigned long page = 0; page < PAGES; page++)
-		memory[page * PAGE / 8] = 6000 + page;
-	xpmem_segid_t segid = xemem_make((void *)memory, PAGES * PAGE, "lwk-peer-seg");
 	if (segid <= 0) {
 		printf("xemem_make failed: errno %d\n", errno);
 		return 1;
 	}
 	printf("made a segment of enclave %lld\n", (long long)(segid >> 32));
 	fflush(stdout);
-	time_t deadline = time(NULL) + 60;
-	while (memory[1] != 44 && time(NULL) < deadline)
-		;
-	if (memory[1] != 44) {
+	if (!spin_for_word(&memory[1], 44, 60)) {
 		printf("the other enclave never wrote\n");
 		return 3;
 	}
 	printf("the other enclave wrote 44\n");
 	fflush(stdout);
 	if (hold) {
-		deadline = time(NULL) + 60;
+		time_t deadline = time(NULL) + 60;
 		while (time(NULL) < deadline)
 			;
 		return 4;
 	}
 	usleep(200000);
 	printf("remove: %d\n", xpmem_remove(segid));
-	int intact = 1;
-	for (unsigned long page = 0; page < PAGES; page++)
-		intact &= memory[page * PAGE / 8] == 6000 + page;
+	int intact = pages_with_pattern(memory, PAGES, 6000) == PAGES;
 	printf("owner data intact: %d\n", intact);
 	return intact ? 0 : 5;
 }

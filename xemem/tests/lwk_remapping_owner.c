@@ -14,33 +14,11 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <xpmem.h>
+#include "patterned_segment.h"
 
 #define PAGE 4096UL
 #define DATA_PAGES 16
-
-static double now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static void fill(volatile uint64_t *data, uint64_t base)
-{
-	for (unsigned long page = 0; page < DATA_PAGES; page++)
-		data[page * PAGE / 8] = base + page;
-}
-
-/* Waits up to 20 s for the mailbox to say `value`. */
-static int wait_for(volatile uint64_t *mailbox, uint64_t value)
-{
-	double deadline = now() + 20;
-	while (*mailbox != value && now() < deadline)
-		;
-	return *mailbox == value;
-}
 
 int main(void)
 {
@@ -57,7 +35,7 @@ int main(void)
 		return 1;
 	}
 	fflush(stdout);
-	if (!wait_for(mailbox, 1)) {
+	if (!spin_for_word(mailbox, 1, 20)) {
 		printf("timed out waiting for the host's request\n");
 		return 3;
 	}
@@ -65,11 +43,11 @@ int main(void)
 		printf("mapping the data pages failed: errno %d\n", errno);
 		return 4;
 	}
-	fill(data, 2000);
+	fill_with_pattern(data, DATA_PAGES, 2000);
 	printf("mapped the data pages\n");
 	fflush(stdout);
 	*mailbox = 2;
-	int done = wait_for(mailbox, 3);
+	int done = spin_for_word(mailbox, 3, 20);
 	printf(done ? "the host is done\n" : "timed out waiting for the host\n");
 	xpmem_remove(segid);
 	return done ? 0 : 5;

@@ -26,7 +26,6 @@
 #include <unistd.h>
 #include <xpmem.h>
 #include "attach_segment.h"
-#include "named_segment.h"
 
 #define PAGE 4096UL
 #define PAGES 16
@@ -74,13 +73,10 @@ int main(int argc, char **argv)
 	int threads = argc > 2 ? atoi(argv[2]) : 1;
 	const char *name = argc > 4 ? argv[3] : "host-revoke-seg";
 	uint64_t base = argc > 4 ? strtoull(argv[4], NULL, 0) : 3000;
-	xpmem_segid_t segid = wait_for_named_segment(name, 400);
-	if (segid <= 0)
-		return 1;
-	printf("found a segment of enclave %lld\n", (long long)(segid >> 32));
-	xpmem_apid_t apid = get_segment(segid);
-	if (apid <= 0)
-		return GET_FAILED;
+	xpmem_apid_t apid;
+	int failed = get_named_segment(name, 400, &apid);
+	if (failed)
+		return failed;
 	view = attach_segment(apid, PAGES * PAGE);
 	if (!view)
 		return ATTACH_FAILED;
