@@ -31,10 +31,8 @@
 
 #include <xpmem.h>
 
+#include "conformance_check.h"
 #include "fault_probe.h"
-
-#define PAGE 4096UL
-#define INTS_PER_PAGE (PAGE / sizeof(int))
 
 static const char *current_case;
 
@@ -48,20 +46,6 @@ static void fail(const char *fmt, ...)
 	fprintf(stderr, " (errno %d: %s)\n", errno, strerror(errno));
 	exit(1);
 }
-
-#define CHECK(cond, ...)                                                                                              \
-	do {                                                                                                          \
-		if (!(cond))                                                                                          \
-			fail(__VA_ARGS__);                                                                            \
-	} while (0)
-
-/* The call must fail with -1 and exactly this errno. */
-#define EXPECT_ERROR(call, err)                                                                                       \
-	do {                                                                                                          \
-		errno = 0;                                                                                            \
-		long long _r = (long long)(call);                                                                     \
-		CHECK(_r == -1 && errno == (err), "%s: got %lld errno %d, want -1 errno %d", #call, _r, errno, err); \
-	} while (0)
 
 /* ---- processes and messages ---- */
 
@@ -105,36 +89,20 @@ static void reap(struct peer p)
 	close(p.fd);
 }
 
+/* Sends the peer its last word, then waits for its answer and its exit. */
+static void finish(struct peer p, uint64_t last)
+{
+	put(p.fd, last);
+	take(p.fd);
+	reap(p);
+}
+
 /* ---- memory ---- */
 
 static int *anonymous(size_t pages)
 {
 	int *p = mmap(NULL, pages * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	CHECK(p != MAP_FAILED, "mmap");
-	return p;
-}
-
-static void fill(int *p, size_t pages, int base)
-{
-	for (size_t i = 0; i < pages * INTS_PER_PAGE; i++)
-		p[i] = base + (int)i;
-}
-
-static void expect_filled(const int *p, size_t pages, int base, const char *what)
-{
-	for (size_t i = 0; i < pages * INTS_PER_PAGE; i++)
-		CHECK(p[i] == base + (int)i, "%s: int %zu is %d, want %d", what, i, p[i], base + (int)i);
-}
-
-static void *attach_rw(xpmem_segid_t segid, off_t offset, size_t size, xpmem_apid_t *apid_out)
-{
-	xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
-	CHECK(apid > 0, "xpmem_get %llx", (long long)segid);
-	struct xpmem_addr addr = { .apid = apid, .offset = offset };
-	void *p = xpmem_attach(addr, size, NULL);
-	CHECK(p != (void *)-1, "xpmem_attach offset %lld size %zu", (long long)offset, size);
-	if (apid_out)
-		*apid_out = apid;
 	return p;
 }
 
@@ -153,6 +121,15 @@ static int exporter(int fd, long pages)
 	CHECK(xpmem_remove(segid) == 0, "xpmem_remove");
 	put(fd, 1);
 	return 0;
+}
+
+/* A started exporter of `pages` pages; its segment in *segid. */
+static struct peer start_exporter(long pages, xpmem_segid_t *segid)
+{
+	struct peer owner = spawn(exporter, pages);
+	*segid = take(owner.fd);
+	take(owner.fd); /* its address, which only the fork cases use */
+	return owner;
 }
 
 /* ---- cases ---- */
@@ -334,26 +311,22 @@ static int case_permissions(void)
 /* test_base: attach 4 pages at offset 0, check i, add 1; the exporter sees i + 1. */
 static int case_base(void)
 {
-	struct peer owner = spawn(exporter, 4);
-	xpmem_segid_t segid = take(owner.fd);
-	take(owner.fd);
+	xpmem_segid_t segid;
+	struct peer owner = start_exporter(4, &segid);
 	xpmem_apid_t apid;
 	int *p = attach_rw(segid, 0, 4 * PAGE, &apid);
 	expect_filled(p, 4, 0, "attacher");
 	for (size_t i = 0; i < 4 * INTS_PER_PAGE; i++)
 		p[i] += 1;
-	put(owner.fd, 1);
-	take(owner.fd);
-	reap(owner);
+	finish(owner, 1);
 	return 0;
 }
 
 /* test_two_attach: two permits, two attachments, each adds 1. */
 static int case_two_attach(void)
 {
-	struct peer owner = spawn(exporter, 4);
-	xpmem_segid_t segid = take(owner.fd);
-	take(owner.fd);
+	xpmem_segid_t segid;
+	struct peer owner = start_exporter(4, &segid);
 	int *a = attach_rw(segid, 0, 4 * PAGE, NULL);
 	int *b = attach_rw(segid, 0, 4 * PAGE, NULL);
 	CHECK(a != b, "two distinct attachments");
@@ -364,31 +337,23 @@ static int case_two_attach(void)
 	expect_filled(a, 4, 2, "first attachment sees both writes");
 	CHECK(xpmem_detach((char *)a + 5000) == 0, "detach by an inner address");
 	CHECK(touch(a, 0) == SIGSEGV, "detached range is gone");
-	put(owner.fd, 2);
-	take(owner.fd);
-	reap(owner);
+	finish(owner, 2);
 	return 0;
 }
 
 /* test_two_shares: two segments from two exporters, both incremented. */
 static int case_two_shares(void)
 {
-	struct peer one = spawn(exporter, 4), two = spawn(exporter, 4);
-	xpmem_segid_t s1 = take(one.fd), s2 = take(two.fd);
-	take(one.fd);
-	take(two.fd);
+	xpmem_segid_t s1, s2;
+	struct peer one = start_exporter(4, &s1), two = start_exporter(4, &s2);
 	CHECK(s1 != s2, "distinct segids");
 	int *a = attach_rw(s1, 0, 4 * PAGE, NULL), *b = attach_rw(s2, 0, 4 * PAGE, NULL);
 	for (size_t i = 0; i < 4 * INTS_PER_PAGE; i++) {
 		a[i] += 1;
 		b[i] += 1;
 	}
-	put(one.fd, 1);
-	put(two.fd, 1);
-	take(one.fd);
-	take(two.fd);
-	reap(one);
-	reap(two);
+	finish(one, 1);
+	finish(two, 1);
 	return 0;
 }
 
@@ -443,18 +408,15 @@ static int case_fork_cow(void)
 		CHECK(p[i] == (int)(INTS_PER_PAGE + i) + 1, "attacher sees the parent's post-fork write");
 	for (size_t i = 0; i < INTS_PER_PAGE; i++)
 		p[i] += 1;
-	put(owner.fd, 1);
-	take(owner.fd);
-	reap(owner);
+	finish(owner, 1);
 	return 0;
 }
 
 /* Attachments are not inherited: a forked child of the attacher has no mapping there. */
 static int case_fork_attacher(void)
 {
-	struct peer owner = spawn(exporter, 4);
-	xpmem_segid_t segid = take(owner.fd);
-	take(owner.fd);
+	xpmem_segid_t segid;
+	struct peer owner = start_exporter(4, &segid);
 	int *p = attach_rw(segid, 0, 4 * PAGE, NULL);
 	pid_t child = fork();
 	if (child == 0) {
@@ -465,9 +427,7 @@ static int case_fork_attacher(void)
 	CHECK(waitpid(child, &status, 0) == child, "wait");
 	CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV, "child touching the attachment: status 0x%x", status);
 	expect_filled(p, 4, 0, "parent keeps its attachment");
-	put(owner.fd, 0);
-	take(owner.fd);
-	reap(owner);
+	finish(owner, 0);
 	return 0;
 }
 
@@ -498,9 +458,7 @@ static int case_whole_address_space(void)
 	expect_filled(p, 64, 1000, "attacher at the owner's address");
 	for (size_t i = 0; i < 64 * INTS_PER_PAGE; i++)
 		p[i] += 1;
-	put(owner.fd, 1);
-	take(owner.fd);
-	reap(owner);
+	finish(owner, 1);
 	return 0;
 }
 
@@ -564,9 +522,7 @@ static int case_holes_sigbus(void)
 		if (!hole)
 			CHECK(*at == (int)((page - 3) * INTS_PER_PAGE), "page %d content", page);
 	}
-	put(owner.fd, 1);
-	take(owner.fd);
-	reap(owner);
+	finish(owner, 1);
 	return 0;
 }
 
@@ -682,9 +638,7 @@ static void patterns(long pages, int filled)
 	for (long i = 0; i < pages; i += 200)
 		CHECK(p[i * INTS_PER_PAGE] == (filled ? i : 0), "sparse page %ld", i);
 	(void)want;
-	put(owner.fd, 1);
-	take(owner.fd);
-	reap(owner);
+	finish(owner, 1);
 }
 
 static int case_patterns(void)
@@ -743,9 +697,7 @@ static int case_one_to_many(void)
 	struct peer owners[5];
 	xpmem_segid_t segids[5];
 	for (int i = 0; i < 5; i++) {
-		owners[i] = spawn(exporter, 16);
-		segids[i] = take(owners[i].fd);
-		take(owners[i].fd);
+		owners[i] = start_exporter(16, &segids[i]);
 	}
 	int *views[5];
 	for (int i = 0; i < 5; i++)
@@ -756,9 +708,7 @@ static int case_one_to_many(void)
 			views[i][k] += i + 1;
 	}
 	for (int i = 0; i < 5; i++) {
-		put(owners[i].fd, i + 1);
-		take(owners[i].fd);
-		reap(owners[i]);
+		finish(owners[i], i + 1);
 	}
 	/* Several segids over the same region. */
 	int *p = anonymous(8);
@@ -945,9 +895,7 @@ static int case_owner_munmap(void)
 	for (size_t i = 0; i < 8 * INTS_PER_PAGE; i++)
 		moved[i] += 1;
 	CHECK(moving[5] == 106, "both attachments see one memory");
-	put(owner.fd, 1);
-	take(owner.fd);
-	reap(owner);
+	finish(owner, 1);
 	return 0;
 }
 

@@ -27,10 +27,9 @@
 #include <unistd.h>
 #include <xpmem.h>
 
+#include "conformance_check.h"
 #include "fault_probe.h"
 
-#define PAGE 4096UL
-#define INTS_PER_PAGE (PAGE / sizeof(int))
 #define STEP_SECONDS 60
 
 /* Control page words. */
@@ -39,7 +38,6 @@ enum { SEG1, SEG2, SEG3, OWNER_STEP, ATTACHER_STEP };
 static const char *current_case, *current_role;
 static volatile uint64_t *ctl;
 
-static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void fail(const char *fmt, ...)
 {
 	int saved = errno;
@@ -51,19 +49,6 @@ static void fail(const char *fmt, ...)
 	printf(" (errno %d)\n", saved);
 	exit(1);
 }
-
-#define CHECK(cond, ...)                                                                                              \
-	do {                                                                                                          \
-		if (!(cond))                                                                                          \
-			fail(__VA_ARGS__);                                                                            \
-	} while (0)
-
-#define EXPECT_ERROR(call, err)                                                                                       \
-	do {                                                                                                          \
-		errno = 0;                                                                                            \
-		long long _r = (long long)(call);                                                                     \
-		CHECK(_r == -1 && errno == (err), "%s: got %lld errno %d, want -1 errno %d", #call, _r, errno, err); \
-	} while (0)
 
 /* Waits until the peer's step word reaches `step`. */
 static void wait_step(int word, uint64_t step)
@@ -85,18 +70,6 @@ static int *anonymous(size_t pages)
 	return (int *)(p + PAGE);
 }
 
-static void fill(int *p, size_t pages, int base)
-{
-	for (size_t i = 0; i < pages * INTS_PER_PAGE; i++)
-		p[i] = base + (int)i;
-}
-
-static void expect_filled(const int *p, size_t pages, int base, const char *what)
-{
-	for (size_t i = 0; i < pages * INTS_PER_PAGE; i++)
-		CHECK(p[i] == base + (int)i, "%s: int %zu is %d, want %d", what, i, p[i], base + (int)i);
-}
-
 static xpmem_segid_t make(void *p, size_t pages, long mode)
 {
 	xpmem_segid_t segid = xpmem_make(p, pages * PAGE, XPMEM_PERMIT_MODE, (void *)mode);
@@ -104,16 +77,24 @@ static xpmem_segid_t make(void *p, size_t pages, long mode)
 	return segid;
 }
 
-static void *attach_rw(xpmem_segid_t segid, off_t offset, size_t size, xpmem_apid_t *apid_out)
+/* The owner's turn is over: tells the attacher so and waits until its turn is over too. */
+static void hand_over(void)
 {
-	xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
-	CHECK(apid > 0, "xpmem_get %llx", (long long)segid);
-	struct xpmem_addr addr = { .apid = apid, .offset = offset };
-	void *p = xpmem_attach(addr, size, NULL);
-	CHECK(p != (void *)-1, "xpmem_attach offset %lld size %zu", (long long)offset, size);
-	if (apid_out)
-		*apid_out = apid;
-	return p;
+	ctl[OWNER_STEP] = 1;
+	wait_step(ATTACHER_STEP, 1);
+}
+
+/* Shares 4 pages of int[i] = i as SEG1 and, after the attacher's turn, expects
+ * int[i] = i + added in them; removes the segment. */
+static void share_and_expect(int added, const char *what)
+{
+	int *p = anonymous(4);
+	fill(p, 4, 0);
+	xpmem_segid_t segid = make(p, 4, 0666);
+	ctl[SEG1] = segid;
+	hand_over();
+	expect_filled(p, 4, added, what);
+	CHECK(xpmem_remove(segid) == 0, "remove");
 }
 
 /* ---- cases: each has an owner part and an attacher part ---- */
@@ -121,14 +102,7 @@ static void *attach_rw(xpmem_segid_t segid, off_t offset, size_t size, xpmem_api
 /* test_base: 4 pages of int[i] = i; the attacher adds 1 everywhere. */
 static void base_owner(void)
 {
-	int *p = anonymous(4);
-	fill(p, 4, 0);
-	xpmem_segid_t segid = make(p, 4, 0666);
-	ctl[SEG1] = segid;
-	ctl[OWNER_STEP] = 1;
-	wait_step(ATTACHER_STEP, 1);
-	expect_filled(p, 4, 1, "owner after the attacher added 1");
-	CHECK(xpmem_remove(segid) == 0, "remove");
+	share_and_expect(1, "owner after the attacher added 1");
 }
 
 static void base_attacher(void)
@@ -144,14 +118,7 @@ static void base_attacher(void)
  * attachments are the same memory; a detach by an inner address takes the whole first one. */
 static void two_attach_owner(void)
 {
-	int *p = anonymous(4);
-	fill(p, 4, 0);
-	xpmem_segid_t segid = make(p, 4, 0666);
-	ctl[SEG1] = segid;
-	ctl[OWNER_STEP] = 1;
-	wait_step(ATTACHER_STEP, 1);
-	expect_filled(p, 4, 2, "owner after two attachments added 1 each");
-	CHECK(xpmem_remove(segid) == 0, "remove");
+	share_and_expect(2, "owner after two attachments added 1 each");
 }
 
 static void two_attach_attacher(void)
@@ -179,8 +146,7 @@ static void two_shares_owner(void)
 	CHECK(s1 != s2, "distinct segids");
 	ctl[SEG1] = s1;
 	ctl[SEG2] = s2;
-	ctl[OWNER_STEP] = 1;
-	wait_step(ATTACHER_STEP, 1);
+	hand_over();
 	expect_filled(p, 4, 1, "first segment");
 	expect_filled(q, 4, 100001, "second segment");
 	CHECK(xpmem_remove(s1) == 0 && xpmem_remove(s2) == 0, "remove");
@@ -207,8 +173,7 @@ static void holes_owner(void)
 	xpmem_segid_t segid = make(area, 15, 0666);
 	CHECK(munmap(area + 12 * PAGE, PAGE) == 0, "munmap after make");
 	ctl[SEG1] = segid;
-	ctl[OWNER_STEP] = 1;
-	wait_step(ATTACHER_STEP, 1);
+	hand_over();
 	CHECK(xpmem_remove(segid) == 0, "remove");
 }
 
@@ -233,8 +198,7 @@ static void remove_owner(void)
 	fill(p, 8, 0);
 	xpmem_segid_t segid = make(p, 8, 0666);
 	ctl[SEG1] = segid;
-	ctl[OWNER_STEP] = 1;
-	wait_step(ATTACHER_STEP, 1);
+	hand_over();
 	CHECK(xpmem_remove(segid) == 0, "remove");
 	expect_filled(p, 8, 0, "owner data after remove");
 	p[0] = 77;
@@ -261,8 +225,7 @@ static void owner_exit_owner(void)
 	int *p = anonymous(8);
 	fill(p, 8, 0);
 	ctl[SEG1] = make(p, 8, 0666);
-	ctl[OWNER_STEP] = 1;
-	wait_step(ATTACHER_STEP, 1);
+	hand_over();
 	printf("PASS owner_exit_sigbus (owner: exits without a remove)\n");
 	fflush(stdout);
 	_exit(0);
@@ -300,8 +263,7 @@ static void patterns_owner(void)
 			p[n][i * INTS_PER_PAGE] = (int)i;
 		ctl[SEG1 + n] = make(p[n], pattern_sizes[n], 0666);
 	}
-	ctl[OWNER_STEP] = 1;
-	wait_step(ATTACHER_STEP, 1);
+	hand_over();
 	for (int n = 0; n < 3; n++) {
 		for (long i = 0; i < pattern_sizes[n]; i++)
 			CHECK(p[n][i * INTS_PER_PAGE + 1] == (int)(i * 3), "owner reads page %ld of %ld", i, pattern_sizes[n]);
@@ -338,8 +300,7 @@ static void permissions_owner(void)
 	static const long modes[] = { 0600, 0644, 0666 };
 	for (int n = 0; n < 3; n++)
 		ctl[SEG1 + n] = make(anonymous(1), 1, modes[n]);
-	ctl[OWNER_STEP] = 1;
-	wait_step(ATTACHER_STEP, 1);
+	hand_over();
 	for (int n = 0; n < 3; n++)
 		CHECK(xpmem_remove(ctl[SEG1 + n]) == 0, "remove");
 }
@@ -363,8 +324,7 @@ static void permissions_attacher(void)
 static void id_errors_owner(void)
 {
 	ctl[SEG1] = make(anonymous(4), 4, 0666);
-	ctl[OWNER_STEP] = 1;
-	wait_step(ATTACHER_STEP, 1);
+	hand_over();
 	CHECK(xpmem_remove(ctl[SEG1]) == 0, "remove");
 }
 
