@@ -141,15 +141,10 @@ static void serve_answer(int fd, uint16_t op, uint64_t sequence, int error, stru
 static void notify_segment(xpmem_segid_t segid)
 {
 	pthread_mutex_lock(&table_lock);
-	for (size_t i = 0; i < segment_count; i++) {
-		if (segments[i].segid != segid)
-			continue;
-		if (segments[i].notify_fd < 0)
-			segments[i].notify_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-		uint64_t one = 1;
-		if (segments[i].notify_fd >= 0 && write(segments[i].notify_fd, &one, sizeof one) < 0) {
-			/* the counter is saturated: the owner has plenty to read already */
-		}
+	int fd = notify_fd_of(segid);
+	uint64_t one = 1;
+	if (fd >= 0 && write(fd, &one, sizeof one) < 0) {
+		/* the counter is saturated: the owner has plenty to read already */
 	}
 	pthread_mutex_unlock(&table_lock);
 }

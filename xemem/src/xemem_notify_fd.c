@@ -3,6 +3,21 @@
  */
 #include "xpmem_internal.h"
 
+/* The notify descriptor of this process's segment `segid`, made on first use (by a signal or
+ * by xemem_notify_fd, whichever comes first); -1 when there is no such segment or no
+ * descriptor could be made. table_lock held. */
+int notify_fd_of(xpmem_segid_t segid)
+{
+	for (size_t i = 0; i < segment_count; i++) {
+		if (segments[i].segid != segid)
+			continue;
+		if (segments[i].notify_fd < 0)
+			segments[i].notify_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		return segments[i].notify_fd;
+	}
+	return -1;
+}
+
 /*
  * xemem_notify_fd - the owner's side of xemem_signal: a non-blocking eventfd-like descriptor
  * for this process's segment `segid` that becomes readable when attachers signal it; read(2)
@@ -15,15 +30,8 @@ EXPORT int xemem_notify_fd(xpmem_segid_t segid)
 {
 	if (use_device())
 		return device_notify_fd(segid);
-	int fd = -1;
 	pthread_mutex_lock(&table_lock);
-	for (size_t i = 0; i < segment_count; i++) {
-		if (segments[i].segid != segid)
-			continue;
-		if (segments[i].notify_fd < 0)
-			segments[i].notify_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-		fd = segments[i].notify_fd;
-	}
+	int fd = notify_fd_of(segid);
 	pthread_mutex_unlock(&table_lock);
 	if (fd < 0)
 		errno = ENOENT;

@@ -263,6 +263,9 @@ int grow(void **array, size_t *capacity, size_t count, size_t item);
 extern __thread uint64_t last_reason __attribute__((tls_model("initial-exec")));
 void note_reason(const struct wire_answer *answer);
 
+/* xemem_notify_fd.c */
+int notify_fd_of(xpmem_segid_t segid);
+
 /* xpmem_make.c */
 xpmem_segid_t make(void *vaddr, size_t size, int permit_type, void *permit_value, const char *name);
 
