@@ -35,12 +35,37 @@ ln -sfn /usr/include/linux "$headers/linux"
 ln -sfn "/usr/include/$(gcc -print-multiarch)/asm" "$headers/asm"
 ln -sfn /usr/include/asm-generic "$headers/asm-generic"
 make -s -C "$here" CC="musl-gcc -isystem $headers" BUILD=build/musl build/musl/lib/libxpmem.a || exit 1
+# build_job SOURCE: xemem/tests/SOURCE linked statically against the musl libxpmem.a, as
+# $work/NAME (SOURCE without .c): the name the job then runs under
+build_job() {
+    musl-gcc -isystem "$headers" -static -O2 -Wall -I"$here/include" -o "$work/${1%.c}" "$here/tests/$1" \
+        "$here/build/musl/lib/libxpmem.a" -lpthread
+}
 binary="$work/same_binary"
-musl-gcc -isystem "$headers" -static -O2 -Wall -I"$here/include" -o "$binary" "$here/tests/same_binary.c" \
-    "$here/build/musl/lib/libxpmem.a" -lpthread || exit 1
+build_job same_binary.c || exit 1
 
 (cd "$repo/kernels" && cargo build --release -p lwk --quiet) || exit 1
 kernel="$repo/kernels/target/x86_64-unknown-none/release/lwk"
+if [ "$runner" = vmm ]; then
+    vmm=${CLOWDER_VMM:-$repo/target/release/clowder-vmm}
+    [ -x "$vmm" ] || (cd "$repo" && cargo build --release -p clowder-vmm --quiet) || exit 1
+fi
+# boot BINARY CONSOLE: the LWK with BINARY as its one job (named as the file), its console in
+# CONSOLE (and under clowder-vmm the VMM's stderr in CONSOLE.stderr)
+boot() {
+    local job
+    job=$(basename "$1")
+    if [ "$runner" = vmm ]; then
+        timeout 120 "$vmm" --kernel "$kernel" --module "$1" --mem 256M ${VMM_ARGS:-} --cmdline "-- $job" \
+            </dev/null >"$2" 2>"$2.stderr"
+    else
+        timeout 120 qemu-system-x86_64 -nodefaults -accel tcg -cpu max -smp "$qemu_cpus" -m 256M -display none \
+            -serial stdio -no-reboot -device isa-debug-exit,iobase=0xf4,iosize=4 \
+            -kernel "$kernel" -initrd "$1" -append "lwk.cpus=$qemu_cpus -- $job" </dev/null >"$2" 2>&1
+    fi
+}
+# job_status CONSOLE: the exit status the LWK reported for its job, or nothing
+job_status() { sed -n 's/^\[lwk\] job exited with status \([0-9]*\).*/\1/p' "$1" | tr -d '\r'; }
 (cd "$repo" && cargo build -p xemem-host --bin xemem-broker --quiet) || exit 1
 
 # --- the host, through a private broker
@@ -55,18 +80,9 @@ host_status=$?
 
 # --- the LWK, the binary itself as the job's module
 console="$work/lwk.console"
-if [ "$runner" = vmm ]; then
-    vmm=${CLOWDER_VMM:-$repo/target/release/clowder-vmm}
-    [ -x "$vmm" ] || (cd "$repo" && cargo build --release -p clowder-vmm --quiet) || exit 1
-    timeout 120 "$vmm" --kernel "$kernel" --module "$binary" --mem 256M ${VMM_ARGS:-} --cmdline "-- same_binary" \
-        </dev/null >"$console" 2>"$work/vmm-stderr"
-else
-    timeout 120 qemu-system-x86_64 -nodefaults -accel tcg -cpu max -smp "$qemu_cpus" -m 256M -display none \
-        -serial stdio -no-reboot -device isa-debug-exit,iobase=0xf4,iosize=4 \
-        -kernel "$kernel" -initrd "$binary" -append "lwk.cpus=$qemu_cpus -- same_binary" </dev/null >"$console" 2>&1
-fi
+boot "$binary" "$console"
 grep -v '^\[lwk\] ' "$console" | tr -d '\r' >"$work/lwk.out"
-lwk_status=$(sed -n 's/^\[lwk\] job exited with status \([0-9]*\).*/\1/p' "$console" | tr -d '\r')
+lwk_status=$(job_status "$console")
 
 # --- compare
 if [ "$host_status" = 135 ]; then pass "host: dies of SIGBUS at the end (135)"; else fail "host: status $host_status, not 135"; fi
@@ -88,19 +104,10 @@ fi
 
 # --- LWK only: forked processes on the device and XEMEM signals between them, standalone
 # (the enclave its own name server). xemem_lwk runs the same job in a connected enclave.
-fork_binary="$work/lwk_fork_device"
-musl-gcc -isystem "$headers" -static -O2 -Wall -I"$here/include" -o "$fork_binary" "$here/tests/lwk_fork_device.c" \
-    "$here/build/musl/lib/libxpmem.a" -lpthread || exit 1
+build_job lwk_fork_device.c || exit 1
 fork_console="$work/lwk-fork.console"
-if [ "$runner" = vmm ]; then
-    timeout 120 "$vmm" --kernel "$kernel" --module "$fork_binary" --mem 256M ${VMM_ARGS:-} --cmdline "-- lwk_fork_device" \
-        </dev/null >"$fork_console" 2>"$work/vmm-fork-stderr"
-else
-    timeout 120 qemu-system-x86_64 -nodefaults -accel tcg -cpu max -smp "$qemu_cpus" -m 256M -display none \
-        -serial stdio -no-reboot -device isa-debug-exit,iobase=0xf4,iosize=4 \
-        -kernel "$kernel" -initrd "$fork_binary" -append "lwk.cpus=$qemu_cpus -- lwk_fork_device" </dev/null >"$fork_console" 2>&1
-fi
-fork_status=$(sed -n 's/^\[lwk\] job exited with status \([0-9]*\).*/\1/p' "$fork_console" | tr -d '\r')
+boot "$work/lwk_fork_device" "$fork_console"
+fork_status=$(job_status "$fork_console")
 if [ "${fork_status:-none}" = 0 ] && grep -q '^lwk_fork_device: all passed' "$fork_console" && ! grep -q '^FAIL' "$fork_console"; then
     pass "lwk: forked processes each use the device, signals wake a notify descriptor ($(grep -c '^ok' "$fork_console") checks)"
 else
