@@ -80,49 +80,44 @@ fn unpack(raw: i64, tag: u64) -> Option<(EnclaveId, u32)> {
     Some((enclave, local))
 }
 
-/// A globally unique segment id (`xpmem_segid_t`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct SegmentId(i64);
+/// The methods the two id types share; they differ only in the tag bit of their low half.
+macro_rules! packed_id {
+    ($(#[$doc:meta])* $id:ident, $tag:expr) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $id(i64);
 
-impl SegmentId {
-    pub fn new(enclave: EnclaveId, local: u32) -> Option<SegmentId> {
-        pack(enclave, local, 0).map(SegmentId)
-    }
-    /// Accepts exactly the values [`SegmentId::new`] can produce.
-    pub fn from_raw(raw: i64) -> Option<SegmentId> {
-        unpack(raw, 0).map(|_| SegmentId(raw))
-    }
-    pub fn raw(self) -> i64 {
-        self.0
-    }
-    /// The enclave that owns the segment.
-    pub fn enclave(self) -> EnclaveId {
-        (self.0 as u64 >> 32) as u32
-    }
-    pub fn local(self) -> u32 {
-        self.0 as u32 & MAX_LOCAL_ID
-    }
+        impl $id {
+            pub fn new(enclave: EnclaveId, local: u32) -> Option<$id> {
+                pack(enclave, local, $tag).map($id)
+            }
+            /// Accepts exactly the values [`Self::new`] can produce.
+            pub fn from_raw(raw: i64) -> Option<$id> {
+                unpack(raw, $tag).map(|_| $id(raw))
+            }
+            pub fn raw(self) -> i64 {
+                self.0
+            }
+            /// The enclave in the high half (see the type).
+            pub fn enclave(self) -> EnclaveId {
+                (self.0 as u64 >> 32) as u32
+            }
+            pub fn local(self) -> u32 {
+                self.0 as u32 & MAX_LOCAL_ID
+            }
+        }
+    };
 }
 
-/// A globally unique access id (`xpmem_apid_t`): the permit one `xpmem_get` granted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct AccessId(i64);
-
-impl AccessId {
-    pub fn new(enclave: EnclaveId, local: u32) -> Option<AccessId> {
-        pack(enclave, local, ACCESS_TAG).map(AccessId)
-    }
-    pub fn from_raw(raw: i64) -> Option<AccessId> {
-        unpack(raw, ACCESS_TAG).map(|_| AccessId(raw))
-    }
-    pub fn raw(self) -> i64 {
-        self.0
-    }
-    /// The enclave of the name server that granted it.
-    pub fn enclave(self) -> EnclaveId {
-        (self.0 as u64 >> 32) as u32
-    }
-    pub fn local(self) -> u32 {
-        self.0 as u32 & MAX_LOCAL_ID
-    }
-}
+packed_id!(
+    /// A globally unique segment id (`xpmem_segid_t`); its enclave is the one that owns the
+    /// segment.
+    SegmentId,
+    0
+);
+packed_id!(
+    /// A globally unique access id (`xpmem_apid_t`): the permit one `xpmem_get` granted; its
+    /// enclave is that of the name server that granted it.
+    AccessId,
+    ACCESS_TAG
+);
