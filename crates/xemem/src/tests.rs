@@ -629,6 +629,16 @@ impl Net {
         }
     }
 
+    /// A settled lossless tree of `n` enclaves and the first of them the name server is not in,
+    /// with that one's enclave id: the usual client of a test.
+    fn settled_with_client(n: usize, seed: u64) -> (Net, usize, EnclaveId) {
+        let mut net = Net::tree(n, seed, 0, false);
+        net.settle_ids();
+        let client = (0..n).find(|&i| net.nodes[i].name_server().is_none()).unwrap();
+        let id = net.nodes[client].id().unwrap();
+        (net, client, id)
+    }
+
     pub(crate) fn settle_ids(&mut self) {
         for _ in 0..2000 {
             if self.nodes.iter().all(|n| n.id().is_some()) {
@@ -640,6 +650,23 @@ impl Net {
             self.step();
         }
         panic!("not every enclave got an id");
+    }
+
+    /// A segment of `process`'s whole address space at `node`, root's with mode 0600.
+    fn make_whole_space(&mut self, node: usize, process: u64) -> SegmentId {
+        let owner = Owner { uid: 0, gid: 0, mode: 0o600 };
+        match self.call(node, Request::Make { process, vaddr: 0, size: MAXADDR_SIZE, owner, name: None }) {
+            Ok(Reply::Made(segment)) => segment,
+            other => panic!("make at {node}: {other:?}"),
+        }
+    }
+
+    /// A read-write permit for root's `process` at `node` to `segment`.
+    fn get_read_write(&mut self, node: usize, process: u64, segment: SegmentId) -> AccessId {
+        match self.call(node, Request::Get { process, segment, access: ACCESS_READ_WRITE, credentials: rooted() }) {
+            Ok(Reply::Granted { access, .. }) => access,
+            other => panic!("get of {segment:?} at {node}: {other:?}"),
+        }
     }
 
     /// Runs one request at `node` to completion (or to its give-up).
@@ -849,19 +876,9 @@ fn every_pair_in_a_deep_chain() {
     net.settle_ids();
     let ids: Vec<EnclaveId> = net.nodes.iter().map(|n| n.id().unwrap()).collect();
     for owner in 0..n {
-        let Ok(Reply::Made(segment)) = net.call(
-            owner,
-            Request::Make { process: 1, vaddr: 0, size: MAXADDR_SIZE, owner: Owner { uid: 0, gid: 0, mode: 0o600 }, name: None },
-        ) else {
-            panic!("make")
-        };
+        let segment = net.make_whole_space(owner, 1);
         for attacher in 0..n {
-            let Ok(Reply::Granted { access, .. }) = net.call(
-                attacher,
-                Request::Get { process: 2, segment, access: ACCESS_READ_WRITE, credentials: rooted() },
-            ) else {
-                panic!("get")
-            };
+            let access = net.get_read_write(attacher, 2, segment);
             // Whole-address-space segment: the offset is the owner's virtual address, and
             // a range reaching past HOLE_FROM comes back with a hole.
             let offset = HOLE_FROM - 4 * PAGE_SIZE;
@@ -895,10 +912,7 @@ fn request_ids_and_answers_are_told_from_the_header_alone() {
 fn an_answer_to_a_request_sent_around_the_node_is_handed_out_unclaimed() {
     // The enclave's kernel asks the name server directly (an id the node never uses) to attach
     // a segment of its own enclave: the node serves it and the answer comes back through it.
-    let mut net = Net::tree(2, 7, 0, false);
-    net.settle_ids();
-    let client = (0..2).find(|&i| net.nodes[i].name_server().is_none()).unwrap();
-    let id = net.nodes[client].id().unwrap();
+    let (mut net, client, id) = Net::settled_with_client(2, 7);
     let made = net.call(client, Request::Make { process: 4, vaddr: 0x10000, size: 0x4000, owner: mode(0o600), name: None });
     let Ok(Reply::Made(segment)) = made else { panic!("make: {made:?}") };
     let credentials = Credentials { uid: 1000, groups: vec![100] };
@@ -994,11 +1008,9 @@ fn other_direct_requests_take_their_kind_of_answer_from_the_name_server_alone() 
 
 #[test]
 fn the_node_serves_segments_made_directly_until_they_are_removed_directly() {
-    let mut net = Net::tree(3, 11, 0, false);
-    net.settle_ids();
-    let client = (0..3).find(|&i| net.nodes[i].name_server().is_none()).unwrap();
+    let (mut net, client, id) = Net::settled_with_client(3, 11);
     let other = (0..3).find(|&i| i != client).unwrap();
-    let (id, other_id) = (net.nodes[client].id().unwrap(), net.nodes[other].id().unwrap());
+    let other_id = net.nodes[other].id().unwrap();
     let make = Request::Make { process: 4, vaddr: 0x10000, size: 0x4000, owner: mode(0o666), name: None };
     let made = net.call_direct(client, 1, make);
     let Ok(Reply::Made(segment)) = made else { panic!("make: {made:?}") };
@@ -1043,10 +1055,7 @@ fn a_malformed_request_is_answered_with_an_error_and_the_node_keeps_working() {
 
 #[test]
 fn answers_from_the_wrong_enclave_or_of_the_wrong_kind_are_ignored() {
-    let mut net = Net::tree(3, 5, 0, false);
-    net.settle_ids();
-    let client = (0..3).find(|&i| net.nodes[i].name_server().is_none()).unwrap();
-    let id = net.nodes[client].id().unwrap();
+    let (mut net, client, id) = Net::settled_with_client(3, 5);
     let request = net.nodes[client].request(Request::List { after: 0 }, &mut net.memory[client]).unwrap();
     let _ = net.nodes[client].outbox(); // lose the request
     let link = net.nodes[client].link_towards_name_server().unwrap();
@@ -1117,22 +1126,11 @@ fn every_ordered_pair_of_a_random_64_enclave_tree() {
     let ids: Vec<EnclaveId> = net.nodes.iter().map(|n| n.id().unwrap()).collect();
     let mut segments = Vec::new();
     for owner in 0..n {
-        let Ok(Reply::Made(segment)) = net.call(
-            owner,
-            Request::Make { process: 3, vaddr: 0, size: MAXADDR_SIZE, owner: Owner { uid: 0, gid: 0, mode: 0o600 }, name: None },
-        ) else {
-            panic!("make at {owner}")
-        };
-        segments.push(segment);
+        segments.push(net.make_whole_space(owner, 3));
     }
     for (owner, &segment) in segments.iter().enumerate() {
         for attacher in 0..n {
-            let Ok(Reply::Granted { access, .. }) = net.call(
-                attacher,
-                Request::Get { process: 4, segment, access: ACCESS_READ_WRITE, credentials: rooted() },
-            ) else {
-                panic!("get {owner} -> {attacher}")
-            };
+            let access = net.get_read_write(attacher, 4, segment);
             let offset = (attacher as u64 + 1) * 64 * PAGE_SIZE;
             let Ok(Reply::Attached { runs, .. }) =
                 net.call(attacher, Request::Attach { process: 4, access, offset, size: 16 * PAGE_SIZE })
@@ -1173,10 +1171,7 @@ fn a_gone_enclave_s_cached_answers_are_dropped_so_a_reused_id_starts_clean() {
 
 #[test]
 fn a_revoke_from_the_name_server_unmaps_and_is_acknowledged_and_a_forged_one_is_ignored() {
-    let mut net = Net::tree(6, 21, 0, false);
-    net.settle_ids();
-    let holder = (0..6).find(|&i| net.nodes[i].name_server().is_none()).unwrap();
-    let id = net.nodes[holder].id().unwrap();
+    let (mut net, holder, id) = Net::settled_with_client(6, 21);
     let up = net.nodes[holder].link_towards_name_server().unwrap();
     let access = AccessId::new(NAME_SERVER_ENCLAVE, 0x6000_0001).unwrap();
     let forged = Message::new(5, 3, id, Body::Revoke { process: 7, access });
