@@ -100,24 +100,12 @@ static int parse_backing(const char *text)
 
 static size_t parse_mib(const char *text)
 {
-	char *end;
-	long mib = strtol(text, &end, 10);
-	if (*end || mib <= 0 || mib > 65536) {
-		fprintf(stderr, "%s: MIB must be 1..65536, got %s\n", program, text);
-		exit(2);
-	}
-	return (size_t)mib << 20;
+	return (size_t)parse_whole(program, text, 65536, "MIB") << 20;
 }
 
 static int parse_count(const char *text)
 {
-	char *end;
-	long count = strtol(text, &end, 10);
-	if (*end || count <= 0 || count > 1000000) {
-		fprintf(stderr, "%s: expected a whole number from 1 to 1000000, got %s\n", program, text);
-		exit(2);
-	}
-	return (int)count;
+	return (int)parse_whole(program, text, 1000000, "a count");
 }
 
 /* A local buffer read by one core: the size of the region, halved until it fits, down to 16 MiB

@@ -52,6 +52,19 @@ static inline double quantile(double *samples, int n, double q)
 	return samples[at < n ? at : n - 1];
 }
 
+/* TEXT as a whole number in 1..MAX; otherwise exits 2 after "PROGRAM: WHAT must be 1..MAX,
+ * got TEXT". */
+static inline long parse_whole(const char *program, const char *text, long max, const char *what)
+{
+	char *end;
+	long value = strtol(text, &end, 10);
+	if (*end || value <= 0 || value > max) {
+		fprintf(stderr, "%s: %s must be 1..%ld, got %s\n", program, what, max, text);
+		exit(2);
+	}
+	return value;
+}
+
 static inline void sleep_ms(long ms)
 {
 	struct timespec pause = { ms / 1000, (ms % 1000) * 1000000 };

@@ -28,13 +28,7 @@ static void report(const char *what, double *samples, int n)
 
 static int parse_count(const char *text)
 {
-	char *end;
-	long count = strtol(text, &end, 10);
-	if (*end || count <= 0 || count > 1000000) {
-		fprintf(stderr, "%s: an iteration count must be 1..1000000, got %s\n", program, text);
-		exit(2);
-	}
-	return (int)count;
+	return (int)parse_whole(program, text, 1000000, "an iteration count");
 }
 
 /* get + release of SEGID, N times, into SAMPLES (us). */
@@ -106,12 +100,7 @@ static int run_pair(int n)
 
 static int run_named(const char *name, const char *mib_text, int n)
 {
-	char *end;
-	long mib = strtol(mib_text, &end, 10);
-	if (*end || mib <= 0 || mib > 65536) {
-		fprintf(stderr, "%s: MIB must be 1..65536, got %s\n", program, mib_text);
-		return 2;
-	}
+	long mib = parse_whole(program, mib_text, 65536, "MIB");
 	xpmem_segid_t segid = find_named(program, name);
 	double *samples = new_samples(n);
 	time_get_release(segid, samples, n);
