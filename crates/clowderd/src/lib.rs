@@ -7,6 +7,7 @@
 // `u64::is_multiple_of` is newer than the workspace's minimum Rust version (1.85).
 #![allow(clippy::manual_is_multiple_of)]
 
+pub mod admission;
 pub mod api;
 /// The daemon's client lives in the API crate; tests and tools reach it here too.
 pub use clowder_api::client;

@@ -4,18 +4,18 @@
 //! are bounded, and a connection that sends no complete request in time, or reads nothing of
 //! what it is sent for as long, is closed.
 
-use std::collections::HashMap;
 use std::io::{self, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use clowder_api::codec::{LineSocket, Limits as LineLimits, ReceiveError};
 use clowder_api::daemon::{JobEvent, Request, MAX_REQUEST_FDS, MAX_REQUEST_LEN};
 use clowder_api::ErrorKind;
 
+use crate::admission::{Admissions, Backoff, ConnectionLimits};
 use crate::api::error_reply;
 use crate::daemon::{Daemon, EventSink};
 use crate::peer::{peer_of, Peer};
@@ -54,85 +54,6 @@ impl Default for Limits {
     }
 }
 
-/// The open connections of each user but root.
-struct Connections {
-    limits: Limits,
-    open: Mutex<HashMap<u32, usize>>,
-}
-
-/// One admitted connection; gives its place back when dropped.
-struct Admission {
-    connections: Arc<Connections>,
-    uid: u32,
-}
-
-impl Connections {
-    fn admit(self: &Arc<Self>, uid: u32) -> Result<Option<Admission>, String> {
-        if uid == 0 {
-            return Ok(None);
-        }
-        let limits = self.limits;
-        let mut open = self.open.lock().unwrap();
-        let total: usize = open.values().sum();
-        let mine = open.get(&uid).copied().unwrap_or(0);
-        if mine >= limits.per_user {
-            return Err(format!(
-                "too many connections: uid {uid} already has {mine} open to clowderd (at most {}); close some and retry",
-                limits.per_user
-            ));
-        }
-        if total >= limits.total {
-            return Err(format!("clowderd is serving its limit of {} connections; retry later", limits.total));
-        }
-        *open.entry(uid).or_default() += 1;
-        Ok(Some(Admission { connections: self.clone(), uid }))
-    }
-}
-
-impl Drop for Admission {
-    fn drop(&mut self) {
-        let mut open = self.connections.open.lock().unwrap();
-        if let Some(count) = open.get_mut(&self.uid) {
-            *count -= 1;
-            if *count == 0 {
-                open.remove(&self.uid);
-            }
-        }
-    }
-}
-
-/// Waits after accept or thread-spawn failures, longer while they go on, so a shortage of
-/// descriptors or threads is waited out rather than spun on or given up to.
-struct Backoff {
-    delay: Duration,
-    failures: u64,
-}
-
-impl Backoff {
-    const FIRST: Duration = Duration::from_millis(10);
-    const LONGEST: Duration = Duration::from_secs(1);
-
-    fn new() -> Backoff {
-        Backoff { delay: Backoff::FIRST, failures: 0 }
-    }
-
-    fn failed(&mut self, what: &str, error: &io::Error) {
-        if self.failures == 0 {
-            eprintln!("clowderd: {what}: {error}; retrying with back-off");
-        }
-        self.failures += 1;
-        std::thread::sleep(self.delay);
-        self.delay = (self.delay * 2).min(Backoff::LONGEST);
-    }
-
-    fn succeeded(&mut self) {
-        if self.failures > 0 {
-            eprintln!("clowderd: accepting clients again after {} failures", self.failures);
-            *self = Backoff::new();
-        }
-    }
-}
-
 /// Serves clients for ever with the default [`Limits`].
 pub fn serve(daemon: Arc<Daemon>, listener: UnixListener) -> ! {
     serve_with_limits(daemon, listener, Limits::default())
@@ -140,8 +61,8 @@ pub fn serve(daemon: Arc<Daemon>, listener: UnixListener) -> ! {
 
 /// Serves clients for ever: no error of accept or of starting a thread ends the loop.
 pub fn serve_with_limits(daemon: Arc<Daemon>, listener: UnixListener, limits: Limits) -> ! {
-    let connections = Arc::new(Connections { limits, open: Mutex::new(HashMap::new()) });
-    let mut backoff = Backoff::new();
+    let admissions = Admissions::new("clowderd", ConnectionLimits { per_user: limits.per_user, total: limits.total });
+    let mut backoff = Backoff::new("the API socket");
     loop {
         let stream = match listener.accept() {
             Ok((stream, _)) => stream,
@@ -158,7 +79,7 @@ pub fn serve_with_limits(daemon: Arc<Daemon>, listener: UnixListener, limits: Li
                 continue;
             }
         };
-        let admission = match connections.admit(peer.uid) {
+        let admission = match admissions.admit(peer.uid) {
             Ok(admission) => admission,
             Err(why) => {
                 refuse(stream, ErrorKind::Busy, &why);

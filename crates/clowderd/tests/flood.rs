@@ -87,6 +87,11 @@ struct Flood {
 
 impl Flood {
     fn start(socket: &Path, connections: usize, endless_every: usize, writing: Duration) -> Flood {
+        Flood::start_of_kind(socket, libc::SOCK_STREAM, connections, endless_every, writing)
+    }
+
+    /// The same flood on a socket of `kind` (the XEMEM broker's is SOCK_SEQPACKET).
+    fn start_of_kind(socket: &Path, kind: libc::c_int, connections: usize, endless_every: usize, writing: Duration) -> Flood {
         // Everything the child uses is made here: it must not allocate.
         let mut address: libc::sockaddr_un = unsafe { std::mem::zeroed() };
         address.sun_family = libc::AF_UNIX as libc::sa_family_t;
@@ -115,7 +120,10 @@ impl Flood {
                 libc::_exit(90);
             }
             for _ in 0..connections {
-                let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0);
+                // Stream floods write without end, so never block; a seqpacket flood only
+                // connects, and waits for the backlog so that every connection gets through.
+                let blocking = if kind == libc::SOCK_SEQPACKET { 0 } else { libc::SOCK_NONBLOCK };
+                let fd = libc::socket(libc::AF_UNIX, kind | blocking | libc::SOCK_CLOEXEC, 0);
                 if fd < 0 {
                     break;
                 }
@@ -305,4 +313,27 @@ fn idle_oversized_and_never_read_requests_lose_their_connection() {
 
     // Others are served as ever.
     assert_eq!(daemon.call(json!({"op": "ls"}))["ok"], true);
+}
+
+#[test]
+fn a_flood_of_xemem_broker_connections_is_bounded_per_user() {
+    let dir = TempDir::new("clowderd-broker-flood");
+    let mut daemon = Daemon::start(&dir.0, 8192, &[]);
+    let broker = dir.0.join("xemem.sock");
+    assert!(broker.exists(), "no broker socket beside the API's");
+    let flood = Flood::start_of_kind(&broker, libc::SOCK_SEQPACKET, 1100, usize::MAX, Duration::ZERO);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !daemon.log().contains("uid 65534 already has 1024 open to the XEMEM broker") {
+        assert!(Instant::now() < deadline, "the broker admitted more than 1024 of one user's connections:\n{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Root still reaches the broker and the API during the flood.
+    let listing = daemon.call(json!({"op": "xemem_ls"}));
+    assert_eq!(listing["ok"], true, "{listing}");
+    let root = clowderd::sys::connect(&broker).expect("root cannot connect to the broker during the flood");
+    drop(root);
+    let held = std::fs::read_dir(format!("/proc/{}/fd", daemon.child.id())).unwrap().count();
+    assert!(held < 1024 + 200, "clowderd holds {held} descriptors during the flood");
+    assert!(daemon.alive(), "clowderd died in the broker flood:\n{}", daemon.log());
+    drop(flood);
 }

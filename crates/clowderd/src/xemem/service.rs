@@ -6,11 +6,12 @@
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde_json::{json, Value};
 use xemem::nameserver::Listing;
 use xemem_host::Broker;
+
+use crate::admission::{Admissions, Backoff, ConnectionLimits};
 
 /// The daemon's running broker and where applications reach it.
 pub struct XememService {
@@ -63,22 +64,41 @@ pub fn start(socket: &Path) -> Result<XememService, String> {
     Ok(XememService { broker, socket: socket.to_path_buf() })
 }
 
+/// How many broker connections users may hold. Every process that uses libxpmem keeps one for
+/// its life (MPI ranks: one each), so the bound is far above the API socket's, yet a flood by
+/// one user can no longer take every descriptor the daemon has.
+const BROKER_LIMITS: ConnectionLimits = ConnectionLimits { per_user: 1024, total: 8192 };
+
 fn accept_forever(broker: &Broker, listener: &OwnedFd) {
+    let admissions = Admissions::new("the XEMEM broker", BROKER_LIMITS);
+    let mut backoff = Backoff::new("the XEMEM broker");
     loop {
-        match crate::sys::accept(listener) {
-            Ok(connection) => {
-                let broker = broker.clone();
-                let spawned = std::thread::Builder::new().name("xemem".into()).spawn(move || broker.serve_connection(connection));
-                if let Err(e) = spawned {
-                    eprintln!("clowderd: xemem: cannot start a connection thread: {e}");
-                }
-            }
+        let connection = match crate::sys::accept(listener) {
+            Ok(connection) => connection,
             // Out of descriptors or memory for a moment: the API and the connections already
             // served must keep working, so wait and accept again rather than give up.
             Err(e) => {
-                eprintln!("clowderd: xemem: accepting a connection: {e}");
-                std::thread::sleep(Duration::from_millis(100));
+                backoff.failed("accepting a connection", &e);
+                continue;
             }
+        };
+        let admitted = crate::sys::peer(&connection).map_err(|e| format!("cannot read the peer's credentials: {e}"));
+        let admission = match admitted.and_then(|peer| admissions.admit(peer.uid)) {
+            Ok(admission) => admission,
+            // libxpmem sees its connection close and fails the call that needed the broker.
+            Err(why) => {
+                eprintln!("clowderd: xemem: refused a connection: {why}");
+                continue;
+            }
+        };
+        let broker = broker.clone();
+        let spawned = std::thread::Builder::new().name("xemem".into()).spawn(move || {
+            let _admission = admission;
+            broker.serve_connection(connection)
+        });
+        match spawned {
+            Err(e) => backoff.failed("starting a connection thread", &e),
+            Ok(_) => backoff.succeeded(),
         }
     }
 }
