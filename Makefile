@@ -5,7 +5,7 @@ KERNELS_OUT := kernels/target/x86_64-unknown-none/release
 FUZZ_SECONDS ?= 60
 FUZZ_CI_SECONDS ?= 15
 
-.PHONY: all bootstrap build kernels test test-host test-kernels test-dex test-xemem test-ucx test-fuzz test-linux demo bench fuzz clean
+.PHONY: all bootstrap build kernels test test-host test-kernels test-dex test-xemem test-ucx test-fuzz test-linux test-big demo bench fuzz clean
 
 all: build
 
@@ -55,6 +55,11 @@ test: test-host test-kernels test-dex test-xemem test-fuzz
 # Opt-in, slow on PVM hosts: a stock Debian kernel boots to its banner (docs/linux-guest.md).
 test-linux: build
 	@$(CARGO) test --release -p clowder-vmm --test linux_boot -- --ignored --nocapture
+
+# Opt-in, minutes and most of the machine's memory: 16 GiB enclaves (2 MiB and 4 KiB pages)
+# are created, run a job and are removed (issue 22's big enclaves).
+test-big: build
+	@$(CARGO) test --release -p clowderd --test big_enclave -- --ignored --test-threads 1
 
 # Every fuzz target (crates/*/fuzz, dex/fuzz) for FUZZ_SECONDS each (docs/results/fuzz.md).
 fuzz: bootstrap
