@@ -57,4 +57,18 @@ static void *attach_segment(xpmem_apid_t apid, size_t size)
 	return view;
 }
 
+/* The first `pages` pages (4096 bytes each) `apid` permits, attached, with how many start with
+   the owner's pattern from `base` in *matching, printed as "M of N pages hold WHAT"; NULL as
+   attach_segment. */
+static inline volatile uint64_t *attach_and_check(xpmem_apid_t apid, int pages, uint64_t base, const char *what,
+						  int *matching)
+{
+	volatile uint64_t *view = attach_segment(apid, pages * 4096UL);
+	if (!view)
+		return NULL;
+	*matching = pages_with_pattern(view, pages, base);
+	printf("%d of %d pages hold %s\n", *matching, pages, what);
+	return view;
+}
+
 #endif

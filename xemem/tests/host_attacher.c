@@ -34,11 +34,10 @@ int main(void)
 	waitpid(child, &status, 0);
 	printf(WIFEXITED(status) && WEXITSTATUS(status) == 0 ? "another process is refused the permit\n"
 							     : "another process used the permit\n");
-	volatile uint64_t *view = attach_segment(apid, PAGES * PAGE);
+	int matching;
+	volatile uint64_t *view = attach_and_check(apid, PAGES, 1000, "what the job wrote", &matching);
 	if (!view)
 		return ATTACH_FAILED;
-	int matching = pages_with_pattern(view, PAGES, 1000);
-	printf("%d of %d pages hold what the job wrote\n", matching, PAGES);
 	view[1] = 42;
 	printf("wrote 42\n");
 	xpmem_detach((void *)view);

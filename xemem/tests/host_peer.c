@@ -75,11 +75,10 @@ static int attacher(const char *name, uint64_t base)
 	int failed = get_named_segment(name, 400, &apid);
 	if (failed)
 		return failed;
-	volatile uint64_t *view = attach_segment(apid, PAGES * PAGE);
+	int matching;
+	volatile uint64_t *view = attach_and_check(apid, PAGES, base, "what the owner wrote", &matching);
 	if (!view)
 		return ATTACH_FAILED;
-	int matching = pages_with_pattern(view, PAGES, base);
-	printf("%d of %d pages hold what the owner wrote\n", matching, PAGES);
 	view[15 * PAGE / 8 + 2] = 7;
 	view[1] = 43;
 	printf("wrote 43\n");

@@ -21,11 +21,10 @@ int main(int argc, char **argv)
 	xpmem_apid_t apid = get_segment(segid);
 	if (apid <= 0)
 		return GET_FAILED;
-	volatile uint64_t *view = attach_segment(apid, PAGES * PAGE);
+	int matching;
+	volatile uint64_t *view = attach_and_check(apid, PAGES, 5000, "what the job wrote", &matching);
 	if (!view)
 		return ATTACH_FAILED;
-	int matching = pages_with_pattern(view, PAGES, 5000);
-	printf("%d of %d pages hold what the job wrote\n", matching, PAGES);
 	view[1] = 45;
 	printf("detach: %d\n", xpmem_detach((void *)view));
 	printf("release: %d\n", xpmem_release(apid));

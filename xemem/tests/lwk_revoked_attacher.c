@@ -77,11 +77,10 @@ int main(int argc, char **argv)
 	int failed = get_named_segment(name, 400, &apid);
 	if (failed)
 		return failed;
-	view = attach_segment(apid, PAGES * PAGE);
+	int matching;
+	view = attach_and_check(apid, PAGES, base, "the owner's pattern", &matching);
 	if (!view)
 		return ATTACH_FAILED;
-	int matching = pages_with_pattern(view, PAGES, base);
-	printf("%d of %d pages hold the owner's pattern\n", matching, PAGES);
 	if (handler) {
 		struct sigaction action;
 		memset(&action, 0, sizeof action);
