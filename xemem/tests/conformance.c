@@ -32,7 +32,6 @@
 #include <xpmem.h>
 
 #include "conformance_check.h"
-#include "fault_probe.h"
 
 static const char *current_case;
 
@@ -313,11 +312,7 @@ static int case_base(void)
 {
 	xpmem_segid_t segid;
 	struct peer owner = start_exporter(4, &segid);
-	xpmem_apid_t apid;
-	int *p = attach_rw(segid, 0, 4 * PAGE, &apid);
-	expect_filled(p, 4, 0, "attacher");
-	for (size_t i = 0; i < 4 * INTS_PER_PAGE; i++)
-		p[i] += 1;
+	attach_and_add_one(segid);
 	finish(owner, 1);
 	return 0;
 }
@@ -327,16 +322,7 @@ static int case_two_attach(void)
 {
 	xpmem_segid_t segid;
 	struct peer owner = start_exporter(4, &segid);
-	int *a = attach_rw(segid, 0, 4 * PAGE, NULL);
-	int *b = attach_rw(segid, 0, 4 * PAGE, NULL);
-	CHECK(a != b, "two distinct attachments");
-	for (size_t i = 0; i < 4 * INTS_PER_PAGE; i++) {
-		a[i] += 1;
-		b[i] += 1;
-	}
-	expect_filled(a, 4, 2, "first attachment sees both writes");
-	CHECK(xpmem_detach((char *)a + 5000) == 0, "detach by an inner address");
-	CHECK(touch(a, 0) == SIGSEGV, "detached range is gone");
+	attach_twice_and_add_one(segid);
 	finish(owner, 2);
 	return 0;
 }
@@ -513,15 +499,7 @@ static int case_holes_sigbus(void)
 {
 	struct peer owner = spawn(holes_owner, 0);
 	xpmem_segid_t segid = take(owner.fd);
-	int *p = attach_rw(segid, 0, 15 * PAGE, NULL);
-	for (int page = 0; page < 15; page++) {
-		int hole = page < 3 || page == 7 || page == 8 || page == 12 || page >= 13;
-		int *at = p + page * INTS_PER_PAGE;
-		int sig = touch(at, 0);
-		CHECK(sig == (hole ? SIGBUS : 0), "page %d: signal %d", page, sig);
-		if (!hole)
-			CHECK(*at == (int)((page - 3) * INTS_PER_PAGE), "page %d content", page);
-	}
+	expect_holes(segid);
 	finish(owner, 1);
 	return 0;
 }

@@ -28,7 +28,6 @@
 #include <xpmem.h>
 
 #include "conformance_check.h"
-#include "fault_probe.h"
 
 #define STEP_SECONDS 60
 
@@ -107,11 +106,7 @@ static void base_owner(void)
 
 static void base_attacher(void)
 {
-	int *p = attach_rw(ctl[SEG1], 0, 4 * PAGE, NULL);
-	expect_filled(p, 4, 0, "attacher");
-	for (size_t i = 0; i < 4 * INTS_PER_PAGE; i++)
-		p[i] += 1;
-	CHECK(xpmem_detach(p) == 0, "detach");
+	CHECK(xpmem_detach(attach_and_add_one(ctl[SEG1])) == 0, "detach");
 }
 
 /* test_two_attach with two permits (a bridged permit holds one attachment at a time): both
@@ -123,17 +118,7 @@ static void two_attach_owner(void)
 
 static void two_attach_attacher(void)
 {
-	int *a = attach_rw(ctl[SEG1], 0, 4 * PAGE, NULL);
-	int *b = attach_rw(ctl[SEG1], 0, 4 * PAGE, NULL);
-	CHECK(a != b, "two distinct attachments");
-	for (size_t i = 0; i < 4 * INTS_PER_PAGE; i++) {
-		a[i] += 1;
-		b[i] += 1;
-	}
-	expect_filled(a, 4, 2, "the first attachment sees both writes");
-	CHECK(xpmem_detach((char *)a + 5000) == 0, "detach by an inner address");
-	CHECK(touch(a, 0) == SIGSEGV, "the detached range is gone");
-	CHECK(xpmem_detach(b) == 0, "detach");
+	CHECK(xpmem_detach(attach_twice_and_add_one(ctl[SEG1])) == 0, "detach");
 }
 
 /* test_two_shares: two segments, both incremented. */
@@ -179,15 +164,7 @@ static void holes_owner(void)
 
 static void holes_attacher(void)
 {
-	int *p = attach_rw(ctl[SEG1], 0, 15 * PAGE, NULL);
-	for (int page = 0; page < 15; page++) {
-		int hole = page < 3 || page == 7 || page == 8 || page == 12 || page >= 13;
-		int *at = p + page * INTS_PER_PAGE;
-		int sig = touch(at, 0);
-		CHECK(sig == (hole ? SIGBUS : 0), "page %d: signal %d", page, sig);
-		if (!hole)
-			CHECK(*at == (int)((page - 3) * INTS_PER_PAGE), "page %d content", page);
-	}
+	expect_holes(ctl[SEG1]);
 }
 
 /* After remove, reads and writes through the attachment raise SIGBUS; the owner keeps its
