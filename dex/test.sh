@@ -173,6 +173,18 @@ else
 	echo "SKIP mpirun (needs openmpi-bin and libpmix-dev)"
 fi
 
+# Slurm starts the nodes: srun -N 2 --mpi=pmix, a slurmd in each of two network namespaces (root only)
+if [ "$(id -u)" = 0 ] && [ -f "$BUILD/libdex-pmix.so" ] && command -v slurmctld >/dev/null && command -v slurmd >/dev/null &&
+	command -v srun >/dev/null && command -v munged >/dev/null; then
+	if timeout 300 bash tests/slurm_netns.sh "$BUILD" >"$LOG/out" 2>&1; then
+		pass "srun -N 2 --mpi=pmix: 2 nodes in 2 network namespaces find the origin through Slurm's PMIx; no secret, no start"
+	else
+		fail "srun (Slurm, PMIx)" "$LOG/out"
+	fi
+else
+	echo "SKIP srun (needs root, libpmix-dev, slurmctld, slurmd, slurm-client and munge)"
+fi
+
 # no open agent: dexnode and a run's origin refuse whoever lacks the secret
 if timeout 120 python3 tests/no_open_agent.py "$BUILD" >"$LOG/out" 2>&1; then
 	pass "no open agent: dexnode on loopback, refuses missing/wrong secrets, caps and times out strangers; a run's origin and nodes refuse them too ($(grep -c '^ok' "$LOG/out") checks)"

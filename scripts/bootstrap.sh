@@ -22,6 +22,9 @@ command -v musl-gcc >/dev/null || need+=(musl-tools)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)               # dex's --hosts over ssh test (sshd in network namespaces)
 command -v mpirun >/dev/null || need+=(openmpi-bin)             # dex's PMIx launcher test (mpirun)
 pkg-config --exists pmix 2>/dev/null || need+=(libpmix-dev)     # dex's PMIx client (libdex-pmix.so)
+command -v slurmctld >/dev/null || need+=(slurmctld)            # dex's Slurm test (srun -N 2 --mpi=pmix; munge comes along)
+command -v slurmd >/dev/null || need+=(slurmd)
+command -v srun >/dev/null || need+=(slurm-client)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         say "missing packages: ${need[*]}; run as root or: sudo apt-get install -y ${need[*]}"
