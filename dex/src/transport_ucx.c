@@ -19,8 +19,9 @@
  * from SIGSEGV/SIGSYS handlers on threads whose TLS may be a missing shared
  * page, so UCX is called from exactly two places:
  *   - the process's main thread while libdex starts (open: ucp_config_read,
- *     ucp_init, ucp_worker_create, ucp_worker_get_efd) and inside connect()
- *     before any application thread runs (ucp_worker_get_address,
+ *     ucp_init, ucp_worker_create, ucp_worker_get_efd; local_address, for
+ *     PMIx: ucp_worker_get_address) and inside connect() before any
+ *     application thread runs (ucp_worker_get_address,
  *     ucp_ep_create, ucp_worker_release_address, the start-up exchange's
  *     ucp_tag_send_nbx, ucp_tag_recv_nbx, ucp_worker_progress,
  *     ucp_request_check_status, ucp_request_cancel and ucp_request_free,
