@@ -3,28 +3,20 @@
 is refused at HELLO: the origin names the reason, the node reports the
 refusal, and the origin gives up when no valid node joins. Exit 0 if so."""
 import secrets
-import socket
 import subprocess
 import sys
 
+from by_hand import listener, start_node, wait_all
+
 origin_app, node_app = sys.argv[1], sys.argv[2]
-listener = socket.socket()
-listener.bind(("127.0.0.1", 0))
-listener.listen(4)
-port, fd = listener.getsockname()[1], listener.fileno()
-procs = []
+origin_listen = listener()
+port, fd = origin_listen.getsockname()[1], origin_listen.fileno()
 secret = secrets.token_hex(32)  # the run's key, as dexrun would set it
-for node, app in ((0, origin_app), (1, node_app)):
-    env = {"PATH": "/usr/bin:/bin", "GLIBC_TUNABLES": "glibc.pthread.rseq=0", "DEX_RUN_SECRET": secret, "DEX_JOIN_TIMEOUT": "2",
-           "DEX_BOOT": "node=%03d,nodes=002,port=%05d,fd=%04d,host=127.000.000.001" % (node, port, fd)}
-    procs.append(subprocess.Popen(["setarch", "x86_64", "-R", app], env=env, pass_fds=(fd,),
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-listener.close()
-try:
-    codes = [p.wait(timeout=20) for p in procs]
-except subprocess.TimeoutExpired:
-    for p in procs:
-        p.kill()
+procs = [start_node([app], node, port, fd, secret, env={"DEX_JOIN_TIMEOUT": "2"}, stdout=subprocess.DEVNULL)
+         for node, app in ((0, origin_app), (1, node_app))]
+origin_listen.close()
+codes = wait_all(procs, 20)
+if codes is None:
     print("FAIL: timeout")
     sys.exit(1)
 origin_err, node_err = procs[0].stderr.read(), procs[1].stderr.read()

@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from by_hand import HEADER, HELLO, MAGIC, listener, recv_exact, start_node, wait_all, wait_one
+
 BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
 failures = 0
 
@@ -41,16 +43,6 @@ def check(name, passed, detail=""):
         failures += 1
         if detail:
             print("    " + detail.strip().replace("\n", "\n    ")[-2000:])
-
-
-def recv_exact(sock, n):
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise EOFError("connection closed after %d of %d bytes" % (len(data), n))
-        data += chunk
-    return data
 
 
 def recv_all(sock, timeout):
@@ -223,47 +215,32 @@ def agent_checks(scratch):
         check("dexnode's log names each refusal: '%s'" % line, line in text, text)
 
 
-def start_node(app, node, port, fd, secret, args=()):
-    env = {"PATH": "/usr/bin:/bin", "GLIBC_TUNABLES": "glibc.pthread.rseq=0", "DEX_JOIN_TIMEOUT": "20",
-           "DEX_BOOT": "node=%03d,nodes=002,port=%05d,fd=%04d,host=127.000.000.001" % (node, port, fd)}
-    if secret is not None:
-        env["DEX_RUN_SECRET"] = secret
-    transport = os.environ.get("DEX_TRANSPORT")
-    if transport:
-        env["DEX_TRANSPORT"] = transport
-    return subprocess.Popen(["setarch", "x86_64", "-R", app] + list(args), env=env, pass_fds=(fd,),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start(app, node, port, fd, secret):
+    env = {"DEX_JOIN_TIMEOUT": "20"}
+    if os.environ.get("DEX_TRANSPORT"):
+        env["DEX_TRANSPORT"] = os.environ["DEX_TRANSPORT"]
+    return start_node([app], node, port, fd, secret, env=env)
 
 
 def run_checks(via):
     app = BUILD + "/hello_nodes"
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    port, fd = listener.getsockname()[1], listener.fileno()
+    origin_listen = listener()
+    port, fd = origin_listen.getsockname()[1], origin_listen.fileno()
     secret = secrets.token_hex(32)
-    origin = start_node(app, 0, port, fd, secret)
-    keyless = start_node(app, 1, port, fd, None)
-    try:
-        keyless_rc = keyless.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        keyless.kill()
-        keyless_rc = None
+    origin = start(app, 0, port, fd, secret)
+    keyless = start(app, 1, port, fd, None)
+    keyless_rc = wait_one(keyless, 15)
     keyless_err = keyless.stderr.read()
     check("a node without DEX_RUN_SECRET stops before connecting, naming it%s" % via,
           keyless_rc not in (0, None) and "DEX_RUN_SECRET: it is not set" in keyless_err, keyless_err)
-    impostor = start_node(app, 1, port, fd, secrets.token_hex(32))
-    try:
-        impostor_rc = impostor.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        impostor.kill()
-        impostor_rc = None
+    impostor = start(app, 1, port, fd, secrets.token_hex(32))
+    impostor_rc = wait_one(impostor, 15)
     impostor_err = impostor.stderr.read()
     check("a node with a wrong secret is refused by the origin and stops%s" % via,
           impostor_rc not in (0, None) and "cannot join the origin" in impostor_err, impostor_err)
 
     with socket.create_connection(("127.0.0.1", port)) as s:
-        hello = struct.pack("<HHHHII", 0xDE58, 1, 1, 0, 80, 0) + bytes(80)
+        hello = HEADER.pack(MAGIC, HELLO, 1, 0, 80, 0) + bytes(80)
         s.sendall(hello)
         got = recv_all(s, 8) or b""
     check("a stranger's HELLO without the secret gets no WELCOME%s" % via,
@@ -272,14 +249,9 @@ def run_checks(via):
     # two silent strangers hold the origin's attention for 5 s each while the real node waits its turn
     idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
     time.sleep(0.2)
-    node = start_node(app, 1, port, fd, secret)
-    listener.close()
-    try:
-        codes = [origin.wait(timeout=30), node.wait(timeout=30)]
-    except subprocess.TimeoutExpired:
-        origin.kill()
-        node.kill()
-        codes = None
+    node = start(app, 1, port, fd, secret)
+    origin_listen.close()
+    codes = wait_all([origin, node], 30)
     for s in idle:
         s.close()
     out, err = origin.stdout.read(), origin.stderr.read()
@@ -290,19 +262,13 @@ def run_checks(via):
           err.count("rejected a joining connection: no authentication within 5 s") == 2, err)
 
     # a node must not serve an origin that cannot prove the secret
-    fake = socket.socket()
-    fake.bind(("127.0.0.1", 0))
-    fake.listen(1)
-    node = start_node(app, 1, fake.getsockname()[1], fake.fileno(), secret)
+    fake = listener()
+    node = start(app, 1, fake.getsockname()[1], fake.fileno(), secret)
     conn, _ = fake.accept()
     conn.sendall(b"DEXAUTH1" + secrets.token_bytes(32))
     recv_exact(conn, 64)
     conn.sendall(secrets.token_bytes(32))
-    try:
-        rc = node.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        node.kill()
-        rc = None
+    rc = wait_one(node, 10)
     err = node.stderr.read()
     conn.close()
     fake.close()

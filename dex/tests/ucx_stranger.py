@@ -19,51 +19,15 @@ import tempfile
 import threading
 import time
 
+from by_hand import bogus_page_request, listener, pass_join, recv_exact, relay, report, start_node, wait_all
+
 BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
-HEADER = struct.Struct("<HHHHII")
-MAGIC, PAGE_REQUEST = 0xDE58, 3
 SECRET = secrets.token_hex(32)
 
 
 def start(node, port, fd):
-    env = {"PATH": "/usr/bin:/bin", "GLIBC_TUNABLES": "glibc.pthread.rseq=0", "DEX_RUN_SECRET": SECRET,
-           "DEX_TRANSPORT": "ucx",
-           "DEX_BOOT": "node=%03d,nodes=002,port=%05d,fd=%04d,host=127.000.000.001" % (node, port, fd)}
-    return subprocess.Popen(["setarch", "x86_64", "-R", BUILD + "/coherence", "pingpong", "2", "2000"], env=env,
-                            pass_fds=(fd,), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def recv_exact(sock, n):
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise EOFError
-        data += chunk
-    return data
-
-
-def relay(src, dst):
-    try:
-        while True:
-            data = src.recv(65536)
-            if not data:
-                break
-            dst.sendall(data)
-    except OSError:
-        pass
-    for s in (src, dst):
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-
-def listener():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen(8)
-    return s
+    return start_node([BUILD + "/coherence", "pingpong", "2", "2000"], node, port, fd, SECRET,
+                      env={"DEX_TRANSPORT": "ucx"})
 
 
 def main(scratch):
@@ -75,11 +39,7 @@ def main(scratch):
     origin_listen.close()
     from_node, _ = relay_listen.accept()
     to_origin = socket.create_connection(("127.0.0.1", origin_port))
-    from_node.sendall(recv_exact(to_origin, 40))  # challenge
-    to_origin.sendall(recv_exact(from_node, 64))  # proof
-    from_node.sendall(recv_exact(to_origin, 32))  # answer
-    to_origin.sendall(recv_exact(from_node, HEADER.size + 80))  # HELLO
-    from_node.sendall(recv_exact(to_origin, HEADER.size + 8))  # WELCOME
+    pass_join(from_node, to_origin)
     length = recv_exact(to_origin, 4)
     address = recv_exact(to_origin, struct.unpack("<I", length)[0])
     from_node.sendall(length + address)
@@ -89,30 +49,19 @@ def main(scratch):
     address_file, message_file = os.path.join(scratch, "address"), os.path.join(scratch, "message")
     with open(address_file, "wb") as f:
         f.write(address)
-    bogus = struct.pack("<QII", 0x1000, 1, 0)
     with open(message_file, "wb") as f:
-        f.write(HEADER.pack(MAGIC, PAGE_REQUEST, 1, 0, len(bogus), 999) + bogus)
+        f.write(bogus_page_request())
     time.sleep(0.3)
     stranger = subprocess.run([BUILD + "/ucx_stranger", address_file, message_file, "1"], capture_output=True,
                               text=True, timeout=20)
-    try:
-        codes = [origin.wait(timeout=100), node.wait(timeout=100)]
-    except subprocess.TimeoutExpired:
-        origin.kill()
-        node.kill()
-        codes = None
+    codes = wait_all([origin, node], 100)
     out, err = origin.stdout.read(), origin.stderr.read() + node.stderr.read()
     sys.stdout.write(stranger.stdout + stranger.stderr + out + err)
-    checks = [
+    return report([
         ("the stranger reached the origin's worker", stranger.returncode == 0),
         ("its message dropped with a log line", "dropped a message tagged 0x1, not from a node of this run" in err),
         ("the run finished correctly", codes == [0, 0] and "PASS pingpong" in out),
-    ]
-    ok = True
-    for name, passed in checks:
-        print("%s %s" % ("ok  " if passed else "FAIL", name))
-        ok = ok and passed
-    return 0 if ok else 1
+    ])
 
 
 if __name__ == "__main__":
