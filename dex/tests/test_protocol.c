@@ -311,114 +311,121 @@ static void record(void *ctx, const struct dsm_action *a)
 		r->actions[r->count++] = *a;
 }
 
+/* A small directory of `npages` pages over 3 nodes, and a recorder for its actions. */
+struct small_dir {
+	struct dsm_dir dir;
+	struct dsm_dir_page pages[3];
+	struct dsm_queued_request pool[4];
+	struct recorder r;
+};
+
+static void small_dir_init(struct small_dir *d, unsigned npages)
+{
+	memset(d, 0, sizeof(*d)); /* dsm_dir_init wants the pages zeroed */
+	dsm_dir_init(&d->dir, d->pages, npages, 3, d->pool, 4);
+}
+
 static void test_directory_basics(void)
 {
-	struct dsm_dir dir;
-	struct dsm_dir_page pages[2];
-	memset(pages, 0, sizeof(pages)); /* dsm_dir_init wants them zeroed */
-	struct dsm_queued_request pool[4];
-	struct recorder r = { 0 };
-	dsm_dir_init(&dir, pages, 2, 3, pool, 4);
+	struct small_dir d;
+	small_dir_init(&d, 2);
+	struct dsm_dir *dir = &d.dir;
+	struct recorder *r = &d.r;
 
 	/* Read by node 1 from the origin's exclusive page: origin downgrades,
 	 * node 1 gets data. */
-	CHECK(dsm_dir_request(&dir, 0, 1, false, record, &r) == DSM_OK, "read");
-	CHECK(r.count == 2 && r.actions[0].kind == DSM_ACT_SET_ORIGIN_ACCESS && r.actions[0].access == DSM_READ,
+	CHECK(dsm_dir_request(dir, 0, 1, false, record, r) == DSM_OK, "read");
+	CHECK(r->count == 2 && r->actions[0].kind == DSM_ACT_SET_ORIGIN_ACCESS && r->actions[0].access == DSM_READ,
 	      "origin downgrade first");
-	CHECK(r.actions[1].kind == DSM_ACT_GRANT && r.actions[1].node == 1 && r.actions[1].with_data, "data grant");
+	CHECK(r->actions[1].kind == DSM_ACT_GRANT && r->actions[1].node == 1 && r->actions[1].with_data, "data grant");
 
 	/* Upgrade by the reader: origin drops, grant carries no data (DEX's
 	 * short response). */
-	r.count = 0;
-	CHECK(dsm_dir_request(&dir, 0, 1, true, record, &r) == DSM_OK, "upgrade");
-	CHECK(r.count == 2 && r.actions[1].kind == DSM_ACT_GRANT && !r.actions[1].with_data, "short grant");
-	CHECK(dsm_dir_access(&dir, 0, 1) == DSM_WRITE && dsm_dir_access(&dir, 0, 0) == DSM_NONE, "exclusive");
+	r->count = 0;
+	CHECK(dsm_dir_request(dir, 0, 1, true, record, r) == DSM_OK, "upgrade");
+	CHECK(r->count == 2 && r->actions[1].kind == DSM_ACT_GRANT && !r->actions[1].with_data, "short grant");
+	CHECK(dsm_dir_access(dir, 0, 1) == DSM_WRITE && dsm_dir_access(dir, 0, 0) == DSM_NONE, "exclusive");
 
 	/* Node 2 reads: page fetched from node 1, busy until the ack; a
 	 * request meanwhile queues. */
-	r.count = 0;
-	CHECK(dsm_dir_request(&dir, 0, 2, false, record, &r) == DSM_OK, "read remote-owned");
-	CHECK(r.count == 1 && r.actions[0].kind == DSM_ACT_INVALIDATE && r.actions[0].node == 1 &&
-		      r.actions[0].access == DSM_READ && r.actions[0].with_data,
+	r->count = 0;
+	CHECK(dsm_dir_request(dir, 0, 2, false, record, r) == DSM_OK, "read remote-owned");
+	CHECK(r->count == 1 && r->actions[0].kind == DSM_ACT_INVALIDATE && r->actions[0].node == 1 &&
+		      r->actions[0].access == DSM_READ && r->actions[0].with_data,
 	      "fetch from writer");
-	r.count = 0;
-	CHECK(dsm_dir_request(&dir, 0, 0, true, record, &r) == DSM_OK && r.count == 0, "queued while busy");
-	CHECK(dsm_dir_ack(&dir, 0, 2, true, record, &r) == DSM_E_UNEXPECTED, "ack from wrong node rejected");
-	CHECK(dsm_dir_ack(&dir, 0, 1, false, record, &r) == DSM_E_UNEXPECTED, "ack without data rejected");
-	CHECK(dsm_dir_ack(&dir, 0, 1, true, record, &r) == DSM_OK, "ack");
+	r->count = 0;
+	CHECK(dsm_dir_request(dir, 0, 0, true, record, r) == DSM_OK && r->count == 0, "queued while busy");
+	CHECK(dsm_dir_ack(dir, 0, 2, true, record, r) == DSM_E_UNEXPECTED, "ack from wrong node rejected");
+	CHECK(dsm_dir_ack(dir, 0, 1, false, record, r) == DSM_E_UNEXPECTED, "ack without data rejected");
+	CHECK(dsm_dir_ack(dir, 0, 1, true, record, r) == DSM_OK, "ack");
 	/* Completion grants node 2, then the queued origin write invalidates
 	 * both readers. */
 	int grants = 0, invalidations = 0;
-	for (int i = 0; i < r.count; i++) {
-		grants += r.actions[i].kind == DSM_ACT_GRANT;
-		invalidations += r.actions[i].kind == DSM_ACT_INVALIDATE;
+	for (int i = 0; i < r->count; i++) {
+		grants += r->actions[i].kind == DSM_ACT_GRANT;
+		invalidations += r->actions[i].kind == DSM_ACT_INVALIDATE;
 	}
 	CHECK(grants == 1 && invalidations == 2, "grants %d invalidations %d", grants, invalidations);
 
 	/* Nonsense requests are refused. */
-	CHECK(dsm_dir_request(&dir, 5, 1, false, record, &r) == DSM_E_RANGE, "page range");
-	CHECK(dsm_dir_request(&dir, 1, 7, false, record, &r) == DSM_E_RANGE, "node range");
-	r.count = 0;
-	CHECK(dsm_dir_request(&dir, 1, 0, true, record, &r) == DSM_E_UNEXPECTED, "writer asking to write");
+	CHECK(dsm_dir_request(dir, 5, 1, false, record, r) == DSM_E_RANGE, "page range");
+	CHECK(dsm_dir_request(dir, 1, 7, false, record, r) == DSM_E_RANGE, "node range");
+	r->count = 0;
+	CHECK(dsm_dir_request(dir, 1, 0, true, record, r) == DSM_E_UNEXPECTED, "writer asking to write");
 }
 
 static void test_prefetch(void)
 {
-	struct dsm_dir dir;
-	struct dsm_dir_page pages[3];
-	memset(pages, 0, sizeof(pages)); /* dsm_dir_init wants them zeroed */
-	struct dsm_queued_request pool[4];
-	struct recorder r = { 0 };
-	dsm_dir_init(&dir, pages, 3, 3, pool, 4);
+	struct small_dir d;
+	small_dir_init(&d, 3);
+	struct dsm_dir *dir = &d.dir;
+	struct recorder *r = &d.r;
 
 	/* Read of an origin page: granted with data, the origin keeps a copy. */
-	CHECK(dsm_dir_prefetch(&dir, 0, 1, false, record, &r) == 1, "read prefetch granted");
-	CHECK(r.count == 2 && r.actions[0].kind == DSM_ACT_SET_ORIGIN_ACCESS && r.actions[0].access == DSM_READ &&
-		      r.actions[1].kind == DSM_ACT_GRANT && r.actions[1].with_data,
+	CHECK(dsm_dir_prefetch(dir, 0, 1, false, record, r) == 1, "read prefetch granted");
+	CHECK(r->count == 2 && r->actions[0].kind == DSM_ACT_SET_ORIGIN_ACCESS && r->actions[0].access == DSM_READ &&
+		      r->actions[1].kind == DSM_ACT_GRANT && r->actions[1].with_data,
 	      "origin downgraded, data grant");
 	/* Write by the reader: short grant, the origin drops its copy. */
-	r.count = 0;
-	CHECK(dsm_dir_prefetch(&dir, 0, 1, true, record, &r) == 1, "write prefetch granted");
-	CHECK(r.count == 2 && r.actions[1].kind == DSM_ACT_GRANT && !r.actions[1].with_data &&
-		      dsm_dir_access(&dir, 0, 1) == DSM_WRITE,
+	r->count = 0;
+	CHECK(dsm_dir_prefetch(dir, 0, 1, true, record, r) == 1, "write prefetch granted");
+	CHECK(r->count == 2 && r->actions[1].kind == DSM_ACT_GRANT && !r->actions[1].with_data &&
+		      dsm_dir_access(dir, 0, 1) == DSM_WRITE,
 	      "short grant, exclusive");
 	/* A page another node writes, or reads while we want to write, or
 	 * one that is busy, is declined without any action. */
-	r.count = 0;
-	CHECK(dsm_dir_prefetch(&dir, 0, 2, false, record, &r) == 0 && r.count == 0, "remote writer: declined");
-	CHECK(dsm_dir_request(&dir, 1, 2, false, record, &r) == DSM_OK, "node 2 reads page 1");
-	r.count = 0;
-	CHECK(dsm_dir_prefetch(&dir, 1, 1, true, record, &r) == 0 && r.count == 0, "remote reader: declined");
-	CHECK(dsm_dir_prefetch(&dir, 1, 1, false, record, &r) == 1, "but a read copy is granted");
-	CHECK(dsm_dir_request(&dir, 0, 2, false, record, &r) == DSM_OK && dir.pages[0].busy, "page 0 busy");
-	r.count = 0;
-	CHECK(dsm_dir_prefetch(&dir, 0, 2, false, record, &r) == 0 && r.count == 0, "busy: declined");
-	CHECK(dsm_dir_prefetch(&dir, 1, 2, false, record, &r) == 0 && r.count == 0, "already held: declined");
-	CHECK(dsm_dir_prefetch(&dir, 2, 0, false, record, &r) == DSM_E_RANGE, "the origin does not prefetch");
-	CHECK(dsm_dir_prefetch(&dir, 3, 1, false, record, &r) == DSM_E_RANGE, "page range");
+	r->count = 0;
+	CHECK(dsm_dir_prefetch(dir, 0, 2, false, record, r) == 0 && r->count == 0, "remote writer: declined");
+	CHECK(dsm_dir_request(dir, 1, 2, false, record, r) == DSM_OK, "node 2 reads page 1");
+	r->count = 0;
+	CHECK(dsm_dir_prefetch(dir, 1, 1, true, record, r) == 0 && r->count == 0, "remote reader: declined");
+	CHECK(dsm_dir_prefetch(dir, 1, 1, false, record, r) == 1, "but a read copy is granted");
+	CHECK(dsm_dir_request(dir, 0, 2, false, record, r) == DSM_OK && dir->pages[0].busy, "page 0 busy");
+	r->count = 0;
+	CHECK(dsm_dir_prefetch(dir, 0, 2, false, record, r) == 0 && r->count == 0, "busy: declined");
+	CHECK(dsm_dir_prefetch(dir, 1, 2, false, record, r) == 0 && r->count == 0, "already held: declined");
+	CHECK(dsm_dir_prefetch(dir, 2, 0, false, record, r) == DSM_E_RANGE, "the origin does not prefetch");
+	CHECK(dsm_dir_prefetch(dir, 3, 1, false, record, r) == DSM_E_RANGE, "page range");
 
 	/* The origin reads ahead only through idle pages one node alone holds. */
-	CHECK(dsm_dir_sole_remote_owner(&dir, 0) == 0, "busy page: no sole owner");
-	CHECK(dsm_dir_sole_remote_owner(&dir, 1) == 0, "shared page: no sole owner");
-	CHECK(dsm_dir_sole_remote_owner(&dir, 2) == 0, "the origin's own page");
-	CHECK(dsm_dir_request(&dir, 2, 2, true, record, &r) == DSM_OK && dsm_dir_sole_remote_owner(&dir, 2) == 2,
+	CHECK(dsm_dir_sole_remote_owner(dir, 0) == 0, "busy page: no sole owner");
+	CHECK(dsm_dir_sole_remote_owner(dir, 1) == 0, "shared page: no sole owner");
+	CHECK(dsm_dir_sole_remote_owner(dir, 2) == 0, "the origin's own page");
+	CHECK(dsm_dir_request(dir, 2, 2, true, record, r) == DSM_OK && dsm_dir_sole_remote_owner(dir, 2) == 2,
 	      "node 2 writes page 2: its sole owner");
-	CHECK(dsm_dir_sole_remote_owner(&dir, 3) == 0, "page out of range");
+	CHECK(dsm_dir_sole_remote_owner(dir, 3) == 0, "page out of range");
 
 	/* It batches the invalidations of its writes only through idle pages
 	 * it shares with one node alone. */
-	CHECK(dsm_dir_sole_remote_reader(&dir, 0) == 0, "busy page: no sole reader");
-	CHECK(dsm_dir_sole_remote_reader(&dir, 1) == 0, "two remote readers: no sole reader");
-	CHECK(dsm_dir_sole_remote_reader(&dir, 2) == 0, "a remote writer is no reader");
-	struct dsm_dir shared;
-	struct dsm_dir_page shared_pages[2];
-	memset(shared_pages, 0, sizeof(shared_pages));
-	struct dsm_queued_request shared_pool[2];
-	dsm_dir_init(&shared, shared_pages, 2, 3, shared_pool, 2);
-	CHECK(dsm_dir_request(&shared, 0, 1, false, record, &r) == DSM_OK && dsm_dir_sole_remote_reader(&shared, 0) == 1,
+	CHECK(dsm_dir_sole_remote_reader(dir, 0) == 0, "busy page: no sole reader");
+	CHECK(dsm_dir_sole_remote_reader(dir, 1) == 0, "two remote readers: no sole reader");
+	CHECK(dsm_dir_sole_remote_reader(dir, 2) == 0, "a remote writer is no reader");
+	struct small_dir shared;
+	small_dir_init(&shared, 2);
+	CHECK(dsm_dir_request(&shared.dir, 0, 1, false, record, r) == DSM_OK && dsm_dir_sole_remote_reader(&shared.dir, 0) == 1,
 	      "node 1 reads an origin page: its sole reader");
-	CHECK(dsm_dir_sole_remote_reader(&shared, 1) == 0, "the origin's own page");
-	CHECK(dsm_dir_sole_remote_reader(&shared, 2) == 0, "page out of range");
+	CHECK(dsm_dir_sole_remote_reader(&shared.dir, 1) == 0, "the origin's own page");
+	CHECK(dsm_dir_sole_remote_reader(&shared.dir, 2) == 0, "page out of range");
 
 	uint8_t inflight = 1;
 	CHECK(dsm_node_decline(&inflight) == DSM_OK && !inflight, "decline ends the request");
@@ -427,42 +434,40 @@ static void test_prefetch(void)
 
 static void test_release(void)
 {
-	struct dsm_dir dir;
-	struct dsm_dir_page pages[2];
-	memset(pages, 0, sizeof(pages)); /* dsm_dir_init wants them zeroed */
-	struct dsm_queued_request pool[4];
-	struct recorder r = { 0 };
-	dsm_dir_init(&dir, pages, 2, 3, pool, 4);
+	struct small_dir d;
+	small_dir_init(&d, 2);
+	struct dsm_dir *dir = &d.dir;
+	struct recorder *r = &d.r;
 
-	CHECK(dsm_dir_release(&dir, 0, 1, record, &r) == DSM_E_UNEXPECTED, "release of a page not held");
-	CHECK(dsm_dir_request(&dir, 0, 1, true, record, &r) == DSM_OK, "node 1 writes page 0");
-	r.count = 0;
-	CHECK(dsm_dir_release(&dir, 0, 1, record, &r) == DSM_OK, "idle release");
-	CHECK(r.count == 1 && r.actions[0].kind == DSM_ACT_SET_ORIGIN_ACCESS && r.actions[0].access == DSM_WRITE &&
-		      dsm_dir_access(&dir, 0, 0) == DSM_WRITE && dsm_dir_access(&dir, 0, 1) == DSM_NONE,
+	CHECK(dsm_dir_release(dir, 0, 1, record, r) == DSM_E_UNEXPECTED, "release of a page not held");
+	CHECK(dsm_dir_request(dir, 0, 1, true, record, r) == DSM_OK, "node 1 writes page 0");
+	r->count = 0;
+	CHECK(dsm_dir_release(dir, 0, 1, record, r) == DSM_OK, "idle release");
+	CHECK(r->count == 1 && r->actions[0].kind == DSM_ACT_SET_ORIGIN_ACCESS && r->actions[0].access == DSM_WRITE &&
+		      dsm_dir_access(dir, 0, 0) == DSM_WRITE && dsm_dir_access(dir, 0, 1) == DSM_NONE,
 	      "the origin alone holds it, writable");
-	CHECK(dsm_dir_release(&dir, 0, 1, record, &r) == DSM_E_UNEXPECTED, "released twice");
+	CHECK(dsm_dir_release(dir, 0, 1, record, r) == DSM_E_UNEXPECTED, "released twice");
 
 	/* Node 2 reads while node 1 writes: the release answers the
 	 * invalidation, and node 1 keeps no copy. */
-	CHECK(dsm_dir_request(&dir, 1, 1, true, record, &r) == DSM_OK, "node 1 writes page 1");
-	r.count = 0;
-	CHECK(dsm_dir_request(&dir, 1, 2, false, record, &r) == DSM_OK && r.count == 1 &&
-		      r.actions[0].kind == DSM_ACT_INVALIDATE,
+	CHECK(dsm_dir_request(dir, 1, 1, true, record, r) == DSM_OK, "node 1 writes page 1");
+	r->count = 0;
+	CHECK(dsm_dir_request(dir, 1, 2, false, record, r) == DSM_OK && r->count == 1 &&
+		      r->actions[0].kind == DSM_ACT_INVALIDATE,
 	      "fetch from node 1");
-	CHECK(dsm_dir_release(&dir, 1, 2, record, &r) == DSM_E_UNEXPECTED, "release by a node not holding it");
-	r.count = 0;
-	CHECK(dsm_dir_release(&dir, 1, 1, record, &r) == DSM_OK, "release crossing the invalidation");
-	CHECK(dsm_dir_access(&dir, 1, 2) == DSM_READ && dsm_dir_access(&dir, 1, 1) == DSM_NONE &&
-		      dsm_dir_access(&dir, 1, 0) == DSM_READ && !dir.pages[1].busy,
+	CHECK(dsm_dir_release(dir, 1, 2, record, r) == DSM_E_UNEXPECTED, "release by a node not holding it");
+	r->count = 0;
+	CHECK(dsm_dir_release(dir, 1, 1, record, r) == DSM_OK, "release crossing the invalidation");
+	CHECK(dsm_dir_access(dir, 1, 2) == DSM_READ && dsm_dir_access(dir, 1, 1) == DSM_NONE &&
+		      dsm_dir_access(dir, 1, 0) == DSM_READ && !dir->pages[1].busy,
 	      "node 2 and the origin read, node 1 holds nothing");
-	CHECK(dsm_dir_ack(&dir, 1, 1, true, record, &r) == DSM_E_UNEXPECTED, "no acknowledgement expected any more");
+	CHECK(dsm_dir_ack(dir, 1, 1, true, record, r) == DSM_E_UNEXPECTED, "no acknowledgement expected any more");
 	/* A reader's release drops its copy; the origin keeps serving it. */
-	r.count = 0;
-	CHECK(dsm_dir_release(&dir, 1, 2, record, &r) == DSM_OK && r.count == 0 && dsm_dir_access(&dir, 1, 2) == DSM_NONE &&
-		      dsm_dir_access(&dir, 1, 0) == DSM_READ,
+	r->count = 0;
+	CHECK(dsm_dir_release(dir, 1, 2, record, r) == DSM_OK && r->count == 0 && dsm_dir_access(dir, 1, 2) == DSM_NONE &&
+		      dsm_dir_access(dir, 1, 0) == DSM_READ,
 	      "read-only copy released");
-	CHECK(dsm_dir_release(&dir, 1, 0, record, &r) == DSM_E_RANGE, "the origin does not release");
+	CHECK(dsm_dir_release(dir, 1, 0, record, r) == DSM_E_RANGE, "the origin does not release");
 }
 
 static void test_node_faults(void)
