@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "app.h"
+
 struct option {
 	double spot, strike, rate, volatility, years;
 	int is_put;
@@ -75,36 +77,24 @@ static void *work(void *arg)
 	return NULL;
 }
 
-static uint64_t mix(uint64_t x)
-{
-	x += 0x9e3779b97f4a7c15ull;
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
-}
-
 static double unit(uint64_t seed)
 {
-	return (double)(mix(seed) >> 11) / 9007199254740992.0;
+	return (double)(app_mix(seed) >> 11) / 9007199254740992.0;
 }
 
 int main(int argc, char **argv)
 {
-	int arg = 1;
-	if (argc > 1 && !strcmp(argv[1], "--naive")) {
-		naive = 1;
-		arg++;
-	}
-	if (argc > arg) threads = atoi(argv[arg]);
-	if (argc > arg + 1) noptions = atol(argv[arg + 1]);
-	if (argc > arg + 2) rounds = atoi(argv[arg + 2]);
+	int arg = app_naive_flag(argc, argv, &naive);
+	threads = (int)app_number(argc, argv, arg, threads);
+	noptions = app_number(argc, argv, arg + 1, noptions);
+	rounds = (int)app_number(argc, argv, arg + 2, rounds);
 	if (threads < 1 || threads > 256 || noptions < threads || rounds < 1)
 		return 2;
 	options = malloc(sizeof(*options) * (size_t)noptions);
 	for (long i = 0; i < noptions; i++) {
 		uint64_t s = (uint64_t)i * 8;
 		options[i] = (struct option){ 20 + 80 * unit(s), 20 + 80 * unit(s + 1), 0.01 + 0.09 * unit(s + 2),
-					      0.05 + 0.6 * unit(s + 3), 0.1 + 2 * unit(s + 4), (int)(mix(s + 5) & 1) };
+					      0.05 + 0.6 * unit(s + 3), 0.1 + 2 * unit(s + 4), (int)(app_mix(s + 5) & 1) };
 	}
 	if (naive)
 		shared_prices = malloc(sizeof(double) * (size_t)noptions);

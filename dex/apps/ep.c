@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "app.h"
+
 #define ANNULI 10
 #define FIXED_POINT 1e6
 
@@ -34,17 +36,9 @@ struct job {
 	int naive;
 };
 
-static uint64_t mix(uint64_t x)
-{
-	x += 0x9e3779b97f4a7c15ull;
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
-}
-
 static double uniform(uint64_t counter)
 {
-	return (double)(mix(counter) >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0;
+	return (double)(app_mix(counter) >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0;
 }
 
 static void add_pair(struct tally *t, double x, double y)
@@ -80,14 +74,11 @@ static void *run(void *arg)
 
 int main(int argc, char **argv)
 {
-	int naive = 0, arg = 1;
-	if (argc > 1 && !strcmp(argv[1], "--naive")) {
-		naive = 1;
-		arg++;
-	}
-	int threads = argc > arg ? atoi(argv[arg]) : 4;
-	int log2_samples = argc > arg + 1 ? atoi(argv[arg + 1]) : 22;
-	if (threads < 1 || threads > 256)
+	int naive;
+	int arg = app_naive_flag(argc, argv, &naive);
+	long threads = app_number(argc, argv, arg, 4);
+	long log2_samples = app_number(argc, argv, arg + 1, 22);
+	if (threads < 1 || threads > 256 || log2_samples < 0 || log2_samples > 62)
 		return 2;
 	uint64_t samples = 1ull << log2_samples;
 
@@ -120,7 +111,7 @@ int main(int argc, char **argv)
 		total.sum_y += slot_of[i]->sum_y;
 		total.accepted += slot_of[i]->accepted;
 	}
-	printf("EP samples=2^%d pairs=%lld sx=%.6f sy=%.6f counts:", log2_samples, (long long)total.accepted,
+	printf("EP samples=2^%ld pairs=%lld sx=%.6f sy=%.6f counts:", log2_samples, (long long)total.accepted,
 	       total.sum_x / FIXED_POINT, total.sum_y / FIXED_POINT);
 	for (int a = 0; a < ANNULI; a++)
 		printf(" %lld", (long long)total.counts[a]);

@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "app.h"
+
 static const char *const keys[] = { "dex", "page", "node", "fault", "moved" };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
 
@@ -52,34 +54,21 @@ static void *scan(void *arg)
 	return NULL;
 }
 
-static uint64_t mix(uint64_t x)
-{
-	x += 0x9e3779b97f4a7c15ull;
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
-}
-
 int main(int argc, char **argv)
 {
-	int arg = 1;
-	if (argc > 1 && !strcmp(argv[1], "--naive")) {
-		naive = 1;
-		arg++;
-	}
-	if (argc > arg)
-		threads = atoi(argv[arg]);
-	size_t mib = argc > arg + 1 ? (size_t)atol(argv[arg + 1]) : 16;
-	if (threads < 1 || threads > 256)
+	int arg = app_naive_flag(argc, argv, &naive);
+	threads = (int)app_number(argc, argv, arg, threads);
+	long mib = app_number(argc, argv, arg + 1, 16);
+	if (threads < 1 || threads > 256 || mib < 1 || mib > 4096)
 		return 2;
-	text_len = mib << 20;
+	text_len = (size_t)mib << 20;
 	text = malloc(text_len);
 	/* letters from a small alphabet, with the keys sprinkled in */
 	const char alphabet[] = "adefgmnoptuv ";
 	for (size_t i = 0; i < text_len; i++)
-		text[i] = alphabet[mix(i) % (sizeof(alphabet) - 1)];
-	for (size_t i = 0; i + 8 < text_len; i += 997 + mix(i) % 1000)
-		memcpy(text + i, keys[mix(i) % NKEYS], strlen(keys[mix(i) % NKEYS]));
+		text[i] = alphabet[app_mix(i) % (sizeof(alphabet) - 1)];
+	for (size_t i = 0; i + 8 < text_len; i += 997 + app_mix(i) % 1000)
+		memcpy(text + i, keys[app_mix(i) % NKEYS], strlen(keys[app_mix(i) % NKEYS]));
 
 	struct job *jobs = malloc(sizeof(*jobs) * (size_t)threads);
 	pthread_t *tids = malloc(sizeof(*tids) * (size_t)threads);
@@ -90,7 +79,7 @@ int main(int argc, char **argv)
 	}
 	for (int t = 0; t < threads; t++)
 		pthread_join(tids[t], NULL);
-	printf("GRP text=%zuMiB", mib);
+	printf("GRP text=%ldMiB", mib);
 	for (size_t k = 0; k < NKEYS; k++)
 		printf(" %s=%ld", keys[k], totals[k]);
 	printf("\n");

@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "app.h"
+
 #define MAX_CLUSTERS 128
 
 struct partial {
@@ -38,14 +40,6 @@ static struct partial *naive_partials, **naive_partial_of;
 static long changed_flag; /* naive: shared across threads */
 static long moves_total;
 static pthread_barrier_t barrier;
-
-static uint64_t mix(uint64_t x)
-{
-	x += 0x9e3779b97f4a7c15ull;
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
-}
 
 static int nearest(const int64_t *cx, const int64_t *cy, int k, int32_t x, int32_t y)
 {
@@ -161,15 +155,11 @@ static void *worker(void *arg)
 
 int main(int argc, char **argv)
 {
-	int arg = 1;
-	if (argc > 1 && !strcmp(argv[1], "--naive")) {
-		naive = 1;
-		arg++;
-	}
-	if (argc > arg) threads = atoi(argv[arg]);
-	if (argc > arg + 1) npoints = atol(argv[arg + 1]);
-	if (argc > arg + 2) clusters = atoi(argv[arg + 2]);
-	if (argc > arg + 3) iterations = atoi(argv[arg + 3]);
+	int arg = app_naive_flag(argc, argv, &naive);
+	threads = (int)app_number(argc, argv, arg, threads);
+	npoints = app_number(argc, argv, arg + 1, npoints);
+	clusters = (int)app_number(argc, argv, arg + 2, clusters);
+	iterations = (int)app_number(argc, argv, arg + 3, iterations);
 	if (threads < 1 || threads > 256 || clusters < 1 || clusters > MAX_CLUSTERS || npoints < clusters)
 		return 2;
 
@@ -178,7 +168,7 @@ int main(int argc, char **argv)
 	membership = malloc(sizeof(*membership) * (size_t)npoints);
 	for (long i = 0; i < npoints; i++) {
 		/* points scattered around `clusters` hidden centres */
-		uint64_t r = mix((uint64_t)i);
+		uint64_t r = app_mix((uint64_t)i);
 		int hidden = (int)(r % (uint64_t)clusters);
 		px[i] = (int32_t)(hidden * 10000 + (int)((r >> 16) % 4000) - 2000);
 		py[i] = (int32_t)((hidden * 7919) % 50000 + (int)((r >> 32) % 4000) - 2000);
