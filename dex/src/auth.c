@@ -14,11 +14,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-int dex_auth_random(void *buf, size_t len)
+enum io_op { IO_READ, IO_WRITE, IO_RANDOM };
+
+/* Repeats one read(2), write(2) or getrandom(2) until `len` bytes are done,
+ * through EINTR and short counts; 0, or -1 on an error or end of file. */
+static int io_all(enum io_op op, int fd, char *p, size_t len)
 {
-	char *p = buf;
 	while (len) {
-		ssize_t n = getrandom(p, len, 0);
+		ssize_t n = op == IO_READ ? read(fd, p, len) : op == IO_WRITE ? write(fd, p, len) : getrandom(p, len, 0);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0)
@@ -27,6 +30,21 @@ int dex_auth_random(void *buf, size_t len)
 		len -= (size_t)n;
 	}
 	return 0;
+}
+
+int dex_auth_random(void *buf, size_t len)
+{
+	return io_all(IO_RANDOM, -1, buf, len);
+}
+
+int dex_read_all(int fd, void *buf, size_t len)
+{
+	return io_all(IO_READ, fd, buf, len);
+}
+
+int dex_write_all(int fd, const void *buf, size_t len)
+{
+	return io_all(IO_WRITE, fd, (char *)buf, len); /* write(2) only reads it */
 }
 
 const char *dex_auth_key_from_hex(const char *text, struct dex_auth_key *key)

@@ -43,6 +43,10 @@ struct dex_auth_exchange {
 
 /* Fills `buf` from the kernel's random source; 0 or -1. */
 int dex_auth_random(void *buf, size_t len);
+/* Blocking whole-buffer read and write (dexrun and dexnode's agent
+ * connection, node_agent_wire.h); 0, or -1 on an error or end of file. */
+int dex_read_all(int fd, void *buf, size_t len);
+int dex_write_all(int fd, const void *buf, size_t len);
 
 /* Parses exactly 64 hex digits. NULL, or why not. */
 const char *dex_auth_key_from_hex(const char *text, struct dex_auth_key *key);

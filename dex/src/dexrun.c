@@ -175,8 +175,8 @@ static int send_request(int conn, const char *cwd, char **args, bool with_run_id
 	for (uint32_t i = 0; i < count; i++)
 		put_string(&at, strings[i]);
 	uint32_t size32 = (uint32_t)size;
-	int bad = agent_write_all(conn, AGENT_MAGIC, 8) || agent_write_all(conn, &size32, sizeof(size32)) ||
-		  agent_write_all(conn, body, size);
+	int bad = dex_write_all(conn, AGENT_MAGIC, 8) || dex_write_all(conn, &size32, sizeof(size32)) ||
+		  dex_write_all(conn, body, size);
 	free(body);
 	return bad ? -1 : 0;
 }
@@ -231,17 +231,17 @@ static void run_on_host(const struct remote_host *h, const char *boot_format, ch
 	for (;;) {
 		char head[5];
 		uint32_t length;
-		if (agent_read_all(conn, head, sizeof(head)))
+		if (dex_read_all(conn, head, sizeof(head)))
 			break;
 		memcpy(&length, head + 1, sizeof(length));
 		char *data = length <= AGENT_MAX_STRING ? malloc(length + 1) : NULL;
-		if (!data || agent_read_all(conn, data, length))
+		if (!data || dex_read_all(conn, data, length))
 			break;
 		data[length] = 0;
 		if (head[0] == 'o')
-			agent_write_all(1, data, length);
+			dex_write_all(1, data, length);
 		else if (head[0] == 'e' || head[0] == 'x')
-			agent_write_all(2, data, length);
+			dex_write_all(2, data, length);
 		if (head[0] == 'x')
 			_exit(127);
 		if (head[0] == 's') {

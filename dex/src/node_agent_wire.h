@@ -67,42 +67,12 @@ static inline long agent_whole_number(const char *text, long low, long high)
 	return value;
 }
 
-static inline int agent_write_all(int fd, const void *buf, size_t len)
-{
-	const char *p = buf;
-	while (len) {
-		ssize_t n = write(fd, p, len);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return -1;
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
-static inline int agent_read_all(int fd, void *buf, size_t len)
-{
-	char *p = buf;
-	while (len) {
-		ssize_t n = read(fd, p, len);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return -1;
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
 static inline int agent_put_frame(int fd, char kind, const void *data, uint32_t len)
 {
 	char head[5];
 	head[0] = kind;
 	memcpy(head + 1, &len, sizeof(len));
-	return agent_write_all(fd, head, sizeof(head)) || agent_write_all(fd, data, len) ? -1 : 0;
+	return dex_write_all(fd, head, sizeof(head)) || dex_write_all(fd, data, len) ? -1 : 0;
 }
 
 #endif

@@ -11,14 +11,14 @@ const char *agent_read_request(int fd, struct agent_request *req)
 {
 	char magic[8];
 	uint32_t size;
-	if (agent_read_all(fd, magic, sizeof(magic)) || agent_read_all(fd, &size, sizeof(size)))
+	if (dex_read_all(fd, magic, sizeof(magic)) || dex_read_all(fd, &size, sizeof(size)))
 		return "no start request";
 	if (memcmp(magic, AGENT_MAGIC, 8) != 0)
 		return "not a start request (dexrun of another version?)";
 	if (size > AGENT_MAX_REQUEST)
 		return "request too large";
 	uint8_t *body = malloc(size ? size : 1);
-	const char *why = !body || agent_read_all(fd, body, size) ? "truncated start request"
+	const char *why = !body || dex_read_all(fd, body, size) ? "truncated start request"
 								   : agent_parse_request(body, size, req);
 	free(body); /* the request holds copies of the strings */
 	return why;
