@@ -278,6 +278,21 @@ if [ $# -eq 0 ] && [ -f "$work/hello-musl.host" ]; then
     fi
 fi
 
+# The default heap in 4 and 5 GiB machines: their largest free range (below the 3 GiB PCI
+# hole) also holds the image and stack, so the heap is sized after they are placed.
+if [ $# -eq 0 ] && [ -f "$work/hello-raw" ]; then
+    for job_mem in 4G 5G; do
+        status=$(run_in_lwk "$work/hello-raw" hello "$work/hello-$job_mem.lwk" raw)
+        if [ "$status" = 3 ] && cmp -s "$work/hello-$job_mem.lwk" "$work/hello-musl.host"; then
+            echo "ok   default heap in a $job_mem machine: status 3"
+        else
+            echo "FAIL default heap in a $job_mem machine: status $status"; cat "$work/hello-$job_mem.lwk.console"
+            failures=$((failures + 1))
+        fi
+    done
+    job_mem=
+fi
+
 # Programs the kernel cannot run, given as the module: the reason on the console, status 126
 # (a shell's "cannot execute"; QEMU's exit device shows 253). A dynamically linked hello, and
 # a static one whose first loadable segment claims memory past the end of user space. Then

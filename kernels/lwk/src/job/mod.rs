@@ -211,8 +211,9 @@ pub struct Image {
 
 /// Loads the executable `file` (at `file_physical`) into a new address space with its
 /// initial stack, and leaves that address space loaded on this CPU. The heap is
-/// `heap_size` bytes (rounded up to 2 MiB).
-pub fn load_image_memory(file: &[u8], file_physical: u64, argv: &[String], env: &[String], heap_size: u64, stack_size: u64) -> Result<Image, LoadError> {
+/// `heap_size` bytes (rounded up to 2 MiB), or with `None` what the kernel and the job's other
+/// processes can spare once the image and stack are placed (`spare_heap_size`).
+pub fn load_image_memory(file: &[u8], file_physical: u64, argv: &[String], env: &[String], heap_size: Option<u64>, stack_size: u64) -> Result<Image, LoadError> {
     let executable = Executable::parse(file).map_err(LoadError::Elf)?;
     let mut aspace = AddressSpace::new().map_err(|_| LoadError::NoMemory("page tables"))?;
     let mut blocks: Vec<Region> = Vec::new();
@@ -224,7 +225,8 @@ pub fn load_image_memory(file: &[u8], file_physical: u64, argv: &[String], env: 
         blocks.push(stack);
         aspace.map(stack.start, stack.physical_start, stack_size, READ_WRITE).map_err(|_| LoadError::NoMemory("page tables"))?;
         let heap_start = image.end.next_multiple_of(HUGE_PAGE_SIZE);
-        let heap_size = heap_size.next_multiple_of(HUGE_PAGE_SIZE);
+        // Sized only now: the image and stack may have taken part of the largest free range.
+        let heap_size = heap_size.unwrap_or_else(spare_heap_size).next_multiple_of(HUGE_PAGE_SIZE);
         if heap_start + heap_size > stack.start {
             return Err(LoadError::OverlapsStack);
         }
@@ -263,11 +265,20 @@ pub fn load_image_memory(file: &[u8], file_physical: u64, argv: &[String], env: 
     }
 }
 
+/// The first process's default heap: what the kernel and the job's other processes can spare
+/// (a quarter of the free memory, at least 16 MiB), within the largest free range. Called once
+/// the image and stack hold their memory, so that the heap fits beside them.
+fn spare_heap_size() -> u64 {
+    let free = pmem::total_free();
+    let spare = free.saturating_sub(KERNEL_RESERVE.max(free / 4));
+    spare.min(pmem::largest_free_block(HUGE_PAGE_SIZE)) / HUGE_PAGE_SIZE * HUGE_PAGE_SIZE
+}
+
 /// The heap of an image `execve` loads: the job's heap size if it set one, else an eighth of
 /// the free memory (4 to 64 MiB).
 pub fn exec_heap_size() -> u64 {
     match HEAP_OPTION.load(Ordering::Relaxed) {
-        0 => (pmem::total_free() / 8).clamp(EXEC_HEAP_MIN, EXEC_HEAP_MAX).min(pmem::largest_free().len() / 2),
+        0 => (pmem::total_free() / 8).clamp(EXEC_HEAP_MIN, EXEC_HEAP_MAX).min(pmem::largest_free_block(HUGE_PAGE_SIZE) / 2),
         size => size,
     }
 }
@@ -302,16 +313,9 @@ pub fn load(module: Option<&Module>, options: &JobOptions) -> Result<TrapFrame, 
         }
         (module_bytes, module.start)
     };
-    // The first process's default heap: what the kernel and the job's other processes can
-    // spare (a quarter of the free memory, at least 16 MiB), within the largest free range.
-    let heap_size = options.heap_size.unwrap_or_else(|| {
-        let free = pmem::total_free();
-        let spare = free.saturating_sub(KERNEL_RESERVE.max(free / 4));
-        spare.min(pmem::largest_free().len()) / HUGE_PAGE_SIZE * HUGE_PAGE_SIZE
-    });
     HEAP_OPTION.store(options.heap_size.unwrap_or(0), Ordering::Relaxed);
     STACK_OPTION.store(options.stack_size, Ordering::Relaxed);
-    let image = load_image_memory(file, file_physical, &options.argv, &options.env, heap_size, options.stack_size)?;
+    let image = load_image_memory(file, file_physical, &options.argv, &options.env, options.heap_size, options.stack_size)?;
     let aspace = image.memory.aspace.handle();
     // libc insists on an absolute path (glibc asserts it): the job lives at the root.
     let executable_path = if options.argv[0].starts_with('/') { options.argv[0].clone() } else { alloc::format!("/{}", options.argv[0]) };

@@ -62,9 +62,9 @@ pub fn total_free() -> u64 {
     FREE.lock().total()
 }
 
-/// The largest free contiguous range.
-pub fn largest_free() -> Range {
-    FREE.lock().ranges().iter().copied().max_by_key(Range::len).unwrap_or_default()
+/// The largest block `allocate(_, align)` can return (`align` a power of two).
+pub fn largest_free_block(align: u64) -> u64 {
+    FREE.lock().ranges().iter().map(|range| (range.end & !(align - 1)).saturating_sub(range.start.next_multiple_of(align))).max().unwrap_or(0)
 }
 
 /// Runs `f` on each free range (for the boot report).
