@@ -11,6 +11,7 @@ pub mod admission;
 pub mod api;
 /// The daemon's client lives in the API crate; tests and tools reach it here too.
 pub use clowder_api::client;
+pub mod config_file;
 pub mod console;
 pub mod cores;
 pub mod cpuset;

@@ -4,7 +4,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clowderd::api::socket_path;
+use clowder_api::daemon::DEFAULT_SOCKET;
+use clowderd::config_file::{self, ConfigFile};
 use clowderd::daemon::{Daemon, DaemonConfig};
 use clowderd::enclave::Liveness;
 use clowderd::machine::VmmLauncher;
@@ -14,10 +15,13 @@ use clowderd::xemem::{peer as xemem_peer, service as xemem_service, XememLinks};
 use clowderd::{peer, server};
 
 const USAGE: &str = "usage: clowderd [options]   (--version: its version and the API's)
+  --config PATH        configuration file (default: /etc/clowder/clowderd.toml, if present): one key
+                       per option below, named as the option without its dashes; options override it
   --socket PATH        API socket (default: $CLOWDER_SOCKET or /run/clowder/clowderd.sock)
   --vmm PATH           clowder-vmm binary (default: $CLOWDER_VMM, else next to clowderd, else $PATH)
-  --kernel PATH        LWK image (default: $CLOWDER_KERNEL, else kernels/target/x86_64-unknown-none/release/lwk
-                       found above clowderd's directory)
+  --kernel PATH        LWK image (default: $CLOWDER_KERNEL, else ../lib/clowder/lwk from clowderd's
+                       directory as installed, else kernels/target/x86_64-unknown-none/release/lwk
+                       found above clowderd's directory in a source tree)
   --isolate-cores      move host tasks off enclave cores with cpusets
   --oneshot-mem SIZE   memory of a one-shot enclave (default 256M)
   --hello-timeout MS   how long a new enclave's kernel may take to answer (default 10000)
@@ -35,9 +39,20 @@ const USAGE: &str = "usage: clowderd [options]   (--version: its version and the
                        PATH; that daemon's name server gives this one its enclave id
 ";
 
-/// The LWK image next to a checkout: walk up from clowderd's directory.
+/// The LWK image where `make install` puts it ($prefix/lib/clowder/lwk beside $prefix/bin), else
+/// in the source tree clowderd was built in: walk up from its directory.
 fn find_kernel(exe: &Path) -> Option<PathBuf> {
-    exe.ancestors().map(|dir| dir.join("kernels/target/x86_64-unknown-none/release/lwk")).find(|p| p.is_file())
+    let installed = exe.parent().and_then(Path::parent).map(|prefix| prefix.join("lib/clowder/lwk"));
+    let source_tree = exe.ancestors().map(|dir| dir.join("kernels/target/x86_64-unknown-none/release/lwk"));
+    installed.into_iter().chain(source_tree).find(|p| p.is_file())
+}
+
+/// `--config PATH` wherever it is on the command line, since the file's values come first.
+fn config_path(args: &[String]) -> Result<(PathBuf, bool), String> {
+    match args.iter().position(|arg| arg == "--config") {
+        Some(at) => args.get(at + 1).map(|path| (PathBuf::from(path), true)).ok_or_else(|| "--config needs a value".to_string()),
+        None => Ok((PathBuf::from(config_file::DEFAULT_PATH), false)),
+    }
 }
 
 struct Options {
@@ -58,19 +73,50 @@ struct Options {
 fn parse_options(args: &[String]) -> Result<Options, String> {
     let exe = std::env::current_exe().map_err(|e| format!("finding clowderd's own path: {e}"))?;
     let sibling_vmm = exe.with_file_name("clowder-vmm");
+    let (config_path, explicit) = config_path(args)?;
+    let file = ConfigFile::load(&config_path, explicit).map_err(|e| e.to_string())?;
+    // Precedence: flags, then the environment, then the file, then the built-in defaults.
+    let env_path = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let mut liveness = Liveness::default();
+    let mut limits = Limits::default();
+    let file_error = |key: &str, reason: String| format!("{}: {key}: {reason}", config_path.display());
+    for (value, field) in [
+        (file.hello_timeout, &mut liveness.hello_timeout),
+        (file.ping_interval, &mut liveness.ping_interval),
+        (file.ping_timeout, &mut liveness.ping_timeout),
+        (file.idle_timeout, &mut limits.request_timeout),
+    ] {
+        if let Some(millis) = value {
+            *field = Duration::from_millis(millis);
+        }
+    }
+    for (value, field, key) in
+        [(file.max_connections, &mut limits.total, "max-connections"), (file.max_connections_per_user, &mut limits.per_user, "max-connections-per-user")]
+    {
+        match value {
+            Some(0) => return Err(file_error(key, "0 is not a count of at least 1".into())),
+            Some(count) => *field = count,
+            None => {}
+        }
+    }
+    let oneshot_memory = match &file.oneshot_mem {
+        Some(text) => parse_size(text).map_err(|e| file_error("oneshot-mem", e.to_string()))?,
+        None => 256 << 20,
+    };
     let mut options = Options {
-        socket: socket_path(),
-        xemem_socket: None,
-        xemem_peers: None,
-        xemem_upstream: None,
-        vmm: std::env::var_os("CLOWDER_VMM").map(PathBuf::from).unwrap_or_else(|| {
+        socket: env_path("CLOWDER_SOCKET").or(file.socket).unwrap_or_else(|| DEFAULT_SOCKET.into()),
+        // The broker's own default (socket_beside) reads $CLOWDER_XEMEM_SOCKET, which outranks the file.
+        xemem_socket: if env_path("CLOWDER_XEMEM_SOCKET").is_some() { None } else { file.xemem_socket },
+        xemem_peers: file.xemem_peers,
+        xemem_upstream: file.xemem_upstream,
+        vmm: env_path("CLOWDER_VMM").or(file.vmm).unwrap_or_else(|| {
             if sibling_vmm.is_file() { sibling_vmm } else { PathBuf::from("clowder-vmm") }
         }),
-        kernel: std::env::var_os("CLOWDER_KERNEL").map(PathBuf::from).or_else(|| find_kernel(&exe)).unwrap_or_default(),
-        isolate_cores: false,
-        oneshot_memory: 256 << 20,
-        liveness: Liveness::default(),
-        limits: Limits::default(),
+        kernel: env_path("CLOWDER_KERNEL").or(file.kernel).or_else(|| find_kernel(&exe)).unwrap_or_default(),
+        isolate_cores: file.isolate_cores.unwrap_or(false),
+        oneshot_memory,
+        liveness,
+        limits,
     };
     let mut args = args.iter();
     while let Some(flag) = args.next() {
@@ -83,6 +129,9 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
             _ => Err(format!("{flag}: {text:?} is not a count of at least 1")),
         };
         match flag.as_str() {
+            "--config" => {
+                value()?; // read first, by config_path
+            }
             "--socket" => options.socket = value()?.into(),
             "--xemem-socket" => options.xemem_socket = Some(value()?.into()),
             "--xemem-peers" => options.xemem_peers = Some(value()?.into()),
