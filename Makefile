@@ -4,8 +4,10 @@ CARGO ?= cargo
 KERNELS_OUT := kernels/target/x86_64-unknown-none/release
 FUZZ_SECONDS ?= 60
 FUZZ_CI_SECONDS ?= 15
+PREFIX ?= /usr/local
+DESTDIR ?=
 
-.PHONY: all bootstrap build kernels test test-host test-kernels test-dex test-xemem test-ucx test-fuzz test-linux test-big demo bench fuzz clean
+.PHONY: all bootstrap build install kernels test test-host test-kernels test-dex test-xemem test-ucx test-fuzz test-linux test-big demo bench fuzz clean
 
 all: build
 
@@ -17,6 +19,11 @@ kernels: bootstrap
 
 build: bootstrap kernels
 	@$(CARGO) build --release --quiet --workspace
+
+# make install PREFIX=/usr/local DESTDIR=...: binaries, the LWK, libxpmem, libdex, man pages,
+# the systemd unit and the default configuration (scripts/install.sh).
+install: build
+	@PREFIX=$(PREFIX) DESTDIR=$(DESTDIR) scripts/install.sh
 
 # Host crates' unit tests and the VMM's KVM integration tests (which boot kernels/testguest).
 test-host: build

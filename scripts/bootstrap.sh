@@ -25,6 +25,7 @@ pkg-config --exists pmix 2>/dev/null || need+=(libpmix-dev)     # dex's PMIx cli
 command -v slurmctld >/dev/null || need+=(slurmctld)            # dex's Slurm test (srun -N 2 --mpi=pmix; munge comes along)
 command -v slurmd >/dev/null || need+=(slurmd)
 command -v srun >/dev/null || need+=(slurm-client)
+command -v help2man >/dev/null || need+=(help2man)             # make install's man pages, from each program's --help
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         say "missing packages: ${need[*]}; run as root or: sudo apt-get install -y ${need[*]}"

@@ -397,6 +397,22 @@ static void usage(const char *problem, const char *word)
 	exit(2);
 }
 
+/* --help, on stdout (help2man makes dexrun's man page from it). */
+static void help(void)
+{
+	printf("usage: dexrun [-n N] [--transport tcp|ucx] [--netns | --hosts FILE [--secret-file FILE]] "
+	       "[--timeout SECONDS] program [args...]\n"
+	       "Runs a DEX program on N nodes: node 0 runs main(), the others serve the threads it migrates.\n\n"
+	       "  -n N                 number of nodes (default with --hosts: 1 + the hosts)\n"
+	       "  --transport tcp|ucx  how nodes talk (default tcp; DEX_TRANSPORT)\n"
+	       "  --netns              every node but the origin in its own network namespace (root)\n"
+	       "  --hosts FILE         nodes 1..N-1 on the hosts of FILE ([USER@]HOST[:PORT] a line), over ssh\n"
+	       "  --secret-file FILE   with --hosts: through dexnode agents sharing this secret instead of ssh\n"
+	       "  --timeout SECONDS    end the run after this long (0: never)\n"
+	       "  --help, --version    this text; dexrun's version\n");
+	exit(0);
+}
+
 
 /* Wires a node's fresh network namespace to ours with a veth pair. */
 static int connect_namespace(pid_t pid, int node, unsigned subnet)
@@ -556,7 +572,12 @@ int main(int argc, char **argv)
 		return node_from_stdin();
 	int i = 1;
 	for (; i < argc && argv[i][0] == '-'; i++) {
-		if (!strcmp(argv[i], "-n") && i + 1 < argc) {
+		if (!strcmp(argv[i], "--help"))
+			help();
+		else if (!strcmp(argv[i], "--version")) {
+			printf("dexrun (clowder DEX) 0.1.0\n");
+			return 0;
+		} else if (!strcmp(argv[i], "-n") && i + 1 < argc) {
 			nodes = (int)agent_whole_number(argv[++i], 1, MAX_NODES);
 			if (nodes < 0)
 				usage("-n takes a node count from 1 to " DEX_STRINGIFY(MAX_NODES) ", not", argv[i]);
