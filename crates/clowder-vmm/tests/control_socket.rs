@@ -9,6 +9,7 @@ mod support;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -292,4 +293,50 @@ fn malformed_requests_are_answered_with_errors_while_the_vm_keeps_running() {
     let ended = vmm.wait();
     assert_eq!(ended.code(), 0, "{ended}");
     ended.assert_no_panic();
+}
+
+/// Connects to `path` from a thread that runs as uid and gid 65534 (the raw syscall changes only
+/// the calling thread's credentials, which both the file check and SO_PEERCRED see) and returns
+/// the line the VMM sends before any request (a refusal), or the connect error.
+fn first_reply_as_nobody(path: std::path::PathBuf) -> std::io::Result<Value> {
+    std::thread::spawn(move || {
+        // SAFETY: setresgid/setresuid on this thread only; it ends right after.
+        unsafe {
+            assert_eq!(libc::syscall(libc::SYS_setresgid, 65534, 65534, 65534), 0);
+            assert_eq!(libc::syscall(libc::SYS_setresuid, 65534, 65534, 65534), 0);
+        }
+        let stream = UnixStream::connect(&path)?;
+        // Bounded, so a VMM that lets us in and waits for a request fails the test, not hangs it.
+        let limits = clowder_api::codec::Limits { timeout: Some(DEADLINE), ..clowder_api::vmm::LIMITS };
+        let mut socket = LineSocket::new(stream, limits);
+        Ok(socket.receive_json().expect("a reply line").expect("a reply before the close").0)
+    })
+    .join()
+    .unwrap()
+}
+
+#[test]
+fn only_the_vmms_own_uid_or_root_may_use_the_control_socket() {
+    require_kvm!();
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: switching to another uid needs root");
+        return;
+    }
+    let mut vmm = Launch::testguest(ENDLESS_NOPS).start();
+    let mut control = vmm.control();
+    let path = vmm.control_path();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the socket is private whatever the umask");
+    let refused = first_reply_as_nobody(path.clone()).expect_err("the file mode keeps others out");
+    assert_eq!(refused.kind(), std::io::ErrorKind::PermissionDenied, "{refused}");
+
+    // Opened up by mistake, the socket still refuses another uid: it can read and write guest RAM.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let reply = first_reply_as_nobody(path).unwrap();
+    assert_eq!((reply["ok"].clone(), reply["kind"].clone()), (json!(false), json!("permission_denied")), "{reply}");
+    assert!(reply["error"].as_str().unwrap().contains("uid 65534"), "{reply}");
+
+    // The VMM's own uid still drives it.
+    control.call_ok(json!({"op": "stop"}));
+    assert_eq!(vmm.wait().code(), 0);
 }

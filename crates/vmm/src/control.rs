@@ -7,6 +7,7 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::Arc;
@@ -145,12 +146,33 @@ fn serve_connection(vm: &VmHandle, stream: UnixStream) {
     }
 }
 
+/// Whether the process at the other end may drive this VM (it can read and write guest RAM):
+/// only this VMM's own uid and root may.
+fn peer_allowed(stream: &UnixStream) -> Result<(), ApiError> {
+    let own = rustix::process::geteuid();
+    let peer = rustix::net::sockopt::socket_peercred(stream).map_err(|e| failed(format!("cannot read the peer's credentials: {e}")))?;
+    if peer.uid == own || peer.uid.is_root() {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        ErrorKind::PermissionDenied,
+        format!("permission denied: uid {} may not use the control socket of a VMM run by uid {}", peer.uid.as_raw(), own.as_raw()),
+    ))
+}
+
 /// Listens on `path` and serves every connection on its own thread until the process exits.
+/// The socket is 0600 whatever the umask, and each connection's peer is checked as well: the
+/// mode only takes effect after bind(), and a later chmod must not open guest RAM to all.
 pub fn serve(vm: Arc<VmHandle>, path: &Path) -> io::Result<()> {
     let _ = std::fs::remove_file(path);
     let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     std::thread::Builder::new().name("control".into()).spawn(move || {
         for stream in listener.incoming().flatten() {
+            if let Err(refused) = peer_allowed(&stream) {
+                let _ = LineSocket::new(stream, LIMITS).send(&refused.reply(), &[]);
+                continue;
+            }
             let vm = vm.clone();
             let _ = std::thread::Builder::new().name("control-conn".into()).spawn(move || serve_connection(&vm, stream));
         }
