@@ -1,0 +1,191 @@
+//! Waits and wakes: futex queues, kernel keys, `poll`'s wait, and signals ending waits.
+
+use crate::arch::apic;
+use crate::arch::tables;
+use crate::clock;
+use crate::console::log;
+use crate::job;
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicUsize, Ordering};
+use super::{Scheduler, State, WaitResult, apic_id, current_pid, with_scheduler};
+use super::run::leave_cpu;
+
+/// A signal thread `tid` takes arrived: a thread in a wait is woken with `WaitResult::Signal`;
+/// any other is told (its next wait ends at once unless it passes delivery first: it may be
+/// on its way into a wait), and one running on another CPU is sent a tick IPI, so that it
+/// passes through the kernel (and takes the signal) without waiting for its next system call.
+/// The signal code calls this after dropping its own lock, and the scheduler never takes
+/// that lock, so the two locks are only ever taken signal first.
+pub fn interrupt(tid: u64) {
+    let cpu = tables::current_cpu();
+    let target_cpu = with_scheduler(|scheduler| {
+        let thread = scheduler.threads.get_mut(&tid)?;
+        if let State::Waiting { .. } = thread.state {
+            thread.state = State::Runnable;
+            thread.wait_result = WaitResult::Signal;
+            scheduler.enqueue(tid);
+            return None;
+        }
+        thread.signal_interrupt = true;
+        (thread.cpu != cpu && scheduler.cpus[thread.cpu].current == Some(tid)).then_some(thread.cpu)
+    });
+    if let Some(apic_id) = target_cpu.and_then(apic_id) {
+        apic::send_tick(apic_id);
+    }
+}
+
+/// Blocks the current thread on the futex word at `address` (of its process's memory, or a
+/// kernel address: `wake_kernel_key`) if `still_expected()` holds (checked with the
+/// scheduler locked, so no wake is lost in between). Returns `None` if it did not hold;
+/// `Interrupted` at once if the thread's process is being killed, `Signal` if a signal the
+/// thread takes arrived since it last passed delivery (checked after `still_expected`, as
+/// Linux's futex wait checks the word first).
+pub fn wait(address: u64, bitset: u32, deadline: Option<u64>, still_expected: impl FnOnce() -> bool) -> Option<WaitResult> {
+    let cpu = tables::current_cpu();
+    let mut outcome = None;
+    let mut dead_lock = false;
+    leave_cpu(
+        |scheduler| {
+            let current = scheduler.current(cpu);
+            if scheduler.threads[&current].doomed {
+                outcome = Some(WaitResult::Interrupted);
+            } else if !still_expected() {
+                outcome = None;
+            } else if core::mem::take(&mut scheduler.current_thread(cpu).signal_interrupt) {
+                outcome = Some(WaitResult::Signal);
+            } else {
+                let others_all_wait = scheduler
+                    .threads
+                    .iter()
+                    .all(|(&tid, thread)| tid == current || matches!(thread.state, State::Waiting { deadline: None, .. }));
+                dead_lock = deadline.is_none() && others_all_wait;
+                if !dead_lock {
+                    let thread = scheduler.current_thread(cpu);
+                    thread.state = State::Waiting { address, bitset, deadline };
+                    thread.wait_result = WaitResult::Woken;
+                    outcome = Some(WaitResult::Woken);
+                    return thread.slot;
+                }
+            }
+            // Not blocking after all: stay, by running ourselves next.
+            scheduler.cpus[cpu].run_queue.push_front(current);
+            scheduler.threads[&current].slot
+        },
+        cpu,
+    );
+    if dead_lock {
+        // Ended outside the scheduler's lock, so that a persistent enclave can reuse it.
+        log!("every thread of the job waits on a futex that nobody can wake: dead-lock");
+        job::exit(128 + 9);
+    }
+    match outcome {
+        Some(WaitResult::Woken) => Some(with_scheduler(|scheduler| scheduler.current_thread(cpu).wait_result)),
+        other => other,
+    }
+}
+
+/// Blocks the current thread until a signal it takes or waits for arrives (`Signal`; or
+/// `Interrupted` when its process is being killed), or until `deadline` (monotonic ns) if
+/// given (`TimedOut`). No futex wake ends this wait: bitset 0 meets no wake's bitset.
+pub fn wait_interruptibly(deadline: Option<u64>) -> WaitResult {
+    loop {
+        match wait(0, 0, deadline, || deadline.is_none_or(|deadline| clock::monotonic_ns() < deadline)) {
+            None => return WaitResult::TimedOut,
+            Some(WaitResult::Woken) => continue,
+            Some(result) => return result,
+        }
+    }
+}
+
+/// Blocks the current thread until a signal it takes arrives (`pause`, `rt_sigsuspend`).
+pub fn wait_for_signal() {
+    wait_interruptibly(None);
+}
+
+/// Blocks the current thread until the monotonic clock reaches `deadline` (ns); false if a
+/// signal interrupted the sleep first.
+pub fn sleep_until(deadline: u64) -> bool {
+    wait_interruptibly(Some(deadline)) == WaitResult::TimedOut
+}
+
+/// The current thread passes signal delivery: a signal announced by `interrupt` is taken
+/// now, so it no longer ends the thread's next wait.
+pub fn clear_signal_interrupt() {
+    let cpu = tables::current_cpu();
+    with_scheduler(|scheduler| scheduler.current_thread(cpu).signal_interrupt = false);
+}
+
+/// Wakes up to `count` threads of the calling process waiting on `address` whose bitset
+/// meets `bitset`.
+pub fn wake(address: u64, count: u64, bitset: u32) -> u64 {
+    let pid = current_pid();
+    with_scheduler(|scheduler| wake_locked(scheduler, Some(pid), address, count, bitset))
+}
+
+/// Wakes every thread waiting on the kernel's key `key` (a kernel address naming what they
+/// wait for: a pipe, a process's children), whatever their process; and every thread in
+/// `poll` (`wait_for_any_key`), which looks again at what it watches.
+pub fn wake_kernel_key(key: u64) {
+    with_scheduler(|scheduler| {
+        wake_locked(scheduler, None, key, u64::MAX, u32::MAX);
+        if POLLERS.load(Ordering::Relaxed) != 0 {
+            wake_locked(scheduler, None, poll_key(), u64::MAX, u32::MAX);
+        }
+    });
+}
+
+/// Threads waiting in `wait_for_any_key` (so that other wakes skip a second scan without them).
+static POLLERS: AtomicUsize = AtomicUsize::new(0);
+static POLL_KEY: u8 = 0;
+
+fn poll_key() -> u64 {
+    &POLL_KEY as *const u8 as u64
+}
+
+/// `poll`'s wait: as `wait`, but any kernel key's wake ends it (the caller looks again at
+/// every object it watches: pipes and XEMEM notifiers wake their kernel keys when they
+/// change). `still_expected` (nothing ready) is checked with the scheduler locked.
+pub fn wait_for_any_key(deadline: Option<u64>, still_expected: impl FnOnce() -> bool) -> Option<WaitResult> {
+    POLLERS.fetch_add(1, Ordering::Relaxed);
+    let result = wait(poll_key(), u32::MAX, deadline, still_expected);
+    POLLERS.fetch_sub(1, Ordering::Relaxed);
+    result
+}
+
+fn wake_locked(scheduler: &mut Scheduler, pid: Option<u64>, address: u64, count: u64, bitset: u32) -> u64 {
+    let waiting: Vec<u64> = scheduler
+        .threads
+        .iter()
+        .filter(|(_, thread)| pid.is_none_or(|pid| thread.pid == pid))
+        .filter(|(_, thread)| matches!(thread.state, State::Waiting { address: on, bitset: wanted, .. } if on == address && wanted & bitset != 0))
+        .map(|(&tid, _)| tid)
+        .take(count as usize)
+        .collect();
+    for &tid in &waiting {
+        scheduler.threads.get_mut(&tid).expect("waiting thread").state = State::Runnable;
+        scheduler.enqueue(tid);
+    }
+    waiting.len() as u64
+}
+
+/// FUTEX_REQUEUE: wakes up to `wake_count` waiters of `from` and moves up to `move_count`
+/// of the others to `to`.
+pub fn requeue(from: u64, to: u64, wake_count: u64, move_count: u64) -> u64 {
+    let pid = current_pid();
+    with_scheduler(|scheduler| {
+        let woken = wake_locked(scheduler, Some(pid), from, wake_count, u32::MAX);
+        let mut moved = 0;
+        for thread in scheduler.threads.values_mut().filter(|thread| thread.pid == pid) {
+            if moved == move_count {
+                break;
+            }
+            if let State::Waiting { address, bitset, deadline } = thread.state {
+                if address == from {
+                    thread.state = State::Waiting { address: to, bitset, deadline };
+                    moved += 1;
+                }
+            }
+        }
+        woken + moved
+    })
+}

@@ -1,0 +1,547 @@
+//! Threads of the job and their scheduling, Kitten-style: every CPU has its own run queue,
+//! round-robin; a CPU switches only when its running thread blocks (futex), yields or exits.
+//! No timer ticks: a thread that owns its CPU is never interrupted. A CPU with nothing to
+//! run polls its queue in its idle loop.
+//!
+//! Placement: a new thread goes to the online CPU with the fewest threads (the lowest index
+//! on ties) and stays there. So does a forked process's first thread.
+//!
+//! Threads belong to processes (`pid`), each with its address space: a CPU writes CR3 only
+//! when the next thread's address space differs from the one it has loaded, and loads the
+//! kernel's own tables when it goes idle, so that a process's tables can be freed as soon as
+//! its last thread is gone. A process being killed (`doom_process`) loses its threads that
+//! are not running at once; a running one is marked and leaves at its next return to user
+//! mode (a tick IPI brings it there).
+
+mod futex;
+mod job_end;
+mod park;
+mod run;
+mod tlb;
+
+pub use futex::{clear_signal_interrupt, interrupt, requeue, sleep_until, wait, wait_for_any_key, wait_for_signal, wait_interruptibly, wake, wake_kernel_key};
+pub use job_end::{clear_job_end_request, end_job_if_requested, hand_job_end_to_cpu0, release_job_threads};
+pub use park::{cpu_tables_ready, join_cpu, mark_cpu_tables_ready, park_if_requested, park_other_cpus, wait_for_cpus};
+pub use run::{tick, yield_now};
+pub use tlb::{flush_tlb_if_stale, shoot_down_user_tlbs, start_user_tlb_shootdown};
+
+use crate::arch::apic;
+use crate::arch::fpu;
+use crate::arch::cpu::{self, MSR_FS_BASE, MSR_GS_BASE};
+use crate::arch::paging::PAGE_SIZE;
+use crate::arch::phys;
+use crate::arch::sync::SpinLock;
+use crate::arch::tables::{self, MAX_CPUS};
+use crate::arch::trap::{self, TrapFrame, KERNEL_STACK_SIZE, MAX_THREADS};
+use crate::job;
+use crate::mm::pmem;
+use alloc::collections::{BTreeMap, VecDeque};
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use job_end::{JOB_END_REQUEST, NO_END_REQUEST};
+use park::{bring_back_parked_cpus, CPUS_RELEASED};
+use run::{idle_entry, leave_cpu, QUANTUM_END};
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum State {
+    Runnable,
+    /// Waiting on the futex word at `address` for a wake whose bitset meets `bitset`, until
+    /// `deadline` (monotonic ns) if it has one.
+    Waiting { address: u64, bitset: u32, deadline: Option<u64> },
+}
+
+/// How a wait ended.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum WaitResult {
+    Woken,
+    TimedOut,
+    /// The thread's process is being killed: it must return to user mode, where it ends.
+    Interrupted,
+    /// A signal the thread takes (or waits for) arrived (`crate::signal`): the call ends
+    /// (or restarts) so that the thread can take it.
+    Signal,
+}
+
+struct Thread {
+    /// Its process.
+    pid: u64,
+    /// Its process's address space: id (never reused) and root table.
+    aspace: (u64, u64),
+    /// Its process is being killed: it ends at its next return to user mode.
+    doomed: bool,
+    /// A signal the thread takes arrived while it was not waiting (`interrupt`): its next
+    /// wait ends at once, unless it passes signal delivery first.
+    signal_interrupt: bool,
+    /// In `exit_current`: no longer counts as one of its process's live threads.
+    exiting: bool,
+    /// The CPU the thread runs on.
+    cpu: usize,
+    /// Kernel context slot (`arch::trap`).
+    slot: usize,
+    stack_top: u64,
+    /// The stack's physical base, for freeing; `None` for the main thread's static stack.
+    stack_physical: Option<u64>,
+    state: State,
+    wait_result: WaitResult,
+    fs_base: u64,
+    gs_base: u64,
+    /// `set_tid_address` / CLONE_CHILD_CLEARTID: zeroed and woken when the thread exits.
+    clear_child_tid: u64,
+}
+
+#[derive(Default)]
+struct Cpu {
+    /// The running thread; `None` while the idle loop runs.
+    current: Option<u64>,
+    run_queue: VecDeque<u64>,
+    /// Kernel stacks of threads that exited here, freed once this CPU has left them.
+    exited_stacks: Vec<u64>,
+}
+
+struct Scheduler {
+    threads: BTreeMap<u64, Thread>,
+    cpus: Vec<Cpu>,
+    next_tid: u64,
+    free_slots: Vec<usize>,
+}
+
+static SCHEDULER: SpinLock<Option<Scheduler>> = SpinLock::new(None);
+/// Each CPU's run-queue length, for its idle loop to poll without taking the lock.
+static QUEUED: [AtomicUsize; MAX_CPUS] = [const { AtomicUsize::new(0) }; MAX_CPUS];
+/// Each CPU's running process (the pid of its current or last thread).
+static CURRENT_PID: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+/// Each CPU's loaded address space (`AddressSpace` id; 0: the kernel's tables).
+static LOADED_ASPACE: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+/// Threads marked to end (`doom_process`) that have not yet: the system-call exit path takes
+/// the full trap path while there are some.
+static DOOMED_THREADS: AtomicUsize = AtomicUsize::new(0);
+
+/// The process of the thread running on this CPU.
+pub fn current_pid() -> u64 {
+    CURRENT_PID[tables::current_cpu()].load(Ordering::Relaxed)
+}
+
+pub fn doomed_threads_exist() -> bool {
+    DOOMED_THREADS.load(Ordering::Acquire) != 0
+}
+
+/// Loads the kernel's own tables on this CPU (it runs no process now).
+pub fn use_kernel_tables(cpu: usize) {
+    crate::mm::activate_kernel_tables();
+    LOADED_ASPACE[cpu].store(0, Ordering::Release);
+}
+
+/// Whether any CPU other than this one has the address space `id` loaded.
+fn loaded_elsewhere(id: u64) -> bool {
+    let cpu = tables::current_cpu();
+    (0..MAX_CPUS).any(|other| other != cpu && LOADED_ASPACE[other].load(Ordering::Acquire) == id)
+}
+
+/// Waits until no other CPU has address space `id` loaded: its last threads are gone, and
+/// the CPUs that ran them switch away (to another thread, or to the kernel's tables when
+/// idle) within a few instructions.
+pub fn wait_until_unloaded(id: u64) {
+    while loaded_elsewhere(id) {
+        core::hint::spin_loop();
+    }
+}
+
+/// Each CPU's local APIC id (`NO_APIC` without x2APIC): the address of its wake-up IPI.
+static APIC_IDS: [AtomicU32; MAX_CPUS] = [const { AtomicU32::new(NO_APIC) }; MAX_CPUS];
+const NO_APIC: u32 = u32::MAX;
+
+/// Records how to wake `cpu` when it sleeps (its x2APIC id), or that it cannot sleep.
+pub fn set_apic_id(cpu: usize, apic_id: Option<u32>) {
+    APIC_IDS[cpu].store(apic_id.unwrap_or(NO_APIC), Ordering::Relaxed);
+}
+
+fn apic_id(cpu: usize) -> Option<u32> {
+    Some(APIC_IDS[cpu].load(Ordering::Relaxed)).filter(|&id| id != NO_APIC)
+}
+
+fn with_scheduler<R>(f: impl FnOnce(&mut Scheduler) -> R) -> R {
+    f(SCHEDULER.lock().as_mut().expect("no job threads yet"))
+}
+
+impl Scheduler {
+    fn current(&self, cpu: usize) -> u64 {
+        self.cpus[cpu].current.expect("a thread runs on this CPU")
+    }
+
+    fn current_thread(&mut self, cpu: usize) -> &mut Thread {
+        let tid = self.current(cpu);
+        self.threads.get_mut(&tid).expect("current thread")
+    }
+
+    fn enqueue(&mut self, tid: u64) {
+        let cpu = self.threads[&tid].cpu;
+        let first_waiting = self.cpus[cpu].run_queue.is_empty();
+        self.cpus[cpu].run_queue.push_back(tid);
+        QUEUED[cpu].store(self.cpus[cpu].run_queue.len(), Ordering::Release);
+        let here = cpu == tables::current_cpu();
+        match (self.cpus[cpu].current, here) {
+            // An idle CPU may be asleep in HLT.
+            (None, false) => {
+                if let Some(apic_id) = apic_id(cpu) {
+                    apic::send_wake(apic_id);
+                }
+            }
+            // A busy CPU that had nobody waiting starts time-slicing.
+            (Some(_), false) if first_waiting => {
+                if let Some(apic_id) = apic_id(cpu) {
+                    apic::send_tick(apic_id);
+                }
+            }
+            (Some(_), true) if first_waiting => apic::arm_timer(QUANTUM_END[cpu].load(Ordering::Relaxed)),
+            _ => {}
+        }
+    }
+
+    fn dequeue(&mut self, cpu: usize) -> Option<u64> {
+        let next = self.cpus[cpu].run_queue.pop_front();
+        QUEUED[cpu].store(self.cpus[cpu].run_queue.len(), Ordering::Release);
+        next
+    }
+}
+
+/// Records the job's main thread (tid = pid), running on CPU 0 on the boot trap stack in
+/// address space `aspace` (loaded), and lets the other CPUs join.
+pub fn init_main_thread(aspace: (u64, u64)) {
+    let main = Thread {
+        pid: job::PID,
+        aspace,
+        doomed: false,
+        signal_interrupt: false,
+        exiting: false,
+        cpu: 0,
+        slot: 0,
+        stack_top: tables::trap_stack_top(),
+        stack_physical: None,
+        state: State::Runnable,
+        wait_result: WaitResult::Woken,
+        fs_base: 0,
+        gs_base: 0,
+        clear_child_tid: 0,
+    };
+    // CPU 0 booted on a stack it has left; its idle loop gets a stack of its own, kept for
+    // every later job (nothing runs on it between jobs).
+    let mut idle_stack = CPU0_IDLE_STACK.load(Ordering::Relaxed);
+    if idle_stack == 0 {
+        idle_stack = pmem::allocate(KERNEL_STACK_SIZE, PAGE_SIZE).expect("no memory for the idle stack");
+        CPU0_IDLE_STACK.store(idle_stack, Ordering::Relaxed);
+    }
+    trap::prepare_kernel_context(trap::idle_slot(0), phys::to_virtual(idle_stack) + KERNEL_STACK_SIZE, idle_entry);
+    let mut threads = BTreeMap::new();
+    threads.insert(job::PID, main);
+    let mut cpus: Vec<Cpu> = (0..MAX_CPUS).map(|_| Cpu::default()).collect();
+    cpus[0].current = Some(job::PID);
+    *SCHEDULER.lock() = Some(Scheduler { threads, cpus, next_tid: job::PID + 1, free_slots: (1..MAX_THREADS).rev().collect() });
+    ONLINE_CPUS.store(1, Ordering::Release);
+    for queued in &QUEUED {
+        queued.store(0, Ordering::Release);
+    }
+    CURRENT_PID[0].store(job::PID, Ordering::Relaxed);
+    LOADED_ASPACE[0].store(aspace.0, Ordering::Release);
+    fpu::start_first_thread(0, 0);
+    DOOMED_THREADS.store(0, Ordering::Release);
+    JOB_END_REQUEST.store(NO_END_REQUEST, Ordering::Release);
+    CPUS_RELEASED.store(true, Ordering::Release);
+    bring_back_parked_cpus();
+}
+
+/// CPU 0's idle stack (physical), allocated with the first job.
+static CPU0_IDLE_STACK: AtomicU64 = AtomicU64::new(0);
+
+#[derive(Debug)]
+pub enum AffinityError {
+    NoSuchThread,
+    NoOnlineCpu,
+}
+
+/// Moves thread `tid` to the lowest online CPU in `mask` unless its CPU is in the mask. A
+/// thread moved off the calling CPU while running leaves it at once and continues there.
+pub fn set_affinity(tid: u64, mask: u64) -> Result<(), AffinityError> {
+    let cpu = tables::current_cpu();
+    let moving_self = with_scheduler(|scheduler| {
+        let allowed = mask & online_cpu_mask();
+        let target = (allowed != 0).then(|| allowed.trailing_zeros() as usize).ok_or(AffinityError::NoOnlineCpu)?;
+        let thread = scheduler.threads.get_mut(&tid).ok_or(AffinityError::NoSuchThread)?;
+        if allowed & (1 << thread.cpu) != 0 {
+            return Ok(false);
+        }
+        let home = thread.cpu;
+        thread.cpu = target;
+        if scheduler.cpus[home].current == Some(tid) {
+            return Ok(true);
+        }
+        // Queued or waiting elsewhere: it runs on the new CPU from its next wake-up.
+        if let Some(position) = scheduler.cpus[home].run_queue.iter().position(|&queued| queued == tid) {
+            scheduler.cpus[home].run_queue.remove(position);
+            QUEUED[home].store(scheduler.cpus[home].run_queue.len(), Ordering::Release);
+            scheduler.enqueue(tid);
+        }
+        Ok(false)
+    })?;
+    if moving_self {
+        // Queue ourselves on the new CPU and give this one up; we resume over there.
+        leave_cpu(
+            |scheduler| {
+                let current = scheduler.current(cpu);
+                scheduler.enqueue(current);
+                scheduler.threads[&current].slot
+            },
+            cpu,
+        );
+    }
+    Ok(())
+}
+
+pub fn thread_count() -> usize {
+    with_scheduler(|scheduler| scheduler.threads.len())
+}
+
+/// The CPUs whose bits are set in `mask`, lowest first: one step per set bit, not per possible
+/// CPU.
+fn cpus_in(mut mask: u64) -> impl Iterator<Item = usize> {
+    core::iter::from_fn(move || {
+        (mask != 0).then(|| {
+            let index = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            index
+        })
+    })
+}
+
+/// Bit n set for each online CPU n.
+pub fn online_cpu_mask() -> u64 {
+    ONLINE_CPUS.load(Ordering::Acquire)
+}
+
+/// Bit n set while CPU n runs the job's threads: CPU 0 from the scheduler's creation, the
+/// others as they join; cleared with the scheduler. An atomic, not a field under the
+/// scheduler's lock, so the per-detach TLB shootdown reads it in one instruction.
+static ONLINE_CPUS: AtomicU64 = AtomicU64::new(0);
+
+pub fn current_tid() -> u64 {
+    let cpu = tables::current_cpu();
+    with_scheduler(|scheduler| scheduler.current(cpu))
+}
+
+pub fn set_clear_child_tid(address: u64) {
+    let cpu = tables::current_cpu();
+    with_scheduler(|scheduler| scheduler.current_thread(cpu).clear_child_tid = address);
+}
+
+/// The current thread's FS base (its TLS pointer).
+pub fn current_fs_base() -> u64 {
+    let cpu = tables::current_cpu();
+    with_scheduler(|scheduler| scheduler.current_thread(cpu).fs_base)
+}
+
+pub fn set_fs_base(base: u64) {
+    let cpu = tables::current_cpu();
+    with_scheduler(|scheduler| scheduler.current_thread(cpu).fs_base = base);
+    cpu::write_msr(MSR_FS_BASE, base);
+}
+
+pub fn set_gs_base(base: u64) {
+    let cpu = tables::current_cpu();
+    with_scheduler(|scheduler| scheduler.current_thread(cpu).gs_base = base);
+    cpu::write_msr(MSR_GS_BASE, base);
+}
+
+#[derive(Debug)]
+pub enum SpawnError {
+    TooManyThreads,
+    NoMemory,
+}
+
+/// A new thread of the calling process that starts in user mode with `frame`, on the least
+/// loaded CPU.
+pub fn spawn(frame: &TrapFrame, fs_base: u64, clear_child_tid: u64) -> Result<u64, SpawnError> {
+    spawn_in(frame, fs_base, clear_child_tid, None)
+}
+
+/// A thread id no thread has yet: a process forked with it as its pid gets it as its first
+/// thread's id (`spawn_process`).
+pub fn reserve_tid() -> u64 {
+    with_scheduler(|scheduler| {
+        scheduler.next_tid += 1;
+        scheduler.next_tid - 1
+    })
+}
+
+/// The first thread of the new process `pid` (a `reserve_tid`), forked by the caller, whose
+/// address space is `aspace`.
+pub fn spawn_process(pid: u64, frame: &TrapFrame, fs_base: u64, clear_child_tid: u64, aspace: (u64, u64)) -> Result<u64, SpawnError> {
+    spawn_in(frame, fs_base, clear_child_tid, Some((pid, aspace)))
+}
+
+fn spawn_in(frame: &TrapFrame, fs_base: u64, clear_child_tid: u64, new_process: Option<(u64, (u64, u64))>) -> Result<u64, SpawnError> {
+    let stack_physical = pmem::allocate(KERNEL_STACK_SIZE, PAGE_SIZE).ok_or(SpawnError::NoMemory)?;
+    let stack_top = phys::to_virtual(stack_physical) + KERNEL_STACK_SIZE;
+    let caller_cpu = tables::current_cpu();
+    // The new thread starts with its creator's vector registers, as on Linux.
+    let creator_state = fpu::save_running(caller_cpu);
+    let result = with_scheduler(|scheduler| {
+        let slot = scheduler.free_slots.pop().ok_or(SpawnError::TooManyThreads)?;
+        let tid = match new_process {
+            Some((pid, _)) => pid,
+            None => {
+                scheduler.next_tid += 1;
+                scheduler.next_tid - 1
+            }
+        };
+        let mut load = [0usize; MAX_CPUS];
+        for thread in scheduler.threads.values() {
+            load[thread.cpu] += 1;
+        }
+        let cpu = cpus_in(online_cpu_mask()).min_by_key(|&cpu| (load[cpu], cpu)).unwrap_or(0);
+        let caller = scheduler.current_thread(caller_cpu);
+        let (pid, aspace) = new_process.unwrap_or((caller.pid, caller.aspace));
+        let gs_base = caller.gs_base;
+        trap::prepare_thread(slot, stack_top, frame);
+        fpu::inherit(slot, creator_state);
+        let thread = Thread {
+            pid,
+            aspace,
+            doomed: false,
+        signal_interrupt: false,
+            exiting: false,
+            cpu,
+            slot,
+            stack_top,
+            stack_physical: Some(stack_physical),
+            state: State::Runnable,
+            wait_result: WaitResult::Woken,
+            fs_base,
+            gs_base,
+            clear_child_tid,
+        };
+        scheduler.threads.insert(tid, thread);
+        scheduler.enqueue(tid);
+        Ok(tid)
+    });
+    if result.is_err() {
+        pmem::free(stack_physical, KERNEL_STACK_SIZE);
+    }
+    result
+}
+
+/// `execve` replaced the calling thread's address space: it runs in `aspace` from now on.
+pub fn switch_current_aspace(aspace: (u64, u64)) {
+    let cpu = tables::current_cpu();
+    with_scheduler(|scheduler| {
+        let thread = scheduler.current_thread(cpu);
+        thread.aspace = aspace;
+        thread.fs_base = 0;
+        thread.clear_child_tid = 0;
+    });
+    crate::arch::paging::activate_root(aspace.1);
+    LOADED_ASPACE[cpu].store(aspace.0, Ordering::Release);
+    cpu::write_msr(MSR_FS_BASE, 0);
+}
+
+/// Ends every thread of process `pid` but `spare` (the caller, for `exit_group` and
+/// `execve`): each is marked and leaves at its next return to user mode, so that what it
+/// holds on its kernel stack (a pipe end it waits on) is let go; a waiting one is woken (its
+/// wait ends `Interrupted`), a running one elsewhere is sent a tick. Returns how many there
+/// are.
+pub fn doom_process(pid: u64, spare: Option<u64>) -> usize {
+    let cpu = tables::current_cpu();
+    let (victims, running) = with_scheduler(|scheduler| {
+        let victims: Vec<u64> = scheduler.threads.iter().filter(|&(&tid, thread)| thread.pid == pid && Some(tid) != spare).map(|(&tid, _)| tid).collect();
+        let mut running = Vec::new();
+        for &tid in &victims {
+            let thread = scheduler.threads.get_mut(&tid).expect("victim");
+            if !thread.doomed && !thread.exiting {
+                thread.doomed = true;
+                DOOMED_THREADS.fetch_add(1, Ordering::AcqRel);
+            }
+            if matches!(thread.state, State::Waiting { .. }) {
+                thread.state = State::Runnable;
+                thread.wait_result = WaitResult::Interrupted;
+                scheduler.enqueue(tid);
+            } else if scheduler.cpus[thread.cpu].current == Some(tid) && thread.cpu != cpu {
+                running.push(thread.cpu);
+            }
+        }
+        (victims.len(), running)
+    });
+    trap::request_signal_check(true);
+    for &home in &running {
+        if let Some(apic_id) = apic_id(home) {
+            apic::send_tick(apic_id);
+        }
+    }
+    victims
+}
+
+/// Whether process `pid` still has threads.
+pub fn has_threads(pid: u64) -> bool {
+    thread_count_of(pid) != 0
+}
+
+pub fn thread_count_of(pid: u64) -> usize {
+    with_scheduler(|scheduler| scheduler.threads.values().filter(|thread| thread.pid == pid).count())
+}
+
+/// On the way back to user mode: a thread whose process is being killed ends here.
+pub fn exit_if_doomed() {
+    let cpu = tables::current_cpu();
+    if with_scheduler(|scheduler| scheduler.current_thread(cpu).doomed) {
+        exit_current(0)
+    }
+}
+
+/// Ends the current thread. The last thread of its process ends the process (`status` is its
+/// exit code unless it was killed or called `exit_group`); the job's first process ending
+/// ends the job.
+pub fn exit_current(status: u8) -> ! {
+    let cpu = tables::current_cpu();
+    let (clear_child_tid, pid, slot, last) = with_scheduler(|scheduler| {
+        let current = scheduler.current(cpu);
+        let thread = scheduler.threads.get_mut(&current).expect("current thread");
+        thread.exiting = true;
+        if thread.doomed {
+            thread.doomed = false;
+            DOOMED_THREADS.fetch_sub(1, Ordering::AcqRel);
+        }
+        let (clear_child_tid, pid, slot) = (thread.clear_child_tid, thread.pid, thread.slot);
+        let last = !scheduler.threads.values().any(|other| other.pid == pid && !other.exiting);
+        (clear_child_tid, pid, slot, last)
+    });
+    // Its vector state area leaves its process, which may live on: the slot's next thread
+    // may belong to another process (which saves into it only once it has run, long after
+    // the other CPUs have taken the shootdown's IPI).
+    if let Some(area) = fpu::thread_ended(cpu, slot) {
+        if !last {
+            let _ = job::with_process(|process| process.memory.aspace.unmap(area, PAGE_SIZE));
+            start_user_tlb_shootdown();
+        }
+    }
+    if clear_child_tid != 0 && !last {
+        // pthread_join waits for this word to become zero.
+        let _ = trap::copy_to_user(clear_child_tid, &0u32.to_le_bytes());
+        wake(clear_child_tid, 1, u32::MAX);
+    }
+    crate::signal::thread_exited(with_scheduler(|scheduler| scheduler.current(cpu)));
+    if last {
+        // The job ends (its first process), or the process's memory goes now: off its tables.
+        crate::process::last_thread_exited(pid, status);
+    } else {
+        // This CPU may idle with the process's tables loaded; the process may end meanwhile.
+        use_kernel_tables(cpu);
+    }
+    leave_cpu(
+        |scheduler| {
+            let current = scheduler.current(cpu);
+            let thread = scheduler.threads.remove(&current).expect("current thread");
+            scheduler.free_slots.push(thread.slot);
+            scheduler.cpus[cpu].exited_stacks.extend(thread.stack_physical);
+            trap::exit_slot(cpu)
+        },
+        cpu,
+    );
+    unreachable!("an exited thread was resumed")
+}

@@ -1,0 +1,232 @@
+//! Run queues and switching: the idle loop, entering and leaving a CPU, time slices.
+
+use crate::arch::apic;
+use crate::arch::fpu;
+use crate::arch::cpu::{self, MSR_FS_BASE, MSR_GS_BASE};
+use crate::arch::tables::{self, MAX_CPUS};
+use crate::arch::trap::{self, KERNEL_STACK_SIZE, MAX_THREADS};
+use crate::clock;
+use crate::mm::pmem;
+use alloc::vec::Vec;
+use core::sync::atomic::Ordering;
+use super::job_end::end_job_if_requested;
+use super::{CURRENT_PID, LOADED_ASPACE, QUEUED, Scheduler, State, WaitResult, apic_id, use_kernel_tables, with_scheduler};
+use super::park::park_if_requested;
+use super::tlb::flush_tlb_if_stale;
+
+pub(super) extern "C" fn idle_entry() -> ! {
+    idle_loop(tables::current_cpu())
+}
+
+/// How many idle polls pass between checks for expired timed waits and dead-lock, on a
+/// CPU that cannot sleep.
+const IDLE_CHECK_INTERVAL: u32 = 1024;
+
+enum IdleStep {
+    Run(usize, u64, u64, Option<(u64, u64)>),
+    /// Nothing to do until another CPU queues a thread here and sends the wake-up IPI.
+    Sleep,
+    /// A timed wait may expire (or the CPU has no x2APIC): look again soon.
+    Poll,
+}
+
+/// A CPU with no thread to run: sleeps in HLT when only a wake-up IPI can give it work, else
+/// polls its queue and the clock.
+pub(super) fn idle_loop(cpu: usize) -> ! {
+    loop {
+        park_if_requested(cpu);
+        end_job_if_requested(cpu);
+        let step = with_scheduler(|scheduler| {
+            expire_timed_waits(scheduler, cpu);
+            if let Some(next) = scheduler.dequeue(cpu) {
+                let (slot, stack_top, pid, load) = enter_thread(scheduler, cpu, next);
+                return IdleStep::Run(slot, stack_top, pid, load);
+            }
+            let timed_wait_here = scheduler
+                .threads
+                .values()
+                .any(|thread| thread.cpu == cpu && matches!(thread.state, State::Waiting { deadline: Some(_), .. }));
+            if timed_wait_here || apic_id(cpu).is_none() {
+                IdleStep::Poll
+            } else {
+                IdleStep::Sleep
+            }
+        });
+        match step {
+            IdleStep::Run(slot, stack_top, pid, load) => {
+                settle_process(cpu, pid, load);
+                trap::wait_until_saved(slot);
+                fpu::resume(cpu, slot);
+                trap::switch_context(cpu, trap::idle_slot(cpu), slot, stack_top);
+                free_exited_stacks(cpu);
+            }
+            IdleStep::Sleep => {
+                drop_address_space(cpu);
+                apic::sleep_until_interrupt()
+            }
+            IdleStep::Poll => {
+                drop_address_space(cpu);
+                // Interrupts stay off while this CPU polls: a persistent enclave's host, which
+                // pings every second, is served from here meanwhile.
+                crate::enclave::serve_host_while_polling(cpu);
+                for _ in 0..IDLE_CHECK_INTERVAL {
+                    if QUEUED[cpu].load(Ordering::Acquire) != 0 {
+                        break;
+                    }
+                    core::hint::spin_loop();
+                }
+            }
+        }
+    }
+}
+
+/// An idle CPU lets go of the last process's address space, which may be freed meanwhile.
+fn drop_address_space(cpu: usize) {
+    if LOADED_ASPACE[cpu].load(Ordering::Relaxed) != 0 {
+        use_kernel_tables(cpu);
+    }
+}
+
+/// Makes `next` the running thread of `cpu`; returns its context slot, stack and process,
+/// and its address space if this CPU must load it: both for `settle_process`, once the lock
+/// is dropped and the leaving thread's vector registers are saved in its own process. The
+/// thread gets a time slice, enforced by the timer only if others wait for this CPU
+/// (tickless otherwise).
+fn enter_thread(scheduler: &mut Scheduler, cpu: usize, next: u64) -> (usize, u64, u64, Option<(u64, u64)>) {
+    flush_tlb_if_stale();
+    scheduler.cpus[cpu].current = Some(next);
+    let quantum_end = cpu::read_tsc() + clock::tsc_hz() * QUANTUM_MS / 1000;
+    QUANTUM_END[cpu].store(quantum_end, Ordering::Relaxed);
+    let thread = &scheduler.threads[&next];
+    if thread.doomed {
+        // It ends at its next entry to the kernel: make that now (a thread that never ran
+        // starts straight in user mode).
+        apic::arm_timer(cpu::read_tsc());
+    } else if scheduler.cpus[cpu].run_queue.is_empty() {
+        apic::disarm_timer();
+    } else {
+        apic::arm_timer(quantum_end);
+    }
+    cpu::write_msr(MSR_FS_BASE, thread.fs_base);
+    cpu::write_msr(MSR_GS_BASE, thread.gs_base);
+    let load = (LOADED_ASPACE[cpu].load(Ordering::Relaxed) != thread.aspace.0).then_some(thread.aspace);
+    (thread.slot, thread.stack_top, thread.pid, load)
+}
+
+/// `cpu` now runs process `pid`, in `load` if it must load that address space.
+fn settle_process(cpu: usize, pid: u64, load: Option<(u64, u64)>) {
+    CURRENT_PID[cpu].store(pid, Ordering::Relaxed);
+    if let Some(aspace) = load {
+        crate::arch::paging::activate_root(aspace.1);
+        LOADED_ASPACE[cpu].store(aspace.0, Ordering::Release);
+    }
+}
+
+/// Wakes this CPU's threads whose timed wait has expired.
+fn expire_timed_waits(scheduler: &mut Scheduler, cpu: usize) {
+    let now = clock::monotonic_ns();
+    let expired: Vec<u64> = scheduler
+        .threads
+        .iter()
+        .filter(|(_, thread)| thread.cpu == cpu && matches!(thread.state, State::Waiting { deadline: Some(deadline), .. } if deadline <= now))
+        .map(|(&tid, _)| tid)
+        .collect();
+    for tid in expired {
+        let thread = scheduler.threads.get_mut(&tid).expect("waiting thread");
+        thread.state = State::Runnable;
+        thread.wait_result = WaitResult::TimedOut;
+        scheduler.enqueue(tid);
+    }
+}
+
+/// Leaves `cpu` to its next runnable thread, or to its idle loop, after `prepare` has said
+/// why (changing the current thread's state, under the lock) and returned the current
+/// thread's context slot. Returns when the current thread runs again.
+pub(super) fn leave_cpu(prepare: impl FnOnce(&mut Scheduler) -> usize, cpu: usize) {
+    let (from, to, stack_top, next_process) = with_scheduler(|scheduler| {
+        let from = prepare(scheduler);
+        trap::mark_leaving(from);
+        match scheduler.dequeue(cpu) {
+            Some(next) => {
+                let (to, stack_top, pid, load) = enter_thread(scheduler, cpu, next);
+                (from, to, stack_top, Some((pid, load)))
+            }
+            None => {
+                scheduler.cpus[cpu].current = None;
+                (from, trap::idle_slot(cpu), 0, None)
+            }
+        }
+    });
+    if from != to {
+        // The leaving thread's vector registers go to its save area while its address space
+        // is loaded (`fpu`: in ring 3 on PVM; an exiting thread has none), the next one's
+        // come back once its context is complete: both in one go within one address space.
+        if to < MAX_THREADS {
+            trap::wait_until_saved(to);
+        }
+        match next_process {
+            Some((pid, None)) => {
+                fpu::switch_threads(cpu, from, to);
+                settle_process(cpu, pid, None);
+            }
+            Some((pid, load)) => {
+                fpu::save_running(cpu);
+                settle_process(cpu, pid, load);
+                fpu::resume(cpu, to);
+            }
+            None => {
+                fpu::save_running(cpu);
+            }
+        }
+        trap::switch_context(cpu, from, to, stack_top);
+    }
+    free_exited_stacks(cpu);
+}
+
+fn free_exited_stacks(cpu: usize) {
+    let stacks = with_scheduler(|scheduler| core::mem::take(&mut scheduler.cpus[cpu].exited_stacks));
+    for stack in stacks {
+        pmem::free(stack, KERNEL_STACK_SIZE);
+    }
+}
+
+/// How long a thread runs before another thread waiting for its CPU gets it.
+const QUANTUM_MS: u64 = 10;
+/// When the running thread's time slice ends, per CPU (TSC).
+pub(super) static QUANTUM_END: [core::sync::atomic::AtomicU64; MAX_CPUS] = [const { core::sync::atomic::AtomicU64::new(0) }; MAX_CPUS];
+
+/// The tick interrupted a thread in user mode: if its time slice is over and another thread
+/// waits for this CPU, it goes to the back of the queue; else the timer is set for the end
+/// of the slice (or stopped when nobody waits).
+pub fn tick() {
+    let cpu = tables::current_cpu();
+    park_if_requested(cpu);
+    end_job_if_requested(cpu);
+    if QUEUED[cpu].load(Ordering::Acquire) == 0 {
+        apic::disarm_timer();
+        return;
+    }
+    let quantum_end = QUANTUM_END[cpu].load(Ordering::Relaxed);
+    if cpu::read_tsc() >= quantum_end {
+        yield_now();
+    } else {
+        apic::arm_timer(quantum_end);
+    }
+}
+
+/// sched_yield: the next runnable thread of this CPU runs; the current one goes to the back
+/// of the queue.
+pub fn yield_now() {
+    let cpu = tables::current_cpu();
+    if QUEUED[cpu].load(Ordering::Acquire) == 0 {
+        return;
+    }
+    leave_cpu(
+        |scheduler| {
+            let current = scheduler.current(cpu);
+            scheduler.enqueue(current);
+            scheduler.threads[&current].slot
+        },
+        cpu,
+    );
+}
