@@ -22,8 +22,41 @@ check_output() { # name expected-pattern command...
 	if run "$@" && grep -q -- "$pattern" "$LOG/out"; then pass "$name"; else fail "$name" "$LOG/out"; fi
 }
 
+check_status() { # name seconds command...: passes if the command succeeds within that many seconds
+	local name=$1 seconds=$2
+	shift 2
+	if timeout "$seconds" "$@" >"$LOG/out" 2>&1; then pass "$name"; else fail "$name" "$LOG/out"; fi
+}
+
 leftovers() { # processes still running the given marker argument
 	pgrep -f -- "$1" | grep -v "^$$\$" || true
+}
+
+# A 3-node pingpong run in the background, found by the marker $1 on its
+# command line: start_marked sets $runner (dexrun) and gives the nodes 1.5 s
+# to start; signal_node marker node signal sets $victim and signals it;
+# end_marked waits for dexrun, sets $rc, $ended (when dexrun ended) and
+# $left (what still runs 0.2 s later) and kills those.
+start_marked() {
+	$DEXRUN -n 3 "$BUILD/coherence" pingpong 2 "$1" >"$LOG/out" 2>&1 &
+	runner=$!
+	sleep 1.5
+}
+signal_node() {
+	local p
+	victim=""
+	for p in $(pgrep -f -- "$1"); do
+		if tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -q "DEX_BOOT=node=00$2"; then victim=$p; fi
+	done
+	[ -z "$victim" ] || kill -"$3" "$victim"
+}
+end_marked() {
+	wait $runner
+	rc=$?
+	ended=$(date +%s.%N)
+	sleep 0.2
+	left=$(leftovers "$1")
+	[ -z "$left" ] || kill -KILL $left
 }
 
 echo "building..."
@@ -86,11 +119,8 @@ else
 fi
 
 # libdex's ABI: soname libdex.so.0, and only the public API exported
-if tests/exports.sh "$BUILD" >"$LOG/out" 2>&1; then
-	pass "libdex.so.0: soname, and nm -D lists only dex.h/migrate.h, replaced libc calls and the UCX module's"
-else
-	fail "libdex exports" "$LOG/out"
-fi
+check_status "libdex.so.0: soname, and nm -D lists only dex.h/migrate.h, replaced libc calls and the UCX module's" 60 \
+	tests/exports.sh "$BUILD"
 
 # CLOWDER_LOG chooses which diagnostics libdex, dexrun and dexnode print
 log_levels() {
@@ -124,11 +154,8 @@ else
 	fail "CLOWDER_LOG levels" "$LOG/levels"
 fi
 
-if timeout 60 python3 tests/manual_launch.py "$BUILD/hello_nodes" >"$LOG/out" 2>&1; then
-	pass "nodes launched by hand with ASLR on re-execute with it off and run"
-else
-	fail "manual launch with ASLR on" "$LOG/out"
-fi
+check_status "nodes launched by hand with ASLR on re-execute with it off and run" \
+	60 python3 tests/manual_launch.py "$BUILD/hello_nodes"
 
 # nodes in their own network namespaces, joined by veth pairs (root only)
 if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v nsenter >/dev/null; then
@@ -153,22 +180,16 @@ fi
 
 # --hosts: nodes on two namespaced "hosts" through ssh and through dexnode agents (root only)
 if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v unshare >/dev/null; then
-	if timeout 150 bash tests/hosts_netns.sh "$BUILD" >"$LOG/out" 2>&1; then
-		pass "--hosts: 2 namespaced hosts via ssh (tcp, ucx; secret on no command line; Ctrl-C) and via dexnode agents (tcp, ucx), differing binary refused, Ctrl-C reaches them, wrong secret refused"
-	else
-		fail "--hosts" "$LOG/out"
-	fi
+	check_status "--hosts: 2 namespaced hosts via ssh (tcp, ucx; secret on no command line; Ctrl-C) and via dexnode agents (tcp, ucx), differing binary refused, Ctrl-C reaches them, wrong secret refused" \
+		150 bash tests/hosts_netns.sh "$BUILD"
 else
 	echo "SKIP --hosts (needs root, ip and unshare)"
 fi
 
 # a PMIx launcher (Open MPI's mpirun) starts the nodes: ranks find the origin through PMIx
 if command -v mpirun >/dev/null && [ -f "$BUILD/libdex-pmix.so" ]; then
-	if timeout 300 bash tests/pmix_mpirun.sh "$BUILD" >"$LOG/out" 2>&1; then
-		pass "mpirun: 2 and 3 ranks (tcp, ucx) find the origin through PMIx; no secret or another secret cannot join"
-	else
-		fail "mpirun (PMIx)" "$LOG/out"
-	fi
+	check_status "mpirun: 2 and 3 ranks (tcp, ucx) find the origin through PMIx; no secret or another secret cannot join" \
+		300 bash tests/pmix_mpirun.sh "$BUILD"
 else
 	echo "SKIP mpirun (needs openmpi-bin and libpmix-dev)"
 fi
@@ -176,11 +197,8 @@ fi
 # Slurm starts the nodes: srun -N 2 --mpi=pmix, a slurmd in each of two network namespaces (root only)
 if [ "$(id -u)" = 0 ] && [ -f "$BUILD/libdex-pmix.so" ] && command -v slurmctld >/dev/null && command -v slurmd >/dev/null &&
 	command -v srun >/dev/null && command -v munged >/dev/null; then
-	if timeout 300 bash tests/slurm_netns.sh "$BUILD" >"$LOG/out" 2>&1; then
-		pass "srun -N 2 --mpi=pmix: 2 nodes in 2 network namespaces find the origin through Slurm's PMIx; no secret, no start"
-	else
-		fail "srun (Slurm, PMIx)" "$LOG/out"
-	fi
+	check_status "srun -N 2 --mpi=pmix: 2 nodes in 2 network namespaces find the origin through Slurm's PMIx; no secret, no start" \
+		300 bash tests/slurm_netns.sh "$BUILD"
 else
 	echo "SKIP srun (needs root, libpmix-dev, slurmctld, slurmd, slurm-client and munge)"
 fi
@@ -192,11 +210,8 @@ else
 	fail "no open agent" "$LOG/out"
 fi
 
-if timeout 60 python3 tests/layout_mismatch.py "$BUILD/hello_nodes" "$BUILD/coherence" >"$LOG/out" 2>&1; then
-	pass "a node with a different address-space layout is refused at HELLO; both sides say why"
-else
-	fail "layout mismatch" "$LOG/out"
-fi
+check_status "a node with a different address-space layout is refused at HELLO; both sides say why" \
+	60 python3 tests/layout_mismatch.py "$BUILD/hello_nodes" "$BUILD/coherence"
 
 # 3. exit status and output come from the origin, even when exit() runs on a node
 run $DEXRUN -n 3 "$BUILD/exit_status" 7
@@ -382,102 +397,62 @@ all_app_runs
 # fails, says so, and leaves no process behind within 5 s; $2 names the transport in the
 # result; any further arguments are lines the output must have too.
 killed_node_check() {
-	local mark=$1 via=$2 line said=1
+	local mark=$1 via=$2 line said=1 start elapsed
 	shift 2
-	$DEXRUN -n 3 "$BUILD/coherence" pingpong 2 "$mark" >"$LOG/out" 2>&1 &
-	local runner=$! victim="" p
-	sleep 1.5
-	for p in $(pgrep -f -- "$mark"); do
-		if tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -q "DEX_BOOT=node=002"; then victim=$p; fi
-	done
-	local start rc elapsed left
+	start_marked "$mark"
 	start=$(date +%s.%N)
-	[ -n "$victim" ] && kill -KILL "$victim"
-	wait $runner
-	rc=$?
-	elapsed=$(echo "$(date +%s.%N) - $start" | bc)
-	sleep 0.2
-	left=$(leftovers "$mark")
+	signal_node "$mark" 2 KILL
+	end_marked "$mark"
+	elapsed=$(echo "$ended - $start" | bc)
 	for line in "$@"; do grep -qF -- "$line" "$LOG/out" || said=0; done
 	if [ -n "$victim" ] && [ $rc -ne 0 ] && grep -Eq "node 2 disconnected|connection to node 2 broken" "$LOG/out" &&
 		[ $said = 1 ] && [ -z "$left" ] && [ "$(echo "$elapsed < 5" | bc)" = 1 ]; then
 		pass "killed node$via: every node reports it, all gone in ${elapsed%??????} s (rc $rc)"
 	else
 		fail "killed node$via (victim '$victim', rc $rc, ${elapsed} s, leftover '$left')" "$LOG/out"
-		[ -n "$left" ] && kill -KILL $left
 	fi
 }
 killed_node_check 424242421 "" "node 2 was killed by signal 9" "dex[node 1]: error: lost connection"
 
 # a killed origin: every node reports it and leaves
-MARK=424242424
-$DEXRUN -n 3 "$BUILD/coherence" pingpong 2 $MARK >"$LOG/out" 2>&1 &
-runner=$!
-sleep 1.5
-victim=""
-for p in $(pgrep -f -- "$MARK"); do
-	if tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -q "DEX_BOOT=node=000"; then victim=$p; fi
-done
-[ -n "$victim" ] && kill -KILL "$victim"
-wait $runner
-rc=$?
-sleep 0.2
-left=$(leftovers "$MARK")
+start_marked 424242424
+signal_node 424242424 0 KILL
+end_marked 424242424
 if [ -n "$victim" ] && [ $rc -eq 137 ] && [ "$(grep -c 'lost connection to the origin' "$LOG/out")" -eq 2 ] && [ -z "$left" ]; then
 	pass "killed origin: both nodes report the lost origin, status 137, no process left"
 else
 	fail "killed origin (rc $rc, leftover '$left')" "$LOG/out"
-	[ -n "$left" ] && kill -KILL $left
 fi
 
 # a node or the origin that stops answering (SIGSTOP) is noticed by the
 # heartbeat: its peers report the silence and everything ends
 stop_test() { # node-to-stop expected-message
-	local which=$1 expect=$2 MARK=42424242$((5 + $1)) victim="" p rc left
-	DEX_PEER_TIMEOUT=3 $DEXRUN -n 3 "$BUILD/coherence" pingpong 2 $MARK >"$LOG/out" 2>&1 &
-	local runner=$!
-	sleep 1.5
-	for p in $(pgrep -f -- "$MARK"); do
-		if tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -q "DEX_BOOT=node=00$which"; then victim=$p; fi
-	done
-	[ -n "$victim" ] && kill -STOP "$victim"
-	wait $runner
-	rc=$?
-	sleep 0.2
-	left=$(leftovers "$MARK")
+	local which=$1 expect=$2 mark=42424242$((5 + $1))
+	DEX_PEER_TIMEOUT=3 start_marked $mark
+	signal_node $mark "$which" STOP
+	end_marked $mark
 	if [ -n "$victim" ] && [ $rc -ne 0 ] && grep -q "$expect" "$LOG/out" && [ -z "$left" ]; then
 		pass "stopped node $which$via: '$expect' reported, all ended (rc $rc), no process left"
 	else
 		fail "stopped node $which$via (rc $rc, leftover '$left')" "$LOG/out"
-		[ -n "$left" ] && kill -KILL $left
 	fi
 }
 stop_test 1 "node 1 sent nothing for 3 s"
 stop_test 0 "the origin sent nothing for 3 s"
 
 # 7. Ctrl-C on dexrun ends every node
-MARK=424242422
-$DEXRUN -n 3 "$BUILD/coherence" pingpong 2 $MARK >"$LOG/out" 2>&1 &
-runner=$!
-sleep 1.5
+start_marked 424242422
 kill -INT $runner
-wait $runner
-rc=$?
-sleep 0.2
-left=$(leftovers "$MARK")
+end_marked 424242422
 if [ $rc -eq 130 ] && [ -z "$left" ]; then
 	pass "Ctrl-C ends all nodes (rc 130, no process left)"
 else
 	fail "Ctrl-C (rc $rc, leftover '$left')" "$LOG/out"
-	[ -n "$left" ] && kill -KILL $left
 fi
 
 # 8. malformed and unexpected messages are rejected
-if timeout 60 python3 tests/malformed_peer.py "$BUILD/coherence" >"$LOG/out" 2>&1; then
-	pass "malformed HELLO and out-of-range PAGE_REQUEST rejected, all processes stop"
-else
-	fail "malformed messages" "$LOG/out"
-fi
+check_status "malformed HELLO and out-of-range PAGE_REQUEST rejected, all processes stop" \
+	60 python3 tests/malformed_peer.py "$BUILD/coherence"
 
 # 8b. receivers (and UCX pumps) that poll rather than sleep, and threads that
 # yield while their grant comes (DEX_POLL_US): the same protocol with another
@@ -515,11 +490,8 @@ if [ -f "$BUILD/libdex-ucx.so" ]; then
 	coherence_tests
 	all_app_runs
 	killed_node_check 424242431 "$via"
-	if timeout 150 python3 tests/ucx_stranger.py "$BUILD" >"$LOG/out" 2>&1; then
-		pass "a stranger with the origin's UCX address injects nothing: its message dropped, the run finishes$via"
-	else
-		fail "UCX stranger$via" "$LOG/out"
-	fi
+	check_status "a stranger with the origin's UCX address injects nothing: its message dropped, the run finishes$via" \
+		150 python3 tests/ucx_stranger.py "$BUILD"
 	grant_hold_check "$via"
 	# silence is noticed by the heartbeat over UCX too
 	stop_test 0 "the origin sent nothing for 3 s"
