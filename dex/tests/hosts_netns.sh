@@ -58,24 +58,43 @@ make_host() { # k [command prefix for the agent]
 }
 make_host 1 || exit 1
 make_host 2 || exit 1
+wait_listening() { # k address-pattern: until host k has a TCP socket listening there (5 s at most)
+	for _ in $(seq 50); do
+		ip netns exec "dexh${tag}$1" ss -ltn 2>/dev/null | grep -q "$2" && break
+		sleep 0.1
+	done
+}
 
 # host 3 has "another binary" at the same path: its own mount namespace
 # with hello_nodes mounted over coherence
 make_host 3 unshare -m sh -c "mount --bind $BUILD/hello_nodes $BUILD/coherence && exec \"\$0\" \"\$@\"" || exit 1
-for k in 1 2 3; do # wait for the agents to listen
-	for _ in $(seq 50); do
-		ip netns exec "dexh${tag}$k" ss -ltn 2>/dev/null | grep -q ":7450 " && break
-		sleep 0.1
-	done
-done
+for k in 1 2 3; do wait_listening $k ":7450 "; done
 printf '# two hosts\n10.%s.1.2\n10.%s.2.2:7450\n' "$subnet" "$subnet" >"$hosts"
 printf '10.%s.1.2\n10.%s.3.2\n' "$subnet" "$subnet" >"$bad_hosts"
 
-ssh_ok() { # transport (UCX over TCP: see run_ok)
-	UCX_TLS=tcp,self timeout 60 "$BUILD/dexrun" --timeout 50 --transport "$1" --hosts "$sshdir/hosts" "$BUILD/coherence" mutex 6 500 >"$out" 2>&1 &&
+# a 3-node mutex run is right, and its nodes are in 3 network namespaces
+run_ok() { # transport dexrun-arguments...
+	local transport=$1
+	shift
+	# UCX would see one machine and pick shared memory, whose wake-up
+	# socket (abstract unix) does not cross network namespaces: make the
+	# namespaced hosts talk UCX over TCP, as separate machines would.
+	UCX_TLS=tcp,self timeout 60 "$BUILD/dexrun" --timeout 50 --transport "$transport" "$@" "$BUILD/coherence" mutex 6 500 >"$out" 2>&1 &&
 		grep -q "PASS mutex: counter 3000, expected 3000 on 3 nodes" "$out" &&
-		UCX_TLS=tcp,self timeout 60 "$BUILD/dexrun" --timeout 50 --transport "$1" --hosts "$sshdir/hosts" "$BUILD/netns_probe" >"$out" 2>&1 &&
+		UCX_TLS=tcp,self timeout 60 "$BUILD/dexrun" --timeout 50 --transport "$transport" "$@" "$BUILD/netns_probe" >"$out" 2>&1 &&
 		grep -q "3 distinct for 3 nodes" "$out"
+}
+
+# Ctrl-C to dexrun ($1); sets $rc; true if no process runs the marker $2 at most $3 s later
+interrupted_and_gone() {
+	kill -INT "$1"
+	wait "$1"
+	rc=$?
+	for _ in $(seq $(($3 * 10))); do
+		[ -z "$(pgrep -f -- "$2")" ] && return 0
+		sleep 0.1
+	done
+	return 1
 }
 
 # the secret is in the nodes' environments and on no command line; Ctrl-C
@@ -98,17 +117,11 @@ ssh_secret_and_ctrl_c() {
 	for p in /proc/[0-9]*; do
 		grep -qaFf "$sshdir/needle" "$p/cmdline" 2>/dev/null && shown=1
 	done
-	kill -INT "$runner"
-	wait "$runner"
-	local rc=$?
-	for _ in $(seq 50); do
-		[ -z "$(pgrep -f -- 424242442)" ] && break
-		sleep 0.1
-	done
-	echo "nodes ${#nodes[@]}, secrets '${secret_of[*]}', on a command line $shown, rc $rc" >>"$out"
+	local gone=0 rc
+	interrupted_and_gone "$runner" 424242442 5 && gone=1
+	echo "nodes ${#nodes[@]}, secrets '${secret_of[*]}', on a command line $shown, rc $rc, gone $gone" >>"$out"
 	[ ${#nodes[@]} -ge 3 ] && [ ${#secret_of[0]} = 64 ] && [ "${secret_of[0]}" = "${secret_of[1]}" ] &&
-		[ "${secret_of[0]}" = "${secret_of[2]}" ] && [ $shown = 0 ] && [ $rc -eq 130 ] &&
-		[ -z "$(pgrep -f -- 424242442)" ]
+		[ "${secret_of[0]}" = "${secret_of[2]}" ] && [ $shown = 0 ] && [ $rc -eq 130 ] && [ $gone = 1 ]
 }
 
 # an sshd in hosts 1 and 2 that admits a key made here, and an ssh client
@@ -142,15 +155,10 @@ over_ssh() {
 	done
 	export DEX_SSH="ssh -F $sshdir/ssh_config"
 	printf '# two hosts, through ssh\n10.%s.1.2\nroot@10.%s.2.2:22\n' "$subnet" "$subnet" >"$sshdir/hosts"
-	for k in 1 2; do # wait for the sshds to listen
-		for _ in $(seq 50); do
-			ip netns exec "dexh${tag}$k" ss -ltn 2>/dev/null | grep -q "10.$subnet.$k.2:22 " && break
-			sleep 0.1
-		done
-	done
-	check "--hosts over ssh: 3 nodes, 2 on namespaced hosts (tcp): mutex counter and 3 network namespaces" ssh_ok tcp
+	for k in 1 2; do wait_listening $k "10.$subnet.$k.2:22 "; done
+	check "--hosts over ssh: 3 nodes, 2 on namespaced hosts (tcp): mutex counter and 3 network namespaces" run_ok tcp --hosts "$sshdir/hosts"
 	if [ -f "$BUILD/libdex-ucx.so" ]; then
-		check "--hosts over ssh, UCX (UCX_TLS=tcp,self)" ssh_ok ucx
+		check "--hosts over ssh, UCX (UCX_TLS=tcp,self)" run_ok ucx --hosts "$sshdir/hosts"
 	fi
 	check "over ssh the run's secret reaches every node on no command line; Ctrl-C ends the remote nodes" ssh_secret_and_ctrl_c
 }
@@ -160,18 +168,9 @@ else
 	echo "skipped: --hosts over ssh (no /usr/sbin/sshd: openssh-server)"
 fi
 
-run_ok() { # transport
-	# UCX would see one machine and pick shared memory, whose wake-up
-	# socket (abstract unix) does not cross network namespaces: make the
-	# namespaced hosts talk UCX over TCP, as separate machines would.
-	UCX_TLS=tcp,self timeout 60 "$BUILD/dexrun" --timeout 50 --transport "$1" --hosts "$hosts" --secret-file "$secret" "$BUILD/coherence" mutex 6 500 >"$out" 2>&1 &&
-		grep -q "PASS mutex: counter 3000, expected 3000 on 3 nodes" "$out" &&
-		UCX_TLS=tcp,self timeout 60 "$BUILD/dexrun" --timeout 50 --transport "$1" --hosts "$hosts" --secret-file "$secret" "$BUILD/netns_probe" >"$out" 2>&1 &&
-		grep -q "3 distinct for 3 nodes" "$out"
-}
-check "--hosts: 3 nodes, 2 on namespaced hosts through dexnode agents (tcp): mutex counter and 3 network namespaces" run_ok tcp
+check "--hosts: 3 nodes, 2 on namespaced hosts through dexnode agents (tcp): mutex counter and 3 network namespaces" run_ok tcp --hosts "$hosts" --secret-file "$secret"
 if [ -f "$BUILD/libdex-ucx.so" ]; then
-	check "--hosts over UCX (UCX_TLS=tcp,self)" run_ok ucx
+	check "--hosts over UCX (UCX_TLS=tcp,self)" run_ok ucx --hosts "$hosts" --secret-file "$secret"
 fi
 
 refused() {
@@ -189,14 +188,8 @@ killed() {
 	sleep 1.5
 	local before
 	before=$(pgrep -f -- 424242441 | wc -l)
-	kill -INT "$runner"
-	wait "$runner"
-	local rc=$?
-	for _ in $(seq 30); do
-		[ -z "$(pgrep -f -- 424242441)" ] && break
-		sleep 0.1
-	done
-	[ "$before" -ge 3 ] && [ $rc -eq 130 ] && [ -z "$(pgrep -f -- 424242441)" ]
+	local rc
+	interrupted_and_gone "$runner" 424242441 3 && [ "$before" -ge 3 ] && [ $rc -eq 130 ]
 }
 check "Ctrl-C on dexrun ends the remote nodes too (agents kill them)" killed
 
