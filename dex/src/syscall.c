@@ -122,6 +122,22 @@ static size_t bounded(long len)
 	return (size_t)len < DEX_SYSCALL_MAX_DATA ? (size_t)len : DEX_SYSCALL_MAX_DATA;
 }
 
+/* The case labels of the calls a node ships with their arguments alone and
+ * the origin runs as they are: one list for node_delegates and
+ * dex_origin_run_delegated, so that they cannot disagree. */
+#define ARGUMENTS_ONLY_CALLS \
+	case SYS_close: \
+	case SYS_lseek: \
+	case SYS_fsync: \
+	case SYS_fdatasync: \
+	case SYS_ftruncate: \
+	case SYS_dup: \
+	case SYS_dup2: \
+	case SYS_dup3: \
+	case SYS_fcntl: \
+	case SYS_getpid: \
+	case SYS_getppid
+
 /* Which calls a node ships home, and what data travels with them. */
 static bool node_delegates(long nr, const long a[6])
 {
@@ -135,22 +151,12 @@ static bool node_delegates(long nr, const long a[6])
 	case SYS_pwrite64:
 	case SYS_writev:
 	case SYS_openat:
-	case SYS_close:
-	case SYS_lseek:
-	case SYS_fsync:
-	case SYS_fdatasync:
-	case SYS_ftruncate:
 	case SYS_fstat:
 	case SYS_newfstatat:
-	case SYS_dup:
-	case SYS_dup2:
-	case SYS_dup3:
-	case SYS_fcntl:
-	case SYS_getpid:
-	case SYS_getppid:
 	case SYS_unlink:
 	case SYS_unlinkat:
 	case DEX_VMA_QUERY_CALL:
+	ARGUMENTS_ONLY_CALLS:
 		return true;
 	default:
 		return dex_vma_is_layout_call(nr, a); /* the origin owns the layout */
@@ -340,17 +346,7 @@ void dex_origin_run_delegated(struct dex_thread *t, unsigned from, const struct 
 			a[3] = (long)data;
 		ret = futex_with_shared_words(a);
 		break;
-	case SYS_close:
-	case SYS_lseek:
-	case SYS_fsync:
-	case SYS_fdatasync:
-	case SYS_ftruncate:
-	case SYS_dup:
-	case SYS_dup2:
-	case SYS_dup3:
-	case SYS_fcntl:
-	case SYS_getpid:
-	case SYS_getppid:
+	ARGUMENTS_ONLY_CALLS:
 		ret = raw_syscall6(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
 		break;
 	case DEX_BARRIER_CALL:
