@@ -23,7 +23,7 @@ fn start_daemon(dir: &Path) -> PathBuf {
 }
 
 fn clowder(socket: &Path, args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_clowder")).args(args).current_dir(cwd).env("CLOWDER_SOCKET", socket).output().unwrap()
+    Command::new(support::clowder()).args(args).current_dir(cwd).env("CLOWDER_SOCKET", socket).output().unwrap()
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -163,7 +163,7 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
     assert!(text(&listing.stdout).contains('e'), "{}", text(&listing.stdout));
 
     // A client that goes away gets its job killed (KillJob); the enclave takes the next job.
-    let mut ticking = Command::new(env!("CARGO_BIN_EXE_clowder"))
+    let mut ticking = Command::new(support::clowder())
         .args(["run", "--enclave", "e", "./tick"])
         .current_dir(&dir.0)
         .env("CLOWDER_SOCKET", &socket)

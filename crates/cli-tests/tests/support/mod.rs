@@ -4,10 +4,25 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
+
+/// The `clowder` binary under test: `CLOWDER_CLI`, else the workspace's release build. This
+/// package only tests the CLI (so the CLI's own package needs no daemon or KVM crates), and cargo
+/// names a binary only to its own package's tests: build it first (`make build`, or
+/// `cargo build --release -p clowder-cli`).
+pub fn clowder() -> &'static str {
+    static PATH: OnceLock<String> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let path = std::env::var_os("CLOWDER_CLI")
+            .map_or_else(|| clowder_test_support::workspace_root().join("target/release/clowder"), PathBuf::from);
+        assert!(path.is_file(), "no clowder at {} (cargo build --release -p clowder-cli)", path.display());
+        path.to_str().expect("a UTF-8 path").to_owned()
+    })
+}
 
 /// `CLOWDER_VMM`, else the clowder-vmm built beside the CLI, else the workspace's release build.
 pub fn vmm_binary() -> PathBuf {
-    let beside_cli = Path::new(env!("CARGO_BIN_EXE_clowder")).with_file_name("clowder-vmm");
+    let beside_cli = Path::new(clowder()).with_file_name("clowder-vmm");
     if std::env::var_os("CLOWDER_VMM").is_none() && beside_cli.is_file() {
         return beside_cli;
     }

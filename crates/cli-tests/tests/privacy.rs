@@ -123,7 +123,7 @@ impl User<'_> {
         let mut command = Command::new("setpriv");
         command
             .args(["--reuid", &self.uid.to_string(), "--regid", &self.uid.to_string(), "--groups", &groups.join(",")])
-            .arg(env!("CARGO_BIN_EXE_clowder"))
+            .arg(support::clowder())
             .args(args)
             .env("CLOWDER_SOCKET", self.socket)
             .current_dir(self.dir);

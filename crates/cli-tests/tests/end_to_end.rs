@@ -50,7 +50,7 @@ impl TestDaemon {
     }
 
     fn clowder(&self, args: &[&str], cwd: &Path) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_clowder")).args(args).current_dir(cwd).env("CLOWDER_SOCKET", self.socket()).output().unwrap()
+        Command::new(support::clowder()).args(args).current_dir(cwd).env("CLOWDER_SOCKET", self.socket()).output().unwrap()
     }
 
     fn call(&self, request: Value) -> Value {
@@ -94,7 +94,7 @@ int main(void) {
 #[test]
 fn a_missing_daemon_says_how_to_start_it() {
     let dir = TempDir::new("clowder-cli-no-daemon");
-    let output = Command::new(env!("CARGO_BIN_EXE_clowder"))
+    let output = Command::new(support::clowder())
         .args(["enclave", "ls"])
         .env("CLOWDER_SOCKET", dir.0.join("nobody.sock"))
         .output()
@@ -111,7 +111,7 @@ fn a_missing_daemon_says_how_to_start_it() {
 fn output_to_a_closed_pipe_ends_quietly() {
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
-    let output = Command::new(env!("CARGO_BIN_EXE_clowder")).arg("help").stdout(writer).output().unwrap();
+    let output = Command::new(support::clowder()).arg("help").stdout(writer).output().unwrap();
     let message = stderr(&output);
     assert!(!message.contains("panicked"), "{message}");
     assert_eq!(output.status.code(), Some(141), "{message}");
@@ -142,15 +142,15 @@ fn cli_mistakes_and_bad_requests_get_errors_that_say_what_to_do() {
     let hugepages = daemon.clowder(&["enclave", "create", "--name", "h", "--mem", "1T", "--hugepages"], &here);
     assert!(stderr(&hugepages).contains("hugepages"), "{}", stderr(&hugepages));
 
-    let run_unknown = daemon.clowder(&["run", "--enclave", "ghost", env!("CARGO_BIN_EXE_clowder")], &here);
+    let run_unknown = daemon.clowder(&["run", "--enclave", "ghost", support::clowder()], &here);
     assert!(stderr(&run_unknown).contains("no enclave named ghost"), "{}", stderr(&run_unknown));
-    let positional = daemon.clowder(&["run", "ghost", env!("CARGO_BIN_EXE_clowder"), "arg"], &here);
+    let positional = daemon.clowder(&["run", "ghost", support::clowder(), "arg"], &here);
     assert!(stderr(&positional).contains("no enclave named ghost"), "{}", stderr(&positional));
     let no_program = daemon.clowder(&["run", "./does-not-exist"], &here);
     assert!(stderr(&no_program).contains("cannot open ./does-not-exist"), "{}", stderr(&no_program));
     // Programs an enclave cannot run are refused before an enclave boots, saying why: this
     // CLI itself (dynamically linked, as Rust programs are by default) and a shell script.
-    let dynamic = daemon.clowder(&["run", env!("CARGO_BIN_EXE_clowder")], &here);
+    let dynamic = daemon.clowder(&["run", support::clowder()], &here);
     assert_eq!(dynamic.status.code(), Some(1));
     let message = stderr(&dynamic);
     assert!(message.contains("is dynamically linked (it asks for /") && message.contains("link it with -static"), "{message}");
@@ -192,7 +192,7 @@ fn only_root_or_the_clowder_group_may_create_enclaves() {
     let daemon = TestDaemon::start("permissions");
     let as_nobody = |args: &[&str]| {
         Command::new("setpriv")
-            .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", env!("CARGO_BIN_EXE_clowder")])
+            .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", support::clowder()])
             .args(args)
             .env("CLOWDER_SOCKET", daemon.socket())
             .current_dir("/")

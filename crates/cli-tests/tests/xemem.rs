@@ -5,6 +5,8 @@
 //!
 //! Needs a C compiler and make (libxpmem is built with `make -C xemem`); skipped without them.
 
+mod support;
+
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -17,7 +19,7 @@ use serde_json::{json, Value};
 /// The clowderd binary of this build. `cargo test` of the workspace builds it beside the CLI;
 /// `cargo test -p clowder-cli` does not, so then it is built here.
 fn daemon_binary() -> PathBuf {
-    let beside_cli = Path::new(env!("CARGO_BIN_EXE_clowder")).with_file_name("clowderd");
+    let beside_cli = Path::new(support::clowder()).with_file_name("clowderd");
     if !beside_cli.is_file() {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut build = Command::new(cargo);
@@ -68,7 +70,7 @@ impl RunningDaemon {
         let socket = dir.join("clowderd.sock");
         let child = Command::new(daemon_binary())
             // Nothing boots here: any existing file stands in for the kernel image.
-            .args(["--kernel", env!("CARGO_BIN_EXE_clowder")])
+            .args(["--kernel", support::clowder()])
             .env("CLOWDER_SOCKET", &socket)
             .env_remove("CLOWDER_XEMEM_SOCKET")
             .stderr(Stdio::null())
@@ -79,7 +81,7 @@ impl RunningDaemon {
     }
 
     fn clowder(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_clowder")).args(args).env("CLOWDER_SOCKET", &self.socket).output().unwrap()
+        Command::new(support::clowder()).args(args).env("CLOWDER_SOCKET", &self.socket).output().unwrap()
     }
 
     /// Sends one line as it is (it need not be valid JSON) and returns the reply.

@@ -12,7 +12,7 @@ use support::vmm_binary;
 mod support;
 
 fn clowder(socket: &Path, args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_clowder")).args(args).current_dir(cwd).env("CLOWDER_SOCKET", socket).output().unwrap()
+    Command::new(support::clowder()).args(args).current_dir(cwd).env("CLOWDER_SOCKET", socket).output().unwrap()
 }
 
 fn start_daemon(dir: &Path) -> PathBuf {
