@@ -5,31 +5,21 @@
 //! daemon's log alone. Needs what `xemem_lwk` needs plus 64 free 2 MiB hugepages (reserved
 //! here and given back); skipped, with the reason, otherwise.
 
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use clowder_test_support::{lwk_daemon, serve};
-use clowderd::client::Client;
 use clowderd::enclave::Liveness;
-use serde_json::{json, Value};
+use serde_json::json;
 
 mod support;
 use support::hugepages::Reservation;
-use support::{build_host_program, build_musl_job, lwk_xemem_id, missing_requirement, run_job, vmm_binary, TempDir};
-
-fn call(socket: &Path, request: Value) -> Value {
-    Client::connect_to(socket).unwrap().call(&request).unwrap()
-}
+use support::{call, build_host_program, build_musl_job, lwk_xemem_id, missing_job_requirement, run_job, vmm_binary, TempDir};
 
 #[test]
 fn a_misaligned_attach_of_a_hugepage_enclaves_segment_says_why() {
-    if let Some(why) = missing_requirement() {
+    if let Some(why) = missing_job_requirement() {
         eprintln!("skipped: {why}");
-        return;
-    }
-    if Command::new("musl-gcc").arg("--version").output().is_err() {
-        eprintln!("skipped: musl-gcc is not installed");
         return;
     }
     let _hugepages = match Reservation::free_pages(64) {

@@ -14,17 +14,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clowder_test_support::{lwk_daemon, serve};
-use clowderd::client::Client;
 use clowderd::enclave::Liveness;
 use clowderd::xemem::FileRun;
 use serde_json::{json, Value};
 
 mod support;
-use support::{build_host_program, build_musl_job, lwk_xemem_id, missing_requirement, run_job, run_job_to_end, vmm_binary, workspace_root, TempDir};
-
-fn call(socket: &Path, request: Value) -> Value {
-    Client::connect_to(socket).unwrap().call(&request).unwrap()
-}
+use support::{call, build_host_program, build_musl_job, lwk_xemem_id, missing_job_requirement, missing_requirement, run_job, run_job_to_end, vmm_binary, workspace_root, TempDir};
 
 /// Waits for the enclave's kernel to log the id the name server gave it.
 fn xemem_id(socket: &Path, enclave: &str) -> Option<u32> {
@@ -64,12 +59,8 @@ fn build_owner_job(out: &Path) -> Result<(), String> {
 
 #[test]
 fn a_host_process_writes_into_an_lwk_jobs_segment() {
-    if let Some(why) = missing_requirement() {
+    if let Some(why) = missing_job_requirement() {
         eprintln!("skipped: {why}");
-        return;
-    }
-    if Command::new("musl-gcc").arg("--version").output().is_err() {
-        eprintln!("skipped: musl-gcc is not installed");
         return;
     }
     let dir = TempDir::new("clowderd-xemem-owner");
@@ -139,12 +130,8 @@ fn a_host_process_writes_into_an_lwk_jobs_segment() {
 /// broker, the daemon's name-server node, the owner enclave's frame runs, the RAM memfd.
 #[test]
 fn a_libxpmem_process_attaches_an_lwk_jobs_segment_through_the_broker() {
-    if let Some(why) = missing_requirement() {
+    if let Some(why) = missing_job_requirement() {
         eprintln!("skipped: {why}");
-        return;
-    }
-    if Command::new("musl-gcc").arg("--version").output().is_err() {
-        eprintln!("skipped: musl-gcc is not installed");
         return;
     }
     let dir = TempDir::new("clowderd-xemem-libxpmem");
@@ -299,12 +286,8 @@ fn an_lwk_job_attaches_half_a_gigabyte_host_segment_twice() {
 
 /// `an_lwk_job_attaches_a_host_processs_segment` with a segment of `pages` 4 KiB pages.
 fn lwk_job_attaches_a_host_segment_twice(tag: &str, pages: u64) {
-    if let Some(why) = missing_requirement() {
+    if let Some(why) = missing_job_requirement() {
         eprintln!("skipped: {why}");
-        return;
-    }
-    if Command::new("musl-gcc").arg("--version").output().is_err() {
-        eprintln!("skipped: musl-gcc is not installed");
         return;
     }
     let dir = TempDir::new(&format!("clowderd-xemem-host-owner-{tag}"));

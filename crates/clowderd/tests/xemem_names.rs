@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 use clowder_test_support::{lwk_daemon, serve};
 use clowderd::client::Client;
 use clowderd::enclave::Liveness;
-use serde_json::{json, Value};
+use serde_json::json;
 
 mod support;
 use support::processes::{build_host_keeper, build_support_program, sub_manager, Daemon, HostProcess};
-use support::{build_host_program, build_musl_job, lwk_xemem_id, missing_requirement, run_job, run_job_to_end, vmm_binary, TempDir};
+use support::{call, build_host_program, build_musl_job, lwk_xemem_id, missing_job_requirement, run_job, run_job_to_end, vmm_binary, TempDir};
 
 /// The segids `xemem_ls` at `socket` lists under `name` (every segment of the node's and the
 /// broker's name servers).
@@ -82,22 +82,14 @@ fn a_name_is_held_once_across_a_tree_of_daemons() {
     }
 }
 
-fn call(socket: &Path, request: Value) -> Value {
-    Client::connect_to(socket).unwrap().call(&request).unwrap()
-}
-
 /// An LWK job and host processes under one daemon: a host process holds `lwk-owner-seg`, and
 /// the job's `xemem_make` of it is refused (EEXIST); then the job holds it, a host process's
 /// make of it is refused, and a host process that looks it up attaches the job's pages (the
 /// job sees its write). `xemem_ls` lists the name once throughout.
 #[test]
 fn host_processes_and_lwk_jobs_share_one_name_space() {
-    if let Some(why) = missing_requirement() {
+    if let Some(why) = missing_job_requirement() {
         eprintln!("skipped: {why}");
-        return;
-    }
-    if Command::new("musl-gcc").arg("--version").output().is_err() {
-        eprintln!("skipped: musl-gcc is not installed");
         return;
     }
     let dir = TempDir::new("clowderd-xemem-names-lwk");

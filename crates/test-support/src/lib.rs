@@ -40,6 +40,17 @@ pub fn why_enclaves_cannot_boot(vmm: &Path) -> Option<String> {
     None
 }
 
+/// Why LWK jobs (static musl programs) cannot be built and run here with the VMM at `vmm`.
+pub fn why_jobs_cannot_run(vmm: &Path) -> Option<String> {
+    if let Some(why) = why_enclaves_cannot_boot(vmm) {
+        return Some(why);
+    }
+    if std::process::Command::new("musl-gcc").arg("--version").output().is_err() {
+        return Some("musl-gcc is not installed".into());
+    }
+    None
+}
+
 /// A scratch directory, removed when dropped.
 pub struct TempDir(pub PathBuf);
 

@@ -3,7 +3,6 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
 /// The `clowder` binary under test: `CLOWDER_CLI`, else the workspace's release build. This
@@ -31,11 +30,5 @@ pub fn vmm_binary() -> PathBuf {
 
 /// Why the tests that boot something cannot run here, if they cannot.
 pub fn missing_requirement() -> Option<String> {
-    if let Some(why) = clowder_test_support::why_enclaves_cannot_boot(&vmm_binary()) {
-        return Some(why);
-    }
-    if Command::new("musl-gcc").arg("--version").output().is_err() {
-        return Some("musl-gcc is not installed".into());
-    }
-    None
+    clowder_test_support::why_jobs_cannot_run(&vmm_binary())
 }

@@ -22,6 +22,16 @@ pub fn missing_requirement() -> Option<String> {
     clowder_test_support::why_enclaves_cannot_boot(&vmm_binary())
 }
 
+/// Why LWK jobs built with musl-gcc cannot run here, if they cannot.
+pub fn missing_job_requirement() -> Option<String> {
+    clowder_test_support::why_jobs_cannot_run(&vmm_binary())
+}
+
+/// One request to the daemon at `socket`, and its reply.
+pub fn call(socket: &Path, request: Value) -> Value {
+    Client::connect_to(socket).unwrap().call(&request).unwrap()
+}
+
 /// Builds the host program `xemem/tests/<source>` against the host's libxpmem.a.
 pub fn build_host_program(source: &str, out: &Path) {
     let xemem = workspace_root().join("xemem");
