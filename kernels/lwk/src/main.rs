@@ -6,6 +6,8 @@
 
 #![no_std]
 #![no_main]
+// Unsafe code lives in `arch` only (which allows it), behind safe functions.
+#![deny(unsafe_code)]
 
 extern crate alloc;
 
@@ -31,9 +33,8 @@ use bootinfo::BootInfo;
 use cmdline::JobOptions;
 use console::log;
 
-/// Called by the boot code on the boot stack, with paging on and interrupts off.
-#[no_mangle]
-extern "C" fn kernel_main(start_info: u64) -> ! {
+/// Called by the boot code (`arch::boot`) on the boot stack, with paging on and interrupts off.
+fn kernel_main(start_info: u64) -> ! {
     let boot_tsc = arch::cpu::read_tsc();
     arch::serial::init();
     arch::tables::init_boot_cpu();
@@ -110,9 +111,9 @@ extern "C" fn kernel_main(start_info: u64) -> ! {
 }
 
 /// Every other vCPU of a 64-bit direct start arrives here (RDI = its index) on its own stack,
-/// while CPU 0 boots; it loads its tables and joins the scheduler once the job is loaded.
-#[no_mangle]
-extern "C" fn ap_main(cpu: u64) -> ! {
+/// while CPU 0 boots (`arch::boot`); it loads its tables and joins the scheduler once the job
+/// is loaded.
+fn ap_main(cpu: u64) -> ! {
     // The IDT is CPU 0's to fill; wait for it.
     while !sched::cpu_tables_ready() {
         core::hint::spin_loop();

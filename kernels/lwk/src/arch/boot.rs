@@ -237,3 +237,15 @@ pub fn install_ap_trampoline() {
     // The boot text sits at its physical address, which the physical window also maps.
     super::phys::bytes_mut(AP_TRAMPOLINE, len).copy_from_slice(super::phys::bytes(start, len));
 }
+
+/// The symbols the boot stub calls: the kernel's entry on CPU 0 (the PVH start-info address)
+/// and on each other vCPU of a 64-bit direct start (its index).
+#[no_mangle]
+extern "C" fn kernel_main(start_info: u64) -> ! {
+    crate::kernel_main(start_info)
+}
+
+#[no_mangle]
+extern "C" fn ap_main(cpu: u64) -> ! {
+    crate::ap_main(cpu)
+}

@@ -45,6 +45,15 @@ pub fn bytes_mut<'a>(physical: u64, len: usize) -> &'a mut [u8] {
     unsafe { core::slice::from_raw_parts_mut(to_virtual(physical) as *mut u8, len) }
 }
 
+/// An atomic word in physical memory the kernel keeps for good for that word alone (a
+/// counter it shares with the host), 8-byte aligned.
+pub fn atomic_u64(physical: u64) -> &'static core::sync::atomic::AtomicU64 {
+    debug_assert!(physical % 8 == 0);
+    // SAFETY: the caller names an aligned word inside the window that is never freed and is
+    // only ever accessed atomically; any bit pattern is a valid `AtomicU64`.
+    unsafe { &*(to_virtual(physical) as *const core::sync::atomic::AtomicU64) }
+}
+
 /// Fills physical memory with zeroes.
 pub fn zero(physical: u64, len: usize) {
     bytes_mut(physical, len).fill(0);

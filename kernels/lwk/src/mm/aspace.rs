@@ -4,7 +4,7 @@
 use super::{pmem, OwnedTables};
 use crate::arch::paging::{OutOfMemory, PageTables, Protection, Translation};
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU64, Ordering};
 
 pub struct AddressSpace {
     tables: PageTables,
@@ -29,11 +29,14 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// host is there the count moves to a piece of RAM of its own ([`publish_mapping_changes`]):
 /// nothing else of this kernel is seen there. Until then it is this word.
 static BOOT_MAPPING_CHANGES: AtomicU64 = AtomicU64::new(0);
-static MAPPING_CHANGES: AtomicPtr<AtomicU64> = AtomicPtr::new(&BOOT_MAPPING_CHANGES as *const AtomicU64 as *mut AtomicU64);
+/// The published piece's physical address; 0 while the count is in the boot word.
+static MAPPING_CHANGES: AtomicU64 = AtomicU64::new(0);
 
 fn mapping_changes() -> &'static AtomicU64 {
-    // SAFETY: the pointer is the boot word's or a published piece's, never freed.
-    unsafe { &*MAPPING_CHANGES.load(Ordering::Acquire) }
+    match MAPPING_CHANGES.load(Ordering::Acquire) {
+        0 => &BOOT_MAPPING_CHANGES,
+        physical => crate::arch::phys::atomic_u64(physical),
+    }
 }
 
 /// Moves the count to a zeroed piece of RAM of its own, `piece` bytes (the smallest the host
@@ -44,11 +47,9 @@ fn mapping_changes() -> &'static AtomicU64 {
 /// meanwhile.
 pub fn publish_mapping_changes(piece: u64) -> Option<u64> {
     let physical = super::pmem::allocate(piece, piece)?;
-    let published = crate::arch::phys::to_virtual(physical) as *mut AtomicU64;
-    // SAFETY: a fresh, zeroed piece of RAM that only this word uses from now on.
-    let word = unsafe { &*published };
-    word.store(BOOT_MAPPING_CHANGES.load(Ordering::Acquire) + 1, Ordering::Release);
-    MAPPING_CHANGES.store(published, Ordering::Release);
+    // A fresh, zeroed piece of RAM that only this word uses from now on.
+    crate::arch::phys::atomic_u64(physical).store(BOOT_MAPPING_CHANGES.load(Ordering::Acquire) + 1, Ordering::Release);
+    MAPPING_CHANGES.store(physical, Ordering::Release);
     Some(physical)
 }
 
