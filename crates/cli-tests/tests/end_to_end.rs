@@ -20,6 +20,7 @@ use clowderd::machine::{start_vmm, vmm_command, MachineSpec};
 use clowderd::sys;
 use enclave_proto::HostMessage;
 use serde_json::{json, Value};
+use clowder_test_support::build_musl_program;
 use support::{missing_requirement, vmm_binary};
 
 mod support;
@@ -64,16 +65,6 @@ fn stdout(output: &Output) -> String {
 
 fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-/// Builds a static musl program from C source in `dir`.
-fn build_program(dir: &Path, name: &str, source: &str) -> PathBuf {
-    let source_path = dir.join(format!("{name}.c"));
-    std::fs::write(&source_path, source).unwrap();
-    let binary = dir.join(name);
-    let status = Command::new("musl-gcc").args(["-static", "-O2", "-o"]).arg(&binary).arg(&source_path).status().unwrap();
-    assert!(status.success(), "musl-gcc failed for {name}");
-    binary
 }
 
 const HELLO: &str = r#"#include <stdio.h>
@@ -241,7 +232,7 @@ fn malformed_api_requests_get_errors_and_the_connection_survives_all_but_an_over
 fn a_one_shot_run_streams_output_and_returns_the_status() {
     require_kvm!();
     let daemon = TestDaemon::start("one-shot");
-    let hello = build_program(&daemon.dir.0, "hello", HELLO);
+    let hello = build_musl_program(&daemon.dir.0, "hello", HELLO);
     let output = daemon.clowder(&["run", "./hello", "world"], &daemon.dir.0);
     assert_eq!(stdout(&output), "hello world from ./hello\n", "stderr: {}", stderr(&output));
     assert_eq!(output.status.code(), Some(7), "the job's status is the CLI's");
@@ -283,8 +274,8 @@ fn one_shot_pid(daemon: &TestDaemon) -> u32 {
 fn a_vmm_killed_from_outside_is_reported_and_the_daemon_keeps_serving() {
     require_kvm!();
     let daemon = TestDaemon::start("containment");
-    build_program(&daemon.dir.0, "spin", SPIN);
-    build_program(&daemon.dir.0, "hello", HELLO);
+    build_musl_program(&daemon.dir.0, "spin", SPIN);
+    build_musl_program(&daemon.dir.0, "hello", HELLO);
     let socket = daemon.socket();
     let work = daemon.dir.0.clone();
     let (spinning_tx, spinning) = std::sync::mpsc::channel();
@@ -357,7 +348,7 @@ fn a_kernel_without_the_channel_protocol_cannot_back_a_persistent_enclave_yet() 
 fn the_host_end_attaches_to_a_running_vmm() {
     require_kvm!();
     let dir = TempDir::new("clowder-cli-vmm-channel");
-    let spin = build_program(&dir.0, "spin", SPIN);
+    let spin = build_musl_program(&dir.0, "spin", SPIN);
     let core = *clowderd::cores::usable_cores().unwrap().iter().last().unwrap();
     let spec = MachineSpec { name: "probe".into(), cores: vec![core], memory: 64 << 20, hugepages: false };
     let mut command = vmm_command(&vmm_binary(), &kernel_image(), &spec);

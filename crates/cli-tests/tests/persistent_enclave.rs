@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use clowder_test_support::{lwk_daemon, serve, TempDir};
 use clowderd::enclave::Liveness;
+use clowder_test_support::{build_musl_program, TOUCH_HEAP_JOB};
 use support::{missing_requirement, vmm_binary};
 
 mod support;
@@ -28,13 +29,6 @@ fn clowder(socket: &Path, args: &[&str], cwd: &Path) -> Output {
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn build_program(dir: &Path, name: &str, source: &str) {
-    let source_path = dir.join(format!("{name}.c"));
-    std::fs::write(&source_path, source).unwrap();
-    let status = Command::new("musl-gcc").args(["-static", "-O2", "-o"]).arg(dir.join(name)).arg(&source_path).status().unwrap();
-    assert!(status.success(), "musl-gcc failed for {name}");
 }
 
 /// Writes to stdout and stderr, copies an input file into a new file of the working
@@ -126,10 +120,10 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
     }
     let dir = TempDir::new("clowder-persistent");
     let socket = start_daemon(&dir.0);
-    build_program(&dir.0, "files", FILES_JOB);
-    build_program(&dir.0, "spin", SPIN_JOB);
-    build_program(&dir.0, "tick", TICK_JOB);
-    build_program(&dir.0, "sleep", SLEEP_JOB);
+    build_musl_program(&dir.0, "files", FILES_JOB);
+    build_musl_program(&dir.0, "spin", SPIN_JOB);
+    build_musl_program(&dir.0, "tick", TICK_JOB);
+    build_musl_program(&dir.0, "sleep", SLEEP_JOB);
     std::fs::write(dir.0.join("input.txt"), "the input\n").unwrap();
 
     let created = clowder(&socket, &["enclave", "create", "--name", "e", "--cores", "1", "--mem", "256M"], &dir.0);
@@ -394,20 +388,6 @@ fn a_two_vcpu_persistent_enclave_survives_every_way_a_job_ends_and_does_not_leak
     assert!(removed.status.success(), "rm: {}{}", text(&removed.stdout), text(&removed.stderr));
 }
 
-/// Touches `argv[1]` MiB of heap, one byte per page, and prints their sum (0: fresh memory).
-const BIG_HEAP_JOB: &str = r#"#include <stdio.h>
-#include <stdlib.h>
-int main(int argc, char **argv) {
-    size_t bytes = (size_t)atol(argv[1]) << 20;
-    unsigned char *memory = malloc(bytes);
-    if (!memory) return 1;
-    unsigned long sum = 0;
-    for (size_t i = 0; i < bytes; i += 4096) { sum += memory[i]; memory[i] = 1; }
-    printf("touched %zu MiB, sum %lu\n", bytes >> 20, sum);
-    return 0;
-}
-"#;
-
 #[test]
 fn an_enclave_larger_than_the_boot_window_runs_big_jobs_one_after_another_on_cleared_memory() {
     if let Some(why) = missing_requirement() {
@@ -416,7 +396,7 @@ fn an_enclave_larger_than_the_boot_window_runs_big_jobs_one_after_another_on_cle
     }
     let dir = TempDir::new("clowder-persistent-big");
     let socket = start_daemon(&dir.0);
-    build_program(&dir.0, "bigheap", BIG_HEAP_JOB);
+    build_musl_program(&dir.0, "bigheap", TOUCH_HEAP_JOB);
     // Beyond the first GiB (which the kernel's boot tables map whole) lie more RAM and, at the
     // top, the reserved channel the kernel attaches first.
     let created = clowder(&socket, &["enclave", "create", "--name", "big", "--cores", "1", "--mem", "1536M"], &dir.0);

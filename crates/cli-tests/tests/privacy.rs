@@ -8,7 +8,7 @@
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -18,19 +18,10 @@ use clowderd::daemon::Daemon;
 use clowderd::enclave::Liveness;
 use clowderd::machine::VmmLauncher;
 use serde_json::{json, Value};
+use clowder_test_support::build_musl_program;
 use support::{missing_requirement, vmm_binary};
 
 mod support;
-
-/// Builds a static musl program from C source in `dir`.
-fn build_program(dir: &Path, name: &str, source: &str) -> PathBuf {
-    let source_path = dir.join(format!("{name}.c"));
-    std::fs::write(&source_path, source).unwrap();
-    let binary = dir.join(name);
-    let status = Command::new("musl-gcc").args(["-static", "-O2", "-o"]).arg(&binary).arg(&source_path).status().unwrap();
-    assert!(status.success(), "musl-gcc failed for {name}");
-    binary
-}
 
 /// Says what it was given, then sleeps `argv[2]` seconds (3 without).
 const TELL_AND_SLEEP: &str = r#"#include <stdio.h>
@@ -65,7 +56,7 @@ fn a_jobs_arguments_and_environment_are_on_no_command_line() {
     }
     let dir = TempDir::new("clowder-privacy-cmdline");
     let socket = serve(lwk_daemon(&dir.0, vmm_binary(), Liveness::default()), &dir.0);
-    let program = build_program(&dir.0, "tell", TELL_AND_SLEEP);
+    let program = build_musl_program(&dir.0, "tell", TELL_AND_SLEEP);
     let token = format!("tok{}en", std::process::id());
     let argument = format!("arg{}ument", std::process::id());
 
@@ -167,7 +158,7 @@ fn enclaves_belong_to_their_creator_and_logs_to_the_jobs_owner() {
     config.admin_group = Some(ADMINS);
     let launcher = VmmLauncher { vmm: vmm_binary(), kernel: kernel_image(), runtime_dir: dir.0.clone() };
     let socket = serve(Daemon::new(config, Box::new(launcher)), &dir.0);
-    build_program(&dir.0, "tell", TELL_AND_SLEEP);
+    build_musl_program(&dir.0, "tell", TELL_AND_SLEEP);
     let alice = User { uid: 4001, groups: &[ADMINS, SHARERS], socket: &socket, dir: &dir.0 };
     let bob = User { uid: 4002, groups: &[ADMINS, SHARERS], socket: &socket, dir: &dir.0 };
     let carol = User { uid: 4003, groups: &[ADMINS], socket: &socket, dir: &dir.0 };

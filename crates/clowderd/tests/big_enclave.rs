@@ -8,7 +8,6 @@
 
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::process::Command;
 use std::time::Instant;
 
 use clowderd::client::Client;
@@ -17,24 +16,11 @@ use serde_json::{json, Value};
 
 mod support;
 use support::processes::Daemon;
+use clowder_test_support::{build_musl_program, TOUCH_HEAP_JOB};
 use support::{missing_job_requirement, TempDir};
 
 const HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";
 const FREE_HUGEPAGES: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages";
-
-/// Touches argv[1] MiB of heap, one write per page, and sums what it read first (all zero).
-const TOUCH_JOB: &str = r#"#include <stdio.h>
-#include <stdlib.h>
-int main(int argc, char **argv) {
-    size_t bytes = (size_t)atoi(argv[1]) << 20;
-    unsigned char *memory = malloc(bytes);
-    if (!memory) return 1;
-    unsigned long sum = 0;
-    for (size_t i = 0; i < bytes; i += 4096) { sum += memory[i]; memory[i] = 1; }
-    printf("touched %zu MiB, sum %lu\n", bytes >> 20, sum);
-    return 0;
-}
-"#;
 
 fn count(path: &str) -> u64 {
     std::fs::read_to_string(path).unwrap().trim().parse().unwrap()
@@ -89,10 +75,7 @@ fn big_enclave_runs_a_job(hugepages: bool) {
     let size = std::env::var("CLOWDER_BIG_ENCLAVE").map_or(16 << 30, |size| parse_size(&size).expect("CLOWDER_BIG_ENCLAVE"));
     let pages = if hugepages { "2m" } else { "4k" };
     let dir = TempDir::new(&format!("clowderd-big-{pages}"));
-    let source = dir.0.join("touch.c");
-    std::fs::write(&source, TOUCH_JOB).unwrap();
-    let job = dir.0.join("touch");
-    assert!(Command::new("musl-gcc").args(["-static", "-O2", "-o"]).arg(&job).arg(&source).status().unwrap().success());
+    let job = build_musl_program(&dir.0, "touch", TOUCH_HEAP_JOB);
     let _reservation = hugepages.then(|| HugepageReservation::reserve(size).unwrap());
     let daemon = Daemon::start_with_machines(&dir.0, None);
 

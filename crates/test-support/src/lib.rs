@@ -51,6 +51,31 @@ pub fn why_jobs_cannot_run(vmm: &Path) -> Option<String> {
     None
 }
 
+/// Builds the static musl program `dir/name` from C `source` (kept as `dir/name.c`).
+pub fn build_musl_program(dir: &Path, name: &str, source: &str) -> PathBuf {
+    let source_path = dir.join(format!("{name}.c"));
+    std::fs::write(&source_path, source).unwrap();
+    let binary = dir.join(name);
+    let status = std::process::Command::new("musl-gcc").args(["-static", "-O2", "-o"]).arg(&binary).arg(&source_path).status().unwrap();
+    assert!(status.success(), "musl-gcc failed for {name}");
+    binary
+}
+
+/// A job that touches `argv[1]` MiB of heap, one write per page, and prints the sum of what it
+/// read first (0: the memory came cleared).
+pub const TOUCH_HEAP_JOB: &str = r#"#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char **argv) {
+    size_t bytes = (size_t)atol(argv[1]) << 20;
+    unsigned char *memory = malloc(bytes);
+    if (!memory) return 1;
+    unsigned long sum = 0;
+    for (size_t i = 0; i < bytes; i += 4096) { sum += memory[i]; memory[i] = 1; }
+    printf("touched %zu MiB, sum %lu\n", bytes >> 20, sum);
+    return 0;
+}
+"#;
+
 /// A scratch directory, removed when dropped.
 pub struct TempDir(pub PathBuf);
 
