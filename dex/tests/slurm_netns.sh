@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # DEX under Slurm: `srun -N 2 --mpi=pmix` with a slurmctld here and a slurmd
 # in each of two network namespaces (two "nodes" n1, n2 on a bridge, each
-# with a /tmp of its own), munge authenticating every Slurm message with a
+# with a spool directory of its own), munge authenticating every Slurm message with a
 # key made here.
 # Rank 0 (on n1) is the origin; rank 1 (on n2) finds it through Slurm's
 # PMIx server and proves DEX_RUN_SECRET, which srun exports to the tasks.
@@ -14,7 +14,7 @@ set -u
 BUILD=$(cd "${1:-build}" && pwd)
 tag=$$
 subnet=$((150 + tag % 50))
-# not under /tmp: each slurmd gets a /tmp of its own (below)
+# not under /tmp, which a CI clone may be in too
 dir=$(mktemp -d /var/tmp/dex-slurm.XXXXXX)
 chmod 755 "$dir"
 pids=() namespaces=() links=()
@@ -74,7 +74,7 @@ CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=$dir/state
-SlurmdSpoolDir=/tmp/slurmd
+SlurmdSpoolDir=$dir/spool
 SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd.%n.pid
 SlurmctldLogFile=$dir/slurmctld.log
@@ -91,17 +91,24 @@ NodeName=n1 NodeAddr=10.$subnet.0.2 CPUs=2 State=UNKNOWN
 NodeName=n2 NodeAddr=10.$subnet.0.3 CPUs=2 State=UNKNOWN
 PartitionName=dex Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
 CONF
+# The PMIx plugin's per-step client directories are named alike on every node:
+# each slurmd gets its own (bound over this path, as the spool below).
+echo "PMIxCliTmpDirBase=$dir/pmix" >"$dir/mpi.conf"
 export SLURM_CONF=$dir/slurm.conf
 for _ in $(seq 50); do [ -S "$dir/munge.sock" ] && break; sleep 0.1; done
 slurmctld -D -i -f "$SLURM_CONF" 2>>"$dir/slurmctld.err" &
 pids+=($!)
 for k in 1 2; do
 	# nsenter, not ip netns exec, which mounts another /sys without cgroups;
-	# a /tmp of its own, as another machine has, for its spool directory:
-	# Slurm's PMIx server makes its sockets there under names that differ
-	# only between jobs, and does not expand %n in SlurmdSpoolDir
+	# a spool and a PMIx directory of its own, as another machine has: Slurm's
+	# PMIx server makes its sockets there under names that differ only between
+	# jobs, and does not expand %n in SlurmdSpoolDir. Only these two are
+	# private (bound over the shared paths): the job's files, wherever they
+	# are (a CI clone may be under /tmp), are seen by both nodes.
+	mkdir -p "$dir/spool" "$dir/spool-n$k" "$dir/pmix" "$dir/pmix-n$k"
 	nsenter --net="/run/netns/dexs${tag}$k" unshare -m --propagation private \
-		sh -c 'mount -t tmpfs dex-slurm /tmp && exec "$@"' sh slurmd -D -N "n$k" -f "$SLURM_CONF" 2>>"$dir/slurmd.err" &
+		sh -c 'mount --bind "$1/spool-$2" "$1/spool" && mount --bind "$1/pmix-$2" "$1/pmix" && shift 2 && exec "$@"' \
+		sh "$dir" "n$k" slurmd -D -N "n$k" -f "$SLURM_CONF" 2>>"$dir/slurmd.err" &
 	pids+=($!)
 done
 for _ in $(seq 100); do # until both nodes are idle
