@@ -57,6 +57,7 @@ test-fuzz: bootstrap
 test: test-host test-kernels test-dex test-xemem test-fuzz
 	@apps/test.sh
 	@scripts/check-script-arguments.sh
+	@scripts/install-test.sh
 	@if [ -e /dev/kvm ]; then scripts/insitu.sh --check --no-results 32 32 32 240 40; else echo "test: in-situ check skipped: /dev/kvm is absent"; fi
 
 # Opt-in, slow on PVM hosts: a stock Debian kernel boots to its banner (docs/linux-guest.md).

@@ -35,9 +35,16 @@ pub struct ConfigFile {
 /// one is at fault.
 #[derive(Debug)]
 pub enum ConfigFileError {
-    Read { path: PathBuf, error: std::io::Error },
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
     /// `key` is empty for a syntax error, which belongs to no key.
-    Invalid { path: PathBuf, key: String, reason: String },
+    Invalid {
+        path: PathBuf,
+        key: String,
+        reason: String,
+    },
 }
 
 impl fmt::Display for ConfigFileError {

@@ -90,9 +90,10 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
             *field = Duration::from_millis(millis);
         }
     }
-    for (value, field, key) in
-        [(file.max_connections, &mut limits.total, "max-connections"), (file.max_connections_per_user, &mut limits.per_user, "max-connections-per-user")]
-    {
+    for (value, field, key) in [
+        (file.max_connections, &mut limits.total, "max-connections"),
+        (file.max_connections_per_user, &mut limits.per_user, "max-connections-per-user"),
+    ] {
         match value {
             Some(0) => return Err(file_error(key, "0 is not a count of at least 1".into())),
             Some(count) => *field = count,
@@ -149,6 +150,13 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
             "--help" | "-h" => return Err(String::new()),
             other => return Err(format!("unknown option {other:?}")),
         }
+    }
+    if options.kernel.as_os_str().is_empty() {
+        return Err(format!(
+            "no LWK image: none in $CLOWDER_KERNEL or {}, at {} (installed) or in a source tree above clowderd; pass --kernel PATH",
+            config_path.display(),
+            exe.parent().and_then(Path::parent).unwrap_or(Path::new("/")).join("lib/clowder/lwk").display()
+        ));
     }
     if !options.kernel.is_file() {
         return Err(format!(
