@@ -23,6 +23,7 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "FAIL install: $*" >&2; exit 1; }
+# Under pipefail, `cmd | grep -q` fails when grep stops reading early: checks read "$(cmd)".
 
 PREFIX=/usr/local DESTDIR=$dest scripts/install.sh 2>"$work/install.log" || { cat "$work/install.log" >&2; fail "make install failed"; }
 prefix=$dest/usr/local
@@ -60,7 +61,7 @@ done
 actual=$(cd "$dest" && find . \( -type f -o -type l \) | sed 's|^\./||' | LC_ALL=C sort)
 diff <(LC_ALL=C sort <<<"$expected") <(echo "$actual") >"$work/list.diff" || { cat "$work/list.diff" >&2; fail "installed files differ from the list (< expected, > installed)"; }
 [ "$(readlink "$prefix/lib/libxpmem.so")" = libxpmem.so.0 ] || fail "libxpmem.so does not link to libxpmem.so.0"
-objdump -p "$prefix/lib/libdex.so.0" | grep -q 'SONAME *libdex.so.0' || fail "libdex.so.0 has no soname libdex.so.0"
+grep -q 'SONAME *libdex.so.0' <<<"$(objdump -p "$prefix/lib/libdex.so.0")" || fail "libdex.so.0 has no soname libdex.so.0"
 if grep -rlF "$top" "$dest" >"$work/leaks"; then fail "installed files name the source tree $top: $(tr '\n' ' ' <"$work/leaks")"; fi
 grep -q "^ExecStart=/usr/local/bin/clowderd$" "$prefix/lib/systemd/system/clowderd.service" || fail "the unit's ExecStart is not the installed clowderd"
 # Verified against the host's units (a DESTDIR has no sysinit.target), with the command's path
@@ -110,12 +111,12 @@ flags=$(PKG_CONFIG_PATH="$moved/lib/pkgconfig" PKG_CONFIG_SYSROOT_DIR= pkg-confi
 case "$flags" in *"$moved/include"*"$moved/lib"*) ;; *) fail "pkg-config cray-xpmem gave '$flags', not the installed tree's paths" ;; esac
 # shellcheck disable=SC2086 # the flags are words
 cc -o "$work/xpmem-hello" "$work/xpmem-hello.c" $flags -Wl,-rpath,"$moved/lib" || fail "an XPMEM program does not build from pkg-config alone"
-ldd "$work/xpmem-hello" | grep -q "libxpmem.so.0 => $moved/lib/libxpmem.so.0" || fail "the XPMEM program does not load the installed libxpmem.so.0"
-"$work/xpmem-hello" | grep -q '^xpmem version' || fail "the XPMEM program does not run"
+grep -q "libxpmem.so.0 => $moved/lib/libxpmem.so.0" <<<"$(ldd "$work/xpmem-hello")" || fail "the XPMEM program does not load the installed libxpmem.so.0"
+grep -q '^xpmem version' <<<"$("$work/xpmem-hello")" || fail "the XPMEM program does not run"
 
 printf '#include <stdio.h>\nint main(void) { puts("dex hello"); return 0; }\n' >"$work/dex-hello.c"
 "$moved/bin/dexcc" -o "$work/dex-hello" "$work/dex-hello.c" || fail "the installed dexcc cannot build a DEX program"
-ldd "$work/dex-hello" | grep -q "libdex.so.0 => $moved/lib/libdex.so.0" || fail "a dexcc program does not load the installed libdex.so.0"
+grep -q "libdex.so.0 => $moved/lib/libdex.so.0" <<<"$(ldd "$work/dex-hello")" || fail "a dexcc program does not load the installed libdex.so.0"
 [ "$(timeout 60 "$moved/bin/dexrun" -n 2 "$work/dex-hello")" = "dex hello" ] || fail "the installed dexrun does not run a DEX program on 2 nodes"
 echo "ok   make install: file list, no source-tree paths, unit verified, XPMEM by pkg-config, dexcc + dexrun from the installed tree"
 
@@ -141,6 +142,6 @@ export CLOWDER_SOCKET=$work/run/clowderd.sock CLOWDER_XEMEM_SOCKET=$work/run/xem
     || { cat "$work/create.log" "$work/clowderd.log" >&2; fail "the installed clowderd cannot create an enclave"; }
 output=$(timeout 120 "$moved/bin/clowder" run installed "$work/hello" 2>&1) || true
 [ "$output" = "installed hello" ] || { cat "$work/clowderd.log" >&2; fail "a static hello in the installed daemon's enclave said '$output'"; }
-"$work/xpmem-hello" broker | grep -q 'made and removed' || fail "the XPMEM program cannot use the installed daemon's broker"
+grep -q 'made and removed' <<<"$("$work/xpmem-hello" broker)" || fail "the XPMEM program cannot use the installed daemon's broker"
 "$moved/bin/clowder" enclave rm installed >/dev/null || fail "the enclave could not be removed"
 echo "ok   make install: clowderd from a moved copy of the installed tree (its own LWK, its configuration file) runs a job in an enclave"
