@@ -5,58 +5,7 @@ use core::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
 pub mod user_mode;
 
-pub fn outb(port: u16, value: u8) {
-    // SAFETY: port I/O has no memory effects visible to Rust.
-    unsafe { asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack, preserves_flags)) }
-}
-
-pub fn outw(port: u16, value: u16) {
-    // SAFETY: as for `outb`.
-    unsafe { asm!("out dx, ax", in("dx") port, in("ax") value, options(nomem, nostack, preserves_flags)) }
-}
-
-/// Always inlined: ring-3 code rings the channel doorbell with it and must not call kernel text.
-#[inline(always)]
-pub fn outl(port: u16, value: u32) {
-    // SAFETY: as for `outb`.
-    unsafe { asm!("out dx, eax", in("dx") port, in("eax") value, options(nomem, nostack, preserves_flags)) }
-}
-
-pub fn inb(port: u16) -> u8 {
-    let value: u8;
-    // SAFETY: as for `outb`.
-    unsafe { asm!("in al, dx", in("dx") port, out("al") value, options(nomem, nostack, preserves_flags)) }
-    value
-}
-
-pub fn inw(port: u16) -> u16 {
-    let value: u16;
-    // SAFETY: as for `outb`.
-    unsafe { asm!("in ax, dx", in("dx") port, out("ax") value, options(nomem, nostack, preserves_flags)) }
-    value
-}
-
-pub fn inl(port: u16) -> u32 {
-    let value: u32;
-    // SAFETY: as for `outb`.
-    unsafe { asm!("in eax, dx", in("dx") port, out("eax") value, options(nomem, nostack, preserves_flags)) }
-    value
-}
-
-pub fn rdmsr(msr: u32) -> u64 {
-    let (low, high): (u32, u32);
-    // SAFETY: reading an MSR the caller chose; a missing one raises #GP, which our IDT reports.
-    unsafe { asm!("rdmsr", in("ecx") msr, out("eax") low, out("edx") high, options(nomem, nostack, preserves_flags)) }
-    (u64::from(high) << 32) | u64::from(low)
-}
-
-pub fn wrmsr(msr: u32, value: u64) {
-    // SAFETY: as for `rdmsr`.
-    unsafe {
-        asm!("wrmsr", in("ecx") msr, in("eax") value as u32, in("edx") (value >> 32) as u32,
-             options(nostack, preserves_flags))
-    }
-}
+pub use guest_arch::{inb, inl, inw, outb, outl, outw, read_msr, write_msr};
 
 pub fn cpuid(leaf: u32) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
@@ -124,12 +73,12 @@ const ICR_DELIVERY_PENDING: u32 = 1 << 12;
 pub const SPURIOUS_VECTOR: u8 = 0xff;
 
 fn x2apic_enabled() -> bool {
-    rdmsr(IA32_APIC_BASE) & APIC_BASE_X2APIC_ENABLE != 0
+    read_msr(IA32_APIC_BASE) & APIC_BASE_X2APIC_ENABLE != 0
 }
 
 fn lapic_read(register: u32) -> u32 {
     if x2apic_enabled() {
-        rdmsr(0x800 + (register >> 4)) as u32
+        read_msr(0x800 + (register >> 4)) as u32
     } else {
         // SAFETY: the LAPIC page is identity mapped (uncached) by the boot page tables.
         unsafe { core::ptr::read_volatile((XAPIC_MMIO_BASE + u64::from(register)) as *const u32) }
@@ -138,7 +87,7 @@ fn lapic_read(register: u32) -> u32 {
 
 fn lapic_write(register: u32, value: u32) {
     if x2apic_enabled() {
-        wrmsr(0x800 + (register >> 4), u64::from(value));
+        write_msr(0x800 + (register >> 4), u64::from(value));
     } else {
         // SAFETY: as for `lapic_read`.
         unsafe { core::ptr::write_volatile((XAPIC_MMIO_BASE + u64::from(register)) as *mut u32, value) }

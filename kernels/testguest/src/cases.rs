@@ -260,8 +260,8 @@ fn hooks(boot: &Boot) -> ! {
         println!("hooks: mmio {:#x} done", base);
     }
     if let Some(msr) = boot.cmdline.number("msr") {
-        arch::wrmsr(msr as u32, MSR_VALUE);
-        report(b"msr", arch::rdmsr(msr as u32));
+        arch::write_msr(msr as u32, MSR_VALUE);
+        report(b"msr", arch::read_msr(msr as u32));
         println!("hooks: msr {:#x} done", msr);
     }
     report(b"hcnop", hypercall::hypercall(hypercall::NOP, [0; 4]) as u64);

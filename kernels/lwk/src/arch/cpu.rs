@@ -2,37 +2,7 @@
 
 use core::arch::asm;
 
-pub fn outb(port: u16, value: u8) {
-    // SAFETY: port I/O has no memory effects; the ports we use are our own devices.
-    unsafe { asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack, preserves_flags)) }
-}
-
-pub fn outl(port: u16, value: u32) {
-    // SAFETY: as `outb`.
-    unsafe { asm!("out dx, eax", in("dx") port, in("eax") value, options(nomem, nostack, preserves_flags)) }
-}
-
-pub fn inb(port: u16) -> u8 {
-    let value: u8;
-    // SAFETY: as `outb`.
-    unsafe { asm!("in al, dx", out("al") value, in("dx") port, options(nomem, nostack, preserves_flags)) }
-    value
-}
-
-pub fn read_msr(msr: u32) -> u64 {
-    let (low, high): (u32, u32);
-    // SAFETY: callers name architectural MSRs that exist on every x86-64 CPU.
-    unsafe { asm!("rdmsr", in("ecx") msr, out("eax") low, out("edx") high, options(nomem, nostack, preserves_flags)) }
-    (high as u64) << 32 | low as u64
-}
-
-pub fn write_msr(msr: u32, value: u64) {
-    // SAFETY: as `read_msr`; the values written are checked by the callers' invariants.
-    unsafe {
-        asm!("wrmsr", in("ecx") msr, in("eax") value as u32, in("edx") (value >> 32) as u32,
-             options(nostack, preserves_flags))
-    }
-}
+pub use guest_arch::{inb, outb, outl, read_msr, write_msr};
 
 pub const MSR_STAR: u32 = 0xc000_0081;
 pub const MSR_LSTAR: u32 = 0xc000_0082;

@@ -1,0 +1,61 @@
+//! x86-64 primitives shared by the guest kernels (`lwk`, `testguest`): single privileged
+//! instructions wrapped as safe functions. Each runs in ring 0 only (ring 3 takes #GP), except
+//! port I/O a VMM lets through (the channel doorbell).
+
+#![no_std]
+
+use core::arch::asm;
+
+pub fn outb(port: u16, value: u8) {
+    // SAFETY: port I/O has no memory effects visible to Rust; the ports are the VMM's devices.
+    unsafe { asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack, preserves_flags)) }
+}
+
+pub fn outw(port: u16, value: u16) {
+    // SAFETY: as `outb`.
+    unsafe { asm!("out dx, ax", in("dx") port, in("ax") value, options(nomem, nostack, preserves_flags)) }
+}
+
+/// Always inlined: ring-3 code rings the channel doorbell with it and must not call kernel text.
+#[inline(always)]
+pub fn outl(port: u16, value: u32) {
+    // SAFETY: as `outb`.
+    unsafe { asm!("out dx, eax", in("dx") port, in("eax") value, options(nomem, nostack, preserves_flags)) }
+}
+
+pub fn inb(port: u16) -> u8 {
+    let value: u8;
+    // SAFETY: as `outb`.
+    unsafe { asm!("in al, dx", in("dx") port, out("al") value, options(nomem, nostack, preserves_flags)) }
+    value
+}
+
+pub fn inw(port: u16) -> u16 {
+    let value: u16;
+    // SAFETY: as `outb`.
+    unsafe { asm!("in ax, dx", in("dx") port, out("ax") value, options(nomem, nostack, preserves_flags)) }
+    value
+}
+
+pub fn inl(port: u16) -> u32 {
+    let value: u32;
+    // SAFETY: as `outb`.
+    unsafe { asm!("in eax, dx", in("dx") port, out("eax") value, options(nomem, nostack, preserves_flags)) }
+    value
+}
+
+pub fn read_msr(msr: u32) -> u64 {
+    let (low, high): (u32, u32);
+    // SAFETY: reading an MSR the caller chose; a missing one raises #GP, which the kernels'
+    // IDTs report.
+    unsafe { asm!("rdmsr", in("ecx") msr, out("eax") low, out("edx") high, options(nomem, nostack, preserves_flags)) }
+    (u64::from(high) << 32) | u64::from(low)
+}
+
+pub fn write_msr(msr: u32, value: u64) {
+    // SAFETY: as `read_msr`; the values written are checked by the callers' invariants.
+    unsafe {
+        asm!("wrmsr", in("ecx") msr, in("eax") value as u32, in("edx") (value >> 32) as u32,
+             options(nostack, preserves_flags))
+    }
+}
