@@ -7,7 +7,7 @@ FUZZ_CI_SECONDS ?= 15
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: all bootstrap build install kernels test test-host test-kernels test-dex test-xemem test-ucx test-fuzz test-linux test-big demo bench fuzz clean
+.PHONY: all bootstrap build install test-install-ucx kernels test test-host test-kernels test-dex test-xemem test-ucx test-fuzz test-linux test-big demo bench fuzz clean
 
 all: build
 
@@ -24,6 +24,10 @@ build: bootstrap kernels
 # the systemd unit and the default configuration (scripts/install.sh).
 install: build
 	@PREFIX=$(PREFIX) DESTDIR=$(DESTDIR) scripts/install.sh
+
+# Opt-in, 3-6 minutes the first time: UCX built against an installed tree by pkg-config alone.
+test-install-ucx: build
+	@scripts/install-ucx-test.sh
 
 # Host crates' unit tests and the VMM's KVM integration tests (which boot kernels/testguest).
 test-host: build

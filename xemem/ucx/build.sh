@@ -16,7 +16,7 @@ cache="${UCX_BUILD_DIR:-$repo/build/ucx}"   # another directory: a clean build b
 src_dir="$cache/source"      # the unpacked Debian source package
 obj_dir="$cache/obj"         # out-of-tree configure/build directory
 install_dir="$cache/install"
-xpmem_prefix="$repo/xemem/build"   # lib/pkgconfig/cray-xpmem.pc (and what it names) from make -C xemem
+xpmem_prefix="${XPMEM_PREFIX:-$repo/xemem/build}"   # lib/pkgconfig/cray-xpmem.pc (and what it names): make -C xemem, or an installed tree
 jobs=${UCX_BUILD_JOBS:-2}
 
 log() { echo "ucx build: $*" >&2; }
