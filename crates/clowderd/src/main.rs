@@ -1,5 +1,6 @@
 //! `clowderd`: the clowder node daemon (run as root). See `docs/clowderd-api.md`.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -188,7 +189,9 @@ fn on_termination(signals: libc::sigset_t, daemon: std::sync::Arc<Daemon>, socke
         let mut signal = 0;
         // SAFETY: waits on the set blocked in every thread.
         if unsafe { libc::sigwait(&signals, &mut signal) } == 0 {
-            eprintln!("clowderd: signal {signal}: removing all enclaves");
+            // Not eprintln!, which panics (ending this thread, so the signal would be lost) when
+            // stderr is a closed pipe.
+            let _ = writeln!(std::io::stderr(), "clowderd: signal {signal}: removing all enclaves");
             daemon.shut_down_all();
             for socket in &sockets {
                 let _ = std::fs::remove_file(socket);
