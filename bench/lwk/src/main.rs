@@ -19,7 +19,11 @@ fn repo() -> PathBuf {
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let n = values.len();
-    if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
 }
 
 struct Setup {
@@ -40,13 +44,8 @@ impl Setup {
     }
 
     fn host(&self, app: &str, args: &[&str]) -> String {
-        let out = Command::new("taskset")
-            .arg("-c")
-            .arg(self.core.to_string())
-            .arg(self.app(app))
-            .args(args)
-            .output()
-            .expect("taskset runs");
+        let out =
+            Command::new("taskset").arg("-c").arg(self.core.to_string()).arg(self.app(app)).args(args).output().expect("taskset runs");
         assert!(out.status.success(), "{app} on the host failed: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).unwrap()
     }
@@ -179,7 +178,11 @@ fn big_section(setup: &Setup, runs: usize) -> String {
             small_created
         ));
     }
-    let date = Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]).output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let load = load.split_whitespace().next().unwrap_or("?");
     format!(
@@ -284,10 +287,7 @@ fn main() {
     rows.push((
         "selfish detour, enclave (median of 3 runs)".into(),
         detour_line(lwk),
-        format!(
-            "no detours of its own (not more than the host's): {}",
-            if detours(lwk) <= detours(host) { "yes" } else { "no" }
-        ),
+        format!("no detours of its own (not more than the host's): {}", if detours(lwk) <= detours(host) { "yes" } else { "no" }),
     ));
 
     eprintln!("enclave create → hello → teardown (20 runs per backing)...");
@@ -319,7 +319,13 @@ fn main() {
     let syscall_ns = number_after(&setup.enclave("syscall-loop", &["20000"]), "syscall-loop", "calls,");
     let host_ns = number_after(&setup.host("syscall-loop", &["1000000"]), "syscall-loop", "calls,");
     let socket = std::env::temp_dir().join(format!("lwk-bench-{}.sock", std::process::id()));
-    let mut job = setup.enclave_command("syscall-loop", &["100000000"], "256M", "").arg("--control").arg(&socket).stdout(Stdio::null()).spawn().unwrap();
+    let mut job = setup
+        .enclave_command("syscall-loop", &["100000000"], "256M", "")
+        .arg("--control")
+        .arg(&socket)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut client = loop {
         if let Ok(c) = ControlClient::connect(&socket) {
@@ -333,11 +339,7 @@ fn main() {
     let _ = client.call(&json!({"op": "stop"}), &[]);
     let _ = job.wait();
     let per_entry = profile["kernel_per_entry"].as_f64().unwrap_or(f64::NAN);
-    rows.push((
-        "getpid round trip".into(),
-        format!("enclave {:.2} µs (host {:.2} µs)", syscall_ns / 1000.0, host_ns / 1000.0),
-        "-".into(),
-    ));
+    rows.push(("getpid round trip".into(), format!("enclave {:.2} µs (host {:.2} µs)", syscall_ns / 1000.0, host_ns / 1000.0), "-".into()));
     rows.push((
         "kernel-mode instructions per getpid (single-stepped)".into(),
         format!("{per_entry:.0} ({} kernel steps over {} entries)", profile["kernel"], profile["kernel_entries"]),
@@ -349,7 +351,11 @@ fn main() {
         table.push_str(&format!("| {what} | {ours} | {anchor} |\n"));
     }
     println!("{table}");
-    let date = Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]).output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
     let report = format!(
         "# Lightweight-kernel enclave benchmarks\n\n{date}; {cores} CPUs, host core {} for both sides; \
          medians of {runs} runs measured side by side in one run of `make bench` (`target/release/lwk-bench`). \
@@ -359,7 +365,9 @@ fn main() {
          enclave: [lwk-detours.png](lwk-detours.png) (`bench/plot.py lwk`, from lwk-detours.tsv). The enclave's \
          kernel has no timer tick; its detours are the host's interruptions of its vCPU, each of which costs a VM \
          exit and re-entry on top.\n\n{}",
-        setup.core, setup.backing, big_section(&setup, runs.min(3))
+        setup.core,
+        setup.backing,
+        big_section(&setup, runs.min(3))
     );
     match std::fs::write(&out, report) {
         Ok(()) => eprintln!("wrote {out}"),

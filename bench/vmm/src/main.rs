@@ -47,7 +47,11 @@ const NOTES: &str = "\
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let n = values.len();
-    if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
 }
 
 fn monotonic_ns() -> u128 {
@@ -292,7 +296,12 @@ fn machine_description() -> String {
 fn main() {
     let runs: usize = std::env::var("RUNS").ok().and_then(|r| r.parse().ok()).unwrap_or(25);
     let vmm = vmm_binary();
-    let date = Command::new("date").arg("-u").arg("+%Y-%m-%d %H:%M UTC").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    let date = Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d %H:%M UTC")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
 
     // Quick partial runs while tuning: CHANNEL_ONLY=1, EXITS_ONLY=1 (or =raw / =hooked alone).
     if std::env::var_os("CHANNEL_ONLY").is_some() {
@@ -348,14 +357,34 @@ fn main() {
 
     let mut rows = Vec::new();
     for (mem, backing, first, ready, total) in boot_rows {
-        rows.push((format!("{mem} {backing}: process start → first guest instruction (its first exit)"), format!("{:.2} ms", first / 1000.0), "≤ 10 ms (Firecracker: ≤ 125 ms to Linux init)".to_string()));
-        rows.push((format!("{mem} {backing}: process start → guest \"ready\" hypercall"), format!("{:.2} ms", ready / 1000.0), "Firecracker: ≤ 125 ms to /sbin/init".to_string()));
-        rows.push((format!("{mem} {backing}: process start → VMM exited (whole run, with teardown)"), format!("{:.2} ms", total / 1000.0), "-".to_string()));
+        rows.push((
+            format!("{mem} {backing}: process start → first guest instruction (its first exit)"),
+            format!("{:.2} ms", first / 1000.0),
+            "≤ 10 ms (Firecracker: ≤ 125 ms to Linux init)".to_string(),
+        ));
+        rows.push((
+            format!("{mem} {backing}: process start → guest \"ready\" hypercall"),
+            format!("{:.2} ms", ready / 1000.0),
+            "Firecracker: ≤ 125 ms to /sbin/init".to_string(),
+        ));
+        rows.push((
+            format!("{mem} {backing}: process start → VMM exited (whole run, with teardown)"),
+            format!("{:.2} ms", total / 1000.0),
+            "-".to_string(),
+        ));
     }
     rows.extend([
-        ("VMM resident memory beyond guest RAM".to_string(), format!("{overhead:.2} MiB (guest RAM resident: {guest_mib:.0} MiB)"), "≤ 5 MiB (Firecracker)".to_string()),
+        (
+            "VMM resident memory beyond guest RAM".to_string(),
+            format!("{overhead:.2} MiB (guest RAM resident: {guest_mib:.0} MiB)"),
+            "≤ 5 MiB (Firecracker)".to_string(),
+        ),
         ("port exit, raw KVM_RUN loop".to_string(), format!("{:.2} µs", raw / 1000.0), "baseline".to_string()),
-        ("port exit through the hook registry".to_string(), format!("{:.2} µs ({added:+.1}%, median of pair ratios)", hooked / 1000.0), "≤ 5% added".to_string()),
+        (
+            "port exit through the hook registry".to_string(),
+            format!("{:.2} µs ({added:+.1}%, median of pair ratios)", hooked / 1000.0),
+            "≤ 5% added".to_string(),
+        ),
         (
             "channel round trip, both sides polling, guest loop in ring 3 (2000 messages)".to_string(),
             format!("median {:.2} µs, p99 {:.2} µs", median(&mut polled) / 1000.0, percentile(&mut polled, 0.99) / 1000.0),

@@ -90,16 +90,8 @@ mod offsets {
     pub const SLOT_SIZE: usize = 0x00c;
     pub const REGION_SIZE: usize = 0x010;
     pub const SLOTS: usize = 0x018;
-    pub const GUEST_TO_HOST: super::RingControl = super::RingControl {
-        producer: 0x040,
-        consumer: 0x080,
-        waiting: 0x0c0,
-    };
-    pub const HOST_TO_GUEST: super::RingControl = super::RingControl {
-        producer: 0x100,
-        consumer: 0x140,
-        waiting: 0x180,
-    };
+    pub const GUEST_TO_HOST: super::RingControl = super::RingControl { producer: 0x040, consumer: 0x080, waiting: 0x0c0 };
+    pub const HOST_TO_GUEST: super::RingControl = super::RingControl { producer: 0x100, consumer: 0x140, waiting: 0x180 };
 }
 
 /// Where one ring's control words live in the header page.
@@ -172,9 +164,15 @@ pub enum AttachError {
     BadMagic(u64),
     BadVersion(u32),
     /// The header's region size differs from the size the caller was told.
-    SizeMismatch { header: u64, expected: u64 },
+    SizeMismatch {
+        header: u64,
+        expected: u64,
+    },
     /// The header's slot count is not the one its sizes imply.
-    SlotCountMismatch { header: u32, expected: u32 },
+    SlotCountMismatch {
+        header: u32,
+        expected: u32,
+    },
 }
 
 /// What the peer got wrong.
@@ -191,14 +189,19 @@ pub enum SendError {
     /// The ring holds `slots_per_ring` unconsumed messages; try again later.
     Full,
     /// The message is longer than [`Endpoint::max_message_len`].
-    TooLarge { length: usize, max: usize },
+    TooLarge {
+        length: usize,
+        max: usize,
+    },
     Corrupt(Corruption),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RecvError {
     /// The next message does not fit the buffer; it stays in the ring.
-    BufferTooSmall { needed: usize },
+    BufferTooSmall {
+        needed: usize,
+    },
     Corrupt(Corruption),
 }
 
@@ -207,10 +210,7 @@ impl fmt::Display for LayoutError {
         match self {
             LayoutError::TooSmall => write!(f, "channel region smaller than {MIN_SIZE} bytes"),
             LayoutError::NotPageMultiple => write!(f, "channel size not a multiple of 4096"),
-            LayoutError::BadSlotSize => write!(
-                f,
-                "slot size not a power of two in {MIN_SLOT_SIZE}..={MAX_SLOT_SIZE}"
-            ),
+            LayoutError::BadSlotSize => write!(f, "slot size not a power of two in {MIN_SLOT_SIZE}..={MAX_SLOT_SIZE}"),
             LayoutError::TooLarge => write!(f, "channel region too large"),
             LayoutError::Misaligned => write!(f, "channel base not page aligned"),
         }
@@ -236,10 +236,9 @@ impl fmt::Display for AttachError {
 impl fmt::Display for Corruption {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Corruption::CounterOutOfRange { seen, expected_from, expected_to } => write!(
-                f,
-                "peer counter {seen} outside {expected_from}..={expected_to}"
-            ),
+            Corruption::CounterOutOfRange { seen, expected_from, expected_to } => {
+                write!(f, "peer counter {seen} outside {expected_from}..={expected_to}")
+            }
             Corruption::LengthTooLarge { length, max } => {
                 write!(f, "message length {length} exceeds slot payload {max}")
             }
@@ -294,11 +293,7 @@ impl Channel {
     ///
     /// # Safety
     /// As for [`Channel::init`].
-    pub unsafe fn init_with_slot_size(
-        base: *mut u8,
-        size: usize,
-        slot_size: usize,
-    ) -> Result<Channel, LayoutError> {
+    pub unsafe fn init_with_slot_size(base: *mut u8, size: usize, slot_size: usize) -> Result<Channel, LayoutError> {
         let layout = Layout::new(size, slot_size)?;
         if base as usize % PAGE_SIZE != 0 {
             return Err(LayoutError::Misaligned);
@@ -312,10 +307,7 @@ impl Channel {
         region.u32_at(offsets::VERSION).unwrap().store(VERSION, Ordering::Relaxed);
         region.u32_at(offsets::SLOT_SIZE).unwrap().store(slot_size as u32, Ordering::Relaxed);
         region.u64_at(offsets::REGION_SIZE).unwrap().store(size as u64, Ordering::Relaxed);
-        region
-            .u32_at(offsets::SLOTS)
-            .unwrap()
-            .store(layout.slots_per_ring as u32, Ordering::Relaxed);
+        region.u32_at(offsets::SLOTS).unwrap().store(layout.slots_per_ring as u32, Ordering::Relaxed);
         // Release: whoever sees the magic sees the fields above.
         region.u64_at(offsets::MAGIC).unwrap().store(MAGIC, Ordering::Release);
         Ok(Channel { region, layout })
@@ -353,10 +345,7 @@ impl Channel {
         let layout = Layout::new(size, slot_size as usize).map_err(AttachError::Layout)?;
         let slots = region.u32_at(offsets::SLOTS).unwrap().load(Ordering::Relaxed);
         if slots as usize != layout.slots_per_ring {
-            return Err(AttachError::SlotCountMismatch {
-                header: slots,
-                expected: layout.slots_per_ring as u32,
-            });
+            return Err(AttachError::SlotCountMismatch { header: slots, expected: layout.slots_per_ring as u32 });
         }
         Ok(Channel { region, layout })
     }
@@ -525,10 +514,7 @@ impl Endpoint {
         // Read the length once: the peer may change it while we look.
         let length = self.control_u32(slot).load(Ordering::Relaxed);
         if length as usize > self.max_message_len {
-            return Err(RecvError::Corrupt(Corruption::LengthTooLarge {
-                length,
-                max: self.max_message_len,
-            }));
+            return Err(RecvError::Corrupt(Corruption::LengthTooLarge { length, max: self.max_message_len }));
         }
         let length = length as usize;
         if length > buffer.len() {

@@ -15,6 +15,7 @@ unsafe impl Sync for TestRegion {}
 impl TestRegion {
     fn new(size: usize) -> TestRegion {
         let alloc_layout = AllocLayout::from_size_align(size, PAGE_SIZE).unwrap();
+        // SAFETY: the layout's size is not zero.
         let base = unsafe { alloc_zeroed(alloc_layout) };
         assert!(!base.is_null());
         TestRegion { base, alloc_layout }
@@ -25,29 +26,35 @@ impl TestRegion {
     }
 
     fn init(&self) -> Channel {
+        // SAFETY: the region is ours, page-aligned and `size()` long (as every use below).
         unsafe { Channel::init(self.base, self.size()) }.unwrap()
     }
 
     fn attach(&self) -> Result<Channel, AttachError> {
+        // SAFETY: as in `init`.
         unsafe { Channel::attach(self.base, self.size()) }
     }
 
     /// Plays the misbehaving peer: writes a word of the region directly.
     fn poke_u64(&self, offset: usize, value: u64) {
+        // SAFETY: offsets the tests pass are aligned and inside the region (as below).
         unsafe { &*(self.base.add(offset) as *const AtomicU64) }.store(value, Ordering::SeqCst);
     }
 
     fn poke_u32(&self, offset: usize, value: u32) {
+        // SAFETY: as in `poke_u64`.
         unsafe { &*(self.base.add(offset) as *const AtomicU32) }.store(value, Ordering::SeqCst);
     }
 
     fn peek_u64(&self, offset: usize) -> u64 {
+        // SAFETY: as in `poke_u64`.
         unsafe { &*(self.base.add(offset) as *const AtomicU64) }.load(Ordering::SeqCst)
     }
 }
 
 impl Drop for TestRegion {
     fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once.
         unsafe { dealloc(self.base, self.alloc_layout) }
     }
 }
@@ -85,10 +92,13 @@ fn attach_validates_header() {
     let channel = region.attach().unwrap();
     assert_eq!(channel.layout(), Layout::new(DEFAULT_SIZE, DEFAULT_SLOT_SIZE).unwrap());
 
+    // SAFETY: inside the test region.
     let too_small = unsafe { Channel::attach(region.base, 2 * PAGE_SIZE) };
     assert_eq!(too_small.unwrap_err(), AttachError::Layout(LayoutError::TooSmall));
+    // SAFETY: inside the test region.
     let shifted = unsafe { Channel::attach(region.base.add(8), MIN_SIZE) };
     assert_eq!(shifted.unwrap_err(), AttachError::Layout(LayoutError::Misaligned));
+    // SAFETY: inside the test region.
     let smaller = unsafe { Channel::attach(region.base, MIN_SIZE) };
     assert!(matches!(smaller.unwrap_err(), AttachError::SizeMismatch { .. }));
 
@@ -253,10 +263,7 @@ fn producer_counter_too_far_ahead_is_corrupt() {
     let mut host = region.init().host_end().unwrap();
     let mut buffer = [0u8; 256];
     region.poke_u64(offsets::GUEST_TO_HOST.producer, 17);
-    assert!(matches!(
-        host.recv(&mut buffer),
-        Err(RecvError::Corrupt(Corruption::CounterOutOfRange { seen: 17, .. }))
-    ));
+    assert!(matches!(host.recv(&mut buffer), Err(RecvError::Corrupt(Corruption::CounterOutOfRange { seen: 17, .. }))));
     region.poke_u64(offsets::GUEST_TO_HOST.producer, u64::MAX);
     assert!(matches!(host.recv(&mut buffer), Err(RecvError::Corrupt(_))));
     // Exactly a full ring is legal (zero-length messages in zeroed slots).
@@ -276,10 +283,7 @@ fn producer_counter_moving_backwards_is_corrupt() {
     assert_eq!(host.recv(&mut buffer), Ok(Some(3)));
     // Host has seen producer 3 and consumed 1; producer 2 is behind what it saw.
     region.poke_u64(offsets::GUEST_TO_HOST.producer, 2);
-    assert!(matches!(
-        host.recv(&mut buffer),
-        Err(RecvError::Corrupt(Corruption::CounterOutOfRange { seen: 2, .. }))
-    ));
+    assert!(matches!(host.recv(&mut buffer), Err(RecvError::Corrupt(Corruption::CounterOutOfRange { seen: 2, .. }))));
     assert!(matches!(host.has_message(), Err(Corruption::CounterOutOfRange { .. })));
     // Once the peer behaves again, so does the channel.
     region.poke_u64(offsets::GUEST_TO_HOST.producer, 3);
@@ -298,10 +302,7 @@ fn consumer_counter_out_of_range_is_corrupt() {
     host.send(b"3").unwrap();
     // The guest claims to have consumed more than the host produced.
     region.poke_u64(offsets::HOST_TO_GUEST.consumer, 4);
-    assert!(matches!(
-        host.send(b"4"),
-        Err(SendError::Corrupt(Corruption::CounterOutOfRange { seen: 4, .. }))
-    ));
+    assert!(matches!(host.send(b"4"), Err(SendError::Corrupt(Corruption::CounterOutOfRange { seen: 4, .. }))));
     // ... or moves its consumer backwards.
     region.poke_u64(offsets::HOST_TO_GUEST.consumer, 0);
     assert!(matches!(host.send(b"4"), Err(SendError::Corrupt(_))));
@@ -319,10 +320,7 @@ fn oversized_length_is_corrupt() {
     let slot = region.attach().unwrap().layout().guest_to_host_ring_offset();
     for bad_length in [249u32, 256, 4096, u32::MAX] {
         region.poke_u32(slot, bad_length);
-        assert_eq!(
-            host.recv(&mut buffer),
-            Err(RecvError::Corrupt(Corruption::LengthTooLarge { length: bad_length, max: 248 }))
-        );
+        assert_eq!(host.recv(&mut buffer), Err(RecvError::Corrupt(Corruption::LengthTooLarge { length: bad_length, max: 248 })));
     }
     region.poke_u32(slot, 4);
     assert_eq!(host.recv(&mut buffer), Ok(Some(4)));

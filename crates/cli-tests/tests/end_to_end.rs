@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use clowder_test_support::build_musl_program;
 use clowder_test_support::{kernel_image, lwk_daemon, serve, TempDir};
 use clowderd::client::Client;
 use clowderd::console::LogBook;
@@ -20,7 +21,6 @@ use clowderd::machine::{start_vmm, vmm_command, MachineSpec};
 use clowderd::sys;
 use enclave_proto::HostMessage;
 use serde_json::{json, Value};
-use clowder_test_support::build_musl_program;
 use support::{missing_requirement, vmm_binary};
 
 mod support;
@@ -85,11 +85,8 @@ int main(void) {
 #[test]
 fn a_missing_daemon_says_how_to_start_it() {
     let dir = TempDir::new("clowder-cli-no-daemon");
-    let output = Command::new(support::clowder())
-        .args(["enclave", "ls"])
-        .env("CLOWDER_SOCKET", dir.0.join("nobody.sock"))
-        .output()
-        .unwrap();
+    let output =
+        Command::new(support::clowder()).args(["enclave", "ls"]).env("CLOWDER_SOCKET", dir.0.join("nobody.sock")).output().unwrap();
     assert_eq!(output.status.code(), Some(1));
     let message = stderr(&output);
     assert!(message.contains("clowderd is not running") && message.contains("Start it as root with: clowderd &"), "{message}");

@@ -6,14 +6,14 @@
 //! that spins past the ping timeout, and removes it. Needs /dev/kvm, the LWK image,
 //! clowder-vmm and musl-gcc; skipped (with the reason) otherwise.
 
-use std::path::{Path, PathBuf};
 use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use clowder_test_support::{build_musl_program, TOUCH_HEAP_JOB};
 use clowder_test_support::{lwk_daemon, serve, TempDir};
 use clowderd::enclave::Liveness;
-use clowder_test_support::{build_musl_program, TOUCH_HEAP_JOB};
 use support::{missing_requirement, vmm_binary};
 
 mod support;
@@ -130,7 +130,12 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
     assert!(created.status.success(), "create: {}{}", text(&created.stdout), text(&created.stderr));
 
     let run = clowder(&socket, &["run", "--enclave", "e", "--file", "input.txt", "./files", "world"], &dir.0);
-    assert_eq!(text(&run.stdout), "hello world\nresult.txt has 15018 bytes\nstat: 15018 bytes\nscratch: 5 bytes\n", "stderr: {}", text(&run.stderr));
+    assert_eq!(
+        text(&run.stdout),
+        "hello world\nresult.txt has 15018 bytes\nstat: 15018 bytes\nscratch: 5 bytes\n",
+        "stderr: {}",
+        text(&run.stderr)
+    );
     assert!(text(&run.stderr).contains("to stderr"), "stderr: {}", text(&run.stderr));
     // getcwd is the host directory the job was launched from.
     assert!(text(&run.stderr).contains(&format!("cwd {}\n", dir.0.display())), "stderr: {}", text(&run.stderr));
@@ -142,7 +147,12 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
 
     // The same enclave runs the next job: the first one's memory came back.
     let again = clowder(&socket, &["run", "--enclave", "e", "--file", "input.txt", "./files", "again"], &dir.0);
-    assert_eq!(text(&again.stdout), "hello again\nresult.txt has 15018 bytes\nstat: 15018 bytes\nscratch: 5 bytes\n", "stderr: {}", text(&again.stderr));
+    assert_eq!(
+        text(&again.stdout),
+        "hello again\nresult.txt has 15018 bytes\nstat: 15018 bytes\nscratch: 5 bytes\n",
+        "stderr: {}",
+        text(&again.stderr)
+    );
     assert_eq!(again.status.code(), Some(3));
 
     // A job spinning longer than the ping timeout (5 s) in user mode: the kernel answers the
@@ -178,7 +188,12 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
         // Until the daemon notices the client is gone the enclave is busy with the old job.
         std::thread::sleep(Duration::from_millis(200));
     };
-    assert_eq!(text(&after_kill.stdout), "hello after-kill\nresult.txt has 15018 bytes\nstat: 15018 bytes\nscratch: 5 bytes\n", "stderr: {}", text(&after_kill.stderr));
+    assert_eq!(
+        text(&after_kill.stdout),
+        "hello after-kill\nresult.txt has 15018 bytes\nstat: 15018 bytes\nscratch: 5 bytes\n",
+        "stderr: {}",
+        text(&after_kill.stderr)
+    );
     let logs = clowder(&socket, &["logs", "e"], &dir.0);
     assert!(text(&logs.stdout).contains("exited with status 137"), "{}", text(&logs.stdout));
 
@@ -222,7 +237,8 @@ fn a_two_vcpu_persistent_enclave_runs_threaded_jobs_on_both_cpus_one_after_anoth
     let socket = start_daemon(&dir.0);
     let source_path = dir.0.join("cpus.c");
     std::fs::write(&source_path, CPUS_JOB).unwrap();
-    let built = Command::new("musl-gcc").args(["-static", "-O2", "-pthread", "-o"]).arg(dir.0.join("cpus")).arg(&source_path).status().unwrap();
+    let built =
+        Command::new("musl-gcc").args(["-static", "-O2", "-pthread", "-o"]).arg(dir.0.join("cpus")).arg(&source_path).status().unwrap();
     assert!(built.success(), "musl-gcc failed for cpus");
 
     let created = clowder(&socket, &["enclave", "create", "--name", "pair", "--cores", "0,1", "--mem", "256M"], &dir.0);
@@ -343,7 +359,8 @@ fn a_two_vcpu_persistent_enclave_survives_every_way_a_job_ends_and_does_not_leak
     let socket = start_daemon(&dir.0);
     let source_path = dir.0.join("endings.c");
     std::fs::write(&source_path, ENDINGS_JOB).unwrap();
-    let built = Command::new("musl-gcc").args(["-static", "-O2", "-pthread", "-o"]).arg(dir.0.join("endings")).arg(&source_path).status().unwrap();
+    let built =
+        Command::new("musl-gcc").args(["-static", "-O2", "-pthread", "-o"]).arg(dir.0.join("endings")).arg(&source_path).status().unwrap();
     assert!(built.success(), "musl-gcc failed for endings");
     let created = clowder(&socket, &["enclave", "create", "--name", "ends", "--cores", "0,1", "--mem", "256M"], &dir.0);
     assert!(created.status.success(), "create: {}{}", text(&created.stdout), text(&created.stderr));

@@ -12,13 +12,13 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use clowder_test_support::build_musl_program;
 use clowder_test_support::{daemon_config, kernel_image, lwk_daemon, serve, TempDir};
 use clowderd::client::Client;
 use clowderd::daemon::Daemon;
 use clowderd::enclave::Liveness;
 use clowderd::machine::VmmLauncher;
 use serde_json::{json, Value};
-use clowder_test_support::build_musl_program;
 use support::{missing_requirement, vmm_binary};
 
 mod support;

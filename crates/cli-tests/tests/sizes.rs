@@ -28,7 +28,8 @@ fn stderr(output: &Output) -> String {
 fn create_reads_sizes_and_core_lists_as_clowder_vmm_does() {
     let dir = TempDir::new("clowder-cli-sizes");
     let socket = start_daemon(&dir.0);
-    let create = |mem: &str, cores: &str| clowder(&socket, &["enclave", "create", "--name", "s", "--core-list", cores, "--mem", mem], &dir.0);
+    let create =
+        |mem: &str, cores: &str| clowder(&socket, &["enclave", "create", "--name", "s", "--core-list", cores, "--mem", mem], &dir.0);
 
     // 256MiB gets past the size: what stops this request is the core nobody has.
     let unknown_core = create("256MiB", "8191");

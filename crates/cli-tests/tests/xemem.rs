@@ -154,8 +154,7 @@ fn broker_answer_length(socket: &Path, packet: &[u8]) -> isize {
         for (slot, byte) in address.sun_path.iter_mut().zip(path) {
             *slot = *byte as libc::c_char;
         }
-        let connected =
-            libc::connect(fd, (&address as *const libc::sockaddr_un).cast(), std::mem::size_of::<libc::sockaddr_un>() as u32);
+        let connected = libc::connect(fd, (&address as *const libc::sockaddr_un).cast(), std::mem::size_of::<libc::sockaddr_un>() as u32);
         assert_eq!(connected, 0, "connecting to the broker: {}", std::io::Error::last_os_error());
         assert_eq!(libc::send(fd, packet.as_ptr().cast(), packet.len(), 0), packet.len() as isize);
         let timeout = libc::timeval { tv_sec: 5, tv_usec: 0 };

@@ -129,9 +129,5 @@ fn print_timing(handle: &vmm::VmHandle) {
         at.map(|t| (now_ns - now_instant.duration_since(t).as_nanos()).to_string()).unwrap_or_else(|| "none".into())
     };
     let events = handle.shared.events.lock().unwrap();
-    eprintln!(
-        "clowder-vmm timing: first_exit_ns={} ready_ns={}",
-        monotonic(events.first_exit_at),
-        monotonic(events.ready_at)
-    );
+    eprintln!("clowder-vmm timing: first_exit_ns={} ready_ns={}", monotonic(events.first_exit_at), monotonic(events.ready_at));
 }

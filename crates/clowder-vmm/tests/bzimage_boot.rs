@@ -45,10 +45,8 @@ fn bzimage_boots_with_zero_page_e820_cmdline_and_initrd() {
     let initrd: Vec<u8> = b"INITRD01".iter().copied().chain((0..9000u32).map(|i| (i * 7) as u8)).collect();
     std::fs::write(&initrd_path, &initrd).unwrap();
 
-    let ended = Launch::kernel(&kernel, "test=zeropage marker=linux-boot")
-        .arg("--module", initrd_path.display().to_string())
-        .start()
-        .wait();
+    let ended =
+        Launch::kernel(&kernel, "test=zeropage marker=linux-boot").arg("--module", initrd_path.display().to_string()).start().wait();
     assert_eq!(ended.code(), 0, "{ended}");
     let serial = &ended.serial;
     assert!(serial.starts_with("testguest: test=zeropage vcpu=0 boot=linux\n"), "entered at the 64-bit entry\n{ended}");
@@ -97,10 +95,7 @@ fn bzimage_boots_with_zero_page_e820_cmdline_and_initrd() {
 #[test]
 fn bzimages_without_a_64_bit_entry_are_configuration_errors() {
     let scratch = Scratch::new("bzimage-refused");
-    for (version, xloadflags, reason) in [
-        (bzimage::PROTOCOL_2_15, 0, "64-bit entry"),
-        (0x020b, bzimage::XLF_KERNEL_64, "2.12"),
-    ] {
+    for (version, xloadflags, reason) in [(bzimage::PROTOCOL_2_15, 0, "64-bit entry"), (0x020b, bzimage::XLF_KERNEL_64, "2.12")] {
         let kernel = write_bzimage(&scratch, version, xloadflags);
         let ended = run_with_args(&["--kernel", &kernel.display().to_string()]);
         assert_eq!(ended.code(), 2, "{ended}");

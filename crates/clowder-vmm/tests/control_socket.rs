@@ -13,8 +13,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use clowder_channel::{Channel, Endpoint, SendError};
 use clowder_api::codec::LineSocket;
+use clowder_channel::{Channel, Endpoint, SendError};
 use serde_json::{json, Value};
 use support::{file_identity, memfd, wait_until, Control, Launch, SharedMapping, DEADLINE, ENDLESS_NOPS, GUEST_MEMORY_BYTES};
 use vmm::arch::layout::CMDLINE_ADDR;
@@ -318,6 +318,7 @@ fn first_reply_as_nobody(path: std::path::PathBuf) -> std::io::Result<Value> {
 #[test]
 fn only_the_vmms_own_uid_or_root_may_use_the_control_socket() {
     require_kvm!();
+    // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skipped: switching to another uid needs root");
         return;

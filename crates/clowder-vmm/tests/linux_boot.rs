@@ -66,7 +66,8 @@ fn vmlinux(dir: &Path) -> PathBuf {
         .find(|p| p.extension().is_some_and(|e| e == "deb"))
         .expect("downloaded .deb");
     let tar = run(Command::new("dpkg-deb").arg("--fsys-tarfile").arg(&deb));
-    let mut untar = Command::new("tar").args(["-x", "--wildcards", "./boot/vmlinuz-*"]).current_dir(dir).stdin(Stdio::piped()).spawn().unwrap();
+    let mut untar =
+        Command::new("tar").args(["-x", "--wildcards", "./boot/vmlinuz-*"]).current_dir(dir).stdin(Stdio::piped()).spawn().unwrap();
     std::io::Write::write_all(untar.stdin.as_mut().unwrap(), &tar).unwrap();
     drop(untar.stdin.take());
     assert!(untar.wait().unwrap().success());

@@ -126,7 +126,9 @@ fn assert_configuration_error(ended: &Ended, key: &str) {
 fn absent_core() -> usize {
     // SAFETY: reads our own affinity into a zeroed set.
     let mut allowed: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the kernel writes at most the set's size into `allowed`.
     assert_eq!(unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut allowed) }, 0);
+    // SAFETY: every core tested is below CPU_SETSIZE.
     (0..libc::CPU_SETSIZE as usize).find(|&core| !unsafe { libc::CPU_ISSET(core, &allowed) }).expect("a core outside the affinity set")
 }
 

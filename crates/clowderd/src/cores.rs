@@ -7,8 +7,8 @@ pub use hwspec::{format_cpu_list, parse_cpu_list};
 
 /// Cores that are online and in this process's affinity mask.
 pub fn usable_cores() -> Result<BTreeSet<usize>, String> {
-    let online = std::fs::read_to_string("/sys/devices/system/cpu/online")
-        .map_err(|e| format!("reading /sys/devices/system/cpu/online: {e}"))?;
+    let online =
+        std::fs::read_to_string("/sys/devices/system/cpu/online").map_err(|e| format!("reading /sys/devices/system/cpu/online: {e}"))?;
     let online = parse_cpu_list(&online).map_err(|e| format!("/sys/devices/system/cpu/online: {e}"))?;
     let allowed = allowed_cores()?;
     Ok(online.into_iter().filter(|core| allowed.contains(core)).collect())
@@ -35,11 +35,7 @@ pub enum CoreRequest {
 
 /// Picks cores for an enclave. `taken` maps each core already given to an enclave to that
 /// enclave's name. The error says what is free, so a person can ask again.
-pub fn choose_cores(
-    request: &CoreRequest,
-    usable: &BTreeSet<usize>,
-    taken: &BTreeMap<usize, String>,
-) -> Result<Vec<usize>, String> {
+pub fn choose_cores(request: &CoreRequest, usable: &BTreeSet<usize>, taken: &BTreeMap<usize, String>) -> Result<Vec<usize>, String> {
     let free: Vec<usize> = usable.iter().copied().filter(|c| !taken.contains_key(c)).collect();
     let describe_free = || {
         let mut owners: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
@@ -57,12 +53,9 @@ pub fn choose_cores(
     };
     match request {
         CoreRequest::Count(0) => Err("an enclave needs at least one core".into()),
-        CoreRequest::Count(count) if *count > free.len() => Err(format!(
-            "asked for {count} core{}, only {} free ({})",
-            if *count == 1 { "" } else { "s" },
-            free.len(),
-            describe_free()
-        )),
+        CoreRequest::Count(count) if *count > free.len() => {
+            Err(format!("asked for {count} core{}, only {} free ({})", if *count == 1 { "" } else { "s" }, free.len(), describe_free()))
+        }
         // Take the highest free cores: core 0 usually carries the host's interrupts.
         CoreRequest::Count(count) => Ok(free[free.len() - count..].to_vec()),
         CoreRequest::Exactly(cores) => {

@@ -8,8 +8,8 @@ use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clowder_api::daemon::{
-    ChannelInfo, CreateReply, EnclaveInfo, EnclaveKind, JobEvent as ApiJobEvent, LogsReply, LsReply, Mode, RemovedInfo, Request,
-    RmReply, RunReply, Stream, VersionReply,
+    ChannelInfo, CreateReply, EnclaveInfo, EnclaveKind, JobEvent as ApiJobEvent, LogsReply, LsReply, Mode, RemovedInfo, Request, RmReply,
+    RunReply, Stream, VersionReply,
 };
 use clowder_api::{ok_reply, ApiError, ErrorKind, API_VERSION};
 use serde_json::Value;
@@ -48,7 +48,11 @@ enum Occupant {
     /// Cores and memory are reserved; the machine is booting.
     Starting,
     Persistent(Arc<Enclave>),
-    OneShot { pid: u32, log: Arc<LogBook>, job: String },
+    OneShot {
+        pid: u32,
+        log: Arc<LogBook>,
+        job: String,
+    },
 }
 
 struct Entry {
@@ -183,10 +187,7 @@ impl Daemon {
             Request::Run(run) => check_run(run).map(|run| self.run(run, files, peer, events)),
             Request::XememLs => Ok(match self.xemem.get() {
                 Some(xemem) => xemem.list_reply(&self.xemem_links.list()),
-                None => error_reply(
-                    ErrorKind::Unavailable,
-                    "this clowderd runs without an XEMEM broker, so there are no segments to list",
-                ),
+                None => error_reply(ErrorKind::Unavailable, "this clowderd runs without an XEMEM broker, so there are no segments to list"),
             }),
         };
         checked.unwrap_or_else(|error| error.reply())
@@ -223,8 +224,7 @@ impl Daemon {
                 format!("an enclave named {name} already exists (remove it with: clowder enclave rm {name})"),
             ));
         }
-        let cores =
-            choose_cores(cores, &usable, &state.taken_cores()).map_err(|e| ApiError::new(ErrorKind::ResourceExhausted, e))?;
+        let cores = choose_cores(cores, &usable, &state.taken_cores()).map_err(|e| ApiError::new(ErrorKind::ResourceExhausted, e))?;
         let entry = Entry { owner, cores: cores.clone(), memory, hugepages, created: SystemTime::now(), occupant: Occupant::Starting };
         state.enclaves.insert(name.to_string(), entry);
         Ok(cores)
@@ -485,8 +485,7 @@ impl Daemon {
         let mut files = files.into_iter();
         let binary = files.next().expect("counted above");
         let cwd_dir = files.next().expect("counted above");
-        let inputs: Vec<JobFile> =
-            request.files.iter().cloned().zip(files).map(|(name, file)| JobFile { name, file }).collect();
+        let inputs: Vec<JobFile> = request.files.iter().cloned().zip(files).map(|(name, file)| JobFile { name, file }).collect();
         match request.enclave.clone() {
             Some(name) => {
                 let files = RunFiles { binary, cwd_dir, inputs };
@@ -500,14 +499,7 @@ impl Daemon {
         }
     }
 
-    fn run_in_enclave(
-        &self,
-        name: &str,
-        request: RunRequest,
-        files: RunFiles,
-        peer: &Peer,
-        events: &mut dyn EventSink,
-    ) -> Value {
+    fn run_in_enclave(&self, name: &str, request: RunRequest, files: RunFiles, peer: &Peer, events: &mut dyn EventSink) -> Value {
         let enclave = {
             let state = self.state.lock().unwrap();
             match state.enclaves.get(name) {
@@ -531,7 +523,10 @@ impl Daemon {
             None => 0,
             Some(CoreRequest::Count(count)) if count <= enclave.cores.len() && count < 64 => (1u64 << count) - 1,
             Some(CoreRequest::Count(count)) => {
-                return error_reply(ErrorKind::InvalidArgument, format!("asked for {count} cores; enclave {name} has {}", enclave.cores.len()))
+                return error_reply(
+                    ErrorKind::InvalidArgument,
+                    format!("asked for {count} cores; enclave {name} has {}", enclave.cores.len()),
+                )
             }
             Some(CoreRequest::Exactly(_)) => {
                 return error_reply(

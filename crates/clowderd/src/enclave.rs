@@ -40,10 +40,17 @@ impl Default for Liveness {
 #[derive(Debug, PartialEq, Eq)]
 pub enum JobEvent {
     Started,
-    Output { stream: Stream, data: Vec<u8> },
-    Exited { status: u32 },
+    Output {
+        stream: Stream,
+        data: Vec<u8>,
+    },
+    Exited {
+        status: u32,
+    },
     /// The job could not start, or its enclave went away under it.
-    Failed { reason: String },
+    Failed {
+        reason: String,
+    },
 }
 
 /// A file for the job: its name in the enclave and its contents on the host.

@@ -59,7 +59,10 @@ enum Problem {
     NotX86_64Executable,
     MalformedProgramHeaders,
     /// A PT_INTERP segment: the interpreter's path lies at `offset`, `len` bytes.
-    Interpreter { offset: u64, len: u64 },
+    Interpreter {
+        offset: u64,
+        len: u64,
+    },
     NothingToLoad,
 }
 
@@ -111,7 +114,6 @@ mod tests {
     use elf64::{EM_X86_64, ET_DYN, ET_EXEC, PROGRAM_HEADER_LEN};
     use std::io::Write;
 
-
     /// An x86-64 ELF executable of type `kind` whose program headers (right after the ELF
     /// header) have the given types; a PT_INTERP names `interpreter`, placed after them.
     fn elf(kind: u16, segments: &[u32], interpreter: &str) -> Vec<u8> {
@@ -156,7 +158,10 @@ mod tests {
     #[test]
     fn a_dynamically_linked_program_is_refused_with_its_interpreter_named() {
         let problem = verdict(&elf(ET_DYN, &[6, PT_INTERP, PT_LOAD], "/lib64/ld-linux-x86-64.so.2")).unwrap();
-        assert_eq!(problem, "is dynamically linked (it asks for /lib64/ld-linux-x86-64.so.2): enclaves run static executables; link it with -static");
+        assert_eq!(
+            problem,
+            "is dynamically linked (it asks for /lib64/ld-linux-x86-64.so.2): enclaves run static executables; link it with -static"
+        );
         // The daemon's own test binary is dynamically linked, as Rust programs are by default.
         let own = unrunnable(&File::open(std::env::current_exe().unwrap()).unwrap()).unwrap();
         assert!(own.starts_with("is dynamically linked (it asks for /"), "{own}");

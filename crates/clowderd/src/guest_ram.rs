@@ -62,14 +62,7 @@ impl GuestRam {
         let file = memfd.try_clone()?;
         // SAFETY: a fresh shared mapping of a file we hold; the kernel picks the address.
         let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                mapped_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                memfd.as_raw_fd(),
-                0,
-            )
+            libc::mmap(std::ptr::null_mut(), mapped_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, memfd.as_raw_fd(), 0)
         };
         if base == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
@@ -194,10 +187,8 @@ mod tests {
     fn accesses_stay_inside_ram_and_outside_the_channel() {
         let mut file = crate::sys::memfd("guest-ram-test").unwrap();
         file.write_all(&vec![0u8; 64 * 1024]).unwrap();
-        let ranges = vec![
-            RamRange { gpa: 0, size: 16 * 1024, file_offset: 0 },
-            RamRange { gpa: 1 << 32, size: 16 * 1024, file_offset: 32 * 1024 },
-        ];
+        let ranges =
+            vec![RamRange { gpa: 0, size: 16 * 1024, file_offset: 0 }, RamRange { gpa: 1 << 32, size: 16 * 1024, file_offset: 32 * 1024 }];
         let ram = GuestRam::map(&file, ranges, (12 * 1024, 4096)).unwrap();
         ram.write(100, b"hello").unwrap();
         let mut back = [0u8; 5];

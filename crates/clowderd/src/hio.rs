@@ -160,15 +160,14 @@ impl JobFiles {
                     return Err(libc::EMFILE);
                 }
                 // The job's O_CLOEXEC means nothing here; O_NOCTTY and friends are harmless.
-                let file = sys::open_beneath(&self.root, &relative, flags as i32 & !libc::O_CLOEXEC, mode)
-                    .map_err(|e| {
-                        if e.raw_os_error() == Some(libc::EXDEV) {
-                            *refusal = Some(format!("{relative:?} leads out of the job's directory (symbolic link)"));
-                            libc::EACCES
-                        } else {
-                            errno_of(e)
-                        }
-                    })?;
+                let file = sys::open_beneath(&self.root, &relative, flags as i32 & !libc::O_CLOEXEC, mode).map_err(|e| {
+                    if e.raw_os_error() == Some(libc::EXDEV) {
+                        *refusal = Some(format!("{relative:?} leads out of the job's directory (symbolic link)"));
+                        libc::EACCES
+                    } else {
+                        errno_of(e)
+                    }
+                })?;
                 let handle = self.next_handle;
                 self.next_handle = self.next_handle.checked_add(1).ok_or(libc::EMFILE)?;
                 self.handles.insert(handle, file);
@@ -207,9 +206,7 @@ impl JobFiles {
                 let position = (&mut self.handle(handle)?).seek(target).map_err(errno_of)?;
                 Ok(Answer::Value(position as i64))
             }
-            FileOp::Fstat { handle } => {
-                Ok(Answer::Attributes(attributes_of(&self.handle(handle)?.metadata().map_err(errno_of)?)))
-            }
+            FileOp::Fstat { handle } => Ok(Answer::Attributes(attributes_of(&self.handle(handle)?.metadata().map_err(errno_of)?))),
             FileOp::Stat { path } => {
                 let relative = self.path(path, refusal)?;
                 let file = sys::open_beneath(&self.root, &relative, libc::O_PATH, 0).map_err(errno_of)?;
@@ -221,8 +218,7 @@ impl JobFiles {
                 if name == "." {
                     return Err(libc::EINVAL);
                 }
-                let directory =
-                    sys::open_beneath(&self.root, parent, libc::O_PATH | libc::O_DIRECTORY, 0).map_err(errno_of)?;
+                let directory = sys::open_beneath(&self.root, parent, libc::O_PATH | libc::O_DIRECTORY, 0).map_err(errno_of)?;
                 match *op {
                     FileOp::Mkdir { mode, .. } => sys::mkdir_in(&directory, name, mode),
                     _ => sys::unlink_in(&directory, name),

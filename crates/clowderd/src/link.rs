@@ -49,9 +49,7 @@ pub enum Received {
 pub fn attach(parts: ChannelParts) -> Result<(Sender, Receiver, Arc<GuestRam>), String> {
     let channel_range = (parts.channel_gpa, parts.channel_size);
     let ram = Arc::new(GuestRam::map(&parts.memfd, parts.ram, channel_range).map_err(|e| format!("mapping enclave RAM: {e}"))?);
-    let base = ram
-        .host_address(parts.channel_offset, parts.channel_size)
-        .ok_or("the channel lies outside the enclave's memfd")?;
+    let base = ram.host_address(parts.channel_offset, parts.channel_size).ok_or("the channel lies outside the enclave's memfd")?;
     // SAFETY: `base..base + size` lies inside the mapping `ram` holds, and both endpoints keep
     // `ram` alive; the guest shares the region, which the channel crate accesses atomically.
     let channel = unsafe { Channel::attach(base, parts.channel_size as usize) }.map_err(|e| format!("channel: {e}"))?;
@@ -78,8 +76,7 @@ pub fn attach(parts: ChannelParts) -> Result<(Sender, Receiver, Arc<GuestRam>), 
 impl Sender {
     pub fn send(&mut self, message: &HostMessage<'_>) -> Result<(), String> {
         let length = message.encode(&mut self.message).map_err(|e| format!("encoding {message:?}: {e}"))?;
-        let mut fragmenter =
-            Fragmenter::new(&self.message[..length], self.frame.len()).map_err(|e| format!("framing: {e}"))?;
+        let mut fragmenter = Fragmenter::new(&self.message[..length], self.frame.len()).map_err(|e| format!("framing: {e}"))?;
         while let Some(frame_len) = fragmenter.next_frame(&mut self.frame) {
             let deadline = Instant::now() + SEND_TIMEOUT;
             loop {
@@ -143,9 +140,7 @@ impl Receiver {
                     }
                     continue;
                 }
-                Err(RecvError::BufferTooSmall { needed }) => {
-                    return Err(format!("channel frame of {needed} bytes exceeds the slot"))
-                }
+                Err(RecvError::BufferTooSmall { needed }) => return Err(format!("channel frame of {needed} bytes exceeds the slot")),
                 Err(RecvError::Corrupt(corruption)) => return Err(format!("channel corrupted by the enclave: {corruption}")),
             };
             match reassembler.push(&self.frame[..length]) {

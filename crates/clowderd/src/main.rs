@@ -112,7 +112,11 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
         xemem_peers: file.xemem_peers,
         xemem_upstream: file.xemem_upstream,
         vmm: env_path("CLOWDER_VMM").or(file.vmm).unwrap_or_else(|| {
-            if sibling_vmm.is_file() { sibling_vmm } else { PathBuf::from("clowder-vmm") }
+            if sibling_vmm.is_file() {
+                sibling_vmm
+            } else {
+                PathBuf::from("clowder-vmm")
+            }
         }),
         kernel: env_path("CLOWDER_KERNEL").or(file.kernel).or_else(|| find_kernel(&exe)).unwrap_or_default(),
         isolate_cores: file.isolate_cores.unwrap_or(false),

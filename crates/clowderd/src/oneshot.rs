@@ -43,7 +43,9 @@ pub fn kernel_command_line(argv: &[String], env: &[String], heap: Option<u64>) -
     words.push("--".into());
     for (index, arg) in argv.iter().enumerate() {
         if arg.contains(['"', '\n', '\r']) {
-            return Err(format!("argument {index} ({arg:?}) holds a quote or a newline, which a one-shot enclave's command line cannot carry"));
+            return Err(format!(
+                "argument {index} ({arg:?}) holds a quote or a newline, which a one-shot enclave's command line cannot carry"
+            ));
         }
         words.push(format!("\"{arg}\""));
     }

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clowder_api::codec::{LineSocket, Limits as LineLimits, ReceiveError};
+use clowder_api::codec::{Limits as LineLimits, LineSocket, ReceiveError};
 use clowder_api::daemon::{JobEvent, Request, MAX_REQUEST_FDS, MAX_REQUEST_LEN};
 use clowder_api::ErrorKind;
 

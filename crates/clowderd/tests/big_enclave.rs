@@ -15,8 +15,8 @@ use clowderd::memory::{format_size, parse_size};
 use serde_json::{json, Value};
 
 mod support;
-use support::processes::Daemon;
 use clowder_test_support::{build_musl_program, TOUCH_HEAP_JOB};
+use support::processes::Daemon;
 use support::{missing_job_requirement, TempDir};
 
 const HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";

@@ -22,8 +22,7 @@ use clowderd::guest_ram::{GuestRam, RamRange};
 use clowderd::machine::{ChannelParts, Launcher, Machine, MachineSpec, SharedRegion};
 use clowderd::sys;
 use enclave_proto::{
-    EnclaveMessage, FileOp, Fragmenter, HostMessage, Reassembler, Stream, FRAME_CONTINUATION, MAX_MESSAGE_LEN,
-    PROTOCOL_VERSION,
+    EnclaveMessage, FileOp, Fragmenter, HostMessage, Reassembler, Stream, FRAME_CONTINUATION, MAX_MESSAGE_LEN, PROTOCOL_VERSION,
 };
 use serde_json::{json, Value};
 
@@ -440,7 +439,8 @@ impl FakeKernel {
                 }
                 let name = xemem::wire::Name::new(format!("fake-seg-{}", argv[2]).as_bytes()).unwrap();
                 let owner = xemem::Owner { uid: 0, gid: 0, mode: 0o600 };
-                let make = xemem::node::Request::Make { process: 1, vaddr: SEGMENT_VADDR, size: SEGMENT_PAGES * 4096, owner, name: Some(name) };
+                let make =
+                    xemem::node::Request::Make { process: 1, vaddr: SEGMENT_VADDR, size: SEGMENT_PAGES * 4096, owner, name: Some(name) };
                 let mut memory = FakeMemory { backing: self.xemem_backing, resolves: 0 };
                 let request = self.xemem.request(make, &mut memory).unwrap();
                 self.xemem_step(None);
@@ -530,7 +530,8 @@ impl FakeKernel {
         };
         let ram = &self.hardware.ram;
         ram.write(SCRATCH_GPA, b"written from the enclave\n").unwrap();
-        let (handle, _) = self.call(job, FileOp::Open { path: b"out.txt", flags: (libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC) as u32, mode: 0o644 });
+        let (handle, _) =
+            self.call(job, FileOp::Open { path: b"out.txt", flags: (libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC) as u32, mode: 0o644 });
         check(self, "open out.txt for writing", handle > 0);
         let (written, _) = self.call(job, FileOp::Write { handle: handle as u32, gpa: SCRATCH_GPA, len: 25 });
         check(self, "write 25 bytes", written == 25);
@@ -551,7 +552,8 @@ impl FakeKernel {
         check(self, "lseek", position == 2);
         let (count, _) = self.call(job, FileOp::Pread { handle: input as u32, gpa: SCRATCH_GPA, len: 4, offset: 6 });
         check(self, "pread", count == 4);
-        let (escape, _) = self.call(job, FileOp::Open { path: b"../outside.txt", flags: (libc::O_CREAT | libc::O_WRONLY) as u32, mode: 0o644 });
+        let (escape, _) =
+            self.call(job, FileOp::Open { path: b"../outside.txt", flags: (libc::O_CREAT | libc::O_WRONLY) as u32, mode: 0o644 });
         check(self, "open ../outside.txt refused with EACCES", escape == -(libc::EACCES as i64));
         let (absolute_escape, _) = self.call(job, FileOp::Stat { path: b"/etc/passwd" });
         check(self, "stat /etc/passwd refused", absolute_escape == -(libc::EACCES as i64));
@@ -653,7 +655,11 @@ impl TestDaemon {
             .call_streaming(&request, &fds, &mut |event| {
                 if event["event"] == "output" {
                     let text = event["text"].as_str().unwrap();
-                    if event["stream"] == "stderr" { stderr.push_str(text) } else { stdout.push_str(text) }
+                    if event["stream"] == "stderr" {
+                        stderr.push_str(text)
+                    } else {
+                        stdout.push_str(text)
+                    }
                 }
             })
             .unwrap();
@@ -879,7 +885,16 @@ fn assert_reads_the_fake_segment(runs: &[clowderd::xemem::FileRun]) {
     for run in runs {
         let clowderd::xemem::FileRun::Memory { file, offset, len } = run else { panic!("a hole: {run:?}") };
         // SAFETY: a fresh shared mapping of the memfd range the daemon handed out.
-        let view = unsafe { libc::mmap(std::ptr::null_mut(), *len as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), *offset as i64) };
+        let view = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                *len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                *offset as i64,
+            )
+        };
         assert_ne!(view, libc::MAP_FAILED);
         for index in 0..len / 4096 {
             // SAFETY: inside the mapping just made.

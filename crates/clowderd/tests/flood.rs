@@ -93,6 +93,7 @@ impl Flood {
     /// The same flood on a socket of `kind` (the XEMEM broker's is SOCK_SEQPACKET).
     fn start_of_kind(socket: &Path, kind: libc::c_int, connections: usize, endless_every: usize, writing: Duration) -> Flood {
         // Everything the child uses is made here: it must not allocate.
+        // SAFETY: sockaddr_un is plain data, valid when zeroed.
         let mut address: libc::sockaddr_un = unsafe { std::mem::zeroed() };
         address.sun_family = libc::AF_UNIX as libc::sa_family_t;
         for (slot, byte) in address.sun_path.iter_mut().zip(socket.as_os_str().as_bytes()) {
@@ -109,10 +110,12 @@ impl Flood {
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork failed");
         if pid > 0 {
-            // SAFETY: the write end is ours to close; the read end becomes the File.
+            // SAFETY: the write end is ours to close.
             unsafe { libc::close(pipe[1]) };
+            // SAFETY: the read end is ours alone and becomes the File.
             return Flood { pid, report: unsafe { File::from_raw_fd(pipe[0]) } };
         }
+        // SAFETY: in the forked child: system calls only, on memory prepared before the fork.
         unsafe {
             let limit = libc::rlimit { rlim_cur: connections as u64 + 64, rlim_max: connections as u64 + 64 };
             libc::setrlimit(libc::RLIMIT_NOFILE, &limit);

@@ -14,7 +14,7 @@ use serde_json::json;
 
 mod support;
 use support::hugepages::Reservation;
-use support::{call, build_host_program, build_musl_job, lwk_xemem_id, missing_job_requirement, run_job, vmm_binary, TempDir};
+use support::{build_host_program, build_musl_job, call, lwk_xemem_id, missing_job_requirement, run_job, vmm_binary, TempDir};
 
 #[test]
 fn a_misaligned_attach_of_a_hugepage_enclaves_segment_says_why() {

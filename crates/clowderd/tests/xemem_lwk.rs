@@ -19,7 +19,10 @@ use clowderd::xemem::FileRun;
 use serde_json::{json, Value};
 
 mod support;
-use support::{call, build_host_program, build_musl_job, lwk_xemem_id, missing_job_requirement, missing_requirement, run_job, run_job_to_end, vmm_binary, workspace_root, TempDir};
+use support::{
+    build_host_program, build_musl_job, call, lwk_xemem_id, missing_job_requirement, missing_requirement, run_job, run_job_to_end,
+    vmm_binary, workspace_root, TempDir,
+};
 
 /// Waits for the enclave's kernel to log the id the name server gave it.
 fn xemem_id(socket: &Path, enclave: &str) -> Option<u32> {
@@ -40,7 +43,8 @@ fn lwk_enclaves_get_xemem_ids_from_the_daemon() {
     for name in ["a", "b"] {
         let created = call(&socket, json!({"op": "create", "name": name, "cores": 1, "mem": "128M"}));
         assert_eq!(created["ok"], true, "{created}");
-        let id = xemem_id(&socket, name).unwrap_or_else(|| panic!("enclave {name} got no XEMEM id: {}", call(&socket, json!({"op": "logs", "name": name}))));
+        let id = xemem_id(&socket, name)
+            .unwrap_or_else(|| panic!("enclave {name} got no XEMEM id: {}", call(&socket, json!({"op": "logs", "name": name}))));
         ids.push(id);
     }
     assert!(ids.iter().all(|&id| id >= 2), "enclave 1 is the daemon's name server: {ids:?}");
@@ -91,7 +95,16 @@ fn a_host_process_writes_into_an_lwk_jobs_segment() {
         for run in &runs {
             let FileRun::Memory { file, offset, len } = run else { panic!("a hole in the job's memory: {run:?}") };
             // SAFETY: a fresh shared mapping of the memfd range the daemon handed out.
-            let view = unsafe { libc::mmap(std::ptr::null_mut(), *len as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), *offset as i64) };
+            let view = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    *len as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    file.as_raw_fd(),
+                    *offset as i64,
+                )
+            };
             assert_ne!(view, libc::MAP_FAILED);
             for index in 0..len / 4096 {
                 // SAFETY: inside the mapping just made.
@@ -229,10 +242,16 @@ fn an_lwk_job_attaching_again_sees_memory_another_lwk_job_mapped_since() {
         for attach in 1..=3 {
             assert!(attacher_out.contains(&format!("attach {attach}: the mailbox reads 0")), "{attacher_out}");
         }
-        assert!(attacher_out.contains("the job mapped its data pages"), "{attacher_out}
-owner: {owner_out}");
-        assert!(attacher_out.contains("attached again: 16 of 16 data pages hold the new data"), "{attacher_out}
-{attacher_reply}");
+        assert!(
+            attacher_out.contains("the job mapped its data pages"),
+            "{attacher_out}
+owner: {owner_out}"
+        );
+        assert!(
+            attacher_out.contains("attached again: 16 of 16 data pages hold the new data"),
+            "{attacher_out}
+{attacher_reply}"
+        );
         assert_eq!(attacher_reply["status"], 0, "{attacher_reply} {attacher_out}");
         assert_eq!(owner_reply["status"], 0, "{owner_reply} {owner_out}");
     });
@@ -297,9 +316,15 @@ fn lwk_job_attaches_a_host_segment_twice(tag: &str, pages: u64) {
     assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
     let owner = dir.0.join("host_named_owner");
     let built = Command::new("cc")
-        .args(["-O2", "-I"]).arg(xemem.join("include")).arg("-o").arg(&owner).arg(xemem.join("tests/host_named_owner.c"))
-        .arg(xemem.join("build/lib/libxpmem.a")).arg("-lpthread")
-        .status().unwrap();
+        .args(["-O2", "-I"])
+        .arg(xemem.join("include"))
+        .arg("-o")
+        .arg(&owner)
+        .arg(xemem.join("tests/host_named_owner.c"))
+        .arg(xemem.join("build/lib/libxpmem.a"))
+        .arg("-lpthread")
+        .status()
+        .unwrap();
     assert!(built.success(), "building host_named_owner");
 
     let xemem_socket = dir.0.join("xemem.sock");
@@ -456,7 +481,8 @@ fn a_host_owners_remove_gives_the_lwk_job_sigbus_in_its_handler() {
         return;
     }
     let run = run_revocation("remove", "remove", &["handler"], 1);
-    let context = format!("job {}:\n{}\nowner {:?}:\n{}\n{:#?}", run.job_status, run.job_stdout, run.owner_status, run.owner_stdout, run.enclave_log);
+    let context =
+        format!("job {}:\n{}\nowner {:?}:\n{}\n{:#?}", run.job_status, run.job_stdout, run.owner_status, run.owner_stdout, run.enclave_log);
     assert_eq!(run.job_status, 0, "{context}");
     assert!(run.job_stdout.contains("16 of 16 pages hold the owner's pattern"), "{context}");
     assert!(run.job_stdout.contains("main thread: SIGBUS inside the attachment: 1"), "{context}");
@@ -477,7 +503,8 @@ fn a_host_owners_exit_ends_an_lwk_job_without_a_handler_with_sigbus() {
         return;
     }
     let run = run_revocation("exit", "exit", &["default"], 1);
-    let context = format!("job {}:\n{}\nowner {:?}:\n{}\n{:#?}", run.job_status, run.job_stdout, run.owner_status, run.owner_stdout, run.enclave_log);
+    let context =
+        format!("job {}:\n{}\nowner {:?}:\n{}\n{:#?}", run.job_status, run.job_stdout, run.owner_status, run.owner_stdout, run.enclave_log);
     assert_eq!(run.job_status, 135, "{context}");
     assert!(run.job_stdout.contains("wrote 44; touching until the memory goes"), "{context}");
     assert!(run.owner_stdout.contains("exiting without a remove"), "{context}");
@@ -493,7 +520,8 @@ fn a_revoke_reaches_both_cpus_of_a_two_vcpu_job() {
         return;
     }
     let run = run_revocation("smp", "remove", &["handler", "2"], 2);
-    let context = format!("job {}:\n{}\nowner {:?}:\n{}\n{:#?}", run.job_status, run.job_stdout, run.owner_status, run.owner_stdout, run.enclave_log);
+    let context =
+        format!("job {}:\n{}\nowner {:?}:\n{}\n{:#?}", run.job_status, run.job_stdout, run.owner_status, run.owner_stdout, run.enclave_log);
     assert_eq!(run.job_status, 0, "{context}");
     assert!(run.job_stdout.contains("main thread: SIGBUS inside the attachment: 1"), "{context}");
     assert!(run.job_stdout.contains("second thread: SIGBUS inside the attachment: 1"), "{context}");
@@ -537,7 +565,8 @@ fn anonymous_segments_of_two_enclaves_have_global_ids_a_host_process_can_use() {
             let deadline = Instant::now() + Duration::from_secs(30);
             let segid = loop {
                 let text = stdout.lock().unwrap().clone();
-                if let Some(segid) = text.lines().find_map(|line| line.strip_prefix("segid ").and_then(|id| id.trim().parse::<i64>().ok())) {
+                if let Some(segid) = text.lines().find_map(|line| line.strip_prefix("segid ").and_then(|id| id.trim().parse::<i64>().ok()))
+                {
                     break segid;
                 }
                 assert!(Instant::now() < deadline, "no segid from the job: {text}");
@@ -550,7 +579,10 @@ fn anonymous_segments_of_two_enclaves_have_global_ids_a_host_process_can_use() {
             let host = Command::new(&attacher).arg(segid.to_string()).env("CLOWDER_XEMEM_SOCKET", &xemem_socket).output().unwrap();
             let out = String::from_utf8_lossy(&host.stdout).into_owned();
             assert!(host.status.success(), "host_segid_attacher {segid}: {:?}\n{out}", host.status);
-            assert!(out.contains("16 of 16 pages hold what the job wrote") && out.contains("detach: 0") && out.contains("release: 0"), "{out}");
+            assert!(
+                out.contains("16 of 16 pages hold what the job wrote") && out.contains("detach: 0") && out.contains("release: 0"),
+                "{out}"
+            );
             // The job removes its segment only now (see lwk_anonymous_owner.c).
             std::fs::write(dir.0.join(format!("released-{segid}")), "").unwrap();
         }
@@ -583,7 +615,12 @@ fn the_same_binary_in_a_connected_enclave_matches_the_host() {
     let created = call(&socket, json!({"op": "create", "name": "same", "cores": 1, "mem": "256M"}));
     assert_eq!(created["ok"], true, "{created}");
     let enclave_id = xemem_id(&socket, "same").expect("the enclave got no XEMEM id");
-    let host = Command::new(&job).current_dir(&dir.0).env("CLOWDER_XEMEM_SOCKET", &xemem_socket).env("CLOWDER_XEMEM_BACKEND", "broker").output().unwrap();
+    let host = Command::new(&job)
+        .current_dir(&dir.0)
+        .env("CLOWDER_XEMEM_SOCKET", &xemem_socket)
+        .env("CLOWDER_XEMEM_BACKEND", "broker")
+        .output()
+        .unwrap();
     let host_out = String::from_utf8_lossy(&host.stdout).into_owned();
     assert_eq!(host.status.code(), None, "the host run dies of a signal: {host_out}");
     let (reply, lwk_out) = run_job_to_end(&socket, "same", &job, &["same_binary"], &dir.0);
@@ -650,7 +687,10 @@ fn an_lwk_job_attaches_another_enclaves_segment_and_gets_sigbus_when_it_is_remov
     let context = format!("owner {owner_reply}:\n{owner_out}\nattacher {attacher_reply}:\n{attacher_out}\n{b_log:#?}");
     assert_eq!(owner_reply["status"], 0, "{context}");
     assert_eq!(attacher_reply["status"], 0, "{context}");
-    assert!(owner_out.contains("the other enclave wrote 44") && owner_out.contains("remove: 0") && owner_out.contains("owner data intact: 1"), "{context}");
+    assert!(
+        owner_out.contains("the other enclave wrote 44") && owner_out.contains("remove: 0") && owner_out.contains("owner data intact: 1"),
+        "{context}"
+    );
     assert!(attacher_out.contains("16 of 16 pages hold the owner's pattern"), "{context}");
     assert!(!attacher_out.contains("found a segment of enclave 1\n"), "the segment is enclave a's: {context}");
     assert!(attacher_out.contains("main thread: SIGBUS inside the attachment: 1"), "{context}");
@@ -729,7 +769,13 @@ enum Place {
 fn run_cross_role(place: Place, role: &str, case: &str, binary: &Path, dir: &Path, socket: &Path, xemem_socket: &Path) -> (bool, String) {
     match place {
         Place::Host => {
-            let out = Command::new(binary).args([role, case]).current_dir(dir).env("CLOWDER_XEMEM_SOCKET", xemem_socket).env("CLOWDER_XEMEM_BACKEND", "broker").output().unwrap();
+            let out = Command::new(binary)
+                .args([role, case])
+                .current_dir(dir)
+                .env("CLOWDER_XEMEM_SOCKET", xemem_socket)
+                .env("CLOWDER_XEMEM_BACKEND", "broker")
+                .output()
+                .unwrap();
             (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
         }
         Place::Lwk(enclave) => {
@@ -901,7 +947,10 @@ fn a_host_process_and_an_lwk_job_signal_each_others_segments() {
     }
     let results = run_notify_peers(
         "host-lwk",
-        [(Peer::Enclave("waiter"), "lwk-notify-seg", "host-notify-seg", "wait"), (Peer::Host, "host-notify-seg", "lwk-notify-seg", "signal")],
+        [
+            (Peer::Enclave("waiter"), "lwk-notify-seg", "host-notify-seg", "wait"),
+            (Peer::Host, "host-notify-seg", "lwk-notify-seg", "signal"),
+        ],
     );
     assert_notified(&results, ["lwk-notify-seg", "host-notify-seg"]);
 }
@@ -915,7 +964,10 @@ fn lwk_jobs_in_two_enclaves_signal_each_others_segments() {
     }
     let results = run_notify_peers(
         "lwk-lwk",
-        [(Peer::Enclave("a"), "lwk-a-notify-seg", "lwk-b-notify-seg", "wait"), (Peer::Enclave("b"), "lwk-b-notify-seg", "lwk-a-notify-seg", "signal")],
+        [
+            (Peer::Enclave("a"), "lwk-a-notify-seg", "lwk-b-notify-seg", "wait"),
+            (Peer::Enclave("b"), "lwk-b-notify-seg", "lwk-a-notify-seg", "signal"),
+        ],
     );
     assert_notified(&results, ["lwk-a-notify-seg", "lwk-b-notify-seg"]);
 }

@@ -100,8 +100,10 @@ fn host_processes_under_sibling_sub_managers_share_memory() {
     let a = Daemon::start(&dir.0.join("a"), None);
     let b = Daemon::start(&dir.0.join("b"), Some(&a));
     let c = Daemon::start(&dir.0.join("c"), Some(&a));
-    let b_id: u32 = b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).expect("B got no id").parse().unwrap();
-    let c_id: u32 = c.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).expect("C got no id").parse().unwrap();
+    let b_id: u32 =
+        b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).expect("B got no id").parse().unwrap();
+    let c_id: u32 =
+        c.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).expect("C got no id").parse().unwrap();
     assert_ne!(b_id, c_id);
     assert_eq!(share(&program, &b, &c, "multihop-b-to-c", 4000), b_id);
     assert_eq!(share(&program, &c, &b, "multihop-c-to-b", 6000), c_id);
@@ -123,7 +125,11 @@ fn host_processes_two_daemons_apart_share_memory() {
     let b = Daemon::start(&dir.0.join("b"), Some(&a));
     assert!(b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", b.log());
     let d = Daemon::start(&dir.0.join("d"), Some(&b));
-    let d_id: u32 = d.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).unwrap_or_else(|| panic!("D got no id: {}\n{}", d.log(), b.log())).parse().unwrap();
+    let d_id: u32 = d
+        .wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("D got no id: {}\n{}", d.log(), b.log()))
+        .parse()
+        .unwrap();
     assert_eq!(share(&program, &d, &a, "multihop-d-to-a", 8000), d_id);
     assert_eq!(share(&program, &a, &d, "multihop-a-to-d", 8200), NAME_SERVER_ENCLAVE);
 }
@@ -188,13 +194,26 @@ fn host_processes_anywhere_in_a_tree_of_daemons_share_memory() {
     build_host_keeper(&keeper);
     let cycler = dir.0.join("host_cycler");
     build_support_program("host_cycler.c", &cycler);
-    for (owner_at, attachers, name, base) in [(&e, [&a, &b, &c, &d, &e], "cycle-e", 3000u64), (&c, [&a, &b, &c, &d, &e], "cycle-c", 3200), (&b, [&a, &b, &c, &d, &e], "cycle-b", 3400)] {
+    for (owner_at, attachers, name, base) in [
+        (&e, [&a, &b, &c, &d, &e], "cycle-e", 3000u64),
+        (&c, [&a, &b, &c, &d, &e], "cycle-c", 3200),
+        (&b, [&a, &b, &c, &d, &e], "cycle-b", 3400),
+    ] {
         let mut owner = HostProcess::spawn(&keeper, &owner_at.xemem_socket(), &[name, &base.to_string()]);
         assert!(owner.wait_for("made a segment of enclave", Duration::from_secs(10)).is_some(), "{:?}", owner.seen);
         for attacher_at in attachers {
-            let cycled = Command::new(&cycler).args([name, &base.to_string()]).env("CLOWDER_XEMEM_SOCKET", attacher_at.xemem_socket()).output().unwrap();
+            let cycled = Command::new(&cycler)
+                .args([name, &base.to_string()])
+                .env("CLOWDER_XEMEM_SOCKET", attacher_at.xemem_socket())
+                .output()
+                .unwrap();
             let output = String::from_utf8_lossy(&cycled.stdout);
-            assert!(cycled.status.success() && output.contains("cycled twice"), "{name} from {}: {output}\nowner's daemon:\n{}", attacher_at.dir.display(), owner_at.log());
+            assert!(
+                cycled.status.success() && output.contains("cycled twice"),
+                "{name} from {}: {output}\nowner's daemon:\n{}",
+                attacher_at.dir.display(),
+                owner_at.log()
+            );
         }
         owner.tell("remove");
         assert_eq!(owner.wait_for("remove:", Duration::from_secs(10)).as_deref(), Some("0 (errno 0)"), "{:?}", owner.seen);
@@ -244,7 +263,14 @@ fn sibling_sub_managers_attach_each_others_segments_at_once() {
 
 /// A host owner under `owner_at` that never removes its segment, and a host_peer attacher
 /// under `attacher_at` that has read its pages and now touches them until SIGBUS.
-fn kept_and_attached(keeper: &Path, program: &Path, owner_at: &Daemon, attacher_at: &Daemon, name: &str, base: u64) -> (HostProcess, HostProcess) {
+fn kept_and_attached(
+    keeper: &Path,
+    program: &Path,
+    owner_at: &Daemon,
+    attacher_at: &Daemon,
+    name: &str,
+    base: u64,
+) -> (HostProcess, HostProcess) {
     let mut owner = HostProcess::spawn(keeper, &owner_at.xemem_socket(), &[name, &base.to_string()]);
     assert!(owner.wait_for("made a segment of enclave", Duration::from_secs(10)).is_some(), "{:?}\n{}", owner.seen, owner_at.log());
     let mut attacher = HostProcess::start(program, &attacher_at.xemem_socket(), "attacher", name, base);
@@ -418,14 +444,20 @@ fn host_owners_under_sub_managers_get_signals_from_anywhere_in_the_tree() {
     let (b, _) = sub_manager(&dir.0.join("b"), &a);
     let (c, _) = sub_manager(&dir.0.join("c"), &a);
     let (d, _) = sub_manager(&dir.0.join("d"), &b);
-    for (waiter_at, signaller_at, tag) in [(&d, &c, "d-c"), (&c, &d, "c-d"), (&d, &b, "d-b"), (&b, &d, "b-d"), (&b, &a, "b-a"), (&a, &b, "a-b")] {
+    for (waiter_at, signaller_at, tag) in
+        [(&d, &c, "d-c"), (&c, &d, "c-d"), (&d, &b, "d-b"), (&b, &d, "b-d"), (&b, &a, "b-a"), (&a, &b, "a-b")]
+    {
         let (own, peer) = (format!("notify-{tag}-waiter"), format!("notify-{tag}-signaller"));
         let mut waiter = HostProcess::spawn(&program, &waiter_at.xemem_socket(), &[&own, &peer, "wait"]);
         assert!(waiter.wait_for("made", Duration::from_secs(10)).is_some(), "{tag}: {:?}", waiter.seen);
         let signaller = HostProcess::spawn(&program, &signaller_at.xemem_socket(), &[&peer, &own, "signal"]);
         let (signaller_status, signaller_output) = signaller.finish(Duration::from_secs(30));
         let (waiter_status, waiter_output) = waiter.finish(Duration::from_secs(10));
-        let context = format!("{tag}\nwaiter ({waiter_status:?}):\n{waiter_output}\nsignaller ({signaller_status:?}):\n{signaller_output}\nA:\n{}\nB:\n{}", a.log(), b.log());
+        let context = format!(
+            "{tag}\nwaiter ({waiter_status:?}):\n{waiter_output}\nsignaller ({signaller_status:?}):\n{signaller_output}\nA:\n{}\nB:\n{}",
+            a.log(),
+            b.log()
+        );
         assert!(waiter_output.contains("woke 1") && waiter_output.contains(&format!("signalled {peer}")), "{context}");
         assert!(signaller_output.contains("polled readable") && signaller_output.contains("woke 1"), "{context}");
         assert_eq!((waiter_status, signaller_status), (Some(0), Some(0)), "{context}");
@@ -581,7 +613,15 @@ fn a_malformed_peer_gets_errors_and_the_daemon_keeps_serving() {
 
     // The fake daemon exports 16 pages; a host process on A attaches them. The first attaches
     // are answered with bogus memory, each of which must fail the attach, not the daemon.
-    let make = Body::Make { process: 1, vaddr: 0x10000, size: 16 * 4096, uid: 0, gid: 0, mode: 0o666, name: Some(Name::new(b"fake-peer-seg").unwrap()) };
+    let make = Body::Make {
+        process: 1,
+        vaddr: 0x10000,
+        size: 16 * 4096,
+        uid: 0,
+        gid: 0,
+        mode: 0o666,
+        name: Some(Name::new(b"fake-peer-seg").unwrap()),
+    };
     peer.send(&Message::new(44, peer.id, NAME_SERVER_ENCLAVE, make), &[]);
     let segment = match peer.receive().map(|m| m.body) {
         Some(Body::Made { segment }) => segment,
@@ -610,7 +650,12 @@ fn a_malformed_peer_gets_errors_and_the_daemon_keeps_serving() {
         let Body::Serve { requester, segment: served, size, .. } = serve.body else { unreachable!() };
         assert_eq!((served, size), (segment, 16 * 4096));
         let total_runs = runs.len() as u32;
-        let answer = Message::new(serve.header.request, peer.id, requester, Body::Attached { segment, size, first_run: 0, total_runs, runs, valid_while: None });
+        let answer = Message::new(
+            serve.header.request,
+            peer.id,
+            requester,
+            Body::Attached { segment, size, first_run: 0, total_runs, runs, valid_while: None },
+        );
         peer.send(&answer, &fds);
         let failed = attacher.wait_for("attach failed", Duration::from_secs(10));
         let (_, output) = attacher.finish(Duration::from_secs(1));
@@ -623,7 +668,12 @@ fn a_malformed_peer_gets_errors_and_the_daemon_keeps_serving() {
     let serve = peer.next_serve(&mut last_serve).unwrap_or_else(|| panic!("no Serve came: {}", a.log()));
     let Body::Serve { requester, .. } = serve.body else { unreachable!() };
     let runs = vec![run(0, 0, 16)];
-    let answer = Message::new(serve.header.request, peer.id, requester, Body::Attached { segment, size: 16 * 4096, first_run: 0, total_runs: 1, runs, valid_while: None });
+    let answer = Message::new(
+        serve.header.request,
+        peer.id,
+        requester,
+        Body::Attached { segment, size: 16 * 4096, first_run: 0, total_runs: 1, runs, valid_while: None },
+    );
     peer.send(&answer, &[&memory]);
     let wrote = attacher.wait_for("wrote 43", Duration::from_secs(10));
     assert!(wrote.is_some(), "{:?}\n{}", attacher.seen, a.log());
@@ -656,7 +706,11 @@ fn a_sub_manager_survives_a_malformed_upstream_and_links_again() {
     std::fs::create_dir_all(dir.0.join("b")).unwrap();
     let path = dir.0.join("fake/xemem-peer.sock");
     let listener = clowderd::sys::listen(&path).unwrap();
-    let b = Daemon::start_with(&dir.0.join("b"), None, &["--kernel", env!("CARGO_BIN_EXE_clowderd"), "--xemem-upstream", path.to_str().unwrap()]);
+    let b = Daemon::start_with(
+        &dir.0.join("b"),
+        None,
+        &["--kernel", env!("CARGO_BIN_EXE_clowderd"), "--xemem-upstream", path.to_str().unwrap()],
+    );
     let up = FakePeer::upstream_of(&listener, 7);
     assert!(b.wait_for_log("the name server gave this daemon enclave id 7", Duration::from_secs(5)).is_some(), "{}", b.log());
     let segment = xemem::SegmentId::new(7, 1).unwrap();
@@ -736,7 +790,8 @@ impl PageWords for File {
 
 /// Why the KVM test cannot run here, if it cannot.
 fn missing_for_enclaves() -> Option<String> {
-    missing_requirement().or_else(|| Command::new("musl-gcc").arg("--version").output().is_err().then(|| "musl-gcc is not installed".into()))
+    missing_requirement()
+        .or_else(|| Command::new("musl-gcc").arg("--version").output().is_err().then(|| "musl-gcc is not installed".into()))
 }
 
 /// xemem/tests/SOURCE as a static musl LWK job.
@@ -782,7 +837,9 @@ fn a_host_process_on_the_name_server_attaches_an_lwk_segment_under_a_sub_manager
     let enclave_id: u32 = loop {
         let logs = b.call(json!({"op": "logs", "name": "owner"}));
         let lines = logs["lines"].as_array().cloned().unwrap_or_default();
-        if let Some(id) = lines.iter().filter_map(Value::as_str).find_map(|l| l.find(LINE).map(|at| l[at + LINE.len()..].trim().to_string())) {
+        if let Some(id) =
+            lines.iter().filter_map(Value::as_str).find_map(|l| l.find(LINE).map(|at| l[at + LINE.len()..].trim().to_string()))
+        {
             break id.parse().unwrap();
         }
         assert!(Instant::now() < deadline, "the enclave under the sub-manager got no XEMEM id: {logs}\n{}", b.log());
@@ -809,13 +866,25 @@ fn a_host_process_on_the_name_server_attaches_an_lwk_segment_under_a_sub_manager
 /// Runs `lwk_named_owner` in enclave `enclave` (XEMEM id `enclave_id`) of `owner_at` while
 /// `host_attacher` runs against `attacher_at`'s broker: the host process reads the job's 16
 /// pages and writes the 42 the job waits for.
-fn lwk_segment_attached_from(owner_at: &Daemon, enclave: &str, enclave_id: u32, attacher_at: &Daemon, job: &Path, attacher: &Path, cwd: &Path) {
+fn lwk_segment_attached_from(
+    owner_at: &Daemon,
+    enclave: &str,
+    enclave_id: u32,
+    attacher_at: &Daemon,
+    job: &Path,
+    attacher: &Path,
+    cwd: &Path,
+) {
     std::thread::scope(|scope| {
         let runner = scope.spawn(|| run_job(owner_at, enclave, job, cwd));
         let host = Command::new(attacher).env("CLOWDER_XEMEM_SOCKET", attacher_at.xemem_socket()).output().unwrap();
         let host_out = String::from_utf8_lossy(&host.stdout).into_owned();
         let (reply, stdout) = runner.join().unwrap();
-        let context = format!("host: {host_out}\njob: {reply} {stdout}\nowner's daemon:\n{}\nattacher's daemon:\n{}", owner_at.log(), attacher_at.log());
+        let context = format!(
+            "host: {host_out}\njob: {reply} {stdout}\nowner's daemon:\n{}\nattacher's daemon:\n{}",
+            owner_at.log(),
+            attacher_at.log()
+        );
         assert!(host.status.success(), "host_attacher: {:?}\n{context}", host.status);
         assert!(host_out.contains(&format!("found a segment of enclave {enclave_id}")), "{context}");
         assert!(host_out.contains("16 of 16 pages hold what the job wrote"), "{context}");
@@ -913,7 +982,12 @@ fn an_lwk_owners_remove_deep_in_the_tree_revokes_host_attachers_on_every_daemon(
         for (at, name) in [(&b, "B"), (&c, "C"), (&a, "A"), (&d, "D")] {
             let mut process = HostProcess::spawn(&holder, &at.xemem_socket(), &["lwk-owner-seg", "1000"]);
             let attached = process.wait_for("attached:", Duration::from_secs(20));
-            assert!(attached.as_deref().is_some_and(|l| l.starts_with("page 0 starts with 1000")), "{name}: {:?}\n{}", process.seen, at.log());
+            assert!(
+                attached.as_deref().is_some_and(|l| l.starts_with("page 0 starts with 1000")),
+                "{name}: {:?}\n{}",
+                process.seen,
+                at.log()
+            );
             held.push((name, process));
         }
         // The job waits for 42, then removes its segment.
@@ -923,7 +997,13 @@ fn an_lwk_owners_remove_deep_in_the_tree_revokes_host_attachers_on_every_daemon(
         assert!(stdout.contains("remove: 0"), "{reply} {stdout}");
         for (name, process) in held {
             let (status, output) = process.finish(Duration::from_secs(15));
-            assert!(output.contains("SIGBUS after the owner went: 1"), "{name}: {status:?} {output}\nA:\n{}\nB:\n{}\nD:\n{}", a.log(), b.log(), d.log());
+            assert!(
+                output.contains("SIGBUS after the owner went: 1"),
+                "{name}: {status:?} {output}\nA:\n{}\nB:\n{}\nD:\n{}",
+                a.log(),
+                b.log(),
+                d.log()
+            );
         }
     });
     let removed = d.call(json!({"op": "rm", "name": "owner"}));
@@ -954,7 +1034,11 @@ fn signals_between_an_lwk_job_under_a_sub_manager_and_host_owners_elsewhere() {
                 let party = HostProcess::spawn(&host, &host_at.xemem_socket(), &[&host_own, &job_own, host_role]);
                 let (status, output) = party.finish(Duration::from_secs(60));
                 let (reply, stdout) = runner.join().unwrap();
-                let context = format!("{tag}, job waits {job_waits}\nhost ({status:?}):\n{output}\njob: {reply}\n{stdout}\nB:\n{}\nD:\n{}", b.log(), d.log());
+                let context = format!(
+                    "{tag}, job waits {job_waits}\nhost ({status:?}):\n{output}\njob: {reply}\n{stdout}\nB:\n{}\nD:\n{}",
+                    b.log(),
+                    d.log()
+                );
                 assert!(output.contains("woke 1") && output.contains(&format!("signalled {job_own}")), "{context}");
                 assert!(stdout.contains("woke 1") && stdout.contains(&format!("signalled {host_own}")), "{context}");
                 assert_eq!(status, Some(0), "{context}");
@@ -968,7 +1052,15 @@ fn signals_between_an_lwk_job_under_a_sub_manager_and_host_owners_elsewhere() {
 
 /// Runs `job ARGS` in enclave `name` of `d` on a thread, its stdout gathered in `out` as it
 /// comes; the thread returns the final reply.
-fn spawn_job<'s>(scope: &'s std::thread::Scope<'s, '_>, d: &'s Daemon, name: &'s str, job: &'s Path, args: Vec<String>, cwd: &'s Path, out: &'s std::sync::Mutex<String>) -> std::thread::ScopedJoinHandle<'s, Value> {
+fn spawn_job<'s>(
+    scope: &'s std::thread::Scope<'s, '_>,
+    d: &'s Daemon,
+    name: &'s str,
+    job: &'s Path,
+    args: Vec<String>,
+    cwd: &'s Path,
+    out: &'s std::sync::Mutex<String>,
+) -> std::thread::ScopedJoinHandle<'s, Value> {
     scope.spawn(move || {
         let mut argv = vec![job.file_name().unwrap().to_str().unwrap()];
         argv.extend(args.iter().map(String::as_str));
@@ -1009,7 +1101,14 @@ fn a_dead_sub_managers_segments_are_revoked_in_lwk_jobs_elsewhere() {
         let on_c = spawn_job(scope, &c, "attacher", &job, args(), &dir.0, &outputs[1]);
         let deadline = Instant::now() + Duration::from_secs(60);
         while !outputs.iter().all(|out| out.lock().unwrap().contains("wrote 44")) {
-            assert!(Instant::now() < deadline, "the jobs never attached: {:?} {:?}\nA:\n{}\nC:\n{}", outputs[0].lock().unwrap(), outputs[1].lock().unwrap(), a.log(), c.log());
+            assert!(
+                Instant::now() < deadline,
+                "the jobs never attached: {:?} {:?}\nA:\n{}\nC:\n{}",
+                outputs[0].lock().unwrap(),
+                outputs[1].lock().unwrap(),
+                a.log(),
+                c.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         b.child.kill().unwrap();
@@ -1052,7 +1151,8 @@ fn lwk_xemem_ids(d: &Daemon, name: &str) -> Vec<u32> {
 
 /// Waits for the LWK in enclave `name` of daemon `d` to log its XEMEM id.
 fn lwk_xemem_id(d: &Daemon, name: &str) -> u32 {
-    support::lwk_xemem_id(&d.dir.join("clowderd.sock"), name, Duration::from_secs(15)).unwrap_or_else(|| panic!("enclave {name} got no XEMEM id\n{}", d.log()))
+    support::lwk_xemem_id(&d.dir.join("clowderd.sock"), name, Duration::from_secs(15))
+        .unwrap_or_else(|| panic!("enclave {name} got no XEMEM id\n{}", d.log()))
 }
 
 /// Runs `job` in enclave `name` of daemon `d`; returns the final reply and the job's stdout.
@@ -1165,7 +1265,8 @@ fn revoke_across(tag: &str, owner_on_b: bool, enclave_on_b: bool) {
     assert_eq!(created["ok"], true, "{created}");
     lwk_xemem_id(enclave_at, "attacher");
 
-    let mut host = Command::new(&owner).arg("remove").env("CLOWDER_XEMEM_SOCKET", owner_at.xemem_socket()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut host =
+        Command::new(&owner).arg("remove").env("CLOWDER_XEMEM_SOCKET", owner_at.xemem_socket()).stdout(Stdio::piped()).spawn().unwrap();
     let mut host_stdout = BufReader::new(host.stdout.take().unwrap());
     let mut first_line = String::new();
     host_stdout.read_line(&mut first_line).unwrap();
@@ -1179,7 +1280,8 @@ fn revoke_across(tag: &str, owner_on_b: bool, enclave_on_b: bool) {
             let _ = client.call(&json!({"op": "rm", "name": "attacher"}));
         }
     });
-    let (reply, stdout) = run_job_to_end(&enclave_at.dir.join("clowderd.sock"), "attacher", &job, &["lwk_revoked_attacher", "handler"], &dir.0);
+    let (reply, stdout) =
+        run_job_to_end(&enclave_at.dir.join("clowderd.sock"), "attacher", &job, &["lwk_revoked_attacher", "handler"], &dir.0);
     let owner_status = host.wait().unwrap();
     let mut owner_stdout = String::new();
     std::io::Read::read_to_string(&mut host_stdout, &mut owner_stdout).unwrap();

@@ -21,7 +21,9 @@ use serde_json::json;
 
 mod support;
 use support::processes::{build_host_keeper, build_support_program, sub_manager, Daemon, HostProcess};
-use support::{call, build_host_program, build_musl_job, lwk_xemem_id, missing_job_requirement, run_job, run_job_to_end, vmm_binary, TempDir};
+use support::{
+    build_host_program, build_musl_job, call, lwk_xemem_id, missing_job_requirement, run_job, run_job_to_end, vmm_binary, TempDir,
+};
 
 /// The segids `xemem_ls` at `socket` lists under `name` (every segment of the node's and the
 /// broker's name servers).
@@ -44,7 +46,12 @@ fn hold(keeper: &Path, at: &Daemon, name: &str, base: u64) -> (HostProcess, i64)
 /// A second host_keeper making `name` under `at`: it must be refused with EEXIST.
 fn refused(keeper: &Path, at: &Daemon, name: &str) {
     let (status, output) = HostProcess::spawn(keeper, &at.xemem_socket(), &[name, "200"]).finish(Duration::from_secs(10));
-    assert!(output.contains("make failed: errno 17"), "{name}: the second make under {} was not refused: {output}\n{}", at.dir.display(), at.log());
+    assert!(
+        output.contains("make failed: errno 17"),
+        "{name}: the second make under {} was not refused: {output}\n{}",
+        at.dir.display(),
+        at.log()
+    );
     assert_eq!(status, Some(2), "{output}");
 }
 
@@ -71,7 +78,11 @@ fn a_name_is_held_once_across_a_tree_of_daemons() {
         let (mut holder, segid) = hold(&keeper, first, &name, base);
         refused(&keeper, second, &name);
         assert_eq!(listed(&a.dir.join("clowderd.sock"), &name), [segid], "the name server lists {name} once");
-        let read = Command::new(&cycler).args([name.as_str(), &base.to_string()]).env("CLOWDER_XEMEM_SOCKET", reader.xemem_socket()).output().unwrap();
+        let read = Command::new(&cycler)
+            .args([name.as_str(), &base.to_string()])
+            .env("CLOWDER_XEMEM_SOCKET", reader.xemem_socket())
+            .output()
+            .unwrap();
         let output = String::from_utf8_lossy(&read.stdout);
         assert!(read.status.success() && output.contains("cycled twice"), "{name} from {}: {output}", reader.dir.display());
         holder.tell("remove");

@@ -30,7 +30,10 @@ pub enum FrameError {
     Empty,
     UnknownFrameKind(u8),
     /// A start frame's total is not above its own piece, or above the reassembly buffer.
-    BadTotal { total: u32, capacity: usize },
+    BadTotal {
+        total: u32,
+        capacity: usize,
+    },
     /// A start frame's header is cut short.
     Truncated,
     /// A start or whole frame arrived while another message was half assembled.
@@ -40,9 +43,13 @@ pub enum FrameError {
     /// More bytes than the start frame announced.
     Overrun,
     /// The message to send is longer than [`MAX_MESSAGE_LEN`].
-    MessageTooLong { length: usize },
+    MessageTooLong {
+        length: usize,
+    },
     /// The ring's message size is below [`MIN_FRAME_LEN`].
-    FrameTooSmall { max_frame_len: usize },
+    FrameTooSmall {
+        max_frame_len: usize,
+    },
 }
 
 impl fmt::Display for FrameError {

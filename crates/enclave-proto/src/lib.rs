@@ -137,8 +137,7 @@ extern crate std;
 mod tests;
 
 pub use frame::{
-    FrameError, Fragmenter, Reassembler, FRAME_CONTINUATION, FRAME_START, FRAME_WHOLE, MAX_MESSAGE_LEN,
-    MIN_FRAME_LEN, START_OVERHEAD,
+    Fragmenter, FrameError, Reassembler, FRAME_CONTINUATION, FRAME_START, FRAME_WHOLE, MAX_MESSAGE_LEN, MIN_FRAME_LEN, START_OVERHEAD,
 };
 pub use wire::{DecodeError, EncodeError, Item, List, ListIter, Reader, Writer};
 
@@ -234,16 +233,36 @@ pub struct FileAttributes {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HostMessage<'a> {
-    Ping { nonce: u64 },
+    Ping {
+        nonce: u64,
+    },
     LaunchJob(LaunchJob<'a>),
-    SignalJob { job: u32, signal: u32 },
-    KillJob { job: u32 },
+    SignalJob {
+        job: u32,
+        signal: u32,
+    },
+    KillJob {
+        job: u32,
+    },
     Shutdown,
-    FileResult { job: u32, request: u32, result: i64 },
-    FileAttributes { job: u32, request: u32, attributes: FileAttributes },
+    FileResult {
+        job: u32,
+        request: u32,
+        result: i64,
+    },
+    FileAttributes {
+        job: u32,
+        request: u32,
+        attributes: FileAttributes,
+    },
     /// One XEMEM message (an encoded `xemem::wire::Message`) for the enclave's node.
-    Xemem { message: &'a [u8] },
-    MemoryZeroed { request: u32, result: i32 },
+    Xemem {
+        message: &'a [u8],
+    },
+    MemoryZeroed {
+        request: u32,
+        result: i32,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -270,19 +289,54 @@ pub enum FileOp<'a> {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EnclaveMessage<'a> {
-    Hello { version: u16, vcpus: u16, memory: u64 },
-    Pong { nonce: u64 },
-    JobStarted { job: u32 },
-    JobOutput { job: u32, stream: Stream, data: &'a [u8] },
-    JobExited { job: u32, status: u32 },
-    LaunchFailed { job: u32, errno: i32, reason: &'a [u8] },
-    Log { text: &'a [u8] },
-    Panic { text: &'a [u8] },
-    FileRequest { job: u32, request: u32, op: FileOp<'a> },
+    Hello {
+        version: u16,
+        vcpus: u16,
+        memory: u64,
+    },
+    Pong {
+        nonce: u64,
+    },
+    JobStarted {
+        job: u32,
+    },
+    JobOutput {
+        job: u32,
+        stream: Stream,
+        data: &'a [u8],
+    },
+    JobExited {
+        job: u32,
+        status: u32,
+    },
+    LaunchFailed {
+        job: u32,
+        errno: i32,
+        reason: &'a [u8],
+    },
+    Log {
+        text: &'a [u8],
+    },
+    Panic {
+        text: &'a [u8],
+    },
+    FileRequest {
+        job: u32,
+        request: u32,
+        op: FileOp<'a>,
+    },
     /// One XEMEM message (an encoded `xemem::wire::Message`) for the host's node.
-    Xemem { message: &'a [u8] },
-    ZeroMemory { request: u32, gpa: u64, len: u64 },
-    MappingCounter { gpa: u64 },
+    Xemem {
+        message: &'a [u8],
+    },
+    ZeroMemory {
+        request: u32,
+        gpa: u64,
+        len: u64,
+    },
+    MappingCounter {
+        gpa: u64,
+    },
 }
 
 fn write_timestamp(writer: &mut Writer<'_>, time: Timestamp) -> Result<(), EncodeError> {
@@ -401,16 +455,10 @@ impl<'a> HostMessage<'a> {
             kind::SIGNAL_JOB => HostMessage::SignalJob { job: r.u32("job")?, signal: r.u32("signal")? },
             kind::KILL_JOB => HostMessage::KillJob { job: r.u32("job")? },
             kind::SHUTDOWN => HostMessage::Shutdown,
-            kind::FILE_RESULT => HostMessage::FileResult {
-                job: r.u32("job")?,
-                request: r.u32("request")?,
-                result: r.i64("result")?,
-            },
-            kind::FILE_ATTRIBUTES => HostMessage::FileAttributes {
-                job: r.u32("job")?,
-                request: r.u32("request")?,
-                attributes: FileAttributes::read(&mut r)?,
-            },
+            kind::FILE_RESULT => HostMessage::FileResult { job: r.u32("job")?, request: r.u32("request")?, result: r.i64("result")? },
+            kind::FILE_ATTRIBUTES => {
+                HostMessage::FileAttributes { job: r.u32("job")?, request: r.u32("request")?, attributes: FileAttributes::read(&mut r)? }
+            }
             kind::XEMEM_TO_ENCLAVE => HostMessage::Xemem { message: read_xemem(&mut r)? },
             kind::MEMORY_ZEROED => HostMessage::MemoryZeroed { request: r.u32("request")?, result: r.i32("result")? },
             other => return Err(DecodeError::UnknownKind(other)),
@@ -497,18 +545,8 @@ impl<'a> FileOp<'a> {
             2 => FileOp::Close { handle: r.u32("handle")? },
             3 => FileOp::Read { handle: r.u32("handle")?, gpa: r.u64("gpa")?, len: r.u32("len")? },
             4 => FileOp::Write { handle: r.u32("handle")?, gpa: r.u64("gpa")?, len: r.u32("len")? },
-            5 => FileOp::Pread {
-                handle: r.u32("handle")?,
-                gpa: r.u64("gpa")?,
-                len: r.u32("len")?,
-                offset: r.u64("offset")?,
-            },
-            6 => FileOp::Pwrite {
-                handle: r.u32("handle")?,
-                gpa: r.u64("gpa")?,
-                len: r.u32("len")?,
-                offset: r.u64("offset")?,
-            },
+            5 => FileOp::Pread { handle: r.u32("handle")?, gpa: r.u64("gpa")?, len: r.u32("len")?, offset: r.u64("offset")? },
+            6 => FileOp::Pwrite { handle: r.u32("handle")?, gpa: r.u64("gpa")?, len: r.u32("len")?, offset: r.u64("offset")? },
             7 => FileOp::Lseek { handle: r.u32("handle")?, offset: r.i64("offset")?, whence: r.u32("whence")? },
             8 => FileOp::Fstat { handle: r.u32("handle")? },
             9 => FileOp::Stat { path: r.name("path")? },
@@ -592,11 +630,7 @@ impl<'a> EnclaveMessage<'a> {
     pub fn decode(bytes: &'a [u8]) -> Result<EnclaveMessage<'a>, DecodeError> {
         let mut r = Reader::new(bytes);
         let message = match r.u16("kind")? {
-            kind::HELLO => EnclaveMessage::Hello {
-                version: r.u16("version")?,
-                vcpus: r.u16("vcpus")?,
-                memory: r.u64("memory")?,
-            },
+            kind::HELLO => EnclaveMessage::Hello { version: r.u16("version")?, vcpus: r.u16("vcpus")?, memory: r.u64("memory")? },
             kind::PONG => EnclaveMessage::Pong { nonce: r.u64("nonce")? },
             kind::JOB_STARTED => EnclaveMessage::JobStarted { job: r.u32("job")? },
             kind::JOB_OUTPUT => EnclaveMessage::JobOutput {
@@ -609,18 +643,10 @@ impl<'a> EnclaveMessage<'a> {
                 data: r.bytes("data")?,
             },
             kind::JOB_EXITED => EnclaveMessage::JobExited { job: r.u32("job")?, status: r.u32("status")? },
-            kind::LAUNCH_FAILED => EnclaveMessage::LaunchFailed {
-                job: r.u32("job")?,
-                errno: r.i32("errno")?,
-                reason: r.bytes("reason")?,
-            },
+            kind::LAUNCH_FAILED => EnclaveMessage::LaunchFailed { job: r.u32("job")?, errno: r.i32("errno")?, reason: r.bytes("reason")? },
             kind::LOG => EnclaveMessage::Log { text: r.bytes("text")? },
             kind::PANIC => EnclaveMessage::Panic { text: r.bytes("text")? },
-            kind::FILE_REQUEST => EnclaveMessage::FileRequest {
-                job: r.u32("job")?,
-                request: r.u32("request")?,
-                op: FileOp::read(&mut r)?,
-            },
+            kind::FILE_REQUEST => EnclaveMessage::FileRequest { job: r.u32("job")?, request: r.u32("request")?, op: FileOp::read(&mut r)? },
             kind::XEMEM_TO_HOST => EnclaveMessage::Xemem { message: read_xemem(&mut r)? },
             kind::ZERO_MEMORY => EnclaveMessage::ZeroMemory { request: r.u32("request")?, gpa: r.u64("gpa")?, len: r.u64("len")? },
             kind::MAPPING_COUNTER => EnclaveMessage::MappingCounter { gpa: r.u64("gpa")? },

@@ -146,15 +146,9 @@ fn encoding_checks_its_input_and_its_buffer() {
     let mut out = vec![0u8; 1024];
     assert_eq!(sample_launch(&argv, &[], &[]).encode(&mut out), Err(EncodeError::ContainsNul { field: "string" }));
     let mut tiny = [0u8; 5];
-    assert!(matches!(
-        HostMessage::Ping { nonce: 1 }.encode(&mut tiny),
-        Err(EncodeError::BufferTooSmall { .. })
-    ));
+    assert!(matches!(HostMessage::Ping { nonce: 1 }.encode(&mut tiny), Err(EncodeError::BufferTooSmall { .. })));
     let empty_name = [FileImage { name: b"", gpa: 0, len: 0 }];
-    assert_eq!(
-        sample_launch(&[], &[], &empty_name).encode(&mut out),
-        Err(EncodeError::Empty { field: "file.name" })
-    );
+    assert_eq!(sample_launch(&[], &[], &empty_name).encode(&mut out), Err(EncodeError::Empty { field: "file.name" }));
 }
 
 #[test]
@@ -215,12 +209,7 @@ impl Material {
     }
 }
 
-fn random_host_message<'a>(
-    choice: u64,
-    m: &'a Material,
-    strings: &'a [&'a [u8]],
-    files: &'a [FileImage<'a>],
-) -> HostMessage<'a> {
+fn random_host_message<'a>(choice: u64, m: &'a Material, strings: &'a [&'a [u8]], files: &'a [FileImage<'a>]) -> HostMessage<'a> {
     let n = m.numbers;
     match choice % 9 {
         8 => HostMessage::MemoryZeroed { request: n[0] as u32, result: n[1] as i32 },

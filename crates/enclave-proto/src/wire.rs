@@ -8,28 +8,44 @@ use core::marker::PhantomData;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecodeError {
     /// The message ended inside `field`.
-    Truncated { field: &'static str },
+    Truncated {
+        field: &'static str,
+    },
     /// A message kind this side does not know (or one meant for the other direction).
     UnknownKind(u16),
     UnknownFileOp(u8),
     UnknownStream(u8),
     /// A C string (argv, env, path, name) holds a NUL byte.
-    ContainsNul { field: &'static str },
+    ContainsNul {
+        field: &'static str,
+    },
     /// A string that must not be empty (a path, a file name) is.
-    Empty { field: &'static str },
+    Empty {
+        field: &'static str,
+    },
     /// Bytes left over after the last field.
-    TrailingBytes { count: usize },
+    TrailingBytes {
+        count: usize,
+    },
 }
 
 /// Why a message could not be encoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EncodeError {
     /// The output buffer is too small; `needed_at_least` bytes would be a start.
-    BufferTooSmall { needed_at_least: usize },
+    BufferTooSmall {
+        needed_at_least: usize,
+    },
     /// A byte string or list longer than a u32 length can say.
-    TooLong { field: &'static str },
-    ContainsNul { field: &'static str },
-    Empty { field: &'static str },
+    TooLong {
+        field: &'static str,
+    },
+    ContainsNul {
+        field: &'static str,
+    },
+    Empty {
+        field: &'static str,
+    },
 }
 
 impl fmt::Display for DecodeError {
@@ -164,9 +180,7 @@ impl<'b> Writer<'b> {
                 self.position = end;
                 Ok(())
             }
-            _ => Err(EncodeError::BufferTooSmall {
-                needed_at_least: self.position.saturating_add(bytes.len()),
-            }),
+            _ => Err(EncodeError::BufferTooSmall { needed_at_least: self.position.saturating_add(bytes.len()) }),
         }
     }
 
@@ -263,9 +277,7 @@ impl<'a, T: Item<'a>> List<'a, T> {
     pub fn iter(&self) -> ListIter<'a, T> {
         match self.repr {
             ListRepr::Items(items) => ListIter { source: IterSource::Items(items.iter()) },
-            ListRepr::Encoded { count, bytes, .. } => {
-                ListIter { source: IterSource::Encoded { left: count, reader: Reader::new(bytes) } }
-            }
+            ListRepr::Encoded { count, bytes, .. } => ListIter { source: IterSource::Encoded { left: count, reader: Reader::new(bytes) } },
         }
     }
 

@@ -23,7 +23,10 @@ pub enum CpuListProblem {
     EmptyItem,
     /// An item that is neither `N` nor `N-M` with decimal numbers.
     NotACpu(String),
-    Descending { first: usize, last: usize },
+    Descending {
+        first: usize,
+        last: usize,
+    },
     Repeated(usize),
     /// A number above `MAX_CPU` (`usize::MAX` when it does not fit a `usize`).
     TooLarge(usize),
@@ -193,7 +196,10 @@ mod tests {
         assert_eq!(message("3-1"), "\"3-1\" is not a CPU list: the range 3-1 goes down");
         assert_eq!(message("0-3,2"), "\"0-3,2\" is not a CPU list: CPU 2 is listed twice");
         assert_eq!(message("9000"), "\"9000\" is not a CPU list: CPU 9000 is above the largest, 8191");
-        assert_eq!(message("99999999999999999999999"), "\"99999999999999999999999\" is not a CPU list: a CPU number is above the largest, 8191");
+        assert_eq!(
+            message("99999999999999999999999"),
+            "\"99999999999999999999999\" is not a CPU list: a CPU number is above the largest, 8191"
+        );
     }
 
     #[test]

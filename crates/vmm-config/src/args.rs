@@ -7,9 +7,7 @@ use crate::draft::{Draft, Setting};
 use crate::file::read_file;
 use hwspec::{parse_cpu_list, parse_size};
 
-use crate::values::{
-    parse_backing, parse_protocol, parse_serial_output, parse_smp, parse_unclaimed_ports, parse_watchdog,
-};
+use crate::values::{parse_backing, parse_protocol, parse_serial_output, parse_smp, parse_unclaimed_ports, parse_watchdog};
 use crate::ConfigError;
 
 /// The `--help` text of `clowder-vmm`.
@@ -82,18 +80,12 @@ pub(crate) fn draft_from_args(args: &[String]) -> Result<Draft, ConfigError> {
             "--config" => {}
             "--kernel" => draft.kernel = Some(Setting::new(PathBuf::from(value), flag)),
             "--mem" => draft.memory_size = Setting::new(parse_size(value).map_err(|e| invalid(e.to_string()))?, flag),
-            "--backing" => {
-                draft.backing = Setting::new(parse_backing(value).map_err(invalid)?, flag)
-            }
+            "--backing" => draft.backing = Setting::new(parse_backing(value).map_err(invalid)?, flag),
             "--cpus" => {
-                let count = value
-                    .parse()
-                    .map_err(|_| invalid(format!("\"{value}\" is not a vCPU count")))?;
+                let count = value.parse().map_err(|_| invalid(format!("\"{value}\" is not a vCPU count")))?;
                 draft.cpu_count = Setting::new(count, flag);
             }
-            "--cores" => {
-                draft.cores = Some(Setting::new(parse_cpu_list(value).map_err(|e| invalid(e.to_string()))?, flag))
-            }
+            "--cores" => draft.cores = Some(Setting::new(parse_cpu_list(value).map_err(|e| invalid(e.to_string()))?, flag)),
             "--cmdline" => draft.cmdline = Setting::new(value.clone(), flag),
             "--cmdline-file" => {
                 let text = std::fs::read_to_string(value).map_err(|e| invalid(format!("cannot read {value}: {e}")))?;
@@ -109,9 +101,7 @@ pub(crate) fn draft_from_args(args: &[String]) -> Result<Draft, ConfigError> {
                 }
                 draft.modules.push(Setting::new(PathBuf::from(value), flag));
             }
-            "--protocol" => {
-                draft.protocol = Setting::new(parse_protocol(value).map_err(invalid)?, flag)
-            }
+            "--protocol" => draft.protocol = Setting::new(parse_protocol(value).map_err(invalid)?, flag),
             "--smp" => draft.smp = parse_smp(value).map_err(invalid)?,
             "--unclaimed-ports" => draft.unclaimed_ports = parse_unclaimed_ports(value).map_err(invalid)?,
             "--serial" => {
@@ -151,12 +141,7 @@ fn collect_flags(args: &[String]) -> Result<Vec<(&'static str, String)>, ConfigE
             // dashes.
             None => match remaining.next() {
                 Some(value) if flag == "--cmdline" || !value.starts_with("--") => value.clone(),
-                _ => {
-                    return Err(ConfigError::new(
-                        flag,
-                        format!("needs a value, e.g. {flag} {example}"),
-                    ))
-                }
+                _ => return Err(ConfigError::new(flag, format!("needs a value, e.g. {flag} {example}"))),
             },
         };
         if flag != "--module" && given.iter().any(|(earlier, _)| *earlier == flag) {

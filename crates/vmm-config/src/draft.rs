@@ -25,10 +25,7 @@ pub(crate) struct Setting<T> {
 
 impl<T> Setting<T> {
     pub(crate) fn new(value: T, key: impl Into<String>) -> Setting<T> {
-        Setting {
-            value,
-            key: key.into(),
-        }
+        Setting { value, key: key.into() }
     }
 }
 
@@ -74,38 +71,14 @@ impl Default for Draft {
 
 /// The devices of a VM whose configuration lists none: what docs/guest-abi.md promises a guest.
 pub(crate) fn default_devices() -> Vec<DeviceConfig> {
-    let device = |name: &str, kind| DeviceConfig {
-        name: name.to_string(),
-        kind,
-    };
+    let device = |name: &str, kind| DeviceConfig { name: name.to_string(), kind };
     vec![
-        device(
-            "serial0",
-            DeviceKind::Serial {
-                port: DEFAULT_SERIAL_PORT,
-                irq: DEFAULT_SERIAL_IRQ,
-                output: SerialOutput::Stdout,
-            },
-        ),
-        device(
-            "exit0",
-            DeviceKind::Exit {
-                port: DEFAULT_EXIT_PORT,
-            },
-        ),
-        device(
-            "hypercall0",
-            DeviceKind::Hypercall {
-                port: DEFAULT_HYPERCALL_PORT,
-            },
-        ),
+        device("serial0", DeviceKind::Serial { port: DEFAULT_SERIAL_PORT, irq: DEFAULT_SERIAL_IRQ, output: SerialOutput::Stdout }),
+        device("exit0", DeviceKind::Exit { port: DEFAULT_EXIT_PORT }),
+        device("hypercall0", DeviceKind::Hypercall { port: DEFAULT_HYPERCALL_PORT }),
         device(
             "channel0",
-            DeviceKind::Channel {
-                size: DEFAULT_CHANNEL_SIZE,
-                doorbell_port: DEFAULT_CHANNEL_PORT,
-                vector: DEFAULT_CHANNEL_VECTOR,
-            },
+            DeviceKind::Channel { size: DEFAULT_CHANNEL_SIZE, doorbell_port: DEFAULT_CHANNEL_PORT, vector: DEFAULT_CHANNEL_VECTOR },
         ),
     ]
 }

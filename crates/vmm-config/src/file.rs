@@ -6,14 +6,12 @@ use std::path::Path;
 use toml::{Table, Value};
 
 use crate::draft::{
-    Draft, Setting, DEFAULT_CHANNEL_PORT, DEFAULT_CHANNEL_SIZE, DEFAULT_CHANNEL_VECTOR,
-    DEFAULT_EXIT_PORT, DEFAULT_HYPERCALL_PORT, DEFAULT_SERIAL_IRQ, DEFAULT_SERIAL_PORT,
+    Draft, Setting, DEFAULT_CHANNEL_PORT, DEFAULT_CHANNEL_SIZE, DEFAULT_CHANNEL_VECTOR, DEFAULT_EXIT_PORT, DEFAULT_HYPERCALL_PORT,
+    DEFAULT_SERIAL_IRQ, DEFAULT_SERIAL_PORT,
 };
 use hwspec::{parse_cpu_list, parse_size};
 
-use crate::values::{
-    parse_backing, parse_protocol, parse_serial_output, parse_smp, parse_unclaimed_ports, parse_watchdog,
-};
+use crate::values::{parse_backing, parse_protocol, parse_serial_output, parse_smp, parse_unclaimed_ports, parse_watchdog};
 use crate::{ConfigError, DeviceConfig, DeviceKind, SerialOutput};
 
 /// The smallest channel: a header page and one page for each ring.
@@ -31,26 +29,17 @@ const DEVICE_KINDS: &str = "serial, exit, hypercall, channel, mmio-scratch, msr-
 /// Reads and parses a configuration file; relative paths in it resolve against its directory.
 pub(crate) fn read_file(path: &Path) -> Result<Draft, ConfigError> {
     let origin = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|error| {
-        ConfigError::new(&origin, format!("cannot read the configuration: {error}"))
-    })?;
+    let text =
+        std::fs::read_to_string(path).map_err(|error| ConfigError::new(&origin, format!("cannot read the configuration: {error}")))?;
     // `Path::new("vm.toml").parent()` is "", which keeps paths relative to the working directory.
     let base_dir = path.parent().unwrap_or(Path::new(""));
     parse_document(&text, base_dir, &origin)
 }
 
 /// Parses a whole document; `origin` names it in syntax errors (a path, or "config").
-pub(crate) fn parse_document(
-    text: &str,
-    base_dir: &Path,
-    origin: &str,
-) -> Result<Draft, ConfigError> {
+pub(crate) fn parse_document(text: &str, base_dir: &Path, origin: &str) -> Result<Draft, ConfigError> {
     let root: Table = toml::from_str(text).map_err(|error| syntax_error(text, origin, &error))?;
-    reject_unknown_keys(
-        &root,
-        "",
-        &["memory", "cpus", "boot", "watchdog", "control", "device"],
-    )?;
+    reject_unknown_keys(&root, "", &["memory", "cpus", "boot", "watchdog", "control", "device"])?;
     let mut draft = Draft::default();
 
     if let Some(memory) = optional_table(&root, "memory")? {
@@ -59,8 +48,8 @@ pub(crate) fn parse_document(
             draft.memory_size = Setting::new(size_value(value, "memory.size")?, "memory.size");
         }
         if let Some(value) = memory.get("backing") {
-            let backing = parse_backing(string_value(value, "memory.backing")?)
-                .map_err(|reason| ConfigError::new("memory.backing", reason))?;
+            let backing =
+                parse_backing(string_value(value, "memory.backing")?).map_err(|reason| ConfigError::new("memory.backing", reason))?;
             draft.backing = Setting::new(backing, "memory.backing");
         }
     }
@@ -73,14 +62,11 @@ pub(crate) fn parse_document(
         if let Some(value) = cpus.get("cores") {
             // A list string as `--cores` takes it ("0-3"), or an array of core numbers.
             let cores = match value {
-                Value::String(text) => parse_cpu_list(text)
-                    .map_err(|error| ConfigError::new("cpus.cores", error.to_string()))?,
+                Value::String(text) => parse_cpu_list(text).map_err(|error| ConfigError::new("cpus.cores", error.to_string()))?,
                 Value::Array(array) => array
                     .iter()
                     .enumerate()
-                    .map(|(index, core)| {
-                        unsigned_value(core, &format!("cpus.cores[{index}]")).map(|core| core as usize)
-                    })
+                    .map(|(index, core)| unsigned_value(core, &format!("cpus.cores[{index}]")).map(|core| core as usize))
                     .collect::<Result<Vec<usize>, ConfigError>>()?,
                 other => return Err(type_error("cpus.cores", "an array or a CPU list string such as \"0-3\"", other)),
             };
@@ -89,20 +75,13 @@ pub(crate) fn parse_document(
     }
 
     if let Some(boot) = optional_table(&root, "boot")? {
-        reject_unknown_keys(
-            boot,
-            "boot",
-            &["kernel", "cmdline", "modules", "protocol", "smp", "unclaimed_ports"],
-        )?;
+        reject_unknown_keys(boot, "boot", &["kernel", "cmdline", "modules", "protocol", "smp", "unclaimed_ports"])?;
         if let Some(value) = boot.get("kernel") {
             let kernel = base_dir.join(string_value(value, "boot.kernel")?);
             draft.kernel = Some(Setting::new(kernel, "boot.kernel"));
         }
         if let Some(value) = boot.get("cmdline") {
-            draft.cmdline = Setting::new(
-                string_value(value, "boot.cmdline")?.to_string(),
-                "boot.cmdline",
-            );
+            draft.cmdline = Setting::new(string_value(value, "boot.cmdline")?.to_string(), "boot.cmdline");
         }
         if let Some(value) = boot.get("modules") {
             for (index, module) in array_value(value, "boot.modules")?.iter().enumerate() {
@@ -112,13 +91,12 @@ pub(crate) fn parse_document(
             }
         }
         if let Some(value) = boot.get("protocol") {
-            let protocol = parse_protocol(string_value(value, "boot.protocol")?)
-                .map_err(|reason| ConfigError::new("boot.protocol", reason))?;
+            let protocol =
+                parse_protocol(string_value(value, "boot.protocol")?).map_err(|reason| ConfigError::new("boot.protocol", reason))?;
             draft.protocol = Setting::new(protocol, "boot.protocol");
         }
         if let Some(value) = boot.get("smp") {
-            draft.smp = parse_smp(string_value(value, "boot.smp")?)
-                .map_err(|reason| ConfigError::new("boot.smp", reason))?;
+            draft.smp = parse_smp(string_value(value, "boot.smp")?).map_err(|reason| ConfigError::new("boot.smp", reason))?;
         }
         if let Some(value) = boot.get("unclaimed_ports") {
             draft.unclaimed_ports = parse_unclaimed_ports(string_value(value, "boot.unclaimed_ports")?)
@@ -129,8 +107,8 @@ pub(crate) fn parse_document(
     if let Some(watchdog) = optional_table(&root, "watchdog")? {
         reject_unknown_keys(watchdog, "watchdog", &["timeout"])?;
         if let Some(value) = watchdog.get("timeout") {
-            draft.watchdog_ms = parse_watchdog(string_value(value, "watchdog.timeout")?)
-                .map_err(|reason| ConfigError::new("watchdog.timeout", reason))?;
+            draft.watchdog_ms =
+                parse_watchdog(string_value(value, "watchdog.timeout")?).map_err(|reason| ConfigError::new("watchdog.timeout", reason))?;
         }
     }
 
@@ -148,9 +126,7 @@ pub(crate) fn parse_document(
         let entries = array_value(value, "device")?;
         let mut devices: Vec<DeviceConfig> = Vec::with_capacity(entries.len());
         for (index, entry) in entries.iter().enumerate() {
-            let table = entry.as_table().ok_or_else(|| {
-                type_error(&format!("device[{index}]"), "a table ([[device]])", entry)
-            })?;
+            let table = entry.as_table().ok_or_else(|| type_error(&format!("device[{index}]"), "a table ([[device]])", entry))?;
             devices.push(parse_device(table, index, &devices, base_dir)?);
         }
         draft.devices = devices;
@@ -159,18 +135,12 @@ pub(crate) fn parse_document(
 }
 
 /// Parses one `[[device]]`; an unnamed device gets the first free `<kind><n>` after `earlier`.
-fn parse_device(
-    table: &Table,
-    index: usize,
-    earlier: &[DeviceConfig],
-    base_dir: &Path,
-) -> Result<DeviceConfig, ConfigError> {
+fn parse_device(table: &Table, index: usize, earlier: &[DeviceConfig], base_dir: &Path) -> Result<DeviceConfig, ConfigError> {
     let position_key = format!("device[{index}]");
     let explicit_name = match table.get("name") {
         Some(value) => {
             let name = string_value(value, &format!("{position_key}.name"))?;
-            check_device_name(name)
-                .map_err(|reason| ConfigError::new(format!("{position_key}.name"), reason))?;
+            check_device_name(name).map_err(|reason| ConfigError::new(format!("{position_key}.name"), reason))?;
             Some(name.to_string())
         }
         None => None,
@@ -184,12 +154,7 @@ fn parse_device(
 
     let kind_name = match table.get("kind") {
         Some(value) => string_value(value, &key("kind"))?,
-        None => {
-            return Err(ConfigError::new(
-                key("kind"),
-                format!("missing; every device needs a kind ({DEVICE_KINDS})"),
-            ))
-        }
+        None => return Err(ConfigError::new(key("kind"), format!("missing; every device needs a kind ({DEVICE_KINDS})"))),
     };
     let allowed_keys: &[&str] = match kind_name {
         "serial" => &["name", "kind", "port", "irq", "output"],
@@ -197,23 +162,12 @@ fn parse_device(
         "channel" => &["name", "kind", "size", "port", "vector"],
         "mmio-scratch" => &["name", "kind", "base", "size"],
         "msr-scratch" => &["name", "kind", "msrs"],
-        _ => {
-            return Err(ConfigError::new(
-                key("kind"),
-                format!("unknown device kind \"{kind_name}\" (kinds: {DEVICE_KINDS})"),
-            ))
-        }
+        _ => return Err(ConfigError::new(key("kind"), format!("unknown device kind \"{kind_name}\" (kinds: {DEVICE_KINDS})"))),
     };
-    if let Some(unknown) = table
-        .keys()
-        .find(|name| !allowed_keys.contains(&name.as_str()))
-    {
+    if let Some(unknown) = table.keys().find(|name| !allowed_keys.contains(&name.as_str())) {
         return Err(ConfigError::new(
             key(unknown),
-            format!(
-                "unknown key for a {kind_name} device (it takes: {})",
-                allowed_keys.join(", ")
-            ),
+            format!("unknown key for a {kind_name} device (it takes: {})", allowed_keys.join(", ")),
         ));
     }
 
@@ -236,18 +190,13 @@ fn parse_device(
                 None => SerialOutput::Stdout,
             },
         },
-        "exit" => DeviceKind::Exit {
-            port: port(DEFAULT_EXIT_PORT)?,
-        },
-        "hypercall" => DeviceKind::Hypercall {
-            port: port(DEFAULT_HYPERCALL_PORT)?,
-        },
+        "exit" => DeviceKind::Exit { port: port(DEFAULT_EXIT_PORT)? },
+        "hypercall" => DeviceKind::Hypercall { port: port(DEFAULT_HYPERCALL_PORT)? },
         "channel" => DeviceKind::Channel {
             size: match table.get("size") {
                 Some(value) => {
                     let size = size_value(value, &key("size"))?;
-                    check_channel_size(size)
-                        .map_err(|reason| ConfigError::new(key("size"), reason))?;
+                    check_channel_size(size).map_err(|reason| ConfigError::new(key("size"), reason))?;
                     size
                 }
                 None => DEFAULT_CHANNEL_SIZE,
@@ -257,10 +206,7 @@ fn parse_device(
                 Some(value) => {
                     let vector = ranged_value(value, &key("vector"), 0, 255)?;
                     if vector < FIRST_EXTERNAL_VECTOR {
-                        return Err(ConfigError::new(
-                            key("vector"),
-                            format!("{vector:#x} is a CPU exception vector; use 0x20..=0xff"),
-                        ));
+                        return Err(ConfigError::new(key("vector"), format!("{vector:#x} is a CPU exception vector; use 0x20..=0xff")));
                     }
                     vector as u8
                 }
@@ -270,12 +216,7 @@ fn parse_device(
         "mmio-scratch" => {
             let base = match table.get("base") {
                 Some(value) => unsigned_value(value, &key("base"))?,
-                None => {
-                    return Err(ConfigError::new(
-                        key("base"),
-                        "missing; an mmio-scratch device needs a guest-physical base address",
-                    ))
-                }
+                None => return Err(ConfigError::new(key("base"), "missing; an mmio-scratch device needs a guest-physical base address")),
             };
             let size = match table.get("size") {
                 Some(value) => size_value(value, &key("size"))?,
@@ -287,42 +228,26 @@ fn parse_device(
             if base + size > MAX_GUEST_PHYSICAL_END {
                 return Err(ConfigError::new(
                     key("size"),
-                    format!(
-                        "window {base:#x}..{:#x} ends past the 52-bit guest-physical address space",
-                        base + size
-                    ),
+                    format!("window {base:#x}..{:#x} ends past the 52-bit guest-physical address space", base + size),
                 ));
             }
             DeviceKind::MmioScratch { base, size }
         }
         "msr-scratch" => {
-            let values =
-                match table.get("msrs") {
-                    Some(value) => array_value(value, &key("msrs"))?,
-                    None => return Err(ConfigError::new(
-                        key("msrs"),
-                        "missing; an msr-scratch device needs the list of MSR indices it handles",
-                    )),
-                };
+            let values = match table.get("msrs") {
+                Some(value) => array_value(value, &key("msrs"))?,
+                None => {
+                    return Err(ConfigError::new(key("msrs"), "missing; an msr-scratch device needs the list of MSR indices it handles"))
+                }
+            };
             if values.is_empty() {
-                return Err(ConfigError::new(
-                    key("msrs"),
-                    "is empty; list at least one MSR index",
-                ));
+                return Err(ConfigError::new(key("msrs"), "is empty; list at least one MSR index"));
             }
             let mut msrs: Vec<u32> = Vec::with_capacity(values.len());
             for (position, value) in values.iter().enumerate() {
-                let msr = ranged_value(
-                    value,
-                    &format!("{}[{position}]", key("msrs")),
-                    0,
-                    u32::MAX as i64,
-                )? as u32;
+                let msr = ranged_value(value, &format!("{}[{position}]", key("msrs")), 0, u32::MAX as i64)? as u32;
                 if msrs.contains(&msr) {
-                    return Err(ConfigError::new(
-                        key("msrs"),
-                        format!("lists MSR {msr:#x} twice"),
-                    ));
+                    return Err(ConfigError::new(key("msrs"), format!("lists MSR {msr:#x} twice")));
                 }
                 msrs.push(msr);
             }
@@ -333,10 +258,7 @@ fn parse_device(
 
     let name = explicit_name.unwrap_or_else(|| {
         let taken = |name: &str| earlier.iter().any(|device| device.name == name);
-        let mut number = earlier
-            .iter()
-            .filter(|device| device.kind.kind_name() == kind_name)
-            .count();
+        let mut number = earlier.iter().filter(|device| device.kind.kind_name() == kind_name).count();
         while taken(&format!("{kind_name}{number}")) {
             number += 1;
         }
@@ -350,13 +272,8 @@ fn check_device_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("is empty".to_string());
     }
-    if !name
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    {
-        return Err(format!(
-            "\"{name}\" may only contain letters, digits, '-' and '_'"
-        ));
+    if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+        return Err(format!("\"{name}\" may only contain letters, digits, '-' and '_'"));
     }
     Ok(())
 }
@@ -366,9 +283,7 @@ fn check_channel_size(size: u64) -> Result<(), String> {
         return Err(format!("{size:#x} is not a multiple of 4 KiB"));
     }
     if size < MIN_CHANNEL_SIZE {
-        return Err(format!(
-            "{size:#x} is too small: a header page and a page per ring need at least 12 KiB"
-        ));
+        return Err(format!("{size:#x} is too small: a header page and a page per ring need at least 12 KiB"));
     }
     Ok(())
 }
@@ -399,15 +314,8 @@ fn join_key(prefix: &str, name: &str) -> String {
 fn reject_unknown_keys(table: &Table, prefix: &str, allowed: &[&str]) -> Result<(), ConfigError> {
     match table.keys().find(|name| !allowed.contains(&name.as_str())) {
         Some(unknown) => {
-            let scope = if prefix.is_empty() {
-                "the file".to_string()
-            } else {
-                format!("[{prefix}]")
-            };
-            Err(ConfigError::new(
-                join_key(prefix, unknown),
-                format!("unknown key ({scope} takes: {})", allowed.join(", ")),
-            ))
+            let scope = if prefix.is_empty() { "the file".to_string() } else { format!("[{prefix}]") };
+            Err(ConfigError::new(join_key(prefix, unknown), format!("unknown key ({scope} takes: {})", allowed.join(", "))))
         }
         None => Ok(()),
     }
@@ -433,26 +341,17 @@ fn type_error(key: &str, expected: &str, found: &Value) -> ConfigError {
 }
 
 fn string_value<'a>(value: &'a Value, key: &str) -> Result<&'a str, ConfigError> {
-    value
-        .as_str()
-        .ok_or_else(|| type_error(key, "a string", value))
+    value.as_str().ok_or_else(|| type_error(key, "a string", value))
 }
 
 fn array_value<'a>(value: &'a Value, key: &str) -> Result<&'a Vec<Value>, ConfigError> {
-    value
-        .as_array()
-        .ok_or_else(|| type_error(key, "an array", value))
+    value.as_array().ok_or_else(|| type_error(key, "an array", value))
 }
 
 fn ranged_value(value: &Value, key: &str, min: i64, max: i64) -> Result<i64, ConfigError> {
-    let number = value
-        .as_integer()
-        .ok_or_else(|| type_error(key, "an integer", value))?;
+    let number = value.as_integer().ok_or_else(|| type_error(key, "an integer", value))?;
     if number < min || number > max {
-        return Err(ConfigError::new(
-            key,
-            format!("{number} is out of range {min:#x}..={max:#x}"),
-        ));
+        return Err(ConfigError::new(key, format!("{number} is out of range {min:#x}..={max:#x}")));
     }
     Ok(number)
 }
@@ -466,10 +365,6 @@ fn size_value(value: &Value, key: &str) -> Result<u64, ConfigError> {
     match value {
         Value::String(text) => parse_size(text).map_err(|error| ConfigError::new(key, error.to_string())),
         Value::Integer(_) => unsigned_value(value, key),
-        other => Err(type_error(
-            key,
-            "a size (bytes, or a string such as \"64M\")",
-            other,
-        )),
+        other => Err(type_error(key, "a size (bytes, or a string such as \"64M\")", other)),
     }
 }

@@ -28,21 +28,13 @@ pub(crate) struct HugePagePool {
 impl HostFacts {
     pub(crate) fn probe() -> HostFacts {
         let allowed = allowed_cpus();
-        let online = std::fs::read_to_string("/sys/devices/system/cpu/online")
-            .ok()
-            .and_then(|text| parse_cpu_list(&text).ok());
+        let online = std::fs::read_to_string("/sys/devices/system/cpu/online").ok().and_then(|text| parse_cpu_list(&text).ok());
         let usable_cpus = match online {
-            Some(online) => allowed
-                .into_iter()
-                .filter(|cpu| online.contains(cpu))
-                .collect(),
+            Some(online) => allowed.into_iter().filter(|cpu| online.contains(cpu)).collect(),
             // Without sysfs the affinity mask is the best information there is.
             None => allowed,
         };
-        HostFacts {
-            usable_cpus,
-            hugepages_2m: probe_hugepages_2m(),
-        }
+        HostFacts { usable_cpus, hugepages_2m: probe_hugepages_2m() }
     }
 }
 
@@ -54,24 +46,14 @@ fn allowed_cpus() -> Vec<usize> {
         if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
             return Vec::new();
         }
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&cpu| libc::CPU_ISSET(cpu, &set))
-            .collect()
+        (0..libc::CPU_SETSIZE as usize).filter(|&cpu| libc::CPU_ISSET(cpu, &set)).collect()
     }
 }
 
 fn probe_hugepages_2m() -> Option<HugePagePool> {
-    let read_count = |name: &str| -> Option<u64> {
-        std::fs::read_to_string(format!("{HUGEPAGES_2M_DIR}/{name}"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
-    };
-    Some(HugePagePool {
-        total: read_count("nr_hugepages")?,
-        free: read_count("free_hugepages")?,
-    })
+    let read_count =
+        |name: &str| -> Option<u64> { std::fs::read_to_string(format!("{HUGEPAGES_2M_DIR}/{name}")).ok()?.trim().parse().ok() };
+    Some(HugePagePool { total: read_count("nr_hugepages")?, free: read_count("free_hugepages")? })
 }
 
 /// What kind of kernel image a file is, as far as choosing a boot protocol needs.
@@ -100,8 +82,7 @@ fn u16_at(bytes: &[u8], offset: usize) -> u16 {
 
 /// Opens `path` and checks it is a file we can read; the reason names the path.
 pub(crate) fn open_readable(path: &Path) -> Result<File, String> {
-    let file =
-        File::open(path).map_err(|error| format!("cannot open {}: {error}", path.display()))?;
+    let file = File::open(path).map_err(|error| format!("cannot open {}: {error}", path.display()))?;
     match file.metadata() {
         Ok(metadata) if metadata.is_dir() => Err(format!("{} is a directory", path.display())),
         Ok(_) => Ok(file),
@@ -114,10 +95,7 @@ pub(crate) fn open_readable(path: &Path) -> Result<File, String> {
 pub(crate) fn inspect_kernel(path: &Path) -> Result<KernelImage, String> {
     let mut file = open_readable(path)?;
     let mut header = Vec::with_capacity(4096);
-    (&mut file)
-        .take(4096)
-        .read_to_end(&mut header)
-        .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+    (&mut file).take(4096).read_to_end(&mut header).map_err(|error| format!("cannot read {}: {error}", path.display()))?;
     let shown = path.display();
 
     match elf64::FileHeader::parse(&header) {
@@ -125,50 +103,36 @@ pub(crate) fn inspect_kernel(path: &Path) -> Result<KernelImage, String> {
         Err(elf64::HeaderError::Truncated) => return Err(format!("{shown} is a truncated ELF file")),
         Ok(elf) => {
             if elf.class != elf64::CLASS_64 {
-                return Err(format!(
-                    "{shown} is a 32-bit ELF; the kernel must be an ELF64 for x86-64 or a bzImage"
-                ));
+                return Err(format!("{shown} is a 32-bit ELF; the kernel must be an ELF64 for x86-64 or a bzImage"));
             }
             if elf.data_encoding != elf64::LITTLE_ENDIAN {
                 return Err(format!("{shown} is a big-endian ELF, not an x86-64 kernel"));
             }
             if elf.machine != elf64::EM_X86_64 {
-                return Err(format!(
-                    "{shown} is an ELF64 for machine {}, not x86-64 ({})",
-                    elf.machine,
-                    elf64::EM_X86_64
-                ));
+                return Err(format!("{shown} is an ELF64 for machine {}, not x86-64 ({})", elf.machine, elf64::EM_X86_64));
             }
-            let has_pvh_note = has_pvh_note(&mut file, &elf)
-                .map_err(|error| format!("cannot read the program headers of {shown}: {error}"))?;
+            let has_pvh_note =
+                has_pvh_note(&mut file, &elf).map_err(|error| format!("cannot read the program headers of {shown}: {error}"))?;
             return Ok(KernelImage::Elf64 { has_pvh_note });
         }
     }
 
-    if header.len() >= BZIMAGE_XLOADFLAGS_OFFSET + 2
-        && &header[BZIMAGE_MAGIC_OFFSET..BZIMAGE_MAGIC_OFFSET + 4] == b"HdrS"
-    {
+    if header.len() >= BZIMAGE_XLOADFLAGS_OFFSET + 2 && &header[BZIMAGE_MAGIC_OFFSET..BZIMAGE_MAGIC_OFFSET + 4] == b"HdrS" {
         let version = u16_at(&header, BZIMAGE_VERSION_OFFSET);
         let (major, minor) = (version >> 8, version & 0xff);
         if version < BZIMAGE_MIN_VERSION {
             return Err(format!("{shown} is a bzImage with boot protocol {major}.{minor:02}; at least 2.06 is needed"));
         }
         if version < BZIMAGE_XLOADFLAGS_VERSION {
-            return Err(format!(
-                "{shown} is a bzImage with boot protocol {major}.{minor:02}, which predates the 64-bit entry flag (2.12)"
-            ));
+            return Err(format!("{shown} is a bzImage with boot protocol {major}.{minor:02}, which predates the 64-bit entry flag (2.12)"));
         }
         if u16_at(&header, BZIMAGE_XLOADFLAGS_OFFSET) & XLF_KERNEL_64 == 0 {
-            return Err(format!(
-                "{shown} is a bzImage without a 64-bit entry point (xloadflags bit 0 is clear)"
-            ));
+            return Err(format!("{shown} is a bzImage without a 64-bit entry point (xloadflags bit 0 is clear)"));
         }
         return Ok(KernelImage::BzImage);
     }
 
-    Err(format!(
-        "{shown} is neither an ELF64 x86-64 kernel nor a bzImage (no \\x7fELF magic, no HdrS at 0x202)"
-    ))
+    Err(format!("{shown} is neither an ELF64 x86-64 kernel nor a bzImage (no \\x7fELF magic, no HdrS at 0x202)"))
 }
 
 /// Looks for a Xen `PHYS32_ENTRY` note in the PT_NOTE segments.
@@ -188,12 +152,8 @@ fn has_pvh_note(file: &mut File, elf: &elf64::FileHeader) -> std::io::Result<boo
         }
         let mut notes = Vec::new();
         file.seek(SeekFrom::Start(segment.file_offset))?;
-        (&mut *file)
-            .take(segment.file_size.min(MAX_NOTE_SEGMENT))
-            .read_to_end(&mut notes)?;
-        if elf64::notes(&notes)
-            .any(|note| note.name == elf64::XEN_NOTE_NAME && note.kind == elf64::XEN_ELFNOTE_PHYS32_ENTRY)
-        {
+        (&mut *file).take(segment.file_size.min(MAX_NOTE_SEGMENT)).read_to_end(&mut notes)?;
+        if elf64::notes(&notes).any(|note| note.name == elf64::XEN_NOTE_NAME && note.kind == elf64::XEN_ELFNOTE_PHYS32_ENTRY) {
             return Ok(true);
         }
     }
@@ -256,23 +216,13 @@ mod tests {
 
     #[test]
     fn recognises_elf64_with_and_without_pvh_note() {
-        assert_eq!(
-            inspect(&elf64(62, true)),
-            Ok(KernelImage::Elf64 { has_pvh_note: true })
-        );
-        assert_eq!(
-            inspect(&elf64(62, false)),
-            Ok(KernelImage::Elf64 {
-                has_pvh_note: false
-            })
-        );
+        assert_eq!(inspect(&elf64(62, true)), Ok(KernelImage::Elf64 { has_pvh_note: true }));
+        assert_eq!(inspect(&elf64(62, false)), Ok(KernelImage::Elf64 { has_pvh_note: false }));
     }
 
     #[test]
     fn refuses_other_elves() {
-        assert!(inspect(&elf64(183, false))
-            .unwrap_err()
-            .contains("machine 183, not x86-64"));
+        assert!(inspect(&elf64(183, false)).unwrap_err().contains("machine 183, not x86-64"));
         let mut elf32 = elf64(62, false);
         elf32[4] = 1;
         assert!(inspect(&elf32).unwrap_err().contains("32-bit ELF"));
@@ -282,29 +232,17 @@ mod tests {
     #[test]
     fn recognises_64_bit_bzimages_only() {
         assert_eq!(inspect(&bzimage(0x020f, 1)), Ok(KernelImage::BzImage));
-        assert!(inspect(&bzimage(0x020f, 0))
-            .unwrap_err()
-            .contains("without a 64-bit entry point"));
-        assert!(inspect(&bzimage(0x0208, 1))
-            .unwrap_err()
-            .contains("predates the 64-bit entry flag"));
-        assert!(inspect(&bzimage(0x0204, 1))
-            .unwrap_err()
-            .contains("at least 2.06"));
+        assert!(inspect(&bzimage(0x020f, 0)).unwrap_err().contains("without a 64-bit entry point"));
+        assert!(inspect(&bzimage(0x0208, 1)).unwrap_err().contains("predates the 64-bit entry flag"));
+        assert!(inspect(&bzimage(0x0204, 1)).unwrap_err().contains("at least 2.06"));
     }
 
     #[test]
     fn refuses_unknown_and_unreadable_files() {
-        assert!(inspect(b"#!/bin/sh\n")
-            .unwrap_err()
-            .contains("neither an ELF64 x86-64 kernel nor a bzImage"));
-        assert!(inspect_kernel(Path::new("/nonexistent/kernel"))
-            .unwrap_err()
-            .contains("cannot open"));
+        assert!(inspect(b"#!/bin/sh\n").unwrap_err().contains("neither an ELF64 x86-64 kernel nor a bzImage"));
+        assert!(inspect_kernel(Path::new("/nonexistent/kernel")).unwrap_err().contains("cannot open"));
         let dir = TempDir::new();
-        assert!(inspect_kernel(dir.path())
-            .unwrap_err()
-            .contains("is a directory"));
+        assert!(inspect_kernel(dir.path()).unwrap_err().contains("is a directory"));
     }
 
     #[test]

@@ -25,8 +25,8 @@ use std::path::{Path, PathBuf};
 
 pub use args::USAGE;
 pub use draft::{
-    DEFAULT_CHANNEL_PORT, DEFAULT_CHANNEL_SIZE, DEFAULT_CHANNEL_VECTOR, DEFAULT_EXIT_PORT,
-    DEFAULT_HYPERCALL_PORT, DEFAULT_MEMORY_SIZE, DEFAULT_SERIAL_IRQ, DEFAULT_SERIAL_PORT,
+    DEFAULT_CHANNEL_PORT, DEFAULT_CHANNEL_SIZE, DEFAULT_CHANNEL_VECTOR, DEFAULT_EXIT_PORT, DEFAULT_HYPERCALL_PORT, DEFAULT_MEMORY_SIZE,
+    DEFAULT_SERIAL_IRQ, DEFAULT_SERIAL_PORT,
 };
 
 /// A validated VM configuration.
@@ -107,10 +107,7 @@ impl MemoryConfig {
         if self.size <= LOW_RAM_LIMIT {
             vec![0..self.size]
         } else {
-            vec![
-                0..LOW_RAM_LIMIT,
-                HIGH_RAM_START..HIGH_RAM_START + (self.size - LOW_RAM_LIMIT),
-            ]
+            vec![0..LOW_RAM_LIMIT, HIGH_RAM_START..HIGH_RAM_START + (self.size - LOW_RAM_LIMIT)]
         }
     }
 }
@@ -185,21 +182,13 @@ pub struct DeviceConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub enum DeviceKind {
     /// 16550 UART.
-    Serial {
-        port: u16,
-        irq: u32,
-        output: SerialOutput,
-    },
+    Serial { port: u16, irq: u32, output: SerialOutput },
     /// Power-off port: the value written becomes the exit status.
     Exit { port: u16 },
     /// Hypercall port (number in EAX, arguments in RDI, RSI, R8, R9, result in RAX).
     Hypercall { port: u16 },
     /// Enclave channel: ring pair in reserved RAM, doorbell port (ioeventfd), vector (irqfd).
-    Channel {
-        size: u64,
-        doorbell_port: u16,
-        vector: u8,
-    },
+    Channel { size: u64, doorbell_port: u16, vector: u8 },
     /// A page of guest-visible registers behind MMIO exits (probing and tests).
     MmioScratch { base: u64, size: u64 },
     /// Model-specific registers handled in user space (probing and tests).
@@ -253,10 +242,7 @@ const HELP_KEY: &str = "--help";
 
 impl ConfigError {
     pub fn new(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
-        ConfigError {
-            key: key.into(),
-            reason: reason.into(),
-        }
+        ConfigError { key: key.into(), reason: reason.into() }
     }
 
     fn help_request() -> ConfigError {
@@ -288,11 +274,7 @@ mod test_support {
     impl TempDir {
         pub fn new() -> TempDir {
             static NEXT: AtomicUsize = AtomicUsize::new(0);
-            let name = format!(
-                "vmm-config-test-{}-{}",
-                std::process::id(),
-                NEXT.fetch_add(1, Ordering::Relaxed)
-            );
+            let name = format!("vmm-config-test-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
             let path = std::env::temp_dir().join(name);
             std::fs::create_dir_all(&path).expect("create temp dir");
             TempDir(path)

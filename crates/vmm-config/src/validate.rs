@@ -9,10 +9,7 @@ use hwspec::{describe_size, format_cpu_list, MIB, TIB};
 use crate::draft::{Draft, Setting};
 use crate::host::{inspect_kernel, open_readable, HostFacts, KernelImage};
 use crate::values::{backing_name, protocol_name};
-use crate::{
-    Backing, BootConfig, BootProtocol, ConfigError, DeviceConfig, DeviceKind, MemoryConfig,
-    SerialOutput, VcpuConfig, VmConfig,
-};
+use crate::{Backing, BootConfig, BootProtocol, ConfigError, DeviceConfig, DeviceKind, MemoryConfig, SerialOutput, VcpuConfig, VmConfig};
 
 /// The kernel loads at 1 MiB; less than 2 MiB cannot hold it.
 const MIN_MEMORY: u64 = 2 * MIB;
@@ -49,20 +46,12 @@ pub(crate) fn finish(draft: Draft, host: &HostFacts) -> Result<VmConfig, ConfigE
     let devices = check_devices(&draft, &memory)?;
     let control_socket = match &draft.control_socket {
         Some(socket) => {
-            check_socket_path(&socket.value)
-                .map_err(|reason| ConfigError::new(&socket.key, reason))?;
+            check_socket_path(&socket.value).map_err(|reason| ConfigError::new(&socket.key, reason))?;
             Some(socket.value.clone())
         }
         None => None,
     };
-    Ok(VmConfig {
-        memory,
-        vcpus,
-        boot,
-        devices,
-        watchdog_ms: draft.watchdog_ms,
-        control_socket,
-    })
+    Ok(VmConfig { memory, vcpus, boot, devices, watchdog_ms: draft.watchdog_ms, control_socket })
 }
 
 /// How a setting reads where the user wrote it: `--backing 2m` or `memory.backing = "2m"`;
@@ -76,26 +65,14 @@ fn as_written(key: &str, value: &str, file_literal: &str) -> String {
 }
 
 fn check_memory(draft: &Draft, host: &HostFacts) -> Result<MemoryConfig, ConfigError> {
-    let Setting {
-        value: size,
-        key: size_key,
-    } = &draft.memory_size;
-    let Setting {
-        value: backing,
-        key: backing_key,
-    } = &draft.backing;
+    let Setting { value: size, key: size_key } = &draft.memory_size;
+    let Setting { value: backing, key: backing_key } = &draft.backing;
     let error = |reason: String| Err(ConfigError::new(size_key, reason));
     if *size < MIN_MEMORY {
-        return error(format!(
-            "{} is too small: at least 2 MiB (the kernel loads at 1 MiB)",
-            describe_size(*size)
-        ));
+        return error(format!("{} is too small: at least 2 MiB (the kernel loads at 1 MiB)", describe_size(*size)));
     }
     if *size > MAX_MEMORY {
-        return error(format!(
-            "{} is more than the 1 TiB limit",
-            describe_size(*size)
-        ));
+        return error(format!("{} is more than the 1 TiB limit", describe_size(*size)));
     }
     let page_size = backing.page_size();
     if size % page_size != 0 {
@@ -103,11 +80,7 @@ fn check_memory(draft: &Draft, host: &HostFacts) -> Result<MemoryConfig, ConfigE
             "{} is not a multiple of the {} page size ({})",
             describe_size(*size),
             describe_size(page_size),
-            as_written(
-                backing_key,
-                backing_name(*backing),
-                &format!("\"{}\"", backing_name(*backing))
-            )
+            as_written(backing_key, backing_name(*backing), &format!("\"{}\"", backing_name(*backing)))
         ));
     }
     if *backing == Backing::Huge2M {
@@ -123,39 +96,21 @@ fn check_memory(draft: &Draft, host: &HostFacts) -> Result<MemoryConfig, ConfigE
             Some(_) => None,
         };
         if let Some(shortage) = shortage {
-            return Err(ConfigError::new(
-                backing_key,
-                format!("2m backing needs {needed} free 2 MiB hugepages, {shortage}"),
-            ));
+            return Err(ConfigError::new(backing_key, format!("2m backing needs {needed} free 2 MiB hugepages, {shortage}")));
         }
     }
-    Ok(MemoryConfig {
-        size: *size,
-        backing: *backing,
-    })
+    Ok(MemoryConfig { size: *size, backing: *backing })
 }
 
 fn check_vcpus(draft: &Draft, host: &HostFacts) -> Result<Vec<VcpuConfig>, ConfigError> {
-    let Setting {
-        value: count,
-        key: count_key,
-    } = &draft.cpu_count;
+    let Setting { value: count, key: count_key } = &draft.cpu_count;
     if *count == 0 {
         return Err(ConfigError::new(count_key, "must be at least 1"));
     }
     if *count > MAX_VCPUS {
-        return Err(ConfigError::new(
-            count_key,
-            format!(
-                "{count} is more than {MAX_VCPUS} vCPUs (APIC ID 255 is the broadcast address)"
-            ),
-        ));
+        return Err(ConfigError::new(count_key, format!("{count} is more than {MAX_VCPUS} vCPUs (APIC ID 255 is the broadcast address)")));
     }
-    let Some(Setting {
-        value: cores,
-        key: cores_key,
-    }) = &draft.cores
-    else {
+    let Some(Setting { value: cores, key: cores_key }) = &draft.cores else {
         return Ok(vec![VcpuConfig { host_core: None }; *count as usize]);
     };
     if cores.len() as u64 != *count {
@@ -179,51 +134,32 @@ fn check_vcpus(draft: &Draft, host: &HostFacts) -> Result<Vec<VcpuConfig>, Confi
             ));
         }
     }
-    Ok(cores
-        .iter()
-        .map(|&core| VcpuConfig {
-            host_core: Some(core),
-        })
-        .collect())
+    Ok(cores.iter().map(|&core| VcpuConfig { host_core: Some(core) }).collect())
 }
 
 fn check_boot(draft: &Draft) -> Result<BootConfig, ConfigError> {
-    let kernel = draft.kernel.as_ref().ok_or_else(|| {
-        ConfigError::new(
-            "boot.kernel",
-            "missing: give the kernel image (boot.kernel in the file, or --kernel)",
-        )
-    })?;
-    let image =
-        inspect_kernel(&kernel.value).map_err(|reason| ConfigError::new(&kernel.key, reason))?;
+    let kernel = draft
+        .kernel
+        .as_ref()
+        .ok_or_else(|| ConfigError::new("boot.kernel", "missing: give the kernel image (boot.kernel in the file, or --kernel)"))?;
+    let image = inspect_kernel(&kernel.value).map_err(|reason| ConfigError::new(&kernel.key, reason))?;
 
-    let Setting {
-        value: protocol,
-        key: protocol_key,
-    } = &draft.protocol;
+    let Setting { value: protocol, key: protocol_key } = &draft.protocol;
     let kernel_shown = kernel.value.display();
     let mismatch = match (protocol, image) {
-        (
-            BootProtocol::Pvh,
-            KernelImage::Elf64 {
-                has_pvh_note: false,
-            },
-        ) => Some(format!(
-            "{kernel_shown} has no PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY); use direct64 or auto"
-        )),
-        (BootProtocol::Pvh | BootProtocol::Direct64, KernelImage::BzImage) => Some(format!(
-            "{kernel_shown} is a bzImage, not an ELF64; use linux or auto"
-        )),
-        (BootProtocol::Linux, KernelImage::Elf64 { .. }) => Some(format!(
-            "{kernel_shown} is an ELF64, not a bzImage; use pvh, direct64 or auto"
-        )),
+        (BootProtocol::Pvh, KernelImage::Elf64 { has_pvh_note: false }) => {
+            Some(format!("{kernel_shown} has no PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY); use direct64 or auto"))
+        }
+        (BootProtocol::Pvh | BootProtocol::Direct64, KernelImage::BzImage) => {
+            Some(format!("{kernel_shown} is a bzImage, not an ELF64; use linux or auto"))
+        }
+        (BootProtocol::Linux, KernelImage::Elf64 { .. }) => {
+            Some(format!("{kernel_shown} is an ELF64, not a bzImage; use pvh, direct64 or auto"))
+        }
         _ => None,
     };
     if let Some(reason) = mismatch {
-        return Err(ConfigError::new(
-            protocol_key,
-            format!("{} cannot boot it: {reason}", protocol_name(*protocol)),
-        ));
+        return Err(ConfigError::new(protocol_key, format!("{} cannot boot it: {reason}", protocol_name(*protocol))));
     }
 
     for module in &draft.modules {
@@ -232,30 +168,18 @@ fn check_boot(draft: &Draft) -> Result<BootConfig, ConfigError> {
     if let Some(extra) = draft.modules.get(MAX_MODULES) {
         return Err(ConfigError::new(
             &extra.key,
-            format!(
-                "{} modules given, the PVH module list holds at most {MAX_MODULES}",
-                draft.modules.len()
-            ),
+            format!("{} modules given, the PVH module list holds at most {MAX_MODULES}", draft.modules.len()),
         ));
     }
-    let boots_linux = matches!(
-        (protocol, image),
-        (BootProtocol::Linux, _) | (BootProtocol::Auto, KernelImage::BzImage)
-    );
+    let boots_linux = matches!((protocol, image), (BootProtocol::Linux, _) | (BootProtocol::Auto, KernelImage::BzImage));
     if boots_linux && draft.modules.len() > 1 {
         return Err(ConfigError::new(
             &draft.modules[1].key,
-            format!(
-                "a Linux boot takes one module (the initrd), {} are given",
-                draft.modules.len()
-            ),
+            format!("a Linux boot takes one module (the initrd), {} are given", draft.modules.len()),
         ));
     }
 
-    let Setting {
-        value: cmdline,
-        key: cmdline_key,
-    } = &draft.cmdline;
+    let Setting { value: cmdline, key: cmdline_key } = &draft.cmdline;
     if cmdline.contains('\0') {
         return Err(ConfigError::new(cmdline_key, "contains a NUL byte"));
     }
@@ -273,11 +197,7 @@ fn check_boot(draft: &Draft) -> Result<BootConfig, ConfigError> {
     Ok(BootConfig {
         kernel: kernel.value.clone(),
         cmdline: cmdline.clone(),
-        modules: draft
-            .modules
-            .iter()
-            .map(|module| module.value.clone())
-            .collect(),
+        modules: draft.modules.iter().map(|module| module.value.clone()).collect(),
         protocol: *protocol,
         smp: draft.smp,
         unclaimed_ports: draft.unclaimed_ports,
@@ -287,21 +207,12 @@ fn check_boot(draft: &Draft) -> Result<BootConfig, ConfigError> {
 fn check_devices(draft: &Draft, memory: &MemoryConfig) -> Result<Vec<DeviceConfig>, ConfigError> {
     let mut devices = draft.devices.clone();
     // Key under which each device's serial output is reported: `--serial` for the one it replaced.
-    let mut output_keys: Vec<String> = devices
-        .iter()
-        .map(|device| format!("device.{}.output", device.name))
-        .collect();
-    if let Some(Setting {
-        value: new_output,
-        key,
-    }) = &draft.serial_output_override
-    {
+    let mut output_keys: Vec<String> = devices.iter().map(|device| format!("device.{}.output", device.name)).collect();
+    if let Some(Setting { value: new_output, key }) = &draft.serial_output_override {
         let position = devices
             .iter()
             .position(|device| matches!(device.kind, DeviceKind::Serial { .. }))
-            .ok_or_else(|| {
-                ConfigError::new(key, "the configuration has no serial device to redirect")
-            })?;
+            .ok_or_else(|| ConfigError::new(key, "the configuration has no serial device to redirect"))?;
         if let DeviceKind::Serial { output, .. } = &mut devices[position].kind {
             *output = new_output.clone();
         }
@@ -313,30 +224,14 @@ fn check_devices(draft: &Draft, memory: &MemoryConfig) -> Result<Vec<DeviceConfi
         let earlier = &devices[..index];
 
         if earlier.iter().any(|other| other.name == device.name) {
-            return Err(ConfigError::new(
-                key("name"),
-                format!(
-                    "two devices are named \"{}\"; names must be unique",
-                    device.name
-                ),
-            ));
+            return Err(ConfigError::new(key("name"), format!("two devices are named \"{}\"; names must be unique", device.name)));
         }
         // The guest learns these ports from single command-line keys (clowder.exit_port, ...).
-        if matches!(
-            device.kind,
-            DeviceKind::Exit { .. } | DeviceKind::Hypercall { .. } | DeviceKind::Channel { .. }
-        ) {
-            if let Some(other) = earlier
-                .iter()
-                .find(|other| other.kind.kind_name() == device.kind.kind_name())
-            {
+        if matches!(device.kind, DeviceKind::Exit { .. } | DeviceKind::Hypercall { .. } | DeviceKind::Channel { .. }) {
+            if let Some(other) = earlier.iter().find(|other| other.kind.kind_name() == device.kind.kind_name()) {
                 return Err(ConfigError::new(
                     key("kind"),
-                    format!(
-                        "a VM has at most one {} device, and \"{}\" is one already",
-                        device.kind.kind_name(),
-                        other.name
-                    ),
+                    format!("a VM has at most one {} device, and \"{}\" is one already", device.kind.kind_name(), other.name),
                 ));
             }
         }
@@ -345,35 +240,19 @@ fn check_devices(draft: &Draft, memory: &MemoryConfig) -> Result<Vec<DeviceConfi
             let (first, end) = (first as u32, first as u32 + count as u32);
             let ports = format!("ports {first:#x}..={:#x}", end - 1);
             if end > 0x1_0000 {
-                return Err(ConfigError::new(
-                    key("port"),
-                    format!("{ports} run past 0xffff"),
-                ));
+                return Err(ConfigError::new(key("port"), format!("{ports} run past 0xffff")));
             }
-            let mut taken: Vec<(u32, u32, String)> = PORTS_HANDLED_ELSEWHERE
-                .iter()
-                .map(|&(start, stop, what)| (start, stop, what.to_string()))
-                .collect();
+            let mut taken: Vec<(u32, u32, String)> =
+                PORTS_HANDLED_ELSEWHERE.iter().map(|&(start, stop, what)| (start, stop, what.to_string())).collect();
             for other in earlier {
                 if let Some((other_first, other_count)) = other.kind.port_window() {
-                    let (other_first, other_end) =
-                        (other_first as u32, other_first as u32 + other_count as u32);
-                    let what = format!(
-                        "ports {other_first:#x}..={:#x} of \"{}\"",
-                        other_end - 1,
-                        other.name
-                    );
+                    let (other_first, other_end) = (other_first as u32, other_first as u32 + other_count as u32);
+                    let what = format!("ports {other_first:#x}..={:#x} of \"{}\"", other_end - 1, other.name);
                     taken.push((other_first, other_end, what));
                 }
             }
-            if let Some((_, _, what)) = taken
-                .iter()
-                .find(|(start, stop, _)| first < *stop && *start < end)
-            {
-                return Err(ConfigError::new(
-                    key("port"),
-                    format!("{ports} overlap {what}"),
-                ));
+            if let Some((_, _, what)) = taken.iter().find(|(start, stop, _)| first < *stop && *start < end) {
+                return Err(ConfigError::new(key("port"), format!("{ports} overlap {what}")));
             }
         }
 
@@ -383,41 +262,17 @@ fn check_devices(draft: &Draft, memory: &MemoryConfig) -> Result<Vec<DeviceConfi
             let mut taken: Vec<(u64, u64, String)> = memory
                 .ram_ranges()
                 .into_iter()
-                .map(|ram| {
-                    (
-                        ram.start,
-                        ram.end,
-                        format!("guest RAM {:#x}..{:#x}", ram.start, ram.end),
-                    )
-                })
+                .map(|ram| (ram.start, ram.end, format!("guest RAM {:#x}..{:#x}", ram.start, ram.end)))
                 .collect();
-            taken.push((
-                LAPIC_BASE,
-                LAPIC_BASE + APIC_WINDOW_SIZE,
-                format!("the LAPIC at {LAPIC_BASE:#x}"),
-            ));
-            taken.push((
-                IOAPIC_BASE,
-                IOAPIC_BASE + APIC_WINDOW_SIZE,
-                format!("the IOAPIC at {IOAPIC_BASE:#x}"),
-            ));
+            taken.push((LAPIC_BASE, LAPIC_BASE + APIC_WINDOW_SIZE, format!("the LAPIC at {LAPIC_BASE:#x}")));
+            taken.push((IOAPIC_BASE, IOAPIC_BASE + APIC_WINDOW_SIZE, format!("the IOAPIC at {IOAPIC_BASE:#x}")));
             for other in earlier {
                 if let Some((other_base, other_size)) = other.kind.mmio_window() {
-                    taken.push((
-                        other_base,
-                        other_base + other_size,
-                        format!("the MMIO window of \"{}\"", other.name),
-                    ));
+                    taken.push((other_base, other_base + other_size, format!("the MMIO window of \"{}\"", other.name)));
                 }
             }
-            if let Some((_, _, what)) = taken
-                .iter()
-                .find(|(start, stop, _)| base < *stop && *start < end)
-            {
-                return Err(ConfigError::new(
-                    key("base"),
-                    format!("{window} overlaps {what}"),
-                ));
+            if let Some((_, _, what)) = taken.iter().find(|(start, stop, _)| base < *stop && *start < end) {
+                return Err(ConfigError::new(key("base"), format!("{window} overlaps {what}")));
             }
         }
 
@@ -426,10 +281,7 @@ fn check_devices(draft: &Draft, memory: &MemoryConfig) -> Result<Vec<DeviceConfi
                 for other in earlier {
                     if let DeviceKind::MsrScratch { msrs: other_msrs } = &other.kind {
                         if let Some(msr) = msrs.iter().find(|msr| other_msrs.contains(msr)) {
-                            return Err(ConfigError::new(
-                                key("msrs"),
-                                format!("MSR {msr:#x} is handled by \"{}\" already", other.name),
-                            ));
+                            return Err(ConfigError::new(key("msrs"), format!("MSR {msr:#x} is handled by \"{}\" already", other.name)));
                         }
                     }
                 }
@@ -457,9 +309,7 @@ fn check_devices(draft: &Draft, memory: &MemoryConfig) -> Result<Vec<DeviceConfi
                 }
                 .map_err(|reason| ConfigError::new(output_key, reason))?;
             }
-            DeviceKind::Exit { .. }
-            | DeviceKind::Hypercall { .. }
-            | DeviceKind::MmioScratch { .. } => {}
+            DeviceKind::Exit { .. } | DeviceKind::Hypercall { .. } | DeviceKind::MmioScratch { .. } => {}
         }
     }
     Ok(devices)
@@ -481,10 +331,7 @@ fn check_parent_directory(path: &Path) -> Result<(), String> {
 fn check_socket_path(path: &Path) -> Result<(), String> {
     let length = path.as_os_str().len();
     if length > MAX_SOCKET_PATH {
-        return Err(format!(
-            "{} is {length} bytes; a Unix socket path holds at most {MAX_SOCKET_PATH}",
-            path.display()
-        ));
+        return Err(format!("{} is {length} bytes; a Unix socket path holds at most {MAX_SOCKET_PATH}", path.display()));
     }
     check_parent_directory(path)
 }

@@ -17,13 +17,9 @@ pub(crate) fn parse_watchdog(text: &str) -> Result<Option<u64>, String> {
     } else if let Some(digits) = text.strip_suffix('s') {
         (digits, 1000)
     } else {
-        return Err(format!(
-            "\"{text}\" needs a unit: ms or s (e.g. \"5s\"), or \"off\""
-        ));
+        return Err(format!("\"{text}\" needs a unit: ms or s (e.g. \"5s\"), or \"off\""));
     };
-    let number: u64 = digits
-        .parse()
-        .map_err(|_| format!("\"{text}\" is not a duration (e.g. \"500ms\", \"5s\" or \"off\")"))?;
+    let number: u64 = digits.parse().map_err(|_| format!("\"{text}\" is not a duration (e.g. \"500ms\", \"5s\" or \"off\")"))?;
     match number.checked_mul(multiplier) {
         Some(0) => Err("must be longer than 0 (use \"off\" for no watchdog)".to_string()),
         Some(millis) => Ok(Some(millis)),
@@ -35,9 +31,7 @@ pub(crate) fn parse_backing(text: &str) -> Result<Backing, String> {
     match text.to_ascii_lowercase().as_str() {
         "4k" => Ok(Backing::Page4K),
         "2m" => Ok(Backing::Huge2M),
-        _ => Err(format!(
-            "\"{text}\" is not a backing (expected \"4k\" or \"2m\")"
-        )),
+        _ => Err(format!("\"{text}\" is not a backing (expected \"4k\" or \"2m\")")),
     }
 }
 
@@ -54,9 +48,7 @@ pub(crate) fn parse_protocol(text: &str) -> Result<BootProtocol, String> {
         "pvh" => Ok(BootProtocol::Pvh),
         "direct64" => Ok(BootProtocol::Direct64),
         "linux" => Ok(BootProtocol::Linux),
-        _ => Err(format!(
-            "\"{text}\" is not a boot protocol (expected auto, pvh, direct64 or linux)"
-        )),
+        _ => Err(format!("\"{text}\" is not a boot protocol (expected auto, pvh, direct64 or linux)")),
     }
 }
 
@@ -73,9 +65,7 @@ pub(crate) fn parse_smp(text: &str) -> Result<SmpStart, String> {
     match text {
         "direct" => Ok(SmpStart::Direct),
         "sipi" => Ok(SmpStart::Sipi),
-        _ => Err(format!(
-            "\"{text}\" is not an SMP start (expected direct or sipi)"
-        )),
+        _ => Err(format!("\"{text}\" is not an SMP start (expected direct or sipi)")),
     }
 }
 
@@ -122,9 +112,7 @@ pub(crate) fn parse_serial_output(text: &str, base_dir: &Path) -> Result<SerialO
             } else if let Some(path) = text.strip_prefix("unix:") {
                 nonempty_path(path).map(SerialOutput::UnixSocket)
             } else {
-                Err(format!(
-                    "\"{text}\" is not a serial output (expected stdout, null, file:PATH or unix:PATH)"
-                ))
+                Err(format!("\"{text}\" is not a serial output (expected stdout, null, file:PATH or unix:PATH)"))
             }
         }
     }
@@ -148,24 +136,11 @@ mod tests {
     #[test]
     fn serial_outputs_resolve_relative_paths() {
         let base = Path::new("/etc/vms");
-        assert_eq!(
-            parse_serial_output("stdout", base),
-            Ok(SerialOutput::Stdout)
-        );
+        assert_eq!(parse_serial_output("stdout", base), Ok(SerialOutput::Stdout));
         assert_eq!(parse_serial_output("null", base), Ok(SerialOutput::Null));
-        assert_eq!(
-            parse_serial_output("file:log/com1.txt", base),
-            Ok(SerialOutput::File("/etc/vms/log/com1.txt".into()))
-        );
-        assert_eq!(
-            parse_serial_output("unix:/run/s.sock", base),
-            Ok(SerialOutput::UnixSocket("/run/s.sock".into()))
-        );
-        assert!(parse_serial_output("file:", base)
-            .unwrap_err()
-            .contains("no path"));
-        assert!(parse_serial_output("tcp:1", base)
-            .unwrap_err()
-            .contains("not a serial output"));
+        assert_eq!(parse_serial_output("file:log/com1.txt", base), Ok(SerialOutput::File("/etc/vms/log/com1.txt".into())));
+        assert_eq!(parse_serial_output("unix:/run/s.sock", base), Ok(SerialOutput::UnixSocket("/run/s.sock".into())));
+        assert!(parse_serial_output("file:", base).unwrap_err().contains("no path"));
+        assert!(parse_serial_output("tcp:1", base).unwrap_err().contains("not a serial output"));
     }
 }

@@ -29,19 +29,11 @@ impl VmConfig {
         if self.devices.is_empty() {
             out.push_str("device = []\n\n");
         }
-        let _ = writeln!(
-            out,
-            "[memory]\nsize = \"{}\"",
-            format_size(self.memory.size)
-        );
+        let _ = writeln!(out, "[memory]\nsize = \"{}\"", format_size(self.memory.size));
         let _ = writeln!(out, "backing = \"{}\"\n", backing_name(self.memory.backing));
 
         let _ = writeln!(out, "[cpus]\ncount = {}", self.vcpus.len());
-        let cores: Option<Vec<String>> = self
-            .vcpus
-            .iter()
-            .map(|vcpu| vcpu.host_core.map(|core| core.to_string()))
-            .collect();
+        let cores: Option<Vec<String>> = self.vcpus.iter().map(|vcpu| vcpu.host_core.map(|core| core.to_string())).collect();
         if let Some(cores) = cores {
             let _ = writeln!(out, "cores = [{}]", cores.join(", "));
         }
@@ -49,22 +41,14 @@ impl VmConfig {
         let boot = &self.boot;
         let _ = writeln!(out, "\n[boot]\nkernel = {}", quoted_path(&boot.kernel));
         let _ = writeln!(out, "cmdline = {}", quoted(&boot.cmdline));
-        let modules: Vec<String> = boot
-            .modules
-            .iter()
-            .map(|module| quoted_path(module))
-            .collect();
+        let modules: Vec<String> = boot.modules.iter().map(|module| quoted_path(module)).collect();
         let _ = writeln!(out, "modules = [{}]", modules.join(", "));
         let _ = writeln!(out, "protocol = \"{}\"", protocol_name(boot.protocol));
         let _ = writeln!(out, "smp = \"{}\"", smp_name(boot.smp));
         let _ = writeln!(out, "unclaimed_ports = \"{}\"", unclaimed_ports_name(boot.unclaimed_ports));
 
         if let Some(millis) = self.watchdog_ms {
-            let timeout = if millis % 1000 == 0 {
-                format!("{}s", millis / 1000)
-            } else {
-                format!("{millis}ms")
-            };
+            let timeout = if millis % 1000 == 0 { format!("{}s", millis / 1000) } else { format!("{millis}ms") };
             let _ = writeln!(out, "\n[watchdog]\ntimeout = \"{timeout}\"");
         }
         if let Some(socket) = &self.control_socket {
@@ -84,25 +68,13 @@ impl VmConfig {
                             format!("unix:{}", path.to_string_lossy())
                         }
                     };
-                    let _ = writeln!(
-                        out,
-                        "port = {port:#x}\nirq = {irq}\noutput = {}",
-                        quoted(&output)
-                    );
+                    let _ = writeln!(out, "port = {port:#x}\nirq = {irq}\noutput = {}", quoted(&output));
                 }
                 DeviceKind::Exit { port } | DeviceKind::Hypercall { port } => {
                     let _ = writeln!(out, "port = {port:#x}");
                 }
-                DeviceKind::Channel {
-                    size,
-                    doorbell_port,
-                    vector,
-                } => {
-                    let _ = writeln!(
-                        out,
-                        "size = \"{}\"\nport = {doorbell_port:#x}\nvector = {vector:#x}",
-                        format_size(*size)
-                    );
+                DeviceKind::Channel { size, doorbell_port, vector } => {
+                    let _ = writeln!(out, "size = \"{}\"\nport = {doorbell_port:#x}\nvector = {vector:#x}", format_size(*size));
                 }
                 DeviceKind::MmioScratch { base, size } => {
                     let _ = writeln!(out, "base = {base:#x}\nsize = {size:#x}");

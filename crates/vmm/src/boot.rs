@@ -30,9 +30,7 @@ impl BootPlan {
     /// The start state of vCPU `index`; `None` for a vCPU that waits for INIT/SIPI.
     pub fn start_mode(&self, index: usize, sipi: bool) -> Option<StartMode> {
         match self.protocol {
-            BootProtocol::Direct64 if index == 0 || !sipi => {
-                Some(StartMode::Long64 { entry: self.entry, vcpu_index: index as u64 })
-            }
+            BootProtocol::Direct64 if index == 0 || !sipi => Some(StartMode::Long64 { entry: self.entry, vcpu_index: index as u64 }),
             BootProtocol::Pvh if index == 0 => Some(StartMode::Pvh32 { entry: self.entry }),
             BootProtocol::Linux if index == 0 => Some(StartMode::Linux64 { entry: self.entry }),
             _ => None,
@@ -83,7 +81,11 @@ pub fn elf_guest_os(image: &[u8]) -> Option<String> {
 /// what follows `--` belongs to the kernel's init (Linux) or job (the LWK), not to the kernel.
 pub fn kernel_command_line(user: &str, extra: &[String]) -> String {
     let words = extra.join(" ");
-    let separator = if user.starts_with("-- ") || user == "--" { Some(0) } else { user.find(" -- ").map(|i| i + 1).or_else(|| user.strip_suffix(" --").map(|rest| rest.len() + 1)) };
+    let separator = if user.starts_with("-- ") || user == "--" {
+        Some(0)
+    } else {
+        user.find(" -- ").map(|i| i + 1).or_else(|| user.strip_suffix(" --").map(|rest| rest.len() + 1))
+    };
     match (separator, words.is_empty()) {
         (_, true) => user.to_string(),
         (Some(at), false) => format!("{}{words} {}", &user[..at], &user[at..]),
@@ -101,8 +103,7 @@ fn read_file(key: &str, path: &Path) -> Result<Vec<u8>, VmError> {
 pub fn load(memory: &GuestMemory, boot: &BootConfig, cmdline_extra: &[String]) -> Result<BootPlan, VmError> {
     let mem = memory.guest_memory();
     let write = |gpa: u64, bytes: &[u8], what: &str| {
-        mem.write_slice(bytes, GuestAddress(gpa))
-            .map_err(|e| VmError::Config(format!("{what} does not fit in guest memory: {e}")))
+        mem.write_slice(bytes, GuestAddress(gpa)).map_err(|e| VmError::Config(format!("{what} does not fit in guest memory: {e}")))
     };
     let kind = image_kind(&boot.kernel)?;
     let mut image = File::open(&boot.kernel).map_err(|e| VmError::Config(format!("boot.kernel: {e}")))?;
@@ -113,8 +114,8 @@ pub fn load(memory: &GuestMemory, boot: &BootConfig, cmdline_extra: &[String]) -
     };
     let (protocol, entry, kernel_end, setup_header) = match kind {
         ImageKind::Elf64 => {
-            let loaded = Elf::load(mem, None, &mut image, highmem)
-                .map_err(|e| VmError::Config(format!("boot.kernel: loading ELF: {e}")))?;
+            let loaded =
+                Elf::load(mem, None, &mut image, highmem).map_err(|e| VmError::Config(format!("boot.kernel: loading ELF: {e}")))?;
             let pvh_entry = match loaded.pvh_boot_cap {
                 PvhBootCapability::PvhEntryPresent(addr) => Some(addr.0),
                 _ => None,
@@ -136,8 +137,8 @@ pub fn load(memory: &GuestMemory, boot: &BootConfig, cmdline_extra: &[String]) -
             if !matches!(boot.protocol, BootProtocol::Auto | BootProtocol::Linux) {
                 return Err(VmError::Config("boot.protocol: a bzImage boots only with the Linux protocol".into()));
             }
-            let loaded = BzImage::load(mem, None, &mut image, highmem)
-                .map_err(|e| VmError::Config(format!("boot.kernel: loading bzImage: {e}")))?;
+            let loaded =
+                BzImage::load(mem, None, &mut image, highmem).map_err(|e| VmError::Config(format!("boot.kernel: loading bzImage: {e}")))?;
             // The 64-bit entry point sits 0x200 bytes into the protected-mode kernel.
             (BootProtocol::Linux, loaded.kernel_load.0 + 0x200, loaded.kernel_end, loaded.setup_header)
         }
@@ -198,8 +199,7 @@ pub fn load(memory: &GuestMemory, boot: &BootConfig, cmdline_extra: &[String]) -
             }
             let initrd = modules.first().map(|m| zero_page::Initrd { gpa: m.gpa, size: m.size });
             let params = zero_page::build(header, &memory_map, initrd);
-            mem.write_obj(params, GuestAddress(ZERO_PAGE_ADDR))
-                .map_err(|e| VmError::Config(format!("zero page: {e}")))?;
+            mem.write_obj(params, GuestAddress(ZERO_PAGE_ADDR)).map_err(|e| VmError::Config(format!("zero page: {e}")))?;
         }
         BootProtocol::Pvh | BootProtocol::Direct64 | BootProtocol::Auto => {
             let blobs = pvh::build(&memory_map, &modules).map_err(|e| VmError::Config(format!("boot.modules: {e}")))?;

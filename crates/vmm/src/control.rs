@@ -65,8 +65,7 @@ fn answer(vm: &VmHandle, request: VmmRequest, files: &[File]) -> Result<Answer, 
         }
         VmmRequest::Memory => {
             let layout = vm.layout();
-            let ranges =
-                layout.ram_ranges().map(|r| RamRange { gpa: r.gpa, size: r.size, file_offset: r.file_offset }).collect();
+            let ranges = layout.ram_ranges().map(|r| RamRange { gpa: r.gpa, size: r.size, file_offset: r.file_offset }).collect();
             (ok_reply(&MemoryReply { size: layout.ram_size(), ranges }), vec![vm.memfd()])
         }
         VmmRequest::Channel => {
@@ -105,11 +104,7 @@ fn answer(vm: &VmHandle, request: VmmRequest, files: &[File]) -> Result<Answer, 
                 })
                 .collect();
             if fds.len() > LIMITS.max_fds {
-                return Err(ApiError::invalid(format!(
-                    "range spans {} backing files, at most {} per reply",
-                    fds.len(),
-                    LIMITS.max_fds
-                )));
+                return Err(ApiError::invalid(format!("range spans {} backing files, at most {} per reply", fds.len(), LIMITS.max_fds)));
             }
             (ok_reply(&TranslateReply { runs }), fds)
         }

@@ -106,11 +106,7 @@ pub struct HookConflict {
 
 impl fmt::Display for HookConflict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "device {:?} cannot hook {}: already hooked by {:?}",
-            self.new_owner, self.key, self.existing_owner
-        )
+        write!(f, "device {:?} cannot hook {}: already hooked by {:?}", self.new_owner, self.key, self.existing_owner)
     }
 }
 
@@ -124,11 +120,7 @@ pub struct HookRegistry {
     hypercall_port: Option<u16>,
 }
 
-fn range_lookup<K: Ord + Copy>(
-    map: &BTreeMap<K, Owner>,
-    addr: K,
-    end_of: impl Fn(&HookKey) -> bool,
-) -> Option<&Owner> {
+fn range_lookup<K: Ord + Copy>(map: &BTreeMap<K, Owner>, addr: K, end_of: impl Fn(&HookKey) -> bool) -> Option<&Owner> {
     map.range(..=addr).next_back().map(|(_, o)| o).filter(|o| end_of(&o.key))
 }
 
@@ -139,19 +131,13 @@ impl HookRegistry {
 
     /// Claims `key` for `device`. Overlapping claims are refused, naming both devices.
     pub fn hook(&mut self, name: &str, key: HookKey, device: DeviceHandle) -> Result<(), HookConflict> {
-        let conflict = |existing: &Owner| HookConflict {
-            key,
-            new_owner: name.to_string(),
-            existing_owner: existing.name.to_string(),
-        };
+        let conflict = |existing: &Owner| HookConflict { key, new_owner: name.to_string(), existing_owner: existing.name.to_string() };
         let owner = Owner { name: name.into(), key, device };
         match key {
             HookKey::Port { base, len } => {
                 let (start, end) = (base as u32, base as u32 + len.max(1) as u32);
                 if let Some(o) = self.ports.values().find(|o| match o.key {
-                    HookKey::Port { base: b, len: l } => {
-                        (b as u32) < end && start < b as u32 + l.max(1) as u32
-                    }
+                    HookKey::Port { base: b, len: l } => (b as u32) < end && start < b as u32 + l.max(1) as u32,
                     _ => false,
                 }) {
                     return Err(conflict(o));

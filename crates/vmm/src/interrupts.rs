@@ -3,8 +3,8 @@
 //! KVM_SET_GSI_ROUTING replaces the whole table, so the default pin routes are rebuilt here.
 
 use kvm_bindings::{
-    kvm_irq_routing_entry, KvmIrqRouting, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER,
-    KVM_IRQCHIP_PIC_SLAVE, KVM_IRQ_ROUTING_IRQCHIP, KVM_IRQ_ROUTING_MSI,
+    kvm_irq_routing_entry, KvmIrqRouting, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_IRQ_ROUTING_IRQCHIP,
+    KVM_IRQ_ROUTING_MSI,
 };
 use kvm_ioctls::VmFd;
 
@@ -55,8 +55,7 @@ impl InterruptRouter {
     }
 
     pub fn commit(&self, vm: &VmFd) -> Result<(), kvm_ioctls::Error> {
-        let routing = KvmIrqRouting::from_entries(&self.entries())
-            .map_err(|_| kvm_ioctls::Error::new(libc::E2BIG))?;
+        let routing = KvmIrqRouting::from_entries(&self.entries()).map_err(|_| kvm_ioctls::Error::new(libc::E2BIG))?;
         vm.set_gsi_routing(&routing)
     }
 }

@@ -138,11 +138,7 @@ impl Populate {
             // only allocates and maps its pages.
             if unsafe { libc::madvise(base.add(offset).cast(), len, libc::MADV_POPULATE_WRITE) } != 0 {
                 let error = io::Error::last_os_error();
-                return Err(MemoryError::Map(format!(
-                    "allocating guest RAM at {} of {} MiB: {error}",
-                    self.done >> 20,
-                    self.total >> 20
-                )));
+                return Err(MemoryError::Map(format!("allocating guest RAM at {} of {} MiB: {error}", self.done >> 20, self.total >> 20)));
             }
             offset += len;
             self.done += len as u64;
@@ -168,9 +164,7 @@ impl GuestMemory {
         memfd.set_len(layout.ram_size()).map_err(MemoryError::Memfd)?;
         // A client holding the memfd must not be able to shrink it under the VMM (SIGBUS here).
         // SAFETY: fcntl on a descriptor we own.
-        let sealed = unsafe {
-            libc::fcntl(memfd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW)
-        };
+        let sealed = unsafe { libc::fcntl(memfd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW) };
         if sealed < 0 {
             return Err(MemoryError::Memfd(io::Error::last_os_error()));
         }
@@ -194,14 +188,7 @@ impl GuestMemory {
             populate.region(region.as_ptr(), region.size())?;
         }
         let mmap = GuestMemoryMmap::from_regions(regions).map_err(|e| MemoryError::Map(e.to_string()))?;
-        let mut memory = GuestMemory {
-            memfd,
-            ram_slots: 0,
-            layout,
-            mmap,
-            regions: Vec::new(),
-            next_slot: 0,
-        };
+        let mut memory = GuestMemory { memfd, ram_slots: 0, layout, mmap, regions: Vec::new(), next_slot: 0 };
         for range in memory.layout.ram_ranges().collect::<Vec<_>>() {
             let host = memory.host_address(range.gpa, range.size).expect("RAM is mapped");
             memory.register_slot(vm, memory.next_slot, range.gpa, range.size, host, RegionAccess::ReadWrite)?;
@@ -266,9 +253,7 @@ impl GuestMemory {
     ) -> Result<RegionInfo, MemoryError> {
         let bad = |m: String| Err(MemoryError::BadRegion(m));
         if len == 0 || len % PAGE_SIZE != 0 || file_offset % PAGE_SIZE != 0 {
-            return bad(format!(
-                "region length {len:#x} and file offset {file_offset:#x} must be non-zero multiples of 4 KiB"
-            ));
+            return bad(format!("region length {len:#x} and file offset {file_offset:#x} must be non-zero multiples of 4 KiB"));
         }
         let gpa = match gpa {
             Some(g) => g,
@@ -315,12 +300,7 @@ impl GuestMemory {
             return bad(format!("mapping region file at {file_offset:#x}+{len:#x}: {}", io::Error::last_os_error()));
         }
         let slot = self.next_slot;
-        let region = RuntimeRegion {
-            info: RegionInfo { slot, gpa, len },
-            file,
-            file_offset,
-            host_addr: host.cast(),
-        };
+        let region = RuntimeRegion { info: RegionInfo { slot, gpa, len }, file, file_offset, host_addr: host.cast() };
         self.register_slot(vm, slot, gpa, len, region.host_addr, access)?;
         self.next_slot += 1;
         let info = region.info.clone();
@@ -376,9 +356,7 @@ impl GuestMemory {
     pub fn translate(&self, gpa: u64, len: u64) -> Result<Vec<FileRun>, MemoryError> {
         let mut runs: Vec<FileRun> = Vec::new();
         let mut cursor = gpa;
-        let end = gpa
-            .checked_add(len)
-            .ok_or_else(|| MemoryError::BadRegion(format!("range {gpa:#x}+{len:#x} wraps")))?;
+        let end = gpa.checked_add(len).ok_or_else(|| MemoryError::BadRegion(format!("range {gpa:#x}+{len:#x} wraps")))?;
         while cursor < end {
             let ram = self
                 .layout
@@ -392,9 +370,7 @@ impl GuestMemory {
                     .map(|r| (r.file.as_raw_fd(), r.info.gpa, r.info.len, r.file_offset))
             });
             let Some((fd, base, size, file_offset)) = piece else {
-                return Err(MemoryError::BadRegion(format!(
-                    "guest-physical address {cursor:#x} is not backed by memory"
-                )));
+                return Err(MemoryError::BadRegion(format!("guest-physical address {cursor:#x} is not backed by memory")));
             };
             let take = (base + size).min(end) - cursor;
             let offset = file_offset + (cursor - base);

@@ -169,10 +169,7 @@ impl Stepping {
         // The current privilege level is the RPL of CS (synced into kvm_run at each exit).
         let synced = vcpu.sync_regs();
         let cpl = (synced.sregs.cs.selector & 3) as u8;
-        let returned_to_user = self
-            .previous_rip
-            .and_then(|rip| code_at(vcpu, memory, rip))
-            .is_some_and(returns_to_user);
+        let returned_to_user = self.previous_rip.and_then(|rip| code_at(vcpu, memory, rip)).is_some_and(returns_to_user);
         self.profile.record(cpl, self.previous_cpl, returned_to_user);
         if cpl == 0 {
             *self.kernel_rips.entry(synced.regs.rip).or_default() += 1;

@@ -31,8 +31,23 @@ impl fmt::Display for RegisterDump {
             "rip={:#018x} rsp={:#018x} rflags={:#x} cs={:#x} cpl={}\n  \
              rax={:#x} rbx={:#x} rcx={:#x} rdx={:#x} rsi={:#x} rdi={:#x} rbp={:#x}\n  \
              cr0={:#x} cr2={:#x} cr3={:#x} cr4={:#x} efer={:#x}",
-            self.rip, self.rsp, self.rflags, self.cs, self.cpl, self.rax, self.rbx, self.rcx,
-            self.rdx, self.rsi, self.rdi, self.rbp, self.cr0, self.cr2, self.cr3, self.cr4, self.efer
+            self.rip,
+            self.rsp,
+            self.rflags,
+            self.cs,
+            self.cpl,
+            self.rax,
+            self.rbx,
+            self.rcx,
+            self.rdx,
+            self.rsi,
+            self.rdi,
+            self.rbp,
+            self.cr0,
+            self.cr2,
+            self.cr3,
+            self.cr4,
+            self.efer
         )
     }
 }

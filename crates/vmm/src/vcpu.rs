@@ -4,12 +4,12 @@
 
 use std::sync::Arc;
 
-use kvm_bindings::{kvm_fpu, kvm_mp_state, CpuId, Msrs, kvm_msr_entry, KVM_MP_STATE_RUNNABLE};
+use kvm_bindings::{kvm_fpu, kvm_mp_state, kvm_msr_entry, CpuId, Msrs, KVM_MP_STATE_RUNNABLE};
 use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd};
 
 use crate::arch::{cpuid, regs};
-use crate::profile;
 use crate::hooks::{Claim, ExitContext, ExitKind, HookRegistry, Outcome, Request};
+use crate::profile;
 use crate::stop::{RegisterDump, StopReason};
 use crate::vm::{RunState, VmShared};
 use crate::VmError;
@@ -51,9 +51,13 @@ pub fn configure(
 
     let mut lapic = vcpu.get_lapic().map_err(|e| err("get LAPIC", e))?;
     let mut set_lvt = |offset: usize, mode: u32| {
-        let bytes: &mut [u8] = unsafe { &mut *(&mut lapic.regs[offset..offset + 4] as *mut [i8] as *mut [u8]) };
-        let value = (u32::from_le_bytes(bytes.try_into().unwrap()) & !0x700) | mode;
-        bytes.copy_from_slice(&value.to_le_bytes());
+        // kvm_lapic_state holds the registers as C chars (i8): reinterpret each byte.
+        let field = &mut lapic.regs[offset..offset + 4];
+        let old = u32::from_le_bytes([field[0] as u8, field[1] as u8, field[2] as u8, field[3] as u8]);
+        let value = (old & !0x700) | mode;
+        for (slot, byte) in field.iter_mut().zip(value.to_le_bytes()) {
+            *slot = byte as i8;
+        }
     };
     set_lvt(APIC_LVT_LINT0, APIC_MODE_EXTINT);
     set_lvt(APIC_LVT_LINT1, APIC_MODE_NMI);
@@ -65,8 +69,7 @@ pub fn configure(
         vcpu.set_regs(&regs::general_registers(mode)).map_err(|e| err("set regs", e))?;
         if index != 0 {
             // Application processors start waiting for SIPI; these ones start at once.
-            vcpu.set_mp_state(kvm_mp_state { mp_state: KVM_MP_STATE_RUNNABLE })
-                .map_err(|e| err("set MP state", e))?;
+            vcpu.set_mp_state(kvm_mp_state { mp_state: KVM_MP_STATE_RUNNABLE }).map_err(|e| err("set MP state", e))?;
         }
     }
     Ok(())
@@ -159,7 +162,9 @@ enum ExitAction {
     /// The guest is at fault; the loop adds its registers to the report.
     Fault(Failure),
     /// A write to the hypercall port: the arguments are in the registers.
-    Hypercall { width: usize },
+    Hypercall {
+        width: usize,
+    },
     /// One instruction of an instruction-profile window.
     SingleStep,
 }
@@ -169,7 +174,10 @@ enum Failure {
     /// KVM_EXIT_INTERNAL_ERROR: the details are in kvm_run, read once the exit is released.
     KvmInternal,
     Unhandled(String),
-    Device { device: String, reason: String },
+    Device {
+        device: String,
+        reason: String,
+    },
 }
 
 /// The vCPU thread body: runs until the VM stops, then returns.
@@ -256,11 +264,7 @@ pub enum UnhandledPorts {
     LogOnce,
 }
 
-fn run_device(
-    claim: crate::hooks::Claim<'_>,
-    ctx: &ExitContext,
-    request: Request<'_>,
-) -> ExitAction {
+fn run_device(claim: crate::hooks::Claim<'_>, ctx: &ExitContext, request: Request<'_>) -> ExitAction {
     let result = claim.device.lock().unwrap().handle(ctx, request);
     match result {
         Ok(Outcome::Continue) => ExitAction::Continue,
@@ -358,7 +362,11 @@ fn dispatch<'r>(
                 }
                 None => {
                     data.fill(0xff);
-                    if port == POST_CODE_PORT { ExitAction::Continue } else { ports.unclaimed(port, false, policy, ctx) }
+                    if port == POST_CODE_PORT {
+                        ExitAction::Continue
+                    } else {
+                        ports.unclaimed(port, false, policy, ctx)
+                    }
                 }
             }
         }
@@ -369,9 +377,9 @@ fn dispatch<'r>(
                     let offset = addr - base_mmio(claim.key);
                     run_device(claim, ctx, Request::MmioRead { offset, data })
                 }
-                None => ExitAction::Fault(Failure::Unhandled(format!(
-                    "{}-byte MMIO read at {addr:#x}, which no device claims", data.len()
-                ))),
+                None => {
+                    ExitAction::Fault(Failure::Unhandled(format!("{}-byte MMIO read at {addr:#x}, which no device claims", data.len())))
+                }
             }
         }
         VcpuExit::MmioWrite(addr, data) => {
@@ -381,9 +389,9 @@ fn dispatch<'r>(
                     let offset = addr - base_mmio(claim.key);
                     run_device(claim, ctx, Request::MmioWrite { offset, data })
                 }
-                None => ExitAction::Fault(Failure::Unhandled(format!(
-                    "{}-byte MMIO write at {addr:#x}, which no device claims", data.len()
-                ))),
+                None => {
+                    ExitAction::Fault(Failure::Unhandled(format!("{}-byte MMIO write at {addr:#x}, which no device claims", data.len())))
+                }
             }
         }
         VcpuExit::X86Rdmsr(msr) => {

@@ -14,7 +14,7 @@ use vmm_config::{SmpStart, UnclaimedPorts, VmConfig};
 use crate::arch::memmap::GuestLayout;
 use crate::boot::{self, BootPlan};
 use crate::devices::{self, ChannelEndpoint, DeviceEnv, Report};
-use crate::hooks::{DeviceHandle, HookKey, HookRegistry, ExitCounters};
+use crate::hooks::{DeviceHandle, ExitCounters, HookKey, HookRegistry};
 use crate::interrupts::InterruptRouter;
 use crate::memory::{FileRun, GuestMemory, RegionAccess, RegionInfo};
 use crate::profile::{InstructionProfile, ProfileRequests};
@@ -374,8 +374,7 @@ impl Vm {
                 _ => None,
             })
             .unwrap_or(0);
-        let layout = GuestLayout::new(config.memory.size, channel_size)
-            .map_err(|e| VmError::Config(format!("memory.size: {e}")))?;
+        let layout = GuestLayout::new(config.memory.size, channel_size).map_err(|e| VmError::Config(format!("memory.size: {e}")))?;
         let memory = GuestMemory::new(&vm_fd, layout, config.memory.backing)?;
 
         let shared = Arc::new(VmShared::new(config.vcpus.len()));
@@ -477,9 +476,12 @@ impl Vm {
         }
         if let Some(timeout_ms) = self.config.watchdog_ms {
             let shared = shared.clone();
-            self.watchdog = Some(std::thread::Builder::new().name("watchdog".into()).spawn(move || {
-                watchdog(&shared, timeout_ms)
-            }).map_err(|e| VmError::State(format!("spawning the watchdog: {e}")))?);
+            self.watchdog = Some(
+                std::thread::Builder::new()
+                    .name("watchdog".into())
+                    .spawn(move || watchdog(&shared, timeout_ms))
+                    .map_err(|e| VmError::State(format!("spawning the watchdog: {e}")))?,
+            );
         }
         let mut guard = shared.state.lock().unwrap();
         if guard.0 == RunState::Created {

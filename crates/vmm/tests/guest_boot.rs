@@ -33,8 +33,7 @@ fn pvh_entry_finds_start_info_memory_map_cmdline_and_modules() {
     assert_eq!(done.value("nr_mods"), 1);
 
     // The memory map the guest read is the one the VMM's layout describes.
-    let expected: Vec<(u64, u64, u64)> =
-        layout.memory_map().iter().map(|e| (e.addr, e.size, e.kind as u64)).collect();
+    let expected: Vec<(u64, u64, u64)> = layout.memory_map().iter().map(|e| (e.addr, e.size, e.kind as u64)).collect();
     let found: Vec<(u64, u64, u64)> = done
         .values("mm_addr")
         .into_iter()
@@ -161,12 +160,8 @@ fn processors(done: &guest_support::Finished) -> BTreeSet<(u64, u64)> {
         .into_iter()
         .filter_map(|vcpu| {
             let value_of = |key: &str| {
-                let values: Vec<u64> = done
-                    .reports
-                    .iter()
-                    .filter(|r| r.vcpu == vcpu && r.key == guest_support::pack_key(key))
-                    .map(|r| r.value)
-                    .collect();
+                let values: Vec<u64> =
+                    done.reports.iter().filter(|r| r.vcpu == vcpu && r.key == guest_support::pack_key(key)).map(|r| r.value).collect();
                 assert!(values.len() <= 1, "vCPU {vcpu} reported {key} {} times\n{done}", values.len());
                 values.first().copied()
             };

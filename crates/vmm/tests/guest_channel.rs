@@ -106,11 +106,7 @@ impl HostSide<'_> {
             polls += 1;
             // Reading the clock costs more than a poll; look only now and then.
             if polls % 65536 == 0 {
-                assert!(
-                    Instant::now() < deadline,
-                    "no reply from the guest within {GUEST_TIMEOUT:?}; serial:\n{}",
-                    guest.serial()
-                );
+                assert!(Instant::now() < deadline, "no reply from the guest within {GUEST_TIMEOUT:?}; serial:\n{}", guest.serial());
             }
             std::hint::spin_loop();
         }

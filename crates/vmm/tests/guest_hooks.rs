@@ -68,22 +68,17 @@ fn port_mmio_msr_and_hypercall_hooks_round_trip() {
     require_kvm!();
     let port_scratch = Arc::new(Mutex::new(PortScratch::default()));
     let extra = vec![
-        ExtraDevice {
-            name: "port-scratch".into(),
-            keys: vec![HookKey::Port { base: SCRATCH_PORT, len: 4 }],
-            device: port_scratch.clone(),
-        },
+        ExtraDevice { name: "port-scratch".into(), keys: vec![HookKey::Port { base: SCRATCH_PORT, len: 4 }], device: port_scratch.clone() },
         ExtraDevice {
             name: "positional".into(),
             keys: vec![HookKey::Hypercall(TEST_HYPERCALL)],
             device: Arc::new(Mutex::new(PositionalHypercall)),
         },
     ];
-    let spec = GuestSpec::new(&format!(
-        "test=hooks port={SCRATCH_PORT:#x} mmio={MMIO_BASE:#x} msr={SCRATCH_MSR:#x} hc={TEST_HYPERCALL:#x}"
-    ))
-    .devices(&format!(
-        r#"
+    let spec =
+        GuestSpec::new(&format!("test=hooks port={SCRATCH_PORT:#x} mmio={MMIO_BASE:#x} msr={SCRATCH_MSR:#x} hc={TEST_HYPERCALL:#x}"))
+            .devices(&format!(
+                r#"
 [[device]]
 kind = "mmio-scratch"
 base = {MMIO_BASE}
@@ -92,7 +87,7 @@ size = 4096
 kind = "msr-scratch"
 msrs = [{SCRATCH_MSR}]
 "#
-    ));
+            ));
     let done = Guest::start_with(spec, extra).finish();
     done.assert_exit(0);
 

@@ -517,12 +517,24 @@ impl Broker {
             }
             wire::OP_RELEASE => {
                 let access = AccessId::from_raw(a[0] as i64).ok_or(Error::Invalid)?;
-                self.through_permit(peer.pid, access, Forget::Yes, |up, pid, real| up.release(pid, real), || self.lock().ns.release(me, access))?;
+                self.through_permit(
+                    peer.pid,
+                    access,
+                    Forget::Yes,
+                    |up, pid, real| up.release(pid, real),
+                    || self.lock().ns.release(me, access),
+                )?;
                 Ok(Answer::ok(op, &[]))
             }
             wire::OP_DETACH => {
                 let access = AccessId::from_raw(a[0] as i64).ok_or(Error::Invalid)?;
-                self.through_permit(peer.pid, access, Forget::No, |up, pid, real| up.detach(pid, real), || self.lock().ns.detach(me, access))?;
+                self.through_permit(
+                    peer.pid,
+                    access,
+                    Forget::No,
+                    |up, pid, real| up.detach(pid, real),
+                    || self.lock().ns.detach(me, access),
+                )?;
                 Ok(Answer::ok(op, &[]))
             }
             wire::OP_LOOKUP => {
@@ -660,7 +672,8 @@ impl Broker {
             }
             state.servers.get(&pid).cloned().ok_or(Error::NotFound)?
         };
-        let (runs, fds) = ask_owner(&server, &Request::new(wire::OP_FETCH, &[vaddr, size])).and_then(|(answer, fds)| check_fetched(answer, fds, size))?;
+        let (runs, fds) =
+            ask_owner(&server, &Request::new(wire::OP_FETCH, &[vaddr, size])).and_then(|(answer, fds)| check_fetched(answer, fds, size))?;
         self.remember_revocable(pid, &runs, &fds);
         let mut pieces = Vec::with_capacity(runs.len());
         for run in &runs {
@@ -699,7 +712,13 @@ impl Broker {
 /// their requests about segments of enclave 1 (host processes'), since those live here. The
 /// caller is `(its enclave, its process)`; permits it gets are this name server's ids.
 impl Broker {
-    pub fn get_for_enclave(&self, caller: Principal, credentials: &Credentials, segment: SegmentId, flags: u32) -> Result<(AccessId, u64), Error> {
+    pub fn get_for_enclave(
+        &self,
+        caller: Principal,
+        credentials: &Credentials,
+        segment: SegmentId,
+        flags: u32,
+    ) -> Result<(AccessId, u64), Error> {
         // Host processes come through their own connections, never here.
         if caller.enclave == NAME_SERVER_ENCLAVE {
             return Err(Error::Invalid);
@@ -710,7 +729,13 @@ impl Broker {
 
     /// The owner's memory for `[offset, offset + size)` as the owner's library hands it over
     /// (memfd ranges and holes, checked like a host attacher's), with the segment's id.
-    pub fn attach_for_enclave(&self, caller: Principal, access: AccessId, offset: u64, size: u64) -> Result<(SegmentId, Vec<EnclaveRun>), Error> {
+    pub fn attach_for_enclave(
+        &self,
+        caller: Principal,
+        access: AccessId,
+        offset: u64,
+        size: u64,
+    ) -> Result<(SegmentId, Vec<EnclaveRun>), Error> {
         if caller.enclave == NAME_SERVER_ENCLAVE {
             return Err(Error::Invalid);
         }
@@ -808,7 +833,8 @@ impl Broker {
             let mut state = self.lock();
             let segments: Vec<(SegmentId, u32)> = state.remote_segments.drain().map(|(segment, (owner, _, _))| (segment, owner)).collect();
             state.orphaned_segments.extend(segments);
-            let permits: Vec<(AccessId, u32)> = state.remote_permits.drain().map(|(surrogate, permit)| (surrogate, permit.holder)).collect();
+            let permits: Vec<(AccessId, u32)> =
+                state.remote_permits.drain().map(|(surrogate, permit)| (surrogate, permit.holder)).collect();
             let holders = permits.iter().map(|(surrogate, holder)| (*surrogate, state.servers.get(holder).cloned())).collect();
             state.orphaned_permits.extend(permits);
             holders

@@ -25,10 +25,8 @@ fn requests_round_trip_and_malformed_ones_are_refused() {
 #[test]
 fn owner_answers_are_checked_run_by_run() {
     let mut answer = Answer::ok(OP_FETCH, &[]);
-    answer.runs = vec![
-        Run { fd_index: 0, flags: RUN_REVOCABLE, offset: 0, length: 8192 },
-        Run { fd_index: HOLE, flags: 0, offset: 0, length: 4096 },
-    ];
+    answer.runs =
+        vec![Run { fd_index: 0, flags: RUN_REVOCABLE, offset: 0, length: 8192 }, Run { fd_index: HOLE, flags: 0, offset: 0, length: 4096 }];
     assert_eq!(Answer::decode(&answer.encode(), 1), Ok(answer.clone()));
     assert!(Answer::decode(&answer.encode(), 0).is_err(), "fd index beyond the descriptors sent");
     for (field, value) in [(0usize, 1u64), (1, 1 << 40), (2, 100), (3, 0)] {

@@ -114,7 +114,10 @@ fn dishonest_owner_answers_fail_the_attach_and_the_broker_survives() {
         ("run beyond its file", Script::Answer(fetch_answer(vec![run(0, 0, 4096, 4 * 4096)]), vec![good.try_clone().unwrap()])),
         ("descriptor index beyond those sent", Script::Answer(fetch_answer(vec![run(1, 0, 0, 4 * 4096)]), vec![good.try_clone().unwrap()])),
         ("a socket instead of a file", Script::Answer(fetch_answer(vec![run(0, 0, 0, 4 * 4096)]), vec![other_socket.try_clone().unwrap()])),
-        ("an unaligned run", Script::Answer(fetch_answer(vec![run(0, 0, 0, 100), run(wire::HOLE, 0, 0, 4 * 4096 - 100)]), vec![good.try_clone().unwrap()])),
+        (
+            "an unaligned run",
+            Script::Answer(fetch_answer(vec![run(0, 0, 0, 100), run(wire::HOLE, 0, 0, 4 * 4096 - 100)]), vec![good.try_clone().unwrap()]),
+        ),
         ("an answer to another op", Script::Answer(Answer::ok(wire::OP_NOTIFY, &[]), vec![])),
         ("no answer at all", Script::Silence),
     ];
@@ -130,7 +133,7 @@ fn dishonest_owner_answers_fail_the_attach_and_the_broker_survives() {
     let (answer, _) = call(&h.attacher, &attach);
     assert_ne!(answer.errno, 0, "timed out");
     std::thread::sleep(Duration::from_millis(800)); // the late answer is now waiting in the socket
-    // An honest answer after all that: one memfd run and a hole.
+                                                    // An honest answer after all that: one memfd run and a hole.
     h.script
         .send(Script::Answer(
             fetch_answer(vec![run(0, wire::RUN_REVOCABLE, 0, 3 * 4096), run(wire::HOLE, 0, 0, 4096)]),

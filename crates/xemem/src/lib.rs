@@ -27,9 +27,9 @@ pub mod wire;
 #[cfg(test)]
 extern crate std;
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod names_tests;
+#[cfg(test)]
+mod tests;
 
 pub use ids::{AccessId, EnclaveId, SegmentId, NAME_SERVER_ENCLAVE};
 pub use nameserver::{NameServer, Principal};

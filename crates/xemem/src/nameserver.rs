@@ -152,14 +152,7 @@ impl NameServer {
         Err(Error::Exhausted)
     }
 
-    pub fn make(
-        &mut self,
-        owner: Principal,
-        vaddr: u64,
-        size: u64,
-        permit: Owner,
-        name: Option<Name>,
-    ) -> Result<SegmentId, Error> {
+    pub fn make(&mut self, owner: Principal, vaddr: u64, size: u64, permit: Owner, name: Option<Name>) -> Result<SegmentId, Error> {
         let size = validate_range(vaddr, size)?;
         if permit.mode > perm::MAX_MODE || owner.enclave == 0 {
             return Err(Error::Invalid);
@@ -202,8 +195,7 @@ impl NameServer {
         if let Some(name) = &segment.name {
             self.names.release(name, id);
         }
-        let dropped: Vec<AccessId> =
-            self.permits.iter().filter(|(_, p)| p.segment == id).map(|(a, _)| *a).collect();
+        let dropped: Vec<AccessId> = self.permits.iter().filter(|(_, p)| p.segment == id).map(|(a, _)| *a).collect();
         for apid in &dropped {
             self.permits.remove(apid);
         }
@@ -212,13 +204,7 @@ impl NameServer {
 
     /// Grants access: flags must be exactly RDONLY or RDWR, the segment must exist, and the
     /// credentials must pass the owner's mode. Returns the permit and the segment size.
-    pub fn get(
-        &mut self,
-        caller: Principal,
-        credentials: &Credentials,
-        id: SegmentId,
-        access: u32,
-    ) -> Result<(AccessId, u64), Error> {
+    pub fn get(&mut self, caller: Principal, credentials: &Credentials, id: SegmentId, access: u32) -> Result<(AccessId, u64), Error> {
         crate::validate_access_flags(access)?;
         let segment = self.segments.get(&id).ok_or(Error::NotFound)?;
         perm::check(&segment.permit, credentials, access)?;

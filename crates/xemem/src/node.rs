@@ -89,11 +89,21 @@ impl Request {
 pub enum Reply {
     Made(SegmentId),
     Done,
-    Granted { access: AccessId, size: u64 },
+    Granted {
+        access: AccessId,
+        size: u64,
+    },
     /// The frames, and the word that says whether they still hold (see [`MappingWord`]).
-    Attached { segment: SegmentId, runs: Vec<FrameRun>, valid_while: Option<MappingWord> },
+    Attached {
+        segment: SegmentId,
+        runs: Vec<FrameRun>,
+        valid_while: Option<MappingWord>,
+    },
     Found(SegmentId),
-    Listed { more: bool, entries: Vec<ListEntry> },
+    Listed {
+        more: bool,
+        entries: Vec<ListEntry>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -202,25 +212,45 @@ enum Verdict {
 enum Expects {
     Done,
     /// A segment of the asking enclave; `process` owns `[vaddr, vaddr + length)`.
-    Made { process: u64, vaddr: u64, length: u64 },
+    Made {
+        process: u64,
+        vaddr: u64,
+        length: u64,
+    },
     /// Done, and the node stops serving `segment`.
-    Removed { segment: SegmentId },
+    Removed {
+        segment: SegmentId,
+    },
     /// Done, and the permit `access` is void.
-    Released { access: AccessId },
+    Released {
+        access: AccessId,
+    },
     /// A permit on `segment`.
-    Granted { segment: SegmentId },
+    Granted {
+        segment: SegmentId,
+    },
     Found,
     Listed,
     /// The segment the attach's permit is on, and the size asked.
-    Attached { segment: SegmentId, size: u64 },
+    Attached {
+        segment: SegmentId,
+        size: u64,
+    },
 }
 
 /// What the answer to a direct make or remove changes in the segments a node serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ServedChange {
     /// `process` made `segment` over `[vaddr, vaddr + length)`.
-    Made { segment: SegmentId, process: u64, vaddr: u64, length: u64 },
-    Removed { segment: SegmentId },
+    Made {
+        segment: SegmentId,
+        process: u64,
+        vaddr: u64,
+        length: u64,
+    },
+    Removed {
+        segment: SegmentId,
+    },
 }
 
 impl DirectRequest {
@@ -234,7 +264,15 @@ impl DirectRequest {
 
     /// The `sequence`-th direct request of enclave `origin`: attach `[offset, offset + size)`
     /// through `access`, a permit of `process` on `segment`.
-    pub fn attach(sequence: u64, origin: EnclaveId, process: u64, access: AccessId, segment: SegmentId, offset: u64, size: u64) -> Result<(DirectRequest, Message), Error> {
+    pub fn attach(
+        sequence: u64,
+        origin: EnclaveId,
+        process: u64,
+        access: AccessId,
+        segment: SegmentId,
+        offset: u64,
+        size: u64,
+    ) -> Result<(DirectRequest, Message), Error> {
         DirectRequest::start(sequence, origin, Request::Attach { process, access, offset, size }, Expects::Attached { segment, size })
     }
 
@@ -331,9 +369,10 @@ impl Expectation {
             (Expects::Granted { .. }, Body::Granted { access, size }) => Ok(Reply::Granted { access, size }),
             (Expects::Found, Body::Found { segment }) => Ok(Reply::Found(segment)),
             (Expects::Listed, Body::Listed { more, entries }) => Ok(Reply::Listed { more, entries }),
-            (&Expects::Attached { segment, size: asked }, Body::Attached { segment: answered, size, first_run, total_runs, runs, valid_while })
-                if answered == segment && size == asked =>
-            {
+            (
+                &Expects::Attached { segment, size: asked },
+                Body::Attached { segment: answered, size, first_run, total_runs, runs, valid_while },
+            ) if answered == segment && size == asked => {
                 match self.assembler.push(segment, size, first_run, total_runs, runs, valid_while) {
                     Ok(None) => return Verdict::Part,
                     Ok(Some((runs, valid_while))) => Ok(Reply::Attached { segment, runs, valid_while }),
@@ -454,12 +493,8 @@ impl Node {
                 }
             }
         }
-        let due: Vec<u64> = self
-            .pending
-            .iter()
-            .filter(|(_, p)| now.saturating_sub(p.sent_at) >= self.timing.retry_after)
-            .map(|(r, _)| *r)
-            .collect();
+        let due: Vec<u64> =
+            self.pending.iter().filter(|(_, p)| now.saturating_sub(p.sent_at) >= self.timing.retry_after).map(|(r, _)| *r).collect();
         for request in due {
             let Some(p) = self.pending.get_mut(&request) else { continue };
             if p.attempts >= self.timing.attempts {
@@ -660,8 +695,7 @@ impl Node {
                     self.own_token = None;
                 } else if let Some((down, theirs)) = self.forwarded.remove(&token) {
                     self.routes.insert(enclave, down);
-                    self.outbox
-                        .push((down, Message::new(0, 0, 0, Body::EnclaveIdResponse { token: theirs, enclave })));
+                    self.outbox.push((down, Message::new(0, 0, 0, Body::EnclaveIdResponse { token: theirs, enclave })));
                 }
             }
             Body::EnclaveGone { enclave } => {
@@ -778,14 +812,7 @@ impl Node {
         }
     }
 
-    fn serve(
-        &mut self,
-        process: u64,
-        segment: SegmentId,
-        vaddr: u64,
-        size: u64,
-        memory: &mut dyn LocalMemory,
-    ) -> Result<Vec<Body>, Error> {
+    fn serve(&mut self, process: u64, segment: SegmentId, vaddr: u64, size: u64, memory: &mut dyn LocalMemory) -> Result<Vec<Body>, Error> {
         let &(owner, start, length) = self.owned.get(&segment).ok_or(Error::NotFound)?;
         let end = vaddr.checked_add(size).ok_or(Error::Invalid)?;
         if owner != process || vaddr < start || end > start + length {
@@ -857,10 +884,8 @@ impl Node {
                 let mut listing = ns.list(after, wire::MAX_LIST_ENTRIES + 1);
                 let more = listing.len() > wire::MAX_LIST_ENTRIES;
                 listing.truncate(wire::MAX_LIST_ENTRIES);
-                let entries = listing
-                    .into_iter()
-                    .map(|l| ListEntry { segment: l.segment, owner: l.owner, size: l.size, name: l.name })
-                    .collect();
+                let entries =
+                    listing.into_iter().map(|l| ListEntry { segment: l.segment, owner: l.owner, size: l.size, name: l.name }).collect();
                 alloc::vec![reply(Body::Listed { more, entries })]
             }
             Body::Signal { process, access } => match ns.signal(caller(process), access) {

@@ -322,10 +322,7 @@ fn random_body(rng: &mut Rng) -> Body {
         19 => {
             let count = 1 + rng.below(MAX_RUNS_PER_MESSAGE as u64) as usize;
             let runs: Vec<FrameRun> = (0..count)
-                .map(|_| FrameRun {
-                    first: if rng.chance(100) { None } else { Some(rng.below(1 << 30)) },
-                    frames: 1 + rng.below(1000),
-                })
+                .map(|_| FrameRun { first: if rng.chance(100) { None } else { Some(rng.below(1 << 30)) }, frames: 1 + rng.below(1000) })
                 .collect();
             let size = runs.iter().map(|r| r.frames).sum::<u64>() * PAGE_SIZE;
             Body::Attached { segment: seg, size, first_run: 0, total_runs: count as u32, runs, valid_while: None }
@@ -471,7 +468,8 @@ fn an_attach_answers_word_travels_in_its_first_part_only() {
     let segment = SegmentId::new(2, 1).unwrap();
     let runs = vec![FrameRun { first: Some(5), frames: 2 }];
     let word = MappingWord { address: 0x2_0000_0010, value: u64::MAX };
-    let body = |first_run, valid_while| Body::Attached { segment, size: 2 * PAGE_SIZE, first_run, total_runs: 3, runs: runs.clone(), valid_while };
+    let body =
+        |first_run, valid_while| Body::Attached { segment, size: 2 * PAGE_SIZE, first_run, total_runs: 3, runs: runs.clone(), valid_while };
     let bytes = Message::new(3, 1, 2, body(0, Some(word))).to_bytes().unwrap();
     assert_eq!(Message::decode(&bytes).unwrap().body, body(0, Some(word)));
     assert_eq!(Message::new(3, 1, 2, body(1, Some(word))).to_bytes(), Err(Error::Invalid), "a later part's word is not sent");
@@ -527,9 +525,7 @@ impl ModelMemory {
             let contiguous = page % run != 0;
             match runs.last_mut() {
                 Some(last) if hole && last.first.is_none() => last.frames += 1,
-                Some(last) if !hole && contiguous && last.first.is_some_and(|f| f + last.frames == frame) => {
-                    last.frames += 1
-                }
+                Some(last) if !hole && contiguous && last.first.is_some_and(|f| f + last.frames == frame) => last.frames += 1,
                 _ => runs.push(FrameRun { first: if hole { None } else { Some(frame) }, frames: 1 }),
             }
         }
@@ -576,7 +572,8 @@ impl Net {
         }
         let timing = Timing { retry_after: 200, attempts: 8 };
         let nodes = (0..n).map(|i| Node::new(peers[i].len() as u32, (i == ns_at).then(|| NameServer::new(seed)), timing)).collect();
-        let memory = (0..n).map(|_| ModelMemory { enclave: 0, run: 1 + rng.below(64), notified: Vec::new(), revoked: Vec::new() }).collect();
+        let memory =
+            (0..n).map(|_| ModelMemory { enclave: 0, run: 1 + rng.below(64), notified: Vec::new(), revoked: Vec::new() }).collect();
         Net { nodes, memory, peers, in_flight: VecDeque::new(), rng, drop_per_thousand, reorder, now: 0 }
     }
 
@@ -590,7 +587,8 @@ impl Net {
             peers[i - 1].push((i, b));
             peers[i].push((i - 1, a));
         }
-        let nodes = (0..n).map(|i| Node::new(peers[i].len() as u32, (i == name_server_at).then(|| NameServer::new(seed)), timing)).collect();
+        let nodes =
+            (0..n).map(|i| Node::new(peers[i].len() as u32, (i == name_server_at).then(|| NameServer::new(seed)), timing)).collect();
         let memory = (0..n).map(|i| ModelMemory { enclave: 0, run: 1 + i as u64, notified: Vec::new(), revoked: Vec::new() }).collect();
         Net { nodes, memory, peers, in_flight: VecDeque::new(), rng: Rng(seed | 1), drop_per_thousand: 0, reorder: false, now: 0 }
     }
@@ -761,10 +759,7 @@ fn check_tree(n: usize, seed: u64, drop_per_thousand: u64, reorder: bool, pairs:
             other => panic!("lookup: {other:?}"),
         }
         let who = Credentials { uid: 1000, groups: vec![100] };
-        let access = match net.call(
-            attacher,
-            Request::Get { process: 7, segment, access: ACCESS_READ_WRITE, credentials: who.clone() },
-        ) {
+        let access = match net.call(attacher, Request::Get { process: 7, segment, access: ACCESS_READ_WRITE, credentials: who.clone() }) {
             Ok(Reply::Granted { access, size }) => {
                 assert_eq!(size, pages * PAGE_SIZE);
                 access
@@ -782,10 +777,7 @@ fn check_tree(n: usize, seed: u64, drop_per_thousand: u64, reorder: bool, pairs:
         }
         let offset_pages = rng.below(pages);
         let attach_pages = 1 + rng.below(pages - offset_pages);
-        match net.call(
-            attacher,
-            Request::Attach { process: 7, access, offset: offset_pages * PAGE_SIZE, size: attach_pages * PAGE_SIZE },
-        ) {
+        match net.call(attacher, Request::Attach { process: 7, access, offset: offset_pages * PAGE_SIZE, size: attach_pages * PAGE_SIZE }) {
             Ok(Reply::Attached { segment: s, runs, valid_while: None }) => {
                 assert_eq!(s, segment);
                 let expected = ModelMemory::expected(
@@ -882,8 +874,7 @@ fn every_pair_in_a_deep_chain() {
             // Whole-address-space segment: the offset is the owner's virtual address, and
             // a range reaching past HOLE_FROM comes back with a hole.
             let offset = HOLE_FROM - 4 * PAGE_SIZE;
-            let Ok(Reply::Attached { runs, .. }) =
-                net.call(attacher, Request::Attach { process: 2, access, offset, size: 8 * PAGE_SIZE })
+            let Ok(Reply::Attached { runs, .. }) = net.call(attacher, Request::Attach { process: 2, access, offset, size: 8 * PAGE_SIZE })
             else {
                 panic!("attach")
             };
@@ -898,7 +889,8 @@ fn every_pair_in_a_deep_chain() {
 #[test]
 fn request_ids_and_answers_are_told_from_the_header_alone() {
     let id = (1 << 63) | 5;
-    let mut bytes = Message::new(id, 3, NAME_SERVER_ENCLAVE, Body::Detach { process: 1, access: AccessId::new(3, 1).unwrap() }).to_bytes().unwrap();
+    let mut bytes =
+        Message::new(id, 3, NAME_SERVER_ENCLAVE, Body::Detach { process: 1, access: AccessId::new(3, 1).unwrap() }).to_bytes().unwrap();
     assert_eq!(request_id(&bytes), Some(id));
     bytes.truncate(HEADER_LEN);
     assert_eq!(request_id(&bytes), Some(id), "the body is not needed");
@@ -949,8 +941,17 @@ fn a_direct_attach_takes_only_its_own_answer_and_assembles_its_parts() {
     // Not answers to it: another enclave, another segment or size, another kind.
     assert_eq!(request.answer(5, part(0, first.clone())), None);
     let other = SegmentId::new(7, 4).unwrap();
-    assert_eq!(request.answer(1, Body::Attached { segment: other, size, first_run: 0, total_runs: 3, runs: first.clone(), valid_while: None }), None);
-    assert_eq!(request.answer(1, Body::Attached { segment, size: size + PAGE_SIZE, first_run: 0, total_runs: 3, runs: first.clone(), valid_while: None }), None);
+    assert_eq!(
+        request.answer(1, Body::Attached { segment: other, size, first_run: 0, total_runs: 3, runs: first.clone(), valid_while: None }),
+        None
+    );
+    assert_eq!(
+        request.answer(
+            1,
+            Body::Attached { segment, size: size + PAGE_SIZE, first_run: 0, total_runs: 3, runs: first.clone(), valid_while: None }
+        ),
+        None
+    );
     assert_eq!(request.answer(1, Body::Done), None);
     // The owner (enclave 7) may answer as well as the name server; two parts make the runs.
     assert_eq!(request.answer(7, part(0, first.clone())), None);
@@ -998,7 +999,10 @@ fn other_direct_requests_take_their_kind_of_answer_from_the_name_server_alone() 
     assert_eq!(removed.answer(1, Body::Done), Some(Ok(Reply::Done)));
     // What the answers change in the segments the asking node serves: a segment removed, or
     // found gone already, is not served any more; a refused remove changes nothing.
-    assert_eq!(made.served_change(&Ok(Reply::Made(ours))), Some(ServedChange::Made { segment: ours, process: 11, vaddr: 0x1000, length: 0x1000 }));
+    assert_eq!(
+        made.served_change(&Ok(Reply::Made(ours))),
+        Some(ServedChange::Made { segment: ours, process: 11, vaddr: 0x1000, length: 0x1000 })
+    );
     assert_eq!(removed.served_change(&Ok(Reply::Done)), Some(ServedChange::Removed { segment: ours }));
     assert_eq!(removed.served_change(&Err(Error::NotFound)), Some(ServedChange::Removed { segment: ours }));
     assert_eq!(removed.served_change(&Err(Error::Denied)), None);
@@ -1020,7 +1024,10 @@ fn the_node_serves_segments_made_directly_until_they_are_removed_directly() {
     let granted = net.call(other, Request::Get { process: 9, segment, access: ACCESS_READ_WRITE, credentials });
     let Ok(Reply::Granted { access, .. }) = granted else { panic!("get: {granted:?}") };
     let runs = ModelMemory::expected(id, net.memory[client].run, 4, 0x11000, 0x2000);
-    assert_eq!(net.call(other, Request::Attach { process: 9, access, offset: 0x1000, size: 0x2000 }), Ok(Reply::Attached { segment, runs, valid_while: None }));
+    assert_eq!(
+        net.call(other, Request::Attach { process: 9, access, offset: 0x1000, size: 0x2000 }),
+        Ok(Reply::Attached { segment, runs, valid_while: None })
+    );
     assert_eq!(net.call(other, Request::Detach { process: 9, access }), Ok(Reply::Done));
     assert_eq!(net.call_direct(client, 2, Request::Remove { process: 4, segment }), Ok(Reply::Done));
     // Removed: the node no longer serves it, even when asked as the name server would.
@@ -1111,10 +1118,7 @@ fn a_lost_enclave_takes_its_segments_and_permits_and_a_stranger_cannot_declare_i
     assert_eq!(ns.segment_count(), 0, "the lost enclave's segments are gone");
     assert_eq!(ns.permit_count(), 0, "and so are the permits on them");
     assert_eq!(net.call(1, Request::Lookup { name: Name::new(b"leaf").unwrap() }), Err(Error::NotFound));
-    assert_eq!(
-        net.call(1, Request::Attach { process: 5, access, offset: 0, size: PAGE_SIZE }),
-        Err(Error::NotFound)
-    );
+    assert_eq!(net.call(1, Request::Attach { process: 5, access, offset: 0, size: PAGE_SIZE }), Err(Error::NotFound));
     assert_eq!(net.nodes[2].route(gone_id), None);
 }
 
@@ -1132,8 +1136,7 @@ fn every_ordered_pair_of_a_random_64_enclave_tree() {
         for attacher in 0..n {
             let access = net.get_read_write(attacher, 4, segment);
             let offset = (attacher as u64 + 1) * 64 * PAGE_SIZE;
-            let Ok(Reply::Attached { runs, .. }) =
-                net.call(attacher, Request::Attach { process: 4, access, offset, size: 16 * PAGE_SIZE })
+            let Ok(Reply::Attached { runs, .. }) = net.call(attacher, Request::Attach { process: 4, access, offset, size: 16 * PAGE_SIZE })
             else {
                 panic!("attach {owner} -> {attacher}")
             };
@@ -1158,10 +1161,7 @@ fn a_gone_enclave_s_cached_answers_are_dropped_so_a_reused_id_starts_clean() {
     net.settle_ids();
     let id = net.nodes[other].id().unwrap();
     let owner = Owner { uid: 0, gid: 0, mode: 0o600 };
-    assert!(matches!(
-        net.call(other, Request::Make { process: 1, vaddr: 0, size: PAGE_SIZE, owner, name: None }),
-        Ok(Reply::Made(_))
-    ));
+    assert!(matches!(net.call(other, Request::Make { process: 1, vaddr: 0, size: PAGE_SIZE, owner, name: None }), Ok(Reply::Made(_))));
     assert_eq!(net.nodes[ns_node].cached_answers_for(id), 1);
     let link = net.nodes[ns_node].route(id).unwrap();
     net.nodes[ns_node].link_down(link, &mut net.memory[ns_node]);
@@ -1230,7 +1230,9 @@ fn a_node_that_lost_its_name_server_rejoins_a_new_one_with_a_new_id() {
     net.settle_ids();
     let leaf = net.nodes[2].id().unwrap();
     let owner = Owner { uid: 0, gid: 0, mode: 0o600 };
-    let Ok(Reply::Made(segment)) = net.call(1, Request::Make { process: 1, vaddr: 0, size: PAGE_SIZE, owner, name: None }) else { panic!("make") };
+    let Ok(Reply::Made(segment)) = net.call(1, Request::Make { process: 1, vaddr: 0, size: PAGE_SIZE, owner, name: None }) else {
+        panic!("make")
+    };
     // A request in flight when the name server goes: it fails at once on rejoin.
     let pending = net.nodes[1].request(Request::Lookup { name: Name::new(b"x").unwrap() }, &mut net.memory[1]).unwrap();
     net.nodes[1].outbox();
@@ -1263,11 +1265,15 @@ fn a_node_that_lost_its_name_server_rejoins_a_new_one_with_a_new_id() {
     let leaf_again = net.nodes[2].id().expect("the leaf has a new id");
     assert_ne!(leaf_again, again);
     assert_eq!(net.nodes[1].route(leaf_again), Some(1));
-    let Ok(Reply::Made(from_leaf)) = net.call(2, Request::Make { process: 1, vaddr: 0, size: PAGE_SIZE, owner, name: None }) else { panic!("make from the leaf") };
+    let Ok(Reply::Made(from_leaf)) = net.call(2, Request::Make { process: 1, vaddr: 0, size: PAGE_SIZE, owner, name: None }) else {
+        panic!("make from the leaf")
+    };
     assert_eq!(from_leaf.enclave(), leaf_again);
     // The old segment is unknown to the new name server; segments made now work.
     assert_eq!(net.call(1, Request::Lookup { name: Name::new(b"x").unwrap() }), Err(Error::NotFound));
     assert_eq!(net.call(1, Request::Remove { process: 1, segment }), Err(Error::NotFound));
-    let Ok(Reply::Made(fresh)) = net.call(1, Request::Make { process: 1, vaddr: 0, size: PAGE_SIZE, owner, name: None }) else { panic!("make again") };
+    let Ok(Reply::Made(fresh)) = net.call(1, Request::Make { process: 1, vaddr: 0, size: PAGE_SIZE, owner, name: None }) else {
+        panic!("make again")
+    };
     assert_eq!(fresh.enclave(), again);
 }

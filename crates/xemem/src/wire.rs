@@ -124,33 +124,109 @@ pub struct Header {
 pub enum Body {
     PingNameServer,
     PongNameServer,
-    EnclaveIdRequest { token: u64 },
-    EnclaveIdResponse { token: u64, enclave: EnclaveId },
-    EnclaveGone { enclave: EnclaveId },
-    Make { process: u64, vaddr: u64, size: u64, uid: u32, gid: u32, mode: u32, name: Option<Name> },
-    Remove { process: u64, segment: SegmentId },
-    Get { process: u64, segment: SegmentId, access: u32, uid: u32, groups: Vec<u32> },
-    Release { process: u64, access: AccessId },
-    Attach { process: u64, access: AccessId, offset: u64, size: u64 },
-    Detach { process: u64, access: AccessId },
-    Lookup { name: Name },
-    List { after: i64 },
-    Signal { process: u64, access: AccessId },
-    Serve { requester: EnclaveId, owner_process: u64, segment: SegmentId, vaddr: u64, size: u64 },
-    Notify { owner_process: u64, segment: SegmentId },
+    EnclaveIdRequest {
+        token: u64,
+    },
+    EnclaveIdResponse {
+        token: u64,
+        enclave: EnclaveId,
+    },
+    EnclaveGone {
+        enclave: EnclaveId,
+    },
+    Make {
+        process: u64,
+        vaddr: u64,
+        size: u64,
+        uid: u32,
+        gid: u32,
+        mode: u32,
+        name: Option<Name>,
+    },
+    Remove {
+        process: u64,
+        segment: SegmentId,
+    },
+    Get {
+        process: u64,
+        segment: SegmentId,
+        access: u32,
+        uid: u32,
+        groups: Vec<u32>,
+    },
+    Release {
+        process: u64,
+        access: AccessId,
+    },
+    Attach {
+        process: u64,
+        access: AccessId,
+        offset: u64,
+        size: u64,
+    },
+    Detach {
+        process: u64,
+        access: AccessId,
+    },
+    Lookup {
+        name: Name,
+    },
+    List {
+        after: i64,
+    },
+    Signal {
+        process: u64,
+        access: AccessId,
+    },
+    Serve {
+        requester: EnclaveId,
+        owner_process: u64,
+        segment: SegmentId,
+        vaddr: u64,
+        size: u64,
+    },
+    Notify {
+        owner_process: u64,
+        segment: SegmentId,
+    },
     /// From the name server (or the daemon serving host memory) to a permit holder's enclave:
     /// the memory behind `access` is going; the holder must unmap every attachment made
     /// through it (touching it afterwards is SIGBUS) and answer `Revoked`.
-    Revoke { process: u64, access: AccessId },
-    Made { segment: SegmentId },
+    Revoke {
+        process: u64,
+        access: AccessId,
+    },
+    Made {
+        segment: SegmentId,
+    },
     Done,
-    Granted { access: AccessId, size: u64 },
+    Granted {
+        access: AccessId,
+        size: u64,
+    },
     /// Runs `first_run..` of an attach answer; the first part may carry its [`MappingWord`].
-    Attached { segment: SegmentId, size: u64, first_run: u32, total_runs: u32, runs: Vec<FrameRun>, valid_while: Option<MappingWord> },
-    Found { segment: SegmentId },
-    Listed { more: bool, entries: Vec<ListEntry> },
-    Revoked { process: u64, access: AccessId },
-    Failed { error: Error },
+    Attached {
+        segment: SegmentId,
+        size: u64,
+        first_run: u32,
+        total_runs: u32,
+        runs: Vec<FrameRun>,
+        valid_while: Option<MappingWord>,
+    },
+    Found {
+        segment: SegmentId,
+    },
+    Listed {
+        more: bool,
+        entries: Vec<ListEntry>,
+    },
+    Revoked {
+        process: u64,
+        access: AccessId,
+    },
+    Failed {
+        error: Error,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

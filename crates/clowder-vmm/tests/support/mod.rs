@@ -181,7 +181,11 @@ impl VmmProcess {
                 return Control(client);
             }
             if let Ok(Some(status)) = self.child.as_mut().expect("running").try_wait() {
-                panic!("clowder-vmm {:?} exited with {status} before its control socket appeared\nstderr:\n{}", self.args, self.read_log("stderr.log"));
+                panic!(
+                    "clowder-vmm {:?} exited with {status} before its control socket appeared\nstderr:\n{}",
+                    self.args,
+                    self.read_log("stderr.log")
+                );
             }
             assert!(Instant::now() < deadline, "no control socket at {} after {DEADLINE:?}", path.display());
             std::thread::sleep(Duration::from_millis(1));
@@ -340,6 +344,7 @@ pub fn memfd(name: &std::ffi::CStr, len: usize) -> OwnedFd {
 pub fn file_identity(fd: RawFd) -> (u64, u64) {
     // SAFETY: fstat into a zeroed struct.
     let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes only into `stat`.
     assert_eq!(unsafe { libc::fstat(fd, &mut stat) }, 0, "fstat");
     (stat.st_dev, stat.st_ino)
 }

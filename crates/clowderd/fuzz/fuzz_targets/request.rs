@@ -10,7 +10,7 @@ use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use clowder_api::codec::{LineSocket, Limits};
+use clowder_api::codec::{Limits, LineSocket};
 use clowder_api::daemon::{Request, MAX_REQUEST_FDS, MAX_REQUEST_LEN};
 use libfuzzer_sys::fuzz_target;
 

@@ -95,7 +95,9 @@ impl BridgedAttachment {
             return Err(Error::Malformed);
         }
         let identities = run_identities(runs);
-        let same = |attachment: &mut BridgedAttachment| attachment.offset == offset && attachment.size == size && identities.is_some() && attachment.runs == identities;
+        let same = |attachment: &mut BridgedAttachment| {
+            attachment.offset == offset && attachment.size == size && identities.is_some() && attachment.runs == identities
+        };
         if let Some(again) = kept.take_if(same) {
             return Ok(BridgedAttachment { mapped: true, ..again });
         }
@@ -178,8 +180,14 @@ impl Bridge {
     /// Takes away the permits `which` selects (holder enclave, process, permit). Those with an
     /// attachment get a `Revoke` on `queue`; their regions stay until the enclave acknowledges
     /// (`waiter` counts them).
-    pub(super) fn revoke_where(&mut self, which: impl Fn(EnclaveId, u64, &BridgedPermit) -> bool, queue: &Outbox, waiter: &Arc<Outstanding>) {
-        let chosen: Vec<(EnclaveId, u64, AccessId)> = self.permits.iter().filter(|((enclave, process, _), permit)| which(*enclave, *process, permit)).map(|(key, _)| *key).collect();
+    pub(super) fn revoke_where(
+        &mut self,
+        which: impl Fn(EnclaveId, u64, &BridgedPermit) -> bool,
+        queue: &Outbox,
+        waiter: &Arc<Outstanding>,
+    ) {
+        let chosen: Vec<(EnclaveId, u64, AccessId)> =
+            self.permits.iter().filter(|((enclave, process, _), permit)| which(*enclave, *process, permit)).map(|(key, _)| *key).collect();
         for key in chosen {
             // A kept attachment is revoked as a mapped one is (the enclave's acknowledgement
             // finds nothing to unmap): its regions go when it answers.
@@ -191,12 +199,28 @@ impl Bridge {
 
     /// Sends `enclave` a `Revoke` of `process`'s permit `access` on `queue`; `regions` stay
     /// until it acknowledges (or the deadline passes), and `waiter` counts it until then.
-    pub(super) fn send_revoke(&mut self, enclave: EnclaveId, process: u64, access: AccessId, regions: Vec<SharedRegion>, queue: &Outbox, waiter: &Arc<Outstanding>) {
+    pub(super) fn send_revoke(
+        &mut self,
+        enclave: EnclaveId,
+        process: u64,
+        access: AccessId,
+        regions: Vec<SharedRegion>,
+        queue: &Outbox,
+        waiter: &Arc<Outstanding>,
+    ) {
         self.next_revoke += 1;
         let request = self.next_revoke;
         let Ok(bytes) = Message::new(request, NAME_SERVER_ENCLAVE, enclave, Body::Revoke { process, access }).to_bytes() else { return };
         waiter.add();
-        self.revocations.push(Revocation { request, enclave, process, access, regions, deadline: Instant::now() + REVOKE_TIMEOUT, waiter: waiter.clone() });
+        self.revocations.push(Revocation {
+            request,
+            enclave,
+            process,
+            access,
+            regions,
+            deadline: Instant::now() + REVOKE_TIMEOUT,
+            waiter: waiter.clone(),
+        });
         queue.send(bytes);
     }
 }
@@ -205,7 +229,10 @@ impl Bridge {
 /// any failure the regions added so far are removed again. Every run is checked first: a
 /// memory run must be page-aligned in its file and a non-empty multiple of pages long, and
 /// the region the VMM answers with must be page-aligned.
-pub(super) fn runs_into_regions(runs: &[xemem_host::EnclaveRun], regions: &dyn GuestRegions) -> Result<(Vec<FrameRun>, Vec<SharedRegion>), Error> {
+pub(super) fn runs_into_regions(
+    runs: &[xemem_host::EnclaveRun],
+    regions: &dyn GuestRegions,
+) -> Result<(Vec<FrameRun>, Vec<SharedRegion>), Error> {
     let page = xemem::PAGE_SIZE;
     if runs.is_empty() || runs.len() > xemem::wire::MAX_RUNS_PER_ATTACH as usize {
         return Err(Error::Invalid);
@@ -391,7 +418,8 @@ impl Bridging {
             Body::Get { process, segment, access, .. } => {
                 let others = Credentials { uid: ENCLAVE_PROCESS_CREDENTIALS_UID, groups: vec![ENCLAVE_PROCESS_CREDENTIALS_UID] };
                 let (source, size) = if segment.enclave() == NAME_SERVER_ENCLAVE && broker.is_some() {
-                    let (broker_access, size) = broker.ok_or(Error::NotFound)?.get_for_enclave(caller(*process), &others, *segment, *access)?;
+                    let (broker_access, size) =
+                        broker.ok_or(Error::NotFound)?.get_for_enclave(caller(*process), &others, *segment, *access)?;
                     (Source::Host { broker_access }, size)
                 } else {
                     let proxy = links.next_proxy.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -414,7 +442,9 @@ impl Bridging {
                         break candidate;
                     }
                 };
-                bridge.permits.insert((origin, *process, permit), BridgedPermit { source, segment: *segment, attachment: None, attaching: false });
+                bridge
+                    .permits
+                    .insert((origin, *process, permit), BridgedPermit { source, segment: *segment, attachment: None, attaching: false });
                 Ok(vec![Body::Granted { access: permit, size }])
             }
             Body::Attach { process, access, offset, size } => {

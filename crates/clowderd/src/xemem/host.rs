@@ -42,11 +42,16 @@ impl xemem_host::Enclaves for XememLinks {
         for (holder, broker_access) in permits {
             let found = {
                 let links = self.links.lock().unwrap();
-                links.node.route(holder.enclave).and_then(|link| Some((links.bridges.get(&link)?.clone(), links.outgoing.get(&link)?.clone())))
+                links
+                    .node
+                    .route(holder.enclave)
+                    .and_then(|link| Some((links.bridges.get(&link)?.clone(), links.outgoing.get(&link)?.clone())))
             };
             let Some((bridge, queue)) = found else { continue };
             let is_this_permit = |enclave: EnclaveId, process: u64, permit: &BridgedPermit| {
-                enclave == holder.enclave && process == holder.process && matches!(permit.source, Source::Host { broker_access: b } if b == *broker_access)
+                enclave == holder.enclave
+                    && process == holder.process
+                    && matches!(permit.source, Source::Host { broker_access: b } if b == *broker_access)
             };
             bridge.lock().unwrap().revoke_where(is_this_permit, &queue, &waiter);
         }

@@ -80,7 +80,11 @@ impl XememLinks {
             links: Mutex::new(Links {
                 // A random instance: a restarted daemon's enclave ids, segids and apids are
                 // not the ones it handed out before (stale ones are not found).
-                node: Node::new(MAX_LINKS, name_server.then(|| NameServer::new(crate::sys::random_instance())), Timing { retry_after: 500, attempts: 5 }),
+                node: Node::new(
+                    MAX_LINKS,
+                    name_server.then(|| NameServer::new(crate::sys::random_instance())),
+                    Timing { retry_after: 500, attempts: 5 },
+                ),
                 outgoing: HashMap::new(),
                 bridges: HashMap::new(),
                 gone: HashMap::new(),
@@ -280,7 +284,12 @@ impl XememLinks {
         Some(port)
     }
 
-    pub(super) fn join_link(self: &Arc<Self>, ram: Arc<dyn FrameSource>, wake: File, peer_regions: Option<Arc<dyn GuestRegions + Send + Sync>>) -> Option<XememPort> {
+    pub(super) fn join_link(
+        self: &Arc<Self>,
+        ram: Arc<dyn FrameSource>,
+        wake: File,
+        peer_regions: Option<Arc<dyn GuestRegions + Send + Sync>>,
+    ) -> Option<XememPort> {
         let peer = peer_regions.is_some();
         let mut links = self.links.lock().unwrap();
         let link = (0..MAX_LINKS).find(|link| !links.outgoing.contains_key(link))?;
@@ -291,7 +300,17 @@ impl XememLinks {
         links.bridges.insert(link, bridge.clone());
         let (gone_sender, gone) = mpsc::channel();
         links.gone.insert(link, gone_sender);
-        Some(XememPort { links: self.clone(), link, outgoing: receiver, gone, bridge, peer, peer_regions, workers: Arc::default(), upstream: false })
+        Some(XememPort {
+            links: self.clone(),
+            link,
+            outgoing: receiver,
+            gone,
+            bridge,
+            peer,
+            peer_regions,
+            workers: Arc::default(),
+            upstream: false,
+        })
     }
 
     /// The node's messages go to their links' queues; finished requests to their callers.

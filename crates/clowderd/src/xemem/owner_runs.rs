@@ -45,14 +45,24 @@ impl OwnerRuns {
             self.entries.pop_front();
         }
         let plan = probe.plan;
-        self.entries.push_back(OwnerRunsEntry { ram: Arc::downgrade(&probe.ram), owner: plan.owner, vaddr: plan.vaddr, size: plan.size, changes: probe.changes, runs });
+        self.entries.push_back(OwnerRunsEntry {
+            ram: Arc::downgrade(&probe.ram),
+            owner: plan.owner,
+            vaddr: plan.vaddr,
+            size: plan.size,
+            changes: probe.changes,
+            runs,
+        });
     }
 }
 
 impl OwnerRunsEntry {
     /// Whether this is the same owner's answer for the same range (whatever its count).
     pub(super) fn answers(&self, probe: &OwnerProbe) -> bool {
-        std::ptr::addr_eq(self.ram.as_ptr(), Arc::as_ptr(&probe.ram)) && self.owner == probe.plan.owner && self.vaddr == probe.plan.vaddr && self.size == probe.plan.size
+        std::ptr::addr_eq(self.ram.as_ptr(), Arc::as_ptr(&probe.ram))
+            && self.owner == probe.plan.owner
+            && self.vaddr == probe.plan.vaddr
+            && self.size == probe.plan.size
     }
 }
 
@@ -62,7 +72,13 @@ impl XememLinks {
     /// memfd, and where the owner kernel's count of page-table changes lies with the value
     /// the runs hold while (when the owner publishes one and it stood still while they were
     /// had). Any failure detaches again.
-    pub(super) fn attach_enclave_memory(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Result<(SegmentId, Vec<xemem_host::EnclaveRun>, Option<OwnerCount>), Error> {
+    pub(super) fn attach_enclave_memory(
+        &self,
+        process: u64,
+        access: AccessId,
+        offset: u64,
+        size: u64,
+    ) -> Result<(SegmentId, Vec<xemem_host::EnclaveRun>, Option<OwnerCount>), Error> {
         let (segment, runs, count) = self.owner_runs(process, access, offset, size)?;
         let checked = self.owner_ram(segment).ok_or(Error::Unreachable).and_then(|ram| file_runs(&*ram, &runs));
         let runs = match checked {
@@ -116,7 +132,14 @@ impl XememLinks {
 
 impl Links {
     /// The owner's runs kept for `probe`'s range, the attach counted by the name server.
-    pub(super) fn attach_from_kept(&mut self, probe: &OwnerProbe, process: u64, access: AccessId, offset: u64, size: u64) -> Option<(SegmentId, Vec<FrameRun>)> {
+    pub(super) fn attach_from_kept(
+        &mut self,
+        probe: &OwnerProbe,
+        process: u64,
+        access: AccessId,
+        offset: u64,
+        size: u64,
+    ) -> Option<(SegmentId, Vec<FrameRun>)> {
         let runs = self.owner_runs.recall(probe)?;
         let me = self.node.id()?;
         self.node.name_server_mut()?.attach(Principal { enclave: me, process }, access, offset, size).ok()?;

@@ -38,9 +38,9 @@ use xemem::ids::NAME_SERVER_ENCLAVE;
 use xemem::wire::{Body, FrameRun, Message};
 use xemem::Error;
 
+use super::{GuestRegions, XememLinks, XememPort};
 use crate::guest_ram::GuestRam;
 use crate::machine::{RegionAccess, SharedRegion};
-use super::{GuestRegions, XememLinks, XememPort};
 
 /// A memory run's first frame on the link: the descriptor's index above this bit, the page
 /// within the file below it (files up to 1 TiB; 250 descriptors stay below 2^40 frames).
@@ -150,7 +150,8 @@ impl PeerFrames {
             first = FIRST_FRAME;
         }
         // After a wrap, ranges still numbered there go.
-        let overlapping: Vec<u64> = table.entries.range(..first + frames).filter(|(f, e)| **f + e.frames > first).map(|(f, _)| *f).collect();
+        let overlapping: Vec<u64> =
+            table.entries.range(..first + frames).filter(|(f, e)| **f + e.frames > first).map(|(f, _)| *f).collect();
         for old in overlapping {
             table.entries.remove(&old);
         }
@@ -254,7 +255,14 @@ pub fn renumber_incoming(message: &Message, fds: Vec<OwnedFd>, frames: &PeerFram
         renumbered.push(FrameRun { first, frames: run.frames });
     }
     // A word in guest memory means nothing across daemons (see `MappingWord`): dropped.
-    let body = Body::Attached { segment: *segment, size: *size, first_run: *first_run, total_runs: *total_runs, runs: renumbered, valid_while: None };
+    let body = Body::Attached {
+        segment: *segment,
+        size: *size,
+        first_run: *first_run,
+        total_runs: *total_runs,
+        runs: renumbered,
+        valid_while: None,
+    };
     Ok(Message { header: message.header, body })
 }
 
@@ -271,8 +279,20 @@ pub fn files_outgoing(message: &Message, source: &dyn FrameSource) -> Result<Vec
     let mut known: HashMap<(u64, u64), u64> = HashMap::new();
     let mut chunk: Vec<FrameRun> = Vec::new();
     let mut chunk_start = *first_run;
-    let flush = |chunk: &mut Vec<FrameRun>, files: &mut Vec<File>, known: &mut HashMap<(u64, u64), u64>, start: &mut u32, packets: &mut Vec<Packet>| -> Result<(), Error> {
-        let body = Body::Attached { segment: *segment, size: *size, first_run: *start, total_runs: *total_runs, runs: std::mem::take(chunk), valid_while: None };
+    let flush = |chunk: &mut Vec<FrameRun>,
+                 files: &mut Vec<File>,
+                 known: &mut HashMap<(u64, u64), u64>,
+                 start: &mut u32,
+                 packets: &mut Vec<Packet>|
+     -> Result<(), Error> {
+        let body = Body::Attached {
+            segment: *segment,
+            size: *size,
+            first_run: *start,
+            total_runs: *total_runs,
+            runs: std::mem::take(chunk),
+            valid_while: None,
+        };
         let count = match &body {
             Body::Attached { runs, .. } => runs.len() as u32,
             _ => 0,
@@ -347,7 +367,9 @@ pub fn listen(path: &Path, links: Arc<XememLinks>, broker: Option<xemem_host::Br
                 _ => continue,
             }
             let (links, broker) = (links.clone(), broker.clone());
-            let _ = std::thread::Builder::new().name("xemem-peer".into()).spawn(move || run_link(connection, links, broker, "a daemon below", false));
+            let _ = std::thread::Builder::new()
+                .name("xemem-peer".into())
+                .spawn(move || run_link(connection, links, broker, "a daemon below", false));
         })
         .map_err(|e| format!("starting the XEMEM daemon-link thread: {e}"))?;
     Ok(())
@@ -363,12 +385,19 @@ fn set_private(path: &Path) -> Result<(), String> {
 /// upstream daemon stopped or restarted), the thread links again, waiting
 /// [`FIRST_RELINK_WAIT`] between attempts at first and doubling up to [`LAST_RELINK_WAIT`];
 /// the node then finds the name server and gets a new id (`Node::rejoin`).
-pub fn connect_upstream(path: PathBuf, links: Arc<XememLinks>, broker: Option<xemem_host::Broker>, patience: Duration) -> Result<(), String> {
+pub fn connect_upstream(
+    path: PathBuf,
+    links: Arc<XememLinks>,
+    broker: Option<xemem_host::Broker>,
+    patience: Duration,
+) -> Result<(), String> {
     let deadline = std::time::Instant::now() + patience;
     let connection = loop {
         match crate::sys::connect(&path) {
             Ok(connection) => break connection,
-            Err(e) if std::time::Instant::now() >= deadline => return Err(format!("linking to the upstream daemon at {}: {e}", path.display())),
+            Err(e) if std::time::Instant::now() >= deadline => {
+                return Err(format!("linking to the upstream daemon at {}: {e}", path.display()))
+            }
             Err(_) => std::thread::sleep(Duration::from_millis(100)),
         }
     };
@@ -411,7 +440,19 @@ fn run_link(connection: OwnedFd, links: Arc<XememLinks>, broker: Option<xemem_ho
     };
     eprintln!("clowderd: xemem: linked to {who} (link {})", port.link());
     let losses = links.upstream_losses();
-    let link = Link { connection, links, broker, frames, port, served: mpsc::channel(), announced: !upstream, woken, losses, notices: None, serving: Arc::default() };
+    let link = Link {
+        connection,
+        links,
+        broker,
+        frames,
+        port,
+        served: mpsc::channel(),
+        announced: !upstream,
+        woken,
+        losses,
+        notices: None,
+        serving: Arc::default(),
+    };
     link.run();
     eprintln!("clowderd: xemem: the link to {who} is down");
 }
@@ -514,9 +555,11 @@ impl Link {
                     return;
                 }
                 // The owner's library may take a while (it converts memory): not on this thread.
-                let (broker, frames, answers, serving) = (self.broker.clone().unwrap(), self.frames.clone(), self.served.0.clone(), self.serving.clone());
+                let (broker, frames, answers, serving) =
+                    (self.broker.clone().unwrap(), self.frames.clone(), self.served.0.clone(), self.serving.clone());
                 let spawned = std::thread::Builder::new().name("xemem-serve".into()).spawn(move || {
-                    let bodies = serve(&broker, &frames, owner_process, segment, vaddr, size).unwrap_or_else(|error| vec![Body::Failed { error }]);
+                    let bodies =
+                        serve(&broker, &frames, owner_process, segment, vaddr, size).unwrap_or_else(|error| vec![Body::Failed { error }]);
                     let _ = answers.send(bodies.into_iter().map(|body| Message::new(header.request, me, requester, body)).collect());
                     serving.fetch_sub(1, Ordering::AcqRel);
                 });
@@ -625,7 +668,14 @@ impl Link {
 
 /// The sub-manager's answer to the name server's `Serve` for one of its host processes'
 /// segments: the owner's memfd runs, numbered in the link's frame space.
-fn serve(broker: &xemem_host::Broker, frames: &PeerFrames, process: u64, segment: xemem::SegmentId, vaddr: u64, size: u64) -> Result<Vec<Body>, Error> {
+fn serve(
+    broker: &xemem_host::Broker,
+    frames: &PeerFrames,
+    process: u64,
+    segment: xemem::SegmentId,
+    vaddr: u64,
+    size: u64,
+) -> Result<Vec<Body>, Error> {
     let runs = broker.serve_for_name_server(process, segment, vaddr, size)?;
     let page = xemem::PAGE_SIZE;
     let mut numbered = Vec::with_capacity(runs.len());
@@ -668,7 +718,11 @@ mod tests {
         let here = PeerFrames::default();
         let a = here.insert(Arc::new(memfd(8)), 2 * 4096, 4, false).unwrap();
         let b = here.insert(Arc::new(memfd(2)), 0, 2, false).unwrap();
-        let message = attached(vec![FrameRun { first: Some(a + 1), frames: 2 }, FrameRun { first: None, frames: 1 }, FrameRun { first: Some(b), frames: 2 }]);
+        let message = attached(vec![
+            FrameRun { first: Some(a + 1), frames: 2 },
+            FrameRun { first: None, frames: 1 },
+            FrameRun { first: Some(b), frames: 2 },
+        ]);
         let packets = files_outgoing(&message, &here).unwrap();
         assert_eq!(packets.len(), 1);
         let (bytes, files) = &packets[0];
@@ -701,7 +755,9 @@ mod tests {
     #[test]
     fn more_files_than_one_packet_carries_split_into_parts_that_assemble() {
         let here = PeerFrames::default();
-        let runs: Vec<FrameRun> = (0..(MAX_FDS as u64 + 10)).map(|_| FrameRun { first: Some(here.insert(Arc::new(memfd(1)), 0, 1, false).unwrap()), frames: 1 }).collect();
+        let runs: Vec<FrameRun> = (0..(MAX_FDS as u64 + 10))
+            .map(|_| FrameRun { first: Some(here.insert(Arc::new(memfd(1)), 0, 1, false).unwrap()), frames: 1 })
+            .collect();
         let message = attached(runs);
         let packets = files_outgoing(&message, &here).unwrap();
         assert_eq!(packets.len(), 2);
@@ -709,7 +765,9 @@ mod tests {
         let mut done = None;
         for (bytes, files) in &packets {
             assert!(files.len() <= MAX_FDS);
-            let Body::Attached { segment, size, first_run, total_runs, runs, valid_while } = Message::decode(bytes).unwrap().body else { panic!() };
+            let Body::Attached { segment, size, first_run, total_runs, runs, valid_while } = Message::decode(bytes).unwrap().body else {
+                panic!()
+            };
             done = assembler.push(segment, size, first_run, total_runs, runs, valid_while).unwrap();
         }
         assert_eq!(done.map(|(runs, _)| runs.len()), Some(MAX_FDS + 10));

@@ -92,7 +92,11 @@ impl XememPort {
                             workers.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
                             // Not kept for retries: a retry (the caller's, as for any
                             // failure) may find a free worker.
-                            let answers = bridging.answered(message.header.origin, message.header.request, vec![Body::Failed { error: Error::Exhausted }]);
+                            let answers = bridging.answered(
+                                message.header.origin,
+                                message.header.request,
+                                vec![Body::Failed { error: Error::Exhausted }],
+                            );
                             bridging.forget_answer(message.header.origin, message.header.request);
                             return bridging.send(answers);
                         }
@@ -112,7 +116,15 @@ impl XememPort {
             if let Body::Remove { process, segment } = message.body {
                 removing = Some(segment);
                 let owner = Principal { enclave: message.header.origin, process };
-                let owned = self.links.links.lock().unwrap().node.name_server().and_then(|ns| ns.segment(segment)).is_some_and(|s| s.owner == owner);
+                let owned = self
+                    .links
+                    .links
+                    .lock()
+                    .unwrap()
+                    .node
+                    .name_server()
+                    .and_then(|ns| ns.segment(segment))
+                    .is_some_and(|s| s.owner == owner);
                 if owned && self.peer {
                     // The revoke waits for holders' acknowledgements, which may come back on
                     // this link: the remove goes on once they came, off this link's pump (on
@@ -179,7 +191,8 @@ impl XememPort {
         // ranges of its RAM memfd, checked against its RAM), so an enclave's answer may go on
         // to a daemon too: a requester whose permit the name server granted directly, because
         // the owner lies behind the same daemon link as the requester (see `Bridging::claim`).
-        let onward_to_a_daemon = next != Some(self.link) && next.and_then(|link| links.ram.get(&link)).is_some_and(|frames| frames.is_peer());
+        let onward_to_a_daemon =
+            next != Some(self.link) && next.and_then(|link| links.ram.get(&link)).is_some_and(|frames| frames.is_peer());
         !matches!(message.body, Body::Attached { .. }) || destination == frames_for || onward_to_a_daemon
     }
 
@@ -240,7 +253,10 @@ impl XememPort {
     /// that matches no revoke sent on this link (a forgery, a repeat) changes nothing.
     pub(super) fn revoked(&self, request: u64, origin: EnclaveId, process: u64, access: AccessId, regions: &dyn GuestRegions) -> bool {
         let mut bridge = self.bridge.lock().unwrap();
-        let matching = bridge.revocations.iter().position(|r| r.request == request && r.enclave == origin && r.process == process && r.access == access);
+        let matching = bridge
+            .revocations
+            .iter()
+            .position(|r| r.request == request && r.enclave == origin && r.process == process && r.access == access);
         if let Some(index) = matching {
             bridge.revocations.swap_remove(index).finish(Some(regions));
         }

@@ -56,8 +56,13 @@ impl XememLinks {
     pub(super) fn daemon_holders(&self, segments: &[SegmentId]) -> Vec<(AccessId, Principal)> {
         let links = self.links.lock().unwrap();
         let Some(ns) = links.node.name_server() else { return Vec::new() };
-        let behind_a_daemon = |enclave: EnclaveId| links.node.route(enclave).and_then(|link| links.ram.get(&link)).is_some_and(|frames| frames.is_peer());
-        segments.iter().flat_map(|segment| ns.permits_on(*segment)).filter(|(_, holder)| holder.enclave != NAME_SERVER_ENCLAVE && behind_a_daemon(holder.enclave)).collect()
+        let behind_a_daemon =
+            |enclave: EnclaveId| links.node.route(enclave).and_then(|link| links.ram.get(&link)).is_some_and(|frames| frames.is_peer());
+        segments
+            .iter()
+            .flat_map(|segment| ns.permits_on(*segment))
+            .filter(|(_, holder)| holder.enclave != NAME_SERVER_ENCLAVE && behind_a_daemon(holder.enclave))
+            .collect()
     }
 
     /// Sends each of `holders` a `Revoke` and waits for the acknowledgements (or the deadline):
@@ -70,7 +75,10 @@ impl XememLinks {
         for (access, holder) in holders {
             let found = {
                 let links = self.links.lock().unwrap();
-                links.node.route(holder.enclave).and_then(|link| Some((links.bridges.get(&link)?.clone(), links.outgoing.get(&link)?.clone())))
+                links
+                    .node
+                    .route(holder.enclave)
+                    .and_then(|link| Some((links.bridges.get(&link)?.clone(), links.outgoing.get(&link)?.clone())))
             };
             if let Some((bridge, queue)) = found {
                 bridge.lock().unwrap().send_revoke(holder.enclave, holder.process, *access, Vec::new(), &queue, &waiter);

@@ -73,11 +73,11 @@ fn owner_runs_become_regions_frame_for_frame() {
 #[test]
 fn malformed_runs_are_refused_and_leave_no_region() {
     for runs in [
-        vec![memory(0, 4096), memory(100, 4096)],        // misaligned offset, after a good run
-        vec![memory(0, 4096), memory(4096, 4096 + 1)],   // length not a page multiple
-        vec![memory(0, 4096), memory(4096, 0)],          // empty run
-        vec![EnclaveRun::Hole { length: 10 }],           // hole not a page multiple
-        vec![],                                          // nothing at all
+        vec![memory(0, 4096), memory(100, 4096)],      // misaligned offset, after a good run
+        vec![memory(0, 4096), memory(4096, 4096 + 1)], // length not a page multiple
+        vec![memory(0, 4096), memory(4096, 0)],        // empty run
+        vec![EnclaveRun::Hole { length: 10 }],         // hole not a page multiple
+        vec![],                                        // nothing at all
     ] {
         let regions = FakeRegions::default();
         assert_eq!(runs_into_regions(&runs, &regions).err(), Some(Error::Invalid));
@@ -138,7 +138,12 @@ fn an_enclave_speaks_only_for_itself_and_its_frames_go_only_to_the_name_server()
     assert!(a.to_enclave().is_empty() && b.to_enclave().is_empty());
     // Frame runs from a addressed to b: dropped, never forwarded.
     let runs = vec![FrameRun { first: Some(16), frames: 1 }];
-    let attached = Message::new(7, a_id, b_id, Body::Attached { segment: SegmentId::new(a_id, 1).unwrap(), size: 4096, first_run: 0, total_runs: 1, runs, valid_while: None });
+    let attached = Message::new(
+        7,
+        a_id,
+        b_id,
+        Body::Attached { segment: SegmentId::new(a_id, 1).unwrap(), size: 4096, first_run: 0, total_runs: 1, runs, valid_while: None },
+    );
     a.from_enclave(&attached.to_bytes().unwrap(), &regions);
     assert!(b.to_enclave().is_empty(), "b received a's frames");
     // An acknowledgement of a revoke nobody sent changes nothing.
@@ -155,7 +160,9 @@ fn a_message_queued_by_a_host_caller_wakes_the_owner_enclaves_pump() {
     let regions = FakeRegions::default();
     let make = Body::Make { process: 1, vaddr: 0x10_0000, size: 4096, uid: 0, gid: 0, mode: 0o600, name: None };
     owner.from_enclave(&Message::new(1, owner_id, NAME_SERVER_ENCLAVE, make).to_bytes().unwrap(), &regions);
-    let Body::Made { segment } = Message::decode(&owner.to_enclave().pop().expect("an answer")).unwrap().body else { panic!("no segment made") };
+    let Body::Made { segment } = Message::decode(&owner.to_enclave().pop().expect("an answer")).unwrap().body else {
+        panic!("no segment made")
+    };
     let root = Credentials { uid: 0, groups: Vec::new() };
     let (access, _) = links.get(7, root, segment, xemem::ACCESS_READ_WRITE).unwrap();
     crate::sys::drain_eventfd(&owner_wake);

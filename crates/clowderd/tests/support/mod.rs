@@ -37,9 +37,15 @@ pub fn build_host_program(source: &str, out: &Path) {
     let xemem = workspace_root().join("xemem");
     assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
     let built = Command::new("cc")
-        .args(["-O2", "-I"]).arg(xemem.join("include")).arg("-o").arg(out).arg(xemem.join("tests").join(source))
-        .arg(xemem.join("build/lib/libxpmem.a")).arg("-lpthread")
-        .status().unwrap();
+        .args(["-O2", "-I"])
+        .arg(xemem.join("include"))
+        .arg("-o")
+        .arg(out)
+        .arg(xemem.join("tests").join(source))
+        .arg(xemem.join("build/lib/libxpmem.a"))
+        .arg("-lpthread")
+        .status()
+        .unwrap();
     assert!(built.success(), "building {source}");
 }
 
@@ -54,20 +60,43 @@ pub fn build_musl_job(source: &str, out: &Path) -> Result<(), String> {
     std::fs::create_dir_all(&headers).map_err(|e| e.to_string())?;
     let multiarch = Command::new("gcc").arg("-print-multiarch").output().map_err(|e| e.to_string())?;
     let multiarch = String::from_utf8_lossy(&multiarch.stdout).trim().to_string();
-    for (link, target) in [("linux", "/usr/include/linux".to_string()), ("asm", format!("/usr/include/{multiarch}/asm")), ("asm-generic", "/usr/include/asm-generic".to_string())] {
+    for (link, target) in [
+        ("linux", "/usr/include/linux".to_string()),
+        ("asm", format!("/usr/include/{multiarch}/asm")),
+        ("asm-generic", "/usr/include/asm-generic".to_string()),
+    ] {
         let _ = std::fs::remove_file(headers.join(link));
         std::os::unix::fs::symlink(target, headers.join(link)).map_err(|e| e.to_string())?;
     }
     let cc = format!("musl-gcc -isystem {}", headers.display());
-    let made = Command::new("make").arg("-s").arg("-C").arg(&xemem).arg(format!("CC={cc}")).args(["BUILD=build/musl", "build/musl/lib/libxpmem.a"]).status().map_err(|e| e.to_string())?;
+    let made = Command::new("make")
+        .arg("-s")
+        .arg("-C")
+        .arg(&xemem)
+        .arg(format!("CC={cc}"))
+        .args(["BUILD=build/musl", "build/musl/lib/libxpmem.a"])
+        .status()
+        .map_err(|e| e.to_string())?;
     if !made.success() {
         return Err("building the musl libxpmem.a failed".into());
     }
     let built = Command::new("musl-gcc")
-        .arg("-isystem").arg(&headers).args(["-static", "-O2"]).arg("-I").arg(xemem.join("include"))
-        .arg("-o").arg(out).arg(xemem.join("tests").join(source)).arg(xemem.join("build/musl/lib/libxpmem.a"))
-        .status().map_err(|e| e.to_string())?;
-    if built.success() { Ok(()) } else { Err("musl-gcc failed".into()) }
+        .arg("-isystem")
+        .arg(&headers)
+        .args(["-static", "-O2"])
+        .arg("-I")
+        .arg(xemem.join("include"))
+        .arg("-o")
+        .arg(out)
+        .arg(xemem.join("tests").join(source))
+        .arg(xemem.join("build/musl/lib/libxpmem.a"))
+        .status()
+        .map_err(|e| e.to_string())?;
+    if built.success() {
+        Ok(())
+    } else {
+        Err("musl-gcc failed".into())
+    }
 }
 
 /// The XEMEM ids the kernel of LWK enclave `enclave` has logged (oldest first: a new one after

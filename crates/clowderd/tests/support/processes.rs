@@ -197,4 +197,3 @@ pub fn build_support_program(source: &str, out: &Path) {
         .unwrap();
     assert!(built.success(), "building {source}");
 }
-

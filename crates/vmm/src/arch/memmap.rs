@@ -48,10 +48,9 @@ impl std::fmt::Display for LayoutError {
                 write!(f, "{size} bytes of RAM is too small (at least {min})")
             }
             LayoutError::Unaligned { size } => write!(f, "{size} bytes is not a multiple of 4 KiB"),
-            LayoutError::ChannelTooLarge { channel, low_ram } => write!(
-                f,
-                "a {channel}-byte channel does not fit in {low_ram} bytes of low RAM with the kernel"
-            ),
+            LayoutError::ChannelTooLarge { channel, low_ram } => {
+                write!(f, "a {channel}-byte channel does not fit in {low_ram} bytes of low RAM with the kernel")
+            }
         }
     }
 }
@@ -66,11 +65,8 @@ impl GuestLayout {
         }
         let low_size = ram_size.min(LOW_RAM_MAX);
         let low = RamRange { gpa: 0, size: low_size, file_offset: 0 };
-        let high = (ram_size > LOW_RAM_MAX).then(|| RamRange {
-            gpa: MMIO_HOLE_END,
-            size: ram_size - LOW_RAM_MAX,
-            file_offset: LOW_RAM_MAX,
-        });
+        let high =
+            (ram_size > LOW_RAM_MAX).then(|| RamRange { gpa: MMIO_HOLE_END, size: ram_size - LOW_RAM_MAX, file_offset: LOW_RAM_MAX });
         let channel = if channel_size == 0 {
             None
         } else {
@@ -108,16 +104,8 @@ impl GuestLayout {
     pub fn memory_map(&self) -> Vec<MemoryMapEntry> {
         let mut map = vec![
             MemoryMapEntry { addr: 0, size: EBDA_START, kind: MemoryKind::Ram },
-            MemoryMapEntry {
-                addr: EBDA_START,
-                size: HIGH_MEMORY_START - EBDA_START,
-                kind: MemoryKind::Reserved,
-            },
-            MemoryMapEntry {
-                addr: HIGH_MEMORY_START,
-                size: self.low_usable_end() - HIGH_MEMORY_START,
-                kind: MemoryKind::Ram,
-            },
+            MemoryMapEntry { addr: EBDA_START, size: HIGH_MEMORY_START - EBDA_START, kind: MemoryKind::Reserved },
+            MemoryMapEntry { addr: HIGH_MEMORY_START, size: self.low_usable_end() - HIGH_MEMORY_START, kind: MemoryKind::Ram },
         ];
         if let Some(c) = self.channel {
             map.push(MemoryMapEntry { addr: c.gpa, size: c.size, kind: MemoryKind::Reserved });
@@ -165,9 +153,6 @@ mod tests {
     fn rejects_tiny_unaligned_and_oversized_channel() {
         assert!(matches!(GuestLayout::new(MIB, 0), Err(LayoutError::TooSmall { .. })));
         assert!(matches!(GuestLayout::new(4 * MIB + 1, 0), Err(LayoutError::Unaligned { .. })));
-        assert!(matches!(
-            GuestLayout::new(4 * MIB, 3 * MIB),
-            Err(LayoutError::ChannelTooLarge { .. })
-        ));
+        assert!(matches!(GuestLayout::new(4 * MIB, 3 * MIB), Err(LayoutError::ChannelTooLarge { .. })));
     }
 }

@@ -20,11 +20,7 @@ pub struct Initrd {
 }
 
 /// Fills a zero page from the kernel's own setup header.
-pub fn build(
-    header: setup_header,
-    memory_map: &[MemoryMapEntry],
-    initrd: Option<Initrd>,
-) -> boot_params {
+pub fn build(header: setup_header, memory_map: &[MemoryMapEntry], initrd: Option<Initrd>) -> boot_params {
     let mut params = boot_params { hdr: header, ..Default::default() };
     params.hdr.type_of_loader = LOADER_TYPE_UNDEFINED;
     params.hdr.loadflags |= LOADED_HIGH | CAN_USE_HEAP;

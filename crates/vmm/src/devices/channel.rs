@@ -75,8 +75,7 @@ pub fn create(name: &str, size: u64, doorbell_port: u16, vector: u8, env: &mut D
     let host_addr = env.memory.host_address(region.gpa, region.size).expect("channel lies in low RAM");
     // SAFETY: the region is reserved guest RAM mapped for the VM's lifetime; the guest has not
     // started yet, so nobody else touches it while it is formatted.
-    unsafe { Channel::init(host_addr, size as usize) }
-        .map_err(|e| VmError::Config(format!("device.{name}.size: {e:?}")))?;
+    unsafe { Channel::init(host_addr, size as usize) }.map_err(|e| VmError::Config(format!("device.{name}.size: {e:?}")))?;
 
     let kvm_err = |what: &str, e: std::io::Error| VmError::Kvm(format!("channel {what}: {e}"));
     let doorbell = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| kvm_err("doorbell eventfd", e))?;
@@ -85,9 +84,7 @@ pub fn create(name: &str, size: u64, doorbell_port: u16, vector: u8, env: &mut D
         .map_err(|e| VmError::Kvm(format!("channel doorbell ioeventfd on port {doorbell_port:#x}: {e}")))?;
     let interrupt = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| kvm_err("interrupt eventfd", e))?;
     let gsi = env.interrupts.add_msi(vector, CHANNEL_APIC_ID);
-    env.vm
-        .register_irqfd(&interrupt, gsi)
-        .map_err(|e| VmError::Kvm(format!("channel irqfd on GSI {gsi}: {e}")))?;
+    env.vm.register_irqfd(&interrupt, gsi).map_err(|e| VmError::Kvm(format!("channel irqfd on GSI {gsi}: {e}")))?;
 
     env.cmdline_extra.push(format!("clowder.channel={:#x},{:#x}", region.gpa, region.size));
     env.cmdline_extra.push(format!("clowder.channel_vector={vector:#x}"));

@@ -40,12 +40,7 @@ impl Device for BuiltinHypercalls {
                     HC_READY => {
                         events.ready_at.get_or_insert(Instant::now());
                     }
-                    HC_REPORT => events.reports.push(Report {
-                        vcpu: ctx.vcpu,
-                        host_core: ctx.host_core(),
-                        key: args[0],
-                        value: args[1],
-                    }),
+                    HC_REPORT => events.reports.push(Report { vcpu: ctx.vcpu, host_core: ctx.host_core(), key: args[0], value: args[1] }),
                     HC_HEARTBEAT => {}
                     _ => *result = -(libc::ENOSYS as i64),
                 }

@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex};
 use kvm_ioctls::VmFd;
 use vmm_config::{DeviceConfig, DeviceKind};
 
-
 use crate::hooks::{Device, HookKey, HookRegistry};
 use crate::memory::GuestMemory;
 use crate::vm::VmShared;
@@ -39,9 +38,7 @@ impl DeviceEnv<'_> {
     pub fn hook_all<D: Device + 'static>(&mut self, name: &str, keys: &[HookKey], device: D) -> Result<(), VmError> {
         let handle: crate::hooks::DeviceHandle = Arc::new(Mutex::new(device));
         for key in keys {
-            self.registry
-                .hook(name, *key, handle.clone())
-                .map_err(|e| VmError::Config(format!("device.{name}: {e}")))?;
+            self.registry.hook(name, *key, handle.clone()).map_err(|e| VmError::Config(format!("device.{name}: {e}")))?;
         }
         Ok(())
     }
@@ -54,9 +51,7 @@ pub fn create(config: &DeviceConfig, env: &mut DeviceEnv<'_>) -> Result<(), VmEr
         DeviceKind::Serial { port, irq, output } => serial::create(name, *port, *irq, output, env),
         DeviceKind::Exit { port } => exit::create(name, *port, env),
         DeviceKind::Hypercall { port } => hypercall::create(name, *port, env),
-        DeviceKind::Channel { size, doorbell_port, vector } => {
-            channel::create(name, *size, *doorbell_port, *vector, env)
-        }
+        DeviceKind::Channel { size, doorbell_port, vector } => channel::create(name, *size, *doorbell_port, *vector, env),
         DeviceKind::MmioScratch { base, size } => scratch::create_mmio(name, *base, *size, env),
         DeviceKind::MsrScratch { msrs } => scratch::create_msr(name, msrs, env),
     }

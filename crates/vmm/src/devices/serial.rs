@@ -111,9 +111,7 @@ impl Device for Uart {
 pub fn create(name: &str, port: u16, irq: u32, output: &SerialOutput, env: &mut DeviceEnv<'_>) -> Result<(), VmError> {
     let out = sink(output).map_err(|e| VmError::Config(format!("device.{name}.output: {e}")))?;
     let line = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmError::Kvm(format!("serial eventfd: {e}")))?;
-    env.vm
-        .register_irqfd(&line, irq)
-        .map_err(|e| VmError::Kvm(format!("serial irqfd on GSI {irq}: {e}")))?;
+    env.vm.register_irqfd(&line, irq).map_err(|e| VmError::Kvm(format!("serial irqfd on GSI {irq}: {e}")))?;
     let uart = Uart { serial: Serial::new(IrqLine(line), out) };
     env.hook_all(name, &[HookKey::Port { base: port, len: 8 }], uart)
 }

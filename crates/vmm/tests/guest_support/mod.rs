@@ -37,15 +37,8 @@ pub fn testguest() -> &'static Path {
         }
         let repository = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let script = repository.join("kernels/build.sh");
-        let output = Command::new(&script)
-            .arg("testguest")
-            .output()
-            .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
-        assert!(
-            output.status.success(),
-            "kernels/build.sh testguest failed:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        let output = Command::new(&script).arg("testguest").output().unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
+        assert!(output.status.success(), "kernels/build.sh testguest failed:\n{}", String::from_utf8_lossy(&output.stderr));
         let path = String::from_utf8(output.stdout).unwrap().lines().last().unwrap().trim().to_string();
         PathBuf::from(path)
     })
@@ -57,11 +50,7 @@ pub struct Scratch(PathBuf);
 impl Scratch {
     pub fn new(label: &str) -> Scratch {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "clowder-{label}-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
+        let path = std::env::temp_dir().join(format!("clowder-{label}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
         std::fs::create_dir_all(&path).unwrap();
         Scratch(path)
     }
@@ -230,12 +219,7 @@ impl Guest {
                 panic!("guest still running after {GUEST_TIMEOUT:?}; serial so far:\n{}", self.serial());
             }
         };
-        Finished {
-            stop,
-            reports: self.handle.reports(),
-            serial: self.serial(),
-            exit_counters: self.handle.exit_counters(),
-        }
+        Finished { stop, reports: self.handle.reports(), serial: self.serial(), exit_counters: self.handle.exit_counters() }
     }
 
     /// Waits until the guest has made a report with `key`; returns its value.
@@ -245,11 +229,7 @@ impl Guest {
             if let Some(report) = self.handle.reports().iter().find(|r| r.key == pack_key(key)) {
                 return report.value;
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no {key:?} report after {GUEST_TIMEOUT:?}; serial:\n{}",
-                self.serial()
-            );
+            assert!(std::time::Instant::now() < deadline, "no {key:?} report after {GUEST_TIMEOUT:?}; serial:\n{}", self.serial());
             std::thread::sleep(Duration::from_millis(1));
         }
     }
