@@ -59,3 +59,23 @@ pub fn write_msr(msr: u32, value: u64) {
              options(nostack, preserves_flags))
     }
 }
+
+/// Defines the interrupt entry stub `$stub` (a global symbol for the IDT) that calls
+/// `$handler`, an ordinary `extern "C" fn()` with an unmangled name, and returns with `iretq`.
+/// Only the registers a C call may clobber are saved. The CPU leaves RSP 8 bytes off a
+/// 16-byte boundary after its 5-word frame; the nine pushes realign it for the call.
+#[macro_export]
+macro_rules! interrupt_stub {
+    ($stub:ident, $handler:ident) => {
+        core::arch::global_asm!(
+            concat!(
+                ".text\n.global ", stringify!($stub), "\n", stringify!($stub), ":\n",
+                "push %rax\npush %rcx\npush %rdx\npush %rsi\npush %rdi\npush %r8\npush %r9\npush %r10\npush %r11\n",
+                "cld\ncall ", stringify!($handler), "\n",
+                "pop %r11\npop %r10\npop %r9\npop %r8\npop %rdi\npop %rsi\npop %rdx\npop %rcx\npop %rax\n",
+                "iretq\n"
+            ),
+            options(att_syntax)
+        );
+    };
+}

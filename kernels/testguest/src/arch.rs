@@ -208,6 +208,8 @@ pub fn load_idt(device_vector: u8) {
     unsafe { asm!("lidt [{}]", in(reg) &descriptor, options(readonly, nostack, preserves_flags)) }
 }
 
+guest_arch::interrupt_stub!(device_interrupt_stub, device_interrupt);
+
 #[no_mangle]
 extern "C" fn device_interrupt() {
     DEVICE_INTERRUPTS.fetch_add(1, Ordering::Relaxed);
@@ -263,31 +265,6 @@ exception_common:
     and $-16, %rsp
     call unexpected_exception
     ud2
-
-    /* The frame the CPU pushes (40 bytes) leaves RSP 8 mod 16; nine saved registers make it 0
-       mod 16 for the call, as the ABI wants. */
-    .global device_interrupt_stub
-device_interrupt_stub:
-    push %rax
-    push %rcx
-    push %rdx
-    push %rsi
-    push %rdi
-    push %r8
-    push %r9
-    push %r10
-    push %r11
-    call device_interrupt
-    pop %r11
-    pop %r10
-    pop %r9
-    pop %r8
-    pop %rdi
-    pop %rsi
-    pop %rdx
-    pop %rcx
-    pop %rax
-    iretq
 
     .global spurious_interrupt_stub
 spurious_interrupt_stub:

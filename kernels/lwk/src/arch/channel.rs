@@ -6,7 +6,7 @@
 use super::cpu;
 use super::phys;
 use clowder_channel::{AttachError, Channel};
-use core::arch::{asm, global_asm};
+use core::arch::asm;
 
 /// Validates the channel region the VMM formatted at guest-physical `physical`.
 pub fn attach(physical: u64, size: usize) -> Result<Channel, AttachError> {
@@ -20,38 +20,8 @@ pub fn ring_doorbell(port: u16) {
     cpu::outl(port, 1);
 }
 
-global_asm!(
-    r#"
-    .text
-    .global channel_interrupt
-    /* The host wrote to the channel while the kernel was not polling it. Only the registers a
-       C call may clobber are saved: the handler is an ordinary function. The CPU left RSP
-       8 bytes off a 16-byte boundary after its 5-word frame; nine pushes realign it. */
-channel_interrupt:
-    push %rax
-    push %rcx
-    push %rdx
-    push %rsi
-    push %rdi
-    push %r8
-    push %r9
-    push %r10
-    push %r11
-    cld
-    call lwk_channel_interrupt
-    pop %r11
-    pop %r10
-    pop %r9
-    pop %r8
-    pop %rdi
-    pop %rsi
-    pop %rdx
-    pop %rcx
-    pop %rax
-    iretq
-"#,
-    options(att_syntax)
-);
+// The host wrote to the channel while the kernel was not polling it.
+guest_arch::interrupt_stub!(channel_interrupt, lwk_channel_interrupt);
 
 extern "C" {
     static channel_interrupt: u8;
