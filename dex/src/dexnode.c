@@ -40,6 +40,7 @@
 
 #include "log.h"
 #include "node_agent_wire.h"
+#include "version.h"
 
 /* Unauthenticated connections at a time: enough for dexrun's proxies of a
  * 32-node run arriving together to queue briefly, few enough that strangers
@@ -245,6 +246,8 @@ static pid_t advance_pending(int i, int listener)
 	return server < 0 ? -1 : server;
 }
 
+#define DEXNODE_USAGE "usage: dexnode --secret-file FILE [--listen ADDRESS[:PORT]] [--once] | --help | --version\n"
+
 int main(int argc, char **argv)
 {
 	const char *listen_at = "127.0.0.1", *secret_file = NULL;
@@ -261,10 +264,15 @@ int main(int argc, char **argv)
 			secret_file = argv[++i];
 		else if (!strcmp(argv[i], "--once"))
 			once = 1;
-		else {
-			fprintf(stderr, "dexnode: unknown option (or one missing its value): '%s'\n"
-					"usage: dexnode --secret-file FILE [--listen ADDRESS[:PORT]] [--once]\n",
-				argv[i]);
+		else if (!strcmp(argv[i], "--version")) {
+			printf("dexnode (clowder DEX) " DEX_RELEASE "\n");
+			return 0;
+		} else if (!strcmp(argv[i], "--help")) {
+			printf("%s", DEXNODE_USAGE);
+			return 0;
+		} else {
+			fprintf(stderr, "dexnode: unknown option (or one missing its value): '%s'\n%s", argv[i],
+				DEXNODE_USAGE);
 			return 2;
 		}
 	}

@@ -58,6 +58,7 @@
 
 #include "log.h"
 #include "node_agent_wire.h"
+#include "version.h"
 
 #define MAX_NODES 32
 #define DEX_STRINGIFY(x) DEX_STRINGIFY_(x)
@@ -575,7 +576,7 @@ int main(int argc, char **argv)
 		if (!strcmp(argv[i], "--help"))
 			help();
 		else if (!strcmp(argv[i], "--version")) {
-			printf("dexrun (clowder DEX) 0.1.0\n");
+			printf("dexrun (clowder DEX) " DEX_RELEASE "\n");
 			return 0;
 		} else if (!strcmp(argv[i], "-n") && i + 1 < argc) {
 			nodes = (int)agent_whole_number(argv[++i], 1, MAX_NODES);
