@@ -40,14 +40,7 @@ impl xemem_host::Enclaves for XememLinks {
     fn revoke(&self, permits: &[(Principal, AccessId)]) {
         let waiter = Arc::new(Outstanding::default());
         for (holder, broker_access) in permits {
-            let found = {
-                let links = self.links.lock().unwrap();
-                links
-                    .node
-                    .route(holder.enclave)
-                    .and_then(|link| Some((links.bridges.get(&link)?.clone(), links.outgoing.get(&link)?.clone())))
-            };
-            let Some((bridge, queue)) = found else { continue };
+            let Some((bridge, queue)) = self.bridge_towards(holder.enclave) else { continue };
             let is_this_permit = |enclave: EnclaveId, process: u64, permit: &BridgedPermit| {
                 enclave == holder.enclave
                     && process == holder.process

@@ -65,6 +65,13 @@ impl XememLinks {
             .collect()
     }
 
+    /// The bridge and outgoing queue of the link that leads to `enclave`, if any.
+    pub(super) fn bridge_towards(&self, enclave: EnclaveId) -> Option<(Arc<Mutex<Bridge>>, Outbox)> {
+        let links = self.links.lock().unwrap();
+        let link = links.node.route(enclave)?;
+        Some((links.bridges.get(&link)?.clone(), links.outgoing.get(&link)?.clone()))
+    }
+
     /// Sends each of `holders` a `Revoke` and waits for the acknowledgements (or the deadline):
     /// the holder's daemon has its host process's library, or its enclaves, let go first.
     pub(super) fn revoke_daemon_holders(&self, holders: &[(AccessId, Principal)]) {
@@ -73,14 +80,7 @@ impl XememLinks {
         }
         let waiter = Arc::new(Outstanding::default());
         for (access, holder) in holders {
-            let found = {
-                let links = self.links.lock().unwrap();
-                links
-                    .node
-                    .route(holder.enclave)
-                    .and_then(|link| Some((links.bridges.get(&link)?.clone(), links.outgoing.get(&link)?.clone())))
-            };
-            if let Some((bridge, queue)) = found {
+            if let Some((bridge, queue)) = self.bridge_towards(holder.enclave) {
                 bridge.lock().unwrap().send_revoke(holder.enclave, holder.process, *access, Vec::new(), &queue, &waiter);
             }
         }
