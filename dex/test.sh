@@ -112,15 +112,18 @@ dexnode|secret file $LOG/short_secret: a secret is 64 hex digits|--secret-file $
 dexnode|secret file $LOG/open_secret: group or others may access it (chmod 600)|--secret-file $LOG/open_secret
 dexnode|secret file $LOG/none: no such file|--secret-file $LOG/none
 CASES
-for program in dexrun dexnode; do # --version and --help answer on stdout, status 0 (help2man reads them)
-	if ! "$BUILD/$program" --version 2>&1 | grep -qx "$program (clowder DEX) [0-9.]*" ||
-		! "$BUILD/$program" --help 2>/dev/null | grep -q "usage\|Usage"; then
+# --version and --help answer on stdout, status 0 (help2man reads them), with src/version.h's release
+release=$(sed -n 's/^#define DEX_RELEASE "\(.*\)"$/\1/p' src/version.h)
+for path in "$BUILD/dexrun" "$BUILD/dexnode" bin/dexcc; do
+	program=${path##*/}
+	if ! "$path" --version 2>&1 | grep -qxF "$program (clowder DEX) $release" ||
+		! "$path" --help 2>/dev/null | grep -q "^usage: $program "; then
 		mistakes=$((mistakes + 1))
-		echo "    $program --version / --help: $("$BUILD/$program" --version 2>&1 | head -1)"
+		echo "    $program --version / --help: $("$path" --version 2>&1 | head -1)"
 	fi
 done
 if [ $mistakes = 0 ]; then
-	pass "dexrun and dexnode name each command-line mistake, refuse to run without a proper secret (17 cases), and answer --version and --help"
+	pass "dexrun and dexnode name each command-line mistake, refuse to run without a proper secret (17 cases); they and dexcc answer --version ($release) and --help"
 else
 	fail "command-line mistakes ($mistakes not named)"
 fi

@@ -248,6 +248,22 @@ static pid_t advance_pending(int i, int listener)
 
 #define DEXNODE_USAGE "usage: dexnode --secret-file FILE [--listen ADDRESS[:PORT]] [--once] | --help | --version\n"
 
+/* --help, on stdout (help2man makes dexnode's man page from it). */
+static void help(void)
+{
+	printf("%s", DEXNODE_USAGE);
+	printf("Starts DEX nodes on this host for dexrun --hosts FILE --secret-file FILE: each connection\n"
+	       "must prove it knows the secret within 5 s; the node then runs with dexrun's working\n"
+	       "directory, arguments and environment, its output and exit status sent back to dexrun,\n"
+	       "and is killed when dexrun's connection closes.\n\n"
+	       "  --secret-file FILE      the agents' secret: 64 hex digits, readable only by its owner\n"
+	       "  --listen ADDRESS[:PORT] where to listen (default 127.0.0.1:%d; give the cluster's\n"
+	       "                          private network's address to serve other hosts)\n"
+	       "  --once                  serve one authenticated connection, then exit\n"
+	       "  --help, --version       this text; dexnode's version\n",
+	       AGENT_DEFAULT_PORT);
+}
+
 int main(int argc, char **argv)
 {
 	const char *listen_at = "127.0.0.1", *secret_file = NULL;
@@ -268,7 +284,7 @@ int main(int argc, char **argv)
 			printf("dexnode (clowder DEX) " DEX_RELEASE "\n");
 			return 0;
 		} else if (!strcmp(argv[i], "--help")) {
-			printf("%s", DEXNODE_USAGE);
+			help();
 			return 0;
 		} else {
 			fprintf(stderr, "dexnode: unknown option (or one missing its value): '%s'\n%s", argv[i],
