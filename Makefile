@@ -73,7 +73,7 @@ test-linux: build
 test-big: build
 	@$(CARGO) test --release -p clowderd --test big_enclave -- --ignored --test-threads 1
 
-# Every fuzz target (crates/*/fuzz, dex/fuzz) for FUZZ_SECONDS each (docs/results/fuzz.md).
+# Every fuzz target (PACKAGE/fuzz, dex/fuzz) for FUZZ_SECONDS each (docs/results/fuzz.md).
 fuzz: bootstrap
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz.sh
 

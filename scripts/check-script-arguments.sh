@@ -18,12 +18,12 @@ NX must be a whole number from 1 up, not 'big'|scripts/insitu.sh big 32 32
 --repeat must be a whole number from 1 up, not '0'|scripts/insitu.sh --repeat 0
 at most six numbers|scripts/insitu.sh 1 2 3 4 5 6 7
 INTERVAL (50) is longer than ITERATIONS (40)|scripts/insitu.sh 32 32 32 40 50
-runs must be a whole number from 1 up, not 'many'|bench/dex/run.sh many
-usage: |bench/dex/run.sh 5 everything
-POLL_US must be a whole number of microseconds from 1 to 1000000, not '5ms'|POLL_US=5ms bench/dex/run.sh 1 latency
-ATTACHES must be a whole number from 1 up, not '1e3'|ATTACHES=1e3 bench/xemem/run.sh
-SIZES takes region sizes in MiB (128 256 512 1024), not '1G'|SIZES="128 1G" bench/xemem/run.sh
-CROSS is 0 (host only) or 1, not 'no'|CROSS=no bench/xemem/run.sh
+runs must be a whole number from 1 up, not 'many'|dex/bench/run.sh many
+usage: |dex/bench/run.sh 5 everything
+POLL_US must be a whole number of microseconds from 1 to 1000000, not '5ms'|POLL_US=5ms dex/bench/run.sh 1 latency
+ATTACHES must be a whole number from 1 up, not '1e3'|ATTACHES=1e3 xemem/bench/run.sh
+SIZES takes region sizes in MiB (128 256 512 1024), not '1G'|SIZES="128 1G" xemem/bench/run.sh
+CROSS is 0 (host only) or 1, not 'no'|CROSS=no xemem/bench/run.sh
 SECONDS must be a positive number, not 'soon'|scripts/lwk-kernel-profile.sh soon
 CASES
 if [ $failures = 0 ]; then

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Runs every fuzz target for a bounded time: the cargo-fuzz targets under crates/*/fuzz and
+# Runs every fuzz target for a bounded time: the cargo-fuzz targets (a fuzz/ folder in each fuzzed package) and
 # DEX's (dex/fuzz/run.sh, when it exists).
 #
 #   scripts/fuzz.sh [TARGET...]      TARGET: CRATE/NAME (clowderd/request), NAME, or dex
 #   FUZZ_SECONDS=60                  time per target (make fuzz: 60; make test: 15)
 #   FUZZ_OUT=target/fuzz/runs        logs and crashing inputs, kept after the run
 #
-# Each target first replays its regression inputs (crates/CRATE/fuzz/regressions/NAME/), then
-# fuzzes from its committed seed corpus (crates/CRATE/fuzz/corpus/NAME/) into a scratch
+# Each target first replays its regression inputs (PACKAGE/fuzz/regressions/NAME/), then
+# fuzzes from its committed seed corpus (PACKAGE/fuzz/corpus/NAME/) into a scratch
 # directory, so nothing it finds is written into the tree. A crash, leak, timeout or runaway
 # allocation fails the run, and the script says where the input is and how to keep it as a
 # regression input. Installs cargo-fuzz (and the nightly toolchain it needs) when missing.
@@ -41,9 +41,14 @@ fi
 
 # Every target as CRATE/NAME, and which were asked for.
 all=()
-for dir in crates/*/fuzz; do
+# Each fuzz crate sits in the package it fuzzes; CRATE is that package's name.
+declare -A fuzz_dir
+for dir in crates/*/fuzz node/*/fuzz xemem/*/fuzz vmm/*/fuzz; do
+    [ -f "$dir/Cargo.toml" ] || continue
+    crate=$(sed -n 's/^name = "\(.*\)"$/\1/p' "$dir/../Cargo.toml" | head -1)
+    fuzz_dir[$crate]=$dir
     for name in $(cargo +nightly fuzz list --fuzz-dir "$dir"); do
-        all+=("$(basename "$(dirname "$dir")")/$name")
+        all+=("$crate/$name")
     done
 done
 [ -x dex/fuzz/run.sh ] && all+=(dex)
@@ -71,9 +76,9 @@ built=" "
 for target in "${chosen[@]}"; do
     crate=${target%%/*}
     [ "$target" = dex ] || [[ $built == *" $crate "* ]] && continue
-    echo "fuzz: building crates/$crate/fuzz"
-    cargo +nightly fuzz build --fuzz-dir "crates/$crate/fuzz" --target-dir "$build_dir" 2>"$out/build-$crate.log" \
-        || { tail -30 "$out/build-$crate.log"; echo "fuzz: building crates/$crate/fuzz failed (log: $out/build-$crate.log)"; exit 1; }
+    echo "fuzz: building ${fuzz_dir[$crate]}"
+    cargo +nightly fuzz build --fuzz-dir "${fuzz_dir[$crate]}" --target-dir "$build_dir" 2>"$out/build-$crate.log" \
+        || { tail -30 "$out/build-$crate.log"; echo "fuzz: building ${fuzz_dir[$crate]} failed (log: $out/build-$crate.log)"; exit 1; }
     built+="$crate "
 done
 
@@ -121,8 +126,8 @@ for target in "${chosen[@]}"; do
     fi
     crate=${target%%/*} name=${target#*/}
     binary=$binaries/$name
-    seeds=crates/$crate/fuzz/corpus/$name
-    regressions=crates/$crate/fuzz/regressions/$name
+    seeds=${fuzz_dir[$crate]}/corpus/$name
+    regressions=${fuzz_dir[$crate]}/regressions/$name
     artifacts=$out/$crate-$name
     log=$out/$crate-$name.log
     rm -rf "$artifacts"

@@ -13,7 +13,7 @@ DESTDIR=${DESTDIR:-}
 SYSCONFDIR=${SYSCONFDIR:-/etc}
 case $PREFIX in /*) ;; *) echo "install: PREFIX must be an absolute path, not '$PREFIX'" >&2; exit 2 ;; esac
 root=$DESTDIR$PREFIX
-version=$(sed -n 's/^version = "\(.*\)"/\1/p' crates/clowderd/Cargo.toml)
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' node/clowderd/Cargo.toml)
 
 install -d "$root/bin" "$root/lib/clowder" "$root/lib/systemd/system" "$root/share/man/man1" \
     "$root/share/man/man8" "$root/share/doc/clowder" "$DESTDIR$SYSCONFDIR/clowder"

@@ -1,10 +1,10 @@
 /*
  * libxpmem for host processes, with no kernel module (clowder XEMEM).
  *
- * The library talks to the segment broker (crates/xemem-host: standalone `xemem-broker`, or
+ * The library talks to the segment broker (xemem/broker: standalone `xemem-broker`, or
  * embedded in clowderd) over a SOCK_SEQPACKET Unix socket: $CLOWDER_XEMEM_SOCKET, else
  * xemem.sock beside $CLOWDER_SOCKET, else /run/clowder/xemem.sock. The packet layout is
- * crates/xemem-host/src/wire.rs.
+ * xemem/broker/src/wire.rs.
  *
  * Sharing works by file descriptor. An owner's memory must be nameable by a file, so:
  *  - memfd-backed (and other MAP_SHARED file) mappings are handed out as they are;
@@ -66,7 +66,7 @@
 #define HUGE_PAGE (2UL << 20)
 #define USER_LIMIT 0x7ffffffff000UL
 
-/* ---- the broker protocol (crates/xemem-host/src/wire.rs; crates/xemem-host/tests/c_layout.rs
+/* ---- the broker protocol (xemem/broker/src/wire.rs; xemem/broker/tests/c_layout.rs
  * checks this C view against it) ---------------------------------------------------------- */
 
 #define WIRE_MAGIC 0x4d4d4558u

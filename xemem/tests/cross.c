@@ -10,7 +10,7 @@
  * The two find each other through a one-page control segment the owner publishes under the
  * name "cross-CASE" (no fork, no sockets: an LWK job has neither); words in it carry segids
  * and steps. Each role prints "PASS CASE" or "FAIL CASE: why" last and exits 0 or 1.
- * crates/clowderd/tests/xemem_lwk.rs runs every case host -> LWK, LWK -> host and LWK -> LWK.
+ * node/clowderd/tests/xemem_lwk.rs runs every case host -> LWK, LWK -> host and LWK -> LWK.
  * The cases follow xemem/tests/conformance.c (which runs them between host processes).
  */
 #include <errno.h>

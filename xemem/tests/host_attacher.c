@@ -2,7 +2,7 @@
  * host_attacher: a host process that attaches an LWK job's named segment with the plain XPMEM
  * API (libxpmem -> clowderd's broker -> the daemon's XEMEM node -> the owner enclave), checks
  * the 16 pages lwk_named_owner filled (page i starts with 1000 + i) and writes 42 into word 1
- * of page 0, which the job is waiting for. crates/clowderd/tests/xemem_lwk.rs drives both.
+ * of page 0, which the job is waiting for. node/clowderd/tests/xemem_lwk.rs drives both.
  */
 #include <errno.h>
 #include <stdint.h>

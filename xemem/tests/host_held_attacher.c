@@ -4,7 +4,7 @@
  * and then reads page 0 every 10 ms until the read raises SIGBUS (the owner's segment went:
  * removed, its job ended or its enclave ended, the daemon died) or 60 s pass. Prints whether
  * SIGBUS came. With a third argument "linger" it then waits for end of input before it exits,
- * so its mappings can be looked at. crates/clowderd/tests/xemem_lwk.rs and xemem_crash.rs
+ * so its mappings can be looked at. node/clowderd/tests/xemem_lwk.rs and xemem_crash.rs
  * drive it.
  */
 #include <errno.h>

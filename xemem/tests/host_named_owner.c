@@ -2,7 +2,7 @@
  * host_named_owner: a host process that exports PAGES pages of private memory as the named
  * segment "host-owner-seg" (libxpmem -> clowderd's broker), page i starting with 2000 + i, and
  * waits for an LWK job (lwk_host_attacher) to write 43 into word 1 of page 0 through its
- * attachment, then removes the segment. crates/clowderd/tests/xemem_lwk.rs drives both.
+ * attachment, then removes the segment. node/clowderd/tests/xemem_lwk.rs drives both.
  * Usage: host_named_owner [PAGES] (default 16).
  */
 #include <errno.h>

@@ -1,6 +1,6 @@
 /*
  * host_peer: one side of a host <-> host attach across two daemons (libxpmem against whichever
- * clowderd CLOWDER_XEMEM_SOCKET names). crates/clowderd/tests/xemem_multihop.rs drives it.
+ * clowderd CLOWDER_XEMEM_SOCKET names). node/clowderd/tests/xemem_multihop.rs drives it.
  *
  *   host_peer owner NAME BASE     exports 16 private pages as NAME (page i starts with BASE + i),
  *                                 prints its segid's enclave, waits for 43 in word 1 of page 0,

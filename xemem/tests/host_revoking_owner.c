@@ -4,7 +4,7 @@
  * (lwk_revoked_attacher) has attached them and written 44 into word 1 of page 0. Then it takes
  * the memory away: with "remove" by xpmem_remove (and checks that its own data survived),
  * with "exit" by exiting without a remove. Either way the job must get SIGBUS on its next
- * touch. crates/clowderd/tests/xemem_lwk.rs drives both.
+ * touch. node/clowderd/tests/xemem_lwk.rs drives both.
  */
 #include <errno.h>
 #include <stdint.h>

@@ -2,7 +2,7 @@
  * lwk_named_owner: an LWK job that exports 16 pages as the XEMEM segment "lwk-owner-seg"
  * (xemem_make through the LWK's /dev/xpmem, registered with clowderd's name server), then waits
  * up to 20 s for a host process to write 42 into it through its attachment (zero-copy: the
- * host maps the enclave's own pages). crates/clowderd/tests/xemem_lwk.rs drives it.
+ * host maps the enclave's own pages). node/clowderd/tests/xemem_lwk.rs drives it.
  * Page i holds 1000 + i in its first word; the host writes word 1 of page 0.
  * With the argument "keep" it exits right after making the segment, without removing it: the
  * kernel must remove it from the name server when the job ends.

@@ -8,7 +8,7 @@
  * change of frames). With host_remap_attacher this checks that a host process attaching
  * again sees the new memory, although clowderd reuses an owner's answer while the owner
  * kernel maps nothing.
- * crates/clowderd/tests/xemem_lwk.rs drives both.
+ * node/clowderd/tests/xemem_lwk.rs drives both.
  */
 #include <errno.h>
 #include <stdint.h>

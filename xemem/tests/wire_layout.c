@@ -1,6 +1,6 @@
 /*
  * Prints libxpmem's C view of the broker protocol (src/xpmem_internal.h) for
- * crates/xemem-host/tests/c_layout.rs, which checks it against the Rust definitions:
+ * xemem/broker/tests/c_layout.rs, which checks it against the Rust definitions:
  *  - "NAME VALUE" lines: every constant, struct size and field offset;
  *  - "answer HEX" / "request HEX": packets the C structs make, with distinct field values, for
  *    the Rust decoder (and, for the request, the Rust encoder) to be compared against.

@@ -1,6 +1,6 @@
 //! clowder's VMM test guest: one small kernel image that exercises one guest-ABI behaviour per
 //! boot, chosen with `test=<name>` on its command line. What each test does and reports is in
-//! `README.md`; the host-side tests in `crates/vmm/tests/guest_*.rs` assert on exactly that.
+//! `README.md`; the host-side tests in `vmm/core/tests/guest_*.rs` assert on exactly that.
 //!
 //! Everything here runs in ring 0, which PVM emulates instruction by instruction (~0.26 us
 //! each), so the code avoids loops it does not need: static page tables, no BSS clearing (guest
