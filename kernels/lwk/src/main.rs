@@ -105,7 +105,7 @@ fn kernel_main(start_info: u64) -> ! {
         // it cannot execute); the console line says why, for clowderd to report.
         Err(error) => {
             log!("cannot start the job: {error}");
-            machine::exit(machine::CANNOT_START_STATUS)
+            machine::exit(error.status())
         }
     }
 }

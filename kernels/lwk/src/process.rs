@@ -25,6 +25,8 @@ const ECHILD: Errno = Errno(10);
 const ESRCH: Errno = Errno(3);
 const EACCES: Errno = Errno(13);
 const ENOEXEC: Errno = Errno(8);
+/// A bad ELF interpreter (Linux's answer when a program's PT_INTERP file is not loadable).
+const ELIBBAD: Errno = Errno(80);
 const E2BIG: Errno = Errno(7);
 pub const SIGCHLD: u8 = 17;
 const SIGSEGV: u8 = 11;
@@ -263,8 +265,12 @@ pub fn exec(frame: &mut TrapFrame, path: u64, argv: u64, envp: u64) -> Result<()
     if node.is_directory() {
         return Err(EACCES);
     }
-    if crate::job::elf::Executable::parse(node.contents()).is_err() {
-        return Err(ENOEXEC);
+    let file = job::LoadFile { bytes: node.contents(), physical: node.physical };
+    match job::check_program(file) {
+        Ok(()) => {}
+        Err(job::LoadError::MissingInterpreter(_)) => return Err(Errno::ENOENT),
+        Err(job::LoadError::BadInterpreter(..)) => return Err(ELIBBAD),
+        Err(_) => return Err(ENOEXEC),
     }
     let pid = sched::current_pid();
     // The other threads end, each at its next return to user mode (this CPU lets those
@@ -278,7 +284,7 @@ pub fn exec(frame: &mut TrapFrame, path: u64, argv: u64, envp: u64) -> Result<()
     // segments' attachers elsewhere revoked before its memory can go).
     let segments_gone = crate::xpmem::process_ended(pid);
     let old_aspace = job::with_process(|process| process.memory.aspace.handle());
-    let load = || job::load_image_memory(node.contents(), node.physical, &argv, &env, Some(job::exec_heap_size()), job::exec_stack_size());
+    let load = || job::load_image_memory(file, &resolved, &argv, &env, Some(job::exec_heap_size()), job::exec_stack_size());
     let mut old_released = false;
     let image = match load() {
         Ok(image) => image,

@@ -109,6 +109,9 @@ pub enum LoadError {
     BadArchive,
     NotInArchive(String),
     Elf(elf::ElfError),
+    /// The program's interpreter (PT_INTERP) is not a file of the job's.
+    MissingInterpreter(String),
+    BadInterpreter(String, elf::ElfError),
     NoMemory(&'static str),
     OverlapsStack,
     StackSetup,
@@ -122,11 +125,84 @@ impl core::fmt::Display for LoadError {
             LoadError::BadArchive => f.write_str("the job's file archive is malformed"),
             LoadError::NotInArchive(path) => write!(f, "{path} is not a file of the job's archive"),
             LoadError::Elf(error) => write!(f, "the program {error}"),
+            // As a Linux shell says it (bash 5.2) when execve finds no interpreter.
+            LoadError::MissingInterpreter(path) => write!(f, "cannot execute: required file not found (the interpreter {path})"),
+            LoadError::BadInterpreter(path, error) => write!(f, "the program's interpreter {path} {error}"),
             LoadError::NoMemory(what) => write!(f, "the enclave has no memory left for the job's {what}"),
             LoadError::OverlapsStack => f.write_str("the program's segments overlap the stack's place"),
             LoadError::StackSetup => f.write_str("the arguments and environment do not fit on the stack"),
         }
     }
+}
+
+impl LoadError {
+    /// The status a Linux shell gives a command that fails so: 127 when a file it needs is
+    /// missing (execve's ENOENT), 126 when it cannot be executed.
+    pub fn status(&self) -> u8 {
+        match self {
+            LoadError::NotInArchive(_) | LoadError::MissingInterpreter(_) => 127,
+            _ => machine::CANNOT_START_STATUS,
+        }
+    }
+}
+
+/// A file the loader maps: its bytes and the guest-physical address they sit at.
+#[derive(Clone, Copy)]
+pub struct LoadFile<'a> {
+    pub bytes: &'a [u8],
+    pub physical: u64,
+}
+
+/// The program `file` and, when it names one, its interpreter (a file of the job's file
+/// system), placed just above the program's last page.
+struct Program<'a> {
+    executable: Executable,
+    file: LoadFile<'a>,
+    interpreter: Option<(Executable, LoadFile<'a>)>,
+    /// AT_BASE: the interpreter's load bias (0 without one).
+    interpreter_base: u64,
+}
+
+impl<'a> Program<'a> {
+    fn parse(file: LoadFile<'a>) -> Result<Program<'a>, LoadError> {
+        let executable = Executable::parse(file.bytes).map_err(LoadError::Elf)?;
+        let Some(path) = executable.interpreter.clone() else {
+            return Ok(Program { executable, file, interpreter: None, interpreter_base: 0 });
+        };
+        let node = fs::normalize("/", &path)
+            .and_then(|normalized| fs::lookup(&normalized))
+            .filter(|node| !node.is_directory())
+            .ok_or_else(|| LoadError::MissingInterpreter(path.clone()))?;
+        let interpreter_file = LoadFile { bytes: node.contents(), physical: node.physical };
+        let interpreter = Executable::parse_interpreter(interpreter_file.bytes).map_err(|error| LoadError::BadInterpreter(path.clone(), error))?;
+        let (start, _) = interpreter.span();
+        let bias = if interpreter.relocatable {
+            let base = executable.span().1.next_multiple_of(interpreter.alignment);
+            base - start / interpreter.alignment * interpreter.alignment
+        } else {
+            0
+        };
+        let interpreter = interpreter.placed_at(bias).map_err(|error| LoadError::BadInterpreter(path.clone(), error))?;
+        let (program_start, program_end) = executable.span();
+        let (start, end) = interpreter.span();
+        if start < program_end && end > program_start {
+            return Err(LoadError::BadInterpreter(path, elf::ElfError::MalformedLoadableSegment));
+        }
+        Ok(Program { executable, file, interpreter: Some((interpreter, interpreter_file)), interpreter_base: bias })
+    }
+
+    /// Every loadable segment with the file it comes from.
+    fn segments(&self) -> Vec<(&elf::Segment, LoadFile<'a>)> {
+        let program = self.executable.segments.iter().map(|segment| (segment, self.file));
+        let interpreter = self.interpreter.iter().flat_map(|(interpreter, file)| interpreter.segments.iter().map(|segment| (segment, *file)));
+        program.chain(interpreter).collect()
+    }
+
+    /// Where the new image starts running: the interpreter's entry, else the program's.
+    fn entry(&self) -> u64 {
+        self.interpreter.as_ref().map_or(self.executable.entry, |(interpreter, _)| interpreter.entry)
+    }
+
 }
 
 fn allocate_region(start: u64, size: u64, what: &'static str) -> Result<Region, LoadError> {
@@ -138,24 +214,25 @@ fn protection_of(flags: u32) -> Protection {
     Protection { write: flags & PF_W != 0, execute: flags & PF_X != 0 }
 }
 
-/// Maps the PT_LOAD segments, each page with its rights (the union of the segments touching
-/// it). Pages of read-only segments map the executable's own pages when the file sits at a
-/// page-compatible physical address (a bare executable module does; Kitten does the same):
-/// copying is emulated kernel work on PVM, a few ms per 100 KiB. Other pages are copies in
-/// one contiguous block. Returns the image region and the physical page behind each page.
-fn load_image(executable: &Executable, file: &[u8], file_physical: u64, aspace: &mut AddressSpace) -> Result<(Region, Vec<u64>), LoadError> {
-    let start = executable.segments.iter().map(|s| s.address).min().unwrap_or(0) / PAGE_SIZE * PAGE_SIZE;
-    let end = executable.segments.iter().map(|s| s.address + s.memory_size).max().unwrap_or(0).next_multiple_of(PAGE_SIZE);
+/// Maps the PT_LOAD segments (the program's and its interpreter's), each page with its
+/// rights (the union of the segments touching it). Pages of read-only segments map the
+/// file's own pages when the file sits at a page-compatible physical address (a bare
+/// executable module does; Kitten does the same): copying is emulated kernel work on PVM, a
+/// few ms per 100 KiB. Other pages are copies in one contiguous block. Returns the image
+/// region and the physical page behind each page.
+fn load_image(segments: &[(&elf::Segment, LoadFile<'_>)], aspace: &mut AddressSpace) -> Result<(Region, Vec<u64>), LoadError> {
+    let start = segments.iter().map(|(s, _)| s.address).min().unwrap_or(0) / PAGE_SIZE * PAGE_SIZE;
+    let end = segments.iter().map(|(s, _)| s.address + s.memory_size).max().unwrap_or(0).next_multiple_of(PAGE_SIZE);
     let region = allocate_region(start, end - start, "executable image")?;
     let pages = ((end - start) / PAGE_SIZE) as usize;
     let block_page = |page: usize| region.physical_start + page as u64 * PAGE_SIZE;
     // Per page: segment flags (0: no segment, unmapped) and the file page it can share, if any.
     let mut page_flags = vec![0u32; pages];
     let mut shared_file_page: Vec<Option<u64>> = vec![None; pages];
-    for segment in &executable.segments {
+    for (segment, file) in segments {
         let first = ((segment.address - start) / PAGE_SIZE) as usize;
         let last = ((segment.address + segment.memory_size - start).div_ceil(PAGE_SIZE)) as usize;
-        let file_start = file_physical + segment.file_offset;
+        let file_start = file.physical + segment.file_offset;
         let shareable = segment.flags & PF_W == 0 && segment.memory_size == segment.file_size && file_start % PAGE_SIZE == segment.address % PAGE_SIZE;
         for page in first..last {
             let page_address = start + page as u64 * PAGE_SIZE;
@@ -170,7 +247,7 @@ fn load_image(executable: &Executable, file: &[u8], file_physical: u64, aspace: 
         }
     }
     // Fill the pages that are not shared, from every segment touching them.
-    for segment in &executable.segments {
+    for (segment, file) in segments {
         let mut address = segment.address;
         let file_end = segment.address + segment.file_size;
         while address < file_end {
@@ -179,7 +256,7 @@ fn load_image(executable: &Executable, file: &[u8], file_physical: u64, aspace: 
             if shared_file_page[page].is_none() {
                 let offset = (segment.file_offset + (address - segment.address)) as usize;
                 phys::bytes_mut(region.physical_start + (address - start), (chunk_end - address) as usize)
-                    .copy_from_slice(&file[offset..offset + (chunk_end - address) as usize]);
+                    .copy_from_slice(&file.bytes[offset..offset + (chunk_end - address) as usize]);
             }
             address = chunk_end;
         }
@@ -203,22 +280,28 @@ fn load_image(executable: &Executable, file: &[u8], file_physical: u64, aspace: 
     Ok((region, physical_pages))
 }
 
+/// Whether `file` can be loaded as far as its headers and its interpreter tell (before
+/// `execve` lets go of anything).
+pub fn check_program(file: LoadFile<'_>) -> Result<(), LoadError> {
+    Program::parse(file).map(|_| ())
+}
+
 /// A process image: its memory, with the initial stack built, and where it starts.
 pub struct Image {
     pub memory: JobMemory,
     pub entry: TrapFrame,
 }
 
-/// Loads the executable `file` (at `file_physical`) into a new address space with its
-/// initial stack, and leaves that address space loaded on this CPU. The heap is
+/// Loads the executable `file` (`path` in the job's file system: AT_EXECFN), with its
+/// interpreter if it is dynamically linked, into a new address space with its initial stack, and leaves that address space loaded on this CPU. The heap is
 /// `heap_size` bytes (rounded up to 2 MiB), or with `None` what the kernel and the job's other
 /// processes can spare once the image and stack are placed (`spare_heap_size`).
-pub fn load_image_memory(file: &[u8], file_physical: u64, argv: &[String], env: &[String], heap_size: Option<u64>, stack_size: u64) -> Result<Image, LoadError> {
-    let executable = Executable::parse(file).map_err(LoadError::Elf)?;
+pub fn load_image_memory(file: LoadFile<'_>, path: &str, argv: &[String], env: &[String], heap_size: Option<u64>, stack_size: u64) -> Result<Image, LoadError> {
+    let program = Program::parse(file)?;
     let mut aspace = AddressSpace::new().map_err(|_| LoadError::NoMemory("page tables"))?;
     let mut blocks: Vec<Region> = Vec::new();
     let result = (|| {
-        let (image, image_pages) = load_image(&executable, file, file_physical, &mut aspace)?;
+        let (image, image_pages) = load_image(&program.segments(), &mut aspace)?;
         blocks.push(image);
         let stack_size = stack_size.next_multiple_of(HUGE_PAGE_SIZE);
         let stack = allocate_region(STACK_TOP - stack_size, stack_size, "stack")?;
@@ -235,7 +318,7 @@ pub fn load_image_memory(file: &[u8], file_physical: u64, argv: &[String], env: 
         if VERBOSE.load(Ordering::Relaxed) {
             log!(
                 "job: image {:#x}..{:#x}, heap {:#x}..{:#x} ({} MiB), stack {} MiB, entry {:#x}",
-                image.start, image.end, heap.start, heap.end, heap_size >> 20, stack_size >> 20, executable.entry
+                image.start, image.end, heap.start, heap.end, heap_size >> 20, stack_size >> 20, program.entry()
             );
         }
         // Without a vDSO libc falls back to system calls: slower, still correct.
@@ -245,12 +328,20 @@ pub fn load_image_memory(file: &[u8], file_physical: u64, argv: &[String], env: 
         }
         map_xstate_stub_page_into(&mut aspace).map_err(|_| LoadError::NoMemory("page tables"))?;
         aspace.activate();
-        let stack_pointer = stack::build(STACK_TOP, &executable, argv, env, vdso).map_err(|_| LoadError::StackSetup)?;
+        let start = stack::Start {
+            executable: &program.executable,
+            interpreter_base: program.interpreter_base,
+            path,
+            argv,
+            env,
+            vdso,
+        };
+        let stack_pointer = stack::build(STACK_TOP, &start).map_err(|_| LoadError::StackSetup)?;
         Ok((image, image_pages, stack, heap, stack_pointer))
     })();
     match result {
         Ok((image, image_pages, stack, heap, stack_pointer)) => {
-            Ok(Image { memory: JobMemory::new(aspace, image, image_pages, stack, heap), entry: TrapFrame::new_user(executable.entry, stack_pointer) })
+            Ok(Image { memory: JobMemory::new(aspace, image, image_pages, stack, heap), entry: TrapFrame::new_user(program.entry(), stack_pointer) })
         }
         Err(error) => {
             // The new tables may be loaded (a failed stack build): off them before they go.
@@ -315,10 +406,11 @@ pub fn load(module: Option<&Module>, options: &JobOptions) -> Result<TrapFrame, 
     };
     HEAP_OPTION.store(options.heap_size.unwrap_or(0), Ordering::Relaxed);
     STACK_OPTION.store(options.stack_size, Ordering::Relaxed);
-    let image = load_image_memory(file, file_physical, &options.argv, &options.env, options.heap_size, options.stack_size)?;
-    let aspace = image.memory.aspace.handle();
     // libc insists on an absolute path (glibc asserts it): the job lives at the root.
     let executable_path = if options.argv[0].starts_with('/') { options.argv[0].clone() } else { alloc::format!("/{}", options.argv[0]) };
+    let file = LoadFile { bytes: file, physical: file_physical };
+    let image = load_image_memory(file, &options.argv[0], &options.argv, &options.env, options.heap_size, options.stack_size)?;
+    let aspace = image.memory.aspace.handle();
     PROCESSES.lock().insert(PID, Process { memory: image.memory, descriptors: descriptors::Descriptors::new(), executable_path });
     crate::signal::reset(PID);
     crate::process::reset(PID);

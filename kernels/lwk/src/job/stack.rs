@@ -56,10 +56,27 @@ impl StackWriter {
     }
 }
 
+/// What a new image starts with, as Linux's ELF loader hands it over.
+#[derive(Clone, Copy)]
+pub struct Start<'a> {
+    pub executable: &'a Executable,
+    /// Where the program's interpreter was placed (AT_BASE), 0 for a static program.
+    pub interpreter_base: u64,
+    /// The file executed (AT_EXECFN).
+    pub path: &'a str,
+    pub argv: &'a [String],
+    pub env: &'a [String],
+    /// The vDSO's ELF header in the job, if it has one.
+    pub vdso: Option<u64>,
+}
+
 /// Writes the initial stack below `top` (in the active address space) and returns the
-/// stack pointer to start with. `vdso`: the vDSO's ELF header in the job, if it has one.
-pub fn build(top: u64, executable: &Executable, argv: &[String], env: &[String], vdso: Option<u64>) -> Result<u64, UserFault> {
+/// stack pointer to start with.
+pub fn build(top: u64, start: &Start<'_>) -> Result<u64, UserFault> {
+    let Start { executable, interpreter_base, path, argv, env, vdso } = *start;
     let mut stack = StackWriter { pointer: top };
+    // Linux puts the executed file's name at the very top (AT_EXECFN), then the rest.
+    let execfn = stack.push_string(path)?;
     let random = stack.push_bytes(&random_bytes())?;
     let platform = stack.push_string("x86_64")?;
     let env_pointers = env.iter().map(|text| stack.push_string(text)).collect::<Result<Vec<_>, _>>()?;
@@ -72,7 +89,7 @@ pub fn build(top: u64, executable: &Executable, argv: &[String], env: &[String],
         (AT_PHENT, executable.program_header_size),
         (AT_PHNUM, executable.program_header_count),
         (AT_PAGESZ, PAGE_SIZE),
-        (AT_BASE, 0),
+        (AT_BASE, interpreter_base),
         (AT_FLAGS, 0),
         (AT_ENTRY, executable.entry),
         (AT_UID, 0),
@@ -85,7 +102,7 @@ pub fn build(top: u64, executable: &Executable, argv: &[String], env: &[String],
         (AT_SECURE, 0),
         (AT_RANDOM, random),
         (AT_HWCAP2, 0),
-        (AT_EXECFN, argv_pointers.first().copied().unwrap_or(0)),
+        (AT_EXECFN, execfn),
         (AT_NULL, 0),
     ];
     let mut words: Vec<u64> = Vec::new();
