@@ -26,6 +26,7 @@ command -v slurmctld >/dev/null || need+=(slurmctld)            # dex's Slurm te
 command -v slurmd >/dev/null || need+=(slurmd)
 command -v srun >/dev/null || need+=(slurm-client)
 command -v help2man >/dev/null || need+=(help2man)             # make install's man pages, from each program's --help
+command -v gfortran >/dev/null || need+=(gfortran)               # the LWK's dynamically linked Fortran test program
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         say "missing packages: ${need[*]}; run as root or: sudo apt-get install -y ${need[*]}"

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Differential tests of the lightweight kernel. Every C program in tests/programs is built
 # statically against musl (musl-gcc) and glibc (gcc), run on the host and as the LWK's job,
-# and its output (stdout and stderr together) and exit status are compared.
+# and its output (stdout and stderr together) and exit status are compared. A representative
+# set (dynamic_programs below) is also built the default way, dynamically linked ("libc" dynamic):
+# its archive holds the interpreter, the libraries ldd names and /etc/ld.so.cache.
 #
 #   kernels/lwk/test.sh                     # all programs, both libcs, under QEMU TCG
 #   kernels/lwk/test.sh hello memory        # some programs
-#   LIBCS=musl kernels/lwk/test.sh          # one libc
+#   LIBCS=musl kernels/lwk/test.sh          # one libc (musl, glibc or dynamic)
 #   RUNNER=vmm kernels/lwk/test.sh          # under clowder-vmm on /dev/kvm instead of QEMU
 #   CLOWDER_VMM=path/to/clowder-vmm RUNNER=vmm kernels/lwk/test.sh   # a prebuilt VMM
 #   QEMU_CPUS=2 kernels/lwk/test.sh         # two CPUs under QEMU (xAPIC, INIT/SIPI)
@@ -28,7 +30,10 @@ repo=$(dirname "$kernels")
 work="$kernels/target/lwk-tests"
 runner=${RUNNER:-qemu}
 qemu_cpus=${QEMU_CPUS:-1}
-libcs=${LIBCS:-musl glibc}
+libcs=${LIBCS:-musl glibc dynamic}
+# Built dynamically too: start-up, files, threads, signals, processes (execve of a dynamic
+# image), C++, Fortran, dlopen and LD_LIBRARY_PATH.
+dynamic_programs=" hello files threads signals processes iostream fortran dlopen "
 mkdir -p "$work"
 
 (cd "$kernels" && cargo build --release -p lwk --quiet) || exit 1
@@ -65,20 +70,49 @@ with open(output, "wb") as archive:
 PYTHON
 }
 
+# dynamic_members BINARY: NAME=PATH for what a dynamically linked BINARY needs at run time: its
+# interpreter and libraries as ldd names them, and /etc/ld.so.cache, stored under the names
+# the loader looks for (the file's own contents where that name is a symlink).
+dynamic_members() {
+    ldd "$1" | sed -n 's|^[[:space:]]*\([^ ]*\) => \(/[^ ]*\) .*|\2|p; s|^[[:space:]]*\(/[^ ]*\) (.*|\1|p' |
+        while read -r path; do echo "$path=$(readlink -f "$path")"; done
+    echo "/etc/ld.so.cache=/etc/ld.so.cache"
+}
+
+# cached_library NAME: where /etc/ld.so.cache puts the x86-64 library NAME (for libraries a
+# program opens with dlopen, which ldd does not list), as NAME=PATH for make_archive.
+cached_library() {
+    local path
+    path=$(ldconfig -p | sed -n "s|^[[:space:]]*$1 (libc6,x86-64) => \(.*\)|\1|p" | head -1)
+    [ -n "$path" ] && echo "$path=$(readlink -f "$path")"
+}
+
 # Every job's archive: the program, and tests/programs/files as files/ (the host runs each
 # program in a directory holding the same files/).
 rm -rf "$work/files" && cp -r "$here/tests/programs/files" "$work/files"
+# For the dynamic programs (dlopen.c): a library found through LD_LIBRARY_PATH, one cut short
+# inside its ELF header, one that is not ELF at all.
+mkdir -p "$work/files/lib"
+gcc -O2 -shared -fPIC -o "$work/files/lib/libclowderplugin.so" "$here/tests/dynamic/plugin.c" || exit 1
+head -c 60 "$work/files/lib/libclowderplugin.so" >"$work/files/lib/libtruncated.so"
+printf '%0200d\n' 0 >"$work/files/lib/libtext.so"
 input_members=$(cd "$work" && find files -type f | sort | sed "s|.*|&=$work/&|")
 
 # run_in_lwk BINARY NAME OUTPUT [raw [ARGV]]: runs the job (from an archive with the input
-# files, or with `raw` BINARY itself as the module) with argv `NAME one "two words"` (or
+# files and, for a dynamically linked BINARY, what it needs to run; or with `raw` BINARY
+# itself as the module) with argv `NAME one "two words"` (or
 # ARGV), writes its output to OUTPUT, the kernel's lines to OUTPUT.kernel, and prints the
 # job's exit status as the kernel reported it.
 run_in_lwk() {
     local binary=$1 name=$2 output=$3 console="$3.console" machine_status
     if [ "${4:-}" != raw ]; then
         local archive="$output.cpio"
-        make_archive "$archive" "$name=$binary" $input_members
+        local needs= library
+        if readelf -lW "$binary" 2>/dev/null | grep -q 'Requesting program interpreter'; then
+            needs=$(dynamic_members "$binary")
+            for library in ${dlopened_libraries:-}; do needs+=" $(cached_library "$library")"; done
+        fi
+        make_archive "$archive" "$name=$binary" $input_members $needs
         binary=$archive
     fi
     local command_line="${LWK_ARGS:+$LWK_ARGS }lwk.env=GREETING=hello -- ${5:-$name one \"two words\"}"
@@ -123,7 +157,7 @@ else
 fi
 
 # docs/lwk-syscalls.md must list exactly the system calls of the table.
-table=$(sed -n 's/^    \([0-9]*\) => \([a-z0-9_]*\),$/\1 \2/p' "$here/src/syscall/mod.rs" | sort)
+table=$(sed -n 's/^    \([0-9]*\) => [a-z0-9_]*::\([a-z0-9_]*\)(.*),$/\1 \2/p' "$here/src/syscall/mod.rs" | sort)
 documented=$(python3 - "$repo/docs/lwk-syscalls.md" <<'PYTHON'
 import re, sys
 for line in open(sys.argv[1]):
@@ -142,32 +176,40 @@ else
 fi
 
 programs=("$@")
-[ ${#programs[@]} -eq 0 ] && programs=($(cd "$here/tests/programs" && ls *.c *.cpp | sed 's/\.c\(pp\)\?$//'))
+[ ${#programs[@]} -eq 0 ] && programs=($(cd "$here/tests/programs" && ls *.c *.cpp *.f90 | sed 's/\.\(c\|cpp\|f90\)$//'))
 for program in "${programs[@]}"; do
-    source_file=$(ls "$here/tests/programs/$program".c* | head -1)
+    source_file=$(ls "$here/tests/programs/$program".{c,cpp,f90} 2>/dev/null | head -1)
     # A source may narrow its libcs, add flags and ask for more than 256M of machine memory:
     # "lwk-test: libcs=glibc flags=-fopenmp mem=1G".
     options=$(sed -n 's/.*lwk-test: \(.*\)$/\1/p' "$source_file" | sed 's|\*/||')
     program_libcs=$(echo "$options" | sed -n 's/.*libcs=\([a-z,]*\).*/\1/p' | tr , ' ')
     extra_flags=$(echo "$options" | sed -n 's/.*flags=\([^ ]*\).*/\1/p')
     job_mem=$(echo "$options" | sed -n 's/.*mem=\([0-9]*[MG]\).*/\1/p')
+    # Libraries the program opens with dlopen (the archive of a dynamic build holds them).
+    dlopened_libraries=$(echo "$options" | sed -n 's/.*libs=\([^ ]*\).*/\1/p' | tr , ' ')
     # A source may say why it cannot run under clowder-vmm: "lwk-test-skip-vmm: REASON".
     skip_vmm_reason=$(sed -n 's/.*lwk-test-skip-vmm: \(.*\)$/\1/p' "$source_file" | sed 's|\*/||; s/ *$//')
     for libc in $libcs; do
-        if [ -n "$program_libcs" ] && ! echo " $program_libcs " | grep -q " $libc "; then
+        # A dynamic build links glibc: it runs where the static glibc build does.
+        if [ -n "$program_libcs" ] && ! echo " $program_libcs " | grep -q " \($libc\|${libc/dynamic/glibc}\) "; then
             continue
         fi
         if [ "$runner" = vmm ] && [ -n "$skip_vmm_reason" ]; then
             echo "skip $program ($libc) under clowder-vmm: $skip_vmm_reason"
             continue
         fi
+        if [ $libc = dynamic ] && [[ $dynamic_programs != *" $program "* ]]; then
+            continue
+        fi
         binary="$work/$program-$libc"
+        link=-static
         case $libc in
             musl) compiler=musl-gcc ;;
             glibc) compiler=gcc ;;
+            dynamic) compiler=gcc link= ;;
         esac
-        case $source_file in *.cpp) compiler=g++ ;; esac
-        if ! $compiler -static -O2 -pthread $extra_flags -o "$binary" "$source_file" 2>"$binary.build-log"; then
+        case $source_file in *.cpp) compiler=g++ ;; *.f90) compiler=gfortran ;; esac
+        if ! $compiler $link -O2 -pthread $extra_flags -o "$binary" "$source_file" 2>"$binary.build-log"; then
             echo "FAIL $program ($libc): does not build"; cat "$binary.build-log"
             failures=$((failures + 1)); continue
         fi
@@ -293,23 +335,25 @@ if [ $# -eq 0 ] && [ -f "$work/hello-raw" ]; then
     job_mem=
 fi
 
-# Programs the kernel cannot run, given as the module: the reason on the console, status 126
-# (a shell's "cannot execute"; QEMU's exit device shows 253). A dynamically linked hello, and
-# a static one whose first loadable segment claims memory past the end of user space. Then
+# Programs the kernel cannot run, given as the module: the reason on the console, and a shell's
+# status: 127 for a dynamically linked hello whose interpreter is not there (bash's words for
+# execve's ENOENT), 126 ("cannot execute") for a static one whose first loadable segment claims
+# memory past the end of user space. (QEMU's exit device shows (status << 1 | 1) & 255.) Then
 # untrusted executables: 16 copies of hello with header and program-header fields corrupted
 # (tests/elf_variants.py, fixed seed); each must end as a program does (refused with a reason,
 # a signal, an exit), never with a kernel panic, a kernel fault or a hang.
 if [ $# -eq 0 ] && [ -f "$work/hello-raw" ]; then
     gcc -O2 -o "$work/hello-dynamic" "$here/tests/programs/hello.c"
     python3 "$here/tests/elf_variants.py" "$work/hello-raw" "$work/hello"
-    expected_status=126
-    [ "$runner" = qemu ] && expected_status=253
-    for case in "dynamic|is dynamically linked" "huge|has a malformed loadable segment"; do
-        name=${case%%|*} reason=${case#*|}
+    for case in "dynamic|cannot execute: required file not found (the interpreter /lib64/ld-linux-x86-64.so.2)|127" \
+        "huge|the program has a malformed loadable segment|126"; do
+        IFS='|' read -r name reason status <<<"$case"
+        expected_status=$status
+        [ "$runner" = qemu ] && expected_status=$(( ((status << 1) | 1) & 255 ))
         outcome=$(run_in_lwk "$work/hello-$name" hello "$work/hello-$name.lwk" raw)
-        if grep -q "^\[lwk\] cannot start the job: the program $reason" "$work/hello-$name.lwk.console" &&
+        if grep -qF "[lwk] cannot start the job: $reason" "$work/hello-$name.lwk.console" &&
             [ "$outcome" = "no exit line (machine status $expected_status)" ]; then
-            echo "ok   refused by the kernel: the program $reason (status 126)"
+            echo "ok   refused by the kernel: $reason (status $status)"
         else
             echo "FAIL refused by the kernel ($name): $outcome"; cat "$work/hello-$name.lwk.console"
             failures=$((failures + 1))
@@ -328,6 +372,41 @@ if [ $# -eq 0 ] && [ -f "$work/hello-raw" ]; then
         echo "ok   16 corrupted executables: each refused, signalled or exited; no kernel panic or hang"
     else
         echo "FAIL corrupted executables: $bad of 16 ended the kernel or hung"
+        failures=$((failures + 1))
+    fi
+fi
+
+# Dynamic linking's failures. A program linked against a library its archive lacks: the
+# loader's message and status 127, as on the host (where the library is not on the search path
+# either). Then a library corrupted 17 ways (tests/elf_variants.py on libclowderplugin.so), each
+# opened with dlopen in a child of its own (tests/lwk-only/corrupt_libraries.c): each gets an
+# error, loads, or kills its child; the job carries on to its end and the kernel does not fail.
+if [ $# -eq 0 ] && [[ $libcs == *dynamic* ]]; then
+    gcc -O2 -o "$work/missing-library" "$here/tests/programs/hello.c" -Wl,--no-as-needed -L"$work/files/lib" -lclowderplugin
+    host_status=$( { cd "$work" && env -i bash -c 'exec -a "$0" "$@"' missing-library "$work/missing-library" </dev/null \
+        >"$work/missing-library.host" 2>&1; echo $?; } 2>/dev/null)
+    status=$(run_in_lwk "$work/missing-library" missing-library "$work/missing-library.lwk")
+    if [ "$status" = 127 ] && [ "$host_status" = 127 ] && cmp -s "$work/missing-library.host" "$work/missing-library.lwk"; then
+        echo "ok   missing library: $(cat "$work/missing-library.lwk") (status 127, as on the host)"
+    else
+        echo "FAIL missing library: host status $host_status, lwk status $status"
+        diff "$work/missing-library.host" "$work/missing-library.lwk"
+        failures=$((failures + 1))
+    fi
+    gcc -O2 -o "$work/corrupt_libraries" "$here/tests/lwk-only/corrupt_libraries.c"
+    python3 "$here/tests/elf_variants.py" "$work/files/lib/libclowderplugin.so" "$work/libplugin"
+    variants=$(cd "$work" && ls libplugin-huge libplugin-corrupt-[0-9][0-9])
+    members=$(for variant in $variants; do echo "lib/$variant=$work/$variant"; done)
+    make_archive "$work/corrupt_libraries.cpio" "corrupt_libraries=$work/corrupt_libraries" $members \
+        $(dynamic_members "$work/corrupt_libraries")
+    status=$(run_in_lwk "$work/corrupt_libraries.cpio" corrupt_libraries "$work/corrupt_libraries.lwk" raw \
+        "corrupt_libraries $(echo "$variants" | sed 's|^|/lib/|' | tr '\n' ' ')")
+    if [ "$status" = 0 ] && [ "$(tail -1 "$work/corrupt_libraries.lwk")" = survived ] &&
+        [ "$(grep -c '^/lib/libplugin-' "$work/corrupt_libraries.lwk")" -ge 17 ] &&
+        ! grep -q '^\[lwk\] \(panic\|kernel fault\)' "$work/corrupt_libraries.lwk.console"; then
+        echo "ok   17 corrupted libraries: $(grep -c ': killed by signal' "$work/corrupt_libraries.lwk") killed their child, the rest an error or loaded; the job went on (status 0)"
+    else
+        echo "FAIL corrupted libraries: status $status"; tail -20 "$work/corrupt_libraries.lwk.console"
         failures=$((failures + 1))
     fi
 fi
