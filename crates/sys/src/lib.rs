@@ -4,6 +4,7 @@
 //! descriptor limit and randomness. What rustix lacks is in [`fs_identity`], the one place
 //! with unsafe code. Each wrapper returns owned descriptors or `io::Result`.
 
+mod dirents;
 mod fs_identity;
 mod seqpacket;
 
@@ -15,6 +16,7 @@ use std::time::Duration;
 use rustix::event::{EventfdFlags, PollFd, PollFlags};
 use rustix::fs::{AtFlags, MemfdFlags, Mode, OFlags, ResolveFlags};
 
+pub use dirents::read_directory;
 pub use fs_identity::FsIdentity;
 pub use seqpacket::{accept, connect, listen, peer, receive, send, set_receive_timeout, Peer, MAX_FDS};
 
@@ -56,10 +58,11 @@ pub fn wait_readable(fd: impl AsFd, timeout: Duration) -> io::Result<bool> {
     }
 }
 
-/// Opens `path` (relative) beneath the directory `dir`: the kernel refuses `..` and symbolic
-/// links that leave it, absolute paths and magic links, so the result stays inside `dir`.
+/// Opens `path` from the directory `dir` as openat(2) would (an absolute path ignores `dir`),
+/// or, when `beneath`, only beneath `dir`: then the kernel refuses `..` and symbolic links that
+/// leave it, absolute paths and magic links (EXDEV), so the result stays inside `dir`.
 /// `flags` and `mode` are open(2)'s; the mode counts only when creating.
-pub fn open_beneath(dir: &File, path: &str, flags: i32, mode: u32) -> io::Result<File> {
+pub fn open_at(dir: &File, path: &str, flags: i32, mode: u32, beneath: bool) -> io::Result<File> {
     let flags = OFlags::from_bits_retain(flags as u32) | OFlags::CLOEXEC;
     // O_TMPFILE includes O_DIRECTORY's bit: only the whole of it asks for a mode.
     let mode = if flags.contains(OFlags::CREATE) || flags.contains(OFlags::TMPFILE) {
@@ -67,18 +70,24 @@ pub fn open_beneath(dir: &File, path: &str, flags: i32, mode: u32) -> io::Result
     } else {
         Mode::empty()
     };
-    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+    let resolve = if beneath { ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS } else { ResolveFlags::empty() };
     Ok(rustix::fs::openat2(dir, path, flags, mode, resolve)?.into())
 }
 
-/// unlinkat on a name inside `dir` (the caller opened `dir` beneath the root).
-pub fn unlink_in(dir: &File, name: &str) -> io::Result<()> {
-    Ok(rustix::fs::unlinkat(dir, name, AtFlags::empty())?)
+/// [`open_at`] beneath `dir`.
+pub fn open_beneath(dir: &File, path: &str, flags: i32, mode: u32) -> io::Result<File> {
+    open_at(dir, path, flags, mode, true)
 }
 
-/// mkdirat on a name inside `dir` (the caller opened `dir` beneath the root).
-pub fn mkdir_in(dir: &File, name: &str, mode: u32) -> io::Result<()> {
-    Ok(rustix::fs::mkdirat(dir, name, Mode::from_bits_truncate(mode & 0o7777))?)
+/// unlinkat of `path` from `dir` (a name inside a directory opened beneath a root, or any
+/// path the caller may reach).
+pub fn unlink_in(dir: &File, path: &str) -> io::Result<()> {
+    Ok(rustix::fs::unlinkat(dir, path, AtFlags::empty())?)
+}
+
+/// mkdirat of `path` from `dir` (as [`unlink_in`]).
+pub fn mkdir_in(dir: &File, path: &str, mode: u32) -> io::Result<()> {
+    Ok(rustix::fs::mkdirat(dir, path, Mode::from_bits_truncate(mode & 0o7777))?)
 }
 
 /// `kill(pid, signal)`; a pid of 0 (which would mean our own process group) or beyond the pid
@@ -100,7 +109,7 @@ pub struct FileInfo {
     pub regular: bool,
 }
 
-pub fn file_info(fd: &OwnedFd) -> io::Result<FileInfo> {
+pub fn file_info(fd: impl AsFd) -> io::Result<FileInfo> {
     let st = rustix::fs::fstat(fd)?;
     Ok(FileInfo {
         size: st.st_size as u64,

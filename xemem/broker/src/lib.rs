@@ -220,7 +220,7 @@ impl Broker {
     pub fn share_names(&self, names: SharedNames) {
         let unnamed = self.lock().ns.share_names(Box::new(names));
         if !unnamed.is_empty() {
-            eprintln!("xemem: {} host segment(s) lost their names, held already by enclaves' segments", unnamed.len());
+            log::warn!("xemem: {} host segment(s) lost their names, held already by enclaves' segments", unnamed.len());
         }
     }
 
@@ -289,6 +289,7 @@ impl Broker {
     /// Listens on `path` and serves every connection on its own thread, forever.
     pub fn listen_and_serve(&self, path: &Path) -> io::Result<()> {
         let listener = sys::listen(path)?;
+        log::info!("listening on {}", path.display());
         loop {
             let connection = sys::accept(&listener)?;
             let broker = self.clone();

@@ -1,11 +1,12 @@
 //! `xemem-broker [SOCKET]`: the XEMEM segment broker on its own, for tests and for hosts
 //! without clowderd. The socket is SOCKET, else $CLOWDER_XEMEM_SOCKET, else xemem.sock beside
-//! $CLOWDER_SOCKET, else /run/clowder/xemem.sock (what libxpmem looks for).
+//! $CLOWDER_SOCKET, else /run/clowder/xemem.sock (what libxpmem looks for). Diagnostics as
+//! CLOWDER_LOG says (default info; see crates/log).
 
 use std::path::PathBuf;
 
 const USAGE: &str = "usage: xemem-broker [SOCKET]   (default: $CLOWDER_XEMEM_SOCKET, else xemem.sock beside \
-                     $CLOWDER_SOCKET, else /run/clowder/xemem.sock)";
+                     $CLOWDER_SOCKET, else /run/clowder/xemem.sock); diagnostics as $CLOWDER_LOG says (default info)";
 
 fn main() {
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
@@ -26,6 +27,10 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if let Err(error) = clowder_log::init("xemem-broker", clowder_log::LevelFilter::Info) {
+        eprintln!("xemem-broker: {error}");
+        std::process::exit(2);
+    }
     if let Some(parent) = path.parent() {
         let _ = std::fs::create_dir_all(parent);
     }
@@ -33,7 +38,7 @@ fn main() {
     clowder_sys::raise_descriptor_limit();
     let broker = xemem_host::Broker::new();
     if let Err(error) = broker.listen_and_serve(&path) {
-        eprintln!("xemem-broker: {}: {error}", path.display());
+        log::error!("{}: {error}", path.display());
         std::process::exit(1);
     }
 }
