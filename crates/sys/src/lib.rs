@@ -4,7 +4,6 @@
 //! descriptor limit and randomness. What rustix lacks is in [`fs_identity`], the one place
 //! with unsafe code. Each wrapper returns owned descriptors or `io::Result`.
 
-mod dirents;
 mod fs_identity;
 mod seqpacket;
 
@@ -16,7 +15,6 @@ use std::time::Duration;
 use rustix::event::{EventfdFlags, PollFd, PollFlags};
 use rustix::fs::{AtFlags, MemfdFlags, Mode, OFlags, ResolveFlags};
 
-pub use dirents::read_directory;
 pub use fs_identity::FsIdentity;
 pub use seqpacket::{accept, connect, listen, peer, receive, send, set_receive_timeout, Peer, MAX_FDS};
 
@@ -58,11 +56,10 @@ pub fn wait_readable(fd: impl AsFd, timeout: Duration) -> io::Result<bool> {
     }
 }
 
-/// Opens `path` from the directory `dir` as openat(2) would (an absolute path ignores `dir`),
-/// or, when `beneath`, only beneath `dir`: then the kernel refuses `..` and symbolic links that
-/// leave it, absolute paths and magic links (EXDEV), so the result stays inside `dir`.
+/// Opens `path` (relative) beneath the directory `dir`: the kernel refuses `..` and symbolic
+/// links that leave it, absolute paths and magic links, so the result stays inside `dir`.
 /// `flags` and `mode` are open(2)'s; the mode counts only when creating.
-pub fn open_at(dir: &File, path: &str, flags: i32, mode: u32, beneath: bool) -> io::Result<File> {
+pub fn open_beneath(dir: &File, path: &str, flags: i32, mode: u32) -> io::Result<File> {
     let flags = OFlags::from_bits_retain(flags as u32) | OFlags::CLOEXEC;
     // O_TMPFILE includes O_DIRECTORY's bit: only the whole of it asks for a mode.
     let mode = if flags.contains(OFlags::CREATE) || flags.contains(OFlags::TMPFILE) {
@@ -70,24 +67,18 @@ pub fn open_at(dir: &File, path: &str, flags: i32, mode: u32, beneath: bool) -> 
     } else {
         Mode::empty()
     };
-    let resolve = if beneath { ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS } else { ResolveFlags::empty() };
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
     Ok(rustix::fs::openat2(dir, path, flags, mode, resolve)?.into())
 }
 
-/// [`open_at`] beneath `dir`.
-pub fn open_beneath(dir: &File, path: &str, flags: i32, mode: u32) -> io::Result<File> {
-    open_at(dir, path, flags, mode, true)
+/// unlinkat on a name inside `dir` (the caller opened `dir` beneath the root).
+pub fn unlink_in(dir: &File, name: &str) -> io::Result<()> {
+    Ok(rustix::fs::unlinkat(dir, name, AtFlags::empty())?)
 }
 
-/// unlinkat of `path` from `dir` (a name inside a directory opened beneath a root, or any
-/// path the caller may reach).
-pub fn unlink_in(dir: &File, path: &str) -> io::Result<()> {
-    Ok(rustix::fs::unlinkat(dir, path, AtFlags::empty())?)
-}
-
-/// mkdirat of `path` from `dir` (as [`unlink_in`]).
-pub fn mkdir_in(dir: &File, path: &str, mode: u32) -> io::Result<()> {
-    Ok(rustix::fs::mkdirat(dir, path, Mode::from_bits_truncate(mode & 0o7777))?)
+/// mkdirat on a name inside `dir` (the caller opened `dir` beneath the root).
+pub fn mkdir_in(dir: &File, name: &str, mode: u32) -> io::Result<()> {
+    Ok(rustix::fs::mkdirat(dir, name, Mode::from_bits_truncate(mode & 0o7777))?)
 }
 
 /// `kill(pid, signal)`; a pid of 0 (which would mean our own process group) or beyond the pid
