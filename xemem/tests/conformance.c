@@ -105,14 +105,24 @@ static int *anonymous(size_t pages)
 	return p;
 }
 
+/* `pages` fresh anonymous private pages holding int[i] = i, exported with permit `mode`: the
+ * segid; the memory in *memory. */
+static xpmem_segid_t export_filled(long pages, long mode, int **memory)
+{
+	int *p = anonymous(pages);
+	fill(p, pages, 0);
+	xpmem_segid_t segid = xpmem_make(p, pages * PAGE, XPMEM_PERMIT_MODE, (void *)mode);
+	CHECK(segid > 0, "xpmem_make");
+	*memory = p;
+	return segid;
+}
+
 /* An exporter of `pages` anonymous private pages holding int[i] = i: sends segid, waits for
  * the attacher's word, then checks int[i] == i + that word. The Cray suite's xpmem_proc1. */
 static int exporter(int fd, long pages)
 {
-	int *p = anonymous(pages);
-	fill(p, pages, 0);
-	xpmem_segid_t segid = xpmem_make(p, pages * PAGE, XPMEM_PERMIT_MODE, (void *)0666);
-	CHECK(segid > 0, "xpmem_make");
+	int *p;
+	xpmem_segid_t segid = export_filled(pages, 0666, &p);
 	put(fd, segid);
 	put(fd, (uintptr_t)p);
 	int added = (int)take(fd);
@@ -307,24 +317,27 @@ static int case_permissions(void)
 	return 0;
 }
 
-/* test_base: attach 4 pages at offset 0, check i, add 1; the exporter sees i + 1. */
-static int case_base(void)
+/* An exporter of 4 pages whose segment `attach` attaches and adds to: the exporter must see
+ * i + `added`. */
+static int exported_and_added(int *(*attach)(xpmem_segid_t), int added)
 {
 	xpmem_segid_t segid;
 	struct peer owner = start_exporter(4, &segid);
-	attach_and_add_one(segid);
-	finish(owner, 1);
+	attach(segid);
+	finish(owner, added);
 	return 0;
+}
+
+/* test_base: attach 4 pages at offset 0, check i, add 1; the exporter sees i + 1. */
+static int case_base(void)
+{
+	return exported_and_added(attach_and_add_one, 1);
 }
 
 /* test_two_attach: two permits, two attachments, each adds 1. */
 static int case_two_attach(void)
 {
-	xpmem_segid_t segid;
-	struct peer owner = start_exporter(4, &segid);
-	attach_twice_and_add_one(segid);
-	finish(owner, 2);
-	return 0;
+	return exported_and_added(attach_twice_and_add_one, 2);
 }
 
 /* test_two_shares: two segments from two exporters, both incremented. */
@@ -349,10 +362,8 @@ static int case_two_shares(void)
 static int fork_exporter(int fd, long unused)
 {
 	(void)unused;
-	int *p = anonymous(4);
-	fill(p, 4, 0);
-	xpmem_segid_t segid = xpmem_make(p, 4 * PAGE, XPMEM_PERMIT_MODE, (void *)0666);
-	CHECK(segid > 0, "make");
+	int *p;
+	xpmem_segid_t segid = export_filled(4, 0666, &p);
 	put(fd, segid);
 	take(fd); /* the attacher has read page 1 */
 	int child_pipe[2];
@@ -507,10 +518,8 @@ static int case_holes_sigbus(void)
 /* After remove, existing attachments raise SIGBUS; the owner keeps its data. */
 static int remove_owner(int fd, long pages)
 {
-	int *p = anonymous(pages);
-	fill(p, pages, 0);
-	xpmem_segid_t segid = xpmem_make(p, pages * PAGE, XPMEM_PERMIT_MODE, (void *)0600);
-	CHECK(segid > 0, "make");
+	int *p;
+	xpmem_segid_t segid = export_filled(pages, 0600, &p);
 	put(fd, segid);
 	take(fd); /* attached and checked */
 	CHECK(xpmem_remove(segid) == 0, "remove");
@@ -540,10 +549,8 @@ static int case_remove_sigbus(void)
 
 static int exiting_owner(int fd, long pages)
 {
-	int *p = anonymous(pages);
-	fill(p, pages, 0);
-	xpmem_segid_t segid = xpmem_make(p, pages * PAGE, XPMEM_PERMIT_MODE, (void *)0600);
-	CHECK(segid > 0, "make");
+	int *p;
+	xpmem_segid_t segid = export_filled(pages, 0600, &p);
 	put(fd, segid);
 	take(fd);
 	_exit(0); /* no remove: the broker revokes when the process is gone */
