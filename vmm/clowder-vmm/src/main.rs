@@ -1,8 +1,8 @@
 //! `clowder-vmm`: runs one virtual machine (one process per VM). Configured by a TOML file and/or
 //! flags (`--help`); the exit status is the guest's own, or a fixed code per failure kind
-//! (README, "Exit status"). SIGTERM and SIGINT tear the VM down cleanly.
+//! (README, "Exit status"). SIGTERM and SIGINT tear the VM down cleanly. Diagnostics as
+//! CLOWDER_LOG says (default info; crates/log); configuration errors are plain stderr lines.
 
-use std::io::Write;
 use std::process::ExitCode;
 
 use vmm::{StopReason, Vm, VmConfig};
@@ -36,9 +36,10 @@ fn stop_when_orphaned(parent: u32, handle: &vmm::VmHandle) {
     while std::os::unix::process::parent_id() == parent {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
-    // Stop first: the parent often held our stderr, and writing to a closed pipe fails.
+    // Stop first: the parent often held our stderr, and writing to a closed pipe fails (which
+    // the logger ignores).
     handle.stop();
-    let _ = writeln!(std::io::stderr(), "clowder-vmm: parent process {parent} ended; stopping the VM");
+    log::warn!("parent process {parent} ended; stopping the VM");
 }
 
 fn main() -> ExitCode {
@@ -46,6 +47,10 @@ fn main() -> ExitCode {
     if args.iter().any(|arg| arg == "--version" || arg == "-V") {
         println!("clowder-vmm {}", env!("CARGO_PKG_VERSION"));
         return ExitCode::SUCCESS;
+    }
+    if let Err(e) = clowder_log::init("clowder-vmm", clowder_log::LevelFilter::Info) {
+        eprintln!("clowder-vmm: {e}");
+        return ExitCode::from(EXIT_SETUP);
     }
     let config = match VmConfig::from_args(&args) {
         Ok(c) => c,
@@ -58,20 +63,27 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_SETUP);
         }
     };
+    log::debug!(
+        "{} vCPU(s) on host cores {:?}, {} MiB of guest RAM ({:?})",
+        config.vcpus.len(),
+        config.vcpus.iter().map(|vcpu| vcpu.host_core).collect::<Vec<_>>(),
+        config.memory.size >> 20,
+        config.memory.backing
+    );
     // Every thread inherits the mask, so only the waiter below ever sees these signals.
     let termination = block_termination_signals();
     let control_socket = config.control_socket.clone();
     let mut vm = match Vm::new(config) {
         Ok(vm) => vm,
         Err(e) => {
-            eprintln!("clowder-vmm: cannot create the VM: {e}");
+            log::error!("cannot create the VM: {e}");
             return ExitCode::from(EXIT_SETUP);
         }
     };
     let handle = vm.handle();
     if let Some(path) = &control_socket {
         if let Err(e) = vmm::control::serve(handle.clone(), path) {
-            eprintln!("clowder-vmm: control socket {}: {e}", path.display());
+            log::error!("control socket {}: {e}", path.display());
             return ExitCode::from(EXIT_SETUP);
         }
     }
@@ -93,7 +105,7 @@ fn main() -> ExitCode {
         std::thread::spawn(move || stop_when_orphaned(parent, &handle));
     }
     if let Err(e) = vm.start() {
-        eprintln!("clowder-vmm: cannot start the VM: {e}");
+        log::error!("cannot start the VM: {e}");
         return ExitCode::from(EXIT_SETUP);
     }
     let reason = vm.wait();
@@ -105,13 +117,13 @@ fn main() -> ExitCode {
     }
     let signal = signalled.load(std::sync::atomic::Ordering::SeqCst);
     if signal != 0 && reason == StopReason::Requested {
-        eprintln!("clowder-vmm: stopped by signal {signal}; VM torn down");
+        log::info!("stopped by signal {signal}; VM torn down");
         return ExitCode::from(128 + signal as u8);
     }
     if reason.is_failure() {
-        eprintln!("clowder-vmm: {reason}");
+        log::error!("{reason}");
         for (vcpu, registers) in handle.shared.watchdog_registers() {
-            eprintln!("  vCPU {vcpu}: {registers}");
+            log::error!("vCPU {vcpu}: {registers}");
         }
     }
     ExitCode::from(reason.exit_code() as u8)
