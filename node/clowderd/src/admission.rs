@@ -87,7 +87,7 @@ impl Backoff {
 
     pub fn failed(&mut self, what: &str, error: &io::Error) {
         if self.failures == 0 {
-            eprintln!("clowderd: {what} on {}: {error}; retrying with back-off", self.service);
+            log::warn!("{what} on {}: {error}; retrying with back-off", self.service);
         }
         self.failures += 1;
         std::thread::sleep(self.delay);
@@ -96,7 +96,7 @@ impl Backoff {
 
     pub fn succeeded(&mut self) {
         if self.failures > 0 {
-            eprintln!("clowderd: accepting clients on {} again after {} failures", self.service, self.failures);
+            log::info!("accepting clients on {} again after {} failures", self.service, self.failures);
             *self = Backoff::new(self.service);
         }
     }

@@ -95,10 +95,6 @@ fn unix_seconds(time: SystemTime) -> u64 {
     time.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-fn report(message: &str) {
-    eprintln!("clowderd: {message}");
-}
-
 impl State {
     fn taken_cores(&self) -> BTreeMap<usize, String> {
         self.enclaves.iter().flat_map(|(name, entry)| entry.cores.iter().map(move |core| (*core, name.clone()))).collect()
@@ -148,12 +144,12 @@ impl Daemon {
             Cpusets::detect()
         } else {
             // Even so, a host left confined by a killed isolating daemon gets its cores back.
-            Cpusets::repair_left_over().iter().for_each(|repair| report(repair));
+            Cpusets::repair_left_over().iter().for_each(|repair| log::info!("{repair}"));
             Err("clowderd runs without --isolate-cores".into())
         };
         match &cpusets {
-            Ok(cpusets) => cpusets.repairs().iter().for_each(|repair| report(repair)),
-            Err(why) if config.isolate_cores => report(&format!("cannot isolate cores: {why}")),
+            Ok(cpusets) => cpusets.repairs().iter().for_each(|repair| log::info!("{repair}")),
+            Err(why) if config.isolate_cores => log::warn!("cannot isolate cores: {why}"),
             Err(_) => {}
         }
         Arc::new(Daemon { config, launcher, cpusets, state: Mutex::new(State::default()), xemem: OnceLock::new(), xemem_links })
@@ -297,7 +293,7 @@ impl Daemon {
                 }
             })
             .expect("spawning an enclave thread");
-        report(&format!("created enclave {name} on cores {}", format_cpu_list(cores.iter().copied())));
+        log::info!("created enclave {name} on cores {}", format_cpu_list(cores.iter().copied()));
         match self.describe(&name, peer) {
             Some(enclave) => ok_reply(&CreateReply { enclave, notes }),
             None => error_reply(ErrorKind::Failed, format!("enclave {name} failed as soon as it started; see: clowder logs {name}")),
@@ -315,14 +311,14 @@ impl Daemon {
         state.remember_removal(&enclave.name, owner, reason.clone(), enclave.log.clone());
         drop(state);
         self.release_cpuset(&enclave.name);
-        report(&format!("enclave {} failed and was removed: {reason}", enclave.name));
+        log::warn!("enclave {} failed and was removed: {reason}", enclave.name);
     }
 
     fn release_cpuset(&self, name: &str) {
         if let Ok(cpusets) = &self.cpusets {
             match cpusets.release(name, &self.enclave_cores()) {
-                Ok(done) => report(&done),
-                Err(e) => report(&format!("giving enclave {name}'s cores back to the host: {e}")),
+                Ok(done) => log::info!("{done}"),
+                Err(e) => log::error!("giving enclave {name}'s cores back to the host: {e}"),
             }
         }
     }
@@ -414,7 +410,7 @@ impl Daemon {
                 drop(state);
                 let ended = enclave.stop();
                 self.release_cpuset(name);
-                report(&format!("removed enclave {name}: {ended}"));
+                log::info!("removed enclave {name}: {ended}");
                 ok_reply(&RmReply { removed: name.into(), how: ended })
             }
         }
@@ -452,11 +448,11 @@ impl Daemon {
                 Occupant::Persistent(enclave) => {
                     let ended = enclave.stop();
                     self.release_cpuset(&name);
-                    report(&format!("removed enclave {name}: {ended}"));
+                    log::info!("removed enclave {name}: {ended}");
                 }
                 Occupant::OneShot { pid, .. } => {
                     let _ = sys::send_signal(pid, libc::SIGKILL);
-                    report(&format!("stopped one-shot enclave {name} (clowder-vmm pid {pid})"));
+                    log::info!("stopped one-shot enclave {name} (clowder-vmm pid {pid})");
                 }
                 // Its creator finds the name gone and stops the machine it was starting.
                 Occupant::Starting => {}
@@ -465,8 +461,8 @@ impl Daemon {
         // Every host task goes back where it was, with every core.
         if let Ok(cpusets) = &self.cpusets {
             match cpusets.dissolve() {
-                Ok(done) => report(&done),
-                Err(e) => report(&format!("returning host tasks to the root cpuset: {e}")),
+                Ok(done) => log::info!("{done}"),
+                Err(e) => log::error!("returning host tasks to the root cpuset: {e}"),
             }
         }
     }
@@ -673,7 +669,7 @@ impl Daemon {
                 log.push(format!("clowderd: {reason}"));
                 state.remember_removal(&name, owner, reason.clone(), log);
                 drop(state);
-                report(&format!("one-shot enclave {name} failed: {reason}"));
+                log::warn!("one-shot enclave {name} failed: {reason}");
                 error_reply(ErrorKind::Failed, format!("one-shot enclave {name} failed: {reason}"))
             }
         }

@@ -230,7 +230,7 @@ pub fn start_vmm(mut command: Command, control_path: PathBuf, log: Arc<LogBook>)
         }
         let last = progress.lock().unwrap().clone();
         if let Some((at, report)) = last.as_ref().filter(|(at, _)| reported != Some(*at)) {
-            eprintln!("clowderd: clowder-vmm {} ({}): guest RAM populated: {report}", child.id(), format_size(memory));
+            log::info!("clowder-vmm {} ({}): guest RAM populated: {report}", child.id(), format_size(memory));
             reported = Some(*at);
         }
         if Instant::now() > startup_deadline(started, memory, reported) {

@@ -1,6 +1,5 @@
 //! `clowderd`: the clowder node daemon (run as root). See `docs/clowderd-api.md`.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -38,6 +37,12 @@ const USAGE: &str = "usage: clowderd [options]   (--version: its version and the
                        xemem-peer.sock beside the API socket; mode 0600)
   --xemem-upstream PATH  act as a sub-manager: link to the daemon whose --xemem-peers socket is
                        PATH; that daemon's name server gives this one its enclave id
+
+Environment:
+  CLOWDER_LOG          which diagnostics are printed: error, warn, info (the default), debug or
+                       trace, and NAME=LEVEL for one part (clowderd=debug,xemem=trace); DEX and
+                       libxpmem read it too. On stderr, or with syslog priorities when stderr is
+                       the journal (JOURNAL_STREAM)
 ";
 
 /// The LWK image where `make install` puts it ($prefix/lib/clowder/lwk beside $prefix/bin), else
@@ -193,9 +198,9 @@ fn on_termination(signals: libc::sigset_t, daemon: std::sync::Arc<Daemon>, socke
         let mut signal = 0;
         // SAFETY: waits on the set blocked in every thread.
         if unsafe { libc::sigwait(&signals, &mut signal) } == 0 {
-            // Not eprintln!, which panics (ending this thread, so the signal would be lost) when
-            // stderr is a closed pipe.
-            let _ = writeln!(std::io::stderr(), "clowderd: signal {signal}: removing all enclaves");
+            // The logger ignores a closed stderr (eprintln! would panic, ending this thread, so
+            // the signal would be lost).
+            log::info!("signal {signal}: removing all enclaves");
             daemon.shut_down_all();
             for socket in &sockets {
                 let _ = std::fs::remove_file(socket);
@@ -226,6 +231,10 @@ fn main() -> ExitCode {
         println!("clowderd {} (API {})", env!("CARGO_PKG_VERSION"), clowder_api::API_VERSION);
         return ExitCode::SUCCESS;
     }
+    if let Err(e) = clowder_log::init("clowderd", clowder_log::LevelFilter::Info) {
+        eprintln!("clowderd: {e}");
+        return ExitCode::from(2);
+    }
     let options = match parse_options(&args) {
         Ok(options) => options,
         Err(e) if e.is_empty() => {
@@ -238,6 +247,7 @@ fn main() -> ExitCode {
         }
     };
     let runtime_dir = options.socket.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    log::debug!("LWK image {}, clowder-vmm {}, runtime directory {}", options.kernel.display(), options.vmm.display(), runtime_dir.display());
     let launcher = VmmLauncher { vmm: options.vmm.clone(), kernel: options.kernel.clone(), runtime_dir: runtime_dir.clone() };
     let config = DaemonConfig {
         vmm: options.vmm,
@@ -250,7 +260,7 @@ fn main() -> ExitCode {
     let listener = match server::bind(&options.socket) {
         Ok(listener) => listener,
         Err(e) => {
-            eprintln!("clowderd: {e}");
+            log::error!("{e}");
             return ExitCode::FAILURE;
         }
     };
@@ -258,12 +268,12 @@ fn main() -> ExitCode {
     let xemem = match xemem_service::start(&xemem_socket) {
         Ok(xemem) => xemem,
         Err(e) => {
-            eprintln!("clowderd: {e}");
+            log::error!("{e}");
             let _ = std::fs::remove_file(&options.socket);
             return ExitCode::FAILURE;
         }
     };
-    eprintln!("clowderd: listening on {} (XEMEM on {})", options.socket.display(), xemem_socket.display());
+    log::info!("listening on {} (XEMEM on {})", options.socket.display(), xemem_socket.display());
     let links = if options.xemem_upstream.is_some() { XememLinks::sub_manager() } else { XememLinks::new() };
     let broker = xemem.broker.clone();
     let daemon = Daemon::with_xemem_links(config, Box::new(launcher), links.clone());
@@ -273,12 +283,12 @@ fn main() -> ExitCode {
     let peers_socket = options.xemem_peers.clone().unwrap_or_else(|| runtime_dir.join("xemem-peer.sock"));
     let sub_manager_broker = options.xemem_upstream.is_some().then(|| broker.clone());
     if let Err(e) = xemem_peer::listen(&peers_socket, links.clone(), sub_manager_broker.clone()) {
-        eprintln!("clowderd: {e}");
+        log::error!("{e}");
         return ExitCode::FAILURE;
     }
     if let Some(upstream) = options.xemem_upstream.clone() {
         if let Err(e) = xemem_peer::connect_upstream(upstream, links, sub_manager_broker, Duration::from_secs(10)) {
-            eprintln!("clowderd: {e}");
+            log::error!("{e}");
             return ExitCode::FAILURE;
         }
     }

@@ -177,8 +177,8 @@ pub fn file_runs(ram: &dyn FrameSource, runs: &[FrameRun]) -> Result<Vec<FileRun
                 if offset % unit != 0 || len % unit != 0 {
                     static SAID: std::sync::Once = std::sync::Once::new();
                     SAID.call_once(|| {
-                        eprintln!(
-                            "clowderd: xemem: an attach of {len:#x} bytes at {gpa:#x} of an enclave whose RAM is on {} KiB pages refused (EINVAL): \
+                        log::warn!(
+                            "xemem: an attach of {len:#x} bytes at {gpa:#x} of an enclave whose RAM is on {} KiB pages refused (EINVAL): \
                              another process can map that memory only in whole pages; export segments of whole, aligned 2 MiB pages there \
                              (said once)",
                             unit / 1024

@@ -355,7 +355,7 @@ pub fn listen(path: &Path, links: Arc<XememLinks>, broker: Option<xemem_host::Br
             let connection = match crate::sys::accept(&listener) {
                 Ok(connection) => connection,
                 Err(e) => {
-                    eprintln!("clowderd: xemem: accepting a daemon link: {e}");
+                    log::warn!("xemem: accepting a daemon link: {e}");
                     std::thread::sleep(Duration::from_millis(100));
                     continue;
                 }
@@ -415,7 +415,7 @@ pub fn connect_upstream(
                         Err(_) => wait = (wait * 2).min(LAST_RELINK_WAIT),
                     }
                 };
-                eprintln!("clowderd: xemem: linking to the upstream daemon again");
+                log::info!("xemem: linking to the upstream daemon again");
             }
         })
         .map_err(|e| format!("starting the XEMEM upstream thread: {e}"))?;
@@ -435,10 +435,10 @@ fn run_link(connection: OwnedFd, links: Arc<XememLinks>, broker: Option<xemem_ho
     let Ok(wake) = crate::sys::eventfd() else { return };
     let Ok(woken) = wake.try_clone() else { return };
     let Some(port) = links.join_peer(frames.clone(), wake, upstream) else {
-        eprintln!("clowderd: xemem: no free link for {who}");
+        log::warn!("xemem: no free link for {who}");
         return;
     };
-    eprintln!("clowderd: xemem: linked to {who} (link {})", port.link());
+    log::info!("xemem: linked to {who} (link {})", port.link());
     let losses = links.upstream_losses();
     let link = Link {
         connection,
@@ -454,7 +454,7 @@ fn run_link(connection: OwnedFd, links: Arc<XememLinks>, broker: Option<xemem_ho
         serving: Arc::default(),
     };
     link.run();
-    eprintln!("clowderd: xemem: the link to {who} is down");
+    log::warn!("xemem: the link to {who} is down");
 }
 
 struct Link {
@@ -501,7 +501,7 @@ impl Link {
             // the enclaves behind it got are void. It is unlinked, and links again (as any
             // sub-manager whose upstream went away) to get new ones once this daemon has one.
             if self.losses != self.links.upstream_losses() && self.links.link_towards_name_server() != Some(self.port.link()) {
-                eprintln!("clowderd: xemem: unlinking a daemon below: this daemon's name server is gone");
+                log::warn!("xemem: unlinking a daemon below: this daemon's name server is gone");
                 break;
             }
             crate::sys::drain_eventfd(&self.woken);
@@ -517,7 +517,7 @@ impl Link {
             }
             if !self.announced {
                 if let Some(id) = self.links.id().filter(|id| *id != NAME_SERVER_ENCLAVE) {
-                    eprintln!("clowderd: xemem: the name server gave this daemon enclave id {id}");
+                    log::info!("xemem: the name server gave this daemon enclave id {id}");
                     self.announced = true;
                 }
             }

@@ -356,7 +356,7 @@ impl Drop for XememPort {
             if let Some(broker) = self.links.attachers.get() {
                 broker.upstream_lost();
             }
-            eprintln!("clowderd: xemem: the name server is out of reach: its segments and permits here are gone");
+            log::warn!("xemem: the name server is out of reach: its segments and permits here are gone");
         }
     }
 }

@@ -87,7 +87,7 @@ fn accept_forever(broker: &Broker, listener: &OwnedFd) {
             Ok(admission) => admission,
             // libxpmem sees its connection close and fails the call that needed the broker.
             Err(why) => {
-                eprintln!("clowderd: xemem: refused a connection: {why}");
+                log::warn!("xemem: refused a connection: {why}");
                 continue;
             }
         };
