@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/auxv.h>
 #include <sys/personality.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <sys/uio.h>
@@ -204,17 +205,35 @@ static void node_join_origin(const struct dex_launch *run, const struct dex_auth
 	dex_set_receive_timeout(fd);
 }
 
+/* glibc keeps the kernel thread id in struct pthread, which starts at the
+ * thread pointer; it must be cleared by hand when a thread exits (see
+ * syscall.c), so locate the field once. glibc gives the kernel that very
+ * field as each thread's clear-tid address (set_tid_address at start-up),
+ * which PR_GET_TID_ADDRESS reads back. Searching the descriptor for the id
+ * is only the fallback (a kernel without CONFIG_CHECKPOINT_RESTORE), and
+ * then the id must occur once: the upper half of the descriptor's own
+ * address (0x7fff) is the thread id of a process whose pid is 32767, and
+ * clearing that word instead left every pthread_join waiting for ever.
+ * Returns -1 if the field cannot be told apart. */
 static long find_tid_offset(void)
 {
-	/* glibc keeps the kernel thread id in struct pthread, which starts at
-	 * the thread pointer; it must be cleared by hand when a thread exits
-	 * (see syscall.c), so locate the field once. */
-	const pid_t *self = (const pid_t *)dex_get_fs_base();
+	enum { SEARCHED = 2048 };
+	uintptr_t self = dex_get_fs_base();
 	pid_t tid = (pid_t)raw_syscall(SYS_gettid, 0, 0, 0);
-	for (long i = 4; i < 2048 / (long)sizeof(pid_t); i++)
-		if (self[i] == tid)
-			return i * (long)sizeof(pid_t);
-	return -1;
+	pid_t *field = NULL;
+	if (prctl(PR_GET_TID_ADDRESS, &field, 0, 0, 0) == 0 && (uintptr_t)field >= self &&
+	    (uintptr_t)field < self + SEARCHED && *field == tid)
+		return (long)((uintptr_t)field - self);
+	const pid_t *words = (const pid_t *)self;
+	long found = -1;
+	for (long i = 0; i < SEARCHED / (long)sizeof(pid_t); i++) {
+		if (words[i] != tid)
+			continue;
+		if (found >= 0)
+			return -1;
+		found = i * (long)sizeof(pid_t);
+	}
+	return found;
 }
 
 /* Started with randomisation on (by hand, or by a launcher that does not
@@ -304,7 +323,8 @@ __attribute__((constructor(101))) static void dex_init(int argc, char **argv)
 		dex_fatal("cannot locate libdex's code");
 	dex_rt.tid_offset = find_tid_offset();
 	if (dex_rt.tid_offset < 0)
-		dex_fatal("cannot find the thread id in glibc's thread descriptor");
+		dex_fatal("cannot locate the thread id in glibc's thread descriptor (no prctl PR_GET_TID_ADDRESS "
+			  "in this kernel, and its value is not found there exactly once)");
 
 	/* Node stdio is private to each process: keep it unbuffered so output
 	 * written on a node reaches the origin's descriptors at once. */
