@@ -252,15 +252,15 @@ static pid_t advance_pending(int i, int listener)
 static void help(void)
 {
 	printf("%s", DEXNODE_USAGE);
-	printf("Starts DEX nodes on this host for dexrun --hosts FILE --secret-file FILE: each connection\n"
+	printf("\nStarts DEX nodes on this host for dexrun --hosts FILE --secret-file FILE: each connection\n"
 	       "must prove it knows the secret within 5 s; the node then runs with dexrun's working\n"
 	       "directory, arguments and environment, its output and exit status sent back to dexrun,\n"
 	       "and is killed when dexrun's connection closes.\n\n"
-	       "  --secret-file FILE      the agents' secret: 64 hex digits, readable only by its owner\n"
-	       "  --listen ADDRESS[:PORT] where to listen (default 127.0.0.1:%d; give the cluster's\n"
-	       "                          private network's address to serve other hosts)\n"
-	       "  --once                  serve one authenticated connection, then exit\n"
-	       "  --help, --version       this text; dexnode's version\n",
+	       "  --secret-file FILE       the agents' secret: 64 hex digits, readable only by its owner\n"
+	       "  --listen ADDRESS[:PORT]  where to listen (default 127.0.0.1:%d; give the address of\n"
+	       "                           the cluster's private network to serve other hosts)\n"
+	       "  --once                   serve one authenticated connection, then exit\n"
+	       "  --help, --version        this text; dexnode's version\n",
 	       AGENT_DEFAULT_PORT);
 }
 
