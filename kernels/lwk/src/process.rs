@@ -14,7 +14,7 @@ use crate::arch::trap::{TrapFrame, USER_END};
 use crate::console::log;
 use crate::job::{self, descriptors::Descriptors, Process, SELF_EXE};
 use crate::sched::{self, SpawnError, WaitResult};
-use crate::syscall::{user, Errno};
+use crate::syscall::{user, Errno, UserAddr};
 use crate::signal::Restart;
 use crate::{fs, signal};
 use alloc::collections::BTreeMap;
@@ -230,12 +230,12 @@ fn finish_fork(
 }
 
 /// Reads a NULL-terminated array of string pointers (argv, envp) from user memory.
-fn read_string_array(address: u64) -> Result<Vec<String>, Errno> {
+fn read_string_array(address: UserAddr) -> Result<Vec<String>, Errno> {
     /// Linux's limit on argv and envp together is far larger; this keeps the kernel's copy
     /// small.
     const MAX_STRINGS: usize = 4096;
     let mut strings = Vec::new();
-    if address == 0 {
+    if address.is_null() {
         return Ok(strings);
     }
     loop {
@@ -246,7 +246,7 @@ fn read_string_array(address: u64) -> Result<Vec<String>, Errno> {
         if strings.len() == MAX_STRINGS {
             return Err(E2BIG);
         }
-        strings.push(user::read_string(pointer)?);
+        strings.push(user::read_string(UserAddr(pointer))?);
     }
 }
 
@@ -255,7 +255,7 @@ fn read_string_array(address: u64) -> Result<Vec<String>, Errno> {
 /// becomes the new image's entry; other threads of the process end, descriptors marked
 /// close-on-exec are closed, caught signals go back to their default action, and a `vfork`
 /// parent resumes. On failure nothing changed.
-pub fn exec(frame: &mut TrapFrame, path: u64, argv: u64, envp: u64) -> Result<(), Errno> {
+pub fn exec(frame: &mut TrapFrame, path: UserAddr, argv: UserAddr, envp: UserAddr) -> Result<(), Errno> {
     let path = user::read_path(path)?;
     let argv = read_string_array(argv)?;
     let env = read_string_array(envp)?;

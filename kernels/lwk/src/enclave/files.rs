@@ -135,7 +135,7 @@ pub fn open(path: &str, flags: u32, mode: u32) -> i64 {
     const O_CLOEXEC: u32 = 0o2000000;
     let descriptor = job::with_process(|process| process.descriptors.insert_flagged(Descriptor::Remote { handle: handle as u32, status_flags }, flags & O_CLOEXEC != 0));
     match descriptor {
-        Some(descriptor) => descriptor as i64,
+        Some(descriptor) => descriptor.0 as i64,
         None => {
             request(FileOp::Close { handle: handle as u32 });
             -EMFILE
@@ -152,7 +152,7 @@ pub fn stat_path(path: &str) -> Result<FileAttributes, i64> {
 }
 
 /// The host's handle behind `descriptor`, if it names a host file.
-pub fn remote_handle(descriptor: u64) -> Option<u32> {
+pub fn remote_handle(descriptor: crate::job::descriptors::Fd) -> Option<u32> {
     if !super::is_active() {
         return None;
     }

@@ -517,8 +517,8 @@ extern "C" fn reclaim_job_then_serve() -> ! {
 }
 
 /// Streams a write to the console descriptors to the host (descriptor 2 is stderr).
-pub fn job_output(descriptor: u64, bytes: &[u8]) {
-    let stream = if rules::is_stderr(descriptor) { Stream::Stderr } else { Stream::Stdout };
+pub fn job_output(descriptor: crate::job::descriptors::Fd, bytes: &[u8]) {
+    let stream = if rules::is_stderr(descriptor.into()) { Stream::Stderr } else { Stream::Stdout };
     with_state(|state| {
         let Some(job) = state.job.as_ref().map(|job| job.id) else { return };
         let chunk = enclave_proto::max_output_chunk(state.link.endpoint.max_message_len()).max(1);

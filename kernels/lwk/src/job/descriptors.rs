@@ -27,6 +27,25 @@ pub enum Descriptor {
     Epoll(Arc<super::epoll::Epoll>),
 }
 
+/// A file descriptor number as Linux declares it (a C `int`: the low 32 bits of a register).
+/// Negative numbers name nothing (or, for the `*at` calls, AT_FDCWD).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fd(pub i32);
+
+/// A descriptor as a system call returns it.
+impl From<Fd> for u64 {
+    fn from(fd: Fd) -> u64 {
+        fd.0 as u32 as u64
+    }
+}
+
+impl Fd {
+    /// Its slot in the table (negative numbers fall past the end: not open).
+    fn index(self) -> usize {
+        self.0 as u32 as usize
+    }
+}
+
 /// Linux's default RLIMIT_NOFILE.
 pub const MAX_DESCRIPTORS: usize = 1024;
 
@@ -49,12 +68,11 @@ impl Descriptors {
         Descriptors { table: (0..3).map(|_| Some(Slot { file: Arc::new(SpinLock::new(Descriptor::Console)), close_on_exec: false })).collect() }
     }
 
-    fn slot(&mut self, descriptor: u64) -> Option<&mut Slot> {
-        self.table.get_mut(descriptor as u32 as usize)?.as_mut()
+    fn slot(&mut self, descriptor: Fd) -> Option<&mut Slot> {
+        self.table.get_mut(descriptor.index())?.as_mut()
     }
 
-    /// Descriptors are C `int`s: only the low 32 bits of the register count.
-    pub fn get(&mut self, descriptor: u64) -> Option<SpinGuard<'_, Descriptor>> {
+    pub fn get(&mut self, descriptor: Fd) -> Option<SpinGuard<'_, Descriptor>> {
         Some(self.slot(descriptor)?.file.lock())
     }
 
@@ -65,16 +83,16 @@ impl Descriptors {
     }
 
     /// The open file `descriptor` names (for epoll, which watches open files).
-    pub fn open_file(&mut self, descriptor: u64) -> Option<OpenFile> {
+    pub fn open_file(&mut self, descriptor: Fd) -> Option<OpenFile> {
         Some(self.slot(descriptor)?.file.clone())
     }
 
     /// FD_CLOEXEC of `descriptor`, `None` if it is not open.
-    pub fn close_on_exec(&mut self, descriptor: u64) -> Option<bool> {
+    pub fn close_on_exec(&mut self, descriptor: Fd) -> Option<bool> {
         Some(self.slot(descriptor)?.close_on_exec)
     }
 
-    pub fn set_close_on_exec(&mut self, descriptor: u64, close_on_exec: bool) -> Option<()> {
+    pub fn set_close_on_exec(&mut self, descriptor: Fd, close_on_exec: bool) -> Option<()> {
         self.slot(descriptor)?.close_on_exec = close_on_exec;
         Some(())
     }
@@ -98,31 +116,31 @@ impl Descriptors {
     }
 
     /// Installs `entry` at the lowest free number, as Linux does; `None` when the table is full.
-    pub fn insert(&mut self, entry: Descriptor) -> Option<u64> {
+    pub fn insert(&mut self, entry: Descriptor) -> Option<Fd> {
         self.insert_flagged(entry, false)
     }
 
     /// `insert`, with the close-on-exec flag (O_CLOEXEC) given.
-    pub fn insert_flagged(&mut self, entry: Descriptor, close_on_exec: bool) -> Option<u64> {
+    pub fn insert_flagged(&mut self, entry: Descriptor, close_on_exec: bool) -> Option<Fd> {
         let index = self.free_slot(0)?;
         self.table[index] = Some(Slot { file: Arc::new(SpinLock::new(entry)), close_on_exec });
-        Some(index as u64)
+        Some(Fd(index as i32))
     }
 
     /// `dup`: a new number, at least `lowest`, for the same open file; `None` when `from` is
     /// not open (or the table is full: `Err`).
-    pub fn duplicate(&mut self, from: u64, lowest: u64, close_on_exec: bool) -> Result<u64, DuplicateError> {
+    pub fn duplicate(&mut self, from: Fd, lowest: u64, close_on_exec: bool) -> Result<Fd, DuplicateError> {
         let file = self.slot(from).map(|slot| slot.file.clone()).ok_or(DuplicateError::NotOpen)?;
         let index = self.free_slot(lowest as usize).ok_or(DuplicateError::TableFull)?;
         self.table[index] = Some(Slot { file, close_on_exec });
-        Ok(index as u64)
+        Ok(Fd(index as i32))
     }
 
     /// `dup2`: makes `to` name the open file of `from`, closing what `to` named (returned, to
     /// be dropped unlocked).
-    pub fn duplicate_to(&mut self, from: u64, to: u64, close_on_exec: bool) -> Result<(u64, Option<OpenFile>), DuplicateError> {
+    pub fn duplicate_to(&mut self, from: Fd, to: Fd, close_on_exec: bool) -> Result<(Fd, Option<OpenFile>), DuplicateError> {
         let file = self.slot(from).map(|slot| slot.file.clone()).ok_or(DuplicateError::NotOpen)?;
-        let to = to as u32 as usize;
+        let to = to.index();
         if to >= MAX_DESCRIPTORS {
             return Err(DuplicateError::TableFull);
         }
@@ -130,12 +148,12 @@ impl Descriptors {
             self.table.resize(to + 1, None);
         }
         let replaced = self.table[to].replace(Slot { file, close_on_exec });
-        Ok((to as u64, replaced.map(|slot| slot.file)))
+        Ok((Fd(to as i32), replaced.map(|slot| slot.file)))
     }
 
     /// Closes `descriptor`; returns its open file, to be dropped unlocked.
-    pub fn remove(&mut self, descriptor: u64) -> Option<OpenFile> {
-        self.table.get_mut(descriptor as u32 as usize)?.take().map(|slot| slot.file)
+    pub fn remove(&mut self, descriptor: Fd) -> Option<OpenFile> {
+        self.table.get_mut(descriptor.index())?.take().map(|slot| slot.file)
     }
 }
 

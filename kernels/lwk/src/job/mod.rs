@@ -86,7 +86,7 @@ pub fn process_exists(pid: u64) -> bool {
 
 /// The pipe end behind `descriptor` of the calling process, if it is one (a handle of its own,
 /// so that the caller may wait without holding any lock), and whether it is non-blocking.
-pub fn pipe_end(descriptor: u64) -> Option<(pipe::PipeEnd, bool)> {
+pub fn pipe_end(descriptor: descriptors::Fd) -> Option<(pipe::PipeEnd, bool)> {
     with_process(|process| match process.descriptors.get(descriptor).as_deref() {
         Some(descriptors::Descriptor::Pipe(end)) => Some((end.share(), end.non_blocking)),
         _ => None,

@@ -7,7 +7,7 @@
 use crate::arch::sync::SpinLock;
 use crate::sched::{self, WaitResult};
 use crate::signal::{self, Restart};
-use crate::syscall::{user, Errno, SyscallResult};
+use crate::syscall::{user, Errno, SyscallResult, UserAddr};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 
@@ -59,7 +59,7 @@ impl State {
 
     /// Copies the first `count` bytes (at most `len`) to user memory at `buffer` and takes
     /// them off the ring; nothing is taken if a copy faults.
-    fn pop_to_user(&mut self, buffer: u64, count: usize) -> Result<(), Errno> {
+    fn pop_to_user(&mut self, buffer: UserAddr, count: usize) -> Result<(), Errno> {
         let mut offset = 0;
         for piece in Self::pieces(self.head, count) {
             user::write_bytes(buffer + offset as u64, &self.ring[piece.clone()])?;
@@ -178,7 +178,7 @@ pub fn new(non_blocking: bool) -> (PipeEnd, PipeEnd) {
 }
 
 /// `read` from the read end `end` into the user buffer at `buffer`.
-pub fn read(end: &PipeEnd, buffer: u64, len: u64, non_blocking: bool) -> SyscallResult {
+pub fn read(end: &PipeEnd, buffer: UserAddr, len: u64, non_blocking: bool) -> SyscallResult {
     if len == 0 {
         return Ok(0);
     }
@@ -220,7 +220,7 @@ pub fn read(end: &PipeEnd, buffer: u64, len: u64, non_blocking: bool) -> Syscall
 }
 
 /// `write` of the user buffer at `buffer` to the write end `end`.
-pub fn write(end: &PipeEnd, buffer: u64, len: u64, non_blocking: bool) -> SyscallResult {
+pub fn write(end: &PipeEnd, buffer: UserAddr, len: u64, non_blocking: bool) -> SyscallResult {
     write_from(end, len, non_blocking, |offset, piece| user::read_into(buffer + offset, piece))
 }
 

@@ -1,3 +1,5 @@
+//! clone, fork, vfork.
+//!
 //! clone(flags, stack, parent_tid, child_tid, tls): threads (CLONE_VM | CLONE_THREAD, what
 //! pthread_create asks for) and processes (no CLONE_VM: fork; CLONE_VM | CLONE_VFORK:
 //! vfork and posix_spawn). The child starts where the parent returns, with the parent's
@@ -6,7 +8,7 @@
 //! child cannot change its parent's memory; its parent still waits for its exec or exit.
 //! The termination signal in the low byte is SIGCHLD for every process child.
 
-use super::{user, Call, Errno, SyscallResult};
+use super::{user, Errno, SyscallResult, UserAddr};
 use crate::arch::trap::TrapFrame;
 use crate::console::log;
 use crate::process::{self, ForkError};
@@ -21,30 +23,32 @@ const CLONE_CHILD_CLEARTID: u64 = 0x20_0000;
 const CLONE_CHILD_SETTID: u64 = 0x100_0000;
 const SIGNAL_MASK: u64 = 0xff;
 /// The flags a process child may carry besides CLONE_VM | CLONE_VFORK and the tid ones.
-const PROCESS_FLAGS: u64 = SIGNAL_MASK | CLONE_VM | CLONE_VFORK | CLONE_SETTLS | CLONE_PARENT_SETTID | CLONE_CHILD_CLEARTID | CLONE_CHILD_SETTID;
+const PROCESS_FLAGS: u64 =
+    SIGNAL_MASK | CLONE_VM | CLONE_VFORK | CLONE_SETTLS | CLONE_PARENT_SETTID | CLONE_CHILD_CLEARTID | CLONE_CHILD_SETTID;
+
+const SIGCHLD: u64 = 17;
 
 /// A new process (fork/vfork); `flags` as `clone`'s.
-pub fn new_process(frame: &TrapFrame, flags: u64, stack: u64, parent_tid: u64, child_tid: u64, tls: u64) -> SyscallResult {
+fn new_process(frame: &TrapFrame, flags: u64, stack: u64, parent_tid: UserAddr, child_tid: UserAddr, tls: u64) -> SyscallResult {
     if flags & CLONE_VM != 0 && flags & CLONE_VFORK == 0 {
         log!("clone with CLONE_VM but neither CLONE_THREAD nor CLONE_VFORK (flags {flags:#x}) is not supported");
         return Err(Errno::EINVAL);
     }
     let fs_base = if flags & CLONE_SETTLS != 0 { tls } else { sched::current_fs_base() };
-    let set_child_tid = (flags & CLONE_CHILD_SETTID != 0).then_some(child_tid);
-    let clear_child_tid = if flags & CLONE_CHILD_CLEARTID != 0 { child_tid } else { 0 };
-    let pid = process::fork(frame, stack, fs_base, set_child_tid, clear_child_tid, flags & CLONE_VFORK != 0).map_err(|error| match error {
-        ForkError::NoMemory => Errno::ENOMEM,
-        ForkError::TooManyThreads => Errno::EAGAIN,
-    })?;
+    let set_child_tid = (flags & CLONE_CHILD_SETTID != 0).then_some(child_tid.0);
+    let clear_child_tid = if flags & CLONE_CHILD_CLEARTID != 0 { child_tid.0 } else { 0 };
+    let pid =
+        process::fork(frame, stack, fs_base, set_child_tid, clear_child_tid, flags & CLONE_VFORK != 0).map_err(|error| match error {
+            ForkError::NoMemory => Errno::ENOMEM,
+            ForkError::TooManyThreads => Errno::EAGAIN,
+        })?;
     if flags & CLONE_PARENT_SETTID != 0 {
         user::write_bytes(parent_tid, &(pid as u32).to_le_bytes())?;
     }
     Ok(pid)
 }
 
-pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    let [flags, stack, parent_tid, child_tid, tls, _] = call.args;
-    let frame = call.frame.as_deref().ok_or(Errno::ENOSYS)?;
+pub fn clone(frame: &mut TrapFrame, flags: u64, stack: u64, parent_tid: UserAddr, child_tid: UserAddr, tls: u64) -> SyscallResult {
     if flags & CLONE_THREAD == 0 {
         if flags & !PROCESS_FLAGS != 0 {
             log!("clone of a process with flags {flags:#x} is not supported");
@@ -63,7 +67,7 @@ pub fn call(call: &mut Call<'_>) -> SyscallResult {
     child.rax = 0;
     child.rsp = stack;
     let fs_base = if flags & CLONE_SETTLS != 0 { tls } else { sched::current_fs_base() };
-    let clear_child_tid = if flags & CLONE_CHILD_CLEARTID != 0 { child_tid } else { 0 };
+    let clear_child_tid = if flags & CLONE_CHILD_CLEARTID != 0 { child_tid.0 } else { 0 };
     let tid = sched::spawn(&child, fs_base, clear_child_tid).map_err(|error| match error {
         SpawnError::TooManyThreads => Errno::EAGAIN,
         SpawnError::NoMemory => Errno::ENOMEM,
@@ -77,4 +81,15 @@ pub fn call(call: &mut Call<'_>) -> SyscallResult {
         user::write_bytes(child_tid, &tid_bytes)?;
     }
     Ok(tid)
+}
+
+/// fork(): `clone(SIGCHLD)`, a new process with a copy of the caller's memory (musl calls it).
+pub fn fork(frame: &mut TrapFrame) -> SyscallResult {
+    new_process(frame, SIGCHLD, 0, UserAddr(0), UserAddr(0), 0)
+}
+
+/// vfork(): `clone(CLONE_VM | CLONE_VFORK | SIGCHLD)`: the child gets a copy of the caller's
+/// memory and the caller waits until the child executes a new image or ends.
+pub fn vfork(frame: &mut TrapFrame) -> SyscallResult {
+    new_process(frame, CLONE_VM | CLONE_VFORK | SIGCHLD, 0, UserAddr(0), UserAddr(0), 0)
 }

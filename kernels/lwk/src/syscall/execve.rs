@@ -5,12 +5,11 @@
 //! ENOENT for a missing file, EACCES for a directory, ENOEXEC for what is not a static ELF
 //! executable (a shell then runs a script itself), ENOMEM when its memory cannot be had.
 
-use super::{Call, Errno, SyscallResult};
+use super::{SyscallResult, UserAddr};
+use crate::arch::trap::TrapFrame;
 use crate::process;
 
-pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    let [path, argv, envp, ..] = call.args;
-    let frame = call.frame.as_deref_mut().ok_or(Errno::ENOSYS)?;
+pub fn execve(frame: &mut TrapFrame, path: UserAddr, argv: UserAddr, envp: UserAddr) -> SyscallResult {
     process::exec(frame, path, argv, envp)?;
     // The new image starts with RAX = 0, as the value returned here.
     Ok(0)

@@ -5,31 +5,32 @@
 //! ignored elsewhere). Other commands EINVAL.
 
 use super::dup::duplicate_error;
-use super::{Call, Errno, SyscallResult};
+use super::{Errno, Fd, SyscallResult};
 use crate::job::{self, descriptors::Descriptor};
 
-const F_DUPFD: u64 = 0;
-const F_GETFD: u64 = 1;
-const F_SETFD: u64 = 2;
-const F_GETFL: u64 = 3;
-const F_SETFL: u64 = 4;
-const F_DUPFD_CLOEXEC: u64 = 1030;
+const F_DUPFD: u32 = 0;
+const F_GETFD: u32 = 1;
+const F_SETFD: u32 = 2;
+const F_GETFL: u32 = 3;
+const F_SETFL: u32 = 4;
+const F_DUPFD_CLOEXEC: u32 = 1030;
 const O_WRONLY: u64 = 1;
 const O_RDWR: u64 = 2;
 const O_NONBLOCK: u64 = 0o4000;
 const FD_CLOEXEC: u64 = 1;
 const O_DIRECTORY: u64 = 0o200000;
 
-pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    let [descriptor, command, argument, ..] = call.args;
+pub fn fcntl(descriptor: Fd, command: u32, argument: u64) -> SyscallResult {
     job::with_process(|process| match command {
-        F_DUPFD | F_DUPFD_CLOEXEC => process.descriptors.duplicate(descriptor, argument, command == F_DUPFD_CLOEXEC).map_err(duplicate_error),
+        F_DUPFD | F_DUPFD_CLOEXEC => {
+            process.descriptors.duplicate(descriptor, argument, command == F_DUPFD_CLOEXEC).map(u64::from).map_err(duplicate_error)
+        }
         F_GETFD => process.descriptors.close_on_exec(descriptor).map(|flag| flag as u64 * FD_CLOEXEC).ok_or(Errno::EBADF),
         F_SETFD => process.descriptors.set_close_on_exec(descriptor, argument & FD_CLOEXEC != 0).map(|()| 0).ok_or(Errno::EBADF),
         F_SETFL | F_GETFL => {
             let mut open = process.descriptors.get(descriptor).ok_or(Errno::EBADF)?;
             let flags = match &mut *open {
-                Descriptor::Console if descriptor as u32 != 0 => O_WRONLY,
+                Descriptor::Console if descriptor != Fd(0) => O_WRONLY,
                 Descriptor::Directory { .. } => O_DIRECTORY,
                 Descriptor::Epoll(_) => O_RDWR,
                 Descriptor::Remote { status_flags, .. } => *status_flags as u64,

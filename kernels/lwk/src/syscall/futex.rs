@@ -3,42 +3,33 @@
 //! monotonic or (FUTEX_CLOCK_REALTIME) real-time clock; a signal interrupts the waits. PI and
 //! WAKE_OP futexes: ENOSYS.
 
-use super::{user, Call, Errno, SyscallResult};
-use crate::arch::trap::copy_from_user;
+use super::time::{deadline_after, read_duration};
+use super::{user, Errno, SyscallResult, UserAddr};
 use crate::clock;
 use crate::sched::{self, WaitResult};
 use crate::signal::Restart;
 
-const FUTEX_WAIT: u64 = 0;
-const FUTEX_WAKE: u64 = 1;
-const FUTEX_REQUEUE: u64 = 3;
-const FUTEX_CMP_REQUEUE: u64 = 4;
-const FUTEX_WAIT_BITSET: u64 = 9;
-const FUTEX_WAKE_BITSET: u64 = 10;
-const FUTEX_PRIVATE_FLAG: u64 = 128;
-const FUTEX_CLOCK_REALTIME: u64 = 256;
+const FUTEX_WAIT: i32 = 0;
+const FUTEX_WAKE: i32 = 1;
+const FUTEX_REQUEUE: i32 = 3;
+const FUTEX_CMP_REQUEUE: i32 = 4;
+const FUTEX_WAIT_BITSET: i32 = 9;
+const FUTEX_WAKE_BITSET: i32 = 10;
+const FUTEX_PRIVATE_FLAG: i32 = 128;
+const FUTEX_CLOCK_REALTIME: i32 = 256;
 const BITSET_MATCH_ANY: u32 = u32::MAX;
 
-fn read_word(address: u64) -> Result<u32, Errno> {
+fn read_word(address: UserAddr) -> Result<u32, Errno> {
     let mut bytes = [0u8; 4];
-    copy_from_user(&mut bytes, address).map_err(|_| Errno::EFAULT)?;
+    user::read_into(address, &mut bytes)?;
     Ok(u32::from_le_bytes(bytes))
-}
-
-/// A `struct timespec` at `address` in nanoseconds.
-fn read_timespec(address: u64) -> Result<u64, Errno> {
-    let [seconds, nanoseconds] = user::read_words::<2>(address)?;
-    if nanoseconds >= 1_000_000_000 || (seconds as i64) < 0 {
-        return Err(Errno::EINVAL);
-    }
-    Ok(seconds.saturating_mul(1_000_000_000).saturating_add(nanoseconds))
 }
 
 /// A signal ends the wait as on Linux: restarted after a handler installed with SA_RESTART
 /// when there is no timeout, else EINTR once a handler runs (`crate::signal::Restart`).
-fn wait(address: u64, expected: u32, bitset: u32, deadline: Option<u64>) -> SyscallResult {
+fn wait(address: UserAddr, expected: u32, bitset: u32, deadline: Option<u64>) -> SyscallResult {
     read_word(address)?;
-    match sched::wait(address, bitset, deadline, || read_word(address) == Ok(expected)) {
+    match sched::wait(address.0, bitset, deadline, || read_word(address) == Ok(expected)) {
         None => Err(Errno::EAGAIN),
         Some(WaitResult::Woken) => Ok(0),
         Some(WaitResult::TimedOut) => Err(Errno::ETIMEDOUT),
@@ -48,47 +39,42 @@ fn wait(address: u64, expected: u32, bitset: u32, deadline: Option<u64>) -> Sysc
     }
 }
 
-pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    let [address, operation, value, timeout, address2, value3] = call.args;
-    if address % 4 != 0 {
+/// `timeout` is a `struct timespec *` for the waits and the count to requeue (val2) for the
+/// requeues, as Linux reads the fourth argument; `address` is also the wait queue's key.
+pub fn futex(address: UserAddr, operation: i32, value: u32, timeout: u64, address2: UserAddr, value3: u32) -> SyscallResult {
+    if address.0 % 4 != 0 {
         return Err(Errno::EINVAL);
     }
     let realtime = operation & FUTEX_CLOCK_REALTIME != 0;
     match operation & !(FUTEX_PRIVATE_FLAG | FUTEX_CLOCK_REALTIME) {
-        FUTEX_WAIT => {
-            let deadline = match timeout {
-                0 => None,
-                relative => Some(clock::monotonic_ns().saturating_add(read_timespec(relative)?)),
-            };
-            wait(address, value as u32, BITSET_MATCH_ANY, deadline)
-        }
+        FUTEX_WAIT => wait(address, value, BITSET_MATCH_ANY, deadline_after(UserAddr(timeout))?),
         FUTEX_WAIT_BITSET => {
-            if value3 as u32 == 0 {
+            if value3 == 0 {
                 return Err(Errno::EINVAL);
             }
-            let deadline = match timeout {
-                0 => None,
-                absolute => {
-                    let absolute = read_timespec(absolute)?;
+            let deadline = match UserAddr(timeout).non_null() {
+                None => None,
+                Some(absolute) => {
+                    let absolute = read_duration(absolute)?;
                     // Deadlines are kept on the monotonic clock.
                     Some(if realtime { absolute.saturating_sub(clock::realtime_ns() - clock::monotonic_ns()) } else { absolute })
                 }
             };
-            wait(address, value as u32, value3 as u32, deadline)
+            wait(address, value, value3, deadline)
         }
-        FUTEX_WAKE => Ok(sched::wake(address, value, BITSET_MATCH_ANY)),
+        FUTEX_WAKE => Ok(sched::wake(address.0, value as u64, BITSET_MATCH_ANY)),
         FUTEX_WAKE_BITSET => {
-            if value3 as u32 == 0 {
+            if value3 == 0 {
                 return Err(Errno::EINVAL);
             }
-            Ok(sched::wake(address, value, value3 as u32))
+            Ok(sched::wake(address.0, value as u64, value3))
         }
-        FUTEX_REQUEUE => Ok(sched::requeue(address, address2, value, timeout)),
+        FUTEX_REQUEUE => Ok(sched::requeue(address.0, address2.0, value as u64, timeout)),
         FUTEX_CMP_REQUEUE => {
-            if read_word(address)? != value3 as u32 {
+            if read_word(address)? != value3 {
                 return Err(Errno::EAGAIN);
             }
-            Ok(sched::requeue(address, address2, value, timeout))
+            Ok(sched::requeue(address.0, address2.0, value as u64, timeout))
         }
         _ => Err(Errno::ENOSYS),
     }

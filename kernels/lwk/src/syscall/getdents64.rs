@@ -1,7 +1,7 @@
 //! getdents64(fd, dirp, count): the entries of a directory of the job's file system, `.` and
 //! `..` first, as `struct linux_dirent64` records.
 
-use super::{user, Call, Errno, SyscallResult};
+use super::{user, Errno, Fd, SyscallResult, UserAddr};
 use crate::fs::{self, Node, S_IFDIR, S_IFMT};
 use crate::job::{self, descriptors::Descriptor};
 use alloc::string::String;
@@ -10,8 +10,7 @@ use alloc::vec::Vec;
 const DT_DIR: u8 = 4;
 const DT_REG: u8 = 8;
 
-pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    let [descriptor, buffer, capacity, ..] = call.args;
+pub fn getdents64(descriptor: Fd, buffer: UserAddr, capacity: usize) -> SyscallResult {
     let (path, node, position) = job::with_process(|process| match process.descriptors.get(descriptor).as_deref_mut() {
         Some(Descriptor::Directory { path, node, position }) => Ok((path.clone(), *node, *position)),
         Some(_) => Err(Errno::ENOTDIR),
@@ -26,7 +25,7 @@ pub fn call(call: &mut Call<'_>) -> SyscallResult {
     let mut next = position;
     for (name, entry) in entries.iter().skip(position) {
         let length = (19 + name.len() + 1).next_multiple_of(8);
-        if records.len() + length > capacity as usize {
+        if records.len() + length > capacity {
             break;
         }
         next += 1;

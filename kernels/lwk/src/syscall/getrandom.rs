@@ -1,20 +1,19 @@
 //! getrandom(buf, len, flags): RDRAND when the CPU has it, else a TSC-seeded generator;
 //! never blocks.
 
-use super::{user, Call, Errno, SyscallResult};
+use super::{user, Errno, SyscallResult, UserAddr};
 use crate::job::random_bytes;
 
-const GRND_NONBLOCK: u64 = 1;
-const GRND_RANDOM: u64 = 2;
-const GRND_INSECURE: u64 = 4;
+const GRND_NONBLOCK: u32 = 1;
+const GRND_RANDOM: u32 = 2;
+const GRND_INSECURE: u32 = 4;
 const MAX_BYTES: u64 = 32 << 20;
 
-pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    let [buffer, len, flags, ..] = call.args;
+pub fn getrandom(buffer: UserAddr, len: usize, flags: u32) -> SyscallResult {
     if flags & !(GRND_NONBLOCK | GRND_RANDOM | GRND_INSECURE) != 0 {
         return Err(Errno::EINVAL);
     }
-    let len = len.min(MAX_BYTES);
+    let len = (len as u64).min(MAX_BYTES);
     let mut offset = 0;
     while offset < len {
         let bytes = random_bytes();

@@ -1,16 +1,16 @@
-//! kill(pid, sig): to process `pid`, the caller's process group (0), every process but the
-//! job's first (-1), or group -pid; `crate::signal` delivers it to a thread that does not
-//! block it, running its handler or its default action. Signal 0 only checks that a target
-//! exists; none is ESRCH.
+//! kill, tkill, tgkill: signals to processes and threads of the job; `crate::signal`
+//! delivers them to a thread that does not block them, running the handler or the default
+//! action. Signal 0 only checks that a target exists; none is ESRCH; signals outside 0..=64
+//! are EINVAL.
 
-use super::{Call, Errno, SyscallResult};
+use super::{Errno, SyscallResult};
 use crate::signal::{self, SI_TKILL, SI_USER};
 use crate::{process, sched};
 
 const ESRCH: Errno = Errno(3);
 
 /// Sends `signal` to the calling process (`thread` None) or to one of its threads.
-pub fn send(thread: Option<u64>, signal: u64, code: i32) -> SyscallResult {
+fn send(thread: Option<u64>, signal: i32, code: i32) -> SyscallResult {
     match signal {
         0 => Ok(0),
         1..=64 => signal::send(thread, signal as u8, code).map(|()| 0).map_err(|_| ESRCH),
@@ -18,23 +18,13 @@ pub fn send(thread: Option<u64>, signal: u64, code: i32) -> SyscallResult {
     }
 }
 
-/// `tkill` and `tgkill`: to thread `tid` of the calling process.
-pub fn send_to_thread(tid: u64, signal: u64) -> SyscallResult {
-    if !(1..=64).contains(&signal) && signal != 0 {
+/// kill(pid, sig): to process `pid`, the caller's process group (0), every process but the
+/// job's first (-1), or group -pid.
+pub fn kill(pid: i32, signal: i32) -> SyscallResult {
+    if !(0..=64).contains(&signal) {
         return Err(Errno::EINVAL);
     }
-    if (tid as i64) <= 0 {
-        return Err(Errno::EINVAL);
-    }
-    send(Some(tid), signal, SI_TKILL)
-}
-
-pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    let [pid, signal, ..] = call.args;
-    if signal > 64 {
-        return Err(Errno::EINVAL);
-    }
-    let targets = process::kill_targets(pid as i32 as i64);
+    let targets = process::kill_targets(pid as i64);
     if targets.is_empty() {
         return Err(ESRCH);
     }
@@ -49,4 +39,23 @@ pub fn call(call: &mut Call<'_>) -> SyscallResult {
         send(None, signal, SI_USER)?;
     }
     Ok(0)
+}
+
+/// tkill(tid, sig): a signal to one of the job's threads.
+pub fn tkill(tid: i32, signal: i32) -> SyscallResult {
+    if !(0..=64).contains(&signal) || tid <= 0 {
+        return Err(Errno::EINVAL);
+    }
+    send(Some(tid as u64), signal, SI_TKILL)
+}
+
+/// tgkill(tgid, tid, sig): a signal to one of the calling process's threads.
+pub fn tgkill(group: i32, tid: i32, signal: i32) -> SyscallResult {
+    if group <= 0 {
+        return Err(Errno::EINVAL);
+    }
+    if group as u64 != sched::current_pid() {
+        return Err(ESRCH);
+    }
+    tkill(tid, signal)
 }

@@ -1,22 +1,23 @@
 //! lseek(fd, offset, whence): SEEK_SET, SEEK_CUR and SEEK_END on files (past the end is
 //! allowed, reads there return 0); the console cannot seek (ESPIPE).
 
-use super::{Call, Errno, SyscallResult};
+use super::{Errno, Fd, SyscallResult};
 use crate::enclave::files;
 use crate::job::{self, descriptors::Descriptor};
 
-const SEEK_SET: u64 = 0;
-const SEEK_CUR: u64 = 1;
-const SEEK_END: u64 = 2;
+const SEEK_SET: u32 = 0;
+const SEEK_CUR: u32 = 1;
+const SEEK_END: u32 = 2;
 
-pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    let [descriptor, offset, whence, ..] = call.args;
+pub fn lseek(descriptor: Fd, offset: i64, whence: u32) -> SyscallResult {
     if let Some(handle) = files::remote_handle(descriptor) {
-        return files::to_syscall_result(files::seek(handle, offset as i64, whence as u32));
+        return files::to_syscall_result(files::seek(handle, offset, whence));
     }
     job::with_process(|process| match process.descriptors.get(descriptor).as_deref_mut() {
         None => Err(Errno::EBADF),
-        Some(Descriptor::Console | Descriptor::Xpmem | Descriptor::XpmemNotify { .. } | Descriptor::Pipe(_) | Descriptor::Epoll(_)) => Err(Errno::ESPIPE),
+        Some(Descriptor::Console | Descriptor::Xpmem | Descriptor::XpmemNotify { .. } | Descriptor::Pipe(_) | Descriptor::Epoll(_)) => {
+            Err(Errno::ESPIPE)
+        }
         Some(Descriptor::Directory { .. }) => Err(Errno::EINVAL),
         Some(Descriptor::Remote { .. }) => Err(Errno::EBADF),
         Some(Descriptor::File { node, offset: current }) => {
@@ -26,7 +27,7 @@ pub fn call(call: &mut Call<'_>) -> SyscallResult {
                 SEEK_END => node.len as i64,
                 _ => return Err(Errno::EINVAL),
             };
-            let position = base.checked_add(offset as i64).filter(|&position| position >= 0).ok_or(Errno::EINVAL)?;
+            let position = base.checked_add(offset).filter(|&position| position >= 0).ok_or(Errno::EINVAL)?;
             *current = position as u64;
             Ok(position as u64)
         }

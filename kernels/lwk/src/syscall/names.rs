@@ -48,8 +48,5 @@ lsm_list_modules mseal";
 
 pub fn name_of(number: u64) -> &'static str {
     let (names, first) = if number >= 424 { (NAMES_424_TO_462, 424) } else { (NAMES_0_TO_334, 0) };
-    number
-        .checked_sub(first)
-        .and_then(|index| names.split_ascii_whitespace().nth(index as usize))
-        .unwrap_or("unknown")
+    number.checked_sub(first).and_then(|index| names.split_ascii_whitespace().nth(index as usize)).unwrap_or("unknown")
 }

@@ -1,21 +1,20 @@
 //! Resolving the paths system calls name: relative to the working directory (`/`) or to a
 //! directory descriptor, then looked up in the job's file system.
 
-use super::{user, Errno};
+use super::{user, Errno, Fd, UserAddr};
 use crate::fs::{self, Node};
 use crate::job::{self, descriptors::Descriptor};
 use alloc::string::String;
 
-/// AT_FDCWD: relative to the working directory. Descriptors are C `int`s: only the low 32
-/// bits of the register count.
-const AT_FDCWD: i32 = -100;
+/// AT_FDCWD: relative to the working directory (the `*at` calls' directory argument).
+pub const AT_FDCWD: Fd = Fd(-100);
 /// The job runs in the root of its file system.
 const WORKING_DIRECTORY: &str = "/";
 
 /// The absolute path named by `address` relative to `directory_descriptor`.
-pub fn resolve(directory_descriptor: u64, address: u64) -> Result<String, Errno> {
+pub fn resolve(directory_descriptor: Fd, address: UserAddr) -> Result<String, Errno> {
     let path = user::read_path(address)?;
-    let base = if path.starts_with('/') || directory_descriptor as u32 as i32 == AT_FDCWD {
+    let base = if path.starts_with('/') || directory_descriptor == AT_FDCWD {
         String::from(WORKING_DIRECTORY)
     } else {
         job::with_process(|process| match process.descriptors.get(directory_descriptor).as_deref() {

@@ -1,3 +1,5 @@
+//! poll, ppoll.
+//!
 //! poll(fds, nfds, timeout): waits until one of the descriptors is ready, `timeout` ms pass
 //! (negative: no limit; 0: just look) or a signal ends the wait (EINTR after a handler, as
 //! Linux's ERESTARTNOHAND). Readiness, as Linux reports it:
@@ -14,13 +16,14 @@
 //! persistent enclave a host message (a signal's `Notify`) may make a descriptor ready, so the
 //! wait goes in 100 ms slices there, and never counts toward a dead-lock.
 
-use super::{user, Call, Errno, SyscallResult};
+use super::time::deadline_after;
+use super::{user, Errno, Fd, SyscallResult, UserAddr};
+use crate::job;
 use crate::job::descriptors::MAX_DESCRIPTORS;
 use crate::job::epoll::Watch;
 use crate::job::pipe::{POLLERR, POLLHUP};
-use crate::job;
 use crate::sched::WaitResult;
-use crate::signal::Restart;
+use crate::signal::{self, Restart};
 use alloc::vec::Vec;
 
 const POLLNVAL: u16 = 0x20;
@@ -39,7 +42,7 @@ impl Watched {
         if descriptor < 0 {
             return Watched::Skipped;
         }
-        match watch_of(descriptor as u64) {
+        match watch_of(Fd(descriptor)) {
             None => Watched::Closed,
             Some(watch) => Watched::Open(watch),
         }
@@ -55,7 +58,7 @@ impl Watched {
 }
 
 /// The readiness of the calling process's `descriptor`, `None` when it is not open.
-pub fn watch_of(descriptor: u64) -> Option<Watch> {
+pub fn watch_of(descriptor: Fd) -> Option<Watch> {
     job::with_process(|process| process.descriptors.get(descriptor).map(|open| Watch::of(&open)))
 }
 
@@ -96,8 +99,8 @@ pub fn wait_until_ready(deadline: Option<u64>, interrupted: bool, ready: impl Fn
 /// The common part of `poll` and `ppoll`: waits until `deadline` (monotonic ns; `None`: no
 /// limit) and writes each entry's revents; returns how many entries have some. `interrupted`:
 /// a signal is due already (ready descriptors still win, as on Linux).
-pub fn wait_for_events(fds: u64, count: u64, deadline: Option<u64>, interrupted: bool) -> SyscallResult {
-    if count > MAX_DESCRIPTORS as u64 {
+fn wait_for_events(fds: UserAddr, count: u32, deadline: Option<u64>, interrupted: bool) -> SyscallResult {
+    if count as usize > MAX_DESCRIPTORS {
         return Err(Errno::EINVAL);
     }
     let mut entries = user::read_bytes(fds, count as usize * 8)?;
@@ -125,9 +128,29 @@ pub fn wait_for_events(fds: u64, count: u64, deadline: Option<u64>, interrupted:
     Ok(ready)
 }
 
-pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    let [fds, count, timeout, ..] = call.args;
-    let timeout = timeout as i32;
-    let deadline = (timeout >= 0).then(|| crate::clock::monotonic_ns().saturating_add(timeout as u64 * 1_000_000));
-    wait_for_events(fds, count, deadline, false)
+/// The deadline of a timeout in milliseconds (negative: none), as `poll` and `epoll_wait`
+/// take it.
+pub fn timeout_deadline(timeout: i32) -> Option<u64> {
+    (timeout >= 0).then(|| crate::clock::monotonic_ns().saturating_add(timeout as u64 * 1_000_000))
+}
+
+pub fn poll(fds: UserAddr, count: u32, timeout: i32) -> SyscallResult {
+    wait_for_events(fds, count, timeout_deadline(timeout), false)
+}
+
+/// ppoll(fds, nfds, timeout, sigmask, sigsetsize): `poll` with a `struct timespec` timeout
+/// (NULL: no limit) and, if `sigmask` is given, that signal mask while it waits (a signal that
+/// ends the wait is handled under it, as after `rt_sigsuspend`).
+pub fn ppoll(fds: UserAddr, count: u32, timeout: UserAddr, mask: UserAddr, set_size: usize) -> SyscallResult {
+    let deadline = deadline_after(timeout)?;
+    if mask.is_null() {
+        return wait_for_events(fds, count, deadline, false);
+    }
+    if set_size != 8 {
+        return Err(Errno::EINVAL);
+    }
+    let [mask] = user::read_words::<1>(mask)?;
+    // A signal the mask lets through may be pending already: it ends the call before any
+    // wait, unless some descriptor is ready.
+    signal::wait_under_mask(mask, |due| wait_for_events(fds, count, deadline, due))
 }

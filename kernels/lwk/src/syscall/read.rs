@@ -1,16 +1,21 @@
+//! read, pread64, readv.
+//!
 //! read(fd, buf, count): files read from their offset; standard input is always at end of
 //! file (the job has no terminal); directories are EISDIR; pipes wait for data
 //! (`crate::job::pipe`); XEMEM's notification descriptors wait for a signal
 //! (`crate::xpmem::read_notifier`).
 
-use super::{user, Call, Errno, SyscallResult};
+use super::{user, Errno, Fd, SyscallResult, UserAddr};
 use crate::enclave::files;
 use crate::job::{self, descriptors::Descriptor, pipe};
 
+/// Linux's UIO_MAXIOV: the most vectors one readv or writev takes.
+pub const IOV_MAX: i32 = 1024;
+
 /// Reads from descriptor `descriptor` at `at` (its own offset, advanced, when `None`).
-pub fn read_at(descriptor: u64, buffer: u64, len: u64, at: Option<u64>) -> SyscallResult {
+fn read_at(descriptor: Fd, buffer: UserAddr, len: u64, at: Option<u64>) -> SyscallResult {
     if let Some(handle) = files::remote_handle(descriptor) {
-        return files::to_syscall_result(files::read(handle, buffer, len, at));
+        return files::to_syscall_result(files::read(handle, buffer.0, len, at));
     }
     if let Some((end, non_blocking)) = job::pipe_end(descriptor) {
         return match (end.is_writer(), at) {
@@ -49,6 +54,31 @@ pub fn read_at(descriptor: u64, buffer: u64, len: u64, at: Option<u64>) -> Sysca
     })
 }
 
-pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    read_at(call.args[0], call.args[1], call.args[2], None)
+pub fn read(fd: Fd, buffer: UserAddr, count: usize) -> SyscallResult {
+    read_at(fd, buffer, count as u64, None)
+}
+
+/// pread64(fd, buf, count, offset): a read at `offset` that leaves the file offset alone.
+pub fn pread64(fd: Fd, buffer: UserAddr, count: usize, offset: i64) -> SyscallResult {
+    if offset < 0 {
+        return Err(Errno::EINVAL);
+    }
+    read_at(fd, buffer, count as u64, Some(offset as u64))
+}
+
+/// readv(fd, iov, iovcnt): `read` into each `struct iovec` in turn, stopping at a short read.
+pub fn readv(fd: Fd, vector: UserAddr, count: i32) -> SyscallResult {
+    if !(0..=IOV_MAX).contains(&count) {
+        return Err(Errno::EINVAL);
+    }
+    let mut total = 0;
+    for index in 0..count as u64 {
+        let [base, len] = user::read_words::<2>(vector + index * 16)?;
+        let got = read_at(fd, UserAddr(base), len, None)?;
+        total += got;
+        if got < len {
+            break;
+        }
+    }
+    Ok(total)
 }

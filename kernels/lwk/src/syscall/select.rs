@@ -1,3 +1,5 @@
+//! select, pselect6.
+//!
 //! select(nfds, readfds, writefds, exceptfds, timeout): `poll` over three descriptor bit sets
 //! (each NULL or `ceil(nfds / 64)` 64-bit words, as Linux reads them). As on Linux:
 //! - `nfds` < 0 is EINVAL; above the size of the process's descriptor table (as Linux sizes
@@ -15,36 +17,39 @@
 //!   they were, the time left written back).
 
 use super::poll::{wait_until_ready, watch_of};
-use super::{user, Call, Errno, SyscallResult};
+use super::time::deadline_after;
+use super::{user, Errno, Fd, SyscallResult, UserAddr};
 use crate::clock;
 use crate::job;
 use crate::job::epoll::{EPOLLERR, EPOLLHUP, EPOLLIN, EPOLLOUT, EPOLLPRI, EPOLLRDBAND, EPOLLRDNORM, EPOLLWRBAND, EPOLLWRNORM};
-use crate::signal::Restart;
+use crate::signal::{self, Restart};
 use alloc::vec;
 use alloc::vec::Vec;
 
 /// Linux's `POLLIN_SET`, `POLLOUT_SET` and `POLLEX_SET`: what makes a descriptor readable,
 /// writable or exceptional.
-const SET_EVENTS: [u32; 3] = [
-    EPOLLRDNORM | EPOLLRDBAND | EPOLLIN | EPOLLHUP | EPOLLERR,
-    EPOLLWRBAND | EPOLLWRNORM | EPOLLOUT | EPOLLERR,
-    EPOLLPRI,
-];
+const SET_EVENTS: [u32; 3] =
+    [EPOLLRDNORM | EPOLLRDBAND | EPOLLIN | EPOLLHUP | EPOLLERR, EPOLLWRBAND | EPOLLWRNORM | EPOLLOUT | EPOLLERR, EPOLLPRI];
 
 /// How a `select` timeout is written back.
 #[derive(Clone, Copy)]
-pub enum TimeFormat {
+enum TimeFormat {
     /// `struct timeval` (select)
     Micro,
     /// `struct timespec` (pselect6)
     Nano,
 }
 
-/// The common part of `select` and `pselect6`: `sets` are the three user addresses (0: none),
-/// `deadline` monotonic ns (`None`: no limit), `timeout` the user's timeout to write the time
-/// left to (0: none); `interrupted`: a signal is due already.
-pub fn select(nfds: u64, sets: [u64; 3], deadline: Option<u64>, timeout: (u64, TimeFormat), interrupted: bool) -> SyscallResult {
-    let nfds = nfds as i32;
+/// The common part of `select` and `pselect6`: `sets` are the three user addresses (NULL:
+/// none), `deadline` monotonic ns (`None`: no limit), `timeout` the user's timeout to write
+/// the time left to (NULL: none); `interrupted`: a signal is due already.
+fn wait_for_sets(
+    nfds: i32,
+    sets: [UserAddr; 3],
+    deadline: Option<u64>,
+    timeout: (UserAddr, TimeFormat),
+    interrupted: bool,
+) -> SyscallResult {
     if nfds < 0 {
         return Err(Errno::EINVAL);
     }
@@ -54,7 +59,7 @@ pub fn select(nfds: u64, sets: [u64; 3], deadline: Option<u64>, timeout: (u64, T
     // Each set as 64-bit words, only its first `nfds` bits counting.
     let mut wanted: [Vec<u64>; 3] = [vec![0; words], vec![0; words], vec![0; words]];
     for (set, &address) in wanted.iter_mut().zip(&sets) {
-        if address == 0 || words == 0 {
+        if address.is_null() || words == 0 {
             continue;
         }
         let bytes = user::read_bytes(address, words * 8)?;
@@ -71,7 +76,7 @@ pub fn select(nfds: u64, sets: [u64; 3], deadline: Option<u64>, timeout: (u64, T
         let (word, bit) = (descriptor / 64, 1u64 << (descriptor % 64));
         let in_sets = (0..3).filter(|&set| wanted[set][word] & bit != 0).fold(0u8, |sets, set| sets | 1 << set);
         if in_sets != 0 {
-            watched.push((descriptor, in_sets, watch_of(descriptor as u64).ok_or(Errno::EBADF)?));
+            watched.push((descriptor, in_sets, watch_of(Fd(descriptor as i32)).ok_or(Errno::EBADF)?));
         }
     }
     let count_ready = || {
@@ -100,7 +105,7 @@ pub fn select(nfds: u64, sets: [u64; 3], deadline: Option<u64>, timeout: (u64, T
         }
     }
     for (set, &address) in ready.iter().zip(&sets) {
-        if address != 0 && words != 0 {
+        if !address.is_null() && words != 0 {
             user::write_words(address, set)?;
         }
     }
@@ -109,9 +114,9 @@ pub fn select(nfds: u64, sets: [u64; 3], deadline: Option<u64>, timeout: (u64, T
 
 /// Writes the time left before `deadline` (none once it passed) to the user's timeout, as
 /// Linux's `poll_select_finish`; a failed write is ignored.
-fn write_time_left((address, format): (u64, TimeFormat), deadline: Option<u64>) {
+fn write_time_left((address, format): (UserAddr, TimeFormat), deadline: Option<u64>) {
     let Some(deadline) = deadline else { return };
-    if address == 0 {
+    if address.is_null() {
         return;
     }
     let left = deadline.saturating_sub(clock::monotonic_ns());
@@ -123,11 +128,10 @@ fn write_time_left((address, format): (u64, TimeFormat), deadline: Option<u64>) 
     let _ = user::write_words(address, &[seconds, fraction]);
 }
 
-pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    let [nfds, read, write, except, timeout, ..] = call.args;
-    let deadline = match timeout {
-        0 => None,
-        address => {
+pub fn select(nfds: i32, read: UserAddr, write: UserAddr, except: UserAddr, timeout: UserAddr) -> SyscallResult {
+    let deadline = match timeout.non_null() {
+        None => None,
+        Some(address) => {
             let [seconds, micros] = user::read_words::<2>(address)?;
             let (seconds, micros) = (seconds as i64, micros as i64);
             // Linux carries whole seconds out of the microseconds before it checks.
@@ -139,5 +143,30 @@ pub fn call(call: &mut Call<'_>) -> SyscallResult {
             Some(clock::monotonic_ns().saturating_add((seconds as u64).saturating_mul(1_000_000_000)).saturating_add(nanos as u64))
         }
     };
-    select(nfds, [read, write, except], deadline, (timeout, TimeFormat::Micro), false)
+    wait_for_sets(nfds, [read, write, except], deadline, (timeout, TimeFormat::Micro), false)
+}
+
+/// pselect6(nfds, readfds, writefds, exceptfds, timeout, sigmask): `select` with a
+/// `struct timespec` timeout (NULL: no limit; nanoseconds outside 0..10^9 or negative seconds
+/// EINVAL; the time left written back, as Linux's system call does: libc hides it) and, in the
+/// sixth argument, the address of `{ const sigset_t *mask; size_t size; }` (NULL, or a NULL
+/// mask: none; a size other than 8 EINVAL): the signal mask it waits under, as `ppoll`'s.
+pub fn pselect6(nfds: i32, read: UserAddr, write: UserAddr, except: UserAddr, timeout: UserAddr, mask_argument: UserAddr) -> SyscallResult {
+    let deadline = deadline_after(timeout)?;
+    let mask = match mask_argument.non_null() {
+        None => UserAddr(0),
+        Some(address) => {
+            let [mask, size] = user::read_words::<2>(address)?;
+            if mask != 0 && size != 8 {
+                return Err(Errno::EINVAL);
+            }
+            UserAddr(mask)
+        }
+    };
+    let sets = [read, write, except];
+    if mask.is_null() {
+        return wait_for_sets(nfds, sets, deadline, (timeout, TimeFormat::Nano), false);
+    }
+    let [mask] = user::read_words::<1>(mask)?;
+    signal::wait_under_mask(mask, |due| wait_for_sets(nfds, sets, deadline, (timeout, TimeFormat::Nano), due))
 }

@@ -1,14 +1,85 @@
-//! stat(path, statbuf): a path of the job's file system.
+//! stat, lstat, fstat, newfstatat: a `struct stat` for a path or a descriptor. Files and
+//! directories as the file system describes them; the console streams as a pipe (a stream
+//! with no terminal behind it), and pipes as pipes. There are no symbolic links: lstat is
+//! stat, and newfstatat's AT_SYMLINK_NOFOLLOW changes nothing; its AT_EMPTY_PATH with an empty
+//! path is the descriptor itself (glibc's fstat). Other flags are ignored.
 
-use super::fstat::write_stat;
-use super::{openat, path, Call, SyscallResult};
+use super::path::{self, AT_FDCWD};
+use super::{open, user, Errno, Fd, SyscallResult, UserAddr};
+use crate::enclave::files;
+use crate::fs::Node;
+use crate::job::{self, descriptors::Descriptor};
 
-const AT_FDCWD: u64 = -100i64 as u64;
+const S_IFIFO: u64 = 0o010000;
+const AT_EMPTY_PATH: i32 = 0x1000;
+/// st_dev of the job's file system and of the console "pipe".
+const FILE_SYSTEM_DEVICE: u64 = 0x2a;
+const PIPE_DEVICE: u64 = 0xc;
 
-pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    if let Some(result) = openat::stat_on_host(AT_FDCWD, call.args[0], call.args[1]) {
+/// Writes a `struct stat` (144 bytes on x86-64) for `node`.
+fn write_stat(address: UserAddr, node: &Node) -> SyscallResult {
+    let mut stat = [0u64; 18];
+    stat[0] = FILE_SYSTEM_DEVICE;
+    stat[1] = node.inode;
+    stat[2] = if node.is_directory() { 2 } else { 1 }; // st_nlink
+    stat[3] = node.mode as u64; // st_mode (32 bits), st_uid 0
+    stat[6] = node.len; // st_size
+    stat[7] = 4096; // st_blksize
+    stat[8] = node.len.div_ceil(512); // st_blocks
+    user::write_words(address, &stat)?;
+    Ok(0)
+}
+
+/// `stat` of `address` relative to `directory`: the host's file in a persistent enclave, else
+/// the job's.
+fn stat_path(directory: Fd, address: UserAddr, statbuf: UserAddr) -> SyscallResult {
+    if let Some(result) = open::stat_on_host(directory, address, statbuf) {
         return result;
     }
-    let node = path::lookup(&path::resolve(AT_FDCWD, call.args[0])?)?;
-    write_stat(call.args[1], &node)
+    let node = path::lookup(&path::resolve(directory, address)?)?;
+    write_stat(statbuf, &node)
+}
+
+pub fn stat(path: UserAddr, statbuf: UserAddr) -> SyscallResult {
+    stat_path(AT_FDCWD, path, statbuf)
+}
+
+pub fn lstat(path: UserAddr, statbuf: UserAddr) -> SyscallResult {
+    stat_path(AT_FDCWD, path, statbuf)
+}
+
+pub fn fstat(fd: Fd, statbuf: UserAddr) -> SyscallResult {
+    if let Some(handle) = files::remote_handle(fd) {
+        let attributes = files::attributes(handle).map_err(|error| Errno(error.unsigned_abs()))?;
+        user::write_words(statbuf, &files::stat_words(&attributes))?;
+        return Ok(0);
+    }
+    let node = job::with_process(|process| match process.descriptors.get(fd).as_deref_mut() {
+        None => Err(Errno::EBADF),
+        Some(Descriptor::Console | Descriptor::Xpmem | Descriptor::XpmemNotify { .. } | Descriptor::Pipe(_) | Descriptor::Epoll(_)) => {
+            Ok(None)
+        }
+        Some(Descriptor::Remote { .. }) => Err(Errno::EBADF),
+        Some(Descriptor::File { node, .. } | Descriptor::Directory { node, .. }) => Ok(Some(*node)),
+    })?;
+    match node {
+        Some(node) => write_stat(statbuf, &node),
+        None => {
+            let mut stat = [0u64; 18];
+            stat[0] = PIPE_DEVICE;
+            stat[1] = u64::from(fd) + 1; // st_ino
+            stat[2] = 1; // st_nlink
+            stat[3] = S_IFIFO | 0o600; // st_mode, st_uid 0
+            stat[7] = 4096; // st_blksize
+            user::write_words(statbuf, &stat)?;
+            Ok(0)
+        }
+    }
+}
+
+pub fn newfstatat(directory: Fd, path: UserAddr, statbuf: UserAddr, flags: i32) -> SyscallResult {
+    if flags & AT_EMPTY_PATH != 0 && user::read_path(path)?.is_empty() {
+        return fstat(directory, statbuf);
+    }
+    stat_path(directory, path, statbuf)
 }

@@ -1,12 +1,125 @@
-//! time(tloc): seconds since the epoch.
+//! Clocks and sleeps: clock_gettime, clock_getres, clock_nanosleep, nanosleep, gettimeofday,
+//! time. REALTIME (and REALTIME_COARSE, TAI) is the RTC read at boot plus the TSC; every other
+//! clock (MONOTONIC, BOOTTIME, the CPU-time clocks of the job's threads) counts from boot;
+//! other clock ids are EINVAL. Every clock's resolution is one nanosecond (the TSC is finer
+//! still). The time zone is UTC.
 
-use super::{user, Call, SyscallResult};
-use crate::clock;
+use super::{user, Errno, SyscallResult, UserAddr};
+use crate::signal::Restart;
+use crate::{clock, sched};
 
-pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    let seconds = clock::realtime_ns() / 1_000_000_000;
-    if call.args[0] != 0 {
-        user::write_words(call.args[0], &[seconds])?;
+const CLOCK_REALTIME: i32 = 0;
+const CLOCK_REALTIME_COARSE: i32 = 5;
+const CLOCK_TAI: i32 = 11;
+/// clock_nanosleep's only flag; others are ignored, as on Linux.
+const TIMER_ABSTIME: i32 = 1;
+const NANOS_PER_SECOND: u64 = 1_000_000_000;
+
+/// The time on `clock`, in nanoseconds.
+fn nanoseconds_of(clock: i32) -> Result<u64, Errno> {
+    match clock {
+        CLOCK_REALTIME | CLOCK_REALTIME_COARSE | CLOCK_TAI => Ok(clock::realtime_ns()),
+        0..=11 => Ok(clock::monotonic_ns()),
+        _ => Err(Errno::EINVAL),
+    }
+}
+
+/// A `struct timespec` duration in nanoseconds (EINVAL for nanoseconds outside 0..10^9 or
+/// negative seconds, as Linux).
+pub fn read_duration(address: UserAddr) -> Result<u64, Errno> {
+    let [seconds, nanoseconds] = user::read_words::<2>(address)?;
+    if nanoseconds >= NANOS_PER_SECOND || (seconds as i64) < 0 {
+        return Err(Errno::EINVAL);
+    }
+    Ok(seconds.saturating_mul(NANOS_PER_SECOND).saturating_add(nanoseconds))
+}
+
+/// The monotonic deadline a relative `struct timespec` timeout sets (NULL: none).
+pub fn deadline_after(timeout: UserAddr) -> Result<Option<u64>, Errno> {
+    match timeout.non_null() {
+        None => Ok(None),
+        Some(address) => Ok(Some(clock::monotonic_ns().saturating_add(read_duration(address)?))),
+    }
+}
+
+/// Writes `nanoseconds` as a `struct timespec`.
+fn write_timespec(address: UserAddr, nanoseconds: u64) -> Result<(), Errno> {
+    user::write_words(address, &[nanoseconds / NANOS_PER_SECOND, nanoseconds % NANOS_PER_SECOND])
+}
+
+/// Sleeps `duration` ns; if a signal ends the sleep first, writes the remaining time to
+/// `remaining` (unless NULL) and returns the restart code Linux gives relative sleeps.
+fn sleep_relative(duration: u64, remaining: UserAddr) -> SyscallResult {
+    let deadline = clock::monotonic_ns().saturating_add(duration);
+    if sched::sleep_until(deadline) {
+        return Ok(0);
+    }
+    let left = deadline.saturating_sub(clock::monotonic_ns());
+    if left == 0 {
+        return Ok(0);
+    }
+    if let Some(remaining) = remaining.non_null() {
+        write_timespec(remaining, left)?;
+    }
+    Err(Restart::Block.errno())
+}
+
+pub fn clock_gettime(clock: i32, time: UserAddr) -> SyscallResult {
+    let nanoseconds = nanoseconds_of(clock)?;
+    write_timespec(time, nanoseconds)?;
+    Ok(0)
+}
+
+pub fn clock_getres(clock: i32, resolution: UserAddr) -> SyscallResult {
+    nanoseconds_of(clock)?;
+    if let Some(resolution) = resolution.non_null() {
+        write_timespec(resolution, 1)?;
+    }
+    Ok(0)
+}
+
+/// clock_nanosleep(clock, flags, req, rem): relative or TIMER_ABSTIME sleeps. A signal ends a
+/// sleep as on Linux: a relative one writes the remaining time to `rem` and returns EINTR once
+/// a handler runs; an absolute one returns EINTR once a handler runs.
+pub fn clock_nanosleep(clock: i32, flags: i32, request: UserAddr, remaining: UserAddr) -> SyscallResult {
+    let now_on_clock = nanoseconds_of(clock)?;
+    let time = read_duration(request)?;
+    if flags & TIMER_ABSTIME == 0 {
+        return sleep_relative(time, remaining);
+    }
+    // An absolute sleep leaves `rem` alone and is restarted only when no handler runs.
+    if sched::sleep_until(clock::monotonic_ns().saturating_add(time.saturating_sub(now_on_clock))) {
+        Ok(0)
+    } else {
+        Err(Restart::NoHandler.errno())
+    }
+}
+
+/// nanosleep(req, rem): the thread waits (other threads of its CPU run meanwhile). A signal
+/// it takes ends the sleep: the remaining time goes to `rem` (if given) and the call returns
+/// EINTR once a handler runs (never restarted after one, SA_RESTART or not), as on Linux.
+pub fn nanosleep(request: UserAddr, remaining: UserAddr) -> SyscallResult {
+    let duration = read_duration(request)?;
+    sleep_relative(duration, remaining)
+}
+
+/// gettimeofday(tv, tz): wall time in microseconds; the time zone is UTC.
+pub fn gettimeofday(time: UserAddr, zone: UserAddr) -> SyscallResult {
+    let nanoseconds = clock::realtime_ns();
+    if let Some(time) = time.non_null() {
+        user::write_words(time, &[nanoseconds / NANOS_PER_SECOND, nanoseconds % NANOS_PER_SECOND / 1000])?;
+    }
+    if let Some(zone) = zone.non_null() {
+        user::write_bytes(zone, &[0; 8])?;
+    }
+    Ok(0)
+}
+
+/// time(tloc): seconds since the epoch.
+pub fn time(time: UserAddr) -> SyscallResult {
+    let seconds = clock::realtime_ns() / NANOS_PER_SECOND;
+    if let Some(time) = time.non_null() {
+        user::write_words(time, &[seconds])?;
     }
     Ok(seconds)
 }

@@ -1,10 +1,10 @@
 //! umask(mask): kept and returned (nothing is ever created: the file system is read-only).
 
-use super::{Call, SyscallResult};
-use core::sync::atomic::{AtomicU64, Ordering};
+use super::SyscallResult;
+use core::sync::atomic::{AtomicU32, Ordering};
 
-static MASK: AtomicU64 = AtomicU64::new(0o022);
+static MASK: AtomicU32 = AtomicU32::new(0o022);
 
-pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    Ok(MASK.swap(call.args[0] & 0o777, Ordering::Relaxed))
+pub fn umask(mask: u32) -> SyscallResult {
+    Ok(MASK.swap(mask & 0o777, Ordering::Relaxed) as u64)
 }

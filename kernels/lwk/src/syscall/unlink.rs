@@ -1,9 +1,28 @@
-//! unlink(path): as `unlinkat` relative to the working directory.
+//! unlink, unlinkat: host paths of a persistent enclave are removed on the host (files only:
+//! AT_REMOVEDIR there is EPERM, the protocol has no rmdir); the job's own files are read-only
+//! (EROFS), missing ones ENOENT. Flags: AT_REMOVEDIR; others EINVAL, as on Linux.
 
-use super::{unlinkat, Call, SyscallResult};
+use super::path::{self, AT_FDCWD};
+use super::{open, Errno, Fd, SyscallResult, UserAddr};
+use crate::enclave::files;
 
-const AT_FDCWD: u64 = -100i64 as u64;
+const AT_REMOVEDIR: i32 = 0x200;
+const EROFS: Errno = Errno(30);
 
-pub fn call(call: &mut Call<'_>) -> SyscallResult {
-    unlinkat::remove(AT_FDCWD, call.args[0], 0)
+pub fn unlink(path: UserAddr) -> SyscallResult {
+    unlinkat(AT_FDCWD, path, 0)
+}
+
+pub fn unlinkat(directory: Fd, address: UserAddr, flags: i32) -> SyscallResult {
+    if flags & !AT_REMOVEDIR != 0 {
+        return Err(Errno::EINVAL);
+    }
+    if let Some(host_path) = open::host_path(directory, address) {
+        if flags & AT_REMOVEDIR != 0 {
+            return Err(Errno::EPERM);
+        }
+        return files::to_syscall_result(files::unlink(&host_path?));
+    }
+    path::lookup(&path::resolve(directory, address)?)?;
+    Err(EROFS)
 }

@@ -5,25 +5,50 @@ use crate::arch::trap::{copy_from_user, copy_to_user, copy_words_to_user};
 use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
+use core::ops::Add;
 
-pub fn read_bytes(address: u64, len: usize) -> Result<Vec<u8>, Errno> {
+/// An address in the job's memory that a system call reads or writes (a `T *` argument, or a
+/// pointer found in a structure there). Nothing about it is trusted: every access is checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UserAddr(pub u64);
+
+impl UserAddr {
+    pub fn is_null(self) -> bool {
+        self.0 == 0
+    }
+
+    /// `None` for NULL, for the many arguments that are optional.
+    pub fn non_null(self) -> Option<UserAddr> {
+        (!self.is_null()).then_some(self)
+    }
+}
+
+/// `address + bytes`, as C's pointer arithmetic on bytes (wrapping: the access then fails).
+impl Add<u64> for UserAddr {
+    type Output = UserAddr;
+    fn add(self, bytes: u64) -> UserAddr {
+        UserAddr(self.0.wrapping_add(bytes))
+    }
+}
+
+pub fn read_bytes(address: UserAddr, len: usize) -> Result<Vec<u8>, Errno> {
     let mut bytes = vec![0; len];
     read_into(address, &mut bytes)?;
     Ok(bytes)
 }
 
 /// Fills `bytes` from user memory at `address`.
-pub fn read_into(address: u64, bytes: &mut [u8]) -> Result<(), Errno> {
-    copy_from_user(bytes, address).map_err(|_| Errno::EFAULT)
+pub fn read_into(address: UserAddr, bytes: &mut [u8]) -> Result<(), Errno> {
+    copy_from_user(bytes, address.0).map_err(|_| Errno::EFAULT)
 }
 
-pub fn write_bytes(address: u64, bytes: &[u8]) -> Result<(), Errno> {
-    copy_to_user(address, bytes).map_err(|_| Errno::EFAULT)
+pub fn write_bytes(address: UserAddr, bytes: &[u8]) -> Result<(), Errno> {
+    copy_to_user(address.0, bytes).map_err(|_| Errno::EFAULT)
 }
 
 /// Writes 64-bit words (the layout of most Linux structures on x86-64).
-pub fn write_words(address: u64, words: &[u64]) -> Result<(), Errno> {
-    copy_words_to_user(address, words).map_err(|_| Errno::EFAULT)
+pub fn write_words(address: UserAddr, words: &[u64]) -> Result<(), Errno> {
+    copy_words_to_user(address.0, words).map_err(|_| Errno::EFAULT)
 }
 
 /// Most words one `read_words` reads (the largest structure read so has 5).
@@ -31,7 +56,7 @@ const MAX_WORDS: usize = 8;
 
 /// `N` 64-bit words from user memory, through a buffer on the stack (an allocation is
 /// emulated work on PVM, about as much as the rest of a small system call).
-pub fn read_words<const N: usize>(address: u64) -> Result<[u64; N], Errno> {
+pub fn read_words<const N: usize>(address: UserAddr) -> Result<[u64; N], Errno> {
     const { assert!(N <= MAX_WORDS, "read_words reads at most MAX_WORDS words") };
     let mut buffer = [0u8; MAX_WORDS * 8];
     let bytes = &mut buffer[..N * 8];
@@ -45,13 +70,13 @@ pub fn read_words<const N: usize>(address: u64) -> Result<[u64; N], Errno> {
 
 /// A NUL-terminated string of at most `MAX_STRING` bytes (an argument or environment
 /// string), read a page at a time.
-pub fn read_string(address: u64) -> Result<String, Errno> {
+pub fn read_string(address: UserAddr) -> Result<String, Errno> {
     const MAX_STRING: usize = 128 * 1024;
     const PAGE: u64 = 4096;
     let mut bytes = Vec::new();
     loop {
         let at = address + bytes.len() as u64;
-        let chunk = read_bytes(at, (PAGE - at % PAGE) as usize)?;
+        let chunk = read_bytes(at, (PAGE - at.0 % PAGE) as usize)?;
         match chunk.iter().position(|&byte| byte == 0) {
             Some(end) => {
                 bytes.extend_from_slice(&chunk[..end]);
@@ -64,12 +89,12 @@ pub fn read_string(address: u64) -> Result<String, Errno> {
 }
 
 /// A NUL-terminated path, at most PATH_MAX bytes.
-pub fn read_path(address: u64) -> Result<String, Errno> {
+pub fn read_path(address: UserAddr) -> Result<String, Errno> {
     const PATH_MAX: usize = 4096;
     let mut path = Vec::new();
     let mut byte = [0u8];
     loop {
-        copy_from_user(&mut byte, address + path.len() as u64).map_err(|_| Errno::EFAULT)?;
+        copy_from_user(&mut byte, address.0 + path.len() as u64).map_err(|_| Errno::EFAULT)?;
         if byte[0] == 0 {
             break;
         }

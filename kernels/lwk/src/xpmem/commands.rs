@@ -5,7 +5,7 @@
 use super::Detached;
 use crate::job::{self, descriptors::Descriptor};
 use crate::syscall::user;
-use crate::syscall::{Errno, SyscallResult};
+use crate::syscall::{Errno, Fd, SyscallResult, UserAddr};
 use xemem::Error;
 
 /// `_IO('x', n)`: XPMEM's commands are numbered from 0x7800.
@@ -50,8 +50,8 @@ fn ints(word: u64) -> (u32, u32) {
 /// repeat that attach and detach at every step, and on PVM every kernel instruction saved is
 /// most of a microsecond. `None`: not such a command (or `fd` is not `/dev/xpmem`); the
 /// general path answers it.
-pub fn parking(fd: u64, request: u64, argument: u64) -> Option<SyscallResult> {
-    match request as u32 {
+pub fn parking(fd: Fd, request: u32, argument: UserAddr) -> Option<SyscallResult> {
+    match request {
         ATTACH => {
             // struct xpmem_cmd_attach, as below
             let [apid, offset, size, vaddr, _] = user::read_words::<5>(argument).ok()?;
@@ -66,8 +66,8 @@ pub fn parking(fd: u64, request: u64, argument: u64) -> Option<SyscallResult> {
     }
 }
 
-pub fn ioctl(request: u64, argument: u64) -> SyscallResult {
-    match request as u32 {
+pub fn ioctl(request: u32, argument: UserAddr) -> SyscallResult {
+    match request {
         VERSION => Ok(CURRENT_VERSION),
         MAKE => {
             // struct xpmem_cmd_make { u64 vaddr; size_t size; int permit_type; u64 permit_value; s64 segid; }
@@ -135,7 +135,7 @@ pub fn ioctl(request: u64, argument: u64) -> SyscallResult {
             let notifier = super::notifier_of(segid as i64).map_err(errno)?;
             let descriptor = Descriptor::XpmemNotify { notifier, non_blocking: flags & O_NONBLOCK != 0 };
             let fd = job::with_process(|process| process.descriptors.insert_flagged(descriptor, flags & O_CLOEXEC != 0)).ok_or(Errno(24))?;
-            match user::write_words(argument + 8, &[(flags as u64) | (fd << 32)]) {
+            match user::write_words(argument + 8, &[(flags as u64) | (u64::from(fd) << 32)]) {
                 Ok(_) => Ok(0),
                 Err(errno) => {
                     drop(job::with_process(|process| process.descriptors.remove(fd)));

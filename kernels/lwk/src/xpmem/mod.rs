@@ -26,7 +26,7 @@ use crate::arch::sync::SpinLock;
 use crate::job;
 use crate::sched::WaitResult;
 use crate::signal::Restart;
-use crate::syscall::{user, Errno, SyscallResult};
+use crate::syscall::{user, Errno, Fd, SyscallResult, UserAddr};
 use alloc::collections::BTreeMap;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
@@ -735,7 +735,7 @@ fn park(device: &mut Device, index: usize, descriptor: DeviceDescriptor) -> bool
 #[derive(Clone, Copy)]
 enum DeviceDescriptor {
     Checked,
-    Unchecked(u64),
+    Unchecked(Fd),
 }
 
 impl DeviceDescriptor {
@@ -760,7 +760,7 @@ impl DeviceDescriptor {
 /// and one process lookup, which also checks the descriptor. False: nothing parked; the
 /// general path answers (ENOTTY for another descriptor, the unmap of an attachment that
 /// cannot be parked).
-pub fn park_detached(fd: u64, address: u64) -> bool {
+pub fn park_detached(fd: Fd, address: u64) -> bool {
     let pid = caller();
     let parked = with_device(|device| {
         let index = device.attachments.iter().position(|a| a.pid == pid && !a.parked && a.start <= address && address < a.end);
@@ -791,7 +791,7 @@ fn drop_parked_where(device: &mut Device, which: impl Fn(&Attachment) -> bool) -
 /// and its answer still holds: takes it up again and returns its address, on as few kernel
 /// instructions as it can (the device and the process are each looked up once, the descriptor
 /// checked on the way). `None` for anything else: the general path ([`attach`]) answers it.
-pub fn resume_same(fd: u64, raw: i64, offset: u64, size: u64, fixed: u64) -> Option<u64> {
+pub fn resume_same(fd: Fd, raw: i64, offset: u64, size: u64, fixed: u64) -> Option<u64> {
     let pid = caller();
     let rounded = size.checked_next_multiple_of(PAGE_SIZE)?;
     let mut device = DEVICE.lock();
@@ -975,7 +975,7 @@ pub fn notifier_of(raw: i64) -> Result<Arc<Notifier>, Error> {
 const CONNECTED_WAIT_NS: u64 = 100_000_000;
 
 /// `read` of a notification descriptor: 8 bytes, the count since the last read.
-pub fn read_notifier(notifier: &Notifier, buffer: u64, len: u64, non_blocking: bool) -> SyscallResult {
+pub fn read_notifier(notifier: &Notifier, buffer: UserAddr, len: u64, non_blocking: bool) -> SyscallResult {
     if len < 8 {
         return Err(Errno::EINVAL);
     }

@@ -1,0 +1,117 @@
+//! Memory: mmap, munmap, mprotect, mremap, madvise, brk, over the job's eagerly mapped
+//! regions (`crate::job::memory`). Flags, against Linux's: mmap takes MAP_SHARED or
+//! MAP_PRIVATE, MAP_ANONYMOUS, MAP_FIXED and MAP_FIXED_NOREPLACE, and ignores the rest
+//! (MAP_POPULATE, MAP_NORESERVE, ...: memory is always resident); PROT_READ, PROT_WRITE and
+//! PROT_EXEC (others EINVAL); mremap takes MREMAP_MAYMOVE only (MREMAP_FIXED and others are
+//! EINVAL); madvise accepts every advice and acts on MADV_DONTNEED only.
+
+use super::{Errno, Fd, SyscallResult};
+use crate::arch::paging::Protection;
+use crate::job::descriptors::Descriptor;
+use crate::job::memory::{Access, MemoryError, READ_WRITE};
+use crate::job::{self, Process};
+
+const PROT_READ: u32 = 1;
+const PROT_WRITE: u32 = 2;
+const PROT_EXEC: u32 = 4;
+const MAP_SHARED: u32 = 0x01;
+const MAP_FIXED: u32 = 0x10;
+const MAP_ANONYMOUS: u32 = 0x20;
+const MAP_FIXED_NOREPLACE: u32 = 0x10_0000;
+const MREMAP_MAYMOVE: u32 = 1;
+const MADV_DONTNEED: i32 = 4;
+const EACCES: Errno = Errno(13);
+
+fn memory_error(error: MemoryError) -> Errno {
+    match error {
+        MemoryError::NoMemory => Errno::ENOMEM,
+        MemoryError::InvalidArgument => Errno::EINVAL,
+    }
+}
+
+/// PROT_* bits as page rights (x86 pages are always readable once present).
+fn access_of(protection: u32) -> Result<Access, Errno> {
+    if protection & !(PROT_READ | PROT_WRITE | PROT_EXEC) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    Ok((protection != 0).then_some(Protection { write: protection & PROT_WRITE != 0, execute: protection & PROT_EXEC != 0 }))
+}
+
+fn map_file(process: &mut Process, fd: Fd, len: u64, protection: u32, flags: u32, offset: u64, fixed: Option<u64>) -> SyscallResult {
+    let node = match process.descriptors.get(fd).as_deref_mut() {
+        Some(Descriptor::File { node, .. }) => *node,
+        Some(_) => return Err(Errno::ENODEV),
+        None => return Err(Errno::EBADF),
+    };
+    if flags & MAP_SHARED != 0 && protection & PROT_WRITE != 0 {
+        return Err(EACCES); // the file is open read-only
+    }
+    let access = access_of(protection)?;
+    let start = process.memory.map_anonymous(len, Some(READ_WRITE), fixed).map_err(memory_error)?;
+    let contents = node.contents();
+    let from = (offset as usize).min(contents.len());
+    let count = (len as usize).min(contents.len() - from);
+    process.memory.fill_heap(start, &contents[from..from + count]);
+    if access != Some(READ_WRITE) {
+        process.memory.protect(start, len, access).map_err(memory_error)?;
+    }
+    Ok(start)
+}
+
+/// mmap(addr, length, prot, flags, fd, offset): memory from the job's heap. Anonymous
+/// mappings, private or shared, start zeroed; file mappings (private, or shared read-only:
+/// files cannot change) are filled with a copy of the file at `offset` (zero past its end).
+/// The address is a hint except with MAP_FIXED (or MAP_FIXED_NOREPLACE), which must fall
+/// inside the heap.
+pub fn mmap(address: u64, len: usize, protection: u32, flags: u32, fd: Fd, offset: u64) -> SyscallResult {
+    if offset % 4096 != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let len = len as u64;
+    let fixed = (flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) != 0).then_some(address);
+    if flags & MAP_ANONYMOUS == 0 {
+        return job::with_process(|process| map_file(process, fd, len, protection, flags, offset, fixed));
+    }
+    let access = access_of(protection)?;
+    job::with_process(|process| process.memory.map_anonymous(len, access, fixed)).map_err(memory_error)
+}
+
+/// munmap(addr, len): the pages disappear; heap memory is cleared and reused by later
+/// `mmap`s.
+pub fn munmap(address: u64, len: usize) -> SyscallResult {
+    job::with_process(|process| process.memory.unmap(address, len as u64)).map(|_| 0).map_err(|_| Errno::EINVAL)
+}
+
+/// mprotect(addr, len, prot) on any mapped part of the job (image, stack, heap).
+pub fn mprotect(address: u64, len: usize, protection: u32) -> SyscallResult {
+    let access = access_of(protection)?;
+    job::with_process(|process| process.memory.protect(address, len as u64, access)).map(|_| 0).map_err(memory_error)
+}
+
+/// mremap(old, old_len, new_len, flags): heap mappings shrink, grow in place, or move with
+/// MREMAP_MAYMOVE.
+pub fn mremap(address: u64, old_len: usize, new_len: usize, flags: u32) -> SyscallResult {
+    if flags & !MREMAP_MAYMOVE != 0 {
+        return Err(Errno::EINVAL);
+    }
+    job::with_process(|process| process.memory.remap(address, old_len as u64, new_len as u64, flags & MREMAP_MAYMOVE != 0))
+        .map_err(memory_error)
+}
+
+/// madvise(addr, len, advice): memory is always resident and never paged, so advice is
+/// accepted and ignored, except MADV_DONTNEED, after which anonymous memory reads as zero.
+pub fn madvise(address: u64, len: usize, advice: i32) -> SyscallResult {
+    if address % 4096 != 0 {
+        return Err(Errno::EINVAL);
+    }
+    if advice == MADV_DONTNEED {
+        job::with_process(|process| process.memory.discard(address, len as u64));
+    }
+    Ok(0)
+}
+
+/// brk(addr): moves the break inside the heap reserved at load; returns the new (or, if it
+/// cannot move, the old) break, as Linux does.
+pub fn brk(address: u64) -> SyscallResult {
+    Ok(job::with_process(|process| process.memory.set_brk(address)))
+}

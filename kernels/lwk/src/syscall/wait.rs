@@ -1,0 +1,86 @@
+//! wait4, waitid: waiting for a child to end, and reaping it. ECHILD with no such child.
+//! Options: WNOHANG (nothing when none has ended yet); WUNTRACED and WCONTINUED are accepted
+//! (no child ever stops); __WALL and __WCLONE are accepted by wait4 (every child is a
+//! process here); waitid requires WEXITED and honours WNOWAIT (leave the child waitable).
+//! Other options are EINVAL. The rusage is zeros.
+
+use super::{user, Errno, SyscallResult, UserAddr};
+use crate::process::{self, Selector, Waited, SIGCHLD};
+
+const WNOHANG: u32 = 1;
+const WUNTRACED: u32 = 2;
+const WEXITED: u32 = 4;
+const WCONTINUED: u32 = 8;
+const WNOWAIT: u32 = 0x0100_0000;
+/// __WALL and __WCLONE.
+const WALL_WCLONE: u32 = 0x4000_0000 | 0x8000_0000;
+const P_ALL: u32 = 0;
+const P_PID: u32 = 1;
+const P_PGID: u32 = 2;
+const CLD_EXITED: i32 = 1;
+const CLD_KILLED: i32 = 2;
+const SIGINFO_SIZE: usize = 128;
+const RUSAGE_SIZE: usize = 144;
+
+fn selector(pid: i32) -> Selector {
+    match pid {
+        -1 => Selector::Any,
+        0 => Selector::Group(0),
+        pid if pid < 0 => Selector::Group(pid.unsigned_abs() as u64),
+        pid => Selector::Pid(pid as u64),
+    }
+}
+
+/// wait4(pid, status, options, rusage): waits for a child to end (pid > 0: that child, -1:
+/// any, 0: one of the caller's group, < -1: one of group -pid) and reaps it; returns its pid
+/// (0 with WNOHANG when none has ended). The status is Linux's (code << 8, or the signal).
+pub fn wait4(pid: i32, status: UserAddr, options: u32, rusage: UserAddr) -> SyscallResult {
+    if options & !(WNOHANG | WUNTRACED | WCONTINUED | WALL_WCLONE) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    match process::wait_for_child(selector(pid), options & WNOHANG != 0, false)? {
+        Waited::NotYet => Ok(0),
+        Waited::Ended(child, wait_status) => {
+            if let Some(status) = status.non_null() {
+                user::write_bytes(status, &wait_status.to_le_bytes())?;
+            }
+            if let Some(rusage) = rusage.non_null() {
+                user::write_bytes(rusage, &[0; RUSAGE_SIZE])?;
+            }
+            Ok(child)
+        }
+    }
+}
+
+/// waitid(idtype, id, info, options, rusage): P_ALL, P_PID, P_PGID. The siginfo says
+/// SIGCHLD, CLD_EXITED or CLD_KILLED, the child's pid and status; with WNOHANG and no ended
+/// child it is cleared (si_pid 0).
+pub fn waitid(id_type: u32, id: i32, info: UserAddr, options: u32, rusage: UserAddr) -> SyscallResult {
+    if options & WEXITED == 0 || options & !(WEXITED | WNOHANG | WNOWAIT | WUNTRACED | WCONTINUED) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let selector = match id_type {
+        P_ALL => Selector::Any,
+        P_PID if id > 0 => Selector::Pid(id as u64),
+        P_PGID => Selector::Group(id as u32 as u64),
+        _ => return Err(Errno::EINVAL),
+    };
+    let mut siginfo = [0u8; SIGINFO_SIZE];
+    if let Waited::Ended(child, status) = process::wait_for_child(selector, options & WNOHANG != 0, options & WNOWAIT != 0)? {
+        let (code, value) = match status & 0x7f {
+            0 => (CLD_EXITED, (status >> 8) & 0xff),
+            signal => (CLD_KILLED, signal),
+        };
+        siginfo[0..4].copy_from_slice(&(SIGCHLD as i32).to_le_bytes());
+        siginfo[8..12].copy_from_slice(&code.to_le_bytes());
+        siginfo[16..20].copy_from_slice(&(child as u32).to_le_bytes());
+        siginfo[24..28].copy_from_slice(&value.to_le_bytes());
+    }
+    if let Some(info) = info.non_null() {
+        user::write_bytes(info, &siginfo)?;
+    }
+    if let Some(rusage) = rusage.non_null() {
+        user::write_bytes(rusage, &[0; RUSAGE_SIZE])?;
+    }
+    Ok(0)
+}
