@@ -3,8 +3,9 @@
 # standalone segment broker and the conformance program, starts a private broker, and runs
 # every case twice (program linked against libxpmem.so.0, and statically against libxpmem.a),
 # and the shared build's once more on the text of /proc/self/maps (CLOWDER_XEMEM_MAPS=text),
-# plus the broker's robustness against malformed packets. Prints "N passed, N failed" and
-# exits non-zero if anything failed. Root is needed for the permission matrix (setuid).
+# plus the broker's robustness against malformed packets and libxpmem's CLOWDER_LOG levels.
+# Prints "N passed, N failed" and exits non-zero if anything failed. Root is needed for the
+# permission matrix (setuid).
 set -u
 cd "$(dirname "$0")"
 here=$(pwd)
@@ -43,6 +44,27 @@ for name in $("$here/build/tests/conformance" --list); do
     CLOWDER_XEMEM_MAPS=text timeout 300 "$here/build/tests/conformance" "$name" >"$scratch/log" 2>&1
     report "conformance-maps-text $name" $? "$scratch/log"
 done
+
+# CLOWDER_LOG: at debug (or xemem=debug) libxpmem says which broker call failed and why; not at
+# the default level, nor when xemem's own level is lower; a value it cannot read is said once.
+conformance_stderr() { # CLOWDER_LOG value (unset when "-")
+    if [ "$1" = - ]; then
+        env -u CLOWDER_LOG -u CLOWDER_XEMEM_DEBUG "$here/build/tests/conformance" id_errors 2>&1 >/dev/null
+    else
+        env -u CLOWDER_XEMEM_DEBUG CLOWDER_LOG="$1" "$here/build/tests/conformance" id_errors 2>&1 >/dev/null
+    fi
+}
+{
+    failure='^libxpmem: broker op 4 failed (No such file or directory)$'
+    conformance_stderr debug | grep -q "$failure" || echo "CLOWDER_LOG=debug: the failed remove is not said"
+    conformance_stderr warn,xemem=debug | grep -q "$failure" || echo "CLOWDER_LOG=warn,xemem=debug: the failed remove is not said"
+    [ -z "$(conformance_stderr -)" ] || echo "CLOWDER_LOG unset: something is said"
+    [ -z "$(conformance_stderr DEBUG,xemem=info)" ] || echo "CLOWDER_LOG=DEBUG,xemem=info: something is said"
+    [ "$(conformance_stderr info,loud)" = "libxpmem: CLOWDER_LOG takes error, warn, info, debug or trace (or xemem=LEVEL among other directives), not 'info,loud'" ] ||
+        echo "CLOWDER_LOG=info,loud: not said once"
+} >"$scratch/log" 2>&1
+[ ! -s "$scratch/log" ]
+report "CLOWDER_LOG levels of libxpmem" $? "$scratch/log"
 
 # The exported ABI (nm -D against src/libxpmem.map), the soname and the pkg-config files.
 tests/abi.sh >"$scratch/log" 2>&1

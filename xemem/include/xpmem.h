@@ -138,8 +138,9 @@ int xemem_notify_fd(xpmem_segid_t segid);
 /* Why the calling thread's last call into the broker failed, when the errno alone does not
  * say it: a sentence, or NULL (success, a reason errno names well enough, or the device
  * backend, which has no reasons). Today: an attach of a hugepage enclave's memory that is not
- * whole, aligned 2 MiB pages (EINVAL). The errnos stay XPMEM's. With CLOWDER_XEMEM_DEBUG=1 in
- * the environment the library also prints each such reason on stderr. */
+ * whole, aligned 2 MiB pages (EINVAL). The errnos stay XPMEM's. With CLOWDER_LOG=debug (or
+ * xemem=debug among its directives; CLOWDER_XEMEM_DEBUG=1 is the older name) in the environment
+ * the library also prints each failed broker call, with this reason, on stderr. */
 const char *xemem_errmsg(void);
 
 /*
