@@ -144,6 +144,9 @@ log_levels() {
 	CLOWDER_LOG=clowderd=trace,dex=debug $DEXRUN -n 2 "$BUILD/hello_nodes" >"$LOG/out" 2>&1
 	grep -q 'dex\[node 1\]: debug: joined the origin' "$LOG/out"
 	expect "CLOWDER_LOG=clowderd=trace,dex=debug: no join lines" $?
+	CLOWDER_LOG=dex=debug,warn $DEXRUN -n 2 "$BUILD/hello_nodes" >"$LOG/out" 2>&1
+	grep -q 'dex\[node 1\]: debug: joined the origin' "$LOG/out"
+	expect "CLOWDER_LOG=dex=debug,warn: dex=debug did not outrank the later bare level" $?
 	DEX_STATS=1 $DEXRUN -n 2 "$BUILD/hello_nodes" >"$LOG/out" 2>&1
 	grep -q 'back on node 0' "$LOG/out" && ! grep -q ': debug: ' "$LOG/out" && grep -q 'dex\[node 1\]: stats:' "$LOG/out"
 	expect "default (warn): debug lines shown, or DEX_STATS' lines missing" $?

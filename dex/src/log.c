@@ -23,7 +23,8 @@ static int level_named(const char *name, size_t len)
 
 int dex_log_parse(const char *spec)
 {
-	int level = DEX_LOG_WARN;
+	/* "dex=" outranks a bare level wherever it stands, as NAME= does for clowder's other parts */
+	int level = DEX_LOG_WARN, own = -1;
 	const char *item = spec;
 	for (;;) {
 		size_t len = strcspn(item, ",");
@@ -31,13 +32,13 @@ int dex_log_parse(const char *spec)
 		if (eq) {
 			/* another component's directive: only "dex=" is ours */
 			if ((size_t)(eq - item) == 3 && !strncmp(item, "dex", 3) &&
-			    (level = level_named(eq + 1, len - 4)) < 0)
+			    (own = level_named(eq + 1, len - 4)) < 0)
 				return -1;
 		} else if (len && (level = level_named(item, len)) < 0) {
 			return -1;
 		}
 		if (!item[len])
-			return level;
+			return own >= 0 ? own : level;
 		item += len + 1;
 	}
 }
