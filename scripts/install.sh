@@ -37,6 +37,8 @@ man_page 1 clowder "enclaves and jobs on a clowder node"
 man_page 8 clowderd "the clowder node daemon"
 man_page 1 clowder-vmm "one KVM virtual machine per process"
 man_page 1 dexrun "run a DEX program over several nodes"
+man_page 1 dexnode "start DEX nodes on this host for dexrun --hosts"
+man_page 1 dexcc "compile and link a program for DEX"
 
 sed "s|@PREFIX@|$PREFIX|g" packaging/clowderd.service.in >"$root/lib/systemd/system/clowderd.service"
 install -m 0644 packaging/clowderd.toml "$root/share/doc/clowder/clowderd.toml"
