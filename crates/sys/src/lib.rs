@@ -56,10 +56,11 @@ pub fn wait_readable(fd: impl AsFd, timeout: Duration) -> io::Result<bool> {
     }
 }
 
-/// Opens `path` (relative) beneath the directory `dir`: the kernel refuses `..` and symbolic
-/// links that leave it, absolute paths and magic links, so the result stays inside `dir`.
+/// Opens `path` from the directory `dir` as openat(2) would (an absolute path ignores `dir`),
+/// or, when `beneath`, only beneath `dir`: then the kernel refuses `..` and symbolic links that
+/// leave it, absolute paths and magic links (EXDEV), so the result stays inside `dir`.
 /// `flags` and `mode` are open(2)'s; the mode counts only when creating.
-pub fn open_beneath(dir: &File, path: &str, flags: i32, mode: u32) -> io::Result<File> {
+pub fn open_at(dir: &File, path: &str, flags: i32, mode: u32, beneath: bool) -> io::Result<File> {
     let flags = OFlags::from_bits_retain(flags as u32) | OFlags::CLOEXEC;
     // O_TMPFILE includes O_DIRECTORY's bit: only the whole of it asks for a mode.
     let mode = if flags.contains(OFlags::CREATE) || flags.contains(OFlags::TMPFILE) {
@@ -67,18 +68,19 @@ pub fn open_beneath(dir: &File, path: &str, flags: i32, mode: u32) -> io::Result
     } else {
         Mode::empty()
     };
-    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+    let resolve = if beneath { ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS } else { ResolveFlags::empty() };
     Ok(rustix::fs::openat2(dir, path, flags, mode, resolve)?.into())
 }
 
-/// unlinkat on a name inside `dir` (the caller opened `dir` beneath the root).
-pub fn unlink_in(dir: &File, name: &str) -> io::Result<()> {
-    Ok(rustix::fs::unlinkat(dir, name, AtFlags::empty())?)
+/// unlinkat of `path` from `dir` (a name inside a directory opened beneath a root, or any
+/// path the caller may reach).
+pub fn unlink_in(dir: &File, path: &str) -> io::Result<()> {
+    Ok(rustix::fs::unlinkat(dir, path, AtFlags::empty())?)
 }
 
-/// mkdirat on a name inside `dir` (the caller opened `dir` beneath the root).
-pub fn mkdir_in(dir: &File, name: &str, mode: u32) -> io::Result<()> {
-    Ok(rustix::fs::mkdirat(dir, name, Mode::from_bits_truncate(mode & 0o7777))?)
+/// mkdirat of `path` from `dir` (as [`unlink_in`]).
+pub fn mkdir_in(dir: &File, path: &str, mode: u32) -> io::Result<()> {
+    Ok(rustix::fs::mkdirat(dir, path, Mode::from_bits_truncate(mode & 0o7777))?)
 }
 
 /// `kill(pid, signal)`; a pid of 0 (which would mean our own process group) or beyond the pid

@@ -86,6 +86,10 @@ pub struct Create {
     /// A group (name or gid) whose members may use and remove the enclave too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share_group: Option<String>,
+    /// An absolute host directory: every job of the enclave may name only files beneath it
+    /// (and must start there). Without it a job may open whatever its user may.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confine: Option<String>,
 }
 
 /// `rm` and `logs` name an enclave.
@@ -117,6 +121,11 @@ pub struct Run {
     /// Names of the input files whose descriptors follow the binary's and the directory's.
     #[serde(default)]
     pub files: Vec<String>,
+    /// An absolute host directory, holding `cwd`: the job may name only files beneath it
+    /// (persistent enclaves; within the enclave's own `confine`, if it has one). Without it
+    /// the job may open whatever its user may.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confine: Option<String>,
 }
 
 /// `cores`: a count (a JSON number, 1..255) or a core list (a string: "0", "2-3", "1,3").
@@ -386,6 +395,7 @@ mod tests {
             mem: Size::Text("1G".into()),
             hugepages: true,
             share_group: Some("sim-users".into()),
+            confine: Some("/scratch/sim".into()),
         };
         let run = Run {
             enclave: Some("sim".into()),
@@ -396,6 +406,7 @@ mod tests {
             mem: None,
             cwd: "/home/me".into(),
             files: vec!["params.txt".into()],
+            confine: Some("/home/me".into()),
         };
         let named = Named { name: "sim".into() };
         for request in [

@@ -127,6 +127,10 @@ struct CreateArgs {
     /// A group whose members may use and remove it too
     #[arg(long, value_name = "GROUP")]
     share_group: Option<String>,
+    /// Confine its jobs' host files to this directory (they start there or below); without
+    /// it a job opens whatever its user may
+    #[arg(long, value_name = "DIR")]
+    confine: Option<String>,
 }
 
 #[derive(Args)]
@@ -148,12 +152,23 @@ pub struct RunArgs {
     /// An input file shared into the enclave (repeatable; needs --enclave)
     #[arg(long = "file", value_name = "PATH")]
     files: Vec<String>,
+    /// Let the job name only host files beneath DIR, which holds the working directory
+    /// (needs --enclave); without it the job opens whatever you may
+    #[arg(long, value_name = "DIR")]
+    confine: Option<String>,
     /// Show the kernel's lines and when the job starts
     #[arg(short, long)]
     verbose: bool,
     /// PROGRAM [ARGS...] (or NAME PROGRAM [ARGS...]); words after PROGRAM are its own
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "PROGRAM")]
     command: Vec<String>,
+}
+
+/// A `--confine` directory as the daemon needs it: absolute, with its symbolic links resolved
+/// here, as the user sees them.
+pub fn absolute_directory(dir: &str) -> Result<String, Failure> {
+    let real = std::fs::canonicalize(dir).map_err(|e| Failure(format!("cannot use {dir} as the confinement directory: {e}")))?;
+    real.to_str().map(str::to_string).ok_or_else(|| Failure(format!("the confinement directory {dir} is not a UTF-8 path")))
 }
 
 /// Why the command failed: its message goes to stderr and it exits 1.
@@ -258,6 +273,7 @@ fn enclave_command(command: EnclaveCommand, json: bool) -> Result<(), Failure> {
                 mem: size(args.mem),
                 hugepages: args.hugepages,
                 share_group: args.share_group,
+                confine: args.confine.as_deref().map(absolute_directory).transpose()?,
             });
             let reply: CreateReply = call(&request, json)?;
             if !json {

@@ -117,6 +117,7 @@ pub fn run_command(args: RunArgs, json_output: bool) -> Result<u8, Failure> {
         mem: args.mem.map(crate::size),
         cwd: cwd.to_string_lossy().into_owned(),
         files: names,
+        confine: args.confine.as_deref().map(crate::absolute_directory).transpose()?,
     });
     let mut fds = vec![binary.as_raw_fd(), cwd_dir.as_raw_fd()];
     fds.extend(inputs.iter().map(|f| f.as_raw_fd()));

@@ -20,6 +20,8 @@ pub struct CreateRequest {
     pub hugepages: bool,
     /// A group (name or gid) whose members may use and remove the enclave too.
     pub share_group: Option<String>,
+    /// An absolute directory every job of the enclave is confined to.
+    pub confine: Option<String>,
 }
 
 /// A `run` whose values were checked.
@@ -37,6 +39,8 @@ pub struct RunRequest {
     pub cwd: String,
     /// Names of the input files whose descriptors follow the binary's and the directory's.
     pub files: Vec<String>,
+    /// An absolute directory the job is confined to (persistent enclaves).
+    pub confine: Option<String>,
 }
 
 /// An error reply of `kind`.
@@ -96,7 +100,17 @@ pub fn check_create(request: Create) -> Result<CreateRequest, ApiError> {
         memory: size("mem", request.mem)?,
         hugepages: request.hugepages,
         share_group: request.share_group,
+        confine: request.confine.map(|dir| absolute_directory("create", dir)).transpose()?,
     })
+}
+
+/// A `confine` directory: absolute (the daemon has no working directory of the client's).
+fn absolute_directory(op: &str, dir: String) -> Result<String, ApiError> {
+    if dir.starts_with('/') {
+        Ok(dir)
+    } else {
+        Err(ApiError::invalid(format!("`{op}`'s `confine` must be an absolute path, got {dir:?}")))
+    }
 }
 
 /// Checks a `run`'s values.
@@ -116,6 +130,9 @@ pub fn check_run(request: Run) -> Result<RunRequest, ApiError> {
     if let Some(name) = request.files.iter().find(|name| name.is_empty() || name.contains('/') || *name == "." || *name == "..") {
         return Err(ApiError::invalid(format!("input file name {name:?} must be a plain file name")));
     }
+    if request.enclave.is_none() && request.confine.is_some() {
+        return Err(ApiError::invalid("`confine` applies to forwarded file calls, which only a persistent enclave (`enclave`) serves"));
+    }
     if request.enclave.is_some() && request.mem.is_some() {
         return Err(ApiError::invalid("`mem` sizes a one-shot enclave; a named enclave already has its memory"));
     }
@@ -128,6 +145,7 @@ pub fn check_run(request: Run) -> Result<RunRequest, ApiError> {
         memory: request.mem.map(|mem| size("mem", mem)).transpose()?,
         cwd: request.cwd,
         files: request.files,
+        confine: request.confine.map(|dir| absolute_directory("run", dir)).transpose()?,
     })
 }
 
@@ -153,7 +171,7 @@ mod tests {
             panic!()
         };
         let expected =
-            CreateRequest { name: "sim".into(), cores: CoreRequest::Count(2), memory: 1 << 30, hugepages: true, share_group: None };
+            CreateRequest { name: "sim".into(), cores: CoreRequest::Count(2), memory: 1 << 30, hugepages: true, share_group: None, confine: None };
         assert_eq!(check_create(create).unwrap(), expected);
         let Ok(Request::Run(run)) = Request::parse(br#"{"op":"run","argv":["hello","x"],"cwd":"/tmp","cores":"1","mem":268435456}"#) else {
             panic!()
@@ -161,6 +179,20 @@ mod tests {
         let run = check_run(run).unwrap();
         assert_eq!(run.cores, Some(CoreRequest::Exactly([1].into())));
         assert_eq!(run.memory, Some(256 << 20));
+    }
+
+    #[test]
+    fn confinement_is_an_absolute_directory_of_a_persistent_enclave() {
+        let run = |line: &[u8]| match Request::parse(line) {
+            Ok(Request::Run(run)) => check_run(run).map_err(|e| e.to_string()),
+            other => panic!("{other:?}"),
+        };
+        let confined = run(br#"{"op":"run","enclave":"e","argv":["a"],"cwd":"/w/run","confine":"/w"}"#).unwrap();
+        assert_eq!(confined.confine.as_deref(), Some("/w"));
+        assert!(run(br#"{"op":"run","enclave":"e","argv":["a"],"cwd":"/w","confine":"w"}"#).unwrap_err().contains("absolute"));
+        assert!(run(br#"{"op":"run","argv":["a"],"cwd":"/w","confine":"/w"}"#).unwrap_err().contains("persistent enclave"));
+        let Ok(Request::Create(create)) = Request::parse(br#"{"op":"create","name":"e","mem":"1G","confine":"scratch"}"#) else { panic!() };
+        assert!(check_create(create).unwrap_err().to_string().contains("absolute"));
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::console::LogBook;
 use crate::cores::{choose_cores, format_cpu_list, usable_cores, CoreRequest};
 use crate::cpuset::Cpusets;
 use crate::enclave::{Enclave, JobEvent, JobFile, JobSpec, Liveness};
+use crate::hio::{Identity, Scope};
 use crate::machine::{Launcher, MachineSpec};
 use crate::memory::{check_request, format_size, HostMemory};
 use crate::oneshot::{kernel_command_line, OneShot, RunEvent};
@@ -57,6 +58,8 @@ enum Occupant {
 
 struct Entry {
     owner: Owner,
+    /// The directory its jobs are confined to (`create`'s `confine`), if any.
+    confine: Option<String>,
     cores: Vec<usize>,
     memory: u64,
     hugepages: bool,
@@ -210,7 +213,7 @@ impl Daemon {
     }
 
     /// Reserves cores and memory under a new name, or says why not.
-    fn reserve(&self, name: &str, owner: Owner, cores: &CoreRequest, memory: u64, hugepages: bool) -> Result<Vec<usize>, ApiError> {
+    fn reserve(&self, name: &str, owner: Owner, cores: &CoreRequest, memory: u64, hugepages: bool, confine: Option<String>) -> Result<Vec<usize>, ApiError> {
         let usable = usable_cores().map_err(|e| ApiError::new(ErrorKind::Internal, e))?;
         check_request(memory, hugepages, HostMemory::read()).map_err(|e| ApiError::new(ErrorKind::ResourceExhausted, e))?;
         let mut state = self.state.lock().unwrap();
@@ -221,7 +224,7 @@ impl Daemon {
             ));
         }
         let cores = choose_cores(cores, &usable, &state.taken_cores()).map_err(|e| ApiError::new(ErrorKind::ResourceExhausted, e))?;
-        let entry = Entry { owner, cores: cores.clone(), memory, hugepages, created: SystemTime::now(), occupant: Occupant::Starting };
+        let entry = Entry { owner, confine, cores: cores.clone(), memory, hugepages, created: SystemTime::now(), occupant: Occupant::Starting };
         state.enclaves.insert(name.to_string(), entry);
         Ok(cores)
     }
@@ -238,7 +241,7 @@ impl Daemon {
             Err(e) => return e.reply(),
         };
         let owner = Owner { uid: peer.uid, share_gid };
-        let cores = match self.reserve(&name, owner, &request.cores, request.memory, request.hugepages) {
+        let cores = match self.reserve(&name, owner, &request.cores, request.memory, request.hugepages, request.confine.clone()) {
             Ok(cores) => cores,
             Err(e) => return e.reply(),
         };
@@ -496,13 +499,13 @@ impl Daemon {
     }
 
     fn run_in_enclave(&self, name: &str, request: RunRequest, files: RunFiles, peer: &Peer, events: &mut dyn EventSink) -> Value {
-        let enclave = {
+        let (enclave, enclave_confine) = {
             let state = self.state.lock().unwrap();
             match state.enclaves.get(name) {
                 Some(entry) if !entry.owner.may_use(peer) => {
                     return error_reply(ErrorKind::PermissionDenied, entry.owner.use_refusal(peer, &format!("run jobs in enclave {name}")))
                 }
-                Some(Entry { occupant: Occupant::Persistent(enclave), .. }) => enclave.clone(),
+                Some(Entry { occupant: Occupant::Persistent(enclave), confine, .. }) => (enclave.clone(), confine.clone()),
                 Some(_) => {
                     return error_reply(
                         ErrorKind::Busy,
@@ -531,6 +534,11 @@ impl Daemon {
                 )
             }
         };
+        let owner = Identity { uid: peer.uid, gid: peer.gid, groups: peer.groups.clone() };
+        let scope = match job_scope(enclave_confine.as_deref(), request.confine.as_deref(), &request.cwd, &owner) {
+            Ok(scope) => scope,
+            Err(e) => return error_reply(ErrorKind::InvalidArgument, e),
+        };
         // A job id only for a job that is sent: refused runs leave no gap in the numbering.
         let job = {
             let mut state = self.state.lock().unwrap();
@@ -543,7 +551,8 @@ impl Daemon {
             env: request.env,
             cwd: request.cwd,
             cwd_dir: files.cwd_dir,
-            owner: (peer.uid, peer.gid),
+            owner,
+            scope,
             cores,
             heap: request.heap.unwrap_or(0),
             binary: JobFile { name: if binary_name.is_empty() { "job".into() } else { binary_name }, file: files.binary },
@@ -604,7 +613,7 @@ impl Daemon {
         let memory = request.memory.unwrap_or(self.config.oneshot_memory);
         let core_request = request.cores.clone().unwrap_or(CoreRequest::Count(1));
         let owner = Owner::of(peer);
-        let cores = match self.reserve(&name, owner, &core_request, memory, false) {
+        let cores = match self.reserve(&name, owner, &core_request, memory, false, None) {
             Ok(cores) => cores,
             Err(e) => return e.reply(),
         };
@@ -673,6 +682,16 @@ impl Daemon {
                 error_reply(ErrorKind::Failed, format!("one-shot enclave {name} failed: {reason}"))
             }
         }
+    }
+}
+
+/// Which host files a job may name: any its user may, or, with the enclave's and/or the run's
+/// confinement, those beneath that directory (the run's must lie within the enclave's).
+fn job_scope(enclave: Option<&str>, run: Option<&str>, cwd: &str, owner: &Identity) -> Result<Scope, String> {
+    let outer = enclave.map(|dir| Scope::confined(dir, cwd, owner, None)).transpose()?;
+    match run {
+        Some(dir) => Scope::confined(dir, cwd, owner, outer.as_ref()),
+        None => Ok(outer.unwrap_or(Scope::User)),
     }
 }
 

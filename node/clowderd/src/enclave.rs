@@ -14,7 +14,7 @@ use enclave_proto::{EnclaveMessage, FileImage, HostMessage, LaunchJob, List, Str
 
 use crate::console::LogBook;
 use crate::guest_ram::GuestRam;
-use crate::hio::JobFiles;
+use crate::hio::{Identity, JobFiles, Scope};
 use crate::link::{self, Received, Receiver, Sender};
 use crate::machine::{Launcher, Machine, MachineSpec, RegionAccess, SharedRegion};
 use crate::sys;
@@ -65,8 +65,10 @@ pub struct JobSpec {
     /// The working directory as a host path, and a descriptor of it.
     pub cwd: String,
     pub cwd_dir: File,
-    /// The launching user's (uid, gid): forwarded file calls run with their rights.
-    pub owner: (u32, u32),
+    /// The launching user: forwarded file calls run with their rights.
+    pub owner: Identity,
+    /// Which of the host's files the job may name.
+    pub scope: Scope,
     /// Mask of the enclave's vCPUs the job may use (0: all).
     pub cores: u64,
     pub heap: u64,
@@ -252,7 +254,8 @@ impl Enclave {
             binary: images[0],
             files: List::new(&images[1..]),
         });
-        let files = JobFiles::new(spec.cwd_dir, spec.cwd.clone(), spec.owner);
+        let uid = spec.owner.uid;
+        let files = JobFiles::new(spec.cwd_dir, spec.cwd.clone(), spec.scope, spec.owner);
         let _gate = self.launch_gate.lock().unwrap();
         self.jobs.lock().unwrap().insert(job, JobSlot { events, files, regions: regions.clone() });
         if let Err(e) = self.send(&message) {
@@ -261,7 +264,7 @@ impl Enclave {
             return Err(e);
         }
         // The arguments are the job owner's to read.
-        self.log.push_private(spec.owner.0, format!("clowderd: launched job {job}: {}", spec.argv.join(" ")));
+        self.log.push_private(uid, format!("clowderd: launched job {job}: {}", spec.argv.join(" ")));
         Ok(())
     }
 

@@ -119,6 +119,31 @@ impl GuestRam {
         Ok(())
     }
 
+    /// Moves file data straight between `file` and a guest range (in one RAM run, outside the
+    /// channel), with no copy in between: `read`/`pread` into guest memory when `into_guest`,
+    /// else `write`/`pwrite` from it; at `offset`, or at the file's own position when `None`.
+    /// The outer error is a range the guest may not name; the inner one the file call's.
+    pub fn file_io(&self, file: &File, gpa: u64, len: u64, into_guest: bool, offset: Option<u64>) -> Result<io::Result<usize>, BadAddress> {
+        let start = self.locate(gpa, len)?;
+        // SAFETY: `locate` keeps the range inside the mapping. The kernel copies between the
+        // file and these bytes; the guest may touch them meanwhile, which is its own race, and
+        // no Rust reference to them exists.
+        let buffer = unsafe { self.base.as_ptr().add(start) }.cast::<libc::c_void>();
+        let fd = file.as_raw_fd();
+        let offset = offset.map(|offset| libc::off_t::try_from(offset).unwrap_or(libc::off_t::MAX));
+        let len = len as usize;
+        // SAFETY: `buffer` holds `len` bytes of the mapping (above); `fd` is an open file.
+        let count = unsafe {
+            match (into_guest, offset) {
+                (true, None) => libc::read(fd, buffer, len),
+                (true, Some(offset)) => libc::pread(fd, buffer, len, offset),
+                (false, None) => libc::write(fd, buffer, len),
+                (false, Some(offset)) => libc::pwrite(fd, buffer, len, offset),
+            }
+        };
+        Ok(usize::try_from(count).map_err(|_| io::Error::last_os_error()))
+    }
+
     /// The memfd and offset holding a guest range that lies in one RAM run and outside the
     /// channel: how an enclave's frames are shared with a host process without copying.
     pub fn file_range(&self, gpa: u64, len: u64) -> Result<(&File, u64), BadAddress> {

@@ -404,6 +404,7 @@ impl FakeKernel {
                 0
             }
             "files" => self.file_script(job, cwd),
+            "user-files" => self.user_file_script(job, &argv[2]),
             "launch-fails" => {
                 self.send(EnclaveMessage::LaunchFailed { job, errno: libc::ENOEXEC, reason: b"not an ELF executable" });
                 return;
@@ -571,6 +572,44 @@ impl FakeKernel {
         check(self, "unlink out.txt", unlinked == 0);
         failures
     }
+
+    /// An unconfined job: an input by absolute path outside its directory, a large read and
+    /// write straight into its memory, a short read at the end of the file, and buffers the
+    /// enclave may not name (in the channel, across the end of RAM) refused.
+    fn user_file_script(&mut self, job: u32, input: &str) -> u32 {
+        let mut failures = 0;
+        let mut check = |this: &mut FakeKernel, what: &str, ok: bool| {
+            this.print(job, Stream::Stdout, &format!("{} {what}\n", if ok { "ok" } else { "FAIL" }));
+            if !ok {
+                failures += 1;
+            }
+        };
+        const BIG: u32 = 2 << 20;
+        let (handle, _) = self.call(job, FileOp::Open { path: input.as_bytes(), flags: libc::O_RDONLY as u32, mode: 0 });
+        check(self, "open an input by absolute path outside the working directory", handle > 0);
+        let handle = handle as u32;
+        let (count, _) = self.call(job, FileOp::Read { handle, gpa: SCRATCH_GPA, len: BIG });
+        let mut data = vec![0u8; BIG as usize];
+        self.hardware.ram.read(SCRATCH_GPA, &mut data).unwrap();
+        let expected: Vec<u8> = (0..BIG).map(|i| (i % 251) as u8).collect();
+        check(self, "a 2 MiB read lands in enclave memory", count == BIG as i64 && data == expected);
+        // Past the data read above, which is written back below.
+        let spare = SCRATCH_GPA + BIG as u64;
+        let (short, _) = self.call(job, FileOp::Pread { handle, gpa: spare, len: 8192, offset: BIG as u64 - 100 });
+        check(self, "a read at the end of the file is short", short == 100);
+        let (end, _) = self.call(job, FileOp::Read { handle, gpa: spare, len: 4096 });
+        check(self, "and then empty", end == 0);
+        let (straddles, _) = self.call(job, FileOp::Pread { handle, gpa: CHANNEL_GPA - 4096, len: 8192, offset: 0 });
+        check(self, "a buffer running into the channel is EFAULT", straddles == -(libc::EFAULT as i64));
+        let (beyond, _) = self.call(job, FileOp::Pread { handle, gpa: u64::MAX - 4095, len: 8192, offset: 0 });
+        check(self, "a buffer wrapping around the address space is EFAULT", beyond == -(libc::EFAULT as i64));
+        let (copy, _) = self.call(job, FileOp::Open { path: b"copy", flags: (libc::O_CREAT | libc::O_WRONLY) as u32, mode: 0o644 });
+        let (written, _) = self.call(job, FileOp::Pwrite { handle: copy as u32, gpa: SCRATCH_GPA, len: BIG, offset: 0 });
+        check(self, "a 2 MiB write from enclave memory", written == BIG as i64);
+        let (refused, _) = self.call(job, FileOp::Write { handle: copy as u32, gpa: RAM_SIZE - 4096, len: 8192 });
+        check(self, "a write from beyond RAM is EFAULT", refused == -(libc::EFAULT as i64));
+        failures
+    }
 }
 
 struct TestDaemon {
@@ -635,20 +674,31 @@ impl TestDaemon {
 
     /// Runs a job in `enclave` from directory `cwd`; returns (final reply, stdout, stderr).
     fn run(&self, enclave: &str, argv: &[&str], cwd: &Path, inputs: &[(&str, &Path)]) -> (Value, String, String) {
-        self.run_program(&self.program, enclave, argv, cwd, inputs)
+        self.run_program(&self.program, enclave, argv, cwd, inputs, None)
     }
 
-    /// `run` with another program file.
-    fn run_program(&self, program: &Path, enclave: &str, argv: &[&str], cwd: &Path, inputs: &[(&str, &Path)]) -> (Value, String, String) {
+    /// `run` with another program file, confined to `confine` if given.
+    fn run_program(
+        &self,
+        program: &Path,
+        enclave: &str,
+        argv: &[&str],
+        cwd: &Path,
+        inputs: &[(&str, &Path)],
+        confine: Option<&Path>,
+    ) -> (Value, String, String) {
         let binary = File::open(program).unwrap();
         let dir = File::open(cwd).unwrap();
         let input_files: Vec<File> = inputs.iter().map(|(_, path)| File::open(path).unwrap()).collect();
         let mut fds = vec![binary.as_raw_fd(), dir.as_raw_fd()];
         fds.extend(input_files.iter().map(|f| f.as_raw_fd()));
-        let request = json!({
+        let mut request = json!({
             "op": "run", "enclave": enclave, "argv": argv, "cwd": cwd.to_str().unwrap(),
             "files": inputs.iter().map(|(name, _)| *name).collect::<Vec<_>>(),
         });
+        if let Some(dir) = confine {
+            request["confine"] = json!(dir.to_str().unwrap());
+        }
         let (mut stdout, mut stderr) = (String::new(), String::new());
         let reply = self
             .client()
@@ -696,7 +746,7 @@ fn jobs_stream_output_and_return_their_status() {
     // A program the enclave cannot run is refused, and takes no job number.
     let script = work.0.join("script.sh");
     std::fs::write(&script, "#!/bin/sh\necho hi\n").unwrap();
-    let (refused, _, _) = daemon.run_program(&script, "sim", &["script.sh"], &work.0, &[]);
+    let (refused, _, _) = daemon.run_program(&script, "sim", &["script.sh"], &work.0, &[], None);
     assert_eq!(refused["ok"], false, "{refused}");
     assert!(refused["error"].as_str().unwrap().contains("script.sh is not an ELF executable"), "{refused}");
 
@@ -769,7 +819,7 @@ fn forwarded_file_calls_stay_inside_the_working_directory() {
     std::fs::create_dir(&work).unwrap();
     std::fs::write(work.join("input.txt"), "input data").unwrap();
     std::os::unix::fs::symlink("/etc", work.join("link-out")).unwrap();
-    let (reply, stdout, _) = daemon.run("sim", &["prog", "files"], &work, &[]);
+    let (reply, stdout, _) = daemon.run_program(&daemon.program, "sim", &["prog", "files"], &work, &[], Some(&work));
     assert!(!stdout.contains("FAIL"), "{stdout}");
     assert_eq!(reply["status"], 0, "{reply}\n{stdout}");
     assert!(!outer.0.join("outside.txt").exists(), "a file was created outside the job's directory");
@@ -778,6 +828,30 @@ fn forwarded_file_calls_stay_inside_the_working_directory() {
     let logs = daemon.call(json!({"op": "logs", "name": "sim"}));
     let logs = logs["lines"].to_string();
     assert!(logs.contains("leaves the job's directory"), "refusals are logged: {logs}");
+}
+
+#[test]
+fn unconfined_jobs_reach_the_users_files_and_move_data_directly() {
+    let daemon = start_daemon("user-files", Liveness::default());
+    daemon.create("sim");
+    let outer = TempDir::new("clowderd-user-files-outer");
+    let (work, inputs) = (outer.0.join("work"), outer.0.join("inputs"));
+    std::fs::create_dir(&work).unwrap();
+    std::fs::create_dir(&inputs).unwrap();
+    let deck: Vec<u8> = (0..2u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(inputs.join("deck"), &deck).unwrap();
+    let input = inputs.join("deck");
+    let (reply, stdout, _) = daemon.run("sim", &["prog", "user-files", input.to_str().unwrap()], &work, &[]);
+    assert!(!stdout.contains("FAIL"), "{stdout}");
+    assert_eq!(reply["status"], 0, "{reply}\n{stdout}");
+    assert!(std::fs::read(work.join("copy")).unwrap() == deck, "the write reached the host whole");
+    // Confined to its directory, the same job may not name the input.
+    let (reply, stdout, _) = daemon.run_program(&daemon.program, "sim", &["prog", "user-files", input.to_str().unwrap()], &work, &[], Some(&work));
+    assert!(stdout.contains("FAIL open an input by absolute path outside"), "{stdout}");
+    assert_ne!(reply["status"], 0);
+    // A confinement that does not hold the working directory is refused before the job runs.
+    let (reply, _, _) = daemon.run_program(&daemon.program, "sim", &["prog", "echo"], &work, &[], Some(&inputs));
+    assert!(reply["error"].as_str().unwrap_or("").contains("outside the confinement directory"), "{reply}");
 }
 
 #[test]
