@@ -196,7 +196,7 @@ fi
 # thread cleared its tid and pthread_join waited for ever (a CI timeout of the mutex case). The
 # pid is set in a pid namespace of its own: ns_last_pid 32765, dexrun 32766, the origin (its first
 # child) 32767; `; exit` keeps the shell from exec'ing dexrun as pid 1 (a node then leaves).
-if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null; then
+if [ "$(id -u)" = 0 ] && unshare --pid --fork --mount-proc true 2>/dev/null; then
 	origin_pid_32767() { # dexrun arguments...
 		unshare --pid --fork --mount-proc sh -c 'echo 32765 >/proc/sys/kernel/ns_last_pid && "$@"; exit $?' sh \
 			"$BUILD/dexrun" --timeout 20 "$@"
@@ -208,7 +208,7 @@ if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null; then
 		fail "origin with pid 32767" "$LOG/out"
 	fi
 else
-	echo "SKIP origin with pid 32767 (needs root and unshare)"
+	echo "SKIP origin with pid 32767 (needs root and unshare --pid)"
 fi
 
 # --hosts: nodes on two namespaced "hosts" through ssh and through dexnode agents (root only)
