@@ -1,7 +1,7 @@
 //! The kernel command line.
 //!
 //! ```text
-//! [lwk.heap=SIZE] [lwk.stack=SIZE] [lwk.env=NAME=VALUE]... [lwk.cpus=N] [lwk.fpu=xsave|ring3|fxsave]
+//! [lwk.heap=SIZE] [lwk.stack=SIZE] [lwk.env=NAME=VALUE]... [lwk.cpus=N] [lwk.fpu=xsave|ring3|fxsave] [lwk.fastcalls=off]
 //!     [lwk.verbose] [lwk.crash=panic|fault] [clowder.*=...] -- ARGV0 ARG1 ...
 //! ```
 //! Everything after the first `--` word is the job's argv, split at spaces; double quotes

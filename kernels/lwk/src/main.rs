@@ -68,6 +68,8 @@ fn kernel_main(start_info: u64) -> ! {
     let fpu_method = arch::fpu::method_wanted(cmdline::value_of(boot.command_line(), "lwk.fpu"), cmdline::started_by_clowder_vmm(boot.command_line()));
     arch::cpu::enable_user_fpu(fpu_method != arch::fpu::Method::Fxsave);
     arch::fpu::init(fpu_method);
+    // `lwk.fastcalls=off`: every system call takes the kernel path (the fast calls' reference).
+    arch::fastcall::set_enabled(cmdline::value_of(boot.command_line(), "lwk.fastcalls") != Some("off"));
     arch::cpu::allow_user_time_stamp_counter();
     clock::init(boot_tsc, !cmdline::started_by_clowder_vmm(boot.command_line()));
 

@@ -87,6 +87,13 @@ pub fn parent_of(pid: u64) -> u64 {
     FAMILY.lock().get(&pid).map_or(0, |member| member.parent)
 }
 
+/// CPU `cpu` now runs process `pid`: what the ring-3 getppid answers there (`arch::fastcall`),
+/// under the lock that orders it with an orphan's new parent.
+pub fn publish_running(cpu: usize, pid: u64) {
+    let family = FAMILY.lock();
+    crate::arch::fastcall::process_entered(cpu, pid, family.get(&pid).map_or(0, |member| member.parent));
+}
+
 /// `getpgid`/`getsid`: the group or session of `pid` (0: the caller).
 pub fn group_of(pid: u64) -> Result<(u64, u64), Errno> {
     let pid = if pid == 0 { sched::current_pid() } else { pid };
@@ -443,8 +450,9 @@ fn end_process(pid: u64, code: u8) {
         member.life = Life::Zombie(status);
         let parent = member.parent;
         let mut orphaned_zombies = false;
-        for (_, child) in family.iter_mut().filter(|(_, child)| child.parent == pid) {
+        for (&child_pid, child) in family.iter_mut().filter(|(_, child)| child.parent == pid) {
             child.parent = job::PID;
+            crate::arch::fastcall::parent_changed(child_pid, job::PID);
             orphaned_zombies |= matches!(child.life, Life::Zombie(_));
         }
         (parent, orphaned_zombies)

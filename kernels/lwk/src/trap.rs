@@ -1,7 +1,7 @@
 //! What happens on a trap: system calls go to the table, a fault in the job ends the job with
 //! Linux's status for the signal it would have received, a fault in the kernel is a panic.
 
-use crate::arch::{cpu, fpu};
+use crate::arch::{cpu, fastcall, fpu};
 use crate::arch::trap::{self, TrapFrame, SIGNAL_CHECK_VECTOR, SYSCALL_VECTOR};
 use crate::console::log;
 use crate::arch::apic;
@@ -54,6 +54,8 @@ pub fn handle(frame: &mut TrapFrame) {
         if !RING3_SYSCALL_REPORTED.swap(true, Ordering::Relaxed) {
             log!("SYSCALL stays in ring 3 on this host: system calls arrive as ud2 faults");
             job::map_ring3_syscall_page();
+            let scale = crate::clock::tsc_scale();
+            fastcall::publish_constants(scale.boot_tsc, scale.multiplier, scale.shift, scale.boot_realtime_ns, &kernel_path_utsname());
         }
         // Each CPU learns it from its own first system call: LSTAR is per CPU.
         trap::redirect_syscall_to_ring3_page();
@@ -116,4 +118,15 @@ fn kernel_fault(frame: &TrapFrame) -> ! {
     log!("  r9  {:#018x} r10 {:#018x} r11 {:#018x} r12 {:#018x}", frame.r9, frame.r10, frame.r11, frame.r12);
     log!("  r13 {:#018x} r14 {:#018x} r15 {:#018x}", frame.r13, frame.r14, frame.r15);
     panic!("unhandled {} in the kernel", name);
+}
+
+/// uname's record as the kernel path gives it, for the ring-3 path to give the same: the call
+/// itself writes it into the spare part of the running process's fast-call scratch page.
+fn kernel_path_utsname() -> [u8; fastcall::UTSNAME_SIZE] {
+    const UNAME: u64 = 63;
+    let mut record = [0; fastcall::UTSNAME_SIZE];
+    let call = &mut syscall::Call { args: [fastcall::SCRATCH_SPARE, 0, 0, 0, 0, 0], frame: None };
+    let written = syscall::dispatch(UNAME, call) == 0 && trap::copy_from_user(&mut record, fastcall::SCRATCH_SPARE).is_ok();
+    assert!(written, "uname failed in the fast-call scratch page");
+    record
 }

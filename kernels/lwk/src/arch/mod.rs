@@ -8,6 +8,7 @@ pub mod apic;
 pub mod boot;
 pub mod channel;
 pub mod cpu;
+pub mod fastcall;
 pub mod fpu;
 pub mod heap;
 pub mod paging;

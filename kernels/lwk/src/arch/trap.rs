@@ -12,20 +12,12 @@ use super::cpu::{self, MSR_LSTAR};
 use super::tables::{USER_CODE, USER_DATA};
 use core::arch::global_asm;
 
-/// Where SYSCALL goes once it is known to stay in ring 3: a user-executable page (mapped at
-/// this address in every job) whose first instruction is `ud2`. An invalid-opcode exception
-/// reaches the kernel several times faster on PVM than the page fault a supervisor-only
-/// LSTAR raises, and needs no privilege check in user-visible code.
-pub const RING3_SYSCALL_PAGE: u64 = 0x0000_7fff_ffff_f000;
+pub use super::fastcall::RING3_SYSCALL_PAGE;
 
-/// Points LSTAR at `RING3_SYSCALL_PAGE` (which the caller has mapped).
+/// Points this CPU's LSTAR at its entry in `RING3_SYSCALL_PAGE` (`arch::fastcall`; the
+/// caller has mapped the pages).
 pub fn redirect_syscall_to_ring3_page() {
-    cpu::write_msr(MSR_LSTAR, RING3_SYSCALL_PAGE);
-}
-
-/// The physical page holding the `ud2` to map at `RING3_SYSCALL_PAGE`.
-pub fn ring3_syscall_page_physical() -> u64 {
-    &raw const ring3_syscall_page as u64 - super::phys::KERNEL_VMA
+    cpu::write_msr(MSR_LSTAR, super::fastcall::lstar_for(super::tables::current_cpu()));
 }
 
 /// Registers as the entry code saves them (lowest address first).
@@ -68,18 +60,16 @@ const FULL_FRAME_CALLS_BELOW_64: u64 = 1 << 15 | 1 << 56 | 1 << 57 | 1 << 58 | 1
 /// `sigaltstack` reads the caller's stack pointer (is it on its alternate stack?).
 const SIGALTSTACK_NUMBER: u64 = 131;
 
-/// Non-zero when some thread may have a signal to take: the system-call path then leaves
+/// Says whether some thread may have a signal to take: the system-call path then leaves
 /// through the full trap path (`SIGNAL_CHECK_VECTOR`), which delivers it. One compare on the
-/// way out of every call; set and cleared by `crate::signal`.
-#[no_mangle]
-static SIGNAL_CHECK_REQUESTED: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(0);
-
+/// way out of every call; set and cleared by `crate::signal`. The word is
+/// `fastcall::DATA.signal_check`, which the ring-3 fast calls read too.
 pub fn request_signal_check(requested: bool) {
-    SIGNAL_CHECK_REQUESTED.store(requested as u32, core::sync::atomic::Ordering::Release);
+    super::fastcall::DATA.signal_check.store(requested as u32, core::sync::atomic::Ordering::Release);
 }
 
 pub fn signal_check_requested() -> bool {
-    SIGNAL_CHECK_REQUESTED.load(core::sync::atomic::Ordering::Acquire) != 0
+    super::fastcall::DATA.signal_check.load(core::sync::atomic::Ordering::Acquire) != 0
 }
 
 /// The RFLAGS bits user code may set: CF, PF, AF, ZF, SF, TF, DF, OF, AC, ID.
@@ -116,7 +106,7 @@ impl TrapFrame {
 global_asm!(
     r#"
     .text
-    .global exception_stubs, syscall_entry, ring3_syscall_page, run_ring3_stub, ring3_stub_failed, switch_kernel_stacks, trap_return, enter_user_frame, user_copy, user_copy_access, user_copy_access_end, user_copy_failed
+    .global exception_stubs, syscall_entry, run_ring3_stub, ring3_stub_failed, switch_kernel_stacks, trap_return, enter_user_frame, user_copy, user_copy_access, user_copy_access_end, user_copy_failed
     .balign 16
 exception_stubs:
     .irp vector, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
@@ -266,7 +256,7 @@ syscall_entry:
        keep (RCX and R11 are the SYSCALL return RIP and RFLAGS, restored from the frame).
        The calls that need every user register (clone copies them, rt_sigreturn replaces
        them, sigaltstack reads RSP) take the exception path with a full frame instead, and
-       so does the way out when a signal may be due (SIGNAL_CHECK_REQUESTED). */
+       so does the way out when a signal may be due (the signal-check word). */
 syscall_common:
     cmp $63, %rax
     ja 4f
@@ -299,7 +289,7 @@ syscall_common:
     pop %rdi
     mov (%rsp), %rcx
     mov 16(%rsp), %r11
-    cmpl $0, SIGNAL_CHECK_REQUESTED(%rip)
+    cmpl $0, {fast_data}+{signal_check}(%rip)
     jne 6f
     iretq
 6:  pushq $0                           /* a signal may be due: take the full trap path */
@@ -330,14 +320,6 @@ switch_kernel_stacks:
     pop %rbx
     pop %rbp
     ret
-
-    /* The page SYSCALL jumps to when it stays in ring 3: nothing but ud2. */
-    .section .text.ring3_syscall_page, "ax"
-    .balign 4096
-ring3_syscall_page:
-    ud2
-    .balign 4096
-    .text
 
     /* user_copy(dst, src, len) -> 0, or 1 if a user page faulted: the page-fault handler
        moves a RIP in [user_copy_access, user_copy_access_end) to user_copy_failed.
@@ -373,6 +355,8 @@ user_copy_failed:
     signal_check_vector = const SIGNAL_CHECK_VECTOR,
     tick_vector = const super::apic::TICK_VECTOR,
     syscall_vector = const SYSCALL_VECTOR,
+    fast_data = sym super::fastcall::DATA,
+    signal_check = const core::mem::offset_of!(super::fastcall::FastData, signal_check),
     options(att_syntax)
 );
 
@@ -380,7 +364,6 @@ extern "C" {
     static exception_stubs: u8;
     static syscall_entry: u8;
     static tick_interrupt: u8;
-    static ring3_syscall_page: u8;
     static user_copy_access: u8;
     static user_copy_access_end: u8;
     static user_copy_failed: u8;
@@ -496,6 +479,11 @@ pub fn switch_context(cpu: usize, from: usize, to: usize, to_stack_top: u64) {
 
 #[no_mangle]
 extern "C" fn lwk_trap_entry(frame: &mut TrapFrame) {
+    // An exception the ring-3 fast-call code raised is the kernel path's to answer: the frame
+    // now stands at its ud2.
+    if super::fastcall::abort_interrupted(frame) {
+        return;
+    }
     crate::trap::handle(frame);
 }
 

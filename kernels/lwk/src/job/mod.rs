@@ -54,7 +54,8 @@ pub struct Process {
 
 /// The live processes by pid (a process leaves the table when its last thread ends).
 static PROCESSES: SpinLock<BTreeMap<u64, Process>> = SpinLock::new(BTreeMap::new());
-static JOB_START_NS: AtomicU64 = AtomicU64::new(0);
+/// Kept in the fast calls' data page, which computes the job's CPU time from it too.
+static JOB_START_NS: &AtomicU64 = &crate::arch::fastcall::DATA.job_start_ns;
 static VERBOSE: AtomicBool = AtomicBool::new(false);
 /// The job's heap size (0: none given) and stack size, for images `execve` loads.
 static HEAP_OPTION: AtomicU64 = AtomicU64::new(0);
@@ -423,16 +424,18 @@ pub fn load(module: Option<&Module>, options: &JobOptions) -> Result<TrapFrame, 
     Ok(image.entry)
 }
 
-/// Maps the page SYSCALL lands on when it stays in ring 3 (see `arch::trap`): read-only,
-/// executable, at the top of the job's address space.
+/// Maps the pages SYSCALL lands on when it stays in ring 3 (see `arch::fastcall`) at the top
+/// of the job's address space: the code (read-only, executable), the data the kernel keeps
+/// (read-only) and a scratch page of the process's own (writable).
 pub fn map_ring3_syscall_page() {
     with_process(|process| map_ring3_syscall_page_into(&mut process.memory.aspace)).expect("no memory to map the system-call page");
 }
 
 pub fn map_ring3_syscall_page_into(aspace: &mut AddressSpace) -> Result<(), crate::arch::paging::OutOfMemory> {
-    use crate::arch::trap::{ring3_syscall_page_physical, RING3_SYSCALL_PAGE};
-    let executable = Protection { write: false, execute: true };
-    aspace.map(RING3_SYSCALL_PAGE, ring3_syscall_page_physical(), PAGE_SIZE, executable)
+    use crate::arch::fastcall::{code_page_physical, data_page_physical, DATA_PAGE, RING3_SYSCALL_PAGE, SCRATCH_PAGE};
+    aspace.map(RING3_SYSCALL_PAGE, code_page_physical(), PAGE_SIZE, Protection { write: false, execute: true })?;
+    aspace.map(DATA_PAGE, data_page_physical(), PAGE_SIZE, Protection { write: false, execute: false })?;
+    aspace.map_own_page(SCRATCH_PAGE, READ_WRITE)
 }
 
 /// Maps the ring-3 XSAVE stub page (`arch::fpu`, when the kernel switches vector state

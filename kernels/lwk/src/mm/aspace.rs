@@ -11,7 +11,8 @@ pub struct AddressSpace {
     /// Never reused (unlike the root's physical page): a CPU compares it with the address
     /// space it has loaded to know whether CR3 must be written.
     id: u64,
-    /// Every table page linked into these tables, the root included.
+    /// Every table page linked into these tables, the root included, and the pages of its
+    /// own `map_own_page` mapped: all go back with the tables.
     owned: Vec<u64>,
     /// Bumped by every map and unmap: what was read from the tables (XPMEM's resolved runs)
     /// still holds while this has not moved.
@@ -96,6 +97,14 @@ impl AddressSpace {
         self.tables.map(virtual_address, physical, len, protection, &mut OwnedTables { owned: &mut self.owned })
     }
 
+    /// Maps a fresh, zeroed page that belongs to this address space (the fast calls' scratch
+    /// page, `arch::fastcall`) at `virtual_address`; it is freed with the tables.
+    pub fn map_own_page(&mut self, virtual_address: u64, protection: Protection) -> Result<(), OutOfMemory> {
+        let page = pmem::allocate_pages(1).ok_or(OutOfMemory)?;
+        self.owned.push(page);
+        self.map(virtual_address, page, crate::arch::paging::PAGE_SIZE, protection)
+    }
+
     pub fn unmap(&mut self, virtual_address: u64, len: u64) -> Result<(), OutOfMemory> {
         count_mapping_change();
         self.changes += 1;
@@ -123,7 +132,8 @@ impl AddressSpace {
         self.tables.drop_suspended(start, end, &mut OwnedTables { owned: &mut self.owned });
     }
 
-    /// Frees the page tables (not the memory they map). No CPU may have them loaded.
+    /// Frees the page tables (not the memory they map, but for `map_own_page`'s). No CPU may
+    /// have them loaded.
     pub fn free(self) {
         count_mapping_change();
         for table in self.owned {

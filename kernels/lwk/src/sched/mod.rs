@@ -106,8 +106,9 @@ struct Scheduler {
 }
 
 static SCHEDULER: SpinLock<Option<Scheduler>> = SpinLock::new(None);
-/// Each CPU's run-queue length, for its idle loop to poll without taking the lock.
-static QUEUED: [AtomicUsize; MAX_CPUS] = [const { AtomicUsize::new(0) }; MAX_CPUS];
+/// Each CPU's run-queue length, for its idle loop to poll without taking the lock, and for
+/// sched_yield in ring 3 (kept in the fast calls' data page, `arch::fastcall`).
+static QUEUED: &[AtomicUsize; MAX_CPUS] = &crate::arch::fastcall::DATA.queued;
 /// Each CPU's running process (the pid of its current or last thread).
 static CURRENT_PID: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 /// Each CPU's loaded address space (`AddressSpace` id; 0: the kernel's tables).
@@ -237,10 +238,11 @@ pub fn init_main_thread(aspace: (u64, u64)) {
     cpus[0].current = Some(job::PID);
     *SCHEDULER.lock() = Some(Scheduler { threads, cpus, next_tid: job::PID + 1, free_slots: (1..MAX_THREADS).rev().collect() });
     ONLINE_CPUS.store(1, Ordering::Release);
-    for queued in &QUEUED {
+    for queued in QUEUED {
         queued.store(0, Ordering::Release);
     }
     CURRENT_PID[0].store(job::PID, Ordering::Relaxed);
+    crate::arch::fastcall::job_started(job::PID);
     LOADED_ASPACE[0].store(aspace.0, Ordering::Release);
     fpu::start_first_thread(0, 0);
     DOOMED_THREADS.store(0, Ordering::Release);

@@ -95,6 +95,7 @@ fn drop_address_space(cpu: usize) {
 fn enter_thread(scheduler: &mut Scheduler, cpu: usize, next: u64) -> (usize, u64, u64, Option<(u64, u64)>) {
     flush_tlb_if_stale();
     scheduler.cpus[cpu].current = Some(next);
+    crate::arch::fastcall::thread_entered(cpu, next);
     let quantum_end = cpu::read_tsc() + clock::tsc_hz() * QUANTUM_MS / 1000;
     QUANTUM_END[cpu].store(quantum_end, Ordering::Relaxed);
     let thread = &scheduler.threads[&next];
@@ -116,6 +117,9 @@ fn enter_thread(scheduler: &mut Scheduler, cpu: usize, next: u64) -> (usize, u64
 /// `cpu` now runs process `pid`, in `load` if it must load that address space.
 fn settle_process(cpu: usize, pid: u64, load: Option<(u64, u64)>) {
     CURRENT_PID[cpu].store(pid, Ordering::Relaxed);
+    if !crate::arch::fastcall::runs_process(cpu, pid) {
+        crate::process::publish_running(cpu, pid);
+    }
     if let Some(aspace) = load {
         crate::arch::paging::activate_root(aspace.1);
         LOADED_ASPACE[cpu].store(aspace.0, Ordering::Release);
