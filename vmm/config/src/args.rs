@@ -37,6 +37,10 @@ Runs one KVM virtual machine. Flags override the values in --config FILE.
   -h, --help         print this help
 
 Every flag also accepts --flag=VALUE.
+
+Environment:
+  CLOWDER_LOG        which diagnostics are printed: error, warn, info (the default), debug or
+                     trace, and NAME=LEVEL for one part (clowder-vmm=debug)
 ";
 
 /// Flags taking a value, each with an example for the \"needs a value\" error.
