@@ -222,7 +222,7 @@ pub fn abort_interrupted(frame: &mut TrapFrame) -> bool {
     let entries = entries_offset()..entries_offset() + MAX_CPUS as u64 * ENTRY_SIZE;
     // At an entry's first instruction nothing has changed yet; after it RSP has; from
     // `fast_saved` on, the other registers may have too (each was saved before it changed).
-    let at_entry = entries.contains(&offset) && (offset - entries.start) % ENTRY_SIZE == 0;
+    let at_entry = entries.contains(&offset) && (offset - entries.start).is_multiple_of(ENTRY_SIZE);
     if !at_entry {
         let mut words = [0u64; slot::WORDS];
         // SAFETY: a `u64` array is writable as bytes of eight times its length.
