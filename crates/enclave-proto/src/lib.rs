@@ -83,10 +83,15 @@
 //! | 10 | `Unlink` | cstr path | 0 |
 //! | 11 | `Mkdir` | cstr path, u32 mode | 0 |
 //! | 12 | `Ftruncate` | u32 handle, u64 length | 0 |
+//! | 13 | `Getdents` | u32 handle, u64 gpa, u32 len | bytes of Linux `linux_dirent64` records written |
 //!
 //! Paths are relative to the job's working directory or absolute under it; the host refuses
 //! anything else (`..` leaving it, other absolute paths, symbolic links out of it) with
 //! `-EACCES`, and unknown handles with `-EBADF`.
+//!
+//! Whatever the job's directory, [`SYSTEM_PATHS`] (the dynamic loader's cache, interpreter and
+//! libraries) are served too, read-only (`-EROFS` for anything that would change them), with
+//! the job's user's rights: a dynamically linked program starts anywhere.
 //!
 //! # XEMEM on the channel (`Xemem`)
 //!
@@ -271,6 +276,10 @@ pub enum Stream {
     Stderr = 2,
 }
 
+/// The host's files every job may read, whatever its directory: these files and everything
+/// under these directories (absolute paths without `.` or `..` components).
+pub const SYSTEM_PATHS: &[&str] = &["/etc/ld.so.cache", "/lib", "/lib64", "/usr/lib", "/usr/lib64"];
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FileOp<'a> {
     Open { path: &'a [u8], flags: u32, mode: u32 },
@@ -285,6 +294,8 @@ pub enum FileOp<'a> {
     Unlink { path: &'a [u8] },
     Mkdir { path: &'a [u8], mode: u32 },
     Ftruncate { handle: u32, length: u64 },
+    /// The next entries of an open directory, as Linux's `getdents64` writes them.
+    Getdents { handle: u32, gpa: u64, len: u32 },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -499,6 +510,7 @@ impl<'a> FileOp<'a> {
             FileOp::Unlink { .. } => 10,
             FileOp::Mkdir { .. } => 11,
             FileOp::Ftruncate { .. } => 12,
+            FileOp::Getdents { .. } => 13,
         }
     }
 
@@ -511,7 +523,7 @@ impl<'a> FileOp<'a> {
                 w.u32(mode)
             }
             FileOp::Close { handle } | FileOp::Fstat { handle } => w.u32(handle),
-            FileOp::Read { handle, gpa, len } | FileOp::Write { handle, gpa, len } => {
+            FileOp::Read { handle, gpa, len } | FileOp::Write { handle, gpa, len } | FileOp::Getdents { handle, gpa, len } => {
                 w.u32(handle)?;
                 w.u64(gpa)?;
                 w.u32(len)
@@ -553,6 +565,7 @@ impl<'a> FileOp<'a> {
             10 => FileOp::Unlink { path: r.name("path")? },
             11 => FileOp::Mkdir { path: r.name("path")?, mode: r.u32("mode")? },
             12 => FileOp::Ftruncate { handle: r.u32("handle")?, length: r.u64("length")? },
+            13 => FileOp::Getdents { handle: r.u32("handle")?, gpa: r.u64("gpa")?, len: r.u32("len")? },
             other => return Err(DecodeError::UnknownFileOp(other)),
         })
     }

@@ -4,6 +4,7 @@
 //! descriptor limit and randomness. What rustix lacks is in [`fs_identity`], the one place
 //! with unsafe code. Each wrapper returns owned descriptors or `io::Result`.
 
+mod dirents;
 mod fs_identity;
 mod seqpacket;
 
@@ -15,6 +16,7 @@ use std::time::Duration;
 use rustix::event::{EventfdFlags, PollFd, PollFlags};
 use rustix::fs::{AtFlags, MemfdFlags, Mode, OFlags, ResolveFlags};
 
+pub use dirents::read_directory;
 pub use fs_identity::FsIdentity;
 pub use seqpacket::{accept, connect, listen, peer, receive, send, set_receive_timeout, Peer, MAX_FDS};
 

@@ -304,6 +304,15 @@ impl JobFiles {
                 self.handle(handle)?.set_len(length).map_err(errno_of)?;
                 Ok(Answer::Value(0))
             }
+            FileOp::Getdents { handle, gpa, len } => {
+                if len > MAX_TRANSFER {
+                    return Err(libc::EINVAL);
+                }
+                ram.check(gpa, len as u64).map_err(|_| libc::EFAULT)?;
+                let entries = sys::read_directory(self.handle(handle)?, len as usize).map_err(errno_of)?;
+                ram.write(gpa, &entries).map_err(|_| libc::EFAULT)?;
+                Ok(Answer::Value(entries.len() as i64))
+            }
         }
     }
 }
