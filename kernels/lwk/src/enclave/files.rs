@@ -1,6 +1,7 @@
 //! The job's file calls on the host's files: a path that is not in the job's in-memory file
-//! system and lies under its working directory (relative, or absolute under it) is opened on
-//! the host with a `FileRequest`, and the descriptor names the host's handle from then on.
+//! system (relative to its working directory, or absolute) is opened on the host with a
+//! `FileRequest`, and the descriptor names the host's handle from then on. The host decides
+//! what the job may reach: what its user may, or, confined, what lies beneath one directory.
 //! The calling thread waits for the answer. Data moves without a copy in the enclave: the
 //! request names the guest-physical run under the job's buffer (its memory is contiguous, so
 //! a buffer is one run, or a few where it crosses mappings), and the host reads or writes the
@@ -10,7 +11,6 @@
 //! read-only pages mapped from the region the host shared, an XEMEM attachment), which the
 //! host does not take as buffers, go through a per-CPU bounce buffer instead.
 
-use super::rules::is_forwarded;
 use super::{follow_up, with_state, FileAnswer};
 use crate::arch::phys;
 use crate::arch::tables::{self, MAX_CPUS};
@@ -21,9 +21,9 @@ use alloc::string::String;
 use core::sync::atomic::{AtomicU64, Ordering};
 use enclave_proto::{EnclaveMessage, FileAttributes, FileOp};
 
-/// Bytes one forwarded read or write moves at most (a longer write is several requests):
-/// bounds the host's work per message (it allows 16 MiB).
-pub const MAX_TRANSFER: u64 = 4 << 20;
+/// Bytes one forwarded request moves at most (a longer read or write is several requests):
+/// bounds the host's work per message (it allows 256 MiB).
+pub const MAX_TRANSFER: u64 = 64 << 20;
 /// Bytes one request moves at most through the bounce buffer.
 const BOUNCE_SIZE: u64 = 64 * 1024;
 const EFAULT: i64 = 14;
@@ -118,8 +118,10 @@ fn user_run(buffer: u64, len: u64, host_writes: bool) -> Option<Run> {
     })
 }
 
+/// Whether `path` (not the job's own: the caller looked there first) goes to the host: any
+/// path while an enclave job runs. The host, not this kernel, decides what the job may reach.
 pub fn is_host_path(path: &str) -> bool {
-    job_cwd().is_some_and(|cwd| is_forwarded(path, &cwd))
+    !path.is_empty() && super::is_active() && with_state(|state| state.job.is_some())
 }
 
 /// Opens a host path (`is_host_path`): the new descriptor, or a negated errno.
@@ -166,66 +168,59 @@ pub fn close(handle: u32) -> i64 {
     result_of(request(FileOp::Close { handle }))
 }
 
-/// `read`, or `pread64` when `offset` is given: one request, into the buffer's first run (a
-/// short read past it, as Linux may give).
+/// `read`, or `pread64` when `offset` is given (the file's own offset stays): the whole
+/// buffer, a request per run, stopping at a short read (the end of the file), as Linux reads a
+/// regular file.
 pub fn read(handle: u32, buffer: u64, len: u64, offset: Option<u64>) -> i64 {
-    if len == 0 {
-        return 0;
-    }
-    let op = |gpa, len| match offset {
-        Some(offset) => FileOp::Pread { handle, gpa, len, offset },
-        None => FileOp::Read { handle, gpa, len },
-    };
-    match user_run(buffer, len, true) {
-        None => -EFAULT,
-        Some(Run::Ram { gpa, len }) => result_of(request(op(gpa, len as u32))),
-        Some(Run::Elsewhere { len }) => {
-            let Some(bounce) = bounce() else { return -ENOMEM };
-            let count = result_of(request(op(bounce, len as u32)));
-            if count > 0 && copy_to_user(buffer, phys::bytes(bounce, count.min(len as i64) as usize)).is_err() {
-                return -EFAULT;
-            }
-            count
-        }
-    }
+    transfer_runs(buffer, len, true, |gpa, chunk, done| match offset {
+        Some(offset) => FileOp::Pread { handle, gpa, len: chunk, offset: offset + done },
+        None => FileOp::Read { handle, gpa, len: chunk },
+    })
 }
 
 /// `write`: the whole buffer, a request per run, stopping at a short write.
 pub fn write(handle: u32, buffer: u64, len: u64) -> i64 {
-    write_runs(buffer, len, |gpa, chunk, _| FileOp::Write { handle, gpa, len: chunk })
+    transfer_runs(buffer, len, false, |gpa, chunk, _| FileOp::Write { handle, gpa, len: chunk })
 }
 
 /// `pwrite64`: like `write`, at `offset` (the file's own offset stays).
 pub fn write_at(handle: u32, buffer: u64, len: u64, offset: u64) -> i64 {
-    write_runs(buffer, len, |gpa, chunk, written| FileOp::Pwrite { handle, gpa, len: chunk, offset: offset + written })
+    transfer_runs(buffer, len, false, |gpa, chunk, written| FileOp::Pwrite { handle, gpa, len: chunk, offset: offset + written })
 }
 
-/// Sends `op(gpa, length, bytes written so far)` for each run of the buffer; the count
-/// written, or the first error if nothing was.
-fn write_runs(buffer: u64, len: u64, op: impl Fn(u64, u32, u64) -> FileOp<'static>) -> i64 {
-    let mut written = 0u64;
-    while written < len {
-        let (gpa, chunk) = match user_run(buffer + written, len - written, false) {
-            Some(Run::Ram { gpa, len }) => (gpa, len),
+/// Sends `op(gpa, length, bytes moved so far)` for each run of the buffer (the host writes
+/// into it when `host_writes`); the count moved, or the first error if nothing was. Runs
+/// outside RAM go through this CPU's bounce buffer.
+fn transfer_runs(buffer: u64, len: u64, host_writes: bool, op: impl Fn(u64, u32, u64) -> FileOp<'static>) -> i64 {
+    let mut done = 0u64;
+    let partial = |done: u64, error: i64| if done == 0 { error } else { done as i64 };
+    while done < len {
+        let address = buffer + done;
+        let (gpa, chunk, bounced) = match user_run(address, len - done, host_writes) {
+            Some(Run::Ram { gpa, len }) => (gpa, len, false),
             Some(Run::Elsewhere { len }) => {
-                let Some(bounce) = bounce() else { return if written == 0 { -ENOMEM } else { written as i64 } };
-                if copy_from_user(phys::bytes_mut(bounce, len as usize), buffer + written).is_err() {
-                    return if written == 0 { -EFAULT } else { written as i64 };
+                let Some(bounce) = bounce() else { return partial(done, -ENOMEM) };
+                if !host_writes && copy_from_user(phys::bytes_mut(bounce, len as usize), address).is_err() {
+                    return partial(done, -EFAULT);
                 }
-                (bounce, len)
+                (bounce, len, true)
             }
-            None => return if written == 0 { -EFAULT } else { written as i64 },
+            None => return partial(done, -EFAULT),
         };
-        let count = result_of(request(op(gpa, chunk as u32, written)));
+        let count = result_of(request(op(gpa, chunk as u32, done)));
         if count < 0 {
-            return if written == 0 { count } else { written as i64 };
+            return partial(done, count);
         }
-        written += count as u64;
-        if (count as u64) < chunk {
+        let count = (count as u64).min(chunk);
+        if bounced && host_writes && count > 0 && copy_to_user(address, phys::bytes(gpa, count as usize)).is_err() {
+            return partial(done, -EFAULT);
+        }
+        done += count;
+        if count < chunk {
             break;
         }
     }
-    written as i64
+    done as i64
 }
 
 pub fn truncate(handle: u32, length: u64) -> i64 {

@@ -1,23 +1,7 @@
-//! The enclave's decisions that need no machine: which paths go to the host, how the channel
-//! is described on the command line, how output is cut into messages. Plain `core` code with
+//! The enclave's decisions that need no machine: how the channel is described on the command
+//! line, how output is cut into messages. Plain `core` code with
 //! no crate dependencies, so that `test.sh` compiles this file alone as a host test program
 //! (`rustc --test`): the kernel itself cannot run `cargo test`.
-
-/// Which paths the host serves: relative ones (to the job's working directory) and absolute
-/// ones under `cwd`; everything else is the job's in-memory file system.
-pub fn is_forwarded(path: &str, cwd: &str) -> bool {
-    if path.is_empty() {
-        return false;
-    }
-    if !path.starts_with('/') {
-        return true;
-    }
-    let cwd = cwd.trim_end_matches('/');
-    match path.strip_prefix(cwd) {
-        Some(rest) => rest.is_empty() || rest.starts_with('/') || cwd.is_empty(),
-        None => false,
-    }
-}
 
 /// A hexadecimal number as the VMM writes them (`0x` optional).
 pub fn parse_hex(text: &str) -> Option<u64> {
@@ -49,25 +33,6 @@ pub fn status_for_signal(signal: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn relative_paths_and_paths_under_the_working_directory_are_forwarded() {
-        assert!(is_forwarded("out.txt", "/home/user/run"));
-        assert!(is_forwarded("sub/out.txt", "/home/user/run"));
-        assert!(is_forwarded("../escape", "/home/user/run"), "the host refuses it, not the kernel");
-        assert!(is_forwarded("/home/user/run/out.txt", "/home/user/run"));
-        assert!(is_forwarded("/home/user/run/out.txt", "/home/user/run/"));
-        assert!(is_forwarded("/home/user/run", "/home/user/run"));
-        assert!(is_forwarded("/anything", "/"), "a job started in / forwards every absolute path");
-    }
-
-    #[test]
-    fn other_absolute_paths_stay_in_the_enclave() {
-        assert!(!is_forwarded("/etc/passwd", "/home/user/run"));
-        assert!(!is_forwarded("/home/user/runner/x", "/home/user/run"), "a prefix is not a parent");
-        assert!(!is_forwarded("/proc/self/exe", "/home/user/run"));
-        assert!(!is_forwarded("", "/home/user/run"));
-    }
 
     #[test]
     fn channel_regions_parse_as_the_vmm_writes_them() {

@@ -53,15 +53,12 @@ fn open_in_job(directory: Fd, address: UserAddr, flags: i32) -> SyscallResult {
     job::with_process(|process| process.descriptors.insert_flagged(descriptor, flags & O_CLOEXEC != 0)).map(u64::from).ok_or(EMFILE)
 }
 
-/// In a persistent enclave, a path the job's file system lacks, relative to the working
-/// directory or absolute under it, is the host's: returns it as the job wrote it (the host
-/// resolves it in the job's working directory), `None` when the path is the enclave's own.
+/// In a persistent enclave, a path the job's file system lacks (relative to the working
+/// directory, or absolute) is the host's: returns it as the job wrote it (the host resolves it
+/// from the job's working directory), `None` when the path is the enclave's own. The path is
+/// read from the job once: each byte read is emulated kernel work on PVM.
 pub fn host_path(directory: Fd, address: UserAddr) -> Option<Result<String, Errno>> {
-    // The kernel's own device, never the host's.
-    if path::resolve(directory, address).is_ok_and(|path| path == crate::xpmem::DEVICE_PATH) {
-        return None;
-    }
-    if !crate::enclave::is_active() || path::resolve(directory, address).and_then(|path| path::lookup(&path)).is_ok() {
+    if !crate::enclave::is_active() {
         return None;
     }
     let raw = match user::read_path(address) {
@@ -70,6 +67,10 @@ pub fn host_path(directory: Fd, address: UserAddr) -> Option<Result<String, Errn
     };
     // Relative to another directory descriptor: those are the job's own (in memory).
     if !raw.starts_with('/') && directory != AT_FDCWD {
+        return None;
+    }
+    // The kernel's own device and the job's own files, never the host's.
+    if path::resolve_text(directory, &raw).is_ok_and(|path| path == crate::xpmem::DEVICE_PATH || path::lookup(&path).is_ok()) {
         return None;
     }
     files::is_host_path(&raw).then_some(Ok(raw))

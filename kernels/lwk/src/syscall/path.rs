@@ -13,7 +13,11 @@ const WORKING_DIRECTORY: &str = "/";
 
 /// The absolute path named by `address` relative to `directory_descriptor`.
 pub fn resolve(directory_descriptor: Fd, address: UserAddr) -> Result<String, Errno> {
-    let path = user::read_path(address)?;
+    resolve_text(directory_descriptor, &user::read_path(address)?)
+}
+
+/// [`resolve`] of a path already read from the job.
+pub fn resolve_text(directory_descriptor: Fd, path: &str) -> Result<String, Errno> {
     let base = if path.starts_with('/') || directory_descriptor == AT_FDCWD {
         String::from(WORKING_DIRECTORY)
     } else {
@@ -23,7 +27,7 @@ pub fn resolve(directory_descriptor: Fd, address: UserAddr) -> Result<String, Er
             None => Err(Errno::EBADF),
         })?
     };
-    fs::normalize(&base, &path).ok_or(Errno::ENOENT)
+    fs::normalize(&base, path).ok_or(Errno::ENOENT)
 }
 
 pub fn lookup(path: &str) -> Result<Node, Errno> {
