@@ -178,13 +178,7 @@ mod tests {
             ("0-99999999", Err(TooLarge(99999999))),
             ("99999999999999999999999", Err(TooLarge(usize::MAX))),
         ];
-        for (text, expected) in table {
-            let parsed = parse_cpu_list(text).map_err(|error| {
-                assert_eq!(error.text, *text, "the error keeps the text as given");
-                error.problem
-            });
-            assert_eq!(parsed, *expected, "parse_cpu_list({text:?})");
-        }
+        crate::check_parse_table("parse_cpu_list", parse_cpu_list, |error| (error.text, error.problem), table);
     }
 
     #[test]

@@ -158,13 +158,7 @@ mod tests {
             ("18446744073709551616", Err(TooLarge)),
             ("99999999999999999999999", Err(TooLarge)),
         ];
-        for (text, expected) in table {
-            let parsed = parse_size(text).map_err(|error| {
-                assert_eq!(error.text, *text, "the error keeps the text as given");
-                error.problem
-            });
-            assert_eq!(parsed, *expected, "parse_size({text:?})");
-        }
+        crate::check_parse_table("parse_size", parse_size, |error| (error.text, error.problem), table);
     }
 
     #[test]
