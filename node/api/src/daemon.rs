@@ -86,6 +86,10 @@ pub struct Create {
     /// A group (name or gid) whose members may use and remove the enclave too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share_group: Option<String>,
+    /// Send [`JobEvent::Progress`] lines while the enclave's memory is populated. Off unless
+    /// asked for, so that a client which knows no events reads the reply as its first line.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub progress: bool,
     /// An absolute host directory: every job of the enclave may name only files beneath it
     /// (and must start there). Without it a job may open whatever its user may.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -300,7 +304,8 @@ pub enum Stream {
     Stderr,
 }
 
-/// The lines a `run` sends before its reply (they have `event` and no `ok`).
+/// The lines a `run`, or a `create` with `progress`, sends before its reply (they have `event`
+/// and no `ok`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum JobEvent {
@@ -325,6 +330,9 @@ pub enum JobEvent {
     },
     /// A line of a one-shot enclave's kernel.
     Log { text: String },
+    /// How far populating the enclave's memory got (`create` with `progress: true`): sent about
+    /// once a second while it takes more than a second, `done_mib` rising to `total_mib`.
+    Progress { done_mib: u64, total_mib: u64, elapsed_ms: u64 },
 }
 
 impl JobEvent {
@@ -395,6 +403,7 @@ mod tests {
             mem: Size::Text("1G".into()),
             hugepages: true,
             share_group: Some("sim-users".into()),
+            progress: true,
             confine: Some("/scratch/sim".into()),
         };
         let run = Run {
@@ -466,6 +475,18 @@ mod tests {
         assert!(error(r#"{"op":"rm"}"#).contains("missing field `name`"));
         assert!(error(r#"{"op":"ls","all":true}"#).contains("unknown field `all`"));
         assert!(error(r#"{"op":"version","x":1}"#).contains("`version`"));
+    }
+
+    #[test]
+    fn progress_is_asked_for_and_comes_as_an_event() {
+        // An older client's create (no `progress`) is still valid and asks for none.
+        let Request::Create(old) = Request::parse(br#"{"op":"create","name":"sim","mem":"1G"}"#).unwrap() else { panic!() };
+        assert!(!old.progress);
+        assert!(!serde_json::to_string(&Request::Create(old)).unwrap().contains("progress"));
+        let event = JobEvent::Progress { done_mib: 512, total_mib: 2048, elapsed_ms: 1200 };
+        let line = serde_json::to_value(&event).unwrap();
+        assert_eq!(line, serde_json::json!({"event": "progress", "done_mib": 512, "total_mib": 2048, "elapsed_ms": 1200}));
+        assert_eq!(serde_json::from_value::<JobEvent>(line).unwrap(), event);
     }
 
     #[test]

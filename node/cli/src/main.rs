@@ -1,14 +1,17 @@
 //! `clowder`: the command line for clowder enclaves and jobs. It talks to `clowderd` over its
 //! socket (`CLOWDER_SOCKET` or /run/clowder/clowderd.sock) through `clowder-api` alone.
 
+mod progress;
 mod run;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use clowder_api::client::{CallError, Client};
 use clowder_api::daemon::{
-    Cores, Create, CreateReply, EnclaveInfo, EnclaveKind, LogsReply, LsReply, Named, Request, RmReply, Size, VersionReply, XememLsReply,
+    Cores, Create, CreateReply, EnclaveInfo, EnclaveKind, JobEvent, LogsReply, LsReply, Named, Request, RmReply, Size, VersionReply,
+    XememLsReply,
 };
 use clowder_api::size::readable_size;
 use clowder_api::API_VERSION;
@@ -252,13 +255,18 @@ pub fn size(text: String) -> Size {
 
 /// Sends `request` and returns its typed reply; with `--json` every line is printed as it came.
 fn call<R: DeserializeOwned>(request: &Request, json_output: bool) -> Result<R, Failure> {
+    call_with_events(request, json_output, &mut |_| {})
+}
+
+/// [`call`], handing the events before the reply to `on_event`.
+fn call_with_events<R: DeserializeOwned>(request: &Request, json_output: bool, on_event: &mut dyn FnMut(JobEvent)) -> Result<R, Failure> {
     let mut client = Client::connect().map_err(Failure)?;
     let mut on_raw = |line: &Value| {
         if json_output {
             print_json(line);
         }
     };
-    Ok(client.request_streaming(request, &[], &mut |_| {}, &mut on_raw)?)
+    Ok(client.request_streaming(request, &[], on_event, &mut on_raw)?)
 }
 
 fn enclave_command(command: EnclaveCommand, json: bool) -> Result<(), Failure> {
@@ -274,8 +282,19 @@ fn enclave_command(command: EnclaveCommand, json: bool) -> Result<(), Failure> {
                 hugepages: args.hugepages,
                 share_group: args.share_group,
                 confine: args.confine.as_deref().map(absolute_directory).transpose()?,
+                // JSON output is the daemon's lines alone: it asks for none.
+                progress: !json,
             });
-            let reply: CreateReply = call(&request, json)?;
+            let stderr = std::io::stderr();
+            let terminal = stderr.is_terminal();
+            let mut line = progress::ProgressLine::new(stderr, terminal);
+            let reply = call_with_events(&request, json, &mut |event| {
+                if let JobEvent::Progress { done_mib, total_mib, elapsed_ms } = event {
+                    line.show(done_mib, total_mib, elapsed_ms);
+                }
+            });
+            line.finish();
+            let reply: CreateReply = reply?;
             if !json {
                 say!("created enclave {}", reply.enclave.name);
                 print_table(&ENCLAVE_HEADER, &[enclave_row(&reply.enclave)]);

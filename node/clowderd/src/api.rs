@@ -20,6 +20,8 @@ pub struct CreateRequest {
     pub hugepages: bool,
     /// A group (name or gid) whose members may use and remove the enclave too.
     pub share_group: Option<String>,
+    /// The client asked for progress events while the memory is populated.
+    pub progress: bool,
     /// An absolute directory every job of the enclave is confined to.
     pub confine: Option<String>,
 }
@@ -100,6 +102,7 @@ pub fn check_create(request: Create) -> Result<CreateRequest, ApiError> {
         memory: size("mem", request.mem)?,
         hugepages: request.hugepages,
         share_group: request.share_group,
+        progress: request.progress,
         confine: request.confine.map(|dir| absolute_directory("create", dir)).transpose()?,
     })
 }
@@ -171,7 +174,7 @@ mod tests {
             panic!()
         };
         let expected =
-            CreateRequest { name: "sim".into(), cores: CoreRequest::Count(2), memory: 1 << 30, hugepages: true, share_group: None, confine: None };
+            CreateRequest { name: "sim".into(), cores: CoreRequest::Count(2), memory: 1 << 30, hugepages: true, share_group: None, progress: false, confine: None };
         assert_eq!(check_create(create).unwrap(), expected);
         let Ok(Request::Run(run)) = Request::parse(br#"{"op":"run","argv":["hello","x"],"cwd":"/tmp","cores":"1","mem":268435456}"#) else {
             panic!()

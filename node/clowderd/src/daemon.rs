@@ -20,7 +20,7 @@ use crate::cores::{choose_cores, format_cpu_list, usable_cores, CoreRequest};
 use crate::cpuset::Cpusets;
 use crate::enclave::{Enclave, JobEvent, JobFile, JobSpec, Liveness};
 use crate::hio::{Identity, Scope};
-use crate::machine::{Launcher, MachineSpec};
+use crate::machine::{Launcher, MachineSpec, Populated};
 use crate::memory::{check_request, format_size, HostMemory};
 use crate::oneshot::{kernel_command_line, OneShot, RunEvent};
 use crate::owner::{self, Owner};
@@ -179,7 +179,7 @@ impl Daemon {
             Request::Version => {
                 return ok_reply(&VersionReply { daemon_version: env!("CARGO_PKG_VERSION").into(), api_version: API_VERSION })
             }
-            Request::Create(create) => check_create(create).map(|create| self.create(create, peer)),
+            Request::Create(create) => check_create(create).map(|create| self.create(create, peer, events)),
             Request::Ls => Ok(self.list(peer)),
             Request::Rm(named) => Ok(self.remove(&named.name, peer)),
             Request::Logs(named) => Ok(self.logs(&named.name, peer)),
@@ -234,7 +234,7 @@ impl Daemon {
         self.state.lock().unwrap().taken_cores().into_keys().collect()
     }
 
-    fn create(self: &Arc<Self>, request: CreateRequest, peer: &Peer) -> Value {
+    fn create(self: &Arc<Self>, request: CreateRequest, peer: &Peer, events: &mut dyn EventSink) -> Value {
         let name = request.name.clone();
         let share_gid = match request.share_group.as_deref().map(|group| owner::share_group(group, peer)).transpose() {
             Ok(gid) => gid,
@@ -247,7 +247,20 @@ impl Daemon {
         };
         let spec = MachineSpec { name: name.clone(), cores: cores.clone(), memory: request.memory, hugepages: request.hugepages };
         let log = Arc::new(LogBook::new(2000));
-        let (enclave, receiver) = match Enclave::start(spec, self.launcher.as_ref(), self.config.liveness, log.clone()) {
+        // Progress goes to a client that asked for it, until a send fails: the enclave starts
+        // all the same, and the reply finds out whether the client is still there.
+        let mut relay = request.progress;
+        let mut progress = |populated: Populated| {
+            if relay {
+                let event = ApiJobEvent::Progress {
+                    done_mib: populated.done_mib,
+                    total_mib: populated.total_mib,
+                    elapsed_ms: populated.elapsed_ms,
+                };
+                relay = events.send(&event).is_ok();
+            }
+        };
+        let (enclave, receiver) = match Enclave::start(spec, self.launcher.as_ref(), self.config.liveness, log.clone(), &mut progress) {
             Ok(started) => started,
             Err(e) => {
                 let mut state = self.state.lock().unwrap();

@@ -16,7 +16,7 @@ use crate::console::LogBook;
 use crate::guest_ram::GuestRam;
 use crate::hio::{Identity, JobFiles, Scope};
 use crate::link::{self, Received, Receiver, Sender};
-use crate::machine::{Launcher, Machine, MachineSpec, RegionAccess, SharedRegion};
+use crate::machine::{Launcher, Machine, MachineSpec, Populated, RegionAccess, SharedRegion};
 use crate::sys;
 use crate::xemem::{GuestRegions, XememLinks, XememPort};
 
@@ -118,14 +118,16 @@ fn page_align(length: u64) -> u64 {
 
 impl Enclave {
     /// Starts the machine, attaches to its channel and waits for the kernel's `Hello`. Returns
-    /// the enclave and the receiving end, which [`Enclave::pump`] consumes.
+    /// the enclave and the receiving end, which [`Enclave::pump`] consumes. `progress` hears how
+    /// far populating the machine's memory got.
     pub fn start(
         spec: MachineSpec,
         launcher: &dyn Launcher,
         liveness: Liveness,
         log: Arc<LogBook>,
+        progress: &mut dyn FnMut(Populated),
     ) -> Result<(Arc<Enclave>, Receiver), String> {
-        let mut machine = launcher.launch(&spec, log.clone())?;
+        let mut machine = launcher.launch_reporting(&spec, log.clone(), progress)?;
         let fail = |machine: &mut Box<dyn Machine>, why: String| {
             let ended = machine.shut_down(Duration::from_secs(1));
             format!("{why} ({ended}){}", log_excerpt(&log))

@@ -73,6 +73,35 @@ pub trait Machine: Send {
 pub trait Launcher: Send + Sync {
     /// Starts a machine; its console and diagnostics go to `log`.
     fn launch(&self, spec: &MachineSpec, log: Arc<LogBook>) -> Result<Box<dyn Machine>, String>;
+
+    /// [`Launcher::launch`], telling `progress` how far populating the machine's memory got
+    /// while that takes long. Machines that report nothing need not override it.
+    fn launch_reporting(
+        &self,
+        spec: &MachineSpec,
+        log: Arc<LogBook>,
+        _progress: &mut dyn FnMut(Populated),
+    ) -> Result<Box<dyn Machine>, String> {
+        self.launch(spec, log)
+    }
+}
+
+/// One of the VMM's reports of guest RAM populated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Populated {
+    pub done_mib: u64,
+    pub total_mib: u64,
+    pub elapsed_ms: u64,
+}
+
+impl Populated {
+    /// Reads a report as the VMM words it after [`POPULATE_PROGRESS`]: `N of M MiB in T s`.
+    pub fn parse(report: &str) -> Option<Populated> {
+        let (done, rest) = report.split_once(" of ")?;
+        let (total, rest) = rest.split_once(" MiB in ")?;
+        let seconds: f64 = rest.strip_suffix(" s")?.parse().ok()?;
+        Some(Populated { done_mib: done.parse().ok()?, total_mib: total.parse().ok()?, elapsed_ms: (seconds * 1000.0).round() as u64 })
+    }
 }
 
 /// What a `clowder-vmm` exit status means (its README's table, plus the LWK's panic status).
@@ -200,9 +229,18 @@ fn follow_console(source: impl std::io::Read + Send + 'static, log: Arc<LogBook>
 
 impl Launcher for VmmLauncher {
     fn launch(&self, spec: &MachineSpec, log: Arc<LogBook>) -> Result<Box<dyn Machine>, String> {
+        self.launch_reporting(spec, log, &mut |_| {})
+    }
+
+    fn launch_reporting(
+        &self,
+        spec: &MachineSpec,
+        log: Arc<LogBook>,
+        progress: &mut dyn FnMut(Populated),
+    ) -> Result<Box<dyn Machine>, String> {
         let control_path = self.runtime_dir.join(format!("{}.vmm.sock", spec.name));
         log.push(format!("clowderd: starting clowder-vmm for enclave {}", spec.name));
-        start_vmm(vmm_command(&self.vmm, &self.kernel, spec), control_path, log)
+        start_vmm_reporting(vmm_command(&self.vmm, &self.kernel, spec), control_path, log, progress)
     }
 }
 
@@ -210,7 +248,17 @@ impl Launcher for VmmLauncher {
 /// console into `log`, and connects to the control socket. A large machine takes a while to
 /// populate its RAM: the VMM is given time while it reports progress ([`startup_deadline`]),
 /// and the daemon's log says how far it got.
-pub fn start_vmm(mut command: Command, control_path: PathBuf, log: Arc<LogBook>) -> Result<Box<dyn Machine>, String> {
+pub fn start_vmm(command: Command, control_path: PathBuf, log: Arc<LogBook>) -> Result<Box<dyn Machine>, String> {
+    start_vmm_reporting(command, control_path, log, &mut |_| {})
+}
+
+/// [`start_vmm`], handing each of the VMM's reports of populated RAM to `progress` too.
+pub fn start_vmm_reporting(
+    mut command: Command,
+    control_path: PathBuf,
+    log: Arc<LogBook>,
+    progress_to: &mut dyn FnMut(Populated),
+) -> Result<Box<dyn Machine>, String> {
     let _ = std::fs::remove_file(&control_path);
     let memory = memory_of(&command);
     command.arg("--control").arg(&control_path).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -232,6 +280,9 @@ pub fn start_vmm(mut command: Command, control_path: PathBuf, log: Arc<LogBook>)
         if let Some((at, report)) = last.as_ref().filter(|(at, _)| reported != Some(*at)) {
             log::info!("clowder-vmm {} ({}): guest RAM populated: {report}", child.id(), format_size(memory));
             reported = Some(*at);
+            if let Some(populated) = Populated::parse(report) {
+                progress_to(populated);
+            }
         }
         if Instant::now() > startup_deadline(started, memory, reported) {
             let _ = child.kill();
@@ -337,6 +388,16 @@ mod tests {
         // Progress early changes nothing; progress late keeps the VMM alive as long as it goes on.
         assert_eq!(secs(startup_deadline(start, 1 << 30, Some(start + Duration::from_secs(5)))), 20);
         assert_eq!(secs(startup_deadline(start, 1 << 30, Some(start + Duration::from_secs(300)))), 310);
+    }
+
+    #[test]
+    fn the_vmms_progress_reports_are_read() {
+        let report = format!("{POPULATE_PROGRESS}1024 of 4096 MiB in 2.5 s");
+        let populated = Populated::parse(report.strip_prefix(POPULATE_PROGRESS).unwrap());
+        assert_eq!(populated, Some(Populated { done_mib: 1024, total_mib: 4096, elapsed_ms: 2500 }));
+        for garbled in ["", "1024 of 4096", "x of 4096 MiB in 1 s", "1 of 2 MiB in soon s"] {
+            assert_eq!(Populated::parse(garbled), None, "{garbled}");
+        }
     }
 
     #[test]
