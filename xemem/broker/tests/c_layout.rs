@@ -49,10 +49,22 @@ fn c_view() -> CView {
     view
 }
 
+/// `("OP_X", wire::OP_X)` for each operation named: C names its operations as the wire module
+/// does.
+macro_rules! operations {
+    ($($op:ident),*) => {
+        [$((stringify!($op), u64::from(wire::$op))),*]
+    };
+}
+
 #[test]
 fn constants_match() {
     let c = c_view();
-    let expected: &[(&str, u64)] = &[
+    let operations = operations!(
+        OP_HELLO, OP_SERVE, OP_MAKE, OP_REMOVE, OP_GET, OP_RELEASE, OP_ATTACH, OP_DETACH, OP_LOOKUP, OP_SIGNAL, OP_FETCH, OP_NOTIFY,
+        OP_REVOKE
+    );
+    let constants = [
         ("WIRE_MAGIC", wire::MAGIC.into()),
         ("WIRE_VERSION", wire::VERSION.into()),
         ("WIRE_HOLE", wire::HOLE.into()),
@@ -62,24 +74,12 @@ fn constants_match() {
         ("WIRE_GET_REVOKED_BY_MESSAGE", wire::GET_REVOKED_BY_MESSAGE),
         ("WIRE_REASON_WHOLE_PAGES_ONLY", xemem::Error::WholePagesOnly.code().into()),
         ("XEMEM_NAME_MAX", xemem::wire::MAX_NAME_LEN as u64),
-        ("OP_HELLO", wire::OP_HELLO.into()),
-        ("OP_SERVE", wire::OP_SERVE.into()),
-        ("OP_MAKE", wire::OP_MAKE.into()),
-        ("OP_REMOVE", wire::OP_REMOVE.into()),
-        ("OP_GET", wire::OP_GET.into()),
-        ("OP_RELEASE", wire::OP_RELEASE.into()),
-        ("OP_ATTACH", wire::OP_ATTACH.into()),
-        ("OP_DETACH", wire::OP_DETACH.into()),
-        ("OP_LOOKUP", wire::OP_LOOKUP.into()),
-        ("OP_SIGNAL", wire::OP_SIGNAL.into()),
-        ("OP_FETCH", wire::OP_FETCH.into()),
-        ("OP_NOTIFY", wire::OP_NOTIFY.into()),
-        ("OP_REVOKE", wire::OP_REVOKE.into()),
         ("offsetof(struct wire_request, name)", wire::HEADER_LEN as u64),
         ("sizeof(struct wire_answer)", wire::HEADER_LEN as u64),
         ("sizeof(struct wire_run)", wire::RUN_LEN as u64),
     ];
-    for (name, value) in expected {
+    let expected: Vec<(&str, u64)> = constants.into_iter().chain(operations).collect();
+    for (name, value) in &expected {
         assert_eq!(c.values.get(*name), Some(value), "C's {name} differs from the Rust definition");
     }
     assert_eq!(c.values.len(), expected.len(), "wire_layout.c prints a value this test does not check");
