@@ -19,6 +19,7 @@ mod console;
 mod enclave;
 mod fs;
 mod job;
+mod linux;
 mod machine;
 mod mm;
 mod sched;

@@ -21,13 +21,6 @@ use alloc::collections::BTreeMap;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-const ECHILD: Errno = Errno(10);
-const ESRCH: Errno = Errno(3);
-const EACCES: Errno = Errno(13);
-const ENOEXEC: Errno = Errno(8);
-/// A bad ELF interpreter (Linux's answer when a program's PT_INTERP file is not loadable).
-const ELIBBAD: Errno = Errno(80);
-const E2BIG: Errno = Errno(7);
 pub const SIGCHLD: u8 = 17;
 const SIGSEGV: u8 = 11;
 
@@ -97,7 +90,7 @@ pub fn publish_running(cpu: usize, pid: u64) {
 /// `getpgid`/`getsid`: the group or session of `pid` (0: the caller).
 pub fn group_of(pid: u64) -> Result<(u64, u64), Errno> {
     let pid = if pid == 0 { sched::current_pid() } else { pid };
-    FAMILY.lock().get(&pid).map(|member| (member.group, member.session)).ok_or(ESRCH)
+    FAMILY.lock().get(&pid).map(|member| (member.group, member.session)).ok_or(Errno::ESRCH)
 }
 
 /// `setpgid(pid, group)`: the caller or one of its children joins group `group` (0: its own
@@ -107,10 +100,10 @@ pub fn set_group(pid: u64, group: u64) -> Result<(), Errno> {
     let pid = if pid == 0 { caller } else { pid };
     let group = if group == 0 { pid } else { group };
     let mut family = FAMILY.lock();
-    let session = family.get(&caller).map(|member| member.session).ok_or(ESRCH)?;
-    let member = family.get(&pid).ok_or(ESRCH)?;
+    let session = family.get(&caller).map(|member| member.session).ok_or(Errno::ESRCH)?;
+    let member = family.get(&pid).ok_or(Errno::ESRCH)?;
     if pid != caller && member.parent != caller {
-        return Err(ESRCH);
+        return Err(Errno::ESRCH);
     }
     if member.session != session || member.session == pid {
         return Err(Errno::EPERM);
@@ -131,7 +124,7 @@ pub fn new_session() -> Result<u64, Errno> {
     if family.iter().any(|(_, member)| member.group == caller) {
         return Err(Errno::EPERM);
     }
-    let member = family.get_mut(&caller).ok_or(ESRCH)?;
+    let member = family.get_mut(&caller).ok_or(Errno::ESRCH)?;
     member.group = caller;
     member.session = caller;
     Ok(caller)
@@ -251,7 +244,7 @@ fn read_string_array(address: UserAddr) -> Result<Vec<String>, Errno> {
             return Ok(strings);
         }
         if strings.len() == MAX_STRINGS {
-            return Err(E2BIG);
+            return Err(Errno::E2BIG);
         }
         strings.push(user::read_string(UserAddr(pointer))?);
     }
@@ -270,14 +263,15 @@ pub fn exec(frame: &mut TrapFrame, path: UserAddr, argv: UserAddr, envp: UserAdd
     let resolved = fs::normalize("/", &named).ok_or(Errno::ENOENT)?;
     let node = fs::lookup(&resolved).ok_or(Errno::ENOENT)?;
     if node.is_directory() {
-        return Err(EACCES);
+        return Err(Errno::EACCES);
     }
     let file = job::LoadFile { bytes: node.contents(), physical: node.physical };
     match job::check_program(file) {
         Ok(()) => {}
         Err(job::LoadError::MissingInterpreter(_)) => return Err(Errno::ENOENT),
-        Err(job::LoadError::BadInterpreter(..)) => return Err(ELIBBAD),
-        Err(_) => return Err(ENOEXEC),
+        // A bad ELF interpreter: Linux's answer when a PT_INTERP file is not loadable.
+        Err(job::LoadError::BadInterpreter(..)) => return Err(Errno::ELIBBAD),
+        Err(_) => return Err(Errno::ENOEXEC),
     }
     let pid = sched::current_pid();
     // The other threads end, each at its next return to user mode (this CPU lets those
@@ -312,9 +306,9 @@ pub fn exec(frame: &mut TrapFrame, path: UserAddr, argv: UserAddr, envp: UserAdd
         Err(error) => {
             crate::arch::paging::activate_root(old_aspace.1);
             return Err(match error {
-                job::LoadError::StackSetup => E2BIG,
+                job::LoadError::StackSetup => Errno::E2BIG,
                 job::LoadError::OverlapsStack => Errno::ENOMEM,
-                _ => ENOEXEC,
+                _ => Errno::ENOEXEC,
             });
         }
     };
@@ -501,7 +495,7 @@ pub fn wait_for_child(selector: Selector, no_hang: bool, keep: bool) -> Result<W
         let family = FAMILY.lock();
         let mut candidates = family.iter().filter(|&(&pid, member)| matches(pid, member)).peekable();
         if candidates.peek().is_none() {
-            return Err(ECHILD);
+            return Err(Errno::ECHILD);
         }
         Ok(candidates.find_map(|(&pid, member)| match member.life {
             Life::Zombie(status) => Some((pid, status)),

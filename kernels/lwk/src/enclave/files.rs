@@ -16,6 +16,7 @@ use crate::arch::phys;
 use crate::arch::tables::{self, MAX_CPUS};
 use crate::arch::trap::{copy_from_user, copy_to_user, USER_END};
 use crate::job::{self, descriptors::Descriptor};
+use crate::linux::Errno;
 use crate::mm::{self, pmem};
 use alloc::string::String;
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -26,9 +27,11 @@ use enclave_proto::{EnclaveMessage, FileAttributes, FileOp};
 pub const MAX_TRANSFER: u64 = 64 << 20;
 /// Bytes one request moves at most through the bounce buffer.
 const BOUNCE_SIZE: u64 = 64 * 1024;
-const EFAULT: i64 = 14;
-const ENOMEM: i64 = 12;
-const EMFILE: i64 = 24;
+// The errnos answered here, as the host's answers carry them (negated i64s).
+const EFAULT: i64 = Errno::EFAULT.0 as i64;
+const ENOMEM: i64 = Errno::ENOMEM.0 as i64;
+const EMFILE: i64 = Errno::EMFILE.0 as i64;
+const EIO: i64 = Errno::EIO.0 as i64;
 
 /// Each CPU's bounce buffer (physical address, 0 until first used). Per CPU and not locked:
 /// a thread waiting for the host keeps its CPU (it does not yield), and a lock would stay
@@ -76,7 +79,7 @@ fn result_of(answer: FileAnswer) -> i64 {
     match answer {
         FileAnswer::Result(result) => result,
         // Attributes answer only Fstat/Stat; anywhere else the host broke the protocol.
-        FileAnswer::Attributes(_) => -5, // EIO
+        FileAnswer::Attributes(_) => -EIO,
     }
 }
 
@@ -149,7 +152,7 @@ pub fn open(path: &str, flags: u32, mode: u32) -> i64 {
 pub fn stat_path(path: &str) -> Result<FileAttributes, i64> {
     match request(FileOp::Stat { path: path.as_bytes() }) {
         FileAnswer::Attributes(attributes) => Ok(attributes),
-        FileAnswer::Result(error) => Err(if error < 0 { error } else { -5 }),
+        FileAnswer::Result(error) => Err(if error < 0 { error } else { -EIO }),
     }
 }
 
@@ -243,31 +246,35 @@ pub fn seek(handle: u32, offset: i64, whence: u32) -> i64 {
 pub fn attributes(handle: u32) -> Result<FileAttributes, i64> {
     match request(FileOp::Fstat { handle }) {
         FileAnswer::Attributes(attributes) => Ok(attributes),
-        FileAnswer::Result(error) => Err(if error < 0 { error } else { -5 }),
+        FileAnswer::Result(error) => Err(if error < 0 { error } else { -EIO }),
     }
 }
 
-/// `struct stat` of x86-64 Linux as 18 words.
-pub fn stat_words(attributes: &FileAttributes) -> [u64; 18] {
-    let mut words = [0u64; 18];
-    words[1] = attributes.inode;
-    words[2] = attributes.links;
-    words[3] = attributes.mode as u64 | (attributes.uid as u64) << 32;
-    words[4] = attributes.gid as u64;
-    words[6] = attributes.size;
-    words[7] = attributes.block_size as u64;
-    words[8] = attributes.blocks;
-    for (index, time) in [attributes.accessed, attributes.modified, attributes.changed].iter().enumerate() {
-        words[9 + 2 * index] = time.seconds as u64;
-        words[10 + 2 * index] = time.nanoseconds as u64;
-    }
-    words
+/// The host's attributes as the job's `struct stat`.
+pub fn stat_record(attributes: &FileAttributes) -> [u8; core::mem::size_of::<crate::linux::stat>()] {
+    let (accessed, modified, changed) = (attributes.accessed, attributes.modified, attributes.changed);
+    crate::linux_struct!(crate::linux::stat {
+        st_ino: attributes.inode,
+        st_nlink: attributes.links,
+        st_mode: attributes.mode,
+        st_uid: attributes.uid,
+        st_gid: attributes.gid,
+        st_size: attributes.size as i64,
+        st_blksize: attributes.block_size as i64,
+        st_blocks: attributes.blocks as i64,
+        st_atime: accessed.seconds as u64,
+        st_atime_nsec: accessed.nanoseconds as u64,
+        st_mtime: modified.seconds as u64,
+        st_mtime_nsec: modified.nanoseconds as u64,
+        st_ctime: changed.seconds as u64,
+        st_ctime_nsec: changed.nanoseconds as u64,
+    })
 }
 
 /// A forwarded call's result as a system call's: negative values are negated errnos.
 pub fn to_syscall_result(value: i64) -> crate::syscall::SyscallResult {
     if value < 0 {
-        Err(crate::syscall::Errno(value.unsigned_abs()))
+        Err(Errno(value.unsigned_abs()))
     } else {
         Ok(value as u64)
     }

@@ -134,7 +134,7 @@ impl Epoll {
         let mut interests = self.interests.lock();
         interests.retain(Interest::is_open);
         if Self::find(&interests, fd, file).is_some() {
-            return Err(EEXIST);
+            return Err(Errno::EEXIST);
         }
         interests.push(Interest { fd, file: Arc::downgrade(file), watch, events: events | EPOLLERR | EPOLLHUP, data, reported: None });
         Ok(())
@@ -187,7 +187,7 @@ impl Epoll {
     /// `MAX_NESTS`. Runs under `NESTING`, so that no other addition changes the graph meanwhile.
     pub fn check_nesting(&self, target: &Epoll, depth: usize) -> Result<(), Errno> {
         if core::ptr::eq(self, target) || depth > MAX_NESTS {
-            return Err(ELOOP);
+            return Err(Errno::ELOOP);
         }
         let inner: Vec<Arc<Epoll>> = self
             .interests
@@ -242,5 +242,3 @@ const MAX_NESTS: usize = 4;
 pub static NESTING: SpinLock<()> = SpinLock::new(());
 
 const ENOENT: Errno = Errno::ENOENT;
-const EEXIST: Errno = Errno(17);
-const ELOOP: Errno = Errno(40);

@@ -14,7 +14,6 @@ use alloc::vec::Vec;
 /// Linux's default pipe capacity (16 pages); writes of at most `PIPE_BUF` bytes are atomic.
 const CAPACITY: usize = 64 * 1024;
 const PIPE_BUF: usize = 4096;
-const EPIPE: Errno = Errno(32);
 const SIGPIPE: u8 = 13;
 
 /// The bytes in flight live in a ring of `CAPACITY` bytes (allocated at the first write),
@@ -239,7 +238,7 @@ pub fn write_from(end: &PipeEnd, len: u64, non_blocking: bool, fill: impl Fn(u64
                     return Ok(written);
                 }
                 let _ = signal::send(Some(sched::current_tid()), SIGPIPE, signal::SI_USER);
-                return Err(EPIPE);
+                return Err(Errno::EPIPE);
             }
             CAPACITY - state.len
         };

@@ -5,7 +5,6 @@ use super::path::{self, AT_FDCWD};
 use super::{open, Errno, Fd, SyscallResult, UserAddr};
 
 const W_OK: i32 = 2;
-const EROFS: Errno = Errno(30);
 
 pub fn access(path: UserAddr, mode: i32) -> SyscallResult {
     faccessat(AT_FDCWD, path, mode)
@@ -22,7 +21,7 @@ pub fn faccessat(directory: Fd, address: UserAddr, mode: i32) -> SyscallResult {
     }
     path::lookup(&path::resolve(directory, address)?)?;
     if mode & W_OK != 0 {
-        return Err(EROFS);
+        return Err(Errno::EROFS);
     }
     Ok(0)
 }

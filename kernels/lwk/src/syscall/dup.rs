@@ -5,13 +5,12 @@ use super::{Errno, Fd, SyscallResult};
 use crate::job::{self, descriptors::DuplicateError};
 
 const O_CLOEXEC: i32 = 0o2000000;
-const EMFILE: Errno = Errno(24);
 
 /// Also `fcntl`'s F_DUPFD.
 pub fn duplicate_error(error: DuplicateError) -> Errno {
     match error {
         DuplicateError::NotOpen => Errno::EBADF,
-        DuplicateError::TableFull => EMFILE,
+        DuplicateError::TableFull => Errno::EMFILE,
     }
 }
 

@@ -30,16 +30,18 @@ use super::{user, Errno, Fd, SyscallResult, UserAddr};
 use crate::arch::trap::USER_END;
 use crate::clock;
 use crate::job::{self, descriptors::Descriptor, epoll};
+use crate::linux::epoll_event;
 use crate::signal::{self, Restart};
+use crate::{linux_field, linux_struct};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
+use core::mem::size_of;
 
 const EPOLL_CLOEXEC: i32 = 0o2000000;
-const EMFILE: Errno = Errno(24);
 const EPOLL_CTL_ADD: i32 = 1;
 const EPOLL_CTL_DEL: i32 = 2;
 const EPOLL_CTL_MOD: i32 = 3;
-const EVENT_SIZE: u64 = 12;
+const EVENT_SIZE: u64 = size_of::<epoll_event>() as u64;
 const MAX_EVENTS: u64 = i32::MAX as u64 / EVENT_SIZE;
 
 /// epoll_create(size): `epoll_create1(0)`; `size` is only checked (> 0, else EINVAL), as on
@@ -62,15 +64,18 @@ pub fn epoll_create1(flags: i32) -> SyscallResult {
 
 fn create(close_on_exec: bool) -> SyscallResult {
     let epoll = Arc::new(epoll::Epoll::new());
-    job::with_process(|process| process.descriptors.insert_flagged(Descriptor::Epoll(epoll), close_on_exec)).map(u64::from).ok_or(EMFILE)
+    job::with_process(|process| process.descriptors.insert_flagged(Descriptor::Epoll(epoll), close_on_exec))
+        .map(u64::from)
+        .ok_or(Errno::EMFILE)
 }
 
 /// epoll_ctl: see the module documentation.
 pub fn epoll_ctl(epfd: Fd, op: i32, fd: Fd, event: UserAddr) -> SyscallResult {
     let fd_number = fd.0 as u32;
     let (mut events, data) = if op != EPOLL_CTL_DEL {
-        let bytes = user::read_bytes(event, 12)?;
-        (u32::from_le_bytes(bytes[0..4].try_into().unwrap()), u64::from_le_bytes(bytes[4..12].try_into().unwrap()))
+        let mut bytes = [0u8; size_of::<epoll_event>()];
+        user::read_into(event, &mut bytes)?;
+        (linux_field!(&bytes, epoll_event, events), linux_field!(&bytes, epoll_event, data))
     } else {
         (0, 0)
     };
@@ -183,9 +188,8 @@ fn wait(epfd: Fd, events: UserAddr, max_events: i32, deadline: Option<u64>, inte
             continue;
         }
         let mut bytes = Vec::with_capacity(due.len() * EVENT_SIZE as usize);
-        for (events, data) in &due {
-            bytes.extend_from_slice(&events.to_le_bytes());
-            bytes.extend_from_slice(&data.to_le_bytes());
+        for &(events, data) in &due {
+            bytes.extend_from_slice(&linux_struct!(epoll_event { events: events, data: data }));
         }
         if !bytes.is_empty() {
             user::write_bytes(events, &bytes)?;

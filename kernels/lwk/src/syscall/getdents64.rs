@@ -5,8 +5,13 @@ use super::{user, Errno, Fd, SyscallResult, UserAddr};
 use crate::fs::{self, Node, S_IFDIR, S_IFMT};
 use crate::job::{self, descriptors::Descriptor};
 use alloc::string::String;
+use crate::linux::linux_dirent64;
+use crate::linux_struct;
 use alloc::vec::Vec;
+use core::mem::offset_of;
 
+/// Where a record's name starts (the fixed part's size before alignment).
+const NAME_AT: usize = offset_of!(linux_dirent64, d_name);
 const DT_DIR: u8 = 4;
 const DT_REG: u8 = 8;
 
@@ -24,17 +29,20 @@ pub fn getdents64(descriptor: Fd, buffer: UserAddr, capacity: usize) -> SyscallR
     let mut records: Vec<u8> = Vec::new();
     let mut next = position;
     for (name, entry) in entries.iter().skip(position) {
-        let length = (19 + name.len() + 1).next_multiple_of(8);
+        let length = (NAME_AT + name.len() + 1).next_multiple_of(8);
         if records.len() + length > capacity {
             break;
         }
         next += 1;
-        records.extend((entry.inode).to_le_bytes());
-        records.extend((next as u64).to_le_bytes()); // d_off: where the next read starts
-        records.extend((length as u16).to_le_bytes());
-        records.push(if entry.mode & S_IFMT == S_IFDIR { DT_DIR } else { DT_REG });
+        let header = linux_struct!(linux_dirent64 {
+            d_ino: entry.inode,
+            d_off: next as i64, // where the next read starts
+            d_reclen: length as u16,
+            d_type: if entry.mode & S_IFMT == S_IFDIR { DT_DIR } else { DT_REG },
+        });
+        records.extend_from_slice(&header[..NAME_AT]);
         records.extend(name.as_bytes());
-        records.resize(records.len() + length - 19 - name.len(), 0);
+        records.resize(records.len() + length - NAME_AT - name.len(), 0);
     }
     if next == position && position < entries.len() {
         return Err(Errno::EINVAL); // the buffer cannot hold one entry

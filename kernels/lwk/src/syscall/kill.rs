@@ -7,13 +7,11 @@ use super::{Errno, SyscallResult};
 use crate::signal::{self, SI_TKILL, SI_USER};
 use crate::{process, sched};
 
-const ESRCH: Errno = Errno(3);
-
 /// Sends `signal` to the calling process (`thread` None) or to one of its threads.
 fn send(thread: Option<u64>, signal: i32, code: i32) -> SyscallResult {
     match signal {
         0 => Ok(0),
-        1..=64 => signal::send(thread, signal as u8, code).map(|()| 0).map_err(|_| ESRCH),
+        1..=64 => signal::send(thread, signal as u8, code).map(|()| 0).map_err(|_| Errno::ESRCH),
         _ => Err(Errno::EINVAL),
     }
 }
@@ -26,7 +24,7 @@ pub fn kill(pid: i32, signal: i32) -> SyscallResult {
     }
     let targets = process::kill_targets(pid as i64);
     if targets.is_empty() {
-        return Err(ESRCH);
+        return Err(Errno::ESRCH);
     }
     let caller = sched::current_pid();
     // The caller last: a terminating signal to itself does not return.
@@ -55,7 +53,7 @@ pub fn tgkill(group: i32, tid: i32, signal: i32) -> SyscallResult {
         return Err(Errno::EINVAL);
     }
     if group as u64 != sched::current_pid() {
-        return Err(ESRCH);
+        return Err(Errno::ESRCH);
     }
     tkill(tid, signal)
 }

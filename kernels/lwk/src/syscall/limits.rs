@@ -2,7 +2,8 @@
 //! are accepted but change nothing, since memory is fixed at load.
 
 use super::{user, Errno, SyscallResult, UserAddr};
-use crate::{job, sched};
+use crate::linux::rlimit;
+use crate::{job, linux_struct, sched};
 
 const RLIMIT_DATA: u32 = 2;
 const RLIMIT_STACK: u32 = 3;
@@ -10,7 +11,6 @@ const RLIMIT_NOFILE: u32 = 7;
 const RLIMIT_AS: u32 = 9;
 const RLIM_INFINITY: u64 = u64::MAX;
 const RLIMIT_COUNT: u32 = 16;
-const ESRCH: Errno = Errno(3);
 
 /// The (soft, hard) limits of `resource`.
 fn limits_of(resource: u32) -> Result<(u64, u64), Errno> {
@@ -30,18 +30,18 @@ fn limits_of(resource: u32) -> Result<(u64, u64), Errno> {
 /// getrlimit(resource, rlim): as `prlimit64` on the job itself.
 pub fn getrlimit(resource: u32, limit: UserAddr) -> SyscallResult {
     let (current, maximum) = limits_of(resource)?;
-    user::write_words(limit, &[current, maximum])?;
+    user::write_bytes(limit, &linux_struct!(rlimit { rlim_cur: current, rlim_max: maximum }))?;
     Ok(0)
 }
 
 /// prlimit64(pid, resource, new, old): the caller only (pid 0 or its own), else ESRCH.
 pub fn prlimit64(pid: i32, resource: u32, _new_limit: UserAddr, old_limit: UserAddr) -> SyscallResult {
     if pid != 0 && pid as u64 != sched::current_pid() {
-        return Err(ESRCH);
+        return Err(Errno::ESRCH);
     }
     let (current, maximum) = limits_of(resource)?;
     if let Some(old_limit) = old_limit.non_null() {
-        user::write_words(old_limit, &[current, maximum])?;
+        user::write_bytes(old_limit, &linux_struct!(rlimit { rlim_cur: current, rlim_max: maximum }))?;
     }
     Ok(0)
 }

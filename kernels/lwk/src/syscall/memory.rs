@@ -20,7 +20,6 @@ const MAP_ANONYMOUS: u32 = 0x20;
 const MAP_FIXED_NOREPLACE: u32 = 0x10_0000;
 const MREMAP_MAYMOVE: u32 = 1;
 const MADV_DONTNEED: i32 = 4;
-const EACCES: Errno = Errno(13);
 
 fn memory_error(error: MemoryError) -> Errno {
     match error {
@@ -44,7 +43,7 @@ fn map_file(process: &mut Process, fd: Fd, len: u64, protection: u32, flags: u32
         None => return Err(Errno::EBADF),
     };
     if flags & MAP_SHARED != 0 && protection & PROT_WRITE != 0 {
-        return Err(EACCES); // the file is open read-only
+        return Err(Errno::EACCES); // the file is open read-only
     }
     let access = access_of(protection)?;
     let start = process.memory.map_anonymous(len, Some(READ_WRITE), fixed).map_err(memory_error)?;

@@ -5,9 +5,6 @@ use super::path::{self, AT_FDCWD};
 use super::{open, Errno, Fd, SyscallResult, UserAddr};
 use crate::enclave::files;
 
-const EEXIST: Errno = Errno(17);
-const EROFS: Errno = Errno(30);
-
 pub fn mkdir(path: UserAddr, mode: u32) -> SyscallResult {
     mkdirat(AT_FDCWD, path, mode)
 }
@@ -17,7 +14,7 @@ pub fn mkdirat(directory: Fd, address: UserAddr, mode: u32) -> SyscallResult {
         return files::to_syscall_result(files::make_directory(&host_path?, mode));
     }
     match path::lookup(&path::resolve(directory, address)?) {
-        Ok(_) => Err(EEXIST),
-        Err(_) => Err(EROFS),
+        Ok(_) => Err(Errno::EEXIST),
+        Err(_) => Err(Errno::EROFS),
     }
 }

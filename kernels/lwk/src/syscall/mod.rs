@@ -52,31 +52,9 @@ mod write;
 
 use crate::console::log;
 pub use crate::job::descriptors::Fd;
+pub use crate::linux::Errno;
 use core::sync::atomic::{AtomicU64, Ordering};
 pub use user::UserAddr;
-
-/// A Linux errno (positive); the caller sees `-errno` in RAX.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Errno(pub u64);
-
-impl Errno {
-    pub const EPERM: Errno = Errno(1);
-    pub const ENOENT: Errno = Errno(2);
-    pub const EINTR: Errno = Errno(4);
-    pub const EBADF: Errno = Errno(9);
-    pub const ENOMEM: Errno = Errno(12);
-    pub const EFAULT: Errno = Errno(14);
-    pub const ENODEV: Errno = Errno(19);
-    pub const EAGAIN: Errno = Errno(11);
-    pub const EINVAL: Errno = Errno(22);
-    pub const ETIMEDOUT: Errno = Errno(110);
-    pub const ENOTDIR: Errno = Errno(20);
-    pub const EISDIR: Errno = Errno(21);
-    pub const ENOTTY: Errno = Errno(25);
-    pub const ESPIPE: Errno = Errno(29);
-    pub const ERANGE: Errno = Errno(34);
-    pub const ENOSYS: Errno = Errno(38);
-}
 
 pub type SyscallResult = Result<u64, Errno>;
 

@@ -15,8 +15,6 @@ const O_ACCMODE: i32 = 3;
 const O_CREAT: i32 = 0o100;
 const O_DIRECTORY: i32 = 0o200000;
 const O_CLOEXEC: i32 = 0o2000000;
-const EROFS: Errno = Errno(30);
-const EMFILE: Errno = Errno(24);
 
 pub fn open(path: UserAddr, flags: i32, mode: u32) -> SyscallResult {
     openat(AT_FDCWD, path, flags, mode)
@@ -33,15 +31,15 @@ pub fn openat(directory: Fd, path: UserAddr, flags: i32, mode: u32) -> SyscallRe
 fn open_in_job(directory: Fd, address: UserAddr, flags: i32) -> SyscallResult {
     let path = path::resolve(directory, address)?;
     if path == crate::xpmem::DEVICE_PATH {
-        return job::with_process(|process| process.descriptors.insert(Descriptor::Xpmem)).map(u64::from).ok_or(EMFILE);
+        return job::with_process(|process| process.descriptors.insert(Descriptor::Xpmem)).map(u64::from).ok_or(Errno::EMFILE);
     }
     let node = match path::lookup(&path) {
         Ok(node) => node,
-        Err(_) if flags & O_CREAT != 0 => return Err(EROFS),
+        Err(_) if flags & O_CREAT != 0 => return Err(Errno::EROFS),
         Err(error) => return Err(error),
     };
     if flags & O_ACCMODE != 0 {
-        return Err(if node.is_directory() { Errno::EISDIR } else { EROFS });
+        return Err(if node.is_directory() { Errno::EISDIR } else { Errno::EROFS });
     }
     let descriptor = if node.is_directory() {
         Descriptor::Directory { path, node, position: 0 }
@@ -50,7 +48,7 @@ fn open_in_job(directory: Fd, address: UserAddr, flags: i32) -> SyscallResult {
     } else {
         Descriptor::File { node, offset: 0 }
     };
-    job::with_process(|process| process.descriptors.insert_flagged(descriptor, flags & O_CLOEXEC != 0)).map(u64::from).ok_or(EMFILE)
+    job::with_process(|process| process.descriptors.insert_flagged(descriptor, flags & O_CLOEXEC != 0)).map(u64::from).ok_or(Errno::EMFILE)
 }
 
 /// In a persistent enclave, a path the job's file system lacks (relative to the working
@@ -91,7 +89,7 @@ pub fn stat_on_host(directory: Fd, address: UserAddr, stat: UserAddr) -> Option<
         Err(errno) => return Some(Err(errno)),
     };
     Some(match files::stat_path(&path) {
-        Ok(attributes) => user::write_words(stat, &files::stat_words(&attributes)).map(|_| 0),
+        Ok(attributes) => user::write_bytes(stat, &files::stat_record(&attributes)).map(|_| 0),
         Err(error) => files::to_syscall_result(error),
     })
 }

@@ -6,7 +6,6 @@ use crate::job::{self, descriptors::Descriptor, pipe};
 
 const O_NONBLOCK: i32 = 0o4000;
 const O_CLOEXEC: i32 = 0o2000000;
-const EMFILE: Errno = Errno(24);
 
 pub fn pipe(fds: UserAddr) -> SyscallResult {
     pipe2(fds, 0)
@@ -28,7 +27,7 @@ pub fn pipe2(fds: UserAddr, flags: i32) -> SyscallResult {
             }
         }
     })
-    .ok_or(EMFILE)?;
+    .ok_or(Errno::EMFILE)?;
     if let Err(errno) = user::write_bytes(fds, &[read_fd.0.to_le_bytes(), write_fd.0.to_le_bytes()].concat()) {
         job::with_process(|process| {
             process.descriptors.remove(read_fd);

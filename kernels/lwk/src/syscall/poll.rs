@@ -22,11 +22,17 @@ use crate::job;
 use crate::job::descriptors::MAX_DESCRIPTORS;
 use crate::job::epoll::Watch;
 use crate::job::pipe::{POLLERR, POLLHUP};
+use crate::linux::pollfd;
+use crate::linux_field;
 use crate::sched::WaitResult;
 use crate::signal::{self, Restart};
 use alloc::vec::Vec;
+use core::mem::{offset_of, size_of};
 
 const POLLNVAL: u16 = 0x20;
+/// `struct pollfd`'s size and where its revents are.
+const ENTRY: usize = size_of::<pollfd>();
+const REVENTS: usize = offset_of!(pollfd, revents);
 /// A slice of a wait in a persistent enclave (see above).
 const CONNECTED_SLICE_NS: u64 = 100_000_000;
 
@@ -103,25 +109,25 @@ fn wait_for_events(fds: UserAddr, count: u32, deadline: Option<u64>, interrupted
     if count as usize > MAX_DESCRIPTORS {
         return Err(Errno::EINVAL);
     }
-    let mut entries = user::read_bytes(fds, count as usize * 8)?;
+    let mut entries = user::read_bytes(fds, count as usize * ENTRY)?;
     let watched: Vec<(Watched, u16)> = entries
-        .chunks_exact(8)
-        .map(|entry| (Watched::of(i32::from_le_bytes([entry[0], entry[1], entry[2], entry[3]])), u16::from_le_bytes([entry[4], entry[5]])))
+        .chunks_exact(ENTRY)
+        .map(|entry| (Watched::of(linux_field!(entry, pollfd, fd)), linux_field!(entry, pollfd, events)))
         .collect();
     let any_ready = || watched.iter().any(|(watched, requested)| reported(watched, *requested) != 0);
     if wait_until_ready(deadline, interrupted, any_ready).is_err() {
         // Linux writes the (empty) revents back before it leaves for the signal.
-        for entry in entries.chunks_exact_mut(8) {
-            entry[6..8].fill(0);
+        for entry in entries.chunks_exact_mut(ENTRY) {
+            entry[REVENTS..REVENTS + 2].fill(0);
         }
         drop(watched);
         user::write_bytes(fds, &entries)?;
         return Err(Restart::NoHandler.errno());
     }
     let mut ready = 0;
-    for (entry, (watched, requested)) in entries.chunks_exact_mut(8).zip(&watched) {
+    for (entry, (watched, requested)) in entries.chunks_exact_mut(ENTRY).zip(&watched) {
         let revents = reported(watched, *requested);
-        entry[6..8].copy_from_slice(&revents.to_le_bytes());
+        entry[REVENTS..REVENTS + 2].copy_from_slice(&revents.to_le_bytes());
         ready += (revents != 0) as u64;
     }
     user::write_bytes(fds, &entries)?;

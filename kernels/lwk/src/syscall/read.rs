@@ -8,9 +8,19 @@
 use super::{user, Errno, Fd, SyscallResult, UserAddr};
 use crate::enclave::files;
 use crate::job::{self, descriptors::Descriptor, pipe};
+use crate::linux::iovec;
+use crate::linux_field;
+use core::mem::size_of;
 
 /// Linux's UIO_MAXIOV: the most vectors one readv or writev takes.
 pub const IOV_MAX: i32 = 1024;
+
+/// Entry `index` of the `struct iovec` array at `vector`: its base and length.
+pub fn read_iovec(vector: UserAddr, index: u64) -> Result<(UserAddr, u64), Errno> {
+    let mut bytes = [0u8; size_of::<iovec>()];
+    user::read_into(vector + index * size_of::<iovec>() as u64, &mut bytes)?;
+    Ok((UserAddr(linux_field!(&bytes, iovec, iov_base)), linux_field!(&bytes, iovec, iov_len)))
+}
 
 /// Reads from descriptor `descriptor` at `at` (its own offset, advanced, when `None`).
 fn read_at(descriptor: Fd, buffer: UserAddr, len: u64, at: Option<u64>) -> SyscallResult {
@@ -73,8 +83,8 @@ pub fn readv(fd: Fd, vector: UserAddr, count: i32) -> SyscallResult {
     }
     let mut total = 0;
     for index in 0..count as u64 {
-        let [base, len] = user::read_words::<2>(vector + index * 16)?;
-        let got = read_at(fd, UserAddr(base), len, None)?;
+        let (base, len) = read_iovec(vector, index)?;
+        let got = read_at(fd, base, len, None)?;
         total += got;
         if got < len {
             break;

@@ -5,8 +5,6 @@ use super::{user, Errno, SyscallResult, UserAddr};
 use crate::arch::tables;
 use crate::sched::{self, AffinityError};
 
-const ESRCH: Errno = Errno(3);
-
 /// sched_yield(): the next runnable thread of the job runs, if there is one.
 pub fn sched_yield() -> SyscallResult {
     sched::yield_now();
@@ -26,7 +24,7 @@ pub fn sched_setaffinity(tid: i32, len: usize, mask: UserAddr) -> SyscallResult 
     word[..bytes.len()].copy_from_slice(&bytes);
     let tid = if tid == 0 { sched::current_tid() } else { tid as u64 };
     sched::set_affinity(tid, u64::from_le_bytes(word)).map(|_| 0).map_err(|error| match error {
-        AffinityError::NoSuchThread => ESRCH,
+        AffinityError::NoSuchThread => Errno::ESRCH,
         AffinityError::NoOnlineCpu => Errno::EINVAL,
     })
 }

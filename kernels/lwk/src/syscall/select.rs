@@ -22,9 +22,12 @@ use super::{user, Errno, Fd, SyscallResult, UserAddr};
 use crate::clock;
 use crate::job;
 use crate::job::epoll::{EPOLLERR, EPOLLHUP, EPOLLIN, EPOLLOUT, EPOLLPRI, EPOLLRDBAND, EPOLLRDNORM, EPOLLWRBAND, EPOLLWRNORM};
+use crate::linux::{timespec, timeval};
 use crate::signal::{self, Restart};
+use crate::{linux_field, linux_struct};
 use alloc::vec;
 use alloc::vec::Vec;
+use core::mem::size_of;
 
 /// Linux's `POLLIN_SET`, `POLLOUT_SET` and `POLLEX_SET`: what makes a descriptor readable,
 /// writable or exceptional.
@@ -120,20 +123,21 @@ fn write_time_left((address, format): (UserAddr, TimeFormat), deadline: Option<u
         return;
     }
     let left = deadline.saturating_sub(clock::monotonic_ns());
-    let (seconds, fraction) = (left / 1_000_000_000, left % 1_000_000_000);
-    let fraction = match format {
-        TimeFormat::Micro => fraction / 1000,
-        TimeFormat::Nano => fraction,
+    let (seconds, fraction) = ((left / 1_000_000_000) as i64, (left % 1_000_000_000) as i64);
+    let record = match format {
+        TimeFormat::Micro => linux_struct!(timeval { tv_sec: seconds, tv_usec: fraction / 1000 }),
+        TimeFormat::Nano => linux_struct!(timespec { tv_sec: seconds, tv_nsec: fraction }),
     };
-    let _ = user::write_words(address, &[seconds, fraction]);
+    let _ = user::write_bytes(address, &record);
 }
 
 pub fn select(nfds: i32, read: UserAddr, write: UserAddr, except: UserAddr, timeout: UserAddr) -> SyscallResult {
     let deadline = match timeout.non_null() {
         None => None,
         Some(address) => {
-            let [seconds, micros] = user::read_words::<2>(address)?;
-            let (seconds, micros) = (seconds as i64, micros as i64);
+            let mut bytes = [0u8; size_of::<timeval>()];
+            user::read_into(address, &mut bytes)?;
+            let (seconds, micros): (i64, i64) = (linux_field!(&bytes, timeval, tv_sec), linux_field!(&bytes, timeval, tv_usec));
             // Linux carries whole seconds out of the microseconds before it checks.
             let seconds = seconds.checked_add(micros / 1_000_000).ok_or(Errno::EINVAL)?;
             let nanos = (micros % 1_000_000) * 1000;

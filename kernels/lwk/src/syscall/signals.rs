@@ -6,8 +6,11 @@
 use super::time::deadline_after;
 use super::{user, Errno, SyscallResult, UserAddr};
 use crate::arch::trap::TrapFrame;
+use crate::linux::{kernel_sigaction, sigaltstack};
 use crate::sched;
 use crate::signal::{self, Action, AltStackError, AwaitError, Restart, SIGKILL, SIGSTOP};
+use crate::{linux_field, linux_struct};
+use core::mem::size_of;
 
 const SIG_BLOCK: i32 = 0;
 const SIG_UNBLOCK: i32 = 1;
@@ -24,7 +27,14 @@ pub fn rt_sigaction(signal: i32, action: UserAddr, old_action: UserAddr, set_siz
     let requested = match action.non_null() {
         None => None,
         Some(address) => {
-            let [handler, flags, restorer, mask] = user::read_words::<4>(address)?;
+            let mut bytes = [0u8; size_of::<kernel_sigaction>()];
+            user::read_into(address, &mut bytes)?;
+            let (handler, flags, restorer, mask) = (
+                linux_field!(&bytes, kernel_sigaction, sa_handler_kernel),
+                linux_field!(&bytes, kernel_sigaction, sa_flags),
+                linux_field!(&bytes, kernel_sigaction, sa_restorer),
+                linux_field!(&bytes, kernel_sigaction, sa_mask),
+            );
             if signal == SIGKILL || signal == SIGSTOP {
                 return Err(Errno::EINVAL);
             }
@@ -36,7 +46,13 @@ pub fn rt_sigaction(signal: i32, action: UserAddr, old_action: UserAddr, set_siz
         None => signal::action(signal),
     };
     if let Some(old_action) = old_action.non_null() {
-        user::write_words(old_action, &[old.handler, old.flags, old.restorer, old.mask])?;
+        let record = linux_struct!(kernel_sigaction {
+            sa_handler_kernel: old.handler,
+            sa_flags: old.flags,
+            sa_restorer: old.restorer,
+            sa_mask: old.mask,
+        });
+        user::write_bytes(old_action, &record)?;
     }
     Ok(0)
 }
@@ -120,8 +136,10 @@ pub fn sigaltstack(frame: &mut TrapFrame, stack: UserAddr, old_stack: UserAddr) 
     let new = match stack.non_null() {
         None => None,
         Some(address) => {
-            let [base, flags, size] = user::read_words::<3>(address)?;
-            Some((base, flags & 0xffff_ffff, size))
+            let mut bytes = [0u8; size_of::<sigaltstack>()];
+            user::read_into(address, &mut bytes)?;
+            let flags: u32 = linux_field!(&bytes, sigaltstack, ss_flags);
+            Some((linux_field!(&bytes, sigaltstack, ss_sp), flags as u64, linux_field!(&bytes, sigaltstack, ss_size)))
         }
     };
     let old = signal::alt_stack(new, frame.rsp).map_err(|error| match error {
@@ -130,7 +148,8 @@ pub fn sigaltstack(frame: &mut TrapFrame, stack: UserAddr, old_stack: UserAddr) 
         AltStackError::BadFlags => Errno::EINVAL,
     })?;
     if let Some(old_stack) = old_stack.non_null() {
-        user::write_words(old_stack, &[old.0, old.1, old.2])?;
+        let record = linux_struct!(sigaltstack { ss_sp: old.0, ss_flags: old.1 as u32, ss_size: old.2 });
+        user::write_bytes(old_stack, &record)?;
     }
     Ok(0)
 }

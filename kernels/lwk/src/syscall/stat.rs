@@ -9,24 +9,28 @@ use super::{open, user, Errno, Fd, SyscallResult, UserAddr};
 use crate::enclave::files;
 use crate::fs::Node;
 use crate::job::{self, descriptors::Descriptor};
+use crate::linux::stat;
+use crate::linux_struct;
 
-const S_IFIFO: u64 = 0o010000;
+const S_IFIFO: u32 = 0o010000;
+const BLOCK_SIZE: i64 = 4096;
 const AT_EMPTY_PATH: i32 = 0x1000;
 /// st_dev of the job's file system and of the console "pipe".
 const FILE_SYSTEM_DEVICE: u64 = 0x2a;
 const PIPE_DEVICE: u64 = 0xc;
 
-/// Writes a `struct stat` (144 bytes on x86-64) for `node`.
+/// Writes a `struct stat` for `node`.
 fn write_stat(address: UserAddr, node: &Node) -> SyscallResult {
-    let mut stat = [0u64; 18];
-    stat[0] = FILE_SYSTEM_DEVICE;
-    stat[1] = node.inode;
-    stat[2] = if node.is_directory() { 2 } else { 1 }; // st_nlink
-    stat[3] = node.mode as u64; // st_mode (32 bits), st_uid 0
-    stat[6] = node.len; // st_size
-    stat[7] = 4096; // st_blksize
-    stat[8] = node.len.div_ceil(512); // st_blocks
-    user::write_words(address, &stat)?;
+    let record = linux_struct!(stat {
+        st_dev: FILE_SYSTEM_DEVICE,
+        st_ino: node.inode,
+        st_nlink: if node.is_directory() { 2u64 } else { 1 },
+        st_mode: node.mode,
+        st_size: node.len as i64,
+        st_blksize: BLOCK_SIZE,
+        st_blocks: node.len.div_ceil(512) as i64,
+    });
+    user::write_bytes(address, &record)?;
     Ok(0)
 }
 
@@ -51,7 +55,7 @@ pub fn lstat(path: UserAddr, statbuf: UserAddr) -> SyscallResult {
 pub fn fstat(fd: Fd, statbuf: UserAddr) -> SyscallResult {
     if let Some(handle) = files::remote_handle(fd) {
         let attributes = files::attributes(handle).map_err(|error| Errno(error.unsigned_abs()))?;
-        user::write_words(statbuf, &files::stat_words(&attributes))?;
+        user::write_bytes(statbuf, &files::stat_record(&attributes))?;
         return Ok(0);
     }
     let node = job::with_process(|process| match process.descriptors.get(fd).as_deref_mut() {
@@ -65,13 +69,14 @@ pub fn fstat(fd: Fd, statbuf: UserAddr) -> SyscallResult {
     match node {
         Some(node) => write_stat(statbuf, &node),
         None => {
-            let mut stat = [0u64; 18];
-            stat[0] = PIPE_DEVICE;
-            stat[1] = u64::from(fd) + 1; // st_ino
-            stat[2] = 1; // st_nlink
-            stat[3] = S_IFIFO | 0o600; // st_mode, st_uid 0
-            stat[7] = 4096; // st_blksize
-            user::write_words(statbuf, &stat)?;
+            let record = linux_struct!(stat {
+                st_dev: PIPE_DEVICE,
+                st_ino: u64::from(fd) + 1,
+                st_nlink: 1u64,
+                st_mode: S_IFIFO | 0o600,
+                st_blksize: BLOCK_SIZE,
+            });
+            user::write_bytes(statbuf, &record)?;
             Ok(0)
         }
     }

@@ -5,8 +5,11 @@
 //! still). The time zone is UTC.
 
 use super::{user, Errno, SyscallResult, UserAddr};
+use crate::linux::{timespec, timeval};
 use crate::signal::Restart;
 use crate::{clock, sched};
+use crate::{linux_field, linux_struct};
+use core::mem::size_of;
 
 const CLOCK_REALTIME: i32 = 0;
 const CLOCK_REALTIME_COARSE: i32 = 5;
@@ -27,11 +30,13 @@ fn nanoseconds_of(clock: i32) -> Result<u64, Errno> {
 /// A `struct timespec` duration in nanoseconds (EINVAL for nanoseconds outside 0..10^9 or
 /// negative seconds, as Linux).
 pub fn read_duration(address: UserAddr) -> Result<u64, Errno> {
-    let [seconds, nanoseconds] = user::read_words::<2>(address)?;
-    if nanoseconds >= NANOS_PER_SECOND || (seconds as i64) < 0 {
+    let mut bytes = [0u8; size_of::<timespec>()];
+    user::read_into(address, &mut bytes)?;
+    let (seconds, nanoseconds): (i64, i64) = (linux_field!(&bytes, timespec, tv_sec), linux_field!(&bytes, timespec, tv_nsec));
+    if !(0..NANOS_PER_SECOND as i64).contains(&nanoseconds) || seconds < 0 {
         return Err(Errno::EINVAL);
     }
-    Ok(seconds.saturating_mul(NANOS_PER_SECOND).saturating_add(nanoseconds))
+    Ok((seconds as u64).saturating_mul(NANOS_PER_SECOND).saturating_add(nanoseconds as u64))
 }
 
 /// The monotonic deadline a relative `struct timespec` timeout sets (NULL: none).
@@ -44,7 +49,8 @@ pub fn deadline_after(timeout: UserAddr) -> Result<Option<u64>, Errno> {
 
 /// Writes `nanoseconds` as a `struct timespec`.
 fn write_timespec(address: UserAddr, nanoseconds: u64) -> Result<(), Errno> {
-    user::write_words(address, &[nanoseconds / NANOS_PER_SECOND, nanoseconds % NANOS_PER_SECOND])
+    let (seconds, nanoseconds) = ((nanoseconds / NANOS_PER_SECOND) as i64, (nanoseconds % NANOS_PER_SECOND) as i64);
+    user::write_bytes(address, &linux_struct!(timespec { tv_sec: seconds, tv_nsec: nanoseconds }))
 }
 
 /// Sleeps `duration` ns; if a signal ends the sleep first, writes the remaining time to
@@ -107,7 +113,8 @@ pub fn nanosleep(request: UserAddr, remaining: UserAddr) -> SyscallResult {
 pub fn gettimeofday(time: UserAddr, zone: UserAddr) -> SyscallResult {
     let nanoseconds = clock::realtime_ns();
     if let Some(time) = time.non_null() {
-        user::write_words(time, &[nanoseconds / NANOS_PER_SECOND, nanoseconds % NANOS_PER_SECOND / 1000])?;
+        let (seconds, micros) = ((nanoseconds / NANOS_PER_SECOND) as i64, (nanoseconds % NANOS_PER_SECOND / 1000) as i64);
+        user::write_bytes(time, &linux_struct!(timeval { tv_sec: seconds, tv_usec: micros }))?;
     }
     if let Some(zone) = zone.non_null() {
         user::write_bytes(zone, &[0; 8])?;

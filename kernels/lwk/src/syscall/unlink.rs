@@ -7,7 +7,6 @@ use super::{open, Errno, Fd, SyscallResult, UserAddr};
 use crate::enclave::files;
 
 const AT_REMOVEDIR: i32 = 0x200;
-const EROFS: Errno = Errno(30);
 
 pub fn unlink(path: UserAddr) -> SyscallResult {
     unlinkat(AT_FDCWD, path, 0)
@@ -24,5 +23,5 @@ pub fn unlinkat(directory: Fd, address: UserAddr, flags: i32) -> SyscallResult {
         return files::to_syscall_result(files::unlink(&host_path?));
     }
     path::lookup(&path::resolve(directory, address)?)?;
-    Err(EROFS)
+    Err(Errno::EROFS)
 }

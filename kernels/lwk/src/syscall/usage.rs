@@ -3,6 +3,8 @@
 //! there is no system time and no page fault (there is no paging); other fields are zero.
 
 use super::{user, Errno, SyscallResult, UserAddr};
+use crate::linux::{rusage, sysinfo, TMS_SIZE};
+use crate::linux_struct;
 use crate::mm::pmem;
 use crate::{clock, job, sched};
 
@@ -19,10 +21,8 @@ pub fn getrusage(who: i32, usage: UserAddr) -> SyscallResult {
         RUSAGE_CHILDREN => 0,
         _ => return Err(Errno::EINVAL),
     };
-    let mut fields = [0u64; 18]; // two timevals, then fourteen longs
-    fields[0] = run_time / 1_000_000_000;
-    fields[1] = run_time % 1_000_000_000 / 1000;
-    user::write_words(usage, &fields)?;
+    let (seconds, micros) = ((run_time / 1_000_000_000) as i64, (run_time % 1_000_000_000 / 1000) as i64);
+    user::write_bytes(usage, &linux_struct!(rusage { ru_utime.tv_sec: seconds, ru_utime.tv_usec: micros }))?;
     Ok(0)
 }
 
@@ -30,7 +30,10 @@ pub fn getrusage(who: i32, usage: UserAddr) -> SyscallResult {
 pub fn times(buffer: UserAddr) -> SyscallResult {
     let ticks = |nanoseconds: u64| nanoseconds / (1_000_000_000 / TICKS_PER_SECOND);
     if let Some(buffer) = buffer.non_null() {
-        user::write_words(buffer, &[ticks(job::run_time_ns()), 0, 0, 0])?;
+        // tms_utime, then the system and children's times (zero).
+        let mut tms = [0u8; TMS_SIZE];
+        tms[..8].copy_from_slice(&ticks(job::run_time_ns()).to_le_bytes());
+        user::write_bytes(buffer, &tms)?;
     }
     Ok(ticks(clock::monotonic_ns()))
 }
@@ -38,13 +41,13 @@ pub fn times(buffer: UserAddr) -> SyscallResult {
 /// sysinfo(info): uptime, no load, the enclave's memory (RAM the kernel manages, free = what
 /// is not reserved: the job's heap counts as used), its threads as processes.
 pub fn sysinfo(info: UserAddr) -> SyscallResult {
-    let mut fields = [0u8; 112];
-    let mut put = |offset: usize, bytes: &[u8]| fields[offset..offset + bytes.len()].copy_from_slice(bytes);
-    put(0, &(clock::monotonic_ns() / 1_000_000_000).to_le_bytes()); // uptime
-    put(32, &pmem::total_managed().to_le_bytes()); // totalram
-    put(40, &pmem::total_free().to_le_bytes()); // freeram
-    put(80, &(sched::thread_count() as u16).to_le_bytes()); // procs
-    put(104, &1u32.to_le_bytes()); // mem_unit
-    user::write_bytes(info, &fields)?;
+    let record = linux_struct!(sysinfo {
+        uptime: (clock::monotonic_ns() / 1_000_000_000) as i64,
+        totalram: pmem::total_managed(),
+        freeram: pmem::total_free(),
+        procs: sched::thread_count() as u16,
+        mem_unit: 1u32,
+    });
+    user::write_bytes(info, &record)?;
     Ok(0)
 }

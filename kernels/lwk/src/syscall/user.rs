@@ -82,7 +82,7 @@ pub fn read_string(address: UserAddr) -> Result<String, Errno> {
                 bytes.extend_from_slice(&chunk[..end]);
                 return String::from_utf8(bytes).map_err(|_| Errno::EINVAL);
             }
-            None if bytes.len() + chunk.len() > MAX_STRING => return Err(Errno(7)), // E2BIG
+            None if bytes.len() + chunk.len() > MAX_STRING => return Err(Errno::E2BIG),
             None => bytes.extend_from_slice(&chunk),
         }
     }
@@ -108,7 +108,7 @@ pub fn read_path(address: UserAddr) -> Result<String, Errno> {
             None => path.extend_from_slice(&piece[..len]),
         }
         if path.len() >= PATH_MAX {
-            return Err(Errno(36)); // ENAMETOOLONG
+            return Err(Errno::ENAMETOOLONG);
         }
     }
     String::from_utf8(path).map_err(|_| Errno::ENOENT)

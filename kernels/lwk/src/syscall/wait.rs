@@ -5,7 +5,9 @@
 //! Other options are EINVAL. The rusage is zeros.
 
 use super::{user, Errno, SyscallResult, UserAddr};
+use crate::linux::{rusage, siginfo};
 use crate::process::{self, Selector, Waited, SIGCHLD};
+use core::mem::size_of;
 
 const WNOHANG: u32 = 1;
 const WUNTRACED: u32 = 2;
@@ -19,8 +21,7 @@ const P_PID: u32 = 1;
 const P_PGID: u32 = 2;
 const CLD_EXITED: i32 = 1;
 const CLD_KILLED: i32 = 2;
-const SIGINFO_SIZE: usize = 128;
-const RUSAGE_SIZE: usize = 144;
+const RUSAGE_SIZE: usize = size_of::<rusage>();
 
 fn selector(pid: i32) -> Selector {
     match pid {
@@ -65,19 +66,19 @@ pub fn waitid(id_type: u32, id: i32, info: UserAddr, options: u32, rusage: UserA
         P_PGID => Selector::Group(id as u32 as u64),
         _ => return Err(Errno::EINVAL),
     };
-    let mut siginfo = [0u8; SIGINFO_SIZE];
+    let mut info_bytes = [0u8; siginfo::SIZE];
     if let Waited::Ended(child, status) = process::wait_for_child(selector, options & WNOHANG != 0, options & WNOWAIT != 0)? {
         let (code, value) = match status & 0x7f {
             0 => (CLD_EXITED, (status >> 8) & 0xff),
             signal => (CLD_KILLED, signal),
         };
-        siginfo[0..4].copy_from_slice(&(SIGCHLD as i32).to_le_bytes());
-        siginfo[8..12].copy_from_slice(&code.to_le_bytes());
-        siginfo[16..20].copy_from_slice(&(child as u32).to_le_bytes());
-        siginfo[24..28].copy_from_slice(&value.to_le_bytes());
+        info_bytes[siginfo::SIGNO..][..4].copy_from_slice(&(SIGCHLD as i32).to_le_bytes());
+        info_bytes[siginfo::CODE..][..4].copy_from_slice(&code.to_le_bytes());
+        info_bytes[siginfo::PID..][..4].copy_from_slice(&(child as u32).to_le_bytes());
+        info_bytes[siginfo::STATUS..][..4].copy_from_slice(&value.to_le_bytes());
     }
     if let Some(info) = info.non_null() {
-        user::write_bytes(info, &siginfo)?;
+        user::write_bytes(info, &info_bytes)?;
     }
     if let Some(rusage) = rusage.non_null() {
         user::write_bytes(rusage, &[0; RUSAGE_SIZE])?;

@@ -3,7 +3,7 @@
 //! write(fd, buf, count) to the console streams (0, 1, 2 unless closed) and pipes
 //! (`crate::job::pipe`); files are read-only (EBADF).
 
-use super::read::IOV_MAX;
+use super::read::{read_iovec, IOV_MAX};
 use super::{user, Errno, Fd, SyscallResult, UserAddr};
 use crate::console;
 use crate::enclave::{self, files};
@@ -76,14 +76,14 @@ pub fn writev(fd: Fd, vector: UserAddr, count: i32) -> SyscallResult {
         }
         let mut vectors = alloc::vec::Vec::new();
         for index in 0..count as u64 {
-            vectors.push(user::read_words::<2>(vector + index * 16)?);
+            vectors.push(read_iovec(vector, index)?);
         }
-        if vectors.iter().try_fold(0u64, |total, [_, len]| total.checked_add(*len)).is_some_and(|total| total <= GATHER_MAX) {
-            let total: u64 = vectors.iter().map(|[_, len]| len).sum();
+        if vectors.iter().try_fold(0u64, |total, (_, len)| total.checked_add(*len)).is_some_and(|total| total <= GATHER_MAX) {
+            let total: u64 = vectors.iter().map(|(_, len)| len).sum();
             let mut gathered = alloc::vec![0; total as usize];
             let mut at = 0;
-            for [base, len] in vectors {
-                user::read_into(UserAddr(base), &mut gathered[at..at + len as usize])?;
+            for (base, len) in vectors {
+                user::read_into(base, &mut gathered[at..at + len as usize])?;
                 at += len as usize;
             }
             return pipe::write_from(&end, total, non_blocking, |offset, piece| {
@@ -94,9 +94,9 @@ pub fn writev(fd: Fd, vector: UserAddr, count: i32) -> SyscallResult {
     }
     let mut total = 0;
     for index in 0..count as u64 {
-        let [base, len] = user::read_words::<2>(vector + index * 16)?;
+        let (base, len) = read_iovec(vector, index)?;
         if len > 0 {
-            total += write_to_descriptor(fd, UserAddr(base), len)?;
+            total += write_to_descriptor(fd, base, len)?;
         }
     }
     Ok(total)
