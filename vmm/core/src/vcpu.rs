@@ -292,7 +292,7 @@ impl<'r> PortState<'r> {
             return ExitAction::Fault(Failure::Unhandled(format!("{dir} port {port:#x}, which no device claims")));
         }
         if self.reported.insert(port) {
-            eprintln!("clowder-vmm: vCPU {}: ignoring accesses to unclaimed port {port:#x}", ctx.vcpu);
+            log::warn!("vCPU {}: ignoring accesses to unclaimed port {port:#x}", ctx.vcpu);
         }
         ExitAction::Continue
     }
