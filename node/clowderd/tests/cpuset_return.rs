@@ -10,18 +10,14 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use clowder_test_support::{daemon_answers_within, kernel_image, vmm_binary, why_enclaves_cannot_boot, TempDir};
+use clowder_test_support::{cpuset_lock, daemon_answers_within, kernel_image, vmm_binary, why_enclaves_cannot_boot, TempDir};
 use clowderd::client::Client;
 use clowderd::cores::{format_cpu_list, parse_cpu_list};
 use serde_json::{json, Value};
 
 const V1_ROOT: &str = "/sys/fs/cgroup/cpuset";
-
-/// One enclave at a time on a machine of two cores.
-static SERIAL: Mutex<()> = Mutex::new(());
 
 fn missing_requirement() -> Option<String> {
     if !Path::new(V1_ROOT).join("cpuset.cpus").exists() {
@@ -196,7 +192,8 @@ fn removing_an_enclave_gives_its_cores_back_to_the_host_at_once() {
         eprintln!("skipped: {why}");
         return;
     }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // One enclave at a time on a machine of two cores, and no other test's cpusets meanwhile.
+    let _serial = cpuset_lock();
     let mut sandbox = Sandbox::new("rm");
     sandbox.start_daemon("", true);
     let (core, _) = sandbox.create_enclave("e");
@@ -222,7 +219,8 @@ fn a_clean_stop_returns_every_host_task_to_the_root_cpuset() {
         eprintln!("skipped: {why}");
         return;
     }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // One enclave at a time on a machine of two cores, and no other test's cpusets meanwhile.
+    let _serial = cpuset_lock();
     let mut sandbox = Sandbox::new("stop");
     sandbox.start_daemon("", true);
     let (core, vmm) = sandbox.create_enclave("e");
@@ -242,7 +240,8 @@ fn a_daemon_started_after_a_crash_repairs_the_cpusets_it_left() {
         eprintln!("skipped: {why}");
         return;
     }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // One enclave at a time on a machine of two cores, and no other test's cpusets meanwhile.
+    let _serial = cpuset_lock();
     let mut sandbox = Sandbox::new("crash");
     sandbox.start_daemon("", true);
     let (core, vmm) = sandbox.create_enclave("e");
@@ -272,7 +271,8 @@ fn a_daemon_that_does_not_isolate_still_repairs_what_a_killed_one_left() {
         eprintln!("skipped: {why}");
         return;
     }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // One enclave at a time on a machine of two cores, and no other test's cpusets meanwhile.
+    let _serial = cpuset_lock();
     let mut sandbox = Sandbox::new("plain");
     sandbox.start_daemon("", true);
     let (core, vmm) = sandbox.create_enclave("e");

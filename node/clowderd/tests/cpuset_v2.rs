@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use clowder_test_support::{daemon_answers_within, kernel_image, vmm_binary, why_enclaves_cannot_boot, TempDir};
+use clowder_test_support::{cpuset_lock, daemon_answers_within, kernel_image, vmm_binary, why_enclaves_cannot_boot, TempDir};
 use clowderd::client::Client;
 use serde_json::{json, Value};
 
@@ -79,6 +79,8 @@ impl Drop for Daemon {
 
 #[test]
 fn the_machines_cgroup2_without_cpuset_is_refused_in_one_line() {
+    // cpuset_v2_live.rs moves the controller to this mount for a while.
+    let _serial = cpuset_lock();
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
     let Some(mount) = mounts
         .lines()

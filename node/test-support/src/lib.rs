@@ -128,3 +128,14 @@ pub fn daemon_answers_within(socket: &Path, timeout: Duration) -> bool {
     }
     true
 }
+
+/// Held by every test that changes the machine's cpusets (tests/cpuset_*.rs of clowderd): they
+/// isolate cores in the real hierarchies, and one even unmounts the cgroup-v1 cpuset, so no two
+/// may run at once, whether as threads of one test binary or as two cargo runs. The lock (an
+/// exclusive `flock`, per open file) goes when the file is dropped or the process dies.
+pub fn cpuset_lock() -> File {
+    let path = std::env::temp_dir().join("clowder-cpuset-tests.lock");
+    let file = File::create(&path).unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+    file.lock().unwrap_or_else(|e| panic!("locking {}: {e}", path.display()));
+    file
+}

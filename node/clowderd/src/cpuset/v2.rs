@@ -94,8 +94,8 @@ pub(super) fn isolate(root: &Path, enclave_group: &Path, cores: &BTreeSet<usize>
 #[cfg(test)]
 mod tests {
     //! Against a directory that mimics a cgroup2 root: this machine's kernel binds cpuset to
-    //! its v1 hierarchy, so no v2 partition can be made live here (see tests/cpuset_v2.rs for
-    //! what is run live).
+    //! its v1 hierarchy. tests/cpuset_v2_live.rs moves the controller to the real cgroup2
+    //! mount where the machine allows it, and tests/cpuset_v2.rs runs a daemon on both.
     use std::path::PathBuf;
 
     use super::super::{Cpusets, Version};
