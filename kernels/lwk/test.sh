@@ -146,16 +146,6 @@ run_in_lwk() {
 
 failures=0
 
-# The enclave's pure rules (src/enclave/rules.rs) as a host test program: the kernel itself
-# cannot run `cargo test`.
-if rustc --edition 2021 --test -o "$work/enclave-rules-tests" "$here/src/enclave/rules.rs" >"$work/enclave-rules.build-log" 2>&1 &&
-    "$work/enclave-rules-tests" -q >"$work/enclave-rules.log" 2>&1; then
-    echo "ok   enclave rules: $(grep -o '[0-9]* passed' "$work/enclave-rules.log")"
-else
-    echo "FAIL enclave rules (see $work/enclave-rules.build-log and $work/enclave-rules.log)"
-    failures=$((failures + 1))
-fi
-
 # docs/lwk-syscalls.md must list exactly the system calls of the table.
 table=$(sed -n 's/^    \([0-9]*\) => [a-z0-9_]*::\([a-z0-9_]*\)(.*),$/\1 \2/p' "$here/src/syscall/mod.rs" | sort)
 documented=$(python3 - "$repo/docs/lwk-syscalls.md" <<'PYTHON'

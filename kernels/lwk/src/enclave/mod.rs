@@ -21,7 +21,8 @@
 //! core from every multi-vCPU job and still leave one-vCPU enclaves needing the interrupt.
 
 pub mod files;
-pub mod rules;
+/// The enclave's pure rules (in `lwk-core`, tested on the host).
+pub use lwk_core::enclave as rules;
 
 use crate::arch::channel as machine_channel;
 use crate::arch::sync::SpinLock;

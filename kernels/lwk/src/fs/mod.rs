@@ -2,14 +2,13 @@
 //! PVH module 0 (the job's binary and its inputs), Kitten's kfs in spirit. File contents
 //! stay where the boot loader put them; nothing is copied.
 
-mod cpio;
-
 use crate::arch::phys;
 use crate::arch::sync::SpinLock;
 use crate::bootinfo::Module;
 use alloc::collections::BTreeMap;
 use alloc::string::String;
 use alloc::vec::Vec;
+use lwk_core::cpio;
 
 pub const S_IFMT: u32 = 0o170000;
 pub const S_IFDIR: u32 = 0o040000;
@@ -63,33 +62,8 @@ pub fn load_archive(module: &Module) -> Result<usize, BadArchive> {
     Ok(entries.len())
 }
 
-/// `path` made absolute against `directory`, with `.`, `..` and repeated slashes resolved;
-/// `None` for an empty path.
-pub fn normalize(directory: &str, path: &str) -> Option<String> {
-    if path.is_empty() {
-        return None;
-    }
-    let mut components: Vec<&str> = Vec::new();
-    let base = if path.starts_with('/') { "" } else { directory };
-    for component in base.split('/').chain(path.split('/')) {
-        match component {
-            "" | "." => {}
-            ".." => {
-                components.pop();
-            }
-            name => components.push(name),
-        }
-    }
-    let mut normalized = String::new();
-    for component in &components {
-        normalized.push('/');
-        normalized.push_str(component);
-    }
-    if normalized.is_empty() {
-        normalized.push('/');
-    }
-    Some(normalized)
-}
+/// Path names made absolute (pure logic, in `lwk-core`).
+pub use lwk_core::path::normalize;
 
 pub fn lookup(path: &str) -> Option<Node> {
     FILES.lock().get(path).copied()

@@ -2,7 +2,8 @@
 
 pub mod aspace;
 pub mod pmem;
-pub mod ranges;
+/// Sets of address ranges (pure logic, in `lwk-core`).
+pub use lwk_core::ranges;
 
 use crate::arch::paging::{LeafBlocks, PageTables, TableSource, PAGE_SIZE};
 use crate::arch::phys::{self, PHYSMAP_BASE};

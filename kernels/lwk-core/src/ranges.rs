@@ -11,6 +11,10 @@ impl Range {
     pub fn len(&self) -> u64 {
         self.end - self.start
     }
+
+    pub fn is_empty(&self) -> bool {
+        self.start >= self.end
+    }
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -23,6 +27,12 @@ pub struct RangeSet<const N: usize> {
 
 fn align_up(value: u64, align: u64) -> u64 {
     value.div_ceil(align) * align
+}
+
+impl<const N: usize> Default for RangeSet<N> {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl<const N: usize> RangeSet<N> {
@@ -144,5 +154,74 @@ impl<const N: usize> RangeSet<N> {
             }
             None
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::vec::Vec;
+
+    fn set(ranges: &[(u64, u64)]) -> RangeSet<4> {
+        let mut set = RangeSet::new();
+        for &(start, end) in ranges {
+            set.insert(start, end).unwrap();
+        }
+        set
+    }
+
+    fn pairs(set: &RangeSet<4>) -> Vec<(u64, u64)> {
+        set.ranges().iter().map(|range| (range.start, range.end)).collect()
+    }
+
+    #[test]
+    fn insert_keeps_ranges_sorted_and_merged() {
+        assert_eq!(pairs(&set(&[(30, 40), (10, 20)])), [(10, 20), (30, 40)]);
+        assert_eq!(pairs(&set(&[(10, 20), (20, 30)])), [(10, 30)], "touching ranges merge");
+        assert_eq!(pairs(&set(&[(10, 20), (30, 40), (15, 35)])), [(10, 40)], "a bridge merges both");
+        assert_eq!(pairs(&set(&[(10, 20), (12, 18)])), [(10, 20)], "overlap is fine");
+        assert_eq!(pairs(&set(&[(10, 10)])), [], "empty ranges are nothing");
+        assert_eq!(set(&[(0, 4096), (8192, 12288)]).total(), 8192);
+    }
+
+    #[test]
+    fn a_full_set_says_so() {
+        let mut full = set(&[(0, 1), (2, 3), (4, 5), (6, 7)]);
+        assert_eq!(full.insert(8, 9), Err(TooFragmented));
+        assert_eq!(full.remove(10, 20), Ok(()), "nothing to split");
+        let mut split = set(&[(0, 100), (200, 201), (300, 301), (400, 401)]);
+        assert_eq!(split.remove(10, 20), Err(TooFragmented));
+    }
+
+    #[test]
+    fn remove_trims_splits_and_drops() {
+        let mut ranges = set(&[(0, 100), (200, 300)]);
+        ranges.remove(50, 250).unwrap();
+        assert_eq!(pairs(&ranges), [(0, 50), (250, 300)]);
+        ranges.remove(260, 270).unwrap();
+        assert_eq!(pairs(&ranges), [(0, 50), (250, 260), (270, 300)]);
+        ranges.remove(0, 1000).unwrap();
+        assert_eq!(pairs(&ranges), []);
+    }
+
+    #[test]
+    fn queries() {
+        let ranges = set(&[(0, 100), (200, 300)]);
+        assert!(ranges.contains(10, 90) && ranges.contains(200, 300));
+        assert!(!ranges.contains(90, 210));
+        assert!(ranges.is_disjoint(100, 200) && !ranges.is_disjoint(99, 200));
+        let gaps: Vec<(u64, u64)> = ranges.gaps(50, 400).map(|gap| (gap.start, gap.end)).collect();
+        assert_eq!(gaps, [(100, 200), (300, 400)]);
+        assert_eq!(ranges.gaps(0, 100).count(), 0);
+    }
+
+    #[test]
+    fn take_lowest_aligns_and_skips_what_is_too_small() {
+        let mut ranges = set(&[(100, 200), (4096, 3 * 4096)]);
+        assert_eq!(ranges.take_lowest(4096, 4096), Some(4096));
+        assert_eq!(ranges.take_lowest(50, 1), Some(100));
+        assert_eq!(pairs(&ranges), [(150, 200), (8192, 3 * 4096)]);
+        assert_eq!(ranges.take_lowest(1 << 20, 4096), None);
+        assert_eq!(ranges.take_lowest(u64::MAX, 1), None, "no overflow");
     }
 }

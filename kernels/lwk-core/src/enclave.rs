@@ -1,7 +1,5 @@
-//! The enclave's decisions that need no machine: how the channel is described on the command
-//! line, how output is cut into messages. Plain `core` code with
-//! no crate dependencies, so that `test.sh` compiles this file alone as a host test program
-//! (`rustc --test`): the kernel itself cannot run `cargo test`.
+//! The persistent enclave's decisions that need no machine: how the channel is described on
+//! the command line, which stream a descriptor's output is, a killed job's status.
 
 /// A hexadecimal number as the VMM writes them (`0x` optional).
 pub fn parse_hex(text: &str) -> Option<u64> {

@@ -1,0 +1,15 @@
+//! The lightweight kernel's pure logic (address ranges, cpio archives, paths, the persistent
+//! enclave's rules): code with no I/O, no hardware and no global state,
+//! kept apart from `kernels/lwk` so that it is tested on the host with `cargo test` (the
+//! kernel itself builds for x86_64-unknown-none and cannot run tests).
+
+#![no_std]
+
+extern crate alloc;
+#[cfg(test)]
+extern crate std;
+
+pub mod cpio;
+pub mod enclave;
+pub mod path;
+pub mod ranges;
