@@ -35,6 +35,14 @@ impl TestRegion {
         unsafe { Channel::attach(self.base, self.size()) }
     }
 
+    /// A region of `size` holding a fresh channel, the channel's host end, and the guest end
+    /// of an attach as a guest makes.
+    fn with_ends(size: usize) -> (TestRegion, Endpoint, Endpoint) {
+        let region = TestRegion::new(size);
+        let (host, guest) = (region.init().host_end().unwrap(), region.attach().unwrap().guest_end().unwrap());
+        (region, host, guest)
+    }
+
     /// Plays the misbehaving peer: writes a word of the region directly.
     fn poke_u64(&self, offset: usize, value: u64) {
         // SAFETY: offsets the tests pass are aligned and inside the region (as below).
@@ -114,9 +122,7 @@ fn attach_validates_header() {
 
 #[test]
 fn round_trip_both_directions() {
-    let region = TestRegion::new(DEFAULT_SIZE);
-    let mut host = region.init().host_end().unwrap();
-    let mut guest = region.attach().unwrap().guest_end().unwrap();
+    let (_region, mut host, mut guest) = TestRegion::with_ends(DEFAULT_SIZE);
     let mut buffer = [0u8; 256];
 
     assert_eq!(host.recv(&mut buffer), Ok(None));
@@ -145,9 +151,7 @@ fn round_trip_both_directions() {
 
 #[test]
 fn too_large_and_small_buffer() {
-    let region = TestRegion::new(MIN_SIZE);
-    let mut host = region.init().host_end().unwrap();
-    let mut guest = region.attach().unwrap().guest_end().unwrap();
+    let (_region, mut host, mut guest) = TestRegion::with_ends(MIN_SIZE);
     assert_eq!(host.send(&[0u8; 249]), Err(SendError::TooLarge { length: 249, max: 248 }));
 
     host.send(&[7u8; 100]).unwrap();
@@ -161,9 +165,7 @@ fn too_large_and_small_buffer() {
 
 #[test]
 fn full_ring_then_drain() {
-    let region = TestRegion::new(MIN_SIZE);
-    let mut host = region.init().host_end().unwrap();
-    let mut guest = region.attach().unwrap().guest_end().unwrap();
+    let (_region, mut host, mut guest) = TestRegion::with_ends(MIN_SIZE);
     let capacity = guest.capacity();
     assert_eq!(capacity, 16);
     for i in 0..capacity {
@@ -187,9 +189,7 @@ fn full_ring_then_drain() {
 
 #[test]
 fn wraps_around_many_times() {
-    let region = TestRegion::new(MIN_SIZE);
-    let mut host = region.init().host_end().unwrap();
-    let mut guest = region.attach().unwrap().guest_end().unwrap();
+    let (_region, mut host, mut guest) = TestRegion::with_ends(MIN_SIZE);
     let max = host.max_message_len();
     let mut buffer = [0u8; 256];
     let mut sent = 0;
@@ -240,9 +240,7 @@ fn endpoints_resume_from_the_region() {
 
 #[test]
 fn waiting_flags() {
-    let region = TestRegion::new(MIN_SIZE);
-    let host = region.init().host_end().unwrap();
-    let guest = region.attach().unwrap().guest_end().unwrap();
+    let (region, host, guest) = TestRegion::with_ends(MIN_SIZE);
     assert!(!host.peer_waiting());
     assert!(!guest.peer_waiting());
     guest.set_waiting(true);
@@ -273,9 +271,7 @@ fn producer_counter_too_far_ahead_is_corrupt() {
 
 #[test]
 fn producer_counter_moving_backwards_is_corrupt() {
-    let region = TestRegion::new(MIN_SIZE);
-    let mut host = region.init().host_end().unwrap();
-    let mut guest = region.attach().unwrap().guest_end().unwrap();
+    let (region, mut host, mut guest) = TestRegion::with_ends(MIN_SIZE);
     let mut buffer = [0u8; 256];
     for _ in 0..3 {
         guest.send(b"abc").unwrap();
@@ -292,9 +288,7 @@ fn producer_counter_moving_backwards_is_corrupt() {
 
 #[test]
 fn consumer_counter_out_of_range_is_corrupt() {
-    let region = TestRegion::new(MIN_SIZE);
-    let mut host = region.init().host_end().unwrap();
-    let mut guest = region.attach().unwrap().guest_end().unwrap();
+    let (region, mut host, mut guest) = TestRegion::with_ends(MIN_SIZE);
     let mut buffer = [0u8; 256];
     host.send(b"1").unwrap();
     host.send(b"2").unwrap();
@@ -312,9 +306,7 @@ fn consumer_counter_out_of_range_is_corrupt() {
 
 #[test]
 fn oversized_length_is_corrupt() {
-    let region = TestRegion::new(MIN_SIZE);
-    let mut host = region.init().host_end().unwrap();
-    let mut guest = region.attach().unwrap().guest_end().unwrap();
+    let (region, mut host, mut guest) = TestRegion::with_ends(MIN_SIZE);
     let mut buffer = [0u8; 4096];
     guest.send(b"fine").unwrap();
     let slot = region.attach().unwrap().layout().guest_to_host_ring_offset();
