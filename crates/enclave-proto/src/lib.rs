@@ -2,8 +2,7 @@
 //! The messages on the enclave channel between `clowderd` (the host) and the lightweight kernel
 //! (the enclave), in the manner of Pisces' control messages and Kitten's HIO: the host launches,
 //! signals and kills jobs and pings the kernel; the kernel streams job output back, reports exits
-//! and forwards the job's file system calls, which the host serves inside the job's working
-//! directory.
+//! and forwards the job's file system calls, which the host serves as the job's user.
 //!
 //! Pure code: no I/O, no allocation. Decoding borrows from the received bytes; everything is
 //! validated before a message is returned, and no input makes this crate panic.
@@ -38,8 +37,8 @@
 //! guest-physical `[gpa, gpa + len)`, to appear read-only under `name` in the kernel's in-memory
 //! file system. `cores` is a mask of the enclave's vCPU indices the job may run on (0: all of
 //! them); `heap_size` and `stack_size` of 0 mean the kernel's defaults. `cwd` is the job's
-//! working directory as a host path: `getcwd` returns it, and relative paths and absolute paths
-//! under it are forwarded with `FileRequest`.
+//! working directory as a host path: `getcwd` returns it, and the host resolves the relative
+//! paths of `FileRequest`s from it.
 //!
 //! # Enclave → host ([`EnclaveMessage`])
 //!
@@ -85,13 +84,15 @@
 //! | 12 | `Ftruncate` | u32 handle, u64 length | 0 |
 //! | 13 | `Getdents` | u32 handle, u64 gpa, u32 len | bytes of Linux `linux_dirent64` records written |
 //!
-//! Paths are relative to the job's working directory or absolute under it; the host refuses
-//! anything else (`..` leaving it, other absolute paths, symbolic links out of it) with
-//! `-EACCES`, and unknown handles with `-EBADF`.
+//! Paths are the host's, relative to the job's working directory or absolute, and are served
+//! with the rights of the job's user (uid, gid, supplementary groups): the host's own checks
+//! answer (`-EACCES`, `-ENOENT`, ...). Unknown handles are `-EBADF`.
 //!
-//! Whatever the job's directory, [`SYSTEM_PATHS`] (the dynamic loader's cache, interpreter and
-//! libraries) are served too, read-only (`-EROFS` for anything that would change them), with
-//! the job's user's rights: a dynamically linked program starts anywhere.
+//! A job confined to a directory (clowderd's `confine`) may name only paths beneath it: the
+//! host refuses anything else (`..` leaving it, other absolute paths, symbolic links out of it)
+//! with `-EACCES`. [`SYSTEM_PATHS`] (the dynamic loader's cache, interpreter and libraries)
+//! are served to it all the same, read-only (`-EROFS` for anything that would change them),
+//! with the job's user's rights: a dynamically linked program starts anywhere.
 //!
 //! # XEMEM on the channel (`Xemem`)
 //!

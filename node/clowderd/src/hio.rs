@@ -90,6 +90,14 @@ fn errno_of(error: std::io::Error) -> i32 {
     error.raw_os_error().unwrap_or(libc::EIO)
 }
 
+/// Whether `path` is one of `enclave_proto::SYSTEM_PATHS` or beneath one, absolute, with no
+/// `.` or `..` component (so it cannot lead elsewhere by its spelling).
+fn is_system_path(path: &[u8]) -> bool {
+    let Ok(path) = std::str::from_utf8(path) else { return false };
+    let plain = path.starts_with('/') && path.split('/').skip(1).all(|part| !matches!(part, "" | "." | ".."));
+    plain && enclave_proto::SYSTEM_PATHS.iter().any(|root| path.strip_prefix(root).is_some_and(|rest| rest.is_empty() || rest.starts_with('/')))
+}
+
 /// Turns a path the job gave (relative to `cwd`, or absolute) into one relative to `root`,
 /// or says why it lies outside. `cwd` is `root` or beneath it. Lexical only: symbolic links
 /// are the kernel's to refuse (`sys::open_at` beneath the root).
@@ -208,6 +216,9 @@ impl JobFiles {
                 let path = std::str::from_utf8(path).map_err(|_| libc::EINVAL)?;
                 Ok(Target { dir: &self.cwd, path: path.to_string(), beneath: false })
             }
+            Scope::Confined { .. } if is_system_path(path) => {
+                Ok(Target { dir: &self.cwd, path: String::from_utf8_lossy(path).into_owned(), beneath: false })
+            }
             Scope::Confined { dir, path: root } => match confine(root, &self.cwd_path, path) {
                 Ok(relative) => Ok(Target { dir, path: relative, beneath: true }),
                 Err(why) => {
@@ -216,6 +227,11 @@ impl JobFiles {
                 }
             },
         }
+    }
+
+    /// Whether a target is one of the system paths a confined job may only read.
+    fn read_only(&self, target: &Target<'_>) -> bool {
+        matches!(self.scope, Scope::Confined { .. }) && !target.beneath
     }
 
     /// Opens a target; a symbolic link out of a confinement is a refusal like any other way out.
@@ -251,8 +267,13 @@ impl JobFiles {
                 if self.handles.len() >= MAX_HANDLES {
                     return Err(libc::EMFILE);
                 }
+                let target = self.target(path, refusal)?;
+                let changes = flags as i32 & libc::O_ACCMODE != libc::O_RDONLY || flags as i32 & (libc::O_CREAT | libc::O_TRUNC) != 0;
+                if changes && self.read_only(&target) {
+                    return Err(libc::EROFS);
+                }
                 // The job's O_CLOEXEC means nothing here; O_NOCTTY and friends are harmless.
-                let file = Self::open(&self.target(path, refusal)?, flags as i32 & !libc::O_CLOEXEC, mode, refusal)?;
+                let file = Self::open(&target, flags as i32 & !libc::O_CLOEXEC, mode, refusal)?;
                 let handle = self.next_handle;
                 self.next_handle = self.next_handle.checked_add(1).ok_or(libc::EMFILE)?;
                 self.handles.insert(handle, file);
@@ -280,6 +301,9 @@ impl JobFiles {
             }
             FileOp::Unlink { path } | FileOp::Mkdir { path, .. } => {
                 let target = self.target(path, refusal)?;
+                if self.read_only(&target) {
+                    return Err(libc::EROFS);
+                }
                 // Confined: the parent is opened beneath the root, then the name made or
                 // removed in it; otherwise the host resolves the whole path as for the user.
                 let (parent, name) = if target.beneath {
@@ -450,6 +474,23 @@ mod tests {
         assert!(matches!(files.serve(&open(group_file.as_bytes(), libc::O_RDONLY), &ram).result, Err(libc::EACCES)));
         let mut member = JobFiles::new(File::open(&cwd).unwrap(), cwd_path, Scope::User, nobody(vec![4242]));
         assert!(matches!(member.serve(&open(group_file.as_bytes(), libc::O_RDONLY), &ram).result, Ok(_)), "a supplementary group counts");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn confined_jobs_may_read_the_systems_libraries_and_nothing_else_outside() {
+        let dir = scratch("system");
+        let ram = ram();
+        let scope = Scope::Confined { dir: File::open(&dir).unwrap(), path: dir.to_str().unwrap().to_string() };
+        let root = Identity { uid: 0, gid: 0, groups: vec![] };
+        let mut files = JobFiles::new(File::open(&dir).unwrap(), dir.to_str().unwrap().to_string(), scope, root);
+        assert!(matches!(files.serve(&open(b"/etc/ld.so.cache", libc::O_RDONLY), &ram).result, Ok(_) | Err(libc::ENOENT)));
+        assert!(matches!(files.serve(&FileOp::Stat { path: b"/usr/lib" }, &ram).result, Ok(Answer::Attributes(_))));
+        assert!(matches!(files.serve(&open(b"/usr/lib/clowder-test", libc::O_CREAT | libc::O_WRONLY), &ram).result, Err(libc::EROFS)));
+        assert!(matches!(files.serve(&FileOp::Unlink { path: b"/usr/lib/x" }, &ram).result, Err(libc::EROFS)));
+        assert!(matches!(files.serve(&FileOp::Stat { path: b"/usr/lib/../../etc/passwd" }, &ram).result, Err(libc::EACCES)));
+        assert!(matches!(files.serve(&FileOp::Stat { path: b"/usr/library" }, &ram).result, Err(libc::EACCES)));
+        assert!(matches!(files.serve(&FileOp::Stat { path: b"/etc/passwd" }, &ram).result, Err(libc::EACCES)));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
