@@ -2,8 +2,12 @@
 //! host pinned to a core and in a lightweight-kernel enclave whose vCPU is pinned to the same
 //! core, alternating, in one run. Prints a table beside the papers' figures and writes
 //! docs/results/lwk-bench.md. RUNS (default 5) repetitions of each; OUT sets the file.
+//! The forwarded file I/O rows run `fileio/fileio.c` in a persistent enclave of a private
+//! clowderd (`fileio.rs`); `lwk-bench files` prints only them.
 //! `lwk-bench big` measures only the creation time per GiB (enclaves of each BIG_MEM size,
 //! default 4G; e.g. BIG_MEM=4G,16G) and replaces that section of the file.
+
+mod fileio;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -259,6 +263,14 @@ fn main() {
         println!("{}", table_of(&call_cost_rows(&setup)));
         return;
     }
+    if std::env::args().nth(1).as_deref() == Some("files") {
+        // `lwk-bench files`: only the forwarded file I/O rows, printed (the results file stays).
+        match fileio::rows(&repo, setup.core, &setup.vmm, &setup.lwk) {
+            Ok(rows) => println!("{}", table_of(&rows)),
+            Err(why) => eprintln!("lwk-bench: no file I/O rows: {why}"),
+        }
+        return;
+    }
     let mut rows: Vec<(String, String, String)> = Vec::new();
 
     eprintln!("STREAM ({runs} runs each, alternating host and enclave)...");
@@ -381,6 +393,12 @@ fn main() {
         format!("{per_entry:.0} ({} kernel steps over {} entries)", profile["kernel"], profile["kernel_entries"]),
         "≤ 200".into(),
     ));
+
+    eprintln!("forwarded file I/O (a persistent enclave of a private clowderd, same core)...");
+    match fileio::rows(&repo, setup.core, &setup.vmm, &setup.lwk) {
+        Ok(io_rows) => rows.extend(io_rows),
+        Err(why) => eprintln!("lwk-bench: no file I/O rows: {why}"),
+    }
 
     let table = table_of(&rows);
     println!("{table}");

@@ -1,0 +1,112 @@
+//! Forwarded file I/O (issue 21, point 3): `fileio/fileio.c` in a persistent enclave of a
+//! private clowderd (forwarded calls need one) and on the host, on the same core: open+close,
+//! stat, and sequential write and read MB/s at 4 KiB, 64 KiB and 8 MiB requests.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// A clowderd of this run's own, on a socket in a scratch directory; stopped when dropped.
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SAFETY: kill has no memory effects; the pid is our own child's.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+impl Daemon {
+    fn clowder(&self, repo: &Path) -> Command {
+        let mut command = Command::new(repo.join("target/release/clowder"));
+        command.env("CLOWDER_SOCKET", &self.socket);
+        command
+    }
+}
+
+/// `fileio: <what> <number> <unit>` lines as ("<what> (<unit>)", number).
+fn figures(output: &str) -> Vec<(String, f64)> {
+    let figure = |line: &str| {
+        let mut words = line.rsplitn(3, ' ');
+        let (unit, number, what) = (words.next()?, words.next()?.parse().ok()?, words.next()?);
+        Some((format!("{what} ({unit})"), number))
+    };
+    output.lines().filter_map(|line| line.strip_prefix("fileio: ")).filter_map(figure).collect()
+}
+
+/// The rows (what, host and enclave figures, target), or why they could not be measured.
+pub fn rows(repo: &Path, core: usize, vmm: &Path, lwk: &Path) -> Result<Vec<(String, String, String)>, String> {
+    let scratch = std::env::temp_dir().join(format!("lwk-bench-fileio-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let work = scratch.join("work");
+    std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+    let program = scratch.join("fileio");
+    let source = repo.join("kernels/bench/fileio/fileio.c");
+    let built = Command::new("musl-gcc").args(["-O2", "-static", "-o"]).arg(&program).arg(&source).status();
+    if !built.is_ok_and(|status| status.success()) {
+        return Err(format!("musl-gcc could not build {}", source.display()));
+    }
+    let socket = scratch.join("clowderd.sock");
+    let child = Command::new(repo.join("target/release/clowderd"))
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--vmm")
+        .arg(vmm)
+        .arg("--kernel")
+        .arg(lwk)
+        .arg("--isolate-cores")
+        .stderr(std::fs::File::create(scratch.join("clowderd.log")).map_err(|e| e.to_string())?)
+        .spawn()
+        .map_err(|e| format!("starting clowderd: {e}"))?;
+    let daemon = Daemon { child, socket };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !daemon.socket.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let created = daemon.clowder(repo).args(["enclave", "create", "--name", "lwk-bench-io", "--mem", "512M", "--cores"]).arg(core.to_string()).output();
+    match created {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => return Err(format!("creating the enclave: {}", String::from_utf8_lossy(&out.stderr).trim())),
+        Err(e) => return Err(format!("running clowder: {e}")),
+    }
+    let args = ["200", "64"];
+    let enclave = daemon.clowder(repo).current_dir(&work).args(["run", "--enclave", "lwk-bench-io"]).arg(&program).args(args).output();
+    let host = Command::new("taskset").current_dir(&work).arg("-c").arg(core.to_string()).arg(&program).args(args).output();
+    let _ = daemon.clowder(repo).args(["enclave", "rm", "lwk-bench-io"]).output();
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&scratch);
+    let (enclave, host) = match (enclave, host) {
+        (Ok(enclave), Ok(host)) if enclave.status.success() && host.status.success() => {
+            (String::from_utf8_lossy(&enclave.stdout).into_owned(), String::from_utf8_lossy(&host.stdout).into_owned())
+        }
+        (enclave, host) => return Err(format!("fileio failed: enclave {enclave:?}, host {host:?}")),
+    };
+    let host = figures(&host);
+    Ok(figures(&enclave)
+        .into_iter()
+        .map(|(what, ours)| {
+            let theirs = host.iter().find(|(name, _)| *name == what).map_or(f64::NAN, |(_, value)| *value);
+            let target = match what.as_str() {
+                "open+close (us)" => "≤ 100 µs",
+                "stat (us)" => "≤ 50 µs",
+                w if w.contains("8192 KiB") => "≥ 1000 MB/s",
+                _ => "-",
+            };
+            (format!("forwarded {what}"), format!("enclave {ours:.1}, host {theirs:.1}"), target.to_string())
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn figures_are_read_from_the_programs_lines() {
+        let lines = "fileio: open+close 812.5 us\nfileio: read 8192 KiB 943 MB/s\nnoise\n";
+        let figures = super::figures(lines);
+        assert_eq!(figures, vec![("open+close (us)".to_string(), 812.5), ("read 8192 KiB (MB/s)".to_string(), 943.0)]);
+    }
+}
