@@ -5,7 +5,6 @@
  * attachment, then removes the segment. node/clowderd/tests/xemem_lwk.rs drives both.
  * Usage: host_named_owner [PAGES] (default 16).
  */
-#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,21 +15,12 @@ int main(int argc, char **argv)
 {
 	unsigned long pages = argc > 1 ? strtoul(argv[1], NULL, 0) : 16;
 	xpmem_segid_t segid;
-	volatile uint64_t *buffer = make_patterned_segment(pages, 2000, "host-owner-seg", &segid);
+	volatile uint64_t *buffer = export_patterned_segment(pages, 2000, "host-owner-seg", "make", &segid);
 	if (!buffer)
-		return 1;
-	if (segid <= 0) {
-		printf("make failed: errno %d\n", errno);
 		return 2;
-	}
-	printf("made host-owner-seg\n");
-	fflush(stdout);
 	/* Up to 60 s: the LWK job is built and started after this line appears. */
-	if (!wait_for_word(&buffer[1], 43, 6000)) {
-		printf("the LWK job never wrote\n");
+	if (!report_write(wait_for_word(&buffer[1], 43, 6000), "the LWK", 43))
 		return 3;
-	}
-	printf("the LWK wrote 43\n");
 	printf("remove: %d\n", xpmem_remove(segid));
 	return 0;
 }

@@ -35,15 +35,9 @@ static void bus(int signal)
 static int owner(const char *name, uint64_t base)
 {
 	xpmem_segid_t segid;
-	volatile uint64_t *buffer = make_patterned_segment(PAGES, base, name, &segid);
+	volatile uint64_t *buffer = export_patterned_segment(PAGES, base, name, "make", &segid);
 	if (!buffer)
-		return 1;
-	if (segid <= 0) {
-		printf("make failed: errno %d\n", errno);
 		return 2;
-	}
-	printf("made a segment of enclave %lld\n", (long long)(segid >> 32));
-	fflush(stdout);
 	if (!wait_for_word(&buffer[1], 43, 6000)) {
 		printf("the attacher never wrote\n");
 		return 3;

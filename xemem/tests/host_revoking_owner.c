@@ -6,7 +6,6 @@
  * with "exit" by exiting without a remove. Either way the job must get SIGBUS on its next
  * touch. node/clowderd/tests/xemem_lwk.rs drives both.
  */
-#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -28,20 +27,11 @@ int main(int argc, char **argv)
 {
 	int remove = argc > 1 && strcmp(argv[1], "remove") == 0;
 	xpmem_segid_t segid;
-	volatile uint64_t *buffer = make_patterned_segment(PAGES, 3000, "host-revoke-seg", &segid);
+	volatile uint64_t *buffer = export_patterned_segment(PAGES, 3000, "host-revoke-seg", "make", &segid);
 	if (!buffer)
-		return 1;
-	if (segid <= 0) {
-		printf("make failed: errno %d\n", errno);
 		return 2;
-	}
-	printf("made host-revoke-seg\n");
-	fflush(stdout);
-	if (!wait_for_word(&buffer[1], 44, 6000)) {
-		printf("the LWK job never wrote\n");
+	if (!report_write(wait_for_word(&buffer[1], 44, 6000), "the LWK job", 44))
 		return 3;
-	}
-	printf("the LWK job attached and wrote 44\n");
 	/* Let the job spin on its attachment a moment, so the revoke finds it in use. */
 	usleep(200000);
 	if (!remove) {

@@ -7,7 +7,6 @@
  * With the argument "keep" it exits right after making the segment, without removing it: the
  * kernel must remove it from the name server when the job ends.
  */
-#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -19,15 +18,9 @@
 int main(int argc, char **argv)
 {
 	xpmem_segid_t segid;
-	volatile uint64_t *memory = make_patterned_segment(PAGES, 1000, "lwk-owner-seg", &segid);
+	volatile uint64_t *memory = export_patterned_segment(PAGES, 1000, "lwk-owner-seg", "xemem_make", &segid);
 	if (!memory)
-		return 2;
-	if (segid <= 0) {
-		printf("xemem_make failed: errno %d\n", errno);
 		return 1;
-	}
-	printf("made a segment of enclave %lld\n", (long long)(segid >> 32));
-	fflush(stdout);
 	if (argc > 1 && !strcmp(argv[1], "keep"))
 		return 0;
 	int written = spin_for_word(&memory[1], 42, 20);

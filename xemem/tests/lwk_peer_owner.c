@@ -5,7 +5,6 @@
  * the segment (the attacher must get SIGBUS) and checks its own data; with MODE "hold" it
  * keeps spinning until its enclave is removed (the attacher must get SIGBUS then).
  */
-#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -18,24 +17,13 @@
 
 int main(int argc, char **argv)
 {
-	int hold = argc > 1 && strcmp(argv[1], "hold") == 0;
 	xpmem_segid_t segid;
-	volatile uint64_t *memory = make_patterned_segment(PAGES, 6000, "lwk-peer-seg", &segid);
+	volatile uint64_t *memory = export_patterned_segment(PAGES, 6000, "lwk-peer-seg", "xemem_make", &segid);
 	if (!memory)
-		return 2;
-	if (segid <= 0) {
-		printf("xemem_make failed: errno %d\n", errno);
 		return 1;
-	}
-	printf("made a segment of enclave %lld\n", (long long)(segid >> 32));
-	fflush(stdout);
-	if (!spin_for_word(&memory[1], 44, 60)) {
-		printf("the other enclave never wrote\n");
+	if (!report_write(spin_for_word(&memory[1], 44, 60), "the other enclave", 44))
 		return 3;
-	}
-	printf("the other enclave wrote 44\n");
-	fflush(stdout);
-	if (hold) {
+	if (argc > 1 && strcmp(argv[1], "hold") == 0) {
 		time_t deadline = time(NULL) + 60;
 		while (time(NULL) < deadline)
 			;

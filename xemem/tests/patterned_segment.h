@@ -4,7 +4,9 @@
 #ifndef PATTERNED_SEGMENT_H
 #define PATTERNED_SEGMENT_H
 
+#include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,6 +31,23 @@ static inline volatile uint64_t *make_patterned_segment(unsigned long pages, uin
 	fill_with_pattern(memory, pages, base);
 	*segid = xemem_make((void *)memory, pages * 4096, name);
 	return memory;
+}
+
+/* make_patterned_segment that says how it went: the memory after printing "made a segment of
+   enclave N" (the enclave the segid names), or NULL after printing "<what> failed: errno N"
+   (or "no memory"). */
+static inline volatile uint64_t *export_patterned_segment(unsigned long pages, uint64_t base, const char *name,
+							  const char *what, xpmem_segid_t *segid)
+{
+	volatile uint64_t *memory = make_patterned_segment(pages, base, name, segid);
+	if (!memory)
+		printf("no memory\n");
+	else if (*segid <= 0)
+		printf("%s failed: errno %d\n", what, errno);
+	else
+		printf("made a segment of enclave %lld\n", (long long)(*segid >> 32));
+	fflush(stdout);
+	return memory && *segid > 0 ? memory : NULL;
 }
 
 /* How many of the first `pages` pages (4096 bytes each) of `view` start with the pattern,
@@ -63,6 +82,18 @@ static inline int spin_for_word(const volatile uint64_t *word, uint64_t value, d
 			break;
 	}
 	return *word == value;
+}
+
+/* Says whether an attacher wrote `value` (`written`, from wait_for_word or spin_for_word):
+   "<who> wrote VALUE" or "<who> never wrote". Returns `written`. */
+static inline int report_write(int written, const char *who, uint64_t value)
+{
+	if (written)
+		printf("%s wrote %llu\n", who, (unsigned long long)value);
+	else
+		printf("%s never wrote\n", who);
+	fflush(stdout);
+	return written;
 }
 
 #endif

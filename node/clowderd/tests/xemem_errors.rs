@@ -8,36 +8,24 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use clowder_test_support::{lwk_daemon, serve};
-use clowderd::enclave::Liveness;
 use serde_json::json;
 
 mod support;
 use support::hugepages::Reservation;
-use support::{build_host_program, build_musl_job, call, lwk_xemem_id, missing_job_requirement, run_job, vmm_binary, TempDir};
+use support::{
+    call, host_program, job_test_dir, lwk_job, lwk_xemem_id, remove_enclaves, run_job, skipped, start_daemon_with_broker, BrokeredDaemon,
+};
 
 #[test]
 fn a_misaligned_attach_of_a_hugepage_enclaves_segment_says_why() {
-    if let Some(why) = missing_job_requirement() {
-        eprintln!("skipped: {why}");
+    let Some(dir) = job_test_dir("clowderd-xemem-errors") else { return };
+    let reservation = Reservation::free_pages(64);
+    if skipped(reservation.as_ref().err().cloned()) {
         return;
     }
-    let _hugepages = match Reservation::free_pages(64) {
-        Ok(reservation) => reservation,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return;
-        }
-    };
-    let dir = TempDir::new("clowderd-xemem-errors");
-    let job = dir.0.join("lwk_named_owner");
-    build_musl_job("lwk_named_owner.c", &job).unwrap();
-    let attacher = dir.0.join("host_attacher");
-    build_host_program("host_attacher.c", &attacher);
-    let xemem_socket = dir.0.join("xemem.sock");
-    let daemon = lwk_daemon(&dir.0, vmm_binary(), Liveness::default());
-    assert!(daemon.host_xemem(clowderd::xemem::service::start(&xemem_socket).unwrap()).is_ok());
-    let socket = serve(daemon, &dir.0);
+    let job = lwk_job(&dir.0, "lwk_named_owner");
+    let attacher = host_program(&dir.0, "host_attacher");
+    let BrokeredDaemon { socket, xemem_socket, .. } = start_daemon_with_broker(&dir.0);
     let created = call(&socket, json!({"op": "create", "name": "huge", "cores": 1, "mem": "128M", "hugepages": true}));
     assert_eq!(created["ok"], true, "{created}");
     lwk_xemem_id(&socket, "huge", Duration::from_secs(10)).expect("the enclave got no XEMEM id");
@@ -59,8 +47,7 @@ fn a_misaligned_attach_of_a_hugepage_enclaves_segment_says_why() {
         assert!(stdout.contains("because: the segment's memory is on 2 MiB pages"), "xemem_errmsg: {context}");
         assert!(stderr.contains("libxpmem: broker op 7 failed (Invalid argument): the segment's memory is on 2 MiB pages"), "{context}");
         // Removing the enclave ends the job, which waits for a write that never came.
-        let removed = call(&socket, json!({"op": "rm", "name": "huge"}));
-        assert_eq!(removed["ok"], true, "{removed}");
+        remove_enclaves(&socket, &["huge"]);
         let _ = runner.join();
     });
 }

@@ -8,74 +8,40 @@
 //! the daemon's broker. Needs /dev/kvm, musl-gcc, the LWK image (cd kernels && cargo build --release -p lwk) and
 //! clowder-vmm (cargo build --release -p clowder-vmm); skipped, with the reason, otherwise.
 
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use clowder_test_support::{lwk_daemon, serve};
-use clowderd::enclave::Liveness;
-use clowderd::xemem::FileRun;
-use serde_json::{json, Value};
+use serde_json::json;
 
 mod support;
+use support::processes::HostProcess;
 use support::{
-    build_host_program, build_musl_job, call, lwk_xemem_id, missing_job_requirement, missing_requirement, run_job, run_job_to_end,
-    vmm_binary, workspace_root, TempDir,
+    assert_host_attacher_reads_the_job, assert_regions_come_and_go, call, create_lwk_enclave, host_program, job_test_dir, log_lines,
+    lwk_job, missing_requirement, regions_added_and_removed, remove_enclaves, run_job, run_job_to_end, skipped, start_daemon_with_broker,
+    BrokeredDaemon, MappedRuns, RevokeRun, TempDir,
 };
-
-/// Waits for the enclave's kernel to log the id the name server gave it.
-fn xemem_id(socket: &Path, enclave: &str) -> Option<u32> {
-    lwk_xemem_id(socket, enclave, Duration::from_secs(10))
-}
 
 #[test]
 fn lwk_enclaves_get_xemem_ids_from_the_daemon() {
-    if let Some(why) = missing_requirement() {
-        eprintln!("skipped: {why}");
+    if skipped(missing_requirement()) {
         return;
     }
     let dir = TempDir::new("clowderd-xemem-lwk");
-    let daemon = lwk_daemon(&dir.0, vmm_binary(), Liveness::default());
-    let socket = serve(daemon, &dir.0);
-
-    let mut ids = Vec::new();
-    for name in ["a", "b"] {
-        let created = call(&socket, json!({"op": "create", "name": name, "cores": 1, "mem": "128M"}));
-        assert_eq!(created["ok"], true, "{created}");
-        let id = xemem_id(&socket, name)
-            .unwrap_or_else(|| panic!("enclave {name} got no XEMEM id: {}", call(&socket, json!({"op": "logs", "name": name}))));
-        ids.push(id);
-    }
+    let BrokeredDaemon { socket, .. } = start_daemon_with_broker(&dir.0);
+    let ids = ["a", "b"].map(|name| create_lwk_enclave(&socket, name, 1, "128M"));
     assert!(ids.iter().all(|&id| id >= 2), "enclave 1 is the daemon's name server: {ids:?}");
     assert_ne!(ids[0], ids[1]);
-    for name in ["a", "b"] {
-        let removed = call(&socket, json!({"op": "rm", "name": name}));
-        assert_eq!(removed["ok"], true, "{removed}");
-    }
-}
-
-/// Builds xemem/tests/lwk_named_owner.c statically with musl against our header and a musl
-/// libxpmem.a (as xemem/lwk-test.sh does).
-fn build_owner_job(out: &Path) -> Result<(), String> {
-    build_musl_job("lwk_named_owner.c", out)
+    remove_enclaves(&socket, &["a", "b"]);
 }
 
 #[test]
 fn a_host_process_writes_into_an_lwk_jobs_segment() {
-    if let Some(why) = missing_job_requirement() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let dir = TempDir::new("clowderd-xemem-owner");
-    let job = dir.0.join("lwk_named_owner");
-    build_owner_job(&job).unwrap();
-    let daemon = lwk_daemon(&dir.0, vmm_binary(), Liveness::default());
-    let links = daemon.xemem_links().clone();
-    let socket = serve(daemon, &dir.0);
-    let created = call(&socket, json!({"op": "create", "name": "owner", "cores": 1, "mem": "128M"}));
-    assert_eq!(created["ok"], true, "{created}");
-    let enclave_id = xemem_id(&socket, "owner").expect("the enclave got no XEMEM id");
+    let Some(dir) = job_test_dir("clowderd-xemem-owner") else { return };
+    let job = lwk_job(&dir.0, "lwk_named_owner");
+    let BrokeredDaemon { socket, links, .. } = start_daemon_with_broker(&dir.0);
+    let enclave_id = create_lwk_enclave(&socket, "owner", 1, "128M");
 
     std::thread::scope(|scope| {
         let runner = scope.spawn(|| run_job_to_end(&socket, "owner", &job, &["lwk_named_owner"], &dir.0));
@@ -90,34 +56,10 @@ fn a_host_process_writes_into_an_lwk_jobs_segment() {
         assert_eq!(segment.enclave(), enclave_id, "the segment names its enclave");
         let root = xemem::Credentials { uid: 0, groups: vec![0] };
         let (access, runs) = links.attach_enclave_segment(4242, root, segment, 0, 16 * 4096).expect("attach the LWK job's segment");
-        let mut page = 0u64;
-        let mut first_view = None;
-        for run in &runs {
-            let FileRun::Memory { file, offset, len } = run else { panic!("a hole in the job's memory: {run:?}") };
-            // SAFETY: a fresh shared mapping of the memfd range the daemon handed out.
-            let view = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    *len as usize,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    file.as_raw_fd(),
-                    *offset as i64,
-                )
-            };
-            assert_ne!(view, libc::MAP_FAILED);
-            for index in 0..len / 4096 {
-                // SAFETY: inside the mapping just made.
-                let value = unsafe { std::ptr::read_volatile((view as *const u8).add((index * 4096) as usize) as *const u64) };
-                assert_eq!(value, 1000 + page, "page {page} holds what the job wrote");
-                page += 1;
-            }
-            first_view.get_or_insert(view as *mut u64);
-        }
-        assert_eq!(page, 16);
+        let memory = MappedRuns::new(&runs);
+        assert_eq!(memory.first_words(), (1000..1016).collect::<Vec<u64>>(), "each page holds what the job wrote");
         // The host writes into the job's memory: the job, spinning on it, sees the value.
-        // SAFETY: word 1 of the first page, inside the first mapping.
-        unsafe { std::ptr::write_volatile(first_view.unwrap().add(1), 42) };
+        memory.write_first_page(1, 42);
         links.release(4242, access).unwrap();
         let (reply, stdout) = runner.join().unwrap();
         assert_eq!(reply["status"], 0, "{reply} {stdout}");
@@ -135,46 +77,26 @@ fn a_host_process_writes_into_an_lwk_jobs_segment() {
         assert!(Instant::now() < deadline, "the ended job's segment is still named");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let removed = call(&socket, json!({"op": "rm", "name": "owner"}));
-    assert_eq!(removed["ok"], true, "{removed}");
+    remove_enclaves(&socket, &["owner"]);
 }
 
 /// A host process attaches the LWK job's segment with the XPMEM API: libxpmem, the daemon's
 /// broker, the daemon's name-server node, the owner enclave's frame runs, the RAM memfd.
 #[test]
 fn a_libxpmem_process_attaches_an_lwk_jobs_segment_through_the_broker() {
-    if let Some(why) = missing_job_requirement() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let dir = TempDir::new("clowderd-xemem-libxpmem");
-    let job = dir.0.join("lwk_named_owner");
-    build_owner_job(&job).unwrap();
-    let attacher = dir.0.join("host_attacher");
-    build_host_program("host_attacher.c", &attacher);
-
-    let xemem_socket = dir.0.join("xemem.sock");
-    let daemon = lwk_daemon(&dir.0, vmm_binary(), Liveness::default());
-    assert!(daemon.host_xemem(clowderd::xemem::service::start(&xemem_socket).unwrap()).is_ok());
-    let socket = serve(daemon, &dir.0);
-    let created = call(&socket, json!({"op": "create", "name": "owner", "cores": 1, "mem": "128M"}));
-    assert_eq!(created["ok"], true, "{created}");
-    let enclave_id = xemem_id(&socket, "owner").expect("the enclave got no XEMEM id");
-
+    let Some(dir) = job_test_dir("clowderd-xemem-libxpmem") else { return };
+    let job = lwk_job(&dir.0, "lwk_named_owner");
+    let attacher = host_program(&dir.0, "host_attacher");
+    let BrokeredDaemon { socket, xemem_socket, .. } = start_daemon_with_broker(&dir.0);
+    let enclave_id = create_lwk_enclave(&socket, "owner", 1, "128M");
     std::thread::scope(|scope| {
         let runner = scope.spawn(|| run_job_to_end(&socket, "owner", &job, &["lwk_named_owner"], &dir.0));
-        let host = Command::new(&attacher).env("CLOWDER_XEMEM_SOCKET", &xemem_socket).output().unwrap();
-        let host_out = String::from_utf8_lossy(&host.stdout).into_owned();
-        assert!(host.status.success(), "host_attacher: {:?}\n{host_out}{}", host.status, String::from_utf8_lossy(&host.stderr));
-        assert!(host_out.contains(&format!("found a segment of enclave {enclave_id}")), "{host_out}");
-        assert!(host_out.contains("16 of 16 pages hold what the job wrote"), "{host_out}");
-        assert!(host_out.contains("another process is refused the permit"), "{host_out}");
+        assert_host_attacher_reads_the_job(&attacher, &xemem_socket, enclave_id, String::new);
         let (reply, stdout) = runner.join().unwrap();
         assert_eq!(reply["status"], 0, "{reply} {stdout}");
         assert!(stdout.contains("the host wrote 42"), "{stdout}");
     });
-    let removed = call(&socket, json!({"op": "rm", "name": "owner"}));
-    assert_eq!(removed["ok"], true, "{removed}");
+    remove_enclaves(&socket, &["owner"]);
 }
 
 /// clowderd reuses an owner enclave's answer for a repeated attach while the owner kernel's
@@ -183,18 +105,12 @@ fn a_libxpmem_process_attaches_an_lwk_jobs_segment_through_the_broker() {
 /// hole (SIGBUS) instead of the job's new memory.
 #[test]
 fn a_host_process_attaching_again_sees_memory_an_lwk_job_mapped_since() {
-    if revocation_requirements_missing() {
-        return;
-    }
-    let dir = TempDir::new("clowderd-xemem-remap");
-    let job = dir.0.join("lwk_remapping_owner");
-    build_musl_job("lwk_remapping_owner.c", &job).unwrap();
-    let attacher = dir.0.join("host_remap_attacher");
-    build_host_program("host_remap_attacher.c", &attacher);
-    let (socket, xemem_socket) = start_daemon_with_broker(&dir.0);
-    let created = call(&socket, json!({"op": "create", "name": "owner", "cores": 1, "mem": "128M"}));
-    assert_eq!(created["ok"], true, "{created}");
-    let job_stdout = std::sync::Mutex::new(String::new());
+    let Some(dir) = job_test_dir("clowderd-xemem-remap") else { return };
+    let job = lwk_job(&dir.0, "lwk_remapping_owner");
+    let attacher = host_program(&dir.0, "host_remap_attacher");
+    let BrokeredDaemon { socket, xemem_socket, .. } = start_daemon_with_broker(&dir.0);
+    create_lwk_enclave(&socket, "owner", 1, "128M");
+    let job_stdout = Mutex::new(String::new());
     std::thread::scope(|scope| {
         let runner = scope.spawn(|| run_job(&socket, "owner", &job, &["lwk_remapping_owner"], &dir.0, &job_stdout));
         let host = Command::new(&attacher).env("CLOWDER_XEMEM_SOCKET", &xemem_socket).output().unwrap();
@@ -209,8 +125,7 @@ fn a_host_process_attaching_again_sees_memory_an_lwk_job_mapped_since() {
         assert!(host.status.success(), "host_remap_attacher: {:?}\n{host_out}", host.status);
         assert_eq!(reply["status"], 0, "{reply} {job_out}");
     });
-    let removed = call(&socket, json!({"op": "rm", "name": "owner"}));
-    assert_eq!(removed["ok"], true, "{removed}");
+    remove_enclaves(&socket, &["owner"]);
 }
 
 /// The same with the attacher an LWK job in another enclave: the daemon keeps an attachment's
@@ -220,20 +135,14 @@ fn a_host_process_attaching_again_sees_memory_an_lwk_job_mapped_since() {
 /// (the kept regions' hole would raise SIGBUS).
 #[test]
 fn an_lwk_job_attaching_again_sees_memory_another_lwk_job_mapped_since() {
-    if revocation_requirements_missing() {
-        return;
-    }
-    let dir = TempDir::new("clowderd-xemem-remap-lwk");
-    let owner = dir.0.join("lwk_remapping_owner");
-    build_musl_job("lwk_remapping_owner.c", &owner).unwrap();
-    let attacher = dir.0.join("host_remap_attacher");
-    build_musl_job("host_remap_attacher.c", &attacher).unwrap();
-    let (socket, _, links) = start_daemon_with_links(&dir.0);
+    let Some(dir) = job_test_dir("clowderd-xemem-remap-lwk") else { return };
+    let owner = lwk_job(&dir.0, "lwk_remapping_owner");
+    let attacher = lwk_job(&dir.0, "host_remap_attacher");
+    let BrokeredDaemon { socket, links, .. } = start_daemon_with_broker(&dir.0);
     for name in ["owner", "attacher"] {
-        let created = call(&socket, json!({"op": "create", "name": name, "cores": 1, "mem": "128M"}));
-        assert_eq!(created["ok"], true, "{created}");
+        create_lwk_enclave(&socket, name, 1, "128M");
     }
-    let (owner_stdout, attacher_stdout) = (std::sync::Mutex::new(String::new()), std::sync::Mutex::new(String::new()));
+    let (owner_stdout, attacher_stdout) = (Mutex::new(String::new()), Mutex::new(String::new()));
     std::thread::scope(|scope| {
         let owner_run = scope.spawn(|| run_job(&socket, "owner", &owner, &["lwk_remapping_owner"], &dir.0, &owner_stdout));
         let attacher_reply = run_job(&socket, "attacher", &attacher, &["host_remap_attacher"], &dir.0, &attacher_stdout);
@@ -257,10 +166,8 @@ owner: {owner_out}"
     });
     // Regions added: the first permit's first attach (kept for the next two), the second
     // permit's, and the first permit's after the owner's change; all gone with the permits.
-    let logs = call(&socket, json!({"op": "logs", "name": "attacher"}));
-    let lines: Vec<String> = logs["lines"].as_array().unwrap().iter().filter_map(|l| l.as_str().map(String::from)).collect();
-    let added = lines.iter().filter(|l| l.contains("xemem: host memory (")).count();
-    let removed = lines.iter().filter(|l| l.contains("xemem: host memory region") && l.ends_with("removed")).count();
+    let lines = log_lines(&socket, "attacher");
+    let (added, removed) = regions_added_and_removed(&lines);
     assert!(added == removed && added < 5, "regions added {added}, removed {removed} for five attaches: {lines:?}");
     // The attacher's kernel parked the first attachment and took it up again twice, the
     // owner's count of page-table changes (read-only in its machine) standing still; after the
@@ -269,10 +176,7 @@ owner: {owner_out}"
     let words = lines.iter().filter(|l| l.contains("count of page-table changes, read-only")).count();
     assert!(words >= 1, "no read-only region for the owner's count: {lines:?}");
     assert_eq!(links.bridged_attaches(), 3, "{lines:?}");
-    for name in ["owner", "attacher"] {
-        let removed = call(&socket, json!({"op": "rm", "name": name}));
-        assert_eq!(removed["ok"], true, "{removed}");
-    }
+    remove_enclaves(&socket, &["owner", "attacher"]);
 }
 
 /// The other direction: an LWK job attaches a host process's memory. The host program exports
@@ -305,55 +209,16 @@ fn an_lwk_job_attaches_half_a_gigabyte_host_segment_twice() {
 
 /// `an_lwk_job_attaches_a_host_processs_segment` with a segment of `pages` 4 KiB pages.
 fn lwk_job_attaches_a_host_segment_twice(tag: &str, pages: u64) {
-    if let Some(why) = missing_job_requirement() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let dir = TempDir::new(&format!("clowderd-xemem-host-owner-{tag}"));
-    let job = dir.0.join("lwk_host_attacher");
-    build_musl_job("lwk_host_attacher.c", &job).unwrap();
-    let xemem = workspace_root().join("xemem");
-    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
-    let owner = dir.0.join("host_named_owner");
-    let built = Command::new("cc")
-        .args(["-O2", "-I"])
-        .arg(xemem.join("include"))
-        .arg("-o")
-        .arg(&owner)
-        .arg(xemem.join("tests/host_named_owner.c"))
-        .arg(xemem.join("build/lib/libxpmem.a"))
-        .arg("-lpthread")
-        .status()
-        .unwrap();
-    assert!(built.success(), "building host_named_owner");
-
-    let xemem_socket = dir.0.join("xemem.sock");
-    let daemon = lwk_daemon(&dir.0, vmm_binary(), Liveness::default());
-    let links = daemon.xemem_links().clone();
-    assert!(daemon.host_xemem(clowderd::xemem::service::start(&xemem_socket).unwrap()).is_ok());
-    let socket = serve(daemon, &dir.0);
-    let created = call(&socket, json!({"op": "create", "name": "attacher", "cores": 1, "mem": "128M"}));
-    assert_eq!(created["ok"], true, "{created}");
-    xemem_id(&socket, "attacher").expect("the enclave got no XEMEM id");
-
-    let mut host = Command::new(&owner)
-        .arg(pages.to_string())
-        .env("CLOWDER_XEMEM_SOCKET", &xemem_socket)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut host_stdout = std::io::BufReader::new(host.stdout.take().unwrap());
-    let mut first_line = String::new();
-    std::io::BufRead::read_line(&mut host_stdout, &mut first_line).unwrap();
-    assert_eq!(first_line.trim(), "made host-owner-seg");
-
+    let Some(dir) = job_test_dir(&format!("clowderd-xemem-host-owner-{tag}")) else { return };
+    let job = lwk_job(&dir.0, "lwk_host_attacher");
+    let owner = host_program(&dir.0, "host_named_owner");
+    let BrokeredDaemon { socket, xemem_socket, links } = start_daemon_with_broker(&dir.0);
+    create_lwk_enclave(&socket, "attacher", 1, "128M");
+    let host = HostProcess::owner(&owner, &xemem_socket, &[&pages.to_string()]);
     let (reply, stdout) = run_job_to_end(&socket, "attacher", &job, &["lwk_host_attacher", &pages.to_string()], &dir.0);
-    let host_status = host.wait().unwrap();
-    let mut host_rest = String::new();
-    std::io::Read::read_to_string(&mut host_stdout, &mut host_rest).unwrap();
-    let logs = call(&socket, json!({"op": "logs", "name": "attacher"}));
-    assert_eq!(reply["status"], 0, "{reply}\n{stdout}\n{logs}");
+    let (host_status, host_rest) = host.finish(Duration::from_secs(60));
+    let lines = log_lines(&socket, "attacher");
+    assert_eq!(reply["status"], 0, "{reply}\n{stdout}\n{lines:?}");
     assert!(stdout.contains("found a segment of enclave 1"), "{stdout}");
     assert!(stdout.contains("misaligned attach refused: 1, attach beyond the segment refused: 1"), "{stdout}");
     assert!(stdout.contains(&format!("{pages} of {pages} pages hold what the host wrote")), "{stdout}");
@@ -366,109 +231,39 @@ fn lwk_job_attaches_a_host_segment_twice(tag: &str, pages: u64) {
     assert!(stdout.contains(&format!("last attach: {pages} of {pages} pages")), "{stdout}");
     assert!(stdout.contains("attach after the owner's remove fails: 1"), "{stdout}");
     assert!(!stdout.contains("detach: -1") && stdout.contains("release: ENOENT"), "{stdout}");
-    assert!(host_status.success(), "host_named_owner: {host_status:?}\n{host_rest}");
+    assert_eq!(host_status, Some(0), "host_named_owner: {host_rest}");
     assert!(host_rest.contains("the LWK wrote 43"), "{host_rest}");
     assert!(host_rest.contains("remove: 0"), "{host_rest}");
     // The first attach added the owner's memory as a region; the second resumed the parked
     // attachment, unknown to the host; the attach of another range replaced it, and the last
     // whole attach replaced that: three regions, each gone (the last with the owner's remove).
-    let lines: Vec<String> = logs["lines"].as_array().unwrap().iter().filter_map(|l| l.as_str().map(String::from)).collect();
-    let added = lines.iter().filter(|l| l.contains("xemem: host memory (")).count();
-    let removed = lines.iter().filter(|l| l.contains("xemem: host memory region") && l.ends_with("removed")).count();
+    let (added, removed) = regions_added_and_removed(&lines);
     assert!(added == 3 && removed == 3, "regions added {added}, removed {removed}: {lines:?}");
     // The host served three attaches: the second and those after the last detach resumed the
     // parked attachment.
     assert_eq!(links.bridged_attaches(), 3, "{stdout}");
     // Nothing of the host segment is left in the enclave's name: the permit went with release.
     assert!(links.list().is_empty(), "{:?}", links.list());
-    let removed = call(&socket, json!({"op": "rm", "name": "attacher"}));
-    assert_eq!(removed["ok"], true, "{removed}");
-}
-
-/// Starts an in-process daemon with its XEMEM broker under `dir`; returns its API socket and
-/// the broker's socket.
-fn start_daemon_with_broker(dir: &Path) -> (PathBuf, PathBuf) {
-    let (socket, xemem_socket, _) = start_daemon_with_links(dir);
-    (socket, xemem_socket)
-}
-
-/// [`start_daemon_with_broker`], with the daemon's XEMEM links (to count what they served).
-fn start_daemon_with_links(dir: &Path) -> (PathBuf, PathBuf, std::sync::Arc<clowderd::xemem::XememLinks>) {
-    let xemem_socket = dir.join("xemem.sock");
-    // Pings get more time than the default 5 s: on a machine shared with other builds an
-    // enclave's vCPU may be starved that long, and liveness is not what these tests test.
-    let liveness = Liveness { ping_timeout: Duration::from_secs(20), ..Liveness::default() };
-    let daemon = lwk_daemon(dir, vmm_binary(), liveness);
-    let links = daemon.xemem_links().clone();
-    assert!(daemon.host_xemem(clowderd::xemem::service::start(&xemem_socket).unwrap()).is_ok());
-    (serve(daemon, dir), xemem_socket, links)
-}
-
-/// What one revocation run produced.
-struct RevokeRun {
-    job_status: Value,
-    job_stdout: String,
-    owner_status: std::process::ExitStatus,
-    owner_stdout: String,
-    enclave_log: Vec<String>,
+    remove_enclaves(&socket, &["attacher"]);
 }
 
 /// A host owner (`host_revoking_owner <owner_mode>`) exports a segment that an LWK job
 /// (`lwk_revoked_attacher <job_args>`, in an enclave of `cores` vCPUs) attaches and touches;
 /// the owner then removes the segment or exits while the attachment is in use.
-fn run_revocation(tag: &str, owner_mode: &str, job_args: &[&str], cores: u32) -> RevokeRun {
-    let dir = TempDir::new(&format!("clowderd-xemem-revoke-{tag}"));
-    let job = dir.0.join("lwk_revoked_attacher");
-    build_musl_job("lwk_revoked_attacher.c", &job).unwrap();
-    let owner = dir.0.join("host_revoking_owner");
-    build_host_program("host_revoking_owner.c", &owner);
-
-    let (socket, xemem_socket) = start_daemon_with_broker(&dir.0);
-    let created = call(&socket, json!({"op": "create", "name": "attacher", "cores": cores, "mem": "128M"}));
-    assert_eq!(created["ok"], true, "{created}");
-    xemem_id(&socket, "attacher").expect("the enclave got no XEMEM id");
-
-    let mut host = Command::new(&owner)
-        .arg(owner_mode)
-        .env("CLOWDER_XEMEM_SOCKET", &xemem_socket)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut host_stdout = std::io::BufReader::new(host.stdout.take().unwrap());
-    let mut first_line = String::new();
-    std::io::BufRead::read_line(&mut host_stdout, &mut first_line).unwrap();
-    assert_eq!(first_line.trim(), "made host-revoke-seg");
-
+fn run_revocation(tag: &str, owner_mode: &str, job_args: &[&str], cores: u32) -> Option<RevokeRun> {
+    let dir = job_test_dir(&format!("clowderd-xemem-revoke-{tag}"))?;
+    let job = lwk_job(&dir.0, "lwk_revoked_attacher");
+    let owner = host_program(&dir.0, "host_revoking_owner");
+    let BrokeredDaemon { socket, xemem_socket, .. } = start_daemon_with_broker(&dir.0);
+    create_lwk_enclave(&socket, "attacher", cores, "128M");
+    let host = HostProcess::owner(&owner, &xemem_socket, &[owner_mode]);
     let mut argv = vec!["lwk_revoked_attacher"];
     argv.extend_from_slice(job_args);
     let (reply, job_stdout) = run_job_to_end(&socket, "attacher", &job, &argv, &dir.0);
-    let owner_status = host.wait().unwrap();
-    let mut owner_stdout = String::new();
-    std::io::Read::read_to_string(&mut host_stdout, &mut owner_stdout).unwrap();
-    let logs = call(&socket, json!({"op": "logs", "name": "attacher"}));
-    let enclave_log = logs["lines"].as_array().unwrap().iter().filter_map(|l| l.as_str().map(String::from)).collect();
-    let removed = call(&socket, json!({"op": "rm", "name": "attacher"}));
-    assert_eq!(removed["ok"], true, "{removed}");
-    RevokeRun { job_status: reply["status"].clone(), job_stdout, owner_status, owner_stdout, enclave_log }
-}
-
-/// Regions the daemon added for host memory, and regions it removed again.
-fn regions_added_and_removed(log: &[String]) -> (usize, usize) {
-    let added = log.iter().filter(|l| l.contains("xemem: host memory (")).count();
-    let removed = log.iter().filter(|l| l.contains("xemem: host memory region") && l.ends_with("removed")).count();
-    (added, removed)
-}
-
-fn revocation_requirements_missing() -> bool {
-    if let Some(why) = missing_requirement() {
-        eprintln!("skipped: {why}");
-        return true;
-    }
-    if Command::new("musl-gcc").arg("--version").output().is_err() {
-        eprintln!("skipped: musl-gcc is not installed");
-        return true;
-    }
-    false
+    let (owner_status, owner_stdout) = host.finish(Duration::from_secs(60));
+    let enclave_log = log_lines(&socket, "attacher");
+    remove_enclaves(&socket, &["attacher"]);
+    Some(RevokeRun { job_status: reply["status"].clone(), job_stdout, owner_status, owner_stdout, enclave_log })
 }
 
 /// The host owner removes its segment while an LWK job touches its attachment: the remove
@@ -477,51 +272,29 @@ fn revocation_requirements_missing() -> bool {
 /// keeps its data, and the regions the attach added are removed.
 #[test]
 fn a_host_owners_remove_gives_the_lwk_job_sigbus_in_its_handler() {
-    if revocation_requirements_missing() {
-        return;
+    if let Some(run) = run_revocation("remove", "remove", &["handler"], 1) {
+        run.assert_the_handler_saw_the_remove("");
     }
-    let run = run_revocation("remove", "remove", &["handler"], 1);
-    let context =
-        format!("job {}:\n{}\nowner {:?}:\n{}\n{:#?}", run.job_status, run.job_stdout, run.owner_status, run.owner_stdout, run.enclave_log);
-    assert_eq!(run.job_status, 0, "{context}");
-    assert!(run.job_stdout.contains("16 of 16 pages hold the owner's pattern"), "{context}");
-    assert!(run.job_stdout.contains("main thread: SIGBUS inside the attachment: 1"), "{context}");
-    assert!(run.job_stdout.contains("detach: 0"), "{context}");
-    assert!(run.job_stdout.contains("release: -1 (errno 2)"), "{context}");
-    assert!(run.owner_status.success(), "{context}");
-    assert!(run.owner_stdout.contains("remove: 0"), "{context}");
-    assert!(run.owner_stdout.contains("owner data intact: 1"), "{context}");
-    let (added, removed) = regions_added_and_removed(&run.enclave_log);
-    assert!(added >= 1 && added == removed, "regions added {added}, removed {removed}: {context}");
 }
 
 /// The host owner exits while the job touches the attachment, and the job has no handler:
 /// it ends with Linux's status for SIGBUS (128 + 7).
 #[test]
 fn a_host_owners_exit_ends_an_lwk_job_without_a_handler_with_sigbus() {
-    if revocation_requirements_missing() {
-        return;
-    }
-    let run = run_revocation("exit", "exit", &["default"], 1);
-    let context =
-        format!("job {}:\n{}\nowner {:?}:\n{}\n{:#?}", run.job_status, run.job_stdout, run.owner_status, run.owner_stdout, run.enclave_log);
+    let Some(run) = run_revocation("exit", "exit", &["default"], 1) else { return };
+    let context = run.context();
     assert_eq!(run.job_status, 135, "{context}");
     assert!(run.job_stdout.contains("wrote 44; touching until the memory goes"), "{context}");
     assert!(run.owner_stdout.contains("exiting without a remove"), "{context}");
-    let (added, removed) = regions_added_and_removed(&run.enclave_log);
-    assert!(added >= 1 && added == removed, "regions added {added}, removed {removed}: {context}");
+    assert_regions_come_and_go(&run.enclave_log, &context);
 }
 
 /// A two-vCPU job with a thread on each CPU touching the attachment: the revoke unmaps it on
 /// one CPU and shoots down the other's TLB, so both threads fault.
 #[test]
 fn a_revoke_reaches_both_cpus_of_a_two_vcpu_job() {
-    if revocation_requirements_missing() {
-        return;
-    }
-    let run = run_revocation("smp", "remove", &["handler", "2"], 2);
-    let context =
-        format!("job {}:\n{}\nowner {:?}:\n{}\n{:#?}", run.job_status, run.job_stdout, run.owner_status, run.owner_stdout, run.enclave_log);
+    let Some(run) = run_revocation("smp", "remove", &["handler", "2"], 2) else { return };
+    let context = run.context();
     assert_eq!(run.job_status, 0, "{context}");
     assert!(run.job_stdout.contains("main thread: SIGBUS inside the attachment: 1"), "{context}");
     assert!(run.job_stdout.contains("second thread: SIGBUS inside the attachment: 1"), "{context}");
@@ -535,22 +308,12 @@ fn a_revoke_reaches_both_cpus_of_a_two_vcpu_job() {
 /// alone through libxpmem and writes into the job's memory.
 #[test]
 fn anonymous_segments_of_two_enclaves_have_global_ids_a_host_process_can_use() {
-    if revocation_requirements_missing() {
-        return;
-    }
-    let dir = TempDir::new("clowderd-xemem-global");
-    let job = dir.0.join("lwk_anonymous_owner");
-    build_musl_job("lwk_anonymous_owner.c", &job).unwrap();
-    let attacher = dir.0.join("host_segid_attacher");
-    build_host_program("host_segid_attacher.c", &attacher);
-    let (socket, xemem_socket) = start_daemon_with_broker(&dir.0);
-    let mut ids = Vec::new();
-    for name in ["a", "b"] {
-        let created = call(&socket, json!({"op": "create", "name": name, "cores": 1, "mem": "128M"}));
-        assert_eq!(created["ok"], true, "{created}");
-        ids.push(xemem_id(&socket, name).expect("the enclave got no XEMEM id"));
-    }
-    let outputs = [std::sync::Mutex::new(String::new()), std::sync::Mutex::new(String::new())];
+    let Some(dir) = job_test_dir("clowderd-xemem-global") else { return };
+    let job = lwk_job(&dir.0, "lwk_anonymous_owner");
+    let attacher = host_program(&dir.0, "host_segid_attacher");
+    let BrokeredDaemon { socket, xemem_socket, .. } = start_daemon_with_broker(&dir.0);
+    let ids = ["a", "b"].map(|name| create_lwk_enclave(&socket, name, 1, "128M"));
+    let outputs = [Mutex::new(String::new()), Mutex::new(String::new())];
     std::thread::scope(|scope| {
         let runners: Vec<_> = ["a", "b"]
             .iter()
@@ -593,10 +356,7 @@ fn anonymous_segments_of_two_enclaves_have_global_ids_a_host_process_can_use() {
             assert!(text.contains("the host wrote 45") && text.contains("remove: 0"), "{text}");
         }
     });
-    for name in ["a", "b"] {
-        let removed = call(&socket, json!({"op": "rm", "name": name}));
-        assert_eq!(removed["ok"], true, "{removed}");
-    }
+    remove_enclaves(&socket, &["a", "b"]);
 }
 
 /// xemem/tests/same_binary.c (every XPMEM call: argument errors, attaches of 1 to 1024 pages
@@ -605,16 +365,10 @@ fn anonymous_segments_of_two_enclaves_have_global_ids_a_host_process_can_use() {
 /// what it prints on the host through the daemon's broker, and both die of SIGBUS (135).
 #[test]
 fn the_same_binary_in_a_connected_enclave_matches_the_host() {
-    if revocation_requirements_missing() {
-        return;
-    }
-    let dir = TempDir::new("clowderd-xemem-same");
-    let job = dir.0.join("same_binary");
-    build_musl_job("same_binary.c", &job).unwrap();
-    let (socket, xemem_socket) = start_daemon_with_broker(&dir.0);
-    let created = call(&socket, json!({"op": "create", "name": "same", "cores": 1, "mem": "256M"}));
-    assert_eq!(created["ok"], true, "{created}");
-    let enclave_id = xemem_id(&socket, "same").expect("the enclave got no XEMEM id");
+    let Some(dir) = job_test_dir("clowderd-xemem-same") else { return };
+    let job = lwk_job(&dir.0, "same_binary");
+    let BrokeredDaemon { socket, xemem_socket, .. } = start_daemon_with_broker(&dir.0);
+    let enclave_id = create_lwk_enclave(&socket, "same", 1, "256M");
     let host = Command::new(&job)
         .current_dir(&dir.0)
         .env("CLOWDER_XEMEM_SOCKET", &xemem_socket)
@@ -631,8 +385,7 @@ fn the_same_binary_in_a_connected_enclave_matches_the_host() {
     // The job's segments came from the daemon's name server (its segids name the enclave) and
     // went with the job.
     assert!(logs.to_string().contains(&format!("the name server gave this enclave id {enclave_id}")));
-    let removed = call(&socket, json!({"op": "rm", "name": "same"}));
-    assert_eq!(removed["ok"], true, "{removed}");
+    remove_enclaves(&socket, &["same"]);
 }
 
 /// Two LWK enclaves under one daemon: boots both, builds the peer owner and the attacher.
@@ -644,24 +397,15 @@ struct TwoEnclaves {
     attacher_job: PathBuf,
 }
 
-fn two_enclaves(tag: &str) -> TwoEnclaves {
-    let dir = TempDir::new(&format!("clowderd-xemem-peers-{tag}"));
-    let owner_job = dir.0.join("lwk_peer_owner");
-    build_musl_job("lwk_peer_owner.c", &owner_job).unwrap();
-    let attacher_job = dir.0.join("lwk_revoked_attacher");
-    build_musl_job("lwk_revoked_attacher.c", &attacher_job).unwrap();
-    let (socket, xemem_socket) = start_daemon_with_broker(&dir.0);
+fn two_enclaves(tag: &str) -> Option<TwoEnclaves> {
+    let dir = job_test_dir(&format!("clowderd-xemem-peers-{tag}"))?;
+    let owner_job = lwk_job(&dir.0, "lwk_peer_owner");
+    let attacher_job = lwk_job(&dir.0, "lwk_revoked_attacher");
+    let BrokeredDaemon { socket, xemem_socket, .. } = start_daemon_with_broker(&dir.0);
     for name in ["a", "b"] {
-        let created = call(&socket, json!({"op": "create", "name": name, "cores": 1, "mem": "128M"}));
-        assert_eq!(created["ok"], true, "{created}");
-        xemem_id(&socket, name).expect("the enclave got no XEMEM id");
+        create_lwk_enclave(&socket, name, 1, "128M");
     }
-    TwoEnclaves { dir, socket, xemem_socket, owner_job, attacher_job }
-}
-
-fn log_lines(socket: &Path, enclave: &str) -> Vec<String> {
-    let logs = call(socket, json!({"op": "logs", "name": enclave}));
-    logs["lines"].as_array().map(|lines| lines.iter().filter_map(|l| l.as_str().map(String::from)).collect()).unwrap_or_default()
+    Some(TwoEnclaves { dir, socket, xemem_socket, owner_job, attacher_job })
 }
 
 const PEER_ATTACHER_ARGS: [&str; 5] = ["lwk_revoked_attacher", "handler", "1", "lwk-peer-seg", "6000"];
@@ -672,11 +416,8 @@ const PEER_ATTACHER_ARGS: [&str; 5] = ["lwk_revoked_attacher", "handler", "1", "
 /// handler, detaches, finds its permit gone, and every region b got is removed.
 #[test]
 fn an_lwk_job_attaches_another_enclaves_segment_and_gets_sigbus_when_it_is_removed() {
-    if revocation_requirements_missing() {
-        return;
-    }
-    let peers = two_enclaves("remove");
-    let outputs = [std::sync::Mutex::new(String::new()), std::sync::Mutex::new(String::new())];
+    let Some(peers) = two_enclaves("remove") else { return };
+    let outputs = [Mutex::new(String::new()), Mutex::new(String::new())];
     let (owner_reply, attacher_reply) = std::thread::scope(|scope| {
         let owner = scope.spawn(|| run_job(&peers.socket, "a", &peers.owner_job, &["lwk_peer_owner", "remove"], &peers.dir.0, &outputs[0]));
         let attacher = scope.spawn(|| run_job(&peers.socket, "b", &peers.attacher_job, &PEER_ATTACHER_ARGS, &peers.dir.0, &outputs[1]));
@@ -695,12 +436,8 @@ fn an_lwk_job_attaches_another_enclaves_segment_and_gets_sigbus_when_it_is_remov
     assert!(!attacher_out.contains("found a segment of enclave 1\n"), "the segment is enclave a's: {context}");
     assert!(attacher_out.contains("main thread: SIGBUS inside the attachment: 1"), "{context}");
     assert!(attacher_out.contains("detach: 0") && attacher_out.contains("release: -1 (errno 2)"), "{context}");
-    let (added, removed) = regions_added_and_removed(&b_log);
-    assert!(added >= 1 && added == removed, "regions added {added}, removed {removed}: {context}");
-    for name in ["a", "b"] {
-        let removed = call(&peers.socket, json!({"op": "rm", "name": name}));
-        assert_eq!(removed["ok"], true, "{removed}");
-    }
+    assert_regions_come_and_go(&b_log, &context);
+    remove_enclaves(&peers.socket, &["a", "b"]);
 }
 
 /// Enclave a is removed while b's job and a host process touch their attachments of a's
@@ -708,53 +445,34 @@ fn an_lwk_job_attaches_another_enclaves_segment_and_gets_sigbus_when_it_is_remov
 /// the daemon goes on serving (a new enclave gets an XEMEM id; the segment's name is gone).
 #[test]
 fn removing_an_owner_enclave_gives_its_attachers_in_other_enclaves_sigbus() {
-    if revocation_requirements_missing() {
-        return;
-    }
-    let peers = two_enclaves("owner-gone");
-    let host_attacher = peers.dir.0.join("host_held_attacher");
-    build_host_program("host_held_attacher.c", &host_attacher);
-    let outputs = [std::sync::Mutex::new(String::new()), std::sync::Mutex::new(String::new())];
+    let Some(peers) = two_enclaves("owner-gone") else { return };
+    let host_attacher = host_program(&peers.dir.0, "host_held_attacher");
+    let outputs = [Mutex::new(String::new()), Mutex::new(String::new())];
     let (attacher_reply, host) = std::thread::scope(|scope| {
         let _owner = scope.spawn(|| run_job(&peers.socket, "a", &peers.owner_job, &["lwk_peer_owner", "hold"], &peers.dir.0, &outputs[0]));
         let attacher = scope.spawn(|| run_job(&peers.socket, "b", &peers.attacher_job, &PEER_ATTACHER_ARGS, &peers.dir.0, &outputs[1]));
-        let mut host = Command::new(&host_attacher)
-            .args(["lwk-peer-seg", "6000"])
-            .env("CLOWDER_XEMEM_SOCKET", &peers.xemem_socket)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut host_out = std::io::BufReader::new(host.stdout.take().unwrap());
-        let mut attached = String::new();
-        std::io::BufRead::read_line(&mut host_out, &mut attached).unwrap();
-        assert!(attached.starts_with("attached: page 0 starts with 6000"), "host attacher: {attached}");
+        let mut host = HostProcess::spawn(&host_attacher, &peers.xemem_socket, &["lwk-peer-seg", "6000"]);
+        let attached = host.wait_for("attached:", Duration::from_secs(60));
+        assert!(attached.as_deref().is_some_and(|l| l.starts_with("page 0 starts with 6000")), "host attacher: {:?}", host.seen);
         let deadline = Instant::now() + Duration::from_secs(60);
         while !outputs[0].lock().unwrap().contains("the other enclave wrote 44") {
             assert!(Instant::now() < deadline, "the attacher never wrote: {}", outputs[1].lock().unwrap());
             std::thread::sleep(Duration::from_millis(50));
         }
-        let removed = call(&peers.socket, json!({"op": "rm", "name": "a"}));
-        assert_eq!(removed["ok"], true, "{removed}");
-        let mut rest = String::new();
-        std::io::Read::read_to_string(&mut host_out, &mut rest).unwrap();
-        (attacher.join().unwrap(), (host.wait().unwrap(), attached + &rest))
+        remove_enclaves(&peers.socket, &["a"]);
+        (attacher.join().unwrap(), host.finish(Duration::from_secs(60)))
     });
     let (host_status, host_out) = host;
-    assert!(host_status.success() && host_out.contains("SIGBUS after the owner went: 1"), "host attacher {host_status:?}: {host_out}");
+    assert!(host_status == Some(0) && host_out.contains("SIGBUS after the owner went: 1"), "host attacher {host_status:?}: {host_out}");
     let attacher_out = outputs[1].lock().unwrap().clone();
     let b_log = log_lines(&peers.socket, "b");
     let context = format!("attacher {attacher_reply}:\n{attacher_out}\n{b_log:#?}");
     assert_eq!(attacher_reply["status"], 0, "{context}");
     assert!(attacher_out.contains("main thread: SIGBUS inside the attachment: 1"), "{context}");
-    let (added, removed) = regions_added_and_removed(&b_log);
-    assert!(added >= 1 && added == removed, "regions added {added}, removed {removed}: {context}");
-    let created = call(&peers.socket, json!({"op": "create", "name": "c", "cores": 1, "mem": "128M"}));
-    assert_eq!(created["ok"], true, "the daemon serves on: {created}");
-    xemem_id(&peers.socket, "c").expect("a new enclave gets an XEMEM id");
-    for name in ["b", "c"] {
-        let removed = call(&peers.socket, json!({"op": "rm", "name": name}));
-        assert_eq!(removed["ok"], true, "{removed}");
-    }
+    assert_regions_come_and_go(&b_log, &context);
+    // The daemon serves on: a new enclave gets an XEMEM id.
+    create_lwk_enclave(&peers.socket, "c", 1, "128M");
+    remove_enclaves(&peers.socket, &["b", "c"]);
 }
 
 /// Where one side of a cross-enclave conformance case runs.
@@ -791,17 +509,11 @@ fn run_cross_role(place: Place, role: &str, case: &str, binary: &Path, dir: &Pat
 /// reverse, and between two LWK enclaves. Every case must pass in every direction.
 #[test]
 fn the_conformance_cases_pass_across_enclaves_in_every_direction() {
-    if revocation_requirements_missing() {
-        return;
-    }
-    let dir = TempDir::new("clowderd-xemem-cross");
-    let binary = dir.0.join("cross");
-    build_musl_job("cross.c", &binary).unwrap();
-    let (socket, xemem_socket) = start_daemon_with_broker(&dir.0);
+    let Some(dir) = job_test_dir("clowderd-xemem-cross") else { return };
+    let binary = lwk_job(&dir.0, "cross");
+    let BrokeredDaemon { socket, xemem_socket, .. } = start_daemon_with_broker(&dir.0);
     for name in ["a", "b"] {
-        let created = call(&socket, json!({"op": "create", "name": name, "cores": 1, "mem": "256M"}));
-        assert_eq!(created["ok"], true, "{created}");
-        xemem_id(&socket, name).expect("the enclave got no XEMEM id");
+        create_lwk_enclave(&socket, name, 1, "256M");
     }
     let listed = Command::new(&binary).arg("--list").output().unwrap();
     let cases: Vec<String> = String::from_utf8_lossy(&listed.stdout).lines().map(String::from).collect();
@@ -827,10 +539,7 @@ fn the_conformance_cases_pass_across_enclaves_in_every_direction() {
     }
     println!("cross-enclave conformance: {passed} passed, {} failed", failures.len());
     assert!(failures.is_empty(), "failed: {failures:?}");
-    for name in ["a", "b"] {
-        let removed = call(&socket, json!({"op": "rm", "name": name}));
-        assert_eq!(removed["ok"], true, "{removed}");
-    }
+    remove_enclaves(&socket, &["a", "b"]);
 }
 
 /// Every process of an LWK job is an XEMEM process of its own (`xemem/tests/lwk_fork_device.c`,
@@ -840,23 +549,16 @@ fn the_conformance_cases_pass_across_enclaves_in_every_direction() {
 /// attaches the child's named segment, and once the child exits its next touch is SIGBUS.
 #[test]
 fn forked_lwk_processes_use_the_device_and_signal_each_other() {
-    if revocation_requirements_missing() {
-        return;
-    }
-    let dir = TempDir::new("clowderd-xemem-fork");
-    let job = dir.0.join("lwk_fork_device");
-    build_musl_job("lwk_fork_device.c", &job).unwrap();
-    let (socket, _) = start_daemon_with_broker(&dir.0);
-    let created = call(&socket, json!({"op": "create", "name": "forker", "cores": 1, "mem": "128M"}));
-    assert_eq!(created["ok"], true, "{created}");
-    xemem_id(&socket, "forker").expect("the enclave got no XEMEM id");
+    let Some(dir) = job_test_dir("clowderd-xemem-fork") else { return };
+    let job = lwk_job(&dir.0, "lwk_fork_device");
+    let BrokeredDaemon { socket, .. } = start_daemon_with_broker(&dir.0);
+    create_lwk_enclave(&socket, "forker", 1, "128M");
     let (reply, out) = run_job_to_end(&socket, "forker", &job, &["lwk_fork_device"], &dir.0);
     assert_eq!(reply["status"], 0, "{reply} {out}");
     assert!(!out.contains("FAIL"), "{out}");
     assert!(out.contains("lwk_fork_device: all passed"), "{out}");
     assert_eq!(out.lines().filter(|line| line.starts_with("ok ")).count(), 32, "{out}");
-    let removed = call(&socket, json!({"op": "rm", "name": "forker"}));
-    assert_eq!(removed["ok"], true, "{removed}");
+    remove_enclaves(&socket, &["forker"]);
 }
 
 /// Where one party of `xemem/tests/notify_peer.c` runs.
@@ -867,18 +569,15 @@ enum Peer<'a> {
 
 /// Runs `notify_peer` twice, as the owner of `own` waiting on it (`wait`) or signalling
 /// `peer` first (`signal`), one party per place; returns each party's (status, output).
-fn run_notify_peers(tag: &str, parties: [(Peer<'_>, &str, &str, &str); 2]) -> Vec<(String, String)> {
-    let dir = TempDir::new(&format!("clowderd-xemem-notify-{tag}"));
-    let job = dir.0.join("notify_peer_lwk");
-    build_musl_job("notify_peer.c", &job).unwrap();
+fn run_notify_peers(tag: &str, parties: [(Peer<'_>, &str, &str, &str); 2]) -> Option<Vec<(String, String)>> {
+    let dir = job_test_dir(&format!("clowderd-xemem-notify-{tag}"))?;
+    let job = lwk_job(&dir.0, "notify_peer");
     let host_program = dir.0.join("notify_peer_host");
-    build_host_program("notify_peer.c", &host_program);
-    let (socket, xemem_socket) = start_daemon_with_broker(&dir.0);
+    support::build_host_program("notify_peer.c", &host_program);
+    let BrokeredDaemon { socket, xemem_socket, .. } = start_daemon_with_broker(&dir.0);
     for (place, ..) in &parties {
         if let Peer::Enclave(name) = place {
-            let created = call(&socket, json!({"op": "create", "name": name, "cores": 1, "mem": "128M"}));
-            assert_eq!(created["ok"], true, "{created}");
-            xemem_id(&socket, name).expect("the enclave got no XEMEM id");
+            create_lwk_enclave(&socket, name, 1, "128M");
         }
     }
     let results = std::thread::scope(|scope| {
@@ -888,19 +587,9 @@ fn run_notify_peers(tag: &str, parties: [(Peer<'_>, &str, &str, &str); 2]) -> Ve
                 let (job, host_program, dir, socket, xemem_socket) = (&job, &host_program, &dir.0, &socket, &xemem_socket);
                 scope.spawn(move || match place {
                     Peer::Host => {
-                        let mut child = Command::new(host_program)
-                            .args([own, peer, role])
-                            .env("CLOWDER_XEMEM_SOCKET", xemem_socket)
-                            .stdout(std::process::Stdio::piped())
-                            .spawn()
-                            .unwrap();
-                        let deadline = Instant::now() + Duration::from_secs(60);
-                        while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
-                            std::thread::sleep(Duration::from_millis(50));
-                        }
-                        let _ = child.kill();
-                        let output = child.wait_with_output().unwrap();
-                        (format!("{:?}", output.status.code()), String::from_utf8_lossy(&output.stdout).into_owned())
+                        let (status, output) =
+                            HostProcess::spawn(host_program, xemem_socket, &[own, peer, role]).finish(Duration::from_secs(60));
+                        (format!("{status:?}"), output)
                     }
                     Peer::Enclave(name) => {
                         let (reply, stdout) = run_job_to_end(socket, name, job, &["notify_peer", own, peer, role], dir);
@@ -913,11 +602,10 @@ fn run_notify_peers(tag: &str, parties: [(Peer<'_>, &str, &str, &str); 2]) -> Ve
     });
     for (place, ..) in &parties {
         if let Peer::Enclave(name) = place {
-            let removed = call(&socket, json!({"op": "rm", "name": name}));
-            assert_eq!(removed["ok"], true, "{removed}");
+            remove_enclaves(&socket, &[name]);
         }
     }
-    results
+    Some(results)
 }
 
 /// Both parties made their segment, signalled the other's, woke once and exited 0.
@@ -942,16 +630,15 @@ fn assert_notified(results: &[(String, String)], names: [&str; 2]) {
 /// notify descriptor wakes.
 #[test]
 fn a_host_process_and_an_lwk_job_signal_each_others_segments() {
-    if revocation_requirements_missing() {
-        return;
-    }
-    let results = run_notify_peers(
+    let Some(results) = run_notify_peers(
         "host-lwk",
         [
             (Peer::Enclave("waiter"), "lwk-notify-seg", "host-notify-seg", "wait"),
             (Peer::Host, "host-notify-seg", "lwk-notify-seg", "signal"),
         ],
-    );
+    ) else {
+        return;
+    };
     assert_notified(&results, ["lwk-notify-seg", "host-notify-seg"]);
 }
 
@@ -959,15 +646,14 @@ fn a_host_process_and_an_lwk_job_signal_each_others_segments() {
 /// proxy permit, and a's job then signals b's.
 #[test]
 fn lwk_jobs_in_two_enclaves_signal_each_others_segments() {
-    if revocation_requirements_missing() {
-        return;
-    }
-    let results = run_notify_peers(
+    let Some(results) = run_notify_peers(
         "lwk-lwk",
         [
             (Peer::Enclave("a"), "lwk-a-notify-seg", "lwk-b-notify-seg", "wait"),
             (Peer::Enclave("b"), "lwk-b-notify-seg", "lwk-a-notify-seg", "signal"),
         ],
-    );
+    ) else {
+        return;
+    };
     assert_notified(&results, ["lwk-a-notify-seg", "lwk-b-notify-seg"]);
 }

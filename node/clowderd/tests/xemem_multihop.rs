@@ -6,10 +6,9 @@
 //! descriptors and runs, and A keeps serving.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use clowderd::client::Client;
@@ -19,7 +18,10 @@ use xemem::NAME_SERVER_ENCLAVE;
 
 mod support;
 use support::processes::{build_host_keeper, build_support_program, sub_manager, with_id, Daemon, HostProcess};
-use support::{build_host_program, build_musl_job, missing_requirement, run_job_to_end, workspace_root, TempDir};
+use support::{
+    assert_host_attacher_reads_the_job, create_lwk_enclave, host_program, job_test_dir, log_lines, lwk_job, regions_added_and_removed,
+    remove_enclaves, run_job_to_end, RevokeRun, TempDir,
+};
 
 /// Owner on one daemon, attacher on another: the attacher finds the owner's segment by name,
 /// reads the owner's 16 pages, writes what the owner waits for, and gets SIGBUS once the owner
@@ -54,10 +56,7 @@ fn share(program: &Path, owner_at: &Daemon, attacher_at: &Daemon, name: &str, ba
 #[test]
 fn host_processes_under_two_daemons_share_memory_both_ways() {
     let dir = TempDir::new("clowderd-multihop-share");
-    let program = dir.0.join("host_peer");
-    build_host_program("host_peer.c", &program);
-    std::fs::create_dir_all(dir.0.join("a")).unwrap();
-    std::fs::create_dir_all(dir.0.join("b")).unwrap();
+    let program = host_program(&dir.0, "host_peer");
     let a = Daemon::start(&dir.0.join("a"), None);
     let b = Daemon::start(&dir.0.join("b"), Some(&a));
     let id = b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10));
@@ -92,11 +91,7 @@ fn host_processes_under_two_daemons_share_memory_both_ways() {
 #[test]
 fn host_processes_under_sibling_sub_managers_share_memory() {
     let dir = TempDir::new("clowderd-multihop-siblings");
-    let program = dir.0.join("host_peer");
-    build_host_program("host_peer.c", &program);
-    for name in ["a", "b", "c"] {
-        std::fs::create_dir_all(dir.0.join(name)).unwrap();
-    }
+    let program = host_program(&dir.0, "host_peer");
     let a = Daemon::start(&dir.0.join("a"), None);
     let b = Daemon::start(&dir.0.join("b"), Some(&a));
     let c = Daemon::start(&dir.0.join("c"), Some(&a));
@@ -116,11 +111,7 @@ fn host_processes_under_sibling_sub_managers_share_memory() {
 #[test]
 fn host_processes_two_daemons_apart_share_memory() {
     let dir = TempDir::new("clowderd-multihop-deep");
-    let program = dir.0.join("host_peer");
-    build_host_program("host_peer.c", &program);
-    for name in ["a", "b", "d"] {
-        std::fs::create_dir_all(dir.0.join(name)).unwrap();
-    }
+    let program = host_program(&dir.0, "host_peer");
     let a = Daemon::start(&dir.0.join("a"), None);
     let b = Daemon::start(&dir.0.join("b"), Some(&a));
     assert!(b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", b.log());
@@ -138,20 +129,16 @@ fn host_processes_two_daemons_apart_share_memory() {
 /// B running LWK enclave `enclave` (created here); returns the daemons and the enclave's XEMEM
 /// id.
 fn tree_with_an_enclave_under_d(dir: &Path, enclave: &str) -> (Daemon, Daemon, Daemon, Daemon, u32) {
-    std::fs::create_dir_all(dir.join("a")).unwrap();
     let a = Daemon::start(&dir.join("a"), None);
     let (b, _) = sub_manager(&dir.join("b"), &a);
     let (c, _) = sub_manager(&dir.join("c"), &a);
     let d = enclave_sub_manager(&dir.join("d"), &b);
-    let created = d.call(json!({"op": "create", "name": enclave, "cores": 1, "mem": "128M"}));
-    assert_eq!(created["ok"], true, "{created}");
-    let id = lwk_xemem_id(&d, enclave);
+    let id = create_lwk_enclave(&d.socket(), enclave, 1, "128M");
     (a, b, c, d, id)
 }
 
 /// [`sub_manager`] that runs LWK enclaves too.
 fn enclave_sub_manager(dir: &Path, upstream: &Daemon) -> Daemon {
-    std::fs::create_dir_all(dir).unwrap();
     with_id(Daemon::start_with_machines(dir, Some(upstream)), upstream).0
 }
 
@@ -162,9 +149,7 @@ fn enclave_sub_manager(dir: &Path, upstream: &Daemon) -> Daemon {
 #[test]
 fn host_processes_anywhere_in_a_tree_of_daemons_share_memory() {
     let dir = TempDir::new("clowderd-multihop-tree");
-    let program = dir.0.join("host_peer");
-    build_host_program("host_peer.c", &program);
-    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let program = host_program(&dir.0, "host_peer");
     let a = Daemon::start(&dir.0.join("a"), None);
     let (b, b_id) = sub_manager(&dir.0.join("b"), &a);
     let (c, c_id) = sub_manager(&dir.0.join("c"), &a);
@@ -199,8 +184,7 @@ fn host_processes_anywhere_in_a_tree_of_daemons_share_memory() {
         (&c, [&a, &b, &c, &d, &e], "cycle-c", 3200),
         (&b, [&a, &b, &c, &d, &e], "cycle-b", 3400),
     ] {
-        let mut owner = HostProcess::spawn(&keeper, &owner_at.xemem_socket(), &[name, &base.to_string()]);
-        assert!(owner.wait_for("made a segment of enclave", Duration::from_secs(10)).is_some(), "{:?}", owner.seen);
+        let mut owner = HostProcess::owner(&keeper, &owner_at.xemem_socket(), &[name, &base.to_string()]);
         for attacher_at in attachers {
             let cycled = Command::new(&cycler)
                 .args([name, &base.to_string()])
@@ -245,9 +229,7 @@ fn host_processes_anywhere_in_a_tree_of_daemons_share_memory() {
 #[test]
 fn sibling_sub_managers_attach_each_others_segments_at_once() {
     let dir = TempDir::new("clowderd-multihop-crossing");
-    let program = dir.0.join("host_peer");
-    build_host_program("host_peer.c", &program);
-    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let program = host_program(&dir.0, "host_peer");
     let a = Daemon::start(&dir.0.join("a"), None);
     let (b, b_id) = sub_manager(&dir.0.join("b"), &a);
     let (c, c_id) = sub_manager(&dir.0.join("c"), &a);
@@ -271,8 +253,7 @@ fn kept_and_attached(
     name: &str,
     base: u64,
 ) -> (HostProcess, HostProcess) {
-    let mut owner = HostProcess::spawn(keeper, &owner_at.xemem_socket(), &[name, &base.to_string()]);
-    assert!(owner.wait_for("made a segment of enclave", Duration::from_secs(10)).is_some(), "{:?}\n{}", owner.seen, owner_at.log());
+    let owner = HostProcess::owner(keeper, &owner_at.xemem_socket(), &[name, &base.to_string()]);
     let mut attacher = HostProcess::start(program, &attacher_at.xemem_socket(), "attacher", name, base);
     let wrote = attacher.wait_for("wrote 43", Duration::from_secs(20));
     assert!(wrote.is_some(), "{:?}\nowner's daemon:\n{}\nattacher's daemon:\n{}", attacher.seen, owner_at.log(), attacher_at.log());
@@ -288,11 +269,9 @@ fn kept_and_attached(
 #[test]
 fn a_dead_sub_managers_segments_are_revoked_and_removed_elsewhere() {
     let dir = TempDir::new("clowderd-multihop-dead");
-    let program = dir.0.join("host_peer");
-    build_host_program("host_peer.c", &program);
+    let program = host_program(&dir.0, "host_peer");
     let keeper = dir.0.join("host_keeper");
     build_host_keeper(&keeper);
-    std::fs::create_dir_all(dir.0.join("a")).unwrap();
     let a = Daemon::start(&dir.0.join("a"), None);
     let (mut b, _) = sub_manager(&dir.0.join("b"), &a);
     let (c, _) = sub_manager(&dir.0.join("c"), &a);
@@ -363,11 +342,9 @@ fn new_id(daemon: &Daemon, before: usize, timeout: Duration) -> Option<u32> {
 #[test]
 fn sub_managers_link_again_to_a_restarted_upstream_daemon() {
     let dir = TempDir::new("clowderd-multihop-relink");
-    let program = dir.0.join("host_peer");
-    build_host_program("host_peer.c", &program);
+    let program = host_program(&dir.0, "host_peer");
     let keeper = dir.0.join("host_keeper");
     build_host_keeper(&keeper);
-    std::fs::create_dir_all(dir.0.join("a")).unwrap();
     let a = Daemon::start(&dir.0.join("a"), None);
     let (b, b_id) = sub_manager(&dir.0.join("b"), &a);
     let (d, d_id) = sub_manager(&dir.0.join("d"), &b);
@@ -411,9 +388,7 @@ fn a_segid_from_before_a_daemon_restart_is_not_found_after_it() {
     let dir = TempDir::new("clowderd-multihop-stale");
     let keeper = dir.0.join("host_keeper");
     build_host_keeper(&keeper);
-    let attacher = dir.0.join("host_segid_attacher");
-    build_host_program("host_segid_attacher.c", &attacher);
-    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let attacher = host_program(&dir.0, "host_segid_attacher");
     let a = Daemon::start(&dir.0.join("a"), None);
     let mut before = HostProcess::spawn(&keeper, &a.xemem_socket(), &["stale-before", "1000"]);
     let old_segid = before.wait_for("segid", Duration::from_secs(10)).unwrap_or_else(|| panic!("{:?}\n{}", before.seen, a.log()));
@@ -437,9 +412,7 @@ fn a_segid_from_before_a_daemon_restart_is_not_found_after_it() {
 #[test]
 fn host_owners_under_sub_managers_get_signals_from_anywhere_in_the_tree() {
     let dir = TempDir::new("clowderd-multihop-signals");
-    let program = dir.0.join("notify_peer");
-    build_host_program("notify_peer.c", &program);
-    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let program = host_program(&dir.0, "notify_peer");
     let a = Daemon::start(&dir.0.join("a"), None);
     let (b, _) = sub_manager(&dir.0.join("b"), &a);
     let (c, _) = sub_manager(&dir.0.join("c"), &a);
@@ -567,8 +540,7 @@ fn memfd(pages: u64) -> File {
 #[test]
 fn a_malformed_peer_gets_errors_and_the_daemon_keeps_serving() {
     let dir = TempDir::new("clowderd-multihop-malformed");
-    let program = dir.0.join("host_peer");
-    build_host_program("host_peer.c", &program);
+    let program = host_program(&dir.0, "host_peer");
     let a = Daemon::start(&dir.0, None);
     let peer = FakePeer::link(&a);
     assert!(peer.id >= 2);
@@ -703,7 +675,6 @@ fn a_malformed_peer_gets_errors_and_the_daemon_keeps_serving() {
 fn a_sub_manager_survives_a_malformed_upstream_and_links_again() {
     let dir = TempDir::new("clowderd-multihop-bad-upstream");
     std::fs::create_dir_all(dir.0.join("fake")).unwrap();
-    std::fs::create_dir_all(dir.0.join("b")).unwrap();
     let path = dir.0.join("fake/xemem-peer.sock");
     let listener = clowderd::sys::listen(&path).unwrap();
     let b = Daemon::start_with(
@@ -788,17 +759,6 @@ impl PageWords for File {
     }
 }
 
-/// Why the KVM test cannot run here, if it cannot.
-fn missing_for_enclaves() -> Option<String> {
-    missing_requirement()
-        .or_else(|| Command::new("musl-gcc").arg("--version").output().is_err().then(|| "musl-gcc is not installed".into()))
-}
-
-/// xemem/tests/SOURCE as a static musl LWK job.
-fn build_lwk_job(source: &str, out: &Path) {
-    build_musl_job(source, out).unwrap_or_else(|e| panic!("building {source}: {e}"));
-}
-
 /// The full three-hop route: a job in an LWK enclave under the sub-manager B exports a segment
 /// (its node -> B -> A's name server); a host process on A attaches it (A's name server ->
 /// B -> the enclave's kernel, whose guest-physical frames B names as ranges of the enclave's
@@ -806,61 +766,14 @@ fn build_lwk_job(source: &str, out: &Path) {
 /// writes what the job waits for: the job's own memory, no copy.
 #[test]
 fn a_host_process_on_the_name_server_attaches_an_lwk_segment_under_a_sub_manager() {
-    if let Some(why) = missing_for_enclaves() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let dir = TempDir::new("clowderd-multihop-three-hops");
-    let job = dir.0.join("lwk_named_owner");
-    build_lwk_job("lwk_named_owner.c", &job);
-    let attacher = dir.0.join("host_attacher");
-    let xemem = workspace_root().join("xemem");
-    let built = Command::new("cc")
-        .args(["-O2", "-I"])
-        .arg(xemem.join("include"))
-        .arg("-o")
-        .arg(&attacher)
-        .arg(xemem.join("tests/host_attacher.c"))
-        .arg(xemem.join("build/lib/libxpmem.a"))
-        .arg("-lpthread")
-        .status()
-        .unwrap();
-    assert!(built.success(), "building host_attacher.c");
-    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let Some(dir) = job_test_dir("clowderd-multihop-three-hops") else { return };
+    let job = lwk_job(&dir.0, "lwk_named_owner");
+    let attacher = host_program(&dir.0, "host_attacher");
     let a = Daemon::start(&dir.0.join("a"), None);
     let b = enclave_sub_manager(&dir.0.join("b"), &a);
-
-    let created = b.call(json!({"op": "create", "name": "owner", "cores": 1, "mem": "128M"}));
-    assert_eq!(created["ok"], true, "{created}");
-    const LINE: &str = "[lwk] xemem: the name server gave this enclave id ";
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let enclave_id: u32 = loop {
-        let logs = b.call(json!({"op": "logs", "name": "owner"}));
-        let lines = logs["lines"].as_array().cloned().unwrap_or_default();
-        if let Some(id) =
-            lines.iter().filter_map(Value::as_str).find_map(|l| l.find(LINE).map(|at| l[at + LINE.len()..].trim().to_string()))
-        {
-            break id.parse().unwrap();
-        }
-        assert!(Instant::now() < deadline, "the enclave under the sub-manager got no XEMEM id: {logs}\n{}", b.log());
-        std::thread::sleep(Duration::from_millis(100));
-    };
-
-    std::thread::scope(|scope| {
-        let runner = scope.spawn(|| run_job_to_end(&b.dir.join("clowderd.sock"), "owner", &job, &["lwk_named_owner"], &dir.0));
-        let host = Command::new(&attacher).env("CLOWDER_XEMEM_SOCKET", a.xemem_socket()).output().unwrap();
-        let host_out = String::from_utf8_lossy(&host.stdout).into_owned();
-        let context = format!("{host_out}\nA:\n{}\nB:\n{}", a.log(), b.log());
-        assert!(host.status.success(), "host_attacher: {:?}\n{context}", host.status);
-        assert!(host_out.contains(&format!("found a segment of enclave {enclave_id}")), "{context}");
-        assert!(host_out.contains("16 of 16 pages hold what the job wrote"), "{context}");
-        assert!(host_out.contains("another process is refused the permit"), "{context}");
-        let (reply, stdout) = runner.join().unwrap();
-        assert_eq!(reply["status"], 0, "{reply} {stdout}");
-        assert!(stdout.contains("the host wrote 42"), "{stdout}");
-    });
-    let removed = b.call(json!({"op": "rm", "name": "owner"}));
-    assert_eq!(removed["ok"], true, "{removed}");
+    let enclave_id = create_lwk_enclave(&b.socket(), "owner", 1, "128M");
+    lwk_segment_attached_from(&b, "owner", enclave_id, &a, &job, &attacher, &dir.0);
+    remove_enclaves(&b.socket(), &["owner"]);
 }
 
 /// Runs `lwk_named_owner` in enclave `enclave` (XEMEM id `enclave_id`) of `owner_at` while
@@ -877,18 +790,10 @@ fn lwk_segment_attached_from(
 ) {
     std::thread::scope(|scope| {
         let runner = scope.spawn(|| run_job(owner_at, enclave, job, cwd));
-        let host = Command::new(attacher).env("CLOWDER_XEMEM_SOCKET", attacher_at.xemem_socket()).output().unwrap();
-        let host_out = String::from_utf8_lossy(&host.stdout).into_owned();
+        let daemons = || format!("owner's daemon:\n{}\nattacher's daemon:\n{}", owner_at.log(), attacher_at.log());
+        assert_host_attacher_reads_the_job(attacher, &attacher_at.xemem_socket(), enclave_id, daemons);
         let (reply, stdout) = runner.join().unwrap();
-        let context = format!(
-            "host: {host_out}\njob: {reply} {stdout}\nowner's daemon:\n{}\nattacher's daemon:\n{}",
-            owner_at.log(),
-            attacher_at.log()
-        );
-        assert!(host.status.success(), "host_attacher: {:?}\n{context}", host.status);
-        assert!(host_out.contains(&format!("found a segment of enclave {enclave_id}")), "{context}");
-        assert!(host_out.contains("16 of 16 pages hold what the job wrote"), "{context}");
-        assert!(host_out.contains("another process is refused the permit"), "{context}");
+        let context = format!("job: {reply} {stdout}\n{}", daemons());
         assert_eq!(reply["status"], 0, "{context}");
         assert!(stdout.contains("the host wrote 42"), "{context}");
     });
@@ -899,21 +804,14 @@ fn lwk_segment_attached_from(
 /// server grants B's permit directly, the enclave's frames go up as its RAM memfd.
 #[test]
 fn host_processes_above_and_beside_attach_an_lwk_segment_deep_in_the_tree() {
-    if let Some(why) = missing_for_enclaves() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let dir = TempDir::new("clowderd-multihop-tree-lwk");
-    let job = dir.0.join("lwk_named_owner");
-    build_lwk_job("lwk_named_owner.c", &job);
-    let attacher = dir.0.join("host_attacher");
-    build_host_program("host_attacher.c", &attacher);
+    let Some(dir) = job_test_dir("clowderd-multihop-tree-lwk") else { return };
+    let job = lwk_job(&dir.0, "lwk_named_owner");
+    let attacher = host_program(&dir.0, "host_attacher");
     let (_a, b, c, d, enclave_id) = tree_with_an_enclave_under_d(&dir.0, "owner");
     lwk_segment_attached_from(&d, "owner", enclave_id, &b, &job, &attacher, &dir.0);
     lwk_segment_attached_from(&d, "owner", enclave_id, &c, &job, &attacher, &dir.0);
     lwk_segment_attached_from(&d, "owner", enclave_id, &d, &job, &attacher, &dir.0);
-    let removed = d.call(json!({"op": "rm", "name": "owner"}));
-    assert_eq!(removed["ok"], true, "{removed}");
+    remove_enclaves(&d.socket(), &["owner"]);
 }
 
 /// The name server's daemon restarts above a sub-manager with an LWK enclave: the sub-manager
@@ -922,21 +820,12 @@ fn host_processes_above_and_beside_attach_an_lwk_segment_deep_in_the_tree() {
 /// on the new name server's daemon attaches a segment the enclave's job makes then.
 #[test]
 fn an_lwk_enclave_under_a_sub_manager_rejoins_after_its_name_server_restarts() {
-    if let Some(why) = missing_for_enclaves() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let dir = TempDir::new("clowderd-multihop-lwk-rejoin");
-    let job = dir.0.join("lwk_named_owner");
-    build_lwk_job("lwk_named_owner.c", &job);
-    let attacher = dir.0.join("host_attacher");
-    build_host_program("host_attacher.c", &attacher);
-    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let Some(dir) = job_test_dir("clowderd-multihop-lwk-rejoin") else { return };
+    let job = lwk_job(&dir.0, "lwk_named_owner");
+    let attacher = host_program(&dir.0, "host_attacher");
     let a = Daemon::start(&dir.0.join("a"), None);
     let b = enclave_sub_manager(&dir.0.join("b"), &a);
-    let created = b.call(json!({"op": "create", "name": "owner", "cores": 1, "mem": "128M"}));
-    assert_eq!(created["ok"], true, "{created}");
-    let before = lwk_xemem_id(&b, "owner");
+    let before = create_lwk_enclave(&b.socket(), "owner", 1, "128M");
     let b_ids = ids_logged(&b).len();
     drop(a);
     let a = Daemon::start(&dir.0.join("a"), None);
@@ -953,8 +842,7 @@ fn an_lwk_enclave_under_a_sub_manager_rejoins_after_its_name_server_restarts() {
     assert_ne!(after, b_again);
     eprintln!("enclave id before {before}, after {after} (B now {b_again})");
     lwk_segment_attached_from(&b, "owner", after, &a, &job, &attacher, &dir.0);
-    let removed = b.call(json!({"op": "rm", "name": "owner"}));
-    assert_eq!(removed["ok"], true, "{removed}");
+    remove_enclaves(&b.socket(), &["owner"]);
 }
 
 /// An LWK job deep in the tree removes its segment while host processes on every other
@@ -964,17 +852,10 @@ fn an_lwk_enclave_under_a_sub_manager_rejoins_after_its_name_server_restarts() {
 /// done: every one gets SIGBUS.
 #[test]
 fn an_lwk_owners_remove_deep_in_the_tree_revokes_host_attachers_on_every_daemon() {
-    if let Some(why) = missing_for_enclaves() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let dir = TempDir::new("clowderd-multihop-lwk-remove");
-    let job = dir.0.join("lwk_named_owner");
-    build_lwk_job("lwk_named_owner.c", &job);
-    let writer = dir.0.join("host_attacher");
-    build_host_program("host_attacher.c", &writer);
-    let holder = dir.0.join("host_held_attacher");
-    build_host_program("host_held_attacher.c", &holder);
+    let Some(dir) = job_test_dir("clowderd-multihop-lwk-remove") else { return };
+    let job = lwk_job(&dir.0, "lwk_named_owner");
+    let writer = host_program(&dir.0, "host_attacher");
+    let holder = host_program(&dir.0, "host_held_attacher");
     let (a, b, c, d, _) = tree_with_an_enclave_under_d(&dir.0, "owner");
     std::thread::scope(|scope| {
         let runner = scope.spawn(|| run_job(&d, "owner", &job, &dir.0));
@@ -1006,8 +887,7 @@ fn an_lwk_owners_remove_deep_in_the_tree_revokes_host_attachers_on_every_daemon(
             );
         }
     });
-    let removed = d.call(json!({"op": "rm", "name": "owner"}));
-    assert_eq!(removed["ok"], true, "{removed}");
+    remove_enclaves(&d.socket(), &["owner"]);
 }
 
 /// XEMEM's signals between an LWK job deep in the tree (an enclave under D, D under B under A)
@@ -1015,15 +895,10 @@ fn an_lwk_owners_remove_deep_in_the_tree_revokes_host_attachers_on_every_daemon(
 /// subtree) and on B (the daemon above D), each pair both ways.
 #[test]
 fn signals_between_an_lwk_job_under_a_sub_manager_and_host_owners_elsewhere() {
-    if let Some(why) = missing_for_enclaves() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let dir = TempDir::new("clowderd-multihop-lwk-signals");
-    let job = dir.0.join("notify_peer_lwk");
-    build_lwk_job("notify_peer.c", &job);
-    let host = dir.0.join("notify_peer");
-    build_host_program("notify_peer.c", &host);
+    let Some(dir) = job_test_dir("clowderd-multihop-lwk-signals") else { return };
+    let job = lwk_job(&dir.0, "notify_peer");
+    let host = dir.0.join("notify_peer_host");
+    support::build_host_program("notify_peer.c", &host);
     let (_a, b, c, d, _) = tree_with_an_enclave_under_d(&dir.0, "lwk");
     for (host_at, tag) in [(&c, "c"), (&b, "b")] {
         for job_waits in [true, false] {
@@ -1046,8 +921,7 @@ fn signals_between_an_lwk_job_under_a_sub_manager_and_host_owners_elsewhere() {
             });
         }
     }
-    let removed = d.call(json!({"op": "rm", "name": "lwk"}));
-    assert_eq!(removed["ok"], true, "{removed}");
+    remove_enclaves(&d.socket(), &["lwk"]);
 }
 
 /// Runs `job ARGS` in enclave `name` of `d` on a thread, its stdout gathered in `out` as it
@@ -1064,7 +938,7 @@ fn spawn_job<'s>(
     scope.spawn(move || {
         let mut argv = vec![job.file_name().unwrap().to_str().unwrap()];
         argv.extend(args.iter().map(String::as_str));
-        support::run_job(&d.dir.join("clowderd.sock"), name, job, &argv, cwd, out)
+        support::run_job(&d.socket(), name, job, &argv, cwd, out)
     })
 }
 
@@ -1074,26 +948,17 @@ fn spawn_job<'s>(
 /// inside their attachments (the memory is taken out of their machines) and detach.
 #[test]
 fn a_dead_sub_managers_segments_are_revoked_in_lwk_jobs_elsewhere() {
-    if let Some(why) = missing_for_enclaves() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let dir = TempDir::new("clowderd-multihop-dead-lwk");
-    let job = dir.0.join("lwk_revoked_attacher");
-    build_lwk_job("lwk_revoked_attacher.c", &job);
+    let Some(dir) = job_test_dir("clowderd-multihop-dead-lwk") else { return };
+    let job = lwk_job(&dir.0, "lwk_revoked_attacher");
     let keeper = dir.0.join("host_keeper");
     build_host_keeper(&keeper);
-    std::fs::create_dir_all(dir.0.join("a")).unwrap();
     let a = Daemon::start_with_machines(&dir.0.join("a"), None);
     let (mut b, _) = sub_manager(&dir.0.join("b"), &a);
     let c = enclave_sub_manager(&dir.0.join("c"), &a);
     for at in [&a, &c] {
-        let created = at.call(json!({"op": "create", "name": "attacher", "cores": 1, "mem": "128M"}));
-        assert_eq!(created["ok"], true, "{created}");
-        lwk_xemem_id(at, "attacher");
+        create_lwk_enclave(&at.socket(), "attacher", 1, "128M");
     }
-    let mut owner = HostProcess::spawn(&keeper, &b.xemem_socket(), &["dead-lwk", "3000"]);
-    assert!(owner.wait_for("made a segment of enclave", Duration::from_secs(10)).is_some(), "{:?}", owner.seen);
+    let owner = HostProcess::owner(&keeper, &b.xemem_socket(), &["dead-lwk", "3000"]);
     let outputs = [std::sync::Mutex::new(String::new()), std::sync::Mutex::new(String::new())];
     let args = || vec!["handler".to_string(), "1".to_string(), "dead-lwk".to_string(), "3000".to_string()];
     let replies = std::thread::scope(|scope| {
@@ -1139,20 +1004,13 @@ fn a_dead_sub_managers_segments_are_revoked_in_lwk_jobs_elsewhere() {
     }
     let _ = owner.finish(Duration::from_millis(10));
     for at in [&a, &c] {
-        let removed = at.call(json!({"op": "rm", "name": "attacher"}));
-        assert_eq!(removed["ok"], true, "{removed}");
+        remove_enclaves(&at.socket(), &["attacher"]);
     }
 }
 
 /// The XEMEM ids the LWK in enclave `name` of daemon `d` has logged, oldest first.
 fn lwk_xemem_ids(d: &Daemon, name: &str) -> Vec<u32> {
-    support::lwk_xemem_ids(&d.dir.join("clowderd.sock"), name)
-}
-
-/// Waits for the LWK in enclave `name` of daemon `d` to log its XEMEM id.
-fn lwk_xemem_id(d: &Daemon, name: &str) -> u32 {
-    support::lwk_xemem_id(&d.dir.join("clowderd.sock"), name, Duration::from_secs(15))
-        .unwrap_or_else(|| panic!("enclave {name} got no XEMEM id\n{}", d.log()))
+    support::lwk_xemem_ids(&d.socket(), name)
 }
 
 /// Runs `job` in enclave `name` of daemon `d`; returns the final reply and the job's stdout.
@@ -1164,7 +1022,7 @@ fn run_job(d: &Daemon, name: &str, job: &Path, cwd: &Path) -> (Value, String) {
 fn run_job_with(d: &Daemon, name: &str, job: &Path, args: &[&str], cwd: &Path) -> (Value, String) {
     let mut argv = vec![job.file_name().unwrap().to_str().unwrap()];
     argv.extend_from_slice(args);
-    run_job_to_end(&d.dir.join("clowderd.sock"), name, job, &argv, cwd)
+    run_job_to_end(&d.socket(), name, job, &argv, cwd)
 }
 
 /// The other way down: a host process on the name server's daemon exports a segment, and a
@@ -1173,60 +1031,29 @@ fn run_job_with(d: &Daemon, name: &str, job: &Path, args: &[&str], cwd: &Path) -
 /// guest-physical regions: the owner's pages in the job, no copy.
 #[test]
 fn an_lwk_job_under_a_sub_manager_attaches_a_host_segment_on_the_name_servers_daemon() {
-    if let Some(why) = missing_for_enclaves() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let dir = TempDir::new("clowderd-multihop-down");
-    let job = dir.0.join("lwk_host_attacher");
-    build_lwk_job("lwk_host_attacher.c", &job);
-    let owner = dir.0.join("host_named_owner");
-    let xemem = workspace_root().join("xemem");
-    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
-    let built = Command::new("cc")
-        .args(["-O2", "-I"])
-        .arg(xemem.join("include"))
-        .arg("-o")
-        .arg(&owner)
-        .arg(xemem.join("tests/host_named_owner.c"))
-        .arg(xemem.join("build/lib/libxpmem.a"))
-        .arg("-lpthread")
-        .status()
-        .unwrap();
-    assert!(built.success(), "building host_named_owner.c");
-    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let Some(dir) = job_test_dir("clowderd-multihop-down") else { return };
+    let job = lwk_job(&dir.0, "lwk_host_attacher");
+    let owner = host_program(&dir.0, "host_named_owner");
     let a = Daemon::start(&dir.0.join("a"), None);
     let b = enclave_sub_manager(&dir.0.join("b"), &a);
-    let created = b.call(json!({"op": "create", "name": "attacher", "cores": 1, "mem": "128M"}));
-    assert_eq!(created["ok"], true, "{created}");
-    lwk_xemem_id(&b, "attacher");
-
-    let mut host = Command::new(&owner).env("CLOWDER_XEMEM_SOCKET", a.xemem_socket()).stdout(Stdio::piped()).spawn().unwrap();
-    let mut host_stdout = BufReader::new(host.stdout.take().unwrap());
-    let mut first_line = String::new();
-    host_stdout.read_line(&mut first_line).unwrap();
-    assert_eq!(first_line.trim(), "made host-owner-seg");
+    create_lwk_enclave(&b.socket(), "attacher", 1, "128M");
+    let host = HostProcess::owner(&owner, &a.xemem_socket(), &[]);
     let (reply, stdout) = run_job(&b, "attacher", &job, &dir.0);
-    let host_status = host.wait().unwrap();
-    let mut host_rest = String::new();
-    std::io::Read::read_to_string(&mut host_stdout, &mut host_rest).unwrap();
+    let (host_status, host_rest) = host.finish(Duration::from_secs(60));
     let context = format!("job: {reply}\n{stdout}\nowner: {host_rest}\nA:\n{}\nB:\n{}", a.log(), b.log());
     assert_eq!(reply["status"], 0, "{context}");
     assert!(stdout.contains("found a segment of enclave 1"), "{context}");
-    assert!(host_status.success(), "{context}");
+    assert_eq!(host_status, Some(0), "{context}");
     assert!(host_rest.contains("the LWK wrote 43"), "{context}");
     assert!(host_rest.contains("remove: 0"), "{context}");
     assert!(stdout.contains("16 of 16 pages hold what the host wrote") && stdout.contains("second attach: 16 of 16 pages"), "{context}");
     // The owner's memory became a region of the enclave's machine on B; the second attach of
     // the same range resumed the parked attachment; the attach of all but the first page and
     // the last whole attach each replaced the region; the last went with the permit.
-    let logs = b.call(json!({"op": "logs", "name": "attacher"}));
-    let lines: Vec<String> = logs["lines"].as_array().unwrap().iter().filter_map(|l| l.as_str().map(String::from)).collect();
-    let added = lines.iter().filter(|l| l.contains("xemem: host memory (")).count();
-    let removed = lines.iter().filter(|l| l.contains("xemem: host memory region") && l.ends_with("removed")).count();
+    let lines = log_lines(&b.socket(), "attacher");
+    let (added, removed) = regions_added_and_removed(&lines);
     assert!(added == 3 && removed == 3, "regions added {added}, removed {removed}: {lines:?}");
-    let removed = b.call(json!({"op": "rm", "name": "attacher"}));
-    assert_eq!(removed["ok"], true, "{removed}");
+    remove_enclaves(&b.socket(), &["attacher"]);
 }
 
 /// Revocation across the link: a host owner removes its segment while a job in an enclave
@@ -1236,71 +1063,29 @@ fn an_lwk_job_under_a_sub_manager_attaches_a_host_segment_on_the_name_servers_da
 /// go. The job's SIGBUS handler sees the fault, detach gives 0 and release ENOENT, the owner
 /// keeps its data, and every region added to the enclave's machine goes again.
 fn revoke_across(tag: &str, owner_on_b: bool, enclave_on_b: bool) {
-    if let Some(why) = missing_for_enclaves() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let dir = TempDir::new(tag);
-    let job = dir.0.join("lwk_revoked_attacher");
-    build_lwk_job("lwk_revoked_attacher.c", &job);
-    let owner = dir.0.join("host_revoking_owner");
-    let xemem = workspace_root().join("xemem");
-    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
-    let built = Command::new("cc")
-        .args(["-O2", "-I"])
-        .arg(xemem.join("include"))
-        .arg("-o")
-        .arg(&owner)
-        .arg(xemem.join("tests/host_revoking_owner.c"))
-        .arg(xemem.join("build/lib/libxpmem.a"))
-        .arg("-lpthread")
-        .status()
-        .unwrap();
-    assert!(built.success(), "building host_revoking_owner.c");
-    std::fs::create_dir_all(dir.0.join("a")).unwrap();
+    let Some(dir) = job_test_dir(tag) else { return };
+    let job = lwk_job(&dir.0, "lwk_revoked_attacher");
+    let owner = host_program(&dir.0, "host_revoking_owner");
     let a = Daemon::start_with_machines(&dir.0.join("a"), None);
     let b = enclave_sub_manager(&dir.0.join("b"), &a);
     let (owner_at, enclave_at) = (if owner_on_b { &b } else { &a }, if enclave_on_b { &b } else { &a });
-    let created = enclave_at.call(json!({"op": "create", "name": "attacher", "cores": 1, "mem": "128M"}));
-    assert_eq!(created["ok"], true, "{created}");
-    lwk_xemem_id(enclave_at, "attacher");
-
-    let mut host =
-        Command::new(&owner).arg("remove").env("CLOWDER_XEMEM_SOCKET", owner_at.xemem_socket()).stdout(Stdio::piped()).spawn().unwrap();
-    let mut host_stdout = BufReader::new(host.stdout.take().unwrap());
-    let mut first_line = String::new();
-    host_stdout.read_line(&mut first_line).unwrap();
-    assert_eq!(first_line.trim(), "made host-revoke-seg");
+    create_lwk_enclave(&enclave_at.socket(), "attacher", 1, "128M");
+    let host = HostProcess::owner(&owner, &owner_at.xemem_socket(), &["remove"]);
     // A job that never sees SIGBUS spins for ever: after a minute the enclave is removed, which
     // ends it (and the test fails below).
-    let b_socket = enclave_at.dir.join("clowderd.sock");
+    let b_socket = enclave_at.socket();
     std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(60));
         if let Ok(mut client) = Client::connect_to(&b_socket) {
             let _ = client.call(&json!({"op": "rm", "name": "attacher"}));
         }
     });
-    let (reply, stdout) =
-        run_job_to_end(&enclave_at.dir.join("clowderd.sock"), "attacher", &job, &["lwk_revoked_attacher", "handler"], &dir.0);
-    let owner_status = host.wait().unwrap();
-    let mut owner_stdout = String::new();
-    std::io::Read::read_to_string(&mut host_stdout, &mut owner_stdout).unwrap();
-    let logs = enclave_at.call(json!({"op": "logs", "name": "attacher"}));
-    let context = format!("job: {reply}\n{stdout}\nowner: {owner_stdout}\nenclave: {logs}\nA:\n{}\nB:\n{}", a.log(), b.log());
-    assert_eq!(reply["status"], 0, "{context}");
-    assert!(stdout.contains("16 of 16 pages hold the owner's pattern"), "{context}");
-    assert!(stdout.contains("main thread: SIGBUS inside the attachment: 1"), "{context}");
-    assert!(stdout.contains("detach: 0"), "{context}");
-    assert!(stdout.contains("release: -1 (errno 2)"), "{context}");
-    assert!(owner_status.success(), "{context}");
-    assert!(owner_stdout.contains("remove: 0"), "{context}");
-    assert!(owner_stdout.contains("owner data intact: 1"), "{context}");
-    let lines: Vec<String> = logs["lines"].as_array().unwrap().iter().filter_map(|l| l.as_str().map(String::from)).collect();
-    let added = lines.iter().filter(|l| l.contains("xemem: host memory (")).count();
-    let removed = lines.iter().filter(|l| l.contains("xemem: host memory region") && l.ends_with("removed")).count();
-    assert!(added >= 1 && added == removed, "regions added {added}, removed {removed}: {context}");
-    let removed = enclave_at.call(json!({"op": "rm", "name": "attacher"}));
-    assert_eq!(removed["ok"], true, "{removed}");
+    let (reply, job_stdout) = run_job_with(enclave_at, "attacher", &job, &["handler"], &dir.0);
+    let (owner_status, owner_stdout) = host.finish(Duration::from_secs(60));
+    let enclave_log = log_lines(&enclave_at.socket(), "attacher");
+    let run = RevokeRun { job_status: reply["status"].clone(), job_stdout, owner_status, owner_stdout, enclave_log };
+    run.assert_the_handler_saw_the_remove(&format!("A:\n{}\nB:\n{}", a.log(), b.log()));
+    remove_enclaves(&enclave_at.socket(), &["attacher"]);
 }
 
 /// The owner on the name server's daemon, the job under the sub-manager, which holds the

@@ -14,15 +14,14 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use clowder_test_support::{lwk_daemon, serve};
 use clowderd::client::Client;
-use clowderd::enclave::Liveness;
 use serde_json::json;
 
 mod support;
 use support::processes::{build_host_keeper, build_support_program, sub_manager, Daemon, HostProcess};
 use support::{
-    build_host_program, build_musl_job, call, lwk_xemem_id, missing_job_requirement, run_job, run_job_to_end, vmm_binary, TempDir,
+    assert_host_attacher_reads_the_job, create_lwk_enclave, host_program, job_test_dir, lwk_job, remove_enclaves, run_job, run_job_to_end,
+    start_daemon_with_broker, BrokeredDaemon, TempDir,
 };
 
 /// The segids `xemem_ls` at `socket` lists under `name` (every segment of the node's and the
@@ -66,7 +65,6 @@ fn a_name_is_held_once_across_a_tree_of_daemons() {
     build_host_keeper(&keeper);
     let cycler = dir.0.join("host_cycler");
     build_support_program("host_cycler.c", &cycler);
-    std::fs::create_dir_all(dir.0.join("a")).unwrap();
     let a = Daemon::start(&dir.0.join("a"), None);
     let (b, _) = sub_manager(&dir.0.join("b"), &a);
     let (c, _) = sub_manager(&dir.0.join("c"), &a);
@@ -99,24 +97,13 @@ fn a_name_is_held_once_across_a_tree_of_daemons() {
 /// job sees its write). `xemem_ls` lists the name once throughout.
 #[test]
 fn host_processes_and_lwk_jobs_share_one_name_space() {
-    if let Some(why) = missing_job_requirement() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let dir = TempDir::new("clowderd-xemem-names-lwk");
-    let job = dir.0.join("lwk_named_owner");
-    build_musl_job("lwk_named_owner.c", &job).unwrap();
+    let Some(dir) = job_test_dir("clowderd-xemem-names-lwk") else { return };
+    let job = lwk_job(&dir.0, "lwk_named_owner");
     let keeper = dir.0.join("host_keeper");
     build_host_keeper(&keeper);
-    let attacher = dir.0.join("host_attacher");
-    build_host_program("host_attacher.c", &attacher);
-    let xemem_socket = dir.0.join("xemem.sock");
-    let daemon = lwk_daemon(&dir.0, vmm_binary(), Liveness::default());
-    assert!(daemon.host_xemem(clowderd::xemem::service::start(&xemem_socket).unwrap()).is_ok());
-    let socket = serve(daemon, &dir.0);
-    let created = call(&socket, json!({"op": "create", "name": "sim", "cores": 1, "mem": "128M"}));
-    assert_eq!(created["ok"], true, "{created}");
-    let enclave_id = lwk_xemem_id(&socket, "sim", Duration::from_secs(10)).expect("the enclave got no XEMEM id");
+    let attacher = host_program(&dir.0, "host_attacher");
+    let BrokeredDaemon { socket, xemem_socket, .. } = start_daemon_with_broker(&dir.0);
+    let enclave_id = create_lwk_enclave(&socket, "sim", 1, "128M");
     let keep = |name: &str| HostProcess::spawn(&keeper, &xemem_socket, &[name, "100"]);
 
     // Host first: the job's make is refused.
@@ -144,15 +131,11 @@ fn host_processes_and_lwk_jobs_share_one_name_space() {
         let (status, output) = keep("lwk-owner-seg").finish(Duration::from_secs(10));
         assert!(output.contains("make failed: errno 17"), "a host make of the job's name: {status:?} {output}");
         assert_eq!(listed(&socket, "lwk-owner-seg"), [job_segid]);
-        let host = Command::new(&attacher).env("CLOWDER_XEMEM_SOCKET", &xemem_socket).output().unwrap();
-        let host_out = String::from_utf8_lossy(&host.stdout).into_owned();
-        assert!(host_out.contains(&format!("found a segment of enclave {enclave_id}")), "{host_out}");
-        assert!(host_out.contains("16 of 16 pages hold what the job wrote"), "{host_out}");
+        assert_host_attacher_reads_the_job(&attacher, &xemem_socket, enclave_id, String::new);
         let reply = runner.join().unwrap();
         let stdout = job_stdout.lock().unwrap().clone();
         assert_eq!(reply["status"], 0, "{reply} {stdout}");
         assert!(stdout.contains("the host wrote 42"), "{stdout}");
     });
-    let removed = call(&socket, json!({"op": "rm", "name": "sim"}));
-    assert_eq!(removed["ok"], true, "{removed}");
+    remove_enclaves(&socket, &["sim"]);
 }

@@ -32,7 +32,9 @@ impl Daemon {
         Daemon::start_with(dir, upstream, &["--vmm", vmm.to_str().unwrap(), "--kernel", kernel.to_str().unwrap()])
     }
 
+    /// Starts `clowderd OPTIONS` on `dir` (made if missing) and waits until it answers.
     pub fn start_with(dir: &Path, upstream: Option<&Daemon>, options: &[&str]) -> Daemon {
+        std::fs::create_dir_all(dir).unwrap();
         let socket = dir.join("clowderd.sock");
         let log = File::create(dir.join("clowderd.log")).unwrap();
         let mut command = Command::new(env!("CARGO_BIN_EXE_clowderd"));
@@ -63,12 +65,17 @@ impl Daemon {
         None
     }
 
+    /// The daemon's API socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("clowderd.sock")
+    }
+
     pub fn xemem_socket(&self) -> PathBuf {
         self.dir.join("xemem.sock")
     }
 
     pub fn call(&self, request: Value) -> Value {
-        Client::connect_to(&self.dir.join("clowderd.sock")).unwrap().call(&request).unwrap()
+        Client::connect_to(&self.socket()).unwrap().call(&request).unwrap()
     }
 
     pub fn segment_names(&self) -> Vec<String> {
@@ -112,6 +119,15 @@ impl HostProcess {
             }
         });
         HostProcess { child, lines, seen: Vec::new() }
+    }
+
+    /// [`HostProcess::spawn`] of an owner (xemem/tests' `export_patterned_segment`, or
+    /// `host_keeper`); returns once it has made its segment.
+    pub fn owner(program: &Path, broker: &Path, args: &[&str]) -> HostProcess {
+        let mut owner = HostProcess::spawn(program, broker, args);
+        let made = owner.wait_for("made a segment of enclave", Duration::from_secs(120));
+        assert!(made.is_some(), "{} made no segment: {:?}", program.display(), owner.seen);
+        owner
     }
 
     /// Writes a line to the process's stdin.
@@ -162,7 +178,6 @@ impl HostProcess {
 
 /// Starts a sub-manager of `upstream` on `dir` and waits for its enclave id.
 pub fn sub_manager(dir: &Path, upstream: &Daemon) -> (Daemon, u32) {
-    std::fs::create_dir_all(dir).unwrap();
     with_id(Daemon::start(dir, Some(upstream)), upstream)
 }
 
