@@ -4,22 +4,25 @@
 #  - the systemd unit (systemd-analyze verify, against the installed tree);
 #  - an XPMEM program built with `pkg-config --cflags --libs cray-xpmem` against the installed
 #    tree alone, and a DEX program built with the installed dexcc and run by the installed dexrun;
-#  - clowderd run from a copy of the installed tree moved elsewhere (so only the PREFIX-relative
-#    kernel lookup can find the LWK), configured by a file whose one setting a flag overrides,
-#    creating an enclave and running a static hello in it, the XPMEM program using its broker.
-# Needs a built tree (make build); the daemon part needs root and /dev/kvm and says when it skips.
+#  - UCX's xpmem transport built from Debian's UCX source finding XPMEM by pkg-config alone
+#    (xemem/ucx/build-xpmem.sh: ~3 minutes the first time, cached under build/ucx-xpmem), loading
+#    the installed libxpmem.so.0;
+#  - the demo from a copy of the installed tree moved elsewhere, with the source tree out of the
+#    way (an empty tmpfs over it, in a mount namespace of its own): clowderd (only the
+#    PREFIX-relative kernel lookup can find the LWK), configured by a file whose one setting a
+#    flag overrides, creates an enclave and runs the CG simulation in it; the XPMEM program and
+#    UCX's xpmem transport use its broker.
+# Needs a built tree (make build) and root (UCX's source comes by apt-get source); the daemon
+# part needs /dev/kvm and says when it skips.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 top=$PWD
 work=$(mktemp -d /tmp/clowder-install-test.XXXXXX)
-dest=$work/dest
-daemon=
+# A fixed DESTDIR, so that the cached UCX build stays configured for it.
+dest=$top/build/install-test
+rm -rf "$dest"
 cleanup() {
-    if [ -n "$daemon" ]; then
-        kill "$daemon" 2>/dev/null || true
-        wait "$daemon" 2>/dev/null || true
-    fi
-    rm -rf "$work"
+    rm -rf "$work" "$dest"
 }
 trap cleanup EXIT
 fail() { echo "FAIL install: $*" >&2; exit 1; }
@@ -122,28 +125,51 @@ grep -q "libdex.so.0 => $moved/lib/libdex.so.0" <<<"$(ldd "$work/dex-hello")" ||
 [ "$(timeout 60 "$moved/bin/dexrun" -n 2 "$work/dex-hello")" = "dex hello" ] || fail "the installed dexrun does not run a DEX program on 2 nodes"
 echo "ok   make install: file list, no source-tree paths, unit verified, XPMEM by pkg-config, dexcc + dexrun from the installed tree"
 
-if [ ! -e /dev/kvm ] || [ "$(id -u)" -ne 0 ]; then
-    echo "install-test: the installed clowderd not run: it needs root and /dev/kvm"
+# UCX's xpmem transport: configured with the installed cray-xpmem.pc as the one way to XPMEM
+# (pkg-config's sysroot is the DESTDIR), then run from a copy beside the moved tree.
+[ "$(id -u)" -eq 0 ] || { echo "install-test: UCX and the installed clowderd not tried: they need root"; exit 0; }
+ucx_stage=$(XPMEM_PREFIX=$prefix PKG_CONFIG_SYSROOT_DIR=$dest xemem/ucx/build-xpmem.sh) || fail "UCX's xpmem transport did not build against the installed tree"
+grep -q "^XPMEM_CFLAGS='-I$prefix/include" "$ucx_stage/../obj/config.log" \
+    || fail "UCX's configure did not take XPMEM's flags from the installed cray-xpmem.pc"
+cp -a "$ucx_stage" "$work/ucx"
+grep -q "libxpmem.so.0 => $moved/lib/libxpmem.so.0" <<<"$(LD_LIBRARY_PATH=$moved/lib ldd "$work/ucx/lib/ucx/libuct_xpmem.so.0")" \
+    || fail "UCX's xpmem transport does not load the installed libxpmem.so.0"
+echo "ok   make install: UCX's xpmem transport built against the installed tree by pkg-config alone"
+
+if [ ! -e /dev/kvm ]; then
+    echo "install-test: the installed clowderd not run: it needs /dev/kvm"
     exit 0
 fi
-printf '#include <stdio.h>\nint main(void) { puts("installed hello"); return 0; }\n' >"$work/hello.c"
-musl-gcc -static -O2 -o "$work/hello" "$work/hello.c"
+cp build/apps/hpccg "$work/hpccg" || fail "no build/apps/hpccg (make -C apps)"
 # A 1 ms hello timeout in the file would fail every enclave: the flag's 60 s must win.
 cat >"$work/clowderd.toml" <<EOF
 socket = "$work/run/clowderd.sock"
 hello-timeout = 1
 EOF
 mkdir -p "$work/run"
+# The demo runs in a mount namespace where an empty tmpfs covers the source tree: whatever
+# installed still reached into it would find nothing there.
+cat >"$work/demo.sh" <<'DEMO'
+set -euo pipefail
+mount -t tmpfs -o size=1M,mode=0755 clowder-source-hidden "$top"
+[ -z "$(ls -A "$top")" ] || { echo "the source tree is still visible" >&2; exit 1; }
+cd "$work"
+fail() { echo "FAIL install: $*" >&2; exit 1; }
 env -u CLOWDER_KERNEL -u CLOWDER_VMM -u CLOWDER_SOCKET -u CLOWDER_XEMEM_SOCKET \
     "$moved/bin/clowderd" --config "$work/clowderd.toml" --hello-timeout 60000 >"$work/clowderd.log" 2>&1 &
 daemon=$!
+trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null' EXIT
 for _ in $(seq 200); do [ -S "$work/run/clowderd.sock" ] && break; sleep 0.05; done
 [ -S "$work/run/clowderd.sock" ] || { cat "$work/clowderd.log" >&2; fail "the installed clowderd did not listen on the socket its configuration names"; }
 export CLOWDER_SOCKET=$work/run/clowderd.sock CLOWDER_XEMEM_SOCKET=$work/run/xemem.sock
-"$moved/bin/clowder" enclave create --name installed --cores 1 --mem 64M >"$work/create.log" 2>&1 \
+"$moved/bin/clowder" enclave create --name sim --cores 1 --mem 256M >"$work/create.log" 2>&1 \
     || { cat "$work/create.log" "$work/clowderd.log" >&2; fail "the installed clowderd cannot create an enclave"; }
-output=$(timeout 120 "$moved/bin/clowder" run installed "$work/hello" 2>&1) || true
-[ "$output" = "installed hello" ] || { cat "$work/clowderd.log" >&2; fail "a static hello in the installed daemon's enclave said '$output'"; }
+output=$(timeout 120 "$moved/bin/clowder" run sim ./hpccg 24 24 24 2>&1) || true
+grep -q '^hpccg: solution verified' <<<"$output" || { echo "$output" >&2; cat "$work/clowderd.log" >&2; fail "the CG simulation in the installed daemon's enclave did not verify"; }
 grep -q 'made and removed' <<<"$("$work/xpmem-hello" broker)" || fail "the XPMEM program cannot use the installed daemon's broker"
-"$moved/bin/clowder" enclave rm installed >/dev/null || fail "the enclave could not be removed"
-echo "ok   make install: clowderd from a moved copy of the installed tree (its own LWK, its configuration file) runs a job in an enclave"
+transports=$(LD_LIBRARY_PATH=$moved/lib "$work/ucx/bin/list_transports")
+grep -q '^xpmem/xpmem: xpmem on memory$' <<<"$transports" || fail "UCX lists no xpmem transport over the installed daemon's broker: $transports"
+"$moved/bin/clowder" enclave rm sim >/dev/null || fail "the enclave could not be removed"
+DEMO
+top=$top work=$work moved=$moved unshare --mount --propagation private bash "$work/demo.sh" || exit 1
+echo "ok   make install: the demo from a moved copy of the installed tree, the source tree hidden: clowderd (its own LWK, its configuration file) runs the CG simulation in an enclave; XPMEM and UCX's xpmem transport use its broker"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# make test-install-ucx (opt-in: builds UCX, 3-6 minutes on two cores the first time): UCX
-# configured against an installed clowder tree alone, finding XPMEM by its cray-xpmem.pc, and
-# its xpmem transport loading the installed libxpmem.so.0. The install and the UCX build are
+# make test-install-ucx (opt-in: builds the whole of UCX, 3-6 minutes on two cores the first
+# time): UCX configured against an installed clowder tree alone, finding XPMEM by its
+# cray-xpmem.pc, and its xpmem transport loading the installed libxpmem.so.0. make test checks
+# the same route more cheaply (scripts/install-test.sh builds only UCX's xpmem transport and
+# the libraries under it, xemem/ucx/build-xpmem.sh); this one also has ucp and the tools. The install and the UCX build are
 # kept under build/install-ucx, so a second run only reinstalls and checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
