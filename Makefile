@@ -25,7 +25,8 @@ build: bootstrap kernels
 install: build
 	@PREFIX=$(PREFIX) DESTDIR=$(DESTDIR) scripts/install.sh
 
-# Opt-in, 3-6 minutes the first time: UCX built against an installed tree by pkg-config alone.
+# Opt-in, 3-6 minutes the first time: the whole of UCX built against an installed tree by
+# pkg-config alone (make test's install-test.sh builds only its xpmem transport that way).
 test-install-ucx: build
 	@scripts/install-ucx-test.sh
 
