@@ -19,6 +19,8 @@
 //! Ioctl numbers and argument layouts are XPMEM's (x86-64), as `xpmem.h` publishes them.
 
 mod commands;
+mod notify;
+mod parking;
 pub mod host_link;
 
 use crate::arch::paging::{Protection, HUGE_PAGE_SIZE, PAGE_SIZE};
@@ -36,6 +38,10 @@ use xemem::node::{Reply, Request};
 use xemem::{Credentials, Error, NameServer, Owner, Principal};
 
 pub use commands::{ioctl, parking};
+pub use notify::{notifier_of, notify, read_notifier, signal, Notifier};
+pub use parking::{park_detached, resume_same};
+use notify::NOTIFIERS;
+use parking::{drop_parked_in_the_way, drop_parked_where, may_park, park, readable_word, DeviceDescriptor};
 
 /// The path the job opens; `libxpmem` switches to its ioctl backend when it opens.
 pub const DEVICE_PATH: &str = "/dev/xpmem";
@@ -703,150 +709,6 @@ pub enum Detached {
     NotAnAttachment,
 }
 
-/// Parked attachments: a detach of an attachment of host-added memory (a host process's or
-/// another enclave's segment) suspends its tables and keeps it, unknown to the host, and an
-/// attach of the same range through the same permit resumes it: one table write per GiB, no
-/// request to the host. A round trip to the host is thousands of kernel instructions,
-/// milliseconds where they are emulated (PVM), and in-situ analytics attach their simulation's
-/// data again at every step. To the job a parked attachment is gone (touching it is SIGSEGV,
-/// detaching it again does nothing); to the host it is still attached, so whatever ends an
-/// attachment ends it too: the owner's remove or end revokes the permit, a release (the
-/// process's or the job's end releases its permits) detaches it at the host. Only an attach
-/// of the same range gets it back; an attach of another range through the permit, or one at
-/// a fixed address in its GiBs, first drops it and detaches it at the host (the host keeps
-/// one attachment per permit). What it maps is what the host answered for it, taken up again
-/// only while that still holds as far as [`may_park`] can tell: for another enclave's segment,
-/// while the owner kernel's count of page-table changes has not moved; for a host process's,
-/// as an attachment the job never detached would keep it.
-fn park(device: &mut Device, index: usize, descriptor: DeviceDescriptor) -> bool {
-    let attachment = &device.attachments[index];
-    let (pid, start, end) = (attachment.pid, attachment.start, attachment.end);
-    let (from, to) = attachment.reserved();
-    let parkable = attachment.alone
-        && !attachment.revoked
-        && device.attachments.iter().enumerate().all(|(other, a)| other == index || a.pid != pid || a.end <= from || to <= a.start);
-    let parked = parkable && descriptor.change_tables(pid, |aspace| aspace.suspend(start, end)).unwrap_or(false);
-    device.attachments[index].parked = parked;
-    parked
-}
-
-/// The descriptor a command came through: `/dev/xpmem` as the general ioctl path found, or one
-/// to be checked while the caller's process is at hand (the paths that answer before it).
-#[derive(Clone, Copy)]
-enum DeviceDescriptor {
-    Checked,
-    Unchecked(Fd),
-}
-
-impl DeviceDescriptor {
-    /// Runs `change` on the address space of process `pid` when the command came through
-    /// `/dev/xpmem`; whether it did (`None`: no such process). One lookup of the process.
-    fn change_tables(self, pid: u64, change: impl FnOnce(&mut crate::mm::aspace::AddressSpace)) -> Option<bool> {
-        with_job_process(pid, |process| {
-            let through_device = match self {
-                DeviceDescriptor::Checked => true,
-                DeviceDescriptor::Unchecked(fd) => process.descriptors.get(fd).is_some_and(|open| matches!(*open, job::descriptors::Descriptor::Xpmem)),
-            };
-            if through_device {
-                change(&mut process.memory.aspace);
-            }
-            through_device
-        })
-    }
-}
-
-/// The detach by the calling process, through descriptor `fd` of `/dev/xpmem`, of an
-/// attachment at `address` that can be parked (see [`park`]): parked under one device lock
-/// and one process lookup, which also checks the descriptor. False: nothing parked; the
-/// general path answers (ENOTTY for another descriptor, the unmap of an attachment that
-/// cannot be parked).
-pub fn park_detached(fd: Fd, address: u64) -> bool {
-    let pid = caller();
-    let parked = with_device(|device| {
-        let index = device.attachments.iter().position(|a| a.pid == pid && !a.parked && a.start <= address && address < a.end);
-        index.is_some_and(|index| park(device, index, DeviceDescriptor::Unchecked(fd)))
-    });
-    if parked {
-        crate::sched::shoot_down_user_tlbs();
-    }
-    parked
-}
-
-/// Unlinks the parked attachments `which` selects for good (their tables retired) and forgets
-/// them; returns their permits.
-fn drop_parked_where(device: &mut Device, which: impl Fn(&Attachment) -> bool) -> Vec<(u64, AccessId)> {
-    let mut dropped = Vec::new();
-    for attachment in device.attachments.iter().filter(|a| a.parked && which(a)) {
-        let _ = with_job_process(attachment.pid, |process| process.memory.aspace.drop_suspended(attachment.start, attachment.end));
-        dropped.push((attachment.pid, attachment.access));
-    }
-    if !dropped.is_empty() {
-        device.attachments.retain(|a| !(a.parked && which(a)));
-    }
-    dropped
-}
-
-/// The attach of the same range through the same permit, by the calling process, at `fixed`
-/// (0: anywhere) or where it was, through descriptor `fd` of `/dev/xpmem`, when it is parked
-/// and its answer still holds: takes it up again and returns its address, on as few kernel
-/// instructions as it can (the device and the process are each looked up once, the descriptor
-/// checked on the way). `None` for anything else: the general path ([`attach`]) answers it.
-pub fn resume_same(fd: Fd, raw: i64, offset: u64, size: u64, fixed: u64) -> Option<u64> {
-    let pid = caller();
-    let rounded = size.checked_next_multiple_of(PAGE_SIZE)?;
-    let mut device = DEVICE.lock();
-    let attachment = device.as_mut()?.attachments.iter_mut().find(|a| a.parked && a.pid == pid && a.access.raw() == raw)?;
-    let same = attachment.offset == offset && attachment.end - attachment.start == rounded && (fixed == 0 || fixed == attachment.start);
-    if !same || !offset.is_multiple_of(PAGE_SIZE) || !still_holds(attachment) {
-        return None;
-    }
-    let (start, end) = (attachment.start, attachment.end);
-    let resumed = DeviceDescriptor::Unchecked(fd).change_tables(pid, |aspace| aspace.resume(start, end))?;
-    attachment.parked = !resumed;
-    resumed.then_some(start)
-}
-
-/// An attach by `pid` through `apid` of `[offset, offset + size)` at `fixed` (0: anywhere)
-/// that [`resume_same`] did not answer: any parked attachment in its way (of the permit, whose
-/// range or answer differs, or in the GiBs a fixed address falls in) is dropped; returns their
-/// permits, to be detached at the host.
-fn drop_parked_in_the_way(device: &mut Device, pid: u64, apid: AccessId, size: u64, fixed: u64) -> Vec<(u64, AccessId)> {
-    let fixed_end = fixed.saturating_add(size.checked_next_multiple_of(PAGE_SIZE).unwrap_or(0));
-    drop_parked_where(device, |a| {
-        let (from, to) = a.reserved();
-        a.pid == pid && (a.access == apid || (fixed != 0 && from < fixed_end && fixed < to))
-    })
-}
-
-/// Whether an attachment of `segment` may be parked. A host process's segment (the name
-/// server's daemon's broker serves it): the owner's library answers an attach with the memory
-/// it maps there, and a parked attachment keeps that memory, as one the job never detached
-/// would; memory the owner's application put under the range since is seen by a new attach
-/// only (the library's caveats, docs/xemem.md). Another enclave's segment when the host's
-/// answer came with its word (`with_word`): the owner kernel's count of page-table changes,
-/// which the host mapped read-only into this machine. A parked attachment whose word moved is
-/// not taken up again: the attach asks the host, and sees what the owner mapped since.
-fn may_park(segment: SegmentId, with_word: bool) -> bool {
-    segment.enclave() == xemem::ids::NAME_SERVER_ENCLAVE || with_word
-}
-
-/// The host's word (see [`may_park`]) as (guest-physical address, value), made readable
-/// through the kernel's physical-memory window; `None` if it does not lie in a region the host
-/// added (above RAM), 8-aligned.
-fn readable_word(word: xemem::wire::MappingWord) -> Option<(u64, u64)> {
-    let lies_in_host_memory = word.address >= crate::mm::ram_end() && word.address < HOST_MEMORY_LIMIT && word.address.is_multiple_of(8);
-    if !lies_in_host_memory {
-        return None;
-    }
-    crate::mm::map_device_page(word.address & !(PAGE_SIZE - 1));
-    Some((word.address, word.value))
-}
-
-/// Whether a parked attachment's answer still holds: the host's word has not moved.
-fn still_holds(attachment: &Attachment) -> bool {
-    attachment.valid_while.is_none_or(|(address, value)| crate::arch::phys::read_volatile::<u64>(address) == value)
-}
-
 /// What a detach leaves to do once the device is unlocked.
 enum AfterDetach {
     Nothing,
@@ -888,117 +750,4 @@ pub fn detach(address: u64) -> Detached {
         }
     }
     detached
-}
-
-/// XEMEM's signals: the owner's side. Each segment that was signalled or asked for a
-/// notification descriptor has one counter (eventfd semantics: a read takes the count and
-/// leaves 0; it waits, or fails with EAGAIN, while the count is 0); every descriptor of the
-/// segment shares it.
-pub struct Notifier {
-    pending: AtomicU64,
-    /// Signals received so far (an edge-triggered epoll reports the descriptor again after each).
-    signals: AtomicU64,
-    /// The process that owns the segment (its notifier goes when it ends).
-    owner: u64,
-}
-
-impl Notifier {
-    /// The kernel key its readers wait on: its own address.
-    fn key(&self) -> u64 {
-        self as *const Notifier as u64
-    }
-
-    /// Whether a read would take a count now (`poll`).
-    pub fn is_readable(&self) -> bool {
-        self.pending.load(Ordering::Acquire) != 0
-    }
-
-    /// Signals received so far (epoll's edge-triggered mode).
-    pub fn signals(&self) -> u64 {
-        self.signals.load(Ordering::Acquire)
-    }
-}
-
-/// Notifiers by segment (of any process of the job).
-static NOTIFIERS: SpinLock<BTreeMap<SegmentId, Arc<Notifier>>> = SpinLock::new(BTreeMap::new());
-
-fn notifier(owner: u64, segment: SegmentId) -> Arc<Notifier> {
-    NOTIFIERS.lock().entry(segment).or_insert_with(|| Arc::new(Notifier { pending: AtomicU64::new(0), signals: AtomicU64::new(0), owner })).clone()
-}
-
-/// An attacher signalled `segment`, owned by process `owner` of the job (checked by the name
-/// server: the local one, or the host's, whose `Notify` reaches the node). Wakes the readers.
-pub fn notify(owner: u64, segment: SegmentId) {
-    if !job::is_loaded() || !job::process_exists(owner) {
-        return;
-    }
-    let notifier = notifier(owner, segment);
-    notifier.pending.fetch_add(1, Ordering::AcqRel);
-    notifier.signals.fetch_add(1, Ordering::AcqRel);
-    crate::sched::wake_kernel_key(notifier.key());
-}
-
-/// `xemem_signal(apid)`: the caller's permit `apid` wakes the segment's owner.
-pub fn signal(raw: i64) -> Result<(), Error> {
-    let pid = caller();
-    let apid = access_id(raw)?;
-    let global = with_device(|device| device.global_permits.get(&apid.raw()).copied());
-    match global {
-        Some(permit) if permit.pid != pid => Err(Error::Denied),
-        Some(_) => host_link::direct(Request::Signal { process: pid, access: apid }).map(drop),
-        None => {
-            let (owner, segment) = with_device(|device| device.names.signal(principal(pid), apid))?;
-            notify(owner.process, segment);
-            Ok(())
-        }
-    }
-}
-
-/// `xemem_notify_fd(segid)`: the notifier of the caller's own segment `raw` (ENOENT for any
-/// other, as the host's library, which knows only its own).
-pub fn notifier_of(raw: i64) -> Result<Arc<Notifier>, Error> {
-    let pid = caller();
-    let id = segment_id(raw)?;
-    let owned = with_device(|device| match device.own_segments.get(&id) {
-        Some(&(owner, _, _)) => owner == pid,
-        None => device.names.segment(id).is_some_and(|segment| segment.owner == principal(pid)),
-    });
-    if !owned {
-        return Err(Error::NotFound);
-    }
-    Ok(notifier(pid, id))
-}
-
-/// How long a reader of a notification descriptor sleeps at a time in a persistent enclave:
-/// the host's `Notify` may wake it, so its wait must not count as part of a dead-lock (the
-/// scheduler ends a job whose threads all wait with no deadline).
-const CONNECTED_WAIT_NS: u64 = 100_000_000;
-
-/// `read` of a notification descriptor: 8 bytes, the count since the last read.
-pub fn read_notifier(notifier: &Notifier, buffer: UserAddr, len: u64, non_blocking: bool) -> SyscallResult {
-    if len < 8 {
-        return Err(Errno::EINVAL);
-    }
-    let mut interrupted = false;
-    loop {
-        let count = notifier.pending.swap(0, Ordering::AcqRel);
-        if count != 0 {
-            if let Err(errno) = user::write_bytes(buffer, &count.to_le_bytes()) {
-                notifier.pending.fetch_add(count, Ordering::AcqRel);
-                return Err(errno);
-            }
-            return Ok(8);
-        }
-        if non_blocking {
-            return Err(Errno::EAGAIN);
-        }
-        // A signal ends the wait as on Linux (EINTR, or restarted under SA_RESTART), once a
-        // last look has found nothing.
-        if interrupted {
-            return Err(Restart::Always.errno());
-        }
-        let deadline = crate::enclave::is_active().then(|| crate::clock::monotonic_ns() + CONNECTED_WAIT_NS);
-        let nothing = || notifier.pending.load(Ordering::Acquire) == 0;
-        interrupted = matches!(crate::sched::wait(notifier.key(), u32::MAX, deadline, nothing), Some(WaitResult::Interrupted | WaitResult::Signal));
-    }
 }
