@@ -126,7 +126,6 @@ fn user_run(buffer: u64, len: u64, host_writes: bool) -> Option<Run> {
 pub fn is_host_path(path: &str) -> bool {
     !path.is_empty() && super::is_active() && with_state(|state| state.job.is_some())
 }
-
 /// Opens a host path (`is_host_path`): the new descriptor, or a negated errno.
 pub fn open(path: &str, flags: u32, mode: u32) -> i64 {
     let handle = result_of(request(FileOp::Open { path: path.as_bytes(), flags, mode }));
@@ -220,6 +219,44 @@ fn transfer_runs(buffer: u64, len: u64, host_writes: bool, op: impl Fn(u64, u32,
         }
         done += count;
         if count < chunk {
+            break;
+        }
+    }
+    done as i64
+}
+
+/// `getdents64` of a host directory: one request for the next whole `linux_dirent64` records
+/// that fit the buffer's first run (the host keeps the directory's position), through the
+/// bounce buffer where the buffer is not RAM.
+pub fn read_directory(handle: u32, buffer: u64, len: u64) -> i64 {
+    let (gpa, len, bounced) = match user_run(buffer, len, true) {
+        None => return -EFAULT,
+        Some(Run::Ram { gpa, len }) => (gpa, len, false),
+        Some(Run::Elsewhere { len }) => match bounce() {
+            Some(bounce) => (bounce, len, true),
+            None => return -ENOMEM,
+        },
+    };
+    let count = result_of(request(FileOp::Getdents { handle, gpa, len: len as u32 }));
+    if bounced && count > 0 && copy_to_user(buffer, phys::bytes(gpa, count.min(len as i64) as usize)).is_err() {
+        return -EFAULT;
+    }
+    count
+}
+
+/// Fills guest-physical `[physical, physical + len)`, the job's own memory (a private file
+/// mapping being made), from host file `handle` at `offset`, the host writing there directly.
+/// Returns the bytes read (fewer at the file's end), or a negated errno.
+pub fn read_into_memory(handle: u32, physical: u64, len: u64, offset: u64) -> i64 {
+    let mut done = 0u64;
+    while done < len {
+        let chunk = (len - done).min(MAX_TRANSFER);
+        let count = result_of(request(FileOp::Pread { handle, gpa: physical + done, len: chunk as u32, offset: offset + done }));
+        if count < 0 {
+            return count;
+        }
+        done += (count as u64).min(chunk);
+        if (count as u64) < chunk {
             break;
         }
     }

@@ -294,9 +294,10 @@ pub struct Image {
 }
 
 /// Loads the executable `file` (`path` in the job's file system: AT_EXECFN), with its
-/// interpreter if it is dynamically linked, into a new address space with its initial stack, and leaves that address space loaded on this CPU. The heap is
-/// `heap_size` bytes (rounded up to 2 MiB), or with `None` what the kernel and the job's other
-/// processes can spare once the image and stack are placed (`spare_heap_size`).
+/// interpreter if it is dynamically linked, into a new address space with its initial stack,
+/// and leaves that address space loaded on this CPU. The heap is `heap_size` bytes (rounded up
+/// to 2 MiB), or with `None` what the kernel and the job's other processes can spare once the
+/// image and stack are placed (`spare_heap_size`).
 pub fn load_image_memory(file: LoadFile<'_>, path: &str, argv: &[String], env: &[String], heap_size: Option<u64>, stack_size: u64) -> Result<Image, LoadError> {
     let program = Program::parse(file)?;
     let mut aspace = AddressSpace::new().map_err(|_| LoadError::NoMemory("page tables"))?;

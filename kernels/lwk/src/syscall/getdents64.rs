@@ -1,12 +1,12 @@
 //! getdents64(fd, dirp, count): the entries of a directory of the job's file system, `.` and
-//! `..` first, as `struct linux_dirent64` records.
+//! `..` first, as `struct linux_dirent64` records; a host directory's from the host.
 
 use super::{user, Errno, Fd, SyscallResult, UserAddr};
 use crate::fs::{self, Node, S_IFDIR, S_IFMT};
 use crate::job::{self, descriptors::Descriptor};
-use alloc::string::String;
 use crate::linux::linux_dirent64;
 use crate::linux_struct;
+use alloc::string::String;
 use alloc::vec::Vec;
 use core::mem::offset_of;
 
@@ -16,6 +16,10 @@ const DT_DIR: u8 = 4;
 const DT_REG: u8 = 8;
 
 pub fn getdents64(descriptor: Fd, buffer: UserAddr, capacity: usize) -> SyscallResult {
+    // A host directory (a persistent enclave's job): the host lists it.
+    if let Some(handle) = crate::enclave::files::remote_handle(descriptor) {
+        return crate::enclave::files::to_syscall_result(crate::enclave::files::read_directory(handle, buffer.0, capacity as u64));
+    }
     let (path, node, position) = job::with_process(|process| match process.descriptors.get(descriptor).as_deref_mut() {
         Some(Descriptor::Directory { path, node, position }) => Ok((path.clone(), *node, *position)),
         Some(_) => Err(Errno::ENOTDIR),

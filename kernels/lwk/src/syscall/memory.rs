@@ -7,9 +7,10 @@
 
 use super::{Errno, Fd, SyscallResult};
 use crate::arch::paging::Protection;
+use crate::enclave::files;
+use crate::job;
 use crate::job::descriptors::Descriptor;
 use crate::job::memory::{Access, MemoryError, READ_WRITE};
-use crate::job::{self, Process};
 
 const PROT_READ: u32 = 1;
 const PROT_WRITE: u32 = 2;
@@ -36,30 +37,60 @@ fn access_of(protection: u32) -> Result<Access, Errno> {
     Ok((protection != 0).then_some(Protection { write: protection & PROT_WRITE != 0, execute: protection & PROT_EXEC != 0 }))
 }
 
-fn map_file(process: &mut Process, fd: Fd, len: u64, protection: u32, flags: u32, offset: u64, fixed: Option<u64>) -> SyscallResult {
-    let node = match process.descriptors.get(fd).as_deref_mut() {
-        Some(Descriptor::File { node, .. }) => *node,
-        Some(_) => return Err(Errno::ENODEV),
-        None => return Err(Errno::EBADF),
-    };
+/// A file mapping: a private copy of the file's bytes from `offset` (zero past its end) in
+/// heap memory, from the job's archive or, for a host file, written there by the host.
+fn map_file(fd: Fd, len: u64, protection: u32, flags: u32, offset: u64, fixed: Option<u64>) -> SyscallResult {
+    enum Source {
+        Archive(crate::fs::Node),
+        Host(u32),
+    }
+    let source = job::with_process(|process| match process.descriptors.get(fd).as_deref() {
+        Some(Descriptor::File { node, .. }) => Ok(Source::Archive(*node)),
+        Some(Descriptor::Remote { handle, .. }) => Ok(Source::Host(*handle)),
+        Some(_) => Err(Errno::ENODEV),
+        None => Err(Errno::EBADF),
+    })?;
     if flags & MAP_SHARED != 0 && protection & PROT_WRITE != 0 {
-        return Err(Errno::EACCES); // the file is open read-only
+        return Err(Errno::EACCES); // a copy: writes could not reach the file
     }
     let access = access_of(protection)?;
-    let start = process.memory.map_anonymous(len, Some(READ_WRITE), fixed).map_err(memory_error)?;
-    let contents = node.contents();
-    let from = (offset as usize).min(contents.len());
-    let count = (len as usize).min(contents.len() - from);
-    process.memory.fill_heap(start, &contents[from..from + count]);
-    if access != Some(READ_WRITE) {
-        process.memory.protect(start, len, access).map_err(memory_error)?;
-    }
-    Ok(start)
+    let (start, zeroed) = job::with_process(|process| process.memory.map_for_file(len, fixed)).map_err(memory_error)?;
+    let filled = match source {
+        Source::Archive(node) => {
+            let contents = node.contents();
+            let from = (offset as usize).min(contents.len());
+            let count = (len as usize).min(contents.len() - from);
+            job::with_process(|process| process.memory.fill_heap(start, &contents[from..from + count]));
+            count as u64
+        }
+        // Without the process table's lock while the host works: the memory is this
+        // process's until this thread, alive in the kernel, lets it go.
+        Source::Host(handle) => {
+            let physical = job::with_process(|process| process.memory.heap_physical(start));
+            let count = files::read_into_memory(handle, physical, len, offset);
+            if count < 0 {
+                let _ = job::with_process(|process| process.memory.unmap(start, len));
+                return files::to_syscall_result(count);
+            }
+            count as u64
+        }
+    };
+    job::with_process(|process| {
+        if !zeroed && filled < len {
+            process.memory.clear_heap_range(start + filled, len.next_multiple_of(4096) - filled);
+        }
+        if access != Some(READ_WRITE) {
+            process.memory.protect(start, len, access)?;
+        }
+        Ok(start)
+    })
+    .map_err(memory_error)
 }
 
 /// mmap(addr, length, prot, flags, fd, offset): memory from the job's heap. Anonymous
 /// mappings, private or shared, start zeroed; file mappings (private, or shared read-only:
-/// files cannot change) are filled with a copy of the file at `offset` (zero past its end).
+/// files cannot change), of the job's archive or of the host, are filled with a copy of the
+/// file at `offset` (zero past its end).
 /// The address is a hint except with MAP_FIXED (or MAP_FIXED_NOREPLACE), which must fall
 /// inside the heap.
 pub fn mmap(address: u64, len: usize, protection: u32, flags: u32, fd: Fd, offset: u64) -> SyscallResult {
@@ -69,7 +100,7 @@ pub fn mmap(address: u64, len: usize, protection: u32, flags: u32, fd: Fd, offse
     let len = len as u64;
     let fixed = (flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) != 0).then_some(address);
     if flags & MAP_ANONYMOUS == 0 {
-        return job::with_process(|process| map_file(process, fd, len, protection, flags, offset, fixed));
+        return map_file(fd, len, protection, flags, offset, fixed);
     }
     let access = access_of(protection)?;
     job::with_process(|process| process.memory.map_anonymous(len, access, fixed)).map_err(memory_error)
