@@ -528,9 +528,10 @@ impl Daemon {
                 None => return error_reply(ErrorKind::NotFound, format!("no enclave named {name}; {}", state.known_names())),
             }
         };
-        if let Some(refusal) = refuse_unrunnable(&request.argv[0], &files.binary) {
-            return refusal;
-        }
+        let interpreter = match crate::executable::check(&files.binary) {
+            Ok(interpreter) => interpreter,
+            Err(problem) => return error_reply(ErrorKind::InvalidArgument, format!("{} {problem}", request.argv[0])),
+        };
         let cores = match request.cores {
             None => 0,
             Some(CoreRequest::Count(count)) if count <= enclave.cores.len() && count < 64 => (1u64 << count) - 1,
@@ -552,6 +553,19 @@ impl Daemon {
             Ok(scope) => scope,
             Err(e) => return error_reply(ErrorKind::InvalidArgument, e),
         };
+        let mut inputs = files.inputs;
+        if let Some(path) = interpreter {
+            // Sent with the program: the kernel's loader finds it among the job's files.
+            match crate::executable::open_interpreter(&path, &owner) {
+                Ok(file) => inputs.push(JobFile { name: path, file }),
+                Err(_) => {
+                    // What a Linux shell says and returns when execve finds no interpreter.
+                    let message = format!("{}: cannot execute: required file not found\n", request.argv[0]);
+                    let _ = events.send(&ApiJobEvent::output(Stream::Stderr, message.as_bytes()));
+                    return ok_reply(&RunReply::exited(127, None, None));
+                }
+            }
+        }
         // A job id only for a job that is sent: refused runs leave no gap in the numbering.
         let job = {
             let mut state = self.state.lock().unwrap();
@@ -569,7 +583,7 @@ impl Daemon {
             cores,
             heap: request.heap.unwrap_or(0),
             binary: JobFile { name: if binary_name.is_empty() { "job".into() } else { binary_name }, file: files.binary },
-            inputs: files.inputs,
+            inputs,
         };
         let (sender, receiver) = mpsc::channel();
         if let Err(e) = enclave.launch(job, spec, sender) {
@@ -708,8 +722,14 @@ fn job_scope(enclave: Option<&str>, run: Option<&str>, cwd: &str, owner: &Identi
     }
 }
 
-/// The error reply for a program (`program`, the run's argv[0]) that no LWK can run, said
-/// before an enclave boots for it or is sent it (see `executable`).
+/// The error reply for a program (`program`, the run's argv[0]) that a one-shot enclave cannot
+/// run, said before one boots for it (see `executable`): a dynamically linked one needs a
+/// persistent enclave, which reads its libraries from the host.
 fn refuse_unrunnable(program: &str, binary: &File) -> Option<Value> {
-    crate::executable::unrunnable(binary).map(|problem| error_reply(ErrorKind::InvalidArgument, format!("{program} {problem}")))
+    let problem = match crate::executable::check(binary) {
+        Ok(None) => return None,
+        Ok(Some(interpreter)) => crate::executable::needs_persistent_enclave(&interpreter),
+        Err(problem) => problem,
+    };
+    Some(error_reply(ErrorKind::InvalidArgument, format!("{program} {problem}")))
 }

@@ -1,4 +1,4 @@
-//! Arbitrary files through the daemon's check of a job's binary (`executable::unrunnable`, which
+//! Arbitrary files through the daemon's check of a job's binary (`executable::check`, which
 //! reads the file with positioned reads, as it reads the descriptor a client sends): nothing may
 //! panic, hang or allocate without bound; a refusal says something; what it lets
 //! through is an x86-64 executable by its ELF header.
@@ -9,7 +9,7 @@ use std::os::fd::FromRawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::OnceLock;
 
-use clowderd::executable::unrunnable;
+use clowderd::executable::check;
 use libfuzzer_sys::fuzz_target;
 
 /// One in-memory file, rewritten for every input (no disk I/O, no descriptor per input).
@@ -28,8 +28,11 @@ fuzz_target!(|data: &[u8]| {
     let file = binary();
     file.set_len(0).expect("truncating the memfd");
     file.write_all_at(data, 0).expect("writing the memfd");
-    match unrunnable(file) {
-        Some(problem) => assert!(!problem.is_empty()),
-        None => assert!(elf64::FileHeader::parse(data).is_ok_and(|header| header.is_x86_64_executable())),
+    match check(file) {
+        Err(problem) => assert!(!problem.is_empty()),
+        Ok(interpreter) => {
+            assert!(elf64::FileHeader::parse(data).is_ok_and(|header| header.is_x86_64_executable()));
+            assert!(interpreter.is_none_or(|path| path.starts_with('/')));
+        }
     }
 });
