@@ -79,3 +79,46 @@ macro_rules! interrupt_stub {
         );
     };
 }
+
+/// The 64-bit task-state segment (Intel SDM vol. 3, "Task Management in 64-bit Mode"): the
+/// stack the CPU switches to on a trap from ring 3 (`rsp[0]`) and the interrupt stacks
+/// (`ist`). No I/O bitmap: ring-3 port I/O is decided by IOPL alone.
+#[repr(C, packed)]
+#[derive(Clone, Copy)]
+pub struct TaskStateSegment {
+    reserved0: u32,
+    pub rsp: [u64; 3],
+    reserved1: u64,
+    pub ist: [u64; 7],
+    reserved2: u64,
+    reserved3: u16,
+    io_map_base: u16,
+}
+
+impl TaskStateSegment {
+    pub const fn new() -> TaskStateSegment {
+        TaskStateSegment {
+            reserved0: 0,
+            rsp: [0; 3],
+            reserved1: 0,
+            ist: [0; 7],
+            reserved2: 0,
+            reserved3: 0,
+            // The bitmap would start past the segment's end: there is none.
+            io_map_base: core::mem::size_of::<TaskStateSegment>() as u16,
+        }
+    }
+
+    /// The two GDT entries that describe a TSS at `base`: present, 64-bit available.
+    pub fn descriptor(base: u64) -> [u64; 2] {
+        let limit = core::mem::size_of::<TaskStateSegment>() as u64 - 1;
+        let low = (limit & 0xffff) | (base & 0xff_ffff) << 16 | 0x89 << 40 | ((limit >> 16) & 0xf) << 48 | ((base >> 24) & 0xff) << 56;
+        [low, base >> 32]
+    }
+}
+
+impl Default for TaskStateSegment {
+    fn default() -> Self {
+        Self::new()
+    }
+}

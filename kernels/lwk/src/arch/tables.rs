@@ -2,6 +2,7 @@
 
 use super::cpu::{self, MSR_GS_BASE, MSR_KERNEL_GS_BASE, MSR_LSTAR, MSR_SFMASK, MSR_STAR};
 use core::arch::asm;
+use guest_arch::TaskStateSegment;
 use core::mem::size_of;
 
 pub const KERNEL_CODE: u16 = 0x08;
@@ -18,18 +19,6 @@ pub const MAX_CPUS: usize = 16;
 
 #[repr(C, align(16))]
 struct Stack<const N: usize>([u8; N]);
-
-#[repr(C, packed)]
-#[derive(Clone, Copy)]
-struct TaskStateSegment {
-    reserved0: u32,
-    rsp: [u64; 3],
-    reserved1: u64,
-    ist: [u64; 7],
-    reserved2: u64,
-    reserved3: u16,
-    io_map_base: u16,
-}
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -58,15 +47,7 @@ pub struct PerCpu {
 /// The main thread's kernel stack (it starts on CPU 0).
 static mut TRAP_STACK: Stack<TRAP_STACK_SIZE> = Stack([0; TRAP_STACK_SIZE]);
 static mut DOUBLE_FAULT_STACKS: [Stack<DOUBLE_FAULT_STACK_SIZE>; MAX_CPUS] = [const { Stack([0; DOUBLE_FAULT_STACK_SIZE]) }; MAX_CPUS];
-static mut TSS: [TaskStateSegment; MAX_CPUS] = [TaskStateSegment {
-    reserved0: 0,
-    rsp: [0; 3],
-    reserved1: 0,
-    ist: [0; 7],
-    reserved2: 0,
-    reserved3: 0,
-    io_map_base: size_of::<TaskStateSegment>() as u16, // no I/O bitmap: user port I/O faults
-}; MAX_CPUS];
+static mut TSS: [TaskStateSegment; MAX_CPUS] = [TaskStateSegment::new(); MAX_CPUS];
 static mut GDT: [[u64; 7]; MAX_CPUS] = [[
     0,
     0x00af_9a00_0000_ffff, // kernel code, 64-bit
@@ -168,13 +149,7 @@ pub fn init_cpu(cpu: usize, trap_stack_top: u64) {
         TSS[cpu].rsp[0] = trap_stack_top;
         TSS[cpu].ist[0] = double_fault_top;
 
-        let tss_base = (&raw const TSS[cpu]) as u64;
-        let tss_limit = size_of::<TaskStateSegment>() as u64 - 1;
-        GDT[cpu][5] = tss_limit
-            | (tss_base & 0xff_ffff) << 16
-            | 0x89 << 40 // present, 64-bit available TSS
-            | ((tss_base >> 24) & 0xff) << 56;
-        GDT[cpu][6] = tss_base >> 32;
+        [GDT[cpu][5], GDT[cpu][6]] = TaskStateSegment::descriptor((&raw const TSS[cpu]) as u64);
         let gdt_pointer = DescriptorPointer { limit: size_of::<[u64; 7]>() as u16 - 1, base: (&raw const GDT[cpu]) as u64 };
         asm!(
             "lgdt [{gdt}]",

@@ -29,6 +29,7 @@
 
 use core::arch::{asm, global_asm};
 use core::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use guest_arch::TaskStateSegment;
 
 /// Selector values: index << 3 | requested privilege level.
 const KERNEL_DATA_SELECTOR: u16 = 0x10;
@@ -40,29 +41,8 @@ const TSS_SELECTOR: u16 = 0x30;
 const USER_RFLAGS: u64 = (3 << 12) | 0x2;
 pub const USER_STACK_SIZE: usize = 16 * 1024;
 
-/// The 64-bit TSS: only RSP0 matters here (no IST, no I/O bitmap: IOPL 3 allows all ports).
-#[repr(C, packed)]
-struct TaskStateSegment {
-    reserved0: u32,
-    privilege_stack_pointers: [u64; 3],
-    reserved1: u64,
-    interrupt_stack_table: [u64; 7],
-    reserved2: u64,
-    reserved3: u16,
-    io_bitmap_offset: u16,
-}
-const TSS_SIZE: u64 = core::mem::size_of::<TaskStateSegment>() as u64;
-
-static mut TSS: TaskStateSegment = TaskStateSegment {
-    reserved0: 0,
-    privilege_stack_pointers: [0; 3],
-    reserved1: 0,
-    interrupt_stack_table: [0; 7],
-    reserved2: 0,
-    reserved3: 0,
-    // An offset at the limit means "no bitmap".
-    io_bitmap_offset: TSS_SIZE as u16,
-};
+/// The TSS: only RSP0 matters here (no IST, no I/O bitmap: IOPL 3 allows all ports).
+static mut TSS: TaskStateSegment = TaskStateSegment::new();
 
 #[repr(C, align(16))]
 struct Gdt([u64; 8]);
@@ -121,16 +101,6 @@ pub fn user_stack_range() -> (u64, u64) {
 }
 
 /// A 64-bit available-TSS descriptor (type 9, present, DPL 0), as two GDT words.
-fn tss_descriptor(base: u64) -> [u64; 2] {
-    let limit = TSS_SIZE - 1;
-    let low = (limit & 0xffff)
-        | (base & 0xff_ffff) << 16
-        | 0x89 << 40
-        | ((limit >> 16) & 0xf) << 48
-        | ((base >> 24) & 0xff) << 56;
-    [low, base >> 32]
-}
-
 /// Loads our GDT and TSS and installs the #UD and #GP handlers that know about ring 3, once.
 fn load_descriptors_once() {
     if DESCRIPTORS_LOADED.swap(true, Ordering::AcqRel) {
@@ -146,7 +116,7 @@ fn load_descriptors_once() {
     // across `lgdt`; `ltr` runs on a TSS descriptor that is not yet busy.
     unsafe {
         let gdt = &raw mut GDT;
-        let [low, high] = tss_descriptor((&raw const TSS) as u64);
+        let [low, high] = TaskStateSegment::descriptor((&raw const TSS) as u64);
         (*gdt).0[6] = low;
         (*gdt).0[7] = high;
         let descriptor = Descriptor { limit: (core::mem::size_of::<Gdt>() - 1) as u16, base: gdt as u64 };
@@ -177,7 +147,7 @@ pub fn run_in_user_mode<T>(entry: extern "C" fn(&mut T) -> !, state: T) -> T {
     unsafe {
         let state_pointer = state_address as *mut T;
         state_pointer.write(state);
-        let tss_rsp0 = (&raw mut TSS.privilege_stack_pointers) as *mut u64;
+        let tss_rsp0 = (&raw mut TSS.rsp) as *mut u64;
         enter_user_mode(entry as *const () as u64, user_stack_pointer, state_address, tss_rsp0);
         state_pointer.read()
     }
