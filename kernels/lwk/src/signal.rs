@@ -427,15 +427,7 @@ fn has_wanted(signals: &mut Signals, tid: u64) -> bool {
 /// takes arrives; the old mask comes back when the handler returns (or at once if no handler
 /// runs). Returns the restart code the call ends with.
 pub fn suspend(mask: u64) -> Restart {
-    let tid = sched::current_tid();
-    let already_due = {
-        let mut signals = SIGNALS.lock();
-        let thread = signals.thread(tid);
-        thread.saved_mask.get_or_insert(thread.blocked);
-        thread.blocked = mask & !UNCATCHABLE;
-        signals.update_check_request();
-        has_wanted(&mut signals, tid)
-    };
+    let already_due = begin_wait_mask(mask);
     // A signal sent from now on interrupts the wait (`sched::interrupt`).
     if !already_due {
         sched::wait_for_signal();

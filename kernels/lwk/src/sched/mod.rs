@@ -286,14 +286,7 @@ pub fn set_affinity(tid: u64, mask: u64) -> Result<(), AffinityError> {
     })?;
     if moving_self {
         // Queue ourselves on the new CPU and give this one up; we resume over there.
-        leave_cpu(
-            |scheduler| {
-                let current = scheduler.current(cpu);
-                scheduler.enqueue(current);
-                scheduler.threads[&current].slot
-            },
-            cpu,
-        );
+        run::requeue_current(cpu);
     }
     Ok(())
 }

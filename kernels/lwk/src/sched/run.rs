@@ -225,6 +225,12 @@ pub fn yield_now() {
     if QUEUED[cpu].load(Ordering::Acquire) == 0 {
         return;
     }
+    requeue_current(cpu);
+}
+
+/// Puts the thread running on `cpu` (the caller) at the end of the queue and gives the CPU
+/// up; the caller resumes when a CPU takes it off the queue again.
+pub(super) fn requeue_current(cpu: usize) {
     leave_cpu(
         |scheduler| {
             let current = scheduler.current(cpu);
