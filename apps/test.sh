@@ -27,6 +27,7 @@ stream: results verified|./stream 100000 3
 hpccg: solution verified|./hpccg 12 12 12
 minicg: solution verified|./minicg 12 12 12
 minicg: solution verified|./minicg-wall-dyn 12 12 12
+triad: results verified|./triad avx2 2 1024 100
 syscall-loop: 1000 getpid calls|./syscall-loop 1000
 detours, |./selfish 0.2
 RUNS
@@ -50,6 +51,8 @@ NZ must be an integer from 1 to 1024, got "8x"|./hpccg 8 8 8x
 TOLERANCE must be a number from 0 to 1, got "tight"|./hpccg 8 8 8 10 tight
 NY must be an integer from 1 to 512, got "0"|./minicg 8 0 8
 usage: minicg|./minicg-wall 8 8
+usage: triad|./triad sse 1
+N must be a multiple of 8, got 100|./triad avx2 1 100
 ITERATIONS must be an integer from 1 to 1000000000000, got "1e6"|./syscall-loop 1e6
 DURATION_S must be a number from 0.001 to 3600, got "5s"|./selfish 5s
 THRESHOLD_NS must be an integer from 0 to 1000000000, got "abc"|./selfish 1 abc
