@@ -2,31 +2,10 @@
 //! private clowderd (forwarded calls need one) and on the host, on the same core: open+close,
 //! stat, and sequential write and read MB/s at 4 KiB, 64 KiB and 8 MiB requests.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
 
-/// A clowderd of this run's own, on a socket in a scratch directory; stopped when dropped.
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // SAFETY: kill has no memory effects; the pid is our own child's.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
-}
-
-impl Daemon {
-    fn clowder(&self, repo: &Path) -> Command {
-        let mut command = Command::new(repo.join("target/release/clowder"));
-        command.env("CLOWDER_SOCKET", &self.socket);
-        command
-    }
-}
+use crate::private_daemon::Daemon;
 
 /// `fileio: <what> <number> <unit>` lines as ("<what> (<unit>)", number).
 fn figures(output: &str) -> Vec<(String, f64)> {
@@ -50,23 +29,7 @@ pub fn rows(repo: &Path, core: usize, vmm: &Path, lwk: &Path) -> Result<Vec<(Str
     if !built.is_ok_and(|status| status.success()) {
         return Err(format!("musl-gcc could not build {}", source.display()));
     }
-    let socket = scratch.join("clowderd.sock");
-    let child = Command::new(repo.join("target/release/clowderd"))
-        .arg("--socket")
-        .arg(&socket)
-        .arg("--vmm")
-        .arg(vmm)
-        .arg("--kernel")
-        .arg(lwk)
-        .arg("--isolate-cores")
-        .stderr(std::fs::File::create(scratch.join("clowderd.log")).map_err(|e| e.to_string())?)
-        .spawn()
-        .map_err(|e| format!("starting clowderd: {e}"))?;
-    let daemon = Daemon { child, socket };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !daemon.socket.exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let daemon = Daemon::start(repo, &scratch, vmm, lwk)?;
     let created = daemon.clowder(repo).args(["enclave", "create", "--name", "lwk-bench-io", "--mem", "512M", "--cores"]).arg(core.to_string()).output();
     match created {
         Ok(out) if out.status.success() => {}
@@ -75,9 +38,10 @@ pub fn rows(repo: &Path, core: usize, vmm: &Path, lwk: &Path) -> Result<Vec<(Str
     }
     let args = ["200", "64"];
     let enclave = daemon.clowder(repo).current_dir(&work).args(["run", "--enclave", "lwk-bench-io"]).arg(&program).args(args).output();
-    let host = Command::new("taskset").current_dir(&work).arg("-c").arg(core.to_string()).arg(&program).args(args).output();
+    // The host's turn once the enclave is gone: until then its core is not the host's.
     let _ = daemon.clowder(repo).args(["enclave", "rm", "lwk-bench-io"]).output();
     drop(daemon);
+    let host = Command::new("taskset").current_dir(&work).arg("-c").arg(core.to_string()).arg(&program).args(args).output();
     let _ = std::fs::remove_dir_all(&scratch);
     let (enclave, host) = match (enclave, host) {
         (Ok(enclave), Ok(host)) if enclave.status.success() && host.status.success() => {

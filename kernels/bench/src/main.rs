@@ -5,9 +5,12 @@
 //! The forwarded file I/O rows run `fileio/fileio.c` in a persistent enclave of a private
 //! clowderd (`fileio.rs`); `lwk-bench files` prints only them.
 //! `lwk-bench big` measures only the creation time per GiB (enclaves of each BIG_MEM size,
-//! default 4G; e.g. BIG_MEM=4G,16G) and replaces that section of the file.
+//! default 4G; e.g. BIG_MEM=4G,16G) and replaces that section of the file; `lwk-bench calls`
+//! and `lwk-bench startup` print only the system-call costs or the dynamic start-up row.
 
 mod fileio;
+mod private_daemon;
+mod startup;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -15,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use vmm::control::ControlClient;
+
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
@@ -258,6 +262,14 @@ fn main() {
         }
         return;
     }
+    if std::env::args().nth(1).as_deref() == Some("startup") {
+        // `lwk-bench startup`: only the dynamic and static start-up row, printed.
+        match startup::rows(&repo, setup.core, &setup.vmm, &setup.lwk, runs) {
+            Ok(rows) => println!("{}", table_of(&rows)),
+            Err(why) => eprintln!("lwk-bench: no start-up row: {why}"),
+        }
+        return;
+    }
     if std::env::args().nth(1).as_deref() == Some("calls") {
         // `lwk-bench calls`: only the system-call costs, printed (the results file stays).
         println!("{}", table_of(&call_cost_rows(&setup)));
@@ -398,6 +410,10 @@ fn main() {
     match fileio::rows(&repo, setup.core, &setup.vmm, &setup.lwk) {
         Ok(io_rows) => rows.extend(io_rows),
         Err(why) => eprintln!("lwk-bench: no file I/O rows: {why}"),
+    }
+    match startup::rows(&repo, setup.core, &setup.vmm, &setup.lwk, runs) {
+        Ok(startup_rows) => rows.extend(startup_rows),
+        Err(why) => eprintln!("lwk-bench: no start-up row: {why}"),
     }
 
     let table = table_of(&rows);
