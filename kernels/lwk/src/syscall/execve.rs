@@ -2,8 +2,9 @@
 //! job's file system (the cpio archive, or the files sent with a persistent enclave's job;
 //! `/proc/self/exe` is the current executable). See `crate::process::exec`: O_CLOEXEC
 //! descriptors close, caught signals return to their default action, the mask stays.
-//! ENOENT for a missing file, EACCES for a directory, ENOEXEC for what is not a static ELF
-//! executable (a shell then runs a script itself), ENOMEM when its memory cannot be had.
+//! ENOENT for a missing file (or interpreter, for a dynamically linked one), EACCES for a
+//! directory, ENOEXEC for what is not an ELF executable (a shell then runs a script itself),
+//! ELIBBAD for an interpreter that is not loadable, ENOMEM when its memory cannot be had.
 
 use super::{SyscallResult, UserAddr};
 use crate::arch::trap::TrapFrame;
