@@ -17,7 +17,7 @@ use xemem::wire::{Body, FrameRun, Message, Name};
 use xemem::NAME_SERVER_ENCLAVE;
 
 mod support;
-use support::processes::{build_host_keeper, build_support_program, sub_manager, with_id, Daemon, HostProcess};
+use support::processes::{sub_manager, support_program, with_id, Daemon, HostProcess};
 use support::{
     assert_host_attacher_reads_the_job, create_lwk_enclave, host_program, job_test_dir, log_lines, lwk_job, regions_added_and_removed,
     remove_enclaves, run_job_to_end, RevokeRun, TempDir,
@@ -175,10 +175,8 @@ fn host_processes_anywhere_in_a_tree_of_daemons_share_memory() {
     assert_eq!(share(&program, &e, &e, "tree-e-to-e", 2800), e_id);
     // The whole life of a permit, twice (get, attach, detach, release), from every daemon on
     // segments two levels below, beside and above.
-    let keeper = dir.0.join("host_keeper");
-    build_host_keeper(&keeper);
-    let cycler = dir.0.join("host_cycler");
-    build_support_program("host_cycler.c", &cycler);
+    let keeper = support_program(&dir.0, "host_keeper");
+    let cycler = support_program(&dir.0, "host_cycler");
     for (owner_at, attachers, name, base) in [
         (&e, [&a, &b, &c, &d, &e], "cycle-e", 3000u64),
         (&c, [&a, &b, &c, &d, &e], "cycle-c", 3200),
@@ -270,8 +268,7 @@ fn kept_and_attached(
 fn a_dead_sub_managers_segments_are_revoked_and_removed_elsewhere() {
     let dir = TempDir::new("clowderd-multihop-dead");
     let program = host_program(&dir.0, "host_peer");
-    let keeper = dir.0.join("host_keeper");
-    build_host_keeper(&keeper);
+    let keeper = support_program(&dir.0, "host_keeper");
     let a = Daemon::start(&dir.0.join("a"), None);
     let (mut b, _) = sub_manager(&dir.0.join("b"), &a);
     let (c, _) = sub_manager(&dir.0.join("c"), &a);
@@ -343,8 +340,7 @@ fn new_id(daemon: &Daemon, before: usize, timeout: Duration) -> Option<u32> {
 fn sub_managers_link_again_to_a_restarted_upstream_daemon() {
     let dir = TempDir::new("clowderd-multihop-relink");
     let program = host_program(&dir.0, "host_peer");
-    let keeper = dir.0.join("host_keeper");
-    build_host_keeper(&keeper);
+    let keeper = support_program(&dir.0, "host_keeper");
     let a = Daemon::start(&dir.0.join("a"), None);
     let (b, b_id) = sub_manager(&dir.0.join("b"), &a);
     let (d, d_id) = sub_manager(&dir.0.join("d"), &b);
@@ -386,8 +382,7 @@ fn sub_managers_link_again_to_a_restarted_upstream_daemon() {
 #[test]
 fn a_segid_from_before_a_daemon_restart_is_not_found_after_it() {
     let dir = TempDir::new("clowderd-multihop-stale");
-    let keeper = dir.0.join("host_keeper");
-    build_host_keeper(&keeper);
+    let keeper = support_program(&dir.0, "host_keeper");
     let attacher = host_program(&dir.0, "host_segid_attacher");
     let a = Daemon::start(&dir.0.join("a"), None);
     let mut before = HostProcess::spawn(&keeper, &a.xemem_socket(), &["stale-before", "1000"]);
@@ -950,8 +945,7 @@ fn spawn_job<'s>(
 fn a_dead_sub_managers_segments_are_revoked_in_lwk_jobs_elsewhere() {
     let Some(dir) = job_test_dir("clowderd-multihop-dead-lwk") else { return };
     let job = lwk_job(&dir.0, "lwk_revoked_attacher");
-    let keeper = dir.0.join("host_keeper");
-    build_host_keeper(&keeper);
+    let keeper = support_program(&dir.0, "host_keeper");
     let a = Daemon::start_with_machines(&dir.0.join("a"), None);
     let (mut b, _) = sub_manager(&dir.0.join("b"), &a);
     let c = enclave_sub_manager(&dir.0.join("c"), &a);

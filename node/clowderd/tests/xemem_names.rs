@@ -18,7 +18,7 @@ use clowderd::client::Client;
 use serde_json::json;
 
 mod support;
-use support::processes::{build_host_keeper, build_support_program, sub_manager, Daemon, HostProcess};
+use support::processes::{sub_manager, support_program, Daemon, HostProcess};
 use support::{
     assert_host_attacher_reads_the_job, create_lwk_enclave, host_program, job_test_dir, lwk_job, remove_enclaves, run_job, run_job_to_end,
     start_daemon_with_broker, BrokeredDaemon, TempDir,
@@ -61,10 +61,8 @@ fn refused(keeper: &Path, at: &Daemon, name: &str) {
 #[test]
 fn a_name_is_held_once_across_a_tree_of_daemons() {
     let dir = TempDir::new("clowderd-xemem-names-tree");
-    let keeper = dir.0.join("host_keeper");
-    build_host_keeper(&keeper);
-    let cycler = dir.0.join("host_cycler");
-    build_support_program("host_cycler.c", &cycler);
+    let keeper = support_program(&dir.0, "host_keeper");
+    let cycler = support_program(&dir.0, "host_cycler");
     let a = Daemon::start(&dir.0.join("a"), None);
     let (b, _) = sub_manager(&dir.0.join("b"), &a);
     let (c, _) = sub_manager(&dir.0.join("c"), &a);
@@ -99,8 +97,7 @@ fn a_name_is_held_once_across_a_tree_of_daemons() {
 fn host_processes_and_lwk_jobs_share_one_name_space() {
     let Some(dir) = job_test_dir("clowderd-xemem-names-lwk") else { return };
     let job = lwk_job(&dir.0, "lwk_named_owner");
-    let keeper = dir.0.join("host_keeper");
-    build_host_keeper(&keeper);
+    let keeper = support_program(&dir.0, "host_keeper");
     let attacher = host_program(&dir.0, "host_attacher");
     let BrokeredDaemon { socket, xemem_socket, .. } = start_daemon_with_broker(&dir.0);
     let enclave_id = create_lwk_enclave(&socket, "sim", 1, "128M");

@@ -67,19 +67,27 @@ pub fn call(socket: &Path, request: Value) -> Value {
 
 /// Builds the host program `xemem/tests/<source>` against the host's libxpmem.a.
 pub fn build_host_program(source: &str, out: &Path) {
+    cc_against_libxpmem(&workspace_root().join("xemem/tests").join(source), out);
+}
+
+/// Compiles the C program `source` (which may include xemem/tests' headers) into `out`,
+/// linked with the host's libxpmem.a (built first).
+pub fn cc_against_libxpmem(source: &Path, out: &Path) {
     let xemem = workspace_root().join("xemem");
     assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
     let built = Command::new("cc")
         .args(["-O2", "-I"])
         .arg(xemem.join("include"))
+        .arg("-I")
+        .arg(xemem.join("tests"))
         .arg("-o")
         .arg(out)
-        .arg(xemem.join("tests").join(source))
+        .arg(source)
         .arg(xemem.join("build/lib/libxpmem.a"))
         .arg("-lpthread")
         .status()
         .unwrap();
-    assert!(built.success(), "building {source}");
+    assert!(built.success(), "building {}", source.display());
 }
 
 /// `xemem/tests/<name>.c` built as a host program at `dir/<name>`.

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use clowder_test_support::{daemon_answers_within, kernel_image, vmm_binary, workspace_root};
+use clowder_test_support::{daemon_answers_within, kernel_image, vmm_binary};
 use clowderd::client::Client;
 use serde_json::{json, Value};
 
@@ -188,27 +188,9 @@ pub fn with_id(daemon: Daemon, upstream: &Daemon) -> (Daemon, u32) {
     (daemon, id.parse().unwrap())
 }
 
-/// Builds node/clowderd/tests/support/host_keeper.c against libxpmem.a.
-pub fn build_host_keeper(out: &Path) {
-    build_support_program("host_keeper.c", out);
-}
-
-/// Builds node/clowderd/tests/support/SOURCE against libxpmem.a.
-pub fn build_support_program(source: &str, out: &Path) {
-    let xemem = workspace_root().join("xemem");
-    assert!(Command::new("make").arg("-s").arg("-C").arg(&xemem).status().unwrap().success(), "make -C xemem");
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support").join(source);
-    let built = Command::new("cc")
-        .args(["-O2", "-I"])
-        .arg(xemem.join("include"))
-        .arg("-I")
-        .arg(xemem.join("tests"))
-        .arg("-o")
-        .arg(out)
-        .arg(path)
-        .arg(xemem.join("build/lib/libxpmem.a"))
-        .arg("-lpthread")
-        .status()
-        .unwrap();
-    assert!(built.success(), "building {source}");
+/// `node/clowderd/tests/support/<name>.c` built against libxpmem.a at `dir/<name>`.
+pub fn support_program(dir: &Path, name: &str) -> PathBuf {
+    let out = dir.join(name);
+    super::cc_against_libxpmem(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support").join(format!("{name}.c")), &out);
+    out
 }
