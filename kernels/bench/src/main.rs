@@ -4,10 +4,12 @@
 //! docs/results/lwk-bench.md. RUNS (default 5) repetitions of each; OUT sets the file.
 //! The forwarded file I/O rows run `fileio/fileio.c` in a persistent enclave of a private
 //! clowderd (`fileio.rs`); `lwk-bench files` prints only them.
+//! The C++ mini-app and vector triad rows are `compute.rs`'s; `lwk-bench compute` prints only them.
 //! `lwk-bench big` measures only the creation time per GiB (enclaves of each BIG_MEM size,
 //! default 4G; e.g. BIG_MEM=4G,16G) and replaces that section of the file; `lwk-bench calls`
 //! and `lwk-bench startup` print only the system-call costs or the dynamic start-up row.
 
+mod compute;
 mod fileio;
 mod private_daemon;
 mod startup;
@@ -275,6 +277,13 @@ fn main() {
         println!("{}", table_of(&call_cost_rows(&setup)));
         return;
     }
+    if std::env::args().nth(1).as_deref() == Some("compute") {
+        // `lwk-bench compute`: only the C++ mini-app and triad rows, printed (the results file stays).
+        let mut rows = compute::minicg_rows(&setup, runs);
+        rows.extend(compute::triad_rows(&setup, runs));
+        println!("{}", table_of(&rows));
+        return;
+    }
     if std::env::args().nth(1).as_deref() == Some("files") {
         // `lwk-bench files`: only the forwarded file I/O rows, printed (the results file stays).
         match fileio::rows(&repo, setup.core, &setup.vmm, &setup.lwk) {
@@ -320,6 +329,8 @@ fn main() {
         format!("host {h:.3} s, enclave {l:.3} s: {:.1}% of host speed", 100.0 * h / l),
         "≥ 98% of host".into(),
     ));
+    rows.extend(compute::minicg_rows(&setup, runs));
+    rows.extend(compute::triad_rows(&setup, runs));
 
     eprintln!("selfish detour (3 alternating runs of 5 s each)...");
     let detour_line = |t: &str| t.lines().find(|l| l.contains(" detours, ")).unwrap_or("").trim_start_matches("selfish: ").to_string();
