@@ -334,13 +334,8 @@ fn random_garbage_never_panics() {
     let channel = region.init();
     let mut host = channel.host_end().unwrap();
     let mut buffer = [0u8; 300];
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut rng = fastrand::Rng::with_seed(0x9e37_79b9_7f4a_7c15);
+    let mut next = move || rng.u64(..);
     let control_words = [
         offsets::GUEST_TO_HOST.producer,
         offsets::GUEST_TO_HOST.consumer,

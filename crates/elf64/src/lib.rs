@@ -276,13 +276,8 @@ mod tests {
         image[72..80].copy_from_slice(&232u64.to_le_bytes());
         image[96..104].copy_from_slice(&64u64.to_le_bytes());
         image[232..264].copy_from_slice(&note(XEN_NOTE_NAME, XEN_ELFNOTE_PHYS32_ENTRY, &[1, 2, 3, 4]));
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut random = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut rng = fastrand::Rng::with_seed(0x9e37_79b9_7f4a_7c15);
+        let mut random = move || rng.u64(..);
         for round in 0..20_000 {
             let mut bytes = image;
             if round % 2 == 0 {

@@ -119,7 +119,7 @@ fn sharing_a_table_moves_a_servers_names_and_never_holds_one_twice() {
 fn random_histories_at_name_servers_sharing_a_table_keep_one_name_space() {
     const NAMES: [&str; 5] = ["cg-solution", "a", "b", "c", "d"];
     for seed in 1..=40u64 {
-        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let mut rng = Rng::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
         let mut servers = sharing(3);
         // Each server's principals are an enclave of their own, as the broker's and the node's.
         let principal = |server: usize, process: u64| Principal { enclave: 1 + server as u32, process };
@@ -180,7 +180,7 @@ fn a_name_is_held_once_across_a_tree_of_enclaves_and_the_host() {
         net.nodes[root].name_server_mut().unwrap().share_names(Box::new(table.clone()));
         let mut broker = NameServer::new(seed ^ 0xb0);
         broker.share_names(Box::new(table));
-        let mut rng = Rng(seed | 1);
+        let mut rng = Rng::new(seed | 1);
         // name -> (who: None for the broker, Some(node); owner process; segment).
         let mut model: BTreeMap<&str, (Option<usize>, u64, SegmentId)> = BTreeMap::new();
         for step in 0..120 {

@@ -8,19 +8,18 @@ use std::collections::VecDeque;
 use std::vec;
 use std::vec::Vec;
 
-/// A small deterministic generator (xorshift64*): no extra crate, and every failure reproduces
-/// from its seed.
-pub(crate) struct Rng(pub(crate) u64);
+/// A seeded generator: every failure reproduces from its seed.
+pub(crate) struct Rng(fastrand::Rng);
 
 impl Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
+        Rng(fastrand::Rng::with_seed(seed))
+    }
     fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        self.0.u64(..)
     }
     pub(crate) fn below(&mut self, bound: u64) -> u64 {
-        self.next() % bound
+        self.0.u64(..bound)
     }
     pub(crate) fn chance(&mut self, per_thousand: u64) -> bool {
         self.below(1000) < per_thousand
@@ -32,7 +31,7 @@ impl Rng {
 
 #[test]
 fn ids_are_positive_distinct_and_round_trip() {
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     for _ in 0..10_000 {
         let enclave = 1 + rng.below(MAX_ENCLAVE_ID as u64) as u32;
         let local = 1 + rng.below(MAX_LOCAL_ID as u64) as u32;
@@ -216,7 +215,7 @@ fn enclave_ids_are_unique_and_reused_only_after_release() {
 
 #[test]
 fn name_servers_of_different_instances_hand_out_disjoint_ids_and_refuse_each_others() {
-    let mut rng = Rng(29);
+    let mut rng = Rng::new(29);
     for _ in 0..50 {
         let mut a = NameServer::new(rng.next());
         let mut b = NameServer::new(rng.next());
@@ -255,7 +254,7 @@ fn name_servers_of_different_instances_hand_out_disjoint_ids_and_refuse_each_oth
 
 #[test]
 fn id_counters_wrap_within_their_range_from_any_start() {
-    let mut rng = Rng(31);
+    let mut rng = Rng::new(31);
     for _ in 0..1000 {
         let first = 1 + rng.below(100) as u32;
         let last = first + rng.below(100) as u32;
@@ -347,7 +346,7 @@ fn random_body(rng: &mut Rng) -> Body {
 
 #[test]
 fn every_message_round_trips_and_every_truncation_or_extension_fails() {
-    let mut rng = Rng(0x5eed);
+    let mut rng = Rng::new(0x5eed);
     for _ in 0..3000 {
         let message = Message::new(rng.next(), rng.below(100) as u32, rng.below(100) as u32, random_body(&mut rng));
         let bytes = message.to_bytes().unwrap();
@@ -560,7 +559,7 @@ pub(crate) struct Net {
 impl Net {
     /// A random tree of `n` enclaves; the name server sits at a random one of them.
     pub(crate) fn tree(n: usize, seed: u64, drop_per_thousand: u64, reorder: bool) -> Net {
-        let mut rng = Rng(seed | 1);
+        let mut rng = Rng::new(seed | 1);
         let ns_at = rng.below(n as u64) as usize;
         let mut peers: Vec<Vec<(usize, LinkId)>> = vec![Vec::new(); n];
         for child in 1..n {
@@ -590,7 +589,7 @@ impl Net {
         let nodes =
             (0..n).map(|i| Node::new(peers[i].len() as u32, (i == name_server_at).then(|| NameServer::new(seed)), timing)).collect();
         let memory = (0..n).map(|i| ModelMemory { enclave: 0, run: 1 + i as u64, notified: Vec::new(), revoked: Vec::new() }).collect();
-        Net { nodes, memory, peers, in_flight: VecDeque::new(), rng: Rng(seed | 1), drop_per_thousand: 0, reorder: false, now: 0 }
+        Net { nodes, memory, peers, in_flight: VecDeque::new(), rng: Rng::new(seed | 1), drop_per_thousand: 0, reorder: false, now: 0 }
     }
 
     fn collect(&mut self, node: usize) {
@@ -728,7 +727,7 @@ fn check_tree(n: usize, seed: u64, drop_per_thousand: u64, reorder: bool, pairs:
     unique.dedup();
     assert_eq!(unique.len(), n, "enclave ids are unique: {ids:?}");
     let lossless = drop_per_thousand == 0;
-    let mut rng = Rng(seed ^ 0xabcdef);
+    let mut rng = Rng::new(seed ^ 0xabcdef);
     let mut completed = 0;
     for round in 0..pairs {
         let owner = rng.below(n as u64) as usize;

@@ -73,13 +73,8 @@ mod tests {
     /// and leave the same contents.
     #[test]
     fn behaves_as_a_tree_map() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rng = fastrand::Rng::with_seed(0x2545_f491_4f6c_dd1d);
+        let mut next = move || rng.u64(..);
         let mut ours = VecMap::default();
         let mut tree = BTreeMap::new();
         for _ in 0..20_000 {
