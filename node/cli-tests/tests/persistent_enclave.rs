@@ -7,29 +7,14 @@
 //! clowder-vmm and musl-gcc; skipped (with the reason) otherwise.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clowder_test_support::{build_musl_program, TOUCH_HEAP_JOB};
-use clowder_test_support::{lwk_daemon, serve, TempDir};
 use clowderd::enclave::Liveness;
-use support::{missing_requirement, vmm_binary};
+use support::{enclave_test_daemon, run_clowder, text};
 
 mod support;
-
-fn start_daemon(dir: &Path) -> PathBuf {
-    // The default liveness: ping every second, give up after 5 s without an answer.
-    serve(lwk_daemon(dir, vmm_binary(), Liveness::default()), dir)
-}
-
-fn clowder(socket: &Path, args: &[&str], cwd: &Path) -> Output {
-    Command::new(support::clowder()).args(args).current_dir(cwd).env("CLOWDER_SOCKET", socket).output().unwrap()
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 /// Writes to stdout and stderr, copies an input file into a new file of the working
 /// directory (open, fstat, read, write, lseek, close, stat, access on host files), makes a
@@ -114,22 +99,17 @@ int main(void) {
 
 #[test]
 fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
-    if let Some(why) = missing_requirement() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let dir = TempDir::new("clowder-persistent");
-    let socket = start_daemon(&dir.0);
+    let Some((dir, socket)) = enclave_test_daemon("clowder-persistent", Liveness::default()) else { return };
     build_musl_program(&dir.0, "files", FILES_JOB);
     build_musl_program(&dir.0, "spin", SPIN_JOB);
     build_musl_program(&dir.0, "tick", TICK_JOB);
     build_musl_program(&dir.0, "sleep", SLEEP_JOB);
     std::fs::write(dir.0.join("input.txt"), "the input\n").unwrap();
 
-    let created = clowder(&socket, &["enclave", "create", "--name", "e", "--cores", "1", "--mem", "256M"], &dir.0);
+    let created = run_clowder(&socket, &["enclave", "create", "--name", "e", "--cores", "1", "--mem", "256M"], &dir.0);
     assert!(created.status.success(), "create: {}{}", text(&created.stdout), text(&created.stderr));
 
-    let run = clowder(&socket, &["run", "--enclave", "e", "--file", "input.txt", "./files", "world"], &dir.0);
+    let run = run_clowder(&socket, &["run", "--enclave", "e", "--file", "input.txt", "./files", "world"], &dir.0);
     assert_eq!(
         text(&run.stdout),
         "hello world\nresult.txt has 15018 bytes\nstat: 15018 bytes\nscratch: 5 bytes\n",
@@ -146,7 +126,7 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
     assert!(dir.0.join("made").is_dir() && !dir.0.join("made/scratch").exists(), "mkdir and unlink reach the host");
 
     // The same enclave runs the next job: the first one's memory came back.
-    let again = clowder(&socket, &["run", "--enclave", "e", "--file", "input.txt", "./files", "again"], &dir.0);
+    let again = run_clowder(&socket, &["run", "--enclave", "e", "--file", "input.txt", "./files", "again"], &dir.0);
     assert_eq!(
         text(&again.stdout),
         "hello again\nresult.txt has 15018 bytes\nstat: 15018 bytes\nscratch: 5 bytes\n",
@@ -157,13 +137,13 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
 
     // A job spinning longer than the ping timeout (5 s) in user mode: the kernel answers the
     // daemon's pings from the channel interrupt, so the enclave is not declared hung.
-    let spin = clowder(&socket, &["run", "--enclave", "e", "./spin", "7"], &dir.0);
+    let spin = run_clowder(&socket, &["run", "--enclave", "e", "./spin", "7"], &dir.0);
     assert_eq!(text(&spin.stdout), "spun 7 s\n", "stderr: {}", text(&spin.stderr));
     assert_eq!(spin.status.code(), Some(0));
     // The same while the job sleeps: the idle loop serves the channel as it polls.
-    let sleep = clowder(&socket, &["run", "--enclave", "e", "./sleep"], &dir.0);
+    let sleep = run_clowder(&socket, &["run", "--enclave", "e", "./sleep"], &dir.0);
     assert_eq!(text(&sleep.stdout), "slept\n", "stderr: {}", text(&sleep.stderr));
-    let listing = clowder(&socket, &["enclave", "ls"], &dir.0);
+    let listing = run_clowder(&socket, &["enclave", "ls"], &dir.0);
     assert!(text(&listing.stdout).contains('e'), "{}", text(&listing.stdout));
 
     // A client that goes away gets its job killed (KillJob); the enclave takes the next job.
@@ -181,7 +161,7 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
     ticking.wait().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     let after_kill = loop {
-        let run = clowder(&socket, &["run", "--enclave", "e", "--file", "input.txt", "./files", "after-kill"], &dir.0);
+        let run = run_clowder(&socket, &["run", "--enclave", "e", "--file", "input.txt", "./files", "after-kill"], &dir.0);
         if run.status.code() == Some(3) || Instant::now() > deadline {
             break run;
         }
@@ -194,12 +174,12 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
         "stderr: {}",
         text(&after_kill.stderr)
     );
-    let logs = clowder(&socket, &["logs", "e"], &dir.0);
+    let logs = run_clowder(&socket, &["logs", "e"], &dir.0);
     assert!(text(&logs.stdout).contains("exited with status 137"), "{}", text(&logs.stdout));
 
-    let removed = clowder(&socket, &["enclave", "rm", "e"], &dir.0);
+    let removed = run_clowder(&socket, &["enclave", "rm", "e"], &dir.0);
     assert!(removed.status.success(), "rm: {}{}", text(&removed.stdout), text(&removed.stderr));
-    let listing = clowder(&socket, &["--json", "enclave", "ls"], &dir.0);
+    let listing = run_clowder(&socket, &["--json", "enclave", "ls"], &dir.0);
     let listing: serde_json::Value = serde_json::from_slice(&listing.stdout).unwrap();
     assert_eq!(listing["enclaves"], serde_json::json!([]), "{listing}");
 }
@@ -229,30 +209,25 @@ int main(void) {
 
 #[test]
 fn a_two_vcpu_persistent_enclave_runs_threaded_jobs_on_both_cpus_one_after_another() {
-    if let Some(why) = missing_requirement() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let dir = TempDir::new("clowder-persistent-cpus");
-    let socket = start_daemon(&dir.0);
+    let Some((dir, socket)) = enclave_test_daemon("clowder-persistent-cpus", Liveness::default()) else { return };
     let source_path = dir.0.join("cpus.c");
     std::fs::write(&source_path, CPUS_JOB).unwrap();
     let built =
         Command::new("musl-gcc").args(["-static", "-O2", "-pthread", "-o"]).arg(dir.0.join("cpus")).arg(&source_path).status().unwrap();
     assert!(built.success(), "musl-gcc failed for cpus");
 
-    let created = clowder(&socket, &["enclave", "create", "--name", "pair", "--cores", "0,1", "--mem", "256M"], &dir.0);
+    let created = run_clowder(&socket, &["enclave", "create", "--name", "pair", "--cores", "0,1", "--mem", "256M"], &dir.0);
     assert!(created.status.success(), "create: {}{}", text(&created.stdout), text(&created.stderr));
     // Each job leaves its worker spinning on CPU 1 when it ends: the kernel parks that CPU
     // and brings it back for the next job, which uses both CPUs again.
     for round in 1..=3 {
-        let run = clowder(&socket, &["run", "--enclave", "pair", "./cpus"], &dir.0);
+        let run = run_clowder(&socket, &["run", "--enclave", "pair", "./cpus"], &dir.0);
         assert_eq!(text(&run.stdout), "main on cpu 0, worker on cpu 1\n", "round {round}, stderr: {}", text(&run.stderr));
         assert_eq!(run.status.code(), Some(0), "round {round}");
     }
-    let listing = clowder(&socket, &["enclave", "ls"], &dir.0);
+    let listing = run_clowder(&socket, &["enclave", "ls"], &dir.0);
     assert!(text(&listing.stdout).contains("pair"), "the enclave is still up: {}", text(&listing.stdout));
-    let removed = clowder(&socket, &["enclave", "rm", "pair"], &dir.0);
+    let removed = run_clowder(&socket, &["enclave", "rm", "pair"], &dir.0);
     assert!(removed.status.success(), "rm: {}{}", text(&removed.stdout), text(&removed.stderr));
 }
 
@@ -351,18 +326,13 @@ int main(int argc, char **argv) {
 
 #[test]
 fn a_two_vcpu_persistent_enclave_survives_every_way_a_job_ends_and_does_not_leak() {
-    if let Some(why) = missing_requirement() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let dir = TempDir::new("clowder-persistent-endings");
-    let socket = start_daemon(&dir.0);
+    let Some((dir, socket)) = enclave_test_daemon("clowder-persistent-endings", Liveness::default()) else { return };
     let source_path = dir.0.join("endings.c");
     std::fs::write(&source_path, ENDINGS_JOB).unwrap();
     let built =
         Command::new("musl-gcc").args(["-static", "-O2", "-pthread", "-o"]).arg(dir.0.join("endings")).arg(&source_path).status().unwrap();
     assert!(built.success(), "musl-gcc failed for endings");
-    let created = clowder(&socket, &["enclave", "create", "--name", "ends", "--cores", "0,1", "--mem", "256M"], &dir.0);
+    let created = run_clowder(&socket, &["enclave", "create", "--name", "ends", "--cores", "0,1", "--mem", "256M"], &dir.0);
     assert!(created.status.success(), "create: {}{}", text(&created.stdout), text(&created.stderr));
 
     let cases = [
@@ -373,7 +343,7 @@ fn a_two_vcpu_persistent_enclave_survives_every_way_a_job_ends_and_does_not_leak
         ("family", 24, "child said: hello through the pipe\n"),
     ];
     for (mode, status, output) in cases {
-        let run = clowder(&socket, &["run", "--enclave", "ends", "--heap", "16M", "./endings", mode], &dir.0);
+        let run = run_clowder(&socket, &["run", "--enclave", "ends", "--heap", "16M", "./endings", mode], &dir.0);
         assert_eq!(run.status.code(), Some(status), "{mode}: stdout {} stderr {}", text(&run.stdout), text(&run.stderr));
         assert_eq!(text(&run.stdout), output, "{mode}");
     }
@@ -382,9 +352,9 @@ fn a_two_vcpu_persistent_enclave_survives_every_way_a_job_ends_and_does_not_leak
     // not fall (page tables, kernel stacks, the idle stack and child processes come back).
     let mut free_kib = Vec::new();
     for round in 0..32 {
-        let run = clowder(&socket, &["run", "--enclave", "ends", "--heap", "16M", "./endings", "memory"], &dir.0);
+        let run = run_clowder(&socket, &["run", "--enclave", "ends", "--heap", "16M", "./endings", "memory"], &dir.0);
         if run.status.code() != Some(0) {
-            let logs = clowder(&socket, &["logs", "ends"], &dir.0);
+            let logs = run_clowder(&socket, &["logs", "ends"], &dir.0);
             panic!("round {round}: status {:?}: {}; enclave log:\n{}", run.status.code(), text(&run.stderr), text(&logs.stdout));
         }
         free_kib.push(text(&run.stdout).trim().parse::<u64>().expect("free memory in KiB"));
@@ -399,33 +369,28 @@ fn a_two_vcpu_persistent_enclave_survives_every_way_a_job_ends_and_does_not_leak
     let (early, late) = (median(&free_kib[1..6]), median(&free_kib[27..32]));
     assert!(late + 64 >= early, "free memory fell from {early} KiB to {late} KiB over 30 jobs: {free_kib:?}");
 
-    let listing = clowder(&socket, &["enclave", "ls"], &dir.0);
+    let listing = run_clowder(&socket, &["enclave", "ls"], &dir.0);
     assert!(text(&listing.stdout).contains("ends"), "the enclave is still up: {}", text(&listing.stdout));
-    let removed = clowder(&socket, &["enclave", "rm", "ends"], &dir.0);
+    let removed = run_clowder(&socket, &["enclave", "rm", "ends"], &dir.0);
     assert!(removed.status.success(), "rm: {}{}", text(&removed.stdout), text(&removed.stderr));
 }
 
 #[test]
 fn an_enclave_larger_than_the_boot_window_runs_big_jobs_one_after_another_on_cleared_memory() {
-    if let Some(why) = missing_requirement() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let dir = TempDir::new("clowder-persistent-big");
-    let socket = start_daemon(&dir.0);
+    let Some((dir, socket)) = enclave_test_daemon("clowder-persistent-big", Liveness::default()) else { return };
     build_musl_program(&dir.0, "bigheap", TOUCH_HEAP_JOB);
     // Beyond the first GiB (which the kernel's boot tables map whole) lie more RAM and, at the
     // top, the reserved channel the kernel attaches first.
-    let created = clowder(&socket, &["enclave", "create", "--name", "big", "--cores", "1", "--mem", "1536M"], &dir.0);
+    let created = run_clowder(&socket, &["enclave", "create", "--name", "big", "--cores", "1", "--mem", "1536M"], &dir.0);
     assert!(created.status.success(), "create: {}{}", text(&created.stdout), text(&created.stderr));
     // Each job writes every page it touches; the next one must find them zero again. The
     // kernel has the host clear a finished job's memory (ZeroMemory): clearing 1000 MiB in
     // emulated kernel code would take longer than the daemon waits for a Pong.
     for round in 0..3 {
-        let run = clowder(&socket, &["run", "--enclave", "big", "./bigheap", "1000"], &dir.0);
+        let run = run_clowder(&socket, &["run", "--enclave", "big", "./bigheap", "1000"], &dir.0);
         assert_eq!(text(&run.stdout), "touched 1000 MiB, sum 0\n", "round {round}, stderr: {}", text(&run.stderr));
         assert_eq!(run.status.code(), Some(0));
     }
-    let removed = clowder(&socket, &["enclave", "rm", "big"], &dir.0);
+    let removed = run_clowder(&socket, &["enclave", "rm", "big"], &dir.0);
     assert!(removed.status.success(), "rm: {}{}", text(&removed.stdout), text(&removed.stderr));
 }

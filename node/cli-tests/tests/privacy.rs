@@ -13,13 +13,13 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use clowder_test_support::build_musl_program;
-use clowder_test_support::{daemon_config, kernel_image, lwk_daemon, serve, TempDir};
+use clowder_test_support::{daemon_config, kernel_image, serve, TempDir};
 use clowderd::client::Client;
 use clowderd::daemon::Daemon;
 use clowderd::enclave::Liveness;
 use clowderd::machine::VmmLauncher;
 use serde_json::{json, Value};
-use support::{missing_requirement, vmm_binary};
+use support::{enclave_test_daemon, missing_requirement, text, vmm_binary};
 
 mod support;
 
@@ -50,12 +50,7 @@ fn command_lines_holding(secret: &str) -> Vec<String> {
 
 #[test]
 fn a_jobs_arguments_and_environment_are_on_no_command_line() {
-    if let Some(why) = missing_requirement() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let dir = TempDir::new("clowder-privacy-cmdline");
-    let socket = serve(lwk_daemon(&dir.0, vmm_binary(), Liveness::default()), &dir.0);
+    let Some((dir, socket)) = enclave_test_daemon("clowder-privacy-cmdline", Liveness::default()) else { return };
     let program = build_musl_program(&dir.0, "tell", TELL_AND_SLEEP);
     let token = format!("tok{}en", std::process::id());
     let argument = format!("arg{}ument", std::process::id());
@@ -132,10 +127,6 @@ impl User<'_> {
         let output = self.clowder(&line);
         String::from_utf8_lossy(&output.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
     }
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 fn denied(output: &Output, uid: u32) -> bool {

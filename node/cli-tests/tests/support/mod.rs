@@ -1,9 +1,14 @@
 //! What the CLI's end-to-end tests share beyond clowder-test-support: which VMM they boot
-//! with, and whether this machine can boot an enclave at all.
+//! with, whether this machine can boot an enclave at all, a daemon to run `clowder` against,
+//! and the run's output as text.
 #![allow(dead_code)] // each test binary uses its own subset
 
 use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 use std::sync::OnceLock;
+
+use clowder_test_support::{lwk_daemon, serve, TempDir};
+use clowderd::enclave::Liveness;
 
 /// The `clowder` binary under test: `CLOWDER_CLI`, else the workspace's release build. This
 /// package only tests the CLI (so the CLI's own package needs no daemon or KVM crates), and cargo
@@ -31,4 +36,32 @@ pub fn vmm_binary() -> PathBuf {
 /// Why the tests that boot something cannot run here, if they cannot.
 pub fn missing_requirement() -> Option<String> {
     clowder_test_support::why_jobs_cannot_run(&vmm_binary())
+}
+
+/// A scratch directory `name` and the socket of an in-process daemon (`liveness`) serving in it,
+/// or `None` (the reason printed: the test is skipped) where enclaves cannot boot here.
+pub fn enclave_test_daemon(name: &str, liveness: Liveness) -> Option<(TempDir, PathBuf)> {
+    if let Some(why) = missing_requirement() {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    let dir = TempDir::new(name);
+    let socket = start_daemon(&dir.0, liveness);
+    Some((dir, socket))
+}
+
+/// An in-process daemon (`liveness`) whose enclaves boot the built LWK, serving in `dir`: its
+/// socket.
+pub fn start_daemon(dir: &Path, liveness: Liveness) -> PathBuf {
+    serve(lwk_daemon(dir, vmm_binary(), liveness), dir)
+}
+
+/// `clowder ARGS` run in `cwd` against the daemon at `socket`.
+pub fn run_clowder(socket: &Path, args: &[&str], cwd: &Path) -> Output {
+    Command::new(clowder()).args(args).current_dir(cwd).env("CLOWDER_SOCKET", socket).output().unwrap()
+}
+
+/// Output bytes as text.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
 }
