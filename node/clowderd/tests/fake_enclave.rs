@@ -26,6 +26,8 @@ use enclave_proto::{
 };
 use serde_json::{json, Value};
 
+mod support;
+
 const RAM_SIZE: u64 = 4 << 20;
 const CHANNEL_SIZE: u64 = 64 << 10;
 const CHANNEL_GPA: u64 = RAM_SIZE - CHANNEL_SIZE;
@@ -955,31 +957,8 @@ fn wait_for_segment(links: &clowderd::xemem::XememLinks, name: &str) -> xemem::i
 /// Maps every file range of an attach of the fake owner's segment and checks that page `n`
 /// reads `1000 + n`, as the fake job wrote into its frames.
 fn assert_reads_the_fake_segment(runs: &[clowderd::xemem::FileRun]) {
-    let mut page = 0u64;
-    for run in runs {
-        let clowderd::xemem::FileRun::Memory { file, offset, len } = run else { panic!("a hole: {run:?}") };
-        // SAFETY: a fresh shared mapping of the memfd range the daemon handed out.
-        let view = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                *len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                *offset as i64,
-            )
-        };
-        assert_ne!(view, libc::MAP_FAILED);
-        for index in 0..len / 4096 {
-            // SAFETY: inside the mapping just made.
-            let value = unsafe { std::ptr::read_volatile((view as *const u8).add((index * 4096) as usize) as *const u64) };
-            assert_eq!(value, 1000 + page, "page {page} reads the enclave's frame");
-            page += 1;
-        }
-        // SAFETY: unmaps exactly the mapping made above.
-        unsafe { libc::munmap(view, *len as usize) };
-    }
-    assert_eq!(page, SEGMENT_PAGES);
+    let expected: Vec<u64> = (1000..1000 + SEGMENT_PAGES).collect();
+    assert_eq!(support::MappedRuns::new(runs).first_words(), expected, "each page reads the enclave's frame");
 }
 
 /// The daemon keeps an owner enclave's frames for an attach while the owner kernel's published
