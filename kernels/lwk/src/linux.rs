@@ -1,14 +1,18 @@
-//! Linux's ABI as the system calls see it, in one place: errno values and the layouts of the
-//! structures the kernel reads from and writes to the job, from `linux-raw-sys` (bindgen's
-//! rendering of Linux's UAPI headers). Structures are built as bytes at the crate's field
-//! offsets (`linux_struct!`) and read back the same way (`linux_field!`), so no layout is
-//! written twice and no unsafe code is needed. What the crate lacks is here, with its source:
-//! `struct tms` and the fields of `siginfo_t` (a union of unions there).
+//! Linux's ABI as the system calls see it, in one place: errno values, flag values (`uapi`)
+//! and the layouts of the structures the kernel reads from and writes to the job, all from
+//! `linux-raw-sys` (bindgen's rendering of Linux's UAPI headers). Structures are built as
+//! bytes at the crate's field offsets (`linux_struct!`) and read back the same way
+//! (`linux_field!`), so no layout is written twice and no unsafe code is needed. What the
+//! crate lacks is here, with its source: `struct tms` and the fields of `siginfo_t` (a union
+//! of unions there).
 
 pub use linux_raw_sys::general::{
     __kernel_timespec as timespec, epoll_event, iovec, kernel_sigaction, linux_dirent64, pollfd, rlimit, rusage, sigaltstack, stat, timeval,
 };
 pub use linux_raw_sys::system::{new_utsname, sysinfo};
+
+/// Linux's flag and command values (O_*, MAP_*, CLONE_*, FUTEX_*, ...), as handlers name them.
+pub use linux_raw_sys::general as uapi;
 
 /// A Linux errno (positive); the caller sees `-errno` in RAX.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

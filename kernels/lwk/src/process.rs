@@ -8,6 +8,7 @@
 //! scheduler's lock when a waiting parent checks its children and is never held while taking
 //! the scheduler's.
 
+use crate::linux::uapi;
 use crate::arch::phys;
 use crate::arch::sync::SpinLock;
 use crate::arch::trap::{TrapFrame, USER_END};
@@ -21,8 +22,8 @@ use alloc::collections::BTreeMap;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-pub const SIGCHLD: u8 = 17;
-const SIGSEGV: u8 = 11;
+pub const SIGCHLD: u8 = uapi::SIGCHLD as u8;
+const SIGSEGV: u8 = uapi::SIGSEGV as u8;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Life {

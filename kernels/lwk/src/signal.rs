@@ -20,15 +20,16 @@
 //! A terminating signal ends its process (`crate::process`); the job's first process ending
 //! ends the job.
 
+use crate::linux::uapi;
 use crate::arch::fpu;
 use crate::arch::sync::SpinLock;
 use crate::arch::trap::{self, copy_from_user, copy_words_to_user, TrapFrame, USER_FLAGS};
 use crate::{process, sched};
 use alloc::collections::BTreeMap;
 
-pub const SIGKILL: u8 = 9;
-pub const SIGSEGV: u8 = 11;
-pub const SIGSTOP: u8 = 19;
+pub const SIGKILL: u8 = uapi::SIGKILL as u8;
+pub const SIGSEGV: u8 = uapi::SIGSEGV as u8;
+pub const SIGSTOP: u8 = uapi::SIGSTOP as u8;
 /// Neither blocked, caught nor ignored.
 pub const UNCATCHABLE: u64 = bit(SIGKILL) | bit(SIGSTOP);
 
@@ -37,23 +38,23 @@ pub const UNCATCHABLE: u64 = bit(SIGKILL) | bit(SIGSTOP);
 /// SA_RESTORER).
 pub const SIG_DFL: u64 = 0;
 pub const SIG_IGN: u64 = 1;
-pub const SA_RESTART: u64 = 0x1000_0000;
-pub const SA_ONSTACK: u64 = 0x0800_0000;
-pub const SA_NODEFER: u64 = 0x4000_0000;
-pub const SA_RESETHAND: u64 = 0x8000_0000;
-pub const SS_ONSTACK: u64 = 1;
-pub const SS_DISABLE: u64 = 2;
+pub const SA_RESTART: u64 = uapi::SA_RESTART as u64;
+pub const SA_ONSTACK: u64 = uapi::SA_ONSTACK as u64;
+pub const SA_NODEFER: u64 = uapi::SA_NODEFER as u64;
+pub const SA_RESETHAND: u64 = uapi::SA_RESETHAND as u64;
+pub const SS_ONSTACK: u64 = uapi::SS_ONSTACK as u64;
+pub const SS_DISABLE: u64 = uapi::SS_DISABLE as u64;
 
 /// `si_code` values.
-pub const SI_USER: i32 = 0;
+pub const SI_USER: i32 = uapi::SI_USER as i32;
 pub const SI_TKILL: i32 = -6;
-const SI_KERNEL: i32 = 0x80;
-const SEGV_MAPERR: i32 = 1;
-const SEGV_ACCERR: i32 = 2;
-const FPE_INTDIV: i32 = 1;
-const ILL_ILLOPN: i32 = 2;
-const BUS_ADRALN: i32 = 1;
-const TRAP_BRKPT: i32 = 1;
+const SI_KERNEL: i32 = uapi::SI_KERNEL as i32;
+const SEGV_MAPERR: i32 = uapi::SEGV_MAPERR as i32;
+const SEGV_ACCERR: i32 = uapi::SEGV_ACCERR as i32;
+const FPE_INTDIV: i32 = uapi::FPE_INTDIV as i32;
+const ILL_ILLOPN: i32 = uapi::ILL_ILLOPN as i32;
+const BUS_ADRALN: i32 = uapi::BUS_ADRALN as i32;
+const TRAP_BRKPT: i32 = uapi::TRAP_BRKPT as i32;
 
 pub const fn bit(signal: u8) -> u64 {
     1 << (signal - 1)

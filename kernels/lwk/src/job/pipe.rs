@@ -4,6 +4,7 @@
 //! fails with EPIPE after raising SIGPIPE. Both wait on the pipe's kernel address as a futex
 //! key (`sched::wait`), so a process being killed leaves the wait.
 
+use crate::linux::uapi;
 use crate::arch::sync::SpinLock;
 use crate::sched::{self, WaitResult};
 use crate::signal::{self, Restart};
@@ -13,8 +14,8 @@ use alloc::vec::Vec;
 
 /// Linux's default pipe capacity (16 pages); writes of at most `PIPE_BUF` bytes are atomic.
 const CAPACITY: usize = 64 * 1024;
-const PIPE_BUF: usize = 4096;
-const SIGPIPE: u8 = 13;
+const PIPE_BUF: usize = uapi::PIPE_BUF as usize;
+const SIGPIPE: u8 = uapi::SIGPIPE as u8;
 
 /// The bytes in flight live in a ring of `CAPACITY` bytes (allocated at the first write),
 /// `len` of them from `head` on, wrapping. Data moves between the ring and user memory in at
@@ -93,12 +94,12 @@ pub struct PipeEnd {
 }
 
 /// `poll`'s event bits (Linux's values).
-pub const POLLIN: u16 = 0x1;
-pub const POLLOUT: u16 = 0x4;
-pub const POLLERR: u16 = 0x8;
-pub const POLLHUP: u16 = 0x10;
-pub const POLLRDNORM: u16 = 0x40;
-pub const POLLWRNORM: u16 = 0x100;
+pub const POLLIN: u16 = uapi::POLLIN as u16;
+pub const POLLOUT: u16 = uapi::POLLOUT as u16;
+pub const POLLERR: u16 = uapi::POLLERR as u16;
+pub const POLLHUP: u16 = uapi::POLLHUP as u16;
+pub const POLLRDNORM: u16 = uapi::POLLRDNORM as u16;
+pub const POLLWRNORM: u16 = uapi::POLLWRNORM as u16;
 
 impl PipeEnd {
     pub fn is_writer(&self) -> bool {

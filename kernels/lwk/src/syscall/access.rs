@@ -3,8 +3,9 @@
 
 use super::path::{self, AT_FDCWD};
 use super::{open, Errno, Fd, SyscallResult, UserAddr};
+use crate::linux::uapi;
 
-const W_OK: i32 = 2;
+const W_OK: i32 = uapi::W_OK as i32;
 
 pub fn access(path: UserAddr, mode: i32) -> SyscallResult {
     faccessat(AT_FDCWD, path, mode)

@@ -11,22 +11,23 @@
 use super::{user, Errno, SyscallResult, UserAddr};
 use crate::arch::trap::TrapFrame;
 use crate::console::log;
+use crate::linux::uapi;
 use crate::process::{self, ForkError};
 use crate::sched::{self, SpawnError};
 
-const CLONE_VM: u64 = 0x100;
-const CLONE_VFORK: u64 = 0x4000;
-const CLONE_THREAD: u64 = 0x1_0000;
-const CLONE_SETTLS: u64 = 0x8_0000;
-const CLONE_PARENT_SETTID: u64 = 0x10_0000;
-const CLONE_CHILD_CLEARTID: u64 = 0x20_0000;
-const CLONE_CHILD_SETTID: u64 = 0x100_0000;
+const CLONE_VM: u64 = uapi::CLONE_VM as u64;
+const CLONE_VFORK: u64 = uapi::CLONE_VFORK as u64;
+const CLONE_THREAD: u64 = uapi::CLONE_THREAD as u64;
+const CLONE_SETTLS: u64 = uapi::CLONE_SETTLS as u64;
+const CLONE_PARENT_SETTID: u64 = uapi::CLONE_PARENT_SETTID as u64;
+const CLONE_CHILD_CLEARTID: u64 = uapi::CLONE_CHILD_CLEARTID as u64;
+const CLONE_CHILD_SETTID: u64 = uapi::CLONE_CHILD_SETTID as u64;
 const SIGNAL_MASK: u64 = 0xff;
 /// The flags a process child may carry besides CLONE_VM | CLONE_VFORK and the tid ones.
 const PROCESS_FLAGS: u64 =
     SIGNAL_MASK | CLONE_VM | CLONE_VFORK | CLONE_SETTLS | CLONE_PARENT_SETTID | CLONE_CHILD_CLEARTID | CLONE_CHILD_SETTID;
 
-const SIGCHLD: u64 = 17;
+const SIGCHLD: u64 = uapi::SIGCHLD as u64;
 
 /// A new process (fork/vfork); `flags` as `clone`'s.
 fn new_process(frame: &TrapFrame, flags: u64, stack: u64, parent_tid: UserAddr, child_tid: UserAddr, tls: u64) -> SyscallResult {

@@ -3,8 +3,9 @@
 
 use super::{Errno, Fd, SyscallResult};
 use crate::job::{self, descriptors::DuplicateError};
+use crate::linux::uapi;
 
-const O_CLOEXEC: i32 = 0o2000000;
+const O_CLOEXEC: i32 = uapi::O_CLOEXEC as i32;
 
 /// Also `fcntl`'s F_DUPFD.
 pub fn duplicate_error(error: DuplicateError) -> Errno {

@@ -7,18 +7,19 @@
 use super::dup::duplicate_error;
 use super::{Errno, Fd, SyscallResult};
 use crate::job::{self, descriptors::Descriptor};
+use crate::linux::uapi;
 
-const F_DUPFD: u32 = 0;
-const F_GETFD: u32 = 1;
-const F_SETFD: u32 = 2;
-const F_GETFL: u32 = 3;
-const F_SETFL: u32 = 4;
-const F_DUPFD_CLOEXEC: u32 = 1030;
-const O_WRONLY: u64 = 1;
-const O_RDWR: u64 = 2;
-const O_NONBLOCK: u64 = 0o4000;
-const FD_CLOEXEC: u64 = 1;
-const O_DIRECTORY: u64 = 0o200000;
+const F_DUPFD: u32 = uapi::F_DUPFD;
+const F_GETFD: u32 = uapi::F_GETFD;
+const F_SETFD: u32 = uapi::F_SETFD;
+const F_GETFL: u32 = uapi::F_GETFL;
+const F_SETFL: u32 = uapi::F_SETFL;
+const F_DUPFD_CLOEXEC: u32 = uapi::F_DUPFD_CLOEXEC;
+const O_WRONLY: u64 = uapi::O_WRONLY as u64;
+const O_RDWR: u64 = uapi::O_RDWR as u64;
+const O_NONBLOCK: u64 = uapi::O_NONBLOCK as u64;
+const FD_CLOEXEC: u64 = uapi::FD_CLOEXEC as u64;
+const O_DIRECTORY: u64 = uapi::O_DIRECTORY as u64;
 
 pub fn fcntl(descriptor: Fd, command: u32, argument: u64) -> SyscallResult {
     job::with_process(|process| match command {

@@ -3,10 +3,11 @@
 
 use super::{user, Errno, SyscallResult, UserAddr};
 use crate::job::random_bytes;
+use crate::linux::uapi;
 
-const GRND_NONBLOCK: u32 = 1;
-const GRND_RANDOM: u32 = 2;
-const GRND_INSECURE: u32 = 4;
+const GRND_NONBLOCK: u32 = uapi::GRND_NONBLOCK;
+const GRND_RANDOM: u32 = uapi::GRND_RANDOM;
+const GRND_INSECURE: u32 = uapi::GRND_INSECURE;
 const MAX_BYTES: u64 = 32 << 20;
 
 pub fn getrandom(buffer: UserAddr, len: usize, flags: u32) -> SyscallResult {

@@ -4,10 +4,11 @@
 use super::{Errno, Fd, SyscallResult};
 use crate::enclave::files;
 use crate::job::{self, descriptors::Descriptor};
+use crate::linux::uapi;
 
-const SEEK_SET: u32 = 0;
-const SEEK_CUR: u32 = 1;
-const SEEK_END: u32 = 2;
+const SEEK_SET: u32 = uapi::SEEK_SET;
+const SEEK_CUR: u32 = uapi::SEEK_CUR;
+const SEEK_END: u32 = uapi::SEEK_END;
 
 pub fn lseek(descriptor: Fd, offset: i64, whence: u32) -> SyscallResult {
     if let Some(handle) = files::remote_handle(descriptor) {

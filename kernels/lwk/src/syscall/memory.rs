@@ -11,16 +11,17 @@ use crate::enclave::files;
 use crate::job;
 use crate::job::descriptors::Descriptor;
 use crate::job::memory::{Access, MemoryError, READ_WRITE};
+use crate::linux::uapi;
 
-const PROT_READ: u32 = 1;
-const PROT_WRITE: u32 = 2;
-const PROT_EXEC: u32 = 4;
-const MAP_SHARED: u32 = 0x01;
-const MAP_FIXED: u32 = 0x10;
-const MAP_ANONYMOUS: u32 = 0x20;
-const MAP_FIXED_NOREPLACE: u32 = 0x10_0000;
-const MREMAP_MAYMOVE: u32 = 1;
-const MADV_DONTNEED: i32 = 4;
+const PROT_READ: u32 = uapi::PROT_READ;
+const PROT_WRITE: u32 = uapi::PROT_WRITE;
+const PROT_EXEC: u32 = uapi::PROT_EXEC;
+const MAP_SHARED: u32 = uapi::MAP_SHARED;
+const MAP_FIXED: u32 = uapi::MAP_FIXED;
+const MAP_ANONYMOUS: u32 = uapi::MAP_ANONYMOUS;
+const MAP_FIXED_NOREPLACE: u32 = uapi::MAP_FIXED_NOREPLACE;
+const MREMAP_MAYMOVE: u32 = uapi::MREMAP_MAYMOVE;
+const MADV_DONTNEED: i32 = uapi::MADV_DONTNEED as i32;
 
 fn memory_error(error: MemoryError) -> Errno {
     match error {

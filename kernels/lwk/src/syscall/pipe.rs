@@ -3,9 +3,10 @@
 
 use super::{user, Errno, SyscallResult, UserAddr};
 use crate::job::{self, descriptors::Descriptor, pipe};
+use crate::linux::uapi;
 
-const O_NONBLOCK: i32 = 0o4000;
-const O_CLOEXEC: i32 = 0o2000000;
+const O_NONBLOCK: i32 = uapi::O_NONBLOCK as i32;
+const O_CLOEXEC: i32 = uapi::O_CLOEXEC as i32;
 
 pub fn pipe(fds: UserAddr) -> SyscallResult {
     pipe2(fds, 0)

@@ -23,13 +23,14 @@ use crate::job::descriptors::MAX_DESCRIPTORS;
 use crate::job::epoll::Watch;
 use crate::job::pipe::{POLLERR, POLLHUP};
 use crate::linux::pollfd;
+use crate::linux::uapi;
 use crate::linux_field;
 use crate::sched::WaitResult;
 use crate::signal::{self, Restart};
 use alloc::vec::Vec;
 use core::mem::{offset_of, size_of};
 
-const POLLNVAL: u16 = 0x20;
+const POLLNVAL: u16 = uapi::POLLNVAL as u16;
 /// `struct pollfd`'s size and where its revents are.
 const ENTRY: usize = size_of::<pollfd>();
 const REVENTS: usize = offset_of!(pollfd, revents);

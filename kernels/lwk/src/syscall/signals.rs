@@ -6,15 +6,16 @@
 use super::time::deadline_after;
 use super::{user, Errno, SyscallResult, UserAddr};
 use crate::arch::trap::TrapFrame;
+use crate::linux::uapi;
 use crate::linux::{kernel_sigaction, sigaltstack};
 use crate::sched;
 use crate::signal::{self, Action, AltStackError, AwaitError, Restart, SIGKILL, SIGSTOP};
 use crate::{linux_field, linux_struct};
 use core::mem::size_of;
 
-const SIG_BLOCK: i32 = 0;
-const SIG_UNBLOCK: i32 = 1;
-const SIG_SETMASK: i32 = 2;
+const SIG_BLOCK: i32 = uapi::SIG_BLOCK as i32;
+const SIG_UNBLOCK: i32 = uapi::SIG_UNBLOCK as i32;
+const SIG_SETMASK: i32 = uapi::SIG_SETMASK as i32;
 const SIGSET_SIZE: usize = 8;
 
 /// rt_sigaction(sig, act, oldact, sigsetsize): records the action (handler, flags, restorer,

@@ -10,11 +10,12 @@ use crate::enclave::files;
 use crate::fs::Node;
 use crate::job::{self, descriptors::Descriptor};
 use crate::linux::stat;
+use crate::linux::uapi;
 use crate::linux_struct;
 
-const S_IFIFO: u32 = 0o010000;
+const S_IFIFO: u32 = uapi::S_IFIFO;
 const BLOCK_SIZE: i64 = 4096;
-const AT_EMPTY_PATH: i32 = 0x1000;
+const AT_EMPTY_PATH: i32 = uapi::AT_EMPTY_PATH as i32;
 /// st_dev of the job's file system and of the console "pipe".
 const FILE_SYSTEM_DEVICE: u64 = 0x2a;
 const PIPE_DEVICE: u64 = 0xc;

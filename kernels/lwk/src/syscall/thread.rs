@@ -4,10 +4,11 @@
 use super::{user, Errno, SyscallResult, UserAddr};
 use crate::arch::cpu::{self, MSR_FS_BASE, MSR_GS_BASE};
 use crate::arch::trap::USER_END;
+use crate::linux::uapi;
 use crate::sched;
 
 const ARCH_SET_GS: i32 = 0x1001;
-const ARCH_SET_FS: i32 = 0x1002;
+const ARCH_SET_FS: i32 = uapi::ARCH_SET_FS as i32;
 const ARCH_GET_FS: i32 = 0x1003;
 const ARCH_GET_GS: i32 = 0x1004;
 

@@ -5,8 +5,9 @@
 use super::path::{self, AT_FDCWD};
 use super::{open, Errno, Fd, SyscallResult, UserAddr};
 use crate::enclave::files;
+use crate::linux::uapi;
 
-const AT_REMOVEDIR: i32 = 0x200;
+const AT_REMOVEDIR: i32 = uapi::AT_REMOVEDIR as i32;
 
 pub fn unlink(path: UserAddr) -> SyscallResult {
     unlinkat(AT_FDCWD, path, 0)

@@ -2,6 +2,7 @@
 
 use super::Errno;
 use crate::arch::trap::{copy_from_user, copy_to_user, copy_words_to_user};
+use crate::linux::uapi;
 use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
@@ -90,7 +91,7 @@ pub fn read_string(address: UserAddr) -> Result<String, Errno> {
 
 /// A NUL-terminated path, at most PATH_MAX bytes.
 pub fn read_path(address: UserAddr) -> Result<String, Errno> {
-    const PATH_MAX: usize = 4096;
+    const PATH_MAX: usize = uapi::PATH_MAX as usize;
     // A piece at a time, never past the end of a page (the next may be unmapped): each call
     // into the copy costs ~35 emulated instructions on PVM, so not one per byte.
     const PIECE: u64 = 64;

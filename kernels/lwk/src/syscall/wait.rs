@@ -5,22 +5,23 @@
 //! Other options are EINVAL. The rusage is zeros.
 
 use super::{user, Errno, SyscallResult, UserAddr};
+use crate::linux::uapi;
 use crate::linux::{rusage, siginfo};
 use crate::process::{self, Selector, Waited, SIGCHLD};
 use core::mem::size_of;
 
-const WNOHANG: u32 = 1;
-const WUNTRACED: u32 = 2;
-const WEXITED: u32 = 4;
-const WCONTINUED: u32 = 8;
-const WNOWAIT: u32 = 0x0100_0000;
+const WNOHANG: u32 = uapi::WNOHANG;
+const WUNTRACED: u32 = uapi::WUNTRACED;
+const WEXITED: u32 = uapi::WEXITED;
+const WCONTINUED: u32 = uapi::WCONTINUED;
+const WNOWAIT: u32 = uapi::WNOWAIT;
 /// __WALL and __WCLONE.
 const WALL_WCLONE: u32 = 0x4000_0000 | 0x8000_0000;
-const P_ALL: u32 = 0;
-const P_PID: u32 = 1;
-const P_PGID: u32 = 2;
-const CLD_EXITED: i32 = 1;
-const CLD_KILLED: i32 = 2;
+const P_ALL: u32 = uapi::P_ALL;
+const P_PID: u32 = uapi::P_PID;
+const P_PGID: u32 = uapi::P_PGID;
+const CLD_EXITED: i32 = uapi::CLD_EXITED as i32;
+const CLD_KILLED: i32 = uapi::CLD_KILLED as i32;
 const RUSAGE_SIZE: usize = size_of::<rusage>();
 
 fn selector(pid: i32) -> Selector {

@@ -2,6 +2,7 @@
 //! `xemem/include/xpmem.h` declares them, checked there by static asserts), read from and
 //! written back to the job's memory.
 
+use crate::linux::uapi;
 use super::Detached;
 use crate::job::{self, descriptors::Descriptor};
 use crate::syscall::user;
@@ -25,8 +26,8 @@ const SIGNAL: u32 = 0x7812;
 /// XEMEM's notification descriptor: `_IO('x', 0x13)`, `struct xemem_cmd_notify_fd`.
 const NOTIFY_FD: u32 = 0x7813;
 /// The flags `XEMEM_CMD_NOTIFY_FD` takes: Linux's O_NONBLOCK and O_CLOEXEC.
-const O_NONBLOCK: u32 = 0o4000;
-const O_CLOEXEC: u32 = 0o2000000;
+const O_NONBLOCK: u32 = uapi::O_NONBLOCK;
+const O_CLOEXEC: u32 = uapi::O_CLOEXEC;
 /// `XEMEM_NAME_MAX + 1`: the name field, NUL-terminated.
 const NAME_FIELD: usize = 64;
 
