@@ -5,6 +5,13 @@ use core::arch::asm;
 use guest_arch::TaskStateSegment;
 use core::mem::size_of;
 
+/// The flags SYSCALL clears (SFMASK): IF, TF, DF, AC, NT, IOPL.
+pub const SYSCALL_FLAGS_MASK: u64 = 0x4_7700;
+/// The interrupt flag, which SYSCALL must leave set where it stays in ring 3: ring-3 code
+/// cannot set it again (POPFQ ignores it there), and on PVM no interrupt reaches a ring-3
+/// thread while it is clear (the fast calls return to the job with POPFQ).
+pub const INTERRUPT_FLAG: u64 = 1 << 9;
+
 pub const KERNEL_CODE: u16 = 0x08;
 pub const KERNEL_DATA: u16 = 0x10;
 /// User selectors in the order SYSRET requires: data at STAR.base + 8, code at + 16.
@@ -184,6 +191,5 @@ pub fn init_cpu(cpu: usize, trap_stack_top: u64) {
     // SYSRET would take user SS from STAR[63:48] + 8 and CS from + 16 (0x18, 0x20).
     cpu::write_msr(MSR_STAR, (KERNEL_DATA as u64) << 48 | (KERNEL_CODE as u64) << 32);
     cpu::write_msr(MSR_LSTAR, super::trap::syscall_entry_address());
-    // Cleared on entry: IF, TF, DF, AC, NT.
-    cpu::write_msr(MSR_SFMASK, 0x4_7700);
+    cpu::write_msr(MSR_SFMASK, SYSCALL_FLAGS_MASK);
 }

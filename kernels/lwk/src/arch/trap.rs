@@ -8,16 +8,18 @@
 //! about 3 us), so the 30 pushes and pops of a full frame alone cost more than the exception
 //! that delivers the call (about 20 us).
 
-use super::cpu::{self, MSR_LSTAR};
+use super::cpu::{self, MSR_LSTAR, MSR_SFMASK};
 use super::tables::{USER_CODE, USER_DATA};
 use core::arch::global_asm;
 
 pub use super::fastcall::RING3_SYSCALL_PAGE;
 
 /// Points this CPU's LSTAR at its entry in `RING3_SYSCALL_PAGE` (`arch::fastcall`; the
-/// caller has mapped the pages).
+/// caller has mapped the pages), and has SYSCALL leave interrupts enabled: it never enters
+/// ring 0 here, where a clear IF would have protected the entry's stack switch.
 pub fn redirect_syscall_to_ring3_page() {
     cpu::write_msr(MSR_LSTAR, super::fastcall::lstar_for(super::tables::current_cpu()));
+    cpu::write_msr(MSR_SFMASK, super::tables::SYSCALL_FLAGS_MASK & !super::tables::INTERRUPT_FLAG);
 }
 
 /// Registers as the entry code saves them (lowest address first).
