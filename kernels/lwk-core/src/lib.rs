@@ -4,6 +4,7 @@
 //! kernel itself builds for x86_64-unknown-none and cannot run tests).
 
 #![no_std]
+#![forbid(unsafe_code)]
 
 extern crate alloc;
 #[cfg(test)]
