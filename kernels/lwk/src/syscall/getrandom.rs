@@ -1,5 +1,6 @@
 //! getrandom(buf, len, flags): RDRAND when the CPU has it, else a TSC-seeded generator;
-//! never blocks.
+//! never blocks. Flags: GRND_NONBLOCK, GRND_RANDOM and GRND_INSECURE are accepted (there is
+//! nothing to wait for); others EINVAL, as on Linux.
 
 use super::{user, Errno, SyscallResult, UserAddr};
 use crate::job::random_bytes;
