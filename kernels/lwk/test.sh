@@ -32,8 +32,8 @@ runner=${RUNNER:-qemu}
 qemu_cpus=${QEMU_CPUS:-1}
 libcs=${LIBCS:-musl glibc dynamic}
 # Built dynamically too: start-up, files, threads, signals, processes (execve of a dynamic
-# image), C++, Fortran, dlopen and LD_LIBRARY_PATH.
-dynamic_programs=" hello files threads signals processes iostream fortran dlopen "
+# image), C++, Fortran, dlopen and LD_LIBRARY_PATH, the auxiliary vector.
+dynamic_programs=" hello files threads signals processes iostream fortran dlopen auxv "
 mkdir -p "$work"
 
 (cd "$kernels" && cargo build --release -p lwk --quiet) || exit 1
