@@ -479,6 +479,17 @@ impl Endpoint {
         Ok(produced)
     }
 
+    /// [`Endpoint::send`], calling `wait` each time the ring is full and trying again while it
+    /// says to (it sleeps, pauses or checks a deadline): `Full` once `wait` gave up.
+    pub fn send_waiting(&mut self, message: &[u8], mut wait: impl FnMut() -> bool) -> Result<(), SendError> {
+        loop {
+            match self.send(message) {
+                Err(SendError::Full) if wait() => {}
+                sent => return sent,
+            }
+        }
+    }
+
     /// Puts one message on the transmit ring. Afterwards, ring the peer's doorbell if
     /// [`Endpoint::peer_waiting`] says it sleeps.
     pub fn send(&mut self, message: &[u8]) -> Result<(), SendError> {

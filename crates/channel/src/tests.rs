@@ -163,6 +163,28 @@ fn too_large_and_small_buffer() {
     assert_eq!(big, [7u8; 100]);
 }
 
+/// `send_waiting` tries again after each `wait` that says to, and gives up with `Full` when
+/// one does not.
+#[test]
+fn send_waiting_waits_while_the_ring_is_full() {
+    let (_region, mut host, mut guest) = TestRegion::with_ends(MIN_SIZE);
+    for _ in 0..guest.capacity() {
+        guest.send(b"f").unwrap();
+    }
+    let mut waits = 0;
+    assert_eq!(
+        guest.send_waiting(b"late", || {
+            waits += 1;
+            waits < 3
+        }),
+        Err(SendError::Full)
+    );
+    assert_eq!(waits, 3);
+    // The peer drains a slot during the first wait: the send after it succeeds.
+    let mut buffer = [0u8; 8];
+    assert_eq!(guest.send_waiting(b"late", || host.recv(&mut buffer) == Ok(Some(1))), Ok(()));
+}
+
 #[test]
 fn full_ring_then_drain() {
     let (_region, mut host, mut guest) = TestRegion::with_ends(MIN_SIZE);

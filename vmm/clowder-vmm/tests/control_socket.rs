@@ -77,16 +77,12 @@ impl RemoteChannel {
 
     fn send(&mut self, message: &[u8]) {
         let deadline = Instant::now() + DEADLINE;
-        loop {
-            match self.endpoint.send(message) {
-                Ok(()) => break,
-                Err(SendError::Full) => {
-                    assert!(Instant::now() < deadline, "the guest stopped draining its ring");
-                    std::thread::sleep(Duration::from_micros(100));
-                }
-                Err(e) => panic!("send: {e}"),
-            }
-        }
+        let sent = self.endpoint.send_waiting(message, || {
+            std::thread::sleep(Duration::from_micros(100));
+            Instant::now() < deadline
+        });
+        assert_ne!(sent, Err(SendError::Full), "the guest stopped draining its ring");
+        sent.unwrap_or_else(|e| panic!("send: {e}"));
         if self.endpoint.peer_waiting() {
             // The irqfd: raises the channel vector in the sleeping guest.
             self.interrupt.write_all(&1u64.to_ne_bytes()).expect("signalling the interrupt eventfd");
