@@ -4,11 +4,10 @@
 
 use std::time::Duration;
 
-use clowder_test_support::TempDir;
 use clowderd::client::Client;
 use clowderd::enclave::Liveness;
 use serde_json::json;
-use support::{missing_requirement, run_clowder, start_daemon, text};
+use support::{assert_says, missing_requirement, run_clowder, test_daemon, text};
 
 mod support;
 
@@ -19,13 +18,12 @@ fn liveness() -> Liveness {
 
 #[test]
 fn cores_are_a_count_and_a_core_list_names_core_0() {
-    let dir = TempDir::new("clowder-cli-cores");
-    let socket = start_daemon(&dir.0, liveness());
+    let (dir, socket) = test_daemon("clowder-cli-cores", liveness());
     let zero = run_clowder(&socket, &["enclave", "create", "--name", "x", "--cores", "0", "--mem", "64M"], &dir.0);
     assert_eq!(zero.status.code(), Some(2));
-    assert!(text(&zero.stderr).contains("name core 0 with --core-list 0"), "{}", text(&zero.stderr));
+    assert_says(&zero, "name core 0 with --core-list 0");
     let zero = run_clowder(&socket, &["run", "--cores", "0", "./prog"], &dir.0);
-    assert!(text(&zero.stderr).contains("--core-list 0"), "{}", text(&zero.stderr));
+    assert_says(&zero, "--core-list 0");
     // The API: a number counts, a string names; 0 as a number says how to name core 0.
     let reply = Client::connect_to(&socket).unwrap().call(&json!({"op": "create", "name": "x", "cores": 0, "mem": "64M"})).unwrap();
     assert!(reply["error"].as_str().unwrap().contains("core list string such as \"0\""), "{reply}");
@@ -33,8 +31,7 @@ fn cores_are_a_count_and_a_core_list_names_core_0() {
 
 #[test]
 fn many_input_files_are_all_delivered_or_refused_with_a_reason() {
-    let dir = TempDir::new("clowder-cli-files");
-    let socket = start_daemon(&dir.0, liveness());
+    let (dir, socket) = test_daemon("clowder-cli-files", liveness());
     let mut args: Vec<String> = vec!["run".into(), "--enclave".into(), "ghost".into()];
     for index in 0..129 {
         let name = format!("input-{index}");
@@ -50,9 +47,9 @@ fn many_input_files_are_all_delivered_or_refused_with_a_reason() {
     // 40 inputs (42 descriptors, more than one message holds) reach the daemon, which then
     // looks for the enclave.
     let forty = run(40);
-    assert!(text(&forty.stderr).contains("no enclave named ghost"), "{}", text(&forty.stderr));
+    assert_says(&forty, "no enclave named ghost");
     let too_many = run(129);
-    assert!(text(&too_many.stderr).contains("at most 128 --file inputs, not 129"), "{}", text(&too_many.stderr));
+    assert_says(&too_many, "at most 128 --file inputs, not 129");
 
     // Straight to the API, more descriptors than a request may carry: a reason, not silence.
     let files: Vec<std::fs::File> = (0..140).map(|_| std::fs::File::open("/dev/null").unwrap()).collect();
@@ -64,29 +61,26 @@ fn many_input_files_are_all_delivered_or_refused_with_a_reason() {
 
 #[test]
 fn an_environment_entry_taken_from_the_clis_environment_must_be_there() {
-    let dir = TempDir::new("clowder-cli-env");
-    let socket = start_daemon(&dir.0, liveness());
+    let (dir, socket) = test_daemon("clowder-cli-env", liveness());
     let unset = run_clowder(&socket, &["run", "--env", "CLOWDER_TEST_SURELY_UNSET", "./prog"], &dir.0);
     assert_eq!(unset.status.code(), Some(1));
-    assert!(text(&unset.stderr).contains("CLOWDER_TEST_SURELY_UNSET is not set in this environment"), "{}", text(&unset.stderr));
+    assert_says(&unset, "CLOWDER_TEST_SURELY_UNSET is not set in this environment");
 }
 
 #[test]
 fn enclave_names_like_one_shot_ones_are_refused() {
-    let dir = TempDir::new("clowder-cli-run-n");
-    let socket = start_daemon(&dir.0, liveness());
+    let (dir, socket) = test_daemon("clowder-cli-run-n", liveness());
     let created = run_clowder(&socket, &["enclave", "create", "--name", "run-1", "--mem", "64M"], &dir.0);
     assert_eq!(created.status.code(), Some(1));
-    assert!(text(&created.stderr).contains("names run-N are kept for one-shot enclaves"), "{}", text(&created.stderr));
+    assert_says(&created, "names run-N are kept for one-shot enclaves");
 }
 
 #[test]
 fn a_missing_program_after_an_enclaves_name_is_the_one_named() {
-    let dir = TempDir::new("clowder-cli-missing");
-    let socket = start_daemon(&dir.0, liveness());
+    let (dir, socket) = test_daemon("clowder-cli-missing", liveness());
     // Neither an enclave nor a file: the first word is the program that cannot be opened.
     let neither = run_clowder(&socket, &["run", "p1", "./missing"], &dir.0);
-    assert!(text(&neither.stderr).contains("cannot open p1"), "{}", text(&neither.stderr));
+    assert_says(&neither, "cannot open p1");
     if let Some(why) = missing_requirement() {
         eprintln!("the rest skipped: {why}");
         return;
@@ -95,7 +89,7 @@ fn a_missing_program_after_an_enclaves_name_is_the_one_named() {
     assert!(created.status.success(), "{}", text(&created.stderr));
     let missing = run_clowder(&socket, &["run", "p1", "./missing"], &dir.0);
     assert_eq!(missing.status.code(), Some(1));
-    assert!(text(&missing.stderr).contains("cannot open ./missing: No such file"), "{}", text(&missing.stderr));
+    assert_says(&missing, "cannot open ./missing: No such file");
     let removed = run_clowder(&socket, &["enclave", "rm", "p1"], &dir.0);
     assert!(removed.status.success(), "{}", text(&removed.stderr));
 }

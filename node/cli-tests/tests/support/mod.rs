@@ -45,9 +45,14 @@ pub fn enclave_test_daemon(name: &str, liveness: Liveness) -> Option<(TempDir, P
         eprintln!("skipped: {why}");
         return None;
     }
+    Some(test_daemon(name, liveness))
+}
+
+/// A scratch directory `name` and the socket of an in-process daemon (`liveness`) serving in it.
+pub fn test_daemon(name: &str, liveness: Liveness) -> (TempDir, PathBuf) {
     let dir = TempDir::new(name);
     let socket = start_daemon(&dir.0, liveness);
-    Some((dir, socket))
+    (dir, socket)
 }
 
 /// An in-process daemon (`liveness`) whose enclaves boot the built LWK, serving in `dir`: its
@@ -64,4 +69,10 @@ pub fn run_clowder(socket: &Path, args: &[&str], cwd: &Path) -> Output {
 /// Output bytes as text.
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `output`'s stderr says `words`.
+pub fn assert_says(output: &Output, words: &str) {
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains(words), "expected {words:?} in: {stderr}");
 }
