@@ -208,14 +208,16 @@ fn big_section(setup: &Setup, runs: usize) -> String {
 const FAST_CALLS: [&str; 11] =
     ["getpid", "gettid", "getppid", "getuid", "uname", "getrusage", "times", "clock-cputime", "clock_getres", "getcpu", "sched_yield"];
 
-/// Each call's round trip, host and enclave, and getpid's on the enclave's kernel path.
+/// Each call's round trip, host and enclave (medians of three runs), and getpid's on the
+/// enclave's kernel path.
 fn call_cost_rows(setup: &Setup) -> Vec<(String, String, String)> {
     eprintln!("system-call round trips, host and enclave...");
     let cost = |text: String| number_after(&text, "syscall-loop", "calls,") / 1000.0;
     let mut rows = Vec::new();
+    // The median of three runs each: one run on a loaded machine can be twice the next.
     for call in FAST_CALLS {
-        let enclave_us = cost(setup.enclave("syscall-loop", &["20000", call]));
-        let host_us = cost(setup.host("syscall-loop", &["1000000", call]));
+        let enclave_us = median(&mut (0..3).map(|_| cost(setup.enclave("syscall-loop", &["20000", call]))).collect::<Vec<_>>());
+        let host_us = median(&mut (0..3).map(|_| cost(setup.host("syscall-loop", &["1000000", call]))).collect::<Vec<_>>());
         rows.push((format!("{call} round trip"), format!("enclave {enclave_us:.2} µs (host {host_us:.2} µs)"), "≤ 2 µs in the enclave".into()));
     }
     let kernel_path = setup.enclave_command("syscall-loop", &["2000"], "256M", "lwk.fastcalls=off").output().expect("clowder-vmm runs");
