@@ -210,11 +210,7 @@ int main(void) {
 #[test]
 fn a_two_vcpu_persistent_enclave_runs_threaded_jobs_on_both_cpus_one_after_another() {
     let Some((dir, socket)) = enclave_test_daemon("clowder-persistent-cpus", Liveness::default()) else { return };
-    let source_path = dir.0.join("cpus.c");
-    std::fs::write(&source_path, CPUS_JOB).unwrap();
-    let built =
-        Command::new("musl-gcc").args(["-static", "-O2", "-pthread", "-o"]).arg(dir.0.join("cpus")).arg(&source_path).status().unwrap();
-    assert!(built.success(), "musl-gcc failed for cpus");
+    build_musl_program(&dir.0, "cpus", CPUS_JOB);
 
     let created = run_clowder(&socket, &["enclave", "create", "--name", "pair", "--cores", "0,1", "--mem", "256M"], &dir.0);
     assert!(created.status.success(), "create: {}{}", text(&created.stdout), text(&created.stderr));
@@ -327,11 +323,7 @@ int main(int argc, char **argv) {
 #[test]
 fn a_two_vcpu_persistent_enclave_survives_every_way_a_job_ends_and_does_not_leak() {
     let Some((dir, socket)) = enclave_test_daemon("clowder-persistent-endings", Liveness::default()) else { return };
-    let source_path = dir.0.join("endings.c");
-    std::fs::write(&source_path, ENDINGS_JOB).unwrap();
-    let built =
-        Command::new("musl-gcc").args(["-static", "-O2", "-pthread", "-o"]).arg(dir.0.join("endings")).arg(&source_path).status().unwrap();
-    assert!(built.success(), "musl-gcc failed for endings");
+    build_musl_program(&dir.0, "endings", ENDINGS_JOB);
     let created = run_clowder(&socket, &["enclave", "create", "--name", "ends", "--cores", "0,1", "--mem", "256M"], &dir.0);
     assert!(created.status.success(), "create: {}{}", text(&created.stdout), text(&created.stderr));
 

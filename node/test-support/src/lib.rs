@@ -51,12 +51,13 @@ pub fn why_jobs_cannot_run(vmm: &Path) -> Option<String> {
     None
 }
 
-/// Builds the static musl program `dir/name` from C `source` (kept as `dir/name.c`).
+/// Builds the static musl program `dir/name` from C `source` (kept as `dir/name.c`), threads
+/// allowed.
 pub fn build_musl_program(dir: &Path, name: &str, source: &str) -> PathBuf {
     let source_path = dir.join(format!("{name}.c"));
     std::fs::write(&source_path, source).unwrap();
     let binary = dir.join(name);
-    let status = std::process::Command::new("musl-gcc").args(["-static", "-O2", "-o"]).arg(&binary).arg(&source_path).status().unwrap();
+    let status = std::process::Command::new("musl-gcc").args(["-static", "-O2", "-pthread", "-o"]).arg(&binary).arg(&source_path).status().unwrap();
     assert!(status.success(), "musl-gcc failed for {name}");
     binary
 }
