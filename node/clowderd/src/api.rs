@@ -173,8 +173,15 @@ mod tests {
         else {
             panic!()
         };
-        let expected =
-            CreateRequest { name: "sim".into(), cores: CoreRequest::Count(2), memory: 1 << 30, hugepages: true, share_group: None, progress: false, confine: None };
+        let expected = CreateRequest {
+            name: "sim".into(),
+            cores: CoreRequest::Count(2),
+            memory: 1 << 30,
+            hugepages: true,
+            share_group: None,
+            progress: false,
+            confine: None,
+        };
         assert_eq!(check_create(create).unwrap(), expected);
         let Ok(Request::Run(run)) = Request::parse(br#"{"op":"run","argv":["hello","x"],"cwd":"/tmp","cores":"1","mem":268435456}"#) else {
             panic!()

@@ -213,7 +213,15 @@ impl Daemon {
     }
 
     /// Reserves cores and memory under a new name, or says why not.
-    fn reserve(&self, name: &str, owner: Owner, cores: &CoreRequest, memory: u64, hugepages: bool, confine: Option<String>) -> Result<Vec<usize>, ApiError> {
+    fn reserve(
+        &self,
+        name: &str,
+        owner: Owner,
+        cores: &CoreRequest,
+        memory: u64,
+        hugepages: bool,
+        confine: Option<String>,
+    ) -> Result<Vec<usize>, ApiError> {
         let usable = usable_cores().map_err(|e| ApiError::new(ErrorKind::Internal, e))?;
         check_request(memory, hugepages, HostMemory::read()).map_err(|e| ApiError::new(ErrorKind::ResourceExhausted, e))?;
         let mut state = self.state.lock().unwrap();
@@ -224,7 +232,8 @@ impl Daemon {
             ));
         }
         let cores = choose_cores(cores, &usable, &state.taken_cores()).map_err(|e| ApiError::new(ErrorKind::ResourceExhausted, e))?;
-        let entry = Entry { owner, confine, cores: cores.clone(), memory, hugepages, created: SystemTime::now(), occupant: Occupant::Starting };
+        let entry =
+            Entry { owner, confine, cores: cores.clone(), memory, hugepages, created: SystemTime::now(), occupant: Occupant::Starting };
         state.enclaves.insert(name.to_string(), entry);
         Ok(cores)
     }

@@ -95,7 +95,10 @@ fn errno_of(error: std::io::Error) -> i32 {
 fn is_system_path(path: &[u8]) -> bool {
     let Ok(path) = std::str::from_utf8(path) else { return false };
     let plain = path.starts_with('/') && path.split('/').skip(1).all(|part| !matches!(part, "" | "." | ".."));
-    plain && enclave_proto::SYSTEM_PATHS.iter().any(|root| path.strip_prefix(root).is_some_and(|rest| rest.is_empty() || rest.starts_with('/')))
+    plain
+        && enclave_proto::SYSTEM_PATHS
+            .iter()
+            .any(|root| path.strip_prefix(root).is_some_and(|rest| rest.is_empty() || rest.starts_with('/')))
 }
 
 /// Turns a path the job gave (relative to `cwd`, or absolute) into one relative to `root`,
@@ -461,13 +464,22 @@ mod tests {
         assert_eq!(&back, b"input deck");
         let secret = path("secret");
         assert!(matches!(files.serve(&open(secret.as_bytes(), libc::O_RDONLY), &ram).result, Err(libc::EACCES)), "root-only file");
-        assert!(matches!(files.serve(&FileOp::Stat { path: b"link-to-deck" }, &ram).result, Ok(Answer::Attributes(_))), "a link, as on the host");
-        assert!(matches!(files.serve(&open(b"link-to-secret", libc::O_RDONLY), &ram).result, Err(libc::EACCES)), "a link to a root-only file");
+        assert!(
+            matches!(files.serve(&FileOp::Stat { path: b"link-to-deck" }, &ram).result, Ok(Answer::Attributes(_))),
+            "a link, as on the host"
+        );
+        assert!(
+            matches!(files.serve(&open(b"link-to-secret", libc::O_RDONLY), &ram).result, Err(libc::EACCES)),
+            "a link to a root-only file"
+        );
         let forbidden = path("new");
         let served = files.serve(&open(forbidden.as_bytes(), libc::O_CREAT | libc::O_WRONLY), &ram);
         assert!(matches!(served.result, Err(libc::EACCES)), "a directory the user may not write");
         assert!(matches!(files.serve(&FileOp::Mkdir { path: forbidden.as_bytes(), mode: 0o755 }, &ram).result, Err(libc::EACCES)));
-        assert!(matches!(files.serve(&open(b"mine", libc::O_CREAT | libc::O_WRONLY), &ram).result, Ok(_)), "relative, in its own directory");
+        assert!(
+            matches!(files.serve(&open(b"mine", libc::O_CREAT | libc::O_WRONLY), &ram).result, Ok(_)),
+            "relative, in its own directory"
+        );
         assert!(cwd.join("mine").exists());
         assert!(matches!(files.serve(&FileOp::Unlink { path: b"mine" }, &ram).result, Ok(_)));
         let group_file = path("group-file");
@@ -500,7 +512,12 @@ mod tests {
     fn data_moves_between_files_and_enclave_memory_checked() {
         let dir = scratch("data");
         let ram = ram();
-        let mut files = JobFiles::new(File::open(&dir).unwrap(), dir.to_str().unwrap().to_string(), Scope::User, Identity { uid: 0, gid: 0, groups: vec![] });
+        let mut files = JobFiles::new(
+            File::open(&dir).unwrap(),
+            dir.to_str().unwrap().to_string(),
+            Scope::User,
+            Identity { uid: 0, gid: 0, groups: vec![] },
+        );
         let Ok(Answer::Value(handle)) = files.serve(&open(b"data", libc::O_CREAT | libc::O_RDWR), &ram).result else { panic!("create") };
         let handle = handle as u32;
         ram.write(8192, &[7u8; 12288]).unwrap();

@@ -848,7 +848,8 @@ fn unconfined_jobs_reach_the_users_files_and_move_data_directly() {
     assert_eq!(reply["status"], 0, "{reply}\n{stdout}");
     assert!(std::fs::read(work.join("copy")).unwrap() == deck, "the write reached the host whole");
     // Confined to its directory, the same job may not name the input.
-    let (reply, stdout, _) = daemon.run_program(&daemon.program, "sim", &["prog", "user-files", input.to_str().unwrap()], &work, &[], Some(&work));
+    let (reply, stdout, _) =
+        daemon.run_program(&daemon.program, "sim", &["prog", "user-files", input.to_str().unwrap()], &work, &[], Some(&work));
     assert!(stdout.contains("FAIL open an input by absolute path outside"), "{stdout}");
     assert_ne!(reply["status"], 0);
     // A confinement that does not hold the working directory is refused before the job runs.
