@@ -72,6 +72,15 @@ pub mod siginfo {
     pub const STATUS: usize = 24;
 }
 
+/// Linux's values (`uapi`) as typed constants where they are used, the C type each call
+/// declares: `linux_consts!(u64: CLONE_VM, CLONE_VFORK; pub i32: SI_USER);`.
+#[macro_export]
+macro_rules! linux_consts {
+    ($($vis:vis $type:ty : $($name:ident),+ $(,)?);+ $(;)?) => {
+        $($($vis const $name: $type = $crate::linux::uapi::$name as $type;)+)+
+    };
+}
+
 /// A scalar field of a Linux structure, stored little-endian.
 pub trait Field: Copy {
     const SIZE: usize;

@@ -8,7 +8,7 @@
 //! scheduler's lock when a waiting parent checks its children and is never held while taking
 //! the scheduler's.
 
-use crate::linux::uapi;
+use crate::linux_consts;
 use crate::arch::phys;
 use crate::arch::sync::SpinLock;
 use crate::arch::trap::{TrapFrame, USER_END};
@@ -22,8 +22,7 @@ use alloc::collections::BTreeMap;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-pub const SIGCHLD: u8 = uapi::SIGCHLD as u8;
-const SIGSEGV: u8 = uapi::SIGSEGV as u8;
+linux_consts!(pub u8: SIGCHLD; u8: SIGSEGV);
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Life {

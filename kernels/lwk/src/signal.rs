@@ -21,15 +21,14 @@
 //! ends the job.
 
 use crate::linux::uapi;
+use crate::linux_consts;
 use crate::arch::fpu;
 use crate::arch::sync::SpinLock;
 use crate::arch::trap::{self, copy_from_user, copy_words_to_user, TrapFrame, USER_FLAGS};
 use crate::{process, sched};
 use alloc::collections::BTreeMap;
 
-pub const SIGKILL: u8 = uapi::SIGKILL as u8;
-pub const SIGSEGV: u8 = uapi::SIGSEGV as u8;
-pub const SIGSTOP: u8 = uapi::SIGSTOP as u8;
+linux_consts!(pub u8: SIGKILL, SIGSEGV, SIGSTOP);
 /// Neither blocked, caught nor ignored.
 pub const UNCATCHABLE: u64 = bit(SIGKILL) | bit(SIGSTOP);
 
@@ -38,23 +37,12 @@ pub const UNCATCHABLE: u64 = bit(SIGKILL) | bit(SIGSTOP);
 /// SA_RESTORER).
 pub const SIG_DFL: u64 = 0;
 pub const SIG_IGN: u64 = 1;
-pub const SA_RESTART: u64 = uapi::SA_RESTART as u64;
-pub const SA_ONSTACK: u64 = uapi::SA_ONSTACK as u64;
-pub const SA_NODEFER: u64 = uapi::SA_NODEFER as u64;
-pub const SA_RESETHAND: u64 = uapi::SA_RESETHAND as u64;
-pub const SS_ONSTACK: u64 = uapi::SS_ONSTACK as u64;
-pub const SS_DISABLE: u64 = uapi::SS_DISABLE as u64;
+linux_consts!(pub u64: SA_RESTART, SA_ONSTACK, SA_NODEFER, SA_RESETHAND, SS_ONSTACK, SS_DISABLE);
 
 /// `si_code` values.
 pub const SI_USER: i32 = uapi::SI_USER as i32;
 pub const SI_TKILL: i32 = -6;
-const SI_KERNEL: i32 = uapi::SI_KERNEL as i32;
-const SEGV_MAPERR: i32 = uapi::SEGV_MAPERR as i32;
-const SEGV_ACCERR: i32 = uapi::SEGV_ACCERR as i32;
-const FPE_INTDIV: i32 = uapi::FPE_INTDIV as i32;
-const ILL_ILLOPN: i32 = uapi::ILL_ILLOPN as i32;
-const BUS_ADRALN: i32 = uapi::BUS_ADRALN as i32;
-const TRAP_BRKPT: i32 = uapi::TRAP_BRKPT as i32;
+linux_consts!(i32: SI_KERNEL, SEGV_MAPERR, SEGV_ACCERR, FPE_INTDIV, ILL_ILLOPN, BUS_ADRALN, TRAP_BRKPT);
 
 pub const fn bit(signal: u8) -> u64 {
     1 << (signal - 1)

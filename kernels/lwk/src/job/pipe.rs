@@ -5,6 +5,7 @@
 //! key (`sched::wait`), so a process being killed leaves the wait.
 
 use crate::linux::uapi;
+use crate::linux_consts;
 use crate::arch::sync::SpinLock;
 use crate::sched::{self, WaitResult};
 use crate::signal::{self, Restart};
@@ -14,8 +15,7 @@ use alloc::vec::Vec;
 
 /// Linux's default pipe capacity (16 pages); writes of at most `PIPE_BUF` bytes are atomic.
 const CAPACITY: usize = 64 * 1024;
-const PIPE_BUF: usize = uapi::PIPE_BUF as usize;
-const SIGPIPE: u8 = uapi::SIGPIPE as u8;
+linux_consts!(usize: PIPE_BUF; u8: SIGPIPE);
 
 /// The bytes in flight live in a ring of `CAPACITY` bytes (allocated at the first write),
 /// `len` of them from `head` on, wrapping. Data moves between the ring and user memory in at
@@ -95,11 +95,7 @@ pub struct PipeEnd {
 
 /// `poll`'s event bits (Linux's values).
 pub const POLLIN: u16 = uapi::POLLIN as u16;
-pub const POLLOUT: u16 = uapi::POLLOUT as u16;
-pub const POLLERR: u16 = uapi::POLLERR as u16;
-pub const POLLHUP: u16 = uapi::POLLHUP as u16;
-pub const POLLRDNORM: u16 = uapi::POLLRDNORM as u16;
-pub const POLLWRNORM: u16 = uapi::POLLWRNORM as u16;
+linux_consts!(pub u16: POLLOUT, POLLERR, POLLHUP, POLLRDNORM, POLLWRNORM);
 
 impl PipeEnd {
     pub fn is_writer(&self) -> bool {

@@ -12,16 +12,11 @@ use super::{user, Errno, SyscallResult, UserAddr};
 use crate::arch::trap::TrapFrame;
 use crate::console::log;
 use crate::linux::uapi;
+use crate::linux_consts;
 use crate::process::{self, ForkError};
 use crate::sched::{self, SpawnError};
 
-const CLONE_VM: u64 = uapi::CLONE_VM as u64;
-const CLONE_VFORK: u64 = uapi::CLONE_VFORK as u64;
-const CLONE_THREAD: u64 = uapi::CLONE_THREAD as u64;
-const CLONE_SETTLS: u64 = uapi::CLONE_SETTLS as u64;
-const CLONE_PARENT_SETTID: u64 = uapi::CLONE_PARENT_SETTID as u64;
-const CLONE_CHILD_CLEARTID: u64 = uapi::CLONE_CHILD_CLEARTID as u64;
-const CLONE_CHILD_SETTID: u64 = uapi::CLONE_CHILD_SETTID as u64;
+linux_consts!(u64: CLONE_VM, CLONE_VFORK, CLONE_THREAD, CLONE_SETTLS, CLONE_PARENT_SETTID, CLONE_CHILD_CLEARTID, CLONE_CHILD_SETTID);
 const SIGNAL_MASK: u64 = 0xff;
 /// The flags a process child may carry besides CLONE_VM | CLONE_VFORK and the tid ones.
 const PROCESS_FLAGS: u64 =

@@ -31,17 +31,14 @@ use crate::arch::trap::USER_END;
 use crate::clock;
 use crate::job::{self, descriptors::Descriptor, epoll};
 use crate::linux::epoll_event;
-use crate::linux::uapi;
+use crate::linux_consts;
 use crate::signal::{self, Restart};
 use crate::{linux_field, linux_struct};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::mem::size_of;
 
-const EPOLL_CLOEXEC: i32 = uapi::EPOLL_CLOEXEC as i32;
-const EPOLL_CTL_ADD: i32 = uapi::EPOLL_CTL_ADD as i32;
-const EPOLL_CTL_DEL: i32 = uapi::EPOLL_CTL_DEL as i32;
-const EPOLL_CTL_MOD: i32 = uapi::EPOLL_CTL_MOD as i32;
+linux_consts!(i32: EPOLL_CLOEXEC, EPOLL_CTL_ADD, EPOLL_CTL_DEL, EPOLL_CTL_MOD);
 const EVENT_SIZE: u64 = size_of::<epoll_event>() as u64;
 const MAX_EVENTS: u64 = i32::MAX as u64 / EVENT_SIZE;
 

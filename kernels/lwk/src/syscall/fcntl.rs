@@ -7,19 +7,9 @@
 use super::dup::duplicate_error;
 use super::{Errno, Fd, SyscallResult};
 use crate::job::{self, descriptors::Descriptor};
-use crate::linux::uapi;
+use crate::linux_consts;
 
-const F_DUPFD: u32 = uapi::F_DUPFD;
-const F_GETFD: u32 = uapi::F_GETFD;
-const F_SETFD: u32 = uapi::F_SETFD;
-const F_GETFL: u32 = uapi::F_GETFL;
-const F_SETFL: u32 = uapi::F_SETFL;
-const F_DUPFD_CLOEXEC: u32 = uapi::F_DUPFD_CLOEXEC;
-const O_WRONLY: u64 = uapi::O_WRONLY as u64;
-const O_RDWR: u64 = uapi::O_RDWR as u64;
-const O_NONBLOCK: u64 = uapi::O_NONBLOCK as u64;
-const FD_CLOEXEC: u64 = uapi::FD_CLOEXEC as u64;
-const O_DIRECTORY: u64 = uapi::O_DIRECTORY as u64;
+linux_consts!(u32: F_DUPFD, F_GETFD, F_SETFD, F_GETFL, F_SETFL, F_DUPFD_CLOEXEC; u64: O_WRONLY, O_RDWR, O_NONBLOCK, FD_CLOEXEC, O_DIRECTORY);
 
 pub fn fcntl(descriptor: Fd, command: u32, argument: u64) -> SyscallResult {
     job::with_process(|process| match command {

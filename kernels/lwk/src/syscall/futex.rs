@@ -6,18 +6,11 @@
 use super::time::{deadline_after, read_duration};
 use super::{user, Errno, SyscallResult, UserAddr};
 use crate::clock;
-use crate::linux::uapi;
+use crate::linux_consts;
 use crate::sched::{self, WaitResult};
 use crate::signal::Restart;
 
-const FUTEX_WAIT: i32 = uapi::FUTEX_WAIT as i32;
-const FUTEX_WAKE: i32 = uapi::FUTEX_WAKE as i32;
-const FUTEX_REQUEUE: i32 = uapi::FUTEX_REQUEUE as i32;
-const FUTEX_CMP_REQUEUE: i32 = uapi::FUTEX_CMP_REQUEUE as i32;
-const FUTEX_WAIT_BITSET: i32 = uapi::FUTEX_WAIT_BITSET as i32;
-const FUTEX_WAKE_BITSET: i32 = uapi::FUTEX_WAKE_BITSET as i32;
-const FUTEX_PRIVATE_FLAG: i32 = uapi::FUTEX_PRIVATE_FLAG as i32;
-const FUTEX_CLOCK_REALTIME: i32 = uapi::FUTEX_CLOCK_REALTIME as i32;
+linux_consts!(i32: FUTEX_WAIT, FUTEX_WAKE, FUTEX_REQUEUE, FUTEX_CMP_REQUEUE, FUTEX_WAIT_BITSET, FUTEX_WAKE_BITSET, FUTEX_PRIVATE_FLAG, FUTEX_CLOCK_REALTIME);
 const BITSET_MATCH_ANY: u32 = u32::MAX;
 
 fn read_word(address: UserAddr) -> Result<u32, Errno> {

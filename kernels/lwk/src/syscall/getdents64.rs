@@ -5,7 +5,7 @@ use super::{user, Errno, Fd, SyscallResult, UserAddr};
 use crate::fs::{self, Node, S_IFDIR, S_IFMT};
 use crate::job::{self, descriptors::Descriptor};
 use crate::linux::linux_dirent64;
-use crate::linux::uapi;
+use crate::linux_consts;
 use crate::linux_struct;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -13,8 +13,7 @@ use core::mem::offset_of;
 
 /// Where a record's name starts (the fixed part's size before alignment).
 const NAME_AT: usize = offset_of!(linux_dirent64, d_name);
-const DT_DIR: u8 = uapi::DT_DIR as u8;
-const DT_REG: u8 = uapi::DT_REG as u8;
+linux_consts!(u8: DT_DIR, DT_REG);
 
 pub fn getdents64(descriptor: Fd, buffer: UserAddr, capacity: usize) -> SyscallResult {
     // A host directory (a persistent enclave's job): the host lists it.

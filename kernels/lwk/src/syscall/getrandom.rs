@@ -4,11 +4,9 @@
 
 use super::{user, Errno, SyscallResult, UserAddr};
 use crate::job::random_bytes;
-use crate::linux::uapi;
+use crate::linux_consts;
 
-const GRND_NONBLOCK: u32 = uapi::GRND_NONBLOCK;
-const GRND_RANDOM: u32 = uapi::GRND_RANDOM;
-const GRND_INSECURE: u32 = uapi::GRND_INSECURE;
+linux_consts!(u32: GRND_NONBLOCK, GRND_RANDOM, GRND_INSECURE);
 const MAX_BYTES: u64 = 32 << 20;
 
 pub fn getrandom(buffer: UserAddr, len: usize, flags: u32) -> SyscallResult {

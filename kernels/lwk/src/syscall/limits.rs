@@ -3,13 +3,10 @@
 
 use super::{user, Errno, SyscallResult, UserAddr};
 use crate::linux::rlimit;
-use crate::linux::uapi;
+use crate::linux_consts;
 use crate::{job, linux_struct, sched};
 
-const RLIMIT_DATA: u32 = uapi::RLIMIT_DATA;
-const RLIMIT_STACK: u32 = uapi::RLIMIT_STACK;
-const RLIMIT_NOFILE: u32 = uapi::RLIMIT_NOFILE;
-const RLIMIT_AS: u32 = uapi::RLIMIT_AS;
+linux_consts!(u32: RLIMIT_DATA, RLIMIT_STACK, RLIMIT_NOFILE, RLIMIT_AS);
 const RLIM_INFINITY: u64 = u64::MAX;
 const RLIMIT_COUNT: u32 = 16;
 

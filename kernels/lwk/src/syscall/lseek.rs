@@ -4,11 +4,9 @@
 use super::{Errno, Fd, SyscallResult};
 use crate::enclave::files;
 use crate::job::{self, descriptors::Descriptor};
-use crate::linux::uapi;
+use crate::linux_consts;
 
-const SEEK_SET: u32 = uapi::SEEK_SET;
-const SEEK_CUR: u32 = uapi::SEEK_CUR;
-const SEEK_END: u32 = uapi::SEEK_END;
+linux_consts!(u32: SEEK_SET, SEEK_CUR, SEEK_END);
 
 pub fn lseek(descriptor: Fd, offset: i64, whence: u32) -> SyscallResult {
     if let Some(handle) = files::remote_handle(descriptor) {

@@ -11,17 +11,9 @@ use crate::enclave::files;
 use crate::job;
 use crate::job::descriptors::Descriptor;
 use crate::job::memory::{Access, MemoryError, READ_WRITE};
-use crate::linux::uapi;
+use crate::linux_consts;
 
-const PROT_READ: u32 = uapi::PROT_READ;
-const PROT_WRITE: u32 = uapi::PROT_WRITE;
-const PROT_EXEC: u32 = uapi::PROT_EXEC;
-const MAP_SHARED: u32 = uapi::MAP_SHARED;
-const MAP_FIXED: u32 = uapi::MAP_FIXED;
-const MAP_ANONYMOUS: u32 = uapi::MAP_ANONYMOUS;
-const MAP_FIXED_NOREPLACE: u32 = uapi::MAP_FIXED_NOREPLACE;
-const MREMAP_MAYMOVE: u32 = uapi::MREMAP_MAYMOVE;
-const MADV_DONTNEED: i32 = uapi::MADV_DONTNEED as i32;
+linux_consts!(u32: PROT_READ, PROT_WRITE, PROT_EXEC, MAP_SHARED, MAP_FIXED, MAP_ANONYMOUS, MAP_FIXED_NOREPLACE, MREMAP_MAYMOVE; i32: MADV_DONTNEED);
 
 fn memory_error(error: MemoryError) -> Errno {
     match error {

@@ -9,13 +9,10 @@ use super::path::{self, AT_FDCWD};
 use super::{user, Errno, Fd, SyscallResult, UserAddr};
 use crate::enclave::files;
 use crate::job::{self, descriptors::Descriptor};
-use crate::linux::uapi;
+use crate::linux_consts;
 use alloc::string::String;
 
-const O_ACCMODE: i32 = uapi::O_ACCMODE as i32;
-const O_CREAT: i32 = uapi::O_CREAT as i32;
-const O_DIRECTORY: i32 = uapi::O_DIRECTORY as i32;
-const O_CLOEXEC: i32 = uapi::O_CLOEXEC as i32;
+linux_consts!(i32: O_ACCMODE, O_CREAT, O_DIRECTORY, O_CLOEXEC);
 
 pub fn open(path: UserAddr, flags: i32, mode: u32) -> SyscallResult {
     openat(AT_FDCWD, path, flags, mode)

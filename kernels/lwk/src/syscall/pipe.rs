@@ -3,10 +3,9 @@
 
 use super::{user, Errno, SyscallResult, UserAddr};
 use crate::job::{self, descriptors::Descriptor, pipe};
-use crate::linux::uapi;
+use crate::linux_consts;
 
-const O_NONBLOCK: i32 = uapi::O_NONBLOCK as i32;
-const O_CLOEXEC: i32 = uapi::O_CLOEXEC as i32;
+linux_consts!(i32: O_NONBLOCK, O_CLOEXEC);
 
 pub fn pipe(fds: UserAddr) -> SyscallResult {
     pipe2(fds, 0)

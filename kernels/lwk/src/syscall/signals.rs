@@ -6,16 +6,14 @@
 use super::time::deadline_after;
 use super::{user, Errno, SyscallResult, UserAddr};
 use crate::arch::trap::TrapFrame;
-use crate::linux::uapi;
 use crate::linux::{kernel_sigaction, sigaltstack};
+use crate::linux_consts;
 use crate::sched;
 use crate::signal::{self, Action, AltStackError, AwaitError, Restart, SIGKILL, SIGSTOP};
 use crate::{linux_field, linux_struct};
 use core::mem::size_of;
 
-const SIG_BLOCK: i32 = uapi::SIG_BLOCK as i32;
-const SIG_UNBLOCK: i32 = uapi::SIG_UNBLOCK as i32;
-const SIG_SETMASK: i32 = uapi::SIG_SETMASK as i32;
+linux_consts!(i32: SIG_BLOCK, SIG_UNBLOCK, SIG_SETMASK);
 const SIGSET_SIZE: usize = 8;
 
 /// rt_sigaction(sig, act, oldact, sigsetsize): records the action (handler, flags, restorer,

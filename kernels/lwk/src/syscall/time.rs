@@ -7,14 +7,13 @@
 use super::{user, Errno, SyscallResult, UserAddr};
 use crate::linux::uapi;
 use crate::linux::{timespec, timeval};
+use crate::linux_consts;
 use crate::signal::Restart;
 use crate::{clock, sched};
 use crate::{linux_field, linux_struct};
 use core::mem::size_of;
 
-const CLOCK_REALTIME: i32 = uapi::CLOCK_REALTIME as i32;
-const CLOCK_REALTIME_COARSE: i32 = uapi::CLOCK_REALTIME_COARSE as i32;
-const CLOCK_TAI: i32 = uapi::CLOCK_TAI as i32;
+linux_consts!(i32: CLOCK_REALTIME, CLOCK_REALTIME_COARSE, CLOCK_TAI);
 /// clock_nanosleep's only flag; others are ignored, as on Linux.
 const TIMER_ABSTIME: i32 = uapi::TIMER_ABSTIME as i32;
 const NANOS_PER_SECOND: u64 = 1_000_000_000;

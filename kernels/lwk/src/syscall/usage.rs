@@ -3,15 +3,13 @@
 //! there is no system time and no page fault (there is no paging); other fields are zero.
 
 use super::{user, Errno, SyscallResult, UserAddr};
-use crate::linux::uapi;
 use crate::linux::{rusage, sysinfo, TMS_SIZE};
+use crate::linux_consts;
 use crate::linux_struct;
 use crate::mm::pmem;
 use crate::{clock, job, sched};
 
-const RUSAGE_SELF: i32 = uapi::RUSAGE_SELF as i32;
-const RUSAGE_CHILDREN: i32 = uapi::RUSAGE_CHILDREN;
-const RUSAGE_THREAD: i32 = uapi::RUSAGE_THREAD as i32;
+linux_consts!(i32: RUSAGE_SELF, RUSAGE_CHILDREN, RUSAGE_THREAD);
 const TICKS_PER_SECOND: u64 = 100;
 
 /// getrusage(who, usage): RUSAGE_SELF, RUSAGE_THREAD (both the job's time), RUSAGE_CHILDREN

@@ -5,23 +5,15 @@
 //! Other options are EINVAL. The rusage is zeros.
 
 use super::{user, Errno, SyscallResult, UserAddr};
-use crate::linux::uapi;
 use crate::linux::{rusage, siginfo};
+use crate::linux_consts;
 use crate::process::{self, Selector, Waited, SIGCHLD};
 use core::mem::size_of;
 
-const WNOHANG: u32 = uapi::WNOHANG;
-const WUNTRACED: u32 = uapi::WUNTRACED;
-const WEXITED: u32 = uapi::WEXITED;
-const WCONTINUED: u32 = uapi::WCONTINUED;
-const WNOWAIT: u32 = uapi::WNOWAIT;
+linux_consts!(u32: WNOHANG, WUNTRACED, WEXITED, WCONTINUED, WNOWAIT);
 /// __WALL and __WCLONE.
 const WALL_WCLONE: u32 = 0x4000_0000 | 0x8000_0000;
-const P_ALL: u32 = uapi::P_ALL;
-const P_PID: u32 = uapi::P_PID;
-const P_PGID: u32 = uapi::P_PGID;
-const CLD_EXITED: i32 = uapi::CLD_EXITED as i32;
-const CLD_KILLED: i32 = uapi::CLD_KILLED as i32;
+linux_consts!(u32: P_ALL, P_PID, P_PGID; i32: CLD_EXITED, CLD_KILLED);
 const RUSAGE_SIZE: usize = size_of::<rusage>();
 
 fn selector(pid: i32) -> Selector {
