@@ -476,10 +476,7 @@ mod tests {
         let served = files.serve(&open(forbidden.as_bytes(), libc::O_CREAT | libc::O_WRONLY), &ram);
         assert!(matches!(served.result, Err(libc::EACCES)), "a directory the user may not write");
         assert!(matches!(files.serve(&FileOp::Mkdir { path: forbidden.as_bytes(), mode: 0o755 }, &ram).result, Err(libc::EACCES)));
-        assert!(
-            files.serve(&open(b"mine", libc::O_CREAT | libc::O_WRONLY), &ram).result.is_ok(),
-            "relative, in its own directory"
-        );
+        assert!(files.serve(&open(b"mine", libc::O_CREAT | libc::O_WRONLY), &ram).result.is_ok(), "relative, in its own directory");
         assert!(cwd.join("mine").exists());
         assert!(files.serve(&FileOp::Unlink { path: b"mine" }, &ram).result.is_ok());
         let group_file = path("group-file");
