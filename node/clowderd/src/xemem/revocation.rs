@@ -96,28 +96,30 @@ impl XememLinks {
 
     /// Detaches at whoever granted a bridged permit (the permit may be gone with its segment).
     pub(super) fn detach_at_source(&self, caller: Principal, source: Source) {
-        match source {
-            Source::Host { broker_access } => {
-                if let Some(broker) = self.broker.get() {
-                    let _ = broker.detach_for_enclave(caller, broker_access);
-                }
-            }
-            Source::Enclave { access, proxy } => {
-                let _ = self.call(Request::Detach { process: proxy, access });
-            }
-        }
+        self.let_go_at_source(caller, source, true);
     }
 
     /// Gives a bridged permit back to whoever granted it.
     pub(super) fn release_at_source(&self, caller: Principal, source: Source) {
+        self.let_go_at_source(caller, source, false);
+    }
+
+    /// Detaches (`detach`) or releases at the permit's source; what it answers does not matter
+    /// to the caller, who lets go either way.
+    fn let_go_at_source(&self, caller: Principal, source: Source, detach: bool) {
         match source {
             Source::Host { broker_access } => {
                 if let Some(broker) = self.broker.get() {
-                    let _ = broker.release_for_enclave(caller, broker_access);
+                    let _ = if detach {
+                        broker.detach_for_enclave(caller, broker_access)
+                    } else {
+                        broker.release_for_enclave(caller, broker_access)
+                    };
                 }
             }
             Source::Enclave { access, proxy } => {
-                let _ = self.call(Request::Release { process: proxy, access });
+                let process = proxy;
+                let _ = self.call(if detach { Request::Detach { process, access } } else { Request::Release { process, access } });
             }
         }
     }
