@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use clowder_test_support::{build_musl_program, TOUCH_HEAP_JOB};
 use clowderd::enclave::Liveness;
-use support::{enclave_test_daemon, run_clowder, text};
+use support::{enclave_test_daemon, run_clowder, run_clowder_ok, text};
 
 mod support;
 
@@ -106,8 +106,7 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
     build_musl_program(&dir.0, "sleep", SLEEP_JOB);
     std::fs::write(dir.0.join("input.txt"), "the input\n").unwrap();
 
-    let created = run_clowder(&socket, &["enclave", "create", "--name", "e", "--cores", "1", "--mem", "256M"], &dir.0);
-    assert!(created.status.success(), "create: {}{}", text(&created.stdout), text(&created.stderr));
+    run_clowder_ok(&socket, &["enclave", "create", "--name", "e", "--cores", "1", "--mem", "256M"], &dir.0);
 
     let run = run_clowder(&socket, &["run", "--enclave", "e", "--file", "input.txt", "./files", "world"], &dir.0);
     assert_eq!(
@@ -177,8 +176,7 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
     let logs = run_clowder(&socket, &["logs", "e"], &dir.0);
     assert!(text(&logs.stdout).contains("exited with status 137"), "{}", text(&logs.stdout));
 
-    let removed = run_clowder(&socket, &["enclave", "rm", "e"], &dir.0);
-    assert!(removed.status.success(), "rm: {}{}", text(&removed.stdout), text(&removed.stderr));
+    run_clowder_ok(&socket, &["enclave", "rm", "e"], &dir.0);
     let listing = run_clowder(&socket, &["--json", "enclave", "ls"], &dir.0);
     let listing: serde_json::Value = serde_json::from_slice(&listing.stdout).unwrap();
     assert_eq!(listing["enclaves"], serde_json::json!([]), "{listing}");
@@ -212,8 +210,7 @@ fn a_two_vcpu_persistent_enclave_runs_threaded_jobs_on_both_cpus_one_after_anoth
     let Some((dir, socket)) = enclave_test_daemon("clowder-persistent-cpus", Liveness::default()) else { return };
     build_musl_program(&dir.0, "cpus", CPUS_JOB);
 
-    let created = run_clowder(&socket, &["enclave", "create", "--name", "pair", "--cores", "0,1", "--mem", "256M"], &dir.0);
-    assert!(created.status.success(), "create: {}{}", text(&created.stdout), text(&created.stderr));
+    run_clowder_ok(&socket, &["enclave", "create", "--name", "pair", "--cores", "0,1", "--mem", "256M"], &dir.0);
     // Each job leaves its worker spinning on CPU 1 when it ends: the kernel parks that CPU
     // and brings it back for the next job, which uses both CPUs again.
     for round in 1..=3 {
@@ -223,8 +220,7 @@ fn a_two_vcpu_persistent_enclave_runs_threaded_jobs_on_both_cpus_one_after_anoth
     }
     let listing = run_clowder(&socket, &["enclave", "ls"], &dir.0);
     assert!(text(&listing.stdout).contains("pair"), "the enclave is still up: {}", text(&listing.stdout));
-    let removed = run_clowder(&socket, &["enclave", "rm", "pair"], &dir.0);
-    assert!(removed.status.success(), "rm: {}{}", text(&removed.stdout), text(&removed.stderr));
+    run_clowder_ok(&socket, &["enclave", "rm", "pair"], &dir.0);
 }
 
 /// One job per mode, each ending in a way that used to stop the machine, or reporting the
@@ -324,8 +320,7 @@ int main(int argc, char **argv) {
 fn a_two_vcpu_persistent_enclave_survives_every_way_a_job_ends_and_does_not_leak() {
     let Some((dir, socket)) = enclave_test_daemon("clowder-persistent-endings", Liveness::default()) else { return };
     build_musl_program(&dir.0, "endings", ENDINGS_JOB);
-    let created = run_clowder(&socket, &["enclave", "create", "--name", "ends", "--cores", "0,1", "--mem", "256M"], &dir.0);
-    assert!(created.status.success(), "create: {}{}", text(&created.stdout), text(&created.stderr));
+    run_clowder_ok(&socket, &["enclave", "create", "--name", "ends", "--cores", "0,1", "--mem", "256M"], &dir.0);
 
     let cases = [
         ("exit-on-cpu1", 21, "worker on cpu 1\n"),
@@ -363,8 +358,7 @@ fn a_two_vcpu_persistent_enclave_survives_every_way_a_job_ends_and_does_not_leak
 
     let listing = run_clowder(&socket, &["enclave", "ls"], &dir.0);
     assert!(text(&listing.stdout).contains("ends"), "the enclave is still up: {}", text(&listing.stdout));
-    let removed = run_clowder(&socket, &["enclave", "rm", "ends"], &dir.0);
-    assert!(removed.status.success(), "rm: {}{}", text(&removed.stdout), text(&removed.stderr));
+    run_clowder_ok(&socket, &["enclave", "rm", "ends"], &dir.0);
 }
 
 #[test]
@@ -373,8 +367,7 @@ fn an_enclave_larger_than_the_boot_window_runs_big_jobs_one_after_another_on_cle
     build_musl_program(&dir.0, "bigheap", TOUCH_HEAP_JOB);
     // Beyond the first GiB (which the kernel's boot tables map whole) lie more RAM and, at the
     // top, the reserved channel the kernel attaches first.
-    let created = run_clowder(&socket, &["enclave", "create", "--name", "big", "--cores", "1", "--mem", "1536M"], &dir.0);
-    assert!(created.status.success(), "create: {}{}", text(&created.stdout), text(&created.stderr));
+    run_clowder_ok(&socket, &["enclave", "create", "--name", "big", "--cores", "1", "--mem", "1536M"], &dir.0);
     // Each job writes every page it touches; the next one must find them zero again. The
     // kernel has the host clear a finished job's memory (ZeroMemory): clearing 1000 MiB in
     // emulated kernel code would take longer than the daemon waits for a Pong.
@@ -383,6 +376,5 @@ fn an_enclave_larger_than_the_boot_window_runs_big_jobs_one_after_another_on_cle
         assert_eq!(text(&run.stdout), "touched 1000 MiB, sum 0\n", "round {round}, stderr: {}", text(&run.stderr));
         assert_eq!(run.status.code(), Some(0));
     }
-    let removed = run_clowder(&socket, &["enclave", "rm", "big"], &dir.0);
-    assert!(removed.status.success(), "rm: {}{}", text(&removed.stdout), text(&removed.stderr));
+    run_clowder_ok(&socket, &["enclave", "rm", "big"], &dir.0);
 }

@@ -66,6 +66,13 @@ pub fn run_clowder(socket: &Path, args: &[&str], cwd: &Path) -> Output {
     Command::new(clowder()).args(args).current_dir(cwd).env("CLOWDER_SOCKET", socket).output().unwrap()
 }
 
+/// [`run_clowder`] that must succeed (its output shown where it did not).
+pub fn run_clowder_ok(socket: &Path, args: &[&str], cwd: &Path) -> Output {
+    let output = run_clowder(socket, args, cwd);
+    assert!(output.status.success(), "clowder {}: {}{}", args.join(" "), text(&output.stdout), text(&output.stderr));
+    output
+}
+
 /// Output bytes as text.
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
