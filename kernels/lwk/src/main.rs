@@ -14,7 +14,6 @@ extern crate alloc;
 mod arch;
 mod bootinfo;
 mod clock;
-mod cmdline;
 mod console;
 mod enclave;
 mod fs;
@@ -29,6 +28,9 @@ mod syscall;
 mod trap;
 mod vdso;
 mod xpmem;
+
+/// The command line (pure logic, in `lwk-core`).
+use lwk_core::cmdline;
 
 use bootinfo::BootInfo;
 use cmdline::JobOptions;

@@ -38,14 +38,9 @@ fn kernel_words(command_line: &str) -> impl Iterator<Item = &str> {
 /// The value of the last `key=value` word for `key` (`clowder.*` keys may also follow the
 /// job's words, where clowder-vmm appends them).
 pub fn value_of<'a>(command_line: &'a str, key: &str) -> Option<&'a str> {
-    let words: &mut dyn Iterator<Item = &'a str> = if key.starts_with("clowder.") {
-        &mut command_line.split_ascii_whitespace()
-    } else {
-        &mut kernel_words(command_line)
-    };
-    words
-        .filter_map(|word| word.strip_prefix(key).and_then(|rest| rest.strip_prefix('=')))
-        .last()
+    let words: &mut dyn Iterator<Item = &'a str> =
+        if key.starts_with("clowder.") { &mut command_line.split_ascii_whitespace() } else { &mut kernel_words(command_line) };
+    words.filter_map(|word| word.strip_prefix(key).and_then(|rest| rest.strip_prefix('='))).last()
 }
 
 pub fn parse_number(text: &str) -> Option<u64> {
@@ -91,16 +86,14 @@ impl JobOptions {
                 Some(text) => hwspec::parse_size(text).map(Some).map_err(|error| BadOption(alloc::format!("{key}: {error}"))),
             }
         };
-        let env = kernel_words(command_line)
-            .filter_map(|word| word.strip_prefix("lwk.env="))
-            .map(String::from)
-            .collect();
+        let env = kernel_words(command_line).filter_map(|word| word.strip_prefix("lwk.env=")).map(String::from).collect();
         let mut words = split_at_separator(command_line).1.map(split_quoted).unwrap_or_default();
         // clowder-vmm appends its keys at the very end, after the job's words.
         while words.last().is_some_and(|word| word.starts_with("clowder.")) {
             words.pop();
         }
-        let mut argv: Vec<String> = words.iter().map(|word| if word.contains('"') { word.replace('"', "") } else { String::from(*word) }).collect();
+        let mut argv: Vec<String> =
+            words.iter().map(|word| if word.contains('"') { word.replace('"', "") } else { String::from(*word) }).collect();
         if argv.is_empty() {
             argv.push(String::from(DEFAULT_ARGV0));
         }
@@ -136,4 +129,56 @@ fn split_quoted(text: &str) -> Vec<&str> {
         words.push(&text[start..position]);
     }
     words
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_and_flags_are_the_kernels_words_before_the_separator() {
+        let line = "lwk.heap=64M lwk.verbose lwk.heap=1G -- prog lwk.verbose x=1 clowder.exit_port=0x501";
+        assert_eq!(value_of(line, "lwk.heap"), Some("1G"), "the last one counts");
+        assert_eq!(value_of(line, "x"), None, "argv is not the kernel's");
+        assert_eq!(value_of(line, "clowder.exit_port"), Some("0x501"), "clowder.* keys follow argv");
+        assert!(has_flag(line, "lwk.verbose"));
+        assert!(!has_flag("-- prog lwk.verbose", "lwk.verbose"));
+        assert!(started_by_clowder_vmm(line) && !started_by_clowder_vmm("lwk.verbose"));
+        assert_eq!(exit_port(line), 0x501);
+        assert_eq!(exit_port(""), DEFAULT_EXIT_PORT);
+    }
+
+    #[test]
+    fn numbers_decimal_or_hex() {
+        for (text, expected) in [("42", Some(42)), ("0x2a", Some(42)), ("0x", None), ("x2a", None), ("", None), ("-1", None)] {
+            assert_eq!(parse_number(text), expected, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn job_options() {
+        let options = JobOptions::parse("lwk.env=A=1 lwk.stack=1M lwk.env=B=two -- hello one \"two words\" clowder.cpus=2").unwrap();
+        assert_eq!(options.argv, ["hello", "one", "two words"]);
+        assert_eq!(options.env, ["A=1", "B=two"]);
+        assert_eq!(options.stack_size, 1 << 20);
+        assert_eq!(options.heap_size, None);
+        assert!(!options.verbose);
+
+        let defaults = JobOptions::parse("lwk.verbose lwk.heap=512K").unwrap();
+        assert_eq!(defaults.argv, [DEFAULT_ARGV0], "no separator: the default argv");
+        assert_eq!(defaults.stack_size, DEFAULT_STACK_SIZE);
+        assert_eq!(defaults.heap_size, Some(512 << 10));
+        assert!(defaults.verbose);
+
+        // `--` is a separator only as a word of its own.
+        assert_eq!(JobOptions::parse("a--b -- x --y").unwrap().argv, ["x", "--y"]);
+        assert_eq!(JobOptions::parse("--").unwrap().argv, [DEFAULT_ARGV0]);
+        assert_eq!(JobOptions::parse("-- a\tb  c").unwrap().argv, ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn bad_sizes_name_the_option() {
+        let BadOption(message) = JobOptions::parse("lwk.stack=lots").err().unwrap();
+        assert!(message.starts_with("lwk.stack: "), "{message}");
+    }
 }
