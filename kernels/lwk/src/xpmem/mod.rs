@@ -57,7 +57,7 @@ const GIGABYTE: u64 = 1 << 30;
 /// connected, its segments carry the id the host's name server handed out.
 const LOCAL_ENCLAVE: xemem::ids::EnclaveId = xemem::ids::NAME_SERVER_ENCLAVE;
 
-/// The job runs as root inside its enclave (see `syscall/getuid.rs`): segments are owned by
+/// The job runs as root inside its enclave (see `syscall/identity.rs`): segments are owned by
 /// uid 0 and every request carries uid 0, so the mode never refuses (SysV's rule for root).
 const JOB_UID: u32 = 0;
 const JOB_GID: u32 = 0;
