@@ -372,27 +372,11 @@ fn dispatch<'r>(
         }
         VcpuExit::MmioRead(addr, data) => {
             counters.count(ctx.vcpu, ExitKind::MmioRead);
-            match registry.mmio(addr) {
-                Some(claim) => {
-                    let offset = addr - base_mmio(claim.key);
-                    run_device(claim, ctx, Request::MmioRead { offset, data })
-                }
-                None => {
-                    ExitAction::Fault(Failure::Unhandled(format!("{}-byte MMIO read at {addr:#x}, which no device claims", data.len())))
-                }
-            }
+            run_mmio(registry, ctx, addr, ("read", data.len()), |offset| Request::MmioRead { offset, data })
         }
         VcpuExit::MmioWrite(addr, data) => {
             counters.count(ctx.vcpu, ExitKind::MmioWrite);
-            match registry.mmio(addr) {
-                Some(claim) => {
-                    let offset = addr - base_mmio(claim.key);
-                    run_device(claim, ctx, Request::MmioWrite { offset, data })
-                }
-                None => {
-                    ExitAction::Fault(Failure::Unhandled(format!("{}-byte MMIO write at {addr:#x}, which no device claims", data.len())))
-                }
-            }
+            run_mmio(registry, ctx, addr, ("write", data.len()), |offset| Request::MmioWrite { offset, data })
         }
         VcpuExit::X86Rdmsr(msr) => {
             counters.count(ctx.vcpu, ExitKind::MsrRead);
@@ -468,6 +452,21 @@ fn base_port(key: crate::hooks::HookKey) -> u16 {
     match key {
         crate::hooks::HookKey::Port { base, .. } => base,
         _ => unreachable!("port lookups return port hooks"),
+    }
+}
+
+/// Runs the device claiming MMIO address `addr` on `request(offset into its range)`; a fault
+/// naming the access (`read` or `write`, and its size) where no device claims the address.
+fn run_mmio<'d>(
+    registry: &HookRegistry,
+    ctx: &ExitContext,
+    addr: u64,
+    (access, len): (&str, usize),
+    request: impl FnOnce(u64) -> Request<'d>,
+) -> ExitAction {
+    match registry.mmio(addr) {
+        Some(claim) => run_device(claim, ctx, request(addr - base_mmio(claim.key))),
+        None => ExitAction::Fault(Failure::Unhandled(format!("{len}-byte MMIO {access} at {addr:#x}, which no device claims"))),
     }
 }
 
