@@ -146,6 +146,15 @@ run_in_lwk() {
 
 failures=0
 
+# The kernel denies unsafe code (main.rs) and only src/arch may allow it back.
+allowed=$(grep -rln 'allow(unsafe_code)' "$here/src" | grep -v "^$here/src/arch/")
+if grep -q '^#!\[deny(unsafe_code)\]' "$here/src/main.rs" && [ -z "$allowed" ]; then
+    echo "ok   unsafe code only in src/arch"
+else
+    echo "FAIL unsafe code allowed outside src/arch (or no longer denied): ${allowed:-main.rs}"
+    failures=$((failures + 1))
+fi
+
 # docs/lwk-syscalls.md must list exactly the system calls of the table.
 table=$(sed -n 's/^    \([0-9]*\) => [a-z0-9_]*::\([a-z0-9_]*\)(.*),$/\1 \2/p' "$here/src/syscall/mod.rs" | sort)
 documented=$(python3 - "$repo/docs/lwk-syscalls.md" <<'PYTHON'
