@@ -7,75 +7,14 @@
 //! isolated partition of its core, host tasks are left where they are, and removal, a clean
 //! stop and a restart give back and report what the daemon made.
 
-use std::fs::File;
+#[path = "support/cpuset_daemon.rs"]
+mod cpuset_daemon;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
-use clowder_test_support::{cpuset_lock, daemon_answers_within, kernel_image, vmm_binary, why_enclaves_cannot_boot, TempDir};
-use clowderd::client::Client;
-use serde_json::{json, Value};
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).map(|text| text.trim().to_string()).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
-}
-
-/// A clowderd isolating cores in the cgroup hierarchy `root`, logging to a file.
-struct Daemon {
-    child: Child,
-    dir: TempDir,
-}
-
-impl Daemon {
-    fn start(root: &Path, test: &str) -> Daemon {
-        let dir = TempDir::new(&format!("clowder-cgroup2-{test}"));
-        let child = Command::new(env!("CARGO_BIN_EXE_clowderd"))
-            .arg("--isolate-cores")
-            .arg("--socket")
-            .arg(dir.0.join("clowderd.sock"))
-            .arg("--kernel")
-            .arg(kernel_image())
-            .arg("--vmm")
-            .arg(vmm_binary())
-            .env("CLOWDER_CPUSET_ROOT", root)
-            .stderr(Stdio::from(File::create(dir.0.join("clowderd.log")).unwrap()))
-            .spawn()
-            .unwrap();
-        let daemon = Daemon { child, dir };
-        assert!(
-            daemon_answers_within(&daemon.dir.0.join("clowderd.sock"), Duration::from_secs(10)),
-            "clowderd did not come up: {}",
-            daemon.log()
-        );
-        // The socket is bound before the daemon takes its cgroups over: an answer comes after.
-        daemon.call(json!({"op": "ls"}));
-        daemon
-    }
-
-    fn call(&self, request: Value) -> Value {
-        let reply = Client::connect_to(&self.dir.0.join("clowderd.sock")).unwrap().call(&request).unwrap();
-        assert_eq!(reply["ok"], true, "{request}: {reply}");
-        reply
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.0.join("clowderd.log")).unwrap_or_default()
-    }
-
-    /// Stops it with SIGTERM (a clean stop) and returns its log.
-    fn stop(mut self) -> String {
-        clowderd::sys::send_signal(self.child.id(), libc::SIGTERM).unwrap();
-        self.child.wait().unwrap();
-        self.log()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use clowder_test_support::{cpuset_lock, vmm_binary, why_enclaves_cannot_boot, TempDir};
+use cpuset_daemon::{read, Daemon};
+use serde_json::json;
 
 #[test]
 fn the_machines_cgroup2_without_cpuset_is_refused_in_one_line() {
@@ -97,7 +36,7 @@ fn the_machines_cgroup2_without_cpuset_is_refused_in_one_line() {
         eprintln!("skipped: cpuset is on cgroup v2 here ({}), not the hybrid this test is for", mount.display());
         return;
     }
-    let daemon = Daemon::start(&mount, "live");
+    let daemon = Daemon::start("live", Some(&mount));
     let log = daemon.stop();
     let line = log.lines().find(|line| line.contains("cannot isolate cores")).unwrap_or_else(|| panic!("no refusal in: {log}"));
     let offered = if controllers.is_empty() { "none".to_string() } else { controllers };
@@ -118,7 +57,7 @@ fn an_enclave_gets_an_isolated_partition_and_everything_is_given_back() {
     std::fs::write(root.0.join("cpuset.cpus.effective"), format!("{online}\n")).unwrap();
     std::fs::write(root.0.join("cgroup.procs"), "1\n").unwrap();
 
-    let daemon = Daemon::start(&root.0, "fake");
+    let daemon = Daemon::start("fake", Some(&root.0));
     assert_eq!(read(&root.0.join("cgroup.subtree_control")), "+cpuset");
     let reply = daemon.call(json!({"op": "create", "name": "e", "cores": 1, "mem": "64M"}));
     let core = reply["enclave"]["cores"].as_str().unwrap().to_string();
@@ -150,6 +89,6 @@ fn an_enclave_gets_an_isolated_partition_and_everything_is_given_back() {
     );
 
     // A daemon that finds the partition (as after a crash) gives it back and says so.
-    let log = Daemon::start(&root.0, "restart").stop();
+    let log = Daemon::start("restart", Some(&root.0)).stop();
     assert!(log.contains(&format!("cpusets left by a clowderd that did not stop cleanly: clowder-enclave-e (cores {core})")), "{log}");
 }

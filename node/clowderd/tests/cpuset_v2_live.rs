@@ -11,22 +11,20 @@
 //! no children and that nothing holds open (umount refuses a busy mount), and where enclaves
 //! boot. Serialised with the other cpuset tests by their lock file.
 
+#[path = "support/cpuset_daemon.rs"]
+mod cpuset_daemon;
+
 use std::ffi::CString;
-use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use clowder_test_support::{cpuset_lock, daemon_answers_within, kernel_image, vmm_binary, why_enclaves_cannot_boot, TempDir};
-use clowderd::client::Client;
+use clowder_test_support::{cpuset_lock, vmm_binary, why_enclaves_cannot_boot};
 use clowderd::cores::{format_cpu_list, parse_cpu_list};
-use serde_json::{json, Value};
+use cpuset_daemon::{read, Daemon};
+use serde_json::json;
 
 const V1_ROOT: &str = "/sys/fs/cgroup/cpuset";
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).map(|text| text.trim().to_string()).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
-}
 
 /// A mount as /proc/self/mountinfo describes it: what remounting it takes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -173,63 +171,6 @@ fn requirements() -> Result<(Mount, PathBuf), String> {
     Ok((mount, cgroup2))
 }
 
-/// A clowderd with --isolate-cores and no `CLOWDER_CPUSET_ROOT`: it finds the hierarchy itself.
-struct Daemon {
-    child: Child,
-    dir: TempDir,
-}
-
-impl Daemon {
-    fn start() -> Daemon {
-        let dir = TempDir::new("clowder-cgroup2-live");
-        let child = Command::new(env!("CARGO_BIN_EXE_clowderd"))
-            .args(["--isolate-cores", "--socket"])
-            .arg(dir.0.join("clowderd.sock"))
-            .arg("--kernel")
-            .arg(kernel_image())
-            .arg("--vmm")
-            .arg(vmm_binary())
-            .env_remove("CLOWDER_CPUSET_ROOT")
-            .stderr(Stdio::from(File::create(dir.0.join("clowderd.log")).unwrap()))
-            .spawn()
-            .unwrap();
-        let daemon = Daemon { child, dir };
-        assert!(
-            daemon_answers_within(&daemon.dir.0.join("clowderd.sock"), Duration::from_secs(10)),
-            "clowderd did not come up: {}",
-            daemon.log()
-        );
-        // The socket is bound before the daemon takes the hierarchy over: an answer comes after.
-        daemon.call(json!({"op": "ls"}));
-        daemon
-    }
-
-    fn call(&self, request: Value) -> Value {
-        let reply = Client::connect_to(&self.dir.0.join("clowderd.sock")).unwrap().call(&request).unwrap();
-        assert_eq!(reply["ok"], true, "{request}: {reply}\n{}", self.log());
-        reply
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.0.join("clowderd.log")).unwrap_or_default()
-    }
-
-    /// A clean stop (SIGTERM); returns the log.
-    fn stop(mut self) -> String {
-        clowderd::sys::send_signal(self.child.id(), libc::SIGTERM).unwrap();
-        self.child.wait().unwrap();
-        self.log()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The cores a process may run on.
 fn allowed_cores(pid: u32) -> String {
     let status = read(Path::new(&format!("/proc/{pid}/status")));
     status.lines().find_map(|line| line.strip_prefix("Cpus_allowed_list:")).unwrap().trim().to_string()
@@ -270,7 +211,7 @@ fn isolate_cores_on_the_machines_cgroup2_mount() {
     // A host task: a child of the test, in whatever cgroup the test runs.
     let mut host_task = Command::new("sleep").arg("600").spawn().unwrap();
     let all_cores = allowed_cores(host_task.id());
-    let daemon = Daemon::start();
+    let daemon = Daemon::start("live", None);
     assert_eq!(read(&cgroup2.join("cgroup.subtree_control")).split_whitespace().find(|c| *c == "cpuset"), Some("cpuset"));
     let reply = daemon.call(json!({"op": "create", "name": "e", "cores": 1, "mem": "64M"}));
     let core: usize = reply["enclave"]["cores"].as_str().unwrap().parse().unwrap();
