@@ -36,7 +36,7 @@ fn wait(address: UserAddr, expected: u32, bitset: u32, deadline: Option<u64>) ->
 /// `timeout` is a `struct timespec *` for the waits and the count to requeue (val2) for the
 /// requeues, as Linux reads the fourth argument; `address` is also the wait queue's key.
 pub fn futex(address: UserAddr, operation: i32, value: u32, timeout: u64, address2: UserAddr, value3: u32) -> SyscallResult {
-    if address.0 % 4 != 0 {
+    if !address.0.is_multiple_of(4) {
         return Err(Errno::EINVAL);
     }
     let realtime = operation & FUTEX_CLOCK_REALTIME != 0;

@@ -87,7 +87,7 @@ fn map_file(fd: Fd, len: u64, protection: u32, flags: u32, offset: u64, fixed: O
 /// The address is a hint except with MAP_FIXED (or MAP_FIXED_NOREPLACE), which must fall
 /// inside the heap.
 pub fn mmap(address: u64, len: usize, protection: u32, flags: u32, fd: Fd, offset: u64) -> SyscallResult {
-    if offset % 4096 != 0 {
+    if !offset.is_multiple_of(4096) {
         return Err(Errno::EINVAL);
     }
     let len = len as u64;
@@ -124,7 +124,7 @@ pub fn mremap(address: u64, old_len: usize, new_len: usize, flags: u32) -> Sysca
 /// madvise(addr, len, advice): memory is always resident and never paged, so advice is
 /// accepted and ignored, except MADV_DONTNEED, after which anonymous memory reads as zero.
 pub fn madvise(address: u64, len: usize, advice: i32) -> SyscallResult {
-    if address % 4096 != 0 {
+    if !address.is_multiple_of(4096) {
         return Err(Errno::EINVAL);
     }
     if advice == MADV_DONTNEED {

@@ -32,7 +32,7 @@ pub fn sched_setaffinity(tid: i32, len: usize, mask: UserAddr) -> SyscallResult 
 /// sched_getaffinity(pid, len, mask): the CPUs of the job's enclave (every thread may be
 /// placed on any of them). Returns the bytes written, as the raw system call does.
 pub fn sched_getaffinity(_pid: i32, len: usize, mask: UserAddr) -> SyscallResult {
-    if len < 8 || len % 8 != 0 {
+    if len < 8 || !len.is_multiple_of(8) {
         return Err(Errno::EINVAL);
     }
     user::write_words(mask, &[sched::online_cpu_mask()])?;
