@@ -14,9 +14,9 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use clowder_api::codec::LineSocket;
-use clowder_channel::{Channel, Endpoint, SendError};
+use clowder_channel::{Channel, Endpoint};
 use serde_json::{json, Value};
-use support::{file_identity, memfd, wait_until, Control, Launch, SharedMapping, DEADLINE, ENDLESS_NOPS, GUEST_MEMORY_BYTES};
+use support::{file_identity, memfd, send_within, wait_until, Control, Launch, SharedMapping, DEADLINE, ENDLESS_NOPS, GUEST_MEMORY_BYTES};
 use vmm::arch::layout::CMDLINE_ADDR;
 
 #[test]
@@ -76,13 +76,7 @@ impl RemoteChannel {
     }
 
     fn send(&mut self, message: &[u8]) {
-        let deadline = Instant::now() + DEADLINE;
-        let sent = self.endpoint.send_waiting(message, || {
-            std::thread::sleep(Duration::from_micros(100));
-            Instant::now() < deadline
-        });
-        assert_ne!(sent, Err(SendError::Full), "the guest stopped draining its ring");
-        sent.unwrap_or_else(|e| panic!("send: {e}"));
+        send_within(&mut self.endpoint, message, DEADLINE);
         if self.endpoint.peer_waiting() {
             // The irqfd: raises the channel vector in the sleeping guest.
             self.interrupt.write_all(&1u64.to_ne_bytes()).expect("signalling the interrupt eventfd");

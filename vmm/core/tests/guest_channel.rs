@@ -9,8 +9,8 @@ mod guest_support;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use clowder_channel::{Endpoint, SendError};
-use guest_support::{Guest, GuestSpec, GUEST_TIMEOUT};
+use clowder_channel::Endpoint;
+use guest_support::{send_within, Guest, GuestSpec, GUEST_TIMEOUT};
 use vmm::devices::ChannelEndpoint;
 use vmm::RegionAccess;
 
@@ -34,13 +34,7 @@ impl<'a> HostSide<'a> {
     }
 
     fn send(&mut self, message: &[u8]) {
-        let deadline = Instant::now() + GUEST_TIMEOUT;
-        let sent = self.endpoint.send_waiting(message, || {
-            std::thread::sleep(Duration::from_micros(100));
-            Instant::now() < deadline
-        });
-        assert_ne!(sent, Err(SendError::Full), "the guest stopped draining its ring");
-        sent.unwrap_or_else(|e| panic!("send: {e}"));
+        send_within(&mut self.endpoint, message, GUEST_TIMEOUT);
         if self.endpoint.peer_waiting() {
             self.device.ring_guest().expect("raising the channel interrupt");
         }

@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use clowder_channel::{Endpoint, SendError};
 use vmm::devices::Report;
 use vmm::{ExtraDevice, StopReason, Vm, VmConfig, VmHandle};
 
@@ -26,6 +27,19 @@ macro_rules! require_kvm {
 
 /// How long any one guest may run before a test gives up on it.
 pub const GUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Sends `message` on the host's end of a channel, sleeping while the ring is full; panics if
+/// the guest has not drained it within `timeout`, or on any other send error. The caller rings
+/// the guest if it sleeps.
+pub fn send_within(endpoint: &mut Endpoint, message: &[u8], timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    let sent = endpoint.send_waiting(message, || {
+        std::thread::sleep(Duration::from_micros(100));
+        Instant::now() < deadline
+    });
+    assert_ne!(sent, Err(SendError::Full), "the guest stopped draining its ring");
+    sent.unwrap_or_else(|e| panic!("send: {e}"));
+}
 
 /// The test guest image: `$CLOWDER_TESTGUEST` if set, else built (once per test binary) with
 /// `kernels/build.sh testguest`, which is a no-op when the image is up to date.
