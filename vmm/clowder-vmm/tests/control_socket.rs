@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use clowder_api::codec::LineSocket;
 use clowder_channel::{Channel, Endpoint};
 use serde_json::{json, Value};
-use support::{file_identity, memfd, send_within, wait_until, Control, Launch, SharedMapping, DEADLINE, ENDLESS_NOPS, GUEST_MEMORY_BYTES};
+use support::guest_support::send_within;
+use support::{file_identity, memfd, wait_until, Control, Launch, SharedMapping, DEADLINE, ENDLESS_NOPS, GUEST_MEMORY_BYTES};
 use vmm::arch::layout::CMDLINE_ADDR;
 
 #[test]

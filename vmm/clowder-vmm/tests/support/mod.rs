@@ -7,7 +7,7 @@
 
 #[macro_use]
 #[path = "../../../core/tests/guest_support/mod.rs"]
-mod guest_support;
+pub mod guest_support;
 pub mod bzimage;
 
 use std::fs::File;
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use vmm::control::ControlClient;
 
-pub use guest_support::{send_within, testguest, Scratch};
+pub use guest_support::{testguest, Scratch};
 
 /// The binary under test.
 pub const CLOWDER_VMM: &str = env!("CARGO_BIN_EXE_clowder-vmm");
