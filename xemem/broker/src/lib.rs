@@ -516,25 +516,24 @@ impl Broker {
                 let (access, size) = self.lock().ns.get(me, &who, segment, flags)?;
                 Ok(Answer::ok(op, &[access.raw() as u64, size]))
             }
-            wire::OP_RELEASE => {
+            wire::OP_RELEASE | wire::OP_DETACH => {
                 let access = AccessId::from_raw(a[0] as i64).ok_or(Error::Invalid)?;
+                // Both let go of a permit's attachments, wherever it was granted; only a release
+                // ends the permit.
+                let release = op == wire::OP_RELEASE;
                 self.through_permit(
                     peer.pid,
                     access,
-                    Forget::Yes,
-                    |up, pid, real| up.release(pid, real),
-                    || self.lock().ns.release(me, access),
-                )?;
-                Ok(Answer::ok(op, &[]))
-            }
-            wire::OP_DETACH => {
-                let access = AccessId::from_raw(a[0] as i64).ok_or(Error::Invalid)?;
-                self.through_permit(
-                    peer.pid,
-                    access,
-                    Forget::No,
-                    |up, pid, real| up.detach(pid, real),
-                    || self.lock().ns.detach(me, access),
+                    if release { Forget::Yes } else { Forget::No },
+                    |up, pid, real| if release { up.release(pid, real) } else { up.detach(pid, real) },
+                    || {
+                        let mut state = self.lock();
+                        if release {
+                            state.ns.release(me, access)
+                        } else {
+                            state.ns.detach(me, access)
+                        }
+                    },
                 )?;
                 Ok(Answer::ok(op, &[]))
             }
