@@ -23,6 +23,18 @@ pub fn outl(port: u16, value: u32) {
     unsafe { asm!("out dx, eax", in("dx") port, in("eax") value, options(nomem, nostack, preserves_flags)) }
 }
 
+/// The first serial port (a virtual 16550 under QEMU and clowder-vmm).
+pub const COM1: u16 = 0x3f8;
+
+/// Writes `bytes` to COM1 without polling the line status: a virtual 16550's transmitter
+/// never fills, and each port access is a VM exit (~9 us on PVM), so polling would double
+/// them.
+pub fn com1_write(bytes: &[u8]) {
+    for &byte in bytes {
+        outb(COM1, byte);
+    }
+}
+
 pub fn inb(port: u16) -> u8 {
     let value: u8;
     // SAFETY: as `outb`.

@@ -8,16 +8,13 @@ use core::sync::atomic::{AtomicBool, Ordering};
 
 use crate::arch;
 
-const COM1: u16 = 0x3f8;
 static LOCK: AtomicBool = AtomicBool::new(false);
 
 struct Com1;
 
 impl Write for Com1 {
     fn write_str(&mut self, text: &str) -> fmt::Result {
-        for byte in text.bytes() {
-            arch::outb(COM1, byte);
-        }
+        guest_arch::com1_write(text.as_bytes());
         Ok(())
     }
 }

@@ -3,8 +3,8 @@
 //! access is a VM exit, and polling would double them.
 
 use super::cpu::outb;
-
-const COM1: u16 = 0x3f8;
+pub use guest_arch::com1_write as write;
+use guest_arch::COM1;
 
 pub fn init() {
     outb(COM1 + 1, 0x00); // no interrupts
@@ -13,10 +13,4 @@ pub fn init() {
     outb(COM1 + 1, 0x00);
     outb(COM1 + 3, 0x03); // 8N1
     outb(COM1 + 2, 0xc7); // FIFO on
-}
-
-pub fn write(bytes: &[u8]) {
-    for &byte in bytes {
-        outb(COM1, byte);
-    }
 }
