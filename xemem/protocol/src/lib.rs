@@ -16,6 +16,7 @@
 
 extern crate alloc;
 
+pub mod answers;
 pub mod ids;
 pub mod names;
 pub mod nameserver;

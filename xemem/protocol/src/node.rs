@@ -16,6 +16,7 @@
 //! with the same id; the name server keeps its recent answers per (origin, request id) and
 //! repeats them, so a retried make or get is not done twice.
 
+use crate::answers::AnswerCache;
 use crate::ids::{AccessId, EnclaveId, SegmentId, NAME_SERVER_ENCLAVE};
 use crate::nameserver::{self, NameServer, Principal};
 use crate::perm::{Credentials, Owner};
@@ -141,8 +142,7 @@ pub struct Node {
     timing: Timing,
     name_server: Option<NameServer>,
     /// Answers the name server gave, so a retried request gets the same answer.
-    replies: BTreeMap<(EnclaveId, u64), Vec<Message>>,
-    reply_order: VecDeque<(EnclaveId, u64)>,
+    replies: AnswerCache<Vec<Message>, REPLY_CACHE>,
     towards_name_server: Option<LinkId>,
     routes: BTreeMap<EnclaveId, LinkId>,
     /// Enclave-id requests passed upstream: our token -> (link it came from, its token).
@@ -394,8 +394,7 @@ impl Node {
             links,
             timing,
             name_server,
-            replies: BTreeMap::new(),
-            reply_order: VecDeque::new(),
+            replies: AnswerCache::default(),
             towards_name_server: None,
             routes: BTreeMap::new(),
             forwarded: BTreeMap::new(),
@@ -571,12 +570,11 @@ impl Node {
 
     /// How many answers the name server keeps for retries of `enclave`'s requests.
     pub fn cached_answers_for(&self, enclave: EnclaveId) -> usize {
-        self.replies.keys().filter(|(origin, _)| *origin == enclave).count()
+        self.replies.count_for(enclave)
     }
 
     fn forget_replies(&mut self, enclave: EnclaveId) {
-        self.replies.retain(|(origin, _), _| *origin != enclave);
-        self.reply_order.retain(|(origin, _)| *origin != enclave);
+        self.replies.forget(enclave);
     }
 
     fn ask_for_id(&mut self, link: LinkId) {
@@ -828,7 +826,7 @@ impl Node {
 
     /// The name server's answer to a request from `origin`, repeated verbatim for a retry.
     fn name_server_answer(&mut self, origin: EnclaveId, request: u64, body: Body) -> Vec<Message> {
-        if let Some(cached) = self.replies.get(&(origin, request)) {
+        if let Some(cached) = self.replies.get(origin, request) {
             return cached.clone();
         }
         let Some(ns) = self.name_server.as_mut() else { return Vec::new() };
@@ -897,13 +895,7 @@ impl Node {
             },
             _ => alloc::vec![fail(Error::Invalid)],
         };
-        if self.reply_order.len() >= REPLY_CACHE {
-            if let Some(old) = self.reply_order.pop_front() {
-                self.replies.remove(&old);
-            }
-        }
-        self.reply_order.push_back((origin, request));
-        self.replies.insert((origin, request), answers.clone());
+        self.replies.insert(origin, request, answers.clone());
         answers
     }
 

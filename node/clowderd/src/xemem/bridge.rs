@@ -165,8 +165,7 @@ pub(super) struct Bridge {
     pub(super) next_permit: u32,
     /// Answers already sent, by (origin, request id): a retry gets the same answer instead of
     /// a second attach (the node retries when the broker is slow).
-    pub(super) answered: HashMap<(EnclaveId, u64), Vec<Vec<u8>>>,
-    pub(super) answer_order: VecDeque<(EnclaveId, u64)>,
+    pub(super) answered: AnswerCache<Vec<Vec<u8>>, BRIDGE_ANSWERS_KEPT>,
     /// Requests being served (a retry of one is dropped: its answer is on its way).
     pub(super) serving: std::collections::HashSet<(EnclaveId, u64)>,
     /// Revokes sent to the enclave and not yet acknowledged.
@@ -354,7 +353,7 @@ impl Bridging {
         if !is_ours {
             return Claim::Node;
         }
-        if let Some(answers) = bridge.answered.get(&(origin, header.request)) {
+        if let Some(answers) = bridge.answered.get(origin, header.request) {
             return Claim::Answers(answers.clone());
         }
         if !bridge.serving.insert((origin, header.request)) {
@@ -384,21 +383,13 @@ impl Bridging {
             .collect();
         let mut bridge = self.bridge.lock().unwrap();
         bridge.serving.remove(&(origin, request));
-        if bridge.answer_order.len() >= BRIDGE_ANSWERS_KEPT {
-            if let Some(old) = bridge.answer_order.pop_front() {
-                bridge.answered.remove(&old);
-            }
-        }
-        bridge.answer_order.push_back((origin, request));
-        bridge.answered.insert((origin, request), answers.clone());
+        bridge.answered.insert(origin, request, answers.clone());
         answers
     }
 
     /// Drops the answer kept for `origin`'s `request`.
     pub(super) fn forget_answer(&self, origin: EnclaveId, request: u64) {
-        let mut bridge = self.bridge.lock().unwrap();
-        bridge.answered.remove(&(origin, request));
-        bridge.answer_order.retain(|kept| *kept != (origin, request));
+        self.bridge.lock().unwrap().answered.remove(origin, request);
     }
 
     /// Queues answers on this link (its pump sends them).

@@ -39,6 +39,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use xemem::answers::AnswerCache;
 use xemem::ids::{AccessId, EnclaveId, SegmentId, NAME_SERVER_ENCLAVE};
 use xemem::node::{Completion, LinkId, LocalMemory, Node, Reply, Request, Timing};
 use xemem::wire::{Body, FrameRun, MappingWord, Message, Name};
