@@ -380,25 +380,11 @@ fn dispatch<'r>(
         }
         VcpuExit::X86Rdmsr(msr) => {
             counters.count(ctx.vcpu, ExitKind::MsrRead);
-            match registry.msr(msr.index) {
-                Some(claim) => run_device(claim, ctx, Request::MsrRead { index: msr.index, value: msr.data }),
-                None => {
-                    // Only hooked MSRs are filtered to user space; anything else is the guest
-                    // touching an MSR that does not exist: #GP, as on hardware.
-                    *msr.error = 1;
-                    ExitAction::Continue
-                }
-            }
+            run_msr(registry, ctx, msr.index, msr.error, Request::MsrRead { index: msr.index, value: msr.data })
         }
         VcpuExit::X86Wrmsr(msr) => {
             counters.count(ctx.vcpu, ExitKind::MsrWrite);
-            match registry.msr(msr.index) {
-                Some(claim) => run_device(claim, ctx, Request::MsrWrite { index: msr.index, value: msr.data }),
-                None => {
-                    *msr.error = 1;
-                    ExitAction::Continue
-                }
-            }
+            run_msr(registry, ctx, msr.index, msr.error, Request::MsrWrite { index: msr.index, value: msr.data })
         }
         VcpuExit::Hlt => {
             // With the in-kernel LAPIC, HLT only reaches user space if the kernel gave up on it.
@@ -467,6 +453,19 @@ fn run_mmio<'d>(
     match registry.mmio(addr) {
         Some(claim) => run_device(claim, ctx, request(addr - base_mmio(claim.key))),
         None => ExitAction::Fault(Failure::Unhandled(format!("{len}-byte MMIO {access} at {addr:#x}, which no device claims"))),
+    }
+}
+
+/// Runs the device hooking MSR `index` on `request`. Only hooked MSRs are filtered to user
+/// space: any other is the guest touching an MSR that does not exist, answered (`error`) with
+/// #GP, as on hardware.
+fn run_msr(registry: &HookRegistry, ctx: &ExitContext, index: u32, error: &mut u8, request: Request<'_>) -> ExitAction {
+    match registry.msr(index) {
+        Some(claim) => run_device(claim, ctx, request),
+        None => {
+            *error = 1;
+            ExitAction::Continue
+        }
     }
 }
 
