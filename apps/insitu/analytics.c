@@ -28,12 +28,6 @@
 #define START_WAIT_SECONDS 30.0 /* the simulation's enclave job may still be starting */
 #define WAIT_SECONDS 15.0
 
-static double now_seconds(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 /* Where the header and vector are read from. */
 struct source {
     int use_files;
@@ -43,10 +37,10 @@ struct source {
 };
 
 static int attach_segment(struct source *s, const char *name, uint64_t length) {
-    double deadline = now_seconds() + START_WAIT_SECONDS;
+    double deadline = insitu_now_seconds() + START_WAIT_SECONDS;
     xpmem_segid_t segid;
     while ((segid = xemem_lookup_segid(name)) <= 0) {
-        if (now_seconds() > deadline) {
+        if (insitu_now_seconds() > deadline) {
             fprintf(stderr, "insitu-analytics: no XEMEM segment named \"%s\": %s\n", name, strerror(errno));
             return -1;
         }
@@ -80,13 +74,13 @@ static int open_files(struct source *s, const char *dir) {
     snprintf(vector_path, sizeof vector_path, "%s/insitu-vector.bin", dir);
     snprintf(answer_path, sizeof answer_path, "%s/insitu-answer.bin", dir);
     s->header = calloc(1, sizeof *s->header);
-    double deadline = now_seconds() + START_WAIT_SECONDS;
+    double deadline = insitu_now_seconds() + START_WAIT_SECONDS;
     /* The simulation creates the answer file, then the vector file with a whole header. */
     while ((s->vector_file = open(vector_path, O_RDONLY)) < 0 || read_header_file(s) ||
            s->header->magic != INSITU_MAGIC) {
         if (s->vector_file >= 0)
             close(s->vector_file);
-        if (now_seconds() > deadline) {
+        if (insitu_now_seconds() > deadline) {
             fprintf(stderr, "insitu-analytics: %s never appeared\n", vector_path);
             return -1;
         }
@@ -153,7 +147,7 @@ int main(int argc, char **argv) {
     long kernel_runs[4] = {0, 0, 0, 0};
     long intervals = 0, matching = 0;
     uint64_t seen = 0;
-    double deadline = now_seconds() + START_WAIT_SECONDS;
+    double deadline = insitu_now_seconds() + START_WAIT_SECONDS;
     for (;;) {
         refresh(&source);
         struct insitu_header *h = source.header;
@@ -165,25 +159,25 @@ int main(int argc, char **argv) {
                 return 1;
             }
             uint64_t expected = h->checksum, iteration = h->iteration;
-            double t = now_seconds();
+            double t = insitu_now_seconds();
             if (copy_vector(&source, a, length)) {
                 fprintf(stderr, "insitu-analytics: reading the vector failed\n");
                 return 1;
             }
-            seconds[0] += now_seconds() - t;
+            seconds[0] += insitu_now_seconds() - t;
             kernel_runs[0]++;
             uint64_t checksum = insitu_checksum(a, length);
             answer(&source, published, seen);
             for (int r = 0; r < rounds; r++) {
-                t = now_seconds();
+                t = insitu_now_seconds();
                 for (uint64_t i = 0; i < length; i++) b[i] = scalar * a[i];
-                seconds[1] += now_seconds() - t;
-                t = now_seconds();
+                seconds[1] += insitu_now_seconds() - t;
+                t = insitu_now_seconds();
                 for (uint64_t i = 0; i < length; i++) c[i] = a[i] + b[i];
-                seconds[2] += now_seconds() - t;
-                t = now_seconds();
+                seconds[2] += insitu_now_seconds() - t;
+                t = insitu_now_seconds();
                 for (uint64_t i = 0; i < length; i++) a[i] = b[i] + scalar * c[i];
-                seconds[3] += now_seconds() - t;
+                seconds[3] += insitu_now_seconds() - t;
             }
             kernel_runs[1] += rounds, kernel_runs[2] += rounds, kernel_runs[3] += rounds;
             answer(&source, published, published);
@@ -193,12 +187,12 @@ int main(int argc, char **argv) {
                    (unsigned long long)iteration, (unsigned long long)checksum,
                    checksum == expected ? "(matches the published one)" : "(DIFFERS from the published one)");
             seen = published;
-            deadline = now_seconds() + WAIT_SECONDS;
+            deadline = insitu_now_seconds() + WAIT_SECONDS;
             continue;
         }
         if (insitu_load(&h->finished) && published == seen)
             break;
-        if (now_seconds() > deadline) {
+        if (insitu_now_seconds() > deadline) {
             fprintf(stderr, "insitu-analytics: nothing from the simulation for %.0f s\n", WAIT_SECONDS);
             break;
         }

@@ -17,6 +17,7 @@
 #define CLOWDER_INSITU_H
 
 #include <stdint.h>
+#include <time.h>
 
 #define INSITU_MAGIC 0x7573746973696e69ULL /* "insitu" */
 #define INSITU_PAGE 4096UL
@@ -37,6 +38,13 @@ struct insitu_header {
     uint64_t taken;    /* last interval copied */
     uint64_t analysed; /* last interval whose kernels ran */
 };
+
+/* Monotonic seconds, for both sides' waiting deadlines. */
+static inline double insitu_now_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
 
 /* Ordered loads and stores: the partner may run on another CPU, in another kernel. */
 static inline uint64_t insitu_load(const uint64_t *word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }

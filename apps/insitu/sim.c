@@ -39,12 +39,6 @@
 #define FIRST_WAIT_SECONDS 30.0 /* the analytics may still be starting */
 #define WAIT_SECONDS 10.0
 
-static double now_seconds(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 /* How the vector reaches the analytics: shared pages, or two files. */
 struct transport {
     int use_files;
@@ -145,14 +139,14 @@ static void publish(struct transport *t, uint64_t interval, uint64_t iteration, 
 /* Spins until the analytics has answered interval k (copied it, or analysed it when
  * synchronous); returns 0, or -1 after the timeout. */
 static int wait_for_analytics(struct transport *t, uint64_t interval, int synchronous, double timeout) {
-    double deadline = now_seconds() + timeout;
+    double deadline = insitu_now_seconds() + timeout;
     for (unsigned long spins = 0;; spins++) {
         uint64_t taken = 0, analysed = 0;
         read_answer(t, &taken, &analysed);
         if ((synchronous ? analysed : taken) >= interval)
             return 0;
         /* Reading the clock costs more than a shared load: look at it now and then. */
-        if ((t->use_files || spins % 1024 == 0) && now_seconds() > deadline)
+        if ((t->use_files || spins % 1024 == 0) && insitu_now_seconds() > deadline)
             return -1;
     }
 }
@@ -181,7 +175,7 @@ int main(int argc, char **argv) {
 
     double *b = cg_checked_malloc(n * sizeof(double));
     double *exact = cg_checked_malloc(n * sizeof(double));
-    double t_start = now_seconds();
+    double t_start = insitu_now_seconds();
     cg_build_problem(&p, b);
     if (open_transport(&transport, where, n, intervals, synchronous ? INSITU_SYNCHRONOUS : 0))
         return 1;
@@ -199,7 +193,7 @@ int main(int argc, char **argv) {
 
     long step = 0, steps_verified = 0, steps_done = 0, unanswered = 0;
     double step_start_norm = 0, compute = 0, publishing = 0, waiting = 0, worst_error = 0;
-    double t_loop = now_seconds(), t_mark = t_loop;
+    double t_loop = insitu_now_seconds(), t_mark = t_loop;
     for (long iter = 1; iter <= iterations; iter++) {
         if (iter == 1 || cg.normr <= 1e-10 * step_start_norm) {
             if (iter > 1) {
@@ -219,25 +213,25 @@ int main(int argc, char **argv) {
         cg_iterate(&cg);
         if (iter % interval_length == 0) {
             long k = iter / interval_length;
-            double t_publish = now_seconds();
+            double t_publish = insitu_now_seconds();
             compute += t_publish - t_mark;
             uint64_t checksum = insitu_checksum(cg.x, n);
             publish(&transport, k, iter, checksum, 0);
-            double t_published = now_seconds();
+            double t_published = insitu_now_seconds();
             publishing += t_published - t_publish;
             /* After one silence the analytics is likely gone: do not wait the full time again. */
             double timeout = unanswered ? 1.0 : k == 1 ? FIRST_WAIT_SECONDS : WAIT_SECONDS;
             int answered = wait_for_analytics(&transport, k, synchronous, timeout) == 0;
             unanswered += !answered;
-            t_mark = now_seconds();
+            t_mark = insitu_now_seconds();
             waiting += t_mark - t_published;
             printf("insitu-sim: interval %ld iteration %ld checksum %016llx%s\n", k, iter,
                    (unsigned long long)checksum, answered ? "" : " (no answer from the analytics)");
         }
     }
-    compute += now_seconds() - t_mark;
+    compute += insitu_now_seconds() - t_mark;
     publish(&transport, intervals, iterations, transport.header->checksum, 1);
-    double total = now_seconds() - t_start;
+    double total = insitu_now_seconds() - t_start;
     if (!transport.use_files && xpmem_remove(transport.segid))
         fprintf(stderr, "insitu-sim: xpmem_remove: %s\n", strerror(errno));
     printf("insitu-sim: %ld time steps converged, %ld verified (max error %.3e)\n", steps_done, steps_verified, worst_error);
