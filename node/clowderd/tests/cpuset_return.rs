@@ -49,10 +49,19 @@ struct Sandbox {
     host_task: Child,
     daemons: Vec<Child>,
     dir: TempDir,
+    /// Held until everything above is cleaned up (fields drop after `Drop::drop`, in order).
+    _serial: File,
 }
 
 impl Sandbox {
-    fn new(test: &str) -> Sandbox {
+    /// The sandbox of `test`, or None, saying why on stderr, where the test cannot run here.
+    fn for_test(test: &str) -> Option<Sandbox> {
+        if let Some(why) = missing_requirement() {
+            eprintln!("skipped: {why}");
+            return None;
+        }
+        // One enclave at a time on a machine of two cores, and no other test's cpusets meanwhile.
+        let _serial = cpuset_lock();
         let name = format!("/cpuset-test-clowderd-{}-{test}", std::process::id());
         let root = PathBuf::from(format!("{V1_ROOT}{name}"));
         let _ = std::fs::create_dir(&root);
@@ -61,7 +70,17 @@ impl Sandbox {
         std::fs::write(root.join("cpuset.cpus"), &cores).unwrap();
         let host_task = Command::new("sleep").arg("600").spawn().unwrap();
         std::fs::write(root.join("cgroup.procs"), host_task.id().to_string()).unwrap();
-        Sandbox { root, name, cores, host_task, daemons: Vec::new(), dir: TempDir::new(&format!("clowder-cpuset-{test}")) }
+        Some(Sandbox { root, name, cores, host_task, daemons: Vec::new(), dir: TempDir::new(&format!("clowder-cpuset-{test}")), _serial })
+    }
+
+    /// Starts an isolating daemon, creates enclave `e` and kills the daemon (SIGKILL), leaving
+    /// what a crash leaves; returns the enclave's core.
+    fn crash_with_an_enclave(&mut self) -> String {
+        self.start_daemon("", true);
+        let (core, vmm) = self.create_enclave("e");
+        self.stop_daemon(libc::SIGKILL);
+        wait_for_exit(vmm);
+        core
     }
 
     fn socket(&self) -> PathBuf {
@@ -188,13 +207,7 @@ impl Drop for Sandbox {
 
 #[test]
 fn removing_an_enclave_gives_its_cores_back_to_the_host_at_once() {
-    if let Some(why) = missing_requirement() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    // One enclave at a time on a machine of two cores, and no other test's cpusets meanwhile.
-    let _serial = cpuset_lock();
-    let mut sandbox = Sandbox::new("rm");
+    let Some(mut sandbox) = Sandbox::for_test("rm") else { return };
     sandbox.start_daemon("", true);
     let (core, _) = sandbox.create_enclave("e");
     let host_cores = sandbox.all_but(&core);
@@ -215,13 +228,7 @@ fn removing_an_enclave_gives_its_cores_back_to_the_host_at_once() {
 
 #[test]
 fn a_clean_stop_returns_every_host_task_to_the_root_cpuset() {
-    if let Some(why) = missing_requirement() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    // One enclave at a time on a machine of two cores, and no other test's cpusets meanwhile.
-    let _serial = cpuset_lock();
-    let mut sandbox = Sandbox::new("stop");
+    let Some(mut sandbox) = Sandbox::for_test("stop") else { return };
     sandbox.start_daemon("", true);
     let (core, vmm) = sandbox.create_enclave("e");
     assert_eq!(sandbox.host_task().1, sandbox.all_but(&core));
@@ -236,18 +243,8 @@ fn a_clean_stop_returns_every_host_task_to_the_root_cpuset() {
 
 #[test]
 fn a_daemon_started_after_a_crash_repairs_the_cpusets_it_left() {
-    if let Some(why) = missing_requirement() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    // One enclave at a time on a machine of two cores, and no other test's cpusets meanwhile.
-    let _serial = cpuset_lock();
-    let mut sandbox = Sandbox::new("crash");
-    sandbox.start_daemon("", true);
-    let (core, vmm) = sandbox.create_enclave("e");
-
-    sandbox.stop_daemon(libc::SIGKILL);
-    wait_for_exit(vmm);
+    let Some(mut sandbox) = Sandbox::for_test("crash") else { return };
+    let core = sandbox.crash_with_an_enclave();
     // What a crash leaves: the host confined, and the enclave's cpuset.
     assert_eq!(sandbox.host_task(), (format!("{}/clowder-host", sandbox.name), sandbox.all_but(&core)));
     assert_eq!(sandbox.groups(), ["clowder-enclave-e", "clowder-host"]);
@@ -267,17 +264,8 @@ fn a_daemon_started_after_a_crash_repairs_the_cpusets_it_left() {
 
 #[test]
 fn a_daemon_that_does_not_isolate_still_repairs_what_a_killed_one_left() {
-    if let Some(why) = missing_requirement() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    // One enclave at a time on a machine of two cores, and no other test's cpusets meanwhile.
-    let _serial = cpuset_lock();
-    let mut sandbox = Sandbox::new("plain");
-    sandbox.start_daemon("", true);
-    let (core, vmm) = sandbox.create_enclave("e");
-    sandbox.stop_daemon(libc::SIGKILL);
-    wait_for_exit(vmm);
+    let Some(mut sandbox) = Sandbox::for_test("plain") else { return };
+    let core = sandbox.crash_with_an_enclave();
     assert_eq!(sandbox.host_task().1, sandbox.all_but(&core));
 
     sandbox.start_daemon("clowder-host", false);
