@@ -7,16 +7,16 @@
 mod support;
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clowder_api::codec::LineSocket;
 use clowder_channel::{Channel, Endpoint};
 use serde_json::{json, Value};
-use support::guest_support::send_within;
+use support::guest_support::{recv_within, send_within, sleep_announced};
 use support::{file_identity, memfd, wait_until, Control, Launch, SharedMapping, DEADLINE, ENDLESS_NOPS, GUEST_MEMORY_BYTES};
 use vmm::arch::layout::CMDLINE_ADDR;
 
@@ -87,26 +87,9 @@ impl RemoteChannel {
     /// Receives the next message, sleeping on the doorbell eventfd (poll, announce, re-check,
     /// sleep) while the ring is empty.
     fn recv(&mut self) -> Vec<u8> {
-        let deadline = Instant::now() + DEADLINE;
-        let mut buffer = [0u8; 256];
-        loop {
-            if let Some(length) = self.endpoint.recv(&mut buffer).expect("a well-formed ring") {
-                return buffer[..length].to_vec();
-            }
-            assert!(Instant::now() < deadline, "no reply from the guest within {DEADLINE:?}");
-            self.endpoint.set_waiting(true);
-            if !self.endpoint.has_message().unwrap() {
-                let mut poll_fd = libc::pollfd { fd: self.doorbell.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-                // SAFETY: one valid pollfd.
-                if unsafe { libc::poll(&mut poll_fd, 1, 1000) } > 0 {
-                    let mut count = [0u8; 8];
-                    if self.doorbell.read_exact(&mut count).is_ok() {
-                        self.doorbells += u64::from_ne_bytes(count);
-                    }
-                }
-            }
-            self.endpoint.set_waiting(false);
-        }
+        let doorbell = self.doorbell.as_raw_fd();
+        let doorbells = &mut self.doorbells;
+        recv_within(&mut self.endpoint, DEADLINE, |endpoint| *doorbells += sleep_announced(endpoint, doorbell, Duration::from_secs(1)))
     }
 
     fn wait_until_guest_sleeps(&self) {

@@ -10,7 +10,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use clowder_channel::Endpoint;
-use guest_support::{send_within, Guest, GuestSpec, GUEST_TIMEOUT};
+use guest_support::{eventfd_count_within, recv_within, send_within, sleep_announced, Guest, GuestSpec, GUEST_TIMEOUT};
 use vmm::devices::ChannelEndpoint;
 use vmm::RegionAccess;
 
@@ -42,14 +42,7 @@ impl<'a> HostSide<'a> {
 
     /// Blocks until the doorbell eventfd fires or `timeout` passes; consumes the count.
     fn sleep_on_doorbell(&mut self, timeout: Duration) {
-        let mut poll_fd = libc::pollfd { fd: self.device.doorbell.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd.
-        let ready = unsafe { libc::poll(&mut poll_fd, 1, timeout.as_millis() as i32) };
-        if ready > 0 {
-            if let Ok(count) = self.device.doorbell.read() {
-                self.doorbells_seen += count;
-            }
-        }
+        self.doorbells_seen += eventfd_count_within(self.device.doorbell.as_raw_fd(), timeout);
     }
 
     fn wait_until_guest_waits(&self) {
@@ -61,24 +54,14 @@ impl<'a> HostSide<'a> {
     }
 
     fn recv(&mut self) -> Vec<u8> {
-        let deadline = Instant::now() + GUEST_TIMEOUT;
-        let mut buffer = [0u8; 256];
-        loop {
-            if let Some(length) = self.endpoint.recv(&mut buffer).expect("a well-formed ring") {
-                return buffer[..length].to_vec();
-            }
-            assert!(Instant::now() < deadline, "no reply from the guest within {GUEST_TIMEOUT:?}");
-            if self.sleep {
-                // Poll, then sleep: announce, re-check, and only then block on the eventfd.
-                self.endpoint.set_waiting(true);
-                if !self.endpoint.has_message().unwrap() {
-                    self.sleep_on_doorbell(Duration::from_secs(5));
-                }
-                self.endpoint.set_waiting(false);
+        let HostSide { endpoint, device, sleep, doorbells_seen } = self;
+        recv_within(endpoint, GUEST_TIMEOUT, |endpoint| {
+            if *sleep {
+                *doorbells_seen += sleep_announced(endpoint, device.doorbell.as_raw_fd(), Duration::from_secs(5));
             } else {
                 std::thread::yield_now();
             }
-        }
+        })
     }
 }
 

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -39,6 +40,47 @@ pub fn send_within(endpoint: &mut Endpoint, message: &[u8], timeout: Duration) {
     });
     assert_ne!(sent, Err(SendError::Full), "the guest stopped draining its ring");
     sent.unwrap_or_else(|e| panic!("send: {e}"));
+}
+
+/// Receives the next message on the host's end of a channel, calling `idle` (which may sleep)
+/// while the ring is empty; panics after `timeout`.
+pub fn recv_within(endpoint: &mut Endpoint, timeout: Duration, mut idle: impl FnMut(&mut Endpoint)) -> Vec<u8> {
+    let deadline = Instant::now() + timeout;
+    let mut buffer = [0u8; 256];
+    loop {
+        if let Some(length) = endpoint.recv(&mut buffer).expect("a well-formed ring") {
+            return buffer[..length].to_vec();
+        }
+        assert!(Instant::now() < deadline, "no reply from the guest within {timeout:?}");
+        idle(endpoint);
+    }
+}
+
+/// Sleeps (up to `timeout`) on the doorbell eventfd `doorbell` as the guest expects: announce
+/// it, re-check for a message sent meanwhile, and only then block. Returns the doorbell's count.
+pub fn sleep_announced(endpoint: &mut Endpoint, doorbell: RawFd, timeout: Duration) -> u64 {
+    endpoint.set_waiting(true);
+    let count = if endpoint.has_message().unwrap() { 0 } else { eventfd_count_within(doorbell, timeout) };
+    endpoint.set_waiting(false);
+    count
+}
+
+/// Waits up to `timeout` for the eventfd `fd` to fire; returns (consuming) its count, 0 if it
+/// did not.
+pub fn eventfd_count_within(fd: RawFd, timeout: Duration) -> u64 {
+    let mut poll_fd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd.
+    if unsafe { libc::poll(&mut poll_fd, 1, timeout.as_millis() as i32) } <= 0 {
+        return 0;
+    }
+    let mut count = 0u64;
+    // SAFETY: reads at most 8 bytes into a u64 we own; an eventfd reads exactly 8.
+    let read = unsafe { libc::read(fd, (&mut count as *mut u64).cast(), 8) };
+    if read == 8 {
+        count
+    } else {
+        0
+    }
 }
 
 /// The test guest image: `$CLOWDER_TESTGUEST` if set, else built (once per test binary) with
