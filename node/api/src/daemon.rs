@@ -6,7 +6,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use serde::de::{self, Deserializer, Visitor};
-use serde::{Deserialize, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 use crate::{fields, no_fields, split_op, ApiError};
 
@@ -133,22 +133,15 @@ pub struct Run {
 }
 
 /// `cores`: a count (a JSON number, 1..255) or a core list (a string: "0", "2-3", "1,3").
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Written as the bare number or string; read by hand, for errors that say what is expected.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
 pub enum Cores {
     Count(u32),
     List(String),
 }
 
 const CORES_EXPECTED: &str = "a count from 1 to 255, or a core list string such as \"0\" or \"2-3\"";
-
-impl Serialize for Cores {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Cores::Count(count) => serializer.serialize_u32(*count),
-            Cores::List(list) => serializer.serialize_str(list),
-        }
-    }
-}
 
 impl<'de> Deserialize<'de> for Cores {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Cores, D::Error> {
@@ -175,20 +168,13 @@ impl<'de> Deserialize<'de> for Cores {
     }
 }
 
-/// A size: a number of bytes, or a string with a binary suffix ("64K", "512M", "1G").
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A size: a number of bytes, or a string with a binary suffix ("64K", "512M", "1G"). Written
+/// as the bare number or string; read by hand, as `Cores`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
 pub enum Size {
     Bytes(u64),
     Text(String),
-}
-
-impl Serialize for Size {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Size::Bytes(bytes) => serializer.serialize_u64(*bytes),
-            Size::Text(text) => serializer.serialize_str(text),
-        }
-    }
 }
 
 impl<'de> Deserialize<'de> for Size {
