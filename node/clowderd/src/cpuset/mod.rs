@@ -295,6 +295,18 @@ impl Cpusets {
 mod tests {
     use super::*;
 
+    /// A fresh directory standing in for a cgroup root (`clowder-{name}-PID` in the temporary
+    /// directory), its control files plain files with these contents.
+    pub(super) fn fake_tree(name: &str, files: &[(&str, &str)]) -> PathBuf {
+        let root = std::env::temp_dir().join(format!("clowder-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        for (file, contents) in files {
+            std::fs::write(root.join(file), contents).unwrap();
+        }
+        root
+    }
+
     #[test]
     fn the_cgroup2_mount_is_found_in_the_mount_table() {
         let hybrid = "cgroup /sys/fs/cgroup/cpuset cgroup rw,relatime,cpuset 0 0\ncgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n";

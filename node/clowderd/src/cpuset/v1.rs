@@ -55,18 +55,13 @@ pub(super) fn widen_host(root: &Path, host_cores: &BTreeSet<usize>) -> Result<St
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::fake_tree;
     use super::super::{Cpusets, Version};
     use super::*;
 
     /// A directory standing in for cgroupfs: its control files are plain files here.
     fn fake_hierarchy(name: &str) -> PathBuf {
-        let root = std::env::temp_dir().join(format!("clowder-cpuset-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(&root).unwrap();
-        std::fs::write(root.join("cpuset.cpus"), "0-3\n").unwrap();
-        std::fs::write(root.join("cpuset.mems"), "0\n").unwrap();
-        std::fs::write(root.join("cgroup.procs"), "1\n77\n300\n").unwrap();
-        root
+        fake_tree(&format!("cpuset-{name}"), &[("cpuset.cpus", "0-3\n"), ("cpuset.mems", "0\n"), ("cgroup.procs", "1\n77\n300\n")])
     }
 
     #[test]

@@ -98,18 +98,20 @@ mod tests {
     //! mount where the machine allows it, and tests/cpuset_v2.rs runs a daemon on both.
     use std::path::PathBuf;
 
+    use super::super::tests::fake_tree;
     use super::super::{Cpusets, Version};
     use super::*;
 
     fn fake_hierarchy(name: &str, controllers: &str) -> PathBuf {
-        let root = std::env::temp_dir().join(format!("clowder-cgroup2-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(&root).unwrap();
-        std::fs::write(root.join("cgroup.controllers"), controllers).unwrap();
-        std::fs::write(root.join("cgroup.subtree_control"), "\n").unwrap();
-        std::fs::write(root.join("cpuset.cpus.effective"), "0-3\n").unwrap();
-        std::fs::write(root.join("cgroup.procs"), "1\n77\n300\n").unwrap();
-        root
+        fake_tree(
+            &format!("cgroup2-{name}"),
+            &[
+                ("cgroup.controllers", controllers),
+                ("cgroup.subtree_control", "\n"),
+                ("cpuset.cpus.effective", "0-3\n"),
+                ("cgroup.procs", "1\n77\n300\n"),
+            ],
+        )
     }
 
     #[test]
