@@ -113,6 +113,9 @@ pub fn init(program: &'static str, default: LevelFilter) -> Result<(), BadValue>
     Ok(())
 }
 
+#[cfg(feature = "testing")]
+pub mod testing;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,28 +2,21 @@
 //! levels choose its lines; a stderr that is the journal's stream (JOURNAL_STREAM names its
 //! device and inode, as systemd sets it) gets syslog priority prefixes, any other plain lines.
 
-use std::os::unix::fs::MetadataExt;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use clowder_log::testing::stderr_to_log;
 use clowder_test_support::{daemon_answers_within, TempDir};
 
 /// What a daemon that came up on a socket in `dir` and was sent SIGTERM wrote on stderr.
 fn stderr_of_a_run(dir: &TempDir, level: Option<&str>, journal: bool) -> String {
     let socket = dir.0.join("run/clowderd.sock");
     let log = dir.0.join("stderr");
-    let stderr = std::fs::File::create(&log).unwrap();
-    let identity = stderr.metadata().unwrap();
     let mut command = Command::new(env!("CARGO_BIN_EXE_clowderd"));
     command
         .args(["--config", "/dev/null", "--socket", socket.to_str().unwrap(), "--kernel", env!("CARGO_BIN_EXE_clowderd")])
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .env_remove("CLOWDER_LOG")
-        .env("JOURNAL_STREAM", if journal { format!("{}:{}", identity.dev(), identity.ino()) } else { "1:2".into() });
-    if let Some(level) = level {
-        command.env("CLOWDER_LOG", level);
-    }
+        .stdout(Stdio::null());
+    stderr_to_log(&mut command, &log, level, journal);
     let mut daemon = command.spawn().unwrap();
     let answered = daemon_answers_within(&socket, Duration::from_secs(10));
     clowderd::sys::send_signal(daemon.id(), libc::SIGTERM).unwrap();
@@ -34,7 +27,11 @@ fn stderr_of_a_run(dir: &TempDir, level: Option<&str>, journal: bool) -> String 
 
 #[test]
 fn a_bad_value_stops_the_daemon_naming_it() {
-    let refused = Command::new(env!("CARGO_BIN_EXE_clowderd")).args(["--config", "/dev/null"]).env("CLOWDER_LOG", "clowderd=verbose").output().unwrap();
+    let refused = Command::new(env!("CARGO_BIN_EXE_clowderd"))
+        .args(["--config", "/dev/null"])
+        .env("CLOWDER_LOG", "clowderd=verbose")
+        .output()
+        .unwrap();
     assert_eq!(refused.status.code(), Some(2));
     assert_eq!(
         String::from_utf8_lossy(&refused.stderr),

@@ -2,10 +2,11 @@
 //! bad value is refused in one line, and a stderr that is the journal's stream (JOURNAL_STREAM
 //! names its device and inode) gets syslog priority prefixes instead of the program's name.
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use clowder_log::testing::stderr_to_log;
 
 struct Scratch(PathBuf);
 
@@ -24,18 +25,9 @@ fn scratch(name: &str) -> Scratch {
 
 /// The broker on `socket` with stderr to `log`; `journal`: JOURNAL_STREAM names that file.
 fn broker(socket: &Path, log: &Path, level: Option<&str>, journal: bool) -> Child {
-    let stderr = std::fs::File::create(log).unwrap();
-    let identity = stderr.metadata().unwrap();
     let mut command = Command::new(env!("CARGO_BIN_EXE_xemem-broker"));
-    command.arg(socket).stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr).env_remove("CLOWDER_LOG");
-    match journal {
-        true => command.env("JOURNAL_STREAM", format!("{}:{}", identity.dev(), identity.ino())),
-        // Another stream than stderr's: systemd's children that redirected stderr see this.
-        false => command.env("JOURNAL_STREAM", "1:2"),
-    };
-    if let Some(level) = level {
-        command.env("CLOWDER_LOG", level);
-    }
+    command.arg(socket).stdin(Stdio::null()).stdout(Stdio::null());
+    stderr_to_log(&mut command, log, level, journal);
     command.spawn().unwrap()
 }
 
