@@ -1,12 +1,13 @@
 //! The Linux calls std does not offer, for the daemon and the XEMEM broker, on `rustix`:
 //! memfds and eventfds, poll, openat2 and the *at family on a directory descriptor, signals,
 //! SOCK_SEQPACKET Unix sockets with SCM_RIGHTS and SO_PEERCRED, fstat and ftruncate, the
-//! descriptor limit and randomness. What rustix lacks is in [`fs_identity`], the one place
-//! with unsafe code. Each wrapper returns owned descriptors or `io::Result`.
+//! descriptor limit and randomness. What rustix lacks is in [`fs_identity`] and [`signals`],
+//! the two places with unsafe code. Each wrapper returns owned descriptors or `io::Result`.
 
 mod dirents;
 mod fs_identity;
 mod seqpacket;
+mod signals;
 
 use std::fs::File;
 use std::io;
@@ -19,6 +20,7 @@ use rustix::fs::{AtFlags, MemfdFlags, Mode, OFlags, ResolveFlags};
 pub use dirents::read_directory;
 pub use fs_identity::FsIdentity;
 pub use seqpacket::{accept, connect, listen, peer, receive, send, set_receive_timeout, Peer, MAX_FDS};
+pub use signals::TerminationSignals;
 
 /// An anonymous memory file (sealed to nothing; the caller sizes it).
 pub fn memfd(name: &str) -> io::Result<File> {

@@ -5,22 +5,11 @@
 
 use std::process::ExitCode;
 
+use clowder_sys::TerminationSignals;
 use vmm::{StopReason, Vm, VmConfig};
 
 /// Status for a configuration or setup error, before the guest ran.
 const EXIT_SETUP: u8 = 2;
-
-fn block_termination_signals() -> libc::sigset_t {
-    // SAFETY: plain signal-mask manipulation on a zeroed set.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    }
-}
 
 /// `CLOWDER_VMM_PARENT=PID`: the process (a node daemon) whose end must end this VM too, so
 /// that a daemon that dies, even by SIGKILL, leaves no machine running for nobody. Only the
@@ -66,7 +55,7 @@ fn main() -> ExitCode {
     let cores: Vec<String> = config.vcpus.iter().map(|vcpu| vcpu.host_core.map_or_else(|| "unpinned".into(), |core| core.to_string())).collect();
     log::debug!("{} vCPU(s) (host core of each: {}), {} MiB of guest RAM on {:?}", cores.len(), cores.join(","), config.memory.size >> 20, config.memory.backing);
     // Every thread inherits the mask, so only the waiter below ever sees these signals.
-    let termination = block_termination_signals();
+    let termination = TerminationSignals::block();
     let control_socket = config.control_socket.clone();
     let mut vm = match Vm::new(config) {
         Ok(vm) => vm,
@@ -87,9 +76,7 @@ fn main() -> ExitCode {
         let handle = handle.clone();
         let signalled = signalled.clone();
         std::thread::spawn(move || {
-            let mut signal = 0;
-            // SAFETY: waits on the set blocked above.
-            if unsafe { libc::sigwait(&termination, &mut signal) } == 0 {
+            if let Some(signal) = termination.wait() {
                 signalled.store(signal, std::sync::atomic::Ordering::SeqCst);
                 handle.stop();
             }
