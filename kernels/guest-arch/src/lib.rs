@@ -81,9 +81,15 @@ macro_rules! interrupt_stub {
     ($stub:ident, $handler:ident) => {
         core::arch::global_asm!(
             concat!(
-                ".text\n.global ", stringify!($stub), "\n", stringify!($stub), ":\n",
+                ".text\n.global ",
+                stringify!($stub),
+                "\n",
+                stringify!($stub),
+                ":\n",
                 "push %rax\npush %rcx\npush %rdx\npush %rsi\npush %rdi\npush %r8\npush %r9\npush %r10\npush %r11\n",
-                "cld\ncall ", stringify!($handler), "\n",
+                "cld\ncall ",
+                stringify!($handler),
+                "\n",
                 "pop %r11\npop %r10\npop %r9\npop %r8\npop %rdi\npop %rsi\npop %rdx\npop %rcx\npop %rax\n",
                 "iretq\n"
             ),

@@ -50,11 +50,8 @@ impl BootInfo {
         let module_count: u32 = phys::read(start_info + 12);
         let module_list: u64 = phys::read(start_info + 16);
         let command_line_address: u64 = phys::read(start_info + 24);
-        let (memory_map_address, memory_map_entries) = if version >= 1 {
-            (phys::read::<u64>(start_info + 40), phys::read::<u32>(start_info + 48))
-        } else {
-            (0, 0)
-        };
+        let (memory_map_address, memory_map_entries) =
+            if version >= 1 { (phys::read::<u64>(start_info + 40), phys::read::<u32>(start_info + 48)) } else { (0, 0) };
         if memory_map_entries == 0 {
             return Err(BootInfoError::NoMemoryMap);
         }

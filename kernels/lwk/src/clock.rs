@@ -116,7 +116,8 @@ struct KvmClock {
 
 fn is_kvm() -> bool {
     let signature = cpu::cpuid(0x4000_0000, 0);
-    [signature.ebx, signature.ecx, signature.edx] == [0x4b4d_564b, 0x564b_4d56, 0x4d] // "KVMKVMKVM"
+    [signature.ebx, signature.ecx, signature.edx] == [0x4b4d_564b, 0x564b_4d56, 0x4d]
+    // "KVMKVMKVM"
 }
 
 /// Registers a kvmclock page and a wall-clock page (one page each, kept for the kernel's

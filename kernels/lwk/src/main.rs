@@ -21,8 +21,8 @@ mod job;
 mod linux;
 mod machine;
 mod mm;
-mod sched;
 mod process;
+mod sched;
 mod signal;
 mod syscall;
 mod trap;
@@ -68,7 +68,8 @@ fn kernel_main(start_info: u64) -> ! {
         log!("memory: {} MiB free", mm::pmem::total_free() >> 20);
         mm::pmem::for_each_free(|range| log!("  free {:#x}..{:#x}", range.start, range.end));
     }
-    let fpu_method = arch::fpu::method_wanted(cmdline::value_of(boot.command_line(), "lwk.fpu"), cmdline::started_by_clowder_vmm(boot.command_line()));
+    let fpu_method =
+        arch::fpu::method_wanted(cmdline::value_of(boot.command_line(), "lwk.fpu"), cmdline::started_by_clowder_vmm(boot.command_line()));
     arch::cpu::enable_user_fpu(fpu_method != arch::fpu::Method::Fxsave);
     arch::fpu::init(fpu_method);
     // `lwk.fastcalls=off`: every system call takes the kernel path (the fast calls' reference).

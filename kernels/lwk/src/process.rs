@@ -8,15 +8,15 @@
 //! scheduler's lock when a waiting parent checks its children and is never held while taking
 //! the scheduler's.
 
-use crate::linux_consts;
 use crate::arch::phys;
 use crate::arch::sync::SpinLock;
 use crate::arch::trap::{TrapFrame, USER_END};
 use crate::console::log;
 use crate::job::{self, descriptors::Descriptors, Process, SELF_EXE};
+use crate::linux_consts;
 use crate::sched::{self, SpawnError, WaitResult};
-use crate::syscall::{user, Errno, UserAddr};
 use crate::signal::Restart;
+use crate::syscall::{user, Errno, UserAddr};
 use crate::{fs, signal};
 use alloc::collections::BTreeMap;
 use alloc::string::String;
@@ -160,7 +160,14 @@ pub enum ForkError {
 /// caller's memory, its descriptors (sharing their open files), signal actions and mask,
 /// starting at `frame` with RAX = 0 (and RSP = `stack` if not 0). The parent of a `vfork`
 /// waits until the child executes a new image or ends. Returns the child's pid.
-pub fn fork(frame: &TrapFrame, stack: u64, fs_base: u64, set_child_tid: Option<u64>, clear_child_tid: u64, vfork: bool) -> Result<u64, ForkError> {
+pub fn fork(
+    frame: &TrapFrame,
+    stack: u64,
+    fs_base: u64,
+    set_child_tid: Option<u64>,
+    clear_child_tid: u64,
+    vfork: bool,
+) -> Result<u64, ForkError> {
     let parent = sched::current_pid();
     let (mut memory, descriptors, executable_path) = job::with_process(|process| {
         let memory = process.memory.fork(frame.rsp).map_err(|_| ForkError::NoMemory)?;
@@ -518,6 +525,9 @@ pub fn wait_for_child(selector: Selector, no_hang: bool, keep: bool) -> Result<W
         if interrupted {
             return Err(Restart::Always.errno());
         }
-        interrupted = matches!(sched::wait(children_key(caller), u32::MAX, None, || matches!(look(), Ok(None))), Some(WaitResult::Interrupted | WaitResult::Signal));
+        interrupted = matches!(
+            sched::wait(children_key(caller), u32::MAX, None, || matches!(look(), Ok(None))),
+            Some(WaitResult::Interrupted | WaitResult::Signal)
+        );
     }
 }

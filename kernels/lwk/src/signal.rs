@@ -20,11 +20,11 @@
 //! A terminating signal ends its process (`crate::process`); the job's first process ending
 //! ends the job.
 
-use crate::linux::uapi;
-use crate::linux_consts;
 use crate::arch::fpu;
 use crate::arch::sync::SpinLock;
 use crate::arch::trap::{self, copy_from_user, copy_words_to_user, TrapFrame, USER_FLAGS};
+use crate::linux::uapi;
+use crate::linux_consts;
 use crate::{process, sched};
 use alloc::collections::BTreeMap;
 
@@ -206,7 +206,6 @@ pub fn is_restart_code(errno: u64) -> bool {
     Restart::of_result(errno.wrapping_neg()).is_some()
 }
 
-
 #[derive(Clone, Copy)]
 struct ProcessSignals {
     actions: [Action; 64],
@@ -217,7 +216,10 @@ struct ProcessSignals {
 
 impl ProcessSignals {
     const fn new() -> ProcessSignals {
-        ProcessSignals { actions: [Action { handler: 0, flags: 0, restorer: 0, mask: 0 }; 64], pending: PendingSet { signals: 0, sent_to_thread: 0 } }
+        ProcessSignals {
+            actions: [Action { handler: 0, flags: 0, restorer: 0, mask: 0 }; 64],
+            pending: PendingSet { signals: 0, sent_to_thread: 0 },
+        }
     }
 }
 
@@ -372,7 +374,8 @@ pub fn action(signal: u8) -> Action {
 pub fn set_action(signal: u8, action: Action) -> Action {
     let pid = sched::current_pid();
     let mut signals = SIGNALS.lock();
-    let old = core::mem::replace(&mut signals.process(pid).actions[signal as usize - 1], Action { mask: action.mask & !UNCATCHABLE, ..action });
+    let old =
+        core::mem::replace(&mut signals.process(pid).actions[signal as usize - 1], Action { mask: action.mask & !UNCATCHABLE, ..action });
     if signals.discards(pid, signal) {
         signals.process(pid).pending.drop_signal(signal);
         for thread in signals.threads.values_mut().filter(|thread| thread.pid == pid) {
@@ -686,16 +689,29 @@ const RED_ZONE: u64 = 128;
 
 fn registers_of(frame: &TrapFrame) -> [u64; REGISTER_WORDS] {
     [
-        frame.r8, frame.r9, frame.r10, frame.r11, frame.r12, frame.r13, frame.r14, frame.r15, frame.rdi, frame.rsi,
-        frame.rbp, frame.rbx, frame.rdx, frame.rax, frame.rcx, frame.rsp,
+        frame.r8, frame.r9, frame.r10, frame.r11, frame.r12, frame.r13, frame.r14, frame.r15, frame.rdi, frame.rsi, frame.rbp, frame.rbx,
+        frame.rdx, frame.rax, frame.rcx, frame.rsp,
     ]
 }
 
 fn set_registers(frame: &mut TrapFrame, words: &[u64]) {
     let registers = [
-        &mut frame.r8, &mut frame.r9, &mut frame.r10, &mut frame.r11, &mut frame.r12, &mut frame.r13, &mut frame.r14,
-        &mut frame.r15, &mut frame.rdi, &mut frame.rsi, &mut frame.rbp, &mut frame.rbx, &mut frame.rdx, &mut frame.rax,
-        &mut frame.rcx, &mut frame.rsp,
+        &mut frame.r8,
+        &mut frame.r9,
+        &mut frame.r10,
+        &mut frame.r11,
+        &mut frame.r12,
+        &mut frame.r13,
+        &mut frame.r14,
+        &mut frame.r15,
+        &mut frame.rdi,
+        &mut frame.rsi,
+        &mut frame.rbp,
+        &mut frame.rbx,
+        &mut frame.rdx,
+        &mut frame.rax,
+        &mut frame.rcx,
+        &mut frame.rsp,
     ];
     for (register, &value) in registers.into_iter().zip(words) {
         *register = value;
@@ -728,15 +744,29 @@ fn enter_handler(
     let mut words = [0u64; FRAME_SIZE / 8];
     words[0] = action.restorer;
     words[UCONTEXT / 8] = if fpu::signal_frame_has_xstate() { UC_FP_XSTATE } else { 0 } | UC_SIGCONTEXT_SS | UC_STRICT_RESTORE_SS;
-    let stack_flags = if !alt_stack.enabled { SS_DISABLE } else if on_alt_stack { SS_ONSTACK } else { 0 };
+    let stack_flags = if !alt_stack.enabled {
+        SS_DISABLE
+    } else if on_alt_stack {
+        SS_ONSTACK
+    } else {
+        0
+    };
     words[UC_STACK / 8..UC_STACK / 8 + 3].copy_from_slice(&[alt_stack.base, stack_flags, alt_stack.size]);
     let context = MCONTEXT / 8;
     words[context..context + REGISTER_WORDS].copy_from_slice(&registers_of(frame));
     let segments = (frame.cs & 0xffff) | (frame.ss & 0xffff) << 48;
     // The mask sigreturn restores: the one rt_sigsuspend replaced, if the thread is in it.
     let restored_mask = thread.saved_mask.unwrap_or(thread.blocked);
-    words[context + REGISTER_WORDS..context + FPSTATE_WORD + 1]
-        .copy_from_slice(&[frame.rip, frame.rflags, segments, fault.0, frame.vector.min(255), restored_mask, fault.1, fpstate]);
+    words[context + REGISTER_WORDS..context + FPSTATE_WORD + 1].copy_from_slice(&[
+        frame.rip,
+        frame.rflags,
+        segments,
+        fault.0,
+        frame.vector.min(255),
+        restored_mask,
+        fault.1,
+        fpstate,
+    ]);
     words[UC_SIGMASK / 8] = restored_mask;
     words[SIGINFO / 8..SIGINFO / 8 + 3].copy_from_slice(&info.head_words(signal));
 
@@ -821,7 +851,13 @@ pub fn alt_stack(new: Option<(u64, u64, u64)>, stack_pointer: u64) -> Result<(u6
     let thread = signals.thread(tid);
     let current = thread.alt_stack;
     let on_stack = current.contains(stack_pointer);
-    let flags = if on_stack { SS_ONSTACK } else if !current.enabled { SS_DISABLE } else { 0 };
+    let flags = if on_stack {
+        SS_ONSTACK
+    } else if !current.enabled {
+        SS_DISABLE
+    } else {
+        0
+    };
     let old = (if current.enabled { current.base } else { 0 }, flags, if current.enabled { current.size } else { 0 });
     if let Some((base, flags, size)) = new {
         if on_stack {

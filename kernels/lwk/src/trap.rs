@@ -1,22 +1,48 @@
 //! What happens on a trap: system calls go to the table, a fault in the job ends the job with
 //! Linux's status for the signal it would have received, a fault in the kernel is a panic.
 
-use crate::arch::{cpu, fastcall, fpu};
-use crate::arch::trap::{self, TrapFrame, SIGNAL_CHECK_VECTOR, SYSCALL_VECTOR};
-use crate::console::log;
 use crate::arch::apic;
+use crate::arch::trap::{self, TrapFrame, SIGNAL_CHECK_VECTOR, SYSCALL_VECTOR};
+use crate::arch::{cpu, fastcall, fpu};
+use crate::console::log;
 use crate::{job, sched, signal, syscall};
 use core::sync::atomic::{AtomicBool, Ordering};
 
 static RING3_SYSCALL_REPORTED: AtomicBool = AtomicBool::new(false);
 
 const EXCEPTION_NAMES: [&str; 32] = [
-    "divide error", "debug", "NMI", "breakpoint", "overflow", "bound range", "invalid opcode",
-    "device not available", "double fault", "coprocessor segment overrun", "invalid TSS",
-    "segment not present", "stack fault", "general protection", "page fault", "reserved",
-    "x87 floating point", "alignment check", "machine check", "SIMD floating point",
-    "virtualization", "control protection", "reserved", "reserved", "reserved", "reserved",
-    "reserved", "reserved", "hypervisor injection", "VMM communication", "security", "reserved",
+    "divide error",
+    "debug",
+    "NMI",
+    "breakpoint",
+    "overflow",
+    "bound range",
+    "invalid opcode",
+    "device not available",
+    "double fault",
+    "coprocessor segment overrun",
+    "invalid TSS",
+    "segment not present",
+    "stack fault",
+    "general protection",
+    "page fault",
+    "reserved",
+    "x87 floating point",
+    "alignment check",
+    "machine check",
+    "SIMD floating point",
+    "virtualization",
+    "control protection",
+    "reserved",
+    "reserved",
+    "reserved",
+    "reserved",
+    "reserved",
+    "reserved",
+    "hypervisor injection",
+    "VMM communication",
+    "security",
+    "reserved",
 ];
 
 /// The signal Linux sends for a user-mode exception, and its name.
@@ -63,7 +89,8 @@ pub fn handle(frame: &mut TrapFrame) {
         frame.rax = dispatch_with_frame(frame);
     } else if frame.is_from_user() {
         // A page fault inside an XPMEM attachment (a hole, a removed segment) is SIGBUS.
-        let (fault_signal, name) = if frame.vector == 14 && crate::xpmem::is_attachment_fault(cpu::read_cr2()) { (7, "SIGBUS") } else { signal_for(frame.vector) };
+        let (fault_signal, name) =
+            if frame.vector == 14 && crate::xpmem::is_attachment_fault(cpu::read_cr2()) { (7, "SIGBUS") } else { signal_for(frame.vector) };
         if !signal::deliver_fault(frame, fault_signal, cpu::read_cr2()) {
             job::kill_for_fault(fault_signal, name, frame);
         }

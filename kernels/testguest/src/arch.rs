@@ -182,10 +182,7 @@ fn set_gate(vector: u8, handler: u64) {
 /// Builds the IDT once (whichever CPU comes first) and loads it on this CPU. `device_vector`
 /// gets the counting handler; it must be the same on every call.
 pub fn load_idt(device_vector: u8) {
-    if IDT_STATE
-        .compare_exchange(IDT_UNBUILT, IDT_BUILDING, Ordering::Acquire, Ordering::Acquire)
-        .is_ok()
-    {
+    if IDT_STATE.compare_exchange(IDT_UNBUILT, IDT_BUILDING, Ordering::Acquire, Ordering::Acquire).is_ok() {
         let stubs = (&raw const exception_stubs) as u64;
         for vector in 0..32u8 {
             set_gate(vector, stubs + u64::from(vector) * EXCEPTION_STUB_SIZE as u64);
@@ -230,13 +227,7 @@ struct ExceptionFrame {
 
 #[no_mangle]
 extern "C" fn unexpected_exception(frame: &ExceptionFrame) -> ! {
-    crate::println!(
-        "testguest: exception {} error {:#x} at rip {:#x} (rsp {:#x})",
-        frame.vector,
-        frame.error_code,
-        frame.rip,
-        frame.rsp
-    );
+    crate::println!("testguest: exception {} error {:#x} at rip {:#x} (rsp {:#x})", frame.vector, frame.error_code, frame.rip, frame.rsp);
     crate::hypercall::exit(crate::EXIT_EXCEPTION)
 }
 

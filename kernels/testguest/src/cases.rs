@@ -141,7 +141,12 @@ fn zero_page(boot: &Boot) -> ! {
     report(b"rd_head", initrd_head);
     println!(
         "zeropage: at {:#x} header {:#x} version {:#x} loader {:#x} loadflags {:#x} xloadflags {:#x}",
-        page.address, page.header_magic(), page.version(), page.type_of_loader(), page.loadflags(), page.xloadflags()
+        page.address,
+        page.header_magic(),
+        page.version(),
+        page.type_of_loader(),
+        page.loadflags(),
+        page.xloadflags()
     );
     println!("zeropage: cmdline at {:#x} '{}'", page.cmdline_address(), cmdline);
     println!("zeropage: initrd addr={:#x} size={:#x} head={:#018x}", initrd_address, initrd_size, initrd_head);

@@ -48,8 +48,7 @@ pub fn map_region(gpa: u64, size: u64) -> Result<*mut u64, MapError> {
     // which nothing uses while we rewrite it.
     unsafe {
         for page in 0..touched {
-            (*page_tables)[page / 512][page % 512] =
-                if page < pages { (gpa + page as u64 * PAGE_SIZE) | PRESENT_WRITABLE } else { 0 };
+            (*page_tables)[page / 512][page % 512] = if page < pages { (gpa + page as u64 * PAGE_SIZE) | PRESENT_WRITABLE } else { 0 };
         }
         for table in 0..REGION_PAGE_TABLES {
             (*page_directory)[table] = (&raw const (*page_tables)[table]) as u64 | PRESENT_WRITABLE;

@@ -136,7 +136,8 @@ pub fn xapic_page_needing_a_mapping() -> Option<u64> {
 pub fn init_local_apic() -> Option<u32> {
     let features = cpu::cpuid(1, 0);
     if features.ecx & (1 << 21) != 0 {
-        cpu::write_msr(MSR_APIC_BASE, cpu::read_msr(MSR_APIC_BASE) | 1 << 11 | 1 << 10); // enable, x2APIC
+        cpu::write_msr(MSR_APIC_BASE, cpu::read_msr(MSR_APIC_BASE) | 1 << 11 | 1 << 10);
+    // enable, x2APIC
     } else if features.edx & (1 << 9) != 0 {
         XAPIC_PAGE.store(phys::to_virtual(cpu::read_msr(MSR_APIC_BASE) & 0xf_ffff_f000), Ordering::Relaxed);
     } else {

@@ -131,7 +131,10 @@ pub fn publish_constants(boot_tsc: u64, multiplier: u64, shift: u32, boot_realti
     // jumps are sized late).
     let page = &raw const ring3_syscall_page as u64;
     assert!(&raw const fast_end as u64 - page <= PAGE_SIZE, "the fast-call code outgrew its page");
-    assert!(&raw const fast_entries_end as u64 - &raw const fast_entries as u64 == MAX_CPUS as u64 * ENTRY_SIZE, "one fast-call entry per CPU");
+    assert!(
+        &raw const fast_entries_end as u64 - &raw const fast_entries as u64 == MAX_CPUS as u64 * ENTRY_SIZE,
+        "one fast-call entry per CPU"
+    );
     for (index, cpu) in DATA.cpus.iter().enumerate() {
         cpu.cpu.store(index as u64, Ordering::Relaxed);
     }

@@ -161,7 +161,10 @@ pub fn area_mapping(slot: usize) -> (u64, u64) {
 /// has IF set, and faults as any user code).
 pub fn is_stub_frame(frame: &super::trap::TrapFrame) -> bool {
     const INTERRUPTS_ENABLED: u64 = 1 << 9;
-    method() == Method::Ring3Xsave && frame.is_from_user() && frame.rflags & INTERRUPTS_ENABLED == 0 && (STUB_PAGE..STUB_PAGE + PAGE_SIZE).contains(&frame.rip)
+    method() == Method::Ring3Xsave
+        && frame.is_from_user()
+        && frame.rflags & INTERRUPTS_ENABLED == 0
+        && (STUB_PAGE..STUB_PAGE + PAGE_SIZE).contains(&frame.rip)
 }
 
 /// The physical page of the stubs, to map at `STUB_PAGE` (`None` unless `Ring3Xsave`).
@@ -186,7 +189,9 @@ fn run_stub(cpu: usize, offset: u64, address: u64, rsi: u64, areas: [Option<usiz
     // SAFETY: the stub page is mapped in the loaded address space (`Ring3Xsave` maps it into
     // every one); interrupts are off; the stub returns through `ud2` or a trap that
     // `abandon_stub` ends.
-    let failed = unsafe { super::trap::run_ring3_stub(STUB_PAGE + offset, tables::kernel_stack_field(cpu), address, COMPONENTS.load(Ordering::Relaxed), rsi) };
+    let failed = unsafe {
+        super::trap::run_ring3_stub(STUB_PAGE + offset, tables::kernel_stack_field(cpu), address, COMPONENTS.load(Ordering::Relaxed), rsi)
+    };
     tables::set_kernel_stack(cpu, stack);
     if TICK_DEFERRED[cpu].swap(false, Ordering::Relaxed) {
         super::apic::arm_timer(super::cpu::read_tsc());
@@ -560,7 +565,8 @@ pub fn restore_from_signal_frame(user_address: u64) -> Result<(), BadFpstate> {
 /// there (reserved MXCSR bits) refuses the frame.
 fn restore_in_ring3(user_address: u64, whole: bool, requested: u64) -> Result<(), BadFpstate> {
     let cpu = tables::current_cpu();
-    let (stub, len, alignment) = if whole { (STUB_FROM_SIGNAL_FRAME, AREA_SIZE.load(Ordering::Relaxed), 64) } else { (STUB_FROM_LEGACY_FRAME, LEGACY_SIZE, 16) };
+    let (stub, len, alignment) =
+        if whole { (STUB_FROM_SIGNAL_FRAME, AREA_SIZE.load(Ordering::Relaxed), 64) } else { (STUB_FROM_LEGACY_FRAME, LEGACY_SIZE, 16) };
     let (mut source, mut own_area) = (user_address, None);
     if !user_address.is_multiple_of(alignment) {
         let slot = LIVE[cpu].load(Ordering::Relaxed).checked_sub(1).ok_or(BadFpstate)?;

@@ -200,12 +200,19 @@ impl PageTables {
     /// Maps a kernel window (`[virtual_address, +len)` to `physical`) with 1 GiB pages where
     /// the CPU has them and alignment allows, else 2 MiB pages. Kernel-half only: 1 GiB leaves
     /// are never split or unmapped.
-    pub fn map_kernel_window(&mut self, mut virtual_address: u64, mut physical: u64, len: u64, tables: &mut dyn TableSource) -> Result<(), OutOfMemory> {
+    pub fn map_kernel_window(
+        &mut self,
+        mut virtual_address: u64,
+        mut physical: u64,
+        len: u64,
+        tables: &mut dyn TableSource,
+    ) -> Result<(), OutOfMemory> {
         const GIB: u64 = 1 << 30;
         let end = virtual_address + len;
         let data = Protection { write: true, execute: false };
         while virtual_address < end {
-            let gigabyte_fits = has_1g_pages() && virtual_address.is_multiple_of(GIB) && physical.is_multiple_of(GIB) && end - virtual_address >= GIB;
+            let gigabyte_fits =
+                has_1g_pages() && virtual_address.is_multiple_of(GIB) && physical.is_multiple_of(GIB) && end - virtual_address >= GIB;
             let step = if gigabyte_fits { GIB } else { (end - virtual_address).min(GIB - virtual_address % GIB) };
             if gigabyte_fits {
                 let pointer = &mut entries(self.root)[index(virtual_address, 3)];
@@ -317,7 +324,13 @@ impl PageTables {
     /// it with one write. On a shadow-paging host (PVM) every write to a live page table
     /// traps, so changing more than a few leaves this way is much cheaper. The old table is
     /// retired: another CPU may still walk it until its next TLB flush.
-    fn rebuild(directory_entry: &mut u64, from: u64, to: u64, leaf: impl Fn(u64) -> u64, tables: &mut dyn TableSource) -> Result<(), OutOfMemory> {
+    fn rebuild(
+        directory_entry: &mut u64,
+        from: u64,
+        to: u64,
+        leaf: impl Fn(u64) -> u64,
+        tables: &mut dyn TableSource,
+    ) -> Result<(), OutOfMemory> {
         let table = tables.allocate_table().ok_or(OutOfMemory)?;
         let fresh = entries(table);
         if *directory_entry & PRESENT != 0 {
@@ -344,7 +357,13 @@ impl PageTables {
 
     /// Sets the leaves of `[from, to)`, inside one 2 MiB block, in place when they are few,
     /// else by rebuilding the table.
-    fn set_leaves(directory_entry: &mut u64, from: u64, to: u64, leaf: impl Fn(u64) -> u64, tables: &mut dyn TableSource) -> Result<(), OutOfMemory> {
+    fn set_leaves(
+        directory_entry: &mut u64,
+        from: u64,
+        to: u64,
+        leaf: impl Fn(u64) -> u64,
+        tables: &mut dyn TableSource,
+    ) -> Result<(), OutOfMemory> {
         let in_place = *directory_entry & PRESENT != 0 && *directory_entry & HUGE == 0 && (to - from) / PAGE_SIZE < REBUILD_THRESHOLD;
         if !in_place {
             return Self::rebuild(directory_entry, from, to, leaf, tables);
@@ -423,7 +442,10 @@ impl PageTables {
             }
             let at_first = whole(first);
             let step = whole(first + HUGE_PAGE_SIZE).wrapping_sub(at_first);
-            assert!(whole(last - HUGE_PAGE_SIZE) == at_first.wrapping_add(step.wrapping_mul((hi - lo - 1) as u64)), "whole blocks' entries must be affine");
+            assert!(
+                whole(last - HUGE_PAGE_SIZE) == at_first.wrapping_add(step.wrapping_mul((hi - lo - 1) as u64)),
+                "whole blocks' entries must be affine"
+            );
             fill_progression(&mut fresh[lo..hi], at_first, step);
         }
         entries(directory).copy_from_slice(fresh);
@@ -437,7 +459,14 @@ impl PageTables {
     /// Sets one 2 MiB block's directory entry for `[address, block_end)` mapped at `offset`
     /// from the virtual address: a 2 MiB leaf when the block is whole and aligned on both
     /// sides, else 4 KiB leaves.
-    fn map_block(entry: &mut u64, address: u64, block_end: u64, offset: u64, protection: Protection, tables: &mut dyn TableSource) -> Result<(), OutOfMemory> {
+    fn map_block(
+        entry: &mut u64,
+        address: u64,
+        block_end: u64,
+        offset: u64,
+        protection: Protection,
+        tables: &mut dyn TableSource,
+    ) -> Result<(), OutOfMemory> {
         let target = address.wrapping_add(offset);
         let whole_block = address.is_multiple_of(HUGE_PAGE_SIZE) && block_end - address == HUGE_PAGE_SIZE;
         if whole_block && target.is_multiple_of(HUGE_PAGE_SIZE) {
@@ -469,7 +498,14 @@ impl PageTables {
 
     /// Maps `[virtual, virtual + len)` to `[physical, ...)`, with 2 MiB pages wherever both
     /// sides are aligned. Both addresses and `len` are page multiples.
-    pub fn map(&mut self, virtual_address: u64, physical: u64, len: u64, protection: Protection, tables: &mut dyn TableSource) -> Result<(), OutOfMemory> {
+    pub fn map(
+        &mut self,
+        virtual_address: u64,
+        physical: u64,
+        len: u64,
+        protection: Protection,
+        tables: &mut dyn TableSource,
+    ) -> Result<(), OutOfMemory> {
         let end = virtual_address + len;
         let offset = physical.wrapping_sub(virtual_address);
         // Only replaced translations can be stale in the TLB; fresh ones need no flush.
@@ -502,7 +538,10 @@ impl PageTables {
                 let blocks_only = address.is_multiple_of(HUGE_PAGE_SIZE) && span_end.is_multiple_of(HUGE_PAGE_SIZE);
                 let relinkable = *pointer & PRESENT == 0
                     || (*pointer & SHARED_DIRECTORY != 0
-                        && (whole_span || tables.leaf_blocks(*pointer & ADDRESS_MASK).is_some_and(|had| (had.from, had.to) == (wanted.from, wanted.to))));
+                        && (whole_span
+                            || tables
+                                .leaf_blocks(*pointer & ADDRESS_MASK)
+                                .is_some_and(|had| (had.from, had.to) == (wanted.from, wanted.to))));
                 let shared = if rebuild && blocks_only && relinkable { tables.leaf_directory(wanted) } else { None };
                 if let Some(shared) = shared {
                     replaced |= *pointer & PRESENT != 0;
@@ -511,7 +550,9 @@ impl PageTables {
                     continue;
                 }
                 if rebuild && !is_gigabyte_leaf {
-                    let block = |entry: &mut u64, from: u64, to: u64, tables: &mut dyn TableSource| Self::map_block(entry, from, to, offset, protection, tables);
+                    let block = |entry: &mut u64, from: u64, to: u64, tables: &mut dyn TableSource| {
+                        Self::map_block(entry, from, to, offset, protection, tables)
+                    };
                     replaced |= Self::rebuild_directory(pointer, address, span_end, block, whole, tables)?;
                     address = span_end;
                     continue;
@@ -538,21 +579,24 @@ impl PageTables {
     pub fn translate(&mut self, address: u64) -> Result<Translation, u64> {
         let to_block_end = (address | (HUGE_PAGE_SIZE - 1)) + 1 - address;
         let to_page_end = PAGE_SIZE - (address & (PAGE_SIZE - 1));
-        if let Some(leaf) = self.existing_pointer(address).map(|pointer| *pointer).filter(|entry| *entry & (PRESENT | HUGE) == PRESENT | HUGE) {
+        if let Some(leaf) =
+            self.existing_pointer(address).map(|pointer| *pointer).filter(|entry| *entry & (PRESENT | HUGE) == PRESENT | HUGE)
+        {
             let offset = address & (DIRECTORY_SPAN - 1);
             let frame = leaf & ADDRESS_MASK & !(DIRECTORY_SPAN - 1);
-            return Ok(Translation { physical: frame + offset, writable: leaf & WRITABLE != 0, bytes_left_in_leaf: DIRECTORY_SPAN - offset });
+            return Ok(Translation {
+                physical: frame + offset,
+                writable: leaf & WRITABLE != 0,
+                bytes_left_in_leaf: DIRECTORY_SPAN - offset,
+            });
         }
         let Ok(Some(directory)) = self.directory(address, None) else { return Err(to_block_end) };
         let entry = entries(directory)[index(address, 1)];
         if entry & PRESENT == 0 {
             return Err(to_block_end);
         }
-        let (leaf, leaf_size) = if entry & HUGE != 0 {
-            (entry, HUGE_PAGE_SIZE)
-        } else {
-            (entries(entry & ADDRESS_MASK)[index(address, 0)], PAGE_SIZE)
-        };
+        let (leaf, leaf_size) =
+            if entry & HUGE != 0 { (entry, HUGE_PAGE_SIZE) } else { (entries(entry & ADDRESS_MASK)[index(address, 0)], PAGE_SIZE) };
         if leaf & PRESENT == 0 {
             return Err(to_page_end);
         }

@@ -28,10 +28,7 @@ impl<T> SpinLock<T> {
     /// For the panic path only: takes the lock if it is free, so a panic raised while the
     /// lock is held does not dead-lock the report.
     pub fn try_lock(&self) -> Option<SpinGuard<'_, T>> {
-        self.locked
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .ok()
-            .map(|_| SpinGuard { lock: self })
+        self.locked.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).ok().map(|_| SpinGuard { lock: self })
     }
 }
 

@@ -2,8 +2,8 @@
 
 use super::cpu::{self, MSR_GS_BASE, MSR_KERNEL_GS_BASE, MSR_LSTAR, MSR_SFMASK, MSR_STAR};
 use core::arch::asm;
-use guest_arch::TaskStateSegment;
 use core::mem::size_of;
+use guest_arch::TaskStateSegment;
 
 /// The flags SYSCALL clears (SFMASK): IF, TF, DF, AC, NT, IOPL.
 pub const SYSCALL_FLAGS_MASK: u64 = 0x4_7700;
@@ -64,15 +64,8 @@ static mut GDT: [[u64; 7]; MAX_CPUS] = [[
     0,                     // TSS, low half (filled in at init)
     0,                     // TSS, high half
 ]; MAX_CPUS];
-static mut IDT: [IdtEntry; 256] = [IdtEntry {
-    offset_low: 0,
-    selector: 0,
-    ist: 0,
-    attributes: 0,
-    offset_mid: 0,
-    offset_high: 0,
-    reserved: 0,
-}; 256];
+static mut IDT: [IdtEntry; 256] =
+    [IdtEntry { offset_low: 0, selector: 0, ist: 0, attributes: 0, offset_mid: 0, offset_high: 0, reserved: 0 }; 256];
 static mut PER_CPU: [PerCpu; MAX_CPUS] = [PerCpu { self_pointer: 0, trap_stack_top: 0, user_rsp_scratch: 0, cpu_index: 0 }; MAX_CPUS];
 
 #[repr(C, packed)]

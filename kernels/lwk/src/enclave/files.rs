@@ -137,7 +137,9 @@ pub fn open(path: &str, flags: u32, mode: u32) -> i64 {
     const KEPT_FLAGS: u32 = 0o3 | 0o2000 | 0o4000 | 0o10000 | 0o40000 | 0o1000000 | 0o4000000;
     let status_flags = flags & KEPT_FLAGS;
     const O_CLOEXEC: u32 = 0o2000000;
-    let descriptor = job::with_process(|process| process.descriptors.insert_flagged(Descriptor::Remote { handle: handle as u32, status_flags }, flags & O_CLOEXEC != 0));
+    let descriptor = job::with_process(|process| {
+        process.descriptors.insert_flagged(Descriptor::Remote { handle: handle as u32, status_flags }, flags & O_CLOEXEC != 0)
+    });
     match descriptor {
         Some(descriptor) => descriptor.0 as i64,
         None => {

@@ -69,7 +69,9 @@ impl ChannelConfig {
             size,
             vector: hex_value("clowder.channel_vector").map_or(DEFAULT_VECTOR, |vector| vector as u8),
             doorbell_port: hex_value("clowder.channel_port").map_or(DEFAULT_DOORBELL_PORT, |port| port as u16),
-            ram_page: hex_value("clowder.ram_page").filter(|page| page.is_power_of_two() && (4096..=1 << 30).contains(page)).unwrap_or(4096),
+            ram_page: hex_value("clowder.ram_page")
+                .filter(|page| page.is_power_of_two() && (4096..=1 << 30).contains(page))
+                .unwrap_or(4096),
         })
     }
 }
@@ -382,7 +384,8 @@ pub fn run(config: ChannelConfig, vcpus: u16) -> ! {
     // Interrupts from here on: every host message raises the channel vector.
     link.endpoint.set_waiting(true);
     machine_channel::install_interrupt_handler(config.vector);
-    *STATE.lock() = Some(State { link, inbox, job: None, next_request: 1, answers: BTreeMap::new(), pending_launch: None, kill_status: None, vcpus });
+    *STATE.lock() =
+        Some(State { link, inbox, job: None, next_request: 1, answers: BTreeMap::new(), pending_launch: None, kill_status: None, vcpus });
     let stack = mm::pmem::allocate(SERVICE_STACK_SIZE, 4096).expect("no memory for the service stack");
     SERVICE_STACK_TOP.store(arch::phys::to_virtual(stack) + SERVICE_STACK_SIZE, Ordering::Relaxed);
     ACTIVE.store(true, Ordering::Release);
@@ -467,7 +470,9 @@ fn launch_job(bytes: &[u8]) {
         Err(error) => {
             let reason = alloc::format!("{error}");
             log!("enclave: job {} failed to load: {reason}", launch.job);
-            with_state(|state| state.link.send(&EnclaveMessage::LaunchFailed { job: launch.job, errno: ENOEXEC, reason: reason.as_bytes() }));
+            with_state(|state| {
+                state.link.send(&EnclaveMessage::LaunchFailed { job: launch.job, errno: ENOEXEC, reason: reason.as_bytes() })
+            });
         }
     }
 }

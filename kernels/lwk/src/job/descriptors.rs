@@ -11,16 +11,29 @@ use alloc::vec::Vec;
 pub enum Descriptor {
     /// 0, 1 and 2: standard input (always at end of file) and the console.
     Console,
-    File { node: Node, offset: u64 },
-    Directory { path: String, node: Node, position: usize },
+    File {
+        node: Node,
+        offset: u64,
+    },
+    Directory {
+        path: String,
+        node: Node,
+        position: usize,
+    },
     /// A file on the host (a persistent enclave's job): `handle` is the host's number for it,
     /// `status_flags` the access mode and status flags it was opened with (`F_GETFL`).
-    Remote { handle: u32, status_flags: u32 },
+    Remote {
+        handle: u32,
+        status_flags: u32,
+    },
     /// `/dev/xpmem` (`crate::xpmem`): only ioctl does anything.
     Xpmem,
     /// XEMEM's notification descriptor for a segment (`xemem_notify_fd`): read takes the
     /// count of signals since the last read (eventfd semantics, `crate::xpmem::Notifier`).
-    XpmemNotify { notifier: alloc::sync::Arc<crate::xpmem::Notifier>, non_blocking: bool },
+    XpmemNotify {
+        notifier: alloc::sync::Arc<crate::xpmem::Notifier>,
+        non_blocking: bool,
+    },
     /// One end of a pipe (`super::pipe`).
     Pipe(super::pipe::PipeEnd),
     /// An epoll instance (`epoll_create1`, `super::epoll`).
@@ -65,7 +78,9 @@ pub struct Descriptors {
 
 impl Descriptors {
     pub fn new() -> Descriptors {
-        Descriptors { table: (0..3).map(|_| Some(Slot { file: Arc::new(SpinLock::new(Descriptor::Console)), close_on_exec: false })).collect() }
+        Descriptors {
+            table: (0..3).map(|_| Some(Slot { file: Arc::new(SpinLock::new(Descriptor::Console)), close_on_exec: false })).collect(),
+        }
     }
 
     fn slot(&mut self, descriptor: Fd) -> Option<&mut Slot> {
@@ -100,7 +115,12 @@ impl Descriptors {
     /// `execve`: closes the descriptors marked close-on-exec; returns their open files, to be
     /// dropped once the caller holds no lock (a pipe's last end wakes its waiters).
     pub fn close_marked(&mut self) -> Vec<OpenFile> {
-        self.table.iter_mut().filter(|slot| slot.as_ref().is_some_and(|slot| slot.close_on_exec)).filter_map(|slot| slot.take()).map(|slot| slot.file).collect()
+        self.table
+            .iter_mut()
+            .filter(|slot| slot.as_ref().is_some_and(|slot| slot.close_on_exec))
+            .filter_map(|slot| slot.take())
+            .map(|slot| slot.file)
+            .collect()
     }
 
     /// The lowest free number from `lowest` on, the table grown to hold it.

@@ -58,7 +58,9 @@ impl core::fmt::Display for ElfError {
             ElfError::NotX86_64Executable => "is not a 64-bit x86-64 executable",
             ElfError::Truncated => "is cut short (a header or segment lies past its end)",
             ElfError::NoLoadableSegment => "has no loadable segment",
-            ElfError::MalformedLoadableSegment => "has a malformed loadable segment (outside a process's address space, or larger in the file than in memory)",
+            ElfError::MalformedLoadableSegment => {
+                "has a malformed loadable segment (outside a process's address space, or larger in the file than in memory)"
+            }
             ElfError::MalformedInterpreterPath => "names its interpreter with a malformed path (PT_INTERP)",
             ElfError::InterpreterNeedsInterpreter => "is an interpreter that asks for an interpreter of its own",
         })

@@ -31,7 +31,17 @@ pub const EPOLLET: u32 = 1 << 31;
 /// Linux's `EP_PRIVATE_BITS`: what is left of a one-shot interest once it fired.
 const PRIVATE_BITS: u32 = EPOLLWAKEUP | EPOLLONESHOT | EPOLLET | EPOLLEXCLUSIVE;
 /// Linux's `EPOLLEXCLUSIVE_OK_BITS`: the only bits an exclusive interest may ask for.
-pub const EXCLUSIVE_OK_BITS: u32 = EPOLLIN | EPOLLOUT | EPOLLRDNORM | EPOLLRDBAND | EPOLLWRNORM | EPOLLWRBAND | EPOLLERR | EPOLLHUP | EPOLLWAKEUP | EPOLLET | EPOLLEXCLUSIVE;
+pub const EXCLUSIVE_OK_BITS: u32 = EPOLLIN
+    | EPOLLOUT
+    | EPOLLRDNORM
+    | EPOLLRDBAND
+    | EPOLLWRNORM
+    | EPOLLWRBAND
+    | EPOLLERR
+    | EPOLLHUP
+    | EPOLLWAKEUP
+    | EPOLLET
+    | EPOLLEXCLUSIVE;
 /// Linux's mask for files without a poll method (the console here too: always readable, at
 /// end of file, and writable).
 const ALWAYS: u32 = EPOLLIN | EPOLLOUT | EPOLLRDNORM | EPOLLWRNORM;

@@ -14,8 +14,8 @@
 
 use crate::arch::paging::{OutOfMemory, Protection, HUGE_PAGE_SIZE, PAGE_SIZE};
 use crate::arch::phys;
-use crate::mm::pmem;
 use crate::mm::aspace::AddressSpace;
+use crate::mm::pmem;
 use crate::mm::ranges::{Range, RangeSet};
 use alloc::boxed::Box;
 use alloc::vec::Vec;
@@ -111,7 +111,20 @@ impl JobMemory {
         let _ = heap_free.insert(heap.start, heap.end);
         let heap_dirty = Box::new(RangeSet::new());
         let mmap_floor = heap.start + BRK_AREA.min((heap.end - heap.start) / 4 / PAGE_SIZE * PAGE_SIZE);
-        JobMemory { aspace, image, image_pages, stack, heap, heap_free, heap_dirty, brk_start: heap.start, brk: heap.start, brk_mapped: heap.start, mmap_floor, stack_clear_from: stack.end }
+        JobMemory {
+            aspace,
+            image,
+            image_pages,
+            stack,
+            heap,
+            heap_free,
+            heap_dirty,
+            brk_start: heap.start,
+            brk: heap.start,
+            brk_mapped: heap.start,
+            mmap_floor,
+            stack_clear_from: stack.end,
+        }
     }
 
     fn map_heap(&mut self, start: u64, end: u64, access: Access) -> Result<(), MemoryError> {
@@ -152,7 +165,8 @@ impl JobMemory {
                 (start.checked_add(len)? <= range.end).then_some(start)
             }
         };
-        let clean_parts: Vec<Range> = self.heap_free.ranges().iter().flat_map(|free| self.heap_dirty.gaps(free.start, free.end).collect::<Vec<_>>()).collect();
+        let clean_parts: Vec<Range> =
+            self.heap_free.ranges().iter().flat_map(|free| self.heap_dirty.gaps(free.start, free.end).collect::<Vec<_>>()).collect();
         clean_parts
             .iter()
             .find_map(fit_from(self.mmap_floor))
@@ -163,7 +177,8 @@ impl JobMemory {
     /// Clears the heap's used memory (in use, or given back dirty) with `zero` and returns the
     /// heap's physical range, now all zero: a persistent enclave gives it back after the job.
     fn clear_heap(&mut self, zero: Zero) -> (u64, u64) {
-        let clean: Vec<Range> = self.heap_free.ranges().iter().flat_map(|free| self.heap_dirty.gaps(free.start, free.end).collect::<Vec<_>>()).collect();
+        let clean: Vec<Range> =
+            self.heap_free.ranges().iter().flat_map(|free| self.heap_dirty.gaps(free.start, free.end).collect::<Vec<_>>()).collect();
         let mut position = self.heap.start;
         for range in clean.iter().chain(core::iter::once(&Range { start: self.heap.end, end: self.heap.end })) {
             if range.start > position {
@@ -194,7 +209,9 @@ impl JobMemory {
             let large = new_end - self.brk_start > HUGE_PAGE_SIZE;
             let clean = self.heap_free.contains(mapped, whole) && self.heap_dirty.is_disjoint(new_end, whole);
             let end = if large && clean && whole > new_end { whole } else { new_end };
-            let grown = self.heap_free.contains(mapped, end) && self.claim(mapped, end).is_ok() && self.map_heap(mapped, end, Some(READ_WRITE)).is_ok();
+            let grown = self.heap_free.contains(mapped, end)
+                && self.claim(mapped, end).is_ok()
+                && self.map_heap(mapped, end, Some(READ_WRITE)).is_ok();
             if grown {
                 self.brk_mapped = end;
             }
@@ -322,10 +339,8 @@ impl JobMemory {
             return Err(MemoryError::InvalidArgument);
         }
         let end = start.checked_add(page_up(len)).ok_or(MemoryError::NoMemory)?;
-        let region = [self.image, self.stack, self.heap]
-            .into_iter()
-            .find(|region| region.contains(start, end))
-            .ok_or(MemoryError::NoMemory)?;
+        let region =
+            [self.image, self.stack, self.heap].into_iter().find(|region| region.contains(start, end)).ok_or(MemoryError::NoMemory)?;
         if start == end {
             return Ok(());
         }
@@ -343,7 +358,9 @@ impl JobMemory {
                     let page = ((address - self.image.start) / PAGE_SIZE) as usize;
                     let physical = self.image_pages[page];
                     let mut run_end = address + PAGE_SIZE;
-                    while run_end < end && self.image_pages[((run_end - self.image.start) / PAGE_SIZE) as usize] == physical + (run_end - address) {
+                    while run_end < end
+                        && self.image_pages[((run_end - self.image.start) / PAGE_SIZE) as usize] == physical + (run_end - address)
+                    {
                         run_end += PAGE_SIZE;
                     }
                     self.aspace.map(address, physical, run_end - address, protection)?;
@@ -494,7 +511,8 @@ impl JobMemory {
             }
         };
         let copy_range = |from: &Region, to: &Region, start: u64, end: u64| {
-            phys::bytes_mut(to.physical(start), (end - start) as usize).copy_from_slice(phys::bytes(from.physical(start), (end - start) as usize));
+            phys::bytes_mut(to.physical(start), (end - start) as usize)
+                .copy_from_slice(phys::bytes(from.physical(start), (end - start) as usize));
         };
         for (start, len) in self.image_block_runs() {
             copy_range(&self.image, &image, start, start + len);
@@ -531,12 +549,17 @@ impl JobMemory {
         // Only the parent's own regions are walked (the image, the child's part of the stack,
         // the used heap); the vDSO and the system-call page are mapped as for a new image, and
         // XPMEM attachments are not inherited.
-        let walked = [Range { start: image.start, end: image.end }, Range { start: stack.start, end: stack.end }].into_iter().chain(heap_used);
+        let walked =
+            [Range { start: image.start, end: image.end }, Range { start: stack.start, end: stack.end }].into_iter().chain(heap_used);
         for range in walked {
             self.aspace.for_each_leaf_in(range.start, range.end, |address, physical, size, protection, _| {
                 let Some(physical) = moved(physical) else { return };
                 match &mut run {
-                    Some((start, run_physical, len, rights)) if *start + *len == address && *run_physical + *len == physical && *rights == protection => *len += size,
+                    Some((start, run_physical, len, rights))
+                        if *start + *len == address && *run_physical + *len == physical && *rights == protection =>
+                    {
+                        *len += size
+                    }
                     _ => {
                         if let Some((start, run_physical, len, rights)) = run.replace((address, physical, size, protection)) {
                             failed |= aspace.map(start, run_physical, len, rights).is_err();

@@ -175,7 +175,8 @@ impl<'a> Program<'a> {
             .filter(|node| !node.is_directory())
             .ok_or_else(|| LoadError::MissingInterpreter(path.clone()))?;
         let interpreter_file = LoadFile { bytes: node.contents(), physical: node.physical };
-        let interpreter = Executable::parse_interpreter(interpreter_file.bytes).map_err(|error| LoadError::BadInterpreter(path.clone(), error))?;
+        let interpreter =
+            Executable::parse_interpreter(interpreter_file.bytes).map_err(|error| LoadError::BadInterpreter(path.clone(), error))?;
         let (start, _) = interpreter.span();
         let bias = if interpreter.relocatable {
             let base = executable.span().1.next_multiple_of(interpreter.alignment);
@@ -195,7 +196,8 @@ impl<'a> Program<'a> {
     /// Every loadable segment with the file it comes from.
     fn segments(&self) -> Vec<(&elf::Segment, LoadFile<'a>)> {
         let program = self.executable.segments.iter().map(|segment| (segment, self.file));
-        let interpreter = self.interpreter.iter().flat_map(|(interpreter, file)| interpreter.segments.iter().map(|segment| (segment, *file)));
+        let interpreter =
+            self.interpreter.iter().flat_map(|(interpreter, file)| interpreter.segments.iter().map(|segment| (segment, *file)));
         program.chain(interpreter).collect()
     }
 
@@ -203,7 +205,6 @@ impl<'a> Program<'a> {
     fn entry(&self) -> u64 {
         self.interpreter.as_ref().map_or(self.executable.entry, |(interpreter, _)| interpreter.entry)
     }
-
 }
 
 fn allocate_region(start: u64, size: u64, what: &'static str) -> Result<Region, LoadError> {
@@ -234,7 +235,8 @@ fn load_image(segments: &[(&elf::Segment, LoadFile<'_>)], aspace: &mut AddressSp
         let first = ((segment.address - start) / PAGE_SIZE) as usize;
         let last = ((segment.address + segment.memory_size - start).div_ceil(PAGE_SIZE)) as usize;
         let file_start = file.physical + segment.file_offset;
-        let shareable = segment.flags & PF_W == 0 && segment.memory_size == segment.file_size && file_start % PAGE_SIZE == segment.address % PAGE_SIZE;
+        let shareable =
+            segment.flags & PF_W == 0 && segment.memory_size == segment.file_size && file_start % PAGE_SIZE == segment.address % PAGE_SIZE;
         for page in first..last {
             let page_address = start + page as u64 * PAGE_SIZE;
             // The file page holding this page's bytes (congruent, so page aligned).
@@ -267,7 +269,10 @@ fn load_image(segments: &[(&elf::Segment, LoadFile<'_>)], aspace: &mut AddressSp
     while page < pages {
         let flags = page_flags[page];
         let mut run_end = page + 1;
-        while run_end < pages && page_flags[run_end] == flags && physical_pages[run_end] == physical_pages[page] + (run_end - page) as u64 * PAGE_SIZE {
+        while run_end < pages
+            && page_flags[run_end] == flags
+            && physical_pages[run_end] == physical_pages[page] + (run_end - page) as u64 * PAGE_SIZE
+        {
             run_end += 1;
         }
         if flags != 0 {
@@ -298,7 +303,14 @@ pub struct Image {
 /// and leaves that address space loaded on this CPU. The heap is `heap_size` bytes (rounded up
 /// to 2 MiB), or with `None` what the kernel and the job's other processes can spare once the
 /// image and stack are placed (`spare_heap_size`).
-pub fn load_image_memory(file: LoadFile<'_>, path: &str, argv: &[String], env: &[String], heap_size: Option<u64>, stack_size: u64) -> Result<Image, LoadError> {
+pub fn load_image_memory(
+    file: LoadFile<'_>,
+    path: &str,
+    argv: &[String],
+    env: &[String],
+    heap_size: Option<u64>,
+    stack_size: u64,
+) -> Result<Image, LoadError> {
     let program = Program::parse(file)?;
     let mut aspace = AddressSpace::new().map_err(|_| LoadError::NoMemory("page tables"))?;
     let mut blocks: Vec<Region> = Vec::new();
@@ -320,7 +332,13 @@ pub fn load_image_memory(file: LoadFile<'_>, path: &str, argv: &[String], env: &
         if VERBOSE.load(Ordering::Relaxed) {
             log!(
                 "job: image {:#x}..{:#x}, heap {:#x}..{:#x} ({} MiB), stack {} MiB, entry {:#x}",
-                image.start, image.end, heap.start, heap.end, heap_size >> 20, stack_size >> 20, program.entry()
+                image.start,
+                image.end,
+                heap.start,
+                heap.end,
+                heap_size >> 20,
+                stack_size >> 20,
+                program.entry()
             );
         }
         // Without a vDSO libc falls back to system calls: slower, still correct.
@@ -330,21 +348,15 @@ pub fn load_image_memory(file: LoadFile<'_>, path: &str, argv: &[String], env: &
         }
         map_xstate_stub_page_into(&mut aspace).map_err(|_| LoadError::NoMemory("page tables"))?;
         aspace.activate();
-        let start = stack::Start {
-            executable: &program.executable,
-            interpreter_base: program.interpreter_base,
-            path,
-            argv,
-            env,
-            vdso,
-        };
+        let start = stack::Start { executable: &program.executable, interpreter_base: program.interpreter_base, path, argv, env, vdso };
         let stack_pointer = stack::build(STACK_TOP, &start).map_err(|_| LoadError::StackSetup)?;
         Ok((image, image_pages, stack, heap, stack_pointer))
     })();
     match result {
-        Ok((image, image_pages, stack, heap, stack_pointer)) => {
-            Ok(Image { memory: JobMemory::new(aspace, image, image_pages, stack, heap), entry: TrapFrame::new_user(program.entry(), stack_pointer) })
-        }
+        Ok((image, image_pages, stack, heap, stack_pointer)) => Ok(Image {
+            memory: JobMemory::new(aspace, image, image_pages, stack, heap),
+            entry: TrapFrame::new_user(program.entry(), stack_pointer),
+        }),
         Err(error) => {
             // The new tables may be loaded (a failed stack build): off them before they go.
             // The caller loads the address space it runs in again.
@@ -519,7 +531,12 @@ pub fn release(zero: memory::Zero) {
 pub fn kill_for_fault(signal: u8, name: &str, frame: &TrapFrame) -> ! {
     log!(
         "process {} killed by {name}: vector {} error {:#x} at rip {:#x} (address {:#x}), rsp {:#x}",
-        crate::sched::current_pid(), frame.vector, frame.error_code, frame.rip, crate::arch::cpu::read_cr2(), frame.rsp
+        crate::sched::current_pid(),
+        frame.vector,
+        frame.error_code,
+        frame.rip,
+        crate::arch::cpu::read_cr2(),
+        frame.rsp
     );
     crate::process::die_of_signal_here(signal)
 }

@@ -4,9 +4,9 @@
 //! fails with EPIPE after raising SIGPIPE. Both wait on the pipe's kernel address as a futex
 //! key (`sched::wait`), so a process being killed leaves the wait.
 
+use crate::arch::sync::SpinLock;
 use crate::linux::uapi;
 use crate::linux_consts;
-use crate::arch::sync::SpinLock;
 use crate::sched::{self, WaitResult};
 use crate::signal::{self, Restart};
 use crate::syscall::{user, Errno, SyscallResult, UserAddr};
@@ -169,8 +169,21 @@ impl PipeWatch {
 
 /// A new pipe: its read end and its write end.
 pub fn new(non_blocking: bool) -> (PipeEnd, PipeEnd) {
-    let pipe = Arc::new(Pipe { state: SpinLock::new(State { ring: Vec::new(), head: 0, len: 0, readers: 1, writers: 1, changes_for_readers: 0, changes_for_writers: 0 }) });
-    (PipeEnd { pipe: pipe.clone(), writer: false, non_blocking, temporary: false }, PipeEnd { pipe, writer: true, non_blocking, temporary: false })
+    let pipe = Arc::new(Pipe {
+        state: SpinLock::new(State {
+            ring: Vec::new(),
+            head: 0,
+            len: 0,
+            readers: 1,
+            writers: 1,
+            changes_for_readers: 0,
+            changes_for_writers: 0,
+        }),
+    });
+    (
+        PipeEnd { pipe: pipe.clone(), writer: false, non_blocking, temporary: false },
+        PipeEnd { pipe, writer: true, non_blocking, temporary: false },
+    )
 }
 
 /// `read` from the read end `end` into the user buffer at `buffer`.
@@ -211,7 +224,8 @@ pub fn read(end: &PipeEnd, buffer: UserAddr, len: u64, non_blocking: bool) -> Sy
         if interrupted {
             return Err(Restart::Always.errno());
         }
-        interrupted = matches!(sched::wait(pipe.key(), u32::MAX, None, empty_with_writers), Some(WaitResult::Interrupted | WaitResult::Signal));
+        interrupted =
+            matches!(sched::wait(pipe.key(), u32::MAX, None, empty_with_writers), Some(WaitResult::Interrupted | WaitResult::Signal));
     }
 }
 
@@ -271,7 +285,8 @@ pub fn write_from(end: &PipeEnd, len: u64, non_blocking: bool, fill: impl Fn(u64
         if interrupted {
             return if written > 0 { Ok(written) } else { Err(Restart::Always.errno()) };
         }
-        interrupted = matches!(sched::wait(pipe.key(), u32::MAX, None, full_with_readers), Some(WaitResult::Interrupted | WaitResult::Signal));
+        interrupted =
+            matches!(sched::wait(pipe.key(), u32::MAX, None, full_with_readers), Some(WaitResult::Interrupted | WaitResult::Signal));
     }
     Ok(written)
 }

@@ -64,7 +64,12 @@ pub fn total_free() -> u64 {
 
 /// The largest block `allocate(_, align)` can return (`align` a power of two).
 pub fn largest_free_block(align: u64) -> u64 {
-    FREE.lock().ranges().iter().map(|range| (range.end & !(align - 1)).saturating_sub(range.start.next_multiple_of(align))).max().unwrap_or(0)
+    FREE.lock()
+        .ranges()
+        .iter()
+        .map(|range| (range.end & !(align - 1)).saturating_sub(range.start.next_multiple_of(align)))
+        .max()
+        .unwrap_or(0)
 }
 
 /// Runs `f` on each free range (for the boot report).

@@ -1,5 +1,7 @@
 //! Waits and wakes: futex queues, kernel keys, `poll`'s wait, and signals ending waits.
 
+use super::run::leave_cpu;
+use super::{apic_id, current_pid, with_scheduler, Scheduler, State, WaitResult};
 use crate::arch::apic;
 use crate::arch::tables;
 use crate::clock;
@@ -7,8 +9,6 @@ use crate::console::log;
 use crate::job;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicUsize, Ordering};
-use super::{Scheduler, State, WaitResult, apic_id, current_pid, with_scheduler};
-use super::run::leave_cpu;
 
 /// A signal thread `tid` takes arrived: a thread in a wait is woken with `WaitResult::Signal`;
 /// any other is told (its next wait ends at once unless it passes delivery first: it may be

@@ -1,14 +1,14 @@
 //! Job-end hand-off: a job ending on a CPU other than 0 asks CPU 0 (where the service loop
 //! runs) to end it; the ended job's threads are released.
 
+use super::park::park;
+use super::{apic_id, ONLINE_CPUS, SCHEDULER};
 use crate::arch::apic;
 use crate::arch::tables;
 use crate::arch::trap::KERNEL_STACK_SIZE;
 use crate::job;
 use crate::mm::pmem;
 use core::sync::atomic::{AtomicU32, Ordering};
-use super::{ONLINE_CPUS, SCHEDULER, apic_id};
-use super::park::park;
 
 /// A persistent enclave's job ended (it exited, or the host killed it) on a CPU other than
 /// 0: the status for CPU 0 to report, since the service loop runs there (the channel

@@ -19,15 +19,18 @@ mod park;
 mod run;
 mod tlb;
 
-pub use futex::{clear_signal_interrupt, interrupt, requeue, sleep_until, wait, wait_for_any_key, wait_for_signal, wait_interruptibly, wake, wake_kernel_key};
+pub use futex::{
+    clear_signal_interrupt, interrupt, requeue, sleep_until, wait, wait_for_any_key, wait_for_signal, wait_interruptibly, wake,
+    wake_kernel_key,
+};
 pub use job_end::{clear_job_end_request, end_job_if_requested, hand_job_end_to_cpu0, release_job_threads};
 pub use park::{cpu_tables_ready, join_cpu, mark_cpu_tables_ready, park_if_requested, park_other_cpus, wait_for_cpus};
 pub use run::{tick, yield_now};
 pub use tlb::{flush_tlb_if_stale, shoot_down_user_tlbs, start_user_tlb_shootdown};
 
 use crate::arch::apic;
-use crate::arch::fpu;
 use crate::arch::cpu::{self, MSR_FS_BASE, MSR_GS_BASE};
+use crate::arch::fpu;
 use crate::arch::paging::PAGE_SIZE;
 use crate::arch::phys;
 use crate::arch::sync::SpinLock;
@@ -47,7 +50,11 @@ enum State {
     Runnable,
     /// Waiting on the futex word at `address` for a wake whose bitset meets `bitset`, until
     /// `deadline` (monotonic ns) if it has one.
-    Waiting { address: u64, bitset: u32, deadline: Option<u64> },
+    Waiting {
+        address: u64,
+        bitset: u32,
+        deadline: Option<u64>,
+    },
 }
 
 /// How a wait ended.
@@ -401,7 +408,7 @@ fn spawn_in(frame: &TrapFrame, fs_base: u64, clear_child_tid: u64, new_process: 
             pid,
             aspace,
             doomed: false,
-        signal_interrupt: false,
+            signal_interrupt: false,
             exiting: false,
             cpu,
             slot,
@@ -445,7 +452,8 @@ pub fn switch_current_aspace(aspace: (u64, u64)) {
 pub fn doom_process(pid: u64, spare: Option<u64>) -> usize {
     let cpu = tables::current_cpu();
     let (victims, running) = with_scheduler(|scheduler| {
-        let victims: Vec<u64> = scheduler.threads.iter().filter(|&(&tid, thread)| thread.pid == pid && Some(tid) != spare).map(|(&tid, _)| tid).collect();
+        let victims: Vec<u64> =
+            scheduler.threads.iter().filter(|&(&tid, thread)| thread.pid == pid && Some(tid) != spare).map(|(&tid, _)| tid).collect();
         let mut running = Vec::new();
         for &tid in &victims {
             let thread = scheduler.threads.get_mut(&tid).expect("victim");

@@ -1,6 +1,8 @@
 //! CPU bring-up and parking: the other CPUs join the job's scheduler, park between the jobs
 //! of a persistent enclave and rejoin the next one.
 
+use super::run::idle_loop;
+use super::{apic_id, cpus_in, online_cpu_mask, use_kernel_tables, LOADED_ASPACE, ONLINE_CPUS};
 use crate::arch::apic;
 use crate::arch::paging::PAGE_SIZE;
 use crate::arch::phys;
@@ -10,8 +12,6 @@ use crate::clock;
 use crate::console::log;
 use crate::mm::pmem;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use super::{LOADED_ASPACE, ONLINE_CPUS, apic_id, cpus_in, online_cpu_mask, use_kernel_tables};
-use super::run::idle_loop;
 
 /// Set once the main thread exists: the other CPUs may join.
 pub(super) static CPUS_RELEASED: AtomicBool = AtomicBool::new(false);

@@ -1,18 +1,18 @@
 //! Run queues and switching: the idle loop, entering and leaving a CPU, time slices.
 
+use super::job_end::end_job_if_requested;
+use super::park::park_if_requested;
+use super::tlb::flush_tlb_if_stale;
+use super::{apic_id, use_kernel_tables, with_scheduler, Scheduler, State, WaitResult, CURRENT_PID, LOADED_ASPACE, QUEUED};
 use crate::arch::apic;
-use crate::arch::fpu;
 use crate::arch::cpu::{self, MSR_FS_BASE, MSR_GS_BASE};
+use crate::arch::fpu;
 use crate::arch::tables::{self, MAX_CPUS};
 use crate::arch::trap::{self, KERNEL_STACK_SIZE, MAX_THREADS};
 use crate::clock;
 use crate::mm::pmem;
 use alloc::vec::Vec;
 use core::sync::atomic::Ordering;
-use super::job_end::end_job_if_requested;
-use super::{CURRENT_PID, LOADED_ASPACE, QUEUED, Scheduler, State, WaitResult, apic_id, use_kernel_tables, with_scheduler};
-use super::park::park_if_requested;
-use super::tlb::flush_tlb_if_stale;
 
 pub(super) extern "C" fn idle_entry() -> ! {
     idle_loop(tables::current_cpu())
@@ -132,7 +132,9 @@ fn expire_timed_waits(scheduler: &mut Scheduler, cpu: usize) {
     let expired: Vec<u64> = scheduler
         .threads
         .iter()
-        .filter(|(_, thread)| thread.cpu == cpu && matches!(thread.state, State::Waiting { deadline: Some(deadline), .. } if deadline <= now))
+        .filter(|(_, thread)| {
+            thread.cpu == cpu && matches!(thread.state, State::Waiting { deadline: Some(deadline), .. } if deadline <= now)
+        })
         .map(|(&tid, _)| tid)
         .collect();
     for tid in expired {

@@ -1,11 +1,11 @@
 //! TLB shootdown across the CPUs of the job.
 
+use super::{apic_id, cpus_in, online_cpu_mask};
 use crate::arch::apic;
 use crate::arch::tables::{self, MAX_CPUS};
 use crate::clock;
 use crate::console::log;
 use core::sync::atomic::{AtomicU64, Ordering};
-use super::{apic_id, cpus_in, online_cpu_mask};
 
 /// TLB shootdown. Unmapping job memory flushes only the CPU that unmapped it; when other
 /// CPUs may still cache the translations (an XPMEM attachment revoked because the host takes
@@ -50,7 +50,8 @@ fn start_shootdown() -> (u64, u64) {
     let cpu = tables::current_cpu();
     let generation = TLB_GENERATION.fetch_add(1, Ordering::AcqRel) + 1;
     flush_here(cpu, generation);
-    let others = cpus_in(online_cpu_mask() & !(1 << cpu)).filter(|&index| apic_id(index).is_some()).fold(0u64, |bits, index| bits | 1 << index);
+    let others =
+        cpus_in(online_cpu_mask() & !(1 << cpu)).filter(|&index| apic_id(index).is_some()).fold(0u64, |bits, index| bits | 1 << index);
     for index in cpus_in(others) {
         apic::send_tick(apic_id(index).expect("filtered above"));
     }

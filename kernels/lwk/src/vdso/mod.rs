@@ -15,10 +15,10 @@
 
 use crate::arch::paging::{Protection, PAGE_SIZE};
 use crate::arch::phys;
+use crate::arch::sync::SpinLock;
 use crate::clock;
 use crate::mm::aspace::AddressSpace;
 use crate::mm::pmem;
-use crate::arch::sync::SpinLock;
 
 static IMAGE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/vdso.so"));
 

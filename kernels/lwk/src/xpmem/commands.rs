@@ -2,9 +2,9 @@
 //! `xemem/include/xpmem.h` declares them, checked there by static asserts), read from and
 //! written back to the job's memory.
 
-use crate::linux::uapi;
 use super::Detached;
 use crate::job::{self, descriptors::Descriptor};
+use crate::linux::uapi;
 use crate::syscall::user;
 use crate::syscall::{Errno, Fd, SyscallResult, UserAddr};
 use xemem::Error;
@@ -135,7 +135,8 @@ pub fn ioctl(request: u32, argument: UserAddr) -> SyscallResult {
             }
             let notifier = super::notifier_of(segid as i64).map_err(errno)?;
             let descriptor = Descriptor::XpmemNotify { notifier, non_blocking: flags & O_NONBLOCK != 0 };
-            let fd = job::with_process(|process| process.descriptors.insert_flagged(descriptor, flags & O_CLOEXEC != 0)).ok_or(Errno::EMFILE)?;
+            let fd =
+                job::with_process(|process| process.descriptors.insert_flagged(descriptor, flags & O_CLOEXEC != 0)).ok_or(Errno::EMFILE)?;
             match user::write_words(argument + 8, &[(flags as u64) | (u64::from(fd) << 32)]) {
                 Ok(_) => Ok(0),
                 Err(errno) => {

@@ -56,10 +56,8 @@ pub fn process_ended(pid: u64, segments: Vec<SegmentId>, permits: Vec<(u64, Acce
         return true;
     }
     ENDING.lock().push(pid);
-    let removes: Vec<Result<u64, Error>> = segments
-        .iter()
-        .map(|&segment| queue_direct(Request::Remove { process: pid, segment }, Waiter::Thread))
-        .collect();
+    let removes: Vec<Result<u64, Error>> =
+        segments.iter().map(|&segment| queue_direct(Request::Remove { process: pid, segment }, Waiter::Thread)).collect();
     crate::enclave::send_xemem();
     let deadline = now_ms() + DIRECT_TIMEOUT_MS;
     crate::enclave::serve_host_until(|| {

@@ -19,9 +19,9 @@
 //! Ioctl numbers and argument layouts are XPMEM's (x86-64), as `xpmem.h` publishes them.
 
 mod commands;
+pub mod host_link;
 mod notify;
 mod parking;
-pub mod host_link;
 
 use crate::arch::paging::{Protection, HUGE_PAGE_SIZE, PAGE_SIZE};
 use crate::arch::sync::SpinLock;
@@ -38,10 +38,10 @@ use xemem::node::{Reply, Request};
 use xemem::{Credentials, Error, NameServer, Owner, Principal};
 
 pub use commands::{ioctl, parking};
-pub use notify::{notifier_of, notify, read_notifier, signal, Notifier};
-pub use parking::{park_detached, resume_same};
 use notify::NOTIFIERS;
+pub use notify::{notifier_of, notify, read_notifier, signal, Notifier};
 use parking::{drop_parked_in_the_way, drop_parked_where, may_park, park, readable_word, DeviceDescriptor};
+pub use parking::{park_detached, resume_same};
 
 /// The path the job opens; `libxpmem` switches to its ioctl backend when it opens.
 pub const DEVICE_PATH: &str = "/dev/xpmem";
@@ -222,7 +222,10 @@ pub fn is_attachment_fault(address: u64) -> bool {
     // this CPU cannot hold the lock. Another CPU may (a revoke unmapping this very range): wait
     // for it, or the fault would be taken for a SIGSEGV.
     let pid = caller();
-    DEVICE.lock().as_ref().is_some_and(|device| device.attachments.iter().any(|a| a.pid == pid && !a.parked && a.start <= address && address < a.end))
+    DEVICE
+        .lock()
+        .as_ref()
+        .is_some_and(|device| device.attachments.iter().any(|a| a.pid == pid && !a.parked && a.start <= address && address < a.end))
 }
 
 /// Ranges resolved lately, with the address space (its never-reused id) and its count of
@@ -394,7 +397,8 @@ fn revoke_where(device: &mut Device, which: impl Fn(&Attachment) -> bool) -> boo
     let mut unmapped = false;
     for attachment in device.attachments.iter_mut().filter(|a| !a.revoked && which(a)) {
         attachment.revoked = true;
-        let _ = with_job_process(attachment.pid, |process| process.memory.aspace.unmap(attachment.start, attachment.end - attachment.start));
+        let _ =
+            with_job_process(attachment.pid, |process| process.memory.aspace.unmap(attachment.start, attachment.end - attachment.start));
         unmapped = true;
     }
     unmapped
@@ -600,7 +604,8 @@ fn map_attachment(
     }
     let at = device.attachments.partition_point(|a| a.start < start);
     let Through { access, segment, global, offset, valid_while } = through;
-    let attachment = Attachment { pid, start, end: start + size, access, segment, revoked: false, global, offset, alone, parked: false, valid_while };
+    let attachment =
+        Attachment { pid, start, end: start + size, access, segment, revoked: false, global, offset, alone, parked: false, valid_while };
     device.attachments.insert(at, attachment);
     Ok(start)
 }
@@ -626,7 +631,9 @@ fn attach_global(pid: u64, apid: AccessId, permit: GlobalPermit, offset: u64, si
     }
     let frames = match (reply, own) {
         // The name server checked the permit and the range.
-        (Reply::Attached { segment, .. }, Some((owner, vaddr, length))) if segment == permit.segment && offset.checked_add(size).is_some_and(|end| end <= length) => {
+        (Reply::Attached { segment, .. }, Some((owner, vaddr, length)))
+            if segment == permit.segment && offset.checked_add(size).is_some_and(|end| end <= length) =>
+        {
             resolve(owner, vaddr + offset, size).map(Frames::Own)
         }
         (Reply::Attached { segment, runs, valid_while }, None) if segment == permit.segment && host_runs_valid(&runs, size) => {
@@ -722,7 +729,8 @@ pub fn detach(address: u64) -> Detached {
     let pid = caller();
     let (detached, after) = with_device(|device| {
         let Some(index) = device.attachments.iter().position(|a| a.pid == pid && !a.parked && a.start <= address && address < a.end) else {
-            let mapped = with_job_process(pid, |process| process.memory.aspace.translate(address & !(PAGE_SIZE - 1)).is_ok()).unwrap_or(false);
+            let mapped =
+                with_job_process(pid, |process| process.memory.aspace.translate(address & !(PAGE_SIZE - 1)).is_ok()).unwrap_or(false);
             return (if mapped { Detached::NotAnAttachment } else { Detached::Nothing }, AfterDetach::Nothing);
         };
         if park(device, index, DeviceDescriptor::Checked) {

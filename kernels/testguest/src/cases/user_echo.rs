@@ -59,8 +59,7 @@ pub fn serve(endpoint: Endpoint, channel_gpa: u64, channel_size: u64, doorbell_p
     let (stack_start, stack_end) = user_mode::user_stack_range();
     paging::allow_user_access(image_start, image_end, UserAccess::ReadOnly).map_err(Failure::Map)?;
     paging::allow_user_access(stack_start, stack_end, UserAccess::ReadWrite).map_err(Failure::Map)?;
-    paging::allow_user_access(channel_gpa, channel_gpa + channel_size, UserAccess::ReadWrite)
-        .map_err(Failure::Map)?;
+    paging::allow_user_access(channel_gpa, channel_gpa + channel_size, UserAccess::ReadWrite).map_err(Failure::Map)?;
     // The doorbell is the one port the loop writes (PVM makes that a #GP the kernel completes).
     user_mode::permit_port_write(doorbell_port);
     let state = EchoLoop { endpoint, doorbell_port, buffer: [0; 256], echoed: 0, failure: None };
