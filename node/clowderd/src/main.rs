@@ -11,6 +11,7 @@ use clowderd::enclave::Liveness;
 use clowderd::machine::VmmLauncher;
 use clowderd::memory::parse_size;
 use clowderd::server::Limits;
+use clowderd::sys::{self, TerminationSignals};
 use clowderd::xemem::{peer as xemem_peer, service as xemem_service, XememLinks};
 use clowderd::{peer, server};
 
@@ -177,27 +178,11 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
     Ok(options)
 }
 
-/// Blocks SIGTERM and SIGINT in this thread and every thread started after it, so only the
-/// waiter started by `on_termination` receives them.
-fn block_termination_signals() -> libc::sigset_t {
-    // SAFETY: plain signal-mask manipulation on a zeroed set we own.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    }
-}
-
 /// On SIGTERM or SIGINT: tear the enclaves down (their VMMs would otherwise outlive the daemon),
 /// remove the socket, exit.
-fn on_termination(signals: libc::sigset_t, daemon: std::sync::Arc<Daemon>, sockets: Vec<PathBuf>) {
+fn on_termination(signals: TerminationSignals, daemon: std::sync::Arc<Daemon>, sockets: Vec<PathBuf>) {
     std::thread::spawn(move || {
-        let mut signal = 0;
-        // SAFETY: waits on the set blocked in every thread.
-        if unsafe { libc::sigwait(&signals, &mut signal) } == 0 {
+        if let Some(signal) = signals.wait() {
             // The logger ignores a closed stderr (eprintln! would panic, ending this thread, so
             // the signal would be lost).
             log::info!("signal {signal}: removing all enclaves");
@@ -210,22 +195,11 @@ fn on_termination(signals: libc::sigset_t, daemon: std::sync::Arc<Daemon>, socke
     });
 }
 
-/// Raises the soft limit on open files to the hard one: every client connection, and every file
-/// a job shares, is a descriptor. Running short is survivable (accepting backs off), not fatal.
-fn raise_file_limit() {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit and setrlimit read and write the one rlimit we own.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-        }
-    }
-}
-
 fn main() -> ExitCode {
-    let signals = block_termination_signals();
-    raise_file_limit();
+    let signals = TerminationSignals::block();
+    // Every client connection, and every file a job shares, is a descriptor. Running short is
+    // survivable (accepting backs off), not fatal.
+    sys::raise_descriptor_limit();
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|arg| arg == "--version" || arg == "-V") {
         println!("clowderd {} (API {})", env!("CARGO_PKG_VERSION"), clowder_api::API_VERSION);
@@ -247,7 +221,12 @@ fn main() -> ExitCode {
         }
     };
     let runtime_dir = options.socket.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
-    log::debug!("LWK image {}, clowder-vmm {}, runtime directory {}", options.kernel.display(), options.vmm.display(), runtime_dir.display());
+    log::debug!(
+        "LWK image {}, clowder-vmm {}, runtime directory {}",
+        options.kernel.display(),
+        options.vmm.display(),
+        runtime_dir.display()
+    );
     let launcher = VmmLauncher { vmm: options.vmm.clone(), kernel: options.kernel.clone(), runtime_dir: runtime_dir.clone() };
     let config = DaemonConfig {
         vmm: options.vmm,
