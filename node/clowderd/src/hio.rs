@@ -394,9 +394,15 @@ mod tests {
         Identity { uid: 65534, gid: 65534, groups }
     }
 
-    fn is_root() -> bool {
+    /// A scratch directory for a test that acts as another user, which needs root; `None` (the
+    /// test skipped, as printed) otherwise.
+    fn scratch_as_root(name: &str) -> Option<std::path::PathBuf> {
         // SAFETY: getuid has no preconditions.
-        unsafe { libc::getuid() == 0 }
+        if unsafe { libc::getuid() } != 0 {
+            eprintln!("skipped: needs root to act as another user");
+            return None;
+        }
+        Some(scratch(name))
     }
 
     fn open(path: &[u8], flags: i32) -> FileOp<'_> {
@@ -405,11 +411,7 @@ mod tests {
 
     #[test]
     fn file_calls_run_with_the_launching_users_rights() {
-        if !is_root() {
-            eprintln!("skipped: needs root to act as another user");
-            return;
-        }
-        let dir = scratch("owner");
+        let Some(dir) = scratch_as_root("owner") else { return };
         std::fs::create_dir_all(dir.join("theirs")).unwrap();
         std::fs::create_dir_all(dir.join("roots")).unwrap();
         std::os::unix::fs::chown(dir.join("theirs"), Some(65534), Some(65534)).unwrap();
@@ -433,11 +435,7 @@ mod tests {
     /// directory it may not write, unless a supplementary group of the user's opens it.
     #[test]
     fn unconfined_jobs_see_the_hosts_files_as_their_user() {
-        if !is_root() {
-            eprintln!("skipped: needs root to act as another user");
-            return;
-        }
-        let dir = scratch("user");
+        let Some(dir) = scratch_as_root("user") else { return };
         let (cwd, elsewhere) = (dir.join("run"), dir.join("inputs"));
         std::fs::create_dir_all(&cwd).unwrap();
         std::fs::create_dir_all(&elsewhere).unwrap();
