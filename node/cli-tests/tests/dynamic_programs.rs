@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use clowder_test_support::{lwk_daemon, serve, TempDir};
 use clowderd::enclave::Liveness;
-use support::{missing_requirement, vmm_binary};
+use support::{skipped_without, vmm_binary};
 
 mod support;
 
@@ -113,12 +113,7 @@ fn same_as_host(socket: &Path, dir: &Path, args: &[&str], env: &[(&str, &str)]) 
 
 #[test]
 fn dynamically_linked_programs_run_in_a_persistent_enclave() {
-    if let Some(why) = missing_requirement() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    if Command::new("g++").arg("--version").output().is_err() {
-        eprintln!("skipped: g++ is not installed");
+    if skipped_without("g++", "to build the C++ program") {
         return;
     }
     let dir = TempDir::new("clowder-dynamic");
@@ -157,7 +152,8 @@ fn dynamically_linked_programs_run_in_a_persistent_enclave() {
 
     if Path::new("/usr/bin/python3").exists() {
         let start = Instant::now();
-        let python = clowder(&socket, &["run", "--enclave", "e", "/usr/bin/python3", "-c", "import json, math; print(json.dumps(math.pi))"], &dir.0);
+        let python =
+            clowder(&socket, &["run", "--enclave", "e", "/usr/bin/python3", "-c", "import json, math; print(json.dumps(math.pi))"], &dir.0);
         eprintln!("python3 -c 'import json, math; ...' in the enclave: {:.2} s", start.elapsed().as_secs_f64());
         assert_eq!(text(&python.stdout), "3.141592653589793\n", "stderr: {}", text(&python.stderr));
         assert_eq!(python.status.code(), Some(0));

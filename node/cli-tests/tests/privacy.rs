@@ -19,7 +19,7 @@ use clowderd::daemon::Daemon;
 use clowderd::enclave::Liveness;
 use clowderd::machine::VmmLauncher;
 use serde_json::{json, Value};
-use support::{enclave_test_daemon, missing_requirement, text, vmm_binary};
+use support::{enclave_test_daemon, skipped_without, text, vmm_binary};
 
 mod support;
 
@@ -135,12 +135,7 @@ fn denied(output: &Output, uid: u32) -> bool {
 
 #[test]
 fn enclaves_belong_to_their_creator_and_logs_to_the_jobs_owner() {
-    if let Some(why) = missing_requirement() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    if Command::new("setpriv").arg("--version").output().is_err() {
-        eprintln!("skipped: needs setpriv to act as unprivileged users");
+    if skipped_without("setpriv", "to act as unprivileged users") {
         return;
     }
     let dir = TempDir::new("clowder-privacy-owners");

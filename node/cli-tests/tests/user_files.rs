@@ -15,7 +15,7 @@ use clowder_test_support::{build_musl_program, daemon_config, kernel_image, serv
 use clowderd::daemon::Daemon;
 use clowderd::enclave::Liveness;
 use clowderd::machine::VmmLauncher;
-use support::{missing_requirement, text, vmm_binary};
+use support::{skipped_without, text, vmm_binary};
 
 mod support;
 
@@ -64,12 +64,7 @@ fn as_user(socket: &Path, cwd: &Path, program: &str, args: &[&str]) -> Output {
 
 #[test]
 fn jobs_open_the_users_files_as_on_the_host_unless_confined() {
-    if let Some(why) = missing_requirement() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    if Command::new("setpriv").arg("--version").output().is_err() {
-        eprintln!("skipped: needs setpriv to act as an unprivileged user");
+    if skipped_without("setpriv", "to act as an unprivileged user") {
         return;
     }
     let dir = TempDir::new("clowder-user-files");

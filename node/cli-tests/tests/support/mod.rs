@@ -38,6 +38,17 @@ pub fn missing_requirement() -> Option<String> {
     clowder_test_support::why_jobs_cannot_run(&vmm_binary())
 }
 
+/// Whether a test that boots enclaves and runs `tool` (`need`: what for) must be skipped here,
+/// the reason printed.
+pub fn skipped_without(tool: &str, need: &str) -> bool {
+    let why =
+        missing_requirement().or_else(|| Command::new(tool).arg("--version").output().is_err().then(|| format!("needs {tool} {need}")));
+    if let Some(why) = &why {
+        eprintln!("skipped: {why}");
+    }
+    why.is_some()
+}
+
 /// A scratch directory `name` and the socket of an in-process daemon (`liveness`) serving in it,
 /// or `None` (the reason printed: the test is skipped) where enclaves cannot boot here.
 pub fn enclave_test_daemon(name: &str, liveness: Liveness) -> Option<(TempDir, PathBuf)> {
