@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use clowderd::client::Client;
 use serde_json::{json, Value};
-use xemem::wire::{Body, FrameRun, Message, Name};
+use xemem::wire::{AttachedPart, Body, FrameRun, Message, Name};
 use xemem::NAME_SERVER_ENCLAVE;
 
 mod support;
@@ -621,7 +621,7 @@ fn a_malformed_peer_gets_errors_and_the_daemon_keeps_serving() {
             serve.header.request,
             peer.id,
             requester,
-            Body::Attached { segment, size, first_run: 0, total_runs, runs, valid_while: None },
+            Body::Attached(AttachedPart { segment, size, first_run: 0, total_runs, runs, valid_while: None }),
         );
         peer.send(&answer, &fds);
         let failed = attacher.wait_for("attach failed", Duration::from_secs(10));
@@ -639,7 +639,7 @@ fn a_malformed_peer_gets_errors_and_the_daemon_keeps_serving() {
         serve.header.request,
         peer.id,
         requester,
-        Body::Attached { segment, size: 16 * 4096, first_run: 0, total_runs: 1, runs, valid_while: None },
+        Body::Attached(AttachedPart { segment, size: 16 * 4096, first_run: 0, total_runs: 1, runs, valid_while: None }),
     );
     peer.send(&answer, &[&memory]);
     let wrote = attacher.wait_for("wrote 43", Duration::from_secs(10));

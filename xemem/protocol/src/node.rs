@@ -369,11 +369,8 @@ impl Expectation {
             (Expects::Granted { .. }, Body::Granted { access, size }) => Ok(Reply::Granted { access, size }),
             (Expects::Found, Body::Found { segment }) => Ok(Reply::Found(segment)),
             (Expects::Listed, Body::Listed { more, entries }) => Ok(Reply::Listed { more, entries }),
-            (
-                &Expects::Attached { segment, size: asked },
-                Body::Attached { segment: answered, size, first_run, total_runs, runs, valid_while },
-            ) if answered == segment && size == asked => {
-                match self.assembler.push(segment, size, first_run, total_runs, runs, valid_while) {
+            (&Expects::Attached { segment, size: asked }, Body::Attached(part)) if part.segment == segment && part.size == asked => {
+                match self.assembler.push(part) {
                     Ok(None) => return Verdict::Part,
                     Ok(Some((runs, valid_while))) => Ok(Reply::Attached { segment, runs, valid_while }),
                     Err(error) => return Verdict::PartOutOfPlace(error),

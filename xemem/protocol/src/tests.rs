@@ -324,7 +324,7 @@ fn random_body(rng: &mut Rng) -> Body {
                 .map(|_| FrameRun { first: if rng.chance(100) { None } else { Some(rng.below(1 << 30)) }, frames: 1 + rng.below(1000) })
                 .collect();
             let size = runs.iter().map(|r| r.frames).sum::<u64>() * PAGE_SIZE;
-            Body::Attached { segment: seg, size, first_run: 0, total_runs: count as u32, runs, valid_while: None }
+            Body::Attached(AttachedPart { segment: seg, size, first_run: 0, total_runs: count as u32, runs, valid_while: None })
         }
         20 => Body::Found { segment: seg },
         21 => Body::Listed {
@@ -399,7 +399,7 @@ fn decoder_rejects_out_of_range_fields() {
     // Frame runs: zero-length runs, overflowing runs, counts beyond the bytes present (the
     // runs end one byte before the message: the word's flag follows them).
     let run_body = |runs: Vec<FrameRun>, size: u64, total: u32| {
-        encode(Body::Attached { segment: seg, size, first_run: 0, total_runs: total, runs, valid_while: None })
+        encode(Body::Attached(AttachedPart { segment: seg, size, first_run: 0, total_runs: total, runs, valid_while: None }))
     };
     let mut bytes = run_body(vec![FrameRun { first: Some(5), frames: 1 }], 4096, 1);
     let at = bytes.len() - 9;
@@ -436,9 +436,7 @@ fn run_assembler_needs_every_part_in_order_and_the_right_total() {
     let parts = attached_parts(seg, size, &runs, Some(word)).unwrap();
     assert_eq!(parts.len(), 3);
     let push = |asm: &mut RunAssembler, body: &Body| match body {
-        Body::Attached { segment, size, first_run, total_runs, runs, valid_while } => {
-            asm.push(*segment, *size, *first_run, *total_runs, runs.clone(), *valid_while)
-        }
+        Body::Attached(part) => asm.push(part.clone()),
         _ => unreachable!(),
     };
     let mut asm = RunAssembler::default();
@@ -451,15 +449,17 @@ fn run_assembler_needs_every_part_in_order_and_the_right_total() {
     assert_eq!(push(&mut asm, &parts[0]), Ok(None));
     assert_eq!(push(&mut asm, &parts[1]), Ok(None));
     assert_eq!(push(&mut asm, &parts[2]), Ok(Some((runs.clone(), Some(word)))), "the first part's word");
-    assert!(matches!(parts[1], Body::Attached { valid_while: None, .. }), "only the first part carries the word");
+    assert!(matches!(parts[1], Body::Attached(AttachedPart { valid_while: None, .. })), "only the first part carries the word");
+    let part =
+        |size, first_run, total_runs, runs, valid_while| AttachedPart { segment: seg, size, first_run, total_runs, runs, valid_while };
     // Pages that do not add up to the size: refused.
     let mut asm = RunAssembler::default();
-    assert_eq!(asm.push(seg, 3 * PAGE_SIZE, 0, 1, vec![FrameRun { first: Some(1), frames: 2 }], None), Err(Error::Malformed));
+    assert_eq!(asm.push(part(3 * PAGE_SIZE, 0, 1, vec![FrameRun { first: Some(1), frames: 2 }], None)), Err(Error::Malformed));
     // A word on a later part: refused.
     let mut asm = RunAssembler::default();
     let first = FrameRun { first: Some(1), frames: 1 };
-    assert_eq!(asm.push(seg, 2 * PAGE_SIZE, 0, 2, vec![first], None), Ok(None));
-    assert_eq!(asm.push(seg, 2 * PAGE_SIZE, 1, 2, vec![first], Some(word)), Err(Error::Malformed));
+    assert_eq!(asm.push(part(2 * PAGE_SIZE, 0, 2, vec![first], None)), Ok(None));
+    assert_eq!(asm.push(part(2 * PAGE_SIZE, 1, 2, vec![first], Some(word))), Err(Error::Malformed));
 }
 
 #[test]
@@ -467,8 +467,9 @@ fn an_attach_answers_word_travels_in_its_first_part_only() {
     let segment = SegmentId::new(2, 1).unwrap();
     let runs = vec![FrameRun { first: Some(5), frames: 2 }];
     let word = MappingWord { address: 0x2_0000_0010, value: u64::MAX };
-    let body =
-        |first_run, valid_while| Body::Attached { segment, size: 2 * PAGE_SIZE, first_run, total_runs: 3, runs: runs.clone(), valid_while };
+    let body = |first_run, valid_while| {
+        Body::Attached(AttachedPart { segment, size: 2 * PAGE_SIZE, first_run, total_runs: 3, runs: runs.clone(), valid_while })
+    };
     let bytes = Message::new(3, 1, 2, body(0, Some(word))).to_bytes().unwrap();
     assert_eq!(Message::decode(&bytes).unwrap().body, body(0, Some(word)));
     assert_eq!(Message::new(3, 1, 2, body(1, Some(word))).to_bytes(), Err(Error::Invalid), "a later part's word is not sent");
@@ -919,7 +920,7 @@ fn an_answer_to_a_request_sent_around_the_node_is_handed_out_unclaimed() {
     }
     assert_eq!(answers.len(), 1, "{answers:?}");
     assert_eq!(answers[0].header.request, request);
-    let Body::Attached { segment: answered, size, ref runs, .. } = answers[0].body else { panic!("{:?}", answers[0].body) };
+    let Body::Attached(AttachedPart { segment: answered, size, ref runs, .. }) = answers[0].body else { panic!("{:?}", answers[0].body) };
     assert_eq!((answered, size), (segment, 0x2000));
     assert_eq!(*runs, ModelMemory::expected(id, net.memory[client].run, 4, 0x11000, 0x2000));
     assert!(net.nodes[client].completions().is_empty(), "not the node's own request");
@@ -934,20 +935,31 @@ fn a_direct_attach_takes_only_its_own_answer_and_assembles_its_parts() {
     assert_eq!(request.id(), FIRST_UNCLAIMED_ID | 4);
     assert_eq!(message.header, Header { request: request.id(), origin: 2, destination: NAME_SERVER_ENCLAVE });
     assert_eq!(message.body, Body::Attach { process: 11, access, offset: 0, size });
-    let part = |first_run, runs: Vec<FrameRun>| Body::Attached { segment, size, first_run, total_runs: 3, runs, valid_while: None };
+    let part =
+        |first_run, runs: Vec<FrameRun>| Body::Attached(AttachedPart { segment, size, first_run, total_runs: 3, runs, valid_while: None });
     let first = vec![FrameRun { first: Some(100), frames: 2 }, FrameRun { first: None, frames: 1 }];
     let last = vec![FrameRun { first: Some(300), frames: 2 }];
     // Not answers to it: another enclave, another segment or size, another kind.
     assert_eq!(request.answer(5, part(0, first.clone())), None);
     let other = SegmentId::new(7, 4).unwrap();
     assert_eq!(
-        request.answer(1, Body::Attached { segment: other, size, first_run: 0, total_runs: 3, runs: first.clone(), valid_while: None }),
+        request.answer(
+            1,
+            Body::Attached(AttachedPart { segment: other, size, first_run: 0, total_runs: 3, runs: first.clone(), valid_while: None })
+        ),
         None
     );
     assert_eq!(
         request.answer(
             1,
-            Body::Attached { segment, size: size + PAGE_SIZE, first_run: 0, total_runs: 3, runs: first.clone(), valid_while: None }
+            Body::Attached(AttachedPart {
+                segment,
+                size: size + PAGE_SIZE,
+                first_run: 0,
+                total_runs: 3,
+                runs: first.clone(),
+                valid_while: None
+            })
         ),
         None
     );

@@ -204,15 +204,7 @@ pub enum Body {
         access: AccessId,
         size: u64,
     },
-    /// Runs `first_run..` of an attach answer; the first part may carry its [`MappingWord`].
-    Attached {
-        segment: SegmentId,
-        size: u64,
-        first_run: u32,
-        total_runs: u32,
-        runs: Vec<FrameRun>,
-        valid_while: Option<MappingWord>,
-    },
+    Attached(AttachedPart),
     Found {
         segment: SegmentId,
     },
@@ -233,6 +225,17 @@ pub enum Body {
 pub struct Message {
     pub header: Header,
     pub body: Body,
+}
+
+/// Runs `first_run..` of an attach answer; the first part may carry its [`MappingWord`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttachedPart {
+    pub segment: SegmentId,
+    pub size: u64,
+    pub first_run: u32,
+    pub total_runs: u32,
+    pub runs: Vec<FrameRun>,
+    pub valid_while: Option<MappingWord>,
 }
 
 impl Body {
@@ -258,7 +261,7 @@ impl Body {
             Body::Made { .. } => 48,
             Body::Done => 49,
             Body::Granted { .. } => 50,
-            Body::Attached { .. } => 51,
+            Body::Attached(_) => 51,
             Body::Found { .. } => 52,
             Body::Listed { .. } => 53,
             Body::Revoked { .. } => 54,
@@ -477,7 +480,7 @@ impl Message {
                 w.i64(access.raw());
                 w.u64(*size);
             }
-            Body::Attached { segment, size, first_run, total_runs, runs, valid_while } => {
+            Body::Attached(AttachedPart { segment, size, first_run, total_runs, runs, valid_while }) => {
                 if runs.len() > MAX_RUNS_PER_MESSAGE || (valid_while.is_some() && *first_run != 0) {
                     return Err(Error::Invalid);
                 }
@@ -652,7 +655,7 @@ impl Message {
                     }
                     _ => return Err(Error::Malformed),
                 };
-                Body::Attached { segment, size, first_run, total_runs, runs, valid_while }
+                Body::Attached(AttachedPart { segment, size, first_run, total_runs, runs, valid_while })
             }
             52 => Body::Found { segment: r.segment()? },
             53 => {
@@ -694,13 +697,15 @@ pub fn attached_parts(segment: SegmentId, size: u64, runs: &[FrameRun], valid_wh
     Ok(runs
         .chunks(MAX_RUNS_PER_MESSAGE)
         .enumerate()
-        .map(|(i, chunk)| Body::Attached {
-            segment,
-            size,
-            first_run: (i * MAX_RUNS_PER_MESSAGE) as u32,
-            total_runs,
-            runs: chunk.to_vec(),
-            valid_while: if i == 0 { valid_while } else { None },
+        .map(|(i, chunk)| {
+            Body::Attached(AttachedPart {
+                segment,
+                size,
+                first_run: (i * MAX_RUNS_PER_MESSAGE) as u32,
+                total_runs,
+                runs: chunk.to_vec(),
+                valid_while: if i == 0 { valid_while } else { None },
+            })
         })
         .collect())
 }
@@ -722,15 +727,8 @@ impl RunAssembler {
     /// Feeds one part; `Ok(Some((runs, the first part's word)))` once complete. The first
     /// part's runs are kept as they are (no copy: an answer in one part, the usual case, is
     /// handed on as decoded).
-    pub fn push(
-        &mut self,
-        segment: SegmentId,
-        size: u64,
-        first_run: u32,
-        total_runs: u32,
-        runs: Vec<FrameRun>,
-        valid_while: Option<MappingWord>,
-    ) -> Result<Option<AssembledRuns>, Error> {
+    pub fn push(&mut self, part: AttachedPart) -> Result<Option<AssembledRuns>, Error> {
+        let AttachedPart { segment, size, first_run, total_runs, runs, valid_while } = part;
         match self.expected {
             None => self.expected = Some((segment, size, total_runs)),
             Some(expected) if expected != (segment, size, total_runs) => return Err(Error::Malformed),

@@ -35,7 +35,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use xemem::ids::NAME_SERVER_ENCLAVE;
-use xemem::wire::{Body, FrameRun, Message};
+use xemem::wire::{AttachedPart, Body, FrameRun, Message};
 use xemem::Error;
 
 use super::{GuestRegions, XememLinks, XememPort};
@@ -226,7 +226,7 @@ impl GuestRegions for PeerFrames {
 /// Turns an `Attached` part the peer sent (frames relative to the descriptors that came with
 /// it) into one in this daemon's frame space for the link, after checking every run.
 pub fn renumber_incoming(message: &Message, fds: Vec<OwnedFd>, frames: &PeerFrames) -> Result<Message, Error> {
-    let Body::Attached { segment, size, first_run, total_runs, runs, .. } = &message.body else { return Err(Error::Invalid) };
+    let Body::Attached(part) = &message.body else { return Err(Error::Invalid) };
     if fds.len() > MAX_FDS {
         return Err(Error::Malformed);
     }
@@ -238,8 +238,8 @@ pub fn renumber_incoming(message: &Message, fds: Vec<OwnedFd>, frames: &PeerFram
         }
         files.push((Arc::new(File::from(fd)), info.size));
     }
-    let mut renumbered = Vec::with_capacity(runs.len());
-    for run in runs {
+    let mut renumbered = Vec::with_capacity(part.runs.len());
+    for run in &part.runs {
         let first = match run.first {
             None => None,
             Some(first) => {
@@ -255,14 +255,7 @@ pub fn renumber_incoming(message: &Message, fds: Vec<OwnedFd>, frames: &PeerFram
         renumbered.push(FrameRun { first, frames: run.frames });
     }
     // A word in guest memory means nothing across daemons (see `MappingWord`): dropped.
-    let body = Body::Attached {
-        segment: *segment,
-        size: *size,
-        first_run: *first_run,
-        total_runs: *total_runs,
-        runs: renumbered,
-        valid_while: None,
-    };
+    let body = Body::Attached(AttachedPart { runs: renumbered, valid_while: None, ..*part });
     Ok(Message { header: message.header, body })
 }
 
@@ -273,37 +266,28 @@ pub fn renumber_incoming(message: &Message, fds: Vec<OwnedFd>, frames: &PeerFram
 pub type Packet = (Vec<u8>, Vec<File>);
 
 pub fn files_outgoing(message: &Message, source: &dyn FrameSource) -> Result<Vec<Packet>, Error> {
-    let Body::Attached { segment, size, first_run, total_runs, runs, .. } = &message.body else { return Err(Error::Invalid) };
+    let Body::Attached(part) = &message.body else { return Err(Error::Invalid) };
     let mut packets = Vec::new();
     let mut files: Vec<File> = Vec::new();
     let mut known: HashMap<(u64, u64), u64> = HashMap::new();
     let mut chunk: Vec<FrameRun> = Vec::new();
-    let mut chunk_start = *first_run;
+    let mut chunk_start = part.first_run;
     let flush = |chunk: &mut Vec<FrameRun>,
                  files: &mut Vec<File>,
                  known: &mut HashMap<(u64, u64), u64>,
                  start: &mut u32,
                  packets: &mut Vec<Packet>|
      -> Result<(), Error> {
-        let body = Body::Attached {
-            segment: *segment,
-            size: *size,
-            first_run: *start,
-            total_runs: *total_runs,
-            runs: std::mem::take(chunk),
-            valid_while: None,
-        };
-        let count = match &body {
-            Body::Attached { runs, .. } => runs.len() as u32,
-            _ => 0,
-        };
+        let runs = std::mem::take(chunk);
+        let count = runs.len() as u32;
+        let body = Body::Attached(AttachedPart { first_run: *start, runs, valid_while: None, ..*part });
         let bytes = Message { header: message.header, body }.to_bytes()?;
         packets.push((bytes, std::mem::take(files)));
         known.clear();
         *start += count;
         Ok(())
     };
-    for run in runs {
+    for run in &part.runs {
         let first = match run.first {
             None => None,
             Some(first) => {
@@ -528,7 +512,7 @@ impl Link {
     fn on_packet(&mut self, bytes: &[u8], fds: Vec<OwnedFd>) {
         let message = Message::decode(bytes);
         match message {
-            Ok(message @ Message { body: Body::Attached { .. }, .. }) => {
+            Ok(message @ Message { body: Body::Attached(AttachedPart { .. }), .. }) => {
                 let header = message.header;
                 let renumbered = renumber_incoming(&message, fds, &self.frames).unwrap_or_else(|error| {
                     // The requester hears at once instead of waiting for its retries to run out.
@@ -637,7 +621,7 @@ impl Link {
 
     /// One message of the node's for the peer; memory answers go as files.
     fn to_peer(&self, bytes: Vec<u8>) -> io::Result<()> {
-        let Ok(message @ Message { body: Body::Attached { .. }, .. }) = Message::decode(&bytes) else {
+        let Ok(message @ Message { body: Body::Attached(AttachedPart { .. }), .. }) = Message::decode(&bytes) else {
             return crate::sys::send(&self.connection, &bytes, &[]);
         };
         let origin = message.header.origin;
@@ -710,7 +694,12 @@ mod tests {
         let pages: u64 = runs.iter().map(|r| r.frames).sum();
         let segment = xemem::SegmentId::new(2, 1).unwrap();
         let total_runs = runs.len() as u32;
-        Message::new(3, 2, 1, Body::Attached { segment, size: pages * xemem::PAGE_SIZE, first_run: 0, total_runs, runs, valid_while: None })
+        Message::new(
+            3,
+            2,
+            1,
+            Body::Attached(AttachedPart { segment, size: pages * xemem::PAGE_SIZE, first_run: 0, total_runs, runs, valid_while: None }),
+        )
     }
 
     #[test]
@@ -731,7 +720,7 @@ mod tests {
         let fds: Vec<OwnedFd> = files.iter().map(|f| f.try_clone().unwrap().into()).collect();
         let there = PeerFrames::default();
         let received = renumber_incoming(&sent, fds, &there).unwrap();
-        let Body::Attached { runs, .. } = received.body else { panic!() };
+        let Body::Attached(AttachedPart { runs, .. }) = received.body else { panic!() };
         let (_, offset) = there.file_range(runs[0].first.unwrap() * 4096, 2 * 4096).unwrap();
         assert_eq!(offset, 3 * 4096);
         assert_eq!(runs[1], FrameRun { first: None, frames: 1 });
@@ -765,10 +754,8 @@ mod tests {
         let mut done = None;
         for (bytes, files) in &packets {
             assert!(files.len() <= MAX_FDS);
-            let Body::Attached { segment, size, first_run, total_runs, runs, valid_while } = Message::decode(bytes).unwrap().body else {
-                panic!()
-            };
-            done = assembler.push(segment, size, first_run, total_runs, runs, valid_while).unwrap();
+            let Body::Attached(part) = Message::decode(bytes).unwrap().body else { panic!() };
+            done = assembler.push(part).unwrap();
         }
         assert_eq!(done.map(|(runs, _)| runs.len()), Some(MAX_FDS + 10));
     }

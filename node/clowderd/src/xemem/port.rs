@@ -193,7 +193,7 @@ impl XememPort {
         // the owner lies behind the same daemon link as the requester (see `Bridging::claim`).
         let onward_to_a_daemon =
             next != Some(self.link) && next.and_then(|link| links.ram.get(&link)).is_some_and(|frames| frames.is_peer());
-        !matches!(message.body, Body::Attached { .. }) || destination == frames_for || onward_to_a_daemon
+        !matches!(message.body, Body::Attached(_)) || destination == frames_for || onward_to_a_daemon
     }
 
     /// The enclave's job ended: the segments its processes made go now, and every attachment

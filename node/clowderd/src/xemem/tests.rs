@@ -1,6 +1,7 @@
 use super::*;
 use std::cell::RefCell;
 use std::os::fd::OwnedFd;
+use xemem::wire::AttachedPart;
 use xemem_host::EnclaveRun;
 
 /// Enclave RAM on 2 MiB pages: frame n is at byte n * 4 KiB of one file.
@@ -142,7 +143,14 @@ fn an_enclave_speaks_only_for_itself_and_its_frames_go_only_to_the_name_server()
         7,
         a_id,
         b_id,
-        Body::Attached { segment: SegmentId::new(a_id, 1).unwrap(), size: 4096, first_run: 0, total_runs: 1, runs, valid_while: None },
+        Body::Attached(AttachedPart {
+            segment: SegmentId::new(a_id, 1).unwrap(),
+            size: 4096,
+            first_run: 0,
+            total_runs: 1,
+            runs,
+            valid_while: None,
+        }),
     );
     a.from_enclave(&attached.to_bytes().unwrap(), &regions);
     assert!(b.to_enclave().is_empty(), "b received a's frames");
@@ -176,7 +184,7 @@ fn a_message_queued_by_a_host_caller_wakes_the_owner_enclaves_pump() {
     let serve = Message::decode(&owner.to_enclave().pop().expect("a Serve")).unwrap();
     assert!(matches!(serve.body, Body::Serve { .. }));
     let runs = vec![FrameRun { first: Some(16), frames: 1 }];
-    let attached = Body::Attached { segment, size: 4096, first_run: 0, total_runs: 1, runs, valid_while: None };
+    let attached = Body::Attached(AttachedPart { segment, size: 4096, first_run: 0, total_runs: 1, runs, valid_while: None });
     owner.from_enclave(&Message::new(serve.header.request, owner_id, NAME_SERVER_ENCLAVE, attached).to_bytes().unwrap(), &regions);
     assert_eq!(caller.join().unwrap().map(|runs| runs.len()), Ok(1));
 }

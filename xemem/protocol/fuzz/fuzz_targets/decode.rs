@@ -19,8 +19,8 @@ impl LocalMemory for NoMemory {
 fuzz_target!(|data: &[u8]| {
     if let Ok(message) = Message::decode(data) {
         assert_eq!(message.to_bytes().expect("a decoded message encodes"), data);
-        if let xemem::wire::Body::Attached { segment, size, first_run, total_runs, runs, valid_while } = &message.body {
-            let _ = RunAssembler::default().push(*segment, *size, *first_run, *total_runs, runs.clone(), *valid_while);
+        if let xemem::wire::Body::Attached(part) = &message.body {
+            let _ = RunAssembler::default().push(part.clone());
         }
     }
     let mut node = Node::new(2, Some(NameServer::new(0)), Timing::default());
