@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 
 use clowder_api::client::Client;
 use clowder_api::daemon::{JobEvent, Named, Request};
-use clowder_test_support::{lwk_daemon, serve, why_enclaves_cannot_boot, TempDir};
+use clowder_test_support::{lwk_daemon, serve, skipped, why_enclaves_cannot_boot, TempDir};
 use clowderd::enclave::Liveness;
 use serde_json::json;
 use support::vmm_binary;
@@ -47,8 +47,7 @@ fn check_monotonic(reports: &[(u64, u64, u64)]) {
 
 #[test]
 fn create_shows_progress_while_memory_is_populated() {
-    if let Some(why) = why_enclaves_cannot_boot(&vmm_binary()) {
-        eprintln!("skipped: {why}");
+    if skipped(why_enclaves_cannot_boot(&vmm_binary())) {
         return;
     }
     let dir = TempDir::new("clowder-cli-progress");

@@ -2,7 +2,7 @@
 //! crate): `--mem 256MiB` was refused here while `clowder-vmm --mem 256MiB` was accepted
 //! (issue 23). The daemon runs in this process on a socket in a temp directory.
 
-use clowder_test_support::why_enclaves_cannot_boot;
+use clowder_test_support::{skipped, why_enclaves_cannot_boot};
 use clowderd::enclave::Liveness;
 use support::{assert_says, run_clowder, test_daemon, text, vmm_binary};
 
@@ -34,8 +34,7 @@ fn create_reads_sizes_and_core_lists_as_clowder_vmm_does() {
 /// Booted: the enclave has the memory asked for, listed in the form the daemon reads back.
 #[test]
 fn an_enclave_of_256mib_is_created() {
-    if let Some(why) = why_enclaves_cannot_boot(&vmm_binary()) {
-        eprintln!("skipped: {why}");
+    if skipped(why_enclaves_cannot_boot(&vmm_binary())) {
         return;
     }
     let (dir, socket) = test_daemon("clowder-cli-256mib", Liveness::default());

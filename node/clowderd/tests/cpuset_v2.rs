@@ -12,7 +12,7 @@ mod cpuset_daemon;
 
 use std::path::{Path, PathBuf};
 
-use clowder_test_support::{cpuset_lock, vmm_binary, why_enclaves_cannot_boot, TempDir};
+use clowder_test_support::{cpuset_lock, skipped, vmm_binary, why_enclaves_cannot_boot, TempDir};
 use cpuset_daemon::{read, Daemon};
 use serde_json::json;
 
@@ -46,8 +46,7 @@ fn the_machines_cgroup2_without_cpuset_is_refused_in_one_line() {
 
 #[test]
 fn an_enclave_gets_an_isolated_partition_and_everything_is_given_back() {
-    if let Some(why) = why_enclaves_cannot_boot(&vmm_binary()) {
-        eprintln!("skipped: {why}");
+    if skipped(why_enclaves_cannot_boot(&vmm_binary())) {
         return;
     }
     let root = TempDir::new("clowder-fake-cgroup2");

@@ -40,6 +40,15 @@ pub fn why_enclaves_cannot_boot(vmm: &Path) -> Option<String> {
     None
 }
 
+/// Whether a test must be skipped because of `why` (one of the `why_…` above), the reason
+/// printed: `if skipped(why_enclaves_cannot_boot(&vmm)) { return; }`.
+pub fn skipped(why: Option<String>) -> bool {
+    if let Some(why) = &why {
+        eprintln!("skipped: {why}");
+    }
+    why.is_some()
+}
+
 /// Why LWK jobs (static musl programs) cannot be built and run here with the VMM at `vmm`.
 pub fn why_jobs_cannot_run(vmm: &Path) -> Option<String> {
     if let Some(why) = why_enclaves_cannot_boot(vmm) {
@@ -57,7 +66,8 @@ pub fn build_musl_program(dir: &Path, name: &str, source: &str) -> PathBuf {
     let source_path = dir.join(format!("{name}.c"));
     std::fs::write(&source_path, source).unwrap();
     let binary = dir.join(name);
-    let status = std::process::Command::new("musl-gcc").args(["-static", "-O2", "-pthread", "-o"]).arg(&binary).arg(&source_path).status().unwrap();
+    let status =
+        std::process::Command::new("musl-gcc").args(["-static", "-O2", "-pthread", "-o"]).arg(&binary).arg(&source_path).status().unwrap();
     assert!(status.success(), "musl-gcc failed for {name}");
     binary
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use clowder_test_support::{lwk_daemon, serve, TempDir};
+use clowder_test_support::{lwk_daemon, serve, skipped, TempDir};
 use clowderd::enclave::Liveness;
 
 /// The `clowder` binary under test: `CLOWDER_CLI`, else the workspace's release build. This
@@ -41,22 +41,14 @@ pub fn missing_requirement() -> Option<String> {
 /// Whether a test that boots enclaves and runs `tool` (`need`: what for) must be skipped here,
 /// the reason printed.
 pub fn skipped_without(tool: &str, need: &str) -> bool {
-    let why =
-        missing_requirement().or_else(|| Command::new(tool).arg("--version").output().is_err().then(|| format!("needs {tool} {need}")));
-    if let Some(why) = &why {
-        eprintln!("skipped: {why}");
-    }
-    why.is_some()
+    let tool_missing = || Command::new(tool).arg("--version").output().is_err().then(|| format!("needs {tool} {need}"));
+    skipped(missing_requirement().or_else(tool_missing))
 }
 
 /// A scratch directory `name` and the socket of an in-process daemon (`liveness`) serving in it,
 /// or `None` (the reason printed: the test is skipped) where enclaves cannot boot here.
 pub fn enclave_test_daemon(name: &str, liveness: Liveness) -> Option<(TempDir, PathBuf)> {
-    if let Some(why) = missing_requirement() {
-        eprintln!("skipped: {why}");
-        return None;
-    }
-    Some(test_daemon(name, liveness))
+    (!skipped(missing_requirement())).then(|| test_daemon(name, liveness))
 }
 
 /// A scratch directory `name` and the socket of an in-process daemon (`liveness`) serving in it.
