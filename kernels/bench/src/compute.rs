@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::{median, number_after, Setup};
+use crate::{alternating_medians, number_after, share_of_host, Setup};
 
 type Row = (String, String, String);
 
@@ -119,17 +119,12 @@ pub fn minicg_rows(setup: &Setup, runs: usize) -> Vec<Row> {
         }
         eprintln!("{app} 64³ ({runs} runs each, alternating host and enclave)...");
         let mflops = |text: String| number_after(&text, "minicg: MFLOPS", "total");
-        let (mut host_mflops, mut enclave_mflops) = (Vec::new(), Vec::new());
-        for _ in 0..runs {
-            host_mflops.push(mflops(host(setup, app, &args)));
-            enclave_mflops.push(mflops(enclave(if dynamic { &in_archives } else { setup }, app, &args)));
-        }
-        let (h, e) = (median(&mut host_mflops), median(&mut enclave_mflops));
-        rows.push((
-            format!("minicg 64³ C++ CG ({what}; total MFLOPS)"),
-            format!("host {h:.0}, enclave {e:.0}: {:.1}%", 100.0 * e / h),
-            "≥ 95% of host".into(),
-        ));
+        let (h, e) = alternating_medians(
+            runs,
+            || mflops(host(setup, app, &args)),
+            || mflops(enclave(if dynamic { &in_archives } else { setup }, app, &args)),
+        );
+        rows.push((format!("minicg 64³ C++ CG ({what}; total MFLOPS)"), share_of_host(h, e), "≥ 95% of host".into()));
     }
     rows
 }
@@ -146,15 +141,14 @@ pub fn triad_rows(setup: &Setup, runs: usize) -> Vec<Row> {
         for threads in ["1", "2"] {
             eprintln!("triad {isa}, {threads} thread(s) per core ({runs} runs each)...");
             let bandwidth = |text: String| number_after(&text, "triad:", "each:");
-            let (mut host_bw, mut enclave_bw) = (Vec::new(), Vec::new());
-            for _ in 0..runs {
-                host_bw.push(bandwidth(host(setup, "triad", &[isa, threads])));
-                enclave_bw.push(bandwidth(enclave(setup, "triad", &[isa, threads])));
-            }
-            let (h, e) = (median(&mut host_bw), median(&mut enclave_bw));
+            let (h, e) = alternating_medians(
+                runs,
+                || bandwidth(host(setup, "triad", &[isa, threads])),
+                || bandwidth(enclave(setup, "triad", &[isa, threads])),
+            );
             rows.push((
                 format!("{isa} triad, {threads} thread(s) on one core (16384 doubles per array, cache resident; MB/s)"),
-                format!("host {h:.0}, enclave {e:.0}: {:.1}%", 100.0 * e / h),
+                share_of_host(h, e),
                 "-".into(),
             ));
         }

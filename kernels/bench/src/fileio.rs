@@ -30,12 +30,7 @@ pub fn rows(repo: &Path, core: usize, vmm: &Path, lwk: &Path) -> Result<Vec<(Str
         return Err(format!("musl-gcc could not build {}", source.display()));
     }
     let daemon = Daemon::start(repo, &scratch, vmm, lwk)?;
-    let created = daemon.clowder(repo).args(["enclave", "create", "--name", "lwk-bench-io", "--mem", "512M", "--cores"]).arg(core.to_string()).output();
-    match created {
-        Ok(out) if out.status.success() => {}
-        Ok(out) => return Err(format!("creating the enclave: {}", String::from_utf8_lossy(&out.stderr).trim())),
-        Err(e) => return Err(format!("running clowder: {e}")),
-    }
+    daemon.create_enclave(repo, "lwk-bench-io", "512M", core)?;
     let args = ["200", "64"];
     let enclave = daemon.clowder(repo).current_dir(&work).args(["run", "--enclave", "lwk-bench-io"]).arg(&program).args(args).output();
     // The host's turn once the enclave is gone: until then its core is not the host's.

@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use vmm::control::ControlClient;
 
-
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
 }
@@ -34,6 +33,22 @@ fn median(values: &mut [f64]) -> f64 {
     } else {
         (values[n / 2 - 1] + values[n / 2]) / 2.0
     }
+}
+
+/// The medians of `runs` measurements taken alternately on the host and in the enclave:
+/// (host, enclave).
+fn alternating_medians(runs: usize, mut host: impl FnMut() -> f64, mut enclave: impl FnMut() -> f64) -> (f64, f64) {
+    let (mut on_host, mut in_enclave) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
+    for _ in 0..runs {
+        on_host.push(host());
+        in_enclave.push(enclave());
+    }
+    (median(&mut on_host), median(&mut in_enclave))
+}
+
+/// A rate on both sides and the enclave's share of the host's: "host H, enclave E: P%".
+fn share_of_host(host: f64, enclave: f64) -> String {
+    format!("host {host:.0}, enclave {enclave:.0}: {:.1}%", 100.0 * enclave / host)
 }
 
 struct Setup {
@@ -218,7 +233,11 @@ fn call_cost_rows(setup: &Setup) -> Vec<(String, String, String)> {
     for call in FAST_CALLS {
         let enclave_us = median(&mut (0..3).map(|_| cost(setup.enclave("syscall-loop", &["20000", call]))).collect::<Vec<_>>());
         let host_us = median(&mut (0..3).map(|_| cost(setup.host("syscall-loop", &["1000000", call]))).collect::<Vec<_>>());
-        rows.push((format!("{call} round trip"), format!("enclave {enclave_us:.2} µs (host {host_us:.2} µs)"), "≤ 2 µs in the enclave".into()));
+        rows.push((
+            format!("{call} round trip"),
+            format!("enclave {enclave_us:.2} µs (host {host_us:.2} µs)"),
+            "≤ 2 µs in the enclave".into(),
+        ));
     }
     let kernel_path = setup.enclave_command("syscall-loop", &["2000"], "256M", "lwk.fastcalls=off").output().expect("clowder-vmm runs");
     assert!(kernel_path.status.success(), "syscall-loop with lwk.fastcalls=off failed ({})", kernel_path.status);
@@ -313,19 +332,18 @@ fn main() {
         let (h, l) = (median(&mut host_bw[k]), median(&mut lwk_bw[k]));
         rows.push((
             format!("STREAM {name} (best of 10, MB/s)"),
-            format!("host {h:.0}, enclave {l:.0}: {:.1}%", 100.0 * l / h),
+            share_of_host(h, l),
             "≥ 98% of host (Palacios/Kitten: within 5% of native)".into(),
         ));
     }
 
     eprintln!("hpccg ({runs} runs each)...");
     let cg_args = ["48", "48", "48"];
-    let (mut host_cg, mut lwk_cg) = (Vec::new(), Vec::new());
-    for _ in 0..runs {
-        host_cg.push(number_after(&setup.host("hpccg", &cg_args), "hpccg: setup", "solve"));
-        lwk_cg.push(number_after(&setup.enclave("hpccg", &cg_args), "hpccg: setup", "solve"));
-    }
-    let (h, l) = (median(&mut host_cg), median(&mut lwk_cg));
+    let (h, l) = alternating_medians(
+        runs,
+        || number_after(&setup.host("hpccg", &cg_args), "hpccg: setup", "solve"),
+        || number_after(&setup.enclave("hpccg", &cg_args), "hpccg: setup", "solve"),
+    );
     rows.push((
         "hpccg 48³ solve time".into(),
         format!("host {h:.3} s, enclave {l:.3} s: {:.1}% of host speed", 100.0 * h / l),

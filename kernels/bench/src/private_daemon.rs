@@ -49,4 +49,15 @@ impl Daemon {
         command.env("CLOWDER_SOCKET", &self.socket);
         command
     }
+
+    /// Creates the persistent enclave `name` of `mem` (`512M`) on `core`.
+    pub fn create_enclave(&self, repo: &Path, name: &str, mem: &str, core: usize) -> Result<(), String> {
+        let created =
+            self.clowder(repo).args(["enclave", "create", "--name", name, "--mem", mem, "--cores"]).arg(core.to_string()).output();
+        match created {
+            Ok(out) if out.status.success() => Ok(()),
+            Ok(out) => Err(format!("creating the enclave: {}", String::from_utf8_lossy(&out.stderr).trim())),
+            Err(e) => Err(format!("running clowder: {e}")),
+        }
+    }
 }

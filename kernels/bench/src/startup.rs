@@ -26,12 +26,7 @@ pub fn rows(repo: &Path, core: usize, vmm: &Path, lwk: &Path, runs: usize) -> Re
         }
     }
     let daemon = Daemon::start(repo, &scratch, vmm, lwk)?;
-    let created = daemon.clowder(repo).args(["enclave", "create", "--name", "lwk-bench-startup", "--mem", "256M", "--cores"]).arg(core.to_string()).output();
-    match created {
-        Ok(out) if out.status.success() => {}
-        Ok(out) => return Err(format!("creating the enclave: {}", String::from_utf8_lossy(&out.stderr).trim())),
-        Err(e) => return Err(format!("running clowder: {e}")),
-    }
+    daemon.create_enclave(repo, "lwk-bench-startup", "256M", core)?;
     let time = |program: &str| -> Result<f64, String> {
         let start = Instant::now();
         let out = daemon.clowder(repo).current_dir(&scratch).args(["run", "--enclave", "lwk-bench-startup", program]).output();
