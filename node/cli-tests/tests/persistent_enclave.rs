@@ -7,10 +7,11 @@
 //! clowder-vmm and musl-gcc; skipped (with the reason) otherwise.
 
 use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use clowder_test_support::{build_musl_program, TOUCH_HEAP_JOB};
+use clowder_test_support::{build_musl_program, TempDir, TOUCH_HEAP_JOB};
 use clowderd::enclave::Liveness;
 use support::{enclave_test_daemon, run_clowder, run_clowder_ok, text};
 
@@ -205,12 +206,18 @@ int main(void) {
 }
 "#;
 
+/// A daemon with the job `program` built from `source`, and the two-vCPU enclave `enclave` created
+/// for it; None (skipped) where enclaves cannot boot.
+fn two_vcpu_enclave_with(program: &str, enclave: &str, source: &str) -> Option<(TempDir, PathBuf)> {
+    let (dir, socket) = enclave_test_daemon(&format!("clowder-persistent-{program}"), Liveness::default())?;
+    build_musl_program(&dir.0, program, source);
+    run_clowder_ok(&socket, &["enclave", "create", "--name", enclave, "--cores", "0,1", "--mem", "256M"], &dir.0);
+    Some((dir, socket))
+}
+
 #[test]
 fn a_two_vcpu_persistent_enclave_runs_threaded_jobs_on_both_cpus_one_after_another() {
-    let Some((dir, socket)) = enclave_test_daemon("clowder-persistent-cpus", Liveness::default()) else { return };
-    build_musl_program(&dir.0, "cpus", CPUS_JOB);
-
-    run_clowder_ok(&socket, &["enclave", "create", "--name", "pair", "--cores", "0,1", "--mem", "256M"], &dir.0);
+    let Some((dir, socket)) = two_vcpu_enclave_with("cpus", "pair", CPUS_JOB) else { return };
     // Each job leaves its worker spinning on CPU 1 when it ends: the kernel parks that CPU
     // and brings it back for the next job, which uses both CPUs again.
     for round in 1..=3 {
@@ -318,9 +325,7 @@ int main(int argc, char **argv) {
 
 #[test]
 fn a_two_vcpu_persistent_enclave_survives_every_way_a_job_ends_and_does_not_leak() {
-    let Some((dir, socket)) = enclave_test_daemon("clowder-persistent-endings", Liveness::default()) else { return };
-    build_musl_program(&dir.0, "endings", ENDINGS_JOB);
-    run_clowder_ok(&socket, &["enclave", "create", "--name", "ends", "--cores", "0,1", "--mem", "256M"], &dir.0);
+    let Some((dir, socket)) = two_vcpu_enclave_with("endings", "ends", ENDINGS_JOB) else { return };
 
     let cases = [
         ("exit-on-cpu1", 21, "worker on cpu 1\n"),
