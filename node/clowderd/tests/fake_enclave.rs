@@ -943,6 +943,21 @@ fn enclaves_get_xemem_ids_from_the_daemons_name_server() {
     assert_eq!(stdout, format!("xemem enclave id {}\n", ids[0]));
 }
 
+/// A daemon for test `label` with the one enclave `enclave`, a working directory for its jobs,
+/// and the daemon's XEMEM links, through which the tests attach as a host process would.
+fn xemem_owner_daemon(label: &str, enclave: &str) -> (TestDaemon, TempDir, Arc<clowderd::xemem::XememLinks>) {
+    let daemon = start_daemon(label, Liveness::default());
+    daemon.create(enclave);
+    let work = TempDir::new(&format!("clowderd-{label}-work"));
+    let links = daemon.daemon.xemem_links().clone();
+    (daemon, work, links)
+}
+
+/// Root's credentials, which the tests' host-side attaches carry.
+fn root() -> xemem::Credentials {
+    xemem::Credentials { uid: 0, groups: vec![0] }
+}
+
 /// The id of the segment named `name`, once its owner has made it (5 s at most).
 fn wait_for_segment(links: &clowderd::xemem::XememLinks, name: &str) -> xemem::ids::SegmentId {
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -968,11 +983,7 @@ fn assert_reads_the_fake_segment(runs: &[clowderd::xemem::FileRun]) {
 /// owner is asked again.
 #[test]
 fn an_owner_enclave_is_asked_again_only_after_its_mappings_changed() {
-    let daemon = start_daemon("xemem-owner-runs", Liveness::default());
-    daemon.create("owner-runs-kept");
-    let work = TempDir::new("clowderd-xemem-owner-runs-work");
-    let links = daemon.daemon.xemem_links().clone();
-    let root = || xemem::Credentials { uid: 0, groups: vec![0] };
+    let (daemon, work, links) = xemem_owner_daemon("xemem-owner-runs", "owner-runs-kept");
     std::thread::scope(|scope| {
         let owner = scope.spawn(|| daemon.run("owner-runs-kept", &["prog", "xemem-owner", "honest", "2"], &work.0, &[]));
         let segment = wait_for_segment(&links, "fake-seg-honest");
@@ -1007,11 +1018,7 @@ fn an_owner_enclave_is_asked_again_only_after_its_mappings_changed() {
 /// channel fail the attach with EINVAL.
 #[test]
 fn a_host_process_maps_an_enclave_segment_through_the_ram_memfd() {
-    let daemon = start_daemon("xemem-attach", Liveness::default());
-    daemon.create("owner");
-    let work = TempDir::new("clowderd-xemem-attach-work");
-    let links = daemon.daemon.xemem_links().clone();
-    let root = || xemem::Credentials { uid: 0, groups: vec![0] };
+    let (daemon, work, links) = xemem_owner_daemon("xemem-attach", "owner");
     let lookup = |name: &str| wait_for_segment(&links, name);
     std::thread::scope(|scope| {
         let owner = scope.spawn(|| daemon.run("owner", &["prog", "xemem-owner", "honest"], &work.0, &[]));
