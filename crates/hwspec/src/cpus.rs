@@ -7,6 +7,7 @@
 //! Refused: an empty list or item, a descending range, a CPU listed twice, a number above
 //! `MAX_CPU`.
 
+use crate::{Problem, Refused};
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use core::fmt::{self, Write};
@@ -33,16 +34,15 @@ pub enum CpuListProblem {
 }
 
 /// A refused CPU list: the text as given and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CpuListError {
-    pub text: String,
-    pub problem: CpuListProblem,
+pub type CpuListError = Refused<CpuListProblem>;
+
+impl Problem for CpuListProblem {
+    const READS: &'static str = "a CPU list";
 }
 
-impl fmt::Display for CpuListError {
+impl fmt::Display for CpuListProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?} is not a CPU list: ", self.text)?;
-        match &self.problem {
+        match self {
             CpuListProblem::Empty => f.write_str("it is empty"),
             CpuListProblem::EmptyItem => f.write_str("an item between commas is empty"),
             CpuListProblem::NotACpu(item) => {
@@ -56,11 +56,9 @@ impl fmt::Display for CpuListError {
     }
 }
 
-impl core::error::Error for CpuListError {}
-
 /// Parses a CPU list (see the module's documentation for the syntax), in the order given.
 pub fn parse_cpu_list(text: &str) -> Result<Vec<usize>, CpuListError> {
-    let refuse = |problem| CpuListError { text: text.to_string(), problem };
+    let refuse = |problem| Refused::new(text, problem);
     let trimmed = text.trim();
     if trimmed.is_empty() {
         return Err(refuse(CpuListProblem::Empty));
@@ -178,7 +176,7 @@ mod tests {
             ("0-99999999", Err(TooLarge(99999999))),
             ("99999999999999999999999", Err(TooLarge(usize::MAX))),
         ];
-        crate::check_parse_table("parse_cpu_list", parse_cpu_list, |error| (error.text, error.problem), table);
+        crate::check_parse_table("parse_cpu_list", parse_cpu_list, table);
     }
 
     #[test]

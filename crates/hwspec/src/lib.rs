@@ -12,24 +12,49 @@ extern crate alloc;
 mod cpus;
 mod size;
 
+use alloc::string::{String, ToString};
+use core::fmt;
+
+/// A text a parser refuses, kept as given, and the problem with it; shown as
+/// `"<text>" is not <what the parser reads>: <the problem>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused<P> {
+    pub text: String,
+    pub problem: P,
+}
+
+/// A parser's problems: what it reads (`a size`), and (as `Display`) what is wrong.
+pub trait Problem: fmt::Display + fmt::Debug {
+    const READS: &'static str;
+}
+
+impl<P> Refused<P> {
+    fn new(text: &str, problem: P) -> Refused<P> {
+        Refused { text: text.to_string(), problem }
+    }
+}
+
+impl<P: Problem> fmt::Display for Refused<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?} is not {}: {}", self.text, P::READS, self.problem)
+    }
+}
+
+impl<P: Problem> core::error::Error for Refused<P> {}
+
 /// Checks a parser against a table of texts and what each must give: the value, or the
 /// problem its error names (the error keeping the text as given). `name` names the parser in
-/// failures; `parts` splits an error into its text and its problem.
+/// failures.
 #[cfg(test)]
-fn check_parse_table<T, E, P>(
-    name: &str,
-    parse: impl Fn(&str) -> Result<T, E>,
-    parts: impl Fn(E) -> (alloc::string::String, P),
-    table: &[(&str, Result<T, P>)],
-) where
+fn check_parse_table<T, P>(name: &str, parse: impl Fn(&str) -> Result<T, Refused<P>>, table: &[(&str, Result<T, P>)])
+where
     T: PartialEq + core::fmt::Debug,
     P: PartialEq + core::fmt::Debug,
 {
     for (text, expected) in table {
         let parsed = parse(text).map_err(|error| {
-            let (kept, problem) = parts(error);
-            assert_eq!(kept, *text, "the error keeps the text as given");
-            problem
+            assert_eq!(error.text, *text, "the error keeps the text as given");
+            error.problem
         });
         assert_eq!(parsed, *expected, "{name}({text:?})");
     }

@@ -6,6 +6,7 @@
 //! they are as often read as powers of ten. Spaces around the text are ignored, none inside it;
 //! no sign, fraction or hexadecimal.
 
+use crate::{Problem, Refused};
 use alloc::string::{String, ToString};
 use core::fmt;
 
@@ -30,16 +31,15 @@ pub enum SizeProblem {
 }
 
 /// A refused size: the text as given and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SizeError {
-    pub text: String,
-    pub problem: SizeProblem,
+pub type SizeError = Refused<SizeProblem>;
+
+impl Problem for SizeProblem {
+    const READS: &'static str = "a size";
 }
 
-impl fmt::Display for SizeError {
+impl fmt::Display for SizeProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?} is not a size: ", self.text)?;
-        match self.problem {
+        match self {
             SizeProblem::Empty => f.write_str("it is empty"),
             SizeProblem::NotANumber => f.write_str(
                 "expected a whole number of bytes, optionally followed by K, M, G or T (binary; \
@@ -53,11 +53,9 @@ impl fmt::Display for SizeError {
     }
 }
 
-impl core::error::Error for SizeError {}
-
 /// Parses a size in bytes (see the module's documentation for the syntax).
 pub fn parse_size(text: &str) -> Result<u64, SizeError> {
-    let refuse = |problem| SizeError { text: text.to_string(), problem };
+    let refuse = |problem| Refused::new(text, problem);
     let trimmed = text.trim();
     if trimmed.is_empty() {
         return Err(refuse(SizeProblem::Empty));
@@ -158,7 +156,7 @@ mod tests {
             ("18446744073709551616", Err(TooLarge)),
             ("99999999999999999999999", Err(TooLarge)),
         ];
-        crate::check_parse_table("parse_size", parse_size, |error| (error.text, error.problem), table);
+        crate::check_parse_table("parse_size", parse_size, table);
     }
 
     #[test]
