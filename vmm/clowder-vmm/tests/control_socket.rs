@@ -23,8 +23,7 @@ use vmm::arch::layout::CMDLINE_ADDR;
 #[test]
 fn stats_pause_resume_and_stop_from_another_process() {
     require_kvm!();
-    let mut vmm = Launch::testguest(ENDLESS_NOPS).start();
-    let mut control = vmm.control();
+    let (vmm, mut control) = Launch::testguest(ENDLESS_NOPS).start_controlled();
 
     // Counters are readable while the guest runs, and they move.
     let first = control.exits("hypercall");
@@ -100,8 +99,7 @@ impl RemoteChannel {
 #[test]
 fn channel_descriptors_drive_a_doorbell_echo_from_another_process() {
     require_kvm!();
-    let mut vmm = Launch::testguest("test=channel mode=doorbell").start();
-    let mut control = vmm.control();
+    let (vmm, mut control) = Launch::testguest("test=channel mode=doorbell").start_controlled();
     let mut channel = RemoteChannel::attach(&mut control);
 
     for index in 0..10u8 {
@@ -137,8 +135,7 @@ const WORDS_PER_PAGE: usize = 4096 / 8;
 #[test]
 fn memory_and_run_time_regions_from_another_process() {
     require_kvm!();
-    let mut vmm = Launch::testguest("test=region").start();
-    let mut control = vmm.control();
+    let (vmm, mut control) = Launch::testguest("test=region").start_controlled();
     let mut channel = RemoteChannel::attach(&mut control);
 
     // Guest RAM: the memfd maps the guest-physical layout, so the command line is where the ABI
@@ -211,8 +208,7 @@ fn reply_on(socket: &mut LineSocket) -> Value {
 #[test]
 fn malformed_requests_are_answered_with_errors_while_the_vm_keeps_running() {
     require_kvm!();
-    let mut vmm = Launch::testguest(ENDLESS_NOPS).start();
-    let mut control = vmm.control();
+    let (vmm, mut control) = Launch::testguest(ENDLESS_NOPS).start_controlled();
     // The socket serves before the vCPUs start (state "Created"): wait until the guest runs.
     wait_until("the guest runs", || control.exits("hypercall") > 0);
     let mut socket = LineSocket::new(UnixStream::connect(vmm.control_path()).unwrap(), clowder_api::vmm::LIMITS);
@@ -297,8 +293,7 @@ fn only_the_vmms_own_uid_or_root_may_use_the_control_socket() {
         eprintln!("skipped: switching to another uid needs root");
         return;
     }
-    let mut vmm = Launch::testguest(ENDLESS_NOPS).start();
-    let mut control = vmm.control();
+    let (vmm, mut control) = Launch::testguest(ENDLESS_NOPS).start_controlled();
     let path = vmm.control_path();
     let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "the socket is private whatever the umask");

@@ -16,8 +16,7 @@ use support::{run_with_args, testguest, wait_until, Ended, Launch, Scratch, DEAD
 #[test]
 fn sigterm_tears_the_vm_down_cleanly_with_status_143() {
     require_kvm!();
-    let mut vmm = Launch::testguest(ENDLESS_NOPS).start();
-    let mut control = vmm.control();
+    let (vmm, mut control) = Launch::testguest(ENDLESS_NOPS).start_controlled();
     wait_until("the guest runs", || control.exits("hypercall") > 0);
     let socket = vmm.control_path();
     // SAFETY: signals the child we started and still own.

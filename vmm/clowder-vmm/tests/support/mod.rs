@@ -111,6 +111,13 @@ impl Launch {
             .unwrap_or_else(|e| panic!("starting {CLOWDER_VMM}: {e}"));
         VmmProcess { child: Some(child), scratch: self.scratch, args: self.args }
     }
+
+    /// [`Launch::start`], connected to the control socket.
+    pub fn start_controlled(self) -> (VmmProcess, Control) {
+        let mut vmm = self.start();
+        let control = vmm.control();
+        (vmm, control)
+    }
 }
 
 /// A running `clowder-vmm`; killed if a test lets go of it while it still runs.
