@@ -359,6 +359,17 @@ static int last_node(void)
 	return dex_nodes() - 1;
 }
 
+/* `pages` fresh pages mapped on node 1 and filled there with `byte`, so that node 1 holds
+ * every page, writable (the caller is left on node 1). */
+static char *held_by_node1(long pages, int byte)
+{
+	go(1);
+	char *m = mmap(NULL, pages * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	expect(m != MAP_FAILED, "mmap on node 1");
+	memset(m, byte, pages * PAGE);
+	return m;
+}
+
 static void *mapmove_worker(void *arg)
 {
 	(void)arg;
@@ -397,10 +408,7 @@ static void *mapmove_worker(void *arg)
 static void *unmap_worker(void *arg)
 {
 	(void)arg;
-	go(1);
-	char *m = mmap(NULL, 16 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	expect(m != MAP_FAILED, "mmap on node 1");
-	memset(m, 1, 16 * PAGE); /* node 1 now holds every page, writable */
+	char *m = held_by_node1(16, 1);
 	go(last_node());
 	expect(munmap(m + 4 * PAGE, 8 * PAGE) == 0, "munmap of the middle on the last node");
 	expect(access_faults(m + 5 * PAGE, 0) == SEGV_MAPERR, "read after munmap faults on the last node");
@@ -430,10 +438,7 @@ static void *unmap_worker(void *arg)
 static void *protect_worker(void *arg)
 {
 	(void)arg;
-	go(1);
-	char *m = mmap(NULL, 4 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	expect(m != MAP_FAILED, "mmap on node 1");
-	memset(m, 3, 4 * PAGE); /* node 1 holds the pages writable */
+	char *m = held_by_node1(4, 3);
 	go(0);
 	expect(mprotect(m, 4 * PAGE, PROT_READ) == 0, "mprotect read-only at the origin");
 	expect(access_faults(m, 1) == SEGV_ACCERR, "write faults at the origin");
