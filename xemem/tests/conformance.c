@@ -96,6 +96,14 @@ static void finish(struct peer p, uint64_t last)
 	reap(p);
 }
 
+/* The owner's side of finish(): removes its segment, then answers. */
+static int remove_and_answer(int fd, xpmem_segid_t segid)
+{
+	CHECK(xpmem_remove(segid) == 0, "remove");
+	put(fd, 1);
+	return 0;
+}
+
 /* ---- memory ---- */
 
 static int *anonymous(size_t pages)
@@ -127,9 +135,7 @@ static int exporter(int fd, long pages)
 	put(fd, (uintptr_t)p);
 	int added = (int)take(fd);
 	expect_filled(p, pages, added, "owner after attacher wrote");
-	CHECK(xpmem_remove(segid) == 0, "xpmem_remove");
-	put(fd, 1);
-	return 0;
+	return remove_and_answer(fd, segid);
 }
 
 /* A started exporter of `pages` pages; its segment in *segid. */
@@ -441,9 +447,7 @@ static int whole_space_owner(int fd, long pages)
 	take(fd);
 	expect_filled(aligned, pages, 1001, "owner's heap after the attacher's +1");
 	free(heap);
-	CHECK(xpmem_remove(segid) == 0, "remove");
-	put(fd, 1);
-	return 0;
+	return remove_and_answer(fd, segid);
 }
 
 static int case_whole_address_space(void)
@@ -501,9 +505,7 @@ static int holes_owner(int fd, long unused)
 	munmap((char *)p + 9 * PAGE, PAGE);
 	put(fd, segid);
 	take(fd);
-	CHECK(xpmem_remove(segid) == 0, "remove");
-	put(fd, 1);
-	return 0;
+	return remove_and_answer(fd, segid);
 }
 
 static int case_holes_sigbus(void)
@@ -594,9 +596,7 @@ static int patterns_owner(int fd, long pages)
 	take(fd);
 	for (long i = 0; i < pages; i++)
 		CHECK(p[i * INTS_PER_PAGE + 1] == (int)(i * 3), "owner reads page %ld", i);
-	CHECK(xpmem_remove(segid) == 0, "remove");
-	put(fd, 1);
-	return 0;
+	return remove_and_answer(fd, segid);
 }
 
 static void patterns(long pages, int filled)
