@@ -109,31 +109,25 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
 
     run_clowder_ok(&socket, &["enclave", "create", "--name", "e", "--cores", "1", "--mem", "256M"], &dir.0);
 
-    let run = run_clowder(&socket, &["run", "--enclave", "e", "--file", "input.txt", "./files", "world"], &dir.0);
-    assert_eq!(
-        text(&run.stdout),
-        "hello world\nresult.txt has 15018 bytes\nstat: 15018 bytes\nscratch: 5 bytes\n",
-        "stderr: {}",
-        text(&run.stderr)
-    );
+    // ./files with `word`: what it writes, and its status (3), which is the CLI's.
+    let run_files = |word: &str| {
+        let run = run_clowder(&socket, &["run", "--enclave", "e", "--file", "input.txt", "./files", word], &dir.0);
+        let expected = format!("hello {word}\nresult.txt has 15018 bytes\nstat: 15018 bytes\nscratch: 5 bytes\n");
+        assert_eq!(text(&run.stdout), expected, "stderr: {}", text(&run.stderr));
+        assert_eq!(run.status.code(), Some(3), "the job's status is the CLI's");
+        run
+    };
+    let run = run_files("world");
     assert!(text(&run.stderr).contains("to stderr"), "stderr: {}", text(&run.stderr));
     // getcwd is the host directory the job was launched from.
     assert!(text(&run.stderr).contains(&format!("cwd {}\n", dir.0.display())), "stderr: {}", text(&run.stderr));
-    assert_eq!(run.status.code(), Some(3), "the job's status is the CLI's");
     let result = std::fs::read_to_string(dir.0.join("result.txt")).expect("the job's output file is on the host");
     assert!(result.starts_with("copied: the input\n0000\n0001\n"), "{}", &result[..40.min(result.len())]);
     assert!(result.ends_with("2999\n"));
     assert!(dir.0.join("made").is_dir() && !dir.0.join("made/scratch").exists(), "mkdir and unlink reach the host");
 
     // The same enclave runs the next job: the first one's memory came back.
-    let again = run_clowder(&socket, &["run", "--enclave", "e", "--file", "input.txt", "./files", "again"], &dir.0);
-    assert_eq!(
-        text(&again.stdout),
-        "hello again\nresult.txt has 15018 bytes\nstat: 15018 bytes\nscratch: 5 bytes\n",
-        "stderr: {}",
-        text(&again.stderr)
-    );
-    assert_eq!(again.status.code(), Some(3));
+    run_files("again");
 
     // A job spinning longer than the ping timeout (5 s) in user mode: the kernel answers the
     // daemon's pings from the channel interrupt, so the enclave is not declared hung.
