@@ -33,6 +33,13 @@ impl<'a> HostSide<'a> {
         HostSide { endpoint, device, sleep, doorbells_seen: 0 }
     }
 
+    /// A spinning host side, returned once the guest reports its channel ready.
+    fn once_ready(guest: &'a Guest) -> HostSide<'a> {
+        let host = HostSide::new(guest, false);
+        guest.wait_for_report("chready");
+        host
+    }
+
     fn send(&mut self, message: &[u8]) {
         send_within(&mut self.endpoint, message, GUEST_TIMEOUT);
         if self.endpoint.peer_waiting() {
@@ -162,8 +169,7 @@ fn channel_echo_in_doorbell_mode_sleeps_and_wakes_both_sides() {
 fn channel_echo_with_a_ring3_poller() {
     require_kvm!();
     let guest = Guest::start(GuestSpec::new("test=channel mode=poll-user"));
-    let mut host = HostSide::new(&guest, false);
-    guest.wait_for_report("chready");
+    let mut host = HostSide::once_ready(&guest);
     const ECHOES: usize = 1000;
     let mut round_trips = Vec::with_capacity(ECHOES);
     for index in 0..ECHOES {
@@ -243,8 +249,7 @@ fn count_guest_pattern_mismatches(words: *mut u64, len: usize) -> usize {
 fn region_added_at_run_time_is_mapped_read_and_written_by_the_guest() {
     require_kvm!();
     let guest = Guest::start(GuestSpec::new("test=region"));
-    let mut host = HostSide::new(&guest, false);
-    guest.wait_for_report("chready");
+    let mut host = HostSide::once_ready(&guest);
 
     // Wherever the VMM puts it (just above RAM) ...
     const FIRST_LEN: usize = 64 * 1024;
