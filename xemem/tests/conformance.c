@@ -125,6 +125,14 @@ static xpmem_segid_t export_filled(long pages, long mode, int **memory)
 	return segid;
 }
 
+/* A whole-address-space segment of this process (make(0, MAXADDR)), for its owner only. */
+static xpmem_segid_t make_whole(void)
+{
+	xpmem_segid_t segid = xpmem_make(0, XPMEM_MAXADDR_SIZE, XPMEM_PERMIT_MODE, (void *)0600);
+	CHECK(segid > 0, "make whole");
+	return segid;
+}
+
 /* An exporter of `pages` anonymous private pages holding int[i] = i: sends segid, waits for
  * the attacher's word, then checks int[i] == i + that word. The Cray suite's xpmem_proc1. */
 static int exporter(int fd, long pages)
@@ -437,8 +445,7 @@ static int case_fork_attacher(void)
 /* make(0, MAXADDR): memory allocated after make is attachable at offset = its address. */
 static int whole_space_owner(int fd, long pages)
 {
-	xpmem_segid_t segid = xpmem_make(0, XPMEM_MAXADDR_SIZE, XPMEM_PERMIT_MODE, (void *)0600);
-	CHECK(segid > 0, "make whole");
+	xpmem_segid_t segid = make_whole();
 	int *heap = malloc(pages * PAGE + PAGE);
 	int *aligned = (int *)(((uintptr_t)heap + PAGE - 1) & ~(PAGE - 1));
 	fill(aligned, pages, 1000);
@@ -466,8 +473,7 @@ static int case_whole_address_space(void)
 /* The openucx gtest's self attach of a whole-address-space segment. */
 static int case_self_attach(void)
 {
-	xpmem_segid_t segid = xpmem_make(0, XPMEM_MAXADDR_SIZE, XPMEM_PERMIT_MODE, (void *)0600);
-	CHECK(segid > 0, "make");
+	xpmem_segid_t segid = make_whole();
 	int *mine = anonymous(64);
 	fill(mine, 64, 5);
 	xpmem_apid_t apid;
@@ -832,8 +838,7 @@ static int case_names_and_signals(void)
 static int munmap_owner(int fd, long unused)
 {
 	(void)unused;
-	xpmem_segid_t whole = xpmem_make(0, XPMEM_MAXADDR_SIZE, XPMEM_PERMIT_MODE, (void *)0600);
-	CHECK(whole > 0, "make whole");
+	xpmem_segid_t whole = make_whole();
 	int *gone = anonymous(8), *moving = anonymous(8);
 	fill(gone, 8, 0);
 	fill(moving, 8, 100);
@@ -888,8 +893,7 @@ static int case_owner_munmap(void)
  * attacher's word to new memory (base 500) at the same address, then removed on its next. */
 static int remapping_owner(int fd, long pages)
 {
-	xpmem_segid_t whole = xpmem_make(0, XPMEM_MAXADDR_SIZE, XPMEM_PERMIT_MODE, (void *)0600);
-	CHECK(whole > 0, "make whole");
+	xpmem_segid_t whole = make_whole();
 	int *at = anonymous(pages);
 	fill(at, pages, 0);
 	put(fd, whole);
@@ -956,8 +960,7 @@ static int case_reattach_parked(void)
  * source keeps its data (the attachment is not mistaken for the owner's memory). */
 static int case_self_attach_remove(void)
 {
-	xpmem_segid_t segid = xpmem_make(0, XPMEM_MAXADDR_SIZE, XPMEM_PERMIT_MODE, (void *)0600);
-	CHECK(segid > 0, "make");
+	xpmem_segid_t segid = make_whole();
 	int *mine = anonymous(16);
 	fill(mine, 16, 3);
 	int *view = attach_rw(segid, (off_t)(uintptr_t)mine, 16 * PAGE, NULL);
@@ -1097,8 +1100,7 @@ static int case_library_data(void)
 	if (maps)
 		fclose(maps);
 	CHECK(lo != 0, "the library's data mapping (%s)", library);
-	xpmem_segid_t whole = xpmem_make(0, XPMEM_MAXADDR_SIZE, XPMEM_PERMIT_MODE, (void *)0600);
-	CHECK(whole > 0, "make");
+	xpmem_segid_t whole = make_whole();
 	xpmem_apid_t apid;
 	int *view = attach_rw(whole, (off_t)lo, hi - lo, &apid);
 	CHECK(touch(view, 0) == SIGBUS, "the library's data is a hole");
