@@ -293,16 +293,16 @@ impl Cpusets {
 
 #[cfg(test)]
 mod tests {
+    pub(super) use clowder_test_support::TempDir;
+
     use super::*;
 
     /// A fresh directory standing in for a cgroup root (`clowder-{name}-PID` in the temporary
     /// directory), its control files plain files with these contents.
-    pub(super) fn fake_tree(name: &str, files: &[(&str, &str)]) -> PathBuf {
-        let root = std::env::temp_dir().join(format!("clowder-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(&root).unwrap();
+    pub(super) fn fake_tree(name: &str, files: &[(&str, &str)]) -> TempDir {
+        let root = TempDir::new(&format!("clowder-{name}"));
         for (file, contents) in files {
-            std::fs::write(root.join(file), contents).unwrap();
+            std::fs::write(root.0.join(file), contents).unwrap();
         }
         root
     }

@@ -55,35 +55,33 @@ pub(super) fn widen_host(root: &Path, host_cores: &BTreeSet<usize>) -> Result<St
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::fake_tree;
+    use super::super::tests::{fake_tree, TempDir};
     use super::super::{Cpusets, Version};
     use super::*;
 
     /// A directory standing in for cgroupfs: its control files are plain files here.
-    fn fake_hierarchy(name: &str) -> PathBuf {
+    fn fake_hierarchy(name: &str) -> TempDir {
         fake_tree(&format!("cpuset-{name}"), &[("cpuset.cpus", "0-3\n"), ("cpuset.mems", "0\n"), ("cgroup.procs", "1\n77\n300\n")])
     }
 
     #[test]
     fn isolation_moves_host_processes_and_confines_the_vmm() {
         let root = fake_hierarchy("isolate");
-        let cpusets = Cpusets::at(root.clone(), Version::V1).unwrap();
+        let cpusets = Cpusets::at(root.0.clone(), Version::V1).unwrap();
         assert!(cpusets.repairs().is_empty());
-        assert!(!root.join("clowder-probe").exists(), "the probe leaves nothing behind");
+        assert!(!root.0.join("clowder-probe").exists(), "the probe leaves nothing behind");
         let done = cpusets.isolate("sim", &[2, 3], &[2, 3].into(), 77).unwrap();
         assert!(done.contains("moved 2 host processes to cores 0-1"), "{done}");
-        assert_eq!(read(&root.join("clowder-enclave-sim/cpuset.cpus")).unwrap(), "2-3");
-        assert_eq!(read(&root.join("clowder-enclave-sim/cpuset.mems")).unwrap(), "0");
-        assert_eq!(read(&root.join("clowder-enclave-sim/cgroup.procs")).unwrap(), "77");
-        assert_eq!(read(&root.join("clowder-host/cpuset.cpus")).unwrap(), "0-1");
+        assert_eq!(read(&root.0.join("clowder-enclave-sim/cpuset.cpus")).unwrap(), "2-3");
+        assert_eq!(read(&root.0.join("clowder-enclave-sim/cpuset.mems")).unwrap(), "0");
+        assert_eq!(read(&root.0.join("clowder-enclave-sim/cgroup.procs")).unwrap(), "77");
+        assert_eq!(read(&root.0.join("clowder-host/cpuset.cpus")).unwrap(), "0-1");
         assert!(cpusets.isolate("x", &[0], &[0, 1, 2, 3].into(), 5).unwrap_err().contains("no cores"));
-        assert!(Cpusets::at(root.join("missing"), Version::V1).is_err());
+        assert!(Cpusets::at(root.0.join("missing"), Version::V1).is_err());
         // After a clean stop, an enclave that just finished booting makes no cpusets again.
         cpusets.dissolve().unwrap();
         assert!(cpusets.isolate("late", &[3], &[3].into(), 99).unwrap_err().contains("stopping"));
-        assert!(!root.join("clowder-enclave-late").exists());
-        drop(cpusets);
-        std::fs::remove_dir_all(&root).unwrap();
+        assert!(!root.0.join("clowder-enclave-late").exists());
     }
 
     /// The host's cores are the root's but the enclaves', whatever the daemon's own affinity
@@ -91,27 +89,24 @@ mod tests {
     #[test]
     fn release_gives_the_cores_back_to_the_host() {
         let root = fake_hierarchy("release");
-        let cpusets = Cpusets::at(root.clone(), Version::V1).unwrap();
+        let cpusets = Cpusets::at(root.0.clone(), Version::V1).unwrap();
         cpusets.isolate("a", &[3], &[3].into(), 77).unwrap();
         cpusets.isolate("b", &[2], &[2, 3].into(), 78).unwrap();
-        assert_eq!(read(&root.join("clowder-host/cpuset.cpus")).unwrap(), "0-1");
+        assert_eq!(read(&root.0.join("clowder-host/cpuset.cpus")).unwrap(), "0-1");
         // A plain directory with files in it cannot be removed: the release still widened the host.
         let error = cpusets.release("a", &[2].into()).unwrap_err();
         assert!(error.contains("removing"), "{error}");
-        assert_eq!(read(&root.join("clowder-host/cpuset.cpus")).unwrap(), "0-1,3");
+        assert_eq!(read(&root.0.join("clowder-host/cpuset.cpus")).unwrap(), "0-1,3");
         assert!(cpusets.release("nothing", &[2].into()).unwrap().contains("had none"));
-        drop(cpusets);
-        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
     fn one_daemon_per_hierarchy() {
         let root = fake_hierarchy("lock");
-        let first = Cpusets::at(root.clone(), Version::V1).unwrap();
-        let error = Cpusets::at(root.clone(), Version::V1).err().unwrap();
+        let first = Cpusets::at(root.0.clone(), Version::V1).unwrap();
+        let error = Cpusets::at(root.0.clone(), Version::V1).err().unwrap();
         assert!(error.contains("another clowderd isolates cores"), "{error}");
         drop(first);
-        assert!(Cpusets::at(root.clone(), Version::V1).is_ok(), "the lock goes with its holder");
-        std::fs::remove_dir_all(&root).unwrap();
+        assert!(Cpusets::at(root.0.clone(), Version::V1).is_ok(), "the lock goes with its holder");
     }
 }

@@ -96,13 +96,11 @@ mod tests {
     //! Against a directory that mimics a cgroup2 root: this machine's kernel binds cpuset to
     //! its v1 hierarchy. tests/cpuset_v2_live.rs moves the controller to the real cgroup2
     //! mount where the machine allows it, and tests/cpuset_v2.rs runs a daemon on both.
-    use std::path::PathBuf;
-
-    use super::super::tests::fake_tree;
+    use super::super::tests::{fake_tree, TempDir};
     use super::super::{Cpusets, Version};
     use super::*;
 
-    fn fake_hierarchy(name: &str, controllers: &str) -> PathBuf {
+    fn fake_hierarchy(name: &str, controllers: &str) -> TempDir {
         fake_tree(
             &format!("cgroup2-{name}"),
             &[
@@ -117,51 +115,46 @@ mod tests {
     #[test]
     fn an_enclave_gets_an_isolated_partition_and_host_tasks_stay_in_their_cgroups() {
         let root = fake_hierarchy("isolate", "cpuset cpu io memory pids\n");
-        let cpusets = Cpusets::at(root.clone(), Version::V2).unwrap();
-        assert_eq!(read(&root.join("cgroup.subtree_control")).unwrap(), "+cpuset");
+        let cpusets = Cpusets::at(root.0.clone(), Version::V2).unwrap();
+        assert_eq!(read(&root.0.join("cgroup.subtree_control")).unwrap(), "+cpuset");
         let done = cpusets.isolate("sim", &[2, 3], &[2, 3].into(), 77).unwrap();
         assert!(done.contains("isolated partition") && done.contains("on cores 2-3"), "{done}");
-        assert_eq!(read(&root.join("clowder-enclave-sim/cpuset.cpus")).unwrap(), "2-3");
-        assert_eq!(read(&root.join("clowder-enclave-sim/cpuset.cpus.partition")).unwrap(), "isolated");
-        assert_eq!(read(&root.join("clowder-enclave-sim/cgroup.procs")).unwrap(), "77");
+        assert_eq!(read(&root.0.join("clowder-enclave-sim/cpuset.cpus")).unwrap(), "2-3");
+        assert_eq!(read(&root.0.join("clowder-enclave-sim/cpuset.cpus.partition")).unwrap(), "isolated");
+        assert_eq!(read(&root.0.join("clowder-enclave-sim/cgroup.procs")).unwrap(), "77");
         // No v1-style host group, and no host task written anywhere.
-        assert!(!root.join("clowder-host").exists());
-        assert_eq!(read(&root.join("cgroup.procs")).unwrap(), "1\n77\n300");
+        assert!(!root.0.join("clowder-host").exists());
+        assert_eq!(read(&root.0.join("cgroup.procs")).unwrap(), "1\n77\n300");
         assert!(cpusets.isolate("x", &[0], &[0, 1, 2, 3].into(), 5).unwrap_err().contains("no cores"));
         // A plain directory with files in it cannot be removed (a cgroup can): the VMM was
         // still returned to the root.
-        std::fs::write(root.join("cgroup.procs"), "").unwrap();
+        std::fs::write(root.0.join("cgroup.procs"), "").unwrap();
         let error = cpusets.release("sim", &BTreeSet::new()).unwrap_err();
         assert!(error.contains("removing"), "{error}");
-        assert_eq!(read(&root.join("cgroup.procs")).unwrap(), "77");
+        assert_eq!(read(&root.0.join("cgroup.procs")).unwrap(), "77");
         cpusets.dissolve().unwrap();
         assert!(cpusets.isolate("late", &[3], &[3].into(), 99).unwrap_err().contains("stopping"));
-        drop(cpusets);
-        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
     fn a_partition_left_by_a_dead_daemon_is_repaired_and_reported() {
         let root = fake_hierarchy("repair", "cpuset\n");
-        let left = root.join("clowder-enclave-old");
+        let left = root.0.join("clowder-enclave-old");
         std::fs::create_dir(&left).unwrap();
         std::fs::write(left.join("cpuset.cpus"), "3\n").unwrap();
         std::fs::write(left.join("cgroup.procs"), "55\n").unwrap();
-        let cpusets = Cpusets::at(root.clone(), Version::V2).unwrap();
+        let cpusets = Cpusets::at(root.0.clone(), Version::V2).unwrap();
         let repairs = cpusets.repairs().join("\n");
         assert!(repairs.contains("clowder-enclave-old (cores 3): 1 processes back to the root cgroup"), "{repairs}");
-        assert_eq!(read(&root.join("cgroup.procs")).unwrap(), "55");
-        drop(cpusets);
-        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(read(&root.0.join("cgroup.procs")).unwrap(), "55");
     }
 
     #[test]
     fn a_cgroup2_without_cpuset_is_refused_in_one_line_naming_what_is_missing() {
         let root = fake_hierarchy("nocpuset", "hugetlb\n");
-        let error = Cpusets::at(root.clone(), Version::V2).err().unwrap();
+        let error = Cpusets::at(root.0.clone(), Version::V2).err().unwrap();
         assert!(error.contains("has no cpuset controller (it offers: hugetlb;"), "{error}");
         assert!(!error.contains('\n'));
-        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
