@@ -524,93 +524,97 @@ impl FakeKernel {
 
     /// Exercises the forwarded file calls; prints one line per check and fails on a mismatch.
     fn file_script(&mut self, job: u32, cwd: &str) -> u32 {
-        let mut failures = 0;
-        let mut check = |this: &mut FakeKernel, what: &str, ok: bool| {
-            this.print(job, Stream::Stdout, &format!("{} {what}\n", if ok { "ok" } else { "FAIL" }));
-            if !ok {
-                failures += 1;
-            }
-        };
+        let mut checks = Checks { job, failures: 0 };
         let ram = &self.hardware.ram;
         ram.write(SCRATCH_GPA, b"written from the enclave\n").unwrap();
         let (handle, _) =
             self.call(job, FileOp::Open { path: b"out.txt", flags: (libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC) as u32, mode: 0o644 });
-        check(self, "open out.txt for writing", handle > 0);
+        checks.check(self, "open out.txt for writing", handle > 0);
         let (written, _) = self.call(job, FileOp::Write { handle: handle as u32, gpa: SCRATCH_GPA, len: 25 });
-        check(self, "write 25 bytes", written == 25);
+        checks.check(self, "write 25 bytes", written == 25);
         let (closed, _) = self.call(job, FileOp::Close { handle: handle as u32 });
-        check(self, "close", closed == 0);
+        checks.check(self, "close", closed == 0);
         let (_, size) = self.call(job, FileOp::Stat { path: b"out.txt" });
-        check(self, "stat size 25", size == Some(25));
+        checks.check(self, "stat size 25", size == Some(25));
         let absolute = format!("{cwd}/input.txt");
         let (input, _) = self.call(job, FileOp::Open { path: absolute.as_bytes(), flags: libc::O_RDONLY as u32, mode: 0 });
-        check(self, "open input by absolute path inside cwd", input > 0);
+        checks.check(self, "open input by absolute path inside cwd", input > 0);
         let (count, _) = self.call(job, FileOp::Read { handle: input as u32, gpa: SCRATCH_GPA + 4096, len: 100 });
         let mut read_back = vec![0u8; count.max(0) as usize];
         self.hardware.ram.read(SCRATCH_GPA + 4096, &mut read_back).unwrap();
-        check(self, "read the input's contents", read_back == b"input data");
+        checks.check(self, "read the input's contents", read_back == b"input data");
         let (_, size) = self.call(job, FileOp::Fstat { handle: input as u32 });
-        check(self, "fstat", size == Some(10));
+        checks.check(self, "fstat", size == Some(10));
         let (position, _) = self.call(job, FileOp::Lseek { handle: input as u32, offset: 2, whence: 0 });
-        check(self, "lseek", position == 2);
+        checks.check(self, "lseek", position == 2);
         let (count, _) = self.call(job, FileOp::Pread { handle: input as u32, gpa: SCRATCH_GPA, len: 4, offset: 6 });
-        check(self, "pread", count == 4);
+        checks.check(self, "pread", count == 4);
         let (escape, _) =
             self.call(job, FileOp::Open { path: b"../outside.txt", flags: (libc::O_CREAT | libc::O_WRONLY) as u32, mode: 0o644 });
-        check(self, "open ../outside.txt refused with EACCES", escape == -(libc::EACCES as i64));
+        checks.check(self, "open ../outside.txt refused with EACCES", escape == -(libc::EACCES as i64));
         let (absolute_escape, _) = self.call(job, FileOp::Stat { path: b"/etc/passwd" });
-        check(self, "stat /etc/passwd refused", absolute_escape == -(libc::EACCES as i64));
+        checks.check(self, "stat /etc/passwd refused", absolute_escape == -(libc::EACCES as i64));
         let (link_escape, _) = self.call(job, FileOp::Open { path: b"link-out/passwd", flags: libc::O_RDONLY as u32, mode: 0 });
-        check(self, "a symbolic link out of the directory is refused", link_escape < 0);
+        checks.check(self, "a symbolic link out of the directory is refused", link_escape < 0);
         let (bad_buffer, _) = self.call(job, FileOp::Read { handle: input as u32, gpa: CHANNEL_GPA, len: 16 });
-        check(self, "a buffer inside the channel is EFAULT", bad_buffer == -(libc::EFAULT as i64));
+        checks.check(self, "a buffer inside the channel is EFAULT", bad_buffer == -(libc::EFAULT as i64));
         let (outside_ram, _) = self.call(job, FileOp::Write { handle: input as u32, gpa: RAM_SIZE * 4, len: 16 });
-        check(self, "a buffer outside RAM is EFAULT", outside_ram == -(libc::EFAULT as i64));
+        checks.check(self, "a buffer outside RAM is EFAULT", outside_ram == -(libc::EFAULT as i64));
         let (bad_handle, _) = self.call(job, FileOp::Close { handle: 9999 });
-        check(self, "an unknown handle is EBADF", bad_handle == -(libc::EBADF as i64));
+        checks.check(self, "an unknown handle is EBADF", bad_handle == -(libc::EBADF as i64));
         let (made, _) = self.call(job, FileOp::Mkdir { path: b"results", mode: 0o755 });
-        check(self, "mkdir results", made == 0);
+        checks.check(self, "mkdir results", made == 0);
         let (unlinked, _) = self.call(job, FileOp::Unlink { path: b"out.txt" });
-        check(self, "unlink out.txt", unlinked == 0);
-        failures
+        checks.check(self, "unlink out.txt", unlinked == 0);
+        checks.failures
     }
 
     /// An unconfined job: an input by absolute path outside its directory, a large read and
     /// write straight into its memory, a short read at the end of the file, and buffers the
     /// enclave may not name (in the channel, across the end of RAM) refused.
     fn user_file_script(&mut self, job: u32, input: &str) -> u32 {
-        let mut failures = 0;
-        let mut check = |this: &mut FakeKernel, what: &str, ok: bool| {
-            this.print(job, Stream::Stdout, &format!("{} {what}\n", if ok { "ok" } else { "FAIL" }));
-            if !ok {
-                failures += 1;
-            }
-        };
+        let mut checks = Checks { job, failures: 0 };
         const BIG: u32 = 2 << 20;
         let (handle, _) = self.call(job, FileOp::Open { path: input.as_bytes(), flags: libc::O_RDONLY as u32, mode: 0 });
-        check(self, "open an input by absolute path outside the working directory", handle > 0);
+        checks.check(self, "open an input by absolute path outside the working directory", handle > 0);
         let handle = handle as u32;
         let (count, _) = self.call(job, FileOp::Read { handle, gpa: SCRATCH_GPA, len: BIG });
         let mut data = vec![0u8; BIG as usize];
         self.hardware.ram.read(SCRATCH_GPA, &mut data).unwrap();
         let expected: Vec<u8> = (0..BIG).map(|i| (i % 251) as u8).collect();
-        check(self, "a 2 MiB read lands in enclave memory", count == BIG as i64 && data == expected);
+        checks.check(self, "a 2 MiB read lands in enclave memory", count == BIG as i64 && data == expected);
         // Past the data read above, which is written back below.
         let spare = SCRATCH_GPA + BIG as u64;
         let (short, _) = self.call(job, FileOp::Pread { handle, gpa: spare, len: 8192, offset: BIG as u64 - 100 });
-        check(self, "a read at the end of the file is short", short == 100);
+        checks.check(self, "a read at the end of the file is short", short == 100);
         let (end, _) = self.call(job, FileOp::Read { handle, gpa: spare, len: 4096 });
-        check(self, "and then empty", end == 0);
+        checks.check(self, "and then empty", end == 0);
         let (straddles, _) = self.call(job, FileOp::Pread { handle, gpa: CHANNEL_GPA - 4096, len: 8192, offset: 0 });
-        check(self, "a buffer running into the channel is EFAULT", straddles == -(libc::EFAULT as i64));
+        checks.check(self, "a buffer running into the channel is EFAULT", straddles == -(libc::EFAULT as i64));
         let (beyond, _) = self.call(job, FileOp::Pread { handle, gpa: u64::MAX - 4095, len: 8192, offset: 0 });
-        check(self, "a buffer wrapping around the address space is EFAULT", beyond == -(libc::EFAULT as i64));
+        checks.check(self, "a buffer wrapping around the address space is EFAULT", beyond == -(libc::EFAULT as i64));
         let (copy, _) = self.call(job, FileOp::Open { path: b"copy", flags: (libc::O_CREAT | libc::O_WRONLY) as u32, mode: 0o644 });
         let (written, _) = self.call(job, FileOp::Pwrite { handle: copy as u32, gpa: SCRATCH_GPA, len: BIG, offset: 0 });
-        check(self, "a 2 MiB write from enclave memory", written == BIG as i64);
+        checks.check(self, "a 2 MiB write from enclave memory", written == BIG as i64);
         let (refused, _) = self.call(job, FileOp::Write { handle: copy as u32, gpa: RAM_SIZE - 4096, len: 8192 });
-        check(self, "a write from beyond RAM is EFAULT", refused == -(libc::EFAULT as i64));
-        failures
+        checks.check(self, "a write from beyond RAM is EFAULT", refused == -(libc::EFAULT as i64));
+        checks.failures
+    }
+}
+
+/// A fake job script's checks: each one a line of the job's stdout ("ok WHAT" or "FAIL WHAT"),
+/// the failures counted for its exit status.
+struct Checks {
+    job: u32,
+    failures: u32,
+}
+
+impl Checks {
+    fn check(&mut self, kernel: &mut FakeKernel, what: &str, ok: bool) {
+        kernel.print(self.job, Stream::Stdout, &format!("{} {what}\n", if ok { "ok" } else { "FAIL" }));
+        if !ok {
+            self.failures += 1;
+        }
     }
 }
 
