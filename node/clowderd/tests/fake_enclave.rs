@@ -637,6 +637,14 @@ fn start_daemon(label: &str, liveness: Liveness) -> TestDaemon {
     TestDaemon { socket, daemon, program, _dir: dir }
 }
 
+/// A daemon for test `label` (`liveness`) with the one enclave `enclave`, and a scratch
+/// directory for its jobs (`clowderd-LABEL-work`).
+fn daemon_with_enclave(label: &str, liveness: Liveness, enclave: &str) -> (TestDaemon, TempDir) {
+    let daemon = start_daemon(label, liveness);
+    daemon.create(enclave);
+    (daemon, TempDir::new(&format!("clowderd-{label}-work")))
+}
+
 /// A page holding the ELF header and one loadable segment of a static x86-64 executable
 /// (nothing runs it).
 fn static_executable_stub() -> Vec<u8> {
@@ -739,9 +747,7 @@ impl TestDaemon {
 
 #[test]
 fn jobs_stream_output_and_return_their_status() {
-    let daemon = start_daemon("jobs", Liveness::default());
-    daemon.create("sim");
-    let work = TempDir::new("clowderd-jobs-work");
+    let (daemon, work) = daemon_with_enclave("jobs", Liveness::default(), "sim");
     let (reply, stdout, _) = daemon.run("sim", &["prog", "echo", "hello", "enclave"], &work.0, &[]);
     assert_eq!(reply["ok"], true, "{reply}");
     assert_eq!(reply["status"], 0);
@@ -775,9 +781,7 @@ fn jobs_stream_output_and_return_their_status() {
 
 #[test]
 fn a_quiet_job_is_killed_when_its_client_goes_away() {
-    let daemon = start_daemon("client-gone", quick_liveness());
-    daemon.create("sim");
-    let work = TempDir::new("clowderd-client-gone-work");
+    let (daemon, work) = daemon_with_enclave("client-gone", quick_liveness(), "sim");
     let binary = File::open(&daemon.program).unwrap();
     let dir = File::open(&work.0).unwrap();
     let request = json!({
@@ -803,9 +807,7 @@ fn a_quiet_job_is_killed_when_its_client_goes_away() {
 
 #[test]
 fn the_binary_and_input_files_are_shared_into_the_enclave() {
-    let daemon = start_daemon("inputs", Liveness::default());
-    daemon.create("sim");
-    let work = TempDir::new("clowderd-inputs-work");
+    let (daemon, work) = daemon_with_enclave("inputs", Liveness::default(), "sim");
     let input = work.0.join("params.txt");
     std::fs::write(&input, "nx=64").unwrap();
     let (reply, stdout, _) = daemon.run("sim", &["/path/to/prog", "inputs"], &work.0, &[("params.txt", &input)]);
@@ -818,9 +820,7 @@ fn the_binary_and_input_files_are_shared_into_the_enclave() {
 
 #[test]
 fn forwarded_file_calls_stay_inside_the_working_directory() {
-    let daemon = start_daemon("files", Liveness::default());
-    daemon.create("sim");
-    let outer = TempDir::new("clowderd-files-outer");
+    let (daemon, outer) = daemon_with_enclave("files", Liveness::default(), "sim");
     let work = outer.0.join("work");
     std::fs::create_dir(&work).unwrap();
     std::fs::write(work.join("input.txt"), "input data").unwrap();
@@ -838,9 +838,7 @@ fn forwarded_file_calls_stay_inside_the_working_directory() {
 
 #[test]
 fn unconfined_jobs_reach_the_users_files_and_move_data_directly() {
-    let daemon = start_daemon("user-files", Liveness::default());
-    daemon.create("sim");
-    let outer = TempDir::new("clowderd-user-files-outer");
+    let (daemon, outer) = daemon_with_enclave("user-files", Liveness::default(), "sim");
     let (work, inputs) = (outer.0.join("work"), outer.0.join("inputs"));
     std::fs::create_dir(&work).unwrap();
     std::fs::create_dir(&inputs).unwrap();
@@ -863,9 +861,7 @@ fn unconfined_jobs_reach_the_users_files_and_move_data_directly() {
 
 #[test]
 fn launch_failures_and_malformed_messages_get_clear_errors() {
-    let daemon = start_daemon("malformed", Liveness::default());
-    daemon.create("sim");
-    let work = TempDir::new("clowderd-malformed-work");
+    let (daemon, work) = daemon_with_enclave("malformed", Liveness::default(), "sim");
     let (reply, _, _) = daemon.run("sim", &["prog", "launch-fails"], &work.0, &[]);
     assert_eq!(reply["ok"], false);
     assert!(reply["error"].as_str().unwrap().contains("not an ELF executable"), "{reply}");
@@ -881,9 +877,7 @@ fn launch_failures_and_malformed_messages_get_clear_errors() {
 
 #[test]
 fn a_failed_enclave_is_removed_and_the_others_keep_working() {
-    let daemon = start_daemon("containment", quick_liveness());
-    daemon.create("survivor");
-    let work = TempDir::new("clowderd-containment-work");
+    let (daemon, work) = daemon_with_enclave("containment", quick_liveness(), "survivor");
     // Each failure in turn, in an enclave beside the survivor (the host may have two cores).
     let failures = [
         ("crashes", "crash", "triple-faulted", "its machine ended"),
@@ -950,9 +944,7 @@ fn enclaves_get_xemem_ids_from_the_daemons_name_server() {
 /// A daemon for test `label` with the one enclave `enclave`, a working directory for its jobs,
 /// and the daemon's XEMEM links, through which the tests attach as a host process would.
 fn xemem_owner_daemon(label: &str, enclave: &str) -> (TestDaemon, TempDir, Arc<clowderd::xemem::XememLinks>) {
-    let daemon = start_daemon(label, Liveness::default());
-    daemon.create(enclave);
-    let work = TempDir::new(&format!("clowderd-{label}-work"));
+    let (daemon, work) = daemon_with_enclave(label, Liveness::default(), enclave);
     let links = daemon.daemon.xemem_links().clone();
     (daemon, work, links)
 }
