@@ -127,7 +127,7 @@ impl Enclave {
         log: Arc<LogBook>,
         progress: &mut dyn FnMut(Populated),
     ) -> Result<(Arc<Enclave>, Receiver), String> {
-        let mut machine = launcher.launch_reporting(&spec, log.clone(), progress)?;
+        let mut machine = launcher.launch(&spec, log.clone(), progress)?;
         let fail = |machine: &mut Box<dyn Machine>, why: String| {
             let ended = machine.shut_down(Duration::from_secs(1));
             format!("{why} ({ended}){}", log_excerpt(&log))

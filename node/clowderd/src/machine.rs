@@ -71,19 +71,9 @@ pub trait Machine: Send {
 }
 
 pub trait Launcher: Send + Sync {
-    /// Starts a machine; its console and diagnostics go to `log`.
-    fn launch(&self, spec: &MachineSpec, log: Arc<LogBook>) -> Result<Box<dyn Machine>, String>;
-
-    /// [`Launcher::launch`], telling `progress` how far populating the machine's memory got
-    /// while that takes long. Machines that report nothing need not override it.
-    fn launch_reporting(
-        &self,
-        spec: &MachineSpec,
-        log: Arc<LogBook>,
-        _progress: &mut dyn FnMut(Populated),
-    ) -> Result<Box<dyn Machine>, String> {
-        self.launch(spec, log)
-    }
+    /// Starts a machine; its console and diagnostics go to `log`. `progress` hears how far
+    /// populating the machine's memory got while that takes long (a machine may say nothing).
+    fn launch(&self, spec: &MachineSpec, log: Arc<LogBook>, progress: &mut dyn FnMut(Populated)) -> Result<Box<dyn Machine>, String>;
 }
 
 /// One of the VMM's reports of guest RAM populated.
@@ -228,16 +218,7 @@ fn follow_console(source: impl std::io::Read + Send + 'static, log: Arc<LogBook>
 }
 
 impl Launcher for VmmLauncher {
-    fn launch(&self, spec: &MachineSpec, log: Arc<LogBook>) -> Result<Box<dyn Machine>, String> {
-        self.launch_reporting(spec, log, &mut |_| {})
-    }
-
-    fn launch_reporting(
-        &self,
-        spec: &MachineSpec,
-        log: Arc<LogBook>,
-        progress: &mut dyn FnMut(Populated),
-    ) -> Result<Box<dyn Machine>, String> {
+    fn launch(&self, spec: &MachineSpec, log: Arc<LogBook>, progress: &mut dyn FnMut(Populated)) -> Result<Box<dyn Machine>, String> {
         let control_path = self.runtime_dir.join(format!("{}.vmm.sock", spec.name));
         log.push(format!("clowderd: starting clowder-vmm for enclave {}", spec.name));
         start_vmm_reporting(vmm_command(&self.vmm, &self.kernel, spec), control_path, log, progress)

@@ -19,7 +19,7 @@ use clowderd::console::LogBook;
 use clowderd::daemon::Daemon;
 use clowderd::enclave::Liveness;
 use clowderd::guest_ram::{GuestRam, RamRange};
-use clowderd::machine::{ChannelParts, Launcher, Machine, MachineSpec, SharedRegion};
+use clowderd::machine::{ChannelParts, Launcher, Machine, MachineSpec, Populated, SharedRegion};
 use clowderd::sys;
 use enclave_proto::{
     EnclaveMessage, FileOp, Fragmenter, HostMessage, Reassembler, Stream, FRAME_CONTINUATION, MAX_MESSAGE_LEN, PROTOCOL_VERSION,
@@ -80,7 +80,7 @@ struct FakeMachine {
 struct FakeLauncher;
 
 impl Launcher for FakeLauncher {
-    fn launch(&self, spec: &MachineSpec, log: Arc<LogBook>) -> Result<Box<dyn Machine>, String> {
+    fn launch(&self, spec: &MachineSpec, log: Arc<LogBook>, _: &mut dyn FnMut(Populated)) -> Result<Box<dyn Machine>, String> {
         let memfd = sys::memfd("fake-enclave").map_err(|e| e.to_string())?;
         memfd.set_len(RAM_SIZE).map_err(|e| e.to_string())?;
         let ranges = vec![RamRange { gpa: 0, size: RAM_SIZE, file_offset: 0 }];
