@@ -75,31 +75,30 @@ pub fn configure(
     Ok(())
 }
 
-/// Reads the registers for a failure report (best effort: a dump must never fail the report).
+/// Reads the registers for a failure report (best effort: a dump must never fail the report, so
+/// a set that cannot be read shows as zeros).
 pub fn register_dump(vcpu: &VcpuFd) -> Box<RegisterDump> {
-    let mut dump = RegisterDump::default();
-    if let Ok(r) = vcpu.get_regs() {
-        dump.rip = r.rip;
-        dump.rsp = r.rsp;
-        dump.rflags = r.rflags;
-        dump.rax = r.rax;
-        dump.rbx = r.rbx;
-        dump.rcx = r.rcx;
-        dump.rdx = r.rdx;
-        dump.rsi = r.rsi;
-        dump.rdi = r.rdi;
-        dump.rbp = r.rbp;
-    }
-    if let Ok(s) = vcpu.get_sregs() {
-        dump.cr0 = s.cr0;
-        dump.cr2 = s.cr2;
-        dump.cr3 = s.cr3;
-        dump.cr4 = s.cr4;
-        dump.efer = s.efer;
-        dump.cs = s.cs.selector;
-        dump.cpl = s.cs.dpl;
-    }
-    Box::new(dump)
+    let r = vcpu.get_regs().unwrap_or_default();
+    let s = vcpu.get_sregs().unwrap_or_default();
+    Box::new(RegisterDump {
+        rip: r.rip,
+        rsp: r.rsp,
+        rflags: r.rflags,
+        rax: r.rax,
+        rbx: r.rbx,
+        rcx: r.rcx,
+        rdx: r.rdx,
+        rsi: r.rsi,
+        rdi: r.rdi,
+        rbp: r.rbp,
+        cr0: s.cr0,
+        cr2: s.cr2,
+        cr3: s.cr3,
+        cr4: s.cr4,
+        efer: s.efer,
+        cs: s.cs.selector,
+        cpl: s.cs.dpl,
+    })
 }
 
 /// What the kicker needs to interrupt a vCPU thread.
