@@ -283,20 +283,64 @@ pub const SYSTEM_PATHS: &[&str] = &["/etc/ld.so.cache", "/lib", "/lib64", "/usr/
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FileOp<'a> {
-    Open { path: &'a [u8], flags: u32, mode: u32 },
-    Close { handle: u32 },
-    Read { handle: u32, gpa: u64, len: u32 },
-    Write { handle: u32, gpa: u64, len: u32 },
-    Pread { handle: u32, gpa: u64, len: u32, offset: u64 },
-    Pwrite { handle: u32, gpa: u64, len: u32, offset: u64 },
-    Lseek { handle: u32, offset: i64, whence: u32 },
-    Fstat { handle: u32 },
-    Stat { path: &'a [u8] },
-    Unlink { path: &'a [u8] },
-    Mkdir { path: &'a [u8], mode: u32 },
-    Ftruncate { handle: u32, length: u64 },
+    Open {
+        path: &'a [u8],
+        flags: u32,
+        mode: u32,
+    },
+    Close {
+        handle: u32,
+    },
+    Read {
+        handle: u32,
+        gpa: u64,
+        len: u32,
+    },
+    Write {
+        handle: u32,
+        gpa: u64,
+        len: u32,
+    },
+    Pread {
+        handle: u32,
+        gpa: u64,
+        len: u32,
+        offset: u64,
+    },
+    Pwrite {
+        handle: u32,
+        gpa: u64,
+        len: u32,
+        offset: u64,
+    },
+    Lseek {
+        handle: u32,
+        offset: i64,
+        whence: u32,
+    },
+    Fstat {
+        handle: u32,
+    },
+    Stat {
+        path: &'a [u8],
+    },
+    Unlink {
+        path: &'a [u8],
+    },
+    Mkdir {
+        path: &'a [u8],
+        mode: u32,
+    },
+    Ftruncate {
+        handle: u32,
+        length: u64,
+    },
     /// The next entries of an open directory, as Linux's `getdents64` writes them.
-    Getdents { handle: u32, gpa: u64, len: u32 },
+    Getdents {
+        handle: u32,
+        gpa: u64,
+        len: u32,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

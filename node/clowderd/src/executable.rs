@@ -32,7 +32,8 @@ pub fn check(binary: &File) -> Result<Option<String>, String> {
     match check_program_headers(&table, header.program_header_size) {
         Ok(None) => Ok(None),
         Ok(Some((offset, len))) => {
-            let bytes = read(offset, len.min(MAX_INTERPRETER_PATH)).ok_or_else(|| "is cut short: its interpreter's path lies past its end".to_string())?;
+            let bytes = read(offset, len.min(MAX_INTERPRETER_PATH))
+                .ok_or_else(|| "is cut short: its interpreter's path lies past its end".to_string())?;
             interpreter_path(&bytes).map(Some)
         }
         Err(problem) => Err(problem.to_string()),

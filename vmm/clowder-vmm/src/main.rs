@@ -52,8 +52,15 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_SETUP);
         }
     };
-    let cores: Vec<String> = config.vcpus.iter().map(|vcpu| vcpu.host_core.map_or_else(|| "unpinned".into(), |core| core.to_string())).collect();
-    log::debug!("{} vCPU(s) (host core of each: {}), {} MiB of guest RAM on {:?}", cores.len(), cores.join(","), config.memory.size >> 20, config.memory.backing);
+    let cores: Vec<String> =
+        config.vcpus.iter().map(|vcpu| vcpu.host_core.map_or_else(|| "unpinned".into(), |core| core.to_string())).collect();
+    log::debug!(
+        "{} vCPU(s) (host core of each: {}), {} MiB of guest RAM on {:?}",
+        cores.len(),
+        cores.join(","),
+        config.memory.size >> 20,
+        config.memory.backing
+    );
     // Every thread inherits the mask, so only the waiter below ever sees these signals.
     let termination = TerminationSignals::block();
     let control_socket = config.control_socket.clone();
