@@ -7,7 +7,7 @@ FUZZ_CI_SECONDS ?= 15
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: all bootstrap build install test-install-ucx kernels test test-host test-kernels test-dex test-xemem test-ucx test-fuzz test-linux test-big demo bench fuzz clean
+.PHONY: all bootstrap build install test-install-ucx kernels test test-host test-kernels test-dex test-xemem test-ucx test-fuzz check-format test-linux test-big demo bench fuzz clean
 
 all: build
 
@@ -55,11 +55,17 @@ test-ucx: build
 	@xemem/ucx/build.sh
 	@xemem/ucx/test.sh
 
+# One style for every Rust crate (rustfmt.toml at the root), in both workspaces: checked here,
+# fixed by `cargo fmt --all` (and the same in kernels/).
+check-format: bootstrap
+	@$(CARGO) fmt --all --check >/dev/null || { $(CARGO) fmt --all --check | head -30; echo "check-format: run cargo fmt --all"; exit 1; }
+	@cd kernels && $(CARGO) fmt --all --check >/dev/null || { $(CARGO) fmt --all --check | head -30; echo "check-format: run cargo fmt --all in kernels/"; exit 1; }
+
 # CI's share of fuzzing: every target briefly from its committed corpus; a crash fails it.
 test-fuzz: bootstrap
 	@FUZZ_SECONDS=$(FUZZ_CI_SECONDS) scripts/fuzz.sh
 
-test: test-host test-kernels test-dex test-xemem test-fuzz
+test: check-format test-host test-kernels test-dex test-xemem test-fuzz
 	@apps/test.sh
 	@scripts/check-script-arguments.sh
 	@scripts/install-test.sh

@@ -10,6 +10,11 @@ if ! rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-none; 
     say "adding Rust target x86_64-unknown-none"
     rustup target add x86_64-unknown-none >/dev/null
 fi
+# rustfmt for `make check-format` (part of rustup's default profile, not of the minimal one).
+if ! cargo fmt --version >/dev/null 2>&1; then
+    say "adding the rustfmt component"
+    rustup component add rustfmt >/dev/null
+fi
 
 # Debian packages: QEMU (differential tests of the kernel under TCG), musl (static test
 # programs), busybox-static (the LWK's compatibility tests), gdb-less build tools are present.
