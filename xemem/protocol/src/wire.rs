@@ -376,6 +376,14 @@ impl<'a> Reader<'a> {
         }
         Ok(v)
     }
+    /// A length in bytes: page-aligned and not empty.
+    fn extent(&mut self) -> Result<u64, Error> {
+        let size = self.page_aligned()?;
+        if size == 0 {
+            return Err(Error::Malformed);
+        }
+        Ok(size)
+    }
 }
 
 /// Kinds from here up are answers (`Made` is the first).
@@ -591,16 +599,7 @@ impl Message {
                 Body::Get { process, segment, access, uid, groups }
             }
             19 => Body::Release { process: r.u64()?, access: r.access()? },
-            20 => {
-                let process = r.u64()?;
-                let access = r.access()?;
-                let offset = r.page_aligned()?;
-                let size = r.page_aligned()?;
-                if size == 0 {
-                    return Err(Error::Malformed);
-                }
-                Body::Attach { process, access, offset, size }
-            }
+            20 => Body::Attach { process: r.u64()?, access: r.access()?, offset: r.page_aligned()?, size: r.extent()? },
             21 => Body::Detach { process: r.u64()?, access: r.access()? },
             22 => Body::Lookup { name: r.name()? },
             23 => Body::List { after: r.i64()? },
@@ -610,8 +609,8 @@ impl Message {
                 let owner_process = r.u64()?;
                 let segment = r.segment()?;
                 let vaddr = r.page_aligned()?;
-                let size = r.page_aligned()?;
-                if size == 0 || vaddr.checked_add(size).is_none() {
+                let size = r.extent()?;
+                if vaddr.checked_add(size).is_none() {
                     return Err(Error::Malformed);
                 }
                 Body::Serve { requester, owner_process, segment, vaddr, size }
@@ -623,12 +622,11 @@ impl Message {
             50 => Body::Granted { access: r.access()?, size: r.page_aligned()? },
             51 => {
                 let segment = r.segment()?;
-                let size = r.page_aligned()?;
+                let size = r.extent()?;
                 let first_run = r.u32()?;
                 let total_runs = r.u32()?;
                 let count = r.count(MAX_RUNS_PER_MESSAGE, 16)?;
-                if size == 0
-                    || total_runs == 0
+                if total_runs == 0
                     || total_runs > MAX_RUNS_PER_ATTACH
                     || count == 0
                     || (first_run as u64 + count as u64) > total_runs as u64
