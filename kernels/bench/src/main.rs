@@ -11,6 +11,8 @@
 
 mod compute;
 mod fileio;
+#[path = "../../../vmm/bench/src/measure.rs"]
+mod measure;
 mod private_daemon;
 mod startup;
 
@@ -18,21 +20,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use measure::{median, monotonic_ns};
 use serde_json::json;
 use vmm::control::ControlClient;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
 }
 
 /// The medians of `runs` measurements taken alternately on the host and in the enclave:
@@ -107,13 +100,6 @@ fn number_after(text: &str, prefix: &str, label: &str) -> f64 {
 
 fn stream_best(text: &str, kernel: &str) -> f64 {
     number_after(text, kernel, kernel)
-}
-
-fn monotonic_ns() -> u128 {
-    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: writes into t.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    t.tv_sec as u128 * 1_000_000_000 + t.tv_nsec as u128
 }
 
 /// Where the big-enclave section starts in the results file.

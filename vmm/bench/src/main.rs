@@ -3,6 +3,8 @@
 //!
 //! RUNS (default 25) sets the repetitions; OUT sets the results file.
 
+mod measure;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use kvm_ioctls::{Kvm, VcpuExit};
 use linux_loader::loader::{Elf, KernelLoader};
+use measure::{median, monotonic_ns};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm::arch::{gdt, layout, paging, regs};
 use vmm::{Device, DeviceError, ExitContext, ExtraDevice, HookKey, Outcome, Request, Vm, VmConfig};
@@ -43,23 +46,6 @@ const NOTES: &str = "\
   has both sides asleep: an irqfd interrupt into a halted guest, emulated guest kernel code to
   take it, and an ioeventfd back.
 ";
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
-}
-
-fn monotonic_ns() -> u128 {
-    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: writes into t.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    t.tv_sec as u128 * 1_000_000_000 + t.tv_nsec as u128
-}
 
 fn vmm_binary() -> PathBuf {
     let exe = std::env::current_exe().expect("own path");
