@@ -277,53 +277,56 @@ fn waiting_flags() {
     assert!(host.peer_waiting());
 }
 
+/// The guest writes `producer` as its guest-to-host producer counter; what the host's next
+/// receive says.
+fn recv_after_producer(region: &TestRegion, host: &mut Endpoint, producer: u64) -> Result<Option<usize>, RecvError> {
+    region.poke_u64(offsets::GUEST_TO_HOST.producer, producer);
+    host.recv(&mut [0u8; 256])
+}
+
+/// The guest writes `consumer` as its host-to-guest consumer counter; what the host's next send
+/// says.
+fn send_after_consumer(region: &TestRegion, host: &mut Endpoint, consumer: u64) -> Result<(), SendError> {
+    region.poke_u64(offsets::HOST_TO_GUEST.consumer, consumer);
+    host.send(b"4")
+}
+
 #[test]
 fn producer_counter_too_far_ahead_is_corrupt() {
     let region = TestRegion::new(MIN_SIZE);
     let mut host = region.init().host_end().unwrap();
-    let mut buffer = [0u8; 256];
-    region.poke_u64(offsets::GUEST_TO_HOST.producer, 17);
-    assert!(matches!(host.recv(&mut buffer), Err(RecvError::Corrupt(Corruption::CounterOutOfRange { seen: 17, .. }))));
-    region.poke_u64(offsets::GUEST_TO_HOST.producer, u64::MAX);
-    assert!(matches!(host.recv(&mut buffer), Err(RecvError::Corrupt(_))));
+    assert!(matches!(recv_after_producer(&region, &mut host, 17), Err(RecvError::Corrupt(Corruption::CounterOutOfRange { seen: 17, .. }))));
+    assert!(matches!(recv_after_producer(&region, &mut host, u64::MAX), Err(RecvError::Corrupt(_))));
     // Exactly a full ring is legal (zero-length messages in zeroed slots).
-    region.poke_u64(offsets::GUEST_TO_HOST.producer, 16);
-    assert_eq!(host.recv(&mut buffer), Ok(Some(0)));
+    assert_eq!(recv_after_producer(&region, &mut host, 16), Ok(Some(0)));
 }
 
 #[test]
 fn producer_counter_moving_backwards_is_corrupt() {
     let (region, mut host, mut guest) = TestRegion::with_ends(MIN_SIZE);
-    let mut buffer = [0u8; 256];
     for _ in 0..3 {
         guest.send(b"abc").unwrap();
     }
-    assert_eq!(host.recv(&mut buffer), Ok(Some(3)));
+    assert_eq!(host.recv(&mut [0u8; 256]), Ok(Some(3)));
     // Host has seen producer 3 and consumed 1; producer 2 is behind what it saw.
-    region.poke_u64(offsets::GUEST_TO_HOST.producer, 2);
-    assert!(matches!(host.recv(&mut buffer), Err(RecvError::Corrupt(Corruption::CounterOutOfRange { seen: 2, .. }))));
+    assert!(matches!(recv_after_producer(&region, &mut host, 2), Err(RecvError::Corrupt(Corruption::CounterOutOfRange { seen: 2, .. }))));
     assert!(matches!(host.has_message(), Err(Corruption::CounterOutOfRange { .. })));
     // Once the peer behaves again, so does the channel.
-    region.poke_u64(offsets::GUEST_TO_HOST.producer, 3);
-    assert_eq!(host.recv(&mut buffer), Ok(Some(3)));
+    assert_eq!(recv_after_producer(&region, &mut host, 3), Ok(Some(3)));
 }
 
 #[test]
 fn consumer_counter_out_of_range_is_corrupt() {
     let (region, mut host, mut guest) = TestRegion::with_ends(MIN_SIZE);
-    let mut buffer = [0u8; 256];
     host.send(b"1").unwrap();
     host.send(b"2").unwrap();
-    guest.recv(&mut buffer).unwrap();
+    guest.recv(&mut [0u8; 256]).unwrap();
     host.send(b"3").unwrap();
     // The guest claims to have consumed more than the host produced.
-    region.poke_u64(offsets::HOST_TO_GUEST.consumer, 4);
-    assert!(matches!(host.send(b"4"), Err(SendError::Corrupt(Corruption::CounterOutOfRange { seen: 4, .. }))));
+    assert!(matches!(send_after_consumer(&region, &mut host, 4), Err(SendError::Corrupt(Corruption::CounterOutOfRange { seen: 4, .. }))));
     // ... or moves its consumer backwards.
-    region.poke_u64(offsets::HOST_TO_GUEST.consumer, 0);
-    assert!(matches!(host.send(b"4"), Err(SendError::Corrupt(_))));
-    region.poke_u64(offsets::HOST_TO_GUEST.consumer, 1);
-    host.send(b"4").unwrap();
+    assert!(matches!(send_after_consumer(&region, &mut host, 0), Err(SendError::Corrupt(_))));
+    assert_eq!(send_after_consumer(&region, &mut host, 1), Ok(()));
 }
 
 #[test]
@@ -392,14 +395,21 @@ fn random_garbage_never_panics() {
     }
 }
 
+/// Runs `host` with the host end of a new `size`-byte region while `guest` runs with its guest
+/// end in another thread (which holds the region too: a host that fails leaves it running).
+fn host_and_guest_thread(size: usize, host: impl FnOnce(Endpoint), guest: impl FnOnce(Endpoint) + Send + 'static) {
+    let region = std::sync::Arc::new(TestRegion::new(size));
+    let host_end = region.init().host_end().unwrap();
+    let guest_region = region.clone();
+    let guest = std::thread::spawn(move || guest(guest_region.attach().unwrap().guest_end().unwrap()));
+    host(host_end);
+    guest.join().unwrap();
+}
+
 #[test]
 fn two_threads_ping_pong_100k_messages() {
     const ROUND_TRIPS: u64 = 100_000;
-    let region = std::sync::Arc::new(TestRegion::new(DEFAULT_SIZE));
-    let mut host = region.init().host_end().unwrap();
-    let guest_region = region.clone();
-    let guest = std::thread::spawn(move || {
-        let mut guest = guest_region.attach().unwrap().guest_end().unwrap();
+    let guest = move |mut guest: Endpoint| {
         let mut buffer = [0u8; 256];
         let mut echoed = 0u64;
         while echoed < ROUND_TRIPS {
@@ -416,20 +426,22 @@ fn two_threads_ping_pong_100k_messages() {
                 None => std::thread::yield_now(),
             }
         }
-    });
-    let mut buffer = [0u8; 256];
-    for value in 0..ROUND_TRIPS {
-        host.send(&value.to_le_bytes()).unwrap();
-        let length = loop {
-            match host.recv(&mut buffer).unwrap() {
-                Some(length) => break length,
-                None => std::thread::yield_now(),
-            }
-        };
-        assert_eq!(length, 8);
-        assert_eq!(u64::from_le_bytes(buffer[..8].try_into().unwrap()), value + 1);
-    }
-    guest.join().unwrap();
+    };
+    let host = |mut host: Endpoint| {
+        let mut buffer = [0u8; 256];
+        for value in 0..ROUND_TRIPS {
+            host.send(&value.to_le_bytes()).unwrap();
+            let length = loop {
+                match host.recv(&mut buffer).unwrap() {
+                    Some(length) => break length,
+                    None => std::thread::yield_now(),
+                }
+            };
+            assert_eq!(length, 8);
+            assert_eq!(u64::from_le_bytes(buffer[..8].try_into().unwrap()), value + 1);
+        }
+    };
+    host_and_guest_thread(DEFAULT_SIZE, host, guest);
 }
 
 #[test]
@@ -437,11 +449,7 @@ fn two_threads_stream_with_full_rings() {
     // One-way bursts that keep the ring full, so the producer's view of the consumer counter
     // is exercised under real concurrency.
     const MESSAGES: usize = 50_000;
-    let region = std::sync::Arc::new(TestRegion::new(MIN_SIZE));
-    let mut host = region.init().host_end().unwrap();
-    let guest_region = region.clone();
-    let consumer = std::thread::spawn(move || {
-        let mut guest = guest_region.attach().unwrap().guest_end().unwrap();
+    let guest = |mut guest: Endpoint| {
         let max = guest.max_message_len();
         let mut buffer = [0u8; 256];
         let mut received = 0;
@@ -454,17 +462,19 @@ fn two_threads_stream_with_full_rings() {
                 None => std::thread::yield_now(),
             }
         }
-    });
-    let max = host.max_message_len();
-    for index in 0..MESSAGES {
-        let payload = message(index, max);
-        loop {
-            match host.send(&payload) {
-                Ok(()) => break,
-                Err(SendError::Full) => std::thread::yield_now(),
-                Err(e) => panic!("{e}"),
+    };
+    let host = |mut host: Endpoint| {
+        let max = host.max_message_len();
+        for index in 0..MESSAGES {
+            let payload = message(index, max);
+            loop {
+                match host.send(&payload) {
+                    Ok(()) => break,
+                    Err(SendError::Full) => std::thread::yield_now(),
+                    Err(e) => panic!("{e}"),
+                }
             }
         }
-    }
-    consumer.join().unwrap();
+    };
+    host_and_guest_thread(MIN_SIZE, host, guest);
 }
