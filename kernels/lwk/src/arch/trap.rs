@@ -109,6 +109,25 @@ global_asm!(
     r#"
     .text
     .global exception_stubs, syscall_entry, run_ring3_stub, ring3_stub_failed, switch_kernel_stacks, trap_return, enter_user_frame, user_copy, user_copy_access, user_copy_access_end, user_copy_failed
+    /* The registers a C caller keeps (SysV callee-saved): run_ring3_stub and
+       switch_kernel_stacks keep them across their stack switches. */
+    .macro push_callee_saved
+    push %rbp
+    push %rbx
+    push %r12
+    push %r13
+    push %r14
+    push %r15
+    .endm
+    .macro pop_callee_saved
+    pop %r15
+    pop %r14
+    pop %r13
+    pop %r12
+    pop %rbx
+    pop %rbp
+    .endm
+
     .balign 16
 exception_stubs:
     .irp vector, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
@@ -203,12 +222,7 @@ invalid_opcode:
        with interrupts off, RSP0 pointing just below this call's saved registers (16-byte
        aligned, so that the trap frame of the stub's ud2 or fault sits right there). */
 run_ring3_stub:
-    push %rbp
-    push %rbx
-    push %r12
-    push %r13
-    push %r14
-    push %r15
+    push_callee_saved
     sub $8, %rsp
     mov %rsp, (%rsi)
     pushq ${user_data}
@@ -232,12 +246,7 @@ ring3_stub_failed:
     mov $1, %eax
 ring3_stub_return:
     add $8, %rsp
-    pop %r15
-    pop %r14
-    pop %r13
-    pop %r12
-    pop %rbx
-    pop %rbp
+    pop_callee_saved
     ret
 
     /* SYSCALL when it arrives in ring 0 (hardware, QEMU): user RSP is still live, so switch
@@ -307,20 +316,10 @@ enter_user_frame:
        on the old stack, come back from the new one; a new thread's stack is prepared so that
        this `ret` lands on trap_return with its user frame above. */
 switch_kernel_stacks:
-    push %rbp
-    push %rbx
-    push %r12
-    push %r13
-    push %r14
-    push %r15
+    push_callee_saved
     mov %rsp, (%rdi)
     mov %rsi, %rsp
-    pop %r15
-    pop %r14
-    pop %r13
-    pop %r12
-    pop %rbx
-    pop %rbp
+    pop_callee_saved
     ret
 
     /* user_copy(dst, src, len) -> 0, or 1 if a user page faulted: the page-fault handler
