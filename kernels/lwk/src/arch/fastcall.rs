@@ -309,6 +309,15 @@ fast_entries_end:
     div %rcx
     .endm
 
+    /* Back to the caller's registers as fast_common saved them (all but RAX and RSP). */
+    .macro fast_restore
+    mov {s_rcx}(%rsp), %rcx
+    mov {s_r11}(%rsp), %r11
+    mov {s_rdx}(%rsp), %rdx
+    mov {s_rsi}(%rsp), %rsi
+    mov {s_rdi}(%rsp), %rdi
+    .endm
+
 fast_common:
     mov %rax, {s_rax}(%rsp)
     mov %rcx, {s_rcx}(%rsp)
@@ -353,11 +362,7 @@ fast_saved:
 
 fast_escalate:
     mov {s_rax}(%rsp), %rax
-    mov {s_rcx}(%rsp), %rcx
-    mov {s_r11}(%rsp), %r11
-    mov {s_rdx}(%rsp), %rdx
-    mov {s_rsi}(%rsp), %rsi
-    mov {s_rdi}(%rsp), %rdi
+    fast_restore
     mov {s_rsp}(%rsp), %rsp
     jmp ring3_syscall_page
 
@@ -478,11 +483,7 @@ fast_uname:
     /* RAX holds the answer. RCX and R11 end as the kernel path leaves them: the return
        address, and the flags it returns with. */
 fast_return:
-    mov {s_rdx}(%rsp), %rdx
-    mov {s_rsi}(%rsp), %rsi
-    mov {s_rdi}(%rsp), %rdi
-    mov {s_rcx}(%rsp), %rcx
-    mov {s_r11}(%rsp), %r11
+    fast_restore
     and ${user_flags}, %r11
     or $0x202, %r11
     mov %r11, {s_flags}(%rsp)
