@@ -216,20 +216,50 @@ pub fn abandon_stub(frame: &super::trap::TrapFrame) -> ! {
 /// a copy).
 pub fn save_running(cpu: usize) -> Option<usize> {
     let slot = LIVE[cpu].load(Ordering::Relaxed).checked_sub(1)?;
+    transfer(cpu, slot, Transfer::Save);
+    Some(slot)
+}
+
+/// Which way `transfer` moves a thread's state.
+#[derive(Clone, Copy, PartialEq)]
+enum Transfer {
+    /// From `cpu`'s registers into `slot`'s area.
+    Save,
+    /// From `slot`'s area into `cpu`'s registers.
+    Restore,
+}
+
+/// Moves `slot`'s state between its area and `cpu`'s registers, with this boot's method.
+/// Called with the thread's address space loaded.
+fn transfer(cpu: usize, slot: usize, way: Transfer) {
+    let save = way == Transfer::Save;
     match method() {
         Method::Ring3Xsave => {
-            if run_stub(cpu, STUB_SAVE, user_area(slot), 0, [Some(slot), None]).is_err() {
+            let stub = if save { STUB_SAVE } else { STUB_RESTORE };
+            if run_stub(cpu, stub, user_area(slot), 0, [Some(slot), None]).is_err() {
                 crate::console::log!("the save area of a thread (slot {slot}) is unusable: its vector registers are lost");
             }
         }
-        // SAFETY: the area is page aligned and large enough for the enabled components.
+        // SAFETY: the area is page aligned and large enough for the enabled components; a
+        // restore reads a state saved by `save_running` or `inherit` for this method.
         Method::Xsave => unsafe {
-            asm!("xsave64 [{}]", in(reg) area_bytes(slot).as_mut_ptr(), in("eax") u32::MAX, in("edx") u32::MAX, options(nostack))
+            let area = area_bytes(slot).as_mut_ptr();
+            if save {
+                asm!("xsave64 [{}]", in(reg) area, in("eax") u32::MAX, in("edx") u32::MAX, options(nostack))
+            } else {
+                asm!("xrstor64 [{}]", in(reg) area, in("eax") u32::MAX, in("edx") u32::MAX, options(nostack))
+            }
         },
         // SAFETY: as above, 512 bytes.
-        Method::Fxsave => unsafe { asm!("fxsave64 [{}]", in(reg) area_bytes(slot).as_mut_ptr(), options(nostack)) },
+        Method::Fxsave => unsafe {
+            let area = area_bytes(slot).as_mut_ptr();
+            if save {
+                asm!("fxsave64 [{}]", in(reg) area, options(nostack))
+            } else {
+                asm!("fxrstor64 [{}]", in(reg) area, options(nostack))
+            }
+        },
     }
-    Some(slot)
 }
 
 /// A new thread in `slot` starts with the state saved for `creator` (`save_running`), or the
@@ -257,19 +287,7 @@ pub fn resume(cpu: usize, slot: usize) {
     if LIVE[cpu].load(Ordering::Relaxed) == slot + 1 && LAST_CPU[slot].load(Ordering::Relaxed) == cpu + 1 {
         return;
     }
-    match method() {
-        Method::Ring3Xsave => {
-            if run_stub(cpu, STUB_RESTORE, user_area(slot), 0, [Some(slot), None]).is_err() {
-                crate::console::log!("the save area of a thread (slot {slot}) is unusable: its vector registers are lost");
-            }
-        }
-        // SAFETY: the area holds a state saved by `save_running` or `inherit` for this method.
-        Method::Xsave => unsafe {
-            asm!("xrstor64 [{}]", in(reg) area_bytes(slot).as_ptr(), in("eax") u32::MAX, in("edx") u32::MAX, options(nostack))
-        },
-        // SAFETY: as above.
-        Method::Fxsave => unsafe { asm!("fxrstor64 [{}]", in(reg) area_bytes(slot).as_ptr(), options(nostack)) },
-    }
+    transfer(cpu, slot, Transfer::Restore);
     LIVE[cpu].store(slot + 1, Ordering::Relaxed);
     LAST_CPU[slot].store(cpu + 1, Ordering::Relaxed);
 }
