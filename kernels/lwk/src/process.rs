@@ -376,25 +376,28 @@ fn record_ending(pid: u64, status: u32) {
 
 /// `exit_group`: the calling process ends with `code`.
 pub fn exit_group(code: u8) -> ! {
-    let pid = sched::current_pid();
-    if pid == job::PID {
+    if sched::current_pid() == job::PID {
         job::exit(code)
     }
-    record_ending(pid, exited(code));
-    sched::doom_process(pid, Some(sched::current_tid()));
-    sched::exit_current(code)
+    end_other_process_here(exited(code), code)
 }
 
 /// The calling process dies of `signal` (a fault, or a signal whose default action
 /// terminates).
 pub fn die_of_signal_here(signal: u8) -> ! {
-    let pid = sched::current_pid();
-    if pid == job::PID {
+    if sched::current_pid() == job::PID {
         job::exit_by_signal(signal)
     }
-    record_ending(pid, killed(signal));
+    end_other_process_here(killed(signal), 0)
+}
+
+/// The calling process (not the job's first, whose end ends the job) ends with wait
+/// `status`: its other threads are doomed, and this one exits with `thread_code`.
+fn end_other_process_here(status: u32, thread_code: u8) -> ! {
+    let pid = sched::current_pid();
+    record_ending(pid, status);
     sched::doom_process(pid, Some(sched::current_tid()));
-    sched::exit_current(0)
+    sched::exit_current(thread_code)
 }
 
 /// Process `pid` (not the caller's) dies of `signal`: its threads end (the last one ends the
