@@ -313,19 +313,14 @@ int main(void) {
     count_sigusr1(SA_RESTART);
     child = later(50, -1);
     count = epoll_wait(ep, events, 4, -1);
-    printf("signal during epoll_wait: %d (%s), handled %d\n", count, count < 0 ? strerror(errno) : "-", handled);
+    report_interrupted("epoll_wait", count);
     waitpid(child, NULL, 0);
 
     /* epoll_pwait: SIGUSR1 blocked, let through only while it waits. */
-    sigset_t block, unblocked, now;
-    block_sigusr1(&block, NULL);
-    sigemptyset(&unblocked);
-    handled = 0;
-    child = later(50, -1);
+    sigset_t block, unblocked;
+    child = usr1_during_masked_wait(&block, &unblocked);
     count = epoll_pwait(ep, events, 4, 10000, &unblocked);
-    sigprocmask(SIG_BLOCK, NULL, &now);
-    printf("epoll_pwait with SIGUSR1 let through: %d (%s), handled %d, blocked again: %s\n", count,
-           count < 0 ? strerror(errno) : "-", handled, sigismember(&now, SIGUSR1) ? "yes" : "no");
+    report_let_through("epoll_pwait", count);
     waitpid(child, NULL, 0);
     kill(getpid(), SIGUSR1);
     start = now_ms();

@@ -116,21 +116,16 @@ int main(void) {
     child = later(50, -1);
     FD_ZERO(&r); FD_SET(p[0], &r);
     result = select(limit, &r, NULL, NULL, NULL);
-    printf("signal during select: %d (%s), handled %d\n", result, result < 0 ? strerror(errno) : "-", handled);
+    report_interrupted("select", result);
     waitpid(child, NULL, 0);
 
     /* pselect6: SIGUSR1 blocked, let through only while it waits. */
-    sigset_t block, unblocked, now;
-    block_sigusr1(&block, NULL);
-    sigemptyset(&unblocked);
-    handled = 0;
-    child = later(50, -1);
+    sigset_t block, unblocked;
+    child = usr1_during_masked_wait(&block, &unblocked);
     struct timespec long_wait = { 10, 0 };
     FD_ZERO(&r); FD_SET(p[0], &r);
     result = pselect(limit, &r, NULL, NULL, &long_wait, &unblocked);
-    sigprocmask(SIG_BLOCK, NULL, &now);
-    printf("pselect with SIGUSR1 let through: %d (%s), handled %d, blocked again: %s\n", result,
-           result < 0 ? strerror(errno) : "-", handled, sigismember(&now, SIGUSR1) ? "yes" : "no");
+    report_let_through("pselect", result);
     waitpid(child, NULL, 0);
     /* A blocked signal pending does not end it; a ready pipe with a let-through signal
        pending still wins. */
