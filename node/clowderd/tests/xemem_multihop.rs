@@ -17,7 +17,7 @@ use xemem::wire::{AttachedPart, Body, FrameRun, Message, Name};
 use xemem::NAME_SERVER_ENCLAVE;
 
 mod support;
-use support::processes::{sub_manager, support_program, with_id, Daemon, HostProcess};
+use support::processes::{daemon_tree, sub_manager, support_program, with_id, Daemon, HostProcess};
 use support::{
     assert_host_attacher_reads_the_job, create_lwk_enclave, host_program, job_test_dir, log_lines, lwk_job, regions_added_and_removed,
     remove_enclaves, run_job_to_end, RevokeRun, TempDir,
@@ -129,9 +129,7 @@ fn host_processes_two_daemons_apart_share_memory() {
 /// B running LWK enclave `enclave` (created here); returns the daemons and the enclave's XEMEM
 /// id.
 fn tree_with_an_enclave_under_d(dir: &Path, enclave: &str) -> (Daemon, Daemon, Daemon, Daemon, u32) {
-    let a = Daemon::start(&dir.join("a"), None);
-    let (b, _) = sub_manager(&dir.join("b"), &a);
-    let (c, _) = sub_manager(&dir.join("c"), &a);
+    let (a, [(b, _), (c, _)]) = daemon_tree(dir, [("b", "a"), ("c", "a")]);
     let d = enclave_sub_manager(&dir.join("d"), &b);
     let id = create_lwk_enclave(&d.socket(), enclave, 1, "128M");
     (a, b, c, d, id)
@@ -150,11 +148,7 @@ fn enclave_sub_manager(dir: &Path, upstream: &Daemon) -> Daemon {
 fn host_processes_anywhere_in_a_tree_of_daemons_share_memory() {
     let dir = TempDir::new("clowderd-multihop-tree");
     let program = host_program(&dir.0, "host_peer");
-    let a = Daemon::start(&dir.0.join("a"), None);
-    let (b, b_id) = sub_manager(&dir.0.join("b"), &a);
-    let (c, c_id) = sub_manager(&dir.0.join("c"), &a);
-    let (d, d_id) = sub_manager(&dir.0.join("d"), &b);
-    let (e, e_id) = sub_manager(&dir.0.join("e"), &d);
+    let (a, [(b, b_id), (c, c_id), (d, d_id), (e, e_id)]) = daemon_tree(&dir.0, [("b", "a"), ("c", "a"), ("d", "b"), ("e", "d")]);
     let mut ids = vec![b_id, c_id, d_id, e_id];
     ids.sort_unstable();
     ids.dedup();
@@ -228,9 +222,7 @@ fn host_processes_anywhere_in_a_tree_of_daemons_share_memory() {
 fn sibling_sub_managers_attach_each_others_segments_at_once() {
     let dir = TempDir::new("clowderd-multihop-crossing");
     let program = host_program(&dir.0, "host_peer");
-    let a = Daemon::start(&dir.0.join("a"), None);
-    let (b, b_id) = sub_manager(&dir.0.join("b"), &a);
-    let (c, c_id) = sub_manager(&dir.0.join("c"), &a);
+    let (_a, [(b, b_id), (c, c_id)]) = daemon_tree(&dir.0, [("b", "a"), ("c", "a")]);
     for round in 0..3u64 {
         std::thread::scope(|scope| {
             let one = scope.spawn(|| share(&program, &b, &c, &format!("crossing-b-{round}"), 3000 + round * 100));
@@ -269,10 +261,7 @@ fn a_dead_sub_managers_segments_are_revoked_and_removed_elsewhere() {
     let dir = TempDir::new("clowderd-multihop-dead");
     let program = host_program(&dir.0, "host_peer");
     let keeper = support_program(&dir.0, "host_keeper");
-    let a = Daemon::start(&dir.0.join("a"), None);
-    let (mut b, _) = sub_manager(&dir.0.join("b"), &a);
-    let (c, _) = sub_manager(&dir.0.join("c"), &a);
-    let (d, _) = sub_manager(&dir.0.join("d"), &b);
+    let (a, [(mut b, _), (c, _), (d, _)]) = daemon_tree(&dir.0, [("b", "a"), ("c", "a"), ("d", "b")]);
     let mut kept = Vec::new();
     for (owner_at, owner_name) in [(&b, "b"), (&d, "d")] {
         for (attacher_at, attacher_name) in [(&a, "a"), (&c, "c")] {
@@ -341,9 +330,7 @@ fn sub_managers_link_again_to_a_restarted_upstream_daemon() {
     let dir = TempDir::new("clowderd-multihop-relink");
     let program = host_program(&dir.0, "host_peer");
     let keeper = support_program(&dir.0, "host_keeper");
-    let a = Daemon::start(&dir.0.join("a"), None);
-    let (b, b_id) = sub_manager(&dir.0.join("b"), &a);
-    let (d, d_id) = sub_manager(&dir.0.join("d"), &b);
+    let (a, [(b, b_id), (d, d_id)]) = daemon_tree(&dir.0, [("b", "a"), ("d", "b")]);
     let kept = vec![
         ("relink-b-to-b", kept_and_attached(&keeper, &program, &b, &b, "relink-b-to-b", 1000)),
         ("relink-d-to-b", kept_and_attached(&keeper, &program, &d, &b, "relink-d-to-b", 2000)),
@@ -408,10 +395,7 @@ fn a_segid_from_before_a_daemon_restart_is_not_found_after_it() {
 fn host_owners_under_sub_managers_get_signals_from_anywhere_in_the_tree() {
     let dir = TempDir::new("clowderd-multihop-signals");
     let program = host_program(&dir.0, "notify_peer");
-    let a = Daemon::start(&dir.0.join("a"), None);
-    let (b, _) = sub_manager(&dir.0.join("b"), &a);
-    let (c, _) = sub_manager(&dir.0.join("c"), &a);
-    let (d, _) = sub_manager(&dir.0.join("d"), &b);
+    let (a, [(b, _), (c, _), (d, _)]) = daemon_tree(&dir.0, [("b", "a"), ("c", "a"), ("d", "b")]);
     for (waiter_at, signaller_at, tag) in
         [(&d, &c, "d-c"), (&c, &d, "c-d"), (&d, &b, "d-b"), (&b, &d, "b-d"), (&b, &a, "b-a"), (&a, &b, "a-b")]
     {

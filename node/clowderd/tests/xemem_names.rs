@@ -18,7 +18,7 @@ use clowderd::client::Client;
 use serde_json::json;
 
 mod support;
-use support::processes::{sub_manager, support_program, Daemon, HostProcess};
+use support::processes::{daemon_tree, support_program, Daemon, HostProcess};
 use support::{
     assert_host_attacher_reads_the_job, create_lwk_enclave, host_program, job_test_dir, lwk_job, remove_enclaves, run_job, run_job_to_end,
     start_daemon_with_broker, BrokeredDaemon, TempDir,
@@ -63,10 +63,7 @@ fn a_name_is_held_once_across_a_tree_of_daemons() {
     let dir = TempDir::new("clowderd-xemem-names-tree");
     let keeper = support_program(&dir.0, "host_keeper");
     let cycler = support_program(&dir.0, "host_cycler");
-    let a = Daemon::start(&dir.0.join("a"), None);
-    let (b, _) = sub_manager(&dir.0.join("b"), &a);
-    let (c, _) = sub_manager(&dir.0.join("c"), &a);
-    let (d, _) = sub_manager(&dir.0.join("d"), &b);
+    let (a, [(b, _), (c, _), (d, _)]) = daemon_tree(&dir.0, [("b", "a"), ("c", "a"), ("d", "b")]);
     let cases: [(&Daemon, &Daemon, &Daemon); 6] = [(&a, &a, &d), (&b, &a, &c), (&a, &b, &d), (&b, &c, &a), (&d, &a, &c), (&c, &d, &b)];
     for (i, (first, second, reader)) in cases.into_iter().enumerate() {
         let name = format!("cg-solution-{i}");

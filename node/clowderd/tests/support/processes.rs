@@ -181,6 +181,21 @@ pub fn sub_manager(dir: &Path, upstream: &Daemon) -> (Daemon, u32) {
     with_id(Daemon::start(dir, Some(upstream)), upstream)
 }
 
+/// The name server at `dir/a`, then for each `(name, upstream)` in turn a sub-manager at
+/// `dir/<name>` under the daemon named `upstream` ("a" or one started before it); returns A and
+/// the sub-managers with their enclave ids.
+pub fn daemon_tree<const N: usize>(dir: &Path, subs: [(&str, &str); N]) -> (Daemon, [(Daemon, u32); N]) {
+    let a = Daemon::start(&dir.join("a"), None);
+    let mut started: Vec<(Daemon, u32)> = Vec::with_capacity(N);
+    for (name, upstream) in subs {
+        let above = std::iter::once(&a).chain(started.iter().map(|(daemon, _)| daemon)).find(|daemon| daemon.dir.ends_with(upstream));
+        let sub = sub_manager(&dir.join(name), above.unwrap_or_else(|| panic!("{name}'s upstream {upstream} is not started")));
+        started.push(sub);
+    }
+    let Ok(subs) = started.try_into() else { unreachable!("one sub-manager for each of the {N}") };
+    (a, subs)
+}
+
 /// Waits for `daemon`, a sub-manager of `upstream`, to get its enclave id.
 pub fn with_id(daemon: Daemon, upstream: &Daemon) -> (Daemon, u32) {
     let id = daemon.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10));
