@@ -14,7 +14,7 @@ use serde_json::json;
 
 mod support;
 use support::processes::{Daemon, HostProcess};
-use support::{host_program, job_test_dir, lwk_job, lwk_xemem_id};
+use support::{job_test_programs, lwk_xemem_id};
 
 /// What the VMM names an enclave's RAM memfd (`/memfd:clowder-guest-ram` in /proc/PID/maps).
 const GUEST_RAM: &str = "memfd:clowder-guest-ram";
@@ -37,9 +37,7 @@ fn start_job(socket: &Path, enclave: &str, job: &Path, argv: &[&str], cwd: &Path
 
 #[test]
 fn a_host_attacher_of_an_lwk_segment_gets_sigbus_and_lets_go_of_its_ram_when_the_daemon_is_killed() {
-    let Some(dir) = job_test_dir("clowderd-xemem-crash") else { return };
-    let job = lwk_job(&dir.0, "lwk_named_owner");
-    let holder = host_program(&dir.0, "host_held_attacher");
+    let Some((dir, job, holder)) = job_test_programs("clowderd-xemem-crash", "lwk_named_owner", "host_held_attacher") else { return };
     let mut daemon = Daemon::start_with_machines(&dir.0.join("a"), None);
     let socket = daemon.dir.join("clowderd.sock");
     let created = daemon.call(json!({"op": "create", "name": "sim", "cores": 1, "mem": "128M"}));

@@ -18,9 +18,9 @@ use serde_json::json;
 mod support;
 use support::processes::HostProcess;
 use support::{
-    assert_host_attacher_reads_the_job, assert_regions_come_and_go, call, create_lwk_enclave, host_program, job_test_dir, log_lines,
-    lwk_job, missing_requirement, regions_added_and_removed, remove_enclaves, run_job, run_job_to_end, skipped, start_daemon_with_broker,
-    BrokeredDaemon, MappedRuns, RevokeRun, TempDir,
+    assert_host_attacher_reads_the_job, assert_regions_come_and_go, call, create_lwk_enclave, host_program, job_test_dir,
+    job_test_programs, log_lines, lwk_job, missing_requirement, regions_added_and_removed, remove_enclaves, run_job, run_job_to_end,
+    skipped, start_daemon_with_broker, BrokeredDaemon, MappedRuns, RevokeRun, TempDir,
 };
 
 #[test]
@@ -84,9 +84,7 @@ fn a_host_process_writes_into_an_lwk_jobs_segment() {
 /// broker, the daemon's name-server node, the owner enclave's frame runs, the RAM memfd.
 #[test]
 fn a_libxpmem_process_attaches_an_lwk_jobs_segment_through_the_broker() {
-    let Some(dir) = job_test_dir("clowderd-xemem-libxpmem") else { return };
-    let job = lwk_job(&dir.0, "lwk_named_owner");
-    let attacher = host_program(&dir.0, "host_attacher");
+    let Some((dir, job, attacher)) = job_test_programs("clowderd-xemem-libxpmem", "lwk_named_owner", "host_attacher") else { return };
     let BrokeredDaemon { socket, xemem_socket, .. } = start_daemon_with_broker(&dir.0);
     let enclave_id = create_lwk_enclave(&socket, "owner", 1, "128M");
     std::thread::scope(|scope| {
@@ -105,9 +103,9 @@ fn a_libxpmem_process_attaches_an_lwk_jobs_segment_through_the_broker() {
 /// hole (SIGBUS) instead of the job's new memory.
 #[test]
 fn a_host_process_attaching_again_sees_memory_an_lwk_job_mapped_since() {
-    let Some(dir) = job_test_dir("clowderd-xemem-remap") else { return };
-    let job = lwk_job(&dir.0, "lwk_remapping_owner");
-    let attacher = host_program(&dir.0, "host_remap_attacher");
+    let Some((dir, job, attacher)) = job_test_programs("clowderd-xemem-remap", "lwk_remapping_owner", "host_remap_attacher") else {
+        return;
+    };
     let BrokeredDaemon { socket, xemem_socket, .. } = start_daemon_with_broker(&dir.0);
     create_lwk_enclave(&socket, "owner", 1, "128M");
     let job_stdout = Mutex::new(String::new());
@@ -209,9 +207,10 @@ fn an_lwk_job_attaches_half_a_gigabyte_host_segment_twice() {
 
 /// `an_lwk_job_attaches_a_host_processs_segment` with a segment of `pages` 4 KiB pages.
 fn lwk_job_attaches_a_host_segment_twice(tag: &str, pages: u64) {
-    let Some(dir) = job_test_dir(&format!("clowderd-xemem-host-owner-{tag}")) else { return };
-    let job = lwk_job(&dir.0, "lwk_host_attacher");
-    let owner = host_program(&dir.0, "host_named_owner");
+    let Some((dir, job, owner)) = job_test_programs(&format!("clowderd-xemem-host-owner-{tag}"), "lwk_host_attacher", "host_named_owner")
+    else {
+        return;
+    };
     let BrokeredDaemon { socket, xemem_socket, links } = start_daemon_with_broker(&dir.0);
     create_lwk_enclave(&socket, "attacher", 1, "128M");
     let host = HostProcess::owner(&owner, &xemem_socket, &[&pages.to_string()]);
@@ -251,9 +250,7 @@ fn lwk_job_attaches_a_host_segment_twice(tag: &str, pages: u64) {
 /// (`lwk_revoked_attacher <job_args>`, in an enclave of `cores` vCPUs) attaches and touches;
 /// the owner then removes the segment or exits while the attachment is in use.
 fn run_revocation(tag: &str, owner_mode: &str, job_args: &[&str], cores: u32) -> Option<RevokeRun> {
-    let dir = job_test_dir(&format!("clowderd-xemem-revoke-{tag}"))?;
-    let job = lwk_job(&dir.0, "lwk_revoked_attacher");
-    let owner = host_program(&dir.0, "host_revoking_owner");
+    let (dir, job, owner) = job_test_programs(&format!("clowderd-xemem-revoke-{tag}"), "lwk_revoked_attacher", "host_revoking_owner")?;
     let BrokeredDaemon { socket, xemem_socket, .. } = start_daemon_with_broker(&dir.0);
     create_lwk_enclave(&socket, "attacher", cores, "128M");
     let host = HostProcess::owner(&owner, &xemem_socket, &[owner_mode]);
@@ -308,9 +305,9 @@ fn a_revoke_reaches_both_cpus_of_a_two_vcpu_job() {
 /// alone through libxpmem and writes into the job's memory.
 #[test]
 fn anonymous_segments_of_two_enclaves_have_global_ids_a_host_process_can_use() {
-    let Some(dir) = job_test_dir("clowderd-xemem-global") else { return };
-    let job = lwk_job(&dir.0, "lwk_anonymous_owner");
-    let attacher = host_program(&dir.0, "host_segid_attacher");
+    let Some((dir, job, attacher)) = job_test_programs("clowderd-xemem-global", "lwk_anonymous_owner", "host_segid_attacher") else {
+        return;
+    };
     let BrokeredDaemon { socket, xemem_socket, .. } = start_daemon_with_broker(&dir.0);
     let ids = ["a", "b"].map(|name| create_lwk_enclave(&socket, name, 1, "128M"));
     let outputs = [Mutex::new(String::new()), Mutex::new(String::new())];

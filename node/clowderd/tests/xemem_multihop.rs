@@ -19,8 +19,8 @@ use xemem::NAME_SERVER_ENCLAVE;
 mod support;
 use support::processes::{daemon_tree, sub_manager, support_program, with_id, Daemon, HostProcess};
 use support::{
-    assert_host_attacher_reads_the_job, create_lwk_enclave, host_program, job_test_dir, log_lines, lwk_job, regions_added_and_removed,
-    remove_enclaves, run_job_to_end, RevokeRun, TempDir,
+    assert_host_attacher_reads_the_job, create_lwk_enclave, host_program, job_test_dir, job_test_programs, log_lines, lwk_job,
+    regions_added_and_removed, remove_enclaves, run_job_to_end, RevokeRun, TempDir,
 };
 
 /// Owner on one daemon, attacher on another: the attacher finds the owner's segment by name,
@@ -745,9 +745,7 @@ impl PageWords for File {
 /// writes what the job waits for: the job's own memory, no copy.
 #[test]
 fn a_host_process_on_the_name_server_attaches_an_lwk_segment_under_a_sub_manager() {
-    let Some(dir) = job_test_dir("clowderd-multihop-three-hops") else { return };
-    let job = lwk_job(&dir.0, "lwk_named_owner");
-    let attacher = host_program(&dir.0, "host_attacher");
+    let Some((dir, job, attacher)) = job_test_programs("clowderd-multihop-three-hops", "lwk_named_owner", "host_attacher") else { return };
     let a = Daemon::start(&dir.0.join("a"), None);
     let b = enclave_sub_manager(&dir.0.join("b"), &a);
     let enclave_id = create_lwk_enclave(&b.socket(), "owner", 1, "128M");
@@ -783,9 +781,7 @@ fn lwk_segment_attached_from(
 /// server grants B's permit directly, the enclave's frames go up as its RAM memfd.
 #[test]
 fn host_processes_above_and_beside_attach_an_lwk_segment_deep_in_the_tree() {
-    let Some(dir) = job_test_dir("clowderd-multihop-tree-lwk") else { return };
-    let job = lwk_job(&dir.0, "lwk_named_owner");
-    let attacher = host_program(&dir.0, "host_attacher");
+    let Some((dir, job, attacher)) = job_test_programs("clowderd-multihop-tree-lwk", "lwk_named_owner", "host_attacher") else { return };
     let (_a, b, c, d, enclave_id) = tree_with_an_enclave_under_d(&dir.0, "owner");
     lwk_segment_attached_from(&d, "owner", enclave_id, &b, &job, &attacher, &dir.0);
     lwk_segment_attached_from(&d, "owner", enclave_id, &c, &job, &attacher, &dir.0);
@@ -799,9 +795,7 @@ fn host_processes_above_and_beside_attach_an_lwk_segment_deep_in_the_tree() {
 /// on the new name server's daemon attaches a segment the enclave's job makes then.
 #[test]
 fn an_lwk_enclave_under_a_sub_manager_rejoins_after_its_name_server_restarts() {
-    let Some(dir) = job_test_dir("clowderd-multihop-lwk-rejoin") else { return };
-    let job = lwk_job(&dir.0, "lwk_named_owner");
-    let attacher = host_program(&dir.0, "host_attacher");
+    let Some((dir, job, attacher)) = job_test_programs("clowderd-multihop-lwk-rejoin", "lwk_named_owner", "host_attacher") else { return };
     let a = Daemon::start(&dir.0.join("a"), None);
     let b = enclave_sub_manager(&dir.0.join("b"), &a);
     let before = create_lwk_enclave(&b.socket(), "owner", 1, "128M");
@@ -831,9 +825,7 @@ fn an_lwk_enclave_under_a_sub_manager_rejoins_after_its_name_server_restarts() {
 /// done: every one gets SIGBUS.
 #[test]
 fn an_lwk_owners_remove_deep_in_the_tree_revokes_host_attachers_on_every_daemon() {
-    let Some(dir) = job_test_dir("clowderd-multihop-lwk-remove") else { return };
-    let job = lwk_job(&dir.0, "lwk_named_owner");
-    let writer = host_program(&dir.0, "host_attacher");
+    let Some((dir, job, writer)) = job_test_programs("clowderd-multihop-lwk-remove", "lwk_named_owner", "host_attacher") else { return };
     let holder = host_program(&dir.0, "host_held_attacher");
     let (a, b, c, d, _) = tree_with_an_enclave_under_d(&dir.0, "owner");
     std::thread::scope(|scope| {
@@ -1009,9 +1001,7 @@ fn run_job_with(d: &Daemon, name: &str, job: &Path, args: &[&str], cwd: &Path) -
 /// guest-physical regions: the owner's pages in the job, no copy.
 #[test]
 fn an_lwk_job_under_a_sub_manager_attaches_a_host_segment_on_the_name_servers_daemon() {
-    let Some(dir) = job_test_dir("clowderd-multihop-down") else { return };
-    let job = lwk_job(&dir.0, "lwk_host_attacher");
-    let owner = host_program(&dir.0, "host_named_owner");
+    let Some((dir, job, owner)) = job_test_programs("clowderd-multihop-down", "lwk_host_attacher", "host_named_owner") else { return };
     let a = Daemon::start(&dir.0.join("a"), None);
     let b = enclave_sub_manager(&dir.0.join("b"), &a);
     create_lwk_enclave(&b.socket(), "attacher", 1, "128M");
@@ -1041,9 +1031,7 @@ fn an_lwk_job_under_a_sub_manager_attaches_a_host_segment_on_the_name_servers_da
 /// go. The job's SIGBUS handler sees the fault, detach gives 0 and release ENOENT, the owner
 /// keeps its data, and every region added to the enclave's machine goes again.
 fn revoke_across(tag: &str, owner_on_b: bool, enclave_on_b: bool) {
-    let Some(dir) = job_test_dir(tag) else { return };
-    let job = lwk_job(&dir.0, "lwk_revoked_attacher");
-    let owner = host_program(&dir.0, "host_revoking_owner");
+    let Some((dir, job, owner)) = job_test_programs(tag, "lwk_revoked_attacher", "host_revoking_owner") else { return };
     let a = Daemon::start_with_machines(&dir.0.join("a"), None);
     let b = enclave_sub_manager(&dir.0.join("b"), &a);
     let (owner_at, enclave_at) = (if owner_on_b { &b } else { &a }, if enclave_on_b { &b } else { &a });

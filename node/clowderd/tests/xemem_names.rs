@@ -20,7 +20,7 @@ use serde_json::json;
 mod support;
 use support::processes::{daemon_tree, support_program, Daemon, HostProcess};
 use support::{
-    assert_host_attacher_reads_the_job, create_lwk_enclave, host_program, job_test_dir, lwk_job, remove_enclaves, run_job, run_job_to_end,
+    assert_host_attacher_reads_the_job, create_lwk_enclave, job_test_programs, remove_enclaves, run_job, run_job_to_end,
     start_daemon_with_broker, BrokeredDaemon, TempDir,
 };
 
@@ -92,10 +92,8 @@ fn a_name_is_held_once_across_a_tree_of_daemons() {
 /// job sees its write). `xemem_ls` lists the name once throughout.
 #[test]
 fn host_processes_and_lwk_jobs_share_one_name_space() {
-    let Some(dir) = job_test_dir("clowderd-xemem-names-lwk") else { return };
-    let job = lwk_job(&dir.0, "lwk_named_owner");
+    let Some((dir, job, attacher)) = job_test_programs("clowderd-xemem-names-lwk", "lwk_named_owner", "host_attacher") else { return };
     let keeper = support_program(&dir.0, "host_keeper");
-    let attacher = host_program(&dir.0, "host_attacher");
     let BrokeredDaemon { socket, xemem_socket, .. } = start_daemon_with_broker(&dir.0);
     let enclave_id = create_lwk_enclave(&socket, "sim", 1, "128M");
     let keep = |name: &str| HostProcess::spawn(&keeper, &xemem_socket, &[name, "100"]);

@@ -46,6 +46,13 @@ pub fn job_test_dir(name: &str) -> Option<TempDir> {
     (!skipped(missing_job_requirement())).then(|| TempDir::new(name))
 }
 
+/// [`job_test_dir`] with the LWK job `job` and the host program `host` built in it.
+pub fn job_test_programs(name: &str, job: &str, host: &str) -> Option<(TempDir, PathBuf, PathBuf)> {
+    let dir = job_test_dir(name)?;
+    let (job, host) = (lwk_job(&dir.0, job), host_program(&dir.0, host));
+    Some((dir, job, host))
+}
+
 /// Runs `host_attacher` against the broker at `xemem_socket` while a job runs
 /// `lwk_named_owner` in enclave `enclave_id`: it must find the job's segment, read its 16
 /// pages, be refused a permit for another process, and write the 42 the job waits for.
