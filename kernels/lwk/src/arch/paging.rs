@@ -319,44 +319,32 @@ impl PageTables {
         present
     }
 
-    /// Rebuilds the 4 KiB table under `directory_entry` off-line (from the old table, the 2 MiB
-    /// leaf it splits, or nothing) with the leaves of `[from, to)` set by `leaf`, then links
-    /// it with one write. On a shadow-paging host (PVM) every write to a live page table
-    /// traps, so changing more than a few leaves this way is much cheaper. The old table is
-    /// retired: another CPU may still walk it until its next TLB flush.
-    fn rebuild(
-        directory_entry: &mut u64,
-        from: u64,
-        to: u64,
-        leaf: impl Fn(u64) -> u64,
-        tables: &mut dyn TableSource,
-    ) -> Result<(), OutOfMemory> {
+    /// A new 4 KiB table holding what `directory_entry` maps (the old table's leaves, the 2 MiB
+    /// leaf it splits, or nothing), to be changed off-line and then linked with one write. On
+    /// a shadow-paging host (PVM) every write to a live page table traps, so changing more
+    /// than a few leaves this way is much cheaper. The old table is retired: another CPU may
+    /// still walk it until its next TLB flush.
+    fn rebuilt_table(directory_entry: u64, tables: &mut dyn TableSource) -> Result<u64, OutOfMemory> {
         let table = tables.allocate_table().ok_or(OutOfMemory)?;
         let fresh = entries(table);
-        if *directory_entry & PRESENT != 0 {
-            if *directory_entry & HUGE != 0 {
-                let base = *directory_entry & ADDRESS_MASK & !(HUGE_PAGE_SIZE - 1);
-                let rights = *directory_entry & !(ADDRESS_MASK | HUGE);
+        if directory_entry & PRESENT != 0 {
+            if directory_entry & HUGE != 0 {
+                let base = directory_entry & ADDRESS_MASK & !(HUGE_PAGE_SIZE - 1);
+                let rights = directory_entry & !(ADDRESS_MASK | HUGE);
                 for (i, entry) in fresh.iter_mut().enumerate() {
                     *entry = (base + i as u64 * PAGE_SIZE) | rights;
                 }
             } else {
-                let old = *directory_entry & ADDRESS_MASK;
+                let old = directory_entry & ADDRESS_MASK;
                 fresh.copy_from_slice(entries(old));
                 tables.retire_table(old);
             }
         }
-        let mut address = from;
-        while address < to {
-            fresh[index(address, 0)] = leaf(address);
-            address += PAGE_SIZE;
-        }
-        *directory_entry = table | table_bits(from);
-        Ok(())
+        Ok(table)
     }
 
     /// Sets the leaves of `[from, to)`, inside one 2 MiB block, in place when they are few,
-    /// else by rebuilding the table.
+    /// else in a rebuilt table (`rebuilt_table`).
     fn set_leaves(
         directory_entry: &mut u64,
         from: u64,
@@ -365,14 +353,15 @@ impl PageTables {
         tables: &mut dyn TableSource,
     ) -> Result<(), OutOfMemory> {
         let in_place = *directory_entry & PRESENT != 0 && *directory_entry & HUGE == 0 && (to - from) / PAGE_SIZE < REBUILD_THRESHOLD;
-        if !in_place {
-            return Self::rebuild(directory_entry, from, to, leaf, tables);
-        }
-        let leaves = entries(*directory_entry & ADDRESS_MASK);
+        let table = if in_place { *directory_entry & ADDRESS_MASK } else { Self::rebuilt_table(*directory_entry, tables)? };
+        let leaves = entries(table);
         let mut address = from;
         while address < to {
             leaves[index(address, 0)] = leaf(address);
             address += PAGE_SIZE;
+        }
+        if !in_place {
+            *directory_entry = table | table_bits(from);
         }
         Ok(())
     }
