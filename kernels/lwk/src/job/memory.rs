@@ -576,19 +576,15 @@ impl JobMemory {
             failed |= crate::job::map_ring3_syscall_page_into(&mut aspace).is_err();
         }
         failed |= crate::job::map_xstate_stub_page_into(&mut aspace).is_err();
+        // A new image's memory over the copied regions, with the parent's heap layout.
         let child = JobMemory {
-            aspace,
-            image,
-            image_pages,
-            stack,
-            heap,
             heap_free,
-            heap_dirty: Box::new(RangeSet::new()),
             brk_start: self.brk_start,
             brk: self.brk,
             brk_mapped: self.brk_mapped,
             mmap_floor: self.mmap_floor.min(heap_end),
             stack_clear_from: live_stack.max(stack.start),
+            ..JobMemory::new(aspace, image, image_pages, stack, heap)
         };
         if failed {
             child.release();
