@@ -57,10 +57,7 @@ fn share(program: &Path, owner_at: &Daemon, attacher_at: &Daemon, name: &str, ba
 fn host_processes_under_two_daemons_share_memory_both_ways() {
     let dir = TempDir::new("clowderd-multihop-share");
     let program = host_program(&dir.0, "host_peer");
-    let a = Daemon::start(&dir.0.join("a"), None);
-    let b = Daemon::start(&dir.0.join("b"), Some(&a));
-    let id = b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10));
-    let b_id: u32 = id.unwrap_or_else(|| panic!("the sub-manager got no enclave id:\n{}\n{}", b.log(), a.log())).parse().unwrap();
+    let (a, [(b, b_id)]) = daemon_tree(&dir.0, [("b", "a")]);
     assert!(b_id >= 2, "enclave 1 is the name server: {b_id}");
     assert!(a.wait_for_log("linked to a daemon below", Duration::from_secs(1)).is_some(), "{}", a.log());
 
@@ -80,8 +77,7 @@ fn host_processes_under_two_daemons_share_memory_both_ways() {
     assert!(!a.segment_names().contains(&"multihop-lingering".to_string()), "{:?}", a.segment_names());
     let _ = lingering.finish(Duration::from_millis(10));
     // A still serves its own host processes, and links a new sub-manager.
-    let b2 = Daemon::start(&dir.0.join("b"), Some(&a));
-    assert!(b2.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", b2.log());
+    let (b2, _) = sub_manager(&dir.0.join("b"), &a);
     share(&program, &b2, &a, "multihop-again", 9000);
 }
 
@@ -92,13 +88,7 @@ fn host_processes_under_two_daemons_share_memory_both_ways() {
 fn host_processes_under_sibling_sub_managers_share_memory() {
     let dir = TempDir::new("clowderd-multihop-siblings");
     let program = host_program(&dir.0, "host_peer");
-    let a = Daemon::start(&dir.0.join("a"), None);
-    let b = Daemon::start(&dir.0.join("b"), Some(&a));
-    let c = Daemon::start(&dir.0.join("c"), Some(&a));
-    let b_id: u32 =
-        b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).expect("B got no id").parse().unwrap();
-    let c_id: u32 =
-        c.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).expect("C got no id").parse().unwrap();
+    let (_a, [(b, b_id), (c, c_id)]) = daemon_tree(&dir.0, [("b", "a"), ("c", "a")]);
     assert_ne!(b_id, c_id);
     assert_eq!(share(&program, &b, &c, "multihop-b-to-c", 4000), b_id);
     assert_eq!(share(&program, &c, &b, "multihop-c-to-b", 6000), c_id);
@@ -112,15 +102,7 @@ fn host_processes_under_sibling_sub_managers_share_memory() {
 fn host_processes_two_daemons_apart_share_memory() {
     let dir = TempDir::new("clowderd-multihop-deep");
     let program = host_program(&dir.0, "host_peer");
-    let a = Daemon::start(&dir.0.join("a"), None);
-    let b = Daemon::start(&dir.0.join("b"), Some(&a));
-    assert!(b.wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10)).is_some(), "{}", b.log());
-    let d = Daemon::start(&dir.0.join("d"), Some(&b));
-    let d_id: u32 = d
-        .wait_for_log("the name server gave this daemon enclave id", Duration::from_secs(10))
-        .unwrap_or_else(|| panic!("D got no id: {}\n{}", d.log(), b.log()))
-        .parse()
-        .unwrap();
+    let (a, [(_b, _), (d, d_id)]) = daemon_tree(&dir.0, [("b", "a"), ("d", "b")]);
     assert_eq!(share(&program, &d, &a, "multihop-d-to-a", 8000), d_id);
     assert_eq!(share(&program, &a, &d, "multihop-a-to-d", 8200), NAME_SERVER_ENCLAVE);
 }
