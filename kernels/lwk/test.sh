@@ -307,29 +307,30 @@ if [ $# -eq 0 ]; then
     done
 fi
 
+# Runs $work/hello-raw as the bare module (no archive; machine size $job_mem), its output to
+# OUTPUT, and counts CHECK as failed unless it ends with status 3 and the host run's output.
+check_hello_raw() {
+    local check=$1 output=$2 status
+    status=$(run_in_lwk "$work/hello-raw" hello "$output" raw)
+    if [ "$status" = 3 ] && cmp -s "$output" "$work/hello-musl.host"; then
+        echo "ok   $check: status 3"
+    else
+        echo "FAIL $check: status $status"; cat "$output.console"
+        failures=$((failures + 1))
+    fi
+}
+
 # The executable itself as module 0, without an archive.
 if [ $# -eq 0 ] && [ -f "$work/hello-musl.host" ]; then
     musl-gcc -static -O2 -o "$work/hello-raw" "$here/tests/programs/hello.c"
-    status=$(run_in_lwk "$work/hello-raw" hello "$work/hello-raw.lwk" raw)
-    if [ "$status" = 3 ] && cmp -s "$work/hello-raw.lwk" "$work/hello-musl.host"; then
-        echo "ok   bare executable as the module: status 3"
-    else
-        echo "FAIL bare executable as the module: status $status"; cat "$work/hello-raw.lwk.console"
-        failures=$((failures + 1))
-    fi
+    check_hello_raw "bare executable as the module" "$work/hello-raw.lwk"
 fi
 
 # The default heap in 4 and 5 GiB machines: their largest free range (below the 3 GiB PCI
 # hole) also holds the image and stack, so the heap is sized after they are placed.
 if [ $# -eq 0 ] && [ -f "$work/hello-raw" ]; then
     for job_mem in 4G 5G; do
-        status=$(run_in_lwk "$work/hello-raw" hello "$work/hello-$job_mem.lwk" raw)
-        if [ "$status" = 3 ] && cmp -s "$work/hello-$job_mem.lwk" "$work/hello-musl.host"; then
-            echo "ok   default heap in a $job_mem machine: status 3"
-        else
-            echo "FAIL default heap in a $job_mem machine: status $status"; cat "$work/hello-$job_mem.lwk.console"
-            failures=$((failures + 1))
-        fi
+        check_hello_raw "default heap in a $job_mem machine" "$work/hello-$job_mem.lwk"
     done
     job_mem=
 fi
