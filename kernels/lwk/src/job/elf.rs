@@ -115,9 +115,11 @@ impl Executable {
                 return Err(ElfError::MalformedLoadableSegment);
             }
         }
+        // Values the job is only told (AT_ENTRY, AT_PHDR): moved as Linux moves them, wrapping, so a
+        // file's nonsense PT_PHDR address is passed on rather than overflowing here.
         self.entry = self.entry.wrapping_add(bias);
         if self.program_headers_address != 0 {
-            self.program_headers_address += bias;
+            self.program_headers_address = self.program_headers_address.wrapping_add(bias);
         }
         Ok(self)
     }
