@@ -21,7 +21,7 @@ Suites: $suite $suite-updates
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
-        apt-get update -qq
+        apt-get update -qq >&2
     fi
     apt-cache showsrc ucx | awk '/^Version:/ {print $2}' | sort -V | tail -1
 }
@@ -31,7 +31,8 @@ ucx_source() {
     [ -e "$dir/source.stamp" ] && return 0
     ucx_source_version >/dev/null || return 1
     rm -rf "$dir/apt" && mkdir -p "$dir/apt"
-    (cd "$dir/apt" && apt-get source -qq ucx) || return 1
+    # Its progress goes to stderr: callers print only their result on stdout.
+    (cd "$dir/apt" && apt-get source -qq ucx) >&2 || return 1
     unpacked=$(find "$dir/apt" -mindepth 1 -maxdepth 1 -type d -name 'ucx-*' | head -1)
     [ -n "$unpacked" ] || { echo "ucx source: apt-get source ucx unpacked nothing" >&2; return 1; }
     rm -rf "$dir/source" && mv "$unpacked" "$dir/source"
