@@ -245,6 +245,14 @@ fn table_of(rows: &[(String, String, String)]) -> String {
 
 fn main() {
     let runs: usize = std::env::var("RUNS").ok().and_then(|r| r.parse().ok()).unwrap_or(5);
+    // What the figures were measured on and beside: the CPU and the load when the run began.
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines().find_map(|l| l.strip_prefix("model name").map(|m| m.trim_start_matches([' ', '\t', ':']).to_string()))
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let load_at_start = std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split(' ').take(3).collect::<Vec<_>>().join(" ");
     let repo = repo();
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let free_hugepages: u64 = std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages")
@@ -441,7 +449,7 @@ fn main() {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
     let report = format!(
-        "# Lightweight-kernel enclave benchmarks\n\n{date}; {cores} CPUs, host core {} for both sides; \
+        "# Lightweight-kernel enclave benchmarks\n\n{date}; {cores} CPUs ({cpu}, PVM), host core {} for both sides, load average {load_at_start} at the start; \
          medians of {runs} runs measured side by side in one run of `make bench` (`target/release/lwk-bench`). \
          The STREAM, hpccg and selfish enclaves have 1 GiB of RAM backed by {} pages (2 MiB when the hugepage \
          pool holds 512 free pages: `kernels/bench/run.sh` reserves them when run as root); the host runs the \
