@@ -668,8 +668,11 @@ fn static_executable_stub() -> Vec<u8> {
     bytes
 }
 
+/// Short enough that a hang is seen within seconds, long enough that a loaded two-core machine
+/// (a parallel build beside the tests) does not make a healthy fake kernel miss its Ping: at
+/// 400 ms, a crashing enclave was sometimes reported hung first, and the survivor's run failed.
 fn quick_liveness() -> Liveness {
-    Liveness { hello_timeout: Duration::from_secs(5), ping_interval: Duration::from_millis(50), ping_timeout: Duration::from_millis(400) }
+    Liveness { hello_timeout: Duration::from_secs(5), ping_interval: Duration::from_millis(100), ping_timeout: Duration::from_secs(2) }
 }
 
 impl TestDaemon {
