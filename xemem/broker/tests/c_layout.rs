@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 use xemem_host::wire::{self, Answer, Request, Run};
 
@@ -16,7 +17,14 @@ struct CView {
     packets: HashMap<String, Vec<u8>>,
 }
 
-fn c_view() -> CView {
+/// Built and run once for all the tests: they run in parallel threads, and a test running the
+/// binary while another rewrote it failed with ETXTBSY.
+fn c_view() -> &'static CView {
+    static VIEW: OnceLock<CView> = OnceLock::new();
+    VIEW.get_or_init(compile_and_run_wire_layout)
+}
+
+fn compile_and_run_wire_layout() -> CView {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let xemem = repo.join("xemem");
     let binary = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("wire_layout");
