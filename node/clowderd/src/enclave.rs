@@ -390,11 +390,7 @@ impl Enclave {
                 break format!("its machine ended: {ended}");
             }
             let now = Instant::now();
-            if let Some((_, sent)) = outstanding_ping {
-                if now.duration_since(sent) > liveness.ping_timeout {
-                    break format!("it stopped answering Ping (no Pong for {} ms)", now.duration_since(sent).as_millis());
-                }
-            } else if now >= next_ping {
+            if outstanding_ping.is_none() && now >= next_ping {
                 nonce += 1;
                 if let Err(e) = self.send(&HostMessage::Ping { nonce }) {
                     break format!("it stopped draining its channel: {e}");
@@ -402,15 +398,29 @@ impl Enclave {
                 outstanding_ping = Some((nonce, now));
                 next_ping = now + liveness.ping_interval;
             }
-            match receiver.receive(Duration::from_millis(20)) {
+            // The channel is read before the Ping is judged: when this thread was starved (a
+            // loaded host), the Pong, or the corruption that explains the silence, is already
+            // waiting there. Only an empty channel, or a Pong owed for far too long while the
+            // enclave keeps sending other things, makes it hung.
+            let channel_empty = match receiver.receive(Duration::from_millis(20)) {
                 Ok(Received::Message(bytes)) => {
                     if let Err(e) = self.handle(&bytes, &mut outstanding_ping, xemem.as_ref()) {
                         break e;
                     }
+                    false
                 }
-                Ok(Received::Nothing) => {}
-                Ok(Received::BadFrame(e)) => self.log.push(format!("clowderd: malformed frame from the enclave ({e}); ignored")),
+                Ok(Received::Nothing) => true,
+                Ok(Received::BadFrame(e)) => {
+                    self.log.push(format!("clowderd: malformed frame from the enclave ({e}); ignored"));
+                    false
+                }
                 Err(e) => break e,
+            };
+            if let Some((_, sent)) = outstanding_ping {
+                let silent = sent.elapsed();
+                if (channel_empty && silent > liveness.ping_timeout) || silent > liveness.ping_timeout * 4 {
+                    break format!("it stopped answering Ping (no Pong for {} ms)", silent.as_millis());
+                }
             }
             if let Some(port) = &xemem {
                 port.tick(self);

@@ -234,6 +234,11 @@ impl FakeKernel {
     }
 
     fn send_frame(&mut self, frame: &[u8]) {
+        // A hung kernel sends nothing: not a Pong, and not the XEMEM answers its loop still
+        // produces (one would also write a valid producer counter over a "corrupt" one).
+        if self.hardware.hung.load(Ordering::SeqCst) {
+            return;
+        }
         while self.endpoint.send(frame).is_err() {
             std::thread::sleep(Duration::from_micros(100));
         }
@@ -343,9 +348,7 @@ impl FakeKernel {
     }
 
     fn pong(&mut self, nonce: u64) {
-        if !self.hardware.hung.load(Ordering::SeqCst) {
-            self.send(EnclaveMessage::Pong { nonce });
-        }
+        self.send(EnclaveMessage::Pong { nonce });
     }
 
     fn print(&mut self, job: u32, stream: Stream, text: &str) {
@@ -494,8 +497,8 @@ impl FakeKernel {
                 // Moves the guest→host producer counter far beyond what the ring can hold, and
                 // sends nothing more (no Pong either): a later send would write the kernel's
                 // valid counter over it before a busy daemon had looked.
-                self.hardware.ram.write(CHANNEL_GPA + 0x40, &(u64::MAX / 2).to_le_bytes()).unwrap();
                 self.hardware.hung.store(true, Ordering::SeqCst);
+                self.hardware.ram.write(CHANNEL_GPA + 0x40, &(u64::MAX / 2).to_le_bytes()).unwrap();
                 return;
             }
             "hang" => {
