@@ -344,6 +344,10 @@ fast_saved:
     je fast_zero
     cmp $108, %rax
     je fast_zero
+    cmp $118, %rax                     /* getresuid, getresgid: root */
+    je fast_getres
+    cmp $120, %rax
+    je fast_getres
     cmp $228, %rax
     je fast_clock_gettime
     cmp $229, %rax
@@ -375,6 +379,15 @@ fast_gettid:
 fast_getppid:
     mov FAST_CPU_DATA + {ppid}(%rsp), %rax
     jmp fast_return
+    /* Three ids, written in order as the kernel path writes them (after a fault there, it
+       writes them again and fails where this code did). */
+fast_getres:
+    fast_user_range %rdi, 4
+    fast_user_range %rsi, 4
+    fast_user_range %rdx, 4
+    movl $0, (%rdi)
+    movl $0, (%rsi)
+    movl $0, (%rdx)
 fast_zero:
     xor %eax, %eax
     jmp fast_return

@@ -2,7 +2,7 @@
 //! ids. The job runs as root (uid and gid 0) inside its enclave: there is no one else to
 //! protect.
 
-use super::{Errno, SyscallResult};
+use super::{user, Errno, SyscallResult, UserAddr};
 use crate::{process, sched};
 
 pub fn getuid() -> SyscallResult {
@@ -19,6 +19,19 @@ pub fn getgid() -> SyscallResult {
 
 pub fn getegid() -> SyscallResult {
     Ok(0)
+}
+
+/// getresuid(ruid, euid, suid) and getresgid(rgid, egid, sgid): root's ids, written one at a
+/// time in that order as Linux does (a bad second pointer leaves the first written: EFAULT).
+pub fn getresuid(real: UserAddr, effective: UserAddr, saved: UserAddr) -> SyscallResult {
+    for id in [real, effective, saved] {
+        user::write_bytes(id, &0u32.to_le_bytes())?;
+    }
+    Ok(0)
+}
+
+pub fn getresgid(real: UserAddr, effective: UserAddr, saved: UserAddr) -> SyscallResult {
+    getresuid(real, effective, saved)
 }
 
 pub fn getpid() -> SyscallResult {

@@ -202,6 +202,8 @@ syscall_table! {
     110 => identity::getppid(),
     111 => identity::getpgrp(),
     112 => identity::setsid(),
+    118 => identity::getresuid(real: UserAddr, effective: UserAddr, saved: UserAddr),
+    120 => identity::getresgid(real: UserAddr, effective: UserAddr, saved: UserAddr),
     121 => identity::getpgid(pid: i32),
     124 => identity::getsid(pid: i32),
     127 => signals::rt_sigpending(set: UserAddr, set_size: usize),

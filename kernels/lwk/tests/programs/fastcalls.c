@@ -93,6 +93,23 @@ static void identity(const char *who)
     check(fast(SYS_getcpu, (long)&fast_cpu, (long)&fast_node, 0) == 0 && kernel(SYS_getcpu, (long)&kernel_cpu, (long)&kernel_node, 0) == 0
               && fast_cpu == kernel_cpu && fast_node == kernel_node,
           "getcpu");
+    /* getresuid, getresgid: all three ids; with a bad second pointer the first is written
+       before EFAULT, on both paths as on Linux. */
+    static const long resid_calls[] = { SYS_getresuid, SYS_getresgid };
+    for (unsigned i = 0; i < 2; i++) {
+        unsigned f[3] = { 7, 7, 7 }, k[3] = { 8, 8, 8 };
+        char what[64];
+        snprintf(what, sizeof what, "%s: call %ld", who, resid_calls[i]);
+        check(fast(resid_calls[i], (long)&f[0], (long)&f[1], (long)&f[2]) == 0 && kernel(resid_calls[i], (long)&k[0], (long)&k[1], (long)&k[2]) == 0
+                  && memcmp(f, k, sizeof f) == 0,
+              what);
+        unsigned fast_first = 7, kernel_first = 8;
+        long bad = (long)0xffff800000000000ul;
+        snprintf(what, sizeof what, "%s: call %ld with a bad second pointer", who, resid_calls[i]);
+        check(fast(resid_calls[i], (long)&fast_first, bad, (long)&f[2]) == -14 && kernel(resid_calls[i], (long)&kernel_first, bad, (long)&k[2]) == -14
+                  && fast_first == kernel_first,
+              what);
+    }
     printf("%s: identity and getcpu agree\n", who);
 }
 
@@ -187,6 +204,7 @@ static void bad_pointers(void)
             { SYS_clock_gettime, 1, pointer }, { SYS_clock_gettime, 0, pointer }, { SYS_clock_getres, 2, pointer },
             { SYS_getrusage, 0, pointer }, { SYS_getrusage, 1, pointer }, { SYS_times, pointer, 0 },
             { SYS_getcpu, pointer, 0 }, { SYS_getcpu, 0, pointer }, { SYS_uname, pointer, 0 },
+            { SYS_getresuid, pointer, 0 }, { SYS_getresgid, pointer, 0 },
         };
         for (unsigned j = 0; j < sizeof calls / sizeof calls[0]; j++, cases++) {
             long f = fast(calls[j].number, calls[j].a, calls[j].b, 0);
