@@ -56,6 +56,7 @@
 //! | `0x800a` | `Xemem` | bytes message: one XEMEM protocol message (below) |
 //! | `0x800b` | `ZeroMemory` | u32 request, u64 gpa, u64 len: the host clears guest-physical `[gpa, gpa + len)` (page aligned, in RAM) and answers `MemoryZeroed`; the kernel gives a finished job's memory back this way, as clearing it in guest kernel code may be slow (emulated on PVM) |
 //! | `0x800c` | `MappingCounter` | u64 gpa: where the kernel keeps its count of page-table changes (an 8-byte aligned u64 in RAM, bumped before any user mapping is made or taken away); sent once after `Hello`. The host may reuse frames the kernel resolved for XEMEM while the count has not moved |
+//! | `0x800d` | `FileSlots` | u64 gpa, u16 count: where the kernel's request slots for file calls are ([`slots`]: a control page, then `count` slot pages, page aligned, in RAM); sent once after `Hello`. The host polls them from then on |
 //!
 //! `JobOutput` data should fit one ring message (see [`max_output_chunk`]) so output streams
 //! as it is written; it is not an error to send more.
@@ -135,6 +136,7 @@
 //! 7. On `Shutdown`: end the jobs, then stop the machine (write the exit port).
 
 pub mod frame;
+pub mod slots;
 mod wire;
 
 #[cfg(test)]
@@ -181,6 +183,7 @@ pub mod kind {
     pub const XEMEM_TO_HOST: u16 = 0x800a;
     pub const ZERO_MEMORY: u16 = 0x800b;
     pub const MAPPING_COUNTER: u16 = 0x800c;
+    pub const FILE_SLOTS: u16 = 0x800d;
 }
 
 /// A file the host placed in enclave memory.
@@ -392,6 +395,10 @@ pub enum EnclaveMessage<'a> {
     },
     MappingCounter {
         gpa: u64,
+    },
+    FileSlots {
+        gpa: u64,
+        count: u16,
     },
 }
 
@@ -680,6 +687,11 @@ impl<'a> EnclaveMessage<'a> {
                 w.u16(kind::MAPPING_COUNTER)?;
                 w.u64(gpa)?;
             }
+            EnclaveMessage::FileSlots { gpa, count } => {
+                w.u16(kind::FILE_SLOTS)?;
+                w.u64(gpa)?;
+                w.u16(count)?;
+            }
         }
         Ok(w.written())
     }
@@ -708,6 +720,7 @@ impl<'a> EnclaveMessage<'a> {
             kind::XEMEM_TO_HOST => EnclaveMessage::Xemem { message: read_xemem(&mut r)? },
             kind::ZERO_MEMORY => EnclaveMessage::ZeroMemory { request: r.u32("request")?, gpa: r.u64("gpa")?, len: r.u64("len")? },
             kind::MAPPING_COUNTER => EnclaveMessage::MappingCounter { gpa: r.u64("gpa")? },
+            kind::FILE_SLOTS => EnclaveMessage::FileSlots { gpa: r.u64("gpa")?, count: r.u16("count")? },
             other => return Err(DecodeError::UnknownKind(other)),
         };
         r.finish()?;

@@ -269,7 +269,8 @@ fn random_enclave_message<'a>(choice: u64, m: &'a Material) -> EnclaveMessage<'a
         11 => FileOp::Ftruncate { handle, length: n[6] },
         _ => FileOp::Getdents { handle, gpa, len },
     };
-    match choice % 12 {
+    match choice % 13 {
+        12 => EnclaveMessage::FileSlots { gpa: n[3], count: n[1] as u16 },
         11 => EnclaveMessage::MappingCounter { gpa: n[4] },
         10 => EnclaveMessage::ZeroMemory { request, gpa, len: n[5] },
         0 => EnclaveMessage::Hello { version: n[0] as u16, vcpus: n[1] as u16, memory: n[2] },
