@@ -245,11 +245,13 @@ pub enum ExitKind {
     Halt,
     Interrupted,
     Shutdown,
+    /// A guest kernel instruction KVM could not emulate, carried out by the VMM (`emulate`).
+    Emulated,
     Other,
 }
 
 impl ExitKind {
-    pub const ALL: [ExitKind; 11] = [
+    pub const ALL: [ExitKind; 12] = [
         ExitKind::PortIn,
         ExitKind::PortOut,
         ExitKind::MmioRead,
@@ -260,6 +262,7 @@ impl ExitKind {
         ExitKind::Halt,
         ExitKind::Interrupted,
         ExitKind::Shutdown,
+        ExitKind::Emulated,
         ExitKind::Other,
     ];
 
@@ -275,6 +278,7 @@ impl ExitKind {
             ExitKind::Halt => "halt",
             ExitKind::Interrupted => "interrupted",
             ExitKind::Shutdown => "shutdown",
+            ExitKind::Emulated => "emulated",
             ExitKind::Other => "other",
         }
     }
@@ -283,7 +287,7 @@ impl ExitKind {
 /// One vCPU's counters, on cache lines of their own.
 #[derive(Debug, Default)]
 #[repr(align(64))]
-struct VcpuCounters([AtomicU64; 11]);
+struct VcpuCounters([AtomicU64; ExitKind::ALL.len()]);
 
 /// Per-kind exit counters, readable at any time from any thread. Each vCPU has its own slots and
 /// is their only writer, so counting is a plain load and store (no locked instruction, no line

@@ -9,6 +9,7 @@ pub mod arch;
 pub mod boot;
 pub mod control;
 pub mod devices;
+pub mod emulate;
 pub mod hooks;
 pub mod interrupts;
 pub mod memory;

@@ -9,10 +9,10 @@ use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd};
 
 use crate::arch::{cpuid, regs};
 use crate::hooks::{Claim, ExitContext, ExitKind, HookRegistry, Outcome, Request};
-use crate::profile;
 use crate::stop::{RegisterDump, StopReason};
 use crate::vm::{RunState, VmShared};
 use crate::VmError;
+use crate::{emulate, profile};
 
 const MSR_IA32_MISC_ENABLE: u32 = 0x1a0;
 const MISC_ENABLE_FAST_STRING: u64 = 1;
@@ -227,6 +227,10 @@ pub fn run_loop(
                 }
                 None => ExitAction::Fault(Failure::Unhandled("a debug exit with no instruction profile running".into())),
             },
+            ExitAction::Fault(Failure::KvmInternal) if emulation_failed(&mut vcpu) && emulate::carry_out(&mut vcpu, &memory).is_some() => {
+                shared.counters.count(index, ExitKind::Emulated);
+                ExitAction::Continue
+            }
             other => other,
         };
         let reason = match action {
@@ -411,6 +415,12 @@ fn dispatch<'r>(
             ExitAction::Fault(Failure::Unhandled(format!("exit {other:?}, which the VMM does not implement")))
         }
     }
+}
+
+/// Whether the last exit was KVM's emulator giving up on an instruction.
+fn emulation_failed(vcpu: &mut VcpuFd) -> bool {
+    // SAFETY: called only after KVM_EXIT_INTERNAL_ERROR, so `internal` is the live union member.
+    unsafe { vcpu.get_kvm_run().__bindgen_anon_1.internal.suberror == emulate::INTERNAL_ERROR_EMULATION }
 }
 
 /// KVM_INTERNAL_ERROR_DELIVERY_EV: an exception occurred while delivering another one.
