@@ -1,0 +1,71 @@
+/*
+ * pingpong: MPI ping-pong between ranks 0 and 1 (any others wait at the barrier), in the manner
+ * of IMB's PingPong: for each message size from 1 B to MAX_BYTES (doubling), ITERS round trips
+ * after a few warm-up ones; rank 0 prints one line per size:
+ *
+ *   pingpong: BYTES bytes  LATENCY us  BANDWIDTH MB/s
+ *
+ * where LATENCY is half the mean round trip and BANDWIDTH is BYTES / LATENCY. The data is
+ * checked at every size (the last byte rank 1 sends back is its own), so a transport that
+ * loses or mixes messages fails with status 1.
+ *
+ *   pingpong [MAX_BYTES] [ITERS]     defaults 4194304 and 1000 (fewer for large messages)
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../args.h"
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (argc > 3) {
+        if (rank == 0) fprintf(stderr, "usage: pingpong [MAX_BYTES] [ITERS]\n");
+        MPI_Finalize();
+        return 2;
+    }
+    long max_bytes = argc > 1 ? arg_integer("pingpong", "MAX_BYTES", argv[1], 1, 1L << 28) : 4L << 20;
+    long base_iters = argc > 2 ? arg_integer("pingpong", "ITERS", argv[2], 1, 10000000) : 1000;
+    if (size < 2) {
+        if (rank == 0) fprintf(stderr, "pingpong: needs at least 2 ranks, got %d\n", size);
+        MPI_Finalize();
+        return 2;
+    }
+    char *buffer = malloc(max_bytes);
+    if (!buffer) {
+        fprintf(stderr, "pingpong: out of memory for %ld bytes\n", max_bytes);
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    int bad = 0;
+    for (long bytes = 1; bytes <= max_bytes; bytes *= 2) {
+        /* about the same time per size: fewer round trips for large messages */
+        long iters = bytes <= 65536 ? base_iters : base_iters * 65536 / bytes;
+        if (iters < 10) iters = 10;
+        double start = 0;
+        MPI_Barrier(MPI_COMM_WORLD);
+        for (long i = -5; i < iters; i++) {
+            if (i == 0) start = MPI_Wtime();
+            if (rank == 0) {
+                buffer[bytes - 1] = 0;
+                MPI_Send(buffer, (int)bytes, MPI_CHAR, 1, 0, MPI_COMM_WORLD);
+                MPI_Recv(buffer, (int)bytes, MPI_CHAR, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                bad |= buffer[bytes - 1] != 1;
+            } else if (rank == 1) {
+                MPI_Recv(buffer, (int)bytes, MPI_CHAR, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                buffer[bytes - 1] = 1;
+                MPI_Send(buffer, (int)bytes, MPI_CHAR, 0, 0, MPI_COMM_WORLD);
+            }
+        }
+        double half_trip = (MPI_Wtime() - start) / iters / 2;
+        if (rank == 0)
+            printf("pingpong: %ld bytes  %.2f us  %.1f MB/s\n", bytes, half_trip * 1e6, bytes / half_trip / 1e6);
+    }
+    if (rank == 0) printf("pingpong: %s\n", bad ? "data NOT verified" : "data verified");
+    free(buffer);
+    MPI_Finalize();
+    return bad;
+}
