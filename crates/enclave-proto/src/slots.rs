@@ -11,6 +11,7 @@
 //!
 //! | where | what | written by |
 //! |---|---|---|
+//! | control + [`HOST_READY`] | u32: 1 while a host thread serves the slots; the kernel uses the channel while it is 0 | host |
 //! | control + [`HOST_POLLING`] | u32: 1 while the host polls the slots, 0 while it sleeps | host |
 //! | slot + [`STATE`] | u32: [`FREE`], [`POSTED`] or [`ANSWERED`] | both |
 //! | slot + [`LENGTH`] | u32: the request's length, then the answer's | both |
@@ -28,6 +29,8 @@
 pub const PAGE_SIZE: u64 = 4096;
 /// Offset of the host's polling flag in the control page.
 pub const HOST_POLLING: u64 = 0;
+/// Offset of the host's serving flag in the control page.
+pub const HOST_READY: u64 = 4;
 /// Offsets in a slot page.
 pub const STATE: u64 = 0;
 pub const LENGTH: u64 = 4;
