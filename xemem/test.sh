@@ -3,6 +3,7 @@
 # standalone segment broker and the conformance program, starts a private broker, and runs
 # every case twice (program linked against libxpmem.so.0, and statically against libxpmem.a),
 # and the shared build's once more on the text of /proc/self/maps (CLOWDER_XEMEM_MAPS=text),
+# the snapshot cases (tests/snapshot.c),
 # plus the broker's robustness against malformed packets and libxpmem's CLOWDER_LOG levels.
 # Prints "N passed, N failed" and exits non-zero if anything failed. Root is needed for the
 # permission matrix (setuid).
@@ -43,6 +44,14 @@ done
 for name in $("$here/build/tests/conformance" --list); do
     CLOWDER_XEMEM_MAPS=text timeout 300 "$here/build/tests/conformance" "$name" >"$scratch/log" 2>&1
     report "conformance-maps-text $name" $? "$scratch/log"
+done
+
+# Snapshots (TCASM), finding the writer's pages by PAGEMAP_SCAN and by reading /proc/self/pagemap.
+for name in $("$here/build/tests/snapshot" --list); do
+    for pagemap in scan read; do
+        CLOWDER_XEMEM_PAGEMAP=$pagemap timeout 120 "$here/build/tests/snapshot" "$name" >"$scratch/log" 2>&1
+        report "snapshot-$pagemap $name" $? "$scratch/log"
+    done
 done
 
 # CLOWDER_LOG: at debug (or xemem=debug) libxpmem says which broker call failed and why; not at

@@ -1,6 +1,7 @@
 /*
  * xpmem.h: the XPMEM user API (SGI/Cray/LANL XPMEM, as used by UCX, Open MPI, MPICH, GASNet)
- * implemented by clowder's libxpmem, plus XEMEM's extensions (named segments, signals).
+ * implemented by clowder's libxpmem, plus XEMEM's extensions (named segments, signals,
+ * copy-on-write snapshots).
  *
  * Source- and binary-compatible with the Linux XPMEM user library (libxpmem.so.0): the same
  * types, constants, functions and struct layout. Programs built against XPMEM's header link
@@ -142,6 +143,49 @@ int xemem_notify_fd(xpmem_segid_t segid);
  * xemem=debug among its directives; CLOWDER_XEMEM_DEBUG=1 is the older name) in the environment
  * the library also prints each failed broker call, with this reason, on stderr. */
 const char *xemem_errmsg(void);
+
+/*
+ * XEMEM snapshots (TCASM: copy-on-write versions of a region, host processes only). A writer
+ * allocates a region with xemem_region_alloc and writes it as ordinary memory; at a consistent
+ * point it publishes the region's contents as a snapshot segment with xemem_snapshot_make.
+ * Readers get and attach that segment as any other (xpmem_get with XPMEM_RDWR, as XPMEM's
+ * attach requires) and see that version, unchanged, while the writer goes on writing: each
+ * page the writer then touches is copied once, by the kernel, into memory of its own. So a
+ * snapshot costs in proportion to the pages written after it, not to the region's size.
+ * xemem_snapshot_release withdraws the segment and folds the writer's pages back into the
+ * region (a copy of the pages written since). Rules:
+ *  - one snapshot per region at a time (EBUSY for a second one): readers are done, and say so
+ *    (xemem_signal, or the application's own protocol), before the writer releases; a reader
+ *    still attached after the release reads the writer's newer data from then on;
+ *  - readers attach read-write, as XPMEM maps every attachment; the permission mode guards
+ *    the snapshot, as it guards any segment: a reader allowed to write could change what the
+ *    other readers, and after the release the writer, see. Readers map it read-only
+ *    (mprotect PROT_READ, or the Python API's default);
+ *  - the writer's other threads do not store into the region while xemem_snapshot_make or
+ *    xemem_snapshot_release runs (both change its mapping): call them between steps;
+ *  - a region with a snapshot out cannot be exported again by xpmem_make/xemem_make (EBUSY),
+ *    nor can a region inside a segment of this process be snapshotted (EBUSY);
+ *  - when the writer exits, or frees the region, readers keep the snapshot's pages, still
+ *    consistent (nothing writes them any more), until they detach: no SIGBUS;
+ *  - a forked child shares the region's memory as any MAP_SHARED memory; snapshots are the
+ *    parent's to make and release. The device backend (the LWK) has no snapshots: ENOTSUP.
+ */
+/* A new region of `size` bytes (rounded up to pages), zero-filled, read-write: memfd-backed
+ * shared memory. Returns its address, or (void *)-1 with errno (EINVAL: size 0; ENOMEM). */
+void *xemem_region_alloc(size_t size);
+/* Frees a region (releasing its snapshot if one is out). 0, or -1 with errno (EINVAL: not a
+ * region's address). */
+int xemem_region_free(void *region);
+/* Publishes the current contents of the region at `region` as a read-only snapshot segment,
+ * with xpmem_make's permit, and under a machine-wide name (as xemem_make's) when `name` is not
+ * NULL. Returns the snapshot's segid, or -1 with errno (EINVAL: not a region; EBUSY: a
+ * snapshot is out, or the region is exported; the broker's errnos). */
+xpmem_segid_t xemem_snapshot_make(void *region, int permit_type, void *permit_value, const char *name);
+/* Withdraws snapshot `segid` (new gets and attaches fail) and makes the region's memory shared
+ * again with the writer's newer contents. Returns 0, or -1 with errno (ENOENT: not a snapshot
+ * of this process; ENOMEM: the writer's pages could not be folded back: the segment is gone,
+ * the writer's data stays intact in its own copies, and calling again retries). */
+int xemem_snapshot_release(xpmem_segid_t segid);
 
 /*
  * XEMEM's extensions on a device (the lightweight kernel's /dev/xpmem), numbered above XPMEM's

@@ -122,6 +122,16 @@ struct backing {
 	int handed_out; /* given to an attacher: revoke on remove */
 };
 
+/* A region of xemem_region_alloc (xemem_snapshot_region.c) and its snapshot. */
+struct region {
+	uintptr_t base;
+	size_t size;
+	int fd;                 /* memfd: the region's memory, and the snapshot while one is out */
+	void *shadow;           /* the snapshot's read-only shared view, which its segment exports */
+	xpmem_segid_t snapshot; /* the snapshot's segid until it is released (folded back), else 0 */
+	int private_view;       /* the writer's view is MAP_PRIVATE over the memfd */
+};
+
 /* One current mapping of a backing (from /proc/self/maps). */
 struct placement {
 	uintptr_t start, end;
@@ -258,6 +268,17 @@ extern struct attachment *attachments;
 extern size_t attachment_count, attachment_capacity;
 extern int hole_fd;
 int grow(void **array, size_t *capacity, size_t count, size_t item);
+
+/* xemem_snapshot_region.c; lock order: region_lock, call_lock, table_lock */
+extern pthread_mutex_t region_lock;
+extern struct region *regions;
+extern size_t region_count, region_capacity;
+struct region *region_at(uintptr_t base);
+xpmem_segid_t make_outside_snapshots(void *vaddr, size_t size, int permit_type, void *permit_value, const char *name);
+
+/* xemem_snapshot_release.c */
+int fold_back(struct region *r);
+void withdraw_snapshot(struct region *r);
 
 /* xemem_errmsg.c */
 extern __thread uint64_t last_reason __attribute__((tls_model("initial-exec")));

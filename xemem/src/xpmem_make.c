@@ -44,13 +44,14 @@ xpmem_segid_t make(void *vaddr, size_t size, int permit_type, void *permit_value
  * size XPMEM_MAXADDR_SIZE exports everything from vaddr up (attach offsets are then addresses).
  * Private memory in an explicit range is converted to shared memory now, in place.
  *
- * Returns the segid, or -1 with errno (EINVAL: alignment, range, type or mode).
+ * Returns the segid, or -1 with errno (EINVAL: alignment, range, type or mode; EBUSY: over a
+ * region with a snapshot out, see xemem_snapshot_make).
  */
 EXPORT xpmem_segid_t xpmem_make(void *vaddr, size_t size, int permit_type, void *permit_value)
 {
 	if (use_device())
 		return device_make_segment(vaddr, size, permit_type, permit_value);
-	return make(vaddr, size, permit_type, permit_value, NULL);
+	return make_outside_snapshots(vaddr, size, permit_type, permit_value, NULL);
 }
 
 /*
@@ -79,5 +80,5 @@ EXPORT xpmem_segid_t xemem_make(void *vaddr, size_t size, const char *name)
 			return -1;
 		return named.segid;
 	}
-	return make(vaddr, size, XPMEM_PERMIT_MODE, (void *)0666, name);
+	return make_outside_snapshots(vaddr, size, XPMEM_PERMIT_MODE, (void *)0666, name);
 }

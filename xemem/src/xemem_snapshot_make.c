@@ -1,0 +1,83 @@
+/*
+ * xemem_snapshot_make: publish a region's current contents as a copy-on-write snapshot.
+ */
+#include "xpmem_internal.h"
+
+/* Whether [lo, hi) overlaps a segment this process made (a whole-address-space one included):
+ * an attach of it would convert the writer's private view to a copy. */
+static int exported(uintptr_t lo, uintptr_t hi)
+{
+	pthread_mutex_lock(&table_lock);
+	int found = 0;
+	for (size_t i = 0; i < segment_count && !found; i++)
+		found = lo < segments[i].vaddr + segments[i].size && segments[i].vaddr < hi;
+	pthread_mutex_unlock(&table_lock);
+	return found;
+}
+
+/*
+ * xemem_snapshot_make - publishes what the region at `region` (from xemem_region_alloc) holds
+ * now as a read-only snapshot segment: permit as xpmem_make's, and a machine-wide name as
+ * xemem_make's when `name` is not NULL. Readers attach it as any segment; the writer's later
+ * stores go to copies of the pages they touch, made by the kernel on the first store to each
+ * (the writer's view of the region's memfd becomes MAP_PRIVATE), so the snapshot costs the
+ * pages written after it, not the region's size. One snapshot per region at a time.
+ *
+ * Returns the snapshot's segid, or -1 with errno (EINVAL: not a region, a bad permit or name;
+ * EBUSY: a snapshot of it is out, or the region lies in a segment of this process; ENOTSUP:
+ * the device backend; the broker's errnos).
+ */
+EXPORT xpmem_segid_t xemem_snapshot_make(void *region, int permit_type, void *permit_value, const char *name)
+{
+	if (use_device()) {
+		errno = ENOTSUP;
+		return -1;
+	}
+	if (permit_type != XPMEM_PERMIT_MODE || (uintptr_t)permit_value & ~0777UL ||
+	    (name && (!*name || strlen(name) > XEMEM_NAME_MAX))) {
+		errno = EINVAL;
+		return -1;
+	}
+	pthread_mutex_lock(&region_lock);
+	struct region *r = region_at((uintptr_t)region);
+	int error = 0;
+	if (!r)
+		error = EINVAL;
+	else if (r->shadow || exported(r->base, r->base + r->size))
+		error = EBUSY;
+	else if (r->private_view && fold_back(r) < 0)
+		error = errno; /* a release (or an undone make) whose fold failed: retried here */
+	void *shadow = MAP_FAILED;
+	if (!error) {
+		/* The snapshot's own view, the one its segment exports: shared, so attachers are
+		 * handed the memfd itself; read-only, so nothing of ours writes it. */
+		shadow = mmap(NULL, r->size, PROT_READ, MAP_SHARED, r->fd, 0);
+		if (shadow == MAP_FAILED)
+			error = errno;
+	}
+	if (!error && mmap((void *)r->base, r->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, r->fd, 0) ==
+			      MAP_FAILED)
+		error = errno; /* MAP_FIXED failed before replacing anything: the view is still shared */
+	xpmem_segid_t segid = -1;
+	if (!error) {
+		r->private_view = 1;
+		segid = make(shadow, r->size, permit_type, permit_value, name);
+		if (segid < 0) {
+			error = errno;
+			fold_back(r); /* only what other threads wrote meanwhile */
+		}
+	}
+	if (error) {
+		if (shadow != MAP_FAILED)
+			munmap(shadow, r->size);
+	} else {
+		r->shadow = shadow;
+		r->snapshot = segid;
+	}
+	pthread_mutex_unlock(&region_lock);
+	if (error) {
+		errno = error;
+		return -1;
+	}
+	return segid;
+}

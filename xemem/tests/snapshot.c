@@ -1,0 +1,264 @@
+/*
+ * XEMEM snapshots (xemem_snapshot_make/_release over xemem_region_alloc regions) between host
+ * processes: `snapshot CASE` exits 0 when the case holds; `snapshot --list` names them. The
+ * writer is this process; readers are forked children that get and attach the snapshot as
+ * any segment, and talk to the writer over a socketpair (one 8-byte word per step).
+ */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <xpmem.h>
+
+#include "conformance_check.h"
+
+#define PAGES 64
+
+static const char *current_case;
+
+static void fail(const char *fmt, ...)
+{
+	va_list ap;
+	fprintf(stderr, "[%s pid %d] FAIL: ", current_case, getpid());
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, " (errno %d: %s)\n", errno, strerror(errno));
+	exit(1);
+}
+
+static void say(int fd, uint64_t word)
+{
+	CHECK(write(fd, &word, sizeof word) == sizeof word, "write to the peer");
+}
+
+static uint64_t hear(int fd)
+{
+	uint64_t word;
+	CHECK(read(fd, &word, sizeof word) == sizeof word, "read from the peer (gone?)");
+	return word;
+}
+
+/* Forks a reader running body(fd); the writer's end of their socketpair in *fd. */
+static pid_t fork_reader(void (*body)(int fd), int *fd)
+{
+	int pair[2];
+	CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) == 0, "socketpair");
+	pid_t pid = fork();
+	CHECK(pid >= 0, "fork");
+	if (pid == 0) {
+		close(pair[0]);
+		body(pair[1]);
+		exit(0);
+	}
+	close(pair[1]);
+	*fd = pair[0];
+	return pid;
+}
+
+static void reaped(pid_t pid)
+{
+	int status;
+	CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	      "reader %d ended with status %#x", pid, status);
+}
+
+/* The reader of the isolation case: attaches the snapshot it is told, checks it, waits while
+ * the writer rewrites the region, checks it again, detaches. */
+static void isolated_reader(int fd)
+{
+	xpmem_segid_t segid = (xpmem_segid_t)hear(fd);
+	int *p = attach_rw(segid, 0, PAGES * PAGE, NULL);
+	expect_filled(p, PAGES, 0, "the snapshot as attached");
+	say(fd, 1);
+	hear(fd); /* the writer has rewritten every page, and some twice */
+	expect_filled(p, PAGES, 0, "the snapshot after the writer rewrote the region");
+	CHECK(xpmem_detach(p) == 0, "detach");
+	say(fd, 1);
+}
+
+/* A reader that attaches the segid it is told and checks the pattern base it is told. */
+static void checking_reader(int fd)
+{
+	xpmem_segid_t segid = (xpmem_segid_t)hear(fd);
+	int base = (int)hear(fd);
+	int *p = attach_rw(segid, 0, PAGES * PAGE, NULL);
+	expect_filled(p, PAGES, base, "a later snapshot");
+	say(fd, 1);
+}
+
+/* A reader sees the snapshot unchanged while the writer rewrites the region; the writer sees
+ * its own stores; after the release, the next snapshot has the writer's newer data (the
+ * pages written under the snapshot were folded back, the others kept); the released segid is
+ * gone. */
+static int case_isolation(void)
+{
+	int *w = xemem_region_alloc(PAGES * PAGE);
+	CHECK(w != (void *)-1, "xemem_region_alloc");
+	fill(w, PAGES, 0);
+	xpmem_segid_t segid = xemem_snapshot_make(w, XPMEM_PERMIT_MODE, (void *)0600, NULL);
+	CHECK(segid > 0, "xemem_snapshot_make");
+	int fd;
+	pid_t reader = fork_reader(isolated_reader, &fd);
+	say(fd, (uint64_t)segid);
+	hear(fd);
+	fill(w, PAGES, 1000);
+	fill(w + 3 * INTS_PER_PAGE, 1, 7000); /* one page twice */
+	fill(w + 3 * INTS_PER_PAGE, 1, 1000 + 3 * INTS_PER_PAGE);
+	say(fd, 1);
+	hear(fd);
+	reaped(reader);
+	close(fd);
+	expect_filled(w, PAGES, 1000, "the writer's own view under the snapshot");
+	CHECK(xemem_snapshot_release(segid) == 0, "xemem_snapshot_release");
+	expect_filled(w, PAGES, 1000, "the writer's view after the release");
+	EXPECT_ERROR(xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL), ENOENT);
+	EXPECT_ERROR(xemem_snapshot_release(segid), ENOENT);
+
+	/* Half the pages rewritten under the first snapshot only: the next one holds the rest. */
+	xpmem_segid_t second = xemem_snapshot_make(w, XPMEM_PERMIT_MODE, (void *)0600, NULL);
+	CHECK(second > 0, "a second snapshot after the release");
+	fill(w, PAGES / 2, 5); /* under the second: not in it */
+	reader = fork_reader(checking_reader, &fd);
+	say(fd, (uint64_t)second);
+	say(fd, 1000);
+	hear(fd);
+	reaped(reader);
+	close(fd);
+	CHECK(xemem_snapshot_release(second) == 0, "release the second");
+	expect_filled(w, PAGES / 2, 5, "the first half after the second release");
+	expect_filled(w + PAGES / 2 * INTS_PER_PAGE, PAGES / 2, 1000 + PAGES / 2 * INTS_PER_PAGE, "the second half");
+	CHECK(xemem_region_free(w) == 0, "xemem_region_free");
+	return 0;
+}
+
+/* A named snapshot is found by name; the name goes with the release. */
+static int case_named(void)
+{
+	char name[48];
+	snprintf(name, sizeof name, "snapshot-test-%d", getpid());
+	int *w = xemem_region_alloc(PAGES * PAGE);
+	CHECK(w != (void *)-1, "xemem_region_alloc");
+	fill(w, PAGES, 9);
+	xpmem_segid_t segid = xemem_snapshot_make(w, XPMEM_PERMIT_MODE, (void *)0666, name);
+	CHECK(segid > 0, "named xemem_snapshot_make");
+	CHECK(xemem_lookup_segid(name) == segid, "lookup finds the snapshot");
+	int fd;
+	pid_t reader = fork_reader(checking_reader, &fd);
+	say(fd, (uint64_t)segid);
+	say(fd, 9);
+	hear(fd);
+	reaped(reader);
+	CHECK(xemem_snapshot_release(segid) == 0, "release");
+	EXPECT_ERROR(xemem_lookup_segid(name), ENOENT);
+	CHECK(xemem_region_free(w) == 0, "free");
+	return 0;
+}
+
+/* Every misuse fails with its errno and changes nothing. */
+static int case_errors(void)
+{
+	EXPECT_ERROR(xemem_region_alloc(0), EINVAL);
+	int *w = xemem_region_alloc(PAGES * PAGE - 100); /* rounded up to pages */
+	CHECK(w != (void *)-1, "xemem_region_alloc");
+	fill(w, PAGES, 3);
+	static char plain[PAGE] __attribute__((aligned(PAGE)));
+	EXPECT_ERROR(xemem_snapshot_make(plain, XPMEM_PERMIT_MODE, (void *)0600, NULL), EINVAL);
+	EXPECT_ERROR(xemem_snapshot_make(w + 1, XPMEM_PERMIT_MODE, (void *)0600, NULL), EINVAL);
+	EXPECT_ERROR(xemem_snapshot_make(w, 7, (void *)0600, NULL), EINVAL);
+	EXPECT_ERROR(xemem_snapshot_make(w, XPMEM_PERMIT_MODE, (void *)01777, NULL), EINVAL);
+	EXPECT_ERROR(xemem_snapshot_make(w, XPMEM_PERMIT_MODE, (void *)0600, ""), EINVAL);
+	xpmem_segid_t segid = xemem_snapshot_make(w, XPMEM_PERMIT_MODE, (void *)0600, NULL);
+	CHECK(segid > 0, "xemem_snapshot_make");
+	EXPECT_ERROR(xemem_snapshot_make(w, XPMEM_PERMIT_MODE, (void *)0600, NULL), EBUSY);
+	EXPECT_ERROR(xpmem_make(w, PAGE, XPMEM_PERMIT_MODE, (void *)0600), EBUSY);
+	EXPECT_ERROR(xemem_make(w + INTS_PER_PAGE, PAGE, "snapshot-test-busy"), EBUSY);
+	EXPECT_ERROR(xemem_snapshot_release(segid + 1), ENOENT);
+	EXPECT_ERROR(xemem_snapshot_release(0), ENOENT);
+	EXPECT_ERROR(xemem_region_free(w + 1), EINVAL);
+	CHECK(xemem_snapshot_release(segid) == 0, "release");
+	/* An exported region is refused a snapshot while its segment lasts. */
+	xpmem_segid_t exported = xpmem_make(w, PAGES * PAGE, XPMEM_PERMIT_MODE, (void *)0600);
+	CHECK(exported > 0, "xpmem_make of the region");
+	EXPECT_ERROR(xemem_snapshot_make(w, XPMEM_PERMIT_MODE, (void *)0600, NULL), EBUSY);
+	CHECK(xpmem_remove(exported) == 0, "remove");
+	segid = xemem_snapshot_make(w, XPMEM_PERMIT_MODE, (void *)0600, NULL);
+	CHECK(segid > 0, "a snapshot once the export is gone");
+	expect_filled(w, PAGES, 3, "the region through all of it");
+	CHECK(xemem_region_free(w) == 0, "free with a snapshot out");
+	EXPECT_ERROR(xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL), ENOENT);
+	EXPECT_ERROR(xemem_region_free(w), EINVAL);
+	return 0;
+}
+
+/* The writer of the writer_exits case: publishes a snapshot, rewrites the region once the
+ * reader attached, then exits without releasing. */
+static void exiting_writer(int fd)
+{
+	int *w = xemem_region_alloc(PAGES * PAGE);
+	CHECK(w != (void *)-1, "xemem_region_alloc");
+	fill(w, PAGES, 11);
+	xpmem_segid_t segid = xemem_snapshot_make(w, XPMEM_PERMIT_MODE, (void *)0600, NULL);
+	CHECK(segid > 0, "xemem_snapshot_make");
+	say(fd, (uint64_t)segid);
+	hear(fd);
+	fill(w, PAGES, 12);
+}
+
+/* The writer exits with the snapshot out: a reader keeps it, unchanged (no SIGBUS), and no new
+ * reader can get it. */
+static int case_writer_exits(void)
+{
+	int fd;
+	pid_t writer = fork_reader(exiting_writer, &fd);
+	xpmem_segid_t segid = (xpmem_segid_t)hear(fd);
+	int *p = attach_rw(segid, 0, PAGES * PAGE, NULL);
+	say(fd, 1);
+	reaped(writer);
+	for (int page = 0; page < PAGES; page++)
+		CHECK(touch(p + page * INTS_PER_PAGE, 0) == 0, "page %d after the writer exited", page);
+	expect_filled(p, PAGES, 11, "the snapshot after its writer exited");
+	for (int tries = 0; xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL) > 0; tries++) {
+		CHECK(tries < 100, "the broker still grants the dead writer's snapshot");
+		usleep(20000); /* the broker learns of the exit when the connection closes */
+	}
+	CHECK(errno == ENOENT, "get after the writer exited");
+	return 0;
+}
+
+static const struct {
+	const char *name;
+	int (*run)(void);
+} cases[] = {
+	{ "isolation", case_isolation },
+	{ "named", case_named },
+	{ "errors", case_errors },
+	{ "writer_exits", case_writer_exits },
+};
+
+int main(int argc, char **argv)
+{
+	if (argc != 2) {
+		fprintf(stderr, "usage: %s CASE | --list\n", argv[0]);
+		return 2;
+	}
+	for (unsigned i = 0; i < sizeof cases / sizeof *cases; i++) {
+		if (!strcmp(argv[1], "--list"))
+			printf("%s\n", cases[i].name);
+		else if (!strcmp(argv[1], cases[i].name)) {
+			current_case = cases[i].name;
+			return cases[i].run();
+		}
+	}
+	if (!strcmp(argv[1], "--list"))
+		return 0;
+	fprintf(stderr, "unknown case %s\n", argv[1]);
+	return 2;
+}
