@@ -1,0 +1,117 @@
+#include "xemem.h"
+#include "format.h"
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <xpmem.h>
+
+namespace clowder_adios
+{
+
+namespace
+{
+[[noreturn]] void Fail(const std::string &what, int err)
+{
+    throw std::runtime_error("clowder engine: " + what + ": " + std::strerror(err));
+}
+
+size_t RoundToPage(size_t n) { return (n + kPage - 1) / kPage * kPage; }
+} // namespace
+
+MadeSegment::MadeSegment(size_t capacity, const char *what) : m_Capacity(RoundToPage(capacity))
+{
+    m_Fd = memfd_create(what, MFD_CLOEXEC);
+    if (m_Fd < 0)
+        Fail("memfd_create", errno);
+    if (ftruncate(m_Fd, static_cast<off_t>(m_Capacity)) != 0)
+    {
+        int err = errno;
+        close(m_Fd);
+        Fail("sizing a step buffer of " + std::to_string(m_Capacity) + " bytes", err);
+    }
+    void *p = mmap(nullptr, m_Capacity, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
+                   m_Fd, 0);
+    if (p == MAP_FAILED)
+    {
+        int err = errno;
+        close(m_Fd);
+        Fail("mapping a step buffer of " + std::to_string(m_Capacity) + " bytes", err);
+    }
+    m_Base = static_cast<uint8_t *>(p);
+    m_Mapped = m_Capacity;
+}
+
+MadeSegment::~MadeSegment()
+{
+    if (m_Segid > 0)
+        xpmem_remove(m_Segid);
+    if (m_Base)
+        munmap(m_Base, m_Mapped);
+    if (m_Fd >= 0)
+        close(m_Fd);
+}
+
+void MadeSegment::Publish(size_t size, const std::string *name)
+{
+    size_t keep = RoundToPage(size);
+    if (keep < m_Mapped)
+    {
+        // Give back what the step did not use; attachers see exactly the segment.
+        munmap(m_Base + keep, m_Mapped - keep);
+        m_Mapped = keep;
+        if (ftruncate(m_Fd, static_cast<off_t>(keep)) != 0)
+            Fail("trimming a step buffer", errno);
+    }
+    m_Segid = name ? xemem_make(m_Base, keep, name->c_str())
+                   : xpmem_make(m_Base, keep, XPMEM_PERMIT_MODE, reinterpret_cast<void *>(0666));
+    if (m_Segid <= 0)
+    {
+        int err = errno;
+        m_Segid = -1;
+        Fail(name ? "xemem_make of '" + *name + "'" : std::string("xpmem_make of a step"), err);
+    }
+}
+
+std::unique_ptr<Attachment> Attachment::Open(int64_t segid, size_t size)
+{
+    xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, nullptr);
+    if (apid <= 0)
+    {
+        if (errno == ENOENT)
+            return nullptr;
+        Fail("xpmem_get of segment " + std::to_string(segid), errno);
+    }
+    void *p = xpmem_attach(xpmem_addr{apid, 0}, size, nullptr);
+    if (p == reinterpret_cast<void *>(-1))
+    {
+        int err = errno;
+        xpmem_release(apid);
+        if (err == ENOENT)
+            return nullptr;
+        Fail("xpmem_attach of segment " + std::to_string(segid), err);
+    }
+    return std::unique_ptr<Attachment>(new Attachment(apid, static_cast<uint8_t *>(p), size));
+}
+
+Attachment::~Attachment()
+{
+    xpmem_detach(m_Base);
+    xpmem_release(m_Apid);
+}
+
+int64_t LookupSegid(const std::string &name)
+{
+    xpmem_segid_t segid = xemem_lookup_segid(name.c_str());
+    if (segid > 0)
+        return segid;
+    if (errno != ENOENT)
+        Fail("xemem_lookup_segid of '" + name + "'", errno);
+    return -1;
+}
+
+} // namespace clowder_adios

@@ -1,0 +1,65 @@
+// RAII over libxpmem for the engine: memory this process makes into a segment, and an
+// attachment of another process's segment. Failures throw std::runtime_error naming the call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace clowder_adios
+{
+
+// A memfd of up to `capacity` bytes mapped shared (sparse: only written pages take memory).
+// Memory we map from our own memfd is handed to attachers as it is (libxpmem converts only
+// private memory), so publishing costs no copy.
+class MadeSegment
+{
+public:
+    MadeSegment(size_t capacity, const char *what);
+    ~MadeSegment();
+    MadeSegment(const MadeSegment &) = delete;
+    MadeSegment &operator=(const MadeSegment &) = delete;
+
+    uint8_t *Data() const { return m_Base; }
+    size_t Capacity() const { return m_Capacity; }
+    int64_t Segid() const { return m_Segid; }
+    // Trims the memory to `size` (rounded to pages) and makes it a segment, named when `name`
+    // is given (xemem_make: mode 0666), else xpmem_make with mode 0666.
+    void Publish(size_t size, const std::string *name = nullptr);
+
+private:
+    int m_Fd = -1;
+    uint8_t *m_Base = nullptr;
+    size_t m_Capacity = 0;
+    size_t m_Mapped = 0;
+    int64_t m_Segid = -1;
+};
+
+// xpmem_get + xpmem_attach of a whole segment; detached and released on destruction.
+class Attachment
+{
+public:
+    // nullptr when the segment is gone (ENOENT: removed, or its owner exited).
+    static std::unique_ptr<Attachment> Open(int64_t segid, size_t size);
+    ~Attachment();
+    Attachment(const Attachment &) = delete;
+    Attachment &operator=(const Attachment &) = delete;
+
+    const uint8_t *Data() const { return m_Base; }
+    uint8_t *Writable() const { return m_Base; }
+    size_t Size() const { return m_Size; }
+
+private:
+    Attachment(int64_t apid, uint8_t *base, size_t size) : m_Apid(apid), m_Base(base), m_Size(size)
+    {
+    }
+    int64_t m_Apid;
+    uint8_t *m_Base;
+    size_t m_Size;
+};
+
+// The segid made under `name`, or -1 when there is none (yet).
+int64_t LookupSegid(const std::string &name);
+
+} // namespace clowder_adios
