@@ -42,6 +42,7 @@ pub fn run(boot: &Boot) -> ! {
             arch::halt_forever()
         }
         "badport" => bad_port(boot),
+        "int3" => int3(),
         "nop-loop" => nop_loop(boot),
         "ready" => {
             hypercall::hypercall(hypercall::READY, [0; 4]);
@@ -52,6 +53,20 @@ pub fn run(boot: &Boot) -> ! {
             exit(EXIT_BAD_CMDLINE)
         }
     }
+}
+
+// The site's address is reported, then its INT3 runs in ring 0; the exception stub prints the
+// vector and the return RIP (one past the INT3) and exits 0xee.
+core::arch::global_asm!(".pushsection .text", ".global int3_site", "int3_site:", "int3", "ud2", ".popsection");
+extern "C" {
+    fn int3_site();
+}
+
+fn int3() -> ! {
+    report(b"int3at", int3_site as *const () as u64);
+    // SAFETY: the site traps and never returns.
+    unsafe { int3_site() };
+    exit(EXIT_FAIL)
 }
 
 fn channel_vector(boot: &Boot) -> u8 {

@@ -277,3 +277,13 @@ fn nop_loop_makes_that_many_hypercalls() {
     assert_eq!(done.exit_count("hypercall"), COUNT + 1, "{:?}", done.exit_counters);
     eprintln!("{COUNT} nop hypercalls: {:.1} us each (whole run)", elapsed.as_secs_f64() * 1e6 / COUNT as f64);
 }
+
+#[test]
+fn int3_in_guest_kernel_mode_raises_a_breakpoint_after_it() {
+    require_kvm!();
+    let done = run(GuestSpec::new("test=int3"));
+    done.assert_exit(0xee);
+    let site = done.value("int3at");
+    let expected = format!("testguest: exception 3 error 0x0 at rip {:#x}", site + 1);
+    assert!(done.serial.contains(&expected), "expected '{expected}'\n{done}");
+}
