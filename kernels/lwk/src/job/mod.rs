@@ -428,9 +428,10 @@ pub fn load(module: Option<&Module>, options: &JobOptions) -> Result<TrapFrame, 
     PROCESSES.lock().insert(PID, Process { memory: image.memory, descriptors: descriptors::Descriptors::new(), executable_path });
     crate::signal::reset(PID);
     crate::process::reset(PID);
-    crate::sched::init_main_thread(aspace);
+    // Before the main thread's CPU time starts: no thread's exceeds the job's.
     let now = clock::monotonic_ns();
     JOB_START_NS.store(now, Ordering::Relaxed);
+    crate::sched::init_main_thread(aspace);
     if options.verbose {
         log!("job starts {} us after kernel entry", now / 1000);
     }
