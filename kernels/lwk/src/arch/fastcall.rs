@@ -82,6 +82,8 @@ pub struct CpuData {
     pub ppid: AtomicU64,
     /// This CPU's index (getcpu).
     pub cpu: AtomicU64,
+    /// The running thread's CPU time minus the clock (`sched`): their sum is its CPU time.
+    pub thread_clock: AtomicU64,
 }
 
 /// `struct utsname`: six 65-byte fields, in whole words.
@@ -113,7 +115,15 @@ const _: () = assert!(core::mem::size_of::<FastData>() == PAGE_SIZE as usize && 
 const _: () = assert!(MAX_CPUS as u64 * SLOT_SIZE + UTSNAME_SIZE as u64 <= PAGE_SIZE);
 
 pub static DATA: FastData = FastData {
-    cpus: [const { CpuData { tid: AtomicU64::new(0), pid: AtomicU64::new(0), ppid: AtomicU64::new(0), cpu: AtomicU64::new(0) } }; MAX_CPUS],
+    cpus: [const {
+        CpuData {
+            tid: AtomicU64::new(0),
+            pid: AtomicU64::new(0),
+            ppid: AtomicU64::new(0),
+            cpu: AtomicU64::new(0),
+            thread_clock: AtomicU64::new(0),
+        }
+    }; MAX_CPUS],
     signal_check: AtomicU32::new(0),
     queued: [const { AtomicUsize::new(0) }; MAX_CPUS],
     job_start_ns: AtomicU64::new(0),
@@ -162,6 +172,11 @@ pub fn job_started(pid: u64) {
 /// CPU `cpu` now runs thread `tid`.
 pub fn thread_entered(cpu: usize, tid: u64) {
     DATA.cpus[cpu].tid.store(tid, Ordering::Relaxed);
+}
+
+/// The thread `cpu` runs has CPU time `offset` + the monotonic clock.
+pub fn thread_clock_changed(cpu: usize, offset: u64) {
+    DATA.cpus[cpu].thread_clock.store(offset, Ordering::Relaxed);
 }
 
 /// Whether what `cpu` publishes is about process `pid` already.
@@ -392,13 +407,18 @@ fast_zero:
     xor %eax, %eax
     jmp fast_return
 
-    /* clock_gettime(id, tp): ids 0-11 (REALTIME, its COARSE and TAI from the wall clock,
-       the others monotonic, as the kernel's clock_gettime); other ids to the kernel. */
+    /* clock_gettime(id, tp): ids 0-11 (REALTIME, its COARSE and TAI from the wall clock, the
+       CPU-time clocks the job's and the thread's time, the others monotonic, as the kernel's
+       clock_gettime); other ids to the kernel. */
 fast_clock_gettime:
     cmp $11, %rdi
     ja fast_escalate
     fast_user_range %rsi, 16
     fast_monotonic
+    cmp $2, %rdi
+    je 3f
+    cmp $3, %rdi
+    je 4f
     cmp $0, %rdi
     je 1f
     cmp $5, %rdi
@@ -411,6 +431,10 @@ fast_clock_gettime:
     mov %rdx, 8(%rsi)
     xor %eax, %eax
     jmp fast_return
+3:  sub FAST_DATA + {job_start}(%rip), %rax   /* the process's CPU time: the job's */
+    jmp 2b
+4:  add FAST_CPU_DATA + {thread_clock}(%rsp), %rax   /* the thread's own */
+    jmp 2b
 
     /* clock_getres(id, res): one nanosecond. */
 fast_clock_getres:
@@ -424,15 +448,19 @@ fast_clock_getres:
 1:  xor %eax, %eax
     jmp fast_return
 
-    /* getrusage(who, usage): RUSAGE_SELF (0) and RUSAGE_THREAD (1); the job's time as user
-       time, everything else zero. RUSAGE_CHILDREN and bad values go to the kernel. */
+    /* getrusage(who, usage): RUSAGE_SELF (0) and RUSAGE_THREAD (1); the job's time or the
+       thread's as user time, everything else zero. RUSAGE_CHILDREN and bad values go to the kernel. */
 fast_getrusage:
     cmp $1, %rdi
     ja fast_escalate
     fast_user_range %rsi, 144
     fast_monotonic
+    cmp $1, %rdi
+    je 1f
     sub FAST_DATA + {job_start}(%rip), %rax
-    fast_divide 1000000000
+    jmp 2f
+1:  add FAST_CPU_DATA + {thread_clock}(%rsp), %rax   /* RUSAGE_THREAD: the thread's own */
+2:  fast_divide 1000000000
     mov %rax, (%rsi)
     mov %rdx, %rax
     fast_divide 1000
@@ -525,6 +553,7 @@ fast_end:
     pid = const offset_of!(CpuData, pid),
     ppid = const offset_of!(CpuData, ppid),
     cpu = const offset_of!(CpuData, cpu),
+    thread_clock = const offset_of!(CpuData, thread_clock),
     signal_check = const offset_of!(FastData, signal_check),
     queued = const offset_of!(FastData, queued),
     job_start = const offset_of!(FastData, job_start_ns),

@@ -36,6 +36,7 @@ use crate::arch::phys;
 use crate::arch::sync::SpinLock;
 use crate::arch::tables::{self, MAX_CPUS};
 use crate::arch::trap::{self, TrapFrame, KERNEL_STACK_SIZE, MAX_THREADS};
+use crate::clock;
 use crate::job;
 use crate::mm::pmem;
 use alloc::collections::{BTreeMap, VecDeque};
@@ -94,6 +95,8 @@ struct Thread {
     gs_base: u64,
     /// `set_tid_address` / CLONE_CHILD_CLEARTID: zeroed and woken when the thread exits.
     clear_child_tid: u64,
+    /// The time it ran before its current run (`run::RUN_START`), in ns.
+    cpu_time_ns: u64,
 }
 
 #[derive(Default)]
@@ -123,6 +126,17 @@ static LOADED_ASPACE: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_
 /// Threads marked to end (`doom_process`) that have not yet: the system-call exit path takes
 /// the full trap path while there are some.
 static DOOMED_THREADS: AtomicUsize = AtomicUsize::new(0);
+
+/// Thread `tid`'s CPU time in ns (its runs so far and the current one, kernel time included)
+/// and its process, if it exists.
+pub fn thread_cpu_time(tid: u64) -> Option<(u64, u64)> {
+    with_scheduler(|scheduler| {
+        let thread = scheduler.threads.get(&tid)?;
+        let running = scheduler.cpus[thread.cpu].current == Some(tid);
+        let this_run = if running { clock::monotonic_ns().saturating_sub(run::RUN_START[thread.cpu].load(Ordering::Relaxed)) } else { 0 };
+        Some((thread.pid, thread.cpu_time_ns + this_run))
+    })
+}
 
 /// The process of the thread running on this CPU.
 pub fn current_pid() -> u64 {
@@ -230,6 +244,7 @@ pub fn init_main_thread(aspace: (u64, u64)) {
         fs_base: 0,
         gs_base: 0,
         clear_child_tid: 0,
+        cpu_time_ns: 0,
     };
     // CPU 0 booted on a stack it has left; its idle loop gets a stack of its own, kept for
     // every later job (nothing runs on it between jobs).
@@ -250,6 +265,7 @@ pub fn init_main_thread(aspace: (u64, u64)) {
     }
     CURRENT_PID[0].store(job::PID, Ordering::Relaxed);
     crate::arch::fastcall::job_started(job::PID);
+    run::start_run(0, 0);
     LOADED_ASPACE[0].store(aspace.0, Ordering::Release);
     fpu::start_first_thread(0, 0);
     DOOMED_THREADS.store(0, Ordering::Release);
@@ -419,6 +435,7 @@ fn spawn_in(frame: &TrapFrame, fs_base: u64, clear_child_tid: u64, new_process: 
             fs_base,
             gs_base,
             clear_child_tid,
+            cpu_time_ns: 0,
         };
         scheduler.threads.insert(tid, thread);
         scheduler.enqueue(tid);

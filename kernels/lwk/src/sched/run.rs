@@ -12,7 +12,7 @@ use crate::arch::trap::{self, KERNEL_STACK_SIZE, MAX_THREADS};
 use crate::clock;
 use crate::mm::pmem;
 use alloc::vec::Vec;
-use core::sync::atomic::Ordering;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 pub(super) extern "C" fn idle_entry() -> ! {
     idle_loop(tables::current_cpu())
@@ -96,6 +96,7 @@ fn enter_thread(scheduler: &mut Scheduler, cpu: usize, next: u64) -> (usize, u64
     flush_tlb_if_stale();
     scheduler.cpus[cpu].current = Some(next);
     crate::arch::fastcall::thread_entered(cpu, next);
+    start_run(cpu, scheduler.threads[&next].cpu_time_ns);
     let quantum_end = cpu::read_tsc() + clock::tsc_hz() * QUANTUM_MS / 1000;
     QUANTUM_END[cpu].store(quantum_end, Ordering::Relaxed);
     let thread = &scheduler.threads[&next];
@@ -112,6 +113,24 @@ fn enter_thread(scheduler: &mut Scheduler, cpu: usize, next: u64) -> (usize, u64
     cpu::write_msr(MSR_GS_BASE, thread.gs_base);
     let load = (LOADED_ASPACE[cpu].load(Ordering::Relaxed) != thread.aspace.0).then_some(thread.aspace);
     (thread.slot, thread.stack_top, thread.pid, load)
+}
+
+/// When each CPU's current thread entered it (`clock::monotonic_ns`): its CPU time grows from
+/// there.
+pub(super) static RUN_START: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+
+/// A thread that has run `cpu_time_ns` starts a run on `cpu`: the fast calls then read its
+/// CPU time as the clock plus (`cpu_time_ns` - now).
+pub(super) fn start_run(cpu: usize, cpu_time_ns: u64) {
+    let now = clock::monotonic_ns();
+    RUN_START[cpu].store(now, Ordering::Relaxed);
+    crate::arch::fastcall::thread_clock_changed(cpu, cpu_time_ns.wrapping_sub(now));
+}
+
+/// The thread leaving `cpu` (if one runs there) adds its run to its CPU time.
+fn end_run(scheduler: &mut Scheduler, cpu: usize) {
+    let Some(thread) = scheduler.cpus[cpu].current.and_then(|tid| scheduler.threads.get_mut(&tid)) else { return };
+    thread.cpu_time_ns += clock::monotonic_ns().saturating_sub(RUN_START[cpu].load(Ordering::Relaxed));
 }
 
 /// `cpu` now runs process `pid`, in `load` if it must load that address space.
@@ -150,6 +169,7 @@ fn expire_timed_waits(scheduler: &mut Scheduler, cpu: usize) {
 /// thread's context slot. Returns when the current thread runs again.
 pub(super) fn leave_cpu(prepare: impl FnOnce(&mut Scheduler) -> usize, cpu: usize) {
     let (from, to, stack_top, next_process) = with_scheduler(|scheduler| {
+        end_run(scheduler, cpu);
         let from = prepare(scheduler);
         trap::mark_leaving(from);
         match scheduler.dequeue(cpu) {

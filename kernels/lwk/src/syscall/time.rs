@@ -1,6 +1,7 @@
 //! Clocks and sleeps: clock_gettime, clock_getres, clock_nanosleep, nanosleep, gettimeofday,
-//! time. REALTIME (and REALTIME_COARSE, TAI) is the RTC read at boot plus the TSC; every other
-//! clock (MONOTONIC, BOOTTIME, the CPU-time clocks of the job's threads) counts from boot;
+//! time. REALTIME (and REALTIME_COARSE, TAI) is the RTC read at boot plus the TSC; a process's
+//! CPU-time clock is the job's run time (as getrusage); a thread's, its own time on a CPU
+//! (`sched::thread_cpu_time`); every other clock (MONOTONIC, BOOTTIME, ...) counts from boot;
 //! other clock ids are EINVAL. Every clock's resolution is one nanosecond (the TSC is finer
 //! still). The time zone is UTC.
 
@@ -9,11 +10,11 @@ use crate::linux::uapi;
 use crate::linux::{timespec, timeval};
 use crate::linux_consts;
 use crate::signal::Restart;
-use crate::{clock, sched};
+use crate::{clock, job, sched};
 use crate::{linux_field, linux_struct};
 use core::mem::size_of;
 
-linux_consts!(i32: CLOCK_REALTIME, CLOCK_REALTIME_COARSE, CLOCK_TAI);
+linux_consts!(i32: CLOCK_REALTIME, CLOCK_REALTIME_COARSE, CLOCK_TAI, CLOCK_PROCESS_CPUTIME_ID, CLOCK_THREAD_CPUTIME_ID);
 /// clock_nanosleep's only flag; others are ignored, as on Linux.
 const TIMER_ABSTIME: i32 = uapi::TIMER_ABSTIME as i32;
 const NANOS_PER_SECOND: u64 = 1_000_000_000;
@@ -22,10 +23,49 @@ const NANOS_PER_SECOND: u64 = 1_000_000_000;
 fn nanoseconds_of(clock: i32) -> Result<u64, Errno> {
     match clock {
         CLOCK_REALTIME | CLOCK_REALTIME_COARSE | CLOCK_TAI => Ok(clock::realtime_ns()),
+        CLOCK_PROCESS_CPUTIME_ID => Ok(job::run_time_ns()),
+        CLOCK_THREAD_CPUTIME_ID => Ok(current_thread_time()),
         0..=11 => Ok(clock::monotonic_ns()),
+        i32::MIN..=-1 => cpu_clock_ns(clock),
         _ => Err(Errno::EINVAL),
     }
 }
+
+/// The calling thread's CPU time.
+pub fn current_thread_time() -> u64 {
+    sched::thread_cpu_time(sched::current_tid()).map_or(0, |(_, time)| time)
+}
+
+/// Whether `clock` is a thread's CPU-time clock (which cannot be slept on).
+fn is_thread_clock(clock: i32) -> bool {
+    clock == CLOCK_THREAD_CPUTIME_ID || (clock < 0 && clock & CPUCLOCK_PER_THREAD != 0)
+}
+
+/// A CPU-time clock of a thread or a process named by its id, as pthread_getcpuclockid and
+/// clock_getcpuclockid make them (Linux's `~id << 3 | per_thread << 2 | which`; id 0 is the
+/// caller): a thread of the caller's process, or any process of the job (its CPU time is the
+/// job's); the three kinds (PROF, VIRT, SCHED) read the same. Others EINVAL, as on Linux.
+fn cpu_clock_ns(clock: i32) -> Result<u64, Errno> {
+    const CPUCLOCK_KIND_MASK: i32 = 3;
+    if clock & CPUCLOCK_KIND_MASK == CPUCLOCK_KIND_MASK {
+        return Err(Errno::EINVAL);
+    }
+    let id = !(clock >> 3) as u32 as u64;
+    if clock & CPUCLOCK_PER_THREAD != 0 {
+        let tid = if id == 0 { sched::current_tid() } else { id };
+        match sched::thread_cpu_time(tid) {
+            Some((pid, time)) if pid == sched::current_pid() => Ok(time),
+            _ => Err(Errno::EINVAL),
+        }
+    } else if id == 0 || job::process_exists(id) {
+        Ok(job::run_time_ns())
+    } else {
+        Err(Errno::EINVAL)
+    }
+}
+
+/// The per-thread bit of a CPU-time clock id.
+const CPUCLOCK_PER_THREAD: i32 = 4;
 
 /// A `struct timespec` duration in nanoseconds (EINVAL for nanoseconds outside 0..10^9 or
 /// negative seconds, as Linux).
@@ -88,6 +128,9 @@ pub fn clock_getres(clock: i32, resolution: UserAddr) -> SyscallResult {
 /// sleep as on Linux: a relative one writes the remaining time to `rem` and returns EINTR once
 /// a handler runs; an absolute one returns EINTR once a handler runs.
 pub fn clock_nanosleep(clock: i32, flags: i32, request: UserAddr, remaining: UserAddr) -> SyscallResult {
+    if is_thread_clock(clock) {
+        return Err(Errno::EINVAL);
+    }
     let now_on_clock = nanoseconds_of(clock)?;
     let time = read_duration(request)?;
     if flags & TIMER_ABSTIME == 0 {

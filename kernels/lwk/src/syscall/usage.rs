@@ -1,6 +1,7 @@
 //! What the job has used: getrusage, times, sysinfo. The job's time since it started counts
-//! as user time (the kernel keeps no per-thread accounting; its own time is not counted);
-//! there is no system time and no page fault (there is no paging); other fields are zero.
+//! as a process's user time, a thread's own time on a CPU (kernel time included) as the
+//! thread's; there is no system time and no page fault (there is no paging); other fields
+//! are zero.
 
 use super::{user, Errno, SyscallResult, UserAddr};
 use crate::linux::{rusage, sysinfo, TMS_SIZE};
@@ -12,11 +13,12 @@ use crate::{clock, job, sched};
 linux_consts!(i32: RUSAGE_SELF, RUSAGE_CHILDREN, RUSAGE_THREAD);
 const TICKS_PER_SECOND: u64 = 100;
 
-/// getrusage(who, usage): RUSAGE_SELF, RUSAGE_THREAD (both the job's time), RUSAGE_CHILDREN
-/// (zeros); others EINVAL.
+/// getrusage(who, usage): RUSAGE_SELF (the job's time), RUSAGE_THREAD (the thread's),
+/// RUSAGE_CHILDREN (zeros); others EINVAL.
 pub fn getrusage(who: i32, usage: UserAddr) -> SyscallResult {
     let run_time = match who {
-        RUSAGE_SELF | RUSAGE_THREAD => job::run_time_ns(),
+        RUSAGE_SELF => job::run_time_ns(),
+        RUSAGE_THREAD => super::time::current_thread_time(),
         RUSAGE_CHILDREN => 0,
         _ => return Err(Errno::EINVAL),
     };
