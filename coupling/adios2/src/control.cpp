@@ -1,6 +1,7 @@
 #include "control.h"
 
 #include <cstring>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -51,6 +52,13 @@ Deadline::Deadline(double seconds)
 }
 
 bool Deadline::Passed() const { return !m_Forever && std::chrono::steady_clock::now() >= m_At; }
+
+std::string SecondsText(double seconds)
+{
+    std::ostringstream out;
+    out << seconds << " s";
+    return out.str();
+}
 
 std::string ControlName(const std::string &stream)
 {

@@ -76,6 +76,9 @@ private:
     std::chrono::steady_clock::time_point m_At;
 };
 
+// "1.5 s": seconds as people write them, for messages.
+std::string SecondsText(double seconds);
+
 // The control segment's XEMEM name for a stream; throws when it cannot be one.
 std::string ControlName(const std::string &stream);
 

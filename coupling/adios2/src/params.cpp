@@ -74,13 +74,15 @@ Params Params::Parse(const adios2::Params &io)
             p.openTimeoutSecs = Seconds(rawKey, value);
         else if (key == "closetimeoutsecs")
             p.closeTimeoutSecs = Seconds(rawKey, value);
+        else if (key == "streamname")
+            p.streamName = value;
         else if (key == "maxstepsize")
             p.maxStepSize = Unsigned(rawKey, value, 4096, uint64_t(1) << 46);
         else
             throw std::invalid_argument("clowder engine: unknown parameter " + rawKey +
                                         " (known: QueueLimit, QueueFullPolicy, "
                                         "RendezvousReaderCount, MaxReaders, OpenTimeoutSecs, "
-                                        "CloseTimeoutSecs, MaxStepSize)");
+                                        "CloseTimeoutSecs, MaxStepSize, StreamName)");
     }
     if (p.rendezvousReaderCount > p.maxReaders)
         throw std::invalid_argument("clowder engine: RendezvousReaderCount " +

@@ -27,8 +27,17 @@ struct Params
     double openTimeoutSecs = 60;         // OpenTimeoutSecs: writer's rendezvous, reader's wait
     double closeTimeoutSecs = 60;        // CloseTimeoutSecs: writer waits for readers to drain
     uint64_t maxStepSize = uint64_t(64) << 30; // MaxStepSize: bytes of one step, at most
+    // StreamName: what writer and readers meet by. ADIOS2's plugin interface (v2) hands the
+    // engine the plugin's name where other engines get the name given to Open, so the stream
+    // is the IO's name unless this parameter names it.
+    std::string streamName;
 
     static Params Parse(const adios2::Params &io);
+    // StreamName, or else the IO's name.
+    std::string Stream(const std::string &ioName) const
+    {
+        return streamName.empty() ? ioName : streamName;
+    }
 };
 
 } // namespace clowder_adios

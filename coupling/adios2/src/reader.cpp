@@ -49,10 +49,11 @@ size_t ElemSize(const std::string &type)
 
 Reader::Reader(adios2::IO io, const std::string &name, adios2::Mode mode)
 : PluginEngineInterface(io, name, mode), m_Params(Params::Parse(io.Parameters())),
-  m_ControlName(ControlName(name))
+  m_ControlName(ControlName(m_Params.Stream(io.Name())))
 {
+    m_Name = m_Params.Stream(io.Name()); // `name` is the plugin's (see Params::streamName)
     if (mode != adios2::Mode::Read)
-        throw std::invalid_argument("clowder engine: stream '" + name +
+        throw std::invalid_argument("clowder engine: stream '" + m_Name +
                                     "' is a stream: open it with Mode::Read "
                                     "(random access is not supported)");
     Deadline deadline(m_Params.openTimeoutSecs);
@@ -60,23 +61,22 @@ Reader::Reader(adios2::IO io, const std::string &name, adios2::Mode mode)
     while ((m_ControlSegid = LookupSegid(m_ControlName)) < 0)
     {
         if (deadline.Passed())
-            throw std::runtime_error("clowder engine: no stream '" + name + "': no writer made '" +
+            throw std::runtime_error("clowder engine: no stream '" + m_Name + "': no writer made '" +
                                      m_ControlName + "' within " +
-                                     std::to_string(m_Params.openTimeoutSecs) +
-                                     " s (OpenTimeoutSecs)");
+                                     SecondsText(m_Params.openTimeoutSecs) + " (OpenTimeoutSecs)");
         backoff.Pause();
     }
     // The header says how large the whole control segment is.
     auto first = Attachment::Open(m_ControlSegid, kPage);
     if (!first)
-        throw std::runtime_error("clowder engine: stream '" + name + "' ended while opening");
-    ControlView probe(first->Writable(), kPage, name);
+        throw std::runtime_error("clowder engine: stream '" + m_Name + "' ended while opening");
+    ControlView probe(first->Writable(), kPage, m_Name);
     size_t size = ControlSize(probe.QueueSlots(), probe.MaxReaders());
     first.reset();
     m_Control = Attachment::Open(m_ControlSegid, size);
     if (!m_Control)
-        throw std::runtime_error("clowder engine: stream '" + name + "' ended while opening");
-    m_Ctl = ControlView(m_Control->Writable(), size, name);
+        throw std::runtime_error("clowder engine: stream '" + m_Name + "' ended while opening");
+    m_Ctl = ControlView(m_Control->Writable(), size, m_Name);
 
     for (uint32_t i = 0; i < m_Ctl.MaxReaders() && !m_HaveSlot; ++i)
     {
@@ -96,7 +96,7 @@ Reader::Reader(adios2::IO io, const std::string &name, adios2::Mode mode)
         }
     }
     if (!m_HaveSlot)
-        throw std::runtime_error("clowder engine: stream '" + name + "' has " +
+        throw std::runtime_error("clowder engine: stream '" + m_Name + "' has " +
                                  std::to_string(m_Ctl.MaxReaders()) +
                                  " readers already (the writer's MaxReaders)");
 }
@@ -120,7 +120,7 @@ bool Reader::WriterGone()
     return LookupSegid(m_ControlName) != m_ControlSegid;
 }
 
-bool Reader::TryStep()
+Reader::Try Reader::TryStep()
 {
     StepSlot &slot = m_Ctl.Slot(m_NextPub);
     uint64_t seq = Load(slot.seq);
@@ -129,15 +129,25 @@ bool Reader::TryStep()
     uint64_t size = slot.size;
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     if (seq != 2 * m_NextPub + 2 || Load(slot.seq) != seq)
-        return false; // overwritten: this reader fell behind a queue with no room
+        return Try::Missed; // overwritten: this reader fell behind a queue with no room
     if (size < sizeof(StepHeader) || size > m_Params.maxStepSize)
         Malformed(m_Name, step, "its segment size " + std::to_string(size) + " is out of range");
-    m_Current = Attachment::Open(segid, size);
+    try
+    {
+        m_Current = Attachment::Open(segid, size);
+    }
+    catch (const std::runtime_error &)
+    {
+        // A writer that died leaves segments the broker can no longer serve (EPROTO).
+        if (WriterGone())
+            return Try::WriterGone;
+        throw;
+    }
     if (!m_Current)
-        return false; // removed before we came (a late join racing the writer)
+        return Try::Missed; // removed before we came (a late join racing the writer)
     ParseStep(m_Current->Data(), size);
     m_Step = step;
-    return true;
+    return Try::Got;
 }
 
 void Reader::ParseStep(const uint8_t *base, size_t size)
@@ -311,10 +321,15 @@ adios2::StepStatus Reader::BeginStep(adios2::StepMode, const float timeoutSecond
         }
         if (m_NextPub < Load(m_Ctl.Header().next_pub))
         {
-            if (TryStep())
+            switch (TryStep())
             {
+            case Try::Got:
                 m_InStep = true;
                 return adios2::StepStatus::OK;
+            case Try::WriterGone:
+                return adios2::StepStatus::EndOfStream;
+            case Try::Missed:
+                break;
             }
             Store(me.next_pub, ++m_NextPub);
             continue;

@@ -49,8 +49,13 @@ private:
         std::vector<Block> blocks;
     };
 
-    // True when publication m_NextPub was attached and read.
-    bool TryStep();
+    enum class Try
+    {
+        Got,        // publication m_NextPub is attached and its metadata read
+        Missed,     // it is gone (overwritten or removed): the next one may be there
+        WriterGone, // its writer exited before we attached it
+    };
+    Try TryStep();
     void ParseStep(const uint8_t *base, size_t size);
     void DefineStep();
     bool WriterGone();

@@ -39,8 +39,9 @@ bool Alive(uint64_t pid)
 
 Writer::Writer(adios2::IO io, const std::string &name, adios2::Mode mode)
 : PluginEngineInterface(io, name, mode), m_Params(Params::Parse(io.Parameters())),
-  m_ControlName(ControlName(name))
+  m_ControlName(ControlName(m_Params.Stream(io.Name())))
 {
+    m_Name = m_Params.Stream(io.Name()); // `name` is the plugin's (see Params::streamName)
     size_t size = ControlSize(m_Params.queueLimit, m_Params.maxReaders);
     m_Control = std::make_unique<MadeSegment>(size, "clowder-adios2-control");
     auto &h = *reinterpret_cast<ControlHeader *>(m_Control->Data());
@@ -50,7 +51,7 @@ Writer::Writer(adios2::IO io, const std::string &name, adios2::Mode mode)
     h.max_readers = m_Params.maxReaders;
     h.writer_pid = static_cast<uint64_t>(getpid());
     m_Control->Publish(size, &m_ControlName);
-    m_Ctl = ControlView(m_Control->Data(), size, name);
+    m_Ctl = ControlView(m_Control->Data(), size, m_Name);
 
     // As SST's RendezvousReaderCount: Open returns once that many readers are attached.
     Deadline deadline(m_Params.openTimeoutSecs);
@@ -58,11 +59,11 @@ Writer::Writer(adios2::IO io, const std::string &name, adios2::Mode mode)
     while (LiveReaders() < m_Params.rendezvousReaderCount)
     {
         if (deadline.Passed())
-            throw std::runtime_error("clowder engine: stream '" + name + "': " +
+            throw std::runtime_error("clowder engine: stream '" + m_Name + "': " +
                                      std::to_string(m_Params.rendezvousReaderCount) +
                                      " reader(s) expected (RendezvousReaderCount), " +
                                      std::to_string(LiveReaders()) + " came within " +
-                                     std::to_string(m_Params.openTimeoutSecs) + " s");
+                                     SecondsText(m_Params.openTimeoutSecs));
         backoff.Pause();
     }
 }

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# The clowder ADIOS2 engine between host processes, through ADIOS2's own C++, C and Python
+# APIs, with a private XEMEM broker: a C++ writer and a Python reader (whole array and a
+# selection), a Python writer and C++ and C readers, two readers of one stream, a reader that
+# joins late, the Discard policy, and bad input (an unknown stream, a wrong type, a selection
+# outside the shape, a writer killed mid-step, malformed configurations), none of which may
+# crash the writer or leave a segment behind. Prints "N passed, N failed"; exit 1 on a failure.
+set -u
+cd "$(dirname "$0")/../.."
+root=$(pwd)
+scripts/adios2-setup.sh || { echo "adios2 setup failed"; exit 1; }
+cargo build --release -q -p xemem-host --bin xemem-broker || { echo "broker build failed"; exit 1; }
+
+bin=$root/build/adios2/build
+tests=$root/coupling/adios2/tests
+export PYTHONPATH=$root/build/adios2/py
+scratch=$(mktemp -d)
+chmod 0755 "$scratch"
+export CLOWDER_XEMEM_SOCKET=$scratch/xemem.sock
+"$root/target/release/xemem-broker" 2>"$scratch/broker.log" &
+broker_pid=$!
+trap 'kill $broker_pid 2>/dev/null; wait $broker_pid 2>/dev/null; rm -rf "$scratch"' EXIT
+for _ in $(seq 100); do [ -S "$CLOWDER_XEMEM_SOCKET" ] && break; sleep 0.05; done
+
+# config NAME [KEY=VALUE]...: an ADIOS2 XML configuration selecting the clowder plugin. The
+# stream is the IO's name ("SimulationOutput") unless StreamName is given (docs/adios2.md).
+config() {
+    local file=$scratch/$1.xml kv
+    shift
+    {
+        echo '<?xml version="1.0"?>'
+        echo '<adios-config><io name="SimulationOutput"><engine type="Plugin">'
+        echo '<parameter key="PluginName" value="clowder"/>'
+        echo "<parameter key=\"PluginLibrary\" value=\"$bin/libclowder_adios2.so\"/>"
+        for kv in "$@"; do echo "<parameter key=\"${kv%%=*}\" value=\"${kv#*=}\"/>"; done
+        echo '</engine></io></adios-config>'
+    } >"$file"
+    echo "$file"
+}
+# The stream's control segment is gone (xemem_lookup_segid finds no name).
+no_segment_left() { # STREAM
+    python3 -c "
+import ctypes, sys
+lib = ctypes.CDLL('$root/xemem/build/lib/libxpmem.so.0')
+lib.xemem_lookup_segid.restype = ctypes.c_int64
+sys.exit(0 if lib.xemem_lookup_segid(b'adios2:$1') == -1 else 1)"
+}
+
+passed=0 failed=0
+check() { # NAME CONDITION-STATUS LOG...
+    local name=$1 status=$2
+    shift 2
+    if [ "$status" -eq 0 ]; then
+        passed=$((passed + 1)); echo "ok    $name"
+    else
+        failed=$((failed + 1)); echo "FAIL  $name"
+        for log in "$@"; do sed 's/^/      /' "$log" | tail -6; done
+    fi
+}
+run() { timeout 60 "$@"; }
+W=$scratch/writer.log R=$scratch/reader.log R2=$scratch/reader2.log
+
+c=$(config s1 StreamName=s1)
+run "$bin/cxx_writer" "$c" out.bp 4 64 48 >"$W" 2>&1 & w=$!
+run python3 "$tests/py_reader.py" "$c" out.bp >"$R" 2>&1; r=$?
+wait $w; ws=$?
+[ $r = 0 ] && [ $ws = 0 ] && grep -q "end of stream after 4 steps" "$R" && no_segment_left s1
+check "C++ writer, Python reader: 4 steps of a 64x48 global array in 2 blocks, value, string, local array, attribute" $? "$W" "$R"
+
+c=$(config s2 StreamName=s2)
+run "$bin/cxx_writer" "$c" out.bp 3 64 48 >"$W" 2>&1 & w=$!
+run python3 "$tests/py_reader.py" "$c" out.bp 10 5 40 30 >"$R" 2>&1; r=$?
+wait $w; ws=$?
+[ $r = 0 ] && [ $ws = 0 ] && grep -q "sel 10+40,5+30" "$R" && grep -q "after 3 steps" "$R"
+check "C++ writer, Python reader of a selection across both blocks" $? "$W" "$R"
+
+c=$(config s3) # no StreamName: the stream is the IO's name
+run python3 "$tests/py_writer.py" "$c" out.bp 3 32 16 >"$W" 2>&1 & w=$!
+run "$bin/cxx_reader" "$c" out.bp >"$R" 2>&1; r=$?
+wait $w; ws=$?
+[ $r = 0 ] && [ $ws = 0 ] && grep -q "after 3 steps" "$R" && no_segment_left SimulationOutput
+check "Python writer, C++ reader" $? "$W" "$R"
+
+c=$(config s4 StreamName=s4 RendezvousReaderCount=2)
+run python3 "$tests/py_writer.py" "$c" out.bp 5 32 16 >"$W" 2>&1 & w=$!
+run "$bin/cxx_reader" "$c" out.bp 3 2 20 9 >"$R" 2>&1 & r1=$!
+run "$bin/c_reader" "$c" out.bp >"$R2" 2>&1; r2=$?
+wait $r1; r1=$?
+wait $w; ws=$?
+[ $r1 = 0 ] && [ $r2 = 0 ] && [ $ws = 0 ] && grep -q "after 5 steps" "$R" && grep -q "after 5 steps" "$R2"
+check "two readers (C++ with a selection, C) of a Python writer see every step (Block)" $? "$W" "$R" "$R2"
+
+c=$(config s5 StreamName=s5 RendezvousReaderCount=0 QueueLimit=2)
+run "$bin/cxx_writer" "$c" out.bp 12 16 8 -1 100 >"$W" 2>&1 & w=$!
+sleep 0.6
+run "$bin/cxx_reader" "$c" out.bp >"$R" 2>&1; r=$?
+wait $w; ws=$?
+first=$(awk '/^step/ {print $2; exit}' "$R")
+[ $r = 0 ] && [ $ws = 0 ] && [ "${first:-0}" -ge 2 ] && grep -q "^step 11 ok" "$R"
+check "a reader that joins late starts at the queue's oldest step and reads to the end" $? "$W" "$R"
+
+c=$(config s6 StreamName=s6 QueueLimit=1 QueueFullPolicy=Discard)
+run "$bin/cxx_writer" "$c" out.bp 200 256 256 >"$W" 2>&1 & w=$!
+run python3 "$tests/py_reader.py" "$c" out.bp >"$R" 2>&1; r=$?
+wait $w; ws=$?
+[ $r = 0 ] && [ $ws = 0 ] && grep -q "end of stream" "$R" &&
+    awk '/^step/ {if ($2 <= last) exit 1; last = $2}' last=-1 "$R"
+check "Discard: a fast writer never waits; the reader's steps are right and in order ($(grep -c '^step' "$R") of 200)" $? "$W" "$R"
+
+c=$(config nosuch StreamName=nosuch OpenTimeoutSecs=1)
+run python3 "$tests/py_reader.py" "$c" out.bp >"$R" 2>&1; r=$?
+[ $r != 0 ] && grep -q "no stream 'nosuch'" "$R" && ! grep -qi "segmentation\|core dumped" "$R"
+check "a Python reader of an unknown stream gets an error naming it" $? "$R"
+run "$bin/cxx_reader" "$c" out.bp >"$R" 2>&1; r=$?
+[ $r = 1 ] && grep -q "no stream 'nosuch'" "$R"
+check "a C++ reader of an unknown stream gets an error naming it" $? "$R"
+
+c=$(config s7 StreamName=s7)
+run python3 "$tests/py_writer.py" "$c" out.bp 3 32 16 float32 >"$W" 2>&1 & w=$!
+run "$bin/cxx_reader" "$c" out.bp >"$R" 2>&1; r=$?
+wait $w; ws=$?
+[ $r = 1 ] && [ $ws = 0 ] && grep -q "no double variable 'field'" "$R" && no_segment_left s7
+check "a variable of the wrong type: the reader is told, the writer ends well" $? "$W" "$R"
+
+c=$(config s8 StreamName=s8)
+run "$bin/cxx_writer" "$c" out.bp 3 64 48 >"$W" 2>&1 & w=$!
+run "$bin/cxx_reader" "$c" out.bp 40 0 30 48 >"$R" 2>&1; r=$?
+wait $w; ws=$?
+[ $r = 1 ] && [ $ws = 0 ] && grep -q "lies outside its shape {64,48}" "$R" && no_segment_left s8
+check "a selection outside the shape: the reader gets an error, the writer ends well" $? "$W" "$R"
+
+c=$(config s9 StreamName=s9)
+run "$bin/cxx_writer" "$c" out.bp 5 64 48 2 300 >"$W" 2>&1 & w=$!
+run python3 "$tests/py_reader.py" "$c" out.bp >"$R" 2>&1; r=$?
+wait $w; ws=$?
+[ $r = 0 ] && [ $ws = 137 ] && grep -q "after 2 steps" "$R" && no_segment_left s9
+check "a writer killed mid-step: the reader gets its 2 whole steps, then EndOfStream; no segment left" $? "$W" "$R"
+
+c=$(config bad QueueFullPolicy=Sometimes)
+run "$bin/cxx_writer" "$c" out.bp 1 4 4 >"$W" 2>&1; ws=$?
+[ $ws = 1 ] && grep -q 'parameter QueueFullPolicy="Sometimes" is not Block or Discard' "$W"
+check "a malformed parameter value is refused, naming it" $? "$W"
+c=$(config unknown QueueLimt=3)
+run "$bin/cxx_writer" "$c" out.bp 1 4 4 >"$W" 2>&1; ws=$?
+[ $ws = 1 ] && grep -q 'unknown parameter QueueLimt' "$W"
+check "an unknown parameter is refused, naming it" $? "$W"
+c=$(config spaced "StreamName=two words")
+run "$bin/cxx_writer" "$c" out.bp 1 4 4 >"$W" 2>&1; ws=$?
+[ $ws = 1 ] && grep -q "stream name 'two words' must be printable ASCII without spaces" "$W"
+check "a stream name XEMEM cannot take is refused, naming it" $? "$W"
+sed "s|$bin/libclowder_adios2.so|$scratch/missing.so|" "$(config plain)" >"$scratch/missing.xml"
+run "$bin/cxx_writer" "$scratch/missing.xml" out.bp 1 4 4 >"$W" 2>&1; ws=$?
+[ $ws = 1 ] && grep -qi "missing.so" "$W"
+check "a PluginLibrary that does not exist is an error, not a crash" $? "$W"
+head -c 150 "$(config plain)" >"$scratch/cut.xml"
+run python3 "$tests/py_reader.py" "$scratch/cut.xml" out.bp >"$R" 2>&1; r=$?
+[ $r = 1 ] && ! grep -qi "segmentation\|core dumped" "$R"
+check "a cut-off XML configuration is an error, not a crash" $? "$R"
+
+kill -0 $broker_pid 2>/dev/null
+check "the broker is still up" $? "$scratch/broker.log"
+echo "$passed passed, $failed failed"
+[ $failed = 0 ]
