@@ -7,7 +7,7 @@ FUZZ_CI_SECONDS ?= 15
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: all bootstrap build install test-install-ucx kernels test test-host test-kernels test-dex test-xemem test-ucx test-fuzz check-format test-linux test-big demo bench fuzz clean
+.PHONY: all bootstrap build install test-install-ucx kernels test test-host test-kernels test-dex test-xemem test-adios2 test-ucx test-fuzz check-format test-linux test-big demo bench fuzz clean
 
 all: build
 
@@ -50,6 +50,11 @@ test-xemem: build
 	@if [ -x build/ucx/install/bin/ucx_perftest ]; then xemem/ucx/test.sh; \
 	 else echo "test-xemem: UCX's xpmem transport not tested: UCX is not built here (make test-ucx builds it, ~3 min)"; fi
 
+# The ADIOS2 plugin engine over XEMEM (coupling/adios2): the adios2 wheel from PyPI, cached in
+# build/adios2, and ADIOS2's C++, C and Python programs switched to it by configuration.
+test-adios2: build
+	@coupling/adios2/test.sh
+
 # UCX (Debian's source package) built against our xpmem.h/libxpmem, then ucx_perftest over it.
 test-ucx: build
 	@xemem/ucx/build.sh
@@ -65,7 +70,7 @@ check-format: bootstrap
 test-fuzz: bootstrap
 	@FUZZ_SECONDS=$(FUZZ_CI_SECONDS) scripts/fuzz.sh
 
-test: check-format test-host test-kernels test-dex test-xemem test-fuzz
+test: check-format test-host test-kernels test-dex test-xemem test-adios2 test-fuzz
 	@apps/test.sh
 	@scripts/check-script-arguments.sh
 	@scripts/install-test.sh
