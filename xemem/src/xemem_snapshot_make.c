@@ -43,35 +43,26 @@ EXPORT xpmem_segid_t xemem_snapshot_make(void *region, int permit_type, void *pe
 	int error = 0;
 	if (!r)
 		error = EINVAL;
-	else if (r->shadow || exported(r->base, r->base + r->size))
+	else if (r->published || exported(r->base, r->base + r->size))
 		error = EBUSY;
 	else if (r->private_view && fold_back(r) < 0)
 		error = errno; /* a release (or an undone make) whose fold failed: retried here */
-	void *shadow = MAP_FAILED;
-	if (!error) {
-		/* The snapshot's own view, the one its segment exports: shared, so attachers are
-		 * handed the memfd itself; read-only, so nothing of ours writes it. */
-		shadow = mmap(NULL, r->size, PROT_READ, MAP_SHARED, r->fd, 0);
-		if (shadow == MAP_FAILED)
-			error = errno;
-	}
 	if (!error && mmap((void *)r->base, r->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, r->fd, 0) ==
 			      MAP_FAILED)
 		error = errno; /* MAP_FIXED failed before replacing anything: the view is still shared */
 	xpmem_segid_t segid = -1;
 	if (!error) {
 		r->private_view = 1;
-		segid = make(shadow, r->size, permit_type, permit_value, name);
+		/* The segment exports the side view: a shared mapping, so attachers are handed the
+		 * memfd itself, which nothing writes while the snapshot is out. */
+		segid = make(r->side, r->size, permit_type, permit_value, name);
 		if (segid < 0) {
 			error = errno;
 			fold_back(r); /* only what other threads wrote meanwhile */
 		}
 	}
-	if (error) {
-		if (shadow != MAP_FAILED)
-			munmap(shadow, r->size);
-	} else {
-		r->shadow = shadow;
+	if (!error) {
+		r->published = 1;
 		r->snapshot = segid;
 	}
 	pthread_mutex_unlock(&region_lock);

@@ -74,19 +74,25 @@ EXPORT void *xemem_region_alloc(size_t size)
 	int fd = memfd_create("xemem-region", MFD_CLOEXEC);
 	if (fd < 0)
 		return (void *)-1;
-	void *base = MAP_FAILED;
+	void *base = MAP_FAILED, *side = MAP_FAILED;
 	if (ftruncate(fd, (off_t)len) == 0)
 		base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	/* The side view is never remapped, so the pages written back through it stay mapped
+	 * from one snapshot to the next: a write-back costs copies, not faults. */
+	if (base != MAP_FAILED)
+		side = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	pthread_mutex_lock(&region_lock);
-	int error = base == MAP_FAILED ? (errno ? errno : ENOMEM) : 0;
+	int error = side == MAP_FAILED ? (errno ? errno : ENOMEM) : 0;
 	if (!error && grow((void **)&regions, &region_capacity, region_count, sizeof *regions) < 0)
 		error = ENOMEM;
 	if (!error)
-		regions[region_count++] = (struct region){ .base = (uintptr_t)base, .size = len, .fd = fd };
+		regions[region_count++] = (struct region){ .base = (uintptr_t)base, .size = len, .fd = fd, .side = side };
 	pthread_mutex_unlock(&region_lock);
 	if (error) {
 		if (base != MAP_FAILED)
 			munmap(base, len);
+		if (side != MAP_FAILED)
+			munmap(side, len);
 		close(fd);
 		errno = error;
 		return (void *)-1;
@@ -111,6 +117,7 @@ EXPORT int xemem_region_free(void *region)
 	}
 	withdraw_snapshot(r);
 	munmap((void *)r->base, r->size);
+	munmap(r->side, r->size);
 	close(r->fd);
 	*r = regions[--region_count];
 	pthread_mutex_unlock(&region_lock);

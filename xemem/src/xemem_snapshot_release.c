@@ -19,16 +19,12 @@ struct page_region {
 #define PM_SWAPPED (1ULL << 62)
 #define PM_FILE (1ULL << 61)
 
-/* Copies the writer's pages [start, end) of r's view into r's memfd. */
-static int write_back(const struct region *r, uintptr_t start, uintptr_t end)
+/* Copies the writer's pages [start, end) of r's view into r's memfd, through the side view.
+ * The memfd's pages there exist already: the kernel read each before copying it for the
+ * writer, so nothing is allocated. */
+static void write_back(const struct region *r, uintptr_t start, uintptr_t end)
 {
-	while (start < end) {
-		ssize_t n = pwrite(r->fd, (const void *)start, end - start, (off_t)(start - r->base));
-		if (n <= 0)
-			return -1;
-		start += (size_t)n;
-	}
-	return 0;
+	memcpy(r->side + (start - r->base), (const void *)start, end - start);
 }
 
 /* Writes back every page the writer stored into since its view went private: the pages of
@@ -52,8 +48,7 @@ static int write_back_scanned(const struct region *r, int pagemap)
 		if (n < 0)
 			return errno == ENOTTY ? 1 : -1;
 		for (long i = 0; i < n; i++)
-			if (write_back(r, runs[i].start, runs[i].end) < 0)
-				return -1;
+			write_back(r, runs[i].start, runs[i].end);
 		if (scan.walk_end <= at) {
 			errno = EIO;
 			return -1;
@@ -80,13 +75,14 @@ static int write_back_read(const struct region *r, int pagemap)
 			if (own && !run)
 				run = page;
 			if (!own && run) {
-				if (write_back(r, run, page) < 0)
-					return -1;
+				write_back(r, run, page);
 				run = 0;
 			}
 		}
 	}
-	return run ? write_back(r, run, r->base + r->size) : 0;
+	if (run)
+		write_back(r, run, r->base + r->size);
+	return 0;
 }
 
 /* Folds the writer's private view of r back: its own pages are written into the memfd, then
@@ -116,17 +112,14 @@ int fold_back(struct region *r)
 	return 0;
 }
 
-/* Withdraws r's snapshot if one is out: its segment is removed (new gets and attaches fail;
- * a removal the broker refuses still leaves new attaches only holes, as the view they would
- * map is gone) and its read-only view unmapped. Attachers keep the pages they mapped.
- * region_lock held. */
+/* Withdraws r's snapshot if one is out: its segment is removed, so new gets and attaches
+ * fail. Attachers keep the pages they mapped. region_lock held. */
 void withdraw_snapshot(struct region *r)
 {
-	if (!r->shadow)
+	if (!r->published)
 		return;
 	xpmem_remove(r->snapshot);
-	munmap(r->shadow, r->size);
-	r->shadow = NULL;
+	r->published = 0;
 }
 
 /*

@@ -127,8 +127,10 @@ struct region {
 	uintptr_t base;
 	size_t size;
 	int fd;                 /* memfd: the region's memory, and the snapshot while one is out */
-	void *shadow;           /* the snapshot's read-only shared view, which its segment exports */
+	char *side;             /* a second shared view of the memfd, kept: what the snapshot's
+				   segment exports, and where the writer's pages are written back */
 	xpmem_segid_t snapshot; /* the snapshot's segid until it is released (folded back), else 0 */
+	int published;          /* the snapshot's segment exists */
 	int private_view;       /* the writer's view is MAP_PRIVATE over the memfd */
 };
 
