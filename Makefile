@@ -74,7 +74,7 @@ test: check-format test-host test-kernels test-dex test-xemem test-adios2 test-f
 	@apps/test.sh
 	@scripts/check-script-arguments.sh
 	@scripts/install-test.sh
-	@if [ -e /dev/kvm ]; then scripts/insitu.sh --check --no-results 32 32 32 240 40; else echo "test: in-situ check skipped: /dev/kvm is absent"; fi
+	@if [ -e /dev/kvm ]; then scripts/insitu.sh --check --data-mb 1 16 16 16 120 40 1; else echo "test: in-situ check skipped: /dev/kvm is absent"; fi
 
 # Opt-in, slow on PVM hosts: a stock Debian kernel boots to its banner (docs/linux-guest.md).
 test-linux: build

@@ -57,9 +57,12 @@ ITERATIONS must be an integer from 1 to 1000000000000, got "1e6"|./syscall-loop 
 DURATION_S must be a number from 0.001 to 3600, got "5s"|./selfish 5s
 THRESHOLD_NS must be an integer from 0 to 1000000000, got "abc"|./selfish 1 abc
 usage: selfish|./selfish 1 0 lst
-INTERVAL must be an integer from 1 to 40, got "50"|./insitu-sim xemem sync seg 8 8 8 40 50
-LENGTH must be an integer from 1 to 2147483648, got "1M"|./insitu-analytics xemem seg 1M
-ROUNDS must be an integer from 1 to 1000, got "0"|./insitu-analytics files /nonexistent 1000 0
+INTERVAL must be an integer from 1 to 40, got "50"|./insitu-sim xemem sync once seg 8 8 8 40 50
+DATA_MB must be an integer from 0 to 512, got "1024"|./insitu-sim xemem sync recurring seg 8 8 8 40 10 1024
+usage: insitu-sim|./insitu-sim xemem sync twice seg 8 8 8
+LENGTH must be an integer from 1 to 2147483648, got "1M"|./insitu-analytics xemem once seg 1M
+ROUNDS must be an integer from 1 to 1000, got "0"|./insitu-analytics files recurring /nonexistent 1000 0
+KIB must be a multiple of 4|./insitu-attach seg 6 1 0
 CASES
 
 if [ $failures = 0 ]; then

@@ -45,5 +45,5 @@ echo "== the same binary on the host, core $core =="
 taskset -c "$core" "$app" "${grid[@]}"
 echo
 echo "== the in-situ composition (XEMEM paper, section 6): the CG simulation in an LWK enclave, =="
-echo "== STREAM analytics on the host, coupled through files, then through a named XEMEM segment =="
-scripts/insitu.sh --no-results   # docs/results/insitu.md comes from scripts/insitu.sh --repeat 3
+echo "== STREAM analytics on the host; beside it both on the host coupled through files        =="
+scripts/insitu.sh --config host-files,lwk-host --workflow sync-once,async-once   # the full matrix: make bench-insitu

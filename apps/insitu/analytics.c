@@ -1,15 +1,19 @@
 /*
  * insitu-analytics: the analytics half of the in-situ composition (see sim.c and insitu.h), a
- * host process. At every interval the simulation publishes, it copies the solution vector into
- * private memory (STREAM's copy kernel, its source the simulation's memory), checks the copy's
- * checksum against the one the simulation published, answers "taken", runs STREAM's scale, add
- * and triad kernels ROUNDS times over private arrays, and answers "analysed".
+ * host process or an LWK job. At every interval the simulation publishes, it copies the data
+ * into private memory (STREAM's copy kernel, its source the simulation's memory), checks the
+ * copy's checksum against the one the simulation published, answers "taken", runs STREAM's
+ * scale, add and triad kernels ROUNDS times over private arrays, and answers "analysed".
  *
- *   insitu-analytics xemem NAME LENGTH [ROUNDS]   the named XEMEM segment, attached once
- *   insitu-analytics files DIR  LENGTH [ROUNDS]   DIR/insitu-vector.bin and DIR/insitu-answer.bin
+ *   insitu-analytics xemem once|recurring NAME LENGTH [ROUNDS]
+ *   insitu-analytics files once|recurring DIR  LENGTH [ROUNDS]
  *
- * LENGTH is the vector's length in doubles (NX*NY*NZ of the simulation), so the one attach can
- * cover the whole segment; it must match the header's. ROUNDS defaults to 5.
+ * once: the named XEMEM segment (header + data), attached once; or DIR/insitu-vector.bin.
+ * recurring: the named segment is the header page; each interval's region is got, attached,
+ * read, detached and released (or DIR/insitu-data.K.bin opened, read and closed) before the
+ * answer "taken", so the simulation can remove it.
+ * LENGTH is the data's length in doubles, so the one attach can cover the whole segment; it
+ * must match the header's. ROUNDS defaults to 5.
  * Prints a line per interval and the kernels' bandwidth (MB/s, 10^6 bytes, STREAM's counting);
  * exit 0 if every interval's checksum matched, 1 otherwise, 2 on bad input.
  */
@@ -30,13 +34,15 @@
 
 /* Where the header and vector are read from. */
 struct source {
-    int use_files;
+    int use_files, recurring;
+    const char *where;
     struct insitu_header *header; /* xemem: the attached header; files: a private copy */
     const double *vector;         /* xemem: the attached vector */
     int vector_file, answer_file;
 };
 
 static int attach_segment(struct source *s, const char *name, uint64_t length) {
+    uint64_t bytes = s->recurring ? INSITU_PAGE : insitu_bytes(length);
     double deadline = insitu_now_seconds() + START_WAIT_SECONDS;
     xpmem_segid_t segid;
     while ((segid = xemem_lookup_segid(name)) <= 0) {
@@ -52,16 +58,15 @@ static int attach_segment(struct source *s, const char *name, uint64_t length) {
         return -1;
     }
     struct xpmem_addr address = {.apid = apid, .offset = 0};
-    void *memory = xpmem_attach(address, insitu_bytes(length), NULL);
+    void *memory = xpmem_attach(address, bytes, NULL);
     if (memory == (void *)-1) {
-        fprintf(stderr, "insitu-analytics: xpmem_attach of %llu bytes: %s\n", (unsigned long long)insitu_bytes(length),
-                strerror(errno));
+        fprintf(stderr, "insitu-analytics: xpmem_attach of %llu bytes: %s\n", (unsigned long long)bytes, strerror(errno));
         return -1;
     }
     s->header = memory;
-    s->vector = (const double *)((char *)memory + INSITU_PAGE);
-    printf("insitu-analytics: attached \"%s\" (enclave %lld), %llu bytes, once\n", name, (long long)(segid >> 32),
-           (unsigned long long)insitu_bytes(length));
+    s->vector = s->recurring ? NULL : (const double *)((char *)memory + INSITU_PAGE);
+    printf("insitu-analytics: attached \"%s\" (enclave %lld), %llu bytes, once%s\n", name, (long long)(segid >> 32),
+           (unsigned long long)bytes, s->recurring ? "; a region of each interval's data every interval" : "");
     return 0;
 }
 
@@ -112,25 +117,82 @@ static void answer(struct source *s, uint64_t taken, uint64_t analysed) {
         fprintf(stderr, "insitu-analytics: writing the answer: %s\n", strerror(errno));
 }
 
-/* STREAM's copy kernel with the simulation's vector as its source: shared pages, or read(). */
-static int copy_vector(struct source *s, double *into, uint64_t length) {
+static void copy_kernel(double *into, const double *from, uint64_t length) {
+    for (uint64_t i = 0; i < length; i++) into[i] = from[i];
+}
+
+/* Recurring, xemem: interval's region, got, attached, copied, detached and released. */
+static int copy_region(int64_t segid, double *into, uint64_t length) {
+    xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
+    if (apid <= 0) {
+        fprintf(stderr, "insitu-analytics: xpmem_get of the interval's region %llx: %s\n", (unsigned long long)segid,
+                strerror(errno));
+        return -1;
+    }
+    struct xpmem_addr address = {.apid = apid, .offset = 0};
+    const double *data = xpmem_attach(address, insitu_data_bytes(length), NULL);
+    int status = 0;
+    if (data == (void *)-1) {
+        fprintf(stderr, "insitu-analytics: xpmem_attach of the interval's region: %s\n", strerror(errno));
+        status = -1;
+    } else {
+        copy_kernel(into, data, length);
+        if (xpmem_detach((void *)data)) {
+            fprintf(stderr, "insitu-analytics: xpmem_detach: %s\n", strerror(errno));
+            status = -1;
+        }
+    }
+    if (xpmem_release(apid)) {
+        fprintf(stderr, "insitu-analytics: xpmem_release: %s\n", strerror(errno));
+        status = -1;
+    }
+    return status;
+}
+
+/* Reads LENGTH doubles at OFFSET of PATH into INTO. */
+static int read_file(const char *path, double *into, uint64_t length, off_t offset, int fd) {
+    size_t bytes = length * sizeof(double);
+    int own = fd < 0;
+    if (own && (fd = open(path, O_RDONLY)) < 0) {
+        fprintf(stderr, "insitu-analytics: %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    ssize_t got = pread(fd, into, bytes, offset);
+    if (own)
+        close(fd);
+    if (got != (ssize_t)bytes) {
+        fprintf(stderr, "insitu-analytics: %s: read %zd of %zu bytes\n", path, got, bytes);
+        return -1;
+    }
+    return 0;
+}
+
+/* STREAM's copy kernel with interval K's data as its source: shared pages, or read(). */
+static int copy_vector(struct source *s, uint64_t k, double *into, uint64_t length) {
+    char path[4096];
     if (!s->use_files) {
-        for (uint64_t i = 0; i < length; i++) into[i] = s->vector[i];
+        if (s->recurring)
+            return copy_region(s->header->segid, into, length);
+        copy_kernel(into, s->vector, length);
         return 0;
     }
-    size_t bytes = length * sizeof(double);
-    return pread(s->vector_file, into, bytes, INSITU_PAGE) == (ssize_t)bytes ? 0 : -1;
+    if (!s->recurring)
+        return read_file("insitu-vector.bin", into, length, INSITU_PAGE, s->vector_file);
+    insitu_data_path(path, sizeof path, s->where, k);
+    return read_file(path, into, length, 0, -1);
 }
 
 int main(int argc, char **argv) {
-    if (argc < 4 || argc > 5 || (strcmp(argv[1], "xemem") && strcmp(argv[1], "files"))) {
-        fprintf(stderr, "usage: insitu-analytics xemem|files NAME|DIR LENGTH [ROUNDS]\n");
+    if (argc < 5 || argc > 6 || (strcmp(argv[1], "xemem") && strcmp(argv[1], "files")) ||
+        (strcmp(argv[2], "once") && strcmp(argv[2], "recurring"))) {
+        fprintf(stderr, "usage: insitu-analytics xemem|files once|recurring NAME|DIR LENGTH [ROUNDS]\n");
         return 2;
     }
-    struct source source = {.use_files = !strcmp(argv[1], "files")};
-    uint64_t length = (uint64_t)arg_integer("insitu-analytics", "LENGTH", argv[3], 1, 1L << 31);
-    int rounds = argc > 4 ? (int)arg_integer("insitu-analytics", "ROUNDS", argv[4], 1, 1000) : 5;
-    if (source.use_files ? open_files(&source, argv[2]) : attach_segment(&source, argv[2], length))
+    struct source source = {
+        .use_files = !strcmp(argv[1], "files"), .recurring = !strcmp(argv[2], "recurring"), .where = argv[3]};
+    uint64_t length = (uint64_t)arg_integer("insitu-analytics", "LENGTH", argv[4], 1, 1L << 31);
+    int rounds = argc > 5 ? (int)arg_integer("insitu-analytics", "ROUNDS", argv[5], 1, 1000) : 5;
+    if (source.use_files ? open_files(&source, source.where) : attach_segment(&source, source.where, length))
         return 1;
     double *a = malloc(length * sizeof *a), *b = malloc(length * sizeof *b), *c = malloc(length * sizeof *c);
     if (!a || !b || !c) {
@@ -158,9 +220,14 @@ int main(int argc, char **argv) {
                         (unsigned long long)h->vector_length, (unsigned long long)length);
                 return 1;
             }
+            if (!(h->flags & INSITU_RECURRING) != !source.recurring) {
+                fprintf(stderr, "insitu-analytics: the simulation publishes %s, not %s\n",
+                        h->flags & INSITU_RECURRING ? "recurring" : "once", argv[2]);
+                return 1;
+            }
             uint64_t expected = h->checksum, iteration = h->iteration;
             double t = insitu_now_seconds();
-            if (copy_vector(&source, a, length)) {
+            if (copy_vector(&source, published, a, length)) {
                 fprintf(stderr, "insitu-analytics: reading the vector failed\n");
                 return 1;
             }
@@ -190,8 +257,13 @@ int main(int argc, char **argv) {
             deadline = insitu_now_seconds() + WAIT_SECONDS;
             continue;
         }
-        if (insitu_load(&h->finished) && published == seen)
+        if (insitu_load(&h->finished) && published == seen) {
+            if (!source.use_files) {
+                insitu_store(&h->left, 1);
+                xpmem_detach(h);
+            }
             break;
+        }
         if (insitu_now_seconds() > deadline) {
             fprintf(stderr, "insitu-analytics: nothing from the simulation for %.0f s\n", WAIT_SECONDS);
             break;

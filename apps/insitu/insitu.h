@@ -1,8 +1,15 @@
 /*
- * What the in-situ simulation (sim.c, in an LWK enclave) and its analytics (analytics.c, on the
- * host) share: a header page followed by the simulation's solution vector. Through XEMEM both
- * map the same pages (the simulation's own memory); through POSIX files the same layout is the
- * file's content, and the analytics' answers go to a second file.
+ * What the in-situ simulation (sim.c) and its analytics (analytics.c) share, wherever each runs
+ * (host process or LWK enclave): a header page, and the data: the simulation's solution vector,
+ * repeated to fill the analytics' data size (the paper's STREAM input, up to 512 MB).
+ *
+ * One-time attachment: the header page and the data are one XEMEM segment (the simulation's
+ * own memory) that the analytics attaches once; through POSIX files, the same layout is one
+ * file's content. Recurring attachment: the header page alone is the named segment (or file);
+ * every interval the simulation makes a new region with that interval's data and puts its
+ * segment id in the header (files: a new file insitu-data.K.bin); the analytics gets,
+ * attaches, reads, detaches and releases it, answers "taken", and the simulation removes it.
+ * Through files the analytics' answers go to a second file.
  *
  * The handshake, one interval at a time (k counts from 1):
  *   simulation: writes the vector's checksum and iteration, then published = k (release);
@@ -11,21 +18,26 @@
  *   simulation: synchronous, waits for analysed == k; asynchronous, waits only for taken == k
  *               (the copy: the vector must not change under it), then computes on while the
  *               analytics' kernels run.
+ *   at the end: the simulation sets finished; the analytics sets left (xemem) and detaches;
+ *               only then does the simulation remove the segment (an attacher reading a
+ *               removed segment faults).
  * Every wait spins with a timeout, so a missing partner costs seconds, never a hang.
  */
 #ifndef CLOWDER_INSITU_H
 #define CLOWDER_INSITU_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <time.h>
 
 #define INSITU_MAGIC 0x7573746973696e69ULL /* "insitu" */
 #define INSITU_PAGE 4096UL
 #define INSITU_SYNCHRONOUS 1u /* flags: the simulation waits for the analysis */
+#define INSITU_RECURRING 2u   /* flags: a new region (file) per interval */
 
 struct insitu_header {
     uint64_t magic;
-    uint64_t vector_length; /* doubles after the header page */
+    uint64_t vector_length; /* doubles of data (after the header page, one-time) */
     uint64_t interval_count;
     uint64_t flags;
     /* written by the simulation */
@@ -33,10 +45,12 @@ struct insitu_header {
     uint64_t iteration; /* CG iteration of the published vector */
     uint64_t checksum;  /* insitu_checksum of the published vector */
     uint64_t finished;  /* 1 once the simulation publishes nothing more */
+    int64_t segid;      /* recurring: the published interval's region */
     /* written by the analytics; its own cache line, away from the simulation's words */
-    uint64_t pad[8];
+    uint64_t pad[7];
     uint64_t taken;    /* last interval copied */
     uint64_t analysed; /* last interval whose kernels ran */
+    uint64_t left;     /* 1 once it has seen "finished" and reads no more: the segment may go */
 };
 
 /* Monotonic seconds, for both sides' waiting deadlines. */
@@ -62,9 +76,17 @@ static inline uint64_t insitu_checksum(const double *vector, uint64_t length) {
     return hash;
 }
 
-/* Bytes of the shared layout (header page + vector), rounded up to whole pages. */
-static inline uint64_t insitu_bytes(uint64_t vector_length) {
-    return INSITU_PAGE + (vector_length * sizeof(double) + INSITU_PAGE - 1) / INSITU_PAGE * INSITU_PAGE;
+/* Bytes of LENGTH doubles, rounded up to whole pages. */
+static inline uint64_t insitu_data_bytes(uint64_t length) {
+    return (length * sizeof(double) + INSITU_PAGE - 1) / INSITU_PAGE * INSITU_PAGE;
+}
+
+/* Bytes of the one-time layout (header page + data). */
+static inline uint64_t insitu_bytes(uint64_t length) { return INSITU_PAGE + insitu_data_bytes(length); }
+
+/* The data file of interval K in recurring mode, under DIR. */
+static inline void insitu_data_path(char *path, size_t size, const char *dir, uint64_t k) {
+    snprintf(path, size, "%s/insitu-data.%llu.bin", dir, (unsigned long long)k);
 }
 
 #endif
