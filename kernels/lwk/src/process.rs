@@ -267,12 +267,12 @@ pub fn exec(frame: &mut TrapFrame, path: UserAddr, argv: UserAddr, envp: UserAdd
     let argv = read_string_array(argv)?;
     let env = read_string_array(envp)?;
     let named = if path == SELF_EXE { job::with_process(|process| process.executable_path.clone()) } else { path };
-    let resolved = fs::normalize("/", &named).ok_or(Errno::ENOENT)?;
-    let node = fs::lookup(&resolved).ok_or(Errno::ENOENT)?;
-    if node.is_directory() {
-        return Err(Errno::EACCES);
-    }
-    let file = job::LoadFile { bytes: node.contents(), physical: node.physical };
+    // The job's own files first, then (a persistent enclave's job) the host's.
+    let (resolved, file) = match fs::normalize("/", &named).and_then(|resolved| Some((fs::lookup(&resolved)?, resolved))) {
+        Some((node, _)) if node.is_directory() => return Err(Errno::EACCES),
+        Some((node, resolved)) => (resolved, job::LoadFile { bytes: node.contents(), physical: node.physical }),
+        None => job::host_executable(&named)?,
+    };
     match job::check_program(file) {
         Ok(()) => {}
         Err(job::LoadError::MissingInterpreter(_)) => return Err(Errno::ENOENT),

@@ -22,6 +22,7 @@ use crate::clock;
 use crate::cmdline::JobOptions;
 use crate::console::log;
 use crate::fs;
+use crate::linux::Errno;
 use crate::machine;
 use crate::mm::aspace::AddressSpace;
 use crate::mm::pmem;
@@ -170,11 +171,15 @@ impl<'a> Program<'a> {
         let Some(path) = executable.interpreter.clone() else {
             return Ok(Program { executable, file, interpreter: None, interpreter_base: 0 });
         };
-        let node = fs::normalize("/", &path)
+        let own_file = fs::normalize("/", &path)
             .and_then(|normalized| fs::lookup(&normalized))
             .filter(|node| !node.is_directory())
-            .ok_or_else(|| LoadError::MissingInterpreter(path.clone()))?;
-        let interpreter_file = LoadFile { bytes: node.contents(), physical: node.physical };
+            .map(|node| LoadFile { bytes: node.contents(), physical: node.physical });
+        // Else the host's, as its user sees it (a program `execve` read from the host).
+        let interpreter_file = match own_file {
+            Some(file) => file,
+            None => host_executable(&path).map(|(_, file)| file).map_err(|_| LoadError::MissingInterpreter(path.clone()))?,
+        };
         let interpreter =
             Executable::parse_interpreter(interpreter_file.bytes).map_err(|error| LoadError::BadInterpreter(path.clone(), error))?;
         let (start, _) = interpreter.span();
@@ -490,6 +495,91 @@ pub fn run_time_ns() -> u64 {
     clock::monotonic_ns() - JOB_START_NS.load(Ordering::Relaxed)
 }
 
+/// An executable or interpreter read from the host for `execve` (a persistent enclave's job:
+/// paths its own file system lacks), kept until the job ends: images map its read-only pages
+/// as they map the archive's, and a shell running one program many times reads it once (again
+/// when the file's size or modification time has changed since).
+struct HostExecutable {
+    path: String,
+    size: u64,
+    modified: (i64, u32),
+    physical: u64,
+}
+
+static HOST_EXECUTABLES: SpinLock<Vec<HostExecutable>> = SpinLock::new(Vec::new());
+
+/// Host files larger than this are not read for `execve` (`ENOMEM`): a copy of it must fit in
+/// the enclave's RAM beside the job.
+fn host_executable_limit() -> u64 {
+    pmem::largest_free_block(PAGE_SIZE) / 2
+}
+
+/// The host's file `path` (relative to the job's working directory, or absolute) as an
+/// executable: its absolute path and its bytes, read (once) into kernel memory by the host.
+/// `ENOENT` where there is no host to ask or no such file; `EACCES` for what is not a regular
+/// file with an execute bit (the job is root: any bit will do, as for Linux's root); the host's
+/// answer when it refuses the user the file.
+pub fn host_executable(path: &str) -> Result<(String, LoadFile<'static>), Errno> {
+    use crate::enclave::files;
+    // The host is asked through the calling process's descriptors: none before the job's
+    // first process exists (clowderd sends that one's interpreter with it).
+    let cwd = files::job_cwd().filter(|_| process_exists(crate::sched::current_pid()) && files::is_host_path(path));
+    let absolute = cwd.and_then(|cwd| fs::normalize(&cwd, path)).ok_or(Errno::ENOENT)?;
+    let attributes = files::stat_path(&absolute).map_err(|error| Errno((-error) as u64))?;
+    const S_IFREG: u32 = 0o100000;
+    if attributes.mode & fs::S_IFMT != S_IFREG || attributes.mode & 0o111 == 0 {
+        return Err(Errno::EACCES);
+    }
+    let modified = (attributes.modified.seconds, attributes.modified.nanoseconds);
+    let cached =
+        HOST_EXECUTABLES.lock().iter().rev().find(|copy| copy.path == absolute).map(|copy| (copy.size, copy.modified, copy.physical));
+    let physical = match cached {
+        Some((size, when, physical)) if size == attributes.size && when == modified => physical,
+        _ => {
+            let physical = read_host_file(&absolute, attributes.size)?;
+            HOST_EXECUTABLES.lock().push(HostExecutable { path: absolute.clone(), size: attributes.size, modified, physical });
+            physical
+        }
+    };
+    Ok((absolute, LoadFile { bytes: phys::bytes(physical, attributes.size as usize), physical }))
+}
+
+/// Reads the host file `path` of `size` bytes into a new page-aligned block (free memory is
+/// zero, so the last page's tail is too).
+fn read_host_file(path: &str, size: u64) -> Result<u64, Errno> {
+    use crate::enclave::files;
+    const O_RDONLY_CLOEXEC: u32 = 0o2000000;
+    let block = size.max(1).next_multiple_of(PAGE_SIZE);
+    if size > host_executable_limit() {
+        return Err(Errno::ENOMEM);
+    }
+    let physical = pmem::allocate(block, PAGE_SIZE).ok_or(Errno::ENOMEM)?;
+    let descriptor = files::open(path, O_RDONLY_CLOEXEC, 0);
+    let read = match descriptor {
+        descriptor if descriptor < 0 => descriptor,
+        descriptor => {
+            let fd = descriptors::Fd(descriptor as i32);
+            let handle = files::remote_handle(fd);
+            drop(with_process(|process| process.descriptors.remove(fd)));
+            match handle {
+                Some(handle) => {
+                    let read = files::read_into_memory(handle, physical, size, 0);
+                    files::close(handle);
+                    read
+                }
+                None => -(Errno::EIO.0 as i64),
+            }
+        }
+    };
+    if read != size as i64 {
+        // Whatever the host wrote is cleared before the block goes back.
+        phys::zero(physical, block as usize);
+        pmem::free_clean(physical, block);
+        return Err(if read < 0 { Errno((-read) as u64) } else { Errno::EIO });
+    }
+    Ok(physical)
+}
+
 /// The job is over: its status becomes the VM's exit status, or, in a persistent enclave,
 /// goes to the host, and the kernel waits for the next job.
 pub fn exit(status: u8) -> ! {
@@ -524,6 +614,11 @@ pub fn release(zero: memory::Zero) {
     }
     for memory in kept {
         memory.release_with(zero);
+    }
+    for copy in core::mem::take(&mut *HOST_EXECUTABLES.lock()) {
+        let block = copy.size.max(1).next_multiple_of(PAGE_SIZE);
+        zero(copy.physical, block);
+        pmem::free_clean(copy.physical, block);
     }
 }
 

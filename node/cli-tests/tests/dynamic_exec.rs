@@ -1,0 +1,76 @@
+//! A dynamically linked program in a persistent LWK enclave executes other dynamically linked
+//! programs of the host (execve reads the program, and its interpreter where the job lacks it,
+//! from the host as the job's user sees them): Debian's /bin/sh runs /usr/bin/env, which runs
+//! true; a C program execs /bin/echo; a command substitution forks and execs. What cannot be
+//! executed fails as on Linux, seen through the shell's words and status: a missing
+//! interpreter (127), a file without an execute bit (126), a missing program (127). Each run's
+//! output, error output and status must equal the host's. Needs /dev/kvm, the LWK image,
+//! clowder-vmm, gcc and /bin/sh; skipped, with the reason, otherwise.
+
+use std::path::Path;
+use std::process::Command;
+
+use clowder_test_support::TempDir;
+use clowderd::enclave::Liveness;
+use support::{run_clowder, run_clowder_ok, skipped_without, start_daemon, text};
+
+mod support;
+
+/// execs /bin/echo with its own arguments.
+const EXEC_ECHO: &str = r#"#include <stdio.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    argv[0] = "echo";
+    execv("/bin/echo", argv);
+    perror("execv");
+    return 1;
+}
+"#;
+
+const PATH: &str = "PATH=/usr/local/bin:/usr/bin:/bin";
+
+/// `args` in enclave `e` and on the host, with PATH alone in the environment: the same
+/// output, error output and status.
+fn same_as_host(socket: &Path, dir: &Path, args: &[&str]) -> String {
+    let mut run_args = vec!["run", "--enclave", "e", "--env", PATH];
+    run_args.extend(args);
+    let enclave = run_clowder(socket, &run_args, dir);
+    let (name, value) = PATH.split_once('=').unwrap();
+    let host = Command::new(args[0]).args(&args[1..]).env_clear().env(name, value).current_dir(dir).output().unwrap();
+    assert_eq!(text(&enclave.stdout), text(&host.stdout), "{args:?}: enclave stderr {}", text(&enclave.stderr));
+    assert_eq!(text(&enclave.stderr), text(&host.stderr), "{args:?}");
+    assert_eq!(enclave.status.code(), host.status.code(), "{args:?}");
+    text(&enclave.stdout)
+}
+
+#[test]
+fn dynamic_programs_execute_host_programs() {
+    if skipped_without("gcc", "to build the test programs") || !Path::new("/bin/sh").exists() {
+        return;
+    }
+    let dir = TempDir::new("clowder-dynamic-exec");
+    let socket = start_daemon(&dir.0, Liveness::default());
+    std::fs::write(dir.0.join("exec-echo.c"), EXEC_ECHO).unwrap();
+    let built = Command::new("gcc").args(["-O2", "-o", "exec-echo", "exec-echo.c"]).current_dir(&dir.0).status().unwrap();
+    assert!(built.success());
+    let built = Command::new("gcc")
+        .args(["-O2", "-o", "no-interpreter", "exec-echo.c", "-Wl,--dynamic-linker=/no/such/ld.so"])
+        .current_dir(&dir.0)
+        .status()
+        .unwrap();
+    assert!(built.success());
+    std::fs::write(dir.0.join("data.txt"), "not a program\n").unwrap();
+    run_clowder_ok(&socket, &["enclave", "create", "--name", "e", "--cores", "1", "--mem", "512M"], &dir.0);
+
+    let shell = same_as_host(&socket, &dir.0, &["/bin/sh", "-c", "/usr/bin/env true; echo env true: $?; env false; echo env false: $?"]);
+    assert_eq!(shell, "env true: 0\nenv false: 1\n");
+    assert_eq!(same_as_host(&socket, &dir.0, &["./exec-echo", "from", "echo"]), "from echo\n");
+    assert_eq!(same_as_host(&socket, &dir.0, &["/bin/sh", "-c", "echo $(/bin/echo nested) $(./exec-echo twice)"]), "nested twice\n");
+    // Twice in one job: the second run of a program uses the copy the first read.
+    same_as_host(&socket, &dir.0, &["/bin/sh", "-c", "./exec-echo one; ./exec-echo two"]);
+    let failures = "./no-interpreter; echo missing interpreter: $?; ./data.txt; echo not executable: $?; ./nothing; echo missing: $?";
+    let shell = same_as_host(&socket, &dir.0, &["/bin/sh", "-c", failures]);
+    assert_eq!(shell, "missing interpreter: 127\nnot executable: 126\nmissing: 127\n");
+
+    run_clowder_ok(&socket, &["enclave", "rm", "e"], &dir.0);
+}
