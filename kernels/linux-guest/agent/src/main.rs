@@ -1,0 +1,163 @@
+//! clowder's Linux enclave agent: the `/init` of the small Linux guest's initramfs. It mounts
+//! the file systems a job expects, maps the enclave channel through `/dev/mem` at the
+//! guest-physical address the VMM put on the kernel command line (`clowder.channel=<gpa>,<size>`,
+//! docs/guest-abi.md), says `Hello`, and then serves the daemon as the LWK does, from ring 3:
+//! no guest kernel module, no kernel code of ours beyond what the kernel already has.
+//!
+//! The job's binary and input files arrive as regions the host added above guest RAM; the agent
+//! reads them through `/dev/mem` too (the kernel is built without STRICT_DEVMEM).
+
+mod job;
+mod session;
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clowder_channel::Channel;
+use session::{Next, PhysicalMemory, Session};
+
+/// How long the agent sleeps when the channel and the jobs had nothing for it. Each sleep is a
+/// system call, which costs tens of microseconds of emulated kernel code on PVM.
+const IDLE_SLEEP: Duration = Duration::from_millis(2);
+
+/// `clowder.channel=<gpa>,<size>` from the kernel command line (both hex, `0x` optional).
+fn channel_location(cmdline: &str) -> Option<(u64, usize)> {
+    let value = cmdline.split_whitespace().find_map(|word| word.strip_prefix("clowder.channel="))?;
+    let (gpa, size) = value.split_once(',')?;
+    let hex = |text: &str| u64::from_str_radix(text.trim_start_matches("0x"), 16).ok();
+    Some((hex(gpa)?, usize::try_from(hex(size)?).ok()?))
+}
+
+/// Guest-physical memory through `/dev/mem`.
+struct DevMem {
+    file: File,
+}
+
+/// A shared mapping of `/dev/mem`, unmapped on drop.
+struct Mapping {
+    base: *mut u8,
+    length: usize,
+}
+
+impl DevMem {
+    fn open() -> Result<DevMem, String> {
+        let file = std::fs::OpenOptions::new().read(true).write(true).open("/dev/mem").map_err(|e| format!("opening /dev/mem: {e}"))?;
+        Ok(DevMem { file })
+    }
+
+    /// Maps `[gpa, gpa + len)`, widened to whole pages; returns the mapping and the offset of
+    /// `gpa` in it.
+    fn map(&self, gpa: u64, len: usize) -> Result<(Mapping, usize), String> {
+        let start = gpa & !0xfff;
+        let offset = (gpa - start) as usize;
+        let length = (offset + len).div_ceil(4096) * 4096;
+        // SAFETY: a fresh shared mapping of the device at a page-aligned offset; the kernel checks
+        // the range and the result is checked below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                length,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                self.file.as_raw_fd(),
+                start as libc::off_t,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(format!("mapping guest-physical {gpa:#x}+{len:#x} from /dev/mem: {}", std::io::Error::last_os_error()));
+        }
+        Ok((Mapping { base: base.cast(), length }, offset))
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was made by `DevMem::map` with this base and length.
+        unsafe { libc::munmap(self.base.cast(), self.length) };
+    }
+}
+
+impl PhysicalMemory for DevMem {
+    fn read(&self, gpa: u64, len: u64) -> Result<Vec<u8>, String> {
+        let len = usize::try_from(len).map_err(|_| format!("a {len}-byte file does not fit this guest"))?;
+        let (mapping, offset) = self.map(gpa, len)?;
+        // Copied in user mode: on PVM a copy by the kernel (read(2) of /dev/mem) is emulated.
+        // SAFETY: the mapping covers `offset..offset + len` and lives until the end of this scope.
+        Ok(unsafe { std::slice::from_raw_parts(mapping.base.add(offset), len) }.to_vec())
+    }
+}
+
+/// As process 1: the file systems jobs and the agent need.
+fn mount_file_systems() {
+    for (source, target, kind) in [
+        ("proc", "/proc", "proc"),
+        ("sysfs", "/sys", "sysfs"),
+        ("devtmpfs", "/dev", "devtmpfs"),
+        ("tmpfs", "/tmp", "tmpfs"),
+        ("tmpfs", "/run", "tmpfs"),
+    ] {
+        let _ = std::fs::create_dir_all(target);
+        let c = |s: &str| std::ffi::CString::new(s).expect("no NUL");
+        let (source_c, target_c, kind_c) = (c(source), c(target), c(kind));
+        // SAFETY: plain mount(2) with NUL-terminated strings that outlive the call.
+        if unsafe { libc::mount(source_c.as_ptr(), target_c.as_ptr(), kind_c.as_ptr(), 0, std::ptr::null()) } != 0 {
+            eprintln!("clowder-agent: mounting {kind} on {target}: {}", std::io::Error::last_os_error());
+        }
+    }
+}
+
+fn run() -> Result<(), String> {
+    if std::process::id() == 1 {
+        mount_file_systems();
+    }
+    let cmdline = std::fs::read_to_string("/proc/cmdline").map_err(|e| format!("reading /proc/cmdline: {e}"))?;
+    let (gpa, size) = channel_location(&cmdline).ok_or("no clowder.channel=<gpa>,<size> on the kernel command line")?;
+    let memory = DevMem::open()?;
+    let (mapping, _) = memory.map(gpa, size)?;
+    // SAFETY: the mapping is page aligned, `size` bytes long and kept for the whole session
+    // (`mapping` lives until this function returns); the host accesses it only atomically.
+    let channel = unsafe { Channel::attach(mapping.base, size) }.map_err(|e| format!("the channel at {gpa:#x}: {e:?}"))?;
+    let endpoint = channel.guest_end().map_err(|e| format!("the channel at {gpa:#x}: {e:?}"))?;
+    let vcpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u16;
+    // SAFETY: sysconf has no memory effects.
+    let ram = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) as u64 * libc::sysconf(libc::_SC_PAGESIZE) as u64 };
+    let mut session = Session::new(endpoint, memory, job::Settings { root: PathBuf::from("/run/clowder") });
+    session.hello(vcpus, ram)?;
+    println!("clowder-agent: Hello sent ({vcpus} vCPUs, {} MiB)", ram >> 20);
+    loop {
+        match session.poll()? {
+            (_, Next::Shutdown) => return Ok(()),
+            (true, Next::Continue) => {}
+            (false, Next::Continue) => std::thread::sleep(IDLE_SLEEP),
+        }
+    }
+}
+
+fn main() {
+    match run() {
+        Ok(()) => println!("clowder-agent: shut down by the host"),
+        Err(e) => eprintln!("clowder-agent: {e}"),
+    }
+    // Process 1 ending panics the kernel, which ends the machine: what the daemon expects after
+    // Shutdown, and the only honest outcome of a broken channel.
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_channel_is_found_on_the_command_line() {
+        let line = "console=ttyS0 noxsave clowder.cpus=1 clowder.channel=0x7ff0000,0x10000 clowder.channel_vector=0x40";
+        assert_eq!(channel_location(line), Some((0x7ff_0000, 0x10000)));
+        assert_eq!(channel_location("clowder.channel=1000,3000"), Some((0x1000, 0x3000)));
+        assert_eq!(channel_location("console=ttyS0"), None);
+        assert_eq!(channel_location("clowder.channel=0x1000"), None);
+        assert_eq!(channel_location("clowder.channel=zz,0x1000"), None);
+    }
+}
+
+#[cfg(test)]
+mod session_tests;

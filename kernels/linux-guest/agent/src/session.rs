@@ -1,0 +1,206 @@
+//! The agent's side of the enclave protocol (crates/enclave-proto): says `Hello`, answers
+//! `Ping`, runs `LaunchJob`s as Linux processes and streams their output and exit back. The
+//! channel is polled from user space; the guest cannot ring the host's doorbell from ring 3 on
+//! PVM (`out` raises #GP there), so the host finds our messages when it next polls.
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use clowder_channel::{Endpoint, RecvError, SendError};
+use enclave_proto::{max_output_chunk, EnclaveMessage, Fragmenter, HostMessage, Reassembler, MAX_MESSAGE_LEN, PROTOCOL_VERSION};
+
+use crate::job::{self, Event, Job};
+
+/// Where the job's files come from: the guest-physical memory the host placed them in.
+pub trait PhysicalMemory {
+    fn read(&self, gpa: u64, len: u64) -> Result<Vec<u8>, String>;
+}
+
+/// How long a message the host started may take to arrive in full, and how long a full ring
+/// may stay full, before the channel is judged broken (the daemon uses the same 5 s).
+const STALL_LIMIT: Duration = Duration::from_secs(5);
+
+/// What the loop does after one message.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Next {
+    Continue,
+    /// The host asked the machine to stop; every job has been ended.
+    Shutdown,
+}
+
+pub struct Session<M> {
+    endpoint: Endpoint,
+    memory: M,
+    frame: Vec<u8>,
+    assembly: Box<[u8]>,
+    encoded: Vec<u8>,
+    jobs: HashMap<u32, Job>,
+    events: mpsc::Receiver<Event>,
+    events_to: mpsc::Sender<Event>,
+    settings: job::Settings,
+}
+
+impl<M: PhysicalMemory> Session<M> {
+    pub fn new(endpoint: Endpoint, memory: M, settings: job::Settings) -> Session<M> {
+        let frame = vec![0; endpoint.max_message_len()];
+        let (events_to, events) = mpsc::channel();
+        Session {
+            endpoint,
+            memory,
+            frame,
+            assembly: vec![0; MAX_MESSAGE_LEN].into_boxed_slice(),
+            encoded: vec![0; MAX_MESSAGE_LEN],
+            jobs: HashMap::new(),
+            events,
+            events_to,
+            settings,
+        }
+    }
+
+    pub fn hello(&mut self, vcpus: u16, memory: u64) -> Result<(), String> {
+        self.send(&EnclaveMessage::Hello { version: PROTOCOL_VERSION, vcpus, memory })
+    }
+
+    pub fn log(&mut self, text: &str) -> Result<(), String> {
+        self.send(&EnclaveMessage::Log { text: text.as_bytes() })
+    }
+
+    fn send(&mut self, message: &EnclaveMessage<'_>) -> Result<(), String> {
+        let length = message.encode(&mut self.encoded).map_err(|e| format!("encoding {message:?}: {e}"))?;
+        let mut fragmenter = Fragmenter::new(&self.encoded[..length], self.frame.len()).map_err(|e| format!("framing: {e}"))?;
+        while let Some(frame_len) = fragmenter.next_frame(&mut self.frame) {
+            let deadline = Instant::now() + STALL_LIMIT;
+            loop {
+                match self.endpoint.send(&self.frame[..frame_len]) {
+                    Ok(()) => break,
+                    Err(SendError::Full) if Instant::now() < deadline => std::thread::sleep(Duration::from_micros(500)),
+                    Err(SendError::Full) => return Err("the host did not drain the channel for 5 s".into()),
+                    Err(e) => return Err(format!("channel: {e}")),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The next whole message from the host, if one has started; `Ok(None)` when the ring is
+    /// empty or a malformed frame was dropped (and logged to the host).
+    fn receive(&mut self) -> Result<Option<Vec<u8>>, String> {
+        let mut reassembler = Reassembler::new(&mut self.assembly);
+        let mut started: Option<Instant> = None;
+        loop {
+            let length = match self.endpoint.recv(&mut self.frame) {
+                Ok(Some(length)) => length,
+                Ok(None) => match started {
+                    None => return Ok(None),
+                    Some(at) if at.elapsed() > STALL_LIMIT => return Err("the host started a message and did not finish it".into()),
+                    Some(_) => {
+                        std::thread::sleep(Duration::from_micros(200));
+                        continue;
+                    }
+                },
+                Err(RecvError::BufferTooSmall { needed }) => return Err(format!("channel frame of {needed} bytes exceeds the slot")),
+                Err(RecvError::Corrupt(corruption)) => return Err(format!("channel corrupted by the host: {corruption}")),
+            };
+            match reassembler.push(&self.frame[..length]) {
+                Ok(Some(message)) => return Ok(Some(message.to_vec())),
+                Ok(None) => {
+                    started.get_or_insert_with(Instant::now);
+                }
+                Err(error) => {
+                    let text = format!("agent: malformed frame from the host ({error}); dropped");
+                    self.log(&text)?;
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    /// One round: every message waiting from the host, then every job event. Returns whether
+    /// anything happened (the caller sleeps a little when nothing did).
+    pub fn poll(&mut self) -> Result<(bool, Next), String> {
+        let mut busy = false;
+        while let Some(bytes) = self.receive()? {
+            busy = true;
+            if self.handle(&bytes)? == Next::Shutdown {
+                return Ok((true, Next::Shutdown));
+            }
+        }
+        while let Ok(event) = self.events.try_recv() {
+            busy = true;
+            self.report(event)?;
+        }
+        Ok((busy, Next::Continue))
+    }
+
+    fn handle(&mut self, bytes: &[u8]) -> Result<Next, String> {
+        let message = match HostMessage::decode(bytes) {
+            Ok(message) => message,
+            Err(e) => {
+                self.log(&format!("agent: malformed message from the host ({e}); ignored"))?;
+                return Ok(Next::Continue);
+            }
+        };
+        match message {
+            HostMessage::Ping { nonce } => self.send(&EnclaveMessage::Pong { nonce })?,
+            HostMessage::LaunchJob(launch) => {
+                let job = launch.job;
+                let started = if self.jobs.contains_key(&job) {
+                    Err((libc::EEXIST, format!("job {job} is already running")))
+                } else {
+                    job::start(&launch, &self.memory, &self.settings, self.events_to.clone())
+                };
+                match started {
+                    Ok(running) => {
+                        self.jobs.insert(job, running);
+                        self.send(&EnclaveMessage::JobStarted { job })?;
+                    }
+                    Err((errno, reason)) => self.send(&EnclaveMessage::LaunchFailed { job, errno, reason: reason.as_bytes() })?,
+                }
+            }
+            HostMessage::SignalJob { job, signal } => self.signal(job, signal as i32)?,
+            HostMessage::KillJob { job } => self.signal(job, libc::SIGKILL)?,
+            HostMessage::Shutdown => {
+                for job in self.jobs.values() {
+                    job.signal(libc::SIGKILL);
+                }
+                return Ok(Next::Shutdown);
+            }
+            other => self.log(&format!("agent: {other:?} is not served in a Linux enclave; ignored"))?,
+        }
+        Ok(Next::Continue)
+    }
+
+    fn signal(&mut self, job: u32, signal: i32) -> Result<(), String> {
+        match self.jobs.get(&job) {
+            Some(running) => {
+                running.signal(signal);
+                Ok(())
+            }
+            None => self.log(&format!("agent: signal {signal} for job {job}, which is not running; ignored")),
+        }
+    }
+
+    fn report(&mut self, event: Event) -> Result<(), String> {
+        match event {
+            Event::Output { job, stream, data } => {
+                let chunk = max_output_chunk(self.frame.len()).max(1);
+                for piece in data.chunks(chunk) {
+                    self.send(&EnclaveMessage::JobOutput { job, stream, data: piece })?;
+                }
+            }
+            Event::Exited { job, status } => {
+                // Output the job wrote before it ended is already queued ahead of this event.
+                self.jobs.remove(&job);
+                self.send(&EnclaveMessage::JobExited { job, status })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Jobs still running.
+    #[cfg(test)]
+    pub fn running_jobs(&self) -> usize {
+        self.jobs.len()
+    }
+}

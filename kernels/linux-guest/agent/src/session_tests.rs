@@ -1,0 +1,200 @@
+//! The agent's session against a fake host: a real channel over an anonymous mapping, its host
+//! end driven by the test, and "guest-physical memory" that is a table of files.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use clowder_channel::Endpoint;
+use enclave_proto::{
+    EnclaveMessage, FileImage, Fragmenter, HostMessage, LaunchJob, List, Reassembler, Stream, MAX_MESSAGE_LEN, PROTOCOL_VERSION,
+};
+
+use super::*;
+
+const SIZE: usize = 64 << 10;
+
+struct FakeMemory(HashMap<u64, Vec<u8>>);
+
+impl PhysicalMemory for FakeMemory {
+    fn read(&self, gpa: u64, len: u64) -> Result<Vec<u8>, String> {
+        self.0.get(&gpa).filter(|data| data.len() as u64 == len).cloned().ok_or(format!("nothing at {gpa:#x}+{len:#x}"))
+    }
+}
+
+struct Host {
+    base: *mut u8,
+    end: Endpoint,
+    frame: Vec<u8>,
+    directory: PathBuf,
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        // SAFETY: mapped by `start` with this size; the endpoints are not used after the test.
+        unsafe { libc::munmap(self.base.cast(), SIZE) };
+        let _ = std::fs::remove_dir_all(&self.directory);
+    }
+}
+
+fn start(label: &str, files: &[(u64, Vec<u8>)]) -> (Host, Session<FakeMemory>) {
+    // SAFETY: a fresh anonymous mapping, checked below.
+    let base = unsafe {
+        libc::mmap(std::ptr::null_mut(), SIZE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0)
+    };
+    assert_ne!(base, libc::MAP_FAILED);
+    let base = base.cast::<u8>();
+    // SAFETY: the mapping is page aligned, SIZE bytes, and outlives both endpoints (Host owns it).
+    let channel = unsafe { Channel::init(base, SIZE) }.unwrap();
+    let directory = std::env::temp_dir().join(format!("clowder-agent-{label}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&directory);
+    std::fs::create_dir_all(&directory).unwrap();
+    let memory = FakeMemory(files.iter().cloned().collect());
+    let session = Session::new(channel.guest_end().unwrap(), memory, job::Settings { root: directory.join("run") });
+    let end = channel.host_end().unwrap();
+    let frame = vec![0; end.max_message_len()];
+    (Host { base, end, frame, directory }, session)
+}
+
+impl Host {
+    fn send(&mut self, message: &HostMessage<'_>) {
+        let mut encoded = vec![0; MAX_MESSAGE_LEN];
+        let length = message.encode(&mut encoded).unwrap();
+        let mut fragmenter = Fragmenter::new(&encoded[..length], self.frame.len()).unwrap();
+        while let Some(n) = fragmenter.next_frame(&mut self.frame) {
+            self.end.send(&self.frame[..n]).unwrap();
+        }
+    }
+
+    /// Polls the session until the agent has sent a message satisfying `done`; every message
+    /// received on the way, in order.
+    fn until(&mut self, session: &mut Session<FakeMemory>, done: impl Fn(&EnclaveMessage<'_>) -> bool) -> Vec<Vec<u8>> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut assembly = vec![0; MAX_MESSAGE_LEN];
+        let mut reassembler = Reassembler::new(&mut assembly);
+        let mut received = Vec::new();
+        loop {
+            assert!(Instant::now() < deadline, "the agent did not answer in time; got {} messages", received.len());
+            session.poll().unwrap();
+            while let Some(n) = self.end.recv(&mut self.frame).unwrap() {
+                if let Some(message) = reassembler.push(&self.frame[..n]).unwrap() {
+                    let owned = message.to_vec();
+                    let finished = done(&EnclaveMessage::decode(&owned).unwrap());
+                    received.push(owned);
+                    if finished {
+                        return received;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+fn decoded(messages: &[Vec<u8>]) -> Vec<EnclaveMessage<'_>> {
+    messages.iter().map(|m| EnclaveMessage::decode(m).unwrap()).collect()
+}
+
+fn output(messages: &[EnclaveMessage<'_>], wanted: Stream) -> String {
+    let mut text = Vec::new();
+    for message in messages {
+        if let EnclaveMessage::JobOutput { stream, data, .. } = message {
+            if *stream == wanted {
+                text.extend_from_slice(data);
+            }
+        }
+    }
+    String::from_utf8(text).unwrap()
+}
+
+fn launch<'a>(job: u32, argv: &'a [&'a [u8]], cwd: &'a [u8], binary: FileImage<'a>, files: &'a [FileImage<'a>]) -> HostMessage<'a> {
+    HostMessage::LaunchJob(LaunchJob {
+        job,
+        argv: List::new(argv),
+        env: List::new(&[b"GREETING=hi"]),
+        cwd,
+        cores: 0,
+        heap_size: 0,
+        stack_size: 0,
+        binary,
+        files: List::new(files),
+    })
+}
+
+#[test]
+fn hello_goes_first_and_pings_are_answered() {
+    let (mut host, mut session) = start("ping", &[]);
+    session.hello(2, 512 << 20).unwrap();
+    host.send(&HostMessage::Ping { nonce: 77 });
+    let got = host.until(&mut session, |m| matches!(m, EnclaveMessage::Pong { .. }));
+    assert_eq!(
+        decoded(&got),
+        [EnclaveMessage::Hello { version: PROTOCOL_VERSION, vcpus: 2, memory: 512 << 20 }, EnclaveMessage::Pong { nonce: 77 }]
+    );
+}
+
+#[test]
+fn a_job_gets_its_files_streams_its_output_and_reports_its_status() {
+    let shell = std::fs::read("/bin/sh").unwrap();
+    let (mut host, mut session) = start("job", &[(0x10_0000, shell.clone()), (0x20_0000, b"from the host\n".to_vec())]);
+    let cwd = host.directory.join("work");
+    let cwd = cwd.to_str().unwrap().as_bytes().to_vec();
+    let argv: [&[u8]; 3] = [b"sh", b"-c", b"cat in.txt; echo $GREETING $0; echo oops >&2; exit 3"];
+    let binary = FileImage { name: b"/bin/sh", gpa: 0x10_0000, len: shell.len() as u64 };
+    let files = [FileImage { name: b"in.txt", gpa: 0x20_0000, len: 14 }];
+    host.send(&launch(5, &argv, &cwd, binary, &files));
+    let got = host.until(&mut session, |m| matches!(m, EnclaveMessage::JobExited { .. }));
+    let messages = decoded(&got);
+    assert_eq!(messages.first(), Some(&EnclaveMessage::JobStarted { job: 5 }));
+    assert_eq!(messages.last(), Some(&EnclaveMessage::JobExited { job: 5, status: 3 }));
+    assert_eq!(output(&messages, Stream::Stdout), "from the host\nhi sh\n");
+    assert_eq!(output(&messages, Stream::Stderr), "oops\n");
+    assert_eq!(session.running_jobs(), 0);
+    assert!(!host.directory.join("run/job-5").exists(), "the job's binary is removed when it ends");
+}
+
+#[test]
+fn a_killed_job_reports_the_signal_and_a_bad_binary_fails_to_launch() {
+    let shell = std::fs::read("/bin/sh").unwrap();
+    let (mut host, mut session) = start("kill", &[(0x10_0000, shell.clone()), (0x30_0000, b"not a program".to_vec())]);
+    let cwd = host.directory.to_str().unwrap().as_bytes().to_vec();
+    let argv: [&[u8]; 3] = [b"sh", b"-c", b"echo up; exec sleep 30"];
+    host.send(&launch(1, &argv, &cwd, FileImage { name: b"sh", gpa: 0x10_0000, len: shell.len() as u64 }, &[]));
+    host.until(&mut session, |m| matches!(m, EnclaveMessage::JobOutput { .. }));
+    host.send(&HostMessage::KillJob { job: 1 });
+    let got = host.until(&mut session, |m| matches!(m, EnclaveMessage::JobExited { .. }));
+    assert_eq!(decoded(&got).last(), Some(&EnclaveMessage::JobExited { job: 1, status: 128 + 9 }));
+
+    let argv: [&[u8]; 1] = [b"junk"];
+    host.send(&launch(2, &argv, &cwd, FileImage { name: b"junk", gpa: 0x30_0000, len: 13 }, &[]));
+    let got = host.until(&mut session, |m| matches!(m, EnclaveMessage::LaunchFailed { .. }));
+    match decoded(&got).last() {
+        Some(EnclaveMessage::LaunchFailed { job: 2, errno, reason }) => {
+            assert_eq!(*errno, libc::ENOEXEC, "{}", String::from_utf8_lossy(reason));
+        }
+        other => panic!("expected LaunchFailed, got {other:?}"),
+    }
+}
+
+#[test]
+fn garbage_from_the_host_is_logged_and_the_session_goes_on() {
+    let (mut host, mut session) = start("garbage", &[]);
+    // A frame whose kind byte is unknown, then a whole frame holding an unknown message kind.
+    host.end.send(&[0xee, 1, 2, 3]).unwrap();
+    host.end.send(&[enclave_proto::FRAME_WHOLE, 0x77, 0x77]).unwrap();
+    host.send(&HostMessage::Ping { nonce: 9 });
+    let got = host.until(&mut session, |m| matches!(m, EnclaveMessage::Pong { .. }));
+    let messages = decoded(&got);
+    let logs = messages.iter().filter(|m| matches!(m, EnclaveMessage::Log { text } if text.starts_with(b"agent: malformed"))).count();
+    assert_eq!(logs, 2, "{messages:?}");
+    assert_eq!(messages.last(), Some(&EnclaveMessage::Pong { nonce: 9 }));
+}
+
+#[test]
+fn a_missing_file_region_fails_the_launch() {
+    let (mut host, mut session) = start("missing", &[]);
+    let cwd = host.directory.to_str().unwrap().as_bytes().to_vec();
+    let argv: [&[u8]; 1] = [b"x"];
+    host.send(&launch(3, &argv, &cwd, FileImage { name: b"x", gpa: 0x40_0000, len: 100 }, &[]));
+    let got = host.until(&mut session, |m| matches!(m, EnclaveMessage::LaunchFailed { .. }));
+    assert!(matches!(decoded(&got).last(), Some(EnclaveMessage::LaunchFailed { job: 3, errno, .. }) if *errno == libc::EFAULT));
+}
