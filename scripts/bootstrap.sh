@@ -42,3 +42,18 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get update -q >/dev/null
     apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null
 fi
+
+# Python packages of python/test.sh (the clowder package's tests), for the python3 on PATH:
+# numpy, pytest, and wheel for pip's build of ./python. From PyPI; where pip may not install
+# (Debian's own python3, PEP 668), Debian's python3-* packages.
+py_need=()
+for module in numpy pytest wheel; do
+    python3 -c "import $module" 2>/dev/null || py_need+=("$module")
+done
+if [ ${#py_need[@]} -gt 0 ]; then
+    say "installing Python packages ${py_need[*]}"
+    if ! python3 -m pip install -q --disable-pip-version-check "${py_need[@]}" >/dev/null 2>&1; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get install -y -q --no-install-recommends "${py_need[@]/#/python3-}" >/dev/null
+    fi
+fi
