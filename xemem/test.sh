@@ -3,7 +3,7 @@
 # standalone segment broker and the conformance program, starts a private broker, and runs
 # every case twice (program linked against libxpmem.so.0, and statically against libxpmem.a),
 # and the shared build's once more on the text of /proc/self/maps (CLOWDER_XEMEM_MAPS=text),
-# the snapshot cases (tests/snapshot.c),
+# the snapshot cases (tests/snapshot.c), the Python package's tests (python/test.sh),
 # plus the broker's robustness against malformed packets and libxpmem's CLOWDER_LOG levels.
 # Prints "N passed, N failed" and exits non-zero if anything failed. Root is needed for the
 # permission matrix (setuid).
@@ -53,6 +53,10 @@ for name in $("$here/build/tests/snapshot" --list); do
         report "snapshot-$pagemap $name" $? "$scratch/log"
     done
 done
+
+# The Python package (python/: clowder.xemem, snapshots included), over this broker.
+"$here/../python/test.sh" >"$scratch/log" 2>&1
+report "python clowder.xemem (python/test.sh)" $? "$scratch/log"
 
 # CLOWDER_LOG: at debug (or xemem=debug) libxpmem says which broker call failed and why; not at
 # the default level, nor when xemem's own level is lower; a value it cannot read is said once.
