@@ -57,7 +57,9 @@ fn image_kind(path: &Path) -> Result<ImageKind, VmError> {
     Err(VmError::Config(format!("boot.kernel: {} is neither an x86-64 ELF64 image nor a bzImage", path.display())))
 }
 
-/// The guest OS an ELF kernel names in its Xen `GUEST_OS` note ("linux" for vmlinux), if any.
+/// The guest OS an ELF kernel names in its Xen `GUEST_OS` note ("linux" for vmlinux), if any;
+/// "linux" too for a kernel carrying Linux's own notes (owner "Linux": the build salt every
+/// vmlinux has), which a kernel built without Xen support has instead of the Xen note.
 /// Reads only within `image`; a malformed header or note yields `None`.
 pub fn elf_guest_os(image: &[u8]) -> Option<String> {
     let header = elf64::FileHeader::parse(image).ok()?;
@@ -73,9 +75,15 @@ pub fn elf_guest_os(image: &[u8]) -> Option<String> {
             let text = note.descriptor.split(|b| *b == 0).next()?;
             return Some(String::from_utf8_lossy(text).into_owned());
         }
+        if elf64::notes(segment.file_bytes(image)?).any(|note| note.name == LINUX_NOTE_NAME) {
+            return Some("linux".into());
+        }
     }
     None
 }
+
+/// The owner name of the notes Linux puts in every vmlinux (include/linux/elfnote.h).
+const LINUX_NOTE_NAME: &[u8] = b"Linux\0";
 
 /// The user's command line with the VMM's `clowder.*` words added before a `--` word, if any:
 /// what follows `--` belongs to the kernel's init (Linux) or job (the LWK), not to the kernel.
@@ -264,6 +272,8 @@ mod tests {
         assert_eq!(elf_guest_os(&image).as_deref(), Some("linux"));
         let other = elf_with_notes(&[(b"GNU\0", 6, b"linux\0")]);
         assert_eq!(elf_guest_os(&other), None);
+        let without_xen = elf_with_notes(&[(b"Xen\0", 18, &[0, 0, 0, 1]), (b"Linux\0", 0x100, &[0; 4])]);
+        assert_eq!(elf_guest_os(&without_xen).as_deref(), Some("linux"));
     }
 
     #[test]
