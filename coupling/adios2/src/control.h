@@ -15,16 +15,19 @@
 namespace clowder_adios
 {
 
+// Sequentially consistent: a reader stores its position then loads oldest_pub, the writer
+// stores oldest_pub then loads the positions, and one of them must see the other's store
+// (Writer::Reclaim relies on it).
 template <class T>
 T Load(const T &field)
 {
-    return __atomic_load_n(&field, __ATOMIC_ACQUIRE);
+    return __atomic_load_n(&field, __ATOMIC_SEQ_CST);
 }
 
 template <class T>
 void Store(T &field, T value)
 {
-    __atomic_store_n(&field, value, __ATOMIC_RELEASE);
+    __atomic_store_n(&field, value, __ATOMIC_SEQ_CST);
 }
 
 class ControlView

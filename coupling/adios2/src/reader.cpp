@@ -2,6 +2,7 @@
 #include "select.h"
 #include "types.h"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <unistd.h>
@@ -67,13 +68,14 @@ Reader::Reader(adios2::IO io, const std::string &name, adios2::Mode mode)
         backoff.Pause();
     }
     // The header says how large the whole control segment is.
-    auto first = Attachment::Open(m_ControlSegid, kPage);
+    m_ControlApid = GetPermit(m_ControlSegid);
+    auto first = m_ControlApid > 0 ? Attachment::Open(m_ControlApid, kPage) : nullptr;
     if (!first)
         throw std::runtime_error("clowder engine: stream '" + m_Name + "' ended while opening");
     ControlView probe(first->Writable(), kPage, m_Name);
     size_t size = ControlSize(probe.QueueSlots(), probe.MaxReaders());
     first.reset();
-    m_Control = Attachment::Open(m_ControlSegid, size);
+    m_Control = Attachment::Open(m_ControlApid, size);
     if (!m_Control)
         throw std::runtime_error("clowder engine: stream '" + m_Name + "' ended while opening");
     m_Ctl = ControlView(m_Control->Writable(), size, m_Name);
@@ -103,15 +105,45 @@ Reader::Reader(adios2::IO io, const std::string &name, adios2::Mode mode)
 
 Reader::~Reader() { Leave(); }
 
+int64_t Reader::Permit(int64_t segid)
+{
+    auto it = m_Permits.find(segid);
+    if (it != m_Permits.end())
+        return it->second;
+    int64_t apid = GetPermit(segid);
+    if (apid < 0)
+        return -1;
+    if (m_PermitOrder.size() == kMaxPermits)
+        ForgetPermit(m_PermitOrder.front());
+    m_Permits.emplace(segid, apid);
+    m_PermitOrder.push_back(segid);
+    return apid;
+}
+
+void Reader::ForgetPermit(int64_t segid)
+{
+    auto it = m_Permits.find(segid);
+    if (it == m_Permits.end())
+        return;
+    ReleasePermit(it->second);
+    m_Permits.erase(it);
+    m_PermitOrder.erase(std::find(m_PermitOrder.begin(), m_PermitOrder.end(), segid));
+}
+
 void Reader::Leave()
 {
     m_Current.reset();
+    while (!m_PermitOrder.empty())
+        ForgetPermit(m_PermitOrder.front());
     if (m_HaveSlot)
     {
         Store(m_Ctl.Reader(m_Slot).pid, uint64_t(0));
         m_HaveSlot = false;
     }
     m_Control.reset();
+    if (m_ControlApid > 0)
+        ReleasePermit(m_ControlApid);
+    m_ControlApid = -1;
 }
 
 bool Reader::WriterGone()
@@ -134,7 +166,9 @@ Reader::Try Reader::TryStep()
         Malformed(m_Name, step, "its segment size " + std::to_string(size) + " is out of range");
     try
     {
-        m_Current = Attachment::Open(segid, size);
+        int64_t apid = Permit(segid);
+        if (apid > 0)
+            m_Current = Attachment::Open(apid, size);
     }
     catch (const std::runtime_error &)
     {
@@ -144,7 +178,10 @@ Reader::Try Reader::TryStep()
         throw;
     }
     if (!m_Current)
+    {
+        ForgetPermit(segid);
         return Try::Missed; // removed before we came (a late join racing the writer)
+    }
     ParseStep(m_Current->Data(), size);
     m_Step = step;
     return Try::Got;

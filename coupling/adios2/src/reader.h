@@ -59,6 +59,10 @@ private:
     void ParseStep(const uint8_t *base, size_t size);
     void DefineStep();
     bool WriterGone();
+    // A permit for a step segment, kept: the writer reuses its buffers under the same segids,
+    // and an attachment through the same permit comes back without page faults.
+    int64_t Permit(int64_t segid);
+    void ForgetPermit(int64_t segid);
     template <class T>
     void Get(adios2::Variable<T> &variable, T *values);
     void Leave();
@@ -66,12 +70,16 @@ private:
     Params m_Params;
     std::string m_ControlName;
     int64_t m_ControlSegid = -1;
+    int64_t m_ControlApid = -1;
     std::unique_ptr<Attachment> m_Control;
     ControlView m_Ctl;
     uint32_t m_Slot = 0;
     bool m_HaveSlot = false;
     uint64_t m_NextPub = 0;
     std::unique_ptr<Attachment> m_Current;
+    std::map<int64_t, int64_t> m_Permits; // segid -> apid
+    std::vector<int64_t> m_PermitOrder;   // segids, oldest first
+    static constexpr size_t kMaxPermits = 16;
     std::map<std::string, Var> m_Vars;
     size_t m_Step = 0;
     bool m_InStep = false;

@@ -50,7 +50,7 @@ Writer::Writer(adios2::IO io, const std::string &name, adios2::Mode mode)
     h.queue_slots = m_Params.queueLimit;
     h.max_readers = m_Params.maxReaders;
     h.writer_pid = static_cast<uint64_t>(getpid());
-    m_Control->Publish(size, &m_ControlName);
+    m_Control->MakeAtLeast(size, &m_ControlName);
     m_Ctl = ControlView(m_Control->Data(), size, m_Name);
 
     // As SST's RendezvousReaderCount: Open returns once that many readers are attached.
@@ -106,9 +106,23 @@ uint32_t Writer::Reclaim()
     }
     if (least > m_Oldest)
     {
+        Store(m_Ctl.Header().oldest_pub, least);
+        // A reader that joined while we looked may have read oldest_pub before our store and
+        // start below `least`: it has stored its position by now, so we see it here. The
+        // buffers it might read are dropped (its attachment keeps their memory), not reused.
+        uint64_t guard = least;
+        for (uint32_t i = 0; i < m_Ctl.MaxReaders(); ++i)
+        {
+            ReaderSlot &r = m_Ctl.Reader(i);
+            if (Load(r.pid) != 0)
+                guard = std::min(guard, std::max(Load(r.next_pub), m_Oldest));
+        }
+        auto end = m_Published.lower_bound(least);
+        for (auto it = m_Published.begin(); it != end; ++it)
+            if (it->first < guard && m_Pool.size() < kPoolMax)
+                m_Pool.push_back(std::move(it->second));
+        m_Published.erase(m_Published.begin(), end);
         m_Oldest = least;
-        Store(m_Ctl.Header().oldest_pub, m_Oldest);
-        m_Published.erase(m_Published.begin(), m_Published.lower_bound(m_Oldest));
     }
     return live;
 }
@@ -121,7 +135,13 @@ adios2::StepStatus Writer::BeginStep(adios2::StepMode, const float)
         throw std::logic_error("clowder engine: BeginStep after Close");
     if (m_InStep)
         throw std::logic_error("clowder engine: BeginStep twice without EndStep");
-    m_Current = std::make_unique<MadeSegment>(m_Params.maxStepSize, "clowder-adios2-step");
+    if (!m_Pool.empty())
+    {
+        m_Current = std::move(m_Pool.back());
+        m_Pool.pop_back();
+    }
+    else
+        m_Current = std::make_unique<MadeSegment>(m_Params.maxStepSize, "clowder-adios2-step");
     m_Used = kPage;
     m_Meta.clear();
     m_NVars = m_NAttrs = 0;
@@ -318,6 +338,8 @@ void Writer::EndStep()
         }
         else if (m_Params.policy == QueueFullPolicy::Discard)
         {
+            if (m_Pool.size() < kPoolMax)
+                m_Pool.push_back(std::move(m_Current));
             m_Current.reset();
             return;
         }
@@ -329,13 +351,13 @@ void Writer::EndStep()
 
 void Writer::Publish(std::unique_ptr<MadeSegment> step, size_t size)
 {
-    step->Publish(size);
+    step->MakeAtLeast(size);
     StepSlot &slot = m_Ctl.Slot(m_NextPub);
     Store(slot.seq, 2 * m_NextPub + 1);
     __atomic_thread_fence(__ATOMIC_RELEASE);
     slot.step = m_Step - 1;
     slot.segid = step->Segid();
-    slot.size = size;
+    slot.size = step->MadeSize(); // the whole segment, so readers' attachments park
     Store(slot.seq, 2 * m_NextPub + 2);
     m_Published[m_NextPub] = std::move(step);
     Store(m_Ctl.Header().next_pub, ++m_NextPub);
@@ -363,6 +385,7 @@ void Writer::Finish(bool drain)
         }
     }
     m_Published.clear();
+    m_Pool.clear();
     m_Current.reset();
     m_Control.reset();
 }

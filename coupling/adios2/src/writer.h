@@ -53,6 +53,8 @@ private:
     std::unique_ptr<MadeSegment> m_Control;
     ControlView m_Ctl;
     std::map<uint64_t, std::unique_ptr<MadeSegment>> m_Published; // by publication number
+    std::vector<std::unique_ptr<MadeSegment>> m_Pool; // buffers no reader can still read
+    static constexpr size_t kPoolMax = 2;
     uint64_t m_NextPub = 0;
     uint64_t m_Oldest = 0;
 

@@ -43,7 +43,6 @@ MadeSegment::MadeSegment(size_t capacity, const char *what) : m_Capacity(RoundTo
         Fail("mapping a step buffer of " + std::to_string(m_Capacity) + " bytes", err);
     }
     m_Base = static_cast<uint8_t *>(p);
-    m_Mapped = m_Capacity;
 }
 
 MadeSegment::~MadeSegment()
@@ -51,58 +50,57 @@ MadeSegment::~MadeSegment()
     if (m_Segid > 0)
         xpmem_remove(m_Segid);
     if (m_Base)
-        munmap(m_Base, m_Mapped);
+        munmap(m_Base, m_Capacity);
     if (m_Fd >= 0)
         close(m_Fd);
 }
 
-void MadeSegment::Publish(size_t size, const std::string *name)
+void MadeSegment::MakeAtLeast(size_t size, const std::string *name)
 {
-    size_t keep = RoundToPage(size);
-    if (keep < m_Mapped)
+    size_t want = RoundToPage(size);
+    if (m_Segid > 0 && m_MadeSize >= want)
+        return;
+    if (m_Segid > 0)
     {
-        // Give back what the step did not use; attachers see exactly the segment.
-        munmap(m_Base + keep, m_Mapped - keep);
-        m_Mapped = keep;
-        if (ftruncate(m_Fd, static_cast<off_t>(keep)) != 0)
-            Fail("trimming a step buffer", errno);
+        xpmem_remove(m_Segid);
+        m_Segid = -1;
     }
-    m_Segid = name ? xemem_make(m_Base, keep, name->c_str())
-                   : xpmem_make(m_Base, keep, XPMEM_PERMIT_MODE, reinterpret_cast<void *>(0666));
+    m_Segid = name ? xemem_make(m_Base, want, name->c_str())
+                   : xpmem_make(m_Base, want, XPMEM_PERMIT_MODE, reinterpret_cast<void *>(0666));
     if (m_Segid <= 0)
     {
         int err = errno;
         m_Segid = -1;
         Fail(name ? "xemem_make of '" + *name + "'" : std::string("xpmem_make of a step"), err);
     }
+    m_MadeSize = want;
 }
 
-std::unique_ptr<Attachment> Attachment::Open(int64_t segid, size_t size)
+int64_t GetPermit(int64_t segid)
 {
     xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, nullptr);
-    if (apid <= 0)
-    {
-        if (errno == ENOENT)
-            return nullptr;
-        Fail("xpmem_get of segment " + std::to_string(segid), errno);
-    }
+    if (apid > 0)
+        return apid;
+    if (errno == ENOENT)
+        return -1;
+    Fail("xpmem_get of segment " + std::to_string(segid), errno);
+}
+
+void ReleasePermit(int64_t apid) { xpmem_release(apid); }
+
+std::unique_ptr<Attachment> Attachment::Open(int64_t apid, size_t size)
+{
     void *p = xpmem_attach(xpmem_addr{apid, 0}, size, nullptr);
     if (p == reinterpret_cast<void *>(-1))
     {
-        int err = errno;
-        xpmem_release(apid);
-        if (err == ENOENT)
+        if (errno == ENOENT)
             return nullptr;
-        Fail("xpmem_attach of segment " + std::to_string(segid), err);
+        Fail("xpmem_attach of permit " + std::to_string(apid), errno);
     }
-    return std::unique_ptr<Attachment>(new Attachment(apid, static_cast<uint8_t *>(p), size));
+    return std::unique_ptr<Attachment>(new Attachment(static_cast<uint8_t *>(p), size));
 }
 
-Attachment::~Attachment()
-{
-    xpmem_detach(m_Base);
-    xpmem_release(m_Apid);
-}
+Attachment::~Attachment() { xpmem_detach(m_Base); }
 
 int64_t LookupSegid(const std::string &name)
 {

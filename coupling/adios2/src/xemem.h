@@ -12,7 +12,9 @@ namespace clowder_adios
 
 // A memfd of up to `capacity` bytes mapped shared (sparse: only written pages take memory).
 // Memory we map from our own memfd is handed to attachers as it is (libxpmem converts only
-// private memory), so publishing costs no copy.
+// private memory), so publishing costs no copy. The writer reuses these buffers step after
+// step under the same segid: its pages stay mapped, and readers' attachments of the same
+// runs are handed back by libxpmem without faulting each page in again ("parked").
 class MadeSegment
 {
 public:
@@ -24,24 +26,31 @@ public:
     uint8_t *Data() const { return m_Base; }
     size_t Capacity() const { return m_Capacity; }
     int64_t Segid() const { return m_Segid; }
-    // Trims the memory to `size` (rounded to pages) and makes it a segment, named when `name`
-    // is given (xemem_make: mode 0666), else xpmem_make with mode 0666.
-    void Publish(size_t size, const std::string *name = nullptr);
+    size_t MadeSize() const { return m_MadeSize; }
+    // Makes the first `size` bytes (rounded to pages) a segment, named when `name` is given
+    // (xemem_make: mode 0666), else xpmem_make with mode 0666; a segment made before that is
+    // large enough stays, a smaller one is replaced.
+    void MakeAtLeast(size_t size, const std::string *name = nullptr);
 
 private:
     int m_Fd = -1;
     uint8_t *m_Base = nullptr;
     size_t m_Capacity = 0;
-    size_t m_Mapped = 0;
+    size_t m_MadeSize = 0;
     int64_t m_Segid = -1;
 };
 
-// xpmem_get + xpmem_attach of a whole segment; detached and released on destruction.
+// A permit (xpmem_get) for segid, or -1 when the segment is gone (ENOENT); 0666 segments are
+// got read-write, which XPMEM's attach requires.
+int64_t GetPermit(int64_t segid);
+void ReleasePermit(int64_t apid);
+
+// xpmem_attach of a whole segment through a permit the caller keeps; detached on destruction.
 class Attachment
 {
 public:
     // nullptr when the segment is gone (ENOENT: removed, or its owner exited).
-    static std::unique_ptr<Attachment> Open(int64_t segid, size_t size);
+    static std::unique_ptr<Attachment> Open(int64_t apid, size_t size);
     ~Attachment();
     Attachment(const Attachment &) = delete;
     Attachment &operator=(const Attachment &) = delete;
@@ -51,10 +60,7 @@ public:
     size_t Size() const { return m_Size; }
 
 private:
-    Attachment(int64_t apid, uint8_t *base, size_t size) : m_Apid(apid), m_Base(base), m_Size(size)
-    {
-    }
-    int64_t m_Apid;
+    Attachment(uint8_t *base, size_t size) : m_Base(base), m_Size(size) {}
     uint8_t *m_Base;
     size_t m_Size;
 };

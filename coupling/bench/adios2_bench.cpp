@@ -1,0 +1,192 @@
+// Per-step cost of moving one array from a simulation to an analysis process.
+//   adios2_bench writer CONFIG STREAM MIB STEPS   an ADIOS2 writer (engine from CONFIG)
+//   adios2_bench reader CONFIG STREAM MIB STEPS   an ADIOS2 reader of it
+//   adios2_bench raw-writer NAME MIB STEPS        STEPS named XEMEM segments of MIB MiB each
+//   adios2_bench raw-reader NAME MIB STEPS        per step: get + attach + read all + detach
+// The writer's step is BeginStep + Put + EndStep (the simulation's data already computed);
+// the reader's is BeginStep + Get of the whole array into the analysis's buffer + EndStep.
+// The raw reader is the floor: the same bytes of a fresh segment per step, attached and read
+// (summed) with libxpmem alone. Each role prints "ROLE median_ms MEDIAN min_ms MIN" over the
+// steps after the first (which pays for connecting) and checks the data it got.
+#include <adios2.h>
+#include <xpmem.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <sys/mman.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+namespace
+{
+using Clock = std::chrono::steady_clock;
+
+double Ms(Clock::time_point a, Clock::time_point b)
+{
+    return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+void Report(const char *role, std::vector<double> ms)
+{
+    if (ms.size() > 1)
+        ms.erase(ms.begin());
+    std::sort(ms.begin(), ms.end());
+    std::printf("%s median_ms %.3f min_ms %.3f steps %zu\n", role, ms[ms.size() / 2], ms[0],
+                ms.size());
+}
+
+int Writer(const char *config, const char *stream, size_t n, size_t steps)
+{
+    adios2::ADIOS adios(config);
+    adios2::IO io = adios.DeclareIO("Bench");
+    auto var = io.DefineVariable<double>("data", {n}, {0}, {n});
+    adios2::Engine w = io.Open(stream, adios2::Mode::Write);
+    std::vector<double> data(n, 1.0);
+    std::vector<double> ms;
+    for (size_t s = 0; s < steps; ++s)
+    {
+        data[0] = double(s); // the reader checks it came from this step
+        auto t0 = Clock::now();
+        w.BeginStep();
+        w.Put(var, data.data(), adios2::Mode::Sync);
+        w.EndStep();
+        ms.push_back(Ms(t0, Clock::now()));
+    }
+    w.Close();
+    Report("writer", ms);
+    return 0;
+}
+
+int Reader(const char *config, const char *stream, size_t n, size_t steps)
+{
+    adios2::ADIOS adios(config);
+    adios2::IO io = adios.DeclareIO("Bench");
+    adios2::Engine r = io.Open(stream, adios2::Mode::Read);
+    std::vector<double> data(n, 0.0); // touched: the analysis's buffer exists already
+    std::vector<double> ms;
+    size_t got = 0;
+    while (got < steps)
+    {
+        auto t0 = Clock::now();
+        adios2::StepStatus st = r.BeginStep(adios2::StepMode::Read, 60.0f);
+        if (st != adios2::StepStatus::OK)
+            break;
+        auto var = io.InquireVariable<double>("data");
+        r.Get(var, data.data(), adios2::Mode::Sync);
+        size_t step = r.CurrentStep();
+        r.EndStep();
+        ms.push_back(Ms(t0, Clock::now()));
+        if (data[0] != double(step) || data[n - 1] != 1.0)
+        {
+            std::fprintf(stderr, "reader: step %zu has wrong data\n", step);
+            return 1;
+        }
+        ++got;
+    }
+    r.Close();
+    Report("reader", ms);
+    return got == steps ? 0 : 1;
+}
+
+std::string RawName(const char *name, size_t s) { return std::string(name) + "." + std::to_string(s); }
+
+int RawWriter(const char *name, size_t bytes, size_t steps)
+{
+    std::vector<void *> bufs;
+    for (size_t s = 0; s < steps; ++s)
+    {
+        int fd = memfd_create("raw-bench", MFD_CLOEXEC);
+        if (fd < 0 || ftruncate(fd, bytes) != 0)
+            return 1;
+        void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+        if (p == MAP_FAILED)
+            return 1;
+        std::fill_n(static_cast<double *>(p), bytes / sizeof(double), 1.0);
+        static_cast<double *>(p)[0] = double(s);
+        if (xemem_make(p, bytes, RawName(name, s).c_str()) < 0)
+        {
+            std::perror("raw-writer: xemem_make");
+            return 1;
+        }
+        bufs.push_back(p);
+    }
+    std::printf("raw-writer ready\n");
+    std::fflush(stdout);
+    pause(); // until the reader is done and the script ends us
+    return 0;
+}
+
+int RawReader(const char *name, size_t bytes, size_t steps)
+{
+    std::vector<double> ms;
+    for (size_t s = 0; s < steps; ++s)
+    {
+        xpmem_segid_t segid;
+        while ((segid = xemem_lookup_segid(RawName(name, s).c_str())) < 0)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        auto t0 = Clock::now();
+        xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, nullptr);
+        void *p = xpmem_attach(xpmem_addr{apid, 0}, bytes, nullptr);
+        if (apid < 0 || p == reinterpret_cast<void *>(-1))
+        {
+            std::perror("raw-reader: attach");
+            return 1;
+        }
+        const double *d = static_cast<const double *>(p);
+        double sum = 0;
+        for (size_t k = 0; k < bytes / sizeof(double); ++k)
+            sum += d[k];
+        xpmem_detach(p);
+        xpmem_release(apid);
+        ms.push_back(Ms(t0, Clock::now()));
+        if (sum != double(s) + double(bytes / sizeof(double) - 1))
+        {
+            std::fprintf(stderr, "raw-reader: step %zu has wrong data\n", s);
+            return 1;
+        }
+    }
+    Report("raw-reader", ms);
+    return 0;
+}
+} // namespace
+
+int main(int argc, char **argv)
+{
+    const std::string role = argc > 1 ? argv[1] : "";
+    const bool adios = role == "writer" || role == "reader";
+    if (!(adios && argc == 6) && !((role == "raw-writer" || role == "raw-reader") && argc == 5))
+    {
+        std::fprintf(stderr, "usage: adios2_bench writer|reader CONFIG STREAM MIB STEPS\n"
+                             "       adios2_bench raw-writer|raw-reader NAME MIB STEPS\n");
+        return 2;
+    }
+    const size_t mib = std::strtoul(argv[argc - 2], nullptr, 10);
+    const size_t steps = std::strtoul(argv[argc - 1], nullptr, 10);
+    if (mib == 0 || steps == 0)
+    {
+        std::fprintf(stderr, "adios2_bench: MIB and STEPS must be whole numbers from 1\n");
+        return 2;
+    }
+    const size_t bytes = mib << 20;
+    try
+    {
+        if (role == "writer")
+            return Writer(argv[2], argv[3], bytes / sizeof(double), steps);
+        if (role == "reader")
+            return Reader(argv[2], argv[3], bytes / sizeof(double), steps);
+        if (role == "raw-writer")
+            return RawWriter(argv[2], bytes, steps);
+        return RawReader(argv[2], bytes, steps);
+    }
+    catch (const std::exception &e)
+    {
+        std::fprintf(stderr, "adios2_bench %s: %s\n", role.c_str(), e.what());
+        return 1;
+    }
+}
