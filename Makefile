@@ -7,7 +7,7 @@ FUZZ_CI_SECONDS ?= 15
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: all bootstrap build install test-install-ucx kernels test test-host test-kernels test-dex test-xemem test-adios2 test-ucx test-fuzz check-format test-linux test-big demo bench fuzz clean
+.PHONY: all bootstrap build install test-install-ucx kernels test test-host test-kernels test-dex test-xemem test-adios2 test-ucx test-fuzz check-format test-linux test-big demo bench bench-insitu fuzz clean
 
 all: build
 
@@ -94,6 +94,10 @@ demo: build
 
 bench: build
 	@./bench/run.sh
+
+# The in-situ matrix, interference, attach noise and scaling (about an hour): docs/results/insitu.md.
+bench-insitu: build
+	@./bench/insitu/run.sh
 
 clean:
 	$(CARGO) clean

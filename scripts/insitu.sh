@@ -142,7 +142,8 @@ cleanup() {
 trap cleanup EXIT
 if [ -n "$isolate" ] || [ -z "${CLOWDER_SOCKET:-}" ] || ! "$bin/clowder" enclave ls >/dev/null 2>&1; then
     export CLOWDER_SOCKET="$state/clowderd.sock"
-    "$bin/clowderd" --vmm "$bin/clowder-vmm" --socket "$CLOWDER_SOCKET" --xemem-socket "$state/xemem.sock" \
+    # Long pings: an LWK job mapping or unmapping hundreds of MiB keeps its (emulated) kernel busy.
+    "$bin/clowderd" --vmm "$bin/clowder-vmm" --socket "$CLOWDER_SOCKET" --xemem-socket "$state/xemem.sock" --ping-timeout 120000 \
         $isolate >"$state/clowderd.log" 2>&1 &
     daemon=$!
     for _ in $(seq 200); do [ -S "$CLOWDER_SOCKET" ] && [ -S "$state/xemem.sock" ] && break; sleep 0.05; done
