@@ -150,9 +150,27 @@ if [ -n "$isolate" ] || [ -z "${CLOWDER_SOCKET:-}" ] || ! "$bin/clowder" enclave
 fi
 # libxpmem finds the daemon's broker beside its socket.
 export CLOWDER_XEMEM_SOCKET="$(dirname "$CLOWDER_SOCKET")/xemem.sock"
+# Another daemon's --isolate-cores may hold a core off host tasks for a while (its tests here):
+# the enclave waits for it up to a minute, a host process runs unpinned meanwhile.
 create_enclave() { # NAME CORE MEMORY
-    "$bin/clowder" enclave create --name "$1" --kind lwk --core-list "$2" --mem "$3" >/dev/null
-    enclaves+=("$1")
+    local attempt
+    for attempt in $(seq 30); do
+        if "$bin/clowder" enclave create --name "$1" --kind lwk --core-list "$2" --mem "$3" >"$state/create.out" 2>&1; then
+            enclaves+=("$1")
+            return
+        fi
+        grep -q "not online or not allowed" "$state/create.out" || break
+        sleep 2
+    done
+    cat "$state/create.out" >&2
+    return 1
+}
+pin() { # CORE COMMAND...: execs
+    local core=$1
+    shift
+    taskset -c "$core" true 2>/dev/null && exec taskset -c "$core" "$@"
+    echo "insitu: core $core is not ours now (another daemon's --isolate-cores?): $(basename "$1") runs unpinned" >&2
+    exec "$@"
 }
 # Why a configuration cannot run here, or nothing.
 unavailable() { # CONFIG
@@ -186,14 +204,14 @@ run_one() { # CONFIG WORKFLOW RUN
     local sim_args=("$transport" "$sync" "$attach" "$where" "${grid[@]}" "$iterations" "$interval" "$data_mb")
     local analytics_args=("$transport" "$attach" "$where" "$length" "$rounds")
     case $config in
-        host-*) taskset -c "$sim_core" "$apps/insitu-sim-host" "${sim_args[@]}" >"$dir/sim.out" 2>&1 & ;;
+        host-*) (pin "$sim_core" "$apps/insitu-sim-host" "${sim_args[@]}") >"$dir/sim.out" 2>&1 & ;;
         *) ( cd "$dir" && exec "$OLDPWD/$bin/clowder" run --enclave insitu-sim "$OLDPWD/$apps/insitu-sim" "${sim_args[@]}" ) \
                >"$dir/sim.out" 2>&1 & ;;
     esac
     local sim_pid=$! analytics_status=0 sim_status=0
     case $config in
         lwk-lwk) "$bin/clowder" run --enclave insitu-analytics "$apps/insitu-analytics-lwk" "${analytics_args[@]}" ;;
-        *) taskset -c "$analytics_core" "$apps/insitu-analytics" "${analytics_args[@]}" ;;
+        *) (pin "$analytics_core" "$apps/insitu-analytics" "${analytics_args[@]}") ;;
     esac >"$dir/analytics.out" 2>&1 || analytics_status=$?
     wait "$sim_pid" || sim_status=$?
 
