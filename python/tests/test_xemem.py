@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -15,7 +16,7 @@ import pytest
 
 from clowder import xemem
 from clowder.xemem.__main__ import main as xemem_main
-from conftest import child, finished
+from conftest import ROOT, child, finished
 
 
 def mapped(address):
@@ -296,3 +297,11 @@ def test_listing_errors_are_one_line(tmp_path, capsys):
     FakeDaemon(path, b"not json\n")
     with pytest.raises(xemem.DaemonError, match="not JSON"):
         xemem.list_segments(path)
+
+
+def test_the_example_runs():
+    example = os.path.join(ROOT, "examples", "xemem_insitu.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    result = subprocess.run([sys.executable, example], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1] == "in-situ example: every step's analytics read its snapshot unchanged"
