@@ -1,6 +1,7 @@
 //! `clowder`: the command line for clowder enclaves and jobs. It talks to `clowderd` over its
 //! socket (`CLOWDER_SOCKET` or /run/clowder/clowderd.sock) through `clowder-api` alone.
 
+mod launcher;
 mod progress;
 mod run;
 

@@ -1,6 +1,6 @@
 //! `clowder run`: which word names the enclave and which the program, the descriptors the
-//! request carries (the binary, the working directory, the input files), and the job's
-//! output streamed back.
+//! request carries (the binary, the working directory, the input files), the launcher's
+//! environment (`launcher`), and the job's output and end streamed back.
 
 use std::fs::File;
 use std::io::Write;
@@ -9,7 +9,7 @@ use std::os::fd::AsRawFd;
 use clowder_api::client::Client;
 use clowder_api::daemon::{JobEvent, LsReply, Request, Run, RunReply, Stream, MAX_INPUT_FILES};
 
-use crate::{print_json, Failure, RunArgs};
+use crate::{launcher, print_json, Failure, RunArgs};
 
 /// What the first word after `run` (and its options) is on this machine.
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -91,7 +91,9 @@ pub fn run_command(args: RunArgs, json_output: bool) -> Result<u8, Failure> {
     if args.files.len() > MAX_INPUT_FILES {
         return Err(Failure(format!("a run takes at most {MAX_INPUT_FILES} --file inputs, not {}", args.files.len())));
     }
-    let env = args.env.iter().map(|entry| env_entry(entry)).collect::<Result<Vec<_>, _>>().map_err(Failure)?;
+    let explicit = args.env.iter().map(|entry| env_entry(entry)).collect::<Result<Vec<_>, _>>().map_err(Failure)?;
+    let mut env = launcher::launcher_env(std::env::vars_os(), &explicit);
+    env.extend(explicit);
     let binary = File::open(&program).map_err(|e| Failure(format!("cannot open {program}: {e}")))?;
     let cwd = std::env::current_dir().map_err(|e| Failure(format!("cannot find the working directory: {e}")))?;
     let cwd_dir = File::open(&cwd).map_err(|e| Failure(format!("cannot open {}: {e}", cwd.display())))?;
@@ -150,6 +152,9 @@ pub fn run_command(args: RunArgs, json_output: bool) -> Result<u8, Failure> {
         }
     };
     let reply: RunReply = client.request_streaming(&request, &fds, &mut on_event, &mut on_raw).map_err(Failure::from)?;
+    if let Some(signal) = launcher::killing_signal(reply.status) {
+        launcher::die_of(signal);
+    }
     Ok(reply.status.min(255) as u8)
 }
 
