@@ -1,12 +1,19 @@
 // Per-step cost of moving one array from a simulation to an analysis process.
-//   adios2_bench writer CONFIG STREAM MIB STEPS   an ADIOS2 writer (engine from CONFIG)
-//   adios2_bench reader CONFIG STREAM MIB STEPS   an ADIOS2 reader of it
-//   adios2_bench raw-writer NAME MIB STEPS        STEPS named XEMEM segments of MIB MiB each
-//   adios2_bench raw-reader NAME MIB STEPS        per step: get + attach + read all + detach
+//   adios2_bench writer CONFIG STREAM MIB STEPS [PAUSE_MS]   an ADIOS2 writer (engine from CONFIG)
+//   adios2_bench reader CONFIG STREAM MIB STEPS [PAUSE_MS]   an ADIOS2 reader of it
+//   adios2_bench raw-writer NAME MIB STEPS        3 named XEMEM segments of MIB MiB each
+//   adios2_bench raw-reader NAME MIB STEPS        per step: attach one + read all + detach, and
+//                                                 attach one + copy all out + detach
 // The writer's step is BeginStep + Put + EndStep (the simulation's data already computed);
 // the reader's is BeginStep + Get of the whole array into the analysis's buffer + EndStep.
-// The raw reader is the floor: the same bytes of a fresh segment per step, attached and read
-// (summed) with libxpmem alone. Each role prints "ROLE median_ms MEDIAN min_ms MIN" over the
+// PAUSE_MS is time spent outside the measured step (computing): a writer that pauses finds
+// room in the queue, a reader that pauses finds the next step ready, so each measures its own
+// cost and not the wait for the other (coupling/bench/run.sh runs both ways).
+// The raw reader is the floor: the same bytes attached and read (summed) with libxpmem alone,
+// from 3 segments in turn through permits it keeps, as the engine reuses its 3 buffers
+// (QueueLimit 2 + 1), so both attach memory whose pages were mapped before. It also copies the
+// bytes out into a buffer of its own (memcpy), which is what an ADIOS2 Get does: the floor
+// for any reader that gets the data into its own memory. Each role prints "ROLE median_ms MEDIAN min_ms MIN" over the
 // steps after the first (which pays for connecting) and checks the data it got.
 #include <adios2.h>
 #include <xpmem.h>
@@ -33,14 +40,18 @@ double Ms(Clock::time_point a, Clock::time_point b)
 
 void Report(const char *role, std::vector<double> ms)
 {
+    // The first of each kind pays for connecting and first mappings.
     if (ms.size() > 1)
         ms.erase(ms.begin());
     std::sort(ms.begin(), ms.end());
     std::printf("%s median_ms %.3f min_ms %.3f steps %zu\n", role, ms[ms.size() / 2], ms[0],
                 ms.size());
+    std::fflush(stdout);
 }
 
-int Writer(const char *config, const char *stream, size_t n, size_t steps)
+void Pause(long ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
+int Writer(const char *config, const char *stream, size_t n, size_t steps, long pauseMs)
 {
     adios2::ADIOS adios(config);
     adios2::IO io = adios.DeclareIO("Bench");
@@ -56,13 +67,14 @@ int Writer(const char *config, const char *stream, size_t n, size_t steps)
         w.Put(var, data.data(), adios2::Mode::Sync);
         w.EndStep();
         ms.push_back(Ms(t0, Clock::now()));
+        Pause(pauseMs);
     }
     w.Close();
     Report("writer", ms);
     return 0;
 }
 
-int Reader(const char *config, const char *stream, size_t n, size_t steps)
+int Reader(const char *config, const char *stream, size_t n, size_t steps, long pauseMs)
 {
     adios2::ADIOS adios(config);
     adios2::IO io = adios.DeclareIO("Bench");
@@ -72,6 +84,7 @@ int Reader(const char *config, const char *stream, size_t n, size_t steps)
     size_t got = 0;
     while (got < steps)
     {
+        Pause(pauseMs);
         auto t0 = Clock::now();
         adios2::StepStatus st = r.BeginStep(adios2::StepMode::Read, 60.0f);
         if (st != adios2::StepStatus::OK)
@@ -95,10 +108,11 @@ int Reader(const char *config, const char *stream, size_t n, size_t steps)
 
 std::string RawName(const char *name, size_t s) { return std::string(name) + "." + std::to_string(s); }
 
-int RawWriter(const char *name, size_t bytes, size_t steps)
+constexpr size_t kRawSegments = 3;
+
+int RawWriter(const char *name, size_t bytes)
 {
-    std::vector<void *> bufs;
-    for (size_t s = 0; s < steps; ++s)
+    for (size_t s = 0; s < kRawSegments; ++s)
     {
         int fd = memfd_create("raw-bench", MFD_CLOEXEC);
         if (fd < 0 || ftruncate(fd, bytes) != 0)
@@ -114,7 +128,6 @@ int RawWriter(const char *name, size_t bytes, size_t steps)
             std::perror("raw-writer: xemem_make");
             return 1;
         }
-        bufs.push_back(p);
     }
     std::printf("raw-writer ready\n");
     std::fflush(stdout);
@@ -124,34 +137,54 @@ int RawWriter(const char *name, size_t bytes, size_t steps)
 
 int RawReader(const char *name, size_t bytes, size_t steps)
 {
-    std::vector<double> ms;
-    for (size_t s = 0; s < steps; ++s)
+    std::vector<double> ms, copyMs;
+    std::vector<double> copy(bytes / sizeof(double), 0.0);
+    xpmem_apid_t apids[kRawSegments];
+    for (size_t s = 0; s < kRawSegments; ++s)
     {
         xpmem_segid_t segid;
         while ((segid = xemem_lookup_segid(RawName(name, s).c_str())) < 0)
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        apids[s] = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, nullptr);
+    }
+    for (size_t s = 0; s < steps; ++s)
+    {
         auto t0 = Clock::now();
-        xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, nullptr);
+        xpmem_apid_t apid = apids[s % kRawSegments];
         void *p = xpmem_attach(xpmem_addr{apid, 0}, bytes, nullptr);
         if (apid < 0 || p == reinterpret_cast<void *>(-1))
         {
             std::perror("raw-reader: attach");
             return 1;
         }
+        // Eight sums side by side: a read at memory speed, not at the latency of one add chain.
         const double *d = static_cast<const double *>(p);
+        double part[8] = {};
+        for (size_t k = 0; k < bytes / sizeof(double); k += 8)
+            for (size_t j = 0; j < 8; ++j)
+                part[j] += d[k + j];
         double sum = 0;
-        for (size_t k = 0; k < bytes / sizeof(double); ++k)
-            sum += d[k];
+        for (double x : part)
+            sum += x;
         xpmem_detach(p);
-        xpmem_release(apid);
         ms.push_back(Ms(t0, Clock::now()));
-        if (sum != double(s) + double(bytes / sizeof(double) - 1))
+        if (sum != double(s % kRawSegments) + double(bytes / sizeof(double) - 1))
         {
             std::fprintf(stderr, "raw-reader: step %zu has wrong data\n", s);
             return 1;
         }
+        t0 = Clock::now();
+        p = xpmem_attach(xpmem_addr{apid, 0}, bytes, nullptr);
+        if (p == reinterpret_cast<void *>(-1))
+            return 1;
+        std::memcpy(copy.data(), p, bytes);
+        xpmem_detach(p);
+        copyMs.push_back(Ms(t0, Clock::now()));
+        if (copy[0] != double(s % kRawSegments))
+            return 1;
     }
     Report("raw-reader", ms);
+    Report("raw-copy", copyMs);
     return 0;
 }
 } // namespace
@@ -160,14 +193,17 @@ int main(int argc, char **argv)
 {
     const std::string role = argc > 1 ? argv[1] : "";
     const bool adios = role == "writer" || role == "reader";
-    if (!(adios && argc == 6) && !((role == "raw-writer" || role == "raw-reader") && argc == 5))
+    if (!(adios && (argc == 6 || argc == 7)) &&
+        !((role == "raw-writer" || role == "raw-reader") && argc == 5))
     {
-        std::fprintf(stderr, "usage: adios2_bench writer|reader CONFIG STREAM MIB STEPS\n"
+        std::fprintf(stderr, "usage: adios2_bench writer|reader CONFIG STREAM MIB STEPS [PAUSE_MS]\n"
                              "       adios2_bench raw-writer|raw-reader NAME MIB STEPS\n");
         return 2;
     }
-    const size_t mib = std::strtoul(argv[argc - 2], nullptr, 10);
-    const size_t steps = std::strtoul(argv[argc - 1], nullptr, 10);
+    const int last = adios ? 5 : argc - 1; // STEPS
+    const size_t mib = std::strtoul(argv[last - 1], nullptr, 10);
+    const size_t steps = std::strtoul(argv[last], nullptr, 10);
+    const long pauseMs = adios && argc == 7 ? std::strtol(argv[6], nullptr, 10) : 0;
     if (mib == 0 || steps == 0)
     {
         std::fprintf(stderr, "adios2_bench: MIB and STEPS must be whole numbers from 1\n");
@@ -177,11 +213,11 @@ int main(int argc, char **argv)
     try
     {
         if (role == "writer")
-            return Writer(argv[2], argv[3], bytes / sizeof(double), steps);
+            return Writer(argv[2], argv[3], bytes / sizeof(double), steps, pauseMs);
         if (role == "reader")
-            return Reader(argv[2], argv[3], bytes / sizeof(double), steps);
+            return Reader(argv[2], argv[3], bytes / sizeof(double), steps, pauseMs);
         if (role == "raw-writer")
-            return RawWriter(argv[2], bytes, steps);
+            return RawWriter(argv[2], bytes);
         return RawReader(argv[2], bytes, steps);
     }
     catch (const std::exception &e)
