@@ -11,6 +11,8 @@ dex-scaling.png: speed-up from 1 to 2 nodes per application, naive and optimised
 paper's Fig. 2, with the issue's 1.8x line. dex-latency.png: migration and remote fault
 latencies per configuration beside DEX's Table II and the issue's targets. lwk-detours.png:
 every selfish detour of the median host and enclave runs over time (lwk-detours.tsv).
+adios2.png: per-step writer and reader times by step size for the clowder ADIOS2 engine, SST,
+BP5 and raw XEMEM (adios2.md).
 
 Needs matplotlib (pip install matplotlib); reads only the markdown the benchmarks wrote.
 """
@@ -171,7 +173,26 @@ def plot_lwk_detours(plt):
     return figure, RESULTS / "lwk-detours.png"
 
 
-FIGURES = {"xemem": [plot_xemem], "dex": [plot_dex_scaling, plot_dex_latency], "lwk": [plot_lwk_detours]}
+def plot_adios2(plt):
+    source = RESULTS / "adios2.md"
+    rows = [row for table in tables(source.read_text()) for row in table if "engine" in row]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for side, axes in (("writer", left), ("reader", right)):
+        for engine in dict.fromkeys(row["engine"] for row in rows):
+            points = [(number(row["MiB"]), number(row[f"{side} ms (median)"])) for row in rows
+                      if row["engine"] == engine and row[f"{side} ms (median)"] != "-"]
+            if points:
+                axes.plot(*zip(*sorted(points)), marker="o", label=engine)
+        axes.set(xscale="log", yscale="log", xlabel="step (MiB)", ylabel="ms per step (median)",
+                 title=f"ADIOS2 {side}'s step")
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=8)
+    figure.tight_layout()
+    return figure, RESULTS / "adios2.png"
+
+
+FIGURES = {"xemem": [plot_xemem], "dex": [plot_dex_scaling, plot_dex_latency], "lwk": [plot_lwk_detours],
+           "adios2": [plot_adios2]}
 
 
 def main(argv):
