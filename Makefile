@@ -7,7 +7,7 @@ FUZZ_CI_SECONDS ?= 15
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: all bootstrap build install test-install-ucx kernels test test-host test-kernels test-dex test-xemem test-adios2 test-ucx test-fuzz check-format test-linux test-big demo bench bench-insitu fuzz clean
+.PHONY: all bootstrap build install test-install-ucx kernels test test-host test-kernels test-dex test-xemem test-adios2 test-ucx test-fuzz check-format test-linux test-big test-mpi demo bench bench-insitu fuzz clean
 
 all: build
 
@@ -84,6 +84,11 @@ test-linux: build
 # are created, run a job and are removed (issue 22's big enclaves).
 test-big: build
 	@$(CARGO) test --release -p clowderd --test big_enclave -- --ignored --test-threads 1
+
+# Opt-in, about 4 minutes: MPI programs under mpirun (over ssh) and srun on two "nodes" (network
+# namespaces, each with its clowderd, sshd and slurmd), as host ranks and as enclave ranks.
+test-mpi: build
+	@scripts/mpi-test.sh
 
 # Every fuzz target (PACKAGE/fuzz, dex/fuzz) for FUZZ_SECONDS each (docs/results/fuzz.md).
 fuzz: bootstrap
