@@ -65,32 +65,28 @@ out=$root/docs/results/xemem-snapshot.md
 
 - **copy**: `memcpy` of the whole region into memory already mapped: what a reader's private
   copy would cost instead of a snapshot.
-- **make**: `xemem_snapshot_make`: the writer's view of the region's memfd is mapped again
-  `MAP_PRIVATE` over the same addresses and the snapshot's segment made (one broker call).
+- **make**: `xemem_snapshot_make`: the pages written since the previous snapshot are found (a
+  `PAGEMAP_SCAN` walk of the view's page tables), copied into the region's memfd and dropped
+  from the writer's view (`MAP_PRIVATE` since the region's first snapshot); then the segment
+  is made (one broker call).
 - **copy-on-write**: the rewrite under the snapshot less the same rewrite without one: the
-  kernel copying each page on its first store (a fault), plus, after the release, the first
-  rewrite less the same with the pages mapped (the release's remap unmapped them: a second
-  fault per written page).
-- **release**: `xemem_snapshot_release`: the segment removed, the writer's own pages found
-  (`PAGEMAP_SCAN`) and copied into the memfd, the view mapped shared again.
+  kernel copying each page on its first store (a fault); plus the first rewrite after the
+  release less the second, since the make dropped those pages (a second fault per page).
+- **release**: `xemem_snapshot_release`: the segment removed (one broker call).
 - **snapshot** = make + copy-on-write + release: the issue's target is under 5% of the copy for
   1 GiB with 1% rewritten.
-- **first make, every page mapped** and **refill pass** are outside that sum, and are what the
-  design costs a writer that touches its whole region: both remaps drop the view's page tables,
-  so a make after every page was touched pays for unmapping them (about as much as
-  `mprotect` of the region would), and the first pass that reads every page after a cycle
-  maps them again on first touch (about one fault per 16 pages). On this machine, a virtual
-  machine whose page-table updates are expensive, both are large; a writer that rewrites 1%
-  of its region and reads the rest every step pays the refill each step.
+- **first make, every page mapped**: the region's first snapshot maps the view `MAP_PRIVATE`
+  over the memfd, unmapping every page once; outside the sum, paid once per region.
+- **refill pass**: a pass reading every page after a cycle less the same pass again: the
+  pages a cycle leaves unmapped (only those written), so about nothing: the pages the writer
+  only reads stay mapped from one snapshot to the next.
 MD
     # Per written page, from the 1 GiB / 1% row of the CPU-time table.
     echo "$cpu" | awk -F'|' 'NR == 1 {
-        split($3, w, " "); pages = w[1]; copy_us = $4 * 1000 / 262144
-        printf "\nPer written page (1 GiB, 1%%, CPU time): the whole cycle %.2f us, of which copy-on-write and the\n", $8 * 1000 / pages
-        printf "mapping again %.2f us; a 4 KiB page of the region copy costs %.2f us. Each of the two faults of a\n", $6 * 1000 / pages, copy_us
-        printf "written page costs about as much as copying ten pages on this machine, which is what keeps the\n"
-        printf "1%% row above the 5%% target here: the cost follows the pages written (the 256 MiB row costs what the\n"
-        printf "1 GiB row with the same pages does; 0.1%% and 10%% scale with them), not the region size.\n"
+        split($3, w, " "); pages = w[1]
+        printf "\nPer written page (1 GiB, 1%%, CPU time): the whole cycle %.2f us, of which the two faults %.2f us;\n", $8 * 1000 / pages, $6 * 1000 / pages
+        printf "a 4 KiB page of the region copy costs %.2f us. The make also walks every mapped page-table entry of\n", $4 * 1000 / 262144
+        printf "the view (all 262,144 here; the 256 MiB row, with the same written pages, walks a quarter of them).\n"
     }'
 } >"$out"
 echo "wrote $out"

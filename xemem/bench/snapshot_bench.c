@@ -1,25 +1,24 @@
 /*
  * snapshot_bench: what a copy-on-write snapshot (xemem_snapshot_make/_release) costs a writer,
- * against copying the region. A region of SIZE MiB is filled once; then, in each of REPS
- * cycles, the writer takes a snapshot, rewrites WRITTEN pages (spread evenly, each wholly) and
- * releases it. Medians over the cycles of:
+ * against copying the region. A region of SIZE MiB is filled once (every page mapped); then,
+ * in each of REPS cycles, the writer rewrites WRITTEN pages (spread evenly, each wholly),
+ * takes a snapshot, rewrites them again under it and releases it. Medians over the cycles of:
  *   copy     memcpy of the whole region into memory already mapped (what a snapshot saves)
- *   make     xemem_snapshot_make (the writer's view goes MAP_PRIVATE, the segment is made)
+ *   make     xemem_snapshot_make: the pages written since the last snapshot found (a walk of
+ *            the view's page tables), copied into the region's memfd and dropped from the view
  *   cow      the rewrite under the snapshot, less the same rewrite without one: the kernel's
- *            copy of each page on its first store; plus, after the release, the first rewrite
- *            less the same with the pages mapped (the release unmapped them)
- *   release  xemem_snapshot_release (segment removed, the pages written back, view shared again)
- * Both remaps drop the writer's page tables, so they cost the pages the writer touched since
- * the previous one, and a writer that reads the whole region every cycle pays for mapping it
- * again on first touch; so two more figures, outside the snapshot's own cost:
- *   first    the first make after the whole region was written (every page mapped)
- *   refill   a pass reading one word of every page after a cycle, less the same pass with the
- *            pages mapped
- * Prints one Markdown table row: size, written, copy, make, cow, release, snapshot total
- * (make + cow + release) and its share of the copy, first, refill and its share of the copy.
+ *            copy of each page on its first store; plus the first rewrite after the release
+ *            less the second (the make dropped those pages, so that one maps them again)
+ *   release  xemem_snapshot_release (the segment removed)
+ * and, outside the snapshot's own cost:
+ *   first    the region's first make, which maps the view MAP_PRIVATE (every page was mapped)
+ *   refill   a pass reading one word of every page after a cycle, less the same pass again:
+ *            what a writer that reads its whole region pays for the pages a cycle unmapped
  * CLOCK is wall (elapsed time) or cpu (the thread's CPU time, user and system: on a loaded
  * machine, without the time other processes ran; the broker's own work, two requests a cycle,
- * is not in it). Usage: snapshot_bench SIZE_MIB WRITTEN_PAGES REPS wall|cpu; needs a broker
+ * is not in it). Prints one Markdown table row: size, written, copy, make, cow, release,
+ * snapshot total (make + cow + release) and its share of the copy, first, refill and its share.
+ * Usage: snapshot_bench SIZE_MIB WRITTEN_PAGES REPS wall|cpu; needs a broker
  * (CLOWDER_XEMEM_SOCKET).
  */
 #include <sys/mman.h>
@@ -107,14 +106,10 @@ int main(int argc, char **argv)
 		memcpy(copy, region, size);
 		copy_s[r] = now() - start;
 	}
-	/* The copies read every page: one cycle maps the view afresh before the measured ones. */
-	segid = xemem_snapshot_make(region, XPMEM_PERMIT_MODE, (void *)0600, NULL);
-	if (segid <= 0 || xemem_snapshot_release(segid) < 0)
-		die(program, "a snapshot cycle");
 	for (int r = 0; r < reps; r++) {
 		/* Without a snapshot, the writer's pages are mapped: the second rewrite is the baseline
-		 * (the first maps them again after the last release: the refill of the written pages,
-		 * part of the cycle's cost, counted in copy-on-write below). */
+		 * (the first maps them again after the last make dropped them: part of the cycle's
+		 * cost, counted in copy-on-write below). */
 		double refilled_rewrite = rewrite(region, pages, written, 1 + r);
 		double plain_rewrite = rewrite(region, pages, written, 2 + r);
 
@@ -129,7 +124,7 @@ int main(int argc, char **argv)
 			die(program, "xemem_snapshot_release");
 		release_s[r] = now() - start;
 	}
-	/* The refill, after the cycles, so that its mapped pages do not weigh on their remaps. */
+	/* The refill, after the cycles. */
 	for (int r = 0; r < reps; r++) {
 		segid = xemem_snapshot_make(region, XPMEM_PERMIT_MODE, (void *)0600, NULL);
 		if (segid <= 0 || xemem_snapshot_release(segid) < 0)

@@ -150,25 +150,30 @@ const char *xemem_errmsg(void);
  * point it publishes the region's contents as a snapshot segment with xemem_snapshot_make.
  * Readers get and attach that segment as any other (xpmem_get with XPMEM_RDWR, as XPMEM's
  * attach requires) and see that version, unchanged, while the writer goes on writing: each
- * page the writer then touches is copied once, by the kernel, into memory of its own. So a
- * snapshot costs in proportion to the pages written after it, not to the region's size.
- * xemem_snapshot_release withdraws the segment and folds the writer's pages back into the
- * region (a copy of the pages written since). Rules:
+ * page the writer then touches is copied once, by the kernel, into memory of its own, and the
+ * next snapshot copies the pages written since into the region's memory. So a snapshot costs
+ * in proportion to the pages written between snapshots, not to the region's size, and the
+ * pages the writer only reads stay mapped. xemem_snapshot_release withdraws the segment.
+ * Rules:
  *  - one snapshot per region at a time (EBUSY for a second one): readers are done, and say so
  *    (xemem_signal, or the application's own protocol), before the writer releases; a reader
- *    still attached after the release reads the writer's newer data from then on;
+ *    still attached after the release reads that version until the writer's next snapshot,
+ *    and the writer's data from then on;
  *  - readers attach read-write, as XPMEM maps every attachment; the permission mode guards
  *    the snapshot, as it guards any segment: a reader allowed to write could change what the
- *    other readers, and after the release the writer, see. Readers map it read-only
+ *    other readers, and through the next snapshot the writer, see. Readers map it read-only
  *    (mprotect PROT_READ, or the Python API's default);
- *  - the writer's other threads do not store into the region while xemem_snapshot_make or
- *    xemem_snapshot_release runs (both change its mapping): call them between steps;
- *  - a region with a snapshot out cannot be exported again by xpmem_make/xemem_make (EBUSY),
- *    nor can a region inside a segment of this process be snapshotted (EBUSY);
+ *  - the writer's other threads do not store into the region while xemem_snapshot_make runs
+ *    (it moves pages under them): take snapshots between steps;
+ *  - xpmem_make/xemem_make over a region refuse while a snapshot is out (EBUSY); otherwise they
+ *    first fold the writer's pages back into the region's memory, which is then exported live
+ *    as any shared memory, until its next snapshot. A region inside a segment of this process
+ *    cannot be snapshotted (EBUSY);
  *  - when the writer exits, or frees the region, readers keep the snapshot's pages, still
  *    consistent (nothing writes them any more), until they detach: no SIGBUS;
- *  - a forked child shares the region's memory as any MAP_SHARED memory; snapshots are the
- *    parent's to make and release. The device backend (the LWK) has no snapshots: ENOTSUP.
+ *  - a forked child shares the region's memory until the region's first snapshot, and gets a
+ *    copy-on-write copy of the writer's view from then on; snapshots are the parent's to make
+ *    and release. The device backend (the LWK) has no snapshots: ENOTSUP.
  */
 /* A new region of `size` bytes (rounded up to pages), zero-filled, read-write: memfd-backed
  * shared memory. Returns its address, or (void *)-1 with errno (EINVAL: size 0; ENOMEM). */
@@ -181,10 +186,8 @@ int xemem_region_free(void *region);
  * NULL. Returns the snapshot's segid, or -1 with errno (EINVAL: not a region; EBUSY: a
  * snapshot is out, or the region is exported; the broker's errnos). */
 xpmem_segid_t xemem_snapshot_make(void *region, int permit_type, void *permit_value, const char *name);
-/* Withdraws snapshot `segid` (new gets and attaches fail) and makes the region's memory shared
- * again with the writer's newer contents. Returns 0, or -1 with errno (ENOENT: not a snapshot
- * of this process; ENOMEM: the writer's pages could not be folded back: the segment is gone,
- * the writer's data stays intact in its own copies, and calling again retries). */
+/* Withdraws snapshot `segid`: new gets and attaches fail. Returns 0, or -1 with errno (ENOENT:
+ * not a snapshot of this process that is out). */
 int xemem_snapshot_release(xpmem_segid_t segid);
 
 /*

@@ -18,10 +18,12 @@ static int exported(uintptr_t lo, uintptr_t hi)
 /*
  * xemem_snapshot_make - publishes what the region at `region` (from xemem_region_alloc) holds
  * now as a read-only snapshot segment: permit as xpmem_make's, and a machine-wide name as
- * xemem_make's when `name` is not NULL. Readers attach it as any segment; the writer's later
- * stores go to copies of the pages they touch, made by the kernel on the first store to each
- * (the writer's view of the region's memfd becomes MAP_PRIVATE), so the snapshot costs the
- * pages written after it, not the region's size. One snapshot per region at a time.
+ * xemem_make's when `name` is not NULL. Readers attach it as any segment: they map the
+ * region's memfd. The writer's view of the memfd is MAP_PRIVATE from the first snapshot on,
+ * so its later stores go to copies of the pages they touch, made by the kernel on the first
+ * store to each; this call first copies the pages written since the previous snapshot into
+ * the memfd and drops them from the view. So a snapshot costs the pages written, not the
+ * region's size. One snapshot per region at a time.
  *
  * Returns the snapshot's segid, or -1 with errno (EINVAL: not a region, a bad permit or name;
  * EBUSY: a snapshot of it is out, or the region lies in a segment of this process; ENOTSUP:
@@ -45,21 +47,23 @@ EXPORT xpmem_segid_t xemem_snapshot_make(void *region, int permit_type, void *pe
 		error = EINVAL;
 	else if (r->published || exported(r->base, r->base + r->size))
 		error = EBUSY;
-	else if (r->private_view && fold_back(r) < 0)
-		error = errno; /* a release (or an undone make) whose fold failed: retried here */
-	if (!error && mmap((void *)r->base, r->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, r->fd, 0) ==
-			      MAP_FAILED)
+	else if (r->private_view) {
+		/* The pages written since the last snapshot go into the memfd, which readers map. */
+		if (fold(r, 0) < 0)
+			error = errno;
+	} else if (mmap((void *)r->base, r->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, r->fd, 0) ==
+		   MAP_FAILED) {
 		error = errno; /* MAP_FIXED failed before replacing anything: the view is still shared */
+	} else {
+		r->private_view = 1;
+	}
 	xpmem_segid_t segid = -1;
 	if (!error) {
-		r->private_view = 1;
 		/* The segment exports the side view: a shared mapping, so attachers are handed the
 		 * memfd itself, which nothing writes while the snapshot is out. */
 		segid = make(r->side, r->size, permit_type, permit_value, name);
-		if (segid < 0) {
+		if (segid < 0)
 			error = errno;
-			fold_back(r); /* only what other threads wrote meanwhile */
-		}
 	}
 	if (!error) {
 		r->published = 1;

@@ -23,27 +23,28 @@ struct region *region_at(uintptr_t base)
 	return NULL;
 }
 
-/* Whether [lo, hi) overlaps a region whose writer's view is private (a snapshot out, or one
- * released but not yet folded back). region_lock held. */
-static int region_busy(uintptr_t lo, uintptr_t hi)
-{
-	for (size_t i = 0; i < region_count; i++)
-		if (regions[i].private_view && lo < regions[i].base + regions[i].size && regions[i].base < hi)
-			return 1;
-	return 0;
-}
-
-/* make() for xpmem_make and xemem_make, refused (EBUSY) over a region whose view is private,
- * which an attach would convert to a copy of its own, away from the region's file. region_lock
+/* make() for xpmem_make and xemem_make. A region in the range with a snapshot out refuses
+ * (EBUSY); one whose view is private is folded back to shared first, since an attach would
+ * otherwise convert the view to a copy of its own, away from the region's file. region_lock
  * is held across, so that no snapshot is taken of the range meanwhile. */
 xpmem_segid_t make_outside_snapshots(void *vaddr, size_t size, int permit_type, void *permit_value, const char *name)
 {
 	uintptr_t lo = (uintptr_t)vaddr;
 	uintptr_t hi = size == XPMEM_MAXADDR_SIZE || lo + size < lo ? UINTPTR_MAX : lo + size;
 	pthread_mutex_lock(&region_lock);
+	int error = 0;
+	for (size_t i = 0; i < region_count && !error; i++) {
+		struct region *r = &regions[i];
+		if (hi <= r->base || r->base + r->size <= lo)
+			continue;
+		if (r->published)
+			error = EBUSY;
+		else if (r->private_view && fold(r, 1) < 0)
+			error = errno;
+	}
 	xpmem_segid_t segid = -1;
-	if (region_busy(lo, hi))
-		errno = EBUSY;
+	if (error)
+		errno = error;
 	else
 		segid = make(vaddr, size, permit_type, permit_value, name);
 	int saved = errno;

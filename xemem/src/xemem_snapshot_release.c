@@ -1,116 +1,7 @@
 /*
- * xemem_snapshot_release: withdraw a snapshot and fold the writer's pages back into its region.
+ * xemem_snapshot_release: withdraw a snapshot.
  */
 #include "xpmem_internal.h"
-
-/* PAGEMAP_SCAN (Linux 6.7, <linux/fs.h>, which older headers lack): the runs of pages of a
- * range that have given properties, from the page tables, skipping empty ones wholesale. */
-#define PAGEMAP_SCAN_IOCTL 0xc0606610UL /* _IOWR('f', 16, struct pm_scan_arg) */
-enum { PAGE_IS_FILE = 1 << 2, PAGE_IS_PRESENT = 1 << 3, PAGE_IS_SWAPPED = 1 << 4 };
-struct pm_scan_arg {
-	uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
-	uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
-};
-struct page_region {
-	uint64_t start, end, categories;
-};
-/* /proc/self/pagemap's entry bits, for kernels without PAGEMAP_SCAN. */
-#define PM_PRESENT (1ULL << 63)
-#define PM_SWAPPED (1ULL << 62)
-#define PM_FILE (1ULL << 61)
-
-/* Copies the writer's pages [start, end) of r's view into r's memfd, through the side view.
- * The memfd's pages there exist already: the kernel read each before copying it for the
- * writer, so nothing is allocated. */
-static void write_back(const struct region *r, uintptr_t start, uintptr_t end)
-{
-	memcpy(r->side + (start - r->base), (const void *)start, end - start);
-}
-
-/* Writes back every page the writer stored into since its view went private: the pages of
- * the view that are its own (anonymous, present or swapped out), not the memfd's. By
- * PAGEMAP_SCAN; 1 when the kernel has none (ENOTTY), or CLOWDER_XEMEM_PAGEMAP=read asks for
- * the fallback (so tests cover it). */
-static int write_back_scanned(const struct region *r, int pagemap)
-{
-	const char *forced = getenv("CLOWDER_XEMEM_PAGEMAP");
-	if (forced && !strcmp(forced, "read"))
-		return 1;
-	struct page_region runs[256];
-	uintptr_t at = r->base, end = r->base + r->size;
-	while (at < end) {
-		struct pm_scan_arg scan = {
-			.size = sizeof scan, .start = at, .end = end, .vec = (uintptr_t)runs, .vec_len = 256,
-			.category_inverted = PAGE_IS_FILE, .category_mask = PAGE_IS_FILE,
-			.category_anyof_mask = PAGE_IS_PRESENT | PAGE_IS_SWAPPED, .return_mask = PAGE_IS_PRESENT,
-		};
-		long n = ioctl(pagemap, PAGEMAP_SCAN_IOCTL, &scan);
-		if (n < 0)
-			return errno == ENOTTY ? 1 : -1;
-		for (long i = 0; i < n; i++)
-			write_back(r, runs[i].start, runs[i].end);
-		if (scan.walk_end <= at) {
-			errno = EIO;
-			return -1;
-		}
-		at = scan.walk_end;
-	}
-	return 0;
-}
-
-/* The same from /proc/self/pagemap's entries, 512 pages at a time. */
-static int write_back_read(const struct region *r, int pagemap)
-{
-	uint64_t entries[512];
-	size_t pages = r->size / PAGE;
-	uintptr_t run = 0; /* start of the current run of the writer's pages, or 0 */
-	for (size_t first = 0; first < pages; first += 512) {
-		size_t count = pages - first < 512 ? pages - first : 512;
-		off_t at = (off_t)((r->base / PAGE + first) * sizeof *entries);
-		if (pread(pagemap, entries, count * sizeof *entries, at) != (ssize_t)(count * sizeof *entries))
-			return -1;
-		for (size_t i = 0; i < count; i++) {
-			uintptr_t page = r->base + (first + i) * PAGE;
-			int own = (entries[i] & (PM_PRESENT | PM_SWAPPED)) && !(entries[i] & PM_FILE);
-			if (own && !run)
-				run = page;
-			if (!own && run) {
-				write_back(r, run, page);
-				run = 0;
-			}
-		}
-	}
-	if (run)
-		write_back(r, run, r->base + r->size);
-	return 0;
-}
-
-/* Folds the writer's private view of r back: its own pages are written into the memfd, then
- * the memfd is mapped shared over the view again (the kernel frees the copies). The cost is
- * the pages written since the view went private, plus a walk of the view's page tables.
- * 0, or -1 with errno (the view is then left private, its data intact). region_lock held. */
-int fold_back(struct region *r)
-{
-	int pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-	if (pagemap < 0)
-		return -1;
-	int result = write_back_scanned(r, pagemap);
-	if (result == 1)
-		result = write_back_read(r, pagemap);
-	int saved = errno;
-	close(pagemap);
-	if (result == 0 && mmap((void *)r->base, r->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, r->fd, 0) ==
-				   MAP_FAILED) {
-		saved = errno;
-		result = -1;
-	}
-	if (result < 0) {
-		errno = saved ? saved : ENOMEM;
-		return -1;
-	}
-	r->private_view = 0;
-	return 0;
-}
 
 /* Withdraws r's snapshot if one is out: its segment is removed, so new gets and attaches
  * fail. Attachers keep the pages they mapped. region_lock held. */
@@ -120,36 +11,31 @@ void withdraw_snapshot(struct region *r)
 		return;
 	xpmem_remove(r->snapshot);
 	r->published = 0;
+	r->snapshot = 0;
 }
 
 /*
- * xemem_snapshot_release - withdraws snapshot `segid` of this process (new gets and attaches
- * fail) and makes its region's memory shared again, holding the writer's newer contents: the
- * pages the writer stored into since the snapshot are copied back into the region's memfd.
- * Readers should have detached: one still attached reads the writer's data from now on.
+ * xemem_snapshot_release - withdraws snapshot `segid` of this process: new gets and attaches
+ * fail, and the region may be snapshotted (or exported) again. Nothing is copied: the writer's
+ * pages are folded into the region's memory by its next snapshot. Readers should have
+ * detached; one still attached reads the released version until that next snapshot, and the
+ * writer's data from then on.
  *
- * Returns 0, or -1 with errno (ENOENT: not a snapshot of this process; ENOMEM or the kernel's
- * errno: the pages could not be folded back; the snapshot is withdrawn all the same, the
- * writer's data stays intact, and calling again retries).
+ * Returns 0, or -1 with errno (ENOENT: not a snapshot of this process that is out).
  */
 EXPORT int xemem_snapshot_release(xpmem_segid_t segid)
 {
 	pthread_mutex_lock(&region_lock);
 	struct region *r = NULL;
 	for (size_t i = 0; i < region_count && !r; i++)
-		if (regions[i].private_view && regions[i].snapshot == segid)
+		if (regions[i].published && regions[i].snapshot == segid)
 			r = &regions[i];
-	if (!r || segid <= 0) {
-		pthread_mutex_unlock(&region_lock);
+	if (r)
+		withdraw_snapshot(r);
+	pthread_mutex_unlock(&region_lock);
+	if (!r) {
 		errno = ENOENT;
 		return -1;
 	}
-	withdraw_snapshot(r);
-	int result = fold_back(r);
-	int saved = errno;
-	if (result == 0)
-		r->snapshot = 0;
-	pthread_mutex_unlock(&region_lock);
-	errno = saved;
-	return result;
+	return 0;
 }

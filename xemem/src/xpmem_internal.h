@@ -129,9 +129,10 @@ struct region {
 	int fd;                 /* memfd: the region's memory, and the snapshot while one is out */
 	char *side;             /* a second shared view of the memfd, kept: what the snapshot's
 				   segment exports, and where the writer's pages are written back */
-	xpmem_segid_t snapshot; /* the snapshot's segid until it is released (folded back), else 0 */
-	int published;          /* the snapshot's segment exists */
-	int private_view;       /* the writer's view is MAP_PRIVATE over the memfd */
+	xpmem_segid_t snapshot; /* the snapshot's segid while it is out, else 0 */
+	int published;          /* a snapshot is out */
+	int private_view;       /* the writer's view is MAP_PRIVATE over the memfd: from the first
+				   snapshot on, until an export folds it back to shared */
 };
 
 /* One current mapping of a backing (from /proc/self/maps). */
@@ -278,8 +279,10 @@ extern size_t region_count, region_capacity;
 struct region *region_at(uintptr_t base);
 xpmem_segid_t make_outside_snapshots(void *vaddr, size_t size, int permit_type, void *permit_value, const char *name);
 
+/* xemem_snapshot_fold.c */
+int fold(struct region *r, int share);
+
 /* xemem_snapshot_release.c */
-int fold_back(struct region *r);
 void withdraw_snapshot(struct region *r);
 
 /* xemem_errmsg.c */

@@ -135,6 +135,18 @@ static int case_isolation(void)
 	CHECK(xemem_snapshot_release(second) == 0, "release the second");
 	expect_filled(w, PAGES / 2, 5, "the first half after the second release");
 	expect_filled(w + PAGES / 2 * INTS_PER_PAGE, PAGES / 2, 1000 + PAGES / 2 * INTS_PER_PAGE, "the second half");
+
+	/* Exported live after its snapshots: an attacher sees the writer's latest stores. */
+	fill(w, PAGES, 77);
+	xpmem_segid_t live = xpmem_make(w, PAGES * PAGE, XPMEM_PERMIT_MODE, (void *)0600);
+	CHECK(live > 0, "xpmem_make of the region after its snapshots");
+	reader = fork_reader(checking_reader, &fd);
+	say(fd, (uint64_t)live);
+	say(fd, 77);
+	hear(fd);
+	reaped(reader);
+	close(fd);
+	CHECK(xpmem_remove(live) == 0, "remove the live segment");
 	CHECK(xemem_region_free(w) == 0, "xemem_region_free");
 	return 0;
 }
