@@ -249,7 +249,7 @@ class Snapshot:
     """A copy-on-write snapshot of a region: readers attach `segid` (or lookup(name)) and see
     the region as it was when the snapshot was taken, while the writer goes on writing. Release
     it (release(), the end of a `with` block, or garbage collection) once readers are done: a
-    reader still attached then sees the writer's newer data."""
+    reader still attached sees the writer's newer data from the region's next snapshot on."""
 
     def __init__(self, region, segid, name):
         self.segid = segid
@@ -261,7 +261,7 @@ class Snapshot:
         return not self._finalizer.alive
 
     def release(self):
-        """Withdraws the snapshot and folds the writer's pages back; idempotent."""
+        """Withdraws the snapshot (new attaches fail); idempotent."""
         if self._finalizer.alive:
             check(lib().xemem_snapshot_release(self.segid), f"release snapshot {self.segid:#x}")
             self._finalizer.detach()
@@ -279,8 +279,10 @@ class Snapshot:
 
 def snapshot(array, name=None, mode=0o600):
     """Publishes what the region under `array` (from zeros(), any view of it) holds now as a
-    read-only snapshot segment; returns a Snapshot. Costs the pages written after it, not the
-    region's size. One snapshot per region at a time (BusyError). `name` and `mode` as make's."""
+    read-only snapshot segment; returns a Snapshot. Costs the pages written between snapshots
+    (each copied once by the kernel, once into the region's memory) and a walk of the region's
+    page table, not a copy of the region. One snapshot per region at a time (BusyError).
+    `name` and `mode` as make's; readers need read and write in `mode`, as XPMEM attaches."""
     region = _region_of(array)
     if not isinstance(mode, int) or not 0 <= mode <= 0o777:
         raise ValueError(f"mode is a permission from 0 to 0o777, not {mode!r}")
