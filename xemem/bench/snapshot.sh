@@ -47,8 +47,9 @@ out=$root/docs/results/xemem-snapshot.md
     echo
     echo "\`xemem/bench/snapshot.sh\` ($(date -u +%Y-%m-%d), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'),"
     echo "$(nproc) CPUs, load average $load_before at the start; medians of $reps cycles). A region from"
-    echo "\`xemem_region_alloc\` is filled once; each cycle takes a snapshot, rewrites the written pages"
-    echo "(spread evenly, each wholly) and releases it. Times in ms."
+    echo "\`xemem_region_alloc\` is filled once (every page mapped); each cycle rewrites the written pages"
+    echo "(spread evenly, each wholly), takes a snapshot, rewrites them again under it and releases it."
+    echo "Times in ms."
     echo
     echo "Elapsed time:"
     echo
