@@ -1,8 +1,9 @@
 /* Per-thread CPU time: CLOCK_THREAD_CPUTIME_ID, getrusage(RUSAGE_THREAD) and the clocks of
  * pthread_getcpuclockid count each thread's own time on a CPU, not the wall clock's: a thread
  * that sleeps gains almost none, two threads spinning on one CPU each get about half. The
- * bounds are loose (the host run shares its CPU with whatever else runs); the output is the
- * same wherever they hold. */
+ * bounds are loose (the host run shares its CPU with whatever else runs, and in an enclave
+ * the time a vCPU is descheduled counts as its running thread's); the output is the same
+ * wherever they hold. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -97,13 +98,13 @@ int main(void)
     setvbuf(stdout, 0, _IOLBF, 0);
     /* Sleeping costs no CPU time. */
     int64_t wall = ns_of(CLOCK_MONOTONIC), own = ns_of(CLOCK_THREAD_CPUTIME_ID), usage = thread_usage_ns();
-    struct timespec nap = { 0, 200000000 };
+    struct timespec nap = { 1, 0 };
     nanosleep(&nap, 0);
-    check(ns_of(CLOCK_MONOTONIC) - wall >= 200000000, "200 ms slept by the clock");
-    check(ns_of(CLOCK_THREAD_CPUTIME_ID) - own < 50000000, "the sleeping thread's clock gained less than 50 ms");
-    check(thread_usage_ns() - usage < 50000000, "the sleeping thread's RUSAGE_THREAD gained less than 50 ms");
+    check(ns_of(CLOCK_MONOTONIC) - wall >= 1000000000, "1 s slept by the clock");
+    check(ns_of(CLOCK_THREAD_CPUTIME_ID) - own < 400000000, "the sleeping thread's clock gained less than 400 ms");
+    check(thread_usage_ns() - usage < 400000000, "the sleeping thread's RUSAGE_THREAD gained less than 400 ms");
 
-    /* Another thread's clock (pthread_getcpuclockid): it waits while this one spins 100 ms. */
+    /* Another thread's clock (pthread_getcpuclockid): it waits while this one spins 300 ms. */
     pthread_t thread;
     pthread_create(&thread, 0, sleeper, 0);
     wait_for_stage(1);
@@ -112,16 +113,16 @@ int main(void)
           "pthread_getcpuclockid");
     check(clock_getcpuclockid(0, &process_clock) == 0, "clock_getcpuclockid");
     int64_t own_before = ns_of(own_clock), process_before = ns_of(process_clock);
-    spin_for(100000000);
+    spin_for(300000000);
     int64_t sleeper_seen = ns_of(sleeper_clock), own_gained = ns_of(own_clock) - own_before;
-    check(own_before >= 0 && own_gained >= 100000000, "this thread's clock by its id gained its 100 ms of spinning");
-    check(ns_of(process_clock) - process_before >= 100000000, "the process's clock by its id gained at least as much");
-    check(sleeper_seen >= 0 && sleeper_seen < 50000000, "the waiting thread's clock by its id: less than 50 ms");
+    check(own_before >= 0 && own_gained >= 300000000, "this thread's clock by its id gained its 300 ms of spinning");
+    check(ns_of(process_clock) - process_before >= 300000000, "the process's clock by its id gained at least as much");
+    check(sleeper_seen >= 0 && sleeper_seen < 150000000, "the waiting thread's clock by its id: less than 150 ms");
     struct timespec resolution;
     check(clock_getres(sleeper_clock, &resolution) == 0, "clock_getres of a thread's clock");
     set_stage(2);
     pthread_join(thread, 0);
-    check(sleeper_own_ns < 50000000 && sleeper_usage_ns < 50000000, "the waiting thread's own clock and RUSAGE_THREAD: less than 50 ms");
+    check(sleeper_own_ns < 150000000 && sleeper_usage_ns < 150000000, "the waiting thread's own clock and RUSAGE_THREAD: less than 150 ms");
 
     /* Two threads spinning on one CPU share it: neither gets 85% of the wall time. */
     CPU_ZERO(&first_cpu);
@@ -130,13 +131,13 @@ int main(void)
     pthread_create(&thread, 0, spinner, 0);
     int64_t start = ns_of(CLOCK_THREAD_CPUTIME_ID);
     wall = ns_of(CLOCK_MONOTONIC);
-    while (ns_of(CLOCK_MONOTONIC) - wall < 400000000)
+    while (ns_of(CLOCK_MONOTONIC) - wall < 600000000)
         ;
     int64_t main_ns = ns_of(CLOCK_THREAD_CPUTIME_ID) - start;
     spinning = 0;
     pthread_join(thread, 0);
-    check(main_ns > 0 && main_ns < 340000000 && spinner_ns > 0 && spinner_ns < 340000000,
-          "two threads spinning on one CPU for 400 ms: each less than 340 ms");
+    check(main_ns > 0 && main_ns < 510000000 && spinner_ns > 0 && spinner_ns < 510000000,
+          "two threads spinning on one CPU for 600 ms: each less than 510 ms");
 
     /* What Linux refuses: sleeping on a thread's CPU clock, a clock of the fourth kind. */
     check(clock_nanosleep(CLOCK_THREAD_CPUTIME_ID, 0, &nap, 0) == EINVAL, "clock_nanosleep on the thread's clock: EINVAL");
