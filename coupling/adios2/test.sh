@@ -3,8 +3,8 @@
 # APIs, with a private XEMEM broker: a C++ writer and a Python reader (whole array and a
 # selection), a Python writer and C++ and C readers, two readers of one stream, a reader that
 # joins late, the Discard policy, and bad input (an unknown stream, a wrong type, a selection
-# outside the shape, a writer killed mid-step, malformed configurations), none of which may
-# crash the writer or leave a segment behind. Prints "N passed, N failed"; exit 1 on a failure.
+# outside the shape, a writer killed mid-step, a hostile writer's malformed segments, malformed
+# configurations), none of which may crash the writer or reader or leave a segment behind. Prints "N passed, N failed"; exit 1 on a failure.
 set -u
 cd "$(dirname "$0")/../.."
 root=$(pwd)
@@ -135,6 +135,26 @@ run python3 "$tests/py_reader.py" "$c" out.bp >"$R" 2>&1; r=$?
 wait $w; ws=$?
 [ $r = 0 ] && [ $ws = 137 ] && grep -q "after 2 steps" "$R" && no_segment_left s9
 check "a writer killed mid-step: the reader gets its 2 whole steps, then EndOfStream; no segment left" $? "$W" "$R"
+
+# A hostile writer (tests/forged_writer.py, libxpmem through ctypes): segments wrong in one way
+# each; the reader names what is wrong. "none" forges a valid step, so the others differ from a
+# readable stream in that one way only.
+for case in none control count offset type record; do
+    c=$(config "forged-$case" "StreamName=forged-$case")
+    python3 "$tests/forged_writer.py" "$root/xemem/build/lib/libxpmem.so.0" "forged-$case" $case 30 >"$W" 2>&1 & w=$!
+    run "$bin/cxx_reader" "$c" out.bp >"$R" 2>&1; r=$?
+    kill $w 2>/dev/null; wait $w 2>/dev/null
+    case $case in
+    none) expected="step 0 WRONG shape 4x4" ;; # zeros, where cxx_writer's formula wants more
+    control) expected="control segment has bad sizes" ;;
+    count) expected="step 0 is malformed: variable 'field': its count and size disagree" ;;
+    offset) expected="step 0 is malformed: the data of 'field' lies outside the segment" ;;
+    type) expected="step 0 is malformed: variable 'field' has unknown type 'quaternion'" ;;
+    record) expected="step 0 is malformed: a variable record has bad sizes" ;;
+    esac
+    [ $r = 1 ] && grep -q "$expected" "$R"
+    check "a forged stream ($case): the reader says \"$expected\"" $? "$W" "$R"
+done
 
 c=$(config bad QueueFullPolicy=Sometimes)
 run "$bin/cxx_writer" "$c" out.bp 1 4 4 >"$W" 2>&1; ws=$?

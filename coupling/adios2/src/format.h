@@ -29,7 +29,7 @@ struct ControlHeader
     uint64_t state;      // kOpen, then kEnded once the writer closes
     uint64_t next_pub;   // publications 0..next_pub-1 have been made
     uint64_t oldest_pub; // publications below this are gone (removed)
-    uint64_t reserved[8];
+    uint64_t reserved[9];
 };
 constexpr uint64_t kOpen = 0;
 constexpr uint64_t kEnded = 1;
@@ -109,6 +109,11 @@ struct AttrRecord
     uint32_t nelems;
     uint64_t values_size;
 };
+
+// The layout is the format: other implementations (a C writer, tests/forged_writer.py) write
+// these sizes and offsets.
+static_assert(sizeof(ControlHeader) == 128 && sizeof(StepSlot) == 32 && sizeof(ReaderSlot) == 32);
+static_assert(sizeof(StepHeader) == 56 && sizeof(VarRecord) == 32 && sizeof(AttrRecord) == 24);
 
 constexpr size_t kMaxDims = 32;
 constexpr size_t kDataAlign = 64;
