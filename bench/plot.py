@@ -12,7 +12,8 @@ paper's Fig. 2, with the issue's 1.8x line. dex-latency.png: migration and remot
 latencies per configuration beside DEX's Table II and the issue's targets. lwk-detours.png:
 every selfish detour of the median host and enclave runs over time (lwk-detours.tsv).
 adios2.png: per-step writer and reader times by step size for the clowder ADIOS2 engine, SST,
-BP5 and raw XEMEM (adios2.md).
+BP5 and raw XEMEM (adios2.md). mpi.png: MPI ping-pong latency and bandwidth by message size for
+host and enclave ranks (mpi.md).
 
 Needs matplotlib (pip install matplotlib); reads only the markdown the benchmarks wrote.
 """
@@ -191,8 +192,26 @@ def plot_adios2(plt):
     return figure, RESULTS / "adios2.png"
 
 
+def plot_mpi(plt):
+    source = RESULTS / "mpi.md"
+    found = [table for table in tables(source.read_text()) if table and "bytes" in table[0]]
+    units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20}
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for rows, side, label in ((found[0], axes[0], "latency (us)"), (found[1], axes[1], "bandwidth (MB/s)")):
+        for case in [header for header in rows[0] if header != "bytes"]:
+            points = [(number(row["bytes"]) * units[row["bytes"].split()[1]], number(row[case])) for row in rows
+                      if row[case] != "-"]
+            if points:
+                side.plot(*zip(*points), marker="o", markersize=3, label=case.rsplit(" ", 1)[0])
+        side.set(xscale="log", yscale="log", xlabel="message (bytes)", ylabel=label, title=f"MPI ping-pong {label.split()[0]}")
+        side.grid(alpha=0.3)
+        side.legend(fontsize=8)
+    figure.tight_layout()
+    return figure, RESULTS / "mpi.png"
+
+
 FIGURES = {"xemem": [plot_xemem], "dex": [plot_dex_scaling, plot_dex_latency], "lwk": [plot_lwk_detours],
-           "adios2": [plot_adios2]}
+           "adios2": [plot_adios2], "mpi": [plot_mpi]}
 
 
 def main(argv):

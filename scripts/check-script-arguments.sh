@@ -28,6 +28,8 @@ ATTACHES must be a whole number from 1 up, not '1e3'|ATTACHES=1e3 xemem/bench/ru
 SIZES takes region sizes in MiB (128 256 512 1024), not '1G'|SIZES="128 1G" xemem/bench/run.sh
 CROSS is 0 (host only) or 1, not 'no'|CROSS=no xemem/bench/run.sh
 SECONDS must be a positive number, not 'soon'|scripts/lwk-kernel-profile.sh soon
+--iters must be a whole number from 1 up, not 'x'|apps/mpi/bench.sh --iters x
+unknown option '--fast' (--max-bytes N, --iters N, --cg N)|apps/mpi/bench.sh --fast
 CASES
 if [ $failures = 0 ]; then
     echo "ok   scripts and benchmarks name bad arguments ($cases cases)"
