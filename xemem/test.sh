@@ -46,9 +46,10 @@ for name in $("$here/build/tests/conformance" --list); do
     report "conformance-maps-text $name" $? "$scratch/log"
 done
 
-# Snapshots (TCASM), finding the writer's pages by PAGEMAP_SCAN and by reading /proc/self/pagemap.
+# Snapshots (TCASM), finding the written pages by userfaultfd's write-protect (tracked), and the
+# writer's copies by PAGEMAP_SCAN and by reading /proc/self/pagemap (the fallbacks).
 for name in $("$here/build/tests/snapshot" --list); do
-    for pagemap in scan read; do
+    for pagemap in tracked scan read; do
         CLOWDER_XEMEM_PAGEMAP=$pagemap timeout 120 "$here/build/tests/snapshot" "$name" >"$scratch/log" 2>&1
         report "snapshot-$pagemap $name" $? "$scratch/log"
     done

@@ -1,15 +1,29 @@
 /*
  * Folding a region's private view back into its memfd: the pages the writer stored into since
- * the last fold (its own, anonymous copies) are copied into the memfd through the side view,
- * then dropped from the view (whose next touch maps the memfd's page again), or the whole view
- * is mapped shared again. The cost is the pages written; the clean pages stay mapped.
+ * the last fold are copied into the memfd through the side view. Two ways to find them:
+ *  - tracked (Linux 6.7: userfaultfd's asynchronous write-protect, and PAGEMAP_SCAN's
+ *    PAGE_IS_WRITTEN): the view is write-protected; the kernel unprotects a page on the first
+ *    store to it, without telling anybody; the fold's scan returns the unprotected pages and
+ *    protects them again in the same walk, reading only page-table entries. The writer keeps
+ *    its copies (a later store costs a fault, no copy);
+ *  - untracked (no userfaultfd, or an older kernel): the writer's own pages are told from the
+ *    memfd's by their kind (anonymous), which makes the walk look at every mapped page, and
+ *    are dropped from the view after the copy (its next touch maps the memfd's page again), so
+ *    the next fold does not copy them again.
+ * Either way the cost is the pages written plus a walk of the view's page table; the clean
+ * pages stay mapped. CLOWDER_XEMEM_PAGEMAP=scan (untracked) or =read (untracked, from
+ * /proc/self/pagemap, as before PAGEMAP_SCAN) choose a fallback, so that tests cover them.
  */
 #include "xpmem_internal.h"
+
+#include <linux/userfaultfd.h>
+#include <sys/syscall.h>
 
 /* PAGEMAP_SCAN (Linux 6.7, <linux/fs.h>, which older headers lack): the runs of pages of a
  * range that have given properties, from the page tables, skipping empty ones wholesale. */
 #define PAGEMAP_SCAN_IOCTL 0xc0606610UL /* _IOWR('f', 16, struct pm_scan_arg) */
-enum { PAGE_IS_FILE = 1 << 2, PAGE_IS_PRESENT = 1 << 3, PAGE_IS_SWAPPED = 1 << 4 };
+enum { PAGE_IS_WRITTEN = 1 << 1, PAGE_IS_FILE = 1 << 2, PAGE_IS_PRESENT = 1 << 3, PAGE_IS_SWAPPED = 1 << 4 };
+enum { PM_SCAN_WP_MATCHING = 1 << 0, PM_SCAN_CHECK_WPASYNC = 1 << 1 };
 struct pm_scan_arg {
 	uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
 	uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
@@ -17,44 +31,91 @@ struct pm_scan_arg {
 struct page_region {
 	uint64_t start, end, categories;
 };
+/* userfaultfd's names that older headers lack. */
+#define USER_MODE_ONLY 1
+#define FEATURE_WP_HUGETLBFS_SHMEM (1ULL << 12)
+#define FEATURE_WP_UNPOPULATED (1ULL << 13)
+#define FEATURE_WP_ASYNC (1ULL << 15)
 /* /proc/self/pagemap's entry bits, for kernels without PAGEMAP_SCAN. */
 #define PM_PRESENT (1ULL << 63)
 #define PM_SWAPPED (1ULL << 62)
 #define PM_FILE (1ULL << 61)
 
+/* The fallback CLOWDER_XEMEM_PAGEMAP asks for: "scan", "read", or NULL. */
+static const char *forced_fallback(void)
+{
+	const char *forced = getenv("CLOWDER_XEMEM_PAGEMAP");
+	return forced && (!strcmp(forced, "scan") || !strcmp(forced, "read")) ? forced : NULL;
+}
+
+/* Starts tracking the stores into r's view (just mapped private, so empty: WP_UNPOPULATED
+ * counts its pages as protected until touched). Without it (no userfaultfd, a kernel before
+ * 6.7, a fallback asked for) r->uffd stays -1 and folds are untracked. region_lock held. */
+void track_writes(struct region *r)
+{
+	if (forced_fallback())
+		return;
+	int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | USER_MODE_ONLY);
+	if (uffd < 0)
+		return;
+	struct uffdio_api api = { .api = UFFD_API,
+				  .features = FEATURE_WP_ASYNC | FEATURE_WP_UNPOPULATED | FEATURE_WP_HUGETLBFS_SHMEM };
+	struct uffdio_register registration = { .range = { .start = r->base, .len = r->size },
+						.mode = UFFDIO_REGISTER_MODE_WP };
+	if (ioctl(uffd, UFFDIO_API, &api) < 0 || ioctl(uffd, UFFDIO_REGISTER, &registration) < 0) {
+		close(uffd);
+		return;
+	}
+	r->uffd = uffd;
+}
+
+/* Stops tracking r's view (mapped shared again, or going away). */
+void untrack_writes(struct region *r)
+{
+	if (r->uffd >= 0)
+		close(r->uffd);
+	r->uffd = -1;
+}
+
 /* Copies the writer's pages [start, end) of r's view into r's memfd, through the side view,
- * and, unless the whole view is to be mapped shared next, drops them from the view. The
+ * and, unless `keep` (tracked, or the whole view is mapped shared next), drops them. The
  * memfd's pages there exist already (the kernel read each before copying it for the writer),
  * so nothing is allocated. A drop that fails (the range is mlocked) leaves a private page
  * equal to the memfd's: still the writer's own, so written back again by every later fold. */
-static void write_back(const struct region *r, uintptr_t start, uintptr_t end, int share)
+static void write_back(const struct region *r, uintptr_t start, uintptr_t end, int keep)
 {
 	memcpy(r->side + (start - r->base), (const void *)start, end - start);
-	if (!share)
+	if (!keep)
 		madvise((void *)start, end - start, MADV_DONTNEED);
 }
 
-/* Writes back every page of r's view that is the writer's own (anonymous, present or swapped
- * out), not the memfd's, by PAGEMAP_SCAN; 1 when the kernel has none (ENOTTY), or
- * CLOWDER_XEMEM_PAGEMAP=read asks for the fallback (so that tests cover it). */
+/* Writes back the pages of r's view that PAGEMAP_SCAN finds: the written ones, protecting
+ * them again (tracked), or the writer's own (anonymous, present or swapped out: untracked).
+ * 1 when the kernel has no PAGEMAP_SCAN (ENOTTY) or CLOWDER_XEMEM_PAGEMAP=read asks for the
+ * fallback. */
 static int write_back_scanned(const struct region *r, int pagemap, int share)
 {
-	const char *forced = getenv("CLOWDER_XEMEM_PAGEMAP");
+	const char *forced = forced_fallback();
 	if (forced && !strcmp(forced, "read"))
 		return 1;
+	int tracked = r->uffd >= 0;
 	struct page_region runs[256];
 	uintptr_t at = r->base, end = r->base + r->size;
 	while (at < end) {
-		struct pm_scan_arg scan = {
-			.size = sizeof scan, .start = at, .end = end, .vec = (uintptr_t)runs, .vec_len = 256,
-			.category_inverted = PAGE_IS_FILE, .category_mask = PAGE_IS_FILE,
-			.category_anyof_mask = PAGE_IS_PRESENT | PAGE_IS_SWAPPED, .return_mask = PAGE_IS_PRESENT,
-		};
+		struct pm_scan_arg scan = { .size = sizeof scan, .start = at, .end = end, .vec = (uintptr_t)runs, .vec_len = 256 };
+		if (tracked) {
+			scan.flags = PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC;
+			scan.category_mask = scan.return_mask = PAGE_IS_WRITTEN;
+		} else {
+			scan.category_inverted = scan.category_mask = PAGE_IS_FILE;
+			scan.category_anyof_mask = PAGE_IS_PRESENT | PAGE_IS_SWAPPED;
+			scan.return_mask = PAGE_IS_PRESENT;
+		}
 		long n = ioctl(pagemap, PAGEMAP_SCAN_IOCTL, &scan);
 		if (n < 0)
 			return errno == ENOTTY ? 1 : -1;
 		for (long i = 0; i < n; i++)
-			write_back(r, runs[i].start, runs[i].end, share);
+			write_back(r, runs[i].start, runs[i].end, share || tracked);
 		if (scan.walk_end <= at) {
 			errno = EIO;
 			return -1;
@@ -100,8 +161,11 @@ int fold(struct region *r, int share)
 	if (pagemap < 0)
 		return -1;
 	int result = write_back_scanned(r, pagemap, share);
-	if (result == 1)
+	if (result == 1) {
+		/* No PAGEMAP_SCAN, so no asynchronous write-protect either: the pages' kinds. */
+		untrack_writes(r);
 		result = write_back_read(r, pagemap, share);
+	}
 	int saved = errno;
 	close(pagemap);
 	if (result == 0 && share &&
@@ -113,7 +177,9 @@ int fold(struct region *r, int share)
 		errno = saved ? saved : ENOMEM;
 		return -1;
 	}
-	if (share)
+	if (share) {
+		untrack_writes(r);
 		r->private_view = 0;
+	}
 	return 0;
 }

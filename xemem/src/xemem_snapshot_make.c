@@ -56,6 +56,7 @@ EXPORT xpmem_segid_t xemem_snapshot_make(void *region, int permit_type, void *pe
 		error = errno; /* MAP_FIXED failed before replacing anything: the view is still shared */
 	} else {
 		r->private_view = 1;
+		track_writes(r);
 	}
 	xpmem_segid_t segid = -1;
 	if (!error) {

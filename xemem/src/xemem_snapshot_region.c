@@ -87,7 +87,7 @@ EXPORT void *xemem_region_alloc(size_t size)
 	if (!error && grow((void **)&regions, &region_capacity, region_count, sizeof *regions) < 0)
 		error = ENOMEM;
 	if (!error)
-		regions[region_count++] = (struct region){ .base = (uintptr_t)base, .size = len, .fd = fd, .side = side };
+		regions[region_count++] = (struct region){ .base = (uintptr_t)base, .size = len, .fd = fd, .side = side, .uffd = -1 };
 	pthread_mutex_unlock(&region_lock);
 	if (error) {
 		if (base != MAP_FAILED)
@@ -117,6 +117,7 @@ EXPORT int xemem_region_free(void *region)
 		return -1;
 	}
 	withdraw_snapshot(r);
+	untrack_writes(r);
 	munmap((void *)r->base, r->size);
 	munmap(r->side, r->size);
 	close(r->fd);

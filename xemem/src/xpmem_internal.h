@@ -133,6 +133,7 @@ struct region {
 	int published;          /* a snapshot is out */
 	int private_view;       /* the writer's view is MAP_PRIVATE over the memfd: from the first
 				   snapshot on, until an export folds it back to shared */
+	int uffd;               /* the userfaultfd tracking stores into the private view, or -1 */
 };
 
 /* One current mapping of a backing (from /proc/self/maps). */
@@ -281,6 +282,8 @@ xpmem_segid_t make_outside_snapshots(void *vaddr, size_t size, int permit_type, 
 
 /* xemem_snapshot_fold.c */
 int fold(struct region *r, int share);
+void track_writes(struct region *r);
+void untrack_writes(struct region *r);
 
 /* xemem_snapshot_release.c */
 void withdraw_snapshot(struct region *r);
