@@ -68,6 +68,8 @@ impl Request {
 pub enum EnclaveKind {
     #[default]
     Lwk,
+    /// A Linux virtual machine whose agent speaks the enclave protocol (docs/linux-guest.md).
+    Linux,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -94,6 +96,12 @@ pub struct Create {
     /// (and must start there). Without it a job may open whatever its user may.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confine: Option<String>,
+    /// `linux` only: the guest kernel and initramfs, absolute host paths the client may read
+    /// (the daemon's defaults otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initrd: Option<String>,
 }
 
 /// `rm` and `logs` name an enclave.
@@ -391,6 +399,20 @@ mod tests {
             share_group: Some("sim-users".into()),
             progress: true,
             confine: Some("/scratch/sim".into()),
+            kernel: None,
+            initrd: None,
+        };
+        let vm = Create {
+            name: "vm".into(),
+            kind: EnclaveKind::Linux,
+            cores: None,
+            mem: Size::Text("512M".into()),
+            hugepages: false,
+            share_group: None,
+            progress: false,
+            confine: None,
+            kernel: Some("/boot/vmlinux".into()),
+            initrd: Some("/boot/agent.cpio".into()),
         };
         let run = Run {
             enclave: Some("sim".into()),
@@ -407,6 +429,7 @@ mod tests {
         for request in [
             Request::Version,
             Request::Create(create),
+            Request::Create(vm),
             Request::Ls,
             Request::Rm(named.clone()),
             Request::Logs(named),
@@ -426,6 +449,8 @@ mod tests {
         let Request::Create(create) = parsed else { panic!("{parsed:?}") };
         assert_eq!((create.cores, create.mem, create.kind), (Some(Cores::Count(2)), Size::Bytes(256 << 20), EnclaveKind::Lwk));
         assert_eq!(serde_json::to_string(&Request::Ls).unwrap(), r#"{"op":"ls"}"#);
+        let parsed = Request::parse(br#"{"op":"create","name":"vm","kind":"linux","mem":"1G"}"#).unwrap();
+        assert!(matches!(parsed, Request::Create(Create { kind: EnclaveKind::Linux, .. })), "{parsed:?}");
     }
 
     #[test]
@@ -455,7 +480,7 @@ mod tests {
         let mistyped = error(r#"{"op":"create","name":7,"mem":"1G"}"#);
         assert!(mistyped.contains("`name`") && mistyped.contains("invalid type"), "{mistyped}");
         assert!(error(r#"{"op":"create","name":"a"}"#).contains("missing field `mem`"));
-        assert!(error(r#"{"op":"create","name":"a","kind":"linux","mem":"1G"}"#).contains("expected `lwk`"));
+        assert!(error(r#"{"op":"create","name":"a","kind":"windows","mem":"1G"}"#).contains("expected `lwk` or `linux`"));
         assert!(error(r#"{"op":"create","name":"a","mem":[1]}"#).contains("a size like"));
         assert!(error(r#"{"op":"run","argv":["a"],"cwd":"/","env":[1]}"#).contains("`env[0]`"));
         assert!(error(r#"{"op":"rm"}"#).contains("missing field `name`"));

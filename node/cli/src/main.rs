@@ -110,6 +110,8 @@ fn parse_count(value: &str) -> Result<Cores, String> {
 enum Kind {
     /// The lightweight kernel
     Lwk,
+    /// A Linux virtual machine (docs/linux-guest.md)
+    Linux,
 }
 
 #[derive(Args)]
@@ -135,6 +137,18 @@ struct CreateArgs {
     /// it a job opens whatever its user may
     #[arg(long, value_name = "DIR")]
     confine: Option<String>,
+    /// --kind linux: the guest kernel (default: the daemon's)
+    #[arg(long, value_name = "FILE")]
+    kernel: Option<String>,
+    /// --kind linux: the initramfs, whose /init speaks the enclave protocol (default: the daemon's)
+    #[arg(long, value_name = "FILE")]
+    initrd: Option<String>,
+}
+
+/// A file the daemon is to read, as an absolute path (it has no working directory of ours).
+fn absolute_file(path: &str) -> Result<String, Failure> {
+    let real = std::fs::canonicalize(path).map_err(|e| Failure(format!("cannot use {path}: {e}")))?;
+    real.to_str().map(str::to_string).ok_or_else(|| Failure(format!("{path} is not a UTF-8 path")))
 }
 
 #[derive(Args)]
@@ -277,12 +291,15 @@ fn enclave_command(command: EnclaveCommand, json: bool) -> Result<(), Failure> {
                 name: args.name,
                 kind: match args.kind {
                     Kind::Lwk => EnclaveKind::Lwk,
+                    Kind::Linux => EnclaveKind::Linux,
                 },
                 cores: args.cores.cores(),
                 mem: size(args.mem),
                 hugepages: args.hugepages,
                 share_group: args.share_group,
                 confine: args.confine.as_deref().map(absolute_directory).transpose()?,
+                kernel: args.kernel.as_deref().map(absolute_file).transpose()?,
+                initrd: args.initrd.as_deref().map(absolute_file).transpose()?,
                 // JSON output is the daemon's lines alone: it asks for none.
                 progress: !json,
             });
