@@ -153,7 +153,10 @@ const char *xemem_errmsg(void);
  * page the writer then touches is copied once, by the kernel, into memory of its own, and the
  * next snapshot copies the pages written since into the region's memory. So a snapshot costs
  * in proportion to the pages written between snapshots, not to the region's size, and the
- * pages the writer only reads stay mapped. xemem_snapshot_release withdraws the segment.
+ * pages the writer only reads stay mapped. Where the kernel tracks stores for the library
+ * (userfaultfd's asynchronous write-protect, Linux 6.7), the writer keeps its copies of the
+ * pages it has written (memory up to the region's size again); elsewhere each snapshot drops
+ * them. xemem_snapshot_release withdraws the segment.
  * Rules:
  *  - one snapshot per region at a time (EBUSY for a second one): readers are done, and say so
  *    (xemem_signal, or the application's own protocol), before the writer releases; a reader

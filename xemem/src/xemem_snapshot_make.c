@@ -22,8 +22,8 @@ static int exported(uintptr_t lo, uintptr_t hi)
  * region's memfd. The writer's view of the memfd is MAP_PRIVATE from the first snapshot on,
  * so its later stores go to copies of the pages they touch, made by the kernel on the first
  * store to each; this call first copies the pages written since the previous snapshot into
- * the memfd and drops them from the view. So a snapshot costs the pages written, not the
- * region's size. One snapshot per region at a time.
+ * the memfd (xemem_snapshot_fold.c). So a snapshot costs the pages written, not the region's
+ * size. One snapshot per region at a time.
  *
  * Returns the snapshot's segid, or -1 with errno (EINVAL: not a region, a bad permit or name;
  * EBUSY: a snapshot of it is out, or the region lies in a segment of this process; ENOTSUP:
