@@ -27,6 +27,7 @@ POLL_US must be a whole number of microseconds from 1 to 1000000, not '5ms'|POLL
 ATTACHES must be a whole number from 1 up, not '1e3'|ATTACHES=1e3 xemem/bench/run.sh
 SIZES takes region sizes in MiB (128 256 512 1024), not '1G'|SIZES="128 1G" xemem/bench/run.sh
 CROSS is 0 (host only) or 1, not 'no'|CROSS=no xemem/bench/run.sh
+REPS is a count from 1 to 99, not 'x'|REPS=x xemem/bench/snapshot.sh
 SECONDS must be a positive number, not 'soon'|scripts/lwk-kernel-profile.sh soon
 --iters must be a whole number from 1 up, not 'x'|apps/mpi/bench.sh --iters x
 unknown option '--fast' (--max-bytes N, --iters N, --cg N)|apps/mpi/bench.sh --fast
