@@ -44,13 +44,17 @@ struct StepSlot
     uint64_t size;
 };
 
-// A reader owns a slot while pid != 0; next_pub is the first publication it may still read:
-// the writer removes no publication at or above it.
+// A reader owns a slot while pid != 0 (its process id where it runs: a token, not looked up);
+// next_pub is the first publication it may still read: the writer removes no publication at
+// or above it. presence_segid is a one-page segment the reader made: XEMEM forgets it when
+// the reader's process ends, however it ends and in whichever enclave it ran, so it tells
+// the writer that the reader is gone (a pid means nothing across enclaves).
 struct ReaderSlot
 {
     uint64_t pid;
     uint64_t next_pub;
-    uint64_t reserved[2];
+    int64_t presence_segid;
+    uint64_t reserved;
 };
 
 inline size_t ControlSize(uint32_t queueSlots, uint32_t maxReaders)

@@ -79,6 +79,8 @@ Reader::Reader(adios2::IO io, const std::string &name, adios2::Mode mode)
     if (!m_Control)
         throw std::runtime_error("clowder engine: stream '" + m_Name + "' ended while opening");
     m_Ctl = ControlView(m_Control->Writable(), size, m_Name);
+    m_Presence = std::make_unique<MadeSegment>(kPage, "clowder-adios2-reader");
+    m_Presence->MakeAtLeast(kPage);
 
     for (uint32_t i = 0; i < m_Ctl.MaxReaders() && !m_HaveSlot; ++i)
     {
@@ -89,6 +91,7 @@ Reader::Reader(adios2::IO io, const std::string &name, adios2::Mode mode)
         {
             m_NextPub = Load(m_Ctl.Header().oldest_pub);
             Store(r.next_pub, m_NextPub);
+            Store(r.presence_segid, m_Presence->Segid());
             if (__atomic_compare_exchange_n(&r.pid, &none, static_cast<uint64_t>(getpid()), false,
                                             __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
             {
@@ -141,6 +144,7 @@ void Reader::Leave()
         m_HaveSlot = false;
     }
     m_Control.reset();
+    m_Presence.reset();
     if (m_ControlApid > 0)
         ReleasePermit(m_ControlApid);
     m_ControlApid = -1;

@@ -72,6 +72,7 @@ private:
     int64_t m_ControlSegid = -1;
     int64_t m_ControlApid = -1;
     std::unique_ptr<Attachment> m_Control;
+    std::unique_ptr<MadeSegment> m_Presence; // see ReaderSlot::presence_segid
     ControlView m_Ctl;
     uint32_t m_Slot = 0;
     bool m_HaveSlot = false;

@@ -1,10 +1,8 @@
 #include "writer.h"
 #include "types.h"
 
-#include <cerrno>
 #include <cstring>
 #include <iostream>
-#include <signal.h>
 #include <stdexcept>
 #include <unistd.h>
 
@@ -31,9 +29,23 @@ size_t Elements(const adios2::Dims &count)
     return n;
 }
 
-bool Alive(uint64_t pid)
+// False once the reader's presence segment is gone; an error other than ENOENT (a busy
+// broker) is no proof of death.
+bool Present(int64_t presenceSegid)
 {
-    return pid != 0 && !(kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
+    int64_t apid;
+    try
+    {
+        apid = GetPermit(presenceSegid);
+    }
+    catch (const std::runtime_error &)
+    {
+        return true;
+    }
+    if (apid < 0)
+        return false;
+    ReleasePermit(apid);
+    return true;
 }
 } // namespace
 
@@ -76,6 +88,10 @@ Writer::~Writer()
 
 uint32_t Writer::LiveReaders()
 {
+    // Asking the broker about every reader costs two calls each: at most every 0.1 s.
+    bool check = m_NextPresenceCheck.Passed();
+    if (check)
+        m_NextPresenceCheck = Deadline(0.1);
     uint32_t live = 0;
     for (uint32_t i = 0; i < m_Ctl.MaxReaders(); ++i)
     {
@@ -83,7 +99,7 @@ uint32_t Writer::LiveReaders()
         uint64_t pid = Load(r.pid);
         if (pid == 0)
             continue;
-        if (Alive(pid))
+        if (!check || Present(Load(r.presence_segid)))
             ++live;
         else // a reader that died gives its place back
             __atomic_compare_exchange_n(&r.pid, &pid, uint64_t(0), false, __ATOMIC_ACQ_REL,

@@ -55,6 +55,7 @@ private:
     std::map<uint64_t, std::unique_ptr<MadeSegment>> m_Published; // by publication number
     std::vector<std::unique_ptr<MadeSegment>> m_Pool; // buffers no reader can still read
     static constexpr size_t kPoolMax = 2;
+    Deadline m_NextPresenceCheck{0};
     uint64_t m_NextPub = 0;
     uint64_t m_Oldest = 0;
 
