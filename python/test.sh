@@ -12,7 +12,10 @@ make -s -C "$root/xemem" all >/dev/null
 scratch=$(mktemp -d)
 broker_pid=
 trap '[ -z "$broker_pid" ] || kill "$broker_pid" 2>/dev/null; rm -rf "$scratch"' EXIT
-python3 -m pip install -q --no-deps --no-build-isolation --disable-pip-version-check --target "$scratch/site" "$here" \
+# From a copy: setuptools builds in the source directory, which stays untouched this way.
+mkdir "$scratch/src"
+cp -r "$here/pyproject.toml" "$here/README.md" "$here/clowder" "$scratch/src/"
+python3 -m pip install -q --no-deps --no-build-isolation --disable-pip-version-check --target "$scratch/site" "$scratch/src" \
     >"$scratch/pip.log" 2>&1 || { cat "$scratch/pip.log" >&2; echo "python/test.sh: pip install ./python failed" >&2; exit 1; }
 if [ -z "${CLOWDER_XEMEM_SOCKET:-}" ]; then
     (cd "$root" && cargo build -q -p xemem-host --bin xemem-broker)
