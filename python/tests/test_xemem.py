@@ -305,3 +305,37 @@ def test_the_example_runs():
     result = subprocess.run([sys.executable, example], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines()[-1] == "in-situ example: every step's analytics read its snapshot unchanged"
+
+
+def test_listing_a_real_daemons_segments(tmp_path):
+    daemon = next((os.path.join(ROOT, "target", kind, "clowderd") for kind in ("release", "debug")
+                   if os.path.exists(os.path.join(ROOT, "target", kind, "clowderd"))), None)
+    if daemon is None:
+        pytest.skip("clowderd is not built (make build)")
+    api, broker = str(tmp_path / "clowderd.sock"), str(tmp_path / "xemem.sock")
+    process = subprocess.Popen([daemon, "--config", "/dev/null", "--socket", api, "--xemem-socket", broker],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not os.path.exists(broker):
+            if process.poll() is not None:
+                pytest.fail(f"clowderd ended: {process.stderr.read()}")
+            assert time.monotonic() < deadline, "clowderd made no XEMEM socket in 20 s"
+            time.sleep(0.05)
+        owner = child(f"""
+            import os
+            os.environ["CLOWDER_XEMEM_SOCKET"] = {broker!r}  # this daemon's broker, not the suite's
+            from clowder import xemem
+            field = xemem.zeros(3 * 4096, dtype="u1")
+            print(xemem.make(field, name="listed-field"))
+            input()
+        """)
+        segid = int(owner.stdout.readline())
+        listed = [s for s in xemem.list_segments(api) if s["name"] == "listed-field"]
+        assert len(listed) == 1 and listed[0]["segid"] == segid and listed[0]["size"] == 3 * 4096, listed
+        assert listed[0]["owner_process"] == owner.pid
+        owner.stdin.write("\n")
+        finished(owner)
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
