@@ -151,6 +151,41 @@ static int case_isolation(void)
 	return 0;
 }
 
+/* Several readers at once, each attaching the snapshot (and one a part of it, from an offset)
+ * while the writer rewrites the region twice: every reader sees the snapshot throughout. */
+static int case_readers(void)
+{
+	enum { READERS = 3 };
+	int *w = xemem_region_alloc(PAGES * PAGE);
+	CHECK(w != (void *)-1, "xemem_region_alloc");
+	fill(w, PAGES, 0);
+	xpmem_segid_t segid = xemem_snapshot_make(w, XPMEM_PERMIT_MODE, (void *)0600, NULL);
+	CHECK(segid > 0, "xemem_snapshot_make");
+	int fds[READERS];
+	pid_t readers[READERS];
+	for (int i = 0; i < READERS; i++) {
+		readers[i] = fork_reader(isolated_reader, &fds[i]);
+		say(fds[i], (uint64_t)segid);
+	}
+	int *part = attach_rw(segid, 8 * PAGE, 4 * PAGE, NULL); /* this process reads pages 8..11 */
+	for (int i = 0; i < READERS; i++)
+		hear(fds[i]);
+	fill(w, PAGES, 2000);
+	fill(w, PAGES, 3000);
+	expect_filled(part, 4, 8 * INTS_PER_PAGE, "pages 8..11 of the snapshot, attached by the writer itself");
+	for (int i = 0; i < READERS; i++) {
+		say(fds[i], 1);
+		hear(fds[i]);
+		reaped(readers[i]);
+		close(fds[i]);
+	}
+	CHECK(xpmem_detach(part) == 0, "detach the part");
+	CHECK(xemem_snapshot_release(segid) == 0, "release");
+	expect_filled(w, PAGES, 3000, "the writer's view");
+	CHECK(xemem_region_free(w) == 0, "free");
+	return 0;
+}
+
 /* A named snapshot is found by name; the name goes with the release. */
 static int case_named(void)
 {
@@ -250,6 +285,7 @@ static const struct {
 	int (*run)(void);
 } cases[] = {
 	{ "isolation", case_isolation },
+	{ "readers", case_readers },
 	{ "named", case_named },
 	{ "errors", case_errors },
 	{ "writer_exits", case_writer_exits },
