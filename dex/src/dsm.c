@@ -171,14 +171,13 @@ static void batch_invalidation(struct apply_batch *batch, const struct dsm_actio
 /* This process's grants of faulted pages: taking one away (a node's
  * invalidation, the origin's answer to another node's request) waits until
  * the thread that faulted on it has resumed and had a moment to make its
- * access, at most GRANT_HOLD_MAX_NS. Without it two nodes that spin on one
+ * access, at most dex_rt.grant_hold_ns (DEX_GRANT_HOLD_US). Without it two nodes that spin on one
  * page (a flag, a lock word) take it from each other between a grant and
  * its use again and again: a 2000-turn ping-pong made 5,000 to 380,000
  * faults, more the shorter the round trips against a thread's wake-up
  * (Mirage's hold window). One entry per page (calloc'd, so untouched pages
  * cost no memory): any number of faults in flight are held. */
 #define GRANT_USE_NS 5000ull
-#define GRANT_HOLD_MAX_NS 500000ull
 #define GRANT_AWAITED UINT64_MAX /* granted_ns while the request travels */
 static struct grant_hold {
 	uint64_t granted_ns; /* 0: no fault of this process waits for it */
@@ -233,7 +232,7 @@ static void hold_recent_grants(uint32_t first, uint32_t count)
 			continue;
 		for (;;) {
 			uint64_t now = dex_now_ns(), resumed = __atomic_load_n(&g->resumed_ns, __ATOMIC_ACQUIRE);
-			if (now - granted >= GRANT_HOLD_MAX_NS || (resumed && now - resumed >= GRANT_USE_NS))
+			if (now - granted >= dex_rt.grant_hold_ns || (resumed && now - resumed >= GRANT_USE_NS))
 				break;
 			raw_syscall(SYS_sched_yield, 0, 0, 0);
 		}

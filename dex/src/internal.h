@@ -192,6 +192,7 @@ struct dex_runtime {
 	int shutting_down;
 	unsigned spin_iterations;
 	uint64_t receive_poll_ns; /* DEX_POLL_US: receivers poll this long after data */
+	uint64_t grant_hold_ns; /* DEX_GRANT_HOLD_US: longest hold of a fresh grant */
 	uint64_t fault_timeout_ns; /* DEX_FAULT_TIMEOUT seconds, default 30 */
 	unsigned peer_timeout_s;   /* DEX_PEER_TIMEOUT: silence that means a peer is gone */
 	long tid_offset; /* offset of tid in glibc's struct pthread */

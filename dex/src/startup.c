@@ -290,6 +290,10 @@ __attribute__((constructor(101))) static void dex_init(int argc, char **argv)
 	 * cores (as RDMA runtimes poll their completion queues). At most a
 	 * second: a silent peer is noticed that much after the timeout. */
 	dex_rt.receive_poll_ns = dex_env_number("DEX_POLL_US", 0, 1000000) * 1000ull;
+	/* How long a grant waits for its faulting thread (dsm.c): a busy host
+	 * wakes threads later than 500 us, and DEX_GRANT_HOLD_US lets it wait
+	 * longer. At most a second, as a stuck thread holds the page that long. */
+	dex_rt.grant_hold_ns = dex_env_number("DEX_GRANT_HOLD_US", 500, 1000000) * 1000ull;
 	dex_rt.fault_timeout_ns = dex_env_number("DEX_FAULT_TIMEOUT", 30, 86400) * 1000000000ull;
 	dex_rt.peer_timeout_s = (unsigned)dex_env_number("DEX_PEER_TIMEOUT", 5, 86400);
 	if (!dex_rt.peer_timeout_s)
