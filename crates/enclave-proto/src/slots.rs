@@ -7,22 +7,27 @@
 //! (`FileResult` or `FileAttributes`) is written back in its place. The channel still carries
 //! everything else, and any request that does not fit a slot.
 //!
-//! Layout (`FileSlots { gpa, count }`): at `gpa` the control page, then `count` slot pages.
+//! Layout (`FileSlots { gpa, count }`): at `gpa` the control page, then `count` slot pages;
+//! the words are little-endian u64s, 8-byte aligned.
 //!
 //! | where | what | written by |
 //! |---|---|---|
-//! | control + [`HOST_READY`] | u32: 1 while a host thread serves the slots; the kernel uses the channel while it is 0 | host |
-//! | control + [`HOST_POLLING`] | u32: 1 while the host polls the slots, 0 while it sleeps | host |
-//! | slot + [`STATE`] | u32: [`FREE`], [`POSTED`] or [`ANSWERED`] | both |
-//! | slot + [`LENGTH`] | u32: the request's length, then the answer's | both |
+//! | control + [`HOST_READY`] | u64: 1 while a host thread serves the slots; the kernel uses the channel while it is 0 | host |
+//! | control + [`HOST_POLLING`] | u64: 1 while the host polls the slots, 0 while it sleeps | host |
+//! | slot + [`STATE`] | u64: [`FREE`], [`POSTED`] or [`ANSWERED`] | both |
+//! | slot + [`LENGTH`] | u64: the request's length, then the answer's | both |
+//! | slot + [`GUEST_SLEEPING`] | u64: 1 while the kernel waits for this slot's answer halted | kernel |
 //! | slot + [`DATA`] | the encoded message, at most [`DATA_CAPACITY`] bytes | both |
 //!
 //! The kernel posts by writing the message and its length, then `STATE = POSTED`; then, if
 //! `HOST_POLLING` is 0, it writes the channel's doorbell port to wake the host. The host, on
 //! `POSTED`, reads the request, serves it, writes the answer and its length, then `STATE =
-//! ANSWERED`; the kernel reads it and sets `FREE`. Both sides use sequentially consistent
-//! accesses for `STATE` and `HOST_POLLING`, so a host that goes to sleep looks at every slot
-//! once more after clearing `HOST_POLLING` and a post is never missed. Nothing in the slots is
+//! ANSWERED`, and raises the channel interrupt if `GUEST_SLEEPING` is 1; the kernel reads the
+//! answer and sets `FREE`. A waiting kernel halts (sets `GUEST_SLEEPING`, looks at `STATE`
+//! once more, halts) rather than spin while the host does not poll: a spinning vCPU is the
+//! host scheduler's last choice on a busy machine. Both sides use sequentially consistent
+//! accesses for these words, so a host that goes to sleep looks at every slot once more after
+//! clearing `HOST_POLLING`, and neither a post nor an answer is missed. Nothing in the slots is
 //! trusted by the host: a request is decoded and checked as one from the channel.
 
 /// One control page and one page per slot.
@@ -30,16 +35,17 @@ pub const PAGE_SIZE: u64 = 4096;
 /// Offset of the host's polling flag in the control page.
 pub const HOST_POLLING: u64 = 0;
 /// Offset of the host's serving flag in the control page.
-pub const HOST_READY: u64 = 4;
+pub const HOST_READY: u64 = 8;
 /// Offsets in a slot page.
 pub const STATE: u64 = 0;
-pub const LENGTH: u64 = 4;
+pub const LENGTH: u64 = 8;
+pub const GUEST_SLEEPING: u64 = 16;
 pub const DATA: u64 = 64;
 pub const DATA_CAPACITY: usize = (PAGE_SIZE - DATA) as usize;
 /// Slot states.
-pub const FREE: u32 = 0;
-pub const POSTED: u32 = 1;
-pub const ANSWERED: u32 = 2;
+pub const FREE: u64 = 0;
+pub const POSTED: u64 = 1;
+pub const ANSWERED: u64 = 2;
 /// Most slots a kernel may publish (one per vCPU).
 pub const MAX_SLOTS: u16 = 64;
 

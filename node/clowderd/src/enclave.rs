@@ -7,12 +7,13 @@ use std::fs::File;
 use std::io::{Seek, SeekFrom};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use enclave_proto::{EnclaveMessage, FileImage, HostMessage, LaunchJob, List, Stream, PROTOCOL_VERSION};
+use enclave_proto::{EnclaveMessage, FileImage, FileOp, HostMessage, LaunchJob, List, Stream, PROTOCOL_VERSION};
 
 use crate::console::LogBook;
+use crate::file_slots::Slots;
 use crate::guest_ram::GuestRam;
 use crate::hio::{Identity, JobFiles, Scope};
 use crate::link::{self, Received, Receiver, Sender};
@@ -101,6 +102,10 @@ pub struct Enclave {
     launch_gate: Mutex<()>,
     /// Regions of other enclaves' published words (read-only), as logged apart from memory.
     word_regions: Mutex<Vec<u32>>,
+    /// The kernel's file-call slots, once it published them (`FileSlots`), and whether to
+    /// serve them (decided when the enclave starts).
+    file_slots: OnceLock<Slots>,
+    serves_file_slots: bool,
 }
 
 /// Turns the tail of an enclave's log into an indented block for error messages.
@@ -190,6 +195,8 @@ impl Enclave {
             stopping: AtomicBool::new(false),
             launch_gate: Mutex::new(()),
             word_regions: Mutex::new(Vec::new()),
+            file_slots: OnceLock::new(),
+            serves_file_slots: Slots::wanted(),
         };
         Ok((Arc::new(enclave), receiver))
     }
@@ -296,6 +303,26 @@ impl Enclave {
         }
     }
 
+    /// Raises the channel interrupt (a file slot answered for a halted kernel).
+    pub fn kick(&self) {
+        self.sender.lock().unwrap().kick();
+    }
+
+    /// Serves a forwarded file call of `job` (from the channel or a file slot): the reply.
+    pub fn serve_file_request(&self, job: u32, request: u32, op: &FileOp<'_>) -> HostMessage<'static> {
+        let mut jobs = self.jobs.lock().unwrap();
+        match jobs.get_mut(&job) {
+            Some(slot) => {
+                let served = slot.files.serve(op, &self.ram);
+                if let Some(refusal) = &served.refusal {
+                    self.log.push(format!("clowderd: job {job}: refused {op:?}: {refusal}"));
+                }
+                served.reply(job, request)
+            }
+            None => HostMessage::FileResult { job, request, result: -(libc::ESRCH as i64) },
+        }
+    }
+
     /// Handles one message; an error means the enclave is finished.
     fn handle(&self, bytes: &[u8], outstanding_ping: &mut Option<(u64, Instant)>, xemem: Option<&XememPort>) -> Result<(), String> {
         let message = match EnclaveMessage::decode(bytes) {
@@ -331,19 +358,7 @@ impl Enclave {
             EnclaveMessage::Log { text } => self.log.push(format!("[lwk] {}", String::from_utf8_lossy(text))),
             EnclaveMessage::Panic { text } => return Err(format!("the LWK panicked: {}", String::from_utf8_lossy(text))),
             EnclaveMessage::FileRequest { job, request, op } => {
-                let reply = {
-                    let mut jobs = self.jobs.lock().unwrap();
-                    match jobs.get_mut(&job) {
-                        Some(slot) => {
-                            let served = slot.files.serve(&op, &self.ram);
-                            if let Some(refusal) = &served.refusal {
-                                self.log.push(format!("clowderd: job {job}: refused {op:?}: {refusal}"));
-                            }
-                            served.reply(job, request)
-                        }
-                        None => HostMessage::FileResult { job, request, result: -(libc::ESRCH as i64) },
-                    }
-                };
+                let reply = self.serve_file_request(job, request, &op);
                 self.send(&reply)?;
             }
             EnclaveMessage::ZeroMemory { request, gpa, len } => {
@@ -357,6 +372,18 @@ impl Enclave {
                 };
                 self.send(&HostMessage::MemoryZeroed { request, result })?;
             }
+            EnclaveMessage::FileSlots { .. } if self.file_slots.get().is_some() => {
+                self.log.push("clowderd: the kernel published its file slots a second time; ignored")
+            }
+            EnclaveMessage::FileSlots { .. } if !self.serves_file_slots => {
+                self.log.push("clowderd: CLOWDER_FILE_SLOTS=off: file calls take the channel")
+            }
+            EnclaveMessage::FileSlots { gpa, count } => match Slots::map(&self.ram, gpa, count) {
+                Ok(slots) => {
+                    let _ = self.file_slots.set(slots);
+                }
+                Err(e) => self.log.push(format!("clowderd: refused the kernel's file slots: {e}")),
+            },
             EnclaveMessage::MappingCounter { gpa } => {
                 if let Err(e) = self.ram.publish_mapping_counter(gpa) {
                     self.log.push(format!("clowderd: refused the kernel's mapping counter: {e}"));
@@ -402,7 +429,12 @@ impl Enclave {
             // loaded host), the Pong, or the corruption that explains the silence, is already
             // waiting there. Only an empty channel, or a Pong owed for far too long while the
             // enclave keeps sending other things, makes it hung.
-            let channel_empty = match receiver.receive(Duration::from_millis(20)) {
+            let received = receiver.receive(Duration::from_millis(20));
+            // A doorbell may have been for the file slots.
+            if let Some(slots) = self.file_slots.get() {
+                slots.serve(&self.ram, &self.log, &|job, request, op| self.serve_file_request(job, request, op), &|| self.kick());
+            }
+            let channel_empty = match received {
                 Ok(Received::Message(bytes)) => {
                     if let Err(e) = self.handle(&bytes, &mut outstanding_ping, xemem.as_ref()) {
                         break e;
@@ -436,6 +468,9 @@ impl Enclave {
                 }
             }
         };
+        if let Some(slots) = self.file_slots.get() {
+            slots.stop();
+        }
         self.log.push(format!("clowderd: enclave {} failed: {failure}", self.name));
         let ended = self.machine.lock().unwrap().shut_down(Duration::from_secs(1));
         self.log.push(format!("clowderd: {ended}"));

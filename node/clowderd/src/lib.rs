@@ -18,6 +18,7 @@ pub mod cpuset;
 pub mod daemon;
 pub mod enclave;
 pub mod executable;
+pub mod file_slots;
 pub mod guest_ram;
 pub mod hio;
 pub mod link;

@@ -98,7 +98,9 @@ impl Sender {
         Ok(())
     }
 
-    fn kick(&self) {
+    /// Raises the channel interrupt in the guest with no message (a file slot's answer for a
+    /// kernel that waits halted).
+    pub fn kick(&self) {
         // An eventfd write fails only when its counter would overflow, which means the guest has
         // plenty of pending wake-ups already.
         let _ = sys::signal_eventfd(&self.interrupt);

@@ -39,7 +39,7 @@ const EIO: i64 = Errno::EIO.0 as i64;
 static BOUNCE: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 
 /// This CPU's bounce buffer.
-fn bounce() -> Option<u64> {
+pub(crate) fn bounce() -> Option<u64> {
     let slot = &BOUNCE[tables::current_cpu()];
     if slot.load(Ordering::Relaxed) == 0 {
         slot.store(pmem::allocate(BOUNCE_SIZE, 4096)?, Ordering::Relaxed);
@@ -58,13 +58,16 @@ pub fn job_cwd() -> Option<String> {
 /// Sends `op` for the running job and waits for the host's answer. Ends the job instead if
 /// the host kills it meanwhile.
 fn request(op: FileOp<'_>) -> FileAnswer {
-    let request = with_state(|state| {
+    let (job, request) = with_state(|state| {
         let request = state.next_request;
         state.next_request = state.next_request.wrapping_add(1);
-        let job = state.job.as_ref().map_or(0, |job| job.id);
-        state.link.send(&EnclaveMessage::FileRequest { job, request, op });
-        request
+        (state.job.as_ref().map_or(0, |job| job.id), request)
     });
+    // This CPU's file slot when the host polls them; else the channel.
+    if let Some(answer) = super::slots::call(job, request, &op) {
+        return answer;
+    }
+    with_state(|state| state.link.send(&EnclaveMessage::FileRequest { job, request, op }));
     loop {
         let (followup, answer) = with_state(|state| (state.drain(), state.answers.remove(&request)));
         if let Some(answer) = answer {
@@ -84,7 +87,7 @@ fn result_of(answer: FileAnswer) -> i64 {
 }
 
 /// Where the start of a user buffer lies, for the host to read or write it.
-enum Run {
+pub(crate) enum Run {
     /// Guest-physical `[gpa, gpa + len)` in the enclave's RAM: the host uses it directly.
     Ram { gpa: u64, len: u64 },
     /// Mapped outside RAM: at most `len` bytes go through the bounce buffer.
@@ -95,7 +98,7 @@ enum Run {
 /// `MAX_TRANSFER` bytes), following the page tables while the physical pages stay consecutive
 /// RAM. `None` when the first page is not the job's (unmapped, kernel) or, when the host is
 /// to write there (`host_writes`), not writable.
-fn user_run(buffer: u64, len: u64, host_writes: bool) -> Option<Run> {
+pub(crate) fn user_run(buffer: u64, len: u64, host_writes: bool) -> Option<Run> {
     let len = len.min(MAX_TRANSFER);
     if buffer.checked_add(len).is_none_or(|end| end > USER_END) {
         return None;

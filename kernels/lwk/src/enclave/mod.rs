@@ -21,6 +21,7 @@
 //! core from every multi-vCPU job and still leave one-vCPU enclaves needing the interrupt.
 
 pub mod files;
+mod slots;
 /// The enclave's pure rules (in `lwk-core`, tested on the host).
 pub use lwk_core::enclave as rules;
 
@@ -318,6 +319,21 @@ pub fn wait_for_host_message() {
     }
 }
 
+/// One round of a busy wait for the host (a file slot's answer while the host polls): as
+/// `wait_for_host_message`, but CPU 0 drains the channel instead of sleeping.
+pub fn poll_host_once() {
+    let cpu = crate::arch::tables::current_cpu();
+    if cpu == 0 {
+        on_channel_interrupt();
+        crate::sched::end_job_if_requested(cpu);
+    } else {
+        crate::sched::park_if_requested(cpu);
+        crate::sched::flush_tlb_if_stale();
+    }
+    // No PAUSE: in emulated kernel mode (PVM) it may hand the vCPU's core to the host
+    // scheduler for a whole tick.
+}
+
 /// Ranges below this are cleared here: a host round trip costs about what clearing 64 KiB
 /// does in emulated kernel code.
 const HOST_ZERO_MIN: u64 = 64 * 1024;
@@ -395,6 +411,10 @@ pub fn run(config: ChannelConfig, vcpus: u16) -> ! {
     match mm::aspace::publish_mapping_changes(config.ram_page) {
         Some(counter) => with_state(|state| state.link.send(&EnclaveMessage::MappingCounter { gpa: counter })),
         None => log!("no {:#x} bytes of RAM for the count of page-table changes: not published", config.ram_page),
+    }
+    match slots::publish(vcpus, config.doorbell_port) {
+        Some(message) => with_state(|state| state.link.send(&message)),
+        None => log!("no memory for the file-call slots: file calls go on the channel"),
     }
     // XEMEM: look for the name server (clowderd) on the channel.
     crate::xpmem::host_link::link_up();
