@@ -49,9 +49,9 @@ out=$root/docs/results/xemem-snapshot.md
     echo
     echo "\`xemem/bench/snapshot.sh\` ($(date -u +%Y-%m-%d), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'),"
     echo "$(nproc) CPUs, load average $load_before at the start; medians of $reps cycles). A region from"
-    echo "\`xemem_region_alloc\` is filled once (every page mapped); each cycle rewrites the written pages"
-    echo "(spread evenly, each wholly), takes a snapshot, rewrites them again under it and releases it."
-    echo "Times in ms."
+    echo "\`xemem_region_alloc\` is filled once (every page mapped); each cycle takes a snapshot, rewrites"
+    echo "the written pages under it (spread evenly, each wholly) and releases it; the next cycle's snapshot"
+    echo "folds them. Times in ms."
     echo
     echo "Elapsed time:"
     echo
@@ -79,10 +79,10 @@ out=$root/docs/results/xemem-snapshot.md
   and write-protected again in one `PAGEMAP_SCAN` walk of the view's page table (userfaultfd's
   asynchronous write-protect marks them), copied into the region's memfd, and the segment is
   made (one broker call). The view is `MAP_PRIVATE` since the region's first snapshot.
-- **copy-on-write**: the rewrite under the snapshot less the same rewrite without one: a
-  write-protect fault on each page's first store (the kernel's copy-on-write too, the first
-  time a page is written); plus the first rewrite after the release less the second (the make
-  protected those pages again).
+- **copy-on-write**: the rewrite under the snapshot less the same rewrite once more, the pages
+  then the writer's own: a fault on each page's first store since the snapshot (write-protect;
+  the kernel's copy-on-write too, the first time a page is written, or in the untracked fold,
+  which drops the pages).
 - **release**: `xemem_snapshot_release`: the segment removed (one broker call).
 - **snapshot** = make + copy-on-write + release: the issue's target is under 5% of the copy for
   1 GiB with 1% rewritten.
@@ -94,8 +94,8 @@ MD
     # Per written page, from the 1 GiB / 1% row of the CPU-time table.
     echo "$cpu" | awk -F'|' 'NR == 1 {
         split($3, w, " "); pages = w[1]
-        printf "\nPer written page (1 GiB, 1%%, CPU time): the whole cycle %.2f us, of which the two write-protect\n", $8 * 1000 / pages
-        printf "faults %.2f us; a 4 KiB page of the region copy costs %.2f us.\n", $6 * 1000 / pages, $4 * 1000 / 262144
+        printf "\nPer written page (1 GiB, 1%%, CPU time): the whole cycle %.2f us, of which the fault %.2f us;\n", $8 * 1000 / pages, $6 * 1000 / pages
+        printf "a 4 KiB page of the region copy costs %.2f us.\n", $4 * 1000 / 262144
     }'
 } >"$out"
 echo "wrote $out"
