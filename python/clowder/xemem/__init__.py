@@ -280,8 +280,9 @@ class Snapshot:
 def snapshot(array, name=None, mode=0o600):
     """Publishes what the region under `array` (from zeros(), any view of it) holds now as a
     read-only snapshot segment; returns a Snapshot. Costs the pages written between snapshots
-    (each copied once by the kernel, once into the region's memory) and a walk of the region's
-    page table, not a copy of the region. One snapshot per region at a time (BusyError).
+    (a fault on each page's first store, a copy into the region's memory at the next snapshot)
+    and a walk of the region's page table, not a copy of the region. One snapshot per region at
+    a time (BusyError).
     `name` and `mode` as make's; readers need read and write in `mode`, as XPMEM attaches."""
     region = _region_of(array)
     if not isinstance(mode, int) or not 0 <= mode <= 0o777:
