@@ -1,26 +1,13 @@
 #include "writer.h"
 #include "types.h"
 
-#include <cstring>
-#include <iostream>
 #include <stdexcept>
-#include <unistd.h>
 
 namespace clowder_adios
 {
 
 namespace
 {
-size_t Align(size_t n, size_t a) { return (n + a - 1) / a * a; }
-
-void Append(std::vector<uint8_t> &out, const void *p, size_t n)
-{
-    const uint8_t *b = static_cast<const uint8_t *>(p);
-    out.insert(out.end(), b, b + n);
-}
-
-void PadTo8(std::vector<uint8_t> &out) { out.resize(Align(out.size(), 8), 0); }
-
 size_t Elements(const adios2::Dims &count)
 {
     size_t n = 1;
@@ -29,181 +16,25 @@ size_t Elements(const adios2::Dims &count)
     return n;
 }
 
-// False once the reader's presence segment is gone; an error other than ENOENT (a busy
-// broker) is no proof of death.
-bool Present(int64_t presenceSegid)
+void Append(std::vector<uint8_t> &out, const void *p, size_t n)
 {
-    int64_t apid;
-    try
-    {
-        apid = GetPermit(presenceSegid);
-    }
-    catch (const std::runtime_error &)
-    {
-        return true;
-    }
-    if (apid < 0)
-        return false;
-    ReleasePermit(apid);
-    return true;
+    const uint8_t *b = static_cast<const uint8_t *>(p);
+    out.insert(out.end(), b, b + n);
 }
 } // namespace
 
 Writer::Writer(adios2::IO io, const std::string &name, adios2::Mode mode)
-: PluginEngineInterface(io, name, mode), m_Params(Params::Parse(io.Parameters())),
-  m_ControlName(ControlName(m_Params.Stream(io.Name())))
+: PluginEngineInterface(io, name, mode)
 {
-    m_Name = m_Params.Stream(io.Name()); // `name` is the plugin's (see Params::streamName)
-    size_t size = ControlSize(m_Params.queueLimit, m_Params.maxReaders);
-    m_Control = std::make_unique<MadeSegment>(size, "clowder-adios2-control");
-    auto &h = *reinterpret_cast<ControlHeader *>(m_Control->Data());
-    std::memcpy(h.magic, kControlMagic, sizeof h.magic);
-    h.version = kFormatVersion;
-    h.queue_slots = m_Params.queueLimit;
-    h.max_readers = m_Params.maxReaders;
-    h.writer_pid = static_cast<uint64_t>(getpid());
-    m_Control->MakeAtLeast(size, &m_ControlName);
-    m_Ctl = ControlView(m_Control->Data(), size, m_Name);
-
-    // As SST's RendezvousReaderCount: Open returns once that many readers are attached.
-    Deadline deadline(m_Params.openTimeoutSecs);
-    Backoff backoff;
-    while (LiveReaders() < m_Params.rendezvousReaderCount)
-    {
-        if (deadline.Passed())
-            throw std::runtime_error("clowder engine: stream '" + m_Name + "': " +
-                                     std::to_string(m_Params.rendezvousReaderCount) +
-                                     " reader(s) expected (RendezvousReaderCount), " +
-                                     std::to_string(LiveReaders()) + " came within " +
-                                     SecondsText(m_Params.openTimeoutSecs));
-        backoff.Pause();
-    }
+    Params params = Params::Parse(io.Parameters());
+    m_Name = params.Stream(io.Name()); // `name` is the plugin's (see Params::streamName)
+    m_Stream = std::make_unique<StreamWriter>(m_Name, params);
 }
-
-Writer::~Writer()
-{
-    if (!m_Closed)
-        Finish(false);
-}
-
-uint32_t Writer::LiveReaders()
-{
-    // Asking the broker about every reader costs two calls each: at most every 0.1 s.
-    bool check = m_NextPresenceCheck.Passed();
-    if (check)
-        m_NextPresenceCheck = Deadline(0.1);
-    uint32_t live = 0;
-    for (uint32_t i = 0; i < m_Ctl.MaxReaders(); ++i)
-    {
-        ReaderSlot &r = m_Ctl.Reader(i);
-        uint64_t pid = Load(r.pid);
-        if (pid == 0)
-            continue;
-        if (!check || Present(Load(r.presence_segid)))
-            ++live;
-        else // a reader that died gives its place back
-            __atomic_compare_exchange_n(&r.pid, &pid, uint64_t(0), false, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_ACQUIRE);
-    }
-    return live;
-}
-
-uint32_t Writer::Reclaim()
-{
-    uint32_t live = LiveReaders();
-    if (live == 0)
-        return 0; // nobody to wait for: keep the queue for readers that join later
-    uint64_t least = m_NextPub;
-    for (uint32_t i = 0; i < m_Ctl.MaxReaders(); ++i)
-    {
-        ReaderSlot &r = m_Ctl.Reader(i);
-        if (Load(r.pid) != 0)
-            least = std::min(least, std::max(Load(r.next_pub), m_Oldest));
-    }
-    if (least > m_Oldest)
-    {
-        Store(m_Ctl.Header().oldest_pub, least);
-        // A reader that joined while we looked may have read oldest_pub before our store and
-        // start below `least`: it has stored its position by now, so we see it here. The
-        // buffers it might read are dropped (its attachment keeps their memory), not reused.
-        uint64_t guard = least;
-        for (uint32_t i = 0; i < m_Ctl.MaxReaders(); ++i)
-        {
-            ReaderSlot &r = m_Ctl.Reader(i);
-            if (Load(r.pid) != 0)
-                guard = std::min(guard, std::max(Load(r.next_pub), m_Oldest));
-        }
-        auto end = m_Published.lower_bound(least);
-        for (auto it = m_Published.begin(); it != end; ++it)
-            if (it->first < guard && m_Pool.size() < kPoolMax)
-                m_Pool.push_back(std::move(it->second));
-        m_Published.erase(m_Published.begin(), end);
-        m_Oldest = least;
-    }
-    return live;
-}
-
-bool Writer::QueueFull() const { return m_NextPub - m_Oldest >= m_Ctl.QueueSlots(); }
 
 adios2::StepStatus Writer::BeginStep(adios2::StepMode, const float)
 {
-    if (m_Closed)
-        throw std::logic_error("clowder engine: BeginStep after Close");
-    if (m_InStep)
-        throw std::logic_error("clowder engine: BeginStep twice without EndStep");
-    if (!m_Pool.empty())
-    {
-        m_Current = std::move(m_Pool.back());
-        m_Pool.pop_back();
-    }
-    else
-        m_Current = std::make_unique<MadeSegment>(m_Params.maxStepSize, "clowder-adios2-step");
-    m_Used = kPage;
-    m_Meta.clear();
-    m_NVars = m_NAttrs = 0;
-    m_InStep = true;
+    m_Stream->BeginStep();
     return adios2::StepStatus::OK;
-}
-
-void Writer::AddBlock(const std::string &name, const std::string &type, Kind kind,
-                      const adios2::Dims &shape, const adios2::Dims &start,
-                      const adios2::Dims &count, const void *data, size_t bytes)
-{
-    if (!m_InStep)
-        BeginStep(adios2::StepMode::Append, -1); // a Put outside steps opens one, as BP5
-    if (count.size() > kMaxDims)
-        throw std::invalid_argument("clowder engine: variable '" + name + "' has more than " +
-                                    std::to_string(kMaxDims) + " dimensions");
-    size_t at = Align(m_Used, kDataAlign);
-    if (bytes > m_Current->Capacity() || at > m_Current->Capacity() - bytes)
-        throw std::runtime_error("clowder engine: step " + std::to_string(m_Step) + " of '" +
-                                 m_Name + "' exceeds MaxStepSize (" +
-                                 std::to_string(m_Params.maxStepSize) + " bytes) at '" + name +
-                                 "'");
-    std::memcpy(m_Current->Data() + at, data, bytes);
-    m_Used = at + bytes;
-
-    VarRecord rec{};
-    rec.kind = static_cast<uint8_t>(kind);
-    rec.ndims = static_cast<uint8_t>(count.size());
-    rec.type_len = static_cast<uint8_t>(type.size());
-    rec.name_len = static_cast<uint32_t>(name.size());
-    rec.data_offset = at;
-    rec.data_size = bytes;
-    size_t begin = m_Meta.size();
-    Append(m_Meta, &rec, sizeof rec);
-    for (const adios2::Dims *dims : {&shape, &start, &count})
-        for (size_t d = 0; d < count.size(); ++d)
-        {
-            uint64_t v = d < dims->size() ? (*dims)[d] : 0;
-            Append(m_Meta, &v, sizeof v);
-        }
-    Append(m_Meta, type.data(), type.size());
-    Append(m_Meta, name.data(), name.size());
-    PadTo8(m_Meta);
-    reinterpret_cast<VarRecord *>(m_Meta.data() + begin)->record_size =
-        static_cast<uint32_t>(m_Meta.size() - begin);
-    ++m_NVars;
 }
 
 template <class T>
@@ -212,8 +43,8 @@ void Writer::Put(adios2::Variable<T> &variable, const T *values)
     const std::string name = variable.Name();
     if constexpr (std::is_same_v<T, std::string>)
     {
-        AddBlock(name, adios2::GetType<T>(), Kind::Value, {}, {}, {}, values->data(),
-                 values->size());
+        m_Stream->AddBlock(name, adios2::GetType<T>(), Kind::Value, {}, {}, {}, values->data(),
+                           values->size());
     }
     else
     {
@@ -221,7 +52,8 @@ void Writer::Put(adios2::Variable<T> &variable, const T *values)
         {
         case adios2::ShapeID::GlobalValue:
         case adios2::ShapeID::LocalValue:
-            AddBlock(name, adios2::GetType<T>(), Kind::Value, {}, {}, {}, values, sizeof(T));
+            m_Stream->AddBlock(name, adios2::GetType<T>(), Kind::Value, {}, {}, {}, values,
+                               sizeof(T));
             break;
         case adios2::ShapeID::GlobalArray:
         {
@@ -236,15 +68,15 @@ void Writer::Put(adios2::Variable<T> &variable, const T *values)
                                                 "': start + count exceeds the shape in "
                                                 "dimension " +
                                                 std::to_string(d));
-            AddBlock(name, adios2::GetType<T>(), Kind::GlobalArray, shape, start, count, values,
-                     Elements(count) * sizeof(T));
+            m_Stream->AddBlock(name, adios2::GetType<T>(), Kind::GlobalArray, shape, start, count,
+                               values, Elements(count) * sizeof(T));
             break;
         }
         case adios2::ShapeID::LocalArray:
         {
             adios2::Dims count = variable.Count();
-            AddBlock(name, adios2::GetType<T>(), Kind::LocalArray, {}, {}, count, values,
-                     Elements(count) * sizeof(T));
+            m_Stream->AddBlock(name, adios2::GetType<T>(), Kind::LocalArray, {}, {}, count,
+                               values, Elements(count) * sizeof(T));
             break;
         }
         default:
@@ -296,22 +128,8 @@ void Writer::AddAttributes()
                     }
                 else
                     Append(values, data.data(), data.size() * sizeof(T));
-                const std::string type = typeIt->second;
-                AttrRecord rec{};
-                rec.type_len = static_cast<uint8_t>(type.size());
-                rec.is_value = attr.IsValue() ? 1 : 0;
-                rec.name_len = static_cast<uint32_t>(name.size());
-                rec.nelems = static_cast<uint32_t>(data.size());
-                rec.values_size = values.size();
-                size_t begin = m_Meta.size();
-                Append(m_Meta, &rec, sizeof rec);
-                Append(m_Meta, type.data(), type.size());
-                Append(m_Meta, name.data(), name.size());
-                Append(m_Meta, values.data(), values.size());
-                PadTo8(m_Meta);
-                reinterpret_cast<AttrRecord *>(m_Meta.data() + begin)->record_size =
-                    static_cast<uint32_t>(m_Meta.size() - begin);
-                ++m_NAttrs;
+                m_Stream->AddAttribute(name, typeIt->second, attr.IsValue(),
+                                       static_cast<uint32_t>(data.size()), values);
             }
         });
     }
@@ -319,100 +137,17 @@ void Writer::AddAttributes()
 
 void Writer::EndStep()
 {
-    if (!m_InStep)
+    if (!m_Stream->InStep())
         throw std::logic_error("clowder engine: EndStep without BeginStep");
-    m_InStep = false;
     AddAttributes();
-    size_t metaAt = Align(m_Used, 8);
-    size_t total = metaAt + m_Meta.size();
-    if (total > m_Current->Capacity())
-        throw std::runtime_error("clowder engine: step " + std::to_string(m_Step) +
-                                 " exceeds MaxStepSize with its metadata");
-    std::memcpy(m_Current->Data() + metaAt, m_Meta.data(), m_Meta.size());
-    auto &h = *reinterpret_cast<StepHeader *>(m_Current->Data());
-    std::memcpy(h.magic, kStepMagic, sizeof h.magic);
-    h.version = kFormatVersion;
-    h.nvars = m_NVars;
-    h.nattrs = m_NAttrs;
-    h.step = m_Step;
-    h.total_size = total;
-    h.meta_offset = metaAt;
-    h.meta_size = m_Meta.size();
-
-    ++m_Step;
-    Backoff backoff;
-    while (true)
-    {
-        uint32_t live = Reclaim();
-        if (!QueueFull())
-            break;
-        if (live == 0)
-        {
-            // Nobody reads: the oldest step goes, so a reader that joins sees the latest.
-            m_Published.erase(m_Oldest++);
-            Store(m_Ctl.Header().oldest_pub, m_Oldest);
-        }
-        else if (m_Params.policy == QueueFullPolicy::Discard)
-        {
-            if (m_Pool.size() < kPoolMax)
-                m_Pool.push_back(std::move(m_Current));
-            m_Current.reset();
-            return;
-        }
-        else
-            backoff.Pause();
-    }
-    Publish(std::move(m_Current), total);
-}
-
-void Writer::Publish(std::unique_ptr<MadeSegment> step, size_t size)
-{
-    step->MakeAtLeast(size);
-    StepSlot &slot = m_Ctl.Slot(m_NextPub);
-    Store(slot.seq, 2 * m_NextPub + 1);
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-    slot.step = m_Step - 1;
-    slot.segid = step->Segid();
-    slot.size = step->MadeSize(); // the whole segment, so readers' attachments park
-    Store(slot.seq, 2 * m_NextPub + 2);
-    m_Published[m_NextPub] = std::move(step);
-    Store(m_Ctl.Header().next_pub, ++m_NextPub);
-}
-
-void Writer::Finish(bool drain)
-{
-    m_Closed = true;
-    Store(m_Ctl.Header().state, kEnded);
-    if (drain)
-    {
-        // The steps stay until every reader has read them or gone (CloseTimeoutSecs at most).
-        Deadline deadline(m_Params.closeTimeoutSecs);
-        Backoff backoff;
-        while (Reclaim() > 0 && m_Oldest < m_NextPub)
-        {
-            if (deadline.Passed())
-            {
-                std::cerr << "clowder engine: stream '" << m_Name << "': closing with "
-                          << (m_NextPub - m_Oldest)
-                          << " step(s) unread after CloseTimeoutSecs\n";
-                break;
-            }
-            backoff.Pause();
-        }
-    }
-    m_Published.clear();
-    m_Pool.clear();
-    m_Current.reset();
-    m_Control.reset();
+    m_Stream->EndStep();
 }
 
 void Writer::DoClose(const int)
 {
-    if (m_Closed)
-        return;
-    if (m_InStep)
+    if (m_Stream->InStep())
         EndStep();
-    Finish(true);
+    m_Stream->Close();
 }
 
 } // namespace clowder_adios
