@@ -53,8 +53,8 @@ n1=$(nodes_address 1) n2=$(nodes_address 2)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=$NODES_SSH PMIX_MCA_gds=hash
 export OMPI_MCA_btl_tcp_if_include=10.$NODES_SUBNET.0.0/24 OMPI_MCA_oob_tcp_if_include=10.$NODES_SUBNET.0.0/24
 mpirun=(timeout 300 mpirun --oversubscribe --bind-to core)
-# enclave ranks list interfaces from /proc/net/if_inet6 alone: the nodes' interfaces by name
-tcp=(--mca btl tcp,self --mca pml ob1 --mca btl_tcp_if_include "$(nodes_interface 1),$(nodes_interface 2)")
+# enclave ranks list interfaces from /proc/net/if_inet6 alone: the nodes' interface by name
+tcp=(--mca btl tcp,self --mca pml ob1 --mca btl_tcp_if_include "$NODES_INTERFACE")
 a=("$clowder" run --enclave a) b=("$clowder" run --enclave b)
 cd "$NODES_DIR"
 
