@@ -85,7 +85,7 @@ test-linux: build
 test-big: build
 	@$(CARGO) test --release -p clowderd --test big_enclave -- --ignored --test-threads 1
 
-# Opt-in, about 4 minutes: MPI programs under mpirun (over ssh) and srun on two "nodes" (network
+# Opt-in, about 5 minutes: MPI programs under mpirun (over ssh) and srun on two "nodes" (network
 # namespaces, each with its clowderd, sshd and slurmd), as host ranks and as enclave ranks.
 test-mpi: build
 	@scripts/mpi-test.sh
