@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The clowder ADIOS2 engine between host processes, through ADIOS2's own C++, C and Python
 # APIs, with a private XEMEM broker: a C++ writer and a Python reader (whole array and a
-# selection), a Python writer and C++ and C readers, two readers of one stream, a reader that
+# selection), a Python writer and C++ and C readers, the C writer API (no ADIOS2) and ADIOS2
+# readers, two readers of one stream, a reader that
 # joins late, the Discard policy, and bad input (an unknown stream, a wrong type, a selection
 # outside the shape, a writer killed mid-step, a hostile writer's malformed segments, malformed
 # configurations), none of which may crash the writer or reader or leave a segment behind. Prints "N passed, N failed"; exit 1 on a failure.
@@ -80,6 +81,20 @@ run "$bin/cxx_reader" "$c" out.bp >"$R" 2>&1; r=$?
 wait $w; ws=$?
 [ $r = 0 ] && [ $ws = 0 ] && grep -q "after 3 steps" "$R" && no_segment_left SimulationOutput
 check "Python writer, C++ reader" $? "$W" "$R"
+
+c=$(config cw StreamName=cw)
+run "$bin/c_writer_static" cw 3 32 16 >"$W" 2>&1 & w=$!
+run python3 "$tests/py_reader.py" "$c" out.bp 5 3 20 10 >"$R" 2>&1; r=$?
+wait $w; ws=$?
+run "$bin/c_writer" cw 2 32 16 QueueLimit=1 >"$W" 2>&1 & w=$!
+run "$bin/cxx_reader" "$c" out.bp >"$R2" 2>&1; r2=$?
+wait $w; ws2=$?
+[ $r = 0 ] && [ $ws = 0 ] && [ $r2 = 0 ] && [ $ws2 = 0 ] && grep -q "after 3 steps" "$R" &&
+    grep -q "after 2 steps" "$R2" && no_segment_left cw
+check "C writer API without ADIOS2 (static, then shared) and ADIOS2 Python and C++ readers" $? "$W" "$R" "$R2"
+run "$bin/c_writer" cw 1 4 4 QueueLimit=zero >"$W" 2>&1; ws=$?
+[ $ws = 1 ] && grep -q 'c_writer: open: clowder engine: parameter QueueLimit="zero" is not an integer' "$W"
+check "the C writer API names a bad parameter" $? "$W"
 
 c=$(config s4 StreamName=s4 RendezvousReaderCount=2)
 run python3 "$tests/py_writer.py" "$c" out.bp 5 32 16 >"$W" 2>&1 & w=$!
