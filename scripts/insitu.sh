@@ -177,7 +177,7 @@ unavailable() { # CONFIG
     case $1 in
         lwk-linux)
             if "$bin/clowder" enclave create --help | grep -q -- '- linux'; then
-                echo "not available: scripts/insitu.sh does not start a Linux-VM enclave's analytics yet"
+                echo "not available: Linux-VM enclaves exist, but offer no XEMEM inside the guest yet (docs/linux-guest.md)"
             else
                 echo "not available: clowderd has no Linux-VM enclave kind yet"
             fi ;;

@@ -114,7 +114,7 @@ def matrix_part(directory, info, plt):
     out.append("|---|" + "---|" * len(WORKFLOWS))
     for config, label in CONFIGS.items():
         if config in unavailable:
-            out.append(f"| {label} | " + " | ".join([unavailable[config]] * len(WORKFLOWS)) + " |")
+            out.append(f"| {label} | {unavailable[config]} |" + " |" * (len(WORKFLOWS) - 1))
             continue
         if not any((config, w) in results for w in WORKFLOWS):
             continue
