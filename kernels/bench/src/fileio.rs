@@ -1,6 +1,8 @@
 //! Forwarded file I/O (issue 21, point 3): `fileio/fileio.c` in a persistent enclave of a
 //! private clowderd (forwarded calls need one) and on the host, on the same core: open+close,
-//! stat, and sequential write and read MB/s at 4 KiB, 64 KiB and 8 MiB requests.
+//! stat, and sequential write and read MB/s at 4 KiB, 64 KiB and 8 MiB requests; and the
+//! calls again with the kernel's file slots not served (`CLOWDER_FILE_SLOTS=off`), through the
+//! channel, to compare.
 
 use std::path::Path;
 use std::process::Command;
@@ -29,22 +31,37 @@ pub fn rows(repo: &Path, core: usize, vmm: &Path, lwk: &Path) -> Result<Vec<(Str
     if !built.is_ok_and(|status| status.success()) {
         return Err(format!("musl-gcc could not build {}", source.display()));
     }
-    let daemon = Daemon::start(repo, &scratch, vmm, lwk)?;
-    daemon.create_enclave(repo, "lwk-bench-io", "512M", core)?;
     let args = ["200", "64"];
-    let enclave = daemon.clowder(repo).current_dir(&work).args(["run", "--enclave", "lwk-bench-io"]).arg(&program).args(args).output();
-    // The host's turn once the enclave is gone: until then its core is not the host's.
-    let _ = daemon.clowder(repo).args(["enclave", "rm", "lwk-bench-io"]).output();
-    drop(daemon);
+    // The enclave's turns first, each with a daemon of its own: until its enclave is gone the
+    // core is not the host's. The channel's turn (file slots not served) times only the calls.
+    let in_enclave = |file_slots: bool, args: &[&str]| -> Result<String, String> {
+        // A directory of its own: the last daemon's socket must not look like this one's.
+        let place = scratch.join(if file_slots { "slots" } else { "channel" });
+        std::fs::create_dir_all(&place).map_err(|e| format!("{}: {e}", place.display()))?;
+        let daemon = Daemon::start_serving_file_slots(repo, &place, vmm, lwk, file_slots)?;
+        daemon.create_enclave(repo, "lwk-bench-io", "512M", core)?;
+        let run = daemon.clowder(repo).current_dir(&work).args(["run", "--enclave", "lwk-bench-io"]).arg(&program).args(args).output();
+        let _ = daemon.clowder(repo).args(["enclave", "rm", "lwk-bench-io"]).output();
+        match run {
+            Ok(out) if out.status.success() => Ok(String::from_utf8_lossy(&out.stdout).into_owned()),
+            other => Err(format!("fileio failed in the enclave: {other:?}")),
+        }
+    };
+    let enclave = in_enclave(true, &args);
+    let channel = in_enclave(false, &["200", "0"]);
     let host = Command::new("taskset").current_dir(&work).arg("-c").arg(core.to_string()).arg(&program).args(args).output();
     let _ = std::fs::remove_dir_all(&scratch);
-    let (enclave, host) = match (enclave, host) {
-        (Ok(enclave), Ok(host)) if enclave.status.success() && host.status.success() => {
-            (String::from_utf8_lossy(&enclave.stdout).into_owned(), String::from_utf8_lossy(&host.stdout).into_owned())
+    let (enclave, channel, host) = match (enclave, channel, host) {
+        (Ok(enclave), Ok(channel), Ok(host)) if host.status.success() => {
+            (enclave, channel, String::from_utf8_lossy(&host.stdout).into_owned())
         }
-        (enclave, host) => return Err(format!("fileio failed: enclave {enclave:?}, host {host:?}")),
+        (enclave, channel, host) => return Err(format!("fileio failed: enclave {enclave:?}, channel {channel:?}, host {host:?}")),
     };
     let host = figures(&host);
+    let channel: Vec<(String, f64)> = figures(&channel).into_iter().filter(|(what, _)| what.ends_with("(us)")).collect();
+    let channel_rows = channel.into_iter().map(|(what, ours)| {
+        (format!("forwarded {what} over the channel (file slots not served)"), format!("enclave {ours:.1}"), "-".to_string())
+    });
     Ok(figures(&enclave)
         .into_iter()
         .map(|(what, ours)| {
@@ -57,6 +74,7 @@ pub fn rows(repo: &Path, core: usize, vmm: &Path, lwk: &Path) -> Result<Vec<(Str
             };
             (format!("forwarded {what}"), format!("enclave {ours:.1}, host {theirs:.1}"), target.to_string())
         })
+        .chain(channel_rows)
         .collect())
 }
 

@@ -23,8 +23,15 @@ impl Daemon {
     /// Starts the repository's clowderd with `vmm` and `lwk` (isolating enclave cores), its
     /// socket and log in `scratch`, and waits for the socket.
     pub fn start(repo: &Path, scratch: &Path, vmm: &Path, lwk: &Path) -> Result<Daemon, String> {
+        Daemon::start_serving_file_slots(repo, scratch, vmm, lwk, true)
+    }
+
+    /// `start`, with the kernels' file-call slots served or not (`CLOWDER_FILE_SLOTS=off`: every
+    /// forwarded call takes the channel).
+    pub fn start_serving_file_slots(repo: &Path, scratch: &Path, vmm: &Path, lwk: &Path, file_slots: bool) -> Result<Daemon, String> {
         let socket = scratch.join("clowderd.sock");
         let child = Command::new(repo.join("target/release/clowderd"))
+            .env("CLOWDER_FILE_SLOTS", if file_slots { "on" } else { "off" })
             .arg("--socket")
             .arg(&socket)
             .arg("--vmm")
@@ -53,7 +60,7 @@ impl Daemon {
     /// Creates the persistent enclave `name` of `mem` (`512M`) on `core`.
     pub fn create_enclave(&self, repo: &Path, name: &str, mem: &str, core: usize) -> Result<(), String> {
         let created =
-            self.clowder(repo).args(["enclave", "create", "--name", name, "--mem", mem, "--cores"]).arg(core.to_string()).output();
+            self.clowder(repo).args(["enclave", "create", "--name", name, "--mem", mem, "--core-list"]).arg(core.to_string()).output();
         match created {
             Ok(out) if out.status.success() => Ok(()),
             Ok(out) => Err(format!("creating the enclave: {}", String::from_utf8_lossy(&out.stderr).trim())),
