@@ -26,6 +26,18 @@ size_t RoundToPage(size_t n) { return (n + kPage - 1) / kPage * kPage; }
 MadeSegment::MadeSegment(size_t capacity, const char *what) : m_Capacity(RoundToPage(capacity))
 {
     m_Fd = memfd_create(what, MFD_CLOEXEC);
+    if (m_Fd < 0 && errno == ENOSYS)
+    {
+        // The LWK has no memfd; its /dev/xpmem shares a job's private memory as it is.
+        void *p = mmap(nullptr, m_Capacity, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED)
+            Fail("mapping " + std::to_string(m_Capacity) + " bytes for " + what +
+                     " (MaxStepSize bounds a step buffer)",
+                 errno);
+        m_Base = static_cast<uint8_t *>(p);
+        return;
+    }
     if (m_Fd < 0)
         Fail("memfd_create", errno);
     if (ftruncate(m_Fd, static_cast<off_t>(m_Capacity)) != 0)

@@ -10,7 +10,8 @@
 namespace clowder_adios
 {
 
-// A memfd of up to `capacity` bytes mapped shared (sparse: only written pages take memory).
+// A memfd of up to `capacity` bytes mapped shared (sparse: only written pages take memory);
+// private anonymous memory where there is no memfd (the LWK).
 // Memory we map from our own memfd is handed to attachers as it is (libxpmem converts only
 // private memory), so publishing costs no copy. The writer reuses these buffers step after
 // step under the same segid: its pages stay mapped, and readers' attachments of the same
