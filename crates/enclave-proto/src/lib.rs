@@ -32,6 +32,8 @@
 //! | `0x0007` | `FileAttributes` | u32 job, u32 request, [`FileAttributes`]: the successful answer to `Fstat`/`Stat` |
 //! | `0x0008` | `Xemem` | bytes message: one XEMEM protocol message (below) |
 //! | `0x0009` | `MemoryZeroed` | u32 request, i32 result (0, or a negated Linux errno: `EFAULT` for a range outside the enclave's RAM or touching the channel, `EINVAL` for an unaligned one) |
+//! | `0x000a` | `SocketResult` | u32 job, u32 request, i64 result, u32 events, bytes data: the answer to a `SocketRequest` ([`socket`]) |
+//! | `0x000b` | `SocketReady` | u32 job, u32 handle, u32 events: a socket's readiness changed on the host ([`socket`]) |
 //!
 //! `file` is `cstr name, u64 gpa, u64 len`: a file the host placed in enclave memory at
 //! guest-physical `[gpa, gpa + len)`, to appear read-only under `name` in the kernel's in-memory
@@ -57,6 +59,7 @@
 //! | `0x800b` | `ZeroMemory` | u32 request, u64 gpa, u64 len: the host clears guest-physical `[gpa, gpa + len)` (page aligned, in RAM) and answers `MemoryZeroed`; the kernel gives a finished job's memory back this way, as clearing it in guest kernel code may be slow (emulated on PVM) |
 //! | `0x800c` | `MappingCounter` | u64 gpa: where the kernel keeps its count of page-table changes (an 8-byte aligned u64 in RAM, bumped before any user mapping is made or taken away); sent once after `Hello`. The host may reuse frames the kernel resolved for XEMEM while the count has not moved |
 //! | `0x800d` | `FileSlots` | u64 gpa, u16 count: where the kernel's request slots for file calls are ([`slots`]: a control page, then `count` slot pages, page aligned, in RAM); sent once after `Hello`. The host polls them from then on |
+//! | `0x800e` | `SocketRequest` | u32 job, u32 request, u8 op, op fields: a forwarded socket call ([`socket`]) |
 //!
 //! `JobOutput` data should fit one ring message (see [`max_output_chunk`]) so output streams
 //! as it is written; it is not an error to send more.
@@ -137,6 +140,7 @@
 
 pub mod frame;
 pub mod slots;
+pub mod socket;
 mod wire;
 
 #[cfg(test)]
@@ -147,6 +151,7 @@ mod tests;
 pub use frame::{
     Fragmenter, FrameError, Reassembler, FRAME_CONTINUATION, FRAME_START, FRAME_WHOLE, MAX_MESSAGE_LEN, MIN_FRAME_LEN, START_OVERHEAD,
 };
+pub use socket::{Run, SocketOp};
 pub use wire::{DecodeError, EncodeError, Item, List, ListIter, Reader, Writer};
 
 /// Bumped on any incompatible change; the kernel reports its version in `Hello`.
@@ -170,6 +175,8 @@ pub mod kind {
     pub const FILE_ATTRIBUTES: u16 = 0x0007;
     pub const XEMEM_TO_ENCLAVE: u16 = 0x0008;
     pub const MEMORY_ZEROED: u16 = 0x0009;
+    pub const SOCKET_RESULT: u16 = 0x000a;
+    pub const SOCKET_READY: u16 = 0x000b;
 
     pub const HELLO: u16 = 0x8001;
     pub const PONG: u16 = 0x8002;
@@ -184,6 +191,7 @@ pub mod kind {
     pub const ZERO_MEMORY: u16 = 0x800b;
     pub const MAPPING_COUNTER: u16 = 0x800c;
     pub const FILE_SLOTS: u16 = 0x800d;
+    pub const SOCKET_REQUEST: u16 = 0x800e;
 }
 
 /// A file the host placed in enclave memory.
@@ -271,6 +279,18 @@ pub enum HostMessage<'a> {
     MemoryZeroed {
         request: u32,
         result: i32,
+    },
+    SocketResult {
+        job: u32,
+        request: u32,
+        result: i64,
+        events: u32,
+        data: &'a [u8],
+    },
+    SocketReady {
+        job: u32,
+        handle: u32,
+        events: u32,
     },
 }
 
@@ -400,6 +420,11 @@ pub enum EnclaveMessage<'a> {
         gpa: u64,
         count: u16,
     },
+    SocketRequest {
+        job: u32,
+        request: u32,
+        op: SocketOp<'a>,
+    },
 }
 
 fn write_timestamp(writer: &mut Writer<'_>, time: Timestamp) -> Result<(), EncodeError> {
@@ -495,6 +520,20 @@ impl<'a> HostMessage<'a> {
                 w.u32(*request)?;
                 w.i32(*result)?;
             }
+            HostMessage::SocketResult { job, request, result, events, data } => {
+                w.u16(kind::SOCKET_RESULT)?;
+                w.u32(*job)?;
+                w.u32(*request)?;
+                w.i64(*result)?;
+                w.u32(*events)?;
+                w.bytes(data, "data")?;
+            }
+            HostMessage::SocketReady { job, handle, events } => {
+                w.u16(kind::SOCKET_READY)?;
+                w.u32(*job)?;
+                w.u32(*handle)?;
+                w.u32(*events)?;
+            }
         }
         Ok(w.written())
     }
@@ -524,6 +563,14 @@ impl<'a> HostMessage<'a> {
             }
             kind::XEMEM_TO_ENCLAVE => HostMessage::Xemem { message: read_xemem(&mut r)? },
             kind::MEMORY_ZEROED => HostMessage::MemoryZeroed { request: r.u32("request")?, result: r.i32("result")? },
+            kind::SOCKET_RESULT => HostMessage::SocketResult {
+                job: r.u32("job")?,
+                request: r.u32("request")?,
+                result: r.i64("result")?,
+                events: r.u32("events")?,
+                data: r.bytes("data")?,
+            },
+            kind::SOCKET_READY => HostMessage::SocketReady { job: r.u32("job")?, handle: r.u32("handle")?, events: r.u32("events")? },
             other => return Err(DecodeError::UnknownKind(other)),
         };
         r.finish()?;
@@ -692,6 +739,12 @@ impl<'a> EnclaveMessage<'a> {
                 w.u64(gpa)?;
                 w.u16(count)?;
             }
+            EnclaveMessage::SocketRequest { job, request, op } => {
+                w.u16(kind::SOCKET_REQUEST)?;
+                w.u32(job)?;
+                w.u32(request)?;
+                op.write(&mut w)?;
+            }
         }
         Ok(w.written())
     }
@@ -721,6 +774,9 @@ impl<'a> EnclaveMessage<'a> {
             kind::ZERO_MEMORY => EnclaveMessage::ZeroMemory { request: r.u32("request")?, gpa: r.u64("gpa")?, len: r.u64("len")? },
             kind::MAPPING_COUNTER => EnclaveMessage::MappingCounter { gpa: r.u64("gpa")? },
             kind::FILE_SLOTS => EnclaveMessage::FileSlots { gpa: r.u64("gpa")?, count: r.u16("count")? },
+            kind::SOCKET_REQUEST => {
+                EnclaveMessage::SocketRequest { job: r.u32("job")?, request: r.u32("request")?, op: SocketOp::read(&mut r)? }
+            }
             other => return Err(DecodeError::UnknownKind(other)),
         };
         r.finish()?;

@@ -57,6 +57,11 @@ errnos!(
     ELOOP,
     ELIBBAD,
     ETIMEDOUT,
+    ENOTSOCK,
+    EMSGSIZE,
+    EOPNOTSUPP,
+    EAFNOSUPPORT,
+    EINPROGRESS,
 );
 
 /// `struct tms` (Linux's include/uapi/linux/times.h): four `clock_t`s.

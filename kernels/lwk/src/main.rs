@@ -21,6 +21,7 @@ mod job;
 mod linux;
 mod machine;
 mod mm;
+mod net;
 mod process;
 mod sched;
 mod signal;

@@ -587,6 +587,7 @@ impl Daemon {
             env: request.env,
             cwd: request.cwd,
             cwd_dir: files.cwd_dir,
+            limits: crate::sockets::UserLimits::of_process(peer.pid),
             owner,
             scope,
             cores,

@@ -18,6 +18,7 @@ use crate::guest_ram::GuestRam;
 use crate::hio::{Identity, JobFiles, Scope};
 use crate::link::{self, Received, Receiver, Sender};
 use crate::machine::{Launcher, Machine, MachineSpec, Populated, RegionAccess, SharedRegion};
+use crate::sockets::{HelperSpec, JobSockets, UserLimits};
 use crate::sys;
 use crate::xemem::{GuestRegions, XememLinks, XememPort};
 
@@ -75,12 +76,15 @@ pub struct JobSpec {
     pub heap: u64,
     pub binary: JobFile,
     pub inputs: Vec<JobFile>,
+    /// The launching client's descriptor limit, which the job's sockets live under.
+    pub limits: UserLimits,
 }
 
 struct JobSlot {
     events: mpsc::Sender<JobEvent>,
     files: JobFiles,
     regions: Vec<SharedRegion>,
+    sockets: JobSockets,
 }
 
 pub struct Enclave {
@@ -93,7 +97,8 @@ pub struct Enclave {
     pub log: Arc<LogBook>,
     pub kernel_vcpus: u16,
     machine: Mutex<Box<dyn Machine>>,
-    sender: Mutex<Sender>,
+    /// Shared with the relays of the jobs' socket helpers (`sockets`).
+    sender: Arc<Mutex<Sender>>,
     ram: Arc<GuestRam>,
     jobs: Mutex<HashMap<u32, JobSlot>>,
     stopping: AtomicBool,
@@ -189,7 +194,7 @@ impl Enclave {
             log,
             kernel_vcpus: vcpus,
             machine: Mutex::new(machine),
-            sender: Mutex::new(sender),
+            sender: Arc::new(Mutex::new(sender)),
             ram,
             jobs: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
@@ -264,9 +269,10 @@ impl Enclave {
             files: List::new(&images[1..]),
         });
         let uid = spec.owner.uid;
+        let sockets = JobSockets::new(HelperSpec { job, owner: spec.owner.clone(), limits: spec.limits, cwd: spec.cwd.clone() });
         let files = JobFiles::new(spec.cwd_dir, spec.cwd.clone(), spec.scope, spec.owner);
         let _gate = self.launch_gate.lock().unwrap();
-        self.jobs.lock().unwrap().insert(job, JobSlot { events, files, regions: regions.clone() });
+        self.jobs.lock().unwrap().insert(job, JobSlot { events, files, regions: regions.clone(), sockets });
         if let Err(e) = self.send(&message) {
             self.jobs.lock().unwrap().remove(&job);
             self.release_regions(&regions);
@@ -371,6 +377,17 @@ impl Enclave {
                     0
                 };
                 self.send(&HostMessage::MemoryZeroed { request, result })?;
+            }
+            EnclaveMessage::SocketRequest { job, request, op } => {
+                let forwarded = match self.jobs.lock().unwrap().get_mut(&job) {
+                    Some(slot) => slot.sockets.forward(bytes, &self.ram, &self.sender),
+                    None => Err((libc::ESRCH, format!("a socket call for unknown job {job}"))),
+                };
+                // Close has no answer.
+                if let (Err((errno, why)), false) = (forwarded, matches!(op, enclave_proto::SocketOp::Close { .. })) {
+                    self.log.push(format!("clowderd: job {job}: {why}"));
+                    self.send(&HostMessage::SocketResult { job, request, result: -(errno as i64), events: 0, data: &[] })?;
+                }
             }
             EnclaveMessage::FileSlots { .. } if self.file_slots.get().is_some() => {
                 self.log.push("clowderd: the kernel published its file slots a second time; ignored")

@@ -150,6 +150,19 @@ impl GuestRam {
         self.locate(gpa, len).map(|offset| (&self.file, offset as u64))
     }
 
+    /// What another process needs to map the same RAM under the same checks (a job's socket
+    /// helper): the memfd, the RAM runs and the channel's range.
+    pub fn layout(&self) -> (&File, &[RamRange], (u64, u64)) {
+        (&self.file, &self.ranges, self.reserved)
+    }
+
+    /// The host address of a guest range that lies in one RAM run and outside the channel, for
+    /// a system call to read or write it in place (a socket's iovec).
+    pub fn host_range(&self, gpa: u64, len: u64) -> Result<*mut u8, BadAddress> {
+        // SAFETY: `locate` keeps the range inside the mapping.
+        self.locate(gpa, len).map(|offset| unsafe { self.base.as_ptr().add(offset) })
+    }
+
     /// The smallest piece of the RAM memfd another process (or VMM) can map, in bytes.
     pub fn mappable_unit(&self) -> u64 {
         self.mappable_unit

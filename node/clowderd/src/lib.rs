@@ -28,6 +28,8 @@ pub mod oneshot;
 pub mod owner;
 pub mod peer;
 pub mod server;
+pub mod sockets;
+pub mod sockets_helper;
 /// The system-call layer (rustix), shared with the XEMEM broker.
 pub use clowder_sys as sys;
 pub mod xemem;

@@ -196,6 +196,11 @@ fn on_termination(signals: TerminationSignals, daemon: std::sync::Arc<Daemon>, s
 }
 
 fn main() -> ExitCode {
+    // A job's socket helper, which the daemon starts as this program (`clowderd::sockets`).
+    if std::env::args().nth(1).as_deref() == Some(clowderd::sockets::HELPER_ARGUMENT) {
+        let _ = clowder_log::init("clowderd", clowder_log::LevelFilter::Info);
+        return clowderd::sockets_helper::main(&std::env::args().skip(2).collect::<Vec<_>>());
+    }
     let signals = TerminationSignals::block();
     // Every client connection, and every file a job shares, is a descriptor. Running short is
     // survivable (accepting backs off), not fatal.

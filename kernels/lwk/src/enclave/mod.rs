@@ -256,6 +256,8 @@ impl State {
             HostMessage::MemoryZeroed { request, result } => {
                 self.answers.insert(request, FileAnswer::Result(result as i64));
             }
+            HostMessage::SocketResult { request, result, events, data, .. } => crate::net::answer(request, result, events, data),
+            HostMessage::SocketReady { handle, events, .. } => crate::net::ready(handle, events),
             HostMessage::Xemem { message } => {
                 crate::xpmem::host_link::from_host(message);
                 self.send_queued_xemem();
@@ -332,6 +334,18 @@ pub fn poll_host_once() {
     }
     // No PAUSE: in emulated kernel mode (PVM) it may hand the vCPU's core to the host
     // scheduler for a whole tick.
+}
+
+/// Sends a socket call for the running job (`crate::net`); `numbered` hears its request
+/// number first, so an answer that comes at once finds its caller waiting.
+pub fn send_socket_request(op: enclave_proto::SocketOp<'_>, numbered: impl FnOnce(u32)) {
+    with_state(|state| {
+        let request = state.next_request;
+        state.next_request = state.next_request.wrapping_add(1);
+        numbered(request);
+        let job = state.job.as_ref().map_or(0, |job| job.id);
+        state.link.send(&EnclaveMessage::SocketRequest { job, request, op });
+    })
 }
 
 /// Ranges below this are cleared here: a host round trip costs about what clearing 64 KiB
@@ -537,6 +551,7 @@ extern "C" fn reclaim_job_then_serve() -> ! {
     crate::sched::use_kernel_tables(0);
     job::release(zero_memory);
     crate::sched::release_job_threads();
+    crate::net::forget_job();
     mm::free_retired_tables();
     fs::clear();
     service_loop()

@@ -38,6 +38,8 @@ pub enum Descriptor {
     Pipe(super::pipe::PipeEnd),
     /// An epoll instance (`epoll_create1`, `super::epoll`).
     Epoll(Arc<super::epoll::Epoll>),
+    /// A socket the host holds for the job (`crate::net`); closed there with its last descriptor.
+    Socket(Arc<crate::net::Socket>),
 }
 
 /// A file descriptor number as Linux declares it (a C `int`: the low 32 bits of a register).

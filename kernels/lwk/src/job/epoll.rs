@@ -56,6 +56,8 @@ pub enum Watch {
     /// An epoll instance: readable while some interest of it would be reported; its changes
     /// are its interests' (Linux wakes an instance's pollers when one of its files wakes it).
     Epoll(Arc<Epoll>),
+    /// A socket: what the host last said of it (`crate::net`).
+    Socket(Arc<crate::net::Socket>),
 }
 
 impl Watch {
@@ -64,6 +66,7 @@ impl Watch {
             Descriptor::Pipe(end) => Watch::Pipe(end.watch()),
             Descriptor::XpmemNotify { notifier, .. } => Watch::Notifier(notifier.clone()),
             Descriptor::Epoll(epoll) => Watch::Epoll(epoll.clone()),
+            Descriptor::Socket(socket) => Watch::Socket(socket.clone()),
             _ => Watch::Always,
         }
     }
@@ -79,6 +82,7 @@ impl Watch {
             }
             Watch::Notifier(notifier) => (if notifier.is_readable() { EPOLLIN | EPOLLRDNORM } else { 0 }, notifier.signals()),
             Watch::Epoll(epoll) => epoll.state(),
+            Watch::Socket(socket) => socket.poll_state(),
         }
     }
 
@@ -91,7 +95,10 @@ impl Watch {
 /// files, directories) with EPERM. The console is a terminal or a pipe to the host, both of
 /// which Linux polls.
 pub fn can_watch(descriptor: &Descriptor) -> bool {
-    matches!(descriptor, Descriptor::Console | Descriptor::Pipe(_) | Descriptor::XpmemNotify { .. } | Descriptor::Epoll(_))
+    matches!(
+        descriptor,
+        Descriptor::Console | Descriptor::Pipe(_) | Descriptor::XpmemNotify { .. } | Descriptor::Epoll(_) | Descriptor::Socket(_)
+    )
 }
 
 struct Interest {

@@ -1,7 +1,7 @@
 //! fcntl(fd, cmd, arg): F_DUPFD and F_DUPFD_CLOEXEC; F_GETFD/F_SETFD (FD_CLOEXEC, which
 //! `execve` honours); F_GETFL (files and standard input read-only, standard output and error
 //! write-only, pipe ends by their side, O_NONBLOCK on pipes and XEMEM notification
-//! descriptors, which are read-write as eventfds), F_SETFL (O_NONBLOCK on those; accepted and
+//! descriptors, which are read-write as eventfds, and sockets), F_SETFL (O_NONBLOCK on those; accepted and
 //! ignored elsewhere). Other commands EINVAL.
 
 use super::dup::duplicate_error;
@@ -30,6 +30,12 @@ pub fn fcntl(descriptor: Fd, command: u32, argument: u64) -> SyscallResult {
                         *non_blocking = argument & O_NONBLOCK != 0;
                     }
                     O_RDWR | (*non_blocking as u64 * O_NONBLOCK)
+                }
+                Descriptor::Socket(socket) => {
+                    if command == F_SETFL {
+                        socket.set_non_blocking(argument & O_NONBLOCK != 0);
+                    }
+                    O_RDWR | (socket.non_blocking() as u64 * O_NONBLOCK)
                 }
                 Descriptor::Pipe(end) => {
                     if command == F_SETFL {

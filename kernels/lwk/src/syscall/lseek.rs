@@ -14,9 +14,14 @@ pub fn lseek(descriptor: Fd, offset: i64, whence: u32) -> SyscallResult {
     }
     job::with_process(|process| match process.descriptors.get(descriptor).as_deref_mut() {
         None => Err(Errno::EBADF),
-        Some(Descriptor::Console | Descriptor::Xpmem | Descriptor::XpmemNotify { .. } | Descriptor::Pipe(_) | Descriptor::Epoll(_)) => {
-            Err(Errno::ESPIPE)
-        }
+        Some(
+            Descriptor::Console
+            | Descriptor::Xpmem
+            | Descriptor::XpmemNotify { .. }
+            | Descriptor::Pipe(_)
+            | Descriptor::Epoll(_)
+            | Descriptor::Socket(_),
+        ) => Err(Errno::ESPIPE),
         Some(Descriptor::Directory { .. }) => Err(Errno::EINVAL),
         Some(Descriptor::Remote { .. }) => Err(Errno::EBADF),
         Some(Descriptor::File { node, offset: current }) => {

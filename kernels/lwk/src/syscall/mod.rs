@@ -37,6 +37,8 @@ mod readlink;
 mod scheduling;
 mod select;
 mod signals;
+mod socket;
+mod socket_io;
 mod stat;
 mod thread;
 mod time;
@@ -174,6 +176,21 @@ syscall_table! {
     34 => signals::pause(),
     35 => time::nanosleep(request: UserAddr, remaining: UserAddr),
     39 => identity::getpid(),
+    41 => socket::socket(domain: i32, kind: i32, protocol: i32),
+    42 => socket::connect(fd: Fd, address: UserAddr, len: u32),
+    43 => socket::accept(fd: Fd, address: UserAddr, len: UserAddr),
+    44 => socket_io::sendto(fd: Fd, buffer: UserAddr, len: usize, flags: u32, address: UserAddr, address_len: u32),
+    45 => socket_io::recvfrom(fd: Fd, buffer: UserAddr, len: usize, flags: u32, address: UserAddr, address_len: UserAddr),
+    46 => socket_io::sendmsg(fd: Fd, message: UserAddr, flags: u32),
+    47 => socket_io::recvmsg(fd: Fd, message: UserAddr, flags: u32),
+    48 => socket::shutdown(fd: Fd, how: i32),
+    49 => socket::bind(fd: Fd, address: UserAddr, len: u32),
+    50 => socket::listen(fd: Fd, backlog: i32),
+    51 => socket::getsockname(fd: Fd, address: UserAddr, len: UserAddr),
+    52 => socket::getpeername(fd: Fd, address: UserAddr, len: UserAddr),
+    53 => socket::socketpair(domain: i32, kind: i32, protocol: i32, pair: UserAddr),
+    54 => socket::setsockopt(fd: Fd, level: i32, option: i32, value: UserAddr, len: u32),
+    55 => socket::getsockopt(fd: Fd, level: i32, option: i32, value: UserAddr, len: UserAddr),
     56 => clone::clone(frame: &mut TrapFrame, flags: u64, stack: u64, parent_tid: UserAddr, child_tid: UserAddr, tls: u64),
     57 => clone::fork(frame: &mut TrapFrame),
     58 => clone::vfork(frame: &mut TrapFrame),
@@ -238,6 +255,7 @@ syscall_table! {
     271 => poll::ppoll(fds: UserAddr, nfds: u32, timeout: UserAddr, mask: UserAddr, set_size: usize),
     273 => thread::set_robust_list(head: UserAddr, len: usize),
     281 => epoll::epoll_pwait(epfd: Fd, events: UserAddr, max_events: i32, timeout: i32, mask: UserAddr, set_size: usize),
+    288 => socket::accept4(fd: Fd, address: UserAddr, len: UserAddr, flags: i32),
     291 => epoll::epoll_create1(flags: i32),
     292 => dup::dup3(from: Fd, to: Fd, flags: i32),
     293 => pipe::pipe2(fds: UserAddr, flags: i32),

@@ -27,6 +27,12 @@ fn read_at(descriptor: Fd, buffer: UserAddr, len: u64, at: Option<u64>) -> Sysca
     if let Some(handle) = files::remote_handle(descriptor) {
         return files::to_syscall_result(files::read(handle, buffer.0, len, at));
     }
+    if let Ok(socket) = super::socket::socket_of(descriptor) {
+        return match at {
+            Some(_) => Err(Errno::ESPIPE),
+            None => super::socket_io::receive(&socket, &[(buffer, len)], 0),
+        };
+    }
     if let Some((end, non_blocking)) = job::pipe_end(descriptor) {
         return match (end.is_writer(), at) {
             (true, _) => Err(Errno::EBADF),
@@ -47,7 +53,7 @@ fn read_at(descriptor: Fd, buffer: UserAddr, len: u64, at: Option<u64>) -> Sysca
         };
     }
     job::with_process(|process| match process.descriptors.get(descriptor).as_deref_mut() {
-        None | Some(Descriptor::Pipe(_) | Descriptor::XpmemNotify { .. }) => Err(Errno::EBADF),
+        None | Some(Descriptor::Pipe(_) | Descriptor::XpmemNotify { .. } | Descriptor::Socket(_)) => Err(Errno::EBADF),
         Some(Descriptor::Console) => Ok(0),
         Some(Descriptor::Directory { .. }) => Err(Errno::EISDIR),
         Some(Descriptor::Remote { .. }) => Err(Errno::EBADF),
@@ -80,6 +86,9 @@ pub fn pread64(fd: Fd, buffer: UserAddr, count: usize, offset: i64) -> SyscallRe
 pub fn readv(fd: Fd, vector: UserAddr, count: i32) -> SyscallResult {
     if !(0..=IOV_MAX).contains(&count) {
         return Err(Errno::EINVAL);
+    }
+    if let Ok(socket) = super::socket::socket_of(fd) {
+        return super::socket_io::receive(&socket, &super::socket_io::iovecs(vector, count as u64)?, 0);
     }
     let mut total = 0;
     for index in 0..count as u64 {

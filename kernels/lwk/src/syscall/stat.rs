@@ -61,9 +61,14 @@ pub fn fstat(fd: Fd, statbuf: UserAddr) -> SyscallResult {
     }
     let node = job::with_process(|process| match process.descriptors.get(fd).as_deref_mut() {
         None => Err(Errno::EBADF),
-        Some(Descriptor::Console | Descriptor::Xpmem | Descriptor::XpmemNotify { .. } | Descriptor::Pipe(_) | Descriptor::Epoll(_)) => {
-            Ok(None)
-        }
+        Some(
+            Descriptor::Console
+            | Descriptor::Xpmem
+            | Descriptor::XpmemNotify { .. }
+            | Descriptor::Pipe(_)
+            | Descriptor::Epoll(_)
+            | Descriptor::Socket(_),
+        ) => Ok(None),
         Some(Descriptor::Remote { .. }) => Err(Errno::EBADF),
         Some(Descriptor::File { node, .. } | Descriptor::Directory { node, .. }) => Ok(Some(*node)),
     })?;

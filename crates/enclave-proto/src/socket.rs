@@ -1,0 +1,218 @@
+//! Forwarded socket calls (`SocketRequest`, answered by `SocketResult`; `SocketReady` pushes
+//! readiness). The host serves them with its own network stack, as the job's user, and never
+//! blocks on one: a call that would wait answers `-EAGAIN` (`-EINPROGRESS` for `Connect`), and
+//! the kernel waits for the socket's readiness itself, so a blocking call sleeps only its thread
+//! and a signal can end it.
+//!
+//! | op | call | fields | result | data of the answer |
+//! |----|------|--------|--------|--------------------|
+//! | 1 | `Socket` | u32 domain, u32 type (without `SOCK_NONBLOCK`/`SOCK_CLOEXEC`), u32 protocol | handle | |
+//! | 2 | `Pair` | u32 domain, u32 type, u32 protocol | first handle | the second handle, u32 |
+//! | 3 | `Bind` | u32 handle, bytes address (a Linux `sockaddr`) | 0 | |
+//! | 4 | `Connect` | u32 handle, bytes address | 0 | |
+//! | 5 | `Listen` | u32 handle, i32 backlog | 0 | |
+//! | 6 | `Accept` | u32 handle | new handle | the peer's address |
+//! | 7 | `Shutdown` | u32 handle, u32 how | 0 | |
+//! | 8 | `GetOption` | u32 handle, i32 level, i32 name, u32 len | 0 | the value (at most len bytes) |
+//! | 9 | `SetOption` | u32 handle, i32 level, i32 name, bytes value | 0 | |
+//! | 10 | `Name` | u32 handle, u8 peer (0 `getsockname`, 1 `getpeername`) | 0 | the address |
+//! | 11 | `Send` | u32 handle, u32 flags (`MSG_*`), bytes address (empty: none), `list<run>` | bytes sent | |
+//! | 12 | `Recv` | u32 handle, u32 flags, `list<run>` | bytes received | u32 `msg_flags`, then the sender's address |
+//! | 13 | `Close` | u32 handle | (no answer) | |
+//!
+//! A `run` is `u64 gpa, u32 len`: a piece of the job's buffer in enclave memory, which the host
+//! reads (`Send`) or writes (`Recv`) directly, all pieces in one host call (an iovec), so a
+//! large transfer is one request. `events` in every `SocketResult` is the socket's readiness
+//! (Linux `POLL*` bits) right after the call (0 for calls without a socket); `SocketReady`
+//! says it again whenever it changes on the host's side. Unknown handles are `-EBADF`.
+
+use crate::wire::{DecodeError, EncodeError, Item, List, Reader, Writer};
+
+/// One piece of a job's buffer in enclave memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run {
+    pub gpa: u64,
+    pub len: u32,
+}
+
+impl<'a> Item<'a> for Run {
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.u64(self.gpa)?;
+        writer.u32(self.len)
+    }
+    fn read(reader: &mut Reader<'a>) -> Result<Self, DecodeError> {
+        Ok(Run { gpa: reader.u64("run.gpa")?, len: reader.u32("run.len")? })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SocketOp<'a> {
+    Socket { domain: u32, kind: u32, protocol: u32 },
+    Pair { domain: u32, kind: u32, protocol: u32 },
+    Bind { handle: u32, address: &'a [u8] },
+    Connect { handle: u32, address: &'a [u8] },
+    Listen { handle: u32, backlog: i32 },
+    Accept { handle: u32 },
+    Shutdown { handle: u32, how: u32 },
+    GetOption { handle: u32, level: i32, name: i32, len: u32 },
+    SetOption { handle: u32, level: i32, name: i32, value: &'a [u8] },
+    Name { handle: u32, peer: bool },
+    Send { handle: u32, flags: u32, address: &'a [u8], runs: List<'a, Run> },
+    Recv { handle: u32, flags: u32, runs: List<'a, Run> },
+    Close { handle: u32 },
+}
+
+impl<'a> SocketOp<'a> {
+    /// The socket the call is about (`None` for the calls that make sockets).
+    pub fn handle(&self) -> Option<u32> {
+        match *self {
+            SocketOp::Socket { .. } | SocketOp::Pair { .. } => None,
+            SocketOp::Bind { handle, .. }
+            | SocketOp::Connect { handle, .. }
+            | SocketOp::Listen { handle, .. }
+            | SocketOp::Accept { handle }
+            | SocketOp::Shutdown { handle, .. }
+            | SocketOp::GetOption { handle, .. }
+            | SocketOp::SetOption { handle, .. }
+            | SocketOp::Name { handle, .. }
+            | SocketOp::Send { handle, .. }
+            | SocketOp::Recv { handle, .. }
+            | SocketOp::Close { handle } => Some(handle),
+        }
+    }
+
+    pub(crate) fn write(&self, w: &mut Writer<'_>) -> Result<(), EncodeError> {
+        match *self {
+            SocketOp::Socket { domain, kind, protocol } | SocketOp::Pair { domain, kind, protocol } => {
+                w.u8(if matches!(self, SocketOp::Socket { .. }) { 1 } else { 2 })?;
+                w.u32(domain)?;
+                w.u32(kind)?;
+                w.u32(protocol)
+            }
+            SocketOp::Bind { handle, address } | SocketOp::Connect { handle, address } => {
+                w.u8(if matches!(self, SocketOp::Bind { .. }) { 3 } else { 4 })?;
+                w.u32(handle)?;
+                w.bytes(address, "address")
+            }
+            SocketOp::Listen { handle, backlog } => {
+                w.u8(5)?;
+                w.u32(handle)?;
+                w.i32(backlog)
+            }
+            SocketOp::Accept { handle } => {
+                w.u8(6)?;
+                w.u32(handle)
+            }
+            SocketOp::Shutdown { handle, how } => {
+                w.u8(7)?;
+                w.u32(handle)?;
+                w.u32(how)
+            }
+            SocketOp::GetOption { handle, level, name, len } => {
+                w.u8(8)?;
+                w.u32(handle)?;
+                w.i32(level)?;
+                w.i32(name)?;
+                w.u32(len)
+            }
+            SocketOp::SetOption { handle, level, name, value } => {
+                w.u8(9)?;
+                w.u32(handle)?;
+                w.i32(level)?;
+                w.i32(name)?;
+                w.bytes(value, "value")
+            }
+            SocketOp::Name { handle, peer } => {
+                w.u8(10)?;
+                w.u32(handle)?;
+                w.u8(peer as u8)
+            }
+            SocketOp::Send { handle, flags, address, runs } => {
+                w.u8(11)?;
+                w.u32(handle)?;
+                w.u32(flags)?;
+                w.bytes(address, "address")?;
+                runs.write(w, "runs")
+            }
+            SocketOp::Recv { handle, flags, runs } => {
+                w.u8(12)?;
+                w.u32(handle)?;
+                w.u32(flags)?;
+                runs.write(w, "runs")
+            }
+            SocketOp::Close { handle } => {
+                w.u8(13)?;
+                w.u32(handle)
+            }
+        }
+    }
+
+    pub(crate) fn read(r: &mut Reader<'a>) -> Result<SocketOp<'a>, DecodeError> {
+        Ok(match r.u8("op")? {
+            1 => SocketOp::Socket { domain: r.u32("domain")?, kind: r.u32("type")?, protocol: r.u32("protocol")? },
+            2 => SocketOp::Pair { domain: r.u32("domain")?, kind: r.u32("type")?, protocol: r.u32("protocol")? },
+            3 => SocketOp::Bind { handle: r.u32("handle")?, address: r.bytes("address")? },
+            4 => SocketOp::Connect { handle: r.u32("handle")?, address: r.bytes("address")? },
+            5 => SocketOp::Listen { handle: r.u32("handle")?, backlog: r.i32("backlog")? },
+            6 => SocketOp::Accept { handle: r.u32("handle")? },
+            7 => SocketOp::Shutdown { handle: r.u32("handle")?, how: r.u32("how")? },
+            8 => SocketOp::GetOption { handle: r.u32("handle")?, level: r.i32("level")?, name: r.i32("name")?, len: r.u32("len")? },
+            9 => SocketOp::SetOption { handle: r.u32("handle")?, level: r.i32("level")?, name: r.i32("name")?, value: r.bytes("value")? },
+            10 => SocketOp::Name { handle: r.u32("handle")?, peer: r.u8("peer")? != 0 },
+            11 => SocketOp::Send {
+                handle: r.u32("handle")?,
+                flags: r.u32("flags")?,
+                address: r.bytes("address")?,
+                runs: List::read(r, "runs")?,
+            },
+            12 => SocketOp::Recv { handle: r.u32("handle")?, flags: r.u32("flags")?, runs: List::read(r, "runs")? },
+            13 => SocketOp::Close { handle: r.u32("handle")? },
+            other => return Err(DecodeError::UnknownFileOp(other)),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{EnclaveMessage, HostMessage, List, Run, SocketOp};
+
+    #[test]
+    fn socket_messages_round_trip_and_bad_ones_are_refused() {
+        let runs = [Run { gpa: 0x1000, len: 4096 }, Run { gpa: 0x9000, len: 12 }];
+        let ops = [
+            SocketOp::Socket { domain: 2, kind: 1, protocol: 0 },
+            SocketOp::Pair { domain: 1, kind: 2, protocol: 0 },
+            SocketOp::Bind { handle: 3, address: &[2, 0, 0, 80, 127, 0, 0, 1] },
+            SocketOp::Connect { handle: 3, address: &[] },
+            SocketOp::Listen { handle: 3, backlog: -1 },
+            SocketOp::Accept { handle: 3 },
+            SocketOp::Shutdown { handle: 3, how: 2 },
+            SocketOp::GetOption { handle: 3, level: 1, name: 4, len: 4 },
+            SocketOp::SetOption { handle: 3, level: 1, name: 2, value: &[1, 0, 0, 0] },
+            SocketOp::Name { handle: 3, peer: true },
+            SocketOp::Send { handle: 3, flags: 0x4000, address: &[1, 0], runs: List::new(&runs) },
+            SocketOp::Recv { handle: 3, flags: 0x40, runs: List::new(&runs) },
+            SocketOp::Close { handle: 3 },
+        ];
+        let mut buffer = [0u8; 256];
+        for op in ops {
+            let message = EnclaveMessage::SocketRequest { job: 7, request: 9, op };
+            let length = message.encode(&mut buffer).unwrap();
+            assert_eq!(EnclaveMessage::decode(&buffer[..length]), Ok(message));
+            for cut in 0..length {
+                assert!(EnclaveMessage::decode(&buffer[..cut]).is_err(), "{op:?} cut at {cut}");
+            }
+        }
+        for message in [
+            HostMessage::SocketResult { job: 1, request: 2, result: -111, events: 0x18, data: b"addr" },
+            HostMessage::SocketReady { job: 1, handle: 5, events: 1 },
+        ] {
+            let length = message.encode(&mut buffer).unwrap();
+            assert_eq!(HostMessage::decode(&buffer[..length]), Ok(message));
+        }
+        let message = EnclaveMessage::SocketRequest { job: 1, request: 1, op: SocketOp::Close { handle: 1 } };
+        let length = message.encode(&mut buffer).unwrap();
+        buffer[10] = 99;
+        assert!(EnclaveMessage::decode(&buffer[..length]).is_err(), "an unknown op");
+    }
+}

@@ -1,0 +1,362 @@
+//! A job's socket helper (`clowderd --socket-helper`, started by `sockets`): it becomes the
+//! job's user first (RLIMIT_NOFILE, groups, gid, uid; then not dumpable, so the user cannot
+//! read the enclave's memory through it), maps the enclave's RAM, and serves the job's
+//! `SocketRequest`s from its control socket with the host's sockets, all non-blocking: one
+//! epoll loop watches the control socket and every socket, and tells the enclave
+//! (`SocketReady`) when a socket's readiness changes from what it last said. Data moves
+//! between a socket and the job's buffers in enclave memory in one sendmsg/recvmsg per request.
+//!
+//! Written against libc: the calls take raw `sockaddr` bytes and iovecs into the mapped RAM as
+//! the enclave gave them, which typed wrappers (std::net, rustix's SocketAddrAny) would only
+//! parse and rebuild.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::process::ExitCode;
+
+use enclave_proto::{EnclaveMessage, HostMessage, List, Run, SocketOp, MAX_MESSAGE_LEN};
+
+use crate::guest_ram::{GuestRam, RamRange};
+use crate::sockets::{CONTROL_FD, MEMORY_FD};
+use crate::sys;
+
+/// `poll` events reported to the enclave.
+const WATCHED: i16 = libc::POLLIN | libc::POLLOUT | libc::POLLPRI | libc::POLLRDHUP;
+/// No address is longer (`struct sockaddr_storage`).
+const ADDRESS_MAX: usize = 128;
+/// The most pieces one send or receive names.
+const MAX_RUNS: usize = 1024;
+/// epoll data of the control socket.
+const CONTROL: u64 = u64::MAX;
+
+struct Socket {
+    fd: OwnedFd,
+    /// The readiness the enclave last heard.
+    told: u32,
+}
+
+struct Helper {
+    job: u32,
+    ram: GuestRam,
+    control: OwnedFd,
+    epoll: OwnedFd,
+    sockets: HashMap<u32, Socket>,
+    next_handle: u32,
+    out: Vec<u8>,
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// A libc result as the protocol's: the value, or a negated errno.
+fn checked(result: isize) -> Result<i64, i32> {
+    if result < 0 {
+        Err(errno())
+    } else {
+        Ok(result as i64)
+    }
+}
+
+fn readiness(fd: RawFd) -> u32 {
+    let mut entry = libc::pollfd { fd, events: WATCHED, revents: 0 };
+    // SAFETY: poll reads and writes the one entry we own.
+    if unsafe { libc::poll(&mut entry, 1, 0) } < 0 {
+        return 0;
+    }
+    entry.revents as u16 as u32
+}
+
+/// Parses `uid gid groups nofile ranges reserved` (after the job) and becomes the user.
+fn become_user(args: &[String]) -> Result<(), String> {
+    let number = |text: &str, what: &str| text.parse::<u64>().map_err(|_| format!("bad {what} {text:?}"));
+    let [uid, gid, groups, files] = [&args[0], &args[1], &args[2], &args[3]];
+    let (uid, gid) = (number(uid, "uid")? as libc::uid_t, number(gid, "gid")? as libc::gid_t);
+    let groups: Vec<libc::gid_t> =
+        groups.split(',').filter(|g| !g.is_empty()).map(|g| number(g, "group").map(|g| g as libc::gid_t)).collect::<Result<_, _>>()?;
+    let (soft, hard) = files.split_once(':').ok_or("bad descriptor limit")?;
+    let limit = libc::rlimit64 { rlim_cur: number(soft, "limit")?, rlim_max: number(hard, "limit")? };
+    // SAFETY: plain system calls on values we own; each result is checked.
+    unsafe {
+        if libc::setrlimit64(libc::RLIMIT_NOFILE, &limit) != 0 {
+            return Err(format!("cannot take the user's descriptor limit: {}", std::io::Error::last_os_error()));
+        }
+        if libc::setgroups(groups.len(), groups.as_ptr()) != 0 || libc::setresgid(gid, gid, gid) != 0 || libc::setresuid(uid, uid, uid) != 0
+        {
+            return Err(format!("cannot become the job's user {uid}: {}", std::io::Error::last_os_error()));
+        }
+        if uid != 0 && (libc::setresuid(0, 0, 0) == 0 || libc::geteuid() != uid) {
+            return Err("the daemon's rights were not dropped".into());
+        }
+        libc::prctl(libc::PR_SET_DUMPABLE, 0);
+    }
+    Ok(())
+}
+
+fn parse_ram(ranges: &str, reserved: &str) -> Result<(Vec<RamRange>, (u64, u64)), String> {
+    let numbers = |text: &str| {
+        text.split(':').map(|n| n.parse::<u64>().map_err(|_| format!("bad RAM layout {text:?}"))).collect::<Result<Vec<_>, _>>()
+    };
+    let ranges = ranges
+        .split(',')
+        .map(|range| match numbers(range)?[..] {
+            [gpa, size, file_offset] => Ok(RamRange { gpa, size, file_offset }),
+            _ => Err(format!("bad RAM range {range:?}")),
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    match numbers(reserved)?[..] {
+        [start, len] => Ok((ranges, (start, len))),
+        _ => Err(format!("bad reserved range {reserved:?}")),
+    }
+}
+
+/// `clowderd --socket-helper JOB UID GID GROUPS SOFT:HARD RANGES RESERVED`, with the control
+/// socket and the RAM memfd at `CONTROL_FD` and `MEMORY_FD`.
+pub fn main(args: &[String]) -> ExitCode {
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            log::error!("socket helper: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &[String]) -> Result<(), String> {
+    if args.len() != 7 {
+        return Err(format!("expected 7 arguments, got {}", args.len()));
+    }
+    let job = args[0].parse().map_err(|_| format!("bad job {:?}", args[0]))?;
+    become_user(&args[1..5])?;
+    // SAFETY: the daemon put these descriptors here for this process alone.
+    let (control, memfd) = unsafe { (OwnedFd::from_raw_fd(CONTROL_FD), File::from_raw_fd(MEMORY_FD)) };
+    let (ranges, reserved) = parse_ram(&args[5], &args[6])?;
+    let ram = GuestRam::map(&memfd, ranges, reserved).map_err(|e| format!("cannot map the enclave's RAM: {e}"))?;
+    drop(memfd);
+    // SAFETY: epoll_create1 makes a fresh descriptor, owned from here on.
+    let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if epoll < 0 {
+        return Err(format!("epoll: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: as above.
+    let epoll = unsafe { OwnedFd::from_raw_fd(epoll) };
+    let mut helper = Helper { job, ram, control, epoll, sockets: HashMap::new(), next_handle: 1, out: vec![0; MAX_MESSAGE_LEN] };
+    helper.watch(helper.control.as_raw_fd(), CONTROL, libc::EPOLLIN as u32).map_err(|e| format!("epoll: {e}"))?;
+    helper.serve()
+}
+
+impl Helper {
+    fn watch(&self, fd: RawFd, data: u64, events: u32) -> Result<(), i32> {
+        let mut event = libc::epoll_event { events, u64: data };
+        // SAFETY: epoll_ctl reads the event we own.
+        if unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut event) } != 0 {
+            return Err(errno());
+        }
+        Ok(())
+    }
+
+    fn serve(&mut self) -> Result<(), String> {
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
+        let mut packet = vec![0u8; MAX_MESSAGE_LEN];
+        loop {
+            // SAFETY: epoll_wait writes at most `events.len()` entries into the vector we own.
+            let count = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), events.as_mut_ptr(), events.len() as i32, -1) };
+            if count < 0 {
+                if errno() == libc::EINTR {
+                    continue;
+                }
+                return Err(format!("epoll_wait: {}", std::io::Error::last_os_error()));
+            }
+            for event in &events[..count as usize] {
+                let data = event.u64;
+                if data == CONTROL {
+                    match sys::receive(&self.control, &mut packet) {
+                        Ok((0, _)) => return Ok(()),
+                        Ok((length, _)) => self.request(&packet[..length].to_vec())?,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(format!("control socket: {e}")),
+                    }
+                } else {
+                    self.report(data as u32)?;
+                }
+            }
+        }
+    }
+
+    fn send(&mut self, message: &HostMessage<'_>) -> Result<(), String> {
+        let length = message.encode(&mut self.out).map_err(|e| format!("encoding {message:?}: {e}"))?;
+        sys::send(&self.control, &self.out[..length], &[]).map_err(|e| format!("control socket: {e}"))
+    }
+
+    /// Tells the enclave socket `handle`'s readiness if it changed since it last heard.
+    fn report(&mut self, handle: u32) -> Result<(), String> {
+        let Some(socket) = self.sockets.get_mut(&handle) else { return Ok(()) };
+        let events = readiness(socket.fd.as_raw_fd());
+        if events == socket.told {
+            return Ok(());
+        }
+        socket.told = events;
+        let job = self.job;
+        self.send(&HostMessage::SocketReady { job, handle, events })
+    }
+
+    /// The readiness of `handle` now, which the enclave hears with the answer.
+    fn told(&mut self, handle: u32) -> u32 {
+        match self.sockets.get_mut(&handle) {
+            Some(socket) => {
+                socket.told = readiness(socket.fd.as_raw_fd());
+                socket.told
+            }
+            None => 0,
+        }
+    }
+
+    fn request(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let (request, op) = match EnclaveMessage::decode(bytes) {
+            Ok(EnclaveMessage::SocketRequest { job, request, op }) if job == self.job => (request, op),
+            _ => return Ok(()),
+        };
+        if let SocketOp::Close { handle } = op {
+            self.sockets.remove(&handle);
+            return Ok(());
+        }
+        let mut data = Vec::new();
+        let result = self.call(&op, &mut data);
+        // The answer is about the socket the call made, or the one it was on.
+        let about = match (&op, &result) {
+            (SocketOp::Socket { .. } | SocketOp::Pair { .. }, Ok(handle)) => Some(*handle as u32),
+            _ => op.handle(),
+        };
+        let events = about.map_or(0, |handle| self.told(handle));
+        let result = result.unwrap_or_else(|errno| -(errno as i64));
+        let job = self.job;
+        self.send(&HostMessage::SocketResult { job, request, result, events, data: &data })?;
+        // A listener's readiness after an accept, which the answer (about the new socket) did
+        // not carry.
+        if let (SocketOp::Accept { handle }, true) = (op, result >= 0) {
+            self.report(handle)?;
+        }
+        Ok(())
+    }
+
+    fn adopt(&mut self, fd: RawFd) -> Result<u32, i32> {
+        // SAFETY: `fd` is a fresh descriptor the caller made and hands over.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let handle = self.next_handle;
+        self.next_handle = self.next_handle.checked_add(1).ok_or(libc::EMFILE)?;
+        self.watch(fd.as_raw_fd(), handle as u64, (WATCHED as u16 as u32) | libc::EPOLLET as u32)?;
+        self.sockets.insert(handle, Socket { fd, told: 0 });
+        Ok(handle)
+    }
+
+    fn fd(&self, handle: u32) -> Result<RawFd, i32> {
+        self.sockets.get(&handle).map(|socket| socket.fd.as_raw_fd()).ok_or(libc::EBADF)
+    }
+
+    /// The iovec of the job's buffer pieces, each checked to be enclave RAM.
+    fn iovecs(&self, runs: List<'_, Run>) -> Result<Vec<libc::iovec>, i32> {
+        if runs.len() > MAX_RUNS {
+            return Err(libc::EMSGSIZE);
+        }
+        runs.iter()
+            .map(|run| {
+                let base = self.ram.host_range(run.gpa, run.len as u64).map_err(|_| libc::EFAULT)?;
+                Ok(libc::iovec { iov_base: base.cast(), iov_len: run.len as usize })
+            })
+            .collect()
+    }
+
+    fn call(&mut self, op: &SocketOp<'_>, data: &mut Vec<u8>) -> Result<i64, i32> {
+        let address_len =
+            |address: &[u8]| if address.len() > ADDRESS_MAX { Err(libc::EINVAL) } else { Ok(address.len() as libc::socklen_t) };
+        // SAFETY (every block below): the calls read and write only buffers owned here or
+        // enclave RAM checked by `GuestRam::host_range`, with their true lengths.
+        match *op {
+            SocketOp::Socket { domain, kind, protocol } | SocketOp::Pair { domain, kind, protocol } => {
+                if !matches!(domain as i32, libc::AF_UNIX | libc::AF_INET | libc::AF_INET6) {
+                    return Err(libc::EAFNOSUPPORT);
+                }
+                let kind = kind as i32 | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
+                if let SocketOp::Socket { .. } = op {
+                    let fd = unsafe { libc::socket(domain as i32, kind, protocol as i32) };
+                    return self.adopt(checked(fd as isize)? as RawFd).map(i64::from);
+                }
+                let mut pair = [0; 2];
+                checked(unsafe { libc::socketpair(domain as i32, kind, protocol as i32, pair.as_mut_ptr()) } as isize)?;
+                let first = self.adopt(pair[0])?;
+                let second = self.adopt(pair[1])?;
+                data.extend_from_slice(&second.to_le_bytes());
+                data.extend_from_slice(&self.told(second).to_le_bytes());
+                Ok(first as i64)
+            }
+            SocketOp::Bind { handle, address } | SocketOp::Connect { handle, address } => {
+                let fd = self.fd(handle)?;
+                let len = address_len(address)?;
+                let call = if matches!(op, SocketOp::Bind { .. }) { libc::bind } else { libc::connect };
+                checked(unsafe { call(fd, address.as_ptr().cast(), len) } as isize)
+            }
+            SocketOp::Listen { handle, backlog } => checked(unsafe { libc::listen(self.fd(handle)?, backlog) } as isize),
+            SocketOp::Shutdown { handle, how } => checked(unsafe { libc::shutdown(self.fd(handle)?, how as i32) } as isize),
+            SocketOp::Accept { handle } => {
+                let mut address = [0u8; ADDRESS_MAX];
+                let mut len = ADDRESS_MAX as libc::socklen_t;
+                let fd = unsafe {
+                    libc::accept4(self.fd(handle)?, address.as_mut_ptr().cast(), &mut len, libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+                };
+                let accepted = self.adopt(checked(fd as isize)? as RawFd)?;
+                data.extend_from_slice(&self.told(accepted).to_le_bytes());
+                data.extend_from_slice(&address[..(len as usize).min(ADDRESS_MAX)]);
+                Ok(accepted as i64)
+            }
+            SocketOp::GetOption { handle, level, name, len } => {
+                let mut value = vec![0u8; (len as usize).min(256)];
+                let mut len = value.len() as libc::socklen_t;
+                checked(unsafe { libc::getsockopt(self.fd(handle)?, level, name, value.as_mut_ptr().cast(), &mut len) } as isize)?;
+                data.extend_from_slice(&value[..(len as usize).min(value.len())]);
+                Ok(0)
+            }
+            SocketOp::SetOption { handle, level, name, value } => {
+                checked(unsafe { libc::setsockopt(self.fd(handle)?, level, name, value.as_ptr().cast(), value.len() as libc::socklen_t) }
+                    as isize)
+            }
+            SocketOp::Name { handle, peer } => {
+                let mut address = [0u8; ADDRESS_MAX];
+                let mut len = ADDRESS_MAX as libc::socklen_t;
+                let call = if peer { libc::getpeername } else { libc::getsockname };
+                checked(unsafe { call(self.fd(handle)?, address.as_mut_ptr().cast(), &mut len) } as isize)?;
+                data.extend_from_slice(&address[..(len as usize).min(ADDRESS_MAX)]);
+                Ok(0)
+            }
+            SocketOp::Send { handle, flags, address, runs } => {
+                let fd = self.fd(handle)?;
+                let mut iovecs = self.iovecs(runs)?;
+                let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+                if !address.is_empty() {
+                    message.msg_name = address.as_ptr() as *mut libc::c_void;
+                    message.msg_namelen = address_len(address)?;
+                }
+                message.msg_iov = iovecs.as_mut_ptr();
+                message.msg_iovlen = iovecs.len();
+                // Never a SIGPIPE here: the enclave's kernel raises it in the job.
+                checked(unsafe { libc::sendmsg(fd, &message, flags as i32 | libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) })
+            }
+            SocketOp::Recv { handle, flags, runs } => {
+                let fd = self.fd(handle)?;
+                let mut iovecs = self.iovecs(runs)?;
+                let mut address = [0u8; ADDRESS_MAX];
+                let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+                message.msg_name = address.as_mut_ptr().cast();
+                message.msg_namelen = ADDRESS_MAX as libc::socklen_t;
+                message.msg_iov = iovecs.as_mut_ptr();
+                message.msg_iovlen = iovecs.len();
+                let count =
+                    checked(unsafe { libc::recvmsg(fd, &mut message, flags as i32 | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) })?;
+                data.extend_from_slice(&(message.msg_flags as u32).to_le_bytes());
+                data.extend_from_slice(&address[..(message.msg_namelen as usize).min(ADDRESS_MAX)]);
+                Ok(count)
+            }
+            SocketOp::Close { .. } => Ok(0),
+        }
+    }
+}
