@@ -57,7 +57,7 @@ pub const fn slot_address(gpa: u64, index: u16) -> u64 {
 /// The bytes the slots at `gpa` span, control page included, or `None` when `count` is 0 or
 /// above [`MAX_SLOTS`] or `gpa` is not page aligned.
 pub const fn span(gpa: u64, count: u16) -> Option<u64> {
-    if count == 0 || count > MAX_SLOTS || gpa % PAGE_SIZE != 0 {
+    if count == 0 || count > MAX_SLOTS || gpa & (PAGE_SIZE - 1) != 0 {
         return None;
     }
     Some((1 + count as u64) * PAGE_SIZE)
