@@ -332,8 +332,7 @@ pub fn poll_host_once() {
         crate::sched::park_if_requested(cpu);
         crate::sched::flush_tlb_if_stale();
     }
-    // No PAUSE: in emulated kernel mode (PVM) it may hand the vCPU's core to the host
-    // scheduler for a whole tick.
+    core::hint::spin_loop();
 }
 
 /// Sends a socket call for the running job (`crate::net`); `numbered` hears its request
