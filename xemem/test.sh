@@ -3,7 +3,8 @@
 # standalone segment broker and the conformance program, starts a private broker, and runs
 # every case twice (program linked against libxpmem.so.0, and statically against libxpmem.a),
 # and the shared build's once more on the text of /proc/self/maps (CLOWDER_XEMEM_MAPS=text),
-# the snapshot cases (tests/snapshot.c), the Python package's tests (python/test.sh),
+# the snapshot cases (tests/snapshot.c), the Linux-VM backend against a fake PCI device
+# (tests/pci_fake.c), the Python package's tests (python/test.sh),
 # plus the broker's robustness against malformed packets and libxpmem's CLOWDER_LOG levels.
 # Prints "N passed, N failed" and exits non-zero if anything failed. Root is needed for the
 # permission matrix (setuid).
@@ -53,6 +54,12 @@ for name in $("$here/build/tests/snapshot" --list); do
         CLOWDER_XEMEM_PAGEMAP=$pagemap timeout 120 "$here/build/tests/snapshot" "$name" >"$scratch/log" 2>&1
         report "snapshot-$pagemap $name" $? "$scratch/log"
     done
+done
+
+# The Linux-VM backend (src/backend_pci.c) against a fake XEMEM PCI device: no VM, no broker.
+for name in $("$here/build/tests/pci_fake" --list); do
+    timeout 60 "$here/build/tests/pci_fake" "$name" >"$scratch/log" 2>&1
+    report "pci-fake $name" $? "$scratch/log"
 done
 
 # The Python package (python/: clowder.xemem, snapshots included), over this broker.

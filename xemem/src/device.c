@@ -5,7 +5,8 @@
 
 /* Where /dev/xpmem exists (the XPMEM kernel module on Linux, the lightweight kernel's device),
  * the library speaks its ioctls instead of the broker, so one statically linked program runs
- * on the host and in an enclave. CLOWDER_XEMEM_BACKEND=broker or =device forces the choice.
+ * on the host and in an enclave; in a Linux VM with no /dev/xpmem, the XEMEM PCI device
+ * (backend_pci.c). CLOWDER_XEMEM_BACKEND=broker, =device or =pci forces the choice.
  * Commands are _IO('x', n) with XPMEM's x86-64 struct layouts (shared/notes/xpmem-reference.md). */
 /* The commands and structs are the public ones in xpmem.h; their layouts must be XPMEM's. */
 _Static_assert(XPMEM_CMD_VERSION == 0x7800 && XPMEM_CMD_DETACH == 0x7806, "XPMEM ioctl numbers");
@@ -23,7 +24,9 @@ _Static_assert(sizeof(struct xpmem_cmd_attach) == 40 && offsetof(struct xpmem_cm
 
 static int device = -1;
 static int device_chosen; /* 0 undecided, 1 device, 2 broker */
-static int backend_misnamed; /* CLOWDER_XEMEM_BACKEND names neither: every call fails */
+static int backend_misnamed; /* CLOWDER_XEMEM_BACKEND names none: every call fails */
+static int pci_chosen;       /* the device is the Linux-VM PCI device (backend_pci.c) */
+static int pci_missing;      /* CLOWDER_XEMEM_BACKEND=pci but no device: every call fails */
 static pthread_mutex_t device_lock = PTHREAD_MUTEX_INITIALIZER;
 
 int use_device(void)
@@ -31,17 +34,23 @@ int use_device(void)
 	pthread_mutex_lock(&device_lock);
 	if (!device_chosen) {
 		const char *forced = getenv("CLOWDER_XEMEM_BACKEND");
-		if (forced && strcmp(forced, "broker") && strcmp(forced, "device")) {
+		if (forced && strcmp(forced, "broker") && strcmp(forced, "device") && strcmp(forced, "pci")) {
 			/* A typo must not silently pick a backend the user did not ask for. */
-			fprintf(stderr, "libxpmem: CLOWDER_XEMEM_BACKEND must be 'broker' or 'device', not '%s'; "
-					"every XPMEM call fails with EINVAL\n", forced);
+			fprintf(stderr, "libxpmem: CLOWDER_XEMEM_BACKEND must be 'broker', 'device' or 'pci', not "
+					"'%s'; every XPMEM call fails with EINVAL\n", forced);
 			backend_misnamed = 1;
 			device_chosen = 1;
 		} else if (forced && !strcmp(forced, "broker")) {
 			device_chosen = 2;
+		} else if (forced && !strcmp(forced, "pci")) {
+			pci_chosen = pci_probe();
+			pci_missing = !pci_chosen;
+			device_chosen = 1;
 		} else {
 			device = open(XPMEM_DEV_PATH, O_RDWR | O_CLOEXEC);
-			device_chosen = device >= 0 || (forced && !strcmp(forced, "device")) ? 1 : 2;
+			/* No /dev/xpmem: a Linux VM's XEMEM PCI device (backend_pci.c), else the broker. */
+			pci_chosen = device < 0 && !forced && pci_probe();
+			device_chosen = device >= 0 || pci_chosen || (forced && !strcmp(forced, "device")) ? 1 : 2;
 		}
 	}
 	int chosen = device_chosen == 1;
@@ -52,10 +61,12 @@ int use_device(void)
 /* Opens the device now (xpmem_init): 0, or -1 with errno. */
 int device_open(void)
 {
-	if (backend_misnamed) {
-		errno = EINVAL;
+	if (backend_misnamed || pci_missing) {
+		errno = backend_misnamed ? EINVAL : ENODEV;
 		return -1;
 	}
+	if (pci_chosen)
+		return 0;
 	pthread_mutex_lock(&device_lock);
 	if (device < 0)
 		device = open(XPMEM_DEV_PATH, O_RDWR | O_CLOEXEC);
@@ -68,10 +79,12 @@ int device_open(void)
  * fresh one, as XPMEM's library does. */
 long device_call(unsigned long command, void *argument)
 {
-	if (backend_misnamed) {
-		errno = EINVAL;
+	if (backend_misnamed || pci_missing) {
+		errno = backend_misnamed ? EINVAL : ENODEV;
 		return -1;
 	}
+	if (pci_chosen)
+		return pci_call(command, argument);
 	for (int attempt = 0; attempt < 2; attempt++) {
 		pthread_mutex_lock(&device_lock);
 		if (device < 0)

@@ -190,6 +190,10 @@ struct mapping {
  * and the static library's objects are merged with those symbols made local
  * (objcopy --localize-hidden), so none of these names can clash with an application's.
  */
+/* backend_pci.c (a Linux VM's XEMEM PCI device; device.c routes commands to it) */
+int pci_probe(void);
+long pci_call(unsigned long command, void *argument);
+
 /* broker.c */
 int connect_broker(void);
 int send_packet(int fd, const void *bytes, size_t len, const int *fds, int nfds);

@@ -1008,7 +1008,7 @@ static int case_misnamed_backend(void)
 	rewind(said);
 	size_t n = fread(text, 1, sizeof text - 1, said);
 	text[n] = 0;
-	const char *said_first = strstr(text, "CLOWDER_XEMEM_BACKEND must be 'broker' or 'device', not 'brokr'");
+	const char *said_first = strstr(text, "CLOWDER_XEMEM_BACKEND must be 'broker', 'device' or 'pci', not 'brokr'");
 	CHECK(said_first != NULL, "the library names the setting: '%s'", text);
 	CHECK(strstr(said_first + 1, "CLOWDER_XEMEM_BACKEND") == NULL, "said once: '%s'", text);
 	return 0;

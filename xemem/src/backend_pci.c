@@ -1,0 +1,418 @@
+/*
+ * The Linux-VM backend: XPMEM through clowder's virtual PCI device (docs/xemem-pci.md), with no
+ * guest kernel module. The device is found in sysfs by its vendor and device ids; its mailbox
+ * BAR (resource0) carries requests to the host, and its window BAR (resource2) is where the host
+ * places attached segments, so an attachment is an mmap of part of resource2. An export names
+ * the owner's guest-physical pages: they are pinned with mlock and translated through
+ * /proc/self/pagemap (root in the guest), then sent as runs of contiguous frames.
+ * device.c routes the XPMEM commands here when this backend is chosen.
+ */
+#include "xpmem_internal.h"
+
+#include <time.h>
+
+#define PCI_VENDOR 0xc10d
+#define PCI_DEVICE 0x0001
+#define PCI_MAGIC 0x504d4558u /* "XEMP" */
+#define PCI_VERSION 1
+#define PCI_MAILBOX_SIZE (64UL << 10)
+#define PCI_SYSFS "/sys/bus/pci/devices"
+#define PFN_MASK ((1ULL << 55) - 1)
+#define PAGE_PRESENT (1ULL << 63)
+
+enum {
+	PCI_OP_HELLO = 1, PCI_OP_RUNS = 2, PCI_OP_MAKE = 3, PCI_OP_REMOVE = 4, PCI_OP_GET = 5,
+	PCI_OP_RELEASE = 6, PCI_OP_ATTACH = 7, PCI_OP_DETACH = 8, PCI_OP_LOOKUP = 9, PCI_OP_SIGNAL = 10,
+};
+
+/* A run of guest-physical memory: the unit an export is described in. */
+struct pci_run {
+	uint64_t gpa, len;
+};
+
+/* The mailbox BAR's layout (docs/xemem-pci.md; vmm/core/src/pci mirrors it). */
+struct pci_mailbox {
+	uint32_t magic, version; /* set by the host */
+	uint32_t doorbell;       /* the guest writes a request's sequence number here */
+	uint32_t done;           /* the host writes it back once the answer is in place */
+	uint32_t op;
+	int32_t error; /* an errno value, 0 on success */
+	uint32_t nruns, reserved0;
+	uint64_t args[6];
+	uint64_t results[4];
+	uint8_t reserved1[16];
+	char name[64];
+	uint8_t reserved2[64];
+	struct pci_run runs[];
+};
+_Static_assert(offsetof(struct pci_mailbox, args) == 0x20 && offsetof(struct pci_mailbox, results) == 0x50 &&
+		       offsetof(struct pci_mailbox, name) == 0x80 && offsetof(struct pci_mailbox, runs) == 0x100,
+	       "mailbox layout");
+#define PCI_MAX_RUNS ((PCI_MAILBOX_SIZE - offsetof(struct pci_mailbox, runs)) / sizeof(struct pci_run))
+
+/* An export: its pages stay locked until it is removed. */
+struct pci_export {
+	xpmem_segid_t segid;
+	uintptr_t vaddr;
+	size_t size;
+};
+
+/* An attachment: a mapping of the window at `window_offset`. */
+struct pci_attachment {
+	uintptr_t vaddr;
+	size_t len;
+	uint64_t window_offset;
+};
+
+static pthread_mutex_t pci_lock = PTHREAD_MUTEX_INITIALIZER;
+static volatile struct pci_mailbox *mailbox;
+static int window_fd = -1;
+static uint32_t sequence;
+static struct pci_export *exports;
+static size_t export_count, export_capacity;
+static struct pci_attachment *pci_attachments;
+static size_t pci_attachment_count, pci_attachment_capacity;
+
+static int read_id(const char *dir, const char *file, unsigned *id)
+{
+	char path[PATH_MAX], text[16] = "";
+	snprintf(path, sizeof path, "%s/%s", dir, file);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	ssize_t got = read(fd, text, sizeof text - 1);
+	close(fd);
+	char *end;
+	unsigned long value = strtoul(text, &end, 16);
+	if (got <= 0 || end == text || value > 0xffff)
+		return -1;
+	*id = (unsigned)value;
+	return 0;
+}
+
+/* Looks for the device and maps its mailbox: 1 found, 0 absent (or unusable, said on stderr).
+ * $CLOWDER_XEMEM_PCI_SYSFS replaces /sys/bus/pci/devices (the tests' fake tree). */
+int pci_probe(void)
+{
+	const char *root = getenv("CLOWDER_XEMEM_PCI_SYSFS");
+	root = root && *root ? root : PCI_SYSFS;
+	DIR *dir = opendir(root);
+	if (!dir)
+		return 0;
+	int found = 0;
+	struct dirent *entry;
+	while (!found && (entry = readdir(dir))) {
+		char path[PATH_MAX];
+		unsigned vendor, device;
+		if (entry->d_name[0] == '.' || snprintf(path, sizeof path, "%s/%s", root, entry->d_name) >= (int)sizeof path)
+			continue;
+		if (read_id(path, "vendor", &vendor) < 0 || read_id(path, "device", &device) < 0 ||
+		    vendor != PCI_VENDOR || device != PCI_DEVICE)
+			continue;
+		char resource[PATH_MAX + 16];
+		snprintf(resource, sizeof resource, "%s/resource0", path);
+		int mailbox_fd = open(resource, O_RDWR | O_CLOEXEC);
+		snprintf(resource, sizeof resource, "%s/resource2", path);
+		int window = open(resource, O_RDWR | O_CLOEXEC);
+		void *map = mailbox_fd < 0 ? MAP_FAILED
+					   : mmap(NULL, PCI_MAILBOX_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, mailbox_fd, 0);
+		if (mailbox_fd >= 0)
+			close(mailbox_fd);
+		if (map == MAP_FAILED || window < 0 || ((volatile struct pci_mailbox *)map)->magic != PCI_MAGIC) {
+			fprintf(stderr, "libxpmem: the XEMEM PCI device at %s is unusable (%s)\n", path,
+				map == MAP_FAILED || window < 0 ? strerror(errno) : "its mailbox has no XEMP magic");
+			if (map != MAP_FAILED)
+				munmap(map, PCI_MAILBOX_SIZE);
+			if (window >= 0)
+				close(window);
+			break;
+		}
+		mailbox = map;
+		window_fd = window;
+		found = 1;
+	}
+	closedir(dir);
+	return found;
+}
+
+/* How long a request may wait for the host: a host that never answers must not hang the
+ * caller. $CLOWDER_XEMEM_PCI_TIMEOUT_MS, default 10 s. */
+static long timeout_ms(void)
+{
+	const char *text = getenv("CLOWDER_XEMEM_PCI_TIMEOUT_MS");
+	long ms = text ? strtol(text, NULL, 10) : 0;
+	return ms > 0 ? ms : 10000;
+}
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* One request (the fields other than op are already in the mailbox), with pci_lock held.
+ * On a VM the doorbell write exits to the VMM, which answers before the guest resumes; the
+ * wait only matters for hosts that answer asynchronously (the tests' fake). */
+static int request(uint32_t op)
+{
+	mailbox->op = op;
+	mailbox->error = 0;
+	uint32_t seq = ++sequence;
+	__atomic_store_n(&mailbox->doorbell, seq, __ATOMIC_RELEASE);
+	uint64_t deadline = now_ms() + timeout_ms();
+	for (unsigned spins = 0; __atomic_load_n(&mailbox->done, __ATOMIC_ACQUIRE) != seq; spins++) {
+		if (spins > 1000) {
+			if (now_ms() > deadline) {
+				errno = ETIMEDOUT;
+				return -1;
+			}
+			sched_yield();
+		}
+	}
+	if (mailbox->error) {
+		errno = mailbox->error > 0 && mailbox->error < 4096 ? mailbox->error : EIO;
+		return -1;
+	}
+	return 0;
+}
+
+static int set_name(const char *name)
+{
+	size_t len = strnlen(name, XEMEM_NAME_MAX + 1);
+	if (len == 0 || len > XEMEM_NAME_MAX) {
+		errno = EINVAL;
+		return -1;
+	}
+	for (size_t i = 0; i < sizeof mailbox->name; i++)
+		mailbox->name[i] = i < len ? name[i] : 0;
+	return 0;
+}
+
+/* Sends the guest-physical runs of [vaddr, vaddr+size) (locked by the caller) in chunks the
+ * mailbox holds: 0, or -1 with errno (EPERM when pagemap hides frame numbers: not root). */
+static int send_runs(uintptr_t vaddr, size_t size, uint64_t *total)
+{
+	int pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+	if (pagemap < 0)
+		return -1;
+	uint64_t entries[512];
+	size_t pages = size / PAGE, chunk = 0;
+	struct pci_run run = { 0, 0 };
+	*total = 0;
+	int status = 0;
+	for (size_t done = 0; done < pages && !status;) {
+		size_t want = pages - done < 512 ? pages - done : 512;
+		ssize_t got = pread(pagemap, entries, want * 8, (off_t)((vaddr / PAGE + done) * 8));
+		if (got <= 0 || got % 8) {
+			errno = got < 0 ? errno : EFAULT;
+			status = -1;
+			break;
+		}
+		for (size_t i = 0; i < (size_t)got / 8 && !status; i++) {
+			uint64_t pfn = entries[i] & PFN_MASK;
+			if (!(entries[i] & PAGE_PRESENT) || !pfn) {
+				/* Locked pages are present, so a zero frame means pagemap hides them. */
+				errno = entries[i] & PAGE_PRESENT ? EPERM : EFAULT;
+				status = -1;
+				break;
+			}
+			if (run.len && run.gpa + run.len == pfn * PAGE) {
+				run.len += PAGE;
+				continue;
+			}
+			if (run.len) {
+				mailbox->runs[chunk].gpa = run.gpa;
+				mailbox->runs[chunk].len = run.len;
+				if (++chunk == PCI_MAX_RUNS) {
+					mailbox->nruns = chunk;
+					mailbox->args[0] = *total;
+					status = request(PCI_OP_RUNS);
+					*total += chunk;
+					chunk = 0;
+				}
+			}
+			run = (struct pci_run){ pfn * PAGE, PAGE };
+		}
+		done += (size_t)got / 8;
+	}
+	close(pagemap);
+	if (status || !run.len)
+		return status;
+	mailbox->runs[chunk].gpa = run.gpa;
+	mailbox->runs[chunk].len = run.len;
+	mailbox->nruns = ++chunk;
+	mailbox->args[0] = *total;
+	*total += chunk;
+	return request(PCI_OP_RUNS);
+}
+
+/* Exports [vaddr, vaddr+size) under `name` (NULL: anonymous). */
+static int pci_make(uint64_t vaddr, uint64_t size, int permit_type, uint64_t permit_value, const char *name,
+		    xpmem_segid_t *segid)
+{
+	if (vaddr % PAGE || size % PAGE || size == 0 || vaddr + size < vaddr || vaddr + size > USER_LIMIT) {
+		errno = EINVAL;
+		return -1;
+	}
+	if (grow((void **)&exports, &export_capacity, export_count, sizeof *exports) < 0) {
+		errno = ENOMEM;
+		return -1;
+	}
+	/* Pinned so the frames the host maps stay this segment's (docs/xemem-pci.md says what else
+	 * the guest must set so that compaction leaves them alone). */
+	if (mlock((void *)(uintptr_t)vaddr, size) < 0) {
+		/* mlock locks the mappings before a hole and then fails: undo that part. */
+		int error = errno;
+		munlock((void *)(uintptr_t)vaddr, size);
+		errno = error;
+		return -1;
+	}
+	uint64_t runs;
+	if (send_runs(vaddr, size, &runs) < 0 || (name && set_name(name) < 0)) {
+		int error = errno;
+		munlock((void *)(uintptr_t)vaddr, size);
+		errno = error;
+		return -1;
+	}
+	if (!name)
+		mailbox->name[0] = 0;
+	uint64_t args[] = { vaddr, size, (uint64_t)permit_type, permit_value, runs, 0 };
+	for (int i = 0; i < 6; i++)
+		mailbox->args[i] = args[i];
+	if (request(PCI_OP_MAKE) < 0) {
+		int error = errno;
+		munlock((void *)(uintptr_t)vaddr, size);
+		errno = error;
+		return -1;
+	}
+	*segid = (xpmem_segid_t)mailbox->results[0];
+	exports[export_count++] = (struct pci_export){ *segid, vaddr, size };
+	return 0;
+}
+
+static int pci_remove(xpmem_segid_t segid)
+{
+	mailbox->args[0] = (uint64_t)segid;
+	if (request(PCI_OP_REMOVE) < 0)
+		return -1;
+	for (size_t i = 0; i < export_count; i++) {
+		if (exports[i].segid != segid)
+			continue;
+		munlock((void *)exports[i].vaddr, exports[i].size);
+		exports[i] = exports[--export_count];
+		break;
+	}
+	return 0;
+}
+
+static int pci_attach(struct xpmem_cmd_attach *attach)
+{
+	uintptr_t fixed = attach->vaddr;
+	if (attach->offset < 0 || attach->offset % PAGE || fixed % PAGE || attach->size == 0 ||
+	    attach->size > USER_LIMIT || (fixed && fixed + attach->size > USER_LIMIT)) {
+		errno = EINVAL;
+		return -1;
+	}
+	if (grow((void **)&pci_attachments, &pci_attachment_capacity, pci_attachment_count,
+		 sizeof *pci_attachments) < 0) {
+		errno = ENOMEM;
+		return -1;
+	}
+	size_t len = (attach->size + PAGE - 1) & ~(PAGE - 1);
+	mailbox->args[0] = (uint64_t)attach->apid;
+	mailbox->args[1] = (uint64_t)attach->offset;
+	mailbox->args[2] = len;
+	if (request(PCI_OP_ATTACH) < 0)
+		return -1;
+	uint64_t window_offset = mailbox->results[0];
+	void *at = mmap((void *)fixed, len, PROT_READ | PROT_WRITE, MAP_SHARED | (fixed ? MAP_FIXED : 0), window_fd,
+			(off_t)window_offset);
+	if (at == MAP_FAILED || mailbox->results[1] < len) {
+		int error = at == MAP_FAILED ? errno : EIO;
+		if (at != MAP_FAILED)
+			munmap(at, len);
+		mailbox->args[0] = window_offset;
+		request(PCI_OP_DETACH);
+		errno = error;
+		return -1;
+	}
+	pci_attachments[pci_attachment_count++] = (struct pci_attachment){ (uintptr_t)at, len, window_offset };
+	attach->vaddr = (uintptr_t)at;
+	return 0;
+}
+
+/* As XPMEM: 0 also when nothing is mapped at vaddr, EINVAL when something else is. */
+static int pci_detach(uint64_t vaddr)
+{
+	for (size_t i = 0; i < pci_attachment_count; i++) {
+		struct pci_attachment a = pci_attachments[i];
+		if (vaddr < a.vaddr || vaddr >= a.vaddr + a.len)
+			continue;
+		munmap((void *)a.vaddr, a.len);
+		pci_attachments[i] = pci_attachments[--pci_attachment_count];
+		mailbox->args[0] = a.window_offset;
+		return request(PCI_OP_DETACH);
+	}
+	if (msync((void *)(uintptr_t)(vaddr & ~(PAGE - 1)), PAGE, MS_ASYNC) < 0 && errno == ENOMEM)
+		return 0;
+	errno = EINVAL;
+	return -1;
+}
+
+/* One XPMEM/XEMEM command, as device_call would issue it to /dev/xpmem. */
+long pci_call(unsigned long command, void *argument)
+{
+	pthread_mutex_lock(&pci_lock);
+	long result = -1;
+	switch (command) {
+	case XPMEM_CMD_VERSION:
+		if (request(PCI_OP_HELLO) == 0)
+			result = (long)mailbox->results[0];
+		break;
+	case XPMEM_CMD_MAKE: {
+		struct xpmem_cmd_make *make = argument;
+		result = pci_make(make->vaddr, make->size, make->permit_type, make->permit_value, NULL, &make->segid);
+		break;
+	}
+	case XEMEM_CMD_MAKE_NAMED: {
+		struct xemem_cmd_make_named *named = argument;
+		result = pci_make(named->vaddr, named->size, XPMEM_PERMIT_MODE, 0666, named->name, &named->segid);
+		break;
+	}
+	case XPMEM_CMD_REMOVE:
+		result = pci_remove(*(xpmem_segid_t *)argument);
+		break;
+	case XPMEM_CMD_GET: {
+		struct xpmem_cmd_get *get = argument;
+		mailbox->args[0] = (uint64_t)get->segid;
+		mailbox->args[1] = (uint64_t)get->flags;
+		mailbox->args[2] = (uint64_t)get->permit_type;
+		if ((result = request(PCI_OP_GET)) == 0)
+			get->apid = (xpmem_apid_t)mailbox->results[0];
+		break;
+	}
+	case XPMEM_CMD_RELEASE:
+	case XEMEM_CMD_SIGNAL:
+		mailbox->args[0] = (uint64_t) * (xpmem_apid_t *)argument;
+		result = request(command == XPMEM_CMD_RELEASE ? PCI_OP_RELEASE : PCI_OP_SIGNAL);
+		break;
+	case XPMEM_CMD_ATTACH:
+		result = pci_attach(argument);
+		break;
+	case XPMEM_CMD_DETACH:
+		result = pci_detach(*(uint64_t *)argument);
+		break;
+	case XEMEM_CMD_LOOKUP: {
+		struct xemem_cmd_lookup *lookup = argument;
+		if ((result = set_name(lookup->name)) == 0 && (result = request(PCI_OP_LOOKUP)) == 0)
+			lookup->segid = (xpmem_segid_t)mailbox->results[0];
+		break;
+	}
+	default:
+		/* Notification descriptors and fork hooks need a guest kernel's help. */
+		errno = EOPNOTSUPP;
+	}
+	pthread_mutex_unlock(&pci_lock);
+	return result;
+}

@@ -1,0 +1,372 @@
+/*
+ * libxpmem's Linux-VM backend (src/backend_pci.c) against a fake XEMEM PCI device: a sysfs-like
+ * tree (CLOWDER_XEMEM_PCI_SYSFS) whose resource0 and resource2 are memfds standing in for the
+ * mailbox and window BARs, and a thread playing the host: it answers the mailbox, records the
+ * runs an export names, and "places" segments in the window by writing a pattern there.
+ * Each case runs in its own process: `pci_fake --list`, `pci_fake CASE`. Exit 0 on success.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <xpmem.h>
+
+#define PAGE 4096UL
+#define MAILBOX_SIZE (64UL << 10)
+#define WINDOW_SIZE (64UL << 20)
+#define PLACE_ALIGN (2UL << 20)
+#define HOST_SEGID 77 /* a segment the fake host owns, named "host-seg" */
+#define APID_BASE 1000
+
+#define CHECK(cond)                                                                                  \
+	do {                                                                                         \
+		if (!(cond)) {                                                                       \
+			fprintf(stderr, "%s:%d: check failed: %s (errno %s)\n", __FILE__, __LINE__, #cond, \
+				strerror(errno));                                                    \
+			exit(1);                                                                     \
+		}                                                                                    \
+	} while (0)
+
+/* The mailbox as docs/xemem-pci.md lays it out (src/backend_pci.c asserts the same offsets). */
+struct run {
+	uint64_t gpa, len;
+};
+struct mailbox {
+	uint32_t magic, version, doorbell, done, op;
+	int32_t error;
+	uint32_t nruns, reserved0;
+	uint64_t args[6], results[4];
+	uint8_t reserved1[16];
+	char name[64];
+	uint8_t reserved2[64];
+	struct run runs[];
+};
+
+static struct mailbox *box;
+static char *window;
+static atomic_int stop;
+/* What the host saw. */
+static struct run *received;
+static size_t received_count, run_requests, detaches, removes;
+static uint64_t made_size;
+static char made_name[64];
+static int placed[WINDOW_SIZE / PLACE_ALIGN];
+
+static int answer(uint32_t op)
+{
+	uint64_t *a = box->args;
+	switch (op) {
+	case 1: /* HELLO */
+		box->results[0] = 1;
+		return 0;
+	case 2: /* RUNS */
+		if (a[0] != received_count)
+			return EINVAL;
+		received = realloc(received, (received_count + box->nruns) * sizeof *received);
+		memcpy(received + received_count, box->runs, box->nruns * sizeof *received);
+		received_count += box->nruns;
+		run_requests++;
+		return 0;
+	case 3: { /* MAKE */
+		uint64_t sum = 0;
+		for (size_t i = 0; i < received_count; i++)
+			sum += received[i].len;
+		if (a[4] != received_count || sum != a[1])
+			return EINVAL;
+		made_size = a[1];
+		memcpy(made_name, box->name, sizeof made_name);
+		box->results[0] = 500;
+		return 0;
+	}
+	case 4: /* REMOVE */
+		if (a[0] != 500 || removes)
+			return ENOENT;
+		removes++;
+		return 0;
+	case 5: /* GET */
+		if (a[0] != HOST_SEGID && a[0] != 500)
+			return ENOENT;
+		box->results[0] = APID_BASE + a[0];
+		return 0;
+	case 6:  /* RELEASE */
+	case 10: /* SIGNAL */
+		return a[0] > APID_BASE ? 0 : ENOENT;
+	case 7: { /* ATTACH: apid, offset in the segment, length */
+		if (a[0] != APID_BASE + HOST_SEGID)
+			return ENOENT;
+		uint64_t slots = (a[2] + PLACE_ALIGN - 1) / PLACE_ALIGN;
+		for (uint64_t first = 0; first + slots <= WINDOW_SIZE / PLACE_ALIGN; first++) {
+			uint64_t n = 0;
+			while (n < slots && !placed[first + n])
+				n++;
+			if (n < slots)
+				continue;
+			for (n = 0; n < slots; n++)
+				placed[first + n] = n == 0 ? 1 : 2;
+			for (uint64_t page = 0; page < a[2] / PAGE; page++)
+				*(uint64_t *)(window + first * PLACE_ALIGN + page * PAGE) = a[1] / PAGE + page + 1;
+			box->results[0] = first * PLACE_ALIGN;
+			box->results[1] = a[2];
+			return 0;
+		}
+		return ENOSPC;
+	}
+	case 8: { /* DETACH */
+		uint64_t first = a[0] / PLACE_ALIGN;
+		if (a[0] % PLACE_ALIGN || first >= WINDOW_SIZE / PLACE_ALIGN || placed[first] != 1)
+			return EINVAL;
+		for (uint64_t n = first; n < WINDOW_SIZE / PLACE_ALIGN && placed[n] && (n == first || placed[n] == 2); n++)
+			placed[n] = 0;
+		detaches++;
+		return 0;
+	}
+	case 9: /* LOOKUP */
+		if (strncmp(box->name, "host-seg", sizeof box->name))
+			return ENOENT;
+		box->results[0] = HOST_SEGID;
+		return 0;
+	}
+	return ENOSYS;
+}
+
+static void *host(void *unused)
+{
+	(void)unused;
+	uint32_t seen = 0;
+	while (!atomic_load(&stop)) {
+		uint32_t bell = __atomic_load_n(&box->doorbell, __ATOMIC_ACQUIRE);
+		if (bell == seen) {
+			sched_yield();
+			continue;
+		}
+		box->error = answer(box->op);
+		seen = bell;
+		__atomic_store_n(&box->done, bell, __ATOMIC_RELEASE);
+	}
+	return NULL;
+}
+
+static char tree[32];
+
+/* Removes the fake tree (two directories of files and symlinks). */
+static void remove_tree(void)
+{
+	const char *dirs[] = { "0000:00:00.0", "0000:00:01.0" };
+	const char *files[] = { "vendor", "device", "resource0", "resource2" };
+	char path[128];
+	for (int d = 0; d < 2; d++) {
+		for (int f = 0; f < 4; f++) {
+			snprintf(path, sizeof path, "%s/%s/%s", tree, dirs[d], files[f]);
+			unlink(path);
+		}
+		snprintf(path, sizeof path, "%s/%s", tree, dirs[d]);
+		rmdir(path);
+	}
+	rmdir(tree);
+}
+
+static void write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+	CHECK(f && fputs(text, f) >= 0 && fclose(f) == 0);
+}
+
+/* The fake tree: a decoy device and the XEMEM device whose resources are memfds. */
+static void fake_device(int magic, int answering)
+{
+	char path[256], target[64];
+	char *root = strcpy(tree, "/tmp/xemem-pci-XXXXXX");
+	CHECK(mkdtemp(root) && atexit(remove_tree) == 0);
+	snprintf(path, sizeof path, "%s/0000:00:00.0", root);
+	CHECK(mkdir(path, 0755) == 0);
+	snprintf(path, sizeof path, "%s/0000:00:00.0/vendor", root);
+	write_file(path, "0x8086\n");
+	snprintf(path, sizeof path, "%s/0000:00:00.0/device", root);
+	write_file(path, "0x0001\n");
+	snprintf(path, sizeof path, "%s/0000:00:01.0", root);
+	CHECK(mkdir(path, 0755) == 0);
+	snprintf(path, sizeof path, "%s/0000:00:01.0/vendor", root);
+	write_file(path, "0xc10d\n");
+	snprintf(path, sizeof path, "%s/0000:00:01.0/device", root);
+	write_file(path, "0x0001\n");
+	int mailbox_fd = memfd_create("mailbox", 0), window_fd = memfd_create("window", 0);
+	CHECK(mailbox_fd >= 0 && window_fd >= 0 && ftruncate(mailbox_fd, MAILBOX_SIZE) == 0 &&
+	      ftruncate(window_fd, WINDOW_SIZE) == 0);
+	box = mmap(NULL, MAILBOX_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, mailbox_fd, 0);
+	window = mmap(NULL, WINDOW_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, window_fd, 0);
+	CHECK(box != MAP_FAILED && window != MAP_FAILED);
+	box->magic = magic ? 0x504d4558u : 0;
+	box->version = 1;
+	snprintf(target, sizeof target, "/proc/%d/fd/%d", getpid(), mailbox_fd);
+	snprintf(path, sizeof path, "%s/0000:00:01.0/resource0", root);
+	CHECK(symlink(target, path) == 0);
+	snprintf(target, sizeof target, "/proc/%d/fd/%d", getpid(), window_fd);
+	snprintf(path, sizeof path, "%s/0000:00:01.0/resource2", root);
+	CHECK(symlink(target, path) == 0);
+	setenv("CLOWDER_XEMEM_PCI_SYSFS", root, 1);
+	setenv("CLOWDER_XEMEM_BACKEND", "pci", 1);
+	/* A broker must never be what answers. */
+	setenv("CLOWDER_XEMEM_SOCKET", "/nonexistent/xemem.sock", 1);
+	pthread_t thread;
+	if (answering)
+		CHECK(pthread_create(&thread, NULL, host, NULL) == 0);
+}
+
+static uint64_t frame_of(const void *addr)
+{
+	int fd = open("/proc/self/pagemap", O_RDONLY);
+	uint64_t entry = 0;
+	CHECK(fd >= 0 && pread(fd, &entry, 8, (off_t)((uintptr_t)addr / PAGE * 8)) == 8);
+	close(fd);
+	return entry & ((1ULL << 55) - 1);
+}
+
+static long locked_kib(void)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	long kib = -1;
+	while (f && fgets(line, sizeof line, f))
+		if (sscanf(line, "VmLck: %ld", &kib) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return kib;
+}
+
+static void case_discovery(void)
+{
+	fake_device(1, 1);
+	CHECK(xpmem_init() == 0);
+	CHECK(xpmem_version() == 1);
+	CHECK(box->doorbell == box->done && box->done >= 1);
+}
+
+static void case_no_device(void)
+{
+	fake_device(1, 1);
+	setenv("CLOWDER_XEMEM_PCI_SYSFS", "/nonexistent", 1);
+	errno = 0;
+	CHECK(xpmem_init() == -1 && errno == ENODEV);
+	CHECK(xpmem_make(box, PAGE, XPMEM_PERMIT_MODE, (void *)0600) == -1 && errno == ENODEV);
+}
+
+static void case_bad_magic(void)
+{
+	fake_device(0, 1);
+	CHECK(xpmem_init() == -1 && errno == ENODEV);
+}
+
+static void case_export(void)
+{
+	fake_device(1, 1);
+	size_t size = 32UL << 20, pages = size / PAGE;
+	char *buf = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(buf != MAP_FAILED && madvise(buf, size, MADV_NOHUGEPAGE) == 0);
+	/* Touched in a scattered order, so the frames are far from one contiguous run. */
+	for (size_t i = 0; i < pages; i++)
+		buf[(i * 7919) % pages * PAGE] = 1;
+	long locked_before = locked_kib();
+	xpmem_segid_t segid = xemem_make(buf, size, "guest-seg");
+	CHECK(segid == 500);
+	CHECK(made_size == size && !strcmp(made_name, "guest-seg"));
+	CHECK(locked_kib() - locked_before == (long)(size >> 10));
+	/* Every page, in order, is the frame pagemap names for it. */
+	size_t page = 0;
+	for (size_t r = 0; r < received_count; r++) {
+		CHECK(received[r].len % PAGE == 0 && received[r].len > 0);
+		for (uint64_t off = 0; off < received[r].len; off += PAGE, page++)
+			CHECK((received[r].gpa + off) / PAGE == frame_of(buf + page * PAGE));
+	}
+	CHECK(page == pages);
+	printf("%zu runs in %zu requests\n", received_count, run_requests);
+	CHECK(received_count <= 4080 || run_requests > 1);
+	CHECK(xpmem_remove(segid) == 0 && removes == 1);
+	CHECK(locked_kib() == locked_before);
+	CHECK(xpmem_remove(segid) == -1 && errno == ENOENT);
+	/* Unaligned, empty and unmapped ranges are refused, and nothing stays locked. */
+	CHECK(xpmem_make(buf + 1, PAGE, XPMEM_PERMIT_MODE, (void *)0600) == -1 && errno == EINVAL);
+	CHECK(xpmem_make(buf, 0, XPMEM_PERMIT_MODE, (void *)0600) == -1 && errno == EINVAL);
+	CHECK(munmap(buf + PAGE, PAGE) == 0);
+	CHECK(xpmem_make(buf, 2 * PAGE, XPMEM_PERMIT_MODE, (void *)0600) == -1 && errno == ENOMEM);
+	CHECK(locked_kib() == locked_before);
+}
+
+static void case_attach(void)
+{
+	fake_device(1, 1);
+	xpmem_segid_t segid = xemem_lookup_segid("host-seg");
+	CHECK(segid == HOST_SEGID);
+	CHECK(xemem_lookup_segid("nobody") == -1 && errno == ENOENT);
+	xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
+	CHECK(apid == APID_BASE + HOST_SEGID);
+	CHECK(xpmem_get(12345, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL) == -1 && errno == ENOENT);
+	struct xpmem_addr addr = { .apid = apid, .offset = 4 * PAGE };
+	uint64_t *first = xpmem_attach(addr, 3 << 20, NULL);
+	CHECK(first != (void *)-1);
+	/* The host's pattern: each page's first word is its page number in the segment + 1. */
+	for (size_t page = 0; page < (3 << 20) / PAGE; page++)
+		CHECK(first[page * PAGE / 8] == 4 + page + 1);
+	uint64_t *second = xpmem_attach((struct xpmem_addr){ .apid = apid, .offset = 0 }, PAGE, NULL);
+	CHECK(second != (void *)-1 && second[0] == 1);
+	/* A store through the attachment lands in the window (the host's memory). */
+	first[1] = 0xfeed;
+	CHECK(*(uint64_t *)(window + 8) == 0xfeed);
+	CHECK(placed[0] == 1 && placed[1] == 2 && placed[2] == 1);
+	CHECK(xpmem_detach((char *)first + 5 * PAGE) == 0 && detaches == 1 && placed[0] == 0);
+	CHECK(xpmem_detach(second) == 0 && detaches == 2 && placed[2] == 0);
+	CHECK(xpmem_detach(second) == 0 && detaches == 2);
+	int local = 0;
+	CHECK(xpmem_detach(&local) == -1 && errno == EINVAL);
+	/* Bad arguments and permits the host does not know. */
+	CHECK(xpmem_attach((struct xpmem_addr){ .apid = apid, .offset = 1 }, PAGE, NULL) == (void *)-1 && errno == EINVAL);
+	CHECK(xpmem_attach((struct xpmem_addr){ .apid = apid, .offset = 0 }, 0, NULL) == (void *)-1 && errno == EINVAL);
+	CHECK(xpmem_attach((struct xpmem_addr){ .apid = 5, .offset = 0 }, PAGE, NULL) == (void *)-1 && errno == ENOENT);
+	CHECK(xpmem_attach(addr, WINDOW_SIZE + PAGE, NULL) == (void *)-1 && errno == ENOSPC);
+	CHECK(xemem_signal(apid) == 0);
+	CHECK(xpmem_release(apid) == 0);
+	CHECK(xemem_notify_fd(HOST_SEGID) == -1 && errno == EOPNOTSUPP);
+}
+
+static void case_host_gone(void)
+{
+	fake_device(1, 0);
+	setenv("CLOWDER_XEMEM_PCI_TIMEOUT_MS", "200", 1);
+	CHECK(xpmem_version() == -1 && errno == ETIMEDOUT);
+	CHECK(xemem_lookup_segid("host-seg") == -1 && errno == ETIMEDOUT);
+}
+
+static const struct {
+	const char *name;
+	void (*run)(void);
+} cases[] = {
+	{ "discovery", case_discovery }, { "no_device", case_no_device }, { "bad_magic", case_bad_magic },
+	{ "export", case_export },       { "attach", case_attach },       { "host_gone", case_host_gone },
+};
+
+int main(int argc, char **argv)
+{
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		if (argc == 2 && !strcmp(argv[1], "--list"))
+			puts(cases[i].name);
+		else if (argc == 2 && !strcmp(argv[1], cases[i].name))
+			cases[i].run();
+		else
+			continue;
+		if (strcmp(argv[1], "--list"))
+			return 0;
+	}
+	if (argc == 2 && !strcmp(argv[1], "--list"))
+		return 0;
+	fprintf(stderr, "usage: pci_fake --list | CASE\n");
+	return 2;
+}
