@@ -179,7 +179,11 @@ pub fn load(memory: &GuestMemory, boot: &BootConfig, cmdline_extra: &[String]) -
     }
     // PVH wants modules in the order given; they were placed top-down, which keeps that order.
 
-    let cmdline = kernel_command_line(&boot.cmdline, cmdline_extra);
+    let mut extra = cmdline_extra.to_vec();
+    if linux_guest && crate::arch::cpuid::on_pvm() {
+        extra.extend(crate::arch::cpuid::LINUX_ON_PVM.iter().map(|word| word.to_string()));
+    }
+    let cmdline = kernel_command_line(&boot.cmdline, &extra);
     if cmdline.len() >= CMDLINE_MAX {
         return Err(VmError::Config(format!(
             "boot.cmdline: {} bytes with the VMM's clowder.* keys, at most {} fit",

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Builds clowder's small Linux guest kernel from Debian's linux-source package and prints the
+# path of its vmlinux (an ELF with a PVH entry note, which clowder-vmm boots directly).
+#   scripts/linux-kernel.sh              # the kernel
+#   scripts/linux-kernel.sh initramfs    # the initramfs: the enclave agent as /init (static),
+#                                        # in target/linux-guest/agent-initramfs.cpio
+#
+# The build is cached OUTSIDE the tree, keyed by the hash of the config fragment, the patches,
+# the source package's version and the recipe's number, so every clone (and CI run) on a machine reuses it:
+#   ${CLOWDER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/clowder}/linux-<key>/vmlinux
+# A cold build takes a few minutes on two cores (run under `nice`).
+set -euo pipefail
+
+say() { echo "linux-kernel: $*" >&2; }
+here=$(cd "$(dirname "$0")/.." && pwd)
+fragment=$here/kernels/linux-guest/config
+# Patches over Debian's source: only what a PVM host needs (pvm-syscall.patch says why).
+patches=("$here"/kernels/linux-guest/*.patch)
+package=linux-source-6.1
+
+if [ "${1:-}" = initramfs ]; then
+    command -v cpio >/dev/null || {
+        say "installing cpio"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends cpio >/dev/null
+    }
+    # Static, so the initramfs needs no libraries; its own target directory keeps the host
+    # build's flags apart.
+    (cd "$here" && RUSTFLAGS="-C target-feature=+crt-static" cargo build --quiet --release \
+        -p clowder-linux-agent --target x86_64-unknown-linux-gnu)
+    out=$here/target/linux-guest
+    stage=$out/agent-initramfs
+    rm -rf "$stage"
+    mkdir -p "$stage/dev"
+    cp "$here/target/x86_64-unknown-linux-gnu/release/clowder-linux-agent" "$stage/init"
+    strip "$stage/init"
+    # The kernel opens /dev/console for init's stdio before anything is mounted.
+    mknod -m 600 "$stage/dev/console" c 5 1
+    (cd "$stage" && find . | LC_ALL=C sort | cpio --quiet -o -H newc --owner 0:0 >"$out/agent-initramfs.cpio.tmp")
+    mv "$out/agent-initramfs.cpio.tmp" "$out/agent-initramfs.cpio"
+    echo "$out/agent-initramfs.cpio"
+    exit 0
+fi
+
+if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "ok installed" ||
+    ! command -v flex >/dev/null || ! command -v bison >/dev/null || [ ! -f /usr/include/libelf.h ]; then
+    say "installing $package and the kernel's build tools"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q --no-install-recommends "$package" flex bison bc libelf-dev >/dev/null 2>&1 || {
+        apt-get update -q >/dev/null
+        apt-get install -y -q --no-install-recommends "$package" flex bison bc libelf-dev >/dev/null
+    }
+fi
+version=$(dpkg-query -W -f='${Version}' "$package")
+# Bump when the build steps below change what they produce.
+recipe=1
+key=$( (cat "$fragment" "${patches[@]}"; echo "$version $recipe") | sha256sum | cut -c1-16)
+cache=${CLOWDER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/clowder}/linux-$key
+if [ -f "$cache/vmlinux" ]; then
+    echo "$cache/vmlinux"
+    exit 0
+fi
+
+mkdir -p "$cache"
+work=$(mktemp -d "$cache/build.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+say "building Linux $version with $fragment in $work"
+tar -xaf "/usr/src/$package.tar.xz" -C "$work"
+src=$work/$package
+for p in "${patches[@]}"; do
+    patch -s -p1 -d "$src" <"$p" >&2
+done
+make -C "$src" -s tinyconfig >&2
+"$src/scripts/kconfig/merge_config.sh" -m -O "$src" "$src/.config" "$fragment" >/dev/null
+make -C "$src" -s olddefconfig >&2
+# A setting the fragment asks for that Kconfig dropped (a dependency missing) is a wrong kernel.
+missing=$(grep -E '^CONFIG_[A-Z0-9_]+=' "$fragment" | while read -r line; do
+    grep -qx "$line" "$src/.config" || echo "$line"
+done)
+if [ -n "$missing" ]; then
+    say "the kernel configuration lost: $(echo $missing)"
+    exit 1
+fi
+nice make -C "$src" -s -j"$(nproc)" vmlinux >&2
+cp "$src/.config" "$cache/config"
+cp "$src/vmlinux" "$cache/vmlinux.tmp"
+strip --strip-debug "$cache/vmlinux.tmp"
+mv "$cache/vmlinux.tmp" "$cache/vmlinux"
+say "built $cache/vmlinux"
+echo "$cache/vmlinux"
