@@ -5,7 +5,8 @@
 # readers, two readers of one stream, a reader that
 # joins late, the Discard policy, and bad input (an unknown stream, a wrong type, a selection
 # outside the shape, a writer killed mid-step, a hostile writer's malformed segments, malformed
-# configurations), none of which may crash the writer or reader or leave a segment behind. Prints "N passed, N failed"; exit 1 on a failure.
+# configurations), none of which may crash the writer or reader or leave a segment behind;
+# then lwk-test.sh (the C writer API in an LWK enclave) where /dev/kvm is. Prints "N passed, N failed"; exit 1 on a failure.
 set -u
 cd "$(dirname "$0")/../.."
 root=$(pwd)
@@ -194,5 +195,11 @@ check "a cut-off XML configuration is an error, not a crash" $? "$R"
 
 kill -0 $broker_pid 2>/dev/null
 check "the broker is still up" $? "$scratch/broker.log"
+
+# The C writer in an LWK enclave, with a clowderd of its own (skipped without /dev/kvm).
+env -u CLOWDER_XEMEM_SOCKET coupling/adios2/lwk-test.sh >"$scratch/lwk" 2>&1
+status=$?
+cat "$scratch/lwk"
+if [ $status != 0 ]; then failed=$((failed + 1)); elif grep -q '^ok' "$scratch/lwk"; then passed=$((passed + 1)); fi
 echo "$passed passed, $failed failed"
 [ $failed = 0 ]
