@@ -13,6 +13,7 @@ pub mod emulate;
 pub mod hooks;
 pub mod interrupts;
 pub mod memory;
+pub mod pci;
 pub mod profile;
 pub mod stop;
 pub mod vcpu;
