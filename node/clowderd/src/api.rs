@@ -2,11 +2,12 @@
 //! module checks a request's values against the daemon's rules (names, sizes, core lists) and
 //! turns them into what the handlers take. Every mistake becomes one sentence for the client.
 
-use clowder_api::daemon::{Cores, Create, Run, Size, MAX_INPUT_FILES};
+use clowder_api::daemon::{Cores, Create, EnclaveKind, Run, Size, MAX_INPUT_FILES};
 use clowder_api::{ApiError, ErrorKind};
 use serde_json::Value;
 
 use crate::cores::{parse_cpu_list, CoreRequest};
+use crate::linux_enclave::LinuxRequest;
 use crate::memory::parse_size;
 
 pub use clowder_api::daemon::{socket_path, RUN_FIXED_FDS};
@@ -24,6 +25,8 @@ pub struct CreateRequest {
     pub progress: bool,
     /// An absolute directory every job of the enclave is confined to.
     pub confine: Option<String>,
+    /// A Linux enclave (`kind: linux`) and its guest; `None` for the LWK.
+    pub linux: Option<LinuxRequest>,
 }
 
 /// A `run` whose values were checked.
@@ -104,6 +107,13 @@ pub fn check_create(request: Create) -> Result<CreateRequest, ApiError> {
         share_group: request.share_group,
         progress: request.progress,
         confine: request.confine.map(|dir| absolute_directory("create", dir)).transpose()?,
+        linux: match request.kind {
+            EnclaveKind::Linux => Some(LinuxRequest { kernel: request.kernel, initrd: request.initrd }),
+            EnclaveKind::Lwk if request.kernel.is_some() || request.initrd.is_some() => {
+                return Err(ApiError::invalid("`kernel` and `initrd` are for `kind: linux` enclaves"))
+            }
+            EnclaveKind::Lwk => None,
+        },
     })
 }
 
@@ -181,8 +191,14 @@ mod tests {
             share_group: None,
             progress: false,
             confine: None,
+            linux: None,
         };
         assert_eq!(check_create(create).unwrap(), expected);
+        let Ok(Request::Create(vm)) = Request::parse(br#"{"op":"create","name":"vm","kind":"linux","mem":"1G","kernel":"/k"}"#) else {
+            panic!()
+        };
+        assert_eq!(check_create(vm).unwrap().linux, Some(LinuxRequest { kernel: Some("/k".into()), initrd: None }));
+        assert!(checked(r#"{"op":"create","name":"a","mem":"1G","initrd":"/i"}"#).unwrap_err().contains("for `kind: linux`"));
         let Ok(Request::Run(run)) = Request::parse(br#"{"op":"run","argv":["hello","x"],"cwd":"/tmp","cores":"1","mem":268435456}"#) else {
             panic!()
         };

@@ -20,6 +20,7 @@ use crate::cores::{choose_cores, format_cpu_list, usable_cores, CoreRequest};
 use crate::cpuset::Cpusets;
 use crate::enclave::{Enclave, JobEvent, JobFile, JobSpec, Liveness};
 use crate::hio::{Identity, Scope};
+use crate::linux_enclave::{self, LinuxGuest, LinuxLauncher};
 use crate::machine::{Launcher, MachineSpec, Populated};
 use crate::memory::{check_request, format_size, HostMemory};
 use crate::oneshot::{kernel_command_line, OneShot, RunEvent};
@@ -65,6 +66,7 @@ struct Entry {
     hugepages: bool,
     created: SystemTime,
     occupant: Occupant,
+    kind: EnclaveKind,
 }
 
 struct Removed {
@@ -232,8 +234,16 @@ impl Daemon {
             ));
         }
         let cores = choose_cores(cores, &usable, &state.taken_cores()).map_err(|e| ApiError::new(ErrorKind::ResourceExhausted, e))?;
-        let entry =
-            Entry { owner, confine, cores: cores.clone(), memory, hugepages, created: SystemTime::now(), occupant: Occupant::Starting };
+        let entry = Entry {
+            owner,
+            confine,
+            cores: cores.clone(),
+            memory,
+            hugepages,
+            created: SystemTime::now(),
+            occupant: Occupant::Starting,
+            kind: EnclaveKind::Lwk,
+        };
         state.enclaves.insert(name.to_string(), entry);
         Ok(cores)
     }
@@ -250,9 +260,23 @@ impl Daemon {
             Err(e) => return e.reply(),
         };
         let owner = Owner { uid: peer.uid, share_gid };
+        let guest = match request.linux.as_ref().map(|linux| LinuxGuest::open(linux, peer.uid)).transpose() {
+            Ok(guest) => guest,
+            Err(e) => return error_reply(ErrorKind::InvalidArgument, format!("enclave {name}: {e}")),
+        };
         let cores = match self.reserve(&name, owner, &request.cores, request.memory, request.hugepages, request.confine.clone()) {
             Ok(cores) => cores,
             Err(e) => return e.reply(),
+        };
+        let linux = guest.map(|guest| LinuxLauncher { inner: self.launcher.as_ref(), guest });
+        let (launcher, liveness) = match &linux {
+            Some(linux) => {
+                if let Some(entry) = self.state.lock().unwrap().enclaves.get_mut(&name) {
+                    entry.kind = EnclaveKind::Linux;
+                }
+                (linux as &dyn Launcher, Liveness { hello_timeout: linux_enclave::HELLO_TIMEOUT, ..self.config.liveness })
+            }
+            None => (self.launcher.as_ref(), self.config.liveness),
         };
         let spec = MachineSpec { name: name.clone(), cores: cores.clone(), memory: request.memory, hugepages: request.hugepages };
         let log = Arc::new(LogBook::new(2000));
@@ -269,7 +293,7 @@ impl Daemon {
                 relay = events.send(&event).is_ok();
             }
         };
-        let (enclave, receiver) = match Enclave::start(spec, self.launcher.as_ref(), self.config.liveness, log.clone(), &mut progress) {
+        let (enclave, receiver) = match Enclave::start(spec, launcher, liveness, log.clone(), &mut progress) {
             Ok(started) => started,
             Err(e) => {
                 let mut state = self.state.lock().unwrap();
@@ -368,7 +392,7 @@ impl Daemon {
         };
         EnclaveInfo {
             name: name.to_string(),
-            kind: EnclaveKind::Lwk,
+            kind: entry.kind.clone(),
             mode,
             state,
             cores: format_cpu_list(entry.cores.iter().copied()),

@@ -22,6 +22,7 @@ pub mod file_slots;
 pub mod guest_ram;
 pub mod hio;
 pub mod link;
+pub mod linux_enclave;
 pub mod machine;
 pub mod memory;
 pub mod oneshot;

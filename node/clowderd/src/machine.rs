@@ -74,6 +74,16 @@ pub trait Launcher: Send + Sync {
     /// Starts a machine; its console and diagnostics go to `log`. `progress` hears how far
     /// populating the machine's memory got while that takes long (a machine may say nothing).
     fn launch(&self, spec: &MachineSpec, log: Arc<LogBook>, progress: &mut dyn FnMut(Populated)) -> Result<Box<dyn Machine>, String>;
+    /// Starts a Linux virtual machine booting `guest` (`linux_enclave`).
+    fn launch_linux(
+        &self,
+        _spec: &MachineSpec,
+        _guest: &crate::linux_enclave::LinuxGuest,
+        _log: Arc<LogBook>,
+        _progress: &mut dyn FnMut(Populated),
+    ) -> Result<Box<dyn Machine>, String> {
+        Err("this clowderd cannot start Linux enclaves".into())
+    }
 }
 
 /// One of the VMM's reports of guest RAM populated.
@@ -222,6 +232,16 @@ impl Launcher for VmmLauncher {
         let control_path = self.runtime_dir.join(format!("{}.vmm.sock", spec.name));
         log.push(format!("clowderd: starting clowder-vmm for enclave {}", spec.name));
         start_vmm_reporting(vmm_command(&self.vmm, &self.kernel, spec), control_path, log, progress)
+    }
+
+    fn launch_linux(
+        &self,
+        spec: &MachineSpec,
+        guest: &crate::linux_enclave::LinuxGuest,
+        log: Arc<LogBook>,
+        progress: &mut dyn FnMut(Populated),
+    ) -> Result<Box<dyn Machine>, String> {
+        crate::linux_enclave::launch_vmm(self, spec, guest, log, progress)
     }
 }
 
