@@ -7,7 +7,7 @@ FUZZ_CI_SECONDS ?= 15
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: all bootstrap build install test-install-ucx kernels test test-host test-kernels test-dex test-xemem test-adios2 test-ucx test-fuzz check-format test-linux test-big test-mpi demo bench bench-insitu fuzz clean
+.PHONY: all bootstrap build install test-install-ucx kernels test test-host test-kernels test-dex test-xemem test-adios2 test-ucx test-fuzz check-format test-linux test-linux-enclave test-big test-mpi demo bench bench-insitu fuzz clean
 
 all: build
 
@@ -78,7 +78,12 @@ test: check-format test-host test-kernels test-dex test-xemem test-adios2 test-f
 
 # Opt-in, slow on PVM hosts: a stock Debian kernel boots to its banner (docs/linux-guest.md).
 test-linux: build
-	@$(CARGO) test --release -p clowder-vmm --test linux_boot -- --ignored --nocapture
+	@$(CARGO) test --release -p clowder-vmm --test linux_boot -- --ignored --nocapture debian_kernel
+
+# Opt-in, many minutes on PVM hosts: the small guest kernel (scripts/linux-kernel.sh, cached
+# per machine) boots to its enclave agent (docs/linux-guest.md).
+test-linux-enclave: build
+	@$(CARGO) test --release -p clowder-vmm --test linux_boot -- --ignored --nocapture small_kernel
 
 # Opt-in, minutes and most of the machine's memory: 16 GiB enclaves (2 MiB and 4 KiB pages)
 # are created, run a job and are removed (issue 22's big enclaves).

@@ -21,6 +21,7 @@ INTERVAL (50) is longer than ITERATIONS (40)|scripts/insitu.sh 32 32 32 40 50
 unknown configuration 'z'|scripts/insitu.sh --config a,z
 unknown workflow 'sync-twice'|scripts/insitu.sh --workflow sync-twice
 --data-mb is a size in MiB from 0 to 512, not '1024'|scripts/insitu.sh --data-mb 1024
+usage: scripts/linux-kernel.sh [initramfs]|scripts/linux-kernel.sh kernel
 runs must be a whole number from 1 up, not 'many'|dex/bench/run.sh many
 usage: |dex/bench/run.sh 5 everything
 POLL_US must be a whole number of microseconds from 1 to 1000000, not '5ms'|POLL_US=5ms dex/bench/run.sh 1 latency

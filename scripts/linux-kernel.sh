@@ -18,6 +18,11 @@ fragment=$here/kernels/linux-guest/config
 patches=("$here"/kernels/linux-guest/*.patch)
 package=linux-source-6.1
 
+case "$#:${1:-}" in
+    0: | 1:initramfs) ;;
+    *) echo "usage: scripts/linux-kernel.sh [initramfs]" >&2; exit 2 ;;
+esac
+
 if [ "${1:-}" = initramfs ]; then
     command -v cpio >/dev/null || {
         say "installing cpio"
@@ -69,9 +74,13 @@ src=$work/$package
 for p in "${patches[@]}"; do
     patch -s -p1 -d "$src" <"$p" >&2
 done
-make -C "$src" -s tinyconfig >&2
-"$src/scripts/kconfig/merge_config.sh" -m -O "$src" "$src/.config" "$fragment" >/dev/null
-make -C "$src" -s olddefconfig >&2
+# Kconfig's chatter goes to a log, shown only if configuring fails.
+if ! { make -C "$src" -s tinyconfig &&
+    "$src/scripts/kconfig/merge_config.sh" -m -O "$src" "$src/.config" "$fragment" &&
+    make -C "$src" -s olddefconfig; } >"$work/config.log" 2>&1; then
+    cat "$work/config.log" >&2
+    exit 1
+fi
 # A setting the fragment asks for that Kconfig dropped (a dependency missing) is a wrong kernel.
 missing=$(grep -E '^CONFIG_[A-Z0-9_]+=' "$fragment" | while read -r line; do
     grep -qx "$line" "$src/.config" || echo "$line"

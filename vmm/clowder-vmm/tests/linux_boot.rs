@@ -1,15 +1,17 @@
 //! Opt-in: boots Debian's stock kernel (`linux-image-amd64`) with a tiny initramfs and waits for
-//! "Linux version" on the serial console. Not in the default run: on a PVM host every guest
-//! kernel instruction is emulated, so a full boot takes many minutes.
+//! "Linux version" on the serial console; and boots the project's small guest kernel to its
+//! enclave agent. Not in the default run: on a PVM host every guest kernel instruction is
+//! emulated, so a full boot takes many minutes.
 //!
-//!     make test-linux
+//!     make test-linux            # the Debian kernel
+//!     make test-linux-enclave    # the small kernel and its agent
 //!     # or: cargo test --release -p clowder-vmm --test linux_boot -- --ignored --nocapture
 //!     # CLOWDER_LINUX_TO_INIT=1 also waits (up to an hour) for the initramfs's /init to run.
 //!
 //! The kernel is fetched with apt-get (the Debian package registry), its compressed payload is
 //! unpacked to the uncompressed `vmlinux`, which carries a PVH entry note, so the guest skips the
 //! decompressor (most of a bzImage boot here). Files are cached in target/linux-guest.
-//! `noxsave`: PVM cannot emulate the kernel's XRSTOR and shows XSAVE regardless of CPUID.
+//! On PVM the VMM adds `noxsave` and `clearcpuid=...` for Linux guests (vmm/core/src/arch/cpuid.rs).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -111,24 +113,15 @@ fn initramfs(dir: &Path) -> PathBuf {
     path
 }
 
-#[test]
-#[ignore = "slow: boots a stock Linux kernel (make test-linux)"]
-fn debian_kernel_prints_its_banner() {
-    if !Path::new("/dev/kvm").exists() {
-        eprintln!("skipped: /dev/kvm is absent");
-        return;
-    }
-    let dir = work_dir();
-    let kernel = vmlinux(&dir);
-    let initrd = initramfs(&dir);
-    let to_init = std::env::var_os("CLOWDER_LINUX_TO_INIT").is_some();
-    let started = Instant::now();
+/// Starts clowder-vmm on `kernel` and `initrd` with `args`; its console lines arrive on the
+/// receiver.
+fn boot(kernel: &Path, initrd: &Path, args: &[&str]) -> (std::process::Child, mpsc::Receiver<String>) {
     let mut vmm = Command::new(env!("CARGO_BIN_EXE_clowder-vmm"))
         .arg("--kernel")
-        .arg(&kernel)
+        .arg(kernel)
         .arg("--module")
-        .arg(&initrd)
-        .args(["--mem", "512M", "--cpus", "1", "--unclaimed-ports", "log", "--cmdline", "console=ttyS0 earlyprintk=ttyS0 panic=-1 noxsave"])
+        .arg(initrd)
+        .args(args)
         .stdout(Stdio::piped())
         .spawn()
         .expect("clowder-vmm starts");
@@ -141,18 +134,37 @@ fn debian_kernel_prints_its_banner() {
             }
         }
     });
-    let wait_for = |needle: &str, timeout: Duration| -> Option<Duration> {
-        let deadline = started + timeout;
-        while let Ok(line) = lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            if line.contains(needle) {
-                println!("{:>8.1} s  {line}", started.elapsed().as_secs_f64());
-                return Some(started.elapsed());
-            }
+    (vmm, lines)
+}
+
+/// Waits for a console line containing `needle`: how long after `started` it came.
+fn wait_for(lines: &mpsc::Receiver<String>, started: Instant, needle: &str, timeout: Duration) -> Option<Duration> {
+    let deadline = started + timeout;
+    while let Ok(line) = lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        if line.contains(needle) {
+            println!("{:>8.1} s  {line}", started.elapsed().as_secs_f64());
+            return Some(started.elapsed());
         }
-        None
-    };
-    let banner = wait_for("Linux version", VERSION_TIMEOUT);
-    let init = if banner.is_some() && to_init { wait_for(INIT_MESSAGE, INIT_TIMEOUT) } else { None };
+    }
+    None
+}
+
+#[test]
+#[ignore = "slow: boots a stock Linux kernel (make test-linux)"]
+fn debian_kernel_prints_its_banner() {
+    if !Path::new("/dev/kvm").exists() {
+        eprintln!("skipped: /dev/kvm is absent");
+        return;
+    }
+    let dir = work_dir();
+    let kernel = vmlinux(&dir);
+    let initrd = initramfs(&dir);
+    let to_init = std::env::var_os("CLOWDER_LINUX_TO_INIT").is_some();
+    let started = Instant::now();
+    let args = ["--mem", "512M", "--cpus", "1", "--unclaimed-ports", "log", "--cmdline", "console=ttyS0 earlyprintk=ttyS0 panic=-1"];
+    let (mut vmm, lines) = boot(&kernel, &initrd, &args);
+    let banner = wait_for(&lines, started, "Linux version", VERSION_TIMEOUT);
+    let init = if banner.is_some() && to_init { wait_for(&lines, started, INIT_MESSAGE, INIT_TIMEOUT) } else { None };
     let _ = vmm.kill();
     let _ = vmm.wait();
     let banner = banner.unwrap_or_else(|| panic!("no \"Linux version\" within {VERSION_TIMEOUT:?}"));
@@ -161,4 +173,32 @@ fn debian_kernel_prints_its_banner() {
         let init = init.unwrap_or_else(|| panic!("/init did not run within {INIT_TIMEOUT:?}"));
         println!("/init ran after {:.1} s", init.as_secs_f64());
     }
+}
+
+/// The output of one of the repository's scripts: the path it prints last.
+fn script_output(args: &[&str]) -> PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/linux-kernel.sh");
+    let out = run(Command::new(script).args(args));
+    PathBuf::from(String::from_utf8(out).unwrap().lines().last().expect("a path").trim())
+}
+
+/// The small guest kernel (scripts/linux-kernel.sh, built once per machine and cached) boots
+/// to its initramfs's agent, whose system calls and /dev/mem mapping of the channel work: it
+/// says Hello on the channel and on the console. `make test-linux-enclave`.
+#[test]
+#[ignore = "slow: boots the small Linux guest kernel to its agent (make test-linux-enclave)"]
+fn small_kernel_boots_to_the_agent() {
+    if !Path::new("/dev/kvm").exists() {
+        eprintln!("skipped: /dev/kvm is absent");
+        return;
+    }
+    let kernel = script_output(&[]);
+    let initrd = script_output(&["initramfs"]);
+    let started = Instant::now();
+    let (mut vmm, lines) = boot(&kernel, &initrd, &["--mem", "128M", "--cpus", "1", "--cmdline", "console=ttyS0 panic=-1 quiet"]);
+    let hello = wait_for(&lines, started, "clowder-agent: Hello sent", INIT_TIMEOUT);
+    let _ = vmm.kill();
+    let _ = vmm.wait();
+    let hello = hello.unwrap_or_else(|| panic!("the agent did not say Hello within {INIT_TIMEOUT:?}"));
+    println!("create to Hello: {:.1} s", hello.as_secs_f64());
 }
