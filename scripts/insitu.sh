@@ -185,7 +185,7 @@ unavailable() { # CONFIG
 }
 
 echo "in-situ: CG ${grid[0]}x${grid[1]}x${grid[2]}, $iterations iterations, $intervals intervals of $interval;" \
-     "analytics data $(( length * 8 / 1024 )) KiB (the vector repeated), copy + $rounds rounds of scale/add/triad per interval"
+     "analytics data $(( length * 8 / 1024 )) KiB ($([ "$length" -gt "$vector_length" ] && echo "the vector repeated" || echo "the vector")), copy + $rounds rounds of scale/add/triad per interval"
 echo "simulation on core $sim_core, analytics on core $analytics_core; ${configs[*]} x ${workflows[*]}, $repeats run(s) each"
 
 failures=0
