@@ -13,8 +13,9 @@
 // from 3 segments in turn through permits it keeps, as the engine reuses its 3 buffers
 // (QueueLimit 2 + 1), so both attach memory whose pages were mapped before. It also copies the
 // bytes out into a buffer of its own (memcpy), which is what an ADIOS2 Get does: the floor
-// for any reader that gets the data into its own memory. Each role prints "ROLE median_ms MEDIAN min_ms MIN" over the
-// steps after the first (which pays for connecting) and checks the data it got.
+// for any reader that gets the data into its own memory. Each role prints
+// "ROLE median_ms MEDIAN min_ms MIN" over the steps after the first (which pays for
+// connecting) and checks the data it got.
 #include <adios2.h>
 #include <xpmem.h>
 
@@ -106,7 +107,10 @@ int Reader(const char *config, const char *stream, size_t n, size_t steps, long 
     return got == steps ? 0 : 1;
 }
 
-std::string RawName(const char *name, size_t s) { return std::string(name) + "." + std::to_string(s); }
+std::string RawName(const char *name, size_t s)
+{
+    return std::string(name) + "." + std::to_string(s);
+}
 
 constexpr size_t kRawSegments = 3;
 
@@ -196,7 +200,8 @@ int main(int argc, char **argv)
     if (!(adios && (argc == 6 || argc == 7)) &&
         !((role == "raw-writer" || role == "raw-reader") && argc == 5))
     {
-        std::fprintf(stderr, "usage: adios2_bench writer|reader CONFIG STREAM MIB STEPS [PAUSE_MS]\n"
+        std::fprintf(stderr,
+                     "usage: adios2_bench writer|reader CONFIG STREAM MIB STEPS [PAUSE_MS]\n"
                              "       adios2_bench raw-writer|raw-reader NAME MIB STEPS\n");
         return 2;
     }

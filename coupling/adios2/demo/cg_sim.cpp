@@ -58,7 +58,8 @@ int main(int argc, char **argv)
     const long interval = std::strtol(argv[6], nullptr, 10);
     if (g.nx == 0 || g.ny == 0 || g.nz == 0 || iterations < 1 || interval < 1)
     {
-        std::fprintf(stderr, "cg_sim: sizes, ITERATIONS and INTERVAL must be whole numbers from 1\n");
+        std::fprintf(stderr,
+                     "cg_sim: sizes, ITERATIONS and INTERVAL must be whole numbers from 1\n");
         return 2;
     }
     try

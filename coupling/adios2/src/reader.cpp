@@ -62,8 +62,8 @@ Reader::Reader(adios2::IO io, const std::string &name, adios2::Mode mode)
     while ((m_ControlSegid = LookupSegid(m_ControlName)) < 0)
     {
         if (deadline.Passed())
-            throw std::runtime_error("clowder engine: no stream '" + m_Name + "': no writer made '" +
-                                     m_ControlName + "' within " +
+            throw std::runtime_error("clowder engine: no stream '" + m_Name +
+                                     "': no writer made '" + m_ControlName + "' within " +
                                      SecondsText(m_Params.openTimeoutSecs) + " (OpenTimeoutSecs)");
         backoff.Pause();
     }

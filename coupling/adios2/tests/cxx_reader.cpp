@@ -67,14 +67,16 @@ int main(int argc, char **argv)
             for (size_t i = 0; i < count[0]; ++i)
                 for (size_t j = 0; j < count[1]; ++j)
                 {
-                    double want = double(s) * 1e6 + double((start[0] + i) * shape[1] + start[1] + j);
+                    double want =
+                        double(s) * 1e6 + double((start[0] + i) * shape[1] + start[1] + j);
                     double got = data[i * count[1] + j];
                     bad += got != want;
                     sum += got;
                 }
             bool ok = bad == 0 && step == int32_t(s) && label == "step-" + std::to_string(s) &&
                       local[0] == int64_t(s) && local[2] == int64_t(s) + 2 && units == "kelvin";
-            std::printf("step %zu %s shape %zux%zu sel %zu+%zu,%zu+%zu sum %.17g label %s units %s\n",
+            std::printf("step %zu %s shape %zux%zu sel %zu+%zu,%zu+%zu sum %.17g label %s units "
+                        "%s\n",
                         s, ok ? "ok" : "WRONG", shape[0], shape[1], start[0], count[0], start[1],
                         count[1], sum, label.c_str(), units.c_str());
             if (!ok)

@@ -20,11 +20,13 @@ int main(int argc, char **argv)
 {
     if (argc < 6)
     {
-        std::fprintf(stderr, "usage: cxx_writer CONFIG STREAM STEPS ROWS COLS [DIE_AT_STEP [PAUSE_MS]]\n");
+        std::fprintf(stderr,
+                     "usage: cxx_writer CONFIG STREAM STEPS ROWS COLS [DIE_AT_STEP [PAUSE_MS]]\n");
         return 2;
     }
     const size_t steps = std::strtoul(argv[3], nullptr, 10);
-    const size_t rows = std::strtoul(argv[4], nullptr, 10), cols = std::strtoul(argv[5], nullptr, 10);
+    const size_t rows = std::strtoul(argv[4], nullptr, 10);
+    const size_t cols = std::strtoul(argv[5], nullptr, 10);
     const long dieAt = argc > 6 ? std::strtol(argv[6], nullptr, 10) : -1;
     const long pauseMs = argc > 7 ? std::strtol(argv[7], nullptr, 10) : 0;
     try
