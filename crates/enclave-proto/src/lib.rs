@@ -58,7 +58,7 @@
 //! | `0x800a` | `Xemem` | bytes message: one XEMEM protocol message (below) |
 //! | `0x800b` | `ZeroMemory` | u32 request, u64 gpa, u64 len: the host clears guest-physical `[gpa, gpa + len)` (page aligned, in RAM) and answers `MemoryZeroed`; the kernel gives a finished job's memory back this way, as clearing it in guest kernel code may be slow (emulated on PVM) |
 //! | `0x800c` | `MappingCounter` | u64 gpa: where the kernel keeps its count of page-table changes (an 8-byte aligned u64 in RAM, bumped before any user mapping is made or taken away); sent once after `Hello`. The host may reuse frames the kernel resolved for XEMEM while the count has not moved |
-//! | `0x800d` | `FileSlots` | u64 gpa, u16 count: where the kernel's request slots for file calls are ([`slots`]: a control page, then `count` slot pages, page aligned, in RAM); sent once after `Hello`. The host polls them from then on |
+//! | `0x800d` | `FileSlots` | u64 gpa, u16 count: where the kernel's request slots for file calls are ([`slots`]: a control page, then `count` slot pages, page aligned, in RAM); sent once after `Hello`. From then on the kernel may post a `FileRequest` in its CPU's slot instead of sending it, and the host answers it there (or, when it serves no slots, never says `HOST_READY` and every request stays on the channel) |
 //! | `0x800e` | `SocketRequest` | u32 job, u32 request, u8 op, op fields: a forwarded socket call ([`socket`]) |
 //!
 //! `JobOutput` data should fit one ring message (see [`max_output_chunk`]) so output streams
@@ -134,8 +134,9 @@
 //! 6. On `LaunchJob`: map the `binary` and `files` runs (they are memory regions the host added
 //!    above RAM, not in the boot memory map), load the binary, give the job `argv`, `env` and
 //!    `cwd`, send `JobStarted`; stream writes to fds 1 and 2 as `JobOutput` (chunks of
-//!    [`max_output_chunk`]); forward file calls on other paths as `FileRequest` and block the
-//!    calling thread until the reply with the same `request` arrives; send `JobExited` last.
+//!    [`max_output_chunk`]); forward file calls on other paths as `FileRequest` (on the channel,
+//!    or in a file slot: [`slots`]) and block the calling thread until the reply with the same
+//!    `request` arrives; send `JobExited` last.
 //! 7. On `Shutdown`: end the jobs, then stop the machine (write the exit port).
 
 pub mod frame;
