@@ -209,7 +209,7 @@ int main(int argc, char **argv) {
     long kernel_runs[4] = {0, 0, 0, 0};
     long intervals = 0, matching = 0;
     uint64_t seen = 0;
-    double deadline = insitu_now_seconds() + START_WAIT_SECONDS;
+    double deadline = insitu_now_seconds() + insitu_patience(length, START_WAIT_SECONDS);
     for (;;) {
         refresh(&source);
         struct insitu_header *h = source.header;
@@ -254,7 +254,7 @@ int main(int argc, char **argv) {
                    (unsigned long long)iteration, (unsigned long long)checksum,
                    checksum == expected ? "(matches the published one)" : "(DIFFERS from the published one)");
             seen = published;
-            deadline = insitu_now_seconds() + WAIT_SECONDS;
+            deadline = insitu_now_seconds() + insitu_patience(length, WAIT_SECONDS);
             continue;
         }
         if (insitu_load(&h->finished) && published == seen) {
@@ -265,7 +265,7 @@ int main(int argc, char **argv) {
             break;
         }
         if (insitu_now_seconds() > deadline) {
-            fprintf(stderr, "insitu-analytics: nothing from the simulation for %.0f s\n", WAIT_SECONDS);
+            fprintf(stderr, "insitu-analytics: nothing from the simulation for %.0f s\n", insitu_patience(length, WAIT_SECONDS));
             break;
         }
         /* Files are polled gently; shared memory is spun on, as the paper's flags are. */

@@ -330,7 +330,7 @@ int main(int argc, char **argv) {
             double t_published = insitu_now_seconds();
             publishing += t_published - t_publish;
             /* After one silence the analytics is likely gone: do not wait the full time again. */
-            double timeout = unanswered ? 1.0 : k == 1 ? FIRST_WAIT_SECONDS : WAIT_SECONDS;
+            double timeout = unanswered ? 1.0 : insitu_patience(transport.length, k == 1 ? FIRST_WAIT_SECONDS : WAIT_SECONDS);
             int answered = wait_for_analytics(&transport, k, synchronous, timeout) == 0;
             unanswered += !answered;
             t_mark = insitu_now_seconds();
@@ -349,7 +349,7 @@ int main(int argc, char **argv) {
     publish(&transport, intervals, iterations, checksum, 1);
     double total = insitu_now_seconds() - t_start;
     if (!transport.use_files) {
-        double deadline = insitu_now_seconds() + (unanswered ? 1.0 : WAIT_SECONDS);
+        double deadline = insitu_now_seconds() + (unanswered ? 1.0 : insitu_patience(transport.length, WAIT_SECONDS));
         while (!insitu_load(&transport.header->left) && insitu_now_seconds() < deadline)
             usleep(100);
         if (xpmem_remove(transport.segid))
