@@ -1,12 +1,18 @@
 //! A job's memory, Kitten-style: three physically contiguous regions reserved at load (image,
-//! stack, heap), each at a fixed virtual-to-physical offset. `brk` grows up from the bottom
-//! of the heap region and anonymous `mmap` carves from its top; page tables are filled when
-//! memory is handed out and cleared when it is given back, never on demand.
+//! stack, heap); page tables are filled when memory is handed out and cleared when it is given
+//! back, never on demand.
 //!
-//! Anonymous `mmap` takes the lowest free heap memory above a small area kept for `brk`
-//! (`BRK_AREA`), so that what a process uses sits low in its heap: `fork` gives the child a
-//! heap that ends a little above the parent's highest used byte, not a copy of the whole
-//! reservation.
+//! The heap block shows through two windows, as Linux's default layout places the break and
+//! the mappings: `brk` grows up from its bottom, seen right above the image (the `heap`
+//! region's addresses, which the bookkeeping uses for the whole block: "heap addresses"), and
+//! `mmap` carves from its top, top-down, seen in a window that ends `MMAP_GAP` below the top
+//! of the stack (`mmap_window`). Each part of the block is the break's or a mapping's, never
+//! both, so each window maps only its own parts: the break's are those below `brk_mapped`.
+//! Both windows keep one virtual-to-physical offset each, so 2 MiB pages still fit.
+//!
+//! What a process uses thus sits at the two ends of its heap: `fork` gives the child a heap
+//! without the free middle (its mapping window moves up by as much, the mappings keeping
+//! their addresses), not a copy of the whole reservation.
 //!
 //! Heap memory given back is not cleared at once but marked dirty, and `mmap` prefers clean
 //! memory: clearing is kernel work (about 40 ms per MiB when kernel code is emulated, as on
@@ -67,9 +73,19 @@ const HEAP_RANGES: usize = 256;
 
 pub const READ_WRITE: Protection = Protection { write: true, execute: false };
 
+/// Which window of the heap block a part of it shows in (see the module's comment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Window {
+    Brk,
+    Mmap,
+}
+
 /// The bottom of the heap kept for `brk` (a quarter of small heaps): anonymous mappings go
 /// above it while there is room. glibc's malloc moves on to `mmap` when `brk` stops growing.
 const BRK_AREA: u64 = 8 << 20;
+/// How far below the top of the stack the mapping window ends, at least: Linux's least gap
+/// below the stack for `mmap_base` (its default layout, without randomisation).
+const MMAP_GAP: u64 = 128 << 20;
 /// What a forked child's heap has beyond the parent's highest used byte, for its own `brk`
 /// and `mmap`, and its stack below the 2 MiB block the parent's stack pointer is in.
 const CHILD_HEAP_SLACK: u64 = 4 << 20;
@@ -92,8 +108,10 @@ pub struct JobMemory {
     /// The end of what the `brk` area has claimed and mapped: the break rounded up to 2 MiB
     /// where that memory is clean (see `set_brk`), else to a page.
     brk_mapped: u64,
-    /// Anonymous mappings are placed at or above this address when they fit.
+    /// Anonymous mappings are placed at or above this heap address when they fit.
     mmap_floor: u64,
+    /// Where the mapping window ends (2 MiB aligned, the same for a process and its forks).
+    mmap_end: u64,
     /// The lowest stack address the kernel wrote through its own window (a forked child's
     /// copy) or whose mapping went away (so its dirty bit is lost): `release` clears the stack
     /// from here or from its lowest written page, whichever is lower.
@@ -111,6 +129,7 @@ impl JobMemory {
         let _ = heap_free.insert(heap.start, heap.end);
         let heap_dirty = Box::new(RangeSet::new());
         let mmap_floor = heap.start + BRK_AREA.min((heap.end - heap.start) / 4 / PAGE_SIZE * PAGE_SIZE);
+        let mmap_end = stack.start.min(super::STACK_TOP - MMAP_GAP) / HUGE_PAGE_SIZE * HUGE_PAGE_SIZE;
         JobMemory {
             aspace,
             image,
@@ -123,21 +142,58 @@ impl JobMemory {
             brk: heap.start,
             brk_mapped: heap.start,
             mmap_floor,
+            mmap_end,
             stack_clear_from: stack.end,
         }
     }
 
-    fn map_heap(&mut self, start: u64, end: u64, access: Access) -> Result<(), MemoryError> {
+    /// The window the mappings show through: the heap block's addresses moved up to end at
+    /// `mmap_end` (its `physical` is right for addresses in it).
+    pub fn mmap_window(&self) -> Region {
+        let size = self.heap.end - self.heap.start;
+        Region { start: self.mmap_end.saturating_sub(size), end: self.mmap_end, physical_start: self.heap.physical_start }
+    }
+
+    /// Where heap address `address` shows in `window`.
+    fn virtual_of(&self, window: Window, address: u64) -> u64 {
+        match window {
+            Window::Brk => address,
+            Window::Mmap => address - self.heap.start + self.mmap_window().start,
+        }
+    }
+
+    /// The heap addresses behind `[start, end)` of the mapping window, if it lies wholly in
+    /// the mappings' part of it (above what the break holds).
+    fn mapping_range(&self, start: u64, end: u64) -> Option<(u64, u64)> {
+        let window = self.mmap_window();
+        let to_heap = |address: u64| address - window.start + self.heap.start;
+        (start < end && window.contains(start, end) && to_heap(start) >= self.brk_mapped).then(|| (to_heap(start), to_heap(end)))
+    }
+
+    /// The break's part of the heap, where it shows (right above the image).
+    fn brk_region(&self) -> Region {
+        Region { start: self.heap.start, end: self.brk_mapped, physical_start: self.heap.physical_start }
+    }
+
+    /// The mappings' part of the heap, where it shows (the top of the mapping window).
+    fn mappings_region(&self) -> Region {
+        let start = self.virtual_of(Window::Mmap, self.brk_mapped);
+        Region { start, end: self.mmap_end, physical_start: self.heap.physical(self.brk_mapped) }
+    }
+
+    fn map_heap(&mut self, window: Window, start: u64, end: u64, access: Access) -> Result<(), MemoryError> {
+        let address = self.virtual_of(window, start);
         match access {
-            Some(protection) => self.aspace.map(start, self.heap.physical(start), end - start, protection)?,
-            None => self.aspace.unmap(start, end - start)?,
+            Some(protection) => self.aspace.map(address, self.heap.physical(start), end - start, protection)?,
+            None => self.aspace.unmap(address, end - start)?,
         }
         Ok(())
     }
 
-    /// Unmaps heap pages and gives them back; the ones that were in use become dirty.
-    fn release_heap(&mut self, start: u64, end: u64) -> Result<(), MemoryError> {
-        self.aspace.unmap(start, end - start)?;
+    /// Unmaps heap pages (seen in `window`) and gives them back; the ones that were in use
+    /// become dirty.
+    fn release_heap(&mut self, window: Window, start: u64, end: u64) -> Result<(), MemoryError> {
+        self.aspace.unmap(self.virtual_of(window, start), end - start)?;
         let used: Vec<Range> = self.heap_free.gaps(start, end).collect();
         for range in used {
             self.heap_dirty.insert(range.start, range.end).map_err(|_| MemoryError::NoMemory)?;
@@ -156,22 +212,23 @@ impl JobMemory {
         self.heap_dirty.remove(start, end).map_err(|_| MemoryError::NoMemory)
     }
 
-    /// The lowest `len` free heap bytes aligned to `align` above the `brk` area (below it if
-    /// nothing fits above), clean ones if possible.
+    /// The highest `len` free heap bytes aligned to `align` above the `brk` area (below it if
+    /// nothing fits above), clean ones if possible: mappings go top-down, as on Linux.
     fn find_free(&self, len: u64, align: u64) -> Option<u64> {
-        let fit_from = |floor: u64| {
+        let fit_above = |floor: u64| {
             move |range: &Range| {
-                let start = range.start.max(floor).next_multiple_of(align);
-                (start.checked_add(len)? <= range.end).then_some(start)
+                let start = (range.end.checked_sub(len)? / align) * align;
+                (start >= range.start.max(floor)).then_some(start)
             }
         };
         let clean_parts: Vec<Range> =
             self.heap_free.ranges().iter().flat_map(|free| self.heap_dirty.gaps(free.start, free.end).collect::<Vec<_>>()).collect();
         clean_parts
             .iter()
-            .find_map(fit_from(self.mmap_floor))
-            .or_else(|| self.heap_free.ranges().iter().find_map(fit_from(self.mmap_floor)))
-            .or_else(|| self.heap_free.ranges().iter().find_map(fit_from(self.heap.start)))
+            .rev()
+            .find_map(fit_above(self.mmap_floor))
+            .or_else(|| self.heap_free.ranges().iter().rev().find_map(fit_above(self.mmap_floor)))
+            .or_else(|| self.heap_free.ranges().iter().rev().find_map(fit_above(self.brk_mapped)))
     }
 
     /// Clears the heap's used memory (in use, or given back dirty) with `zero` and returns the
@@ -211,13 +268,13 @@ impl JobMemory {
             let end = if large && clean && whole > new_end { whole } else { new_end };
             let grown = self.heap_free.contains(mapped, end)
                 && self.claim(mapped, end).is_ok()
-                && self.map_heap(mapped, end, Some(READ_WRITE)).is_ok();
+                && self.map_heap(Window::Brk, mapped, end, Some(READ_WRITE)).is_ok();
             if grown {
                 self.brk_mapped = end;
             }
             grown
         } else if requested < self.brk && new_end < mapped {
-            let released = self.release_heap(new_end, mapped).is_ok();
+            let released = self.release_heap(Window::Brk, new_end, mapped).is_ok();
             if released {
                 self.brk_mapped = new_end;
             }
@@ -231,8 +288,9 @@ impl JobMemory {
         self.brk
     }
 
-    /// Anonymous `mmap`: at `fixed` (replacing what is there) or wherever it fits, 2 MiB
-    /// aligned when it is that large so it gets 2 MiB pages.
+    /// Anonymous `mmap`: at `fixed` (replacing what is there; in the mapping window, above
+    /// what the break holds) or wherever it fits, 2 MiB aligned when it is that large so it
+    /// gets 2 MiB pages. Returns where it shows.
     pub fn map_anonymous(&mut self, len: u64, access: Access, fixed: Option<u64>) -> Result<u64, MemoryError> {
         if len == 0 {
             return Err(MemoryError::InvalidArgument);
@@ -244,13 +302,10 @@ impl JobMemory {
                 if address % PAGE_SIZE != 0 {
                     return Err(MemoryError::InvalidArgument);
                 }
-                let overlaps_brk_area = address < self.brk_mapped && end > self.brk_start;
-                if !self.heap.contains(address, end) || overlaps_brk_area {
-                    return Err(MemoryError::NoMemory);
-                }
-                self.release_heap(address, end)?;
-                self.claim(address, end)?;
-                address
+                let (start, end) = self.mapping_range(address, end).ok_or(MemoryError::NoMemory)?;
+                self.release_heap(Window::Mmap, start, end)?;
+                self.claim(start, end)?;
+                start
             }
             None => {
                 let align = if len >= HUGE_PAGE_SIZE { HUGE_PAGE_SIZE } else { PAGE_SIZE };
@@ -259,8 +314,21 @@ impl JobMemory {
                 start
             }
         };
-        self.map_heap(start, start + len, access)?;
-        Ok(start)
+        self.map_heap(Window::Mmap, start, start + len, access)?;
+        Ok(self.virtual_of(Window::Mmap, start))
+    }
+
+    /// Whether any page of `[start, start + len)` is in use (MAP_FIXED_NOREPLACE's test):
+    /// the image, the stack, the break's part or a mapping.
+    pub fn overlaps_use(&self, start: u64, len: u64) -> bool {
+        let end = start.saturating_add(page_up(len));
+        let overlaps = |region: &Region| region.start < end && start < region.end;
+        let mappings = self.mappings_region();
+        [self.image, self.stack, self.brk_region()].iter().any(overlaps)
+            || (overlaps(&mappings) && {
+                let to_heap = |address: u64| address.clamp(mappings.start, mappings.end) - mappings.start + self.brk_mapped;
+                !self.heap_free.contains(to_heap(start), to_heap(end))
+            })
     }
 
     /// Heap memory for a private file mapping of `len` bytes, at `fixed` (replacing what is
@@ -272,35 +340,34 @@ impl JobMemory {
     pub fn map_for_file(&mut self, len: u64, fixed: Option<u64>) -> Result<(u64, bool), MemoryError> {
         if let Some(address) = fixed {
             let end = address.checked_add(page_up(len)).ok_or(MemoryError::NoMemory)?;
-            let in_use = len != 0
-                && address.is_multiple_of(PAGE_SIZE)
-                && self.heap.contains(address, end)
-                && self.heap_free.is_disjoint(address, end)
-                && !(address < self.brk_mapped && end > self.brk_start);
-            if in_use {
-                self.map_heap(address, end, Some(READ_WRITE))?;
+            let in_use = address
+                .is_multiple_of(PAGE_SIZE)
+                .then(|| self.mapping_range(address, end))
+                .flatten()
+                .filter(|&(start, end)| self.heap_free.is_disjoint(start, end));
+            if let Some((start, end)) = in_use {
+                self.map_heap(Window::Mmap, start, end, Some(READ_WRITE))?;
                 return Ok((address, false));
             }
         }
         self.map_anonymous(len, Some(READ_WRITE), fixed).map(|start| (start, true))
     }
 
-    /// The guest-physical address behind heap address `address` (of a mapping of this
-    /// process's: a file mapping the host fills).
+    /// The guest-physical address behind `address` of a mapping of this process's (a file
+    /// mapping the host fills).
     pub fn heap_physical(&self, address: u64) -> u64 {
-        self.heap.physical(address)
+        self.mmap_window().physical(address)
     }
 
-    /// Copies `bytes` into heap memory at `start` (mapped by this job: a file mapping being
-    /// filled).
+    /// Copies `bytes` into this process's mapping at `start` (a file mapping being filled).
     pub fn fill_heap(&mut self, start: u64, bytes: &[u8]) {
-        phys::bytes_mut(self.heap.physical(start), bytes.len()).copy_from_slice(bytes);
+        phys::bytes_mut(self.heap_physical(start), bytes.len()).copy_from_slice(bytes);
     }
 
-    /// Clears heap memory `[start, start + len)` (mapped by this job: the part of a file
-    /// mapping past the file's bytes).
+    /// Clears `[start, start + len)` of this process's mapping (the part of a file mapping past
+    /// the file's bytes).
     pub fn clear_heap_range(&mut self, start: u64, len: u64) {
-        phys::zero(self.heap.physical(start), len as usize);
+        phys::zero(self.heap_physical(start), len as usize);
     }
 
     /// `munmap`: heap memory goes back to the heap; in the image and stack only the pages
@@ -310,17 +377,24 @@ impl JobMemory {
             return Err(MemoryError::InvalidArgument);
         }
         let end = start.checked_add(page_up(len)).ok_or(MemoryError::InvalidArgument)?;
-        let heap_start = start.clamp(self.heap.start, self.heap.end);
-        let heap_end = end.clamp(self.heap.start, self.heap.end);
+        // The mappings' part first: the break's bound (`brk_mapped`) may move below.
+        let mappings = self.mappings_region();
+        let (from, to) = (start.clamp(mappings.start, mappings.end), end.clamp(mappings.start, mappings.end));
+        if let Some((heap_start, heap_end)) = self.mapping_range(from, to) {
+            self.release_heap(Window::Mmap, heap_start, heap_end)?;
+        }
+        let (heap_start, heap_end) = (start.clamp(self.heap.start, self.brk_mapped), end.clamp(self.heap.start, self.brk_mapped));
         if heap_start < heap_end {
             // What the break had mapped ahead of itself goes back whole when a hole is made
             // in it, so the break can grow across the hole as on Linux.
             let ahead = page_up(self.brk);
-            if heap_start < self.brk_mapped && heap_end > ahead {
-                self.release_heap(ahead, self.brk_mapped)?;
+            if heap_end > ahead {
+                self.release_heap(Window::Brk, ahead, self.brk_mapped)?;
                 self.brk_mapped = ahead;
             }
-            self.release_heap(heap_start, heap_end)?;
+            if heap_start < heap_end.min(self.brk_mapped) {
+                self.release_heap(Window::Brk, heap_start, heap_end.min(self.brk_mapped))?;
+            }
         }
         self.note_stack_unmapped(start, end);
         self.aspace.unmap(start, end - start)?;
@@ -339,12 +413,16 @@ impl JobMemory {
             return Err(MemoryError::InvalidArgument);
         }
         let end = start.checked_add(page_up(len)).ok_or(MemoryError::NoMemory)?;
-        let region =
-            [self.image, self.stack, self.heap].into_iter().find(|region| region.contains(start, end)).ok_or(MemoryError::NoMemory)?;
+        let heap_parts = [self.brk_region(), self.mappings_region()];
+        let region = [self.image, self.stack, heap_parts[0], heap_parts[1]]
+            .into_iter()
+            .find(|region| region.contains(start, end))
+            .ok_or(MemoryError::NoMemory)?;
         if start == end {
             return Ok(());
         }
-        if region.start == self.heap.start && !self.heap_free.is_disjoint(start, end) {
+        let to_heap = |address: u64| address - region.start + (region.physical_start - self.heap.physical_start) + self.heap.start;
+        if heap_parts.iter().any(|part| part.start == region.start) && !self.heap_free.is_disjoint(to_heap(start), to_heap(end)) {
             return Err(MemoryError::NoMemory);
         }
         match access {
@@ -413,51 +491,52 @@ impl JobMemory {
     /// MADV_DONTNEED: heap and stack pages in the range stay mapped but read back as zero.
     pub fn discard(&mut self, start: u64, len: u64) {
         let end = start.saturating_add(page_up(len));
-        for region in [self.stack, self.heap] {
-            let (from, to) = (start.clamp(region.start, region.end), end.clamp(region.start, region.end));
-            if from < to {
-                let in_use: Vec<Range> = if region.start == self.heap.start {
-                    self.heap_free.gaps(from, to).collect()
-                } else {
-                    alloc::vec![Range { start: from, end: to }]
-                };
-                for range in in_use {
-                    phys::zero(region.physical(range.start), range.len() as usize);
-                }
+        let (stack_from, stack_to) = (start.clamp(self.stack.start, self.stack.end), end.clamp(self.stack.start, self.stack.end));
+        if stack_from < stack_to {
+            phys::zero(self.stack.physical(stack_from), (stack_to - stack_from) as usize);
+        }
+        for part in [self.brk_region(), self.mappings_region()] {
+            let (from, to) = (start.clamp(part.start, part.end), end.clamp(part.start, part.end));
+            // The part's heap addresses: its physical offset in the block.
+            let to_heap = |address: u64| address - part.start + (part.physical_start - self.heap.physical_start) + self.heap.start;
+            let in_use: Vec<Range> = self.heap_free.gaps(to_heap(from), to_heap(to)).collect();
+            for range in in_use {
+                phys::zero(self.heap.physical(range.start), range.len() as usize);
             }
         }
     }
 
-    /// `mremap` of a heap mapping: shrinks in place, grows in place when the pages above are
-    /// free, otherwise moves (copying) if allowed.
-    pub fn remap(&mut self, start: u64, old_len: u64, new_len: u64, may_move: bool) -> Result<u64, MemoryError> {
+    /// `mremap` of a mapping: shrinks in place, grows in place when the pages above are free,
+    /// otherwise moves (copying) if allowed.
+    pub fn remap(&mut self, address: u64, old_len: u64, new_len: u64, may_move: bool) -> Result<u64, MemoryError> {
         let (old_len, new_len) = (page_up(old_len), page_up(new_len));
-        if !start.is_multiple_of(PAGE_SIZE) || new_len == 0 {
+        if !address.is_multiple_of(PAGE_SIZE) || new_len == 0 {
             return Err(MemoryError::InvalidArgument);
         }
-        let old_end = start.checked_add(old_len).ok_or(MemoryError::NoMemory)?;
-        if !self.heap.contains(start, old_end) || !self.heap_free.is_disjoint(start, old_end) {
+        let old_end = address.checked_add(old_len).ok_or(MemoryError::NoMemory)?;
+        let (start, old_end) = self.mapping_range(address, old_end).ok_or(MemoryError::NoMemory)?;
+        if !self.heap_free.is_disjoint(start, old_end) {
             return Err(MemoryError::NoMemory);
         }
         if new_len <= old_len {
             if new_len < old_len {
-                self.release_heap(start + new_len, old_end)?;
+                self.release_heap(Window::Mmap, start + new_len, old_end)?;
             }
-            return Ok(start);
+            return Ok(address);
         }
         let new_end = start + new_len;
         if self.heap.contains(start, new_end) && self.heap_free.contains(old_end, new_end) {
             self.claim(old_end, new_end)?;
-            self.map_heap(old_end, new_end, Some(READ_WRITE))?;
-            return Ok(start);
+            self.map_heap(Window::Mmap, old_end, new_end, Some(READ_WRITE))?;
+            return Ok(address);
         }
         if !may_move {
             return Err(MemoryError::NoMemory);
         }
         let moved = self.map_anonymous(new_len, Some(READ_WRITE), None)?;
-        phys::bytes_mut(self.heap.physical(moved), old_len as usize)
+        phys::bytes_mut(self.heap_physical(moved), old_len as usize)
             .copy_from_slice(phys::bytes(self.heap.physical(start), old_len as usize));
-        self.release_heap(start, old_end)?;
+        self.release_heap(Window::Mmap, start, old_end)?;
         Ok(moved)
     }
 
@@ -468,22 +547,40 @@ impl JobMemory {
         Ok(JobMemory::new(AddressSpace::new()?, none, Vec::new(), none, none))
     }
 
-    /// The parts of the heap in use (in the `brk` area or mapped), in order.
-    fn heap_in_use(&self, end: u64) -> Vec<Range> {
-        self.heap_free.gaps(self.heap.start, end).collect()
+    /// The parts of the heap in use (the break's or mapped), in order, each with the window it
+    /// shows in (a part crossing `brk_mapped` split there).
+    fn heap_in_use(&self) -> Vec<(Window, Range)> {
+        let mut parts = Vec::new();
+        for range in self.heap_free.gaps(self.heap.start, self.heap.end) {
+            if range.start < self.brk_mapped {
+                parts.push((Window::Brk, Range { start: range.start, end: range.end.min(self.brk_mapped) }));
+            }
+            if range.end > self.brk_mapped {
+                parts.push((Window::Mmap, Range { start: range.start.max(self.brk_mapped), end: range.end }));
+            }
+        }
+        parts
     }
 
     /// A copy for a forked child, Kitten-style: new contiguous blocks at the same virtual
     /// addresses, filled in one pass each (the image block; the stack from `user_stack_pointer`
     /// up, what lies below it being dead; the heap's used ranges), and page tables that repeat
     /// the parent's mappings and rights, pointing into the new blocks (pages outside them: the
-    /// executable's own read-only pages, the vDSO, stay shared). The child's heap ends
-    /// `CHILD_HEAP_SLACK` above the parent's highest used byte, its stack starts
+    /// executable's own read-only pages, the vDSO, stay shared). The child's heap lacks the
+    /// free middle of the parent's: it keeps the break's part and the mappings', each with
+    /// `CHILD_HEAP_SLACK` beside it (its mapping window ends where the parent's does, so it
+    /// starts higher by as much and the mappings keep their addresses); its stack starts
     /// `CHILD_STACK_SLACK` below the 2 MiB block holding the stack pointer: a child costs
     /// megabytes, not a copy of its parent's whole reservation.
     pub fn fork(&self, user_stack_pointer: u64) -> Result<JobMemory, MemoryError> {
-        let highest_used = self.heap_in_use(self.heap.end).last().map_or(self.heap.start, |range| range.end);
-        let heap_end = (highest_used.next_multiple_of(HUGE_PAGE_SIZE) + CHILD_HEAP_SLACK).min(self.heap.end);
+        let heap_used = self.heap_in_use();
+        let low_end = (self.brk_mapped.next_multiple_of(HUGE_PAGE_SIZE) + CHILD_HEAP_SLACK).min(self.heap.end);
+        let lowest_mapping = heap_used.iter().find(|(window, _)| *window == Window::Mmap).map_or(self.heap.end, |(_, range)| range.start);
+        let high_start = (lowest_mapping / HUGE_PAGE_SIZE * HUGE_PAGE_SIZE).saturating_sub(CHILD_HEAP_SLACK).max(low_end);
+        let gap = high_start - low_end;
+        // A heap address of the parent's, kept (below `low_end` or from `high_start`), as the
+        // child's.
+        let to_child = |address: u64| if address < low_end { address } else { address - gap };
         let on_main_stack = self.stack.contains(user_stack_pointer, user_stack_pointer);
         // A thread on a stack of its own forked: the main stack stays whole.
         let live_stack = if on_main_stack { (user_stack_pointer - 128) / PAGE_SIZE * PAGE_SIZE } else { self.stack.start };
@@ -498,7 +595,7 @@ impl JobMemory {
         let copy = (|| {
             let image = allocate(self.image.start, self.image.end)?;
             let stack = allocate(stack_start, self.stack.end)?;
-            let heap = allocate(self.heap.start, heap_end)?;
+            let heap = allocate(self.heap.start, self.heap.end - gap)?;
             Ok::<_, MemoryError>((image, stack, heap))
         })();
         let (image, stack, heap) = match copy {
@@ -518,22 +615,30 @@ impl JobMemory {
             copy_range(&self.image, &image, start, start + len);
         }
         copy_range(&self.stack, &stack, live_stack.max(stack.start), stack.end);
-        let heap_used = self.heap_in_use(heap_end);
-        for range in &heap_used {
-            copy_range(&self.heap, &heap, range.start, range.end);
+        for (_, range) in &heap_used {
+            phys::bytes_mut(heap.physical(to_child(range.start)), range.len() as usize)
+                .copy_from_slice(phys::bytes(self.heap.physical(range.start), range.len() as usize));
         }
         let mut heap_free = Box::new(RangeSet::new());
-        for range in self.heap_free.ranges().iter().filter(|range| range.start < heap_end) {
-            heap_free.insert(range.start, range.end.min(heap_end)).map_err(|_| MemoryError::NoMemory)?;
+        for range in self.heap_free.ranges() {
+            for (start, end) in [(range.start, range.end.min(low_end)), (range.start.max(high_start), range.end)] {
+                if start < end {
+                    heap_free.insert(to_child(start), to_child(end - 1) + 1).map_err(|_| MemoryError::NoMemory)?;
+                }
+            }
         }
         // The child's page for the parent's physical page `physical`: the same virtual page of
-        // the child's block, none if the child's (shorter) block lacks it, the same page if it
-        // is not the parent's own memory.
+        // the child's block (the same heap address, less `gap` above the middle), none if the
+        // child's (smaller) block lacks it, the same page if it is not the parent's own memory.
         let moved = |physical: u64| {
             let owner = [(&self.image, &image), (&self.stack, &stack), (&self.heap, &heap)]
                 .into_iter()
                 .find(|(from, _)| physical >= from.physical_start && physical - from.physical_start < from.end - from.start);
             match owner {
+                Some((from, to)) if core::ptr::eq(from, &self.heap) => {
+                    let address = from.start + (physical - from.physical_start);
+                    (address < low_end || address >= high_start).then(|| to.physical(to_child(address)))
+                }
                 Some((from, to)) => {
                     let address = from.start + (physical - from.physical_start);
                     to.contains(address, address + 1).then(|| to.physical(address))
@@ -549,8 +654,11 @@ impl JobMemory {
         // Only the parent's own regions are walked (the image, the child's part of the stack,
         // the used heap); the vDSO and the system-call page are mapped as for a new image, and
         // XPMEM attachments are not inherited.
+        let heap_shown = heap_used
+            .iter()
+            .map(|&(window, range)| Range { start: self.virtual_of(window, range.start), end: self.virtual_of(window, range.end) });
         let walked =
-            [Range { start: image.start, end: image.end }, Range { start: stack.start, end: stack.end }].into_iter().chain(heap_used);
+            [Range { start: image.start, end: image.end }, Range { start: stack.start, end: stack.end }].into_iter().chain(heap_shown);
         for range in walked {
             self.aspace.for_each_leaf_in(range.start, range.end, |address, physical, size, protection, _| {
                 let Some(physical) = moved(physical) else { return };
@@ -582,7 +690,8 @@ impl JobMemory {
             brk_start: self.brk_start,
             brk: self.brk,
             brk_mapped: self.brk_mapped,
-            mmap_floor: self.mmap_floor.min(heap_end),
+            mmap_floor: self.mmap_floor.min(low_end),
+            mmap_end: self.mmap_end,
             stack_clear_from: live_stack.max(stack.start),
             ..JobMemory::new(aspace, image, image_pages, stack, heap)
         };

@@ -84,14 +84,21 @@ fn map_file(fd: Fd, len: u64, protection: u32, flags: u32, offset: u64, fixed: O
 /// mappings, private or shared, start zeroed; file mappings (private, or shared read-only:
 /// files cannot change), of the job's archive or of the host, are filled with a copy of the
 /// file at `offset` (zero past its end).
-/// The address is a hint except with MAP_FIXED (or MAP_FIXED_NOREPLACE), which must fall
-/// inside the heap.
+/// Mappings go top-down from below the stack, as in Linux's default layout; the address is a
+/// hint except with MAP_FIXED or MAP_FIXED_NOREPLACE (EEXIST over anything in use), which
+/// must fall in that window, above what the break holds.
 pub fn mmap(address: u64, len: usize, protection: u32, flags: u32, fd: Fd, offset: u64) -> SyscallResult {
     if !offset.is_multiple_of(4096) {
         return Err(Errno::EINVAL);
     }
     let len = len as u64;
     let fixed = (flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) != 0).then_some(address);
+    // As Linux (4.17 on): without MAP_FIXED, a range that is partly in use is EEXIST.
+    if flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) == MAP_FIXED_NOREPLACE
+        && job::with_process(|process| process.memory.overlaps_use(address, len))
+    {
+        return Err(Errno::EEXIST);
+    }
     if flags & MAP_ANONYMOUS == 0 {
         return map_file(fd, len, protection, flags, offset, fixed);
     }

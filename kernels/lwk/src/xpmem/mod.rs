@@ -573,7 +573,7 @@ fn map_attachment(
         // over another of its attachments (XPMEM refuses a fixed attach over a mapping).
         let taken = with_job_process(pid, |process| {
             let memory = &process.memory;
-            [memory.image, memory.heap, memory.stack].iter().any(|region| region.start < end && fixed < region.end)
+            [memory.image, memory.heap, memory.mmap_window(), memory.stack].iter().any(|region| region.start < end && fixed < region.end)
         })
         .unwrap_or(true)
             || device.attachments.iter().any(|a| a.pid == pid && a.start < end && fixed < a.end);
