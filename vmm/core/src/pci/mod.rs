@@ -13,8 +13,11 @@
 //! BAR sizing (`config`) and the two legacy ports.
 
 pub mod config;
+pub mod mailbox;
 pub mod window;
 
+#[cfg(test)]
+mod mailbox_tests;
 #[cfg(test)]
 mod tests;
 

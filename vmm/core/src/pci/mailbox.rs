@@ -1,0 +1,216 @@
+//! The XEMEM device's mailbox BAR (docs/xemem-pci.md): the guest fills a request in, rings the
+//! doorbell, and the host's answer is in place before the vCPU resumes. Everything the guest
+//! wrote is checked here (sizes, alignment, names) before the host sees it; the host
+//! (`MailboxHost`, the daemon's XEMEM routing) checks the rest (frames inside guest RAM,
+//! permits). ATTACH and DETACH are carried out here: a placement in the window and one memory
+//! slot made by the host.
+
+use super::{PciBus, MAILBOX_SIZE};
+use crate::hooks::{Device, DeviceError, ExitContext, Outcome, Request};
+
+pub const MAGIC: u32 = 0x504d_4558;
+pub const VERSION: u32 = 1;
+const DOORBELL: usize = 0x08;
+const DONE: usize = 0x0c;
+const OP: usize = 0x10;
+const ERROR: usize = 0x14;
+const NRUNS: usize = 0x18;
+const ARGS: usize = 0x20;
+const RESULTS: usize = 0x50;
+const NAME: usize = 0x80;
+const NAME_LEN: usize = 64;
+const RUNS: usize = 0x100;
+/// Runs one RUNS request carries at most.
+pub const MAX_RUNS: usize = (MAILBOX_SIZE as usize - RUNS) / 16;
+const PAGE: u64 = 4096;
+
+/// The ranges a guest may write; the rest (magic, version, done, error, results) is the host's.
+const GUEST_WRITABLE: [(usize, usize); 5] =
+    [(DOORBELL, DOORBELL + 4), (OP, OP + 4), (NRUNS, NRUNS + 4), (ARGS, RESULTS), (NAME, MAILBOX_SIZE as usize)];
+
+const EINVAL: i32 = libc::EINVAL;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Hello = 1,
+    Runs,
+    Make,
+    Remove,
+    Get,
+    Release,
+    Attach,
+    Detach,
+    Lookup,
+    Signal,
+}
+
+impl Op {
+    fn from_u32(op: u32) -> Option<Op> {
+        const OPS: [Op; 10] =
+            [Op::Hello, Op::Runs, Op::Make, Op::Remove, Op::Get, Op::Release, Op::Attach, Op::Detach, Op::Lookup, Op::Signal];
+        OPS.get(usize::try_from(op).ok()?.checked_sub(1)?).copied()
+    }
+}
+
+/// One checked request, as the host sees it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct MailboxRequest {
+    pub op: Op,
+    pub args: [u64; 6],
+    /// MAKE (optional) and LOOKUP (required): 1..63 printable characters, no spaces.
+    pub name: Option<String>,
+    /// RUNS: guest-physical (address, length), page-aligned and non-empty.
+    pub runs: Vec<(u64, u64)>,
+}
+
+/// The host side: the daemon's XEMEM routing for this VM.
+pub trait MailboxHost: Send {
+    /// Every op but ATTACH and DETACH: up to four results, or an errno value.
+    fn call(&mut self, request: &MailboxRequest) -> Result<[u64; 4], i32>;
+    /// Backs `len` bytes at guest-physical `gpa` with segment memory of permit `apid` from
+    /// `offset`, as one memory slot: the slot's id, or an errno value.
+    fn place(&mut self, apid: u64, offset: u64, len: u64, gpa: u64) -> Result<u32, i32>;
+    /// Removes a slot `place` made.
+    fn unplace(&mut self, slot: u32);
+}
+
+/// The XEMEM device: configuration space, the mailbox registers and the host behind them.
+/// Hooked on `super::CONFIG_PORTS` and on an MMIO aperture that holds the mailbox BAR.
+pub struct XememPci {
+    pub bus: PciBus,
+    registers: Vec<u8>,
+    host: Box<dyn MailboxHost>,
+    /// Where the hooked MMIO range starts (MMIO offsets are relative to it).
+    aperture: u64,
+}
+
+impl XememPci {
+    pub fn new(bus: PciBus, aperture: u64, host: Box<dyn MailboxHost>) -> XememPci {
+        let mut registers = vec![0; MAILBOX_SIZE as usize];
+        registers[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        registers[4..8].copy_from_slice(&VERSION.to_le_bytes());
+        XememPci { bus, registers, host, aperture }
+    }
+
+    fn u32_at(&self, at: usize) -> u32 {
+        u32::from_le_bytes(self.registers[at..at + 4].try_into().expect("4 bytes"))
+    }
+
+    fn u64_at(&self, at: usize) -> u64 {
+        u64::from_le_bytes(self.registers[at..at + 8].try_into().expect("8 bytes"))
+    }
+
+    /// The mailbox offset of an access at `address`, if it is a naturally aligned 1/2/4/8-byte
+    /// access inside the mailbox BAR as the guest decodes it now.
+    fn mailbox_offset(&self, address: u64, len: usize) -> Option<usize> {
+        let offset = address.checked_sub(self.bus.mailbox_base()?)?;
+        let fits = matches!(len, 1 | 2 | 4 | 8) && offset % len as u64 == 0 && offset + len as u64 <= MAILBOX_SIZE;
+        fits.then_some(offset as usize)
+    }
+
+    /// An MMIO read at `address` (guest-physical); anything outside the mailbox reads all ones.
+    pub fn mmio_read(&self, address: u64, data: &mut [u8]) {
+        match self.mailbox_offset(address, data.len()) {
+            Some(offset) => data.copy_from_slice(&self.registers[offset..offset + data.len()]),
+            None => data.fill(0xff),
+        }
+    }
+
+    /// An MMIO write at `address`; writes to the host's fields or outside the mailbox are
+    /// ignored. A write to the doorbell runs the request.
+    pub fn mmio_write(&mut self, address: u64, data: &[u8]) {
+        let Some(offset) = self.mailbox_offset(address, data.len()) else { return };
+        let end = offset + data.len();
+        if !GUEST_WRITABLE.iter().any(|&(lo, hi)| offset >= lo && end <= hi) {
+            return;
+        }
+        self.registers[offset..end].copy_from_slice(data);
+        if offset == DOORBELL && data.len() == 4 {
+            let answer = self.run();
+            let (error, results) = match answer {
+                Ok(results) => (0, results),
+                Err(errno) => (errno, [0; 4]),
+            };
+            self.registers[ERROR..ERROR + 4].copy_from_slice(&error.to_le_bytes());
+            for (i, value) in results.iter().enumerate() {
+                self.registers[RESULTS + 8 * i..RESULTS + 8 * i + 8].copy_from_slice(&value.to_le_bytes());
+            }
+            self.registers.copy_within(DOORBELL..DOORBELL + 4, DONE);
+        }
+    }
+
+    /// The request in the registers, checked.
+    fn request(&self) -> Result<MailboxRequest, i32> {
+        let op = Op::from_u32(self.u32_at(OP)).ok_or(libc::ENOSYS)?;
+        let args = std::array::from_fn(|i| self.u64_at(ARGS + 8 * i));
+        let name = match op {
+            Op::Make | Op::Lookup => {
+                let raw = &self.registers[NAME..NAME + NAME_LEN];
+                let len = raw.iter().position(|&b| b == 0).ok_or(EINVAL)?;
+                let valid = raw[..len].iter().all(|b| b.is_ascii_graphic());
+                match (len, op) {
+                    (0, Op::Make) => None,
+                    (1..=63, _) if valid => Some(String::from_utf8_lossy(&raw[..len]).into_owned()),
+                    _ => return Err(EINVAL),
+                }
+            }
+            _ => None,
+        };
+        let mut runs = Vec::new();
+        if op == Op::Runs {
+            let count = self.u32_at(NRUNS) as usize;
+            if count == 0 || count > MAX_RUNS {
+                return Err(EINVAL);
+            }
+            for i in 0..count {
+                let (gpa, len) = (self.u64_at(RUNS + 16 * i), self.u64_at(RUNS + 16 * i + 8));
+                if len == 0 || gpa % PAGE != 0 || len % PAGE != 0 || gpa.checked_add(len).is_none() {
+                    return Err(EINVAL);
+                }
+                runs.push((gpa, len));
+            }
+        }
+        Ok(MailboxRequest { op, args, name, runs })
+    }
+
+    fn run(&mut self) -> Result<[u64; 4], i32> {
+        let request = self.request()?;
+        match request.op {
+            Op::Attach => {
+                let [apid, offset, len, ..] = request.args;
+                if len == 0 || len % PAGE != 0 || offset % PAGE != 0 {
+                    return Err(EINVAL);
+                }
+                let (window_offset, gpa) = self.bus.place(len).map_err(|_| libc::ENOSPC)?;
+                match self.host.place(apid, offset, len, gpa) {
+                    Ok(slot) => {
+                        self.bus.set_slot(window_offset, slot).map_err(|_| libc::EIO)?;
+                        Ok([window_offset, len, 0, 0])
+                    }
+                    Err(errno) => {
+                        let _ = self.bus.unplace(window_offset);
+                        Err(errno)
+                    }
+                }
+            }
+            Op::Detach => {
+                let slot = self.bus.unplace(request.args[0]).map_err(|_| EINVAL)?;
+                self.host.unplace(slot);
+                Ok([0; 4])
+            }
+            _ => self.host.call(&request),
+        }
+    }
+}
+
+impl Device for XememPci {
+    fn handle(&mut self, ctx: &ExitContext, request: Request<'_>) -> Result<Outcome, DeviceError> {
+        match request {
+            Request::MmioRead { offset, data } => self.mmio_read(self.aperture + offset, data),
+            Request::MmioWrite { offset, data } => self.mmio_write(self.aperture + offset, data),
+            ports @ (Request::PortRead { .. } | Request::PortWrite { .. }) => return self.bus.handle(ctx, ports),
+            other => return Err(DeviceError(format!("the XEMEM PCI device cannot handle {other:?}"))),
+        }
+        Ok(Outcome::Continue)
+    }
+}

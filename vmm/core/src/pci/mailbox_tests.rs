@@ -1,0 +1,196 @@
+//! The mailbox driven as the guest library drives it, against a recording host.
+
+use std::sync::{Arc, Mutex};
+
+use super::mailbox::{MailboxHost, MailboxRequest, Op, XememPci, MAGIC, MAX_RUNS};
+use super::*;
+
+const MAILBOX_BASE: u64 = 0xc000_0000;
+const APERTURE: u64 = 0xc000_0000;
+const WINDOW_BASE: u64 = 64 << 30;
+const KNOWN_APID: u64 = 9;
+
+#[derive(Default)]
+struct Seen {
+    calls: Vec<MailboxRequest>,
+    placed: Vec<(u64, u64, u64, u64, u32)>,
+    unplaced: Vec<u32>,
+}
+
+struct FakeHost(Arc<Mutex<Seen>>);
+
+impl MailboxHost for FakeHost {
+    fn call(&mut self, request: &MailboxRequest) -> Result<[u64; 4], i32> {
+        let mut seen = self.0.lock().unwrap();
+        seen.calls.push(MailboxRequest { op: request.op, args: request.args, name: request.name.clone(), runs: request.runs.clone() });
+        Ok([seen.calls.len() as u64, 0, 0, 0])
+    }
+
+    fn place(&mut self, apid: u64, offset: u64, len: u64, gpa: u64) -> Result<u32, i32> {
+        if apid != KNOWN_APID {
+            return Err(libc::ENOENT);
+        }
+        let mut seen = self.0.lock().unwrap();
+        let slot = 100 + seen.placed.len() as u32;
+        seen.placed.push((apid, offset, len, gpa, slot));
+        Ok(slot)
+    }
+
+    fn unplace(&mut self, slot: u32) {
+        self.0.lock().unwrap().unplaced.push(slot);
+    }
+}
+
+fn device() -> (XememPci, Arc<Mutex<Seen>>) {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let bus = PciBus::new(MAILBOX_BASE as u32, WINDOW_BASE, WINDOW_SIZE);
+    (XememPci::new(bus, APERTURE, Box::new(FakeHost(seen.clone()))), seen)
+}
+
+fn put(device: &mut XememPci, offset: u64, bytes: &[u8]) {
+    for (i, chunk) in bytes.chunks(8).enumerate() {
+        let at = MAILBOX_BASE + offset + 8 * i as u64;
+        if chunk.len() == 8 {
+            device.mmio_write(at, chunk);
+        } else {
+            for (j, byte) in chunk.iter().enumerate() {
+                device.mmio_write(at + j as u64, &[*byte]);
+            }
+        }
+    }
+}
+
+fn get_u64(device: &XememPci, offset: u64) -> u64 {
+    let mut data = [0u8; 8];
+    device.mmio_read(MAILBOX_BASE + offset, &mut data);
+    u64::from_le_bytes(data)
+}
+
+fn get_u32(device: &XememPci, offset: u64) -> u32 {
+    let mut data = [0u8; 4];
+    device.mmio_read(MAILBOX_BASE + offset, &mut data);
+    u32::from_le_bytes(data)
+}
+
+/// One request: op, args, then the doorbell; the errno and results.
+fn ask(device: &mut XememPci, op: u32, args: &[u64]) -> (i32, [u64; 4]) {
+    put(device, 0x10, &op.to_le_bytes());
+    for (i, arg) in args.iter().enumerate() {
+        put(device, 0x20 + 8 * i as u64, &arg.to_le_bytes());
+    }
+    let seq = get_u32(device, 0x0c) + 1;
+    device.mmio_write(MAILBOX_BASE + 8, &seq.to_le_bytes());
+    assert_eq!(get_u32(device, 0x0c), seq, "answered before the write returns");
+    (get_u32(device, 0x14) as i32, std::array::from_fn(|i| get_u64(device, 0x50 + 8 * i as u64)))
+}
+
+#[test]
+fn the_host_fields_read_back_and_are_not_writable() {
+    let (mut device, _) = device();
+    assert_eq!(get_u32(&device, 0), MAGIC);
+    assert_eq!(get_u32(&device, 4), 1);
+    put(&mut device, 0, &[0; 8]);
+    put(&mut device, 0x0c, &[7, 0, 0, 0]);
+    put(&mut device, 0x50, &[7; 32]);
+    assert_eq!(get_u32(&device, 0), MAGIC);
+    assert_eq!(get_u32(&device, 0x0c), 0);
+    assert_eq!(get_u64(&device, 0x50), 0);
+    // Misaligned, odd-sized and out-of-BAR accesses read all ones and write nothing.
+    let mut data = [0u8; 4];
+    device.mmio_read(MAILBOX_BASE + 2, &mut data);
+    assert_eq!(data, [0xff; 4]);
+    let mut odd = [0u8; 3];
+    device.mmio_read(MAILBOX_BASE, &mut odd);
+    assert_eq!(odd, [0xff; 3]);
+    device.mmio_read(MAILBOX_BASE + MAILBOX_SIZE, &mut data);
+    assert_eq!(data, [0xff; 4]);
+    device.mmio_read(MAILBOX_BASE - 4, &mut data);
+    assert_eq!(data, [0xff; 4]);
+    device.mmio_write(MAILBOX_BASE + 0x12, &[1, 2, 3, 4]);
+    assert_eq!(get_u32(&device, 0x10), 0);
+}
+
+#[test]
+fn requests_reach_the_host_checked() {
+    let (mut device, seen) = device();
+    assert_eq!(ask(&mut device, Op::Hello as u32, &[]).0, 0);
+    assert_eq!(ask(&mut device, 0, &[]).0, libc::ENOSYS);
+    assert_eq!(ask(&mut device, 11, &[]).0, libc::ENOSYS);
+    // RUNS: page-aligned, non-empty, within the count the mailbox holds.
+    put(&mut device, 0x18, &2u32.to_le_bytes());
+    put(&mut device, 0x100, &[0x1000u64.to_le_bytes(), 0x2000u64.to_le_bytes(), 0x8000u64.to_le_bytes(), 0x1000u64.to_le_bytes()].concat());
+    assert_eq!(ask(&mut device, Op::Runs as u32, &[0]).0, 0);
+    put(&mut device, 0x108, &0x1001u64.to_le_bytes());
+    assert_eq!(ask(&mut device, Op::Runs as u32, &[0]).0, libc::EINVAL, "unaligned length");
+    put(&mut device, 0x108, &0u64.to_le_bytes());
+    assert_eq!(ask(&mut device, Op::Runs as u32, &[0]).0, libc::EINVAL, "empty run");
+    put(&mut device, 0x100, &(u64::MAX - 0xfff).to_le_bytes());
+    put(&mut device, 0x108, &0x2000u64.to_le_bytes());
+    assert_eq!(ask(&mut device, Op::Runs as u32, &[0]).0, libc::EINVAL, "wrapping run");
+    put(&mut device, 0x18, &(MAX_RUNS as u32 + 1).to_le_bytes());
+    assert_eq!(ask(&mut device, Op::Runs as u32, &[0]).0, libc::EINVAL, "too many runs");
+    put(&mut device, 0x18, &0u32.to_le_bytes());
+    assert_eq!(ask(&mut device, Op::Runs as u32, &[0]).0, libc::EINVAL, "no runs");
+    // Names: NUL-terminated, printable, no spaces; MAKE may have none, LOOKUP must.
+    put(&mut device, 0x80, &[0; 64]);
+    assert_eq!(ask(&mut device, Op::Make as u32, &[0, 0x3000, 1, 0o600, 2]).0, 0);
+    assert_eq!(ask(&mut device, Op::Lookup as u32, &[]).0, libc::EINVAL);
+    put(&mut device, 0x80, b"a name\0");
+    assert_eq!(ask(&mut device, Op::Lookup as u32, &[]).0, libc::EINVAL);
+    put(&mut device, 0x80, &[b'x'; 64]);
+    assert_eq!(ask(&mut device, Op::Lookup as u32, &[]).0, libc::EINVAL, "no NUL");
+    put(&mut device, 0x80, b"seg-1\0");
+    let (error, results) = ask(&mut device, Op::Lookup as u32, &[]);
+    assert_eq!((error, results[0]), (0, 4));
+    let seen = seen.lock().unwrap();
+    let ops: Vec<Op> = seen.calls.iter().map(|c| c.op).collect();
+    assert_eq!(ops, [Op::Hello, Op::Runs, Op::Make, Op::Lookup]);
+    assert_eq!(seen.calls[1].runs, [(0x1000, 0x2000), (0x8000, 0x1000)]);
+    assert_eq!(seen.calls[2].name, None);
+    assert_eq!(seen.calls[2].args[..5], [0, 0x3000, 1, 0o600, 2]);
+    assert_eq!(seen.calls[3].name.as_deref(), Some("seg-1"));
+}
+
+#[test]
+fn attach_places_one_slot_and_detach_removes_it() {
+    let (mut device, seen) = device();
+    let (error, results) = ask(&mut device, Op::Attach as u32, &[KNOWN_APID, 0x4000, 3 << 20]);
+    assert_eq!(error, 0);
+    assert_eq!(results[..2], [0, 3 << 20]);
+    let (error, second) = ask(&mut device, Op::Attach as u32, &[KNOWN_APID, 0, 0x1000]);
+    assert_eq!((error, second[0]), (0, 4 << 20), "2 MiB-aligned after the first");
+    assert_eq!(
+        seen.lock().unwrap().placed,
+        [(KNOWN_APID, 0x4000, 3 << 20, WINDOW_BASE, 100), (KNOWN_APID, 0, 0x1000, WINDOW_BASE + (4 << 20), 101)]
+    );
+    // Refused by the host: nothing stays placed.
+    assert_eq!(ask(&mut device, Op::Attach as u32, &[5, 0, 0x1000]).0, libc::ENOENT);
+    assert_eq!(ask(&mut device, Op::Attach as u32, &[KNOWN_APID, 0x10, 0x1000]).0, libc::EINVAL);
+    assert_eq!(ask(&mut device, Op::Attach as u32, &[KNOWN_APID, 0, 0]).0, libc::EINVAL);
+    assert_eq!(ask(&mut device, Op::Attach as u32, &[KNOWN_APID, 0, WINDOW_SIZE]).0, libc::ENOSPC);
+    assert_eq!(ask(&mut device, Op::Detach as u32, &[0]).0, 0);
+    assert_eq!(ask(&mut device, Op::Detach as u32, &[0]).0, libc::EINVAL, "twice");
+    assert_eq!(ask(&mut device, Op::Detach as u32, &[12345]).0, libc::EINVAL);
+    assert_eq!(seen.lock().unwrap().unplaced, [100]);
+    // The window's hole is reused.
+    assert_eq!(ask(&mut device, Op::Attach as u32, &[KNOWN_APID, 0, 0x1000]).1[0], 0);
+}
+
+#[test]
+fn the_mailbox_follows_its_bar_and_the_config_ports_work_through_the_device() {
+    let (mut device, _) = device();
+    let ctx = ExitContext { vcpu: 0 };
+    let mut data = [0u8; 4];
+    device.handle(&ctx, Request::MmioRead { offset: 0, data: &mut data }).unwrap();
+    assert_eq!(u32::from_le_bytes(data), MAGIC);
+    // Move BAR0 up by 64 KiB through the configuration ports.
+    let select = (ENABLE | u32::from(XEMEM_SLOT) << 11 | 0x10).to_le_bytes();
+    device.handle(&ctx, Request::PortWrite { offset: 0, data: &select }).unwrap();
+    device.handle(&ctx, Request::PortWrite { offset: 4, data: &(MAILBOX_BASE as u32 + 0x1_0000).to_le_bytes() }).unwrap();
+    device.handle(&ctx, Request::MmioRead { offset: 0, data: &mut data }).unwrap();
+    assert_eq!(data, [0xff; 4], "nothing at the old place");
+    device.handle(&ctx, Request::MmioRead { offset: 0x1_0000, data: &mut data }).unwrap();
+    assert_eq!(u32::from_le_bytes(data), MAGIC);
+    let mut value = 0;
+    assert!(device.handle(&ctx, Request::MsrRead { index: 1, value: &mut value }).is_err());
+}
