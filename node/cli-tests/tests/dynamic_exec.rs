@@ -4,8 +4,9 @@
 //! true; a C program execs /bin/echo; a command substitution forks and execs. What cannot be
 //! executed fails as on Linux, seen through the shell's words and status: a missing
 //! interpreter (127), a file without an execute bit (126), a missing program (127). Each run's
-//! output, error output and status must equal the host's. Needs /dev/kvm, the LWK image,
-//! clowder-vmm, gcc and /bin/sh; skipped, with the reason, otherwise.
+//! output, error output and status must equal the host's. A one-shot run (no --enclave) of a
+//! dynamically linked program gets an enclave made for it and removed after. Needs /dev/kvm,
+//! the LWK image, clowder-vmm, gcc and /bin/sh; skipped, with the reason, otherwise.
 
 use std::path::Path;
 use std::process::Command;
@@ -73,4 +74,15 @@ fn dynamic_programs_execute_host_programs() {
     assert_eq!(shell, "missing interpreter: 127\nnot executable: 126\nmissing: 127\n");
 
     run_clowder_ok(&socket, &["enclave", "rm", "e"], &dir.0);
+
+    // One-shot: the same program without --enclave, then with its libraries missing (the
+    // loader's words and 127, as on the host); no enclave is left behind.
+    let one_shot = run_clowder(&socket, &["run", "./exec-echo", "one", "shot"], &dir.0);
+    assert_eq!((text(&one_shot.stdout).as_str(), one_shot.status.code()), ("one shot\n", Some(0)), "{}", text(&one_shot.stderr));
+    let missing = run_clowder(&socket, &["run", "./no-interpreter"], &dir.0);
+    assert_eq!(missing.status.code(), Some(127));
+    assert_eq!(text(&missing.stderr), "./no-interpreter: cannot execute: required file not found\n");
+    let listing = run_clowder_ok(&socket, &["enclave", "ls", "--json"], &dir.0);
+    let listing: serde_json::Value = serde_json::from_slice(&listing.stdout).unwrap();
+    assert_eq!(listing["enclaves"], serde_json::json!([]), "no enclave is left");
 }

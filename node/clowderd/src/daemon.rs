@@ -540,6 +540,10 @@ impl Daemon {
                 ErrorKind::InvalidArgument,
                 "input files need a persistent enclave (clowder run --enclave NAME): a one-shot enclave only receives the binary",
             ),
+            // Its libraries are read from the host as a persistent enclave's jobs read them.
+            None if matches!(crate::executable::check(&binary), Ok(Some(_))) => {
+                self.run_in_transient_enclave(request, RunFiles { binary, cwd_dir, inputs }, peer, events)
+            }
             None => self.run_one_shot(request, binary, peer, events),
         }
     }
@@ -658,6 +662,34 @@ impl Daemon {
         }
     }
 
+    /// A one-shot run of a dynamically linked program: a persistent enclave made for the job
+    /// (named, sized and placed as a one-shot enclave) and removed once it has ended.
+    fn run_in_transient_enclave(self: &Arc<Self>, request: RunRequest, files: RunFiles, peer: &Peer, events: &mut dyn EventSink) -> Value {
+        let name = {
+            let mut state = self.state.lock().unwrap();
+            state.next_oneshot += 1;
+            one_shot_name(state.next_oneshot)
+        };
+        let create = CreateRequest {
+            name: name.clone(),
+            cores: request.cores.clone().unwrap_or(CoreRequest::Count(1)),
+            memory: request.memory.unwrap_or(self.config.oneshot_memory),
+            hugepages: false,
+            share_group: None,
+            progress: false,
+            confine: None,
+            linux: None,
+        };
+        let created = self.create(create, peer, events);
+        if created["ok"] != Value::Bool(true) {
+            return created;
+        }
+        // The job has the enclave's cores, as a one-shot job has its machine's.
+        let reply = self.run_in_enclave(&name, RunRequest { cores: None, ..request }, files, peer, events);
+        self.remove(&name, peer);
+        reply
+    }
+
     fn run_one_shot(&self, request: RunRequest, binary: File, peer: &Peer, events: &mut dyn EventSink) -> Value {
         if let Some(refusal) = refuse_unrunnable(&request.argv[0], &binary) {
             return refusal;
@@ -757,13 +789,8 @@ fn job_scope(enclave: Option<&str>, run: Option<&str>, cwd: &str, owner: &Identi
 }
 
 /// The error reply for a program (`program`, the run's argv[0]) that a one-shot enclave cannot
-/// run, said before one boots for it (see `executable`): a dynamically linked one needs a
-/// persistent enclave, which reads its libraries from the host.
+/// run, said before one boots for it (see `executable`).
 fn refuse_unrunnable(program: &str, binary: &File) -> Option<Value> {
-    let problem = match crate::executable::check(binary) {
-        Ok(None) => return None,
-        Ok(Some(interpreter)) => crate::executable::needs_persistent_enclave(&interpreter),
-        Err(problem) => problem,
-    };
+    let problem = crate::executable::check(binary).err()?;
     Some(error_reply(ErrorKind::InvalidArgument, format!("{program} {problem}")))
 }

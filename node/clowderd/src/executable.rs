@@ -1,8 +1,9 @@
 //! What the daemon checks in a job's binary before it boots an enclave or sends the job: an
-//! LWK runs x86-64 Linux executables, static ones anywhere and dynamically linked ones (their
-//! interpreter sent with them) in persistent enclaves, and a program it cannot run should be
-//! refused here with a sentence that says why, not by the kernel after the enclave started.
-//! The kernel checks again (it trusts nobody); this is for the user.
+//! LWK runs x86-64 Linux executables, static ones and dynamically linked ones (their
+//! interpreter sent with them, to a persistent enclave, one made for the job if the run names
+//! none), and a program it cannot run should be refused here with a sentence that says why,
+//! not by the kernel after the enclave started. The kernel checks again (it trusts nobody);
+//! this is for the user.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -46,14 +47,6 @@ fn interpreter_path(bytes: &[u8]) -> Result<String, String> {
     path.and_then(|path| std::str::from_utf8(path).ok())
         .map(String::from)
         .ok_or_else(|| "names its interpreter with a malformed path (PT_INTERP)".to_string())
-}
-
-/// Why a dynamically linked program cannot run in a one-shot enclave.
-pub fn needs_persistent_enclave(interpreter: &str) -> String {
-    format!(
-        "is dynamically linked (it asks for {interpreter}): a one-shot enclave cannot read its libraries; \
-         run it in a persistent enclave (clowder enclave create, then clowder run ENCLAVE ...) or link it with -static"
-    )
 }
 
 /// Opens a program's interpreter (its PT_INTERP path) as `owner` would: execve reads it with
