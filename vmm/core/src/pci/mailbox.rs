@@ -214,3 +214,24 @@ impl Device for XememPci {
         Ok(Outcome::Continue)
     }
 }
+
+/// The window's parts with no memory slot (never placed, detached, or revoked by the host):
+/// hooked on the window's range so a guest touching them reads all ones and writes nothing, as
+/// a PCI master abort does, instead of an unclaimed MMIO exit stopping the whole VM.
+#[derive(Default)]
+pub struct WindowHoles {
+    /// Accesses so far (a guest program using an attachment after its revocation).
+    pub accesses: u64,
+}
+
+impl Device for WindowHoles {
+    fn handle(&mut self, _: &ExitContext, request: Request<'_>) -> Result<Outcome, DeviceError> {
+        match request {
+            Request::MmioRead { data, .. } => data.fill(0xff),
+            Request::MmioWrite { .. } => {}
+            other => return Err(DeviceError(format!("the XEMEM window cannot handle {other:?}"))),
+        }
+        self.accesses += 1;
+        Ok(Outcome::Continue)
+    }
+}

@@ -194,3 +194,16 @@ fn the_mailbox_follows_its_bar_and_the_config_ports_work_through_the_device() {
     let mut value = 0;
     assert!(device.handle(&ctx, Request::MsrRead { index: 1, value: &mut value }).is_err());
 }
+
+#[test]
+fn window_holes_read_all_ones_and_count() {
+    use super::mailbox::WindowHoles;
+    let mut holes = WindowHoles::default();
+    let ctx = ExitContext { vcpu: 0 };
+    let mut data = [0u8; 8];
+    holes.handle(&ctx, Request::MmioRead { offset: 0x20_0000, data: &mut data }).unwrap();
+    assert_eq!(data, [0xff; 8]);
+    holes.handle(&ctx, Request::MmioWrite { offset: 0, data: &[1, 2] }).unwrap();
+    assert_eq!(holes.accesses, 2);
+    assert!(holes.handle(&ctx, Request::PortRead { offset: 0, data: &mut data }).is_err());
+}
