@@ -27,7 +27,7 @@ scratch=$(mktemp -d)
 chmod 0755 "$scratch"
 broker_pid=
 cleanup() {
-    [ -n "$broker_pid" ] && kill "$broker_pid" 2>/dev/null && wait "$broker_pid" 2>/dev/null
+    if [ -n "$broker_pid" ]; then kill "$broker_pid" 2>/dev/null; wait "$broker_pid" 2>/dev/null || true; fi
     rm -rf "$scratch"
 }
 trap cleanup EXIT

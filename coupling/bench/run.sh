@@ -23,7 +23,7 @@ chmod 0755 "$scratch"
 export CLOWDER_XEMEM_SOCKET=$scratch/xemem.sock
 "$root/target/release/xemem-broker" 2>"$scratch/broker.log" &
 broker=$!
-trap 'kill $broker 2>/dev/null; wait $broker 2>/dev/null; rm -rf "$scratch"' EXIT
+trap 'kill $broker 2>/dev/null; wait $broker 2>/dev/null || true; rm -rf "$scratch"' EXIT
 for _ in $(seq 100); do [ -S "$CLOWDER_XEMEM_SOCKET" ] && break; sleep 0.05; done
 
 engine_xml() { # ENGINE-TYPE PARAMETERS-AS-XML
