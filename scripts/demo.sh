@@ -47,3 +47,7 @@ echo
 echo "== the in-situ composition (XEMEM paper, section 6): the CG simulation in an LWK enclave, =="
 echo "== STREAM analytics on the host; beside it both on the host coupled through files        =="
 scripts/insitu.sh --config host-files,lwk-host --workflow sync-once,async-once   # the full matrix: make bench-insitu
+echo
+echo "== coupling through ADIOS2 (our XEMEM engine, PluginName=clowder): a C++ CG writes its =="
+echo "== solution vector each interval, Python analytics read it through adios2's bindings =="
+scripts/adios2-demo.sh
