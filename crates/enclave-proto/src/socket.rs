@@ -16,8 +16,8 @@
 //! | 8 | `GetOption` | u32 handle, i32 level, i32 name, u32 len | 0 | the value (at most len bytes) |
 //! | 9 | `SetOption` | u32 handle, i32 level, i32 name, bytes value | 0 | |
 //! | 10 | `Name` | u32 handle, u8 peer (0 `getsockname`, 1 `getpeername`) | 0 | the address |
-//! | 11 | `Send` | u32 handle, u32 flags (`MSG_*`), bytes address (empty: none), `list<run>` | bytes sent | |
-//! | 12 | `Recv` | u32 handle, u32 flags, `list<run>` | bytes received | u32 `msg_flags`, then the sender's address |
+//! | 11 | `Send` | u32 handle, u32 flags (`MSG_*`), bytes address (empty: none), bytes rights (u32 handles to pass, `SCM_RIGHTS`), `list<run>` | bytes sent | |
+//! | 12 | `Recv` | u32 handle, u32 flags, `list<run>` | bytes received | u32 `msg_flags`, u32 address length, the sender's address, then u32 handle and u32 events of each socket received (`SCM_RIGHTS`) |
 //! | 13 | `Close` | u32 handle | (no answer) | |
 //!
 //! A `run` is `u64 gpa, u32 len`: a piece of the job's buffer in enclave memory, which the host
@@ -57,7 +57,7 @@ pub enum SocketOp<'a> {
     GetOption { handle: u32, level: i32, name: i32, len: u32 },
     SetOption { handle: u32, level: i32, name: i32, value: &'a [u8] },
     Name { handle: u32, peer: bool },
-    Send { handle: u32, flags: u32, address: &'a [u8], runs: List<'a, Run> },
+    Send { handle: u32, flags: u32, address: &'a [u8], rights: &'a [u8], runs: List<'a, Run> },
     Recv { handle: u32, flags: u32, runs: List<'a, Run> },
     Close { handle: u32 },
 }
@@ -127,11 +127,12 @@ impl<'a> SocketOp<'a> {
                 w.u32(handle)?;
                 w.u8(peer as u8)
             }
-            SocketOp::Send { handle, flags, address, runs } => {
+            SocketOp::Send { handle, flags, address, rights, runs } => {
                 w.u8(11)?;
                 w.u32(handle)?;
                 w.u32(flags)?;
                 w.bytes(address, "address")?;
+                w.bytes(rights, "rights")?;
                 runs.write(w, "runs")
             }
             SocketOp::Recv { handle, flags, runs } => {
@@ -163,6 +164,10 @@ impl<'a> SocketOp<'a> {
                 handle: r.u32("handle")?,
                 flags: r.u32("flags")?,
                 address: r.bytes("address")?,
+                rights: match r.bytes("rights")? {
+                    rights if rights.len() % 4 == 0 => rights,
+                    _ => return Err(DecodeError::Truncated { field: "rights" }),
+                },
                 runs: List::read(r, "runs")?,
             },
             12 => SocketOp::Recv { handle: r.u32("handle")?, flags: r.u32("flags")?, runs: List::read(r, "runs")? },
@@ -190,7 +195,7 @@ mod tests {
             SocketOp::GetOption { handle: 3, level: 1, name: 4, len: 4 },
             SocketOp::SetOption { handle: 3, level: 1, name: 2, value: &[1, 0, 0, 0] },
             SocketOp::Name { handle: 3, peer: true },
-            SocketOp::Send { handle: 3, flags: 0x4000, address: &[1, 0], runs: List::new(&runs) },
+            SocketOp::Send { handle: 3, flags: 0x4000, address: &[1, 0], rights: &[5, 0, 0, 0], runs: List::new(&runs) },
             SocketOp::Recv { handle: 3, flags: 0x40, runs: List::new(&runs) },
             SocketOp::Close { handle: 3 },
         ];

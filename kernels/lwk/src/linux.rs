@@ -62,6 +62,7 @@ errnos!(
     EOPNOTSUPP,
     EAFNOSUPPORT,
     EINPROGRESS,
+    ENOBUFS,
 );
 
 /// `struct tms` (Linux's include/uapi/linux/times.h): four `clock_t`s.

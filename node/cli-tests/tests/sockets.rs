@@ -3,7 +3,8 @@
 //! socket helper. A dynamically linked C program (`sockets/job.c`) is a TCP client and a TCP
 //! server of host processes, a UDP client, uses a socketpair and a Unix stream socket named by
 //! a relative path, waits with poll and epoll on non-blocking sockets, is interrupted by a
-//! signal in a blocking receive, and meets ECONNREFUSED and EPIPE; Debian's python3 resolves
+//! signal in a blocking receive, passes a socket over a socket (SCM_RIGHTS), and meets
+//! ECONNREFUSED and EPIPE; Debian's python3 resolves
 //! localhost and talks to the host; and a job of an unprivileged user cannot bind port 80 and
 //! runs out of descriptors at that user's own limit. Needs /dev/kvm, the LWK image,
 //! clowder-vmm and gcc (python3's case /usr/bin/python3; the user's case setpriv and prlimit);
@@ -161,6 +162,7 @@ fn enclave_jobs_use_the_hosts_sockets() {
         "connect: EINPROGRESS\nwritable: 1, SO_ERROR 0\nempty: -1 EAGAIN\nnothing yet: 0\nready: 1, the socket: 1\ngot: ready?\nblocking again: 1\n"
     );
     assert_eq!(job(&socket, &dir.0, &["eintr", &echo.to_string()]), "recv: -1 EINTR\n");
+    assert_eq!(job(&socket, &dir.0, &["rights"]), "passed: through, close-on-exec 1\na pipe: -1 EOPNOTSUPP\n");
 
     if Path::new("/usr/bin/python3").is_file() {
         let script = format!(

@@ -27,6 +27,8 @@ const WATCHED: i16 = libc::POLLIN | libc::POLLOUT | libc::POLLPRI | libc::POLLRD
 const ADDRESS_MAX: usize = 128;
 /// The most pieces one send or receive names.
 const MAX_RUNS: usize = 1024;
+/// The most descriptors one message passes (Linux's SCM_MAX_FD is 253).
+const MAX_RIGHTS: usize = 64;
 /// epoll data of the control socket.
 const CONTROL: u64 = u64::MAX;
 
@@ -218,7 +220,13 @@ impl Helper {
             _ => return Ok(()),
         };
         if let SocketOp::Close { handle } = op {
-            self.sockets.remove(&handle);
+            if let Some(socket) = self.sockets.remove(&handle) {
+                // Out of the epoll set now: a descriptor passed elsewhere (SCM_RIGHTS, in flight)
+                // keeps the socket open, and its registration with it, under a number this
+                // process may reuse.
+                // SAFETY: epoll_ctl on descriptors this process owns.
+                unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_DEL, socket.fd.as_raw_fd(), std::ptr::null_mut()) };
+            }
             return Ok(());
         }
         let mut data = Vec::new();
@@ -238,6 +246,48 @@ impl Helper {
             self.report(handle)?;
         }
         Ok(())
+    }
+
+    /// The descriptors an `SCM_RIGHTS` message brought.
+    fn rights_in(message: &libc::msghdr) -> Vec<RawFd> {
+        let mut fds = Vec::new();
+        // SAFETY: the CMSG macros walk the control buffer recvmsg filled, within its length.
+        unsafe {
+            let mut header = libc::CMSG_FIRSTHDR(message);
+            while !header.is_null() {
+                if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
+                    let count = ((*header).cmsg_len - libc::CMSG_LEN(0) as usize) / 4;
+                    let data = libc::CMSG_DATA(header).cast::<RawFd>();
+                    fds.extend((0..count).map(|index| data.add(index).read_unaligned()));
+                }
+                header = libc::CMSG_NXTHDR(message, header);
+            }
+        }
+        fds
+    }
+
+    /// Takes the sockets an `SCM_RIGHTS` message brought as the job's (non-blocking, as all
+    /// its sockets); anything else a host peer passed is closed (the job sees MSG_CTRUNC).
+    fn received_rights(&mut self, fds: Vec<RawFd>) -> Vec<u32> {
+        let mut handles = Vec::new();
+        for fd in fds {
+            // SAFETY: fstat and fcntl on a descriptor recvmsg just gave this process.
+            let usable = unsafe {
+                let mut status: libc::stat = std::mem::zeroed();
+                libc::fstat(fd, &mut status) == 0
+                    && status.st_mode & libc::S_IFMT == libc::S_IFSOCK
+                    && libc::fcntl(fd, libc::F_SETFL, libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK) == 0
+            };
+            if !usable {
+                // SAFETY: ours to close.
+                unsafe { libc::close(fd) };
+                continue;
+            }
+            if let Ok(handle) = self.adopt(fd) {
+                handles.push(handle);
+            }
+        }
+        handles
     }
 
     fn adopt(&mut self, fd: RawFd) -> Result<u32, i32> {
@@ -328,7 +378,7 @@ impl Helper {
                 data.extend_from_slice(&address[..(len as usize).min(ADDRESS_MAX)]);
                 Ok(0)
             }
-            SocketOp::Send { handle, flags, address, runs } => {
+            SocketOp::Send { handle, flags, address, rights, runs } => {
                 let fd = self.fd(handle)?;
                 let mut iovecs = self.iovecs(runs)?;
                 let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -338,6 +388,25 @@ impl Helper {
                 }
                 message.msg_iov = iovecs.as_mut_ptr();
                 message.msg_iovlen = iovecs.len();
+                let passed: Vec<RawFd> = rights
+                    .chunks_exact(4)
+                    .map(|handle| self.fd(u32::from_le_bytes([handle[0], handle[1], handle[2], handle[3]])))
+                    .collect::<Result<_, _>>()?;
+                if passed.len() > MAX_RIGHTS {
+                    return Err(libc::EINVAL);
+                }
+                let mut control = vec![0u8; unsafe { libc::CMSG_SPACE((passed.len() * 4) as u32) } as usize];
+                if !passed.is_empty() {
+                    message.msg_control = control.as_mut_ptr().cast();
+                    message.msg_controllen = control.len();
+                    unsafe {
+                        let header = libc::CMSG_FIRSTHDR(&message);
+                        (*header).cmsg_level = libc::SOL_SOCKET;
+                        (*header).cmsg_type = libc::SCM_RIGHTS;
+                        (*header).cmsg_len = libc::CMSG_LEN((passed.len() * 4) as u32) as usize;
+                        std::ptr::copy_nonoverlapping(passed.as_ptr(), libc::CMSG_DATA(header).cast::<RawFd>(), passed.len());
+                    }
+                }
                 // Never a SIGPIPE here: the enclave's kernel raises it in the job.
                 checked(unsafe { libc::sendmsg(fd, &message, flags as i32 | libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) })
             }
@@ -350,10 +419,26 @@ impl Helper {
                 message.msg_namelen = ADDRESS_MAX as libc::socklen_t;
                 message.msg_iov = iovecs.as_mut_ptr();
                 message.msg_iovlen = iovecs.len();
+                let mut control = vec![0u8; unsafe { libc::CMSG_SPACE((MAX_RIGHTS * 4) as u32) } as usize];
+                message.msg_control = control.as_mut_ptr().cast();
+                message.msg_controllen = control.len();
                 let count =
                     checked(unsafe { libc::recvmsg(fd, &mut message, flags as i32 | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) })?;
-                data.extend_from_slice(&(message.msg_flags as u32).to_le_bytes());
-                data.extend_from_slice(&address[..(message.msg_namelen as usize).min(ADDRESS_MAX)]);
+                let brought = Self::rights_in(&message);
+                let kept = brought.len();
+                let received = self.received_rights(brought);
+                let mut message_flags = message.msg_flags as u32;
+                if received.len() < kept {
+                    message_flags |= libc::MSG_CTRUNC as u32;
+                }
+                let address = &address[..(message.msg_namelen as usize).min(ADDRESS_MAX)];
+                data.extend_from_slice(&message_flags.to_le_bytes());
+                data.extend_from_slice(&(address.len() as u32).to_le_bytes());
+                data.extend_from_slice(address);
+                for handle in received {
+                    data.extend_from_slice(&handle.to_le_bytes());
+                    data.extend_from_slice(&self.told(handle).to_le_bytes());
+                }
                 Ok(count)
             }
             SocketOp::Close { .. } => Ok(0),

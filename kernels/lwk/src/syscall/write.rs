@@ -19,7 +19,7 @@ fn write_to_descriptor(descriptor: Fd, address: UserAddr, len: u64) -> SyscallRe
         return files::to_syscall_result(files::write(handle, address.0, len));
     }
     if let Ok(socket) = super::socket::socket_of(descriptor) {
-        return super::socket_io::send(&socket, &[(address, len)], 0, &[]);
+        return super::socket_io::send(&socket, &[(address, len)], 0, &[], &[]);
     }
     if let Some((end, non_blocking)) = job::pipe_end(descriptor) {
         return if end.is_writer() { pipe::write(&end, address, len, non_blocking) } else { Err(Errno::EBADF) };
@@ -74,7 +74,7 @@ pub fn writev(fd: Fd, vector: UserAddr, count: i32) -> SyscallResult {
         return Err(Errno::EINVAL);
     }
     if let Ok(socket) = super::socket::socket_of(fd) {
-        return super::socket_io::send(&socket, &super::socket_io::iovecs(vector, count as u64)?, 0, &[]);
+        return super::socket_io::send(&socket, &super::socket_io::iovecs(vector, count as u64)?, 0, &[], &[]);
     }
     if let Some((end, non_blocking)) = job::pipe_end(fd) {
         if !end.is_writer() {

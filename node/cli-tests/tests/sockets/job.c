@@ -31,6 +31,7 @@ static const char *name_of(int error) {
     case EACCES: return "EACCES";
     case EADDRINUSE: return "EADDRINUSE";
     case ENOTSOCK: return "ENOTSOCK";
+    case EOPNOTSUPP: return "EOPNOTSUPP";
     default: return strerror(error);
     }
 }
@@ -180,6 +181,44 @@ static int readiness(int port) {
     return 0;
 }
 
+/* SCM_RIGHTS: one end of a socketpair passed over another pair, then used; a pipe refused. */
+static int rights(void) {
+    int carrier[2], inner[2], pipe_ends[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, carrier));
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, inner));
+    char byte = 'x';
+    struct iovec piece = {&byte, 1};
+    union { struct cmsghdr header; char space[CMSG_SPACE(sizeof(int))]; } control;
+    memset(&control, 0, sizeof control);
+    struct msghdr message = {.msg_iov = &piece, .msg_iovlen = 1, .msg_control = control.space, .msg_controllen = sizeof control.space};
+    struct cmsghdr *header = CMSG_FIRSTHDR(&message);
+    header->cmsg_level = SOL_SOCKET;
+    header->cmsg_type = SCM_RIGHTS;
+    header->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(header), &inner[1], sizeof(int));
+    CHECK(sendmsg(carrier[0], &message, 0));
+    close(inner[1]);
+    memset(&control, 0, sizeof control);
+    struct msghdr received = {.msg_iov = &piece, .msg_iovlen = 1, .msg_control = control.space, .msg_controllen = sizeof control.space};
+    CHECK(recvmsg(carrier[1], &received, MSG_CMSG_CLOEXEC));
+    header = CMSG_FIRSTHDR(&received);
+    if (!header || header->cmsg_type != SCM_RIGHTS) {
+        printf("no descriptor came (msg_flags %#x)\n", received.msg_flags);
+        return 1;
+    }
+    int passed;
+    memcpy(&passed, CMSG_DATA(header), sizeof(int));
+    CHECK(write(inner[0], "through", 7));
+    char buffer[16] = "";
+    CHECK(read(passed, buffer, sizeof buffer - 1));
+    printf("passed: %s, close-on-exec %d\n", buffer, (fcntl(passed, F_GETFD) & FD_CLOEXEC) != 0);
+    CHECK(pipe(pipe_ends));
+    memcpy(CMSG_DATA(CMSG_FIRSTHDR(&message)), &pipe_ends[0], sizeof(int));
+    int result = sendmsg(carrier[0], &message, 0);
+    printf("a pipe: %d %s\n", result, name_of(errno));
+    return 0;
+}
+
 static void on_signal(int signal) { (void)signal; }
 
 static pthread_t receiver;
@@ -248,6 +287,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "readiness")) return readiness(port);
     if (!strcmp(mode, "eintr")) return interrupted(port);
     if (!strcmp(mode, "many")) return many();
+    if (!strcmp(mode, "rights")) return rights();
     if (!strcmp(mode, "privileged")) return privileged();
     printf("unknown mode %s\n", mode);
     return 2;
