@@ -3,7 +3,8 @@
 //! from the host as the job's user sees them): Debian's /bin/sh runs /usr/bin/env, which runs
 //! true; a C program execs /bin/echo; a command substitution forks and execs. What cannot be
 //! executed fails as on Linux, seen through the shell's words and status: a missing
-//! interpreter (127), a file without an execute bit (126), a missing program (127). Each run's
+//! interpreter (127), a file without an execute bit (126), a missing program (127), an
+//! interpreter that is not ELF (126, ELIBBAD). Each run's
 //! output, error output and status must equal the host's. A one-shot run (no --enclave) of a
 //! dynamically linked program gets an enclave made for it and removed after. Needs /dev/kvm,
 //! the LWK image, clowder-vmm, gcc and /bin/sh; skipped, with the reason, otherwise.
@@ -61,6 +62,14 @@ fn dynamic_programs_execute_host_programs() {
         .unwrap();
     assert!(built.success());
     std::fs::write(dir.0.join("data.txt"), "not a program\n").unwrap();
+    // An interpreter that is not an ELF file (but may be executed): execve's ELIBBAD.
+    let corrupt = dir.0.join("corrupt-ld.so");
+    std::fs::write(&corrupt, [b'x'; 200]).unwrap();
+    std::fs::set_permissions(&corrupt, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let linker = format!("-Wl,--dynamic-linker={}", corrupt.display());
+    let built =
+        Command::new("gcc").args(["-O2", "-o", "corrupt-interpreter", "exec-echo.c", &linker]).current_dir(&dir.0).status().unwrap();
+    assert!(built.success());
     run_clowder_ok(&socket, &["enclave", "create", "--name", "e", "--cores", "1", "--mem", "512M"], &dir.0);
 
     let shell = same_as_host(&socket, &dir.0, &["/bin/sh", "-c", "/usr/bin/env true; echo env true: $?; env false; echo env false: $?"]);
@@ -69,9 +78,10 @@ fn dynamic_programs_execute_host_programs() {
     assert_eq!(same_as_host(&socket, &dir.0, &["/bin/sh", "-c", "echo $(/bin/echo nested) $(./exec-echo twice)"]), "nested twice\n");
     // Twice in one job: the second run of a program uses the copy the first read.
     same_as_host(&socket, &dir.0, &["/bin/sh", "-c", "./exec-echo one; ./exec-echo two"]);
-    let failures = "./no-interpreter; echo missing interpreter: $?; ./data.txt; echo not executable: $?; ./nothing; echo missing: $?";
+    let failures = "./no-interpreter; echo missing interpreter: $?; ./data.txt; echo not executable: $?; ./nothing; echo missing: $?; \
+                    ./corrupt-interpreter; echo corrupt interpreter: $?";
     let shell = same_as_host(&socket, &dir.0, &["/bin/sh", "-c", failures]);
-    assert_eq!(shell, "missing interpreter: 127\nnot executable: 126\nmissing: 127\n");
+    assert_eq!(shell, "missing interpreter: 127\nnot executable: 126\nmissing: 127\ncorrupt interpreter: 126\n");
 
     run_clowder_ok(&socket, &["enclave", "rm", "e"], &dir.0);
 
