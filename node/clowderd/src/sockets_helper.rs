@@ -175,7 +175,7 @@ impl Helper {
                 if data == CONTROL {
                     match sys::receive(&self.control, &mut packet) {
                         Ok((0, _)) => return Ok(()),
-                        Ok((length, _)) => self.request(&packet[..length].to_vec())?,
+                        Ok((length, _)) => self.request(&packet[..length])?,
                         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                         Err(e) => return Err(format!("control socket: {e}")),
                     }
@@ -320,8 +320,6 @@ impl Helper {
     fn call(&mut self, op: &SocketOp<'_>, data: &mut Vec<u8>) -> Result<i64, i32> {
         let address_len =
             |address: &[u8]| if address.len() > ADDRESS_MAX { Err(libc::EINVAL) } else { Ok(address.len() as libc::socklen_t) };
-        // SAFETY (every block below): the calls read and write only buffers owned here or
-        // enclave RAM checked by `GuestRam::host_range`, with their true lengths.
         match *op {
             SocketOp::Socket { domain, kind, protocol } | SocketOp::Pair { domain, kind, protocol } => {
                 if !matches!(domain as i32, libc::AF_UNIX | libc::AF_INET | libc::AF_INET6) {
@@ -329,10 +327,12 @@ impl Helper {
                 }
                 let kind = kind as i32 | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
                 if let SocketOp::Socket { .. } = op {
+                    // SAFETY: owned buffers or enclave RAM checked by `host_range`, with their true lengths.
                     let fd = unsafe { libc::socket(domain as i32, kind, protocol as i32) };
                     return self.adopt(checked(fd as isize)? as RawFd).map(i64::from);
                 }
                 let mut pair = [0; 2];
+                // SAFETY: owned buffers or enclave RAM checked by `host_range`, with their true lengths.
                 checked(unsafe { libc::socketpair(domain as i32, kind, protocol as i32, pair.as_mut_ptr()) } as isize)?;
                 let first = self.adopt(pair[0])?;
                 let second = self.adopt(pair[1])?;
@@ -344,13 +344,17 @@ impl Helper {
                 let fd = self.fd(handle)?;
                 let len = address_len(address)?;
                 let call = if matches!(op, SocketOp::Bind { .. }) { libc::bind } else { libc::connect };
+                // SAFETY: owned buffers or enclave RAM checked by `host_range`, with their true lengths.
                 checked(unsafe { call(fd, address.as_ptr().cast(), len) } as isize)
             }
+            // SAFETY: owned buffers or enclave RAM checked by `host_range`, with their true lengths.
             SocketOp::Listen { handle, backlog } => checked(unsafe { libc::listen(self.fd(handle)?, backlog) } as isize),
+            // SAFETY: owned buffers or enclave RAM checked by `host_range`, with their true lengths.
             SocketOp::Shutdown { handle, how } => checked(unsafe { libc::shutdown(self.fd(handle)?, how as i32) } as isize),
             SocketOp::Accept { handle } => {
                 let mut address = [0u8; ADDRESS_MAX];
                 let mut len = ADDRESS_MAX as libc::socklen_t;
+                // SAFETY: owned buffers or enclave RAM checked by `host_range`, with their true lengths.
                 let fd = unsafe {
                     libc::accept4(self.fd(handle)?, address.as_mut_ptr().cast(), &mut len, libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
                 };
@@ -362,11 +366,13 @@ impl Helper {
             SocketOp::GetOption { handle, level, name, len } => {
                 let mut value = vec![0u8; (len as usize).min(256)];
                 let mut len = value.len() as libc::socklen_t;
+                // SAFETY: owned buffers or enclave RAM checked by `host_range`, with their true lengths.
                 checked(unsafe { libc::getsockopt(self.fd(handle)?, level, name, value.as_mut_ptr().cast(), &mut len) } as isize)?;
                 data.extend_from_slice(&value[..(len as usize).min(value.len())]);
                 Ok(0)
             }
             SocketOp::SetOption { handle, level, name, value } => {
+                // SAFETY: owned buffers or enclave RAM checked by `host_range`, with their true lengths.
                 checked(unsafe { libc::setsockopt(self.fd(handle)?, level, name, value.as_ptr().cast(), value.len() as libc::socklen_t) }
                     as isize)
             }
@@ -374,6 +380,7 @@ impl Helper {
                 let mut address = [0u8; ADDRESS_MAX];
                 let mut len = ADDRESS_MAX as libc::socklen_t;
                 let call = if peer { libc::getpeername } else { libc::getsockname };
+                // SAFETY: owned buffers or enclave RAM checked by `host_range`, with their true lengths.
                 checked(unsafe { call(self.fd(handle)?, address.as_mut_ptr().cast(), &mut len) } as isize)?;
                 data.extend_from_slice(&address[..(len as usize).min(ADDRESS_MAX)]);
                 Ok(0)
@@ -381,6 +388,7 @@ impl Helper {
             SocketOp::Send { handle, flags, address, rights, runs } => {
                 let fd = self.fd(handle)?;
                 let mut iovecs = self.iovecs(runs)?;
+                // SAFETY: owned buffers or enclave RAM checked by `host_range`, with their true lengths.
                 let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
                 if !address.is_empty() {
                     message.msg_name = address.as_ptr() as *mut libc::c_void;
@@ -395,10 +403,12 @@ impl Helper {
                 if passed.len() > MAX_RIGHTS {
                     return Err(libc::EINVAL);
                 }
+                // SAFETY: owned buffers or enclave RAM checked by `host_range`, with their true lengths.
                 let mut control = vec![0u8; unsafe { libc::CMSG_SPACE((passed.len() * 4) as u32) } as usize];
                 if !passed.is_empty() {
                     message.msg_control = control.as_mut_ptr().cast();
                     message.msg_controllen = control.len();
+                    // SAFETY: owned buffers or enclave RAM checked by `host_range`, with their true lengths.
                     unsafe {
                         let header = libc::CMSG_FIRSTHDR(&message);
                         (*header).cmsg_level = libc::SOL_SOCKET;
@@ -408,20 +418,24 @@ impl Helper {
                     }
                 }
                 // Never a SIGPIPE here: the enclave's kernel raises it in the job.
+                // SAFETY: owned buffers or enclave RAM checked by `host_range`, with their true lengths.
                 checked(unsafe { libc::sendmsg(fd, &message, flags as i32 | libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) })
             }
             SocketOp::Recv { handle, flags, runs } => {
                 let fd = self.fd(handle)?;
                 let mut iovecs = self.iovecs(runs)?;
                 let mut address = [0u8; ADDRESS_MAX];
+                // SAFETY: owned buffers or enclave RAM checked by `host_range`, with their true lengths.
                 let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
                 message.msg_name = address.as_mut_ptr().cast();
                 message.msg_namelen = ADDRESS_MAX as libc::socklen_t;
                 message.msg_iov = iovecs.as_mut_ptr();
                 message.msg_iovlen = iovecs.len();
+                // SAFETY: owned buffers or enclave RAM checked by `host_range`, with their true lengths.
                 let mut control = vec![0u8; unsafe { libc::CMSG_SPACE((MAX_RIGHTS * 4) as u32) } as usize];
                 message.msg_control = control.as_mut_ptr().cast();
                 message.msg_controllen = control.len();
+                // SAFETY: owned buffers or enclave RAM checked by `host_range`, with their true lengths.
                 let count =
                     checked(unsafe { libc::recvmsg(fd, &mut message, flags as i32 | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) })?;
                 let brought = Self::rights_in(&message);
