@@ -19,6 +19,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,17 @@ struct source {
     const double *vector;         /* xemem: the attached vector */
     int vector_file, answer_file;
 };
+
+/* The simulation's memory is gone under us (its enclave failed, or it removed the segment):
+ * a read of the attachment faults. Say so instead of dying of SIGBUS. */
+static void on_bus_error(int signal) {
+    static const char message[] = "insitu-analytics: the simulation's memory went away (its enclave failed?)\n";
+    (void)signal;
+    if (write(STDERR_FILENO, message, sizeof message - 1) < 0) {
+        /* nothing more to say */
+    }
+    _exit(1);
+}
 
 static int attach_segment(struct source *s, const char *name, uint64_t length) {
     uint64_t bytes = s->recurring ? INSITU_PAGE : insitu_bytes(length);
@@ -192,6 +204,7 @@ int main(int argc, char **argv) {
         .use_files = !strcmp(argv[1], "files"), .recurring = !strcmp(argv[2], "recurring"), .where = argv[3]};
     uint64_t length = (uint64_t)arg_integer("insitu-analytics", "LENGTH", argv[4], 1, 1L << 31);
     int rounds = argc > 5 ? (int)arg_integer("insitu-analytics", "ROUNDS", argv[5], 1, 1000) : 5;
+    signal(SIGBUS, on_bus_error);
     if (source.use_files ? open_files(&source, source.where) : attach_segment(&source, source.where, length))
         return 1;
     double *a = malloc(length * sizeof *a), *b = malloc(length * sizeof *b), *c = malloc(length * sizeof *c);
