@@ -32,19 +32,8 @@
 #include <xpmem.h>
 
 #include "conformance_check.h"
+#include "named_cases.h"
 
-static const char *current_case;
-
-static void fail(const char *fmt, ...)
-{
-	va_list ap;
-	fprintf(stderr, "[%s pid %d] FAIL: ", current_case, getpid());
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fprintf(stderr, " (errno %d: %s)\n", errno, strerror(errno));
-	exit(1);
-}
 
 /* ---- processes and messages ---- */
 
@@ -1112,12 +1101,7 @@ static int case_library_data(void)
 	return 0;
 }
 
-struct test_case {
-	const char *name;
-	int (*run)(void);
-};
-
-static const struct test_case cases[] = {
+static const struct named_case cases[] = {
 	{ "version", case_version },
 	{ "make_errors", case_make_errors },
 	{ "id_errors", case_id_errors },
@@ -1149,20 +1133,5 @@ static const struct test_case cases[] = {
 
 int main(int argc, char **argv)
 {
-	if (argc != 2) {
-		fprintf(stderr, "usage: %s CASE | --list\n", argv[0]);
-		return 2;
-	}
-	for (unsigned i = 0; i < sizeof cases / sizeof *cases; i++) {
-		if (!strcmp(argv[1], "--list"))
-			printf("%s\n", cases[i].name);
-		else if (!strcmp(argv[1], cases[i].name)) {
-			current_case = cases[i].name;
-			return cases[i].run();
-		}
-	}
-	if (!strcmp(argv[1], "--list"))
-		return 0;
-	fprintf(stderr, "unknown case %s\n", argv[1]);
-	return 2;
+	return run_named_case(cases, sizeof cases / sizeof *cases, argc, argv);
 }
