@@ -17,7 +17,7 @@
 //! | 9 | `SetOption` | u32 handle, i32 level, i32 name, bytes value | 0 | |
 //! | 10 | `Name` | u32 handle, u8 peer (0 `getsockname`, 1 `getpeername`) | 0 | the address |
 //! | 11 | `Send` | u32 handle, u32 flags (`MSG_*`), bytes address (empty: none), bytes rights (u32 handles to pass, `SCM_RIGHTS`), `list<run>` | bytes sent | |
-//! | 12 | `Recv` | u32 handle, u32 flags, `list<run>` | bytes received | u32 `msg_flags`, u32 address length, the sender's address, then u32 handle and u32 events of each socket received (`SCM_RIGHTS`) |
+//! | 12 | `Recv` | u32 handle, u32 flags, `list<run>` | bytes received | u32 `msg_flags`, u32 address length, the sender's address, then u32 handle, u32 events and u32 type (`SO_TYPE`) of each socket received (`SCM_RIGHTS`) |
 //! | 13 | `Close` | u32 handle | (no answer) | |
 //!
 //! A `run` is `u64 gpa, u32 len`: a piece of the job's buffer in enclave memory, which the host

@@ -300,6 +300,15 @@ impl Helper {
         Ok(handle)
     }
 
+    /// A socket's type (`SO_TYPE`: stream, datagram, ...), 0 if it cannot be told.
+    fn kind(&self, handle: u32) -> u32 {
+        let (mut kind, mut len) = (0i32, 4 as libc::socklen_t);
+        let Ok(fd) = self.fd(handle) else { return 0 };
+        // SAFETY: getsockopt writes at most `len` bytes into the integer we own.
+        unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_TYPE, (&mut kind as *mut i32).cast(), &mut len) };
+        kind as u32
+    }
+
     fn fd(&self, handle: u32) -> Result<RawFd, i32> {
         self.sockets.get(&handle).map(|socket| socket.fd.as_raw_fd()).ok_or(libc::EBADF)
     }
@@ -452,6 +461,7 @@ impl Helper {
                 for handle in received {
                     data.extend_from_slice(&handle.to_le_bytes());
                     data.extend_from_slice(&self.told(handle).to_le_bytes());
+                    data.extend_from_slice(&self.kind(handle).to_le_bytes());
                 }
                 Ok(count)
             }

@@ -100,9 +100,9 @@ pub fn receive_from(socket: &Socket, pieces: &[(UserAddr, u64)], flags: u32) -> 
     let word = |at: usize| answer.data.get(at..at + 4).map_or(0, |bytes| u32::from_le_bytes(bytes.try_into().unwrap_or_default()));
     let address_len = (word(4) as usize).min(answer.data.len().saturating_sub(8));
     let address = answer.data[8.min(answer.data.len())..8 + address_len].to_vec();
-    let sockets = (8 + address_len..answer.data.len().saturating_sub(7))
-        .step_by(8)
-        .map(|at| Socket::new(word(at), socket.kind, false, word(at + 4)))
+    let sockets = (8 + address_len..answer.data.len().saturating_sub(11))
+        .step_by(12)
+        .map(|at| Socket::new(word(at), word(at + 8), false, word(at + 4)))
         .collect();
     Ok(Received { count, flags: word(0), address, sockets })
 }
