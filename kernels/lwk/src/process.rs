@@ -276,6 +276,7 @@ pub fn exec(frame: &mut TrapFrame, path: UserAddr, argv: UserAddr, envp: UserAdd
     match job::check_program(file) {
         Ok(()) => {}
         Err(job::LoadError::MissingInterpreter(_)) => return Err(Errno::ENOENT),
+        Err(job::LoadError::InterpreterRefused(_, errno)) => return Err(errno),
         // A bad ELF interpreter: Linux's answer when a PT_INTERP file is not loadable.
         Err(job::LoadError::BadInterpreter(..)) => return Err(Errno::ELIBBAD),
         Err(_) => return Err(Errno::ENOEXEC),

@@ -4,11 +4,12 @@
 //! true; a C program execs /bin/echo; a command substitution forks and execs. What cannot be
 //! executed fails as on Linux, seen through the shell's words and status: a missing
 //! interpreter (127), a file without an execute bit (126), a missing program (127), an
-//! interpreter that is not ELF (126, ELIBBAD). Each run's
-//! output, error output and status must equal the host's. A one-shot run (no --enclave) of a
+//! interpreter that is not ELF (126, ELIBBAD), one without an execute bit (126, EACCES). Each
+//! run's output, error output and status must equal the host's. A one-shot run (no --enclave) of a
 //! dynamically linked program gets an enclave made for it and removed after. Needs /dev/kvm,
 //! the LWK image, clowder-vmm, gcc and /bin/sh; skipped, with the reason, otherwise.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -45,6 +46,14 @@ fn same_as_host(socket: &Path, dir: &Path, args: &[&str]) -> String {
     text(&enclave.stdout)
 }
 
+/// Builds `dir/exec-echo.c` as `dir/name` (dynamically linked), with `interpreter` as its
+/// PT_INTERP if given.
+fn build_exec_echo(dir: &Path, name: &str, interpreter: Option<&Path>) {
+    let linker = interpreter.map(|path| format!("-Wl,--dynamic-linker={}", path.display()));
+    let built = Command::new("gcc").args(["-O2", "-o", name, "exec-echo.c"]).args(&linker).current_dir(dir).status().unwrap();
+    assert!(built.success(), "gcc failed for {name}");
+}
+
 #[test]
 fn dynamic_programs_execute_host_programs() {
     if skipped_without("gcc", "to build the test programs") || !Path::new("/bin/sh").exists() {
@@ -53,23 +62,19 @@ fn dynamic_programs_execute_host_programs() {
     let dir = TempDir::new("clowder-dynamic-exec");
     let socket = start_daemon(&dir.0, Liveness::default());
     std::fs::write(dir.0.join("exec-echo.c"), EXEC_ECHO).unwrap();
-    let built = Command::new("gcc").args(["-O2", "-o", "exec-echo", "exec-echo.c"]).current_dir(&dir.0).status().unwrap();
-    assert!(built.success());
-    let built = Command::new("gcc")
-        .args(["-O2", "-o", "no-interpreter", "exec-echo.c", "-Wl,--dynamic-linker=/no/such/ld.so"])
-        .current_dir(&dir.0)
-        .status()
-        .unwrap();
-    assert!(built.success());
+    build_exec_echo(&dir.0, "exec-echo", None);
+    build_exec_echo(&dir.0, "no-interpreter", Some(Path::new("/no/such/ld.so")));
     std::fs::write(dir.0.join("data.txt"), "not a program\n").unwrap();
-    // An interpreter that is not an ELF file (but may be executed): execve's ELIBBAD.
+    // An interpreter that is not an ELF file (but may be executed): execve's ELIBBAD; a real
+    // one without an execute bit: EACCES.
     let corrupt = dir.0.join("corrupt-ld.so");
     std::fs::write(&corrupt, [b'x'; 200]).unwrap();
-    std::fs::set_permissions(&corrupt, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let linker = format!("-Wl,--dynamic-linker={}", corrupt.display());
-    let built =
-        Command::new("gcc").args(["-O2", "-o", "corrupt-interpreter", "exec-echo.c", &linker]).current_dir(&dir.0).status().unwrap();
-    assert!(built.success());
+    std::fs::set_permissions(&corrupt, PermissionsExt::from_mode(0o755)).unwrap();
+    build_exec_echo(&dir.0, "corrupt-interpreter", Some(&corrupt));
+    let unexecutable = dir.0.join("unexecutable-ld.so");
+    std::fs::copy("/lib64/ld-linux-x86-64.so.2", &unexecutable).unwrap();
+    std::fs::set_permissions(&unexecutable, PermissionsExt::from_mode(0o644)).unwrap();
+    build_exec_echo(&dir.0, "unexecutable-interpreter", Some(&unexecutable));
     run_clowder_ok(&socket, &["enclave", "create", "--name", "e", "--cores", "1", "--mem", "512M"], &dir.0);
 
     let shell = same_as_host(&socket, &dir.0, &["/bin/sh", "-c", "/usr/bin/env true; echo env true: $?; env false; echo env false: $?"]);
@@ -79,9 +84,10 @@ fn dynamic_programs_execute_host_programs() {
     // Twice in one job: the second run of a program uses the copy the first read.
     same_as_host(&socket, &dir.0, &["/bin/sh", "-c", "./exec-echo one; ./exec-echo two"]);
     let failures = "./no-interpreter; echo missing interpreter: $?; ./data.txt; echo not executable: $?; ./nothing; echo missing: $?; \
-                    ./corrupt-interpreter; echo corrupt interpreter: $?";
+                    ./corrupt-interpreter; echo corrupt interpreter: $?; ./unexecutable-interpreter; echo unexecutable interpreter: $?";
     let shell = same_as_host(&socket, &dir.0, &["/bin/sh", "-c", failures]);
-    assert_eq!(shell, "missing interpreter: 127\nnot executable: 126\nmissing: 127\ncorrupt interpreter: 126\n");
+    let expected = "missing interpreter: 127\nnot executable: 126\nmissing: 127\ncorrupt interpreter: 126\nunexecutable interpreter: 126\n";
+    assert_eq!(shell, expected);
 
     run_clowder_ok(&socket, &["enclave", "rm", "e"], &dir.0);
 

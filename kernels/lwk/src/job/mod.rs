@@ -113,6 +113,8 @@ pub enum LoadError {
     Elf(elf::ElfError),
     /// The program's interpreter (PT_INTERP) is not a file of the job's.
     MissingInterpreter(String),
+    /// The host refused the interpreter (`EACCES`: no execute bit, not a regular file).
+    InterpreterRefused(String, Errno),
     BadInterpreter(String, elf::ElfError),
     NoMemory(&'static str),
     OverlapsStack,
@@ -129,6 +131,9 @@ impl core::fmt::Display for LoadError {
             LoadError::Elf(error) => write!(f, "the program {error}"),
             // As a Linux shell says it (bash 5.2) when execve finds no interpreter.
             LoadError::MissingInterpreter(path) => write!(f, "cannot execute: required file not found (the interpreter {path})"),
+            LoadError::InterpreterRefused(path, errno) => {
+                write!(f, "the program's interpreter {path} cannot be executed (errno {})", errno.0)
+            }
             LoadError::BadInterpreter(path, error) => write!(f, "the program's interpreter {path} {error}"),
             LoadError::NoMemory(what) => write!(f, "the enclave has no memory left for the job's {what}"),
             LoadError::OverlapsStack => f.write_str("the program's segments overlap the stack's place"),
@@ -178,7 +183,10 @@ impl<'a> Program<'a> {
         // Else the host's, as its user sees it (a program `execve` read from the host).
         let interpreter_file = match own_file {
             Some(file) => file,
-            None => host_executable(&path).map(|(_, file)| file).map_err(|_| LoadError::MissingInterpreter(path.clone()))?,
+            None => host_executable(&path).map(|(_, file)| file).map_err(|errno| match errno {
+                Errno::ENOENT => LoadError::MissingInterpreter(path.clone()),
+                refused => LoadError::InterpreterRefused(path.clone(), refused),
+            })?,
         };
         let interpreter =
             Executable::parse_interpreter(interpreter_file.bytes).map_err(|error| LoadError::BadInterpreter(path.clone(), error))?;
