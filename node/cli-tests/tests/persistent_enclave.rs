@@ -101,7 +101,9 @@ int main(void) {
 
 #[test]
 fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
-    let Some((dir, socket)) = enclave_test_daemon("clowder-persistent", Liveness::default()) else { return };
+    // A 5 s ping timeout, which the 7 s spinning job below outlasts.
+    let liveness = Liveness { ping_timeout: Duration::from_secs(5), ..Liveness::default() };
+    let Some((dir, socket)) = enclave_test_daemon("clowder-persistent", liveness) else { return };
     build_musl_program(&dir.0, "files", FILES_JOB);
     build_musl_program(&dir.0, "spin", SPIN_JOB);
     build_musl_program(&dir.0, "tick", TICK_JOB);

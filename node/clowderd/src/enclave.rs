@@ -32,9 +32,12 @@ pub struct Liveness {
     pub ping_timeout: Duration,
 }
 
+/// The ping timeout is 30 s: the LWK answers on CPU 0 between pieces of kernel work, and a
+/// long one (loading a large dynamic program, a job mapping tens of MiB) is emulated on PVM
+/// hosts, where a loaded machine stretched it past 5 s and an enclave was removed while alive.
 impl Default for Liveness {
     fn default() -> Self {
-        Liveness { hello_timeout: Duration::from_secs(10), ping_interval: Duration::from_secs(1), ping_timeout: Duration::from_secs(5) }
+        Liveness { hello_timeout: Duration::from_secs(10), ping_interval: Duration::from_secs(1), ping_timeout: Duration::from_secs(30) }
     }
 }
 

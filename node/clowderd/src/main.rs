@@ -27,7 +27,7 @@ const USAGE: &str = "usage: clowderd [options]   (--version: its version and the
   --oneshot-mem SIZE   memory of a one-shot enclave (default 256M)
   --hello-timeout MS   how long a new enclave's kernel may take to answer (default 10000)
   --ping-interval MS   liveness ping period (default 1000)
-  --ping-timeout MS    an enclave silent this long is removed (default 5000)
+  --ping-timeout MS    an enclave silent this long is removed (default 30000)
   --max-connections N  open connections of all users but root together (default 256)
   --max-connections-per-user N  open connections of one user but root (default 32)
   --idle-timeout MS    a connection that sends no complete request this long is closed
