@@ -10,6 +10,7 @@
 #   nodes_exec K CMD...    CMD in node K (network, mount and host-name namespaces)
 #   nodes_spawn K LOG CMD...  a daemon in node K, stopped by nodes_down
 #   nodes_clowderd K       node K's own clowderd (CLOWDERD: the binary)
+#   nodes_enclaves_idle    whether no node's enclave runs a job (CLOWDER: the clowder binary)
 #   nodes_sshd             an sshd in every node, admitting a key made here: $NODES_SSH is the
 #                          ssh command that reaches them (and trusts only their host key)
 #   nodes_slurm            munged, a slurmctld here and one slurmd per node (partition "nodes")
@@ -92,6 +93,16 @@ nodes_wait_for() { # SECONDS CMD...: until CMD succeeds; whether it did
 nodes_clowderd() { # K
     nodes_spawn "$1" "$NODES_DIR/n$1/clowderd.log" "$CLOWDERD"
     nodes_wait_for 10 test -S "$NODES_DIR/n$1/run/clowderd.sock"
+}
+
+# Whether no enclave of any node's clowderd runs a job (CLOWDER: the clowder binary): a job whose
+# clowder run was killed ends a moment later.
+nodes_enclaves_idle() {
+    local k
+    for k in $(seq "$NODES_COUNT"); do
+        [ -S "$NODES_DIR/n$k/run/clowderd.sock" ] || continue
+        nodes_exec "$k" "$CLOWDER" enclave ls | awk '$11 ~ /^[0-9]+$/ && $11 > 0 {busy = 1} END {exit busy}' || return 1
+    done
 }
 
 nodes_sshd() {
