@@ -92,7 +92,7 @@ why_blocked=
 
 # Each case starts when the enclaves are idle: the job of a case that failed ends when its
 # clowder run is killed, which takes the LWK a moment.
-idle() { ! { in_node 1 "$clowder" enclave ls; in_node 2 "$clowder" enclave ls; } | awk '$11 ~ /^[0-9]+$/ && $11 > 0 {busy = 1} END {exit !busy}'; }
+CLOWDER=$clowder
 enclave_case() { # [--needs-b] description command...
     local why=$why_blocked
     if [ "$1" = --needs-b ]; then
@@ -106,7 +106,7 @@ enclave_case() { # [--needs-b] description command...
         echo "BLOCKED $what: $why"
         return
     fi
-    nodes_wait_for 30 idle || echo "note: the enclaves still run an earlier job after 30 s"
+    nodes_wait_for 30 nodes_enclaves_idle || echo "note: the enclaves still run an earlier job after 30 s"
     : >"$out"
     if "$@" >>"$out" 2>&1; then
         passes "$what"
@@ -154,7 +154,7 @@ enclave_case "srun -N 2, a rank in each node's enclave a (mpicg)" across_slurm
 enclave_crash() {
     ! in_node 1 "${mpirun[@]}" "${tcp[@]}" -n 1 "${run_a[@]}" "$bin/allreduce" 4096 10 1 : \
         -n 1 "$clowder" run --enclave b "$bin/allreduce" 4096 10 1 && says "exited on signal 11" &&
-        nodes_wait_for 30 idle && mpmd
+        nodes_wait_for 30 nodes_enclaves_idle && mpmd
 }
 enclave_case --needs-b "an enclave rank that crashes ends the job (exited on signal 11); the enclave runs the next" enclave_crash
 
