@@ -161,6 +161,15 @@ fn dynamically_linked_programs_run_in_a_persistent_enclave() {
         eprintln!("python3's case skipped: no /usr/bin/python3");
     }
 
+    // A login's variables, as ADIOS2 and other libraries expect (getenv("HOME") unchecked), and
+    // what --env names wins.
+    let env = clowder(&socket, &["run", "--enclave", "e", "--env", "USER=given", "/usr/bin/printenv", "HOME", "USER", "PATH"], &dir.0);
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let account = std::process::Command::new("getent").args(["passwd", &uid.to_string()]).output().unwrap();
+    let home = text(&account.stdout).split(':').nth(5).unwrap_or_default().to_string();
+    assert_eq!(text(&env.stdout), format!("{home}\ngiven\n/usr/local/bin:/usr/bin:/bin\n"), "stderr: {}", text(&env.stderr));
+
     let removed = clowder(&socket, &["enclave", "rm", "e"], &dir.0);
     assert!(removed.status.success(), "rm: {}", text(&removed.stderr));
 }

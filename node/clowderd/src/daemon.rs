@@ -612,7 +612,7 @@ impl Daemon {
         let binary_name = request.argv[0].rsplit('/').next().unwrap_or("job").to_string();
         let spec = JobSpec {
             argv: request.argv.clone(),
-            env: request.env,
+            env: crate::owner::with_login_environment(request.env, peer.uid),
             cwd: request.cwd,
             cwd_dir: files.cwd_dir,
             limits: crate::sockets::UserLimits::of_process(peer.pid),
@@ -694,7 +694,8 @@ impl Daemon {
         if let Some(refusal) = refuse_unrunnable(&request.argv[0], &binary) {
             return refusal;
         }
-        let command_line = match kernel_command_line(&request.argv, &request.env, request.heap) {
+        let env = crate::owner::with_login_environment(request.env, peer.uid);
+        let command_line = match kernel_command_line(&request.argv, &env, request.heap) {
             Ok(line) => line,
             Err(e) => return error_reply(ErrorKind::InvalidArgument, e),
         };

@@ -50,6 +50,32 @@ pub fn user_name(uid: u32) -> String {
     }
 }
 
+/// The search path a job gets when it names none: a login's on Debian.
+const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// `env` with what a login gives `uid` and `env` leaves out: `HOME`, `USER`, `LOGNAME` and
+/// `SHELL` from the password database, and `PATH`. Programs take them as given (ADIOS2 makes a
+/// C++ string of `getenv("HOME")` and died of SIGSEGV in every enclave job), as sshd, login and
+/// Slurm set them; what `env` names wins.
+pub fn with_login_environment(env: Vec<String>, uid: u32) -> Vec<String> {
+    let mut defaults = vec![format!("PATH={DEFAULT_PATH}")];
+    if let Ok(Some(user)) = User::from_uid(Uid::from_raw(uid)) {
+        defaults.push(format!("HOME={}", user.dir.display()));
+        defaults.push(format!("USER={}", user.name));
+        defaults.push(format!("LOGNAME={}", user.name));
+        defaults.push(format!("SHELL={}", user.shell.display()));
+    }
+    add_missing(env, defaults)
+}
+
+/// `env` followed by those `defaults` whose names it does not set.
+fn add_missing(mut env: Vec<String>, defaults: Vec<String>) -> Vec<String> {
+    let name = |entry: &str| entry.split('=').next().unwrap_or("").to_string();
+    let given: Vec<String> = env.iter().map(|entry| name(entry)).collect();
+    env.extend(defaults.into_iter().filter(|entry| !given.contains(&name(entry))));
+    env
+}
+
 /// A group's name, or its gid when it has none.
 pub fn group_name(gid: u32) -> String {
     match Group::from_gid(Gid::from_raw(gid)) {
@@ -96,6 +122,18 @@ mod tests {
         assert!(!shared.may_read(&bob) && shared.may_read(&alice) && shared.may_read(&root));
         let refusal = private.use_refusal(&bob, "remove enclave sim");
         assert!(refusal.contains("uid 1001") && refusal.contains("(uid 1000)"), "{refusal}");
+    }
+
+    #[test]
+    fn a_job_gets_a_logins_variables_unless_it_names_them() {
+        let env = with_login_environment(vec!["HOME=/scratch".into(), "OMP_NUM_THREADS=2".into()], 0);
+        assert_eq!(&env[..2], ["HOME=/scratch", "OMP_NUM_THREADS=2"]);
+        assert!(!env[2..].iter().any(|entry| entry.starts_with("HOME=")), "{env:?}");
+        assert!(env.contains(&"USER=root".to_string()) && env.contains(&"LOGNAME=root".to_string()), "{env:?}");
+        assert!(env.iter().any(|entry| entry.starts_with("PATH=/")) && env.iter().any(|entry| entry.starts_with("SHELL=/")));
+        // A uid with no account still gets a PATH, and nothing invented.
+        let nobody_known = with_login_environment(Vec::new(), 3_999_999);
+        assert_eq!(nobody_known, ["PATH=/usr/local/bin:/usr/bin:/bin"]);
     }
 
     #[test]
