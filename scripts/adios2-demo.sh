@@ -25,21 +25,13 @@ done
 scripts/adios2-setup.sh
 scratch=$(mktemp -d)
 chmod 0755 "$scratch"
-broker_pid=
-cleanup() {
-    if [ -n "$broker_pid" ]; then kill "$broker_pid" 2>/dev/null; wait "$broker_pid" 2>/dev/null || true; fi
-    rm -rf "$scratch"
-}
-trap cleanup EXIT
+. scripts/private-broker.sh
+trap 'stop_private_broker; rm -rf "$scratch"' EXIT
 default_socket=${CLOWDER_XEMEM_SOCKET:-/run/clowder/xemem.sock}
 if [ -S "$default_socket" ]; then
     export CLOWDER_XEMEM_SOCKET=$default_socket
 else
-    cargo build --release -q -p xemem-host --bin xemem-broker
-    export CLOWDER_XEMEM_SOCKET=$scratch/xemem.sock
-    "$root/target/release/xemem-broker" 2>"$scratch/broker.log" &
-    broker_pid=$!
-    for _ in $(seq 100); do [ -S "$CLOWDER_XEMEM_SOCKET" ] && break; sleep 0.05; done
+    start_private_broker "$scratch"
 fi
 
 cat >"$scratch/adios2.xml" <<XML

@@ -11,18 +11,15 @@ set -u
 cd "$(dirname "$0")/../.."
 root=$(pwd)
 scripts/adios2-setup.sh || { echo "adios2 setup failed"; exit 1; }
-cargo build --release -q -p xemem-host --bin xemem-broker || { echo "broker build failed"; exit 1; }
+. scripts/private-broker.sh
 
 bin=$root/build/adios2/build
 tests=$root/coupling/adios2/tests
 export PYTHONPATH=$root/build/adios2/py
 scratch=$(mktemp -d)
 chmod 0755 "$scratch"
-export CLOWDER_XEMEM_SOCKET=$scratch/xemem.sock
-"$root/target/release/xemem-broker" 2>"$scratch/broker.log" &
-broker_pid=$!
-trap 'kill $broker_pid 2>/dev/null; wait $broker_pid 2>/dev/null; rm -rf "$scratch"' EXIT
-for _ in $(seq 100); do [ -S "$CLOWDER_XEMEM_SOCKET" ] && break; sleep 0.05; done
+trap 'stop_private_broker; rm -rf "$scratch"' EXIT
+start_private_broker "$scratch" || { echo "broker start failed"; exit 1; }
 
 # config NAME [KEY=VALUE]...: an ADIOS2 XML configuration selecting the clowder plugin. The
 # stream is the IO's name ("SimulationOutput") unless StreamName is given (docs/adios2.md).

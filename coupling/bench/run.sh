@@ -16,15 +16,12 @@ for n in $sizes $steps $pause; do
 done
 
 scripts/adios2-setup.sh
-cargo build --release -q -p xemem-host --bin xemem-broker
+. scripts/private-broker.sh
 bench=$root/build/adios2/build/adios2_bench
 scratch=$(mktemp -d)
 chmod 0755 "$scratch"
-export CLOWDER_XEMEM_SOCKET=$scratch/xemem.sock
-"$root/target/release/xemem-broker" 2>"$scratch/broker.log" &
-broker=$!
-trap 'kill $broker 2>/dev/null; wait $broker 2>/dev/null || true; rm -rf "$scratch"' EXIT
-for _ in $(seq 100); do [ -S "$CLOWDER_XEMEM_SOCKET" ] && break; sleep 0.05; done
+trap 'stop_private_broker; rm -rf "$scratch"' EXIT
+start_private_broker "$scratch"
 
 engine_xml() { # ENGINE-TYPE PARAMETERS-AS-XML
     echo "<?xml version=\"1.0\"?><adios-config><io name=\"Bench\"><engine type=\"$1\">$2</engine></io></adios-config>"

@@ -17,16 +17,9 @@ cc -O2 -g -Wall -Wextra -std=gnu11 -I../build/include -o ../build/bench/snapshot
     -L../build/lib -Wl,-rpath,"$(cd ../build/lib && pwd)" -lxpmem
 scratch=$(mktemp -d)
 broker_pid=
-trap '[ -z "$broker_pid" ] || kill "$broker_pid" 2>/dev/null; rm -rf "$scratch"' EXIT
-if [ -z "${CLOWDER_XEMEM_SOCKET:-}" ]; then
-    (cd "$root" && cargo build -q -p xemem-host --bin xemem-broker)
-    target=$(cd "$root" && cargo metadata --format-version 1 --no-deps |
-        python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-    export CLOWDER_XEMEM_SOCKET=$scratch/xemem.sock
-    "$target/debug/xemem-broker" 2>"$scratch/broker.log" &
-    broker_pid=$!
-    for _ in $(seq 100); do [ -S "$CLOWDER_XEMEM_SOCKET" ] && break; sleep 0.05; done
-fi
+trap 'stop_private_broker; rm -rf "$scratch"' EXIT
+. "$root/scripts/private-broker.sh"
+[ -n "${CLOWDER_XEMEM_SOCKET:-}" ] || start_private_broker "$scratch"
 
 load_before=$(cut -d' ' -f1 /proc/loadavg)
 table() { # CLOCK
