@@ -14,7 +14,7 @@ set -euo pipefail
 say() { echo "linux-kernel: $*" >&2; }
 here=$(cd "$(dirname "$0")/.." && pwd)
 fragment=$here/kernels/linux-guest/config
-# Patches over Debian's source: only what a PVM host needs (pvm-syscall.patch says why).
+# Patches over Debian's source: only what a PVM host needs (each patch's comment says why).
 patches=("$here"/kernels/linux-guest/*.patch)
 package=linux-source-6.1
 
