@@ -84,6 +84,7 @@ test-linux: build
 # per machine) boots to its enclave agent (docs/linux-guest.md).
 test-linux-enclave: build
 	@$(CARGO) test --release -p clowder-vmm --test linux_boot -- --ignored --nocapture small_kernel
+	@$(CARGO) test --release -p clowder-cli-tests --test linux_enclave -- --ignored --nocapture
 
 # Opt-in, minutes and most of the machine's memory: 16 GiB enclaves (2 MiB and 4 KiB pages)
 # are created, run a job and are removed (issue 22's big enclaves).

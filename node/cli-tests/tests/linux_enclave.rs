@@ -1,0 +1,60 @@
+//! A Linux virtual machine as an enclave, end to end under a real daemon: `clowder enclave
+//! create --kind linux` boots the project's small kernel (scripts/linux-kernel.sh) with the
+//! agent's initramfs, and `clowder run` runs a host program in it with its output, error output
+//! and exit status (a crash as the signal). Opt-in (`make test-linux-enclave`): on a PVM host the
+//! boot is minutes of emulated kernel code, and a cold kernel build about 15 minutes.
+
+mod support;
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use clowder_test_support::build_musl_program;
+use clowderd::enclave::Liveness;
+use support::{enclave_test_daemon, run_clowder, run_clowder_ok, text};
+
+const HELLO: &str = r#"#include <stdio.h>
+int main(int argc, char **argv) {
+    printf("hello from %s with %d arguments\n", argv[0], argc - 1);
+    fprintf(stderr, "to stderr\n");
+    return 3;
+}
+"#;
+
+const CRASH: &str = "int main(void) { *(volatile int *)0 = 1; return 0; }\n";
+
+/// What scripts/linux-kernel.sh ARGS prints last: the path it built (or found cached).
+fn built(args: &[&str]) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let output = Command::new(root.join("scripts/linux-kernel.sh")).args(args).output().unwrap();
+    assert!(output.status.success(), "scripts/linux-kernel.sh {args:?}: {}", text(&output.stderr));
+    PathBuf::from(text(&output.stdout).lines().last().unwrap_or_default())
+}
+
+#[test]
+#[ignore = "boots a Linux guest: minutes on a PVM host (make test-linux-enclave)"]
+fn a_linux_enclave_runs_host_programs_with_their_output_and_status() {
+    let Some((dir, socket)) = enclave_test_daemon("clowder-linux-enclave", Liveness::default()) else { return };
+    let (kernel, initrd) = (built(&[]), built(&["initramfs"]));
+    build_musl_program(&dir.0, "hello", HELLO);
+    build_musl_program(&dir.0, "crash", CRASH);
+    let (kernel, initrd) = (kernel.to_str().unwrap(), initrd.to_str().unwrap());
+    let create = ["enclave", "create", "--name", "vm", "--kind", "linux", "--cores", "1", "--mem", "256M"];
+    run_clowder_ok(&socket, &[&create[..], &["--kernel", kernel, "--initrd", initrd]].concat(), &dir.0);
+    let listing = run_clowder_ok(&socket, &["enclave", "ls"], &dir.0);
+    assert!(text(&listing.stdout).lines().any(|line| line.starts_with("vm ") && line.contains(" linux ")), "{}", text(&listing.stdout));
+
+    let hello = run_clowder(&socket, &["run", "vm", "./hello", "a", "b"], &dir.0);
+    assert_eq!(text(&hello.stdout), "hello from ./hello with 2 arguments\n", "stderr: {}", text(&hello.stderr));
+    assert_eq!(text(&hello.stderr), "to stderr\n");
+    assert_eq!(hello.status.code(), Some(3));
+
+    // A job that crashes ends `clowder run` by its signal; the enclave takes the next job.
+    let crash = run_clowder(&socket, &["run", "vm", "./crash"], &dir.0);
+    assert_eq!(crash.status.signal(), Some(libc::SIGSEGV), "{:?}: {}", crash.status, text(&crash.stderr));
+    let again = run_clowder(&socket, &["run", "vm", "./hello"], &dir.0);
+    assert_eq!(again.status.code(), Some(3), "stderr: {}", text(&again.stderr));
+
+    run_clowder_ok(&socket, &["enclave", "rm", "vm"], &dir.0);
+}
