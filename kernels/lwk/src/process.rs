@@ -12,7 +12,7 @@ use crate::arch::phys;
 use crate::arch::sync::SpinLock;
 use crate::arch::trap::{TrapFrame, USER_END};
 use crate::console::log;
-use crate::job::{self, descriptors::Descriptors, Process, SELF_EXE};
+use crate::job::{self, shared::SharedMappings, Process, SELF_EXE};
 use crate::linux_consts;
 use crate::sched::{self, SpawnError, WaitResult};
 use crate::signal::Restart;
@@ -169,9 +169,16 @@ pub fn fork(
     vfork: bool,
 ) -> Result<u64, ForkError> {
     let parent = sched::current_pid();
-    let (mut memory, descriptors, executable_path) = job::with_process(|process| {
-        let memory = process.memory.fork(frame.rsp).map_err(|_| ForkError::NoMemory)?;
-        Ok((memory, process.descriptors.clone(), process.executable_path.clone()))
+    let (mut memory, shared, descriptors, executable_path) = job::with_process(|process| {
+        let mut memory = process.memory.fork(frame.rsp).map_err(|_| ForkError::NoMemory)?;
+        // The child maps the same blocks: MAP_SHARED memory is shared, not copied.
+        match process.shared.fork_into(&mut memory.aspace) {
+            Ok(shared) => Ok((memory, shared, process.descriptors.clone(), process.executable_path.clone())),
+            Err(_) => {
+                memory.release();
+                Err(ForkError::NoMemory)
+            }
+        }
     })?;
     let pid = sched::reserve_tid();
     // CLONE_CHILD_SETTID writes the child's tid into the child's memory.
@@ -180,25 +187,23 @@ pub fn fork(
             phys::bytes_mut(translation.physical, 4).copy_from_slice(&(pid as u32).to_le_bytes());
         }
     }
-    finish_fork(parent, pid, memory, descriptors, executable_path, frame, stack, fs_base, clear_child_tid, vfork)
+    finish_fork(parent, pid, Process { memory, descriptors, shared, executable_path }, frame, stack, fs_base, clear_child_tid, vfork)
 }
 
 #[allow(clippy::too_many_arguments)]
 fn finish_fork(
     parent: u64,
     pid: u64,
-    memory: job::memory::JobMemory,
-    descriptors: Descriptors,
-    executable_path: String,
+    process: Process,
     frame: &TrapFrame,
     stack: u64,
     fs_base: u64,
     clear_child_tid: u64,
     vfork: bool,
 ) -> Result<u64, ForkError> {
-    let aspace = memory.aspace.handle();
+    let aspace = process.memory.aspace.handle();
     // Everything the child's first system call may look at exists before it can run.
-    job::add_process(pid, Process { memory, descriptors, executable_path });
+    job::add_process(pid, process);
     {
         let mut family = FAMILY.lock();
         let (group, session) = family.get(&parent).map_or((parent, parent), |member| (member.group, member.session));
@@ -323,17 +328,17 @@ pub fn exec(frame: &mut TrapFrame, path: UserAddr, argv: UserAddr, envp: UserAdd
     sched::switch_current_aspace(image.memory.aspace.handle());
     // The new image starts with the initial vector state, as on Linux.
     crate::arch::fpu::load_initial_state();
-    let (old, closed) = job::with_process(|process| {
+    let (old, old_shared, closed) = job::with_process(|process| {
         process.executable_path = resolved;
         let closed = process.descriptors.close_marked();
-        (core::mem::replace(&mut process.memory, image.memory), closed)
+        (core::mem::replace(&mut process.memory, image.memory), core::mem::take(&mut process.shared), closed)
     });
     // Closed outside the process table's lock: a pipe's last end wakes its waiters.
     drop(closed);
     if !old_released {
         sched::wait_until_unloaded(old_aspace.0);
     }
-    release_or_keep(old, segments_gone);
+    release_or_keep(old, old_shared, segments_gone);
     signal::exec_reset(pid);
     end_vfork_wait(pid);
     *frame = image.entry;
@@ -347,17 +352,19 @@ fn release_memory_for_exec(old_aspace: u64, segments_gone: bool) {
     let Ok(stand_in) = job::memory::JobMemory::empty() else { die_of_signal_here(SIGSEGV) };
     let old = job::with_process(|process| core::mem::replace(&mut process.memory, stand_in));
     sched::wait_until_unloaded(old_aspace);
-    release_or_keep(old, segments_gone);
+    release_or_keep(old, SharedMappings::default(), segments_gone);
 }
 
 /// Frees a process's memory once its XPMEM segments are gone everywhere (`segments_gone`,
 /// from `xpmem::process_ended`); else keeps it from reuse until the job ends, when the daemon
 /// has revoked every attachment of the job's segments.
-fn release_or_keep(memory: job::memory::JobMemory, segments_gone: bool) {
+fn release_or_keep(memory: job::memory::JobMemory, shared: SharedMappings, segments_gone: bool) {
     if segments_gone {
         memory.release();
+        // A block goes once no other process maps it (not under a lock: the host may clear it).
+        drop(shared);
     } else {
-        job::keep_until_job_ends(memory);
+        job::keep_until_job_ends(memory, shared);
     }
 }
 
@@ -442,7 +449,7 @@ fn end_process(pid: u64, code: u8) {
     let segments_gone = crate::xpmem::process_ended(pid);
     let Some(process) = job::take_process(pid) else { return };
     sched::wait_until_unloaded(process.memory.aspace.handle().0);
-    release_or_keep(process.memory, segments_gone);
+    release_or_keep(process.memory, process.shared, segments_gone);
     drop(process.descriptors);
     signal::process_exited(pid);
     let (parent, orphaned_zombies) = {

@@ -9,6 +9,7 @@ pub mod elf;
 pub mod epoll;
 pub mod memory;
 pub mod pipe;
+pub mod shared;
 mod stack;
 
 pub use stack::random_bytes;
@@ -49,6 +50,8 @@ const EXEC_HEAP_MAX: u64 = 64 << 20;
 pub struct Process {
     pub memory: JobMemory,
     pub descriptors: descriptors::Descriptors,
+    /// Its `MAP_SHARED | MAP_ANONYMOUS` mappings, which its forked children share.
+    pub shared: shared::SharedMappings,
     /// argv[0], what `/proc/self/exe` resolves to.
     pub executable_path: String,
 }
@@ -438,7 +441,10 @@ pub fn load(module: Option<&Module>, options: &JobOptions) -> Result<TrapFrame, 
     let file = LoadFile { bytes: file, physical: file_physical };
     let image = load_image_memory(file, &options.argv[0], &options.argv, &options.env, options.heap_size, options.stack_size)?;
     let aspace = image.memory.aspace.handle();
-    PROCESSES.lock().insert(PID, Process { memory: image.memory, descriptors: descriptors::Descriptors::new(), executable_path });
+    PROCESSES.lock().insert(
+        PID,
+        Process { memory: image.memory, descriptors: descriptors::Descriptors::new(), shared: Default::default(), executable_path },
+    );
     crate::signal::reset(PID);
     crate::process::reset(PID);
     // Before the main thread's CPU time starts: no thread's exceeds the job's.
@@ -605,10 +611,11 @@ pub fn exit(status: u8) -> ! {
 /// server did not answer: attachers elsewhere may still map it, so it is not reused while the
 /// job runs. It goes back with the job's memory, once the daemon has revoked every attachment
 /// of the job's segments (it does before the next job starts).
-static KEPT_UNTIL_JOB_ENDS: SpinLock<Vec<JobMemory>> = SpinLock::new(Vec::new());
+static KEPT_UNTIL_JOB_ENDS: SpinLock<Vec<(JobMemory, shared::SharedMappings)>> = SpinLock::new(Vec::new());
 
-pub fn keep_until_job_ends(memory: JobMemory) {
-    KEPT_UNTIL_JOB_ENDS.lock().push(memory);
+/// Keeps `memory` and the shared blocks the process mapped (`shared`) until the job ends.
+pub fn keep_until_job_ends(memory: JobMemory, shared: shared::SharedMappings) {
+    KEPT_UNTIL_JOB_ENDS.lock().push((memory, shared));
 }
 
 /// Gives the job's memory back (a persistent enclave's job ended, and no CPU uses its
@@ -620,8 +627,9 @@ pub fn release(zero: memory::Zero) {
     for (_, process) in processes {
         process.memory.release_with(zero);
     }
-    for memory in kept {
+    for (memory, shared) in kept {
         memory.release_with(zero);
+        drop(shared);
     }
     for copy in core::mem::take(&mut *HOST_EXECUTABLES.lock()) {
         let block = copy.size.max(1).next_multiple_of(PAGE_SIZE);

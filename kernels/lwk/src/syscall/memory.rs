@@ -7,13 +7,26 @@
 
 use super::{Errno, Fd, SyscallResult};
 use crate::arch::paging::Protection;
+use crate::console::log;
 use crate::enclave::files;
 use crate::job;
 use crate::job::descriptors::Descriptor;
-use crate::job::memory::{Access, MemoryError, READ_WRITE};
+use crate::job::memory::{Access, JobMemory, MemoryError, READ_WRITE};
+use crate::job::shared;
 use crate::linux_consts;
 
 linux_consts!(u32: PROT_READ, PROT_WRITE, PROT_EXEC, MAP_SHARED, MAP_FIXED, MAP_ANONYMOUS, MAP_FIXED_NOREPLACE, MREMAP_MAYMOVE; i32: MADV_DONTNEED);
+
+/// Runs `change` on the calling process's memory, then clears what it handed out still
+/// holding old data (`JobMemory::take_uncleared`) once the process table is let go: large runs
+/// wait for the host (`enclave::zero_memory`), which clears them at native speed.
+fn with_memory<R>(change: impl FnOnce(&mut JobMemory) -> R) -> R {
+    let (result, uncleared) = job::with_process(|process| (change(&mut process.memory), process.memory.take_uncleared()));
+    for (physical, len) in uncleared {
+        crate::enclave::zero_memory(physical, len);
+    }
+    result
+}
 
 fn memory_error(error: MemoryError) -> Errno {
     match error {
@@ -47,7 +60,7 @@ fn map_file(fd: Fd, len: u64, protection: u32, flags: u32, offset: u64, fixed: O
         return Err(Errno::EACCES); // a copy: writes could not reach the file
     }
     let access = access_of(protection)?;
-    let (start, zeroed) = job::with_process(|process| process.memory.map_for_file(len, fixed)).map_err(memory_error)?;
+    let (start, zeroed) = with_memory(|memory| memory.map_for_file(len, fixed)).map_err(memory_error)?;
     let filled = match source {
         Source::Archive(node) => {
             let contents = node.contents();
@@ -81,7 +94,8 @@ fn map_file(fd: Fd, len: u64, protection: u32, flags: u32, offset: u64, fixed: O
 }
 
 /// mmap(addr, length, prot, flags, fd, offset): memory from the job's heap. Anonymous
-/// mappings, private or shared, start zeroed; file mappings (private, or shared read-only:
+/// mappings start zeroed; shared ones get a block of their own that forked children map too
+/// (`job::shared`; MAP_FIXED only within its window, mremap EINVAL); file mappings (private, or shared read-only:
 /// files cannot change), of the job's archive or of the host, are filled with a copy of the
 /// file at `offset` (zero past its end).
 /// Mappings go top-down from below the stack, as in Linux's default layout; the address is a
@@ -95,7 +109,9 @@ pub fn mmap(address: u64, len: usize, protection: u32, flags: u32, fd: Fd, offse
     let fixed = (flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) != 0).then_some(address);
     // As Linux (4.17 on): without MAP_FIXED, a range that is partly in use is EEXIST.
     if flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) == MAP_FIXED_NOREPLACE
-        && job::with_process(|process| process.memory.overlaps_use(address, len))
+        && job::with_process(|process| {
+            process.memory.overlaps_use(address, len) || process.shared.overlaps(address, address.saturating_add(len))
+        })
     {
         return Err(Errno::EEXIST);
     }
@@ -103,18 +119,61 @@ pub fn mmap(address: u64, len: usize, protection: u32, flags: u32, fd: Fd, offse
         return map_file(fd, len, protection, flags, offset, fixed);
     }
     let access = access_of(protection)?;
-    job::with_process(|process| process.memory.map_anonymous(len, access, fixed)).map_err(memory_error)
+    if flags & MAP_SHARED != 0 {
+        return map_shared(len, access, fixed);
+    }
+    with_memory(|memory| memory.map_anonymous(len, access, fixed)).map_err(memory_error)
+}
+
+/// Shared anonymous memory (`job::shared`): a block of its own that forked children map too.
+fn map_shared(len: u64, access: Access, fixed: Option<u64>) -> SyscallResult {
+    if fixed.is_some_and(|start| !shared::in_window(start, start.saturating_add(len))) {
+        log!(
+            "mmap: MAP_SHARED | MAP_ANONYMOUS at a fixed address outside {:#x}..{:#x} is not supported",
+            shared::WINDOW_START,
+            shared::WINDOW_END
+        );
+        return Err(Errno::EINVAL);
+    }
+    let (start, released) =
+        job::with_process(|process| process.shared.map_new(&mut process.memory.aspace, len, access, fixed)).map_err(memory_error)?;
+    drop(released);
+    Ok(start)
+}
+
+/// `[address, address + len)` in the shared window, as an end-checked range.
+fn shared_range(address: u64, len: usize) -> Option<(u64, u64)> {
+    let end = address.checked_add((len as u64).next_multiple_of(4096))?;
+    shared::in_window(address, end).then_some((address, end))
 }
 
 /// munmap(addr, len): the pages disappear; heap memory is cleared and reused by later
 /// `mmap`s.
 pub fn munmap(address: u64, len: usize) -> SyscallResult {
+    if let Some((start, end)) = shared_range(address, len) {
+        if !address.is_multiple_of(4096) || len == 0 {
+            return Err(Errno::EINVAL);
+        }
+        let released = job::with_process(|process| process.shared.unmap(&mut process.memory.aspace, start, end)).map_err(memory_error)?;
+        // Other CPUs may cache the pages, which another process may get once the block goes.
+        crate::sched::shoot_down_user_tlbs();
+        drop(released);
+        return Ok(0);
+    }
     job::with_process(|process| process.memory.unmap(address, len as u64)).map(|_| 0).map_err(|_| Errno::EINVAL)
 }
 
 /// mprotect(addr, len, prot) on any mapped part of the job (image, stack, heap).
 pub fn mprotect(address: u64, len: usize, protection: u32) -> SyscallResult {
     let access = access_of(protection)?;
+    if let Some((start, end)) = shared_range(address, len) {
+        if !address.is_multiple_of(4096) {
+            return Err(Errno::EINVAL);
+        }
+        return job::with_process(|process| process.shared.protect(&mut process.memory.aspace, start, end, access))
+            .map(|_| 0)
+            .map_err(memory_error);
+    }
     job::with_process(|process| process.memory.protect(address, len as u64, access)).map(|_| 0).map_err(memory_error)
 }
 
@@ -124,7 +183,11 @@ pub fn mremap(address: u64, old_len: usize, new_len: usize, flags: u32) -> Sysca
     if flags & !MREMAP_MAYMOVE != 0 {
         return Err(Errno::EINVAL);
     }
-    job::with_process(|process| process.memory.remap(address, old_len as u64, new_len as u64, flags & MREMAP_MAYMOVE != 0))
+    if shared_range(address, old_len).is_some() {
+        log!("mremap of shared anonymous memory is not supported");
+        return Err(Errno::EINVAL);
+    }
+    with_memory(|memory| memory.remap(address, old_len as u64, new_len as u64, flags & MREMAP_MAYMOVE != 0))
         .map_err(memory_error)
 }
 
@@ -135,7 +198,7 @@ pub fn madvise(address: u64, len: usize, advice: i32) -> SyscallResult {
         return Err(Errno::EINVAL);
     }
     if advice == MADV_DONTNEED {
-        job::with_process(|process| process.memory.discard(address, len as u64));
+        with_memory(|memory| memory.discard(address, len as u64));
     }
     Ok(0)
 }
@@ -143,5 +206,5 @@ pub fn madvise(address: u64, len: usize, advice: i32) -> SyscallResult {
 /// brk(addr): moves the break inside the heap reserved at load; returns the new (or, if it
 /// cannot move, the old) break, as Linux does.
 pub fn brk(address: u64) -> SyscallResult {
-    Ok(job::with_process(|process| process.memory.set_brk(address)))
+    Ok(with_memory(|memory| memory.set_brk(address)))
 }

@@ -1,0 +1,197 @@
+//! Shared anonymous memory (`mmap(MAP_SHARED | MAP_ANONYMOUS)`): each mapping gets a
+//! physically contiguous block of its own, outside the heap, that `fork` maps into the child
+//! at the same address instead of copying, so that parent and children see each other's
+//! writes as on Linux (MPI libraries and shared-memory runtimes rely on it). A block goes back,
+//! cleared, when its last mapping in any process is gone.
+//!
+//! The mappings live in a window of their own, between any heap the loader places (below
+//! 0x5600_0000_0000, see `xpmem`) and XPMEM's attachment window (from 0x7000_0000_0000), so
+//! that they never meet the heap's bookkeeping (`job::memory`).
+
+use super::memory::{Access, MemoryError};
+use crate::arch::paging::{HUGE_PAGE_SIZE, PAGE_SIZE};
+use crate::mm::aspace::AddressSpace;
+use crate::mm::pmem;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+
+pub const WINDOW_START: u64 = 0x6000_0000_0000;
+pub const WINDOW_END: u64 = 0x7000_0000_0000;
+
+/// Whether `[start, end)` touches the window.
+pub fn in_window(start: u64, end: u64) -> bool {
+    start < WINDOW_END && end > WINDOW_START
+}
+
+/// Physical memory shared by every mapping that holds it.
+struct Block {
+    physical: u64,
+    len: u64,
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        // In a persistent enclave the host clears large blocks at native speed.
+        crate::enclave::zero_memory(self.physical, self.len);
+        pmem::free_clean(self.physical, self.len);
+    }
+}
+
+#[derive(Clone)]
+struct Mapping {
+    start: u64,
+    end: u64,
+    block: Arc<Block>,
+    /// Where `start` lies in the block.
+    offset: u64,
+    access: Access,
+}
+
+impl Mapping {
+    fn physical(&self, address: u64) -> u64 {
+        self.block.physical + self.offset + (address - self.start)
+    }
+
+    /// The part of the mapping within `[start, end)` (which must meet it).
+    fn part(&self, start: u64, end: u64) -> Mapping {
+        let (from, to) = (start.max(self.start), end.min(self.end));
+        Mapping { start: from, end: to, block: self.block.clone(), offset: self.offset + (from - self.start), access: self.access }
+    }
+
+    fn map_into(&self, aspace: &mut AddressSpace) -> Result<(), MemoryError> {
+        match self.access {
+            Some(protection) => aspace.map(self.start, self.physical(self.start), self.end - self.start, protection)?,
+            None => aspace.unmap(self.start, self.end - self.start)?,
+        }
+        Ok(())
+    }
+}
+
+/// Mappings taken out of a process (`unmap`), to be dropped once no lock is held: their
+/// blocks may be cleared by the host, which takes a round trip.
+#[must_use]
+pub struct Released {
+    _held: Vec<Mapping>,
+}
+
+/// A process's shared mappings, in address order.
+#[derive(Default)]
+pub struct SharedMappings {
+    mappings: Vec<Mapping>,
+}
+
+impl SharedMappings {
+    /// A new zeroed mapping of `len` bytes with `access`, at `fixed` (which must lie in the
+    /// window: whatever is mapped there goes) or at the lowest free place. 2 MiB aligned from
+    /// 2 MiB on, so that large pages map it.
+    pub fn map_new(
+        &mut self,
+        aspace: &mut AddressSpace,
+        len: u64,
+        access: Access,
+        fixed: Option<u64>,
+    ) -> Result<(u64, Released), MemoryError> {
+        let len = len.checked_next_multiple_of(PAGE_SIZE).filter(|&len| len != 0).ok_or(MemoryError::InvalidArgument)?;
+        let align = if len >= HUGE_PAGE_SIZE { HUGE_PAGE_SIZE } else { PAGE_SIZE };
+        let (start, released) = match fixed {
+            Some(start) => {
+                let end = start.checked_add(len).ok_or(MemoryError::InvalidArgument)?;
+                if !start.is_multiple_of(PAGE_SIZE) || start < WINDOW_START || end > WINDOW_END {
+                    return Err(MemoryError::InvalidArgument);
+                }
+                (start, self.unmap(aspace, start, end)?)
+            }
+            None => (self.free_place(len, align).ok_or(MemoryError::NoMemory)?, Released { _held: Vec::new() }),
+        };
+        let physical = pmem::allocate(len, align).ok_or(MemoryError::NoMemory)?;
+        let mapping = Mapping { start, end: start + len, block: Arc::new(Block { physical, len }), offset: 0, access };
+        // On failure the block goes back with the mapping.
+        mapping.map_into(aspace)?;
+        let at = self.mappings.partition_point(|other| other.start < start);
+        self.mappings.insert(at, mapping);
+        Ok((start, released))
+    }
+
+    /// The lowest `align`ed start of `len` free bytes in the window.
+    fn free_place(&self, len: u64, align: u64) -> Option<u64> {
+        let mut candidate = WINDOW_START;
+        for mapping in &self.mappings {
+            if candidate + len <= mapping.start {
+                break;
+            }
+            candidate = candidate.max(mapping.end.next_multiple_of(align));
+        }
+        (candidate + len <= WINDOW_END).then_some(candidate)
+    }
+
+    /// Whether any mapping meets `[start, end)`.
+    pub fn overlaps(&self, start: u64, end: u64) -> bool {
+        self.mappings.iter().any(|mapping| mapping.start < end && start < mapping.end)
+    }
+
+    /// `munmap` of `[start, end)`: the pages disappear from this process; a block goes when no
+    /// process maps any of it (once the caller drops what this returns).
+    pub fn unmap(&mut self, aspace: &mut AddressSpace, start: u64, end: u64) -> Result<Released, MemoryError> {
+        let mut kept = Vec::with_capacity(self.mappings.len() + 1);
+        let mut released = Vec::new();
+        for mapping in self.mappings.drain(..) {
+            if mapping.end <= start || end <= mapping.start {
+                kept.push(mapping);
+                continue;
+            }
+            if mapping.start < start {
+                kept.push(mapping.part(mapping.start, start));
+            }
+            if end < mapping.end {
+                kept.push(mapping.part(end, mapping.end));
+            }
+            released.push(mapping);
+        }
+        self.mappings = kept;
+        aspace.unmap(start, end - start)?;
+        Ok(Released { _held: released })
+    }
+
+    /// `mprotect` of `[start, end)`, every page of which must be mapped here.
+    pub fn protect(&mut self, aspace: &mut AddressSpace, start: u64, end: u64, access: Access) -> Result<(), MemoryError> {
+        let mut covered = start;
+        for mapping in self.mappings.iter().filter(|mapping| mapping.start < end && start < mapping.end) {
+            if mapping.start > covered {
+                break;
+            }
+            covered = mapping.end;
+        }
+        if covered < end {
+            return Err(MemoryError::NoMemory);
+        }
+        let mut changed = Vec::with_capacity(self.mappings.len() + 2);
+        for mapping in self.mappings.drain(..) {
+            if mapping.end <= start || end <= mapping.start {
+                changed.push(mapping);
+                continue;
+            }
+            if mapping.start < start {
+                changed.push(mapping.part(mapping.start, start));
+            }
+            let mut middle = mapping.part(start, end);
+            middle.access = access;
+            changed.push(middle);
+            if end < mapping.end {
+                changed.push(mapping.part(end, mapping.end));
+            }
+        }
+        self.mappings = changed;
+        for mapping in self.mappings.iter().filter(|mapping| mapping.start < end && start < mapping.end) {
+            mapping.map_into(aspace)?;
+        }
+        Ok(())
+    }
+
+    /// The same mappings in a forked child's address space `aspace`, over the same blocks.
+    pub fn fork_into(&self, aspace: &mut AddressSpace) -> Result<SharedMappings, MemoryError> {
+        for mapping in &self.mappings {
+            mapping.map_into(aspace)?;
+        }
+        Ok(SharedMappings { mappings: self.mappings.clone() })
+    }
+}
