@@ -12,7 +12,8 @@
 #   QEMU_CPUS=2 xemem/lwk-test.sh      # the threads on two CPUs
 #
 # Then, in the LWK only, xemem/tests/lwk_fork_device.c: forked processes of the job each use
-# the device, and XEMEM signals wake a notify descriptor.
+# the device, and XEMEM signals wake a notify descriptor. Last, xemem/tests/lwk_snapshot.c
+# (snapshots: isolation, release, errors) on the host and in the LWK.
 #
 # Prints "N passed, N failed"; exits non-zero on any failure.
 set -uo pipefail
@@ -113,5 +114,23 @@ if [ "${fork_status:-none}" = 0 ] && grep -q '^lwk_fork_device: all passed' "$fo
 else
     fail "lwk: lwk_fork_device status ${fork_status:-none}: $(grep -m3 '^FAIL' "$fork_console" | tr '\n' ' ')(see $fork_console)"
 fi
+
+# --- snapshots (TCASM): the same binary on the host (through the private broker) and in the
+# LWK (page-table copy-on-write in the kernel); each prints a line per check.
+build_job lwk_snapshot.c || exit 1
+(cd "$work" && CLOWDER_XEMEM_SOCKET="$socket" CLOWDER_XEMEM_BACKEND=broker timeout 60 "$work/lwk_snapshot") \
+    >"$work/snapshot-host.out" 2>&1
+snapshot_host=$?
+snapshot_console="$work/lwk-snapshot.console"
+boot "$work/lwk_snapshot" "$snapshot_console"
+snapshot_status=$(job_status "$snapshot_console")
+for side in host lwk; do
+    if [ "$side" = host ]; then out="$work/snapshot-host.out" status=$snapshot_host; else out="$snapshot_console" status=${snapshot_status:-none}; fi
+    if [ "$status" = 0 ] && grep -q '^lwk_snapshot: all passed' "$out" && ! grep -q '^FAIL' "$out"; then
+        pass "$side: snapshots isolate their readers from the writer's stores, errors for bad input ($(grep -c '^ok' "$out") checks)"
+    else
+        fail "$side: lwk_snapshot status $status: $(grep -m3 '^FAIL' "$out" | tr '\n' ' ')(see $out)"
+    fi
+done
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

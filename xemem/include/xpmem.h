@@ -145,7 +145,7 @@ int xemem_notify_fd(xpmem_segid_t segid);
 const char *xemem_errmsg(void);
 
 /*
- * XEMEM snapshots (TCASM: copy-on-write versions of a region, host processes only). A writer
+ * XEMEM snapshots (TCASM: copy-on-write versions of a region). A writer
  * allocates a region with xemem_region_alloc and writes it as ordinary memory; at a consistent
  * point it publishes the region's contents as a snapshot segment with xemem_snapshot_make.
  * Readers get and attach that segment as any other (xpmem_get with XPMEM_RDWR, as XPMEM's
@@ -176,7 +176,14 @@ const char *xemem_errmsg(void);
  *    consistent (nothing writes them any more), until they detach: no SIGBUS;
  *  - a forked child shares the region's memory until the region's first snapshot, and gets a
  *    copy-on-write copy of the writer's view from then on; snapshots are the parent's to make
- *    and release. The device backend (the LWK) has no snapshots: ENOTSUP.
+ *    and release.
+ * In the lightweight kernel (the device backend) the kernel does it with page tables: a region
+ * is memory of its own, mapped in a window of the job's; a snapshot write-protects it and
+ * exports the frames it has; the writer's first store to each page then faults and gets a
+ * fresh copy (a kernel entry and a 4 KiB copy per page written), and release hands the kept
+ * frames back for later copies. The writer keeps its copies; a fork child does not inherit
+ * regions; a region goes with the process that allocated it (its snapshot's attachments
+ * revoked, as any segment's). The Linux-VM PCI backend has no snapshots: ENOTSUP.
  */
 /* A new region of `size` bytes (rounded up to pages), zero-filled, read-write: memfd-backed
  * shared memory. Returns its address, or (void *)-1 with errno (EINVAL: size 0; ENOMEM). */
@@ -231,6 +238,30 @@ struct xemem_cmd_notify_fd {
 	xpmem_segid_t segid;
 	int flags;
 	int fd; /* out */
+};
+
+/* Snapshots on a device (the lightweight kernel's page-table copy-on-write): what
+ * xemem_region_alloc, xemem_region_free, xemem_snapshot_make and xemem_snapshot_release ask of
+ * it. REGION_ALLOC: `size` in, the region's address out (`vaddr`); REGION_FREE: `vaddr` in.
+ * SNAPSHOT_MAKE: an empty `name` is none. */
+#define XEMEM_CMD_REGION_ALLOC _IO(XPMEM_IOC_MAGIC, 0x14)
+#define XEMEM_CMD_REGION_FREE _IO(XPMEM_IOC_MAGIC, 0x15)
+struct xemem_cmd_region {
+	__u64 size;
+	__u64 vaddr;
+};
+#define XEMEM_CMD_SNAPSHOT_MAKE _IO(XPMEM_IOC_MAGIC, 0x16)
+struct xemem_cmd_snapshot_make {
+	__u64 vaddr;
+	int permit_type;
+	int reserved; /* 0 */
+	__u64 permit_value;
+	char name[XEMEM_NAME_MAX + 1]; /* NUL-terminated */
+	xpmem_segid_t segid;           /* out */
+};
+#define XEMEM_CMD_SNAPSHOT_RELEASE _IO(XPMEM_IOC_MAGIC, 0x17)
+struct xemem_cmd_snapshot_release {
+	xpmem_segid_t segid;
 };
 
 #ifdef __cplusplus

@@ -18,6 +18,11 @@ _Static_assert(XEMEM_CMD_SIGNAL == 0x7812 && sizeof(struct xemem_cmd_signal) == 
 _Static_assert(XEMEM_CMD_NOTIFY_FD == 0x7813 && sizeof(struct xemem_cmd_notify_fd) == 16 &&
 		       offsetof(struct xemem_cmd_notify_fd, fd) == 12,
 	       "notify_fd layout");
+_Static_assert(XEMEM_CMD_SNAPSHOT_MAKE == 0x7816 && sizeof(struct xemem_cmd_snapshot_make) == 96 &&
+		       offsetof(struct xemem_cmd_snapshot_make, name) == 24 &&
+		       offsetof(struct xemem_cmd_snapshot_make, segid) == 88,
+	       "snapshot make layout, as the LWK reads it");
+_Static_assert(XEMEM_CMD_REGION_ALLOC == 0x7814 && sizeof(struct xemem_cmd_region) == 16, "region layout");
 _Static_assert(sizeof(struct xpmem_cmd_make) == 40 && offsetof(struct xpmem_cmd_make, segid) == 32, "make layout");
 _Static_assert(sizeof(struct xpmem_cmd_get) == 32 && offsetof(struct xpmem_cmd_get, apid) == 24, "get layout");
 _Static_assert(sizeof(struct xpmem_cmd_attach) == 40 && offsetof(struct xpmem_cmd_attach, fd) == 32, "attach layout");
@@ -183,4 +188,55 @@ int device_notify_fd(xpmem_segid_t segid)
 	}
 	pthread_mutex_unlock(&table_lock);
 	return fd;
+}
+
+/* Snapshots on the device: the lightweight kernel keeps regions and snapshots itself
+ * (page-table copy-on-write), so these only carry the calls; the Linux-VM PCI device has none. */
+static int snapshots_unsupported(void)
+{
+	if (!pci_chosen)
+		return 0;
+	errno = ENOTSUP;
+	return 1;
+}
+
+void *device_region_alloc(size_t size)
+{
+	struct xemem_cmd_region region = { .size = size };
+	if (snapshots_unsupported() || device_call(XEMEM_CMD_REGION_ALLOC, &region) < 0)
+		return (void *)-1;
+	return (void *)(uintptr_t)region.vaddr;
+}
+
+int device_region_free(void *base)
+{
+	struct xemem_cmd_region region = { .vaddr = (uintptr_t)base };
+	if (snapshots_unsupported())
+		return -1;
+	return device_call(XEMEM_CMD_REGION_FREE, &region) < 0 ? -1 : 0;
+}
+
+xpmem_segid_t device_snapshot_make(void *base, int permit_type, void *permit_value, const char *name)
+{
+	struct xemem_cmd_snapshot_make make = { .vaddr = (uintptr_t)base, .permit_type = permit_type,
+					     .permit_value = (uintptr_t)permit_value };
+	if (snapshots_unsupported())
+		return -1;
+	if (name && (!*name || strlen(name) > XEMEM_NAME_MAX)) {
+		errno = EINVAL;
+		return -1;
+	}
+	if (name)
+		memcpy(make.name, name, strlen(name) + 1);
+	if (device_call(XEMEM_CMD_SNAPSHOT_MAKE, &make) < 0)
+		return -1;
+	return make.segid;
+}
+
+int device_snapshot_release(xpmem_segid_t segid)
+{
+	struct xemem_cmd_snapshot_release release = { .segid = segid };
+	if (snapshots_unsupported())
+		return -1;
+	return device_call(XEMEM_CMD_SNAPSHOT_RELEASE, &release) < 0 ? -1 : 0;
 }

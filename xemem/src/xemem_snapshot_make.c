@@ -27,14 +27,13 @@ static int exported(uintptr_t lo, uintptr_t hi)
  *
  * Returns the snapshot's segid, or -1 with errno (EINVAL: not a region, a bad permit or name;
  * EBUSY: a snapshot of it is out, or the region lies in a segment of this process; ENOTSUP:
- * the device backend; the broker's errnos).
+ * the Linux-VM PCI backend; the broker's errnos). On the LWK's device the kernel takes it
+ * (page-table copy-on-write, device.c).
  */
 EXPORT xpmem_segid_t xemem_snapshot_make(void *region, int permit_type, void *permit_value, const char *name)
 {
-	if (use_device()) {
-		errno = ENOTSUP;
-		return -1;
-	}
+	if (use_device())
+		return device_snapshot_make(region, permit_type, permit_value, name);
 	if (permit_type != XPMEM_PERMIT_MODE || (uintptr_t)permit_value & ~0777UL ||
 	    (name && (!*name || strlen(name) > XEMEM_NAME_MAX))) {
 		errno = EINVAL;

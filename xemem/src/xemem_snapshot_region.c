@@ -59,14 +59,13 @@ xpmem_segid_t make_outside_snapshots(void *vaddr, size_t size, int permit_type, 
  * mapped where the kernel chooses.
  *
  * Returns its address, or (void *)-1 with errno (EINVAL: size 0 or too large; ENOMEM;
- * ENOTSUP: the device backend, which has no snapshots).
+ * ENOTSUP: the Linux-VM PCI backend, which has no snapshots). On the LWK's device the kernel
+ * makes the region (device.c).
  */
 EXPORT void *xemem_region_alloc(size_t size)
 {
-	if (use_device()) {
-		errno = ENOTSUP;
-		return (void *)-1;
-	}
+	if (use_device())
+		return device_region_alloc(size);
 	if (size == 0 || size > USER_LIMIT) {
 		errno = EINVAL;
 		return (void *)-1;
@@ -109,6 +108,8 @@ EXPORT void *xemem_region_alloc(size_t size)
  */
 EXPORT int xemem_region_free(void *region)
 {
+	if (use_device())
+		return device_region_free(region);
 	pthread_mutex_lock(&region_lock);
 	struct region *r = region_at((uintptr_t)region);
 	if (!r) {

@@ -25,6 +25,8 @@ void withdraw_snapshot(struct region *r)
  */
 EXPORT int xemem_snapshot_release(xpmem_segid_t segid)
 {
+	if (use_device())
+		return device_snapshot_release(segid);
 	pthread_mutex_lock(&region_lock);
 	struct region *r = NULL;
 	for (size_t i = 0; i < region_count && !r; i++)

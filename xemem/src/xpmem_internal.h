@@ -229,6 +229,10 @@ xpmem_apid_t device_get_access(xpmem_segid_t segid, int flags, int permit_type);
 void *device_attach_segment(struct xpmem_addr addr, size_t size, void *vaddr);
 void device_notify_forget(xpmem_segid_t segid);
 int device_notify_fd(xpmem_segid_t segid);
+void *device_region_alloc(size_t size);
+int device_region_free(void *base);
+xpmem_segid_t device_snapshot_make(void *base, int permit_type, void *permit_value, const char *name);
+int device_snapshot_release(xpmem_segid_t segid);
 
 /* fork.c */
 extern int fork_sync[2];

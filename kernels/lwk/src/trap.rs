@@ -87,6 +87,9 @@ pub fn handle(frame: &mut TrapFrame) {
         trap::redirect_syscall_to_ring3_page();
         frame.return_as_syscall();
         frame.rax = dispatch_with_frame(frame);
+    } else if frame.vector == 14 && frame.is_from_user() && frame.error_code & 0b11 == 0b11 && crate::xpmem::copy_on_write(cpu::read_cr2())
+    {
+        // A store to a page of a snapshot region (XEMEM's TCASM) got its own copy: retried.
     } else if frame.is_from_user() {
         // A page fault inside an XPMEM attachment (a hole, a removed segment) is SIGBUS.
         let (fault_signal, name) =

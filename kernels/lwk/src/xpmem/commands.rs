@@ -25,6 +25,12 @@ const LOOKUP: u32 = 0x7811;
 const SIGNAL: u32 = 0x7812;
 /// XEMEM's notification descriptor: `_IO('x', 0x13)`, `struct xemem_cmd_notify_fd`.
 const NOTIFY_FD: u32 = 0x7813;
+/// XEMEM's snapshots (xpmem.h): `struct xemem_cmd_region` for the first two,
+/// `struct xemem_cmd_snapshot_make`, and `struct xemem_cmd_snapshot_release` (a segid).
+const REGION_ALLOC: u32 = 0x7814;
+const REGION_FREE: u32 = 0x7815;
+const SNAPSHOT_MAKE: u32 = 0x7816;
+const SNAPSHOT_RELEASE: u32 = 0x7817;
 /// The flags `XEMEM_CMD_NOTIFY_FD` takes: Linux's O_NONBLOCK and O_CLOEXEC.
 const O_NONBLOCK: u32 = uapi::O_NONBLOCK;
 const O_CLOEXEC: u32 = uapi::O_CLOEXEC;
@@ -144,6 +150,45 @@ pub fn ioctl(request: u32, argument: UserAddr) -> SyscallResult {
                     Err(errno)
                 }
             }
+        }
+        REGION_ALLOC => {
+            // struct xemem_cmd_region { u64 size; u64 vaddr; }
+            let [size] = user::read_words::<1>(argument)?;
+            let start = super::region_alloc(size)?;
+            match user::write_words(argument + 8, &[start]) {
+                Ok(_) => Ok(0),
+                Err(errno) => {
+                    let _ = super::region_free(start);
+                    Err(errno)
+                }
+            }
+        }
+        REGION_FREE => {
+            let [_, start] = user::read_words::<2>(argument)?;
+            super::region_free(start).map(|_| 0)
+        }
+        SNAPSHOT_MAKE => {
+            // struct xemem_cmd_snapshot_make { u64 vaddr; int permit_type; int pad;
+            // u64 permit_value; char name[64]; s64 segid; }: an empty name is none.
+            let [vaddr, permit_type, permit_value] = user::read_words::<3>(argument)?;
+            let field = user::read_bytes(argument + 24, NAME_FIELD)?;
+            let length = field.iter().position(|&byte| byte == 0).ok_or(Errno::EINVAL)?;
+            let name = match length {
+                0 => None,
+                _ => Some(xemem::wire::Name::new(&field[..length]).map_err(errno)?),
+            };
+            let segid = super::snapshot_make(vaddr, ints(permit_type).0, permit_value, name)?;
+            match user::write_words(argument + 24 + NAME_FIELD as u64, &[segid as u64]) {
+                Ok(_) => Ok(0),
+                Err(errno) => {
+                    let _ = super::snapshot_release(segid);
+                    Err(errno)
+                }
+            }
+        }
+        SNAPSHOT_RELEASE => {
+            let [segid] = user::read_words::<1>(argument)?;
+            super::snapshot_release(segid as i64).map(|_| 0)
         }
         // FORK_BEGIN/FORK_END: every process has its own segments and attachments here, and a
         // fork child inherits none (nothing to track). Anything else: not a command.

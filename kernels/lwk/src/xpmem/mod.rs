@@ -22,6 +22,7 @@ mod commands;
 pub mod host_link;
 mod notify;
 mod parking;
+mod snapshot;
 
 use crate::arch::paging::{Protection, HUGE_PAGE_SIZE, PAGE_SIZE};
 use crate::arch::sync::SpinLock;
@@ -42,15 +43,16 @@ use notify::NOTIFIERS;
 pub use notify::{notifier_of, notify, read_notifier, signal, Notifier};
 use parking::{drop_parked_in_the_way, drop_parked_where, may_park, park, readable_word, DeviceDescriptor};
 pub use parking::{park_detached, resume_same};
+pub use snapshot::copy_on_write;
 
 /// The path the job opens; `libxpmem` switches to its ioctl backend when it opens.
 pub const DEVICE_PATH: &str = "/dev/xpmem";
 
 /// Attachments live here: above any heap the loader can place (the heap starts just above the
 /// image, below 0x5600_0000_0000 for any RAM size an enclave gets) and below the stack
-/// (which ends at 0x7fff_ffe0_0000 and is at most a few GiB).
+/// (which ends at 0x7fff_ffe0_0000 and is at most a few GiB); snapshot regions lie above.
 const ATTACH_WINDOW_START: u64 = 0x7000_0000_0000;
-const ATTACH_WINDOW_END: u64 = 0x7f00_0000_0000;
+const ATTACH_WINDOW_END: u64 = snapshot::REGION_WINDOW_START;
 const GIGABYTE: u64 = 1 << 30;
 
 /// This enclave as its own name server knows it, standalone (enclave 1, as in XEMEM);
@@ -168,6 +170,7 @@ fn with_device<R>(f: impl FnOnce(&mut Device) -> R) -> R {
 pub fn forget_job() {
     let device = DEVICE.lock().take();
     NOTIFIERS.lock().clear();
+    snapshot::forget_job(crate::enclave::zero_memory);
     let Some(device) = device else { return host_link::job_ended(Vec::new(), Vec::new()) };
     let segments = device.own_segments.iter().map(|(segment, owner)| (owner.0, *segment)).collect();
     let permits = device.global_permits.iter().filter_map(|(raw, permit)| Some((permit.pid, AccessId::from_raw(*raw)?))).collect();
@@ -212,7 +215,13 @@ pub fn process_ended(pid: u64) -> bool {
     if unmapped {
         crate::sched::shoot_down_user_tlbs();
     }
-    host_link::process_ended(pid, segments, permits)
+    let removed = host_link::process_ended(pid, segments, permits);
+    // Snapshot frames a remove left unanswered may still be mapped elsewhere: kept till the
+    // job ends.
+    if removed {
+        snapshot::process_ended(pid);
+    }
+    removed
 }
 
 /// Does a user fault at `address` hit an attachment of the faulting process? Then it gets
@@ -368,25 +377,41 @@ fn make_global(pid: u64, vaddr: u64, size: u64, owner: Owner, name: Option<xemem
 
 /// XEMEM's named make (mode 0666, as XEMEM's global segments).
 pub fn make_named(vaddr: u64, size: u64, name: xemem::wire::Name) -> Result<i64, Error> {
-    let pid = caller();
-    let owner = Owner { uid: JOB_UID, gid: JOB_GID, mode: 0o666 };
-    if connected() {
-        return make_global(pid, vaddr, size, owner, Some(name));
+    make_segment(caller(), vaddr, size, 0o666, Some(name))
+}
+
+/// A segment of process `pid` with the host's name server when connected, else the
+/// enclave's own. Over a snapshot region whose snapshot is out it is refused (EBUSY, as on the
+/// host): its attachers would map pages the writer is leaving for copies.
+fn make_segment(pid: u64, vaddr: u64, size: u64, mode: u32, name: Option<xemem::wire::Name>) -> Result<i64, Error> {
+    if snapshot::overlaps_snapshot(pid, vaddr, size) {
+        return Err(Error::Exhausted);
     }
-    with_device(|device| device.names.make(principal(pid), vaddr, size, owner, Some(name))).map(SegmentId::raw)
+    let owner = Owner { uid: JOB_UID, gid: JOB_GID, mode };
+    if connected() {
+        return make_global(pid, vaddr, size, owner, name);
+    }
+    with_device(|device| device.names.make(principal(pid), vaddr, size, owner, name)).map(SegmentId::raw)
 }
 
 pub fn make(vaddr: u64, size: u64, permit_type: u32, mode: u64) -> Result<i64, Error> {
     if permit_type != commands::PERMIT_MODE || mode > xemem::perm::MAX_MODE as u64 {
         return Err(Error::Invalid);
     }
-    let pid = caller();
-    let owner = Owner { uid: JOB_UID, gid: JOB_GID, mode: mode as u32 };
-    if connected() {
-        return make_global(pid, vaddr, size, owner, None);
-    }
-    with_device(|device| device.names.make(principal(pid), vaddr, size, owner, None)).map(SegmentId::raw)
+    make_segment(caller(), vaddr, size, mode as u32, None)
 }
+
+/// `xemem_snapshot_make` on the device: the caller's region at `start` published as a
+/// read-only snapshot segment with mode `mode` (XPMEM's permit) and, if given, a name.
+pub fn snapshot_make(start: u64, permit_type: u32, mode: u64, name: Option<xemem::wire::Name>) -> Result<i64, Errno> {
+    if permit_type != commands::PERMIT_MODE || mode > xemem::perm::MAX_MODE as u64 {
+        return Err(Errno::EINVAL);
+    }
+    let pid = caller();
+    snapshot::snapshot_make(start, |shadow, size| make_segment(pid, shadow, size, mode as u32, name))
+}
+
+pub use snapshot::{region_alloc, region_free, snapshot_release};
 
 /// Unmaps the attachments `which` selects (in whichever process holds them) and keeps their
 /// ranges reserved (that process's next touch is SIGBUS, until it detaches them). Returns
