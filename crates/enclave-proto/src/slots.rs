@@ -62,3 +62,48 @@ pub const fn span(gpa: u64, count: u16) -> Option<u64> {
     }
     Some((1 + count as u64) * PAGE_SIZE)
 }
+
+/// Ring-3 file calls (the LWK's fast-call page serves them without entering its kernel).
+///
+/// The job's code writes the call into its CPU's slot of its process's request page (user
+/// memory at [`RING3_REQUEST_PAGE`], [`RING3_SLOT_SIZE`] bytes per CPU) and spins on the
+/// slot's state. What the host needs beyond the call, and must not take from the job, the
+/// kernel writes into the control page, per CPU from [`RING3_CONTEXT`]: the page-table root of
+/// the process running there (0: none, or ring-3 calls off), the guest-physical address of
+/// that process's descriptor table ([`RING3_FDS`] u32s: host handle + 1 per descriptor, 0 for
+/// any other kind) and the job. The host finds the request page and every buffer through that
+/// root (user pages of the enclave's RAM only), and moves data straight into or out of them.
+///
+/// A slot: the state word ([`FREE`], [`POSTED`], [`RING3_TAKEN`] while the host serves it,
+/// [`ANSWERED`]), the call (Linux's number and its first four arguments, with the path copied
+/// in for the path calls, NUL-terminated) and the result (Linux's return value: a count, an
+/// offset, 0, or a negated errno; [`RING3_ESCALATE`] when the kernel must serve the call
+/// itself). The job posts with `FREE`/`ANSWERED` -> `POSTED`; the host takes a call with
+/// `POSTED` -> `TAKEN` (compare-and-swap), so a job that gives up waiting can take it back
+/// with `POSTED` -> `FREE` and nothing is done twice.
+pub const RING3_CONTEXT: u64 = 64;
+pub const RING3_CONTEXT_SIZE: u64 = 32;
+/// Offsets in a CPU's context in the control page.
+pub const RING3_ROOT: u64 = 0;
+pub const RING3_FD_TABLE: u64 = 8;
+pub const RING3_JOB: u64 = 16;
+pub const RING3_REQUEST: u64 = 24;
+/// Descriptors the table covers (higher ones take the kernel path).
+pub const RING3_FDS: u64 = 256;
+/// Where each process's request page lies in its address space.
+pub const RING3_REQUEST_PAGE: u64 = 0x0000_7fff_ffff_c000;
+pub const RING3_SLOT_SIZE: u64 = 256;
+/// Offsets in a request slot.
+pub const RING3_STATE: u64 = 0;
+pub const RING3_CALL: u64 = 8;
+pub const RING3_ARGS: u64 = 16;
+pub const RING3_RESULT: u64 = 48;
+pub const RING3_PATH: u64 = 64;
+pub const RING3_PATH_CAPACITY: u64 = RING3_SLOT_SIZE - RING3_PATH;
+/// The host has taken the call.
+pub const RING3_TAKEN: u64 = 3;
+/// The result that sends the call to the kernel path (a descriptor that is not a host file, a
+/// buffer not mapped yet, a path that is the enclave's own).
+pub const RING3_ESCALATE: i64 = i64::MIN;
+
+const _: () = assert!(RING3_CONTEXT + MAX_SLOTS as u64 * RING3_CONTEXT_SIZE <= PAGE_SIZE);
