@@ -31,6 +31,16 @@ fn stop_when_orphaned(parent: u32, handle: &vmm::VmHandle) {
     log::warn!("parent process {parent} ended; stopping the VM");
 }
 
+/// `CLOWDER_VMM_XEMEM_PCI=PATH`: give the guest the XEMEM PCI device, its mailbox answered by
+/// the node daemon that connects to PATH (docs/xemem-pci.md). Set by clowderd for Linux
+/// enclaves.
+fn xemem_device() -> Result<Vec<vmm::ExtraDevice>, String> {
+    let Some(path) = std::env::var_os("CLOWDER_VMM_XEMEM_PCI").filter(|p| !p.is_empty()) else { return Ok(Vec::new()) };
+    let host = vmm::pci::link::RemoteHost::listen(std::path::Path::new(&path))
+        .map_err(|e| format!("XEMEM mailbox socket {}: {e}", std::path::Path::new(&path).display()))?;
+    Ok(vmm::pci::xemem_devices(Box::new(host)))
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|arg| arg == "--version" || arg == "-V") {
@@ -64,7 +74,14 @@ fn main() -> ExitCode {
     // Every thread inherits the mask, so only the waiter below ever sees these signals.
     let termination = TerminationSignals::block();
     let control_socket = config.control_socket.clone();
-    let mut vm = match Vm::new(config) {
+    let extra = match xemem_device() {
+        Ok(extra) => extra,
+        Err(e) => {
+            log::error!("{e}");
+            return ExitCode::from(EXIT_SETUP);
+        }
+    };
+    let mut vm = match Vm::with_devices(config, extra) {
         Ok(vm) => vm,
         Err(e) => {
             log::error!("cannot create the VM: {e}");

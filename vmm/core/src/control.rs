@@ -143,7 +143,7 @@ fn serve_connection(vm: &VmHandle, stream: UnixStream) {
 
 /// Whether the process at the other end may drive this VM (it can read and write guest RAM):
 /// only this VMM's own uid and root may.
-fn peer_allowed(stream: &UnixStream) -> Result<(), ApiError> {
+pub(crate) fn peer_allowed(stream: &UnixStream) -> Result<(), ApiError> {
     let own = rustix::process::geteuid();
     let peer = rustix::net::sockopt::socket_peercred(stream).map_err(|e| failed(format!("cannot read the peer's credentials: {e}")))?;
     if peer.uid == own || peer.uid.is_root() {

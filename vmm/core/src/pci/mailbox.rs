@@ -45,7 +45,7 @@ pub enum Op {
 }
 
 impl Op {
-    fn from_u32(op: u32) -> Option<Op> {
+    pub fn from_u32(op: u32) -> Option<Op> {
         const OPS: [Op; 10] =
             [Op::Hello, Op::Runs, Op::Make, Op::Remove, Op::Get, Op::Release, Op::Attach, Op::Detach, Op::Lookup, Op::Signal];
         OPS.get(usize::try_from(op).ok()?.checked_sub(1)?).copied()

@@ -13,6 +13,7 @@
 //! BAR sizing (`config`) and the two legacy ports.
 
 pub mod config;
+pub mod link;
 pub mod mailbox;
 pub mod window;
 
@@ -43,6 +44,30 @@ pub const MAILBOX_SIZE: u64 = 64 << 10;
 /// The window BAR's index and default size.
 pub const WINDOW_BAR: usize = 2;
 pub const WINDOW_SIZE: u64 = 64 << 30;
+
+/// Where the VMM puts the BARs before the guest looks: the mailbox in the MMIO hole below
+/// 4 GiB, the window at 32 TiB, far above RAM and the regions the VMM places by itself.
+pub const MAILBOX_BASE: u32 = 0xe000_0000;
+pub const WINDOW_BASE: u64 = 1 << 45;
+
+/// The devices to give a VM (`Vm::with_devices`) for XEMEM with `host` behind the mailbox:
+/// the configuration ports and the mailbox aperture, and the window's holes.
+pub fn xemem_devices(host: Box<dyn mailbox::MailboxHost>) -> Vec<crate::ExtraDevice> {
+    let bus = PciBus::new(MAILBOX_BASE, WINDOW_BASE, WINDOW_SIZE);
+    let device = mailbox::XememPci::new(bus, u64::from(MAILBOX_BASE), host);
+    vec![
+        crate::ExtraDevice {
+            name: "xemem-pci".into(),
+            keys: vec![CONFIG_PORTS, HookKey::Mmio { base: u64::from(MAILBOX_BASE), len: MAILBOX_SIZE }],
+            device: std::sync::Arc::new(std::sync::Mutex::new(device)),
+        },
+        crate::ExtraDevice {
+            name: "xemem-window".into(),
+            keys: vec![HookKey::Mmio { base: WINDOW_BASE, len: WINDOW_SIZE }],
+            device: std::sync::Arc::new(std::sync::Mutex::new(mailbox::WindowHoles::default())),
+        },
+    ]
+}
 
 /// Class codes: host bridge (06/00) and "other memory controller" (05/80).
 const CLASS_HOST_BRIDGE: u32 = 0x06_00_00;
