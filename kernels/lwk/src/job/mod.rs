@@ -468,7 +468,9 @@ pub fn map_ring3_syscall_page_into(aspace: &mut AddressSpace) -> Result<(), crat
     use crate::arch::fastcall::{code_page_physical, data_page_physical, DATA_PAGE, RING3_SYSCALL_PAGE, SCRATCH_PAGE};
     aspace.map(RING3_SYSCALL_PAGE, code_page_physical(), PAGE_SIZE, Protection { write: false, execute: true })?;
     aspace.map(DATA_PAGE, data_page_physical(), PAGE_SIZE, Protection { write: false, execute: false })?;
-    aspace.map_own_page(SCRATCH_PAGE, READ_WRITE)
+    aspace.map_own_page(SCRATCH_PAGE, READ_WRITE)?;
+    // The process's ring-3 file calls (`enclave::slots`).
+    aspace.map_own_page(enclave_proto::slots::RING3_REQUEST_PAGE, READ_WRITE)
 }
 
 /// Maps the ring-3 XSAVE stub page (`arch::fpu`, when the kernel switches vector state
