@@ -16,7 +16,11 @@
 //!
 //! Heap memory given back is not cleared at once but marked dirty, and `mmap` prefers clean
 //! memory: clearing is kernel work (about 40 ms per MiB when kernel code is emulated, as on
-//! PVM), and with a heap of most of the machine a job rarely needs to reuse anything.
+//! PVM), and with a heap of most of the machine a job rarely needs to reuse anything. When
+//! it must (a job that maps and unmaps 512 MiB every interval), the dirty runs it takes are not
+//! cleared here but listed (`take_uncleared`): the system call clears them once it has let go
+//! of the process table, large runs by the host at native speed (`enclave::zero_memory`;
+//! 512 MiB took 45-56 s of emulated `memset` per `mmap` on PVM).
 
 use crate::arch::paging::{OutOfMemory, Protection, HUGE_PAGE_SIZE, PAGE_SIZE};
 use crate::arch::phys;
@@ -116,6 +120,9 @@ pub struct JobMemory {
     /// copy) or whose mapping went away (so its dirty bit is lost): `release` clears the stack
     /// from here or from its lowest written page, whichever is lower.
     stack_clear_from: u64,
+    /// Physical runs handed out (claimed, or discarded) that still hold old data, as (start,
+    /// len): the caller clears them before returning to user code (`take_uncleared`).
+    uncleared: Vec<(u64, u64)>,
 }
 
 fn page_up(value: u64) -> u64 {
@@ -144,6 +151,7 @@ impl JobMemory {
             mmap_floor,
             mmap_end,
             stack_clear_from: stack.end,
+            uncleared: Vec::new(),
         }
     }
 
@@ -201,15 +209,31 @@ impl JobMemory {
         self.heap_free.insert(start, end).map_err(|_| MemoryError::NoMemory)
     }
 
-    /// Takes `[start, end)` (free) out of the heap's free memory, clearing its dirty parts.
+    /// Takes `[start, end)` (free) out of the heap's free memory; its dirty parts are listed
+    /// to be cleared (`uncleared`).
     fn claim(&mut self, start: u64, end: u64) -> Result<(), MemoryError> {
         self.heap_free.remove(start, end).map_err(|_| MemoryError::NoMemory)?;
         let dirty: Vec<Range> = self.heap_dirty.ranges().iter().copied().filter(|r| r.start < end && r.end > start).collect();
         for range in dirty {
             let (from, to) = (range.start.max(start), range.end.min(end));
-            phys::zero(self.heap.physical(from), (to - from) as usize);
+            self.uncleared.push((self.heap.physical(from), to - from));
         }
         self.heap_dirty.remove(start, end).map_err(|_| MemoryError::NoMemory)
+    }
+
+    /// The physical runs that the last changes handed out with old data in them: the caller
+    /// clears them before user code runs (outside the process table's lock, so that large runs
+    /// can wait for the host: `enclave::zero_memory`). Until then the process's own old data
+    /// shows there, no other process's: dirty heap memory only ever held this process's.
+    pub fn take_uncleared(&mut self) -> Vec<(u64, u64)> {
+        core::mem::take(&mut self.uncleared)
+    }
+
+    /// Clears `uncleared` in this kernel now (before the kernel writes into fresh memory).
+    fn clear_uncleared_here(&mut self) {
+        for (physical, len) in self.take_uncleared() {
+            phys::zero(physical, len as usize);
+        }
     }
 
     /// The highest `len` free heap bytes aligned to `align` above the `brk` area (below it if
@@ -488,12 +512,13 @@ impl JobMemory {
         runs
     }
 
-    /// MADV_DONTNEED: heap and stack pages in the range stay mapped but read back as zero.
+    /// MADV_DONTNEED: heap and stack pages in the range stay mapped but read back as zero
+    /// (once the caller has cleared `uncleared`).
     pub fn discard(&mut self, start: u64, len: u64) {
         let end = start.saturating_add(page_up(len));
         let (stack_from, stack_to) = (start.clamp(self.stack.start, self.stack.end), end.clamp(self.stack.start, self.stack.end));
         if stack_from < stack_to {
-            phys::zero(self.stack.physical(stack_from), (stack_to - stack_from) as usize);
+            self.uncleared.push((self.stack.physical(stack_from), stack_to - stack_from));
         }
         for part in [self.brk_region(), self.mappings_region()] {
             let (from, to) = (start.clamp(part.start, part.end), end.clamp(part.start, part.end));
@@ -501,7 +526,7 @@ impl JobMemory {
             let to_heap = |address: u64| address - part.start + (part.physical_start - self.heap.physical_start) + self.heap.start;
             let in_use: Vec<Range> = self.heap_free.gaps(to_heap(from), to_heap(to)).collect();
             for range in in_use {
-                phys::zero(self.heap.physical(range.start), range.len() as usize);
+                self.uncleared.push((self.heap.physical(range.start), range.len()));
             }
         }
     }
@@ -534,6 +559,8 @@ impl JobMemory {
             return Err(MemoryError::NoMemory);
         }
         let moved = self.map_anonymous(new_len, Some(READ_WRITE), None)?;
+        // Cleared before the copy lands there, not after.
+        self.clear_uncleared_here();
         phys::bytes_mut(self.heap_physical(moved), old_len as usize)
             .copy_from_slice(phys::bytes(self.heap.physical(start), old_len as usize));
         self.release_heap(Window::Mmap, start, old_end)?;
