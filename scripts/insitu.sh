@@ -116,10 +116,11 @@ apps=build/apps
 analytics_core=0
 sim_core=$(( $(nproc) - 1 ))
 # Enclave memory: the simulation holds the data (and, recurring, the interval's region beside
-# its vector), the analytics three private arrays of it; 256 MiB for the rest.
+# its vector), the analytics three private arrays of it; 256 MiB for the rest. The LWK gives a
+# job's heap about 3/4 of its free memory: the analytics' 3 arrays need 4 data sizes.
 data_mib=$(( (length * 8 + (1 << 20) - 1) >> 20 ))
 sim_mem=$(( 2 * data_mib + 256 ))M
-analytics_mem=$(( 3 * data_mib + 256 ))M
+analytics_mem=$(( 4 * data_mib + 256 ))M
 
 state=$(mktemp -d /tmp/clowder-insitu.XXXXXX)
 daemon=
