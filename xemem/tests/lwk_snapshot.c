@@ -10,7 +10,9 @@
  *   3. the writer rewrites every third page and the last: the attachment still reads every
  *      page's old value, the writer its new ones;
  *   4. release: a second release is ENOENT, a get of the segid fails; the next snapshot shows
- *      the rewritten data; freeing the region twice is EINVAL the second time;
+ *      the rewritten data; the region exported live (xpmem_make) between snapshots shows the
+ *      writer's stores, refuses a snapshot (EBUSY) until removed, and the snapshot after holds
+ *      them; freeing the region twice is EINVAL the second time;
  *   5. in the LWK: the enclave's free memory (sysinfo) drops by the region's size and by a
  *      page per page written, and is back once the region is freed (but for a few page
  *      tables, which the kernel gives back between jobs).
@@ -133,6 +135,33 @@ int main(void)
 		xpmem_detach((void *)view);
 	xpmem_release(apid);
 	check(xemem_snapshot_release(segid) == 0, "the second snapshot releases");
+
+	/* Exported live between snapshots: attachers see the writer's stores, and no snapshot is
+	 * taken while the segment exists. */
+	xpmem_segid_t live = xpmem_make(region, SIZE, XPMEM_PERMIT_MODE, (void *)0600);
+	apid = live > 0 ? xpmem_get(live, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL) : -1;
+	view = apid > 0 ? xpmem_attach((struct xpmem_addr){ .apid = apid, .offset = 0 }, SIZE, NULL) : (void *)-1;
+	region[5 * PAGE / 8] = 4242;
+	region[6 * PAGE / 8] = 4343;
+	check(view != (void *)-1 && view[5 * PAGE / 8] == 4242 && view[6 * PAGE / 8] == 4343,
+	      "the region exported live between snapshots shows the writer's stores");
+	errno = 0;
+	check(xemem_snapshot_make(region, XPMEM_PERMIT_MODE, (void *)0600, NULL) == -1 && errno == EBUSY,
+	      "no snapshot of a region that is exported: EBUSY");
+	if (view != (void *)-1)
+		xpmem_detach((void *)view);
+	xpmem_release(apid);
+	check(live > 0 && xpmem_remove(live) == 0, "the live segment goes");
+	segid = xemem_snapshot_make(region, XPMEM_PERMIT_MODE, (void *)0600, NULL);
+	apid = segid > 0 ? xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL) : -1;
+	view = apid > 0 ? xpmem_attach((struct xpmem_addr){ .apid = apid, .offset = 0 }, SIZE, NULL) : (void *)-1;
+	region[5 * PAGE / 8] = 1;
+	check(view != (void *)-1 && view[5 * PAGE / 8] == 4242 && view[6 * PAGE / 8] == 4343 && region[5 * PAGE / 8] == 1,
+	      "a snapshot after it holds the live stores, and not the later ones");
+	if (view != (void *)-1)
+		xpmem_detach((void *)view);
+	xpmem_release(apid);
+	check(xemem_snapshot_release(segid) == 0, "that snapshot releases");
 
 	check(xemem_region_free(region) == 0, "xemem_region_free");
 	errno = 0;

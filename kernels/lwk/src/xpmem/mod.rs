@@ -382,11 +382,10 @@ pub fn make_named(vaddr: u64, size: u64, name: xemem::wire::Name) -> Result<i64,
 
 /// A segment of process `pid` with the host's name server when connected, else the
 /// enclave's own. Over a snapshot region whose snapshot is out it is refused (EBUSY, as on the
-/// host): its attachers would map pages the writer is leaving for copies.
+/// host): its attachers would map pages the writer is leaving for copies; over one between
+/// snapshots the region is made writable throughout first.
 fn make_segment(pid: u64, vaddr: u64, size: u64, mode: u32, name: Option<xemem::wire::Name>) -> Result<i64, Error> {
-    if snapshot::overlaps_snapshot(pid, vaddr, size) {
-        return Err(Error::Exhausted);
-    }
+    snapshot::unprotect_for_export(pid, vaddr, size)?;
     let owner = Owner { uid: JOB_UID, gid: JOB_GID, mode };
     if connected() {
         return make_global(pid, vaddr, size, owner, name);

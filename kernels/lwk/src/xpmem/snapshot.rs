@@ -3,18 +3,25 @@
 //!
 //! A region is memory the kernel hands the job for snapshots: a physically contiguous block
 //! from `pmem` (outside the job's heap, whose bookkeeping keeps one virtual-to-physical
-//! offset per window), mapped read-write in a window of its own. A snapshot maps the region's
-//! current frames read-only a second time, at the region's shadow (`SHADOW`), exports the
-//! shadow as an ordinary segment (so every attach path, local, another enclave's or a host
-//! process's, resolves its frames from the page tables as for any segment), and
-//! write-protects the writer's view. A store then faults (`copy_on_write`): the page gets a
-//! fresh frame holding a copy, mapped writable, while the shadow keeps the old frame for the
-//! readers. So a snapshot costs its page-table edits (runs of frames, 2 MiB leaves where
-//! untouched) and one fault and one page copy per page written, not the region's size.
+//! offset per window), mapped read-write in a window of its own. Its first snapshot maps the
+//! region's frames read-only a second time, at the region's shadow (`Region::shadow`), and
+//! write-protects the writer's view; the shadow is exported as an ordinary segment (so every
+//! attach path, local, another enclave's or a host process's, resolves its frames from the
+//! page tables as for any segment). A store then faults (`copy_on_write`): while a snapshot is
+//! out the page gets a fresh frame holding a copy, mapped writable, and the shadow keeps the
+//! old frame for the readers; between snapshots the page is only made writable. Either way
+//! the page joins the region's list of pages written, and the next snapshot write-protects
+//! those pages again and points the shadow at their frames, nothing else: after the first,
+//! a snapshot costs two page-table entries per page written since the previous one, and each
+//! store to a page under a snapshot one fault and one 4 KiB copy, not the region's size
+//! (on PVM every edit of a live page table and every kernel instruction is emulated, so the
+//! view is never remapped whole, nor the TLB flushed whole on a one-CPU job).
 //! Release removes the segment (its attachments are revoked, the host's before the remove is
-//! answered), unmaps the shadow, gives the kept frames to the region's pool for later copies
-//! and lets the writer store freely again. A region's frames (its block, and the pages its
-//! copies took from `pmem`) go back when it is freed, its process ends, or the job ends.
+//! answered) and gives the kept frames to the region's pool for later copies. A region's
+//! frames (its block, and the pages its copies took from `pmem`) go back when it is freed,
+//! its process ends, or the job ends. An ordinary segment made over a region between
+//! snapshots makes the view writable again throughout, as the host's library folds a region
+//! back to shared memory.
 
 use super::{caller, with_device, with_job_process, Error, SourceRun};
 use crate::arch::paging::{Protection, HUGE_PAGE_SIZE, PAGE_SIZE};
@@ -55,6 +62,11 @@ struct Region {
     snapshot: Option<Snapshot>,
     /// A make or release is under way (it waits for the name server without the lock).
     busy: bool,
+    /// The view is write-protected but for `written`, and the shadow maps the view's frames
+    /// as of the last snapshot (since the region's first snapshot).
+    protected: bool,
+    /// Offsets of the pages made writable since the last snapshot.
+    written: Vec<u64>,
 }
 
 impl Region {
@@ -110,7 +122,18 @@ pub fn region_alloc(size: u64) -> Result<u64, Errno> {
         return Err(errno);
     }
     regions.next_start = start + slot;
-    regions.list.push(Region { pid, start, size, block, extra: Vec::new(), pool: Vec::new(), snapshot: None, busy: false });
+    regions.list.push(Region {
+        pid,
+        start,
+        size,
+        block,
+        extra: Vec::new(),
+        pool: Vec::new(),
+        snapshot: None,
+        busy: false,
+        protected: false,
+        written: Vec::new(),
+    });
     Ok(start)
 }
 
@@ -179,20 +202,18 @@ pub fn snapshot_make(start: u64, make: impl FnOnce(u64, u64) -> Result<i64, Erro
         if exported {
             return Err(EBUSY);
         }
-        let runs = with_job_process(pid, |process| super::resolve_from_tables(process, start, region.size)).ok_or(Errno::ESRCH)?;
-        // The job unmapped part of it: there is no whole version to publish.
-        if runs.iter().any(|run| run.first.is_none()) {
-            return Err(Errno::EFAULT);
+        if region.protected {
+            protect_written(region)?
+        } else {
+            protect_whole(region)?
         }
-        let shadow = region.shadow();
-        map_runs(pid, shadow, &runs, READ_ONLY)?;
-        map_runs(pid, start, &runs, READ_ONLY)?;
         region.snapshot = Some(Snapshot { segid: None, kept: Vec::new() });
         region.busy = true;
-        (shadow, region.size)
+        (region.shadow(), region.size)
     };
-    // No CPU may keep a writable translation of the view: its stores would reach the snapshot.
-    crate::sched::shoot_down_user_tlbs();
+    // No other CPU may keep a writable translation of the view: its stores would reach the
+    // snapshot (this CPU's went with each change).
+    shoot_down_elsewhere();
     let made = make(shadow, size);
     let mut regions = REGIONS.lock();
     let region = regions.list.iter_mut().find(|r| r.pid == pid && r.start == start).expect("a busy region stays");
@@ -205,36 +226,83 @@ pub fn snapshot_make(start: u64, make: impl FnOnce(u64, u64) -> Result<i64, Erro
             Ok(segid)
         }
         Err(error) => {
-            end_snapshot(region);
+            // Nothing was exported: the view stays protected, its copies count as written.
+            let kept = region.snapshot.take().map(|snapshot| snapshot.kept).unwrap_or_default();
+            region.pool.extend(kept);
             Err(Errno(error.errno() as u64))
         }
     }
 }
 
-/// Ends `region`'s snapshot once its segment is gone: the shadow is unmapped, the kept frames
-/// join the pool and the writer's view is writable throughout again.
-fn end_snapshot(region: &mut Region) {
-    let Some(snapshot) = region.snapshot.take() else { return };
-    let (pid, start, size, shadow) = (region.pid, region.start, region.size, region.shadow());
-    let runs = with_job_process(pid, |process| {
-        let _ = process.memory.aspace.unmap(shadow, size);
-        super::resolve_from_tables(process, start, size)
-    });
-    let read_only: Vec<(u64, SourceRun)> = runs
-        .unwrap_or_default()
-        .into_iter()
-        .scan(start, |address, run| {
-            let at = *address;
-            *address += run.frames * PAGE_SIZE;
-            Some((at, run))
-        })
-        .filter(|(_, run)| run.first.is_some() && !run.writable)
-        .collect();
-    for (at, run) in read_only {
-        let _ = map_runs(pid, at, &[SourceRun { writable: true, ..run }], READ_WRITE);
+/// The region's first snapshot: the shadow maps the view's frames and the view becomes
+/// read-only, run by run (2 MiB leaves where the block is whole).
+fn protect_whole(region: &mut Region) -> Result<(), Errno> {
+    let (pid, start, size) = (region.pid, region.start, region.size);
+    let runs = with_job_process(pid, |process| super::resolve_from_tables(process, start, size)).ok_or(Errno::ESRCH)?;
+    // The job unmapped part of it: there is no whole version to publish.
+    if runs.iter().any(|run| run.first.is_none()) {
+        return Err(Errno::EFAULT);
     }
-    region.pool.extend(snapshot.kept);
-    crate::sched::shoot_down_user_tlbs();
+    map_runs(pid, region.shadow(), &runs, READ_ONLY)?;
+    map_runs(pid, start, &runs, READ_ONLY)?;
+    region.protected = true;
+    region.written.clear();
+    Ok(())
+}
+
+/// A later snapshot: only the pages written since the last one change, in the view (read-only
+/// again) and in the shadow (their current frames).
+fn protect_written(region: &mut Region) -> Result<(), Errno> {
+    let (pid, start, shadow) = (region.pid, region.start, region.shadow());
+    let written = core::mem::take(&mut region.written);
+    with_job_process(pid, |process| {
+        let aspace = &mut process.memory.aspace;
+        for offset in written {
+            // A page the job unmapped since keeps its old frame in the shadow.
+            let Ok(view) = aspace.translate(start + offset) else { continue };
+            aspace.map(start + offset, view.physical, PAGE_SIZE, READ_ONLY).map_err(|_| Errno::ENOMEM)?;
+            if aspace.translate(shadow + offset).map(|t| t.physical).ok() != Some(view.physical) {
+                aspace.map(shadow + offset, view.physical, PAGE_SIZE, READ_ONLY).map_err(|_| Errno::ENOMEM)?;
+            }
+        }
+        Ok(())
+    })
+    .unwrap_or(Err(Errno::ESRCH))
+}
+
+/// Other CPUs of the job drop their user translations; a one-CPU job has none to drop (a full
+/// flush here would cost a refill of every page touched next, each a host fault on PVM).
+fn shoot_down_elsewhere() {
+    if crate::sched::online_cpu_mask().count_ones() > 1 {
+        crate::sched::shoot_down_user_tlbs();
+    }
+}
+
+/// Makes `[start, start + size)`'s part of process `pid`'s regions writable throughout, for an
+/// ordinary segment over it (its attachers map the view's frames, and the writer's stores
+/// must reach them); the next snapshot protects it whole again. EBUSY while a snapshot of
+/// such a region is out.
+pub fn unprotect_for_export(pid: u64, start: u64, size: u64) -> Result<(), Error> {
+    let end = start.saturating_add(size);
+    let overlapping = |r: &Region| r.pid == pid && r.start < end && start < r.start + r.size;
+    let mut regions = REGIONS.lock();
+    if regions.list.iter().any(|r| overlapping(r) && (r.snapshot.is_some() || r.busy)) {
+        return Err(Error::Exhausted);
+    }
+    for region in regions.list.iter_mut().filter(|r| overlapping(r) && r.protected) {
+        let (start, size) = (region.start, region.size);
+        let runs = with_job_process(pid, |process| super::resolve_from_tables(process, start, size)).unwrap_or_default();
+        let mut address = start;
+        for run in runs {
+            if run.first.is_some() && !run.writable {
+                let _ = map_runs(pid, address, &[run], READ_WRITE);
+            }
+            address += run.frames * PAGE_SIZE;
+        }
+        region.protected = false;
+        region.written.clear();
+    }
+    Ok(())
 }
 
 /// `XEMEM_CMD_SNAPSHOT_RELEASE`: withdraws the caller's snapshot `segid` (ENOENT when it is
@@ -258,7 +326,10 @@ pub fn snapshot_release(segid: i64) -> Result<(), Errno> {
     match removed {
         // NotFound: the segment went already (its owner's process was told so by the host).
         Ok(()) | Err(Error::NotFound) => {
-            end_snapshot(region);
+            // The shadow still maps the kept frames until the next snapshot points it at the
+            // pages written: nothing exports it meanwhile, and copies only happen under one.
+            let kept = region.snapshot.take().map(|snapshot| snapshot.kept).unwrap_or_default();
+            region.pool.extend(kept);
             Ok(())
         }
         Err(error) => Err(Errno(error.errno() as u64)),
@@ -266,15 +337,14 @@ pub fn snapshot_release(segid: i64) -> Result<(), Errno> {
 }
 
 /// A user write fault at `address`: when it hits a write-protected page of a region of the
-/// faulting process with a snapshot out, the page gets a copy of its own, mapped writable, and
-/// the store is retried (true). A page already copied (a stale translation on this CPU) is
-/// retried too. Anything else is not a snapshot's fault (false).
+/// faulting process, the page is made writable (true: the store is retried), with a copy of
+/// its own while a snapshot is out. A page already writable (a stale translation on this
+/// CPU) is retried too. Anything else is not a region's fault (false).
 pub fn copy_on_write(address: u64) -> bool {
     let pid = caller();
     let page = address & !(PAGE_SIZE - 1);
     let mut regions = REGIONS.lock();
-    let Some(region) =
-        regions.list.iter_mut().find(|r| r.pid == pid && r.snapshot.is_some() && r.start <= address && address < r.start + r.size)
+    let Some(region) = regions.list.iter_mut().find(|r| r.pid == pid && r.protected && r.start <= address && address < r.start + r.size)
     else {
         return false;
     };
@@ -287,32 +357,33 @@ pub fn copy_on_write(address: u64) -> bool {
         Some(Ok(translation)) => translation.physical,
         _ => return false,
     };
-    let fresh = match region.pool.pop() {
-        Some(frame) => frame,
-        None => match pmem::allocate_pages(1) {
-            Some(frame) => {
-                region.extra.push(frame);
-                frame
-            }
-            None => return false,
-        },
+    let frame = if region.snapshot.is_some() {
+        let fresh = match region.pool.pop() {
+            Some(frame) => frame,
+            None => match pmem::allocate_pages(1) {
+                Some(frame) => {
+                    region.extra.push(frame);
+                    frame
+                }
+                None => return false,
+            },
+        };
+        phys::bytes_mut(fresh, PAGE_SIZE as usize).copy_from_slice(phys::bytes(old, PAGE_SIZE as usize));
+        fresh
+    } else {
+        old
     };
-    phys::bytes_mut(fresh, PAGE_SIZE as usize).copy_from_slice(phys::bytes(old, PAGE_SIZE as usize));
-    if !matches!(with_job_process(pid, |process| process.memory.aspace.map(page, fresh, PAGE_SIZE, READ_WRITE)), Some(Ok(()))) {
-        region.pool.push(fresh);
+    if !matches!(with_job_process(pid, |process| process.memory.aspace.map(page, frame, PAGE_SIZE, READ_WRITE)), Some(Ok(()))) {
+        if frame != old {
+            region.pool.push(frame);
+        }
         return false;
     }
-    if let Some(snapshot) = region.snapshot.as_mut() {
+    region.written.push(page - region.start);
+    if let Some(snapshot) = region.snapshot.as_mut().filter(|_| frame != old) {
         snapshot.kept.push(old);
     }
     true
-}
-
-/// Whether `[start, start + size)` overlaps a region of `pid` whose snapshot is out (an
-/// ordinary segment over it would export pages the writer is about to leave).
-pub fn overlaps_snapshot(pid: u64, start: u64, size: u64) -> bool {
-    let end = start.saturating_add(size);
-    REGIONS.lock().list.iter().any(|r| r.pid == pid && r.snapshot.is_some() && r.start < end && start < r.start + r.size)
 }
 
 /// Process `pid` is ending (its segments, snapshots among them, are removed): its regions go,
