@@ -342,6 +342,13 @@ impl Daemon {
                 }
             })
             .expect("spawning an enclave thread");
+        if let Some(sockets) = linux.as_ref().and_then(|_| self.launcher.linux_xemem(&name)) {
+            // The guest acts as the enclave's owner in XEMEM; it keeps its jobs if this fails.
+            let owner = crate::xemem::vm::VmOwner { uid: peer.uid, gid: peer.gid, groups: peer.groups.clone() };
+            if let Err(e) = crate::xemem::vm::start(self.xemem_links.clone(), enclave.ram(), sockets, owner, enclave.log.clone()) {
+                enclave.log.push(format!("clowderd: xemem: the VM has no XEMEM device: {e}"));
+            }
+        }
         log::info!("created enclave {name} on cores {}", format_cpu_list(cores.iter().copied()));
         match self.describe(&name, peer) {
             Some(enclave) => ok_reply(&CreateReply { enclave, notes }),

@@ -209,6 +209,11 @@ impl Enclave {
         Ok((Arc::new(enclave), receiver))
     }
 
+    /// The machine's RAM (a Linux enclave's XEMEM device resolves exports in it).
+    pub fn ram(&self) -> Arc<GuestRam> {
+        self.ram.clone()
+    }
+
     pub fn running_jobs(&self) -> usize {
         self.jobs.lock().unwrap().len()
     }

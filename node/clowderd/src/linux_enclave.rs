@@ -100,7 +100,22 @@ pub fn launch_vmm(
 ) -> Result<Box<dyn Machine>, String> {
     let control_path = launcher.runtime_dir.join(format!("{}.vmm.sock", spec.name));
     log.push(format!("clowderd: starting clowder-vmm for Linux enclave {}", spec.name));
-    start_vmm_reporting(linux_command(&launcher.vmm, guest, spec), control_path, log, progress)
+    start_vmm_reporting(with_xemem_device(linux_command(&launcher.vmm, guest, spec), launcher, spec), control_path, log, progress)
+}
+
+/// Where a Linux enclave's VMM serves its XEMEM PCI device (docs/xemem-pci.md) for the daemon
+/// to connect to, beside its control socket.
+pub fn xemem_sockets(runtime_dir: &Path, name: &str) -> crate::xemem::vm::VmSockets {
+    crate::xemem::vm::VmSockets {
+        mailbox: runtime_dir.join(format!("{name}.xemem-pci.sock")),
+        control: runtime_dir.join(format!("{name}.vmm.sock")),
+    }
+}
+
+/// The VMM gives the guest the XEMEM PCI device, its mailbox served by this daemon.
+fn with_xemem_device(mut command: std::process::Command, launcher: &VmmLauncher, spec: &MachineSpec) -> std::process::Command {
+    command.env("CLOWDER_VMM_XEMEM_PCI", xemem_sockets(&launcher.runtime_dir, &spec.name).mailbox);
+    command
 }
 
 /// The daemon's launcher, made to start Linux machines: what `Enclave::start` is given for a

@@ -84,6 +84,11 @@ pub trait Launcher: Send + Sync {
     ) -> Result<Box<dyn Machine>, String> {
         Err("this clowderd cannot start Linux enclaves".into())
     }
+    /// Where a Linux enclave's VMM serves its XEMEM device, and its control socket
+    /// (`xemem::vm`); `None` where Linux machines have no such device.
+    fn linux_xemem(&self, _name: &str) -> Option<crate::xemem::vm::VmSockets> {
+        None
+    }
 }
 
 /// One of the VMM's reports of guest RAM populated.
@@ -242,6 +247,10 @@ impl Launcher for VmmLauncher {
         progress: &mut dyn FnMut(Populated),
     ) -> Result<Box<dyn Machine>, String> {
         crate::linux_enclave::launch_vmm(self, spec, guest, log, progress)
+    }
+
+    fn linux_xemem(&self, name: &str) -> Option<crate::xemem::vm::VmSockets> {
+        Some(crate::linux_enclave::xemem_sockets(&self.runtime_dir, name))
     }
 }
 

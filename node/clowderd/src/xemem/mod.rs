@@ -59,6 +59,7 @@ mod revocation;
 pub mod service;
 #[cfg(test)]
 mod tests;
+pub mod vm;
 
 use bridge::*;
 use links::*;

@@ -1,0 +1,212 @@
+//! The daemon's side of a Linux VM's XEMEM device (`clowderd::xemem::vm`) with fake VMs: RAM
+//! memfds whose pages say their frame number, and window slots recorded instead of made. The
+//! reduced form of `make test-linux-enclave`'s XEMEM part: host<->VM, VM<->VM, revocation when
+//! the owner's VM goes, and garbage from the guest.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clowderd::guest_ram::{GuestRam, RamRange};
+use clowderd::xemem::vm::{VmOwner, VmXemem, Window, WindowSlots};
+use clowderd::xemem::{FileRun, XememLinks};
+use vmm::pci::link::Call;
+use vmm::pci::mailbox::Op;
+use xemem::ids::SegmentId;
+use xemem::Credentials;
+
+const MIB: u64 = 1 << 20;
+const WINDOW: u64 = 1 << 45;
+
+/// RAM of `size` bytes whose every page starts with `tag` and its frame number.
+fn fake_ram(size: u64, tag: u64) -> Arc<GuestRam> {
+    let file = clowderd::sys::memfd("vm-xemem-test").unwrap();
+    file.set_len(size).unwrap();
+    for frame in 0..size / 4096 {
+        file.write_all_at(&[tag.to_le_bytes(), frame.to_le_bytes()].concat(), frame * 4096).unwrap();
+    }
+    let ranges = vec![RamRange { gpa: 0, size, file_offset: 0 }];
+    Arc::new(GuestRam::map(&file, ranges, (size - 4096, 4096)).unwrap())
+}
+
+fn root() -> VmOwner {
+    VmOwner { uid: 0, gid: 0, groups: vec![0] }
+}
+
+/// Slots as the VMM would make them, each with what its first two words read.
+#[derive(Default)]
+struct FakeSlots {
+    live: Mutex<Vec<(u32, u64, u64, [u64; 2])>>,
+    next: Mutex<u32>,
+}
+
+impl WindowSlots for FakeSlots {
+    fn add(&self, file: &File, offset: u64, len: u64, gpa: u64) -> Result<u32, String> {
+        let mut words = [0u8; 16];
+        file.read_exact_at(&mut words, offset).map_err(|e| e.to_string())?;
+        let mut next = self.next.lock().unwrap();
+        *next += 1;
+        let first = [u64::from_le_bytes(words[..8].try_into().unwrap()), u64::from_le_bytes(words[8..].try_into().unwrap())];
+        self.live.lock().unwrap().push((*next, gpa, len, first));
+        Ok(*next)
+    }
+    fn remove(&self, slot: u32) -> Result<(), String> {
+        let mut live = self.live.lock().unwrap();
+        let before = live.len();
+        live.retain(|&(s, ..)| s != slot);
+        if live.len() == before {
+            return Err(format!("no slot {slot}"));
+        }
+        Ok(())
+    }
+}
+
+fn request(op: Op, args: &[u64], name: Option<&str>, runs: Vec<(u64, u64)>) -> Call {
+    let mut all = [0; 6];
+    all[..args.len()].copy_from_slice(args);
+    Call::Request { op: op as u32, args: all, name: name.map(str::to_string), runs }
+}
+
+/// A VM on its own thread, pumping between the calls it is given (as its serving thread
+/// does between the VMM's calls).
+struct VmThread {
+    calls: mpsc::Sender<(Call, mpsc::Sender<Result<[u64; 4], i32>>)>,
+    thread: std::thread::JoinHandle<()>,
+    slots: Arc<FakeSlots>,
+}
+
+impl VmThread {
+    fn start(links: &Arc<XememLinks>, ram: Arc<GuestRam>) -> VmThread {
+        let mut vm = VmXemem::new(links, ram, root()).unwrap();
+        let (calls, inbox) = mpsc::channel::<(Call, mpsc::Sender<Result<[u64; 4], i32>>)>();
+        let slots = Arc::new(FakeSlots::default());
+        let theirs = slots.clone();
+        let thread = std::thread::spawn(move || {
+            let window = Window::new(&*theirs);
+            loop {
+                match inbox.recv_timeout(Duration::from_millis(2)) {
+                    Ok((call, answer)) => {
+                        let _ = answer.send(vm.serve(call, &window));
+                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => vm.pump(&window),
+                    // Dropping the VM takes its link down, as when its VMM ends.
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+            }
+        });
+        VmThread { calls, thread, slots }
+    }
+
+    fn call(&self, call: Call) -> Result<[u64; 4], i32> {
+        let (answer, answered) = mpsc::channel();
+        self.calls.send((call, answer)).unwrap();
+        answered.recv().unwrap()
+    }
+
+    fn stop(self) {
+        drop(self.calls);
+        self.thread.join().unwrap();
+    }
+}
+
+/// Exports frames 0x100-0x101 and 0x300 of `vm` as a named 12 KiB segment of `mode`.
+fn export(vm: &VmThread, name: &str, mode: u64) -> u64 {
+    assert_eq!(vm.call(request(Op::Runs, &[0], None, vec![(0x100 * 4096, 0x2000)])), Ok([0; 4]));
+    assert_eq!(vm.call(request(Op::Runs, &[1], None, vec![(0x300 * 4096, 0x1000)])), Ok([0; 4]));
+    vm.call(request(Op::Make, &[0x7000_0000, 0x3000, 1, mode, 2], Some(name), Vec::new())).unwrap()[0]
+}
+
+#[test]
+fn a_vm_export_reaches_the_host_frame_for_frame() {
+    let links = XememLinks::new();
+    let vm = VmThread::start(&links, fake_ram(4 * MIB, 0xa));
+    assert_eq!(vm.call(request(Op::Hello, &[], None, Vec::new())), Ok([1, 0, 0, 0]));
+    let segment = export(&vm, "vm-export", 0o600);
+    assert_eq!(vm.call(request(Op::Lookup, &[], Some("vm-export"), Vec::new())), Ok([segment, 0, 0, 0]));
+    let segment = SegmentId::from_raw(segment as i64).unwrap();
+    assert_eq!(links.lookup("vm-export"), Ok(segment));
+    let credentials = Credentials { uid: 0, groups: vec![0] };
+    let (access, runs) = links.attach_enclave_segment(77, credentials.clone(), segment, 0x1000, 0x2000).unwrap();
+    let frames: Vec<u64> = runs
+        .iter()
+        .flat_map(|run| match run {
+            FileRun::Memory { file, offset, len } => (0..len / 4096)
+                .map(|page| {
+                    let mut word = [0u8; 8];
+                    file.read_exact_at(&mut word, offset + page * 4096 + 8).unwrap();
+                    u64::from_le_bytes(word)
+                })
+                .collect::<Vec<_>>(),
+            FileRun::Hole { .. } => panic!("a hole in a VM export"),
+        })
+        .collect();
+    assert_eq!(frames, [0x101, 0x300], "the host reads the VM's pages from the attach offset on");
+    links.release(77, access).unwrap();
+    // Removed, it is gone for the host too; a second remove finds nothing.
+    assert_eq!(vm.call(request(Op::Remove, &[segment.raw() as u64], None, Vec::new())), Ok([0; 4]));
+    assert!(links.attach_enclave_segment(77, credentials, segment, 0, 0x1000).is_err());
+    assert_eq!(vm.call(request(Op::Remove, &[segment.raw() as u64], None, Vec::new())), Err(libc::ENOENT));
+    vm.stop();
+}
+
+#[test]
+fn one_vm_attaches_another_at_the_placement_and_loses_it_when_the_owner_goes() {
+    let links = XememLinks::new();
+    let owner = VmThread::start(&links, fake_ram(4 * MIB, 0xa));
+    let attacher = VmThread::start(&links, fake_ram(4 * MIB, 0xb));
+    let segment = export(&owner, "vm-to-vm", 0o666);
+    let [apid, ..] = attacher.call(request(Op::Get, &[segment, xemem::ACCESS_READ_WRITE as u64, 1], None, Vec::new())).unwrap();
+    let gpa = WINDOW + (2 << 20);
+    let [token, ..] = attacher.call(Call::Place { apid, offset: 0, len: 0x3000, gpa }).unwrap();
+    let live = attacher.slots.live.lock().unwrap().clone();
+    let placed: Vec<(u64, u64, [u64; 2])> = live.iter().map(|&(_, gpa, len, first)| (gpa, len, first)).collect();
+    assert_eq!(placed, [(gpa, 0x2000, [0xa, 0x100]), (gpa + 0x2000, 0x1000, [0xa, 0x300])], "the owner's pages, at the window place");
+    // Detach removes the slots; an unknown token is refused.
+    assert_eq!(attacher.call(Call::Unplace { token: token as u32 }), Ok([0; 4]));
+    assert!(attacher.slots.live.lock().unwrap().is_empty());
+    assert_eq!(attacher.call(Call::Unplace { token: token as u32 }), Err(libc::EINVAL));
+    attacher.call(request(Op::Release, &[apid], None, Vec::new())).unwrap();
+
+    // Attached again through a new permit, then the owner's VM goes: revoked, slots gone.
+    let [apid, ..] = attacher.call(request(Op::Get, &[segment, xemem::ACCESS_READ_WRITE as u64, 1], None, Vec::new())).unwrap();
+    attacher.call(Call::Place { apid, offset: 0x1000, len: 0x1000, gpa }).unwrap();
+    assert_eq!(attacher.slots.live.lock().unwrap().len(), 1);
+    owner.stop();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !attacher.slots.live.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the attachment outlived its owner's VM");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    attacher.stop();
+}
+
+#[test]
+fn garbage_from_the_guest_is_refused() {
+    let links = XememLinks::new();
+    let vm = VmThread::start(&links, fake_ram(4 * MIB, 0xa));
+    let refused = |call: Call, errno: i32| assert_eq!(vm.call(call.clone()), Err(errno), "{call:?}");
+    refused(Call::Request { op: 99, args: [0; 6], name: None, runs: Vec::new() }, libc::ENOSYS);
+    // RUNS out of order, misaligned or empty; MAKE not matching what came.
+    refused(request(Op::Runs, &[5], None, vec![(0, 4096)]), libc::EINVAL);
+    refused(request(Op::Runs, &[0], None, vec![(100, 4096)]), libc::EINVAL);
+    refused(request(Op::Runs, &[0], None, vec![(4096, 0)]), libc::EINVAL);
+    assert_eq!(vm.call(request(Op::Runs, &[0], None, vec![(4096, 4096)])), Ok([0; 4]));
+    refused(request(Op::Make, &[0x1000, 0x2000, 1, 0o600, 1], None, Vec::new()), libc::EINVAL);
+    refused(request(Op::Make, &[0x1000, 0x1000, 1, 0o600, 1], None, Vec::new()), libc::EINVAL); // the runs went
+                                                                                                // Frames outside the VM's RAM are made, but no attach of them is served.
+    assert_eq!(vm.call(request(Op::Runs, &[0], None, vec![(64 * MIB, 4096)])), Ok([0; 4]));
+    let [segment, ..] = vm.call(request(Op::Make, &[0x1000, 0x1000, 1, 0o600, 1], None, Vec::new())).unwrap();
+    let segment = SegmentId::from_raw(segment as i64).unwrap();
+    assert!(links.attach_enclave_segment(5, Credentials { uid: 0, groups: vec![0] }, segment, 0, 0x1000).is_err());
+    // Permits and placements that do not exist or do not fit.
+    refused(request(Op::Get, &[0x7fff_ffff, 3, 1], None, Vec::new()), libc::EINVAL); // not a segment id
+    refused(Call::Place { apid: 12345, offset: 0, len: 4096, gpa: WINDOW }, libc::EINVAL); // not a permit id
+    refused(Call::Place { apid: 12345, offset: 1, len: 4096, gpa: WINDOW }, libc::EINVAL);
+    refused(Call::Place { apid: 12345, offset: 0, len: 4096, gpa: u64::MAX - 4095 }, libc::EINVAL);
+    refused(Call::Unplace { token: 9 }, libc::EINVAL);
+    refused(request(Op::Attach, &[1, 0, 4096], None, Vec::new()), libc::EINVAL);
+    refused(request(Op::Lookup, &[], Some("has space"), Vec::new()), libc::EINVAL);
+    assert!(vm.slots.live.lock().unwrap().is_empty());
+    vm.stop();
+}
