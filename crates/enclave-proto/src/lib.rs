@@ -87,6 +87,8 @@
 //! | 11 | `Mkdir` | cstr path, u32 mode | 0 |
 //! | 12 | `Ftruncate` | u32 handle, u64 length | 0 |
 //! | 13 | `Getdents` | u32 handle, u64 gpa, u32 len | bytes of Linux `linux_dirent64` records written |
+//! | 14 | `MapShared` | u32 handle, u64 offset, u64 len, u8 writable | the guest-physical address where `[offset, offset + len)` of the file now shows (a region the host added: `mmap(MAP_SHARED)` of a host file, whose pages the kernel maps into the process, shared with every other mapping of the file) |
+//! | 15 | `UnmapShared` | u64 gpa | 0: the region `MapShared` made at `gpa` is gone (the host removes a job's remaining ones when it ends) |
 //!
 //! Paths are the host's, relative to the job's working directory or absolute, and are served
 //! with the rights of the job's user (uid, gid, supplementary groups): the host's own checks
@@ -365,6 +367,18 @@ pub enum FileOp<'a> {
         gpa: u64,
         len: u32,
     },
+    /// `[offset, offset + len)` of an open file (page multiples) as a new guest-physical
+    /// region, writable or not.
+    MapShared {
+        handle: u32,
+        offset: u64,
+        len: u64,
+        writable: bool,
+    },
+    /// The region a `MapShared` answered with `gpa` is no longer mapped.
+    UnmapShared {
+        gpa: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -611,6 +625,8 @@ impl<'a> FileOp<'a> {
             FileOp::Mkdir { .. } => 11,
             FileOp::Ftruncate { .. } => 12,
             FileOp::Getdents { .. } => 13,
+            FileOp::MapShared { .. } => 14,
+            FileOp::UnmapShared { .. } => 15,
         }
     }
 
@@ -648,6 +664,13 @@ impl<'a> FileOp<'a> {
                 w.u32(handle)?;
                 w.u64(length)
             }
+            FileOp::MapShared { handle, offset, len, writable } => {
+                w.u32(handle)?;
+                w.u64(offset)?;
+                w.u64(len)?;
+                w.u8(writable as u8)
+            }
+            FileOp::UnmapShared { gpa } => w.u64(gpa),
         }
     }
 
@@ -666,6 +689,10 @@ impl<'a> FileOp<'a> {
             11 => FileOp::Mkdir { path: r.name("path")?, mode: r.u32("mode")? },
             12 => FileOp::Ftruncate { handle: r.u32("handle")?, length: r.u64("length")? },
             13 => FileOp::Getdents { handle: r.u32("handle")?, gpa: r.u64("gpa")?, len: r.u32("len")? },
+            14 => {
+                FileOp::MapShared { handle: r.u32("handle")?, offset: r.u64("offset")?, len: r.u64("len")?, writable: r.bool("writable")? }
+            }
+            15 => FileOp::UnmapShared { gpa: r.u64("gpa")? },
             other => return Err(DecodeError::UnknownFileOp(other)),
         })
     }

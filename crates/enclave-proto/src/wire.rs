@@ -15,6 +15,10 @@ pub enum DecodeError {
     UnknownKind(u16),
     UnknownFileOp(u8),
     UnknownStream(u8),
+    /// A yes-or-no byte that is neither 0 nor 1.
+    NotABool {
+        field: &'static str,
+    },
     /// A C string (argv, env, path, name) holds a NUL byte.
     ContainsNul {
         field: &'static str,
@@ -55,6 +59,7 @@ impl fmt::Display for DecodeError {
             DecodeError::UnknownKind(kind) => write!(f, "unknown message kind {kind:#06x}"),
             DecodeError::UnknownFileOp(op) => write!(f, "unknown file operation {op}"),
             DecodeError::UnknownStream(stream) => write!(f, "unknown output stream {stream}"),
+            DecodeError::NotABool { field } => write!(f, "{field} is neither 0 nor 1"),
             DecodeError::ContainsNul { field } => write!(f, "`{field}` contains a NUL byte"),
             DecodeError::Empty { field } => write!(f, "`{field}` is empty"),
             DecodeError::TrailingBytes { count } => write!(f, "{count} bytes after the last field"),
@@ -116,6 +121,16 @@ impl<'a> Reader<'a> {
     pub fn u8(&mut self, field: &'static str) -> Result<u8, DecodeError> {
         Ok(self.array::<1>(field)?[0])
     }
+
+    /// A byte that must be 0 (false) or 1 (true), so that every message has one encoding.
+    pub fn bool(&mut self, field: &'static str) -> Result<bool, DecodeError> {
+        match self.u8(field)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(DecodeError::NotABool { field }),
+        }
+    }
+
     pub fn u16(&mut self, field: &'static str) -> Result<u16, DecodeError> {
         self.array(field).map(u16::from_le_bytes)
     }

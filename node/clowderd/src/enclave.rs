@@ -22,6 +22,8 @@ use crate::sockets::{HelperSpec, JobSockets, UserLimits};
 use crate::sys;
 use crate::xemem::{GuestRegions, XememLinks, XememPort};
 
+mod shared_files;
+
 /// Timing of the liveness checks.
 #[derive(Clone, Copy, Debug)]
 pub struct Liveness {
@@ -87,6 +89,8 @@ struct JobSlot {
     events: mpsc::Sender<JobEvent>,
     files: JobFiles,
     regions: Vec<SharedRegion>,
+    /// Host files the job maps shared (`shared_files`); they go when it ends.
+    mapped: Vec<SharedRegion>,
     sockets: JobSockets,
 }
 
@@ -280,7 +284,7 @@ impl Enclave {
         let sockets = JobSockets::new(HelperSpec { job, owner: spec.owner.clone(), limits: spec.limits, cwd: spec.cwd.clone() });
         let files = JobFiles::new(spec.cwd_dir, spec.cwd.clone(), spec.scope, spec.owner);
         let _gate = self.launch_gate.lock().unwrap();
-        self.jobs.lock().unwrap().insert(job, JobSlot { events, files, regions: regions.clone(), sockets });
+        self.jobs.lock().unwrap().insert(job, JobSlot { events, files, regions: regions.clone(), mapped: Vec::new(), sockets });
         if let Err(e) = self.send(&message) {
             self.jobs.lock().unwrap().remove(&job);
             self.release_regions(&regions);
@@ -305,6 +309,7 @@ impl Enclave {
         if let Some(slot) = slot {
             let _ = slot.events.send(event);
             self.release_regions(&slot.regions);
+            self.release_regions(&slot.mapped);
         }
     }
 
@@ -327,6 +332,9 @@ impl Enclave {
         let mut jobs = self.jobs.lock().unwrap();
         match jobs.get_mut(&job) {
             Some(slot) => {
+                if let Some(result) = self.serve_shared_mapping(job, slot, op) {
+                    return HostMessage::FileResult { job, request, result };
+                }
                 let served = slot.files.serve(op, &self.ram);
                 if let Some(refusal) = &served.refusal {
                     self.log.push(format!("clowderd: job {job}: refused {op:?}: {refusal}"));

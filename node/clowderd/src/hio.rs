@@ -249,7 +249,8 @@ impl JobFiles {
         })
     }
 
-    fn handle(&self, handle: u32) -> Result<&File, i32> {
+    /// The open file behind `handle` (`EBADF` if there is none).
+    pub(crate) fn handle(&self, handle: u32) -> Result<&File, i32> {
         self.handles.get(&handle).ok_or(libc::EBADF)
     }
 
@@ -331,6 +332,8 @@ impl JobFiles {
                 self.handle(handle)?.set_len(length).map_err(errno_of)?;
                 Ok(Answer::Value(0))
             }
+            // Regions of the enclave's machine: its pump serves them (`enclave::shared_files`).
+            FileOp::MapShared { .. } | FileOp::UnmapShared { .. } => Err(libc::ENOSYS),
             FileOp::Getdents { handle, gpa, len } => {
                 if len > MAX_TRANSFER {
                     return Err(libc::EINVAL);

@@ -272,6 +272,17 @@ pub fn truncate(handle: u32, length: u64) -> i64 {
     result_of(request(FileOp::Ftruncate { handle, length }))
 }
 
+/// `[offset, offset + len)` of host file `handle` as a region the host adds (`mmap(MAP_SHARED)`):
+/// its guest-physical address, or -errno.
+pub fn map_shared(handle: u32, offset: u64, len: u64, writable: bool) -> i64 {
+    result_of(request(FileOp::MapShared { handle, offset, len, writable }))
+}
+
+/// The region `map_shared` answered with `gpa` is no longer mapped: the host removes it.
+pub fn unmap_shared(gpa: u64) -> i64 {
+    result_of(request(FileOp::UnmapShared { gpa }))
+}
+
 pub fn unlink(path: &str) -> i64 {
     result_of(request(FileOp::Unlink { path: path.as_bytes() }))
 }

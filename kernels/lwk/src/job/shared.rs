@@ -1,8 +1,11 @@
-//! Shared anonymous memory (`mmap(MAP_SHARED | MAP_ANONYMOUS)`): each mapping gets a
-//! physically contiguous block of its own, outside the heap, that `fork` maps into the child
-//! at the same address instead of copying, so that parent and children see each other's
-//! writes as on Linux (MPI libraries and shared-memory runtimes rely on it). A block goes back,
-//! cleared, when its last mapping in any process is gone.
+//! Shared memory: `mmap(MAP_SHARED | MAP_ANONYMOUS)` gets a physically contiguous block of its
+//! own, outside the heap, that `fork` maps into the child at the same address instead of
+//! copying, so that parent and children see each other's writes as on Linux (MPI libraries and
+//! shared-memory runtimes rely on it); it goes back, cleared, when its last mapping in any
+//! process is gone. `mmap(MAP_SHARED)` of a host file (a `/dev/shm` file, `shm_open`) maps the
+//! file's own pages, which the host adds as a guest-physical region (`FileOp::MapShared`), so
+//! that processes in other enclaves and on the host share them too; the region goes when no
+//! process of the job maps it.
 //!
 //! The mappings live in a window of their own, between any heap the loader places (below
 //! 0x5600_0000_0000, see `xpmem`) and XPMEM's attachment window (from 0x7000_0000_0000), so
@@ -10,6 +13,8 @@
 
 use super::memory::{Access, MemoryError};
 use crate::arch::paging::{HUGE_PAGE_SIZE, PAGE_SIZE};
+use crate::console::log;
+use crate::enclave::files;
 use crate::mm::aspace::AddressSpace;
 use crate::mm::pmem;
 use alloc::sync::Arc;
@@ -23,14 +28,26 @@ pub fn in_window(start: u64, end: u64) -> bool {
     start < WINDOW_END && end > WINDOW_START
 }
 
-/// Physical memory shared by every mapping that holds it.
+/// Physical memory shared by every mapping that holds it: the kernel's, or a host file's
+/// pages the host added as a region (`mmap(MAP_SHARED)` of a host file).
 struct Block {
     physical: u64,
     len: u64,
+    host_file: bool,
 }
 
 impl Drop for Block {
     fn drop(&mut self) {
+        if self.host_file {
+            // Once the job has ended the host removes its regions itself.
+            if files::job_cwd().is_some() {
+                let result = files::unmap_shared(self.physical);
+                if result < 0 {
+                    log!("mmap: the host did not remove the shared file region at {:#x} (errno {})", self.physical, -result);
+                }
+            }
+            return;
+        }
         // In a persistent enclave the host clears large blocks at native speed.
         crate::enclave::zero_memory(self.physical, self.len);
         pmem::free_clean(self.physical, self.len);
@@ -67,6 +84,10 @@ impl Mapping {
     }
 }
 
+fn page_multiple(len: u64) -> Result<u64, MemoryError> {
+    len.checked_next_multiple_of(PAGE_SIZE).filter(|&len| len != 0).ok_or(MemoryError::InvalidArgument)
+}
+
 /// Mappings taken out of a process (`unmap`), to be dropped once no lock is held: their
 /// blocks may be cleared by the host, which takes a round trip.
 #[must_use]
@@ -91,25 +112,57 @@ impl SharedMappings {
         access: Access,
         fixed: Option<u64>,
     ) -> Result<(u64, Released), MemoryError> {
-        let len = len.checked_next_multiple_of(PAGE_SIZE).filter(|&len| len != 0).ok_or(MemoryError::InvalidArgument)?;
+        let len = page_multiple(len)?;
         let align = if len >= HUGE_PAGE_SIZE { HUGE_PAGE_SIZE } else { PAGE_SIZE };
-        let (start, released) = match fixed {
+        let (start, released) = self.place(aspace, len, align, fixed)?;
+        let physical = pmem::allocate(len, align).ok_or(MemoryError::NoMemory)?;
+        let block = Arc::new(Block { physical, len, host_file: false });
+        self.insert(aspace, Mapping { start, end: start + len, block, offset: 0, access })?;
+        Ok((start, released))
+    }
+
+    /// A mapping of the host file region at guest-physical `gpa` (`len` bytes, from
+    /// `files::map_shared`), placed as `map_new` places memory; the region goes when no
+    /// process maps any of it.
+    pub fn map_host_file(
+        &mut self,
+        aspace: &mut AddressSpace,
+        gpa: u64,
+        len: u64,
+        access: Access,
+        fixed: Option<u64>,
+    ) -> Result<(u64, Released), MemoryError> {
+        // Made first, so that the region goes back whatever fails below.
+        let block = Arc::new(Block { physical: gpa, len, host_file: true });
+        let len = page_multiple(len)?;
+        // 2 MiB pages where the region's address allows them.
+        let align = if len >= HUGE_PAGE_SIZE && gpa.is_multiple_of(HUGE_PAGE_SIZE) { HUGE_PAGE_SIZE } else { PAGE_SIZE };
+        let (start, released) = self.place(aspace, len, align, fixed)?;
+        self.insert(aspace, Mapping { start, end: start + len, block, offset: 0, access })?;
+        Ok((start, released))
+    }
+
+    /// Where a new mapping of `len` bytes goes: at `fixed` (which must lie in the window:
+    /// whatever is mapped there goes) or at the lowest free `align`ed place.
+    fn place(&mut self, aspace: &mut AddressSpace, len: u64, align: u64, fixed: Option<u64>) -> Result<(u64, Released), MemoryError> {
+        match fixed {
             Some(start) => {
                 let end = start.checked_add(len).ok_or(MemoryError::InvalidArgument)?;
                 if !start.is_multiple_of(PAGE_SIZE) || start < WINDOW_START || end > WINDOW_END {
                     return Err(MemoryError::InvalidArgument);
                 }
-                (start, self.unmap(aspace, start, end)?)
+                Ok((start, self.unmap(aspace, start, end)?))
             }
-            None => (self.free_place(len, align).ok_or(MemoryError::NoMemory)?, Released { _held: Vec::new() }),
-        };
-        let physical = pmem::allocate(len, align).ok_or(MemoryError::NoMemory)?;
-        let mapping = Mapping { start, end: start + len, block: Arc::new(Block { physical, len }), offset: 0, access };
-        // On failure the block goes back with the mapping.
+            None => Ok((self.free_place(len, align).ok_or(MemoryError::NoMemory)?, Released { _held: Vec::new() })),
+        }
+    }
+
+    /// Maps `mapping` (placed by `place`) and records it; on failure its block goes back.
+    fn insert(&mut self, aspace: &mut AddressSpace, mapping: Mapping) -> Result<(), MemoryError> {
         mapping.map_into(aspace)?;
-        let at = self.mappings.partition_point(|other| other.start < start);
+        let at = self.mappings.partition_point(|other| other.start < mapping.start);
         self.mappings.insert(at, mapping);
-        Ok((start, released))
+        Ok(())
     }
 
     /// The lowest `align`ed start of `len` free bytes in the window.

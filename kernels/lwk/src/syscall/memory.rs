@@ -44,7 +44,8 @@ fn access_of(protection: u32) -> Result<Access, Errno> {
 }
 
 /// A file mapping: a private copy of the file's bytes from `offset` (zero past its end) in
-/// heap memory, from the job's archive or, for a host file, written there by the host.
+/// heap memory, from the job's archive or, for a host file, written there by the host; a
+/// shared mapping of a host file maps the file's own pages (`map_host_file_shared`).
 fn map_file(fd: Fd, len: u64, protection: u32, flags: u32, offset: u64, fixed: Option<u64>) -> SyscallResult {
     enum Source {
         Archive(crate::fs::Node),
@@ -56,10 +57,13 @@ fn map_file(fd: Fd, len: u64, protection: u32, flags: u32, offset: u64, fixed: O
         Some(_) => Err(Errno::ENODEV),
         None => Err(Errno::EBADF),
     })?;
+    let access = access_of(protection)?;
+    if let (Source::Host(handle), true) = (&source, flags & MAP_SHARED != 0) {
+        return map_host_file_shared(*handle, len, access, offset, fixed);
+    }
     if flags & MAP_SHARED != 0 && protection & PROT_WRITE != 0 {
         return Err(Errno::EACCES); // a copy: writes could not reach the file
     }
-    let access = access_of(protection)?;
     let (start, zeroed) = with_memory(|memory| memory.map_for_file(len, fixed)).map_err(memory_error)?;
     let filled = match source {
         Source::Archive(node) => {
@@ -137,6 +141,30 @@ fn map_shared(len: u64, access: Access, fixed: Option<u64>) -> SyscallResult {
     }
     let (start, released) =
         job::with_process(|process| process.shared.map_new(&mut process.memory.aspace, len, access, fixed)).map_err(memory_error)?;
+    drop(released);
+    Ok(start)
+}
+
+/// A shared mapping of host file `handle` from `offset`: the file's own pages, which the host
+/// adds to the enclave as a region (`job::shared`).
+fn map_host_file_shared(handle: u32, len: u64, access: Access, offset: u64, fixed: Option<u64>) -> SyscallResult {
+    if fixed.is_some_and(|start| !shared::in_window(start, start.saturating_add(len))) {
+        log!(
+            "mmap: MAP_SHARED of a host file at a fixed address outside {:#x}..{:#x} is not supported",
+            shared::WINDOW_START,
+            shared::WINDOW_END
+        );
+        return Err(Errno::EINVAL);
+    }
+    let len = len.checked_next_multiple_of(4096).filter(|&len| len != 0).ok_or(Errno::EINVAL)?;
+    let writable = access.is_some_and(|protection| protection.write);
+    let gpa = files::map_shared(handle, offset, len, writable);
+    if gpa < 0 {
+        return files::to_syscall_result(gpa);
+    }
+    let (start, released) =
+        job::with_process(|process| process.shared.map_host_file(&mut process.memory.aspace, gpa as u64, len, access, fixed))
+            .map_err(memory_error)?;
     drop(released);
     Ok(start)
 }
