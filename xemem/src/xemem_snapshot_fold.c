@@ -48,9 +48,12 @@ static const char *forced_fallback(void)
 	return forced && (!strcmp(forced, "scan") || !strcmp(forced, "read")) ? forced : NULL;
 }
 
-/* Starts tracking the stores into r's view (just mapped private, so empty: WP_UNPOPULATED
- * counts its pages as protected until touched). Without it (no userfaultfd, a kernel before
- * 6.7, a fallback asked for) r->uffd stays -1 and folds are untracked. region_lock held. */
+/* Starts tracking the stores into r's view (just mapped private, so empty), write-protecting
+ * all of it at once: WP_UNPOPULATED puts a marker in each empty entry (page tables for the
+ * whole region, 2 MiB a GiB), since the fold's scan counts an entry with neither a page nor a
+ * marker as written, and the first fold then copied, so allocated, every page of the region.
+ * Without tracking (no userfaultfd, a kernel before 6.7, a fallback asked for) r->uffd stays
+ * -1 and folds are untracked. region_lock held. */
 void track_writes(struct region *r)
 {
 	if (forced_fallback())
@@ -62,7 +65,9 @@ void track_writes(struct region *r)
 				  .features = FEATURE_WP_ASYNC | FEATURE_WP_UNPOPULATED | FEATURE_WP_HUGETLBFS_SHMEM };
 	struct uffdio_register registration = { .range = { .start = r->base, .len = r->size },
 						.mode = UFFDIO_REGISTER_MODE_WP };
-	if (ioctl(uffd, UFFDIO_API, &api) < 0 || ioctl(uffd, UFFDIO_REGISTER, &registration) < 0) {
+	struct uffdio_writeprotect protect = { .range = registration.range, .mode = UFFDIO_WRITEPROTECT_MODE_WP };
+	if (ioctl(uffd, UFFDIO_API, &api) < 0 || ioctl(uffd, UFFDIO_REGISTER, &registration) < 0 ||
+	    ioctl(uffd, UFFDIO_WRITEPROTECT, &protect) < 0) {
 		close(uffd);
 		return;
 	}

@@ -50,7 +50,10 @@ EXPORT xpmem_segid_t xemem_snapshot_make(void *region, int permit_type, void *pe
 		/* The pages written since the last snapshot go into the memfd, which readers map. */
 		if (fold(r, 0) < 0)
 			error = errno;
-	} else if (mmap((void *)r->base, r->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, r->fd, 0) ==
+	} else if (/* NORESERVE: a region is address space (an engine's step buffer may span many
+		    * GiB, sparsely written); a private writable view is otherwise charged whole
+		    * against the commit limit. */
+		   mmap((void *)r->base, r->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, r->fd, 0) ==
 		   MAP_FAILED) {
 		error = errno; /* MAP_FIXED failed before replacing anything: the view is still shared */
 	} else {
