@@ -103,6 +103,17 @@ wait $w; ws=$?
 [ $r1 = 0 ] && [ $r2 = 0 ] && [ $ws = 0 ] && grep -q "after 5 steps" "$R" && grep -q "after 5 steps" "$R2"
 check "two readers (C++ with a selection, C) of a Python writer see every step (Block)" $? "$W" "$R" "$R2"
 
+# A step is a snapshot: with QueueLimit=1 the writer rewrites step 0's buffer in place for
+# step 1 while a slow reader holds step 0, which must keep step 0's values.
+c=$(config s7 StreamName=s7 QueueLimit=1)
+rm -f "$scratch/rewritten"
+run python3 "$tests/held_step.py" "$c" out.bp writer "$scratch/rewritten" >"$W" 2>&1 & w=$!
+run python3 "$tests/held_step.py" "$c" out.bp reader "$scratch/rewritten" >"$R" 2>&1; r=$?
+wait $w; ws=$?
+[ $r = 0 ] && [ $ws = 0 ] && grep -q "held step 0 unchanged" "$R" && grep -q "after 3 steps" "$R" &&
+    no_segment_left s7
+check "a slow reader holding step 0 sees it unchanged while the writer rewrites its buffer (snapshot)" $? "$W" "$R"
+
 c=$(config s5 StreamName=s5 RendezvousReaderCount=0 QueueLimit=2)
 run "$bin/cxx_writer" "$c" out.bp 12 16 8 -1 100 >"$W" 2>&1 & w=$!
 sleep 0.6

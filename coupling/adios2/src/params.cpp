@@ -76,13 +76,20 @@ Params Params::Parse(const adios2::Params &io)
             p.closeTimeoutSecs = Seconds(rawKey, value);
         else if (key == "streamname")
             p.streamName = value;
+        else if (key == "stepsnapshots")
+        {
+            std::string v = Lower(value);
+            if (v != "true" && v != "false")
+                Bad(rawKey, value, "true or false");
+            p.stepSnapshots = v == "true";
+        }
         else if (key == "maxstepsize")
             p.maxStepSize = Unsigned(rawKey, value, 4096, uint64_t(1) << 46);
         else
             throw std::invalid_argument("clowder engine: unknown parameter " + rawKey +
                                         " (known: QueueLimit, QueueFullPolicy, "
                                         "RendezvousReaderCount, MaxReaders, OpenTimeoutSecs, "
-                                        "CloseTimeoutSecs, MaxStepSize, StreamName)");
+                                        "CloseTimeoutSecs, MaxStepSize, StepSnapshots, StreamName)");
     }
     if (p.rendezvousReaderCount > p.maxReaders)
         throw std::invalid_argument("clowder engine: RendezvousReaderCount " +

@@ -27,6 +27,9 @@ struct Params
     double openTimeoutSecs = 60;         // OpenTimeoutSecs: writer's rendezvous, reader's wait
     double closeTimeoutSecs = 60;        // CloseTimeoutSecs: writer waits for readers to drain
     uint64_t maxStepSize = uint64_t(64) << 30; // MaxStepSize: bytes of one step, at most
+    // StepSnapshots: each step a copy-on-write snapshot of a region the writer rewrites in
+    // place (true), or a segment of its own per queued step (false; always so in the LWK).
+    bool stepSnapshots = true;
     // StreamName: what writer and readers meet by. ADIOS2's plugin interface (v2) hands the
     // engine the plugin's name where other engines get the name given to Open, so the stream
     // is the IO's name unless this parameter names it.

@@ -1,5 +1,6 @@
 #include "stream_writer.h"
 
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 #include <stdexcept>
@@ -41,7 +42,9 @@ bool Present(int64_t presenceSegid)
 } // namespace
 
 StreamWriter::StreamWriter(const std::string &stream, const Params &params)
-: m_Params(params), m_Name(stream), m_ControlName(ControlName(stream))
+: m_Params(params), m_Name(stream), m_ControlName(ControlName(stream)),
+  m_Snapshots(params.stepSnapshots),
+  m_RegionSize(std::min<size_t>(params.maxStepSize, kInitialRegion))
 {
     size_t size = ControlSize(m_Params.queueLimit, m_Params.maxReaders);
     m_Control = std::make_unique<MadeSegment>(size, "clowder-adios2-control");
@@ -110,26 +113,96 @@ uint32_t StreamWriter::Reclaim()
             least = std::min(least, std::max(Load(r.next_pub), m_Oldest));
     }
     if (least > m_Oldest)
-    {
-        Store(m_Ctl.Header().oldest_pub, least);
-        // A reader that joined while we looked may have read oldest_pub before our store and
-        // start below `least`: it has stored its position by now, so we see it here. The
-        // buffers it might read are dropped (its attachment keeps their memory), not reused.
-        uint64_t guard = least;
-        for (uint32_t i = 0; i < m_Ctl.MaxReaders(); ++i)
-        {
-            ReaderSlot &r = m_Ctl.Reader(i);
-            if (Load(r.pid) != 0)
-                guard = std::min(guard, std::max(Load(r.next_pub), m_Oldest));
-        }
-        auto end = m_Published.lower_bound(least);
-        for (auto it = m_Published.begin(); it != end; ++it)
-            if (it->first < guard && m_Pool.size() < kPoolMax)
-                m_Pool.push_back(std::move(it->second));
-        m_Published.erase(m_Published.begin(), end);
-        m_Oldest = least;
-    }
+        Drop(least);
     return live;
+}
+
+void StreamWriter::Drop(uint64_t least)
+{
+    Store(m_Ctl.Header().oldest_pub, least);
+    // A reader that joined while we looked may have read oldest_pub before our store and
+    // start below `least`: it has stored its position by now, so we see it here. The buffers
+    // it might read are dropped (its attachment keeps their memory), not reused.
+    uint64_t guard = least;
+    for (uint32_t i = 0; i < m_Ctl.MaxReaders(); ++i)
+    {
+        ReaderSlot &r = m_Ctl.Reader(i);
+        if (Load(r.pid) != 0)
+            guard = std::min(guard, std::max(Load(r.next_pub), m_Oldest));
+    }
+    for (; m_Oldest < least; ++m_Oldest)
+        Unqueue(m_Oldest, m_Oldest < guard);
+}
+
+void StreamWriter::Unqueue(uint64_t pub, bool reuse)
+{
+    auto it = m_Published.find(pub);
+    if (it == m_Published.end())
+        return;
+    StepBuffer *buffer = it->second;
+    m_Published.erase(it);
+    m_Queued.erase(buffer);
+    buffer->Withdraw();
+    if (reuse && buffer->Capacity() >= m_RegionSize)
+        return;
+    if (buffer == m_Current)
+    {
+        // The step being written lies in it: it moves to a buffer of its own.
+        std::unique_ptr<StepBuffer> moved = NewBuffer();
+        std::memcpy(moved->Data(), buffer->Data(), m_Used);
+        m_Current = moved.get();
+        m_Buffers.push_back(std::move(moved));
+    }
+    m_Buffers.erase(std::find_if(m_Buffers.begin(), m_Buffers.end(),
+                                 [&](const auto &b) { return b.get() == buffer; }));
+}
+
+void StreamWriter::Grow(size_t need)
+{
+    m_RegionSize = std::min<size_t>(m_Params.maxStepSize, std::max(2 * m_RegionSize, need));
+    std::unique_ptr<StepBuffer> bigger = NewBuffer();
+    std::memcpy(bigger->Data(), m_Current->Data(), m_Used);
+    StepBuffer *old = m_Current;
+    m_Current = bigger.get();
+    m_Buffers.push_back(std::move(bigger));
+    if (!m_Queued.count(old)) // a queued one goes once its readers are done (Unqueue)
+        m_Buffers.erase(std::find_if(m_Buffers.begin(), m_Buffers.end(),
+                                     [&](const auto &b) { return b.get() == old; }));
+}
+
+std::unique_ptr<StepBuffer> StreamWriter::NewBuffer()
+{
+    if (m_Snapshots)
+    {
+        if (auto region = SnapshotRegion::Alloc(m_RegionSize))
+            return region;
+        m_Snapshots = false; // no regions here (the LWK)
+    }
+    return std::make_unique<MadeSegment>(m_Params.maxStepSize, "clowder-adios2-step");
+}
+
+StepBuffer *StreamWriter::TakeBuffer()
+{
+    // Free regions smaller than the largest step so far go.
+    m_Buffers.erase(std::remove_if(m_Buffers.begin(), m_Buffers.end(),
+                                   [&](const auto &b) {
+                                       return !m_Queued.count(b.get()) &&
+                                              b->Capacity() < m_RegionSize;
+                                   }),
+                    m_Buffers.end());
+    for (const auto &b : m_Buffers)
+        if (!m_Queued.count(b.get()))
+            return b.get();
+    // Segments: at most QueueLimit queued, so QueueLimit + 1 buffers at most. Regions: at
+    // most QueueLimit; with all queued the queue is full, and the oldest step's region is
+    // rewritten under its snapshot while its readers finish.
+    bool inPlace = !m_Buffers.empty() && m_Buffers.front()->WritableWhilePublished();
+    if (!inPlace || m_Buffers.size() < m_Ctl.QueueSlots())
+    {
+        m_Buffers.push_back(NewBuffer());
+        return m_Buffers.back().get();
+    }
+    return m_Published.begin()->second;
 }
 
 bool StreamWriter::QueueFull() const { return m_NextPub - m_Oldest >= m_Ctl.QueueSlots(); }
@@ -140,13 +213,8 @@ void StreamWriter::BeginStep()
         throw std::logic_error("clowder engine: BeginStep after Close");
     if (m_InStep)
         throw std::logic_error("clowder engine: BeginStep twice without EndStep");
-    if (!m_Pool.empty())
-    {
-        m_Current = std::move(m_Pool.back());
-        m_Pool.pop_back();
-    }
-    else
-        m_Current = std::make_unique<MadeSegment>(m_Params.maxStepSize, "clowder-adios2-step");
+    Reclaim(); // so that a buffer the readers have left is taken before a queued one
+    m_Current = TakeBuffer();
     m_Used = kPage;
     m_Meta.clear();
     m_NVars = m_NAttrs = 0;
@@ -163,6 +231,9 @@ void StreamWriter::AddBlock(const std::string &name, const std::string &type, Ki
         throw std::invalid_argument("clowder engine: variable '" + name + "' has more than " +
                                     std::to_string(kMaxDims) + " dimensions");
     size_t at = Align(m_Used, kDataAlign);
+    if (m_Snapshots && at + bytes > m_Current->Capacity() && at + bytes >= at &&
+        at + bytes <= m_Params.maxStepSize)
+        Grow(at + bytes);
     if (bytes > m_Current->Capacity() || at > m_Current->Capacity() - bytes)
         throw std::runtime_error("clowder engine: step " + std::to_string(m_Step) + " of '" +
                                  m_Name + "' exceeds MaxStepSize (" +
@@ -237,43 +308,42 @@ void StreamWriter::EndStep()
     h.meta_offset = metaAt;
     h.meta_size = m_Meta.size();
 
+    m_Used = total; // what a move of the buffer (Unqueue) copies
+
     ++m_Step;
     Backoff backoff;
+    // A region holding a queued step is published again only once that step has left.
     while (true)
     {
         uint32_t live = Reclaim();
-        if (!QueueFull())
+        if (!QueueFull() && !m_Queued.count(m_Current))
             break;
         if (live == 0)
-        {
-            // Nobody reads: the oldest step goes, so a reader that joins sees the latest.
-            m_Published.erase(m_Oldest++);
-            Store(m_Ctl.Header().oldest_pub, m_Oldest);
-        }
+            Drop(m_Oldest + 1); // nobody reads: the oldest goes, so a joiner sees the latest
         else if (m_Params.policy == QueueFullPolicy::Discard)
         {
-            if (m_Pool.size() < kPoolMax)
-                m_Pool.push_back(std::move(m_Current));
-            m_Current.reset();
+            m_Current = nullptr; // its buffer is taken again by a later step
             return;
         }
         else
             backoff.Pause();
     }
-    Publish(std::move(m_Current), total);
+    Publish(total);
 }
 
-void StreamWriter::Publish(std::unique_ptr<MadeSegment> step, size_t size)
+void StreamWriter::Publish(size_t size)
 {
-    step->MakeAtLeast(size);
+    StepBuffer::Published made = m_Current->Publish(size);
     StepSlot &slot = m_Ctl.Slot(m_NextPub);
     Store(slot.seq, 2 * m_NextPub + 1);
     __atomic_thread_fence(__ATOMIC_RELEASE);
     slot.step = m_Step - 1;
-    slot.segid = step->Segid();
-    slot.size = step->MadeSize(); // the whole segment, so readers' attachments park
+    slot.segid = made.segid;
+    slot.size = made.size; // the whole segment, so readers' attachments park
     Store(slot.seq, 2 * m_NextPub + 2);
-    m_Published[m_NextPub] = std::move(step);
+    m_Published[m_NextPub] = m_Current;
+    m_Queued.insert(m_Current);
+    m_Current = nullptr;
     Store(m_Ctl.Header().next_pub, ++m_NextPub);
 }
 
@@ -299,8 +369,9 @@ void StreamWriter::Finish(bool drain)
         }
     }
     m_Published.clear();
-    m_Pool.clear();
-    m_Current.reset();
+    m_Queued.clear();
+    m_Current = nullptr;
+    m_Buffers.clear(); // segments removed, regions freed: readers keep what they mapped
     m_Control.reset();
 }
 

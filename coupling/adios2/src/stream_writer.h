@@ -1,6 +1,9 @@
 // The writing end of a clowder stream, apart from ADIOS2: the named control segment, the
 // queue of published steps and the readers' places in it, and the step being written (blocks
-// copied in at once, metadata records, published by EndStep as one segment). The ADIOS2
+// copied in at once, metadata records, published by EndStep as one segment). On the host a
+// step is a copy-on-write snapshot of a region (xemem.h's SnapshotRegion): with the queue full
+// the writer rewrites the oldest queued step's region in place while its readers still read
+// that step's snapshot, and waits (Block) or drops the step (Discard) only at EndStep. The ADIOS2
 // engine (writer.h) and the C writer API (clowder_adios2.h) both write through it, so both
 // publish the same format (format.h) under the same rules.
 #pragma once
@@ -13,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -50,9 +54,20 @@ public:
 private:
     // Removes publications every live reader has passed; returns the number of live readers.
     uint32_t Reclaim();
+    // Publications below `least` leave the queue.
+    void Drop(uint64_t least);
     uint32_t LiveReaders();
     bool QueueFull() const;
-    void Publish(std::unique_ptr<MadeSegment> step, size_t size);
+    // A buffer for the next step: one no publication holds, else a new one while there may
+    // be more, else (snapshots) the oldest publication's, rewritten under its snapshot.
+    StepBuffer *TakeBuffer();
+    std::unique_ptr<StepBuffer> NewBuffer();
+    // Publication `pub` leaves the queue; `reuse`: its buffer may hold later steps (else it
+    // goes: a reader that raced our reclaim may be reading it).
+    void Unqueue(uint64_t pub, bool reuse);
+    // The step being written moves to a region of at least `need` bytes.
+    void Grow(size_t need);
+    void Publish(size_t size);
     void Finish(bool drain);
 
     Params m_Params;
@@ -60,14 +75,19 @@ private:
     std::string m_ControlName;
     std::unique_ptr<MadeSegment> m_Control;
     ControlView m_Ctl;
-    std::map<uint64_t, std::unique_ptr<MadeSegment>> m_Published; // by publication number
-    std::vector<std::unique_ptr<MadeSegment>> m_Pool; // buffers no reader can still read
-    static constexpr size_t kPoolMax = 2;
+    std::vector<std::unique_ptr<StepBuffer>> m_Buffers;
+    std::map<uint64_t, StepBuffer *> m_Published; // by publication number
+    std::set<const StepBuffer *> m_Queued;        // the buffers m_Published holds
+    bool m_Snapshots;                             // regions, while the library has them
+    // A region's size: the largest step so far (the first one kInitialRegion), so that its
+    // page tables, which write tracking fills for the whole region, follow the data.
+    size_t m_RegionSize;
+    static constexpr size_t kInitialRegion = size_t(16) << 20;
     Deadline m_NextPresenceCheck{0};
     uint64_t m_NextPub = 0;
     uint64_t m_Oldest = 0;
 
-    std::unique_ptr<MadeSegment> m_Current; // the step being written
+    StepBuffer *m_Current = nullptr;        // the step being written
     size_t m_Used = 0;                      // bytes of m_Current taken by data
     std::vector<uint8_t> m_Meta;
     uint32_t m_NVars = 0;

@@ -88,6 +88,43 @@ void MadeSegment::MakeAtLeast(size_t size, const std::string *name)
     m_MadeSize = want;
 }
 
+std::unique_ptr<SnapshotRegion> SnapshotRegion::Alloc(size_t capacity)
+{
+    size_t size = RoundToPage(capacity);
+    void *p = xemem_region_alloc(size);
+    if (p == reinterpret_cast<void *>(-1))
+    {
+        if (errno == ENOTSUP)
+            return nullptr;
+        Fail("xemem_region_alloc of a step buffer of " + std::to_string(size) +
+                 " bytes (MaxStepSize bounds it)",
+             errno);
+    }
+    return std::unique_ptr<SnapshotRegion>(new SnapshotRegion(static_cast<uint8_t *>(p), size));
+}
+
+SnapshotRegion::~SnapshotRegion() { xemem_region_free(m_Base); }
+
+StepBuffer::Published SnapshotRegion::Publish(size_t)
+{
+    Withdraw();
+    m_Snapshot = xemem_snapshot_make(m_Base, XPMEM_PERMIT_MODE, reinterpret_cast<void *>(0666),
+                                     nullptr);
+    if (m_Snapshot <= 0)
+    {
+        m_Snapshot = -1;
+        Fail("xemem_snapshot_make of a step", errno);
+    }
+    return {m_Snapshot, m_Capacity};
+}
+
+void SnapshotRegion::Withdraw()
+{
+    if (m_Snapshot > 0)
+        xemem_snapshot_release(m_Snapshot);
+    m_Snapshot = -1;
+}
+
 int64_t GetPermit(int64_t segid)
 {
     xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, nullptr);
