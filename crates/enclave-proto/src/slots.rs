@@ -81,13 +81,13 @@ pub const fn span(gpa: u64, count: u16) -> Option<u64> {
 /// itself). The job posts with `FREE`/`ANSWERED` -> `POSTED`; the host takes a call with
 /// `POSTED` -> `TAKEN` (compare-and-swap), so a job that gives up waiting can take it back
 /// with `POSTED` -> `FREE` and nothing is done twice.
+pub const RING3_CONTEXT: u64 = 64;
+pub const RING3_CONTEXT_SIZE: u64 = 32;
 /// In the control page: the guest-physical address and length of the paths of the job's own
 /// in-memory files (NUL-separated, absolute, normalized; the kernel's, not the host's: a path
 /// call naming one of them goes to the kernel), kernel-written.
 pub const RING3_JOB_FILES: u64 = 16;
 pub const RING3_JOB_FILES_LEN: u64 = 24;
-pub const RING3_CONTEXT: u64 = 64;
-pub const RING3_CONTEXT_SIZE: u64 = 32;
 /// Offsets in a CPU's context in the control page.
 pub const RING3_ROOT: u64 = 0;
 pub const RING3_FD_TABLE: u64 = 8;
