@@ -600,7 +600,8 @@ fn map_attachment(
             [memory.image, memory.heap, memory.mmap_window(), memory.stack].iter().any(|region| region.start < end && fixed < region.end)
         })
         .unwrap_or(true)
-            || device.attachments.iter().any(|a| a.pid == pid && a.start < end && fixed < a.end);
+            || device.attachments.iter().any(|a| a.pid == pid && a.start < end && fixed < a.end)
+            || snapshot::overlaps_region(pid, fixed, end);
         if taken || end > xemem::USER_ADDRESS_LIMIT {
             return Err(Error::Invalid);
         }

@@ -181,42 +181,51 @@ pub fn region_free(start: u64) -> Result<(), Errno> {
 /// snapshot segment (`make` makes it, from the shadow's address and size); returns its segid.
 pub fn snapshot_make(start: u64, make: impl FnOnce(u64, u64) -> Result<i64, Error>) -> Result<i64, Errno> {
     let pid = caller();
-    let (shadow, size) = {
+    let size = {
         let mut regions = REGIONS.lock();
         let region = regions.list.iter_mut().find(|r| r.pid == pid && r.start == start).ok_or(Errno::EINVAL)?;
         if region.busy || region.snapshot.is_some() {
             return Err(EBUSY);
         }
-        let (start, end) = (region.start, region.start + region.size);
-        // Attachers of a segment over the view would see the writer's copies no more.
-        let exported = with_device(|device| {
-            let mine = super::principal(pid);
-            device.own_segments.values().any(|&(owner, vaddr, length)| owner == pid && vaddr < end && start < vaddr + length)
-                || device
-                    .names
-                    .owned_by(mine)
-                    .iter()
-                    .filter_map(|id| device.names.segment(*id))
-                    .any(|s| s.vaddr < end && start < s.vaddr + s.size)
-        });
-        if exported {
-            return Err(EBUSY);
-        }
-        if region.protected {
-            protect_written(region)?
-        } else {
-            protect_whole(region)?
+        // Busy: no segment can be made over it meanwhile (`unprotect_for_export`).
+        region.busy = true;
+        region.size
+    };
+    // Attachers of a segment over the view would see the writer's copies no more. (The device
+    // is looked at without the regions' lock: attaches take them in that order.)
+    let end = start + size;
+    let exported = with_device(|device| {
+        let mine = super::principal(pid);
+        device.own_segments.values().any(|&(owner, vaddr, length)| owner == pid && vaddr < end && start < vaddr + length)
+            || device
+                .names
+                .owned_by(mine)
+                .iter()
+                .filter_map(|id| device.names.segment(*id))
+                .any(|s| s.vaddr < end && start < s.vaddr + s.size)
+    });
+    let shadow = {
+        let mut regions = REGIONS.lock();
+        // Gone only with its process, which is ending.
+        let Some(region) = regions.list.iter_mut().find(|r| r.pid == pid && r.start == start) else { return Err(Errno::ESRCH) };
+        let protected = match exported {
+            true => Err(EBUSY),
+            false if region.protected => protect_written(region),
+            false => protect_whole(region),
+        };
+        if let Err(errno) = protected {
+            region.busy = false;
+            return Err(errno);
         }
         region.snapshot = Some(Snapshot { segid: None, kept: Vec::new() });
-        region.busy = true;
-        (region.shadow(), region.size)
+        region.shadow()
     };
     // No other CPU may keep a writable translation of the view: its stores would reach the
     // snapshot (this CPU's went with each change).
     shoot_down_elsewhere();
     let made = make(shadow, size);
     let mut regions = REGIONS.lock();
-    let region = regions.list.iter_mut().find(|r| r.pid == pid && r.start == start).expect("a busy region stays");
+    let Some(region) = regions.list.iter_mut().find(|r| r.pid == pid && r.start == start) else { return Err(Errno::ESRCH) };
     region.busy = false;
     match made {
         Ok(segid) => {
@@ -255,19 +264,27 @@ fn protect_whole(region: &mut Region) -> Result<(), Errno> {
 fn protect_written(region: &mut Region) -> Result<(), Errno> {
     let (pid, start, shadow) = (region.pid, region.start, region.shadow());
     let written = core::mem::take(&mut region.written);
-    with_job_process(pid, |process| {
+    let done = with_job_process(pid, |process| {
         let aspace = &mut process.memory.aspace;
-        for offset in written {
+        for (done, &offset) in written.iter().enumerate() {
             // A page the job unmapped since keeps its old frame in the shadow.
             let Ok(view) = aspace.translate(start + offset) else { continue };
-            aspace.map(start + offset, view.physical, PAGE_SIZE, READ_ONLY).map_err(|_| Errno::ENOMEM)?;
-            if aspace.translate(shadow + offset).map(|t| t.physical).ok() != Some(view.physical) {
-                aspace.map(shadow + offset, view.physical, PAGE_SIZE, READ_ONLY).map_err(|_| Errno::ENOMEM)?;
+            let protected = aspace.map(start + offset, view.physical, PAGE_SIZE, READ_ONLY).is_ok()
+                && (aspace.translate(shadow + offset).map(|t| t.physical).ok() == Some(view.physical)
+                    || aspace.map(shadow + offset, view.physical, PAGE_SIZE, READ_ONLY).is_ok());
+            if !protected {
+                return done;
             }
         }
-        Ok(())
+        written.len()
     })
-    .unwrap_or(Err(Errno::ESRCH))
+    .unwrap_or(0);
+    if done < written.len() {
+        // Out of page-table memory: the pages not done are still written (and may be writable).
+        region.written = written[done..].to_vec();
+        return Err(Errno::ENOMEM);
+    }
+    Ok(())
 }
 
 /// Other CPUs of the job drop their user translations; a one-CPU job has none to drop (a full
@@ -321,7 +338,7 @@ pub fn snapshot_release(segid: i64) -> Result<(), Errno> {
     // Attachments are revoked (the host's before it answers) before the kept frames are reused.
     let removed = super::remove(segid);
     let mut regions = REGIONS.lock();
-    let region = regions.list.iter_mut().find(|r| is_ours(r)).expect("a busy region stays");
+    let Some(region) = regions.list.iter_mut().find(|r| is_ours(r)) else { return Err(Errno::ESRCH) };
     region.busy = false;
     match removed {
         // NotFound: the segment went already (its owner's process was told so by the host).
@@ -384,6 +401,12 @@ pub fn copy_on_write(address: u64) -> bool {
         snapshot.kept.push(old);
     }
     true
+}
+
+/// Whether `[start, end)` overlaps a region of process `pid`, its view or its shadow (a
+/// fixed-address attach must not replace either).
+pub fn overlaps_region(pid: u64, start: u64, end: u64) -> bool {
+    REGIONS.lock().list.iter().any(|r| r.pid == pid && r.start < end && start < r.shadow() + r.size)
 }
 
 /// Process `pid` is ending (its segments, snapshots among them, are removed): its regions go,
