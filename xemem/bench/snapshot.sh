@@ -90,5 +90,8 @@ MD
         printf "\nPer written page (1 GiB, 1%%, CPU time): the whole cycle %.2f us, of which the fault %.2f us;\n", $8 * 1000 / pages, $6 * 1000 / pages
         printf "a 4 KiB page of the region copy costs %.2f us.\n", $4 * 1000 / 262144
     }'
+    echo
+    echo "In an LWK enclave snapshots are the kernel's page-table copy-on-write: \`xemem/bench/lwk-snapshot.sh\`,"
+    echo "[xemem-snapshot-lwk.md](xemem-snapshot-lwk.md)."
 } >"$out"
 echo "wrote $out"
