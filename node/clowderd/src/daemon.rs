@@ -28,7 +28,7 @@ use crate::owner::{self, Owner};
 use crate::peer::{may_create_enclaves, Peer};
 use crate::sys;
 use crate::xemem::service::XememService;
-use crate::xemem::XememLinks;
+use crate::xemem::{EnclaveUser, XememLinks};
 
 /// How many removed enclaves `ls` and `logs` remember.
 const REMEMBERED_REMOVALS: usize = 16;
@@ -334,10 +334,11 @@ impl Daemon {
         let pumped = enclave.clone();
         let liveness = self.config.liveness;
         let xemem_links = self.xemem_links.clone();
+        let user = EnclaveUser { uid: peer.uid, gid: peer.gid };
         std::thread::Builder::new()
             .name(format!("enclave-{name}"))
             .spawn(move || {
-                if let Some(reason) = pumped.pump(receiver, liveness, &xemem_links) {
+                if let Some(reason) = pumped.pump(receiver, liveness, &xemem_links, user) {
                     daemon.enclave_failed(&pumped, reason);
                 }
             })

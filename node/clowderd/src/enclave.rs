@@ -20,7 +20,7 @@ use crate::link::{self, Received, Receiver, Sender};
 use crate::machine::{Launcher, Machine, MachineSpec, Populated, RegionAccess, SharedRegion};
 use crate::sockets::{HelperSpec, JobSockets, UserLimits};
 use crate::sys;
-use crate::xemem::{GuestRegions, XememLinks, XememPort};
+use crate::xemem::{EnclaveUser, GuestRegions, XememLinks, XememPort};
 
 mod shared_files;
 
@@ -433,9 +433,10 @@ impl Enclave {
     /// Runs until the enclave is stopped ([`Enclave::stop`], returns `None`) or fails (returns
     /// why): its machine ended, it stopped answering pings, it corrupted the channel or it
     /// panicked. On failure every job hears why and the machine is shut down.
-    pub fn pump(&self, mut receiver: Receiver, liveness: Liveness, xemem: &Arc<XememLinks>) -> Option<String> {
+    /// `user` owns the enclave: its processes' XEMEM segments and gets are that user's.
+    pub fn pump(&self, mut receiver: Receiver, liveness: Liveness, xemem: &Arc<XememLinks>, user: EnclaveUser) -> Option<String> {
         // The enclave's XEMEM link lives as long as this pump: dropping it takes the link down.
-        let xemem = receiver.waker().ok().and_then(|wake| xemem.join(self.ram.clone(), wake));
+        let xemem = receiver.waker().ok().and_then(|wake| xemem.join(self.ram.clone(), wake)).map(|port| port.for_user(user));
         if xemem.is_none() {
             self.log.push("clowderd: no XEMEM link left for this enclave");
         }

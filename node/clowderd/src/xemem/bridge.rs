@@ -4,7 +4,8 @@
 
 use super::*;
 
-/// its own business and mean nothing on the host (LWK jobs all run as root), so only segments
+/// The uid and gid of a bridged get from a link with no [`EnclaveUser`] (a peer daemon's): the
+/// uids inside enclaves mean nothing on the host (LWK jobs all run as root), so only segments
 /// whose mode lets everyone in (XEMEM's named segments are 0666) can be had.
 pub(super) const ENCLAVE_PROCESS_CREDENTIALS_UID: u32 = 65534;
 
@@ -303,6 +304,7 @@ pub(super) struct Bridging {
     pub(super) link: LinkId,
     pub(super) bridge: Arc<Mutex<Bridge>>,
     pub(super) peer: bool,
+    pub(super) user: Option<EnclaveUser>,
 }
 
 /// How many bridged requests of one daemon link may be served at once; beyond that a request
@@ -407,7 +409,10 @@ impl Bridging {
         let links = &self.links;
         match body {
             Body::Get { process, segment, access, .. } => {
-                let others = Credentials { uid: ENCLAVE_PROCESS_CREDENTIALS_UID, groups: vec![ENCLAVE_PROCESS_CREDENTIALS_UID] };
+                let others = self.user.map_or_else(
+                    || Credentials { uid: ENCLAVE_PROCESS_CREDENTIALS_UID, groups: vec![ENCLAVE_PROCESS_CREDENTIALS_UID] },
+                    |user| user.credentials(),
+                );
                 let (source, size) = if segment.enclave() == NAME_SERVER_ENCLAVE && broker.is_some() {
                     let (broker_access, size) =
                         broker.ok_or(Error::NotFound)?.get_for_enclave(caller(*process), &others, *segment, *access)?;

@@ -310,6 +310,7 @@ impl XememLinks {
             peer_regions,
             workers: Arc::default(),
             upstream: false,
+            user: None,
         })
     }
 

@@ -69,5 +69,5 @@ use revocation::*;
 
 pub use links::{FileRun, XememLinks};
 pub use owner_runs::file_runs;
-pub use port::{GuestRegions, XememPort};
+pub use port::{EnclaveUser, GuestRegions, XememPort};
 pub use revocation::REVOKE_TIMEOUT;

@@ -37,6 +37,24 @@ pub struct XememPort {
     pub(super) workers: Arc<std::sync::atomic::AtomicUsize>,
     /// A sub-manager's link to the daemon above it.
     pub(super) upstream: bool,
+    /// The host user whose enclave this is ([`XememPort::for_user`]).
+    pub(super) user: Option<EnclaveUser>,
+}
+
+/// The host user an enclave's processes act as in XEMEM. The LWK runs every job as root,
+/// which means nothing on the host: the segments an enclave makes are its owner's, and its
+/// gets of other enclaves' or host processes' segments are made in its owner's name (so two
+/// enclaves of one user share 0600 segments, as that user's host processes do).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EnclaveUser {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl EnclaveUser {
+    pub(super) fn credentials(&self) -> Credentials {
+        Credentials { uid: self.uid, groups: vec![self.gid] }
+    }
 }
 
 /// What an enclave's machine must do for an attach of host memory: make a range of a memfd a
@@ -51,10 +69,27 @@ impl XememPort {
         self.link
     }
 
+    /// This enclave's processes act as `user` (see [`EnclaveUser`]).
+    pub fn for_user(mut self, user: EnclaveUser) -> XememPort {
+        self.user = Some(user);
+        self
+    }
+
+    /// A make from this enclave, owned by its user rather than by the uid the kernel put in.
+    fn as_user(&self, bytes: &[u8]) -> Option<Vec<u8>> {
+        let user = self.user?;
+        let mut message = Message::decode(bytes).ok()?;
+        let Body::Make { uid, gid, .. } = &mut message.body else { return None };
+        (*uid, *gid) = (user.uid, user.gid);
+        message.to_bytes().ok()
+    }
+
     /// One message the enclave sent (not yet decoded: the node validates it). Requests about
     /// host processes' segments are served by the broker, with `regions` (the enclave's
     /// machine) adding the owner's memory as guest-physical regions.
     pub fn from_enclave(&self, bytes: &[u8], regions: &dyn GuestRegions) {
+        let made_by_user = self.as_user(bytes);
+        let bytes = made_by_user.as_deref().unwrap_or(bytes);
         if let Ok(Message { header, body: Body::Revoked { process, access } }) = Message::decode(bytes) {
             // An acknowledgement of a revoke this link sent; from a daemon below, it may also
             // answer one the name server's daemon sent to a daemon further down: on it goes.
@@ -161,7 +196,7 @@ impl XememPort {
     }
 
     pub(super) fn bridging(&self) -> Bridging {
-        Bridging { links: self.links.clone(), link: self.link, bridge: self.bridge.clone(), peer: self.peer }
+        Bridging { links: self.links.clone(), link: self.link, bridge: self.bridge.clone(), peer: self.peer, user: self.user }
     }
 
     pub(super) fn remover(&self) -> Remover {

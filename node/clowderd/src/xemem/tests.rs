@@ -188,3 +188,33 @@ fn a_message_queued_by_a_host_caller_wakes_the_owner_enclaves_pump() {
     owner.from_enclave(&Message::new(serve.header.request, owner_id, NAME_SERVER_ENCLAVE, attached).to_bytes().unwrap(), &regions);
     assert_eq!(caller.join().unwrap().map(|runs| runs.len()), Ok(1));
 }
+
+#[test]
+fn an_enclaves_segments_and_gets_are_its_owners() {
+    use xemem_host::Enclaves;
+    let links = XememLinks::new();
+    let user = |uid| EnclaveUser { uid, gid: uid };
+    let port = |token, uid| {
+        let (port, id) = linked_port(&links, token);
+        (port.for_user(user(uid)), id)
+    };
+    let ((a, a_id), (b, b_id), (c, c_id)) = (port(1, 1000), port(2, 1000), port(3, 1001));
+    let regions = FakeRegions::default();
+    // The LWK says uid 0 (its jobs run as root): the segment is a's owner's all the same.
+    let make = Body::Make { process: 1, vaddr: 0x10_0000, size: 4096, uid: 0, gid: 0, mode: 0o600, name: None };
+    a.from_enclave(&Message::new(1, a_id, NAME_SERVER_ENCLAVE, make).to_bytes().unwrap(), &regions);
+    let Body::Made { segment } = Message::decode(&a.to_enclave().pop().expect("an answer")).unwrap().body else {
+        panic!("no segment made")
+    };
+    let get = |from: &XememPort, id| {
+        let body = Body::Get { process: 1, segment, access: xemem::ACCESS_READ_WRITE, uid: 0, groups: Vec::new() };
+        from.from_enclave(&Message::new(2, id, NAME_SERVER_ENCLAVE, body).to_bytes().unwrap(), &regions);
+        Message::decode(&from.to_enclave().pop().expect("an answer")).unwrap().body
+    };
+    assert!(matches!(get(&b, b_id), Body::Granted { .. }), "another enclave of the same user may get a 0600 segment");
+    assert_eq!(get(&c, c_id), Body::Failed { error: Error::Denied }, "another user's enclave may not");
+    let owner = Credentials { uid: 1000, groups: vec![1000] };
+    assert!(links.get(7, owner, segment, xemem::ACCESS_READ_WRITE).is_ok(), "nor may the user's host processes be refused");
+    let stranger = Credentials { uid: 1001, groups: vec![1001] };
+    assert_eq!(links.get(8, stranger, segment, xemem::ACCESS_READ_WRITE).err(), Some(Error::Denied));
+}
