@@ -1,6 +1,8 @@
-//! Forwarded file calls answer as Linux does (issue 21, point 3), on both of the enclave's
-//! paths: the file-call slots the daemon polls (the default) and the channel
-//! (`CLOWDER_FILE_SLOTS=off`). One static program makes open, stat, fstat, close, lseek, read,
+//! Forwarded file calls answer as Linux does (issue 21, point 3), on each of the enclave's
+//! paths: the job's ring-3 calls the daemon serves from its request page (the default, on
+//! PVM hosts; the calls the daemon does not take in time, and the others, through the kernel),
+//! the kernel's file-call slots alone (`CLOWDER_RING3_FILES=off`: the kernel path) and the
+//! channel (`CLOWDER_FILE_SLOTS=off`). One static program makes open, stat, fstat, close, lseek, read,
 //! write, pread and pwrite calls on host files, good and bad (missing files, closed and
 //! read-only descriptors, bad offsets and whences, a directory, a bad buffer), and prints each
 //! result with its errno; on the host and in both enclaves it must print the same. Needs
@@ -68,6 +70,12 @@ int main(void) {
     say("stat not a directory", stat("data/below", &st));
     say("stat directory", stat(".", &st));
     printf("directory is %s\n", S_ISDIR(st.st_mode) ? "a directory" : "not a directory");
+    say("lstat", lstat("data", &st));
+    printf("lstat size %lld\n", (long long)st.st_size);
+    say("stat bad path", stat((const char *)8, &st));
+    say("pread bad buffer", pread(fd, (void *)8, 4, 0));
+    say("pwrite at 100", pwrite(fd, "far", 3, 100));
+    say("lseek end", lseek(fd, 0, SEEK_END));
     int second = open("data", O_RDONLY);
     say("open again", second);
     say("write read-only", write(second, "x", 1));
@@ -90,7 +98,7 @@ int main(void) {
 "#;
 
 #[test]
-fn file_calls_answer_as_on_the_host_through_the_slots_and_the_channel() {
+fn file_calls_answer_as_on_the_host_from_ring_3_through_the_slots_and_the_channel() {
     let Some((dir, socket)) = enclave_test_daemon("clowder-file-calls", Liveness::default()) else { return };
     let program = build_musl_program(&dir.0, "calls", CALLS);
     let work = dir.0.join("work");
@@ -101,11 +109,13 @@ fn file_calls_answer_as_on_the_host_through_the_slots_and_the_channel() {
     assert!(expected.contains("open missing: -1 ENOENT") && expected.contains("open lowest free: 3"), "{expected}");
 
     let program = program.to_str().unwrap();
-    for (enclave, slots) in [("slots", "on"), ("channel", "off")] {
+    for (enclave, slots, ring3) in [("ring3", "on", "on"), ("kernel", "on", "off"), ("channel", "off", "off")] {
         // Read by the daemon when the enclave's kernel publishes its slots, at creation.
         std::env::set_var("CLOWDER_FILE_SLOTS", slots);
+        std::env::set_var("CLOWDER_RING3_FILES", ring3);
         run_clowder_ok(&socket, &["enclave", "create", "--name", enclave, "--mem", "64M"], &work);
         std::env::remove_var("CLOWDER_FILE_SLOTS");
+        std::env::remove_var("CLOWDER_RING3_FILES");
         let in_enclave = run_clowder(&socket, &["run", "--enclave", enclave, program], &work);
         assert_eq!(text(&in_enclave.stdout), expected, "{enclave}: {}", text(&in_enclave.stderr));
         run_clowder_ok(&socket, &["enclave", "rm", enclave], &work);

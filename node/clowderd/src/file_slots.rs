@@ -6,11 +6,12 @@
 //! Served by the pump itself, not a thread of its own: on a loaded host a busy poller is
 //! scheduled last, while a thread woken from sleep is run at once. The kernel rings the
 //! channel's doorbell after posting unless the control page says the host polls, which the
-//! pump does for a while after each request it served (a job's calls come in bursts) before
-//! it goes back to sleeping on the doorbell: no core is burnt between bursts. The while adapts
-//! (up to [`MAX_SPIN`]): on a loaded host the next call comes too late for any window, and
-//! spinning there only makes both sides slower. A kernel that
-//! waits halted is woken by the channel interrupt once its answer is written.
+//! pump does for [`POLL_WINDOW`] after each request it served (a job's calls come in bursts)
+//! before it goes back to sleeping on the doorbell: no core is burnt between bursts. A kernel
+//! that waits halted is woken by the channel interrupt once its answer is written. The same
+//! polling serves the job's ring-3 calls (`crate::ring3_files`), which cannot ring: a call
+//! the pump does not take soon goes to the kernel path, which rings, and the pump then polls
+//! for the calls that follow.
 //!
 //! `CLOWDER_FILE_SLOTS=off` in the daemon's environment leaves the slots unserved, so every
 //! call takes the channel (to compare the two).
@@ -23,31 +24,32 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::ring3_files;
+
 use enclave_proto::slots::{self, ANSWERED, DATA, DATA_CAPACITY, GUEST_SLEEPING, HOST_POLLING, HOST_READY, LENGTH, POSTED, STATE};
 use enclave_proto::{EnclaveMessage, FileOp, HostMessage};
 
 use crate::console::LogBook;
 use crate::guest_ram::{BadAddress, GuestRam};
 
-/// The longest the pump keeps polling the slots after a request it served.
-pub const MAX_SPIN: Duration = Duration::from_millis(1);
+/// How long the pump keeps polling the slots after the last request it served.
+pub const POLL_WINDOW: Duration = Duration::from_millis(5);
+/// For this long after a request the pump spins; then it sleeps [`POLL_NAP`] between looks:
+/// on a loaded host a thread that spun through its share is scheduled last, and its next
+/// wake-up on the doorbell comes late, while a napping one is run at once.
+const SPIN: Duration = Duration::from_micros(50);
+const POLL_NAP: Duration = Duration::from_micros(20);
 
-/// The slots the kernel published, mapped, and how quickly the kernel's requests follow
-/// each other.
+/// The slots the kernel published, mapped.
 pub struct Slots {
     gpa: u64,
+    /// Whether the job's ring-3 calls are served too (`CLOWDER_RING3_FILES=off`: not; each
+    /// then takes the kernel path, to compare the two).
+    ring3: bool,
     /// Host address of the slot pages in the enclave's RAM mapping (it lives as long as the
     /// enclave, which owns both).
     base: usize,
     count: u16,
-    /// When the last answer was written (ns from `epoch`), and the running mean of the gaps
-    /// between an answer and the next request (µs). The pump polls for twice that mean after
-    /// an answer when it is below [`MAX_SPIN`], and not at all otherwise: on a busy host, the
-    /// kernel's next call comes too late for any window, and spinning makes both sides slower
-    /// (a spinning thread is scheduled last).
-    epoch: Instant,
-    last_answer_ns: AtomicU64,
-    mean_gap_us: AtomicU64,
 }
 
 impl Slots {
@@ -56,12 +58,17 @@ impl Slots {
         std::env::var_os("CLOWDER_FILE_SLOTS").is_none_or(|value| value != "off")
     }
 
+    /// Whether this daemon serves the jobs' ring-3 file calls: not with `CLOWDER_RING3_FILES=off`.
+    pub fn ring3_wanted() -> bool {
+        std::env::var_os("CLOWDER_RING3_FILES").is_none_or(|value| value != "off")
+    }
+
     /// The slots at `gpa` (`FileSlots`), if they are RAM outside the channel.
     pub fn map(ram: &GuestRam, gpa: u64, count: u16) -> Result<Slots, String> {
         let span = slots::span(gpa, count).ok_or_else(|| format!("{count} file slots at {gpa:#x}: not page aligned or too many"))?;
         let (_, offset) = ram.file_range(gpa, span).map_err(|e: BadAddress| format!("file slots: {e}"))?;
         let base = ram.host_address(offset, span).ok_or("file slots outside the RAM mapping")? as usize;
-        let slots = Slots { gpa, base, count, epoch: Instant::now(), last_answer_ns: AtomicU64::new(0), mean_gap_us: AtomicU64::new(0) };
+        let slots = Slots { gpa, ring3: Slots::ring3_wanted(), base, count };
         slots.word(HOST_READY).store(1, Ordering::SeqCst);
         Ok(slots)
     }
@@ -79,20 +86,22 @@ impl Slots {
         self.word(HOST_READY).store(0, Ordering::SeqCst);
     }
 
-    /// Serves every posted request with `answer_of`, raising the channel interrupt with `kick`
-    /// for a kernel that waits halted; then keeps looking for the spin window after the last.
+    /// Serves every posted request with `answer_of` (the kernel's and the ring-3 calls),
+    /// raising the channel interrupt with `kick` for a kernel that waits halted; then keeps
+    /// polling until [`POLL_WINDOW`] has passed since the last.
     pub fn serve(&self, ram: &GuestRam, log: &LogBook, answer_of: &dyn Fn(u32, u32, &FileOp<'_>) -> HostMessage<'static>, kick: &dyn Fn()) {
         let polling = self.word(HOST_POLLING);
+        // SAFETY: prctl with integer arguments; it changes this thread's timer slack only.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
         let mut request = vec![0u8; DATA_CAPACITY];
         let mut answer = vec![0u8; DATA_CAPACITY];
         let mut last_served: Option<Instant> = None;
         loop {
-            let mut served = false;
+            let mut served = self.ring3 && ring3_files::serve_all(ram, self.gpa, self.count, answer_of);
             for index in 0..self.count {
                 let slot = slots::slot_address(0, index);
                 let (state, length) = (self.word(slot + STATE), self.word(slot + LENGTH));
                 if state.load(Ordering::SeqCst) == POSTED {
-                    self.note_gap();
                     let data = slots::slot_address(self.gpa, index) + DATA;
                     let answered = serve(ram, log, answer_of, data, length.load(Ordering::SeqCst), &mut request, &mut answer);
                     length.store(answered, Ordering::SeqCst);
@@ -100,35 +109,25 @@ impl Slots {
                     if self.word(slot + GUEST_SLEEPING).load(Ordering::SeqCst) != 0 {
                         kick();
                     }
-                    self.last_answer_ns.store(self.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
                     served = true;
                 }
             }
-            let window = Duration::from_micros(self.mean_gap_us.load(Ordering::Relaxed) * 2);
-            if served && window <= MAX_SPIN {
+            if served {
                 polling.store(1, Ordering::SeqCst);
                 last_served = Some(Instant::now());
-            } else if served || last_served.is_some_and(|at| at.elapsed() >= window) {
+            } else if last_served.is_some_and(|at| at.elapsed() >= POLL_WINDOW) {
                 // Back to sleeping on the doorbell: say so, then look once more, so a post
                 // made before the kernel read the flag is served here and one made after it
                 // rings the doorbell.
                 polling.store(0, Ordering::SeqCst);
                 last_served = None;
-            } else if last_served.is_some() {
+            } else if last_served.is_some_and(|at| at.elapsed() < SPIN) {
                 std::hint::spin_loop();
+            } else if last_served.is_some() {
+                std::thread::sleep(POLL_NAP);
             } else {
                 return;
             }
-        }
-    }
-
-    /// A request came: the gap since the last answer goes into the running mean.
-    fn note_gap(&self) {
-        let last = self.last_answer_ns.load(Ordering::Relaxed);
-        if last != 0 {
-            let gap_us = (self.epoch.elapsed().as_nanos() as u64).saturating_sub(last) / 1000;
-            let mean = self.mean_gap_us.load(Ordering::Relaxed);
-            self.mean_gap_us.store((mean * 3 + gap_us.min(1_000_000)) / 4, Ordering::Relaxed);
         }
     }
 }

@@ -28,6 +28,7 @@ pub mod memory;
 pub mod oneshot;
 pub mod owner;
 pub mod peer;
+pub mod ring3_files;
 pub mod server;
 pub mod sockets;
 pub mod sockets_helper;

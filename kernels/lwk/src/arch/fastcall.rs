@@ -42,6 +42,9 @@ use super::trap::{TrapFrame, USER_FLAGS};
 use core::arch::global_asm;
 use core::mem::offset_of;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use enclave_proto::slots::{
+    RING3_ARGS, RING3_CALL, RING3_ESCALATE, RING3_PATH, RING3_PATH_CAPACITY, RING3_REQUEST_PAGE, RING3_RESULT, RING3_SLOT_SIZE, RING3_STATE,
+};
 
 /// Where SYSCALL goes once it is known to stay in ring 3: the code page. Its first byte is
 /// the `ud2` of the kernel path (an invalid-opcode exception reaches the kernel several times
@@ -84,7 +87,14 @@ pub struct CpuData {
     pub cpu: AtomicU64,
     /// The running thread's CPU time minus the clock (`sched`): their sum is its CPU time.
     pub thread_clock: AtomicU64,
+    /// Non-zero while the host knows this CPU's process (`enclave::slots::ring3_publish`): its
+    /// file calls may be posted from ring 3.
+    pub files_ready: AtomicU64,
 }
+
+/// How many times the ring-3 code looks for the host to take a posted file call before it
+/// takes the call back for the kernel path (which rings the host's doorbell): about 50-100 µs.
+const FILE_SPIN: u32 = 10000;
 
 /// `struct utsname`: six 65-byte fields, in whole words.
 pub const UTSNAME_SIZE: usize = 6 * 65;
@@ -103,6 +113,9 @@ pub struct FastData {
     pub queued: [AtomicUsize; MAX_CPUS],
     /// When the job started (`clock::monotonic_ns`): the zero of its CPU time.
     pub job_start_ns: AtomicU64,
+    /// Non-zero while the job has files of its own in memory (`fs`) that the host could not be
+    /// told about: paths are then all the kernel's to resolve.
+    pub job_files: AtomicU32,
     /// `clock::TscScale`: monotonic ns = ((TSC - boot_tsc) * multiplier) >> shift.
     boot_tsc: AtomicU64,
     tsc_multiplier: AtomicU64,
@@ -113,6 +126,7 @@ pub struct FastData {
 
 const _: () = assert!(core::mem::size_of::<FastData>() == PAGE_SIZE as usize && core::mem::size_of::<CpuData>() == SLOT_SIZE as usize);
 const _: () = assert!(MAX_CPUS as u64 * SLOT_SIZE + UTSNAME_SIZE as u64 <= PAGE_SIZE);
+const _: () = assert!(MAX_CPUS as u64 * RING3_SLOT_SIZE <= PAGE_SIZE && RING3_SLOT_SIZE.is_power_of_two());
 
 pub static DATA: FastData = FastData {
     cpus: [const {
@@ -122,11 +136,13 @@ pub static DATA: FastData = FastData {
             ppid: AtomicU64::new(0),
             cpu: AtomicU64::new(0),
             thread_clock: AtomicU64::new(0),
+            files_ready: AtomicU64::new(0),
         }
     }; MAX_CPUS],
     signal_check: AtomicU32::new(0),
     queued: [const { AtomicUsize::new(0) }; MAX_CPUS],
     job_start_ns: AtomicU64::new(0),
+    job_files: AtomicU32::new(0),
     boot_tsc: AtomicU64::new(0),
     tsc_multiplier: AtomicU64::new(0),
     tsc_shift: AtomicU64::new(0),
@@ -198,6 +214,20 @@ pub fn parent_changed(pid: u64, ppid: u64) {
     }
 }
 
+/// Whether the ring-3 code may post `cpu`'s file calls to the host (`enclave::slots`).
+pub fn files_ready(cpu: usize, ready: bool) {
+    DATA.cpus[cpu].files_ready.store(ready as u64, Ordering::SeqCst);
+}
+
+pub fn files_ready_on(cpu: usize) -> bool {
+    DATA.cpus[cpu].files_ready.load(Ordering::Relaxed) != 0
+}
+
+/// Whether the job has files of its own in memory that the host does not know (`fs`).
+pub fn set_job_files(present: bool) {
+    DATA.job_files.store(present as u32, Ordering::Relaxed);
+}
+
 /// The physical pages to map at `DATA_PAGE` and `RING3_SYSCALL_PAGE`.
 pub fn data_page_physical() -> u64 {
     &raw const DATA as u64 - super::phys::KERNEL_VMA
@@ -260,6 +290,17 @@ pub fn abort_interrupted(frame: &mut TrapFrame) -> bool {
             }
         }
     }
+    let posted = &raw const fast_file_posted as u64 - &raw const ring3_syscall_page as u64
+        ..&raw const fast_file_end as u64 - &raw const ring3_syscall_page as u64;
+    if posted.contains(&offset) {
+        // A file call is in the host's hands: done once, whatever comes now.
+        if let Some(result) = crate::enclave::slots::ring3_finish() {
+            frame.rax = result as u64;
+            frame.rip = frame.rcx;
+            frame.rflags = (frame.r11 & USER_FLAGS) | 0x202;
+            return frame.vector < 32;
+        }
+    }
     if frame.vector < 32 {
         frame.rip = RING3_SYSCALL_PAGE;
         true
@@ -276,7 +317,7 @@ global_asm!(
     r#"
     .section .text.ring3_syscall_page, "ax"
     .balign 4096
-    .global ring3_syscall_page, fast_entries, fast_entries_end, fast_saved, fast_end
+    .global ring3_syscall_page, fast_entries, fast_entries_end, fast_saved, fast_file_posted, fast_file_end, fast_end
 ring3_syscall_page:
     ud2                                /* the kernel path: #UD entry, RIP == this page */
 
@@ -377,6 +418,24 @@ fast_saved:
     je fast_sched_yield
     cmp $63, %rax
     je fast_uname
+    cmp $0, %rax                       /* the file calls the host may serve (enclave::slots) */
+    je fast_file
+    cmp $1, %rax
+    je fast_file
+    cmp $17, %rax
+    je fast_file
+    cmp $18, %rax
+    je fast_file
+    cmp $8, %rax
+    je fast_file
+    cmp $5, %rax
+    je fast_file
+    cmp $4, %rax
+    je fast_file
+    cmp $6, %rax
+    je fast_file
+    cmp $262, %rax
+    je fast_file
     /* fall through: everything else */
 
 fast_escalate:
@@ -513,6 +572,74 @@ fast_sched_yield:
     xor %eax, %eax
     jmp fast_return
 
+    /* The file calls: into this CPU's slot of the process's request page, for the host to
+       serve (read, write, pread64, pwrite64, lseek and fstat of descriptors 3 and up; stat,
+       lstat and newfstatat of a path, copied in, unless the host does not know the job's
+       own files). */
+fast_file:
+    cmpq $0, FAST_CPU_DATA + {files_ready}(%rsp)
+    je fast_escalate                   /* the host does not know this process here yet */
+    mov FAST_CPU_DATA + {cpu}(%rsp), %r11
+    shl ${slot_shift}, %r11
+    movabs ${request_page}, %rcx
+    add %rcx, %r11                     /* R11: the slot */
+    mov %rax, {r_call}(%r11)
+    mov %rdi, {r_args}(%r11)
+    mov %rsi, {r_args} + 8(%r11)
+    mov %rdx, {r_args} + 16(%r11)
+    mov %r10, {r_args} + 24(%r11)
+    cmp $4, %eax
+    je 1f
+    cmp $6, %eax
+    je 1f
+    cmp $262, %eax
+    je 2f
+    cmp $3, %edi                       /* the console streams stay the kernel's */
+    jb fast_escalate
+    jmp 4f
+2:  mov %rsi, %rdi                     /* newfstatat: the path is the second argument */
+1:  cmpl $0, FAST_DATA + {job_files}(%rip)
+    jne fast_escalate
+    xor %ecx, %ecx
+3:  movzbl (%rdi, %rcx), %eax          /* a bad pointer faults: the kernel path says EFAULT */
+    mov %al, {r_path}(%r11, %rcx)
+    test %al, %al
+    jz 4f
+    inc %ecx
+    cmp ${path_capacity}, %ecx
+    jb 3b
+    jmp fast_escalate                  /* too long for the slot */
+4:  mov ${spin}, %ecx
+    movq ${posted}, {r_state}(%r11)
+    /* From here the call may be in the host's hands: an entry to the kernel finishes it
+       (`abort_interrupted`), so it is never made twice. */
+fast_file_posted:
+    pause
+    mov {r_state}(%r11), %rax
+    cmp ${answered}, %rax
+    je 6f
+    cmp ${posted}, %rax
+    jne fast_file_posted               /* taken: the host is serving it */
+    dec %ecx
+    jnz fast_file_posted
+    xor %ecx, %ecx                     /* not taken in time (the host sleeps): take it back */
+    lock cmpxchg %rcx, {r_state}(%r11)
+    jne fast_file_posted               /* it was taken meanwhile */
+    jmp fast_escalate
+6:  mov {r_result}(%r11), %rax
+    movabs ${escalate}, %rcx
+    cmp %rcx, %rax
+    je fast_escalate                   /* the host sends it to the kernel */
+    fast_restore
+    and ${user_flags}, %r11
+    or $0x202, %r11
+    mov %r11, {s_flags}(%rsp)
+    lea {s_flags}(%rsp), %rsp
+    popfq
+    mov {s_rsp} - {s_flags} - 8(%rsp), %rsp
+    jmp *%rcx
+fast_file_end:
+
 fast_uname:
     fast_user_range %rdi, {utsname_size}
     lea FAST_DATA + {utsname}(%rip), %rsi
@@ -554,6 +681,20 @@ fast_end:
     ppid = const offset_of!(CpuData, ppid),
     cpu = const offset_of!(CpuData, cpu),
     thread_clock = const offset_of!(CpuData, thread_clock),
+    files_ready = const offset_of!(CpuData, files_ready),
+    job_files = const offset_of!(FastData, job_files),
+    slot_shift = const RING3_SLOT_SIZE.trailing_zeros(),
+    request_page = const RING3_REQUEST_PAGE,
+    r_call = const RING3_CALL,
+    r_args = const RING3_ARGS,
+    r_path = const RING3_PATH,
+    r_state = const RING3_STATE,
+    r_result = const RING3_RESULT,
+    path_capacity = const RING3_PATH_CAPACITY,
+    posted = const enclave_proto::slots::POSTED,
+    answered = const enclave_proto::slots::ANSWERED,
+    escalate = const RING3_ESCALATE,
+    spin = const FILE_SPIN,
     signal_check = const offset_of!(FastData, signal_check),
     queued = const offset_of!(FastData, queued),
     job_start = const offset_of!(FastData, job_start_ns),
@@ -572,5 +713,7 @@ extern "C" {
     static fast_entries: u8;
     static fast_entries_end: u8;
     static fast_saved: u8;
+    static fast_file_posted: u8;
+    static fast_file_end: u8;
     static fast_end: u8;
 }

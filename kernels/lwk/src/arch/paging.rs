@@ -808,6 +808,8 @@ impl PageTables {
 /// Loads the address space whose root table is `root` (from `PageTables::root`, of tables
 /// still alive).
 pub fn activate_root(root: u64) {
+    // The host must no longer reach the old address space through this CPU's ring-3 calls.
+    crate::enclave::slots::ring3_forget();
     // SAFETY: every address space's root maps the kernel half identically.
     unsafe { asm!("mov cr3, {}", in(reg) root, options(nostack)) }
 }

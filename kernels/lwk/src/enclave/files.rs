@@ -63,6 +63,10 @@ fn request(op: FileOp<'_>) -> FileAnswer {
         state.next_request = state.next_request.wrapping_add(1);
         (state.job.as_ref().map_or(0, |job| job.id), request)
     });
+    // The process's next file calls on this CPU may come from ring 3.
+    if !crate::arch::fastcall::files_ready_on(tables::current_cpu()) {
+        super::slots::ring3_publish(job);
+    }
     // This CPU's file slot when the host polls them; else the channel.
     if let Some(answer) = super::slots::call(job, request, &op) {
         return answer;
@@ -144,7 +148,11 @@ pub fn open(path: &str, flags: u32, mode: u32) -> i64 {
         process.descriptors.insert_flagged(Descriptor::Remote { handle: handle as u32, status_flags }, flags & O_CLOEXEC != 0)
     });
     match descriptor {
-        Some(descriptor) => descriptor.0 as i64,
+        Some(descriptor) => {
+            // The first host file gives the process its descriptor table for the host.
+            super::slots::ring3_publish(with_state(|state| state.job.as_ref().map_or(0, |job| job.id)));
+            descriptor.0 as i64
+        }
         None => {
             request(FileOp::Close { handle: handle as u32 });
             -EMFILE

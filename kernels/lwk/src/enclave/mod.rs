@@ -21,7 +21,7 @@
 //! core from every multi-vCPU job and still leave one-vCPU enclaves needing the interrupt.
 
 pub mod files;
-mod slots;
+pub(crate) mod slots;
 /// The enclave's pure rules (in `lwk-core`, tested on the host).
 pub use lwk_core::enclave as rules;
 

@@ -14,8 +14,15 @@ use crate::arch::{channel as machine_channel, phys, tables};
 use crate::linux::Errno;
 use crate::mm::pmem;
 use core::sync::atomic::{AtomicU16, AtomicU64, Ordering};
-use enclave_proto::slots::{self, ANSWERED, DATA, DATA_CAPACITY, FREE, GUEST_SLEEPING, HOST_POLLING, HOST_READY, LENGTH, POSTED, STATE};
+use enclave_proto::slots::{
+    self, ANSWERED, DATA, DATA_CAPACITY, FREE, GUEST_SLEEPING, HOST_POLLING, HOST_READY, LENGTH, POSTED, RING3_CONTEXT, RING3_CONTEXT_SIZE,
+    RING3_ESCALATE, RING3_FD_TABLE, RING3_JOB, RING3_JOB_FILES, RING3_JOB_FILES_LEN, RING3_REQUEST, RING3_REQUEST_PAGE, RING3_RESULT,
+    RING3_ROOT, RING3_SLOT_SIZE, RING3_STATE, STATE,
+};
 use enclave_proto::{EnclaveMessage, FileOp, HostMessage};
+
+/// How long a kernel-path call spins for its answer before CPU 0 halts (µs).
+const SPIN_BEFORE_HALT_US: u64 = 2000;
 
 /// The control page's physical address (0: no slots), the slot count and the doorbell port.
 static BASE: AtomicU64 = AtomicU64::new(0);
@@ -70,12 +77,15 @@ pub fn call(job: u32, request: u32, op: &FileOp<'_>) -> Option<FileAnswer> {
     if word(base + HOST_POLLING).load(Ordering::SeqCst) == 0 {
         machine_channel::ring_doorbell(DOORBELL_PORT.load(Ordering::Relaxed));
     }
-    // While the host polls, so does this CPU; else CPU 0 halts until the channel interrupt
-    // (a spinning vCPU waits longest for a busy host's cores). Other CPUs get no channel
-    // interrupt: they poll.
+    // While the host polls, so does this CPU, and for `SPIN_BEFORE_HALT` after posting (the
+    // host's pump wakes on the doorbell and answers within that on an idle host; a halted
+    // vCPU's own wake-up takes milliseconds on a loaded one); then CPU 0 halts until the
+    // channel interrupt (a spinning vCPU waits longest for a busy host's cores). Other CPUs
+    // get no channel interrupt: they poll.
     let sleeping = word(slot + GUEST_SLEEPING);
+    let halt_after = crate::arch::cpu::read_tsc() + crate::clock::tsc_hz() / 1_000_000 * SPIN_BEFORE_HALT_US;
     while state.load(Ordering::SeqCst) != ANSWERED {
-        if cpu == 0 && word(base + HOST_POLLING).load(Ordering::SeqCst) == 0 {
+        if cpu == 0 && word(base + HOST_POLLING).load(Ordering::SeqCst) == 0 && crate::arch::cpu::read_tsc() > halt_after {
             sleeping.store(1, Ordering::SeqCst);
             if state.load(Ordering::SeqCst) != ANSWERED {
                 super::wait_for_host_message();
@@ -94,4 +104,120 @@ pub fn call(job: u32, request: u32, op: &FileOp<'_>) -> Option<FileAnswer> {
     };
     state.store(FREE, Ordering::SeqCst);
     Some(answer)
+}
+
+/// The words of `cpu`'s ring-3 context in the control page (`enclave_proto::slots`), if the
+/// host serves the slots.
+fn ring3_context(cpu: usize) -> Option<u64> {
+    let base = BASE.load(Ordering::Acquire);
+    (base != 0 && cpu < COUNT.load(Ordering::Relaxed) as usize).then(|| base + RING3_CONTEXT + cpu as u64 * RING3_CONTEXT_SIZE)
+}
+
+/// The physical address of kernel memory at `virtual_address` (the heap lives in the
+/// physical-memory window or the image).
+fn physical_of(virtual_address: u64) -> u64 {
+    if virtual_address >= phys::KERNEL_VMA {
+        virtual_address - phys::KERNEL_VMA
+    } else {
+        virtual_address - phys::PHYSMAP_BASE
+    }
+}
+
+/// Lets the running process's ring-3 file calls reach the host from this CPU (the kernel path
+/// calls this before forwarding a call, and after a host file is opened): tells the host the
+/// process's page-table root, descriptor table, job and request page, then tells the ring-3
+/// code it may post (`arch::fastcall`). Nothing when the host does not serve the slots.
+pub fn ring3_publish(job: u32) {
+    let cpu = tables::current_cpu();
+    let Some(context) = ring3_context(cpu) else { return };
+    if word(base_ready()).load(Ordering::SeqCst) == 0 {
+        return;
+    }
+    let found = crate::job::with_process(|process| {
+        let request = process.memory.aspace.translate(RING3_REQUEST_PAGE).ok()?.physical;
+        Some((request, process.descriptors.host_handle_table().map_or(0, physical_of)))
+    });
+    let Some((request, fd_table)) = found else { return };
+    // No call of this CPU is in flight (this thread is in the kernel): its slot starts free.
+    word(request + cpu as u64 * RING3_SLOT_SIZE + RING3_STATE).store(FREE, Ordering::SeqCst);
+    word(context + RING3_FD_TABLE).store(fd_table, Ordering::SeqCst);
+    word(context + RING3_JOB).store(job as u64, Ordering::SeqCst);
+    word(context + RING3_REQUEST).store(request, Ordering::SeqCst);
+    word(context + RING3_ROOT).store(crate::arch::cpu::read_cr3() & !0xfff, Ordering::SeqCst);
+    crate::arch::fastcall::files_ready(cpu, true);
+}
+
+fn base_ready() -> u64 {
+    BASE.load(Ordering::Acquire) + HOST_READY
+}
+
+/// This CPU loads another address space: the host must not serve ring-3 calls through the
+/// old one, and the ring-3 code posts none until the kernel publishes the new one.
+pub fn ring3_forget() {
+    let cpu = tables::current_cpu();
+    crate::arch::fastcall::files_ready(cpu, false);
+    if let Some(context) = ring3_context(cpu) {
+        word(context + RING3_ROOT).store(0, Ordering::SeqCst);
+    }
+}
+
+/// The ring-3 call this CPU posted, when its code was interrupted after posting it: takes it
+/// back if the host has not taken it (`None`: the call is made again, or on the kernel path),
+/// else waits for its answer and returns the result, which the caller then gets as the
+/// kernel path would give it. `None` too when the host sent it to the kernel.
+pub fn ring3_finish() -> Option<i64> {
+    let cpu = tables::current_cpu();
+    let request = word(ring3_context(cpu)? + RING3_REQUEST).load(Ordering::SeqCst);
+    if request == 0 {
+        return None;
+    }
+    let slot = request + cpu as u64 * RING3_SLOT_SIZE;
+    let state = word(slot + RING3_STATE);
+    loop {
+        match state.load(Ordering::SeqCst) {
+            POSTED if state.compare_exchange(POSTED, FREE, Ordering::SeqCst, Ordering::SeqCst).is_ok() => return None,
+            ANSWERED => break,
+            FREE => return None,
+            // Taken: the host answers. (Only the job could write anything else there, and
+            // then breaks only its own calls; CPU 0 still serves the channel, a kill included.)
+            _ => super::poll_host_once(),
+        }
+    }
+    state.store(FREE, Ordering::SeqCst);
+    Some(word(slot + RING3_RESULT).load(Ordering::SeqCst) as i64).filter(|&result| result != RING3_ESCALATE)
+}
+
+/// The page listing the job's own in-memory paths for the host (0 until first needed).
+static JOB_FILES_PAGE: AtomicU64 = AtomicU64::new(0);
+
+/// Tells the host which paths are the job's own files (`fs`: absolute, normalized), so that
+/// ring-3 path calls naming them go to the kernel. False when the host cannot be told (no
+/// slots, no memory, too many names for a page): ring-3 path calls must then all go there.
+pub fn publish_job_files<'a>(paths: impl Iterator<Item = &'a str>) -> bool {
+    let base = BASE.load(Ordering::Acquire);
+    if base == 0 {
+        return false;
+    }
+    if JOB_FILES_PAGE.load(Ordering::Relaxed) == 0 {
+        let Some(page) = pmem::allocate_pages(1) else { return false };
+        JOB_FILES_PAGE.store(page, Ordering::Relaxed);
+    }
+    let page = JOB_FILES_PAGE.load(Ordering::Relaxed);
+    // Withdrawn while it changes: the host reads an empty list as "every path is the host's",
+    // which is wrong only for calls the job makes before it starts.
+    word(base + RING3_JOB_FILES_LEN).store(0, Ordering::SeqCst);
+    let list = phys::bytes_mut(page, slots::PAGE_SIZE as usize);
+    let mut length = 0;
+    for path in paths {
+        let end = length + path.len() + 1;
+        if end > list.len() {
+            return false;
+        }
+        list[length..end - 1].copy_from_slice(path.as_bytes());
+        list[end - 1] = 0;
+        length = end;
+    }
+    word(base + RING3_JOB_FILES).store(page, Ordering::SeqCst);
+    word(base + RING3_JOB_FILES_LEN).store(length as u64, Ordering::SeqCst);
+    true
 }

@@ -83,7 +83,15 @@ pub fn list(directory: &str) -> Vec<(String, Node)> {
 
 /// Empties the file system (a persistent enclave's job ended; the next brings its own files).
 pub fn clear() {
-    FILES.lock().clear();
+    let mut files = FILES.lock();
+    files.clear();
+    published(&files);
+}
+
+/// Tells the ring-3 file calls (`crate::enclave::slots`) which paths are the job's own.
+fn published(files: &BTreeMap<String, Node>) {
+    let told = crate::enclave::slots::publish_job_files(files.keys().map(String::as_str));
+    crate::arch::fastcall::set_job_files(!told && !files.is_empty());
 }
 
 /// Adds one read-only file at `/name` (an enclave job's input, placed in memory by the host),
@@ -98,5 +106,6 @@ pub fn add_file(name: &str, physical: u64, len: u64) -> Option<()> {
     }
     let inode = files.len() as u64 + 1;
     files.insert(path, Node { mode: 0o100444, physical, len, inode });
+    published(&files);
     Some(())
 }

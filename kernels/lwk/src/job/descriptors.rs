@@ -4,9 +4,12 @@
 
 use crate::arch::sync::{SpinGuard, SpinLock};
 use crate::fs::Node;
+use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
+use core::sync::atomic::{AtomicU32, Ordering};
+use enclave_proto::slots::RING3_FDS;
 
 pub enum Descriptor {
     /// 0, 1 and 2: standard input (always at end of file) and the console.
@@ -76,13 +79,49 @@ struct Slot {
 #[derive(Clone)]
 pub struct Descriptors {
     table: Vec<Option<Slot>>,
+    host_handles: HostHandles,
+}
+
+/// The host handle (+ 1) behind each of the first `RING3_FDS` descriptors, 0 for any other
+/// kind: the table the host reads to serve the job's ring-3 file calls
+/// (`crate::enclave::slots`), kept by the kernel alone. Allocated with the first host file.
+struct HostHandles(Option<Box<[AtomicU32]>>);
+
+impl Clone for HostHandles {
+    fn clone(&self) -> HostHandles {
+        HostHandles(self.0.as_ref().map(|table| table.iter().map(|entry| AtomicU32::new(entry.load(Ordering::Relaxed))).collect()))
+    }
+}
+
+impl HostHandles {
+    fn set(&mut self, index: usize, handle: Option<u32>) {
+        if index >= RING3_FDS as usize || (handle.is_none() && self.0.is_none()) {
+            return;
+        }
+        let table = self.0.get_or_insert_with(|| (0..RING3_FDS).map(|_| AtomicU32::new(0)).collect());
+        table[index].store(handle.map_or(0, |handle| handle.wrapping_add(1)), Ordering::SeqCst);
+    }
+}
+
+/// The host handle an open file names, if it is a host file.
+fn host_handle(file: &OpenFile) -> Option<u32> {
+    match *file.lock() {
+        Descriptor::Remote { handle, .. } => Some(handle),
+        _ => None,
+    }
 }
 
 impl Descriptors {
     pub fn new() -> Descriptors {
         Descriptors {
             table: (0..3).map(|_| Some(Slot { file: Arc::new(SpinLock::new(Descriptor::Console)), close_on_exec: false })).collect(),
+            host_handles: HostHandles(None),
         }
+    }
+
+    /// Where the host-handle table lies (a kernel address), if there is one yet.
+    pub fn host_handle_table(&self) -> Option<u64> {
+        self.host_handles.0.as_ref().map(|table| table.as_ptr() as u64)
     }
 
     fn slot(&mut self, descriptor: Fd) -> Option<&mut Slot> {
@@ -117,12 +156,14 @@ impl Descriptors {
     /// `execve`: closes the descriptors marked close-on-exec; returns their open files, to be
     /// dropped once the caller holds no lock (a pipe's last end wakes its waiters).
     pub fn close_marked(&mut self) -> Vec<OpenFile> {
-        self.table
-            .iter_mut()
-            .filter(|slot| slot.as_ref().is_some_and(|slot| slot.close_on_exec))
-            .filter_map(|slot| slot.take())
-            .map(|slot| slot.file)
-            .collect()
+        let mut closed = Vec::new();
+        for (index, slot) in self.table.iter_mut().enumerate() {
+            if slot.as_ref().is_some_and(|slot| slot.close_on_exec) {
+                closed.extend(slot.take().map(|slot| slot.file));
+                self.host_handles.set(index, None);
+            }
+        }
+        closed
     }
 
     /// The lowest free number from `lowest` on, the table grown to hold it.
@@ -145,6 +186,11 @@ impl Descriptors {
     /// `insert`, with the close-on-exec flag (O_CLOEXEC) given.
     pub fn insert_flagged(&mut self, entry: Descriptor, close_on_exec: bool) -> Option<Fd> {
         let index = self.free_slot(0)?;
+        let handle = match entry {
+            Descriptor::Remote { handle, .. } => Some(handle),
+            _ => None,
+        };
+        self.host_handles.set(index, handle);
         self.table[index] = Some(Slot { file: Arc::new(SpinLock::new(entry)), close_on_exec });
         Some(Fd(index as i32))
     }
@@ -154,6 +200,7 @@ impl Descriptors {
     pub fn duplicate(&mut self, from: Fd, lowest: u64, close_on_exec: bool) -> Result<Fd, DuplicateError> {
         let file = self.slot(from).map(|slot| slot.file.clone()).ok_or(DuplicateError::NotOpen)?;
         let index = self.free_slot(lowest as usize).ok_or(DuplicateError::TableFull)?;
+        self.host_handles.set(index, host_handle(&file));
         self.table[index] = Some(Slot { file, close_on_exec });
         Ok(Fd(index as i32))
     }
@@ -169,13 +216,16 @@ impl Descriptors {
         if self.table.len() <= to {
             self.table.resize(to + 1, None);
         }
+        self.host_handles.set(to, host_handle(&file));
         let replaced = self.table[to].replace(Slot { file, close_on_exec });
         Ok((Fd(to as i32), replaced.map(|slot| slot.file)))
     }
 
     /// Closes `descriptor`; returns its open file, to be dropped unlocked.
     pub fn remove(&mut self, descriptor: Fd) -> Option<OpenFile> {
-        self.table.get_mut(descriptor.index())?.take().map(|slot| slot.file)
+        let file = self.table.get_mut(descriptor.index())?.take().map(|slot| slot.file)?;
+        self.host_handles.set(descriptor.index(), None);
+        Some(file)
     }
 }
 

@@ -1,0 +1,311 @@
+//! The host side of the LWK's ring-3 file calls (`enclave_proto::slots`, `RING3_*`): read,
+//! write, pread64, pwrite64, lseek, fstat, stat, lstat and newfstatat that a job's code posts
+//! in its own request page, served by the enclave's pump while it polls the file slots, with
+//! no guest-kernel work on the way.
+//!
+//! Nothing the job writes is trusted. Who asks (the job, hence whose rights the call carries),
+//! which process (its page-table root) and which host file a descriptor names (its descriptor
+//! table) come from the words the kernel keeps per CPU in the control page, which the job
+//! cannot write; the job supplies only the call and its arguments. Buffers are found by
+//! walking that process's page tables: only present user pages of the enclave's RAM, and only
+//! writable ones for what the host writes; anything else (a page not yet mapped, memory
+//! outside RAM) sends the call back to the kernel path (`RING3_ESCALATE`) before anything is
+//! done, so the kernel answers it exactly as Linux (faulting pages in, EFAULT). The call itself
+//! is served as one from the channel (`Enclave::serve_file_request`: the job's user, its
+//! confinement, Linux errnos).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use enclave_proto::slots::{
+    self, ANSWERED, POSTED, RING3_ARGS, RING3_CALL, RING3_CONTEXT, RING3_CONTEXT_SIZE, RING3_ESCALATE, RING3_FDS, RING3_FD_TABLE,
+    RING3_JOB, RING3_JOB_FILES, RING3_JOB_FILES_LEN, RING3_PATH, RING3_PATH_CAPACITY, RING3_REQUEST, RING3_RESULT, RING3_ROOT,
+    RING3_SLOT_SIZE, RING3_STATE, RING3_TAKEN,
+};
+use enclave_proto::{FileAttributes, FileOp, HostMessage};
+
+use crate::guest_ram::GuestRam;
+
+/// Linux's numbers for the calls served here.
+const READ: u64 = 0;
+const WRITE: u64 = 1;
+const STAT: u64 = 4;
+const FSTAT: u64 = 5;
+const LSTAT: u64 = 6;
+const LSEEK: u64 = 8;
+const PREAD64: u64 = 17;
+const PWRITE64: u64 = 18;
+const NEWFSTATAT: u64 = 262;
+const AT_FDCWD: i32 = -100;
+const AT_EMPTY_PATH: u64 = 0x1000;
+/// `struct stat` on x86-64.
+const STAT_SIZE: usize = 144;
+/// Bytes one host read or write moves at most (`hio::MAX_TRANSFER`); a longer run is split.
+const MAX_CHUNK: u64 = 64 << 20;
+
+type AnswerOf<'a> = dyn Fn(u32, u32, &FileOp<'_>) -> HostMessage<'static> + 'a;
+
+/// An aligned word of guest RAM at `gpa`, for the compare-and-swap and the state words the
+/// job spins on.
+fn word(ram: &GuestRam, gpa: u64) -> Option<&AtomicU64> {
+    if gpa % 8 != 0 {
+        return None;
+    }
+    let (_, offset) = ram.file_range(gpa, 8).ok()?;
+    let address = ram.host_address(offset, 8)?;
+    // SAFETY: an aligned word inside the RAM mapping (checked above), which lives as long as
+    // `ram`; the guest writes it concurrently, hence an atomic.
+    Some(unsafe { &*(address as *const AtomicU64) })
+}
+
+fn read_u64(ram: &GuestRam, gpa: u64) -> Option<u64> {
+    let mut bytes = [0u8; 8];
+    ram.read(gpa, &mut bytes).ok()?;
+    Some(u64::from_le_bytes(bytes))
+}
+
+/// The page-table entry bits the walk checks.
+const PRESENT: u64 = 1;
+const WRITABLE: u64 = 2;
+const USER: u64 = 4;
+const LARGE: u64 = 0x80;
+const ADDRESS_MASK: u64 = 0x000f_ffff_ffff_f000;
+
+/// The guest-physical address of user virtual address `va` in the page tables at `root`, and
+/// the bytes left in its page: `None` unless every level is present and user-accessible (and
+/// writable, when `write`) and the page is RAM.
+pub fn translate(ram: &GuestRam, root: u64, va: u64, write: bool) -> Option<(u64, u64)> {
+    if va >= 1 << 47 {
+        return None;
+    }
+    let required = PRESENT | USER | if write { WRITABLE } else { 0 };
+    let mut table = root & ADDRESS_MASK;
+    for level in (0..4).rev() {
+        let shift = 12 + 9 * level;
+        let entry = read_u64(ram, table + ((va >> shift) & 511) * 8)?;
+        if entry & required != required {
+            return None;
+        }
+        let page_size = 1u64 << shift;
+        if level == 0 || (entry & LARGE != 0 && level <= 2) {
+            let frame = entry & ADDRESS_MASK & !(page_size - 1);
+            let offset = va & (page_size - 1);
+            return Some((frame + offset, page_size - offset));
+        }
+        table = entry & ADDRESS_MASK;
+    }
+    None
+}
+
+/// The guest-physical runs under user buffer `[va, va + len)`, consecutive pages merged;
+/// `None` if any byte of it is not mapped as [`translate`] requires.
+pub fn runs(ram: &GuestRam, root: u64, va: u64, len: u64, write: bool) -> Option<Vec<(u64, u64)>> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    let mut done = 0u64;
+    while done < len {
+        let (gpa, left) = translate(ram, root, va.checked_add(done)?, write)?;
+        let take = left.min(len - done);
+        ram.file_range(gpa, take).ok()?;
+        match runs.last_mut() {
+            Some((start, run)) if *start + *run == gpa => *run += take,
+            _ => runs.push((gpa, take)),
+        }
+        done += take;
+    }
+    Some(runs)
+}
+
+/// What the kernel says about the process running on one CPU.
+struct Context {
+    root: u64,
+    fd_table: u64,
+    job: u32,
+    request: u64,
+}
+
+fn context(ram: &GuestRam, control: u64, cpu: u16) -> Option<Context> {
+    let base = control + RING3_CONTEXT + cpu as u64 * RING3_CONTEXT_SIZE;
+    let root = read_u64(ram, base + RING3_ROOT)?;
+    let request = read_u64(ram, base + RING3_REQUEST)?;
+    (root != 0 && request != 0).then_some(Context {
+        root,
+        fd_table: read_u64(ram, base + RING3_FD_TABLE)?,
+        job: read_u64(ram, base + RING3_JOB)? as u32,
+        request: request + cpu as u64 * RING3_SLOT_SIZE,
+    })
+}
+
+/// Serves the ring-3 call posted on CPU `cpu`, if there is one; whether there was.
+pub fn serve_cpu(ram: &GuestRam, control: u64, cpu: u16, answer_of: &AnswerOf<'_>) -> bool {
+    let Some(context) = context(ram, control, cpu) else { return false };
+    let Some(state) = word(ram, context.request + RING3_STATE) else { return false };
+    if state.load(Ordering::SeqCst) != POSTED || state.compare_exchange(POSTED, RING3_TAKEN, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+        return false;
+    }
+    let result = serve(ram, control, &context, answer_of).unwrap_or(RING3_ESCALATE);
+    if let Some(result_word) = word(ram, context.request + RING3_RESULT) {
+        result_word.store(result as u64, Ordering::SeqCst);
+    }
+    state.store(ANSWERED, Ordering::SeqCst);
+    true
+}
+
+/// The call in `context`'s slot, served: its result, or `None` to send it to the kernel.
+fn serve(ram: &GuestRam, control: u64, context: &Context, answer_of: &AnswerOf<'_>) -> Option<i64> {
+    let mut header = [0u8; (RING3_PATH - RING3_CALL) as usize];
+    ram.read(context.request + RING3_CALL, &mut header).ok()?;
+    let field = |offset: u64| {
+        let at = (offset - RING3_CALL) as usize;
+        u64::from_le_bytes(header[at..at + 8].try_into().unwrap())
+    };
+    let call = field(RING3_CALL);
+    let arg = |index: u64| field(RING3_ARGS + index * 8);
+    let handle = |fd: u64| host_handle(ram, context, fd);
+    let value = |op: FileOp<'_>| match answer_of(context.job, 0, &op) {
+        HostMessage::FileResult { result, .. } => result,
+        _ => -(libc::EIO as i64),
+    };
+    match call {
+        READ | PREAD64 | WRITE | PWRITE64 => {
+            let handle = handle(arg(0))?;
+            let (buffer, len, offset) = (arg(1), arg(2), (call == PREAD64 || call == PWRITE64).then(|| arg(3)));
+            let into_guest = call == READ || call == PREAD64;
+            let runs = runs(ram, context.root, buffer, len, into_guest)?;
+            let mut done = 0u64;
+            for (gpa, run) in runs {
+                let mut moved = 0u64;
+                while moved < run {
+                    let chunk = (run - moved).min(MAX_CHUNK) as u32;
+                    let (gpa, at) = (gpa + moved, offset.map(|offset| offset.wrapping_add(done)));
+                    let op = match (into_guest, at) {
+                        (true, None) => FileOp::Read { handle, gpa, len: chunk },
+                        (true, Some(offset)) => FileOp::Pread { handle, gpa, len: chunk, offset },
+                        (false, None) => FileOp::Write { handle, gpa, len: chunk },
+                        (false, Some(offset)) => FileOp::Pwrite { handle, gpa, len: chunk, offset },
+                    };
+                    let count = value(op);
+                    if count < 0 {
+                        return Some(if done == 0 { count } else { done as i64 });
+                    }
+                    let count = (count as u64).min(chunk as u64);
+                    moved += count;
+                    done += count;
+                    if count < chunk as u64 {
+                        return Some(done as i64);
+                    }
+                }
+            }
+            Some(done as i64)
+        }
+        LSEEK => Some(value(FileOp::Lseek { handle: handle(arg(0))?, offset: arg(1) as i64, whence: arg(2) as u32 })),
+        FSTAT => stat_into(ram, context, arg(1), FileOp::Fstat { handle: handle(arg(0))? }, answer_of),
+        STAT | LSTAT | NEWFSTATAT => {
+            let (directory, statbuf, flags) = match call {
+                NEWFSTATAT => (arg(0) as i32, arg(2), arg(3)),
+                _ => (AT_FDCWD, arg(1), 0),
+            };
+            let mut path = [0u8; RING3_PATH_CAPACITY as usize];
+            ram.read(context.request + RING3_PATH, &mut path).ok()?;
+            let path = &path[..path.iter().position(|&byte| byte == 0)?];
+            if path.is_empty() && flags & AT_EMPTY_PATH != 0 && call == NEWFSTATAT {
+                return stat_into(ram, context, statbuf, FileOp::Fstat { handle: handle(directory as u32 as u64)? }, answer_of);
+            }
+            // Relative to another directory (the job's own), empty, the kernel's device or one
+            // of the job's own files: the kernel's to answer.
+            if path.is_empty() || (directory != AT_FDCWD && path[0] != b'/') || is_kernels(ram, control, path) {
+                return None;
+            }
+            stat_into(ram, context, statbuf, FileOp::Stat { path }, answer_of)
+        }
+        _ => None,
+    }
+}
+
+/// The host handle behind descriptor `fd` in the kernel's table, if it names a host file.
+fn host_handle(ram: &GuestRam, context: &Context, fd: u64) -> Option<u32> {
+    if context.fd_table == 0 || fd >= RING3_FDS {
+        return None;
+    }
+    let mut bytes = [0u8; 4];
+    ram.read(context.fd_table + fd * 4, &mut bytes).ok()?;
+    u32::from_le_bytes(bytes).checked_sub(1)
+}
+
+/// Whether the kernel answers for `path` itself: `/dev/xpmem` or one of the job's in-memory
+/// files (the list the kernel keeps in the control page), however it is spelled from `/` (the
+/// kernel resolves it so). An unreadable list sends every path to the kernel.
+fn is_kernels(ram: &GuestRam, control: u64, path: &[u8]) -> bool {
+    let mut parts: Vec<&[u8]> = Vec::new();
+    for part in path.split(|&byte| byte == b'/') {
+        match part {
+            b"" | b"." => {}
+            b".." => {
+                parts.pop();
+            }
+            part => parts.push(part),
+        }
+    }
+    if parts == [b"dev".as_slice(), b"xpmem".as_slice()] {
+        return true;
+    }
+    let normalized: Vec<u8> =
+        if parts.is_empty() { b"/".to_vec() } else { parts.iter().flat_map(|part| [b"/".as_slice(), part]).flatten().copied().collect() };
+    let (Some(list), Some(length)) = (read_u64(ram, control + RING3_JOB_FILES), read_u64(ram, control + RING3_JOB_FILES_LEN)) else {
+        return true;
+    };
+    if length == 0 {
+        return false;
+    }
+    let mut names = vec![0u8; length.min(slots::PAGE_SIZE) as usize];
+    if ram.read(list, &mut names).is_err() {
+        return true;
+    }
+    names.split(|&byte| byte == 0).any(|name| name == normalized.as_slice())
+}
+
+/// Serves a stat call and writes its `struct stat` at user address `statbuf`, as the kernel
+/// path does; `None` when that buffer is not mapped writable (the kernel decides then).
+fn stat_into(ram: &GuestRam, context: &Context, statbuf: u64, op: FileOp<'_>, answer_of: &AnswerOf<'_>) -> Option<i64> {
+    let runs = runs(ram, context.root, statbuf, STAT_SIZE as u64, true)?;
+    match answer_of(context.job, 0, &op) {
+        HostMessage::FileAttributes { attributes, .. } => {
+            let record = stat_record(&attributes);
+            let mut written = 0usize;
+            for (gpa, len) in runs {
+                ram.write(gpa, &record[written..written + len as usize]).ok()?;
+                written += len as usize;
+            }
+            Some(0)
+        }
+        HostMessage::FileResult { result, .. } if result < 0 => Some(result),
+        _ => Some(-(libc::EIO as i64)),
+    }
+}
+
+/// The kernel's `struct stat` for host attributes (`files::stat_record` in the LWK: the same
+/// fields set, the rest zero).
+pub fn stat_record(attributes: &FileAttributes) -> [u8; STAT_SIZE] {
+    let mut record = [0u8; STAT_SIZE];
+    let mut put = |offset: usize, bytes: &[u8]| record[offset..offset + bytes.len()].copy_from_slice(bytes);
+    put(8, &attributes.inode.to_le_bytes());
+    put(16, &attributes.links.to_le_bytes());
+    put(24, &attributes.mode.to_le_bytes());
+    put(28, &attributes.uid.to_le_bytes());
+    put(32, &attributes.gid.to_le_bytes());
+    put(48, &attributes.size.to_le_bytes());
+    put(56, &(attributes.block_size as u64).to_le_bytes());
+    put(64, &attributes.blocks.to_le_bytes());
+    for (offset, time) in [(72, attributes.accessed), (88, attributes.modified), (104, attributes.changed)] {
+        put(offset, &time.seconds.to_le_bytes());
+        put(offset + 8, &(time.nanoseconds as u64).to_le_bytes());
+    }
+    record
+}
+
+/// Serves every CPU's posted ring-3 call once; whether any was.
+pub fn serve_all(ram: &GuestRam, control: u64, count: u16, answer_of: &AnswerOf<'_>) -> bool {
+    let mut served = false;
+    for cpu in 0..count.min(slots::MAX_SLOTS) {
+        served |= serve_cpu(ram, control, cpu, answer_of);
+    }
+    served
+}
