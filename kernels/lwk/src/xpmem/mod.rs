@@ -118,6 +118,9 @@ struct GlobalPermit {
     pid: u64,
     flags: u32,
     segment: SegmentId,
+    /// Taken here for one more attachment through this permit of the job's (see
+    /// [`attach_through_own_permit`]): released with that attachment's detach.
+    extra_of: Option<AccessId>,
 }
 
 struct Device {
@@ -466,7 +469,7 @@ pub fn get(raw: i64, flags: u32, permit_type: u32, permit_value: u64) -> Result<
     }
     match host_link::direct(Request::Get { process: pid, segment: id, access: flags, credentials: job_credentials() })? {
         Reply::Granted { access, .. } => {
-            with_device(|device| device.global_permits.insert(access.raw(), GlobalPermit { pid, flags, segment: id }));
+            with_device(|device| device.global_permits.insert(access.raw(), GlobalPermit { pid, flags, segment: id, extra_of: None }));
             Ok(access.raw())
         }
         _ => Err(Error::Malformed),
@@ -488,13 +491,28 @@ pub fn release(raw: i64) -> Result<(), Error> {
             return Err(device.names.release(principal(pid), apid));
         }
         device.global_permits.remove(&apid.raw());
-        Ok(forget_attachments(device, pid, apid))
+        // The permits taken for its further attachments go with it.
+        let extras: Vec<AccessId> = device
+            .global_permits
+            .iter()
+            .filter(|(_, permit)| permit.pid == pid && permit.extra_of == Some(apid))
+            .filter_map(|(raw, _)| AccessId::from_raw(*raw))
+            .collect();
+        let mut unmapped = forget_attachments(device, pid, apid);
+        for extra in &extras {
+            device.global_permits.remove(&extra.raw());
+            unmapped |= forget_attachments(device, pid, *extra);
+        }
+        Ok((unmapped, extras))
     });
     match global {
         Err(local) => local,
-        Ok(unmapped) => {
+        Ok((unmapped, extras)) => {
             if unmapped {
                 crate::sched::shoot_down_user_tlbs();
+            }
+            for extra in extras {
+                let _ = host_link::direct(Request::Release { process: pid, access: extra });
             }
             host_link::direct(Request::Release { process: pid, access: apid }).map(drop)
         }
@@ -697,6 +715,22 @@ fn attach_global(pid: u64, apid: AccessId, permit: GlobalPermit, offset: u64, si
     placed
 }
 
+/// XPMEM lets a permit hold any number of attachments (UCX attaches a peer's FIFO, its
+/// receive buffers and each user buffer through one), while the host's bridge holds one per
+/// permit (its detach names only the permit): a further attachment is made through a permit
+/// of its own, taken here on the same segment and released when that attachment is detached
+/// or the job's permit is released.
+fn attach_through_own_permit(pid: u64, apid: AccessId, permit: GlobalPermit, offset: u64, size: u64, fixed: u64) -> Result<u64, Error> {
+    let request = Request::Get { process: pid, segment: permit.segment, access: permit.flags, credentials: job_credentials() };
+    let Reply::Granted { access: extra, .. } = host_link::direct(request)? else { return Err(Error::Malformed) };
+    let extra_permit = GlobalPermit { extra_of: Some(apid), ..permit };
+    with_device(|device| device.global_permits.insert(extra.raw(), extra_permit));
+    attach_global(pid, extra, extra_permit, offset, size, fixed).inspect_err(|_| {
+        with_device(|device| device.global_permits.remove(&extra.raw()));
+        let _ = host_link::direct(Request::Release { process: pid, access: extra });
+    })
+}
+
 /// Attaches `[offset, offset + size)` of the permit's segment at `fixed` (0: anywhere in the
 /// window); returns the address.
 pub fn attach(raw: i64, offset: u64, size: u64, fixed: u64) -> Result<u64, Error> {
@@ -712,7 +746,12 @@ pub fn attach(raw: i64, offset: u64, size: u64, fixed: u64) -> Result<u64, Error
         if permit.pid != pid {
             return Err(Error::Denied);
         }
-        return attach_global(pid, apid, permit, offset, size, fixed);
+        return match attach_global(pid, apid, permit, offset, size, fixed) {
+            Err(Error::Exhausted) if with_device(|device| device.attachments.iter().any(|a| a.pid == pid && a.access == apid)) => {
+                attach_through_own_permit(pid, apid, permit, offset, size, fixed)
+            }
+            attached => attached,
+        };
     }
     with_device(|device| {
         let plan = device.names.attach(principal(pid), apid, offset, size)?;
@@ -746,8 +785,9 @@ enum AfterDetach {
     Nothing,
     /// Unmapped, or parked: no CPU may keep a translation.
     ShootDown,
-    /// Unmapped, and the host removes its regions once told.
-    ShootDownAndTellHost(AccessId),
+    /// Unmapped, and the host removes its regions once told (and releases the permit when it
+    /// was taken for this attachment alone).
+    ShootDownAndTellHost(AccessId, bool),
 }
 
 pub fn detach(address: u64) -> Detached {
@@ -758,8 +798,13 @@ pub fn detach(address: u64) -> Detached {
                 with_job_process(pid, |process| process.memory.aspace.translate(address & !(PAGE_SIZE - 1)).is_ok()).unwrap_or(false);
             return (if mapped { Detached::NotAnAttachment } else { Detached::Nothing }, AfterDetach::Nothing);
         };
-        if park(device, index, DeviceDescriptor::Checked) {
+        let access = device.attachments[index].access;
+        let own_permit = device.global_permits.get(&access.raw()).is_some_and(|permit| permit.extra_of.is_some());
+        if !own_permit && park(device, index, DeviceDescriptor::Checked) {
             return (Detached::Attachment, AfterDetach::ShootDown);
+        }
+        if own_permit {
+            device.global_permits.remove(&access.raw());
         }
         let attachment = device.attachments.remove(index);
         if attachment.revoked {
@@ -767,7 +812,7 @@ pub fn detach(address: u64) -> Detached {
         }
         let _ = with_job_process(pid, |process| process.memory.aspace.unmap(attachment.start, attachment.end - attachment.start));
         if attachment.global {
-            return (Detached::Attachment, AfterDetach::ShootDownAndTellHost(attachment.access));
+            return (Detached::Attachment, AfterDetach::ShootDownAndTellHost(attachment.access, own_permit));
         }
         // Bookkeeping only (the permit may be gone already: released or removed).
         let _ = device.names.detach(principal(pid), attachment.access);
@@ -777,9 +822,12 @@ pub fn detach(address: u64) -> Detached {
         AfterDetach::Nothing => {}
         AfterDetach::ShootDown => crate::sched::shoot_down_user_tlbs(),
         // Gone from every CPU's TLB before the host may remove its regions.
-        AfterDetach::ShootDownAndTellHost(access) => {
+        AfterDetach::ShootDownAndTellHost(access, release) => {
             crate::sched::shoot_down_user_tlbs();
             let _ = host_link::direct(Request::Detach { process: pid, access });
+            if release {
+                let _ = host_link::direct(Request::Release { process: pid, access });
+            }
         }
     }
     detached
