@@ -560,6 +560,25 @@ impl PageTables {
         Ok(())
     }
 
+    /// Points the 4 KiB leaf at `address` at `physical`, writable, in place and without a TLB
+    /// flush: for the page of a write fault, whose translation the fault itself dropped from
+    /// this CPU's TLB (Intel SDM 4.10.4.1; a stale read-only one elsewhere only faults again).
+    /// On a shadow-paging host an INVLPG is one more trip to the host. False, with nothing
+    /// changed, where no 4 KiB leaf maps `address` (the caller then uses `map`).
+    pub fn make_page_writable(&mut self, address: u64, physical: u64) -> bool {
+        let Ok(Some(directory)) = self.directory(address, None) else { return false };
+        let entry = entries(directory)[index(address, 1)];
+        if entry & PRESENT == 0 || entry & HUGE != 0 {
+            return false;
+        }
+        let leaf = &mut entries(entry & ADDRESS_MASK)[index(address, 0)];
+        if *leaf & PRESENT == 0 {
+            return false;
+        }
+        *leaf = physical | leaf_bits(address, Protection { write: true, execute: false });
+        true
+    }
+
     /// What `address` maps to: the physical address, whether the page is writable, and how
     /// many bytes of the same leaf (4 KiB or 2 MiB) follow from `address`. When nothing is
     /// mapped there: how many bytes from `address` are certainly unmapped (the rest of a

@@ -97,6 +97,13 @@ impl AddressSpace {
         self.tables.map(virtual_address, physical, len, protection, &mut OwnedTables { owned: &mut self.owned })
     }
 
+    /// See `PageTables::make_page_writable` (a write fault's own page).
+    pub fn make_page_writable(&mut self, virtual_address: u64, physical: u64) -> bool {
+        count_mapping_change();
+        self.changes += 1;
+        self.tables.make_page_writable(virtual_address, physical)
+    }
+
     /// Maps a fresh, zeroed page that belongs to this address space (the fast calls' scratch
     /// page, `arch::fastcall`) at `virtual_address`; it is freed with the tables.
     pub fn map_own_page(&mut self, virtual_address: u64, protection: Protection) -> Result<(), OutOfMemory> {

@@ -390,7 +390,13 @@ pub fn copy_on_write(address: u64) -> bool {
     } else {
         old
     };
-    if !matches!(with_job_process(pid, |process| process.memory.aspace.map(page, frame, PAGE_SIZE, READ_WRITE)), Some(Ok(()))) {
+    // In place where a 4 KiB leaf maps the page already (the first store to a 2 MiB page of
+    // the view splits it).
+    let mapped = with_job_process(pid, |process| {
+        let aspace = &mut process.memory.aspace;
+        aspace.make_page_writable(page, frame) || aspace.map(page, frame, PAGE_SIZE, READ_WRITE).is_ok()
+    });
+    if mapped != Some(true) {
         if frame != old {
             region.pool.push(frame);
         }
