@@ -109,7 +109,13 @@ def matrix_part(directory, info, plt):
             entry["wait"].append(number(wait))
         else:
             entry["failed"] += 1
-    out.append("Simulation runtime (setup + 600 CG iterations + 15 publications), mean ± sd (runs whose data verified):")
+    settings = dict(item.split("=", 1) for item in info.get("matrix", [""] * 5)[4].split() if "=" in item)
+    iterations, interval = int(settings.get("ITERATIONS", 600)), int(settings.get("INTERVAL", 40))
+    data_mb = {r[7] for r in data if not r[8].startswith("not available")}
+    out.append(
+        f"Simulation runtime (setup + {iterations} CG iterations + {iterations // interval} publications of"
+        f" {' / '.join(sorted(data_mb, key=int))} MiB), mean ± sd (runs whose data verified):"
+    )
     out.append("")
     out.append("| configuration | " + " | ".join(WORKFLOWS) + " |")
     out.append("|---|" + "---|" * len(WORKFLOWS))
