@@ -8,6 +8,8 @@
 #   enclave  MPMD one rank per enclave; four ranks in one enclave; a host rank beside an
 #          enclave rank; mpirun over ssh and srun with a rank in each node's enclave; a crashing
 #          enclave rank ends the job with the same error, and the enclave runs the next job
+#   ucx    Open MPI's UCX PML over UCX's xpmem transport between two enclaves (the user-level
+#          data path: no TCP, no enclave kernel per message), ping-pong 1 B..4 MiB verified
 # Enclave ranks need sockets in LWK jobs (PMIx wire-up over a Unix socket, the TCP transport)
 # and an interface to bind (the LWK lists /proc/net/if_inet6 alone: the nodes' IPv6 addresses):
 # where a probe job in the enclave finds them missing, those cases say BLOCKED and why, and pass
@@ -157,6 +159,37 @@ enclave_crash() {
         nodes_wait_for 30 nodes_enclaves_idle && mpmd
 }
 enclave_case --needs-b "an enclave rank that crashes ends the job (exited on signal 11); the enclave runs the next" enclave_crash
+
+# Issue 25 point 4, the user-level data path between enclaves: Open MPI's UCX PML over UCX's
+# xpmem transport on libxpmem (its LWK backend), with the project's UCX build first on the
+# ranks' loader path (xemem/ucx/build.sh, cached; Debian's UCX has no xpmem transport). UCX_TLS
+# names no tcp, so ranks that cannot reach each other through xpmem fail to connect rather than
+# fall back; the control run without xpmem must fail so.
+ucx=(--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any --mca btl self
+    -x LD_LIBRARY_PATH="$root/build/ucx/install/lib:$root/xemem/build/lib")
+ucx_finalized= # the data run's status, once its data were verified
+ucx_pair() { # UCX_TLS: ping-pong 1 B..4 MiB between enclaves a and b
+    # (mpirun -x would split the list at its comma)
+    UCX_TLS=$1 in_node 1 timeout 120 mpirun --oversubscribe "${ucx[@]}" -x UCX_TLS \
+        -n 1 "${run_a[@]}" --env LD_LIBRARY_PATH "$bin/pingpong" 4194304 20 : \
+        -n 1 "$clowder" run --enclave b --env LD_LIBRARY_PATH "$bin/pingpong" 4194304 20
+}
+ucx_xpmem() {
+    "$root/xemem/ucx/build.sh" || return 1
+    ucx_pair self,xpmem
+    local status=$?
+    says "pingpong: 4194304 bytes" && says "data verified" || return 1
+    ucx_finalized=$status
+    nodes_wait_for 30 nodes_enclaves_idle && ! ucx_pair self && says "unreachable\|ucp_ep_create"
+}
+enclave_case --needs-b "UCX over XEMEM between enclaves a and b (ping-pong 1 B..4 MiB; fails without xpmem)" ucx_xpmem
+# MPI_Finalize does not always return in enclaves (seen under load): Open MPI's UCX fence spins
+# in ucp_worker_progress, never entering the kernel, while PMIx's progress thread waits beside
+# it in the same enclave; not yet understood, so said apart from the data path.
+if [ -n "$ucx_finalized" ] && [ "$ucx_finalized" != 0 ]; then
+    blocked=$((blocked + 1))
+    echo "BLOCKED UCX ranks in enclaves end (MPI_Finalize): the job was still in MPI_Finalize after 120 s and was ended"
+fi
 
 echo "test-mpi: $passed passed, $failures failed, $blocked blocked"
 [ $failures = 0 ]
