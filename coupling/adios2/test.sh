@@ -103,9 +103,9 @@ wait $w; ws=$?
 [ $r1 = 0 ] && [ $r2 = 0 ] && [ $ws = 0 ] && grep -q "after 5 steps" "$R" && grep -q "after 5 steps" "$R2"
 check "two readers (C++ with a selection, C) of a Python writer see every step (Block)" $? "$W" "$R" "$R2"
 
-# A step is a snapshot: with QueueLimit=1 the writer rewrites step 0's buffer in place for
+# Steps as snapshots: with QueueLimit=1 the writer rewrites step 0's buffer in place for
 # step 1 while a slow reader holds step 0, which must keep step 0's values.
-c=$(config s7 StreamName=s7 QueueLimit=1)
+c=$(config s7 StreamName=s7 QueueLimit=1 StepSnapshots=true)
 rm -f "$scratch/rewritten"
 run python3 "$tests/held_step.py" "$c" out.bp writer "$scratch/rewritten" >"$W" 2>&1 & w=$!
 run python3 "$tests/held_step.py" "$c" out.bp reader "$scratch/rewritten" >"$R" 2>&1; r=$?

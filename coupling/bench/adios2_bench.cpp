@@ -44,6 +44,12 @@ void Report(const char *role, std::vector<double> ms)
     // The first of each kind pays for connecting and first mappings.
     if (ms.size() > 1)
         ms.erase(ms.begin());
+    if (ms.empty())
+    {
+        std::printf("%s no steps\n", role); // the other side failed first: it says why
+        std::fflush(stdout);
+        return;
+    }
     std::sort(ms.begin(), ms.end());
     std::printf("%s median_ms %.3f min_ms %.3f steps %zu\n", role, ms[ms.size() / 2], ms[0],
                 ms.size());

@@ -29,7 +29,10 @@ struct Params
     uint64_t maxStepSize = uint64_t(64) << 30; // MaxStepSize: bytes of one step, at most
     // StepSnapshots: each step a copy-on-write snapshot of a region the writer rewrites in
     // place (true), or a segment of its own per queued step (false; always so in the LWK).
-    bool stepSnapshots = true;
+    // Off by default: a Put copies the whole variable, so a snapshot's writer pays every page
+    // twice (its copy, then the fold into the region) plus a write fault per page, for
+    // nothing a reader sees: 64 MiB steps cost the writer ~20x a segment's (docs/adios2.md).
+    bool stepSnapshots = false;
     // StreamName: what writer and readers meet by. ADIOS2's plugin interface (v2) hands the
     // engine the plugin's name where other engines get the name given to Open, so the stream
     // is the IO's name unless this parameter names it.

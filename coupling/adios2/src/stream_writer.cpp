@@ -159,7 +159,9 @@ void StreamWriter::Unqueue(uint64_t pub, bool reuse)
 
 void StreamWriter::Grow(size_t need)
 {
-    m_RegionSize = std::min<size_t>(m_Params.maxStepSize, std::max(2 * m_RegionSize, need));
+    // Room for the metadata and a slightly larger next step, so that a step grows once.
+    m_RegionSize =
+        std::min<size_t>(m_Params.maxStepSize, std::max(2 * m_RegionSize, need + need / 16));
     std::unique_ptr<StepBuffer> bigger = NewBuffer();
     std::memcpy(bigger->Data(), m_Current->Data(), m_Used);
     StepBuffer *old = m_Current;
@@ -294,6 +296,8 @@ void StreamWriter::EndStep()
     m_InStep = false;
     size_t metaAt = Align(m_Used, 8);
     size_t total = metaAt + m_Meta.size();
+    if (m_Snapshots && total > m_Current->Capacity() && total <= m_Params.maxStepSize)
+        Grow(total);
     if (total > m_Current->Capacity())
         throw std::runtime_error("clowder engine: step " + std::to_string(m_Step) +
                                  " exceeds MaxStepSize with its metadata");
