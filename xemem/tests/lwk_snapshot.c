@@ -15,7 +15,9 @@
  *      them; freeing the region twice is EINVAL the second time;
  *   5. in the LWK: the enclave's free memory (sysinfo) drops by the region's size and by a
  *      page per page written, and is back once the region is freed (but for a few page
- *      tables, which the kernel gives back between jobs).
+ *      tables, which the kernel gives back between jobs);
+ *   6. a forked child that ends with a region and its snapshot out leaves nothing behind (in
+ *      the LWK: the enclave's free memory is back).
  * Prints one line per check; exits 0 when everything held.
  */
 #include <errno.h>
@@ -24,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/sysinfo.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <xpmem.h>
 
@@ -169,6 +172,21 @@ int main(void)
 	if (free_before >= 0)
 		check(lwk_free_memory() >= free_before - KERNEL_SLACK,
 		      "lwk: the region's memory and its copies are back (but for page tables the job keeps)");
+	/* A process that ends with a region and its snapshot out: both go with it. */
+	long free_before_child = lwk_free_memory();
+	pid_t child = fork();
+	if (child == 0) {
+		uint64_t *own = xemem_region_alloc(SIZE);
+		if (own == (void *)-1)
+			_exit(1);
+		own[0] = 1;
+		_exit(xemem_snapshot_make(own, XPMEM_PERMIT_MODE, (void *)0600, NULL) > 0 && (own[0] = 2) == 2 ? 0 : 1);
+	}
+	int status = -1;
+	check(child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	      "a child ends with a region and its snapshot out");
+	if (free_before >= 0)
+		check(lwk_free_memory() >= free_before_child - KERNEL_SLACK, "lwk: the child's region and copies are back");
 	printf(failures ? "lwk_snapshot: %d failed\n" : "lwk_snapshot: all passed\n", failures);
 	return failures ? 1 : 0;
 }
