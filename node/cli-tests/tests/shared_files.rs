@@ -5,7 +5,8 @@
 //! and waits for the others'. Then, in an enclave: a forked child's writes through an inherited
 //! mapping, 80 map/unmap cycles (a region per mapping, of which a job may hold 64: each
 //! `munmap` must give its region back), and the refusals (a range past the file's end EINVAL,
-//! a writable mapping of a read-only descriptor EACCES). Needs /dev/kvm, the LWK image,
+//! a writable mapping of a read-only descriptor EACCES, and making one writable later EINVAL,
+//! where Linux says EACCES). Needs /dev/kvm, the LWK image,
 //! clowder-vmm and musl-gcc (skipped, with the reason, otherwise).
 
 use std::process::{Command, Stdio};
@@ -105,6 +106,8 @@ static int checks(const char *name) {
     void *readable = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
     printf("read-only of read-only: %s, word %u\n", readable == MAP_FAILED ? errno_name() : "mapped",
            readable == MAP_FAILED ? 0 : ((unsigned *)readable)[1]);
+    int made_writable = mprotect(readable, 4096, PROT_READ | PROT_WRITE);
+    printf("made writable: %s\n", made_writable == 0 ? "yes" : errno_name());
     return 0;
 }
 
@@ -162,7 +165,7 @@ fn two_enclaves_and_a_host_process_share_a_dev_shm_file() {
     let checked = run_clowder_ok(&socket, &["run", "--enclave", "a", program, "checks", &name], &dir.0);
     assert_eq!(
         text(&checked.stdout),
-        "a forked child wrote 42\n80 map/unmap cycles\npast the end: EINVAL\nwritable of read-only: EACCES\nread-only of read-only: mapped, word 42\n",
+        "a forked child wrote 42\n80 map/unmap cycles\npast the end: EINVAL\nwritable of read-only: EACCES\nread-only of read-only: mapped, word 42\nmade writable: EINVAL\n",
         "{}",
         text(&checked.stderr)
     );

@@ -34,6 +34,8 @@ struct Block {
     physical: u64,
     len: u64,
     host_file: bool,
+    /// The host added it read-only (the file is not open for writing): never mapped writable.
+    read_only: bool,
 }
 
 impl Drop for Block {
@@ -116,7 +118,7 @@ impl SharedMappings {
         let align = if len >= HUGE_PAGE_SIZE { HUGE_PAGE_SIZE } else { PAGE_SIZE };
         let (start, released) = self.place(aspace, len, align, fixed)?;
         let physical = pmem::allocate(len, align).ok_or(MemoryError::NoMemory)?;
-        let block = Arc::new(Block { physical, len, host_file: false });
+        let block = Arc::new(Block { physical, len, host_file: false, read_only: false });
         self.insert(aspace, Mapping { start, end: start + len, block, offset: 0, access })?;
         Ok((start, released))
     }
@@ -133,7 +135,7 @@ impl SharedMappings {
         fixed: Option<u64>,
     ) -> Result<(u64, Released), MemoryError> {
         // Made first, so that the region goes back whatever fails below.
-        let block = Arc::new(Block { physical: gpa, len, host_file: true });
+        let block = Arc::new(Block { physical: gpa, len, host_file: true, read_only: !access.is_some_and(|protection| protection.write) });
         let len = page_multiple(len)?;
         // 2 MiB pages where the region's address allows them.
         let align = if len >= HUGE_PAGE_SIZE && gpa.is_multiple_of(HUGE_PAGE_SIZE) { HUGE_PAGE_SIZE } else { PAGE_SIZE };
@@ -216,6 +218,12 @@ impl SharedMappings {
         }
         if covered < end {
             return Err(MemoryError::NoMemory);
+        }
+        let touched = || self.mappings.iter().filter(|mapping| mapping.start < end && start < mapping.end);
+        if access.is_some_and(|protection| protection.write) && touched().any(|mapping| mapping.block.read_only) {
+            // The region is read-only on the host too: a write would not reach the file.
+            log!("mprotect: a shared mapping of a file not open for writing cannot be made writable");
+            return Err(MemoryError::InvalidArgument);
         }
         let mut changed = Vec::with_capacity(self.mappings.len() + 2);
         for mapping in self.mappings.drain(..) {

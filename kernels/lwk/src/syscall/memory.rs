@@ -182,11 +182,14 @@ pub fn munmap(address: u64, len: usize) -> SyscallResult {
         if !address.is_multiple_of(4096) || len == 0 {
             return Err(Errno::EINVAL);
         }
-        let released = job::with_process(|process| process.shared.unmap(&mut process.memory.aspace, start, end)).map_err(memory_error)?;
+        let (from, to) = (start.max(shared::WINDOW_START), end.min(shared::WINDOW_END));
+        let released = job::with_process(|process| process.shared.unmap(&mut process.memory.aspace, from, to)).map_err(memory_error)?;
         // Other CPUs may cache the pages, which another process may get once the block goes.
         crate::sched::shoot_down_user_tlbs();
         drop(released);
-        return Ok(0);
+        if (from, to) == (start, end) {
+            return Ok(0);
+        }
     }
     job::with_process(|process| process.memory.unmap(address, len as u64)).map(|_| 0).map_err(|_| Errno::EINVAL)
 }
@@ -215,8 +218,7 @@ pub fn mremap(address: u64, old_len: usize, new_len: usize, flags: u32) -> Sysca
         log!("mremap of shared anonymous memory is not supported");
         return Err(Errno::EINVAL);
     }
-    with_memory(|memory| memory.remap(address, old_len as u64, new_len as u64, flags & MREMAP_MAYMOVE != 0))
-        .map_err(memory_error)
+    with_memory(|memory| memory.remap(address, old_len as u64, new_len as u64, flags & MREMAP_MAYMOVE != 0)).map_err(memory_error)
 }
 
 /// madvise(addr, len, advice): memory is always resident and never paged, so advice is
