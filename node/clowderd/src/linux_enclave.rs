@@ -7,6 +7,14 @@
 //! their files, output and exit, the failure handling - is the LWK enclave's own code
 //! (`enclave.rs`). What differs is only how the machine starts and how long its boot may take.
 //! On PVM the VMM adds what the kernel must not use there (`vmm::arch::cpuid::LINUX_ON_PVM`).
+//!
+//! The job owner's host files reach the guest as the LWK's forwarded file calls (`hio.rs`,
+//! served as that user, confined like an LWK job): the agent turns its jobs' FUSE requests
+//! into them (kernels/linux-guest/agent/src/host_files.rs). What the calls read lands in the
+//! file window, [`FILE_WINDOW`] bytes of guest RAM just below the channel that the kernel is
+//! told to leave alone (`memmap=`) and the agent finds by `clowder.files=`. The daemon
+//! checks every address the guest names against the enclave's RAM as for any enclave, so the
+//! window is a convention between the guest's kernel and agent, not something it trusts.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -19,13 +27,31 @@ use crate::console::LogBook;
 use crate::machine::{start_vmm_reporting, vmm_command, Launcher, Machine, MachineSpec, Populated, VmmLauncher};
 
 /// How long a Linux kernel may take from the VMM's start to the agent's `Hello`: the whole
-/// boot is emulated kernel code on PVM (docs/linux-guest.md has the measured times).
-pub const HELLO_TIMEOUT: Duration = Duration::from_secs(900);
+/// boot is emulated kernel code on PVM, and on a loaded host its timer ticks, delivered late
+/// and all, stretch it further (docs/linux-guest.md has the measured times: 15 min at a load
+/// of 14-21).
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// The kernel command line (the VMM appends its `clowder.*` words). `panic=-1`: a panicking
 /// guest resets at once, which ends the VMM and so the enclave; `quiet`: every console byte is
 /// an exit.
 const COMMAND_LINE: &str = "console=ttyS0 panic=-1 quiet";
+
+/// The file window's size: the largest read one forwarded call makes (FUSE reads 128 KiB at
+/// most) and a directory listing's share.
+pub const FILE_WINDOW: u64 = 256 << 10;
+
+/// The command line of a guest with `memory` bytes of RAM: [`COMMAND_LINE`] and the file
+/// window, placed below the channel the VMM puts at the top of low RAM.
+fn command_line(memory: u64) -> Result<String, String> {
+    let layout = vmm::arch::memmap::GuestLayout::new(memory, vmm_config::DEFAULT_CHANNEL_SIZE)
+        .map_err(|e| format!("a Linux enclave of {memory} bytes: {e}"))?;
+    let channel = layout.channel.ok_or("the guest layout has no channel")?;
+    let window = channel.gpa.checked_sub(FILE_WINDOW).filter(|&gpa| gpa >= 64 << 20).ok_or_else(|| {
+        format!("a Linux enclave of {memory} bytes is too small for its kernel and file window (at least 64 MiB of low RAM)")
+    })?;
+    Ok(format!("{COMMAND_LINE} memmap={}K${window:#x} clowder.files={window:#x},{FILE_WINDOW:#x}", FILE_WINDOW >> 10))
+}
 
 /// Where the daemon finds its default guest when `create` names none.
 pub const KERNEL_VARIABLE: &str = "CLOWDER_LINUX_KERNEL";
@@ -84,10 +110,10 @@ fn descriptor_path(file: &File) -> String {
 }
 
 /// The `clowder-vmm` command line of a Linux enclave.
-pub fn linux_command(vmm: &Path, guest: &LinuxGuest, spec: &MachineSpec) -> std::process::Command {
+pub fn linux_command(vmm: &Path, guest: &LinuxGuest, spec: &MachineSpec) -> Result<std::process::Command, String> {
     let mut command = vmm_command(vmm, Path::new(&descriptor_path(&guest.kernel)), spec);
-    command.arg("--module").arg(descriptor_path(&guest.initrd)).arg("--cmdline").arg(COMMAND_LINE);
-    command
+    command.arg("--module").arg(descriptor_path(&guest.initrd)).arg("--cmdline").arg(command_line(spec.memory)?);
+    Ok(command)
 }
 
 /// [`Launcher::launch_linux`] for `clowder-vmm`.
@@ -100,7 +126,7 @@ pub fn launch_vmm(
 ) -> Result<Box<dyn Machine>, String> {
     let control_path = launcher.runtime_dir.join(format!("{}.vmm.sock", spec.name));
     log.push(format!("clowderd: starting clowder-vmm for Linux enclave {}", spec.name));
-    start_vmm_reporting(with_xemem_device(linux_command(&launcher.vmm, guest, spec), launcher, spec), control_path, log, progress)
+    start_vmm_reporting(with_xemem_device(linux_command(&launcher.vmm, guest, spec)?, launcher, spec), control_path, log, progress)
 }
 
 /// Where a Linux enclave's VMM serves its XEMEM PCI device (docs/xemem-pci.md) for the daemon
@@ -161,10 +187,72 @@ mod tests {
         assert!(LinuxGuest::open(&private, 4242).err().unwrap().contains("not readable by uid 4242"));
         let guest = LinuxGuest::open(&private, 0).unwrap();
         let spec = MachineSpec { name: "vm".into(), cores: vec![1], memory: 256 << 20, hugepages: false };
-        let command = linux_command(Path::new("clowder-vmm"), &guest, &spec);
+        let command = linux_command(Path::new("clowder-vmm"), &guest, &spec).unwrap();
         let args: Vec<String> = command.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
         assert!(args.windows(2).any(|w| w[0] == "--module" && w[1].starts_with("/proc/")), "{args:?}");
-        assert!(args.windows(2).any(|w| w[0] == "--cmdline" && w[1] == COMMAND_LINE), "{args:?}");
+        assert!(args.windows(2).any(|w| w[0] == "--cmdline" && w[1].starts_with(COMMAND_LINE)), "{args:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The window lies in RAM just below the channel (the kernel keeps out of it, the daemon
+    /// serves file calls into it as into any enclave RAM), and a guest too small for it is
+    /// refused in one line.
+    #[test]
+    fn the_file_window_sits_below_the_channel() {
+        let line = command_line(256 << 20).unwrap();
+        let channel = (256 << 20) - vmm_config::DEFAULT_CHANNEL_SIZE;
+        let window = channel - FILE_WINDOW;
+        assert!(line.ends_with(&format!(" memmap=256K${window:#x} clowder.files={window:#x},{FILE_WINDOW:#x}")), "{line}");
+        let big = command_line(8 << 30).unwrap();
+        assert!(big.contains(&format!("clowder.files={:#x},", (3u64 << 30) - vmm_config::DEFAULT_CHANNEL_SIZE - FILE_WINDOW)), "{big}");
+        assert!(command_line(32 << 20).unwrap_err().contains("too small"));
+    }
+
+    /// What a Linux guest's agent forwards for its FUSE mount is served as any enclave's file
+    /// calls, bad input included: reads land in the file window, and a window moved onto the
+    /// channel or past RAM, an oversized listing, an unknown handle, a write or a way out of
+    /// a confinement get errnos, never a crash.
+    #[test]
+    fn a_guests_forwarded_file_calls_are_checked_like_any_enclaves() {
+        use crate::guest_ram::{GuestRam, RamRange};
+        use crate::hio::{Answer, Identity, JobFiles, Scope};
+        use enclave_proto::FileOp;
+
+        const MEMORY: u64 = 256 << 20;
+        let channel = MEMORY - vmm_config::DEFAULT_CHANNEL_SIZE;
+        let window = channel - FILE_WINDOW;
+        let memfd = crate::sys::memfd("linux-enclave-test").unwrap();
+        memfd.set_len(MEMORY).unwrap();
+        let ram =
+            GuestRam::map(&memfd, vec![RamRange { gpa: 0, size: MEMORY, file_offset: 0 }], (channel, vmm_config::DEFAULT_CHANNEL_SIZE))
+                .unwrap();
+        let dir = std::env::temp_dir().join(format!("clowder-linux-files-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        std::fs::write(dir.join("sub/data"), "host bytes").unwrap();
+        let root = dir.to_str().unwrap().to_string();
+        let scope = Scope::Confined { dir: File::open(&dir).unwrap(), path: root.clone() };
+        let owner = Identity { uid: 0, gid: 0, groups: vec![] };
+        let mut files = JobFiles::new(File::open(&dir).unwrap(), root, scope, owner);
+        let mut serve = |op: FileOp<'_>| files.serve(&op, &ram).result;
+
+        let Ok(Answer::Value(handle)) = serve(FileOp::Open { path: b"sub/data", flags: libc::O_RDONLY as u32, mode: 0 }) else {
+            panic!("open")
+        };
+        let handle = handle as u32;
+        assert!(matches!(serve(FileOp::Pread { handle, gpa: window, len: FILE_WINDOW as u32, offset: 0 }), Ok(Answer::Value(10))));
+        let mut back = [0u8; 10];
+        ram.read(window, &mut back).unwrap();
+        assert_eq!(&back, b"host bytes");
+        let onto_channel = serve(FileOp::Pread { handle, gpa: channel, len: 4096, offset: 0 });
+        assert!(matches!(onto_channel, Err(libc::EFAULT)), "the channel is never a buffer");
+        assert!(matches!(serve(FileOp::Pread { handle, gpa: MEMORY, len: 4096, offset: 0 }), Err(libc::EFAULT)), "past RAM");
+        assert!(matches!(serve(FileOp::Pread { handle: 999, gpa: window, len: 10, offset: 0 }), Err(libc::EBADF)));
+        assert!(matches!(serve(FileOp::Getdents { handle, gpa: window, len: u32::MAX }), Err(libc::EINVAL)), "an oversized listing");
+        assert!(matches!(serve(FileOp::Stat { path: b"../../etc/shadow" }), Err(libc::EACCES)), "out of the confinement");
+        assert!(serve(FileOp::Stat { path: b"sub/\xff" }).is_err(), "a path that is not UTF-8");
+        assert!(matches!(serve(FileOp::Stat { path: b"/usr/lib" }), Ok(Answer::Attributes(_))), "the system's libraries");
+        let write = FileOp::Open { path: b"/usr/lib/x", flags: (libc::O_WRONLY | libc::O_CREAT) as u32, mode: 0o644 };
+        assert!(matches!(serve(write), Err(libc::EROFS)));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

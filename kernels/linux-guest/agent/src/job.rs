@@ -1,6 +1,10 @@
 //! One job: the host's binary and input files copied out of the regions the host placed them in,
 //! then run as an ordinary Linux process with the job's argv, env and working directory; its
 //! stdout and stderr are read on threads of their own and its end waited for on a third.
+//!
+//! Where the host serves files (`host_files`), the job runs chrooted in a view of its owner's
+//! host files instead, its binary still the copy (under `/run`, the guest's in that view), and
+//! its input files are not copied: it reads them from the host.
 
 use std::ffi::OsStr;
 use std::io::Read;
@@ -9,10 +13,13 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Component, Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::mpsc::Sender;
+use std::sync::Arc;
 
 use enclave_proto::{LaunchJob, Stream};
 
+use crate::host_files::{self, Forwarder, Mounted};
 use crate::session::PhysicalMemory;
 
 pub struct Settings {
@@ -23,6 +30,16 @@ pub struct Settings {
 /// What a job's threads tell the session.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Event {
+    /// The process runs.
+    Started {
+        job: u32,
+    },
+    /// It could not be started: errno and reason, for `LaunchFailed`.
+    Failed {
+        job: u32,
+        errno: i32,
+        reason: String,
+    },
     Output {
         job: u32,
         stream: Stream,
@@ -36,13 +53,18 @@ pub enum Event {
 }
 
 pub struct Job {
-    pid: i32,
+    /// 0 until the process runs.
+    pid: Arc<AtomicI32>,
 }
 
 impl Job {
+    /// Signals the process; nothing before it runs.
     pub fn signal(&self, signal: i32) {
-        // SAFETY: kill(2) has no memory effects; a process that already ended gives ESRCH.
-        unsafe { libc::kill(self.pid, signal) };
+        let pid = self.pid.load(Ordering::SeqCst);
+        if pid > 0 {
+            // SAFETY: kill(2) has no memory effects; a process that already ended gives ESRCH.
+            unsafe { libc::kill(pid, signal) };
+        }
     }
 }
 
@@ -80,18 +102,30 @@ fn write_file(path: &Path, data: &[u8], mode: u32) -> Result<(), Refusal> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| failed("setting the mode of", e))
 }
 
-pub fn start(launch: &LaunchJob<'_>, memory: &dyn PhysicalMemory, settings: &Settings, events: Sender<Event>) -> Result<Job, Refusal> {
+/// Copies the job's binary (and, without host files, its input files) into the guest, then
+/// starts it on a thread of its own, which reports [`Event::Started`] or [`Event::Failed`]: a
+/// job with host files must mount them first, and the mount's first lookups go through the
+/// session, which must not wait for it.
+pub fn start(
+    launch: &LaunchJob<'_>,
+    memory: &dyn PhysicalMemory,
+    settings: &Settings,
+    events: Sender<Event>,
+    host_files: Option<Forwarder>,
+) -> Result<Job, Refusal> {
     let job = launch.job;
-    let argv: Vec<&[u8]> = launch.argv.iter().collect();
-    let Some(program) = argv.first() else {
+    let argv: Vec<Vec<u8>> = launch.argv.iter().map(<[u8]>::to_vec).collect();
+    if argv.is_empty() {
         return Err(refuse(libc::EINVAL, "the job has no argv[0]"));
-    };
+    }
     let cwd = PathBuf::from(OsStr::from_bytes(launch.cwd));
-    std::fs::create_dir_all(&cwd)
-        .map_err(|e| refuse(e.raw_os_error().unwrap_or(libc::EIO), format!("creating the working directory {}: {e}", cwd.display())))?;
-    for file in launch.files.iter() {
-        let data = memory.read(file.gpa, file.len).map_err(|e| refuse(libc::EFAULT, e))?;
-        write_file(&input_path(&cwd, file.name)?, &data, 0o644)?;
+    if host_files.is_none() {
+        std::fs::create_dir_all(&cwd)
+            .map_err(|e| refuse(e.raw_os_error().unwrap_or(libc::EIO), format!("creating the working directory {}: {e}", cwd.display())))?;
+        for file in launch.files.iter() {
+            let data = memory.read(file.gpa, file.len).map_err(|e| refuse(libc::EFAULT, e))?;
+            write_file(&input_path(&cwd, file.name)?, &data, 0o644)?;
+        }
     }
     let directory = settings.root.join(format!("job-{job}"));
     let base = Path::new(OsStr::from_bytes(launch.binary.name)).file_name().unwrap_or(OsStr::new("program")).to_owned();
@@ -99,50 +133,122 @@ pub fn start(launch: &LaunchJob<'_>, memory: &dyn PhysicalMemory, settings: &Set
     let image = memory.read(launch.binary.gpa, launch.binary.len).map_err(|e| refuse(libc::EFAULT, e))?;
     write_file(&binary, &image, 0o755)?;
     drop(image);
-
-    let mut child = Command::new(&binary)
-        .arg0(OsStr::from_bytes(program))
-        .args(argv[1..].iter().map(|a| OsStr::from_bytes(a)))
-        .env_clear()
-        .envs(launch.env.iter().filter_map(|pair| {
+    let env: Vec<(Vec<u8>, Vec<u8>)> = launch
+        .env
+        .iter()
+        .filter_map(|pair| {
             let split = pair.iter().position(|&b| b == b'=')?;
-            Some((OsStr::from_bytes(&pair[..split]), OsStr::from_bytes(&pair[split + 1..])))
-        }))
-        .current_dir(&cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| {
-            let _ = std::fs::remove_dir_all(&directory);
-            let name = String::from_utf8_lossy(program);
-            refuse(e.raw_os_error().unwrap_or(libc::EIO), format!("{name}: {e}"))
-        })?;
-    let pid = child.id() as i32;
-    let readers = [
-        (Stream::Stdout, Box::new(child.stdout.take().expect("piped")) as Box<dyn Read + Send>),
-        (Stream::Stderr, Box::new(child.stderr.take().expect("piped"))),
-    ]
-    .map(|(stream, mut source)| {
-        let events = events.clone();
-        std::thread::spawn(move || {
-            let mut buffer = vec![0u8; 64 << 10];
-            while let Ok(n) = source.read(&mut buffer) {
-                if n == 0 || events.send(Event::Output { job, stream, data: buffer[..n].to_vec() }).is_err() {
-                    break;
-                }
-            }
+            Some((pair[..split].to_vec(), pair[split + 1..].to_vec()))
         })
-    });
-    std::thread::spawn(move || {
+        .collect();
+    let pid = Arc::new(AtomicI32::new(0));
+    let process = Process { job, argv, env, cwd, binary, directory, pid: pid.clone() };
+    std::thread::spawn(move || process.run(host_files, events));
+    Ok(Job { pid })
+}
+
+/// What the job's thread needs to run it.
+struct Process {
+    job: u32,
+    argv: Vec<Vec<u8>>,
+    env: Vec<(Vec<u8>, Vec<u8>)>,
+    cwd: PathBuf,
+    binary: PathBuf,
+    directory: PathBuf,
+    pid: Arc<AtomicI32>,
+}
+
+impl Process {
+    fn command(&self, root: Option<&Path>) -> Result<Command, Refusal> {
+        let mut command = Command::new(&self.binary);
+        command
+            .arg0(OsStr::from_bytes(&self.argv[0]))
+            .args(self.argv[1..].iter().map(|a| OsStr::from_bytes(a)))
+            .env_clear()
+            .envs(self.env.iter().map(|(name, value)| (OsStr::from_bytes(name), OsStr::from_bytes(value))))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let Some(root) = root else {
+            command.current_dir(&self.cwd);
+            return Ok(command);
+        };
+        let c =
+            |path: &Path| std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| refuse(libc::EINVAL, "a path with a NUL byte"));
+        let (root, cwd) = (c(root)?, c(&self.cwd)?);
+        // SAFETY: the closure runs in the forked child before exec and calls only chroot(2) and
+        // chdir(2), which are async-signal-safe, on strings made before the fork.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::chroot(root.as_ptr()) != 0 || libc::chdir(cwd.as_ptr()) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Ok(command)
+    }
+
+    /// Removes the binary and the (empty, unmounted) directories; never recursively, so a
+    /// mount left behind is not emptied.
+    fn clean_up(&self) {
+        let _ = std::fs::remove_file(&self.binary);
+        let _ = std::fs::remove_dir(self.directory.join("root"));
+        let _ = std::fs::remove_dir(&self.directory);
+    }
+
+    fn failed(&self, events: &Sender<Event>, (errno, reason): Refusal) {
+        self.clean_up();
+        let _ = events.send(Event::Failed { job: self.job, errno, reason });
+    }
+
+    fn run(self, host_files: Option<Forwarder>, events: Sender<Event>) {
+        let job = self.job;
+        let mounted: Option<Mounted> = match host_files {
+            None => None,
+            Some(forwarder) => match host_files::mount_host_tree(job, &self.directory.join("root"), forwarder) {
+                Ok(mounted) => Some(mounted),
+                Err(e) => return self.failed(&events, refuse(libc::EIO, format!("the host's files: {e}"))),
+            },
+        };
+        let spawned = self.command(mounted.as_ref().map(|m| m.root.as_path())).and_then(|mut command| {
+            command.spawn().map_err(|e| {
+                let name = String::from_utf8_lossy(&self.argv[0]);
+                refuse(e.raw_os_error().unwrap_or(libc::EIO), format!("{name}: {e}"))
+            })
+        });
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(refusal) => {
+                drop(mounted);
+                return self.failed(&events, refusal);
+            }
+        };
+        self.pid.store(child.id() as i32, Ordering::SeqCst);
+        let _ = events.send(Event::Started { job });
+        let readers = [
+            (Stream::Stdout, Box::new(child.stdout.take().expect("piped")) as Box<dyn Read + Send>),
+            (Stream::Stderr, Box::new(child.stderr.take().expect("piped"))),
+        ]
+        .map(|(stream, mut source)| {
+            let events = events.clone();
+            std::thread::spawn(move || {
+                let mut buffer = vec![0u8; 64 << 10];
+                while let Ok(n) = source.read(&mut buffer) {
+                    if n == 0 || events.send(Event::Output { job, stream, data: buffer[..n].to_vec() }).is_err() {
+                        break;
+                    }
+                }
+            })
+        });
         let status = child.wait().map(shell_status).unwrap_or(255);
         for reader in readers {
             let _ = reader.join();
         }
-        let _ = std::fs::remove_dir_all(&directory);
+        drop(mounted);
+        self.clean_up();
         let _ = events.send(Event::Exited { job, status });
-    });
-    Ok(Job { pid })
+    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! The job's binary and input files arrive as regions the host added above guest RAM; the agent
 //! reads them through `/dev/mem` too (the kernel is built without STRICT_DEVMEM).
 
+mod host_files;
 mod job;
 mod session;
 
@@ -16,18 +17,31 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clowder_channel::Channel;
-use session::{Next, PhysicalMemory, Session};
+use session::{FileWindow, Next, PhysicalMemory, Session};
 
 /// How long the agent sleeps when the channel and the jobs had nothing for it. Each sleep is a
 /// system call, which costs tens of microseconds of emulated kernel code on PVM.
 const IDLE_SLEEP: Duration = Duration::from_millis(2);
 
-/// `clowder.channel=<gpa>,<size>` from the kernel command line (both hex, `0x` optional).
-fn channel_location(cmdline: &str) -> Option<(u64, usize)> {
-    let value = cmdline.split_whitespace().find_map(|word| word.strip_prefix("clowder.channel="))?;
+/// `<key><gpa>,<size>` from the kernel command line (both hex, `0x` optional).
+fn location(cmdline: &str, key: &str) -> Option<(u64, u64)> {
+    let value = cmdline.split_whitespace().find_map(|word| word.strip_prefix(key))?;
     let (gpa, size) = value.split_once(',')?;
     let hex = |text: &str| u64::from_str_radix(text.trim_start_matches("0x"), 16).ok();
-    Some((hex(gpa)?, usize::try_from(hex(size)?).ok()?))
+    Some((hex(gpa)?, hex(size)?))
+}
+
+/// `clowder.channel=<gpa>,<size>`.
+fn channel_location(cmdline: &str) -> Option<(u64, usize)> {
+    let (gpa, size) = location(cmdline, "clowder.channel=")?;
+    Some((gpa, usize::try_from(size).ok()?))
+}
+
+/// `clowder.files=<gpa>,<size>`: the file window, page aligned and at least a page.
+fn file_window(cmdline: &str) -> Option<FileWindow> {
+    let (gpa, size) = location(cmdline, "clowder.files=")?;
+    let size = u32::try_from(size).ok().filter(|&size| size >= 4096 && size % 4096 == 0)?;
+    (gpa % 4096 == 0).then_some(FileWindow { gpa, size })
 }
 
 /// Guest-physical memory through `/dev/mem`.
@@ -123,7 +137,9 @@ fn run() -> Result<(), String> {
     let vcpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u16;
     // SAFETY: sysconf has no memory effects.
     let ram = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) as u64 * libc::sysconf(libc::_SC_PAGESIZE) as u64 };
-    let mut session = Session::new(endpoint, memory, job::Settings { root: PathBuf::from("/run/clowder") });
+    // Without a window (another kernel command line) jobs run in the guest's own files.
+    let window = file_window(&cmdline);
+    let mut session = Session::new(endpoint, memory, job::Settings { root: PathBuf::from("/run/clowder") }, window);
     session.hello(vcpus, ram)?;
     println!("clowder-agent: Hello sent ({vcpus} vCPUs, {} MiB)", ram >> 20);
     loop {
@@ -156,6 +172,16 @@ mod tests {
         assert_eq!(channel_location("console=ttyS0"), None);
         assert_eq!(channel_location("clowder.channel=0x1000"), None);
         assert_eq!(channel_location("clowder.channel=zz,0x1000"), None);
+    }
+
+    #[test]
+    fn the_file_window_is_found_and_checked() {
+        let line = "memmap=256K$0x7fb0000 clowder.files=0x7fb0000,0x40000 clowder.channel=0x7ff0000,0x10000";
+        assert_eq!(file_window(line), Some(FileWindow { gpa: 0x7fb_0000, size: 0x40000 }));
+        assert_eq!(file_window("clowder.files=0x7fb0100,0x40000"), None, "unaligned");
+        assert_eq!(file_window("clowder.files=0x7fb0000,0x10"), None, "below a page");
+        assert_eq!(file_window("clowder.files=0x1000,0x100000000"), None, "too large");
+        assert_eq!(file_window("console=ttyS0"), None);
     }
 }
 

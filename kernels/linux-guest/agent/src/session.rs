@@ -3,18 +3,40 @@
 //! channel is polled from user space; the guest cannot ring the host's doorbell from ring 3 on
 //! PVM (`out` raises #GP there), so the host finds our messages when it next polls.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use clowder_channel::{Endpoint, RecvError, SendError};
-use enclave_proto::{max_output_chunk, EnclaveMessage, Fragmenter, HostMessage, Reassembler, MAX_MESSAGE_LEN, PROTOCOL_VERSION};
+use enclave_proto::{max_output_chunk, EnclaveMessage, FileOp, Fragmenter, HostMessage, Reassembler, MAX_MESSAGE_LEN, PROTOCOL_VERSION};
 
+use crate::host_files::{FileAnswer, FileCall, Forwarded, Forwarder};
 use crate::job::{self, Event, Job};
 
 /// Where the job's files come from: the guest-physical memory the host placed them in.
 pub trait PhysicalMemory {
     fn read(&self, gpa: u64, len: u64) -> Result<Vec<u8>, String>;
+}
+
+/// Guest RAM the kernel leaves alone (`memmap=`, set by the daemon) where the daemon writes
+/// what the jobs' forwarded file calls read: `clowder.files=<gpa>,<size>` on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileWindow {
+    pub gpa: u64,
+    pub size: u32,
+}
+
+/// What the host answered a file call with.
+enum HostAnswer {
+    /// A value, or a negative errno.
+    Result(i64),
+    Attributes(enclave_proto::FileAttributes),
+}
+
+/// A forwarded file call on its way: the request number it went out with.
+struct Outstanding {
+    request: u32,
+    forwarded: Forwarded,
 }
 
 /// How long a message the host started may take to arrive in full, and how long a full ring
@@ -39,12 +61,22 @@ pub struct Session<M> {
     events: mpsc::Receiver<Event>,
     events_to: mpsc::Sender<Event>,
     settings: job::Settings,
+    /// The jobs' host files: calls from their FUSE threads, served one at a time (they share
+    /// the window), and the one the host has now.
+    window: Option<FileWindow>,
+    calls: mpsc::Receiver<Forwarded>,
+    calls_to: mpsc::Sender<Forwarded>,
+    waiting_calls: VecDeque<Forwarded>,
+    outstanding: Option<Outstanding>,
+    next_request: u32,
 }
 
 impl<M: PhysicalMemory> Session<M> {
-    pub fn new(endpoint: Endpoint, memory: M, settings: job::Settings) -> Session<M> {
+    /// A session; `window` set, each job runs in a view of its owner's host files.
+    pub fn new(endpoint: Endpoint, memory: M, settings: job::Settings, window: Option<FileWindow>) -> Session<M> {
         let frame = vec![0; endpoint.max_message_len()];
         let (events_to, events) = mpsc::channel();
+        let (calls_to, calls) = mpsc::channel();
         Session {
             endpoint,
             memory,
@@ -55,6 +87,12 @@ impl<M: PhysicalMemory> Session<M> {
             events,
             events_to,
             settings,
+            window,
+            calls,
+            calls_to,
+            waiting_calls: VecDeque::new(),
+            outstanding: None,
+            next_request: 1,
         }
     }
 
@@ -130,6 +168,13 @@ impl<M: PhysicalMemory> Session<M> {
             busy = true;
             self.report(event)?;
         }
+        self.waiting_calls.extend(self.calls.try_iter());
+        if self.outstanding.is_none() {
+            if let Some(forwarded) = self.waiting_calls.pop_front() {
+                busy = true;
+                self.forward(forwarded)?;
+            }
+        }
         Ok((busy, Next::Continue))
     }
 
@@ -148,18 +193,21 @@ impl<M: PhysicalMemory> Session<M> {
                 let started = if self.jobs.contains_key(&job) {
                     Err((libc::EEXIST, format!("job {job} is already running")))
                 } else {
-                    job::start(&launch, &self.memory, &self.settings, self.events_to.clone())
+                    let host_files = self.window.map(|window| Forwarder { window: window.size, calls: self.calls_to.clone() });
+                    job::start(&launch, &self.memory, &self.settings, self.events_to.clone(), host_files)
                 };
+                // A started job says so (`Event::Started`) once its process runs.
                 match started {
                     Ok(running) => {
                         self.jobs.insert(job, running);
-                        self.send(&EnclaveMessage::JobStarted { job })?;
                     }
                     Err((errno, reason)) => self.send(&EnclaveMessage::LaunchFailed { job, errno, reason: reason.as_bytes() })?,
                 }
             }
             HostMessage::SignalJob { job, signal } => self.signal(job, signal as i32)?,
             HostMessage::KillJob { job } => self.signal(job, libc::SIGKILL)?,
+            HostMessage::FileResult { job, request, result } => self.answered(job, request, HostAnswer::Result(result))?,
+            HostMessage::FileAttributes { job, request, attributes } => self.answered(job, request, HostAnswer::Attributes(attributes))?,
             HostMessage::Shutdown => {
                 for job in self.jobs.values() {
                     job.signal(libc::SIGKILL);
@@ -181,8 +229,72 @@ impl<M: PhysicalMemory> Session<M> {
         }
     }
 
+    /// Sends one job's file call to the host; a call that cannot be put as a request fails
+    /// at once.
+    fn forward(&mut self, forwarded: Forwarded) -> Result<(), String> {
+        let Some(window) = self.window else {
+            let _ = forwarded.answer.send(FileAnswer::Error(libc::ENOSYS));
+            return Ok(());
+        };
+        let request = self.next_request;
+        self.next_request = self.next_request.wrapping_add(1).max(1);
+        let op = match &forwarded.call {
+            FileCall::Stat { path } => FileOp::Stat { path },
+            FileCall::Open { path, flags } => FileOp::Open { path, flags: *flags, mode: 0 },
+            FileCall::Pread { handle, len, offset } => {
+                FileOp::Pread { handle: *handle, gpa: window.gpa, len: (*len).min(window.size), offset: *offset }
+            }
+            FileCall::Getdents { handle } => FileOp::Getdents { handle: *handle, gpa: window.gpa, len: window.size },
+            FileCall::Close { handle } => FileOp::Close { handle: *handle },
+        };
+        let message = EnclaveMessage::FileRequest { job: forwarded.job, request, op };
+        if let Err(e) = self.send(&message) {
+            let _ = forwarded.answer.send(FileAnswer::Error(libc::EIO));
+            return Err(e);
+        }
+        self.outstanding = Some(Outstanding { request, forwarded });
+        Ok(())
+    }
+
+    /// The host's answer to a file call; data the call read is copied out of the window.
+    fn answered(&mut self, job: u32, request: u32, answer: HostAnswer) -> Result<(), String> {
+        let matches = self.outstanding.as_ref().is_some_and(|o| o.request == request && o.forwarded.job == job);
+        let (Some(window), true) = (self.window, matches) else {
+            return self.log(&format!("agent: an answer to file call {request} of job {job}, which was not asked; ignored"));
+        };
+        let Outstanding { forwarded, .. } = self.outstanding.take().expect("matched");
+        let limit = match forwarded.call {
+            FileCall::Pread { len, .. } => Some(len.min(window.size)),
+            FileCall::Getdents { .. } => Some(window.size),
+            _ => None,
+        };
+        let reply = match (answer, limit) {
+            (HostAnswer::Result(result), _) if result < 0 => FileAnswer::Error(i32::try_from(-result).unwrap_or(libc::EIO)),
+            (HostAnswer::Result(count), Some(limit)) if count <= limit as i64 => match self.memory.read(window.gpa, count as u64) {
+                Ok(data) => FileAnswer::Data(data),
+                Err(e) => {
+                    self.log(&format!("agent: reading the file window: {e}"))?;
+                    FileAnswer::Error(libc::EIO)
+                }
+            },
+            (HostAnswer::Result(value), None) => u32::try_from(value).map_or(FileAnswer::Error(libc::EIO), FileAnswer::Value),
+            (HostAnswer::Attributes(attributes), None) if matches!(forwarded.call, FileCall::Stat { .. }) => {
+                FileAnswer::Attributes(attributes)
+            }
+            _ => FileAnswer::Error(libc::EIO),
+        };
+        // The FUSE thread may have given up waiting; its call then failed already.
+        let _ = forwarded.answer.send(reply);
+        Ok(())
+    }
+
     fn report(&mut self, event: Event) -> Result<(), String> {
         match event {
+            Event::Started { job } => self.send(&EnclaveMessage::JobStarted { job })?,
+            Event::Failed { job, errno, reason } => {
+                self.jobs.remove(&job);
+                self.send(&EnclaveMessage::LaunchFailed { job, errno, reason: reason.as_bytes() })?;
+            }
             Event::Output { job, stream, data } => {
                 let chunk = max_output_chunk(self.frame.len()).max(1);
                 for piece in data.chunks(chunk) {

@@ -49,7 +49,7 @@ fn start(label: &str, files: &[(u64, Vec<u8>)]) -> (Host, Session<FakeMemory>) {
     let _ = std::fs::remove_dir_all(&directory);
     std::fs::create_dir_all(&directory).unwrap();
     let memory = FakeMemory(files.iter().cloned().collect());
-    let session = Session::new(channel.guest_end().unwrap(), memory, job::Settings { root: directory.join("run") });
+    let session = Session::new(channel.guest_end().unwrap(), memory, job::Settings { root: directory.join("run") }, None);
     let end = channel.host_end().unwrap();
     let frame = vec![0; end.max_message_len()];
     (Host { base, end, frame, directory }, session)
