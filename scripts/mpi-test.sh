@@ -6,8 +6,9 @@
 #   host   mpirun over ssh across the nodes: ping-pong and mpicg verified; srun -N 2 the same;
 #          a crashing rank ends the job with mpirun's usual "exited on signal" error
 #   enclave  MPMD one rank per enclave; four ranks in one enclave; a host rank beside an enclave
-#          rank (over TCP, and over Open MPI's shared-memory transport vader); mpirun over ssh and srun with a rank in each node's enclave; a crashing
-#          enclave rank ends the job with the same error, and the enclave runs the next job
+#          rank (over TCP, and over Open MPI's shared-memory transport vader); mpirun over ssh
+#          and srun with a rank in each node's enclave; a crashing enclave rank ends the job with
+#          the same error, and the enclave runs the next job
 #   ucx    Open MPI's UCX PML over UCX's xpmem transport between two enclaves (the user-level
 #          data path: no TCP, no enclave kernel per message), ping-pong 1 B..4 MiB verified
 # Enclave ranks need sockets in LWK jobs (PMIx wire-up over a Unix socket, the TCP transport)
