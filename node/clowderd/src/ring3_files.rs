@@ -66,7 +66,7 @@ fn read_u64(ram: &GuestRam, gpa: u64) -> Option<u64> {
 /// The page-table entry bits the walk checks.
 const PRESENT: u64 = 1;
 const WRITABLE: u64 = 2;
-const USER: u64 = 4;
+const USER_ACCESS: u64 = 4;
 const LARGE: u64 = 0x80;
 const ADDRESS_MASK: u64 = 0x000f_ffff_ffff_f000;
 
@@ -77,7 +77,7 @@ pub fn translate(ram: &GuestRam, root: u64, va: u64, write: bool) -> Option<(u64
     if va >= 1 << 47 {
         return None;
     }
-    let required = PRESENT | USER | if write { WRITABLE } else { 0 };
+    let required = PRESENT | USER_ACCESS | if write { WRITABLE } else { 0 };
     let mut table = root & ADDRESS_MASK;
     for level in (0..4).rev() {
         let shift = 12 + 9 * level;
@@ -308,4 +308,141 @@ pub fn serve_all(ram: &GuestRam, control: u64, count: u16, answer_of: &AnswerOf<
         served |= serve_cpu(ram, control, cpu, answer_of);
     }
     served
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guest_ram::RamRange;
+    use enclave_proto::Timestamp;
+    use std::cell::RefCell;
+
+    const RAM: u64 = 1 << 20;
+    const CONTROL: u64 = 0x10000;
+    const ROOT: u64 = 0x20000;
+    const FD_TABLE: u64 = 0x34000;
+    const REQUESTS: u64 = 0x35000;
+    /// User pages: read-write at `USER` (RAM 0x30000), read-only next (0x31000), then a
+    /// supervisor page (0x32000).
+    const USER: u64 = 0x40_0000;
+    const JOB: u32 = 9;
+
+    fn put(ram: &GuestRam, gpa: u64, value: u64) {
+        ram.write(gpa, &value.to_le_bytes()).unwrap();
+    }
+
+    fn ram() -> GuestRam {
+        let memfd = crate::sys::memfd("ring3-files-test").unwrap();
+        memfd.set_len(RAM).unwrap();
+        let ram = GuestRam::map(&memfd, vec![RamRange { gpa: 0, size: RAM, file_offset: 0 }], (RAM - 0x4000, 0x4000)).unwrap();
+        // PML4[0] -> PDPT[0] -> PD[2] -> PT: three 4 KiB pages at USER.
+        put(&ram, ROOT, 0x21000 | PRESENT | WRITABLE | USER_BIT);
+        put(&ram, 0x21000, 0x22000 | PRESENT | WRITABLE | USER_BIT);
+        put(&ram, 0x22000 + 2 * 8, 0x23000 | PRESENT | WRITABLE | USER_BIT);
+        put(&ram, 0x23000, 0x30000 | PRESENT | WRITABLE | USER_BIT);
+        put(&ram, 0x23008, 0x31000 | PRESENT | USER_BIT);
+        put(&ram, 0x23010, 0x32000 | PRESENT | WRITABLE);
+        let context = CONTROL + RING3_CONTEXT;
+        put(&ram, context + RING3_ROOT, ROOT);
+        put(&ram, context + RING3_FD_TABLE, FD_TABLE);
+        put(&ram, context + RING3_JOB, JOB as u64);
+        put(&ram, context + RING3_REQUEST, REQUESTS);
+        ram.write(FD_TABLE + 3 * 4, &8u32.to_le_bytes()).unwrap(); // descriptor 3: handle 7
+        let names = b"/\0/fileio\0";
+        ram.write(0x36000, names).unwrap();
+        put(&ram, CONTROL + RING3_JOB_FILES, 0x36000);
+        put(&ram, CONTROL + RING3_JOB_FILES_LEN, names.len() as u64);
+        ram
+    }
+    const USER_BIT: u64 = USER_ACCESS;
+
+    /// Posts `call(args)` (with `path`) on CPU 0, serves it, and returns its result and the
+    /// operations the host was asked for.
+    fn call(ram: &GuestRam, number: u64, args: [u64; 4], path: &[u8]) -> (i64, Vec<String>) {
+        put(ram, REQUESTS + RING3_CALL, number);
+        for (index, arg) in args.iter().enumerate() {
+            put(ram, REQUESTS + RING3_ARGS + index as u64 * 8, *arg);
+        }
+        let mut with_nul = path.to_vec();
+        with_nul.push(0);
+        ram.write(REQUESTS + RING3_PATH, &with_nul).unwrap();
+        put(ram, REQUESTS + RING3_STATE, POSTED);
+        let asked = RefCell::new(Vec::new());
+        let answer_of = |job: u32, request: u32, op: &FileOp<'_>| {
+            assert_eq!(job, JOB, "the kernel's job, not the caller's say");
+            asked.borrow_mut().push(format!("{op:?}"));
+            match op {
+                FileOp::Read { len, .. } | FileOp::Write { len, .. } => HostMessage::FileResult { job, request, result: *len as i64 },
+                FileOp::Stat { .. } | FileOp::Fstat { .. } => {
+                    let time = Timestamp { seconds: 1, nanoseconds: 2 };
+                    let attributes = FileAttributes {
+                        mode: 0o100644,
+                        size: 42,
+                        inode: 5,
+                        links: 1,
+                        uid: 1000,
+                        gid: 1000,
+                        block_size: 4096,
+                        blocks: 8,
+                        accessed: time,
+                        modified: time,
+                        changed: time,
+                    };
+                    HostMessage::FileAttributes { job, request, attributes }
+                }
+                _ => HostMessage::FileResult { job, request, result: -(libc::ENOSYS as i64) },
+            }
+        };
+        assert!(serve_cpu(ram, CONTROL, 0, &answer_of), "a posted call is served");
+        assert_eq!(read_u64(ram, REQUESTS + RING3_STATE), Some(ANSWERED));
+        (read_u64(ram, REQUESTS + RING3_RESULT).unwrap() as i64, asked.into_inner())
+    }
+
+    #[test]
+    fn calls_reach_the_callers_pages_through_its_page_tables() {
+        let ram = ram();
+        let (result, asked) = call(&ram, READ, [3, USER + 0x100, 0x100, 0], b"");
+        assert_eq!((result, asked), (0x100, vec![format!("{:?}", FileOp::Read { handle: 7, gpa: 0x30100, len: 0x100 })]));
+        let (result, asked) = call(&ram, WRITE, [3, USER + 0x1000, 16, 0], b"");
+        assert_eq!((result, asked.len()), (16, 1), "a read-only page may be written from");
+        let (result, _) = call(&ram, STAT, [0, USER + 8, 0, 0], b"data");
+        assert_eq!(result, 0);
+        let mut record = [0u8; STAT_SIZE];
+        ram.read(0x30008, &mut record).unwrap();
+        assert_eq!(&record[48..56], &42u64.to_le_bytes(), "st_size in the caller's buffer");
+    }
+
+    /// Whatever the job names, the host touches only its own user pages and host files, and
+    /// leaves the rest to the kernel.
+    #[test]
+    fn what_the_host_may_not_do_goes_to_the_kernel() {
+        let ram = ram();
+        let cases: [(u64, [u64; 4], &[u8], &str); 8] = [
+            (READ, [3, USER + 0xf00, 0x200, 0], b"", "read into a read-only page"),
+            (READ, [3, USER + 0x2000, 8, 0], b"", "a supervisor page"),
+            (READ, [3, USER + 0x3000, 8, 0], b"", "an unmapped page"),
+            (READ, [4, USER, 8, 0], b"", "a descriptor that is not a host file"),
+            (READ, [RING3_FDS + 3, USER, 8, 0], b"", "past the table"),
+            (STAT, [0, USER + 0x1000, 0, 0], b"data", "stat into a read-only page"),
+            (STAT, [0, USER, 0, 0], b"/x/../fileio", "the job's own file"),
+            (NEWFSTATAT, [5, b"data".as_ptr() as u64, USER, 0], b"data", "relative to a directory descriptor"),
+        ];
+        for (number, args, path, what) in cases {
+            let (result, asked) = call(&ram, number, args, path);
+            assert_eq!((result, asked.len()), (RING3_ESCALATE, 0), "{what}");
+        }
+        let (result, _) = call(&ram, STAT, [0, USER, 0, 0], b"dev/../../dev/./xpmem");
+        assert_eq!(result, RING3_ESCALATE, "the kernel's device");
+        // No call posted, or no process known on that CPU: nothing is served.
+        assert!(!serve_cpu(&ram, CONTROL, 0, &|_, _, _| panic!("nothing to serve")));
+        assert!(!serve_cpu(&ram, CONTROL, 1, &|_, _, _| panic!("no context")));
+    }
+
+    #[test]
+    fn large_pages_translate() {
+        let ram = ram();
+        put(&ram, 0x22000 + 3 * 8, PRESENT | WRITABLE | USER_BIT | LARGE);
+        assert_eq!(translate(&ram, ROOT, 0x60_1234, true), Some((0x1234, 0x20_0000 - 0x1234)));
+        assert_eq!(translate(&ram, ROOT, 1 << 47, false), None, "not a user address");
+    }
 }
