@@ -3,8 +3,8 @@
 //! stdout and stderr are read on threads of their own and its end waited for on a third.
 //!
 //! Where the host serves files (`host_files`), the job runs chrooted in a view of its owner's
-//! host files instead, its binary still the copy (under `/run`, the guest's in that view), and
-//! its input files are not copied: it reads them from the host.
+//! host files instead, its binary still the copy (under `/run`, the guest's in that view); its
+//! input files (`--file`) are copied into the guest all the same, for a kernel without FUSE.
 
 use std::ffi::OsStr;
 use std::io::Read;
@@ -102,7 +102,7 @@ fn write_file(path: &Path, data: &[u8], mode: u32) -> Result<(), Refusal> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| failed("setting the mode of", e))
 }
 
-/// Copies the job's binary (and, without host files, its input files) into the guest, then
+/// Copies the job's binary and input files into the guest, then
 /// starts it on a thread of its own, which reports [`Event::Started`] or [`Event::Failed`]: a
 /// job with host files must mount them first, and the mount's first lookups go through the
 /// session, which must not wait for it.
@@ -119,13 +119,12 @@ pub fn start(
         return Err(refuse(libc::EINVAL, "the job has no argv[0]"));
     }
     let cwd = PathBuf::from(OsStr::from_bytes(launch.cwd));
-    if host_files.is_none() {
-        std::fs::create_dir_all(&cwd)
-            .map_err(|e| refuse(e.raw_os_error().unwrap_or(libc::EIO), format!("creating the working directory {}: {e}", cwd.display())))?;
-        for file in launch.files.iter() {
-            let data = memory.read(file.gpa, file.len).map_err(|e| refuse(libc::EFAULT, e))?;
-            write_file(&input_path(&cwd, file.name)?, &data, 0o644)?;
-        }
+    // Also with host files: the job falls back to the guest's own files if they cannot be mounted.
+    std::fs::create_dir_all(&cwd)
+        .map_err(|e| refuse(e.raw_os_error().unwrap_or(libc::EIO), format!("creating the working directory {}: {e}", cwd.display())))?;
+    for file in launch.files.iter() {
+        let data = memory.read(file.gpa, file.len).map_err(|e| refuse(libc::EFAULT, e))?;
+        write_file(&input_path(&cwd, file.name)?, &data, 0o644)?;
     }
     let directory = settings.root.join(format!("job-{job}"));
     let base = Path::new(OsStr::from_bytes(launch.binary.name)).file_name().unwrap_or(OsStr::new("program")).to_owned();
@@ -204,13 +203,13 @@ impl Process {
 
     fn run(self, host_files: Option<Forwarder>, events: Sender<Event>) {
         let job = self.job;
-        let mounted: Option<Mounted> = match host_files {
-            None => None,
-            Some(forwarder) => match host_files::mount_host_tree(job, &self.directory.join("root"), forwarder) {
-                Ok(mounted) => Some(mounted),
-                Err(e) => return self.failed(&events, refuse(libc::EIO, format!("the host's files: {e}"))),
-            },
-        };
+        // A kernel without FUSE still runs the job, in the guest's own files (static programs
+        // and their input files work there); the console, hence the enclave's log, says why.
+        let mounted: Option<Mounted> = host_files.and_then(|forwarder| {
+            host_files::mount_host_tree(job, &self.directory.join("root"), forwarder)
+                .map_err(|e| eprintln!("clowder-agent: job {job} runs without the host's files: {e}"))
+                .ok()
+        });
         let spawned = self.command(mounted.as_ref().map(|m| m.root.as_path())).and_then(|mut command| {
             command.spawn().map_err(|e| {
                 let name = String::from_utf8_lossy(&self.argv[0]);
