@@ -23,15 +23,24 @@ impl Daemon {
     /// Starts the repository's clowderd with `vmm` and `lwk` (isolating enclave cores), its
     /// socket and log in `scratch`, and waits for the socket.
     pub fn start(repo: &Path, scratch: &Path, vmm: &Path, lwk: &Path) -> Result<Daemon, String> {
-        Daemon::start_serving_file_slots(repo, scratch, vmm, lwk, true)
+        Daemon::start_serving_file_slots(repo, scratch, vmm, lwk, true, true)
     }
 
     /// `start`, with the kernels' file-call slots served or not (`CLOWDER_FILE_SLOTS=off`: every
-    /// forwarded call takes the channel).
-    pub fn start_serving_file_slots(repo: &Path, scratch: &Path, vmm: &Path, lwk: &Path, file_slots: bool) -> Result<Daemon, String> {
+    /// forwarded call takes the channel), and the jobs' ring-3 file calls served or not
+    /// (`CLOWDER_RING3_FILES=off`: each takes the kernel path).
+    pub fn start_serving_file_slots(
+        repo: &Path,
+        scratch: &Path,
+        vmm: &Path,
+        lwk: &Path,
+        file_slots: bool,
+        ring3: bool,
+    ) -> Result<Daemon, String> {
         let socket = scratch.join("clowderd.sock");
         let child = Command::new(repo.join("target/release/clowderd"))
             .env("CLOWDER_FILE_SLOTS", if file_slots { "on" } else { "off" })
+            .env("CLOWDER_RING3_FILES", if ring3 { "on" } else { "off" })
             .arg("--socket")
             .arg(&socket)
             .arg("--vmm")
