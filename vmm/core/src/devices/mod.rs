@@ -6,9 +6,14 @@ mod exit;
 mod hypercall;
 mod scratch;
 mod serial;
+mod tap;
+pub mod virtio_net;
+#[cfg(test)]
+mod virtio_net_tests;
 
 pub use channel::ChannelEndpoint;
 pub use hypercall::{Report, HC_HEARTBEAT, HC_NOP, HC_READY, HC_REPORT};
+pub use tap::Tap;
 
 use std::sync::{Arc, Mutex};
 
