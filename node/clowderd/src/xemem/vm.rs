@@ -423,6 +423,18 @@ fn access_id(raw: u64) -> Result<AccessId, i32> {
     AccessId::from_raw(raw as i64).ok_or(libc::EINVAL)
 }
 
+/// A call in a log line (a RUNS call's runs counted, not listed).
+fn describe(call: &Call) -> String {
+    match call {
+        Call::Request { op, args, runs, .. } => match Op::from_u32(*op) {
+            Some(Op::Runs) => format!("RUNS from {} ({} runs)", args[0], runs.len()),
+            Some(op) => format!("{op:?}"),
+            None => format!("op {op}"),
+        },
+        other => format!("{other:?}"),
+    }
+}
+
 /// Where a Linux enclave's VMM listens for its XEMEM device, and its control socket.
 #[derive(Clone, Debug)]
 pub struct VmSockets {
@@ -445,7 +457,7 @@ pub fn start(links: Arc<XememLinks>, ram: Arc<GuestRam>, sockets: VmSockets, own
             let control = Mutex::new(control);
             let window = Window::new(&control);
             let mut socket = LineSocket::new(stream, LIMITS);
-            if let Some(why) = serve_forever(&mut vm, &mut socket, &window) {
+            if let Some(why) = serve_forever(&mut vm, &mut socket, &window, &log) {
                 log.push(format!("clowderd: xemem: the VM's XEMEM device stopped: {why}"));
             }
         })
@@ -455,7 +467,7 @@ pub fn start(links: Arc<XememLinks>, ram: Arc<GuestRam>, sockets: VmSockets, own
 
 /// Answers the VMM's calls and keeps the VM's node moving; returns why it stopped (`None`:
 /// the VMM closed the socket).
-pub fn serve_forever(vm: &mut VmXemem, socket: &mut LineSocket, window: &Window<'_>) -> Option<String> {
+pub fn serve_forever(vm: &mut VmXemem, socket: &mut LineSocket, window: &Window<'_>, log: &LogBook) -> Option<String> {
     loop {
         let mut polls = [
             libc::pollfd { fd: socket.stream().as_raw_fd(), events: libc::POLLIN, revents: 0 },
@@ -469,7 +481,10 @@ pub fn serve_forever(vm: &mut VmXemem, socket: &mut LineSocket, window: &Window<
         }
         match socket.receive_json::<HostCall>() {
             Ok(Some((call, _))) => {
+                let what = describe(&call.what);
+                let started = Instant::now();
                 let result = vm.serve(call.what, window);
+                log.push(format!("clowderd: xemem: the VM's {what}: {result:?} in {:.1} ms", started.elapsed().as_secs_f64() * 1e3));
                 if let Err(e) = socket.send(&HostAnswer { seq: call.seq, result }, &[]) {
                     return Some(format!("answering the VMM: {e}"));
                 }
