@@ -181,12 +181,13 @@ enclave_case --needs-b "an enclave rank that crashes ends the job (exited on sig
 # ranks' loader path (xemem/ucx/build.sh, cached; Debian's UCX has no xpmem transport). UCX_TLS
 # names no tcp, so ranks that cannot reach each other through xpmem fail to connect rather than
 # fall back; the control run without xpmem must fail so.
-ucx=(--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any --mca btl self
-    -x LD_LIBRARY_PATH="$root/build/ucx/install/lib:$root/xemem/build/lib")
+ucx=(--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any --mca btl self -x UCX_TLS -x LD_LIBRARY_PATH)
 ucx_finalized= # the data run's status, once its data were verified
 ucx_pair() { # UCX_TLS: ping-pong 1 B..4 MiB between enclaves a and b
-    # (mpirun -x would split the list at its comma)
-    UCX_TLS=$1 in_node 1 timeout 120 mpirun --oversubscribe "${ucx[@]}" -x UCX_TLS \
+    # Set here and exported by name: mpirun -x NAME=VALUE splits lists at commas, and clowder
+    # run --env NAME reads clowder run's own environment.
+    UCX_TLS=$1 LD_LIBRARY_PATH="$root/build/ucx/install/lib:$root/xemem/build/lib" \
+        in_node 1 timeout 120 mpirun --oversubscribe "${ucx[@]}" \
         -n 1 "${run_a[@]}" --env LD_LIBRARY_PATH "$bin/pingpong" 4194304 20 : \
         -n 1 "$clowder" run --enclave b --env LD_LIBRARY_PATH "$bin/pingpong" 4194304 20
 }

@@ -14,6 +14,7 @@ CASES = {
     "host-tcp": "host (tcp)",
     "host-2nodes": "host, 2 nodes",
     "enclaves": "enclaves a, b",
+    "enclaves-ucx": "enclaves a, b (UCX/xpmem)",
     "enclave": "enclave a",
     "enclaves-2nodes": "enclaves, 2 nodes",
 }
@@ -22,6 +23,11 @@ CASES = {
 def read(raw, name):
     path = raw / name
     return path.read_text(errors="replace") if path.exists() and not (raw / f"{name}.why").exists() else None
+
+
+def note(raw, name):
+    path = raw / f"{name}.note"
+    return path.read_text().strip() if path.exists() else None
 
 
 def why(raw, name):
@@ -47,7 +53,8 @@ def table(title, raw, prefix, pattern, cases, unit):
         cells = [f"{measured[c][n]:.2f}" if n in measured[c] else "-" for c in cases]
         lines.append(f"| {size(n)} | " + " | ".join(cells) + " |")
     missing = [f"- {CASES[c]}: not measured: {why(raw, f'{prefix}.{c}')}" for c in cases if not measured[c]]
-    return lines + [""] + missing + [""], measured
+    notes = [f"- {CASES[c]}: {note(raw, f'{prefix}.{c}')}" for c in cases if measured[c] and note(raw, f"{prefix}.{c}")]
+    return lines + [""] + missing + notes + [""], measured
 
 
 def main(raw, cpu, load, edge):
@@ -59,7 +66,8 @@ def main(raw, cpu, load, edge):
            f"`apps/mpi/bench.sh` (in `make bench`) on {cpu}, load {load} at the end. Two cores; every case",
            "runs its ranks on the same two cores (`--bind-to core` for host ranks, one core per enclave).",
            "Nodes are network namespaces on a bridge (scripts/nodes.sh), each with its own clowderd;",
-           "enclave ranks and the `tcp` rows use Open MPI's TCP transport (`--mca btl tcp,self`).", ""]
+           "enclave ranks and the `tcp` rows use Open MPI's TCP transport (`--mca btl tcp,self`), but for",
+           "the `UCX/xpmem` rows: Open MPI's UCX PML over UCX's xpmem transport on libxpmem (docs/mpi.md).", ""]
     lines, lat_by = table("Ping-pong latency (half round trip)", raw, "pingpong", lat, list(CASES), "us")
     out += lines
     lines, bw_by = table("Ping-pong bandwidth", raw, "pingpong", bw, list(CASES), "MB/s")
@@ -71,7 +79,7 @@ def main(raw, cpu, load, edge):
     out += lines
     out += [f"### mpicg, {edge}³ grid on 2 ranks", "", "| case | solve s | MFLOP/s | verified |", "|---|---|---|---|"]
     cg = {}
-    for case in ["host-shm", "host-tcp", "enclaves"]:
+    for case in ["host-shm", "host-tcp", "enclaves", "enclaves-ucx"]:
         text = read(raw, f"mpicg.{case}")
         m = re.search(r"mpicg: solve ([\d.]+) s, ([\d.]+) MFLOP/s", text or "")
         if m:
@@ -87,15 +95,18 @@ def main(raw, cpu, load, edge):
         else:
             out.append(f"| {name} | {fmt(ours, host)} | {'yes' if ok(ours, host) else 'NO'} |")
 
-    host_lat, encl_lat = lat_by["host-shm"].get(8), lat_by["enclaves"].get(8)
+    # The enclaves' best path: UCX over XEMEM where it was measured, else TCP.
+    encl = "enclaves-ucx" if lat_by["enclaves-ucx"] else "enclaves"
+    out.append(f"| path between the enclaves | {CASES[encl]} | |")
+    host_lat, encl_lat = lat_by["host-shm"].get(8), lat_by[encl].get(8)
     target("8 B latency between 2 enclaves <= 2x two host processes", encl_lat, host_lat,
            lambda o, h: f"{o:.2f} us vs {h:.2f} us ({o / h:.1f}x)", lambda o, h: o <= 2 * h)
-    big = [n for n in bw_by["host-shm"] if n >= 1 << 20 and n in bw_by["enclaves"]]
-    worst = min(big, key=lambda n: bw_by["enclaves"][n] / bw_by["host-shm"][n]) if big else None
+    big = [n for n in bw_by["host-shm"] if n >= 1 << 20 and n in bw_by[encl]]
+    worst = min(big, key=lambda n: bw_by[encl][n] / bw_by["host-shm"][n]) if big else None
     target("bandwidth >= 1 MiB between 2 enclaves >= 80% of the host's",
-           bw_by["enclaves"].get(worst), bw_by["host-shm"].get(worst),
+           bw_by[encl].get(worst), bw_by["host-shm"].get(worst),
            lambda o, h: f"worst at {size(worst)}: {o:.0f} of {h:.0f} MB/s ({100 * o / h:.0f}%)", lambda o, h: o >= 0.8 * h)
-    target("mpicg on 2 enclaves >= 90% of 2 host processes", cg.get("enclaves"), cg.get("host-shm"),
+    target("mpicg on 2 enclaves >= 90% of 2 host processes", cg.get(encl), cg.get("host-shm"),
            lambda o, h: f"{o:.0f} of {h:.0f} MFLOP/s ({100 * o / h:.0f}%)", lambda o, h: o >= 0.9 * h)
     print("\n".join(out))
 
