@@ -123,13 +123,15 @@ first=$(awk '/^step/ {print $2; exit}' "$R")
 [ $r = 0 ] && [ $ws = 0 ] && [ "${first:-0}" -ge 2 ] && grep -q "^step 11 ok" "$R"
 check "a reader that joins late starts at the queue's oldest step and reads to the end" $? "$W" "$R"
 
-c=$(config s6 StreamName=s6 QueueLimit=1 QueueFullPolicy=Discard)
-run "$bin/cxx_writer" "$c" out.bp 200 256 256 >"$W" 2>&1 & w=$!
-run python3 "$tests/py_reader.py" "$c" out.bp >"$R" 2>&1; r=$?
-wait $w; ws=$?
-[ $r = 0 ] && [ $ws = 0 ] && grep -q "end of stream" "$R" &&
-    awk '/^step/ {if ($2 <= last) exit 1; last = $2}' last=-1 "$R"
-check "Discard: a fast writer never waits; the reader's steps are right and in order ($(grep -c '^step' "$R") of 200)" $? "$W" "$R"
+for snapshots in false true; do
+    c=$(config s6$snapshots StreamName=s6$snapshots QueueLimit=1 QueueFullPolicy=Discard StepSnapshots=$snapshots)
+    run "$bin/cxx_writer" "$c" out.bp 200 256 256 >"$W" 2>&1 & w=$!
+    run python3 "$tests/py_reader.py" "$c" out.bp >"$R" 2>&1; r=$?
+    wait $w; ws=$?
+    [ $r = 0 ] && [ $ws = 0 ] && grep -q "end of stream" "$R" &&
+        awk '/^step/ {if ($2 <= last) exit 1; last = $2}' last=-1 "$R" && no_segment_left s6$snapshots
+    check "Discard (StepSnapshots=$snapshots): a fast writer never waits; the reader's steps are right and in order ($(grep -c '^step' "$R") of 200)" $? "$W" "$R"
+done
 
 c=$(config nosuch StreamName=nosuch OpenTimeoutSecs=1)
 run python3 "$tests/py_reader.py" "$c" out.bp >"$R" 2>&1; r=$?
