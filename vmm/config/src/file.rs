@@ -24,7 +24,10 @@ const IOAPIC_PINS: i64 = 24;
 /// Vectors 0..31 are CPU exceptions.
 const FIRST_EXTERNAL_VECTOR: i64 = 32;
 
-const DEVICE_KINDS: &str = "serial, exit, hypercall, channel, mmio-scratch, msr-scratch";
+/// Where a virtio-net device's registers go by default: above 3 GiB, under the PCI hole's top.
+const DEFAULT_VIRTIO_NET_BASE: u64 = 0xd000_0000;
+const DEFAULT_VIRTIO_NET_IRQ: u32 = 5;
+const DEVICE_KINDS: &str = "serial, exit, hypercall, channel, mmio-scratch, msr-scratch, virtio-net";
 
 /// Reads and parses a configuration file; relative paths in it resolve against its directory.
 pub(crate) fn read_file(path: &Path) -> Result<Draft, ConfigError> {
@@ -162,6 +165,7 @@ fn parse_device(table: &Table, index: usize, earlier: &[DeviceConfig], base_dir:
         "channel" => &["name", "kind", "size", "port", "vector"],
         "mmio-scratch" => &["name", "kind", "base", "size"],
         "msr-scratch" => &["name", "kind", "msrs"],
+        "virtio-net" => &["name", "kind", "base", "irq", "tap", "host"],
         _ => return Err(ConfigError::new(key("kind"), format!("unknown device kind \"{kind_name}\" (kinds: {DEVICE_KINDS})"))),
     };
     if let Some(unknown) = table.keys().find(|name| !allowed_keys.contains(&name.as_str())) {
@@ -211,6 +215,26 @@ fn parse_device(table: &Table, index: usize, earlier: &[DeviceConfig], base_dir:
                     vector as u8
                 }
                 None => DEFAULT_CHANNEL_VECTOR,
+            },
+        },
+        "virtio-net" => DeviceKind::VirtioNet {
+            base: match table.get("base") {
+                Some(value) => unsigned_value(value, &key("base"))?,
+                None => DEFAULT_VIRTIO_NET_BASE,
+            },
+            irq: match table.get("irq") {
+                Some(value) => ranged_value(value, &key("irq"), 0, IOAPIC_PINS - 1)? as u32,
+                None => DEFAULT_VIRTIO_NET_IRQ,
+            },
+            tap: match table.get("tap") {
+                Some(value) => string_value(value, &key("tap"))?.to_string(),
+                None => return Err(ConfigError::new(key("tap"), "missing; a virtio-net device needs the host tap's name")),
+            },
+            host: match table.get("host") {
+                Some(value) => {
+                    Some(parse_ipv4_prefix(string_value(value, &key("host"))?).map_err(|reason| ConfigError::new(key("host"), reason))?)
+                }
+                None => None,
             },
         },
         "mmio-scratch" => {
@@ -338,6 +362,17 @@ fn type_error(key: &str, expected: &str, found: &Value) -> ConfigError {
         _ => found.type_str().to_string(),
     };
     ConfigError::new(key, format!("expected {expected}, found {shown}"))
+}
+
+/// `A.B.C.D/N`.
+fn parse_ipv4_prefix(text: &str) -> Result<(std::net::Ipv4Addr, u8), String> {
+    let bad = || format!("\"{text}\" is not an IPv4 address with a prefix length (10.0.0.1/24)");
+    let (addr, prefix) = text.split_once('/').ok_or_else(bad)?;
+    let prefix: u8 = prefix.parse().map_err(|_| bad())?;
+    if prefix > 32 {
+        return Err(bad());
+    }
+    Ok((addr.parse().map_err(|_| bad())?, prefix))
 }
 
 fn string_value<'a>(value: &'a Value, key: &str) -> Result<&'a str, ConfigError> {

@@ -97,6 +97,8 @@ pub struct MemoryConfig {
 /// Guest RAM stops here; the rest continues at [`HIGH_RAM_START`], leaving a hole for MMIO.
 pub const LOW_RAM_LIMIT: u64 = 3 << 30;
 pub const HIGH_RAM_START: u64 = 4 << 30;
+/// The register window of a virtio-mmio device.
+pub const VIRTIO_MMIO_SIZE: u64 = 0x200;
 
 impl MemoryConfig {
     /// Guest-physical ranges of RAM: `[0, size)`, or `[0, 3 GiB)` and `[4 GiB, ...)` for more than
@@ -193,6 +195,9 @@ pub enum DeviceKind {
     MmioScratch { base: u64, size: u64 },
     /// Model-specific registers handled in user space (probing and tests).
     MsrScratch { msrs: Vec<u32> },
+    /// virtio-net over virtio-mmio at `base` (0x200 bytes), interrupt on IOAPIC pin `irq`, backed
+    /// by the host tap `tap`, whose host end gets `host` (IPv4 address, prefix length) if given.
+    VirtioNet { base: u64, irq: u32, tap: String, host: Option<(std::net::Ipv4Addr, u8)> },
 }
 
 impl DeviceKind {
@@ -205,6 +210,7 @@ impl DeviceKind {
             DeviceKind::Channel { .. } => "channel",
             DeviceKind::MmioScratch { .. } => "mmio-scratch",
             DeviceKind::MsrScratch { .. } => "msr-scratch",
+            DeviceKind::VirtioNet { .. } => "virtio-net",
         }
     }
 
@@ -215,7 +221,7 @@ impl DeviceKind {
             DeviceKind::Serial { port, .. } => Some((*port, 8)),
             DeviceKind::Exit { port } | DeviceKind::Hypercall { port } => Some((*port, 4)),
             DeviceKind::Channel { doorbell_port, .. } => Some((*doorbell_port, 4)),
-            DeviceKind::MmioScratch { .. } | DeviceKind::MsrScratch { .. } => None,
+            DeviceKind::MmioScratch { .. } | DeviceKind::MsrScratch { .. } | DeviceKind::VirtioNet { .. } => None,
         }
     }
 
@@ -223,6 +229,7 @@ impl DeviceKind {
     pub fn mmio_window(&self) -> Option<(u64, u64)> {
         match self {
             DeviceKind::MmioScratch { base, size } => Some((*base, *size)),
+            DeviceKind::VirtioNet { base, .. } => Some((*base, VIRTIO_MMIO_SIZE)),
             _ => None,
         }
     }

@@ -872,3 +872,18 @@ fn help_is_a_distinct_request_whatever_else_is_wrong() {
         assert!(USAGE.contains(flag), "USAGE does not document {flag}");
     }
 }
+
+#[test]
+fn a_virtio_net_device_names_its_tap_and_reads_back_equal() {
+    let fixture = Fixture::new();
+    let net = |keys: &str| fixture.load_with_kernel(&format!("[[device]]\nname = \"net0\"\nkind = \"virtio-net\"\n{keys}"));
+    let config = net("tap = \"clw-vm0\"\nhost = \"10.7.0.1/24\"\n").unwrap();
+    let host = Some(("10.7.0.1".parse().unwrap(), 24));
+    assert_eq!(config.devices[0].kind, DeviceKind::VirtioNet { base: 0xd000_0000, irq: 5, tap: "clw-vm0".into(), host });
+    let text = config.to_toml_string();
+    assert_eq!(fixture.load(&text), Ok(config), "written as:\n{text}");
+    assert_error(net(""), "device.net0.tap", "missing");
+    assert_error(net("tap = \"t\"\nhost = \"10.7.0.1\"\n"), "device.net0.host", "not an IPv4 address with a prefix length");
+    assert_error(net("tap = \"t\"\nhost = \"10.7.0.1/33\"\n"), "device.net0.host", "not an IPv4 address");
+    assert_error(net("tap = \"t\"\nbase = 0x1000\n"), "device.net0.base", "overlaps guest RAM");
+}

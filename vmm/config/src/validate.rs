@@ -309,7 +309,7 @@ fn check_devices(draft: &Draft, memory: &MemoryConfig) -> Result<Vec<DeviceConfi
                 }
                 .map_err(|reason| ConfigError::new(output_key, reason))?;
             }
-            DeviceKind::Exit { .. } | DeviceKind::Hypercall { .. } | DeviceKind::MmioScratch { .. } => {}
+            DeviceKind::Exit { .. } | DeviceKind::Hypercall { .. } | DeviceKind::MmioScratch { .. } | DeviceKind::VirtioNet { .. } => {}
         }
     }
     Ok(devices)

@@ -79,6 +79,12 @@ impl VmConfig {
                 DeviceKind::MmioScratch { base, size } => {
                     let _ = writeln!(out, "base = {base:#x}\nsize = {size:#x}");
                 }
+                DeviceKind::VirtioNet { base, irq, tap, host } => {
+                    let _ = writeln!(out, "base = {base:#x}\nirq = {irq}\ntap = {}", quoted(tap));
+                    if let Some((addr, prefix)) = host {
+                        let _ = writeln!(out, "host = \"{addr}/{prefix}\"");
+                    }
+                }
                 DeviceKind::MsrScratch { msrs } => {
                     let msrs: Vec<String> = msrs.iter().map(|msr| format!("{msr:#x}")).collect();
                     let _ = writeln!(out, "msrs = [{}]", msrs.join(", "));

@@ -59,5 +59,6 @@ pub fn create(config: &DeviceConfig, env: &mut DeviceEnv<'_>) -> Result<(), VmEr
         DeviceKind::Channel { size, doorbell_port, vector } => channel::create(name, *size, *doorbell_port, *vector, env),
         DeviceKind::MmioScratch { base, size } => scratch::create_mmio(name, *base, *size, env),
         DeviceKind::MsrScratch { msrs } => scratch::create_msr(name, msrs, env),
+        DeviceKind::VirtioNet { base, irq, tap, host } => virtio_net::create(name, *base, *irq, tap, *host, env),
     }
 }

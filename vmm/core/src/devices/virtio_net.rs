@@ -11,6 +11,10 @@
 
 use std::fmt;
 use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use virtio_bindings::virtio_config::{VIRTIO_CONFIG_S_DRIVER_OK, VIRTIO_CONFIG_S_NEEDS_RESET, VIRTIO_F_VERSION_1};
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
@@ -21,7 +25,10 @@ use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::hooks::{Device, DeviceError, ExitContext, Outcome, Request};
+use crate::hooks::{Device, DeviceError, ExitContext, HookKey, Outcome, Request};
+use crate::VmError;
+
+use super::{DeviceEnv, Tap};
 
 /// The register window's size.
 pub const MMIO_SIZE: u64 = 0x200;
@@ -409,6 +416,41 @@ impl<B: NetBackend> VirtioNet<B> {
         self.queues[index].needs_notification(&self.mem).map_err(|e| RingError::Used { queue: index, detail: e.to_string() })
     }
 }
+
+/// Builds the device over a new tap, its irqfd on IOAPIC pin `irq`, the kernel command-line word
+/// that tells Linux where it is, and the thread that moves host frames in.
+pub fn create(name: &str, base: u64, irq: u32, tap: &str, host: Option<(Ipv4Addr, u8)>, env: &mut DeviceEnv<'_>) -> Result<(), VmError> {
+    let tap = Tap::open(tap, host).map_err(|e| VmError::Config(format!("device.{name}.tap: {e}")))?;
+    let poll_fd = tap.as_fd().try_clone_to_owned().map_err(|e| VmError::Config(format!("device.{name}.tap: {e}")))?;
+    let interrupt = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmError::Kvm(format!("virtio-net interrupt eventfd: {e}")))?;
+    env.vm.register_irqfd(&interrupt, irq).map_err(|e| VmError::Kvm(format!("virtio-net irqfd on GSI {irq}: {e}")))?;
+    let device = Arc::new(Mutex::new(VirtioNet::new(env.memory.guest_memory().clone(), tap, GUEST_MAC, interrupt)));
+    let handle: crate::hooks::DeviceHandle = device.clone();
+    env.registry.hook(name, HookKey::Mmio { base, len: MMIO_SIZE }, handle).map_err(|e| VmError::Config(format!("device.{name}: {e}")))?;
+    env.cmdline_extra.push(format!("virtio_mmio.device={MMIO_SIZE:#x}@{base:#x}:{irq}"));
+    std::thread::Builder::new()
+        .name(format!("{name}-rx"))
+        .spawn(move || loop {
+            let mut fd = libc::pollfd { fd: poll_fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd; the descriptor is owned by this thread.
+            if unsafe { libc::poll(&mut fd, 1, 1000) } > 0 {
+                let waiting = {
+                    let mut net = device.lock().unwrap_or_else(|e| e.into_inner());
+                    net.host_ready();
+                    net.pending.is_some()
+                };
+                if waiting {
+                    // The guest has no RX buffer free: wait for it rather than spin on the tap.
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        })
+        .map_err(|e| VmError::Config(format!("device.{name}: starting its thread: {e}")))?;
+    Ok(())
+}
+
+/// A locally administered address; each VM has a tap of its own, so one address serves all.
+const GUEST_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0xc1, 0x00, 0x01];
 
 impl<B: NetBackend> Device for VirtioNet<B> {
     fn handle(&mut self, _: &ExitContext, request: Request<'_>) -> Result<Outcome, DeviceError> {
