@@ -1,0 +1,162 @@
+//! XEMEM in a Linux VM, end to end: a daemon with its broker boots a `--kind linux` enclave
+//! (the project's small kernel and agent), whose VMM has the XEMEM PCI device. One static XPMEM
+//! program, `xemem/tests/vm_exchange.c`, runs as a job in the VM and as a host process: each
+//! makes a named segment, attaches the other's, checks every page and writes into it, and sees
+//! the other's write in its own (host->VM and VM->host, checked by content). Opt-in (`make
+//! test-linux-enclave`): the boot is minutes of emulated kernel code on a PVM host.
+//! `CLOWDER_LINUX_KERNEL`/`CLOWDER_LINUX_INITRD` name a prebuilt guest; scripts/linux-kernel.sh
+//! builds (or finds cached) both otherwise.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+mod support;
+use support::{build_musl_job, call, job_test_dir, log_lines, lwk_job, run_job_to_end, start_daemon_with_broker, BrokeredDaemon};
+
+/// The guest file `variable` names, else what scripts/linux-kernel.sh ARGS prints last.
+fn guest_file(variable: &str, args: &[&str]) -> PathBuf {
+    if let Some(path) = std::env::var_os(variable) {
+        return path.into();
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let output = Command::new(root.join("scripts/linux-kernel.sh")).args(args).output().unwrap();
+    assert!(output.status.success(), "scripts/linux-kernel.sh {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    PathBuf::from(String::from_utf8_lossy(&output.stdout).lines().last().unwrap_or_default())
+}
+
+/// Creates Linux enclave `vm` of `mem` under `daemon` and says how long it took to be ready.
+fn create_linux_enclave(daemon: &BrokeredDaemon, mem: &str) {
+    let (kernel, initrd) = (guest_file("CLOWDER_LINUX_KERNEL", &[]), guest_file("CLOWDER_LINUX_INITRD", &["initramfs"]));
+    let started = Instant::now();
+    let created = call(
+        &daemon.socket,
+        json!({"op": "create", "name": "vm", "kind": "linux", "cores": 1, "mem": mem,
+               "kernel": kernel.to_str().unwrap(), "initrd": initrd.to_str().unwrap()}),
+    );
+    assert_eq!(created["ok"], true, "{created}");
+    eprintln!("create to ready: {:.0} s", started.elapsed().as_secs_f64());
+}
+
+#[test]
+#[ignore = "boots a Linux guest: minutes on a PVM host (make test-linux-enclave)"]
+fn one_xpmem_program_exchanges_memory_between_host_and_vm() {
+    let Some(dir) = job_test_dir("clowder-xemem-linux-vm") else { return };
+    let program = lwk_job(&dir.0, "vm_exchange");
+    let daemon = start_daemon_with_broker(&dir.0);
+    // CLOWDER_XEMEM_VM_BENCH: measure in the same VM afterwards (one boot instead of two).
+    let bench = std::env::var_os("CLOWDER_XEMEM_VM_BENCH").is_some();
+    create_linux_enclave(&daemon, if bench { "512M" } else { "256M" });
+
+    let host = Command::new(&program)
+        .arg("host")
+        .env("CLOWDER_XEMEM_SOCKET", &daemon.xemem_socket)
+        .env("CLOWDER_XEMEM_BACKEND", "broker")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (reply, guest_out) = run_job_to_end(&daemon.socket, "vm", &program, &["./vm_exchange", "guest"], &dir.0);
+    let host = host.wait_with_output().unwrap();
+    let host_out = String::from_utf8_lossy(&host.stdout);
+    let context = format!(
+        "guest job {reply}:\n{guest_out}\nhost {:?}:\n{host_out}{}\nlog:\n{}",
+        host.status,
+        String::from_utf8_lossy(&host.stderr),
+        log_lines(&daemon.socket, "vm").join("\n")
+    );
+    eprintln!("{context}");
+    assert!(guest_out.contains("guest: 256 of 256 pages of host-to-vm hold what the other side wrote"), "{context}");
+    assert!(guest_out.contains("guest: the other side wrote into vm-to-host"), "{context}");
+    assert!(host_out.contains("host: 256 of 256 pages of vm-to-host hold what the other side wrote"), "{context}");
+    assert!(host_out.contains("host: the other side wrote into host-to-vm"), "{context}");
+    assert!(host.status.success(), "{context}");
+    assert_eq!(reply["status"], 0, "{context}");
+
+    if bench {
+        bench_rows(&daemon, &dir.0);
+    }
+    let removed = call(&daemon.socket, json!({"op": "rm", "name": "vm"}));
+    assert_eq!(removed["ok"], true, "{removed}");
+    // The VM's link is gone with it: nothing of its segments is left at the name server.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while daemon.links.list().iter().any(|listing| listing.name.as_ref().is_some_and(|n| n.as_bytes() == b"vm-to-host")) {
+        assert!(Instant::now() < deadline, "the VM's segment outlived it");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The VM rows of docs/results/xemem-attach.md (Table 2): `xemem/bench/attach_bench.c`, one
+/// static binary, owns a 4 KiB-backed region on one side and attaches it from the other, attach
+/// alone and attach + read against a local read on the attacher's side, for each size of
+/// `SIZES` (MiB, default "128 256 512 1024"; VM->host up to `VM_OWNER_MAX`, default 128: a
+/// VM export is mlocked page by page in emulated guest kernel code), `ATTACHES` (default 5)
+/// attaches and `READS` (3) attach + reads each. Prints `row DIRECTION ...` lines (attach_bench's
+/// columns) and the VMM's memory beyond guest RAM. `make bench-linux-vm`.
+#[test]
+#[ignore = "boots a Linux guest and measures: many minutes on a PVM host (make bench-linux-vm)"]
+fn vm_attach_bench() {
+    let Some(dir) = job_test_dir("clowder-xemem-vm-bench") else { return };
+    let daemon = start_daemon_with_broker(&dir.0);
+    create_linux_enclave(&daemon, "512M");
+    bench_rows(&daemon, &dir.0);
+    let removed = call(&daemon.socket, json!({"op": "rm", "name": "vm"}));
+    assert_eq!(removed["ok"], true, "{removed}");
+}
+
+/// [`vm_attach_bench`]'s measurements in Linux enclave `vm` of `daemon`, scratch files in `dir`.
+fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
+    let bench = dir.join("attach_bench");
+    build_musl_job("../bench/attach_bench.c", &bench).unwrap();
+    let setting = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_string());
+    let sizes: Vec<u64> = setting("SIZES", "128 256 512 1024").split_whitespace().map(|s| s.parse().unwrap()).collect();
+    let owner_max: u64 = setting("VM_OWNER_MAX", "128").parse().unwrap();
+    let (attaches, reads) = (setting("ATTACHES", "5"), setting("READS", "3"));
+    let host = |args: &[&str]| {
+        Command::new(&bench)
+            .args(args)
+            .env("CLOWDER_XEMEM_SOCKET", &daemon.xemem_socket)
+            .env("CLOWDER_XEMEM_BACKEND", "broker")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let rows = |direction: &str, out: &str| {
+        for line in out.lines().filter(|l| ["attach ", "read ", "owner-read "].iter().any(|p| l.starts_with(p))) {
+            println!("row {direction} {line}");
+        }
+    };
+    for &mib in &sizes {
+        let (name, size) = (format!("hv{mib}"), mib.to_string());
+        let owner = host(&["own", &name, "4k", &size, "900"]);
+        let argv = ["./attach_bench", "attach", &name, &size, &attaches, &reads, "attach", "read"];
+        let (reply, out) = run_job_to_end(&daemon.socket, "vm", &bench, &argv, dir);
+        let owner = owner.wait_with_output().unwrap();
+        assert_eq!(reply["status"], 0, "host->VM {mib} MiB: {reply}\n{out}\nowner: {}", String::from_utf8_lossy(&owner.stderr));
+        rows("host->vm", &out);
+        rows("host->vm", &String::from_utf8_lossy(&owner.stdout));
+    }
+    for &mib in sizes.iter().filter(|&&mib| mib <= owner_max) {
+        let (name, size) = (format!("vh{mib}"), mib.to_string());
+        let (socket, cwd, job) = (daemon.socket.clone(), dir.to_path_buf(), bench.clone());
+        let owner = {
+            let (name, size) = (name.clone(), size.clone());
+            std::thread::spawn(move || run_job_to_end(&socket, "vm", &job, &["./attach_bench", "own", &name, "4k", &size, "900"], &cwd))
+        };
+        let attacher = host(&["attach", &name, &size, &attaches, &reads, "attach", "read"]).wait_with_output().unwrap();
+        let (reply, out) = owner.join().unwrap();
+        assert!(attacher.status.success(), "VM->host {mib} MiB: {}", String::from_utf8_lossy(&attacher.stderr));
+        assert_eq!(reply["status"], 0, "VM->host {mib} MiB owner: {reply}\n{out}");
+        rows("vm->host", &String::from_utf8_lossy(&attacher.stdout));
+        rows("vm->host", &out);
+    }
+    let listing = call(&daemon.socket, json!({"op": "ls"}));
+    let pid = listing["enclaves"].as_array().unwrap().iter().find(|e| e["name"] == "vm").and_then(|e| e["pid"].as_u64()).unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    for line in status.lines().filter(|l| ["VmRSS", "RssAnon", "RssFile", "RssShmem"].iter().any(|k| l.starts_with(k))) {
+        println!("vmm-memory {line}");
+    }
+}

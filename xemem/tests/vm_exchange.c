@@ -1,0 +1,100 @@
+/*
+ * One XPMEM program on both sides of a Linux VM (node/clowderd/tests/xemem_linux_vm.rs): run as
+ * `vm_exchange host` on the host (libxpmem's broker backend) and `vm_exchange guest` in the VM
+ * (the same static binary: libxpmem finds the XEMEM PCI device there by itself).
+ *
+ * Each side makes a named segment of PAGES pages whose page i starts with TAG|i ("host-to-vm"
+ * by the host, "vm-to-host" by the guest), looks up the other's, attaches it, checks every page,
+ * then writes DONE into word 1 of the other's first page and waits for the other to do the same
+ * in its own. It prints what it saw; status 0 when everything held.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+#include <xpmem.h>
+
+#define PAGES 256
+#define PAGE 4096UL
+#define HOST_TAG 0x484f535400000000ULL  /* "HOST" */
+#define GUEST_TAG 0x4755455300000000ULL /* "GUES" */
+#define DONE 0xd0d0d0d0d0d0d0d0ULL
+
+static double now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static int fail(const char *what)
+{
+	printf("%s failed: %s (%s)\n", what, strerror(errno), xemem_errmsg());
+	return 1;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 2 || (strcmp(argv[1], "host") && strcmp(argv[1], "guest"))) {
+		fprintf(stderr, "usage: vm_exchange host|guest\n");
+		return 2;
+	}
+	int host = !strcmp(argv[1], "host");
+	const char *mine = host ? "host-to-vm" : "vm-to-host", *theirs = host ? "vm-to-host" : "host-to-vm";
+	uint64_t tag = host ? HOST_TAG : GUEST_TAG, their_tag = host ? GUEST_TAG : HOST_TAG;
+	double timeout = 600;
+
+	volatile uint64_t *own = mmap(NULL, PAGES * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (own == MAP_FAILED)
+		return fail("mmap");
+	for (uint64_t i = 0; i < PAGES; i++)
+		own[i * PAGE / 8] = tag | i;
+	xpmem_segid_t segid = xemem_make((void *)own, PAGES * PAGE, mine);
+	if (segid < 0)
+		return fail("xemem_make");
+	printf("%s: made %s\n", argv[1], mine);
+	fflush(stdout);
+
+	double start = now();
+	xpmem_segid_t other;
+	while ((other = xemem_lookup_segid(theirs)) < 0) {
+		if (now() - start > timeout)
+			return fail("xemem_lookup_segid");
+		usleep(100000);
+	}
+	xpmem_apid_t apid = xpmem_get(other, XPMEM_RDWR, XPMEM_PERMIT_MODE, (void *)0666);
+	if (apid < 0)
+		return fail("xpmem_get");
+	struct xpmem_addr addr = {.apid = apid, .offset = 0};
+	double attach_start = now();
+	volatile uint64_t *view = xpmem_attach(addr, PAGES * PAGE, NULL);
+	if (view == MAP_FAILED || view == NULL)
+		return fail("xpmem_attach");
+	double attached = now() - attach_start;
+	unsigned good = 0;
+	for (uint64_t i = 0; i < PAGES; i++)
+		good += view[i * PAGE / 8] == (their_tag | i);
+	printf("%s: %u of %u pages of %s hold what the other side wrote (attach %.3f ms)\n", argv[1], good, PAGES, theirs,
+	       attached * 1e3);
+	view[1] = DONE;
+	fflush(stdout);
+
+	start = now();
+	while (own[1] != DONE) {
+		if (now() - start > timeout) {
+			printf("%s: the other side never wrote into %s\n", argv[1], mine);
+			return 1;
+		}
+		usleep(10000);
+	}
+	printf("%s: the other side wrote into %s\n", argv[1], mine);
+	/* Give the other side time to see our write before our segment goes. */
+	sleep(2);
+	if (xpmem_detach((void *)view) || xpmem_release(apid) || xpmem_remove(segid))
+		return fail("detach, release or remove");
+	return good == PAGES ? 0 : 1;
+}
