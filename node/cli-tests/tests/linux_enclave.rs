@@ -1,7 +1,9 @@
 //! A Linux virtual machine as an enclave, end to end under a real daemon: `clowder enclave
 //! create --kind linux` boots the project's small kernel (scripts/linux-kernel.sh) with the
 //! agent's initramfs, and `clowder run` runs a host program in it with its output, error output
-//! and exit status (a crash as the signal). Opt-in (`make test-linux-enclave`): on a PVM host the
+//! and exit status (a crash as the signal), and dynamically linked host programs run as they are
+//! in a view of the user's host files (the agent's FUSE file system, served by the daemon as
+//! the user). Opt-in (`make test-linux-enclave`): on a PVM host the
 //! boot is minutes of emulated kernel code, and a cold kernel build about 15 minutes.
 
 mod support;
@@ -36,7 +38,9 @@ fn built(args: &[&str]) -> PathBuf {
 #[ignore = "boots a Linux guest: minutes on a PVM host (make test-linux-enclave)"]
 fn a_linux_enclave_runs_host_programs_with_their_output_and_status() {
     let Some((dir, socket)) = enclave_test_daemon("clowder-linux-enclave", Liveness::default()) else { return };
-    let (kernel, initrd) = (built(&[]), built(&["initramfs"]));
+    // A kernel named by CLOWDER_LINUX_KERNEL (the daemon's variable) saves a build.
+    let kernel = std::env::var_os("CLOWDER_LINUX_KERNEL").map_or_else(|| built(&[]), PathBuf::from);
+    let initrd = built(&["initramfs"]);
     build_musl_program(&dir.0, "hello", HELLO);
     build_musl_program(&dir.0, "crash", CRASH);
     let (kernel, initrd) = (kernel.to_str().unwrap(), initrd.to_str().unwrap());
@@ -56,5 +60,34 @@ fn a_linux_enclave_runs_host_programs_with_their_output_and_status() {
     let again = run_clowder(&socket, &["run", "vm", "./hello"], &dir.0);
     assert_eq!(again.status.code(), Some(3), "stderr: {}", text(&again.stderr));
 
+    // Dynamic host programs: their interpreter, libraries and modules come from the host, and
+    // a directory reads as on the host (names, modes, owners, sizes, times). Only where the
+    // daemon (this process) serves host files: CLOWDER_LINUX_HOST_FILES=1 make test-linux-enclave.
+    if std::env::var_os("CLOWDER_LINUX_HOST_FILES").is_some() {
+        dynamic_programs(&socket, &dir.0);
+    }
     run_clowder_ok(&socket, &["enclave", "rm", "vm"], &dir.0);
+}
+
+fn dynamic_programs(socket: &Path, dir: &Path) {
+    let listing = dir.join("listing");
+    std::fs::create_dir_all(listing.join("sub")).unwrap();
+    std::fs::write(listing.join("data.txt"), "twelve bytes").unwrap();
+    std::fs::write(listing.join("script.sh"), "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(listing.join("script.sh"), std::os::unix::fs::PermissionsExt::from_mode(0o751)).unwrap();
+    let script = "import json, sys; print(json.dumps({'argv': sys.argv[1:], 'sum': sum(range(10))}))";
+    let started = std::time::Instant::now();
+    let python = run_clowder(socket, &["run", "vm", "/usr/bin/python3", "-c", script, "x"], dir);
+    println!("python3 -c 'import json ...' in the Linux enclave: {:.1} s", started.elapsed().as_secs_f64());
+    assert_eq!(text(&python.stdout), "{\"argv\": [\"x\"], \"sum\": 45}\n", "stderr: {}", text(&python.stderr));
+    assert_eq!(python.status.code(), Some(0));
+    let ls = ["/bin/ls", "-ln", "--time-style=+%s", "listing"];
+    let on_host = Command::new(ls[0]).args(&ls[1..]).env_clear().current_dir(dir).output().unwrap();
+    let started = std::time::Instant::now();
+    let in_vm = run_clowder(socket, &[&["run", "vm"][..], &ls[..]].concat(), dir);
+    println!("ls -ln in the Linux enclave: {:.1} s", started.elapsed().as_secs_f64());
+    assert_eq!(text(&in_vm.stdout), text(&on_host.stdout), "stderr: {}", text(&in_vm.stderr));
+    let missing = run_clowder(socket, &["run", "vm", "/bin/ls", "absent"], dir);
+    assert_eq!(missing.status.code(), Some(2), "ls of a missing file fails as on the host");
+    assert!(text(&missing.stderr).contains("No such file or directory"), "{}", text(&missing.stderr));
 }

@@ -53,6 +53,21 @@ fn command_line(memory: u64) -> Result<String, String> {
     Ok(format!("{COMMAND_LINE} memmap={}K${window:#x} clowder.files={window:#x},{FILE_WINDOW:#x}", FILE_WINDOW >> 10))
 }
 
+/// Set (to anything) in the daemon's environment, Linux enclaves' jobs get their owner's host
+/// files. Off by default until `make test-linux-enclave` has passed with it: its one run here
+/// (load 10) lost the enclave to a missed Ping at the first job, cause not yet known.
+pub const HOST_FILES_VARIABLE: &str = "CLOWDER_LINUX_HOST_FILES";
+
+/// The kernel command line for a guest of `memory` bytes: with the file window when the
+/// daemon serves host files.
+fn guest_command_line(memory: u64) -> Result<String, String> {
+    if std::env::var_os(HOST_FILES_VARIABLE).is_some() {
+        command_line(memory)
+    } else {
+        Ok(COMMAND_LINE.to_string())
+    }
+}
+
 /// Where the daemon finds its default guest when `create` names none.
 pub const KERNEL_VARIABLE: &str = "CLOWDER_LINUX_KERNEL";
 pub const INITRD_VARIABLE: &str = "CLOWDER_LINUX_INITRD";
@@ -112,7 +127,7 @@ fn descriptor_path(file: &File) -> String {
 /// The `clowder-vmm` command line of a Linux enclave.
 pub fn linux_command(vmm: &Path, guest: &LinuxGuest, spec: &MachineSpec) -> Result<std::process::Command, String> {
     let mut command = vmm_command(vmm, Path::new(&descriptor_path(&guest.kernel)), spec);
-    command.arg("--module").arg(descriptor_path(&guest.initrd)).arg("--cmdline").arg(command_line(spec.memory)?);
+    command.arg("--module").arg(descriptor_path(&guest.initrd)).arg("--cmdline").arg(guest_command_line(spec.memory)?);
     Ok(command)
 }
 

@@ -7,7 +7,7 @@
 //!
 //! Each job gets its own mount (`<job dir>/root`), so nothing one user's job cached in the
 //! guest kernel is seen by the next job's user, and runs chrooted in it with the guest's own
-//! `/proc`, `/sys`, `/dev`, `/tmp` and `/run` bound over the host's. Data comes back through
+//! `/proc`, `/sys`, `/dev` and `/run` bound over the host's. Data comes back through
 //! the file window, guest RAM the kernel was told to leave alone (`memmap=`), which the daemon
 //! writes and the session copies out in user mode.
 //!
@@ -39,8 +39,9 @@ const TTL: Duration = Duration::from_secs(3600);
 const ANSWER_LIMIT: Duration = Duration::from_secs(60);
 /// Most entries one directory listing holds.
 const MAX_ENTRIES: usize = 1 << 16;
-/// The guest's own file systems, bound over the host's in the job's root.
-const GUEST_MOUNTS: [&str; 5] = ["/proc", "/sys", "/dev", "/tmp", "/run"];
+/// The guest's own file systems, bound over the host's in the job's root (not `/tmp`: a job's
+/// working directory may be there on the host).
+const GUEST_MOUNTS: [&str; 4] = ["/proc", "/sys", "/dev", "/run"];
 
 /// One file call, as the FUSE thread hands it to the session (which owns the channel and
 /// knows where the file window is).
