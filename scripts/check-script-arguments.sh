@@ -31,7 +31,7 @@ CROSS is 0 (host only) or 1, not 'no'|CROSS=no xemem/bench/run.sh
 REPS is a count from 1 to 99, not 'x'|REPS=x xemem/bench/snapshot.sh
 SECONDS must be a positive number, not 'soon'|scripts/lwk-kernel-profile.sh soon
 NZ must be a whole number from 1 up, not 'x'|scripts/adios2-demo.sh 1 2 x 4 5
-SIZES, STEPS and PAUSE_MS take whole numbers from 1, not 'big'|SIZES="4 big" coupling/bench/run.sh
+SIZES, STEPS, PAUSE_MS and RUNS take whole numbers from 1, not 'big'|SIZES="4 big" coupling/bench/run.sh
 --iters must be a whole number from 1 up, not 'x'|apps/mpi/bench.sh --iters x
 unknown option '--fast' (--max-bytes N, --iters N, --cg N)|apps/mpi/bench.sh --fast
 CASES
