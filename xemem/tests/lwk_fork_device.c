@@ -34,18 +34,11 @@
 #include <xpmem.h>
 
 #include "fault_probe.h"
+#include "check_line.h"
 
 #define PAGE 4096UL
 #define PAGES 4
 
-static int failures;
-static void check(int ok, const char *what)
-{
-	printf("%s %s\n", ok ? "ok" : "FAIL", what);
-	fflush(stdout);
-	if (!ok)
-		failures++;
-}
 
 static void say(int fd, char c)
 {

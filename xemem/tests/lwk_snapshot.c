@@ -30,6 +30,8 @@
 #include <unistd.h>
 #include <xpmem.h>
 
+#include "check_line.h"
+
 #define PAGE 4096UL
 #define PAGES (512 + 8)
 #define SIZE (PAGES * PAGE)
@@ -39,14 +41,6 @@
  * between jobs) and its own bookkeeping. */
 #define KERNEL_SLACK (32 * (long)PAGE)
 
-static int failures;
-static void check(int ok, const char *what)
-{
-	printf("%s %s\n", ok ? "ok" : "FAIL", what);
-	fflush(stdout);
-	if (!ok)
-		failures++;
-}
 
 /* The kernel's free memory in the LWK (sysinfo's freeram); -1 on the host, whose free memory
  * moves with everything else running. */
