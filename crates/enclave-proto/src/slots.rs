@@ -70,8 +70,8 @@ pub const fn span(gpa: u64, count: u16) -> Option<u64> {
 /// slot's state. What the host needs beyond the call, and must not take from the job, the
 /// kernel writes into the control page, per CPU from [`RING3_CONTEXT`]: the page-table root of
 /// the process running there (0: none, or ring-3 calls off), the guest-physical address of
-/// that process's descriptor table ([`RING3_FDS`] u32s: host handle + 1 per descriptor, 0 for
-/// any other kind) and the job. The host finds the request page and every buffer through that
+/// that process's descriptor table (kernel memory: a lock word, a changed word, then
+/// [`RING3_FDS`] u64 entries, see [`RING3_FD_ENTRIES`]) and the job. The host finds the request page and every buffer through that
 /// root (user pages of the enclave's RAM only), and moves data straight into or out of them.
 ///
 /// A slot: the state word ([`FREE`], [`POSTED`], [`RING3_TAKEN`] while the host serves it,
@@ -95,6 +95,25 @@ pub const RING3_JOB: u64 = 16;
 pub const RING3_REQUEST: u64 = 24;
 /// Descriptors the table covers (higher ones take the kernel path).
 pub const RING3_FDS: u64 = 256;
+/// The descriptor table's words. The lock word is 0 when free; the kernel takes it with 1,
+/// the host with 2 (compare-and-swap, held for a few host system calls at most), and whoever
+/// holds it may change entries. The host sets the changed word to 1 when it opened or closed
+/// a descriptor, so the kernel takes those changes into its own table before it next uses it.
+pub const RING3_FD_LOCK: u64 = 0;
+pub const RING3_FD_CHANGED: u64 = 8;
+/// The entries, one u64 per descriptor number: 0 free; [`RING3_FD_KERNEL`] in use by something
+/// the host does not serve (console, pipe, in-memory file, above all a number the host must not
+/// hand out); else a host file: its handle + 1 in the low 32 bits, [`RING3_FD_SOLE`] when no
+/// other descriptor or process shares its open file (the host may close it), [`RING3_FD_CLOEXEC`]
+/// and its status flags (F_GETFL) from bit [`RING3_FD_STATUS_SHIFT`]. The host hands out the
+/// lowest free number below [`RING3_FDS`], as Linux would; with none free the kernel decides.
+pub const RING3_FD_ENTRIES: u64 = 16;
+pub const RING3_FD_TABLE_SIZE: u64 = RING3_FD_ENTRIES + RING3_FDS * 8;
+pub const RING3_FD_KERNEL: u64 = 1 << 63;
+pub const RING3_FD_SOLE: u64 = 1 << 32;
+pub const RING3_FD_CLOEXEC: u64 = 1 << 33;
+pub const RING3_FD_STATUS_SHIFT: u32 = 40;
+pub const RING3_FD_STATUS_MASK: u64 = 0x7f_ffff;
 /// Where each process's request page lies in its address space.
 pub const RING3_REQUEST_PAGE: u64 = 0x0000_7fff_ffff_c000;
 pub const RING3_SLOT_SIZE: u64 = 256;
@@ -103,6 +122,10 @@ pub const RING3_STATE: u64 = 0;
 pub const RING3_CALL: u64 = 8;
 pub const RING3_ARGS: u64 = 16;
 pub const RING3_RESULT: u64 = 48;
+/// The host's word in a slot: 1 while its pump polls for ring-3 calls (it takes a posted call
+/// within a nap), 0 once it sleeps on the doorbell; the job's code waits long for the host
+/// only while it is 1. The job may write it too, and then only delays its own calls.
+pub const RING3_HOST_AWAKE: u64 = 56;
 pub const RING3_PATH: u64 = 64;
 pub const RING3_PATH_CAPACITY: u64 = RING3_SLOT_SIZE - RING3_PATH;
 /// The host has taken the call.
