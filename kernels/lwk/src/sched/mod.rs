@@ -44,7 +44,7 @@ use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use job_end::{JOB_END_REQUEST, NO_END_REQUEST};
 use park::{bring_back_parked_cpus, CPUS_RELEASED};
-use run::{idle_entry, leave_cpu, QUANTUM_END};
+use run::{idle_entry, leave_cpu};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum State {
@@ -73,6 +73,8 @@ pub enum WaitResult {
 struct Thread {
     /// Its process.
     pid: u64,
+    /// Its process's enclave job (`crate::enclave`; 0 for a boot module's job).
+    job: u32,
     /// Its process's address space: id (never reused) and root table.
     aspace: (u64, u64),
     /// Its process is being killed: it ends at its next return to user mode.
@@ -121,6 +123,9 @@ static SCHEDULER: SpinLock<Option<Scheduler>> = SpinLock::new(None);
 static QUEUED: &[AtomicUsize; MAX_CPUS] = &crate::arch::fastcall::DATA.queued;
 /// Each CPU's running process (the pid of its current or last thread).
 static CURRENT_PID: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+/// Each CPU's running job (the enclave job of its current or last thread): which job a
+/// console write, file or socket call is for, read without a lock.
+static CURRENT_JOB: [AtomicU32; MAX_CPUS] = [const { AtomicU32::new(0) }; MAX_CPUS];
 /// Each CPU's loaded address space (`AddressSpace` id; 0: the kernel's tables).
 static LOADED_ASPACE: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 /// Threads marked to end (`doom_process`) that have not yet: the system-call exit path takes
@@ -141,6 +146,11 @@ pub fn thread_cpu_time(tid: u64) -> Option<(u64, u64)> {
 /// The process of the thread running on this CPU.
 pub fn current_pid() -> u64 {
     CURRENT_PID[tables::current_cpu()].load(Ordering::Relaxed)
+}
+
+/// The enclave job of the thread running on this CPU.
+pub fn current_job() -> u32 {
+    CURRENT_JOB[tables::current_cpu()].load(Ordering::Relaxed)
 }
 
 pub fn doomed_threads_exist() -> bool {
@@ -214,7 +224,7 @@ impl Scheduler {
                     apic::send_tick(apic_id);
                 }
             }
-            (Some(_), true) if first_waiting => apic::arm_timer(QUANTUM_END[cpu].load(Ordering::Relaxed)),
+            (Some(_), true) if first_waiting => run::arm_next_event(self, cpu),
             _ => {}
         }
     }
@@ -228,9 +238,10 @@ impl Scheduler {
 
 /// Records the job's main thread (tid = pid), running on CPU 0 on the boot trap stack in
 /// address space `aspace` (loaded), and lets the other CPUs join.
-pub fn init_main_thread(aspace: (u64, u64)) {
+pub fn init_main_thread(aspace: (u64, u64), job_id: u32) {
     let main = Thread {
         pid: job::PID,
+        job: job_id,
         aspace,
         doomed: false,
         signal_interrupt: false,
@@ -264,6 +275,7 @@ pub fn init_main_thread(aspace: (u64, u64)) {
         queued.store(0, Ordering::Release);
     }
     CURRENT_PID[0].store(job::PID, Ordering::Relaxed);
+    CURRENT_JOB[0].store(job_id, Ordering::Relaxed);
     crate::arch::fastcall::job_started(job::PID);
     run::start_run(0, 0);
     LOADED_ASPACE[0].store(aspace.0, Ordering::Release);
@@ -395,12 +407,30 @@ pub fn spawn_process(pid: u64, frame: &TrapFrame, fs_base: u64, clear_child_tid:
     spawn_in(frame, fs_base, clear_child_tid, Some((pid, aspace)))
 }
 
+/// The first thread of process `pid` (a `reserve_tid`), the first of enclave job `job_id`
+/// launched beside running jobs: it has no creator (initial vector state, no GS base) and
+/// goes to the least loaded CPU.
+pub fn spawn_job_leader(pid: u64, job_id: u32, frame: &TrapFrame, aspace: (u64, u64)) -> Result<u64, SpawnError> {
+    spawn_thread(frame, 0, 0, Some((pid, aspace)), Some(job_id))
+}
+
 fn spawn_in(frame: &TrapFrame, fs_base: u64, clear_child_tid: u64, new_process: Option<(u64, (u64, u64))>) -> Result<u64, SpawnError> {
+    spawn_thread(frame, fs_base, clear_child_tid, new_process, None)
+}
+
+/// A new thread (of the caller's job, or the first of job `new_job`, which has no creator).
+fn spawn_thread(
+    frame: &TrapFrame,
+    fs_base: u64,
+    clear_child_tid: u64,
+    new_process: Option<(u64, (u64, u64))>,
+    new_job: Option<u32>,
+) -> Result<u64, SpawnError> {
     let stack_physical = pmem::allocate(KERNEL_STACK_SIZE, PAGE_SIZE).ok_or(SpawnError::NoMemory)?;
     let stack_top = phys::to_virtual(stack_physical) + KERNEL_STACK_SIZE;
     let caller_cpu = tables::current_cpu();
     // The new thread starts with its creator's vector registers, as on Linux.
-    let creator_state = fpu::save_running(caller_cpu);
+    let creator_state = if new_job.is_none() { fpu::save_running(caller_cpu) } else { None };
     let result = with_scheduler(|scheduler| {
         let slot = scheduler.free_slots.pop().ok_or(SpawnError::TooManyThreads)?;
         let tid = match new_process {
@@ -415,13 +445,19 @@ fn spawn_in(frame: &TrapFrame, fs_base: u64, clear_child_tid: u64, new_process: 
             load[thread.cpu] += 1;
         }
         let cpu = cpus_in(online_cpu_mask()).min_by_key(|&cpu| (load[cpu], cpu)).unwrap_or(0);
-        let caller = scheduler.current_thread(caller_cpu);
-        let (pid, aspace) = new_process.unwrap_or((caller.pid, caller.aspace));
-        let gs_base = caller.gs_base;
+        let (pid, aspace, job, gs_base) = match (new_process, new_job) {
+            (Some((pid, aspace)), Some(job)) => (pid, aspace, job, 0),
+            _ => {
+                let caller = scheduler.current_thread(caller_cpu);
+                let (pid, aspace) = new_process.unwrap_or((caller.pid, caller.aspace));
+                (pid, aspace, caller.job, caller.gs_base)
+            }
+        };
         trap::prepare_thread(slot, stack_top, frame);
         fpu::inherit(slot, creator_state);
         let thread = Thread {
             pid,
+            job,
             aspace,
             doomed: false,
             signal_interrupt: false,

@@ -90,8 +90,8 @@ fn drop_address_space(cpu: usize) {
 /// Makes `next` the running thread of `cpu`; returns its context slot, stack and process,
 /// and its address space if this CPU must load it: both for `settle_process`, once the lock
 /// is dropped and the leaving thread's vector registers are saved in its own process. The
-/// thread gets a time slice, enforced by the timer only if others wait for this CPU
-/// (tickless otherwise).
+/// thread gets a time slice, enforced by the timer only if others wait for this CPU or a
+/// timed wait here may end meanwhile (tickless otherwise).
 fn enter_thread(scheduler: &mut Scheduler, cpu: usize, next: u64) -> (usize, u64, u64, Option<(u64, u64)>) {
     flush_tlb_if_stale();
     scheduler.cpus[cpu].current = Some(next);
@@ -100,14 +100,13 @@ fn enter_thread(scheduler: &mut Scheduler, cpu: usize, next: u64) -> (usize, u64
     let quantum_end = cpu::read_tsc() + clock::tsc_hz() * QUANTUM_MS / 1000;
     QUANTUM_END[cpu].store(quantum_end, Ordering::Relaxed);
     let thread = &scheduler.threads[&next];
+    super::CURRENT_JOB[cpu].store(thread.job, Ordering::Relaxed);
     if thread.doomed {
         // It ends at its next entry to the kernel: make that now (a thread that never ran
         // starts straight in user mode).
         apic::arm_timer(cpu::read_tsc());
-    } else if scheduler.cpus[cpu].run_queue.is_empty() {
-        apic::disarm_timer();
     } else {
-        apic::arm_timer(quantum_end);
+        arm_next_event(scheduler, cpu);
     }
     cpu::write_msr(MSR_FS_BASE, thread.fs_base);
     cpu::write_msr(MSR_GS_BASE, thread.gs_base);
@@ -161,6 +160,30 @@ fn expire_timed_waits(scheduler: &mut Scheduler, cpu: usize) {
         thread.state = State::Runnable;
         thread.wait_result = WaitResult::TimedOut;
         scheduler.enqueue(tid);
+    }
+}
+
+/// Arms `cpu`'s timer (the caller's own) for its next event: the end of the running thread's
+/// slice if others wait for the CPU, or the nearest deadline of a timed wait here, which must
+/// end on time though the running thread may never enter the kernel; disarms it when there is
+/// neither.
+pub(super) fn arm_next_event(scheduler: &Scheduler, cpu: usize) {
+    let slice_end = (!scheduler.cpus[cpu].run_queue.is_empty()).then(|| QUANTUM_END[cpu].load(Ordering::Relaxed));
+    let nearest_deadline = scheduler
+        .threads
+        .values()
+        .filter_map(|thread| match thread.state {
+            State::Waiting { deadline: Some(deadline), .. } if thread.cpu == cpu => Some(deadline),
+            _ => None,
+        })
+        .min()
+        .map(|deadline| {
+            let wait_ns = deadline.saturating_sub(clock::monotonic_ns()) as u128;
+            cpu::read_tsc().saturating_add((wait_ns * clock::tsc_hz() as u128 / 1_000_000_000) as u64)
+        });
+    match slice_end.into_iter().chain(nearest_deadline).min() {
+        Some(tsc) => apic::arm_timer(tsc),
+        None => apic::disarm_timer(),
     }
 }
 
@@ -219,24 +242,26 @@ fn free_exited_stacks(cpu: usize) {
 /// How long a thread runs before another thread waiting for its CPU gets it.
 const QUANTUM_MS: u64 = 10;
 /// When the running thread's time slice ends, per CPU (TSC).
-pub(super) static QUANTUM_END: [core::sync::atomic::AtomicU64; MAX_CPUS] = [const { core::sync::atomic::AtomicU64::new(0) }; MAX_CPUS];
+static QUANTUM_END: [core::sync::atomic::AtomicU64; MAX_CPUS] = [const { core::sync::atomic::AtomicU64::new(0) }; MAX_CPUS];
 
-/// The tick interrupted a thread in user mode: if its time slice is over and another thread
-/// waits for this CPU, it goes to the back of the queue; else the timer is set for the end
-/// of the slice (or stopped when nobody waits).
+/// The tick interrupted a thread in user mode: timed waits of this CPU that have expired end
+/// (their threads join the queue); if the time slice is over and another thread waits for
+/// this CPU, the running one goes to the back of the queue; else the timer is set for the
+/// next event (`arm_next_event`).
 pub fn tick() {
     let cpu = tables::current_cpu();
     park_if_requested(cpu);
     end_job_if_requested(cpu);
-    if QUEUED[cpu].load(Ordering::Acquire) == 0 {
-        apic::disarm_timer();
-        return;
-    }
-    let quantum_end = QUANTUM_END[cpu].load(Ordering::Relaxed);
-    if cpu::read_tsc() >= quantum_end {
+    let slice_over = with_scheduler(|scheduler| {
+        expire_timed_waits(scheduler, cpu);
+        let over = QUEUED[cpu].load(Ordering::Acquire) != 0 && cpu::read_tsc() >= QUANTUM_END[cpu].load(Ordering::Relaxed);
+        if !over {
+            arm_next_event(scheduler, cpu);
+        }
+        over
+    });
+    if slice_over {
         yield_now();
-    } else {
-        apic::arm_timer(quantum_end);
     }
 }
 
