@@ -1,7 +1,9 @@
 //! The job's processes: `fork` (Kitten-style: the child's memory is allocated contiguously
 //! and copied at once, no copy-on-write), `execve`, exit and the parent's `wait`, process
-//! groups. The job's first process (pid 1) is the job: when it ends, the job ends, whatever
-//! else still runs.
+//! groups. A job's first process (its leader: pid 1 for the first job) is the job: when it
+//! ends, the job ends, whatever else of it still runs. An enclave may run several jobs at once
+//! (`crate::enclave`): every process belongs to one (`Member::job`), its children to the
+//! same, and signals, orphans and ends stay within the job.
 //!
 //! The family (`FAMILY`: parent, group, session, life) is kept apart from the processes'
 //! memory and descriptors (`job::PROCESSES`) under its own lock, which is taken inside the
@@ -22,7 +24,7 @@ use alloc::collections::BTreeMap;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-linux_consts!(pub u8: SIGCHLD; u8: SIGSEGV);
+linux_consts!(pub u8: SIGCHLD; u8: SIGSEGV, SIGKILL);
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Life {
@@ -40,6 +42,9 @@ struct Member {
     life: Life,
     /// A `vfork` child: its parent waits until it executes a new image or ends.
     vfork_pending: bool,
+    /// Its enclave job (0: a boot module's), and whether it is that job's first process.
+    job: u32,
+    leads: bool,
 }
 
 static FAMILY: SpinLock<BTreeMap<u64, Member>> = SpinLock::new(BTreeMap::new());
@@ -59,12 +64,76 @@ fn vfork_key(pid: u64) -> u64 {
 
 const _: () = assert!(CHILDREN_KEY >= USER_END && VFORK_KEY >= USER_END);
 
-/// A new job: only its first process, leading its own group in a session outside the enclave
+/// A new job alone in the enclave: only its first process (see `add_job_leader`).
+pub fn reset(first: u64, job: u32) {
+    FAMILY.lock().clear();
+    add_job_leader(first, job);
+}
+
+/// The first process of job `job`, leading its own group in a session outside the enclave
 /// (session 0), as a program a shell starts: it may start a session of its own.
-pub fn reset(first: u64) {
-    let mut family = FAMILY.lock();
-    family.clear();
-    family.insert(first, Member { parent: 0, group: first, session: 0, life: Life::Alive { ending: None }, vfork_pending: false });
+pub fn add_job_leader(first: u64, job: u32) {
+    let member = Member { parent: 0, group: first, session: 0, life: Life::Alive { ending: None }, vfork_pending: false, job, leads: true };
+    FAMILY.lock().insert(first, member);
+}
+
+/// A job leader that could not start after all.
+pub fn forget_job_leader(first: u64) {
+    FAMILY.lock().remove(&first);
+}
+
+/// Whether process `pid` leads its job.
+fn leads_job(pid: u64) -> bool {
+    FAMILY.lock().get(&pid).is_some_and(|member| member.leads)
+}
+
+/// The live processes of job `job`.
+fn live_members(family: &BTreeMap<u64, Member>, job: u32) -> impl Iterator<Item = u64> + '_ {
+    family.iter().filter(move |(_, member)| member.job == job && matches!(member.life, Life::Alive { .. })).map(|(&pid, _)| pid)
+}
+
+/// The shell status of wait status `status` (128 + signal for a killed process).
+fn shell_status(status: u32) -> u8 {
+    match status & 0x7f {
+        0 => (status >> 8) as u8,
+        signal => 128 + signal as u8,
+    }
+}
+
+/// The leader of a job is ending with wait `status`. Alone in the enclave, its job ends as a
+/// job always has (`job::exit`: everything goes at once, without returning). Beside other
+/// jobs only its own job goes: its other processes are killed, and the leader ends as any
+/// process; the job's end is reported when its last process is gone (`end_process`).
+fn leader_ending(pid: u64, status: u32) {
+    let job = FAMILY.lock().get(&pid).map_or(0, |member| member.job);
+    if !crate::enclave::other_jobs_run(job) {
+        job::exit(shell_status(status))
+    }
+    record_ending(pid, status);
+    crate::enclave::job_ending(job, shell_status(status));
+    kill_job(job, Some(pid), killed(SIGKILL));
+}
+
+/// Every live process of job `job` but `spare` ends with wait `status` (each at its threads'
+/// next return to user mode): the job's leader ended, or the host killed the job.
+pub fn kill_job(job: u32, spare: Option<u64>, status: u32) {
+    let victims: Vec<u64> = live_members(&FAMILY.lock(), job).filter(|&pid| Some(pid) != spare).collect();
+    for pid in victims {
+        record_ending(pid, status);
+        if sched::doom_process(pid, None) == 0 && !sched::has_threads(pid) {
+            end_process(pid, 0);
+        }
+    }
+}
+
+/// The host kills job `job` with `signal` while other jobs run (`crate::enclave`).
+pub fn kill_job_by_signal(job: u32, signal: u8) {
+    let leader = FAMILY.lock().iter().find(|(_, member)| member.job == job && member.leads).map(|(&pid, _)| pid);
+    if let Some(leader) = leader {
+        record_ending(leader, killed(signal));
+        crate::enclave::job_ending(job, shell_status(killed(signal)));
+    }
+    kill_job(job, None, killed(signal));
 }
 
 /// Wait statuses as Linux encodes them.
@@ -130,19 +199,19 @@ pub fn new_session() -> Result<u64, Errno> {
     Ok(caller)
 }
 
-/// The live processes a `kill(pid, …)` addresses: pid > 0 that process, 0 the caller's
-/// group, -1 every process but the job's first, < -1 group -pid.
+/// The live processes of the caller's job a `kill(pid, …)` addresses: pid > 0 that process,
+/// 0 the caller's group, -1 every process but the job's first, < -1 group -pid.
 pub fn kill_targets(pid: i64) -> Vec<u64> {
     let caller = sched::current_pid();
     let family = FAMILY.lock();
     let alive = |member: &&Member| matches!(member.life, Life::Alive { .. });
-    let caller_group = family.get(&caller).map_or(0, |member| member.group);
+    let (caller_group, caller_job) = family.get(&caller).map_or((0, 0), |member| (member.group, member.job));
     family
         .iter()
-        .filter(|(_, member)| alive(member))
+        .filter(|(_, member)| alive(member) && member.job == caller_job)
         .filter(|&(&candidate, member)| match pid {
             0 => member.group == caller_group,
-            -1 => candidate != job::PID,
+            -1 => !member.leads,
             pid if pid < 0 => member.group == pid.unsigned_abs(),
             pid => candidate == pid as u64,
         })
@@ -173,7 +242,7 @@ pub fn fork(
         let mut memory = process.memory.fork(frame.rsp).map_err(|_| ForkError::NoMemory)?;
         // The child maps the same blocks: MAP_SHARED memory is shared, not copied.
         match process.shared.fork_into(&mut memory.aspace) {
-            Ok(shared) => Ok((memory, shared, process.descriptors.clone(), process.executable_path.clone())),
+            Ok(shared) => Ok((memory, shared, process.descriptors.fork(), process.executable_path.clone())),
             Err(_) => {
                 memory.release();
                 Err(ForkError::NoMemory)
@@ -206,8 +275,9 @@ fn finish_fork(
     job::add_process(pid, process);
     {
         let mut family = FAMILY.lock();
-        let (group, session) = family.get(&parent).map_or((parent, parent), |member| (member.group, member.session));
-        family.insert(pid, Member { parent, group, session, life: Life::Alive { ending: None }, vfork_pending: vfork });
+        let (group, session, job) = family.get(&parent).map_or((parent, parent, 0), |member| (member.group, member.session, member.job));
+        let life = Life::Alive { ending: None };
+        family.insert(pid, Member { parent, group, session, life, vfork_pending: vfork, job, leads: false });
     }
     signal::process_created(sched::current_tid(), pid);
     let mut child = *frame;
@@ -384,8 +454,8 @@ fn record_ending(pid: u64, status: u32) {
 
 /// `exit_group`: the calling process ends with `code`.
 pub fn exit_group(code: u8) -> ! {
-    if sched::current_pid() == job::PID {
-        job::exit(code)
+    if leads_job(sched::current_pid()) {
+        leader_ending(sched::current_pid(), exited(code));
     }
     end_other_process_here(exited(code), code)
 }
@@ -393,14 +463,18 @@ pub fn exit_group(code: u8) -> ! {
 /// The calling process dies of `signal` (a fault, or a signal whose default action
 /// terminates).
 pub fn die_of_signal_here(signal: u8) -> ! {
-    if sched::current_pid() == job::PID {
-        job::exit_by_signal(signal)
+    if leads_job(sched::current_pid()) {
+        if !crate::enclave::other_jobs_run(sched::current_job()) {
+            job::exit_by_signal(signal)
+        }
+        leader_ending(sched::current_pid(), killed(signal));
     }
     end_other_process_here(killed(signal), 0)
 }
 
-/// The calling process (not the job's first, whose end ends the job) ends with wait
-/// `status`: its other threads are doomed, and this one exits with `thread_code`.
+/// The calling process (not a job's first alone in the enclave, whose end ends everything)
+/// ends with wait `status`: its other threads are doomed, and this one exits with
+/// `thread_code`.
 fn end_other_process_here(status: u32, thread_code: u8) -> ! {
     let pid = sched::current_pid();
     record_ending(pid, status);
@@ -414,8 +488,11 @@ pub fn kill(pid: u64, signal: u8) {
     if pid == sched::current_pid() {
         die_of_signal_here(signal)
     }
-    if pid == job::PID {
-        job::exit_by_signal(signal)
+    if leads_job(pid) {
+        if !crate::enclave::other_jobs_run(sched::current_job()) {
+            job::exit_by_signal(signal)
+        }
+        leader_ending(pid, killed(signal));
     }
     record_ending(pid, killed(signal));
     if sched::doom_process(pid, None) == 0 && !sched::has_threads(pid) {
@@ -426,22 +503,26 @@ pub fn kill(pid: u64, signal: u8) {
 /// The last thread of process `pid` is leaving (on this CPU, in `sched::exit_current`): the
 /// job ends with its first process; any other process ends here.
 pub fn last_thread_exited(pid: u64, code: u8) {
-    if pid == job::PID {
+    if leads_job(pid) {
         let status = match FAMILY.lock().get(&pid).map(|member| member.life) {
             Some(Life::Alive { ending: Some(status) }) => status,
             _ => exited(code),
         };
-        match status & 0x7f {
-            0 => job::exit((status >> 8) as u8),
-            signal => job::exit_by_signal(signal as u8),
+        if !crate::enclave::other_jobs_run(sched::current_job()) {
+            match status & 0x7f {
+                0 => job::exit((status >> 8) as u8),
+                signal => job::exit_by_signal(signal as u8),
+            }
         }
+        leader_ending(pid, status);
     }
     sched::use_kernel_tables(crate::arch::tables::current_cpu());
     end_process(pid, code);
 }
 
 /// Process `pid` has no threads left: its memory and descriptors go, it becomes a zombie for
-/// its parent (which gets SIGCHLD), its children go to the job's first process.
+/// its parent (which gets SIGCHLD), its children go to its job's first process. The last
+/// process of a job whose leader has ended ends the job (`crate::enclave::job_finished`).
 fn end_process(pid: u64, code: u8) {
     // Its XPMEM segments go (their attachers in other processes, other enclaves and host
     // processes get SIGBUS) before its memory does: an attacher elsewhere must never see its
@@ -452,7 +533,7 @@ fn end_process(pid: u64, code: u8) {
     release_or_keep(process.memory, process.shared, segments_gone);
     drop(process.descriptors);
     signal::process_exited(pid);
-    let (parent, orphaned_zombies) = {
+    let (parent, leader, orphaned_zombies, job_over) = {
         let mut family = FAMILY.lock();
         let Some(member) = family.get_mut(&pid) else { return };
         let status = match member.life {
@@ -460,23 +541,37 @@ fn end_process(pid: u64, code: u8) {
             _ => exited(code),
         };
         member.life = Life::Zombie(status);
-        let parent = member.parent;
+        let (parent, job) = (member.parent, member.job);
+        if parent == 0 {
+            // Nobody waits for it (a leader, or an orphan of an ended leader).
+            family.remove(&pid);
+        }
+        let leader = family.iter().find(|(_, other)| other.job == job && other.leads).map_or(0, |(&leader, _)| leader);
         let mut orphaned_zombies = false;
         for (&child_pid, child) in family.iter_mut().filter(|(_, child)| child.parent == pid) {
-            child.parent = job::PID;
-            crate::arch::fastcall::parent_changed(child_pid, job::PID);
+            child.parent = leader;
+            crate::arch::fastcall::parent_changed(child_pid, leader);
             orphaned_zombies |= matches!(child.life, Life::Zombie(_));
         }
-        (parent, orphaned_zombies)
+        if leader == 0 {
+            family.retain(|_, member| member.parent != 0 || matches!(member.life, Life::Alive { .. }));
+        }
+        let job_over = (leader == 0 && live_members(&family, job).next().is_none()).then_some(job);
+        (parent, leader, orphaned_zombies, job_over)
     };
     end_vfork_wait(pid);
-    if orphaned_zombies {
-        sched::wake_kernel_key(children_key(job::PID));
+    if orphaned_zombies && leader != 0 {
+        sched::wake_kernel_key(children_key(leader));
     }
-    signal::send_to_process(parent, SIGCHLD);
-    sched::wake_kernel_key(children_key(parent));
+    if parent != 0 {
+        signal::send_to_process(parent, SIGCHLD);
+        sched::wake_kernel_key(children_key(parent));
+    }
     if crate::job::is_verbose() {
         log!("process {pid} ended");
+    }
+    if let Some(job) = job_over {
+        crate::enclave::job_finished(job);
     }
 }
 

@@ -319,6 +319,14 @@ pub fn reset(main_tid: u64) {
     trap::request_signal_check(false);
 }
 
+/// The first process of a job launched beside running ones: default actions, nothing blocked
+/// or pending.
+pub fn job_leader_created(main_tid: u64) {
+    let mut signals = SIGNALS.lock();
+    signals.processes.insert(main_tid, ProcessSignals::new());
+    signals.threads.insert(main_tid, ThreadSignals::with_mask(main_tid, 0));
+}
+
 /// A thread created by `parent`: it inherits the mask, not the pending signals nor the
 /// alternate stack. (The child may already have set its own mask if it ran first.)
 pub fn thread_created(parent: u64, child: u64) {

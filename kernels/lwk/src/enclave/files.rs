@@ -52,7 +52,8 @@ pub fn job_cwd() -> Option<String> {
     if !super::is_active() {
         return None;
     }
-    with_state(|state| state.job.as_ref().map(|job| job.cwd.clone()))
+    let job = crate::sched::current_job();
+    with_state(|state| state.jobs.get(&job).map(|running| running.cwd.clone()))
 }
 
 /// Sends `op` for the running job and waits for the host's answer. Ends the job instead if
@@ -61,7 +62,7 @@ fn request(op: FileOp<'_>) -> FileAnswer {
     let (job, request) = with_state(|state| {
         let request = state.next_request;
         state.next_request = state.next_request.wrapping_add(1);
-        (state.job.as_ref().map_or(0, |job| job.id), request)
+        (crate::sched::current_job(), request)
     });
     // The process's next file calls on this CPU may come from ring 3.
     if !crate::arch::fastcall::files_ready_on(tables::current_cpu()) {
@@ -131,7 +132,7 @@ pub(crate) fn user_run(buffer: u64, len: u64, host_writes: bool) -> Option<Run> 
 /// Whether `path` (not the job's own: the caller looked there first) goes to the host: any
 /// path while an enclave job runs. The host, not this kernel, decides what the job may reach.
 pub fn is_host_path(path: &str) -> bool {
-    !path.is_empty() && super::is_active() && with_state(|state| state.job.is_some())
+    !path.is_empty() && super::is_active() && with_state(|state| !state.jobs.is_empty())
 }
 /// Opens a host path (`is_host_path`): the new descriptor, or a negated errno.
 pub fn open(path: &str, flags: u32, mode: u32) -> i64 {
@@ -150,7 +151,7 @@ pub fn open(path: &str, flags: u32, mode: u32) -> i64 {
     match descriptor {
         Some(descriptor) => {
             // The first host file gives the process its descriptor table for the host.
-            super::slots::ring3_publish(with_state(|state| state.job.as_ref().map_or(0, |job| job.id)));
+            super::slots::ring3_publish(crate::sched::current_job());
             descriptor.0 as i64
         }
         None => {

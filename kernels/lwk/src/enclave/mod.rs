@@ -9,6 +9,19 @@
 //! (`files`), and its end as `JobExited`, after which the kernel frees the job's memory and
 //! returns to the loop.
 //!
+//! **Several jobs at once** (up to `MAX_JOBS`: MPI ranks started by `mpirun -n 4 clowder run`).
+//! The first job is entered from the service loop as above; a `LaunchJob` that comes while
+//! jobs run is loaded by CPU 0's channel interrupt (where kills and signals for one job of
+//! several are acted on too) as a new process, the job's leader, whose first thread goes to
+//! the least loaded CPU. Every thread carries its job id (`sched::current_job`), which the
+//! output, file and socket messages carry. A job's leader ending beside other jobs kills the
+//! job's other processes, and the job's `JobExited` goes once the last of them is gone; the
+//! last job to end takes the single-job path (report, park the other CPUs, free everything,
+//! back to the loop), so a one-job enclave runs exactly as before. What stays shared between
+//! the jobs of an enclave (the daemon lets only one user's jobs share it): the file system of
+//! the jobs' files, the host executables read for `execve`, and memory kept for unanswered
+//! XEMEM removes, all freed with the last job.
+//!
 //! **Staying responsive without timer ticks.** The kernel keeps the channel's `waiting` flag
 //! set from attach on, so every host message raises the channel interrupt on vCPU 0 (the
 //! VMM's MSI route targets APIC ID 0). The job runs in user mode with interrupts enabled, so
@@ -32,7 +45,7 @@ use crate::cmdline::{self, JobOptions};
 use crate::console::log;
 use crate::{arch, fs, job, machine, mm};
 use alloc::boxed::Box;
-use alloc::collections::BTreeMap;
+use alloc::collections::{BTreeMap, VecDeque};
 use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
@@ -48,6 +61,9 @@ const SERVICE_STACK_SIZE: u64 = 64 * 1024;
 const ENOEXEC: i32 = 8;
 const EBUSY: i32 = 16;
 const SIGKILL: u32 = 9;
+/// The most jobs an enclave runs at once (with those waiting to start): each holds its memory
+/// up front, and they share the kernel's threads.
+const MAX_JOBS: usize = 8;
 
 /// Where the channel is, from `clowder.channel=<gpa>,<size>` and its companions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,9 +101,11 @@ pub enum FileAnswer {
 }
 
 struct RunningJob {
-    id: u32,
     /// The job's working directory on the host: paths under it are forwarded.
     cwd: String,
+    /// How it ended, once its leader has, beside other jobs (reported when its last process is
+    /// gone).
+    status: Option<u8>,
 }
 
 /// One end of the channel with its sending buffers.
@@ -151,13 +169,19 @@ impl Link {
 struct State {
     link: Link,
     inbox: Inbox,
-    job: Option<RunningJob>,
+    /// The running jobs by id.
+    jobs: BTreeMap<u32, RunningJob>,
+    /// The jobs' end is under way (the single-job path): no job starts beside them any more.
+    ending: bool,
     next_request: u32,
     answers: BTreeMap<u32, FileAnswer>,
-    /// A `LaunchJob` that arrived (in the interrupt handler, say): the service loop starts it.
-    pending_launch: Option<Vec<u8>>,
-    /// The host asked for the running job to end, with this status.
+    /// `LaunchJob`s that arrived (in the interrupt handler, say), in order: the service loop
+    /// starts the first when no job runs, CPU 0's channel interrupt the others beside it.
+    pending_launches: VecDeque<Vec<u8>>,
+    /// The host asked for the only running job to end, with this status.
     kill_status: Option<u32>,
+    /// Jobs the host asked to end while others run, with the signal.
+    kills: Vec<(u32, u8)>,
     vcpus: u16,
 }
 
@@ -213,6 +237,20 @@ impl State {
         followup
     }
 
+    /// The host asks job `job` to end with `signal`: alone, at once (`Followup::EndJob`);
+    /// beside other jobs, by CPU 0's channel interrupt (`serve_jobs_beside`).
+    fn end_job_for_host(&mut self, job: u32, signal: u32) {
+        if !self.jobs.contains_key(&job) {
+            return;
+        }
+        if self.jobs.len() == 1 {
+            self.kill_status = Some(rules::status_for_signal(signal));
+            self.ending = true;
+        } else {
+            self.kills.push((job, (signal & 0x7f) as u8));
+        }
+    }
+
     fn send_queued_xemem(&mut self) {
         crate::xpmem::host_link::send_queued(|message| self.link.send(&EnclaveMessage::Xemem { message }));
     }
@@ -225,7 +263,6 @@ impl State {
                 return Followup::Nothing;
             }
         };
-        let running = self.job.as_ref().map(|job| job.id);
         match message {
             HostMessage::Ping { nonce } => {
                 self.link.send(&EnclaveMessage::Pong { nonce });
@@ -234,18 +271,17 @@ impl State {
                 self.send_queued_xemem();
             }
             HostMessage::LaunchJob(launch) => {
-                if running.is_some() || self.pending_launch.is_some() {
-                    let reason = b"the enclave runs one job at a time and is busy";
-                    self.link.send(&EnclaveMessage::LaunchFailed { job: launch.job, errno: EBUSY, reason });
+                if self.jobs.len() + self.pending_launches.len() >= MAX_JOBS {
+                    let reason = alloc::format!("the enclave runs {MAX_JOBS} jobs, its most at once; try again when one has ended");
+                    self.link.send(&EnclaveMessage::LaunchFailed { job: launch.job, errno: EBUSY, reason: reason.as_bytes() });
                 } else {
-                    self.pending_launch = Some(bytes.to_vec());
+                    self.pending_launches.push_back(bytes.to_vec());
                 }
             }
-            HostMessage::KillJob { job } if running == Some(job) => self.kill_status = Some(rules::status_for_signal(SIGKILL)),
+            HostMessage::KillJob { job } => self.end_job_for_host(job, SIGKILL),
             // No signal handlers run in this kernel: a signal the host sends ends the job, as
             // its default action would for the terminating signals clowder sends.
-            HostMessage::SignalJob { job, signal } if running == Some(job) => self.kill_status = Some(rules::status_for_signal(signal)),
-            HostMessage::KillJob { .. } | HostMessage::SignalJob { .. } => {}
+            HostMessage::SignalJob { job, signal } => self.end_job_for_host(job, signal),
             HostMessage::Shutdown => return Followup::Shutdown,
             HostMessage::FileResult { request, result, .. } => {
                 self.answers.insert(request, FileAnswer::Result(result));
@@ -342,7 +378,7 @@ pub fn send_socket_request(op: enclave_proto::SocketOp<'_>, numbered: impl FnOnc
         let request = state.next_request;
         state.next_request = state.next_request.wrapping_add(1);
         numbered(request);
-        let job = state.job.as_ref().map_or(0, |job| job.id);
+        let job = crate::sched::current_job();
         state.link.send(&EnclaveMessage::SocketRequest { job, request, op });
     })
 }
@@ -387,6 +423,67 @@ pub fn on_channel_interrupt() {
     }
     let followup = with_state(State::drain);
     follow_up(followup);
+    if crate::arch::tables::current_cpu() == 0 {
+        serve_jobs_beside();
+    }
+}
+
+/// On CPU 0 while jobs run (not ending): starts the jobs waiting to start beside them and
+/// ends those the host asked to end. Where no lock is held (the channel interrupt, or a
+/// poll from a loop holding none); a kill may end the last job, which does not return.
+fn serve_jobs_beside() {
+    loop {
+        let (launch, kills) = with_state(|state| {
+            if state.jobs.is_empty() || state.ending {
+                return (None, Vec::new());
+            }
+            (state.pending_launches.pop_front(), core::mem::take(&mut state.kills))
+        });
+        for (job, signal) in kills {
+            crate::process::kill_job_by_signal(job, signal);
+        }
+        match launch {
+            Some(bytes) => launch_beside(&bytes),
+            None => return,
+        }
+    }
+}
+
+/// Whether jobs other than `job` run. If not, `job`'s end is the enclave's single-job end
+/// (`end_job`), which starts now: no job starts beside it any more.
+pub fn other_jobs_run(job: u32) -> bool {
+    if !is_active() {
+        return false;
+    }
+    with_state(|state| {
+        let others = state.jobs.keys().any(|&other| other != job);
+        state.ending |= !others;
+        others
+    })
+}
+
+/// Job `job`'s leader ended beside other jobs, with `status` (the first one counts).
+pub fn job_ending(job: u32, status: u8) {
+    with_state(|state| {
+        if let Some(running) = state.jobs.get_mut(&job) {
+            running.status.get_or_insert(status);
+        }
+    });
+}
+
+/// The last process of job `job`, whose leader ended beside other jobs, is gone: its end is
+/// reported; if no job is left, the enclave ends them as one job's end (never returns).
+pub fn job_finished(job: u32) {
+    let (status, none_left) = with_state(|state| {
+        let Some(finished) = state.jobs.remove(&job) else { return (0, false) };
+        let status = finished.status.unwrap_or(0);
+        state.link.send(&EnclaveMessage::JobExited { job, status: status as u32 });
+        state.ending |= state.jobs.is_empty();
+        (status, state.jobs.is_empty())
+    });
+    if none_left {
+        end_job(status)
+    }
 }
 
 /// For kernel loops on CPU 0 that poll with interrupts off (the idle loop watching a timed
@@ -413,8 +510,18 @@ pub fn run(config: ChannelConfig, vcpus: u16) -> ! {
     // Interrupts from here on: every host message raises the channel vector.
     link.endpoint.set_waiting(true);
     machine_channel::install_interrupt_handler(config.vector);
-    *STATE.lock() =
-        Some(State { link, inbox, job: None, next_request: 1, answers: BTreeMap::new(), pending_launch: None, kill_status: None, vcpus });
+    *STATE.lock() = Some(State {
+        link,
+        inbox,
+        jobs: BTreeMap::new(),
+        ending: false,
+        next_request: 1,
+        answers: BTreeMap::new(),
+        pending_launches: VecDeque::new(),
+        kill_status: None,
+        kills: Vec::new(),
+        vcpus,
+    });
     let stack = mm::pmem::allocate(SERVICE_STACK_SIZE, 4096).expect("no memory for the service stack");
     SERVICE_STACK_TOP.store(arch::phys::to_virtual(stack) + SERVICE_STACK_SIZE, Ordering::Relaxed);
     ACTIVE.store(true, Ordering::Release);
@@ -438,7 +545,7 @@ pub fn run(config: ChannelConfig, vcpus: u16) -> ! {
 /// Waits for messages with the CPU halted, and starts the jobs the host sends.
 extern "C" fn service_loop() -> ! {
     loop {
-        let (followup, launch) = with_state(|state| (state.drain(), state.pending_launch.take()));
+        let (followup, launch) = with_state(|state| (state.drain(), state.pending_launches.pop_front()));
         follow_up(followup);
         match launch {
             Some(bytes) => launch_job(&bytes),
@@ -464,11 +571,22 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// Loads the job `bytes` (a `LaunchJob`) describes and enters it; returns only if it failed.
-fn launch_job(bytes: &[u8]) {
-    let Ok(HostMessage::LaunchJob(launch)) = HostMessage::decode(bytes) else { return };
+/// A job to start, from a `LaunchJob`.
+struct Launch {
+    job: u32,
+    cwd: String,
+    module: Module,
+    options: JobOptions,
+}
+
+/// Reads a `LaunchJob` and adds its files to the file system (emptied first when `alone`);
+/// `None` (the host told why) if it cannot start.
+fn read_launch(bytes: &[u8], alone: bool) -> Option<Launch> {
+    let Ok(HostMessage::LaunchJob(launch)) = HostMessage::decode(bytes) else { return None };
     map_host_region(launch.binary.gpa, launch.binary.len);
-    fs::clear();
+    if alone {
+        fs::clear();
+    }
     for file in launch.files.iter() {
         map_host_region(file.gpa, file.len);
         fs::add_file(&text(file.name), file.gpa, file.len);
@@ -482,10 +600,23 @@ fn launch_job(bytes: &[u8]) {
     };
     if options.argv.is_empty() {
         with_state(|state| state.link.send(&EnclaveMessage::LaunchFailed { job: launch.job, errno: 22, reason: b"empty argv" }));
-        return;
+        return None;
     }
     let module = Module { start: launch.binary.gpa, size: launch.binary.len };
-    match job::load(Some(&module), &options) {
+    Some(Launch { job: launch.job, cwd: text(launch.cwd), module, options })
+}
+
+fn report_load_failure(job: u32, error: job::LoadError) {
+    let reason = alloc::format!("{error}");
+    log!("enclave: job {job} failed to load: {reason}");
+    with_state(|state| state.link.send(&EnclaveMessage::LaunchFailed { job, errno: ENOEXEC, reason: reason.as_bytes() }));
+}
+
+/// Loads the job `bytes` (a `LaunchJob`) describes, alone in the enclave, starts those
+/// waiting beside it and enters it; returns only if it failed.
+fn launch_job(bytes: &[u8]) {
+    let Some(launch) = read_launch(bytes, true) else { return };
+    match job::load(Some(&launch.module), &launch.options, launch.job) {
         Ok(frame) => {
             // On PVM the first job's first system call moved LSTAR to the ring-3 SYSCALL page
             // for good; later jobs need that page in their address spaces from the start.
@@ -493,36 +624,52 @@ fn launch_job(bytes: &[u8]) {
             let vcpus = with_state(|state| state.vcpus);
             crate::sched::wait_for_cpus(vcpus as u32);
             with_state(|state| {
-                state.job = Some(RunningJob { id: launch.job, cwd: text(launch.cwd) });
+                state.jobs.insert(launch.job, RunningJob { cwd: launch.cwd, status: None });
+                state.ending = false;
                 state.kill_status = None;
                 state.answers.clear();
                 state.link.send(&EnclaveMessage::JobStarted { job: launch.job });
             });
+            // `mpirun -n 4`'s launches come together: the others start now, not at the next
+            // message from the host.
+            serve_jobs_beside();
             arch::trap::enter_user(&frame)
         }
+        Err(error) => report_load_failure(launch.job, error),
+    }
+}
+
+/// Loads the job `bytes` describes as a new process beside the running jobs (on CPU 0, no
+/// lock held); it runs once a CPU takes its first thread.
+fn launch_beside(bytes: &[u8]) {
+    let Some(launch) = read_launch(bytes, false) else { return };
+    // In the table first: its first thread may run (and ask for files) at once elsewhere.
+    with_state(|state| state.jobs.insert(launch.job, RunningJob { cwd: launch.cwd, status: None }));
+    match job::load_beside(&launch.module, &launch.options, launch.job) {
+        Ok(_) => with_state(|state| state.link.send(&EnclaveMessage::JobStarted { job: launch.job })),
         Err(error) => {
-            let reason = alloc::format!("{error}");
-            log!("enclave: job {} failed to load: {reason}", launch.job);
-            with_state(|state| {
-                state.link.send(&EnclaveMessage::LaunchFailed { job: launch.job, errno: ENOEXEC, reason: reason.as_bytes() })
-            });
+            with_state(|state| state.jobs.remove(&launch.job));
+            report_load_failure(launch.job, error)
         }
     }
 }
 
-/// The job is over (it exited, faulted or was killed): report it, then, on the service
-/// stack, free its memory and go back to the service loop. On a CPU other than 0 the job's
-/// end is handed to CPU 0, where the service loop runs.
+/// The jobs are over (the last one exited, faulted or was killed): report those not yet
+/// reported (with `status` unless they have their own), then, on the service stack, free
+/// their memory and go back to the service loop. On a CPU other than 0 the end is handed to
+/// CPU 0, where the service loop runs.
 pub fn end_job(status: u8) -> ! {
     let cpu = arch::tables::current_cpu();
     if cpu != 0 {
         crate::sched::hand_job_end_to_cpu0(status)
     }
-    let (id, vcpus) = with_state(|state| {
-        let id = state.job.take().map(|job| job.id);
+    let (ended, vcpus) = with_state(|state| {
+        let ended: Vec<(u32, u8)> =
+            core::mem::take(&mut state.jobs).into_iter().map(|(id, job)| (id, job.status.unwrap_or(status))).collect();
         state.kill_status = None;
+        state.kills.clear();
         state.answers.clear();
-        (id, state.vcpus)
+        (ended, state.vcpus)
     });
     // Reusing the machine is safe only if no thread of this job can run again: with one vCPU
     // the others sit in CPU 0's queue, which the next job replaces; with more, the other CPUs
@@ -532,9 +679,12 @@ pub fn end_job(status: u8) -> ! {
     let reusable = vcpus <= 1 || crate::sched::park_other_cpus();
     // Report first: the user need not wait while the memory is cleared (a `LaunchJob` that
     // comes meanwhile waits in the ring until the service loop runs).
-    if let Some(id) = id {
-        with_state(|state| state.link.send(&EnclaveMessage::JobExited { job: id, status: status as u32 }));
-    }
+    with_state(|state| {
+        for &(job, status) in &ended {
+            state.link.send(&EnclaveMessage::JobExited { job, status: status as u32 });
+        }
+        state.ending = false;
+    });
     if !reusable {
         log!("enclave: job threads may still be live on other CPUs; stopping rather than reusing their memory");
         machine::exit(status)
@@ -559,8 +709,11 @@ extern "C" fn reclaim_job_then_serve() -> ! {
 /// Streams a write to the console descriptors to the host (descriptor 2 is stderr).
 pub fn job_output(descriptor: crate::job::descriptors::Fd, bytes: &[u8]) {
     let stream = if rules::is_stderr(descriptor.into()) { Stream::Stderr } else { Stream::Stdout };
+    let job = crate::sched::current_job();
     with_state(|state| {
-        let Some(job) = state.job.as_ref().map(|job| job.id) else { return };
+        if !state.jobs.contains_key(&job) {
+            return;
+        }
         let chunk = enclave_proto::max_output_chunk(state.link.endpoint.max_message_len()).max(1);
         for data in bytes.chunks(chunk) {
             state.link.send(&EnclaveMessage::JobOutput { job, stream, data });

@@ -67,7 +67,7 @@ static STACK_OPTION: AtomicU64 = AtomicU64::new(0);
 
 /// Is there a job (for code that runs between jobs too, like the enclave's XEMEM node)?
 pub fn is_loaded() -> bool {
-    PROCESSES.lock().contains_key(&PID)
+    !PROCESSES.lock().is_empty()
 }
 
 /// Runs `f` on the calling thread's process (system calls and faults only happen once it
@@ -412,11 +412,73 @@ pub fn exec_stack_size() -> u64 {
 /// by executing it.
 pub const SELF_EXE: &str = "/proc/self/exe";
 
-/// Loads the job and returns the user context to start it with.
-pub fn load(module: Option<&Module>, options: &JobOptions) -> Result<TrapFrame, LoadError> {
+/// Loads the job (enclave job `job_id`, 0 for a boot module's), alone in the machine, as
+/// process `PID`, and returns the user context to start it with.
+pub fn load(module: Option<&Module>, options: &JobOptions, job_id: u32) -> Result<TrapFrame, LoadError> {
+    VERBOSE.store(options.verbose, Ordering::Relaxed);
+    HEAP_OPTION.store(options.heap_size.unwrap_or(0), Ordering::Relaxed);
+    STACK_OPTION.store(options.stack_size, Ordering::Relaxed);
+    let (entry, aspace) = load_first_process(module, options, PID, options.heap_size)?;
+    crate::signal::reset(PID);
+    crate::process::reset(PID, job_id);
+    // Before the main thread's CPU time starts: no thread's exceeds the job's.
+    let now = clock::monotonic_ns();
+    JOB_START_NS.store(now, Ordering::Relaxed);
+    crate::sched::init_main_thread(aspace, job_id);
+    if options.verbose {
+        log!("job starts {} us after kernel entry", now / 1000);
+    }
+    Ok(entry)
+}
+
+/// Loads enclave job `job_id` beside the running ones: its first process gets a new pid and
+/// its first thread goes to the least loaded CPU. The job's heap is its own size if it gave
+/// one, else half of what the first process of a job alone would get, so that later jobs
+/// still fit. The heap and stack sizes of images its processes `execve` are the first job's
+/// (`exec_heap_size`). Returns the new process's pid.
+pub fn load_beside(module: &Module, options: &JobOptions, job_id: u32) -> Result<u64, LoadError> {
+    let pid = crate::sched::reserve_tid();
+    // The loader builds the new stack in the new address space: this CPU goes back to its own.
+    let loaded = crate::arch::cpu::read_cr3() & !0xfff;
+    let heap = options.heap_size.unwrap_or_else(|| spare_heap_size() / 2 / HUGE_PAGE_SIZE * HUGE_PAGE_SIZE);
+    let loaded_image = load_first_process(Some(module), options, pid, Some(heap));
+    crate::arch::paging::activate_root(loaded);
+    let (entry, aspace) = loaded_image?;
+    // As for the first job (`enclave::launch_job`): LSTAR may point at the ring-3 page.
+    let mapped = with_process_of(pid, |process| map_ring3_syscall_page_into(&mut process.memory.aspace).is_ok());
+    if mapped != Some(true) {
+        if let Some(process) = take_process(pid) {
+            process.memory.release();
+        }
+        return Err(LoadError::NoMemory("page tables"));
+    }
+    crate::signal::job_leader_created(pid);
+    crate::process::add_job_leader(pid, job_id);
+    if let Err(error) = crate::sched::spawn_job_leader(pid, job_id, &entry, aspace) {
+        crate::process::forget_job_leader(pid);
+        crate::signal::process_exited(pid);
+        if let Some(process) = take_process(pid) {
+            process.memory.release();
+        }
+        return Err(match error {
+            crate::sched::SpawnError::TooManyThreads => LoadError::NoMemory("thread (the enclave has its most threads)"),
+            crate::sched::SpawnError::NoMemory => LoadError::NoMemory("kernel stack"),
+        });
+    }
+    Ok(pid)
+}
+
+/// Loads the program `options.argv[0]` of `module` (an archive or the executable itself) as
+/// process `pid` with `heap_size` (`None`: what the memory spares), into the process table.
+/// Returns its entry and address space.
+fn load_first_process(
+    module: Option<&Module>,
+    options: &JobOptions,
+    pid: u64,
+    heap_size: Option<u64>,
+) -> Result<(TrapFrame, (u64, u64)), LoadError> {
     let module = module.ok_or(LoadError::NoModule)?;
     let module_bytes = phys::bytes(module.start, module.size as usize);
-    VERBOSE.store(options.verbose, Ordering::Relaxed);
     // An archive is the job's file system, holding the executable named by argv[0]; anything
     // else is the executable itself.
     let (file, file_physical) = if fs::is_archive(module_bytes) {
@@ -434,27 +496,15 @@ pub fn load(module: Option<&Module>, options: &JobOptions) -> Result<TrapFrame, 
         }
         (module_bytes, module.start)
     };
-    HEAP_OPTION.store(options.heap_size.unwrap_or(0), Ordering::Relaxed);
-    STACK_OPTION.store(options.stack_size, Ordering::Relaxed);
     // libc insists on an absolute path (glibc asserts it): the job lives at the root.
     let executable_path = if options.argv[0].starts_with('/') { options.argv[0].clone() } else { alloc::format!("/{}", options.argv[0]) };
     let file = LoadFile { bytes: file, physical: file_physical };
-    let image = load_image_memory(file, &options.argv[0], &options.argv, &options.env, options.heap_size, options.stack_size)?;
+    let image = load_image_memory(file, &options.argv[0], &options.argv, &options.env, heap_size, options.stack_size)?;
     let aspace = image.memory.aspace.handle();
-    PROCESSES.lock().insert(
-        PID,
-        Process { memory: image.memory, descriptors: descriptors::Descriptors::new(), shared: Default::default(), executable_path },
-    );
-    crate::signal::reset(PID);
-    crate::process::reset(PID);
-    // Before the main thread's CPU time starts: no thread's exceeds the job's.
-    let now = clock::monotonic_ns();
-    JOB_START_NS.store(now, Ordering::Relaxed);
-    crate::sched::init_main_thread(aspace);
-    if options.verbose {
-        log!("job starts {} us after kernel entry", now / 1000);
-    }
-    Ok(image.entry)
+    let process =
+        Process { memory: image.memory, descriptors: descriptors::Descriptors::new(), shared: Default::default(), executable_path };
+    PROCESSES.lock().insert(pid, process);
+    Ok((image.entry, aspace))
 }
 
 /// Maps the pages SYSCALL lands on when it stays in ring 3 (see `arch::fastcall`) at the top
