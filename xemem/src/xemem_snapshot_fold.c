@@ -2,10 +2,19 @@
  * Folding a region's private view back into its memfd: the pages the writer stored into since
  * the last fold are copied into the memfd through the side view. Two ways to find them:
  *  - tracked (Linux 6.7: userfaultfd's asynchronous write-protect, and PAGEMAP_SCAN's
- *    PAGE_IS_WRITTEN): the view is write-protected; the kernel unprotects a page on the first
- *    store to it, without telling anybody; the fold's scan returns the unprotected pages and
- *    protects them again in the same walk, reading only page-table entries. The writer keeps
- *    its copies (a later store costs a fault, no copy);
+ *    PAGE_IS_WRITTEN): the view starts write-protected; the kernel unprotects a page on the
+ *    first store to it, without telling anybody; the fold's scan returns the unprotected pages,
+ *    reading only page-table entries. Invariant: a protected page equals the memfd's. A writer
+ *    mostly rewrites the same pages step after step, and a fault costs it about three times
+ *    the page's copy (docs/results/xemem-snapshot.md), so a page that differs from the memfd's
+ *    is copied and left writable: it costs a compare and a copy per fold, no fault. A page
+ *    equal to the memfd's (not written since the last fold) is protected again, then compared
+ *    once more (a store in between is copied or, after the protection, faults and is found by
+ *    the next fold). That costs a syscall a run of such pages, dearer than the fault it saves
+ *    when the written pages move from step to step; so a fold that finds half as many pages
+ *    left writable for nothing as changed ones makes the next folds protect every written page
+ *    again in the scan's walk itself, then copy them (a stretch of 4 folds, doubled, up to 64,
+ *    each time the pages are seen moving again after it). The writer keeps its copies;
  *  - untracked (no userfaultfd, or an older kernel): the writer's own pages are told from the
  *    memfd's by their kind (anonymous), which makes the walk look at every mapped page, and
  *    are dropped from the view after the copy (its next touch maps the memfd's page again), so
@@ -83,7 +92,7 @@ void untrack_writes(struct region *r)
 }
 
 /* Copies the writer's pages [start, end) of r's view into r's memfd, through the side view,
- * and, unless `keep` (tracked, or the whole view is mapped shared next), drops them. The
+ * and, unless `keep` (the whole view is mapped shared next), drops them. The
  * memfd's pages there exist already (the kernel read each before copying it for the writer),
  * so nothing is allocated. A drop that fails (the range is mlocked) leaves a private page
  * equal to the memfd's: still the writer's own, so written back again by every later fold. */
@@ -94,22 +103,86 @@ static void write_back(const struct region *r, uintptr_t start, uintptr_t end, i
 		madvise((void *)start, end - start, MADV_DONTNEED);
 }
 
-/* Writes back the pages of r's view that PAGEMAP_SCAN finds: the written ones, protecting
- * them again (tracked), or the writer's own (anonymous, present or swapped out: untracked).
+/* Copies the pages of [start, end) of r's view that differ from the memfd's into it. */
+static void copy_changed(const struct region *r, uintptr_t start, uintptr_t end)
+{
+	for (uintptr_t page = start; page < end; page += PAGE)
+		if (memcmp((const void *)page, r->side + (page - r->base), PAGE))
+			memcpy(r->side + (page - r->base), (const void *)page, PAGE);
+}
+
+/* Write-protects [start, end) of r's view, pages equal to the memfd's when compared, then
+ * copies any a store changed meanwhile. A protection that fails leaves the pages writable,
+ * which costs the next fold a compare, not correctness. */
+static void protect_unchanged(const struct region *r, uintptr_t start, uintptr_t end)
+{
+	struct uffdio_writeprotect protect = { .range = { .start = start, .len = end - start },
+					       .mode = UFFDIO_WRITEPROTECT_MODE_WP };
+	ioctl(r->uffd, UFFDIO_WRITEPROTECT, &protect);
+	copy_changed(r, start, end);
+}
+
+/* Folds a run [start, end) of writable pages of a tracked view (see the top of this file):
+ * the changed pages copied and left writable, the unchanged ones protected again, in runs;
+ * with `share` nothing is protected (the view is mapped shared next). Counts the pages in
+ * counted[0] (changed) and counted[1] (unchanged). */
+static void fold_writable(const struct region *r, uintptr_t start, uintptr_t end, int share, size_t counted[2])
+{
+	uintptr_t unchanged = 0; /* start of the current run of unchanged pages, or 0 */
+	for (uintptr_t page = start; page < end; page += PAGE) {
+		char *side = r->side + (page - r->base);
+		int same = !memcmp((const void *)page, side, PAGE);
+		counted[same]++;
+		if (same) {
+			if (!unchanged)
+				unchanged = page;
+			continue;
+		}
+		memcpy(side, (const void *)page, PAGE);
+		if (unchanged && !share)
+			protect_unchanged(r, unchanged, page);
+		unchanged = 0;
+	}
+	if (unchanged && !share)
+		protect_unchanged(r, unchanged, end);
+}
+
+/* After a tracked fold that left changed pages writable (`kept`) and found counted[0] changed
+ * and counted[1] unchanged, or one that protected them all: how the next folds go (see the top
+ * of this file). */
+static void choose_next_folds(struct region *r, int kept, const size_t counted[2])
+{
+	if (!kept) {
+		r->stretch_ended = --r->protect_all == 0;
+		return;
+	}
+	if (counted[1] && 2 * counted[1] >= counted[0]) {
+		r->protect_all = 4u << r->moves;
+		if (r->moves < 4)
+			r->moves++;
+	} else if (counted[0] && !r->stretch_ended) {
+		r->moves = 0;
+	}
+	r->stretch_ended = 0;
+}
+
+/* Writes back the pages of r's view that PAGEMAP_SCAN finds: the writable ones (tracked), or
+ * the writer's own (anonymous, present or swapped out: untracked).
  * 1 when the kernel has no PAGEMAP_SCAN (ENOTTY) or CLOWDER_XEMEM_PAGEMAP=read asks for the
  * fallback. */
-static int write_back_scanned(const struct region *r, int pagemap, int share)
+static int write_back_scanned(struct region *r, int pagemap, int share)
 {
 	const char *forced = forced_fallback();
 	if (forced && !strcmp(forced, "read"))
 		return 1;
-	int tracked = r->uffd >= 0;
+	int tracked = r->uffd >= 0, keep = tracked && !r->protect_all;
+	size_t counted[2] = { 0, 0 };
 	struct page_region runs[256];
 	uintptr_t at = r->base, end = r->base + r->size;
 	while (at < end) {
 		struct pm_scan_arg scan = { .size = sizeof scan, .start = at, .end = end, .vec = (uintptr_t)runs, .vec_len = 256 };
 		if (tracked) {
-			scan.flags = PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC;
+			scan.flags = PM_SCAN_CHECK_WPASYNC | (keep ? 0 : PM_SCAN_WP_MATCHING);
 			scan.category_mask = scan.return_mask = PAGE_IS_WRITTEN;
 		} else {
 			scan.category_inverted = scan.category_mask = PAGE_IS_FILE;
@@ -120,13 +193,18 @@ static int write_back_scanned(const struct region *r, int pagemap, int share)
 		if (n < 0)
 			return errno == ENOTTY ? 1 : -1;
 		for (long i = 0; i < n; i++)
-			write_back(r, runs[i].start, runs[i].end, share || tracked);
+			if (keep)
+				fold_writable(r, runs[i].start, runs[i].end, share, counted);
+			else
+				write_back(r, runs[i].start, runs[i].end, share || tracked);
 		if (scan.walk_end <= at) {
 			errno = EIO;
 			return -1;
 		}
 		at = scan.walk_end;
 	}
+	if (tracked && !share)
+		choose_next_folds(r, keep, counted);
 	return 0;
 }
 

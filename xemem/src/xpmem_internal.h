@@ -134,6 +134,12 @@ struct region {
 	int private_view;       /* the writer's view is MAP_PRIVATE over the memfd: from the first
 				   snapshot on, until an export folds it back to shared */
 	int uffd;               /* the userfaultfd tracking stores into the private view, or -1 */
+	unsigned protect_all;   /* tracked folds left that protect every written page again, as
+				   the written pages move (xemem_snapshot_fold.c) */
+	unsigned moves;         /* times in a row they were seen moving: the next stretch of such
+				   folds is 4 << moves (at most 64) */
+	int stretch_ended;      /* the last fold ended such a stretch (the next one finds only
+				   pages written since, so cannot tell whether they move) */
 };
 
 /* One current mapping of a backing (from /proc/self/maps). */

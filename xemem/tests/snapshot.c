@@ -10,8 +10,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -235,6 +240,97 @@ static int case_sparse(void)
 	return 0;
 }
 
+/* Whether this kernel tracks the view's stores (userfaultfd's asynchronous write-protect) and
+ * CLOWDER_XEMEM_PAGEMAP asks for no fallback: then rewriting the same pages again costs no
+ * fault. */
+static int tracked(void)
+{
+	const char *forced = getenv("CLOWDER_XEMEM_PAGEMAP");
+	if (forced && strcmp(forced, "tracked"))
+		return 0;
+	int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | 1 /* USER_MODE_ONLY */);
+	struct uffdio_api api = { .api = UFFD_API, .features = 1ULL << 15 /* WP_ASYNC */ };
+	int ok = uffd >= 0 && ioctl(uffd, UFFDIO_API, &api) == 0;
+	if (uffd >= 0)
+		close(uffd);
+	return ok;
+}
+
+static long minor_faults(void)
+{
+	struct rusage usage;
+	CHECK(getrusage(RUSAGE_THREAD, &usage) == 0, "getrusage");
+	return usage.ru_minflt;
+}
+
+/* Snapshots `pages` pages at w and checks the snapshot equals `expected`, through an
+ * attachment of it in this process. */
+static void expect_snapshot(const int *w, size_t pages, const int *expected, int cycle)
+{
+	xpmem_segid_t segid = xemem_snapshot_make((void *)w, XPMEM_PERMIT_MODE, (void *)0600, NULL);
+	CHECK(segid > 0, "xemem_snapshot_make, cycle %d", cycle);
+	xpmem_apid_t apid;
+	const int *p = attach_rw(segid, 0, pages * PAGE, &apid);
+	for (size_t i = 0; i < pages * INTS_PER_PAGE; i++)
+		CHECK(p[i] == expected[i], "cycle %d: the snapshot's int %zu (page %zu) is %d, want %d", cycle, i,
+		      i / INTS_PER_PAGE, p[i], expected[i]);
+	CHECK(xpmem_detach((void *)p) == 0 && xpmem_release(apid) == 0, "detach and release, cycle %d", cycle);
+	CHECK(xemem_snapshot_release(segid) == 0, "xemem_snapshot_release, cycle %d", cycle);
+}
+
+/* Pages the writer rewrites at every snapshot are left writable by the fold (tracked: no fault
+ * on their rewrite), yet every snapshot holds the writer's data at its make, whatever the
+ * pattern: the same pages, the same contents rewritten, one int changed at a page's end, pages
+ * that move from one snapshot to the next (the folds then protect every written page again)
+ * and the same pages once more. */
+static int case_kept(void)
+{
+	enum { KEPT_PAGES = 128, SAME = 16 };
+	int *w = xemem_region_alloc(KEPT_PAGES * PAGE);
+	CHECK(w != (void *)-1, "xemem_region_alloc");
+	int *expected = calloc(KEPT_PAGES * INTS_PER_PAGE, sizeof *expected);
+	CHECK(expected, "calloc");
+	fill(w, KEPT_PAGES, 0);
+	fill(expected, KEPT_PAGES, 0);
+	int track = tracked(), cycle = 0;
+	for (int c = 0; c < 6; c++, cycle++) { /* the same pages, rewritten whole */
+		expect_snapshot(w, KEPT_PAGES, expected, cycle);
+		long before = minor_faults();
+		fill(w, SAME, 100 * (cycle + 1));
+		long faults = minor_faults() - before;
+		fill(expected, SAME, 100 * (cycle + 1));
+		CHECK(!track || c < 2 || faults < SAME / 4, "cycle %d: rewriting %d pages left writable faulted %ld times",
+		      cycle, SAME, faults);
+	}
+	int last = 100 * cycle; /* what the last cycle wrote */
+	expect_snapshot(w, KEPT_PAGES, expected, cycle++);
+	fill(w, SAME, last); /* the same contents: folded as unchanged */
+	expect_snapshot(w, KEPT_PAGES, expected, cycle++);
+	w[3 * INTS_PER_PAGE + INTS_PER_PAGE - 1] = expected[3 * INTS_PER_PAGE + INTS_PER_PAGE - 1] = -1;
+	for (int c = 0; c < 40; c++, cycle++) { /* moving: a new set of pages at each snapshot */
+		expect_snapshot(w, KEPT_PAGES, expected, cycle);
+		size_t first = SAME + (size_t)(c % 7) * SAME;
+		fill(w + first * INTS_PER_PAGE, SAME / 2, 1000 * cycle);
+		fill(expected + first * INTS_PER_PAGE, SAME / 2, 1000 * cycle);
+		w[(c % SAME) * INTS_PER_PAGE + 7] = expected[(c % SAME) * INTS_PER_PAGE + 7] = cycle;
+	}
+	for (int c = 0; c < 80; c++, cycle++) { /* the same pages again */
+		expect_snapshot(w, KEPT_PAGES, expected, cycle);
+		fill(w, SAME, 100000 * cycle);
+		fill(expected, SAME, 100000 * cycle);
+	}
+	expect_snapshot(w, KEPT_PAGES, expected, cycle);
+	for (size_t i = 0; i < KEPT_PAGES * INTS_PER_PAGE; i++)
+		CHECK(w[i] == expected[i], "the writer's view: int %zu is %d, want %d", i, w[i], expected[i]);
+	long before = minor_faults();
+	fill(w, SAME, 7);
+	CHECK(!track || minor_faults() - before < SAME / 4, "the same pages again: their rewrite faulted %ld times",
+	      minor_faults() - before);
+	CHECK(xemem_region_free(w) == 0, "free");
+	free(expected);
+	return 0;
+}
+
 /* Every misuse fails with its errno and changes nothing. */
 static int case_errors(void)
 {
@@ -313,6 +409,7 @@ static const struct named_case cases[] = {
 	{ "errors", case_errors },
 	{ "writer_exits", case_writer_exits },
 	{ "sparse", case_sparse },
+	{ "kept", case_kept },
 };
 
 int main(int argc, char **argv)
