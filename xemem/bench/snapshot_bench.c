@@ -2,7 +2,10 @@
  * snapshot_bench: what a copy-on-write snapshot (xemem_snapshot_make/_release) costs a writer,
  * against copying the region. A region of SIZE MiB is filled once (every page mapped); then,
  * in each of REPS cycles, the writer takes a snapshot, rewrites WRITTEN pages under it (spread
- * evenly, each wholly) and releases it; the next cycle's snapshot folds them. Medians of:
+ * evenly, each wholly) and releases it; the next cycle's snapshot folds them. PATTERN `same`
+ * rewrites the same pages at every cycle; `moving` alternates between two sets of pages (the
+ * second one page after the first), so every page a cycle writes was left alone by the one
+ * before. Medians of:
  *   copy     memcpy of the whole region into memory already mapped (what a snapshot saves)
  *   make     xemem_snapshot_make: the pages written since the last snapshot found (a walk of
  *            the view's page table) and copied into the region's memfd
@@ -17,7 +20,7 @@
  * machine, without the time other processes ran; the broker's own work, two requests a cycle,
  * is not in it). Prints one Markdown table row: size, written, copy, make, cow, release,
  * snapshot total (make + cow + release) and its share of the copy, first, refill and its share.
- * Usage: snapshot_bench SIZE_MIB WRITTEN_PAGES REPS wall|cpu; needs a broker
+ * Usage: snapshot_bench SIZE_MIB WRITTEN_PAGES REPS wall|cpu [same|moving]; needs a broker
  * (CLOWDER_XEMEM_SOCKET).
  */
 #include <sys/mman.h>
@@ -47,13 +50,14 @@ static double median(double *samples, int n)
 	return samples[n / 2];
 }
 
-/* Rewrites `written` pages spread evenly over `pages`, each wholly, with `value`. */
-static double rewrite(char *region, size_t pages, size_t written, int value)
+/* Rewrites `written` pages spread evenly over `pages`, from page `shift` on, each wholly, with
+ * `value`. */
+static double rewrite(char *region, size_t pages, size_t written, size_t shift, int value)
 {
 	size_t stride = pages / written;
 	double start = now();
 	for (size_t i = 0; i < written; i++)
-		memset(region + i * stride * PAGE, value, PAGE);
+		memset(region + (i * stride + shift) * PAGE, value, PAGE);
 	return now() - start;
 }
 
@@ -70,18 +74,20 @@ static double touch_all(const char *region, size_t pages)
 
 int main(int argc, char **argv)
 {
-	if (argc != 5) {
-		fprintf(stderr, "usage: %s SIZE_MIB WRITTEN_PAGES REPS wall|cpu\n", program);
+	if (argc != 5 && argc != 6) {
+		fprintf(stderr, "usage: %s SIZE_MIB WRITTEN_PAGES REPS wall|cpu [same|moving]\n", program);
 		return 2;
 	}
+	int moving = argc == 6 && !strcmp(argv[5], "moving");
 	size_t size = strtoull(argv[1], NULL, 0) << 20;
 	size_t written = strtoull(argv[2], NULL, 0);
 	int reps = atoi(argv[3]);
 	size_t pages = size / PAGE;
 	if (size == 0 || written == 0 || written > pages || reps < 1 || reps > 100 ||
-	    (strcmp(argv[4], "wall") && strcmp(argv[4], "cpu"))) {
-		fprintf(stderr, "%s: SIZE_MIB from 1, WRITTEN_PAGES from 1 to the region's pages, REPS 1..100, "
-				"CLOCK wall or cpu\n", program);
+	    (strcmp(argv[4], "wall") && strcmp(argv[4], "cpu")) || (argc == 6 && !moving && strcmp(argv[5], "same")) ||
+	    (moving && written > pages / 2)) {
+		fprintf(stderr, "%s: SIZE_MIB from 1, WRITTEN_PAGES from 1 to the region's pages (half of them if moving), "
+				"REPS 1..100, CLOCK wall or cpu, PATTERN same or moving\n", program);
 		return 2;
 	}
 	if (!strcmp(argv[4], "cpu"))
@@ -113,8 +119,9 @@ int main(int argc, char **argv)
 			die(program, "xemem_snapshot_make");
 		/* The pages' first stores since the snapshot fault; the same stores again, the pages
 		 * now the writer's own, are the baseline: what the rewrite costs without snapshots. */
-		double first_stores = rewrite(region, pages, written, 1 + r);
-		cow_s[r] = first_stores - rewrite(region, pages, written, 2 + r);
+		size_t shift = moving ? (size_t)r % 2 : 0;
+		double first_stores = rewrite(region, pages, written, shift, 1 + r);
+		cow_s[r] = first_stores - rewrite(region, pages, written, shift, 2 + r);
 		start = now();
 		if (xemem_snapshot_release(segid) < 0)
 			die(program, "xemem_snapshot_release");
@@ -131,8 +138,8 @@ int main(int argc, char **argv)
 	double copy_m = median(copy_s, reps), make_m = median(make_s, reps), cow_m = median(cow_s, reps);
 	double release_m = median(release_s, reps), refill_m = median(refill_s, reps);
 	double total = make_m + cow_m + release_m;
-	printf("| %zu MiB | %zu (%.2f%%) | %.1f | %.3f | %.3f | %.3f | %.3f (%.2f%%) | %.1f | %.1f (%.0f%%) |\n", size >> 20,
-	       written, 100.0 * written / pages, copy_m * 1e3, make_m * 1e3, cow_m * 1e3, release_m * 1e3, total * 1e3,
+	printf("| %zu MiB | %zu (%.2f%%)%s | %.1f | %.3f | %.3f | %.3f | %.3f (%.2f%%) | %.1f | %.1f (%.0f%%) |\n", size >> 20,
+	       written, 100.0 * written / pages, moving ? ", moving" : "", copy_m * 1e3, make_m * 1e3, cow_m * 1e3, release_m * 1e3, total * 1e3,
 	       100 * total / copy_m, first * 1e3, refill_m * 1e3, 100 * refill_m / copy_m);
 	xemem_region_free(region);
 	munmap(copy, size);
