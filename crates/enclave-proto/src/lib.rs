@@ -89,6 +89,8 @@
 //! | 13 | `Getdents` | u32 handle, u64 gpa, u32 len | bytes of Linux `linux_dirent64` records written |
 //! | 14 | `MapShared` | u32 handle, u64 offset, u64 len, u8 writable | the guest-physical address where `[offset, offset + len)` of the file now shows (a region the host added: `mmap(MAP_SHARED)` of a host file, whose pages the kernel maps into the process, shared with every other mapping of the file) |
 //! | 15 | `UnmapShared` | u64 gpa | 0: the region `MapShared` made at `gpa` is gone (the host removes a job's remaining ones when it ends) |
+//! | 16 | `Statfs` | cstr path, u64 gpa | 0: the host wrote Linux's x86-64 `struct statfs` ([`STATFS_LEN`] bytes) of the path's file system at `gpa` |
+//! | 17 | `Fstatfs` | u32 handle, u64 gpa | 0: as `Statfs`, for an open file |
 //!
 //! Paths are the host's, relative to the job's working directory or absolute, and are served
 //! with the rights of the job's user (uid, gid, supplementary groups): the host's own checks
@@ -379,7 +381,20 @@ pub enum FileOp<'a> {
     UnmapShared {
         gpa: u64,
     },
+    /// The file system of `path`, as Linux's `struct statfs` written at `gpa`.
+    Statfs {
+        path: &'a [u8],
+        gpa: u64,
+    },
+    /// The file system of an open file, as `Statfs`.
+    Fstatfs {
+        handle: u32,
+        gpa: u64,
+    },
 }
+
+/// Bytes of Linux's x86-64 `struct statfs`, which `Statfs` and `Fstatfs` write.
+pub const STATFS_LEN: usize = 120;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EnclaveMessage<'a> {
@@ -627,6 +642,8 @@ impl<'a> FileOp<'a> {
             FileOp::Getdents { .. } => 13,
             FileOp::MapShared { .. } => 14,
             FileOp::UnmapShared { .. } => 15,
+            FileOp::Statfs { .. } => 16,
+            FileOp::Fstatfs { .. } => 17,
         }
     }
 
@@ -671,6 +688,14 @@ impl<'a> FileOp<'a> {
                 w.u8(writable as u8)
             }
             FileOp::UnmapShared { gpa } => w.u64(gpa),
+            FileOp::Statfs { path, gpa } => {
+                w.name(path, "path")?;
+                w.u64(gpa)
+            }
+            FileOp::Fstatfs { handle, gpa } => {
+                w.u32(handle)?;
+                w.u64(gpa)
+            }
         }
     }
 
@@ -693,6 +718,8 @@ impl<'a> FileOp<'a> {
                 FileOp::MapShared { handle: r.u32("handle")?, offset: r.u64("offset")?, len: r.u64("len")?, writable: r.bool("writable")? }
             }
             15 => FileOp::UnmapShared { gpa: r.u64("gpa")? },
+            16 => FileOp::Statfs { path: r.name("path")?, gpa: r.u64("gpa")? },
+            17 => FileOp::Fstatfs { handle: r.u32("handle")?, gpa: r.u64("gpa")? },
             other => return Err(DecodeError::UnknownFileOp(other)),
         })
     }

@@ -254,7 +254,7 @@ fn random_enclave_message<'a>(choice: u64, m: &'a Material) -> EnclaveMessage<'a
     let n = m.numbers;
     let (job, request, handle, gpa, len) = (n[0] as u32, n[1] as u32, n[2] as u32, n[3], n[4] as u32);
     let path = &m.names[0][..];
-    let op = match n[5] % 15 {
+    let op = match n[5] % 17 {
         0 => FileOp::Open { path, flags: n[6] as u32, mode: 0o644 },
         1 => FileOp::Close { handle },
         2 => FileOp::Read { handle, gpa, len },
@@ -269,6 +269,8 @@ fn random_enclave_message<'a>(choice: u64, m: &'a Material) -> EnclaveMessage<'a
         11 => FileOp::Ftruncate { handle, length: n[6] },
         12 => FileOp::MapShared { handle, offset: n[6], len: n[4], writable: n[6] % 2 == 1 },
         13 => FileOp::UnmapShared { gpa },
+        14 => FileOp::Statfs { path, gpa },
+        15 => FileOp::Fstatfs { handle, gpa },
         _ => FileOp::Getdents { handle, gpa, len },
     };
     match choice % 13 {

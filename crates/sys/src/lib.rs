@@ -116,6 +116,20 @@ pub fn file_info(fd: impl AsFd) -> io::Result<FileInfo> {
     })
 }
 
+/// The file system of a descriptor as the kernel writes Linux's `struct statfs` (x86-64: 120
+/// bytes), for a job whose kernel forwards `statfs` here: its bytes as they are (libc's
+/// `statfs` hides `f_fsid`).
+pub fn statfs_record(fd: impl AsFd) -> io::Result<[u8; 120]> {
+    const { assert!(std::mem::size_of::<libc::statfs>() == 120) };
+    let mut record = [0u8; 120];
+    // SAFETY: fstatfs writes one struct statfs, whose size is asserted above, into the buffer.
+    let result = unsafe { libc::syscall(libc::SYS_fstatfs, std::os::fd::AsRawFd::as_raw_fd(&fd.as_fd()), record.as_mut_ptr()) };
+    if result < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(record)
+}
+
 /// Cuts a file to zero length: every mapping of it beyond the new end raises SIGBUS on access.
 pub fn truncate_to_zero(fd: &OwnedFd) -> io::Result<()> {
     Ok(rustix::fs::ftruncate(fd, 0)?)

@@ -90,6 +90,14 @@ fn errno_of(error: std::io::Error) -> i32 {
     error.raw_os_error().unwrap_or(libc::EIO)
 }
 
+/// Writes the file system of `file` as Linux's `struct statfs` into enclave memory at `gpa`.
+fn write_statfs(ram: &GuestRam, gpa: u64, file: &File) -> Result<Answer, i32> {
+    ram.check(gpa, enclave_proto::STATFS_LEN as u64).map_err(|_| libc::EFAULT)?;
+    let record = sys::statfs_record(file).map_err(errno_of)?;
+    ram.write(gpa, &record).map_err(|_| libc::EFAULT)?;
+    Ok(Answer::Value(0))
+}
+
 /// Whether `path` is one of `enclave_proto::SYSTEM_PATHS` or beneath one, absolute, with no
 /// `.` or `..` component (so it cannot lead elsewhere by its spelling).
 fn is_system_path(path: &[u8]) -> bool {
@@ -332,6 +340,11 @@ impl JobFiles {
                 self.handle(handle)?.set_len(length).map_err(errno_of)?;
                 Ok(Answer::Value(0))
             }
+            FileOp::Statfs { path, gpa } => {
+                let file = Self::open(&self.target(path, refusal)?, libc::O_PATH, 0, refusal)?;
+                write_statfs(ram, gpa, &file)
+            }
+            FileOp::Fstatfs { handle, gpa } => write_statfs(ram, gpa, self.handle(handle)?),
             // Regions of the enclave's machine: its pump serves them (`enclave::shared_files`).
             FileOp::MapShared { .. } | FileOp::UnmapShared { .. } => Err(libc::ENOSYS),
             FileOp::Getdents { handle, gpa, len } => {
@@ -527,6 +540,35 @@ mod tests {
         let wrapping = files.serve(&FileOp::Pwrite { handle, gpa: u64::MAX - 10, len: 100, offset: 0 }, &ram);
         assert!(matches!(wrapping.result, Err(libc::EFAULT)));
         assert_eq!(std::fs::metadata(dir.join("data")).unwrap().len(), 12288, "a refused write wrote nothing");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// statfs and fstatfs write the host's `struct statfs` into enclave memory (tmpfs for
+    /// /dev/shm, where MPI and UCX make their segments); bad paths, handles and ranges are
+    /// refused.
+    #[test]
+    fn statfs_writes_the_hosts_answer_into_enclave_memory() {
+        let dir = scratch("statfs");
+        let ram = ram();
+        let root = Identity { uid: 0, gid: 0, groups: vec![] };
+        let mut files = JobFiles::new(File::open(&dir).unwrap(), dir.to_str().unwrap().to_string(), Scope::User, root);
+        // Fields that stay while others use the file system: type, block size, blocks; id, name length.
+        let stable = |record: &[u8]| [&record[..24], &record[56..72]].concat();
+        let host = sys::statfs_record(File::open("/dev/shm").unwrap()).unwrap();
+        assert_eq!(u64::from_le_bytes(host[..8].try_into().unwrap()), libc::TMPFS_MAGIC as u64);
+        assert!(matches!(files.serve(&FileOp::Statfs { path: b"/dev/shm", gpa: 4096 }, &ram).result, Ok(Answer::Value(0))));
+        let mut record = [0u8; enclave_proto::STATFS_LEN];
+        ram.read(4096, &mut record).unwrap();
+        assert_eq!(stable(&record), stable(&host));
+        let Ok(Answer::Value(handle)) = files.serve(&open(b"/dev/shm", libc::O_RDONLY), &ram).result else { panic!("open /dev/shm") };
+        let handle = handle as u32;
+        assert!(matches!(files.serve(&FileOp::Fstatfs { handle, gpa: 8192 }, &ram).result, Ok(Answer::Value(0))));
+        ram.read(8192, &mut record).unwrap();
+        assert_eq!(stable(&record), stable(&host));
+        assert!(matches!(files.serve(&FileOp::Statfs { path: b"missing", gpa: 4096 }, &ram).result, Err(libc::ENOENT)));
+        assert!(matches!(files.serve(&FileOp::Fstatfs { handle: 999, gpa: 4096 }, &ram).result, Err(libc::EBADF)));
+        let outside = files.serve(&FileOp::Statfs { path: b".", gpa: (1 << 20) - 100 }, &ram);
+        assert!(matches!(outside.result, Err(libc::EFAULT)), "crosses the end of RAM");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
