@@ -2,8 +2,8 @@
 # The clowder ADIOS2 engine between host processes, through ADIOS2's own C++, C and Python
 # APIs, with a private XEMEM broker: a C++ writer and a Python reader (whole array and a
 # selection), a Python writer and C++ and C readers, the C writer API (no ADIOS2) and ADIOS2
-# readers, two readers of one stream, a reader that
-# joins late, the Discard policy, and bad input (an unknown stream, a wrong type, a selection
+# readers, zero-copy reading in place (and a reader holding a step), two readers of one
+# stream, a reader that joins late, the Discard policy, and bad input (an unknown stream, a wrong type, a selection
 # outside the shape, a writer killed mid-step, a hostile writer's malformed segments, malformed
 # configurations), none of which may crash the writer or reader or leave a segment behind;
 # then lwk-test.sh (the C writer API in an LWK enclave) where /dev/kvm is. Prints "N passed, N failed"; exit 1 on a failure.
@@ -93,6 +93,40 @@ check "C writer API without ADIOS2 (static, then shared) and ADIOS2 Python and C
 run "$bin/c_writer" cw 1 4 4 QueueLimit=zero >"$W" 2>&1; ws=$?
 [ $ws = 1 ] && grep -q 'c_writer: open: clowder engine: parameter QueueLimit="zero" is not an integer' "$W"
 check "the C writer API names a bad parameter" $? "$W"
+
+# Zero-copy reading (include/clowder_adios2_read.h): every value of each block checked where the
+# writer put it, misuse refused (another type, a block out of range, an unknown variable or
+# IO, a block asked after EndStep or after Close).
+c=$(config zc StreamName=zc)
+run "$bin/cxx_writer" "$c" out.bp 4 64 48 >"$W" 2>&1 & w=$!
+run "$bin/zc_reader" "$c" out.bp -1 0 >"$R" 2>&1; r=$?
+wait $w; ws=$?
+run "$bin/cxx_writer" "$c" out.bp 3 64 48 >"$W" 2>&1 & w=$!
+run "$bin/zc_reader" "$c" out.bp 1 0 >"$R2" 2>&1; r2=$?
+wait $w; ws2=$?
+[ $r = 0 ] && [ $ws = 0 ] && [ $r2 = 0 ] && [ $ws2 = 0 ] && grep -q "after 4 steps" "$R" &&
+    grep -q "^step 3 ok blocks 2 elems 3072" "$R" && grep -q "^step 2 ok blocks 2 elems 1536" "$R2" &&
+    grep -q "^refused: float: clowder engine: variable 'field' is double, not float" "$R" &&
+    grep -q "^refused: block: .* has 2 block(s), not block 2" "$R" &&
+    grep -q "^refused: io: clowder engine: no clowder reader is open on IO 'OtherIO'" "$R" &&
+    grep -q "^after EndStep: .*outside BeginStep/EndStep" "$R" &&
+    grep -q "^after Close: clowder engine: no clowder reader is open" "$R" && no_segment_left zc
+check "zero-copy reader: the whole array (2 blocks) and block 1 read in place, every value right; misuse and use after EndStep refused" $? "$W" "$R" "$R2"
+
+# A reader holding step 0 in place for 3 s keeps it unchanged, and another reader is held up
+# only by the queue (Block, QueueLimit 2): it reads steps 0 and 1 during the hold, step 2 after.
+c=$(config zchold StreamName=zchold QueueLimit=2 RendezvousReaderCount=2)
+run "$bin/cxx_writer" "$c" out.bp 5 64 48 >"$W" 2>&1 & w=$!
+run "$bin/zc_reader" "$c" out.bp -1 3000 >"$R" 2>&1 & r1=$!
+run "$bin/zc_reader" "$c" out.bp -1 0 >"$R2" 2>&1; r2=$?
+wait $r1; r1=$?
+wait $w; ws=$?
+released=$(sed -n 's/^held step 0 for 3000 ms unchanged, released t=//p' "$R")
+t1=$(sed -n 's/^step 1 ok .* t=//p' "$R2") t2=$(sed -n 's/^step 2 ok .* t=//p' "$R2")
+[ $r1 = 0 ] && [ $r2 = 0 ] && [ $ws = 0 ] && grep -q "after 5 steps" "$R" && grep -q "after 5 steps" "$R2" &&
+    [ -n "$released" ] && [ -n "$t1" ] && [ -n "$t2" ] &&
+    python3 -c "import sys; sys.exit(0 if $t1 < $released < $t2 else 1)"
+check "a reader holding step 0 in place (3 s) sees it unchanged; the other reads steps 0-1 meanwhile and step 2 only after (Block, QueueLimit 2)" $? "$W" "$R" "$R2"
 
 c=$(config s4 StreamName=s4 RendezvousReaderCount=2)
 run python3 "$tests/py_writer.py" "$c" out.bp 5 32 16 >"$W" 2>&1 & w=$!

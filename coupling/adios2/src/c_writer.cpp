@@ -1,6 +1,7 @@
 // The C writer API (include/clowder_adios2.h) over StreamWriter: the same segments as the
 // ADIOS2 engine's, with no ADIOS2 library linked (its type names are spelled here).
 #include "clowder_adios2.h"
+#include "c_api.h"
 #include "stream_writer.h"
 
 #include <cstring>
@@ -28,20 +29,10 @@ size_t ElemSize(const std::string &type)
     return it == sizes.end() ? 0 : it->second;
 }
 
-// Runs fn, turning an exception into -1 and its message.
 template <class Fn>
 int Guard(Fn &&fn)
 {
-    try
-    {
-        fn();
-        return 0;
-    }
-    catch (const std::exception &e)
-    {
-        lastError = e.what();
-        return -1;
-    }
+    return clowder_adios::Guard(lastError, std::forward<Fn>(fn));
 }
 
 adios2::Params ParseParams(const char *text)

@@ -104,40 +104,55 @@ Reader::Reader(adios2::IO io, const std::string &name, adios2::Mode mode)
         throw std::runtime_error("clowder engine: stream '" + m_Name + "' has " +
                                  std::to_string(m_Ctl.MaxReaders()) +
                                  " readers already (the writer's MaxReaders)");
+    RegisterReader(m_IO.Name(), this);
 }
 
 Reader::~Reader() { Leave(); }
 
-int64_t Reader::Permit(int64_t segid)
+const Attachment *Reader::Attach(int64_t segid, size_t size)
 {
-    auto it = m_Permits.find(segid);
-    if (it != m_Permits.end())
-        return it->second;
+    auto it = m_Segments.find(segid);
+    if (it != m_Segments.end())
+    {
+        m_SegmentOrder.erase(std::find(m_SegmentOrder.begin(), m_SegmentOrder.end(), segid));
+        m_SegmentOrder.push_back(segid);
+        Segment &seg = it->second;
+        if (!seg.kept || seg.kept->Size() != size)
+        {
+            seg.kept.reset();
+            seg.kept = Attachment::Open(seg.apid, size);
+        }
+        return seg.kept.get();
+    }
     int64_t apid = GetPermit(segid);
     if (apid < 0)
-        return -1;
-    if (m_PermitOrder.size() == kMaxPermits)
-        ForgetPermit(m_PermitOrder.front());
-    m_Permits.emplace(segid, apid);
-    m_PermitOrder.push_back(segid);
-    return apid;
+        return nullptr;
+    if (m_SegmentOrder.size() == kMaxSegments)
+        ForgetSegment(m_SegmentOrder.front());
+    m_Segments.emplace(segid, Segment{apid, nullptr});
+    m_SegmentOrder.push_back(segid);
+    m_Once = Attachment::Open(apid, size);
+    return m_Once.get();
 }
 
-void Reader::ForgetPermit(int64_t segid)
+void Reader::ForgetSegment(int64_t segid)
 {
-    auto it = m_Permits.find(segid);
-    if (it == m_Permits.end())
+    auto it = m_Segments.find(segid);
+    if (it == m_Segments.end())
         return;
-    ReleasePermit(it->second);
-    m_Permits.erase(it);
-    m_PermitOrder.erase(std::find(m_PermitOrder.begin(), m_PermitOrder.end(), segid));
+    it->second.kept.reset(); // detached before its permit goes
+    ReleasePermit(it->second.apid);
+    m_Segments.erase(it);
+    m_SegmentOrder.erase(std::find(m_SegmentOrder.begin(), m_SegmentOrder.end(), segid));
 }
 
 void Reader::Leave()
 {
-    m_Current.reset();
-    while (!m_PermitOrder.empty())
-        ForgetPermit(m_PermitOrder.front());
+    UnregisterReader(this);
+    m_Current = nullptr;
+    m_Once.reset();
+    while (!m_SegmentOrder.empty())
+        ForgetSegment(m_SegmentOrder.front());
     if (m_HaveSlot)
     {
         Store(m_Ctl.Reader(m_Slot).pid, uint64_t(0));
@@ -170,9 +185,7 @@ Reader::Try Reader::TryStep()
         Malformed(m_Name, step, "its segment size " + std::to_string(size) + " is out of range");
     try
     {
-        int64_t apid = Permit(segid);
-        if (apid > 0)
-            m_Current = Attachment::Open(apid, size);
+        m_Current = Attach(segid, size);
     }
     catch (const std::runtime_error &)
     {
@@ -183,7 +196,7 @@ Reader::Try Reader::TryStep()
     }
     if (!m_Current)
     {
-        ForgetPermit(segid);
+        ForgetSegment(segid);
         return Try::Missed; // removed before we came (a late join racing the writer)
     }
     ParseStep(m_Current->Data(), size);
@@ -394,7 +407,8 @@ void Reader::EndStep()
     if (!m_InStep)
         throw std::logic_error("clowder engine: EndStep without BeginStep");
     m_InStep = false;
-    m_Current.reset();
+    m_Current = nullptr;
+    m_Once.reset();
     Store(m_Ctl.Reader(m_Slot).next_pub, ++m_NextPub);
 }
 

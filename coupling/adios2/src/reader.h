@@ -1,8 +1,10 @@
 // The reading side of the clowder engine: BeginStep finds the next published step in the
 // stream's control segment, attaches its segment (no copy) and checks its metadata; Get
-// copies the selection straight from the attached memory into the caller's buffer.
+// copies the selection straight from the attached memory into the caller's buffer, and
+// BlockData hands out a pointer into it (include/clowder_adios2_read.h).
 #pragma once
 
+#include "clowder_adios2_read.h"
 #include "control.h"
 #include "params.h"
 #include "xemem.h"
@@ -27,6 +29,11 @@ public:
     void EndStep() override;
     size_t CurrentStep() const override { return m_Step; }
     void DoClose(const int transportIndex) override;
+
+    // Block `block` of variable `name` in the current step, in place (clowder_adios2_block);
+    // type: the ADIOS2 type name the caller expects, or nullptr for any. Throws on misuse.
+    void BlockData(const std::string &name, const char *type, size_t block,
+                   clowder_adios2_block &out) const;
 
 #define declare(T)                                                                                 \
     void DoGetSync(adios2::Variable<T> variable, T *values) override;                              \
@@ -59,10 +66,14 @@ private:
     void ParseStep(const uint8_t *base, size_t size);
     void DefineStep();
     bool WriterGone();
-    // A permit for a step segment, kept: the writer reuses its buffers under the same segids,
-    // and an attachment through the same permit comes back without page faults.
-    int64_t Permit(int64_t segid);
-    void ForgetPermit(int64_t segid);
+    // The step segment segid attached (size bytes), nullptr when it is gone. Its permit is
+    // kept, and so is the attachment once the segid comes back (the writer reuses its
+    // buffers under the same segids): a reused buffer then costs no attach and no detach
+    // (together ~2-4 ms a 64 MiB step, libxpmem moving the mapping to park it and back). A
+    // segid seen once (a snapshot step, a first use) is detached at EndStep instead, so old
+    // snapshots are not held.
+    const Attachment *Attach(int64_t segid, size_t size);
+    void ForgetSegment(int64_t segid);
     template <class T>
     void Get(adios2::Variable<T> &variable, T *values);
     void Leave();
@@ -77,13 +88,23 @@ private:
     uint32_t m_Slot = 0;
     bool m_HaveSlot = false;
     uint64_t m_NextPub = 0;
-    std::unique_ptr<Attachment> m_Current;
-    std::map<int64_t, int64_t> m_Permits; // segid -> apid
-    std::vector<int64_t> m_PermitOrder;   // segids, oldest first
-    static constexpr size_t kMaxPermits = 16;
+    struct Segment
+    {
+        int64_t apid;
+        std::unique_ptr<Attachment> kept; // once the segid came back
+    };
+    std::map<int64_t, Segment> m_Segments; // segid ->
+    std::vector<int64_t> m_SegmentOrder;   // segids, least recently used first
+    static constexpr size_t kMaxSegments = 16;
+    std::unique_ptr<Attachment> m_Once; // the current step's segment when seen the first time
+    const Attachment *m_Current = nullptr;
     std::map<std::string, Var> m_Vars;
     size_t m_Step = 0;
     bool m_InStep = false;
 };
+
+// The open readers by their IO's name, for clowder_adios2_block_data (zero_copy.cpp).
+void RegisterReader(const std::string &ioName, Reader *reader);
+void UnregisterReader(Reader *reader);
 
 } // namespace clowder_adios

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
 
 namespace clowder_adios
 {
@@ -26,9 +25,18 @@ size_t CopyIntersection(const uint8_t *block, const adios2::Dims &blockStart,
         if (lo[d] >= hi[d])
             return 0;
     }
-    const size_t run = (hi[n - 1] - lo[n - 1]) * elemSize;
+    // The trailing dimensions the intersection spans whole in both the block and the selection
+    // are contiguous in both: one memcpy covers them (the whole array: one memcpy a block).
+    size_t inner = n - 1; // runs cover dimensions inner..n-1
+    size_t run = hi[n - 1] - lo[n - 1];
+    while (inner > 0 && hi[inner] - lo[inner] == blockCount[inner] &&
+           hi[inner] - lo[inner] == selCount[inner])
+    {
+        --inner;
+        run *= hi[inner] - lo[inner];
+    }
     size_t copied = 0;
-    adios2::Dims at = lo; // the first element of the current run; dimensions 0..n-2 count
+    adios2::Dims at = lo; // the first element of the current run; dimensions 0..inner-1 count
     while (true)
     {
         size_t inBlock = 0, inSel = 0;
@@ -37,20 +45,18 @@ size_t CopyIntersection(const uint8_t *block, const adios2::Dims &blockStart,
             inBlock = inBlock * blockCount[d] + (at[d] - blockStart[d]);
             inSel = inSel * selCount[d] + (at[d] - selStart[d]);
         }
-        std::memcpy(out + inSel * elemSize, block + inBlock * elemSize, run);
-        copied += hi[n - 1] - lo[n - 1];
-        size_t d = n - 1;
-        while (d > 0)
+        std::memcpy(out + inSel * elemSize, block + inBlock * elemSize, run * elemSize);
+        copied += run;
+        size_t d = inner;
+        while (true)
         {
+            if (d == 0)
+                return copied;
             --d;
             if (++at[d] < hi[d])
                 break;
             at[d] = lo[d];
-            if (d == 0)
-                return copied;
         }
-        if (n == 1)
-            return copied;
     }
 }
 

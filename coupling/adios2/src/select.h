@@ -1,5 +1,6 @@
 // Copies the part of one written block that falls inside a reader's selection (row-major
-// boxes of any number of dimensions), one contiguous run of the last dimension at a time.
+// boxes of any number of dimensions): one memcpy per contiguous run, whole trailing
+// dimensions merged into one run.
 #pragma once
 
 #include <adios2/common/ADIOSTypes.h>
