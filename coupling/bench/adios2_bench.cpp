@@ -1,11 +1,15 @@
 // Per-step cost of moving one array from a simulation to an analysis process.
 //   adios2_bench writer CONFIG STREAM MIB STEPS [PAUSE_MS]   an ADIOS2 writer (engine from CONFIG)
 //   adios2_bench reader CONFIG STREAM MIB STEPS [PAUSE_MS]   an ADIOS2 reader of it
+//   adios2_bench zc-reader CONFIG STREAM MIB STEPS [PAUSE_MS] a clowder engine reader that
+//                                                 reads in place (clowder_adios2_block_data)
 //   adios2_bench raw-writer NAME MIB STEPS        3 named XEMEM segments of MIB MiB each
 //   adios2_bench raw-reader NAME MIB STEPS        per step: attach one + read all + detach, and
 //                                                 attach one + copy all out + detach
 // The writer's step is BeginStep + Put + EndStep (the simulation's data already computed);
-// the reader's is BeginStep + Get of the whole array into the analysis's buffer + EndStep.
+// the reader's is BeginStep + Get of the whole array into the analysis's buffer + EndStep;
+// the zero-copy reader's is BeginStep + the analysis reading the array where the writer put
+// it (the raw reader's sum, over each block's pointer) + EndStep.
 // PAUSE_MS is time spent outside the measured step (computing): a writer that pauses finds
 // room in the queue, a reader that pauses finds the next step ready, so each measures its own
 // cost and not the wait for the other (coupling/bench/run.sh runs both ways).
@@ -17,6 +21,7 @@
 // "ROLE median_ms MEDIAN min_ms MIN" over the steps after the first (which pays for
 // connecting) and checks the data it got.
 #include <adios2.h>
+#include <clowder_adios2_read.h>
 #include <xpmem.h>
 
 #include <algorithm>
@@ -57,6 +62,20 @@ void Report(const char *role, std::vector<double> ms)
 }
 
 void Pause(long ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
+// The analysis: a sum of n doubles, eight side by side (a read at memory speed, not at the
+// latency of one chain of adds); n a multiple of 8.
+double Sum(const double *d, size_t n)
+{
+    double part[8] = {};
+    for (size_t k = 0; k < n; k += 8)
+        for (size_t j = 0; j < 8; ++j)
+            part[j] += d[k + j];
+    double sum = 0;
+    for (double x : part)
+        sum += x;
+    return sum;
+}
 
 int Writer(const char *config, const char *stream, size_t n, size_t steps, long pauseMs)
 {
@@ -104,6 +123,47 @@ int Reader(const char *config, const char *stream, size_t n, size_t steps, long 
         if (data[0] != double(step) || data[n - 1] != 1.0)
         {
             std::fprintf(stderr, "reader: step %zu has wrong data\n", step);
+            return 1;
+        }
+        ++got;
+    }
+    r.Close();
+    Report("reader", ms);
+    return got == steps ? 0 : 1;
+}
+
+int ZeroCopyReader(const char *config, const char *stream, size_t n, size_t steps, long pauseMs)
+{
+    adios2::ADIOS adios(config);
+    adios2::IO io = adios.DeclareIO("Bench");
+    adios2::Engine r = io.Open(stream, adios2::Mode::Read);
+    std::vector<double> ms;
+    size_t got = 0;
+    while (got < steps)
+    {
+        Pause(pauseMs);
+        auto t0 = Clock::now();
+        adios2::StepStatus st = r.BeginStep(adios2::StepMode::Read, 60.0f);
+        if (st != adios2::StepStatus::OK)
+            break;
+        double sum = 0;
+        clowder_adios2_block b;
+        for (size_t k = 0, blocks = 1; k < blocks; ++k)
+        {
+            if (clowder_adios2_block_data("Bench", "data", "double", k, &b) != 0)
+            {
+                std::fprintf(stderr, "zc-reader: %s\n", clowder_adios2_read_error());
+                return 1;
+            }
+            blocks = b.nblocks;
+            sum += Sum(static_cast<const double *>(b.data), b.nbytes / sizeof(double));
+        }
+        size_t step = r.CurrentStep();
+        r.EndStep();
+        ms.push_back(Ms(t0, Clock::now()));
+        if (sum != double(step) + double(n - 1))
+        {
+            std::fprintf(stderr, "zc-reader: step %zu has wrong data\n", step);
             return 1;
         }
         ++got;
@@ -167,15 +227,7 @@ int RawReader(const char *name, size_t bytes, size_t steps)
             std::perror("raw-reader: attach");
             return 1;
         }
-        // Eight sums side by side: a read at memory speed, not at the latency of one add chain.
-        const double *d = static_cast<const double *>(p);
-        double part[8] = {};
-        for (size_t k = 0; k < bytes / sizeof(double); k += 8)
-            for (size_t j = 0; j < 8; ++j)
-                part[j] += d[k + j];
-        double sum = 0;
-        for (double x : part)
-            sum += x;
+        double sum = Sum(static_cast<const double *>(p), bytes / sizeof(double));
         xpmem_detach(p);
         ms.push_back(Ms(t0, Clock::now()));
         if (sum != double(s % kRawSegments) + double(bytes / sizeof(double) - 1))
@@ -202,13 +254,14 @@ int RawReader(const char *name, size_t bytes, size_t steps)
 int main(int argc, char **argv)
 {
     const std::string role = argc > 1 ? argv[1] : "";
-    const bool adios = role == "writer" || role == "reader";
+    const bool adios = role == "writer" || role == "reader" || role == "zc-reader";
     if (!(adios && (argc == 6 || argc == 7)) &&
         !((role == "raw-writer" || role == "raw-reader") && argc == 5))
     {
         std::fprintf(stderr,
-                     "usage: adios2_bench writer|reader CONFIG STREAM MIB STEPS [PAUSE_MS]\n"
-                             "       adios2_bench raw-writer|raw-reader NAME MIB STEPS\n");
+                     "usage: adios2_bench writer|reader|zc-reader CONFIG STREAM MIB STEPS "
+                     "[PAUSE_MS]\n"
+                     "       adios2_bench raw-writer|raw-reader NAME MIB STEPS\n");
         return 2;
     }
     const int last = adios ? 5 : argc - 1; // STEPS
@@ -227,6 +280,8 @@ int main(int argc, char **argv)
             return Writer(argv[2], argv[3], bytes / sizeof(double), steps, pauseMs);
         if (role == "reader")
             return Reader(argv[2], argv[3], bytes / sizeof(double), steps, pauseMs);
+        if (role == "zc-reader")
+            return ZeroCopyReader(argv[2], argv[3], bytes / sizeof(double), steps, pauseMs);
         if (role == "raw-writer")
             return RawWriter(argv[2], bytes);
         return RawReader(argv[2], bytes, steps);
