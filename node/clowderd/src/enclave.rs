@@ -87,6 +87,9 @@ pub struct JobSpec {
 
 struct JobSlot {
     events: mpsc::Sender<JobEvent>,
+    /// The launching user's uid: jobs that share an enclave share its kernel's file system
+    /// and memory left by ended processes, so they are one user's.
+    uid: u32,
     files: JobFiles,
     regions: Vec<SharedRegion>,
     /// Host files the job maps shared (`shared_files`); they go when it ends.
@@ -108,6 +111,10 @@ pub struct Enclave {
     sender: Arc<Mutex<Sender>>,
     ram: Arc<GuestRam>,
     jobs: Mutex<HashMap<u32, JobSlot>>,
+    /// Regions of jobs that ended while others ran: the kernel's file system of the jobs'
+    /// files still names them (and another job may run those files), so they go with the
+    /// last running job.
+    retired_regions: Mutex<Vec<SharedRegion>>,
     stopping: AtomicBool,
     /// Held while a finished job's XEMEM segments are revoked, and by every launch: the next
     /// job's memory is never visible through the last one's attachments.
@@ -204,6 +211,7 @@ impl Enclave {
             sender: Arc::new(Mutex::new(sender)),
             ram,
             jobs: Mutex::new(HashMap::new()),
+            retired_regions: Mutex::new(Vec::new()),
             stopping: AtomicBool::new(false),
             launch_gate: Mutex::new(()),
             word_regions: Mutex::new(Vec::new()),
@@ -284,7 +292,18 @@ impl Enclave {
         let sockets = JobSockets::new(HelperSpec { job, owner: spec.owner.clone(), limits: spec.limits, cwd: spec.cwd.clone() });
         let files = JobFiles::new(spec.cwd_dir, spec.cwd.clone(), spec.scope, spec.owner);
         let _gate = self.launch_gate.lock().unwrap();
-        self.jobs.lock().unwrap().insert(job, JobSlot { events, files, regions: regions.clone(), mapped: Vec::new(), sockets });
+        {
+            let mut jobs = self.jobs.lock().unwrap();
+            if jobs.values().any(|other| other.uid != uid) {
+                drop(jobs);
+                self.release_regions(&regions);
+                return Err(format!(
+                    "enclave {} runs another user's job; jobs of different users do not share an enclave (try again when it ends)",
+                    self.name
+                ));
+            }
+            jobs.insert(job, JobSlot { events, uid, files, regions: regions.clone(), mapped: Vec::new(), sockets });
+        }
         if let Err(e) = self.send(&message) {
             self.jobs.lock().unwrap().remove(&job);
             self.release_regions(&regions);
@@ -303,13 +322,21 @@ impl Enclave {
         }
     }
 
-    /// Ends a job's slot: its files close and its shared regions go.
+    /// Ends a job's slot: its files close and its shared regions go (with the last running
+    /// job's, see `retired_regions`).
     fn finish_job(&self, job: u32, event: JobEvent) {
-        let slot = self.jobs.lock().unwrap().remove(&job);
+        let (slot, last) = {
+            let mut jobs = self.jobs.lock().unwrap();
+            let slot = jobs.remove(&job);
+            (slot, jobs.is_empty())
+        };
         if let Some(slot) = slot {
             let _ = slot.events.send(event);
-            self.release_regions(&slot.regions);
-            self.release_regions(&slot.mapped);
+            let mut retired = self.retired_regions.lock().unwrap();
+            retired.extend(slot.regions.iter().chain(&slot.mapped).copied());
+            if last {
+                self.release_regions(&std::mem::take(&mut *retired));
+            }
         }
     }
 
@@ -365,9 +392,12 @@ impl Enclave {
             EnclaveMessage::JobOutput { job, stream, data } => self.forward(job, JobEvent::Output { stream, data: data.to_vec() }),
             EnclaveMessage::JobExited { job, status } => {
                 self.log.push(format!("clowderd: job {job} exited with status {status}"));
-                // No job starts here until the finished job's segments are revoked everywhere.
+                // No job starts here until the finished job's segments are revoked everywhere;
+                // beside other jobs its processes' segments went as each ended (the kernel's
+                // removes), and the enclave's others are theirs.
                 let _gate = self.launch_gate.lock().unwrap();
-                if let Some(port) = xemem {
+                let last = self.jobs.lock().unwrap().keys().all(|&other| other == job);
+                if let (Some(port), true) = (xemem, last) {
                     port.job_ended();
                 }
                 self.finish_job(job, JobEvent::Exited { status });
