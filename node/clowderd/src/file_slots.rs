@@ -6,12 +6,16 @@
 //! Served by the pump itself, not a thread of its own: on a loaded host a busy poller is
 //! scheduled last, while a thread woken from sleep is run at once. The kernel rings the
 //! channel's doorbell after posting unless the control page says the host polls, which the
-//! pump does for [`POLL_WINDOW`] after each request it served (a job's calls come in bursts)
+//! pump does for [`WATCH`] after each request it served (a job's calls come in bursts)
 //! before it goes back to sleeping on the doorbell: no core is burnt between bursts. A kernel
 //! that waits halted is woken by the channel interrupt once its answer is written. The same
-//! polling serves the job's ring-3 calls (`crate::ring3_files`), which cannot ring: a call
-//! the pump does not take soon goes to the kernel path, which rings, and the pump then polls
-//! for the calls that follow.
+//! polling serves the job's ring-3 calls (`crate::ring3_files`), which cannot ring: while the
+//! pump polls it says so in each CPU's ring-3 slot, and the job's code then waits for it
+//! several naps long; a call the pump does not take in that time, or made while it sleeps,
+//! goes to the kernel path, which rings, and the pump then polls for the calls that follow.
+//! Polling is spinning for [`SPIN`], then naps, short ones ([`POLL_NAP`]) until
+//! [`POLL_WINDOW`], then [`WATCH_NAP`] ones: a few thousand wake-ups a second for one second
+//! after the last call, not a core.
 //!
 //! `CLOWDER_FILE_SLOTS=off` in the daemon's environment leaves the slots unserved, so every
 //! call takes the channel (to compare the two).
@@ -32,8 +36,12 @@ use enclave_proto::{EnclaveMessage, FileOp, HostMessage};
 use crate::console::LogBook;
 use crate::guest_ram::{BadAddress, GuestRam};
 
-/// How long the pump keeps polling the slots after the last request it served.
-pub const POLL_WINDOW: Duration = Duration::from_millis(5);
+/// How long the pump naps briefly after the last request it served.
+const POLL_WINDOW: Duration = Duration::from_millis(5);
+/// How long it keeps polling at all, with longer naps after `POLL_WINDOW`: a job between two
+/// file-heavy steps (a few ms of computing) still finds it awake.
+const WATCH: Duration = Duration::from_secs(1);
+const WATCH_NAP: Duration = Duration::from_micros(200);
 /// For this long after a request the pump spins; then it sleeps [`POLL_NAP`] between looks:
 /// on a loaded host a thread that spun through its share is scheduled last, and its next
 /// wake-up on the doorbell comes late, while a napping one is run at once.
@@ -112,19 +120,29 @@ impl Slots {
                     served = true;
                 }
             }
+            let since = last_served.map(|at| at.elapsed());
             if served {
                 polling.store(1, Ordering::SeqCst);
+                if self.ring3 {
+                    ring3_files::set_awake(ram, self.gpa, self.count, true);
+                }
                 last_served = Some(Instant::now());
-            } else if last_served.is_some_and(|at| at.elapsed() >= POLL_WINDOW) {
+            } else if since.is_some_and(|since| since >= WATCH) {
                 // Back to sleeping on the doorbell: say so, then look once more, so a post
                 // made before the kernel read the flag is served here and one made after it
-                // rings the doorbell.
+                // rings the doorbell (a ring-3 call made meanwhile waits briefly, then takes
+                // the kernel path, which rings).
                 polling.store(0, Ordering::SeqCst);
+                if self.ring3 {
+                    ring3_files::set_awake(ram, self.gpa, self.count, false);
+                }
                 last_served = None;
-            } else if last_served.is_some_and(|at| at.elapsed() < SPIN) {
+            } else if since.is_some_and(|since| since < SPIN) {
                 std::hint::spin_loop();
-            } else if last_served.is_some() {
+            } else if since.is_some_and(|since| since < POLL_WINDOW) {
                 std::thread::sleep(POLL_NAP);
+            } else if since.is_some() {
+                std::thread::sleep(WATCH_NAP);
             } else {
                 return;
             }

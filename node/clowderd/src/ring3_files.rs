@@ -1,7 +1,16 @@
-//! The host side of the LWK's ring-3 file calls (`enclave_proto::slots`, `RING3_*`): read,
-//! write, pread64, pwrite64, lseek, fstat, stat, lstat and newfstatat that a job's code posts
-//! in its own request page, served by the enclave's pump while it polls the file slots, with
-//! no guest-kernel work on the way.
+//! The host side of the LWK's ring-3 file calls (`enclave_proto::slots`, `RING3_*`): open,
+//! openat, close, read, write, pread64, pwrite64, lseek, fstat, stat, lstat and newfstatat
+//! that a job's code posts in its own request page, served by the enclave's pump while it
+//! polls the file slots, with no guest-kernel work on the way.
+//!
+//! Open and close change the process's descriptor table, which the kernel shares with the
+//! host (`RING3_FD_*`): under the table's lock the host hands out the lowest free number (as
+//! Linux would; none free below `RING3_FDS`: the kernel decides) and closes only a host file
+//! no other descriptor or process shares. Every open the host does not handle the way the
+//! kernel path would (flags other than the access mode, O_CREAT, O_EXCL, O_NOCTTY, O_TRUNC,
+//! O_APPEND, O_LARGEFILE, O_NOFOLLOW, O_CLOEXEC; `/dev`, `/proc`, `/sys`; a `..`; the job's
+//! own files) and a table the kernel holds locked for long go to the kernel before anything
+//! is done, so a call never runs twice.
 //!
 //! Nothing the job writes is trusted. Who asks (the job, hence whose rights the call carries),
 //! which process (its page-table root) and which host file a descriptor names (its descriptor
@@ -17,9 +26,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use enclave_proto::slots::{
-    self, ANSWERED, POSTED, RING3_ARGS, RING3_CALL, RING3_CONTEXT, RING3_CONTEXT_SIZE, RING3_ESCALATE, RING3_FDS, RING3_FD_TABLE,
-    RING3_JOB, RING3_JOB_FILES, RING3_JOB_FILES_LEN, RING3_PATH, RING3_PATH_CAPACITY, RING3_REQUEST, RING3_RESULT, RING3_ROOT,
-    RING3_SLOT_SIZE, RING3_STATE, RING3_TAKEN,
+    self, ANSWERED, POSTED, RING3_ARGS, RING3_CALL, RING3_CONTEXT, RING3_CONTEXT_SIZE, RING3_ESCALATE, RING3_FDS, RING3_FD_CHANGED,
+    RING3_FD_CLOEXEC, RING3_FD_ENTRIES, RING3_FD_KERNEL, RING3_FD_LOCK, RING3_FD_SOLE, RING3_FD_STATUS_SHIFT, RING3_FD_TABLE,
+    RING3_FD_TABLE_SIZE, RING3_HOST_AWAKE, RING3_JOB, RING3_JOB_FILES, RING3_JOB_FILES_LEN, RING3_PATH, RING3_PATH_CAPACITY, RING3_REQUEST,
+    RING3_RESULT, RING3_ROOT, RING3_SLOT_SIZE, RING3_STATE, RING3_TAKEN,
 };
 use enclave_proto::{FileAttributes, FileOp, HostMessage};
 
@@ -28,6 +38,9 @@ use crate::guest_ram::GuestRam;
 /// Linux's numbers for the calls served here.
 const READ: u64 = 0;
 const WRITE: u64 = 1;
+const OPEN: u64 = 2;
+const CLOSE: u64 = 3;
+const OPENAT: u64 = 257;
 const STAT: u64 = 4;
 const FSTAT: u64 = 5;
 const LSTAT: u64 = 6;
@@ -37,6 +50,23 @@ const PWRITE64: u64 = 18;
 const NEWFSTATAT: u64 = 262;
 const AT_FDCWD: i32 = -100;
 const AT_EMPTY_PATH: u64 = 0x1000;
+/// The open flags served here; any other sends the open to the kernel. Of them, what F_GETFL
+/// keeps: the access mode and O_APPEND (as the kernel path keeps them).
+const OPEN_FLAGS: u32 = (libc::O_ACCMODE
+    | libc::O_CREAT
+    | libc::O_EXCL
+    | libc::O_NOCTTY
+    | libc::O_TRUNC
+    | libc::O_APPEND
+    | libc::O_LARGEFILE
+    | libc::O_NOFOLLOW
+    | libc::O_CLOEXEC) as u32;
+const STATUS_FLAGS: u32 = (libc::O_ACCMODE | libc::O_APPEND) as u32;
+/// The lock word's value while the host holds it, and how many times the host tries to take
+/// it before it leaves the call to the kernel (which holds it for a few of its instructions;
+/// a kernel that keeps it only loses its job's fast calls).
+const HOST_HOLDS: u64 = 2;
+const LOCK_TRIES: u32 = 10_000;
 /// `struct stat` on x86-64.
 const STAT_SIZE: usize = 144;
 /// Bytes one host read or write moves at most (`hio::MAX_TRANSFER`); a longer run is split.
@@ -196,6 +226,21 @@ fn serve(ram: &GuestRam, control: u64, context: &Context, answer_of: &AnswerOf<'
             }
             Some(done as i64)
         }
+        OPEN | OPENAT => {
+            let (directory, flags, mode) = match call {
+                OPENAT => (arg(0) as i32, arg(2) as u32, arg(3) as u32),
+                _ => (AT_FDCWD, arg(1) as u32, arg(2) as u32),
+            };
+            if flags & !OPEN_FLAGS != 0 || flags & libc::O_ACCMODE as u32 == libc::O_ACCMODE as u32 {
+                return None;
+            }
+            let path = slot_path(ram, context)?;
+            if path.is_empty() || (directory != AT_FDCWD && path[0] != b'/') || is_special(&path) || is_kernels(ram, control, &path) {
+                return None;
+            }
+            open_descriptor(ram, context, FileOp::Open { path: &path, flags, mode }, answer_of)
+        }
+        CLOSE => close_descriptor(ram, context, arg(0), answer_of),
         LSEEK => Some(value(FileOp::Lseek { handle: handle(arg(0))?, offset: arg(1) as i64, whence: arg(2) as u32 })),
         FSTAT => stat_into(ram, context, arg(1), FileOp::Fstat { handle: handle(arg(0))? }, answer_of),
         STAT | LSTAT | NEWFSTATAT => {
@@ -203,9 +248,8 @@ fn serve(ram: &GuestRam, control: u64, context: &Context, answer_of: &AnswerOf<'
                 NEWFSTATAT => (arg(0) as i32, arg(2), arg(3)),
                 _ => (AT_FDCWD, arg(1), 0),
             };
-            let mut path = [0u8; RING3_PATH_CAPACITY as usize];
-            ram.read(context.request + RING3_PATH, &mut path).ok()?;
-            let path = &path[..path.iter().position(|&byte| byte == 0)?];
+            let path = slot_path(ram, context)?;
+            let path = path.as_slice();
             if path.is_empty() && flags & AT_EMPTY_PATH != 0 && call == NEWFSTATAT {
                 return stat_into(ram, context, statbuf, FileOp::Fstat { handle: handle(directory as u32 as u64)? }, answer_of);
             }
@@ -220,14 +264,115 @@ fn serve(ram: &GuestRam, control: u64, context: &Context, answer_of: &AnswerOf<'
     }
 }
 
-/// The host handle behind descriptor `fd` in the kernel's table, if it names a host file.
-fn host_handle(ram: &GuestRam, context: &Context, fd: u64) -> Option<u32> {
-    if context.fd_table == 0 || fd >= RING3_FDS {
+/// The NUL-terminated path copied into the slot (`None` without its NUL).
+fn slot_path(ram: &GuestRam, context: &Context) -> Option<Vec<u8>> {
+    let mut path = vec![0u8; RING3_PATH_CAPACITY as usize];
+    ram.read(context.request + RING3_PATH, &mut path).ok()?;
+    path.truncate(path.iter().position(|&byte| byte == 0)?);
+    Some(path)
+}
+
+/// Whether an open of `path` is unusual enough to leave to the kernel: a `..` (the spelling
+/// may lead anywhere) or the host's device and process trees.
+fn is_special(path: &[u8]) -> bool {
+    let mut parts = path.split(|&byte| byte == b'/').filter(|part| !part.is_empty() && *part != b".");
+    let first = if path.starts_with(b"/") { parts.clone().next() } else { None };
+    parts.any(|part| part == b"..") || matches!(first, Some(b"dev" | b"proc" | b"sys"))
+}
+
+/// The process's descriptor table (`RING3_FD_*`), if the kernel gave one and it is RAM.
+fn fd_table<'a>(ram: &'a GuestRam, context: &Context) -> Option<&'a [AtomicU64]> {
+    if context.fd_table == 0 || context.fd_table % 8 != 0 {
         return None;
     }
-    let mut bytes = [0u8; 4];
-    ram.read(context.fd_table + fd * 4, &mut bytes).ok()?;
-    u32::from_le_bytes(bytes).checked_sub(1)
+    let (_, offset) = ram.file_range(context.fd_table, RING3_FD_TABLE_SIZE).ok()?;
+    let address = ram.host_address(offset, RING3_FD_TABLE_SIZE)?;
+    // SAFETY: aligned words inside the RAM mapping (checked above), which lives as long as
+    // `ram`; the kernel writes them concurrently, hence atomics.
+    Some(unsafe { std::slice::from_raw_parts(address as *const AtomicU64, (RING3_FD_TABLE_SIZE / 8) as usize) })
+}
+
+/// The table's lock, held by the host until dropped.
+struct TableLock<'a>(&'a AtomicU64);
+
+impl TableLock<'_> {
+    fn take(table: &[AtomicU64]) -> Option<TableLock<'_>> {
+        let lock = &table[(RING3_FD_LOCK / 8) as usize];
+        for _ in 0..LOCK_TRIES {
+            if lock.compare_exchange(0, HOST_HOLDS, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+                return Some(TableLock(lock));
+            }
+            std::hint::spin_loop();
+        }
+        None
+    }
+}
+
+impl Drop for TableLock<'_> {
+    fn drop(&mut self) {
+        self.0.store(0, Ordering::SeqCst);
+    }
+}
+
+fn entry(table: &[AtomicU64], fd: u64) -> &AtomicU64 {
+    &table[(RING3_FD_ENTRIES / 8 + fd) as usize]
+}
+
+/// Whether an entry is a host file (a handle, not free and not the kernel's).
+fn is_host_file(entry: u64) -> bool {
+    entry != 0 && entry & RING3_FD_KERNEL == 0
+}
+
+/// The host handle behind descriptor `fd` in the kernel's table, if it names a host file.
+fn host_handle(ram: &GuestRam, context: &Context, fd: u64) -> Option<u32> {
+    if fd >= RING3_FDS {
+        return None;
+    }
+    let value = entry(fd_table(ram, context)?, fd).load(Ordering::SeqCst);
+    is_host_file(value).then_some(value as u32).and_then(|handle| handle.checked_sub(1))
+}
+
+/// Opens a host file (`op`, an `Open`) at the lowest free descriptor: the descriptor, the
+/// host's errno, or `None` (nothing done) when the table is locked or has no free number.
+fn open_descriptor(ram: &GuestRam, context: &Context, op: FileOp<'_>, answer_of: &AnswerOf<'_>) -> Option<i64> {
+    let FileOp::Open { flags, .. } = op else { return None };
+    let table = fd_table(ram, context)?;
+    let _lock = TableLock::take(table)?;
+    let fd = (0..RING3_FDS).find(|&fd| entry(table, fd).load(Ordering::SeqCst) == 0)?;
+    let handle = match answer_of(context.job, 0, &op) {
+        HostMessage::FileResult { result, .. } => result,
+        _ => -(libc::EIO as i64),
+    };
+    if handle < 0 {
+        return Some(handle);
+    }
+    let Some(stored) = u32::try_from(handle).ok().and_then(|handle| handle.checked_add(1)) else {
+        answer_of(context.job, 0, &FileOp::Close { handle: handle as u32 });
+        return Some(-(libc::EMFILE as i64));
+    };
+    let cloexec = if flags & libc::O_CLOEXEC as u32 != 0 { RING3_FD_CLOEXEC } else { 0 };
+    let status = ((flags & STATUS_FLAGS) as u64) << RING3_FD_STATUS_SHIFT;
+    entry(table, fd).store(stored as u64 | RING3_FD_SOLE | cloexec | status, Ordering::SeqCst);
+    table[(RING3_FD_CHANGED / 8) as usize].store(1, Ordering::SeqCst);
+    Some(fd as i64)
+}
+
+/// Closes descriptor `fd` if it is a host file no other descriptor or process shares: 0 (as
+/// the kernel path, whatever the host's close said), or `None` to leave it to the kernel.
+fn close_descriptor(ram: &GuestRam, context: &Context, fd: u64, answer_of: &AnswerOf<'_>) -> Option<i64> {
+    if fd >= RING3_FDS {
+        return None;
+    }
+    let table = fd_table(ram, context)?;
+    let _lock = TableLock::take(table)?;
+    let value = entry(table, fd).load(Ordering::SeqCst);
+    if !is_host_file(value) || value & RING3_FD_SOLE == 0 {
+        return None;
+    }
+    answer_of(context.job, 0, &FileOp::Close { handle: (value as u32).wrapping_sub(1) });
+    entry(table, fd).store(0, Ordering::SeqCst);
+    table[(RING3_FD_CHANGED / 8) as usize].store(1, Ordering::SeqCst);
+    Some(0)
 }
 
 /// Whether the kernel answers for `path` itself: `/dev/xpmem` or one of the job's in-memory
@@ -301,6 +446,15 @@ pub fn stat_record(attributes: &FileAttributes) -> [u8; STAT_SIZE] {
     record
 }
 
+/// Tells the job's code on every CPU whether the pump polls (`RING3_HOST_AWAKE` in its slot).
+pub fn set_awake(ram: &GuestRam, control: u64, count: u16, awake: bool) {
+    for cpu in 0..count.min(slots::MAX_SLOTS) {
+        if let Some(awake_word) = context(ram, control, cpu).and_then(|context| word(ram, context.request + RING3_HOST_AWAKE)) {
+            awake_word.store(awake as u64, Ordering::SeqCst);
+        }
+    }
+}
+
 /// Serves every CPU's posted ring-3 call once; whether any was.
 pub fn serve_all(ram: &GuestRam, control: u64, count: u16, answer_of: &AnswerOf<'_>) -> bool {
     let mut served = false;
@@ -347,7 +501,10 @@ mod tests {
         put(&ram, context + RING3_FD_TABLE, FD_TABLE);
         put(&ram, context + RING3_JOB, JOB as u64);
         put(&ram, context + RING3_REQUEST, REQUESTS);
-        ram.write(FD_TABLE + 3 * 4, &8u32.to_le_bytes()).unwrap(); // descriptor 3: handle 7
+        for fd in 0..3 {
+            put(&ram, FD_TABLE + RING3_FD_ENTRIES + fd * 8, RING3_FD_KERNEL); // the console
+        }
+        put(&ram, FD_TABLE + RING3_FD_ENTRIES + 3 * 8, 8 | RING3_FD_SOLE); // descriptor 3: handle 7
         let names = b"/\0/fileio\0";
         ram.write(0x36000, names).unwrap();
         put(&ram, CONTROL + RING3_JOB_FILES, 0x36000);
@@ -373,6 +530,9 @@ mod tests {
             asked.borrow_mut().push(format!("{op:?}"));
             match op {
                 FileOp::Read { len, .. } | FileOp::Write { len, .. } => HostMessage::FileResult { job, request, result: *len as i64 },
+                FileOp::Open { path: b"missing", .. } => HostMessage::FileResult { job, request, result: -(libc::ENOENT as i64) },
+                FileOp::Open { .. } => HostMessage::FileResult { job, request, result: 41 },
+                FileOp::Close { .. } => HostMessage::FileResult { job, request, result: 0 },
                 FileOp::Stat { .. } | FileOp::Fstat { .. } => {
                     let time = Timestamp { seconds: 1, nanoseconds: 2 };
                     let attributes = FileAttributes {
@@ -436,6 +596,80 @@ mod tests {
         // No call posted, or no process known on that CPU: nothing is served.
         assert!(!serve_cpu(&ram, CONTROL, 0, &|_, _, _| panic!("nothing to serve")));
         assert!(!serve_cpu(&ram, CONTROL, 1, &|_, _, _| panic!("no context")));
+    }
+
+    fn fd_entry(ram: &GuestRam, fd: u64) -> u64 {
+        read_u64(ram, FD_TABLE + RING3_FD_ENTRIES + fd * 8).unwrap()
+    }
+
+    /// Open takes the lowest free number under the table's lock and tells the kernel; close
+    /// frees a host file nothing else shares; both leave the lock free.
+    #[test]
+    fn open_and_close_keep_the_kernels_descriptor_table() {
+        let ram = ram();
+        put(&ram, FD_TABLE + RING3_FD_ENTRIES + 5 * 8, RING3_FD_KERNEL); // a pipe at 5
+        let flags = (libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC) as u64;
+        let (result, asked) = call(&ram, OPEN, [0, flags, 0o600, 0], b"out");
+        assert_eq!(result, 4, "the lowest free number");
+        assert_eq!(asked, vec![format!("{:?}", FileOp::Open { path: b"out", flags: flags as u32, mode: 0o600 })]);
+        let status = ((libc::O_WRONLY | libc::O_APPEND) as u64) << RING3_FD_STATUS_SHIFT;
+        assert_eq!(fd_entry(&ram, 4), 42 | RING3_FD_SOLE | RING3_FD_CLOEXEC | status);
+        assert_eq!(read_u64(&ram, FD_TABLE + RING3_FD_CHANGED), Some(1), "the kernel is told");
+        let (result, _) = call(&ram, OPENAT, [AT_FDCWD as u32 as u64, b"x".as_ptr() as u64, libc::O_RDONLY as u64, 0], b"/data/in");
+        assert_eq!(result, 6, "past the pipe");
+        let (result, _) = call(&ram, OPEN, [0, 0, 0, 0], b"missing");
+        assert_eq!((result, fd_entry(&ram, 7)), (-(libc::ENOENT as i64), 0), "the host's errno, no descriptor");
+        let (result, asked) = call(&ram, CLOSE, [4, 0, 0, 0], b"");
+        assert_eq!((result, fd_entry(&ram, 4)), (0, 0));
+        assert_eq!(asked, vec![format!("{:?}", FileOp::Close { handle: 41 })]);
+        let (result, _) = call(&ram, OPEN, [0, 0, 0, 0], b"again");
+        assert_eq!(result, 4, "the freed number first");
+        assert_eq!(read_u64(&ram, FD_TABLE + RING3_FD_LOCK), Some(0), "the lock is left free");
+    }
+
+    /// Whatever the job asks, and whatever state the table is in, an open or close the host
+    /// should not make goes to the kernel with nothing done.
+    #[test]
+    fn unusual_opens_and_closes_go_to_the_kernel() {
+        let ram = ram();
+        put(&ram, FD_TABLE + RING3_FD_ENTRIES + 4 * 8, 12); // a host file another descriptor shares
+        let cases: [(u64, [u64; 4], &[u8], &str); 15] = [
+            (OPEN, [0, libc::O_DIRECTORY as u64, 0, 0], b"d", "O_DIRECTORY"),
+            (OPEN, [0, libc::O_PATH as u64, 0, 0], b"d", "O_PATH"),
+            (OPEN, [0, libc::O_TMPFILE as u64, 0, 0], b"d", "O_TMPFILE"),
+            (OPEN, [0, 3, 0, 0], b"d", "access mode 3"),
+            (OPEN, [0, 0, 0, 0], b"/dev/null", "a device"),
+            (OPEN, [0, 0, 0, 0], b"//proc/self/status", "the process tree"),
+            (OPEN, [0, 0, 0, 0], b"a/../../etc/x", "a .."),
+            (OPEN, [0, 0, 0, 0], b"/fileio", "the job's own file"),
+            (OPEN, [0, 0, 0, 0], b"", "an empty path"),
+            (OPENAT, [5, 0, 0, 0], b"data", "relative to a directory descriptor"),
+            (CLOSE, [4, 0, 0, 0], b"", "a shared host file"),
+            (CLOSE, [1, 0, 0, 0], b"", "the kernel's"),
+            (CLOSE, [9, 0, 0, 0], b"", "not open"),
+            (CLOSE, [RING3_FDS, 0, 0, 0], b"", "past the table"),
+            (CLOSE, [u64::MAX, 0, 0, 0], b"", "a negative descriptor"),
+        ];
+        for (number, args, path, what) in cases {
+            let (result, asked) = call(&ram, number, args, path);
+            assert_eq!((result, asked.len()), (RING3_ESCALATE, 0), "{what}");
+        }
+        // The kernel holds the lock: nothing is done.
+        put(&ram, FD_TABLE + RING3_FD_LOCK, 1);
+        assert_eq!(call(&ram, OPEN, [0, 0, 0, 0], b"data"), (RING3_ESCALATE, vec![]), "locked");
+        assert_eq!(call(&ram, CLOSE, [3, 0, 0, 0], b""), (RING3_ESCALATE, vec![]), "locked");
+        assert_eq!(read_u64(&ram, FD_TABLE + RING3_FD_LOCK), Some(1), "the kernel's lock is left alone");
+        put(&ram, FD_TABLE + RING3_FD_LOCK, 0);
+        // No free number below RING3_FDS: the kernel decides (a higher one, or EMFILE).
+        for fd in 0..RING3_FDS {
+            put(&ram, FD_TABLE + RING3_FD_ENTRIES + fd * 8, RING3_FD_KERNEL);
+        }
+        assert_eq!(call(&ram, OPEN, [0, 0, 0, 0], b"data"), (RING3_ESCALATE, vec![]), "full");
+        // A table outside RAM or unaligned: nothing either.
+        for bad in [RAM - 8, FD_TABLE + 4] {
+            put(&ram, CONTROL + RING3_CONTEXT + RING3_FD_TABLE, bad);
+            assert_eq!(call(&ram, OPEN, [0, 0, 0, 0], b"data"), (RING3_ESCALATE, vec![]), "table at {bad:#x}");
+        }
     }
 
     #[test]

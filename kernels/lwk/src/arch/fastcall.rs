@@ -43,7 +43,8 @@ use core::arch::global_asm;
 use core::mem::offset_of;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use enclave_proto::slots::{
-    RING3_ARGS, RING3_CALL, RING3_ESCALATE, RING3_PATH, RING3_PATH_CAPACITY, RING3_REQUEST_PAGE, RING3_RESULT, RING3_SLOT_SIZE, RING3_STATE,
+    RING3_ARGS, RING3_CALL, RING3_ESCALATE, RING3_HOST_AWAKE, RING3_PATH, RING3_PATH_CAPACITY, RING3_REQUEST_PAGE, RING3_RESULT,
+    RING3_SLOT_SIZE, RING3_STATE,
 };
 
 /// Where SYSCALL goes once it is known to stay in ring 3: the code page. Its first byte is
@@ -92,9 +93,13 @@ pub struct CpuData {
     pub files_ready: AtomicU64,
 }
 
-/// How many times the ring-3 code looks for the host to take a posted file call before it
-/// takes the call back for the kernel path (which rings the host's doorbell): about 50-100 µs.
-const FILE_SPIN: u32 = 10000;
+/// How long the ring-3 code waits for the host to take a posted file call before it takes the
+/// call back for the kernel path (which rings the host's doorbell and costs milliseconds on
+/// PVM): briefly while the host's pump sleeps on the doorbell, longer while it polls (its
+/// slot's `RING3_HOST_AWAKE` word), covering the pump's naps on a loaded host. The core is the
+/// job's own, so waiting costs nobody else.
+const FILE_WAIT_ASLEEP_NS: u64 = 50_000;
+const FILE_WAIT_AWAKE_NS: u64 = 3_000_000;
 
 /// `struct utsname`: six 65-byte fields, in whole words.
 pub const UTSNAME_SIZE: usize = 6 * 65;
@@ -121,6 +126,8 @@ pub struct FastData {
     tsc_multiplier: AtomicU64,
     tsc_shift: AtomicU64,
     boot_realtime_ns: AtomicU64,
+    /// `FILE_WAIT_ASLEEP_NS` and `FILE_WAIT_AWAKE_NS` in TSC ticks.
+    file_wait_ticks: [AtomicU64; 2],
     utsname: [AtomicU64; UTSNAME_WORDS],
 }
 
@@ -147,6 +154,7 @@ pub static DATA: FastData = FastData {
     tsc_multiplier: AtomicU64::new(0),
     tsc_shift: AtomicU64::new(0),
     boot_realtime_ns: AtomicU64::new(0),
+    file_wait_ticks: [const { AtomicU64::new(0) }; 2],
     utsname: [const { AtomicU64::new(0) }; UTSNAME_WORDS],
 };
 
@@ -168,6 +176,9 @@ pub fn publish_constants(boot_tsc: u64, multiplier: u64, shift: u32, boot_realti
     DATA.tsc_multiplier.store(multiplier, Ordering::Relaxed);
     DATA.tsc_shift.store(shift as u64, Ordering::Relaxed);
     DATA.boot_realtime_ns.store(boot_realtime_ns, Ordering::Relaxed);
+    for (ticks, ns) in DATA.file_wait_ticks.iter().zip([FILE_WAIT_ASLEEP_NS, FILE_WAIT_AWAKE_NS]) {
+        ticks.store((((ns as u128) << shift) / multiplier.max(1) as u128) as u64, Ordering::Relaxed);
+    }
     for (word, bytes) in DATA.utsname.iter().zip(utsname.chunks(8)) {
         let mut padded = [0u8; 8];
         padded[..bytes.len()].copy_from_slice(bytes);
@@ -436,6 +447,12 @@ fast_saved:
     je fast_file
     cmp $262, %rax
     je fast_file
+    cmp $2, %rax
+    je fast_file
+    cmp $257, %rax
+    je fast_file
+    cmp $3, %rax
+    je fast_file
     /* fall through: everything else */
 
 fast_escalate:
@@ -573,9 +590,9 @@ fast_sched_yield:
     jmp fast_return
 
     /* The file calls: into this CPU's slot of the process's request page, for the host to
-       serve (read, write, pread64, pwrite64, lseek and fstat of descriptors 3 and up; stat,
-       lstat and newfstatat of a path, copied in, unless the host does not know the job's
-       own files). */
+       serve (read, write, pread64, pwrite64, lseek, fstat and close of descriptors 3 and up;
+       open, openat, stat, lstat and newfstatat of a path, copied in, unless the host does not
+       know the job's own files). */
 fast_file:
     cmpq $0, FAST_CPU_DATA + {files_ready}(%rsp)
     je fast_escalate                   /* the host does not know this process here yet */
@@ -592,7 +609,11 @@ fast_file:
     je 1f
     cmp $6, %eax
     je 1f
+    cmp $2, %eax                       /* open: the path is the first argument */
+    je 1f
     cmp $262, %eax
+    je 2f
+    cmp $257, %eax                     /* openat: the second */
     je 2f
     cmp $3, %edi                       /* the console streams stay the kernel's */
     jb fast_escalate
@@ -609,7 +630,14 @@ fast_file:
     cmp ${path_capacity}, %ecx
     jb 3b
     jmp fast_escalate                  /* too long for the slot */
-4:  mov ${spin}, %ecx
+4:  mov FAST_DATA + {wait_ticks}(%rip), %rsi
+    cmpq $0, {r_awake}(%r11)
+    je 5f
+    mov FAST_DATA + {wait_ticks} + 8(%rip), %rsi   /* the host polls: wait longer */
+5:  rdtsc
+    shl $32, %rdx
+    or %rdx, %rax
+    add %rax, %rsi                     /* RSI: when to take the call back */
     movq ${posted}, {r_state}(%r11)
     /* From here the call may be in the host's hands: an entry to the kernel finishes it
        (`abort_interrupted`), so it is never made twice. */
@@ -620,9 +648,13 @@ fast_file_posted:
     je 6f
     cmp ${posted}, %rax
     jne fast_file_posted               /* taken: the host is serving it */
-    dec %ecx
-    jnz fast_file_posted
-    xor %ecx, %ecx                     /* not taken in time (the host sleeps): take it back */
+    rdtsc
+    shl $32, %rdx
+    or %rdx, %rax
+    cmp %rsi, %rax
+    jb fast_file_posted
+    mov ${posted}, %eax                /* not taken in time: take it back */
+    xor %ecx, %ecx
     lock cmpxchg %rcx, {r_state}(%r11)
     jne fast_file_posted               /* it was taken meanwhile */
     jmp fast_escalate
@@ -694,7 +726,8 @@ fast_end:
     posted = const enclave_proto::slots::POSTED,
     answered = const enclave_proto::slots::ANSWERED,
     escalate = const RING3_ESCALATE,
-    spin = const FILE_SPIN,
+    wait_ticks = const offset_of!(FastData, file_wait_ticks),
+    r_awake = const RING3_HOST_AWAKE,
     signal_check = const offset_of!(FastData, signal_check),
     queued = const offset_of!(FastData, queued),
     job_start = const offset_of!(FastData, job_start_ns),

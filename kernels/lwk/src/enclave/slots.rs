@@ -135,7 +135,7 @@ pub fn ring3_publish(job: u32) {
     }
     let found = crate::job::with_process(|process| {
         let request = process.memory.aspace.translate(RING3_REQUEST_PAGE).ok()?.physical;
-        Some((request, process.descriptors.host_handle_table().map_or(0, physical_of)))
+        Some((request, physical_of(process.descriptors.host_handle_table())))
     });
     let Some((request, fd_table)) = found else { return };
     // No call of this CPU is in flight (this thread is in the kernel): its slot starts free.

@@ -1,15 +1,23 @@
 //! A process's file descriptors: the console streams, files of the in-memory file system,
 //! host files, pipes. Like Linux's, a descriptor names an open file description: `dup` and
 //! `fork` share it, offset included; the close-on-exec flag is the descriptor's own.
+//!
+//! In an enclave whose host serves the job's ring-3 file calls, the first `RING3_FDS` numbers
+//! are also kept in a table the host reads and writes (`enclave_proto::slots`, `RING3_FD_*`):
+//! the host opens and closes host files from ring 3 there, handing out the lowest free number
+//! under the table's lock, so numbers stay Linux's whoever hands them out. The kernel takes
+//! the lock for every use of its own table, first taking in what the host changed.
 
 use crate::arch::sync::{SpinGuard, SpinLock};
 use crate::fs::Node;
-use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicU32, Ordering};
-use enclave_proto::slots::RING3_FDS;
+use core::sync::atomic::{AtomicU64, Ordering};
+use enclave_proto::slots::{
+    RING3_FDS, RING3_FD_CHANGED, RING3_FD_CLOEXEC, RING3_FD_ENTRIES, RING3_FD_KERNEL, RING3_FD_LOCK, RING3_FD_SOLE, RING3_FD_STATUS_MASK,
+    RING3_FD_STATUS_SHIFT, RING3_FD_TABLE_SIZE,
+};
 
 pub enum Descriptor {
     /// 0, 1 and 2: standard input (always at end of file) and the console.
@@ -75,56 +83,102 @@ struct Slot {
     close_on_exec: bool,
 }
 
-/// `Clone` is `fork`'s copy: the same open files under the same numbers and flags.
-#[derive(Clone)]
 pub struct Descriptors {
     table: Vec<Option<Slot>>,
-    host_handles: HostHandles,
+    /// The table shared with the host (`RING3_FD_TABLE_SIZE` bytes as words), once the
+    /// process has reached the host.
+    shared: Option<Arc<[AtomicU64]>>,
 }
 
-/// The host handle (+ 1) behind each of the first `RING3_FDS` descriptors, 0 for any other
-/// kind: the table the host reads to serve the job's ring-3 file calls
-/// (`crate::enclave::slots`), kept by the kernel alone. Allocated with the first host file.
-struct HostHandles(Option<Box<[AtomicU32]>>);
+const LOCK: usize = (RING3_FD_LOCK / 8) as usize;
+const CHANGED: usize = (RING3_FD_CHANGED / 8) as usize;
+const ENTRIES: usize = (RING3_FD_ENTRIES / 8) as usize;
+/// The lock word's value while the kernel holds it.
+const KERNEL_HOLDS: u64 = 1;
 
-impl Clone for HostHandles {
-    fn clone(&self) -> HostHandles {
-        HostHandles(self.0.as_ref().map(|table| table.iter().map(|entry| AtomicU32::new(entry.load(Ordering::Relaxed))).collect()))
-    }
-}
-
-impl HostHandles {
-    fn set(&mut self, index: usize, handle: Option<u32>) {
-        if index >= RING3_FDS as usize || (handle.is_none() && self.0.is_none()) {
-            return;
+/// What the host's table says of `slot`.
+fn entry_of(slot: &Option<Slot>) -> u64 {
+    let Some(slot) = slot else { return 0 };
+    match *slot.file.lock() {
+        Descriptor::Remote { handle, status_flags } if handle != u32::MAX => {
+            let sole = if Arc::strong_count(&slot.file) == 1 { RING3_FD_SOLE } else { 0 };
+            let cloexec = if slot.close_on_exec { RING3_FD_CLOEXEC } else { 0 };
+            (handle as u64 + 1) | sole | cloexec | ((status_flags as u64 & RING3_FD_STATUS_MASK) << RING3_FD_STATUS_SHIFT)
         }
-        let table = self.0.get_or_insert_with(|| (0..RING3_FDS).map(|_| AtomicU32::new(0)).collect());
-        table[index].store(handle.map_or(0, |handle| handle.wrapping_add(1)), Ordering::SeqCst);
+        _ => RING3_FD_KERNEL,
     }
 }
 
-/// The host handle an open file names, if it is a host file.
-fn host_handle(file: &OpenFile) -> Option<u32> {
-    match *file.lock() {
-        Descriptor::Remote { handle, .. } => Some(handle),
-        _ => None,
-    }
+/// The descriptor a host-made entry stands for.
+fn slot_of(entry: u64) -> Slot {
+    let handle = (entry as u32).wrapping_sub(1);
+    let status_flags = ((entry >> RING3_FD_STATUS_SHIFT) & RING3_FD_STATUS_MASK) as u32;
+    Slot { file: Arc::new(SpinLock::new(Descriptor::Remote { handle, status_flags })), close_on_exec: entry & RING3_FD_CLOEXEC != 0 }
+}
+
+/// The host's entry at `index` says a host file (what only the host writes, besides the kernel's
+/// own host files).
+fn is_host_file(entry: u64) -> bool {
+    entry != 0 && entry & RING3_FD_KERNEL == 0
 }
 
 impl Descriptors {
     pub fn new() -> Descriptors {
         Descriptors {
             table: (0..3).map(|_| Some(Slot { file: Arc::new(SpinLock::new(Descriptor::Console)), close_on_exec: false })).collect(),
-            host_handles: HostHandles(None),
+            shared: None,
         }
     }
 
-    /// Where the host-handle table lies (a kernel address), if there is one yet.
-    pub fn host_handle_table(&self) -> Option<u64> {
-        self.host_handles.0.as_ref().map(|table| table.as_ptr() as u64)
+    /// The table shared with the host (a kernel address), made now if there is none yet.
+    pub fn host_handle_table(&mut self) -> u64 {
+        if self.shared.is_none() {
+            let words = (RING3_FD_TABLE_SIZE / 8) as usize;
+            let table: Arc<[AtomicU64]> = (0..words).map(|_| AtomicU64::new(0)).collect();
+            for (index, slot) in self.table.iter().enumerate().take(RING3_FDS as usize) {
+                table[ENTRIES + index].store(entry_of(slot), Ordering::Relaxed);
+            }
+            self.shared = Some(table);
+        }
+        self.shared.as_ref().map_or(0, |table| table.as_ptr() as u64)
+    }
+
+    /// Runs `f` on the table with the host's table locked, after taking in what the host
+    /// opened (a new host-file descriptor) and closed (a descriptor gone) meanwhile.
+    fn locked<R>(&mut self, f: impl FnOnce(&mut Descriptors) -> R) -> R {
+        let Some(shared) = self.shared.clone() else { return f(self) };
+        while shared[LOCK].compare_exchange(0, KERNEL_HOLDS, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+            core::hint::spin_loop();
+        }
+        if shared[CHANGED].swap(0, Ordering::SeqCst) != 0 {
+            for index in 0..RING3_FDS as usize {
+                let entry = shared[ENTRIES + index].load(Ordering::SeqCst);
+                match self.table.get(index) {
+                    Some(Some(_)) if entry == 0 => self.table[index] = None,
+                    None | Some(None) if is_host_file(entry) => {
+                        if self.table.len() <= index {
+                            self.table.resize(index + 1, None);
+                        }
+                        self.table[index] = Some(slot_of(entry));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let result = f(self);
+        shared[LOCK].store(0, Ordering::SeqCst);
+        result
+    }
+
+    /// Tells the host's table what `index` now holds (the caller holds its lock).
+    fn publish(&self, index: usize) {
+        if let (Some(shared), true) = (&self.shared, index < RING3_FDS as usize) {
+            shared[ENTRIES + index].store(self.table.get(index).map_or(0, entry_of), Ordering::SeqCst);
+        }
     }
 
     fn slot(&mut self, descriptor: Fd) -> Option<&mut Slot> {
+        self.locked(|_| ());
         self.table.get_mut(descriptor.index())?.as_mut()
     }
 
@@ -134,13 +188,19 @@ impl Descriptors {
 
     /// The size of Linux's table for these descriptors (64, doubled as higher numbers are
     /// used; `select` reads no bits past it).
-    pub fn linux_table_size(&self) -> usize {
+    pub fn linux_table_size(&mut self) -> usize {
+        self.locked(|_| ());
         self.table.len().max(64).next_power_of_two().min(MAX_DESCRIPTORS)
     }
 
-    /// The open file `descriptor` names (for epoll, which watches open files).
+    /// The open file `descriptor` names (for epoll, which watches open files): shared from
+    /// now on, so the host no longer closes it from ring 3.
     pub fn open_file(&mut self, descriptor: Fd) -> Option<OpenFile> {
-        Some(self.slot(descriptor)?.file.clone())
+        self.locked(|descriptors| {
+            let file = descriptors.table.get(descriptor.index())?.as_ref()?.file.clone();
+            descriptors.publish(descriptor.index());
+            Some(file)
+        })
     }
 
     /// FD_CLOEXEC of `descriptor`, `None` if it is not open.
@@ -149,21 +209,36 @@ impl Descriptors {
     }
 
     pub fn set_close_on_exec(&mut self, descriptor: Fd, close_on_exec: bool) -> Option<()> {
-        self.slot(descriptor)?.close_on_exec = close_on_exec;
-        Some(())
+        self.locked(|descriptors| {
+            descriptors.table.get_mut(descriptor.index())?.as_mut()?.close_on_exec = close_on_exec;
+            descriptors.publish(descriptor.index());
+            Some(())
+        })
     }
 
     /// `execve`: closes the descriptors marked close-on-exec; returns their open files, to be
     /// dropped once the caller holds no lock (a pipe's last end wakes its waiters).
     pub fn close_marked(&mut self) -> Vec<OpenFile> {
-        let mut closed = Vec::new();
-        for (index, slot) in self.table.iter_mut().enumerate() {
-            if slot.as_ref().is_some_and(|slot| slot.close_on_exec) {
-                closed.extend(slot.take().map(|slot| slot.file));
-                self.host_handles.set(index, None);
+        self.locked(|descriptors| {
+            let mut closed = Vec::new();
+            for index in 0..descriptors.table.len() {
+                if descriptors.table[index].as_ref().is_some_and(|slot| slot.close_on_exec) {
+                    closed.extend(descriptors.table[index].take().map(|slot| slot.file));
+                    descriptors.publish(index);
+                }
             }
-        }
-        closed
+            closed
+        })
+    }
+
+    /// `fork`'s copy: the same open files under the same numbers and flags. Every host file is
+    /// shared from then on, in both processes' tables.
+    pub fn fork(&mut self) -> Descriptors {
+        self.locked(|descriptors| {
+            let child = Descriptors { table: descriptors.table.clone(), shared: None };
+            (0..descriptors.table.len()).for_each(|index| descriptors.publish(index));
+            child
+        })
     }
 
     /// The lowest free number from `lowest` on, the table grown to hold it.
@@ -185,47 +260,63 @@ impl Descriptors {
 
     /// `insert`, with the close-on-exec flag (O_CLOEXEC) given.
     pub fn insert_flagged(&mut self, entry: Descriptor, close_on_exec: bool) -> Option<Fd> {
-        let index = self.free_slot(0)?;
-        let handle = match entry {
-            Descriptor::Remote { handle, .. } => Some(handle),
-            _ => None,
-        };
-        self.host_handles.set(index, handle);
-        self.table[index] = Some(Slot { file: Arc::new(SpinLock::new(entry)), close_on_exec });
-        Some(Fd(index as i32))
+        self.locked(|descriptors| {
+            let index = descriptors.free_slot(0)?;
+            descriptors.table[index] = Some(Slot { file: Arc::new(SpinLock::new(entry)), close_on_exec });
+            descriptors.publish(index);
+            Some(Fd(index as i32))
+        })
     }
 
     /// `dup`: a new number, at least `lowest`, for the same open file; `None` when `from` is
     /// not open (or the table is full: `Err`).
     pub fn duplicate(&mut self, from: Fd, lowest: u64, close_on_exec: bool) -> Result<Fd, DuplicateError> {
-        let file = self.slot(from).map(|slot| slot.file.clone()).ok_or(DuplicateError::NotOpen)?;
-        let index = self.free_slot(lowest as usize).ok_or(DuplicateError::TableFull)?;
-        self.host_handles.set(index, host_handle(&file));
-        self.table[index] = Some(Slot { file, close_on_exec });
-        Ok(Fd(index as i32))
+        self.locked(|descriptors| {
+            let file = descriptors
+                .table
+                .get(from.index())
+                .and_then(Option::as_ref)
+                .map(|slot| slot.file.clone())
+                .ok_or(DuplicateError::NotOpen)?;
+            let index = descriptors.free_slot(lowest as usize).ok_or(DuplicateError::TableFull)?;
+            descriptors.table[index] = Some(Slot { file, close_on_exec });
+            descriptors.publish(index);
+            descriptors.publish(from.index());
+            Ok(Fd(index as i32))
+        })
     }
 
     /// `dup2`: makes `to` name the open file of `from`, closing what `to` named (returned, to
     /// be dropped unlocked).
     pub fn duplicate_to(&mut self, from: Fd, to: Fd, close_on_exec: bool) -> Result<(Fd, Option<OpenFile>), DuplicateError> {
-        let file = self.slot(from).map(|slot| slot.file.clone()).ok_or(DuplicateError::NotOpen)?;
-        let to = to.index();
-        if to >= MAX_DESCRIPTORS {
-            return Err(DuplicateError::TableFull);
-        }
-        if self.table.len() <= to {
-            self.table.resize(to + 1, None);
-        }
-        self.host_handles.set(to, host_handle(&file));
-        let replaced = self.table[to].replace(Slot { file, close_on_exec });
-        Ok((Fd(to as i32), replaced.map(|slot| slot.file)))
+        self.locked(|descriptors| {
+            let file = descriptors
+                .table
+                .get(from.index())
+                .and_then(Option::as_ref)
+                .map(|slot| slot.file.clone())
+                .ok_or(DuplicateError::NotOpen)?;
+            let to = to.index();
+            if to >= MAX_DESCRIPTORS {
+                return Err(DuplicateError::TableFull);
+            }
+            if descriptors.table.len() <= to {
+                descriptors.table.resize(to + 1, None);
+            }
+            let replaced = descriptors.table[to].replace(Slot { file, close_on_exec });
+            descriptors.publish(to);
+            descriptors.publish(from.index());
+            Ok((Fd(to as i32), replaced.map(|slot| slot.file)))
+        })
     }
 
     /// Closes `descriptor`; returns its open file, to be dropped unlocked.
     pub fn remove(&mut self, descriptor: Fd) -> Option<OpenFile> {
-        let file = self.table.get_mut(descriptor.index())?.take().map(|slot| slot.file)?;
-        self.host_handles.set(descriptor.index(), None);
-        Some(file)
+        self.locked(|descriptors| {
+            let file = descriptors.table.get_mut(descriptor.index())?.take().map(|slot| slot.file)?;
+            descriptors.publish(descriptor.index());
+            Some(file)
+        })
     }
 }
 
