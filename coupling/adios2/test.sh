@@ -113,6 +113,15 @@ wait $w; ws2=$?
     grep -q "^after Close: clowder engine: no clowder reader is open" "$R" && no_segment_left zc
 check "zero-copy reader: the whole array (2 blocks) and block 1 read in place, every value right; misuse and use after EndStep refused" $? "$W" "$R" "$R2"
 
+# The same from Python: adios2's bindings for the steps, the engine's call through ctypes.
+c=$(config zcpy StreamName=zcpy)
+run "$bin/cxx_writer" "$c" out.bp 3 64 48 >"$W" 2>&1 & w=$!
+run python3 "$tests/py_zc_reader.py" "$c" out.bp "$bin/libclowder_adios2.so" >"$R" 2>&1; r=$?
+wait $w; ws=$?
+[ $r = 0 ] && [ $ws = 0 ] && grep -q "after 3 steps" "$R" && grep -q "^step 2 ok blocks 2" "$R" &&
+    grep -q "^after end_step: .*outside BeginStep/EndStep" "$R" && no_segment_left zcpy
+check "zero-copy reader in Python (ctypes): numpy arrays over both blocks, every value right; refused after end_step" $? "$W" "$R"
+
 # A reader holding step 0 in place for 3 s keeps it unchanged, and another reader is held up
 # only by the queue (Block, QueueLimit 2): it reads steps 0 and 1 during the hold, step 2 after.
 c=$(config zchold StreamName=zchold QueueLimit=2 RendezvousReaderCount=2)
