@@ -102,6 +102,18 @@ pub struct Create {
     pub kernel: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initrd: Option<String>,
+    /// `linux` only: the guest's network (docs/linux-guest.md); none without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net: Option<Network>,
+}
+
+/// A Linux enclave's network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Network {
+    /// A virtio-net device over a host tap of the daemon's, with a /30 the daemon picks: the
+    /// guest reaches the host's end and nothing the daemon does not route (it routes nothing).
+    Tap,
 }
 
 /// `rm` and `logs` name an enclave.
@@ -401,6 +413,7 @@ mod tests {
             confine: Some("/scratch/sim".into()),
             kernel: None,
             initrd: None,
+            net: None,
         };
         let vm = Create {
             name: "vm".into(),
@@ -413,6 +426,7 @@ mod tests {
             confine: None,
             kernel: Some("/boot/vmlinux".into()),
             initrd: Some("/boot/agent.cpio".into()),
+            net: Some(Network::Tap),
         };
         let run = Run {
             enclave: Some("sim".into()),

@@ -11,8 +11,8 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use clowder_api::client::{CallError, Client};
 use clowder_api::daemon::{
-    Cores, Create, CreateReply, EnclaveInfo, EnclaveKind, JobEvent, LogsReply, LsReply, Named, Request, RmReply, Size, VersionReply,
-    XememLsReply,
+    Cores, Create, CreateReply, EnclaveInfo, EnclaveKind, JobEvent, LogsReply, LsReply, Named, Network, Request, RmReply, Size,
+    VersionReply, XememLsReply,
 };
 use clowder_api::size::readable_size;
 use clowder_api::API_VERSION;
@@ -143,6 +143,16 @@ struct CreateArgs {
     /// --kind linux: the initramfs, whose /init speaks the enclave protocol (default: the daemon's)
     #[arg(long, value_name = "FILE")]
     initrd: Option<String>,
+    /// --kind linux: a network, `tap`: a host tap the daemon makes, the guest at one end of a
+    /// /30 the daemon picks, nothing routed beyond the host (default: no network)
+    #[arg(long, value_enum, value_name = "KIND")]
+    net: Option<NetKind>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum NetKind {
+    /// virtio-net over a host tap
+    Tap,
 }
 
 /// A file the daemon is to read, as an absolute path (it has no working directory of ours).
@@ -300,6 +310,7 @@ fn enclave_command(command: EnclaveCommand, json: bool) -> Result<(), Failure> {
                 confine: args.confine.as_deref().map(absolute_directory).transpose()?,
                 kernel: args.kernel.as_deref().map(absolute_file).transpose()?,
                 initrd: args.initrd.as_deref().map(absolute_file).transpose()?,
+                net: args.net.map(|NetKind::Tap| Network::Tap),
                 // JSON output is the daemon's lines alone: it asks for none.
                 progress: !json,
             });

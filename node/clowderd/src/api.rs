@@ -108,9 +108,9 @@ pub fn check_create(request: Create) -> Result<CreateRequest, ApiError> {
         progress: request.progress,
         confine: request.confine.map(|dir| absolute_directory("create", dir)).transpose()?,
         linux: match request.kind {
-            EnclaveKind::Linux => Some(LinuxRequest { kernel: request.kernel, initrd: request.initrd }),
-            EnclaveKind::Lwk if request.kernel.is_some() || request.initrd.is_some() => {
-                return Err(ApiError::invalid("`kernel` and `initrd` are for `kind: linux` enclaves"))
+            EnclaveKind::Linux => Some(LinuxRequest { kernel: request.kernel, initrd: request.initrd, net: request.net }),
+            EnclaveKind::Lwk if request.kernel.is_some() || request.initrd.is_some() || request.net.is_some() => {
+                return Err(ApiError::invalid("`kernel`, `initrd` and `net` are for `kind: linux` enclaves"))
             }
             EnclaveKind::Lwk => None,
         },
@@ -197,8 +197,13 @@ mod tests {
         let Ok(Request::Create(vm)) = Request::parse(br#"{"op":"create","name":"vm","kind":"linux","mem":"1G","kernel":"/k"}"#) else {
             panic!()
         };
-        assert_eq!(check_create(vm).unwrap().linux, Some(LinuxRequest { kernel: Some("/k".into()), initrd: None }));
+        assert_eq!(check_create(vm).unwrap().linux, Some(LinuxRequest { kernel: Some("/k".into()), initrd: None, net: None }));
         assert!(checked(r#"{"op":"create","name":"a","mem":"1G","initrd":"/i"}"#).unwrap_err().contains("for `kind: linux`"));
+        assert!(checked(r#"{"op":"create","name":"a","mem":"1G","net":"tap"}"#).unwrap_err().contains("for `kind: linux`"));
+        let Ok(Request::Create(tap)) = Request::parse(br#"{"op":"create","name":"a","mem":"1G","kind":"linux","net":"tap"}"#) else {
+            panic!()
+        };
+        assert_eq!(check_create(tap).unwrap().linux.unwrap().net, Some(clowder_api::daemon::Network::Tap));
         let Ok(Request::Run(run)) = Request::parse(br#"{"op":"run","argv":["hello","x"],"cwd":"/tmp","cores":"1","mem":268435456}"#) else {
             panic!()
         };

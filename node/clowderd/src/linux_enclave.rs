@@ -16,12 +16,18 @@
 //! checks every address the guest names against the enclave's RAM as for any enclave, so the
 //! window is a convention between the guest's kernel and agent, not something it trusts.
 
+use std::collections::BTreeSet;
 use std::fs::File;
+use std::net::Ipv4Addr;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use clowder_api::daemon::Network;
+
+mod guest_end;
 
 use crate::console::LogBook;
 use crate::machine::{start_vmm_reporting, vmm_command, Launcher, Machine, MachineSpec, Populated, VmmLauncher};
@@ -33,9 +39,9 @@ use crate::machine::{start_vmm_reporting, vmm_command, Launcher, Machine, Machin
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// The kernel command line (the VMM appends its `clowder.*` words). `panic=-1`: a panicking
-/// guest resets at once, which ends the VMM and so the enclave; `quiet`: every console byte is
-/// an exit.
-const COMMAND_LINE: &str = "console=ttyS0 panic=-1 quiet";
+/// guest resets at once, by a triple fault (`reboot=t`), which ends the VMM and so the enclave
+/// ([`guest_end`] says why); `quiet`: every console byte is an exit.
+const COMMAND_LINE: &str = "console=ttyS0 panic=-1 reboot=t quiet";
 
 /// The file window's size: the largest read one forwarded call makes (FUSE reads 128 KiB at
 /// most) and a directory listing's share.
@@ -72,11 +78,77 @@ fn guest_command_line(memory: u64) -> Result<String, String> {
 pub const KERNEL_VARIABLE: &str = "CLOWDER_LINUX_KERNEL";
 pub const INITRD_VARIABLE: &str = "CLOWDER_LINUX_INITRD";
 
-/// What a `create --kind linux` asked for: host paths, or the daemon's defaults.
+/// What a `create --kind linux` asked for: host paths, or the daemon's defaults, and a network.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LinuxRequest {
     pub kernel: Option<String>,
     pub initrd: Option<String>,
+    pub net: Option<Network>,
+}
+
+/// Linux enclaves' taps are `clw-netN`, N picking the Nth /30 of [`NET_BASE`]/16.
+const TAP_PREFIX: &str = "clw-net";
+const NET_BASE: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 0);
+const NET_SLOTS: u32 = 1 << 14;
+/// Slots being handed to a VMM that has not made its tap yet; once made, the tap itself says
+/// the slot is taken (it lives exactly as long as its VMM, hence its enclave).
+static STARTING: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
+
+/// A Linux enclave's /30: the tap the VMM makes, the host's end and the guest's. The daemon
+/// alone picks it; the guest is told its address on the kernel command line. Nothing is
+/// routed beyond the tap: the VMM turns forwarding off on it, and no NAT is set up.
+#[derive(Debug)]
+pub struct NetLease {
+    slot: u32,
+}
+
+impl NetLease {
+    /// The first slot neither starting nor with a tap on the host (`taken` asks the host).
+    fn take(taken: &dyn Fn(&str) -> bool) -> Result<NetLease, String> {
+        let mut starting = STARTING.lock().unwrap();
+        let slot = (0..NET_SLOTS)
+            .find(|&slot| !starting.contains(&slot) && !taken(&tap_name(slot)))
+            .ok_or_else(|| format!("every one of the {NET_SLOTS} Linux enclave networks ({NET_BASE}/16) is in use"))?;
+        starting.insert(slot);
+        Ok(NetLease { slot })
+    }
+
+    pub fn tap(&self) -> String {
+        tap_name(self.slot)
+    }
+
+    pub fn host(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(NET_BASE) + self.slot * 4 + 1)
+    }
+
+    pub fn guest(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(NET_BASE) + self.slot * 4 + 2)
+    }
+
+    /// `clowder-vmm --net`'s value.
+    fn vmm_flag(&self) -> String {
+        format!("{},{}/30", self.tap(), self.host())
+    }
+
+    /// Linux's `ip=` (IP_PNP): the guest's address, the host's as the "server", no gateway, so
+    /// eth0 is up before init runs and a job finds the host's end in /proc/cmdline.
+    fn kernel_argument(&self) -> String {
+        format!("ip={}:{}::255.255.255.252::eth0:off", self.guest(), self.host())
+    }
+}
+
+impl Drop for NetLease {
+    fn drop(&mut self) {
+        STARTING.lock().unwrap().remove(&self.slot);
+    }
+}
+
+fn tap_name(slot: u32) -> String {
+    format!("{TAP_PREFIX}{slot}")
+}
+
+fn interface_exists(name: &str) -> bool {
+    Path::new("/sys/class/net").join(name).exists()
 }
 
 /// The kernel and initramfs, opened as the daemon and checked readable by the requesting user.
@@ -85,6 +157,7 @@ pub struct LinuxRequest {
 pub struct LinuxGuest {
     kernel: File,
     initrd: File,
+    net: Option<NetLease>,
 }
 
 impl LinuxGuest {
@@ -98,7 +171,12 @@ impl LinuxGuest {
         };
         let kernel = open_readable(&pick(&request.kernel, KERNEL_VARIABLE, "kernel")?, uid)?;
         let initrd = open_readable(&pick(&request.initrd, INITRD_VARIABLE, "initrd")?, uid)?;
-        Ok(LinuxGuest { kernel, initrd })
+        let net = request.net.map(|Network::Tap| NetLease::take(&interface_exists)).transpose()?;
+        Ok(LinuxGuest { kernel, initrd, net })
+    }
+
+    pub fn net(&self) -> Option<&NetLease> {
+        self.net.as_ref()
     }
 }
 
@@ -127,7 +205,12 @@ fn descriptor_path(file: &File) -> String {
 /// The `clowder-vmm` command line of a Linux enclave.
 pub fn linux_command(vmm: &Path, guest: &LinuxGuest, spec: &MachineSpec) -> Result<std::process::Command, String> {
     let mut command = vmm_command(vmm, Path::new(&descriptor_path(&guest.kernel)), spec);
-    command.arg("--module").arg(descriptor_path(&guest.initrd)).arg("--cmdline").arg(guest_command_line(spec.memory)?);
+    let mut line = guest_command_line(spec.memory)?;
+    if let Some(net) = &guest.net {
+        command.arg("--net").arg(net.vmm_flag());
+        line = format!("{line} {}", net.kernel_argument());
+    }
+    command.arg("--module").arg(descriptor_path(&guest.initrd)).arg("--cmdline").arg(line);
     Ok(command)
 }
 
@@ -141,7 +224,21 @@ pub fn launch_vmm(
 ) -> Result<Box<dyn Machine>, String> {
     let control_path = launcher.runtime_dir.join(format!("{}.vmm.sock", spec.name));
     log.push(format!("clowderd: starting clowder-vmm for Linux enclave {}", spec.name));
-    start_vmm_reporting(with_xemem_device(linux_command(&launcher.vmm, guest, spec)?, launcher, spec), control_path, log, progress)
+    if let Some(net) = guest.net() {
+        log.push(format!(
+            "clowderd: network: tap {}, host {}, guest {} (a /30, nothing routed beyond)",
+            net.tap(),
+            net.host(),
+            net.guest()
+        ));
+    }
+    let machine = start_vmm_reporting(
+        with_xemem_device(linux_command(&launcher.vmm, guest, spec)?, launcher, spec),
+        control_path,
+        log.clone(),
+        progress,
+    )?;
+    Ok(Box::new(guest_end::LinuxMachine::new(machine, log)))
 }
 
 /// Where a Linux enclave's VMM serves its XEMEM PCI device (docs/xemem-pci.md) for the daemon
@@ -192,13 +289,14 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let kernel = dir.join("vmlinux");
         std::fs::write(&kernel, b"kernel").unwrap();
-        let missing = LinuxRequest { kernel: Some(kernel.display().to_string()), initrd: Some(dir.join("absent").display().to_string()) };
+        let missing =
+            LinuxRequest { kernel: Some(kernel.display().to_string()), initrd: Some(dir.join("absent").display().to_string()), net: None };
         let error = LinuxGuest::open(&missing, 0).err().unwrap();
         assert!(error.contains("absent"), "{error}");
-        let directory = LinuxRequest { kernel: Some(dir.display().to_string()), initrd: Some(kernel.display().to_string()) };
+        let directory = LinuxRequest { kernel: Some(dir.display().to_string()), initrd: Some(kernel.display().to_string()), net: None };
         assert!(LinuxGuest::open(&directory, 0).err().unwrap().contains("not a regular file"));
         std::fs::set_permissions(&kernel, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-        let private = LinuxRequest { kernel: Some(kernel.display().to_string()), initrd: Some(kernel.display().to_string()) };
+        let private = LinuxRequest { kernel: Some(kernel.display().to_string()), initrd: Some(kernel.display().to_string()), net: None };
         assert!(LinuxGuest::open(&private, 4242).err().unwrap().contains("not readable by uid 4242"));
         let guest = LinuxGuest::open(&private, 0).unwrap();
         let spec = MachineSpec { name: "vm".into(), cores: vec![1], memory: 256 << 20, hugepages: false };
@@ -207,6 +305,22 @@ mod tests {
         assert!(args.windows(2).any(|w| w[0] == "--module" && w[1].starts_with("/proc/")), "{args:?}");
         assert!(args.windows(2).any(|w| w[0] == "--cmdline" && w[1].starts_with(COMMAND_LINE)), "{args:?}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Each network is a /30 of its own, skipping slots another enclave is starting on or whose
+    /// tap exists on the host; the VMM and the guest's kernel are told the same addresses.
+    #[test]
+    fn each_network_gets_a_free_slash_30() {
+        let host_has = |name: &str| name == "clw-net0" || name == "clw-net2";
+        let first = NetLease::take(&host_has).unwrap();
+        let second = NetLease::take(&host_has).unwrap();
+        assert_eq!((first.tap(), second.tap()), ("clw-net1".to_string(), "clw-net3".to_string()));
+        assert_eq!((first.host(), first.guest()), (Ipv4Addr::new(10, 77, 0, 5), Ipv4Addr::new(10, 77, 0, 6)));
+        assert_eq!(first.vmm_flag(), "clw-net1,10.77.0.5/30");
+        assert_eq!(first.kernel_argument(), "ip=10.77.0.6:10.77.0.5::255.255.255.252::eth0:off");
+        drop(first);
+        assert_eq!(NetLease::take(&host_has).unwrap().tap(), "clw-net1", "a lease ended frees its slot");
+        assert!(NetLease::take(&|_| true).unwrap_err().contains("in use"));
     }
 
     /// The window lies in RAM just below the channel (the kernel keeps out of it, the daemon

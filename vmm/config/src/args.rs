@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::draft::{Draft, Setting};
-use crate::file::read_file;
+use crate::file::{parse_ipv4_prefix, read_file, DEFAULT_VIRTIO_NET_BASE, DEFAULT_VIRTIO_NET_IRQ};
+use crate::{DeviceConfig, DeviceKind};
 use hwspec::{parse_cpu_list, parse_size};
 
 use crate::values::{parse_backing, parse_protocol, parse_serial_output, parse_smp, parse_unclaimed_ports, parse_watchdog};
@@ -34,6 +35,9 @@ Runs one KVM virtual machine. Flags override the values in --config FILE.
   --serial OUT       output of the first serial port: stdout, null, file:PATH or unix:PATH
   --watchdog T       stop the VM after T without an exit, e.g. 500ms or 5s, or off
   --control PATH     Unix socket for control requests (pause, resume, stop, stats, channel)
+  --net TAP[,A.B.C.D/N]  adds a virtio-net device (\"net0\", virtio-mmio at the default base
+                     and IRQ) over the host tap TAP, made by the VMM and gone with it; with
+                     an address, the tap's host end gets it and is brought up
   -h, --help         print this help
 
 Every flag also accepts --flag=VALUE.
@@ -60,6 +64,7 @@ const FLAGS: &[(&str, &str)] = &[
     ("--serial", "file:vm.log"),
     ("--watchdog", "5s"),
     ("--control", "/run/clowder/vm0.sock"),
+    ("--net", "clw-vm0,10.77.0.1/30"),
 ];
 
 pub(crate) fn draft_from_args(args: &[String]) -> Result<Draft, ConfigError> {
@@ -115,10 +120,25 @@ pub(crate) fn draft_from_args(args: &[String]) -> Result<Draft, ConfigError> {
             }
             "--watchdog" => draft.watchdog_ms = parse_watchdog(value).map_err(invalid)?,
             "--control" => draft.control_socket = Some(Setting::new(PathBuf::from(value), flag)),
+            "--net" => draft.devices.push(net_device(value).map_err(invalid)?),
             _ => unreachable!("collect_flags only returns flags from FLAGS"),
         }
     }
     Ok(draft)
+}
+
+/// `--net TAP[,A.B.C.D/N]`: a virtio-net device beside the file's (or the default) devices, so
+/// a caller adds a network without restating the devices every guest needs.
+fn net_device(value: &str) -> Result<DeviceConfig, String> {
+    let (tap, host) = match value.split_once(',') {
+        Some((tap, host)) => (tap, Some(parse_ipv4_prefix(host)?)),
+        None => (value, None),
+    };
+    if tap.is_empty() {
+        return Err(format!("\"{value}\" names no tap; expected TAP or TAP,A.B.C.D/N"));
+    }
+    let kind = DeviceKind::VirtioNet { base: DEFAULT_VIRTIO_NET_BASE, irq: DEFAULT_VIRTIO_NET_IRQ, tap: tap.to_string(), host };
+    Ok(DeviceConfig { name: "net0".to_string(), kind })
 }
 
 /// Splits the arguments into (flag, value) pairs, refusing unknown flags, missing values and
@@ -176,5 +196,22 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         let missing = draft_from_args(&args(&["--cmdline-file", file])).unwrap_err();
         assert!(missing.to_string().contains("cannot read"), "{missing}");
+    }
+
+    /// `--net` adds to the devices every guest gets (a file's `[[device]]` list replaces them),
+    /// and a bad value is refused in one line naming the flag.
+    #[test]
+    fn a_network_is_added_beside_the_default_devices() {
+        let draft = draft_from_args(&args(&["--net", "clw-vm0,10.77.0.1/30"])).unwrap();
+        assert_eq!(draft.devices.len(), crate::draft::default_devices().len() + 1);
+        let host = Some(("10.77.0.1".parse().unwrap(), 30));
+        let net = DeviceKind::VirtioNet { base: DEFAULT_VIRTIO_NET_BASE, irq: DEFAULT_VIRTIO_NET_IRQ, tap: "clw-vm0".into(), host };
+        assert_eq!(draft.devices.last(), Some(&DeviceConfig { name: "net0".into(), kind: net }));
+        let bare = draft_from_args(&args(&["--net=clw-vm1"])).unwrap();
+        assert!(matches!(&bare.devices.last().unwrap().kind, DeviceKind::VirtioNet { host: None, .. }));
+        for bad in [",10.0.0.1/24", "t,10.0.0.1", "t,10.0.0.1/40"] {
+            let error = draft_from_args(&args(&["--net", bad])).unwrap_err().to_string();
+            assert!(error.starts_with("--net"), "{bad}: {error}");
+        }
     }
 }

@@ -25,8 +25,8 @@ const IOAPIC_PINS: i64 = 24;
 const FIRST_EXTERNAL_VECTOR: i64 = 32;
 
 /// Where a virtio-net device's registers go by default: above 3 GiB, under the PCI hole's top.
-const DEFAULT_VIRTIO_NET_BASE: u64 = 0xd000_0000;
-const DEFAULT_VIRTIO_NET_IRQ: u32 = 5;
+pub(crate) const DEFAULT_VIRTIO_NET_BASE: u64 = 0xd000_0000;
+pub(crate) const DEFAULT_VIRTIO_NET_IRQ: u32 = 5;
 const DEVICE_KINDS: &str = "serial, exit, hypercall, channel, mmio-scratch, msr-scratch, virtio-net";
 
 /// Reads and parses a configuration file; relative paths in it resolve against its directory.
@@ -365,7 +365,7 @@ fn type_error(key: &str, expected: &str, found: &Value) -> ConfigError {
 }
 
 /// `A.B.C.D/N`.
-fn parse_ipv4_prefix(text: &str) -> Result<(std::net::Ipv4Addr, u8), String> {
+pub(crate) fn parse_ipv4_prefix(text: &str) -> Result<(std::net::Ipv4Addr, u8), String> {
     let bad = || format!("\"{text}\" is not an IPv4 address with a prefix length (10.0.0.1/24)");
     let (addr, prefix) = text.split_once('/').ok_or_else(bad)?;
     let prefix: u8 = prefix.parse().map_err(|_| bad())?;

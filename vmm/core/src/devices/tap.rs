@@ -66,6 +66,7 @@ impl Tap {
         ioctl(file.as_fd(), TUNSETIFF, &mut req, &format!("tap {name}"))?;
         if let Some((addr, prefix)) = host {
             configure(name, addr, prefix)?;
+            confine(name)?;
         }
         Ok(Tap { file, name: name.to_string() })
     }
@@ -95,6 +96,22 @@ fn configure(name: &str, addr: Ipv4Addr, prefix: u8) -> io::Result<()> {
     let flags = i16::from_ne_bytes([req[16], req[17]]) | libc::IFF_UP as i16;
     req[16..18].copy_from_slice(&flags.to_ne_bytes());
     ioctl(sock.as_fd(), libc::SIOCSIFFLAGS, &mut req, &format!("bringing {name} up"))
+}
+
+/// Keeps the guest on its link: what it sends is never forwarded from the tap (even on a host
+/// that forwards between its other interfaces), a source address outside the tap's subnet is
+/// dropped (strict reverse-path filter), and there is no IPv6 on it (no link-local address the
+/// host did not give).
+fn confine(name: &str) -> io::Result<()> {
+    for (setting, value) in [("ipv4/conf/{}/forwarding", "0"), ("ipv4/conf/{}/rp_filter", "1"), ("ipv6/conf/{}/disable_ipv6", "1")] {
+        let path = format!("/proc/sys/net/{}", setting.replace("{}", name));
+        // A host without IPv6 has nothing to turn off.
+        if setting.starts_with("ipv6") && !std::path::Path::new(&path).exists() {
+            continue;
+        }
+        std::fs::write(&path, value).map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))?;
+    }
+    Ok(())
 }
 
 impl AsFd for Tap {
