@@ -20,7 +20,7 @@ use crate::linux::Errno;
 use crate::mm::{self, pmem};
 use alloc::string::String;
 use core::sync::atomic::{AtomicU64, Ordering};
-use enclave_proto::{EnclaveMessage, FileAttributes, FileOp};
+use enclave_proto::{EnclaveMessage, FileAttributes, FileOp, STATFS_LEN};
 
 /// Bytes one forwarded request moves at most (a longer read or write is several requests):
 /// bounds the host's work per message (it allows 256 MiB).
@@ -310,6 +310,28 @@ pub fn attributes(handle: u32) -> Result<FileAttributes, i64> {
         FileAnswer::Attributes(attributes) => Ok(attributes),
         FileAnswer::Result(error) => Err(if error < 0 { error } else { -EIO }),
     }
+}
+
+/// `statfs` of a host path: Linux's `struct statfs`, which the host writes into this CPU's
+/// bounce buffer (the job's buffer may cross runs), or a negated errno.
+pub fn statfs_path(path: &str) -> Result<[u8; STATFS_LEN], i64> {
+    statfs_through_bounce(|gpa| FileOp::Statfs { path: path.as_bytes(), gpa })
+}
+
+/// `fstatfs` of host file `handle`, as `statfs_path`.
+pub fn statfs_handle(handle: u32) -> Result<[u8; STATFS_LEN], i64> {
+    statfs_through_bounce(|gpa| FileOp::Fstatfs { handle, gpa })
+}
+
+fn statfs_through_bounce<'a>(op: impl FnOnce(u64) -> FileOp<'a>) -> Result<[u8; STATFS_LEN], i64> {
+    let bounce = bounce().ok_or(-ENOMEM)?;
+    let result = result_of(request(op(bounce)));
+    if result < 0 {
+        return Err(result);
+    }
+    let mut record = [0; STATFS_LEN];
+    record.copy_from_slice(phys::bytes(bounce, STATFS_LEN));
+    Ok(record)
 }
 
 /// The host's attributes as the job's `struct stat`.

@@ -40,6 +40,7 @@ mod signals;
 mod socket;
 mod socket_io;
 mod stat;
+mod statfs;
 mod thread;
 mod time;
 mod umask;
@@ -227,6 +228,8 @@ syscall_table! {
     128 => signals::rt_sigtimedwait(set: UserAddr, info: UserAddr, timeout: UserAddr, set_size: usize),
     130 => signals::rt_sigsuspend(mask: UserAddr, set_size: usize),
     131 => signals::sigaltstack(frame: &mut TrapFrame, stack: UserAddr, old_stack: UserAddr),
+    137 => statfs::statfs(path: UserAddr, buffer: UserAddr),
+    138 => statfs::fstatfs(fd: Fd, buffer: UserAddr),
     158 => thread::arch_prctl(code: i32, address: u64),
     186 => identity::gettid(),
     200 => kill::tkill(tid: i32, signal: i32),
