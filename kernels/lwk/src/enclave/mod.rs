@@ -334,7 +334,10 @@ pub fn serve_host_until(done: impl Fn() -> bool) {
         if polls {
             follow_up(with_state(State::drain));
         }
-        if done() {
+        // A thread whose process is being killed stops waiting (its caller sees no answer):
+        // beside other jobs, its job ends only once it has left, and the host may never
+        // answer a killed job.
+        if done() || crate::sched::current_thread_doomed() {
             return;
         }
         wait_for_host_message();

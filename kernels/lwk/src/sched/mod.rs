@@ -157,6 +157,15 @@ pub fn doomed_threads_exist() -> bool {
     DOOMED_THREADS.load(Ordering::Acquire) != 0
 }
 
+/// Whether the thread running here is marked to end (cheap while no thread is).
+pub fn current_thread_doomed() -> bool {
+    let cpu = tables::current_cpu();
+    doomed_threads_exist()
+        && SCHEDULER.lock().as_ref().is_some_and(|scheduler| {
+            scheduler.cpus[cpu].current.and_then(|tid| scheduler.threads.get(&tid)).is_some_and(|thread| thread.doomed)
+        })
+}
+
 /// Loads the kernel's own tables on this CPU (it runs no process now).
 pub fn use_kernel_tables(cpu: usize) {
     crate::mm::activate_kernel_tables();
