@@ -6,9 +6,17 @@
  * Each side makes a named segment of PAGES pages whose page i starts with TAG|i ("host-to-vm"
  * by the host, "vm-to-host" by the guest), looks up the other's, attaches it, checks every page,
  * then writes DONE into word 1 of the other's first page and waits for the other to do the same
- * in its own. It prints what it saw; status 0 when everything held.
+ * in its own. Then, in turn:
+ *  - the guest signals the host's segment (xemem_signal); the host's notify descriptor counts it;
+ *  - the guest removes its segment: the host, still attached, must get SIGBUS touching it;
+ *  - the host removes its segment: the guest, still attached, reads all ones there (with no
+ *    guest kernel module the host cannot raise SIGBUS in a guest process: docs/xemem-pci.md).
+ * It prints what it saw; status 0 when everything held.
  */
 #include <errno.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +43,48 @@ static int fail(const char *what)
 {
 	printf("%s failed: %s (%s)\n", what, strerror(errno), xemem_errmsg());
 	return 1;
+}
+
+static sigjmp_buf touch_jump;
+static volatile uintptr_t fault_address;
+
+static void on_sigbus(int signal, siginfo_t *info, void *context)
+{
+	(void)signal;
+	(void)context;
+	fault_address = (uintptr_t)info->si_addr;
+	siglongjmp(touch_jump, 1);
+}
+
+/* The host's part once the exchange held: the guest's signal reaches this segment's notify
+ * descriptor, then the guest's removal of its segment makes touching `view` raise SIGBUS. */
+static int host_sees_signal_and_revocation(xpmem_segid_t segid, volatile uint64_t *view)
+{
+	int fd = xemem_notify_fd(segid);
+	if (fd < 0)
+		return fail("xemem_notify_fd");
+	struct pollfd ready = {.fd = fd, .events = POLLIN};
+	uint64_t count = 0;
+	if (poll(&ready, 1, 600 * 1000) != 1 || read(fd, &count, sizeof count) != sizeof count || count == 0) {
+		printf("host: no signal from the guest\n");
+		return 1;
+	}
+	printf("host: the guest signalled host-to-vm (%llu)\n", (unsigned long long)count);
+	fflush(stdout);
+	struct sigaction action = {.sa_sigaction = on_sigbus, .sa_flags = SA_SIGINFO};
+	sigaction(SIGBUS, &action, NULL);
+	if (!sigsetjmp(touch_jump, 1)) {
+		double start = now();
+		while (now() - start < 600)
+			for (uint64_t i = 0; i < PAGES; i++)
+				(void)view[i * PAGE / 8];
+		printf("host: no SIGBUS touching vm-to-host after the guest removed it\n");
+		return 1;
+	}
+	int inside = fault_address >= (uintptr_t)view && fault_address < (uintptr_t)view + PAGES * PAGE;
+	printf("host: SIGBUS %s vm-to-host once the guest removed it\n", inside ? "inside" : "outside");
+	fflush(stdout);
+	return !inside;
 }
 
 int main(int argc, char **argv)
@@ -92,9 +142,35 @@ int main(int argc, char **argv)
 		usleep(10000);
 	}
 	printf("%s: the other side wrote into %s\n", argv[1], mine);
-	/* Give the other side time to see our write before our segment goes. */
-	sleep(2);
-	if (xpmem_detach((void *)view) || xpmem_release(apid) || xpmem_remove(segid))
-		return fail("detach, release or remove");
-	return good == PAGES ? 0 : 1;
+	fflush(stdout);
+	int status = good == PAGES ? 0 : 1;
+	if (host) {
+		status |= host_sees_signal_and_revocation(segid, view);
+		/* Last: the guest, still attached, then sees this segment go. */
+		if (xpmem_remove(segid))
+			return fail("xpmem_remove");
+		/* The permit went with the guest's segment: detach and release may say so. */
+		xpmem_detach((void *)view);
+		xpmem_release(apid);
+	} else {
+		if (xemem_signal(apid))
+			return fail("xemem_signal");
+		if (xpmem_remove(segid))
+			return fail("xpmem_remove");
+		printf("guest: signalled host-to-vm and removed vm-to-host\n");
+		fflush(stdout);
+		start = now();
+		while (view[0] != ~0ULL) {
+			if (now() - start > timeout) {
+				printf("guest: host-to-vm still reads %#llx after %.0f s\n", (unsigned long long)view[0], timeout);
+				return 1;
+			}
+			usleep(10000);
+		}
+		printf("guest: host-to-vm reads all ones once the host removed it\n");
+		if (xpmem_detach((void *)view))
+			return fail("xpmem_detach");
+		xpmem_release(apid);
+	}
+	return status;
 }

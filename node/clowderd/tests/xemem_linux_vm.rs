@@ -9,12 +9,13 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
 mod support;
-use support::{build_musl_job, call, job_test_dir, log_lines, lwk_job, run_job_to_end, start_daemon_with_broker, BrokeredDaemon};
+use support::{build_musl_job, call, job_test_dir, log_lines, lwk_job, run_job, run_job_to_end, start_daemon_with_broker, BrokeredDaemon};
 
 /// The guest file `variable` names, else what scripts/linux-kernel.sh ARGS prints last.
 fn guest_file(variable: &str, args: &[&str]) -> PathBuf {
@@ -50,6 +51,16 @@ fn one_xpmem_program_exchanges_memory_between_host_and_vm() {
     let bench = std::env::var_os("CLOWDER_XEMEM_VM_BENCH").is_some();
     create_linux_enclave(&daemon, if bench { "512M" } else { "256M" });
 
+    // The host side starts once the guest has made its segment: a job's start in a guest may
+    // take longer than either side waits for the other's name (both give up after 600 s).
+    let guest_out = Arc::new(Mutex::new(String::new()));
+    let guest = {
+        let (socket, program, cwd, out) = (daemon.socket.clone(), program.clone(), dir.0.clone(), guest_out.clone());
+        std::thread::spawn(move || run_job(&socket, "vm", &program, &["./vm_exchange", "guest"], &cwd, &out))
+    };
+    while !guest_out.lock().unwrap().contains("guest: made vm-to-host") && !guest.is_finished() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let host = Command::new(&program)
         .arg("host")
         .env("CLOWDER_XEMEM_SOCKET", &daemon.xemem_socket)
@@ -58,7 +69,8 @@ fn one_xpmem_program_exchanges_memory_between_host_and_vm() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let (reply, guest_out) = run_job_to_end(&daemon.socket, "vm", &program, &["./vm_exchange", "guest"], &dir.0);
+    let reply = guest.join().unwrap();
+    let guest_out = guest_out.lock().unwrap().clone();
     let host = host.wait_with_output().unwrap();
     let host_out = String::from_utf8_lossy(&host.stdout);
     let context = format!(
@@ -72,6 +84,10 @@ fn one_xpmem_program_exchanges_memory_between_host_and_vm() {
     assert!(guest_out.contains("guest: the other side wrote into vm-to-host"), "{context}");
     assert!(host_out.contains("host: 256 of 256 pages of vm-to-host hold what the other side wrote"), "{context}");
     assert!(host_out.contains("host: the other side wrote into host-to-vm"), "{context}");
+    // Signals VM->host, and revocation both ways: SIGBUS on the host, all ones in the guest.
+    assert!(host_out.contains("host: the guest signalled host-to-vm"), "{context}");
+    assert!(host_out.contains("host: SIGBUS inside vm-to-host once the guest removed it"), "{context}");
+    assert!(guest_out.contains("guest: host-to-vm reads all ones once the host removed it"), "{context}");
     assert!(host.status.success(), "{context}");
     assert_eq!(reply["status"], 0, "{context}");
 

@@ -16,6 +16,10 @@ use vmm::pci::mailbox::Op;
 use xemem::ids::SegmentId;
 use xemem::Credentials;
 
+mod support;
+use support::processes::support_program;
+use support::TempDir;
+
 const MIB: u64 = 1 << 20;
 const WINDOW: u64 = 1 << 45;
 
@@ -208,5 +212,53 @@ fn garbage_from_the_guest_is_refused() {
     refused(request(Op::Attach, &[1, 0, 4096], None, Vec::new()), libc::EINVAL);
     refused(request(Op::Lookup, &[], Some("has space"), Vec::new()), libc::EINVAL);
     assert!(vm.slots.live.lock().unwrap().is_empty());
+    vm.stop();
+}
+
+/// A host process's named segment, made through the daemon's broker, found by name and attached
+/// by a guest at its placement (the owner's pages from the offset), and revoked when the owner
+/// removes it.
+#[test]
+fn a_vm_finds_and_attaches_a_host_process_segment_by_name() {
+    let dir = TempDir::new("clowder-xemem-vm-host");
+    let links = XememLinks::new();
+    let service = clowderd::xemem::service::start(&dir.0.join("xemem.sock")).unwrap();
+    service.broker.set_enclaves(links.clone());
+    links.set_attachers(service.broker.clone());
+    links.set_broker(service.broker.clone());
+    let keeper = support_program(&dir.0, "host_keeper");
+    let mut host = std::process::Command::new(&keeper)
+        .args(["host-made", "0x5000"])
+        .env("CLOWDER_XEMEM_SOCKET", &service.socket)
+        .env("CLOWDER_XEMEM_BACKEND", "broker")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(host.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert!(line.starts_with("made a segment of enclave"), "{line}");
+    let vm = VmThread::start(&links, fake_ram(4 * MIB, 0xa));
+    let [segment, ..] = vm.call(request(Op::Lookup, &[], Some("host-made"), Vec::new())).unwrap();
+    let [apid, ..] = vm.call(request(Op::Get, &[segment, xemem::ACCESS_READ_WRITE as u64, 1], None, Vec::new())).unwrap();
+    vm.call(Call::Place { apid, offset: 0x1000, len: 0x2000, gpa: WINDOW }).unwrap();
+    let live = vm.slots.live.lock().unwrap().clone();
+    assert_eq!(live.iter().map(|&(_, gpa, _, first)| (gpa, first[0])).collect::<Vec<_>>(), [(WINDOW, 0x5001)], "{live:x?}");
+    // The owner removes it: the VM's slots go (its guest then reads all ones there).
+    std::io::Write::write_all(host.stdin.as_mut().unwrap(), b"remove\n").unwrap();
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert!(line.starts_with("segid"), "{line}");
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line, "remove: 0 (errno 0)\n");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !vm.slots.live.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the attachment outlived the host's segment");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(host.stdin.take());
+    host.wait().unwrap();
     vm.stop();
 }
