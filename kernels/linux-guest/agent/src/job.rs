@@ -205,11 +205,15 @@ impl Process {
         let job = self.job;
         // A kernel without FUSE still runs the job, in the guest's own files (static programs
         // and their input files work there); the console, hence the enclave's log, says why.
+        let started = std::time::Instant::now();
         let mounted: Option<Mounted> = host_files.and_then(|forwarder| {
             host_files::mount_host_tree(job, &self.directory.join("root"), forwarder)
                 .map_err(|e| eprintln!("clowder-agent: job {job} runs without the host's files: {e}"))
                 .ok()
         });
+        if mounted.is_some() {
+            eprintln!("clowder-agent: job {job}: the host's files mounted in {} ms", started.elapsed().as_millis());
+        }
         let spawned = self.command(mounted.as_ref().map(|m| m.root.as_path())).and_then(|mut command| {
             command.spawn().map_err(|e| {
                 let name = String::from_utf8_lossy(&self.argv[0]);

@@ -22,6 +22,8 @@ use session::{FileWindow, Next, PhysicalMemory, Session};
 /// How long the agent sleeps when the channel and the jobs had nothing for it. Each sleep is a
 /// system call, which costs tens of microseconds of emulated kernel code on PVM.
 const IDLE_SLEEP: Duration = Duration::from_millis(2);
+/// A gap between two rounds worth telling the host about.
+const SLOW_ROUND: Duration = Duration::from_secs(5);
 
 /// `<key><gpa>,<size>` from the kernel command line (both hex, `0x` optional).
 fn location(cmdline: &str, key: &str) -> Option<(u64, u64)> {
@@ -142,8 +144,17 @@ fn run() -> Result<(), String> {
     let mut session = Session::new(endpoint, memory, job::Settings { root: PathBuf::from("/run/clowder") }, window);
     session.hello(vcpus, ram)?;
     println!("clowder-agent: Hello sent ({vcpus} vCPUs, {} MiB)", ram >> 20);
+    let mut last_round = std::time::Instant::now();
     loop {
-        match session.poll()? {
+        // A round that comes late explains a Ping the host judged lost: this loop held up (by
+        // a blocking call) or the whole guest starved (a loaded PVM host emulates its kernel).
+        let late = last_round.elapsed();
+        if late > SLOW_ROUND {
+            session.log(&format!("agent: the session loop was away for {:.1} s", late.as_secs_f64()))?;
+        }
+        let round = session.poll()?;
+        last_round = std::time::Instant::now();
+        match round {
             (_, Next::Shutdown) => return Ok(()),
             (true, Next::Continue) => {}
             (false, Next::Continue) => std::thread::sleep(IDLE_SLEEP),
