@@ -2,8 +2,9 @@
 //! (the project's small kernel and agent), whose VMM has the XEMEM PCI device. One static XPMEM
 //! program, `xemem/tests/vm_exchange.c`, runs as a job in the VM and as a host process: each
 //! makes a named segment, attaches the other's, checks every page and writes into it, and sees
-//! the other's write in its own (host->VM and VM->host, checked by content). Opt-in (`make
-//! test-linux-enclave`): the boot is minutes of emulated kernel code on a PVM host.
+//! the other's write in its own (host->VM and VM->host, checked by content), then signals and
+//! revocation. Opt-in (`make test-linux-xemem`, not yet seen passing): the boot is minutes of
+//! emulated kernel code on a PVM host.
 //! `CLOWDER_LINUX_KERNEL`/`CLOWDER_LINUX_INITRD` name a prebuilt guest; scripts/linux-kernel.sh
 //! builds (or finds cached) both otherwise.
 
@@ -42,7 +43,7 @@ fn create_linux_enclave(daemon: &BrokeredDaemon, mem: &str) {
 }
 
 #[test]
-#[ignore = "boots a Linux guest: minutes on a PVM host (not yet passing; by hand: cargo test --release -p clowderd --test xemem_linux_vm -- --ignored)"]
+#[ignore = "boots a Linux guest: minutes on a PVM host (make test-linux-xemem; not yet seen passing)"]
 fn one_xpmem_program_exchanges_memory_between_host_and_vm() {
     let Some(dir) = job_test_dir("clowder-xemem-linux-vm") else { return };
     let program = lwk_job(&dir.0, "vm_exchange");
@@ -110,7 +111,8 @@ fn one_xpmem_program_exchanges_memory_between_host_and_vm() {
 /// `SIZES` (MiB, default "128 256 512 1024"; VM->host up to `VM_OWNER_MAX`, default 128: a
 /// VM export is mlocked page by page in emulated guest kernel code), `ATTACHES` (default 5)
 /// attaches and `READS` (3) attach + reads each. Prints `row DIRECTION ...` lines (attach_bench's
-/// columns) and the VMM's memory beyond guest RAM. `make bench-linux-vm`.
+/// columns) and the VMM's memory beyond guest RAM. `make test-linux-xemem
+/// CLOWDER_XEMEM_VM_BENCH=1` measures in the exchange's VM instead of booting a second one.
 #[test]
 #[ignore = "boots a Linux guest and measures: many minutes on a PVM host (by hand, once the exchange passes: -- --ignored vm_attach_bench)"]
 fn vm_attach_bench() {
