@@ -157,8 +157,9 @@ if (64, "clowder") in per_run and (64, "raw") in per_run:
           "Its reader keeps the attachment of a buffer the writer reuses from step to step, where the raw "
           "reader attaches and detaches every step (libxpmem parks the mapping: no page is faulted in "
           "again, but the mapping moves twice). A Get copies into the caller's buffer as ADIOS2's API has "
-          "it, where the raw reader only reads: a copy costs about twice a read, so the Get meets 1.1x only "
-          "against the raw copy. The engine publishes each step as a segment of its own (`StepSnapshots` "
+          "it, where the raw reader only reads (a copy costs up to twice a read), so the Get is shown against "
+          "the raw copy as well; the runs' Get / raw attach+read ratios above say how near the Get comes to the "
+          "target in each run. The engine publishes each step as a segment of its own (`StepSnapshots` "
           "off, the default; docs/adios2.md says why).")
 print("\n## Per step\n")
 print("| MiB | engine | writer ms (median) | writer ms (min) | reader ms (median) | reader ms (min) | reader GB/s (median) | runs' writer medians | runs' reader medians |")
