@@ -95,7 +95,7 @@ run "$bin/c_writer" cw 1 4 4 QueueLimit=zero >"$W" 2>&1; ws=$?
 check "the C writer API names a bad parameter" $? "$W"
 
 # Zero-copy reading (include/clowder_adios2_read.h): every value of each block checked where the
-# writer put it, misuse refused (another type, a block out of range, an unknown variable or
+# writer put it, the blocks as ADIOS2's Engine::BlocksInfo lists them, misuse refused (another type, a block out of range, an unknown variable or
 # IO, a block asked after EndStep or after Close).
 c=$(config zc StreamName=zc)
 run "$bin/cxx_writer" "$c" out.bp 4 64 48 >"$W" 2>&1 & w=$!
@@ -106,12 +106,13 @@ run "$bin/zc_reader" "$c" out.bp 1 0 >"$R2" 2>&1; r2=$?
 wait $w; ws2=$?
 [ $r = 0 ] && [ $ws = 0 ] && [ $r2 = 0 ] && [ $ws2 = 0 ] && grep -q "after 4 steps" "$R" &&
     grep -q "^step 3 ok blocks 2 elems 3072" "$R" && grep -q "^step 2 ok blocks 2 elems 1536" "$R2" &&
+    grep -q "^BlocksInfo: 2 blocks, block 1 start {32,0} count {32,48}" "$R" &&
     grep -q "^refused: float: clowder engine: variable 'field' is double, not float" "$R" &&
     grep -q "^refused: block: .* has 2 block(s), not block 2" "$R" &&
     grep -q "^refused: io: clowder engine: no clowder reader is open on IO 'OtherIO'" "$R" &&
     grep -q "^after EndStep: .*outside BeginStep/EndStep" "$R" &&
     grep -q "^after Close: clowder engine: no clowder reader is open" "$R" && no_segment_left zc
-check "zero-copy reader: the whole array (2 blocks) and block 1 read in place, every value right; misuse and use after EndStep refused" $? "$W" "$R" "$R2"
+check "zero-copy reader: the whole array (2 blocks) and block 1 read in place, every value right, the blocks ADIOS2's BlocksInfo lists; misuse and use after EndStep refused" $? "$W" "$R" "$R2"
 
 # The same from Python: adios2's bindings for the steps, the engine's call through ctypes.
 c=$(config zcpy StreamName=zcpy)

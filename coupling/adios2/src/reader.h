@@ -30,6 +30,12 @@ public:
     size_t CurrentStep() const override { return m_Step; }
     void DoClose(const int transportIndex) override;
 
+    // The blocks of `varName` in the current step for Engine::BlocksInfo (Start, Count,
+    // BlockID; Min and Max are not computed: 0). The step asked is not looked at, as ADIOS2's
+    // streaming engines do (Python's blocks_info asks for 0); none outside a step; nullptr for
+    // strings (ADIOS2 wants a C string there), which ADIOS2 reports as unsupported.
+    adios2::MinVarInfo *MinBlocksInfo(const std::string &varName,
+                                      const size_t /*step*/) const override;
     // Block `block` of variable `name` in the current step, in place (clowder_adios2_block);
     // type: the ADIOS2 type name the caller expects, or nullptr for any. Throws on misuse.
     void BlockData(const std::string &name, const char *type, size_t block,

@@ -1,5 +1,5 @@
-// The zero-copy read (include/clowder_adios2_read.h): the open readers by IO name, and the
-// block pointers they hand out. The C entry point is how a program reaches the engine
+// The zero-copy read (include/clowder_adios2_read.h): the open readers by IO name, the block
+// pointers they hand out, and the blocks' list for ADIOS2's Engine::BlocksInfo. The C entry point is how a program reaches the engine
 // instance ADIOS2 made for it, since ADIOS2 2.12 passes no zero-copy call to a plugin (the
 // header says why); the IO's name is what the caller and the engine both know.
 #include "c_api.h"
@@ -68,6 +68,35 @@ void Reader::BlockData(const std::string &name, const char *type, size_t block,
         out.shape[d] = d < var.shape.size() ? var.shape[d] : 0;
         out.start[d] = d < b.start.size() ? b.start[d] : 0;
     }
+}
+
+adios2::MinVarInfo *Reader::MinBlocksInfo(const std::string &varName, const size_t) const
+{
+    auto it = m_Vars.find(varName);
+    const Var *var = it == m_Vars.end() ? nullptr : &it->second;
+    if (var && var->type == adios2::GetType<std::string>())
+        return nullptr;
+    // ADIOS2 copies Shape, Start and Count out at once and deletes the MinVarInfo.
+    const bool global = var && var->kind == Kind::GlobalArray;
+    auto *info = new adios2::MinVarInfo(var ? int(var->shape.size()) : 0,
+                                        global ? var->shape.data() : nullptr);
+    info->Step = m_Step;
+    info->WasLocalValue = false;
+    if (!m_InStep || !var)
+        return info; // ADIOS2 documents an empty list where there is no step
+    info->IsValue = var->kind == Kind::Value;
+    for (size_t k = 0; k < var->blocks.size(); ++k)
+    {
+        const Block &b = var->blocks[k];
+        adios2::MinBlockInfo block{};
+        block.BlockID = k;
+        block.Start = global ? b.start.data() : nullptr;
+        block.Count = b.count.data();
+        std::memset(&block.MinMax, 0, sizeof block.MinMax);
+        block.BufferP = const_cast<uint8_t *>(b.data); // ADIOS2 reads a value's through it
+        info->BlocksInfo.push_back(block);
+    }
+    return info;
 }
 
 static_assert(kMaxDims == CLOWDER_ADIOS2_MAX_DIMS);

@@ -1,7 +1,7 @@
 """Reading in place from Python: adios2's own Python API for the steps, and the engine's
 clowder_adios2_block_data (include/clowder_adios2_read.h; adios2's bindings have no zero-copy
 call) through ctypes on the PluginLibrary path, the copy of the library ADIOS2 loaded. Each
-block of cxx_writer's "field" becomes a read-only numpy array over the writer's memory, and
+block of cxx_writer's "field" (as adios2's blocks_info lists them) becomes a read-only numpy array over the writer's memory, and
 every value is checked against cxx_writer's formula; the call after end_step is refused.
 
 python3 py_zc_reader.py CONFIG STREAM PLUGIN_LIBRARY
@@ -56,10 +56,12 @@ def main(argv):
     engine = io.open(argv[2], adios2.bindings.Mode.Read)
     steps = 0
     while engine.begin_step() == adios2.bindings.StepStatus.OK:
-        _, b = block_array(lib, b"field", 0)  # how many blocks
-        wrong = 0
-        for k in range(b.nblocks):
-            array, b = block_array(lib, b"field", k)
+        # The blocks as adios2 lists them (the engine answers its BlocksInfo query).
+        infos = engine.blocks_info("field", engine.current_step())
+        wrong = int(len(infos) != 2)  # cxx_writer writes two blocks
+        for info in infos:
+            array, b = block_array(lib, b"field", int(info["BlockID"]))
+            wrong += info["Start"] != f"{b.start[0]},{b.start[1]}" or b.nblocks != len(infos)
             rows = np.arange(b.start[0], b.start[0] + b.count[0])[:, None]
             cols = np.arange(b.start[1], b.start[1] + b.count[1])[None, :]
             wrong += np.count_nonzero(array != b.step * 1e6 + rows * b.shape[1] + cols)

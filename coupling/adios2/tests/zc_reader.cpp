@@ -1,10 +1,11 @@
 // An ADIOS2 reader of cxx_writer's stream that reads in place: clowder_adios2_block_data
 // (include/clowder_adios2_read.h) points it at each block of "field" in the writer's step
-// segment, and it checks every value there against cxx_writer's formula, with no Get.
+// segment, and it checks every value there against cxx_writer's formula, with no Get, and
+// that ADIOS2's Engine::BlocksInfo lists the same blocks.
 // zc_reader CONFIG STREAM BLOCK HOLD_MS
 //   BLOCK: -1 reads every block (the whole array), else only that block
 //   HOLD_MS: holds step 0 that long before EndStep, then checks its values again
-// Prints "step S ok blocks N elems E t=MS" per step (MS: CLOCK_MONOTONIC, comparable between
+// Prints "step S ok blocks N elems E t=MS" per step, "BlocksInfo: ..." for step 0 (MS: CLOCK_MONOTONIC, comparable between
 // processes), on step 0 one "refused: ..." line per misuse (another type, a block out of
 // range, an unknown variable), after the first EndStep "after EndStep: ...", and with a hold
 // "held step 0 for MS ms unchanged, released t=MS". Exit 0 when all checks out.
@@ -88,6 +89,23 @@ int main(int argc, char **argv)
                 bad += Wrong(b);
                 elems += b.count[0] * b.count[1];
             }
+            // ADIOS2's BlocksInfo lists the same blocks (a value's Value too).
+            auto field = io.InquireVariable<double>("field");
+            auto infos = reader.BlocksInfo(field, b.step);
+            bad += infos.size() != nblocks;
+            for (size_t k = 0; k < infos.size(); ++k)
+            {
+                clowder_adios2_block x;
+                bad += clowder_adios2_block_data(ioName, "field", "double", k, &x) != 0 ||
+                       infos[k].BlockID != k || infos[k].Start != adios2::Dims(x.start, x.start + 2) ||
+                       infos[k].Count != adios2::Dims(x.count, x.count + 2);
+            }
+            auto stepInfo = reader.BlocksInfo(io.InquireVariable<int32_t>("step"), b.step);
+            bad += stepInfo.size() != 1 || !stepInfo[0].IsValue || stepInfo[0].Value != int32_t(b.step);
+            if (steps == 0 && infos.size() == 2)
+                std::printf("BlocksInfo: 2 blocks, block 1 start {%zu,%zu} count {%zu,%zu}\n",
+                            infos[1].Start[0], infos[1].Start[1], infos[1].Count[0],
+                            infos[1].Count[1]);
             clowder_adios2_block v;
             if (clowder_adios2_block_data(ioName, "step", "int32_t", 0, &v) != 0 ||
                 *static_cast<const int32_t *>(v.data) != int32_t(b.step))
