@@ -94,6 +94,7 @@ pub fn run_command(args: RunArgs, json_output: bool) -> Result<u8, Failure> {
     let explicit = args.env.iter().map(|entry| env_entry(entry)).collect::<Result<Vec<_>, _>>().map_err(Failure)?;
     let mut env = launcher::launcher_env(std::env::vars_os(), &explicit);
     env.extend(explicit);
+    launcher::relay_pmi(&mut env).map_err(Failure)?;
     let binary = File::open(&program).map_err(|e| Failure(format!("cannot open {program}: {e}")))?;
     let cwd = std::env::current_dir().map_err(|e| Failure(format!("cannot find the working directory: {e}")))?;
     let cwd_dir = File::open(&cwd).map_err(|e| Failure(format!("cannot open {}: {e}", cwd.display())))?;
