@@ -287,9 +287,16 @@ impl<B: NetBackend> VirtioNet<B> {
     }
 
     /// Takes waiting frames from the host into RX buffers (the poll thread, when the tap is
-    /// readable).
+    /// readable). Before the driver starts the device (or while it needs a reset) the frames
+    /// are dropped, as a link that is down drops them: left in the tap they would keep it
+    /// readable and the poll thread spinning through a whole guest boot.
     pub fn host_ready(&mut self) {
-        self.run(Self::deliver)
+        if self.running() {
+            return self.run(Self::deliver);
+        }
+        while let Ok(Some(_)) = self.backend.recv(&mut self.rx_buf) {
+            self.stats.dropped += 1;
+        }
     }
 
     fn run(&mut self, step: fn(&mut Self) -> Result<bool, RingError>) {

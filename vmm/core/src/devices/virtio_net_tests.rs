@@ -300,3 +300,19 @@ fn odd_register_accesses_are_ignored() {
     rig.send(b"still fine");
     assert_eq!(rig.net.backend().sent.len(), 1);
 }
+
+/// Before the driver starts the device, host frames are dropped, not left in the tap (where
+/// they would keep the poll thread spinning through the guest's boot) nor delivered later.
+#[test]
+fn host_frames_before_the_driver_starts_are_dropped() {
+    let mut rig = Rig::new();
+    write(&mut rig.net, VIRTIO_MMIO_STATUS, 0);
+    rig.net.backend().incoming.extend([b"early arp".to_vec(), b"another".to_vec()]);
+    rig.net.host_ready();
+    assert!(rig.net.backend().incoming.is_empty(), "the tap was drained");
+    assert_eq!(rig.net.stats.dropped, 2);
+    rig.start();
+    rig.forge(0, 0, &[(BUFFERS, 1600, VRING_DESC_F_WRITE, 0)], &[0]);
+    rig.net.notify(0);
+    assert_eq!(rig.used(0), 0, "nothing from before the start arrives");
+}
