@@ -208,5 +208,6 @@ if [ -n "$ucx_finalized" ] && [ "$ucx_finalized" != 0 ]; then
     echo "BLOCKED UCX ranks in enclaves end (MPI_Finalize): the job was still in MPI_Finalize after 120 s and was ended"
 fi
 
+"$root/scripts/mpich-test.sh" || failures=$((failures + 1)) # Debian's MPICH (Hydra) with ranks in enclaves
 echo "test-mpi: $passed passed, $failures failed, $blocked blocked"
 [ $failures = 0 ]
