@@ -52,15 +52,13 @@ const AT_FDCWD: i32 = -100;
 const AT_EMPTY_PATH: u64 = 0x1000;
 /// The open flags served here; any other sends the open to the kernel. Of them, what F_GETFL
 /// keeps: the access mode and O_APPEND (as the kernel path keeps them).
-const OPEN_FLAGS: u32 = (libc::O_ACCMODE
-    | libc::O_CREAT
-    | libc::O_EXCL
-    | libc::O_NOCTTY
-    | libc::O_TRUNC
-    | libc::O_APPEND
-    | libc::O_LARGEFILE
-    | libc::O_NOFOLLOW
-    | libc::O_CLOEXEC) as u32;
+const OPEN_FLAGS: u32 =
+    (libc::O_ACCMODE | libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_TRUNC | libc::O_APPEND | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        as u32
+        | O_LARGEFILE;
+/// x86-64 Linux's O_LARGEFILE, which musl passes and the kernel ignores (the libc crate has 0
+/// for it here).
+const O_LARGEFILE: u32 = 0o100000;
 const STATUS_FLAGS: u32 = (libc::O_ACCMODE | libc::O_APPEND) as u32;
 /// The lock word's value while the host holds it, and how many times the host tries to take
 /// it before it leaves the call to the kernel (which holds it for a few of its instructions;
@@ -608,7 +606,7 @@ mod tests {
     fn open_and_close_keep_the_kernels_descriptor_table() {
         let ram = ram();
         put(&ram, FD_TABLE + RING3_FD_ENTRIES + 5 * 8, RING3_FD_KERNEL); // a pipe at 5
-        let flags = (libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC) as u64;
+        let flags = (libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC) as u64 | O_LARGEFILE as u64;
         let (result, asked) = call(&ram, OPEN, [0, flags, 0o600, 0], b"out");
         assert_eq!(result, 4, "the lowest free number");
         assert_eq!(asked, vec![format!("{:?}", FileOp::Open { path: b"out", flags: flags as u32, mode: 0o600 })]);

@@ -88,6 +88,9 @@ pub struct Descriptors {
     /// The table shared with the host (`RING3_FD_TABLE_SIZE` bytes as words), once the
     /// process has reached the host.
     shared: Option<Arc<[AtomicU64]>>,
+    /// Its entries as the kernel last wrote or read them: an entry that differs was changed by
+    /// the host (a close and an open may both have happened since).
+    known: Vec<u64>,
 }
 
 const LOCK: usize = (RING3_FD_LOCK / 8) as usize;
@@ -127,6 +130,7 @@ impl Descriptors {
         Descriptors {
             table: (0..3).map(|_| Some(Slot { file: Arc::new(SpinLock::new(Descriptor::Console)), close_on_exec: false })).collect(),
             shared: None,
+            known: Vec::new(),
         }
     }
 
@@ -135,8 +139,9 @@ impl Descriptors {
         if self.shared.is_none() {
             let words = (RING3_FD_TABLE_SIZE / 8) as usize;
             let table: Arc<[AtomicU64]> = (0..words).map(|_| AtomicU64::new(0)).collect();
-            for (index, slot) in self.table.iter().enumerate().take(RING3_FDS as usize) {
-                table[ENTRIES + index].store(entry_of(slot), Ordering::Relaxed);
+            self.known = (0..RING3_FDS as usize).map(|index| self.table.get(index).map_or(0, entry_of)).collect();
+            for (index, entry) in self.known.iter().enumerate() {
+                table[ENTRIES + index].store(*entry, Ordering::Relaxed);
             }
             self.shared = Some(table);
         }
@@ -153,16 +158,16 @@ impl Descriptors {
         if shared[CHANGED].swap(0, Ordering::SeqCst) != 0 {
             for index in 0..RING3_FDS as usize {
                 let entry = shared[ENTRIES + index].load(Ordering::SeqCst);
-                match self.table.get(index) {
-                    Some(Some(_)) if entry == 0 => self.table[index] = None,
-                    None | Some(None) if is_host_file(entry) => {
-                        if self.table.len() <= index {
-                            self.table.resize(index + 1, None);
-                        }
-                        self.table[index] = Some(slot_of(entry));
-                    }
-                    _ => {}
+                if entry == self.known[index] {
+                    continue;
                 }
+                self.known[index] = entry;
+                // The host closes only host files nothing else shares, and opens only at free
+                // numbers: what the kernel had there is gone.
+                if self.table.len() <= index {
+                    self.table.resize(index + 1, None);
+                }
+                self.table[index] = is_host_file(entry).then(|| slot_of(entry));
             }
         }
         let result = f(self);
@@ -171,9 +176,11 @@ impl Descriptors {
     }
 
     /// Tells the host's table what `index` now holds (the caller holds its lock).
-    fn publish(&self, index: usize) {
+    fn publish(&mut self, index: usize) {
         if let (Some(shared), true) = (&self.shared, index < RING3_FDS as usize) {
-            shared[ENTRIES + index].store(self.table.get(index).map_or(0, entry_of), Ordering::SeqCst);
+            let entry = self.table.get(index).map_or(0, entry_of);
+            shared[ENTRIES + index].store(entry, Ordering::SeqCst);
+            self.known[index] = entry;
         }
     }
 
@@ -235,7 +242,7 @@ impl Descriptors {
     /// shared from then on, in both processes' tables.
     pub fn fork(&mut self) -> Descriptors {
         self.locked(|descriptors| {
-            let child = Descriptors { table: descriptors.table.clone(), shared: None };
+            let child = Descriptors { table: descriptors.table.clone(), shared: None, known: Vec::new() };
             (0..descriptors.table.len()).for_each(|index| descriptors.publish(index));
             child
         })
