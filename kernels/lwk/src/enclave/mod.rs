@@ -292,8 +292,8 @@ impl State {
             HostMessage::MemoryZeroed { request, result } => {
                 self.answers.insert(request, FileAnswer::Result(result as i64));
             }
-            HostMessage::SocketResult { request, result, events, data, .. } => crate::net::answer(request, result, events, data),
-            HostMessage::SocketReady { handle, events, .. } => crate::net::ready(handle, events),
+            HostMessage::SocketResult { job, request, result, events, data } => crate::net::answer(job, request, result, events, data),
+            HostMessage::SocketReady { job, handle, events } => crate::net::ready(job, handle, events),
             HostMessage::Xemem { message } => {
                 crate::xpmem::host_link::from_host(message);
                 self.send_queued_xemem();
@@ -374,14 +374,13 @@ pub fn poll_host_once() {
     core::hint::spin_loop();
 }
 
-/// Sends a socket call for the running job (`crate::net`); `numbered` hears its request
-/// number first, so an answer that comes at once finds its caller waiting.
-pub fn send_socket_request(op: enclave_proto::SocketOp<'_>, numbered: impl FnOnce(u32)) {
+/// Sends a socket call for job `job` (`crate::net`); `numbered` hears its request number
+/// first, so an answer that comes at once finds its caller waiting.
+pub fn send_socket_request(job: u32, op: enclave_proto::SocketOp<'_>, numbered: impl FnOnce(u32)) {
     with_state(|state| {
         let request = state.next_request;
         state.next_request = state.next_request.wrapping_add(1);
         numbered(request);
-        let job = crate::sched::current_job();
         state.link.send(&EnclaveMessage::SocketRequest { job, request, op });
     })
 }

@@ -40,6 +40,8 @@ const WAIT_SLICE_NS: u64 = 100_000_000;
 /// readiness.
 pub struct Socket {
     pub handle: u32,
+    /// Its job: the host numbers each job's sockets apart.
+    job: u32,
     /// SOCK_STREAM, SOCK_DGRAM, ... (without the flags).
     pub kind: u32,
     non_blocking: AtomicBool,
@@ -48,8 +50,8 @@ pub struct Socket {
     changes: AtomicU64,
 }
 
-/// Sockets by host handle, for the host's readiness reports.
-static SOCKETS: SpinLock<BTreeMap<u32, Weak<Socket>>> = SpinLock::new(BTreeMap::new());
+/// Sockets by job and host handle, for the host's readiness reports.
+static SOCKETS: SpinLock<BTreeMap<(u32, u32), Weak<Socket>>> = SpinLock::new(BTreeMap::new());
 
 /// A call in flight: the socket it is about, then the answer.
 enum Pending {
@@ -66,16 +68,19 @@ pub struct Answer {
 static PENDING: SpinLock<BTreeMap<u32, Pending>> = SpinLock::new(BTreeMap::new());
 
 impl Socket {
-    /// A socket the host made, with its first readiness; registered for the host's reports.
+    /// A socket the host made for the calling thread's job, with its first readiness;
+    /// registered for the host's reports.
     pub fn new(handle: u32, kind: u32, non_blocking: bool, events: u32) -> Arc<Socket> {
+        let job = sched::current_job();
         let socket = Arc::new(Socket {
             handle,
+            job,
             kind,
             non_blocking: AtomicBool::new(non_blocking),
             events: AtomicU32::new(events),
             changes: AtomicU64::new(0),
         });
-        SOCKETS.lock().insert(handle, Arc::downgrade(&socket));
+        SOCKETS.lock().insert((job, handle), Arc::downgrade(&socket));
         socket
     }
 
@@ -134,9 +139,9 @@ impl Socket {
 /// The last descriptor is gone: the host closes its socket (no answer is awaited).
 impl Drop for Socket {
     fn drop(&mut self) {
-        SOCKETS.lock().remove(&self.handle);
+        SOCKETS.lock().remove(&(self.job, self.handle));
         if crate::enclave::is_active() {
-            crate::enclave::send_socket_request(SocketOp::Close { handle: self.handle }, |_| {});
+            crate::enclave::send_socket_request(self.job, SocketOp::Close { handle: self.handle }, |_| {});
         }
     }
 }
@@ -147,7 +152,7 @@ pub fn request(op: SocketOp<'_>) -> Answer {
     let handle = op.handle();
     // Registered before sending, so an answer that comes at once finds its entry.
     let mut request = 0;
-    crate::enclave::send_socket_request(op, |number| {
+    crate::enclave::send_socket_request(sched::current_job(), op, |number| {
         request = number;
         PENDING.lock().insert(number, Pending::Waiting(handle));
     });
@@ -158,9 +163,9 @@ pub fn request(op: SocketOp<'_>) -> Answer {
     }
 }
 
-/// The host's `SocketResult` (from the channel's drain): the socket's readiness is taken in
-/// the order the host sent it, before any later report.
-pub fn answer(request: u32, result: i64, events: u32, data: &[u8]) {
+/// The host's `SocketResult` for job `job` (from the channel's drain): the socket's readiness
+/// is taken in the order the host sent it, before any later report.
+pub fn answer(job: u32, request: u32, result: i64, events: u32, data: &[u8]) {
     let mut pending = PENDING.lock();
     let Some(entry) = pending.get_mut(&request) else { return };
     let handle = match entry {
@@ -169,20 +174,20 @@ pub fn answer(request: u32, result: i64, events: u32, data: &[u8]) {
     };
     *entry = Pending::Answered(Answer { result, events, data: data.to_vec() });
     drop(pending);
-    if let Some(socket) = handle.and_then(socket_of_handle) {
+    if let Some(socket) = handle.and_then(|handle| socket_of_handle(job, handle)) {
         socket.update(events);
     }
 }
 
-/// The host's `SocketReady`: a socket's readiness changed.
-pub fn ready(handle: u32, events: u32) {
-    if let Some(socket) = socket_of_handle(handle) {
+/// The host's `SocketReady`: a socket of job `job` changed readiness.
+pub fn ready(job: u32, handle: u32, events: u32) {
+    if let Some(socket) = socket_of_handle(job, handle) {
         socket.update(events);
     }
 }
 
-fn socket_of_handle(handle: u32) -> Option<Arc<Socket>> {
-    SOCKETS.lock().get(&handle).and_then(Weak::upgrade)
+fn socket_of_handle(job: u32, handle: u32) -> Option<Arc<Socket>> {
+    SOCKETS.lock().get(&(job, handle)).and_then(Weak::upgrade)
 }
 
 /// The job ended: forget its sockets' calls (its sockets went with its descriptors).
