@@ -99,7 +99,7 @@ pub struct CpuData {
 /// slot's `RING3_HOST_AWAKE` word), covering the pump's naps on a loaded host. The core is the
 /// job's own, so waiting costs nobody else.
 const FILE_WAIT_ASLEEP_NS: u64 = 50_000;
-const FILE_WAIT_AWAKE_NS: u64 = 3_000_000;
+const FILE_WAIT_AWAKE_NS: u64 = 10_000_000;
 
 /// `struct utsname`: six 65-byte fields, in whole words.
 pub const UTSNAME_SIZE: usize = 6 * 65;
