@@ -4,6 +4,7 @@
 #   mpmd   mpiexec.mpich -n 1 clowder run --enclave a ./app : -n 1 clowder run --enclave b ./app
 #          (ping-pong, mpicg)
 #   mixed  a host rank beside an enclave rank (ping-pong, mpicg)
+#          both over UCX's xpmem transport (UCX_TLS=self,xpmem, the project's UCX build)
 #   pmi    Hydra's PMI-1 wire-up alone (apps/mpi/pmi_probe.c, static) with ranks in enclaves a and
 #          b, and a host rank beside one in a; the MPI cases say BLOCKED (and why) where an
 #          MPICH program cannot start alone in an enclave
@@ -51,9 +52,16 @@ for name in a b; do
 done
 cd "$NODES_DIR"
 
+# MPICH's UCX over UCX's xpmem transport (our libxpmem: the LWK's /dev/xpmem in an enclave, the
+# broker on the host), with the project's UCX build first on the ranks' loader path
+# (xemem/ucx/build.sh, cached; Debian's UCX has no xpmem). In an LWK job UCX's tcp finds no
+# network device and its posix/sysv shared memory fails ("Shared memory error" in MPI_Init).
+"$root/xemem/ucx/build.sh" >"$out" 2>&1 || { echo "FAIL mpich: xemem/ucx/build.sh:"; tail -5 "$out"; exit 1; }
+export UCX_TLS=self,xpmem LD_LIBRARY_PATH="$root/build/ucx/install/lib:$root/xemem/build/lib"
+
 # A probe: the program alone in the enclave (MPI_Init as a singleton, size 1), to tell a rank
 # that cannot start there at all from a failed wire-up.
-probe=$(nodes_exec 1 timeout 60 "$clowder" run --enclave a "$bin/pingpong" 2>&1)
+probe=$(nodes_exec 1 timeout 60 "$clowder" run --enclave a --env LD_LIBRARY_PATH "$bin/pingpong" 2>&1)
 why_blocked=
 case $probe in
 *"needs at least 2 ranks"*) ;;
@@ -61,8 +69,8 @@ case $probe in
 esac
 
 mpiexec=(timeout 120 mpiexec.mpich)
-run_a=("$clowder" run --enclave a)
-run_b=("$clowder" run --enclave b)
+run_a=("$clowder" run --enclave a --env LD_LIBRARY_PATH)
+run_b=("$clowder" run --enclave b --env LD_LIBRARY_PATH)
 
 case_() { # [--static] description command...: --static cases need no dynamic loader
     local why=$why_blocked
