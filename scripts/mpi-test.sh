@@ -147,10 +147,10 @@ enclave_case "a host rank beside an enclave rank (mpicg)" mixed
 
 # Open MPI's shared-memory transport between a host rank and an enclave rank: each rank's
 # segment is a /dev/shm file the other maps MAP_SHARED (in the enclave, the host file's own
-# pages). Open MPI's posix shmem component (shm_open): its mmap one first asks statfs, which an LWK
-# job lacks; no single-copy mechanism (CMA and XPMEM would need the kernels' help). Between two
+# pages), made by Open MPI's default shmem component (mmap, which asks statfs where the file
+# lies); no single-copy mechanism (CMA and XPMEM would need the kernels' help). Between two
 # enclaves the same run hangs (docs/mpi.md).
-vader=(--mca btl vader,self --mca pml ob1 --mca btl_vader_single_copy_mechanism none --mca shmem posix)
+vader=(--mca btl vader,self --mca pml ob1 --mca btl_vader_single_copy_mechanism none)
 vader_mixed() {
     in_node 1 "${mpirun[@]}" "${vader[@]}" -n 1 "$bin/pingpong" 65536 10 : -n 1 "${run_a[@]}" "$bin/pingpong" 65536 10 &&
         says "data verified" &&
