@@ -1,11 +1,24 @@
 //! Guest memory: one memfd per VM, preallocated, mapped once and registered as contiguous
 //! guest-physical RAM; plus regions added and removed while the guest runs (new memory slots over
 //! any file descriptor), and translation of guest-physical ranges into (file, offset) runs.
+//!
+//! A run-time region over a file the VMM does not own (an enclave job's `mmap(MAP_SHARED)` of
+//! a host `/dev/shm` file) can be truncated on the host under the guest. The guest's next
+//! touch of a page past the new end cannot be served: KVM fails `KVM_RUN` with `EFAULT`
+//! (the host's SIGBUS, taken by KVM for the guest's access), which used to stop the whole VM.
+//! [`cover_truncated_files`] is the vCPU loop's answer: every such tail is replaced by private
+//! zero pages (what a fresh mapping beyond the end would hold were it allowed), the file named
+//! in one log line, and the vCPU runs on. Other designs were weaker: a SIGBUS handler in the
+//! VMM cannot see the guest's access (KVM takes the fault, not the vCPU thread), removing the
+//! slot makes the guest's access an MMIO exit no device claims (the same stop), and refusing
+//! truncation is not possible for files other users hold (seals are memfd-only). The registry
+//! of such mappings is per process, keyed by host address, because the vCPU loop holds no
+//! lock on the VM's memory (the control thread adds and removes regions while guests run).
 
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
@@ -75,9 +88,72 @@ unsafe impl Send for RuntimeRegion {}
 
 impl Drop for RuntimeRegion {
     fn drop(&mut self) {
+        // Forgotten first, under the registry's lock: a vCPU must never cover a freed range.
+        let mut mapped = MAPPED_FILES.lock().unwrap();
+        mapped.retain(|m| m.host_addr != self.host_addr as usize);
         // SAFETY: host_addr/len is the mapping this region created; KVM no longer uses it.
         unsafe { libc::munmap(self.host_addr.cast(), self.info.len as usize) };
     }
+}
+
+/// A run-time region's mapping of a file, as [`cover_truncated_files`] needs it.
+struct MappedFile {
+    host_addr: usize,
+    len: u64,
+    fd: RawFd,
+    file_offset: u64,
+    prot: libc::c_int,
+    /// Bytes of the mapping from its start still backed by the file (the rest covered).
+    backed: u64,
+}
+
+/// Every run-time region's file mapping in this process (module comment: why per process).
+static MAPPED_FILES: Mutex<Vec<MappedFile>> = Mutex::new(Vec::new());
+
+/// Replaces the pages of every run-time region that now lie past its file's end with private
+/// zero pages, so the guest's access that made `KVM_RUN` fail with `EFAULT` can be retried.
+/// Returns one line per file covered now, or `None` when no region lies past its file's end
+/// (the `EFAULT` is something else). Another vCPU may have covered the tail a moment before:
+/// then the lines are empty but the access can be retried.
+pub fn cover_truncated_files() -> Option<Vec<String>> {
+    let mut covered = Vec::new();
+    let mut mapped_files = MAPPED_FILES.lock().unwrap();
+    for mapped in mapped_files.iter_mut() {
+        // SAFETY: a plain C struct, filled by fstat below.
+        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat into a local buffer, on a descriptor the region owns while registered.
+        if unsafe { libc::fstat(mapped.fd, &mut stat) } != 0 {
+            continue;
+        }
+        let end_in_mapping = (stat.st_size as u64).next_multiple_of(PAGE_SIZE).saturating_sub(mapped.file_offset).min(mapped.len);
+        if end_in_mapping >= mapped.backed {
+            continue;
+        }
+        let start = mapped.host_addr + end_in_mapping as usize;
+        // SAFETY: replaces part of the region's own live mapping (registered, so not yet
+        // unmapped); KVM drops its view of the old pages through its MMU notifier.
+        let zeros = unsafe {
+            libc::mmap(
+                start as *mut libc::c_void,
+                (mapped.backed - end_in_mapping) as usize,
+                mapped.prot,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if zeros == libc::MAP_FAILED {
+            continue;
+        }
+        mapped.backed = end_in_mapping;
+        let name = std::fs::read_link(format!("/proc/self/fd/{}", mapped.fd)).map(|p| p.display().to_string());
+        covered.push(format!(
+            "the guest touched {} beyond the end of the file (truncated to {} bytes under its mapping): its pages past the end read as zeros from now on",
+            name.unwrap_or_else(|_| "a mapped file".into()),
+            stat.st_size
+        ));
+    }
+    mapped_files.iter().any(|m| m.backed < m.len).then_some(covered)
 }
 
 /// The highest guest-physical address a run-time region may reach (46 bits: what every x86-64
@@ -282,15 +358,16 @@ impl GuestMemory {
         }
         // SAFETY: dup is a fresh descriptor owned by this File.
         let file = unsafe { File::from_raw_fd(dup) };
+        let prot = match access {
+            RegionAccess::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
+            RegionAccess::ReadOnly => libc::PROT_READ,
+        };
         // SAFETY: a fresh shared mapping of the file; checked for failure below.
         let host = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len as usize,
-                match access {
-                    RegionAccess::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
-                    RegionAccess::ReadOnly => libc::PROT_READ,
-                },
+                prot,
                 libc::MAP_SHARED | libc::MAP_POPULATE,
                 file.as_raw_fd(),
                 file_offset as libc::off_t,
@@ -300,6 +377,14 @@ impl GuestMemory {
             return bad(format!("mapping region file at {file_offset:#x}+{len:#x}: {}", io::Error::last_os_error()));
         }
         let slot = self.next_slot;
+        MAPPED_FILES.lock().unwrap().push(MappedFile {
+            host_addr: host as usize,
+            len,
+            fd: file.as_raw_fd(),
+            file_offset,
+            prot,
+            backed: len,
+        });
         let region = RuntimeRegion { info: RegionInfo { slot, gpa, len }, file, file_offset, host_addr: host.cast() };
         self.register_slot(vm, slot, gpa, len, region.host_addr, access)?;
         self.next_slot += 1;

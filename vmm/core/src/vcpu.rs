@@ -195,6 +195,7 @@ pub fn run_loop(
     vcpu.set_sync_valid_reg(SyncReg::Register);
     let mut stepping: Option<profile::Stepping> = None;
     let kvm_run = vcpu.get_kvm_run() as *const kvm_bindings::kvm_run;
+    let mut efault_retries = 0;
     while shared.wait_runnable() == RunState::Running {
         if stepping.is_none() && shared.profile_requests.is_pending() {
             stepping = profile::start_if_requested(&shared.profile_requests, index, &mut vcpu);
@@ -203,6 +204,7 @@ pub fn run_loop(
         let action = match vcpu.run() {
             Ok(exit) => {
                 shared.note_first_exit();
+                efault_retries = 0;
                 // The width of one port access (kvm-ioctls gives only the bytes of all of them).
                 // SAFETY: kvm_run is the vCPU's mapped run page; for port exits the io member is
                 // the live one, and it is only read here, not aliased by the exit's data slice.
@@ -214,6 +216,9 @@ pub fn run_loop(
                 shared.counters.count(index, ExitKind::Interrupted);
                 ExitAction::Continue
             }
+            // A host file shrank under a run-time region (`memory` module comment): its tail
+            // becomes zero pages and the access is retried; any other EFAULT stops the VM.
+            Err(e) if e.errno() == libc::EFAULT && retry_after_efault(&mut efault_retries) => ExitAction::Continue,
             Err(e) => ExitAction::Stop(StopReason::Internal { vcpu: Some(index), what: format!("KVM_RUN failed: {e}") }),
         };
         let action = match action {
@@ -255,6 +260,18 @@ pub fn run_loop(
     if matches!(shared.stop_reason(), Some(StopReason::Watchdog { .. })) {
         shared.record_watchdog_registers(index, register_dump(&vcpu));
     }
+}
+
+/// Whether a failed `KVM_RUN` (EFAULT) may be retried: a tail of a truncated file was covered
+/// now (logged), or a moment ago by another vCPU (a few retries, not forever: an EFAULT of
+/// another cause while some file is truncated must still stop the VM).
+fn retry_after_efault(retries: &mut u32) -> bool {
+    let Some(lines) = crate::memory::cover_truncated_files() else { return false };
+    for line in &lines {
+        log::warn!("{line}");
+    }
+    *retries = if lines.is_empty() { *retries + 1 } else { 0 };
+    *retries <= 3
 }
 
 /// What to do with port I/O nobody claimed.
