@@ -15,6 +15,7 @@
 # mpicc.mpich by name). The programs are apps/mpi's, built by mpicc.mpich (dynamically linked:
 # Debian's MPICH has no static UCX to link). Needs root and /dev/kvm.
 set -uo pipefail
+[ $# = 0 ] || { echo "usage: scripts/mpich-test.sh (no arguments)" >&2; exit 2; }
 cd "$(dirname "$0")/.."
 root=$PWD
 
