@@ -349,6 +349,27 @@ fn kvm_err(what: &str) -> impl Fn(kvm_ioctls::Error) -> VmError + '_ {
     move |e| VmError::Kvm(format!("{what}: {e}"))
 }
 
+vmm_sys_util::ioctl_io_nr!(KVM_REINJECT_CONTROL, kvm_bindings::KVMIO, 0x71);
+
+/// A Linux guest ticks on the PIT (it finds no MP or ACPI table, so it runs in "virtual wire"
+/// mode), and on PVM each tick is a few hundred emulated instructions. KVM's PIT replays the
+/// ticks a descheduled vCPU missed, so on a loaded host the guest spends its time catching up
+/// ticks and the boot stretches, which costs more ticks: turned off, a missed tick is dropped
+/// (Linux keeps time from kvm-clock, not by counting ticks). Kept on the PIT rather than the
+/// local APIC's TSC-deadline timer on purpose: with an MP table Linux ticks on the LAPIC in
+/// one-shot mode, and until it switches to high resolution (kvm-clock, late in the boot) it
+/// replays every missed period itself, which on this host at a load of 8 never caught up
+/// (docs/linux-guest.md).
+fn no_pit_reinjection(vm: &VmFd) -> Result<(), VmError> {
+    let control = kvm_bindings::kvm_reinject_control { pit_reinject: 0, ..Default::default() };
+    // SAFETY: KVM_REINJECT_CONTROL reads a kvm_reinject_control, which outlives the call.
+    let rc = unsafe { vmm_sys_util::ioctl::ioctl_with_ref(vm, KVM_REINJECT_CONTROL(), &control) };
+    if rc < 0 {
+        return Err(VmError::Kvm(format!("turning off PIT tick re-injection: {}", std::io::Error::last_os_error())));
+    }
+    Ok(())
+}
+
 impl Vm {
     /// Builds a VM from a validated configuration: KVM objects, memory, devices, kernel, vCPUs.
     /// Nothing runs until `start`.
@@ -411,6 +432,9 @@ impl Vm {
         cmdline_extra.push(format!("clowder.ram_page={:#x}", config.memory.backing.page_size()));
 
         let plan = boot::load(&memory, &config.boot, &cmdline_extra)?;
+        if plan.linux_guest {
+            no_pit_reinjection(&vm_fd)?;
+        }
         let supported = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm_err("reading supported CPUID"))?;
         let sipi = config.boot.smp == SmpStart::Sipi;
         let quirks = crate::arch::cpuid::HostQuirks::for_guest(plan.linux_guest);
