@@ -89,6 +89,14 @@ if [ -n "$missing" ]; then
     say "the kernel configuration lost: $(echo $missing)"
     exit 1
 fi
+# And one it turns off that something else selects back (x86 selects PERF_EVENTS, for one).
+kept=$(sed -n 's/^# \(CONFIG_[A-Z0-9_]*\) is not set$/\1/p' "$fragment" | while read -r name; do
+    if grep -q "^$name=" "$src/.config"; then echo "$name"; fi
+done)
+if [ -n "$kept" ]; then
+    say "the kernel configuration still sets: $(echo $kept)"
+    exit 1
+fi
 nice make -C "$src" -s -j"$(nproc)" vmlinux >&2
 cp "$src/.config" "$cache/config"
 cp "$src/vmlinux" "$cache/vmlinux.tmp"
