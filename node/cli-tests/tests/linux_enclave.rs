@@ -24,17 +24,67 @@ int main(int argc, char **argv) {
 }
 "#;
 
+/// An unprivileged user who may use the enclave (its share group is the user's own gid).
+const USER: u32 = 4102;
+
 const CRASH: &str = "int main(void) { *(volatile int *)0 = 1; return 0; }\n";
 
-/// Panics the guest kernel (as root in the guest, as the tests run): SysRq's crash.
-const PANIC: &str = r#"#include <fcntl.h>
+/// In the VM: finds its address and the host's in `ip=GUEST:HOST:...` of /proc/cmdline (the
+/// daemon's `--net tap`), sends a line to the host's server on port argv[1] and prints the
+/// answer, connects to the closed port argv[2] and to an address past the host and prints the
+/// errors, then serves one host connection on port argv[3]: reads a line, answers it reversed.
+const NET: &str = r#"#include <arpa/inet.h>
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
-int main(void) {
-    int fd = open("/proc/sysrq-trigger", O_WRONLY);
-    if (fd < 0) { perror("/proc/sysrq-trigger"); return 1; }
-    if (write(fd, "c", 1) != 1) perror("write");
-    return 2;
+static struct sockaddr_in at(const char *ip, int port) {
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    inet_pton(AF_INET, ip, &a.sin_addr);
+    return a;
+}
+int main(int argc, char **argv) {
+    char line[4096] = {0}, guest[32] = {0}, host[32] = {0}, buf[256];
+    FILE *f = fopen("/proc/cmdline", "r");
+    if (argc != 4 || !f || !fgets(line, sizeof line, f)) return 10;
+    char *ip = strstr(line, "ip=");
+    if (!ip || sscanf(ip, "ip=%31[0-9.]:%31[0-9.]:", guest, host) != 2) return 11;
+    alarm(120);
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = at(host, atoi(argv[1]));
+    if (connect(s, (struct sockaddr *)&a, sizeof a) != 0) { perror("connect to the host"); return 12; }
+    dprintf(s, "hello from %s\n", guest);
+    shutdown(s, SHUT_WR);
+    ssize_t n, got = 0;
+    while ((n = read(s, buf + got, sizeof buf - 1 - got)) > 0) got += n;
+    buf[got] = 0;
+    printf("host answered: %s", buf);
+    close(s);
+    s = socket(AF_INET, SOCK_STREAM, 0);
+    a = at(host, atoi(argv[2]));
+    if (connect(s, (struct sockaddr *)&a, sizeof a) == 0) return 13;
+    printf("closed port: %s\n", strerror(errno));
+    close(s);
+    /* No route leads past the host's end (198.51.100.1 is TEST-NET-2). */
+    s = socket(AF_INET, SOCK_STREAM, 0);
+    a = at("198.51.100.1", 80);
+    if (connect(s, (struct sockaddr *)&a, sizeof a) == 0) return 16;
+    printf("beyond the host: %s\n", strerror(errno));
+    close(s);
+    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    a = at(guest, atoi(argv[3]));
+    if (bind(l, (struct sockaddr *)&a, sizeof a) != 0 || listen(l, 1) != 0) { perror("listen"); return 14; }
+    int c = accept(l, 0, 0);
+    if (c < 0) { perror("accept"); return 15; }
+    got = 0;
+    while (got < (ssize_t)sizeof buf - 1 && (n = read(c, buf + got, 1)) > 0 && buf[got] != '\n') got++;
+    for (ssize_t i = 0; i < got; i++) dprintf(c, "%c", buf[got - 1 - i]);
+    dprintf(c, "\n");
+    close(c);
+    printf("served the host\n");
+    return 0;
 }
 "#;
 
@@ -55,9 +105,12 @@ fn a_linux_enclave_runs_host_programs_with_their_output_and_status() {
     let initrd = built(&["initramfs"]);
     build_musl_program(&dir.0, "hello", HELLO);
     build_musl_program(&dir.0, "crash", CRASH);
+    build_musl_program(&dir.0, "net", NET);
     let (kernel, initrd) = (kernel.to_str().unwrap(), initrd.to_str().unwrap());
-    let create = ["enclave", "create", "--name", "vm", "--kind", "linux", "--cores", "1", "--mem", "256M"];
-    run_clowder_ok(&socket, &[&create[..], &["--kernel", kernel, "--initrd", initrd]].concat(), &dir.0);
+    let create = ["enclave", "create", "--name", "vm", "--kind", "linux", "--cores", "1", "--mem", "256M", "--net", "tap"];
+    // USER (below) may run jobs in it: the host-file checks run one as that user.
+    let share = ["--share-group", &USER.to_string()];
+    run_clowder_ok(&socket, &[&create[..], &share[..], &["--kernel", kernel, "--initrd", initrd]].concat(), &dir.0);
     let listing = run_clowder_ok(&socket, &["enclave", "ls"], &dir.0);
     assert!(text(&listing.stdout).lines().any(|line| line.starts_with("vm ") && line.contains(" linux ")), "{}", text(&listing.stdout));
 
@@ -72,6 +125,8 @@ fn a_linux_enclave_runs_host_programs_with_their_output_and_status() {
     let again = run_clowder(&socket, &["run", "vm", "./hello"], &dir.0);
     assert_eq!(again.status.code(), Some(3), "stderr: {}", text(&again.stderr));
 
+    network(&socket, &dir.0);
+
     // Dynamic host programs: their interpreter, libraries and modules come from the host, and
     // a directory reads as on the host (names, modes, owners, sizes, times). Only where the
     // daemon (this process) serves host files: CLOWDER_LINUX_HOST_FILES=1 make test-linux-enclave.
@@ -81,36 +136,65 @@ fn a_linux_enclave_runs_host_programs_with_their_output_and_status() {
     run_clowder_ok(&socket, &["enclave", "rm", "vm"], &dir.0);
 }
 
-/// A job that panics the guest kernel removes only its enclave, with the panic as the reason;
-/// the daemon and an LWK enclave beside it go on and run a job.
-#[test]
-#[ignore = "boots a Linux guest: minutes on a PVM host (make test-linux-enclave)"]
-fn a_guest_panic_removes_only_its_enclave() {
-    let Some((dir, socket)) = enclave_test_daemon("clowder-linux-panic", Liveness::default()) else { return };
-    let kernel = std::env::var_os("CLOWDER_LINUX_KERNEL").map_or_else(|| built(&[]), PathBuf::from);
-    let initrd = built(&["initramfs"]);
-    build_musl_program(&dir.0, "hello", HELLO);
-    build_musl_program(&dir.0, "panic", PANIC);
-    run_clowder_ok(&socket, &["enclave", "create", "--name", "lwk", "--cores", "1", "--mem", "64M"], &dir.0);
-    let (kernel, initrd) = (kernel.to_str().unwrap(), initrd.to_str().unwrap());
-    let create = ["enclave", "create", "--name", "vm", "--kind", "linux", "--cores", "1", "--mem", "256M"];
-    run_clowder_ok(&socket, &[&create[..], &["--kernel", kernel, "--initrd", initrd]].concat(), &dir.0);
+/// The addresses the daemon gave the enclave's network, from its log.
+fn network_addresses(socket: &Path, dir: &Path) -> (String, std::net::Ipv4Addr, std::net::Ipv4Addr) {
+    let logs = text(&run_clowder_ok(socket, &["logs", "vm"], dir).stdout);
+    let line = logs.lines().find_map(|line| line.split_once("clowderd: network: tap ").map(|(_, rest)| rest.to_string()));
+    let line = line.unwrap_or_else(|| panic!("no network line in the enclave's log:\n{logs}"));
+    // "clw-netN, host A, guest B (...)"
+    let words: Vec<&str> = line.split([',', ' ']).filter(|w| !w.is_empty()).collect();
+    (words[0].to_string(), words[2].parse().unwrap(), words[4].parse().unwrap())
+}
 
-    let panic = run_clowder(&socket, &["run", "vm", "./panic"], &dir.0);
-    assert!(!panic.status.success(), "the job cannot end well: {:?}", panic.status);
-    assert!(text(&panic.stderr).contains("the guest kernel panicked (sysrq triggered crash)"), "{}", text(&panic.stderr));
-    let listing = text(&run_clowder_ok(&socket, &["enclave", "ls"], &dir.0).stdout);
-    assert!(!listing.lines().any(|line| line.starts_with("vm ")), "{listing}");
-    assert!(listing.lines().any(|line| line.starts_with("lwk ")), "{listing}");
-    assert!(
-        listing.contains("  vm: its machine ended: the guest kernel panicked (sysrq triggered crash); the guest triple-faulted"),
-        "{listing}"
+/// A job in the VM talks TCP with the host both ways over the daemon's tap, a closed port is
+/// refused, and the tap forwards nothing beyond the host.
+fn network(socket: &Path, dir: &Path) {
+    use std::io::{BufRead, Read, Write};
+    let (tap, host, guest) = network_addresses(socket, dir);
+    let read = |path: String| std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    assert_eq!(read(format!("/proc/sys/net/ipv4/conf/{tap}/forwarding")).trim(), "0", "the tap forwards nothing");
+    let server = std::net::TcpListener::bind((host, 0)).unwrap();
+    let closed = std::net::TcpListener::bind((host, 0)).unwrap();
+    let closed_port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let port = server.local_addr().unwrap().port();
+    let back_port = port.wrapping_add(1).max(1024);
+    let host_side = std::thread::spawn(move || {
+        let (mut peer, from) = server.accept().unwrap();
+        let mut said = String::new();
+        std::io::BufReader::new(&peer).read_line(&mut said).unwrap();
+        peer.write_all(format!("{} bytes from {}\n", said.len(), from.ip()).as_bytes()).unwrap();
+        drop(peer);
+        // The VM's server: it listens once its first two steps are done.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        let mut back = loop {
+            match std::net::TcpStream::connect((guest, back_port)) {
+                Ok(stream) => break stream,
+                Err(e) if std::time::Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(std::time::Duration::from_millis(500))
+                }
+                Err(e) => panic!("connecting to the VM's server: {e}"),
+            }
+        };
+        back.write_all(b"host to vm\n").unwrap();
+        let mut answer = String::new();
+        back.read_to_string(&mut answer).unwrap();
+        (said, answer)
+    });
+    let started = std::time::Instant::now();
+    let net = run_clowder(socket, &["run", "vm", "./net", &port.to_string(), &closed_port.to_string(), &back_port.to_string()], dir);
+    println!("TCP both ways between the host and the Linux enclave: {:.1} s", started.elapsed().as_secs_f64());
+    let hello = format!("hello from {guest}\n");
+    let expected = format!(
+        "host answered: {} bytes from {guest}\nclosed port: Connection refused\nbeyond the host: Network is unreachable\nserved the host\n",
+        hello.len()
     );
-
-    let after = run_clowder(&socket, &["run", "lwk", "./hello"], &dir.0);
-    assert_eq!(text(&after.stdout), "hello from ./hello with 0 arguments\n", "stderr: {}", text(&after.stderr));
-    assert_eq!(after.status.code(), Some(3));
-    run_clowder_ok(&socket, &["enclave", "rm", "lwk"], &dir.0);
+    assert_eq!(text(&net.stdout), expected, "stderr: {}", text(&net.stderr));
+    assert_eq!(net.status.code(), Some(0));
+    let (said, answer) = host_side.join().unwrap();
+    assert_eq!(said, hello);
+    assert_eq!(answer, "mv ot tsoh\n");
 }
 
 fn dynamic_programs(socket: &Path, dir: &Path) {
@@ -134,4 +218,24 @@ fn dynamic_programs(socket: &Path, dir: &Path) {
     let missing = run_clowder(socket, &["run", "vm", "/bin/ls", "absent"], dir);
     assert_eq!(missing.status.code(), Some(2), "ls of a missing file fails as on the host");
     assert!(text(&missing.stderr).contains("No such file or directory"), "{}", text(&missing.stderr));
+
+    // The job's user's permissions hold, whatever the guest's root may do in the guest: a
+    // root-only file is refused to USER's job, a file everyone may read is not.
+    std::fs::write(dir.join("secret"), "root only").unwrap();
+    std::fs::set_permissions(dir.join("secret"), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let as_user = |args: &[&str]| {
+        Command::new("setpriv")
+            .args(["--reuid", &USER.to_string(), "--regid", &USER.to_string(), "--groups", &USER.to_string()])
+            .arg(support::clowder())
+            .args(args)
+            .env("CLOWDER_SOCKET", socket)
+            .current_dir(dir)
+            .output()
+            .unwrap()
+    };
+    let refused = as_user(&["run", "vm", "/bin/cat", "secret", "listing/data.txt"]);
+    assert_eq!(text(&refused.stdout), "twelve bytes", "stderr: {}", text(&refused.stderr));
+    assert!(text(&refused.stderr).contains("secret: Permission denied"), "{}", text(&refused.stderr));
+    assert_eq!(refused.status.code(), Some(1));
 }
