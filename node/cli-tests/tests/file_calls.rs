@@ -134,9 +134,13 @@ int main(int argc, char **argv) {
     say("open exclusive", open("data", O_WRONLY | O_CREAT | O_EXCL, 0600));
     say("open directory for writing", open(".", O_WRONLY));
     say("open below a file", open("data/below", O_RDONLY));
-    int a = openat(AT_FDCWD, "data", O_RDWR | O_APPEND);
+    int a = openat(AT_FDCWD, "data", O_RDONLY);
     say("openat", a);
     say("F_GETFL", fcntl(a, F_GETFL) & (O_ACCMODE | O_APPEND));
+    say("close it", close(a));
+    a = openat(AT_FDCWD, "data", O_RDWR | O_APPEND);
+    say("openat again", a);
+    say("F_GETFL of the second", fcntl(a, F_GETFL) & (O_ACCMODE | O_APPEND));
     say("openat missing", openat(AT_FDCWD, "missing", O_RDONLY));
     say("openat absolute missing", openat(AT_FDCWD, "/nonexistent-clowder-test/x", O_RDONLY));
     int d = dup(a);
