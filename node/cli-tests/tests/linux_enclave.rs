@@ -29,6 +29,18 @@ const USER: u32 = 4102;
 
 const CRASH: &str = "int main(void) { *(volatile int *)0 = 1; return 0; }\n";
 
+/// Panics the guest kernel (as root in the guest, as the tests run): SysRq's crash.
+const PANIC: &str = r#"#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+int main(void) {
+    int fd = open("/proc/sysrq-trigger", O_WRONLY);
+    if (fd < 0) { perror("/proc/sysrq-trigger"); return 1; }
+    if (write(fd, "c", 1) != 1) perror("write");
+    return 2;
+}
+"#;
+
 /// In the VM: finds its address and the host's in `ip=GUEST:HOST:...` of /proc/cmdline (the
 /// daemon's `--net tap`), sends a line to the host's server on port argv[1] and prints the
 /// answer, connects to the closed port argv[2] and to an address past the host and prints the
@@ -195,6 +207,38 @@ fn network(socket: &Path, dir: &Path) {
     let (said, answer) = host_side.join().unwrap();
     assert_eq!(said, hello);
     assert_eq!(answer, "mv ot tsoh\n");
+}
+
+/// A job that panics the guest kernel removes only its enclave, with the panic as the reason;
+/// the daemon and an LWK enclave beside it go on and run a job.
+#[test]
+#[ignore = "boots a Linux guest: minutes on a PVM host (make test-linux-enclave)"]
+fn a_guest_panic_removes_only_its_enclave() {
+    let Some((dir, socket)) = enclave_test_daemon("clowder-linux-panic", Liveness::default()) else { return };
+    let kernel = std::env::var_os("CLOWDER_LINUX_KERNEL").map_or_else(|| built(&[]), PathBuf::from);
+    let initrd = built(&["initramfs"]);
+    build_musl_program(&dir.0, "hello", HELLO);
+    build_musl_program(&dir.0, "panic", PANIC);
+    run_clowder_ok(&socket, &["enclave", "create", "--name", "lwk", "--cores", "1", "--mem", "64M"], &dir.0);
+    let (kernel, initrd) = (kernel.to_str().unwrap(), initrd.to_str().unwrap());
+    let create = ["enclave", "create", "--name", "vm", "--kind", "linux", "--cores", "1", "--mem", "256M"];
+    run_clowder_ok(&socket, &[&create[..], &["--kernel", kernel, "--initrd", initrd]].concat(), &dir.0);
+
+    let panic = run_clowder(&socket, &["run", "vm", "./panic"], &dir.0);
+    assert!(!panic.status.success(), "the job cannot end well: {:?}", panic.status);
+    assert!(text(&panic.stderr).contains("the guest kernel panicked (sysrq triggered crash)"), "{}", text(&panic.stderr));
+    let listing = text(&run_clowder_ok(&socket, &["enclave", "ls"], &dir.0).stdout);
+    assert!(!listing.lines().any(|line| line.starts_with("vm ")), "{listing}");
+    assert!(listing.lines().any(|line| line.starts_with("lwk ")), "{listing}");
+    assert!(
+        listing.contains("  vm: its machine ended: the guest kernel panicked (sysrq triggered crash); the guest triple-faulted"),
+        "{listing}"
+    );
+
+    let after = run_clowder(&socket, &["run", "lwk", "./hello"], &dir.0);
+    assert_eq!(text(&after.stdout), "hello from ./hello with 0 arguments\n", "stderr: {}", text(&after.stderr));
+    assert_eq!(after.status.code(), Some(3));
+    run_clowder_ok(&socket, &["enclave", "rm", "lwk"], &dir.0);
 }
 
 fn dynamic_programs(socket: &Path, dir: &Path) {
