@@ -4,16 +4,19 @@
 //!
 //! A run-time region over a file the VMM does not own (an enclave job's `mmap(MAP_SHARED)` of
 //! a host `/dev/shm` file) can be truncated on the host under the guest. The guest's next
-//! touch of a page past the new end cannot be served: KVM fails `KVM_RUN` with `EFAULT`
-//! (the host's SIGBUS, taken by KVM for the guest's access), which used to stop the whole VM.
-//! [`cover_truncated_files`] is the vCPU loop's answer: every such tail is replaced by private
-//! zero pages (what a fresh mapping beyond the end would hold were it allowed), the file named
-//! in one log line, and the vCPU runs on. Other designs were weaker: a SIGBUS handler in the
-//! VMM cannot see the guest's access (KVM takes the fault, not the vCPU thread), removing the
-//! slot makes the guest's access an MMIO exit no device claims (the same stop), and refusing
-//! truncation is not possible for files other users hold (seals are memfd-only). The registry
-//! of such mappings is per process, keyed by host address, because the vCPU loop holds no
-//! lock on the VM's memory (the control thread adds and removes regions while guests run).
+//! touch of a page past the new end cannot be served. On this PVM host KVM then retries the
+//! access forever inside `KVM_RUN` (the job hangs, its vCPU busy); a stock KVM fails
+//! `KVM_RUN` with `EFAULT`, which used to stop the whole VM. [`cover_truncated_files`] replaces
+//! every such tail by private zero pages (what a fresh mapping past the end would hold were it
+//! allowed), names the file in one log line, and the access completes. It runs from the vCPU
+//! loop on `EFAULT` and once a second from a watcher thread while file regions exist (PVM
+//! never returns to user space; a stat of each file a second is cheaper and simpler than an
+//! inotify watch per file). Other designs were weaker: a SIGBUS handler in the VMM never sees
+//! the guest's access (KVM takes the fault, not the vCPU thread), removing the slot makes the
+//! access an MMIO exit no device claims (the same stop), and refusing truncation is not
+//! possible for files other users hold (seals are memfd-only). Linux would kill the process
+//! by SIGBUS instead: not done. The registry of such mappings is per process, keyed by host
+//! address, because neither the vCPU loop nor the watcher holds the VM's memory lock.
 
 use std::fs::File;
 use std::io;
@@ -110,6 +113,23 @@ struct MappedFile {
 /// Every run-time region's file mapping in this process (module comment: why per process).
 static MAPPED_FILES: Mutex<Vec<MappedFile>> = Mutex::new(Vec::new());
 
+/// Starts, once per process, the thread that covers truncated files' tails every second
+/// (module comment: PVM retries the guest's access inside `KVM_RUN` instead of failing it).
+fn watch_for_truncation() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        let watch = || loop {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            for line in cover_truncated_files().unwrap_or_default() {
+                log::warn!("{line}");
+            }
+        };
+        if let Err(e) = std::thread::Builder::new().name("truncation-watch".into()).spawn(watch) {
+            log::warn!("no watch for files truncated under the guest's regions: {e}");
+        }
+    });
+}
+
 /// Replaces the pages of every run-time region that now lie past its file's end with private
 /// zero pages, so the guest's access that made `KVM_RUN` fail with `EFAULT` can be retried.
 /// Returns one line per file covered now, or `None` when no region lies past its file's end
@@ -148,7 +168,7 @@ pub fn cover_truncated_files() -> Option<Vec<String>> {
         mapped.backed = end_in_mapping;
         let name = std::fs::read_link(format!("/proc/self/fd/{}", mapped.fd)).map(|p| p.display().to_string());
         covered.push(format!(
-            "the guest touched {} beyond the end of the file (truncated to {} bytes under its mapping): its pages past the end read as zeros from now on",
+            "{} was truncated to {} bytes under the guest's mapping: its pages past the end read as zeros from now on",
             name.unwrap_or_else(|_| "a mapped file".into()),
             stat.st_size
         ));
@@ -385,6 +405,7 @@ impl GuestMemory {
             prot,
             backed: len,
         });
+        watch_for_truncation();
         let region = RuntimeRegion { info: RegionInfo { slot, gpa, len }, file, file_offset, host_addr: host.cast() };
         self.register_slot(vm, slot, gpa, len, region.host_addr, access)?;
         self.next_slot += 1;
