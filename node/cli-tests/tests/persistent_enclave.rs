@@ -84,21 +84,6 @@ int main(void) {
 }
 "#;
 
-/// Prints a line every 100 ms for ever (spinning on the vDSO clock between lines).
-const TICK_JOB: &str = r#"#include <stdio.h>
-#include <time.h>
-int main(void) {
-    for (;;) {
-        struct timespec start, now;
-        clock_gettime(CLOCK_MONOTONIC, &start);
-        do clock_gettime(CLOCK_MONOTONIC, &now);
-        while ((now.tv_sec - start.tv_sec) * 1000000000L + now.tv_nsec - start.tv_nsec < 100000000L);
-        printf("tick\n");
-        fflush(stdout);
-    }
-}
-"#;
-
 #[test]
 fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
     // A 5 s ping timeout, which the 7 s spinning job below outlasts.
@@ -106,7 +91,7 @@ fn a_persistent_enclave_runs_jobs_serves_their_files_and_stays_alive() {
     let Some((dir, socket)) = enclave_test_daemon("clowder-persistent", liveness) else { return };
     build_musl_program(&dir.0, "files", FILES_JOB);
     build_musl_program(&dir.0, "spin", SPIN_JOB);
-    build_musl_program(&dir.0, "tick", TICK_JOB);
+    build_musl_program(&dir.0, "tick", &support::tick_job(100));
     build_musl_program(&dir.0, "sleep", SLEEP_JOB);
     std::fs::write(dir.0.join("input.txt"), "the input\n").unwrap();
 

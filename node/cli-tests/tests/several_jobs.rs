@@ -48,21 +48,6 @@ int main(void) {
 }
 "#;
 
-/// Prints a line every 50 ms for ever, spinning in user mode between lines.
-const TICK_JOB: &str = r#"#include <stdio.h>
-#include <time.h>
-int main(void) {
-    for (;;) {
-        struct timespec start, now;
-        clock_gettime(CLOCK_MONOTONIC, &start);
-        do clock_gettime(CLOCK_MONOTONIC, &now);
-        while ((now.tv_sec - start.tv_sec) * 1000000000L + now.tv_nsec - start.tv_nsec < 50000000L);
-        printf("tick\n");
-        fflush(stdout);
-    }
-}
-"#;
-
 /// `clowder ARGS` started in `cwd` against the daemon at `socket`, its output piped.
 fn start_clowder(socket: &Path, args: &[&str], cwd: &Path) -> Child {
     Command::new(support::clowder())
@@ -104,7 +89,7 @@ fn four_jobs_share_a_two_vcpu_enclave_and_end_apart() {
     let Some((dir, socket)) = enclave_test_daemon("clowder-several-jobs", Liveness::default()) else { return };
     build_musl_program(&dir.0, "count", COUNT_JOB);
     build_musl_program(&dir.0, "crash", CRASH_JOB);
-    build_musl_program(&dir.0, "tick", TICK_JOB);
+    build_musl_program(&dir.0, "tick", &support::tick_job(50));
     let (a, b) = (dir.0.join("a"), dir.0.join("b"));
     std::fs::create_dir(&a).unwrap();
     std::fs::create_dir(&b).unwrap();

@@ -86,3 +86,23 @@ pub fn assert_says(output: &Output, words: &str) {
     let stderr = text(&output.stderr);
     assert!(stderr.contains(words), "expected {words:?} in: {stderr}");
 }
+
+/// A C program that prints "tick" every `period_ms` milliseconds for ever, spinning in user mode
+/// on the vDSO clock between lines (a job that keeps its CPU busy until it is killed).
+pub fn tick_job(period_ms: u32) -> String {
+    format!(
+        r#"#include <stdio.h>
+#include <time.h>
+int main(void) {{
+    for (;;) {{
+        struct timespec start, now;
+        clock_gettime(CLOCK_MONOTONIC, &start);
+        do clock_gettime(CLOCK_MONOTONIC, &now);
+        while ((now.tv_sec - start.tv_sec) * 1000000000L + now.tv_nsec - start.tv_nsec < {period_ms}000000L);
+        printf("tick\n");
+        fflush(stdout);
+    }}
+}}
+"#
+    )
+}
