@@ -65,6 +65,9 @@ int main(int argc, char **argv) {
             printf("pingpong: %ld bytes  %.2f us  %.1f MB/s\n", bytes, half_trip * 1e6, bytes / half_trip / 1e6);
     }
     if (rank == 0) printf("pingpong: %s\n", bad ? "data NOT verified" : "data verified");
+    /* Out before MPI_Finalize: a launcher that kills a rank hung there (see docs/mpi.md) would
+       otherwise drop the results still in stdio's buffer. */
+    fflush(stdout);
     free(buffer);
     MPI_Finalize();
     return bad;
