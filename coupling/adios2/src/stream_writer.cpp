@@ -371,6 +371,11 @@ void StreamWriter::Finish(bool drain)
             }
             backoff.Pause();
         }
+        // A reader that read every step still uses the control segment until it leaves (its
+        // last EndStep, its Close); removing the segment under it is SIGBUS there. A slow
+        // reader (an LWK job) is still on its way out when the drain above ends.
+        while (LiveReaders() > 0 && !deadline.Passed())
+            backoff.Pause();
     }
     m_Published.clear();
     m_Queued.clear();
