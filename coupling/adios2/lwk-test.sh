@@ -1,22 +1,21 @@
 #!/usr/bin/env bash
-# ADIOS2 streams with the writer in an LWK enclave, read on the host through ADIOS2: a static
-# c_writer job (the C writer API, no ADIOS2), then ADIOS2's own C++ writer (cxx_writer, a
-# dynamically linked job on the wheel's libraries, loaded by the host's ld.so), each
-# publishing 3 steps through the LWK's /dev/xpmem, and two host readers, ADIOS2's Python and
-# C++, reading every step through clowderd's broker, checking every value. An ADIOS2 reader
-# in the LWK of a host writer's stream is not here: it dies of SIGBUS writing to the
-# attached control segment (docs/adios2.md, "Not done"). Needs /dev/kvm and root; run by
-# coupling/adios2/test.sh. Prints "ok"/"FAIL" lines; exit 1 on a failure.
+# ADIOS2 streams between an LWK enclave and the host: a static c_writer job (the C writer API,
+# no ADIOS2) and then ADIOS2's own C++ writer (cxx_writer: a dynamically linked job on the
+# wheel's libraries, loaded by the host's ld.so) each publish 3 steps through the LWK's
+# /dev/xpmem, read on the host by ADIOS2's Python and C++ readers through clowderd's broker;
+# and ADIOS2's C++ reader (cxx_reader, a selection) as an LWK job reads a host Python
+# writer's 3 steps. Every value is checked, and no stream is left behind. Needs /dev/kvm and
+# root; run by coupling/adios2/test.sh. Prints "ok"/"FAIL" lines; exit 1 on a failure.
 set -u
 cd "$(dirname "$0")/../.."
 root=$(pwd)
 bin=$root/target/release
 if [ ! -e /dev/kvm ]; then
-    echo "skip  ADIOS2 writers in an LWK enclave: /dev/kvm is absent"
+    echo "skip  ADIOS2 in an LWK enclave: /dev/kvm is absent"
     exit 0
 fi
 for b in clowderd clowder clowder-vmm; do
-    [ -x "$bin/$b" ] || { echo "FAIL  ADIOS2 writers in an LWK enclave: $bin/$b is not built (make build)"; exit 1; }
+    [ -x "$bin/$b" ] || { echo "FAIL  ADIOS2 in an LWK enclave: $bin/$b is not built (make build)"; exit 1; }
 done
 scripts/adios2-setup.sh || exit 1
 
@@ -42,7 +41,7 @@ for _ in $(seq 30); do
     sleep 2
 done
 if ! grep -q "created enclave" "$state/create.out"; then
-    echo "FAIL  ADIOS2 writers in an LWK enclave: no enclave"; sed 's/^/      /' "$state/create.out" | tail -3
+    echo "FAIL  ADIOS2 in an LWK enclave: no enclave"; sed 's/^/      /' "$state/create.out" | tail -3
     exit 1
 fi
 
@@ -79,6 +78,32 @@ if [ $ws = 0 ] && [ $r1 = 0 ] && [ $r2 = 0 ] && grep -q "after 3 steps" "$state/
 else
     echo "FAIL  the C writer API in an LWK enclave (writer $ws, readers $r1 $r2, stream left: $left)"
     for f in w r1 r2; do sed 's/^/      /' "$state/$f" | tail -4; done
+    exit 1
+fi
+
+# ADIOS2's C++ reader (the wheel's libraries, found through cxx_reader's RUNPATH by the host's
+# ld.so) as an LWK job, attaching a host writer's segments through clowderd.
+cat >"$state/py.xml" <<XML
+<?xml version="1.0"?>
+<adios-config><io name="SimulationOutput"><engine type="Plugin">
+<parameter key="PluginName" value="clowder"/>
+<parameter key="PluginLibrary" value="$root/build/adios2/build/libclowder_adios2.so"/>
+<parameter key="StreamName" value="host-py"/>
+</engine></io></adios-config>
+XML
+timeout 120 python3 "$root/coupling/adios2/tests/py_writer.py" "$state/py.xml" x 3 64 48 >"$state/w" 2>&1 &
+w=$!
+timeout 120 "$bin/clowder" run adios2-test "$root/build/adios2/build/cxx_reader" "$state/py.xml" x 10 5 40 30 \
+    >"$state/r1" 2>&1
+r1=$?
+wait $w; ws=$?
+left=$(segid_of host-py)
+if [ $ws = 0 ] && [ $r1 = 0 ] && grep -q "after 3 steps" "$state/r1" && grep -q "^step 2 ok .* sel 10+40,5+30" "$state/r1" &&
+    [ "$left" = -1 ]; then
+    echo "ok    ADIOS2's Python writer on the host, its C++ reader (the wheel's libraries) in an LWK enclave"
+else
+    echo "FAIL  ADIOS2's C++ reader in an LWK enclave (writer $ws, reader $r1, stream left: $left)"
+    for f in w r1; do sed 's/^/      /' "$state/$f" | tail -4; done
     exit 1
 fi
 
