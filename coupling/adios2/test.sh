@@ -6,7 +6,8 @@
 # stream, a reader that joins late, the Discard policy, and bad input (an unknown stream, a wrong type, a selection
 # outside the shape, a writer killed mid-step, a hostile writer's malformed segments, malformed
 # configurations), none of which may crash the writer or reader or leave a segment behind;
-# then lwk-test.sh (the C writer API in an LWK enclave) where /dev/kvm is. Prints "N passed, N failed"; exit 1 on a failure.
+# then lwk-test.sh (the C writer API and ADIOS2's own C++ writer and reader as LWK enclave jobs)
+# where /dev/kvm is. Prints "N passed, N failed"; exit 1 on a failure.
 set -u
 cd "$(dirname "$0")/../.."
 root=$(pwd)
