@@ -178,7 +178,7 @@ unavailable() { # CONFIG
     case $1 in
         lwk-linux)
             if "$bin/clowder" enclave create --help | grep -q -- '- linux'; then
-                echo "not available: Linux-VM enclaves exist, but offer no XEMEM inside the guest yet (docs/linux-guest.md)"
+                echo "not available: Linux-VM enclaves exist, but this script has no configuration with the analytics in one yet (XEMEM in a booted guest is seen by hand only: docs/xemem-pci.md)"
             else
                 echo "not available: clowderd has no Linux-VM enclave kind yet"
             fi ;;
