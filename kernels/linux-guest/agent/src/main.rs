@@ -163,12 +163,16 @@ fn run() -> Result<(), String> {
 }
 
 fn main() {
+    // Process 1 ending panics the kernel, which ends the machine: what the daemon expects after
+    // Shutdown, and the only honest outcome of a broken channel. The status tells the two apart
+    // in the panic line the daemon reads (exitcode=0x00000000 only after Shutdown).
     match run() {
         Ok(()) => println!("clowder-agent: shut down by the host"),
-        Err(e) => eprintln!("clowder-agent: {e}"),
+        Err(e) => {
+            eprintln!("clowder-agent: {e}");
+            std::process::exit(1);
+        }
     }
-    // Process 1 ending panics the kernel, which ends the machine: what the daemon expects after
-    // Shutdown, and the only honest outcome of a broken channel.
 }
 
 #[cfg(test)]

@@ -20,11 +20,16 @@ const PANIC_LINES: usize = 200;
 /// The console's last lines may still be on their way from the ended VMM's pipe.
 const CONSOLE_GRACE: Duration = Duration::from_millis(300);
 
+/// The panic of process 1 (the agent) ending with status 0: it returns 0 only after the host's
+/// Shutdown, and Linux ends the machine when init ends, so this is the orderly end.
+const AGENT_SHUT_DOWN: &str = "Attempted to kill init! exitcode=0x00000000";
+
 /// How the machine ended (`ended`, the VMM's exit), with the guest's panic if its console
 /// shows one among `lines`.
 pub fn explain(ended: &str, lines: &[String]) -> String {
     let panic = lines.iter().rev().find_map(|line| line.split_once(PANIC_MARK).map(|(_, reason)| reason.trim()));
     match panic {
+        Some(AGENT_SHUT_DOWN) => format!("the guest's agent shut down as asked; {ended}"),
         Some(reason) => format!("the guest kernel panicked ({reason}); {ended}"),
         None => ended.to_string(),
     }
@@ -150,5 +155,13 @@ mod tests {
         ];
         assert_eq!(explain("x", &lines), "the guest kernel panicked (Attempted to kill init!); x");
         assert_eq!(explain("x", &[]), "x");
+    }
+
+    #[test]
+    fn the_agent_ending_after_shutdown_is_no_panic_but_its_failure_is() {
+        let shut_down = ["console: Kernel panic - not syncing: Attempted to kill init! exitcode=0x00000000".to_string()];
+        assert_eq!(explain("x", &shut_down), "the guest's agent shut down as asked; x");
+        let failed = ["console: Kernel panic - not syncing: Attempted to kill init! exitcode=0x00000100".to_string()];
+        assert_eq!(explain("x", &failed), "the guest kernel panicked (Attempted to kill init! exitcode=0x00000100); x");
     }
 }
