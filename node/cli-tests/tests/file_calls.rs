@@ -133,6 +133,7 @@ int main(int argc, char **argv) {
     say("close second", close(second));
     say("open exclusive", open("data", O_WRONLY | O_CREAT | O_EXCL, 0600));
     say("open directory for writing", open(".", O_WRONLY));
+    say("open the root exclusive", open("/", O_WRONLY | O_CREAT | O_EXCL, 0600));
     say("open below a file", open("data/below", O_RDONLY));
     int a = openat(AT_FDCWD, "data", O_RDONLY);
     say("openat", a);

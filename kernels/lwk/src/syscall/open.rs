@@ -1,6 +1,7 @@
 //! open, openat: files and directories of the job's read-only file system (and, in a
 //! persistent enclave, the host's files, `crate::enclave::files`). Flags: the access mode must
-//! be O_RDONLY (else EROFS, or EISDIR for a directory); O_CREAT of a missing path is EROFS;
+//! be O_RDONLY (else EROFS, or EISDIR for a directory); O_CREAT of a missing path is EROFS,
+//! O_CREAT|O_EXCL of an existing one EEXIST;
 //! O_DIRECTORY on a file is ENOTDIR; O_CLOEXEC sets close-on-exec; the other flags are ignored
 //! here and passed to the host for its files. A missing path is ENOENT; directories open
 //! read-only for `getdents64`.
@@ -12,7 +13,7 @@ use crate::job::{self, descriptors::Descriptor};
 use crate::linux_consts;
 use alloc::string::String;
 
-linux_consts!(i32: O_ACCMODE, O_CREAT, O_DIRECTORY, O_CLOEXEC);
+linux_consts!(i32: O_ACCMODE, O_CREAT, O_EXCL, O_DIRECTORY, O_CLOEXEC);
 
 pub fn open(path: UserAddr, flags: i32, mode: u32) -> SyscallResult {
     openat(AT_FDCWD, path, flags, mode)
@@ -36,6 +37,10 @@ fn open_in_job(directory: Fd, address: UserAddr, flags: i32) -> SyscallResult {
         Err(_) if flags & O_CREAT != 0 => return Err(Errno::EROFS),
         Err(error) => return Err(error),
     };
+    if flags & (O_CREAT | O_EXCL) == O_CREAT | O_EXCL {
+        // Linux checks existence before the file's kind: O_EXCL of a directory is EEXIST too.
+        return Err(Errno::EEXIST);
+    }
     if flags & O_ACCMODE != 0 {
         return Err(if node.is_directory() { Errno::EISDIR } else { Errno::EROFS });
     }
