@@ -184,6 +184,11 @@ impl Descriptors {
         }
     }
 
+    /// The open file `descriptor` names, without taking the host's lock (the caller holds it).
+    fn file_at(&self, descriptor: Fd) -> Option<OpenFile> {
+        Some(self.table.get(descriptor.index())?.as_ref()?.file.clone())
+    }
+
     fn slot(&mut self, descriptor: Fd) -> Option<&mut Slot> {
         self.locked(|_| ());
         self.table.get_mut(descriptor.index())?.as_mut()
@@ -204,7 +209,7 @@ impl Descriptors {
     /// now on, so the host no longer closes it from ring 3.
     pub fn open_file(&mut self, descriptor: Fd) -> Option<OpenFile> {
         self.locked(|descriptors| {
-            let file = descriptors.table.get(descriptor.index())?.as_ref()?.file.clone();
+            let file = descriptors.file_at(descriptor)?;
             descriptors.publish(descriptor.index());
             Some(file)
         })
@@ -279,12 +284,7 @@ impl Descriptors {
     /// not open (or the table is full: `Err`).
     pub fn duplicate(&mut self, from: Fd, lowest: u64, close_on_exec: bool) -> Result<Fd, DuplicateError> {
         self.locked(|descriptors| {
-            let file = descriptors
-                .table
-                .get(from.index())
-                .and_then(Option::as_ref)
-                .map(|slot| slot.file.clone())
-                .ok_or(DuplicateError::NotOpen)?;
+            let file = descriptors.file_at(from).ok_or(DuplicateError::NotOpen)?;
             let index = descriptors.free_slot(lowest as usize).ok_or(DuplicateError::TableFull)?;
             descriptors.table[index] = Some(Slot { file, close_on_exec });
             descriptors.publish(index);
@@ -297,12 +297,7 @@ impl Descriptors {
     /// be dropped unlocked).
     pub fn duplicate_to(&mut self, from: Fd, to: Fd, close_on_exec: bool) -> Result<(Fd, Option<OpenFile>), DuplicateError> {
         self.locked(|descriptors| {
-            let file = descriptors
-                .table
-                .get(from.index())
-                .and_then(Option::as_ref)
-                .map(|slot| slot.file.clone())
-                .ok_or(DuplicateError::NotOpen)?;
+            let file = descriptors.file_at(from).ok_or(DuplicateError::NotOpen)?;
             let to = to.index();
             if to >= MAX_DESCRIPTORS {
                 return Err(DuplicateError::TableFull);
