@@ -54,14 +54,32 @@ lib.xemem_lookup_segid.restype = ctypes.c_int64
 print(lib.xemem_lookup_segid(b'adios2:$1'))"
 }
 
-cat >"$state/c.xml" <<XML
-<?xml version="1.0"?>
-<adios-config><io name="SimulationOutput"><engine type="Plugin">
-<parameter key="PluginName" value="clowder"/>
-<parameter key="PluginLibrary" value="$root/build/adios2/build/libclowder_adios2.so"/>
-<parameter key="StreamName" value="lwk-writer"/>
-</engine></io></adios-config>
-XML
+# Writes to FILE an ADIOS2 configuration selecting the clowder plugin engine for STREAM, with
+# any further KEY=VALUE engine parameters.
+plugin_xml() {
+    local file=$1 stream=$2 pair
+    shift 2
+    {
+        echo '<?xml version="1.0"?>'
+        echo '<adios-config><io name="SimulationOutput"><engine type="Plugin">'
+        echo '<parameter key="PluginName" value="clowder"/>'
+        echo "<parameter key=\"PluginLibrary\" value=\"$root/build/adios2/build/libclowder_adios2.so\"/>"
+        echo "<parameter key=\"StreamName\" value=\"$stream\"/>"
+        for pair in "$@"; do echo "<parameter key=\"${pair%%=*}\" value=\"${pair#*=}\"/>"; done
+        echo '</engine></io></adios-config>'
+    } >"$file"
+}
+
+# Says FAIL with MESSAGE and the last lines of each output named (w, r1, r2), and stops.
+fail() {
+    local message=$1 f
+    shift
+    echo "FAIL  $message"
+    for f in "$@"; do sed 's/^/      /' "$state/$f" | tail -4; done
+    exit 1
+}
+
+plugin_xml "$state/c.xml" lwk-writer
 timeout 120 "$bin/clowder" run adios2-test "$root/build/adios2/build/c_writer_static" lwk-writer 3 32 16 \
     RendezvousReaderCount=2,MaxStepSize=16777216 >"$state/w" 2>&1 &
 w=$!
@@ -76,21 +94,12 @@ if [ $ws = 0 ] && [ $r1 = 0 ] && [ $r2 = 0 ] && grep -q "after 3 steps" "$state/
     grep -q "after 3 steps" "$state/r2" && [ "$left" = -1 ]; then
     echo "ok    the C writer API in an LWK enclave (static, /dev/xpmem), ADIOS2 Python and C++ readers on the host"
 else
-    echo "FAIL  the C writer API in an LWK enclave (writer $ws, readers $r1 $r2, stream left: $left)"
-    for f in w r1 r2; do sed 's/^/      /' "$state/$f" | tail -4; done
-    exit 1
+    fail "the C writer API in an LWK enclave (writer $ws, readers $r1 $r2, stream left: $left)" w r1 r2
 fi
 
 # ADIOS2's C++ reader (the wheel's libraries, found through cxx_reader's RUNPATH by the host's
 # ld.so) as an LWK job, attaching a host writer's segments through clowderd.
-cat >"$state/py.xml" <<XML
-<?xml version="1.0"?>
-<adios-config><io name="SimulationOutput"><engine type="Plugin">
-<parameter key="PluginName" value="clowder"/>
-<parameter key="PluginLibrary" value="$root/build/adios2/build/libclowder_adios2.so"/>
-<parameter key="StreamName" value="host-py"/>
-</engine></io></adios-config>
-XML
+plugin_xml "$state/py.xml" host-py
 timeout 120 python3 "$root/coupling/adios2/tests/py_writer.py" "$state/py.xml" x 3 64 48 >"$state/w" 2>&1 &
 w=$!
 timeout 120 "$bin/clowder" run adios2-test "$root/build/adios2/build/cxx_reader" "$state/py.xml" x 10 5 40 30 \
@@ -102,24 +111,13 @@ if [ $ws = 0 ] && [ $r1 = 0 ] && grep -q "after 3 steps" "$state/r1" && grep -q 
     [ "$left" = -1 ]; then
     echo "ok    ADIOS2's Python writer on the host, its C++ reader (the wheel's libraries) in an LWK enclave"
 else
-    echo "FAIL  ADIOS2's C++ reader in an LWK enclave (writer $ws, reader $r1, stream left: $left)"
-    for f in w r1; do sed 's/^/      /' "$state/$f" | tail -4; done
-    exit 1
+    fail "ADIOS2's C++ reader in an LWK enclave (writer $ws, reader $r1, stream left: $left)" w r1
 fi
 
 # ADIOS2's own libraries (the wheel's, found through cxx_writer's RUNPATH by the host's ld.so)
 # in the LWK: the plugin's buffers are private memory there (no memfd), so MaxStepSize bounds
 # what the job maps.
-cat >"$state/cxx.xml" <<XML
-<?xml version="1.0"?>
-<adios-config><io name="SimulationOutput"><engine type="Plugin">
-<parameter key="PluginName" value="clowder"/>
-<parameter key="PluginLibrary" value="$root/build/adios2/build/libclowder_adios2.so"/>
-<parameter key="StreamName" value="lwk-cxx"/>
-<parameter key="MaxStepSize" value="16777216"/>
-<parameter key="RendezvousReaderCount" value="2"/>
-</engine></io></adios-config>
-XML
+plugin_xml "$state/cxx.xml" lwk-cxx MaxStepSize=16777216 RendezvousReaderCount=2
 timeout 120 "$bin/clowder" run adios2-test "$root/build/adios2/build/cxx_writer" "$state/cxx.xml" x 3 64 48 \
     >"$state/w" 2>&1 &
 w=$!
@@ -134,7 +132,5 @@ if [ $ws = 0 ] && [ $r1 = 0 ] && [ $r2 = 0 ] && grep -q "after 3 steps" "$state/
     grep -q "after 3 steps" "$state/r2" && grep -q "sel 10+40,5+30" "$state/r2" && [ "$left" = -1 ]; then
     echo "ok    ADIOS2's C++ writer (the wheel's libraries) in an LWK enclave, ADIOS2 Python and C++ readers on the host"
 else
-    echo "FAIL  ADIOS2's C++ writer in an LWK enclave (writer $ws, readers $r1 $r2, stream left: $left)"
-    for f in w r1 r2; do sed 's/^/      /' "$state/$f" | tail -4; done
-    exit 1
+    fail "ADIOS2's C++ writer in an LWK enclave (writer $ws, readers $r1 $r2, stream left: $left)" w r1 r2
 fi
