@@ -100,12 +100,15 @@ int Writer(const char *config, const char *stream, size_t n, size_t steps, long 
     return 0;
 }
 
-int Reader(const char *config, const char *stream, size_t n, size_t steps, long pauseMs)
+// The step loop both readers share: READ_STEP reads the step BeginStep opened (between it and
+// EndStep, timed) and says whether its data are the writer's (step's value first, 1.0 last).
+template <typename ReadStep>
+int ReadSteps(const char *who, const char *config, const char *stream, size_t steps, long pauseMs,
+              ReadStep readStep)
 {
     adios2::ADIOS adios(config);
     adios2::IO io = adios.DeclareIO("Bench");
     adios2::Engine r = io.Open(stream, adios2::Mode::Read);
-    std::vector<double> data(n, 0.0); // touched: the analysis's buffer exists already
     std::vector<double> ms;
     size_t got = 0;
     while (got < steps)
@@ -115,14 +118,15 @@ int Reader(const char *config, const char *stream, size_t n, size_t steps, long 
         adios2::StepStatus st = r.BeginStep(adios2::StepMode::Read, 60.0f);
         if (st != adios2::StepStatus::OK)
             break;
-        auto var = io.InquireVariable<double>("data");
-        r.Get(var, data.data(), adios2::Mode::Sync);
         size_t step = r.CurrentStep();
+        int verdict = readStep(io, r, step);
         r.EndStep();
         ms.push_back(Ms(t0, Clock::now()));
-        if (data[0] != double(step) || data[n - 1] != 1.0)
+        if (verdict < 0)
+            return 1;
+        if (verdict == 0)
         {
-            std::fprintf(stderr, "reader: step %zu has wrong data\n", step);
+            std::fprintf(stderr, "%s: step %zu has wrong data\n", who, step);
             return 1;
         }
         ++got;
@@ -132,20 +136,21 @@ int Reader(const char *config, const char *stream, size_t n, size_t steps, long 
     return got == steps ? 0 : 1;
 }
 
+// A Get into the analysis's own buffer.
+int Reader(const char *config, const char *stream, size_t n, size_t steps, long pauseMs)
+{
+    std::vector<double> data(n, 0.0); // touched: the analysis's buffer exists already
+    return ReadSteps("reader", config, stream, steps, pauseMs,
+                     [&](adios2::IO &io, adios2::Engine &r, size_t step) {
+                         r.Get(io.InquireVariable<double>("data"), data.data(), adios2::Mode::Sync);
+                         return int(data[0] == double(step) && data[n - 1] == 1.0);
+                     });
+}
+
+// The analysis reading each block in place (clowder_adios2_block_data): the raw reader's sum.
 int ZeroCopyReader(const char *config, const char *stream, size_t n, size_t steps, long pauseMs)
 {
-    adios2::ADIOS adios(config);
-    adios2::IO io = adios.DeclareIO("Bench");
-    adios2::Engine r = io.Open(stream, adios2::Mode::Read);
-    std::vector<double> ms;
-    size_t got = 0;
-    while (got < steps)
-    {
-        Pause(pauseMs);
-        auto t0 = Clock::now();
-        adios2::StepStatus st = r.BeginStep(adios2::StepMode::Read, 60.0f);
-        if (st != adios2::StepStatus::OK)
-            break;
+    return ReadSteps("zc-reader", config, stream, steps, pauseMs, [&](adios2::IO &, adios2::Engine &, size_t step) {
         double sum = 0;
         clowder_adios2_block b;
         for (size_t k = 0, blocks = 1; k < blocks; ++k)
@@ -153,24 +158,13 @@ int ZeroCopyReader(const char *config, const char *stream, size_t n, size_t step
             if (clowder_adios2_block_data("Bench", "data", "double", k, &b) != 0)
             {
                 std::fprintf(stderr, "zc-reader: %s\n", clowder_adios2_read_error());
-                return 1;
+                return -1;
             }
             blocks = b.nblocks;
             sum += Sum(static_cast<const double *>(b.data), b.nbytes / sizeof(double));
         }
-        size_t step = r.CurrentStep();
-        r.EndStep();
-        ms.push_back(Ms(t0, Clock::now()));
-        if (sum != double(step) + double(n - 1))
-        {
-            std::fprintf(stderr, "zc-reader: step %zu has wrong data\n", step);
-            return 1;
-        }
-        ++got;
-    }
-    r.Close();
-    Report("reader", ms);
-    return got == steps ? 0 : 1;
+        return int(sum == double(step) + double(n - 1));
+    });
 }
 
 std::string RawName(const char *name, size_t s)
