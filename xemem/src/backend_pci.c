@@ -6,9 +6,22 @@
  * the owner's guest-physical pages: they are pinned with mlock and translated through
  * /proc/self/pagemap (root in the guest), then sent as runs of contiguous frames.
  * device.c routes the XPMEM commands here when this backend is chosen.
+ *
+ * Two things outlive the calling process, because the guest kernel knows nothing of XEMEM:
+ *  - Its exports' pages. The guest kernel frees them when the process ends, while host
+ *    attachers still map them, so each export's pages are also held by pipes (vmsplice takes a
+ *    reference to every page) whose read ends go to the enclave agent's keeper
+ *    (kernels/linux-guest/agent/src/xemem_keeper.rs) over a unix socket: when this process's
+ *    connection closes (it ended, however), the keeper removes what it still exported and only
+ *    then lets the pages go. Without a keeper (a guest without clowder's agent) exports work but
+ *    that hole stays open: said once on stderr.
+ *  - The mailbox, which every guest process shares: a word in a shared file (/run) holds the pid
+ *    of the process using it (the guest kernel has no file locking), taken over from a process
+ *    that died holding it.
  */
 #include "xpmem_internal.h"
 
+#include <sys/uio.h>
 #include <time.h>
 
 #define PCI_VENDOR 0xc10d
@@ -50,12 +63,25 @@ _Static_assert(offsetof(struct pci_mailbox, args) == 0x20 && offsetof(struct pci
 	       "mailbox layout");
 #define PCI_MAX_RUNS ((PCI_MAILBOX_SIZE - offsetof(struct pci_mailbox, runs)) / sizeof(struct pci_run))
 
-/* An export: its pages stay locked until it is removed. */
+/* An export: its pages stay locked until it is removed; `tag` names it to the keeper. */
 struct pci_export {
 	xpmem_segid_t segid;
 	uintptr_t vaddr;
 	size_t size;
+	uint64_t tag;
 };
+
+/* The keeper's messages (one per SOCK_SEQPACKET record; KEEP carries pipes as SCM_RIGHTS). */
+enum { KEEPER_KEEP = 1, KEEPER_MADE = 2, KEEPER_DROP = 3 };
+struct keeper_message {
+	uint32_t op, reserved;
+	uint64_t tag;
+	int64_t segid;
+};
+/* Pages one pipe holds at most: 64 MiB, a kernel array of 16 Ki pipe buffers (640 KiB). */
+#define PIPE_PAGES 16384UL
+/* Pipes per KEEP message (SCM_RIGHTS takes at most 253 descriptors). */
+#define PIPES_PER_MESSAGE 64
 
 /* An attachment: a mapping of the window at `window_offset`. */
 struct pci_attachment {
@@ -67,7 +93,9 @@ struct pci_attachment {
 static pthread_mutex_t pci_lock = PTHREAD_MUTEX_INITIALIZER;
 static volatile struct pci_mailbox *mailbox;
 static int window_fd = -1;
-static uint32_t sequence;
+static _Atomic uint32_t *mailbox_user; /* the shared word naming the process using the mailbox */
+static int keeper = -2;                  /* the keeper's socket; -1: none; -2: not tried yet */
+static uint64_t next_tag;
 static struct pci_export *exports;
 static size_t export_count, export_capacity;
 static struct pci_attachment *pci_attachments;
@@ -88,6 +116,25 @@ static int read_id(const char *dir, const char *file, unsigned *id)
 		return -1;
 	*id = (unsigned)value;
 	return 0;
+}
+
+/* Maps the word naming the mailbox's user ($CLOWDER_XEMEM_PCI_LOCK, default /run/xemem-pci.lock);
+ * without it (no writable /run) requests go unserialized, as in a guest with one XPMEM process. */
+static void map_mailbox_user(void)
+{
+	const char *path = getenv("CLOWDER_XEMEM_PCI_LOCK");
+	path = path && *path ? path : "/run/xemem-pci.lock";
+	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) < 0 || (st.st_size < (off_t)PAGE && ftruncate(fd, PAGE) < 0)) {
+		fprintf(stderr, "libxpmem: %s: %s (XEMEM calls of several guest processes may collide)\n", path,
+			strerror(errno));
+	} else {
+		void *word = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		mailbox_user = word == MAP_FAILED ? NULL : word;
+	}
+	if (fd >= 0)
+		close(fd);
 }
 
 /* Looks for the device and maps its mailbox: 1 found, 0 absent (or unusable, said on stderr).
@@ -129,6 +176,7 @@ int pci_probe(void)
 		}
 		mailbox = map;
 		window_fd = window;
+		map_mailbox_user();
 		found = 1;
 	}
 	closedir(dir);
@@ -151,6 +199,36 @@ static uint64_t now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Takes the mailbox for this process: 0, or -1 with ETIMEDOUT when a live process kept it past
+ * the timeout. A user that no longer exists (killed mid-request) is replaced. */
+static int take_mailbox(void)
+{
+	if (!mailbox_user)
+		return 0;
+	uint32_t me = (uint32_t)getpid();
+	uint64_t deadline = now_ms() + timeout_ms();
+	for (unsigned spins = 0;; spins++) {
+		uint32_t user = 0;
+		if (atomic_compare_exchange_strong(mailbox_user, &user, me) || user == me)
+			return 0;
+		if (spins % 64 == 63 && kill((pid_t)user, 0) < 0 && errno == ESRCH &&
+		    atomic_compare_exchange_strong(mailbox_user, &user, me))
+			return 0;
+		if (now_ms() > deadline) {
+			errno = ETIMEDOUT;
+			return -1;
+		}
+		sched_yield();
+	}
+}
+
+static void give_mailbox_back(void)
+{
+	uint32_t me = (uint32_t)getpid();
+	if (mailbox_user)
+		atomic_compare_exchange_strong(mailbox_user, &me, 0);
+}
+
 /* One request (the fields other than op are already in the mailbox), with pci_lock held.
  * On a VM the doorbell write exits to the VMM, which answers before the guest resumes; the
  * wait only matters for hosts that answer asynchronously (the tests' fake). */
@@ -158,7 +236,8 @@ static int request(uint32_t op)
 {
 	mailbox->op = op;
 	mailbox->error = 0;
-	uint32_t seq = ++sequence;
+	/* Other processes' requests moved `done` on since ours: the next number follows it. */
+	uint32_t seq = __atomic_load_n(&mailbox->done, __ATOMIC_ACQUIRE) + 1;
 	__atomic_store_n(&mailbox->doorbell, seq, __ATOMIC_RELEASE);
 	uint64_t deadline = now_ms() + timeout_ms();
 	for (unsigned spins = 0; __atomic_load_n(&mailbox->done, __ATOMIC_ACQUIRE) != seq; spins++) {
@@ -247,6 +326,119 @@ static int send_runs(uintptr_t vaddr, size_t size, uint64_t *total)
 	return request(PCI_OP_RUNS);
 }
 
+/* The keeper's socket, connected on first use ($CLOWDER_XEMEM_KEEPER: its abstract name), or -1. */
+static int keeper_socket(void)
+{
+	if (keeper != -2)
+		return keeper;
+	const char *name = getenv("CLOWDER_XEMEM_KEEPER");
+	name = name && *name ? name : "clowder-xemem-keeper";
+	struct sockaddr_un address = { .sun_family = AF_UNIX };
+	size_t len = strnlen(name, sizeof address.sun_path - 2);
+	memcpy(address.sun_path + 1, name, len);
+	keeper = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (keeper >= 0 &&
+	    connect(keeper, (struct sockaddr *)&address, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len)) < 0) {
+		fprintf(stderr,
+			"libxpmem: no XEMEM keeper in this guest (%s): an export's pages are freed if this process ends "
+			"without removing it\n",
+			strerror(errno));
+		close(keeper);
+		keeper = -1;
+	}
+	return keeper;
+}
+
+/* One message to the keeper, with `count` descriptors. */
+static int keeper_send(uint32_t op, uint64_t tag, int64_t segid, const int *fds, size_t count)
+{
+	struct keeper_message message = { .op = op, .tag = tag, .segid = segid };
+	struct iovec iov = { &message, sizeof message };
+	union {
+		struct cmsghdr header;
+		char space[CMSG_SPACE(sizeof(int) * PIPES_PER_MESSAGE)];
+	} control;
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+	if (count) {
+		msg.msg_control = control.space;
+		msg.msg_controllen = CMSG_SPACE(sizeof(int) * count);
+		struct cmsghdr *header = CMSG_FIRSTHDR(&msg);
+		header->cmsg_level = SOL_SOCKET;
+		header->cmsg_type = SCM_RIGHTS;
+		header->cmsg_len = CMSG_LEN(sizeof(int) * count);
+		memcpy(CMSG_DATA(header), fds, sizeof(int) * count);
+	}
+	return sendmsg(keeper, &msg, MSG_NOSIGNAL) == (ssize_t)sizeof message ? 0 : -1;
+}
+
+/* Hands the keeper pipes holding a reference to every page of [vaddr, vaddr+size) (locked),
+ * under `tag`: 0 (also with no keeper), or -1 with errno. */
+static int keep_pages(uintptr_t vaddr, size_t size, uint64_t tag)
+{
+	if (keeper_socket() < 0)
+		return 0;
+	/* CAP_SYS_RESOURCE may size a pipe past pipe-max-size (1 MiB by default): else smaller ones. */
+	static size_t pipe_bytes = PIPE_PAGES * PAGE;
+	int pipes[PIPES_PER_MESSAGE];
+	size_t count = 0;
+	int status = 0;
+	for (size_t at = 0; at < size && !status;) {
+		int ends[2];
+		if (pipe2(ends, O_CLOEXEC) < 0) {
+			status = -1;
+			break;
+		}
+		size_t chunk;
+		for (;;) {
+			chunk = size - at < pipe_bytes ? size - at : pipe_bytes;
+			if (fcntl(ends[1], F_SETPIPE_SZ, (int)chunk) >= 0)
+				break;
+			if (errno != EPERM || pipe_bytes <= 16 * PAGE) {
+				status = -1;
+				break;
+			}
+			pipe_bytes /= 2;
+		}
+		struct iovec iov = { (void *)(vaddr + at), chunk };
+		while (!status && iov.iov_len) {
+			ssize_t spliced = vmsplice(ends[1], &iov, 1, SPLICE_F_NONBLOCK);
+			if (spliced <= 0) {
+				errno = spliced < 0 ? errno : EIO;
+				status = -1;
+				break;
+			}
+			iov.iov_base = (char *)iov.iov_base + spliced;
+			iov.iov_len -= (size_t)spliced;
+		}
+		close(ends[1]);
+		pipes[count++] = ends[0];
+		at += chunk;
+		if (count == PIPES_PER_MESSAGE || at >= size || status) {
+			if (!status && keeper_send(KEEPER_KEEP, tag, 0, pipes, count) < 0)
+				status = -1;
+			while (count)
+				close(pipes[--count]);
+		}
+	}
+	if (status) {
+		int error = errno;
+		keeper_send(KEEPER_DROP, tag, 0, NULL, 0);
+		errno = error;
+	}
+	return status;
+}
+
+/* Undoes a make that failed after its range was locked (and perhaps handed to the keeper). */
+static int unmake(uintptr_t vaddr, size_t size, uint64_t tag)
+{
+	int error = errno;
+	if (keeper >= 0)
+		keeper_send(KEEPER_DROP, tag, 0, NULL, 0);
+	munlock((void *)vaddr, size);
+	errno = error;
+	return -1;
+}
+
 /* Exports [vaddr, vaddr+size) under `name` (NULL: anonymous). */
 static int pci_make(uint64_t vaddr, uint64_t size, int permit_type, uint64_t permit_value, const char *name,
 		    xpmem_segid_t *segid)
@@ -268,26 +460,28 @@ static int pci_make(uint64_t vaddr, uint64_t size, int permit_type, uint64_t per
 		errno = error;
 		return -1;
 	}
-	uint64_t runs;
-	if (send_runs(vaddr, size, &runs) < 0 || (name && set_name(name) < 0)) {
+	/* Before MAKE: once the segment exists, its pages must not be freed before it goes. */
+	uint64_t tag = ++next_tag, runs;
+	if (keep_pages(vaddr, size, tag) < 0) {
 		int error = errno;
 		munlock((void *)(uintptr_t)vaddr, size);
 		errno = error;
 		return -1;
 	}
+	if (send_runs(vaddr, size, &runs) < 0 || (name && set_name(name) < 0))
+		return unmake(vaddr, size, tag);
 	if (!name)
 		mailbox->name[0] = 0;
 	uint64_t args[] = { vaddr, size, (uint64_t)permit_type, permit_value, runs, 0 };
 	for (int i = 0; i < 6; i++)
 		mailbox->args[i] = args[i];
-	if (request(PCI_OP_MAKE) < 0) {
-		int error = errno;
-		munlock((void *)(uintptr_t)vaddr, size);
-		errno = error;
-		return -1;
-	}
+	if (request(PCI_OP_MAKE) < 0)
+		return unmake(vaddr, size, tag);
 	*segid = (xpmem_segid_t)mailbox->results[0];
-	exports[export_count++] = (struct pci_export){ *segid, vaddr, size };
+	exports[export_count++] = (struct pci_export){ *segid, vaddr, size, tag };
+	/* Lost only if the keeper went: then it cannot remove the segment for us either. */
+	if (keeper >= 0)
+		keeper_send(KEEPER_MADE, tag, *segid, NULL, 0);
 	return 0;
 }
 
@@ -300,6 +494,8 @@ static int pci_remove(xpmem_segid_t segid)
 		if (exports[i].segid != segid)
 			continue;
 		munlock((void *)exports[i].vaddr, exports[i].size);
+		if (keeper >= 0)
+			keeper_send(KEEPER_DROP, exports[i].tag, 0, NULL, 0);
 		exports[i] = exports[--export_count];
 		break;
 	}
@@ -365,6 +561,10 @@ long pci_call(unsigned long command, void *argument)
 {
 	pthread_mutex_lock(&pci_lock);
 	long result = -1;
+	if (take_mailbox() < 0) {
+		pthread_mutex_unlock(&pci_lock);
+		return -1;
+	}
 	switch (command) {
 	case XPMEM_CMD_VERSION:
 		if (request(PCI_OP_HELLO) == 0)
@@ -413,6 +613,9 @@ long pci_call(unsigned long command, void *argument)
 		/* Notification descriptors and fork hooks need a guest kernel's help. */
 		errno = EOPNOTSUPP;
 	}
+	int error = errno;
+	give_mailbox_back();
+	errno = error;
 	pthread_mutex_unlock(&pci_lock);
 	return result;
 }

@@ -14,8 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <xpmem.h>
@@ -69,6 +73,8 @@ static int answer(uint32_t op)
 		box->results[0] = 1;
 		return 0;
 	case 2: /* RUNS */
+		if (a[0] == 0) /* a new export */
+			received_count = 0;
 		if (a[0] != received_count)
 			return EINVAL;
 		received = realloc(received, (received_count + box->nruns) * sizeof *received);
@@ -214,6 +220,9 @@ static void fake_device(int magic, int answering)
 	CHECK(symlink(target, path) == 0);
 	setenv("CLOWDER_XEMEM_PCI_SYSFS", root, 1);
 	setenv("CLOWDER_XEMEM_BACKEND", "pci", 1);
+	/* The mailbox's user word beside the tree, not the host's /run. */
+	snprintf(path, sizeof path, "%s/lock", root);
+	setenv("CLOWDER_XEMEM_PCI_LOCK", path, 1);
 	/* A broker must never be what answers. */
 	setenv("CLOWDER_XEMEM_SOCKET", "/nonexistent/xemem.sock", 1);
 	pthread_t thread;
@@ -345,12 +354,100 @@ static void case_host_gone(void)
 	CHECK(xemem_lookup_segid("host-seg") == -1 && errno == ETIMEDOUT);
 }
 
+/* The agent's keeper as the library sees it: a listening abstract SEQPACKET socket. */
+static int fake_keeper(void)
+{
+	char name[64];
+	snprintf(name, sizeof name, "pci-fake-keeper-%d", getpid());
+	setenv("CLOWDER_XEMEM_KEEPER", name, 1);
+	struct sockaddr_un address = { .sun_family = AF_UNIX };
+	memcpy(address.sun_path + 1, name, strlen(name));
+	int listener = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+	CHECK(listener >= 0 &&
+	      bind(listener, (struct sockaddr *)&address, offsetof(struct sockaddr_un, sun_path) + 1 + strlen(name)) == 0 &&
+	      listen(listener, 1) == 0);
+	return listener;
+}
+
+/* A process that exports and ends without removing: its pages reach the keeper, held by pipes
+ * that still hold what it wrote after it is gone (the guest kernel cannot reuse them), with the
+ * segment's id to remove; an export it removed itself is dropped. */
+static void case_keeper(void)
+{
+	fake_device(1, 1);
+	int listener = fake_keeper();
+	size_t size = 80UL << 20, pages = size / PAGE; /* two pipes' worth at least */
+	pid_t child = fork();
+	CHECK(child >= 0);
+	if (child == 0) {
+		char *buf = mmap(NULL, size + PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		CHECK(buf != MAP_FAILED);
+		for (size_t i = 0; i < pages; i++)
+			*(uint64_t *)(buf + i * PAGE) = 0x6b656570ULL << 32 | i;
+		xpmem_segid_t removed = xpmem_make(buf + size, PAGE, XPMEM_PERMIT_MODE, (void *)0600);
+		CHECK(removed == 500 && xpmem_remove(removed) == 0);
+		CHECK(xemem_make(buf, size, "guest-seg") == 500);
+		_exit(0); /* without xpmem_remove */
+	}
+	struct pollfd ready = { .fd = listener, .events = POLLIN };
+	CHECK(poll(&ready, 1, 20000) == 1);
+	int connection = accept(listener, NULL, NULL);
+	CHECK(connection >= 0);
+	int pipes[2][256], made[2] = { 0, 0 }, dropped[2] = { 0, 0 };
+	size_t npipes[2] = { 0, 0 };
+	for (;;) {
+		struct { uint32_t op, reserved; uint64_t tag; int64_t segid; } message;
+		union {
+			struct cmsghdr header;
+			char space[CMSG_SPACE(sizeof(int) * 253)];
+		} control;
+		struct iovec iov = { &message, sizeof message };
+		struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.space,
+				      .msg_controllen = sizeof control.space };
+		ssize_t got = recvmsg(connection, &msg, 0);
+		if (got == 0)
+			break;
+		CHECK(got == sizeof message && message.tag >= 1 && message.tag <= 2);
+		int t = (int)message.tag - 1;
+		struct cmsghdr *header = CMSG_FIRSTHDR(&msg);
+		if (message.op == 1) {
+			CHECK(header && header->cmsg_type == SCM_RIGHTS);
+			size_t n = (header->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+			CHECK(npipes[t] + n <= 256);
+			memcpy(pipes[t] + npipes[t], CMSG_DATA(header), n * sizeof(int));
+			npipes[t] += n;
+		} else {
+			CHECK(!header && (message.op == 2 ? message.segid == 500 : message.op == 3));
+			(message.op == 2 ? made : dropped)[t]++;
+		}
+	}
+	int status;
+	CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	CHECK(npipes[0] == 1 && made[0] == 1 && dropped[0] == 1);
+	CHECK(npipes[1] >= 2 && made[1] == 1 && dropped[1] == 0);
+	/* The ended process's pages, in order, as it left them. */
+	char *page = malloc(PAGE);
+	size_t seen = 0;
+	for (size_t p = 0; p < npipes[1]; p++) {
+		ssize_t got;
+		while ((got = read(pipes[1][p], page, PAGE)) == (ssize_t)PAGE) {
+			CHECK(*(uint64_t *)page == (0x6b656570ULL << 32 | seen));
+			seen++;
+		}
+		CHECK(got == 0 || got == -1);
+		close(pipes[1][p]);
+	}
+	printf("%zu pages held after the exporter ended\n", seen);
+	CHECK(seen == pages);
+}
+
 static const struct {
 	const char *name;
 	void (*run)(void);
 } cases[] = {
 	{ "discovery", case_discovery }, { "no_device", case_no_device }, { "bad_magic", case_bad_magic },
 	{ "export", case_export },       { "attach", case_attach },       { "host_gone", case_host_gone },
+	{ "keeper", case_keeper },
 };
 
 int main(int argc, char **argv)
