@@ -10,6 +10,7 @@
 mod host_files;
 mod job;
 mod session;
+mod xemem_keeper;
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -142,6 +143,8 @@ fn run() -> Result<(), String> {
     // Without a window (another kernel command line) jobs run in the guest's own files.
     let window = file_window(&cmdline);
     let mut session = Session::new(endpoint, memory, job::Settings { root: PathBuf::from("/run/clowder") }, window);
+    // Before any job runs: an XEMEM export's pages must never outlive the keeper's watch.
+    xemem_keeper::start();
     session.hello(vcpus, ram)?;
     println!("clowder-agent: Hello sent ({vcpus} vCPUs, {} MiB)", ram >> 20);
     let mut last_round = std::time::Instant::now();

@@ -1,0 +1,381 @@
+//! The keeper of guest processes' XEMEM exports (docs/xemem-pci.md). With no guest kernel
+//! module nothing in the guest kernel knows that a process's pages are mapped by host (or other
+//! enclaves') attachers: when the process ends, however it ends, the kernel frees them and may
+//! give them to anyone, while the attachers still read and write them. So libxpmem's PCI
+//! backend (xemem/src/backend_pci.c) hands this keeper, before each MAKE, pipes holding a
+//! reference to every page of the export (vmsplice), then the segment's id; it drops them when
+//! the process removes the segment itself. When the process's connection closes (it ended), the
+//! keeper removes what it still exported through the XEMEM device's mailbox (the attachers are
+//! revoked: SIGBUS on the host) and only then lets the pages go.
+//!
+//! The mailbox is spoken here in Rust rather than through libxpmem (C, built for the host's
+//! libc, not linked into this static agent): one request, REMOVE, under the same shared word in
+//! `/run` that serializes every guest process's use of the mailbox.
+//!
+//! Not covered: pages of an export whose process was killed between MAKE and telling the keeper
+//! its id are kept (never freed, never removed) rather than risked; a process that forked after
+//! exporting is seen to end only when its last copy of the connection closes.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// The abstract socket name libxpmem connects to (`CLOWDER_XEMEM_KEEPER` there).
+const SOCKET_NAME: &[u8] = b"clowder-xemem-keeper";
+const KEEP: u32 = 1;
+const MADE: u32 = 2;
+const DROP: u32 = 3;
+/// What one guest process may make the keeper hold: exports, and pipes over all of them.
+const MAX_EXPORTS: usize = 4096;
+const MAX_PIPES: usize = 1 << 16;
+
+/// What removes a segment: the device's mailbox, or a test's recorder.
+pub trait Remover {
+    /// Removes segment `segid`: `Err(errno)` when the device refused or did not answer.
+    fn remove(&self, segid: i64) -> Result<(), i32>;
+}
+
+/// One export of a connection: the pipes holding its pages, and its segment once made.
+#[derive(Default)]
+struct Held {
+    segid: Option<i64>,
+    pipes: Vec<OwnedFd>,
+}
+
+/// What one guest process handed the keeper.
+#[derive(Default)]
+pub struct Connection {
+    held: HashMap<u64, Held>,
+    pipes: usize,
+}
+
+impl Connection {
+    /// One message: `Err` for garbage (the connection is then treated as ended).
+    pub fn apply(&mut self, op: u32, tag: u64, segid: i64, fds: Vec<OwnedFd>) -> Result<(), String> {
+        if op != KEEP && !fds.is_empty() {
+            return Err(format!("op {op} carried {} descriptors", fds.len()));
+        }
+        if !self.held.contains_key(&tag) && (op != KEEP || self.held.len() >= MAX_EXPORTS) {
+            return Err(format!("op {op} for export {tag}, unknown or one too many"));
+        }
+        if op == DROP {
+            let gone = self.held.remove(&tag).expect("present");
+            self.pipes -= gone.pipes.len();
+            return Ok(());
+        }
+        let held = self.held.entry(tag).or_default();
+        match op {
+            KEEP if self.pipes + fds.len() <= MAX_PIPES && held.segid.is_none() => {
+                self.pipes += fds.len();
+                held.pipes.extend(fds);
+            }
+            MADE if held.segid.is_none() && segid > 0 => held.segid = Some(segid),
+            _ => return Err(format!("op {op} for export {tag} out of turn")),
+        }
+        Ok(())
+    }
+
+    /// The process ended: removes each segment it still exported, then lets its pages go.
+    /// Returns the pipes kept: of segments that could not be removed, or whose id never came.
+    pub fn end(self, remover: &dyn Remover) -> Vec<OwnedFd> {
+        let mut kept = Vec::new();
+        for (_, held) in self.held {
+            match held.segid.map(|segid| (segid, remover.remove(segid))) {
+                // ENOENT: already gone (its owner's VM link, or a removal racing this one).
+                Some((_, Ok(()) | Err(libc::ENOENT))) => {}
+                Some((segid, Err(errno))) => {
+                    eprintln!("clowder-agent: xemem: removing segment {segid:#x} of an ended process: errno {errno}; its pages stay held");
+                    kept.extend(held.pipes);
+                }
+                None => kept.extend(held.pipes),
+            }
+        }
+        kept
+    }
+}
+
+/// The XEMEM PCI device's mailbox (BAR0), mapped from sysfs.
+pub struct Mailbox {
+    base: *mut u8,
+    user: Option<*const AtomicU32>,
+}
+
+// SAFETY: the mapping is shared device memory accessed only by volatile/atomic operations.
+unsafe impl Send for Mailbox {}
+unsafe impl Sync for Mailbox {}
+
+const MAILBOX_SIZE: usize = 64 << 10;
+const DOORBELL: usize = 0x08;
+const DONE: usize = 0x0c;
+const OP: usize = 0x10;
+const ERROR: usize = 0x14;
+const ARGS: usize = 0x20;
+const OP_REMOVE: u32 = 4;
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Maps `length` bytes of `path` shared, read-write.
+fn map_file(path: &str, length: usize, create: bool) -> Option<*mut u8> {
+    let file = std::fs::OpenOptions::new().read(true).write(true).create(create).open(path).ok()?;
+    if create && file.metadata().ok()?.len() < length as u64 {
+        file.set_len(length as u64).ok()?;
+    }
+    // SAFETY: a fresh shared mapping of an open file; the result is checked.
+    let base =
+        unsafe { libc::mmap(std::ptr::null_mut(), length, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
+    (base != libc::MAP_FAILED).then_some(base.cast())
+}
+
+impl Mailbox {
+    /// The device with clowder's ids under /sys/bus/pci/devices, if any.
+    pub fn find() -> Option<Mailbox> {
+        let id = |dir: &std::path::Path, file: &str| std::fs::read_to_string(dir.join(file)).ok().map(|s| s.trim().to_string());
+        let device = std::fs::read_dir("/sys/bus/pci/devices")
+            .ok()?
+            .flatten()
+            .map(|entry| entry.path())
+            .find(|dir| id(dir, "vendor").as_deref() == Some("0xc10d") && id(dir, "device").as_deref() == Some("0x0001"))?;
+        let base = map_file(device.join("resource0").to_str()?, MAILBOX_SIZE, false)?;
+        let user = map_file("/run/xemem-pci.lock", 4096, true).map(|word| word as *const AtomicU32);
+        Some(Mailbox { base, user })
+    }
+
+    fn word(&self, offset: usize) -> *mut u32 {
+        // SAFETY: every offset used is inside the 64 KiB mapping and 4-byte aligned.
+        unsafe { self.base.add(offset).cast() }
+    }
+
+    /// Takes the mailbox as libxpmem does (the word holds the user's pid; a dead user's is taken over).
+    fn take(&self, deadline: Instant) -> Result<(), i32> {
+        let Some(user) = self.user else { return Ok(()) };
+        // SAFETY: the word lies in a live shared mapping.
+        let user = unsafe { &*user };
+        let me = std::process::id();
+        loop {
+            match user.compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok(()),
+                Err(holder) if holder == me => return Ok(()),
+                // SAFETY: kill with signal 0 only checks that the process exists.
+                Err(holder) if unsafe { libc::kill(holder as i32, 0) } != 0 => {
+                    if user.compare_exchange(holder, me, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                        return Ok(());
+                    }
+                }
+                Err(_) if Instant::now() > deadline => return Err(libc::ETIMEDOUT),
+                Err(_) => std::thread::yield_now(),
+            }
+        }
+    }
+
+    fn give_back(&self) {
+        if let Some(user) = self.user {
+            // SAFETY: as in `take`.
+            let _ = unsafe { &*user }.compare_exchange(std::process::id(), 0, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+}
+
+impl Remover for Mailbox {
+    fn remove(&self, segid: i64) -> Result<(), i32> {
+        let deadline = Instant::now() + TIMEOUT;
+        self.take(deadline)?;
+        // SAFETY: volatile accesses to the guest-writable fields of the mapped mailbox; the
+        // doorbell write goes last and the VMM answers it before the vCPU resumes.
+        let result = unsafe {
+            std::ptr::write_volatile(self.base.add(ARGS).cast::<u64>(), segid as u64);
+            std::ptr::write_volatile(self.word(OP), OP_REMOVE);
+            let seq = std::ptr::read_volatile(self.word(DONE)).wrapping_add(1);
+            std::ptr::write_volatile(self.word(DOORBELL), seq);
+            loop {
+                if std::ptr::read_volatile(self.word(DONE)) == seq {
+                    break match std::ptr::read_volatile(self.word(ERROR)) as i32 {
+                        0 => Ok(()),
+                        errno => Err(errno),
+                    };
+                }
+                if Instant::now() > deadline {
+                    break Err(libc::ETIMEDOUT);
+                }
+                std::thread::yield_now();
+            }
+        };
+        self.give_back();
+        result
+    }
+}
+
+/// One message and its descriptors; `None` at the end of the connection.
+fn receive(socket: &OwnedFd) -> Result<Option<(u32, u64, i64, Vec<OwnedFd>)>, String> {
+    let mut message = [0u8; 24];
+    let mut control = [0u64; 256]; // room for 253 descriptors, aligned for cmsghdr
+    let mut iov = libc::iovec { iov_base: message.as_mut_ptr().cast(), iov_len: message.len() };
+    // SAFETY: a zeroed msghdr is valid; the fields set point at buffers that outlive the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    // SAFETY: recvmsg into the buffers described above.
+    let got = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    let mut fds = Vec::new();
+    // SAFETY: the control headers the kernel wrote, walked with the CMSG macros.
+    unsafe {
+        let mut header = libc::CMSG_FIRSTHDR(&msg);
+        while !header.is_null() {
+            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
+                let count = ((*header).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
+                let data = libc::CMSG_DATA(header).cast::<i32>();
+                fds.extend((0..count).map(|i| OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i)))));
+            }
+            header = libc::CMSG_NXTHDR(&msg, header);
+        }
+    }
+    match got {
+        0 => Ok(None),
+        24 if msg.msg_flags & (libc::MSG_CTRUNC | libc::MSG_TRUNC) == 0 => {
+            let word = |at: usize| u64::from_le_bytes(message[at..at + 8].try_into().expect("8 bytes"));
+            Ok(Some((word(0) as u32, word(8), word(16) as i64, fds)))
+        }
+        n if n < 0 => Err(format!("receiving: {}", std::io::Error::last_os_error())),
+        n => Err(format!("a {n}-byte message (truncated: {})", msg.msg_flags & (libc::MSG_CTRUNC | libc::MSG_TRUNC) != 0)),
+    }
+}
+
+/// Serves one guest process until its connection ends; returns what must stay held.
+fn serve(socket: OwnedFd, remover: &dyn Remover) -> Vec<OwnedFd> {
+    let mut connection = Connection::default();
+    loop {
+        match receive(&socket).and_then(|m| m.map(|(op, tag, segid, fds)| connection.apply(op, tag, segid, fds)).transpose()) {
+            Ok(Some(())) => {}
+            Ok(None) => break,
+            Err(why) => {
+                eprintln!("clowder-agent: xemem keeper: {why}; the process's exports are removed");
+                break;
+            }
+        }
+    }
+    connection.end(remover)
+}
+
+/// Listens for libxpmem's connections on a thread of its own; nothing when the guest has no
+/// XEMEM device (said once).
+pub fn start() {
+    let Some(mailbox) = Mailbox::find() else { return };
+    // SAFETY: socket/bind/listen on a fresh descriptor with an abstract address built here.
+    let listener = unsafe {
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
+        let mut address: libc::sockaddr_un = std::mem::zeroed();
+        address.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        for (i, &b) in SOCKET_NAME.iter().enumerate() {
+            address.sun_path[1 + i] = b as libc::c_char;
+        }
+        let len = (std::mem::size_of::<libc::sa_family_t>() + 1 + SOCKET_NAME.len()) as libc::socklen_t;
+        if fd < 0 || libc::bind(fd, (&raw const address).cast(), len) != 0 || libc::listen(fd, 16) != 0 {
+            eprintln!("clowder-agent: xemem keeper: {}; exports die with their processes", std::io::Error::last_os_error());
+            if fd >= 0 {
+                libc::close(fd);
+            }
+            return;
+        }
+        OwnedFd::from_raw_fd(fd)
+    };
+    let mailbox: &'static Mailbox = Box::leak(Box::new(mailbox));
+    let spawned = std::thread::Builder::new().name("xemem-keeper".into()).spawn(move || {
+        // Kept for the agent's life: pages whose segments could not be removed.
+        let kept = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        loop {
+            // SAFETY: accept on the listening socket; the result is checked.
+            let fd = unsafe { libc::accept4(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
+            if fd < 0 {
+                continue;
+            }
+            // SAFETY: a fresh descriptor from accept4, owned from here on.
+            let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+            let kept = kept.clone();
+            let _ = std::thread::Builder::new().name("xemem-keeper-process".into()).spawn(move || {
+                let left = serve(socket, mailbox);
+                kept.lock().unwrap_or_else(|e| e.into_inner()).extend(left);
+            });
+        }
+    });
+    if let Err(e) = spawned {
+        eprintln!("clowder-agent: xemem keeper: starting its thread: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    #[derive(Default)]
+    struct Recorder {
+        removed: RefCell<Vec<i64>>,
+        answer: Option<i32>,
+    }
+
+    impl Remover for Recorder {
+        fn remove(&self, segid: i64) -> Result<(), i32> {
+            self.removed.borrow_mut().push(segid);
+            self.answer.map_or(Ok(()), Err)
+        }
+    }
+
+    fn pipe() -> OwnedFd {
+        let mut ends = [0; 2];
+        // SAFETY: pipe2 into a two-element array.
+        assert_eq!(unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: both ends are fresh and owned here.
+        unsafe { libc::close(ends[1]) };
+        unsafe { OwnedFd::from_raw_fd(ends[0]) }
+    }
+
+    #[test]
+    fn an_ended_process_loses_what_it_still_exported_and_keeps_nothing_else() {
+        let mut connection = Connection::default();
+        connection.apply(KEEP, 1, 0, vec![pipe(), pipe()]).unwrap();
+        connection.apply(KEEP, 1, 0, vec![pipe()]).unwrap();
+        connection.apply(MADE, 1, 0x500, vec![]).unwrap();
+        connection.apply(KEEP, 2, 0, vec![pipe()]).unwrap();
+        connection.apply(MADE, 2, 0x600, vec![]).unwrap();
+        connection.apply(DROP, 2, 0, vec![]).unwrap();
+        let recorder = Recorder::default();
+        assert!(connection.end(&recorder).is_empty());
+        assert_eq!(*recorder.removed.borrow(), [0x500]);
+    }
+
+    #[test]
+    fn pages_stay_held_when_the_segment_cannot_be_removed_or_was_never_named() {
+        let mut connection = Connection::default();
+        connection.apply(KEEP, 1, 0, vec![pipe()]).unwrap();
+        connection.apply(MADE, 1, 0x500, vec![]).unwrap();
+        let recorder = Recorder { answer: Some(libc::ETIMEDOUT), ..Recorder::default() };
+        assert_eq!(connection.end(&recorder).len(), 1);
+        let mut connection = Connection::default();
+        connection.apply(KEEP, 1, 0, vec![pipe(), pipe()]).unwrap();
+        assert_eq!(connection.end(&Recorder::default()).len(), 2, "killed between KEEP and MADE");
+        // Already gone: nothing to keep.
+        let mut connection = Connection::default();
+        connection.apply(KEEP, 1, 0, vec![pipe()]).unwrap();
+        connection.apply(MADE, 1, 0x500, vec![]).unwrap();
+        assert!(connection.end(&Recorder { answer: Some(libc::ENOENT), ..Recorder::default() }).is_empty());
+    }
+
+    #[test]
+    fn garbage_is_refused() {
+        let mut connection = Connection::default();
+        assert!(connection.apply(MADE, 9, 0x500, vec![]).is_err(), "unknown export");
+        assert!(connection.apply(DROP, 9, 0, vec![]).is_err(), "unknown export");
+        assert!(connection.apply(7, 1, 0, vec![]).is_err(), "unknown op");
+        connection.apply(KEEP, 1, 0, vec![]).unwrap();
+        assert!(connection.apply(MADE, 1, 0, vec![pipe()]).is_err(), "descriptors with MADE");
+        assert!(connection.apply(MADE, 1, -5, vec![]).is_err(), "not a segment id");
+        connection.apply(MADE, 1, 0x500, vec![]).unwrap();
+        assert!(connection.apply(MADE, 1, 0x600, vec![]).is_err(), "named twice");
+        assert!(connection.apply(KEEP, 1, 0, vec![pipe()]).is_err(), "pages after the make");
+        for tag in 2..=MAX_EXPORTS as u64 {
+            connection.apply(KEEP, tag, 0, vec![]).unwrap();
+        }
+        assert!(connection.apply(KEEP, 0, 0, vec![]).is_err(), "one export too many");
+    }
+}
