@@ -587,12 +587,20 @@ impl Broker {
         let size = size.checked_add(xemem::PAGE_SIZE - 1).ok_or(Error::Invalid)? & !(xemem::PAGE_SIZE - 1);
         let pieces = self.remote()?.attach(pid as u64, access, offset, size)?;
         let mut runs = Vec::with_capacity(pieces.len());
-        let mut fds = Vec::new();
+        let mut fds: Vec<OwnedFd> = Vec::new();
+        // One descriptor per file, not per run: a VM's scattered pages are hundreds of runs of
+        // its one RAM memfd, and a message carries at most 250 descriptors.
+        let mut files: Vec<(u64, u64)> = Vec::new();
         for piece in pieces {
             match piece {
                 EnclaveRun::Memory { file, offset, length } => {
-                    runs.push(Run { fd_index: fds.len() as u32, flags: 0, offset, length });
-                    fds.push(file);
+                    let info = sys::file_info(&file).map_err(|_| Error::Malformed)?;
+                    let index = files.iter().position(|&id| id == (info.device, info.inode)).unwrap_or_else(|| {
+                        files.push((info.device, info.inode));
+                        fds.push(file);
+                        fds.len() - 1
+                    });
+                    runs.push(Run { fd_index: index as u32, flags: 0, offset, length });
                 }
                 EnclaveRun::Hole { length } => runs.push(Run { fd_index: wire::HOLE, flags: 0, offset: 0, length }),
             }
