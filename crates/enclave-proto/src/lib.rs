@@ -34,6 +34,7 @@
 //! | `0x0009` | `MemoryZeroed` | u32 request, i32 result (0, or a negated Linux errno: `EFAULT` for a range outside the enclave's RAM or touching the channel, `EINVAL` for an unaligned one) |
 //! | `0x000a` | `SocketResult` | u32 job, u32 request, i64 result, u32 events, bytes data: the answer to a `SocketRequest` ([`socket`]) |
 //! | `0x000b` | `SocketReady` | u32 job, u32 handle, u32 events: a socket's readiness changed on the host ([`socket`]) |
+//! | `0x000c` | `SharedFileTruncated` | u64 gpa, u64 len: guest-physical `[gpa, gpa + len)`, the tail of a region `MapShared` made, lies past its file's new end (the file was truncated on the host): the kernel unmaps those pages from every mapping of the region, so a touch there is `SIGBUS` as on Linux (the VMM gives them zero pages meanwhile, so a touch racing this message reads zeros and never hangs) |
 //!
 //! `file` is `cstr name, u64 gpa, u64 len`: a file the host placed in enclave memory at
 //! guest-physical `[gpa, gpa + len)`, to appear read-only under `name` in the kernel's in-memory
@@ -182,6 +183,7 @@ pub mod kind {
     pub const MEMORY_ZEROED: u16 = 0x0009;
     pub const SOCKET_RESULT: u16 = 0x000a;
     pub const SOCKET_READY: u16 = 0x000b;
+    pub const SHARED_FILE_TRUNCATED: u16 = 0x000c;
 
     pub const HELLO: u16 = 0x8001;
     pub const PONG: u16 = 0x8002;
@@ -296,6 +298,10 @@ pub enum HostMessage<'a> {
         job: u32,
         handle: u32,
         events: u32,
+    },
+    SharedFileTruncated {
+        gpa: u64,
+        len: u64,
     },
 }
 
@@ -564,6 +570,11 @@ impl<'a> HostMessage<'a> {
                 w.u32(*handle)?;
                 w.u32(*events)?;
             }
+            HostMessage::SharedFileTruncated { gpa, len } => {
+                w.u16(kind::SHARED_FILE_TRUNCATED)?;
+                w.u64(*gpa)?;
+                w.u64(*len)?;
+            }
         }
         Ok(w.written())
     }
@@ -601,6 +612,7 @@ impl<'a> HostMessage<'a> {
                 data: r.bytes("data")?,
             },
             kind::SOCKET_READY => HostMessage::SocketReady { job: r.u32("job")?, handle: r.u32("handle")?, events: r.u32("events")? },
+            kind::SHARED_FILE_TRUNCATED => HostMessage::SharedFileTruncated { gpa: r.u64("gpa")?, len: r.u64("len")? },
             other => return Err(DecodeError::UnknownKind(other)),
         };
         r.finish()?;

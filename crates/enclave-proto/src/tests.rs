@@ -211,7 +211,8 @@ impl Material {
 
 fn random_host_message<'a>(choice: u64, m: &'a Material, strings: &'a [&'a [u8]], files: &'a [FileImage<'a>]) -> HostMessage<'a> {
     let n = m.numbers;
-    match choice % 9 {
+    match choice % 10 {
+        9 => HostMessage::SharedFileTruncated { gpa: n[0], len: n[1] },
         8 => HostMessage::MemoryZeroed { request: n[0] as u32, result: n[1] as i32 },
         7 if !m.data.is_empty() => HostMessage::Xemem { message: &m.data },
         0 => HostMessage::Ping { nonce: n[0] },

@@ -42,7 +42,8 @@ linux_consts!(pub u64: SA_RESTART, SA_ONSTACK, SA_NODEFER, SA_RESETHAND, SS_ONST
 /// `si_code` values.
 pub const SI_USER: i32 = uapi::SI_USER as i32;
 pub const SI_TKILL: i32 = -6;
-linux_consts!(i32: SI_KERNEL, SEGV_MAPERR, SEGV_ACCERR, FPE_INTDIV, ILL_ILLOPN, BUS_ADRALN, TRAP_BRKPT);
+linux_consts!(i32: SI_KERNEL, SEGV_MAPERR, SEGV_ACCERR, FPE_INTDIV, ILL_ILLOPN, BUS_ADRALN, BUS_ADRERR, TRAP_BRKPT);
+linux_consts!(u8: SIGBUS);
 
 pub const fn bit(signal: u8) -> u64 {
     1 << (signal - 1)
@@ -655,6 +656,8 @@ pub fn deliver_pending(frame: &mut TrapFrame) {
 /// which Linux overrides for faults).
 pub fn deliver_fault(frame: &mut TrapFrame, signal: u8, fault_address: u64) -> bool {
     let (code, address) = match frame.vector {
+        // A page whose memory went away (XPMEM's, a truncated file's), as Linux says it.
+        14 if signal == SIGBUS => (BUS_ADRERR, fault_address),
         14 if frame.error_code & 1 == 0 => (SEGV_MAPERR, fault_address),
         14 => (SEGV_ACCERR, fault_address),
         0 => (FPE_INTDIV, frame.rip),

@@ -91,10 +91,12 @@ pub fn handle(frame: &mut TrapFrame) {
     {
         // A store to a page of a snapshot region (XEMEM's TCASM) got its own copy: retried.
     } else if frame.is_from_user() {
-        // A page fault inside an XPMEM attachment (a hole, a removed segment) is SIGBUS.
-        let (fault_signal, name) =
-            if frame.vector == 14 && crate::xpmem::is_attachment_fault(cpu::read_cr2()) { (7, "SIGBUS") } else { signal_for(frame.vector) };
-        if !signal::deliver_fault(frame, fault_signal, cpu::read_cr2()) {
+        // A page fault inside an XPMEM attachment (a hole, a removed segment) or past the end
+        // of a host file mapped shared (truncated under it) is SIGBUS.
+        let address = cpu::read_cr2();
+        let bus_error = frame.vector == 14 && (crate::xpmem::is_attachment_fault(address) || job::is_past_shared_file_end(address));
+        let (fault_signal, name) = if bus_error { (7, "SIGBUS") } else { signal_for(frame.vector) };
+        if !signal::deliver_fault(frame, fault_signal, address) {
             job::kill_for_fault(fault_signal, name, frame);
         }
     } else if !trap::recover_user_copy_fault(frame) {

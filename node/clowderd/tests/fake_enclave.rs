@@ -288,7 +288,7 @@ impl FakeKernel {
                 HostMessage::Xemem { message } => Incoming::Xemem(message.to_vec()),
                 HostMessage::MemoryZeroed { request, result } => Incoming::Reply { request, result: result as i64, size: None },
                 HostMessage::SocketResult { request, result, .. } => Incoming::Reply { request, result, size: None },
-                HostMessage::SocketReady { .. } => continue,
+                HostMessage::SocketReady { .. } | HostMessage::SharedFileTruncated { .. } => continue,
             });
         }
     }

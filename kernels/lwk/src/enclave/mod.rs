@@ -294,6 +294,13 @@ impl State {
             }
             HostMessage::SocketResult { job, request, result, events, data } => crate::net::answer(job, request, result, events, data),
             HostMessage::SocketReady { job, handle, events } => crate::net::ready(job, handle, events),
+            HostMessage::SharedFileTruncated { gpa, len } => {
+                if crate::job::host_file_truncated(gpa, len) {
+                    log!(
+                        "mmap: a host file was truncated under the job's shared mapping: its pages at {gpa:#x}+{len:#x} unmapped (SIGBUS)"
+                    );
+                }
+            }
             HostMessage::Xemem { message } => {
                 crate::xpmem::host_link::from_host(message);
                 self.send_queued_xemem();

@@ -108,6 +108,26 @@ pub fn take_process(pid: u64) -> Option<Process> {
     PROCESSES.lock().remove(&pid)
 }
 
+/// The host truncated a file under a shared mapping: guest-physical `[gpa, gpa + len)`, a
+/// tail of its region, went away (`HostMessage::SharedFileTruncated`). Every process mapping
+/// it loses those pages (`shared`), so its next touch there is SIGBUS. Whether any was mapped.
+pub fn host_file_truncated(gpa: u64, len: u64) -> bool {
+    let unmapped = PROCESSES
+        .lock()
+        .values_mut()
+        .fold(false, |unmapped, process| process.shared.host_file_truncated(&mut process.memory.aspace, gpa, len) | unmapped);
+    if unmapped {
+        crate::sched::shoot_down_user_tlbs();
+    }
+    unmapped
+}
+
+/// Whether a fault of the calling thread at `address` is a touch past the end of a host file
+/// it maps shared (SIGBUS, not SIGSEGV).
+pub fn is_past_shared_file_end(address: u64) -> bool {
+    shared::in_window(address, address.saturating_add(1)) && with_process(|process| process.shared.is_past_file_end(address))
+}
+
 #[derive(Debug)]
 pub enum LoadError {
     NoModule,

@@ -5,7 +5,10 @@
 //! process is gone. `mmap(MAP_SHARED)` of a host file (a `/dev/shm` file, `shm_open`) maps the
 //! file's own pages, which the host adds as a guest-physical region (`FileOp::MapShared`), so
 //! that processes in other enclaves and on the host share them too; the region goes when no
-//! process of the job maps it.
+//! process of the job maps it. When the host truncates such a file, it says which tail of the
+//! region went away (`HostMessage::SharedFileTruncated`): those pages are unmapped from every
+//! mapping of the region and never mapped again, so the job's next touch there is `SIGBUS`
+//! (`BUS_ADRERR`), as on Linux.
 //!
 //! The mappings live in a window of their own, between any heap the loader places (below
 //! 0x5600_0000_0000, see `xpmem`) and XPMEM's attachment window (from 0x7000_0000_0000), so
@@ -19,6 +22,7 @@ use crate::mm::aspace::AddressSpace;
 use crate::mm::pmem;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 pub const WINDOW_START: u64 = 0x6000_0000_0000;
 pub const WINDOW_END: u64 = 0x7000_0000_0000;
@@ -36,6 +40,9 @@ struct Block {
     host_file: bool,
     /// The host added it read-only (the file is not open for writing): never mapped writable.
     read_only: bool,
+    /// Bytes from `physical` still backed: `len`, less once the host file was truncated under
+    /// the region. Pages past it are never mapped; a touch there is SIGBUS.
+    backed: AtomicU64,
 }
 
 impl Drop for Block {
@@ -77,9 +84,24 @@ impl Mapping {
         Mapping { start: from, end: to, block: self.block.clone(), offset: self.offset + (from - self.start), access: self.access }
     }
 
+    /// Where the block's backed pages end within the mapping (`end` when all are backed).
+    fn backed_end(&self) -> u64 {
+        let backed = self.block.backed.load(Ordering::Acquire);
+        if backed >= self.offset + (self.end - self.start) {
+            self.end
+        } else {
+            self.start + backed.saturating_sub(self.offset)
+        }
+    }
+
+    /// Maps the mapping's backed pages (a truncated host file's tail stays unmapped).
     fn map_into(&self, aspace: &mut AddressSpace) -> Result<(), MemoryError> {
+        let backed_end = self.backed_end();
         match self.access {
-            Some(protection) => aspace.map(self.start, self.physical(self.start), self.end - self.start, protection)?,
+            Some(protection) if backed_end > self.start => {
+                aspace.map(self.start, self.physical(self.start), backed_end - self.start, protection)?
+            }
+            Some(_) => {}
             None => aspace.unmap(self.start, self.end - self.start)?,
         }
         Ok(())
@@ -118,7 +140,7 @@ impl SharedMappings {
         let align = if len >= HUGE_PAGE_SIZE { HUGE_PAGE_SIZE } else { PAGE_SIZE };
         let (start, released) = self.place(aspace, len, align, fixed)?;
         let physical = pmem::allocate(len, align).ok_or(MemoryError::NoMemory)?;
-        let block = Arc::new(Block { physical, len, host_file: false, read_only: false });
+        let block = Arc::new(Block { physical, len, host_file: false, read_only: false, backed: AtomicU64::new(len) });
         self.insert(aspace, Mapping { start, end: start + len, block, offset: 0, access })?;
         Ok((start, released))
     }
@@ -135,7 +157,8 @@ impl SharedMappings {
         fixed: Option<u64>,
     ) -> Result<(u64, Released), MemoryError> {
         // Made first, so that the region goes back whatever fails below.
-        let block = Arc::new(Block { physical: gpa, len, host_file: true, read_only: !access.is_some_and(|protection| protection.write) });
+        let read_only = !access.is_some_and(|protection| protection.write);
+        let block = Arc::new(Block { physical: gpa, len, host_file: true, read_only, backed: AtomicU64::new(len) });
         let len = page_multiple(len)?;
         // 2 MiB pages where the region's address allows them.
         let align = if len >= HUGE_PAGE_SIZE && gpa.is_multiple_of(HUGE_PAGE_SIZE) { HUGE_PAGE_SIZE } else { PAGE_SIZE };
@@ -246,6 +269,37 @@ impl SharedMappings {
             mapping.map_into(aspace)?;
         }
         Ok(())
+    }
+
+    /// The host file region holding guest-physical `[gpa, gpa + len)` lost its pages from
+    /// there on (its file was truncated on the host): they are unmapped from this process's
+    /// mappings of it, and a touch there is SIGBUS from now on. Whether any page was mapped.
+    pub fn host_file_truncated(&mut self, aspace: &mut AddressSpace, gpa: u64, len: u64) -> bool {
+        let end = gpa.saturating_add(len);
+        let mut unmapped = false;
+        for mapping in &self.mappings {
+            let block = &mapping.block;
+            if !block.host_file || end <= block.physical || block.physical + block.len <= gpa {
+                continue;
+            }
+            block.backed.fetch_min(gpa.saturating_sub(block.physical), Ordering::AcqRel);
+            let from = mapping.backed_end();
+            if from < mapping.end && mapping.access.is_some() {
+                // Splitting a 2 MiB page takes a table page; without one the tail stays mapped
+                // over the host's zero pages (`memory` in the VMM), which the job then reads.
+                if aspace.unmap(from, mapping.end - from).is_err() {
+                    log!("mmap: no memory to unmap the tail of a truncated host file at {from:#x}: it reads as zeros");
+                }
+                unmapped = true;
+            }
+        }
+        unmapped
+    }
+
+    /// Whether `address` lies in a page of a host file mapping past the file's end (a touch
+    /// there is SIGBUS, not SIGSEGV).
+    pub fn is_past_file_end(&self, address: u64) -> bool {
+        self.mappings.iter().any(|mapping| mapping.start <= address && address < mapping.end && address >= mapping.backed_end())
     }
 
     /// The same mappings in a forked child's address space `aspace`, over the same blocks.
