@@ -18,7 +18,7 @@ use xemem::Credentials;
 
 mod support;
 use support::processes::support_program;
-use support::TempDir;
+use support::{cc_against_libxpmem, TempDir};
 
 const MIB: u64 = 1 << 20;
 const WINDOW: u64 = 1 << 45;
@@ -260,5 +260,34 @@ fn a_vm_finds_and_attaches_a_host_process_segment_by_name() {
     }
     drop(host.stdin.take());
     host.wait().unwrap();
+    vm.stop();
+}
+
+/// A VM export of scattered pages (256 one-page runs of its RAM) attached and read by a host
+/// process through the broker: its answer carries the VM's RAM once, not once per run (a message
+/// holds at most 250 descriptors; the broker used to drop the connection: ECONNRESET).
+#[test]
+fn a_host_process_attaches_a_scattered_vm_export() {
+    let dir = TempDir::new("clowder-xemem-vm-scattered");
+    let links = XememLinks::new();
+    let service = clowderd::xemem::service::start(&dir.0.join("xemem.sock")).unwrap();
+    service.broker.set_enclaves(links.clone());
+    links.set_attachers(service.broker.clone());
+    links.set_broker(service.broker.clone());
+    let vm = VmThread::start(&links, fake_ram(4 * MIB, 0xa));
+    let runs: Vec<(u64, u64)> = (0..256).map(|i| ((0x10 + 2 * i) * 4096, 4096)).collect();
+    assert_eq!(vm.call(request(Op::Runs, &[0], None, runs)), Ok([0; 4]));
+    vm.call(request(Op::Make, &[0x7000_0000, MIB, 1, 0o666, 256], Some("scattered"), Vec::new())).unwrap();
+    let bench = dir.0.join("attach_bench");
+    cc_against_libxpmem(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../xemem/bench/attach_bench.c"), &bench);
+    let out = std::process::Command::new(&bench)
+        .args(["attach", "scattered", "1", "2", "1", "attach", "read"])
+        .env("CLOWDER_XEMEM_SOCKET", &service.socket)
+        .env("CLOWDER_XEMEM_BACKEND", "broker")
+        .output()
+        .unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{said}");
+    assert!(said.lines().any(|line| line.starts_with("read 1 1 ")), "{said}");
     vm.stop();
 }
