@@ -28,7 +28,23 @@ use crate::mm::aspace::AddressSpace;
 use crate::mm::pmem;
 use crate::mm::ranges::{Range, RangeSet};
 use alloc::boxed::Box;
+use alloc::string::String;
 use alloc::vec::Vec;
+
+/// `env` with glibc's malloc held to one arena unless the job names its own limit. glibc gives
+/// threads that allocate arenas of their own, each reserving 64 MiB (128 MiB while it aligns
+/// it) and counting on Linux to back only what is touched; here every mapping takes its memory
+/// at once from the job's heap. An MPI rank's three threads thus took its whole 192 MiB heap
+/// when ranks shared an enclave: every later mmap failed, glibc fell back to a mapping per
+/// allocation, and `mpirun -n 2` in one enclave gave no result. musl ignores the variable.
+pub fn with_allocator_defaults(env: &[String]) -> Vec<String> {
+    const ARENAS: &str = "MALLOC_ARENA_MAX=";
+    let mut env = env.to_vec();
+    if !env.iter().any(|entry| entry.starts_with(ARENAS)) {
+        env.push(alloc::format!("{ARENAS}1"));
+    }
+    env
+}
 
 /// Clears guest-physical `[start, start + len)`.
 pub type Zero = fn(u64, u64);

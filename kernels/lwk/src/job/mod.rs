@@ -519,7 +519,8 @@ fn load_first_process(
     // libc insists on an absolute path (glibc asserts it): the job lives at the root.
     let executable_path = if options.argv[0].starts_with('/') { options.argv[0].clone() } else { alloc::format!("/{}", options.argv[0]) };
     let file = LoadFile { bytes: file, physical: file_physical };
-    let image = load_image_memory(file, &options.argv[0], &options.argv, &options.env, heap_size, options.stack_size)?;
+    let env = memory::with_allocator_defaults(&options.env);
+    let image = load_image_memory(file, &options.argv[0], &options.argv, &env, heap_size, options.stack_size)?;
     let aspace = image.memory.aspace.handle();
     let process =
         Process { memory: image.memory, descriptors: descriptors::Descriptors::new(), shared: Default::default(), executable_path };
