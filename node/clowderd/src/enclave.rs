@@ -22,6 +22,7 @@ use crate::sockets::{HelperSpec, JobSockets, UserLimits};
 use crate::sys;
 use crate::xemem::{EnclaveUser, GuestRegions, XememLinks, XememPort};
 
+mod ping;
 mod shared_files;
 
 /// Timing of the liveness checks.
@@ -30,7 +31,8 @@ pub struct Liveness {
     /// How long a new kernel may take to say `Hello`.
     pub hello_timeout: Duration,
     pub ping_interval: Duration,
-    /// A `Ping` unanswered this long means the enclave hangs.
+    /// A `Ping` unanswered this long means the enclave hangs (the time its first vCPU waited
+    /// for a host CPU does not count: `ping`).
     pub ping_timeout: Duration,
 }
 
@@ -93,7 +95,7 @@ struct JobSlot {
     files: JobFiles,
     regions: Vec<SharedRegion>,
     /// Host files the job maps shared (`shared_files`); they go when it ends.
-    mapped: Vec<SharedRegion>,
+    mapped: Vec<shared_files::MappedFile>,
     sockets: JobSockets,
 }
 
@@ -333,7 +335,7 @@ impl Enclave {
         if let Some(slot) = slot {
             let _ = slot.events.send(event);
             let mut retired = self.retired_regions.lock().unwrap();
-            retired.extend(slot.regions.iter().chain(&slot.mapped).copied());
+            retired.extend(slot.regions.iter().copied().chain(slot.mapped.iter().map(|mapped| mapped.region)));
             if last {
                 self.release_regions(&std::mem::take(&mut *retired));
             }
@@ -359,6 +361,13 @@ impl Enclave {
         let mut jobs = self.jobs.lock().unwrap();
         match jobs.get_mut(&job) {
             Some(slot) => {
+                // Before the answer: a job that learns of a truncation from the host (a stat)
+                // has had its pages past the end taken (the pump alone looks only between
+                // bursts of file calls).
+                let gone = self.truncated_tails(job, slot);
+                if let Err(e) = self.send_truncated_tails(gone) {
+                    self.log.push(format!("clowderd: job {job}: could not tell the kernel of a truncated file: {e}"));
+                }
                 if let Some(result) = self.serve_shared_mapping(job, slot, op) {
                     return HostMessage::FileResult { job, request, result };
                 }
@@ -373,7 +382,7 @@ impl Enclave {
     }
 
     /// Handles one message; an error means the enclave is finished.
-    fn handle(&self, bytes: &[u8], outstanding_ping: &mut Option<(u64, Instant)>, xemem: Option<&XememPort>) -> Result<(), String> {
+    fn handle(&self, bytes: &[u8], outstanding_ping: &mut Option<ping::PendingPing>, xemem: Option<&XememPort>) -> Result<(), String> {
         let message = match EnclaveMessage::decode(bytes) {
             Ok(message) => message,
             Err(e) => {
@@ -384,7 +393,7 @@ impl Enclave {
         match message {
             EnclaveMessage::Hello { .. } => self.log.push("clowderd: a second Hello from the enclave; ignored"),
             EnclaveMessage::Pong { nonce } => {
-                if outstanding_ping.is_some_and(|(expected, _)| expected == nonce) {
+                if outstanding_ping.as_ref().is_some_and(|ping| ping.nonce == nonce) {
                     *outstanding_ping = None;
                 }
             }
@@ -470,8 +479,10 @@ impl Enclave {
         if xemem.is_none() {
             self.log.push("clowderd: no XEMEM link left for this enclave");
         }
-        let mut outstanding_ping: Option<(u64, Instant)> = None;
+        let mut outstanding_ping: Option<ping::PendingPing> = None;
+        let mut first_vcpu = ping::VcpuWait::of(self.machine.lock().unwrap().pid());
         let mut next_ping = Instant::now() + liveness.ping_interval;
+        let mut next_truncation_check = Instant::now();
         let mut nonce = 0u64;
         let failure = loop {
             if self.stopping.load(Ordering::SeqCst) {
@@ -486,8 +497,14 @@ impl Enclave {
                 if let Err(e) = self.send(&HostMessage::Ping { nonce }) {
                     break format!("it stopped draining its channel: {e}");
                 }
-                outstanding_ping = Some((nonce, now));
+                outstanding_ping = Some(ping::PendingPing::sent(nonce, &mut first_vcpu));
                 next_ping = now + liveness.ping_interval;
+            }
+            if now >= next_truncation_check {
+                if let Err(e) = self.report_truncated_files() {
+                    break format!("it stopped draining its channel: {e}");
+                }
+                next_truncation_check = now + shared_files::TRUNCATION_CHECK;
             }
             // The channel is read before the Ping is judged: when this thread was starved (a
             // loaded host), the Pong, or the corruption that explains the silence, is already
@@ -512,8 +529,8 @@ impl Enclave {
                 }
                 Err(e) => break e,
             };
-            if let Some((_, sent)) = outstanding_ping {
-                let silent = sent.elapsed();
+            if let Some(pending) = &outstanding_ping {
+                let silent = pending.silence(&mut first_vcpu, liveness.ping_timeout);
                 if (channel_empty && silent > liveness.ping_timeout) || silent > liveness.ping_timeout * 4 {
                     break format!("it stopped answering Ping (no Pong for {} ms)", silent.as_millis());
                 }
