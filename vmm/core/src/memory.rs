@@ -14,9 +14,11 @@
 //! inotify watch per file). Other designs were weaker: a SIGBUS handler in the VMM never sees
 //! the guest's access (KVM takes the fault, not the vCPU thread), removing the slot makes the
 //! access an MMIO exit no device claims (the same stop), and refusing truncation is not
-//! possible for files other users hold (seals are memfd-only). Linux would kill the process
-//! by SIGBUS instead: not done. The registry of such mappings is per process, keyed by host
-//! address, because neither the vCPU loop nor the watcher holds the VM's memory lock.
+//! possible for files other users hold (seals are memfd-only). The job's SIGBUS, as Linux
+//! gives it, is the guest kernel's: clowderd tells an LWK which tail of the region went away
+//! and the LWK unmaps it, so these zero pages only answer a touch that races that message.
+//! The registry of such mappings is per process, keyed by host address, because neither the
+//! vCPU loop nor the watcher holds the VM's memory lock.
 
 use std::fs::File;
 use std::io;
