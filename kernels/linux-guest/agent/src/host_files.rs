@@ -31,6 +31,8 @@ use fuser::{
     ReplyEmpty, ReplyEntry, ReplyOpen, Request, SessionACL,
 };
 
+use crate::session::Waking;
+
 /// How long the guest kernel may trust an entry, an attribute or a miss: the whole job,
 /// in practice (a file the host changes meanwhile may be seen stale).
 const TTL: Duration = Duration::from_secs(3600);
@@ -88,7 +90,7 @@ pub struct Forwarded {
 #[derive(Clone)]
 pub struct Forwarder {
     pub window: u32,
-    pub calls: Sender<Forwarded>,
+    pub calls: Waking<Forwarded>,
 }
 
 impl Forwarder {
@@ -235,7 +237,13 @@ impl HostTree {
     }
 
     fn call(&self, call: FileCall) -> FileAnswer {
-        self.forwarder.call(self.job, call)
+        let started = std::time::Instant::now();
+        let shown = format!("{call:?}");
+        let answer = self.forwarder.call(self.job, call);
+        if started.elapsed() > Duration::from_secs(2) {
+            eprintln!("clowder-agent: job {}: {shown} took {} ms", self.job, started.elapsed().as_millis());
+        }
+        answer
     }
 
     fn path(&self, node: INodeNo) -> Result<Vec<u8>, Errno> {
@@ -436,9 +444,11 @@ pub fn mount_host_tree(job: u32, root: &Path, forwarder: Forwarder) -> Result<Mo
     let options = format!("fd={},rootmode=40000,user_id=0,group_id=0,allow_other,max_read={}", fd.as_raw_fd(), forwarder.window);
     mount("clowder-host", root, Some("fuse"), libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV, Some(&options))?;
     let tree = HostTree::new(job, forwarder);
+    let started = std::time::Instant::now();
     std::thread::spawn(move || match fuser::Session::from_fd(tree, fd, SessionACL::All, fuser::Config::default()) {
         // Ends when the mount goes (the device then reads ENODEV).
         Ok(session) => {
+            eprintln!("clowder-agent: job {job}: FUSE session up after {} ms", started.elapsed().as_millis());
             let _ = session.run();
         }
         Err(e) => eprintln!("clowder-agent: job {job}: the host files' FUSE session: {e}"),
@@ -447,9 +457,11 @@ pub fn mount_host_tree(job: u32, root: &Path, forwarder: Forwarder) -> Result<Mo
     for guest in GUEST_MOUNTS {
         let target = root.join(guest.trim_start_matches('/'));
         // A host without that directory just lacks it in the job's view.
-        if mount(guest, &target, None, libc::MS_BIND, None).is_ok() {
-            mounted.binds.push(target);
+        match mount(guest, &target, None, libc::MS_BIND, None) {
+            Ok(()) => mounted.binds.push(target),
+            Err(e) => eprintln!("clowder-agent: job {job}: {e}"),
         }
+        eprintln!("clowder-agent: job {job}: {guest} bound at {} ms", started.elapsed().as_millis());
     }
     Ok(mounted)
 }

@@ -14,13 +14,12 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Component, Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
 use enclave_proto::{LaunchJob, Stream};
 
 use crate::host_files::{self, Forwarder, Mounted};
-use crate::session::PhysicalMemory;
+use crate::session::{PhysicalMemory, Waking};
 
 pub struct Settings {
     /// Where each job's binary goes (`<root>/job-<id>/`), removed when the job ends.
@@ -110,7 +109,7 @@ pub fn start(
     launch: &LaunchJob<'_>,
     memory: &dyn PhysicalMemory,
     settings: &Settings,
-    events: Sender<Event>,
+    events: Waking<Event>,
     host_files: Option<Forwarder>,
 ) -> Result<Job, Refusal> {
     let job = launch.job;
@@ -196,12 +195,12 @@ impl Process {
         let _ = std::fs::remove_dir(&self.directory);
     }
 
-    fn failed(&self, events: &Sender<Event>, (errno, reason): Refusal) {
+    fn failed(&self, events: &Waking<Event>, (errno, reason): Refusal) {
         self.clean_up();
         let _ = events.send(Event::Failed { job: self.job, errno, reason });
     }
 
-    fn run(self, host_files: Option<Forwarder>, events: Sender<Event>) {
+    fn run(self, host_files: Option<Forwarder>, events: Waking<Event>) {
         let job = self.job;
         // A kernel without FUSE still runs the job, in the guest's own files (static programs
         // and their input files work there); the console, hence the enclave's log, says why.

@@ -20,9 +20,14 @@ use std::time::Duration;
 use clowder_channel::Channel;
 use session::{FileWindow, Next, PhysicalMemory, Session};
 
-/// How long the agent sleeps when the channel and the jobs had nothing for it. Each sleep is a
-/// system call, which costs tens of microseconds of emulated kernel code on PVM.
-const IDLE_SLEEP: Duration = Duration::from_millis(2);
+/// How long the agent waits for the host between rounds: short after a busy round or while a
+/// file call is with the host (it answers within its poll period), doubling up to the most
+/// while nothing happens. Each wake-up costs tens of microseconds of emulated kernel code on
+/// PVM; at a fixed 2 ms the idle loop alone took most of what a loaded host gave the guest.
+/// Jobs' events and file calls wake the loop at once (`session::Waking`).
+const WAIT_MIN: Duration = Duration::from_millis(1);
+const WAIT_FILE_CALL: Duration = Duration::from_millis(2);
+const WAIT_MAX: Duration = Duration::from_millis(50);
 /// A gap between two rounds worth telling the host about.
 const SLOW_ROUND: Duration = Duration::from_secs(5);
 
@@ -50,6 +55,9 @@ fn file_window(cmdline: &str) -> Option<FileWindow> {
 /// Guest-physical memory through `/dev/mem`.
 struct DevMem {
     file: File,
+    /// The file window, mapped once: every forwarded read is copied out of it, and a fresh
+    /// mapping per call (its page faults, the munmap) is emulated kernel work on PVM.
+    window: Option<(u64, Mapping)>,
 }
 
 /// A shared mapping of `/dev/mem`, unmapped on drop.
@@ -61,12 +69,23 @@ struct Mapping {
 impl DevMem {
     fn open() -> Result<DevMem, String> {
         let file = std::fs::OpenOptions::new().read(true).write(true).open("/dev/mem").map_err(|e| format!("opening /dev/mem: {e}"))?;
-        Ok(DevMem { file })
+        Ok(DevMem { file, window: None })
+    }
+
+    /// Maps `window` for good, its pages faulted in now (`MAP_POPULATE`).
+    fn keep_mapped(&mut self, window: FileWindow) -> Result<(), String> {
+        let (mapping, _) = self.map_with(window.gpa, window.size as usize, libc::MAP_POPULATE)?;
+        self.window = Some((window.gpa, mapping));
+        Ok(())
     }
 
     /// Maps `[gpa, gpa + len)`, widened to whole pages; returns the mapping and the offset of
     /// `gpa` in it.
     fn map(&self, gpa: u64, len: usize) -> Result<(Mapping, usize), String> {
+        self.map_with(gpa, len, 0)
+    }
+
+    fn map_with(&self, gpa: u64, len: usize, flags: libc::c_int) -> Result<(Mapping, usize), String> {
         let start = gpa & !0xfff;
         let offset = (gpa - start) as usize;
         let length = (offset + len).div_ceil(4096) * 4096;
@@ -77,7 +96,7 @@ impl DevMem {
                 std::ptr::null_mut(),
                 length,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
+                libc::MAP_SHARED | flags,
                 self.file.as_raw_fd(),
                 start as libc::off_t,
             )
@@ -99,6 +118,13 @@ impl Drop for Mapping {
 impl PhysicalMemory for DevMem {
     fn read(&self, gpa: u64, len: u64) -> Result<Vec<u8>, String> {
         let len = usize::try_from(len).map_err(|_| format!("a {len}-byte file does not fit this guest"))?;
+        if let Some((base, window)) = &self.window {
+            if gpa >= *base && gpa - base + len as u64 <= window.length as u64 {
+                // SAFETY: the window's mapping covers `gpa - base .. + len` (checked above) and
+                // lives as long as `self`.
+                return Ok(unsafe { std::slice::from_raw_parts(window.base.add((gpa - base) as usize), len) }.to_vec());
+            }
+        }
         let (mapping, offset) = self.map(gpa, len)?;
         // Copied in user mode: on PVM a copy by the kernel (read(2) of /dev/mem) is emulated.
         // SAFETY: the mapping covers `offset..offset + len` and lives until the end of this scope.
@@ -131,7 +157,7 @@ fn run() -> Result<(), String> {
     }
     let cmdline = std::fs::read_to_string("/proc/cmdline").map_err(|e| format!("reading /proc/cmdline: {e}"))?;
     let (gpa, size) = channel_location(&cmdline).ok_or("no clowder.channel=<gpa>,<size> on the kernel command line")?;
-    let memory = DevMem::open()?;
+    let mut memory = DevMem::open()?;
     let (mapping, _) = memory.map(gpa, size)?;
     // SAFETY: the mapping is page aligned, `size` bytes long and kept for the whole session
     // (`mapping` lives until this function returns); the host accesses it only atomically.
@@ -142,25 +168,32 @@ fn run() -> Result<(), String> {
     let ram = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) as u64 * libc::sysconf(libc::_SC_PAGESIZE) as u64 };
     // Without a window (another kernel command line) jobs run in the guest's own files.
     let window = file_window(&cmdline);
+    if let Some(window) = window {
+        memory.keep_mapped(window)?;
+    }
     let mut session = Session::new(endpoint, memory, job::Settings { root: PathBuf::from("/run/clowder") }, window);
     // Before any job runs: an XEMEM export's pages must never outlive the keeper's watch.
     xemem_keeper::start();
     session.hello(vcpus, ram)?;
     println!("clowder-agent: Hello sent ({vcpus} vCPUs, {} MiB)", ram >> 20);
     let mut last_round = std::time::Instant::now();
+    let mut wait = WAIT_MIN;
     loop {
         // A round that comes late explains a Ping the host judged lost: this loop held up (by
         // a blocking call) or the whole guest starved (a loaded PVM host emulates its kernel).
         let late = last_round.elapsed();
-        if late > SLOW_ROUND {
+        if late > SLOW_ROUND + wait {
             session.log(&format!("agent: the session loop was away for {:.1} s", late.as_secs_f64()))?;
         }
         let round = session.poll()?;
         last_round = std::time::Instant::now();
         match round {
             (_, Next::Shutdown) => return Ok(()),
-            (true, Next::Continue) => {}
-            (false, Next::Continue) => std::thread::sleep(IDLE_SLEEP),
+            (true, Next::Continue) => wait = WAIT_MIN,
+            (false, Next::Continue) => {
+                std::thread::park_timeout(if session.awaiting_host() { wait.min(WAIT_FILE_CALL) } else { wait });
+                wait = (wait * 2).min(WAIT_MAX);
+            }
         }
     }
 }

@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc;
+use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use clowder_channel::{Endpoint, RecvError, SendError};
@@ -12,6 +13,33 @@ use enclave_proto::{max_output_chunk, EnclaveMessage, FileOp, Fragmenter, HostMe
 
 use crate::host_files::{FileAnswer, FileCall, Forwarded, Forwarder};
 use crate::job::{self, Event, Job};
+
+/// A sender to the session's thread that also wakes it, so the loop can sleep long when idle
+/// (each wake-up is emulated guest kernel work on PVM) and still take a job's event or a file
+/// call at once.
+pub struct Waking<T> {
+    sender: mpsc::Sender<T>,
+    session: Thread,
+}
+
+impl<T> Clone for Waking<T> {
+    fn clone(&self) -> Self {
+        Waking { sender: self.sender.clone(), session: self.session.clone() }
+    }
+}
+
+impl<T> Waking<T> {
+    fn to_this_thread(sender: mpsc::Sender<T>) -> Waking<T> {
+        Waking { sender, session: std::thread::current() }
+    }
+
+    /// Sends `value` and wakes the session; an error when the session is gone.
+    pub fn send(&self, value: T) -> Result<(), mpsc::SendError<T>> {
+        self.sender.send(value)?;
+        self.session.unpark();
+        Ok(())
+    }
+}
 
 /// Where the job's files come from: the guest-physical memory the host placed them in.
 pub trait PhysicalMemory {
@@ -33,11 +61,17 @@ enum HostAnswer {
     Attributes(enclave_proto::FileAttributes),
 }
 
-/// A forwarded file call on its way: the request number it went out with.
+/// A forwarded file call on its way: the request number it went out with, and when.
 struct Outstanding {
     request: u32,
     forwarded: Forwarded,
+    sent: Instant,
+    /// Whether the host was told this call is slow.
+    reported: bool,
 }
+
+/// A file call with the host this long is worth a line in the enclave's log.
+const SLOW_FILE_CALL: Duration = Duration::from_secs(10);
 
 /// How long a message the host started may take to arrive in full, and how long a full ring
 /// may stay full, before the channel is judged broken (the daemon uses the same 5 s).
@@ -59,24 +93,26 @@ pub struct Session<M> {
     encoded: Vec<u8>,
     jobs: HashMap<u32, Job>,
     events: mpsc::Receiver<Event>,
-    events_to: mpsc::Sender<Event>,
+    events_to: Waking<Event>,
     settings: job::Settings,
     /// The jobs' host files: calls from their FUSE threads, served one at a time (they share
     /// the window), and the one the host has now.
     window: Option<FileWindow>,
     calls: mpsc::Receiver<Forwarded>,
-    calls_to: mpsc::Sender<Forwarded>,
+    calls_to: Waking<Forwarded>,
     waiting_calls: VecDeque<Forwarded>,
     outstanding: Option<Outstanding>,
     next_request: u32,
 }
 
 impl<M: PhysicalMemory> Session<M> {
-    /// A session; `window` set, each job runs in a view of its owner's host files.
+    /// A session; `window` set, each job runs in a view of its owner's host files. The calling
+    /// thread is the one jobs and file calls wake (it polls).
     pub fn new(endpoint: Endpoint, memory: M, settings: job::Settings, window: Option<FileWindow>) -> Session<M> {
         let frame = vec![0; endpoint.max_message_len()];
         let (events_to, events) = mpsc::channel();
         let (calls_to, calls) = mpsc::channel();
+        let (events_to, calls_to) = (Waking::to_this_thread(events_to), Waking::to_this_thread(calls_to));
         Session {
             endpoint,
             memory,
@@ -169,6 +205,18 @@ impl<M: PhysicalMemory> Session<M> {
             self.report(event)?;
         }
         self.waiting_calls.extend(self.calls.try_iter());
+        if let Some(slow) = self.outstanding.as_mut().filter(|o| !o.reported && o.sent.elapsed() > SLOW_FILE_CALL) {
+            slow.reported = true;
+            let text = format!(
+                "agent: job {}'s file call {} ({:?}) has waited {} s for the host; {} more queued",
+                slow.forwarded.job,
+                slow.request,
+                slow.forwarded.call,
+                slow.sent.elapsed().as_secs(),
+                self.waiting_calls.len()
+            );
+            self.log(&text)?;
+        }
         if self.outstanding.is_none() {
             if let Some(forwarded) = self.waiting_calls.pop_front() {
                 busy = true;
@@ -252,7 +300,7 @@ impl<M: PhysicalMemory> Session<M> {
             let _ = forwarded.answer.send(FileAnswer::Error(libc::EIO));
             return Err(e);
         }
-        self.outstanding = Some(Outstanding { request, forwarded });
+        self.outstanding = Some(Outstanding { request, forwarded, sent: Instant::now(), reported: false });
         Ok(())
     }
 
@@ -308,6 +356,11 @@ impl<M: PhysicalMemory> Session<M> {
             }
         }
         Ok(())
+    }
+
+    /// Whether a file call is with the host, whose answer the loop should look for soon.
+    pub fn awaiting_host(&self) -> bool {
+        self.outstanding.is_some()
     }
 
     /// Jobs still running.

@@ -2,6 +2,8 @@
 //! end driven by the test, and "guest-physical memory" that is a table of files.
 
 use std::collections::HashMap;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::time::Instant;
 
 use clowder_channel::Endpoint;
@@ -13,10 +15,16 @@ use super::*;
 
 const SIZE: usize = 64 << 10;
 
-struct FakeMemory(HashMap<u64, Vec<u8>>);
+/// Files at guest-physical addresses, and the file window a [`FileHost`] writes.
+struct FakeMemory(HashMap<u64, Vec<u8>>, std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+const WINDOW: FileWindow = FileWindow { gpa: 0x7000_0000, size: 256 << 10 };
 
 impl PhysicalMemory for FakeMemory {
     fn read(&self, gpa: u64, len: u64) -> Result<Vec<u8>, String> {
+        if gpa == WINDOW.gpa && len <= WINDOW.size as u64 {
+            return Ok(self.1.lock().unwrap()[..len as usize].to_vec());
+        }
         self.0.get(&gpa).filter(|data| data.len() as u64 == len).cloned().ok_or(format!("nothing at {gpa:#x}+{len:#x}"))
     }
 }
@@ -37,6 +45,16 @@ impl Drop for Host {
 }
 
 fn start(label: &str, files: &[(u64, Vec<u8>)]) -> (Host, Session<FakeMemory>) {
+    let (host, session, _) = start_with(label, files, None);
+    (host, session)
+}
+
+/// [`start`], with the file window `window` (host files) if given; the window's bytes.
+fn start_with(
+    label: &str,
+    files: &[(u64, Vec<u8>)],
+    window: Option<FileWindow>,
+) -> (Host, Session<FakeMemory>, std::sync::Arc<std::sync::Mutex<Vec<u8>>>) {
     // SAFETY: a fresh anonymous mapping, checked below.
     let base = unsafe {
         libc::mmap(std::ptr::null_mut(), SIZE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0)
@@ -48,11 +66,12 @@ fn start(label: &str, files: &[(u64, Vec<u8>)]) -> (Host, Session<FakeMemory>) {
     let directory = std::env::temp_dir().join(format!("clowder-agent-{label}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&directory);
     std::fs::create_dir_all(&directory).unwrap();
-    let memory = FakeMemory(files.iter().cloned().collect());
-    let session = Session::new(channel.guest_end().unwrap(), memory, job::Settings { root: directory.join("run") }, None);
+    let shared = std::sync::Arc::new(std::sync::Mutex::new(vec![0; WINDOW.size as usize]));
+    let memory = FakeMemory(files.iter().cloned().collect(), shared.clone());
+    let session = Session::new(channel.guest_end().unwrap(), memory, job::Settings { root: directory.join("run") }, window);
     let end = channel.host_end().unwrap();
     let frame = vec![0; end.max_message_len()];
-    (Host { base, end, frame, directory }, session)
+    (Host { base, end, frame, directory }, session, shared)
 }
 
 impl Host {
@@ -68,6 +87,17 @@ impl Host {
     /// Polls the session until the agent has sent a message satisfying `done`; every message
     /// received on the way, in order.
     fn until(&mut self, session: &mut Session<FakeMemory>, done: impl Fn(&EnclaveMessage<'_>) -> bool) -> Vec<Vec<u8>> {
+        self.serving(session, None, done)
+    }
+
+    /// [`Host::until`], answering the agent's file calls from `files` on the way (they are
+    /// not among the messages returned).
+    fn serving(
+        &mut self,
+        session: &mut Session<FakeMemory>,
+        mut files: Option<&mut FileHost>,
+        done: impl Fn(&EnclaveMessage<'_>) -> bool,
+    ) -> Vec<Vec<u8>> {
         let deadline = Instant::now() + Duration::from_secs(20);
         let mut assembly = vec![0; MAX_MESSAGE_LEN];
         let mut reassembler = Reassembler::new(&mut assembly);
@@ -78,6 +108,14 @@ impl Host {
             while let Some(n) = self.end.recv(&mut self.frame).unwrap() {
                 if let Some(message) = reassembler.push(&self.frame[..n]).unwrap() {
                     let owned = message.to_vec();
+                    if let (Some(files), EnclaveMessage::FileRequest { job, request, op }) =
+                        (files.as_deref_mut(), EnclaveMessage::decode(&owned).unwrap())
+                    {
+                        files.served += 1;
+                        let reply = files.serve(job, request, &op);
+                        self.send(&reply);
+                        continue;
+                    }
                     let finished = done(&EnclaveMessage::decode(&owned).unwrap());
                     received.push(owned);
                     if finished {
@@ -197,4 +235,108 @@ fn a_missing_file_region_fails_the_launch() {
     host.send(&launch(3, &argv, &cwd, FileImage { name: b"x", gpa: 0x40_0000, len: 100 }, &[]));
     let got = host.until(&mut session, |m| matches!(m, EnclaveMessage::LaunchFailed { .. }));
     assert!(matches!(decoded(&got).last(), Some(EnclaveMessage::LaunchFailed { job: 3, errno, .. }) if *errno == libc::EFAULT));
+}
+
+/// A fake host that serves the agent's forwarded file calls from this machine's own files,
+/// as the daemon's hio.rs does (without its user and confinement checks), writing what a
+/// call reads into the window `memory` shares with the session.
+struct FileHost {
+    window: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    open: HashMap<u32, std::fs::File>,
+    next: u32,
+    served: usize,
+}
+
+impl FileHost {
+    fn serve(&mut self, job: u32, request: u32, op: &enclave_proto::FileOp<'_>) -> HostMessage<'static> {
+        use enclave_proto::{FileAttributes, FileOp, Timestamp};
+        use std::os::unix::fs::MetadataExt;
+        use std::os::unix::io::AsRawFd;
+        let path = |p: &[u8]| PathBuf::from(std::ffi::OsStr::from_bytes(p));
+        let errno = |e: std::io::Error| -(e.raw_os_error().unwrap_or(libc::EIO) as i64);
+        let result = match op {
+            FileOp::Stat { path: p } => match std::fs::metadata(path(p)) {
+                Ok(m) => {
+                    let time = |seconds, nanoseconds: i64| Timestamp { seconds, nanoseconds: nanoseconds as u32 };
+                    let attributes = FileAttributes {
+                        mode: m.mode(),
+                        size: m.size(),
+                        inode: m.ino(),
+                        links: m.nlink(),
+                        uid: m.uid(),
+                        gid: m.gid(),
+                        block_size: m.blksize() as u32,
+                        blocks: m.blocks(),
+                        accessed: time(m.atime(), m.atime_nsec()),
+                        modified: time(m.mtime(), m.mtime_nsec()),
+                        changed: time(m.ctime(), m.ctime_nsec()),
+                    };
+                    return HostMessage::FileAttributes { job, request, attributes };
+                }
+                Err(e) => errno(e),
+            },
+            FileOp::Open { path: p, .. } => match std::fs::File::open(path(p)) {
+                Ok(file) => {
+                    self.next += 1;
+                    self.open.insert(self.next, file);
+                    self.next as i64
+                }
+                Err(e) => errno(e),
+            },
+            FileOp::Pread { handle, len, offset, .. } => match self.open.get(handle) {
+                Some(file) => {
+                    let mut window = self.window.lock().unwrap();
+                    let len = (*len as usize).min(window.len());
+                    match std::os::unix::fs::FileExt::read_at(file, &mut window[..len], *offset) {
+                        Ok(n) => n as i64,
+                        Err(e) => errno(e),
+                    }
+                }
+                None => -(libc::EBADF as i64),
+            },
+            FileOp::Getdents { handle, len, .. } => match self.open.get(handle) {
+                Some(file) => {
+                    let mut window = self.window.lock().unwrap();
+                    let len = (*len as usize).min(window.len());
+                    // SAFETY: getdents64 into the window's first `len` bytes, which it owns.
+                    unsafe { libc::syscall(libc::SYS_getdents64, file.as_raw_fd(), window.as_mut_ptr(), len) }
+                }
+                None => -(libc::EBADF as i64),
+            },
+            FileOp::Close { handle } => self.open.remove(handle).map_or(-(libc::EBADF as i64), |_| 0),
+            _ => -(libc::ENOSYS as i64),
+        };
+        HostMessage::FileResult { job, request, result }
+    }
+}
+
+/// Two jobs in a row, each in its own FUSE view of the host's files (served by a fake host
+/// from this machine's): a dynamically linked shell reads a file and lists a directory
+/// through it, and the second job's mount works after the first one's went. Needs root and
+/// /dev/fuse (skipped without).
+#[test]
+fn jobs_in_a_row_run_in_their_owners_host_files() {
+    if unsafe { libc::geteuid() } != 0 || !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: needs root and /dev/fuse");
+        return;
+    }
+    let shell = std::fs::read("/bin/sh").unwrap();
+    let (mut host, mut session, window) = start_with("fuse", &[(0x10_0000, shell.clone())], Some(WINDOW));
+    let mut files = FileHost { window, open: HashMap::new(), next: 0, served: 0 };
+    let work = host.directory.join("work");
+    std::fs::create_dir_all(work.join("sub")).unwrap();
+    std::fs::write(work.join("data.txt"), "on the host\n").unwrap();
+    let cwd = work.to_str().unwrap().as_bytes().to_vec();
+    let argv: [&[u8]; 3] = [b"sh", b"-c", b"read line < data.txt; echo \"$line\"; echo *"];
+    for job in [1, 2] {
+        let before = files.served;
+        host.send(&launch(job, &argv, &cwd, FileImage { name: b"/bin/sh", gpa: 0x10_0000, len: shell.len() as u64 }, &[]));
+        let got = host.serving(&mut session, Some(&mut files), |m| {
+            matches!(m, EnclaveMessage::JobExited { .. } | EnclaveMessage::LaunchFailed { .. })
+        });
+        let messages = decoded(&got);
+        assert_eq!(messages.last(), Some(&EnclaveMessage::JobExited { job, status: 0 }), "job {job}: {messages:?}");
+        assert_eq!(output(&messages, Stream::Stdout), "on the host\ndata.txt sub\n", "job {job}");
+        assert!(files.served > before + 3, "job {job} read through the FUSE mount ({} calls)", files.served - before);
+    }
 }
