@@ -25,10 +25,10 @@
 //!   SIGKILL from the launcher, which end this process by their default action, end the job.
 
 use std::ffi::OsString;
-use std::fs::File;
 use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
 
 /// The variable families a launcher or an MPI runtime hands its ranks.
 const LAUNCHER_PREFIXES: &[&str] =
@@ -61,8 +61,9 @@ pub fn relay_pmi(env: &mut Vec<String>) -> Result<(), String> {
     Ok(())
 }
 
-/// The socket descriptor `PMI_FD` names, taken over by this process.
-fn inherited_socket(number: &str) -> Result<File, String> {
+/// The socket descriptor `PMI_FD` names, taken over by this process (Hydra's end of a
+/// socketpair: a Unix stream socket).
+fn inherited_socket(number: &str) -> Result<UnixStream, String> {
     let fd: i32 = number.parse().ok().filter(|fd| *fd > 2).ok_or_else(|| format!("PMI_FD={number} is not a descriptor number above 2"))?;
     // SAFETY: all-zero bytes are a valid `stat`.
     let mut stat: libc::stat = unsafe { std::mem::zeroed() };
@@ -72,12 +73,12 @@ fn inherited_socket(number: &str) -> Result<File, String> {
     }
     // SAFETY: the launcher handed this descriptor to this process for PMI alone; nothing else
     // here uses it, so this is its one owner from now on.
-    Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+    Ok(UnixStream::from(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
 /// Listens on 127.0.0.1, and in a thread takes the first connection whose socket `uid` made,
 /// closes the listener and copies bytes between it and `upstream`. Returns the port.
-fn start_relay(upstream: File, uid: u32) -> io::Result<u16> {
+fn start_relay(upstream: UnixStream, uid: u32) -> io::Result<u16> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
     let port = listener.local_addr()?.port();
     std::thread::spawn(move || {
@@ -118,21 +119,37 @@ fn socket_owner(tcp: &str, local: SocketAddr, remote: SocketAddr) -> Option<u32>
 
 /// Copies both ways between the job's connection and the launcher's socket until either side
 /// closes, then shuts both down so the other direction ends too.
-fn relay(job: TcpStream, upstream: File) {
+fn relay(job: TcpStream, upstream: UnixStream) {
     let (Ok(job_in), Ok(upstream_out)) = (job.try_clone(), upstream.try_clone()) else { return };
     let up = std::thread::spawn(move || copy_then_close(job_in, upstream_out));
     copy_then_close(upstream, job);
     let _ = up.join();
 }
 
+/// A connected stream socket of the relay, either kind.
+trait Socket: Read + Write {
+    /// Shuts both directions down (for every descriptor of the socket, unlike a close).
+    fn shut_down(&self);
+}
+
+impl Socket for TcpStream {
+    fn shut_down(&self) {
+        let _ = self.shutdown(Shutdown::Both);
+    }
+}
+
+impl Socket for UnixStream {
+    fn shut_down(&self) {
+        let _ = self.shutdown(Shutdown::Both);
+    }
+}
+
 /// Copies `from` to `to` until either fails or `from` ends, then shuts down both sockets (each
 /// a descriptor of its own, so the other direction's blocked read wakes).
-fn copy_then_close(mut from: impl Read + AsRawFd, mut to: impl Write + AsRawFd) {
+fn copy_then_close(mut from: impl Socket, mut to: impl Socket) {
     let _ = io::copy(&mut from, &mut to);
-    for fd in [from.as_raw_fd(), to.as_raw_fd()] {
-        // SAFETY: a plain call on descriptors owned here until the end of this function.
-        unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
-    }
+    from.shut_down();
+    to.shut_down();
 }
 
 /// The signal a job's status says killed it: 128+N for the signals whose default action ends a
@@ -177,6 +194,8 @@ pub fn die_of(signal: i32) -> ! {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::File;
+    use std::os::fd::AsRawFd;
 
     fn vars(pairs: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
         pairs.iter().map(|(n, v)| (n.into(), v.into())).collect()
@@ -208,9 +227,9 @@ mod tests {
 
     /// A relay of one end of a socketpair (the launcher's proxy holds the other), as this uid
     /// expects (`as_uid`), and the port it listens on.
-    fn relay_for(as_uid: u32) -> (std::os::unix::net::UnixStream, u16) {
-        let (proxy, rank_end) = std::os::unix::net::UnixStream::pair().unwrap();
-        let port = start_relay(File::from(OwnedFd::from(rank_end)), as_uid).unwrap();
+    fn relay_for(as_uid: u32) -> (UnixStream, u16) {
+        let (proxy, rank_end) = UnixStream::pair().unwrap();
+        let port = start_relay(rank_end, as_uid).unwrap();
         (proxy, port)
     }
 
@@ -267,7 +286,7 @@ mod tests {
 
     #[test]
     fn pmi_fd_becomes_a_loopback_port_and_pmi_id_goes() {
-        let (_proxy, rank_end) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (_proxy, rank_end) = UnixStream::pair().unwrap();
         let fd = OwnedFd::from(rank_end);
         let mut env = vec![format!("PMI_FD={}", fd.as_raw_fd()), "PMI_RANK=1".into(), "PMI_SIZE=2".into(), "PMI_ID=1".into()];
         std::mem::forget(fd); // relay_pmi takes the descriptor over, as from a launcher
