@@ -71,6 +71,8 @@ pub fn handle(frame: &mut TrapFrame) {
         sched::flush_tlb_if_stale();
         if frame.is_from_user() {
             sched::tick();
+        } else {
+            sched::tick_missed();
         }
     } else if frame.vector == SIGNAL_CHECK_VECTOR {
         // The short system-call path saw a signal due; the delivery below takes it.
@@ -101,6 +103,9 @@ pub fn handle(frame: &mut TrapFrame) {
         }
     } else if !trap::recover_user_copy_fault(frame) {
         kernel_fault(frame);
+    }
+    if frame.is_from_user() {
+        sched::retake_missed_tick();
     }
     if frame.is_from_user() && trap::signal_check_requested() {
         sched::exit_if_doomed();

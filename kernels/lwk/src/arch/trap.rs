@@ -436,6 +436,15 @@ pub fn prepare_thread(slot: usize, stack_top: u64, frame: &TrapFrame) {
     SAVED_RSP[slot].store(saved_rsp, core::sync::atomic::Ordering::Relaxed);
 }
 
+/// The user RIP and RSP of the last entry from user mode of the thread whose live kernel stack
+/// ends at `stack_top` (the entry's frame tops that stack), for `sched::log_job_threads`.
+pub fn user_context(stack_top: u64) -> (u64, u64) {
+    let frame = (stack_top - core::mem::size_of::<TrapFrame>() as u64) as *const TrapFrame;
+    // SAFETY: the caller names a live kernel stack, whose top words are a frame; a read of
+    // two words of it, which may be stale but are always mapped.
+    unsafe { ((*frame).rip, (*frame).rsp) }
+}
+
 /// Prepares a kernel-only context (a CPU's idle loop) on the stack ending at `stack_top`:
 /// the first switch to `slot` calls `entry`.
 pub fn prepare_kernel_context(slot: usize, stack_top: u64, entry: extern "C" fn() -> !) {
@@ -490,7 +499,9 @@ extern "C" fn lwk_trap_entry(frame: &mut TrapFrame) {
 
 #[no_mangle]
 extern "C" fn lwk_syscall(arg0: u64, arg1: u64, arg2: u64, arg3: u64, arg4: u64, arg5: u64, number: u64) -> u64 {
-    crate::syscall::dispatch(number, &mut crate::syscall::Call { args: [arg0, arg1, arg2, arg3, arg4, arg5], frame: None })
+    let result = crate::syscall::dispatch(number, &mut crate::syscall::Call { args: [arg0, arg1, arg2, arg3, arg4, arg5], frame: None });
+    crate::sched::retake_missed_tick();
+    result
 }
 
 /// Leaves the kernel for good on this stack: starts `frame` in user mode.

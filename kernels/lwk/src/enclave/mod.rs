@@ -243,6 +243,7 @@ impl State {
         if !self.jobs.contains_key(&job) {
             return;
         }
+        crate::sched::log_job_threads(job);
         if self.jobs.len() == 1 {
             self.kill_status = Some(rules::status_for_signal(signal));
             self.ending = true;

@@ -16,6 +16,7 @@
 mod futex;
 mod job_end;
 mod park;
+mod report;
 mod run;
 mod tlb;
 
@@ -25,7 +26,8 @@ pub use futex::{
 };
 pub use job_end::{clear_job_end_request, end_job_if_requested, hand_job_end_to_cpu0, release_job_threads};
 pub use park::{cpu_tables_ready, join_cpu, mark_cpu_tables_ready, park_if_requested, park_other_cpus, wait_for_cpus};
-pub use run::{tick, yield_now};
+pub use report::log_job_threads;
+pub use run::{retake_missed_tick, tick, tick_missed, yield_now};
 pub use tlb::{flush_tlb_if_stale, shoot_down_user_tlbs, start_user_tlb_shootdown};
 
 use crate::arch::apic;
@@ -564,7 +566,26 @@ pub fn exit_if_doomed() {
 /// ends the job.
 pub fn exit_current(status: u8) -> ! {
     let cpu = tables::current_cpu();
-    let (clear_child_tid, pid, slot, last) = with_scheduler(|scheduler| {
+    let (clear_child_tid, pid, slot) = with_scheduler(|scheduler| {
+        let thread = scheduler.current_thread(cpu);
+        (thread.clear_child_tid, thread.pid, thread.slot)
+    });
+    // What the thread holds in its process goes while the thread still counts as live, so
+    // that the process is there: the last of its threads to be marked ending takes it away,
+    // and its threads end on several CPUs at once (exit_group, a kill). The vector state
+    // area leaves the process, which may live on: the slot's next thread may belong to
+    // another process (which saves into it only once it has run, long after the other CPUs
+    // have taken the shootdown's IPI).
+    if let Some(area) = fpu::thread_ended(cpu, slot) {
+        let _ = job::with_process_of(pid, |process| process.memory.aspace.unmap(area, PAGE_SIZE));
+        start_user_tlb_shootdown();
+    }
+    if clear_child_tid != 0 {
+        // pthread_join waits for this word to become zero.
+        let _ = trap::copy_to_user(clear_child_tid, &0u32.to_le_bytes());
+        wake(clear_child_tid, 1, u32::MAX);
+    }
+    let last = with_scheduler(|scheduler| {
         let current = scheduler.current(cpu);
         let thread = scheduler.threads.get_mut(&current).expect("current thread");
         thread.exiting = true;
@@ -572,24 +593,8 @@ pub fn exit_current(status: u8) -> ! {
             thread.doomed = false;
             DOOMED_THREADS.fetch_sub(1, Ordering::AcqRel);
         }
-        let (clear_child_tid, pid, slot) = (thread.clear_child_tid, thread.pid, thread.slot);
-        let last = !scheduler.threads.values().any(|other| other.pid == pid && !other.exiting);
-        (clear_child_tid, pid, slot, last)
+        !scheduler.threads.values().any(|other| other.pid == pid && !other.exiting)
     });
-    // Its vector state area leaves its process, which may live on: the slot's next thread
-    // may belong to another process (which saves into it only once it has run, long after
-    // the other CPUs have taken the shootdown's IPI).
-    if let Some(area) = fpu::thread_ended(cpu, slot) {
-        if !last {
-            let _ = job::with_process(|process| process.memory.aspace.unmap(area, PAGE_SIZE));
-            start_user_tlb_shootdown();
-        }
-    }
-    if clear_child_tid != 0 && !last {
-        // pthread_join waits for this word to become zero.
-        let _ = trap::copy_to_user(clear_child_tid, &0u32.to_le_bytes());
-        wake(clear_child_tid, 1, u32::MAX);
-    }
     crate::signal::thread_exited(with_scheduler(|scheduler| scheduler.current(cpu)));
     if last {
         // The job ends (its first process), or the process's memory goes now: off its tables.

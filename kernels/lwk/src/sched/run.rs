@@ -12,7 +12,7 @@ use crate::arch::trap::{self, KERNEL_STACK_SIZE, MAX_THREADS};
 use crate::clock;
 use crate::mm::pmem;
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub(super) extern "C" fn idle_entry() -> ! {
     idle_loop(tables::current_cpu())
@@ -262,6 +262,26 @@ pub fn tick() {
     });
     if slice_over {
         yield_now();
+    }
+}
+
+/// Per CPU: a tick came while the CPU was in the kernel with interrupts on (waiting for the
+/// host, or idle), where it is not acted on.
+static TICK_MISSED: [AtomicBool; MAX_CPUS] = [const { AtomicBool::new(false) }; MAX_CPUS];
+
+/// The tick found this CPU in the kernel: the timer is one-shot and now spent, so the tick is
+/// taken again on the way back to user mode (`retake_missed_tick`). Otherwise a thread that
+/// waited for the host (an XPMEM attach) and then spins in user mode (UCX's progress loop)
+/// would keep the CPU for ever from the threads queued for it.
+pub fn tick_missed() {
+    TICK_MISSED[tables::current_cpu()].store(true, Ordering::Relaxed);
+}
+
+/// On the way back to user mode: if a tick came while in the kernel, the timer fires at once,
+/// in user mode, where `tick` acts on it.
+pub fn retake_missed_tick() {
+    if TICK_MISSED[tables::current_cpu()].swap(false, Ordering::Relaxed) {
+        apic::arm_timer(cpu::read_tsc());
     }
 }
 
