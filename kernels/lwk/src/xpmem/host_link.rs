@@ -32,8 +32,11 @@ use xemem::Error;
 const CHANNEL_LINK: u32 = 0;
 /// The node's discovery of the name server repeats every half second.
 const TIMING: Timing = Timing { retry_after: 500, attempts: 5 };
-/// A direct request fails as `Unreachable` after this long without its answer.
-const DIRECT_TIMEOUT_MS: u64 = 2_500;
+/// A direct request fails as `Unreachable` after this long without its answer. An attach of
+/// another enclave's memory crosses the daemon and that enclave's kernel, each a thread on a
+/// shared host: on a loaded two-core machine (load 12) 2.5 s was too short for UCX's FIFO
+/// attaches in `MPI_Init`, both ranks attaching each other's at once (ETIMEDOUT, 2 runs of 10).
+const DIRECT_TIMEOUT_MS: u64 = 10_000;
 
 static NODE: SpinLock<Option<Node>> = SpinLock::new(None);
 /// Processes whose segments are being removed because they end (or replace their image):
