@@ -64,7 +64,11 @@ static void *owner_region(int huge, size_t bytes)
 			die(program, "hugetlb memfd (reserve vm.nr_hugepages)");
 		p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	} else {
-		p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		/* 8 MiB above whatever lies below, left untouched: a small mapping may merge with a
+		 * thread stack, whose 8 MiB above its guard a host owner's library never exports
+		 * (holes, which a Linux VM attacher cannot place). */
+		p = mmap(NULL, bytes + (8UL << 20), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		p = p == MAP_FAILED ? p : (char *)p + (8UL << 20);
 	}
 	if (p == MAP_FAILED)
 		die(program, "mmap");

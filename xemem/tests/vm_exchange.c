@@ -12,6 +12,11 @@
  *  - the host removes its segment: the guest, still attached, reads all ones there (with no
  *    guest kernel module the host cannot raise SIGBUS in a guest process: docs/xemem-pci.md).
  * It prints what it saw; status 0 when everything held.
+ *
+ * `vm_exchange leave` (guest) and `vm_exchange stay` (host): a guest process makes "vm-leaves",
+ * waits for the host to attach it and ends without removing it; the host must then get SIGBUS
+ * touching it (the agent's keeper removed it), never anything but what the guest wrote (the
+ * guest kernel reusing the freed pages).
  */
 #include <errno.h>
 #include <poll.h>
@@ -43,6 +48,16 @@ static int fail(const char *what)
 {
 	printf("%s failed: %s (%s)\n", what, strerror(errno), xemem_errmsg());
 	return 1;
+}
+
+/* Private memory of `size` bytes at least 8 MiB above anything below it: the kernel may merge
+ * a small mapping with a thread stack (libxpmem's own service thread's, in a static binary),
+ * and a host owner's library keeps the 8 MiB above a stack's guard out of every export (they
+ * read as a hole to attachers, which a VM cannot place). The 8 MiB below stay untouched. */
+static volatile uint64_t *away_from_stacks(size_t size)
+{
+	char *p = mmap(NULL, size + (8UL << 20), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	return p == MAP_FAILED ? MAP_FAILED : (volatile uint64_t *)(p + (8UL << 20));
 }
 
 static sigjmp_buf touch_jump;
@@ -87,10 +102,81 @@ static int host_sees_signal_and_revocation(xpmem_segid_t segid, volatile uint64_
 	return !inside;
 }
 
+#define LEAVE_TAG 0x4c45415600000000ULL /* "LEAV" */
+
+/* The guest's side of the exit case: export, wait to be attached, end without removing. */
+static int leave(void)
+{
+	volatile uint64_t *own = mmap(NULL, PAGES * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (own == MAP_FAILED)
+		return fail("mmap");
+	for (uint64_t i = 0; i < PAGES; i++)
+		own[i * PAGE / 8] = LEAVE_TAG | i;
+	if (xemem_make((void *)own, PAGES * PAGE, "vm-leaves") < 0)
+		return fail("xemem_make");
+	printf("leave: made vm-leaves\n");
+	fflush(stdout);
+	double start = now();
+	while (own[1] != DONE) {
+		if (now() - start > 600) {
+			printf("leave: the host never attached vm-leaves\n");
+			return 1;
+		}
+		usleep(10000);
+	}
+	printf("leave: attached by the host; ending without removing vm-leaves\n");
+	return 0;
+}
+
+/* The host's side: attach, then read until SIGBUS; anything but the guest's data fails. */
+static int stay(void)
+{
+	double start = now();
+	xpmem_segid_t segid;
+	while ((segid = xemem_lookup_segid("vm-leaves")) < 0) {
+		if (now() - start > 600)
+			return fail("xemem_lookup_segid");
+		usleep(100000);
+	}
+	xpmem_apid_t apid = xpmem_get(segid, XPMEM_RDWR, XPMEM_PERMIT_MODE, (void *)0666);
+	if (apid < 0)
+		return fail("xpmem_get");
+	struct xpmem_addr addr = {.apid = apid, .offset = 0};
+	volatile uint64_t *view = xpmem_attach(addr, PAGES * PAGE, NULL);
+	if (view == MAP_FAILED || view == NULL)
+		return fail("xpmem_attach");
+	struct sigaction action = {.sa_sigaction = on_sigbus, .sa_flags = SA_SIGINFO};
+	sigaction(SIGBUS, &action, NULL);
+	static volatile uint64_t rounds;
+	if (!sigsetjmp(touch_jump, 1)) {
+		view[1] = DONE;
+		start = now();
+		for (rounds = 0; now() - start < 300; rounds++)
+			for (uint64_t i = 0; i < PAGES; i++) {
+				uint64_t word = view[i * PAGE / 8];
+				if (word != (LEAVE_TAG | i)) {
+					printf("host: vm-leaves page %llu reads %#llx after %llu rounds, not what the guest wrote\n",
+					       (unsigned long long)i, (unsigned long long)word, (unsigned long long)rounds);
+					return 1;
+				}
+			}
+		printf("host: no SIGBUS touching vm-leaves 300 s after attaching it\n");
+		return 1;
+	}
+	int inside = fault_address >= (uintptr_t)view && fault_address < (uintptr_t)view + PAGES * PAGE;
+	printf("host: SIGBUS %s vm-leaves once its guest process ended (%llu rounds of the guest's data before)\n",
+	       inside ? "inside" : "outside", (unsigned long long)rounds);
+	return !inside;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc == 2 && !strcmp(argv[1], "leave"))
+		return leave();
+	if (argc == 2 && !strcmp(argv[1], "stay"))
+		return stay();
 	if (argc != 2 || (strcmp(argv[1], "host") && strcmp(argv[1], "guest"))) {
-		fprintf(stderr, "usage: vm_exchange host|guest\n");
+		fprintf(stderr, "usage: vm_exchange host|guest|leave|stay\n");
 		return 2;
 	}
 	int host = !strcmp(argv[1], "host");
@@ -98,7 +184,7 @@ int main(int argc, char **argv)
 	uint64_t tag = host ? HOST_TAG : GUEST_TAG, their_tag = host ? GUEST_TAG : HOST_TAG;
 	double timeout = 600;
 
-	volatile uint64_t *own = mmap(NULL, PAGES * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	volatile uint64_t *own = away_from_stacks(PAGES * PAGE);
 	if (own == MAP_FAILED)
 		return fail("mmap");
 	for (uint64_t i = 0; i < PAGES; i++)

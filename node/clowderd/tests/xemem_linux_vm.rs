@@ -92,6 +92,7 @@ fn one_xpmem_program_exchanges_memory_between_host_and_vm() {
     assert!(host.status.success(), "{context}");
     assert_eq!(reply["status"], 0, "{context}");
 
+    a_process_that_ends_keeps_no_segment(&daemon, &program, &dir.0);
     if bench {
         bench_rows(&daemon, &dir.0);
     }
@@ -103,6 +104,39 @@ fn one_xpmem_program_exchanges_memory_between_host_and_vm() {
         assert!(Instant::now() < deadline, "the VM's segment outlived it");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// A guest process that exports and ends without removing (`vm_exchange leave`): the agent's
+/// keeper removes its segment, so the host attacher (`vm_exchange stay`) gets SIGBUS, having
+/// read only what the guest wrote, never the guest kernel's reuse of the pages.
+fn a_process_that_ends_keeps_no_segment(daemon: &BrokeredDaemon, program: &Path, dir: &Path) {
+    let out = Arc::new(Mutex::new(String::new()));
+    let guest = {
+        let (socket, program, cwd, out) = (daemon.socket.clone(), program.to_path_buf(), dir.to_path_buf(), out.clone());
+        std::thread::spawn(move || run_job(&socket, "vm", &program, &["./vm_exchange", "leave"], &cwd, &out))
+    };
+    while !out.lock().unwrap().contains("leave: made vm-leaves") && !guest.is_finished() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let host = Command::new(program)
+        .arg("stay")
+        .env("CLOWDER_XEMEM_SOCKET", &daemon.xemem_socket)
+        .env("CLOWDER_XEMEM_BACKEND", "broker")
+        .output()
+        .unwrap();
+    let reply = guest.join().unwrap();
+    let host_out = String::from_utf8_lossy(&host.stdout);
+    let context = format!(
+        "guest job {reply}:\n{}\nhost {:?}:\n{host_out}{}\nlog:\n{}",
+        out.lock().unwrap(),
+        host.status,
+        String::from_utf8_lossy(&host.stderr),
+        log_lines(&daemon.socket, "vm").join("\n")
+    );
+    eprintln!("{context}");
+    assert_eq!(reply["status"], 0, "{context}");
+    assert!(host_out.contains("host: SIGBUS inside vm-leaves once its guest process ended"), "{context}");
+    assert!(host.status.success(), "{context}");
 }
 
 /// The VM rows of docs/results/xemem-attach.md (Table 2): `xemem/bench/attach_bench.c`, one
