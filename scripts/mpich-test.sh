@@ -39,9 +39,7 @@ clowder=$root/target/release/clowder
 CLOWDERD=$root/target/release/clowderd
 CLOWDER=$clowder
 out=$NODES_DIR/out
-failures=0 passed=0 blocked=0
-
-says() { grep -q -- "$1" "$out"; } # after a run into $out
+. scripts/lib/mpi-cases.sh
 
 # One node (its own clowderd, /run/clowder and network) with enclaves a and b.
 nodes_up 1 || { echo "FAIL mpich: cannot make the node (root and iproute2 needed)"; exit 1; }
@@ -79,20 +77,7 @@ case_() { # [--static] description command...: --static cases need no dynamic lo
         why=
         shift
     fi
-    local what=$1
-    shift
-    if [ -n "$why" ]; then
-        blocked=$((blocked + 1))
-        echo "BLOCKED $what: $why"
-        return
-    fi
-    nodes_wait_for 30 nodes_enclaves_idle || echo "note: the enclaves still run an earlier job after 30 s"
-    : >"$out"
-    if "$@" >>"$out" 2>&1; then
-        passed=$((passed + 1)) && echo "ok      $what"
-    else
-        failures=$((failures + 1)) && echo "FAILED  $what" && sed 's/^/    /' "$out" | tail -15
-    fi
+    mpi_case "$why" "$@"
 }
 
 # Hydra's PMI-1 wire-up alone (apps/mpi/pmi_probe.c, static: put, barrier, get across the
@@ -122,5 +107,4 @@ mixed() {
 }
 case_ "MPICH: a host rank beside an enclave rank (ping-pong, mpicg)" mixed
 
-echo "test-mpich: $passed passed, $failures failed, $blocked blocked"
-[ $failures = 0 ]
+mpi_summary test-mpich
