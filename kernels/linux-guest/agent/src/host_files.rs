@@ -444,11 +444,9 @@ pub fn mount_host_tree(job: u32, root: &Path, forwarder: Forwarder) -> Result<Mo
     let options = format!("fd={},rootmode=40000,user_id=0,group_id=0,allow_other,max_read={}", fd.as_raw_fd(), forwarder.window);
     mount("clowder-host", root, Some("fuse"), libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV, Some(&options))?;
     let tree = HostTree::new(job, forwarder);
-    let started = std::time::Instant::now();
     std::thread::spawn(move || match fuser::Session::from_fd(tree, fd, SessionACL::All, fuser::Config::default()) {
         // Ends when the mount goes (the device then reads ENODEV).
         Ok(session) => {
-            eprintln!("clowder-agent: job {job}: FUSE session up after {} ms", started.elapsed().as_millis());
             let _ = session.run();
         }
         Err(e) => eprintln!("clowder-agent: job {job}: the host files' FUSE session: {e}"),
@@ -461,7 +459,6 @@ pub fn mount_host_tree(job: u32, root: &Path, forwarder: Forwarder) -> Result<Mo
             Ok(()) => mounted.binds.push(target),
             Err(e) => eprintln!("clowder-agent: job {job}: {e}"),
         }
-        eprintln!("clowder-agent: job {job}: {guest} bound at {} ms", started.elapsed().as_millis());
     }
     Ok(mounted)
 }

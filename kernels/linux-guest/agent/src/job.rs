@@ -101,13 +101,14 @@ fn write_file(path: &Path, data: &[u8], mode: u32) -> Result<(), Refusal> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| failed("setting the mode of", e))
 }
 
-/// Copies the job's binary and input files into the guest, then
-/// starts it on a thread of its own, which reports [`Event::Started`] or [`Event::Failed`]: a
-/// job with host files must mount them first, and the mount's first lookups go through the
-/// session, which must not wait for it.
+/// Starts the job on a thread of its own, which copies its binary and input files into the
+/// guest and reports [`Event::Started`] or [`Event::Failed`]. Nothing slow happens on the
+/// session's thread: copying a large binary (python3's 6 MiB) is seconds of emulated kernel
+/// work on a loaded PVM host, during which Pings went unanswered; and a job with host files
+/// must mount them first, whose first lookups go through the session.
 pub fn start(
     launch: &LaunchJob<'_>,
-    memory: &dyn PhysicalMemory,
+    memory: Arc<dyn PhysicalMemory + Send + Sync>,
     settings: &Settings,
     events: Waking<Event>,
     host_files: Option<Forwarder>,
@@ -118,19 +119,13 @@ pub fn start(
         return Err(refuse(libc::EINVAL, "the job has no argv[0]"));
     }
     let cwd = PathBuf::from(OsStr::from_bytes(launch.cwd));
-    // Also with host files: the job falls back to the guest's own files if they cannot be mounted.
-    std::fs::create_dir_all(&cwd)
-        .map_err(|e| refuse(e.raw_os_error().unwrap_or(libc::EIO), format!("creating the working directory {}: {e}", cwd.display())))?;
-    for file in launch.files.iter() {
-        let data = memory.read(file.gpa, file.len).map_err(|e| refuse(libc::EFAULT, e))?;
-        write_file(&input_path(&cwd, file.name)?, &data, 0o644)?;
-    }
     let directory = settings.root.join(format!("job-{job}"));
     let base = Path::new(OsStr::from_bytes(launch.binary.name)).file_name().unwrap_or(OsStr::new("program")).to_owned();
     let binary = directory.join(base);
-    let image = memory.read(launch.binary.gpa, launch.binary.len).map_err(|e| refuse(libc::EFAULT, e))?;
-    write_file(&binary, &image, 0o755)?;
-    drop(image);
+    let mut copies = vec![Placed { path: binary.clone(), gpa: launch.binary.gpa, len: launch.binary.len, mode: 0o755 }];
+    for file in launch.files.iter() {
+        copies.push(Placed { path: input_path(&cwd, file.name)?, gpa: file.gpa, len: file.len, mode: 0o644 });
+    }
     let env: Vec<(Vec<u8>, Vec<u8>)> = launch
         .env
         .iter()
@@ -141,8 +136,19 @@ pub fn start(
         .collect();
     let pid = Arc::new(AtomicI32::new(0));
     let process = Process { job, argv, env, cwd, binary, directory, pid: pid.clone() };
-    std::thread::spawn(move || process.run(host_files, events));
+    std::thread::spawn(move || match process.place(&*memory, &copies) {
+        Ok(()) => process.run(host_files, events),
+        Err(refusal) => process.failed(&events, refusal),
+    });
     Ok(Job { pid })
+}
+
+/// A file the host placed in guest memory, and where it goes in the guest.
+struct Placed {
+    path: PathBuf,
+    gpa: u64,
+    len: u64,
+    mode: u32,
 }
 
 /// What the job's thread needs to run it.
@@ -157,6 +163,19 @@ struct Process {
 }
 
 impl Process {
+    /// The working directory (also with host files: the job falls back to the guest's own
+    /// files if they cannot be mounted), the binary and the input files.
+    fn place(&self, memory: &dyn PhysicalMemory, copies: &[Placed]) -> Result<(), Refusal> {
+        std::fs::create_dir_all(&self.cwd).map_err(|e| {
+            refuse(e.raw_os_error().unwrap_or(libc::EIO), format!("creating the working directory {}: {e}", self.cwd.display()))
+        })?;
+        for copy in copies {
+            let data = memory.read(copy.gpa, copy.len).map_err(|e| refuse(libc::EFAULT, e))?;
+            write_file(&copy.path, &data, copy.mode)?;
+        }
+        Ok(())
+    }
+
     fn command(&self, root: Option<&Path>) -> Result<Command, Refusal> {
         let mut command = Command::new(&self.binary);
         command

@@ -108,6 +108,13 @@ impl DevMem {
     }
 }
 
+// SAFETY: a mapping is only read through (copied out of) after it is made, and unmapped once,
+// on drop; the file window's bytes are written by the host between calls, never while one is
+// being copied out (one file call is with the host at a time).
+unsafe impl Send for Mapping {}
+// SAFETY: as above: shared references only copy bytes out.
+unsafe impl Sync for Mapping {}
+
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: the mapping was made by `DevMem::map` with this base and length.

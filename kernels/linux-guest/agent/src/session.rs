@@ -4,7 +4,7 @@
 //! PVM (`out` raises #GP there), so the host finds our messages when it next polls.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
@@ -87,7 +87,7 @@ pub enum Next {
 
 pub struct Session<M> {
     endpoint: Endpoint,
-    memory: M,
+    memory: Arc<M>,
     frame: Vec<u8>,
     assembly: Box<[u8]>,
     encoded: Vec<u8>,
@@ -105,7 +105,7 @@ pub struct Session<M> {
     next_request: u32,
 }
 
-impl<M: PhysicalMemory> Session<M> {
+impl<M: PhysicalMemory + Send + Sync + 'static> Session<M> {
     /// A session; `window` set, each job runs in a view of its owner's host files. The calling
     /// thread is the one jobs and file calls wake (it polls).
     pub fn new(endpoint: Endpoint, memory: M, settings: job::Settings, window: Option<FileWindow>) -> Session<M> {
@@ -115,7 +115,7 @@ impl<M: PhysicalMemory> Session<M> {
         let (events_to, calls_to) = (Waking::to_this_thread(events_to), Waking::to_this_thread(calls_to));
         Session {
             endpoint,
-            memory,
+            memory: Arc::new(memory),
             frame,
             assembly: vec![0; MAX_MESSAGE_LEN].into_boxed_slice(),
             encoded: vec![0; MAX_MESSAGE_LEN],
@@ -242,7 +242,7 @@ impl<M: PhysicalMemory> Session<M> {
                     Err((libc::EEXIST, format!("job {job} is already running")))
                 } else {
                     let host_files = self.window.map(|window| Forwarder { window: window.size, calls: self.calls_to.clone() });
-                    job::start(&launch, &self.memory, &self.settings, self.events_to.clone(), host_files)
+                    job::start(&launch, self.memory.clone(), &self.settings, self.events_to.clone(), host_files)
                 };
                 // A started job says so (`Event::Started`) once its process runs.
                 match started {

@@ -18,10 +18,17 @@ const SIZE: usize = 64 << 10;
 /// Files at guest-physical addresses, and the file window a [`FileHost`] writes.
 struct FakeMemory(HashMap<u64, Vec<u8>>, std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
 
+/// Reads from here take seconds.
+const SLOW_GPA: u64 = 0x50_0000;
+
 const WINDOW: FileWindow = FileWindow { gpa: 0x7000_0000, size: 256 << 10 };
 
 impl PhysicalMemory for FakeMemory {
     fn read(&self, gpa: u64, len: u64) -> Result<Vec<u8>, String> {
+        if gpa == SLOW_GPA {
+            // Memory as slow to copy out as a large binary on a loaded PVM host.
+            std::thread::sleep(Duration::from_secs(3));
+        }
         if gpa == WINDOW.gpa && len <= WINDOW.size as u64 {
             return Ok(self.1.lock().unwrap()[..len as usize].to_vec());
         }
@@ -211,6 +218,23 @@ fn a_killed_job_reports_the_signal_and_a_bad_binary_fails_to_launch() {
         }
         other => panic!("expected LaunchFailed, got {other:?}"),
     }
+}
+
+/// A job whose binary takes long to copy out does not hold up the session: a Ping meanwhile is
+/// answered at once (the daemon judges an enclave hung by its Pongs).
+#[test]
+fn pings_are_answered_while_a_slow_binary_is_placed() {
+    let shell = std::fs::read("/bin/sh").unwrap();
+    let (mut host, mut session) = start("slow", &[(SLOW_GPA, shell.clone())]);
+    let cwd = host.directory.to_str().unwrap().as_bytes().to_vec();
+    let argv: [&[u8]; 3] = [b"sh", b"-c", b"exit 4"];
+    host.send(&launch(6, &argv, &cwd, FileImage { name: b"/bin/sh", gpa: SLOW_GPA, len: shell.len() as u64 }, &[]));
+    host.send(&HostMessage::Ping { nonce: 5 });
+    let asked = Instant::now();
+    host.until(&mut session, |m| matches!(m, EnclaveMessage::Pong { nonce: 5 }));
+    assert!(asked.elapsed() < Duration::from_secs(2), "the Pong took {:?}", asked.elapsed());
+    let got = host.until(&mut session, |m| matches!(m, EnclaveMessage::JobExited { .. }));
+    assert_eq!(decoded(&got).last(), Some(&EnclaveMessage::JobExited { job: 6, status: 4 }));
 }
 
 #[test]
