@@ -480,7 +480,7 @@ impl Enclave {
             self.log.push("clowderd: no XEMEM link left for this enclave");
         }
         let mut outstanding_ping: Option<ping::PendingPing> = None;
-        let mut first_vcpu = ping::VcpuWait::of(self.machine.lock().unwrap().pid());
+        let mut first_vcpu = ping::FirstVcpu::of(self.machine.lock().unwrap().pid());
         let mut next_ping = Instant::now() + liveness.ping_interval;
         let mut next_truncation_check = Instant::now();
         let mut nonce = 0u64;
@@ -530,8 +530,8 @@ impl Enclave {
                 Err(e) => break e,
             };
             if let Some(pending) = &outstanding_ping {
-                let silent = pending.silence(&mut first_vcpu, liveness.ping_timeout);
-                if (channel_empty && silent > liveness.ping_timeout) || silent > liveness.ping_timeout * 4 {
+                let timeout = if channel_empty { liveness.ping_timeout } else { liveness.ping_timeout * 4 };
+                if let Some(silent) = pending.unanswered(&mut first_vcpu, timeout) {
                     break format!("it stopped answering Ping (no Pong for {} ms)", silent.as_millis());
                 }
             }
