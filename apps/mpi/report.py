@@ -7,6 +7,7 @@ the issue's three targets.
 """
 import re
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 CASES = {
@@ -59,11 +60,12 @@ def table(title, raw, prefix, pattern, cases, unit):
 
 def main(raw, cpu, load, edge):
     raw = Path(raw)
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lat = r"pingpong: (\d+) bytes\s+([\d.]+) us"
     bw = r"pingpong: (\d+) bytes\s+[\d.]+ us\s+([\d.]+) MB/s"
     red = r"allreduce: (\d+) bytes\s+\d+ ranks\s+([\d.]+) us"
     out = ["# MPI: host ranks and enclave ranks (issue 25)", "",
-           f"`apps/mpi/bench.sh` (in `make bench`) on {cpu}, load {load} at the end. Two cores; every case",
+           f"`apps/mpi/bench.sh` (in `make bench`) on {cpu}, {stamp}, load {load} at the end. Two cores; every case",
            "runs its ranks on the same two cores (`--bind-to core` for host ranks, one core per enclave).",
            "Nodes are network namespaces on a bridge (scripts/nodes.sh), each with its own clowderd;",
            "enclave ranks and the `tcp` rows use Open MPI's TCP transport (`--mca btl tcp,self`), but for",
