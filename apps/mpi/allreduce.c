@@ -4,8 +4,9 @@
  *
  *   allreduce: BYTES bytes  RANKS ranks  TIME us
  *
- * with TIME the mean per call. Every call's result is checked (element i sums rank+i over the
- * ranks), so a wrong reduction fails with status 1.
+ * with TIME per call in the median of ten timed blocks of calls (timing.h). Every call's
+ * result is checked (element i sums rank+i over the ranks), so a wrong reduction fails with
+ * status 1.
  *
  *   allreduce [MAX_BYTES] [ITERS] [CRASH_RANK]   defaults 1048576 and 200; with CRASH_RANK that
  *                                                rank dies of SIGSEGV after the first size
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 
 #include "../args.h"
+#include "timing.h"
 
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
@@ -38,17 +40,20 @@ int main(int argc, char **argv) {
     for (long i = 0; i < count_max; i++) in[i] = rank + i;
     int bad = 0;
     for (long count = 1; count <= count_max; count *= 8) {
-        double start = 0;
         long calls = count <= 8192 ? iters : iters * 8192 / count;
-        if (calls < 5) calls = 5;
+        long block_calls = per_block(calls);
+        double blocks[BLOCKS];
+        long last = count - 1;
         MPI_Barrier(MPI_COMM_WORLD);
-        for (long i = -3; i < calls; i++) {
-            if (i == 0) start = MPI_Wtime();
-            MPI_Allreduce(in, out, (int)count, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-            long last = count - 1;
-            bad |= out[last] != (double)size * (size - 1) / 2 + (double)size * last;
+        for (int block = -1; block < BLOCKS; block++) { /* block -1: warm-up */
+            double start = MPI_Wtime();
+            for (long i = 0; i < block_calls; i++) {
+                MPI_Allreduce(in, out, (int)count, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+                bad |= out[last] != (double)size * (size - 1) / 2 + (double)size * last;
+            }
+            if (block >= 0) blocks[block] = MPI_Wtime() - start;
         }
-        double each = (MPI_Wtime() - start) / calls;
+        double each = median_block(blocks) / block_calls;
         if (rank == 0) printf("allreduce: %ld bytes  %d ranks  %.2f us\n", count * 8, size, each * 1e6);
         if (rank == crash_rank) {
             fprintf(stderr, "allreduce: rank %d crashes now, as asked\n", rank);

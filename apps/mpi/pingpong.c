@@ -5,7 +5,8 @@
  *
  *   pingpong: BYTES bytes  LATENCY us  BANDWIDTH MB/s
  *
- * where LATENCY is half the mean round trip and BANDWIDTH is BYTES / LATENCY. The data is
+ * where LATENCY is half a round trip, the median of ten timed blocks of round trips
+ * (timing.h), and BANDWIDTH is BYTES / LATENCY. The data is
  * checked at every size (the last byte rank 1 sends back is its own), so a transport that
  * loses or mixes messages fails with status 1.
  *
@@ -17,6 +18,24 @@
 #include <string.h>
 
 #include "../args.h"
+#include "timing.h"
+
+/* One round trip of `bytes` between ranks 0 and 1; whether rank 0 got back other than rank 1's
+   byte. */
+static int round_trip(char *buffer, long bytes, int rank) {
+    if (rank == 0) {
+        buffer[bytes - 1] = 0;
+        MPI_Send(buffer, (int)bytes, MPI_CHAR, 1, 0, MPI_COMM_WORLD);
+        MPI_Recv(buffer, (int)bytes, MPI_CHAR, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        return buffer[bytes - 1] != 1;
+    }
+    if (rank == 1) {
+        MPI_Recv(buffer, (int)bytes, MPI_CHAR, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        buffer[bytes - 1] = 1;
+        MPI_Send(buffer, (int)bytes, MPI_CHAR, 0, 0, MPI_COMM_WORLD);
+    }
+    return 0;
+}
 
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
@@ -45,22 +64,16 @@ int main(int argc, char **argv) {
         /* about the same time per size: fewer round trips for large messages */
         long iters = bytes <= 65536 ? base_iters : base_iters * 65536 / bytes;
         if (iters < 10) iters = 10;
-        double start = 0;
+        long each = per_block(iters);
+        double blocks[BLOCKS];
         MPI_Barrier(MPI_COMM_WORLD);
-        for (long i = -5; i < iters; i++) {
-            if (i == 0) start = MPI_Wtime();
-            if (rank == 0) {
-                buffer[bytes - 1] = 0;
-                MPI_Send(buffer, (int)bytes, MPI_CHAR, 1, 0, MPI_COMM_WORLD);
-                MPI_Recv(buffer, (int)bytes, MPI_CHAR, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-                bad |= buffer[bytes - 1] != 1;
-            } else if (rank == 1) {
-                MPI_Recv(buffer, (int)bytes, MPI_CHAR, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-                buffer[bytes - 1] = 1;
-                MPI_Send(buffer, (int)bytes, MPI_CHAR, 0, 0, MPI_COMM_WORLD);
-            }
+        for (int i = 0; i < 5; i++) bad |= round_trip(buffer, bytes, rank); /* warm-up */
+        for (int block = 0; block < BLOCKS; block++) {
+            double start = MPI_Wtime();
+            for (long i = 0; i < each; i++) bad |= round_trip(buffer, bytes, rank);
+            blocks[block] = MPI_Wtime() - start;
         }
-        double half_trip = (MPI_Wtime() - start) / iters / 2;
+        double half_trip = median_block(blocks) / each / 2;
         if (rank == 0)
             printf("pingpong: %ld bytes  %.2f us  %.1f MB/s\n", bytes, half_trip * 1e6, bytes / half_trip / 1e6);
     }
