@@ -444,6 +444,19 @@ after unmapping the stub page and the save areas: exited 0"
     fi
 fi
 
+# Under clowder-vmm with two vCPUs, a process's threads ending on both CPUs at once, 100
+# times (tests/lwk-only/exit_race.c): no kernel panic.
+if [ "$runner" = vmm ] && [ $# -eq 0 ]; then
+    musl-gcc -static -O2 -pthread -o "$work/exit_race" "$here/tests/lwk-only/exit_race.c"
+    status=$(VMM_ARGS="--cpus 2" run_in_lwk "$work/exit_race" exit_race "$work/exit_race.lwk")
+    if [ "$status" = 0 ] && [ "$(cat "$work/exit_race.lwk")" = "100 of 100 children ended with status 7" ]; then
+        echo "ok   threads ending on two CPUs at once: status 0"
+    else
+        echo "FAIL threads ending on two CPUs at once: status $status"; cat "$work/exit_race.lwk.console"
+        failures=$((failures + 1))
+    fi
+fi
+
 # Under clowder-vmm, a forked process's XEMEM segment across enclaves: a host process attached
 # to it must get SIGBUS before the process's frames are freed or reused
 # (tests/xemem-exit-order.sh: a private clowderd, an LWK enclave, a host attacher; skipped

@@ -3,8 +3,8 @@
  * thread lets go of what it holds in its process (its vector state area, its clear-child-tid
  * word) while the process still exists; the last one to end takes the process away. The LWK
  * panicked ("the calling thread's process") when a thread let go after the last had ended,
- * which took down an enclave whose MPI ranks ended beside each other. Needs two CPUs to show
- * it (VMM_ARGS="--cpus 2" RUNNER=vmm); passes on one. */
+ * which took down an enclave whose MPI ranks ended beside each other. It needs two CPUs, so
+ * test.sh runs it under clowder-vmm with two vCPUs only. */
 #include <pthread.h>
 #include <stdio.h>
 #include <sys/wait.h>
