@@ -101,8 +101,10 @@ pub struct Mailbox {
     user: Option<*const AtomicU32>,
 }
 
-// SAFETY: the mapping is shared device memory accessed only by volatile/atomic operations.
+// SAFETY: the mappings live as long as the value and are touched only by volatile or atomic
+// accesses, from any thread.
 unsafe impl Send for Mailbox {}
+// SAFETY: as for Send; the shared word serializes requests between threads and processes.
 unsafe impl Sync for Mailbox {}
 
 const MAILBOX_SIZE: usize = 64 << 10;
@@ -204,8 +206,11 @@ impl Remover for Mailbox {
     }
 }
 
+/// A message as received: op, export tag, segment id, descriptors.
+type Received = (u32, u64, i64, Vec<OwnedFd>);
+
 /// One message and its descriptors; `None` at the end of the connection.
-fn receive(socket: &OwnedFd) -> Result<Option<(u32, u64, i64, Vec<OwnedFd>)>, String> {
+fn receive(socket: &OwnedFd) -> Result<Option<Received>, String> {
     let mut message = [0u8; 24];
     let mut control = [0u64; 256]; // room for 253 descriptors, aligned for cmsghdr
     let mut iov = libc::iovec { iov_base: message.as_mut_ptr().cast(), iov_len: message.len() };
@@ -325,8 +330,9 @@ mod tests {
         let mut ends = [0; 2];
         // SAFETY: pipe2 into a two-element array.
         assert_eq!(unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        // SAFETY: both ends are fresh and owned here.
+        // SAFETY: the write end is fresh and unused.
         unsafe { libc::close(ends[1]) };
+        // SAFETY: the read end is fresh and owned from here on.
         unsafe { OwnedFd::from_raw_fd(ends[0]) }
     }
 
