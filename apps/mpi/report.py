@@ -66,7 +66,8 @@ def main(raw, cpu, load, edge):
     red = r"allreduce: (\d+) bytes\s+\d+ ranks\s+([\d.]+) us"
     out = ["# MPI: host ranks and enclave ranks (issue 25)", "",
            f"`apps/mpi/bench.sh` (in `make bench`) on {cpu}, {stamp}, load {load} at the end. Two cores; every case",
-           "runs its ranks on the same two cores (`--bind-to core` for host ranks, one core per enclave).",
+           "runs its ranks on the same two cores (`--bind-to core` for host ranks, one core per enclave,",
+           "its memory on 4 KiB pages: XEMEM attaches of a hugepage enclave's memory are whole 2 MiB pages).",
            "Nodes are network namespaces on a bridge (scripts/nodes.sh), each with its own clowderd;",
            "enclave ranks and the `tcp` rows use Open MPI's TCP transport (`--mca btl tcp,self`), but for",
            "the `UCX/xpmem` rows: Open MPI's UCX PML over UCX's xpmem transport on libxpmem (docs/mpi.md).", ""]
