@@ -60,8 +60,10 @@ fn command_line(memory: u64) -> Result<String, String> {
 }
 
 /// Set (to anything) in the daemon's environment, Linux enclaves' jobs get their owner's host
-/// files. Off by default until `make test-linux-enclave` has passed with it: its one run here
-/// (load 10) lost the enclave to a missed Ping at the first job, cause not yet known.
+/// files. Off by default until `make test-linux-enclave` has passed with it. Its first run lost
+/// the enclave to a missed Ping: the agent copied python3's binary on its session thread (fixed
+/// there); static jobs now run through the mount, but python3 has not yet been seen to finish
+/// (docs/linux-guest.md).
 pub const HOST_FILES_VARIABLE: &str = "CLOWDER_LINUX_HOST_FILES";
 
 /// The kernel command line for a guest of `memory` bytes: with the file window when the
