@@ -4,12 +4,15 @@
 //! guest). Only the waiting is the host's fault: on a host loaded far past its cores (CI beside
 //! other work, where a guest's kernel work is emulated at a fraction of its idle speed) the
 //! first vCPU, which answers Ping, can spend most of 30 s queued, and a live enclave was removed
-//! as hung. So a Ping's silence counts wall time less that wait, read from the vCPU thread's
-//! `/proc/PID/task/TID/schedstat` (running ns, waiting ns, slices); a guest spinning or halted
-//! for good still runs out its timeout. A wait still going on is added to the count only once
-//! it ends, so a runnable vCPU is given four times the timeout before it is judged (a guest
-//! spinning for good is still found then); a halted or stopped one is not. Machines without a
-//! `vcpu0` thread (QEMU) count wall time, as before.
+//! as hung. So the silence judged leaves that wait out, from the vCPU thread's
+//! `/proc/PID/task/TID/schedstat` (running ns, waiting ns, slices) and its state:
+//! - runnable now (running or queued; a queued stretch reaches schedstat only once it ends):
+//!   the time it ran since the Ping, against four timeouts, since a loaded host emulates the
+//!   guest's kernel work slower than its share of a core alone explains; a guest spinning for
+//!   good is found then;
+//! - halted or stopped: wall time less the waits since the Ping, against the timeout.
+//!
+//! Machines without a `vcpu0` thread (QEMU) count wall time, as before.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -17,7 +20,7 @@ use std::time::{Duration, Instant};
 /// The name clowder-vmm gives the thread of the enclave's first vCPU.
 const FIRST_VCPU_THREAD: &str = "vcpu0";
 
-/// How many timeouts a runnable vCPU is given (see the module comment).
+/// How many timeouts a runnable vCPU may run without answering (see the module comment).
 const RUNNABLE_PATIENCE: u32 = 4;
 
 /// The first vCPU's thread, found on first use.
@@ -25,6 +28,13 @@ pub struct FirstVcpu {
     vmm: Option<u32>,
     /// Its `/proc/PID/task/TID` directory.
     task: Option<PathBuf>,
+}
+
+/// What `schedstat` says of a thread so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Schedule {
+    ran: Duration,
+    waited: Duration,
 }
 
 impl FirstVcpu {
@@ -39,9 +49,8 @@ impl FirstVcpu {
         std::fs::read_to_string(self.task.as_ref()?.join(file)).ok()
     }
 
-    /// Its total run-queue wait so far; `None` where it cannot be read.
-    fn waited(&mut self) -> Option<Duration> {
-        run_queue_wait(&self.read("schedstat")?)
+    fn schedule(&mut self) -> Option<Schedule> {
+        parse_schedstat(&self.read("schedstat")?)
     }
 
     /// Whether it is running or queued to run (state `R`), rather than halted or stopped.
@@ -59,11 +68,10 @@ fn find_thread(pid: u32, name: &str) -> Option<PathBuf> {
         .find(|task| std::fs::read_to_string(task.join("comm")).is_ok_and(|comm| comm.trim_end() == name))
 }
 
-/// The second field of a `schedstat` line: nanoseconds spent runnable but not running.
-fn run_queue_wait(schedstat: &str) -> Option<Duration> {
-    let mut fields = schedstat.split_ascii_whitespace();
-    let _running = fields.next()?;
-    fields.next()?.parse().ok().map(Duration::from_nanos)
+/// A `schedstat` line: nanoseconds running, nanoseconds runnable but not running, slices.
+fn parse_schedstat(schedstat: &str) -> Option<Schedule> {
+    let mut fields = schedstat.split_ascii_whitespace().map(|field| field.parse().ok().map(Duration::from_nanos));
+    Some(Schedule { ran: fields.next()??, waited: fields.next()?? })
 }
 
 /// The state letter of a `/proc/.../stat` line, after the parenthesised name (which may hold
@@ -76,45 +84,54 @@ fn thread_state(stat: &str) -> Option<char> {
 pub struct PendingPing {
     pub nonce: u64,
     sent: Instant,
-    waited_before: Option<Duration>,
+    before: Option<Schedule>,
 }
 
 impl PendingPing {
     pub fn sent(nonce: u64, vcpu: &mut FirstVcpu) -> Self {
-        PendingPing { nonce, sent: Instant::now(), waited_before: vcpu.waited() }
+        PendingPing { nonce, sent: Instant::now(), before: vcpu.schedule() }
     }
 
-    /// The silence that counts, if the enclave has left the Ping unanswered past `timeout`:
-    /// wall time less the vCPU's run-queue wait since the Ping (read only once the wall time
-    /// passes `timeout`, as it rarely does).
+    /// The silence that counts, if the enclave has left the Ping unanswered past `timeout`
+    /// (the vCPU is read only once the wall time passes it, as it rarely does).
     pub fn unanswered(&self, vcpu: &mut FirstVcpu, timeout: Duration) -> Option<Duration> {
         let elapsed = self.sent.elapsed();
         if elapsed <= timeout {
             return None;
         }
-        let silence = judged_silence(elapsed, self.waited_before, vcpu.waited());
-        let allowed = if vcpu.runnable() { timeout * RUNNABLE_PATIENCE } else { timeout };
-        (silence > allowed).then_some(silence)
+        let now = vcpu.schedule();
+        let runnable = now.is_some() && vcpu.runnable();
+        judge(elapsed, self.before, now, runnable, timeout)
     }
 }
 
-fn judged_silence(elapsed: Duration, waited_before: Option<Duration>, waited_now: Option<Duration>) -> Duration {
-    match (waited_before, waited_now) {
-        (Some(before), Some(now)) => elapsed.saturating_sub(now.saturating_sub(before)),
-        _ => elapsed,
-    }
+/// The silence of a Ping `elapsed` ago, if it is too long (the module comment's rules).
+fn judge(elapsed: Duration, before: Option<Schedule>, now: Option<Schedule>, runnable: bool, timeout: Duration) -> Option<Duration> {
+    let (silence, allowed) = match (before, now) {
+        (Some(before), Some(now)) if runnable => (now.ran.saturating_sub(before.ran), timeout * RUNNABLE_PATIENCE),
+        (Some(before), Some(now)) => (elapsed.saturating_sub(now.waited.saturating_sub(before.waited)), timeout),
+        _ => (elapsed, timeout),
+    };
+    (silence > allowed).then_some(silence)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn schedule(ran: u64, waited: u64) -> Option<Schedule> {
+        Some(Schedule { ran: Duration::from_secs(ran), waited: Duration::from_secs(waited) })
+    }
+
     #[test]
-    fn the_wait_is_the_second_schedstat_field() {
-        assert_eq!(run_queue_wait("123 4500000000 17\n"), Some(Duration::from_millis(4500)));
-        assert_eq!(run_queue_wait("123\n"), None);
-        assert_eq!(run_queue_wait("123 lots 17"), None);
-        assert_eq!(run_queue_wait(""), None);
+    fn schedstat_is_running_then_waiting() {
+        assert_eq!(
+            parse_schedstat("2000000000 4500000000 17\n"),
+            Some(Schedule { ran: Duration::from_secs(2), waited: Duration::from_millis(4500) })
+        );
+        assert_eq!(parse_schedstat("123\n"), None);
+        assert_eq!(parse_schedstat("123 lots 17"), None);
+        assert_eq!(parse_schedstat(""), None);
     }
 
     #[test]
@@ -126,26 +143,37 @@ mod tests {
     }
 
     #[test]
-    fn silence_is_wall_time_less_the_wait_since_the_ping() {
+    fn a_runnable_vcpu_is_judged_by_the_time_it_ran() {
         let s = Duration::from_secs;
-        // Queued 25 of 31 s: 6 s count.
-        assert_eq!(judged_silence(s(31), Some(s(100)), Some(s(125))), s(6));
-        // Never queued (spinning on its own core, or halted): all of it counts.
-        assert_eq!(judged_silence(s(31), Some(s(100)), Some(s(100))), s(31));
-        // Unreadable, or a counter that went backwards: wall time, never more.
-        assert_eq!(judged_silence(s(31), None, Some(s(125))), s(31));
-        assert_eq!(judged_silence(s(31), Some(s(100)), None), s(31));
-        assert_eq!(judged_silence(s(31), Some(s(125)), Some(s(100))), s(31));
-        assert_eq!(judged_silence(s(31), Some(s(0)), Some(s(40))), s(0));
+        let timeout = s(30);
+        // 200 s mostly queued, 40 s of it running: slow, not hung.
+        assert_eq!(judge(s(200), schedule(10, 100), schedule(50, 250), true, timeout), None);
+        // Running 121 s without answering: hung (a guest spinning for good).
+        assert_eq!(judge(s(130), schedule(10, 100), schedule(131, 100), true, timeout), Some(s(121)));
     }
 
     #[test]
-    fn a_machine_without_the_thread_counts_wall_time() {
+    fn a_halted_or_stopped_vcpu_is_judged_by_wall_time_less_its_waits() {
+        let s = Duration::from_secs;
+        let timeout = s(30);
+        // Queued 25 of 50 s, then halted: 25 s count.
+        assert_eq!(judge(s(50), schedule(10, 100), schedule(11, 125), false, timeout), None);
+        // Never queued (halted or stopped for good): all of it counts.
+        assert_eq!(judge(s(31), schedule(10, 100), schedule(10, 100), false, timeout), Some(s(31)));
+        // A counter that went backwards is never more than wall time.
+        assert_eq!(judge(s(31), schedule(10, 125), schedule(10, 100), false, timeout), Some(s(31)));
+    }
+
+    #[test]
+    fn without_the_thread_wall_time_counts() {
+        let s = Duration::from_secs;
+        assert_eq!(judge(s(31), None, schedule(10, 100), true, s(30)), Some(s(31)));
+        assert_eq!(judge(s(31), schedule(10, 100), None, false, s(30)), Some(s(31)));
         let mut none = FirstVcpu::of(None);
-        assert_eq!((none.waited(), none.runnable()), (None, false));
-        let ping = PendingPing { nonce: 1, sent: Instant::now() - Duration::from_secs(2), waited_before: None };
-        assert!(ping.unanswered(&mut FirstVcpu::of(Some(std::process::id())), Duration::from_secs(1)).is_some());
-        assert_eq!(ping.unanswered(&mut none, Duration::from_secs(3)), None);
+        assert_eq!((none.schedule(), none.runnable()), (None, false));
+        let ping = PendingPing { nonce: 1, sent: Instant::now() - s(2), before: None };
+        assert!(ping.unanswered(&mut FirstVcpu::of(Some(std::process::id())), s(1)).is_some());
+        assert_eq!(ping.unanswered(&mut none, s(3)), None);
     }
 
     #[test]
@@ -162,7 +190,7 @@ mod tests {
             .unwrap();
         started.recv().unwrap();
         let task = find_thread(std::process::id(), "ping-test-thr").expect("the named thread");
-        assert!(run_queue_wait(&std::fs::read_to_string(task.join("schedstat")).unwrap()).is_some());
+        assert!(parse_schedstat(&std::fs::read_to_string(task.join("schedstat")).unwrap()).is_some());
         // Blocked on the channel: sleeping.
         assert_eq!(thread_state(&std::fs::read_to_string(task.join("stat")).unwrap()), Some('S'));
         assert_eq!(find_thread(std::process::id(), "no-such-thread"), None);
