@@ -3,7 +3,8 @@
 //! program, `xemem/tests/vm_exchange.c`, runs as a job in the VM and as a host process: each
 //! makes a named segment, attaches the other's, checks every page and writes into it, and sees
 //! the other's write in its own (host->VM and VM->host, checked by content), then signals and
-//! revocation. Opt-in (`make test-linux-xemem`, not yet seen passing): the boot is minutes of
+//! revocation, a guest exporter that ends without removing, and the exchange again with an LWK
+//! enclave's job in the host's place. Opt-in (`make test-linux-xemem`): the boot is minutes of
 //! emulated kernel code on a PVM host.
 //! `CLOWDER_LINUX_KERNEL`/`CLOWDER_LINUX_INITRD` name a prebuilt guest; scripts/linux-kernel.sh
 //! builds (or finds cached) both otherwise.
@@ -43,7 +44,7 @@ fn create_linux_enclave(daemon: &BrokeredDaemon, mem: &str) {
 }
 
 #[test]
-#[ignore = "boots a Linux guest: minutes on a PVM host (make test-linux-xemem; not yet seen passing)"]
+#[ignore = "boots a Linux guest: minutes on a PVM host (make test-linux-xemem)"]
 fn one_xpmem_program_exchanges_memory_between_host_and_vm() {
     let Some(dir) = job_test_dir("clowder-xemem-linux-vm") else { return };
     let program = lwk_job(&dir.0, "vm_exchange");
@@ -93,6 +94,7 @@ fn one_xpmem_program_exchanges_memory_between_host_and_vm() {
     assert_eq!(reply["status"], 0, "{context}");
 
     a_process_that_ends_keeps_no_segment(&daemon, &program, &dir.0);
+    lwk_and_vm_exchange(&daemon, &program, &dir.0);
     if bench {
         bench_rows(&daemon, &dir.0);
     }
@@ -137,6 +139,34 @@ fn a_process_that_ends_keeps_no_segment(daemon: &BrokeredDaemon, program: &Path,
     assert_eq!(reply["status"], 0, "{context}");
     assert!(host_out.contains("host: SIGBUS inside vm-leaves once its guest process ended"), "{context}");
     assert!(host.status.success(), "{context}");
+}
+
+/// LWK<->VM: the same binary as a job of an LWK enclave beside the VM (`vm_exchange host`,
+/// libxpmem's device backend there) and in the VM: both directions by content, the guest's
+/// signal, SIGBUS in the LWK job once the guest removed its segment, all ones in the guest.
+fn lwk_and_vm_exchange(daemon: &BrokeredDaemon, program: &Path, dir: &Path) {
+    let created = call(&daemon.socket, json!({"op": "create", "name": "lwk", "cores": 1, "mem": "256M"}));
+    assert_eq!(created["ok"], true, "{created}");
+    let run = |enclave: &'static str, role: &'static str| {
+        let (socket, program, cwd) = (daemon.socket.clone(), program.to_path_buf(), dir.to_path_buf());
+        std::thread::spawn(move || {
+            let out = Mutex::new(String::new());
+            let reply = run_job(&socket, enclave, &program, &["./vm_exchange", role], &cwd, &out);
+            (reply, out.into_inner().unwrap())
+        })
+    };
+    let (lwk, vm) = (run("lwk", "host"), run("vm", "guest"));
+    let ((lwk_reply, lwk_out), (vm_reply, vm_out)) = (lwk.join().unwrap(), vm.join().unwrap());
+    let context = format!("LWK job {lwk_reply}:\n{lwk_out}\nVM job {vm_reply}:\n{vm_out}");
+    eprintln!("{context}");
+    assert!(lwk_out.contains("host: 256 of 256 pages of vm-to-host hold what the other side wrote"), "{context}");
+    assert!(vm_out.contains("guest: 256 of 256 pages of host-to-vm hold what the other side wrote"), "{context}");
+    assert!(lwk_out.contains("host: the guest signalled host-to-vm"), "{context}");
+    assert!(lwk_out.contains("host: SIGBUS inside vm-to-host once the guest removed it"), "{context}");
+    assert!(vm_out.contains("guest: host-to-vm reads all ones once the host removed it"), "{context}");
+    assert_eq!((lwk_reply["status"].clone(), vm_reply["status"].clone()), (json!(0), json!(0)), "{context}");
+    let removed = call(&daemon.socket, json!({"op": "rm", "name": "lwk"}));
+    assert_eq!(removed["ok"], true, "{removed}");
 }
 
 /// The VM rows of docs/results/xemem-attach.md (Table 2): `xemem/bench/attach_bench.c`, one
