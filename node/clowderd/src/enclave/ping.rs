@@ -191,8 +191,13 @@ mod tests {
         started.recv().unwrap();
         let task = find_thread(std::process::id(), "ping-test-thr").expect("the named thread");
         assert!(parse_schedstat(&std::fs::read_to_string(task.join("schedstat")).unwrap()).is_some());
-        // Blocked on the channel: sleeping.
-        assert_eq!(thread_state(&std::fs::read_to_string(task.join("stat")).unwrap()), Some('S'));
+        // Once blocked on the channel (it may still be on its way there): sleeping.
+        let state = || thread_state(&std::fs::read_to_string(task.join("stat")).unwrap());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while state() != Some('S') && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(state(), Some('S'));
         assert_eq!(find_thread(std::process::id(), "no-such-thread"), None);
         end_tx.send(()).unwrap();
         thread.join().unwrap();
