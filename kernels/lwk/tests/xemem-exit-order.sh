@@ -13,58 +13,28 @@
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(cd "$here/../../.." && pwd)
-xemem="$repo/xemem"
-work="$repo/kernels/target/lwk-tests/xemem-exit-order"
-kernel=$(realpath "${KERNEL:-$repo/kernels/target/x86_64-unknown-none/release/lwk}")
-vmm=$(realpath "${CLOWDER_VMM:-$repo/target/release/clowder-vmm}")
-rm -rf "$work" && mkdir -p "$work"
+source "$here/lib/private-enclave.sh"
+private_enclave_setup xemem-exit-order "xemem exit order"
 
-fail() { echo "FAIL xemem exit order: $*"; exit 1; }
-[ -e /dev/kvm ] || { echo "skip xemem exit order: /dev/kvm is absent"; exit 0; }
-[ "$(id -u)" = 0 ] || { echo "skip xemem exit order: clowderd needs root"; exit 0; }
-command -v musl-gcc >/dev/null || { echo "skip xemem exit order: musl-gcc is not installed"; exit 0; }
-(cd "$repo" && cargo build --release -p clowderd -p clowder-cli -p clowder-vmm --quiet) || fail "cannot build the daemon, the CLI and the VMM"
-[ -f "$kernel" ] || (cd "$repo/kernels" && cargo build --release -p lwk --quiet) || fail "cannot build the kernel"
-
-# The job against a musl libxpmem (as xemem/lwk-test.sh builds it), the watcher against the
-# host's.
-headers="$xemem/build/musl/kernel-headers"
-mkdir -p "$headers"
-ln -sfn /usr/include/linux "$headers/linux"
-ln -sfn "/usr/include/$(gcc -print-multiarch)/asm" "$headers/asm"
-ln -sfn /usr/include/asm-generic "$headers/asm-generic"
-make -s -C "$xemem" CC="musl-gcc -isystem $headers" BUILD=build/musl build/musl/lib/libxpmem.a || fail "cannot build the musl libxpmem"
+# The job against a musl libxpmem, the watcher against the host's.
+build_musl_libxpmem
 make -s -C "$xemem" || fail "cannot build libxpmem"
-musl-gcc -isystem "$headers" -static -O2 -Wall -I"$xemem/include" -o "$work/lwk_exiting_owner" \
-    "$xemem/tests/lwk_exiting_owner.c" "$xemem/build/musl/lib/libxpmem.a" -lpthread || fail "cannot build the job"
+musl_job "$work/lwk_exiting_owner" "$xemem/tests/lwk_exiting_owner.c"
 cc -O2 -Wall -I"$xemem/include" -o "$work/host_lwk_exit_watcher" "$xemem/tests/host_lwk_exit_watcher.c" \
     "$xemem/build/lib/libxpmem.a" -lpthread || fail "cannot build the watcher"
 
-export CLOWDER_SOCKET="$work/clowderd.sock"
-"$repo/target/release/clowderd" --socket "$CLOWDER_SOCKET" --kernel "$kernel" --vmm "$vmm" --ping-timeout 20000 \
-    >"$work/clowderd.log" 2>&1 &
-daemon=$!
 watcher=
-cleanup() {
-    [ -n "$watcher" ] && kill "$watcher" 2>/dev/null
-    "$repo/target/release/clowder" enclave rm exitorder >/dev/null 2>&1
-    kill "$daemon" 2>/dev/null
-    wait "$daemon" 2>/dev/null
-}
-trap cleanup EXIT
-for _ in $(seq 100); do [ -S "$CLOWDER_SOCKET" ] && break; sleep 0.1; done
-clowder="$repo/target/release/clowder"
-"$clowder" enclave create --name exitorder --cores 1 --mem 128M >"$work/create.log" 2>&1 || fail "enclave create: $(cat "$work/create.log")"
+on_exit='[ -n "$watcher" ] && kill "$watcher" 2>/dev/null'
+start_private_enclave exitorder
 
 CLOWDER_XEMEM_SOCKET="$work/xemem.sock" timeout 90 "$work/host_lwk_exit_watcher" >"$work/watcher.out" 2>&1 &
 watcher=$!
-(cd "$work" && timeout 90 "$clowder" run exitorder ./lwk_exiting_owner) >"$work/job.out" 2>&1
+(cd "$work" && timeout 90 "$clowder" run "$enclave" ./lwk_exiting_owner) >"$work/job.out" 2>&1
 job_status=$?
 wait "$watcher"
 watcher_status=$?
 watcher=
-"$clowder" logs exitorder >"$work/enclave.log" 2>&1
+"$clowder" logs "$enclave" >"$work/enclave.log" 2>&1
 
 verdict=0
 if [ "$watcher_status" = 0 ] && grep -q '^SIGBUS with the owner' "$work/watcher.out"; then
