@@ -65,17 +65,6 @@ pub fn exit_port(command_line: &str) -> u16 {
     value_of(command_line, "clowder.exit_port").and_then(parse_number).map_or(DEFAULT_EXIT_PORT, |port| port as u16)
 }
 
-/// The most `clowder.pid_base` may be: a job's ids then stay below 2^30, as futex lock words
-/// (`FUTEX_TID_MASK`) need, with 2^20 ids to spare.
-pub const MAX_FIRST_PID: u64 = (1 << 30) - (1 << 20);
-
-/// The id of a job's first process: `clowder.pid_base`, where clowderd gives each enclave a
-/// range of its own so that processes in two enclaves never share an id (Open MPI's shared
-/// memory takes a segment whose creator has its own pid for its own), else 1.
-pub fn first_pid(command_line: &str) -> u64 {
-    value_of(command_line, "clowder.pid_base").and_then(parse_number).filter(|pid| (1..=MAX_FIRST_PID).contains(pid)).unwrap_or(1)
-}
-
 pub struct JobOptions {
     /// `lwk.verbose`: the kernel reports the job's layout and timing.
     pub verbose: bool,
@@ -145,18 +134,6 @@ fn split_quoted(text: &str) -> Vec<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use alloc::format;
-
-    #[test]
-    fn the_first_pid_is_the_daemons_base_when_it_is_sane() {
-        assert_eq!(first_pid("lwk.verbose"), 1);
-        assert_eq!(first_pid("-- prog clowder.pid_base=4194304"), 4194304);
-        assert_eq!(first_pid("clowder.pid_base=0x400000"), 0x400000);
-        for bad in ["0", "-5", "x", "1073741824", "18446744073709551615"] {
-            assert_eq!(first_pid(&format!("clowder.pid_base={bad}")), 1, "{bad}");
-        }
-        assert_eq!(first_pid(&format!("clowder.pid_base={MAX_FIRST_PID}")), MAX_FIRST_PID);
-    }
 
     #[test]
     fn values_and_flags_are_the_kernels_words_before_the_separator() {

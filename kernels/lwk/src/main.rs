@@ -77,7 +77,6 @@ fn kernel_main(start_info: u64) -> ! {
     arch::fastcall::set_enabled(cmdline::value_of(boot.command_line(), "lwk.fastcalls") != Some("off"));
     arch::cpu::allow_user_time_stamp_counter();
     clock::init(boot_tsc, !cmdline::started_by_clowder_vmm(boot.command_line()));
-    job::set_first_pid(cmdline::first_pid(boot.command_line()));
 
     // After a PVH boot the other vCPUs wait for INIT/SIPI; they start now and join the
     // scheduler once the job is loaded.

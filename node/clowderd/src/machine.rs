@@ -232,30 +232,11 @@ fn follow_console(source: impl std::io::Read + Send + 'static, log: Arc<LogBook>
     });
 }
 
-/// Process ids in an LWK enclave start above Linux's largest (2^22, `PID_MAX_LIMIT`), each
-/// enclave in a range of 2^20 of its own, below 2^30 (the LWK's `cmdline::MAX_FIRST_PID`): no
-/// process in one enclave has the id of a host process or of one in another enclave of this
-/// daemon (Open MPI's shared memory takes a segment whose creator has its own pid for its own;
-/// ranks in two enclaves, each numbering from 1, waited for ever).
-const PID_RANGES: u64 = 1020;
-
-/// The first process id of the enclave started `nth` by this daemon (`clowder.pid_base`).
-fn pid_base(nth: u64) -> u64 {
-    (1 << 22) + (nth % PID_RANGES) * (1 << 20)
-}
-
 impl Launcher for VmmLauncher {
     fn launch(&self, spec: &MachineSpec, log: Arc<LogBook>, progress: &mut dyn FnMut(Populated)) -> Result<Box<dyn Machine>, String> {
-        // Daemons on one host most likely start at different ranges.
-        static STARTED: std::sync::OnceLock<std::sync::atomic::AtomicU64> = std::sync::OnceLock::new();
-        let nth = STARTED
-            .get_or_init(|| std::sync::atomic::AtomicU64::new(std::process::id().into()))
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let control_path = self.runtime_dir.join(format!("{}.vmm.sock", spec.name));
         log.push(format!("clowderd: starting clowder-vmm for enclave {}", spec.name));
-        let mut command = vmm_command(&self.vmm, &self.kernel, spec);
-        command.arg("--cmdline").arg(format!("clowder.pid_base={}", pid_base(nth)));
-        start_vmm_reporting(command, control_path, log, progress)
+        start_vmm_reporting(vmm_command(&self.vmm, &self.kernel, spec), control_path, log, progress)
     }
 
     fn launch_linux(
@@ -427,14 +408,6 @@ mod tests {
         for garbled in ["", "1024 of 4096", "x of 4096 MiB in 1 s", "1 of 2 MiB in soon s"] {
             assert_eq!(Populated::parse(garbled), None, "{garbled}");
         }
-    }
-
-    #[test]
-    fn each_enclave_has_process_ids_of_its_own_above_the_hosts() {
-        let bases: Vec<u64> = (0..PID_RANGES).map(pid_base).collect();
-        assert!(bases.iter().all(|&base| base >= 1 << 22 && base <= (1 << 30) - (1 << 20)));
-        assert!(bases.windows(2).all(|pair| pair[1] - pair[0] == 1 << 20));
-        assert_eq!(pid_base(PID_RANGES + 3), pid_base(3));
     }
 
     #[test]

@@ -37,17 +37,8 @@ use memory::{JobMemory, Region, READ_WRITE};
 
 /// The stack ends here, 2 MiB aligned, a little below the top of user space as on Linux.
 pub const STACK_TOP: u64 = 0x0000_7fff_ffe0_0000;
-/// The job's first process's id (and its main thread's id): `cmdline::first_pid`, set at boot.
-static FIRST_PID: AtomicU64 = AtomicU64::new(1);
-
-pub fn first_pid() -> u64 {
-    FIRST_PID.load(Ordering::Relaxed)
-}
-
-/// At boot, from the command line (`cmdline::first_pid`).
-pub fn set_first_pid(pid: u64) {
-    FIRST_PID.store(pid, Ordering::Relaxed);
-}
+/// The job's first process's id (and its main thread's id).
+pub const PID: u64 = 1;
 /// What the first process's default heap leaves at least to the kernel and the job's other
 /// processes: a quarter of the free memory, and never less than this.
 const KERNEL_RESERVE: u64 = 16 << 20;
@@ -442,15 +433,14 @@ pub fn exec_stack_size() -> u64 {
 pub const SELF_EXE: &str = "/proc/self/exe";
 
 /// Loads the job (enclave job `job_id`, 0 for a boot module's), alone in the machine, as
-/// process `first_pid()`, and returns the user context to start it with.
+/// process `PID`, and returns the user context to start it with.
 pub fn load(module: Option<&Module>, options: &JobOptions, job_id: u32) -> Result<TrapFrame, LoadError> {
     VERBOSE.store(options.verbose, Ordering::Relaxed);
     HEAP_OPTION.store(options.heap_size.unwrap_or(0), Ordering::Relaxed);
     STACK_OPTION.store(options.stack_size, Ordering::Relaxed);
-    let pid = first_pid();
-    let (entry, aspace) = load_first_process(module, options, pid, options.heap_size)?;
-    crate::signal::reset(pid);
-    crate::process::reset(pid, job_id);
+    let (entry, aspace) = load_first_process(module, options, PID, options.heap_size)?;
+    crate::signal::reset(PID);
+    crate::process::reset(PID, job_id);
     // Before the main thread's CPU time starts: no thread's exceeds the job's.
     let now = clock::monotonic_ns();
     JOB_START_NS.store(now, Ordering::Relaxed);
