@@ -142,10 +142,10 @@ vader_mixed() {
 }
 enclave_case "vader (shared memory) between a host rank and an enclave rank (ping-pong, mpicg)" vader_mixed
 
-# The same between enclaves a and b hangs: not because both ranks had pid 1 (Open MPI takes a
-# segment whose creator has its own pid for its own), since each enclave now numbers its
-# processes apart (clowder.pid_base, 2026-11-28) and the run still gave no result in 300 s.
-# BLOCKED rather than a hang, unless MPI_VADER_A_B=1 asks for the run.
+# The same between enclaves a and b hangs (docs/mpi.md): not only because both ranks have pid 1
+# (Open MPI takes a segment whose creator has its own pid for its own): with distinct pids per
+# enclave (tried, then reverted: UCX between enclaves failed with them) it still gave no result
+# in 300 s. BLOCKED rather than a hang, unless MPI_VADER_A_B=1 asks for the run.
 vader_a_b() {
     in_node 1 timeout 300 "${mpirun[@]}" "${vader[@]}" -n 1 "${run_a[@]}" "$bin/pingpong" 65536 10 : \
         -n 1 "$clowder" run --enclave b "$bin/pingpong" 65536 10 && says "data verified"
@@ -154,7 +154,7 @@ if [ "${MPI_VADER_A_B:-0}" = 1 ]; then
     enclave_case --needs-b "vader between enclaves a and b (ping-pong)" vader_a_b
 elif mpi_wanted "vader between enclaves"; then
     blocked=$((blocked + 1))
-    echo "BLOCKED vader between enclaves a and b (ping-pong): no result within 300 s with distinct pids (MPI_VADER_A_B=1 runs it)"
+    echo "BLOCKED vader between enclaves a and b (ping-pong): no result within 300 s, with pids from 1 or apart (MPI_VADER_A_B=1 runs it)"
 fi
 
 # Two ranks in one enclave (two jobs of its one vCPU) over vader: their segments are /dev/shm
