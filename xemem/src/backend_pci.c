@@ -2,9 +2,20 @@
  * The Linux-VM backend: XPMEM through clowder's virtual PCI device (docs/xemem-pci.md), with no
  * guest kernel module. The device is found in sysfs by its vendor and device ids; its mailbox
  * BAR (resource0) carries requests to the host, and its window BAR (resource2) is where the host
- * places attached segments, so an attachment is an mmap of part of resource2. An export names
+ * places attached segments, so an attachment is a part of resource2 mapped in this process. An
+ * export names
  * the owner's guest-physical pages: they are pinned with mlock and translated through
  * /proc/self/pagemap (root in the guest), then sent as runs of contiguous frames.
+ *
+ * The window's mappings are kept (struct pci_extent): the guest kernel maps a PCI resource
+ * eagerly, one page-table entry per 4 KiB (remap_pfn_range), and on a PVM host every guest
+ * kernel instruction is emulated (seconds per GiB), so a part of the window is mapped once per
+ * process and every later attachment placed inside it costs the guest kernel nothing; its first
+ * touches are the host's (shadow paging or EPT) faults. Mapping the whole 64 GiB BAR up front
+ * would be 16 Mi entries and 128 MiB of page tables, so parts are mapped as placements need
+ * them. After a detach the addresses stay mapped and read the window as it is there (all ones,
+ * or a later attachment of this guest: the guest is one trust domain, and any of its root
+ * processes may map resource2 whole).
  * device.c routes the XPMEM commands here when this backend is chosen.
  *
  * Two things outlive the calling process, because the guest kernel knows nothing of XEMEM:
@@ -83,12 +94,23 @@ struct keeper_message {
 /* Pipes per KEEP message (SCM_RIGHTS takes at most 253 descriptors). */
 #define PIPES_PER_MESSAGE 64
 
-/* An attachment: a mapping of the window at `window_offset`. */
+/* An attachment: `len` bytes of the window at `window_offset`, seen at `vaddr`; `own_mapping`
+ * when it was mapped for it alone (at the caller's address) and goes with it. */
 struct pci_attachment {
 	uintptr_t vaddr;
 	size_t len;
 	uint64_t window_offset;
+	int own_mapping;
 };
+
+/* A part of the window mapped in this process and kept (the module comment says why). */
+struct pci_extent {
+	uintptr_t vaddr;
+	uint64_t window_offset, len;
+};
+/* Placements are 2 MiB-aligned in units of 2 MiB (vmm/core/src/pci/window.rs): an extent covers
+ * whole units, so a later placement of the same units finds it. */
+#define PCI_PLACEMENT_UNIT (2UL << 20)
 
 static pthread_mutex_t pci_lock = PTHREAD_MUTEX_INITIALIZER;
 static volatile struct pci_mailbox *mailbox;
@@ -100,6 +122,8 @@ static struct pci_export *exports;
 static size_t export_count, export_capacity;
 static struct pci_attachment *pci_attachments;
 static size_t pci_attachment_count, pci_attachment_capacity;
+static struct pci_extent *pci_extents;
+static size_t pci_extent_count, pci_extent_capacity;
 
 static int read_id(const char *dir, const char *file, unsigned *id)
 {
@@ -502,6 +526,28 @@ static int pci_remove(xpmem_segid_t segid)
 	return 0;
 }
 
+/* Where this process sees `len` bytes of the window at `window_offset`: inside a kept extent, or
+ * in a new one mapped over the placement's whole units; MAP_FAILED with errno. */
+static void *window_address(uint64_t window_offset, size_t len)
+{
+	for (size_t i = 0; i < pci_extent_count; i++) {
+		struct pci_extent e = pci_extents[i];
+		if (window_offset >= e.window_offset && window_offset + len <= e.window_offset + e.len)
+			return (char *)e.vaddr + (window_offset - e.window_offset);
+	}
+	if (grow((void **)&pci_extents, &pci_extent_capacity, pci_extent_count, sizeof *pci_extents) < 0) {
+		errno = ENOMEM;
+		return MAP_FAILED;
+	}
+	uint64_t start = window_offset & ~(PCI_PLACEMENT_UNIT - 1);
+	uint64_t end = (window_offset + len + PCI_PLACEMENT_UNIT - 1) & ~(PCI_PLACEMENT_UNIT - 1);
+	void *at = mmap(NULL, end - start, PROT_READ | PROT_WRITE, MAP_SHARED, window_fd, (off_t)start);
+	if (at == MAP_FAILED)
+		return at;
+	pci_extents[pci_extent_count++] = (struct pci_extent){ (uintptr_t)at, start, end - start };
+	return (char *)at + (window_offset - start);
+}
+
 static int pci_attach(struct xpmem_cmd_attach *attach)
 {
 	uintptr_t fixed = attach->vaddr;
@@ -522,34 +568,40 @@ static int pci_attach(struct xpmem_cmd_attach *attach)
 	if (request(PCI_OP_ATTACH) < 0)
 		return -1;
 	uint64_t window_offset = mailbox->results[0];
-	void *at = mmap((void *)fixed, len, PROT_READ | PROT_WRITE, MAP_SHARED | (fixed ? MAP_FIXED : 0), window_fd,
-			(off_t)window_offset);
-	if (at == MAP_FAILED || mailbox->results[1] < len) {
-		int error = at == MAP_FAILED ? errno : EIO;
-		if (at != MAP_FAILED)
-			munmap(at, len);
+	/* At the caller's address the attachment needs a mapping of its own. */
+	void *at = mailbox->results[1] < len ? MAP_FAILED
+		   : fixed ? mmap((void *)fixed, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, window_fd,
+				  (off_t)window_offset)
+			   : window_address(window_offset, len);
+	if (at == MAP_FAILED) {
+		int error = mailbox->results[1] < len ? EIO : errno;
 		mailbox->args[0] = window_offset;
 		request(PCI_OP_DETACH);
 		errno = error;
 		return -1;
 	}
-	pci_attachments[pci_attachment_count++] = (struct pci_attachment){ (uintptr_t)at, len, window_offset };
+	pci_attachments[pci_attachment_count++] = (struct pci_attachment){ (uintptr_t)at, len, window_offset, fixed != 0 };
 	attach->vaddr = (uintptr_t)at;
 	return 0;
 }
 
-/* As XPMEM: 0 also when nothing is mapped at vaddr, EINVAL when something else is. */
+/* As XPMEM: 0 also when nothing is attached at vaddr (a kept extent included), EINVAL when
+ * something else is mapped there. */
 static int pci_detach(uint64_t vaddr)
 {
 	for (size_t i = 0; i < pci_attachment_count; i++) {
 		struct pci_attachment a = pci_attachments[i];
 		if (vaddr < a.vaddr || vaddr >= a.vaddr + a.len)
 			continue;
-		munmap((void *)a.vaddr, a.len);
+		if (a.own_mapping)
+			munmap((void *)a.vaddr, a.len);
 		pci_attachments[i] = pci_attachments[--pci_attachment_count];
 		mailbox->args[0] = a.window_offset;
 		return request(PCI_OP_DETACH);
 	}
+	for (size_t i = 0; i < pci_extent_count; i++)
+		if (vaddr >= pci_extents[i].vaddr && vaddr < pci_extents[i].vaddr + pci_extents[i].len)
+			return 0;
 	if (msync((void *)(uintptr_t)(vaddr & ~(PAGE - 1)), PAGE, MS_ASYNC) < 0 && errno == ENOMEM)
 		return 0;
 	errno = EINVAL;

@@ -130,8 +130,11 @@ static int answer(uint32_t op)
 		uint64_t first = a[0] / PLACE_ALIGN;
 		if (a[0] % PLACE_ALIGN || first >= WINDOW_SIZE / PLACE_ALIGN || placed[first] != 1)
 			return EINVAL;
-		for (uint64_t n = first; n < WINDOW_SIZE / PLACE_ALIGN && placed[n] && (n == first || placed[n] == 2); n++)
+		/* A detached placement reads all ones, as the VMM's WindowHoles answers there. */
+		for (uint64_t n = first; n < WINDOW_SIZE / PLACE_ALIGN && placed[n] && (n == first || placed[n] == 2); n++) {
 			placed[n] = 0;
+			memset(window + n * PLACE_ALIGN, 0xff, PLACE_ALIGN);
+		}
 		detaches++;
 		return 0;
 	}
@@ -346,6 +349,52 @@ static void case_attach(void)
 	CHECK(xemem_notify_fd(HOST_SEGID) == -1 && errno == EOPNOTSUPP);
 }
 
+/* Mappings of the fake window in this process (the fake host's own included). */
+static int window_mappings(void)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[512];
+	int count = 0;
+	while (f && fgets(line, sizeof line, f))
+		count += strstr(line, "memfd:window") != NULL;
+	if (f)
+		fclose(f);
+	return count;
+}
+
+/* The window's mappings are kept: an attachment placed where an earlier one was reuses its
+ * mapping (no guest kernel work per attach on a VM), the detached part reads what the window
+ * holds there (all ones), and an attachment at the caller's address has a mapping of its own
+ * that goes with it. */
+static void case_window_kept(void)
+{
+	fake_device(1, 1);
+	xpmem_apid_t apid = xpmem_get(HOST_SEGID, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
+	CHECK(apid == APID_BASE + HOST_SEGID);
+	int before = window_mappings();
+	uint64_t *a = xpmem_attach((struct xpmem_addr){ .apid = apid, .offset = 0 }, 3 << 20, NULL);
+	CHECK(a != (void *)-1 && a[0] == 1 && a[PAGE / 8] == 2 && window_mappings() == before + 1);
+	CHECK(xpmem_detach(a) == 0 && detaches == 1 && placed[0] == 0);
+	CHECK(a[0] == ~0ULL && a[((3 << 20) - 8) / 8] == ~0ULL);
+	CHECK(xpmem_detach(a) == 0 && detaches == 1);
+	/* Placed at the same units again, from another offset: the same mapping shows it. */
+	uint64_t *b = xpmem_attach((struct xpmem_addr){ .apid = apid, .offset = 8 * PAGE }, 4 << 20, NULL);
+	CHECK(b == a && b[0] == 9 && b[(4 << 20) / 8 - PAGE / 8] == 8 + 1024 && window_mappings() == before + 1);
+	/* Beside it, a new placement is a new mapping. */
+	uint64_t *c = xpmem_attach((struct xpmem_addr){ .apid = apid, .offset = 0 }, PAGE, NULL);
+	CHECK(c != (void *)-1 && c != b && c[0] == 1 && placed[2] == 1 && window_mappings() == before + 2);
+	/* At the caller's address: a mapping of its own, unmapped at the detach. */
+	char *want = mmap(NULL, 2 * PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(want != MAP_FAILED);
+	uint64_t *d = xpmem_attach((struct xpmem_addr){ .apid = apid, .offset = PAGE }, PAGE, want + PAGE);
+	CHECK((char *)d == want + PAGE && d[0] == 2 && window_mappings() == before + 3);
+	CHECK(xpmem_detach(d) == 0 && window_mappings() == before + 2);
+	CHECK(msync(d, PAGE, MS_ASYNC) == -1 && errno == ENOMEM);
+	CHECK(xpmem_detach(b) == 0 && xpmem_detach(c) == 0 && detaches == 4);
+	int local = 0;
+	CHECK(xpmem_detach(&local) == -1 && errno == EINVAL);
+}
+
 static void case_host_gone(void)
 {
 	fake_device(1, 0);
@@ -447,7 +496,7 @@ static const struct {
 } cases[] = {
 	{ "discovery", case_discovery }, { "no_device", case_no_device }, { "bad_magic", case_bad_magic },
 	{ "export", case_export },       { "attach", case_attach },       { "host_gone", case_host_gone },
-	{ "keeper", case_keeper },
+	{ "keeper", case_keeper },       { "window_kept", case_window_kept },
 };
 
 int main(int argc, char **argv)
