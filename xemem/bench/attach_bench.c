@@ -11,9 +11,10 @@
  *       named segment NAME (xemem_make), prints "made", and waits until an
  *       attacher signals that it has finished (bench_common.h), at most SECONDS (default 900),
  *       then removes it
- *   attach_bench attach NAME MIB ATTACHES TOUCHES [MODE...]
+ *   attach_bench attach NAME MIB ATTACHES TOUCHES [MODE...] [local=LMIB]
  *       finds NAME (another enclave's segment), gets it and runs the modes given, or every mode
- *       (attach: ATTACHES times; the others: TOUCHES times), then signals the owner
+ *       (attach: ATTACHES times; the others: TOUCHES times), then signals the owner; local=LMIB
+ *       sizes the local buffer (below)
  *
  *     BACKING     4k (private anonymous memory; on the host converted to memfd backing at make
  *                 time) or 2m (a 2 MiB hugetlb memfd, shared as it is; host only)
@@ -25,7 +26,9 @@
  * single-core read bandwidth of a local buffer in the same run (the limit attach+read is held
  * against: in read mode the median of reads interleaved with its iterations, otherwise the
  * best of three at the start), that buffer's MiB (the region's size, halved until it fits: an
- * LWK enclave cannot hold a second copy of a large region), and in read mode the median of the
+ * LWK enclave cannot hold a second copy of a large region; or local=LMIB, read repeatedly for
+ * a per-byte rate: in a Linux VM on a PVM host each first touch of a page is emulated guest
+ * kernel work, minutes for a buffer of the region's size), and in read mode the median of the
  * attached memory's second read in each iteration (same pages, no attach; 0 in the other
  * modes). In an LWK job, the attach role adds a "self"
  * line: the job attaching its own buffer of the region's size through the enclave's own name
@@ -144,6 +147,7 @@ static void *map_local_buffer(size_t bytes)
 	return p;
 }
 
+/* A local buffer of `bytes` (halved until it fits, down to 16 MiB) and its best read rate. */
 static struct local_read local_read_bandwidth(size_t bytes, uint64_t *sink)
 {
 	uint64_t *buffer = MAP_FAILED;
@@ -332,13 +336,16 @@ static void measure_self_attach(size_t bytes, int iterations, const struct local
 static int run_attacher(int argc, char **argv)
 {
 	if (argc < 6) {
-		fprintf(stderr, "usage: %s attach NAME MIB ATTACHES TOUCHES [MODE...]\n", argv[0]);
+		fprintf(stderr, "usage: %s attach NAME MIB ATTACHES TOUCHES [MODE...] [local=LMIB]\n", argv[0]);
 		return 2;
 	}
 	size_t bytes = parse_mib(argv[3]);
 	int attaches = parse_count(argv[4]), touches = parse_count(argv[5]);
 	/* Which modes to run: all by default (prefault only on the host). */
 	int wanted[READ + 1] = { 1, 1, 1, 1 };
+	size_t local_bytes = bytes;
+	if (argc > 6 && strncmp(argv[argc - 1], "local=", 6) == 0)
+		local_bytes = parse_mib(argv[--argc] + 6);
 	if (argc > 6) {
 		memset(wanted, 0, sizeof wanted);
 		for (int i = 6; i < argc; i++)
@@ -349,7 +356,7 @@ static int run_attacher(int argc, char **argv)
 	if (apid <= 0)
 		die(program, "xpmem_get");
 	uint64_t sink = 0;
-	struct local_read local = local_read_bandwidth(bytes, &sink);
+	struct local_read local = local_read_bandwidth(local_bytes, &sink);
 	/* In an LWK job (the device backend) every attach maps every page: no prefault mode. */
 	int device = open("/dev/xpmem", O_RDWR);
 	int in_lwk = device >= 0;
