@@ -24,7 +24,7 @@
 //! | kind | message | fields |
 //! |------|---------|--------|
 //! | `0x0001` | `Ping` | u64 nonce: answer `Pong` with the same nonce |
-//! | `0x0002` | `LaunchJob` | u32 job, `list<cstr>` argv, `list<cstr>` env, cstr cwd, u64 cores, u64 heap_size, u64 stack_size, `file` binary, `list<file>` files |
+//! | `0x0002` | `LaunchJob` | u32 job, `list<cstr>` argv, `list<cstr>` env, cstr cwd, u64 cores, u64 heap_size, u64 stack_size, `file` binary, `list<file>` files, u64 pid: the launching client's host pid, which an LWK gives the job's first process where no process of the enclave has it (0: the kernel picks one) |
 //! | `0x0003` | `SignalJob` | u32 job, u32 signal (Linux numbers) |
 //! | `0x0004` | `KillJob` | u32 job |
 //! | `0x0005` | `Shutdown` | (none): end every job, then stop the machine |
@@ -161,7 +161,7 @@ pub use socket::{Run, SocketOp};
 pub use wire::{DecodeError, EncodeError, Item, List, ListIter, Reader, Writer};
 
 /// Bumped on any incompatible change; the kernel reports its version in `Hello`.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// Bytes in front of `JobOutput` data: frame byte, kind, job, stream, data length.
 pub const OUTPUT_OVERHEAD: usize = 1 + 2 + 4 + 1 + 4;
@@ -231,6 +231,10 @@ pub struct LaunchJob<'a> {
     pub stack_size: u64,
     pub binary: FileImage<'a>,
     pub files: List<'a, FileImage<'a>>,
+    /// The launching client's host pid (0: none). The job's ranks then have pids that differ
+    /// between enclaves and from host processes, and that name a live host process for as
+    /// long as the job runs (`/proc/PID/stat`), as MPI libraries expect of a peer's pid.
+    pub pid: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -524,6 +528,7 @@ impl<'a> HostMessage<'a> {
                 w.u64(launch.stack_size)?;
                 launch.binary.write(&mut w)?;
                 launch.files.write(&mut w, "files")?;
+                w.u64(launch.pid)?;
             }
             HostMessage::SignalJob { job, signal } => {
                 w.u16(kind::SIGNAL_JOB)?;
@@ -594,6 +599,7 @@ impl<'a> HostMessage<'a> {
                 stack_size: r.u64("stack_size")?,
                 binary: FileImage::read(&mut r)?,
                 files: List::read(&mut r, "files")?,
+                pid: r.u64("pid")?,
             }),
             kind::SIGNAL_JOB => HostMessage::SignalJob { job: r.u32("job")?, signal: r.u32("signal")? },
             kind::KILL_JOB => HostMessage::KillJob { job: r.u32("job")? },

@@ -69,6 +69,7 @@ fn sample_launch<'a>(argv: &'a [&'a [u8]], env: &'a [&'a [u8]], files: &'a [File
         stack_size: 0,
         binary: FileImage { name: b"hello", gpa: 0x40_0000, len: 12345 },
         files: List::new(files),
+        pid: 4242,
     })
 }
 
@@ -85,6 +86,7 @@ fn launch_job_round_trips_through_small_frames() {
     }
     let HostMessage::LaunchJob(decoded) = HostMessage::decode(&bytes).unwrap() else { panic!() };
     assert_eq!(decoded.argv.iter().collect::<Vec<_>>(), argv.to_vec());
+    assert_eq!(decoded.pid, 4242);
     assert_eq!(decoded.files.iter().next().unwrap().name, b"input.dat");
 }
 
@@ -226,6 +228,7 @@ fn random_host_message<'a>(choice: u64, m: &'a Material, strings: &'a [&'a [u8]]
             stack_size: n[3],
             binary: files[0],
             files: List::new(&files[1..]),
+            pid: n[4],
         }),
         2 => HostMessage::SignalJob { job: n[0] as u32, signal: n[1] as u32 },
         3 => HostMessage::KillJob { job: n[0] as u32 },

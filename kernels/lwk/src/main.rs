@@ -103,7 +103,7 @@ fn kernel_main(start_info: u64) -> ! {
         }
     }
     let options = JobOptions::parse(boot.command_line()).unwrap_or_else(|error| panic!("bad option {}", error.0));
-    match job::load(boot.modules().first(), &options, 0) {
+    match job::load(boot.modules().first(), &options, 0, 0) {
         Ok(frame) => {
             sched::wait_for_cpus(cpus.min(arch::tables::MAX_CPUS as u64) as u32);
             arch::trap::enter_user(&frame)

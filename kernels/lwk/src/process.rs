@@ -64,10 +64,14 @@ fn vfork_key(pid: u64) -> u64 {
 
 const _: () = assert!(CHILDREN_KEY >= USER_END && VFORK_KEY >= USER_END);
 
-/// A new job alone in the enclave: only its first process (see `add_job_leader`).
-pub fn reset(first: u64, job: u32) {
+/// A new job alone in the enclave: no process yet (its first comes by `add_job_leader`).
+pub fn reset() {
     FAMILY.lock().clear();
-    add_job_leader(first, job);
+}
+
+/// Whether some process of the enclave, live or not yet waited for, has id `pid`.
+pub fn exists(pid: u64) -> bool {
+    FAMILY.lock().contains_key(&pid)
 }
 
 /// The first process of job `job`, leading its own group in a session outside the enclave

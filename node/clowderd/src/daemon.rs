@@ -624,6 +624,7 @@ impl Daemon {
             cwd: request.cwd,
             cwd_dir: files.cwd_dir,
             limits: crate::sockets::UserLimits::of_process(peer.pid),
+            launcher: u32::try_from(peer.pid).unwrap_or(0),
             owner,
             scope,
             cores,

@@ -85,6 +85,9 @@ pub struct JobSpec {
     pub inputs: Vec<JobFile>,
     /// The launching client's descriptor limit, which the job's sockets live under.
     pub limits: UserLimits,
+    /// The launching client's pid (0: unknown): an LWK gives it to the job's first process
+    /// (`LaunchJob::pid`).
+    pub launcher: u32,
 }
 
 struct JobSlot {
@@ -289,6 +292,7 @@ impl Enclave {
             stack_size: 0,
             binary: images[0],
             files: List::new(&images[1..]),
+            pid: spec.launcher.into(),
         });
         let uid = spec.owner.uid;
         let sockets = JobSockets::new(HelperSpec { job, owner: spec.owner.clone(), limits: spec.limits, cwd: spec.cwd.clone() });

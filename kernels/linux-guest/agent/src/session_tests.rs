@@ -162,6 +162,7 @@ fn launch<'a>(job: u32, argv: &'a [&'a [u8]], cwd: &'a [u8], binary: FileImage<'
         stack_size: 0,
         binary,
         files: List::new(files),
+        pid: 0,
     })
 }
 

@@ -584,6 +584,8 @@ fn text(bytes: &[u8]) -> String {
 /// A job to start, from a `LaunchJob`.
 struct Launch {
     job: u32,
+    /// The launching client's host pid (0: none): the job's first process's, if free.
+    launcher: u64,
     cwd: String,
     module: Module,
     options: JobOptions,
@@ -613,7 +615,7 @@ fn read_launch(bytes: &[u8], alone: bool) -> Option<Launch> {
         return None;
     }
     let module = Module { start: launch.binary.gpa, size: launch.binary.len };
-    Some(Launch { job: launch.job, cwd: text(launch.cwd), module, options })
+    Some(Launch { job: launch.job, launcher: launch.pid, cwd: text(launch.cwd), module, options })
 }
 
 fn report_load_failure(job: u32, error: job::LoadError) {
@@ -626,7 +628,7 @@ fn report_load_failure(job: u32, error: job::LoadError) {
 /// waiting beside it and enters it; returns only if it failed.
 fn launch_job(bytes: &[u8]) {
     let Some(launch) = read_launch(bytes, true) else { return };
-    match job::load(Some(&launch.module), &launch.options, launch.job) {
+    match job::load(Some(&launch.module), &launch.options, launch.job, launch.launcher) {
         Ok(frame) => {
             // On PVM the first job's first system call moved LSTAR to the ring-3 SYSCALL page
             // for good; later jobs need that page in their address spaces from the start.
@@ -655,7 +657,7 @@ fn launch_beside(bytes: &[u8]) {
     let Some(launch) = read_launch(bytes, false) else { return };
     // In the table first: its first thread may run (and ask for files) at once elsewhere.
     with_state(|state| state.jobs.insert(launch.job, RunningJob { cwd: launch.cwd, status: None }));
-    match job::load_beside(&launch.module, &launch.options, launch.job) {
+    match job::load_beside(&launch.module, &launch.options, launch.job, launch.launcher) {
         Ok(_) => with_state(|state| state.link.send(&EnclaveMessage::JobStarted { job: launch.job })),
         Err(error) => {
             with_state(|state| state.jobs.remove(&launch.job));

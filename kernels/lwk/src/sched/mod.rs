@@ -249,9 +249,9 @@ impl Scheduler {
 
 /// Records the job's main thread (tid = pid), running on CPU 0 on the boot trap stack in
 /// address space `aspace` (loaded), and lets the other CPUs join.
-pub fn init_main_thread(aspace: (u64, u64), job_id: u32) {
+pub fn init_main_thread(pid: u64, aspace: (u64, u64), job_id: u32) {
     let main = Thread {
-        pid: job::PID,
+        pid,
         job: job_id,
         aspace,
         doomed: false,
@@ -277,17 +277,17 @@ pub fn init_main_thread(aspace: (u64, u64), job_id: u32) {
     }
     trap::prepare_kernel_context(trap::idle_slot(0), phys::to_virtual(idle_stack) + KERNEL_STACK_SIZE, idle_entry);
     let mut threads = BTreeMap::new();
-    threads.insert(job::PID, main);
+    threads.insert(pid, main);
     let mut cpus: Vec<Cpu> = (0..MAX_CPUS).map(|_| Cpu::default()).collect();
-    cpus[0].current = Some(job::PID);
-    *SCHEDULER.lock() = Some(Scheduler { threads, cpus, next_tid: job::PID + 1, free_slots: (1..MAX_THREADS).rev().collect() });
+    cpus[0].current = Some(pid);
+    *SCHEDULER.lock() = Some(Scheduler { threads, cpus, next_tid: job::FIRST_KERNEL_ID, free_slots: (1..MAX_THREADS).rev().collect() });
     ONLINE_CPUS.store(1, Ordering::Release);
     for queued in QUEUED {
         queued.store(0, Ordering::Release);
     }
-    CURRENT_PID[0].store(job::PID, Ordering::Relaxed);
+    CURRENT_PID[0].store(pid, Ordering::Relaxed);
     CURRENT_JOB[0].store(job_id, Ordering::Relaxed);
-    crate::arch::fastcall::job_started(job::PID);
+    crate::arch::fastcall::job_started(pid);
     run::start_run(0, 0);
     LOADED_ASPACE[0].store(aspace.0, Ordering::Release);
     fpu::start_first_thread(0, 0);
