@@ -4,7 +4,12 @@
 //! run polls its queue in its idle loop.
 //!
 //! Placement: a new thread goes to the online CPU with the fewest threads (the lowest index
-//! on ties) and stays there. So does a forked process's first thread.
+//! on ties). So does a forked process's first thread. Threads move to balance the CPUs
+//! (`Scheduler::place`, `Scheduler::dequeue`): a thread that becomes runnable while its CPU
+//! is busy goes to an idle CPU it may run on, and a CPU that runs out of threads takes one
+//! queued elsewhere. Without that, ranks sharing an enclave piled up on one CPU for good
+//! (hwloc binds each to every CPU in turn and then to all, which left all on the last) while
+//! the other idled.
 //!
 //! Threads belong to processes (`pid`), each with its address space: a CPU writes CR3 only
 //! when the next thread's address space differs from the one it has loaded, and loads the
@@ -88,6 +93,8 @@ struct Thread {
     exiting: bool,
     /// The CPU the thread runs on.
     cpu: usize,
+    /// The CPUs it may run on (`sched_setaffinity`; bit n for CPU n).
+    affinity: u64,
     /// Kernel context slot (`arch::trap`).
     slot: usize,
     stack_top: u64,
@@ -217,7 +224,7 @@ impl Scheduler {
     }
 
     fn enqueue(&mut self, tid: u64) {
-        let cpu = self.threads[&tid].cpu;
+        let cpu = self.place(tid);
         let first_waiting = self.cpus[cpu].run_queue.is_empty();
         self.cpus[cpu].run_queue.push_back(tid);
         QUEUED[cpu].store(self.cpus[cpu].run_queue.len(), Ordering::Release);
@@ -240,10 +247,41 @@ impl Scheduler {
         }
     }
 
+    /// The next thread for `cpu`: the first of its queue, else one that waits in another
+    /// CPU's queue (the longest) and may run here, which moves here.
     fn dequeue(&mut self, cpu: usize) -> Option<u64> {
-        let next = self.cpus[cpu].run_queue.pop_front();
-        QUEUED[cpu].store(self.cpus[cpu].run_queue.len(), Ordering::Release);
-        next
+        if let Some(next) = self.cpus[cpu].run_queue.pop_front() {
+            QUEUED[cpu].store(self.cpus[cpu].run_queue.len(), Ordering::Release);
+            return Some(next);
+        }
+        let busiest = cpus_in(online_cpu_mask())
+            .filter(|&other| other != cpu)
+            .max_by_key(|&other| self.cpus[other].run_queue.len())
+            .filter(|&other| !self.cpus[other].run_queue.is_empty())?;
+        let threads = &self.threads;
+        let position = self.cpus[busiest].run_queue.iter().position(|tid| threads[tid].affinity & (1 << cpu) != 0)?;
+        let next = self.cpus[busiest].run_queue.remove(position).expect("queued thread");
+        QUEUED[busiest].store(self.cpus[busiest].run_queue.len(), Ordering::Release);
+        self.threads.get_mut(&next).expect("queued thread").cpu = cpu;
+        Some(next)
+    }
+
+    /// Where runnable thread `tid` is to wait: its own CPU, unless that one is busy and another
+    /// CPU it may run on is idle (nothing running, nothing queued), to which it moves.
+    fn place(&mut self, tid: u64) -> usize {
+        let thread = &self.threads[&tid];
+        let home = thread.cpu;
+        let idle = |cpu: usize| self.cpus[cpu].current.is_none() && self.cpus[cpu].run_queue.is_empty();
+        if idle(home) {
+            return home;
+        }
+        match cpus_in(online_cpu_mask() & thread.affinity).find(|&cpu| idle(cpu)) {
+            Some(cpu) => {
+                self.threads.get_mut(&tid).expect("runnable thread").cpu = cpu;
+                cpu
+            }
+            None => home,
+        }
     }
 }
 
@@ -258,6 +296,7 @@ pub fn init_main_thread(pid: u64, aspace: (u64, u64), job_id: u32) {
         signal_interrupt: false,
         exiting: false,
         cpu: 0,
+        affinity: u64::MAX,
         slot: 0,
         stack_top: tables::trap_stack_top(),
         stack_physical: None,
@@ -306,14 +345,17 @@ pub enum AffinityError {
     NoOnlineCpu,
 }
 
-/// Moves thread `tid` to the lowest online CPU in `mask` unless its CPU is in the mask. A
-/// thread moved off the calling CPU while running leaves it at once and continues there.
+/// Lets thread `tid` run on the CPUs of `mask` only, moving it to the least busy online one
+/// of them unless its CPU is in the mask. A thread moved off the calling CPU while running
+/// leaves it at once and continues there.
 pub fn set_affinity(tid: u64, mask: u64) -> Result<(), AffinityError> {
     let cpu = tables::current_cpu();
     let moving_self = with_scheduler(|scheduler| {
         let allowed = mask & online_cpu_mask();
-        let target = (allowed != 0).then(|| allowed.trailing_zeros() as usize).ok_or(AffinityError::NoOnlineCpu)?;
+        let busy = |cpu: usize| scheduler.cpus[cpu].run_queue.len() + scheduler.cpus[cpu].current.is_some() as usize;
+        let target = cpus_in(allowed).min_by_key(|&cpu| (busy(cpu), cpu)).ok_or(AffinityError::NoOnlineCpu)?;
         let thread = scheduler.threads.get_mut(&tid).ok_or(AffinityError::NoSuchThread)?;
+        thread.affinity = mask;
         if allowed & (1 << thread.cpu) != 0 {
             return Ok(false);
         }
@@ -474,6 +516,7 @@ fn spawn_thread(
             signal_interrupt: false,
             exiting: false,
             cpu,
+            affinity: u64::MAX,
             slot,
             stack_top,
             stack_physical: Some(stack_physical),

@@ -11,9 +11,9 @@ pub fn sched_yield() -> SyscallResult {
     Ok(0)
 }
 
-/// sched_setaffinity(tid, len, mask): moves the thread to the lowest CPU of `mask` that is
-/// online, unless it already runs on a CPU of the mask. A mask without an online CPU is
-/// EINVAL; another process's tid is ESRCH.
+/// sched_setaffinity(tid, len, mask): the thread runs on the CPUs of `mask` only, moved to the
+/// least busy online one unless it already runs on a CPU of the mask. A mask without an
+/// online CPU is EINVAL; another process's tid is ESRCH.
 pub fn sched_setaffinity(tid: i32, len: usize, mask: UserAddr) -> SyscallResult {
     if len == 0 {
         return Err(Errno::EINVAL);

@@ -1,0 +1,97 @@
+//! Ranks sharing an enclave spread over its CPUs (issue 25 point 2: `mpirun -n 4 clowder run
+//! --enclave a`). Open MPI's hwloc binds each rank's main thread to every CPU in turn and then
+//! to all of them; the LWK kept a thread on its CPU for good, so every rank ended on the last
+//! CPU, time-sliced there, while the other CPU idled, and four ranks never got through
+//! `MPI_Init`. Here a job and its forked child do the same and spin: they must come to run on
+//! the two vCPUs at once, and, once both are bound to one CPU, never leave it. Needs /dev/kvm,
+//! the LWK image, clowder-vmm and musl-gcc; skipped (with the reason) otherwise.
+
+use clowder_test_support::build_musl_program;
+use clowderd::enclave::Liveness;
+use support::{enclave_test_daemon, run_clowder, run_clowder_ok, text};
+
+mod support;
+
+/// Parent and child bind themselves to CPU 0, CPU 1, then both (as hwloc does), and spin,
+/// each publishing the CPU it runs on with a count of its reports in shared memory. The parent
+/// waits (10 s at most) until it sees a fresh report of the child's from the other CPU
+/// ("apart"). Then both bind to CPU 1 alone and spin for 300 ms: any report of CPU 0 is a
+/// failure ("left CPU 1").
+const SPREAD_JOB: &str = r#"#define _GNU_SOURCE
+#include <sched.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+struct shared { volatile int cpu[2]; volatile long reports[2]; volatile int phase; volatile int strayed; };
+
+static void bind_to(int first, int last) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int cpu = first; cpu <= last; cpu++) CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0) _exit(20);
+}
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* Spins a while, then reports the CPU it runs on (which must be 1 once `bound`). */
+static void step(struct shared *s, int me, int bound) {
+    for (volatile int i = 0; i < 200000; i++) {}
+    int cpu = sched_getcpu();
+    s->cpu[me] = cpu;
+    s->reports[me]++;
+    if (bound && cpu != 1) s->strayed = 1;
+}
+
+int main(void) {
+    struct shared *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (s == MAP_FAILED) return 10;
+    s->cpu[0] = s->cpu[1] = -1;
+    pid_t child = fork();
+    if (child < 0) return 11;
+    int me = child == 0;
+    bind_to(0, 0);
+    bind_to(1, 1);
+    bind_to(0, 1);
+    if (me == 1) {
+        while (s->phase < 2) step(s, 1, 0);
+        bind_to(1, 1);
+        s->phase = 3;
+        while (s->phase < 4) step(s, 1, 1);
+        _exit(0);
+    }
+    int apart = 0;
+    for (double end = now() + 10; !apart && now() < end;) {
+        long seen = s->reports[1];
+        step(s, 0, 0);
+        apart = s->reports[1] != seen && s->cpu[1] >= 0 && s->cpu[1] != s->cpu[0];
+    }
+    printf(apart ? "apart\n" : "together on cpu %d\n", s->cpu[0]);
+    s->phase = 2;
+    while (s->phase < 3) step(s, 0, 0);
+    bind_to(1, 1);
+    for (double end = now() + 0.3; now() < end;) step(s, 0, 1);
+    s->phase = 4;
+    int status;
+    if (waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return 12;
+    printf(s->strayed ? "left cpu 1\n" : "stayed on cpu 1\n");
+    return apart && !s->strayed ? 0 : 1;
+}
+"#;
+
+#[test]
+fn processes_bound_in_turn_spread_over_the_cpus() {
+    let Some((dir, socket)) = enclave_test_daemon("clowder-spread-cpus", Liveness::default()) else { return };
+    build_musl_program(&dir.0, "spread", SPREAD_JOB);
+    run_clowder_ok(&socket, &["enclave", "create", "--name", "two", "--cores", "0,1", "--mem", "256M"], &dir.0);
+    let output = run_clowder(&socket, &["run", "--enclave", "two", "./spread"], &dir.0);
+    assert_eq!(text(&output.stdout), "apart\nstayed on cpu 1\n", "stderr: {}", text(&output.stderr));
+    assert!(output.status.success(), "{:?}: {}", output.status, text(&output.stderr));
+    run_clowder_ok(&socket, &["enclave", "rm", "two"], &dir.0);
+}
