@@ -62,6 +62,14 @@ fn start_with(
     files: &[(u64, Vec<u8>)],
     window: Option<FileWindow>,
 ) -> (Host, Session<FakeMemory>, std::sync::Arc<std::sync::Mutex<Vec<u8>>>) {
+    let shared = std::sync::Arc::new(std::sync::Mutex::new(vec![0; WINDOW.size as usize]));
+    let memory = FakeMemory(files.iter().cloned().collect(), shared.clone());
+    let (host, session) = start_on(label, memory, window);
+    (host, session, shared)
+}
+
+/// A session on `memory` and the host's end of its channel.
+fn start_on<M: PhysicalMemory + Send + Sync + 'static>(label: &str, memory: M, window: Option<FileWindow>) -> (Host, Session<M>) {
     // SAFETY: a fresh anonymous mapping, checked below.
     let base = unsafe {
         libc::mmap(std::ptr::null_mut(), SIZE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0)
@@ -73,12 +81,10 @@ fn start_with(
     let directory = std::env::temp_dir().join(format!("clowder-agent-{label}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&directory);
     std::fs::create_dir_all(&directory).unwrap();
-    let shared = std::sync::Arc::new(std::sync::Mutex::new(vec![0; WINDOW.size as usize]));
-    let memory = FakeMemory(files.iter().cloned().collect(), shared.clone());
     let session = Session::new(channel.guest_end().unwrap(), memory, job::Settings { root: directory.join("run") }, window);
     let end = channel.host_end().unwrap();
     let frame = vec![0; end.max_message_len()];
-    (Host { base, end, frame, directory }, session, shared)
+    (Host { base, end, frame, directory }, session)
 }
 
 impl Host {
@@ -93,19 +99,24 @@ impl Host {
 
     /// Polls the session until the agent has sent a message satisfying `done`; every message
     /// received on the way, in order.
-    fn until(&mut self, session: &mut Session<FakeMemory>, done: impl Fn(&EnclaveMessage<'_>) -> bool) -> Vec<Vec<u8>> {
-        self.serving(session, None, done)
+    fn until<M: PhysicalMemory + Send + Sync + 'static>(
+        &mut self,
+        session: &mut Session<M>,
+        done: impl Fn(&EnclaveMessage<'_>) -> bool,
+    ) -> Vec<Vec<u8>> {
+        self.serving(session, None::<&mut FileHost>, Duration::from_secs(20), done)
     }
 
     /// [`Host::until`], answering the agent's file calls from `files` on the way (they are
     /// not among the messages returned).
-    fn serving(
+    fn serving<M: PhysicalMemory + Send + Sync + 'static>(
         &mut self,
-        session: &mut Session<FakeMemory>,
-        mut files: Option<&mut FileHost>,
+        session: &mut Session<M>,
+        mut files: Option<&mut impl ServeFiles>,
+        limit: Duration,
         done: impl Fn(&EnclaveMessage<'_>) -> bool,
     ) -> Vec<Vec<u8>> {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + limit;
         let mut assembly = vec![0; MAX_MESSAGE_LEN];
         let mut reassembler = Reassembler::new(&mut assembly);
         let mut received = Vec::new();
@@ -118,7 +129,6 @@ impl Host {
                     if let (Some(files), EnclaveMessage::FileRequest { job, request, op }) =
                         (files.as_deref_mut(), EnclaveMessage::decode(&owned).unwrap())
                     {
-                        files.served += 1;
                         let reply = files.serve(job, request, &op);
                         self.send(&reply);
                         continue;
@@ -272,8 +282,14 @@ struct FileHost {
     served: usize,
 }
 
-impl FileHost {
+/// What answers the agent's forwarded file calls in these tests.
+trait ServeFiles {
+    fn serve(&mut self, job: u32, request: u32, op: &enclave_proto::FileOp<'_>) -> HostMessage<'static>;
+}
+
+impl ServeFiles for FileHost {
     fn serve(&mut self, job: u32, request: u32, op: &enclave_proto::FileOp<'_>) -> HostMessage<'static> {
+        self.served += 1;
         use enclave_proto::{FileAttributes, FileOp, Timestamp};
         use std::os::unix::fs::MetadataExt;
         use std::os::unix::io::AsRawFd;
@@ -356,7 +372,7 @@ fn jobs_in_a_row_run_in_their_owners_host_files() {
     for job in [1, 2] {
         let before = files.served;
         host.send(&launch(job, &argv, &cwd, FileImage { name: b"/bin/sh", gpa: 0x10_0000, len: shell.len() as u64 }, &[]));
-        let got = host.serving(&mut session, Some(&mut files), |m| {
+        let got = host.serving(&mut session, Some(&mut files), Duration::from_secs(20), |m| {
             matches!(m, EnclaveMessage::JobExited { .. } | EnclaveMessage::LaunchFailed { .. })
         });
         let messages = decoded(&got);
@@ -365,3 +381,5 @@ fn jobs_in_a_row_run_in_their_owners_host_files() {
         assert!(files.served > before + 3, "job {job} read through the FUSE mount ({} calls)", files.served - before);
     }
 }
+
+mod stress;
