@@ -4,6 +4,8 @@
 # mpirun, with host ranks and with ranks in LWK enclaves on the same two cores, on "nodes" made
 # by scripts/nodes.sh (network namespaces, each with its clowderd and sshd):
 #   host (shm)       two host processes in one node, Open MPI's default (shared-memory) transport
+#   host (UCX/xpmem) the same over the enclaves' user-level path below (UCX's xpmem transport
+#                    through the node daemon's broker): the same code on the host, to compare
 #   host (tcp)       the same over TCP (--mca btl tcp,self), the transport enclave ranks use
 #   host, 2 nodes    one rank per node, mpirun over ssh (TCP across the namespaces)
 #   enclaves a, b    one rank in each of two enclaves of one node (mpirun MPMD), over TCP
@@ -17,7 +19,7 @@
 # cannot run says why in its place. Needs root and /dev/kvm.
 #   apps/mpi/bench.sh [--max-bytes N] [--iters N] [--cg N] [--user-level]
 #     (4194304, 1000, 48: mpicg's grid edge). --user-level runs only the cases the targets are
-#     judged on, two host processes (shm) and enclaves a, b over UCX/xpmem (a few minutes, where
+#     judged on, two host processes (shm and UCX/xpmem) and enclaves a, b over UCX/xpmem (a few minutes, where
 #     the TCP cases between enclaves take far longer); the others then say so in their place.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -80,8 +82,8 @@ cd "$NODES_DIR"
 case_run() {
     local name=$1
     shift
-    if [ $user_level = 1 ] && [[ $name != *.host-shm && $name != *.enclaves-ucx ]]; then
-        echo "not run (--user-level: host (shm) and the enclaves over UCX/xpmem only)" >"$raw/$name.why"
+    if [ $user_level = 1 ] && [[ $name != *.host-shm && $name != *.host-ucx && $name != *.enclaves-ucx ]]; then
+        echo "not run (--user-level: the host and the enclaves over shm and UCX/xpmem only)" >"$raw/$name.why"
         return
     fi
     echo "apps/mpi/bench.sh: $name" >&2
@@ -110,6 +112,7 @@ for program in pingpong allreduce; do
     fi
     p=$program
     case_run "$p.host-shm" in1 "${mpirun[@]}" -n 2 "$bin/$p" "${args[@]}"
+    case_run "$p.host-ucx" in1 "${ucx[@]}" --bind-to core:overload-allowed -n 2 "$bin/$p" "${args[@]}"
     case_run "$p.host-tcp" in1 "${mpirun[@]}" "${tcp[@]}" -n 2 "$bin/$p" "${args[@]}"
     case_run "$p.host-2nodes" "${mpirun[@]}" "${tcp[@]}" --host "$n1,$n2" -n 2 "$bin/$p" "${args[@]}"
     case_run "$p.enclaves" in1 "${mpirun[@]}" "${tcp[@]}" -n 1 "${a[@]}" "$bin/$p" "${few[@]}" : -n 1 "${b[@]}" "$bin/$p" "${few[@]}"

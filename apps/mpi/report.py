@@ -12,6 +12,7 @@ from pathlib import Path
 
 CASES = {
     "host-shm": "host (shm)",
+    "host-ucx": "host (UCX/xpmem)",
     "host-tcp": "host (tcp)",
     "host-2nodes": "host, 2 nodes",
     "enclaves": "enclaves a, b",
