@@ -85,6 +85,49 @@ int main(void) {
 }
 "#;
 
+/// Three processes pass a token round a ring of pipes 500 times, each spinning a little
+/// before passing it on: their threads block and are woken all the time, often onto the other
+/// CPU. A woken thread read its wait's outcome on the CPU it had waited on, which after a move
+/// ran another thread or none ("panic: a thread runs on this CPU").
+const RING_JOB: &str = r#"#include <stdio.h>
+#include <unistd.h>
+#include <sys/wait.h>
+
+/* Three processes pass a token round a ring of pipes, each spinning a little before passing it
+ * on: threads block and are woken all the time while the other CPU is busy or idle. */
+int main(void) {
+    int pipes[3][2];
+    for (int i = 0; i < 3; i++)
+        if (pipe(pipes[i]) != 0) return 10;
+    for (int me = 1; me < 3; me++) {
+        pid_t pid = fork();
+        if (pid < 0) return 11;
+        if (pid == 0) {
+            char token;
+            for (;;) {
+                if (read(pipes[me][0], &token, 1) != 1) _exit(20);
+                if (token == 'q') { write(pipes[(me + 1) % 3][1], &token, 1); _exit(0); }
+                for (volatile int i = 0; i < 20000 * me; i++) {}
+                if (write(pipes[(me + 1) % 3][1], &token, 1) != 1) _exit(21);
+            }
+        }
+    }
+    char token = 't';
+    int rounds = 0;
+    for (; rounds < 500; rounds++) {
+        if (write(pipes[1][1], &token, 1) != 1) break;
+        if (read(pipes[0][0], &token, 1) != 1) break;
+    }
+    token = 'q';
+    write(pipes[1][1], &token, 1);
+    read(pipes[0][0], &token, 1);
+    int ended = 0, status;
+    while (wait(&status) > 0) ended += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    printf("%d rounds, %d children ended\n", rounds, ended);
+    return rounds == 500 && ended == 2 ? 0 : 1;
+}
+"#;
+
 #[test]
 fn processes_bound_in_turn_spread_over_the_cpus() {
     let Some((dir, socket)) = enclave_test_daemon("clowder-spread-cpus", Liveness::default()) else { return };
@@ -92,6 +135,17 @@ fn processes_bound_in_turn_spread_over_the_cpus() {
     run_clowder_ok(&socket, &["enclave", "create", "--name", "two", "--cores", "0,1", "--mem", "256M"], &dir.0);
     let output = run_clowder(&socket, &["run", "--enclave", "two", "./spread"], &dir.0);
     assert_eq!(text(&output.stdout), "apart\nstayed on cpu 1\n", "stderr: {}", text(&output.stderr));
+    assert!(output.status.success(), "{:?}: {}", output.status, text(&output.stderr));
+    run_clowder_ok(&socket, &["enclave", "rm", "two"], &dir.0);
+}
+
+#[test]
+fn threads_woken_onto_the_other_cpu_carry_on() {
+    let Some((dir, socket)) = enclave_test_daemon("clowder-woken-elsewhere", Liveness::default()) else { return };
+    build_musl_program(&dir.0, "ring", RING_JOB);
+    run_clowder_ok(&socket, &["enclave", "create", "--name", "two", "--cores", "0,1", "--mem", "256M"], &dir.0);
+    let output = run_clowder(&socket, &["run", "--enclave", "two", "./ring"], &dir.0);
+    assert_eq!(text(&output.stdout), "500 rounds, 2 children ended\n", "stderr: {}", text(&output.stderr));
     assert!(output.status.success(), "{:?}: {}", output.status, text(&output.stderr));
     run_clowder_ok(&socket, &["enclave", "rm", "two"], &dir.0);
 }

@@ -209,7 +209,9 @@ pub fn read(end: &PipeEnd, buffer: UserAddr, len: u64, non_blocking: bool) -> Sy
             count
         };
         if taken > 0 {
-            sched::wake_kernel_key(pipe.key());
+            // Only the caller's job can watch this pipe (an end closing may be dropped in any
+            // job's context: every poller looks again then).
+            sched::wake_kernel_key_for(pipe.key(), Some(sched::current_job()));
             return Ok(taken as u64);
         }
         if non_blocking {
@@ -271,7 +273,7 @@ pub fn write_from(end: &PipeEnd, len: u64, non_blocking: bool, fill: impl Fn(u64
                 Err(errno) if written == 0 => return Err(errno),
                 Err(_) => return Ok(written),
             }
-            sched::wake_kernel_key(pipe.key());
+            sched::wake_kernel_key_for(pipe.key(), Some(sched::current_job()));
             continue;
         }
         if non_blocking {

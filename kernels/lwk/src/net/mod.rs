@@ -104,7 +104,7 @@ impl Socket {
     fn update(&self, events: u32) {
         if self.events.swap(events, Ordering::AcqRel) != events {
             self.changes.fetch_add(1, Ordering::AcqRel);
-            sched::wake_kernel_key(self.key());
+            sched::wake_kernel_key_for(self.key(), Some(self.job));
         }
     }
 

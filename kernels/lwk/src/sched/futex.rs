@@ -1,7 +1,7 @@
 //! Waits and wakes: futex queues, kernel keys, `poll`'s wait, and signals ending waits.
 
 use super::run::leave_cpu;
-use super::{apic_id, current_pid, with_scheduler, Scheduler, State, WaitResult};
+use super::{apic_id, current_pid, with_scheduler, Scheduler, State, Thread, WaitResult};
 use crate::arch::apic;
 use crate::arch::tables;
 use crate::clock;
@@ -41,43 +41,41 @@ pub fn interrupt(tid: u64) {
 /// thread takes arrived since it last passed delivery (checked after `still_expected`, as
 /// Linux's futex wait checks the word first).
 pub fn wait(address: u64, bitset: u32, deadline: Option<u64>, still_expected: impl FnOnce() -> bool) -> Option<WaitResult> {
-    let cpu = tables::current_cpu();
     let mut outcome = None;
     let mut dead_lock = false;
-    leave_cpu(
-        |scheduler| {
-            let current = scheduler.current(cpu);
-            if scheduler.threads[&current].doomed {
-                outcome = Some(WaitResult::Interrupted);
-            } else if !still_expected() {
-                outcome = None;
-            } else if core::mem::take(&mut scheduler.current_thread(cpu).signal_interrupt) {
-                outcome = Some(WaitResult::Signal);
-            } else {
-                let others_all_wait = scheduler
-                    .threads
-                    .iter()
-                    .all(|(&tid, thread)| tid == current || matches!(thread.state, State::Waiting { deadline: None, .. }));
-                dead_lock = deadline.is_none() && others_all_wait;
-                if !dead_lock {
-                    let thread = scheduler.current_thread(cpu);
-                    thread.state = State::Waiting { address, bitset, deadline };
-                    thread.wait_result = WaitResult::Woken;
-                    outcome = Some(WaitResult::Woken);
-                    return thread.slot;
-                }
+    leave_cpu(|scheduler, cpu| {
+        let current = scheduler.current(cpu);
+        if scheduler.threads[&current].doomed {
+            outcome = Some(WaitResult::Interrupted);
+        } else if !still_expected() {
+            outcome = None;
+        } else if core::mem::take(&mut scheduler.current_thread(cpu).signal_interrupt) {
+            outcome = Some(WaitResult::Signal);
+        } else {
+            let others_all_wait = scheduler
+                .threads
+                .iter()
+                .all(|(&tid, thread)| tid == current || matches!(thread.state, State::Waiting { deadline: None, .. }));
+            dead_lock = deadline.is_none() && others_all_wait;
+            if !dead_lock {
+                let thread = scheduler.current_thread(cpu);
+                thread.state = State::Waiting { address, bitset, deadline };
+                thread.wait_result = WaitResult::Woken;
+                outcome = Some(WaitResult::Woken);
+                return thread.slot;
             }
-            // Not blocking after all: stay, by running ourselves next.
-            scheduler.cpus[cpu].run_queue.push_front(current);
-            scheduler.threads[&current].slot
-        },
-        cpu,
-    );
+        }
+        // Not blocking after all: stay, by running ourselves next.
+        scheduler.cpus[cpu].run_queue.push_front(current);
+        scheduler.threads[&current].slot
+    });
     if dead_lock {
         // Ended outside the scheduler's lock, so that a persistent enclave can reuse it.
         log!("every thread of the job waits on a futex that nobody can wake: dead-lock");
         job::exit(128 + 9);
     }
+    // The thread may have been woken onto another CPU.
+    let cpu = tables::current_cpu();
     match outcome {
         Some(WaitResult::Woken) => Some(with_scheduler(|scheduler| scheduler.current_thread(cpu).wait_result)),
         other => other,
@@ -119,17 +117,26 @@ pub fn clear_signal_interrupt() {
 /// meets `bitset`.
 pub fn wake(address: u64, count: u64, bitset: u32) -> u64 {
     let pid = current_pid();
-    with_scheduler(|scheduler| wake_locked(scheduler, Some(pid), address, count, bitset))
+    with_scheduler(|scheduler| wake_locked(scheduler, |thread| thread.pid == pid, address, count, bitset))
 }
 
 /// Wakes every thread waiting on the kernel's key `key` (a kernel address naming what they
 /// wait for: a pipe, a process's children), whatever their process; and every thread in
 /// `poll` (`wait_for_any_key`), which looks again at what it watches.
 pub fn wake_kernel_key(key: u64) {
+    wake_kernel_key_for(key, None);
+}
+
+/// As `wake_kernel_key`, for an object only job `job`'s threads can watch (its sockets, its
+/// pipes): only that job's threads in `poll` look again. Waking every job's pollers for every
+/// socket answer and readiness report made each one cost a pass of every poller of every
+/// rank sharing the enclave (emulated kernel work on PVM): four ranks spent their CPUs so
+/// and never got through `MPI_Init`.
+pub fn wake_kernel_key_for(key: u64, job: Option<u32>) {
     with_scheduler(|scheduler| {
-        wake_locked(scheduler, None, key, u64::MAX, u32::MAX);
+        wake_locked(scheduler, |_| true, key, u64::MAX, u32::MAX);
         if POLLERS.load(Ordering::Relaxed) != 0 {
-            wake_locked(scheduler, None, poll_key(), u64::MAX, u32::MAX);
+            wake_locked(scheduler, |thread| job.is_none_or(|job| thread.job == job), poll_key(), u64::MAX, u32::MAX);
         }
     });
 }
@@ -152,11 +159,13 @@ pub fn wait_for_any_key(deadline: Option<u64>, still_expected: impl FnOnce() -> 
     result
 }
 
-fn wake_locked(scheduler: &mut Scheduler, pid: Option<u64>, address: u64, count: u64, bitset: u32) -> u64 {
+/// Wakes up to `count` threads that `whose` accepts waiting on `address` for a bitset that
+/// meets `bitset`.
+fn wake_locked(scheduler: &mut Scheduler, whose: impl Fn(&Thread) -> bool, address: u64, count: u64, bitset: u32) -> u64 {
     let waiting: Vec<u64> = scheduler
         .threads
         .iter()
-        .filter(|(_, thread)| pid.is_none_or(|pid| thread.pid == pid))
+        .filter(|(_, thread)| whose(thread))
         .filter(|(_, thread)| matches!(thread.state, State::Waiting { address: on, bitset: wanted, .. } if on == address && wanted & bitset != 0))
         .map(|(&tid, _)| tid)
         .take(count as usize)
@@ -173,7 +182,7 @@ fn wake_locked(scheduler: &mut Scheduler, pid: Option<u64>, address: u64, count:
 pub fn requeue(from: u64, to: u64, wake_count: u64, move_count: u64) -> u64 {
     let pid = current_pid();
     with_scheduler(|scheduler| {
-        let woken = wake_locked(scheduler, Some(pid), from, wake_count, u32::MAX);
+        let woken = wake_locked(scheduler, |thread| thread.pid == pid, from, wake_count, u32::MAX);
         let mut moved = 0;
         for thread in scheduler.threads.values_mut().filter(|thread| thread.pid == pid) {
             if moved == move_count {

@@ -27,7 +27,7 @@ mod tlb;
 
 pub use futex::{
     clear_signal_interrupt, interrupt, requeue, sleep_until, wait, wait_for_any_key, wait_for_signal, wait_interruptibly, wake,
-    wake_kernel_key,
+    wake_kernel_key, wake_kernel_key_for,
 };
 pub use job_end::{clear_job_end_request, end_job_if_requested, hand_job_end_to_cpu0, release_job_threads};
 pub use park::{cpu_tables_ready, join_cpu, mark_cpu_tables_ready, park_if_requested, park_other_cpus, wait_for_cpus};
@@ -349,7 +349,6 @@ pub enum AffinityError {
 /// of them unless its CPU is in the mask. A thread moved off the calling CPU while running
 /// leaves it at once and continues there.
 pub fn set_affinity(tid: u64, mask: u64) -> Result<(), AffinityError> {
-    let cpu = tables::current_cpu();
     let moving_self = with_scheduler(|scheduler| {
         let allowed = mask & online_cpu_mask();
         let busy = |cpu: usize| scheduler.cpus[cpu].run_queue.len() + scheduler.cpus[cpu].current.is_some() as usize;
@@ -374,7 +373,7 @@ pub fn set_affinity(tid: u64, mask: u64) -> Result<(), AffinityError> {
     })?;
     if moving_self {
         // Queue ourselves on the new CPU and give this one up; we resume over there.
-        run::requeue_current(cpu);
+        run::requeue_current();
     }
     Ok(())
 }
@@ -646,15 +645,12 @@ pub fn exit_current(status: u8) -> ! {
         // This CPU may idle with the process's tables loaded; the process may end meanwhile.
         use_kernel_tables(cpu);
     }
-    leave_cpu(
-        |scheduler| {
-            let current = scheduler.current(cpu);
-            let thread = scheduler.threads.remove(&current).expect("current thread");
-            scheduler.free_slots.push(thread.slot);
-            scheduler.cpus[cpu].exited_stacks.extend(thread.stack_physical);
-            trap::exit_slot(cpu)
-        },
-        cpu,
-    );
+    leave_cpu(|scheduler, cpu| {
+        let current = scheduler.current(cpu);
+        let thread = scheduler.threads.remove(&current).expect("current thread");
+        scheduler.free_slots.push(thread.slot);
+        scheduler.cpus[cpu].exited_stacks.extend(thread.stack_physical);
+        trap::exit_slot(cpu)
+    });
     unreachable!("an exited thread was resumed")
 }

@@ -1,7 +1,7 @@
 //! Where a killed job's threads were: no debugger reaches an enclave, so when the host kills a
-//! job (a launcher's timeout, `clowder run` killed) the kernel logs each of its threads' state
-//! and user context to the enclave's log (`clowder logs`). A thread in the kernel entered it
-//! from user mode through a trap, whose hardware frame (RIP, RSP) tops its kernel stack; the
+//! job (a launcher's timeout, `clowder run` killed) the kernel logs each of its threads' state,
+//! CPU time and user context to the enclave's log (`clowder logs`). A thread in the kernel
+//! entered it from user mode through a trap, whose hardware frame (RIP, RSP) tops its kernel stack; the
 //! words of its user stack that look like return addresses follow, for mapping with the
 //! program's and its libraries' symbols (their load addresses: `LD_DEBUG=files`).
 
@@ -30,7 +30,7 @@ fn looks_like_code(word: u64) -> bool {
 pub fn log_job_threads(job: u32) {
     let cpu = tables::current_cpu();
     let loaded = LOADED_ASPACE[cpu].load(Ordering::Relaxed);
-    let threads: Vec<(u64, String, u64, u64, bool)> = {
+    let threads: Vec<(u64, String, u64, u64, u64, bool)> = {
         let guard = SCHEDULER.lock();
         let Some(scheduler) = guard.as_ref() else { return };
         scheduler
@@ -47,12 +47,12 @@ pub fn log_job_threads(job: u32) {
                     }
                 };
                 let (rip, rsp) = trap::user_context(thread.stack_top);
-                (tid, state, rip, rsp, thread.aspace.0 == loaded)
+                (tid, state, thread.cpu_time_ns / 1_000_000, rip, rsp, thread.aspace.0 == loaded)
             })
             .collect()
     };
-    for (tid, state, rip, rsp, readable) in threads {
-        let mut line = alloc::format!("job {job} thread {tid}: {state}, user rip {rip:#x} rsp {rsp:#x}");
+    for (tid, state, cpu_ms, rip, rsp, readable) in threads {
+        let mut line = alloc::format!("job {job} thread {tid}: {state}, {cpu_ms} ms CPU time, user rip {rip:#x} rsp {rsp:#x}");
         if readable {
             if let Ok(words) = user::read_bytes(UserAddr(rsp), STACK_WORDS * 8) {
                 let candidates = words

@@ -187,13 +187,16 @@ pub(super) fn arm_next_event(scheduler: &Scheduler, cpu: usize) {
     }
 }
 
-/// Leaves `cpu` to its next runnable thread, or to its idle loop, after `prepare` has said
-/// why (changing the current thread's state, under the lock) and returned the current
-/// thread's context slot. Returns when the current thread runs again.
-pub(super) fn leave_cpu(prepare: impl FnOnce(&mut Scheduler) -> usize, cpu: usize) {
+/// Leaves this CPU to its next runnable thread, or to its idle loop, after `prepare` (given
+/// the CPU) has said why (changing the current thread's state, under the lock) and returned
+/// the current thread's context slot. Returns when the current thread runs again, maybe on
+/// another CPU (`Scheduler::place`, `Scheduler::dequeue`): a caller must not use a CPU index
+/// it read before.
+pub(super) fn leave_cpu(prepare: impl FnOnce(&mut Scheduler, usize) -> usize) {
+    let cpu = tables::current_cpu();
     let (from, to, stack_top, next_process) = with_scheduler(|scheduler| {
         end_run(scheduler, cpu);
-        let from = prepare(scheduler);
+        let from = prepare(scheduler, cpu);
         trap::mark_leaving(from);
         match scheduler.dequeue(cpu) {
             Some(next) => {
@@ -229,7 +232,7 @@ pub(super) fn leave_cpu(prepare: impl FnOnce(&mut Scheduler) -> usize, cpu: usiz
         }
         trap::switch_context(cpu, from, to, stack_top);
     }
-    free_exited_stacks(cpu);
+    free_exited_stacks(tables::current_cpu());
 }
 
 fn free_exited_stacks(cpu: usize) {
@@ -288,22 +291,18 @@ pub fn retake_missed_tick() {
 /// sched_yield: the next runnable thread of this CPU runs; the current one goes to the back
 /// of the queue.
 pub fn yield_now() {
-    let cpu = tables::current_cpu();
-    if QUEUED[cpu].load(Ordering::Acquire) == 0 {
+    if QUEUED[tables::current_cpu()].load(Ordering::Acquire) == 0 {
         return;
     }
-    requeue_current(cpu);
+    requeue_current();
 }
 
 /// Puts the thread running on `cpu` (the caller) at the end of the queue and gives the CPU
 /// up; the caller resumes when a CPU takes it off the queue again.
-pub(super) fn requeue_current(cpu: usize) {
-    leave_cpu(
-        |scheduler| {
-            let current = scheduler.current(cpu);
-            scheduler.enqueue(current);
-            scheduler.threads[&current].slot
-        },
-        cpu,
-    );
+pub(super) fn requeue_current() {
+    leave_cpu(|scheduler, cpu| {
+        let current = scheduler.current(cpu);
+        scheduler.enqueue(current);
+        scheduler.threads[&current].slot
+    });
 }
