@@ -1,7 +1,8 @@
-//! The job owner's host files inside the Linux enclave: a read-only FUSE file system (the
-//! `fuser` crate over `/dev/fuse`, mounted by the agent itself: the initramfs has no
-//! `fusermount`) whose every lookup, attribute, open, read and directory listing is forwarded
-//! over the enclave channel as the LWK's `FileRequest`s. The daemon serves them exactly as an
+//! The job owner's host files inside the Linux enclave: a FUSE file system (the `fuser` crate
+//! over `/dev/fuse`, mounted by the agent itself: the initramfs has no `fusermount`) whose
+//! every lookup, attribute, open, read, directory listing, create, write, truncation, unlink
+//! and mkdir is forwarded over the enclave channel as the LWK's `FileRequest`s (rename and
+//! rmdir have no request yet: ENOSYS). The daemon serves them exactly as an
 //! LWK job's file calls (node/clowderd/src/hio.rs): as the job's user, within its `--confine`
 //! directory, with the host's errnos; the guest is trusted with nothing.
 //!
@@ -49,9 +50,12 @@ pub enum FileCall {
     Stat {
         path: Vec<u8>,
     },
+    /// `flags` are Linux's `O_*` (a write, a create, a truncation included), `mode` a new
+    /// file's.
     Open {
         path: Vec<u8>,
         flags: u32,
+        mode: u32,
     },
     /// Read `len` bytes (at most the window's size) at `offset`.
     Pread {
@@ -59,9 +63,26 @@ pub enum FileCall {
         len: u32,
         offset: u64,
     },
+    /// Write `data` (at most the window's size) at `offset`.
+    Pwrite {
+        handle: u32,
+        offset: u64,
+        data: Vec<u8>,
+    },
     /// The next entries of a directory, `linux_dirent64` records.
     Getdents {
         handle: u32,
+    },
+    Ftruncate {
+        handle: u32,
+        length: u64,
+    },
+    Unlink {
+        path: Vec<u8>,
+    },
+    Mkdir {
+        path: Vec<u8>,
+        mode: u32,
     },
     Close {
         handle: u32,
@@ -261,12 +282,28 @@ impl HostTree {
         }
     }
 
-    fn open(&self, path: Vec<u8>, flags: i32) -> Result<u32, Errno> {
-        match self.call(FileCall::Open { path, flags: flags as u32 }) {
+    fn open(&self, path: Vec<u8>, flags: i32, mode: u32) -> Result<u32, Errno> {
+        match self.call(FileCall::Open { path, flags: flags as u32, mode }) {
             FileAnswer::Value(handle) => Ok(handle),
             FileAnswer::Error(code) => Err(errno(code)),
             _ => Err(Errno::EIO),
         }
+    }
+
+    /// A call whose answer is a plain value (0 or a count).
+    fn value(&self, call: FileCall) -> Result<u32, Errno> {
+        match self.call(call) {
+            FileAnswer::Value(value) => Ok(value),
+            FileAnswer::Error(code) => Err(errno(code)),
+            _ => Err(Errno::EIO),
+        }
+    }
+
+    /// The entry of `path` after a call made it: its node and attributes.
+    fn made(&self, path: Vec<u8>) -> Result<FileAttr, Errno> {
+        let attributes = self.stat(path.clone())?;
+        let node = self.nodes.lock().unwrap().node(path);
+        Ok(file_attr(node, &attributes))
     }
 
     fn list(&self, handle: u32) -> Result<Vec<Entry>, Errno> {
@@ -285,7 +322,18 @@ impl HostTree {
     }
 }
 
+/// The parts of open(2)'s flags the host acts on: access, creation, truncation, appending.
+fn host_flags(flags: i32) -> i32 {
+    flags & (libc::O_ACCMODE | libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_APPEND | libc::O_DIRECTORY | libc::O_NOFOLLOW)
+}
+
 impl Filesystem for HostTree {
+    /// Writes come in pieces the file window holds.
+    fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(self.forwarder.window);
+        Ok(())
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let path = match self.path(parent) {
             Ok(parent) => child(&parent, name.as_bytes()),
@@ -310,14 +358,127 @@ impl Filesystem for HostTree {
     }
 
     fn open(&self, _req: &Request, node: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
-            return reply.error(Errno::EROFS);
-        }
-        match self.path(node).and_then(|path| self.open(path, libc::O_RDONLY)) {
-            // The mount is the job's own, so its pages may stay cached while it runs.
-            Ok(handle) => reply.opened(FileHandle(handle as u64), FopenFlags::FOPEN_KEEP_CACHE),
+        let reading = flags.0 & libc::O_ACCMODE == libc::O_RDONLY;
+        match self.path(node).and_then(|path| self.open(path, host_flags(flags.0), 0)) {
+            // The mount is the job's own, so a file it only reads may keep its cached pages; one
+            // opened for writing starts afresh (the kernel writes through to the host).
+            Ok(handle) => reply.opened(FileHandle(handle as u64), if reading { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() }),
             Err(e) => reply.error(e),
         }
+    }
+
+    fn create(&self, _req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: fuser::ReplyCreate) {
+        let path = match self.path(parent) {
+            Ok(parent) => child(&parent, name.as_bytes()),
+            Err(e) => return reply.error(e),
+        };
+        let handle = match self.open(path.clone(), host_flags(flags) | libc::O_CREAT, mode & !umask & 0o7777) {
+            Ok(handle) => handle,
+            Err(e) => return reply.error(e),
+        };
+        match self.made(path) {
+            Ok(attr) => reply.created(&TTL, &attr, Generation(0), FileHandle(handle as u64), FopenFlags::empty()),
+            Err(e) => {
+                self.call(FileCall::Close { handle });
+                reply.error(e)
+            }
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _node: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: fuser::WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: fuser::ReplyWrite,
+    ) {
+        // The kernel sends no more than `init` allowed; a larger piece is refused, not cut.
+        let (Ok(handle), true) = (u32::try_from(fh.0), data.len() <= self.forwarder.window as usize) else {
+            return reply.error(Errno::EINVAL);
+        };
+        match self.value(FileCall::Pwrite { handle, offset, data: data.to_vec() }) {
+            Ok(written) => reply.written(written),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// A size change (truncate, O_TRUNC) is the host's; times are left as the host keeps them
+    /// (what `touch` asks is not an error), and mode or owner changes are not forwarded.
+    fn setattr(
+        &self,
+        _req: &Request,
+        node: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<fuser::TimeOrNow>,
+        _mtime: Option<fuser::TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        if mode.is_some() || uid.is_some() || gid.is_some() {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
+        let path = match self.path(node) {
+            Ok(path) => path,
+            Err(e) => return reply.error(e),
+        };
+        if let Some(length) = size {
+            let given = fh.and_then(|fh| u32::try_from(fh.0).ok());
+            let truncated = match given {
+                Some(handle) => self.value(FileCall::Ftruncate { handle, length }).map(drop),
+                None => self.open(path.clone(), libc::O_WRONLY, 0).and_then(|handle| {
+                    let done = self.value(FileCall::Ftruncate { handle, length }).map(drop);
+                    self.call(FileCall::Close { handle });
+                    done
+                }),
+            };
+            if let Err(e) = truncated {
+                return reply.error(e);
+            }
+        }
+        match self.stat(path) {
+            Ok(attributes) => reply.attr(&TTL, &file_attr(node.0, &attributes)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.path(parent).and_then(|parent| self.value(FileCall::Unlink { path: child(&parent, name.as_bytes()) })) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let path = match self.path(parent) {
+            Ok(parent) => child(&parent, name.as_bytes()),
+            Err(e) => return reply.error(e),
+        };
+        match self.value(FileCall::Mkdir { path: path.clone(), mode: mode & !umask & 0o7777 }).and_then(|_| self.made(path)) {
+            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// Writes went to the host as they were made; the host's file system keeps them.
+    fn flush(&self, _req: &Request, _node: INodeNo, _fh: FileHandle, _lock_owner: fuser::LockOwner, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn fsync(&self, _req: &Request, _node: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        reply.ok();
     }
 
     fn read(
@@ -356,7 +517,7 @@ impl Filesystem for HostTree {
     }
 
     fn opendir(&self, _req: &Request, node: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let handle = match self.path(node).and_then(|path| self.open(path, libc::O_RDONLY | libc::O_DIRECTORY)) {
+        let handle = match self.path(node).and_then(|path| self.open(path, libc::O_RDONLY | libc::O_DIRECTORY, 0)) {
             Ok(handle) => handle,
             Err(e) => return reply.error(e),
         };
@@ -445,7 +606,7 @@ pub fn mount_host_tree(job: u32, root: &Path, forwarder: Forwarder) -> Result<Mo
     let device = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse").map_err(|e| format!("opening /dev/fuse: {e}"))?;
     let fd: OwnedFd = device.into();
     let options = format!("fd={},rootmode=40000,user_id=0,group_id=0,allow_other,max_read={}", fd.as_raw_fd(), forwarder.window);
-    mount("clowder-host", root, Some("fuse"), libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV, Some(&options))?;
+    mount("clowder-host", root, Some("fuse"), libc::MS_NOSUID | libc::MS_NODEV, Some(&options))?;
     let tree = HostTree::new(job, forwarder);
     std::thread::spawn(move || match fuser::Session::from_fd(tree, fd, SessionACL::All, fuser::Config::default()) {
         // Ends when the mount goes (the device then reads ENODEV).

@@ -108,11 +108,12 @@ impl DevMem {
     }
 }
 
-// SAFETY: a mapping is only read through (copied out of) after it is made, and unmapped once,
-// on drop; the file window's bytes are written by the host between calls, never while one is
-// being copied out (one file call is with the host at a time).
+// SAFETY: a mapping is copied out of (and the file window also into, by the session's thread
+// alone) after it is made, and unmapped once, on drop; the window's bytes are written by the
+// host or the session between calls, never while one is being copied (one file call is with
+// the host at a time).
 unsafe impl Send for Mapping {}
-// SAFETY: as above: shared references only copy bytes out.
+// SAFETY: as above: shared references only copy bytes out of a mapping, or into the window.
 unsafe impl Sync for Mapping {}
 
 impl Drop for Mapping {
@@ -136,6 +137,19 @@ impl PhysicalMemory for DevMem {
         // Copied in user mode: on PVM a copy by the kernel (read(2) of /dev/mem) is emulated.
         // SAFETY: the mapping covers `offset..offset + len` and lives until the end of this scope.
         Ok(unsafe { std::slice::from_raw_parts(mapping.base.add(offset), len) }.to_vec())
+    }
+
+    /// Only the file window is written (what a job writes to a host file, on its way).
+    fn write(&self, gpa: u64, data: &[u8]) -> Result<(), String> {
+        match &self.window {
+            Some((base, window)) if gpa >= *base && gpa - base + data.len() as u64 <= window.length as u64 => {
+                // SAFETY: the window's mapping covers the range (checked above), is writable and
+                // lives as long as `self`; the host reads it only after the call is sent.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), window.base.add((gpa - base) as usize), data.len()) };
+                Ok(())
+            }
+            _ => Err(format!("{gpa:#x}+{:#x} is outside the file window", data.len())),
+        }
     }
 }
 

@@ -44,6 +44,8 @@ impl<T> Waking<T> {
 /// Where the job's files come from: the guest-physical memory the host placed them in.
 pub trait PhysicalMemory {
     fn read(&self, gpa: u64, len: u64) -> Result<Vec<u8>, String>;
+    /// Writes `data` at `gpa` (what a job writes to a host file goes through the file window).
+    fn write(&self, gpa: u64, data: &[u8]) -> Result<(), String>;
 }
 
 /// Guest RAM the kernel leaves alone (`memmap=`, set by the daemon) where the daemon writes
@@ -288,12 +290,26 @@ impl<M: PhysicalMemory + Send + Sync + 'static> Session<M> {
         self.next_request = self.next_request.wrapping_add(1).max(1);
         let op = match &forwarded.call {
             FileCall::Stat { path } => FileOp::Stat { path },
-            FileCall::Open { path, flags } => FileOp::Open { path, flags: *flags, mode: 0 },
+            FileCall::Open { path, flags, mode } => FileOp::Open { path, flags: *flags, mode: *mode },
             FileCall::Pread { handle, len, offset } => {
                 FileOp::Pread { handle: *handle, gpa: window.gpa, len: (*len).min(window.size), offset: *offset }
             }
+            FileCall::Pwrite { handle, offset, data } => {
+                let len = u32::try_from(data.len()).ok().filter(|&len| len <= window.size);
+                let placed = len.ok_or_else(|| format!("a {}-byte write exceeds the file window", data.len()));
+                match placed.and_then(|len| self.memory.write(window.gpa, data).map(|()| len)) {
+                    Ok(len) => FileOp::Pwrite { handle: *handle, gpa: window.gpa, len, offset: *offset },
+                    Err(e) => {
+                        let _ = forwarded.answer.send(FileAnswer::Error(libc::EIO));
+                        return self.log(&format!("agent: job {}'s write: {e}", forwarded.job));
+                    }
+                }
+            }
             FileCall::Getdents { handle } => FileOp::Getdents { handle: *handle, gpa: window.gpa, len: window.size },
             FileCall::Close { handle } => FileOp::Close { handle: *handle },
+            FileCall::Ftruncate { handle, length } => FileOp::Ftruncate { handle: *handle, length: *length },
+            FileCall::Unlink { path } => FileOp::Unlink { path },
+            FileCall::Mkdir { path, mode } => FileOp::Mkdir { path, mode: *mode },
         };
         let message = EnclaveMessage::FileRequest { job: forwarded.job, request, op };
         if let Err(e) = self.send(&message) {

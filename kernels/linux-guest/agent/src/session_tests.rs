@@ -34,6 +34,14 @@ impl PhysicalMemory for FakeMemory {
         }
         self.0.get(&gpa).filter(|data| data.len() as u64 == len).cloned().ok_or(format!("nothing at {gpa:#x}+{len:#x}"))
     }
+
+    fn write(&self, gpa: u64, data: &[u8]) -> Result<(), String> {
+        if gpa != WINDOW.gpa || data.len() > WINDOW.size as usize {
+            return Err(format!("{gpa:#x} is not the file window"));
+        }
+        self.1.lock().unwrap()[..data.len()].copy_from_slice(data);
+        Ok(())
+    }
 }
 
 struct Host {

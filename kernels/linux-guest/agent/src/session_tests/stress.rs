@@ -31,22 +31,27 @@ impl PhysicalMemory for Ram {
         self.0.read(gpa, &mut data).map_err(|e| format!("{e:?}"))?;
         Ok(data)
     }
+
+    fn write(&self, gpa: u64, data: &[u8]) -> Result<(), String> {
+        self.0.write(gpa, data).map_err(|e| format!("{e:?}"))
+    }
 }
 
-/// The daemon's side: each job's files served by `hio::JobFiles`, as root, writing into RAM.
+/// The daemon's side: each job's files served by `hio::JobFiles` as `owner`, into RAM.
 struct Hio {
     ram: Arc<GuestRam>,
     cwd: PathBuf,
+    owner: Identity,
     jobs: HashMap<u32, JobFiles>,
 }
 
 impl ServeFiles for Hio {
     fn serve(&mut self, job: u32, request: u32, op: &enclave_proto::FileOp<'_>) -> HostMessage<'static> {
-        let cwd = &self.cwd;
-        let files = self.jobs.entry(job).or_insert_with(|| {
-            let root = Identity { uid: 0, gid: 0, groups: vec![] };
-            JobFiles::new(File::open(cwd).unwrap(), cwd.to_str().unwrap().to_string(), Scope::User, root)
-        });
+        let (cwd, owner) = (&self.cwd, &self.owner);
+        let files = self
+            .jobs
+            .entry(job)
+            .or_insert_with(|| JobFiles::new(File::open(cwd).unwrap(), cwd.to_str().unwrap().to_string(), Scope::User, owner.clone()));
         files.serve(op, &self.ram).reply(job, request)
     }
 }
@@ -109,10 +114,17 @@ fn make_files(work: &Path) -> String {
     format!("[{}]", regions.join(", "))
 }
 
+/// Whether this process may mount FUSE file systems (root, and /dev/fuse there).
+fn can_mount() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    root && Path::new("/dev/fuse").exists()
+}
+
 #[test]
 fn concurrent_jobs_read_the_hosts_files_exactly_through_the_daemons_server() {
     let python = Path::new("/usr/bin/python3");
-    if unsafe { libc::geteuid() } != 0 || !Path::new("/dev/fuse").exists() || !python.exists() {
+    if !can_mount() || !python.exists() {
         eprintln!("skipped: needs root, /dev/fuse and /usr/bin/python3");
         return;
     }
@@ -126,7 +138,8 @@ fn concurrent_jobs_read_the_hosts_files_exactly_through_the_daemons_server() {
     let work = host.directory.join("work");
     std::fs::create_dir_all(&work).unwrap();
     let regions = make_files(&work);
-    let mut files = Hio { ram, cwd: work.clone(), jobs: HashMap::new() };
+    let root = Identity { uid: 0, gid: 0, groups: vec![] };
+    let mut files = Hio { ram, cwd: work.clone(), owner: root, jobs: HashMap::new() };
     let cwd = work.to_str().unwrap().as_bytes().to_vec();
     let python_image = FileImage { name: b"/usr/bin/python3", gpa: PYTHON_GPA, len: python_bytes.len() as u64 };
     let shell_image = FileImage { name: b"/bin/sh", gpa: SHELL_GPA, len: shell_bytes.len() as u64 };
@@ -170,4 +183,53 @@ fn concurrent_jobs_read_the_hosts_files_exactly_through_the_daemons_server() {
         assert_eq!(report, "{\"threads\": 4, \"bad\": [], \"bad_count\": 0}\n", "job {job}; stderr: {}", of_job(job, Stream::Stderr));
     }
     assert_eq!(ended.values().copied().collect::<Vec<_>>(), [0, 0, 0], "{ended:?}");
+}
+
+/// A job's writes in its working directory land in the host's as its user's: a file created,
+/// written (1.25 MiB, in window-sized pieces) and truncated, a directory made, a file removed;
+/// a directory only root may write refuses it, whatever the guest's root may do in the guest.
+#[test]
+fn a_jobs_writes_land_in_the_hosts_directory_as_its_user() {
+    use std::os::unix::fs::MetadataExt;
+    if !can_mount() {
+        eprintln!("skipped: needs root and /dev/fuse");
+        return;
+    }
+    let memfd = clowderd::sys::memfd("write-ram").unwrap();
+    memfd.set_len(RAM).unwrap();
+    let ram = Arc::new(GuestRam::map(&memfd, vec![RamRange { gpa: 0, size: RAM, file_offset: 0 }], (0, 0)).unwrap());
+    let shell = std::fs::read("/bin/sh").unwrap();
+    ram.write(SHELL_GPA, &shell).unwrap();
+    let (mut host, mut session) = start_on("writes", Ram(ram.clone()), Some(STRESS_WINDOW));
+    let (work, closed) = (host.directory.join("work"), host.directory.join("closed"));
+    for dir in [&work, &closed] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    let nobody = Identity { uid: 65534, gid: 65534, groups: vec![] };
+    std::os::unix::fs::chown(&work, Some(nobody.uid), Some(nobody.gid)).unwrap();
+    std::fs::set_permissions(&host.directory, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let script = "echo hello > out.txt && dd if=/dev/urandom of=blob bs=65536 count=20 2>/dev/null && cat blob blob >> blob2 \
+        && truncate -s 1000000 blob2 && mkdir sub && echo x > sub/gone && rm sub/gone && sha256sum blob blob2; \
+        echo no > ../closed/x || echo refused";
+    let argv: [&[u8]; 3] = [b"sh", b"-c", script.as_bytes()];
+    let cwd = work.to_str().unwrap().as_bytes().to_vec();
+    let mut files = Hio { ram, cwd: work.clone(), owner: nobody, jobs: HashMap::new() };
+    host.send(&launch(1, &argv, &cwd, FileImage { name: b"/bin/sh", gpa: SHELL_GPA, len: shell.len() as u64 }, &[]));
+    let got = host.serving(&mut session, Some(&mut files), Duration::from_secs(120), |m| {
+        matches!(m, EnclaveMessage::JobExited { .. } | EnclaveMessage::LaunchFailed { .. })
+    });
+    let messages = decoded(&got);
+    let (stdout, stderr) = (output(&messages, Stream::Stdout), output(&messages, Stream::Stderr));
+    assert_eq!(messages.last(), Some(&EnclaveMessage::JobExited { job: 1, status: 0 }), "{stdout}{stderr}");
+    let on_host = Command::new("sha256sum").args(["blob", "blob2"]).current_dir(&work).output().unwrap();
+    assert_eq!(stdout, format!("{}refused\n", String::from_utf8_lossy(&on_host.stdout)), "stderr: {stderr}");
+    assert!(stderr.contains("Permission denied"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(work.join("out.txt")).unwrap(), "hello\n");
+    assert_eq!(std::fs::metadata(work.join("blob")).unwrap().len(), 20 << 16);
+    assert_eq!(std::fs::metadata(work.join("blob2")).unwrap().len(), 1_000_000);
+    for made in ["out.txt", "blob", "sub"] {
+        let metadata = std::fs::metadata(work.join(made)).unwrap();
+        assert_eq!((metadata.uid(), metadata.gid()), (65534, 65534), "{made} is the user's");
+    }
+    assert!(!work.join("sub/gone").exists() && !closed.join("x").exists());
 }
