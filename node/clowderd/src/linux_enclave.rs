@@ -59,17 +59,19 @@ fn command_line(memory: u64) -> Result<String, String> {
     Ok(format!("{COMMAND_LINE} memmap={}K${window:#x} clowder.files={window:#x},{FILE_WINDOW:#x}", FILE_WINDOW >> 10))
 }
 
-/// Set (to anything) in the daemon's environment, Linux enclaves' jobs get their owner's host
-/// files. Off by default until `make test-linux-enclave` has passed with it. Its first run lost
-/// the enclave to a missed Ping: the agent copied python3's binary on its session thread (fixed
-/// there); static jobs now run through the mount, but python3 has not yet been seen to finish
-/// (docs/linux-guest.md).
+/// Linux enclaves' jobs get their owner's host files unless this is `0` in the daemon's
+/// environment: the off switch, for a test that wants jobs in the guest's own files alone.
 pub const HOST_FILES_VARIABLE: &str = "CLOWDER_LINUX_HOST_FILES";
+
+/// Whether the daemon serves host files to Linux enclaves (on unless [`HOST_FILES_VARIABLE`] is `0`).
+pub fn host_files_enabled() -> bool {
+    std::env::var_os(HOST_FILES_VARIABLE).is_none_or(|value| value != "0")
+}
 
 /// The kernel command line for a guest of `memory` bytes: with the file window when the
 /// daemon serves host files.
 fn guest_command_line(memory: u64) -> Result<String, String> {
-    if std::env::var_os(HOST_FILES_VARIABLE).is_some() {
+    if host_files_enabled() {
         command_line(memory)
     } else {
         Ok(COMMAND_LINE.to_string())
