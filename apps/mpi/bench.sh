@@ -88,10 +88,21 @@ case_run() {
     fi
     echo "apps/mpi/bench.sh: $name" >&2
     nodes_wait_for 30 nodes_enclaves_idle || echo "apps/mpi/bench.sh: an enclave still runs an earlier job" >&2
-    if ! "$@" >"$raw/$name" 2>&1; then
+    local status=0
+    "$@" >"$raw/$name" 2>&1 || status=$?
+    # UCX between enclave ranks fails in MPI_Init in about one run of four under load
+    # (docs/mpi.md): such a case runs once more, and its note says so.
+    if [ $status != 0 ] && [[ $name == *.enclaves-ucx ]] && grep -q "error occurred in MPI_Init" "$raw/$name"; then
+        echo "apps/mpi/bench.sh: $name failed in MPI_Init; once more" >&2
+        echo "run twice: the first failed in MPI_Init ($(grep -m1 -E 'procs failed|ep failed|failed to|[Tt]imeout|Error:' "$raw/$name" | sed 's/^ *//' | cut -c1-100))" >"$raw/$name.note"
+        nodes_wait_for 30 nodes_enclaves_idle || echo "apps/mpi/bench.sh: an enclave still runs an earlier job" >&2
+        status=0
+        "$@" >"$raw/$name" 2>&1 || status=$?
+    fi
+    if [ $status != 0 ]; then
         # Enclave ranks over UCX may not leave MPI_Finalize (docs/mpi.md): their results stand
         if grep -q "verified" "$raw/$name"; then
-            echo "ended by timeout after its verified results (MPI_Finalize did not return)" >"$raw/$name.note"
+            echo "ended by timeout after its verified results (MPI_Finalize did not return)" >>"$raw/$name.note"
             return
         fi
         local pattern

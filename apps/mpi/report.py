@@ -29,7 +29,7 @@ def read(raw, name):
 
 def note(raw, name):
     path = raw / f"{name}.note"
-    return path.read_text().strip() if path.exists() else None
+    return "; ".join(path.read_text().split("\n")).strip("; ") if path.exists() else None
 
 
 def why(raw, name):
