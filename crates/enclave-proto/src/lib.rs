@@ -92,6 +92,8 @@
 //! | 15 | `UnmapShared` | u64 gpa | 0: the region `MapShared` made at `gpa` is gone (the host removes a job's remaining ones when it ends) |
 //! | 16 | `Statfs` | cstr path, u64 gpa | 0: the host wrote Linux's x86-64 `struct statfs` ([`STATFS_LEN`] bytes) of the path's file system at `gpa` |
 //! | 17 | `Fstatfs` | u32 handle, u64 gpa | 0: as `Statfs`, for an open file |
+//! | 18 | `Rename` | cstr from, cstr to | 0 |
+//! | 19 | `Rmdir` | cstr path | 0 |
 //!
 //! Paths are the host's, relative to the job's working directory or absolute, and are served
 //! with the rights of the job's user (uid, gid, supplementary groups): the host's own checks
@@ -372,6 +374,13 @@ pub enum FileOp<'a> {
     Ftruncate {
         handle: u32,
         length: u64,
+    },
+    Rename {
+        from: &'a [u8],
+        to: &'a [u8],
+    },
+    Rmdir {
+        path: &'a [u8],
     },
     /// The next entries of an open directory, as Linux's `getdents64` writes them.
     Getdents {
@@ -662,6 +671,8 @@ impl<'a> FileOp<'a> {
             FileOp::UnmapShared { .. } => 15,
             FileOp::Statfs { .. } => 16,
             FileOp::Fstatfs { .. } => 17,
+            FileOp::Rename { .. } => 18,
+            FileOp::Rmdir { .. } => 19,
         }
     }
 
@@ -690,7 +701,11 @@ impl<'a> FileOp<'a> {
                 w.i64(offset)?;
                 w.u32(whence)
             }
-            FileOp::Stat { path } | FileOp::Unlink { path } => w.name(path, "path"),
+            FileOp::Stat { path } | FileOp::Unlink { path } | FileOp::Rmdir { path } => w.name(path, "path"),
+            FileOp::Rename { from, to } => {
+                w.name(from, "from")?;
+                w.name(to, "to")
+            }
             FileOp::Mkdir { path, mode } => {
                 w.name(path, "path")?;
                 w.u32(mode)
@@ -738,6 +753,8 @@ impl<'a> FileOp<'a> {
             15 => FileOp::UnmapShared { gpa: r.u64("gpa")? },
             16 => FileOp::Statfs { path: r.name("path")?, gpa: r.u64("gpa")? },
             17 => FileOp::Fstatfs { handle: r.u32("handle")?, gpa: r.u64("gpa")? },
+            18 => FileOp::Rename { from: r.name("from")?, to: r.name("to")? },
+            19 => FileOp::Rmdir { path: r.name("path")? },
             other => return Err(DecodeError::UnknownFileOp(other)),
         })
     }

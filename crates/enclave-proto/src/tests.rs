@@ -258,7 +258,7 @@ fn random_enclave_message<'a>(choice: u64, m: &'a Material) -> EnclaveMessage<'a
     let n = m.numbers;
     let (job, request, handle, gpa, len) = (n[0] as u32, n[1] as u32, n[2] as u32, n[3], n[4] as u32);
     let path = &m.names[0][..];
-    let op = match n[5] % 17 {
+    let op = match n[5] % 19 {
         0 => FileOp::Open { path, flags: n[6] as u32, mode: 0o644 },
         1 => FileOp::Close { handle },
         2 => FileOp::Read { handle, gpa, len },
@@ -275,6 +275,8 @@ fn random_enclave_message<'a>(choice: u64, m: &'a Material) -> EnclaveMessage<'a
         13 => FileOp::UnmapShared { gpa },
         14 => FileOp::Statfs { path, gpa },
         15 => FileOp::Fstatfs { handle, gpa },
+        16 => FileOp::Rename { from: path, to: &m.names[m.names.len() - 1][..] },
+        17 => FileOp::Rmdir { path },
         _ => FileOp::Getdents { handle, gpa, len },
     };
     match choice % 13 {

@@ -160,6 +160,29 @@ fn attributes_of(metadata: &std::fs::Metadata) -> FileAttributes {
     }
 }
 
+/// `renameat(2)` of `from` in `from_dir` to `to` in `to_dir`.
+fn rename_in(from_dir: &File, from: &str, to_dir: &File, to: &str) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let c = |path: &str| std::ffi::CString::new(path).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL));
+    let (from, to) = (c(from)?, c(to)?);
+    // SAFETY: renameat(2) with open directory descriptors and NUL-terminated paths that outlive the call.
+    match unsafe { libc::renameat(from_dir.as_raw_fd(), from.as_ptr(), to_dir.as_raw_fd(), to.as_ptr()) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+/// `unlinkat(2)` of the directory `path` in `dir` (`AT_REMOVEDIR`).
+fn remove_directory_in(dir: &File, path: &str) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let path = std::ffi::CString::new(path).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: unlinkat(2) with an open directory descriptor and a NUL-terminated path that outlives the call.
+    match unsafe { libc::unlinkat(dir.as_raw_fd(), path.as_ptr(), libc::AT_REMOVEDIR) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
 /// Splits `a/b/c` into (`a/b`, `c`); a bare name lives in `.`.
 fn split_parent(relative: &str) -> (&str, &str) {
     match relative.rsplit_once('/') {
@@ -257,6 +280,26 @@ impl JobFiles {
         })
     }
 
+    /// Where a call that makes, removes or renames the entry `path` acts: the directory (none:
+    /// the working directory) and the entry's name in it. Confined, the parent is opened
+    /// beneath the root, so the kernel refuses one that leads out; otherwise the host resolves
+    /// the whole path as for the user. A system path is read-only.
+    fn entry(&self, path: &[u8], refusal: &mut Option<String>) -> Result<(Option<File>, String), i32> {
+        let target = self.target(path, refusal)?;
+        if self.read_only(&target) {
+            return Err(libc::EROFS);
+        }
+        if !target.beneath {
+            return Ok((None, target.path));
+        }
+        let (parent, name) = split_parent(&target.path);
+        if name == "." {
+            return Err(libc::EINVAL);
+        }
+        let parent = Target { dir: target.dir, path: parent.to_string(), beneath: true };
+        Ok((Some(Self::open(&parent, libc::O_PATH | libc::O_DIRECTORY, 0, refusal)?), name.to_string()))
+    }
+
     /// The open file behind `handle` (`EBADF` if there is none).
     pub(crate) fn handle(&self, handle: u32) -> Result<&File, i32> {
         self.handles.get(&handle).ok_or(libc::EBADF)
@@ -311,29 +354,22 @@ impl JobFiles {
                 let file = Self::open(&self.target(path, refusal)?, libc::O_PATH, 0, refusal)?;
                 Ok(Answer::Attributes(attributes_of(&file.metadata().map_err(errno_of)?)))
             }
-            FileOp::Unlink { path } | FileOp::Mkdir { path, .. } => {
-                let target = self.target(path, refusal)?;
-                if self.read_only(&target) {
-                    return Err(libc::EROFS);
-                }
-                // Confined: the parent is opened beneath the root, then the name made or
-                // removed in it; otherwise the host resolves the whole path as for the user.
-                let (parent, name) = if target.beneath {
-                    let (parent, name) = split_parent(&target.path);
-                    if name == "." {
-                        return Err(libc::EINVAL);
-                    }
-                    let parent = Target { dir: target.dir, path: parent.to_string(), beneath: true };
-                    (Some(Self::open(&parent, libc::O_PATH | libc::O_DIRECTORY, 0, refusal)?), name.to_string())
-                } else {
-                    (None, target.path.clone())
-                };
-                let dir = parent.as_ref().unwrap_or(target.dir);
+            FileOp::Unlink { path } | FileOp::Mkdir { path, .. } | FileOp::Rmdir { path } => {
+                let (parent, name) = self.entry(path, refusal)?;
+                let dir = parent.as_ref().unwrap_or(&self.cwd);
                 match *op {
                     FileOp::Mkdir { mode, .. } => sys::mkdir_in(dir, &name, mode),
+                    FileOp::Rmdir { .. } => remove_directory_in(dir, &name),
                     _ => sys::unlink_in(dir, &name),
                 }
                 .map_err(errno_of)?;
+                Ok(Answer::Value(0))
+            }
+            FileOp::Rename { from, to } => {
+                let (from_parent, from_name) = self.entry(from, refusal)?;
+                let (to_parent, to_name) = self.entry(to, refusal)?;
+                let (from_dir, to_dir) = (from_parent.as_ref().unwrap_or(&self.cwd), to_parent.as_ref().unwrap_or(&self.cwd));
+                rename_in(from_dir, &from_name, to_dir, &to_name).map_err(errno_of)?;
                 Ok(Answer::Value(0))
             }
             FileOp::Ftruncate { handle, length } => {
@@ -515,6 +551,31 @@ mod tests {
         assert!(matches!(files.serve(&FileOp::Stat { path: b"/usr/library" }, &ram).result, Err(libc::EACCES)));
         assert!(matches!(files.serve(&FileOp::Stat { path: b"/etc/passwd" }, &ram).result, Err(libc::EACCES)));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A confined job renames and removes entries beneath its directory and nowhere else.
+    #[test]
+    fn renames_and_directory_removals_stay_in_the_confinement() {
+        let dir = scratch("rename");
+        let outside = scratch("rename-outside");
+        let ram = ram();
+        let scope = Scope::Confined { dir: File::open(&dir).unwrap(), path: dir.to_str().unwrap().to_string() };
+        let root = Identity { uid: 0, gid: 0, groups: vec![] };
+        let mut files = JobFiles::new(File::open(&dir).unwrap(), dir.to_str().unwrap().to_string(), scope, root);
+        std::fs::write(dir.join("a"), "x").unwrap();
+        assert!(files.serve(&FileOp::Mkdir { path: b"sub", mode: 0o755 }, &ram).result.is_ok());
+        assert!(files.serve(&FileOp::Rename { from: b"a", to: b"sub/b" }, &ram).result.is_ok());
+        assert_eq!(std::fs::read_to_string(dir.join("sub/b")).unwrap(), "x");
+        assert!(matches!(files.serve(&FileOp::Rmdir { path: b"sub" }, &ram).result, Err(libc::ENOTEMPTY)));
+        let out = format!("{}/stolen", outside.to_str().unwrap());
+        let served = files.serve(&FileOp::Rename { from: b"sub/b", to: out.as_bytes() }, &ram);
+        assert!(matches!(served.result, Err(libc::EACCES)) && served.refusal.is_some(), "out of the directory");
+        assert!(matches!(files.serve(&FileOp::Rename { from: b"sub/b", to: b"/usr/lib/b" }, &ram).result, Err(libc::EROFS)));
+        assert!(files.serve(&FileOp::Unlink { path: b"sub/b" }, &ram).result.is_ok());
+        assert!(files.serve(&FileOp::Rmdir { path: b"sub" }, &ram).result.is_ok());
+        assert!(!dir.join("sub").exists() && !outside.join("stolen").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(&outside).unwrap();
     }
 
     /// Reads and writes land in enclave memory directly; a range the enclave may not name is

@@ -1,8 +1,7 @@
 //! The job owner's host files inside the Linux enclave: a FUSE file system (the `fuser` crate
 //! over `/dev/fuse`, mounted by the agent itself: the initramfs has no `fusermount`) whose
-//! every lookup, attribute, open, read, directory listing, create, write, truncation, unlink
-//! and mkdir is forwarded over the enclave channel as the LWK's `FileRequest`s (rename and
-//! rmdir have no request yet: ENOSYS). The daemon serves them exactly as an
+//! every lookup, attribute, open, read, directory listing, create, write, truncation, unlink,
+//! mkdir, rmdir and rename is forwarded over the enclave channel as the LWK's `FileRequest`s. The daemon serves them exactly as an
 //! LWK job's file calls (node/clowderd/src/hio.rs): as the job's user, within its `--confine`
 //! directory, with the host's errnos; the guest is trusted with nothing.
 //!
@@ -83,6 +82,13 @@ pub enum FileCall {
     Mkdir {
         path: Vec<u8>,
         mode: u32,
+    },
+    Rmdir {
+        path: Vec<u8>,
+    },
+    Rename {
+        from: Vec<u8>,
+        to: Vec<u8>,
     },
     Close {
         handle: u32,
@@ -468,6 +474,35 @@ impl Filesystem for HostTree {
         };
         match self.value(FileCall::Mkdir { path: path.clone(), mode: mode & !umask & 0o7777 }).and_then(|_| self.made(path)) {
             Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.path(parent).and_then(|parent| self.value(FileCall::Rmdir { path: child(&parent, name.as_bytes()) })) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// A plain rename (no RENAME_NOREPLACE or RENAME_EXCHANGE: the host's request has no flags).
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        new_parent: INodeNo,
+        new_name: &OsStr,
+        flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if !flags.is_empty() {
+            return reply.error(Errno::EINVAL);
+        }
+        let paths =
+            self.path(parent).and_then(|from| Ok((child(&from, name.as_bytes()), child(&self.path(new_parent)?, new_name.as_bytes()))));
+        match paths.and_then(|(from, to)| self.value(FileCall::Rename { from, to })) {
+            Ok(_) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }

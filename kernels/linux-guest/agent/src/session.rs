@@ -310,6 +310,8 @@ impl<M: PhysicalMemory + Send + Sync + 'static> Session<M> {
             FileCall::Ftruncate { handle, length } => FileOp::Ftruncate { handle: *handle, length: *length },
             FileCall::Unlink { path } => FileOp::Unlink { path },
             FileCall::Mkdir { path, mode } => FileOp::Mkdir { path, mode: *mode },
+            FileCall::Rmdir { path } => FileOp::Rmdir { path },
+            FileCall::Rename { from, to } => FileOp::Rename { from, to },
         };
         let message = EnclaveMessage::FileRequest { job: forwarded.job, request, op };
         if let Err(e) = self.send(&message) {

@@ -186,7 +186,8 @@ fn concurrent_jobs_read_the_hosts_files_exactly_through_the_daemons_server() {
 }
 
 /// A job's writes in its working directory land in the host's as its user's: a file created,
-/// written (1.25 MiB, in window-sized pieces) and truncated, a directory made, a file removed;
+/// written (1.25 MiB, in window-sized pieces) and truncated, directories made and removed, a
+/// file removed and one renamed;
 /// a directory only root may write refuses it, whatever the guest's root may do in the guest.
 #[test]
 fn a_jobs_writes_land_in_the_hosts_directory_as_its_user() {
@@ -209,7 +210,8 @@ fn a_jobs_writes_land_in_the_hosts_directory_as_its_user() {
     std::os::unix::fs::chown(&work, Some(nobody.uid), Some(nobody.gid)).unwrap();
     std::fs::set_permissions(&host.directory, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let script = "echo hello > out.txt && dd if=/dev/urandom of=blob bs=65536 count=20 2>/dev/null && cat blob blob >> blob2 \
-        && truncate -s 1000000 blob2 && mkdir sub && echo x > sub/gone && rm sub/gone && sha256sum blob blob2; \
+        && truncate -s 1000000 blob2 && mkdir sub gone && echo x > sub/gone && rm sub/gone && rmdir gone \
+        && echo moved > sub/a && mv sub/a renamed && sha256sum blob blob2; \
         echo no > ../closed/x || echo refused";
     let argv: [&[u8]; 3] = [b"sh", b"-c", script.as_bytes()];
     let cwd = work.to_str().unwrap().as_bytes().to_vec();
@@ -231,5 +233,6 @@ fn a_jobs_writes_land_in_the_hosts_directory_as_its_user() {
         let metadata = std::fs::metadata(work.join(made)).unwrap();
         assert_eq!((metadata.uid(), metadata.gid()), (65534, 65534), "{made} is the user's");
     }
-    assert!(!work.join("sub/gone").exists() && !closed.join("x").exists());
+    assert_eq!(std::fs::read_to_string(work.join("renamed")).unwrap(), "moved\n");
+    assert!(!work.join("sub/gone").exists() && !work.join("sub/a").exists() && !work.join("gone").exists() && !closed.join("x").exists());
 }
