@@ -146,8 +146,11 @@ impl Drop for Socket {
     }
 }
 
-/// Sends `op` for the running job and waits (keeping the CPU, as forwarded file calls do: the
-/// host answers at once) for the answer.
+/// Sends `op` for the running job and waits for the answer: keeping the CPU, as forwarded
+/// file calls do, while no other thread waits for it; else asleep, woken by the answer
+/// (`answer`). The host's answer can take long when many ranks share an enclave (seconds at
+/// a load of 15), and ranks whose threads kept both CPUs through such waits never got through
+/// `MPI_Init`.
 pub fn request(op: SocketOp<'_>) -> Answer {
     let handle = op.handle();
     // Registered before sending, so an answer that comes at once finds its entry.
@@ -156,7 +159,15 @@ pub fn request(op: SocketOp<'_>) -> Answer {
         request = number;
         PENDING.lock().insert(number, Pending::Waiting(handle));
     });
-    crate::enclave::serve_host_until(|| matches!(PENDING.lock().get(&request), Some(Pending::Answered(_))));
+    let answered = || matches!(PENDING.lock().get(&request), Some(Pending::Answered(_)));
+    while !answered() && !sched::current_thread_doomed() {
+        if sched::others_wait_here() {
+            let slice = crate::clock::monotonic_ns().saturating_add(WAIT_SLICE_NS);
+            sched::wait(answer_key(request), u32::MAX, Some(slice), || !answered());
+        } else {
+            crate::enclave::serve_host_until(|| answered() || sched::others_wait_here());
+        }
+    }
     match PENDING.lock().remove(&request) {
         Some(Pending::Answered(answer)) => answer,
         _ => Answer { result: -(Errno::EIO.0 as i64), events: 0, data: Vec::new() },
@@ -174,6 +185,7 @@ pub fn answer(job: u32, request: u32, result: i64, events: u32, data: &[u8]) {
     };
     *entry = Pending::Answered(Answer { result, events, data: data.to_vec() });
     drop(pending);
+    sched::wake_kernel_key_for(answer_key(request), Some(job));
     if let Some(socket) = handle.and_then(|handle| socket_of_handle(job, handle)) {
         socket.update(events);
     }
@@ -184,6 +196,14 @@ pub fn ready(job: u32, handle: u32, events: u32) {
     if let Some(socket) = socket_of_handle(job, handle) {
         socket.update(events);
     }
+}
+
+/// Keys the threads waiting for answers sleep on (`request`): one kernel address per request
+/// number, modulo the table (a shared key only wakes a thread that then looks again).
+static ANSWER_KEYS: [u8; 1024] = [0; 1024];
+
+fn answer_key(request: u32) -> u64 {
+    ANSWER_KEYS.as_ptr() as u64 + (request as u64 % ANSWER_KEYS.len() as u64)
 }
 
 fn socket_of_handle(job: u32, handle: u32) -> Option<Arc<Socket>> {

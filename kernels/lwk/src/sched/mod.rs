@@ -32,7 +32,7 @@ pub use futex::{
 pub use job_end::{clear_job_end_request, end_job_if_requested, hand_job_end_to_cpu0, release_job_threads};
 pub use park::{cpu_tables_ready, join_cpu, mark_cpu_tables_ready, park_if_requested, park_other_cpus, wait_for_cpus};
 pub use report::log_job_threads;
-pub use run::{retake_missed_tick, tick, tick_missed, yield_now};
+pub use run::{others_wait_here, retake_missed_tick, tick, tick_missed, yield_now};
 pub use tlb::{flush_tlb_if_stale, shoot_down_user_tlbs, start_user_tlb_shootdown};
 
 use crate::arch::apic;

@@ -288,6 +288,12 @@ pub fn retake_missed_tick() {
     }
 }
 
+/// Whether other threads wait for this CPU (a thread waiting for the host should then sleep
+/// rather than keep it).
+pub fn others_wait_here() -> bool {
+    QUEUED[tables::current_cpu()].load(Ordering::Acquire) != 0
+}
+
 /// sched_yield: the next runnable thread of this CPU runs; the current one goes to the back
 /// of the queue.
 pub fn yield_now() {
