@@ -87,7 +87,8 @@ test-linux-enclave: build
 	@$(CARGO) test --release -p clowder-cli-tests --test linux_enclave -- --ignored --nocapture
 
 # Opt-in, many minutes on PVM hosts: XEMEM between host processes and a booted Linux enclave,
-# both ways, and a guest exporter that ends without removing (docs/xemem-pci.md);
+# both ways, a guest exporter that ends without removing, VM<->VM (a second Linux enclave booted
+# alongside) and LWK<->VM (docs/xemem-pci.md);
 # CLOWDER_XEMEM_VM_BENCH=1 adds the VM rows of Table 2 measured in the same VM. The jobs are
 # static: no host files (their FUSE mount can hold the agent's loop for minutes under load).
 test-linux-xemem: build

@@ -17,6 +17,11 @@
  * waits for the host to attach it and ends without removing it; the host must then get SIGBUS
  * touching it (the agent's keeper removed it), never anything but what the guest wrote (the
  * guest kernel reusing the freed pages).
+ *
+ * `vm_exchange vmhost` plays the host's part in a second VM (VM<->VM): the same exchange, but
+ * the guest's signal cannot reach it (a VM owner's signals are counted by the daemon and
+ * dropped: the guest's xemem_signal succeeding is what is checked) and the guest's removal of
+ * vm-to-host shows as all ones there, as in any VM attacher.
  */
 #include <errno.h>
 #include <poll.h>
@@ -69,6 +74,23 @@ static void on_sigbus(int signal, siginfo_t *info, void *context)
 	(void)context;
 	fault_address = (uintptr_t)info->si_addr;
 	siglongjmp(touch_jump, 1);
+}
+
+/* Waits until `view`'s first word reads all ones (the owner removed it: a VM attacher's
+ * revocation); 0, or 1 after `timeout` seconds. */
+static int reads_all_ones(const char *who, volatile uint64_t *view, const char *name, double timeout)
+{
+	double start = now();
+	while (view[0] != ~0ULL) {
+		if (now() - start > timeout) {
+			printf("%s: %s still reads %#llx after %.0f s\n", who, name, (unsigned long long)view[0], timeout);
+			return 1;
+		}
+		usleep(10000);
+	}
+	printf("%s: %s reads all ones once the other side removed it\n", who, name);
+	fflush(stdout);
+	return 0;
 }
 
 /* The host's part once the exchange held: the guest's signal reaches this segment's notify
@@ -175,11 +197,11 @@ int main(int argc, char **argv)
 		return leave();
 	if (argc == 2 && !strcmp(argv[1], "stay"))
 		return stay();
-	if (argc != 2 || (strcmp(argv[1], "host") && strcmp(argv[1], "guest"))) {
-		fprintf(stderr, "usage: vm_exchange host|guest|leave|stay\n");
+	if (argc != 2 || (strcmp(argv[1], "host") && strcmp(argv[1], "guest") && strcmp(argv[1], "vmhost"))) {
+		fprintf(stderr, "usage: vm_exchange host|guest|vmhost|leave|stay\n");
 		return 2;
 	}
-	int host = !strcmp(argv[1], "host");
+	int vm_host = !strcmp(argv[1], "vmhost"), host = vm_host || !strcmp(argv[1], "host");
 	const char *mine = host ? "host-to-vm" : "vm-to-host", *theirs = host ? "vm-to-host" : "host-to-vm";
 	uint64_t tag = host ? HOST_TAG : GUEST_TAG, their_tag = host ? GUEST_TAG : HOST_TAG;
 	double timeout = 600;
@@ -231,7 +253,7 @@ int main(int argc, char **argv)
 	fflush(stdout);
 	int status = good == PAGES ? 0 : 1;
 	if (host) {
-		status |= host_sees_signal_and_revocation(segid, view);
+		status |= vm_host ? reads_all_ones(argv[1], view, theirs, timeout) : host_sees_signal_and_revocation(segid, view);
 		/* Last: the guest, still attached, then sees this segment go. */
 		if (xpmem_remove(segid))
 			return fail("xpmem_remove");
@@ -245,15 +267,8 @@ int main(int argc, char **argv)
 			return fail("xpmem_remove");
 		printf("guest: signalled host-to-vm and removed vm-to-host\n");
 		fflush(stdout);
-		start = now();
-		while (view[0] != ~0ULL) {
-			if (now() - start > timeout) {
-				printf("guest: host-to-vm still reads %#llx after %.0f s\n", (unsigned long long)view[0], timeout);
-				return 1;
-			}
-			usleep(10000);
-		}
-		printf("guest: host-to-vm reads all ones once the host removed it\n");
+		if (reads_all_ones(argv[1], view, theirs, timeout))
+			return 1;
 		if (xpmem_detach((void *)view))
 			return fail("xpmem_detach");
 		xpmem_release(apid);

@@ -3,8 +3,9 @@
 //! program, `xemem/tests/vm_exchange.c`, runs as a job in the VM and as a host process: each
 //! makes a named segment, attaches the other's, checks every page and writes into it, and sees
 //! the other's write in its own (host->VM and VM->host, checked by content), then signals and
-//! revocation, a guest exporter that ends without removing, and the exchange again with an LWK
-//! enclave's job in the host's place. Opt-in (`make test-linux-xemem`): the boot is minutes of
+//! revocation, a guest exporter that ends without removing, the exchange again with a second
+//! VM's job in the host's place (VM<->VM, the two VMs booted in parallel) and with an LWK
+//! enclave's job there. Opt-in (`make test-linux-xemem`): the boot is minutes of
 //! emulated kernel code on a PVM host.
 //! `CLOWDER_LINUX_KERNEL`/`CLOWDER_LINUX_INITRD` name a prebuilt guest; scripts/linux-kernel.sh
 //! builds (or finds cached) both otherwise.
@@ -30,17 +31,22 @@ fn guest_file(variable: &str, args: &[&str]) -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&output.stdout).lines().last().unwrap_or_default())
 }
 
-/// Creates Linux enclave `vm` of `mem` under `daemon` and says how long it took to be ready.
-fn create_linux_enclave(daemon: &BrokeredDaemon, mem: &str) {
-    let (kernel, initrd) = (guest_file("CLOWDER_LINUX_KERNEL", &[]), guest_file("CLOWDER_LINUX_INITRD", &["initramfs"]));
+/// The guest's kernel and initramfs, found (or built) once: two builds at a time collide.
+fn guest_files() -> (PathBuf, PathBuf) {
+    (guest_file("CLOWDER_LINUX_KERNEL", &[]), guest_file("CLOWDER_LINUX_INITRD", &["initramfs"]))
+}
+
+/// Creates Linux enclave `name` of `mem` booting `guest` ([`guest_files`]) under the daemon at
+/// `socket` and says how long it took to be ready.
+fn create_linux_enclave(socket: &Path, name: &str, mem: &str, (kernel, initrd): &(PathBuf, PathBuf)) {
     let started = Instant::now();
     let created = call(
-        &daemon.socket,
-        json!({"op": "create", "name": "vm", "kind": "linux", "cores": 1, "mem": mem,
+        socket,
+        json!({"op": "create", "name": name, "kind": "linux", "cores": 1, "mem": mem,
                "kernel": kernel.to_str().unwrap(), "initrd": initrd.to_str().unwrap()}),
     );
     assert_eq!(created["ok"], true, "{created}");
-    eprintln!("create to ready: {:.0} s", started.elapsed().as_secs_f64());
+    eprintln!("{name}: create to ready: {:.0} s", started.elapsed().as_secs_f64());
 }
 
 #[test]
@@ -51,7 +57,13 @@ fn one_xpmem_program_exchanges_memory_between_host_and_vm() {
     let daemon = start_daemon_with_broker(&dir.0);
     // CLOWDER_XEMEM_VM_BENCH: measure in the same VM afterwards (one boot instead of two).
     let bench = std::env::var_os("CLOWDER_XEMEM_VM_BENCH").is_some();
-    create_linux_enclave(&daemon, if bench { "512M" } else { "256M" });
+    // `vm2` is the other side of VM<->VM: booted beside `vm`, so the two boots overlap.
+    let guest = guest_files();
+    std::thread::scope(|scope| {
+        let second = scope.spawn(|| create_linux_enclave(&daemon.socket, "vm2", "256M", &guest));
+        create_linux_enclave(&daemon.socket, "vm", if bench { "512M" } else { "256M" }, &guest);
+        second.join().unwrap();
+    });
 
     // The host side starts once the guest has made its segment: a job's start in a guest may
     // take longer than either side waits for the other's name (both give up after 600 s).
@@ -89,11 +101,12 @@ fn one_xpmem_program_exchanges_memory_between_host_and_vm() {
     // Signals VM->host, and revocation both ways: SIGBUS on the host, all ones in the guest.
     assert!(host_out.contains("host: the guest signalled host-to-vm"), "{context}");
     assert!(host_out.contains("host: SIGBUS inside vm-to-host once the guest removed it"), "{context}");
-    assert!(guest_out.contains("guest: host-to-vm reads all ones once the host removed it"), "{context}");
+    assert!(guest_out.contains("guest: host-to-vm reads all ones once the other side removed it"), "{context}");
     assert!(host.status.success(), "{context}");
     assert_eq!(reply["status"], 0, "{context}");
 
     a_process_that_ends_keeps_no_segment(&daemon, &program, &dir.0);
+    vm_and_vm_exchange(&daemon, &program, &dir.0);
     lwk_and_vm_exchange(&daemon, &program, &dir.0);
     if bench {
         bench_rows(&daemon, &dir.0);
@@ -141,21 +154,49 @@ fn a_process_that_ends_keeps_no_segment(daemon: &BrokeredDaemon, program: &Path,
     assert!(host.status.success(), "{context}");
 }
 
+/// Runs `vm_exchange ROLE` in enclave `enclave` to its end on a thread: (reply, stdout).
+fn exchange_job(
+    daemon: &BrokeredDaemon,
+    program: &Path,
+    dir: &Path,
+    enclave: &'static str,
+    role: &'static str,
+) -> std::thread::JoinHandle<(serde_json::Value, String)> {
+    let (socket, program, cwd) = (daemon.socket.clone(), program.to_path_buf(), dir.to_path_buf());
+    std::thread::spawn(move || run_job_to_end(&socket, enclave, &program, &["./vm_exchange", role], &cwd))
+}
+
+/// VM<->VM: the same binary in the second VM in the host's place (`vm_exchange vmhost`) and in
+/// the first: both directions by content through the two VMs' windows, the guest's signal
+/// accepted, and each side's removal read as all ones by the other's attachment. Then `vm2`
+/// goes, and its segment with it (its core is the LWK enclave's next).
+fn vm_and_vm_exchange(daemon: &BrokeredDaemon, program: &Path, dir: &Path) {
+    let (owner, guest) = (exchange_job(daemon, program, dir, "vm2", "vmhost"), exchange_job(daemon, program, dir, "vm", "guest"));
+    let ((owner_reply, owner_out), (guest_reply, guest_out)) = (owner.join().unwrap(), guest.join().unwrap());
+    let context = format!(
+        "vm2 job {owner_reply}:\n{owner_out}\nvm job {guest_reply}:\n{guest_out}\nvm2 log:\n{}",
+        log_lines(&daemon.socket, "vm2").join("\n")
+    );
+    eprintln!("{context}");
+    assert!(owner_out.contains("vmhost: 256 of 256 pages of vm-to-host hold what the other side wrote"), "{context}");
+    assert!(guest_out.contains("guest: 256 of 256 pages of host-to-vm hold what the other side wrote"), "{context}");
+    assert!(owner_out.contains("vmhost: the other side wrote into host-to-vm"), "{context}");
+    assert!(guest_out.contains("guest: the other side wrote into vm-to-host"), "{context}");
+    assert!(guest_out.contains("guest: signalled host-to-vm and removed vm-to-host"), "{context}");
+    assert!(owner_out.contains("vmhost: vm-to-host reads all ones once the other side removed it"), "{context}");
+    assert!(guest_out.contains("guest: host-to-vm reads all ones once the other side removed it"), "{context}");
+    assert_eq!((owner_reply["status"].clone(), guest_reply["status"].clone()), (json!(0), json!(0)), "{context}");
+    let removed = call(&daemon.socket, json!({"op": "rm", "name": "vm2"}));
+    assert_eq!(removed["ok"], true, "{removed}");
+}
+
 /// LWK<->VM: the same binary as a job of an LWK enclave beside the VM (`vm_exchange host`,
 /// libxpmem's device backend there) and in the VM: both directions by content, the guest's
 /// signal, SIGBUS in the LWK job once the guest removed its segment, all ones in the guest.
 fn lwk_and_vm_exchange(daemon: &BrokeredDaemon, program: &Path, dir: &Path) {
     let created = call(&daemon.socket, json!({"op": "create", "name": "lwk", "cores": 1, "mem": "256M"}));
     assert_eq!(created["ok"], true, "{created}");
-    let run = |enclave: &'static str, role: &'static str| {
-        let (socket, program, cwd) = (daemon.socket.clone(), program.to_path_buf(), dir.to_path_buf());
-        std::thread::spawn(move || {
-            let out = Mutex::new(String::new());
-            let reply = run_job(&socket, enclave, &program, &["./vm_exchange", role], &cwd, &out);
-            (reply, out.into_inner().unwrap())
-        })
-    };
-    let (lwk, vm) = (run("lwk", "host"), run("vm", "guest"));
+    let (lwk, vm) = (exchange_job(daemon, program, dir, "lwk", "host"), exchange_job(daemon, program, dir, "vm", "guest"));
     let ((lwk_reply, lwk_out), (vm_reply, vm_out)) = (lwk.join().unwrap(), vm.join().unwrap());
     let context = format!("LWK job {lwk_reply}:\n{lwk_out}\nVM job {vm_reply}:\n{vm_out}");
     eprintln!("{context}");
@@ -163,26 +204,30 @@ fn lwk_and_vm_exchange(daemon: &BrokeredDaemon, program: &Path, dir: &Path) {
     assert!(vm_out.contains("guest: 256 of 256 pages of host-to-vm hold what the other side wrote"), "{context}");
     assert!(lwk_out.contains("host: the guest signalled host-to-vm"), "{context}");
     assert!(lwk_out.contains("host: SIGBUS inside vm-to-host once the guest removed it"), "{context}");
-    assert!(vm_out.contains("guest: host-to-vm reads all ones once the host removed it"), "{context}");
+    assert!(vm_out.contains("guest: host-to-vm reads all ones once the other side removed it"), "{context}");
     assert_eq!((lwk_reply["status"].clone(), vm_reply["status"].clone()), (json!(0), json!(0)), "{context}");
     let removed = call(&daemon.socket, json!({"op": "rm", "name": "lwk"}));
     assert_eq!(removed["ok"], true, "{removed}");
 }
 
 /// The VM rows of docs/results/xemem-attach.md (Table 2): `xemem/bench/attach_bench.c`, one
-/// static binary, owns a 4 KiB-backed region on one side and attaches it from the other, attach
-/// alone and attach + read against a local read on the attacher's side, for each size of
-/// `SIZES` (MiB, default "128 256 512 1024"; VM->host up to `VM_OWNER_MAX`, default 128: a
-/// VM export is mlocked page by page in emulated guest kernel code), `ATTACHES` (default 5)
-/// attaches and `READS` (3) attach + reads each. Prints `row DIRECTION ...` lines (attach_bench's
-/// columns) and the VMM's memory beyond guest RAM. `make test-linux-xemem
+/// static binary, owns a region on one side and attaches it from the other, attach alone and
+/// attach + read against a local read on the attacher's side: host->VM with the host owner's
+/// region on 4 KiB and on 2 MiB pages (`BACKINGS`, default "4k 2m"; hugepages reserved for the
+/// run, the 2m rows skipped if the kernel has too few), LWK->VM from an LWK enclave beside the
+/// VM, and VM->host and VM->LWK up to `VM_OWNER_MAX` MiB (default 128: every page of a VM
+/// owner's region is first touched in emulated guest kernel code on a PVM host, about 5 ms a
+/// page), for each size of `SIZES` (MiB, default "128 256 512 1024"), `ATTACHES` (default 5)
+/// attaches and `READS` (3) attach + reads each. A VM attacher's local buffer is `LOCAL_MIB`
+/// (default 32) read repeatedly, for the same reason. Prints `row DIRECTION ...` lines
+/// (attach_bench's columns) and the VMM's memory beyond guest RAM. `make test-linux-xemem
 /// CLOWDER_XEMEM_VM_BENCH=1` measures in the exchange's VM instead of booting a second one.
 #[test]
 #[ignore = "boots a Linux guest and measures: many minutes on a PVM host (by hand, once the exchange passes: -- --ignored vm_attach_bench)"]
 fn vm_attach_bench() {
     let Some(dir) = job_test_dir("clowder-xemem-vm-bench") else { return };
     let daemon = start_daemon_with_broker(&dir.0);
-    create_linux_enclave(&daemon, "512M");
+    create_linux_enclave(&daemon.socket, "vm", "512M", &guest_files());
     bench_rows(&daemon, &dir.0);
     let removed = call(&daemon.socket, json!({"op": "rm", "name": "vm"}));
     assert_eq!(removed["ok"], true, "{removed}");
@@ -195,7 +240,8 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
     let setting = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_string());
     let sizes: Vec<u64> = setting("SIZES", "128 256 512 1024").split_whitespace().map(|s| s.parse().unwrap()).collect();
     let owner_max: u64 = setting("VM_OWNER_MAX", "128").parse().unwrap();
-    let (attaches, reads) = (setting("ATTACHES", "5"), setting("READS", "3"));
+    let (attaches, reads, local) = (setting("ATTACHES", "5"), setting("READS", "3"), format!("local={}", setting("LOCAL_MIB", "32")));
+    let largest = sizes.iter().copied().max().unwrap_or(0);
     let host = |args: &[&str]| {
         Command::new(&bench)
             .args(args)
@@ -206,34 +252,71 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
             .spawn()
             .unwrap()
     };
+    let job = |enclave: &'static str, args: Vec<String>| {
+        let (socket, cwd, bench) = (daemon.socket.clone(), dir.to_path_buf(), bench.clone());
+        std::thread::spawn(move || {
+            let argv: Vec<&str> = std::iter::once("./attach_bench").chain(args.iter().map(String::as_str)).collect();
+            run_job_to_end(&socket, enclave, &bench, &argv, &cwd)
+        })
+    };
+    let owner_args = |name: &str, backing: &str, mib: u64| vec!["own".into(), name.into(), backing.into(), mib.to_string(), "900".into()];
+    let attacher_args = |name: &str, mib: u64, in_vm: bool| {
+        let mut args: Vec<String> =
+            vec!["attach".into(), name.into(), mib.to_string(), attaches.clone(), reads.clone(), "attach".into(), "read".into()];
+        args.extend(in_vm.then(|| local.clone()));
+        args
+    };
     let rows = |direction: &str, out: &str| {
         for line in out.lines().filter(|l| ["attach ", "read ", "owner-read "].iter().any(|p| l.starts_with(p))) {
             println!("row {direction} {line}");
         }
     };
-    for &mib in &sizes {
-        let (name, size) = (format!("hv{mib}"), mib.to_string());
-        let owner = host(&["own", &name, "4k", &size, "900"]);
-        let argv = ["./attach_bench", "attach", &name, &size, &attaches, &reads, "attach", "read"];
-        let (reply, out) = run_job_to_end(&daemon.socket, "vm", &bench, &argv, dir);
-        let owner = owner.wait_with_output().unwrap();
-        assert_eq!(reply["status"], 0, "host->VM {mib} MiB: {reply}\n{out}\nowner: {}", String::from_utf8_lossy(&owner.stderr));
-        rows("host->vm", &out);
-        rows("host->vm", &String::from_utf8_lossy(&owner.stdout));
+    let hugepages = support::hugepages::Reservation::free_pages(largest / 2).map_err(|e| eprintln!("host->VM 2m rows skipped: {e}")).ok();
+    for backing in setting("BACKINGS", "4k 2m").split_whitespace().filter(|&b| b == "4k" || hugepages.is_some()) {
+        for &mib in &sizes {
+            let name = format!("h{backing}v{mib}");
+            let owner = host(&owner_args(&name, backing, mib).iter().map(String::as_str).collect::<Vec<_>>());
+            let (reply, out) = job("vm", attacher_args(&name, mib, true)).join().unwrap();
+            let owner = owner.wait_with_output().unwrap();
+            let context = format!("host-{backing}->VM {mib} MiB: {reply}\n{out}\nowner: {}", String::from_utf8_lossy(&owner.stderr));
+            assert_eq!(reply["status"], 0, "{context}");
+            rows(&format!("host-{backing}->vm"), &out);
+            rows(&format!("host-{backing}->vm"), &String::from_utf8_lossy(&owner.stdout));
+        }
     }
+    drop(hugepages);
     for &mib in sizes.iter().filter(|&&mib| mib <= owner_max) {
-        let (name, size) = (format!("vh{mib}"), mib.to_string());
-        let (socket, cwd, job) = (daemon.socket.clone(), dir.to_path_buf(), bench.clone());
-        let owner = {
-            let (name, size) = (name.clone(), size.clone());
-            std::thread::spawn(move || run_job_to_end(&socket, "vm", &job, &["./attach_bench", "own", &name, "4k", &size, "900"], &cwd))
-        };
-        let attacher = host(&["attach", &name, &size, &attaches, &reads, "attach", "read"]).wait_with_output().unwrap();
+        let name = format!("vh{mib}");
+        let owner = job("vm", owner_args(&name, "4k", mib));
+        let attacher = host(&attacher_args(&name, mib, false).iter().map(String::as_str).collect::<Vec<_>>()).wait_with_output().unwrap();
         let (reply, out) = owner.join().unwrap();
         assert!(attacher.status.success(), "VM->host {mib} MiB: {}", String::from_utf8_lossy(&attacher.stderr));
         assert_eq!(reply["status"], 0, "VM->host {mib} MiB owner: {reply}\n{out}");
         rows("vm->host", &String::from_utf8_lossy(&attacher.stdout));
         rows("vm->host", &out);
+    }
+    // LWK<->VM: an LWK enclave beside the VM, big enough for the largest region twice over.
+    if setting("LWK", "1") == "1" {
+        let created = call(&daemon.socket, json!({"op": "create", "name": "lwk", "cores": 1, "mem": format!("{}M", 2 * largest + 256)}));
+        assert_eq!(created["ok"], true, "{created}");
+        let pair = |direction: &str, owner: (&'static str, Vec<String>), attacher: (&'static str, Vec<String>)| {
+            let (owner, attacher) = (job(owner.0, owner.1), job(attacher.0, attacher.1));
+            let ((owner_reply, owner_out), (reply, out)) = (owner.join().unwrap(), attacher.join().unwrap());
+            let context = format!("{direction}: owner {owner_reply}\n{owner_out}\nattacher {reply}\n{out}");
+            assert_eq!((owner_reply["status"].clone(), reply["status"].clone()), (json!(0), json!(0)), "{context}");
+            rows(direction, &out);
+            rows(direction, &owner_out);
+        };
+        for &mib in &sizes {
+            let name = format!("lv{mib}");
+            pair("lwk->vm", ("lwk", owner_args(&name, "4k", mib)), ("vm", attacher_args(&name, mib, true)));
+        }
+        for &mib in sizes.iter().filter(|&&mib| mib <= owner_max) {
+            let name = format!("vl{mib}");
+            pair("vm->lwk", ("vm", owner_args(&name, "4k", mib)), ("lwk", attacher_args(&name, mib, false)));
+        }
+        let removed = call(&daemon.socket, json!({"op": "rm", "name": "lwk"}));
+        assert_eq!(removed["ok"], true, "{removed}");
     }
     let listing = call(&daemon.socket, json!({"op": "ls"}));
     let pid = listing["enclaves"].as_array().unwrap().iter().find(|e| e["name"] == "vm").and_then(|e| e["pid"].as_u64()).unwrap();
