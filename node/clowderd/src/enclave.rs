@@ -336,10 +336,15 @@ impl Enclave {
             let slot = jobs.remove(&job);
             (slot, jobs.is_empty())
         };
-        if let Some(slot) = slot {
-            let _ = slot.events.send(event);
+        if let Some(JobSlot { events, regions, mapped, sockets, .. }) = slot {
+            // The job's host sockets close (its helper ends) before the client hears the end,
+            // as a Linux process's are closed when its parent sees it exit: a launcher that
+            // waits for `clowder run` then finds the rank's last bytes and their end there.
+            // (A job's sends are answered only once written, so none is pending by now.)
+            drop(sockets);
+            let _ = events.send(event);
             let mut retired = self.retired_regions.lock().unwrap();
-            retired.extend(slot.regions.iter().copied().chain(slot.mapped.iter().map(|mapped| mapped.region)));
+            retired.extend(regions.iter().copied().chain(mapped.iter().map(|mapped| mapped.region)));
             if last {
                 self.release_regions(&std::mem::take(&mut *retired));
             }
