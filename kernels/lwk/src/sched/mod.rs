@@ -5,11 +5,13 @@
 //!
 //! Placement: a new thread goes to the online CPU with the fewest threads (the lowest index
 //! on ties). So does a forked process's first thread. Threads move to balance the CPUs
-//! (`Scheduler::place`, `Scheduler::dequeue`): a thread that becomes runnable while its CPU
-//! is busy goes to an idle CPU it may run on, and a CPU that runs out of threads takes one
-//! queued elsewhere. Without that, ranks sharing an enclave piled up on one CPU for good
+//! (`Scheduler::place`): a thread that becomes runnable while its CPU is busy goes to an idle
+//! CPU it may run on. Without that, ranks sharing an enclave piled up on one CPU for good
 //! (hwloc binds each to every CPU in turn and then to all, which left all on the last) while
-//! the other idled.
+//! the other idled. A CPU that runs out of threads does not take one queued elsewhere: with
+//! that stealing, jobs of a two-CPU persistent enclave died of SIGSEGV or stopped the kernel
+//! (a kernel fetch at a user address, a corrupt thread map) within a few dozen short
+//! threaded/forking jobs, and never without it (cli-test persistent_enclave).
 //!
 //! Threads belong to processes (`pid`), each with its address space: a CPU writes CR3 only
 //! when the next thread's address space differs from the one it has loaded, and loads the
@@ -247,23 +249,12 @@ impl Scheduler {
         }
     }
 
-    /// The next thread for `cpu`: the first of its queue, else one that waits in another
-    /// CPU's queue (the longest) and may run here, which moves here.
+    /// The next thread for `cpu`: the first of its own queue (see the module comment for why
+    /// not one queued elsewhere).
     fn dequeue(&mut self, cpu: usize) -> Option<u64> {
-        if let Some(next) = self.cpus[cpu].run_queue.pop_front() {
-            QUEUED[cpu].store(self.cpus[cpu].run_queue.len(), Ordering::Release);
-            return Some(next);
-        }
-        let busiest = cpus_in(online_cpu_mask())
-            .filter(|&other| other != cpu)
-            .max_by_key(|&other| self.cpus[other].run_queue.len())
-            .filter(|&other| !self.cpus[other].run_queue.is_empty())?;
-        let threads = &self.threads;
-        let position = self.cpus[busiest].run_queue.iter().position(|tid| threads[tid].affinity & (1 << cpu) != 0)?;
-        let next = self.cpus[busiest].run_queue.remove(position).expect("queued thread");
-        QUEUED[busiest].store(self.cpus[busiest].run_queue.len(), Ordering::Release);
-        self.threads.get_mut(&next).expect("queued thread").cpu = cpu;
-        Some(next)
+        let next = self.cpus[cpu].run_queue.pop_front();
+        QUEUED[cpu].store(self.cpus[cpu].run_queue.len(), Ordering::Release);
+        next
     }
 
     /// Where runnable thread `tid` is to wait: its own CPU, unless that one is busy and another

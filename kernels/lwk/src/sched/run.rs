@@ -190,8 +190,7 @@ pub(super) fn arm_next_event(scheduler: &Scheduler, cpu: usize) {
 /// Leaves this CPU to its next runnable thread, or to its idle loop, after `prepare` (given
 /// the CPU) has said why (changing the current thread's state, under the lock) and returned
 /// the current thread's context slot. Returns when the current thread runs again, maybe on
-/// another CPU (`Scheduler::place`, `Scheduler::dequeue`): a caller must not use a CPU index
-/// it read before.
+/// another CPU (`Scheduler::place`): a caller must not use a CPU index it read before.
 pub(super) fn leave_cpu(prepare: impl FnOnce(&mut Scheduler, usize) -> usize) {
     let cpu = tables::current_cpu();
     let (from, to, stack_top, next_process) = with_scheduler(|scheduler| {
