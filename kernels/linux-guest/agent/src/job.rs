@@ -14,7 +14,7 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Component, Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use enclave_proto::{LaunchJob, Stream};
 
@@ -92,7 +92,21 @@ fn shell_status(status: std::process::ExitStatus) -> u32 {
     }
 }
 
+/// execve refuses a binary (ETXTBSY) while any process holds it open for writing, and a child
+/// forked by another thread holds copies of all our descriptors until it execs (O_CLOEXEC acts
+/// only then). Jobs start on threads of their own, so one job's binary being written while
+/// another job forks let the first job's launch fail now and then. Writers share this lock; a
+/// spawn, fork to exec (`Command::spawn` returns once the child has exec'd), has it alone.
+static FORKING: RwLock<()> = RwLock::new(());
+
+/// Spawns `command` while no job file is open for writing (see [`FORKING`]).
+fn spawn_alone(command: &mut Command) -> std::io::Result<std::process::Child> {
+    let _alone = FORKING.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+    command.spawn()
+}
+
 fn write_file(path: &Path, data: &[u8], mode: u32) -> Result<(), Refusal> {
+    let _writing = FORKING.read().unwrap_or_else(|poisoned| poisoned.into_inner());
     let failed = |what: &str, e: std::io::Error| refuse(e.raw_os_error().unwrap_or(libc::EIO), format!("{what} {}: {e}", path.display()));
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(|e| failed("creating the directory of", e))?;
@@ -233,7 +247,7 @@ impl Process {
             eprintln!("clowder-agent: job {job}: the host's files mounted in {} ms", started.elapsed().as_millis());
         }
         let spawned = self.command(mounted.as_ref().map(|m| m.root.as_path())).and_then(|mut command| {
-            command.spawn().map_err(|e| {
+            spawn_alone(&mut command).map_err(|e| {
                 let name = String::from_utf8_lossy(&self.argv[0]);
                 refuse(e.raw_os_error().unwrap_or(libc::EIO), format!("{name}: {e}"))
             })
@@ -284,5 +298,30 @@ mod tests {
         assert_eq!(input_path(cwd, b"/data/in.dat").unwrap(), Path::new("/data/in.dat"));
         assert_eq!(input_path(cwd, b"../x").unwrap_err().0, libc::EINVAL);
         assert_eq!(input_path(cwd, b"a/../../x").unwrap_err().0, libc::EINVAL);
+    }
+
+    /// Threads that each write a binary and run it, as concurrent launches do, never meet
+    /// ETXTBSY (they did before writes and spawns were kept apart).
+    #[test]
+    fn binaries_written_while_others_spawn_run() {
+        let program = std::fs::read("/bin/true").unwrap();
+        let directory = std::env::temp_dir().join(format!("clowder-agent-txtbsy-{}", std::process::id()));
+        let threads: Vec<_> = (0..6)
+            .map(|thread| {
+                let (program, directory) = (program.clone(), directory.clone());
+                std::thread::spawn(move || {
+                    for round in 0..40 {
+                        let binary = directory.join(format!("true-{thread}-{round}"));
+                        write_file(&binary, &program, 0o755).unwrap();
+                        let status = spawn_alone(&mut Command::new(&binary)).and_then(|mut child| child.wait());
+                        assert!(status.as_ref().is_ok_and(|s| s.success()), "round {round} of thread {thread}: {status:?}");
+                        std::fs::remove_file(&binary).unwrap();
+                    }
+                })
+            })
+            .collect();
+        let results: Vec<_> = threads.into_iter().map(|t| t.join()).collect();
+        let _ = std::fs::remove_dir_all(&directory);
+        assert!(results.iter().all(Result::is_ok), "a launch failed (see above)");
     }
 }

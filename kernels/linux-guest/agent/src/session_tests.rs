@@ -129,7 +129,7 @@ impl Host {
         let mut reassembler = Reassembler::new(&mut assembly);
         let mut received = Vec::new();
         loop {
-            assert!(Instant::now() < deadline, "the agent did not answer in time; got {} messages", received.len());
+            assert!(Instant::now() < deadline, "the agent did not answer in time; got {:?}", decoded(&received));
             session.poll().unwrap();
             while let Some(n) = self.end.recv(&mut self.frame).unwrap() {
                 if let Some(message) = reassembler.push(&self.frame[..n]).unwrap() {
