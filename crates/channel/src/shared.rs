@@ -21,6 +21,7 @@ pub(crate) struct SharedRegion {
 // copies, which are well-defined under concurrent access from any number of threads (or
 // processes).
 unsafe impl Send for SharedRegion {}
+// SAFETY: as for Send: shared references only reach the memory through those same accesses.
 unsafe impl Sync for SharedRegion {}
 
 impl SharedRegion {
