@@ -7,6 +7,13 @@
  * the owner's guest-physical pages: they are pinned with mlock and translated through
  * /proc/self/pagemap (root in the guest), then sent as runs of contiguous frames.
  *
+ * The window is mapped through /dev/mem (its physical base read from the device's sysfs
+ * `resource` file) rather than resource2: sysfs maps a BAR uncached (pgprot_noncached), while
+ * /dev/mem opened without O_SYNC asks for write-back, which the guest kernel grants for a range
+ * no driver claims (with PAT, where the guest's MTRRs make it write-back; else it quietly gives
+ * UC- again). Where /dev/mem cannot be had (no CONFIG_DEVMEM, lockdown, not root) the window is
+ * mapped through resource2, said once on stderr; CLOWDER_XEMEM_PCI_MAP=sysfs chooses that.
+ *
  * The window's mappings are kept (struct pci_extent): the guest kernel maps a PCI resource
  * eagerly, one page-table entry per 4 KiB (remap_pfn_range), and on a PVM host every guest
  * kernel instruction is emulated (seconds per GiB), so a part of the window is mapped once per
@@ -115,6 +122,7 @@ struct pci_extent {
 static pthread_mutex_t pci_lock = PTHREAD_MUTEX_INITIALIZER;
 static volatile struct pci_mailbox *mailbox;
 static int window_fd = -1;
+static uint64_t window_base; /* where window offset 0 is in window_fd: 0 for resource2 */
 static _Atomic uint32_t *mailbox_user; /* the shared word naming the process using the mailbox */
 static int keeper = -2;                  /* the keeper's socket; -1: none; -2: not tried yet */
 static uint64_t next_tag;
@@ -161,6 +169,63 @@ static void map_mailbox_user(void)
 		close(fd);
 }
 
+/* The window BAR's guest-physical base from the device's sysfs `resource` file (one "start end
+ * flags" line per resource): 0, or -1 with a reason in `why`. */
+static int read_window_base(const char *dir, uint64_t *base, const char **why)
+{
+	char path[PATH_MAX + 16], line[128];
+	snprintf(path, sizeof path, "%s/resource", dir);
+	FILE *f = fopen(path, "re");
+	if (!f) {
+		*why = strerror(errno);
+		return -1;
+	}
+	unsigned long long start = 0, end = 0;
+	int found = 0;
+	for (int i = 0; i <= 2 && fgets(line, sizeof line, f); i++)
+		found = i == 2 && sscanf(line, "%llx %llx", &start, &end) == 2;
+	fclose(f);
+	if (!found || start == 0 || end <= start || start % PAGE) {
+		*why = "no window BAR in its resource file (the guest kernel did not assign it)";
+		return -1;
+	}
+	*base = start;
+	return 0;
+}
+
+/* Opens what the window is mapped through (the module comment says why /dev/mem first), with
+ * the window's base in it; -1 with errno. $CLOWDER_XEMEM_PCI_MEM replaces /dev/mem (the tests). */
+static int open_window(const char *dir, uint64_t *base)
+{
+	const char *how = getenv("CLOWDER_XEMEM_PCI_MAP");
+	if (!how || strcmp(how, "sysfs")) {
+		const char *mem = getenv("CLOWDER_XEMEM_PCI_MEM");
+		mem = mem && *mem ? mem : "/dev/mem";
+		const char *what = mem, *why = NULL;
+		int fd = -1;
+		if (read_window_base(dir, base, &why) < 0) {
+			what = dir;
+		} else if ((fd = open(mem, O_RDWR | O_CLOEXEC)) < 0) {
+			why = strerror(errno);
+		} else {
+			/* A page mapped now, so a kernel that refuses the range (STRICT_DEVMEM, a driver
+			 * holding the BAR) is found here rather than at the first attach. */
+			void *probe = mmap(NULL, PAGE, PROT_READ, MAP_SHARED, fd, (off_t)*base);
+			if (probe != MAP_FAILED) {
+				munmap(probe, PAGE);
+				return fd;
+			}
+			why = strerror(errno);
+			close(fd);
+		}
+		fprintf(stderr, "libxpmem: %s: %s: the XEMEM window is mapped through resource2, uncached\n", what, why);
+	}
+	*base = 0;
+	char path[PATH_MAX + 16];
+	snprintf(path, sizeof path, "%s/resource2", dir);
+	return open(path, O_RDWR | O_CLOEXEC);
+}
+
 /* Looks for the device and maps its mailbox: 1 found, 0 absent (or unusable, said on stderr).
  * $CLOWDER_XEMEM_PCI_SYSFS replaces /sys/bus/pci/devices (the tests' fake tree). */
 int pci_probe(void)
@@ -183,8 +248,7 @@ int pci_probe(void)
 		char resource[PATH_MAX + 16];
 		snprintf(resource, sizeof resource, "%s/resource0", path);
 		int mailbox_fd = open(resource, O_RDWR | O_CLOEXEC);
-		snprintf(resource, sizeof resource, "%s/resource2", path);
-		int window = open(resource, O_RDWR | O_CLOEXEC);
+		int window = open_window(path, &window_base);
 		void *map = mailbox_fd < 0 ? MAP_FAILED
 					   : mmap(NULL, PCI_MAILBOX_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, mailbox_fd, 0);
 		if (mailbox_fd >= 0)
@@ -541,7 +605,7 @@ static void *window_address(uint64_t window_offset, size_t len)
 	}
 	uint64_t start = window_offset & ~(PCI_PLACEMENT_UNIT - 1);
 	uint64_t end = (window_offset + len + PCI_PLACEMENT_UNIT - 1) & ~(PCI_PLACEMENT_UNIT - 1);
-	void *at = mmap(NULL, end - start, PROT_READ | PROT_WRITE, MAP_SHARED, window_fd, (off_t)start);
+	void *at = mmap(NULL, end - start, PROT_READ | PROT_WRITE, MAP_SHARED, window_fd, (off_t)(window_base + start));
 	if (at == MAP_FAILED)
 		return at;
 	pci_extents[pci_extent_count++] = (struct pci_extent){ (uintptr_t)at, start, end - start };
@@ -571,7 +635,7 @@ static int pci_attach(struct xpmem_cmd_attach *attach)
 	/* At the caller's address the attachment needs a mapping of its own. */
 	void *at = mailbox->results[1] < len ? MAP_FAILED
 		   : fixed ? mmap((void *)fixed, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, window_fd,
-				  (off_t)window_offset)
+				  (off_t)(window_base + window_offset))
 			   : window_address(window_offset, len);
 	if (at == MAP_FAILED) {
 		int error = mailbox->results[1] < len ? EIO : errno;

@@ -1,7 +1,9 @@
 /*
  * libxpmem's Linux-VM backend (src/backend_pci.c) against a fake XEMEM PCI device: a sysfs-like
  * tree (CLOWDER_XEMEM_PCI_SYSFS) whose resource0 and resource2 are memfds standing in for the
- * mailbox and window BARs, and a thread playing the host: it answers the mailbox, records the
+ * mailbox and window BARs (the window's memfd also stands in for /dev/mem, with the window at
+ * FAKE_BASE as the tree's `resource` file says, unless a case lays it out for sysfs alone),
+ * and a thread playing the host: it answers the mailbox, records the
  * runs an export names, and "places" segments in the window by writing a pattern there.
  * Each case runs in its own process: `pci_fake --list`, `pci_fake CASE`. Exit 0 on success.
  */
@@ -27,6 +29,7 @@
 #define PAGE 4096UL
 #define MAILBOX_SIZE (64UL << 10)
 #define WINDOW_SIZE (64UL << 20)
+#define FAKE_BASE (1UL << 30) /* the window BAR's guest-physical address (a sparse memfd offset) */
 #define PLACE_ALIGN (2UL << 20)
 #define HOST_SEGID 77 /* a segment the fake host owns, named "host-seg" */
 #define APID_BASE 1000
@@ -64,6 +67,9 @@ static size_t received_count, run_requests, detaches, removes;
 static uint64_t made_size;
 static char made_name[64];
 static int placed[WINDOW_SIZE / PLACE_ALIGN];
+/* Set by a case before fake_device: the window at offset 0 of its memfd (resource2's view)
+ * rather than at FAKE_BASE (/dev/mem's), so only a mapping through resource2 reads it right. */
+static int window_at_zero;
 
 static int answer(uint32_t op)
 {
@@ -170,10 +176,10 @@ static char tree[32];
 static void remove_tree(void)
 {
 	const char *dirs[] = { "0000:00:00.0", "0000:00:01.0" };
-	const char *files[] = { "vendor", "device", "resource0", "resource2" };
+	const char *files[] = { "vendor", "device", "resource", "resource0", "resource2" };
 	char path[128];
 	for (int d = 0; d < 2; d++) {
-		for (int f = 0; f < 4; f++) {
+		for (int f = 0; f < 5; f++) {
 			snprintf(path, sizeof path, "%s/%s/%s", tree, dirs[d], files[f]);
 			unlink(path);
 		}
@@ -207,11 +213,19 @@ static void fake_device(int magic, int answering)
 	write_file(path, "0xc10d\n");
 	snprintf(path, sizeof path, "%s/0000:00:01.0/device", root);
 	write_file(path, "0x0001\n");
+	/* As a guest kernel prints it: start, end, flags of resources 0 (the mailbox), 1, 2 (the window). */
+	snprintf(path, sizeof path, "%s/0000:00:01.0/resource", root);
+	snprintf(target, sizeof target, "0x%016lx 0x%016lx 0x%016x\n", 0xfe000000UL, 0xfe000000UL + MAILBOX_SIZE - 1, 0x40200);
+	char text[256];
+	snprintf(text, sizeof text, "%s0x%016x 0x%016x 0x%016x\n0x%016lx 0x%016lx 0x%016x\n", target, 0, 0, 0, FAKE_BASE,
+		 FAKE_BASE + WINDOW_SIZE - 1, 0x14220c);
+	write_file(path, text);
+	uint64_t base = window_at_zero ? 0 : FAKE_BASE;
 	int mailbox_fd = memfd_create("mailbox", 0), window_fd = memfd_create("window", 0);
 	CHECK(mailbox_fd >= 0 && window_fd >= 0 && ftruncate(mailbox_fd, MAILBOX_SIZE) == 0 &&
-	      ftruncate(window_fd, WINDOW_SIZE) == 0);
+	      ftruncate(window_fd, (off_t)(base + WINDOW_SIZE)) == 0);
 	box = mmap(NULL, MAILBOX_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, mailbox_fd, 0);
-	window = mmap(NULL, WINDOW_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, window_fd, 0);
+	window = mmap(NULL, WINDOW_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, window_fd, (off_t)base);
 	CHECK(box != MAP_FAILED && window != MAP_FAILED);
 	box->magic = magic ? 0x504d4558u : 0;
 	box->version = 1;
@@ -221,6 +235,7 @@ static void fake_device(int magic, int answering)
 	snprintf(target, sizeof target, "/proc/%d/fd/%d", getpid(), window_fd);
 	snprintf(path, sizeof path, "%s/0000:00:01.0/resource2", root);
 	CHECK(symlink(target, path) == 0);
+	setenv("CLOWDER_XEMEM_PCI_MEM", target, 1);
 	setenv("CLOWDER_XEMEM_PCI_SYSFS", root, 1);
 	setenv("CLOWDER_XEMEM_BACKEND", "pci", 1);
 	/* The mailbox's user word beside the tree, not the host's /run. */
@@ -395,6 +410,58 @@ static void case_window_kept(void)
 	CHECK(xpmem_detach(&local) == -1 && errno == EINVAL);
 }
 
+/* The first attach of the host's segment reads its pattern; what libxpmem said on stderr while
+ * it found the device is left in `said`. */
+static void attach_reads_the_pattern(char *said, size_t size)
+{
+	int saved = dup(2), log = memfd_create("stderr", 0);
+	CHECK(saved >= 0 && log >= 0 && dup2(log, 2) == 2);
+	int version = xpmem_version();
+	CHECK(dup2(saved, 2) == 2 && version == 1);
+	ssize_t got = pread(log, said, size - 1, 0);
+	said[got > 0 ? got : 0] = 0;
+	xpmem_apid_t apid = xpmem_get(HOST_SEGID, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
+	uint64_t *a = xpmem_attach((struct xpmem_addr){ .apid = apid, .offset = 0 }, 4 << 20, NULL);
+	CHECK(a != (void *)-1);
+	for (size_t page = 0; page < (4 << 20) / PAGE; page++)
+		CHECK(a[page * PAGE / 8] == page + 1);
+	a[1] = 0xfeed;
+	CHECK(*(uint64_t *)(window + 8) == 0xfeed && xpmem_detach(a) == 0);
+}
+
+/* By default the window is mapped through /dev/mem at the BAR's address (write-back on a guest;
+ * here the fake's window sits only there), and nothing is said. */
+static void case_window_mem(void)
+{
+	fake_device(1, 1);
+	char said[512];
+	attach_reads_the_pattern(said, sizeof said);
+	CHECK(said[0] == 0);
+}
+
+/* CLOWDER_XEMEM_PCI_MAP=sysfs maps resource2 (the window at its offset 0), saying nothing. */
+static void case_window_sysfs(void)
+{
+	window_at_zero = 1;
+	fake_device(1, 1);
+	setenv("CLOWDER_XEMEM_PCI_MAP", "sysfs", 1);
+	char said[512];
+	attach_reads_the_pattern(said, sizeof said);
+	CHECK(said[0] == 0);
+}
+
+/* Without /dev/mem, resource2 again, with the reason on stderr. */
+static void case_window_fallback(void)
+{
+	window_at_zero = 1;
+	fake_device(1, 1);
+	setenv("CLOWDER_XEMEM_PCI_MEM", "/nonexistent/mem", 1);
+	char said[512];
+	attach_reads_the_pattern(said, sizeof said);
+	CHECK(strstr(said, "libxpmem: /nonexistent/mem: No such file or directory: the XEMEM window is mapped "
+			   "through resource2, uncached\n"));
+}
+
 static void case_host_gone(void)
 {
 	fake_device(1, 0);
@@ -496,7 +563,8 @@ static const struct {
 } cases[] = {
 	{ "discovery", case_discovery }, { "no_device", case_no_device }, { "bad_magic", case_bad_magic },
 	{ "export", case_export },       { "attach", case_attach },       { "host_gone", case_host_gone },
-	{ "keeper", case_keeper },       { "window_kept", case_window_kept },
+	{ "keeper", case_keeper },       { "window_kept", case_window_kept }, { "window_mem", case_window_mem },
+	{ "window_sysfs", case_window_sysfs }, { "window_fallback", case_window_fallback },
 };
 
 int main(int argc, char **argv)
