@@ -258,21 +258,27 @@ impl Scheduler {
     }
 
     /// Where runnable thread `tid` is to wait: its own CPU, unless that one is busy and another
-    /// CPU it may run on is idle (nothing running, nothing queued), to which it moves.
+    /// CPU it may run on is idle (nothing running, nothing queued), to which it moves, or its
+    /// affinity no longer allows its CPU (`set_affinity`), when it moves to the least busy
+    /// CPU it may run on.
     fn place(&mut self, tid: u64) -> usize {
         let thread = &self.threads[&tid];
         let home = thread.cpu;
+        let allowed = online_cpu_mask() & thread.affinity;
         let idle = |cpu: usize| self.cpus[cpu].current.is_none() && self.cpus[cpu].run_queue.is_empty();
-        if idle(home) {
+        let home_allowed = allowed & (1 << home) != 0;
+        if home_allowed && idle(home) {
             return home;
         }
-        match cpus_in(online_cpu_mask() & thread.affinity).find(|&cpu| idle(cpu)) {
-            Some(cpu) => {
-                self.threads.get_mut(&tid).expect("runnable thread").cpu = cpu;
-                cpu
-            }
-            None => home,
-        }
+        let busy = |cpu: usize| self.cpus[cpu].run_queue.len() + self.cpus[cpu].current.is_some() as usize;
+        let target = match cpus_in(allowed).find(|&cpu| idle(cpu)) {
+            Some(cpu) => cpu,
+            None if home_allowed => home,
+            // Its mask has no online CPU left (set_affinity refuses that): it stays.
+            None => cpus_in(allowed).min_by_key(|&cpu| (busy(cpu), cpu)).unwrap_or(home),
+        };
+        self.threads.get_mut(&tid).expect("runnable thread").cpu = target;
+        target
     }
 }
 
@@ -336,37 +342,53 @@ pub enum AffinityError {
     NoOnlineCpu,
 }
 
-/// Lets thread `tid` run on the CPUs of `mask` only, moving it to the least busy online one
-/// of them unless its CPU is in the mask. A thread moved off the calling CPU while running
-/// leaves it at once and continues there.
+/// Lets thread `tid` run on the CPUs of `mask` only. A thread whose CPU the mask leaves out
+/// moves to one it allows: the caller at once, a queued thread now (`Scheduler::place`), a
+/// waiting one when it is woken, and one running on another CPU at that CPU's next tick,
+/// which this sends (`tick`). Until it moves, a thread's recorded CPU stays the one it is on:
+/// a kill's tick, timed waits and the CPU-time report go by it.
 pub fn set_affinity(tid: u64, mask: u64) -> Result<(), AffinityError> {
-    let moving_self = with_scheduler(|scheduler| {
-        let allowed = mask & online_cpu_mask();
-        let busy = |cpu: usize| scheduler.cpus[cpu].run_queue.len() + scheduler.cpus[cpu].current.is_some() as usize;
-        let target = cpus_in(allowed).min_by_key(|&cpu| (busy(cpu), cpu)).ok_or(AffinityError::NoOnlineCpu)?;
+    let caller_cpu = tables::current_cpu();
+    let action = with_scheduler(|scheduler| {
+        if mask & online_cpu_mask() == 0 {
+            return Err(AffinityError::NoOnlineCpu);
+        }
         let thread = scheduler.threads.get_mut(&tid).ok_or(AffinityError::NoSuchThread)?;
         thread.affinity = mask;
-        if allowed & (1 << thread.cpu) != 0 {
-            return Ok(false);
-        }
         let home = thread.cpu;
-        thread.cpu = target;
-        if scheduler.cpus[home].current == Some(tid) {
-            return Ok(true);
+        if mask & (1 << home) != 0 {
+            return Ok(AffinityMove::None);
         }
-        // Queued or waiting elsewhere: it runs on the new CPU from its next wake-up.
+        if scheduler.cpus[home].current == Some(tid) {
+            return Ok(if home == caller_cpu { AffinityMove::Caller } else { AffinityMove::Tick(home) });
+        }
         if let Some(position) = scheduler.cpus[home].run_queue.iter().position(|&queued| queued == tid) {
             scheduler.cpus[home].run_queue.remove(position);
             QUEUED[home].store(scheduler.cpus[home].run_queue.len(), Ordering::Release);
             scheduler.enqueue(tid);
         }
-        Ok(false)
+        Ok(AffinityMove::None)
     })?;
-    if moving_self {
-        // Queue ourselves on the new CPU and give this one up; we resume over there.
-        run::requeue_current();
+    match action {
+        // We resume on a CPU the mask allows.
+        AffinityMove::Caller => run::requeue_current(),
+        AffinityMove::Tick(cpu) => {
+            if let Some(apic_id) = apic_id(cpu) {
+                apic::send_tick(apic_id);
+            }
+        }
+        AffinityMove::None => {}
     }
     Ok(())
+}
+
+/// What `set_affinity` does once the scheduler's lock is dropped.
+enum AffinityMove {
+    None,
+    /// The caller runs on a CPU its new mask leaves out.
+    Caller,
+    /// The thread runs on that CPU, which its new mask leaves out.
+    Tick(usize),
 }
 
 pub fn thread_count() -> usize {

@@ -248,21 +248,25 @@ static QUANTUM_END: [core::sync::atomic::AtomicU64; MAX_CPUS] = [const { core::s
 
 /// The tick interrupted a thread in user mode: timed waits of this CPU that have expired end
 /// (their threads join the queue); if the time slice is over and another thread waits for
-/// this CPU, the running one goes to the back of the queue; else the timer is set for the
-/// next event (`arm_next_event`).
+/// this CPU, or the running thread may no longer run here (`set_affinity` from another CPU),
+/// the running one goes to the back of a queue; else the timer is set for the next event
+/// (`arm_next_event`).
 pub fn tick() {
     let cpu = tables::current_cpu();
     park_if_requested(cpu);
     end_job_if_requested(cpu);
-    let slice_over = with_scheduler(|scheduler| {
+    let (slice_over, misplaced) = with_scheduler(|scheduler| {
         expire_timed_waits(scheduler, cpu);
         let over = QUEUED[cpu].load(Ordering::Acquire) != 0 && cpu::read_tsc() >= QUANTUM_END[cpu].load(Ordering::Relaxed);
-        if !over {
+        let misplaced = scheduler.threads[&scheduler.current(cpu)].affinity & (1 << cpu) == 0;
+        if !over && !misplaced {
             arm_next_event(scheduler, cpu);
         }
-        over
+        (over, misplaced)
     });
-    if slice_over {
+    if misplaced {
+        requeue_current();
+    } else if slice_over {
         yield_now();
     }
 }
