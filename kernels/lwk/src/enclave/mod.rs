@@ -286,9 +286,11 @@ impl State {
             HostMessage::Shutdown => return Followup::Shutdown,
             HostMessage::FileResult { request, result, .. } => {
                 self.answers.insert(request, FileAnswer::Result(result));
+                files::answer_arrived();
             }
             HostMessage::FileAttributes { request, attributes, .. } => {
                 self.answers.insert(request, FileAnswer::Attributes(attributes));
+                files::answer_arrived();
             }
             HostMessage::MemoryZeroed { request, result } => {
                 self.answers.insert(request, FileAnswer::Result(result as i64));

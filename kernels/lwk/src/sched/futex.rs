@@ -141,6 +141,11 @@ pub fn wake_kernel_key_for(key: u64, job: Option<u32>) {
     });
 }
 
+/// As `wake_kernel_key`, without the pollers: for what no `poll` watches (a file call's answer).
+pub fn wake_kernel_key_only(key: u64) {
+    with_scheduler(|scheduler| wake_locked(scheduler, |_| true, key, u64::MAX, u32::MAX));
+}
+
 /// Threads waiting in `wait_for_any_key` (so that other wakes skip a second scan without them).
 static POLLERS: AtomicUsize = AtomicUsize::new(0);
 static POLL_KEY: u8 = 0;

@@ -29,7 +29,7 @@ mod tlb;
 
 pub use futex::{
     clear_signal_interrupt, interrupt, requeue, sleep_until, wait, wait_for_any_key, wait_for_signal, wait_interruptibly, wake,
-    wake_kernel_key, wake_kernel_key_for,
+    wake_kernel_key, wake_kernel_key_for, wake_kernel_key_only,
 };
 pub use job_end::{clear_job_end_request, end_job_if_requested, hand_job_end_to_cpu0, release_job_threads};
 pub use park::{cpu_tables_ready, join_cpu, mark_cpu_tables_ready, park_if_requested, park_other_cpus, wait_for_cpus};
