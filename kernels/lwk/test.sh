@@ -444,6 +444,25 @@ after unmapping the stub page and the save areas: exited 0"
     fi
 fi
 
+# The kernel's count of the job's entries at its end (src/syscall/census.rs): 1000 umask calls
+# counted; 1000 getppid calls counted too unless SYSCALL stays in ring 3 (PVM), whose page
+# answers them: then none reaches the kernel (tests/lwk-only/census.c).
+if [ $# -eq 0 ]; then
+    musl-gcc -static -O2 -o "$work/census" "$here/tests/lwk-only/census.c"
+    status=$(run_in_lwk "$work/census" census "$work/census.lwk")
+    calls=$(sed -n 's/^\[lwk\] job.s most frequent system calls://p' "$work/census.lwk.kernel")
+    count_of() { echo "$calls" | tr ' ' '\n' | grep -A1 -x "$1" | sed -n 2p; }
+    expected_getppid=1000
+    grep -q 'SYSCALL stays in ring 3' "$work/census.lwk.kernel" && expected_getppid=
+    if [ "$status" = 0 ] && [ "$(count_of umask)" = 1000 ] && [ "$(count_of getppid)" = "$expected_getppid" ]; then
+        echo "ok   kernel entries counted: umask 1000, getppid ${expected_getppid:-0 (ring 3)}: status 0"
+    else
+        echo "FAIL kernel entries counted: status $status, umask '$(count_of umask)', getppid '$(count_of getppid)' (want 1000, '$expected_getppid')"
+        cat "$work/census.lwk.console"
+        failures=$((failures + 1))
+    fi
+fi
+
 # Under clowder-vmm with two vCPUs, a process's threads ending on both CPUs at once, 100
 # times (tests/lwk-only/exit_race.c): no kernel panic.
 if [ "$runner" = vmm ] && [ $# -eq 0 ]; then

@@ -69,6 +69,7 @@ pub fn handle(frame: &mut TrapFrame) {
         apic::end_of_interrupt();
         // The tick IPI also carries TLB shootdowns (`sched::shoot_down_user_tlbs`).
         sched::flush_tlb_if_stale();
+        syscall::census::count_tick();
         if frame.is_from_user() {
             sched::tick();
         } else {
@@ -93,6 +94,9 @@ pub fn handle(frame: &mut TrapFrame) {
     {
         // A store to a page of a snapshot region (XEMEM's TCASM) got its own copy: retried.
     } else if frame.is_from_user() {
+        if frame.vector == 14 {
+            syscall::census::count_user_fault();
+        }
         // A page fault inside an XPMEM attachment (a hole, a removed segment) or past the end
         // of a host file mapped shared (truncated under it) is SIGBUS.
         let address = cpu::read_cr2();

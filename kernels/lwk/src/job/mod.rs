@@ -455,6 +455,7 @@ pub fn load(module: Option<&Module>, options: &JobOptions, job_id: u32, launcher
     HEAP_OPTION.store(options.heap_size.unwrap_or(0), Ordering::Relaxed);
     STACK_OPTION.store(options.stack_size, Ordering::Relaxed);
     crate::process::reset();
+    crate::syscall::census::reset();
     let pid = leader_pid(launcher, || 1);
     let (entry, aspace) = load_first_process(module, options, pid, options.heap_size)?;
     crate::signal::reset(pid);
@@ -691,6 +692,7 @@ pub fn exit(status: u8) -> ! {
     if VERBOSE.load(Ordering::Relaxed) {
         log!("job ran {} us", run_time_ns() / 1000);
     }
+    crate::syscall::census::report();
     if crate::enclave::is_active() {
         crate::enclave::end_job(status)
     }

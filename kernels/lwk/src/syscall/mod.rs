@@ -8,6 +8,8 @@
 use crate::arch::trap::TrapFrame;
 
 mod access;
+/// Also used by `crate::trap` (ticks, faults) and `crate::job` (reset, report).
+pub(crate) mod census;
 mod clone;
 mod close;
 mod dup;
@@ -285,6 +287,7 @@ fn unimplemented(number: u64) -> SyscallResult {
 
 /// Runs system call `number`; returns what the caller finds in RAX.
 pub fn dispatch(number: u64, call: &mut Call<'_>) -> u64 {
+    census::count_call(number);
     match run(number, call) {
         Ok(value) => value,
         Err(Errno(errno)) => {
