@@ -1,9 +1,9 @@
-//! Counts of the job's kernel entries, reported in the enclave's log at the job's end (`clowder logs ENCLAVE`):
-//! system calls by number (those the ring-3 fast path answers never get here), timer ticks
-//! (with the TLB-shootdown IPIs that share their vector) and page faults from user mode. On PVM every entry costs about 100 us of emulated kernel
-//! code, so this is where a job's kernel time goes (issue 25: what an MPI rank asks per CG
-//! iteration). Counts are the enclave's since the last job started: jobs running side by
-//! side in one enclave share them.
+//! Counts of the job's kernel entries, logged in the enclave's log (`clowder logs ENCLAVE`) at
+//! the job's end: system calls by number (those the ring-3 fast path answers never get here),
+//! timer ticks (with the TLB-shootdown IPIs that share their vector) and page faults from user
+//! mode. On PVM every entry costs about 100 us of emulated kernel code, so this is where a
+//! job's kernel time goes (issue 25: what an MPI rank asks per CG iteration). Counts are the
+//! enclave's since the last job started: jobs running side by side in one enclave share them.
 
 use super::names;
 use crate::console::log;
