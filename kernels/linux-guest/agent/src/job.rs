@@ -7,6 +7,7 @@
 //! input files (`--file`) are copied into the guest all the same, for a kernel without FUSE.
 
 use std::ffi::OsStr;
+use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
@@ -20,6 +21,7 @@ use enclave_proto::{LaunchJob, Stream};
 
 use crate::host_files::{self, Forwarder, Mounted};
 use crate::session::{PhysicalMemory, Waking};
+use crate::Mapping;
 
 pub struct Settings {
     /// Where each job's binary goes (`<root>/job-<id>/`), removed when the job ends.
@@ -105,14 +107,71 @@ fn spawn_alone(command: &mut Command) -> std::io::Result<std::process::Child> {
     command.spawn()
 }
 
+/// How many times a copy whose bytes the guest kernel did not keep is made again before the
+/// launch fails.
+const COPY_TRIES: u32 = 3;
+
+/// Writes `data` to a new file at `path`, checked: the copy is made by [`copy_into`] and read
+/// back through a mapping of its own; one that differs is made again, and after
+/// [`COPY_TRIES`] the launch fails with `EIO` rather than run something else than the host's
+/// file.
 fn write_file(path: &Path, data: &[u8], mode: u32) -> Result<(), Refusal> {
+    write_file_with(path, data, mode, copy_into)
+}
+
+/// [`write_file`] with the copy made by `copy` (a test's stands in for a faulty kernel).
+fn write_file_with(path: &Path, data: &[u8], mode: u32, copy: impl Fn(&File, &[u8]) -> std::io::Result<()>) -> Result<(), Refusal> {
     let _writing = FORKING.read().unwrap_or_else(|poisoned| poisoned.into_inner());
     let failed = |what: &str, e: std::io::Error| refuse(e.raw_os_error().unwrap_or(libc::EIO), format!("{what} {}: {e}", path.display()));
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(|e| failed("creating the directory of", e))?;
     }
-    std::fs::write(path, data).map_err(|e| failed("writing", e))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| failed("setting the mode of", e))
+    let mut differs = 0;
+    for attempt in 1..=COPY_TRIES {
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path).map_err(|e| failed("creating", e))?;
+        copy(&file, data).map_err(|e| failed("writing", e))?;
+        match first_difference(&file, data).map_err(|e| failed("reading back", e))? {
+            None => {
+                return std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| failed("setting the mode of", e))
+            }
+            Some(at) => {
+                // The console, hence the enclave's log: a sign of the guest kernel's trouble.
+                eprintln!("clowder-agent: the copy of {} differed from the host's at byte {at} (try {attempt})", path.display());
+                differs = at;
+            }
+        }
+    }
+    Err(refuse(
+        libc::EIO,
+        format!("the copy of {} differed from the host's file at byte {differs} each of {COPY_TRIES} times", path.display()),
+    ))
+}
+
+/// Copies `data` into `file` through a shared mapping, in user mode. Not write(2): on PVM the
+/// guest kernel's copy from the user's buffer is emulated, and the emulation now and then put
+/// 64 other bytes at the start of a page (seen in booted VMs, 2026-11-29: a 7 MB `--file`'s
+/// first 64 bytes, python3's ELF header, hence its ENOEXEC; docs/linux-guest.md). In user mode
+/// the copy runs natively; the kernel only allocates the pages.
+fn copy_into(file: &File, data: &[u8]) -> std::io::Result<()> {
+    file.set_len(data.len() as u64)?;
+    if !data.is_empty() {
+        Mapping::new(file, 0, data.len(), libc::PROT_READ | libc::PROT_WRITE, libc::MAP_POPULATE)?.fill(data);
+    }
+    Ok(())
+}
+
+/// Where `file`'s bytes first differ from `data` (its length included), read through a fresh
+/// mapping: the guest's page cache as exec and the job will see it.
+fn first_difference(file: &File, data: &[u8]) -> std::io::Result<Option<usize>> {
+    let len = file.metadata()?.len();
+    if len != data.len() as u64 {
+        return Ok(Some(data.len().min(len as usize)));
+    }
+    if data.is_empty() {
+        return Ok(None);
+    }
+    let kept = Mapping::new(file, 0, data.len(), libc::PROT_READ, libc::MAP_POPULATE)?;
+    Ok(kept.bytes().iter().zip(data).position(|(kept, wanted)| kept != wanted))
 }
 
 /// Starts the job on a thread of its own, which copies its binary and input files into the
@@ -298,6 +357,63 @@ mod tests {
         assert_eq!(input_path(cwd, b"/data/in.dat").unwrap(), Path::new("/data/in.dat"));
         assert_eq!(input_path(cwd, b"../x").unwrap_err().0, libc::EINVAL);
         assert_eq!(input_path(cwd, b"a/../../x").unwrap_err().0, libc::EINVAL);
+    }
+
+    /// A file of `len` bytes unlike any shift of itself (each 8-byte word holds its index).
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len.div_ceil(8) as u64).flat_map(|i| (0xc10d_0000_0000_0000 | i).to_le_bytes()).take(len).collect()
+    }
+
+    /// What the guest kernel did on PVM now and then (docs/linux-guest.md): the copy's first
+    /// 64 bytes replaced by others.
+    fn copy_with_its_first_line_replaced(file: &File, data: &[u8]) -> std::io::Result<()> {
+        let mut wrong = data.to_vec();
+        wrong[..64].copy_from_slice(&0x6761_0000_002b_8007u64.to_le_bytes().repeat(8));
+        copy_into(file, &wrong)
+    }
+
+    #[test]
+    fn a_placed_file_is_the_hosts_byte_for_byte() {
+        let directory = std::env::temp_dir().join(format!("clowder-agent-copy-{}", std::process::id()));
+        for len in [0, 1, 4095, 4096, 7 << 20 | 123] {
+            let (path, data) = (directory.join(format!("f{len}")), pattern(len));
+            write_file(&path, &data, 0o640).unwrap();
+            assert!(std::fs::read(&path).unwrap() == data, "{len} bytes");
+            assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o640);
+        }
+        let _ = std::fs::remove_dir_all(&directory);
+    }
+
+    /// A copy the guest kernel did not keep as written is made again; the job never gets it.
+    #[test]
+    fn a_copy_that_came_out_wrong_is_made_again() {
+        let path = std::env::temp_dir().join(format!("clowder-agent-recopy-{}/python3", std::process::id()));
+        let data = pattern(3 << 20);
+        let tries = std::cell::Cell::new(0);
+        let flaky = |file: &File, data: &[u8]| {
+            tries.set(tries.get() + 1);
+            if tries.get() == 1 {
+                copy_with_its_first_line_replaced(file, data)
+            } else {
+                copy_into(file, data)
+            }
+        };
+        write_file_with(&path, &data, 0o755, flaky).unwrap();
+        assert_eq!(tries.get(), 2);
+        assert!(std::fs::read(&path).unwrap() == data, "the second copy is the one kept");
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    /// One that keeps coming out wrong fails the launch, naming the file and the byte.
+    #[test]
+    fn a_copy_that_stays_wrong_fails_the_launch() {
+        let path = std::env::temp_dir().join(format!("clowder-agent-badcopy-{}/in.dat", std::process::id()));
+        let (errno, reason) = write_file_with(&path, &pattern(8192), 0o644, copy_with_its_first_line_replaced).unwrap_err();
+        assert_eq!(errno, libc::EIO);
+        assert!(reason.contains("in.dat differed from the host's file at byte 0 each of 3 times"), "{reason}");
+        let short = write_file_with(&path, &pattern(8192), 0o644, |file, data| copy_into(file, &data[..100])).unwrap_err();
+        assert!(short.1.contains("at byte 100"), "{}", short.1);
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 
     /// Threads that each write a binary and run it, as concurrent launches do, never meet

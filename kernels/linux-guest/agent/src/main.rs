@@ -60,10 +60,39 @@ struct DevMem {
     window: Option<(u64, Mapping)>,
 }
 
-/// A shared mapping of `/dev/mem`, unmapped on drop.
-struct Mapping {
+/// A shared mapping of a file (`/dev/mem`, or a job's copy of a file), unmapped on drop.
+pub(crate) struct Mapping {
     base: *mut u8,
     length: usize,
+}
+
+impl Mapping {
+    /// Maps `length` bytes of `file` from the page-aligned `offset`, shared, with `prot` and
+    /// `flags` (beside `MAP_SHARED`).
+    pub(crate) fn new(file: &File, offset: u64, length: usize, prot: libc::c_int, flags: libc::c_int) -> std::io::Result<Mapping> {
+        // SAFETY: a fresh shared mapping of the file; the kernel checks the range and the result
+        // is checked below.
+        let base =
+            unsafe { libc::mmap(std::ptr::null_mut(), length, prot, libc::MAP_SHARED | flags, file.as_raw_fd(), offset as libc::off_t) };
+        if base == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Mapping { base: base.cast(), length })
+    }
+
+    /// The mapped bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: the mapping is `length` bytes long, readable, and lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.base, self.length) }
+    }
+
+    /// Copies `data` to the start of a writable mapping, in user mode.
+    pub(crate) fn fill(&mut self, data: &[u8]) {
+        assert!(data.len() <= self.length, "{} bytes into a {}-byte mapping", data.len(), self.length);
+        // SAFETY: the mapping is writable (the caller mapped it so), at least `data.len()` bytes
+        // long (checked above), owned by `self` and borrowed mutably here.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.base, data.len()) };
+    }
 }
 
 impl DevMem {
@@ -89,22 +118,9 @@ impl DevMem {
         let start = gpa & !0xfff;
         let offset = (gpa - start) as usize;
         let length = (offset + len).div_ceil(4096) * 4096;
-        // SAFETY: a fresh shared mapping of the device at a page-aligned offset; the kernel checks
-        // the range and the result is checked below.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                length,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | flags,
-                self.file.as_raw_fd(),
-                start as libc::off_t,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(format!("mapping guest-physical {gpa:#x}+{len:#x} from /dev/mem: {}", std::io::Error::last_os_error()));
-        }
-        Ok((Mapping { base: base.cast(), length }, offset))
+        let mapping = Mapping::new(&self.file, start, length, libc::PROT_READ | libc::PROT_WRITE, flags)
+            .map_err(|e| format!("mapping guest-physical {gpa:#x}+{len:#x} from /dev/mem: {e}"))?;
+        Ok((mapping, offset))
     }
 }
 
