@@ -17,14 +17,18 @@
 # targets: small-message latency between two enclaves within 2x of two host processes, bandwidth
 # at >= 1 MiB >= 80% of the host's, mpicg on 2 enclaves >= 90% of the host's speed. A case that
 # cannot run says why in its place. Needs root and /dev/kvm.
-#   apps/mpi/bench.sh [--max-bytes N] [--iters N] [--cg N] [--user-level]
-#     (4194304, 1000, 48: mpicg's grid edge). --user-level runs only the cases the targets are
+#   apps/mpi/bench.sh [--max-bytes N] [--iters N] [--cg N] [--cg-rounds N] [--user-level] [--cg-only]
+#     (4194304, 1000, 48: mpicg's grid edge, 1). --user-level runs only the cases the targets are
 #     judged on, two host processes (shm and UCX/xpmem) and enclaves a, b over UCX/xpmem (a few minutes, where
 #     the TCP cases between enclaves take far longer); the others then say so in their place.
+#     --cg-rounds N runs those mpicg cases N times, interleaved (on this shared machine one run
+#     of a case swings with the load; the report gives each run and the median). --cg-only runs
+#     only them (about a minute a round) and replaces only the mpicg section and target row of
+#     docs/results/mpi.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
-max_bytes=4194304 iters=1000 cg=48 user_level=0
+max_bytes=4194304 iters=1000 cg=48 user_level=0 cg_rounds=1 cg_only=0
 whole() { # NAME VALUE MIN
     [[ $2 =~ ^[0-9]+$ ]] && [ "$2" -ge "$3" ] || { echo "apps/mpi/bench.sh: $1 must be a whole number from $3 up, not '$2'" >&2; exit 2; }
 }
@@ -33,8 +37,10 @@ while [ $# -gt 0 ]; do
     --max-bytes) whole --max-bytes "${2:-}" 1 && max_bytes=$2 && shift 2 ;;
     --iters) whole --iters "${2:-}" 1 && iters=$2 && shift 2 ;;
     --cg) whole --cg "${2:-}" 4 && cg=$2 && shift 2 ;;
+    --cg-rounds) whole --cg-rounds "${2:-}" 1 && cg_rounds=$2 && shift 2 ;;
     --user-level) user_level=1 && shift ;;
-    *) echo "apps/mpi/bench.sh: unknown option '$1' (--max-bytes N, --iters N, --cg N, --user-level)" >&2; exit 2 ;;
+    --cg-only) cg_only=1 user_level=1 && shift ;;
+    *) echo "apps/mpi/bench.sh: unknown option '$1' (--max-bytes N, --iters N, --cg N, --cg-rounds N, --user-level, --cg-only)" >&2; exit 2 ;;
     esac
 done
 [ "$(id -u)" = 0 ] && [ -e /dev/kvm ] || { echo "apps/mpi/bench.sh: needs root and /dev/kvm; skipped" >&2; exit 0; }
@@ -82,7 +88,7 @@ cd "$NODES_DIR"
 case_run() {
     local name=$1
     shift
-    if [ $user_level = 1 ] && [[ $name != *.host-shm && $name != *.host-ucx && $name != *.enclaves-ucx ]]; then
+    if [ $user_level = 1 ] && [[ $name != *.host-shm* && $name != *.host-ucx* && $name != *.enclaves-ucx* ]]; then
         echo "not run (--user-level: the host and the enclaves over shm and UCX/xpmem only)" >"$raw/$name.why"
         return
     fi
@@ -92,7 +98,7 @@ case_run() {
     "$@" >"$raw/$name" 2>&1 || status=$?
     # UCX between enclave ranks fails in MPI_Init in about one run of four under load
     # (docs/mpi.md): such a case runs once more, and its note says so.
-    if [ $status != 0 ] && [[ $name == *.enclaves-ucx ]] && grep -q "error occurred in MPI_Init" "$raw/$name"; then
+    if [ $status != 0 ] && [[ $name == *.enclaves-ucx* ]] && grep -q "error occurred in MPI_Init" "$raw/$name"; then
         echo "apps/mpi/bench.sh: $name failed in MPI_Init; once more" >&2
         echo "run twice: the first failed in MPI_Init ($(grep -m1 -E 'procs failed|ep failed|failed to|[Tt]imeout|Error:' "$raw/$name" | sed 's/^ *//' | cut -c1-100))" >"$raw/$name.note"
         nodes_wait_for 30 nodes_enclaves_idle || echo "apps/mpi/bench.sh: an enclave still runs an earlier job" >&2
@@ -115,7 +121,9 @@ case_run() {
 in1() { nodes_exec 1 "$@"; }
 # Enclave ranks' messages cross the daemon's socket service: fewer round trips for them.
 slow=$((iters / 100 > 10 ? iters / 100 : 10))
-for program in pingpong allreduce; do
+programs=(pingpong allreduce)
+[ $cg_only = 1 ] && programs=()
+for program in "${programs[@]}"; do
     if [ $program = pingpong ]; then
         args=("$max_bytes" "$iters") few=("$max_bytes" "$slow")
     else
@@ -132,17 +140,42 @@ for program in pingpong allreduce; do
     case_run "$p.enclaves-2nodes" "${mpirun[@]}" "${tcp[@]}" --host "$n1,$n2" -n 2 "${a[@]}" "$bin/$p" "${few[@]}"
 done
 args=(1048576 $((iters / 5)))
+[ $cg_only = 1 ] || {
 case_run allreduce4.host-shm in1 "${mpirun[@]}" -n 4 "$bin/allreduce" "${args[@]}"
 case_run allreduce4.host-tcp in1 "${mpirun[@]}" "${tcp[@]}" -n 4 "$bin/allreduce" "${args[@]}"
 case_run allreduce4.host-2nodes "${mpirun[@]}" "${tcp[@]}" --host "$n1:2,$n2:2" -n 4 "$bin/allreduce" "${args[@]}"
 case_run allreduce4.enclaves in1 "${mpirun[@]}" "${tcp[@]}" -n 2 "${a[@]}" "$bin/allreduce" 1048576 "$slow" : -n 2 "${b[@]}" "$bin/allreduce" 1048576 "$slow"
-case_run mpicg.host-shm in1 "${mpirun[@]}" -n 2 "$bin/mpicg" "$cg" "$cg" "$cg"
-case_run mpicg.host-tcp in1 "${mpirun[@]}" "${tcp[@]}" -n 2 "$bin/mpicg" "$cg" "$cg" "$cg"
-case_run mpicg.enclaves-ucx in1 "${ucx[@]}" -n 1 "${ua[@]}" "$bin/mpicg" "$cg" "$cg" "$cg" : -n 1 "${ub[@]}" "$bin/mpicg" "$cg" "$cg" "$cg"
-case_run mpicg.enclaves in1 "${mpirun[@]}" "${tcp[@]}" -n 1 "${a[@]}" "$bin/mpicg" "$cg" "$cg" "$cg" : -n 1 "${b[@]}" "$bin/mpicg" "$cg" "$cg" "$cg"
+}
+grid=("$cg" "$cg" "$cg")
+for round in $(seq "$cg_rounds"); do
+    r= # raw/mpicg.CASE for the first round, mpicg.CASE.2 ... after it (report.py)
+    [ "$round" = 1 ] || r=.$round
+    case_run "mpicg.host-shm$r" in1 "${mpirun[@]}" -n 2 "$bin/mpicg" "${grid[@]}"
+    case_run "mpicg.host-ucx$r" in1 "${ucx[@]}" --bind-to core:overload-allowed -n 2 "$bin/mpicg" "${grid[@]}"
+    case_run "mpicg.enclaves-ucx$r" in1 "${ucx[@]}" -n 1 "${ua[@]}" "$bin/mpicg" "${grid[@]}" : -n 1 "${ub[@]}" "$bin/mpicg" "${grid[@]}"
+done
+[ $cg_only = 1 ] || {
+case_run mpicg.host-tcp in1 "${mpirun[@]}" "${tcp[@]}" -n 2 "$bin/mpicg" "${grid[@]}"
+case_run mpicg.enclaves in1 "${mpirun[@]}" "${tcp[@]}" -n 1 "${a[@]}" "$bin/mpicg" "${grid[@]}" : -n 1 "${b[@]}" "$bin/mpicg" "${grid[@]}"
+}
 
 cd "$root"
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
+if [ $cg_only = 1 ]; then
+    # Only the mpicg section and the target's row of the committed results change.
+    python3 apps/mpi/report.py --cg-only "$raw" "$cpu" "$(cut -d' ' -f1-3 /proc/loadavg)" "$cg" >"$raw/cg-section" || exit 1
+    python3 - docs/results/mpi.md "$raw/cg-section" <<'PYTHON' || exit 1
+import re, sys
+results, section = open(sys.argv[1]).read(), open(sys.argv[2]).read().rstrip("\n").split("\n")
+row, section = section[-1], "\n".join(section[:-1]).rstrip("\n") + "\n\n"
+results = re.sub(r"### mpicg, .*?(?=### Targets)", lambda _: section, results, count=1, flags=re.S)
+results = re.sub(r"^\| mpicg on 2 enclaves .*$", lambda _: row, results, count=1, flags=re.M)
+open(sys.argv[1], "w").write(results)
+PYTHON
+    echo "wrote the mpicg section of docs/results/mpi.md"
+    sed -n '/^### mpicg/,/^### Targets/p' docs/results/mpi.md
+    exit 0
+fi
 python3 apps/mpi/report.py "$raw" "$cpu" "$(cut -d' ' -f1-3 /proc/loadavg)" "$cg" >docs/results/mpi.md &&
     echo "wrote docs/results/mpi.md" && cat docs/results/mpi.md
 python3 bench/plot.py mpi
