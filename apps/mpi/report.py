@@ -76,7 +76,8 @@ def cg_table(raw, edge):
     """The mpicg table: each case's runs (mpicg.CASE, then mpicg.CASE.2 ... for bench.sh's
     --cg-rounds, which interleaves the cases' runs) and their median; the medians by case."""
     lines = [f"### mpicg, {edge}³ grid on 2 ranks", "",
-             "| case | runs | median MFLOP/s | each run's MFLOP/s | verified |", "|---|---|---|---|---|"]
+             "| case | runs | median MFLOP/s | each run's MFLOP/s | each run's warm-up s | verified |",
+             "|---|---|---|---|---|---|"]
     medians = {}
     for case in CG_CASES:
         names = [f"mpicg.{case}"] + sorted((p.name for p in raw.glob(f"mpicg.{case}.[0-9]*") if p.name.split(".")[-1].isdigit()),
@@ -85,18 +86,20 @@ def cg_table(raw, edge):
         for name in names:
             text = read(raw, name)
             m = re.search(r"mpicg: solve [\d.]+ s, ([\d.]+) MFLOP/s", text or "")
+            warm = re.search(r"mpicg: warm-up ([\d.]+) s", text or "")
             if m:
-                runs.append((float(m.group(1)), "solution verified" in text))
+                runs.append((float(m.group(1)), warm.group(1) if warm else "-", "solution verified" in text))
         if not runs:
-            lines.append(f"| {CASES[case]} | 0 | - | - | not measured: {why(raw, f'mpicg.{case}')} |")
+            lines.append(f"| {CASES[case]} | 0 | - | - | - | not measured: {why(raw, f'mpicg.{case}')} |")
             continue
-        values = sorted(v for v, _ in runs)
+        values = sorted(v for v, _, _ in runs)
         middle = len(values) // 2
         medians[case] = values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
-        each = ", ".join(f"{v:.0f}" for v, _ in runs)
-        verified = "yes" if all(ok for _, ok in runs) else "NO"
-        lines.append(f"| {CASES[case]} | {len(runs)} | {medians[case]:.1f} | {each} | {verified} |")
-    return lines + [""], medians
+        each = ", ".join(f"{v:.0f}" for v, _, _ in runs)
+        warm_ups = ", ".join(w for _, w, _ in runs)
+        verified = "yes" if all(ok for _, _, ok in runs) else "NO"
+        lines.append(f"| {CASES[case]} | {len(runs)} | {medians[case]:.1f} | {each} | {warm_ups} | {verified} |")
+    return lines, medians
 
 
 def cg_only(raw, cpu, load, edge):
