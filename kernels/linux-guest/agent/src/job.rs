@@ -111,10 +111,10 @@ fn spawn_alone(command: &mut Command) -> std::io::Result<std::process::Child> {
 /// launch fails.
 const COPY_TRIES: u32 = 3;
 
-/// Writes `data` to a new file at `path`, checked: the copy is made by [`copy_into`] and read
-/// back through a mapping of its own; one that differs is made again, and after
-/// [`COPY_TRIES`] the launch fails with `EIO` rather than run something else than the host's
-/// file.
+/// Writes `data` (the host's region itself, mapped) to a new file at `path`, checked: the copy
+/// is made by [`copy_into`] and read back through a mapping of its own; one that differs is
+/// made again, and after [`COPY_TRIES`] the launch fails with `EIO` rather than run something
+/// else than the host's file.
 fn write_file(path: &Path, data: &[u8], mode: u32) -> Result<(), Refusal> {
     write_file_with(path, data, mode, copy_into)
 }
@@ -243,8 +243,11 @@ impl Process {
             refuse(e.raw_os_error().unwrap_or(libc::EIO), format!("creating the working directory {}: {e}", self.cwd.display()))
         })?;
         for copy in copies {
-            let data = memory.read(copy.gpa, copy.len).map_err(|e| refuse(libc::EFAULT, e))?;
-            write_file(&copy.path, &data, copy.mode)?;
+            let mut written = Ok(());
+            memory
+                .with_bytes(copy.gpa, copy.len, &mut |data| written = write_file(&copy.path, data, copy.mode))
+                .map_err(|e| refuse(libc::EFAULT, e))?;
+            written?;
         }
         Ok(())
     }

@@ -155,6 +155,17 @@ impl PhysicalMemory for DevMem {
         Ok(unsafe { std::slice::from_raw_parts(mapping.base.add(offset), len) }.to_vec())
     }
 
+    fn with_bytes(&self, gpa: u64, len: u64, with: &mut dyn FnMut(&[u8])) -> Result<(), String> {
+        let len = usize::try_from(len).map_err(|_| format!("a {len}-byte file does not fit this guest"))?;
+        if len == 0 {
+            with(&[]);
+            return Ok(());
+        }
+        let (mapping, offset) = self.map(gpa, len)?;
+        with(&mapping.bytes()[offset..offset + len]);
+        Ok(())
+    }
+
     /// Only the file window is written (what a job writes to a host file, on its way).
     fn write(&self, gpa: u64, data: &[u8]) -> Result<(), String> {
         match &self.window {

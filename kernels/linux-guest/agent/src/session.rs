@@ -44,6 +44,13 @@ impl<T> Waking<T> {
 /// Where the job's files come from: the guest-physical memory the host placed them in.
 pub trait PhysicalMemory {
     fn read(&self, gpa: u64, len: u64) -> Result<Vec<u8>, String>;
+    /// Calls `with` on the `len` bytes at `gpa`, in place where they can be mapped: a job's
+    /// file is copied, and its copy checked, straight against the host's region (a copy of
+    /// its own would be no truth to check against). By default on what `read` returns.
+    fn with_bytes(&self, gpa: u64, len: u64, with: &mut dyn FnMut(&[u8])) -> Result<(), String> {
+        with(&self.read(gpa, len)?);
+        Ok(())
+    }
     /// Writes `data` at `gpa` (what a job writes to a host file goes through the file window).
     fn write(&self, gpa: u64, data: &[u8]) -> Result<(), String>;
 }
