@@ -12,9 +12,13 @@
 //! - a negative fd is skipped (revents 0), a closed one is `POLLNVAL`.
 //!
 //! Waiting (`wait_until_ready`, shared with `select` and `epoll_wait`) rides the kernel keys
-//! pipes and notifiers wake (`sched::wait_for_any_key`). In a
-//! persistent enclave a host message (a signal's `Notify`) may make a descriptor ready, so the
-//! wait goes in 100 ms slices there, and never counts toward a dead-lock.
+//! pipes, sockets and notifiers wake (`sched::wait_for_any_key`), host messages included (a
+//! socket's `SocketReady`, a signal's `Notify`). In a persistent enclave such a message may
+//! end a wait no thread of the job can end, so the wait there has a deadline, a 10 s slice,
+//! and never counts toward a dead-lock. The slice only does that: every change of readiness
+//! wakes the waiter itself. It was 100 ms: every thread an MPI rank's libraries park in
+//! epoll_wait (PMIx's, Open MPI's, UCX's) then woke ten times a second, each time two ticks
+//! and two switches of emulated kernel code taken from the rank's spinning main thread.
 
 use super::time::deadline_after;
 use super::{user, Errno, Fd, SyscallResult, UserAddr};
@@ -35,7 +39,7 @@ const POLLNVAL: u16 = uapi::POLLNVAL as u16;
 const ENTRY: usize = size_of::<pollfd>();
 const REVENTS: usize = offset_of!(pollfd, revents);
 /// A slice of a wait in a persistent enclave (see above).
-const CONNECTED_SLICE_NS: u64 = 100_000_000;
+const CONNECTED_SLICE_NS: u64 = 10_000_000_000;
 
 /// What one `struct pollfd` watches.
 enum Watched {
