@@ -484,6 +484,8 @@ if [ "$runner" = vmm ] && [ $# -eq 0 ]; then
     KERNEL="$kernel" CLOWDER_VMM="$vmm" "$here/tests/xemem-exit-order.sh" || failures=$((failures + 1))
     # A time slice ending while the CPU waits for the host still ends (tests/tick-after-host-wait.sh).
     KERNEL="$kernel" CLOWDER_VMM="$vmm" "$here/tests/tick-after-host-wait.sh" || failures=$((failures + 1))
+    # Waiters in poll and epoll_wait sleep until what they watch changes (tests/quiet-poll.sh).
+    KERNEL="$kernel" CLOWDER_VMM="$vmm" "$here/tests/quiet-poll.sh" || failures=$((failures + 1))
     # Reads through another enclave's memory attached again and again cost what local reads
     # cost: no page fault per page (tests/xemem-attach-reread.sh: UCX's rendezvous pattern).
     KERNEL="$kernel" CLOWDER_VMM="$vmm" "$here/tests/xemem-attach-reread.sh" || failures=$((failures + 1))

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# A thread waiting in poll or epoll_wait with no timeout in a persistent enclave sleeps until
+# what it watches changes: lwk-only/quiet_poll.c parks two such threads on a pipe while its
+# main thread spins 3 s on the enclave's one CPU. The kernel's count of the job's entries
+# (`clowder logs`, syscall/census.rs) must show fewer than 15 timer ticks: when such waits
+# woke every 100 ms (two ticks each: the wake, then the spinner's slice ending), the two
+# waiters took about 120 in those 3 s, emulated kernel work taken from the spinner (an MPI
+# rank's main thread beside PMIx's, Open MPI's and UCX's epoll threads). Needs /dev/kvm,
+# root (clowderd) and musl-gcc.
+#
+#   kernels/lwk/tests/quiet-poll.sh     # KERNEL=, CLOWDER_VMM= override
+set -uo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib/private-enclave.sh"
+private_enclave_setup quiet-poll "quiet poll"
+build_musl_libxpmem
+musl_job "$work/quiet_poll" "$here/lwk-only/quiet_poll.c"
+start_private_enclave quietpoll
+(cd "$work" && timeout 60 "$clowder" run "$enclave" ./quiet_poll) >"$work/job.out" 2>&1
+status=$?
+"$clowder" logs "$enclave" >"$work/enclave.log" 2>&1
+ticks=$(sed -n 's/.*job.s kernel entries: .* \([0-9]*\) timer ticks.*/\1/p' "$work/enclave.log" | tail -1)
+if [ "$status" = 0 ] && grep -q '^both waiters woke for the byte' "$work/job.out" && [ -n "$ticks" ] && [ "$ticks" -lt 15 ]; then
+    echo "ok   quiet poll: two waiters slept through 3 s of spinning ($ticks timer ticks)"
+else
+    echo "FAIL quiet poll: job status $status, ${ticks:-no} timer ticks (want fewer than 15): $(tr '\n' ' ' <"$work/job.out")"
+    exit 1
+fi
