@@ -5,13 +5,14 @@
 //!
 //! Placement: a new thread goes to the online CPU with the fewest threads (the lowest index
 //! on ties). So does a forked process's first thread. Threads move to balance the CPUs
-//! (`Scheduler::place`): a thread that becomes runnable while its CPU is busy goes to an idle
-//! CPU it may run on. Without that, ranks sharing an enclave piled up on one CPU for good
-//! (hwloc binds each to every CPU in turn and then to all, which left all on the last) while
-//! the other idled. A CPU that runs out of threads does not take one queued elsewhere: with
-//! that stealing, jobs of a two-CPU persistent enclave died of SIGSEGV or stopped the kernel
-//! (a kernel fetch at a user address, a corrupt thread map) within a few dozen short
-//! threaded/forking jobs, and never without it (cli-test persistent_enclave).
+//! (`Scheduler::place`): a thread that becomes runnable (woken, or at the end of its time
+//! slice) goes to a CPU it may run on with fewer threads running or queued than its own.
+//! Without that, ranks sharing an enclave piled up on one CPU for good (hwloc binds each to
+//! every CPU in turn and then to all, which left all on the last) while the other idled. A
+//! CPU that runs out of threads does not take one queued elsewhere: with that stealing, jobs
+//! of a two-CPU persistent enclave died of SIGSEGV or stopped the kernel (a kernel fetch at a
+//! user address, a corrupt thread map) within a few dozen short threaded/forking jobs, and
+//! never without it (cli-test persistent_enclave).
 //!
 //! Threads belong to processes (`pid`), each with its address space: a CPU writes CR3 only
 //! when the next thread's address space differs from the one it has loaded, and loads the
@@ -25,6 +26,7 @@ mod job_end;
 mod park;
 mod report;
 mod run;
+mod stalls;
 mod tlb;
 
 pub use futex::{
@@ -110,6 +112,8 @@ struct Thread {
     clear_child_tid: u64,
     /// The time it ran before its current run (`run::RUN_START`), in ns.
     cpu_time_ns: u64,
+    /// When it last joined a run queue (`clock::monotonic_ns`; 0: never), for `stalls`.
+    queued_at: u64,
 }
 
 #[derive(Default)]
@@ -227,6 +231,7 @@ impl Scheduler {
 
     fn enqueue(&mut self, tid: u64) {
         let cpu = self.place(tid);
+        self.threads.get_mut(&tid).expect("runnable thread").queued_at = clock::monotonic_ns();
         let first_waiting = self.cpus[cpu].run_queue.is_empty();
         self.cpus[cpu].run_queue.push_back(tid);
         QUEUED[cpu].store(self.cpus[cpu].run_queue.len(), Ordering::Release);
@@ -257,25 +262,24 @@ impl Scheduler {
         next
     }
 
-    /// Where runnable thread `tid` is to wait: its own CPU, unless that one is busy and another
-    /// CPU it may run on is idle (nothing running, nothing queued), to which it moves, or its
+    /// Where runnable thread `tid` is to wait: its own CPU, unless another CPU it may run on
+    /// has fewer threads (running or queued, itself not counted), to which it moves, or its
     /// affinity no longer allows its CPU (`set_affinity`), when it moves to the least busy
-    /// CPU it may run on.
+    /// CPU it may run on. Threads move so at every wake-up and time slice's end: no CPU takes
+    /// threads queued on another (see the module comment), and without this, threads woken on
+    /// a CPU whose running thread spins (an MPI rank waiting for a message) piled up there,
+    /// nine behind one while the other CPU ran one spinner alone: waits of tens of seconds.
     fn place(&mut self, tid: u64) -> usize {
-        let thread = &self.threads[&tid];
-        let home = thread.cpu;
-        let allowed = online_cpu_mask() & thread.affinity;
-        let idle = |cpu: usize| self.cpus[cpu].current.is_none() && self.cpus[cpu].run_queue.is_empty();
-        let home_allowed = allowed & (1 << home) != 0;
-        if home_allowed && idle(home) {
-            return home;
-        }
-        let busy = |cpu: usize| self.cpus[cpu].run_queue.len() + self.cpus[cpu].current.is_some() as usize;
-        let target = match cpus_in(allowed).find(|&cpu| idle(cpu)) {
-            Some(cpu) => cpu,
-            None if home_allowed => home,
+        let home = self.threads[&tid].cpu;
+        let allowed = online_cpu_mask() & self.threads[&tid].affinity;
+        let load = |cpu: usize| self.cpus[cpu].run_queue.len() + self.cpus[cpu].current.is_some_and(|running| running != tid) as usize;
+        let home_load = (allowed & (1 << home) != 0).then(|| load(home));
+        let least = cpus_in(allowed).min_by_key(|&cpu| (load(cpu), cpu));
+        let target = match (home_load, least) {
+            (Some(home_load), Some(cpu)) if load(cpu) < home_load => cpu,
+            (Some(_), _) => home,
             // Its mask has no online CPU left (set_affinity refuses that): it stays.
-            None => cpus_in(allowed).min_by_key(|&cpu| (busy(cpu), cpu)).unwrap_or(home),
+            (None, least) => least.unwrap_or(home),
         };
         self.threads.get_mut(&tid).expect("runnable thread").cpu = target;
         target
@@ -303,6 +307,7 @@ pub fn init_main_thread(pid: u64, aspace: (u64, u64), job_id: u32) {
         gs_base: 0,
         clear_child_tid: 0,
         cpu_time_ns: 0,
+        queued_at: 0,
     };
     // CPU 0 booted on a stack it has left; its idle loop gets a stack of its own, kept for
     // every later job (nothing runs on it between jobs).
@@ -538,6 +543,7 @@ fn spawn_thread(
             gs_base,
             clear_child_tid,
             cpu_time_ns: 0,
+            queued_at: 0,
         };
         scheduler.threads.insert(tid, thread);
         scheduler.enqueue(tid);

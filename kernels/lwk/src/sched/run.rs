@@ -2,6 +2,7 @@
 
 use super::job_end::end_job_if_requested;
 use super::park::park_if_requested;
+use super::stalls::{self, Note};
 use super::tlb::flush_tlb_if_stale;
 use super::{apic_id, use_kernel_tables, with_scheduler, Scheduler, State, WaitResult, CURRENT_PID, LOADED_ASPACE, QUEUED};
 use crate::arch::apic;
@@ -23,7 +24,7 @@ pub(super) extern "C" fn idle_entry() -> ! {
 const IDLE_CHECK_INTERVAL: u32 = 1024;
 
 enum IdleStep {
-    Run(usize, u64, u64, Option<(u64, u64)>),
+    Run(usize, u64, u64, Option<(u64, u64)>, Option<Note>),
     /// Nothing to do until another CPU queues a thread here and sends the wake-up IPI.
     Sleep,
     /// A timed wait may expire (or the CPU has no x2APIC): look again soon.
@@ -39,8 +40,8 @@ pub(super) fn idle_loop(cpu: usize) -> ! {
         let step = with_scheduler(|scheduler| {
             expire_timed_waits(scheduler, cpu);
             if let Some(next) = scheduler.dequeue(cpu) {
-                let (slot, stack_top, pid, load) = enter_thread(scheduler, cpu, next);
-                return IdleStep::Run(slot, stack_top, pid, load);
+                let (slot, stack_top, pid, load, note) = enter_thread(scheduler, cpu, next);
+                return IdleStep::Run(slot, stack_top, pid, load, note);
             }
             let timed_wait_here = scheduler
                 .threads
@@ -53,7 +54,8 @@ pub(super) fn idle_loop(cpu: usize) -> ! {
             }
         });
         match step {
-            IdleStep::Run(slot, stack_top, pid, load) => {
+            IdleStep::Run(slot, stack_top, pid, load, note) => {
+                stalls::log_note(note);
                 settle_process(cpu, pid, load);
                 trap::wait_until_saved(slot);
                 fpu::resume(cpu, slot);
@@ -91,9 +93,13 @@ fn drop_address_space(cpu: usize) {
 /// and its address space if this CPU must load it: both for `settle_process`, once the lock
 /// is dropped and the leaving thread's vector registers are saved in its own process. The
 /// thread gets a time slice, enforced by the timer only if others wait for this CPU or a
-/// timed wait here may end meanwhile (tickless otherwise).
-fn enter_thread(scheduler: &mut Scheduler, cpu: usize, next: u64) -> (usize, u64, u64, Option<(u64, u64)>) {
+/// timed wait here may end meanwhile (tickless otherwise). Also the stall note if `next`
+/// waited long for the CPU (`stalls`).
+fn enter_thread(scheduler: &mut Scheduler, cpu: usize, next: u64) -> (usize, u64, u64, Option<(u64, u64)>, Option<Note>) {
     flush_tlb_if_stale();
+    let note = stalls::on_enter(scheduler, cpu, next);
+    // A thread that stays (a wait that did not block) is run again without `enqueue`.
+    scheduler.threads.get_mut(&next).expect("next thread").queued_at = 0;
     scheduler.cpus[cpu].current = Some(next);
     crate::arch::fastcall::thread_entered(cpu, next);
     start_run(cpu, scheduler.threads[&next].cpu_time_ns);
@@ -111,7 +117,7 @@ fn enter_thread(scheduler: &mut Scheduler, cpu: usize, next: u64) -> (usize, u64
     cpu::write_msr(MSR_FS_BASE, thread.fs_base);
     cpu::write_msr(MSR_GS_BASE, thread.gs_base);
     let load = (LOADED_ASPACE[cpu].load(Ordering::Relaxed) != thread.aspace.0).then_some(thread.aspace);
-    (thread.slot, thread.stack_top, thread.pid, load)
+    (thread.slot, thread.stack_top, thread.pid, load, note)
 }
 
 /// When each CPU's current thread entered it (`clock::monotonic_ns`): its CPU time grows from
@@ -126,10 +132,14 @@ pub(super) fn start_run(cpu: usize, cpu_time_ns: u64) {
     crate::arch::fastcall::thread_clock_changed(cpu, cpu_time_ns.wrapping_sub(now));
 }
 
-/// The thread leaving `cpu` (if one runs there) adds its run to its CPU time.
-fn end_run(scheduler: &mut Scheduler, cpu: usize) {
-    let Some(thread) = scheduler.cpus[cpu].current.and_then(|tid| scheduler.threads.get_mut(&tid)) else { return };
-    thread.cpu_time_ns += clock::monotonic_ns().saturating_sub(RUN_START[cpu].load(Ordering::Relaxed));
+/// The thread leaving `cpu` (if one runs there) adds its run to its CPU time; the stall note
+/// if it kept the CPU long from others (`stalls`).
+fn end_run(scheduler: &mut Scheduler, cpu: usize) -> Option<Note> {
+    let ran_ns = clock::monotonic_ns().saturating_sub(RUN_START[cpu].load(Ordering::Relaxed));
+    let note = stalls::on_leave(scheduler, cpu, ran_ns);
+    let thread = scheduler.cpus[cpu].current.and_then(|tid| scheduler.threads.get_mut(&tid))?;
+    thread.cpu_time_ns += ran_ns;
+    note
 }
 
 /// `cpu` now runs process `pid`, in `load` if it must load that address space.
@@ -193,21 +203,22 @@ pub(super) fn arm_next_event(scheduler: &Scheduler, cpu: usize) {
 /// another CPU (`Scheduler::place`): a caller must not use a CPU index it read before.
 pub(super) fn leave_cpu(prepare: impl FnOnce(&mut Scheduler, usize) -> usize) {
     let cpu = tables::current_cpu();
-    let (from, to, stack_top, next_process) = with_scheduler(|scheduler| {
-        end_run(scheduler, cpu);
+    let (from, to, stack_top, next_process, notes) = with_scheduler(|scheduler| {
+        let held = end_run(scheduler, cpu);
         let from = prepare(scheduler, cpu);
         trap::mark_leaving(from);
         match scheduler.dequeue(cpu) {
             Some(next) => {
-                let (to, stack_top, pid, load) = enter_thread(scheduler, cpu, next);
-                (from, to, stack_top, Some((pid, load)))
+                let (to, stack_top, pid, load, waited) = enter_thread(scheduler, cpu, next);
+                (from, to, stack_top, Some((pid, load)), [held, waited])
             }
             None => {
                 scheduler.cpus[cpu].current = None;
-                (from, trap::idle_slot(cpu), 0, None)
+                (from, trap::idle_slot(cpu), 0, None, [held, None])
             }
         }
     });
+    notes.into_iter().for_each(stalls::log_note);
     if from != to {
         // The leaving thread's vector registers go to its save area while its address space
         // is loaded (`fpu`: in ring 3 on PVM; an exiting thread has none), the next one's
@@ -252,6 +263,7 @@ static QUANTUM_END: [core::sync::atomic::AtomicU64; MAX_CPUS] = [const { core::s
 /// the running one goes to the back of a queue; else the timer is set for the next event
 /// (`arm_next_event`).
 pub fn tick() {
+    stalls::count_tick();
     let cpu = tables::current_cpu();
     park_if_requested(cpu);
     end_job_if_requested(cpu);
@@ -286,6 +298,7 @@ pub fn tick_missed() {
 /// On the way back to user mode: if a tick came while in the kernel, the timer fires at once,
 /// in user mode, where `tick` acts on it.
 pub fn retake_missed_tick() {
+    stalls::count_return();
     if TICK_MISSED[tables::current_cpu()].swap(false, Ordering::Relaxed) {
         apic::arm_timer(cpu::read_tsc());
     }

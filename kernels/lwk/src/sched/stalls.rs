@@ -1,0 +1,80 @@
+//! Stall notes: the enclave's log (`clowder logs`) gets a line for each thread that waited
+//! long in a run queue and for each run that kept a CPU long while others waited, with the
+//! CPU's queue length. Issue 25's four MPI ranks in one enclave stalled for over a second at
+//! times, past PMIx's 2 s finalize timer; these lines say which thread waited, on which CPU,
+//! and who had the CPU meanwhile. Measured under the scheduler's lock, logged after it.
+
+use super::{Scheduler, Thread};
+use crate::arch::tables::{self, MAX_CPUS};
+use crate::clock;
+use crate::console::log;
+use core::sync::atomic::{AtomicU64, Ordering};
+
+/// A wait or a run at least this long is noted.
+const STALL_NS: u64 = 500_000_000;
+
+pub(super) enum Note {
+    /// Thread `tid` waited `waited_ns` in `cpu`'s queue, `queued` others with it.
+    Waited { cpu: usize, tid: u64, job: u32, waited_ns: u64, queued: usize },
+    /// Thread `tid` ran `ran_ns` on `cpu` while `queued` threads waited there, returning to
+    /// user mode `returns` times and taking `ticks` ticks there meanwhile.
+    Held { cpu: usize, tid: u64, job: u32, ran_ns: u64, queued: usize, returns: u64, ticks: u64 },
+}
+
+/// Per CPU, in its current thread's run: returns to user mode from the kernel, and ticks
+/// taken in user mode. Whether a long run was one long stay in the kernel or user code the
+/// ticks did not reach.
+static RETURNS: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+static TICKS: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+
+pub(super) fn count_return() {
+    RETURNS[tables::current_cpu()].fetch_add(1, Ordering::Relaxed);
+}
+
+pub(super) fn count_tick() {
+    TICKS[tables::current_cpu()].fetch_add(1, Ordering::Relaxed);
+}
+
+/// The note for `next`, taken off `cpu`'s queue to run, if it waited long.
+pub(super) fn on_enter(scheduler: &Scheduler, cpu: usize, next: u64) -> Option<Note> {
+    let thread: &Thread = &scheduler.threads[&next];
+    RETURNS[cpu].store(0, Ordering::Relaxed);
+    TICKS[cpu].store(0, Ordering::Relaxed);
+    let waited_ns = clock::monotonic_ns().saturating_sub(thread.queued_at);
+    (thread.queued_at != 0 && waited_ns >= STALL_NS).then(|| Note::Waited {
+        cpu,
+        tid: next,
+        job: thread.job,
+        waited_ns,
+        queued: scheduler.cpus[cpu].run_queue.len(),
+    })
+}
+
+/// The note for `cpu`'s current thread leaving it after a run of `ran_ns`, if others waited
+/// for a long run.
+pub(super) fn on_leave(scheduler: &Scheduler, cpu: usize, ran_ns: u64) -> Option<Note> {
+    let tid = scheduler.cpus[cpu].current?;
+    let queued = scheduler.cpus[cpu].run_queue.len();
+    (ran_ns >= STALL_NS && queued != 0).then(|| Note::Held {
+        cpu,
+        tid,
+        job: scheduler.threads[&tid].job,
+        ran_ns,
+        queued,
+        returns: RETURNS[cpu].load(Ordering::Relaxed),
+        ticks: TICKS[cpu].load(Ordering::Relaxed),
+    })
+}
+
+pub(super) fn log_note(note: Option<Note>) {
+    match note {
+        Some(Note::Waited { cpu, tid, job, waited_ns, queued }) => {
+            log!("stall: thread {tid} (job {job}) waited {} ms for cpu {cpu} ({queued} more queued there)", waited_ns / 1_000_000)
+        }
+        Some(Note::Held { cpu, tid, job, ran_ns, queued, returns, ticks }) => log!(
+            "stall: thread {tid} (job {job}) kept cpu {cpu} {} ms while {queued} waited ({returns} returns to user mode, {ticks} ticks there)",
+            ran_ns / 1_000_000
+        ),
+        None => {}
+    }
+}
