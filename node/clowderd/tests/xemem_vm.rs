@@ -170,6 +170,13 @@ fn one_vm_attaches_another_at_the_placement_and_loses_it_when_the_owner_goes() {
     assert_eq!(attacher.call(Call::Unplace { token: token as u32 }), Ok([0; 4]));
     assert!(attacher.slots.live.lock().unwrap().is_empty());
     assert_eq!(attacher.call(Call::Unplace { token: token as u32 }), Err(libc::EINVAL));
+    // The same permit attached again at the same place gets its slots again (the guest read
+    // all ones there, one exit per load, when the first attach's were taken for still there).
+    let [token, ..] = attacher.call(Call::Place { apid, offset: 0, len: 0x3000, gpa }).unwrap();
+    let live = attacher.slots.live.lock().unwrap().clone();
+    assert_eq!(live.iter().map(|&(_, gpa, len, first)| (gpa, len, first)).collect::<Vec<_>>(), placed, "re-attached");
+    assert_eq!(attacher.call(Call::Unplace { token: token as u32 }), Ok([0; 4]));
+    assert!(attacher.slots.live.lock().unwrap().is_empty());
     attacher.call(request(Op::Release, &[apid], None, Vec::new())).unwrap();
 
     // Attached again through a new permit, then the owner's VM goes: revoked, slots gone.

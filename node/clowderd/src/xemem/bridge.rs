@@ -514,17 +514,21 @@ impl Bridging {
             // not keep a mapping of a region that is gone).
             // Its regions are kept while the permit is (see `BridgedAttachment`).
             Body::Detach { process, access } => {
-                let source = {
+                let (source, gone) = {
                     let mut bridge = self.bridge.lock().unwrap();
                     let permit = bridge.permits.get_mut(&(origin, *process, *access)).ok_or(Error::NotFound)?;
                     match permit.attachment.as_mut().filter(|attachment| attachment.mapped) {
                         Some(attachment) => {
                             attachment.mapped = false;
-                            Some(permit.source)
+                            let gone = if regions.keeps_detached() { None } else { permit.attachment.take() };
+                            (Some(permit.source), gone)
                         }
-                        None => None,
+                        None => (None, None),
                     }
                 };
+                if let Some(gone) = gone {
+                    remove_regions(regions, &gone.regions);
+                }
                 if let Some(source) = source {
                     links.detach_at_source(caller(*process), source);
                 }

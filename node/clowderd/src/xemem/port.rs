@@ -62,6 +62,11 @@ impl EnclaveUser {
 pub trait GuestRegions {
     fn add(&self, file: &File, offset: u64, len: u64, access: RegionAccess) -> Result<SharedRegion, String>;
     fn remove(&self, slot: u32) -> Result<(), String>;
+    /// Whether an attachment's regions may stay after its detach, to be taken again by an
+    /// attach of the same range (see `BridgedAttachment`).
+    fn keeps_detached(&self) -> bool {
+        true
+    }
 }
 
 impl XememPort {

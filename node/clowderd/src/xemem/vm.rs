@@ -120,6 +120,12 @@ impl GuestRegions for Window<'_> {
     fn remove(&self, slot: u32) -> Result<(), String> {
         self.slots.remove(slot)
     }
+
+    /// The device gives the place back at the detach (a later attach may be placed there): a
+    /// kept region would be taken again with no memory slot left under it.
+    fn keeps_detached(&self) -> bool {
+        false
+    }
 }
 
 struct Export {
@@ -277,7 +283,7 @@ impl VmXemem {
                 let (access, slots) = self.placed.remove(&token).ok_or(libc::EINVAL)?;
                 let detached = self.ask(Request::Detach { process: GUEST_PROCESS, access }, window);
                 for slot in slots {
-                    // Gone already when the attachment was revoked.
+                    // Gone already when the attachment was revoked (or with the detach).
                     let _ = window.remove(slot);
                 }
                 detached.map(|_| [0; 4]).map_err(Error::errno)
