@@ -42,6 +42,9 @@ struct Member {
     life: Life,
     /// A `vfork` child: its parent waits until it executes a new image or ends.
     vfork_pending: bool,
+    /// A forked child whose first thread does not exist yet: a kill meanwhile must leave its
+    /// end to `fork`, which is about to give it a thread.
+    starting: bool,
     /// Its enclave job (0: a boot module's), and whether it is that job's first process.
     job: u32,
     leads: bool,
@@ -77,7 +80,8 @@ pub fn exists(pid: u64) -> bool {
 /// The first process of job `job`, leading its own group in a session outside the enclave
 /// (session 0), as a program a shell starts: it may start a session of its own.
 pub fn add_job_leader(first: u64, job: u32) {
-    let member = Member { parent: 0, group: first, session: 0, life: Life::Alive { ending: None }, vfork_pending: false, job, leads: true };
+    let life = Life::Alive { ending: None };
+    let member = Member { parent: 0, group: first, session: 0, life, vfork_pending: false, starting: false, job, leads: true };
     FAMILY.lock().insert(first, member);
 }
 
@@ -119,14 +123,30 @@ fn leader_ending(pid: u64, status: u32) {
 }
 
 /// Every live process of job `job` but `spare` ends with wait `status` (each at its threads'
-/// next return to user mode): the job's leader ended, or the host killed the job.
+/// next return to user mode): the job's leader ended, or the host killed the job. Looks again
+/// until no new process shows up: one forked meanwhile by a victim is a victim too (one
+/// forked after the last look finds its parent ending in `fork`).
 pub fn kill_job(job: u32, spare: Option<u64>, status: u32) {
-    let victims: Vec<u64> = live_members(&FAMILY.lock(), job).filter(|&pid| Some(pid) != spare).collect();
-    for pid in victims {
-        record_ending(pid, status);
-        if sched::doom_process(pid, None) == 0 && !sched::has_threads(pid) {
-            end_process(pid, 0);
+    let mut killed: Vec<u64> = spare.into_iter().collect();
+    loop {
+        let victims: Vec<u64> = live_members(&FAMILY.lock(), job).filter(|pid| !killed.contains(pid)).collect();
+        if victims.is_empty() {
+            return;
         }
+        for pid in victims {
+            killed.push(pid);
+            record_ending(pid, status);
+            end_threads(pid);
+        }
+    }
+}
+
+/// Process `pid`, whose ending is recorded, loses its threads (the last one ends it); one
+/// with none ends here, unless `fork` is still giving it its first.
+fn end_threads(pid: u64) {
+    let starting = || FAMILY.lock().get(&pid).is_some_and(|member| member.starting);
+    if sched::doom_process(pid, None) == 0 && !sched::has_threads(pid) && !starting() {
+        end_process(pid, 0);
     }
 }
 
@@ -281,7 +301,7 @@ fn finish_fork(
         let mut family = FAMILY.lock();
         let (group, session, job) = family.get(&parent).map_or((parent, parent, 0), |member| (member.group, member.session, member.job));
         let life = Life::Alive { ending: None };
-        family.insert(pid, Member { parent, group, session, life, vfork_pending: vfork, job, leads: false });
+        family.insert(pid, Member { parent, group, session, life, vfork_pending: vfork, starting: true, job, leads: false });
     }
     signal::process_created(sched::current_tid(), pid);
     let mut child = *frame;
@@ -289,7 +309,11 @@ fn finish_fork(
     if stack != 0 {
         child.rsp = stack;
     }
-    if let Err(error) = sched::spawn_process(pid, &child, fs_base, clear_child_tid, aspace) {
+    let spawned = sched::spawn_process(pid, &child, fs_base, clear_child_tid, aspace);
+    if spawned.is_ok() && child_killed_while_starting(parent, pid) {
+        sched::doom_process(pid, None);
+    }
+    if let Err(error) = spawned {
         FAMILY.lock().remove(&pid);
         signal::process_exited(pid);
         if let Some(process) = job::take_process(pid) {
@@ -313,6 +337,27 @@ fn finish_fork(
         }
     }
     Ok(pid)
+}
+
+/// Child `pid` of `parent` has its first thread: whether it is to die at once, because a kill
+/// recorded its ending or its parent's while it had none (a kill of the job that came during
+/// the fork; Linux's fork fails then, here the child dies instead, as the parent will).
+fn child_killed_while_starting(parent: u64, pid: u64) -> bool {
+    let mut family = FAMILY.lock();
+    let parent_ending = match family.get(&parent).map(|member| member.life) {
+        Some(Life::Alive { ending: Some(_) }) => Some(killed(SIGKILL)),
+        _ => None,
+    };
+    let Some(member) = family.get_mut(&pid) else { return false };
+    member.starting = false;
+    match &mut member.life {
+        Life::Alive { ending: Some(_) } => true,
+        Life::Alive { ending } if parent_ending.is_some() => {
+            *ending = parent_ending;
+            true
+        }
+        _ => false,
+    }
 }
 
 /// Reads a NULL-terminated array of string pointers (argv, envp) from user memory.
@@ -501,9 +546,7 @@ pub fn kill(pid: u64, signal: u8) {
         leader_ending(pid, killed(signal));
     }
     record_ending(pid, killed(signal));
-    if sched::doom_process(pid, None) == 0 && !sched::has_threads(pid) {
-        end_process(pid, 0);
-    }
+    end_threads(pid);
 }
 
 /// The last thread of process `pid` is leaving (on this CPU, in `sched::exit_current`): the

@@ -86,12 +86,20 @@ pub fn is_loaded() -> bool {
     !PROCESSES.lock().is_empty()
 }
 
-/// Runs `f` on the calling thread's process (system calls and faults only happen once it
-/// exists).
+/// Runs `f` on the calling thread's process. A thread whose process has already ended (a
+/// kill raced with its creation or its wake-up) ends here without touching it, as it would
+/// at its next return to user mode: its process must not take the kernel down with it.
 pub fn with_process<R>(f: impl FnOnce(&mut Process) -> R) -> R {
     let pid = crate::sched::current_pid();
     let mut processes = PROCESSES.lock();
-    f(processes.get_mut(&pid).expect("the calling thread's process"))
+    match processes.get_mut(&pid) {
+        Some(process) => f(process),
+        None => {
+            drop(processes);
+            log!("a thread of process {pid}, which has ended, ends");
+            crate::sched::exit_current(0)
+        }
+    }
 }
 
 /// Runs `f` on process `pid`, if it is alive (for code that serves a process from outside its

@@ -515,21 +515,27 @@ fn spawn_thread(
             load[thread.cpu] += 1;
         }
         let cpu = cpus_in(online_cpu_mask()).min_by_key(|&cpu| (load[cpu], cpu)).unwrap_or(0);
-        let (pid, aspace, job, gs_base) = match (new_process, new_job) {
-            (Some((pid, aspace)), Some(job)) => (pid, aspace, job, 0),
+        // A thread created by one whose process is being killed (`doom_process` came while
+        // its creator was in `clone`) ends with it; a forked process is killed by
+        // `process::fork` instead.
+        let (pid, aspace, job, gs_base, doomed) = match (new_process, new_job) {
+            (Some((pid, aspace)), Some(job)) => (pid, aspace, job, 0, false),
             _ => {
                 let caller = scheduler.current_thread(caller_cpu);
                 let (pid, aspace) = new_process.unwrap_or((caller.pid, caller.aspace));
-                (pid, aspace, caller.job, caller.gs_base)
+                (pid, aspace, caller.job, caller.gs_base, caller.doomed && new_process.is_none())
             }
         };
+        if doomed {
+            DOOMED_THREADS.fetch_add(1, Ordering::AcqRel);
+        }
         trap::prepare_thread(slot, stack_top, frame);
         fpu::inherit(slot, creator_state);
         let thread = Thread {
             pid,
             job,
             aspace,
-            doomed: false,
+            doomed,
             signal_interrupt: false,
             exiting: false,
             cpu,
@@ -631,6 +637,12 @@ pub fn exit_current(status: u8) -> ! {
         let thread = scheduler.current_thread(cpu);
         (thread.clear_child_tid, thread.pid, thread.slot)
     });
+    // A thread whose process already ended (`job::with_process`) leaves without touching
+    // it: its memory and tables may be gone, and so is what the last thread's end does.
+    let process_alive = job::process_exists(pid);
+    if !process_alive {
+        use_kernel_tables(cpu);
+    }
     // What the thread holds in its process goes while the thread still counts as live, so
     // that the process is there: the last of its threads to be marked ending takes it away,
     // and its threads end on several CPUs at once (exit_group, a kill). The vector state
@@ -641,7 +653,7 @@ pub fn exit_current(status: u8) -> ! {
         let _ = job::with_process_of(pid, |process| process.memory.aspace.unmap(area, PAGE_SIZE));
         start_user_tlb_shootdown();
     }
-    if clear_child_tid != 0 {
+    if clear_child_tid != 0 && process_alive {
         // pthread_join waits for this word to become zero.
         let _ = trap::copy_to_user(clear_child_tid, &0u32.to_le_bytes());
         wake(clear_child_tid, 1, u32::MAX);
@@ -654,7 +666,7 @@ pub fn exit_current(status: u8) -> ! {
             thread.doomed = false;
             DOOMED_THREADS.fetch_sub(1, Ordering::AcqRel);
         }
-        !scheduler.threads.values().any(|other| other.pid == pid && !other.exiting)
+        process_alive && !scheduler.threads.values().any(|other| other.pid == pid && !other.exiting)
     });
     crate::signal::thread_exited(with_scheduler(|scheduler| scheduler.current(cpu)));
     if last {
