@@ -12,7 +12,8 @@
  * /dev/mem opened without O_SYNC asks for write-back, which the guest kernel grants for a range
  * no driver claims (with PAT, where the guest's MTRRs make it write-back; else it quietly gives
  * UC- again). Where /dev/mem cannot be had (no CONFIG_DEVMEM, lockdown, not root) the window is
- * mapped through resource2, said once on stderr; CLOWDER_XEMEM_PCI_MAP=sysfs chooses that.
+ * mapped through resource2, said once on stderr. CLOWDER_XEMEM_PCI_MAP=sysfs chooses resource2,
+ * =devmem (or unset) /dev/mem; any other value is refused and the device is not used.
  *
  * The window's mappings are kept (struct pci_extent): the guest kernel maps a PCI resource
  * eagerly, one page-table entry per 4 KiB (remap_pfn_range), and on a PVM host every guest
@@ -193,12 +194,25 @@ static int read_window_base(const char *dir, uint64_t *base, const char **why)
 	return 0;
 }
 
-/* Opens what the window is mapped through (the module comment says why /dev/mem first), with
- * the window's base in it; -1 with errno. $CLOWDER_XEMEM_PCI_MEM replaces /dev/mem (the tests). */
-static int open_window(const char *dir, uint64_t *base)
+/* $CLOWDER_XEMEM_PCI_MAP: how the window is mapped, 'devmem' (the default, unset or empty) or
+ * 'sysfs': 0 or 1, or -1 for anything else, said on stderr (a typo must not quietly pick one). */
+static int window_through_sysfs(void)
 {
 	const char *how = getenv("CLOWDER_XEMEM_PCI_MAP");
-	if (!how || strcmp(how, "sysfs")) {
+	if (!how || !*how || !strcmp(how, "devmem"))
+		return 0;
+	if (!strcmp(how, "sysfs"))
+		return 1;
+	fprintf(stderr, "libxpmem: CLOWDER_XEMEM_PCI_MAP must be 'devmem' or 'sysfs', not '%s'; the XEMEM PCI device is not used\n",
+		how);
+	return -1;
+}
+
+/* Opens what the window is mapped through (the module comment says why /dev/mem first), with
+ * the window's base in it; -1 with errno. $CLOWDER_XEMEM_PCI_MEM replaces /dev/mem (the tests). */
+static int open_window(const char *dir, uint64_t *base, int sysfs)
+{
+	if (!sysfs) {
 		const char *mem = getenv("CLOWDER_XEMEM_PCI_MEM");
 		mem = mem && *mem ? mem : "/dev/mem";
 		const char *what = mem, *why = NULL;
@@ -232,6 +246,9 @@ int pci_probe(void)
 {
 	const char *root = getenv("CLOWDER_XEMEM_PCI_SYSFS");
 	root = root && *root ? root : PCI_SYSFS;
+	int sysfs = window_through_sysfs();
+	if (sysfs < 0)
+		return 0;
 	DIR *dir = opendir(root);
 	if (!dir)
 		return 0;
@@ -248,7 +265,7 @@ int pci_probe(void)
 		char resource[PATH_MAX + 16];
 		snprintf(resource, sizeof resource, "%s/resource0", path);
 		int mailbox_fd = open(resource, O_RDWR | O_CLOEXEC);
-		int window = open_window(path, &window_base);
+		int window = open_window(path, &window_base, sysfs);
 		void *map = mailbox_fd < 0 ? MAP_FAILED
 					   : mmap(NULL, PCI_MAILBOX_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, mailbox_fd, 0);
 		if (mailbox_fd >= 0)

@@ -450,6 +450,37 @@ static void case_window_sysfs(void)
 	CHECK(said[0] == 0);
 }
 
+/* CLOWDER_XEMEM_PCI_MAP=devmem names the default. */
+static void case_window_devmem(void)
+{
+	fake_device(1, 1);
+	setenv("CLOWDER_XEMEM_PCI_MAP", "devmem", 1);
+	char said[512];
+	attach_reads_the_pattern(said, sizeof said);
+	CHECK(said[0] == 0);
+}
+
+/* Any other value is refused in one line naming the variable and its values, and the device is
+ * not used (rather than mapped some way the user did not ask for). */
+static void case_window_typo(void)
+{
+	fake_device(1, 1);
+	setenv("CLOWDER_XEMEM_PCI_MAP", "sysf", 1);
+	int saved = dup(2), log = memfd_create("stderr", 0);
+	CHECK(saved >= 0 && log >= 0 && dup2(log, 2) == 2);
+	errno = 0;
+	int version = xpmem_version();
+	int error = errno;
+	CHECK(dup2(saved, 2) == 2);
+	char said[512];
+	ssize_t got = pread(log, said, sizeof said - 1, 0);
+	said[got > 0 ? got : 0] = 0;
+	CHECK(version == -1 && error == ENODEV);
+	CHECK(!strcmp(said, "libxpmem: CLOWDER_XEMEM_PCI_MAP must be 'devmem' or 'sysfs', not 'sysf'; the XEMEM PCI "
+			    "device is not used\n"));
+	CHECK(box->doorbell == 0);
+}
+
 /* Without /dev/mem, resource2 again, with the reason on stderr. */
 static void case_window_fallback(void)
 {
@@ -565,6 +596,7 @@ static const struct {
 	{ "export", case_export },       { "attach", case_attach },       { "host_gone", case_host_gone },
 	{ "keeper", case_keeper },       { "window_kept", case_window_kept }, { "window_mem", case_window_mem },
 	{ "window_sysfs", case_window_sysfs }, { "window_fallback", case_window_fallback },
+	{ "window_devmem", case_window_devmem }, { "window_typo", case_window_typo },
 };
 
 int main(int argc, char **argv)
