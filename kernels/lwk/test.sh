@@ -486,6 +486,9 @@ if [ "$runner" = vmm ] && [ $# -eq 0 ]; then
     KERNEL="$kernel" CLOWDER_VMM="$vmm" "$here/tests/tick-after-host-wait.sh" || failures=$((failures + 1))
     # Waiters in poll and epoll_wait sleep until what they watch changes (tests/quiet-poll.sh).
     KERNEL="$kernel" CLOWDER_VMM="$vmm" "$here/tests/quiet-poll.sh" || failures=$((failures + 1))
+    # A woken thread gets the CPU beside a spinner making system calls, and the stall notes
+    # count only the time others waited (tests/slice-ticks.sh).
+    KERNEL="$kernel" CLOWDER_VMM="$vmm" "$here/tests/slice-ticks.sh" || failures=$((failures + 1))
     # Reads through another enclave's memory attached again and again cost what local reads
     # cost: no page fault per page (tests/xemem-attach-reread.sh: UCX's rendezvous pattern).
     KERNEL="$kernel" CLOWDER_VMM="$vmm" "$here/tests/xemem-attach-reread.sh" || failures=$((failures + 1))

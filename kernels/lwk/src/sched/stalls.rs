@@ -3,8 +3,15 @@
 //! CPU's queue length. Issue 25's four MPI ranks in one enclave stalled for over a second at
 //! times, past PMIx's 2 s finalize timer; these lines say which thread waited, on which CPU,
 //! and who had the CPU meanwhile. Measured under the scheduler's lock, logged after it.
+//!
+//! A run's note counts only the time since the first of those waiting joined the queue, and
+//! the returns to user mode and ticks of that time: it once counted the whole run, so a
+//! spinner that ran alone for seconds (tickless, rightly) and was then preempted by the
+//! first tick after a thread woke beside it was noted as "kept cpu 0 10529 ms while 1 waited
+//! (213 returns to user mode, 1 ticks there)", which read as lost ticks
+//! (kernels/lwk/tests/slice-ticks.sh).
 
-use super::{Scheduler, Thread};
+use super::{Scheduler, Thread, QUEUED};
 use crate::arch::tables::{self, MAX_CPUS};
 use crate::clock;
 use crate::console::log;
@@ -16,23 +23,31 @@ const STALL_NS: u64 = 500_000_000;
 pub(super) enum Note {
     /// Thread `tid` waited `waited_ns` in `cpu`'s queue, `queued` others with it.
     Waited { cpu: usize, tid: u64, job: u32, waited_ns: u64, queued: usize },
-    /// Thread `tid` ran `ran_ns` on `cpu` while `queued` threads waited there, returning to
-    /// user mode `returns` times and taking `ticks` ticks there meanwhile.
-    Held { cpu: usize, tid: u64, job: u32, ran_ns: u64, queued: usize, returns: u64, ticks: u64 },
+    /// Thread `tid` kept `cpu` for `held_ns` of a run of `ran_ns` while threads waited there
+    /// (`queued` at the end), returning to user mode `returns` times and taking `ticks` ticks
+    /// there while any waited.
+    Held { cpu: usize, tid: u64, job: u32, held_ns: u64, ran_ns: u64, queued: usize, returns: u64, ticks: u64 },
 }
 
-/// Per CPU, in its current thread's run: returns to user mode from the kernel, and ticks
-/// taken in user mode. Whether a long run was one long stay in the kernel or user code the
-/// ticks did not reach.
+/// Per CPU, in its current thread's run while others wait for the CPU: returns to user mode
+/// from the kernel, and ticks taken in user mode. Whether a long hold was one long stay in
+/// the kernel or user code the ticks did not reach.
 static RETURNS: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 static TICKS: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 
 pub(super) fn count_return() {
-    RETURNS[tables::current_cpu()].fetch_add(1, Ordering::Relaxed);
+    count(&RETURNS);
 }
 
 pub(super) fn count_tick() {
-    TICKS[tables::current_cpu()].fetch_add(1, Ordering::Relaxed);
+    count(&TICKS);
+}
+
+fn count(counts: &[AtomicU64; MAX_CPUS]) {
+    let cpu = tables::current_cpu();
+    if QUEUED[cpu].load(Ordering::Relaxed) != 0 {
+        counts[cpu].fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// The note for `next`, taken off `cpu`'s queue to run, if it waited long.
@@ -50,17 +65,21 @@ pub(super) fn on_enter(scheduler: &Scheduler, cpu: usize, next: u64) -> Option<N
     })
 }
 
-/// The note for `cpu`'s current thread leaving it after a run of `ran_ns`, if others waited
-/// for a long run.
+/// The note for `cpu`'s current thread leaving it after a run of `ran_ns`, if the threads
+/// queued there waited long for it: since the first of them joined the queue (or the run
+/// began, if later).
 pub(super) fn on_leave(scheduler: &Scheduler, cpu: usize, ran_ns: u64) -> Option<Note> {
     let tid = scheduler.cpus[cpu].current?;
-    let queued = scheduler.cpus[cpu].run_queue.len();
-    (ran_ns >= STALL_NS && queued != 0).then(|| Note::Held {
+    let queue = &scheduler.cpus[cpu].run_queue;
+    let first_queued = queue.iter().filter_map(|waiting| scheduler.threads.get(waiting)).map(|thread| thread.queued_at).min()?;
+    let held_ns = ran_ns.min(clock::monotonic_ns().saturating_sub(first_queued));
+    (held_ns >= STALL_NS).then(|| Note::Held {
         cpu,
         tid,
         job: scheduler.threads[&tid].job,
+        held_ns,
         ran_ns,
-        queued,
+        queued: queue.len(),
         returns: RETURNS[cpu].load(Ordering::Relaxed),
         ticks: TICKS[cpu].load(Ordering::Relaxed),
     })
@@ -71,8 +90,9 @@ pub(super) fn log_note(note: Option<Note>) {
         Some(Note::Waited { cpu, tid, job, waited_ns, queued }) => {
             log!("stall: thread {tid} (job {job}) waited {} ms for cpu {cpu} ({queued} more queued there)", waited_ns / 1_000_000)
         }
-        Some(Note::Held { cpu, tid, job, ran_ns, queued, returns, ticks }) => log!(
-            "stall: thread {tid} (job {job}) kept cpu {cpu} {} ms while {queued} waited ({returns} returns to user mode, {ticks} ticks there)",
+        Some(Note::Held { cpu, tid, job, held_ns, ran_ns, queued, returns, ticks }) => log!(
+            "stall: thread {tid} (job {job}) kept cpu {cpu} {} ms while {queued} waited (a run of {} ms; meanwhile {returns} returns to user mode, {ticks} ticks there)",
+            held_ns / 1_000_000,
             ran_ns / 1_000_000
         ),
         None => {}
