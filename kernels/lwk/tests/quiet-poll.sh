@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# A thread waiting in poll or epoll_wait with no timeout in a persistent enclave sleeps until
-# what it watches changes: lwk-only/quiet_poll.c parks two such threads on a pipe while its
-# main thread spins 3 s on the enclave's one CPU. The kernel's count of the job's entries
-# (`clowder logs`, syscall/census.rs) must show fewer than 15 timer ticks: when such waits
-# woke every 100 ms (two ticks each: the wake, then the spinner's slice ending), the two
-# waiters took about 120 in those 3 s, emulated kernel work taken from the spinner (an MPI
-# rank's main thread beside PMIx's, Open MPI's and UCX's epoll threads). Needs /dev/kvm,
-# root (clowderd) and musl-gcc.
+# A thread waiting with no timeout in a persistent enclave, in poll or epoll_wait, in recv on
+# a socket or in read of an XEMEM notification descriptor, sleeps until its news comes:
+# lwk-only/quiet_poll.c parks four such threads while its main thread spins 3 s on the
+# enclave's one CPU. The kernel's count of the job's entries (`clowder logs`,
+# syscall/census.rs) must show fewer than 15 timer ticks: when such waits woke every 100 ms
+# (two ticks each: the wake, then the spinner's slice ending), poll's two waiters took about
+# 120 in those 3 s, and the socket's and the notification's waiters about as many after
+# poll's got 10 s slices, emulated kernel work taken from the spinner (an MPI rank's main
+# thread beside PMIx's, Open MPI's and UCX's waiting threads). Needs /dev/kvm, root
+# (clowderd) and musl-gcc.
 #
 #   kernels/lwk/tests/quiet-poll.sh     # KERNEL=, CLOWDER_VMM= override
 set -uo pipefail
@@ -21,8 +23,8 @@ start_private_enclave quietpoll
 status=$?
 "$clowder" logs "$enclave" >"$work/enclave.log" 2>&1
 ticks=$(sed -n 's/.*job.s kernel entries: .* \([0-9]*\) timer ticks.*/\1/p' "$work/enclave.log" | tail -1)
-if [ "$status" = 0 ] && grep -q '^both waiters woke for the byte' "$work/job.out" && [ -n "$ticks" ] && [ "$ticks" -lt 15 ]; then
-    echo "ok   quiet poll: two waiters slept through 3 s of spinning ($ticks timer ticks)"
+if [ "$status" = 0 ] && grep -q '^all four waiters woke for their news' "$work/job.out" && [ -n "$ticks" ] && [ "$ticks" -lt 15 ]; then
+    echo "ok   quiet poll: four waiters slept through 3 s of spinning ($ticks timer ticks)"
 else
     echo "FAIL quiet poll: job status $status, ${ticks:-no} timer ticks (want fewer than 15): $(tr '\n' ' ' <"$work/job.out")"
     exit 1

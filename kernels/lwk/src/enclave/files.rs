@@ -73,8 +73,6 @@ fn request_here(op: FileOp<'_>) -> FileAnswer {
 /// sleep on (`answer_arrived`).
 static ANSWERS_ARRIVED: AtomicU64 = AtomicU64::new(0);
 static ANSWER_KEY: u8 = 0;
-/// How long a sleeping waiter sleeps at most before it looks again (as socket calls do).
-const WAIT_SLICE_NS: u64 = 100_000_000;
 
 /// The channel brought a file answer (`State::drain`, which recorded it): its waiter, if
 /// asleep, looks again.
@@ -119,8 +117,7 @@ fn forward(op: FileOp<'_>, may_sleep: bool) -> FileAnswer {
             if crate::sched::current_thread_doomed() {
                 return FileAnswer::Result(-EIO);
             }
-            let slice = crate::clock::monotonic_ns().saturating_add(WAIT_SLICE_NS);
-            crate::sched::wait(&ANSWER_KEY as *const u8 as u64, u32::MAX, Some(slice), || ANSWERS_ARRIVED.load(Ordering::SeqCst) == seen);
+            crate::sched::wait_for_host(&ANSWER_KEY as *const u8 as u64, None, || ANSWERS_ARRIVED.load(Ordering::SeqCst) == seen);
         } else {
             super::wait_for_host_message();
         }

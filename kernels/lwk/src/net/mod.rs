@@ -33,8 +33,6 @@ pub const POLLHUP: u32 = 0x10;
 const MAX_RUNS: usize = 1024;
 /// Bytes one send or receive moves at most.
 const MAX_TRANSFER: u64 = 64 << 20;
-/// A blocking call looks again this often even without news (the host's push is the rule).
-const WAIT_SLICE_NS: u64 = 100_000_000;
 
 /// One socket: the host's handle, its status flags and what the host last said of its
 /// readiness.
@@ -127,8 +125,7 @@ impl Socket {
         let wanted = wanted | POLLERR | POLLHUP;
         let not_ready = || self.events.load(Ordering::Acquire) & wanted == 0;
         while not_ready() {
-            let slice = crate::clock::monotonic_ns().saturating_add(WAIT_SLICE_NS);
-            if let Some(WaitResult::Interrupted | WaitResult::Signal) = sched::wait(self.key(), u32::MAX, Some(slice), not_ready) {
+            if let Some(WaitResult::Interrupted | WaitResult::Signal) = sched::wait_for_host(self.key(), None, not_ready) {
                 return Err(Restart::Always.errno());
             }
         }
@@ -162,8 +159,7 @@ pub fn request(op: SocketOp<'_>) -> Answer {
     let answered = || matches!(PENDING.lock().get(&request), Some(Pending::Answered(_)));
     while !answered() && !sched::current_thread_doomed() {
         if sched::others_wait_here() {
-            let slice = crate::clock::monotonic_ns().saturating_add(WAIT_SLICE_NS);
-            sched::wait(answer_key(request), u32::MAX, Some(slice), || !answered());
+            sched::wait_for_host(answer_key(request), None, || !answered());
         } else {
             crate::enclave::serve_host_until(|| answered() || sched::others_wait_here());
         }

@@ -41,6 +41,25 @@ pub fn interrupt(tid: u64) {
 /// thread takes arrived since it last passed delivery (checked after `still_expected`, as
 /// Linux's futex wait checks the word first).
 pub fn wait(address: u64, bitset: u32, deadline: Option<u64>, still_expected: impl FnOnce() -> bool) -> Option<WaitResult> {
+    wait_as(address, bitset, deadline, false, still_expected)
+}
+
+/// As `wait` (any bitset), for what a host message ends (a socket's answer or readiness, a
+/// file call's answer, XEMEM's `Notify`): the thread sleeps until the message's wake, and
+/// neither its wait nor its job's other threads' count as a dead-lock meanwhile. Such waits
+/// once slept in 100 ms slices to stay out of the dead-lock check, so each waiter woke ten
+/// times a second, emulated kernel work taken from the threads that run.
+pub fn wait_for_host(address: u64, deadline: Option<u64>, still_expected: impl FnOnce() -> bool) -> Option<WaitResult> {
+    wait_as(address, u32::MAX, deadline, true, still_expected)
+}
+
+fn wait_as(
+    address: u64,
+    bitset: u32,
+    deadline: Option<u64>,
+    host_wakes: bool,
+    still_expected: impl FnOnce() -> bool,
+) -> Option<WaitResult> {
     let mut outcome = None;
     let mut dead_lock = false;
     leave_cpu(|scheduler, cpu| {
@@ -55,11 +74,11 @@ pub fn wait(address: u64, bitset: u32, deadline: Option<u64>, still_expected: im
             let others_all_wait = scheduler
                 .threads
                 .iter()
-                .all(|(&tid, thread)| tid == current || matches!(thread.state, State::Waiting { deadline: None, .. }));
-            dead_lock = deadline.is_none() && others_all_wait;
+                .all(|(&tid, thread)| tid == current || matches!(thread.state, State::Waiting { deadline: None, host_wakes: false, .. }));
+            dead_lock = deadline.is_none() && !host_wakes && others_all_wait;
             if !dead_lock {
                 let thread = scheduler.current_thread(cpu);
-                thread.state = State::Waiting { address, bitset, deadline };
+                thread.state = State::Waiting { address, bitset, deadline, host_wakes };
                 thread.wait_result = WaitResult::Woken;
                 outcome = Some(WaitResult::Woken);
                 return thread.slot;
@@ -157,9 +176,10 @@ fn poll_key() -> u64 {
 /// `poll`'s wait: as `wait`, but any kernel key's wake ends it (the caller looks again at
 /// every object it watches: pipes and XEMEM notifiers wake their kernel keys when they
 /// change). `still_expected` (nothing ready) is checked with the scheduler locked.
-pub fn wait_for_any_key(deadline: Option<u64>, still_expected: impl FnOnce() -> bool) -> Option<WaitResult> {
+/// `host_wakes`: a host message may make something ready (`wait_for_host`).
+pub fn wait_for_any_key(deadline: Option<u64>, host_wakes: bool, still_expected: impl FnOnce() -> bool) -> Option<WaitResult> {
     POLLERS.fetch_add(1, Ordering::Relaxed);
-    let result = wait(poll_key(), u32::MAX, deadline, still_expected);
+    let result = wait_as(poll_key(), u32::MAX, deadline, host_wakes, still_expected);
     POLLERS.fetch_sub(1, Ordering::Relaxed);
     result
 }
@@ -193,9 +213,9 @@ pub fn requeue(from: u64, to: u64, wake_count: u64, move_count: u64) -> u64 {
             if moved == move_count {
                 break;
             }
-            if let State::Waiting { address, bitset, deadline } = thread.state {
+            if let State::Waiting { address, bitset, deadline, host_wakes } = thread.state {
                 if address == from {
-                    thread.state = State::Waiting { address: to, bitset, deadline };
+                    thread.state = State::Waiting { address: to, bitset, deadline, host_wakes };
                     moved += 1;
                 }
             }

@@ -30,8 +30,8 @@ mod stalls;
 mod tlb;
 
 pub use futex::{
-    clear_signal_interrupt, interrupt, requeue, sleep_until, wait, wait_for_any_key, wait_for_signal, wait_interruptibly, wake,
-    wake_kernel_key, wake_kernel_key_for, wake_kernel_key_only,
+    clear_signal_interrupt, interrupt, requeue, sleep_until, wait, wait_for_any_key, wait_for_host, wait_for_signal, wait_interruptibly,
+    wake, wake_kernel_key, wake_kernel_key_for, wake_kernel_key_only,
 };
 pub use job_end::{clear_job_end_request, end_job_if_requested, hand_job_end_to_cpu0, release_job_threads};
 pub use park::{cpu_tables_ready, join_cpu, mark_cpu_tables_ready, park_if_requested, park_other_cpus, wait_for_cpus};
@@ -61,11 +61,13 @@ use run::{idle_entry, leave_cpu};
 enum State {
     Runnable,
     /// Waiting on the futex word at `address` for a wake whose bitset meets `bitset`, until
-    /// `deadline` (monotonic ns) if it has one.
+    /// `deadline` (monotonic ns) if it has one. `host_wakes`: a host message may end the wait
+    /// (`wait_for_host`), so it is never part of a dead-lock.
     Waiting {
         address: u64,
         bitset: u32,
         deadline: Option<u64>,
+        host_wakes: bool,
     },
 }
 

@@ -14,11 +14,12 @@
 //! Waiting (`wait_until_ready`, shared with `select` and `epoll_wait`) rides the kernel keys
 //! pipes, sockets and notifiers wake (`sched::wait_for_any_key`), host messages included (a
 //! socket's `SocketReady`, a signal's `Notify`). In a persistent enclave such a message may
-//! end a wait no thread of the job can end, so the wait there has a deadline, a 10 s slice,
-//! and never counts toward a dead-lock. The slice only does that: every change of readiness
-//! wakes the waiter itself. It was 100 ms: every thread an MPI rank's libraries park in
+//! end a wait no thread of the job can end, so the wait there never counts toward a
+//! dead-lock (`sched::wait_for_host`), and sleeps until a change of readiness wakes it. It
+//! once slept in 100 ms slices for that: every thread an MPI rank's libraries park in
 //! epoll_wait (PMIx's, Open MPI's, UCX's) then woke ten times a second, each time two ticks
-//! and two switches of emulated kernel code taken from the rank's spinning main thread.
+//! and two switches of emulated kernel code taken from the rank's spinning main thread
+//! (then 10 s slices, 5899b72).
 
 use super::time::deadline_after;
 use super::{user, Errno, Fd, SyscallResult, UserAddr};
@@ -38,8 +39,6 @@ const POLLNVAL: u16 = uapi::POLLNVAL as u16;
 /// `struct pollfd`'s size and where its revents are.
 const ENTRY: usize = size_of::<pollfd>();
 const REVENTS: usize = offset_of!(pollfd, revents);
-/// A slice of a wait in a persistent enclave (see above).
-const CONNECTED_SLICE_NS: u64 = 10_000_000_000;
 
 /// What one `struct pollfd` watches.
 enum Watched {
@@ -86,7 +85,7 @@ pub struct Interrupted;
 /// (monotonic ns; `None`: no limit) passes; `Interrupted` if a signal comes first (or is due
 /// already: `interrupted`), unless `ready()` holds by then (ready descriptors win, as on
 /// Linux). Rides the kernel keys pipes and notifiers wake (`sched::wait_for_any_key`); in a
-/// persistent enclave it waits in slices (see above).
+/// persistent enclave the host may end it too (see above).
 pub fn wait_until_ready(deadline: Option<u64>, interrupted: bool, ready: impl Fn() -> bool) -> Result<(), Interrupted> {
     let mut interrupted = interrupted;
     loop {
@@ -97,12 +96,7 @@ pub fn wait_until_ready(deadline: Option<u64>, interrupted: bool, ready: impl Fn
         if interrupted {
             return Err(Interrupted);
         }
-        let slice = crate::enclave::is_active().then(|| now.saturating_add(CONNECTED_SLICE_NS));
-        let until = match (deadline, slice) {
-            (Some(deadline), Some(slice)) => Some(deadline.min(slice)),
-            (deadline, slice) => deadline.or(slice),
-        };
-        let result = crate::sched::wait_for_any_key(until, || !ready());
+        let result = crate::sched::wait_for_any_key(deadline, crate::enclave::is_active(), || !ready());
         interrupted = matches!(result, Some(WaitResult::Interrupted | WaitResult::Signal));
     }
 }

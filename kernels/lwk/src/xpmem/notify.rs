@@ -85,12 +85,9 @@ pub fn notifier_of(raw: i64) -> Result<Arc<Notifier>, Error> {
     Ok(notifier(pid, id))
 }
 
-/// How long a reader of a notification descriptor sleeps at a time in a persistent enclave:
-/// the host's `Notify` may wake it, so its wait must not count as part of a dead-lock (the
-/// scheduler ends a job whose threads all wait with no deadline).
-const CONNECTED_WAIT_NS: u64 = 100_000_000;
-
-/// `read` of a notification descriptor: 8 bytes, the count since the last read.
+/// `read` of a notification descriptor: 8 bytes, the count since the last read. In a
+/// persistent enclave the host's `Notify` may end the wait, so it never counts as part of a
+/// dead-lock there (`sched::wait_for_host`; it once slept in 100 ms slices for that).
 pub fn read_notifier(notifier: &Notifier, buffer: UserAddr, len: u64, non_blocking: bool) -> SyscallResult {
     if len < 8 {
         return Err(Errno::EINVAL);
@@ -113,9 +110,11 @@ pub fn read_notifier(notifier: &Notifier, buffer: UserAddr, len: u64, non_blocki
         if interrupted {
             return Err(Restart::Always.errno());
         }
-        let deadline = crate::enclave::is_active().then(|| crate::clock::monotonic_ns() + CONNECTED_WAIT_NS);
         let nothing = || notifier.pending.load(Ordering::Acquire) == 0;
-        interrupted =
-            matches!(crate::sched::wait(notifier.key(), u32::MAX, deadline, nothing), Some(WaitResult::Interrupted | WaitResult::Signal));
+        let result = match crate::enclave::is_active() {
+            true => crate::sched::wait_for_host(notifier.key(), None, nothing),
+            false => crate::sched::wait(notifier.key(), u32::MAX, None, nothing),
+        };
+        interrupted = matches!(result, Some(WaitResult::Interrupted | WaitResult::Signal));
     }
 }
