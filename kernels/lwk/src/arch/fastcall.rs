@@ -272,10 +272,18 @@ fn entries_offset() -> u64 {
 /// takes), puts the caller's registers back from this CPU's scratch slot. An exception the
 /// code raised (a bad user pointer, single-stepping) is the kernel path's to answer: the
 /// frame is left at the `ud2`, and the caller returns to it without handling the exception
-/// (true). An interrupt is handled as usual, and the SYSCALL instruction runs again (false).
+/// (true). An interrupt is handled as usual, and the SYSCALL instruction runs again (false);
+/// but an interrupt of a file call the host has taken while others wait for the CPU sends the
+/// thread to `fast_file_collect`, whose `ud2` collects the answer (`collect_held_call`; false).
 pub fn abort_interrupted(frame: &mut TrapFrame) -> bool {
     let offset = frame.rip.wrapping_sub(RING3_SYSCALL_PAGE);
     if !frame.is_from_user() || offset == 0 || offset >= PAGE_SIZE {
+        return false;
+    }
+    if offset == &raw const fast_file_collect as u64 - &raw const ring3_syscall_page as u64 {
+        collect_held_call(frame);
+        // Out as a system call leaves (a tick taken meanwhile, a signal, a kill).
+        frame.vector = super::trap::SIGNAL_CHECK_VECTOR;
         return false;
     }
     let entries = entries_offset()..entries_offset() + MAX_CPUS as u64 * ENTRY_SIZE;
@@ -304,6 +312,15 @@ pub fn abort_interrupted(frame: &mut TrapFrame) -> bool {
     let posted = &raw const fast_file_posted as u64 - &raw const ring3_syscall_page as u64
         ..&raw const fast_file_end as u64 - &raw const ring3_syscall_page as u64;
     if posted.contains(&offset) {
+        // The host serves the call while others wait for this CPU (a tick at the end of the
+        // slice): the thread comes back for the answer at `fast_file_collect` once the
+        // interrupt is handled, from the kernel, where it may give the CPU up while it waits.
+        if frame.vector >= 32 && crate::enclave::slots::ring3_hold() {
+            frame.rax = super::tables::current_cpu() as u64;
+            frame.rip = RING3_SYSCALL_PAGE + (&raw const fast_file_collect as u64 - &raw const ring3_syscall_page as u64);
+            frame.rflags = (frame.r11 & USER_FLAGS) | 0x202;
+            return false;
+        }
         // A file call is in the host's hands: done once, whatever comes now.
         if let Some(result) = crate::enclave::slots::ring3_finish() {
             frame.rax = result as u64;
@@ -324,11 +341,31 @@ pub fn abort_interrupted(frame: &mut TrapFrame) -> bool {
     }
 }
 
+/// The `ud2` at `fast_file_collect`, with RAX the CPU whose ring-3 slot the thread holds
+/// (`abort_interrupted`): its call returns with the answer, or goes to the kernel path if the
+/// host sent it there. A job that jumps there itself gets the kernel path for RAX's call.
+fn collect_held_call(frame: &mut TrapFrame) {
+    use crate::enclave::slots::Collected;
+    match crate::enclave::slots::ring3_collect(frame.rax) {
+        Collected::Result(result) => {
+            frame.rax = result as u64;
+            frame.rip = frame.rcx;
+            frame.rflags = (frame.r11 & USER_FLAGS) | 0x202;
+        }
+        Collected::Kernel(number) => {
+            frame.rax = number;
+            frame.rip = RING3_SYSCALL_PAGE;
+        }
+        Collected::NotHeld => frame.rip = RING3_SYSCALL_PAGE,
+    }
+}
+
 global_asm!(
     r#"
     .section .text.ring3_syscall_page, "ax"
     .balign 4096
-    .global ring3_syscall_page, fast_entries, fast_entries_end, fast_saved, fast_file_posted, fast_file_end, fast_end
+    .global ring3_syscall_page, fast_entries, fast_entries_end, fast_saved, fast_file_posted, fast_file_end, fast_file_collect
+    .global fast_end
 ring3_syscall_page:
     ud2                                /* the kernel path: #UD entry, RIP == this page */
 
@@ -692,6 +729,11 @@ fast_return:
     mov {s_rsp} - {s_flags} - 8(%rsp), %rsp
     jmp *%rcx
 
+    /* A thread whose file call the host served while it gave its CPU to others collects
+       the answer here, in the kernel (`abort_interrupted`), with the caller's registers. */
+fast_file_collect:
+    ud2
+
 fast_end:
     .balign 4096
     .text
@@ -748,5 +790,6 @@ extern "C" {
     static fast_saved: u8;
     static fast_file_posted: u8;
     static fast_file_end: u8;
+    static fast_file_collect: u8;
     static fast_end: u8;
 }

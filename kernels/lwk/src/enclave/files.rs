@@ -100,7 +100,7 @@ fn forward(op: FileOp<'_>, may_sleep: bool) -> FileAnswer {
     let sleeps = || may_sleep && crate::sched::others_wait_here();
     // This CPU's file slot when the host polls them; else the channel.
     if !sleeps() {
-        if let Some(answer) = super::slots::call(job, request, &op) {
+        if let Some(answer) = super::slots::call(job, request, &op, may_sleep) {
             return answer;
         }
     }

@@ -5,19 +5,25 @@
 //! about 1.8 ms a call. The channel still serves while the host has not said it polls
 //! (`HOST_READY`), and carries any request too long for a slot.
 //!
-//! A waiting thread keeps its CPU (as for the channel: it does not yield), so the CPU's slot is
-//! its own; CPU 0 still serves the channel while it waits (pings, a kill), and a job ended
-//! meanwhile leaves its request posted: the next call on that CPU waits for its answer first.
+//! A waiting thread keeps its CPU while no other thread waits for it (the host answers within
+//! microseconds when idle); CPU 0 still serves the channel while it waits (pings, a kill), and
+//! a job ended meanwhile leaves its request posted: the next call on that CPU waits for its
+//! answer first. When others wait for the CPU, the waiter yields it to them until its answer
+//! is there, holding its slot meanwhile (`HELD`: other threads take the channel, or the
+//! kernel path for ring-3 calls, so nothing else is posted there). Before, a file call kept
+//! its CPU through the host's whole service (a 32 MiB read: a good 50 ms; seconds on a loaded
+//! host) from the threads queued for it, MPI ranks' progress threads among them.
 
 use super::FileAnswer;
+use crate::arch::tables::MAX_CPUS;
 use crate::arch::{channel as machine_channel, phys, tables};
 use crate::linux::Errno;
 use crate::mm::pmem;
 use core::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use enclave_proto::slots::{
-    self, ANSWERED, DATA, DATA_CAPACITY, FREE, GUEST_SLEEPING, HOST_POLLING, HOST_READY, LENGTH, POSTED, RING3_CONTEXT, RING3_CONTEXT_SIZE,
-    RING3_ESCALATE, RING3_FD_TABLE, RING3_JOB, RING3_JOB_FILES, RING3_JOB_FILES_LEN, RING3_REQUEST, RING3_REQUEST_PAGE, RING3_RESULT,
-    RING3_ROOT, RING3_SLOT_SIZE, RING3_STATE, STATE,
+    self, ANSWERED, DATA, DATA_CAPACITY, FREE, GUEST_SLEEPING, HOST_POLLING, HOST_READY, LENGTH, POSTED, RING3_CALL, RING3_CONTEXT,
+    RING3_CONTEXT_SIZE, RING3_ESCALATE, RING3_FD_TABLE, RING3_JOB, RING3_JOB_FILES, RING3_JOB_FILES_LEN, RING3_REQUEST, RING3_REQUEST_PAGE,
+    RING3_RESULT, RING3_ROOT, RING3_SLOT_SIZE, RING3_STATE, RING3_TAKEN, STATE,
 };
 use enclave_proto::{EnclaveMessage, FileOp, HostMessage};
 
@@ -28,6 +34,31 @@ const SPIN_BEFORE_HALT_US: u64 = 2000;
 static BASE: AtomicU64 = AtomicU64::new(0);
 static COUNT: AtomicU16 = AtomicU16::new(0);
 static DOORBELL_PORT: AtomicU16 = AtomicU16::new(0);
+
+/// Per CPU: the thread (tid + 1; 0: none) that gave the CPU up while the host served its call
+/// in the CPU's kernel slot (`KERNEL`) or ring-3 slot (`RING3`), and still waits for the answer
+/// there; and that ring-3 slot's physical address.
+struct Held {
+    kernel: AtomicU64,
+    ring3: AtomicU64,
+    ring3_slot: AtomicU64,
+}
+
+static HELD: [Held; MAX_CPUS] =
+    [const { Held { kernel: AtomicU64::new(0), ring3: AtomicU64::new(0), ring3_slot: AtomicU64::new(0) } }; MAX_CPUS];
+
+/// Whether `holder` names a thread that still waits for its answer (a killed one never comes
+/// back for it: its hold ends here).
+fn still_held(holder: &AtomicU64) -> bool {
+    match holder.load(Ordering::SeqCst) {
+        0 => false,
+        tid_plus_one if crate::sched::thread_cpu_time(tid_plus_one - 1).is_some() => true,
+        _ => {
+            holder.store(0, Ordering::SeqCst);
+            false
+        }
+    }
+}
 
 /// The word at physical `address` of the slot pages (allocated for good), which the host
 /// writes concurrently.
@@ -56,12 +87,17 @@ pub fn publish(vcpus: u16, doorbell_port: u16) -> Option<EnclaveMessage<'static>
     Some(EnclaveMessage::FileSlots { gpa: base, count })
 }
 
-/// Sends `FileRequest { job, request, op }` through this CPU's slot and waits for the answer;
-/// `None` when the slots cannot carry it (none, the host not polling them yet, too long).
-pub fn call(job: u32, request: u32, op: &FileOp<'_>) -> Option<FileAnswer> {
+/// Sends `FileRequest { job, request, op }` through this CPU's slot and waits for the answer,
+/// yielding the CPU while others wait for it if `may_yield` (see the module comment); `None`
+/// when the slots cannot carry it (none, the host not polling them yet, too long, the slot
+/// held by a thread that yielded).
+pub fn call(job: u32, request: u32, op: &FileOp<'_>, may_yield: bool) -> Option<FileAnswer> {
     let base = BASE.load(Ordering::Acquire);
     let cpu = tables::current_cpu();
     if base == 0 || cpu >= COUNT.load(Ordering::Relaxed) as usize || word(base + HOST_READY).load(Ordering::SeqCst) == 0 {
+        return None;
+    }
+    if still_held(&HELD[cpu].kernel) {
         return None;
     }
     let slot = slots::slot_address(base, cpu as u16);
@@ -84,8 +120,19 @@ pub fn call(job: u32, request: u32, op: &FileOp<'_>) -> Option<FileAnswer> {
     // get no channel interrupt: they poll.
     let sleeping = word(slot + GUEST_SLEEPING);
     let halt_after = crate::arch::cpu::read_tsc() + crate::clock::tsc_hz() / 1_000_000 * SPIN_BEFORE_HALT_US;
+    let mut held = false;
     while state.load(Ordering::SeqCst) != ANSWERED {
-        if cpu == 0 && word(base + HOST_POLLING).load(Ordering::SeqCst) == 0 && crate::arch::cpu::read_tsc() > halt_after {
+        if may_yield && crate::sched::others_wait_here() {
+            if !held {
+                HELD[cpu].kernel.store(crate::sched::current_tid() + 1, Ordering::SeqCst);
+                held = true;
+            }
+            // Maybe back on another CPU: only CPU 0 halts below.
+            crate::sched::yield_now();
+        } else if tables::current_cpu() == 0
+            && word(base + HOST_POLLING).load(Ordering::SeqCst) == 0
+            && crate::arch::cpu::read_tsc() > halt_after
+        {
             sleeping.store(1, Ordering::SeqCst);
             if state.load(Ordering::SeqCst) != ANSWERED {
                 super::wait_for_host_message();
@@ -103,6 +150,9 @@ pub fn call(job: u32, request: u32, op: &FileOp<'_>) -> Option<FileAnswer> {
         _ => FileAnswer::Result(-(Errno::EIO.0 as i64)),
     };
     state.store(FREE, Ordering::SeqCst);
+    if held {
+        HELD[cpu].kernel.store(0, Ordering::SeqCst);
+    }
     Some(answer)
 }
 
@@ -130,7 +180,7 @@ fn physical_of(virtual_address: u64) -> u64 {
 pub fn ring3_publish(job: u32) {
     let cpu = tables::current_cpu();
     let Some(context) = ring3_context(cpu) else { return };
-    if word(base_ready()).load(Ordering::SeqCst) == 0 {
+    if word(base_ready()).load(Ordering::SeqCst) == 0 || still_held(&HELD[cpu].ring3) {
         return;
     }
     let found = crate::job::with_process(|process| {
@@ -185,6 +235,69 @@ pub fn ring3_finish() -> Option<i64> {
     }
     state.store(FREE, Ordering::SeqCst);
     Some(word(slot + RING3_RESULT).load(Ordering::SeqCst) as i64).filter(|&result| result != RING3_ESCALATE)
+}
+
+/// The ring-3 call this CPU posted is in the host's hands (taken) and other threads wait for
+/// the CPU: the calling thread is to give the CPU up and collect the answer later
+/// (`ring3_collect`), so this CPU's ring-3 slot is held for it meanwhile (no ring-3 file calls
+/// here until the kernel path publishes the CPU again). Whether it is held so.
+pub fn ring3_hold() -> bool {
+    let cpu = tables::current_cpu();
+    let Some(context) = ring3_context(cpu) else { return false };
+    let request = word(context + RING3_REQUEST).load(Ordering::SeqCst);
+    if request == 0 || !crate::sched::others_wait_here() {
+        return false;
+    }
+    let slot = request + cpu as u64 * RING3_SLOT_SIZE;
+    if word(slot + RING3_STATE).load(Ordering::SeqCst) != RING3_TAKEN {
+        return false;
+    }
+    crate::arch::fastcall::files_ready(cpu, false);
+    HELD[cpu].ring3_slot.store(slot, Ordering::SeqCst);
+    HELD[cpu].ring3.store(crate::sched::current_tid() + 1, Ordering::SeqCst);
+    true
+}
+
+/// What a thread coming back for its held ring-3 call (`ring3_hold`) gets.
+pub enum Collected {
+    /// The call's result.
+    Result(i64),
+    /// The call (Linux's number) is the kernel path's to make: the host sent it there.
+    Kernel(u64),
+    /// The calling thread holds no call of CPU `cpu` (a job's own jump to the collecting code).
+    NotHeld,
+}
+
+/// Waits for the answer of the ring-3 call the calling thread holds on CPU `cpu`, yielding
+/// its CPU while others wait for it, and releases the slot.
+pub fn ring3_collect(cpu: u64) -> Collected {
+    let Some(held) = HELD.get(cpu as usize) else { return Collected::NotHeld };
+    if held.ring3.load(Ordering::SeqCst) != crate::sched::current_tid() + 1 {
+        return Collected::NotHeld;
+    }
+    let slot = held.ring3_slot.load(Ordering::SeqCst);
+    let state = word(slot + RING3_STATE);
+    while state.load(Ordering::SeqCst) == RING3_TAKEN && !crate::sched::current_thread_doomed() {
+        if crate::sched::others_wait_here() {
+            crate::sched::yield_now();
+        } else {
+            super::poll_host_once();
+        }
+    }
+    let collected = match state.load(Ordering::SeqCst) {
+        ANSWERED => match word(slot + RING3_RESULT).load(Ordering::SeqCst) as i64 {
+            RING3_ESCALATE => Collected::Kernel(word(slot + RING3_CALL).load(Ordering::SeqCst)),
+            result => Collected::Result(result),
+        },
+        // Taken still (the thread is being killed), or the job wrote its own slot.
+        RING3_TAKEN => Collected::Result(-(Errno::EIO.0 as i64)),
+        _ => Collected::Kernel(word(slot + RING3_CALL).load(Ordering::SeqCst)),
+    };
+    if state.load(Ordering::SeqCst) == ANSWERED {
+        state.store(FREE, Ordering::SeqCst);
+    }
+    held.ring3.store(0, Ordering::SeqCst);
+    collected
 }
 
 /// The page listing the job's own in-memory paths for the host (0 until first needed).
