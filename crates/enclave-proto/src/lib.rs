@@ -51,7 +51,7 @@
 //! | `0x8002` | `Pong` | u64 nonce |
 //! | `0x8003` | `JobStarted` | u32 job |
 //! | `0x8004` | `JobOutput` | u32 job, u8 stream (1 stdout, 2 stderr), bytes data |
-//! | `0x8005` | `JobExited` | u32 job, u32 status: as a shell shows it (0..=255; 128 + signal when killed) |
+//! | `0x8005` | `JobExited` | u32 job, u32 status: the exit code (0..=255), or [`KILLED_BY_SIGNAL`] + N when signal N killed the job ([`job_status_signal`]) |
 //! | `0x8006` | `LaunchFailed` | u32 job, i32 errno (positive), bytes reason |
 //! | `0x8007` | `Log` | bytes text: a kernel log line |
 //! | `0x8008` | `Panic` | bytes text: the kernel is going down |
@@ -162,8 +162,18 @@ pub use frame::{
 pub use socket::{Run, SocketOp};
 pub use wire::{DecodeError, EncodeError, Item, List, ListIter, Reader, Writer};
 
-/// Bumped on any incompatible change; the kernel reports its version in `Hello`.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// Bumped on any incompatible change; the kernel reports its version in `Hello`. 3: a job
+/// killed by a signal is reported as [`KILLED_BY_SIGNAL`] + N, no longer as 128 + N, which
+/// could not be told from `exit(128 + N)`.
+pub const PROTOCOL_VERSION: u16 = 3;
+
+/// `JobExited`'s status for a job killed by signal N is this + N: above every exit code.
+pub const KILLED_BY_SIGNAL: u32 = 0x100;
+
+/// The signal a `JobExited` status says killed the job; `None` for an exit code.
+pub fn job_status_signal(status: u32) -> Option<u32> {
+    status.checked_sub(KILLED_BY_SIGNAL).filter(|&signal| (1..KILLED_BY_SIGNAL).contains(&signal))
+}
 
 /// Bytes in front of `JobOutput` data: frame byte, kind, job, stream, data length.
 pub const OUTPUT_OVERHEAD: usize = 1 + 2 + 4 + 1 + 4;

@@ -387,3 +387,13 @@ fn xemem_messages_are_carried_as_they_are_and_never_empty() {
     longer.push(0);
     assert_eq!(HostMessage::decode(&longer), Err(DecodeError::TrailingBytes { count: 1 }));
 }
+
+#[test]
+fn a_signal_death_is_told_from_an_exit_code() {
+    assert_eq!(job_status_signal(KILLED_BY_SIGNAL + 9), Some(9));
+    assert_eq!(job_status_signal(KILLED_BY_SIGNAL + 2), Some(2));
+    assert_eq!(job_status_signal(128 + 2), None, "exit(130) is an exit code");
+    assert_eq!(job_status_signal(255), None);
+    assert_eq!(job_status_signal(KILLED_BY_SIGNAL), None, "no signal 0");
+    assert_eq!(job_status_signal(2 * KILLED_BY_SIGNAL), None);
+}

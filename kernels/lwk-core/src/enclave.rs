@@ -23,9 +23,10 @@ pub fn is_stderr(descriptor: u64) -> bool {
     descriptor as u32 == 2
 }
 
-/// The status a shell shows for a job ended by `signal`.
+/// `JobExited`'s status for a job ended by `signal` (enclave-proto's `KILLED_BY_SIGNAL` + N: an
+/// exit code is 0..=255).
 pub fn status_for_signal(signal: u32) -> u32 {
-    128 + (signal & 0x7f)
+    0x100 + (signal & 0x7f)
 }
 
 #[cfg(test)]
@@ -50,7 +51,7 @@ mod tests {
         assert!(is_stderr(2));
         assert!(!is_stderr(1));
         assert!(is_stderr(0xffff_ffff_0000_0002), "descriptors are C ints");
-        assert_eq!(status_for_signal(9), 137);
-        assert_eq!(status_for_signal(15), 143);
+        assert_eq!(status_for_signal(9), 0x109);
+        assert_eq!(status_for_signal(15), 0x10f);
     }
 }

@@ -100,11 +100,11 @@ fn live_members(family: &BTreeMap<u64, Member>, job: u32) -> impl Iterator<Item 
     family.iter().filter(move |(_, member)| member.job == job && matches!(member.life, Life::Alive { .. })).map(|(&pid, _)| pid)
 }
 
-/// The shell status of wait status `status` (128 + signal for a killed process).
-fn shell_status(status: u32) -> u8 {
+/// The job status (`JobExited`'s) of wait status `status`: the exit code, or the signal.
+fn job_status(status: u32) -> u32 {
     match status & 0x7f {
-        0 => (status >> 8) as u8,
-        signal => 128 + signal as u8,
+        0 => (status >> 8) & 0xff,
+        signal => crate::job::killed_status(signal as u8),
     }
 }
 
@@ -115,10 +115,10 @@ fn shell_status(status: u32) -> u8 {
 fn leader_ending(pid: u64, status: u32) {
     let job = FAMILY.lock().get(&pid).map_or(0, |member| member.job);
     if !crate::enclave::other_jobs_run(job) {
-        job::exit(shell_status(status))
+        job::exit(job_status(status))
     }
     record_ending(pid, status);
-    crate::enclave::job_ending(job, shell_status(status));
+    crate::enclave::job_ending(job, job_status(status));
     kill_job(job, Some(pid), killed(SIGKILL));
 }
 
@@ -155,7 +155,7 @@ pub fn kill_job_by_signal(job: u32, signal: u8) {
     let leader = FAMILY.lock().iter().find(|(_, member)| member.job == job && member.leads).map(|(&pid, _)| pid);
     if let Some(leader) = leader {
         record_ending(leader, killed(signal));
-        crate::enclave::job_ending(job, shell_status(killed(signal)));
+        crate::enclave::job_ending(job, job_status(killed(signal)));
     }
     kill_job(job, None, killed(signal));
 }
@@ -559,7 +559,7 @@ pub fn last_thread_exited(pid: u64, code: u8) {
         };
         if !crate::enclave::other_jobs_run(sched::current_job()) {
             match status & 0x7f {
-                0 => job::exit((status >> 8) as u8),
+                0 => job::exit((status >> 8) & 0xff),
                 signal => job::exit_by_signal(signal as u8),
             }
         }

@@ -355,6 +355,8 @@ impl JobEvent {
 pub struct RunReply {
     /// Always `exited`.
     pub event: String,
+    /// The exit code (0..=255), or 256 + N when signal N killed the job (enclave-proto's
+    /// `JobExited`).
     pub status: u32,
     /// The job's number in a persistent enclave.
     #[serde(default, skip_serializing_if = "Option::is_none")]

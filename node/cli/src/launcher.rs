@@ -18,7 +18,8 @@
 //!   the uid that made the connecting socket, and the daemon makes a job's sockets as the job's
 //!   user, so a connection from any other uid is closed unread; the first one of this uid is
 //!   taken and the listener closed, so no second connection reaches the proxy.
-//! - The end: the LWK reports a job killed by signal N as status 128+N (as a shell does). A
+//! - The end: the enclave reports a job killed by signal N apart from any exit code
+//!   (enclave-proto's `KILLED_BY_SIGNAL` + N; a job's `exit(130)` stays exit code 130). A
 //!   launcher tells a rank that crashed from one that exited with an error only by the signal,
 //!   so `clowder run` ends by that signal itself, without a core file of its own.
 //! - Being killed: the daemon ends a job whose `clowder run` hung up, so SIGINT, SIGTERM or
@@ -152,8 +153,8 @@ fn copy_then_close(mut from: impl Socket, mut to: impl Socket) {
     to.shut_down();
 }
 
-/// The signal a job's status says killed it: 128+N for the signals whose default action ends a
-/// process (so a launcher sees the rank die of it), else none.
+/// The signal a job's status says killed it, if its default action ends a process (so a
+/// launcher sees the rank die of it); else none. An exit code (0..=255) is never a signal.
 pub fn killing_signal(status: u32) -> Option<i32> {
     const TERMINATING: [i32; 15] = [
         libc::SIGHUP,
@@ -172,7 +173,7 @@ pub fn killing_signal(status: u32) -> Option<i32> {
         libc::SIGALRM,
         libc::SIGTERM,
     ];
-    let number = i32::try_from(status.checked_sub(128)?).ok()?;
+    let number = i32::try_from(enclave_proto::job_status_signal(status)?).ok()?;
     TERMINATING.contains(&number).then_some(number)
 }
 
@@ -310,13 +311,15 @@ mod tests {
     }
 
     #[test]
-    fn statuses_above_128_name_terminating_signals_only() {
-        assert_eq!(killing_signal(139), Some(libc::SIGSEGV));
-        assert_eq!(killing_signal(137), Some(libc::SIGKILL));
-        assert_eq!(killing_signal(143), Some(libc::SIGTERM));
-        assert_eq!(killing_signal(128 + 17), None, "SIGCHLD ends nothing");
-        assert_eq!(killing_signal(128), None);
-        assert_eq!(killing_signal(1), None);
-        assert_eq!(killing_signal(255), None);
+    fn signal_statuses_name_terminating_signals_only() {
+        let killed = |signal: i32| enclave_proto::KILLED_BY_SIGNAL + signal as u32;
+        assert_eq!(killing_signal(killed(libc::SIGSEGV)), Some(libc::SIGSEGV));
+        assert_eq!(killing_signal(killed(libc::SIGKILL)), Some(libc::SIGKILL));
+        assert_eq!(killing_signal(killed(libc::SIGTERM)), Some(libc::SIGTERM));
+        assert_eq!(killing_signal(killed(libc::SIGINT)), Some(libc::SIGINT));
+        assert_eq!(killing_signal(killed(libc::SIGCHLD)), None, "SIGCHLD ends nothing");
+        for code in [0, 1, 128, 130, 137, 139, 255] {
+            assert_eq!(killing_signal(code), None, "exit code {code}");
+        }
     }
 }

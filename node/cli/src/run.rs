@@ -156,7 +156,9 @@ pub fn run_command(args: RunArgs, json_output: bool) -> Result<u8, Failure> {
     if let Some(signal) = launcher::killing_signal(reply.status) {
         launcher::die_of(signal);
     }
-    Ok(reply.status.min(255) as u8)
+    // A signal that ends nothing by default (it was caught, then the job killed otherwise): a
+    // shell's 128 + N.
+    Ok(enclave_proto::job_status_signal(reply.status).map_or(reply.status.min(255), |signal| 128 + signal.min(127)) as u8)
 }
 
 #[cfg(test)]

@@ -409,7 +409,11 @@ impl Enclave {
             EnclaveMessage::JobStarted { job } => self.forward(job, JobEvent::Started),
             EnclaveMessage::JobOutput { job, stream, data } => self.forward(job, JobEvent::Output { stream, data: data.to_vec() }),
             EnclaveMessage::JobExited { job, status } => {
-                self.log.push(format!("clowderd: job {job} exited with status {status}"));
+                self.log.push(match enclave_proto::job_status_signal(status) {
+                    // As a shell would show it, with what it means.
+                    Some(signal) => format!("clowderd: job {job} exited with status {} (killed by signal {signal})", 128 + signal),
+                    None => format!("clowderd: job {job} exited with status {status}"),
+                });
                 // No job starts here until the finished job's segments are revoked everywhere;
                 // beside other jobs its processes' segments went as each ended (the kernel's
                 // removes), and the enclave's others are theirs.

@@ -510,7 +510,7 @@ impl FakeKernel {
             "quiet-until-killed" => loop {
                 match self.receive() {
                     Some(Incoming::Ping(nonce)) => self.pong(nonce),
-                    Some(Incoming::Kill) => break 128 + libc::SIGKILL as u32,
+                    Some(Incoming::Kill) => break enclave_proto::KILLED_BY_SIGNAL + libc::SIGKILL as u32,
                     Some(_) => {}
                     None => return,
                 }

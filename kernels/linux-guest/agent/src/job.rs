@@ -14,8 +14,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Component, Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use enclave_proto::{LaunchJob, Stream};
 
@@ -46,7 +45,8 @@ pub enum Event {
         stream: Stream,
         data: Vec<u8>,
     },
-    /// The process ended, after all its output was queued: status as a shell shows it.
+    /// The process ended, after all its output was queued: its exit code, or
+    /// `KILLED_BY_SIGNAL` + the signal that killed it (enclave-proto).
     Exited {
         job: u32,
         status: u32,
@@ -54,18 +54,50 @@ pub enum Event {
 }
 
 pub struct Job {
-    /// 0 until the process runs.
-    pid: Arc<AtomicI32>,
+    control: Arc<Control>,
 }
 
 impl Job {
-    /// Signals the process; nothing before it runs.
+    /// Signals the process. Before it runs the signal waits for it: a SIGKILL (the host's
+    /// `KillJob`) ends the launch at its next step (no process is started), another signal is
+    /// sent as soon as the process exists.
     pub fn signal(&self, signal: i32) {
-        let pid = self.pid.load(Ordering::SeqCst);
-        if pid > 0 {
-            // SAFETY: kill(2) has no memory effects; a process that already ended gives ESRCH.
-            unsafe { libc::kill(pid, signal) };
+        let mut state = self.control.lock();
+        match state.process {
+            // SAFETY: kill(2) has no memory effects; the process is not reaped yet (`Control`).
+            Some(pid) => unsafe {
+                libc::kill(pid, signal);
+            },
+            None if !state.ended && state.pending != Some(libc::SIGKILL) => state.pending = Some(signal),
+            None => {}
         }
+    }
+}
+
+/// What the session and the job's thread share. A signal goes to the process only while it is
+/// neither reaped nor yet to be started: the thread records the process under the lock once
+/// it is spawned (sending what came meanwhile), and takes it out under the lock before it
+/// reaps it, so a pid the kernel has given to another process since is never signalled.
+#[derive(Default)]
+struct Control(Mutex<ControlState>);
+
+#[derive(Default)]
+struct ControlState {
+    /// The running process, until it is reaped.
+    process: Option<i32>,
+    /// A signal that came before the process existed.
+    pending: Option<i32>,
+    ended: bool,
+}
+
+impl Control {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ControlState> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Whether the host killed the job before its process ran.
+    fn killed(&self) -> bool {
+        self.lock().pending == Some(libc::SIGKILL)
     }
 }
 
@@ -85,11 +117,16 @@ fn input_path(cwd: &Path, name: &[u8]) -> Result<PathBuf, Refusal> {
     Ok(cwd.join(name))
 }
 
-/// Status as a shell shows it: the exit code, or 128 + the signal that killed it.
-fn shell_status(status: std::process::ExitStatus) -> u32 {
+/// `JobExited`'s status for a job killed by `signal`.
+fn killed_status(signal: i32) -> u32 {
+    enclave_proto::KILLED_BY_SIGNAL + signal as u32
+}
+
+/// `JobExited`'s status: the exit code, or the signal that killed the process.
+fn job_status(status: std::process::ExitStatus) -> u32 {
     match (status.code(), status.signal()) {
         (Some(code), _) => code as u32 & 0xff,
-        (None, Some(signal)) => 128 + signal as u32,
+        (None, Some(signal)) => killed_status(signal),
         (None, None) => 255,
     }
 }
@@ -207,13 +244,27 @@ pub fn start(
             Some((pair[..split].to_vec(), pair[split + 1..].to_vec()))
         })
         .collect();
-    let pid = Arc::new(AtomicI32::new(0));
-    let process = Process { job, argv, env, cwd, binary, directory, pid: pid.clone() };
+    let control = Arc::new(Control::default());
+    let process = Process { job, argv, env, cwd, binary, directory, control: control.clone() };
     std::thread::spawn(move || match process.place(&*memory, &copies) {
         Ok(()) => process.run(host_files, events),
-        Err(refusal) => process.failed(&events, refusal),
+        Err(Stop::Refused(refusal)) => process.failed(&events, refusal),
+        Err(Stop::Killed) => process.killed_before_it_ran(&events),
     });
-    Ok(Job { pid })
+    Ok(Job { control })
+}
+
+/// Why a launch went no further.
+enum Stop {
+    Refused(Refusal),
+    /// The host killed the job first.
+    Killed,
+}
+
+impl From<Refusal> for Stop {
+    fn from(refusal: Refusal) -> Stop {
+        Stop::Refused(refusal)
+    }
 }
 
 /// A file the host placed in guest memory, and where it goes in the guest.
@@ -232,17 +283,21 @@ struct Process {
     cwd: PathBuf,
     binary: PathBuf,
     directory: PathBuf,
-    pid: Arc<AtomicI32>,
+    control: Arc<Control>,
 }
 
 impl Process {
     /// The working directory (also with host files: the job falls back to the guest's own
     /// files if they cannot be mounted), the binary and the input files.
-    fn place(&self, memory: &dyn PhysicalMemory, copies: &[Placed]) -> Result<(), Refusal> {
+    /// Stops at a kill from the host before each file.
+    fn place(&self, memory: &dyn PhysicalMemory, copies: &[Placed]) -> Result<(), Stop> {
         std::fs::create_dir_all(&self.cwd).map_err(|e| {
             refuse(e.raw_os_error().unwrap_or(libc::EIO), format!("creating the working directory {}: {e}", self.cwd.display()))
         })?;
         for copy in copies {
+            if self.control.killed() {
+                return Err(Stop::Killed);
+            }
             let mut written = Ok(());
             memory
                 .with_bytes(copy.gpa, copy.len, &mut |data| written = write_file(&copy.path, data, copy.mode))
@@ -291,8 +346,51 @@ impl Process {
     }
 
     fn failed(&self, events: &Waking<Event>, (errno, reason): Refusal) {
+        self.ended();
         self.clean_up();
         let _ = events.send(Event::Failed { job: self.job, errno, reason });
+    }
+
+    /// Killed by the host before its process ran: it ends as a killed process would.
+    fn killed_before_it_ran(&self, events: &Waking<Event>) {
+        self.ended();
+        self.clean_up();
+        eprintln!("clowder-agent: job {} was killed before its process started", self.job);
+        let _ = events.send(Event::Exited { job: self.job, status: killed_status(libc::SIGKILL) });
+    }
+
+    /// No process of this job is to be signalled any more.
+    fn ended(&self) {
+        let mut state = self.control.lock();
+        state.process = None;
+        state.ended = true;
+    }
+
+    /// Records the spawned process, sending it a signal that came while it was being started.
+    fn running(&self, pid: i32) {
+        let mut state = self.control.lock();
+        state.process = Some(pid);
+        if let Some(signal) = state.pending.take() {
+            // SAFETY: kill(2) has no memory effects; the child is not reaped yet.
+            unsafe { libc::kill(pid, signal) };
+        }
+    }
+
+    /// Waits for the child to end and reaps it, out of [`Control`] first (see there).
+    fn wait(&self, child: &mut std::process::Child) -> u32 {
+        let pid = child.id() as libc::id_t;
+        loop {
+            // SAFETY: a zeroed siginfo_t is valid; waitid writes into it. WNOWAIT leaves the
+            // child to be reaped below.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            let waited = unsafe { libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOWAIT) };
+            if waited == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                break;
+            }
+        }
+        self.ended();
+        child.wait().map_or(255, job_status)
     }
 
     fn run(self, host_files: Option<Forwarder>, events: Waking<Event>) {
@@ -308,6 +406,10 @@ impl Process {
         if mounted.is_some() {
             eprintln!("clowder-agent: job {job}: the host's files mounted in {} ms", started.elapsed().as_millis());
         }
+        if self.control.killed() {
+            drop(mounted);
+            return self.killed_before_it_ran(&events);
+        }
         let spawned = self.command(mounted.as_ref().map(|m| m.root.as_path())).and_then(|mut command| {
             spawn_alone(&mut command).map_err(|e| {
                 let name = String::from_utf8_lossy(&self.argv[0]);
@@ -321,7 +423,7 @@ impl Process {
                 return self.failed(&events, refusal);
             }
         };
-        self.pid.store(child.id() as i32, Ordering::SeqCst);
+        self.running(child.id() as i32);
         let _ = events.send(Event::Started { job });
         let readers = [
             (Stream::Stdout, Box::new(child.stdout.take().expect("piped")) as Box<dyn Read + Send>),
@@ -338,7 +440,7 @@ impl Process {
                 }
             })
         });
-        let status = child.wait().map(shell_status).unwrap_or(255);
+        let status = self.wait(&mut child);
         for reader in readers {
             let _ = reader.join();
         }

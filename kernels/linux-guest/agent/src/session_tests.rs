@@ -226,7 +226,7 @@ fn a_killed_job_reports_the_signal_and_a_bad_binary_fails_to_launch() {
     host.until(&mut session, |m| matches!(m, EnclaveMessage::JobOutput { .. }));
     host.send(&HostMessage::KillJob { job: 1 });
     let got = host.until(&mut session, |m| matches!(m, EnclaveMessage::JobExited { .. }));
-    assert_eq!(decoded(&got).last(), Some(&EnclaveMessage::JobExited { job: 1, status: 128 + 9 }));
+    assert_eq!(decoded(&got).last(), Some(&EnclaveMessage::JobExited { job: 1, status: enclave_proto::KILLED_BY_SIGNAL + 9 }));
 
     let argv: [&[u8]; 1] = [b"junk"];
     host.send(&launch(2, &argv, &cwd, FileImage { name: b"junk", gpa: 0x30_0000, len: 13 }, &[]));
@@ -254,6 +254,27 @@ fn pings_are_answered_while_a_slow_binary_is_placed() {
     assert!(asked.elapsed() < Duration::from_secs(2), "the Pong took {:?}", asked.elapsed());
     let got = host.until(&mut session, |m| matches!(m, EnclaveMessage::JobExited { .. }));
     assert_eq!(decoded(&got).last(), Some(&EnclaveMessage::JobExited { job: 6, status: 4 }));
+}
+
+/// A kill that comes while the job's files are still being copied ends the job: its process
+/// never runs, and the host hears it ended by SIGKILL.
+#[test]
+fn a_job_killed_while_its_binary_is_placed_never_runs() {
+    let shell = std::fs::read("/bin/sh").unwrap();
+    let (mut host, mut session) = start("kill-early", &[(SLOW_GPA, shell.clone())]);
+    let marker = host.directory.join("ran");
+    let cwd = host.directory.to_str().unwrap().as_bytes().to_vec();
+    let argv: [&[u8]; 3] = [b"sh", b"-c", b"echo ran > ran"];
+    host.send(&launch(7, &argv, &cwd, FileImage { name: b"/bin/sh", gpa: SLOW_GPA, len: shell.len() as u64 }, &[]));
+    host.send(&HostMessage::Ping { nonce: 1 });
+    host.until(&mut session, |m| matches!(m, EnclaveMessage::Pong { .. }));
+    host.send(&HostMessage::KillJob { job: 7 });
+    let got = host.until(&mut session, |m| matches!(m, EnclaveMessage::JobExited { .. } | EnclaveMessage::LaunchFailed { .. }));
+    assert_eq!(decoded(&got), [EnclaveMessage::JobExited { job: 7, status: enclave_proto::KILLED_BY_SIGNAL + 9 }]);
+    assert_eq!(session.running_jobs(), 0);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!marker.exists(), "the killed job's process ran");
+    assert!(!host.directory.join("run/job-7").exists(), "its binary is removed");
 }
 
 #[test]

@@ -105,7 +105,7 @@ struct RunningJob {
     cwd: String,
     /// How it ended, once its leader has, beside other jobs (reported when its last process is
     /// gone).
-    status: Option<u8>,
+    status: Option<u32>,
 }
 
 /// One end of the channel with its sending buffers.
@@ -317,7 +317,7 @@ impl State {
 fn follow_up(followup: Followup) {
     match followup {
         Followup::Nothing => {}
-        Followup::EndJob(status) => end_job(status as u8),
+        Followup::EndJob(status) => end_job(status),
         Followup::Shutdown => {
             log!("enclave: shutting down at the host's request");
             machine::exit(0)
@@ -475,7 +475,7 @@ pub fn other_jobs_run(job: u32) -> bool {
 }
 
 /// Job `job`'s leader ended beside other jobs, with `status` (the first one counts).
-pub fn job_ending(job: u32, status: u8) {
+pub fn job_ending(job: u32, status: u32) {
     with_state(|state| {
         if let Some(running) = state.jobs.get_mut(&job) {
             running.status.get_or_insert(status);
@@ -489,7 +489,7 @@ pub fn job_finished(job: u32) {
     let (status, none_left) = with_state(|state| {
         let Some(finished) = state.jobs.remove(&job) else { return (0, false) };
         let status = finished.status.unwrap_or(0);
-        state.link.send(&EnclaveMessage::JobExited { job, status: status as u32 });
+        state.link.send(&EnclaveMessage::JobExited { job, status });
         state.ending |= state.jobs.is_empty();
         (status, state.jobs.is_empty())
     });
@@ -672,13 +672,13 @@ fn launch_beside(bytes: &[u8]) {
 /// reported (with `status` unless they have their own), then, on the service stack, free
 /// their memory and go back to the service loop. On a CPU other than 0 the end is handed to
 /// CPU 0, where the service loop runs.
-pub fn end_job(status: u8) -> ! {
+pub fn end_job(status: u32) -> ! {
     let cpu = arch::tables::current_cpu();
     if cpu != 0 {
         crate::sched::hand_job_end_to_cpu0(status)
     }
     let (ended, vcpus) = with_state(|state| {
-        let ended: Vec<(u32, u8)> =
+        let ended: Vec<(u32, u32)> =
             core::mem::take(&mut state.jobs).into_iter().map(|(id, job)| (id, job.status.unwrap_or(status))).collect();
         state.kill_status = None;
         state.kills.clear();
@@ -695,13 +695,13 @@ pub fn end_job(status: u8) -> ! {
     // comes meanwhile waits in the ring until the service loop runs).
     with_state(|state| {
         for &(job, status) in &ended {
-            state.link.send(&EnclaveMessage::JobExited { job, status: status as u32 });
+            state.link.send(&EnclaveMessage::JobExited { job, status });
         }
         state.ending = false;
     });
     if !reusable {
         log!("enclave: job threads may still be live on other CPUs; stopping rather than reusing their memory");
-        machine::exit(status)
+        machine::exit(crate::job::shell_status(status))
     }
     crate::sched::clear_job_end_request();
     machine_channel::run_on_stack(SERVICE_STACK_TOP.load(Ordering::Relaxed), reclaim_job_then_serve)

@@ -694,9 +694,10 @@ fn read_host_file(path: &str, size: u64) -> Result<u64, Errno> {
     Ok(physical)
 }
 
-/// The job is over: its status becomes the VM's exit status, or, in a persistent enclave,
-/// goes to the host, and the kernel waits for the next job.
-pub fn exit(status: u8) -> ! {
+/// The job is over with `status` (`JobExited`'s: the exit code, or [`killed_status`]): a
+/// persistent enclave reports it to the host and waits for the next job; a one-shot machine
+/// logs it (the daemon reads that line) and exits with a shell's status (128 + signal).
+pub fn exit(status: u32) -> ! {
     if VERBOSE.load(Ordering::Relaxed) {
         log!("job ran {} us", run_time_ns() / 1000);
     }
@@ -705,7 +706,21 @@ pub fn exit(status: u8) -> ! {
         crate::enclave::end_job(status)
     }
     log!("job exited with status {status}");
-    machine::exit(status)
+    machine::exit(shell_status(status))
+}
+
+/// A shell's status for job status `status`: 128 + signal for a killed job (a machine's exit
+/// status has one byte).
+pub fn shell_status(status: u32) -> u8 {
+    match enclave_proto::job_status_signal(status) {
+        Some(signal) => 128 + signal as u8,
+        None => status as u8,
+    }
+}
+
+/// The job status of a job killed by `signal`, which an exit code cannot be mistaken for.
+pub fn killed_status(signal: u8) -> u32 {
+    enclave_proto::KILLED_BY_SIGNAL + u32::from(signal)
 }
 
 /// Memory of ended processes (or replaced images) whose XPMEM segments' removes the name
@@ -739,8 +754,8 @@ pub fn release(zero: memory::Zero) {
     }
 }
 
-/// The calling thread faulted: its process dies of `signal`, with the status a Linux shell
-/// reports (128 + signal) if it is the job's first process.
+/// The calling thread faulted: its process dies of `signal`, the job's status says so if it
+/// is the job's first process.
 pub fn kill_for_fault(signal: u8, name: &str, frame: &TrapFrame) -> ! {
     log!(
         "process {} killed by {name}: vector {} error {:#x} at rip {:#x} (address {:#x}), rsp {:#x}",
@@ -757,5 +772,5 @@ pub fn kill_for_fault(signal: u8, name: &str, frame: &TrapFrame) -> ! {
 /// The job's first process died of `signal` (its own, or sent by another process).
 pub fn exit_by_signal(signal: u8) -> ! {
     log!("job killed by signal {signal}");
-    exit(128 + signal)
+    exit(killed_status(signal))
 }

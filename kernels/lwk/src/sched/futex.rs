@@ -91,7 +91,7 @@ fn wait_as(
     if dead_lock {
         // Ended outside the scheduler's lock, so that a persistent enclave can reuse it.
         log!("every thread of the job waits on a futex that nobody can wake: dead-lock");
-        job::exit(128 + 9);
+        job::exit(job::killed_status(9));
     }
     // The thread may have been woken onto another CPU.
     let cpu = tables::current_cpu();

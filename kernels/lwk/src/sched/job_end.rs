@@ -19,9 +19,9 @@ pub(super) const NO_END_REQUEST: u32 = u32::MAX;
 /// Called on a CPU other than 0 when the job ends there: asks CPU 0 to end it (the first
 /// request wins, as the first `exit_group` does on Linux) and parks this CPU. CPU 0 notices
 /// at its next tick, idle round or wake-up (`end_job_if_requested`).
-pub fn hand_job_end_to_cpu0(status: u8) -> ! {
+pub fn hand_job_end_to_cpu0(status: u32) -> ! {
     let cpu = tables::current_cpu();
-    let _ = JOB_END_REQUEST.compare_exchange(NO_END_REQUEST, status as u32, Ordering::AcqRel, Ordering::Acquire);
+    let _ = JOB_END_REQUEST.compare_exchange(NO_END_REQUEST, status, Ordering::AcqRel, Ordering::Acquire);
     if let Some(apic_id) = apic_id(0) {
         apic::send_tick(apic_id);
     }
@@ -33,7 +33,7 @@ pub fn end_job_if_requested(cpu: usize) {
     if cpu == 0 && JOB_END_REQUEST.load(Ordering::Acquire) != NO_END_REQUEST {
         let status = JOB_END_REQUEST.swap(NO_END_REQUEST, Ordering::AcqRel);
         if status != NO_END_REQUEST {
-            job::exit(status as u8);
+            job::exit(status);
         }
     }
 }
