@@ -166,18 +166,26 @@ fn one_vm_attaches_another_at_the_placement_and_loses_it_when_the_owner_goes() {
     let live = attacher.slots.live.lock().unwrap().clone();
     let placed: Vec<(u64, u64, [u64; 2])> = live.iter().map(|&(_, gpa, len, first)| (gpa, len, first)).collect();
     assert_eq!(placed, [(gpa, 0x2000, [0xa, 0x100]), (gpa + 0x2000, 0x1000, [0xa, 0x300])], "the owner's pages, at the window place");
-    // Detach removes the slots; an unknown token is refused.
-    assert_eq!(attacher.call(Call::Unplace { token: token as u32 }), Ok([0; 4]));
-    assert!(attacher.slots.live.lock().unwrap().is_empty());
+    // Detach keeps the slots while the permit is held (answered 1: the device parks the
+    // place); an unknown token is refused.
+    assert_eq!(attacher.call(Call::Unplace { token: token as u32 }), Ok([1, 0, 0, 0]));
+    assert_eq!(*attacher.slots.live.lock().unwrap(), live, "kept");
     assert_eq!(attacher.call(Call::Unplace { token: token as u32 }), Err(libc::EINVAL));
-    // The same permit attached again at the same place gets its slots again (the guest read
-    // all ones there, one exit per load, when the first attach's were taken for still there).
+    // The same permit attached again at the parked place takes the same slots: none added.
     let [token, ..] = attacher.call(Call::Place { apid, offset: 0, len: 0x3000, gpa }).unwrap();
-    let live = attacher.slots.live.lock().unwrap().clone();
-    assert_eq!(live.iter().map(|&(_, gpa, len, first)| (gpa, len, first)).collect::<Vec<_>>(), placed, "re-attached");
-    assert_eq!(attacher.call(Call::Unplace { token: token as u32 }), Ok([0; 4]));
-    assert!(attacher.slots.live.lock().unwrap().is_empty());
+    assert_eq!(*attacher.slots.live.lock().unwrap(), live, "re-attached");
+    assert_eq!(attacher.call(Call::Unplace { token: token as u32 }), Ok([1, 0, 0, 0]));
+    // Another range through it gets new slots at its own place; the kept ones go.
+    let elsewhere = gpa + (2 << 20);
+    let [token, ..] = attacher.call(Call::Place { apid, offset: 0x2000, len: 0x1000, gpa: elsewhere }).unwrap();
+    let moved: Vec<(u64, u64, [u64; 2])> =
+        attacher.slots.live.lock().unwrap().iter().map(|&(_, gpa, len, first)| (gpa, len, first)).collect();
+    assert_eq!(moved, [(elsewhere, 0x1000, [0xa, 0x300])]);
+    assert_eq!(attacher.call(Call::Unplace { token: token as u32 }), Ok([1, 0, 0, 0]));
+    assert_eq!(attacher.slots.live.lock().unwrap().len(), 1);
+    // The release removes what was kept.
     attacher.call(request(Op::Release, &[apid], None, Vec::new())).unwrap();
+    assert!(attacher.slots.live.lock().unwrap().is_empty(), "released");
 
     // Attached again through a new permit, then the owner's VM goes: revoked, slots gone.
     let [apid, ..] = attacher.call(request(Op::Get, &[segment, xemem::ACCESS_READ_WRITE as u64, 1], None, Vec::new())).unwrap();

@@ -40,8 +40,9 @@ impl MailboxHost for Host {
         Ok(region.slot)
     }
 
-    fn unplace(&mut self, slot: u32) {
+    fn unplace(&mut self, slot: u32) -> bool {
         self.vm.get().expect("VM made").remove_region(slot).expect("slot removed");
+        false
     }
 }
 

@@ -11,7 +11,14 @@
 //!   checks them against the VM's RAM.
 //! - **Attaches**: the device reserves a place in its window and asks `Place`; the bridge adds
 //!   the memory as regions of this VM through [`Window`], which puts them at that place
-//!   (control socket `add_region` at the address). `Unplace` detaches and removes them.
+//!   (control socket `add_region` at the address). `Unplace` detaches, and the bridge keeps the
+//!   regions while the permit is held, as for an LWK: the device parks the place, and the
+//!   permit's next attach of the same range is placed there and takes them again (no memory
+//!   slot removed and added: on PVM a removal drops the machine's shadow page tables, and each
+//!   4 KiB page of a new slot faults on first touch). The permit's release, its revocation or
+//!   an attach of another range through it removes them. Unlike an LWK's job, a guest process
+//!   can still read kept memory (its library keeps its window mappings): the guest holds the
+//!   permit and is one trust domain.
 //! - **Revocation**: the node's `Revoke` is answered at once (the guest cannot be told) and
 //!   the port removes the regions: the guest then reads all ones there (`WindowHoles`).
 //! - **Signals** to a VM owner cannot be delivered without a guest kernel module: counted.
@@ -119,12 +126,6 @@ impl GuestRegions for Window<'_> {
 
     fn remove(&self, slot: u32) -> Result<(), String> {
         self.slots.remove(slot)
-    }
-
-    /// The device gives the place back at the detach (a later attach may be placed there): a
-    /// kept region would be taken again with no memory slot left under it.
-    fn keeps_detached(&self) -> bool {
-        false
     }
 }
 
@@ -279,14 +280,20 @@ impl VmXemem {
         match call {
             Call::Request { op, args, name, runs } => self.request(Op::from_u32(op).ok_or(libc::ENOSYS)?, args, name, runs, window),
             Call::Place { apid, offset, len, gpa } => self.place(access_id(apid)?, offset, len, gpa, window),
+            // Answered 1: the bridge keeps the regions at the place (the module comment says
+            // until when), and the device keeps the place for them.
             Call::Unplace { token } => {
                 let (access, slots) = self.placed.remove(&token).ok_or(libc::EINVAL)?;
-                let detached = self.ask(Request::Detach { process: GUEST_PROCESS, access }, window);
-                for slot in slots {
-                    // Gone already when the attachment was revoked (or with the detach).
-                    let _ = window.remove(slot);
+                match self.ask(Request::Detach { process: GUEST_PROCESS, access }, window) {
+                    Ok(_) => Ok([1, 0, 0, 0]),
+                    Err(error) => {
+                        for slot in slots {
+                            // Gone already when the attachment was revoked.
+                            let _ = window.remove(slot);
+                        }
+                        Err(error.errno())
+                    }
                 }
-                detached.map(|_| [0; 4]).map_err(Error::errno)
             }
         }
     }

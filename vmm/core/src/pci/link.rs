@@ -33,7 +33,8 @@ pub enum Call {
     Request { op: u32, args: [u64; 6], name: Option<String>, runs: Vec<(u64, u64)> },
     /// ATTACH: back `len` bytes at guest-physical `gpa` with permit `apid`'s memory from `offset`.
     Place { apid: u64, offset: u64, len: u64, gpa: u64 },
-    /// DETACH of the attachment `place` answered with `token`.
+    /// DETACH of the attachment `place` answered with `token`; answered 1 when the daemon keeps
+    /// its memory at the place for the permit's next attach of the same range.
     Unplace { token: u32 },
 }
 
@@ -121,9 +122,14 @@ impl MailboxHost for RemoteHost {
         u32::try_from(token).map_err(|_| libc::EIO)
     }
 
-    fn unplace(&mut self, token: u32) {
-        if let Err(errno) = self.ask(Call::Unplace { token }) {
-            log::warn!("xemem mailbox: the daemon did not detach attachment {token}: errno {errno}");
+    /// The daemon answers 1 when it keeps the attachment's memory at its place.
+    fn unplace(&mut self, token: u32) -> bool {
+        match self.ask(Call::Unplace { token }) {
+            Ok([kept, ..]) => kept == 1,
+            Err(errno) => {
+                log::warn!("xemem mailbox: the daemon did not detach attachment {token}: errno {errno}");
+                false
+            }
         }
     }
 }

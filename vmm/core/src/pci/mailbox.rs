@@ -4,6 +4,16 @@
 //! (`MailboxHost`, the daemon's XEMEM routing) checks the rest (frames inside guest RAM,
 //! permits). ATTACH and DETACH are carried out here: a placement in the window and one memory
 //! slot made by the host.
+//!
+//! A detached placement the host keeps (its memory stays at the place while the guest holds
+//! the permit) is parked: the place stays reserved, and the permit's next attach of the same
+//! range is placed there again. On a PVM host removing a memory slot drops the whole machine's
+//! shadow page tables, and every 4 KiB page of a new slot is a host fault on first touch, so a
+//! guest that attaches the same data at every step would otherwise pay both each time. The
+//! place is given back at the permit's release, at an attach of another range through it, or
+//! when the host kept nothing.
+
+use std::collections::HashMap;
 
 use super::{PciBus, MAILBOX_SIZE};
 use crate::hooks::{Device, DeviceError, ExitContext, Outcome, Request};
@@ -70,8 +80,18 @@ pub trait MailboxHost: Send {
     /// Backs `len` bytes at guest-physical `gpa` with segment memory of permit `apid` from
     /// `offset`, as one memory slot: the slot's id, or an errno value.
     fn place(&mut self, apid: u64, offset: u64, len: u64, gpa: u64) -> Result<u32, i32>;
-    /// Removes a slot `place` made.
-    fn unplace(&mut self, slot: u32);
+    /// Detaches the attachment `place` answered with `token`: whether the host keeps its
+    /// memory at the place for the permit's next attach of the same range (until the permit's
+    /// release, or an attach of another range through it).
+    fn unplace(&mut self, token: u32) -> bool;
+}
+
+/// An attachment's permit and range, as its placement is parked under and found again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Attached {
+    apid: u64,
+    offset: u64,
+    len: u64,
 }
 
 /// The XEMEM device: configuration space, the mailbox registers and the host behind them.
@@ -82,6 +102,11 @@ pub struct XememPci {
     host: Box<dyn MailboxHost>,
     /// Where the hooked MMIO range starts (MMIO offsets are relative to it).
     aperture: u64,
+    /// Attached placements by window offset.
+    attached: HashMap<u64, Attached>,
+    /// Detached placements whose memory the host keeps: window offset by permit (one each, as
+    /// the host keeps one attachment per permit).
+    parked: HashMap<u64, (Attached, u64)>,
 }
 
 impl XememPci {
@@ -89,7 +114,7 @@ impl XememPci {
         let mut registers = vec![0; MAILBOX_SIZE as usize];
         registers[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         registers[4..8].copy_from_slice(&VERSION.to_le_bytes());
-        XememPci { bus, registers, host, aperture }
+        XememPci { bus, registers, host, aperture, attached: HashMap::new(), parked: HashMap::new() }
     }
 
     fn u32_at(&self, at: usize) -> u32 {
@@ -181,24 +206,60 @@ impl XememPci {
                 if len == 0 || len % PAGE != 0 || offset % PAGE != 0 {
                     return Err(EINVAL);
                 }
-                let (window_offset, gpa) = self.bus.place(len).map_err(|_| libc::ENOSPC)?;
-                match self.host.place(apid, offset, len, gpa) {
-                    Ok(slot) => {
-                        self.bus.set_slot(window_offset, slot).map_err(|_| libc::EIO)?;
-                        Ok([window_offset, len, 0, 0])
-                    }
-                    Err(errno) => {
-                        let _ = self.bus.unplace(window_offset);
-                        Err(errno)
-                    }
-                }
+                self.attach(Attached { apid, offset, len })
             }
             Op::Detach => {
-                let slot = self.bus.unplace(request.args[0]).map_err(|_| EINVAL)?;
-                self.host.unplace(slot);
+                let window_offset = request.args[0];
+                let attached = self.attached.remove(&window_offset).ok_or(EINVAL)?;
+                let token = self.bus.token(window_offset).map_err(|_| EINVAL)?;
+                if self.host.unplace(token) {
+                    if let Some((_, stale)) = self.parked.insert(attached.apid, (attached, window_offset)) {
+                        let _ = self.bus.unplace(stale);
+                    }
+                } else {
+                    let _ = self.bus.unplace(window_offset);
+                }
                 Ok([0; 4])
             }
+            Op::Release => {
+                let released = self.host.call(&request);
+                // The host dropped what it kept for the permit, unless it never heard the call.
+                if !matches!(released, Err(libc::ETIMEDOUT)) {
+                    if let Some((_, window_offset)) = self.parked.remove(&request.args[0]) {
+                        let _ = self.bus.unplace(window_offset);
+                    }
+                }
+                released
+            }
             _ => self.host.call(&request),
+        }
+    }
+
+    /// ATTACH: at the permit's parked place when it kept this range, else at a new one. The
+    /// host drops what it kept of another range through the permit during the attach, so that
+    /// place is given back after it (not before: the new place must not overlap it).
+    fn attach(&mut self, attached: Attached) -> Result<[u64; 4], i32> {
+        let parked = self.parked.remove(&attached.apid);
+        let (window_offset, stale) = match parked {
+            Some((kept, window_offset)) if kept == attached => (window_offset, None),
+            other => (self.bus.place(attached.len).map_err(|_| libc::ENOSPC)?.0, other.map(|(_, at)| at)),
+        };
+        let gpa = self.bus.window_base().ok_or(libc::ENOSPC)? + window_offset;
+        let placed = self.host.place(attached.apid, attached.offset, attached.len, gpa);
+        if let Some(stale) = stale {
+            let _ = self.bus.unplace(stale);
+        }
+        match placed {
+            Ok(token) => {
+                self.bus.set_slot(window_offset, token).map_err(|_| libc::EIO)?;
+                self.attached.insert(window_offset, attached);
+                Ok([window_offset, attached.len, 0, 0])
+            }
+            // A failed attach leaves nothing kept.
+            Err(errno) => {
+                let _ = self.bus.unplace(window_offset);
+                Err(errno)
+            }
         }
     }
 }

@@ -9,12 +9,15 @@ const MAILBOX_BASE: u64 = 0xc000_0000;
 const APERTURE: u64 = 0xc000_0000;
 const WINDOW_BASE: u64 = 64 << 30;
 const KNOWN_APID: u64 = 9;
+const OTHER_APID: u64 = 10;
 
 #[derive(Default)]
 struct Seen {
     calls: Vec<MailboxRequest>,
     placed: Vec<(u64, u64, u64, u64, u32)>,
     unplaced: Vec<u32>,
+    /// What `unplace` answers: the host keeps a detached attachment's memory.
+    keeps: bool,
 }
 
 struct FakeHost(Arc<Mutex<Seen>>);
@@ -27,7 +30,7 @@ impl MailboxHost for FakeHost {
     }
 
     fn place(&mut self, apid: u64, offset: u64, len: u64, gpa: u64) -> Result<u32, i32> {
-        if apid != KNOWN_APID {
+        if apid != KNOWN_APID && apid != OTHER_APID {
             return Err(libc::ENOENT);
         }
         let mut seen = self.0.lock().unwrap();
@@ -36,8 +39,10 @@ impl MailboxHost for FakeHost {
         Ok(slot)
     }
 
-    fn unplace(&mut self, slot: u32) {
-        self.0.lock().unwrap().unplaced.push(slot);
+    fn unplace(&mut self, slot: u32) -> bool {
+        let mut seen = self.0.lock().unwrap();
+        seen.unplaced.push(slot);
+        seen.keeps
     }
 }
 
@@ -174,6 +179,38 @@ fn attach_places_one_slot_and_detach_removes_it() {
     assert_eq!(seen.lock().unwrap().unplaced, [100]);
     // The window's hole is reused.
     assert_eq!(ask(&mut device, Op::Attach as u32, &[KNOWN_APID, 0, 0x1000]).1[0], 0);
+}
+
+#[test]
+fn a_kept_placement_is_parked_for_the_same_range_and_given_back_at_release() {
+    let (mut device, seen) = device();
+    seen.lock().unwrap().keeps = true;
+    let attach = |device: &mut XememPci, offset: u64, len: u64| ask(device, Op::Attach as u32, &[KNOWN_APID, offset, len]);
+    assert_eq!(attach(&mut device, 0, 4 << 20), (0, [0, 4 << 20, 0, 0]));
+    assert_eq!(ask(&mut device, Op::Detach as u32, &[0]).0, 0);
+    // Parked: another permit's attach goes elsewhere, the same range through the permit there.
+    seen.lock().unwrap().keeps = false;
+    assert_eq!(ask(&mut device, Op::Attach as u32, &[OTHER_APID, 0, 0x1000]), (0, [4 << 20, 0x1000, 0, 0]));
+    assert_eq!(ask(&mut device, Op::Detach as u32, &[4 << 20]).0, 0);
+    assert_eq!(attach(&mut device, 0, 4 << 20).1[0], 0, "the same range at its parked place");
+    // ... as the host was asked: at the parked address, not a new one.
+    let addresses: Vec<u64> = seen.lock().unwrap().placed.iter().map(|p| p.3).collect();
+    assert_eq!(addresses, [WINDOW_BASE, WINDOW_BASE + (4 << 20), WINDOW_BASE]);
+    assert_eq!(ask(&mut device, Op::Detach as u32, &[0]).0, 0);
+    assert_eq!(ask(&mut device, Op::Detach as u32, &[0]).0, libc::EINVAL, "detached once only");
+    assert_eq!(attach(&mut device, 0, 0x1000).1[0], 0, "not kept by the host: the place was given back");
+    seen.lock().unwrap().keeps = true;
+    assert_eq!(ask(&mut device, Op::Detach as u32, &[0]).0, 0);
+    // Another range through the permit: placed beside the parked one, which then goes.
+    assert_eq!(attach(&mut device, 0x1000, 0x1000).1[0], 2 << 20);
+    assert_eq!(ask(&mut device, Op::Detach as u32, &[2 << 20]).0, 0);
+    assert_eq!(ask(&mut device, Op::Attach as u32, &[5, 0, 0x1000]).0, libc::ENOENT);
+    assert_eq!(attach(&mut device, 0, 0x1000).1[0], 0, "the lowest free place");
+    assert_eq!(ask(&mut device, Op::Detach as u32, &[0]).0, 0);
+    // Released: the parked place is free again.
+    assert_eq!(ask(&mut device, Op::Release as u32, &[KNOWN_APID]).0, 0);
+    assert_eq!(attach(&mut device, 0x2000, 0x1000).1[0], 0);
+    assert_eq!(attach(&mut device, 0x3000, 0x1000).1[0], 2 << 20, "the stale place was given back");
 }
 
 #[test]

@@ -179,6 +179,11 @@ impl PciBus {
         Ok(())
     }
 
+    /// The tag `set_slot` gave the placement at `offset`.
+    pub fn token(&mut self, offset: u64) -> Result<u32, PlaceError> {
+        self.window.tag_mut(offset).map(|tag| *tag).map_err(PlaceError::Window)
+    }
+
     /// Ends the placement at `offset`: the memory slot the caller must remove.
     pub fn unplace(&mut self, offset: u64) -> Result<u32, PlaceError> {
         self.window.remove(offset).map(|(_, slot)| slot).map_err(PlaceError::Window)
