@@ -8,11 +8,16 @@ pub mod user_mode;
 pub use guest_arch::{inb, inl, inw, outb, outl, outw, read_msr, write_msr};
 
 pub fn cpuid(leaf: u32) -> [u32; 4] {
+    cpuid_count(leaf, 0)
+}
+
+/// CPUID leaf `leaf`, sub-leaf `subleaf`: EAX, EBX, ECX, EDX.
+pub fn cpuid_count(leaf: u32, subleaf: u32) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
     // SAFETY: cpuid has no side effects; rbx is reserved by LLVM, so save it around the call.
     unsafe {
         asm!("mov {save:r}, rbx", "cpuid", "xchg {save:r}, rbx", save = out(reg) b,
-             inout("eax") leaf => a, inout("ecx") 0 => c, out("edx") d, options(nomem, nostack, preserves_flags))
+             inout("eax") leaf => a, inout("ecx") subleaf => c, out("edx") d, options(nomem, nostack, preserves_flags))
     }
     [a, b, c, d]
 }

@@ -9,6 +9,7 @@ use crate::{arch, boot, paging, println, start_info, zero_page, Boot};
 use crate::{EXIT_BAD_CMDLINE, EXIT_FAIL, EXIT_NO_CHANNEL, EXIT_PASS};
 
 mod user_echo;
+mod xsave;
 
 pub fn run(boot: &Boot) -> ! {
     let Some(test) = boot.cmdline.get("test") else {
@@ -43,6 +44,7 @@ pub fn run(boot: &Boot) -> ! {
         }
         "badport" => bad_port(boot),
         "int3" => int3(),
+        "xsave" => xsave::xsave(boot),
         "nop-loop" => nop_loop(boot),
         "ready" => {
             hypercall::hypercall(hypercall::READY, [0; 4]);

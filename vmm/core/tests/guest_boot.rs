@@ -278,6 +278,37 @@ fn nop_loop_makes_that_many_hypercalls() {
     eprintln!("{COUNT} nop hypercalls: {:.1} us each (whole run)", elapsed.as_secs_f64() * 1e6 / COUNT as f64);
 }
 
+/// XRSTOR and XSAVE in guest kernel mode move the x87, SSE and AVX state (on PVM through the
+/// VMM, whose emulator cannot: `vmm::emulate`), and a misaligned area gets #GP at the
+/// instruction. Also times a pair: `count` pairs more against none.
+#[test]
+fn xsave_and_xrstor_in_guest_kernel_mode_keep_the_vector_state() {
+    require_kvm!();
+    const COUNT: u64 = 2000;
+    let timed = |count: u64| {
+        let started = std::time::Instant::now();
+        let done = run(GuestSpec::new(&format!("test=xsave count={count}")));
+        (done, started.elapsed())
+    };
+    let (none, base) = timed(0);
+    if none.values("noavx") == [1] {
+        eprintln!("skipped: the CPU offers no XSAVE or no AVX");
+        return;
+    }
+    let (done, elapsed) = timed(COUNT);
+    done.assert_exit(0xee);
+    assert_eq!(done.value("kept"), 1, "{done}");
+    assert_eq!(done.value("pairs"), COUNT);
+    let expected = format!("testguest: exception 13 error 0x0 at rip {:#x}", done.value("gpat"));
+    assert!(done.serial.contains(&expected), "expected '{expected}'\n{done}");
+    if vmm::arch::cpuid::on_pvm() {
+        // The first pair, COUNT pairs and the misaligned XRSTOR, each an emulation failure.
+        assert_eq!(done.exit_count("emulated"), 2 * COUNT + 3, "{:?}", done.exit_counters);
+    }
+    let pair = elapsed.saturating_sub(base).as_secs_f64() / COUNT as f64;
+    eprintln!("XSAVE+XRSTOR in guest kernel mode: {:.1} us a pair ({COUNT} pairs {elapsed:?}, none {base:?})", pair * 1e6);
+}
+
 #[test]
 fn int3_in_guest_kernel_mode_raises_a_breakpoint_after_it() {
     require_kvm!();
