@@ -6,9 +6,7 @@
 //! must come to run on CPU 0 within 3 s ("moved"; "still on cpu 1" before the fix). Needs
 //! /dev/kvm, the LWK image, clowder-vmm and musl-gcc; skipped (with the reason) otherwise.
 
-use clowder_test_support::build_musl_program;
-use clowderd::enclave::Liveness;
-use support::{enclave_test_daemon, run_clowder, run_clowder_ok, text};
+use support::two_cpu_job_prints;
 
 mod support;
 
@@ -17,28 +15,13 @@ mod support;
 /// child to CPU 0, and then sleeps in short naps (leaving CPU 0 to the child) until a fresh
 /// report says CPU 0, or 3 s pass.
 const MOVE_JOB: &str = r#"#define _GNU_SOURCE
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
+#include "clowder_test.h"
 
 struct shared { volatile int cpu; volatile long reports; };
-
-static int bind(pid_t pid, int cpu) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    return sched_setaffinity(pid, sizeof set, &set);
-}
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
 
 /* Waits (napping 1 ms at a time) up to `seconds` for a report newer than `after` from `cpu`. */
 static int report_from(struct shared *s, long after, int cpu, double seconds) {
@@ -54,11 +37,11 @@ int main(void) {
     struct shared *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (s == MAP_FAILED) return 10;
     s->cpu = -1;
-    if (bind(0, 0) != 0) return 11;
+    if (set_cpus(0, 0, 0) != 0) return 11;
     pid_t child = fork();
     if (child < 0) return 12;
     if (child == 0) {
-        if (bind(0, 1) != 0) _exit(20);
+        bind_cpus(1, 1);
         for (;;) {
             for (volatile int i = 0; i < 100000; i++) {}
             s->cpu = sched_getcpu();
@@ -68,7 +51,7 @@ int main(void) {
     int result = 1;
     if (!report_from(s, 0, 1, 10)) {
         printf("child never ran on cpu 1\n");
-    } else if (bind(child, 0) != 0) {
+    } else if (set_cpus(child, 0, 0) != 0) {
         printf("sched_setaffinity of the child failed\n");
     } else {
         long before = s->reports;
@@ -84,11 +67,5 @@ int main(void) {
 
 #[test]
 fn a_running_thread_bound_elsewhere_moves() {
-    let Some((dir, socket)) = enclave_test_daemon("clowder-affinity-moves", Liveness::default()) else { return };
-    build_musl_program(&dir.0, "move", MOVE_JOB);
-    run_clowder_ok(&socket, &["enclave", "create", "--name", "two", "--cores", "0,1", "--mem", "256M"], &dir.0);
-    let output = run_clowder(&socket, &["run", "--enclave", "two", "./move"], &dir.0);
-    assert_eq!(text(&output.stdout), "moved\n", "stderr: {}", text(&output.stderr));
-    assert!(output.status.success(), "{:?}: {}", output.status, text(&output.stderr));
-    run_clowder_ok(&socket, &["enclave", "rm", "two"], &dir.0);
+    two_cpu_job_prints("clowder-affinity-moves", "move", MOVE_JOB, "moved\n");
 }

@@ -17,12 +17,12 @@ mod support;
 /// Five reads; for each, whether the spinner noted a time between 20 ms after the read began
 /// and 20 ms before it ended (a time slice is 10 ms: before the fix it could run a slice just
 /// before the call was made and one just after it returned, never inside it).
-const WAIT_JOB: &str = r#"#include <fcntl.h>
+const WAIT_JOB: &str = r#"#define _GNU_SOURCE
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
-#include <unistd.h>
+#include "clowder_test.h"
 
 #define CHUNK (32 << 20)
 #define MARGIN 0.02
@@ -30,12 +30,6 @@ const WAIT_JOB: &str = r#"#include <fcntl.h>
 static volatile double notes[NOTES]; /* the spinner's times, at most one a millisecond, a ring */
 static volatile unsigned noted;
 static volatile int stop;
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
 
 static void *spin(void *unused) {
     (void)unused;

@@ -8,12 +8,10 @@
 //! jobs); the next job must run, and the enclave's log must show no panic. Needs /dev/kvm,
 //! the LWK image, clowder-vmm and musl-gcc; skipped (with the reason) otherwise.
 
-use clowder_test_support::build_musl_program;
-use clowderd::enclave::Liveness;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use support::{enclave_test_daemon, run_clowder, run_clowder_ok, text};
+use support::{run_clowder, run_clowder_ok, text, two_cpu_enclave_with};
 
 mod support;
 
@@ -148,9 +146,7 @@ fn start_tree(socket: &std::path::Path, dir: &std::path::Path, enclave: &str) ->
 
 #[test]
 fn process_groups_killed_while_forking_leave_the_enclave_usable() {
-    let Some((dir, socket)) = enclave_test_daemon("clowder-group-kills", Liveness::default()) else { return };
-    build_musl_program(&dir.0, "group_kill", GROUP_KILL_JOB);
-    run_clowder_ok(&socket, &["enclave", "create", "--name", "two", "--cores", "0,1", "--mem", "256M"], &dir.0);
+    let Some((dir, socket)) = two_cpu_enclave_with("clowder-group-kills", "group_kill", GROUP_KILL_JOB, "256M") else { return };
     let run = run_clowder(&socket, &["run", "--enclave", "two", "./group_kill"], &dir.0);
     let logs = text(&run_clowder(&socket, &["logs", "two"], &dir.0).stdout);
     assert!(!logs.contains("panic"), "the enclave's kernel panicked:\n{logs}");
@@ -160,9 +156,7 @@ fn process_groups_killed_while_forking_leave_the_enclave_usable() {
 
 #[test]
 fn jobs_of_busy_process_trees_killed_from_the_host_leave_the_enclave_usable() {
-    let Some((dir, socket)) = enclave_test_daemon("clowder-killed-trees", Liveness::default()) else { return };
-    build_musl_program(&dir.0, "tree", TREE_JOB);
-    run_clowder_ok(&socket, &["enclave", "create", "--name", "two", "--cores", "0,1", "--mem", "512M"], &dir.0);
+    let Some((dir, socket)) = two_cpu_enclave_with("clowder-killed-trees", "tree", TREE_JOB, "512M") else { return };
     for round in 1..=ROUNDS {
         let mut clients: Vec<Child> = (0..JOBS).map(|_| start_tree(&socket, &dir.0, "two")).collect();
         // Let the kill meet them mid-churn.

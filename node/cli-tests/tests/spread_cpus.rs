@@ -6,9 +6,7 @@
 //! the two vCPUs at once, and, once both are bound to one CPU, never leave it. Needs /dev/kvm,
 //! the LWK image, clowder-vmm and musl-gcc; skipped (with the reason) otherwise.
 
-use clowder_test_support::build_musl_program;
-use clowderd::enclave::Liveness;
-use support::{enclave_test_daemon, run_clowder, run_clowder_ok, text};
+use support::two_cpu_job_prints;
 
 mod support;
 
@@ -18,27 +16,12 @@ mod support;
 /// ("apart"). Then both bind to CPU 1 alone and spin for 300 ms: any report of CPU 0 is a
 /// failure ("left CPU 1").
 const SPREAD_JOB: &str = r#"#define _GNU_SOURCE
-#include <sched.h>
 #include <stdio.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
+#include "clowder_test.h"
 
 struct shared { volatile int cpu[2]; volatile long reports[2]; volatile int phase; volatile int strayed; };
-
-static void bind_to(int first, int last) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    for (int cpu = first; cpu <= last; cpu++) CPU_SET(cpu, &set);
-    if (sched_setaffinity(0, sizeof set, &set) != 0) _exit(20);
-}
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
 
 /* Spins a while, then reports the CPU it runs on (which must be 1 once `bound`). */
 static void step(struct shared *s, int me, int bound) {
@@ -56,12 +39,12 @@ int main(void) {
     pid_t child = fork();
     if (child < 0) return 11;
     int me = child == 0;
-    bind_to(0, 0);
-    bind_to(1, 1);
-    bind_to(0, 1);
+    bind_cpus(0, 0);
+    bind_cpus(1, 1);
+    bind_cpus(0, 1);
     if (me == 1) {
         while (s->phase < 2) step(s, 1, 0);
-        bind_to(1, 1);
+        bind_cpus(1, 1);
         s->phase = 3;
         while (s->phase < 4) step(s, 1, 1);
         _exit(0);
@@ -75,7 +58,7 @@ int main(void) {
     printf(apart ? "apart\n" : "together on cpu %d\n", s->cpu[0]);
     s->phase = 2;
     while (s->phase < 3) step(s, 0, 0);
-    bind_to(1, 1);
+    bind_cpus(1, 1);
     for (double end = now() + 0.3; now() < end;) step(s, 0, 1);
     s->phase = 4;
     int status;
@@ -130,22 +113,10 @@ int main(void) {
 
 #[test]
 fn processes_bound_in_turn_spread_over_the_cpus() {
-    let Some((dir, socket)) = enclave_test_daemon("clowder-spread-cpus", Liveness::default()) else { return };
-    build_musl_program(&dir.0, "spread", SPREAD_JOB);
-    run_clowder_ok(&socket, &["enclave", "create", "--name", "two", "--cores", "0,1", "--mem", "256M"], &dir.0);
-    let output = run_clowder(&socket, &["run", "--enclave", "two", "./spread"], &dir.0);
-    assert_eq!(text(&output.stdout), "apart\nstayed on cpu 1\n", "stderr: {}", text(&output.stderr));
-    assert!(output.status.success(), "{:?}: {}", output.status, text(&output.stderr));
-    run_clowder_ok(&socket, &["enclave", "rm", "two"], &dir.0);
+    two_cpu_job_prints("clowder-spread-cpus", "spread", SPREAD_JOB, "apart\nstayed on cpu 1\n");
 }
 
 #[test]
 fn threads_woken_onto_the_other_cpu_carry_on() {
-    let Some((dir, socket)) = enclave_test_daemon("clowder-woken-elsewhere", Liveness::default()) else { return };
-    build_musl_program(&dir.0, "ring", RING_JOB);
-    run_clowder_ok(&socket, &["enclave", "create", "--name", "two", "--cores", "0,1", "--mem", "256M"], &dir.0);
-    let output = run_clowder(&socket, &["run", "--enclave", "two", "./ring"], &dir.0);
-    assert_eq!(text(&output.stdout), "500 rounds, 2 children ended\n", "stderr: {}", text(&output.stderr));
-    assert!(output.status.success(), "{:?}: {}", output.status, text(&output.stderr));
-    run_clowder_ok(&socket, &["enclave", "rm", "two"], &dir.0);
+    two_cpu_job_prints("clowder-woken-elsewhere", "ring", RING_JOB, "500 rounds, 2 children ended\n");
 }

@@ -60,9 +60,13 @@ pub fn why_jobs_cannot_run(vmm: &Path) -> Option<String> {
     None
 }
 
-/// Builds the static musl program `dir/name` from C `source` (kept as `dir/name.c`), threads
-/// allowed.
+/// The helpers every test program may include as `"clowder_test.h"` (CPU binding, a clock).
+pub const TEST_PROGRAM_HEADER: &str = include_str!("../c/clowder_test.h");
+
+/// Builds the static musl program `dir/name` from C `source` (kept as `dir/name.c`, with
+/// [`TEST_PROGRAM_HEADER`] beside it), threads allowed.
 pub fn build_musl_program(dir: &Path, name: &str, source: &str) -> PathBuf {
+    std::fs::write(dir.join("clowder_test.h"), TEST_PROGRAM_HEADER).unwrap();
     let source_path = dir.join(format!("{name}.c"));
     std::fs::write(&source_path, source).unwrap();
     let binary = dir.join(name);

@@ -64,6 +64,25 @@ pub fn start_daemon(dir: &Path, liveness: Liveness) -> PathBuf {
     serve(lwk_daemon(dir, vmm_binary(), liveness), dir)
 }
 
+/// A daemon for test `name` with `program` built from C `source` and an enclave `two` on CPUs 0
+/// and 1 with `mem` of memory, or `None` where enclaves cannot boot here (the reason printed).
+pub fn two_cpu_enclave_with(name: &str, program: &str, source: &str, mem: &str) -> Option<(TempDir, PathBuf)> {
+    let (dir, socket) = enclave_test_daemon(name, Liveness::default())?;
+    clowder_test_support::build_musl_program(&dir.0, program, source);
+    run_clowder_ok(&socket, &["enclave", "create", "--name", "two", "--cores", "0,1", "--mem", mem], &dir.0);
+    Some((dir, socket))
+}
+
+/// Runs C `source` as `./program` in a fresh two-CPU enclave (test `name`): it must print
+/// exactly `expected` and succeed.
+pub fn two_cpu_job_prints(name: &str, program: &str, source: &str, expected: &str) {
+    let Some((dir, socket)) = two_cpu_enclave_with(name, program, source, "256M") else { return };
+    let output = run_clowder(&socket, &["run", "--enclave", "two", &format!("./{program}")], &dir.0);
+    assert_eq!(text(&output.stdout), expected, "stderr: {}", text(&output.stderr));
+    assert!(output.status.success(), "{:?}: {}", output.status, text(&output.stderr));
+    run_clowder_ok(&socket, &["enclave", "rm", "two"], &dir.0);
+}
+
 /// `clowder ARGS` run in `cwd` against the daemon at `socket`.
 pub fn run_clowder(socket: &Path, args: &[&str], cwd: &Path) -> Output {
     Command::new(clowder()).args(args).current_dir(cwd).env("CLOWDER_SOCKET", socket).output().unwrap()
