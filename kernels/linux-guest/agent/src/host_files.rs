@@ -124,7 +124,7 @@ impl Forwarder {
     /// session loop was away 98 s at load 11), and the 60 s limit there turned reads the
     /// host still served into EIO mid-`execve` or mid-import. A job waiting here can still be
     /// killed (FUSE waits are killable).
-    fn call(&self, job: u32, call: FileCall) -> FileAnswer {
+    pub(crate) fn call(&self, job: u32, call: FileCall) -> FileAnswer {
         let (answer, answered) = mpsc::channel();
         if self.calls.send(Forwarded { job, call, answer }).is_err() {
             return FileAnswer::Error(libc::EIO);
@@ -408,7 +408,8 @@ impl Filesystem for HostTree {
             return reply.error(Errno::EINVAL);
         };
         match self.value(FileCall::Pwrite { handle, offset, data: data.to_vec() }) {
-            Ok(written) => reply.written(written),
+            Ok(written) if written as usize <= data.len() => reply.written(written),
+            Ok(_) => reply.error(Errno::EIO),
             Err(e) => reply.error(e),
         }
     }
@@ -528,8 +529,10 @@ impl Filesystem for HostTree {
         reply: ReplyData,
     ) {
         let (Ok(handle), len) = (u32::try_from(fh.0), size.min(self.forwarder.window)) else { return reply.error(Errno::EBADF) };
+        // The session checked the host's count against `len`; checked again here, where the
+        // bytes go to the guest kernel's page cache.
         match self.call(FileCall::Pread { handle, len, offset }) {
-            FileAnswer::Data(data) => reply.data(&data),
+            FileAnswer::Data(data) if data.len() <= len as usize => reply.data(&data),
             FileAnswer::Error(code) => reply.error(errno(code)),
             _ => reply.error(Errno::EIO),
         }

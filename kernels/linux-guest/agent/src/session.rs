@@ -64,10 +64,52 @@ pub struct FileWindow {
 }
 
 /// What the host answered a file call with.
+#[derive(Debug)]
 enum HostAnswer {
     /// A value, or a negative errno.
     Result(i64),
     Attributes(enclave_proto::FileAttributes),
+}
+
+/// The largest errno a FUSE reply may carry (the guest kernel refuses the reply otherwise and
+/// the call would never end).
+const MAX_FUSE_ERRNO: i64 = 511;
+
+/// What a checked answer gives the call.
+#[derive(Debug, PartialEq, Eq)]
+enum Checked {
+    Reply(FileAnswer),
+    /// This many bytes of the window, read or listed for the call.
+    Read(u64),
+}
+
+/// Checks the host's `answer` against `call` (see `Session::answered`); what was wrong.
+fn checked_answer(call: &FileCall, window: FileWindow, answer: HostAnswer) -> Result<Checked, String> {
+    // The bytes the call let the host put in the window (read, list) or take from it (write).
+    let limit = match call {
+        FileCall::Pread { len, .. } => Some((*len).min(window.size) as i64),
+        FileCall::Getdents { .. } => Some(window.size as i64),
+        FileCall::Pwrite { data, .. } => Some(data.len() as i64),
+        _ => None,
+    };
+    match answer {
+        HostAnswer::Result(result) if result < 0 => match result.checked_neg() {
+            Some(errno @ 1..=MAX_FUSE_ERRNO) => Ok(Checked::Reply(FileAnswer::Error(errno as i32))),
+            _ => Err(format!("the host answered {result}, which is no errno")),
+        },
+        HostAnswer::Result(count) => match (call, limit) {
+            (FileCall::Stat { .. }, _) => Err(format!("the host answered a value ({count}) instead of attributes")),
+            (_, Some(limit)) if count > limit => Err(format!("the host answered {count} bytes where at most {limit} were asked")),
+            (FileCall::Pread { .. } | FileCall::Getdents { .. }, _) => Ok(Checked::Read(count as u64)),
+            _ => u32::try_from(count)
+                .map(|value| Checked::Reply(FileAnswer::Value(value)))
+                .map_err(|_| format!("the host answered {count}, out of range")),
+        },
+        HostAnswer::Attributes(attributes) if matches!(call, FileCall::Stat { .. }) => {
+            Ok(Checked::Reply(FileAnswer::Attributes(attributes)))
+        }
+        HostAnswer::Attributes(_) => Err("the host answered attributes to a call that asked none".into()),
+    }
 }
 
 /// A forwarded file call on its way: the request number it went out with, and when.
@@ -329,32 +371,35 @@ impl<M: PhysicalMemory + Send + Sync + 'static> Session<M> {
         Ok(())
     }
 
-    /// The host's answer to a file call; data the call read is copied out of the window.
+    /// The host's answer to a file call; data the call read is copied out of the window. The
+    /// answer is checked against the call before it reaches the job's FUSE mount (the guest
+    /// kernel's page cache, where a wrong read would stay for the job's life): it must answer
+    /// the call with the host now (job and request number), in the call's kind, with an errno
+    /// FUSE can carry, and no more bytes than were asked (read, listed or written). Anything
+    /// else fails the call with EIO and is logged with what was wrong.
     fn answered(&mut self, job: u32, request: u32, answer: HostAnswer) -> Result<(), String> {
         let matches = self.outstanding.as_ref().is_some_and(|o| o.request == request && o.forwarded.job == job);
         let (Some(window), true) = (self.window, matches) else {
             return self.log(&format!("agent: an answer to file call {request} of job {job}, which was not asked; ignored"));
         };
         let Outstanding { forwarded, .. } = self.outstanding.take().expect("matched");
-        let limit = match forwarded.call {
-            FileCall::Pread { len, .. } => Some(len.min(window.size)),
-            FileCall::Getdents { .. } => Some(window.size),
-            _ => None,
-        };
-        let reply = match (answer, limit) {
-            (HostAnswer::Result(result), _) if result < 0 => FileAnswer::Error(i32::try_from(-result).unwrap_or(libc::EIO)),
-            (HostAnswer::Result(count), Some(limit)) if count <= limit as i64 => match self.memory.read(window.gpa, count as u64) {
-                Ok(data) => FileAnswer::Data(data),
+        let reply = match checked_answer(&forwarded.call, window, answer) {
+            Ok(Checked::Reply(reply)) => reply,
+            Ok(Checked::Read(count)) => match self.memory.read(window.gpa, count) {
+                Ok(data) if data.len() as u64 == count => FileAnswer::Data(data),
+                Ok(data) => {
+                    self.log(&format!("agent: the file window gave {} bytes for {count}", data.len()))?;
+                    FileAnswer::Error(libc::EIO)
+                }
                 Err(e) => {
                     self.log(&format!("agent: reading the file window: {e}"))?;
                     FileAnswer::Error(libc::EIO)
                 }
             },
-            (HostAnswer::Result(value), None) => u32::try_from(value).map_or(FileAnswer::Error(libc::EIO), FileAnswer::Value),
-            (HostAnswer::Attributes(attributes), None) if matches!(forwarded.call, FileCall::Stat { .. }) => {
-                FileAnswer::Attributes(attributes)
+            Err(wrong) => {
+                self.log(&format!("agent: job {job}'s file call {request} ({:?}): {wrong}; failed with EIO", forwarded.call))?;
+                FileAnswer::Error(libc::EIO)
             }
-            _ => FileAnswer::Error(libc::EIO),
         };
         // The FUSE thread may have given up waiting; its call then failed already.
         let _ = forwarded.answer.send(reply);
@@ -388,9 +433,67 @@ impl<M: PhysicalMemory + Send + Sync + 'static> Session<M> {
         self.outstanding.is_some()
     }
 
+    /// The way a job's FUSE thread reaches the host, as a job with host files gets it.
+    #[cfg(test)]
+    pub fn forwarder(&self) -> Option<Forwarder> {
+        self.window.map(|window| Forwarder { window: window.size, calls: self.calls_to.clone() })
+    }
+
     /// Jobs still running.
     #[cfg(test)]
     pub fn running_jobs(&self) -> usize {
         self.jobs.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WINDOW: FileWindow = FileWindow { gpa: 0x7000_0000, size: 256 << 10 };
+
+    fn check(call: FileCall, answer: HostAnswer) -> Result<Checked, String> {
+        checked_answer(&call, WINDOW, answer)
+    }
+
+    fn pread(len: u32) -> FileCall {
+        FileCall::Pread { handle: 1, len, offset: 0 }
+    }
+
+    #[test]
+    fn reads_get_no_more_bytes_than_they_asked() {
+        assert_eq!(check(pread(100), HostAnswer::Result(100)), Ok(Checked::Read(100)));
+        assert_eq!(check(pread(100), HostAnswer::Result(0)), Ok(Checked::Read(0)));
+        let more = check(pread(100), HostAnswer::Result(101)).unwrap_err();
+        assert_eq!(more, "the host answered 101 bytes where at most 100 were asked");
+        // A read asks at most the window, whatever the kernel asked.
+        assert!(check(pread(1 << 30), HostAnswer::Result((256 << 10) + 1)).is_err());
+        let listing = FileCall::Getdents { handle: 1 };
+        assert_eq!(check(listing.clone(), HostAnswer::Result(256 << 10)), Ok(Checked::Read(256 << 10)));
+        assert!(check(listing, HostAnswer::Result((256 << 10) + 1)).is_err());
+        let write = FileCall::Pwrite { handle: 1, offset: 0, data: vec![7; 10] };
+        assert_eq!(check(write.clone(), HostAnswer::Result(10)), Ok(Checked::Reply(FileAnswer::Value(10))));
+        assert!(check(write, HostAnswer::Result(11)).is_err(), "more written than sent");
+    }
+
+    #[test]
+    fn only_errnos_fuse_can_carry_are_passed_on() {
+        assert_eq!(check(pread(10), HostAnswer::Result(-2)), Ok(Checked::Reply(FileAnswer::Error(libc::ENOENT))));
+        assert_eq!(check(pread(10), HostAnswer::Result(-511)), Ok(Checked::Reply(FileAnswer::Error(511))));
+        for wrong in [-512, -100_000, i64::MIN] {
+            assert_eq!(check(pread(10), HostAnswer::Result(wrong)), Err(format!("the host answered {wrong}, which is no errno")));
+        }
+    }
+
+    #[test]
+    fn answers_of_the_wrong_kind_are_refused() {
+        let stat = || FileCall::Stat { path: b"/x".to_vec() };
+        let open = FileCall::Open { path: b"/x".to_vec(), flags: 0, mode: 0 };
+        assert!(matches!(check(stat(), HostAnswer::Attributes(Default::default())), Ok(Checked::Reply(FileAnswer::Attributes(_)))));
+        assert!(check(stat(), HostAnswer::Result(0)).is_err(), "a stat needs attributes");
+        assert!(check(open.clone(), HostAnswer::Attributes(Default::default())).is_err());
+        assert!(check(pread(10), HostAnswer::Attributes(Default::default())).is_err());
+        assert_eq!(check(open.clone(), HostAnswer::Result(5)), Ok(Checked::Reply(FileAnswer::Value(5))));
+        assert!(check(open, HostAnswer::Result(1 << 40)).is_err(), "no handle that large");
     }
 }

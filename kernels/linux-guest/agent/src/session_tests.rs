@@ -301,6 +301,63 @@ fn a_missing_file_region_fails_the_launch() {
     assert!(matches!(decoded(&got).last(), Some(EnclaveMessage::LaunchFailed { job: 3, errno, .. }) if *errno == libc::EFAULT));
 }
 
+/// Answers from the host that do not fit the file call fail it with EIO, logged with what was
+/// wrong, instead of reaching the job's FUSE mount: a read answered with more bytes than it
+/// asked, an errno FUSE cannot carry, and an answer to a call not asked (ignored; the call
+/// gets its own answer after it).
+#[test]
+fn wrong_answers_to_file_calls_fail_them_clearly() {
+    use crate::host_files::{FileAnswer, FileCall};
+    let (mut host, mut session, _) = start_with("wrong-answers", &[], Some(WINDOW));
+    let forwarder = session.forwarder().unwrap();
+    let calls = std::thread::spawn(move || {
+        let stat = || FileCall::Stat { path: b"/etc/hostname".to_vec() };
+        [forwarder.call(4, FileCall::Pread { handle: 3, len: 100, offset: 0 }), forwarder.call(4, stat()), forwarder.call(4, stat())]
+    });
+    let mut answers: Vec<i64> = vec![4096, -100_000, -(libc::ENOENT as i64)];
+    answers.reverse();
+    let (mut assembly, mut logs) = (vec![0; MAX_MESSAGE_LEN], Vec::new());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !calls.is_finished() {
+        assert!(Instant::now() < deadline, "the calls were not answered; logs: {logs:?}");
+        session.poll().unwrap();
+        let mut reassembler = Reassembler::new(&mut assembly);
+        let mut replies = Vec::new();
+        while let Some(n) = host.end.recv(&mut host.frame).unwrap() {
+            match reassembler.push(&host.frame[..n]).unwrap().map(|m| EnclaveMessage::decode(m).unwrap()) {
+                Some(EnclaveMessage::FileRequest { job, request, .. }) => {
+                    let result = answers.pop().unwrap();
+                    if answers.is_empty() {
+                        // First an answer to a request the agent did not make.
+                        replies.push(HostMessage::FileResult { job, request: request + 1000, result: 0 });
+                    }
+                    replies.push(HostMessage::FileResult { job, request, result });
+                }
+                Some(EnclaveMessage::Log { text }) => logs.push(String::from_utf8_lossy(text).into_owned()),
+                _ => {}
+            }
+        }
+        for reply in replies {
+            host.send(&reply);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let got = calls.join().unwrap();
+    assert_eq!(got, [FileAnswer::Error(libc::EIO), FileAnswer::Error(libc::EIO), FileAnswer::Error(libc::ENOENT)]);
+    session.poll().unwrap();
+    while let Some(n) = host.end.recv(&mut host.frame).unwrap() {
+        if let Some(EnclaveMessage::Log { text }) =
+            Reassembler::new(&mut assembly).push(&host.frame[..n]).unwrap().map(|m| EnclaveMessage::decode(m).unwrap())
+        {
+            logs.push(String::from_utf8_lossy(text).into_owned());
+        }
+    }
+    let said = |wanted: &str| logs.iter().any(|line| line.contains(wanted));
+    assert!(said("the host answered 4096 bytes where at most 100 were asked; failed with EIO"), "{logs:?}");
+    assert!(said("the host answered -100000, which is no errno; failed with EIO"), "{logs:?}");
+    assert!(said("which was not asked; ignored"), "{logs:?}");
+}
+
 /// A fake host that serves the agent's forwarded file calls from this machine's own files,
 /// as the daemon's hio.rs does (without its user and confinement checks), writing what a
 /// call reads into the window `memory` shares with the session.
