@@ -14,7 +14,7 @@ fi
 
 echo "== clowder-vmm =="
 target/release/vmm-bench
-for script in kernels/bench/run.sh xemem/bench/run.sh xemem/bench/snapshot.sh dex/bench/run.sh bench/insitu/run.sh coupling/bench/run.sh apps/mpi/bench.sh; do
+for script in kernels/bench/run.sh xemem/bench/run.sh xemem/bench/snapshot.sh bench/xemem/vm-table2.sh dex/bench/run.sh bench/insitu/run.sh coupling/bench/run.sh apps/mpi/bench.sh; do
     [ -x "$script" ] || continue
     echo "== ${script%/run.sh} =="
     "$script"

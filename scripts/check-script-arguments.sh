@@ -29,6 +29,7 @@ ATTACHES must be a whole number from 1 up, not '1e3'|ATTACHES=1e3 xemem/bench/ru
 SIZES takes region sizes in MiB (128 256 512 1024), not '1G'|SIZES="128 1G" xemem/bench/run.sh
 CROSS is 0 (host only) or 1, not 'no'|CROSS=no xemem/bench/run.sh
 REPS is a count from 1 to 99, not 'x'|REPS=x xemem/bench/snapshot.sh
+RUNS must be whole numbers from 1 up, not '0'|RUNS=0 bench/xemem/vm-table2.sh
 SECONDS must be a positive number, not 'soon'|scripts/lwk-kernel-profile.sh soon
 NZ must be a whole number from 1 up, not 'x'|scripts/adios2-demo.sh 1 2 x 4 5
 SIZES, STEPS, PAUSE_MS and RUNS take whole numbers from 1, not 'big'|SIZES="4 big" coupling/bench/run.sh

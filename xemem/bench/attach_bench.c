@@ -30,7 +30,9 @@
  * a per-byte rate: in a Linux VM on a PVM host each first touch of a page is emulated guest
  * kernel work, minutes for a buffer of the region's size), and in read mode the median of the
  * attached memory's second read in each iteration (same pages, no attach; 0 in the other
- * modes). In an LWK job, the attach role adds a "self"
+ * modes). Each mode's line follows a "first MODE MIB US" line: its first iteration's attach (+
+ * touch/read) alone, what a segment not attached before costs (later ones may find it mapped).
+ * In an LWK job, the attach role adds a "self"
  * line: the job attaching its own buffer of the region's size through the enclave's own name
  * server (the kernel's resolve + map with no host involved), the kernel's share of a host
  * attach.
@@ -228,6 +230,8 @@ static void measure(const char *label, xpmem_apid_t apid, size_t bytes, int iter
 		attach_times[i] = t1 - t0;
 		total += t1 - t0;
 	}
+	/* Before the quantiles sort the times: the first attach is the one a new segment costs. */
+	printf("first %s %zu %.1f\n", label, bytes >> 20, attach_times[0] * 1e6);
 	double local_gbs = mode == READ ? local->bytes / quantile(local_times, iterations, 0.5) / 1e9 : local->gbs;
 	double reread_gbs = mode == READ ? bytes / quantile(reread_times, iterations, 0.5) / 1e9 : 0;
 	printf("%s %zu %d %.2f %.1f %.1f %.2f %zu %.2f\n", label, bytes >> 20, iterations, (double)bytes * iterations / total / 1e9,

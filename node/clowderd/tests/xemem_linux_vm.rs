@@ -218,9 +218,10 @@ fn lwk_and_vm_exchange(daemon: &BrokeredDaemon, program: &Path, dir: &Path) {
 /// VM, and VM->host and VM->LWK up to `VM_OWNER_MAX` MiB (default 128: every page of a VM
 /// owner's region is first touched in emulated guest kernel code on a PVM host, about 5 ms a
 /// page), for each size of `SIZES` (MiB, default "128 256 512 1024"), `ATTACHES` (default 5)
-/// attaches and `READS` (3) attach + reads each. A VM attacher's local buffer is `LOCAL_MIB`
+/// attaches and `READS` (3) attach + reads each, all of it `RUNS` times (default 1), each run
+/// a new segment. bench/xemem/vm-table2.sh runs this and makes the tables of its rows. A VM attacher's local buffer is `LOCAL_MIB`
 /// (default 32) read repeatedly, for the same reason. Prints `row DIRECTION ...` lines
-/// (attach_bench's columns) and the VMM's memory beyond guest RAM. `make test-linux-xemem
+/// (attach_bench's columns, and its `first` lines) and the VMM's memory beyond guest RAM. `make test-linux-xemem
 /// CLOWDER_XEMEM_VM_BENCH=1` measures in the exchange's VM instead of booting a second one.
 #[test]
 #[ignore = "boots a Linux guest and measures: many minutes on a PVM host (by hand, once the exchange passes: -- --ignored vm_attach_bench)"]
@@ -241,6 +242,7 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
     let sizes: Vec<u64> = setting("SIZES", "128 256 512 1024").split_whitespace().map(|s| s.parse().unwrap()).collect();
     let owner_max: u64 = setting("VM_OWNER_MAX", "128").parse().unwrap();
     let (attaches, reads, local) = (setting("ATTACHES", "5"), setting("READS", "3"), format!("local={}", setting("LOCAL_MIB", "32")));
+    let runs: u32 = setting("RUNS", "1").parse().unwrap();
     let largest = sizes.iter().copied().max().unwrap_or(0);
     let host = |args: &[&str]| {
         Command::new(&bench)
@@ -267,14 +269,14 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
         args
     };
     let rows = |direction: &str, out: &str| {
-        for line in out.lines().filter(|l| ["attach ", "read ", "owner-read "].iter().any(|p| l.starts_with(p))) {
+        for line in out.lines().filter(|l| ["attach ", "read ", "owner-read ", "first "].iter().any(|p| l.starts_with(p))) {
             println!("row {direction} {line}");
         }
     };
     let hugepages = support::hugepages::Reservation::free_pages(largest / 2).map_err(|e| eprintln!("host->VM 2m rows skipped: {e}")).ok();
     for backing in setting("BACKINGS", "4k 2m").split_whitespace().filter(|&b| b == "4k" || hugepages.is_some()) {
-        for &mib in &sizes {
-            let name = format!("h{backing}v{mib}");
+        for (run, &mib) in (0..runs).flat_map(|run| sizes.iter().map(move |mib| (run, mib))) {
+            let name = format!("h{backing}v{mib}r{run}");
             let owner = host(&owner_args(&name, backing, mib).iter().map(String::as_str).collect::<Vec<_>>());
             let (reply, out) = job("vm", attacher_args(&name, mib, true)).join().unwrap();
             let owner = owner.wait_with_output().unwrap();
@@ -285,8 +287,8 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
         }
     }
     drop(hugepages);
-    for &mib in sizes.iter().filter(|&&mib| mib <= owner_max) {
-        let name = format!("vh{mib}");
+    for (run, &mib) in (0..runs).flat_map(|run| sizes.iter().filter(|&&mib| mib <= owner_max).map(move |mib| (run, mib))) {
+        let name = format!("vh{mib}r{run}");
         let owner = job("vm", owner_args(&name, "4k", mib));
         let attacher = host(&attacher_args(&name, mib, false).iter().map(String::as_str).collect::<Vec<_>>()).wait_with_output().unwrap();
         let (reply, out) = owner.join().unwrap();
@@ -307,12 +309,12 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
             rows(direction, &out);
             rows(direction, &owner_out);
         };
-        for &mib in &sizes {
-            let name = format!("lv{mib}");
+        for (run, &mib) in (0..runs).flat_map(|run| sizes.iter().map(move |mib| (run, mib))) {
+            let name = format!("lv{mib}r{run}");
             pair("lwk->vm", ("lwk", owner_args(&name, "4k", mib)), ("vm", attacher_args(&name, mib, true)));
         }
-        for &mib in sizes.iter().filter(|&&mib| mib <= owner_max) {
-            let name = format!("vl{mib}");
+        for (run, &mib) in (0..runs).flat_map(|run| sizes.iter().filter(|&&mib| mib <= owner_max).map(move |mib| (run, mib))) {
+            let name = format!("vl{mib}r{run}");
             pair("vm->lwk", ("vm", owner_args(&name, "4k", mib)), ("lwk", attacher_args(&name, mib, false)));
         }
         let removed = call(&daemon.socket, json!({"op": "rm", "name": "lwk"}));

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# XEMEM Table 2's Linux-VM rows (issue 26): boots a Linux enclave under a private clowderd
+# (node/clowderd/tests/xemem_linux_vm.rs, vm_attach_bench) and measures host -> VM, LWK -> VM,
+# VM -> host and VM -> LWK with attach_bench, RUNS times each (a new segment each run), then
+# writes the tables into docs/results/xemem-attach.md (between its vm-table2 markers) and draws
+# docs/results/xemem-vm.png (bench/xemem/vm_table2.py). Minutes to an hour on a PVM host: the
+# guest's kernel code is emulated. Settings (environment): SIZES (MiB, default "128 256 512
+# 1024"), RUNS (3), ATTACHES (10), READS (5), VM_OWNER_MAX (MiB a VM owner exports at most,
+# default 256: its pages are first touched in emulated guest kernel code), LWK (1: the LWK rows),
+# BACKINGS (2m: the host owner's pages). NO_WRITE=1 prints the tables only.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+if [ $# -gt 0 ]; then
+    echo "vm-table2: takes no arguments (settings are environment variables), got '$1'" >&2
+    exit 2
+fi
+for setting in SIZES RUNS ATTACHES READS VM_OWNER_MAX; do
+    for value in ${!setting:-1}; do
+        if ! [[ $value =~ ^[1-9][0-9]*$ ]]; then
+            echo "vm-table2: $setting must be whole numbers from 1 up, not '$value'" >&2
+            exit 2
+        fi
+    done
+done
+if [ ! -c /dev/kvm ]; then
+    echo "vm-table2: no /dev/kvm: the Linux-VM rows are not measured here"
+    exit 0
+fi
+log_dir=$(mktemp -d)
+trap 'rm -rf "$log_dir"' EXIT
+log=$log_dir/vm-bench.log
+started=$(date -u '+%Y-%m-%d %H:%M UTC')
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+echo "vm-table2: $started, $(nproc) CPUs, load $load_before"
+t0=$(date +%s)
+SIZES=${SIZES:-128 256 512 1024} RUNS=${RUNS:-3} ATTACHES=${ATTACHES:-10} READS=${READS:-5} \
+    VM_OWNER_MAX=${VM_OWNER_MAX:-256} LWK=${LWK:-1} BACKINGS=${BACKINGS:-2m} CLOWDER_LINUX_HOST_FILES=0 \
+    cargo test --release -p clowderd --test xemem_linux_vm -- --ignored --nocapture vm_attach_bench 2>&1 | tee "$log"
+args=(--date "$started" --load-before "$load_before" --load-after "$(cut -d' ' -f1-3 /proc/loadavg)"
+    --elapsed $(( $(date +%s) - t0 )) --commit "$(git rev-parse --short HEAD)"
+    --machine "$(uname -r), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) CPUs")
+if [ "${NO_WRITE:-0}" = 1 ]; then
+    python3 bench/xemem/vm_table2.py "$log" "${args[@]}"
+else
+    python3 bench/xemem/vm_table2.py "$log" "${args[@]}" --write docs/results/xemem-attach.md --figure docs/results/xemem-vm.png
+fi
