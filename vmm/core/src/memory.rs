@@ -86,6 +86,9 @@ struct RuntimeRegion {
     file: File,
     file_offset: u64,
     host_addr: *mut u8,
+    /// The whole mapping `host_addr` lies in: larger than the region where the file maps only
+    /// in larger pages (`add_region`).
+    mapping: (*mut libc::c_void, usize),
 }
 
 // The raw pointer is a private mapping owned by this struct; nothing else aliases it mutably.
@@ -96,9 +99,19 @@ impl Drop for RuntimeRegion {
         // Forgotten first, under the registry's lock: a vCPU must never cover a freed range.
         let mut mapped = MAPPED_FILES.lock().unwrap();
         mapped.retain(|m| m.host_addr != self.host_addr as usize);
-        // SAFETY: host_addr/len is the mapping this region created; KVM no longer uses it.
-        unsafe { libc::munmap(self.host_addr.cast(), self.info.len as usize) };
+        // SAFETY: the mapping this region created; KVM no longer uses it.
+        unsafe { libc::munmap(self.mapping.0, self.mapping.1) };
     }
+}
+
+/// The page size of a file on hugetlbfs, which maps only in whole pages of it; `None` for
+/// any other file.
+fn hugetlb_page_size(file: &File) -> Option<u64> {
+    // SAFETY: a plain C struct, filled by fstatfs below.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs into a local buffer, on a descriptor the caller owns.
+    let hugetlb = unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } == 0 && fs.f_type == libc::HUGETLBFS_MAGIC;
+    hugetlb.then_some(fs.f_bsize as u64)
 }
 
 /// A run-time region's mapping of a file, as [`cover_truncated_files`] needs it.
@@ -384,20 +397,31 @@ impl GuestMemory {
             RegionAccess::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
             RegionAccess::ReadOnly => libc::PROT_READ,
         };
+        // A file on larger pages (another enclave's hugetlb RAM, which XEMEM attaches in 4 KiB
+        // runs) maps only in whole pages of its size: map the pages the range lies in and give
+        // the guest's slot only the range, so it sees nothing of the neighbouring memory.
+        let unit = hugetlb_page_size(&file).unwrap_or(PAGE_SIZE);
+        let map_offset = file_offset - file_offset % unit;
+        let Some(map_len) = file_offset.checked_add(len).and_then(|end| end.checked_next_multiple_of(unit)).map(|end| end - map_offset)
+        else {
+            return bad(format!("region file range {file_offset:#x}+{len:#x} wraps"));
+        };
         // SAFETY: a fresh shared mapping of the file; checked for failure below.
-        let host = unsafe {
+        let mapping = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len as usize,
+                map_len as usize,
                 prot,
                 libc::MAP_SHARED | libc::MAP_POPULATE,
                 file.as_raw_fd(),
-                file_offset as libc::off_t,
+                map_offset as libc::off_t,
             )
         };
-        if host == libc::MAP_FAILED {
+        if mapping == libc::MAP_FAILED {
             return bad(format!("mapping region file at {file_offset:#x}+{len:#x}: {}", io::Error::last_os_error()));
         }
+        // SAFETY: file_offset - map_offset < unit <= map_len: inside the mapping.
+        let host = unsafe { mapping.cast::<u8>().add((file_offset - map_offset) as usize) };
         let slot = self.next_slot;
         MAPPED_FILES.lock().unwrap().push(MappedFile {
             host_addr: host as usize,
@@ -408,7 +432,8 @@ impl GuestMemory {
             backed: len,
         });
         watch_for_truncation();
-        let region = RuntimeRegion { info: RegionInfo { slot, gpa, len }, file, file_offset, host_addr: host.cast() };
+        let region =
+            RuntimeRegion { info: RegionInfo { slot, gpa, len }, file, file_offset, host_addr: host, mapping: (mapping, map_len as usize) };
         self.register_slot(vm, slot, gpa, len, region.host_addr, access)?;
         self.next_slot += 1;
         let info = region.info.clone();
