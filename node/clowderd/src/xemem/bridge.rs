@@ -464,7 +464,7 @@ impl Bridging {
                         .ok_or(Error::NotFound)
                         .and_then(|broker| broker.attach_for_enclave(caller(*process), broker_access, *offset, *size))
                         .map(|(segment, runs)| (segment, runs, None)),
-                    Source::Enclave { access, proxy } => links.attach_enclave_memory(proxy, access, *offset, *size),
+                    Source::Enclave { access, proxy } => links.attach_enclave_memory(proxy, access, *offset, *size, true),
                 };
                 let mapped = attached.and_then(|(segment, runs, count)| {
                     let attachment = BridgedAttachment::for_answer(segment, expected, *offset, *size, &runs, &mut kept, regions);

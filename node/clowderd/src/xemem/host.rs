@@ -19,7 +19,7 @@ impl xemem_host::Enclaves for XememLinks {
     }
 
     fn attach(&self, process: u64, access: AccessId, offset: u64, size: u64) -> Result<Vec<xemem_host::EnclaveRun>, Error> {
-        self.attach_enclave_memory(process, access, offset, size).map(|(_, runs, _)| runs)
+        self.attach_enclave_memory(process, access, offset, size, false).map(|(_, runs, _)| runs)
     }
 
     fn detach(&self, process: u64, access: AccessId) -> Result<(), Error> {

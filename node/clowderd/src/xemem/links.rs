@@ -242,7 +242,7 @@ impl XememLinks {
             let _ = self.release(process, access);
             return Err(Error::Unreachable);
         };
-        match file_runs(&*ram, &runs) {
+        match file_runs(&*ram, &runs, false) {
             Ok(file_runs) => Ok((access, file_runs)),
             Err(error) => {
                 let _ = self.call(Request::Detach { process, access });

@@ -71,16 +71,18 @@ impl XememLinks {
     /// enclave's frame runs, each checked against its RAM and named as a range of its RAM
     /// memfd, and where the owner kernel's count of page-table changes lies with the value
     /// the runs hold while (when the owner publishes one and it stood still while they were
-    /// had). Any failure detaches again.
+    /// had). `for_vmm`: for another enclave, whose VMM maps the runs ([`file_runs`]). Any
+    /// failure detaches again.
     pub(super) fn attach_enclave_memory(
         &self,
         process: u64,
         access: AccessId,
         offset: u64,
         size: u64,
+        for_vmm: bool,
     ) -> Result<(SegmentId, Vec<xemem_host::EnclaveRun>, Option<OwnerCount>), Error> {
         let (segment, runs, count) = self.owner_runs(process, access, offset, size)?;
-        let checked = self.owner_ram(segment).ok_or(Error::Unreachable).and_then(|ram| file_runs(&*ram, &runs));
+        let checked = self.owner_ram(segment).ok_or(Error::Unreachable).and_then(|ram| file_runs(&*ram, &runs, for_vmm));
         let runs = match checked {
             Ok(runs) => runs,
             Err(error) => {
@@ -159,11 +161,13 @@ impl Links {
 }
 
 /// Checks every frame run against the enclave's RAM and names it as a range of the RAM memfd.
-/// An enclave whose RAM is on 2 MiB hugetlb pages can share only whole pages: a process can
-/// map a hugetlb file only in 2 MiB pieces, and rounding a run out would hand it the
-/// enclave's neighbouring memory; such an attach is refused with EINVAL (`WholePagesOnly`,
-/// which a host caller's library can name: `xemem_errmsg`), and said once here.
-pub fn file_runs(ram: &dyn FrameSource, runs: &[FrameRun]) -> Result<Vec<FileRun>, Error> {
+/// An enclave whose RAM is on 2 MiB hugetlb pages can share only whole pages with a host
+/// process (`for_vmm` false): a process can map a hugetlb file only in 2 MiB pieces, and
+/// rounding a run out would hand it the enclave's neighbouring memory; such an attach is
+/// refused with EINVAL (`WholePagesOnly`, which a host caller's library can name:
+/// `xemem_errmsg`), and said once here. Runs for another enclave (`for_vmm`) may be any pages:
+/// its VMM maps the whole hugepages but gives the guest a memory slot of the run alone.
+pub fn file_runs(ram: &dyn FrameSource, runs: &[FrameRun], for_vmm: bool) -> Result<Vec<FileRun>, Error> {
     let page = xemem::PAGE_SIZE;
     let unit = ram.mappable_unit();
     let mut out = Vec::with_capacity(runs.len());
@@ -174,7 +178,7 @@ pub fn file_runs(ram: &dyn FrameSource, runs: &[FrameRun]) -> Result<Vec<FileRun
             Some(first) => {
                 let gpa = first.checked_mul(page).ok_or(Error::Invalid)?;
                 let (file, offset) = ram.file_range(gpa, len)?;
-                if offset % unit != 0 || len % unit != 0 {
+                if !for_vmm && (offset % unit != 0 || len % unit != 0) {
                     static SAID: std::sync::Once = std::sync::Once::new();
                     SAID.call_once(|| {
                         log::warn!(
