@@ -254,12 +254,24 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
             .spawn()
             .unwrap()
     };
+    // A job on a thread, its output as it comes (an attacher starts once its owner has made the
+    // segment: a VM owner's first touches of its region outlast attach_bench's lookup wait).
     let job = |enclave: &'static str, args: Vec<String>| {
         let (socket, cwd, bench) = (daemon.socket.clone(), dir.to_path_buf(), bench.clone());
-        std::thread::spawn(move || {
+        let out = Arc::new(Mutex::new(String::new()));
+        let theirs = out.clone();
+        let handle = std::thread::spawn(move || {
             let argv: Vec<&str> = std::iter::once("./attach_bench").chain(args.iter().map(String::as_str)).collect();
-            run_job_to_end(&socket, enclave, &bench, &argv, &cwd)
-        })
+            let reply = run_job(&socket, enclave, &bench, &argv, &cwd, &theirs);
+            let text = theirs.lock().unwrap().clone();
+            (reply, text)
+        });
+        (handle, out)
+    };
+    let made = |owner: &(std::thread::JoinHandle<(serde_json::Value, String)>, Arc<Mutex<String>>)| {
+        while !owner.1.lock().unwrap().contains("made ") && !owner.0.is_finished() {
+            std::thread::sleep(Duration::from_millis(100));
+        }
     };
     let owner_args = |name: &str, backing: &str, mib: u64| vec!["own".into(), name.into(), backing.into(), mib.to_string(), "900".into()];
     let attacher_args = |name: &str, mib: u64, in_vm: bool| {
@@ -278,7 +290,7 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
         for (run, &mib) in (0..runs).flat_map(|run| sizes.iter().map(move |mib| (run, mib))) {
             let name = format!("h{backing}v{mib}r{run}");
             let owner = host(&owner_args(&name, backing, mib).iter().map(String::as_str).collect::<Vec<_>>());
-            let (reply, out) = job("vm", attacher_args(&name, mib, true)).join().unwrap();
+            let (reply, out) = job("vm", attacher_args(&name, mib, true)).0.join().unwrap();
             let owner = owner.wait_with_output().unwrap();
             let context = format!("host-{backing}->VM {mib} MiB: {reply}\n{out}\nowner: {}", String::from_utf8_lossy(&owner.stderr));
             assert_eq!(reply["status"], 0, "{context}");
@@ -290,8 +302,9 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
     for (run, &mib) in (0..runs).flat_map(|run| sizes.iter().filter(|&&mib| mib <= owner_max).map(move |mib| (run, mib))) {
         let name = format!("vh{mib}r{run}");
         let owner = job("vm", owner_args(&name, "4k", mib));
+        made(&owner);
         let attacher = host(&attacher_args(&name, mib, false).iter().map(String::as_str).collect::<Vec<_>>()).wait_with_output().unwrap();
-        let (reply, out) = owner.join().unwrap();
+        let (reply, out) = owner.0.join().unwrap();
         assert!(attacher.status.success(), "VM->host {mib} MiB: {}", String::from_utf8_lossy(&attacher.stderr));
         assert_eq!(reply["status"], 0, "VM->host {mib} MiB owner: {reply}\n{out}");
         rows("vm->host", &String::from_utf8_lossy(&attacher.stdout));
@@ -302,8 +315,10 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
         let created = call(&daemon.socket, json!({"op": "create", "name": "lwk", "cores": 1, "mem": format!("{}M", 2 * largest + 256)}));
         assert_eq!(created["ok"], true, "{created}");
         let pair = |direction: &str, owner: (&'static str, Vec<String>), attacher: (&'static str, Vec<String>)| {
-            let (owner, attacher) = (job(owner.0, owner.1), job(attacher.0, attacher.1));
-            let ((owner_reply, owner_out), (reply, out)) = (owner.join().unwrap(), attacher.join().unwrap());
+            let owner = job(owner.0, owner.1);
+            made(&owner);
+            let attacher = job(attacher.0, attacher.1);
+            let ((owner_reply, owner_out), (reply, out)) = (owner.0.join().unwrap(), attacher.0.join().unwrap());
             let context = format!("{direction}: owner {owner_reply}\n{owner_out}\nattacher {reply}\n{out}");
             assert_eq!((owner_reply["status"].clone(), reply["status"].clone()), (json!(0), json!(0)), "{context}");
             rows(direction, &out);
