@@ -7,7 +7,7 @@ FUZZ_CI_SECONDS ?= 15
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: all bootstrap build install test-install-ucx kernels test test-host test-kernels test-dex test-xemem test-adios2 test-ucx test-fuzz check-format test-linux test-linux-enclave test-linux-xemem test-big test-mpi demo bench bench-insitu fuzz clean
+.PHONY: all bootstrap build install test-install-ucx kernels test test-host test-kernels test-dex test-xemem test-adios2 test-ucx test-fuzz check-format test-linux test-linux-enclave test-linux-xemem test-big test-mpi test-mpi-ucx-loop demo bench bench-insitu fuzz clean
 
 all: build
 
@@ -103,6 +103,12 @@ test-big: build
 # namespaces, each with its clowderd, sshd and slurmd), as host ranks and as enclave ranks.
 test-mpi: build
 	@scripts/mpi-test.sh
+
+# Opt-in, about a minute a run: test-mpi's UCX case between enclaves a and b, UCX_LOOP_RUNS times
+# in a row (default 16), keeping each failing run's diagnostics in build/ucx-loop (docs/mpi.md).
+UCX_LOOP_RUNS ?= 16
+test-mpi-ucx-loop: build
+	@apps/mpi/ucx-loop.sh --runs $(UCX_LOOP_RUNS)
 
 # Every fuzz target (PACKAGE/fuzz, dex/fuzz) for FUZZ_SECONDS each (docs/results/fuzz.md).
 fuzz: bootstrap
