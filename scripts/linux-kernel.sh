@@ -29,14 +29,27 @@ if [ "${1:-}" = initramfs ]; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends cpio >/dev/null
     }
     # Static, so the initramfs needs no libraries; its own target directory keeps the host
-    # build's flags apart.
+    # build's flags apart. musl, not glibc: glibc's memcpy, memset and string functions pick
+    # AVX2/AVX-512 variants (ymm16-31, zmm) by CPUID, and on PVM the guest kernel (noxsave)
+    # keeps only x87 and SSE state per thread, so the agent's threads overwrote each other's
+    # copies in flight (docs/linux-guest.md: the corrupt copies, `free(): invalid pointer`).
+    rustup target list --installed | grep -qx x86_64-unknown-linux-musl || {
+        say "installing Rust's x86_64-unknown-linux-musl target"
+        rustup target add x86_64-unknown-linux-musl >/dev/null
+    }
     (cd "$here" && RUSTFLAGS="-C target-feature=+crt-static" cargo build --quiet --release \
-        -p clowder-linux-agent --target x86_64-unknown-linux-gnu)
+        -p clowder-linux-agent --target x86_64-unknown-linux-musl)
+    agent=$here/target/x86_64-unknown-linux-musl/release/clowder-linux-agent
+    # No AVX register anywhere but the memchr crate's AVX2 search (fuser's, for names the guest
+    # kernel sends; a read-only compare, not a copy): a glibc build had 4856 such instructions.
+    avx=$(objdump -d --no-show-raw-insn "$agent" | awk '/^[0-9a-f]+ </ { fn = $2 } /%[yz]mm/ { print fn }' |
+        { grep -v '_ZN6memchr4arch6x86_64.*avx2' || true; } | sort -u | head -5)
+    [ -z "$avx" ] || { say "the agent uses AVX registers (lost between guest threads on PVM) in: $avx"; exit 1; }
     out=$here/target/linux-guest
     stage=$out/agent-initramfs
     rm -rf "$stage"
     mkdir -p "$stage/dev"
-    cp "$here/target/x86_64-unknown-linux-gnu/release/clowder-linux-agent" "$stage/init"
+    cp "$agent" "$stage/init"
     strip "$stage/init"
     # The kernel opens /dev/console for init's stdio before anything is mounted.
     mknod -m 600 "$stage/dev/console" c 5 1

@@ -219,7 +219,7 @@ fn receive(socket: &OwnedFd) -> Result<Option<Received>, String> {
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control);
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
     // SAFETY: recvmsg into the buffers described above.
     let got = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
     let mut fds = Vec::new();
