@@ -13,19 +13,6 @@ use support::{enclave_test_daemon, run_clowder, run_clowder_ok, text};
 
 mod support;
 
-/// `status exit N` exits with N; `status signal N` raises signal N (its default action).
-const STATUS_JOB: &str = r#"#include <signal.h>
-#include <stdlib.h>
-#include <string.h>
-int main(int argc, char **argv) {
-    if (argc != 3) return 100;
-    if (!strcmp(argv[1], "exit")) exit(atoi(argv[2]));
-    signal(atoi(argv[2]), SIG_DFL);
-    raise(atoi(argv[2]));
-    return 101;
-}
-"#;
-
 /// Runs `./status` with `args` by `clowder run` with `run_args` first: its exit code, or the
 /// signal it died of.
 fn ended(socket: &std::path::Path, dir: &std::path::Path, run_args: &[&str], args: &[&str]) -> (Option<i32>, Option<i32>) {
@@ -37,7 +24,7 @@ fn ended(socket: &std::path::Path, dir: &std::path::Path, run_args: &[&str], arg
 #[test]
 fn an_exit_code_above_128_is_not_a_signal() {
     let Some((dir, socket)) = enclave_test_daemon("clowder-exit-status", Liveness::default()) else { return };
-    build_musl_program(&dir.0, "status", STATUS_JOB);
+    build_musl_program(&dir.0, "status", include_str!("job_status.c"));
     run_clowder_ok(&socket, &["enclave", "create", "--name", "one", "--cores", "1", "--mem", "64M"], &dir.0);
     for run_args in [&["--enclave", "one"][..], &[][..]] {
         let place = if run_args.is_empty() { "a one-shot enclave" } else { "enclave one" };
