@@ -76,9 +76,16 @@ for i in $(seq "$runs"); do
     fi
     failed=$((failed + 1))
     kept=$keep/run-$i-$(date +%H%M%S)
+    # A killed job's threads (state, user RIP and stack) are in its enclave's log once it ended.
+    nodes_wait_for 30 nodes_enclaves_idle
     mkdir -p "$kept" && cp "$log" "$kept/mpirun.log" && cp "$NODES_DIR/n1/clowderd.log" "$kept/clowderd.log"
     for e in a b; do nodes_exec 1 "$CLOWDER" logs "$e" >"$kept/enclave-$e.log" 2>&1; done
-    echo "run $i: FAILED (status $status, $((SECONDS - start)) s): $(grep -m1 -E 'procs failed|ep failed|failed to|[Tt]imeout|rror' "$log" | cut -c1-140); kept in $kept"
+    why=$(grep -m1 -E 'procs failed|ep failed|failed to|ucp_ep_create|[Tt]imed out|error occurred' "$log" | cut -c1-140)
+    if [ $status = 124 ]; then
+        why="timed out"
+        grep -q "data verified" "$log" && why="timed out after its data was verified (MPI_Finalize did not return)"
+    fi
+    echo "run $i: FAILED (status $status, $((SECONDS - start)) s): $why; kept in $kept"
 done
 echo "ucx-loop: $((runs - failed)) of $runs runs passed"
 [ $failed = 0 ]
