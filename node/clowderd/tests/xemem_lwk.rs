@@ -275,12 +275,12 @@ fn a_host_owners_remove_gives_the_lwk_job_sigbus_in_its_handler() {
 }
 
 /// The host owner exits while the job touches the attachment, and the job has no handler:
-/// it ends with Linux's status for SIGBUS (128 + 7).
+/// it ends killed by SIGBUS.
 #[test]
 fn a_host_owners_exit_ends_an_lwk_job_without_a_handler_with_sigbus() {
     let Some(run) = run_revocation("exit", "exit", &["default"], 1) else { return };
     let context = run.context();
-    assert_eq!(run.job_status, 135, "{context}");
+    assert_eq!(run.job_status, enclave_proto::KILLED_BY_SIGNAL + libc::SIGBUS as u32, "{context}");
     assert!(run.job_stdout.contains("wrote 44; touching until the memory goes"), "{context}");
     assert!(run.owner_stdout.contains("exiting without a remove"), "{context}");
     assert_regions_come_and_go(&run.enclave_log, &context);
@@ -359,7 +359,7 @@ fn anonymous_segments_of_two_enclaves_have_global_ids_a_host_process_can_use() {
 /// xemem/tests/same_binary.c (every XPMEM call: argument errors, attaches of 1 to 1024 pages
 /// both ways, threads, a whole-address-space segment, detach rules, SIGBUS after remove) in a
 /// connected enclave, where all of it goes through the daemon's name server, prints exactly
-/// what it prints on the host through the daemon's broker, and both die of SIGBUS (135).
+/// what it prints on the host through the daemon's broker, and both die of SIGBUS.
 #[test]
 fn the_same_binary_in_a_connected_enclave_matches_the_host() {
     let Some(dir) = job_test_dir("clowderd-xemem-same") else { return };
@@ -376,7 +376,7 @@ fn the_same_binary_in_a_connected_enclave_matches_the_host() {
     assert_eq!(host.status.code(), None, "the host run dies of a signal: {host_out}");
     let (reply, lwk_out) = run_job_to_end(&socket, "same", &job, &["same_binary"], &dir.0);
     let logs = call(&socket, json!({"op": "logs", "name": "same"}));
-    assert_eq!(reply["status"], 135, "{reply}\n{lwk_out}\n{logs}");
+    assert_eq!(reply["status"], enclave_proto::KILLED_BY_SIGNAL + libc::SIGBUS as u32, "{reply}\n{lwk_out}\n{logs}");
     assert!(host_out.contains("version 0x26005") && !host_out.contains("FAIL"), "{host_out}");
     assert_eq!(lwk_out, host_out, "{logs}");
     // The job's segments came from the daemon's name server (its segids name the enclave) and
