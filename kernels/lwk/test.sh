@@ -489,6 +489,9 @@ if [ "$runner" = vmm ] && [ $# -eq 0 ]; then
     # A woken thread gets the CPU beside a spinner making system calls, and the stall notes
     # count only the time others waited (tests/slice-ticks.sh).
     KERNEL="$kernel" CLOWDER_VMM="$vmm" "$here/tests/slice-ticks.sh" || failures=$((failures + 1))
+    # A thread waiting for a file call in a file slot or from ring 3 gives its CPU to one
+    # waiting for it (tests/file-slot-waits.sh).
+    KERNEL="$kernel" CLOWDER_VMM="$vmm" "$here/tests/file-slot-waits.sh" || failures=$((failures + 1))
     # Reads through another enclave's memory attached again and again cost what local reads
     # cost: no page fault per page (tests/xemem-attach-reread.sh: UCX's rendezvous pattern).
     KERNEL="$kernel" CLOWDER_VMM="$vmm" "$here/tests/xemem-attach-reread.sh" || failures=$((failures + 1))

@@ -191,11 +191,15 @@ pub(super) fn arm_next_event(scheduler: &Scheduler, cpu: usize) {
             let wait_ns = deadline.saturating_sub(clock::monotonic_ns()) as u128;
             cpu::read_tsc().saturating_add((wait_ns * clock::tsc_hz() as u128 / 1_000_000_000) as u64)
         });
+    NEXT_WAIT_END[cpu].store(nearest_deadline.unwrap_or(u64::MAX), Ordering::Relaxed);
     match slice_end.into_iter().chain(nearest_deadline).min() {
         Some(tsc) => apic::arm_timer(tsc),
         None => apic::disarm_timer(),
     }
 }
+
+/// Per CPU: the TSC at which its nearest timed wait ends (`u64::MAX`: none), as last armed.
+static NEXT_WAIT_END: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(u64::MAX) }; MAX_CPUS];
 
 /// Leaves this CPU to its next runnable thread, or to its idle loop, after `prepare` (given
 /// the CPU) has said why (changing the current thread's state, under the lock) and returned
@@ -305,9 +309,19 @@ pub fn retake_missed_tick() {
 }
 
 /// Whether other threads wait for this CPU (a thread waiting for the host should then sleep
-/// rather than keep it).
+/// rather than keep it). Timed waits of this CPU that are due end first: the tick that ends
+/// them is not taken while a thread waits for the host in the kernel (interrupts off, or a
+/// tick in HLT only noted), so a thread whose sleep ended meanwhile would wait for the CPU
+/// until the host answered.
 pub fn others_wait_here() -> bool {
-    QUEUED[tables::current_cpu()].load(Ordering::Acquire) != 0
+    let cpu = tables::current_cpu();
+    if cpu::read_tsc() >= NEXT_WAIT_END[cpu].load(Ordering::Relaxed) {
+        with_scheduler(|scheduler| {
+            expire_timed_waits(scheduler, cpu);
+            arm_next_event(scheduler, cpu);
+        });
+    }
+    QUEUED[cpu].load(Ordering::Acquire) != 0
 }
 
 /// sched_yield: the next runnable thread of this CPU runs; the current one goes to the back

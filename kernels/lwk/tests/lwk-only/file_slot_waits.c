@@ -1,0 +1,78 @@
+/* A thread whose file call the host serves through a file slot or from ring 3 gives its CPU to
+ * the thread queued for it. On the enclave's one CPU, six rounds: a second thread, which spins
+ * keeping the times it ran, naps 30 ms; meanwhile the main thread, alone, makes two small reads
+ * of /dev/urandom (through the slots: the host's pump then polls them, as in a busy job, and
+ * takes the next call at once) and then reads 32 MiB (0.1-0.3 s of the host's work), during
+ * which the napper wakes and waits for the CPU. A read "let the spinner run" if the spinner
+ * ran between 50 ms after the read began and 20 ms before it ended: a thread that keeps its
+ * CPU through the call lets it run only after. Prints "the spinner ran during N of 6 reads
+ * (longest read M ms)"; tests/file-slot-waits.sh wants at least 3. */
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#define ROUNDS 6
+#define CHUNK (32 << 20)
+#define TIMES 8192
+
+static volatile double ran_at[TIMES]; /* a ring of the spinner's times, one a millisecond */
+static volatile unsigned runs;
+static volatile int nap_asked, napping, done;
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t); /* the vDSO's: no kernel entry */
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static void *spinner(void *unused) {
+    (void)unused;
+    double last = 0;
+    while (!done) {
+        if (nap_asked) {
+            nap_asked = 0;
+            napping = 1;
+            struct timespec nap = {0, 30000000};
+            nanosleep(&nap, NULL);
+        }
+        double t = now();
+        if (t - last >= 0.001) ran_at[runs++ % TIMES] = last = t;
+    }
+    return NULL;
+}
+
+static int spinner_ran_within(double from, double to) {
+    for (unsigned i = 0; i < TIMES; i++)
+        if (ran_at[i] > from && ran_at[i] < to) return 1;
+    return 0;
+}
+
+int main(void) {
+    char *buffer = malloc(CHUNK);
+    int fd = open("/dev/urandom", O_RDONLY);
+    pthread_t thread;
+    if (!buffer || fd < 0 || pthread_create(&thread, NULL, spinner, NULL) != 0) return 10;
+    for (size_t i = 0; i < CHUNK; i += 4096) buffer[i] = 1; /* mapped before the reads */
+    int let_run = 0;
+    double longest = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        napping = 0;
+        nap_asked = 1;
+        while (!napping) {
+        }
+        for (int i = 0; i < 2; i++)
+            if (read(fd, buffer, 1) != 1) return 11;
+        double start = now();
+        if (read(fd, buffer, CHUNK) != CHUNK) return 11;
+        double end = now();
+        if (end - start > longest) longest = end - start;
+        let_run += spinner_ran_within(start + 0.05, end - 0.02);
+    }
+    done = 1;
+    pthread_join(thread, NULL);
+    printf("the spinner ran during %d of %d reads (longest read %.0f ms)\n", let_run, ROUNDS, longest * 1000);
+    return 0;
+}
