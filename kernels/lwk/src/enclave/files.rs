@@ -82,8 +82,9 @@ pub(super) fn answer_arrived() {
 }
 
 /// Sends `op` and waits for its answer: through this CPU's file slot, keeping the CPU, while
-/// no other thread waits for it (the host answers within microseconds when idle); else, when
-/// `may_sleep`, through the channel, asleep until the answer comes. With four MPI ranks in a
+/// no other thread waits for it (the host answers within microseconds when idle; one that
+/// comes to wait meanwhile gets the CPU when `may_sleep`: `slots`); else, when `may_sleep`,
+/// through the channel, asleep until the answer comes. With four MPI ranks in a
 /// two-vCPU enclave on a loaded host an answer took 20 ms on average and up to seconds, and
 /// threads waiting so kept both CPUs from the ranks' PMIx progress threads: stalls of over a
 /// second, past PMIx's 2 s finalize timer.
