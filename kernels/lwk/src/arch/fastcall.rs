@@ -281,9 +281,13 @@ pub fn abort_interrupted(frame: &mut TrapFrame) -> bool {
         return false;
     }
     if offset == &raw const fast_file_collect as u64 - &raw const ring3_syscall_page as u64 {
-        collect_held_call(frame);
-        // Out as a system call leaves (a tick taken meanwhile, a signal, a kill).
-        frame.vector = super::trap::SIGNAL_CHECK_VECTOR;
+        // Its `ud2` (an interrupt that came first is handled as usual, the frame unchanged:
+        // collecting may give the CPU up, which must wait for the interrupt's end).
+        if frame.vector == INVALID_OPCODE {
+            collect_held_call(frame);
+            // Out as a system call leaves (a tick taken meanwhile, a signal, a kill).
+            frame.vector = super::trap::SIGNAL_CHECK_VECTOR;
+        }
         return false;
     }
     let entries = entries_offset()..entries_offset() + MAX_CPUS as u64 * ENTRY_SIZE;
@@ -340,6 +344,9 @@ pub fn abort_interrupted(frame: &mut TrapFrame) -> bool {
         false
     }
 }
+
+/// The exception `ud2` raises.
+const INVALID_OPCODE: u64 = 6;
 
 /// The `ud2` at `fast_file_collect`, with RAX the CPU whose ring-3 slot the thread holds
 /// (`abort_interrupted`): its call returns with the answer, or goes to the kernel path if the
