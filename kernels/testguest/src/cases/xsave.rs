@@ -1,6 +1,6 @@
 //! `test=xsave [count=N]`: XRSTOR and XSAVE of x87, SSE and AVX state in ring 0 (on PVM the
 //! VMM carries them out, vmm/core/src/emulate): an area with known XMM and upper YMM halves
-//! restored and saved again must come back the same; N more pairs time them; then an XRSTOR of
+//! restored and saved again must come back the same; N more pairs are timed (TSC cycles); then an XRSTOR of
 //! a misaligned area raises #GP at its own address.
 
 use core::arch::{asm, global_asm};
@@ -76,10 +76,14 @@ pub fn xsave(boot: &Boot) -> ! {
         exit(EXIT_FAIL)
     }
     let count = boot.cmdline.number("count").unwrap_or(0);
+    // SAFETY: RDTSC only reads the time-stamp counter.
+    let started = unsafe { core::arch::x86_64::_rdtsc() };
     for _ in 0..count {
         xstate(false, saved);
         xstate(true, saved);
     }
+    // SAFETY: as above.
+    report(b"cycles", unsafe { core::arch::x86_64::_rdtsc() } - started);
     report(b"pairs", count);
     report(b"gpat", xrstor_site as *const () as u64);
     // SAFETY: the site faults (#GP: misaligned area) and the exception stub ends the test.

@@ -99,7 +99,7 @@ fn move_xstate(
     if layout.size() > state.len() {
         return None;
     }
-    let mut area = GuestArea { vcpu, memory, start: address, cr3: None };
+    let mut area = GuestArea { vcpu, memory, start: address, cr3: None, translated: Vec::new() };
     if let Err(fault) = xstate::execute(restore, wide, address, &mut area, state, rfbm, xcr0, layout) {
         return Some(Err(fault));
     }
@@ -164,6 +164,9 @@ struct GuestArea<'a> {
     start: u64,
     /// The guest's CR3 and CR4, read on the first write to a user page.
     cr3: Option<(u64, u64)>,
+    /// Pages already translated (virtual, physical, checked for writing): the area's parts are
+    /// moved one by one, and each translation is an ioctl.
+    translated: Vec<(u64, u64, bool)>,
 }
 
 /// Page-table entry bits.
@@ -187,8 +190,19 @@ impl GuestArea<'_> {
         while done < length {
             let address = self.start.wrapping_add((offset + done) as u64);
             let chunk = ((PAGE_SIZE - address % PAGE_SIZE) as usize).min(length - done);
-            let physical = if write && address < KERNEL_HALF { self.walk_for_write(address)? } else { translate(self.vcpu, address)? };
-            parts.push((physical, done..done + chunk));
+            let (page, within) = (address & !(PAGE_SIZE - 1), address % PAGE_SIZE);
+            let checked = write && address < KERNEL_HALF;
+            let known = self.translated.iter().find(|&&(virt, _, was_checked)| virt == page && (was_checked || !checked));
+            let physical = match known {
+                Some(&(_, physical, _)) => physical,
+                None => {
+                    // The exact address, so that a fault's CR2 is the byte that faulted.
+                    let physical = if checked { self.walk_for_write(address)? } else { translate(self.vcpu, address)? } - within;
+                    self.translated.push((page, physical, checked));
+                    physical
+                }
+            };
+            parts.push((physical + within, done..done + chunk));
             done += chunk;
         }
         Ok(parts)
