@@ -273,7 +273,7 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
             std::thread::sleep(Duration::from_millis(100));
         }
     };
-    let owner_args = |name: &str, backing: &str, mib: u64| vec!["own".into(), name.into(), backing.into(), mib.to_string(), "900".into()];
+    let owner_args = |name: &str, backing: &str, mib: u64| vec!["own".into(), name.into(), backing.into(), mib.to_string(), "3600".into()];
     let attacher_args = |name: &str, mib: u64, in_vm: bool| {
         let mut args: Vec<String> =
             vec!["attach".into(), name.into(), mib.to_string(), attaches.clone(), reads.clone(), "attach".into(), "read".into()];
