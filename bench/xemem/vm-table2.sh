@@ -6,7 +6,8 @@
 # docs/results/xemem-vm.png (bench/xemem/vm_table2.py). Minutes to an hour on a PVM host: the
 # guest's kernel code is emulated. Settings (environment): SIZES (MiB, default "128 256 512
 # 1024"), RUNS (3), ATTACHES (10), READS (5), VM_OWNER_MAX (MiB a VM owner exports at most,
-# default 256: its pages are first touched in emulated guest kernel code), LWK (1: the LWK rows),
+# default 256, 0 for none: its pages are first touched in emulated guest kernel code), LWK (1:
+# the LWK rows), LOCAL_MIB (the VM attacher's local buffer, default 32),
 # BACKINGS (2m: the host owner's pages). NO_WRITE=1 prints the tables only.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,7 +16,7 @@ if [ $# -gt 0 ]; then
     echo "vm-table2: takes no arguments (settings are environment variables), got '$1'" >&2
     exit 2
 fi
-for setting in SIZES RUNS ATTACHES READS VM_OWNER_MAX; do
+for setting in SIZES RUNS ATTACHES READS LOCAL_MIB; do
     for value in ${!setting:-1}; do
         if ! [[ $value =~ ^[1-9][0-9]*$ ]]; then
             echo "vm-table2: $setting must be whole numbers from 1 up, not '$value'" >&2
@@ -23,6 +24,10 @@ for setting in SIZES RUNS ATTACHES READS VM_OWNER_MAX; do
         fi
     done
 done
+if ! [[ ${VM_OWNER_MAX:-0} =~ ^[0-9]+$ ]]; then
+    echo "vm-table2: VM_OWNER_MAX is a size in MiB (0: no VM owner rows), not '$VM_OWNER_MAX'" >&2
+    exit 2
+fi
 if [ ! -c /dev/kvm ]; then
     echo "vm-table2: no /dev/kvm: the Linux-VM rows are not measured here"
     exit 0
