@@ -62,7 +62,14 @@ pub fn carry_out(vcpu: &mut VcpuFd, memory: &GuestMemoryMmap) -> Option<Decoded>
             match move_xstate(vcpu, memory, restore, wide, address, rfbm, xcr0)? {
                 Ok(()) => advance(vcpu, regs.rip, decoded.length),
                 // A fault is delivered with RIP at the instruction.
-                Err(fault) => Raise::from(fault).inject(vcpu)?,
+                Err(fault) => {
+                    log::debug!(
+                        "{} of the area at {address:#x} (RIP {:#x}) faults: {fault:?}",
+                        if restore { "XRSTOR" } else { "XSAVE" },
+                        regs.rip
+                    );
+                    Raise::from(fault).inject(vcpu)?
+                }
             }
         }
     }
