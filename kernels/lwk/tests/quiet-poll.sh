@@ -3,7 +3,7 @@
 # a socket or in read of an XEMEM notification descriptor, sleeps until its news comes:
 # lwk-only/quiet_poll.c parks four such threads while its main thread spins 3 s on the
 # enclave's one CPU. The kernel's count of the job's entries (`clowder logs`,
-# syscall/census.rs) must show fewer than 40 timer ticks (9-18 seen: the waiters' start and
+# syscall/census.rs) must show fewer than 40 timer ticks (9-24 seen: the waiters' start and
 # the socket's host round trips take some). When such waits woke every 100 ms (two ticks
 # each: the wake, then the spinner's slice ending), poll's two waiters took about 120 in
 # those 3 s, and the socket's and the notification's waiters as many (118) after poll's got
