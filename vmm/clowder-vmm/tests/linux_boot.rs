@@ -11,7 +11,7 @@
 //! The kernel is fetched with apt-get (the Debian package registry), its compressed payload is
 //! unpacked to the uncompressed `vmlinux`, which carries a PVH entry note, so the guest skips the
 //! decompressor (most of a bzImage boot here). Files are cached in target/linux-guest.
-//! On PVM the VMM adds `noxsave` and `clearcpuid=...` for Linux guests (vmm/core/src/arch/cpuid.rs).
+//! On PVM the VMM adds `clearcpuid=...` for Linux guests (vmm/core/src/arch/cpuid.rs).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
