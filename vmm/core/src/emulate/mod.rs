@@ -107,7 +107,8 @@ fn move_xstate(
         return None;
     }
     let mut area = GuestArea { vcpu, memory, start: address, cr3: None, translated: Vec::new() };
-    if let Err(fault) = xstate::execute(restore, wide, address, &mut area, state, rfbm, xcr0, layout) {
+    let op = xstate::Operation { restore, wide, address, rfbm, xcr0 };
+    if let Err(fault) = xstate::execute(op, &mut area, state, layout) {
         return Some(Err(fault));
     }
     if restore {

@@ -71,39 +71,40 @@ impl Layout {
     }
 }
 
+/// One XSAVE (`restore` false) or XRSTOR: `wide` is the REX.W form, `address` the area's,
+/// `rfbm` the components requested (EDX:EAX & XCR0).
+#[derive(Debug, Clone, Copy)]
+pub struct Operation {
+    pub restore: bool,
+    pub wide: bool,
+    pub address: u64,
+    pub rfbm: u64,
+    pub xcr0: u64,
+}
+
 /// A guest's save area, by offset from its start.
 pub trait Area {
     fn read(&mut self, offset: usize, bytes: &mut [u8]) -> Result<(), Fault>;
     fn write(&mut self, offset: usize, bytes: &[u8]) -> Result<(), Fault>;
 }
 
-/// XSAVE (`restore` false) or XRSTOR of the components in `rfbm` between the area at guest
-/// address `address` and `state` (a KVM_GET_XSAVE image of at least `layout.size()` bytes,
-/// changed in place by XRSTOR and then to be given to KVM_SET_XSAVE). `wide`: the REX.W form.
-pub fn execute(
-    restore: bool,
-    wide: bool,
-    address: u64,
-    area: &mut impl Area,
-    state: &mut [u8],
-    rfbm: u64,
-    xcr0: u64,
-    layout: &Layout,
-) -> Result<(), Fault> {
-    if address % ALIGNMENT != 0 {
+/// `op` between the guest's area and `state` (a KVM_GET_XSAVE image of at least
+/// `layout.size()` bytes, changed in place by XRSTOR and then to be given to KVM_SET_XSAVE).
+pub fn execute(op: Operation, area: &mut impl Area, state: &mut [u8], layout: &Layout) -> Result<(), Fault> {
+    if op.address % ALIGNMENT != 0 {
         return Err(Fault::GeneralProtection);
     }
-    if restore {
-        xrstor(area, state, rfbm, xcr0, wide, layout)
+    if op.restore {
+        xrstor(area, state, op.rfbm, op.xcr0, op.wide, layout)
     } else {
-        xsave(area, state, rfbm, wide, layout)
+        xsave(area, state, op.rfbm, op.wide, layout)
     }
 }
 
 /// The byte ranges of each component in `rfbm` (x87 without MXCSR, which goes with SSE and AVX).
 fn ranges(rfbm: u64, layout: &Layout) -> Vec<(u64, Vec<std::ops::Range<usize>>)> {
     let mut ranges = vec![(X87, vec![FPU_CONTROL, FPU_REGISTERS]), (SSE, vec![XMM_REGISTERS])];
-    ranges.extend(layout.components.iter().map(|&(bit, offset, size)| (1u64 << bit, vec![offset..offset + size])));
+    ranges.extend(layout.components.iter().map(|&(bit, offset, size)| (1u64 << bit, std::iter::once(offset..offset + size).collect())));
     ranges.retain(|(bit, _)| rfbm & bit != 0);
     ranges
 }
@@ -204,6 +205,11 @@ mod tests {
 
     const ALL: u64 = 0xe7;
 
+    /// XRSTOR (`restore`) or XSAVE with XCR0 = every component of [`layout`].
+    fn op(restore: bool, wide: bool, address: u64, rfbm: u64) -> Operation {
+        Operation { restore, wide, address, rfbm, xcr0: ALL }
+    }
+
     /// A guest area in a byte vector; offsets past `faults_from` fault as an unmapped page.
     struct Fake {
         bytes: Vec<u8>,
@@ -262,7 +268,7 @@ mod tests {
         let mut area = Fake::new(0xaa);
         header_bv(&mut area, 1 << 9);
         // RFBM: x87, SSE, opmask: not AVX and the ZMM parts.
-        execute(false, true, 0x1000, &mut area, &mut state(), X87 | SSE | (1 << 5), ALL, &layout()).unwrap();
+        execute(op(false, true, 0x1000, X87 | SSE | (1 << 5)), &mut area, &mut state(), &layout()).unwrap();
         assert!(area.bytes[0..24].iter().all(|&b| b == 0x10));
         assert_eq!(&area.bytes[24..28], &0x1f80u32.to_le_bytes(), "MXCSR with SSE");
         assert!(area.bytes[32..160].iter().all(|&b| b == 0x10));
@@ -280,14 +286,14 @@ mod tests {
         let mut area = Fake::new(0);
         let mut vcpu = state();
         vcpu[HEADER..HEADER + 8].copy_from_slice(&(X87 | SSE).to_le_bytes());
-        execute(false, true, 0, &mut area, &mut vcpu, ALL, ALL, &layout()).unwrap();
+        execute(op(false, true, 0, ALL), &mut area, &mut vcpu, &layout()).unwrap();
         assert_eq!(area.bv(), X87 | SSE);
     }
 
     #[test]
     fn xsave_without_rex_w_stores_32_bit_pointers() {
         let mut area = Fake::new(0);
-        execute(false, false, 0, &mut area, &mut state(), X87, ALL, &layout()).unwrap();
+        execute(op(false, false, 0, X87), &mut area, &mut state(), &layout()).unwrap();
         assert_eq!(&area.bytes[8..16], &[0x10, 0x10, 0x10, 0x10, 0, 0, 0, 0]);
         assert_eq!(&area.bytes[24..32], &[0; 8], "no MXCSR without SSE or AVX");
     }
@@ -298,7 +304,7 @@ mod tests {
         header_bv(&mut area, X87 | SSE | (1 << 6));
         area.bytes[24..28].copy_from_slice(&0x9fc0u32.to_le_bytes());
         let mut vcpu = state();
-        execute(true, true, 0x40, &mut area, &mut vcpu, ALL, ALL, &layout()).unwrap();
+        execute(op(true, true, 0x40, ALL), &mut area, &mut vcpu, &layout()).unwrap();
         assert_eq!(xstate_bv(&vcpu), X87 | SSE | (1 << 6), "AVX, opmask, Hi16_ZMM to their init state");
         assert!(vcpu[0..24].iter().all(|&b| b == 0x77));
         assert_eq!(&vcpu[24..28], &0x9fc0u32.to_le_bytes());
@@ -314,7 +320,7 @@ mod tests {
         header_bv(&mut area, 0);
         area.bytes[24..28].copy_from_slice(&0x1f81u32.to_le_bytes());
         let mut vcpu = state();
-        execute(true, true, 0, &mut area, &mut vcpu, AVX | (1 << 7), ALL, &layout()).unwrap();
+        execute(op(true, true, 0, AVX | (1 << 7)), &mut area, &mut vcpu, &layout()).unwrap();
         assert_eq!(xstate_bv(&vcpu), ALL & !((1 << 7) | AVX) | SSE, "AVX and Hi16_ZMM initialised, the rest kept");
         assert!(vcpu[0..24].iter().all(|&b| b == 0x10));
         assert_eq!(&vcpu[24..28], &0x1f81u32.to_le_bytes(), "MXCSR loaded with AVX requested");
@@ -327,7 +333,7 @@ mod tests {
         area.bytes[24..28].copy_from_slice(&0x1f80u32.to_le_bytes());
         let mut vcpu = state();
         vcpu[24..28].copy_from_slice(&0x7f80u32.to_le_bytes());
-        execute(true, true, 0, &mut area, &mut vcpu, ALL, ALL, &layout()).unwrap();
+        execute(op(true, true, 0, ALL), &mut area, &mut vcpu, &layout()).unwrap();
         assert_eq!(&vcpu[24..28], &0x1f80u32.to_le_bytes());
         assert_eq!(xstate_bv(&vcpu), SSE, "SSE in use with zero registers carries MXCSR to KVM");
         assert!(vcpu[160..416].iter().all(|&b| b == 0));
@@ -335,7 +341,8 @@ mod tests {
 
     #[test]
     fn malformed_areas_raise_general_protection_and_change_nothing() {
-        let cases: [(&str, u64, fn(&mut Fake)); 5] = [
+        type Spoil = fn(&mut Fake);
+        let cases: [(&str, u64, Spoil); 5] = [
             ("misaligned", 0x20, |_| {}),
             ("XSTATE_BV outside XCR0", 0, |area| header_bv(area, 1 << 9)),
             ("compacted", 0, |area| area.bytes[HEADER + 15] = 0x80),
@@ -348,11 +355,11 @@ mod tests {
             spoil(&mut area);
             let mut vcpu = state();
             let before = vcpu.clone();
-            assert_eq!(execute(true, true, address, &mut area, &mut vcpu, ALL, ALL, &layout()), Err(Fault::GeneralProtection), "{what}");
+            assert_eq!(execute(op(true, true, address, ALL), &mut area, &mut vcpu, &layout()), Err(Fault::GeneralProtection), "{what}");
             assert!(vcpu == before, "{what}: state changed");
         }
         let mut area = Fake::new(0);
-        assert_eq!(execute(false, true, 8, &mut area, &mut state(), ALL, ALL, &layout()), Err(Fault::GeneralProtection));
+        assert_eq!(execute(op(false, true, 8, ALL), &mut area, &mut state(), &layout()), Err(Fault::GeneralProtection));
         assert!(area.bytes.iter().all(|&b| b == 0), "a misaligned XSAVE writes nothing");
     }
 
@@ -361,11 +368,11 @@ mod tests {
         let mut area = Fake::new(0);
         area.faults_from = 2048;
         let fault = Fault::Page { address: 0x7000_0800, error_code: 2 };
-        assert_eq!(execute(false, true, 0, &mut area, &mut state(), ALL, ALL, &layout()), Err(fault));
+        assert_eq!(execute(op(false, true, 0, ALL), &mut area, &mut state(), &layout()), Err(fault));
         let mut vcpu = state();
         let before = vcpu.clone();
         header_bv(&mut area, ALL);
-        assert_eq!(execute(true, true, 0, &mut area, &mut vcpu, ALL, ALL, &layout()), Err(fault));
+        assert_eq!(execute(op(true, true, 0, ALL), &mut area, &mut vcpu, &layout()), Err(fault));
         assert!(vcpu == before);
     }
 
