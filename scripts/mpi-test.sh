@@ -28,11 +28,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 . scripts/nodes.sh
-hugepages_added=0 # what the hugepage case added to the host's pool, given back at the end
-give_back_hugepages() {
-    [ $hugepages_added = 0 ] || echo $(($(cat /proc/sys/vm/nr_hugepages) - hugepages_added)) >/proc/sys/vm/nr_hugepages
-}
-trap 'nodes_down; give_back_hugepages' EXIT
+trap nodes_down EXIT
 trap 'exit 1' INT TERM
 
 make -s -C apps/mpi >/dev/null || { echo "FAIL mpi: apps/mpi does not build"; exit 1; }
@@ -205,8 +201,7 @@ enclave_case --needs-b "UCX over XEMEM between enclaves a and b (ping-pong 1 B..
 # cases after this one use node 2 alone.
 ucx_hugepages() {
     "$root/xemem/ucx/build.sh" || return 1
-    hugepages_added=512
-    echo $(($(cat /proc/sys/vm/nr_hugepages) + hugepages_added)) >/proc/sys/vm/nr_hugepages || return 1
+    nodes_hugepages 512 || return 1
     local e
     for e in a b; do
         in_node 1 "$clowder" enclave rm "$e" && in_node 1 "$clowder" enclave create --name "$e" --cores 1 --mem 512M --hugepages || return 1

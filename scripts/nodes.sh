@@ -14,6 +14,8 @@
 #   nodes_sshd             an sshd in every node, admitting a key made here: $NODES_SSH is the
 #                          ssh command that reaches them (and trusts only their host key)
 #   nodes_slurm            munged, a slurmctld here and one slurmd per node (partition "nodes")
+#   nodes_hugepages PAGES  grows the host's 2 MiB hugepage pool by PAGES for the nodes'
+#                          enclaves (`--hugepages`); nodes_down gives back what was added
 #   nodes_down             stops all of it and removes the namespaces and links (an EXIT trap)
 #
 # Only addresses this script creates are used. Needs root, iproute2, util-linux; openssh-server
@@ -27,6 +29,7 @@ NODES_COUNT=0
 NODES_PIDS=()
 NODES_SSH=
 NODES_BRIDGE=cnb$NODES_TAG
+NODES_HUGEPAGES=0 # added to the host's pool by nodes_hugepages
 
 nodes_address() { echo "10.$NODES_SUBNET.0.$(($1 + 1))"; } # node K's address; 0 is this host
 nodes_address6() { echo "fd00:$NODES_SUBNET::$(($1 + 1))"; } # its IPv6 address (unique local)
@@ -175,10 +178,22 @@ nodes_slurm() {
     nodes_wait_for 20 nodes_idle || { echo "nodes: the slurmds did not all register: $(sinfo 2>&1 | tail -3)" >&2; return 1; }
 }
 
+nodes_hugepages() { # PAGES; fails when the kernel cannot find them all
+    local pool=/proc/sys/vm/nr_hugepages want
+    want=$(($(cat $pool) + $1))
+    echo "$want" >$pool 2>/dev/null
+    NODES_HUGEPAGES=$((NODES_HUGEPAGES + $1))
+    [ "$(cat $pool)" -ge "$want" ] || { echo "nodes.sh: the hugepage pool could not grow by $1 pages" >&2; return 1; }
+}
+
 nodes_down() {
     local p k
     for p in "${NODES_PIDS[@]}"; do kill "$p" 2>/dev/null; done
     wait "${NODES_PIDS[@]}" 2>/dev/null
+    # Once the daemons (and their enclaves) are gone. Others may have changed the pool
+    # meanwhile: only what was added is taken away.
+    [ "$NODES_HUGEPAGES" = 0 ] || echo $(($(cat /proc/sys/vm/nr_hugepages) - NODES_HUGEPAGES)) >/proc/sys/vm/nr_hugepages
+    NODES_HUGEPAGES=0
     ip link del "$NODES_BRIDGE" 2>/dev/null
     for k in $(seq "$NODES_COUNT"); do ip netns del "$(nodes_netns "$k")" 2>/dev/null; done
     rm -rf "$NODES_DIR"

@@ -18,17 +18,19 @@
 # at >= 1 MiB >= 80% of the host's, mpicg on 2 enclaves >= 90% of the host's speed. A case that
 # cannot run says why in its place. Needs root and /dev/kvm.
 #   apps/mpi/bench.sh [--max-bytes N] [--iters N] [--cg N] [--cg-rounds N] [--user-level] [--cg-only]
+#                     [--hugepages]
 #     (4194304, 1000, 48: mpicg's grid edge, 1). --user-level runs only the cases the targets are
 #     judged on, two host processes (shm and UCX/xpmem) and enclaves a, b over UCX/xpmem (a few minutes, where
 #     the TCP cases between enclaves take far longer); the others then say so in their place.
 #     --cg-rounds N runs those mpicg cases N times, interleaved (on this shared machine one run
 #     of a case swings with the load; the report gives each run and the median). --cg-only runs
 #     only them (about a minute a round) and replaces only the mpicg section and target row of
-#     docs/results/mpi.md.
+#     docs/results/mpi.md. --hugepages: the enclaves' memory on 2 MiB pages (the host's pool grows
+#     by 512 pages an enclave, given back at the end).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
-max_bytes=4194304 iters=1000 cg=48 user_level=0 cg_rounds=1 cg_only=0
+max_bytes=4194304 iters=1000 cg=48 user_level=0 cg_rounds=1 cg_only=0 pages=()
 whole() { # NAME VALUE MIN
     [[ $2 =~ ^[0-9]+$ ]] && [ "$2" -ge "$3" ] || { echo "apps/mpi/bench.sh: $1 must be a whole number from $3 up, not '$2'" >&2; exit 2; }
 }
@@ -40,7 +42,8 @@ while [ $# -gt 0 ]; do
     --cg-rounds) whole --cg-rounds "${2:-}" 1 && cg_rounds=$2 && shift 2 ;;
     --user-level) user_level=1 && shift ;;
     --cg-only) cg_only=1 user_level=1 && shift ;;
-    *) echo "apps/mpi/bench.sh: unknown option '$1' (--max-bytes N, --iters N, --cg N, --cg-rounds N, --user-level, --cg-only)" >&2; exit 2 ;;
+    --hugepages) pages=(--hugepages) && export MPI_BENCH_PAGES=2M && shift ;;
+    *) echo "apps/mpi/bench.sh: unknown option '$1' (--max-bytes N, --iters N, --cg N, --cg-rounds N, --user-level, --cg-only, --hugepages)" >&2; exit 2 ;;
     esac
 done
 [ "$(id -u)" = 0 ] && [ -e /dev/kvm ] || { echo "apps/mpi/bench.sh: needs root and /dev/kvm; skipped" >&2; exit 0; }
@@ -59,10 +62,8 @@ nodes_up 2 && nodes_sshd && nodes_clowderd 1 && nodes_clowderd 2 || { echo "apps
 for enclave in "1 a" "2 a" "1 b"; do
     set -- $enclave
     [ $user_level = 1 ] && [ "$1" = 2 ] && continue # no case of --user-level uses node 2's enclave
-    # On 4 KiB pages (mpicg computes at about half the host's speed there: one rank 930 against
-    # 2020 MFLOP/s; 1891 in a --hugepages enclave), since XEMEM maps a hugepage enclave's memory
-    # only in whole 2 MiB pages and UCX's 12 KiB FIFO attach then fails (EINVAL).
-    nodes_exec "$1" "$clowder" enclave create --name "$2" --cores 1 --mem 1G >/dev/null 2>"$raw/create" && continue
+    [ ${#pages[@]} = 0 ] || nodes_hugepages 512 || exit 1
+    nodes_exec "$1" "$clowder" enclave create --name "$2" --cores 1 --mem 1G "${pages[@]}" >/dev/null 2>"$raw/create" && continue
     # node 1's second core may be out of reach (another daemon's --isolate-cores cpuset): the
     # cases with enclave b then say so
     echo "apps/mpi/bench.sh: enclave $2 in node $1: $(tail -1 "$raw/create")" >&2

@@ -6,6 +6,7 @@ the issue's three targets.
     report.py RAW_DIR CPU LOAD CG_EDGE
     report.py --cg-only RAW_DIR CPU LOAD CG_EDGE   # the mpicg section and its target row alone
 """
+import os
 import re
 import sys
 from datetime import datetime, timezone
@@ -102,6 +103,11 @@ def cg_table(raw, edge):
     return lines, medians
 
 
+def enclave_pages():
+    """The enclaves' page size, as bench.sh says it (`--hugepages`: MPI_BENCH_PAGES=2M)."""
+    return "2 MiB pages" if os.environ.get("MPI_BENCH_PAGES") == "2M" else "4 KiB pages"
+
+
 def cg_only(raw, cpu, load, edge):
     """The mpicg section alone (bench.sh --cg-only puts it into docs/results/mpi.md), with
     its own date, load and the target's row."""
@@ -110,7 +116,7 @@ def cg_only(raw, cpu, load, edge):
     lines, cg = cg_table(raw, edge)
     lines.insert(1, "")
     lines.insert(2, f"`apps/mpi/bench.sh --cg-only` on {cpu}, {stamp}, load {load} at the end; the cases' runs "
-                    "interleaved (a round runs each case once).")
+                    f"interleaved (a round runs each case once); enclave memory on {enclave_pages()}.")
     ours, host = cg.get("enclaves-ucx"), cg.get("host-shm")
     row = f"| {CG_TARGET} | {cg_measure(ours, host)} | {'yes' if cg_met(ours, host) else 'NO'} |" if ours and host \
         else f"| {CG_TARGET} | not measured | no |"
@@ -127,7 +133,7 @@ def main(raw, cpu, load, edge):
     out = ["# MPI: host ranks and enclave ranks (issue 25)", "",
            f"`apps/mpi/bench.sh` (in `make bench`) on {cpu}, {stamp}, load {load} at the end. Two cores; every case",
            "runs its ranks on the same two cores (`--bind-to core` for host ranks, one core per enclave,",
-           "its memory on 4 KiB pages: XEMEM attaches of a hugepage enclave's memory are whole 2 MiB pages).",
+           f"its memory on {enclave_pages()}).",
            "Nodes are network namespaces on a bridge (scripts/nodes.sh), each with its own clowderd;",
            "enclave ranks and the `tcp` rows use Open MPI's TCP transport (`--mca btl tcp,self`), but for",
            "the `UCX/xpmem` rows: Open MPI's UCX PML over UCX's xpmem transport on libxpmem (docs/mpi.md).", ""]

@@ -29,19 +29,14 @@ done
 [ "$(id -u)" = 0 ] && [ -e /dev/kvm ] || { echo "apps/mpi/ucx-loop.sh: needs root and /dev/kvm" >&2; exit 1; }
 
 . scripts/nodes.sh
-added=0
-give_back() { # the hugepages this script added to the pool (others may have changed it since)
-    [ $added = 0 ] || echo $(($(cat /proc/sys/vm/nr_hugepages) - added)) >/proc/sys/vm/nr_hugepages
-}
-trap 'nodes_down; give_back' EXIT
+trap nodes_down EXIT
 trap 'exit 1' INT TERM
 make -s -C apps/mpi >/dev/null || { echo "apps/mpi/ucx-loop.sh: apps/mpi does not build" >&2; exit 1; }
 xemem/ucx/build.sh >/dev/null 2>&1 || { echo "apps/mpi/ucx-loop.sh: xemem/ucx/build.sh failed" >&2; exit 1; }
 bin=$root/build/apps/mpi/openmpi
 CLOWDER=$root/target/release/clowder CLOWDERD=$root/target/release/clowderd
 if [ "${memory[2]:-}" = --hugepages ]; then
-    added=512 # two enclaves of 256 pages
-    echo $(($(cat /proc/sys/vm/nr_hugepages) + added)) >/proc/sys/vm/nr_hugepages
+    nodes_hugepages 512 || exit 1 # two enclaves of 256 pages
 fi
 nodes_up 1 && nodes_clowderd 1 || { echo "apps/mpi/ucx-loop.sh: cannot make the node" >&2; exit 1; }
 for e in a b; do
