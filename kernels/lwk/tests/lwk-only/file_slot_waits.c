@@ -3,9 +3,9 @@
  * keeping the times it ran, naps 40 ms; meanwhile the main thread, alone, makes two small reads
  * of /dev/urandom (through the slots: the host's pump then polls them, as in a busy job, and
  * takes the next call at once) and then reads 32 MiB (0.1-0.3 s of the host's work). A round
- * counts if the napper woke during the big read, 40 ms or more before its end (on a loaded
- * host the small reads may outlast the nap); in it the napper "ran" if it ran between its wake
- * and 20 ms before the read's end: a thread that keeps its CPU through the call lets it run
+ * counts if the napper's nap ended during the big read, 40 ms or more before its end (on a
+ * loaded host the small reads may outlast the nap); in it the napper "ran" if it ran between
+ * its nap's end and 20 ms before the read's end: a thread that keeps its CPU through the call lets it run
  * only after. Prints "the napper ran in N of M rounds that count (longest read L ms)";
  * tests/file-slot-waits.sh wants M >= 3 and N >= M / 2. */
 #include <fcntl.h>
@@ -22,7 +22,7 @@
 static volatile double ran_at[TIMES]; /* a ring of the spinner's times, one a millisecond */
 static volatile unsigned runs;
 static volatile int nap_asked, napping, done;
-static volatile double woke_at;
+static volatile double wake_due; /* when the napper's nap ends (it may run later) */
 
 static double now(void) {
     struct timespec t;
@@ -36,10 +36,10 @@ static void *spinner(void *unused) {
     while (!done) {
         if (nap_asked) {
             nap_asked = 0;
-            napping = 1;
             struct timespec nap = {0, 40000000};
+            wake_due = now() + 0.04;
+            napping = 1;
             nanosleep(&nap, NULL);
-            woke_at = now();
         }
         double t = now();
         if (t - last >= 0.001) ran_at[runs++ % TIMES] = last = t;
@@ -72,13 +72,10 @@ int main(void) {
         if (read(fd, buffer, CHUNK) != CHUNK) return 11;
         double end = now();
         if (end - start > longest) longest = end - start;
-        while (!(woke_at > 0)) {
-        } /* the napper has woken (it runs once this thread spins) */
-        if (woke_at > start && woke_at < end - 0.04) {
+        if (wake_due > start && wake_due < end - 0.04) {
             counted++;
-            ran += spinner_ran_within(woke_at, end - 0.02);
+            ran += spinner_ran_within(wake_due, end - 0.02);
         }
-        woke_at = 0;
     }
     done = 1;
     pthread_join(thread, NULL);
