@@ -24,6 +24,12 @@ for setting in SIZES RUNS ATTACHES READS LOCAL_MIB; do
         fi
     done
 done
+for backing in ${BACKINGS-2m}; do
+    if [ "$backing" != 4k ] && [ "$backing" != 2m ]; then
+        echo "vm-table2: BACKINGS takes 4k and 2m (or nothing: no host -> VM rows), not '$backing'" >&2
+        exit 2
+    fi
+done
 if ! [[ ${VM_OWNER_MAX:-0} =~ ^[0-9]+$ ]]; then
     echo "vm-table2: VM_OWNER_MAX is a size in MiB (0: no VM owner rows), not '$VM_OWNER_MAX'" >&2
     exit 2
@@ -40,7 +46,7 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "vm-table2: $started, $(nproc) CPUs, load $load_before"
 t0=$(date +%s)
 SIZES=${SIZES:-128 256 512 1024} RUNS=${RUNS:-3} ATTACHES=${ATTACHES:-10} READS=${READS:-5} \
-    VM_OWNER_MAX=${VM_OWNER_MAX:-256} LWK=${LWK:-1} BACKINGS=${BACKINGS:-2m} CLOWDER_LINUX_HOST_FILES=0 \
+    VM_OWNER_MAX=${VM_OWNER_MAX:-256} LWK=${LWK:-1} BACKINGS=${BACKINGS-2m} CLOWDER_LINUX_HOST_FILES=0 \
     cargo test --release -p clowderd --test xemem_linux_vm -- --ignored --nocapture vm_attach_bench 2>&1 | tee "$log"
 args=(--date "$started" --load-before "$load_before" --load-after "$(cut -d' ' -f1-3 /proc/loadavg)"
     --elapsed $(( $(date +%s) - t0 )) --commit "$(git rev-parse --short HEAD)"

@@ -286,7 +286,7 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
         }
     };
     let hugepages = support::hugepages::Reservation::free_pages(largest / 2).map_err(|e| eprintln!("host->VM 2m rows skipped: {e}")).ok();
-    for backing in setting("BACKINGS", "4k 2m").split_whitespace().filter(|&b| b == "4k" || hugepages.is_some()) {
+    for backing in setting("BACKINGS", "4k 2m").split_whitespace().filter(|&b| b == "4k" || (b == "2m" && hugepages.is_some())) {
         for (run, &mib) in (0..runs).flat_map(|run| sizes.iter().map(move |mib| (run, mib))) {
             let name = format!("h{backing}v{mib}r{run}");
             let owner = host(&owner_args(&name, backing, mib).iter().map(String::as_str).collect::<Vec<_>>());
