@@ -134,6 +134,9 @@ run_in_lwk() {
         echo "no exit line (machine status $machine_status)"
         return
     fi
+    # The line says 256 + N for a job killed by signal N (enclave-proto's KILLED_BY_SIGNAL); the
+    # machine exits as a shell would, 128 + N, and so do the checks below.
+    [ "$status" -ge 256 ] && status=$((status - 256 + 128))
     # QEMU's isa-debug-exit reports (status << 1) | 1; clowder-vmm the status itself.
     local expected_machine_status=$status
     [ "$runner" = qemu ] && expected_machine_status=$(( ((status << 1) | 1) & 255 ))
