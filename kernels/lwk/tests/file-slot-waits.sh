@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A thread waiting for a file call the host serves through its CPU's file slot, or from ring 3,
 # gives the CPU to the thread queued for it (issue 25): lwk-only/file_slot_waits.c reads
-# 32 MiB of /dev/urandom eight times on the enclave's one CPU while a spinning thread naps; in
+# 32 MiB of /dev/urandom up to 32 times on the enclave's one CPU while a spinning thread naps; in
 # the rounds where it wakes during the read it must run before the read ends in at least half
 # (and there must be 3 such rounds), once with ring-3 file calls (the default) and once with
 # the kernel's slots only (CLOWDER_RING3_FILES=off). Both kept the CPU through the host's

@@ -1,6 +1,7 @@
 /*
  * What the C programs of the end-to-end tests share: binding to CPUs and a monotonic clock.
- * `build_musl_program` (src/lib.rs) writes this header beside every program it builds, so a
+ * `build_musl_program` (src/lib.rs) writes this header beside every program it builds, and the
+ * LWK's private-enclave tests (kernels/lwk/tests/lib) build with it on the include path, so a
  * program takes it with `#include "clowder_test.h"` (after `#define _GNU_SOURCE`).
  */
 #ifndef CLOWDER_TEST_H
@@ -26,7 +27,7 @@ static inline void bind_cpus(int first, int last) {
     if (set_cpus(0, first, last) != 0) _exit(20);
 }
 
-/* CLOCK_MONOTONIC in seconds. */
+/* CLOCK_MONOTONIC in seconds (in an LWK job the vDSO's: no kernel entry). */
 static inline double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);

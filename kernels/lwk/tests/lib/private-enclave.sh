@@ -37,8 +37,8 @@ build_musl_libxpmem() {
     make -s -C "$xemem" CC="musl-gcc -isystem $musl_headers" BUILD=build/musl build/musl/lib/libxpmem.a || fail "cannot build the musl libxpmem"
 }
 
-musl_job() { # OUTPUT SOURCE
-    musl-gcc -isystem "$musl_headers" -static -O2 -Wall -I"$xemem/include" -o "$1" "$2" \
+musl_job() { # OUTPUT SOURCE (which may include node/test-support's clowder_test.h)
+    musl-gcc -isystem "$musl_headers" -static -O2 -Wall -I"$xemem/include" -I"$repo/node/test-support/c" -o "$1" "$2" \
         "$xemem/build/musl/lib/libxpmem.a" -lpthread || fail "cannot build the job"
 }
 

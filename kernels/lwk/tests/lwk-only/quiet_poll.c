@@ -5,6 +5,7 @@
  * Each waiter must wake once, for its news: tests/quiet-poll.sh checks, from the kernel's
  * count of the job's entries, that they did not wake (two timer ticks each) every 100 ms
  * meanwhile. */
+#define _GNU_SOURCE
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -15,15 +16,10 @@
 #include <time.h>
 #include <unistd.h>
 #include <xpmem.h>
+#include "clowder_test.h"
 
 static int pipe_ends[2], socket_ends[2], notify_fd;
 static char exported[4096] __attribute__((aligned(4096)));
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t); /* the vDSO's: no kernel entry */
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
 
 static void *epoll_waiter(void *unused) {
     (void)unused;

@@ -12,16 +12,11 @@
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
+#include "clowder_test.h"
 
 #define ROUNDS 4
 
 static volatile int stop;
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t); /* the vDSO's: no kernel entry */
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
 
 static void *sleeper(void *result) {
     double worst = 0;
