@@ -236,3 +236,42 @@ fn a_jobs_writes_land_in_the_hosts_directory_as_its_user() {
     assert_eq!(std::fs::read_to_string(work.join("renamed")).unwrap(), "moved\n");
     assert!(!work.join("sub/gone").exists() && !work.join("sub/a").exists() && !work.join("gone").exists() && !closed.join("x").exists());
 }
+
+/// Every byte of a host file a job reads through its mount is the host's, as each FUSE reply
+/// brings it and as the kernel's page cache keeps it: fuse_reads.c (also run in a booted VM by
+/// `make test-linux-enclave`) reads files on both sides of a page, of the readahead and of one
+/// reply (the 256 KiB window) and one of many replies, by read(2) in awkward pieces, pread(2)
+/// at boundaries and a mapping, and prints each file's checksum, which must equal its run on
+/// the host's own files.
+#[test]
+fn a_host_files_bytes_come_through_the_mount_exactly_at_every_boundary() {
+    if !can_mount() {
+        eprintln!("skipped: needs root and /dev/fuse");
+        return;
+    }
+    let memfd = clowderd::sys::memfd("fuse-reads-ram").unwrap();
+    memfd.set_len(RAM).unwrap();
+    let ram = Arc::new(GuestRam::map(&memfd, vec![RamRange { gpa: 0, size: RAM, file_offset: 0 }], (0, 0)).unwrap());
+    let (mut host, mut session) = start_on("fuse-reads", Ram(ram.clone()), Some(STRESS_WINDOW));
+    let work = host.directory.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let program = clowder_test_support::build_musl_program(&host.directory, "fuse_reads", include_str!("fuse_reads.c"));
+    let bytes = std::fs::read(&program).unwrap();
+    ram.write(SHELL_GPA, &bytes).unwrap();
+    let on_host = |mode: &str| Command::new(&program).arg(mode).current_dir(&work).output().unwrap();
+    assert!(on_host("write").status.success());
+    let expected = on_host("check");
+    assert!(expected.status.success(), "{}", String::from_utf8_lossy(&expected.stdout));
+    let root = Identity { uid: 0, gid: 0, groups: vec![] };
+    let mut files = Hio { ram, cwd: work.clone(), owner: root, jobs: HashMap::new() };
+    let argv: [&[u8]; 2] = [b"fuse_reads", b"check"];
+    let cwd = work.to_str().unwrap().as_bytes().to_vec();
+    host.send(&launch(1, &argv, &cwd, FileImage { name: b"/fuse_reads", gpa: SHELL_GPA, len: bytes.len() as u64 }, &[]));
+    let got = host.serving(&mut session, Some(&mut files), Duration::from_secs(120), |m| {
+        matches!(m, EnclaveMessage::JobExited { .. } | EnclaveMessage::LaunchFailed { .. })
+    });
+    let messages = decoded(&got);
+    let (stdout, stderr) = (output(&messages, Stream::Stdout), output(&messages, Stream::Stderr));
+    assert_eq!(stdout, String::from_utf8_lossy(&expected.stdout), "stderr: {stderr}");
+    assert_eq!(messages.last(), Some(&EnclaveMessage::JobExited { job: 1, status: 0 }), "{stderr}");
+}
