@@ -3,12 +3,15 @@
 # (node/clowderd/tests/xemem_linux_vm.rs, vm_attach_bench) and measures host -> VM, LWK -> VM,
 # VM -> host and VM -> LWK with attach_bench, RUNS times each (a new segment each run), then
 # writes the tables into docs/results/xemem-attach.md (between its vm-table2 markers) and draws
-# docs/results/xemem-vm.png (bench/xemem/vm_table2.py). Minutes to an hour on a PVM host: the
+# docs/results/xemem-vm.png (bench/xemem/vm_table2.py). An hour or more on a PVM host: the
 # guest's kernel code is emulated. Settings (environment): SIZES (MiB, default "128 256 512
 # 1024"), RUNS (3), ATTACHES (10), READS (5), VM_OWNER_MAX (MiB a VM owner exports at most,
-# default 256, 0 for none: its pages are first touched in emulated guest kernel code), LWK (1:
-# the LWK rows), LOCAL_MIB (the VM attacher's local buffer, default 32),
-# BACKINGS (2m: the host owner's pages). NO_WRITE=1 prints the tables only.
+# default 1024, 0 for none: its pages are first touched in emulated guest kernel code, written
+# once for all its segments; the VM gets that much more memory), LWK (1: the LWK rows),
+# LOCAL_MIB (the VM attacher's local buffer, default 32), BACKINGS (2m: the host owner's
+# pages). LOG=FILE keeps the benchmark's output there. NO_WRITE=1 prints the tables only. If the
+# benchmark fails, the tables of what it measured are still made (the rest marked as not
+# measured) and the script exits with its status.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -38,21 +41,30 @@ if [ ! -c /dev/kvm ]; then
     echo "vm-table2: no /dev/kvm: the Linux-VM rows are not measured here"
     exit 0
 fi
-log_dir=$(mktemp -d)
-trap 'rm -rf "$log_dir"' EXIT
-log=$log_dir/vm-bench.log
+if [ -n "${LOG:-}" ]; then
+    log=$LOG
+else
+    log_dir=$(mktemp -d)
+    trap 'rm -rf "$log_dir"' EXIT
+    log=$log_dir/vm-bench.log
+fi
 started=$(date -u '+%Y-%m-%d %H:%M UTC')
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "vm-table2: $started, $(nproc) CPUs, load $load_before"
 t0=$(date +%s)
-SIZES=${SIZES:-128 256 512 1024} RUNS=${RUNS:-3} ATTACHES=${ATTACHES:-10} READS=${READS:-5} \
-    VM_OWNER_MAX=${VM_OWNER_MAX:-256} LWK=${LWK:-1} BACKINGS=${BACKINGS-2m} CLOWDER_LINUX_HOST_FILES=0 \
-    cargo test --release -p clowderd --test xemem_linux_vm -- --ignored --nocapture vm_attach_bench 2>&1 | tee "$log"
+export SIZES=${SIZES:-128 256 512 1024} VM_OWNER_MAX=${VM_OWNER_MAX:-1024} LWK=${LWK:-1} BACKINGS=${BACKINGS-2m}
+status=0
+RUNS=${RUNS:-3} ATTACHES=${ATTACHES:-10} READS=${READS:-5} CLOWDER_LINUX_HOST_FILES=0 \
+    cargo test --release -p clowderd --test xemem_linux_vm -- --ignored --nocapture vm_attach_bench 2>&1 | tee "$log" || status=$?
 args=(--date "$started" --load-before "$load_before" --load-after "$(cut -d' ' -f1-3 /proc/loadavg)"
     --elapsed $(( $(date +%s) - t0 )) --commit "$(git rev-parse --short HEAD)"
-    --machine "$(uname -r), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) CPUs")
+    --machine "$(uname -r), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) CPUs"
+    --sizes "$SIZES" --vm-owner-max "$VM_OWNER_MAX" --lwk "$LWK" --backings "$BACKINGS")
 if [ "${NO_WRITE:-0}" = 1 ]; then
     python3 bench/xemem/vm_table2.py "$log" "${args[@]}"
 else
+    python3 -c 'import matplotlib' 2>/dev/null || pip install -q matplotlib 2>/dev/null ||
+        pip install -q --break-system-packages matplotlib
     python3 bench/xemem/vm_table2.py "$log" "${args[@]}" --write docs/results/xemem-attach.md --figure docs/results/xemem-vm.png
 fi
+exit $status

@@ -2,13 +2,16 @@
 """XEMEM Table 2's Linux-VM rows from vm_attach_bench's output (bench/xemem/vm-table2.sh).
 
     vm_table2.py LOG --date D --load-before L --load-after L --elapsed S --commit C --machine M
+                 --sizes MIBS --vm-owner-max MIB --lwk 0|1 --backings WORDS
                  [--write RESULTS.md] [--figure PNG]
 
 LOG holds the test's `row DIRECTION ...` lines (attach_bench's: `MODE MIB ITERATIONS GB/S
 MEDIAN_US DETACH_US LOCAL_GB/S LOCAL_MIB REREAD_GB/S`, `first MODE MIB US`, `owner-read MIB
-GB/S`), `NAME: create to ready: S s` and `vmm-memory KEY: N kB`. Each (direction, size, mode)
-was measured in RUNS runs, each a new segment: the tables give the median over the runs of each
-run's median (and of each run's first iteration). Prints the markdown; --write puts it between
+GB/S`), `NAME: create to ready: S s`, `vm-owner made NAME MIB S` and `vmm-memory KEY: N kB`.
+Each (direction, size, mode) was measured in RUNS runs, each a new segment: the tables give the
+median over the runs of each run's median (and of each run's first iteration). A direction and
+size the settings (the benchmark's: --sizes and the rest) leave out, or the log has no row of,
+gets a row that says so and why. Prints the markdown; --write puts it between
 the `<!-- vm-table2 begin -->` and `<!-- vm-table2 end -->` lines of RESULTS.md (appended with
 them if absent); --figure draws attach and attach + read throughput by size (matplotlib).
 """
@@ -21,14 +24,14 @@ from pathlib import Path
 
 BEGIN, END = "<!-- vm-table2 begin -->", "<!-- vm-table2 end -->"
 DIRECTIONS = {"host-2m->vm": "host → VM", "host-4k->vm": "host (4 KiB) → VM", "lwk->vm": "LWK → VM",
-              "vm->host": "VM → host", "vm->lwk": "VM → LWK"}
+              "vm->host": "VM → host", "vm->lwk": "VM → LWK", "vm->vm": "VM → VM"}
 # Table 2 (Kocoloski et al., HPDC'15): 1 GB, at least 500 attachments, GB/s.
 PAPER = {"lwk->vm": "3.99 (8.79 w/o rb-tree)", "host-2m->vm": "3.99 (Kitten → Linux VM)",
-         "vm->lwk": "12.61 (Linux VM → Kitten)", "vm->host": "–", "host-4k->vm": "–"}
+         "vm->lwk": "12.61 (Linux VM → Kitten)", "vm->host": "–", "host-4k->vm": "–", "vm->vm": "–"}
 
 
 def parse(path):
-    rows, firsts, boots, memory = defaultdict(list), defaultdict(list), [], {}
+    rows, firsts, boots, memory, made = defaultdict(list), defaultdict(list), [], {}, []
     for line in Path(path).read_text(errors="replace").splitlines():
         fields = line.split()
         if line.startswith("row ") and len(fields) >= 3:
@@ -44,7 +47,9 @@ def parse(path):
             boots.append((m.group(1), int(m.group(2))))
         elif m := re.match(r"vmm-memory (\w+):\s+(\d+) kB", line):
             memory[m.group(1)] = int(m.group(2))
-    return rows, firsts, boots, memory
+        elif m := re.match(r"vm-owner made (\S+) (\d+) ([\d.]+)$", line):
+            made.append((m.group(1), int(m.group(2)), float(m.group(3))))
+    return rows, firsts, boots, memory, made
 
 
 def gbs(mib, us):
@@ -55,12 +60,32 @@ def med(values):
     return statistics.median(values) if values else 0.0
 
 
-def summary(rows, firsts):
-    """One dict per (direction, size): medians over the runs."""
+def left_out(direction, mib, options):
+    """Why the settings leave (direction, mib) out, or None if they ask for it."""
+    if direction == "vm->vm":
+        return ("vm_attach_bench boots one VM (a boot is minutes here); VM → VM is checked by content at 1 MiB by "
+                "`make test-linux-xemem`")
+    if direction.startswith("host-") and direction[5:7] not in options.backings.split():
+        return f"BACKINGS has no {direction[5:7]}"
+    if "lwk" in direction and options.lwk != "1":
+        return "LWK=0"
+    if direction.startswith("vm->") and mib > options.vm_owner_max:
+        return (f"above VM_OWNER_MAX={options.vm_owner_max} MiB (a VM owner's pages are first touched in emulated "
+                "guest kernel code)")
+    return None
+
+
+def summary(rows, firsts, options):
+    """One dict per (direction, size): medians over the runs, or why there are none."""
+    sizes = {int(mib) for mib in options.sizes.split()}
+    # host (4 KiB) → VM is not one of Table 2's rows: listed only when asked for or measured.
+    wanted = {(d, m) for d in DIRECTIONS for m in sizes if d != "host-4k->vm" or "4k" in options.backings.split()}
     out = []
-    for (direction, mib) in sorted({(d, m) for d, m, _ in rows}, key=lambda k: (list(DIRECTIONS).index(k[0]) if k[0] in DIRECTIONS else 99, k[1])):
+    for (direction, mib) in sorted({(d, m) for d, m, _ in rows} | wanted, key=lambda k: (list(DIRECTIONS).index(k[0]) if k[0] in DIRECTIONS else 99, k[1])):
         attach, read = rows.get((direction, mib, "attach"), []), rows.get((direction, mib, "read"), [])
         entry = {"direction": direction, "mib": mib, "runs": max(len(attach), len(read))}
+        if not attach and not read:
+            entry["not_measured"] = left_out(direction, mib, options) or "the run ended before this row (its log says why)"
         if attach:
             entry["attach_us"] = med([r["median"] for r in attach])
             entry["attach_first_us"] = med(firsts.get((direction, mib, "attach"), []))
@@ -86,7 +111,20 @@ def cell_time(us, mib):
     return f"{us / 1e3:.2f} ms ({gbs(mib, us):.2f} GB/s)" if us < 1e6 else f"{us / 1e6:.2f} s ({gbs(mib, us):.2f} GB/s)"
 
 
-def markdown(entries, boots, memory, options):
+def owner_makes(made):
+    """The VM owner's time to each size's first segment (its new pages written, mlock, pagemap,
+    the daemon's make; the first from the job's start) and the median of the later ones."""
+    by_size = defaultdict(list)
+    for _, mib, seconds in made:
+        by_size[mib].append(seconds)
+    parts = [f"{mib} MiB {times[0]:.0f} s" + (f", then {med(times[1:]):.1f} s" if len(times) > 1 else "")
+             for mib, times in sorted(by_size.items())]
+    return ("The VM owner (one `attach_bench serve` job for all VM-owner segments, its region's pages written as the "
+            "sizes first need them), from the previous segment's end (the first: the job's start) to the make, first "
+            "and then median: " + "; ".join(parts) + ".")
+
+
+def markdown(entries, boots, memory, made, options):
     out = [f"Generated by `bench/xemem/vm-table2.sh` on {options.date} ({options.machine}; load average "
            f"{options.load_before} before, {options.load_after} after; {options.elapsed} s; commit {options.commit}). "
            "Each figure is the median over the runs (each run a new segment) of that run's median; *first* is the "
@@ -98,6 +136,10 @@ def markdown(entries, boots, memory, options):
                "first attach + read | local read GB/s, before / between (MiB) | attach+read / local | re-read GB/s | detach | paper, 1 GB (GB/s) |")
     out.append("|" + "---|" * 12)
     for e in entries:
+        if "not_measured" in e:
+            out.append(f"| {DIRECTIONS.get(e['direction'], e['direction'])} | {e['mib']} | 0 | not measured: "
+                       f"{e['not_measured']} |" + " – |" * 8)
+            continue
         ratio = f"{gbs(e['mib'], e['read_us']) / e['local'] * 100:.0f}%" if e.get("read_us") and e.get("local") else "–"
         between = f" / {e['local_between']:.2f}" if "local_between" in e else ""
         local = f"{e['local']:.2f}{between} ({e['local_mib']})" if "local" in e else "–"
@@ -109,6 +151,8 @@ def markdown(entries, boots, memory, options):
                    f"{cell_time(e.get('read_us'), e['mib'])} | {cell_time(e.get('read_first_us'), e['mib'])} | "
                    f"{local} | {ratio} | {reread} | {detach} | {paper} |")
     out.append("")
+    if made:
+        out.append(owner_makes(made))
     if boots:
         out.append("Boot (create to ready): " + ", ".join(f"{name} {s} s" for name, s in boots) + ".")
     if memory:
@@ -137,6 +181,7 @@ def figure(entries, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    entries = [e for e in entries if "not_measured" not in e]
     for direction in dict.fromkeys(e["direction"] for e in entries):
         mine = [e for e in entries if e["direction"] == direction]
         label = DIRECTIONS.get(direction, direction)
@@ -166,14 +211,18 @@ def main():
     parser.add_argument("log")
     for name in ("date", "load-before", "load-after", "elapsed", "commit", "machine"):
         parser.add_argument(f"--{name}", default="?")
+    parser.add_argument("--sizes", default="128 256 512 1024")
+    parser.add_argument("--vm-owner-max", type=int, default=256)
+    parser.add_argument("--lwk", default="1")
+    parser.add_argument("--backings", default="2m")
     parser.add_argument("--write")
     parser.add_argument("--figure")
     options = parser.parse_args()
-    rows, firsts, boots, memory = parse(options.log)
+    rows, firsts, boots, memory, made = parse(options.log)
     if not rows:
         sys.exit(f"vm_table2: no rows in {options.log}: the benchmark did not get to measure (its output says why)")
-    entries = summary(rows, firsts)
-    text = markdown(entries, boots, memory, options)
+    entries = summary(rows, firsts, options)
+    text = markdown(entries, boots, memory, made, options)
     print(text)
     if options.write:
         write_between_markers(options.write, text)

@@ -11,6 +11,10 @@
  *       named segment NAME (xemem_make), prints "made", and waits until an
  *       attacher signals that it has finished (bench_common.h), at most SECONDS (default 900),
  *       then removes it
+ *   attach_bench serve BACKING SECONDS NAME:MIB...
+ *       as own, for each NAME:MIB in turn, over one region whose pages are written once as the
+ *       sizes first need them (in a Linux VM on a PVM host each first touch of a page is
+ *       emulated guest kernel work, minutes a GiB): the segment NAME is its first MIB
  *   attach_bench attach NAME MIB ATTACHES TOUCHES [MODE...] [local=LMIB]
  *       finds NAME (another enclave's segment), gets it and runs the modes given, or every mode
  *       (attach: ATTACHES times; the others: TOUCHES times), then signals the owner; local=LMIB
@@ -60,7 +64,15 @@ static uint64_t sum_words(const uint64_t *p, size_t bytes)
 	return a + b + c + d;
 }
 
-static void *owner_region(int huge, size_t bytes)
+/* Writes a pattern byte into each page of [from, to) of the region at P: its first touch. */
+static void fill_region(char *p, size_t from, size_t to)
+{
+	for (size_t i = from; i < to; i += PAGE)
+		((volatile char *)p)[i] = (char)(i / PAGE);
+}
+
+/* An owner's region of BYTES, mapped but not touched. */
+static char *map_owner_region(int huge, size_t bytes)
 {
 	void *p;
 	if (huge) {
@@ -77,8 +89,6 @@ static void *owner_region(int huge, size_t bytes)
 	}
 	if (p == MAP_FAILED)
 		die(program, "mmap");
-	for (size_t i = 0; i < bytes; i += PAGE)
-		((volatile char *)p)[i] = (char)(i / PAGE);
 	return p;
 }
 
@@ -258,7 +268,8 @@ static int run_pair(int argc, char **argv)
 		die(program, "socketpair");
 	pid_t owner = fork();
 	if (owner == 0) {
-		void *p = owner_region(huge, bytes);
+		char *p = map_owner_region(huge, bytes);
+		fill_region(p, 0, bytes);
 		if (mode == READ)
 			print_owner_read(p, bytes);
 		xpmem_segid_t segid = xpmem_make(p, bytes, XPMEM_PERMIT_MODE, (void *)0600);
@@ -290,18 +301,14 @@ static int run_pair(int argc, char **argv)
 	return 0;
 }
 
-static int run_owner(int argc, char **argv)
+/* The owner roles' segment: the first BYTES of P (written) exported as NAME until its attacher
+ * signals (at most SECONDS), then removed. 0, or 1 when no attacher signalled. */
+static int serve_segment(char *p, size_t bytes, const char *name, int seconds)
 {
-	if (argc != 5 && argc != 6) {
-		fprintf(stderr, "usage: %s own NAME 4k|2m MIB [SECONDS]\n", argv[0]);
-		return 2;
-	}
-	const char *name = argv[2];
-	int huge = parse_backing(argv[3]);
-	size_t bytes = parse_mib(argv[4]);
-	int seconds = argc == 6 ? parse_count(argv[5]) : 900;
-	void *p = owner_region(huge, bytes);
 	print_owner_read(p, bytes);
+	/* Its last word back to what fill_region left (0): an earlier segment of this size over the
+	 * same pages was signalled there. */
+	((volatile uint64_t *)p)[bytes / 8 - 1] = 0;
 	xpmem_segid_t segid = xemem_make(p, bytes, name);
 	if (segid <= 0)
 		die(program, "xemem_make");
@@ -315,6 +322,62 @@ static int run_owner(int argc, char **argv)
 		return 1;
 	}
 	printf("removed %s\n", name);
+	fflush(stdout);
+	return 0;
+}
+
+static int run_owner(int argc, char **argv)
+{
+	if (argc != 5 && argc != 6) {
+		fprintf(stderr, "usage: %s own NAME 4k|2m MIB [SECONDS]\n", argv[0]);
+		return 2;
+	}
+	const char *name = argv[2];
+	int huge = parse_backing(argv[3]);
+	size_t bytes = parse_mib(argv[4]);
+	int seconds = argc == 6 ? parse_count(argv[5]) : 900;
+	char *p = map_owner_region(huge, bytes);
+	fill_region(p, 0, bytes);
+	return serve_segment(p, bytes, name, seconds);
+}
+
+/* NAME:MIB's size in bytes, its name ended at the colon; exits with status 2 on bad input. */
+static size_t parse_served(char *entry)
+{
+	char *colon = strchr(entry, ':');
+	if (!colon || colon == entry || colon - entry > XEMEM_NAME_MAX) {
+		fprintf(stderr, "%s: serve takes NAME:MIB (a name of 1-%d characters), got %s\n", program, XEMEM_NAME_MAX, entry);
+		exit(2);
+	}
+	*colon = '\0';
+	return parse_mib(colon + 1);
+}
+
+static int run_server(int argc, char **argv)
+{
+	if (argc < 5) {
+		fprintf(stderr, "usage: %s serve 4k|2m SECONDS NAME:MIB...\n", argv[0]);
+		return 2;
+	}
+	int huge = parse_backing(argv[2]);
+	int seconds = parse_count(argv[3]);
+	size_t *sizes = calloc(argc, sizeof *sizes), largest = 0, written = 0;
+	if (!sizes)
+		die(program, "calloc");
+	for (int i = 4; i < argc; i++) {
+		sizes[i] = parse_served(argv[i]);
+		largest = sizes[i] > largest ? sizes[i] : largest;
+	}
+	char *p = map_owner_region(huge, largest);
+	for (int i = 4; i < argc; i++) {
+		if (sizes[i] > written) {
+			fill_region(p, written, sizes[i]);
+			written = sizes[i];
+		}
+		if (serve_segment(p, sizes[i], argv[i], seconds))
+			return 1;
+	}
+	free(sizes);
 	return 0;
 }
 
@@ -384,6 +447,8 @@ int main(int argc, char **argv)
 {
 	if (argc > 1 && !strcmp(argv[1], "own"))
 		return run_owner(argc, argv);
+	if (argc > 1 && !strcmp(argv[1], "serve"))
+		return run_server(argc, argv);
 	if (argc > 1 && !strcmp(argv[1], "attach"))
 		return run_attacher(argc, argv);
 	return run_pair(argc, argv);

@@ -61,7 +61,7 @@ fn one_xpmem_program_exchanges_memory_between_host_and_vm() {
     let guest = guest_files();
     std::thread::scope(|scope| {
         let second = scope.spawn(|| create_linux_enclave(&daemon.socket, "vm2", "256M", &guest));
-        create_linux_enclave(&daemon.socket, "vm", if bench { "512M" } else { "256M" }, &guest);
+        create_linux_enclave(&daemon.socket, "vm", &if bench { bench_vm_mem() } else { "256M".into() }, &guest);
         second.join().unwrap();
     });
 
@@ -212,39 +212,65 @@ fn lwk_and_vm_exchange(daemon: &BrokeredDaemon, program: &Path, dir: &Path) {
 
 /// The VM rows of docs/results/xemem-attach.md (Table 2): `xemem/bench/attach_bench.c`, one
 /// static binary, owns a region on one side and attaches it from the other, attach alone and
-/// attach + read against a local read on the attacher's side: host->VM with the host owner's
-/// region on 4 KiB and on 2 MiB pages (`BACKINGS`, default "4k 2m"; hugepages reserved for the
-/// run, the 2m rows skipped if the kernel has too few), LWK->VM from an LWK enclave beside the
-/// VM, and VM->host and VM->LWK up to `VM_OWNER_MAX` MiB (default 128: every page of a VM
-/// owner's region is first touched in emulated guest kernel code on a PVM host, about 5 ms a
-/// page), for each size of `SIZES` (MiB, default "128 256 512 1024"), `ATTACHES` (default 5)
-/// attaches and `READS` (3) attach + reads each, all of it `RUNS` times (default 1), each run
-/// a new segment. bench/xemem/vm-table2.sh runs this and makes the tables of its rows. A VM attacher's local buffer is `LOCAL_MIB`
-/// (default 32) read repeatedly, for the same reason. Prints `row DIRECTION ...` lines
-/// (attach_bench's columns, and its `first` lines) and the VMM's memory beyond guest RAM. `make test-linux-xemem
+/// attach + read against a local read on the attacher's side, for each size of `SIZES` (MiB,
+/// default "128 256 512 1024"), `ATTACHES` (default 5) attaches and `READS` (3) attach + reads
+/// each, all of it `RUNS` times (default 1), each run a new segment:
+/// - VM->host and VM->LWK up to `VM_OWNER_MAX` MiB (default 128): one `attach_bench serve` job
+///   in the VM exports every one of these segments in turn over one region, whose pages it
+///   writes once, as the sizes first need them: every first touch of a guest page is emulated
+///   guest kernel work on a PVM host (about 5 ms a page at load 4-8), so a region per segment
+///   would take hours. The VM has that much more memory ([`bench_vm_mem`]);
+/// - LWK->VM from an LWK enclave beside the VM (`LWK`, default 1, for both LWK directions);
+/// - host->VM with the host owner's region on 4 KiB and on 2 MiB pages (`BACKINGS`, default
+///   "4k 2m"; hugepages reserved for the run, the 2m rows skipped if the kernel has too few).
+///
+/// A VM attacher's local buffer is `LOCAL_MIB` (default 32) read repeatedly (a buffer of the
+/// region's size is minutes of first touches in the guest). Prints `row DIRECTION ...` lines
+/// (attach_bench's columns, and its `first` lines), `vm-owner made NAME MIB SECONDS` (from the
+/// previous segment's end, or the job's start, to the make: the new pages' first touches,
+/// mlock and pagemap in the guest) and the VMM's memory beyond guest RAM.
+/// bench/xemem/vm-table2.sh runs this and makes the tables of its rows; `make test-linux-xemem
 /// CLOWDER_XEMEM_VM_BENCH=1` measures in the exchange's VM instead of booting a second one.
 #[test]
 #[ignore = "boots a Linux guest and measures: many minutes on a PVM host (by hand, once the exchange passes: -- --ignored vm_attach_bench)"]
 fn vm_attach_bench() {
     let Some(dir) = job_test_dir("clowder-xemem-vm-bench") else { return };
     let daemon = start_daemon_with_broker(&dir.0);
-    create_linux_enclave(&daemon.socket, "vm", "512M", &guest_files());
+    create_linux_enclave(&daemon.socket, "vm", &bench_vm_mem(), &guest_files());
     bench_rows(&daemon, &dir.0);
     let removed = call(&daemon.socket, json!({"op": "rm", "name": "vm"}));
     assert_eq!(removed["ok"], true, "{removed}");
+}
+
+/// [`bench_rows`]' setting `name` (an environment variable), else `default`.
+fn bench_setting(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_string())
+}
+
+/// `SIZES` and the part of them a VM owner exports (up to `VM_OWNER_MAX`), in MiB.
+fn bench_sizes() -> (Vec<u64>, Vec<u64>) {
+    let sizes: Vec<u64> = bench_setting("SIZES", "128 256 512 1024").split_whitespace().map(|s| s.parse().unwrap()).collect();
+    let owner_max: u64 = bench_setting("VM_OWNER_MAX", "128").parse().unwrap();
+    let owned = sizes.iter().copied().filter(|&mib| mib <= owner_max).collect();
+    (sizes, owned)
+}
+
+/// The memory of the benchmark's VM: 512 MiB, or the VM owner's largest region and 256 MiB for
+/// the guest's own use (its kernel, the agent, an attacher's local buffer).
+fn bench_vm_mem() -> String {
+    format!("{}M", bench_sizes().1.iter().map(|mib| mib + 256).max().unwrap_or(0).max(512))
 }
 
 /// [`vm_attach_bench`]'s measurements in Linux enclave `vm` of `daemon`, scratch files in `dir`.
 fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
     let bench = dir.join("attach_bench");
     build_musl_job("../bench/attach_bench.c", &bench).unwrap();
-    let setting = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_string());
-    let sizes: Vec<u64> = setting("SIZES", "128 256 512 1024").split_whitespace().map(|s| s.parse().unwrap()).collect();
-    let owner_max: u64 = setting("VM_OWNER_MAX", "128").parse().unwrap();
-    let (attaches, reads, local) = (setting("ATTACHES", "5"), setting("READS", "3"), format!("local={}", setting("LOCAL_MIB", "32")));
-    let runs: u32 = setting("RUNS", "1").parse().unwrap();
+    let (sizes, owned) = bench_sizes();
+    let (attaches, reads, local) =
+        (bench_setting("ATTACHES", "5"), bench_setting("READS", "3"), format!("local={}", bench_setting("LOCAL_MIB", "32")));
+    let runs: u32 = bench_setting("RUNS", "1").parse().unwrap();
     let largest = sizes.iter().copied().max().unwrap_or(0);
-    let host = |args: &[&str]| {
+    let host = |args: &[String]| {
         Command::new(&bench)
             .args(args)
             .env("CLOWDER_XEMEM_SOCKET", &daemon.xemem_socket)
@@ -268,11 +294,19 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
         });
         (handle, out)
     };
-    let made = |owner: &(std::thread::JoinHandle<(serde_json::Value, String)>, Arc<Mutex<String>>)| {
-        while !owner.1.lock().unwrap().contains("made ") && !owner.0.is_finished() {
+    type Job = (std::thread::JoinHandle<(serde_json::Value, String)>, Arc<Mutex<String>>);
+    // Waits until `owner` has made segment `name`; false if it ended first.
+    let made = |owner: &Job, name: &str| {
+        let line = format!("made {name}:");
+        while !owner.1.lock().unwrap().contains(&line) {
+            if owner.0.is_finished() {
+                return false;
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
+        true
     };
+    let run_sizes = |sizes: &[u64]| (0..runs).flat_map(move |run| sizes.iter().map(move |&mib| (run, mib))).collect::<Vec<_>>();
     let owner_args = |name: &str, backing: &str, mib: u64| vec!["own".into(), name.into(), backing.into(), mib.to_string(), "3600".into()];
     let attacher_args = |name: &str, mib: u64, in_vm: bool| {
         let mut args: Vec<String> =
@@ -285,11 +319,70 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
             println!("row {direction} {line}");
         }
     };
+    // Both LWK directions: an LWK enclave beside the VM, big enough for the largest region twice.
+    let lwk = bench_setting("LWK", "1") == "1";
+    if lwk {
+        let created = call(&daemon.socket, json!({"op": "create", "name": "lwk", "cores": 1, "mem": format!("{}M", 2 * largest + 256)}));
+        assert_eq!(created["ok"], true, "{created}");
+    }
+
+    // VM->host and VM->LWK: one owner job serves every segment in turn ([`vm_attach_bench`]).
+    let served: Vec<(&str, String, u64)> = run_sizes(&owned)
+        .into_iter()
+        .flat_map(|(run, mib)| {
+            let to_lwk = lwk.then(|| ("vm->lwk", format!("vl{mib}r{run}"), mib));
+            std::iter::once(("vm->host", format!("vh{mib}r{run}"), mib)).chain(to_lwk)
+        })
+        .collect();
+    if !served.is_empty() {
+        let mut args: Vec<String> = vec!["serve".into(), "4k".into(), "3600".into()];
+        args.extend(served.iter().map(|(_, name, mib)| format!("{name}:{mib}")));
+        let owner = job("vm", args);
+        let mut since = Instant::now();
+        for (direction, name, mib) in &served {
+            if !made(&owner, name) {
+                let (reply, out) = owner.0.join().unwrap();
+                panic!("the VM owner ended before making {name}: {reply}\n{out}");
+            }
+            println!("vm-owner made {name} {mib} {:.1}", since.elapsed().as_secs_f64());
+            let out = if *direction == "vm->host" {
+                let attacher = host(&attacher_args(name, *mib, false)).wait_with_output().unwrap();
+                assert!(attacher.status.success(), "VM->host {name}: {}", String::from_utf8_lossy(&attacher.stderr));
+                String::from_utf8_lossy(&attacher.stdout).into_owned()
+            } else {
+                let (reply, out) = job("lwk", attacher_args(name, *mib, false)).0.join().unwrap();
+                assert_eq!(reply["status"], 0, "VM->LWK {name}: {reply}\n{out}");
+                out
+            };
+            rows(direction, &out);
+            since = Instant::now();
+        }
+        let (reply, out) = owner.0.join().unwrap();
+        assert_eq!(reply["status"], 0, "the VM owner: {reply}\n{out}");
+    }
+
+    if lwk {
+        for (run, mib) in run_sizes(&sizes) {
+            let name = format!("lv{mib}r{run}");
+            let owner = job("lwk", owner_args(&name, "4k", mib));
+            let attacher = made(&owner, &name).then(|| job("vm", attacher_args(&name, mib, true)));
+            let (owner_reply, owner_out) = owner.0.join().unwrap();
+            let Some(attacher) = attacher else { panic!("the LWK owner ended before making {name}: {owner_reply}\n{owner_out}") };
+            let (reply, out) = attacher.0.join().unwrap();
+            let context = format!("LWK->VM {name}: owner {owner_reply}\n{owner_out}\nattacher {reply}\n{out}");
+            assert_eq!((owner_reply["status"].clone(), reply["status"].clone()), (json!(0), json!(0)), "{context}");
+            rows("lwk->vm", &out);
+            rows("lwk->vm", &owner_out);
+        }
+        let removed = call(&daemon.socket, json!({"op": "rm", "name": "lwk"}));
+        assert_eq!(removed["ok"], true, "{removed}");
+    }
+
     let hugepages = support::hugepages::Reservation::free_pages(largest / 2).map_err(|e| eprintln!("host->VM 2m rows skipped: {e}")).ok();
-    for backing in setting("BACKINGS", "4k 2m").split_whitespace().filter(|&b| b == "4k" || (b == "2m" && hugepages.is_some())) {
-        for (run, &mib) in (0..runs).flat_map(|run| sizes.iter().map(move |mib| (run, mib))) {
+    for backing in bench_setting("BACKINGS", "4k 2m").split_whitespace().filter(|&b| b == "4k" || (b == "2m" && hugepages.is_some())) {
+        for (run, mib) in run_sizes(&sizes) {
             let name = format!("h{backing}v{mib}r{run}");
-            let owner = host(&owner_args(&name, backing, mib).iter().map(String::as_str).collect::<Vec<_>>());
+            let owner = host(&owner_args(&name, backing, mib));
             let (reply, out) = job("vm", attacher_args(&name, mib, true)).0.join().unwrap();
             let owner = owner.wait_with_output().unwrap();
             let context = format!("host-{backing}->VM {mib} MiB: {reply}\n{out}\nowner: {}", String::from_utf8_lossy(&owner.stderr));
@@ -299,42 +392,6 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
         }
     }
     drop(hugepages);
-    for (run, &mib) in (0..runs).flat_map(|run| sizes.iter().filter(|&&mib| mib <= owner_max).map(move |mib| (run, mib))) {
-        let name = format!("vh{mib}r{run}");
-        let owner = job("vm", owner_args(&name, "4k", mib));
-        made(&owner);
-        let attacher = host(&attacher_args(&name, mib, false).iter().map(String::as_str).collect::<Vec<_>>()).wait_with_output().unwrap();
-        let (reply, out) = owner.0.join().unwrap();
-        assert!(attacher.status.success(), "VM->host {mib} MiB: {}", String::from_utf8_lossy(&attacher.stderr));
-        assert_eq!(reply["status"], 0, "VM->host {mib} MiB owner: {reply}\n{out}");
-        rows("vm->host", &String::from_utf8_lossy(&attacher.stdout));
-        rows("vm->host", &out);
-    }
-    // LWK<->VM: an LWK enclave beside the VM, big enough for the largest region twice over.
-    if setting("LWK", "1") == "1" {
-        let created = call(&daemon.socket, json!({"op": "create", "name": "lwk", "cores": 1, "mem": format!("{}M", 2 * largest + 256)}));
-        assert_eq!(created["ok"], true, "{created}");
-        let pair = |direction: &str, owner: (&'static str, Vec<String>), attacher: (&'static str, Vec<String>)| {
-            let owner = job(owner.0, owner.1);
-            made(&owner);
-            let attacher = job(attacher.0, attacher.1);
-            let ((owner_reply, owner_out), (reply, out)) = (owner.0.join().unwrap(), attacher.0.join().unwrap());
-            let context = format!("{direction}: owner {owner_reply}\n{owner_out}\nattacher {reply}\n{out}");
-            assert_eq!((owner_reply["status"].clone(), reply["status"].clone()), (json!(0), json!(0)), "{context}");
-            rows(direction, &out);
-            rows(direction, &owner_out);
-        };
-        for (run, &mib) in (0..runs).flat_map(|run| sizes.iter().map(move |mib| (run, mib))) {
-            let name = format!("lv{mib}r{run}");
-            pair("lwk->vm", ("lwk", owner_args(&name, "4k", mib)), ("vm", attacher_args(&name, mib, true)));
-        }
-        for (run, &mib) in (0..runs).flat_map(|run| sizes.iter().filter(|&&mib| mib <= owner_max).map(move |mib| (run, mib))) {
-            let name = format!("vl{mib}r{run}");
-            pair("vm->lwk", ("vm", owner_args(&name, "4k", mib)), ("lwk", attacher_args(&name, mib, false)));
-        }
-        let removed = call(&daemon.socket, json!({"op": "rm", "name": "lwk"}));
-        assert_eq!(removed["ok"], true, "{removed}");
-    }
     let listing = call(&daemon.socket, json!({"op": "ls"}));
     let pid = listing["enclaves"].as_array().unwrap().iter().find(|e| e["name"] == "vm").and_then(|e| e["pid"].as_u64()).unwrap();
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
