@@ -112,16 +112,17 @@ def cell_time(us, mib):
 
 
 def owner_makes(made):
-    """The VM owner's time to each size's first segment (its new pages written, mlock, pagemap,
-    the daemon's make; the first from the job's start) and the median of the later ones."""
+    """The bench's wait for the VM owner's make of each size's first segment (its new pages
+    written, mlock, pagemap, the daemon's make; the very first from the job's start) and the
+    median of the later ones (a later run's first is made while other directions run)."""
     by_size = defaultdict(list)
     for _, mib, seconds in made:
         by_size[mib].append(seconds)
     parts = [f"{mib} MiB {times[0]:.0f} s" + (f", then {med(times[1:]):.1f} s" if len(times) > 1 else "")
              for mib, times in sorted(by_size.items())]
     return ("The VM owner (one `attach_bench serve` job for all VM-owner segments, its region's pages written as the "
-            "sizes first need them), from the previous segment's end (the first: the job's start) to the make, first "
-            "and then median: " + "; ".join(parts) + ".")
+            "sizes first need them): the wait for its make after the previous attacher (the very first from the job's "
+            "start), each size's first and then the median of the rest: " + "; ".join(parts) + ".")
 
 
 def markdown(entries, boots, memory, made, options):

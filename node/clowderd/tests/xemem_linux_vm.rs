@@ -226,9 +226,10 @@ fn lwk_and_vm_exchange(daemon: &BrokeredDaemon, program: &Path, dir: &Path) {
 ///
 /// A VM attacher's local buffer is `LOCAL_MIB` (default 32) read repeatedly (a buffer of the
 /// region's size is minutes of first touches in the guest). Prints `row DIRECTION ...` lines
-/// (attach_bench's columns, and its `first` lines), `vm-owner made NAME MIB SECONDS` (from the
-/// previous segment's end, or the job's start, to the make: the new pages' first touches,
-/// mlock and pagemap in the guest) and the VMM's memory beyond guest RAM.
+/// (attach_bench's columns, and its `first` lines), `vm-owner made NAME MIB SECONDS` (the wait
+/// for the make from the previous attacher's end, or the job's start: the new pages' first
+/// touches, mlock and pagemap in the guest) and the VMM's memory beyond guest RAM. Run by
+/// run: each run measures every direction and size.
 /// bench/xemem/vm-table2.sh runs this and makes the tables of its rows; `make test-linux-xemem
 /// CLOWDER_XEMEM_VM_BENCH=1` measures in the exchange's VM instead of booting a second one.
 #[test]
@@ -325,25 +326,32 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
         let created = call(&daemon.socket, json!({"op": "create", "name": "lwk", "cores": 1, "mem": format!("{}M", 2 * largest + 256)}));
         assert_eq!(created["ok"], true, "{created}");
     }
+    let hugepages = support::hugepages::Reservation::free_pages(largest / 2).map_err(|e| eprintln!("host->VM 2m rows skipped: {e}")).ok();
+    let backings = bench_setting("BACKINGS", "4k 2m");
+    let backings: Vec<&str> = backings.split_whitespace().filter(|&b| b == "4k" || (b == "2m" && hugepages.is_some())).collect();
 
-    // VM->host and VM->LWK: one owner job serves every segment in turn ([`vm_attach_bench`]).
-    let served: Vec<(&str, String, u64)> = run_sizes(&owned)
+    // VM->host and VM->LWK: one owner job serves all their segments in turn ([`vm_attach_bench`]).
+    let served: Vec<(u32, &str, String, u64)> = run_sizes(&owned)
         .into_iter()
         .flat_map(|(run, mib)| {
-            let to_lwk = lwk.then(|| ("vm->lwk", format!("vl{mib}r{run}"), mib));
-            std::iter::once(("vm->host", format!("vh{mib}r{run}"), mib)).chain(to_lwk)
+            let to_lwk = lwk.then(|| (run, "vm->lwk", format!("vl{mib}r{run}"), mib));
+            std::iter::once((run, "vm->host", format!("vh{mib}r{run}"), mib)).chain(to_lwk)
         })
         .collect();
-    if !served.is_empty() {
+    let owner = (!served.is_empty()).then(|| {
         let mut args: Vec<String> = vec!["serve".into(), "4k".into(), "3600".into()];
-        args.extend(served.iter().map(|(_, name, mib)| format!("{name}:{mib}")));
-        let owner = job("vm", args);
+        args.extend(served.iter().map(|(_, _, name, mib)| format!("{name}:{mib}")));
+        job("vm", args)
+    });
+    // Run by run, every direction in each: a benchmark stopped for the machine's time leaves
+    // whole runs of every direction.
+    for run in 0..runs {
+        // What the bench waits for each make (the first: from the job's start; a later run's
+        // first segment is made while the other directions run).
         let mut since = Instant::now();
-        for (direction, name, mib) in &served {
-            if !made(&owner, name) {
-                let (reply, out) = owner.0.join().unwrap();
-                panic!("the VM owner ended before making {name}: {reply}\n{out}");
-            }
+        for (_, direction, name, mib) in served.iter().filter(|entry| entry.0 == run) {
+            let owner = owner.as_ref().unwrap();
+            assert!(made(owner, name), "the VM owner ended before making {name}: {}", owner.1.lock().unwrap());
             println!("vm-owner made {name} {mib} {:.1}", since.elapsed().as_secs_f64());
             let out = if *direction == "vm->host" {
                 let attacher = host(&attacher_args(name, *mib, false)).wait_with_output().unwrap();
@@ -357,12 +365,7 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
             rows(direction, &out);
             since = Instant::now();
         }
-        let (reply, out) = owner.0.join().unwrap();
-        assert_eq!(reply["status"], 0, "the VM owner: {reply}\n{out}");
-    }
-
-    if lwk {
-        for (run, mib) in run_sizes(&sizes) {
+        for &mib in sizes.iter().filter(|_| lwk) {
             let name = format!("lv{mib}r{run}");
             let owner = job("lwk", owner_args(&name, "4k", mib));
             let attacher = made(&owner, &name).then(|| job("vm", attacher_args(&name, mib, true)));
@@ -374,13 +377,7 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
             rows("lwk->vm", &out);
             rows("lwk->vm", &owner_out);
         }
-        let removed = call(&daemon.socket, json!({"op": "rm", "name": "lwk"}));
-        assert_eq!(removed["ok"], true, "{removed}");
-    }
-
-    let hugepages = support::hugepages::Reservation::free_pages(largest / 2).map_err(|e| eprintln!("host->VM 2m rows skipped: {e}")).ok();
-    for backing in bench_setting("BACKINGS", "4k 2m").split_whitespace().filter(|&b| b == "4k" || (b == "2m" && hugepages.is_some())) {
-        for (run, mib) in run_sizes(&sizes) {
+        for (&backing, &mib) in backings.iter().flat_map(|backing| sizes.iter().map(move |mib| (backing, mib))) {
             let name = format!("h{backing}v{mib}r{run}");
             let owner = host(&owner_args(&name, backing, mib));
             let (reply, out) = job("vm", attacher_args(&name, mib, true)).0.join().unwrap();
@@ -390,6 +387,14 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
             rows(&format!("host-{backing}->vm"), &out);
             rows(&format!("host-{backing}->vm"), &String::from_utf8_lossy(&owner.stdout));
         }
+    }
+    if let Some((owner, out)) = owner {
+        let reply = owner.join().unwrap().0;
+        assert_eq!(reply["status"], 0, "the VM owner: {reply}\n{}", out.lock().unwrap());
+    }
+    if lwk {
+        let removed = call(&daemon.socket, json!({"op": "rm", "name": "lwk"}));
+        assert_eq!(removed["ok"], true, "{removed}");
     }
     drop(hugepages);
     let listing = call(&daemon.socket, json!({"op": "ls"}));
