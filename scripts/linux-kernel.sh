@@ -30,9 +30,12 @@ if [ "${1:-}" = initramfs ]; then
     }
     # Static, so the initramfs needs no libraries; its own target directory keeps the host
     # build's flags apart. musl, not glibc: glibc's memcpy, memset and string functions pick
-    # AVX2/AVX-512 variants (ymm16-31, zmm) by CPUID, and on PVM the guest kernel (noxsave)
-    # keeps only x87 and SSE state per thread, so the agent's threads overwrote each other's
-    # copies in flight (docs/linux-guest.md: the corrupt copies, `free(): invalid pointer`).
+    # AVX2/AVX-512 variants (ymm16-31, zmm) by CPUID, and on PVM the guest kernel, then booted
+    # with `noxsave`, kept only x87 and SSE state per thread, so the agent's threads overwrote
+    # each other's copies in flight (docs/linux-guest.md: the corrupt copies, `free(): invalid
+    # pointer`). Since the VMM carries out the guest kernel's XSAVE/XRSTOR (1f113fc) it keeps
+    # every vector register per thread; the agent still uses none (checked below), so it does
+    # not depend on that (a guest kernel that keeps no AVX state, a VMM without that path).
     rustup target list --installed | grep -qx x86_64-unknown-linux-musl || {
         say "installing Rust's x86_64-unknown-linux-musl target"
         rustup target add x86_64-unknown-linux-musl >/dev/null
