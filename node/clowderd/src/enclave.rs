@@ -523,10 +523,16 @@ impl Enclave {
             // loaded host), the Pong, or the corruption that explains the silence, is already
             // waiting there. Only an empty channel, or a Pong owed for far too long while the
             // enclave keeps sending other things, makes it hung.
-            let received = receiver.receive(Duration::from_millis(20));
-            // A doorbell may have been for the file slots.
+            // While the pump polls the file slots the kernel rings no doorbell for them: the
+            // channel is only looked at, and the slots polled again at once.
+            let wait = if self.file_slots.get().is_some_and(Slots::polling) { Duration::ZERO } else { Duration::from_millis(20) };
+            let received = receiver.receive(wait);
+            // A doorbell may have been for the file slots. Their polling stops for a message
+            // in hand, or one that comes on the channel (or wakes the pump) meanwhile.
             if let Some(slots) = self.file_slots.get() {
-                slots.serve(&self.ram, &self.log, &|job, request, op| self.serve_file_request(job, request, op), &|| self.kick());
+                let answer = |job, request, op: &FileOp<'_>| self.serve_file_request(job, request, op);
+                let in_hand = matches!(received, Ok(Received::Message(_)));
+                slots.serve(&self.ram, &self.log, &answer, &|| self.kick(), &mut || in_hand || receiver.waiting());
             }
             let channel_empty = match received {
                 Ok(Received::Message(bytes)) => {

@@ -114,6 +114,12 @@ impl Receiver {
         self.doorbell.try_clone()
     }
 
+    /// Whether there is something to take without waiting: a frame in the ring, or a ring of
+    /// the doorbell (a corrupt ring counts: [`Receiver::receive`] reports it).
+    pub fn waiting(&mut self) -> bool {
+        self.endpoint.has_message().unwrap_or(true) || sys::wait_readable(&self.doorbell, Duration::ZERO).unwrap_or(true)
+    }
+
     /// Takes the next complete message, waiting up to `timeout` for one to start (poll first,
     /// then sleep on the doorbell). The frames of a message follow each other, so once one has
     /// started this waits for the rest, up to 5 s. Ring corruption is an error:

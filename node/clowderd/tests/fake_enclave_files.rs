@@ -48,3 +48,22 @@ fn unconfined_jobs_reach_the_users_files_and_move_data_directly() {
     let (reply, _, _) = daemon.run_program(&daemon.program, "sim", &["prog", "echo"], &work, &[], Some(&inputs));
     assert!(reply["error"].as_str().unwrap_or("").contains("outside the confinement directory"), "{reply}");
 }
+
+/// A call on the channel right after one through a file slot is served at once: the daemon's
+/// pump used to poll the slots for a second after each call they carried, reading nothing from
+/// the channel meanwhile, so such a call waited up to 1 s (an LWK job's calls with long paths
+/// took 0.4-0.9 s each, the first one of a job 1.1 s).
+#[test]
+fn a_channel_call_after_a_file_slot_call_is_not_kept_waiting() {
+    let (daemon, work) = daemon_with_enclave("slot-then-channel", Liveness::default(), "sim");
+    std::fs::write(work.0.join("input.txt"), "input data").unwrap();
+    let (reply, stdout, _) = daemon.run("sim", &["prog", "slot-then-channel"], &work.0, &[]);
+    assert!(!stdout.contains("FAIL"), "{stdout}");
+    assert_eq!(reply["status"], 0, "{reply}\n{stdout}");
+    let slowest: u64 = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("slowest channel call after a slot call: ")?.strip_suffix(" ms")?.parse().ok())
+        .unwrap_or_else(|| panic!("{stdout}"));
+    eprintln!("slowest channel call after a slot call: {slowest} ms");
+    assert!(slowest < 300, "a channel call waited {slowest} ms behind the pump's polling of the file slots\n{stdout}");
+}

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use clowder_channel::Endpoint;
 use clowderd::sys;
+use enclave_proto::slots;
 use enclave_proto::{EnclaveMessage, FileOp, Fragmenter, HostMessage, Reassembler, Stream, MAX_MESSAGE_LEN, PROTOCOL_VERSION};
 
-use super::{FakeHardware, CHANNEL_GPA, COUNTER_GPA, RAM_SIZE, SEGMENT_GPA, SEGMENT_PAGES, SEGMENT_VADDR, START};
+use super::{FakeHardware, CHANNEL_GPA, COUNTER_GPA, RAM_SIZE, SEGMENT_GPA, SEGMENT_PAGES, SEGMENT_VADDR, SLOTS_GPA, START};
 
 /// The guest side: a tiny kernel that runs scripted "jobs" chosen by argv[1].
 pub(super) struct FakeKernel {
@@ -235,6 +236,62 @@ impl FakeKernel {
                 Some(_) => {}
                 None => return (-1, None),
             }
+        }
+    }
+
+    /// The little-endian word at `gpa`.
+    fn ram_word(&self, gpa: u64) -> u64 {
+        let mut word = [0u8; 8];
+        self.hardware.ram.read(gpa, &mut word).unwrap();
+        u64::from_le_bytes(word)
+    }
+
+    /// Publishes one file slot at `SLOTS_GPA`, as the LWK does after `Hello`, and waits (5 s
+    /// at most) until the host says it serves it.
+    fn publish_slots(&mut self) -> bool {
+        self.send(EnclaveMessage::FileSlots { gpa: SLOTS_GPA, count: 1 });
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.ram_word(SLOTS_GPA + slots::HOST_READY) == 0 {
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    }
+
+    /// A forwarded file call through the file slot, posted as the LWK posts one (the doorbell
+    /// only if the host is not polling); waits for its answer, 5 s at most.
+    fn slot_call(&mut self, job: u32, op: FileOp) -> (i64, Option<u64>) {
+        let request = self.next_request;
+        self.next_request += 1;
+        let slot = slots::slot_address(SLOTS_GPA, 0);
+        let mut bytes = vec![0u8; slots::DATA_CAPACITY];
+        let length = EnclaveMessage::FileRequest { job, request, op }.encode(&mut bytes).unwrap();
+        let ram = &self.hardware.ram;
+        ram.write(slot + slots::DATA, &bytes[..length]).unwrap();
+        ram.write(slot + slots::LENGTH, &(length as u64).to_le_bytes()).unwrap();
+        ram.write(slot + slots::STATE, &slots::POSTED.to_le_bytes()).unwrap();
+        // The post before the look at the host's flag, as the protocol's sequentially
+        // consistent accesses have it.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.ram_word(SLOTS_GPA + slots::HOST_POLLING) == 0 {
+            sys::signal_eventfd(&self.hardware.doorbell).unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.ram_word(slot + slots::STATE) != slots::ANSWERED {
+            if Instant::now() > deadline {
+                return (-1, None);
+            }
+            std::thread::sleep(Duration::from_micros(10));
+        }
+        let mut answer = vec![0u8; (self.ram_word(slot + slots::LENGTH) as usize).min(slots::DATA_CAPACITY)];
+        self.hardware.ram.read(slot + slots::DATA, &mut answer).unwrap();
+        self.hardware.ram.write(slot + slots::STATE, &slots::FREE.to_le_bytes()).unwrap();
+        match HostMessage::decode(&answer) {
+            Ok(HostMessage::FileResult { request: answered, result, .. }) if answered == request => (result, None),
+            Ok(HostMessage::FileAttributes { request: answered, attributes, .. }) if answered == request => (0, Some(attributes.size)),
+            _ => (-1, None),
         }
     }
 

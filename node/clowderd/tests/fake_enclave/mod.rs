@@ -33,6 +33,8 @@ const CHANNEL_SIZE: u64 = 64 << 10;
 const CHANNEL_GPA: u64 = RAM_SIZE - CHANNEL_SIZE;
 /// Where the fake job keeps its I/O buffers.
 const SCRATCH_GPA: u64 = 0x10000;
+/// Where the fake kernel publishes one file slot (`FileSlots`: a control page and the slot).
+const SLOTS_GPA: u64 = 0x2000;
 /// Where the fake kernel keeps its count of page-table changes (`MappingCounter`).
 const COUNTER_GPA: u64 = 0x8000;
 const REGION_BASE: u64 = 1 << 32;

@@ -2,6 +2,7 @@
 //! calls, XEMEM, and every way an enclave can fail.
 
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use enclave_proto::{EnclaveMessage, FileOp, Stream, FRAME_CONTINUATION};
 
@@ -38,6 +39,7 @@ impl FakeKernel {
             }
             "files" => self.file_script(job, cwd),
             "user-files" => self.user_file_script(job, &argv[2]),
+            "slot-then-channel" => self.slot_then_channel_script(job),
             "launch-fails" => {
                 self.send(EnclaveMessage::LaunchFailed { job, errno: libc::ENOEXEC, reason: b"not an ELF executable" });
                 return;
@@ -229,6 +231,26 @@ impl FakeKernel {
         checks.check(self, "a 2 MiB write from enclave memory", written == BIG as i64);
         let (refused, _) = self.call(job, FileOp::Write { handle: copy as u32, gpa: RAM_SIZE - 4096, len: 8192 });
         checks.check(self, "a write from beyond RAM is EFAULT", refused == -(libc::EFAULT as i64));
+        checks.failures
+    }
+
+    /// The LWK's mix of paths: a few file calls through a file slot, each followed by one on
+    /// the channel (the LWK's way for a call too long for a slot, or while its slot is held).
+    /// Prints how long the slowest channel call took.
+    fn slot_then_channel_script(&mut self, job: u32) -> u32 {
+        let mut checks = Checks { job, failures: 0 };
+        let published = self.publish_slots();
+        checks.check(self, "the host serves the file slot", published);
+        let mut slowest = Duration::ZERO;
+        for _ in 0..3 {
+            let (_, size) = self.slot_call(job, FileOp::Stat { path: b"input.txt" });
+            checks.check(self, "stat through the file slot", size == Some(10));
+            let started = Instant::now();
+            let (_, size) = self.call(job, FileOp::Stat { path: b"input.txt" });
+            slowest = slowest.max(started.elapsed());
+            checks.check(self, "stat over the channel", size == Some(10));
+        }
+        self.print(job, Stream::Stdout, &format!("slowest channel call after a slot call: {} ms\n", slowest.as_millis()));
         checks.failures
     }
 }
