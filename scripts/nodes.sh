@@ -11,6 +11,7 @@
 #   nodes_spawn K LOG CMD...  a daemon in node K, stopped by nodes_down
 #   nodes_clowderd K       node K's own clowderd (CLOWDERD: the binary)
 #   nodes_enclaves_idle    whether no node's enclave runs a job (CLOWDER: the clowder binary)
+#   nodes_limited S CMD... CMD, ended after S seconds: its `clowder run`s first (status 124 then)
 #   nodes_sshd             an sshd in every node, admitting a key made here: $NODES_SSH is the
 #                          ssh command that reaches them (and trusts only their host key)
 #   nodes_slurm            munged, a slurmctld here and one slurmd per node (partition "nodes")
@@ -106,6 +107,35 @@ nodes_enclaves_idle() {
         [ -S "$NODES_DIR/n$k/run/clowderd.sock" ] || continue
         nodes_exec "$k" "$CLOWDER" enclave ls | awk '$11 ~ /^[0-9]+$/ && $11 > 0 {busy = 1} END {exit busy}' || return 1
     done
+}
+
+nodes_descendants() { # PID: its children's pids, theirs, ...
+    local child
+    for child in $(ps -o pid= --ppid "$1"); do echo "$child" && nodes_descendants "$child"; done
+}
+
+# CMD (mpirun, say), ended once it has run SECONDS: first the `clowder run`s among its
+# descendants, so that the daemon kills their jobs and each enclave's kernel logs every thread of
+# them (state, user RIP and stack: `clowder logs ENCLAVE`) while the launcher lives (a launcher
+# killed first closes the ranks' PMIx sockets, and a rank may crash in its teardown and leave no
+# report); what is left of CMD 10 s later. Also no job outlives CMD in an enclave to be shared
+# with the next run (`timeout mpirun` leaves the ranks' `clowder run`s behind). CMD's status, or
+# 124 when the limit ended it.
+nodes_limited() { # SECONDS CMD...
+    local limit=$1 start=$SECONDS cmd pid
+    shift
+    "$@" &
+    cmd=$!
+    while kill -0 $cmd 2>/dev/null && [ $((SECONDS - start)) -lt "$limit" ]; do sleep 0.5; done
+    kill -0 $cmd 2>/dev/null || { wait $cmd; return; }
+    for pid in $(nodes_descendants $cmd); do
+        [ "$(ps -o comm= -p "$pid")" = clowder ] && kill -KILL "$pid" 2>/dev/null
+    done
+    start=$SECONDS
+    while kill -0 $cmd 2>/dev/null && [ $((SECONDS - start)) -lt 10 ]; do sleep 0.5; done
+    for pid in $(nodes_descendants $cmd) $cmd; do kill -KILL "$pid" 2>/dev/null; done
+    wait $cmd 2>/dev/null # no "Killed" line
+    return 124
 }
 
 nodes_sshd() {

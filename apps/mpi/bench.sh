@@ -18,19 +18,23 @@
 # at >= 1 MiB >= 80% of the host's, mpicg on 2 enclaves >= 90% of the host's speed. A case that
 # cannot run says why in its place. Needs root and /dev/kvm.
 #   apps/mpi/bench.sh [--max-bytes N] [--iters N] [--cg N] [--cg-rounds N] [--user-level] [--cg-only]
-#                     [--hugepages]
-#     (4194304, 1000, 48: mpicg's grid edge, 1). --user-level runs only the cases the targets are
-#     judged on, two host processes (shm and UCX/xpmem) and enclaves a, b over UCX/xpmem (a few minutes, where
-#     the TCP cases between enclaves take far longer); the others then say so in their place.
-#     --cg-rounds N runs those mpicg cases N times, interleaved (on this shared machine one run
-#     of a case swings with the load; the report gives each run and the median). --cg-only runs
-#     only them (about a minute a round) and replaces only the mpicg section and target row of
-#     docs/results/mpi.md. --hugepages: the enclaves' memory on 2 MiB pages (the host's pool grows
-#     by 512 pages an enclave, given back at the end).
+#                     [--hugepages] [--limit S]
+#     (4194304, 1000, 128: mpicg's grid edge, 3, 300: a case's limit in seconds). --user-level
+#     runs only the cases the targets are judged on, two host processes (shm and UCX/xpmem) and
+#     enclaves a, b over UCX/xpmem (a few minutes, where the TCP cases between enclaves take far
+#     longer); the others then say so in their place. --cg-rounds N runs those mpicg cases N
+#     times, interleaved (on this shared machine one run of a case swings with the load; the
+#     report gives each run and the median). --cg-only runs only them (about two minutes a round
+#     at a load of 10) and replaces only the mpicg section and target row of docs/results/mpi.md.
+#     --hugepages: the enclaves' memory on 2 MiB pages (the host's pool grows by 512 pages an
+#     enclave, given back at the end). --limit S: a case still running after S seconds is ended.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
-max_bytes=4194304 iters=1000 cg=48 user_level=0 cg_rounds=1 cg_only=0 pages=()
+# mpicg's default grid: 128³ is 13.9 GFLOP (105 iterations), about 1.5 s at the 8.9 GFLOP/s of
+# two host ranks on quiet cores, 13-16 s at a load of 10 (HPCCG-style runs are seconds long; 48³
+# took 0.06 s, where a start-up hiccup or one slice of the load decided a run).
+max_bytes=4194304 iters=1000 cg=128 user_level=0 cg_rounds=3 cg_only=0 pages=() limit=300
 whole() { # NAME VALUE MIN
     [[ $2 =~ ^[0-9]+$ ]] && [ "$2" -ge "$3" ] || { echo "apps/mpi/bench.sh: $1 must be a whole number from $3 up, not '$2'" >&2; exit 2; }
 }
@@ -40,10 +44,11 @@ while [ $# -gt 0 ]; do
     --iters) whole --iters "${2:-}" 1 && iters=$2 && shift 2 ;;
     --cg) whole --cg "${2:-}" 4 && cg=$2 && shift 2 ;;
     --cg-rounds) whole --cg-rounds "${2:-}" 1 && cg_rounds=$2 && shift 2 ;;
+    --limit) whole --limit "${2:-}" 1 && limit=$2 && shift 2 ;;
     --user-level) user_level=1 && shift ;;
     --cg-only) cg_only=1 user_level=1 && shift ;;
     --hugepages) pages=(--hugepages) && export MPI_BENCH_PAGES=2M && shift ;;
-    *) echo "apps/mpi/bench.sh: unknown option '$1' (--max-bytes N, --iters N, --cg N, --cg-rounds N, --user-level, --cg-only, --hugepages)" >&2; exit 2 ;;
+    *) echo "apps/mpi/bench.sh: unknown option '$1' (--max-bytes N, --iters N, --cg N, --cg-rounds N, --user-level, --cg-only, --hugepages, --limit S)" >&2; exit 2 ;;
     esac
 done
 [ "$(id -u)" = 0 ] && [ -e /dev/kvm ] || { echo "apps/mpi/bench.sh: needs root and /dev/kvm; skipped" >&2; exit 0; }
@@ -72,7 +77,7 @@ done
 n1=$(nodes_address 1) n2=$(nodes_address 2)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=$NODES_SSH PMIX_MCA_gds=hash
 export OMPI_MCA_btl_tcp_if_include=10.$NODES_SUBNET.0.0/24 OMPI_MCA_oob_tcp_if_include=10.$NODES_SUBNET.0.0/24
-mpirun=(timeout 300 mpirun --oversubscribe --bind-to core:overload-allowed) # 4 ranks on 2 cores too
+mpirun=(mpirun --oversubscribe --bind-to core:overload-allowed) # 4 ranks on 2 cores too
 # enclave ranks list interfaces from /proc/net/if_inet6 alone: the nodes' interface by name
 tcp=(--mca btl tcp,self --mca pml ob1 --mca btl_tcp_if_include "$NODES_INTERFACE")
 a=("$clowder" run --enclave a) b=("$clowder" run --enclave b)
@@ -80,10 +85,25 @@ a=("$clowder" run --enclave a) b=("$clowder" run --enclave b)
 # loader path, carried into the jobs; both set by env and exported by name (mpirun -x NAME=VALUE
 # splits lists at commas, and clowder run --env NAME reads clowder run's own environment).
 "$root/xemem/ucx/build.sh" >/dev/null 2>&1 || echo "apps/mpi/bench.sh: UCX with xpmem did not build (xemem/ucx/build.sh)" >&2
-ucx=(env UCX_TLS=self,xpmem LD_LIBRARY_PATH="$root/build/ucx/install/lib:$root/xemem/build/lib" timeout 150
+ucx=(env UCX_TLS=self,xpmem LD_LIBRARY_PATH="$root/build/ucx/install/lib:$root/xemem/build/lib"
     mpirun --oversubscribe --mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any --mca btl self -x UCX_TLS -x LD_LIBRARY_PATH)
 ua=("${a[@]}" --env LD_LIBRARY_PATH) ub=("${b[@]}" --env LD_LIBRARY_PATH)
 cd "$NODES_DIR"
+
+# A case still running after --limit seconds is ended (nodes_limited: its ranks' clowder runs
+# first, so the enclaves' kernels report every thread of the jobs). An enclave case's output, the
+# daemons' and the enclaves' logs are then kept in build/mpi-bench/CASE-TIME (the nodes'
+# directory goes at the end).
+keep_logs() { # NAME: prints where they went
+    local kept=$root/build/mpi-bench/$1-$(date +%H%M%S) k e
+    nodes_wait_for 30 nodes_enclaves_idle # a killed job's thread report comes once it ended
+    mkdir -p "$kept" && cp "$raw/$1" "$kept/mpirun.log"
+    for k in $(seq "$NODES_COUNT"); do
+        cp "$NODES_DIR/n$k/clowderd.log" "$kept/clowderd-n$k.log"
+        for e in a b; do nodes_exec "$k" "$clowder" logs "$e" >"$kept/enclave-n$k-$e.log" 2>&1 || rm -f "$kept/enclave-n$k-$e.log"; done
+    done
+    echo "${kept#"$root"/}"
+}
 
 # case NAME CMD...: its output in raw/NAME, or why it could not run in raw/NAME.why
 case_run() {
@@ -96,7 +116,7 @@ case_run() {
     echo "apps/mpi/bench.sh: $name" >&2
     nodes_wait_for 30 nodes_enclaves_idle || echo "apps/mpi/bench.sh: an enclave still runs an earlier job" >&2
     local status=0
-    "$@" >"$raw/$name" 2>&1 || status=$?
+    nodes_limited $limit "$@" >"$raw/$name" 2>&1 || status=$?
     # UCX between enclave ranks fails in MPI_Init in about one run of four under load
     # (docs/mpi.md): such a case runs once more, and its note says so.
     if [ $status != 0 ] && [[ $name == *.enclaves-ucx* ]] && grep -q "error occurred in MPI_Init" "$raw/$name"; then
@@ -104,12 +124,18 @@ case_run() {
         echo "run twice: the first failed in MPI_Init ($(grep -m1 -E 'procs failed|ep failed|failed to|[Tt]imeout|Error:' "$raw/$name" | sed 's/^ *//' | cut -c1-100))" >"$raw/$name.note"
         nodes_wait_for 30 nodes_enclaves_idle || echo "apps/mpi/bench.sh: an enclave still runs an earlier job" >&2
         status=0
-        "$@" >"$raw/$name" 2>&1 || status=$?
+        nodes_limited $limit "$@" >"$raw/$name" 2>&1 || status=$?
     fi
+    local kept=
+    [ $status != 124 ] || [[ $name != *enclave* ]] || kept="; the logs in $(keep_logs "$name")"
     if [ $status != 0 ]; then
         # Enclave ranks over UCX may not leave MPI_Finalize (docs/mpi.md): their results stand
-        if grep -q "verified" "$raw/$name"; then
-            echo "ended by timeout after its verified results (MPI_Finalize did not return)" >>"$raw/$name.note"
+        if grep -qE "(data|results|solution) verified" "$raw/$name"; then
+            if [ $status = 124 ]; then
+                echo "ended at the limit ($limit s) after its verified results (MPI_Finalize did not return)$kept"
+            else
+                echo "ended with status $status after its verified results"
+            fi >>"$raw/$name.note"
             return
         fi
         local pattern
@@ -117,6 +143,7 @@ case_run() {
             grep -m1 -E "$pattern" "$raw/$name" | cut -c1-160 >"$raw/$name.why"
             [ -s "$raw/$name.why" ] && break
         done
+        [ $status != 124 ] || echo "ended at the limit ($limit s)$kept: $(cat "$raw/$name.why")" >"$raw/$name.why"
     fi
 }
 in1() { nodes_exec 1 "$@"; }

@@ -56,32 +56,18 @@ if [ $plain = 0 ]; then
     export UCX_LOG_LEVEL=info OMPI_MCA_pml_ucx_verbose=100 PMIX_MCA_pmix_client_base_verbose=2 CLOWDER_LOG=xemem=debug
     export_diagnostics=(-x UCX_LOG_LEVEL -x CLOWDER_LOG) job_diagnostics=(--env CLOWDER_LOG)
 fi
-descendants() { # PID: its children's pids, theirs, ...
-    local child
-    for child in $(ps -o pid= --ppid "$1"); do echo "$child" && descendants "$child"; done
-}
 failed=0
 for i in $(seq "$runs"); do
     nodes_wait_for 30 nodes_enclaves_idle || echo "apps/mpi/ucx-loop.sh: an enclave still runs an earlier job" >&2
     log=$NODES_DIR/run.log start=$SECONDS
-    nodes_exec 1 timeout 130 mpirun --oversubscribe --mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any \
+    # test-mpi's limit is 120 s. A rank still running then has its clowder run killed while
+    # mpirun lives (nodes_limited), so the daemon kills the job and its kernel reports every
+    # thread (state, user RIP and stack).
+    nodes_limited 120 nodes_exec 1 mpirun --oversubscribe --mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any \
         --mca btl self -x UCX_TLS -x LD_LIBRARY_PATH "${export_diagnostics[@]}" \
         -n 1 "$CLOWDER" run --enclave a --env LD_LIBRARY_PATH "${job_diagnostics[@]}" "$bin/pingpong" "$bytes" 20 : \
-        -n 1 "$CLOWDER" run --enclave b --env LD_LIBRARY_PATH "${job_diagnostics[@]}" "$bin/pingpong" "$bytes" 20 >"$log" 2>&1 &
-    launcher=$!
-    # test-mpi's limit is 120 s. A rank still running then has its clowder run killed while
-    # mpirun lives, so the daemon kills the job and its kernel reports every thread (state,
-    # user RIP and stack): mpirun's own end first closes the ranks' PMIx sockets, and a rank
-    # may then crash in its teardown and leave no report (seen once).
-    while kill -0 $launcher 2>/dev/null && [ $((SECONDS - start)) -lt 120 ]; do sleep 1; done
-    if kill -0 $launcher 2>/dev/null; then
-        for pid in $(descendants $launcher); do
-            [ "$(ps -o comm= -p "$pid")" = clowder ] && kill -KILL "$pid" 2>/dev/null
-        done
-    fi
-    wait $launcher
+        -n 1 "$CLOWDER" run --enclave b --env LD_LIBRARY_PATH "${job_diagnostics[@]}" "$bin/pingpong" "$bytes" 20 >"$log" 2>&1
     status=$?
-    [ $((SECONDS - start)) -lt 120 ] || status=124
     if [ $status = 0 ] && grep -q "data verified" "$log"; then
         echo "run $i: ok ($((SECONDS - start)) s)"
         continue
