@@ -39,48 +39,15 @@
  *    that died holding it.
  */
 #include "xpmem_internal.h"
+/* The device's ids and the mailbox's layout (from xemem/protocol/src/pci.rs, checked there). */
+#include "pci_mailbox.h"
 
 #include <sys/uio.h>
 #include <time.h>
 
-#define PCI_VENDOR 0xc10d
-#define PCI_DEVICE 0x0001
-#define PCI_MAGIC 0x504d4558u /* "XEMP" */
-#define PCI_VERSION 1
-#define PCI_MAILBOX_SIZE (64UL << 10)
 #define PCI_SYSFS "/sys/bus/pci/devices"
 #define PFN_MASK ((1ULL << 55) - 1)
 #define PAGE_PRESENT (1ULL << 63)
-
-enum {
-	PCI_OP_HELLO = 1, PCI_OP_RUNS = 2, PCI_OP_MAKE = 3, PCI_OP_REMOVE = 4, PCI_OP_GET = 5,
-	PCI_OP_RELEASE = 6, PCI_OP_ATTACH = 7, PCI_OP_DETACH = 8, PCI_OP_LOOKUP = 9, PCI_OP_SIGNAL = 10,
-};
-
-/* A run of guest-physical memory: the unit an export is described in. */
-struct pci_run {
-	uint64_t gpa, len;
-};
-
-/* The mailbox BAR's layout (docs/xemem-pci.md; vmm/core/src/pci mirrors it). */
-struct pci_mailbox {
-	uint32_t magic, version; /* set by the host */
-	uint32_t doorbell;       /* the guest writes a request's sequence number here */
-	uint32_t done;           /* the host writes it back once the answer is in place */
-	uint32_t op;
-	int32_t error; /* an errno value, 0 on success */
-	uint32_t nruns, reserved0;
-	uint64_t args[6];
-	uint64_t results[4];
-	uint8_t reserved1[16];
-	char name[64];
-	uint8_t reserved2[64];
-	struct pci_run runs[];
-};
-_Static_assert(offsetof(struct pci_mailbox, args) == 0x20 && offsetof(struct pci_mailbox, results) == 0x50 &&
-		       offsetof(struct pci_mailbox, name) == 0x80 && offsetof(struct pci_mailbox, runs) == 0x100,
-	       "mailbox layout");
-#define PCI_MAX_RUNS ((PCI_MAILBOX_SIZE - offsetof(struct pci_mailbox, runs)) / sizeof(struct pci_run))
 
 /* An export: its pages stay locked until it is removed; `tag` names it to the keeper. */
 struct pci_export {

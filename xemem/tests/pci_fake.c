@@ -26,8 +26,10 @@
 
 #include <xpmem.h>
 
+/* The device's ids and the mailbox's layout, as src/backend_pci.c sees them. */
+#include "../src/pci_mailbox.h"
+
 #define PAGE 4096UL
-#define MAILBOX_SIZE (64UL << 10)
 #define WINDOW_SIZE (64UL << 20)
 #define FAKE_BASE (1UL << 30) /* the window BAR's guest-physical address (a sparse memfd offset) */
 #define PLACE_ALIGN (2UL << 20)
@@ -43,26 +45,11 @@
 		}                                                                                    \
 	} while (0)
 
-/* The mailbox as docs/xemem-pci.md lays it out (src/backend_pci.c asserts the same offsets). */
-struct run {
-	uint64_t gpa, len;
-};
-struct mailbox {
-	uint32_t magic, version, doorbell, done, op;
-	int32_t error;
-	uint32_t nruns, reserved0;
-	uint64_t args[6], results[4];
-	uint8_t reserved1[16];
-	char name[64];
-	uint8_t reserved2[64];
-	struct run runs[];
-};
-
-static struct mailbox *box;
+static struct pci_mailbox *box;
 static char *window;
 static atomic_int stop;
 /* What the host saw. */
-static struct run *received;
+static struct pci_run *received;
 static size_t received_count, run_requests, detaches, removes;
 static uint64_t made_size;
 static char made_name[64];
@@ -75,10 +62,10 @@ static int answer(uint32_t op)
 {
 	uint64_t *a = box->args;
 	switch (op) {
-	case 1: /* HELLO */
+	case PCI_OP_HELLO:
 		box->results[0] = 1;
 		return 0;
-	case 2: /* RUNS */
+	case PCI_OP_RUNS:
 		if (a[0] == 0) /* a new export */
 			received_count = 0;
 		if (a[0] != received_count)
@@ -88,7 +75,7 @@ static int answer(uint32_t op)
 		received_count += box->nruns;
 		run_requests++;
 		return 0;
-	case 3: { /* MAKE */
+	case PCI_OP_MAKE: {
 		uint64_t sum = 0;
 		for (size_t i = 0; i < received_count; i++)
 			sum += received[i].len;
@@ -99,20 +86,20 @@ static int answer(uint32_t op)
 		box->results[0] = 500;
 		return 0;
 	}
-	case 4: /* REMOVE */
+	case PCI_OP_REMOVE:
 		if (a[0] != 500 || removes)
 			return ENOENT;
 		removes++;
 		return 0;
-	case 5: /* GET */
+	case PCI_OP_GET:
 		if (a[0] != HOST_SEGID && a[0] != 500)
 			return ENOENT;
 		box->results[0] = APID_BASE + a[0];
 		return 0;
-	case 6:  /* RELEASE */
-	case 10: /* SIGNAL */
+	case PCI_OP_RELEASE:
+	case PCI_OP_SIGNAL:
 		return a[0] > APID_BASE ? 0 : ENOENT;
-	case 7: { /* ATTACH: apid, offset in the segment, length */
+	case PCI_OP_ATTACH: { /* apid, offset in the segment, length */
 		if (a[0] != APID_BASE + HOST_SEGID)
 			return ENOENT;
 		uint64_t slots = (a[2] + PLACE_ALIGN - 1) / PLACE_ALIGN;
@@ -132,7 +119,7 @@ static int answer(uint32_t op)
 		}
 		return ENOSPC;
 	}
-	case 8: { /* DETACH */
+	case PCI_OP_DETACH: {
 		uint64_t first = a[0] / PLACE_ALIGN;
 		if (a[0] % PLACE_ALIGN || first >= WINDOW_SIZE / PLACE_ALIGN || placed[first] != 1)
 			return EINVAL;
@@ -144,7 +131,7 @@ static int answer(uint32_t op)
 		detaches++;
 		return 0;
 	}
-	case 9: /* LOOKUP */
+	case PCI_OP_LOOKUP:
 		if (strncmp(box->name, "host-seg", sizeof box->name))
 			return ENOENT;
 		box->results[0] = HOST_SEGID;
@@ -209,26 +196,29 @@ static void fake_device(int magic, int answering)
 	write_file(path, "0x0001\n");
 	snprintf(path, sizeof path, "%s/0000:00:01.0", root);
 	CHECK(mkdir(path, 0755) == 0);
+	char id[16];
 	snprintf(path, sizeof path, "%s/0000:00:01.0/vendor", root);
-	write_file(path, "0xc10d\n");
+	snprintf(id, sizeof id, "%#06x\n", PCI_VENDOR);
+	write_file(path, id);
 	snprintf(path, sizeof path, "%s/0000:00:01.0/device", root);
-	write_file(path, "0x0001\n");
+	snprintf(id, sizeof id, "%#06x\n", PCI_DEVICE);
+	write_file(path, id);
 	/* As a guest kernel prints it: start, end, flags of resources 0 (the mailbox), 1, 2 (the window). */
 	snprintf(path, sizeof path, "%s/0000:00:01.0/resource", root);
-	snprintf(target, sizeof target, "0x%016lx 0x%016lx 0x%016x\n", 0xfe000000UL, 0xfe000000UL + MAILBOX_SIZE - 1, 0x40200);
+	snprintf(target, sizeof target, "0x%016lx 0x%016lx 0x%016x\n", 0xfe000000UL, 0xfe000000UL + PCI_MAILBOX_SIZE - 1, 0x40200);
 	char text[256];
 	snprintf(text, sizeof text, "%s0x%016x 0x%016x 0x%016x\n0x%016lx 0x%016lx 0x%016x\n", target, 0, 0, 0, FAKE_BASE,
 		 FAKE_BASE + WINDOW_SIZE - 1, 0x14220c);
 	write_file(path, text);
 	uint64_t base = window_at_zero ? 0 : FAKE_BASE;
 	int mailbox_fd = memfd_create("mailbox", 0), window_fd = memfd_create("window", 0);
-	CHECK(mailbox_fd >= 0 && window_fd >= 0 && ftruncate(mailbox_fd, MAILBOX_SIZE) == 0 &&
+	CHECK(mailbox_fd >= 0 && window_fd >= 0 && ftruncate(mailbox_fd, PCI_MAILBOX_SIZE) == 0 &&
 	      ftruncate(window_fd, (off_t)(base + WINDOW_SIZE)) == 0);
-	box = mmap(NULL, MAILBOX_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, mailbox_fd, 0);
+	box = mmap(NULL, PCI_MAILBOX_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, mailbox_fd, 0);
 	window = mmap(NULL, WINDOW_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, window_fd, (off_t)base);
 	CHECK(box != MAP_FAILED && window != MAP_FAILED);
-	box->magic = magic ? 0x504d4558u : 0;
-	box->version = 1;
+	box->magic = magic ? PCI_MAGIC : 0;
+	box->version = PCI_VERSION;
 	snprintf(target, sizeof target, "/proc/%d/fd/%d", getpid(), mailbox_fd);
 	snprintf(path, sizeof path, "%s/0000:00:01.0/resource0", root);
 	CHECK(symlink(target, path) == 0);

@@ -10,6 +10,7 @@
 //!   named segments, signals, enclave-id allocation).
 //! * [`node`]: one enclave's protocol engine: name-server discovery by broadcast, enclave-id
 //!   requests, the per-hop routing table, request retries, and the owner's side of attach.
+//! * [`pci`]: the Linux-VM device's ids and mailbox layout, shared with libxpmem's C backend.
 //!
 //! Frame lists travel as runs `(first frame, count)`, so message size and work grow with the
 //! number of contiguous runs, not with the number of pages.
@@ -21,6 +22,7 @@ pub mod ids;
 pub mod names;
 pub mod nameserver;
 pub mod node;
+pub mod pci;
 pub mod perm;
 mod vecmap;
 pub mod wire;

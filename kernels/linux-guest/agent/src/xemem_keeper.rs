@@ -21,6 +21,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use xemem::pci;
+
 /// The abstract socket name libxpmem connects to (`CLOWDER_XEMEM_KEEPER` there).
 const SOCKET_NAME: &[u8] = b"clowder-xemem-keeper";
 const KEEP: u32 = 1;
@@ -107,13 +109,13 @@ unsafe impl Send for Mailbox {}
 // SAFETY: as for Send; the shared word serializes requests between threads and processes.
 unsafe impl Sync for Mailbox {}
 
-const MAILBOX_SIZE: usize = 64 << 10;
-const DOORBELL: usize = 0x08;
-const DONE: usize = 0x0c;
-const OP: usize = 0x10;
-const ERROR: usize = 0x14;
-const ARGS: usize = 0x20;
-const OP_REMOVE: u32 = 4;
+// The device's ids and mailbox offsets are `xemem::pci`'s (shared with the VMM and libxpmem).
+const MAILBOX_SIZE: usize = pci::MAILBOX_SIZE as usize;
+const DOORBELL: usize = pci::DOORBELL as usize;
+const DONE: usize = pci::DONE as usize;
+const OP: usize = pci::OP as usize;
+const ERROR: usize = pci::ERROR as usize;
+const ARGS: usize = pci::ARGS as usize;
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Maps `length` bytes of `path` shared, read-write.
@@ -132,11 +134,9 @@ impl Mailbox {
     /// The device with clowder's ids under /sys/bus/pci/devices, if any.
     pub fn find() -> Option<Mailbox> {
         let id = |dir: &std::path::Path, file: &str| std::fs::read_to_string(dir.join(file)).ok().map(|s| s.trim().to_string());
-        let device = std::fs::read_dir("/sys/bus/pci/devices")
-            .ok()?
-            .flatten()
-            .map(|entry| entry.path())
-            .find(|dir| id(dir, "vendor").as_deref() == Some("0xc10d") && id(dir, "device").as_deref() == Some("0x0001"))?;
+        let device = std::fs::read_dir("/sys/bus/pci/devices").ok()?.flatten().map(|entry| entry.path()).find(|dir| {
+            id(dir, "vendor") == Some(format!("{:#06x}", pci::VENDOR)) && id(dir, "device") == Some(format!("{:#06x}", pci::DEVICE))
+        })?;
         let base = map_file(device.join("resource0").to_str()?, MAILBOX_SIZE, false)?;
         let user = map_file("/run/xemem-pci.lock", 4096, true).map(|word| word as *const AtomicU32);
         Some(Mailbox { base, user })
@@ -185,7 +185,7 @@ impl Remover for Mailbox {
         // doorbell write goes last and the VMM answers it before the vCPU resumes.
         let result = unsafe {
             std::ptr::write_volatile(self.base.add(ARGS).cast::<u64>(), segid as u64);
-            std::ptr::write_volatile(self.word(OP), OP_REMOVE);
+            std::ptr::write_volatile(self.word(OP), pci::OP_REMOVE);
             let seq = std::ptr::read_volatile(self.word(DONE)).wrapping_add(1);
             std::ptr::write_volatile(self.word(DOORBELL), seq);
             loop {

@@ -15,23 +15,26 @@
 
 use std::collections::HashMap;
 
+use xemem::pci;
+
 use super::{PciBus, MAILBOX_SIZE};
 use crate::hooks::{Device, DeviceError, ExitContext, Outcome, Request};
 
-pub const MAGIC: u32 = 0x504d_4558;
-pub const VERSION: u32 = 1;
-const DOORBELL: usize = 0x08;
-const DONE: usize = 0x0c;
-const OP: usize = 0x10;
-const ERROR: usize = 0x14;
-const NRUNS: usize = 0x18;
-const ARGS: usize = 0x20;
-const RESULTS: usize = 0x50;
-const NAME: usize = 0x80;
-const NAME_LEN: usize = 64;
-const RUNS: usize = 0x100;
+pub use xemem::pci::{MAGIC, VERSION};
+// The fields' offsets are `xemem::pci`'s (shared with libxpmem's C backend), as indices here.
+const DOORBELL: usize = pci::DOORBELL as usize;
+const DONE: usize = pci::DONE as usize;
+const OP: usize = pci::OP as usize;
+const ERROR: usize = pci::ERROR as usize;
+const NRUNS: usize = pci::NRUNS as usize;
+const ARGS: usize = pci::ARGS as usize;
+const RESULTS: usize = pci::RESULTS as usize;
+const NAME: usize = pci::NAME as usize;
+const NAME_LEN: usize = pci::NAME_LEN as usize;
+const RUNS: usize = pci::RUNS as usize;
+const RUN_SIZE: usize = pci::RUN_SIZE as usize;
 /// Runs one RUNS request carries at most.
-pub const MAX_RUNS: usize = (MAILBOX_SIZE as usize - RUNS) / 16;
+pub const MAX_RUNS: usize = (MAILBOX_SIZE as usize - RUNS) / RUN_SIZE;
 const PAGE: u64 = 4096;
 
 /// The ranges a guest may write; the rest (magic, version, done, error, results) is the host's.
@@ -41,24 +44,25 @@ const GUEST_WRITABLE: [(usize, usize); 5] =
 const EINVAL: i32 = libc::EINVAL;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
 pub enum Op {
-    Hello = 1,
-    Runs,
-    Make,
-    Remove,
-    Get,
-    Release,
-    Attach,
-    Detach,
-    Lookup,
-    Signal,
+    Hello = pci::OP_HELLO,
+    Runs = pci::OP_RUNS,
+    Make = pci::OP_MAKE,
+    Remove = pci::OP_REMOVE,
+    Get = pci::OP_GET,
+    Release = pci::OP_RELEASE,
+    Attach = pci::OP_ATTACH,
+    Detach = pci::OP_DETACH,
+    Lookup = pci::OP_LOOKUP,
+    Signal = pci::OP_SIGNAL,
 }
 
 impl Op {
     pub fn from_u32(op: u32) -> Option<Op> {
         const OPS: [Op; 10] =
             [Op::Hello, Op::Runs, Op::Make, Op::Remove, Op::Get, Op::Release, Op::Attach, Op::Detach, Op::Lookup, Op::Signal];
-        OPS.get(usize::try_from(op).ok()?.checked_sub(1)?).copied()
+        OPS.into_iter().find(|known| *known as u32 == op)
     }
 }
 
@@ -112,8 +116,9 @@ pub struct XememPci {
 impl XememPci {
     pub fn new(bus: PciBus, aperture: u64, host: Box<dyn MailboxHost>) -> XememPci {
         let mut registers = vec![0; MAILBOX_SIZE as usize];
-        registers[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-        registers[4..8].copy_from_slice(&VERSION.to_le_bytes());
+        let (magic, version) = (pci::MAGIC_AT as usize, pci::VERSION_AT as usize);
+        registers[magic..magic + 4].copy_from_slice(&MAGIC.to_le_bytes());
+        registers[version..version + 4].copy_from_slice(&VERSION.to_le_bytes());
         XememPci { bus, registers, host, aperture, attached: HashMap::new(), parked: HashMap::new() }
     }
 
@@ -188,7 +193,7 @@ impl XememPci {
                 return Err(EINVAL);
             }
             for i in 0..count {
-                let (gpa, len) = (self.u64_at(RUNS + 16 * i), self.u64_at(RUNS + 16 * i + 8));
+                let (gpa, len) = (self.u64_at(RUNS + RUN_SIZE * i), self.u64_at(RUNS + RUN_SIZE * i + 8));
                 if len == 0 || gpa % PAGE != 0 || len % PAGE != 0 || gpa.checked_add(len).is_none() {
                     return Err(EINVAL);
                 }

@@ -2,6 +2,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use xemem::pci;
+
 use super::mailbox::{MailboxHost, MailboxRequest, Op, XememPci, MAGIC, MAX_RUNS};
 use super::*;
 
@@ -79,27 +81,27 @@ fn get_u32(device: &XememPci, offset: u64) -> u32 {
 
 /// One request: op, args, then the doorbell; the errno and results.
 fn ask(device: &mut XememPci, op: u32, args: &[u64]) -> (i32, [u64; 4]) {
-    put(device, 0x10, &op.to_le_bytes());
+    put(device, pci::OP, &op.to_le_bytes());
     for (i, arg) in args.iter().enumerate() {
-        put(device, 0x20 + 8 * i as u64, &arg.to_le_bytes());
+        put(device, pci::ARGS + 8 * i as u64, &arg.to_le_bytes());
     }
-    let seq = get_u32(device, 0x0c) + 1;
-    device.mmio_write(MAILBOX_BASE + 8, &seq.to_le_bytes());
-    assert_eq!(get_u32(device, 0x0c), seq, "answered before the write returns");
-    (get_u32(device, 0x14) as i32, std::array::from_fn(|i| get_u64(device, 0x50 + 8 * i as u64)))
+    let seq = get_u32(device, pci::DONE) + 1;
+    device.mmio_write(MAILBOX_BASE + pci::DOORBELL, &seq.to_le_bytes());
+    assert_eq!(get_u32(device, pci::DONE), seq, "answered before the write returns");
+    (get_u32(device, pci::ERROR) as i32, std::array::from_fn(|i| get_u64(device, pci::RESULTS + 8 * i as u64)))
 }
 
 #[test]
 fn the_host_fields_read_back_and_are_not_writable() {
     let (mut device, _) = device();
-    assert_eq!(get_u32(&device, 0), MAGIC);
-    assert_eq!(get_u32(&device, 4), 1);
-    put(&mut device, 0, &[0; 8]);
-    put(&mut device, 0x0c, &[7, 0, 0, 0]);
-    put(&mut device, 0x50, &[7; 32]);
-    assert_eq!(get_u32(&device, 0), MAGIC);
-    assert_eq!(get_u32(&device, 0x0c), 0);
-    assert_eq!(get_u64(&device, 0x50), 0);
+    assert_eq!(get_u32(&device, pci::MAGIC_AT), MAGIC);
+    assert_eq!(get_u32(&device, pci::VERSION_AT), pci::VERSION);
+    put(&mut device, pci::MAGIC_AT, &[0; 8]);
+    put(&mut device, pci::DONE, &[7, 0, 0, 0]);
+    put(&mut device, pci::RESULTS, &[7; 32]);
+    assert_eq!(get_u32(&device, pci::MAGIC_AT), MAGIC);
+    assert_eq!(get_u32(&device, pci::DONE), 0);
+    assert_eq!(get_u64(&device, pci::RESULTS), 0);
     // Misaligned, odd-sized and out-of-BAR accesses read all ones and write nothing.
     let mut data = [0u8; 4];
     device.mmio_read(MAILBOX_BASE + 2, &mut data);
@@ -111,8 +113,8 @@ fn the_host_fields_read_back_and_are_not_writable() {
     assert_eq!(data, [0xff; 4]);
     device.mmio_read(MAILBOX_BASE - 4, &mut data);
     assert_eq!(data, [0xff; 4]);
-    device.mmio_write(MAILBOX_BASE + 0x12, &[1, 2, 3, 4]);
-    assert_eq!(get_u32(&device, 0x10), 0);
+    device.mmio_write(MAILBOX_BASE + pci::OP + 2, &[1, 2, 3, 4]);
+    assert_eq!(get_u32(&device, pci::OP), 0);
 }
 
 #[test]
@@ -122,29 +124,33 @@ fn requests_reach_the_host_checked() {
     assert_eq!(ask(&mut device, 0, &[]).0, libc::ENOSYS);
     assert_eq!(ask(&mut device, 11, &[]).0, libc::ENOSYS);
     // RUNS: page-aligned, non-empty, within the count the mailbox holds.
-    put(&mut device, 0x18, &2u32.to_le_bytes());
-    put(&mut device, 0x100, &[0x1000u64.to_le_bytes(), 0x2000u64.to_le_bytes(), 0x8000u64.to_le_bytes(), 0x1000u64.to_le_bytes()].concat());
+    put(&mut device, pci::NRUNS, &2u32.to_le_bytes());
+    put(
+        &mut device,
+        pci::RUNS,
+        &[0x1000u64.to_le_bytes(), 0x2000u64.to_le_bytes(), 0x8000u64.to_le_bytes(), 0x1000u64.to_le_bytes()].concat(),
+    );
     assert_eq!(ask(&mut device, Op::Runs as u32, &[0]).0, 0);
-    put(&mut device, 0x108, &0x1001u64.to_le_bytes());
+    put(&mut device, pci::RUNS + 8, &0x1001u64.to_le_bytes());
     assert_eq!(ask(&mut device, Op::Runs as u32, &[0]).0, libc::EINVAL, "unaligned length");
-    put(&mut device, 0x108, &0u64.to_le_bytes());
+    put(&mut device, pci::RUNS + 8, &0u64.to_le_bytes());
     assert_eq!(ask(&mut device, Op::Runs as u32, &[0]).0, libc::EINVAL, "empty run");
-    put(&mut device, 0x100, &(u64::MAX - 0xfff).to_le_bytes());
-    put(&mut device, 0x108, &0x2000u64.to_le_bytes());
+    put(&mut device, pci::RUNS, &(u64::MAX - 0xfff).to_le_bytes());
+    put(&mut device, pci::RUNS + 8, &0x2000u64.to_le_bytes());
     assert_eq!(ask(&mut device, Op::Runs as u32, &[0]).0, libc::EINVAL, "wrapping run");
-    put(&mut device, 0x18, &(MAX_RUNS as u32 + 1).to_le_bytes());
+    put(&mut device, pci::NRUNS, &(MAX_RUNS as u32 + 1).to_le_bytes());
     assert_eq!(ask(&mut device, Op::Runs as u32, &[0]).0, libc::EINVAL, "too many runs");
-    put(&mut device, 0x18, &0u32.to_le_bytes());
+    put(&mut device, pci::NRUNS, &0u32.to_le_bytes());
     assert_eq!(ask(&mut device, Op::Runs as u32, &[0]).0, libc::EINVAL, "no runs");
     // Names: NUL-terminated, printable, no spaces; MAKE may have none, LOOKUP must.
-    put(&mut device, 0x80, &[0; 64]);
+    put(&mut device, pci::NAME, &[0; 64]);
     assert_eq!(ask(&mut device, Op::Make as u32, &[0, 0x3000, 1, 0o600, 2]).0, 0);
     assert_eq!(ask(&mut device, Op::Lookup as u32, &[]).0, libc::EINVAL);
-    put(&mut device, 0x80, b"a name\0");
+    put(&mut device, pci::NAME, b"a name\0");
     assert_eq!(ask(&mut device, Op::Lookup as u32, &[]).0, libc::EINVAL);
-    put(&mut device, 0x80, &[b'x'; 64]);
+    put(&mut device, pci::NAME, &[b'x'; 64]);
     assert_eq!(ask(&mut device, Op::Lookup as u32, &[]).0, libc::EINVAL, "no NUL");
-    put(&mut device, 0x80, b"seg-1\0");
+    put(&mut device, pci::NAME, b"seg-1\0");
     let (error, results) = ask(&mut device, Op::Lookup as u32, &[]);
     assert_eq!((error, results[0]), (0, 4));
     let seen = seen.lock().unwrap();

@@ -29,18 +29,18 @@ use crate::hooks::{Device, DeviceError, ExitContext, HookKey, Outcome, Request};
 
 /// The legacy configuration mechanism's ports: address (0xCF8) and data (0xCFC..0xCFF).
 pub const CONFIG_PORTS: HookKey = HookKey::Port { base: 0xcf8, len: 8 };
-/// Vendor id of clowder's virtual devices. Not assigned by the PCI-SIG: it only has to be
-/// unique within clowder's VMs, where no real device is passed through.
-pub const VENDOR: u16 = 0xc10d;
+/// Vendor id of clowder's virtual devices (`xemem::pci`, which libxpmem's guest backend
+/// looks for).
+pub const VENDOR: u16 = xemem::pci::VENDOR;
 /// The host bridge's device id.
 pub const HOST_BRIDGE: u16 = 0x0000;
 /// The XEMEM device's id.
-pub const XEMEM_DEVICE: u16 = 0x0001;
+pub const XEMEM_DEVICE: u16 = xemem::pci::DEVICE;
 /// Device number of the XEMEM function on bus 0.
 pub const XEMEM_SLOT: u8 = 1;
 /// The mailbox BAR's index and size.
 pub const MAILBOX_BAR: usize = 0;
-pub const MAILBOX_SIZE: u64 = 64 << 10;
+pub const MAILBOX_SIZE: u64 = xemem::pci::MAILBOX_SIZE;
 /// The window BAR's index and default size.
 pub const WINDOW_BAR: usize = 2;
 pub const WINDOW_SIZE: u64 = 64 << 30;

@@ -1,0 +1,128 @@
+//! The XEMEM PCI device's ids and mailbox layout (docs/xemem-pci.md, "The mailbox"): the one
+//! definition of these wire values. The VMM's device (`vmm::pci::mailbox`) and the Linux guest
+//! agent's keeper use these constants; C cannot, so libxpmem's guest backend and its fake
+//! device test take them from `xemem/src/pci_mailbox.h`, which this module's test reads and
+//! compares value by value. A header written by hand and checked here, rather than generated:
+//! building libxpmem (`make -C xemem`) then needs no Rust step, and `cargo test -p xemem` (in
+//! `make test`) fails on the first value that differs or is missing on either side.
+
+/// Vendor id of clowder's virtual devices: not assigned by the PCI-SIG, only unique within
+/// clowder's VMs, where no real device is passed through.
+pub const VENDOR: u16 = 0xc10d;
+/// The XEMEM device's id.
+pub const DEVICE: u16 = 0x0001;
+/// BAR0, the mailbox, in bytes.
+pub const MAILBOX_SIZE: u64 = 64 << 10;
+/// What the host writes at [`MAGIC_AT`] ("XEMP") and [`VERSION_AT`].
+pub const MAGIC: u32 = 0x504d_4558;
+pub const VERSION: u32 = 1;
+
+/// Byte offsets in the mailbox: u32 magic and version (host), u32 doorbell (guest, last), u32
+/// done (host, last), u32 op (guest), i32 error (host), u32 nruns (guest), u64 args[6] (guest),
+/// u64 results[4] (host), a NUL-padded name (guest), then the runs (guest).
+pub const MAGIC_AT: u64 = 0x00;
+pub const VERSION_AT: u64 = 0x04;
+pub const DOORBELL: u64 = 0x08;
+pub const DONE: u64 = 0x0c;
+pub const OP: u64 = 0x10;
+pub const ERROR: u64 = 0x14;
+pub const NRUNS: u64 = 0x18;
+pub const ARGS: u64 = 0x20;
+pub const RESULTS: u64 = 0x50;
+pub const NAME: u64 = 0x80;
+pub const NAME_LEN: u64 = 64;
+pub const RUNS: u64 = 0x100;
+/// One run: u64 guest-physical address, u64 length.
+pub const RUN_SIZE: u64 = 16;
+
+/// The ops (the value written at [`OP`]).
+pub const OP_HELLO: u32 = 1;
+pub const OP_RUNS: u32 = 2;
+pub const OP_MAKE: u32 = 3;
+pub const OP_REMOVE: u32 = 4;
+pub const OP_GET: u32 = 5;
+pub const OP_RELEASE: u32 = 6;
+pub const OP_ATTACH: u32 = 7;
+pub const OP_DETACH: u32 = 8;
+pub const OP_LOOKUP: u32 = 9;
+pub const OP_SIGNAL: u32 = 10;
+
+#[cfg(test)]
+mod tests {
+    use alloc::collections::BTreeMap;
+    use alloc::format;
+    use alloc::string::String;
+
+    /// Every constant above under its C name (`PCI_` + the Rust name).
+    fn values() -> BTreeMap<String, u64> {
+        use super::*;
+        let pairs: [(&str, u64); 28] = [
+            ("VENDOR", VENDOR.into()),
+            ("DEVICE", DEVICE.into()),
+            ("MAILBOX_SIZE", MAILBOX_SIZE),
+            ("MAGIC", MAGIC.into()),
+            ("VERSION", VERSION.into()),
+            ("MAGIC_AT", MAGIC_AT),
+            ("VERSION_AT", VERSION_AT),
+            ("DOORBELL", DOORBELL),
+            ("DONE", DONE),
+            ("OP", OP),
+            ("ERROR", ERROR),
+            ("NRUNS", NRUNS),
+            ("ARGS", ARGS),
+            ("RESULTS", RESULTS),
+            ("NAME", NAME),
+            ("NAME_LEN", NAME_LEN),
+            ("RUNS", RUNS),
+            ("RUN_SIZE", RUN_SIZE),
+            ("OP_HELLO", OP_HELLO.into()),
+            ("OP_RUNS", OP_RUNS.into()),
+            ("OP_MAKE", OP_MAKE.into()),
+            ("OP_REMOVE", OP_REMOVE.into()),
+            ("OP_GET", OP_GET.into()),
+            ("OP_RELEASE", OP_RELEASE.into()),
+            ("OP_ATTACH", OP_ATTACH.into()),
+            ("OP_DETACH", OP_DETACH.into()),
+            ("OP_LOOKUP", OP_LOOKUP.into()),
+            ("OP_SIGNAL", OP_SIGNAL.into()),
+        ];
+        pairs.iter().map(|(name, value)| (format!("PCI_{name}"), *value)).collect()
+    }
+
+    /// A C integer literal as the header writes one: decimal or 0x hex, maybe a u/U/l/L suffix.
+    fn parse(literal: &str) -> Option<u64> {
+        let digits = literal.trim_end_matches(['u', 'U', 'l', 'L']);
+        match digits.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16).ok(),
+            None => digits.parse().ok(),
+        }
+    }
+
+    #[test]
+    fn the_c_header_spells_the_same_values() {
+        let header = include_str!("../../src/pci_mailbox.h");
+        let mut in_header = BTreeMap::new();
+        for line in header.lines() {
+            let mut words = line.split_whitespace();
+            if let (Some("#define"), Some(name), Some(literal)) = (words.next(), words.next(), words.next()) {
+                // A parenthesised expression is derived from the others (PCI_MAX_RUNS).
+                if name.starts_with("PCI_") && !literal.starts_with('(') {
+                    let value = parse(literal).unwrap_or_else(|| panic!("pci_mailbox.h: {name} is not a plain literal: {line}"));
+                    assert!(in_header.insert(String::from(name), value).is_none(), "pci_mailbox.h defines {name} twice");
+                }
+            }
+        }
+        assert_eq!(in_header, values(), "xemem/src/pci_mailbox.h and xemem/protocol/src/pci.rs disagree");
+    }
+
+    #[test]
+    fn the_fields_follow_each_other() {
+        use super::*;
+        assert_eq!(
+            (MAGIC_AT + 4, VERSION_AT + 4, DOORBELL + 4, DONE + 4, OP + 4, ERROR + 4),
+            (VERSION_AT, DOORBELL, DONE, OP, ERROR, NRUNS)
+        );
+        assert_eq!(ARGS + 6 * 8, RESULTS);
+        assert!(RESULTS + 4 * 8 <= NAME && NAME + NAME_LEN <= RUNS && RUNS % RUN_SIZE == 0);
+    }
+}
