@@ -506,8 +506,12 @@ extern "C" fn lwk_syscall(arg0: u64, arg1: u64, arg2: u64, arg3: u64, arg4: u64,
 
 /// Leaves the kernel for good on this stack: starts `frame` in user mode.
 pub fn enter_user(frame: &TrapFrame) -> ! {
-    let slot = (super::tables::trap_stack_top() - core::mem::size_of::<TrapFrame>() as u64) as *mut TrapFrame;
-    // SAFETY: the top of the trap stack is free (we are on the boot stack), and the frame is
+    let top = super::tables::trap_stack_top();
+    // The main thread's traps land on its own stack: this CPU's last thread of a previous job
+    // may have left a stack the job's end freed (and the new job's memory reuses) as RSP0.
+    super::tables::set_kernel_stack(super::tables::current_cpu(), top);
+    let slot = (top - core::mem::size_of::<TrapFrame>() as u64) as *mut TrapFrame;
+    // SAFETY: the top of the trap stack is free (we are on the boot or the service stack), and the frame is
     // a user context (CS/SS user selectors set by `TrapFrame::new_user`).
     unsafe {
         slot.write(*frame);
