@@ -5,12 +5,31 @@
 use crate::arch::serial;
 use crate::arch::sync::SpinLock;
 use core::fmt::{self, Write};
+use core::sync::atomic::{AtomicUsize, Ordering};
 
 struct Console {
     at_line_start: bool,
 }
 
 static CONSOLE: SpinLock<Console> = SpinLock::new(Console { at_line_start: true });
+/// The CPU that holds `CONSOLE` (`NO_CPU`: none). A kernel fault taken while its CPU prints
+/// reports itself: waiting for the lock there would wait for itself for ever.
+static OWNER: AtomicUsize = AtomicUsize::new(NO_CPU);
+const NO_CPU: usize = usize::MAX;
+
+/// Runs `print` with the console: under its lock, or beside it on a CPU that already holds
+/// it (the lock's own print was interrupted by a fault there, and never resumes if the fault
+/// is fatal).
+fn with_console(print: impl FnOnce(&mut Console)) {
+    let cpu = crate::arch::tables::current_cpu();
+    if OWNER.load(Ordering::Relaxed) == cpu {
+        return print(&mut Console { at_line_start: false });
+    }
+    let mut console = CONSOLE.lock();
+    OWNER.store(cpu, Ordering::Relaxed);
+    print(&mut console);
+    OWNER.store(NO_CPU, Ordering::Relaxed);
+}
 
 impl Console {
     fn write_bytes(&mut self, bytes: &[u8]) {
@@ -30,12 +49,11 @@ impl Write for Console {
 
 /// Job output (stdout, stderr), passed through unchanged.
 pub fn write_job_output(bytes: &[u8]) {
-    CONSOLE.lock().write_bytes(bytes);
+    with_console(|console| console.write_bytes(bytes));
 }
 
 pub fn print_kernel_line(arguments: fmt::Arguments) {
-    let mut console = CONSOLE.lock();
-    emit_kernel_line(&mut console, arguments);
+    with_console(|console| emit_kernel_line(console, arguments));
 }
 
 /// The panic path: prints even if the console lock was held when the panic struck.
