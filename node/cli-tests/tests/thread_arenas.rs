@@ -16,19 +16,24 @@ mod support;
 
 /// Four threads each malloc a little and free it once all have (so that all four hold an arena
 /// at once, as a rank's threads do); then the main thread lists the arenas (`Arena N:` lines of
-/// `malloc_stats` on stderr), mallocs and touches 300 MiB and says whether it could.
+/// `malloc_stats` on stderr), mallocs and touches 300 MiB and says whether it could. The
+/// threads make their first malloc in turn: glibc reserves 128 MiB for a new arena before it
+/// trims it to 64, so four at once could find the 512 MiB heap full and share an arena.
 const ARENAS: &str = r#"#include <malloc.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 static pthread_barrier_t all_allocated;
 static char *volatile kept[4];
-static void *allocate(void *unused) {
-    (void)unused;
-    static int next;
-    char *small = kept[__atomic_fetch_add(&next, 1, __ATOMIC_RELAXED)] = malloc(64);
+static int turn;
+static void *allocate(void *index) {
+    int me = (int)(long)index;
+    while (__atomic_load_n(&turn, __ATOMIC_ACQUIRE) != me) sched_yield();
+    char *small = kept[me] = malloc(64);
     if (small) memset(small, 1, 64);
+    __atomic_store_n(&turn, me + 1, __ATOMIC_RELEASE);
     pthread_barrier_wait(&all_allocated);
     free(small);
     return NULL;
@@ -37,7 +42,7 @@ int main(void) {
     pthread_t threads[4];
     pthread_barrier_init(&all_allocated, NULL, 4);
     for (int i = 0; i < 4; i++)
-        if (pthread_create(&threads[i], NULL, allocate, NULL) != 0) return 10;
+        if (pthread_create(&threads[i], NULL, allocate, (void *)(long)i) != 0) return 10;
     for (int i = 0; i < 4; i++) pthread_join(threads[i], NULL);
     malloc_stats(); /* "Arena N:" on stderr for each arena */
     size_t big = (size_t)300 << 20;
