@@ -64,6 +64,7 @@ int main(int argc, char **argv) {
     int any_bad = 0;
     MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);
     if (rank == 0) printf("allreduce: %s\n", any_bad ? "results NOT verified" : "results verified");
+    fflush(stdout); /* before MPI_Finalize, as mpicg's */
     free(in);
     free(out);
     MPI_Finalize();

@@ -139,6 +139,10 @@ int main(int argc, char **argv) {
         printf("mpicg: solve %.3f s, %.1f MFLOP/s\n", solve, all_flops / solve / 1e6);
         printf("mpicg: %s\n", converged ? "solution verified" : "solution NOT verified");
     }
+    /* Out before MPI_Finalize, as pingpong's: an enclave rank's stdout is no terminal, so fully
+       buffered, and a rank hung in MPI_Finalize and killed at the bench's limit would take its
+       results with it (docs/mpi.md). */
+    fflush(stdout);
     MPI_Finalize();
     return converged ? 0 : 1;
 }
