@@ -37,9 +37,8 @@ root=$PWD
 # two host ranks on quiet cores, 13-16 s at a load of 10 (HPCCG-style runs are seconds long; 48³
 # took 0.06 s, where a start-up hiccup or one slice of the load decided a run).
 max_bytes=4194304 iters=1000 cg=128 user_level=0 cg_rounds=3 cg_only=0 pages=(--hugepages) limit=300
-whole() { # NAME VALUE MIN
-    [[ $2 =~ ^[0-9]+$ ]] && [ "$2" -ge "$3" ] || { echo "apps/mpi/bench.sh: $1 must be a whole number from $3 up, not '$2'" >&2; exit 2; }
-}
+. scripts/lib/whole.sh
+whole() { whole_number apps/mpi/bench.sh "$@"; } # NAME VALUE MIN
 while [ $# -gt 0 ]; do
     case $1 in
     --max-bytes) whole --max-bytes "${2:-}" 1 && max_bytes=$2 && shift 2 ;;

@@ -14,7 +14,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 runs=10 bytes=4194304 plain=0 keep=$root/build/ucx-loop memory=(--mem 1G)
-whole() { [[ $2 =~ ^[0-9]+$ ]] && [ "$2" -ge 1 ] || { echo "apps/mpi/ucx-loop.sh: $1 must be a whole number from 1 up, not '$2'" >&2; exit 2; }; }
+. scripts/lib/whole.sh
+whole() { whole_number apps/mpi/ucx-loop.sh "$1" "$2" 1; } # NAME VALUE
 while [ $# -gt 0 ]; do
     case $1 in
     --runs) whole --runs "${2:-}" && runs=$2 && shift 2 ;;
