@@ -5,8 +5,10 @@
 //!
 //! Three ways to switch it (`Method`). FXSAVE covers x87 and SSE only. XSAVE in the kernel
 //! covers every component XCR0 enables (AVX, AVX-512). On the PVM host kernel code is
-//! emulated and the emulator knows neither XSAVE nor XRSTOR (the VM stops on them), while
-//! user code runs natively with the host's XCR0; there the kernel runs them in ring 3
+//! emulated and PVM's emulator knows neither XSAVE nor XRSTOR (clowder-vmm now carries them out
+//! itself, for Linux guests: `vmm::emulate`, two VM exits and ~22 us a pair; the stubs below were
+//! not measured against that), while user code runs natively with the host's XCR0; there the
+//! kernel runs them in ring 3
 //! (`Method::Ring3Xsave`): a read-only user page (`STUB_PAGE`, mapped into every address
 //! space) holds a few stubs, each one or two XSAVE-family instructions and a `ud2`. The
 //! kernel "calls" a stub with IRETQ (interrupts off, the thread's address space loaded, RSP0
@@ -80,8 +82,8 @@ const STUB_FROM_LEGACY_FRAME: u64 = 96;
 const STUB_SWITCH: u64 = 112;
 
 /// How threads' state is switched: XSAVE when the CPU has it, in ring 3 under clowder-vmm
-/// (on the PVM host kernel-mode XSAVE stops the VM), unless the command line says otherwise
-/// (`lwk.fpu=xsave|ring3|fxsave`).
+/// (on the PVM host each kernel-mode XSAVE is an exit to the VMM), unless the command line
+/// says otherwise (`lwk.fpu=xsave|ring3|fxsave`).
 pub fn method_wanted(command_line_choice: Option<&str>, under_clowder_vmm: bool) -> Method {
     let has_xsave = super::cpu::cpuid(1, 0).ecx & (1 << 26) != 0;
     match command_line_choice {
