@@ -25,9 +25,10 @@ const IDLE_CHECK_INTERVAL: u32 = 1024;
 
 enum IdleStep {
     Run(usize, u64, u64, Option<(u64, u64)>, Option<Note>),
-    /// Nothing to do until another CPU queues a thread here and sends the wake-up IPI.
+    /// Nothing to do until another CPU queues a thread here and sends the wake-up IPI, or the
+    /// timer ends a timed wait of this CPU.
     Sleep,
-    /// A timed wait may expire (or the CPU has no x2APIC): look again soon.
+    /// The CPU has no x2APIC (neither the wake-up IPI nor a timer reach it): look again soon.
     Poll,
 }
 
@@ -43,15 +44,15 @@ pub(super) fn idle_loop(cpu: usize) -> ! {
                 let (slot, stack_top, pid, load, note) = enter_thread(scheduler, cpu, next);
                 return IdleStep::Run(slot, stack_top, pid, load, note);
             }
-            let timed_wait_here = scheduler
-                .threads
-                .values()
-                .any(|thread| thread.cpu == cpu && matches!(thread.state, State::Waiting { deadline: Some(_), .. }));
-            if timed_wait_here || apic_id(cpu).is_none() {
-                IdleStep::Poll
-            } else {
-                IdleStep::Sleep
+            if apic_id(cpu).is_none() {
+                return IdleStep::Poll;
             }
+            // The timer ends the sleep at this CPU's nearest timed wait, if it has one. Polling
+            // for it instead (each round a walk of every thread under the scheduler's lock,
+            // emulated on PVM) kept an idle CPU busy and the lock contended: cli-test
+            // process_groups_killed_while_forking's idle CPU spent all its time there.
+            arm_next_event(scheduler, cpu);
+            IdleStep::Sleep
         });
         match step {
             IdleStep::Run(slot, stack_top, pid, load, note) => {
