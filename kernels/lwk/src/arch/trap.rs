@@ -511,8 +511,8 @@ pub fn enter_user(frame: &TrapFrame) -> ! {
     // may have left a stack the job's end freed (and the new job's memory reuses) as RSP0.
     super::tables::set_kernel_stack(super::tables::current_cpu(), top);
     let slot = (top - core::mem::size_of::<TrapFrame>() as u64) as *mut TrapFrame;
-    // SAFETY: the top of the trap stack is free (we are on the boot or the service stack), and the frame is
-    // a user context (CS/SS user selectors set by `TrapFrame::new_user`).
+    // SAFETY: the top of the trap stack is free (we are on the boot or the service stack), and
+    // the frame is a user context (CS/SS user selectors set by `TrapFrame::new_user`).
     unsafe {
         slot.write(*frame);
         enter_user_frame(slot)
