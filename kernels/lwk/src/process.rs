@@ -417,7 +417,8 @@ pub fn exec(frame: &mut TrapFrame, path: UserAddr, argv: UserAddr, envp: UserAdd
     // segments' attachers elsewhere revoked before its memory can go).
     let segments_gone = crate::xpmem::process_ended(pid);
     let old_aspace = job::with_process(|process| process.memory.aspace.handle());
-    let load = || job::load_image_memory(file, &resolved, &argv, &env, Some(job::exec_heap_size()), job::exec_stack_size());
+    let load =
+        || job::load_image_memory(job::Loader::Execve, file, &resolved, &argv, &env, Some(job::exec_heap_size()), job::exec_stack_size());
     let mut old_released = false;
     let image = match load() {
         Ok(image) => image,

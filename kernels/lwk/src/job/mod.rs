@@ -89,6 +89,8 @@ pub fn is_loaded() -> bool {
 /// Runs `f` on the calling thread's process. A thread whose process has already ended (a
 /// kill raced with its creation or its wake-up) ends here without touching it, as it would
 /// at its next return to user mode: its process must not take the kernel down with it.
+/// Only for a thread of the job: the service loop has no process of its own (the CPU's pid is
+/// that of the thread it last ran) and uses [`with_process_of`].
 pub fn with_process<R>(f: impl FnOnce(&mut Process) -> R) -> R {
     let pid = crate::sched::current_pid();
     let mut processes = PROCESSES.lock();
@@ -207,6 +209,19 @@ pub struct LoadFile<'a> {
     pub physical: u64,
 }
 
+/// Who loads a program, which decides where an interpreter missing from the job's own files
+/// may come from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Loader {
+    /// The enclave starting a job's first process, outside any thread of the job: there is no
+    /// process to ask the host in the name of, so clowderd sends the interpreter with the job
+    /// and nothing else is looked up (a program whose headers clowderd read differently gets
+    /// `MissingInterpreter`, never a file read as another job's user).
+    JobStart,
+    /// `execve` in a thread of the job: the host is asked as that process's user.
+    Execve,
+}
+
 /// The program `file` and, when it names one, its interpreter (a file of the job's file
 /// system), placed just above the program's last page.
 struct Program<'a> {
@@ -218,7 +233,7 @@ struct Program<'a> {
 }
 
 impl<'a> Program<'a> {
-    fn parse(file: LoadFile<'a>) -> Result<Program<'a>, LoadError> {
+    fn parse(file: LoadFile<'a>, loader: Loader) -> Result<Program<'a>, LoadError> {
         let executable = Executable::parse(file.bytes).map_err(LoadError::Elf)?;
         let Some(path) = executable.interpreter.clone() else {
             return Ok(Program { executable, file, interpreter: None, interpreter_base: 0 });
@@ -230,6 +245,7 @@ impl<'a> Program<'a> {
         // Else the host's, as its user sees it (a program `execve` read from the host).
         let interpreter_file = match own_file {
             Some(file) => file,
+            None if loader == Loader::JobStart => return Err(LoadError::MissingInterpreter(path)),
             None => host_executable(&path).map(|(_, file)| file).map_err(|errno| match errno {
                 Errno::ENOENT => LoadError::MissingInterpreter(path.clone()),
                 refused => LoadError::InterpreterRefused(path.clone(), refused),
@@ -346,10 +362,10 @@ fn load_image(segments: &[(&elf::Segment, LoadFile<'_>)], aspace: &mut AddressSp
     Ok((region, physical_pages))
 }
 
-/// Whether `file` can be loaded as far as its headers and its interpreter tell (before
-/// `execve` lets go of anything).
+/// Whether `file` can be loaded by `execve` as far as its headers and its interpreter tell
+/// (before it lets go of anything).
 pub fn check_program(file: LoadFile<'_>) -> Result<(), LoadError> {
-    Program::parse(file).map(|_| ())
+    Program::parse(file, Loader::Execve).map(|_| ())
 }
 
 /// A process image: its memory, with the initial stack built, and where it starts.
@@ -359,11 +375,12 @@ pub struct Image {
 }
 
 /// Loads the executable `file` (`path` in the job's file system: AT_EXECFN), with its
-/// interpreter if it is dynamically linked, into a new address space with its initial stack,
+/// interpreter if it is dynamically linked (looked up as `loader` may), into a new address space with its initial stack,
 /// and leaves that address space loaded on this CPU. The heap is `heap_size` bytes (rounded up
 /// to 2 MiB), or with `None` what the kernel and the job's other processes can spare once the
 /// image and stack are placed (`spare_heap_size`).
 pub fn load_image_memory(
+    loader: Loader,
     file: LoadFile<'_>,
     path: &str,
     argv: &[String],
@@ -371,7 +388,7 @@ pub fn load_image_memory(
     heap_size: Option<u64>,
     stack_size: u64,
 ) -> Result<Image, LoadError> {
-    let program = Program::parse(file)?;
+    let program = Program::parse(file, loader)?;
     let mut aspace = AddressSpace::new().map_err(|_| LoadError::NoMemory("page tables"))?;
     let mut blocks: Vec<Region> = Vec::new();
     let result = (|| {
@@ -547,7 +564,7 @@ fn load_first_process(
     let executable_path = if options.argv[0].starts_with('/') { options.argv[0].clone() } else { alloc::format!("/{}", options.argv[0]) };
     let file = LoadFile { bytes: file, physical: file_physical };
     let env = memory::with_allocator_defaults(&options.env);
-    let image = load_image_memory(file, &options.argv[0], &options.argv, &env, heap_size, options.stack_size)?;
+    let image = load_image_memory(Loader::JobStart, file, &options.argv[0], &options.argv, &env, heap_size, options.stack_size)?;
     let aspace = image.memory.aspace.handle();
     let process =
         Process { memory: image.memory, descriptors: descriptors::Descriptors::new(), shared: Default::default(), executable_path };
@@ -630,14 +647,14 @@ fn host_executable_limit() -> u64 {
 
 /// The host's file `path` (relative to the job's working directory, or absolute) as an
 /// executable: its absolute path and its bytes, read (once) into kernel memory by the host.
+/// Called by `execve` only, in a thread of the job: the host is asked as that thread's job and
+/// process (the service loop has neither; see [`Loader::JobStart`]).
 /// `ENOENT` where there is no host to ask or no such file; `EACCES` for what is not a regular
 /// file with an execute bit (the job is root: any bit will do, as for Linux's root); the host's
 /// answer when it refuses the user the file.
 pub fn host_executable(path: &str) -> Result<(String, LoadFile<'static>), Errno> {
     use crate::enclave::files;
-    // The host is asked through the calling process's descriptors: none before the job's
-    // first process exists (clowderd sends that one's interpreter with it).
-    let cwd = files::job_cwd().filter(|_| process_exists(crate::sched::current_pid()) && files::is_host_path(path));
+    let cwd = files::job_cwd().filter(|_| files::is_host_path(path));
     let absolute = cwd.and_then(|cwd| fs::normalize(&cwd, path)).ok_or(Errno::ENOENT)?;
     let attributes = files::stat_path(&absolute).map_err(|error| Errno((-error) as u64))?;
     const S_IFREG: u32 = 0o100000;
