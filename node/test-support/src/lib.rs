@@ -17,8 +17,11 @@ pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf()
 }
 
+/// `CLOWDER_KERNEL` (as clowderd reads it: a test may boot another build of the LWK), else the
+/// workspace's release build.
 pub fn kernel_image() -> PathBuf {
-    workspace_root().join("kernels/target/x86_64-unknown-none/release/lwk")
+    std::env::var_os("CLOWDER_KERNEL")
+        .map_or_else(|| workspace_root().join("kernels/target/x86_64-unknown-none/release/lwk"), PathBuf::from)
 }
 
 /// `CLOWDER_VMM`, or the workspace's release build of clowder-vmm.

@@ -41,7 +41,7 @@ pub(super) fn idle_loop(cpu: usize) -> ! {
         let step = with_scheduler(|scheduler| {
             expire_timed_waits(scheduler, cpu);
             if let Some(next) = scheduler.dequeue(cpu) {
-                let (slot, stack_top, pid, load, note) = enter_thread(scheduler, cpu, next);
+                let (slot, stack_top, pid, load, note) = enter_thread(scheduler, cpu, next, false);
                 return IdleStep::Run(slot, stack_top, pid, load, note);
             }
             if apic_id(cpu).is_none() {
@@ -94,9 +94,14 @@ fn drop_address_space(cpu: usize) {
 /// and its address space if this CPU must load it: both for `settle_process`, once the lock
 /// is dropped and the leaving thread's vector registers are saved in its own process. The
 /// thread gets a time slice, enforced by the timer only if others wait for this CPU or a
-/// timed wait here may end meanwhile (tickless otherwise). Also the stall note if `next`
-/// waited long for the CPU (`stalls`).
-fn enter_thread(scheduler: &mut Scheduler, cpu: usize, next: u64) -> (usize, u64, u64, Option<(u64, u64)>, Option<Note>) {
+/// timed wait here may end meanwhile (tickless otherwise); `stays` (it is the thread that
+/// just left, a wait that did not block) keeps the slice it had. A new slice there let a
+/// thread that loops on such waits keep the CPU for ever once the host was quiet (each call
+/// far shorter than a slice): an MPI rank sleeping 100 us at a time (the emulated kernel
+/// reaches the deadline check after it) while PMIx's thread, queued here, had the work
+/// (issue 25, UCX between enclaves; cli-test short_sleeps_share_the_cpu). Also the stall
+/// note if `next` waited long for the CPU (`stalls`).
+fn enter_thread(scheduler: &mut Scheduler, cpu: usize, next: u64, stays: bool) -> (usize, u64, u64, Option<(u64, u64)>, Option<Note>) {
     flush_tlb_if_stale();
     let note = stalls::on_enter(scheduler, cpu, next);
     // A thread that stays (a wait that did not block) is run again without `enqueue`.
@@ -104,8 +109,9 @@ fn enter_thread(scheduler: &mut Scheduler, cpu: usize, next: u64) -> (usize, u64
     scheduler.cpus[cpu].current = Some(next);
     crate::arch::fastcall::thread_entered(cpu, next);
     start_run(cpu, scheduler.threads[&next].cpu_time_ns);
-    let quantum_end = cpu::read_tsc() + clock::tsc_hz() * QUANTUM_MS / 1000;
-    QUANTUM_END[cpu].store(quantum_end, Ordering::Relaxed);
+    if !stays {
+        QUANTUM_END[cpu].store(cpu::read_tsc() + clock::tsc_hz() * QUANTUM_MS / 1000, Ordering::Relaxed);
+    }
     let thread = &scheduler.threads[&next];
     super::CURRENT_JOB[cpu].store(thread.job, Ordering::Relaxed);
     if thread.doomed {
@@ -209,12 +215,13 @@ static NEXT_WAIT_END: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(u64::MAX) 
 pub(super) fn leave_cpu(prepare: impl FnOnce(&mut Scheduler, usize) -> usize) {
     let cpu = tables::current_cpu();
     let (from, to, stack_top, next_process, notes) = with_scheduler(|scheduler| {
+        let leaving = scheduler.cpus[cpu].current;
         let held = end_run(scheduler, cpu);
         let from = prepare(scheduler, cpu);
         trap::mark_leaving(from);
         match scheduler.dequeue(cpu) {
             Some(next) => {
-                let (to, stack_top, pid, load, waited) = enter_thread(scheduler, cpu, next);
+                let (to, stack_top, pid, load, waited) = enter_thread(scheduler, cpu, next, leaving == Some(next));
                 (from, to, stack_top, Some((pid, load)), [held, waited])
             }
             None => {
