@@ -2,8 +2,9 @@
 //!
 //! ```text
 //! [lwk.heap=SIZE] [lwk.stack=SIZE] [lwk.env=NAME=VALUE]... [lwk.cpus=N] [lwk.fpu=xsave|ring3|fxsave] [lwk.fastcalls=off]
-//!     [lwk.verbose] [lwk.crash=panic|fault] [clowder.*=...] -- ARGV0 ARG1 ...
+//!     [lwk.verbose] [lwk.crash=panic|fault] [lwk.id_block=N] [clowder.*=...] -- ARGV0 ARG1 ...
 //! ```
+//! `lwk.id_block` is the block of thread and process ids clowderd gives the enclave (`ids`).
 //! Everything after the first `--` word is the job's argv, split at spaces; double quotes
 //! group words with spaces (`"a b"`). Without `--` the job's argv is `[/job]`. clowder-vmm
 //! appends its `clowder.*` keys after everything, so trailing `clowder.*` words are not argv.

@@ -13,6 +13,7 @@ extern crate std;
 pub mod cmdline;
 pub mod cpio;
 pub mod enclave;
+pub mod ids;
 pub mod pages;
 pub mod path;
 pub mod physmem;

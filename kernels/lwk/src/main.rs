@@ -73,6 +73,13 @@ fn kernel_main(start_info: u64) -> ! {
         arch::fpu::method_wanted(cmdline::value_of(boot.command_line(), "lwk.fpu"), cmdline::started_by_clowder_vmm(boot.command_line()));
     arch::cpu::enable_user_fpu(fpu_method != arch::fpu::Method::Fxsave);
     arch::fpu::init(fpu_method);
+    // The block of thread and process ids clowderd gave this enclave (block 0 without one).
+    if let Some(text) = cmdline::value_of(boot.command_line(), "lwk.id_block") {
+        match cmdline::parse_number(text).and_then(lwk_core::ids::IdBlock::new) {
+            Some(block) => sched::use_id_block(block),
+            None => log!("lwk.id_block={text} is not a block (0 to {}): ids come from block 0", lwk_core::ids::BLOCKS - 1),
+        }
+    }
     // `lwk.fastcalls=off`: every system call takes the kernel path (the fast calls' reference).
     arch::fastcall::set_enabled(cmdline::value_of(boot.command_line(), "lwk.fastcalls") != Some("off"));
     arch::cpu::allow_user_time_stamp_counter();

@@ -262,6 +262,7 @@ pub fn fork(
     vfork: bool,
 ) -> Result<u64, ForkError> {
     let parent = sched::current_pid();
+    let pid = sched::reserve_tid().ok_or(ForkError::TooManyThreads)?;
     let (mut memory, shared, descriptors, executable_path) = job::with_process(|process| {
         let mut memory = process.memory.fork(frame.rsp).map_err(|_| ForkError::NoMemory)?;
         // The child maps the same blocks: MAP_SHARED memory is shared, not copied.
@@ -273,7 +274,6 @@ pub fn fork(
             }
         }
     })?;
-    let pid = sched::reserve_tid();
     // CLONE_CHILD_SETTID writes the child's tid into the child's memory.
     if let Some(translation) = set_child_tid.and_then(|address| memory.aspace.translate(address).ok()) {
         if translation.writable && translation.bytes_left_in_leaf >= 4 {

@@ -343,7 +343,7 @@ fn the_host_end_attaches_to_a_running_vmm() {
     let dir = TempDir::new("clowder-cli-vmm-channel");
     let spin = build_musl_program(&dir.0, "spin", SPIN);
     let core = *clowderd::cores::usable_cores().unwrap().iter().last().unwrap();
-    let spec = MachineSpec { name: "probe".into(), cores: vec![core], memory: 64 << 20, hugepages: false };
+    let spec = MachineSpec { name: "probe".into(), cores: vec![core], memory: 64 << 20, hugepages: false, id_block: 0 };
     let mut command = vmm_command(&vmm_binary(), &kernel_image(), &spec);
     // One argument: the kernel's whole command line.
     let kernel_command_line = "-- spin";

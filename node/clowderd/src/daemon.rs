@@ -67,6 +67,9 @@ struct Entry {
     created: SystemTime,
     occupant: Occupant,
     kind: EnclaveKind,
+    /// The block of ids its kernel numbers threads and forked processes from
+    /// (`lwk_core::ids`), none other enclave's: no two enclaves' processes share a pid.
+    id_block: u64,
 }
 
 struct Removed {
@@ -223,7 +226,7 @@ impl Daemon {
         memory: u64,
         hugepages: bool,
         confine: Option<String>,
-    ) -> Result<Vec<usize>, ApiError> {
+    ) -> Result<(Vec<usize>, u64), ApiError> {
         let usable = usable_cores().map_err(|e| ApiError::new(ErrorKind::Internal, e))?;
         check_request(memory, hugepages, HostMemory::read()).map_err(|e| ApiError::new(ErrorKind::ResourceExhausted, e))?;
         let mut state = self.state.lock().unwrap();
@@ -234,6 +237,10 @@ impl Daemon {
             ));
         }
         let cores = choose_cores(cores, &usable, &state.taken_cores()).map_err(|e| ApiError::new(ErrorKind::ResourceExhausted, e))?;
+        let id_block =
+            (0..lwk_core::ids::BLOCKS).find(|block| state.enclaves.values().all(|entry| entry.id_block != *block)).ok_or_else(|| {
+                ApiError::new(ErrorKind::ResourceExhausted, format!("the node has {} enclaves, its most", lwk_core::ids::BLOCKS))
+            })?;
         let entry = Entry {
             owner,
             confine,
@@ -243,9 +250,10 @@ impl Daemon {
             created: SystemTime::now(),
             occupant: Occupant::Starting,
             kind: EnclaveKind::Lwk,
+            id_block,
         };
         state.enclaves.insert(name.to_string(), entry);
-        Ok(cores)
+        Ok((cores, id_block))
     }
 
     /// The cores enclaves hold (the host has the rest).
@@ -264,8 +272,9 @@ impl Daemon {
             Ok(guest) => guest,
             Err(e) => return error_reply(ErrorKind::InvalidArgument, format!("enclave {name}: {e}")),
         };
-        let cores = match self.reserve(&name, owner, &request.cores, request.memory, request.hugepages, request.confine.clone()) {
-            Ok(cores) => cores,
+        let (cores, id_block) = match self.reserve(&name, owner, &request.cores, request.memory, request.hugepages, request.confine.clone())
+        {
+            Ok(reserved) => reserved,
             Err(e) => return e.reply(),
         };
         let linux = guest.map(|guest| LinuxLauncher { inner: self.launcher.as_ref(), guest });
@@ -278,7 +287,7 @@ impl Daemon {
             }
             None => (self.launcher.as_ref(), self.config.liveness),
         };
-        let spec = MachineSpec { name: name.clone(), cores: cores.clone(), memory: request.memory, hugepages: request.hugepages };
+        let spec = MachineSpec { name: name.clone(), cores: cores.clone(), memory: request.memory, hugepages: request.hugepages, id_block };
         let log = Arc::new(LogBook::new(2000));
         // Progress goes to a client that asked for it, until a send fails: the enclave starts
         // all the same, and the reply finds out whether the client is still there.
@@ -716,12 +725,12 @@ impl Daemon {
         let memory = request.memory.unwrap_or(self.config.oneshot_memory);
         let core_request = request.cores.clone().unwrap_or(CoreRequest::Count(1));
         let owner = Owner::of(peer);
-        let cores = match self.reserve(&name, owner, &core_request, memory, false, None) {
-            Ok(cores) => cores,
+        let (cores, id_block) = match self.reserve(&name, owner, &core_request, memory, false, None) {
+            Ok(reserved) => reserved,
             Err(e) => return e.reply(),
         };
         let log = Arc::new(LogBook::new(2000));
-        let spec = MachineSpec { name: name.clone(), cores: cores.clone(), memory, hugepages: false };
+        let spec = MachineSpec { name: name.clone(), cores: cores.clone(), memory, hugepages: false, id_block };
         let mut machine = match OneShot::start(&self.config.vmm, &self.config.kernel, &spec, binary, &command_line, log.clone()) {
             Ok(machine) => machine,
             Err(e) => {

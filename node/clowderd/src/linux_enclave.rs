@@ -303,7 +303,7 @@ mod tests {
         let private = LinuxRequest { kernel: Some(kernel.display().to_string()), initrd: Some(kernel.display().to_string()), net: None };
         assert!(LinuxGuest::open(&private, 4242).err().unwrap().contains("not readable by uid 4242"));
         let guest = LinuxGuest::open(&private, 0).unwrap();
-        let spec = MachineSpec { name: "vm".into(), cores: vec![1], memory: 256 << 20, hugepages: false };
+        let spec = MachineSpec { name: "vm".into(), cores: vec![1], memory: 256 << 20, hugepages: false, id_block: 0 };
         let command = linux_command(Path::new("clowder-vmm"), &guest, &spec).unwrap();
         let args: Vec<String> = command.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
         assert!(args.windows(2).any(|w| w[0] == "--module" && w[1].starts_with("/proc/")), "{args:?}");

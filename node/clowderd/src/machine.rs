@@ -48,6 +48,8 @@ pub struct MachineSpec {
     pub cores: Vec<usize>,
     pub memory: u64,
     pub hugepages: bool,
+    /// The block of thread and process ids an LWK numbers from (`lwk.id_block`).
+    pub id_block: u64,
 }
 
 pub trait Machine: Send {
@@ -236,7 +238,9 @@ impl Launcher for VmmLauncher {
     fn launch(&self, spec: &MachineSpec, log: Arc<LogBook>, progress: &mut dyn FnMut(Populated)) -> Result<Box<dyn Machine>, String> {
         let control_path = self.runtime_dir.join(format!("{}.vmm.sock", spec.name));
         log.push(format!("clowderd: starting clowder-vmm for enclave {}", spec.name));
-        start_vmm_reporting(vmm_command(&self.vmm, &self.kernel, spec), control_path, log, progress)
+        let mut command = vmm_command(&self.vmm, &self.kernel, spec);
+        command.arg("--cmdline").arg(format!("lwk.id_block={}", spec.id_block));
+        start_vmm_reporting(command, control_path, log, progress)
     }
 
     fn launch_linux(
@@ -412,7 +416,7 @@ mod tests {
 
     #[test]
     fn the_memory_is_read_from_the_vmm_command_line() {
-        let spec = MachineSpec { name: "big".into(), cores: vec![1], memory: 16 << 30, hugepages: true };
+        let spec = MachineSpec { name: "big".into(), cores: vec![1], memory: 16 << 30, hugepages: true, id_block: 0 };
         assert_eq!(memory_of(&vmm_command(Path::new("clowder-vmm"), Path::new("lwk"), &spec)), 16 << 30);
         assert_eq!(memory_of(&Command::new("clowder-vmm")), 64 << 20);
     }

@@ -21,8 +21,10 @@ use crate::sys;
 /// Console output is gathered for at most this long, or this many bytes, per event.
 const BATCH_WAIT: Duration = Duration::from_millis(5);
 const OUTPUT_BATCH: usize = 16 * 1024;
-/// The longest command line clowder-vmm takes from us (it keeps the rest for `clowder.*` keys).
-const MAX_COMMAND_LINE: usize = 3839;
+/// The longest command line clowder-vmm takes from us (it keeps the rest for `clowder.*` keys)
+/// less the daemon's `lwk.id_block=N ` word.
+const MAX_COMMAND_LINE: usize = 3839 - ID_BLOCK_WORD_MAX;
+const ID_BLOCK_WORD_MAX: usize = "lwk.id_block=NNNN ".len();
 
 /// Builds the LWK command line: `[lwk.heap=H] [lwk.env=N=V]... -- "argv0" "argv1" ...`.
 /// The kernel splits at spaces with `"` grouping and cannot escape, so what it cannot carry
@@ -110,6 +112,7 @@ impl OneShot {
         // The job's arguments and environment, the same way: /proc/PID/fd of the daemon is
         // open to root alone.
         let mut line_file = sys::memfd("clowder-cmdline").map_err(|e| format!("making the kernel command line's memfd: {e}"))?;
+        let command_line = format!("lwk.id_block={} {command_line}", spec.id_block);
         line_file.write_all(command_line.as_bytes()).map_err(|e| format!("writing the kernel command line: {e}"))?;
         let line_path = format!("/proc/{}/fd/{}", std::process::id(), line_file.as_raw_fd());
         let mut command = vmm_command(vmm, kernel, spec);
@@ -215,6 +218,11 @@ impl OneShot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_largest_id_block_word_fits_in_the_room_kept_for_it() {
+        assert!(format!("lwk.id_block={} ", lwk_core::ids::BLOCKS - 1).len() <= ID_BLOCK_WORD_MAX);
+    }
 
     #[test]
     fn command_lines_quote_argv_and_refuse_what_cannot_be_carried() {

@@ -37,23 +37,14 @@ use memory::{JobMemory, Region, READ_WRITE};
 
 /// The stack ends here, 2 MiB aligned, a little below the top of user space as on Linux.
 pub const STACK_TOP: u64 = 0x0000_7fff_ffe0_0000;
-/// The first id the kernel numbers threads and processes from: above Linux's largest pid
-/// (`PID_MAX_LIMIT`, 2^22), so that none meets a job leader's host pid (`leader_pid`), and
-/// far below 2^30, the most a futex lock word holds.
-pub const FIRST_KERNEL_ID: u64 = 1 << 22;
-
 /// The id of the first process (and its main thread) of a job whose launching client has host
 /// pid `launcher` (0: none): that pid, where Linux could give it and no process of the enclave
-/// has it, else `otherwise`. Ranks in different enclaves and on the host thus never share a
+/// has it (the enclave numbers its own from above Linux's pids, `lwk_core::ids`). Ranks in different enclaves and on the host thus never share a
 /// pid (Open MPI's shared memory takes a segment whose creator has the caller's pid for the
 /// caller's own), and a peer's pid names a live host process while the job runs (UCX reads
 /// its `/proc/PID/stat` to see that the peer lives).
-fn leader_pid(launcher: u64, otherwise: impl FnOnce() -> u64) -> u64 {
-    if (2..FIRST_KERNEL_ID).contains(&launcher) && !crate::process::exists(launcher) {
-        launcher
-    } else {
-        otherwise()
-    }
+fn leader_pid(launcher: u64) -> Option<u64> {
+    ((2..lwk_core::ids::FIRST_KERNEL_ID).contains(&launcher) && !crate::process::exists(launcher)).then_some(launcher)
 }
 /// What the first process's default heap leaves at least to the kernel and the job's other
 /// processes: a quarter of the free memory, and never less than this.
@@ -481,7 +472,7 @@ pub fn load(module: Option<&Module>, options: &JobOptions, job_id: u32, launcher
     STACK_OPTION.store(options.stack_size, Ordering::Relaxed);
     crate::process::reset();
     crate::syscall::census::reset();
-    let pid = leader_pid(launcher, || 1);
+    let pid = leader_pid(launcher).unwrap_or(1);
     let (entry, aspace) = load_first_process(module, options, pid, options.heap_size)?;
     crate::signal::reset(pid);
     crate::process::add_job_leader(pid, job_id);
@@ -501,7 +492,10 @@ pub fn load(module: Option<&Module>, options: &JobOptions, job_id: u32, launcher
 /// still fit. The heap and stack sizes of images its processes `execve` are the first job's
 /// (`exec_heap_size`). Returns the new process's pid.
 pub fn load_beside(module: &Module, options: &JobOptions, job_id: u32, launcher: u64) -> Result<u64, LoadError> {
-    let pid = leader_pid(launcher, crate::sched::reserve_tid);
+    let pid = match leader_pid(launcher) {
+        Some(pid) => pid,
+        None => crate::sched::reserve_tid().ok_or(LoadError::NoMemory("process id (every id of the enclave's block is in use)"))?,
+    };
     // The loader builds the new stack in the new address space: this CPU goes back to its own.
     let loaded = crate::arch::cpu::read_cr3() & !0xfff;
     let heap = options.heap_size.unwrap_or_else(|| spare_heap_size() / 2 / HUGE_PAGE_SIZE * HUGE_PAGE_SIZE);

@@ -54,6 +54,7 @@ use alloc::collections::{BTreeMap, VecDeque};
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use job_end::{JOB_END_REQUEST, NO_END_REQUEST};
+use lwk_core::ids::{IdBlock, IDS_PER_BLOCK};
 use park::{bring_back_parked_cpus, CPUS_RELEASED};
 use run::{idle_entry, leave_cpu};
 
@@ -130,11 +131,14 @@ struct Cpu {
 struct Scheduler {
     threads: BTreeMap<u64, Thread>,
     cpus: Vec<Cpu>,
-    next_tid: u64,
+    /// The ids new threads and forked processes take (this enclave's block, `lwk_core::ids`).
+    ids: IdBlock,
     free_slots: Vec<usize>,
 }
 
 static SCHEDULER: SpinLock<Option<Scheduler>> = SpinLock::new(None);
+/// The enclave's block of ids, each job numbering from its start (`use_id_block`).
+static ID_BLOCK: SpinLock<IdBlock> = SpinLock::new(IdBlock::ZERO);
 /// Each CPU's run-queue length, for its idle loop to poll without taking the lock, and for
 /// sched_yield in ring 3 (kept in the fast calls' data page, `arch::fastcall`).
 static QUEUED: &[AtomicUsize; MAX_CPUS] = &crate::arch::fastcall::DATA.queued;
@@ -323,7 +327,7 @@ pub fn init_main_thread(pid: u64, aspace: (u64, u64), job_id: u32) {
     threads.insert(pid, main);
     let mut cpus: Vec<Cpu> = (0..MAX_CPUS).map(|_| Cpu::default()).collect();
     cpus[0].current = Some(pid);
-    *SCHEDULER.lock() = Some(Scheduler { threads, cpus, next_tid: job::FIRST_KERNEL_ID, free_slots: (1..MAX_THREADS).rev().collect() });
+    *SCHEDULER.lock() = Some(Scheduler { threads, cpus, ids: *ID_BLOCK.lock(), free_slots: (1..MAX_THREADS).rev().collect() });
     ONLINE_CPUS.store(1, Ordering::Release);
     for queued in QUEUED {
         queued.store(0, Ordering::Release);
@@ -464,13 +468,23 @@ pub fn spawn(frame: &TrapFrame, fs_base: u64, clear_child_tid: u64) -> Result<u6
     spawn_in(frame, fs_base, clear_child_tid, None)
 }
 
-/// A thread id no thread has yet: a process forked with it as its pid gets it as its first
-/// thread's id (`spawn_process`).
-pub fn reserve_tid() -> u64 {
-    with_scheduler(|scheduler| {
-        scheduler.next_tid += 1;
-        scheduler.next_tid - 1
-    })
+/// Threads and forked processes number from `block` (clowderd's `lwk.id_block`, read at boot).
+pub fn use_id_block(block: IdBlock) {
+    *ID_BLOCK.lock() = block;
+}
+
+/// An id no thread or process has: a process forked with it as its pid gets it as its first
+/// thread's id (`spawn_process`). `None` when every id of the enclave's block is in use.
+pub fn reserve_tid() -> Option<u64> {
+    for _ in 0..IDS_PER_BLOCK {
+        let id = with_scheduler(|scheduler| scheduler.ids.take(|id| scheduler.threads.contains_key(&id)))?;
+        // A process outlives its threads until it is waited for; the process table is not
+        // taken under the scheduler's lock.
+        if !crate::process::exists(id) {
+            return Some(id);
+        }
+    }
+    None
 }
 
 /// The first thread of the new process `pid` (a `reserve_tid`), forked by the caller, whose
@@ -498,6 +512,10 @@ fn spawn_thread(
     new_process: Option<(u64, (u64, u64))>,
     new_job: Option<u32>,
 ) -> Result<u64, SpawnError> {
+    let tid = match new_process {
+        Some((pid, _)) => pid,
+        None => reserve_tid().ok_or(SpawnError::TooManyThreads)?,
+    };
     let stack_physical = pmem::allocate(KERNEL_STACK_SIZE, PAGE_SIZE).ok_or(SpawnError::NoMemory)?;
     let stack_top = phys::to_virtual(stack_physical) + KERNEL_STACK_SIZE;
     let caller_cpu = tables::current_cpu();
@@ -505,13 +523,6 @@ fn spawn_thread(
     let creator_state = if new_job.is_none() { fpu::save_running(caller_cpu) } else { None };
     let result = with_scheduler(|scheduler| {
         let slot = scheduler.free_slots.pop().ok_or(SpawnError::TooManyThreads)?;
-        let tid = match new_process {
-            Some((pid, _)) => pid,
-            None => {
-                scheduler.next_tid += 1;
-                scheduler.next_tid - 1
-            }
-        };
         let mut load = [0usize; MAX_CPUS];
         for thread in scheduler.threads.values() {
             load[thread.cpu] += 1;
