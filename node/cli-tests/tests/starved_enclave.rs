@@ -8,13 +8,12 @@
 
 mod support;
 
-use std::path::Path;
 use std::process::{Child, Command};
 use std::time::Duration;
 
 use clowder_test_support::build_musl_program;
 use clowderd::enclave::Liveness;
-use support::{enclave_test_daemon, run_clowder, run_clowder_ok, skipped_without, text};
+use support::{enclave_test_daemon, run_clowder, run_clowder_ok, skipped_without, text, vmm_pid};
 
 const HELLO_JOB: &str = r#"
 #include <stdio.h>
@@ -24,18 +23,6 @@ int main(void) { printf("still here\n"); return 0; }
 /// Tiny, so that a starved vCPU's waits outlast it: judged by wall time the enclave was removed
 /// (2 runs of 2 at load 10); judged as now it stays.
 const PING_TIMEOUT: Duration = Duration::from_millis(20);
-
-/// The clowder-vmm pid of enclave `name`.
-fn vmm_pid(socket: &Path, dir: &Path, name: &str) -> u32 {
-    let listing: serde_json::Value = serde_json::from_slice(&run_clowder(socket, &["--json", "enclave", "ls"], dir).stdout).unwrap();
-    let enclave = listing["enclaves"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["name"] == name)
-        .unwrap_or_else(|| panic!("no enclave {name}: {listing}"));
-    enclave["pid"].as_u64().expect("a pid") as u32
-}
 
 /// The id of `pid`'s thread called `name`.
 fn thread_id(pid: u32, name: &str) -> String {

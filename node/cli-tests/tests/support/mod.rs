@@ -125,3 +125,15 @@ int main(void) {{
 "#
     )
 }
+
+/// The clowder-vmm pid of enclave `name`.
+pub fn vmm_pid(socket: &Path, dir: &Path, name: &str) -> u32 {
+    let listing: serde_json::Value = serde_json::from_slice(&run_clowder(socket, &["--json", "enclave", "ls"], dir).stdout).unwrap();
+    let enclave = listing["enclaves"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == name)
+        .unwrap_or_else(|| panic!("no enclave {name}: {listing}"));
+    enclave["pid"].as_u64().expect("a pid") as u32
+}
