@@ -95,6 +95,10 @@ impl<const N: usize> RangeSet<N> {
                 continue;
             }
             if range.start < start && range.end > end {
+                // Checked before the range is cut, so that a full set loses nothing.
+                if self.len == N {
+                    return Err(TooFragmented);
+                }
                 self.ranges[index].end = start;
                 return self.insert_at(index + 1, Range { start: end, end: range.end });
             }
@@ -191,6 +195,7 @@ mod tests {
         assert_eq!(full.remove(10, 20), Ok(()), "nothing to split");
         let mut split = set(&[(0, 100), (200, 201), (300, 301), (400, 401)]);
         assert_eq!(split.remove(10, 20), Err(TooFragmented));
+        assert_eq!(split.total(), 103, "nothing cut off");
     }
 
     #[test]
