@@ -77,6 +77,9 @@ fn wait_as(
                 .all(|(&tid, thread)| tid == current || matches!(thread.state, State::Waiting { deadline: None, host_wakes: false, .. }));
             dead_lock = deadline.is_none() && !host_wakes && others_all_wait;
             if !dead_lock {
+                if let Some(deadline) = deadline {
+                    super::run::note_timed_wait(cpu, deadline);
+                }
                 let thread = scheduler.current_thread(cpu);
                 thread.state = State::Waiting { address, bitset, deadline, host_wakes };
                 thread.wait_result = WaitResult::Woken;

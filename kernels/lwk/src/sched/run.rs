@@ -103,28 +103,33 @@ fn drop_address_space(cpu: usize) {
 /// note if `next` waited long for the CPU (`stalls`).
 fn enter_thread(scheduler: &mut Scheduler, cpu: usize, next: u64, stays: bool) -> (usize, u64, u64, Option<(u64, u64)>, Option<Note>) {
     flush_tlb_if_stale();
-    let note = stalls::on_enter(scheduler, cpu, next);
-    // A thread that stays (a wait that did not block) is run again without `enqueue`.
-    scheduler.threads.get_mut(&next).expect("next thread").queued_at = 0;
     scheduler.cpus[cpu].current = Some(next);
+    let queued = scheduler.cpus[cpu].run_queue.len();
+    // One look-up of the thread and one clock read: each is emulated work on PVM, paid at
+    // every switch (four look-ups and two reads made some 10% of a hand-over by sched_yield).
+    let thread = scheduler.threads.get_mut(&next).expect("next thread");
+    let now = clock::monotonic_ns();
+    let note = stalls::on_enter(thread, cpu, next, queued, now);
+    // A thread that stays (a wait that did not block) is run again without `enqueue`.
+    thread.queued_at = 0;
     crate::arch::fastcall::thread_entered(cpu, next);
-    start_run(cpu, scheduler.threads[&next].cpu_time_ns);
+    start_run_at(cpu, thread.cpu_time_ns, now);
     if !stays {
         QUANTUM_END[cpu].store(cpu::read_tsc() + clock::tsc_hz() * QUANTUM_MS / 1000, Ordering::Relaxed);
     }
-    let thread = &scheduler.threads[&next];
     super::CURRENT_JOB[cpu].store(thread.job, Ordering::Relaxed);
+    cpu::write_msr(MSR_FS_BASE, thread.fs_base);
+    cpu::write_msr(MSR_GS_BASE, thread.gs_base);
+    let load = (LOADED_ASPACE[cpu].load(Ordering::Relaxed) != thread.aspace.0).then_some(thread.aspace);
+    let entered = (thread.slot, thread.stack_top, thread.pid, load, note);
     if thread.doomed {
         // It ends at its next entry to the kernel: make that now (a thread that never ran
         // starts straight in user mode).
         apic::arm_timer(cpu::read_tsc());
     } else {
-        arm_next_event(scheduler, cpu);
+        arm_for_entry(scheduler, cpu);
     }
-    cpu::write_msr(MSR_FS_BASE, thread.fs_base);
-    cpu::write_msr(MSR_GS_BASE, thread.gs_base);
-    let load = (LOADED_ASPACE[cpu].load(Ordering::Relaxed) != thread.aspace.0).then_some(thread.aspace);
-    (thread.slot, thread.stack_top, thread.pid, load, note)
+    entered
 }
 
 /// When each CPU's current thread entered it (`clock::monotonic_ns`): its CPU time grows from
@@ -134,7 +139,11 @@ pub(super) static RUN_START: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) 
 /// A thread that has run `cpu_time_ns` starts a run on `cpu`: the fast calls then read its
 /// CPU time as the clock plus (`cpu_time_ns` - now).
 pub(super) fn start_run(cpu: usize, cpu_time_ns: u64) {
-    let now = clock::monotonic_ns();
+    start_run_at(cpu, cpu_time_ns, clock::monotonic_ns());
+}
+
+/// `start_run` with the clock read at `now`.
+fn start_run_at(cpu: usize, cpu_time_ns: u64, now: u64) {
     RUN_START[cpu].store(now, Ordering::Relaxed);
     crate::arch::fastcall::thread_clock_changed(cpu, cpu_time_ns.wrapping_sub(now));
 }
@@ -194,10 +203,7 @@ pub(super) fn arm_next_event(scheduler: &Scheduler, cpu: usize) {
             _ => None,
         })
         .min()
-        .map(|deadline| {
-            let wait_ns = deadline.saturating_sub(clock::monotonic_ns()) as u128;
-            cpu::read_tsc().saturating_add((wait_ns * clock::tsc_hz() as u128 / 1_000_000_000) as u64)
-        });
+        .map(deadline_tsc);
     NEXT_WAIT_END[cpu].store(nearest_deadline.unwrap_or(u64::MAX), Ordering::Relaxed);
     match slice_end.into_iter().chain(nearest_deadline).min() {
         Some(tsc) => apic::arm_timer(tsc),
@@ -205,7 +211,31 @@ pub(super) fn arm_next_event(scheduler: &Scheduler, cpu: usize) {
     }
 }
 
-/// Per CPU: the TSC at which its nearest timed wait ends (`u64::MAX`: none), as last armed.
+/// As `arm_next_event`, for a thread entering `cpu`, with the nearest timed wait as last
+/// recorded rather than found by a walk of every thread (emulated work at every switch on
+/// PVM). A new timed wait lowers the record (`note_timed_wait`); one that ended otherwise
+/// leaves it early, and the tick it brings finds nothing due and arms anew.
+fn arm_for_entry(scheduler: &Scheduler, cpu: usize) {
+    let slice_end = if scheduler.cpus[cpu].run_queue.is_empty() { u64::MAX } else { QUANTUM_END[cpu].load(Ordering::Relaxed) };
+    match slice_end.min(NEXT_WAIT_END[cpu].load(Ordering::Relaxed)) {
+        u64::MAX => apic::disarm_timer(),
+        tsc => apic::arm_timer(tsc),
+    }
+}
+
+/// A thread of `cpu` starts a wait that ends at `deadline` (monotonic ns) at the latest.
+pub(super) fn note_timed_wait(cpu: usize, deadline: u64) {
+    NEXT_WAIT_END[cpu].fetch_min(deadline_tsc(deadline), Ordering::Relaxed);
+}
+
+/// The TSC at monotonic time `deadline` (ns).
+fn deadline_tsc(deadline: u64) -> u64 {
+    let wait_ns = deadline.saturating_sub(clock::monotonic_ns()) as u128;
+    cpu::read_tsc().saturating_add((wait_ns * clock::tsc_hz() as u128 / 1_000_000_000) as u64)
+}
+
+/// Per CPU: the TSC at which its nearest timed wait ends (`u64::MAX`: none), as last armed or
+/// lowered since (`note_timed_wait`).
 static NEXT_WAIT_END: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(u64::MAX) }; MAX_CPUS];
 
 /// Leaves this CPU to its next runnable thread, or to its idle loop, after `prepare` (given
@@ -218,6 +248,9 @@ pub(super) fn leave_cpu(prepare: impl FnOnce(&mut Scheduler, usize) -> usize) {
         let leaving = scheduler.cpus[cpu].current;
         let held = end_run(scheduler, cpu);
         let from = prepare(scheduler, cpu);
+        if !scheduler.cpus[cpu].exited_stacks.is_empty() {
+            STACKS_TO_FREE[cpu].store(true, Ordering::Relaxed);
+        }
         trap::mark_leaving(from);
         match scheduler.dequeue(cpu) {
             Some(next) => {
@@ -257,7 +290,14 @@ pub(super) fn leave_cpu(prepare: impl FnOnce(&mut Scheduler, usize) -> usize) {
     free_exited_stacks(tables::current_cpu());
 }
 
+/// Per CPU: a thread that exited there left its kernel stack to free (`free_exited_stacks`),
+/// so that the other switches do not take the scheduler's lock again for nothing.
+static STACKS_TO_FREE: [AtomicBool; MAX_CPUS] = [const { AtomicBool::new(false) }; MAX_CPUS];
+
 fn free_exited_stacks(cpu: usize) {
+    if !STACKS_TO_FREE[cpu].swap(false, Ordering::Relaxed) {
+        return;
+    }
     let stacks = with_scheduler(|scheduler| core::mem::take(&mut scheduler.cpus[cpu].exited_stacks));
     for stack in stacks {
         pmem::free(stack, KERNEL_STACK_SIZE);
@@ -275,8 +315,8 @@ static QUANTUM_END: [core::sync::atomic::AtomicU64; MAX_CPUS] = [const { core::s
 /// the running one goes to the back of a queue; else the timer is set for the next event
 /// (`arm_next_event`).
 pub fn tick() {
-    stalls::count_tick();
     let cpu = tables::current_cpu();
+    stalls::count_tick(cpu);
     park_if_requested(cpu);
     end_job_if_requested(cpu);
     let (slice_over, misplaced) = with_scheduler(|scheduler| {
@@ -310,8 +350,9 @@ pub fn tick_missed() {
 /// On the way back to user mode: if a tick came while in the kernel, the timer fires at once,
 /// in user mode, where `tick` acts on it.
 pub fn retake_missed_tick() {
-    stalls::count_return();
-    if TICK_MISSED[tables::current_cpu()].swap(false, Ordering::Relaxed) {
+    let cpu = tables::current_cpu();
+    stalls::count_return(cpu);
+    if TICK_MISSED[cpu].swap(false, Ordering::Relaxed) {
         apic::arm_timer(cpu::read_tsc());
     }
 }

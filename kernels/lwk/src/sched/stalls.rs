@@ -12,7 +12,7 @@
 //! (kernels/lwk/tests/slice-ticks.sh).
 
 use super::{Scheduler, Thread, QUEUED};
-use crate::arch::tables::{self, MAX_CPUS};
+use crate::arch::tables::MAX_CPUS;
 use crate::clock;
 use crate::console::log;
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -35,40 +35,39 @@ pub(super) enum Note {
 static RETURNS: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 static TICKS: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 
-pub(super) fn count_return() {
-    count(&RETURNS);
+/// A return to user mode on `cpu` (the caller's).
+pub(super) fn count_return(cpu: usize) {
+    count(&RETURNS, cpu);
 }
 
-pub(super) fn count_tick() {
-    count(&TICKS);
+/// A tick on `cpu` (the caller's).
+pub(super) fn count_tick(cpu: usize) {
+    count(&TICKS, cpu);
 }
 
-fn count(counts: &[AtomicU64; MAX_CPUS]) {
-    let cpu = tables::current_cpu();
+fn count(counts: &[AtomicU64; MAX_CPUS], cpu: usize) {
     if QUEUED[cpu].load(Ordering::Relaxed) != 0 {
         counts[cpu].fetch_add(1, Ordering::Relaxed);
     }
 }
 
-/// The note for `next`, taken off `cpu`'s queue to run, if it waited long.
-pub(super) fn on_enter(scheduler: &Scheduler, cpu: usize, next: u64) -> Option<Note> {
-    let thread: &Thread = &scheduler.threads[&next];
+/// The note for `thread` (`next`), taken off `cpu`'s queue (`queued` left there) to run at
+/// `now` (`clock::monotonic_ns`), if it waited long.
+pub(super) fn on_enter(thread: &Thread, cpu: usize, next: u64, queued: usize, now: u64) -> Option<Note> {
     RETURNS[cpu].store(0, Ordering::Relaxed);
     TICKS[cpu].store(0, Ordering::Relaxed);
-    let waited_ns = clock::monotonic_ns().saturating_sub(thread.queued_at);
-    (thread.queued_at != 0 && waited_ns >= STALL_NS).then(|| Note::Waited {
-        cpu,
-        tid: next,
-        job: thread.job,
-        waited_ns,
-        queued: scheduler.cpus[cpu].run_queue.len(),
-    })
+    let waited_ns = now.saturating_sub(thread.queued_at);
+    (thread.queued_at != 0 && waited_ns >= STALL_NS).then_some(Note::Waited { cpu, tid: next, job: thread.job, waited_ns, queued })
 }
 
 /// The note for `cpu`'s current thread leaving it after a run of `ran_ns`, if the threads
 /// queued there waited long for it: since the first of them joined the queue (or the run
 /// began, if later).
 pub(super) fn on_leave(scheduler: &Scheduler, cpu: usize, ran_ns: u64) -> Option<Note> {
+    // A short run holds nobody long: no walk of the queue (emulated work at every switch).
+    if ran_ns < STALL_NS {
+        return None;
+    }
     let tid = scheduler.cpus[cpu].current?;
     let queue = &scheduler.cpus[cpu].run_queue;
     let first_queued = queue.iter().filter_map(|waiting| scheduler.threads.get(waiting)).map(|thread| thread.queued_at).min()?;
