@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """XEMEM Table 2's Linux-VM rows from vm_attach_bench's output (bench/xemem/vm-table2.sh).
 
-    vm_table2.py LOG --date D --load-before L --load-after L --elapsed S --commit C --machine M
+    vm_table2.py LOG [LOG...] --date D --load-before L --load-after L --elapsed S --commit C --machine M
                  --sizes MIBS --vm-owner-max MIB --lwk 0|1 --backings WORDS
                  [--write RESULTS.md] [--figure PNG]
 
@@ -11,7 +11,9 @@ GB/S`), `NAME: create to ready: S s`, `vm-owner made NAME MIB S` and `vmm-memory
 Each (direction, size, mode) was measured in RUNS runs, each a new segment: the tables give the
 median over the runs of each run's median (and of each run's first iteration). A direction and
 size the settings (the benchmark's: --sizes and the rest) leave out, or the log has no row of,
-gets a row that says so and why. Prints the markdown; --write puts it between
+gets a row that says so and why. Several LOGs (runs of the benchmark with different settings, e.g.
+the VM-owner rows apart) are read as one: their runs add up, and the settings given are the
+union of theirs. Prints the markdown; --write puts it between
 the `<!-- vm-table2 begin -->` and `<!-- vm-table2 end -->` lines of RESULTS.md (appended with
 them if absent); --figure draws attach and attach + read throughput by size (matplotlib).
 """
@@ -30,9 +32,10 @@ PAPER = {"lwk->vm": "3.99 (8.79 w/o rb-tree)", "host-2m->vm": "3.99 (Kitten → 
          "vm->lwk": "12.61 (Linux VM → Kitten)", "vm->host": "–", "host-4k->vm": "–", "vm->vm": "–"}
 
 
-def parse(path):
-    rows, firsts, boots, memory, made = defaultdict(list), defaultdict(list), [], {}, []
-    for line in Path(path).read_text(errors="replace").splitlines():
+def parse(paths):
+    rows, firsts, boots, memory, made = defaultdict(list), defaultdict(list), [], [], []
+    lines = [(path, line) for path in paths for line in Path(path).read_text(errors="replace").splitlines()]
+    for path, line in lines:
         fields = line.split()
         if line.startswith("row ") and len(fields) >= 3:
             direction, kind = fields[1], fields[2]
@@ -46,7 +49,10 @@ def parse(path):
         elif m := re.match(r"(\S+): create to ready: (\d+) s", line):
             boots.append((m.group(1), int(m.group(2))))
         elif m := re.match(r"vmm-memory (\w+):\s+(\d+) kB", line):
-            memory[m.group(1)] = int(m.group(2))
+            # One VMM's figures per log.
+            if not memory or memory[-1][0] != path:
+                memory.append((path, {}))
+            memory[-1][1][m.group(1)] = int(m.group(2))
         elif m := re.match(r"vm-owner made (\S+) (\d+) ([\d.]+)$", line):
             made.append((m.group(1), int(m.group(2)), float(m.group(3))))
     return rows, firsts, boots, memory, made
@@ -85,7 +91,7 @@ def summary(rows, firsts, options):
         attach, read = rows.get((direction, mib, "attach"), []), rows.get((direction, mib, "read"), [])
         entry = {"direction": direction, "mib": mib, "runs": max(len(attach), len(read))}
         if not attach and not read:
-            entry["not_measured"] = left_out(direction, mib, options) or "the run ended before this row (its log says why)"
+            entry["not_measured"] = left_out(direction, mib, options) or options.stopped
         if attach:
             entry["attach_us"] = med([r["median"] for r in attach])
             entry["attach_first_us"] = med(firsts.get((direction, mib, "attach"), []))
@@ -156,11 +162,11 @@ def markdown(entries, boots, memory, made, options):
         out.append(owner_makes(made))
     if boots:
         out.append("Boot (create to ready): " + ", ".join(f"{name} {s} s" for name, s in boots) + ".")
-    if memory:
-        rss, shmem = memory.get("VmRSS", 0), memory.get("RssShmem", 0)
+    for _, vmm in memory:
+        rss, shmem = vmm.get("VmRSS", 0), vmm.get("RssShmem", 0)
         out.append(f"The VMM's memory at the end: VmRSS {rss / 1024:.1f} MiB, of which RssShmem (guest RAM and "
-                   f"mapped segments) {shmem / 1024:.1f} MiB; beyond them RssAnon {memory.get('RssAnon', 0) / 1024:.1f} MiB "
-                   f"+ RssFile {memory.get('RssFile', 0) / 1024:.1f} MiB.")
+                   f"mapped segments) {shmem / 1024:.1f} MiB; beyond them RssAnon {vmm.get('RssAnon', 0) / 1024:.1f} MiB "
+                   f"+ RssFile {vmm.get('RssFile', 0) / 1024:.1f} MiB.")
     out.append("")
     out.append("Figure: [xemem-vm.png](xemem-vm.png) (attach and attach + read by size, median and first).")
     return "\n".join(out)
@@ -209,19 +215,21 @@ def figure(entries, path):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("log")
+    parser.add_argument("log", nargs="+")
     for name in ("date", "load-before", "load-after", "elapsed", "commit", "machine"):
         parser.add_argument(f"--{name}", default="?")
     parser.add_argument("--sizes", default="128 256 512 1024")
     parser.add_argument("--vm-owner-max", type=int, default=256)
     parser.add_argument("--lwk", default="1")
     parser.add_argument("--backings", default="2m")
+    parser.add_argument("--stopped", default="the run ended before this row (its log says why)",
+                        help="why a row the settings asked for has no measurement")
     parser.add_argument("--write")
     parser.add_argument("--figure")
     options = parser.parse_args()
     rows, firsts, boots, memory, made = parse(options.log)
     if not rows:
-        sys.exit(f"vm_table2: no rows in {options.log}: the benchmark did not get to measure (its output says why)")
+        sys.exit(f"vm_table2: no rows in {' '.join(options.log)}: the benchmark did not get to measure (its output says why)")
     entries = summary(rows, firsts, options)
     text = markdown(entries, boots, memory, made, options)
     print(text)

@@ -229,7 +229,10 @@ fn lwk_and_vm_exchange(daemon: &BrokeredDaemon, program: &Path, dir: &Path) {
 /// (attach_bench's columns, and its `first` lines), `vm-owner made NAME MIB SECONDS` (the wait
 /// for the make from the previous attacher's end, or the job's start: the new pages' first
 /// touches, mlock and pagemap in the guest) and the VMM's memory beyond guest RAM. Run by
-/// run: each run measures every direction and size.
+/// run: each run measures every direction and size. `PROBE_MIB` (default none) adds, after the
+/// runs, bench/xemem/vm_read_probe.c in the VM against a host segment of that size (2 MiB
+/// pages if reserved), `PROBE_ROUNDS` (3) rounds: each phase of an attach + read apart, its
+/// `probe ...` lines, for the host's KVM counters on the vCPU thread to be read beside them.
 /// bench/xemem/vm-table2.sh runs this and makes the tables of its rows; `make test-linux-xemem
 /// CLOWDER_XEMEM_VM_BENCH=1` measures in the exchange's VM instead of booting a second one.
 #[test]
@@ -396,11 +399,29 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
         let removed = call(&daemon.socket, json!({"op": "rm", "name": "lwk"}));
         assert_eq!(removed["ok"], true, "{removed}");
     }
+    if let Ok(mib) = std::env::var("PROBE_MIB") {
+        let probe = dir.join("vm_read_probe");
+        build_musl_job("../../bench/xemem/vm_read_probe.c", &probe).unwrap();
+        let (name, backing) = (format!("probe{mib}"), if hugepages.is_some() { "2m" } else { "4k" });
+        let owner = host(&owner_args(&name, backing, mib.parse().unwrap()));
+        let argv = ["./vm_read_probe", name.as_str(), mib.as_str(), &bench_setting("PROBE_ROUNDS", "3"), &bench_setting("LOCAL_MIB", "32")];
+        // The host's clock around the job, to place its phases among the host's counters.
+        let epoch = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+        let launched = epoch();
+        let (reply, out) = run_job_to_end(&daemon.socket, "vm", &probe, &argv, dir);
+        let owner = owner.wait_with_output().unwrap();
+        assert_eq!(reply["status"], 0, "vm_read_probe: {reply}\n{out}\nowner: {}", String::from_utf8_lossy(&owner.stderr));
+        println!("probe host backing {backing}, job launched {launched:.3}, ended {:.3} (host epoch s)", epoch());
+        out.lines().filter(|l| l.starts_with("probe ")).for_each(|l| println!("{l}"));
+    }
     drop(hugepages);
     let listing = call(&daemon.socket, json!({"op": "ls"}));
     let pid = listing["enclaves"].as_array().unwrap().iter().find(|e| e["name"] == "vm").and_then(|e| e["pid"].as_u64()).unwrap();
+    // RSS by kind, and the proportional set (the guest's RAM memfd is shared with the daemon).
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    for line in status.lines().filter(|l| ["VmRSS", "RssAnon", "RssFile", "RssShmem"].iter().any(|k| l.starts_with(k))) {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    let keys = ["VmRSS:", "RssAnon:", "RssFile:", "RssShmem:", "Pss:", "Pss_Anon:", "Pss_File:", "Pss_Shmem:"];
+    for line in status.lines().chain(rollup.lines()).filter(|l| keys.iter().any(|k| l.starts_with(k))) {
         println!("vmm-memory {line}");
     }
 }
