@@ -90,9 +90,11 @@ src=$work/$package
 for p in "${patches[@]}"; do
     patch -s -p1 -d "$src" <"$p" >&2
 done
-# Kconfig's chatter goes to a log, shown only if configuring fails.
+# Kconfig's chatter goes to a log, shown only if configuring fails. merge_config.sh makes its
+# temporary files in the working directory: in $work, so that an interrupted build leaves none
+# in the caller's.
 if ! { make -C "$src" -s tinyconfig &&
-    "$src/scripts/kconfig/merge_config.sh" -m -O "$src" "$src/.config" "$fragment" &&
+    (cd "$work" && "$src/scripts/kconfig/merge_config.sh" -m -O "$src" "$src/.config" "$fragment") &&
     make -C "$src" -s olddefconfig; } >"$work/config.log" 2>&1; then
     cat "$work/config.log" >&2
     exit 1
