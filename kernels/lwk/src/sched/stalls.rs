@@ -10,15 +10,26 @@
 //! first tick after a thread woke beside it was noted as "kept cpu 0 10529 ms while 1 waited
 //! (213 returns to user mode, 1 ticks there)", which read as lost ticks
 //! (kernels/lwk/tests/slice-ticks.sh).
+//!
+//! At most `NOTES_PER_WINDOW` notes go out in `NOTE_WINDOW_NS` (`lwk_core::ratelimit`); the
+//! next note after a quiet spell says how many were left out. Each note is emulated console
+//! output on PVM, and an overloaded enclave noted so much that the notes slowed it further.
 
 use super::{Scheduler, Thread, QUEUED};
+use crate::arch::sync::SpinLock;
 use crate::arch::tables::MAX_CPUS;
 use crate::clock;
 use crate::console::log;
 use core::sync::atomic::{AtomicU64, Ordering};
+use lwk_core::ratelimit::{LogBudget, Verdict};
 
 /// A wait or a run at least this long is noted.
 const STALL_NS: u64 = 500_000_000;
+/// Linux's default printk limit is 10 lines in 5 s; notes come from every CPU of a loaded
+/// enclave, so the same 10 in a longer window.
+const NOTES_PER_WINDOW: u32 = 10;
+const NOTE_WINDOW_NS: u64 = 30_000_000_000;
+static BUDGET: SpinLock<LogBudget> = SpinLock::new(LogBudget::new(NOTES_PER_WINDOW, NOTE_WINDOW_NS));
 
 pub(super) enum Note {
     /// Thread `tid` waited `waited_ns` in `cpu`'s queue, `queued` others with it.
@@ -85,15 +96,20 @@ pub(super) fn on_leave(scheduler: &Scheduler, cpu: usize, ran_ns: u64) -> Option
 }
 
 pub(super) fn log_note(note: Option<Note>) {
+    let Some(note) = note else { return };
+    let verdict = BUDGET.lock().admit(clock::monotonic_ns());
+    let Verdict::Log { left_out } = verdict else { return };
+    if left_out != 0 {
+        log!("stall: {left_out} more notes were left out (at most {NOTES_PER_WINDOW} in {} s)", NOTE_WINDOW_NS / 1_000_000_000);
+    }
     match note {
-        Some(Note::Waited { cpu, tid, job, waited_ns, queued }) => {
+        Note::Waited { cpu, tid, job, waited_ns, queued } => {
             log!("stall: thread {tid} (job {job}) waited {} ms for cpu {cpu} ({queued} more queued there)", waited_ns / 1_000_000)
         }
-        Some(Note::Held { cpu, tid, job, held_ns, ran_ns, queued, returns, ticks }) => log!(
+        Note::Held { cpu, tid, job, held_ns, ran_ns, queued, returns, ticks } => log!(
             "stall: thread {tid} (job {job}) kept cpu {cpu} {} ms while {queued} waited (a run of {} ms; meanwhile {returns} returns to user mode, {ticks} ticks there)",
             held_ns / 1_000_000,
             ran_ns / 1_000_000
         ),
-        None => {}
     }
 }
