@@ -269,9 +269,21 @@ impl XememLinks {
 
     /// A new enclave's link; `None` when every link id is taken. `ram` is the enclave's RAM;
     /// `wake` an eventfd the enclave's pump sleeps on, signalled whenever a message for the
-    /// enclave is queued from another thread.
+    /// enclave is queued from another thread. Its bridged requests are served on the pump,
+    /// with the regions it passes.
     pub fn join(self: &Arc<Self>, ram: Arc<GuestRam>, wake: File) -> Option<XememPort> {
-        self.join_link(ram, wake, None)
+        self.join_link(ram, wake, false, None)
+    }
+
+    /// An LWK enclave's link, as [`XememLinks::join`], whose bridged requests are served off
+    /// its pump, adding memory to `machine` ([`XememPort`]'s `bridge_regions`).
+    pub fn join_enclave(
+        self: &Arc<Self>,
+        ram: Arc<GuestRam>,
+        wake: File,
+        machine: Arc<dyn GuestRegions + Send + Sync>,
+    ) -> Option<XememPort> {
+        self.join_link(ram, wake, false, Some(machine))
     }
 
     /// A link to another daemon (`peer`): `frames` holds the files it passed.
@@ -279,7 +291,7 @@ impl XememLinks {
     /// link the way to the name server may be found on.
     pub(crate) fn join_peer(self: &Arc<Self>, frames: Arc<peer::PeerFrames>, wake: File, upstream: bool) -> Option<XememPort> {
         let regions: Arc<dyn GuestRegions + Send + Sync> = frames.clone();
-        let mut port = self.join_link(frames, wake, Some(regions))?;
+        let mut port = self.join_link(frames, wake, true, Some(regions))?;
         port.upstream = upstream;
         Some(port)
     }
@@ -288,9 +300,9 @@ impl XememLinks {
         self: &Arc<Self>,
         ram: Arc<dyn FrameSource>,
         wake: File,
-        peer_regions: Option<Arc<dyn GuestRegions + Send + Sync>>,
+        peer: bool,
+        bridge_regions: Option<Arc<dyn GuestRegions + Send + Sync>>,
     ) -> Option<XememPort> {
-        let peer = peer_regions.is_some();
         let mut links = self.links.lock().unwrap();
         let link = (0..MAX_LINKS).find(|link| !links.outgoing.contains_key(link))?;
         let (sender, receiver) = mpsc::channel();
@@ -307,7 +319,7 @@ impl XememLinks {
             gone,
             bridge,
             peer,
-            peer_regions,
+            bridge_regions,
             workers: Arc::default(),
             upstream: false,
             user: None,

@@ -30,9 +30,14 @@ pub struct XememPort {
     pub(super) bridge: Arc<Mutex<Bridge>>,
     /// A link to another daemon: its frames are files it passed, renumbered on arrival.
     pub(super) peer: bool,
-    /// A daemon link's frame table, where the bridge adds the memory it answers with (the
-    /// threads serving that link's bridged requests share it).
-    pub(super) peer_regions: Option<Arc<dyn GuestRegions + Send + Sync>>,
+    /// Where the bridge adds the memory it answers with, for threads that serve this link's
+    /// bridged requests off its pump: a daemon link's frame table, or an LWK enclave's
+    /// machine. A bridged request waits for answers that may come back on a link whose pump
+    /// waits for this one: two enclaves' ranks attaching each other's memory at once (UCX's
+    /// xpmem transport in MPI_Allreduce) each held its pump until the other's timed out, 5 s
+    /// later (ETIMEDOUT in one run of five). `None`: served on the pump, with the regions
+    /// [`XememPort::from_enclave`] is given.
+    pub(super) bridge_regions: Option<Arc<dyn GuestRegions + Send + Sync>>,
     /// How many of this link's bridged requests are being served on threads.
     pub(super) workers: Arc<std::sync::atomic::AtomicUsize>,
     /// A sub-manager's link to the daemon above it.
@@ -123,9 +128,9 @@ impl XememPort {
                 Claim::Node => {}
                 Claim::Busy => return,
                 Claim::Answers(answers) => return bridging.send(answers),
-                // A daemon link's bridged request may wait for answers that come back on this
-                // very link (or on a link whose pump waits for this one): not on its pump.
-                Claim::Serve => match &self.peer_regions {
+                // A bridged request may wait for answers that come back on this very link (or
+                // on a link whose pump waits for this one): not on its pump where it can.
+                Claim::Serve => match &self.bridge_regions {
                     Some(regions) => {
                         let (regions, workers) = (regions.clone(), self.workers.clone());
                         if workers.fetch_add(1, std::sync::atomic::Ordering::AcqRel) >= MAX_BRIDGING_PER_LINK {
