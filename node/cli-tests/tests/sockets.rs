@@ -3,10 +3,10 @@
 //! socket helper. A dynamically linked C program (`sockets/job.c`) is a TCP client and a TCP
 //! server of host processes, a UDP client, uses a socketpair and a Unix stream socket named by
 //! a relative path, waits with poll and epoll on non-blocking sockets, is interrupted by a
-//! signal in a blocking receive, passes a socket over a socket (SCM_RIGHTS), and meets
-//! ECONNREFUSED and EPIPE; Debian's python3 resolves
-//! localhost and talks to the host; and a job of an unprivileged user cannot bind port 80 and
-//! runs out of descriptors at that user's own limit. Needs /dev/kvm, the LWK image,
+//! signal in a blocking receive, passes a socket over a socket (SCM_RIGHTS), lists the
+//! interfaces (getifaddrs over NETLINK_ROUTE), and meets ECONNREFUSED and EPIPE; Debian's
+//! python3 resolves localhost and talks to the host; and a job of an unprivileged user cannot
+//! bind port 80 and runs out of descriptors at that user's own limit. Needs /dev/kvm, the LWK image,
 //! clowder-vmm and gcc (python3's case /usr/bin/python3; the user's case setpriv and prlimit);
 //! skipped, with the reason, otherwise.
 
@@ -163,6 +163,7 @@ fn enclave_jobs_use_the_hosts_sockets() {
     );
     assert_eq!(job(&socket, &dir.0, &["eintr", &echo.to_string()]), "recv: -1 EINTR\n");
     assert_eq!(job(&socket, &dir.0, &["rights"]), "passed: through, close-on-exec 1\na pipe: -1 EOPNOTSUPP\n");
+    assert_eq!(job(&socket, &dir.0, &["interfaces"]), "lo: 127.0.0.1\naudit: -1 EPROTONOSUPPORT\n");
 
     if Path::new("/usr/bin/python3").is_file() {
         let script = format!(

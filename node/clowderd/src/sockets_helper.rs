@@ -331,8 +331,13 @@ impl Helper {
             |address: &[u8]| if address.len() > ADDRESS_MAX { Err(libc::EINVAL) } else { Ok(address.len() as libc::socklen_t) };
         match *op {
             SocketOp::Socket { domain, kind, protocol } | SocketOp::Pair { domain, kind, protocol } => {
-                if !matches!(domain as i32, libc::AF_UNIX | libc::AF_INET | libc::AF_INET6) {
-                    return Err(libc::EAFNOSUPPORT);
+                match domain as i32 {
+                    libc::AF_UNIX | libc::AF_INET | libc::AF_INET6 => {}
+                    // Routing-table reads (`getifaddrs`: the node's interfaces as the user sees
+                    // them); other netlink families (audit, uevents, ...) are not passed on.
+                    libc::AF_NETLINK if protocol as i32 == libc::NETLINK_ROUTE => {}
+                    libc::AF_NETLINK => return Err(libc::EPROTONOSUPPORT),
+                    _ => return Err(libc::EAFNOSUPPORT),
                 }
                 let kind = kind as i32 | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
                 if let SocketOp::Socket { .. } = op {

@@ -1,8 +1,10 @@
 //! socket, socketpair, bind, listen, accept, accept4, connect, shutdown, getsockname,
 //! getpeername, getsockopt, setsockopt: sockets the host holds for a persistent enclave's job
 //! (`crate::net`), in the job user's name. Only a persistent enclave has them (elsewhere
-//! EAFNOSUPPORT); families AF_UNIX, AF_INET and AF_INET6, the host checking the rest (types,
-//! protocols, addresses, permissions) as for the user. Blocking calls sleep only the calling
+//! EAFNOSUPPORT); families AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK (the host takes only
+//! NETLINK_ROUTE: `getifaddrs` lists the node's interfaces as the user sees them, which Open
+//! MPI, PMIx and UCX's TCP transport look for), the host checking the rest (types, protocols,
+//! addresses, permissions) as for the user. Blocking calls sleep only the calling
 //! thread and end with EINTR on a signal (restarted under SA_RESTART). The data calls are in
 //! `socket_io`.
 
@@ -16,6 +18,7 @@ use enclave_proto::SocketOp;
 const AF_UNIX: i32 = 1;
 const AF_INET: i32 = 2;
 const AF_INET6: i32 = 10;
+const AF_NETLINK: i32 = 16;
 pub const SOCK_NONBLOCK: i32 = 0o4000;
 pub const SOCK_CLOEXEC: i32 = 0o2000000;
 const SOL_SOCKET: i32 = 1;
@@ -70,7 +73,7 @@ fn install(socket: Arc<Socket>, close_on_exec: bool) -> SyscallResult {
 }
 
 fn check_family(domain: i32, kind: i32) -> Result<(), Errno> {
-    if !crate::enclave::is_active() || !matches!(domain, AF_UNIX | AF_INET | AF_INET6) {
+    if !crate::enclave::is_active() || !matches!(domain, AF_UNIX | AF_INET | AF_INET6 | AF_NETLINK) {
         return Err(Errno::EAFNOSUPPORT);
     }
     if kind & !(SOCK_NONBLOCK | SOCK_CLOEXEC | 0xf) != 0 {
