@@ -37,6 +37,12 @@
  *  - The mailbox, which every guest process shares: a word in a shared file (/run) holds the pid
  *    of the process using it (the guest kernel has no file locking), taken over from a process
  *    that died holding it.
+ * The keeper also delivers what the guest kernel cannot: each attachment is registered with it
+ * (ATTACHED, DETACHED), so that a touch of a revoked placement, which the VMM sees and reports
+ * through the daemon, ends in SIGBUS for this process (sent by the agent: si_code SI_USER,
+ * milliseconds after the touch, which reads all ones until then); and an owner's notify
+ * descriptor is an eventfd handed to the keeper (NOTIFY), which writes it for each signal the
+ * daemon forwards to the segment.
  */
 #include "xpmem_internal.h"
 /* The device's ids and the mailbox's layout (from xemem/protocol/src/pci.rs, checked there). */
@@ -57,13 +63,14 @@ struct pci_export {
 	uint64_t tag;
 };
 
-/* The keeper's messages (one per SOCK_SEQPACKET record; KEEP carries pipes as SCM_RIGHTS). */
-enum { KEEPER_KEEP = 1, KEEPER_MADE = 2, KEEPER_DROP = 3 };
+/* The keeper's messages (one per SOCK_SEQPACKET record; KEEP carries pipes and NOTIFY an eventfd
+ * as SCM_RIGHTS): `tag` and `segid` are the words a and b of xemem/protocol/src/pci.rs. */
 struct keeper_message {
 	uint32_t op, reserved;
 	uint64_t tag;
 	int64_t segid;
 };
+_Static_assert(sizeof(struct keeper_message) == PCI_KEEPER_MESSAGE, "keeper message layout");
 /* Pages one pipe holds at most: 64 MiB, a kernel array of 16 Ki pipe buffers (640 KiB). */
 #define PIPE_PAGES 16384UL
 /* Pipes per KEEP message (SCM_RIGHTS takes at most 253 descriptors). */
@@ -486,7 +493,7 @@ static int keep_pages(uintptr_t vaddr, size_t size, uint64_t tag)
 		pipes[count++] = ends[0];
 		at += chunk;
 		if (count == PIPES_PER_MESSAGE || at >= size || status) {
-			if (!status && keeper_send(KEEPER_KEEP, tag, 0, pipes, count) < 0)
+			if (!status && keeper_send(PCI_KEEPER_KEEP, tag, 0, pipes, count) < 0)
 				status = -1;
 			while (count)
 				close(pipes[--count]);
@@ -494,7 +501,7 @@ static int keep_pages(uintptr_t vaddr, size_t size, uint64_t tag)
 	}
 	if (status) {
 		int error = errno;
-		keeper_send(KEEPER_DROP, tag, 0, NULL, 0);
+		keeper_send(PCI_KEEPER_DROP, tag, 0, NULL, 0);
 		errno = error;
 	}
 	return status;
@@ -505,7 +512,7 @@ static int unmake(uintptr_t vaddr, size_t size, uint64_t tag)
 {
 	int error = errno;
 	if (keeper >= 0)
-		keeper_send(KEEPER_DROP, tag, 0, NULL, 0);
+		keeper_send(PCI_KEEPER_DROP, tag, 0, NULL, 0);
 	munlock((void *)vaddr, size);
 	errno = error;
 	return -1;
@@ -553,7 +560,7 @@ static int pci_make(uint64_t vaddr, uint64_t size, int permit_type, uint64_t per
 	exports[export_count++] = (struct pci_export){ *segid, vaddr, size, tag };
 	/* Lost only if the keeper went: then it cannot remove the segment for us either. */
 	if (keeper >= 0)
-		keeper_send(KEEPER_MADE, tag, *segid, NULL, 0);
+		keeper_send(PCI_KEEPER_MADE, tag, *segid, NULL, 0);
 	return 0;
 }
 
@@ -567,7 +574,7 @@ static int pci_remove(xpmem_segid_t segid)
 			continue;
 		munlock((void *)exports[i].vaddr, exports[i].size);
 		if (keeper >= 0)
-			keeper_send(KEEPER_DROP, exports[i].tag, 0, NULL, 0);
+			keeper_send(PCI_KEEPER_DROP, exports[i].tag, 0, NULL, 0);
 		exports[i] = exports[--export_count];
 		break;
 	}
@@ -630,6 +637,9 @@ static int pci_attach(struct xpmem_cmd_attach *attach)
 	}
 	pci_attachments[pci_attachment_count++] = (struct pci_attachment){ (uintptr_t)at, len, window_offset, fixed != 0 };
 	attach->vaddr = (uintptr_t)at;
+	/* Without a keeper, a touch after the owner goes reads all ones instead of raising SIGBUS. */
+	if (keeper_socket() >= 0)
+		keeper_send(PCI_KEEPER_ATTACHED, window_offset, (int64_t)len, NULL, 0);
 	return 0;
 }
 
@@ -644,6 +654,8 @@ static int pci_detach(uint64_t vaddr)
 		if (a.own_mapping)
 			munmap((void *)a.vaddr, a.len);
 		pci_attachments[i] = pci_attachments[--pci_attachment_count];
+		if (keeper >= 0)
+			keeper_send(PCI_KEEPER_DETACHED, a.window_offset, 0, NULL, 0);
 		mailbox->args[0] = a.window_offset;
 		return request(PCI_OP_DETACH);
 	}
@@ -654,6 +666,34 @@ static int pci_detach(uint64_t vaddr)
 		return 0;
 	errno = EINVAL;
 	return -1;
+}
+
+/* XEMEM_CMD_NOTIFY_FD: an eventfd the keeper writes for each signal to this process's export
+ * `segid` (the daemon forwards them to the agent); without a keeper, EOPNOTSUPP. */
+static int pci_notify_fd(struct xemem_cmd_notify_fd *notify)
+{
+	size_t i = 0;
+	while (i < export_count && exports[i].segid != notify->segid)
+		i++;
+	if (i == export_count) {
+		errno = ENOENT;
+		return -1;
+	}
+	if (keeper_socket() < 0) {
+		errno = EOPNOTSUPP;
+		return -1;
+	}
+	int fd = eventfd(0, notify->flags & (EFD_NONBLOCK | EFD_CLOEXEC));
+	if (fd < 0)
+		return -1;
+	if (keeper_send(PCI_KEEPER_NOTIFY, exports[i].tag, notify->segid, &fd, 1) < 0) {
+		int error = errno;
+		close(fd);
+		errno = error;
+		return -1;
+	}
+	notify->fd = fd;
+	return 0;
 }
 
 /* One XPMEM/XEMEM command, as device_call would issue it to /dev/xpmem. */
@@ -709,8 +749,11 @@ long pci_call(unsigned long command, void *argument)
 			lookup->segid = (xpmem_segid_t)mailbox->results[0];
 		break;
 	}
+	case XEMEM_CMD_NOTIFY_FD:
+		result = pci_notify_fd(argument);
+		break;
 	default:
-		/* Notification descriptors and fork hooks need a guest kernel's help. */
+		/* The fork hooks need a guest kernel's help. */
 		errno = EOPNOTSUPP;
 	}
 	int error = errno;

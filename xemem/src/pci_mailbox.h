@@ -45,6 +45,16 @@
 #define PCI_OP_LOOKUP 9
 #define PCI_OP_SIGNAL 10
 
+/* Messages to the guest agent's keeper (xemem/protocol/src/pci.rs says what each carries):
+ * PCI_KEEPER_MESSAGE bytes, u32 op, u32 zero, u64 a, u64 b. */
+#define PCI_KEEPER_KEEP 1
+#define PCI_KEEPER_MADE 2
+#define PCI_KEEPER_DROP 3
+#define PCI_KEEPER_ATTACHED 4
+#define PCI_KEEPER_DETACHED 5
+#define PCI_KEEPER_NOTIFY 6
+#define PCI_KEEPER_MESSAGE 24
+
 /* A run of guest-physical memory: the unit an export is described in. */
 struct pci_run {
 	uint64_t gpa, len;

@@ -351,7 +351,8 @@ static void case_attach(void)
 	CHECK(xpmem_attach(addr, WINDOW_SIZE + PAGE, NULL) == (void *)-1 && errno == ENOSPC);
 	CHECK(xemem_signal(apid) == 0);
 	CHECK(xpmem_release(apid) == 0);
-	CHECK(xemem_notify_fd(HOST_SEGID) == -1 && errno == EOPNOTSUPP);
+	/* Not a segment of this process (and no keeper to hand a descriptor to in any case). */
+	CHECK(xemem_notify_fd(HOST_SEGID) == -1 && errno == ENOENT);
 }
 
 /* Mappings of the fake window in this process (the fake host's own included). */
@@ -581,13 +582,85 @@ static void case_keeper(void)
 	CHECK(seen == pages);
 }
 
+/* One keeper message (the layout of pci_mailbox.h), with its descriptor if it carried one. */
+static void keeper_receive(int connection, uint32_t op, uint64_t *a, int64_t *b, int *fd)
+{
+	struct { uint32_t op, reserved; uint64_t a; int64_t b; } message;
+	union {
+		struct cmsghdr header;
+		char space[CMSG_SPACE(sizeof(int) * 253)];
+	} control;
+	struct iovec iov = { &message, sizeof message };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.space,
+			      .msg_controllen = sizeof control.space };
+	CHECK(recvmsg(connection, &msg, 0) == PCI_KEEPER_MESSAGE && message.op == op);
+	struct cmsghdr *header = CMSG_FIRSTHDR(&msg);
+	CHECK(!header == !fd);
+	if (fd) {
+		CHECK(header->cmsg_type == SCM_RIGHTS && header->cmsg_len == CMSG_LEN(sizeof(int)));
+		memcpy(fd, CMSG_DATA(header), sizeof(int));
+	}
+	*a = message.a;
+	*b = message.b;
+}
+
+/* What the keeper needs to deliver SIGBUS and signals: each attachment's window offset and
+ * length (then its detach), and an owner's notify descriptor as an eventfd the keeper writes. */
+static void case_keeper_events(void)
+{
+	fake_device(1, 1);
+	int listener = fake_keeper();
+	char *buf = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(buf != MAP_FAILED);
+	buf[0] = 1;
+	xpmem_segid_t segid = xpmem_make(buf, PAGE, XPMEM_PERMIT_MODE, (void *)0600);
+	CHECK(segid == 500);
+	int connection = accept(listener, NULL, NULL);
+	CHECK(connection >= 0);
+	uint64_t a, tag;
+	int64_t b;
+	int keep;
+	keeper_receive(connection, PCI_KEEPER_KEEP, &tag, &b, &keep);
+	close(keep);
+	keeper_receive(connection, PCI_KEEPER_MADE, &a, &b, NULL);
+	CHECK(a == tag && b == 500);
+	/* The owner's descriptor: the keeper's copy written once per signal. */
+	int fd = xemem_notify_fd(segid), theirs;
+	CHECK(fd >= 0 && xemem_notify_fd(segid) == fd);
+	keeper_receive(connection, PCI_KEEPER_NOTIFY, &a, &b, &theirs);
+	CHECK(a == tag && b == 500);
+	uint64_t one = 1, count = 0;
+	CHECK(read(fd, &count, sizeof count) == -1 && errno == EAGAIN);
+	CHECK(write(theirs, &one, sizeof one) == sizeof one && write(theirs, &one, sizeof one) == sizeof one);
+	CHECK(read(fd, &count, sizeof count) == sizeof count && count == 2);
+	CHECK(xemem_notify_fd(12345) == -1 && errno == ENOENT);
+	/* Attach and detach: the placement's window offset and length, then its detach. */
+	xpmem_apid_t apid = xpmem_get(HOST_SEGID, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
+	CHECK(apid > 0);
+	CHECK(xpmem_attach((struct xpmem_addr){ .apid = apid, .offset = 0 }, PAGE, NULL) != (void *)-1);
+	uint64_t *second = xpmem_attach((struct xpmem_addr){ .apid = apid, .offset = 0 }, 3 * PAGE, NULL);
+	CHECK(second != (void *)-1);
+	keeper_receive(connection, PCI_KEEPER_ATTACHED, &a, &b, NULL);
+	CHECK(a == 0 && b == (int64_t)PAGE);
+	keeper_receive(connection, PCI_KEEPER_ATTACHED, &a, &b, NULL);
+	CHECK(a == PLACE_ALIGN && b == (int64_t)(3 * PAGE));
+	CHECK(xpmem_detach(second) == 0);
+	keeper_receive(connection, PCI_KEEPER_DETACHED, &a, &b, NULL);
+	CHECK(a == PLACE_ALIGN);
+	CHECK(xpmem_remove(segid) == 0);
+	keeper_receive(connection, PCI_KEEPER_DROP, &a, &b, NULL);
+	CHECK(a == tag);
+	printf("the keeper heard the notify descriptor, both attachments and the detach\n");
+}
+
 static const struct {
 	const char *name;
 	void (*run)(void);
 } cases[] = {
 	{ "discovery", case_discovery }, { "no_device", case_no_device }, { "bad_magic", case_bad_magic },
 	{ "export", case_export },       { "attach", case_attach },       { "host_gone", case_host_gone },
-	{ "keeper", case_keeper },       { "window_kept", case_window_kept }, { "window_mem", case_window_mem },
+	{ "keeper", case_keeper },       { "keeper_events", case_keeper_events },
+	{ "window_kept", case_window_kept }, { "window_mem", case_window_mem },
 	{ "window_sysfs", case_window_sysfs }, { "window_fallback", case_window_fallback },
 	{ "window_devmem", case_window_devmem }, { "window_typo", case_window_typo },
 };

@@ -355,7 +355,9 @@ impl Daemon {
         if let Some(sockets) = linux.as_ref().and_then(|_| self.launcher.linux_xemem(&name)) {
             // The guest acts as the enclave's owner in XEMEM; it keeps its jobs if this fails.
             let owner = crate::xemem::vm::VmOwner { uid: peer.uid, gid: peer.gid, groups: peer.groups.clone() };
-            if let Err(e) = crate::xemem::vm::start(self.xemem_links.clone(), enclave.ram(), sockets, owner, enclave.log.clone()) {
+            let agent = enclave.clone();
+            let agent = Box::new(move |event: xemem::pci::GuestEvent| agent.send_xemem(&event.to_bytes()));
+            if let Err(e) = crate::xemem::vm::start(self.xemem_links.clone(), enclave.ram(), sockets, owner, agent, enclave.log.clone()) {
                 enclave.log.push(format!("clowderd: xemem: the VM has no XEMEM device: {e}"));
             }
         }

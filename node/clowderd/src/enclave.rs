@@ -239,6 +239,11 @@ impl Enclave {
         self.sender.lock().unwrap().send(message)
     }
 
+    /// One XEMEM message for the enclave (a Linux guest's agent takes `xemem::pci::GuestEvent`s).
+    pub fn send_xemem(&self, message: &[u8]) -> Result<(), String> {
+        self.send(&HostMessage::Xemem { message })
+    }
+
     /// Copies a file into a fresh memfd and shares it into the enclave.
     fn share_file(&self, file: &JobFile) -> Result<(SharedRegion, u64), String> {
         let mut source = &file.file;

@@ -98,10 +98,12 @@ fn one_xpmem_program_exchanges_memory_between_host_and_vm() {
     assert!(guest_out.contains("guest: the other side wrote into vm-to-host"), "{context}");
     assert!(host_out.contains("host: 256 of 256 pages of vm-to-host hold what the other side wrote"), "{context}");
     assert!(host_out.contains("host: the other side wrote into host-to-vm"), "{context}");
-    // Signals VM->host, and revocation both ways: SIGBUS on the host, all ones in the guest.
-    assert!(host_out.contains("host: the guest signalled host-to-vm"), "{context}");
+    // Signals both ways (the guest owner's through its agent), and revocation both ways:
+    // SIGBUS on the host from its kernel, in the guest from its agent (SI_USER).
+    assert!(guest_out.contains("guest: the other side signalled vm-to-host"), "{context}");
+    assert!(host_out.contains("host: the other side signalled host-to-vm"), "{context}");
     assert!(host_out.contains("host: SIGBUS inside vm-to-host once the guest removed it"), "{context}");
-    assert!(guest_out.contains("guest: host-to-vm reads all ones once the other side removed it"), "{context}");
+    assert!(guest_out.contains("guest: SIGBUS (SI_USER) touching host-to-vm once the other side removed it"), "{context}");
     assert!(host.status.success(), "{context}");
     assert_eq!(reply["status"], 0, "{context}");
 
@@ -167,8 +169,9 @@ fn exchange_job(
 }
 
 /// VM<->VM: the same binary in the second VM in the host's place (`vm_exchange vmhost`) and in
-/// the first: both directions by content through the two VMs' windows, the guest's signal
-/// accepted, and each side's removal read as all ones by the other's attachment. Then `vm2`
+/// the first: both directions by content through the two VMs' windows, each side's signal
+/// counted by the other's notify descriptor (through its agent), and each side's removal
+/// ending in SIGBUS (SI_USER, from its agent) for the other's attacher. Then `vm2`
 /// goes, and its segment with it (its core is the LWK enclave's next).
 fn vm_and_vm_exchange(daemon: &BrokeredDaemon, program: &Path, dir: &Path) {
     let (owner, guest) = (exchange_job(daemon, program, dir, "vm2", "vmhost"), exchange_job(daemon, program, dir, "vm", "guest"));
@@ -182,17 +185,20 @@ fn vm_and_vm_exchange(daemon: &BrokeredDaemon, program: &Path, dir: &Path) {
     assert!(guest_out.contains("guest: 256 of 256 pages of host-to-vm hold what the other side wrote"), "{context}");
     assert!(owner_out.contains("vmhost: the other side wrote into host-to-vm"), "{context}");
     assert!(guest_out.contains("guest: the other side wrote into vm-to-host"), "{context}");
+    assert!(guest_out.contains("guest: the other side signalled vm-to-host"), "{context}");
+    assert!(owner_out.contains("vmhost: the other side signalled host-to-vm"), "{context}");
     assert!(guest_out.contains("guest: signalled host-to-vm and removed vm-to-host"), "{context}");
-    assert!(owner_out.contains("vmhost: vm-to-host reads all ones once the other side removed it"), "{context}");
-    assert!(guest_out.contains("guest: host-to-vm reads all ones once the other side removed it"), "{context}");
+    assert!(owner_out.contains("vmhost: SIGBUS (SI_USER) touching vm-to-host once the other side removed it"), "{context}");
+    assert!(guest_out.contains("guest: SIGBUS (SI_USER) touching host-to-vm once the other side removed it"), "{context}");
     assert_eq!((owner_reply["status"].clone(), guest_reply["status"].clone()), (json!(0), json!(0)), "{context}");
     let removed = call(&daemon.socket, json!({"op": "rm", "name": "vm2"}));
     assert_eq!(removed["ok"], true, "{removed}");
 }
 
 /// LWK<->VM: the same binary as a job of an LWK enclave beside the VM (`vm_exchange host`,
-/// libxpmem's device backend there) and in the VM: both directions by content, the guest's
-/// signal, SIGBUS in the LWK job once the guest removed its segment, all ones in the guest.
+/// libxpmem's device backend there) and in the VM: both directions by content, signals both
+/// ways, SIGBUS in the LWK job once the guest removed its segment and in the guest (from its
+/// agent) once the LWK job removed its own.
 fn lwk_and_vm_exchange(daemon: &BrokeredDaemon, program: &Path, dir: &Path) {
     let created = call(&daemon.socket, json!({"op": "create", "name": "lwk", "cores": 1, "mem": "256M"}));
     assert_eq!(created["ok"], true, "{created}");
@@ -202,9 +208,10 @@ fn lwk_and_vm_exchange(daemon: &BrokeredDaemon, program: &Path, dir: &Path) {
     eprintln!("{context}");
     assert!(lwk_out.contains("host: 256 of 256 pages of vm-to-host hold what the other side wrote"), "{context}");
     assert!(vm_out.contains("guest: 256 of 256 pages of host-to-vm hold what the other side wrote"), "{context}");
-    assert!(lwk_out.contains("host: the guest signalled host-to-vm"), "{context}");
+    assert!(vm_out.contains("guest: the other side signalled vm-to-host"), "{context}");
+    assert!(lwk_out.contains("host: the other side signalled host-to-vm"), "{context}");
     assert!(lwk_out.contains("host: SIGBUS inside vm-to-host once the guest removed it"), "{context}");
-    assert!(vm_out.contains("guest: host-to-vm reads all ones once the other side removed it"), "{context}");
+    assert!(vm_out.contains("guest: SIGBUS (SI_USER) touching host-to-vm once the other side removed it"), "{context}");
     assert_eq!((lwk_reply["status"].clone(), vm_reply["status"].clone()), (json!(0), json!(0)), "{context}");
     let removed = call(&daemon.socket, json!({"op": "rm", "name": "lwk"}));
     assert_eq!(removed["ok"], true, "{removed}");

@@ -14,6 +14,7 @@ use clowderd::xemem::{FileRun, XememLinks};
 use vmm::pci::link::Call;
 use vmm::pci::mailbox::Op;
 use xemem::ids::SegmentId;
+use xemem::pci::GuestEvent;
 use xemem::Credentials;
 
 mod support;
@@ -78,11 +79,19 @@ struct VmThread {
     calls: mpsc::Sender<(Call, mpsc::Sender<Result<[u64; 4], i32>>)>,
     thread: std::thread::JoinHandle<()>,
     slots: Arc<FakeSlots>,
+    /// What the VM's guest agent was told.
+    told: Arc<Mutex<Vec<GuestEvent>>>,
 }
 
 impl VmThread {
     fn start(links: &Arc<XememLinks>, ram: Arc<GuestRam>) -> VmThread {
         let mut vm = VmXemem::new(links, ram, root()).unwrap();
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let agent = told.clone();
+        vm.tell_agent(Box::new(move |event| {
+            agent.lock().unwrap().push(event);
+            Ok(())
+        }));
         let (calls, inbox) = mpsc::channel::<(Call, mpsc::Sender<Result<[u64; 4], i32>>)>();
         let slots = Arc::new(FakeSlots::default());
         let theirs = slots.clone();
@@ -99,7 +108,7 @@ impl VmThread {
                 }
             }
         });
-        VmThread { calls, thread, slots }
+        VmThread { calls, thread, slots, told }
     }
 
     fn call(&self, call: Call) -> Result<[u64; 4], i32> {
@@ -198,6 +207,54 @@ fn one_vm_attaches_another_at_the_placement_and_loses_it_when_the_owner_goes() {
         std::thread::sleep(Duration::from_millis(10));
     }
     attacher.stop();
+}
+
+/// Waits until `vm`'s agent was told `count` events.
+fn told(vm: &VmThread, count: usize) -> Vec<GuestEvent> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while vm.told.lock().unwrap().len() < count {
+        assert!(Instant::now() < deadline, "the agent was told only {:?}", vm.told.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    vm.told.lock().unwrap().clone()
+}
+
+/// What a guest kernel module would deliver goes to the guest agents: an attacher's signal to
+/// its VM owner, and the attacher's touch of the placement after the owner removed the
+/// segment (SIGBUS there), at most once a placement per interval, never for unknown tokens.
+#[test]
+fn signals_to_a_vm_owner_and_touches_after_revocation_reach_the_guest_agents() {
+    let links = XememLinks::new();
+    let owner = VmThread::start(&links, fake_ram(4 * MIB, 0xa));
+    let attacher = VmThread::start(&links, fake_ram(4 * MIB, 0xb));
+    let segment = export(&owner, "vm-signalled", 0o666);
+    let [apid, ..] = attacher.call(request(Op::Get, &[segment, xemem::ACCESS_READ_WRITE as u64, 1], None, Vec::new())).unwrap();
+    let window_offset = 4 << 20;
+    let [token, ..] = attacher.call(Call::Place { apid, offset: 0, len: 0x3000, gpa: WINDOW + window_offset }).unwrap();
+    let token = token as u32;
+    assert_eq!(attacher.call(request(Op::Signal, &[apid], None, Vec::new())), Ok([0; 4]));
+    assert_eq!(attacher.call(request(Op::Signal, &[apid], None, Vec::new())), Ok([0; 4]));
+    let signal = GuestEvent::Signal { segid: segment as i64 };
+    assert_eq!(told(&owner, 2), [signal, signal], "every signal, none dropped");
+    // The owner removes it: the attacher's slots go; its touch there is passed on once.
+    assert_eq!(owner.call(request(Op::Remove, &[segment], None, Vec::new())), Ok([0; 4]));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !attacher.slots.live.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the attachment outlived the owner's segment");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(attacher.call(Call::Touched { token, window_offset }), Ok([1, 0, 0, 0]));
+    assert_eq!(attacher.call(Call::Touched { token, window_offset }), Ok([0; 4]), "within the interval");
+    assert_eq!(attacher.call(Call::Touched { token: token + 1, window_offset }), Err(libc::EINVAL), "not a placement");
+    std::thread::sleep(vmm::pci::touch::REPORT_INTERVAL);
+    assert_eq!(attacher.call(Call::Touched { token, window_offset }), Ok([1, 0, 0, 0]), "after it");
+    assert_eq!(told(&attacher, 2), [GuestEvent::Revoked { window_offset }; 2]);
+    // Detached, the token is gone.
+    attacher.call(Call::Unplace { token }).unwrap_or_default();
+    assert_eq!(attacher.call(Call::Touched { token, window_offset }), Err(libc::EINVAL));
+    assert_eq!(owner.told.lock().unwrap().len(), 2, "the owner was told nothing more");
+    attacher.stop();
+    owner.stop();
 }
 
 #[test]

@@ -38,7 +38,7 @@ fn xemem_device() -> Result<Vec<vmm::ExtraDevice>, String> {
     let Some(path) = std::env::var_os("CLOWDER_VMM_XEMEM_PCI").filter(|p| !p.is_empty()) else { return Ok(Vec::new()) };
     let host = vmm::pci::link::RemoteHost::listen(std::path::Path::new(&path))
         .map_err(|e| format!("XEMEM mailbox socket {}: {e}", std::path::Path::new(&path).display()))?;
-    Ok(vmm::pci::xemem_devices(Box::new(host)))
+    vmm::pci::xemem_devices(Box::new(host)).map_err(|e| format!("XEMEM device: {e}"))
 }
 
 fn main() -> ExitCode {

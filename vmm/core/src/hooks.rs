@@ -46,9 +46,24 @@ pub enum Request<'a> {
 #[derive(Debug, Clone, Copy)]
 pub struct ExitContext {
     pub vcpu: usize,
+    /// The vCPU's KVM descriptor, for `cpl` (`None` outside a vCPU thread: tests).
+    pub vcpu_fd: Option<std::os::fd::RawFd>,
 }
 
+vmm_sys_util::ioctl_ior_nr!(KVM_GET_SREGS, kvm_bindings::KVMIO, 0x83, kvm_bindings::kvm_sregs);
+
 impl ExitContext {
+    /// The vCPU's current privilege level (the RPL of CS, as the instruction profile reads it),
+    /// read with KVM_GET_SREGS: about 20 µs on PVM, so asked only when a device needs it.
+    pub fn cpl(&self) -> Option<u8> {
+        let fd = self.vcpu_fd?;
+        let mut sregs = kvm_bindings::kvm_sregs::default();
+        // SAFETY: the descriptor is this vCPU's, open for the whole run loop that made this
+        // context; KVM_GET_SREGS writes one kvm_sregs, which outlives the call.
+        let rc = unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(&std::os::fd::BorrowedFd::borrow_raw(fd), KVM_GET_SREGS(), &mut sregs) };
+        (rc == 0).then_some((sregs.cs.selector & 3) as u8)
+    }
+
     /// The host core the vCPU thread runs on now (asked only when a device needs it: it is not
     /// free on the exit path).
     pub fn host_core(&self) -> Option<usize> {

@@ -2,6 +2,7 @@
 //! exit to the hook registry. Pause, resume and stop interrupt KVM_RUN with `immediate_exit` and a
 //! signal.
 
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use kvm_bindings::{kvm_fpu, kvm_mp_state, kvm_msr_entry, CpuId, Msrs, KVM_MP_STATE_RUNNABLE};
@@ -200,7 +201,7 @@ pub fn run_loop(
         if stepping.is_none() && shared.profile_requests.is_pending() {
             stepping = profile::start_if_requested(&shared.profile_requests, index, &mut vcpu);
         }
-        let ctx = ExitContext { vcpu: index };
+        let ctx = ExitContext { vcpu: index, vcpu_fd: Some(vcpu.as_raw_fd()) };
         let action = match vcpu.run() {
             Ok(exit) => {
                 shared.note_first_exit();

@@ -47,6 +47,65 @@ pub const OP_DETACH: u32 = 8;
 pub const OP_LOOKUP: u32 = 9;
 pub const OP_SIGNAL: u32 = 10;
 
+/// libxpmem's messages to the guest agent's keeper (`CLOWDER_XEMEM_KEEPER`, an abstract
+/// `SOCK_SEQPACKET` socket): 24 bytes each, u32 op, u32 zero, then two u64 words `a` and `b`.
+/// KEEP: `a` an export's tag, pipes holding its pages as SCM_RIGHTS. MADE: `a` the tag, `b`
+/// its segment id. DROP: `a` the tag (the process removed it). ATTACHED: `a` a placement's
+/// window offset, `b` its length (the sender attached it: it gets SIGBUS if it touches the
+/// placement after a revocation). DETACHED: `a` the window offset. NOTIFY: `a` the tag, `b`
+/// the segment id, one eventfd as SCM_RIGHTS, written once per signal to the segment.
+pub const KEEPER_KEEP: u32 = 1;
+pub const KEEPER_MADE: u32 = 2;
+pub const KEEPER_DROP: u32 = 3;
+pub const KEEPER_ATTACHED: u32 = 4;
+pub const KEEPER_DETACHED: u32 = 5;
+pub const KEEPER_NOTIFY: u32 = 6;
+/// One keeper message's size.
+pub const KEEPER_MESSAGE: u64 = 24;
+
+/// What the node daemon tells a Linux guest's agent about XEMEM (carried in the enclave
+/// channel's `HostMessage::Xemem`: a Linux guest runs no XEMEM node, the daemon plays it, so
+/// that message's bytes for it are these events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuestEvent {
+    /// A guest process touched (in user mode) the placement at this window offset after its
+    /// segment was revoked: its attachers get SIGBUS.
+    Revoked { window_offset: u64 },
+    /// An attacher signalled this segment, owned by a guest process: its notify eventfd is
+    /// written.
+    Signal { segid: i64 },
+}
+
+const EVENT_REVOKED: u32 = 1;
+const EVENT_SIGNAL: u32 = 2;
+
+impl GuestEvent {
+    /// 16 bytes: u32 kind, u32 zero, u64 value, little-endian.
+    pub fn to_bytes(self) -> [u8; 16] {
+        let (kind, value) = match self {
+            GuestEvent::Revoked { window_offset } => (EVENT_REVOKED, window_offset),
+            GuestEvent::Signal { segid } => (EVENT_SIGNAL, segid as u64),
+        };
+        let mut bytes = [0u8; 16];
+        bytes[..4].copy_from_slice(&kind.to_le_bytes());
+        bytes[8..].copy_from_slice(&value.to_le_bytes());
+        bytes
+    }
+
+    /// `None` for anything but exactly what `to_bytes` makes.
+    pub fn from_bytes(bytes: &[u8]) -> Option<GuestEvent> {
+        let bytes: &[u8; 16] = bytes.try_into().ok()?;
+        let kind = u32::from_le_bytes(bytes[..4].try_into().ok()?);
+        let zero = u32::from_le_bytes(bytes[4..8].try_into().ok()?);
+        let value = u64::from_le_bytes(bytes[8..].try_into().ok()?);
+        match (kind, zero) {
+            (EVENT_REVOKED, 0) => Some(GuestEvent::Revoked { window_offset: value }),
+            (EVENT_SIGNAL, 0) if (value as i64) > 0 => Some(GuestEvent::Signal { segid: value as i64 }),
+            _ => None,
+        }
+    }
+}
+
 // The fields follow each other without overlapping (checked when this crate is built).
 const _: () = assert!(
     MAGIC_AT + 4 == VERSION_AT
@@ -70,7 +129,7 @@ mod tests {
     /// Every constant above under its C name (`PCI_` + the Rust name).
     fn values() -> BTreeMap<String, u64> {
         use super::*;
-        let pairs: [(&str, u64); 28] = [
+        let pairs: [(&str, u64); 35] = [
             ("VENDOR", VENDOR.into()),
             ("DEVICE", DEVICE.into()),
             ("MAILBOX_SIZE", MAILBOX_SIZE),
@@ -99,6 +158,13 @@ mod tests {
             ("OP_DETACH", OP_DETACH.into()),
             ("OP_LOOKUP", OP_LOOKUP.into()),
             ("OP_SIGNAL", OP_SIGNAL.into()),
+            ("KEEPER_KEEP", KEEPER_KEEP.into()),
+            ("KEEPER_MADE", KEEPER_MADE.into()),
+            ("KEEPER_DROP", KEEPER_DROP.into()),
+            ("KEEPER_ATTACHED", KEEPER_ATTACHED.into()),
+            ("KEEPER_DETACHED", KEEPER_DETACHED.into()),
+            ("KEEPER_NOTIFY", KEEPER_NOTIFY.into()),
+            ("KEEPER_MESSAGE", KEEPER_MESSAGE),
         ];
         pairs.iter().map(|(name, value)| (format!("PCI_{name}"), *value)).collect()
     }
@@ -110,6 +176,23 @@ mod tests {
             Some(hex) => u64::from_str_radix(hex, 16).ok(),
             None => digits.parse().ok(),
         }
+    }
+
+    #[test]
+    fn guest_events_round_trip_and_garbage_is_refused() {
+        use super::GuestEvent;
+        for event in [GuestEvent::Revoked { window_offset: 0x20_0000 }, GuestEvent::Signal { segid: 0x1234_0000_0001 }] {
+            assert_eq!(GuestEvent::from_bytes(&event.to_bytes()), Some(event));
+        }
+        let good = GuestEvent::Signal { segid: 5 }.to_bytes();
+        assert_eq!(GuestEvent::from_bytes(&good[..15]), None, "short");
+        let mut bad = good;
+        bad[0] = 9;
+        assert_eq!(GuestEvent::from_bytes(&bad), None, "unknown kind");
+        let mut bad = good;
+        bad[5] = 1;
+        assert_eq!(GuestEvent::from_bytes(&bad), None, "padding not zero");
+        assert_eq!(GuestEvent::from_bytes(&GuestEvent::Signal { segid: -3 }.to_bytes()), None, "not a segment id");
     }
 
     #[test]

@@ -221,7 +221,9 @@ fn run() -> Result<(), String> {
     }
     let mut session = Session::new(endpoint, memory, job::Settings { root: PathBuf::from("/run/clowder") }, window);
     // Before any job runs: an XEMEM export's pages must never outlive the keeper's watch.
-    xemem_keeper::start();
+    if let Some(registry) = xemem_keeper::start() {
+        session.deliver_xemem_to(registry);
+    }
     session.hello(vcpus, ram)?;
     println!("clowder-agent: Hello sent ({vcpus} vCPUs, {} MiB)", ram >> 20);
     let mut last_round = std::time::Instant::now();

@@ -154,6 +154,9 @@ pub struct Session<M> {
     waiting_calls: VecDeque<Forwarded>,
     outstanding: Option<Outstanding>,
     next_request: u32,
+    /// The XEMEM keeper's registry: where the daemon's XEMEM events (SIGBUS for attachers of a
+    /// revoked placement, signals for guest owners) are carried out.
+    xemem: Option<Arc<crate::xemem_keeper::Registry>>,
 }
 
 impl<M: PhysicalMemory + Send + Sync + 'static> Session<M> {
@@ -180,7 +183,13 @@ impl<M: PhysicalMemory + Send + Sync + 'static> Session<M> {
             waiting_calls: VecDeque::new(),
             outstanding: None,
             next_request: 1,
+            xemem: None,
         }
+    }
+
+    /// Carries the daemon's XEMEM events out through the keeper's `registry`.
+    pub fn deliver_xemem_to(&mut self, registry: Arc<crate::xemem_keeper::Registry>) {
+        self.xemem = Some(registry);
     }
 
     pub fn hello(&mut self, vcpus: u16, memory: u64) -> Result<(), String> {
@@ -313,6 +322,13 @@ impl<M: PhysicalMemory + Send + Sync + 'static> Session<M> {
                 }
                 return Ok(Next::Shutdown);
             }
+            HostMessage::Xemem { message } => match (xemem::pci::GuestEvent::from_bytes(message), &self.xemem) {
+                (Some(event), Some(registry)) => {
+                    registry.deliver(event, &crate::xemem_keeper::System);
+                }
+                (Some(event), None) => self.log(&format!("agent: {event:?} with no XEMEM keeper; ignored"))?,
+                (None, _) => self.log(&format!("agent: a malformed XEMEM event ({} bytes); ignored", message.len()))?,
+            },
             other => self.log(&format!("agent: {other:?} is not served in a Linux enclave; ignored"))?,
         }
         Ok(Next::Continue)

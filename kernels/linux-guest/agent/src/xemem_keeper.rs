@@ -8,6 +8,21 @@
 //! keeper removes what it still exported through the XEMEM device's mailbox (the attachers are
 //! revoked: SIGBUS on the host) and only then lets the pages go.
 //!
+//! The keeper also delivers, for the daemon, what a guest kernel module would (`Registry`):
+//! - **SIGBUS to attachers**: libxpmem registers each attachment's window offset (ATTACHED,
+//!   DETACHED); when a guest process touches a placement whose segment was revoked, the VMM
+//!   sees the access (it has no memory slot any more), the daemon tells the agent
+//!   (`GuestEvent::Revoked`), and every process that attached that placement gets SIGBUS
+//!   through a pidfd taken when it connected (never a process that took its pid over). A
+//!   user-space sender's signal has si_code SI_USER (the kernel refuses a faked BUS_ADRERR from
+//!   user space), and it comes milliseconds after the touch: reads until then give all ones.
+//!   A child that inherited an attachment across fork is not signalled (only the attacher is
+//!   known).
+//! - **Signals to owners**: libxpmem's `xemem_notify_fd` in the guest is an eventfd handed
+//!   here (NOTIFY); each `GuestEvent::Signal` for the segment adds one to it, as the owner's
+//!   descriptor counts signals on the host and in an LWK (signals before it exists are counted
+//!   and added when it comes).
+//!
 //! The mailbox is spoken here in Rust rather than through libxpmem (C, built for the host's
 //! libc, not linked into this static agent): one request, REMOVE, under the same shared word in
 //! `/run` that serializes every guest process's use of the mailbox.
@@ -19,23 +34,143 @@
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use xemem::pci;
+use xemem::pci::{self, GuestEvent, KEEPER_ATTACHED as ATTACHED, KEEPER_DETACHED as DETACHED, KEEPER_DROP as DROP};
+use xemem::pci::{KEEPER_KEEP as KEEP, KEEPER_MADE as MADE, KEEPER_NOTIFY as NOTIFY};
 
 /// The abstract socket name libxpmem connects to (`CLOWDER_XEMEM_KEEPER` there).
 const SOCKET_NAME: &[u8] = b"clowder-xemem-keeper";
-const KEEP: u32 = 1;
-const MADE: u32 = 2;
-const DROP: u32 = 3;
-/// What one guest process may make the keeper hold: exports, and pipes over all of them.
+/// What one guest process may make the keeper hold: exports, pipes over all of them, and
+/// attachments registered.
 const MAX_EXPORTS: usize = 4096;
 const MAX_PIPES: usize = 1 << 16;
+const MAX_ATTACHMENTS: usize = 1 << 16;
 
 /// What removes a segment: the device's mailbox, or a test's recorder.
 pub trait Remover {
     /// Removes segment `segid`: `Err(errno)` when the device refused or did not answer.
     fn remove(&self, segid: i64) -> Result<(), i32>;
+}
+
+/// A connected guest process: its pid, and a pidfd naming exactly it (taken when it
+/// connected), through which it is signalled.
+pub struct Peer {
+    pub pid: i32,
+    pidfd: Option<OwnedFd>,
+}
+
+impl Peer {
+    /// The process at the other end of `socket` (SO_PEERCRED).
+    fn of(socket: &OwnedFd) -> Option<Peer> {
+        let mut credentials = libc::ucred { pid: 0, uid: 0, gid: 0 };
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: getsockopt into a ucred of the size given.
+        let got =
+            unsafe { libc::getsockopt(socket.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&raw mut credentials).cast(), &mut len) };
+        if got != 0 || credentials.pid <= 0 {
+            return None;
+        }
+        // SAFETY: pidfd_open takes a pid and flags; the result is checked.
+        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, credentials.pid, 0) };
+        // SAFETY: a fresh descriptor from pidfd_open, owned from here on.
+        let pidfd = (pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd as i32) });
+        Some(Peer { pid: credentials.pid, pidfd })
+    }
+}
+
+/// What carries out the daemon's events: signals and eventfd writes, or a test's recorder.
+pub trait Deliver {
+    /// Sends SIGBUS to `peer`.
+    fn sigbus(&self, peer: &Peer);
+    /// Adds `count` to an owner's notify eventfd.
+    fn notify(&self, eventfd: &OwnedFd, count: u64);
+}
+
+/// Signals through pidfds (kill where none could be had) and eventfd writes.
+pub struct System;
+
+impl Deliver for System {
+    fn sigbus(&self, peer: &Peer) {
+        // SAFETY: pidfd_send_signal with no siginfo (the kernel fills SI_USER in), or kill of
+        // one process (never a group: 0 and negative pids are not signalled).
+        let sent = unsafe {
+            match &peer.pidfd {
+                Some(pidfd) => libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), libc::SIGBUS, std::ptr::null::<u8>(), 0),
+                None if peer.pid > 0 => libc::kill(peer.pid, libc::SIGBUS).into(),
+                None => return,
+            }
+        };
+        if sent != 0 {
+            eprintln!("clowder-agent: xemem: SIGBUS to process {}: {}", peer.pid, std::io::Error::last_os_error());
+        }
+    }
+
+    fn notify(&self, eventfd: &OwnedFd, count: u64) {
+        // SAFETY: an 8-byte write from a live u64 to an eventfd (EAGAIN at its limit: dropped).
+        unsafe { libc::write(eventfd.as_raw_fd(), (&raw const count).cast(), 8) };
+    }
+}
+
+/// A segment a guest process exported: its connection, its notify eventfd once registered,
+/// and signals counted before that.
+struct Owned {
+    connection: u64,
+    eventfd: Option<OwnedFd>,
+    pending: u64,
+}
+
+#[derive(Default)]
+struct Index {
+    /// Attachers by window offset: each attachment's connection and process.
+    attached: HashMap<u64, Vec<(u64, Arc<Peer>)>>,
+    owned: HashMap<i64, Owned>,
+}
+
+/// Every connection's attachments and exported segments, for the daemon's events.
+#[derive(Default)]
+pub struct Registry(Mutex<Index>);
+
+impl Registry {
+    fn index(&self) -> std::sync::MutexGuard<'_, Index> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Carries `event` out: the processes signalled or eventfds written (0: nobody to tell).
+    pub fn deliver(&self, event: GuestEvent, deliver: &dyn Deliver) -> usize {
+        let mut index = self.index();
+        match event {
+            GuestEvent::Revoked { window_offset } => {
+                let peers = index.attached.get(&window_offset).map(Vec::as_slice).unwrap_or_default();
+                for (_, peer) in peers {
+                    deliver.sigbus(peer);
+                }
+                peers.len()
+            }
+            GuestEvent::Signal { segid } => match index.owned.get_mut(&segid) {
+                Some(Owned { eventfd: Some(eventfd), .. }) => {
+                    deliver.notify(eventfd, 1);
+                    1
+                }
+                Some(owned) => {
+                    owned.pending = owned.pending.saturating_add(1);
+                    0
+                }
+                None => 0,
+            },
+        }
+    }
+
+    /// Drops everything of `connection` (its process ended).
+    fn forget(&self, connection: u64) {
+        let mut index = self.index();
+        index.attached.retain(|_, peers| {
+            peers.retain(|(of, _)| *of != connection);
+            !peers.is_empty()
+        });
+        index.owned.retain(|_, owned| owned.connection != connection);
+    }
 }
 
 /// One export of a connection: the pipes holding its pages, and its segment once made.
@@ -46,24 +181,62 @@ struct Held {
 }
 
 /// What one guest process handed the keeper.
-#[derive(Default)]
 pub struct Connection {
+    id: u64,
+    peer: Arc<Peer>,
+    registry: Arc<Registry>,
     held: HashMap<u64, Held>,
     pipes: usize,
+    attachments: usize,
 }
 
 impl Connection {
-    /// One message: `Err` for garbage (the connection is then treated as ended).
-    pub fn apply(&mut self, op: u32, tag: u64, segid: i64, fds: Vec<OwnedFd>) -> Result<(), String> {
-        if op != KEEP && !fds.is_empty() {
+    /// Connection `id` (unique for the agent's life) of `peer`.
+    pub fn new(id: u64, peer: Peer, registry: Arc<Registry>) -> Connection {
+        Connection { id, peer: Arc::new(peer), registry, held: HashMap::new(), pipes: 0, attachments: 0 }
+    }
+
+    /// One message with words `a` and `b`: `Err` for garbage (the connection is then treated
+    /// as ended).
+    pub fn apply(&mut self, op: u32, a: u64, b: i64, mut fds: Vec<OwnedFd>) -> Result<(), String> {
+        let fds_expected = match op {
+            KEEP => fds.len(),
+            NOTIFY => 1,
+            _ => 0,
+        };
+        if fds.len() != fds_expected {
             return Err(format!("op {op} carried {} descriptors", fds.len()));
         }
+        match op {
+            ATTACHED if b > 0 && self.attachments < MAX_ATTACHMENTS => {
+                self.attachments += 1;
+                self.registry.index().attached.entry(a).or_default().push((self.id, self.peer.clone()));
+                return Ok(());
+            }
+            DETACHED => {
+                let mut index = self.registry.index();
+                let peers = index.attached.get_mut(&a).ok_or(format!("a detach of {a:#x}, never attached"))?;
+                let at = peers.iter().position(|(of, _)| *of == self.id).ok_or(format!("a detach of {a:#x}, never attached"))?;
+                peers.swap_remove(at);
+                if peers.is_empty() {
+                    index.attached.remove(&a);
+                }
+                self.attachments -= 1;
+                return Ok(());
+            }
+            ATTACHED => return Err(format!("an attachment of {b:#x} bytes at {a:#x}, or one too many")),
+            _ => {}
+        }
+        let tag = a;
         if !self.held.contains_key(&tag) && (op != KEEP || self.held.len() >= MAX_EXPORTS) {
             return Err(format!("op {op} for export {tag}, unknown or one too many"));
         }
         if op == DROP {
             let gone = self.held.remove(&tag).expect("present");
             self.pipes -= gone.pipes.len();
+            if let Some(segid) = gone.segid {
+                self.registry.index().owned.remove(&segid);
+            }
             return Ok(());
         }
         let held = self.held.entry(tag).or_default();
@@ -72,7 +245,19 @@ impl Connection {
                 self.pipes += fds.len();
                 held.pipes.extend(fds);
             }
-            MADE if held.segid.is_none() && segid > 0 => held.segid = Some(segid),
+            MADE if held.segid.is_none() && b > 0 => {
+                held.segid = Some(b);
+                self.registry.index().owned.insert(b, Owned { connection: self.id, eventfd: None, pending: 0 });
+            }
+            NOTIFY if held.segid == Some(b) => {
+                let eventfd = fds.pop().expect("one descriptor");
+                let mut index = self.registry.index();
+                let owned = index.owned.get_mut(&b).expect("made by this connection");
+                if owned.pending > 0 {
+                    System.notify(&eventfd, std::mem::take(&mut owned.pending));
+                }
+                owned.eventfd = Some(eventfd);
+            }
             _ => return Err(format!("op {op} for export {tag} out of turn")),
         }
         Ok(())
@@ -81,6 +266,7 @@ impl Connection {
     /// The process ended: removes each segment it still exported, then lets its pages go.
     /// Returns the pipes kept: of segments that could not be removed, or whose id never came.
     pub fn end(self, remover: &dyn Remover) -> Vec<OwnedFd> {
+        self.registry.forget(self.id);
         let mut kept = Vec::new();
         for (_, held) in self.held {
             match held.segid.map(|segid| (segid, remover.remove(segid))) {
@@ -247,8 +433,7 @@ fn receive(socket: &OwnedFd) -> Result<Option<Received>, String> {
 }
 
 /// Serves one guest process until its connection ends; returns what must stay held.
-fn serve(socket: OwnedFd, remover: &dyn Remover) -> Vec<OwnedFd> {
-    let mut connection = Connection::default();
+fn serve(socket: OwnedFd, mut connection: Connection, remover: &dyn Remover) -> Vec<OwnedFd> {
     loop {
         match receive(&socket).and_then(|m| m.map(|(op, tag, segid, fds)| connection.apply(op, tag, segid, fds)).transpose()) {
             Ok(Some(())) => {}
@@ -262,10 +447,10 @@ fn serve(socket: OwnedFd, remover: &dyn Remover) -> Vec<OwnedFd> {
     connection.end(remover)
 }
 
-/// Listens for libxpmem's connections on a thread of its own; nothing when the guest has no
-/// XEMEM device (said once).
-pub fn start() {
-    let Some(mailbox) = Mailbox::find() else { return };
+/// Listens for libxpmem's connections on a thread of its own: the registry the daemon's events
+/// are delivered through. Nothing when the guest has no XEMEM device.
+pub fn start() -> Option<Arc<Registry>> {
+    let mailbox = Mailbox::find()?;
     // SAFETY: socket/bind/listen on a fresh descriptor with an abstract address built here.
     let listener = unsafe {
         let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
@@ -280,15 +465,17 @@ pub fn start() {
             if fd >= 0 {
                 libc::close(fd);
             }
-            return;
+            return None;
         }
         OwnedFd::from_raw_fd(fd)
     };
     let mailbox: &'static Mailbox = Box::leak(Box::new(mailbox));
+    let registry = Arc::new(Registry::default());
+    let shared = registry.clone();
     let spawned = std::thread::Builder::new().name("xemem-keeper".into()).spawn(move || {
         // Kept for the agent's life: pages whose segments could not be removed.
-        let kept = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        loop {
+        let kept = Arc::new(Mutex::new(Vec::new()));
+        for id in 1.. {
             // SAFETY: accept on the listening socket; the result is checked.
             let fd = unsafe { libc::accept4(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
             if fd < 0 {
@@ -296,16 +483,21 @@ pub fn start() {
             }
             // SAFETY: a fresh descriptor from accept4, owned from here on.
             let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+            // A peer that cannot be named is never signalled (`System::sigbus`).
+            let peer = Peer::of(&socket).unwrap_or(Peer { pid: 0, pidfd: None });
+            let connection = Connection::new(id, peer, shared.clone());
             let kept = kept.clone();
             let _ = std::thread::Builder::new().name("xemem-keeper-process".into()).spawn(move || {
-                let left = serve(socket, mailbox);
+                let left = serve(socket, connection, mailbox);
                 kept.lock().unwrap_or_else(|e| e.into_inner()).extend(left);
             });
         }
     });
     if let Err(e) = spawned {
         eprintln!("clowder-agent: xemem keeper: starting its thread: {e}");
+        return None;
     }
+    Some(registry)
 }
 
 #[cfg(test)]
@@ -326,6 +518,107 @@ mod tests {
         }
     }
 
+    /// A connection of process 1 (never signalled: the recorder only notes it).
+    fn new_connection() -> Connection {
+        Connection::new(1, Peer { pid: 1, pidfd: None }, Arc::new(Registry::default()))
+    }
+
+    /// SIGBUS and eventfd writes, noted.
+    #[derive(Default)]
+    struct Delivered {
+        sigbus: RefCell<Vec<i32>>,
+        notified: RefCell<Vec<(i32, u64)>>,
+    }
+
+    impl Deliver for Delivered {
+        fn sigbus(&self, peer: &Peer) {
+            self.sigbus.borrow_mut().push(peer.pid);
+        }
+
+        fn notify(&self, eventfd: &OwnedFd, count: u64) {
+            self.notified.borrow_mut().push((eventfd.as_raw_fd(), count));
+        }
+    }
+
+    fn eventfd() -> OwnedFd {
+        // SAFETY: a fresh eventfd, owned from here on.
+        unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK)) }
+    }
+
+    fn count(eventfd: &OwnedFd) -> u64 {
+        let mut count = 0u64;
+        // SAFETY: an 8-byte read into a live u64.
+        let got = unsafe { libc::read(eventfd.as_raw_fd(), (&raw mut count).cast(), 8) };
+        if got == 8 {
+            count
+        } else {
+            0
+        }
+    }
+
+    #[test]
+    fn a_revoked_placement_signals_exactly_its_attachers_until_they_detach_or_end() {
+        let registry = Arc::new(Registry::default());
+        let mut first = Connection::new(1, Peer { pid: 100, pidfd: None }, registry.clone());
+        let mut second = Connection::new(2, Peer { pid: 200, pidfd: None }, registry.clone());
+        first.apply(ATTACHED, 0x20_0000, 0x1000, vec![]).unwrap();
+        first.apply(ATTACHED, 0x40_0000, 0x1000, vec![]).unwrap();
+        second.apply(ATTACHED, 0x40_0000, 0x1000, vec![]).unwrap();
+        let delivered = Delivered::default();
+        assert_eq!(registry.deliver(GuestEvent::Revoked { window_offset: 0x20_0000 }, &delivered), 1);
+        assert_eq!(*delivered.sigbus.borrow(), [100]);
+        assert_eq!(registry.deliver(GuestEvent::Revoked { window_offset: 0x60_0000 }, &delivered), 0, "nothing placed there");
+        first.apply(DETACHED, 0x20_0000, 0, vec![]).unwrap();
+        assert_eq!(registry.deliver(GuestEvent::Revoked { window_offset: 0x20_0000 }, &delivered), 0, "detached");
+        assert_eq!(registry.deliver(GuestEvent::Revoked { window_offset: 0x40_0000 }, &delivered), 2);
+        assert!(first.apply(DETACHED, 0x20_0000, 0, vec![]).is_err(), "detached twice");
+        first.end(&Recorder::default());
+        delivered.sigbus.borrow_mut().clear();
+        assert_eq!(registry.deliver(GuestEvent::Revoked { window_offset: 0x40_0000 }, &delivered), 1, "the ended one forgotten");
+        assert_eq!(*delivered.sigbus.borrow(), [200]);
+    }
+
+    #[test]
+    fn signals_reach_the_owners_eventfd_and_are_counted_until_it_comes() {
+        let registry = Arc::new(Registry::default());
+        let mut owner = Connection::new(1, Peer { pid: 100, pidfd: None }, registry.clone());
+        owner.apply(KEEP, 1, 0, vec![pipe()]).unwrap();
+        owner.apply(MADE, 1, 0x500, vec![]).unwrap();
+        // Two signals before the owner asked for its descriptor: counted, then written at once.
+        assert_eq!(registry.deliver(GuestEvent::Signal { segid: 0x500 }, &System), 0);
+        assert_eq!(registry.deliver(GuestEvent::Signal { segid: 0x500 }, &System), 0);
+        let eventfd = eventfd();
+        let ours = eventfd.try_clone().unwrap();
+        assert!(owner.apply(NOTIFY, 1, 0x600, vec![eventfd.try_clone().unwrap()]).is_err(), "another segment's id");
+        owner.apply(NOTIFY, 1, 0x500, vec![eventfd]).unwrap();
+        assert_eq!(count(&ours), 2);
+        assert_eq!(registry.deliver(GuestEvent::Signal { segid: 0x500 }, &System), 1);
+        assert_eq!(count(&ours), 1);
+        assert_eq!(registry.deliver(GuestEvent::Signal { segid: 0x700 }, &System), 0, "not a guest export");
+        // Removed by its process: no more signals.
+        owner.apply(DROP, 1, 0, vec![]).unwrap();
+        let delivered = Delivered::default();
+        assert_eq!(registry.deliver(GuestEvent::Signal { segid: 0x500 }, &delivered), 0);
+        assert!(delivered.notified.borrow().is_empty());
+    }
+
+    #[test]
+    fn attachment_garbage_is_refused() {
+        let mut connection = new_connection();
+        assert!(connection.apply(ATTACHED, 0x20_0000, 0, vec![]).is_err(), "no length");
+        assert!(connection.apply(ATTACHED, 0x20_0000, 0x1000, vec![pipe()]).is_err(), "a descriptor");
+        assert!(connection.apply(DETACHED, 0x20_0000, 0, vec![]).is_err(), "never attached");
+        connection.apply(KEEP, 1, 0, vec![]).unwrap();
+        assert!(connection.apply(NOTIFY, 1, 0x500, vec![eventfd()]).is_err(), "before the make");
+        connection.apply(MADE, 1, 0x500, vec![]).unwrap();
+        assert!(connection.apply(NOTIFY, 1, 0x500, vec![]).is_err(), "no descriptor");
+        assert!(connection.apply(NOTIFY, 1, 0x500, vec![eventfd(), eventfd()]).is_err(), "two descriptors");
+        for at in 0..MAX_ATTACHMENTS as u64 {
+            connection.apply(ATTACHED, at << 21, 0x1000, vec![]).unwrap();
+        }
+        assert!(connection.apply(ATTACHED, 0, 0x1000, vec![]).is_err(), "one attachment too many");
+    }
+
     fn pipe() -> OwnedFd {
         let mut ends = [0; 2];
         // SAFETY: pipe2 into a two-element array.
@@ -338,7 +631,7 @@ mod tests {
 
     #[test]
     fn an_ended_process_loses_what_it_still_exported_and_keeps_nothing_else() {
-        let mut connection = Connection::default();
+        let mut connection = new_connection();
         connection.apply(KEEP, 1, 0, vec![pipe(), pipe()]).unwrap();
         connection.apply(KEEP, 1, 0, vec![pipe()]).unwrap();
         connection.apply(MADE, 1, 0x500, vec![]).unwrap();
@@ -352,16 +645,16 @@ mod tests {
 
     #[test]
     fn pages_stay_held_when_the_segment_cannot_be_removed_or_was_never_named() {
-        let mut connection = Connection::default();
+        let mut connection = new_connection();
         connection.apply(KEEP, 1, 0, vec![pipe()]).unwrap();
         connection.apply(MADE, 1, 0x500, vec![]).unwrap();
         let recorder = Recorder { answer: Some(libc::ETIMEDOUT), ..Recorder::default() };
         assert_eq!(connection.end(&recorder).len(), 1);
-        let mut connection = Connection::default();
+        let mut connection = new_connection();
         connection.apply(KEEP, 1, 0, vec![pipe(), pipe()]).unwrap();
         assert_eq!(connection.end(&Recorder::default()).len(), 2, "killed between KEEP and MADE");
         // Already gone: nothing to keep.
-        let mut connection = Connection::default();
+        let mut connection = new_connection();
         connection.apply(KEEP, 1, 0, vec![pipe()]).unwrap();
         connection.apply(MADE, 1, 0x500, vec![]).unwrap();
         assert!(connection.end(&Recorder { answer: Some(libc::ENOENT), ..Recorder::default() }).is_empty());
@@ -369,7 +662,7 @@ mod tests {
 
     #[test]
     fn garbage_is_refused() {
-        let mut connection = Connection::default();
+        let mut connection = new_connection();
         assert!(connection.apply(MADE, 9, 0x500, vec![]).is_err(), "unknown export");
         assert!(connection.apply(DROP, 9, 0, vec![]).is_err(), "unknown export");
         assert!(connection.apply(7, 1, 0, vec![]).is_err(), "unknown op");

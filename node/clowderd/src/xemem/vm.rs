@@ -19,9 +19,15 @@
 //!   an attach of another range through it removes them. Unlike an LWK's job, a guest process
 //!   can still read kept memory (its library keeps its window mappings): the guest holds the
 //!   permit and is one trust domain.
-//! - **Revocation**: the node's `Revoke` is answered at once (the guest cannot be told) and
-//!   the port removes the regions: the guest then reads all ones there (`WindowHoles`).
-//! - **Signals** to a VM owner cannot be delivered without a guest kernel module: counted.
+//! - **Revocation**: the node's `Revoke` is answered at once and the port removes the regions:
+//!   the guest then reads all ones there (`WindowHoles`). A guest process's user-mode touch of
+//!   such a placement is reported by the VMM (`Touched`, `vmm::pci::touch`): it is passed to
+//!   the guest agent (`GuestEvent::Revoked`, over the enclave channel), which sends SIGBUS to
+//!   the processes that attached the placement. Reports are limited here again to one per
+//!   placement per `REPORT_INTERVAL` (`Limiter`), so however a guest spins on a revoked
+//!   window, its agent and the channel see at most that many.
+//! - **Signals** to a VM owner go to the guest agent too (`GuestEvent::Signal`), which adds one
+//!   to the owner's notify eventfd (registered by libxpmem with the agent's keeper).
 //!
 //! Every guest process acts as the enclave's owner (its uid and groups): the guest is one
 //! trust domain, and only root in it can reach the device's sysfs files.
@@ -34,6 +40,8 @@ use clowder_api::codec::{Limits, LineSocket};
 use vmm::control::ControlClient;
 use vmm::pci::link::{Call, HostAnswer, HostCall};
 use vmm::pci::mailbox::{Op, VERSION};
+use vmm::pci::touch::Limiter;
+use xemem::pci::GuestEvent;
 use xemem::Owner;
 
 use super::*;
@@ -140,8 +148,8 @@ struct Export {
 #[derive(Default)]
 struct Exports {
     by_process: HashMap<u64, Export>,
-    /// Signals for a VM owner, which cannot be delivered.
-    undelivered: u64,
+    /// Signals for guest owners, to pass to the guest agent.
+    signals: Vec<SegmentId>,
 }
 
 impl LocalMemory for Exports {
@@ -162,8 +170,8 @@ impl LocalMemory for Exports {
     }
 
     fn notify(&mut self, _: u64, segment: SegmentId) {
-        self.undelivered += 1;
-        log::debug!("xemem: a signal for segment {:#x}, owned in a Linux VM, cannot be delivered", segment.raw());
+        // Bounded by what the node lets attachers send; passed on at the end of this pump.
+        self.signals.push(segment);
     }
 
     fn revoke(&mut self, _: u64, _: AccessId) {
@@ -187,7 +195,15 @@ pub struct VmXemem {
     next_token: u32,
     owner: VmOwner,
     wake: File,
+    /// The guest agent, told of touches of revoked placements and of signals to guest owners.
+    agent: Option<GuestAgent>,
+    touches: Limiter,
+    /// Events the agent could not be told (no agent, or the channel refused them).
+    pub untold: u64,
 }
+
+/// Tells the guest agent one event (the enclave channel's `HostMessage::Xemem`).
+pub type GuestAgent = Box<dyn Fn(GuestEvent) -> Result<(), String> + Send>;
 
 impl VmXemem {
     /// Joins `links` for a VM whose RAM is `ram`; `None` when no link is left.
@@ -208,7 +224,24 @@ impl VmXemem {
             next_token: 1,
             owner,
             wake,
+            agent: None,
+            touches: Limiter::default(),
+            untold: 0,
         })
+    }
+
+    /// Passes the VM's events to its guest agent through `agent`.
+    pub fn tell_agent(&mut self, agent: GuestAgent) {
+        self.agent = Some(agent);
+    }
+
+    fn tell(&mut self, event: GuestEvent) -> bool {
+        let told = match &self.agent {
+            Some(agent) => agent(event).map_err(|e| log::warn!("xemem: telling the guest agent {event:?}: {e}")).is_ok(),
+            None => false,
+        };
+        self.untold += u64::from(!told);
+        told
     }
 
     /// The eventfd signalled when the daemon's node has something for this VM.
@@ -234,6 +267,9 @@ impl VmXemem {
             }
             for completion in self.node.drain_completions() {
                 self.finished.insert(completion.request, completion.result);
+            }
+            for segment in std::mem::take(&mut self.exports.signals) {
+                self.tell(GuestEvent::Signal { segid: segment.raw() });
             }
             if incoming.is_empty() && outgoing.is_empty() {
                 return;
@@ -282,7 +318,17 @@ impl VmXemem {
             Call::Place { apid, offset, len, gpa } => self.place(access_id(apid)?, offset, len, gpa, window),
             // Answered 1: the bridge keeps the regions at the place (the module comment says
             // until when), and the device keeps the place for them.
+            // Once a placement per interval; the VMM saw the touch (user mode, inside a placement
+            // the guest still has attached, with no memory there any more).
+            Call::Touched { token, window_offset } => {
+                if !self.placed.contains_key(&token) {
+                    return Err(libc::EINVAL);
+                }
+                let told = self.touches.allow(u64::from(token), Instant::now()) && self.tell(GuestEvent::Revoked { window_offset });
+                Ok([u64::from(told), 0, 0, 0])
+            }
             Call::Unplace { token } => {
+                self.touches.forget(u64::from(token));
                 let (access, slots) = self.placed.remove(&token).ok_or(libc::EINVAL)?;
                 match self.ask(Request::Detach { process: GUEST_PROCESS, access }, window) {
                     Ok(_) => Ok([1, 0, 0, 0]),
@@ -458,12 +504,20 @@ pub struct VmSockets {
 /// Serves a Linux enclave's XEMEM device on a thread until its VMM closes the mailbox socket
 /// (the VM ended): then the VM's link goes down, and everything attached of its segments
 /// elsewhere is revoked.
-pub fn start(links: Arc<XememLinks>, ram: Arc<GuestRam>, sockets: VmSockets, owner: VmOwner, log: Arc<LogBook>) -> Result<(), String> {
+pub fn start(
+    links: Arc<XememLinks>,
+    ram: Arc<GuestRam>,
+    sockets: VmSockets,
+    owner: VmOwner,
+    agent: GuestAgent,
+    log: Arc<LogBook>,
+) -> Result<(), String> {
     let stream = std::os::unix::net::UnixStream::connect(&sockets.mailbox)
         .map_err(|e| format!("the VMM's XEMEM mailbox socket {}: {e}", sockets.mailbox.display()))?;
     let control =
         ControlClient::connect(&sockets.control).map_err(|e| format!("the VMM's control socket {}: {e}", sockets.control.display()))?;
     let mut vm = VmXemem::new(&links, ram, owner)?;
+    vm.tell_agent(agent);
     std::thread::Builder::new()
         .name("xemem-vm".into())
         .spawn(move || {

@@ -17,7 +17,8 @@ use std::time::Duration;
 use clowder_api::codec::{Limits, LineSocket};
 use serde::{Deserialize, Serialize};
 
-use super::mailbox::{MailboxHost, MailboxRequest};
+use super::mailbox::{MailboxHost, MailboxRequest, TouchReporter};
+use super::touch::Touch;
 
 /// One call from the VMM to the daemon; `seq` pairs it with its answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,6 +37,9 @@ pub enum Call {
     /// DETACH of the attachment `place` answered with `token`; answered 1 when the daemon keeps
     /// its memory at the place for the permit's next attach of the same range.
     Unplace { token: u32 },
+    /// A guest process touched the attachment `token`, at `window_offset`, after its
+    /// revocation (`super::touch`): its attachers get SIGBUS. Answered with no results.
+    Touched { token: u32, window_offset: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,10 +56,17 @@ pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(8);
 /// A RUNS call carries up to 4080 runs: about 200 KiB of JSON.
 const LIMITS: Limits = Limits { max_line: 1 << 20, max_fds: 0, timeout: Some(ANSWER_TIMEOUT) };
 
+/// The connection to the daemon, and the last call's sequence number: shared by the mailbox
+/// and the touch reporter, whose calls take turns on it.
+#[derive(Default)]
+struct Link {
+    socket: Option<LineSocket>,
+    seq: u64,
+}
+
 /// `MailboxHost` answered by the daemon connected to this VMM's mailbox socket.
 pub struct RemoteHost {
-    daemon: Arc<Mutex<Option<LineSocket>>>,
-    seq: u64,
+    daemon: Arc<Mutex<Link>>,
 }
 
 impl RemoteHost {
@@ -65,32 +76,33 @@ impl RemoteHost {
         let _ = std::fs::remove_file(path);
         let listener = UnixListener::bind(path)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-        let daemon = Arc::new(Mutex::new(None));
+        let daemon = Arc::new(Mutex::new(Link::default()));
         let accepted = daemon.clone();
         std::thread::Builder::new().name("xemem-mailbox".into()).spawn(move || {
             for stream in listener.incoming().flatten() {
                 match crate::control::peer_allowed(&stream) {
-                    Ok(()) => *accepted.lock().unwrap() = Some(LineSocket::new(stream, LIMITS)),
+                    Ok(()) => accepted.lock().unwrap().socket = Some(LineSocket::new(stream, LIMITS)),
                     Err(refused) => log::warn!("xemem mailbox socket: {}", refused.message),
                 }
             }
         })?;
-        Ok(RemoteHost { daemon, seq: 0 })
+        Ok(RemoteHost { daemon })
     }
 
     /// A host over an already connected socket (tests).
     pub fn connected(socket: LineSocket) -> RemoteHost {
-        RemoteHost { daemon: Arc::new(Mutex::new(Some(socket))), seq: 0 }
+        RemoteHost { daemon: Arc::new(Mutex::new(Link { socket: Some(socket), seq: 0 })) }
     }
 
     fn ask(&mut self, what: Call) -> Result<[u64; 4], i32> {
         let mut daemon = self.daemon.lock().unwrap();
+        let daemon = &mut *daemon;
         // No daemon yet (or it went away): the guest has a device but nothing behind it.
-        let socket = daemon.as_mut().ok_or(libc::ENODEV)?;
-        self.seq += 1;
-        let seq = self.seq;
+        let socket = daemon.socket.as_mut().ok_or(libc::ENODEV)?;
+        daemon.seq += 1;
+        let seq = daemon.seq;
         if socket.send(&HostCall { seq, what }, &[]).is_err() {
-            *daemon = None;
+            daemon.socket = None;
             return Err(libc::ENODEV);
         }
         loop {
@@ -105,7 +117,7 @@ impl RemoteHost {
                 Err(clowder_api::codec::ReceiveError::TimedOut(_)) => return Err(libc::ETIMEDOUT),
                 Err(e) => log::warn!("xemem mailbox: {e}; connection dropped"),
             }
-            *daemon = None;
+            daemon.socket = None;
             return Err(libc::ENODEV);
         }
     }
@@ -130,6 +142,19 @@ impl MailboxHost for RemoteHost {
                 log::warn!("xemem mailbox: the daemon did not detach attachment {token}: errno {errno}");
                 false
             }
+        }
+    }
+
+    /// The same daemon connection, taking turns with the mailbox's calls.
+    fn reporter(&self) -> Option<Box<dyn TouchReporter>> {
+        Some(Box::new(RemoteHost { daemon: self.daemon.clone() }))
+    }
+}
+
+impl TouchReporter for RemoteHost {
+    fn touched(&mut self, touch: Touch) {
+        if let Err(errno) = self.ask(Call::Touched { token: touch.token, window_offset: touch.window_offset }) {
+            log::warn!("xemem mailbox: the daemon did not take a touch of revoked attachment {}: errno {errno}", touch.token);
         }
     }
 }
@@ -160,13 +185,19 @@ mod tests {
             let (call, _) = socket.receive_json::<HostCall>().unwrap().unwrap();
             assert_eq!(call.what, Call::Place { apid: 5, offset: 0, len: 4096, gpa: WINDOW });
             socket.send(&HostAnswer { seq: call.seq, result: Ok([7, 0, 0, 0]) }, &[]).unwrap();
-            // Third: garbage.
+            // The reporter's touch, in step on the same connection.
+            let (touch, _) = socket.receive_json::<HostCall>().unwrap().unwrap();
+            assert_eq!(touch.what, Call::Touched { token: 7, window_offset: 0 });
+            assert_eq!(touch.seq, call.seq + 1, "one sequence for both");
+            socket.send(&HostAnswer { seq: touch.seq, result: Ok([0; 4]) }, &[]).unwrap();
+            // Then garbage.
             let _ = socket.receive_json::<HostCall>().unwrap().unwrap();
             socket.stream().write_all(b"{\"not\": \"an answer\"}\n").unwrap();
         });
         const WINDOW: u64 = 1 << 45;
         assert_eq!(host.call(&hello()), Ok([1, 2, 3, 4]));
         assert_eq!(host.place(5, 0, 4096, WINDOW), Ok(7));
+        host.reporter().expect("a reporter").touched(Touch { token: 7, window_offset: 0 });
         assert_eq!(host.call(&hello()), Err(libc::ENODEV), "a malformed answer drops the daemon");
         assert_eq!(host.call(&hello()), Err(libc::ENODEV), "and nothing is behind the device any more");
         server.join().unwrap();

@@ -14,9 +14,12 @@
 //! when the host kept nothing.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
 
 use xemem::pci;
 
+use super::touch::{Touch, Touches};
 use super::{PciBus, MAILBOX_SIZE};
 use crate::hooks::{Device, DeviceError, ExitContext, Outcome, Request};
 
@@ -88,6 +91,17 @@ pub trait MailboxHost: Send {
     /// memory at the place for the permit's next attach of the same range (until the permit's
     /// release, or an attach of another range through it).
     fn unplace(&mut self, token: u32) -> bool;
+    /// Where touches of revoked placements are reported, from a thread of their own
+    /// (`super::touch`); `None`: nowhere (they read all ones, nothing more).
+    fn reporter(&self) -> Option<Box<dyn TouchReporter>> {
+        None
+    }
+}
+
+/// Reports a guest's user-mode touch of a revoked placement (the daemon tells the guest agent,
+/// which sends SIGBUS to the placement's attachers).
+pub trait TouchReporter: Send {
+    fn touched(&mut self, touch: Touch);
 }
 
 /// An attachment's permit and range, as its placement is parked under and found again.
@@ -111,6 +125,9 @@ pub struct XememPci {
     /// Detached placements whose memory the host keeps: window offset by permit (one each, as
     /// the host keeps one attachment per permit).
     parked: HashMap<u64, (Attached, u64)>,
+    /// The attached placements' addresses, for `WindowHoles` to tell touches after a
+    /// revocation from other hole accesses.
+    touches: Arc<Touches>,
 }
 
 impl XememPci {
@@ -119,7 +136,18 @@ impl XememPci {
         let (magic, version) = (pci::MAGIC_AT as usize, pci::VERSION_AT as usize);
         registers[magic..magic + 4].copy_from_slice(&MAGIC.to_le_bytes());
         registers[version..version + 4].copy_from_slice(&VERSION.to_le_bytes());
-        XememPci { bus, registers, host, aperture, attached: HashMap::new(), parked: HashMap::new() }
+        let touches = Arc::new(Touches::default());
+        XememPci { bus, registers, host, aperture, attached: HashMap::new(), parked: HashMap::new(), touches }
+    }
+
+    /// The attached placements, as `WindowHoles` needs them.
+    pub fn touches(&self) -> Arc<Touches> {
+        self.touches.clone()
+    }
+
+    /// Where the host reports touches of revoked placements, if anywhere.
+    pub fn reporter(&self) -> Option<Box<dyn TouchReporter>> {
+        self.host.reporter()
     }
 
     fn u32_at(&self, at: usize) -> u32 {
@@ -217,6 +245,10 @@ impl XememPci {
                 let window_offset = request.args[0];
                 let attached = self.attached.remove(&window_offset).ok_or(EINVAL)?;
                 let token = self.bus.token(window_offset).map_err(|_| EINVAL)?;
+                // The window cannot move while anything is placed: the address is the attach's.
+                if let Some(base) = self.bus.window_base() {
+                    self.touches.detached(base + window_offset);
+                }
                 if self.host.unplace(token) {
                     if let Some((_, stale)) = self.parked.insert(attached.apid, (attached, window_offset)) {
                         let _ = self.bus.unplace(stale);
@@ -258,6 +290,7 @@ impl XememPci {
             Ok(token) => {
                 self.bus.set_slot(window_offset, token).map_err(|_| libc::EIO)?;
                 self.attached.insert(window_offset, attached);
+                self.touches.attached(gpa, attached.len, Touch { token, window_offset });
                 Ok([window_offset, attached.len, 0, 0])
             }
             // A failed attach leaves nothing kept.
@@ -283,21 +316,41 @@ impl Device for XememPci {
 
 /// The window's parts with no memory slot (never placed, detached, or revoked by the host):
 /// hooked on the window's range so a guest touching them reads all ones and writes nothing, as
-/// a PCI master abort does, instead of an unclaimed MMIO exit stopping the whole VM.
+/// a PCI master abort does, instead of an unclaimed MMIO exit stopping the whole VM. A
+/// user-mode touch of a placement still attached (its segment was revoked) is queued for a
+/// report (`super::touch`), which ends in SIGBUS for its attachers.
 #[derive(Default)]
 pub struct WindowHoles {
+    /// Where the hooked range starts (MMIO offsets are relative to it).
+    base: u64,
+    touches: Arc<Touches>,
     /// Accesses so far (a guest program using an attachment after its revocation).
     pub accesses: u64,
+    /// Touches queued for a report.
+    pub reported: u64,
+}
+
+impl WindowHoles {
+    /// Holes of the window hooked at `base`, whose placements `touches` has.
+    pub fn new(base: u64, touches: Arc<Touches>) -> WindowHoles {
+        WindowHoles { base, touches, accesses: 0, reported: 0 }
+    }
 }
 
 impl Device for WindowHoles {
-    fn handle(&mut self, _: &ExitContext, request: Request<'_>) -> Result<Outcome, DeviceError> {
-        match request {
-            Request::MmioRead { data, .. } => data.fill(0xff),
-            Request::MmioWrite { .. } => {}
+    fn handle(&mut self, ctx: &ExitContext, request: Request<'_>) -> Result<Outcome, DeviceError> {
+        let offset = match request {
+            Request::MmioRead { offset, data } => {
+                data.fill(0xff);
+                offset
+            }
+            Request::MmioWrite { offset, .. } => offset,
             other => return Err(DeviceError(format!("the XEMEM window cannot handle {other:?}"))),
-        }
+        };
         self.accesses += 1;
+        if self.touches.touched(self.base + offset, || ctx.cpl(), Instant::now()) {
+            self.reported += 1;
+        }
         Ok(Outcome::Continue)
     }
 }

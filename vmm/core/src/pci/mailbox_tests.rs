@@ -222,7 +222,7 @@ fn a_kept_placement_is_parked_for_the_same_range_and_given_back_at_release() {
 #[test]
 fn the_mailbox_follows_its_bar_and_the_config_ports_work_through_the_device() {
     let (mut device, _) = device();
-    let ctx = ExitContext { vcpu: 0 };
+    let ctx = ExitContext { vcpu: 0, vcpu_fd: None };
     let mut data = [0u8; 4];
     device.handle(&ctx, Request::MmioRead { offset: 0, data: &mut data }).unwrap();
     assert_eq!(u32::from_le_bytes(data), MAGIC);
@@ -239,10 +239,29 @@ fn the_mailbox_follows_its_bar_and_the_config_ports_work_through_the_device() {
 }
 
 #[test]
+fn the_device_shares_its_attached_placements_with_the_holes() {
+    use super::touch::Touch;
+    let (mut device, _) = device();
+    let touches = device.touches();
+    let mut holes = super::mailbox::WindowHoles::new(WINDOW_BASE, touches.clone());
+    let (_, results) = ask(&mut device, Op::Attach as u32, &[KNOWN_APID, 0, 0x3000]);
+    let (_, second) = ask(&mut device, Op::Attach as u32, &[KNOWN_APID, 0, 0x1000]);
+    // No vCPU behind this context: its privilege level is unknown and nothing is reported.
+    let mut data = [0u8; 8];
+    holes.handle(&ExitContext { vcpu: 0, vcpu_fd: None }, Request::MmioRead { offset: second[0], data: &mut data }).unwrap();
+    assert_eq!((data, holes.accesses, holes.reported), ([0xff; 8], 1, 0));
+    let now = std::time::Instant::now();
+    assert!(touches.touched(WINDOW_BASE + second[0] + 0xff8, || Some(3), now), "a user-mode touch of the second");
+    assert_eq!(touches.wait(), [Touch { token: 101, window_offset: second[0] }]);
+    assert_eq!(ask(&mut device, Op::Detach as u32, &[results[0]]).0, 0);
+    assert!(!touches.touched(WINDOW_BASE + 0x1000, || Some(3), now), "the first, detached");
+}
+
+#[test]
 fn window_holes_read_all_ones_and_count() {
     use super::mailbox::WindowHoles;
-    let mut holes = WindowHoles::default();
-    let ctx = ExitContext { vcpu: 0 };
+    let mut holes = WindowHoles::new(WINDOW_BASE, Default::default());
+    let ctx = ExitContext { vcpu: 0, vcpu_fd: None };
     let mut data = [0u8; 8];
     holes.handle(&ctx, Request::MmioRead { offset: 0x20_0000, data: &mut data }).unwrap();
     assert_eq!(data, [0xff; 8]);

@@ -15,6 +15,7 @@
 pub mod config;
 pub mod link;
 pub mod mailbox;
+pub mod touch;
 pub mod window;
 
 #[cfg(test)]
@@ -51,11 +52,22 @@ pub const MAILBOX_BASE: u32 = 0xe000_0000;
 pub const WINDOW_BASE: u64 = 1 << 45;
 
 /// The devices to give a VM (`Vm::with_devices`) for XEMEM with `host` behind the mailbox:
-/// the configuration ports and the mailbox aperture, and the window's holes.
-pub fn xemem_devices(host: Box<dyn mailbox::MailboxHost>) -> Vec<crate::ExtraDevice> {
+/// the configuration ports and the mailbox aperture, and the window's holes. Touches of revoked
+/// placements go to the host's reporter from a thread of their own (never from a vCPU, which
+/// would wait for the daemon), started here when the host has one.
+pub fn xemem_devices(host: Box<dyn mailbox::MailboxHost>) -> std::io::Result<Vec<crate::ExtraDevice>> {
     let bus = PciBus::new(MAILBOX_BASE, WINDOW_BASE, WINDOW_SIZE);
     let device = mailbox::XememPci::new(bus, u64::from(MAILBOX_BASE), host);
-    vec![
+    let touches = device.touches();
+    if let Some(mut reporter) = device.reporter() {
+        let queued = touches.clone();
+        std::thread::Builder::new().name("xemem-touches".into()).spawn(move || loop {
+            for touch in queued.wait() {
+                reporter.touched(touch);
+            }
+        })?;
+    }
+    Ok(vec![
         crate::ExtraDevice {
             name: "xemem-pci".into(),
             keys: vec![CONFIG_PORTS, HookKey::Mmio { base: u64::from(MAILBOX_BASE), len: MAILBOX_SIZE }],
@@ -64,9 +76,9 @@ pub fn xemem_devices(host: Box<dyn mailbox::MailboxHost>) -> Vec<crate::ExtraDev
         crate::ExtraDevice {
             name: "xemem-window".into(),
             keys: vec![HookKey::Mmio { base: WINDOW_BASE, len: WINDOW_SIZE }],
-            device: std::sync::Arc::new(std::sync::Mutex::new(mailbox::WindowHoles::default())),
+            device: std::sync::Arc::new(std::sync::Mutex::new(mailbox::WindowHoles::new(WINDOW_BASE, touches))),
         },
-    ]
+    ])
 }
 
 /// Class codes: host bridge (06/00) and "other memory controller" (05/80).

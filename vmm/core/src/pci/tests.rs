@@ -195,7 +195,7 @@ fn window_places_aligned_first_fit_and_refuses_what_does_not_fit() {
 fn device_hook_refuses_other_requests_and_counts_refusals() {
     let mut bus = bus();
     bus.place(1).unwrap();
-    let ctx = ExitContext { vcpu: 0 };
+    let ctx = ExitContext { vcpu: 0, vcpu_fd: None };
     let address = (ENABLE | u32::from(XEMEM_SLOT) << 11 | 0x1c).to_le_bytes();
     bus.handle(&ctx, Request::PortWrite { offset: 0, data: &address }).unwrap();
     bus.handle(&ctx, Request::PortWrite { offset: 4, data: &[0, 0, 0, 0] }).unwrap();
