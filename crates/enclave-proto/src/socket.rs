@@ -19,6 +19,13 @@
 //! | 11 | `Send` | u32 handle, u32 flags (`MSG_*`), bytes address (empty: none), bytes rights (u32 handles to pass, `SCM_RIGHTS`), `list<run>` | bytes sent | |
 //! | 12 | `Recv` | u32 handle, u32 flags, `list<run>` | bytes received | u32 `msg_flags`, u32 address length, the sender's address, then u32 handle, u32 events and u32 type (`SO_TYPE`) of each socket received (`SCM_RIGHTS`) |
 //! | 13 | `Close` | u32 handle | (no answer) | |
+//! | 14 | `Ioctl` | u32 handle, u32 request, bytes argument | the host's result | the argument as the call left it |
+//! | 15 | `Interfaces` | u32 handle, u32 len | `ifc_len`: bytes of `ifreq`s given, or needed when len is 0 | the `ifreq`s (at most len bytes) |
+//!
+//! `Ioctl` is a read-only query on the socket whose argument is a fixed-size structure
+//! ([`ioctl::argument_len`]: an `ifreq` for the interface queries, an `int` for `FIONREAD`);
+//! the host refuses any other request (`-ENOTTY`) or size (`-EINVAL`). `Interfaces` is
+//! `SIOCGIFCONF` (its `ifreq` array holds no pointers), at most [`ioctl::INTERFACES_MAX`] bytes.
 //!
 //! A `run` is `u64 gpa, u32 len`: a piece of the job's buffer in enclave memory, which the host
 //! reads (`Send`) or writes (`Recv`) directly, all pieces in one host call (an iovec), so a
@@ -27,6 +34,39 @@
 //! says it again whenever it changes on the host's side. Unknown handles are `-EBADF`.
 
 use crate::wire::{DecodeError, EncodeError, Item, List, Reader, Writer};
+
+/// The ioctl requests a job may ask of its sockets' host (Linux x86-64 numbers): queries
+/// that only read the node's interfaces or a socket's queue, never change anything.
+pub mod ioctl {
+    pub const FIONREAD: u32 = 0x541b;
+    pub const SIOCGIFNAME: u32 = 0x8910;
+    /// Served by `SocketOp::Interfaces`, not `SocketOp::Ioctl`.
+    pub const SIOCGIFCONF: u32 = 0x8912;
+    pub const SIOCGIFFLAGS: u32 = 0x8913;
+    pub const SIOCGIFADDR: u32 = 0x8915;
+    pub const SIOCGIFDSTADDR: u32 = 0x8917;
+    pub const SIOCGIFBRDADDR: u32 = 0x8919;
+    pub const SIOCGIFNETMASK: u32 = 0x891b;
+    pub const SIOCGIFMTU: u32 = 0x8921;
+    pub const SIOCGIFHWADDR: u32 = 0x8927;
+    pub const SIOCGIFINDEX: u32 = 0x8933;
+    pub const SIOCGIFTXQLEN: u32 = 0x8942;
+    /// `struct ifreq`: a 16-byte name and a 24-byte union (no pointer in the queries here).
+    pub const IFREQ_LEN: usize = 40;
+    /// The most bytes of `ifreq`s one `Interfaces` answer carries (819 IPv4 interfaces).
+    pub const INTERFACES_MAX: u32 = 819 * IFREQ_LEN as u32;
+
+    /// The size of the argument `request` reads and writes back; `None` for a request the
+    /// host does not answer through `SocketOp::Ioctl`.
+    pub fn argument_len(request: u32) -> Option<usize> {
+        match request {
+            FIONREAD => Some(4),
+            SIOCGIFNAME | SIOCGIFFLAGS | SIOCGIFADDR | SIOCGIFDSTADDR | SIOCGIFBRDADDR | SIOCGIFNETMASK | SIOCGIFMTU | SIOCGIFHWADDR
+            | SIOCGIFINDEX | SIOCGIFTXQLEN => Some(IFREQ_LEN),
+            _ => None,
+        }
+    }
+}
 
 /// One piece of a job's buffer in enclave memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,6 +100,8 @@ pub enum SocketOp<'a> {
     Send { handle: u32, flags: u32, address: &'a [u8], rights: &'a [u8], runs: List<'a, Run> },
     Recv { handle: u32, flags: u32, runs: List<'a, Run> },
     Close { handle: u32 },
+    Ioctl { handle: u32, request: u32, argument: &'a [u8] },
+    Interfaces { handle: u32, len: u32 },
 }
 
 impl<'a> SocketOp<'a> {
@@ -77,7 +119,9 @@ impl<'a> SocketOp<'a> {
             | SocketOp::Name { handle, .. }
             | SocketOp::Send { handle, .. }
             | SocketOp::Recv { handle, .. }
-            | SocketOp::Close { handle } => Some(handle),
+            | SocketOp::Close { handle }
+            | SocketOp::Ioctl { handle, .. }
+            | SocketOp::Interfaces { handle, .. } => Some(handle),
         }
     }
 
@@ -145,6 +189,17 @@ impl<'a> SocketOp<'a> {
                 w.u8(13)?;
                 w.u32(handle)
             }
+            SocketOp::Ioctl { handle, request, argument } => {
+                w.u8(14)?;
+                w.u32(handle)?;
+                w.u32(request)?;
+                w.bytes(argument, "argument")
+            }
+            SocketOp::Interfaces { handle, len } => {
+                w.u8(15)?;
+                w.u32(handle)?;
+                w.u32(len)
+            }
         }
     }
 
@@ -172,6 +227,8 @@ impl<'a> SocketOp<'a> {
             },
             12 => SocketOp::Recv { handle: r.u32("handle")?, flags: r.u32("flags")?, runs: List::read(r, "runs")? },
             13 => SocketOp::Close { handle: r.u32("handle")? },
+            14 => SocketOp::Ioctl { handle: r.u32("handle")?, request: r.u32("request")?, argument: r.bytes("argument")? },
+            15 => SocketOp::Interfaces { handle: r.u32("handle")?, len: r.u32("len")? },
             other => return Err(DecodeError::UnknownFileOp(other)),
         })
     }
@@ -179,6 +236,7 @@ impl<'a> SocketOp<'a> {
 
 #[cfg(test)]
 mod tests {
+    use super::ioctl;
     use crate::{EnclaveMessage, HostMessage, List, Run, SocketOp};
 
     #[test]
@@ -198,6 +256,8 @@ mod tests {
             SocketOp::Send { handle: 3, flags: 0x4000, address: &[1, 0], rights: &[5, 0, 0, 0], runs: List::new(&runs) },
             SocketOp::Recv { handle: 3, flags: 0x40, runs: List::new(&runs) },
             SocketOp::Close { handle: 3 },
+            SocketOp::Ioctl { handle: 3, request: ioctl::SIOCGIFFLAGS, argument: &[b'l', b'o', 0, 0] },
+            SocketOp::Interfaces { handle: 3, len: 400 },
         ];
         let mut buffer = [0u8; 256];
         for op in ops {
@@ -219,5 +279,18 @@ mod tests {
         let length = message.encode(&mut buffer).unwrap();
         buffer[10] = 99;
         assert!(EnclaveMessage::decode(&buffer[..length]).is_err(), "an unknown op");
+    }
+
+    #[test]
+    fn only_read_only_queries_are_whitelisted() {
+        assert_eq!(ioctl::argument_len(ioctl::SIOCGIFFLAGS), Some(ioctl::IFREQ_LEN));
+        assert_eq!(ioctl::argument_len(ioctl::SIOCGIFINDEX), Some(40));
+        assert_eq!(ioctl::argument_len(ioctl::FIONREAD), Some(4));
+        // SIOCGIFCONF has its own op; SIOCSIFFLAGS, SIOCSIFADDR, SIOCETHTOOL, SIOCADDRT and
+        // FIONBIO (kept by the enclave) are not passed on.
+        for request in [ioctl::SIOCGIFCONF, 0x8914, 0x8916, 0x8946, 0x890b, 0x5421, 0] {
+            assert_eq!(ioctl::argument_len(request), None, "{request:#x}");
+        }
+        assert!(ioctl::INTERFACES_MAX as usize + 64 < crate::MAX_MESSAGE_LEN);
     }
 }

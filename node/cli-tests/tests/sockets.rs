@@ -4,8 +4,9 @@
 //! server of host processes, a UDP client, uses a socketpair and a Unix stream socket named by
 //! a relative path, waits with poll and epoll on non-blocking sockets, is interrupted by a
 //! signal in a blocking receive, passes a socket over a socket (SCM_RIGHTS), lists the
-//! interfaces (getifaddrs over NETLINK_ROUTE), and meets ECONNREFUSED and EPIPE; Debian's
-//! python3 resolves localhost and talks to the host; and a job of an unprivileged user cannot
+//! interfaces (getifaddrs over NETLINK_ROUTE, and the ioctls SIOCGIFCONF and SIOCGIF* on a
+//! socket, with FIONBIO and FIONREAD; other requests ENOTTY), and meets ECONNREFUSED and
+//! EPIPE; Debian's python3 resolves localhost and talks to the host; and a job of an unprivileged user cannot
 //! bind port 80 and runs out of descriptors at that user's own limit. Needs /dev/kvm, the LWK image,
 //! clowder-vmm and gcc (python3's case /usr/bin/python3; the user's case setpriv and prlimit);
 //! skipped, with the reason, otherwise.
@@ -164,6 +165,13 @@ fn enclave_jobs_use_the_hosts_sockets() {
     assert_eq!(job(&socket, &dir.0, &["eintr", &echo.to_string()]), "recv: -1 EINTR\n");
     assert_eq!(job(&socket, &dir.0, &["rights"]), "passed: through, close-on-exec 1\na pipe: -1 EOPNOTSUPP\n");
     assert_eq!(job(&socket, &dir.0, &["interfaces"]), "lo: 127.0.0.1\naudit: -1 EPROTONOSUPPORT\n");
+    assert_eq!(
+        job(&socket, &dir.0, &["ioctls"]),
+        "conf: lo 127.0.0.1\nlength query matches: 1\nshort buffer: 0\nflags: up 1 loopback 1\nindex: 1\nname of 1: lo\n\
+         address: 127.0.0.1 netmask 255.0.0.0\nmtu above 1000: 1\nhardware: loopback 1\nnosuch0: -1 ENODEV\n\
+         SIOCSIFFLAGS: -1 ENOTTY\nTCGETS: -1 ENOTTY\nbad pointer: -1 EFAULT\nFIONBIO on: O_NONBLOCK 1, recv -1 EAGAIN\n\
+         FIONBIO off: O_NONBLOCK 0\nFIONREAD: 5\n"
+    );
 
     if Path::new("/usr/bin/python3").is_file() {
         let script = format!(

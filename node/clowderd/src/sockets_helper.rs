@@ -15,6 +15,7 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::process::ExitCode;
 
+use enclave_proto::socket::ioctl::{self as requests, INTERFACES_MAX, SIOCGIFCONF};
 use enclave_proto::{EnclaveMessage, HostMessage, List, Run, SocketOp, MAX_MESSAGE_LEN};
 
 use crate::guest_ram::{GuestRam, RamRange};
@@ -470,7 +471,91 @@ impl Helper {
                 }
                 Ok(count)
             }
+            SocketOp::Ioctl { handle, request, argument } => query(self.fd(handle)?, request, argument, data),
+            SocketOp::Interfaces { handle, len } => interfaces(self.fd(handle)?, len, data),
             SocketOp::Close { .. } => Ok(0),
         }
+    }
+}
+
+/// A whitelisted read-only ioctl on socket `fd` (`SocketOp::Ioctl`): the argument as the call
+/// left it goes to `data`. Any other request is ENOTTY and a wrong size EINVAL, whatever the
+/// job's kernel sent: nothing the job asks changes the node or makes the call read past the copy.
+fn query(fd: RawFd, request: u32, argument: &[u8], data: &mut Vec<u8>) -> Result<i64, i32> {
+    match requests::argument_len(request) {
+        None => return Err(libc::ENOTTY),
+        Some(len) if len != argument.len() => return Err(libc::EINVAL),
+        Some(_) => {}
+    }
+    let mut value = argument.to_vec();
+    // SAFETY: the request reads and writes at most `value.len()` bytes (checked above).
+    let result = checked(unsafe { libc::ioctl(fd, request as libc::Ioctl, value.as_mut_ptr()) } as isize)?;
+    data.extend_from_slice(&value);
+    Ok(result)
+}
+
+/// SIOCGIFCONF on socket `fd` (`SocketOp::Interfaces`): at most `len` bytes of `ifreq`s (capped
+/// at `INTERFACES_MAX`) to `data`, and their length; `len` 0 asks only for the length needed.
+fn interfaces(fd: RawFd, len: u32, data: &mut Vec<u8>) -> Result<i64, i32> {
+    let mut list = vec![0u8; len.min(INTERFACES_MAX) as usize];
+    let mut conf = libc::ifconf {
+        ifc_len: list.len() as libc::c_int,
+        ifc_ifcu: libc::__c_anonymous_ifc_ifcu { ifcu_buf: if list.is_empty() { std::ptr::null_mut() } else { list.as_mut_ptr().cast() } },
+    };
+    // SAFETY: SIOCGIFCONF writes at most `ifc_len` bytes to the buffer we own (none when it is
+    // NULL: then it only sets the length needed).
+    checked(unsafe { libc::ioctl(fd, SIOCGIFCONF as libc::Ioctl, &mut conf) } as isize)?;
+    let used = conf.ifc_len.max(0) as usize;
+    data.extend_from_slice(&list[..used.min(list.len())]);
+    Ok(used as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{interfaces, query};
+    use enclave_proto::socket::ioctl::{self as requests, IFREQ_LEN};
+    use std::net::UdpSocket;
+    use std::os::fd::AsRawFd;
+
+    fn ifreq(name: &str) -> Vec<u8> {
+        let mut request = vec![0u8; IFREQ_LEN];
+        request[..name.len()].copy_from_slice(name.as_bytes());
+        request
+    }
+
+    #[test]
+    fn only_whitelisted_queries_of_their_size_reach_the_host() {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let fd = socket.as_raw_fd();
+        let mut data = Vec::new();
+        assert_eq!(query(fd, requests::SIOCGIFFLAGS, &ifreq("lo"), &mut data), Ok(0));
+        let flags = i16::from_le_bytes([data[16], data[17]]);
+        assert_eq!(flags & (libc::IFF_UP | libc::IFF_LOOPBACK) as i16, (libc::IFF_UP | libc::IFF_LOOPBACK) as i16);
+        data.clear();
+        assert_eq!(query(fd, requests::SIOCGIFINDEX, &ifreq("lo"), &mut data), Ok(0));
+        assert_eq!(i32::from_le_bytes(data[16..20].try_into().unwrap()), 1);
+        // Setters (SIOCSIFFLAGS, SIOCSIFMTU), SIOCGIFCONF (its own op) and FIONBIO are refused
+        // before any call, as is a short or long argument.
+        for request in [libc::SIOCSIFFLAGS as u32, libc::SIOCSIFMTU as u32, requests::SIOCGIFCONF, libc::FIONBIO as u32] {
+            assert_eq!(query(fd, request, &ifreq("lo"), &mut Vec::new()), Err(libc::ENOTTY), "{request:#x}");
+        }
+        assert_eq!(query(fd, requests::SIOCGIFFLAGS, &ifreq("lo")[..16], &mut Vec::new()), Err(libc::EINVAL));
+        assert_eq!(query(fd, requests::FIONREAD, &ifreq("lo"), &mut Vec::new()), Err(libc::EINVAL));
+        assert_eq!(query(fd, requests::SIOCGIFFLAGS, &ifreq("nosuch0"), &mut Vec::new()), Err(libc::ENODEV));
+    }
+
+    #[test]
+    fn the_interface_list_is_whole_entries_within_the_room_given() {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let fd = socket.as_raw_fd();
+        let mut data = Vec::new();
+        let needed = interfaces(fd, 0, &mut data).unwrap();
+        assert!(data.is_empty() && needed > 0 && needed as usize % IFREQ_LEN == 0, "{needed}");
+        assert_eq!(interfaces(fd, u32::MAX, &mut data), Ok(needed));
+        assert_eq!(data.len(), needed as usize);
+        assert!(data.chunks(IFREQ_LEN).any(|entry| entry.starts_with(b"lo\0") && entry[20..24] == [127, 0, 0, 1]));
+        data.clear();
+        assert_eq!(interfaces(fd, IFREQ_LEN as u32 + 3, &mut data), Ok(IFREQ_LEN as i64));
+        assert_eq!(data.len(), IFREQ_LEN);
     }
 }
