@@ -17,9 +17,13 @@
 # targets: small-message latency between two enclaves within 2x of two host processes, bandwidth
 # at >= 1 MiB >= 80% of the host's, mpicg on 2 enclaves >= 90% of the host's speed. A case that
 # cannot run says why in its place. Needs root and /dev/kvm.
-#   apps/mpi/bench.sh [--max-bytes N] [--iters N] [--cg N] [--cg-rounds N] [--user-level] [--cg-only]
-#                     [--small-pages] [--limit S]
-#     (4194304, 1000, 128: mpicg's grid edge, 3, 300: a case's limit in seconds). --user-level
+#   apps/mpi/bench.sh [--max-bytes N] [--iters N] [--cg N] [--cg-rounds N] [--pingpong-rounds N]
+#                     [--user-level] [--cg-only] [--small-pages] [--limit S]
+#     (4194304, 1000, 128: mpicg's grid edge, 3, 3, 300: a case's limit in seconds).
+#     --pingpong-rounds N runs the ping-pong cases the targets are judged on (two host processes
+#     over shm and UCX/xpmem, enclaves a, b over UCX/xpmem) N times, interleaved, and the report
+#     gives each size's median: one run of a case swings with the load of this shared machine
+#     (the host's own 1 MiB bandwidth was 7.9 GB/s at load 2 and 1.0 GB/s at load 10). --user-level
 #     runs only the cases the targets are judged on, two host processes (shm and UCX/xpmem) and
 #     enclaves a, b over UCX/xpmem (a few minutes, where the TCP cases between enclaves take far
 #     longer); the others then say so in their place. --cg-rounds N runs those mpicg cases N
@@ -36,7 +40,7 @@ root=$PWD
 # mpicg's default grid: 128³ is 13.9 GFLOP (105 iterations), about 1.5 s at the 8.9 GFLOP/s of
 # two host ranks on quiet cores, 13-16 s at a load of 10 (HPCCG-style runs are seconds long; 48³
 # took 0.06 s, where a start-up hiccup or one slice of the load decided a run).
-max_bytes=4194304 iters=1000 cg=128 user_level=0 cg_rounds=3 cg_only=0 pages=(--hugepages) limit=300
+max_bytes=4194304 iters=1000 cg=128 user_level=0 cg_rounds=3 pp_rounds=3 cg_only=0 pages=(--hugepages) limit=300
 . scripts/lib/whole.sh
 whole() { whole_number apps/mpi/bench.sh "$@"; } # NAME VALUE MIN
 while [ $# -gt 0 ]; do
@@ -45,12 +49,13 @@ while [ $# -gt 0 ]; do
     --iters) whole --iters "${2:-}" 1 && iters=$2 && shift 2 ;;
     --cg) whole --cg "${2:-}" 4 && cg=$2 && shift 2 ;;
     --cg-rounds) whole --cg-rounds "${2:-}" 1 && cg_rounds=$2 && shift 2 ;;
+    --pingpong-rounds) whole --pingpong-rounds "${2:-}" 1 && pp_rounds=$2 && shift 2 ;;
     --limit) whole --limit "${2:-}" 1 && limit=$2 && shift 2 ;;
     --user-level) user_level=1 && shift ;;
     --cg-only) cg_only=1 user_level=1 && shift ;;
     --hugepages) pages=(--hugepages) && shift ;;
     --small-pages) pages=() && shift ;;
-    *) echo "apps/mpi/bench.sh: unknown option '$1' (--max-bytes N, --iters N, --cg N, --cg-rounds N, --user-level, --cg-only, --small-pages, --limit S)" >&2; exit 2 ;;
+    *) echo "apps/mpi/bench.sh: unknown option '$1' (--max-bytes N, --iters N, --cg N, --cg-rounds N, --pingpong-rounds N, --user-level, --cg-only, --small-pages, --limit S)" >&2; exit 2 ;;
     esac
 done
 [ ${#pages[@]} = 0 ] || export MPI_BENCH_PAGES=2M # for report.py
@@ -177,6 +182,13 @@ for program in "${programs[@]}"; do
     case_run "$p.enclaves-ucx" in1 "${ucx[@]}" -n 1 "${ua[@]}" "$bin/$p" "${args[@]}" : -n 1 "${ub[@]}" "$bin/$p" "${args[@]}"
     case_run "$p.enclave" in1 "${mpirun[@]}" "${tcp[@]}" -n 2 "${a[@]}" "$bin/$p" "${few[@]}"
     case_run "$p.enclaves-2nodes" "${mpirun2[@]}" "${tcp[@]}" --host "$n1,$n2" -n 2 "${a[@]}" "$bin/$p" "${few[@]}"
+done
+# The target cases' later ping-pong rounds (raw/pingpong.CASE.2 ...; report.py takes medians).
+[ $cg_only = 1 ] || for round in $(seq 2 "$pp_rounds"); do
+    args=("$max_bytes" "$iters")
+    case_run "pingpong.host-shm.$round" in1 "${mpirun[@]}" -n 2 "$bin/pingpong" "${args[@]}"
+    case_run "pingpong.host-ucx.$round" in1 "${ucx[@]}" --bind-to core:overload-allowed -n 2 "$bin/pingpong" "${args[@]}"
+    case_run "pingpong.enclaves-ucx.$round" in1 "${ucx[@]}" -n 1 "${ua[@]}" "$bin/pingpong" "${args[@]}" : -n 1 "${ub[@]}" "$bin/pingpong" "${args[@]}"
 done
 args=(1048576 $((iters / 5)))
 [ $cg_only = 1 ] || {

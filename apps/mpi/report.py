@@ -48,8 +48,31 @@ def size(n):
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB" if n >= 1 << 10 else f"{n} B"
 
 
+def round_names(raw, name):
+    """`name` and its later rounds' runs (`name.2`, `name.3`, ...: bench.sh interleaves a
+    case's rounds with the other cases')."""
+    later = (p.name for p in raw.glob(f"{name}.[0-9]*") if p.name.split(".")[-1].isdigit())
+    return [name] + sorted(later, key=lambda n: int(n.split(".")[-1]))
+
+
+def median(values):
+    values = sorted(values)
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def rounds_series(raw, name, pattern):
+    """{bytes: the median over the case's rounds} and how many rounds measured anything."""
+    runs = [series(read(raw, run), pattern) for run in round_names(raw, name)]
+    runs = [run for run in runs if run]
+    sizes = {n for run in runs for n in run}
+    return {n: median([run[n] for run in runs if n in run]) for n in sizes}, len(runs)
+
+
 def table(title, raw, prefix, pattern, cases, unit):
-    measured = {case: series(read(raw, f"{prefix}.{case}"), pattern) for case in cases}
+    measured, rounds = {}, {}
+    for case in cases:
+        measured[case], rounds[case] = rounds_series(raw, f"{prefix}.{case}", pattern)
     sizes = sorted({n for values in measured.values() for n in values})
     lines = [f"### {title}", "", "| bytes | " + " | ".join(f"{CASES[c]} {unit}" for c in cases) + " |",
              "|---|" + "---|" * len(cases)]
@@ -58,6 +81,9 @@ def table(title, raw, prefix, pattern, cases, unit):
         lines.append(f"| {size(n)} | " + " | ".join(cells) + " |")
     missing = [f"- {CASES[c]}: not measured: {why(raw, f'{prefix}.{c}')}" for c in cases if not measured[c]]
     notes = [f"- {CASES[c]}: {note(raw, f'{prefix}.{c}')}" for c in cases if measured[c] and note(raw, f"{prefix}.{c}")]
+    several = [CASES[c] for c in cases if rounds[c] > 1]
+    if several:
+        notes.append(f"- {', '.join(several)}: the median of {max(rounds.values())} runs, interleaved (a round runs each of them once)")
     return lines + [""] + missing + notes + [""], measured
 
 
@@ -81,10 +107,8 @@ def cg_table(raw, edge):
              "|---|---|---|---|---|---|"]
     medians = {}
     for case in CG_CASES:
-        names = [f"mpicg.{case}"] + sorted((p.name for p in raw.glob(f"mpicg.{case}.[0-9]*") if p.name.split(".")[-1].isdigit()),
-                                           key=lambda n: int(n.split(".")[-1]))
         runs = []
-        for name in names:
+        for name in round_names(raw, f"mpicg.{case}"):
             text = read(raw, name)
             m = re.search(r"mpicg: solve [\d.]+ s, ([\d.]+) MFLOP/s", text or "")
             warm = re.search(r"mpicg: warm-up ([\d.]+) s", text or "")
@@ -93,9 +117,7 @@ def cg_table(raw, edge):
         if not runs:
             lines.append(f"| {CASES[case]} | 0 | - | - | - | not measured: {why(raw, f'mpicg.{case}')} |")
             continue
-        values = sorted(v for v, _, _ in runs)
-        middle = len(values) // 2
-        medians[case] = values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+        medians[case] = median(v for v, _, _ in runs)
         each = ", ".join(f"{v:.0f}" for v, _, _ in runs)
         warm_ups = ", ".join(w for _, w, _ in runs)
         verified = "yes" if all(ok for _, _, ok in runs) else "NO"
