@@ -245,7 +245,8 @@ impl Connection {
                 self.pipes += fds.len();
                 held.pipes.extend(fds);
             }
-            MADE if held.segid.is_none() && b > 0 => {
+            // A segment another process made stays its own (its signals are not taken over).
+            MADE if held.segid.is_none() && b > 0 && !self.registry.index().owned.contains_key(&b) => {
                 held.segid = Some(b);
                 self.registry.index().owned.insert(b, Owned { connection: self.id, eventfd: None, pending: 0 });
             }
@@ -595,6 +596,13 @@ mod tests {
         assert_eq!(registry.deliver(GuestEvent::Signal { segid: 0x500 }, &System), 1);
         assert_eq!(count(&ours), 1);
         assert_eq!(registry.deliver(GuestEvent::Signal { segid: 0x700 }, &System), 0, "not a guest export");
+        // Another process cannot claim the segment (nor, refused, drop it).
+        let mut other = Connection::new(2, Peer { pid: 200, pidfd: None }, registry.clone());
+        other.apply(KEEP, 1, 0, vec![]).unwrap();
+        assert!(other.apply(MADE, 1, 0x500, vec![]).is_err(), "made by another process");
+        other.apply(DROP, 1, 0, vec![]).unwrap();
+        assert_eq!(registry.deliver(GuestEvent::Signal { segid: 0x500 }, &System), 1, "still the owner's");
+        assert_eq!(count(&ours), 1);
         // Removed by its process: no more signals.
         owner.apply(DROP, 1, 0, vec![]).unwrap();
         let delivered = Delivered::default();
