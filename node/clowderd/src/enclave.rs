@@ -491,10 +491,17 @@ impl Enclave {
     /// why): its machine ended, it stopped answering pings, it corrupted the channel or it
     /// panicked. On failure every job hears why and the machine is shut down.
     /// `user` owns the enclave: its processes' XEMEM segments and gets are that user's.
-    pub fn pump(self: &Arc<Self>, mut receiver: Receiver, liveness: Liveness, xemem: &Arc<XememLinks>, user: EnclaveUser) -> Option<String> {
+    pub fn pump(
+        self: &Arc<Self>,
+        mut receiver: Receiver,
+        liveness: Liveness,
+        xemem: &Arc<XememLinks>,
+        user: EnclaveUser,
+    ) -> Option<String> {
         // The enclave's XEMEM link lives as long as this pump: dropping it takes the link down.
         let machine: Arc<dyn GuestRegions + Send + Sync> = self.clone();
-        let xemem = receiver.waker().ok().and_then(|wake| xemem.join_enclave(self.ram.clone(), wake, machine)).map(|port| port.for_user(user));
+        let xemem =
+            receiver.waker().ok().and_then(|wake| xemem.join_enclave(self.ram.clone(), wake, machine)).map(|port| port.for_user(user));
         if xemem.is_none() {
             self.log.push("clowderd: no XEMEM link left for this enclave");
         }
