@@ -111,9 +111,9 @@ enclave_case() { # [--needs-b] description command...
     fi
     mpi_case "$why" "$@"
 }
-# Enclave ranks talk TCP: PMIx's store and Open MPI's transports without shared files. They
-# list interfaces from /proc/net/if_inet6 alone: the nodes' interface by name, for its IPv6
-# address (an address range names IPv4 ones only).
+# Enclave ranks talk TCP: PMIx's store and Open MPI's transports without shared files. The
+# nodes' interface is named (its IPv4 and IPv6 addresses both; before the LWK had netlink and
+# the interface ioctls, enclave ranks listed interfaces from /proc/net/if_inet6 alone).
 export PMIX_MCA_gds=hash
 tcp=(--mca btl tcp,self --mca pml ob1 --mca btl_tcp_if_include "$NODES_INTERFACE")
 run_a=("$clowder" run --enclave a)
@@ -205,6 +205,25 @@ ucx_xpmem() {
         nodes_wait_for 30 nodes_enclaves_idle && ! ucx_pair self && says "unreachable\|ucp_ep_create"
 }
 enclave_case --needs-b "UCX over XEMEM between enclaves a and b (ping-pong 1 B..4 MiB, MPI_Finalize returns; fails without xpmem)" ucx_xpmem
+
+# UCX's tcp transport (issue 25 point 5): enclave ranks list the node's interfaces (getifaddrs
+# over NETLINK_ROUTE, the SIOCGIF* ioctls) and find them in their node's /sys/class/net
+# (scripts/nodes.sh). UCX_LOG_LEVEL=info prints the transport each endpoint took.
+ucx_tcp=(env UCX_TLS=self,tcp UCX_LOG_LEVEL=info LD_LIBRARY_PATH="$root/build/ucx/install/lib:$root/xemem/build/lib"
+    timeout 180 mpirun --oversubscribe "${ucx[@]}" -x UCX_LOG_LEVEL)
+ucx_tcp_took() { says "tag($1" && says "pingpong: 65536 bytes" && says "data verified"; } # TRANSPORT/DEVICE
+ucx_tcp_pair() {
+    "$root/xemem/ucx/build.sh" || return 1
+    in_node 1 "${ucx_tcp[@]}" -n 1 "${run_a[@]}" --env LD_LIBRARY_PATH "$bin/pingpong" 65536 10 : \
+        -n 1 "$clowder" run --enclave b --env LD_LIBRARY_PATH "$bin/pingpong" 65536 10 && ucx_tcp_took tcp/
+}
+enclave_case --needs-b "UCX's tcp transport between enclaves a and b (ping-pong 1 B..64 KiB)" ucx_tcp_pair
+ucx_tcp_nodes() {
+    "$root/xemem/ucx/build.sh" || return 1
+    "${ucx_tcp[@]}" --bind-to none --host "$n1,$n2" -n 2 "${run_a[@]}" --env LD_LIBRARY_PATH "$bin/pingpong" 65536 10 &&
+        ucx_tcp_took "tcp/$NODES_INTERFACE"
+}
+enclave_case "UCX's tcp transport across two nodes, a rank in each node's enclave a (ping-pong 1 B..64 KiB)" ucx_tcp_nodes
 
 # The same between enclaves on 2 MiB hugepages: their RAM is a hugetlb file, which maps only in
 # whole 2 MiB pages, and UCX's first attach is the peer's 12 KiB FIFO (EINVAL until the VMM

@@ -51,22 +51,26 @@ nodes_up() { # N
         ip link add "$outside" type veth peer name "$inside" netns "$ns" || return 1
         ip link set "$outside" master "$NODES_BRIDGE" up
         ip -n "$ns" addr add "$(nodes_address "$k")/24" dev "$inside"
-        # IPv6 too: an LWK job lists interfaces from /proc/net/if_inet6 alone (no netlink, no
-        # SIOCGIFCONF there), so MPI ranks in enclaves find only the node's IPv6 addresses
+        # IPv6 too (before the LWK had netlink and the interface ioctls, enclave ranks listed
+        # interfaces from /proc/net/if_inet6 alone)
         ip -n "$ns" addr add "$(nodes_address6 "$k")/64" dev "$inside" nodad
         ip -n "$ns" link set "$inside" up
         ip -n "$ns" link set lo up
-        mkdir -p "$NODES_DIR/n$k/run" "$NODES_DIR/n$k/spool" "$NODES_DIR/n$k/pmix"
+        mkdir -p "$NODES_DIR/n$k/run" "$NODES_DIR/n$k/spool" "$NODES_DIR/n$k/pmix" "$NODES_DIR/n$k/sys"
     done
     mkdir -p /run/clowder "$NODES_DIR/spool" "$NODES_DIR/pmix"
 }
 
-# nsenter, not `ip netns exec`, which mounts another /sys without the cgroups slurmd reads.
+# nsenter, not `ip netns exec`, which mounts another /sys without the cgroups slurmd reads;
+# only /sys/class/net is the node's own (a sysfs mounted in the node's private mount
+# namespace): UCX's tcp transport lists its devices there, in host ranks and, through their
+# daemon's file calls, in enclave ranks.
 nodes_enter() { # K: NODES_ENTER, the command words that run what follows them in node K
     NODES_ENTER=(nsenter --net="/run/netns/$(nodes_netns "$1")" unshare -m -u --propagation private sh -c '
         node=$1; shift
         hostname "${node##*/}" && mount --bind "$node/run" /run/clowder && mount --bind "$node/spool" "$NODES_DIR/spool" &&
-            mount --bind "$node/pmix" "$NODES_DIR/pmix" && exec "$@"' sh "$NODES_DIR/n$1")
+            mount --bind "$node/pmix" "$NODES_DIR/pmix" && mount -t sysfs sysfs "$node/sys" &&
+            mount --bind "$node/sys/class/net" /sys/class/net && exec "$@"' sh "$NODES_DIR/n$1")
 }
 nodes_exec() { # K CMD...
     nodes_enter "$1"

@@ -94,7 +94,7 @@ mpirun=(mpirun --oversubscribe --bind-to core:overload-allowed) # 4 ranks on 2 c
 # two-node case then shared core 0 and a message waited for the scheduler's tick (4 ms a
 # ping-pong turn). Unbound, Linux spreads the nodes' ranks over the two cores.
 mpirun2=(mpirun --oversubscribe --bind-to none)
-# enclave ranks list interfaces from /proc/net/if_inet6 alone: the nodes' interface by name
+# the nodes' interface by name (its IPv4 and IPv6 addresses)
 tcp=(--mca btl tcp,self --mca pml ob1 --mca btl_tcp_if_include "$NODES_INTERFACE")
 a=("$clowder" run --enclave a) b=("$clowder" run --enclave b)
 # The user-level path: the project's UCX (Debian's has no xpmem transport) first on the ranks'
