@@ -510,6 +510,31 @@ static int fake_keeper(void)
 	return listener;
 }
 
+/* A keeper message as the fake keeper reads it (pci_mailbox.h's layout: op, then two words). */
+struct keeper_message {
+	uint32_t op, reserved;
+	uint64_t a;
+	int64_t b;
+};
+
+/* Room for the descriptors one keeper message may carry (at most 253). */
+union keeper_control {
+	struct cmsghdr header;
+	char space[CMSG_SPACE(sizeof(int) * 253)];
+};
+
+/* Receives one keeper message; *header is its first control message (NULL if none). */
+static ssize_t keeper_recvmsg(int connection, struct keeper_message *message, union keeper_control *control,
+			      struct cmsghdr **header)
+{
+	struct iovec iov = { message, sizeof *message };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control->space,
+			      .msg_controllen = sizeof control->space };
+	ssize_t got = recvmsg(connection, &msg, 0);
+	*header = got > 0 ? CMSG_FIRSTHDR(&msg) : NULL;
+	return got;
+}
+
 /* A process that exports and ends without removing: its pages reach the keeper, held by pipes
  * that still hold what it wrote after it is gone (the guest kernel cannot reuse them), with the
  * segment's id to remove; an export it removed itself is dropped. */
@@ -537,20 +562,14 @@ static void case_keeper(void)
 	int pipes[2][256], made[2] = { 0, 0 }, dropped[2] = { 0, 0 };
 	size_t npipes[2] = { 0, 0 };
 	for (;;) {
-		struct { uint32_t op, reserved; uint64_t tag; int64_t segid; } message;
-		union {
-			struct cmsghdr header;
-			char space[CMSG_SPACE(sizeof(int) * 253)];
-		} control;
-		struct iovec iov = { &message, sizeof message };
-		struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.space,
-				      .msg_controllen = sizeof control.space };
-		ssize_t got = recvmsg(connection, &msg, 0);
+		struct keeper_message message;
+		union keeper_control control;
+		struct cmsghdr *header;
+		ssize_t got = keeper_recvmsg(connection, &message, &control, &header);
 		if (got == 0)
 			break;
-		CHECK(got == sizeof message && message.tag >= 1 && message.tag <= 2);
-		int t = (int)message.tag - 1;
-		struct cmsghdr *header = CMSG_FIRSTHDR(&msg);
+		CHECK(got == sizeof message && message.a >= 1 && message.a <= 2);
+		int t = (int)message.a - 1;
 		if (message.op == 1) {
 			CHECK(header && header->cmsg_type == SCM_RIGHTS);
 			size_t n = (header->cmsg_len - CMSG_LEN(0)) / sizeof(int);
@@ -558,7 +577,7 @@ static void case_keeper(void)
 			memcpy(pipes[t] + npipes[t], CMSG_DATA(header), n * sizeof(int));
 			npipes[t] += n;
 		} else {
-			CHECK(!header && (message.op == 2 ? message.segid == 500 : message.op == 3));
+			CHECK(!header && (message.op == 2 ? message.b == 500 : message.op == 3));
 			(message.op == 2 ? made : dropped)[t]++;
 		}
 	}
@@ -585,16 +604,10 @@ static void case_keeper(void)
 /* One keeper message (the layout of pci_mailbox.h), with its descriptor if it carried one. */
 static void keeper_receive(int connection, uint32_t op, uint64_t *a, int64_t *b, int *fd)
 {
-	struct { uint32_t op, reserved; uint64_t a; int64_t b; } message;
-	union {
-		struct cmsghdr header;
-		char space[CMSG_SPACE(sizeof(int) * 253)];
-	} control;
-	struct iovec iov = { &message, sizeof message };
-	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.space,
-			      .msg_controllen = sizeof control.space };
-	CHECK(recvmsg(connection, &msg, 0) == PCI_KEEPER_MESSAGE && message.op == op);
-	struct cmsghdr *header = CMSG_FIRSTHDR(&msg);
+	struct keeper_message message;
+	union keeper_control control;
+	struct cmsghdr *header;
+	CHECK(keeper_recvmsg(connection, &message, &control, &header) == PCI_KEEPER_MESSAGE && message.op == op);
 	CHECK(!header == !fd);
 	if (fd) {
 		CHECK(header->cmsg_type == SCM_RIGHTS && header->cmsg_len == CMSG_LEN(sizeof(int)));
