@@ -5,11 +5,11 @@
 //! a relative path, waits with poll and epoll on non-blocking sockets, is interrupted by a
 //! signal in a blocking receive, passes a socket over a socket (SCM_RIGHTS), lists the
 //! interfaces (getifaddrs over NETLINK_ROUTE, and the ioctls SIOCGIFCONF and SIOCGIF* on a
-//! socket, with FIONBIO and FIONREAD; other requests ENOTTY), and meets ECONNREFUSED and
-//! EPIPE; Debian's python3 resolves localhost and talks to the host; and a job of an unprivileged user cannot
-//! bind port 80 and runs out of descriptors at that user's own limit. Needs /dev/kvm, the LWK image,
-//! clowder-vmm and gcc (python3's case /usr/bin/python3; the user's case setpriv and prlimit);
-//! skipped, with the reason, otherwise.
+//! socket, with FIONBIO and FIONREAD; other requests ENOTTY), and meets ECONNREFUSED, EPIPE
+//! and ECONNRESET (a host peer's reset); Debian's python3 resolves localhost and talks to the
+//! host; and a job of an unprivileged user cannot bind port 80 and runs out of descriptors at
+//! that user's own limit. Needs /dev/kvm, the LWK image, clowder-vmm and gcc (python3's case
+//! /usr/bin/python3; the user's case setpriv and prlimit); skipped, with the reason, otherwise.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream, UdpSocket};
@@ -72,6 +72,29 @@ fn tcp_echo() -> u16 {
                 }
             });
         }
+    });
+    port
+}
+
+/// A TCP server on the host that reads one byte of its one connection and resets it (SO_LINGER
+/// with a zero timeout: the close sends RST); its port.
+fn tcp_resetter() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let Ok((mut stream, _)) = listener.accept() else { return };
+        let _ = stream.read(&mut [0u8; 1]);
+        let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+        // SAFETY: the option value is a live `linger` of the size given, on the stream's own socket.
+        unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&stream),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&linger as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
     });
     port
 }
@@ -163,6 +186,7 @@ fn enclave_jobs_use_the_hosts_sockets() {
         "connect: EINPROGRESS\nwritable: 1, SO_ERROR 0\nempty: -1 EAGAIN\nnothing yet: 0\nready: 1, the socket: 1\ngot: ready?\nblocking again: 1\n"
     );
     assert_eq!(job(&socket, &dir.0, &["eintr", &echo.to_string()]), "recv: -1 EINTR\n");
+    assert_eq!(job(&socket, &dir.0, &["reset", &tcp_resetter().to_string()]), "recv after a reset: -1 ECONNRESET\n");
     assert_eq!(job(&socket, &dir.0, &["rights"]), "passed: through, close-on-exec 1\na pipe: -1 EOPNOTSUPP\n");
     assert_eq!(job(&socket, &dir.0, &["interfaces"]), "lo: 127.0.0.1\naudit: -1 EPROTONOSUPPORT\n");
     assert_eq!(

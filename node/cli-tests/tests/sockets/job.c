@@ -85,6 +85,19 @@ static int tcp_client(int port, int refused_port) {
     return 0;
 }
 
+/* Connects to the host's resetting server on `port`, sends a byte and waits: the server
+ * answers with a reset (SO_LINGER 0), which ends the wait with ECONNRESET. */
+static int reset(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in address = loopback(port);
+    CHECK(connect(fd, (struct sockaddr *)&address, sizeof address));
+    CHECK(send(fd, "x", 1, 0));
+    char byte;
+    ssize_t got = recv(fd, &byte, 1, 0);
+    printf("recv after a reset: %zd %s\n", got, got < 0 ? name_of(errno) : "0");
+    return 0;
+}
+
 /* Listens on an ephemeral port, writes it to `port_file`, accepts one connection, echoes
  * what comes until the peer closes, then writes to the closed peer: EPIPE and SIGPIPE. */
 static int tcp_server(const char *port_file) {
@@ -383,6 +396,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "unix")) return unix_sockets(argv[2]);
     if (!strcmp(mode, "readiness")) return readiness(port);
     if (!strcmp(mode, "eintr")) return interrupted(port);
+    if (!strcmp(mode, "reset")) return reset(port);
     if (!strcmp(mode, "many")) return many();
     if (!strcmp(mode, "rights")) return rights();
     if (!strcmp(mode, "privileged")) return privileged();
