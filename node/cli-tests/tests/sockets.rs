@@ -2,8 +2,8 @@
 //! and 7): the host's network stack serves them in the job user's name, through the job's
 //! socket helper. A dynamically linked C program (`sockets/job.c`) is a TCP client and a TCP
 //! server of host processes, a UDP client, uses a socketpair and a Unix stream socket named by
-//! a relative path, waits with poll and epoll on non-blocking sockets, is interrupted by a
-//! signal in a blocking receive, passes a socket over a socket (SCM_RIGHTS), lists the
+//! a relative path, waits with poll, epoll and select, is interrupted by a signal in a
+//! blocking receive, passes a socket over a socket (SCM_RIGHTS), lists the
 //! interfaces (getifaddrs over NETLINK_ROUTE, and the ioctls SIOCGIFCONF and SIOCGIF* on a
 //! socket, with FIONBIO and FIONREAD; other requests ENOTTY), and meets ECONNREFUSED, EPIPE
 //! and ECONNRESET (a host peer's reset); Debian's python3 resolves localhost and talks to the
@@ -185,6 +185,7 @@ fn enclave_jobs_use_the_hosts_sockets() {
         job(&socket, &dir.0, &["readiness", &echo.to_string()]),
         "connect: EINPROGRESS\nwritable: 1, SO_ERROR 0\nempty: -1 EAGAIN\nnothing yet: 0\nready: 1, the socket: 1\ngot: ready?\nblocking again: 1\n"
     );
+    assert_eq!(job(&socket, &dir.0, &["select", &echo.to_string()]), "select, nothing yet: 0\nselect: 1, the socket 1\n");
     assert_eq!(job(&socket, &dir.0, &["eintr", &echo.to_string()]), "recv: -1 EINTR\n");
     assert_eq!(job(&socket, &dir.0, &["reset", &tcp_resetter().to_string()]), "recv after a reset: -1 ECONNRESET\n");
     assert_eq!(job(&socket, &dir.0, &["rights"]), "passed: through, close-on-exec 1\na pipe: -1 EOPNOTSUPP\n");

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 #include <sys/epoll.h>
+#include <sys/select.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -82,6 +83,26 @@ static int tcp_client(int port, int refused_port) {
     address = loopback(refused_port);
     int result = connect(refused, (struct sockaddr *)&address, sizeof address);
     printf("refused: %d %s\n", result, name_of(errno));
+    return 0;
+}
+
+/* select over a connected socket: nothing to read before the echo server has something,
+ * then readable once it echoed. */
+static int selecting(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in address = loopback(port);
+    CHECK(connect(fd, (struct sockaddr *)&address, sizeof address));
+    fd_set readable;
+    FD_ZERO(&readable);
+    FD_SET(fd, &readable);
+    struct timeval none = {0, 0};
+    printf("select, nothing yet: %d\n", select(fd + 1, &readable, NULL, NULL, &none));
+    CHECK(send(fd, "sel", 3, 0));
+    FD_ZERO(&readable);
+    FD_SET(fd, &readable);
+    struct timeval wait = {10, 0};
+    int ready = select(fd + 1, &readable, NULL, NULL, &wait);
+    printf("select: %d, the socket %d\n", ready, FD_ISSET(fd, &readable) ? 1 : 0);
     return 0;
 }
 
@@ -397,6 +418,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "readiness")) return readiness(port);
     if (!strcmp(mode, "eintr")) return interrupted(port);
     if (!strcmp(mode, "reset")) return reset(port);
+    if (!strcmp(mode, "select")) return selecting(port);
     if (!strcmp(mode, "many")) return many();
     if (!strcmp(mode, "rights")) return rights();
     if (!strcmp(mode, "privileged")) return privileged();
