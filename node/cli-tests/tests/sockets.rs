@@ -1,8 +1,8 @@
 //! Sockets in a persistent LWK enclave's job, end to end through the CLI (issue 25, points 1
 //! and 7): the host's network stack serves them in the job user's name, through the job's
 //! socket helper. A dynamically linked C program (`sockets/job.c`) is a TCP client and a TCP
-//! server of host processes, a UDP client, uses a socketpair and a Unix stream socket named by
-//! a relative path, waits with poll, epoll and select, is interrupted by a signal in a
+//! server of host processes, a UDP client, an IPv6 TCP client and UDP socket, uses stream and
+//! datagram socketpairs and a Unix stream socket named by a relative path, waits with poll, epoll and select, is interrupted by a signal in a
 //! blocking receive, passes a socket over a socket (SCM_RIGHTS), lists the
 //! interfaces (getifaddrs over NETLINK_ROUTE, and the ioctls SIOCGIFCONF and SIOCGIF* on a
 //! socket, with FIONBIO and FIONREAD; other requests ENOTTY), and meets ECONNREFUSED, EPIPE
@@ -56,9 +56,10 @@ fn job(socket: &Path, dir: &Path, args: &[&str]) -> String {
     text(&output.stdout)
 }
 
-/// A TCP echo server on the host (every connection served until it closes); its port.
-fn tcp_echo() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+/// A TCP echo server on the host at `address` (every connection served until it closes); its
+/// port.
+fn tcp_echo(address: &str) -> u16 {
+    let listener = TcpListener::bind(address).unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
         for stream in listener.incoming() {
@@ -142,7 +143,7 @@ fn enclave_jobs_use_the_hosts_sockets() {
     build_job(&dir.0);
     let created = clowder(&socket, &dir.0, &["enclave", "create", "--name", "e", "--cores", "1", "--mem", "512M"]);
     assert!(created.status.success(), "create: {}{}", text(&created.stdout), text(&created.stderr));
-    let echo = tcp_echo();
+    let echo = tcp_echo("127.0.0.1:0");
 
     let client = job(&socket, &dir.0, &["tcp-client", &echo.to_string(), &closed_port().to_string()]);
     assert_eq!(client, "echo: hello from the enclave\npeer port matches: 1\nrefused: -1 ECONNREFUSED\n");
@@ -184,6 +185,10 @@ fn enclave_jobs_use_the_hosts_sockets() {
     assert_eq!(
         job(&socket, &dir.0, &["readiness", &echo.to_string()]),
         "connect: EINPROGRESS\nwritable: 1, SO_ERROR 0\nempty: -1 EAGAIN\nnothing yet: 0\nready: 1, the socket: 1\ngot: ready?\nblocking again: 1\n"
+    );
+    assert_eq!(
+        job(&socket, &dir.0, &["six", &tcp_echo("[::1]:0").to_string()]),
+        "tcp6 echo: six\nudp6: to itself\nunix datagrams: one, two\n"
     );
     assert_eq!(job(&socket, &dir.0, &["select", &echo.to_string()]), "select, nothing yet: 0\nselect: 1, the socket 1\n");
     assert_eq!(job(&socket, &dir.0, &["eintr", &echo.to_string()]), "recv: -1 EINTR\n");

@@ -86,6 +86,36 @@ static int tcp_client(int port, int refused_port) {
     return 0;
 }
 
+/* IPv6 and datagrams: a TCP client of the host's echo server on [::1]:`port`, a UDP socket
+ * on ::1 sending to itself, and a Unix datagram pair that keeps message boundaries. */
+static int six(int port) {
+    int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    struct sockaddr_in6 address = {.sin6_family = AF_INET6, .sin6_port = htons(port), .sin6_addr = in6addr_loopback};
+    CHECK(connect(fd, (struct sockaddr *)&address, sizeof address));
+    CHECK(write(fd, "six", 3));
+    char buffer[64] = "";
+    CHECK(read(fd, buffer, 3));
+    printf("tcp6 echo: %s\n", buffer);
+    int udp = socket(AF_INET6, SOCK_DGRAM, 0);
+    struct sockaddr_in6 self = {.sin6_family = AF_INET6, .sin6_addr = in6addr_loopback};
+    socklen_t len = sizeof self;
+    CHECK(bind(udp, (struct sockaddr *)&self, sizeof self));
+    CHECK(getsockname(udp, (struct sockaddr *)&self, &len));
+    CHECK(sendto(udp, "to itself", 9, 0, (struct sockaddr *)&self, sizeof self));
+    memset(buffer, 0, sizeof buffer);
+    CHECK(recv(udp, buffer, sizeof buffer - 1, 0));
+    printf("udp6: %s\n", buffer);
+    int pair[2];
+    CHECK(socketpair(AF_UNIX, SOCK_DGRAM, 0, pair));
+    CHECK(send(pair[0], "one", 3, 0));
+    CHECK(send(pair[0], "two", 3, 0));
+    char first[64] = "", second[64] = "";
+    CHECK(recv(pair[1], first, sizeof first - 1, 0));
+    CHECK(recv(pair[1], second, sizeof second - 1, 0));
+    printf("unix datagrams: %s, %s\n", first, second);
+    return 0;
+}
+
 /* select over a connected socket: nothing to read before the echo server has something,
  * then readable once it echoed. */
 static int selecting(int port) {
@@ -419,6 +449,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "eintr")) return interrupted(port);
     if (!strcmp(mode, "reset")) return reset(port);
     if (!strcmp(mode, "select")) return selecting(port);
+    if (!strcmp(mode, "six")) return six(port);
     if (!strcmp(mode, "many")) return many();
     if (!strcmp(mode, "rights")) return rights();
     if (!strcmp(mode, "privileged")) return privileged();
