@@ -36,7 +36,7 @@ SIZES, STEPS, PAUSE_MS and RUNS take whole numbers from 1, not 'big'|SIZES="4 bi
 apps/mpi/bench.sh: --iters must be a whole number from 1 up, not 'x'|apps/mpi/bench.sh --iters x
 apps/mpi/bench.sh: --cg must be a whole number from 4 up, not '3'|apps/mpi/bench.sh --cg 3
 apps/mpi/bench.sh: --limit must be a whole number from 1 up, not ''|apps/mpi/bench.sh --limit
-unknown option '--fast' (--max-bytes N, --iters N, --cg N, --cg-rounds N, --user-level, --cg-only, --small-pages, --limit S)|apps/mpi/bench.sh --fast
+unknown option '--fast' (--max-bytes N, --iters N, --cg N, --cg-rounds N, --pingpong-rounds N, --user-level, --cg-only, --small-pages, --limit S)|apps/mpi/bench.sh --fast
 apps/mpi/ucx-loop.sh: --runs must be a whole number from 1 up, not '0'|apps/mpi/ucx-loop.sh --runs 0
 apps/mpi/ucx-loop.sh: --bytes must be a whole number from 1 up, not '4k'|apps/mpi/ucx-loop.sh --bytes 4k
 unknown option '--fast' (--runs N, --bytes N, --keep DIR, --hugepages, --plain)|apps/mpi/ucx-loop.sh --fast
