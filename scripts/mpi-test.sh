@@ -205,6 +205,17 @@ ucx_xpmem() {
         nodes_wait_for 30 nodes_enclaves_idle && ! ucx_pair self && says "unreachable\|ucp_ep_create"
 }
 enclave_case --needs-b "UCX over XEMEM between enclaves a and b (ping-pong 1 B..4 MiB, MPI_Finalize returns; fails without xpmem)" ucx_xpmem
+# One-sided communication over the same path (issue 25 point 4: RMA into registered memory):
+# MPI_Win_allocate, MPI_Put and MPI_Get between fences, through Open MPI's osc/ucx (named, so a
+# missing UCX RMA path fails rather than falls back to another component).
+ucx_rma() {
+    "$root/xemem/ucx/build.sh" || return 1
+    UCX_TLS=self,xpmem LD_LIBRARY_PATH="$root/build/ucx/install/lib:$root/xemem/build/lib" \
+        in_node 1 timeout 180 mpirun --oversubscribe "${ucx[@]}" --mca osc ucx \
+        -n 1 "${run_a[@]}" --env LD_LIBRARY_PATH "$bin/rma" 1048576 20 : \
+        -n 1 "$clowder" run --enclave b --env LD_LIBRARY_PATH "$bin/rma" 1048576 20 && says "puts and gets verified"
+}
+enclave_case --needs-b "UCX over XEMEM between enclaves a and b: one-sided puts and gets (MPI_Win, osc/ucx)" ucx_rma
 
 # UCX's tcp transport (issue 25 point 5): enclave ranks list the node's interfaces (getifaddrs
 # over NETLINK_ROUTE, the SIOCGIF* ioctls) and find them in their node's /sys/class/net
