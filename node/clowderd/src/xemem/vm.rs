@@ -316,8 +316,6 @@ impl VmXemem {
         match call {
             Call::Request { op, args, name, runs } => self.request(Op::from_u32(op).ok_or(libc::ENOSYS)?, args, name, runs, window),
             Call::Place { apid, offset, len, gpa } => self.place(access_id(apid)?, offset, len, gpa, window),
-            // Answered 1: the bridge keeps the regions at the place (the module comment says
-            // until when), and the device keeps the place for them.
             // Once a placement per interval; the VMM saw the touch (user mode, inside a placement
             // the guest still has attached, with no memory there any more).
             Call::Touched { token, window_offset } => {
@@ -327,6 +325,8 @@ impl VmXemem {
                 let told = self.touches.allow(u64::from(token), Instant::now()) && self.tell(GuestEvent::Revoked { window_offset });
                 Ok([u64::from(told), 0, 0, 0])
             }
+            // Answered 1: the bridge keeps the regions at the place (the module comment says
+            // until when), and the device keeps the place for them.
             Call::Unplace { token } => {
                 self.touches.forget(u64::from(token));
                 let (access, slots) = self.placed.remove(&token).ok_or(libc::EINVAL)?;
