@@ -31,6 +31,7 @@
 //! its id are kept (never freed, never removed) rather than risked; a process that forked after
 //! exporting is seen to end only when its last copy of the connection closes.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -245,11 +246,15 @@ impl Connection {
                 self.pipes += fds.len();
                 held.pipes.extend(fds);
             }
-            // A segment another process made stays its own (its signals are not taken over).
-            MADE if held.segid.is_none() && b > 0 && !self.registry.index().owned.contains_key(&b) => {
-                held.segid = Some(b);
-                self.registry.index().owned.insert(b, Owned { connection: self.id, eventfd: None, pending: 0 });
-            }
+            // A segment another process made stays its own (its signals are not taken over):
+            // looked up and claimed under one lock, so two connections cannot both claim it.
+            MADE if held.segid.is_none() && b > 0 => match self.registry.index().owned.entry(b) {
+                Entry::Occupied(_) => return Err(format!("op {op} for export {tag}: segment {b:#x} is another process's")),
+                Entry::Vacant(slot) => {
+                    slot.insert(Owned { connection: self.id, eventfd: None, pending: 0 });
+                    held.segid = Some(b);
+                }
+            },
             NOTIFY if held.segid == Some(b) => {
                 let eventfd = fds.pop().expect("one descriptor");
                 let mut index = self.registry.index();
