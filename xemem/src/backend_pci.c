@@ -37,12 +37,12 @@
  *  - The mailbox, which every guest process shares: a word in a shared file (/run) holds the pid
  *    of the process using it (the guest kernel has no file locking), taken over from a process
  *    that died holding it.
- * The keeper also delivers what the guest kernel cannot: each attachment is registered with it
- * (ATTACHED, DETACHED), so that a touch of a revoked placement, which the VMM sees and reports
- * through the daemon, ends in SIGBUS for this process (sent by the agent: si_code SI_USER,
- * milliseconds after the touch, which reads all ones until then); and an owner's notify
- * descriptor is an eventfd handed to the keeper (NOTIFY), which writes it for each signal the
- * daemon forwards to the segment.
+ * The agent also delivers what the guest kernel cannot: each attachment is noted on its board
+ * (pci_board.c: stores to a shared file, no message), so that a touch of a revoked placement,
+ * which the VMM sees and reports through the daemon, ends in SIGBUS for this process (sent by
+ * the agent: si_code SI_USER, milliseconds after the touch, which reads all ones until then);
+ * and an owner's notify descriptor is an eventfd handed to the keeper (NOTIFY), which writes it
+ * for each signal the daemon forwards to the segment.
  */
 #include "xpmem_internal.h"
 /* The device's ids and the mailbox's layout (from xemem/protocol/src/pci.rs, checked there). */
@@ -77,12 +77,13 @@ _Static_assert(sizeof(struct keeper_message) == PCI_KEEPER_MESSAGE, "keeper mess
 #define PIPES_PER_MESSAGE 64
 
 /* An attachment: `len` bytes of the window at `window_offset`, seen at `vaddr`; `own_mapping`
- * when it was mapped for it alone (at the caller's address) and goes with it. */
+ * when it was mapped for it alone (at the caller's address) and goes with it; its slot on the
+ * attachment board (-1: none). */
 struct pci_attachment {
 	uintptr_t vaddr;
 	size_t len;
 	uint64_t window_offset;
-	int own_mapping;
+	int own_mapping, board_slot;
 };
 
 /* A part of the window mapped in this process and kept (the module comment says why). */
@@ -635,11 +636,9 @@ static int pci_attach(struct xpmem_cmd_attach *attach)
 		errno = error;
 		return -1;
 	}
-	pci_attachments[pci_attachment_count++] = (struct pci_attachment){ (uintptr_t)at, len, window_offset, fixed != 0 };
+	int slot = pci_board_note(window_offset, len);
+	pci_attachments[pci_attachment_count++] = (struct pci_attachment){ (uintptr_t)at, len, window_offset, fixed != 0, slot };
 	attach->vaddr = (uintptr_t)at;
-	/* Without a keeper, a touch after the owner goes reads all ones instead of raising SIGBUS. */
-	if (keeper_socket() >= 0)
-		keeper_send(PCI_KEEPER_ATTACHED, window_offset, (int64_t)len, NULL, 0);
 	return 0;
 }
 
@@ -654,8 +653,7 @@ static int pci_detach(uint64_t vaddr)
 		if (a.own_mapping)
 			munmap((void *)a.vaddr, a.len);
 		pci_attachments[i] = pci_attachments[--pci_attachment_count];
-		if (keeper >= 0)
-			keeper_send(PCI_KEEPER_DETACHED, a.window_offset, 0, NULL, 0);
+		pci_board_clear(a.board_slot);
 		mailbox->args[0] = a.window_offset;
 		return request(PCI_OP_DETACH);
 	}

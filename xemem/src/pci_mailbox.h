@@ -10,6 +10,7 @@
 #define XEMEM_PCI_MAILBOX_H
 
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #define PCI_VENDOR 0xc10d
@@ -50,10 +51,18 @@
 #define PCI_KEEPER_KEEP 1
 #define PCI_KEEPER_MADE 2
 #define PCI_KEEPER_DROP 3
-#define PCI_KEEPER_ATTACHED 4
-#define PCI_KEEPER_DETACHED 5
 #define PCI_KEEPER_NOTIFY 6
 #define PCI_KEEPER_MESSAGE 24
+
+/* The attachment board (xemem/protocol/src/pci.rs says how it is used): slots of u32 pid,
+ * u32 generation, u64 start time, u64 window offset, u64 length. */
+#define PCI_BOARD_SLOTS 4096
+#define PCI_BOARD_SLOT_SIZE 32
+#define PCI_BOARD_PID_AT 0
+#define PCI_BOARD_GENERATION_AT 4
+#define PCI_BOARD_START_AT 8
+#define PCI_BOARD_OFFSET_AT 16
+#define PCI_BOARD_LEN_AT 24
 
 /* A run of guest-physical memory: the unit an export is described in. */
 struct pci_run {
@@ -82,6 +91,18 @@ _Static_assert(offsetof(struct pci_mailbox, magic) == PCI_MAGIC_AT && offsetof(s
 		       offsetof(struct pci_mailbox, results) == PCI_RESULTS && offsetof(struct pci_mailbox, name) == PCI_NAME &&
 		       offsetof(struct pci_mailbox, runs) == PCI_RUNS && sizeof(struct pci_run) == PCI_RUN_SIZE,
 	       "the mailbox struct matches the offsets");
+/* One slot of the attachment board. */
+struct pci_board_slot {
+	_Atomic uint32_t pid, generation;
+	uint64_t start, window_offset, len;
+};
+_Static_assert(offsetof(struct pci_board_slot, pid) == PCI_BOARD_PID_AT &&
+		       offsetof(struct pci_board_slot, generation) == PCI_BOARD_GENERATION_AT &&
+		       offsetof(struct pci_board_slot, start) == PCI_BOARD_START_AT &&
+		       offsetof(struct pci_board_slot, window_offset) == PCI_BOARD_OFFSET_AT &&
+		       offsetof(struct pci_board_slot, len) == PCI_BOARD_LEN_AT &&
+		       sizeof(struct pci_board_slot) == PCI_BOARD_SLOT_SIZE,
+	       "the board slot matches the offsets");
 #define PCI_MAX_RUNS ((PCI_MAILBOX_SIZE - PCI_RUNS) / PCI_RUN_SIZE)
 
 #endif

@@ -199,6 +199,9 @@ struct mapping {
 /* backend_pci.c (a Linux VM's XEMEM PCI device; device.c routes commands to it) */
 int pci_probe(void);
 long pci_call(unsigned long command, void *argument);
+/* pci_board.c (the VM backend's attachment board, read by the guest agent to deliver SIGBUS) */
+int pci_board_note(uint64_t window_offset, uint64_t len);
+void pci_board_clear(int slot);
 
 /* broker.c */
 int connect_broker(void);

@@ -231,6 +231,8 @@ static void fake_device(int magic, int answering)
 	/* The mailbox's user word beside the tree, not the host's /run. */
 	snprintf(path, sizeof path, "%s/lock", root);
 	setenv("CLOWDER_XEMEM_PCI_LOCK", path, 1);
+	snprintf(path, sizeof path, "%s/board", root);
+	setenv("CLOWDER_XEMEM_PCI_BOARD", path, 1);
 	/* A broker must never be what answers. */
 	setenv("CLOWDER_XEMEM_SOCKET", "/nonexistent/xemem.sock", 1);
 	pthread_t thread;
@@ -617,8 +619,50 @@ static void keeper_receive(int connection, uint32_t op, uint64_t *a, int64_t *b,
 	*b = message.b;
 }
 
-/* What the keeper needs to deliver SIGBUS and signals: each attachment's window offset and
- * length (then its detach), and an owner's notify descriptor as an eventfd the keeper writes. */
+/* A process's start time, field 22 of /proc/PID/stat, as the library notes it. */
+static uint64_t start_of(pid_t pid)
+{
+	char path[64], stat[1024] = "";
+	snprintf(path, sizeof path, "/proc/%d/stat", pid);
+	FILE *f = fopen(path, "r");
+	CHECK(f && fgets(stat, sizeof stat, f));
+	fclose(f);
+	char *at = strrchr(stat, ')');
+	for (int field = 2; at && field < 22; field++)
+		at = strchr(at + 1, ' ');
+	CHECK(at);
+	return strtoull(at + 1, NULL, 10);
+}
+
+/* The attachment board's slots of this process (the agent's view of who attached what): how
+ * many, and the window offset and length of the one at `offset` in *len (0: none there). */
+static size_t board_entries(uint64_t offset, uint64_t *len)
+{
+	char path[256];
+	snprintf(path, sizeof path, "%s/board", tree);
+	int fd = open(path, O_RDONLY);
+	CHECK(fd >= 0);
+	struct pci_board_slot *slots = mmap(NULL, PCI_BOARD_SLOTS * PCI_BOARD_SLOT_SIZE, PROT_READ, MAP_SHARED, fd, 0);
+	CHECK(slots != MAP_FAILED);
+	close(fd);
+	uint64_t start = start_of(getpid());
+	size_t count = 0;
+	*len = 0;
+	for (size_t i = 0; i < PCI_BOARD_SLOTS; i++) {
+		if (atomic_load(&slots[i].pid) != (uint32_t)getpid())
+			continue;
+		CHECK(atomic_load(&slots[i].generation) % 2 == 0 && slots[i].start == start);
+		count++;
+		if (slots[i].window_offset == offset)
+			*len = slots[i].len;
+	}
+	munmap(slots, PCI_BOARD_SLOTS * PCI_BOARD_SLOT_SIZE);
+	return count;
+}
+
+/* What the agent needs to deliver SIGBUS and signals: each attachment's window offset and
+ * length on the board (gone after its detach), and an owner's notify descriptor as an eventfd
+ * the keeper writes. */
 static void case_keeper_events(void)
 {
 	fake_device(1, 1);
@@ -647,23 +691,78 @@ static void case_keeper_events(void)
 	CHECK(write(theirs, &one, sizeof one) == sizeof one && write(theirs, &one, sizeof one) == sizeof one);
 	CHECK(read(fd, &count, sizeof count) == sizeof count && count == 2);
 	CHECK(xemem_notify_fd(12345) == -1 && errno == ENOENT);
-	/* Attach and detach: the placement's window offset and length, then its detach. */
+	/* Attach and detach: each placement's window offset and length on the board, with this
+	 * process's pid and start time, and no keeper message; gone after the detach. */
 	xpmem_apid_t apid = xpmem_get(HOST_SEGID, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
 	CHECK(apid > 0);
 	CHECK(xpmem_attach((struct xpmem_addr){ .apid = apid, .offset = 0 }, PAGE, NULL) != (void *)-1);
 	uint64_t *second = xpmem_attach((struct xpmem_addr){ .apid = apid, .offset = 0 }, 3 * PAGE, NULL);
 	CHECK(second != (void *)-1);
-	keeper_receive(connection, PCI_KEEPER_ATTACHED, &a, &b, NULL);
-	CHECK(a == 0 && b == (int64_t)PAGE);
-	keeper_receive(connection, PCI_KEEPER_ATTACHED, &a, &b, NULL);
-	CHECK(a == PLACE_ALIGN && b == (int64_t)(3 * PAGE));
+	uint64_t len;
+	CHECK(board_entries(0, &len) == 2 && len == PAGE);
+	CHECK(board_entries(PLACE_ALIGN, &len) == 2 && len == 3 * PAGE);
 	CHECK(xpmem_detach(second) == 0);
-	keeper_receive(connection, PCI_KEEPER_DETACHED, &a, &b, NULL);
-	CHECK(a == PLACE_ALIGN);
+	CHECK(board_entries(PLACE_ALIGN, &len) == 1 && len == 0);
 	CHECK(xpmem_remove(segid) == 0);
+	/* The next message after NOTIFY is the removal's: nothing was sent for the attachments. */
 	keeper_receive(connection, PCI_KEEPER_DROP, &a, &b, NULL);
 	CHECK(a == tag);
-	printf("the keeper heard the notify descriptor, both attachments and the detach\n");
+	printf("the keeper heard the notify descriptor; the board showed both attachments and the detach\n");
+}
+
+/* Slots left by processes that ended without detaching (or whose pid another process took
+ * over) are freed when the board is full; a live process's slot stays. */
+static void case_board_full(void)
+{
+	fake_device(1, 1);
+	char path[256];
+	snprintf(path, sizeof path, "%s/board", tree);
+	int fd = open(path, O_RDWR | O_CREAT, 0600);
+	CHECK(fd >= 0 && ftruncate(fd, PCI_BOARD_SLOTS * PCI_BOARD_SLOT_SIZE) == 0);
+	struct pci_board_slot *slots = mmap(NULL, PCI_BOARD_SLOTS * PCI_BOARD_SLOT_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	CHECK(slots != MAP_FAILED);
+	close(fd);
+	/* Every slot held: all but one by a process that is gone (its start time cannot match). */
+	pid_t gone = fork();
+	CHECK(gone >= 0);
+	if (gone == 0)
+		_exit(0);
+	CHECK(waitpid(gone, NULL, 0) == gone);
+	for (size_t i = 0; i < PCI_BOARD_SLOTS; i++) {
+		atomic_store(&slots[i].pid, (uint32_t)(i == 7 ? getppid() : i == 9 ? getppid() : gone));
+		slots[i].start = i == 7 ? start_of(getppid()) : 12345;
+		slots[i].window_offset = 64UL << 30;
+		slots[i].len = PAGE;
+	}
+	xpmem_apid_t apid = xpmem_get(HOST_SEGID, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
+	CHECK(apid > 0);
+	void *at = xpmem_attach((struct xpmem_addr){ .apid = apid, .offset = 0 }, PAGE, NULL);
+	CHECK(at != (void *)-1);
+	uint64_t len;
+	CHECK(board_entries(0, &len) == 1 && len == PAGE);
+	size_t left = 0;
+	for (size_t i = 0; i < PCI_BOARD_SLOTS; i++)
+		left += atomic_load(&slots[i].pid) == (uint32_t)gone;
+	/* Slot 7 is the live parent's; slot 9 names the parent's pid with another start time. */
+	printf("%zu dead processes' slots freed; the live parent's slot %s, the taken-over pid's %s\n",
+	       (size_t)PCI_BOARD_SLOTS - 2 - left, atomic_load(&slots[7].pid) ? "kept" : "freed",
+	       atomic_load(&slots[9].pid) == (uint32_t)getpid() ? "reused" : atomic_load(&slots[9].pid) ? "kept" : "freed");
+	CHECK(left == 0 && atomic_load(&slots[7].pid) == (uint32_t)getppid() && atomic_load(&slots[9].pid) != (uint32_t)getppid());
+	CHECK(xpmem_detach(at) == 0 && board_entries(0, &len) == 0);
+}
+
+/* No board (a path that cannot be made): attaches and detaches still work. */
+static void case_board_absent(void)
+{
+	fake_device(1, 1);
+	setenv("CLOWDER_XEMEM_PCI_BOARD", "/nonexistent/board", 1);
+	xpmem_apid_t apid = xpmem_get(HOST_SEGID, XPMEM_RDWR, XPMEM_PERMIT_MODE, NULL);
+	CHECK(apid > 0);
+	for (int i = 0; i < 3; i++) {
+		char *at = xpmem_attach((struct xpmem_addr){ .apid = apid, .offset = 0 }, PAGE, NULL);
+		CHECK(at != (void *)-1 && xpmem_detach(at) == 0);
+	}
+	printf("attached and detached without a board\n");
 }
 
 static const struct {
@@ -673,6 +772,7 @@ static const struct {
 	{ "discovery", case_discovery }, { "no_device", case_no_device }, { "bad_magic", case_bad_magic },
 	{ "export", case_export },       { "attach", case_attach },       { "host_gone", case_host_gone },
 	{ "keeper", case_keeper },       { "keeper_events", case_keeper_events },
+	{ "board_full", case_board_full }, { "board_absent", case_board_absent },
 	{ "window_kept", case_window_kept }, { "window_mem", case_window_mem },
 	{ "window_sysfs", case_window_sysfs }, { "window_fallback", case_window_fallback },
 	{ "window_devmem", case_window_devmem }, { "window_typo", case_window_typo },

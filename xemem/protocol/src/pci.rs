@@ -50,18 +50,32 @@ pub const OP_SIGNAL: u32 = 10;
 /// libxpmem's messages to the guest agent's keeper (`CLOWDER_XEMEM_KEEPER`, an abstract
 /// `SOCK_SEQPACKET` socket): 24 bytes each, u32 op, u32 zero, then two u64 words `a` and `b`.
 /// KEEP: `a` an export's tag, pipes holding its pages as SCM_RIGHTS. MADE: `a` the tag, `b`
-/// its segment id. DROP: `a` the tag (the process removed it). ATTACHED: `a` a placement's
-/// window offset, `b` its length (the sender attached it: it gets SIGBUS if it touches the
-/// placement after a revocation). DETACHED: `a` the window offset. NOTIFY: `a` the tag, `b`
-/// the segment id, one eventfd as SCM_RIGHTS, written once per signal to the segment.
+/// its segment id. DROP: `a` the tag (the process removed it). NOTIFY: `a` the tag, `b` the
+/// segment id, one eventfd as SCM_RIGHTS, written once per signal to the segment. (Ops 4 and 5
+/// registered attachments until they moved to the board below: a message per attach and
+/// detach woke the agent, milliseconds of emulated guest kernel each on PVM.)
 pub const KEEPER_KEEP: u32 = 1;
 pub const KEEPER_MADE: u32 = 2;
 pub const KEEPER_DROP: u32 = 3;
-pub const KEEPER_ATTACHED: u32 = 4;
-pub const KEEPER_DETACHED: u32 = 5;
 pub const KEEPER_NOTIFY: u32 = 6;
 /// One keeper message's size.
 pub const KEEPER_MESSAGE: u64 = 24;
+
+/// The attachment board: a shared file in the guest (`/run/xemem-pci.attachments`, root's, made
+/// by whichever of the agent and libxpmem opens it first) where libxpmem notes each attachment
+/// with plain stores, and which the agent reads only when the daemon reports a touch of a
+/// revoked placement, to find the processes to SIGBUS. [`BOARD_SLOTS`] slots of
+/// [`BOARD_SLOT_SIZE`] bytes: u32 pid (0: free; taken by compare-and-swap), u32 generation (odd
+/// while the slot's other fields are written: a reader retries), u64 the process's start time
+/// (/proc/PID/stat field 22: a pid taken over by a later process never matches), u64 the
+/// placement's window offset, u64 its length.
+pub const BOARD_SLOTS: u64 = 4096;
+pub const BOARD_SLOT_SIZE: u64 = 32;
+pub const BOARD_PID_AT: u64 = 0;
+pub const BOARD_GENERATION_AT: u64 = 4;
+pub const BOARD_START_AT: u64 = 8;
+pub const BOARD_OFFSET_AT: u64 = 16;
+pub const BOARD_LEN_AT: u64 = 24;
 
 /// What the node daemon tells a Linux guest's agent about XEMEM (carried in the enclave
 /// channel's `HostMessage::Xemem`: a Linux guest runs no XEMEM node, the daemon plays it, so
@@ -118,6 +132,11 @@ const _: () = assert!(
         && RESULTS + 4 * 8 <= NAME
         && NAME + NAME_LEN <= RUNS
         && RUNS % RUN_SIZE == 0
+        && BOARD_PID_AT + 4 == BOARD_GENERATION_AT
+        && BOARD_GENERATION_AT + 4 == BOARD_START_AT
+        && BOARD_START_AT + 8 == BOARD_OFFSET_AT
+        && BOARD_OFFSET_AT + 8 == BOARD_LEN_AT
+        && BOARD_LEN_AT + 8 == BOARD_SLOT_SIZE
 );
 
 #[cfg(test)]
@@ -129,7 +148,7 @@ mod tests {
     /// Every constant above under its C name (`PCI_` + the Rust name).
     fn values() -> BTreeMap<String, u64> {
         use super::*;
-        let pairs: [(&str, u64); 35] = [
+        let pairs: [(&str, u64); 40] = [
             ("VENDOR", VENDOR.into()),
             ("DEVICE", DEVICE.into()),
             ("MAILBOX_SIZE", MAILBOX_SIZE),
@@ -161,10 +180,15 @@ mod tests {
             ("KEEPER_KEEP", KEEPER_KEEP.into()),
             ("KEEPER_MADE", KEEPER_MADE.into()),
             ("KEEPER_DROP", KEEPER_DROP.into()),
-            ("KEEPER_ATTACHED", KEEPER_ATTACHED.into()),
-            ("KEEPER_DETACHED", KEEPER_DETACHED.into()),
             ("KEEPER_NOTIFY", KEEPER_NOTIFY.into()),
             ("KEEPER_MESSAGE", KEEPER_MESSAGE),
+            ("BOARD_SLOTS", BOARD_SLOTS),
+            ("BOARD_SLOT_SIZE", BOARD_SLOT_SIZE),
+            ("BOARD_PID_AT", BOARD_PID_AT),
+            ("BOARD_GENERATION_AT", BOARD_GENERATION_AT),
+            ("BOARD_START_AT", BOARD_START_AT),
+            ("BOARD_OFFSET_AT", BOARD_OFFSET_AT),
+            ("BOARD_LEN_AT", BOARD_LEN_AT),
         ];
         pairs.iter().map(|(name, value)| (format!("PCI_{name}"), *value)).collect()
     }

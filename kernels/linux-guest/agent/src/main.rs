@@ -10,6 +10,7 @@
 mod host_files;
 mod job;
 mod session;
+mod xemem_board;
 mod xemem_keeper;
 
 use std::fs::File;

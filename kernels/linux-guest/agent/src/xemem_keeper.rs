@@ -9,15 +9,15 @@
 //! revoked: SIGBUS on the host) and only then lets the pages go.
 //!
 //! The keeper also delivers, for the daemon, what a guest kernel module would (`Registry`):
-//! - **SIGBUS to attachers**: libxpmem registers each attachment's window offset (ATTACHED,
-//!   DETACHED); when a guest process touches a placement whose segment was revoked, the VMM
-//!   sees the access (it has no memory slot any more), the daemon tells the agent
-//!   (`GuestEvent::Revoked`), and every process that attached that placement gets SIGBUS
-//!   through a pidfd taken when it connected (never a process that took its pid over). A
-//!   user-space sender's signal has si_code SI_USER (the kernel refuses a faked BUS_ADRERR from
-//!   user space), and it comes milliseconds after the touch: reads until then give all ones.
-//!   A child that inherited an attachment across fork is not signalled (only the attacher is
-//!   known).
+//! - **SIGBUS to attachers**: libxpmem notes each attachment on the attachment board
+//!   (`crate::xemem_board`, no message); when a guest process touches a placement whose segment
+//!   was revoked, the VMM sees the access (it has no memory slot any more), the daemon tells
+//!   the agent (`GuestEvent::Revoked`), and every process noted on that placement gets SIGBUS
+//!   through a pidfd, once its pid is seen to still have the start time noted (never a process
+//!   that took its pid over). A user-space sender's signal has si_code SI_USER (the kernel
+//!   refuses a faked BUS_ADRERR from user space), and it comes milliseconds after the touch:
+//!   reads until then give all ones. A child that inherited an attachment across fork is not
+//!   signalled (only the attacher is noted).
 //! - **Signals to owners**: libxpmem's `xemem_notify_fd` in the guest is an eventfd handed
 //!   here (NOTIFY); each `GuestEvent::Signal` for the segment adds one to it, as the owner's
 //!   descriptor counts signals on the host and in an LWK (signals before it exists are counted
@@ -38,16 +38,15 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use xemem::pci::{self, GuestEvent, KEEPER_ATTACHED as ATTACHED, KEEPER_DETACHED as DETACHED, KEEPER_DROP as DROP};
-use xemem::pci::{KEEPER_KEEP as KEEP, KEEPER_MADE as MADE, KEEPER_NOTIFY as NOTIFY};
+use xemem::pci::{self, GuestEvent, KEEPER_DROP as DROP, KEEPER_KEEP as KEEP, KEEPER_MADE as MADE, KEEPER_NOTIFY as NOTIFY};
+
+use crate::xemem_board::{self, Board};
 
 /// The abstract socket name libxpmem connects to (`CLOWDER_XEMEM_KEEPER` there).
 const SOCKET_NAME: &[u8] = b"clowder-xemem-keeper";
-/// What one guest process may make the keeper hold: exports, pipes over all of them, and
-/// attachments registered.
+/// What one guest process may make the keeper hold: exports, and pipes over all of them.
 const MAX_EXPORTS: usize = 4096;
 const MAX_PIPES: usize = 1 << 16;
-const MAX_ATTACHMENTS: usize = 1 << 16;
 
 /// What removes a segment: the device's mailbox, or a test's recorder.
 pub trait Remover {
@@ -55,57 +54,38 @@ pub trait Remover {
     fn remove(&self, segid: i64) -> Result<(), i32>;
 }
 
-/// A connected guest process: its pid, and a pidfd naming exactly it (taken when it
-/// connected), through which it is signalled.
-pub struct Peer {
-    pub pid: i32,
-    pidfd: Option<OwnedFd>,
-}
-
-impl Peer {
-    /// The process at the other end of `socket` (SO_PEERCRED).
-    fn of(socket: &OwnedFd) -> Option<Peer> {
-        let mut credentials = libc::ucred { pid: 0, uid: 0, gid: 0 };
-        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-        // SAFETY: getsockopt into a ucred of the size given.
-        let got =
-            unsafe { libc::getsockopt(socket.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&raw mut credentials).cast(), &mut len) };
-        if got != 0 || credentials.pid <= 0 {
-            return None;
-        }
-        // SAFETY: pidfd_open takes a pid and flags; the result is checked.
-        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, credentials.pid, 0) };
-        // SAFETY: a fresh descriptor from pidfd_open, owned from here on.
-        let pidfd = (pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd as i32) });
-        Some(Peer { pid: credentials.pid, pidfd })
-    }
-}
-
 /// What carries out the daemon's events: signals and eventfd writes, or a test's recorder.
 pub trait Deliver {
-    /// Sends SIGBUS to `peer`.
-    fn sigbus(&self, peer: &Peer);
+    /// Sends SIGBUS to process `pid` if it still has start time `start`: false when it is
+    /// gone (or its pid was taken over).
+    fn sigbus(&self, pid: u32, start: u64) -> bool;
     /// Adds `count` to an owner's notify eventfd.
     fn notify(&self, eventfd: &OwnedFd, count: u64);
 }
 
-/// Signals through pidfds (kill where none could be had) and eventfd writes.
+/// Signals through pidfds and eventfd writes.
 pub struct System;
 
 impl Deliver for System {
-    fn sigbus(&self, peer: &Peer) {
-        // SAFETY: pidfd_send_signal with no siginfo (the kernel fills SI_USER in), or kill of
-        // one process (never a group: 0 and negative pids are not signalled).
-        let sent = unsafe {
-            match &peer.pidfd {
-                Some(pidfd) => libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), libc::SIGBUS, std::ptr::null::<u8>(), 0),
-                None if peer.pid > 0 => libc::kill(peer.pid, libc::SIGBUS).into(),
-                None => return,
-            }
-        };
-        if sent != 0 {
-            eprintln!("clowder-agent: xemem: SIGBUS to process {}: {}", peer.pid, std::io::Error::last_os_error());
+    fn sigbus(&self, pid: u32, start: u64) -> bool {
+        let Ok(pid) = i32::try_from(pid) else { return false };
+        // SAFETY: pidfd_open takes a pid and flags; the result is checked.
+        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if pidfd < 0 {
+            return false;
         }
+        // SAFETY: a fresh descriptor from pidfd_open, owned from here on.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
+        // Checked after the pidfd is taken: it names the process whose start time this is.
+        if xemem_board::start_time(pid as u32) != Some(start) {
+            return false;
+        }
+        // SAFETY: pidfd_send_signal with no siginfo (the kernel fills SI_USER in).
+        let sent = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), libc::SIGBUS, std::ptr::null::<u8>(), 0) };
+        if sent != 0 {
+            eprintln!("clowder-agent: xemem: SIGBUS to process {pid}: {}", std::io::Error::last_os_error());
+        }
+        true
     }
 
     fn notify(&self, eventfd: &OwnedFd, count: u64) {
@@ -124,32 +104,52 @@ struct Owned {
 
 #[derive(Default)]
 struct Index {
-    /// Attachers by window offset: each attachment's connection and process.
-    attached: HashMap<u64, Vec<(u64, Arc<Peer>)>>,
     owned: HashMap<i64, Owned>,
 }
 
-/// Every connection's attachments and exported segments, for the daemon's events.
+/// The attachment board and every connection's exported segments, for the daemon's events.
 #[derive(Default)]
-pub struct Registry(Mutex<Index>);
+pub struct Registry {
+    index: Mutex<Index>,
+    /// `None`: the board could not be had (no SIGBUS after a revocation).
+    board: Option<Board>,
+    /// The generation of each board slot whose attachment was sent its SIGBUS.
+    signalled: Mutex<HashMap<usize, u32>>,
+}
 
 impl Registry {
+    pub fn new(board: Option<Board>) -> Registry {
+        Registry { board, ..Registry::default() }
+    }
+
     fn index(&self) -> std::sync::MutexGuard<'_, Index> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.index.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Carries `event` out: the processes signalled or eventfds written (0: nobody to tell).
     pub fn deliver(&self, event: GuestEvent, deliver: &dyn Deliver) -> usize {
-        let mut index = self.index();
         match event {
             GuestEvent::Revoked { window_offset } => {
-                let peers = index.attached.get(&window_offset).map(Vec::as_slice).unwrap_or_default();
-                for (_, peer) in peers {
-                    deliver.sigbus(peer);
+                let Some(board) = &self.board else { return 0 };
+                // One SIGBUS per attachment: the VMM reports touches every 100 ms while the
+                // process spins, and reports of touches made before the signal reached it
+                // would otherwise land after its handler, wherever it has moved on to.
+                let mut signalled = self.signalled.lock().unwrap_or_else(|e| e.into_inner());
+                let mut count = 0;
+                for noted in board.attachers(window_offset) {
+                    if signalled.get(&noted.slot) == Some(&noted.generation) {
+                        continue;
+                    }
+                    if deliver.sigbus(noted.pid, noted.start) {
+                        signalled.insert(noted.slot, noted.generation);
+                        count += 1;
+                    } else {
+                        board.free(noted);
+                    }
                 }
-                peers.len()
+                count
             }
-            GuestEvent::Signal { segid } => match index.owned.get_mut(&segid) {
+            GuestEvent::Signal { segid } => match self.index().owned.get_mut(&segid) {
                 Some(Owned { eventfd: Some(eventfd), .. }) => {
                     deliver.notify(eventfd, 1);
                     1
@@ -165,12 +165,7 @@ impl Registry {
 
     /// Drops everything of `connection` (its process ended).
     fn forget(&self, connection: u64) {
-        let mut index = self.index();
-        index.attached.retain(|_, peers| {
-            peers.retain(|(of, _)| *of != connection);
-            !peers.is_empty()
-        });
-        index.owned.retain(|_, owned| owned.connection != connection);
+        self.index().owned.retain(|_, owned| owned.connection != connection);
     }
 }
 
@@ -184,17 +179,15 @@ struct Held {
 /// What one guest process handed the keeper.
 pub struct Connection {
     id: u64,
-    peer: Arc<Peer>,
     registry: Arc<Registry>,
     held: HashMap<u64, Held>,
     pipes: usize,
-    attachments: usize,
 }
 
 impl Connection {
-    /// Connection `id` (unique for the agent's life) of `peer`.
-    pub fn new(id: u64, peer: Peer, registry: Arc<Registry>) -> Connection {
-        Connection { id, peer: Arc::new(peer), registry, held: HashMap::new(), pipes: 0, attachments: 0 }
+    /// Connection `id` (unique for the agent's life).
+    pub fn new(id: u64, registry: Arc<Registry>) -> Connection {
+        Connection { id, registry, held: HashMap::new(), pipes: 0 }
     }
 
     /// One message with words `a` and `b`: `Err` for garbage (the connection is then treated
@@ -207,26 +200,6 @@ impl Connection {
         };
         if fds.len() != fds_expected {
             return Err(format!("op {op} carried {} descriptors", fds.len()));
-        }
-        match op {
-            ATTACHED if b > 0 && self.attachments < MAX_ATTACHMENTS => {
-                self.attachments += 1;
-                self.registry.index().attached.entry(a).or_default().push((self.id, self.peer.clone()));
-                return Ok(());
-            }
-            DETACHED => {
-                let mut index = self.registry.index();
-                let peers = index.attached.get_mut(&a).ok_or(format!("a detach of {a:#x}, never attached"))?;
-                let at = peers.iter().position(|(of, _)| *of == self.id).ok_or(format!("a detach of {a:#x}, never attached"))?;
-                peers.swap_remove(at);
-                if peers.is_empty() {
-                    index.attached.remove(&a);
-                }
-                self.attachments -= 1;
-                return Ok(());
-            }
-            ATTACHED => return Err(format!("an attachment of {b:#x} bytes at {a:#x}, or one too many")),
-            _ => {}
         }
         let tag = a;
         if !self.held.contains_key(&tag) && (op != KEEP || self.held.len() >= MAX_EXPORTS) {
@@ -476,7 +449,10 @@ pub fn start() -> Option<Arc<Registry>> {
         OwnedFd::from_raw_fd(fd)
     };
     let mailbox: &'static Mailbox = Box::leak(Box::new(mailbox));
-    let registry = Arc::new(Registry::default());
+    let board = Board::open(xemem_board::PATH)
+        .map_err(|e| eprintln!("clowder-agent: xemem: {}: {e}; no SIGBUS after a revocation", xemem_board::PATH))
+        .ok();
+    let registry = Arc::new(Registry::new(board));
     let shared = registry.clone();
     let spawned = std::thread::Builder::new().name("xemem-keeper".into()).spawn(move || {
         // Kept for the agent's life: pages whose segments could not be removed.
@@ -489,9 +465,7 @@ pub fn start() -> Option<Arc<Registry>> {
             }
             // SAFETY: a fresh descriptor from accept4, owned from here on.
             let socket = unsafe { OwnedFd::from_raw_fd(fd) };
-            // A peer that cannot be named is never signalled (`System::sigbus`).
-            let peer = Peer::of(&socket).unwrap_or(Peer { pid: 0, pidfd: None });
-            let connection = Connection::new(id, peer, shared.clone());
+            let connection = Connection::new(id, shared.clone());
             let kept = kept.clone();
             let _ = std::thread::Builder::new().name("xemem-keeper-process".into()).spawn(move || {
                 let left = serve(socket, connection, mailbox);
@@ -526,19 +500,24 @@ mod tests {
 
     /// A connection of process 1 (never signalled: the recorder only notes it).
     fn new_connection() -> Connection {
-        Connection::new(1, Peer { pid: 1, pidfd: None }, Arc::new(Registry::default()))
+        Connection::new(1, Arc::new(Registry::default()))
     }
 
-    /// SIGBUS and eventfd writes, noted.
+    /// SIGBUS and eventfd writes, noted; the processes in `alive` (pid, start time) exist.
     #[derive(Default)]
     struct Delivered {
-        sigbus: RefCell<Vec<i32>>,
+        alive: Vec<(u32, u64)>,
+        sigbus: RefCell<Vec<u32>>,
         notified: RefCell<Vec<(i32, u64)>>,
     }
 
     impl Deliver for Delivered {
-        fn sigbus(&self, peer: &Peer) {
-            self.sigbus.borrow_mut().push(peer.pid);
+        fn sigbus(&self, pid: u32, start: u64) -> bool {
+            let alive = self.alive.contains(&(pid, start));
+            if alive {
+                self.sigbus.borrow_mut().push(pid);
+            }
+            alive
         }
 
         fn notify(&self, eventfd: &OwnedFd, count: u64) {
@@ -563,31 +542,54 @@ mod tests {
     }
 
     #[test]
-    fn a_revoked_placement_signals_exactly_its_attachers_until_they_detach_or_end() {
-        let registry = Arc::new(Registry::default());
-        let mut first = Connection::new(1, Peer { pid: 100, pidfd: None }, registry.clone());
-        let mut second = Connection::new(2, Peer { pid: 200, pidfd: None }, registry.clone());
-        first.apply(ATTACHED, 0x20_0000, 0x1000, vec![]).unwrap();
-        first.apply(ATTACHED, 0x40_0000, 0x1000, vec![]).unwrap();
-        second.apply(ATTACHED, 0x40_0000, 0x1000, vec![]).unwrap();
-        let delivered = Delivered::default();
+    fn a_revoked_placement_signals_exactly_the_live_processes_noted_on_it() {
+        use crate::xemem_board::tests::{board, note};
+        let (board, _dir) = board("keeper-revoked");
+        note(&board, 0, 100, 7, 0x20_0000, 0x1000);
+        note(&board, 1, 100, 7, 0x40_0000, 0x1000);
+        note(&board, 2, 200, 8, 0x40_0000, 0x1000);
+        // Process 300 ended (its slot names a start time no live process has).
+        note(&board, 3, 300, 9, 0x40_0000, 0x1000);
+        let registry = Registry::new(Some(board));
+        let delivered = Delivered { alive: vec![(100, 7), (200, 8), (300, 10)], ..Delivered::default() };
         assert_eq!(registry.deliver(GuestEvent::Revoked { window_offset: 0x20_0000 }, &delivered), 1);
         assert_eq!(*delivered.sigbus.borrow(), [100]);
         assert_eq!(registry.deliver(GuestEvent::Revoked { window_offset: 0x60_0000 }, &delivered), 0, "nothing placed there");
-        first.apply(DETACHED, 0x20_0000, 0, vec![]).unwrap();
-        assert_eq!(registry.deliver(GuestEvent::Revoked { window_offset: 0x20_0000 }, &delivered), 0, "detached");
-        assert_eq!(registry.deliver(GuestEvent::Revoked { window_offset: 0x40_0000 }, &delivered), 2);
-        assert!(first.apply(DETACHED, 0x20_0000, 0, vec![]).is_err(), "detached twice");
-        first.end(&Recorder::default());
         delivered.sigbus.borrow_mut().clear();
-        assert_eq!(registry.deliver(GuestEvent::Revoked { window_offset: 0x40_0000 }, &delivered), 1, "the ended one forgotten");
-        assert_eq!(*delivered.sigbus.borrow(), [200]);
+        assert_eq!(registry.deliver(GuestEvent::Revoked { window_offset: 0x40_0000 }, &delivered), 2);
+        assert_eq!(*delivered.sigbus.borrow(), [100, 200]);
+        // Once per attachment: later reports of the same placement signal nobody again, but a
+        // new attachment in a slot (a new generation) is signalled.
+        assert_eq!(registry.deliver(GuestEvent::Revoked { window_offset: 0x40_0000 }, &delivered), 0, "signalled already");
+        let board = registry.board.as_ref().unwrap();
+        board.free(board.attachers(0x40_0000)[0]);
+        note(board, 1, 100, 7, 0x40_0000, 0x1000);
+        delivered.sigbus.borrow_mut().clear();
+        assert_eq!(registry.deliver(GuestEvent::Revoked { window_offset: 0x40_0000 }, &delivered), 1, "attached again");
+        assert_eq!(*delivered.sigbus.borrow(), [100]);
+        // The ended process's slot was freed on the way.
+        assert_eq!(board.attachers(0x40_0000).iter().map(|noted| noted.pid).collect::<Vec<_>>(), [100, 200]);
+        // Without a board nobody is signalled, and nothing breaks.
+        assert_eq!(Registry::new(None).deliver(GuestEvent::Revoked { window_offset: 0x40_0000 }, &delivered), 0);
+    }
+
+    #[test]
+    fn the_system_signals_a_process_only_while_its_pid_has_the_start_time_noted() {
+        use std::os::unix::process::ExitStatusExt;
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        let start = xemem_board::start_time(pid).unwrap();
+        assert!(!System.sigbus(pid, start + 1), "a pid taken over by another process");
+        assert!(child.try_wait().unwrap().is_none(), "not signalled");
+        assert!(System.sigbus(pid, start));
+        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGBUS));
+        assert!(!System.sigbus(pid, start), "gone");
     }
 
     #[test]
     fn signals_reach_the_owners_eventfd_and_are_counted_until_it_comes() {
         let registry = Arc::new(Registry::default());
-        let mut owner = Connection::new(1, Peer { pid: 100, pidfd: None }, registry.clone());
+        let mut owner = Connection::new(1, registry.clone());
         owner.apply(KEEP, 1, 0, vec![pipe()]).unwrap();
         owner.apply(MADE, 1, 0x500, vec![]).unwrap();
         // Two signals before the owner asked for its descriptor: counted, then written at once.
@@ -602,7 +604,7 @@ mod tests {
         assert_eq!(count(&ours), 1);
         assert_eq!(registry.deliver(GuestEvent::Signal { segid: 0x700 }, &System), 0, "not a guest export");
         // Another process cannot claim the segment (nor, refused, drop it).
-        let mut other = Connection::new(2, Peer { pid: 200, pidfd: None }, registry.clone());
+        let mut other = Connection::new(2, registry.clone());
         other.apply(KEEP, 1, 0, vec![]).unwrap();
         assert!(other.apply(MADE, 1, 0x500, vec![]).is_err(), "made by another process");
         other.apply(DROP, 1, 0, vec![]).unwrap();
@@ -616,20 +618,16 @@ mod tests {
     }
 
     #[test]
-    fn attachment_garbage_is_refused() {
+    fn stale_ops_and_notify_garbage_are_refused() {
         let mut connection = new_connection();
-        assert!(connection.apply(ATTACHED, 0x20_0000, 0, vec![]).is_err(), "no length");
-        assert!(connection.apply(ATTACHED, 0x20_0000, 0x1000, vec![pipe()]).is_err(), "a descriptor");
-        assert!(connection.apply(DETACHED, 0x20_0000, 0, vec![]).is_err(), "never attached");
+        // Ops 4 and 5 (attachments, now on the board) are unknown.
+        assert!(connection.apply(4, 0x20_0000, 0x1000, vec![]).is_err(), "op 4");
+        assert!(connection.apply(5, 0x20_0000, 0, vec![]).is_err(), "op 5");
         connection.apply(KEEP, 1, 0, vec![]).unwrap();
         assert!(connection.apply(NOTIFY, 1, 0x500, vec![eventfd()]).is_err(), "before the make");
         connection.apply(MADE, 1, 0x500, vec![]).unwrap();
         assert!(connection.apply(NOTIFY, 1, 0x500, vec![]).is_err(), "no descriptor");
         assert!(connection.apply(NOTIFY, 1, 0x500, vec![eventfd(), eventfd()]).is_err(), "two descriptors");
-        for at in 0..MAX_ATTACHMENTS as u64 {
-            connection.apply(ATTACHED, at << 21, 0x1000, vec![]).unwrap();
-        }
-        assert!(connection.apply(ATTACHED, 0, 0x1000, vec![]).is_err(), "one attachment too many");
     }
 
     fn pipe() -> OwnedFd {

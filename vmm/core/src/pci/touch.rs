@@ -18,8 +18,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// The least time between two reports of one placement: a process that handles SIGBUS and
-/// touches again gets its next one after at most this long.
+/// The least time between two reports of one placement (the guest agent signals each
+/// attachment once; a report that finds its attacher signalled already is dropped there).
 pub const REPORT_INTERVAL: Duration = Duration::from_millis(100);
 
 /// At most one event per key per `REPORT_INTERVAL`.
