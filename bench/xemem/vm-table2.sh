@@ -8,10 +8,12 @@
 # 1024"), RUNS (3), ATTACHES (10), READS (5), VM_OWNER_MAX (MiB a VM owner exports at most,
 # default 1024, 0 for none: its pages are first touched in emulated guest kernel code, written
 # once for all its segments; the VM gets that much more memory), LWK (1: the LWK rows),
-# LOCAL_MIB (the VM attacher's local buffer, default 32), BACKINGS (2m: the host owner's
-# pages). LOG=FILE keeps the benchmark's output there. NO_WRITE=1 prints the tables only. If the
-# benchmark fails, the tables of what it measured are still made (the rest marked as not
-# measured) and the script exits with its status.
+# LOCAL_MIB (the VM attacher's local buffer, default 256), HUGEPAGES (1, the default: the VM's
+# and the LWK's RAM on 2 MiB pages, as the host owner's; 0: 4 KiB), BACKINGS (2m: the host
+# owner's pages). Two VMs are booted in turn, the second for the VM-owner rows (see below).
+# LOG=FILE keeps the benchmark's output there (the second VM's in FILE.owners). NO_WRITE=1
+# prints the tables only. If the benchmark fails, the tables of what it measured are still made
+# (the rest marked as not measured) and the script exits with its status.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -54,17 +56,30 @@ echo "vm-table2: $started, $(nproc) CPUs, load $load_before"
 t0=$(date +%s)
 export SIZES=${SIZES:-128 256 512 1024} VM_OWNER_MAX=${VM_OWNER_MAX:-1024} LWK=${LWK:-1} BACKINGS=${BACKINGS-2m}
 status=0
-RUNS=${RUNS:-3} ATTACHES=${ATTACHES:-10} READS=${READS:-5} CLOWDER_LINUX_HOST_FILES=0 \
-    cargo test --release -p clowderd --test xemem_linux_vm -- --ignored --nocapture vm_attach_bench 2>&1 | tee "$log" || status=$?
+export RUNS=${RUNS:-3} ATTACHES=${ATTACHES:-10} READS=${READS:-5} CLOWDER_LINUX_HOST_FILES=0
+bench() {
+    cargo test --release -p clowderd --test xemem_linux_vm -- --ignored --nocapture vm_attach_bench 2>&1 | tee "$1" || status=$?
+}
+# Two VMs, one after the other. The directions into the VM first, in a VM whose RAM is on 2 MiB
+# pages as the host owner's segments are (HUGEPAGES). Then the VM-owner rows, in a VM on 4 KiB
+# pages: a guest exports 4 KiB frames scattered over its RAM, which a host process can map only
+# from 4 KiB pages (clowderd refuses partial hugepages: owner_runs.rs, WholePagesOnly).
+logs=("$log")
+VM_OWNER_MAX=0 bench "$log"
+owned=$(for mib in $SIZES; do if [ "$mib" -le "$VM_OWNER_MAX" ]; then echo "$mib"; fi; done | xargs)
+if [ -n "$owned" ] && [ "$status" = 0 ]; then
+    logs+=("$log.owners")
+    SIZES=$owned VM_ATTACHER=0 HUGEPAGES=0 BACKINGS= bench "$log.owners"
+fi
 args=(--date "$started" --load-before "$load_before" --load-after "$(cut -d' ' -f1-3 /proc/loadavg)"
     --elapsed $(( $(date +%s) - t0 )) --commit "$(git rev-parse --short HEAD)"
     --machine "$(uname -r), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) CPUs"
     --sizes "$SIZES" --vm-owner-max "$VM_OWNER_MAX" --lwk "$LWK" --backings "$BACKINGS")
 if [ "${NO_WRITE:-0}" = 1 ]; then
-    python3 bench/xemem/vm_table2.py "$log" "${args[@]}"
+    python3 bench/xemem/vm_table2.py "${logs[@]}" "${args[@]}"
 else
     python3 -c 'import matplotlib' 2>/dev/null || pip install -q matplotlib 2>/dev/null ||
         pip install -q --break-system-packages matplotlib
-    python3 bench/xemem/vm_table2.py "$log" "${args[@]}" --write docs/results/xemem-attach.md --figure docs/results/xemem-vm.png
+    python3 bench/xemem/vm_table2.py "${logs[@]}" "${args[@]}" --write docs/results/xemem-attach.md --figure docs/results/xemem-vm.png
 fi
 exit $status

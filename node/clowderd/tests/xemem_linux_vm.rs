@@ -36,13 +36,13 @@ fn guest_files() -> (PathBuf, PathBuf) {
     (guest_file("CLOWDER_LINUX_KERNEL", &[]), guest_file("CLOWDER_LINUX_INITRD", &["initramfs"]))
 }
 
-/// Creates Linux enclave `name` of `mem` booting `guest` ([`guest_files`]) under the daemon at
-/// `socket` and says how long it took to be ready.
-fn create_linux_enclave(socket: &Path, name: &str, mem: &str, (kernel, initrd): &(PathBuf, PathBuf)) {
+/// Creates Linux enclave `name` of `mem` (on 2 MiB pages if `hugepages`) booting `guest`
+/// ([`guest_files`]) under the daemon at `socket` and says how long it took to be ready.
+fn create_linux_enclave(socket: &Path, name: &str, mem: &str, hugepages: bool, (kernel, initrd): &(PathBuf, PathBuf)) {
     let started = Instant::now();
     let created = call(
         socket,
-        json!({"op": "create", "name": name, "kind": "linux", "cores": 1, "mem": mem,
+        json!({"op": "create", "name": name, "kind": "linux", "cores": 1, "mem": mem, "hugepages": hugepages,
                "kernel": kernel.to_str().unwrap(), "initrd": initrd.to_str().unwrap()}),
     );
     assert_eq!(created["ok"], true, "{created}");
@@ -59,10 +59,16 @@ fn one_xpmem_program_exchanges_memory_between_host_and_vm() {
     let bench = std::env::var_os("CLOWDER_XEMEM_VM_BENCH").is_some();
     // `vm2` is the other side of VM<->VM: booted beside `vm`, so the two boots overlap.
     let guest = guest_files();
-    std::thread::scope(|scope| {
-        let second = scope.spawn(|| create_linux_enclave(&daemon.socket, "vm2", "256M", &guest));
-        create_linux_enclave(&daemon.socket, "vm", &if bench { bench_vm_mem() } else { "256M".into() }, &guest);
+    let _bench_pages = std::thread::scope(|scope| {
+        let second = scope.spawn(|| create_linux_enclave(&daemon.socket, "vm2", "256M", false, &guest));
+        let pages = if bench {
+            create_bench_vm(&daemon.socket, &guest)
+        } else {
+            create_linux_enclave(&daemon.socket, "vm", "256M", false, &guest);
+            None
+        };
         second.join().unwrap();
+        pages
     });
 
     // The host side starts once the guest has made its segment: a job's start in a guest may
@@ -226,13 +232,15 @@ fn lwk_and_vm_exchange(daemon: &BrokeredDaemon, program: &Path, dir: &Path) {
 ///   in the VM exports every one of these segments in turn over one region, whose pages it
 ///   writes once, as the sizes first need them: every first touch of a guest page is emulated
 ///   guest kernel work on a PVM host (about 5 ms a page at load 4-8), so a region per segment
-///   would take hours. The VM has that much more memory ([`bench_vm_mem`]);
+///   would take hours. The VM has that much more memory ([`bench_vm_mib`]);
 /// - LWK->VM from an LWK enclave beside the VM (`LWK`, default 1, for both LWK directions);
+///   `VM_ATTACHER=0` leaves LWK->VM and host->VM out (bench/xemem/vm-table2.sh measures the VM
+///   owner's rows in a VM of their own, on 4 KiB pages: see there);
 /// - host->VM with the host owner's region on 4 KiB and on 2 MiB pages (`BACKINGS`, default
 ///   "4k 2m"; hugepages reserved for the run, the 2m rows skipped if the kernel has too few).
 ///
-/// A VM attacher's local buffer is `LOCAL_MIB` (default 32) read repeatedly (a buffer of the
-/// region's size is minutes of first touches in the guest). Prints `row DIRECTION ...` lines
+/// A VM attacher's local buffer is `LOCAL_MIB` (default 256: eight times this machine's L3, a
+/// buffer of the region's size being minutes of first touches in the guest) read repeatedly. Prints `row DIRECTION ...` lines
 /// (attach_bench's columns, and its `first` lines), `vm-owner made NAME MIB SECONDS` (the wait
 /// for the make from the previous attacher's end, or the job's start: the new pages' first
 /// touches, mlock and pagemap in the guest) and the VMM's memory beyond guest RAM. Run by
@@ -247,7 +255,7 @@ fn lwk_and_vm_exchange(daemon: &BrokeredDaemon, program: &Path, dir: &Path) {
 fn vm_attach_bench() {
     let Some(dir) = job_test_dir("clowder-xemem-vm-bench") else { return };
     let daemon = start_daemon_with_broker(&dir.0);
-    create_linux_enclave(&daemon.socket, "vm", &bench_vm_mem(), &guest_files());
+    let _pages = create_bench_vm(&daemon.socket, &guest_files());
     bench_rows(&daemon, &dir.0);
     let removed = call(&daemon.socket, json!({"op": "rm", "name": "vm"}));
     assert_eq!(removed["ok"], true, "{removed}");
@@ -266,10 +274,32 @@ fn bench_sizes() -> (Vec<u64>, Vec<u64>) {
     (sizes, owned)
 }
 
-/// The memory of the benchmark's VM: 512 MiB, or the VM owner's largest region and 256 MiB for
-/// the guest's own use (its kernel, the agent, an attacher's local buffer).
-fn bench_vm_mem() -> String {
-    format!("{}M", bench_sizes().1.iter().map(|mib| mib + 256).max().unwrap_or(0).max(512))
+/// The memory of the benchmark's VM in MiB: at least 512, room for the VM owner's largest region
+/// beside an attacher's local buffer, and 128 MiB for the guest's own use (its kernel, the agent).
+fn bench_vm_mib() -> u64 {
+    let local: u64 = bench_setting("LOCAL_MIB", "256").parse().unwrap();
+    (bench_sizes().1.iter().copied().max().unwrap_or(0) + local + 128).max(512)
+}
+
+/// `HUGEPAGES` (default 1): the benchmark's enclaves (the VM and the LWK) get their RAM on 2 MiB
+/// pages, as the host owner's 2m rows' memory is, so an attacher's local buffer and the memory
+/// it attaches are read through the same host page size (on this machine a guest reads 4 KiB
+/// host pages at about half the rate of 2 MiB ones). `None` for 4 KiB pages; else the pages
+/// reserved for `mib` MiB, or 4 KiB pages when the kernel cannot give them (said on stderr).
+fn bench_hugepages(what: &str, mib: u64) -> Option<support::hugepages::Reservation> {
+    (bench_setting("HUGEPAGES", "1") == "1")
+        .then(|| support::hugepages::Reservation::free_pages(mib / 2).map_err(|e| eprintln!("{what} on 4 KiB pages: {e}")).ok())
+        .flatten()
+}
+
+/// The benchmark's VM, `vm`, booted on 2 MiB pages unless [`bench_hugepages`] says not: the
+/// pages reserved for it.
+fn create_bench_vm(socket: &Path, guest: &(PathBuf, PathBuf)) -> Option<support::hugepages::Reservation> {
+    let mib = bench_vm_mib();
+    let pages = bench_hugepages("the VM's RAM", mib);
+    create_linux_enclave(socket, "vm", &format!("{mib}M"), pages.is_some(), guest);
+    println!("vm-ram {mib} MiB on {} pages", if pages.is_some() { "2 MiB" } else { "4 KiB" });
+    pages
 }
 
 /// [`vm_attach_bench`]'s measurements in Linux enclave `vm` of `daemon`, scratch files in `dir`.
@@ -278,7 +308,7 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
     build_musl_job("../bench/attach_bench.c", &bench).unwrap();
     let (sizes, owned) = bench_sizes();
     let (attaches, reads, local) =
-        (bench_setting("ATTACHES", "5"), bench_setting("READS", "3"), format!("local={}", bench_setting("LOCAL_MIB", "32")));
+        (bench_setting("ATTACHES", "5"), bench_setting("READS", "3"), format!("local={}", bench_setting("LOCAL_MIB", "256")));
     let runs: u32 = bench_setting("RUNS", "1").parse().unwrap();
     let largest = sizes.iter().copied().max().unwrap_or(0);
     let host = |args: &[String]| {
@@ -332,10 +362,19 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
     };
     // Both LWK directions: an LWK enclave beside the VM, big enough for the largest region twice.
     let lwk = bench_setting("LWK", "1") == "1";
-    if lwk {
-        let created = call(&daemon.socket, json!({"op": "create", "name": "lwk", "cores": 1, "mem": format!("{}M", 2 * largest + 256)}));
+    // VM_ATTACHER=0 leaves out the directions into the VM (a run for the VM-owner rows alone).
+    let vm_attacher = bench_setting("VM_ATTACHER", "1") == "1";
+    let lwk_pages = lwk.then(|| {
+        let mib = 2 * largest + 256;
+        let pages = bench_hugepages("the LWK's RAM", mib);
+        let created = call(
+            &daemon.socket,
+            json!({"op": "create", "name": "lwk", "cores": 1, "mem": format!("{mib}M"), "hugepages": pages.is_some()}),
+        );
         assert_eq!(created["ok"], true, "{created}");
-    }
+        println!("lwk-ram {mib} MiB on {} pages", if pages.is_some() { "2 MiB" } else { "4 KiB" });
+        pages
+    });
     let hugepages = support::hugepages::Reservation::free_pages(largest / 2).map_err(|e| eprintln!("host->VM 2m rows skipped: {e}")).ok();
     let backings = bench_setting("BACKINGS", "4k 2m");
     let backings: Vec<&str> = backings.split_whitespace().filter(|&b| b == "4k" || (b == "2m" && hugepages.is_some())).collect();
@@ -375,7 +414,7 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
             rows(direction, &out);
             since = Instant::now();
         }
-        for &mib in sizes.iter().filter(|_| lwk) {
+        for &mib in sizes.iter().filter(|_| lwk && vm_attacher) {
             let name = format!("lv{mib}r{run}");
             let owner = job("lwk", owner_args(&name, "4k", mib));
             let attacher = made(&owner, &name).then(|| job("vm", attacher_args(&name, mib, true)));
@@ -387,7 +426,7 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
             rows("lwk->vm", &out);
             rows("lwk->vm", &owner_out);
         }
-        for (&backing, &mib) in backings.iter().flat_map(|backing| sizes.iter().map(move |mib| (backing, mib))) {
+        for (&backing, &mib) in backings.iter().filter(|_| vm_attacher).flat_map(|backing| sizes.iter().map(move |mib| (backing, mib))) {
             let name = format!("h{backing}v{mib}r{run}");
             let owner = host(&owner_args(&name, backing, mib));
             let (reply, out) = job("vm", attacher_args(&name, mib, true)).0.join().unwrap();
@@ -411,7 +450,8 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
         build_musl_job("../../bench/xemem/vm_read_probe.c", &probe).unwrap();
         let (name, backing) = (format!("probe{mib}"), if hugepages.is_some() { "2m" } else { "4k" });
         let owner = host(&owner_args(&name, backing, mib.parse().unwrap()));
-        let argv = ["./vm_read_probe", name.as_str(), mib.as_str(), &bench_setting("PROBE_ROUNDS", "3"), &bench_setting("LOCAL_MIB", "32")];
+        let argv =
+            ["./vm_read_probe", name.as_str(), mib.as_str(), &bench_setting("PROBE_ROUNDS", "3"), &bench_setting("LOCAL_MIB", "256")];
         // The host's clock around the job, to place its phases among the host's counters.
         let epoch = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
         let launched = epoch();
@@ -421,7 +461,7 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
         println!("probe host backing {backing}, job launched {launched:.3}, ended {:.3} (host epoch s)", epoch());
         out.lines().filter(|l| l.starts_with("probe ")).for_each(|l| println!("{l}"));
     }
-    drop(hugepages);
+    drop((hugepages, lwk_pages));
     let listing = call(&daemon.socket, json!({"op": "ls"}));
     let pid = listing["enclaves"].as_array().unwrap().iter().find(|e| e["name"] == "vm").and_then(|e| e["pid"].as_u64()).unwrap();
     // RSS by kind, and the proportional set (the guest's RAM memfd is shared with the daemon).
