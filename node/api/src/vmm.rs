@@ -9,9 +9,14 @@ use serde::{Deserialize, Serialize};
 use crate::codec::Limits;
 use crate::{fields, no_fields, split_op, ApiError};
 
-/// What one control request may hold: small lines, and at most 4 descriptors (`add_region`
-/// takes one; a `translate` reply carries at most this many).
-pub const LIMITS: Limits = Limits { max_line: 64 * 1024, max_fds: 4, timeout: None };
+/// What one control request may hold: lines long enough for `add_pieces` with
+/// [`MAX_PIECES`] pieces, and at most 4 descriptors (`add_region` takes one; a `translate`
+/// reply carries at most this many).
+pub const LIMITS: Limits = Limits { max_line: MAX_PIECES * Piece::MAX_JSON + 4096, max_fds: 4, timeout: None };
+
+/// The most pieces one `add_pieces` may name (4 GiB of 4 KiB pages). The VMM maps each
+/// piece on its own, so the host's `vm.max_map_count` (65530 by default) bounds them first.
+pub const MAX_PIECES: usize = 1 << 20;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -26,6 +31,8 @@ pub enum VmmRequest {
     Channel,
     /// Maps the one descriptor sent with the request into the guest.
     AddRegion(AddRegion),
+    /// Maps pieces of the one descriptor sent with the request, end to end, as one region.
+    AddPieces(AddPieces),
     RemoveRegion {
         slot: u32,
     },
@@ -74,13 +81,14 @@ impl VmmRequest {
             "memory" => no_fields(&op, rest).map(|()| VmmRequest::Memory)?,
             "channel" => no_fields(&op, rest).map(|()| VmmRequest::Channel)?,
             "add_region" => VmmRequest::AddRegion(fields(&op, rest)?),
+            "add_pieces" => VmmRequest::AddPieces(fields(&op, rest)?),
             "remove_region" => fields::<Slot>(&op, rest).map(|s| VmmRequest::RemoveRegion { slot: s.slot })?,
             "translate" => fields::<Range>(&op, rest).map(|r| VmmRequest::Translate { gpa: r.gpa, len: r.len })?,
             "profile" => fields::<Steps>(&op, rest).map(|s| VmmRequest::Profile { vcpu: s.vcpu, steps: s.steps })?,
             other => {
                 return Err(ApiError::invalid(format!(
-                    "unknown op {other:?} (stats, pause, resume, stop, memory, channel, add_region, remove_region, \
-                     translate, profile)"
+                    "unknown op {other:?} (stats, pause, resume, stop, memory, channel, add_region, add_pieces, \
+                     remove_region, translate, profile)"
                 )))
             }
         })
@@ -98,6 +106,45 @@ pub struct AddRegion {
     pub gpa: Option<u64>,
     #[serde(default)]
     pub read_only: bool,
+}
+
+/// The fields of `add_pieces`: one region made of `pieces` of the descriptor's file, end to
+/// end in the guest (one memory slot for an owner's scattered frames).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddPieces {
+    pub pieces: Vec<Piece>,
+    /// Where in the guest; the VMM chooses when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpa: Option<u64>,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// `len` bytes of a file from `offset`; on the wire `[offset, len]` (a request names up to
+/// [`MAX_PIECES`] of them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "(u64, u64)", into = "(u64, u64)")]
+pub struct Piece {
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl Piece {
+    /// The longest a piece is in JSON: `[`, two 20-digit numbers, `,`, `]` and a `,` after it.
+    const MAX_JSON: usize = 2 * 20 + 4;
+}
+
+impl From<(u64, u64)> for Piece {
+    fn from((offset, len): (u64, u64)) -> Piece {
+        Piece { offset, len }
+    }
+}
+
+impl From<Piece> for (u64, u64) {
+    fn from(piece: Piece) -> (u64, u64) {
+        (piece.offset, piece.len)
+    }
 }
 
 /// A memory region added to the guest (`add_region`, `remove_region`, and in `stats`).
@@ -186,6 +233,11 @@ mod tests {
             VmmRequest::Memory,
             VmmRequest::Channel,
             VmmRequest::AddRegion(add),
+            VmmRequest::AddPieces(AddPieces {
+                pieces: vec![Piece { offset: 8192, len: 4096 }, Piece::from((0, 4096))],
+                gpa: None,
+                read_only: false,
+            }),
             VmmRequest::RemoveRegion { slot: 3 },
             VmmRequest::Translate { gpa: 4096, len: 8192 },
             VmmRequest::Profile { vcpu: 0, steps: 100 },
@@ -196,11 +248,24 @@ mod tests {
     }
 
     #[test]
+    fn pieces_are_pairs_on_the_wire_and_the_most_fit_one_line() {
+        let pieces = vec![Piece { offset: u64::MAX, len: u64::MAX }; MAX_PIECES];
+        let line = serde_json::to_vec(&VmmRequest::AddPieces(AddPieces { pieces, gpa: Some(u64::MAX), read_only: true })).unwrap();
+        assert!(line.len() < LIMITS.max_line, "{} bytes", line.len());
+        let one = serde_json::to_string(&Piece { offset: 4096, len: 8192 }).unwrap();
+        assert_eq!(one, "[4096,8192]");
+    }
+
+    #[test]
     fn bad_requests_name_the_field() {
         let error = |line: &str| VmmRequest::parse(line.as_bytes()).unwrap_err().message;
         assert!(error(r#"{"op":"add_region","offset":0,"len":4096,"read_only":"yes"}"#).contains("`read_only`"));
         assert!(error(r#"{"op":"translate","gpa":-1,"len":1}"#).contains("`gpa`"));
         assert!(error(r#"{"op":"stats","verbose":true}"#).contains("unknown field `verbose`"));
+        for pieces in ["[[0,4096,1]]", r#"[{"offset":0}]"#, "[[0,-1]]"] {
+            let message = error(&format!(r#"{{"op":"add_pieces","pieces":{pieces}}}"#));
+            assert!(message.contains("`pieces[0]"), "{pieces}: {message}");
+        }
         assert!(error(r#"{"op":"fly"}"#).contains("unknown op"));
     }
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use clowder_api::codec::{Limits, LineSocket, ReceiveError};
 use clowder_api::vmm::{
-    AddRegion, ChannelReply, Done, MemoryReply, ProfileReply, RamRange, Region, StatsReply, TranslateReply, VmmRequest, LIMITS,
+    AddPieces, AddRegion, ChannelReply, Done, MemoryReply, ProfileReply, RamRange, Region, StatsReply, TranslateReply, VmmRequest, LIMITS,
 };
 use clowder_api::{ok_reply, parse_reply, ApiError, ErrorKind};
 use serde::de::DeserializeOwned;
@@ -44,8 +44,8 @@ pub fn handle_request(vm: &VmHandle, line: &[u8], files: &[File]) -> Answer {
 }
 
 fn answer(vm: &VmHandle, request: VmmRequest, files: &[File]) -> Result<Answer, ApiError> {
-    if !matches!(request, VmmRequest::AddRegion(_)) && !files.is_empty() {
-        return Err(ApiError::invalid("only `add_region` takes a file descriptor"));
+    if !matches!(request, VmmRequest::AddRegion(_) | VmmRequest::AddPieces(_)) && !files.is_empty() {
+        return Err(ApiError::invalid("only `add_region` and `add_pieces` take a file descriptor"));
     }
     let done = || (ok_reply(&Done {}), Vec::new());
     Ok(match request {
@@ -86,6 +86,15 @@ fn answer(vm: &VmHandle, request: VmmRequest, files: &[File]) -> Result<Answer, 
             };
             let access = if read_only { RegionAccess::ReadOnly } else { RegionAccess::ReadWrite };
             let added = vm.add_region(file.as_raw_fd(), offset, len, gpa, access).map_err(failed)?;
+            (ok_reply(&region(&added)), Vec::new())
+        }
+        VmmRequest::AddPieces(AddPieces { pieces, gpa, read_only }) => {
+            let [file] = files else {
+                return Err(ApiError::invalid(format!("add_pieces needs exactly one file descriptor, got {}", files.len())));
+            };
+            let access = if read_only { RegionAccess::ReadOnly } else { RegionAccess::ReadWrite };
+            let pieces: Vec<(u64, u64)> = pieces.into_iter().map(Into::into).collect();
+            let added = vm.add_pieces(file.as_raw_fd(), &pieces, gpa, access).map_err(failed)?;
             (ok_reply(&region(&added)), Vec::new())
         }
         VmmRequest::RemoveRegion { slot } => (ok_reply(&region(&vm.remove_region(slot).map_err(failed)?)), Vec::new()),

@@ -272,6 +272,12 @@ impl VmHandle {
         Ok(self.memory.lock().unwrap().add_region(&self.vm_fd, fd, offset, len, gpa, access)?)
     }
 
+    /// Maps `pieces` (offset, length) of `fd` end to end as one region (see
+    /// [`GuestMemory::add_pieces`]).
+    pub fn add_pieces(&self, fd: RawFd, pieces: &[(u64, u64)], gpa: Option<u64>, access: RegionAccess) -> Result<RegionInfo, VmError> {
+        Ok(self.memory.lock().unwrap().add_pieces(&self.vm_fd, fd, pieces, gpa, access)?)
+    }
+
     pub fn remove_region(&self, slot: u32) -> Result<RegionInfo, VmError> {
         Ok(self.memory.lock().unwrap().remove_region(&self.vm_fd, slot)?)
     }
