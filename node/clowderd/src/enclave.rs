@@ -633,6 +633,22 @@ impl GuestRegions for Enclave {
         }
         added
     }
+    fn add_pieces(&self, file: &std::fs::File, pieces: &[clowder_api::vmm::Piece]) -> Option<Result<SharedRegion, String>> {
+        let added = self.machine.lock().unwrap().add_region_pieces(file, pieces)?;
+        let len = pieces.iter().fold(0u64, |len, piece| len.saturating_add(piece.len));
+        match &added {
+            Ok(region) => self.log.push(format!(
+                "clowderd: xemem: host memory ({len:#x} bytes in {} pieces) is region {} at {:#x}",
+                pieces.len(),
+                region.slot,
+                region.gpa
+            )),
+            Err(e) => {
+                self.log.push(format!("clowderd: xemem: adding host memory ({len:#x} bytes in {} pieces) as a region: {e}", pieces.len()))
+            }
+        }
+        Some(added)
+    }
     fn remove(&self, slot: u32) -> Result<(), String> {
         let removed = self.machine.lock().unwrap().remove_region(slot);
         let word = {

@@ -12,7 +12,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use clowder_api::vmm::{AddRegion, ChannelReply, MemoryReply, Region, VmmRequest};
+use clowder_api::vmm::{AddPieces, AddRegion, ChannelReply, MemoryReply, Region, VmmRequest};
 use vmm::control::ControlClient;
 use vmm::memory::POPULATE_PROGRESS;
 pub use vmm::RegionAccess;
@@ -65,6 +65,11 @@ pub trait Machine: Send {
     /// words). Machines without run-time regions refuse.
     fn add_region_range(&mut self, _file: &File, _offset: u64, _len: u64, _access: RegionAccess) -> Result<SharedRegion, String> {
         Err("this machine cannot add memory regions at run time".into())
+    }
+    /// Makes `pieces` of `file`, end to end, ONE new guest-physical region (an owner's
+    /// scattered frames in one memory slot, not a slot each). `None`: this machine cannot.
+    fn add_region_pieces(&mut self, _file: &File, _pieces: &[clowder_api::vmm::Piece]) -> Option<Result<SharedRegion, String>> {
+        None
     }
     /// Without blocking: how the machine ended, once it has.
     fn ended(&mut self) -> Option<String>;
@@ -344,6 +349,12 @@ impl Machine for VmmMachine {
         let request = VmmRequest::AddRegion(AddRegion { offset, len, gpa: None, read_only: access == RegionAccess::ReadOnly });
         let (region, _): (Region, _) = self.control.request(&request, &[file.as_raw_fd()])?;
         Ok(SharedRegion { slot: region.slot, gpa: region.gpa })
+    }
+
+    fn add_region_pieces(&mut self, file: &File, pieces: &[clowder_api::vmm::Piece]) -> Option<Result<SharedRegion, String>> {
+        let request = VmmRequest::AddPieces(AddPieces { pieces: pieces.to_vec(), gpa: None, read_only: false });
+        let added = self.control.request::<Region>(&request, &[file.as_raw_fd()]);
+        Some(added.map(|(region, _)| SharedRegion { slot: region.slot, gpa: region.gpa }))
     }
 
     fn remove_region(&mut self, slot: u32) -> Result<(), String> {

@@ -102,7 +102,7 @@ impl BridgedAttachment {
         if let Some(again) = kept.take_if(same) {
             return Ok(BridgedAttachment { mapped: true, ..again });
         }
-        let (frames, added) = runs_into_regions(runs, regions)?;
+        let (frames, added) = runs_into_regions(runs, identities.as_deref(), regions)?;
         Ok(BridgedAttachment { offset, size, runs: identities, frames, regions: added, mapped: true, count_at: None })
     }
 
@@ -129,11 +129,30 @@ impl BridgedAttachment {
 }
 
 /// A source's run, as a kept attachment is compared with a new answer: the same file (device
-/// and inode) at the same place, or a hole of the same length.
+/// and inode) at the same place, or a hole of the same length. `unit` is the size of the
+/// file's pages (4 KiB, or 2 MiB on hugetlbfs): a run of whole ones may join others in one
+/// region (`runs_into_regions`).
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum RunIdentity {
     Hole { length: u64 },
-    Memory { device: u64, inode: u64, offset: u64, length: u64 },
+    Memory { device: u64, inode: u64, offset: u64, length: u64, unit: u64 },
+}
+
+impl RunIdentity {
+    /// Whether this run and `next`, side by side in an answer, may be pieces of one region:
+    /// whole pages of one file.
+    fn joins(&self, next: &RunIdentity) -> bool {
+        let whole = |run: &RunIdentity| match *run {
+            RunIdentity::Memory { offset, length, unit, .. } => offset % unit == 0 && length % unit == 0,
+            RunIdentity::Hole { .. } => false,
+        };
+        match (self, next) {
+            (RunIdentity::Memory { device, inode, .. }, RunIdentity::Memory { device: next_device, inode: next_inode, .. }) => {
+                device == next_device && inode == next_inode && whole(self) && whole(next)
+            }
+            _ => false,
+        }
+    }
 }
 
 /// The identities of `runs`, or `None` if a file cannot be looked at.
@@ -144,7 +163,8 @@ pub(super) fn run_identities(runs: &[xemem_host::EnclaveRun]) -> Option<Vec<RunI
             xemem_host::EnclaveRun::Hole { length } => Some(RunIdentity::Hole { length: *length }),
             xemem_host::EnclaveRun::Memory { file, offset, length } => {
                 let metadata = File::from(file.try_clone().ok()?).metadata().ok()?;
-                Some(RunIdentity::Memory { device: metadata.dev(), inode: metadata.ino(), offset: *offset, length: *length })
+                let unit = metadata.blksize().max(xemem::PAGE_SIZE);
+                Some(RunIdentity::Memory { device: metadata.dev(), inode: metadata.ino(), offset: *offset, length: *length, unit })
             }
         })
         .collect()
@@ -228,60 +248,90 @@ impl Bridge {
 /// Turns the owner's memfd runs into new guest-physical regions of the attaching enclave; on
 /// any failure the regions added so far are removed again. Every run is checked first: a
 /// memory run must be page-aligned in its file and a non-empty multiple of pages long, and
-/// the region the VMM answers with must be page-aligned.
+/// the region the VMM answers with must be page-aligned. Memory runs of one file side by
+/// side in the answer (by their `identities`, when known) become ONE region of their pieces
+/// where the machine can: a VM owner's scattered 4 KiB pages would otherwise take a memory
+/// slot (and a request to the VMM) each, and KVM has 32764 slots.
 pub(super) fn runs_into_regions(
     runs: &[xemem_host::EnclaveRun],
+    identities: Option<&[RunIdentity]>,
     regions: &dyn GuestRegions,
 ) -> Result<(Vec<FrameRun>, Vec<SharedRegion>), Error> {
-    let page = xemem::PAGE_SIZE;
     if runs.is_empty() || runs.len() > xemem::wire::MAX_RUNS_PER_ATTACH as usize {
         return Err(Error::Invalid);
     }
+    let identities = identities.filter(|identities| identities.len() == runs.len());
     let mut frames = Vec::with_capacity(runs.len());
     let mut added: Vec<SharedRegion> = Vec::new();
-    let undo = |added: &[SharedRegion]| {
-        for region in added {
-            let _ = regions.remove(region.slot);
+    let mut start = 0;
+    while start < runs.len() {
+        let joined = identities.map_or(0, |identities| identities[start..].windows(2).take_while(|pair| pair[0].joins(&pair[1])).count());
+        let end = start + 1 + joined;
+        if let Err(error) = add_runs(&runs[start..end], regions, &mut added, &mut frames) {
+            remove_regions(regions, &added);
+            return Err(error);
         }
-    };
-    for run in runs {
-        let (length, first) = match run {
-            xemem_host::EnclaveRun::Hole { length } => (*length, None),
-            xemem_host::EnclaveRun::Memory { file, offset, length } => {
-                if offset % page != 0 || length % page != 0 || *length == 0 {
-                    undo(&added);
-                    return Err(Error::Invalid);
-                }
-                let file = File::from(match file.try_clone() {
-                    Ok(file) => file,
-                    Err(_) => {
-                        undo(&added);
-                        return Err(Error::Exhausted);
-                    }
-                });
-                let region = match regions.add(&file, *offset, *length, RegionAccess::ReadWrite) {
-                    Ok(region) => region,
-                    Err(_) => {
-                        undo(&added);
-                        return Err(Error::Exhausted);
-                    }
-                };
-                added.push(region);
-                if region.gpa % page != 0 {
-                    undo(&added);
-                    return Err(Error::Invalid);
-                }
-                (*length, Some(region.gpa / page))
-            }
+        start = end;
+    }
+    Ok((frames, added))
+}
+
+/// Adds `group` (one run, or several memory runs of one file) to the machine: one region of
+/// its pieces where the machine can, else a region per memory run. The regions go to `added`
+/// (also on failure, for the caller to remove), the frame runs to `frames`.
+fn add_runs(
+    group: &[xemem_host::EnclaveRun],
+    regions: &dyn GuestRegions,
+    added: &mut Vec<SharedRegion>,
+    frames: &mut Vec<FrameRun>,
+) -> Result<(), Error> {
+    use xemem_host::EnclaveRun;
+    let page = xemem::PAGE_SIZE;
+    for run in group {
+        let fits = match run {
+            EnclaveRun::Hole { length } => length % page == 0,
+            EnclaveRun::Memory { offset, length, .. } => offset % page == 0 && length % page == 0 && *length != 0,
         };
-        let run = FrameRun { first, frames: length / page };
-        if length % page != 0 || !run.valid() {
-            undo(&added);
+        if !fits {
+            return Err(Error::Invalid);
+        }
+    }
+    // A region at `gpa` of `length` bytes, as the enclave's frames.
+    let mut push = |gpa: Option<u64>, length: u64| {
+        let run = FrameRun { first: gpa.map(|gpa| gpa / page), frames: length / page };
+        if gpa.is_some_and(|gpa| gpa % page != 0) || !run.valid() {
             return Err(Error::Invalid);
         }
         frames.push(run);
+        Ok(())
+    };
+    let open = |file: &std::os::fd::OwnedFd| file.try_clone().map(File::from).map_err(|_| Error::Exhausted);
+    if let [EnclaveRun::Memory { file, .. }, _, ..] = group {
+        let pieces: Vec<clowder_api::vmm::Piece> = group
+            .iter()
+            .filter_map(|run| match run {
+                EnclaveRun::Memory { offset, length, .. } => Some(clowder_api::vmm::Piece { offset: *offset, len: *length }),
+                EnclaveRun::Hole { .. } => None,
+            })
+            .collect();
+        let length = pieces.iter().try_fold(0u64, |sum, piece| sum.checked_add(piece.len)).ok_or(Error::Invalid)?;
+        if let Some(region) = regions.add_pieces(&open(file)?, &pieces) {
+            let region = region.map_err(|_| Error::Exhausted)?;
+            added.push(region);
+            return push(Some(region.gpa), length);
+        }
     }
-    Ok((frames, added))
+    for run in group {
+        match run {
+            EnclaveRun::Hole { length } => push(None, *length)?,
+            EnclaveRun::Memory { file, offset, length } => {
+                let region = regions.add(&open(file)?, *offset, *length, RegionAccess::ReadWrite).map_err(|_| Error::Exhausted)?;
+                added.push(region);
+                push(Some(region.gpa), *length)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What the bridge makes of a message from the enclave side (see [`Bridging::claim`]).

@@ -66,6 +66,12 @@ impl EnclaveUser {
 /// new guest-physical region, and take it away again.
 pub trait GuestRegions {
     fn add(&self, file: &File, offset: u64, len: u64, access: RegionAccess) -> Result<SharedRegion, String>;
+    /// Makes `pieces` of `file`, end to end, ONE new guest-physical region: an owner's
+    /// scattered frames (a VM's 4 KiB pages) in one memory slot. `None`: this machine cannot,
+    /// and each piece is a region of its own.
+    fn add_pieces(&self, _file: &File, _pieces: &[clowder_api::vmm::Piece]) -> Option<Result<SharedRegion, String>> {
+        None
+    }
     fn remove(&self, slot: u32) -> Result<(), String>;
     /// Whether an attachment's regions may stay after its detach, to be taken again by an
     /// attach of the same range (see `BridgedAttachment`).

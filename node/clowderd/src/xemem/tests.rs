@@ -38,20 +38,41 @@ fn runs_of_hugepage_ram_must_be_whole_pages_for_a_host_process() {
 }
 
 /// A machine that places regions one after another from 4 GiB (or at `gpa_skew` past it,
-/// to play a VMM that answers with a misaligned address) and remembers what is live.
+/// to play a VMM that answers with a misaligned address) and remembers what is live and
+/// which pieces each region joined; `no_pieces` plays one that joins none, `fail_at` one
+/// whose nth add (from 0) fails.
 #[derive(Default)]
 struct FakeRegions {
     live: RefCell<Vec<u32>>,
     next: RefCell<u32>,
     gpa_skew: u64,
+    pieces: RefCell<Vec<Vec<(u64, u64)>>>,
+    no_pieces: bool,
+    fail_at: Option<u32>,
+}
+
+impl FakeRegions {
+    fn place(&self, len: u64) -> Result<SharedRegion, String> {
+        let slot = *self.next.borrow();
+        *self.next.borrow_mut() += 1;
+        if self.fail_at == Some(slot) {
+            return Err("no more slots".into());
+        }
+        self.live.borrow_mut().push(slot);
+        Ok(SharedRegion { slot, gpa: (4 << 30) + slot as u64 * len + self.gpa_skew })
+    }
 }
 
 impl GuestRegions for FakeRegions {
     fn add(&self, _file: &File, _offset: u64, len: u64, _access: RegionAccess) -> Result<SharedRegion, String> {
-        let slot = *self.next.borrow();
-        *self.next.borrow_mut() += 1;
-        self.live.borrow_mut().push(slot);
-        Ok(SharedRegion { slot, gpa: (4 << 30) + slot as u64 * len + self.gpa_skew })
+        self.place(len)
+    }
+    fn add_pieces(&self, _file: &File, pieces: &[clowder_api::vmm::Piece]) -> Option<Result<SharedRegion, String>> {
+        if self.no_pieces {
+            return None;
+        }
+        self.pieces.borrow_mut().push(pieces.iter().map(|piece| (piece.offset, piece.len)).collect());
+        Some(self.place(pieces.iter().map(|piece| piece.len).sum()))
     }
     fn remove(&self, slot: u32) -> Result<(), String> {
         self.live.borrow_mut().retain(|live| *live != slot);
@@ -67,11 +88,88 @@ fn memory(offset: u64, length: u64) -> EnclaveRun {
     EnclaveRun::Memory { file: memfd(), offset, length }
 }
 
+/// [`runs_into_regions`] as the bridge calls it, with the runs' identities.
+fn into_regions(runs: &[EnclaveRun], regions: &FakeRegions) -> Result<(Vec<FrameRun>, Vec<SharedRegion>), Error> {
+    runs_into_regions(runs, run_identities(runs).as_deref(), regions)
+}
+
+/// `pages` single pages of `file`, scattered: page i of the attach is page (i * 7) % pages.
+fn scattered(file: &OwnedFd, pages: u64) -> Vec<EnclaveRun> {
+    (0..pages).map(|i| EnclaveRun::Memory { file: file.try_clone().unwrap(), offset: i * 7 % pages * 4096, length: 4096 }).collect()
+}
+
+#[test]
+fn scattered_pages_of_one_file_become_one_region_and_one_frame_run() {
+    let (file, regions) = (memfd(), FakeRegions::default());
+    let runs = scattered(&file, 1000);
+    let (frames, added) = into_regions(&runs, &regions).unwrap();
+    assert_eq!(added.len(), 1, "one region (one memory slot) for 1000 pages");
+    assert_eq!(frames, vec![FrameRun { first: Some(added[0].gpa / 4096), frames: 1000 }]);
+    let expected: Vec<(u64, u64)> = (0..1000).map(|i| (i * 7 % 1000 * 4096, 4096)).collect();
+    assert_eq!(*regions.pieces.borrow(), vec![expected], "the pieces, in the answer's order");
+    // Holes and another file's run end a region; holes stay holes.
+    let regions = FakeRegions::default();
+    let mut runs = scattered(&file, 300);
+    runs.insert(100, EnclaveRun::Hole { length: 2 * 4096 });
+    runs.insert(200, memory(0, 4096));
+    let (frames, added) = into_regions(&runs, &regions).unwrap();
+    assert_eq!(added.len(), 4);
+    let counts: Vec<(bool, u64)> = frames.iter().map(|run| (run.first.is_some(), run.frames)).collect();
+    assert_eq!(counts, vec![(true, 100), (false, 2), (true, 99), (true, 1), (true, 101)]);
+    assert_eq!(regions.pieces.borrow().iter().map(Vec::len).collect::<Vec<_>>(), vec![100, 99, 101]);
+}
+
+#[test]
+fn without_pieces_or_whole_large_pages_each_run_is_a_region_of_its_own() {
+    let file = memfd();
+    // A machine that joins no pieces (a daemon link's frames, a machine without a VMM).
+    let regions = FakeRegions { no_pieces: true, ..FakeRegions::default() };
+    let (frames, added) = into_regions(&scattered(&file, 50), &regions).unwrap();
+    assert_eq!((frames.len(), added.len()), (50, 50));
+    assert!(frames.iter().zip(&added).all(|(run, region)| *run == FrameRun { first: Some(region.gpa / 4096), frames: 1 }));
+    // 4 KiB runs of a file on 2 MiB pages cannot be mapped side by side.
+    let regions = FakeRegions::default();
+    let runs = scattered(&file, 3);
+    let huge: Vec<RunIdentity> = run_identities(&runs)
+        .unwrap()
+        .into_iter()
+        .map(|run| match run {
+            RunIdentity::Memory { device, inode, offset, length, .. } => {
+                RunIdentity::Memory { device, inode, offset, length, unit: 2 << 20 }
+            }
+            hole => hole,
+        })
+        .collect();
+    let (frames, added) = runs_into_regions(&runs, Some(&huge), &regions).unwrap();
+    assert_eq!((frames.len(), added.len()), (3, 3));
+    assert!(regions.pieces.borrow().is_empty());
+}
+
+#[test]
+fn a_failure_midway_removes_every_region_added_before_it() {
+    let file = memfd();
+    let mut runs = scattered(&file, 100);
+    runs.push(EnclaveRun::Hole { length: 4096 });
+    runs.push(memory(0, 4096));
+    runs.extend(scattered(&file, 10));
+    for fail_at in 0..3 {
+        let regions = FakeRegions { fail_at: Some(fail_at), ..FakeRegions::default() };
+        assert_eq!(into_regions(&runs, &regions).err(), Some(Error::Exhausted));
+        assert!(regions.live.borrow().is_empty(), "failing add {fail_at} left {:?}", regions.live.borrow());
+        assert_eq!(*regions.next.borrow(), fail_at + 1, "nothing was added after the failure");
+    }
+    // A bad run after a joined region: refused, and the region goes.
+    runs.push(memory(100, 4096));
+    let regions = FakeRegions::default();
+    assert_eq!(into_regions(&runs, &regions).err(), Some(Error::Invalid));
+    assert!(regions.live.borrow().is_empty());
+}
+
 #[test]
 fn owner_runs_become_regions_frame_for_frame() {
     let regions = FakeRegions::default();
     let runs = [memory(0, 2 * 4096), EnclaveRun::Hole { length: 4096 }, memory(8192, 4096)];
-    let (frames, added) = runs_into_regions(&runs, &regions).unwrap();
+    let (frames, added) = into_regions(&runs, &regions).unwrap();
     assert_eq!(added.len(), 2);
     assert_eq!(frames.len(), 3);
     assert_eq!(frames[0], FrameRun { first: Some(added[0].gpa / 4096), frames: 2 });
@@ -90,15 +188,15 @@ fn malformed_runs_are_refused_and_leave_no_region() {
         vec![],                                        // nothing at all
     ] {
         let regions = FakeRegions::default();
-        assert_eq!(runs_into_regions(&runs, &regions).err(), Some(Error::Invalid));
+        assert_eq!(into_regions(&runs, &regions).err(), Some(Error::Invalid));
         assert!(regions.live.borrow().is_empty(), "a region stayed after a refused attach");
     }
     // Too many runs for one attach.
     let many: Vec<EnclaveRun> = (0..=xemem::wire::MAX_RUNS_PER_ATTACH).map(|_| EnclaveRun::Hole { length: 4096 }).collect();
-    assert_eq!(runs_into_regions(&many, &FakeRegions::default()).err(), Some(Error::Invalid));
+    assert_eq!(into_regions(&many, &FakeRegions::default()).err(), Some(Error::Invalid));
     // A VMM answering with a misaligned guest-physical address.
     let skewed = FakeRegions { gpa_skew: 8, ..FakeRegions::default() };
-    assert_eq!(runs_into_regions(&[memory(0, 4096)], &skewed).err(), Some(Error::Invalid));
+    assert_eq!(into_regions(&[memory(0, 4096)], &skewed).err(), Some(Error::Invalid));
     assert!(skewed.live.borrow().is_empty());
 }
 

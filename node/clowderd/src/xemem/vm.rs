@@ -37,6 +37,7 @@ use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 
 use clowder_api::codec::{Limits, LineSocket};
+use clowder_api::vmm::Piece;
 use vmm::control::ControlClient;
 use vmm::pci::link::{Call, HostAnswer, HostCall};
 use vmm::pci::mailbox::{Op, VERSION};
@@ -73,6 +74,11 @@ pub struct VmOwner {
 /// What the VM's window needs from its VMM: a memory slot at an address, removed again.
 pub trait WindowSlots {
     fn add(&self, file: &File, offset: u64, len: u64, gpa: u64) -> Result<u32, String>;
+    /// One slot of `pieces` of `file`, end to end (`GuestRegions::add_pieces`); `None`: a
+    /// slot per piece instead.
+    fn add_pieces(&self, _file: &File, _pieces: &[Piece], _gpa: u64) -> Option<Result<u32, String>> {
+        None
+    }
     fn remove(&self, slot: u32) -> Result<(), String>;
 }
 
@@ -82,6 +88,12 @@ impl WindowSlots for Mutex<ControlClient> {
         let request = VmmRequest::AddRegion(AddRegion { offset, len, gpa: Some(gpa), read_only: false });
         let (region, _): (Region, _) = self.lock().unwrap().request(&request, &[file.as_raw_fd()])?;
         Ok(region.slot)
+    }
+
+    fn add_pieces(&self, file: &File, pieces: &[Piece], gpa: u64) -> Option<Result<u32, String>> {
+        use clowder_api::vmm::{AddPieces, Region, VmmRequest};
+        let request = VmmRequest::AddPieces(AddPieces { pieces: pieces.to_vec(), gpa: Some(gpa), read_only: false });
+        Some(self.lock().unwrap().request::<Region>(&request, &[file.as_raw_fd()]).map(|(region, _)| region.slot))
     }
 
     fn remove(&self, slot: u32) -> Result<(), String> {
@@ -114,6 +126,23 @@ impl<'a> Window<'a> {
         *self.cursor.lock().unwrap() = None;
         std::mem::take(&mut *self.added.lock().unwrap())
     }
+
+    /// Puts `len` bytes next in the placement, as the slot `add` makes at the address given
+    /// (`None` from `add`: it cannot, and nothing is placed).
+    fn place(&self, len: u64, add: impl FnOnce(u64) -> Option<Result<u32, String>>) -> Option<Result<SharedRegion, String>> {
+        let mut cursor = self.cursor.lock().unwrap();
+        let Some((gpa, end)) = *cursor else { return Some(Err("memory for a Linux VM outside an attach".into())) };
+        if len > end - gpa {
+            return Some(Err(format!("{len:#x} bytes do not fit the {:#x} bytes left of the placement", end - gpa)));
+        }
+        let slot = match add(gpa)? {
+            Ok(slot) => slot,
+            Err(e) => return Some(Err(e)),
+        };
+        *cursor = Some((gpa + len, end));
+        self.added.lock().unwrap().push(slot);
+        Some(Ok(SharedRegion { slot, gpa }))
+    }
 }
 
 impl GuestRegions for Window<'_> {
@@ -121,15 +150,14 @@ impl GuestRegions for Window<'_> {
         if access != RegionAccess::ReadWrite {
             return Err("a Linux VM maps no read-only words".into());
         }
-        let mut cursor = self.cursor.lock().unwrap();
-        let Some((gpa, end)) = *cursor else { return Err("memory for a Linux VM outside an attach".into()) };
-        if len > end - gpa {
-            return Err(format!("{len:#x} bytes do not fit the {:#x} bytes left of the placement", end - gpa));
-        }
-        let slot = self.slots.add(file, offset, len, gpa)?;
-        *cursor = Some((gpa + len, end));
-        self.added.lock().unwrap().push(slot);
-        Ok(SharedRegion { slot, gpa })
+        let placed = self.place(len, |gpa| Some(self.slots.add(file, offset, len, gpa)));
+        placed.unwrap_or_else(|| Err("no slot was made".into()))
+    }
+
+    fn add_pieces(&self, file: &File, pieces: &[Piece]) -> Option<Result<SharedRegion, String>> {
+        let len = pieces.iter().try_fold(0u64, |len, piece| len.checked_add(piece.len));
+        let Some(len) = len else { return Some(Err("pieces longer than any placement".into())) };
+        self.place(len, |gpa| self.slots.add_pieces(file, pieces, gpa))
     }
 
     fn remove(&self, slot: u32) -> Result<(), String> {
