@@ -591,3 +591,58 @@ pub fn serve_forever(vm: &mut VmXemem, socket: &mut LineSocket, window: &Window<
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Slots as (offset or pieces, address); `pieces` says whether it makes slots of pieces.
+    #[derive(Default)]
+    struct Slots {
+        made: Mutex<Vec<(Vec<(u64, u64)>, u64)>>,
+        pieces: bool,
+    }
+
+    impl WindowSlots for Slots {
+        fn add(&self, _file: &File, offset: u64, len: u64, gpa: u64) -> Result<u32, String> {
+            let mut made = self.made.lock().unwrap();
+            made.push((vec![(offset, len)], gpa));
+            Ok(made.len() as u32)
+        }
+        fn add_pieces(&self, _file: &File, pieces: &[Piece], gpa: u64) -> Option<Result<u32, String>> {
+            let mut made = self.made.lock().unwrap();
+            self.pieces.then(|| {
+                made.push((pieces.iter().map(|piece| (piece.offset, piece.len)).collect(), gpa));
+                Ok(made.len() as u32)
+            })
+        }
+        fn remove(&self, _slot: u32) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn pieces_go_next_in_the_placement_as_one_slot() {
+        let file = crate::sys::memfd("window-pieces-test").unwrap();
+        let pieces = [Piece { offset: 5 * PAGE, len: PAGE }, Piece { offset: 0, len: 2 * PAGE }];
+        let slots = Slots { pieces: true, ..Slots::default() };
+        let window = Window::new(&slots);
+        assert!(matches!(window.add_pieces(&file, &pieces), Some(Err(_))), "outside an attach");
+        window.begin(1 << 32, 5 * PAGE);
+        let region = window.add_pieces(&file, &pieces).unwrap().unwrap();
+        assert_eq!(region, SharedRegion { slot: 1, gpa: 1 << 32 });
+        let next = window.add(&file, 9 * PAGE, PAGE, RegionAccess::ReadWrite).unwrap();
+        assert_eq!(next.gpa, (1 << 32) + 3 * PAGE, "after the pieces' three pages");
+        // One page is left: three do not fit, and nothing is made.
+        assert!(matches!(window.add_pieces(&file, &pieces), Some(Err(e)) if e.contains("do not fit")));
+        assert_eq!(window.end(), vec![1, 2]);
+        let made = slots.made.lock().unwrap().clone();
+        assert_eq!(made, vec![(vec![(5 * PAGE, PAGE), (0, 2 * PAGE)], 1 << 32), (vec![(9 * PAGE, PAGE)], (1 << 32) + 3 * PAGE)]);
+        // Slots that take no pieces: nothing is placed, and the bridge adds a region per piece.
+        let slots = Slots::default();
+        let window = Window::new(&slots);
+        window.begin(1 << 32, 5 * PAGE);
+        assert!(window.add_pieces(&file, &pieces).is_none());
+        assert_eq!(window.add(&file, 0, PAGE, RegionAccess::ReadWrite).unwrap().gpa, 1 << 32);
+    }
+}
