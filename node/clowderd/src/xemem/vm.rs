@@ -596,10 +596,13 @@ pub fn serve_forever(vm: &mut VmXemem, socket: &mut LineSocket, window: &Window<
 mod tests {
     use super::*;
 
-    /// Slots as (offset or pieces, address); `pieces` says whether it makes slots of pieces.
+    /// A slot made: its (offset, length) pieces and its address.
+    type Made = (Vec<(u64, u64)>, u64);
+
+    /// Slots as made; `pieces` says whether it makes slots of pieces.
     #[derive(Default)]
     struct Slots {
-        made: Mutex<Vec<(Vec<(u64, u64)>, u64)>>,
+        made: Mutex<Vec<Made>>,
         pieces: bool,
     }
 
