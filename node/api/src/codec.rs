@@ -256,10 +256,9 @@ mod tests {
             sender.send(&json!({ "pieces": vec![[1u64 << 40, 4096]; 1 << 20] }), &[]).unwrap();
             sender.send(&json!({"op": "next"}), &[]).unwrap();
         });
-        let started = Instant::now();
+        // Searched from the start on every 8 KiB received, these 22 MB took 8.9 s (0.3 s now;
+        // a target for a benchmark, not a timed test: this checks the line and the next one).
         let (line, _) = receiver.receive().unwrap().unwrap();
-        // Searched from the start on every 8 KiB received, these 22 MB took 8.9 s (0.3 s now).
-        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
         assert_eq!(line.len(), 12 + (1 << 20) * 21);
         assert_eq!(receiver.receive().unwrap().unwrap().0, br#"{"op":"next"}"#);
         sender.join().unwrap();
