@@ -159,9 +159,11 @@ static void *host(void *unused)
 
 static char tree[32];
 
-/* Removes the fake tree (two directories of files and symlinks). */
+/* Removes the fake tree (two directories of files and symlinks, and the mailbox's user word
+ * and the attachment board beside them). */
 static void remove_tree(void)
 {
+	const char *beside[] = { "lock", "board" };
 	const char *dirs[] = { "0000:00:00.0", "0000:00:01.0" };
 	const char *files[] = { "vendor", "device", "resource", "resource0", "resource2" };
 	char path[128];
@@ -172,6 +174,10 @@ static void remove_tree(void)
 		}
 		snprintf(path, sizeof path, "%s/%s", tree, dirs[d]);
 		rmdir(path);
+	}
+	for (int f = 0; f < 2; f++) {
+		snprintf(path, sizeof path, "%s/%s", tree, beside[f]);
+		unlink(path);
 	}
 	rmdir(tree);
 }
