@@ -130,19 +130,29 @@ static int read_id(const char *dir, const char *file, unsigned *id)
  * without it (no writable /run) requests go unserialized, as in a guest with one XPMEM process. */
 static void map_mailbox_user(void)
 {
-	const char *path = getenv("CLOWDER_XEMEM_PCI_LOCK");
-	path = path && *path ? path : "/run/xemem-pci.lock";
-	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-	struct stat st;
-	if (fd < 0 || fstat(fd, &st) < 0 || (st.st_size < (off_t)PAGE && ftruncate(fd, PAGE) < 0)) {
+	const char *path;
+	mailbox_user = pci_map_run_file("CLOWDER_XEMEM_PCI_LOCK", "/run/xemem-pci.lock", PAGE, &path);
+	if (!mailbox_user)
 		fprintf(stderr, "libxpmem: %s: %s (XEMEM calls of several guest processes may collide)\n", path,
 			strerror(errno));
-	} else {
-		void *word = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-		mailbox_user = word == MAP_FAILED ? NULL : word;
-	}
+}
+
+/* A file every guest process shares ($ENV, else `fallback` in /run), made (mode 0600) and grown
+ * to `size` if need be, mapped shared: the mapping, or NULL with errno; *path names the file. */
+void *pci_map_run_file(const char *env, const char *fallback, size_t size, const char **path)
+{
+	const char *named = getenv(env);
+	*path = named && *named ? named : fallback;
+	int fd = open(*path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	struct stat st;
+	void *map = MAP_FAILED;
+	if (fd >= 0 && fstat(fd, &st) == 0 && (st.st_size >= (off_t)size || ftruncate(fd, (off_t)size) == 0))
+		map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	int error = errno;
 	if (fd >= 0)
 		close(fd);
+	errno = error;
+	return map == MAP_FAILED ? NULL : map;
 }
 
 /* The window BAR's guest-physical base from the device's sysfs `resource` file (one "start end

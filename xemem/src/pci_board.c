@@ -50,20 +50,12 @@ static struct pci_board_slot *open_board(void)
 	if (board_tried)
 		return board;
 	board_tried = 1;
-	const char *path = getenv("CLOWDER_XEMEM_PCI_BOARD");
-	path = path && *path ? path : "/run/xemem-pci.attachments";
-	const size_t size = PCI_BOARD_SLOTS * PCI_BOARD_SLOT_SIZE;
-	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-	struct stat st;
-	void *map = MAP_FAILED;
-	if (fd >= 0 && fstat(fd, &st) == 0 && (st.st_size >= (off_t)size || ftruncate(fd, (off_t)size) == 0))
-		map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (map == MAP_FAILED)
+	const char *path;
+	board = pci_map_run_file("CLOWDER_XEMEM_PCI_BOARD", "/run/xemem-pci.attachments", PCI_BOARD_SLOTS * PCI_BOARD_SLOT_SIZE,
+				 &path);
+	if (!board)
 		fprintf(stderr, "libxpmem: %s: %s: a touch of a revoked attachment reads all ones instead of raising SIGBUS\n",
 			path, strerror(errno));
-	if (fd >= 0)
-		close(fd);
-	board = map == MAP_FAILED ? NULL : map;
 	return board;
 }
 

@@ -199,6 +199,7 @@ struct mapping {
 /* backend_pci.c (a Linux VM's XEMEM PCI device; device.c routes commands to it) */
 int pci_probe(void);
 long pci_call(unsigned long command, void *argument);
+void *pci_map_run_file(const char *env, const char *fallback, size_t size, const char **path);
 /* pci_board.c (the VM backend's attachment board, read by the guest agent to deliver SIGBUS) */
 int pci_board_note(uint64_t window_offset, uint64_t len);
 void pci_board_clear(int slot);

@@ -12,7 +12,6 @@
 //! pid taken over by a later process is never signalled); slots of processes that are gone are
 //! freed here.
 
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use xemem::pci::{BOARD_GENERATION_AT, BOARD_LEN_AT, BOARD_OFFSET_AT, BOARD_PID_AT, BOARD_SLOTS, BOARD_SLOT_SIZE, BOARD_START_AT};
@@ -46,18 +45,7 @@ unsafe impl Sync for Board {}
 impl Board {
     /// Opens (making it if need be) and maps the board at `path`.
     pub fn open(path: &str) -> std::io::Result<Board> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(path)?;
-        if file.metadata()?.len() < SIZE as u64 {
-            file.set_len(SIZE as u64)?;
-        }
-        // SAFETY: a fresh shared mapping of an open file; the result is checked.
-        let base =
-            unsafe { libc::mmap(std::ptr::null_mut(), SIZE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
-        if base == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(Board { base: base.cast() })
+        Ok(Board { base: crate::xemem_keeper::map_file(path, SIZE, true)? })
     }
 
     fn word32(&self, slot: usize, at: u64) -> &AtomicU32 {

@@ -283,16 +283,21 @@ const ERROR: usize = pci::ERROR as usize;
 const ARGS: usize = pci::ARGS as usize;
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Maps `length` bytes of `path` shared, read-write.
-fn map_file(path: &str, length: usize, create: bool) -> Option<*mut u8> {
-    let file = std::fs::OpenOptions::new().read(true).write(true).create(create).open(path).ok()?;
-    if create && file.metadata().ok()?.len() < length as u64 {
-        file.set_len(length as u64).ok()?;
+/// Maps `length` bytes of `path` shared, read-write; with `create` the file is made (mode
+/// 0600, as libxpmem makes it) and grown to `length` if need be.
+pub(crate) fn map_file(path: &str, length: usize, create: bool) -> std::io::Result<*mut u8> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new().read(true).write(true).create(create).truncate(false).mode(0o600).open(path)?;
+    if create && file.metadata()?.len() < length as u64 {
+        file.set_len(length as u64)?;
     }
     // SAFETY: a fresh shared mapping of an open file; the result is checked.
     let base =
         unsafe { libc::mmap(std::ptr::null_mut(), length, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
-    (base != libc::MAP_FAILED).then_some(base.cast())
+    if base == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(base.cast())
 }
 
 impl Mailbox {
@@ -302,8 +307,8 @@ impl Mailbox {
         let device = std::fs::read_dir("/sys/bus/pci/devices").ok()?.flatten().map(|entry| entry.path()).find(|dir| {
             id(dir, "vendor") == Some(format!("{:#06x}", pci::VENDOR)) && id(dir, "device") == Some(format!("{:#06x}", pci::DEVICE))
         })?;
-        let base = map_file(device.join("resource0").to_str()?, MAILBOX_SIZE, false)?;
-        let user = map_file("/run/xemem-pci.lock", 4096, true).map(|word| word as *const AtomicU32);
+        let base = map_file(device.join("resource0").to_str()?, MAILBOX_SIZE, false).ok()?;
+        let user = map_file("/run/xemem-pci.lock", 4096, true).ok().map(|word| word as *const AtomicU32);
         Some(Mailbox { base, user })
     }
 
