@@ -15,10 +15,13 @@
  *       as own, for each NAME:MIB in turn, over one region whose pages are written once as the
  *       sizes first need them (in a Linux VM on a PVM host each first touch of a page is
  *       emulated guest kernel work, minutes a GiB): the segment NAME is its first MIB
- *   attach_bench attach NAME MIB ATTACHES TOUCHES [MODE...] [local=LMIB]
+ *   attach_bench attach NAME MIB ATTACHES TOUCHES [MODE...] [local=LMIB[@FILE]]
  *       finds NAME (another enclave's segment), gets it and runs the modes given, or every mode
  *       (attach: ATTACHES times; the others: TOUCHES times), then signals the owner; local=LMIB
- *       sizes the local buffer (below)
+ *       sizes the local buffer (below); @FILE makes it FILE (on tmpfs) mapped shared, written
+ *       by the first job that maps it at that size and kept by the file for the next ones: in a
+ *       Linux VM on a PVM host a first touch is emulated guest kernel work (about 14 minutes a
+ *       GiB), paid once per guest instead of once per job
  *
  *     BACKING     4k (private anonymous memory; on the host converted to memfd backing at make
  *                 time) or 2m (a 2 MiB hugetlb memfd, shared as it is; host only)
@@ -46,6 +49,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 static const char *program = "attach_bench";
@@ -166,19 +170,43 @@ static void *map_local_buffer(size_t bytes)
 	return p;
 }
 
-/* A local buffer of `bytes` (halved until it fits, down to 16 MiB) and its best read rate. */
-static struct local_read local_read_bandwidth(size_t bytes, uint64_t *sink)
+/* BYTES of FILE mapped shared, its pages written unless a job before this one wrote them (the
+ * file already has that size); exits on failure. Mapped whole at once (MAP_POPULATE): a file's
+ * pages already in memory are mapped many per fault. */
+static void *map_local_file(const char *path, size_t bytes, int *written)
+{
+	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) < 0)
+		die(program, path);
+	*written = st.st_size == (off_t)bytes;
+	if (!*written && (ftruncate(fd, 0) < 0 || ftruncate(fd, (off_t)bytes) < 0))
+		die(program, path);
+	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | (*written ? MAP_POPULATE : 0), fd, 0);
+	if (p == MAP_FAILED)
+		die(program, path);
+	close(fd);
+	return p;
+}
+
+/* A local buffer of `bytes` (halved until it fits, down to 16 MiB; or FILE's, see
+ * map_local_file) and its best read rate. */
+static struct local_read local_read_bandwidth(size_t bytes, const char *file, uint64_t *sink)
 {
 	uint64_t *buffer = MAP_FAILED;
+	int written = 0;
 	size_t smallest = bytes < (16UL << 20) ? bytes : (16UL << 20);
-	for (; bytes >= smallest; bytes /= 2) {
+	for (; !file && bytes >= smallest; bytes /= 2) {
 		buffer = map_local_buffer(bytes);
 		if (buffer != MAP_FAILED)
 			break;
 	}
+	if (file)
+		buffer = map_local_file(file, bytes, &written);
 	if (buffer == MAP_FAILED)
 		die(program, "local buffer");
-	memset(buffer, 1, bytes);
+	if (!written)
+		memset(buffer, 1, bytes);
 	struct local_read local = { 0, bytes, buffer };
 	double best = 1e9;
 	for (int i = 0; i < 3; i++) {
@@ -297,7 +325,7 @@ static int run_pair(int argc, char **argv)
 	if (apid <= 0)
 		die(program, "xpmem_get");
 	uint64_t sink = 0;
-	struct local_read local = local_read_bandwidth(bytes, &sink);
+	struct local_read local = local_read_bandwidth(bytes, NULL, &sink);
 	measure(mode_names[mode], apid, bytes, iterations, mode, &local, &sink);
 	free_local_read(&local);
 	xpmem_release(apid);
@@ -410,7 +438,7 @@ static void measure_self_attach(size_t bytes, int iterations, const struct local
 static int run_attacher(int argc, char **argv)
 {
 	if (argc < 6) {
-		fprintf(stderr, "usage: %s attach NAME MIB ATTACHES TOUCHES [MODE...] [local=LMIB]\n", argv[0]);
+		fprintf(stderr, "usage: %s attach NAME MIB ATTACHES TOUCHES [MODE...] [local=LMIB[@FILE]]\n", argv[0]);
 		return 2;
 	}
 	size_t bytes = parse_mib(argv[3]);
@@ -418,8 +446,19 @@ static int run_attacher(int argc, char **argv)
 	/* Which modes to run: all by default (prefault only on the host). */
 	int wanted[READ + 1] = { 1, 1, 1, 1 };
 	size_t local_bytes = bytes;
-	if (argc > 6 && strncmp(argv[argc - 1], "local=", 6) == 0)
-		local_bytes = parse_mib(argv[--argc] + 6);
+	const char *local_file = NULL;
+	if (argc > 6 && strncmp(argv[argc - 1], "local=", 6) == 0) {
+		char *setting = argv[--argc] + 6, *at = strchr(setting, '@');
+		if (at) {
+			*at = '\0';
+			local_file = at + 1;
+			if (!*local_file) {
+				fprintf(stderr, "%s: local=LMIB@FILE names no file\n", program);
+				return 2;
+			}
+		}
+		local_bytes = parse_mib(setting);
+	}
 	if (argc > 6) {
 		memset(wanted, 0, sizeof wanted);
 		for (int i = 6; i < argc; i++)
@@ -430,7 +469,7 @@ static int run_attacher(int argc, char **argv)
 	if (apid <= 0)
 		die(program, "xpmem_get");
 	uint64_t sink = 0;
-	struct local_read local = local_read_bandwidth(local_bytes, &sink);
+	struct local_read local = local_read_bandwidth(local_bytes, local_file, &sink);
 	/* In an LWK job (the device backend) every attach maps every page: no prefault mode. */
 	int device = open("/dev/xpmem", O_RDWR);
 	int in_lwk = device >= 0;

@@ -239,8 +239,9 @@ fn lwk_and_vm_exchange(daemon: &BrokeredDaemon, program: &Path, dir: &Path) {
 /// - host->VM with the host owner's region on 4 KiB and on 2 MiB pages (`BACKINGS`, default
 ///   "4k 2m"; hugepages reserved for the run, the 2m rows skipped if the kernel has too few).
 ///
-/// A VM attacher's local buffer is `LOCAL_MIB` (default 256: eight times this machine's L3, a
-/// buffer of the region's size being minutes of first touches in the guest) read repeatedly. Prints `row DIRECTION ...` lines
+/// A VM attacher's local buffer is `LOCAL_MIB` (default 256: eight times this machine's L3; each
+/// GiB is about 14 minutes of first touches in the guest) read repeatedly: a tmpfs file in the
+/// guest ([`LOCAL_FILE`]) that the first attacher job writes and the later ones map as it is. Prints `row DIRECTION ...` lines
 /// (attach_bench's columns, and its `first` lines), `vm-owner made NAME MIB SECONDS` (the wait
 /// for the make from the previous attacher's end, or the job's start: the new pages' first
 /// touches, mlock and pagemap in the guest) and the VMM's memory beyond guest RAM. Run by
@@ -260,6 +261,9 @@ fn vm_attach_bench() {
     let removed = call(&daemon.socket, json!({"op": "rm", "name": "vm"}));
     assert_eq!(removed["ok"], true, "{removed}");
 }
+
+/// The VM attachers' local buffer in the guest, written once for all the jobs of a run.
+const LOCAL_FILE: &str = "/run/attach-bench-local";
 
 /// [`bench_rows`]' setting `name` (an environment variable), else `default`.
 fn bench_setting(name: &str, default: &str) -> String {
@@ -308,7 +312,7 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
     build_musl_job("../bench/attach_bench.c", &bench).unwrap();
     let (sizes, owned) = bench_sizes();
     let (attaches, reads, local) =
-        (bench_setting("ATTACHES", "5"), bench_setting("READS", "3"), format!("local={}", bench_setting("LOCAL_MIB", "256")));
+        (bench_setting("ATTACHES", "5"), bench_setting("READS", "3"), format!("local={}@{LOCAL_FILE}", bench_setting("LOCAL_MIB", "256")));
     let runs: u32 = bench_setting("RUNS", "1").parse().unwrap();
     let largest = sizes.iter().copied().max().unwrap_or(0);
     let host = |args: &[String]| {
