@@ -18,7 +18,7 @@
  *   attach_bench attach NAME MIB ATTACHES TOUCHES [MODE...] [local=LMIB[@FILE]]
  *       finds NAME (another enclave's segment), gets it and runs the modes given, or every mode
  *       (attach: ATTACHES times; the others: TOUCHES times), then signals the owner; local=LMIB
- *       sizes the local buffer (below); @FILE makes it FILE (on tmpfs) mapped shared, written
+ *       sizes the local buffer (below); @FILE makes it FILE (on tmpfs) mapped shared, allocated
  *       by the first job that maps it at that size and kept by the file for the next ones: in a
  *       Linux VM on a PVM host a first touch is emulated guest kernel work (about 14 minutes a
  *       GiB), paid once per guest instead of once per job
@@ -50,6 +50,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 
 static const char *program = "attach_bench";
@@ -170,19 +171,32 @@ static void *map_local_buffer(size_t bytes)
 	return p;
 }
 
-/* BYTES of FILE mapped shared, its pages written unless a job before this one wrote them (the
- * file already has that size); exits on failure. Mapped whole at once (MAP_POPULATE): a file's
- * pages already in memory are mapped many per fault. */
-static void *map_local_file(const char *path, size_t bytes, int *written)
+/* BYTES of FILE mapped shared, its pages allocated by the first job that maps it at that size
+ * (fallocate: zeroed pages, no fault per page) and kept by the file for the next ones; mapped
+ * whole at once (MAP_POPULATE: a file's pages in memory are mapped many per fault). Exits with
+ * a message when the file system has no room (a tmpfs holds half the RAM by default: written
+ * through a mapping, a page past that would be SIGBUS). */
+static void *map_local_file(const char *path, size_t bytes)
 {
 	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	struct stat st;
-	if (fd < 0 || fstat(fd, &st) < 0)
+	struct statvfs fs;
+	if (fd < 0 || fstat(fd, &st) < 0 || fstatvfs(fd, &fs) < 0)
 		die(program, path);
-	*written = st.st_size == (off_t)bytes;
-	if (!*written && (ftruncate(fd, 0) < 0 || ftruncate(fd, (off_t)bytes) < 0))
-		die(program, path);
-	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | (*written ? MAP_POPULATE : 0), fd, 0);
+	if (st.st_size != (off_t)bytes) {
+		unsigned long long room = (unsigned long long)fs.f_bavail * fs.f_frsize + (unsigned long long)st.st_blocks * 512;
+		if (room < bytes) {
+			fprintf(stderr, "%s: local buffer: %s has room for %llu MiB, not %zu\n", program, path, room >> 20,
+				bytes >> 20);
+			exit(1);
+		}
+		int error = ftruncate(fd, 0) < 0 ? errno : posix_fallocate(fd, 0, (off_t)bytes);
+		if (error) {
+			errno = error;
+			die(program, path);
+		}
+	}
+	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
 	if (p == MAP_FAILED)
 		die(program, path);
 	close(fd);
@@ -194,7 +208,6 @@ static void *map_local_file(const char *path, size_t bytes, int *written)
 static struct local_read local_read_bandwidth(size_t bytes, const char *file, uint64_t *sink)
 {
 	uint64_t *buffer = MAP_FAILED;
-	int written = 0;
 	size_t smallest = bytes < (16UL << 20) ? bytes : (16UL << 20);
 	for (; !file && bytes >= smallest; bytes /= 2) {
 		buffer = map_local_buffer(bytes);
@@ -202,10 +215,10 @@ static struct local_read local_read_bandwidth(size_t bytes, const char *file, ui
 			break;
 	}
 	if (file)
-		buffer = map_local_file(file, bytes, &written);
+		buffer = map_local_file(file, bytes);
 	if (buffer == MAP_FAILED)
 		die(program, "local buffer");
-	if (!written)
+	if (!file)
 		memset(buffer, 1, bytes);
 	struct local_read local = { 0, bytes, buffer };
 	double best = 1e9;

@@ -279,10 +279,11 @@ fn bench_sizes() -> (Vec<u64>, Vec<u64>) {
 }
 
 /// The memory of the benchmark's VM in MiB: at least 512, room for the VM owner's largest region
-/// beside an attacher's local buffer, and 128 MiB for the guest's own use (its kernel, the agent).
+/// beside an attacher's local buffer, and 128 MiB for the guest's own use (its kernel, the agent);
+/// and twice the local buffer, whose file ([`LOCAL_FILE`]) is on a tmpfs of half the guest's RAM.
 fn bench_vm_mib() -> u64 {
     let local: u64 = bench_setting("LOCAL_MIB", "256").parse().unwrap();
-    (bench_sizes().1.iter().copied().max().unwrap_or(0) + local + 128).max(512)
+    (bench_sizes().1.iter().copied().max().unwrap_or(0) + local + 128).max(2 * local + 128).max(512)
 }
 
 /// `HUGEPAGES` (default 1): the benchmark's enclaves (the VM and the LWK) get their RAM on 2 MiB
@@ -422,9 +423,14 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
             let name = format!("lv{mib}r{run}");
             let owner = job("lwk", owner_args(&name, "4k", mib));
             let attacher = made(&owner, &name).then(|| job("vm", attacher_args(&name, mib, true)));
-            let (owner_reply, owner_out) = owner.0.join().unwrap();
-            let Some(attacher) = attacher else { panic!("the LWK owner ended before making {name}: {owner_reply}\n{owner_out}") };
+            let Some(attacher) = attacher else {
+                let (owner_reply, owner_out) = owner.0.join().unwrap();
+                panic!("the LWK owner ended before making {name}: {owner_reply}\n{owner_out}")
+            };
+            // The attacher first: an owner whose attacher failed waits for its signal an hour.
             let (reply, out) = attacher.0.join().unwrap();
+            assert_eq!(reply["status"], 0, "LWK->VM {name}: the attacher failed: {reply}\n{out}");
+            let (owner_reply, owner_out) = owner.0.join().unwrap();
             let context = format!("LWK->VM {name}: owner {owner_reply}\n{owner_out}\nattacher {reply}\n{out}");
             assert_eq!((owner_reply["status"].clone(), reply["status"].clone()), (json!(0), json!(0)), "{context}");
             rows("lwk->vm", &out);
@@ -432,8 +438,12 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
         }
         for (&backing, &mib) in backings.iter().filter(|_| vm_attacher).flat_map(|backing| sizes.iter().map(move |mib| (backing, mib))) {
             let name = format!("h{backing}v{mib}r{run}");
-            let owner = host(&owner_args(&name, backing, mib));
+            let mut owner = host(&owner_args(&name, backing, mib));
             let (reply, out) = job("vm", attacher_args(&name, mib, true)).0.join().unwrap();
+            if reply["status"] != 0 {
+                // Else the owner would wait an hour for the attacher's signal.
+                let _ = owner.kill();
+            }
             let owner = owner.wait_with_output().unwrap();
             let context = format!("host-{backing}->VM {mib} MiB: {reply}\n{out}\nowner: {}", String::from_utf8_lossy(&owner.stderr));
             assert_eq!(reply["status"], 0, "{context}");
