@@ -8,12 +8,12 @@
 # 1024"), RUNS (3), ATTACHES (10), READS (5), VM_OWNER_MAX (MiB a VM owner exports at most,
 # default 1024, 0 for none: its pages are first touched in emulated guest kernel code, written
 # once for all its segments; the VM gets that much more memory), LWK (1: the LWK rows),
-# LOCAL_MIB (the VM attachers' local buffer, default 256: a tmpfs file in the guest written once
-# for all their jobs, about 14 minutes a GiB), HUGEPAGES (1, the default: the VM's
-# and the LWK's RAM on 2 MiB pages, as the host owner's; 0: 4 KiB), BACKINGS (2m: the host
-# owner's pages). Two VMs are booted in turn, the second for the VM-owner rows (see below).
-# LOG=FILE keeps the benchmark's output there (the second VM's in FILE.owners). NO_WRITE=1
-# prints the tables only. If the benchmark fails, the tables of what it measured are still made
+# LOCAL_MIB (the VM attachers' local buffer, default 256: a tmpfs file in the guest allocated by
+# the first job, about 30 minutes a GiB, and mapped by each later one in a few), HUGEPAGES (1,
+# the default: the VM's and the LWK's RAM on 2 MiB pages, as the host owner's; 0: 4 KiB),
+# BACKINGS (2m: the host owner's pages). Two VMs are booted in turn, the second for the
+# VM-owner rows (see below). LOG=FILE keeps the benchmark's output there (the second VM's in
+# FILE.owners). NO_WRITE=1 prints the tables only. If the benchmark fails, the tables of what it measured are still made
 # (the rest marked as not measured) and the script exits with its status.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

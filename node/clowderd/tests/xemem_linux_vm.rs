@@ -239,9 +239,9 @@ fn lwk_and_vm_exchange(daemon: &BrokeredDaemon, program: &Path, dir: &Path) {
 /// - host->VM with the host owner's region on 4 KiB and on 2 MiB pages (`BACKINGS`, default
 ///   "4k 2m"; hugepages reserved for the run, the 2m rows skipped if the kernel has too few).
 ///
-/// A VM attacher's local buffer is `LOCAL_MIB` (default 256: eight times this machine's L3; each
-/// GiB is about 14 minutes of first touches in the guest) read repeatedly: a tmpfs file in the
-/// guest ([`LOCAL_FILE`]) that the first attacher job writes and the later ones map as it is. Prints `row DIRECTION ...` lines
+/// A VM attacher's local buffer is `LOCAL_MIB` (default 256: eight times this machine's L3)
+/// read repeatedly: a tmpfs file in the guest ([`LOCAL_FILE`]) that the first attacher job
+/// allocates (about 30 minutes a GiB of emulated first touches) and the later ones map (a few). Prints `row DIRECTION ...` lines
 /// (attach_bench's columns, and its `first` lines), `vm-owner made NAME MIB SECONDS` (the wait
 /// for the make from the previous attacher's end, or the job's start: the new pages' first
 /// touches, mlock and pagemap in the guest) and the VMM's memory beyond guest RAM. Run by
