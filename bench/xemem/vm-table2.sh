@@ -13,8 +13,9 @@
 # the default: the VM's and the LWK's RAM on 2 MiB pages, as the host owner's; 0: 4 KiB),
 # BACKINGS (2m: the host owner's pages). Two VMs are booted in turn, the second for the
 # VM-owner rows (see below). LOG=FILE keeps the benchmark's output there (the second VM's in
-# FILE.owners). NO_WRITE=1 prints the tables only. If the benchmark fails, the tables of what it measured are still made
-# (the rest marked as not measured) and the script exits with its status.
+# FILE.owners). NO_WRITE=1 prints the tables only. If the benchmark fails, the tables of what
+# it measured are still made (the rest marked as not measured) and the script exits with its
+# status.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
