@@ -172,8 +172,9 @@ static void *map_local_buffer(size_t bytes)
 }
 
 /* BYTES of FILE mapped shared, its pages allocated by the first job that maps it at that size
- * (fallocate: zeroed pages, no fault per page) and kept by the file for the next ones; mapped
- * whole at once (MAP_POPULATE: a file's pages in memory are mapped many per fault). Exits with
+ * (fallocate; tmpfs clears each page at its first fault, so that job's mapping is the slow one)
+ * and kept by the file for the next ones; mapped whole at once (MAP_POPULATE: a tmpfs file's
+ * cleared pages are mapped many per fault). Exits with
  * a message when the file system has no room (a tmpfs holds half the RAM by default: written
  * through a mapping, a page past that would be SIGBUS). */
 static void *map_local_file(const char *path, size_t bytes)
