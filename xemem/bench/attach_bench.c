@@ -210,13 +210,14 @@ static struct local_read local_read_bandwidth(size_t bytes, const char *file, ui
 {
 	uint64_t *buffer = MAP_FAILED;
 	size_t smallest = bytes < (16UL << 20) ? bytes : (16UL << 20);
-	for (; !file && bytes >= smallest; bytes /= 2) {
-		buffer = map_local_buffer(bytes);
-		if (buffer != MAP_FAILED)
-			break;
-	}
 	if (file)
 		buffer = map_local_file(file, bytes);
+	else
+		for (; bytes >= smallest; bytes /= 2) {
+			buffer = map_local_buffer(bytes);
+			if (buffer != MAP_FAILED)
+				break;
+		}
 	if (buffer == MAP_FAILED)
 		die(program, "local buffer");
 	if (!file)

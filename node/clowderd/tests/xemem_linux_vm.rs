@@ -432,7 +432,7 @@ fn bench_rows(daemon: &BrokeredDaemon, dir: &Path) {
             assert_eq!(reply["status"], 0, "LWK->VM {name}: the attacher failed: {reply}\n{out}");
             let (owner_reply, owner_out) = owner.0.join().unwrap();
             let context = format!("LWK->VM {name}: owner {owner_reply}\n{owner_out}\nattacher {reply}\n{out}");
-            assert_eq!((owner_reply["status"].clone(), reply["status"].clone()), (json!(0), json!(0)), "{context}");
+            assert_eq!(owner_reply["status"], 0, "{context}");
             rows("lwk->vm", &out);
             rows("lwk->vm", &owner_out);
         }
