@@ -3,10 +3,11 @@
 //! to all of them; the LWK kept a thread on its CPU for good, so every rank ended on the last
 //! CPU, time-sliced there, while the other CPU idled, and four ranks never got through
 //! `MPI_Init`. Here a job and its forked child do the same and spin: they must come to run on
-//! the two vCPUs at once, and, once both are bound to one CPU, never leave it. Needs /dev/kvm,
+//! the two vCPUs at once, and, once both are bound to one CPU, never leave it. A job that ends
+//! on CPU 1 hands its end to CPU 0, and its kernel-entry counts are logged once. Needs /dev/kvm,
 //! the LWK image, clowder-vmm and musl-gcc; skipped (with the reason) otherwise.
 
-use support::two_cpu_job_prints;
+use support::{run_clowder, run_clowder_ok, text, two_cpu_enclave_with, two_cpu_job_prints};
 
 mod support;
 
@@ -119,4 +120,29 @@ fn processes_bound_in_turn_spread_over_the_cpus() {
 #[test]
 fn threads_woken_onto_the_other_cpu_carry_on() {
     two_cpu_job_prints("clowder-woken-elsewhere", "ring", RING_JOB, "500 rounds, 2 children ended\n");
+}
+
+/// Binds itself to CPU 1 and ends there.
+const END_ON_CPU1_JOB: &str = r#"#define _GNU_SOURCE
+#include <stdio.h>
+#include "clowder_test.h"
+
+int main(void) {
+    bind_cpus(1, 1);
+    printf("on cpu %d\n", sched_getcpu());
+    return 0;
+}
+"#;
+
+#[test]
+fn a_job_ended_on_cpu_1_logs_its_kernel_entries_once() {
+    let Some((dir, socket)) = two_cpu_enclave_with("clowder-end-on-cpu1", "cpu1", END_ON_CPU1_JOB, "256M") else { return };
+    let output = run_clowder(&socket, &["run", "--enclave", "two", "./cpu1"], &dir.0);
+    assert_eq!(text(&output.stdout), "on cpu 1\n", "stderr: {}", text(&output.stderr));
+    assert!(output.status.success(), "{:?}: {}", output.status, text(&output.stderr));
+    let logs = text(&run_clowder_ok(&socket, &["logs", "two"], &dir.0).stdout);
+    for line in ["job's kernel entries:", "job's most frequent system calls:"] {
+        assert_eq!(logs.matches(line).count(), 1, "{line:?} in the enclave's log:\n{logs}");
+    }
+    run_clowder_ok(&socket, &["enclave", "rm", "two"], &dir.0);
 }

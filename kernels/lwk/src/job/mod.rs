@@ -709,6 +709,10 @@ fn read_host_file(path: &str, size: u64) -> Result<u64, Errno> {
 /// persistent enclave reports it to the host and waits for the next job; a one-shot machine
 /// logs it (the daemon reads that line) and exits with a shell's status (128 + signal).
 pub fn exit(status: u32) -> ! {
+    // In an enclave CPU 0 ends the job, calling this again: the job's lines are logged there once.
+    if crate::enclave::is_active() && crate::arch::tables::current_cpu() != 0 {
+        crate::sched::hand_job_end_to_cpu0(status)
+    }
     if VERBOSE.load(Ordering::Relaxed) {
         log!("job ran {} us", run_time_ns() / 1000);
     }
