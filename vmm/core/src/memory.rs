@@ -20,6 +20,7 @@
 //! The registry of such mappings is per process, keyed by host address, because neither the
 //! vCPU loop nor the watcher holds the VM's memory lock.
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
@@ -101,7 +102,8 @@ struct RuntimeRegion {
     mapping: (*mut libc::c_void, usize),
 }
 
-// The raw pointer is a private mapping owned by this struct; nothing else aliases it mutably.
+// SAFETY: the raw pointer is a private mapping owned by this struct; nothing else aliases it
+// mutably.
 unsafe impl Send for RuntimeRegion {}
 
 impl Drop for RuntimeRegion {
@@ -239,7 +241,11 @@ pub struct GuestMemory {
     mmap: GuestMemoryMmap,
     ram_slots: u32,
     regions: Vec<RuntimeRegion>,
+    /// The slot numbers never used yet start here; `freed_slots` holds removed regions' numbers,
+    /// reused lowest first: KVM takes numbers below its slot count only (32764 on x86), and a
+    /// VM that attaches and detaches all its life would otherwise run out of them.
     next_slot: u32,
+    freed_slots: BTreeSet<u32>,
 }
 
 fn memfd_create(name: &str, backing: Backing) -> io::Result<File> {
@@ -337,7 +343,7 @@ impl GuestMemory {
             populate.region(region.as_ptr(), region.size())?;
         }
         let mmap = GuestMemoryMmap::from_regions(regions).map_err(|e| MemoryError::Map(e.to_string()))?;
-        let mut memory = GuestMemory { memfd, ram_slots: 0, layout, mmap, regions: Vec::new(), next_slot: 0 };
+        let mut memory = GuestMemory { memfd, ram_slots: 0, layout, mmap, regions: Vec::new(), next_slot: 0, freed_slots: BTreeSet::new() };
         for range in memory.layout.ram_ranges().collect::<Vec<_>>() {
             let host = memory.host_address(range.gpa, range.size).expect("RAM is mapped");
             memory.register_slot(vm, memory.next_slot, range.gpa, range.size, host, RegionAccess::ReadWrite)?;
@@ -582,11 +588,13 @@ impl GuestMemory {
             backed_to: file_end,
         });
         watch_for_truncation();
-        let slot = self.next_slot;
+        let slot = self.freed_slots.first().copied().unwrap_or(self.next_slot);
         // Dropped (unmapped, forgotten by the watcher) if KVM refuses the slot.
         let region = RuntimeRegion { info: RegionInfo { slot, gpa, len }, file, pieces, host_addr: host, mapping };
         self.register_slot(vm, slot, gpa, len, region.host_addr, access)?;
-        self.next_slot += 1;
+        if !self.freed_slots.remove(&slot) {
+            self.next_slot += 1;
+        }
         let info = region.info.clone();
         self.regions.push(region);
         Ok(info)
@@ -623,6 +631,7 @@ impl GuestMemory {
         };
         // SAFETY: size 0 deletes the slot; the mapping is dropped only after KVM let go of it.
         unsafe { vm.set_user_memory_region(remove) }.map_err(MemoryError::Kvm)?;
+        self.freed_slots.insert(slot);
         Ok(self.regions.remove(index).info.clone())
     }
 
@@ -734,6 +743,22 @@ mod tests {
     }
 
     #[test]
+    fn removed_regions_slot_numbers_are_used_again() {
+        let Some((vm, mut memory)) = memory() else { return };
+        let file = numbered_pages(1);
+        let add = |memory: &mut GuestMemory| memory.add_region(&vm, file.as_raw_fd(), 0, PAGE, None, RegionAccess::ReadWrite).unwrap().slot;
+        let (first, second) = (add(&mut memory), add(&mut memory));
+        memory.remove_region(&vm, first).unwrap();
+        assert_eq!(add(&mut memory), first, "the lowest free number first");
+        // More attachments in a VM's life than KVM has slot numbers (32764 on x86).
+        for round in 0..33_000 {
+            let slot = add(&mut memory);
+            assert_eq!(slot, second + 1, "round {round}");
+            memory.remove_region(&vm, slot).unwrap();
+        }
+    }
+
+    #[test]
     fn bad_pieces_are_refused_and_leave_no_region() {
         let Some((vm, mut memory)) = memory() else { return };
         let file = numbered_pages(4);
@@ -780,53 +805,5 @@ mod tests {
         // Pages 12 and 10 of the file are gone (zeros, read back as 0 - 1); 2 and 9 stay.
         assert_eq!(pages_seen(&memory, region.slot, region.len), vec![255, 2, 9, 255]);
         memory.remove_region(&vm, region.slot).unwrap();
-    }
-
-    /// Measures one region of 32768 scattered pages against a region per page (run with
-    /// `--ignored --nocapture`; prints, asserts only that every page landed).
-    #[test]
-    #[ignore]
-    fn measure_scattered_pages_one_slot_against_a_slot_each() {
-        let Some((vm, mut memory)) = memory() else { return };
-        const PAGES: u64 = 32768;
-        let file = memfd_create("clowder-pieces-measure", Backing::Page4K).unwrap();
-        file.set_len(PAGES * PAGE).unwrap();
-        for page in 0..PAGES {
-            file.write_all_at(&page.to_le_bytes(), page * PAGE).unwrap();
-        }
-        // An odd stride visits every page once, no two neighbours side by side in the file.
-        let scattered: Vec<(u64, u64)> = (0..PAGES).map(|i| ((i * 7919) % PAGES * PAGE, PAGE)).collect();
-        for round in 0..3 {
-            let started = std::time::Instant::now();
-            let region = memory.add_pieces(&vm, file.as_raw_fd(), &scattered, None, RegionAccess::ReadWrite).unwrap();
-            let added = started.elapsed();
-            let host = memory.region_host_address(region.slot).unwrap();
-            for (index, (offset, _)) in scattered.iter().enumerate() {
-                // SAFETY: the region maps PAGES pages at `host`.
-                let word = unsafe { host.add(index * PAGE as usize).cast::<u64>().read_volatile() };
-                assert_eq!(word * PAGE, *offset);
-            }
-            let started = std::time::Instant::now();
-            memory.remove_region(&vm, region.slot).unwrap();
-            let removed = started.elapsed();
-            // A region per page, as before: the first 4096 pages, scaled.
-            let started = std::time::Instant::now();
-            let slots: Vec<u32> = scattered[..4096]
-                .iter()
-                .map(|&(offset, len)| memory.add_region(&vm, file.as_raw_fd(), offset, len, None, RegionAccess::ReadWrite).unwrap().slot)
-                .collect();
-            let each = started.elapsed() * (PAGES / 4096) as u32;
-            for slot in slots {
-                memory.remove_region(&vm, slot).unwrap();
-            }
-            println!(
-                "round {round}: {PAGES} scattered pages as one slot: added in {:.1} ms ({:.2} GB/s), removed in {:.1} ms; \
-                 a slot per page (4096 measured, scaled): {:.1} ms",
-                added.as_secs_f64() * 1e3,
-                (PAGES * PAGE) as f64 / added.as_secs_f64() / 1e9,
-                removed.as_secs_f64() * 1e3,
-                each.as_secs_f64() * 1e3
-            );
-        }
     }
 }
