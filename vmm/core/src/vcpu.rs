@@ -109,7 +109,7 @@ pub struct VcpuKick {
     immediate_exit: *mut u8,
 }
 
-// Used only under the VM's kick-table lock, while the owning vCPU thread is alive.
+// SAFETY: used only under the VM's kick-table lock, while the owning vCPU thread is alive.
 unsafe impl Send for VcpuKick {}
 
 impl VcpuKick {

@@ -32,9 +32,10 @@ pub struct ChannelEndpoint {
     _mapping: GuestMemoryMmap,
 }
 
-// host_addr points into `_mapping`, which the endpoint keeps alive; the ring protocol itself is
-// written for concurrent access from two address spaces.
+// SAFETY: host_addr points into `_mapping`, which the endpoint keeps alive.
 unsafe impl Send for ChannelEndpoint {}
+// SAFETY: the ring protocol is written for concurrent access from two address spaces, so from
+// two threads as well.
 unsafe impl Sync for ChannelEndpoint {}
 
 impl ChannelEndpoint {
