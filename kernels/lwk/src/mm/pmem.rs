@@ -9,6 +9,7 @@ use super::ranges::{Range, RangeSet};
 use crate::arch::paging::PAGE_SIZE;
 use crate::arch::phys;
 use crate::arch::sync::SpinLock;
+use crate::console::log;
 
 static FREE: SpinLock<RangeSet<256>> = SpinLock::new(RangeSet::new());
 
@@ -31,15 +32,17 @@ pub fn allocate_pages(pages: u64) -> Option<u64> {
 
 pub fn free(start: u64, size: u64) {
     phys::zero(start, size as usize);
-    // Freed ranges were allocated from the set, so re-inserting them cannot overlap; running
-    // out of slots would need more than 256 holes and only loses the memory.
-    let _ = FREE.lock().insert(start, start + size);
+    free_clean(start, size);
 }
 
 /// Gives back memory the caller knows to be zero already (never written, or cleared), so that
 /// a job's untouched gigabytes of heap are not cleared again (kernel work, emulated on PVM).
 pub fn free_clean(start: u64, size: u64) {
-    let _ = FREE.lock().insert(start, start + size);
+    // Freed ranges were allocated from the set, so re-inserting them cannot overlap; running
+    // out of slots needs more than 256 holes and loses the memory, which is said.
+    if FREE.lock().insert(start, start + size).is_err() {
+        log!("pmem: the free list is full (256 ranges): {size:#x} bytes at {start:#x} are lost until the enclave restarts");
+    }
 }
 
 pub fn free_pages(start: u64, pages: u64) {
