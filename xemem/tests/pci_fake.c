@@ -167,15 +167,15 @@ static void remove_tree(void)
 	const char *dirs[] = { "0000:00:00.0", "0000:00:01.0" };
 	const char *files[] = { "vendor", "device", "resource", "resource0", "resource2" };
 	char path[128];
-	for (int d = 0; d < 2; d++) {
-		for (int f = 0; f < 5; f++) {
+	for (size_t d = 0; d < sizeof dirs / sizeof *dirs; d++) {
+		for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
 			snprintf(path, sizeof path, "%s/%s/%s", tree, dirs[d], files[f]);
 			unlink(path);
 		}
 		snprintf(path, sizeof path, "%s/%s", tree, dirs[d]);
 		rmdir(path);
 	}
-	for (int f = 0; f < 2; f++) {
+	for (size_t f = 0; f < sizeof beside / sizeof *beside; f++) {
 		snprintf(path, sizeof path, "%s/%s", tree, beside[f]);
 		unlink(path);
 	}
