@@ -46,7 +46,9 @@ pub enum Request<'a> {
 #[derive(Debug, Clone, Copy)]
 pub struct ExitContext {
     pub vcpu: usize,
-    /// The vCPU's KVM descriptor, for `cpl` (`None` outside a vCPU thread: tests).
+    /// The vCPU's KVM descriptor, for `cpl` (`None` outside a vCPU thread: tests). Raw, with
+    /// KVM_GET_SREGS issued by hand below: the exit being handled borrows the `VcpuFd` mutably
+    /// (`VcpuExit` holds its run page), so kvm-ioctls' `get_sregs` cannot be called on it.
     pub vcpu_fd: Option<std::os::fd::RawFd>,
 }
 
