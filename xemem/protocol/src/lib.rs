@@ -32,6 +32,8 @@ extern crate std;
 #[cfg(test)]
 mod names_tests;
 #[cfg(test)]
+mod network_tests;
+#[cfg(test)]
 mod tests;
 
 pub use ids::{AccessId, EnclaveId, SegmentId, NAME_SERVER_ENCLAVE};

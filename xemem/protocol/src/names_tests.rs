@@ -4,8 +4,9 @@
 use crate::ids::*;
 use crate::names::*;
 use crate::nameserver::*;
+use crate::network_tests::Net;
 use crate::node::*;
-use crate::tests::{Net, Rng};
+use crate::tests::Rng;
 use crate::wire::Name;
 use crate::*;
 use std::boxed::Box;
