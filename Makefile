@@ -74,7 +74,7 @@ test: check-format test-host test-kernels test-dex test-xemem test-adios2 test-f
 	@apps/test.sh
 	@scripts/check-script-arguments.sh
 	@scripts/install-test.sh
-	@if [ -e /dev/kvm ]; then scripts/insitu.sh --check --data-mb 1 16 16 16 120 40 1; else echo "test: in-situ check skipped: /dev/kvm is absent"; fi
+	@if [ -e /dev/kvm ]; then scripts/insitu.sh --check --config a,b,c,d --data-mb 1 16 16 16 120 40 1; else echo "test: in-situ check skipped: /dev/kvm is absent"; fi
 
 # Opt-in, slow on PVM hosts: a stock Debian kernel boots to its banner (docs/linux-guest.md).
 test-linux: build
@@ -91,8 +91,11 @@ test-linux-enclave: build
 # alongside) and LWK<->VM (docs/xemem-pci.md);
 # CLOWDER_XEMEM_VM_BENCH=1 adds the VM rows of Table 2 measured in the same VM. The jobs are
 # static: no host files (their FUSE mount can hold the agent's loop for minutes under load).
+# Then the in-situ composition with the analytics in a Linux enclave (scripts/insitu.sh's
+# lwk-linux: the host's glibc analytics from the host's files, the simulation in an LWK).
 test-linux-xemem: build
 	@CLOWDER_LINUX_HOST_FILES=0 $(CARGO) test --release -p clowderd --test xemem_linux_vm -- --ignored --nocapture one_xpmem_program
+	@scripts/insitu.sh --check --config e --data-mb 1 16 16 16 120 40 1
 
 # Opt-in, minutes and most of the machine's memory: 16 GiB enclaves (2 MiB and 4 KiB pages)
 # are created, run a job and are removed (issue 22's big enclaves).
