@@ -155,11 +155,12 @@ fi
 export CLOWDER_XEMEM_SOCKET="$(dirname "$CLOWDER_SOCKET")/xemem.sock"
 # Another daemon's --isolate-cores may hold a core off host tasks for a while (its tests here):
 # the enclave waits for it up to a minute, a host process runs unpinned meanwhile.
-create_enclave() { # NAME CORE MEMORY
-    local attempt
+create_enclave() { # NAME CORE MEMORY [KIND [ARGS...]] (KIND lwk by default)
+    local attempt name=$1 core=$2 memory=$3 kind=${4:-lwk}
+    shift $(( $# < 4 ? $# : 4 ))
     for attempt in $(seq 30); do
-        if "$bin/clowder" enclave create --name "$1" --kind lwk --core-list "$2" --mem "$3" >"$state/create.out" 2>&1; then
-            enclaves+=("$1")
+        if "$bin/clowder" enclave create --name "$name" --kind "$kind" --core-list "$core" --mem "$memory" "$@" >"$state/create.out" 2>&1; then
+            enclaves+=("$name")
             return
         fi
         grep -q "not online or not allowed" "$state/create.out" || break
@@ -180,9 +181,7 @@ pin() { # CORE COMMAND...: execs
 create_linux_enclave() { # NAME CORE MEMORY(M)
     local kernel initrd mib=${3%M}
     kernel=$(scripts/linux-kernel.sh) && initrd=$(scripts/linux-kernel.sh initramfs) || return 1
-    "$bin/clowder" enclave create --name "$1" --kind linux --core-list "$2" --mem "$(( mib > 512 ? mib : 512 ))M" \
-        --kernel "$kernel" --initrd "$initrd" >"$state/create.out" 2>&1 || { cat "$state/create.out" >&2; return 1; }
-    enclaves+=("$1")
+    create_enclave "$1" "$2" "$(( mib > 512 ? mib : 512 ))M" linux --kernel "$kernel" --initrd "$initrd"
 }
 
 echo "in-situ: CG ${grid[0]}x${grid[1]}x${grid[2]}, $iterations iterations, $intervals intervals of $interval;" \
