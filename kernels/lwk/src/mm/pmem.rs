@@ -11,7 +11,10 @@ use crate::arch::phys;
 use crate::arch::sync::SpinLock;
 use crate::console::log;
 
-static FREE: SpinLock<RangeSet<256>> = SpinLock::new(RangeSet::new());
+/// The free list's ranges at most (holes between allocations).
+const FREE_RANGES: usize = 256;
+
+static FREE: SpinLock<RangeSet<FREE_RANGES>> = SpinLock::new(RangeSet::new());
 
 pub fn add_free(start: u64, end: u64) {
     FREE.lock().insert(start, end).expect("memory map too fragmented");
@@ -39,9 +42,9 @@ pub fn free(start: u64, size: u64) {
 /// a job's untouched gigabytes of heap are not cleared again (kernel work, emulated on PVM).
 pub fn free_clean(start: u64, size: u64) {
     // Freed ranges were allocated from the set, so re-inserting them cannot overlap; running
-    // out of slots needs more than 256 holes and loses the memory, which is said.
+    // out of slots needs more than FREE_RANGES holes and loses the memory, which is said.
     if FREE.lock().insert(start, start + size).is_err() {
-        log!("pmem: the free list is full (256 ranges): {size:#x} bytes at {start:#x} are lost until the enclave restarts");
+        log!("pmem: the free list is full ({FREE_RANGES} ranges): {size:#x} bytes at {start:#x} are lost until the enclave restarts");
     }
 }
 
